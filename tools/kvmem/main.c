@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: MIT
+/* kvmem: the command line. Each subcommand lives in cmd_<name>.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "cmd.h"
+
+static const struct subcommand {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *what;
+} subcommands[] = {
+	{ "demo", cmd_demo, "the main job: a multi-step agent session on an embedded default model" },
+	{ "generate", cmd_generate, "write a random Qwen3-shaped model directory (presets tiny..32b)" },
+	{ "info", cmd_info, "geometry, parameter count and KV bytes per token of a model directory" },
+	{ "run", cmd_run, "prefill tokens and decode, plainly or as an agent session over a workspace" },
+	{ "bench", cmd_bench, "benchmarks: select, pager, recall" },
+	{ "verify", cmd_verify, "check every checksum of a workspace directory" },
+	{ "stat", cmd_stat, "tier counters of a workspace directory, without BPF" },
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvmem <command> [options]   (kvmem <command> --help for more)\n\n"
+		   "kvmem keeps an LLM agent's history as KV state, paged across GPU, host\n"
+		   "memory and NVMe, and brings back only the blocks each step needs.\n\n"
+		   "commands:\n");
+	for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
+		fprintf(f, "  %-9s %s\n", subcommands[i].name, subcommands[i].what);
+	fprintf(f, "\nkvmem %s\n", KVM_VERSION);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--version")) {
+		printf("kvmem %s\n", KVM_VERSION);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
+		if (!strcmp(argv[1], subcommands[i].name))
+			return subcommands[i].fn(argc - 1, argv + 1);
+	fprintf(stderr, "kvmem: unknown command '%s'\n\n", argv[1]);
+	usage(stderr);
+	return EXIT_USAGE;
+}
