@@ -18,6 +18,7 @@ static const struct subcommand {
 	{ "bench", cmd_bench, "benchmarks: select, pager, recall" },
 	{ "verify", cmd_verify, "check every checksum of a workspace directory" },
 	{ "stat", cmd_stat, "tier counters of a workspace directory, without BPF" },
+	{ "synth", cmd_synth, "the synthetic agent-workspace language: corpora, questions, tokenizer" },
 };
 
 static void usage(FILE *f)
