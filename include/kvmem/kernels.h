@@ -83,8 +83,12 @@ typedef struct kvm_sampler {
 	uint64_t seed;		/* the RNG state starts from this */
 } kvm_sampler;
 
-/* Draw one token id from logits[vocab]. *rng is the state (splitmix64/xorshift),
- * advanced by the call; start it with kvm_rng_seed(). Deterministic for a seed. */
+/* Draw one token id from logits[vocab]. *rng is the state (splitmix64), advanced
+ * by one value per non-greedy draw (greedy leaves it alone); start it with
+ * kvm_rng_seed(s->seed). Deterministic for a seed. Candidates rank by logit,
+ * ties to the lower id; top-k keeps the k best, top-p then the shortest prefix
+ * holding top_p of their mass. NaN logits are never drawn. Returns -1 only
+ * when vocab <= 0 or memory runs out. */
 int kvm_sample(const float *logits, int vocab, const kvm_sampler *s, uint64_t *rng);
 uint64_t kvm_rng_seed(uint64_t seed);
 /* Uniform double in [0, 1). */

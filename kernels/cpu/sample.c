@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Token sampling: greedy, or temperature with optional top-k and top-p
+ * (nucleus) cuts, drawn from a seeded splitmix64 stream.
+ *
+ * Candidates are ordered by logit, highest first, ties broken by the lower
+ * token id, so the order (and hence the draw) is a pure function of the
+ * logits, the settings and the RNG state. A non-greedy draw consumes exactly
+ * one RNG value; greedy consumes none.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kvmem/kernels.h"
+
+#define GOLDEN 0x9e3779b97f4a7c15ull
+
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+uint64_t kvm_rng_seed(uint64_t seed)
+{
+	return mix64(seed + GOLDEN);
+}
+
+double kvm_rng_uniform(uint64_t *rng)
+{
+	*rng += GOLDEN;
+	return (double)(mix64(*rng) >> 11) * 0x1p-53;
+}
+
+/* NaN logits never win and are never drawn. */
+static float logit_at(const float *logits, int i)
+{
+	return isnan(logits[i]) ? -INFINITY : logits[i];
+}
+
+static int argmax(const float *logits, int vocab)
+{
+	int best = 0;
+
+	for (int i = 1; i < vocab; i++)
+		if (logit_at(logits, i) > logit_at(logits, best))
+			best = i;
+	return best;
+}
+
+/* "a ranks before b": higher logit, then lower id. */
+static int ranks_before(const float *logits, int a, int b)
+{
+	float la = logit_at(logits, a), lb = logit_at(logits, b);
+
+	return la > lb || (la == lb && a < b);
+}
+
+/* qsort has no context argument. */
+static _Thread_local const float *tl_sort_logits;
+
+static int by_rank(const void *pa, const void *pb)
+{
+	int a = *(const int *)pa, b = *(const int *)pb;
+
+	if (a == b)
+		return 0;
+	return ranks_before(tl_sort_logits, a, b) ? -1 : 1;
+}
+
+/* Keep the k best ids in idx[0..k-1], best first (a bounded insertion
+ * into a sorted array: fine for the k values sampling uses). */
+static int select_top_k(int *idx, const float *logits, int vocab, int k)
+{
+	int have = 0;
+
+	for (int i = 0; i < vocab; i++) {
+		if (have == k && !ranks_before(logits, i, idx[k - 1]))
+			continue;
+		int at = have < k ? have++ : k - 1;
+
+		while (at > 0 && ranks_before(logits, i, idx[at - 1])) {
+			idx[at] = idx[at - 1];
+			at--;
+		}
+		idx[at] = i;
+	}
+	return have;
+}
+
+int kvm_sample(const float *logits, int vocab, const kvm_sampler *s, uint64_t *rng)
+{
+	if (vocab <= 0)
+		return -1;
+	if (s->temperature <= 0.0f)
+		return argmax(logits, vocab);
+
+	int k = (s->top_k > 0 && s->top_k < vocab) ? s->top_k : vocab;
+	int *idx = malloc(sizeof(int) * k);
+	double *p = malloc(sizeof(double) * k);
+
+	if (!idx || !p) {
+		free(idx);
+		free(p);
+		return -1;
+	}
+	int n;
+
+	if (k < vocab && k <= 1024) {
+		n = select_top_k(idx, logits, vocab, k);
+	} else {
+		int *all = k == vocab ? idx : malloc(sizeof(int) * vocab);
+
+		if (!all) {
+			free(idx);
+			free(p);
+			return -1;
+		}
+		for (int i = 0; i < vocab; i++)
+			all[i] = i;
+		tl_sort_logits = logits;
+		qsort(all, vocab, sizeof(int), by_rank);
+		if (all != idx) {
+			for (int i = 0; i < k; i++)
+				idx[i] = all[i];
+			free(all);
+		}
+		n = k;
+	}
+
+	/* Softmax over the kept candidates at temperature T, in double. */
+	double top = logit_at(logits, idx[0]), sum = 0.0;
+
+	if (!isfinite(top)) {	/* an inf logit wins outright; all -inf: the first */
+		int pick = idx[0];
+
+		free(idx);
+		free(p);
+		return pick;
+	}
+
+	for (int i = 0; i < n; i++) {
+		p[i] = exp(((double)logit_at(logits, idx[i]) - top) / s->temperature);
+		sum += p[i];
+	}
+	/* Nucleus: the shortest prefix whose mass reaches top_p. */
+	if (s->top_p > 0.0f && s->top_p < 1.0f) {
+		double want = s->top_p * sum, cum = 0.0;
+		int keep = 0;
+
+		while (keep < n && cum < want)
+			cum += p[keep++];
+		n = keep > 0 ? keep : 1;
+		sum = cum > 0.0 ? cum : p[0];
+	}
+
+	double u = kvm_rng_uniform(rng) * sum, cum = 0.0;
+	int pick = idx[n - 1];
+
+	for (int i = 0; i < n; i++) {
+		cum += p[i];
+		if (u < cum) {
+			pick = idx[i];
+			break;
+		}
+	}
+	free(idx);
+	free(p);
+	return pick;
+}
