@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Test helpers for the engine: fresh random seeds, a small RNG, and small
+ * random Qwen3 models built in memory (no files).
+ */
+#ifndef KVMEM_TEST_MODEL_H
+#define KVMEM_TEST_MODEL_H
+
+#include <stdint.h>
+
+#include "kvmem/model.h"
+
+/* A fresh seed from /dev/urandom (or the clock), or $KVMEM_TEST_SEED when
+ * set; printed with `what` so a failure can be replayed. */
+uint64_t test_rng_fresh_seed(const char *what);
+/* splitmix64 stream: uniform in [0, 1), in [lo, hi), and an integer in [lo, hi]. */
+double test_rng_uniform(uint64_t *s);
+double test_rng_range(uint64_t *s, double lo, double hi);
+int test_rng_int(uint64_t *s, int lo, int hi);
+
+/* A config for a small model: the fields tests vary, the rest filled in
+ * (rope_theta 10000 unless set, eps 1e-6, arch Qwen3ForCausalLM). */
+kvm_config test_model_config(int layers, int hidden, int heads, int kv_heads, int head_dim,
+			     int intermediate, int vocab, int tied);
+
+/* A model with random weights from `seed`: projections uniform with
+ * variance 1/fan_in, norm weights in [0.5, 1.5], embeddings in [-1, 1].
+ * Free with test_model_free (not kvm_model_free: nothing here is mapped). */
+kvm_model *test_model_random(const kvm_config *c, uint64_t seed);
+void test_model_free(kvm_model *m);
+
+#endif

@@ -1,0 +1,848 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Every CPU kernel against a naive double-precision reference on fresh
+ * random inputs (the seed is printed; KVMEM_TEST_SEED replays it).
+ *
+ * Tolerances (fp32 kernels vs double references):
+ *   matmul     |err| <= 1e-5 * sum_k |x_k w_k| + 1e-30
+ *   rmsnorm    |err| <= 2e-6 * |ref| + 1e-7
+ *   swiglu     |err| <= 4e-6 * |ref| + 1e-7
+ *   rope       |err| <= 2e-6 * (|a| + |b|) per pair element
+ *   attention  |err| <= 2e-5 * max|v|
+ *   meank      |err| <= 1e-5 * sum |k|
+ * Exact (bitwise): embedding, add, conversions of representable values,
+ * RoPE of the same values at the same position in any batch, attention
+ * independent of thread count, kv_stride and its batch.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/kernels.h"
+#include "helpers/test_model.h"
+
+static uint64_t g_seed;
+
+static uint64_t rng_for(const char *name)
+{
+	uint64_t h = g_seed;
+
+	for (const char *p = name; *p; p++)
+		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+	return h;
+}
+
+static float *rand_floats(uint64_t *r, size_t n, double lo, double hi)
+{
+	float *p = malloc(sizeof(float) * (n ? n : 1));
+
+	assert_non_null(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = (float)test_rng_range(r, lo, hi);
+	return p;
+}
+
+static float f32_of(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static uint32_t bits_of(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+/* ---- number formats --------------------------------------------------- */
+
+/* The nearest bf16 by brute force: the two neighbours by truncation. */
+static uint16_t ref_bf16(float f)
+{
+	uint32_t u = bits_of(f);
+	uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+	double dl = fabs((double)f - kvm_bf16_to_f32(lo));
+	double dh = fabs((double)f - (double)kvm_bf16_to_f32(hi));
+
+	if ((hi & 0x7fff) == 0x7f80)	/* the next one out is inf: judge by the halfway point */
+		dh = fabs(fabs((double)f) - (fabs((double)kvm_bf16_to_f32(lo)) + 0x1p+120));
+	if (dl < dh)
+		return lo;
+	if (dh < dl)
+		return hi;
+	return (lo & 1) ? hi : lo;
+}
+
+static void test_bf16(void **state)
+{
+	uint64_t r = rng_for("bf16");
+
+	for (uint32_t h = 0; h < 0x10000; h++) {
+		float f = kvm_bf16_to_f32((uint16_t)h);
+
+		if (isnan(f)) {
+			assert_true(isnan(kvm_bf16_to_f32(kvm_f32_to_bf16(f))));
+			continue;
+		}
+		assert_int_equal(kvm_f32_to_bf16(f), h);
+	}
+	/* Ties go to even. */
+	assert_int_equal(kvm_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+	assert_int_equal(kvm_f32_to_bf16(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82);
+	assert_int_equal(kvm_f32_to_bf16(-1.0f - 0x1p-8f), 0xbf80);
+	assert_int_equal(kvm_f32_to_bf16(INFINITY), 0x7f80);
+	assert_int_equal(kvm_f32_to_bf16(3.4028235e38f), 0x7f80);	/* FLT_MAX rounds up */
+	assert_true(isnan(kvm_bf16_to_f32(kvm_f32_to_bf16(f32_of(0x7f800001u)))));
+	for (int i = 0; i < 200000; i++) {
+		uint32_t u = (uint32_t)(test_rng_uniform(&r) * 4294967296.0);
+		float f = f32_of(u);
+
+		if (isnan(f) || isinf(f))
+			continue;
+		assert_int_equal(kvm_f32_to_bf16(f), ref_bf16(f));
+	}
+	uint16_t src[5] = { 0x3f80, 0xc000, 0x0000, 0x8000, 0x4049 };
+	float dst[5];
+
+	kvm_bf16_to_f32_n(dst, src, 5);
+	for (int i = 0; i < 5; i++)
+		assert_int_equal(bits_of(dst[i]), bits_of(kvm_bf16_to_f32(src[i])));
+}
+
+/* The nearest fp16 by search over the (monotone) positive finite codes. */
+static uint16_t ref_f16(float f)
+{
+	double a = fabs((double)f);
+	uint16_t sign = signbit(f) ? 0x8000 : 0;
+	int lo = 0, hi = 0x7bff;
+
+	if (a >= 65520.0)
+		return sign | 0x7c00;
+	while (lo < hi) {		/* largest code with value <= a */
+		int mid = (lo + hi + 1) / 2;
+
+		if ((double)kvm_f16_to_f32((uint16_t)mid) <= a)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	if (lo == 0x7bff)
+		return sign | 0x7bff;
+	double dl = a - kvm_f16_to_f32((uint16_t)lo);
+	double dh = (double)kvm_f16_to_f32((uint16_t)(lo + 1)) - a;
+
+	if (dl < dh || (dl == dh && !(lo & 1)))
+		return sign | (uint16_t)lo;
+	return sign | (uint16_t)(lo + 1);
+}
+
+static void test_f16(void **state)
+{
+	uint64_t r = rng_for("f16");
+
+	for (uint32_t h = 0; h < 0x10000; h++) {
+		float f = kvm_f16_to_f32((uint16_t)h);
+
+		if (isnan(f)) {
+			assert_true(isnan(kvm_f16_to_f32(kvm_f32_to_f16(f))));
+			continue;
+		}
+		assert_int_equal(kvm_f32_to_f16(f), h);
+	}
+	/* Known values and rounding cases. */
+	assert_true(kvm_f16_to_f32(0x3c00) == 1.0f);
+	assert_true(kvm_f16_to_f32(0x0001) == 0x1p-24f);
+	assert_true(kvm_f16_to_f32(0x7bff) == 65504.0f);
+	assert_int_equal(kvm_f32_to_f16(65519.99f), 0x7bff);
+	assert_int_equal(kvm_f32_to_f16(65520.0f), 0x7c00);
+	assert_int_equal(kvm_f32_to_f16(-1e30f), 0xfc00);
+	assert_int_equal(kvm_f32_to_f16(0x1p-25f), 0x0000);		/* tie to even 0 */
+	assert_int_equal(kvm_f32_to_f16(0x1.8p-25f), 0x0001);
+	assert_int_equal(kvm_f32_to_f16(0x1.8p-24f), 0x0002);		/* tie to even 2 */
+	assert_int_equal(kvm_f32_to_f16(0x1p-14f), 0x0400);
+	assert_int_equal(kvm_f32_to_f16(0x1.ffcp-15f), 0x0400);	/* subnormal tie rounds up to normal */
+	assert_int_equal(kvm_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+	assert_int_equal(kvm_f32_to_f16(1.0f + 0x1.8p-10f), 0x3c02);
+	assert_true(isnan(kvm_f16_to_f32(kvm_f32_to_f16(NAN))));
+	for (int i = 0; i < 100000; i++) {
+		/* Spread over the fp16 range and a bit past it. */
+		double mag = pow(2.0, test_rng_range(&r, -27.0, 17.0));
+		float f = (float)(test_rng_uniform(&r) < 0.5 ? -mag : mag);
+
+		assert_int_equal(kvm_f32_to_f16(f), ref_f16(f));
+	}
+	uint16_t src[4] = { 0x3c00, 0xc000, 0x0001, 0x7c00 };
+	float dst[4];
+
+	kvm_f16_to_f32_n(dst, src, 4);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(bits_of(dst[i]), bits_of(kvm_f16_to_f32(src[i])));
+}
+
+/* ---- dense ------------------------------------------------------------ */
+
+static void test_matmul(void **state)
+{
+	uint64_t r = rng_for("matmul");
+	static const int ns[] = { 1, 2, 7, 33 };
+
+	for (int c = 0; c < 4; c++) {
+		int n = ns[c], in = test_rng_int(&r, 1, 300), out = test_rng_int(&r, 1, 200);
+		float *x = rand_floats(&r, (size_t)n * in, -2, 2);
+		float *w = rand_floats(&r, (size_t)out * in, -1, 1);
+		float *y = rand_floats(&r, (size_t)n * out, -9, 9);	/* overwritten */
+
+		kvm_matmul(y, x, w, n, in, out);
+		for (int i = 0; i < n; i++)
+			for (int o = 0; o < out; o++) {
+				double ref = 0, mag = 0;
+
+				for (int k = 0; k < in; k++) {
+					double t = (double)x[i * in + k] * w[(size_t)o * in + k];
+
+					ref += t;
+					mag += fabs(t);
+				}
+				double err = fabs(y[(size_t)i * out + o] - ref);
+
+				if (err > 1e-5 * mag + 1e-30)
+					fail_msg("matmul n=%d in=%d out=%d [%d][%d]: %g vs %g", n, in,
+						 out, i, o, y[(size_t)i * out + o], ref);
+			}
+		free(x);
+		free(w);
+		free(y);
+	}
+}
+
+static void test_embedding_add(void **state)
+{
+	uint64_t r = rng_for("embedding");
+	int vocab = test_rng_int(&r, 5, 100), dim = test_rng_int(&r, 1, 64), n = 17;
+	float *table = rand_floats(&r, (size_t)vocab * dim, -1, 1);
+	float *out = rand_floats(&r, (size_t)n * dim, -1, 1);
+	int32_t ids[17];
+
+	for (int i = 0; i < n; i++)
+		ids[i] = test_rng_int(&r, 0, vocab - 1);
+	ids[0] = vocab - 1;
+	kvm_embedding(out, table, ids, n, dim);
+	for (int i = 0; i < n; i++)
+		assert_memory_equal(out + i * dim, table + (size_t)ids[i] * dim,
+				    sizeof(float) * dim);
+
+	float *a = rand_floats(&r, 1000, -5, 5), *b = rand_floats(&r, 1000, -5, 5);
+	float *a0 = malloc(sizeof(float) * 1000);
+
+	memcpy(a0, a, sizeof(float) * 1000);
+	kvm_add(a, b, 1000);
+	for (int i = 0; i < 1000; i++)
+		assert_true(a[i] == a0[i] + b[i]);
+	free(table);
+	free(out);
+	free(a);
+	free(b);
+	free(a0);
+}
+
+static void test_rmsnorm(void **state)
+{
+	uint64_t r = rng_for("rmsnorm");
+
+	for (int c = 0; c < 6; c++) {
+		int n = test_rng_int(&r, 1, 9), dim = test_rng_int(&r, 1, 500);
+		float eps = c % 2 ? 1e-6f : 1e-5f;
+		float *x = rand_floats(&r, (size_t)n * dim, -3, 3);
+		float *w = rand_floats(&r, dim, 0.2, 2);
+		float *y = rand_floats(&r, (size_t)n * dim, -1, 1);
+
+		kvm_rmsnorm(y, x, w, n, dim, eps);
+		for (int i = 0; i < n; i++) {
+			double ss = 0;
+
+			for (int d = 0; d < dim; d++)
+				ss += (double)x[i * dim + d] * x[i * dim + d];
+			double inv = 1.0 / sqrt(ss / dim + eps);
+
+			for (int d = 0; d < dim; d++) {
+				double ref = x[i * dim + d] * inv * w[d];
+
+				if (fabs(y[i * dim + d] - ref) > 2e-6 * fabs(ref) + 1e-7)
+					fail_msg("rmsnorm [%d][%d]: %g vs %g", i, d, y[i * dim + d],
+						 ref);
+			}
+		}
+		/* In place gives the same bits. */
+		kvm_rmsnorm(x, x, w, n, dim, eps);
+		assert_memory_equal(x, y, sizeof(float) * n * dim);
+		free(x);
+		free(w);
+		free(y);
+	}
+}
+
+static void test_swiglu(void **state)
+{
+	uint64_t r = rng_for("swiglu");
+	size_t n = 5000;
+	float *g = rand_floats(&r, n, -12, 12), *u = rand_floats(&r, n, -3, 3);
+	float *o = rand_floats(&r, n, -1, 1);
+
+	kvm_swiglu(o, g, u, n);
+	for (size_t i = 0; i < n; i++) {
+		double ref = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+
+		if (fabs(o[i] - ref) > 4e-6 * fabs(ref) + 1e-7)
+			fail_msg("swiglu [%zu]: silu(%g)*%g = %g vs %g", i, g[i], u[i], o[i], ref);
+	}
+	kvm_swiglu(g, g, u, n);	/* out == gate */
+	assert_memory_equal(g, o, sizeof(float) * n);
+	free(g);
+	free(u);
+	free(o);
+}
+
+/* ---- RoPE ------------------------------------------------------------- */
+
+static void ref_rope(double *out, const float *x, int pos, int head_dim, double theta)
+{
+	int half = head_dim / 2;
+
+	for (int i = 0; i < half; i++) {
+		double ang = pos / pow(theta, (2.0 * i) / head_dim);
+
+		out[i] = x[i] * cos(ang) - x[i + half] * sin(ang);
+		out[i + half] = x[i + half] * cos(ang) + x[i] * sin(ang);
+	}
+}
+
+static void test_rope(void **state)
+{
+	uint64_t r = rng_for("rope");
+	static const int dims[] = { 2, 6, 64, 128 };
+
+	for (int c = 0; c < 4; c++) {
+		int d = dims[c], heads = test_rng_int(&r, 1, 5), n = test_rng_int(&r, 1, 40);
+		double theta = c % 2 ? 1e6 : 1e4;
+		size_t len = (size_t)n * heads * d;
+		float *x = rand_floats(&r, len, -2, 2);
+		float *y = malloc(sizeof(float) * len);
+		int32_t *pos = malloc(sizeof(int32_t) * n);
+		double ref[128];
+
+		for (int t = 0; t < n; t++)
+			pos[t] = t == 0 ? 0 : test_rng_int(&r, 0, t % 3 ? 5000 : 4000000);
+		memcpy(y, x, sizeof(float) * len);
+		kvm_rope(y, pos, n, heads, d, theta);
+		for (int t = 0; t < n; t++)
+			for (int h = 0; h < heads; h++) {
+				const float *xr = x + ((size_t)t * heads + h) * d;
+				const float *yr = y + ((size_t)t * heads + h) * d;
+
+				ref_rope(ref, xr, pos[t], d, theta);
+				for (int i = 0; i < d; i++) {
+					double tol = 2e-6 * (fabs(xr[i % (d / 2)]) +
+							     fabs(xr[i % (d / 2) + d / 2])) + 1e-30;
+
+					if (fabs(yr[i] - ref[i]) > tol)
+						fail_msg("rope d=%d pos=%d [%d]: %g vs %g", d, pos[t], i,
+							 yr[i], ref[i]);
+				}
+				if (pos[t] == 0)	/* position 0 is the identity */
+					assert_memory_equal(yr, xr, sizeof(float) * d);
+			}
+		/* The inverse undoes it (to rounding). */
+		kvm_rope_inverse(y, pos, n, heads, d, theta);
+		for (size_t i = 0; i < len; i++)
+			if (fabs(y[i] - x[i]) > 4e-6 * 2.0)
+				fail_msg("rope_inverse(rope(x)) [%zu]: %g vs %g", i, y[i], x[i]);
+		free(x);
+		free(y);
+		free(pos);
+	}
+}
+
+/* A row rotated alone, or in the middle of another batch, gives the same bits. */
+static void test_rope_batch_independent(void **state)
+{
+	uint64_t r = rng_for("rope-batch");
+	int d = 128, heads = 4, n = 37;
+	size_t row = (size_t)heads * d;
+	float *x = rand_floats(&r, n * row, -3, 3);
+	float *batch = malloc(sizeof(float) * n * row);
+	int32_t pos[37];
+
+	for (int t = 0; t < n; t++)
+		pos[t] = test_rng_int(&r, 0, 3000000);
+	memcpy(batch, x, sizeof(float) * n * row);
+	kvm_rope(batch, pos, n, heads, d, 1e6);
+	for (int t = 0; t < n; t++) {
+		/* Alone, and at slot 5 of a batch of 9 with other positions. */
+		float one[512], other[9 * 512];
+		int32_t p1 = pos[t], p9[9];
+
+		memcpy(one, x + t * row, sizeof(float) * row);
+		kvm_rope(one, &p1, 1, heads, d, 1e6);
+		assert_memory_equal(one, batch + t * row, sizeof(float) * row);
+		for (int j = 0; j < 9; j++) {
+			p9[j] = j == 5 ? pos[t] : test_rng_int(&r, 0, 100000);
+			memcpy(other + j * row, x + ((t + j) % n) * row, sizeof(float) * row);
+		}
+		memcpy(other + 5 * row, x + t * row, sizeof(float) * row);
+		kvm_rope(other, p9, 9, heads, d, 1e6);
+		assert_memory_equal(other + 5 * row, batch + t * row, sizeof(float) * row);
+		/* And as one head of a single-head call. */
+		for (int h = 0; h < heads; h++) {
+			memcpy(one, x + t * row + h * d, sizeof(float) * d);
+			kvm_rope(one, &p1, 1, 1, d, 1e6);
+			assert_memory_equal(one, batch + t * row + h * d, sizeof(float) * d);
+		}
+	}
+	free(x);
+	free(batch);
+}
+
+/* ---- attention -------------------------------------------------------- */
+
+static void ref_attention(double *out, const float *q, const int32_t *q_pos, int n_q,
+			  const float *k, const float *v, const int32_t *kv_pos, int n_kv,
+			  size_t stride, int heads, int kv_heads, int d, double scale)
+{
+	double *s = malloc(sizeof(double) * (n_kv ? n_kv : 1));
+
+	for (int i = 0; i < n_q; i++)
+		for (int h = 0; h < heads; h++) {
+			int g = h / (heads / kv_heads);
+			double *o = out + ((size_t)i * heads + h) * d, max = -INFINITY, sum = 0;
+
+			for (int e = 0; e < d; e++)
+				o[e] = 0;
+			for (int j = 0; j < n_kv; j++) {
+				if (kv_pos[j] > q_pos[i])
+					continue;
+				double dot = 0;
+
+				for (int e = 0; e < d; e++)
+					dot += (double)q[((size_t)i * heads + h) * d + e] *
+					       k[((size_t)g * stride + j) * d + e];
+				s[j] = dot * scale;
+				if (s[j] > max)
+					max = s[j];
+			}
+			for (int j = 0; j < n_kv; j++) {
+				if (kv_pos[j] > q_pos[i])
+					continue;
+				double p = exp(s[j] - max);
+
+				sum += p;
+				for (int e = 0; e < d; e++)
+					o[e] += p * v[((size_t)g * stride + j) * d + e];
+			}
+			for (int e = 0; e < d && sum > 0; e++)
+				o[e] /= sum;
+		}
+	free(s);
+}
+
+struct att_case {
+	int n_q, n_kv, heads, kv_heads, d;
+	size_t stride;
+	float *q, *k, *v;
+	int32_t *q_pos, *kv_pos;
+};
+
+static void att_case_make(struct att_case *a, uint64_t *r, int n_q, int n_kv, int heads,
+			  int kv_heads, int d, size_t stride)
+{
+	a->n_q = n_q;
+	a->n_kv = n_kv;
+	a->heads = heads;
+	a->kv_heads = kv_heads;
+	a->d = d;
+	a->stride = stride;
+	a->q = rand_floats(r, (size_t)n_q * heads * d, -2, 2);
+	a->k = rand_floats(r, (size_t)kv_heads * stride * d, -2, 2);
+	a->v = rand_floats(r, (size_t)kv_heads * stride * d, -1, 1);
+	/* Slots past n_kv hold NaN: the kernel must never read them. */
+	for (int g = 0; g < kv_heads; g++)
+		for (size_t j = n_kv; j < stride; j++)
+			for (int e = 0; e < d; e++) {
+				a->k[((size_t)g * stride + j) * d + e] = NAN;
+				a->v[((size_t)g * stride + j) * d + e] = NAN;
+			}
+	a->q_pos = malloc(sizeof(int32_t) * n_q);
+	a->kv_pos = malloc(sizeof(int32_t) * (n_kv ? n_kv : 1));
+	/* Arbitrary positions, unsorted, with repeats; some queries see nothing. */
+	for (int j = 0; j < n_kv; j++)
+		a->kv_pos[j] = test_rng_int(r, 0, 3 * n_kv);
+	for (int i = 0; i < n_q; i++)
+		a->q_pos[i] = test_rng_int(r, -2, 3 * n_kv + 2);
+}
+
+static void att_case_free(struct att_case *a)
+{
+	free(a->q);
+	free(a->k);
+	free(a->v);
+	free(a->q_pos);
+	free(a->kv_pos);
+}
+
+static void att_run(const struct att_case *a, float *out)
+{
+	kvm_attention(out, a->q, a->q_pos, a->n_q, a->k, a->v, a->kv_pos, a->n_kv, a->stride,
+		      a->heads, a->kv_heads, a->d, 1.0f / sqrtf((float)a->d));
+}
+
+static void test_attention(void **state)
+{
+	uint64_t r = rng_for("attention");
+	static const int geo[][3] = { { 4, 4, 16 }, { 8, 2, 64 }, { 6, 1, 10 }, { 16, 8, 128 },
+				      { 2, 1, 2 } };
+
+	for (int c = 0; c < 5; c++) {
+		struct att_case a;
+		int n_kv = test_rng_int(&r, 1, 300);
+
+		att_case_make(&a, &r, test_rng_int(&r, 1, 20), n_kv, geo[c][0], geo[c][1],
+			      geo[c][2], n_kv + test_rng_int(&r, 0, 40));
+		size_t on = (size_t)a.n_q * a.heads * a.d;
+		float *out = rand_floats(&r, on, -1, 1);
+		double *ref = malloc(sizeof(double) * on);
+
+		att_run(&a, out);
+		ref_attention(ref, a.q, a.q_pos, a.n_q, a.k, a.v, a.kv_pos, a.n_kv, a.stride,
+			      a.heads, a.kv_heads, a.d, 1.0 / sqrt((double)a.d));
+		for (size_t i = 0; i < on; i++)
+			if (!(fabs(out[i] - ref[i]) <= 2e-5))
+				fail_msg("attention heads %d/%d d=%d n_kv=%d [%zu]: %g vs %g",
+					 a.heads, a.kv_heads, a.d, a.n_kv, i, out[i], ref[i]);
+		free(out);
+		free(ref);
+		att_case_free(&a);
+	}
+}
+
+/* Plain causal prefill: queries at positions p0.., keys 0..n_kv-1. */
+static void test_attention_causal(void **state)
+{
+	uint64_t r = rng_for("attention-causal");
+	struct att_case a;
+	int n_kv = 150, n_q = 40;
+
+	att_case_make(&a, &r, n_q, n_kv, 8, 2, 32, 256);
+	for (int j = 0; j < n_kv; j++)
+		a.kv_pos[j] = j;
+	for (int i = 0; i < n_q; i++)
+		a.q_pos[i] = n_kv - n_q + i;
+	size_t on = (size_t)n_q * 8 * 32;
+	float *out = malloc(sizeof(float) * on);
+	double *ref = malloc(sizeof(double) * on);
+
+	att_run(&a, out);
+	ref_attention(ref, a.q, a.q_pos, n_q, a.k, a.v, a.kv_pos, n_kv, a.stride, 8, 2, 32,
+		      1.0 / sqrt(32.0));
+	for (size_t i = 0; i < on; i++)
+		if (fabs(out[i] - ref[i]) > 2e-5)
+			fail_msg("causal attention [%zu]: %g vs %g", i, out[i], ref[i]);
+	free(out);
+	free(ref);
+	att_case_free(&a);
+}
+
+/* Same bits whatever the thread count, the kv_stride, or the batch. */
+static void test_attention_deterministic(void **state)
+{
+	uint64_t r = rng_for("attention-det");
+	struct att_case a, b;
+	int n_q = 24, n_kv = 200, heads = 8, kvh = 2, d = 64;
+	size_t on = (size_t)n_q * heads * d, row = (size_t)heads * d;
+
+	att_case_make(&a, &r, n_q, n_kv, heads, kvh, d, n_kv);
+	for (int i = 0; i < n_q; i++)	/* everyone sees something */
+		a.q_pos[i] = 3 * n_kv;
+	float *o1 = malloc(sizeof(float) * on), *o2 = malloc(sizeof(float) * on);
+	int saved = omp_get_max_threads();
+
+	omp_set_num_threads(1);
+	att_run(&a, o1);
+	omp_set_num_threads(3);
+	att_run(&a, o2);
+	omp_set_num_threads(saved);
+	assert_memory_equal(o1, o2, sizeof(float) * on);
+
+	/* The same K/V in a wider view (stride 333) */
+	b = a;
+	b.stride = 333;
+	b.k = malloc(sizeof(float) * kvh * b.stride * d);
+	b.v = malloc(sizeof(float) * kvh * b.stride * d);
+	for (int g = 0; g < kvh; g++) {
+		memcpy(b.k + g * b.stride * d, a.k + g * a.stride * d, sizeof(float) * n_kv * d);
+		memcpy(b.v + g * b.stride * d, a.v + g * a.stride * d, sizeof(float) * n_kv * d);
+	}
+	att_run(&b, o2);
+	assert_memory_equal(o1, o2, sizeof(float) * on);
+	free(b.k);
+	free(b.v);
+
+	/* One query alone. */
+	for (int i = 0; i < n_q; i += 5) {
+		kvm_attention(o2, a.q + i * row, a.q_pos + i, 1, a.k, a.v, a.kv_pos, n_kv,
+			      a.stride, heads, kvh, d, 1.0f / sqrtf((float)d));
+		assert_memory_equal(o2, o1 + i * row, sizeof(float) * row);
+	}
+	free(o1);
+	free(o2);
+	att_case_free(&a);
+}
+
+/* ---- sampling --------------------------------------------------------- */
+
+static void test_sample_greedy(void **state)
+{
+	uint64_t r = rng_for("greedy");
+	int vocab = 1000;
+	float *l = rand_floats(&r, vocab, -5, 5);
+	kvm_sampler s = { .temperature = 0, .seed = 1 };
+	uint64_t st = kvm_rng_seed(1), st0 = st;
+	int best = 0;
+
+	for (int i = 1; i < vocab; i++)
+		if (l[i] > l[best])
+			best = i;
+	assert_int_equal(kvm_sample(l, vocab, &s, &st), best);
+	assert_true(st == st0);	/* greedy leaves the RNG alone */
+	l[vocab - 1] = l[best];	/* a tie: the lower id wins */
+	assert_int_equal(kvm_sample(l, vocab, &s, &st), best);
+	l[3] = NAN;
+	assert_int_equal(kvm_sample(l, vocab, &s, &st), best);
+	/* top_k = 1 is greedy too, at any temperature. */
+	s.temperature = 2.0f;
+	s.top_k = 1;
+	for (int i = 0; i < 20; i++)
+		assert_int_equal(kvm_sample(l, vocab, &s, &st), best);
+	free(l);
+}
+
+static void test_sample_deterministic(void **state)
+{
+	uint64_t r = rng_for("sample-det");
+	int vocab = 5000;
+	float *l = rand_floats(&r, vocab, -3, 3);
+	kvm_sampler s = { .temperature = 0.8f, .top_k = 50, .top_p = 0.9f,
+			  .seed = (uint64_t)test_rng_int(&r, 0, 1 << 30) };
+	int a[64], b[64], c[64], same = 1;
+	uint64_t st;
+
+	for (int pass = 0; pass < 3; pass++) {
+		int *dst = pass == 0 ? a : pass == 1 ? b : c;
+		kvm_sampler t = s;
+
+		if (pass == 2)
+			t.seed ^= 0x5555;
+		st = kvm_rng_seed(t.seed);
+		for (int i = 0; i < 64; i++)
+			dst[i] = kvm_sample(l, vocab, &t, &st);
+	}
+	assert_memory_equal(a, b, sizeof(a));
+	for (int i = 0; i < 64; i++)
+		same &= a[i] == c[i];
+	assert_false(same);	/* another seed, another sequence */
+	for (int i = 0; i < 100; i++) {
+		double u = kvm_rng_uniform(&st);
+
+		assert_true(u >= 0.0 && u < 1.0);
+	}
+	free(l);
+}
+
+/* Observed frequencies against the exact probabilities (chi-square-ish:
+ * every count within 5 sigma). */
+static void check_freq(const float *l, int vocab, const kvm_sampler *s, const double *want,
+		       int draws)
+{
+	int *count = calloc(vocab, sizeof(int));
+	uint64_t st = kvm_rng_seed(s->seed);
+
+	for (int i = 0; i < draws; i++) {
+		int t = kvm_sample(l, vocab, s, &st);
+
+		assert_in_range(t, 0, vocab - 1);
+		count[t]++;
+	}
+	for (int t = 0; t < vocab; t++) {
+		double mean = want[t] * draws, sd = sqrt(draws * want[t] * (1 - want[t]));
+
+		if (want[t] == 0.0 && count[t])
+			fail_msg("token %d (probability 0) drawn %d times", t, count[t]);
+		if (fabs(count[t] - mean) > 5 * sd + 1)
+			fail_msg("token %d drawn %d times, expected %.1f (T=%g k=%d p=%g)", t,
+				 count[t], mean, s->temperature, s->top_k, s->top_p);
+	}
+	free(count);
+}
+
+static void test_sample_distribution(void **state)
+{
+	uint64_t r = rng_for("sample-dist");
+	enum { V = 8 };
+	float l[V];
+	double p[V], want[V];
+	int order[V];
+
+	for (int i = 0; i < V; i++)
+		l[i] = (float)test_rng_range(&r, -2, 2);
+	l[6] = NAN;
+	for (int i = 0; i < V; i++)
+		order[i] = i;
+	for (int i = 0; i < V; i++)	/* rank: higher logit first (NaN last) */
+		for (int j = i + 1; j < V; j++) {
+			float li = isnan(l[order[i]]) ? -INFINITY : l[order[i]];
+			float lj = isnan(l[order[j]]) ? -INFINITY : l[order[j]];
+
+			if (lj > li || (lj == li && order[j] < order[i])) {
+				int t = order[i];
+
+				order[i] = order[j];
+				order[j] = t;
+			}
+		}
+	static const float temps[] = { 1.0f, 0.5f, 2.0f };
+
+	for (int c = 0; c < 3; c++) {
+		float T = temps[c];
+		double sum = 0;
+
+		for (int i = 0; i < V; i++)
+			sum += p[i] = isnan(l[i]) ? 0 : exp(l[i] / T);
+		/* Plain temperature. */
+		kvm_sampler s = { .temperature = T, .seed = rng_for("d") + c };
+
+		for (int i = 0; i < V; i++)
+			want[i] = p[i] / sum;
+		check_freq(l, V, &s, want, 40000);
+
+		/* Top-3. */
+		double s3 = 0;
+
+		for (int i = 0; i < V; i++)
+			want[i] = 0;
+		for (int i = 0; i < 3; i++)
+			s3 += p[order[i]];
+		for (int i = 0; i < 3; i++)
+			want[order[i]] = p[order[i]] / s3;
+		s.top_k = 3;
+		check_freq(l, V, &s, want, 40000);
+
+		/* Top-p 0.6: the shortest prefix reaching 60% of the mass. */
+		double cum = 0;
+		int keep = 0;
+
+		while (cum < 0.6 * sum)
+			cum += p[order[keep++]];
+		for (int i = 0; i < V; i++)
+			want[i] = 0;
+		for (int i = 0; i < keep; i++)
+			want[order[i]] = p[order[i]] / cum;
+		s.top_k = 0;
+		s.top_p = 0.6f;
+		check_freq(l, V, &s, want, 40000);
+	}
+}
+
+/* Top-k with a large vocabulary goes through the sort path: same answers
+ * as the small-k path would give (only the k best ever drawn). */
+static void test_sample_large_topk(void **state)
+{
+	uint64_t r = rng_for("sample-large");
+	int vocab = 3000, k = 1500;
+	float *l = rand_floats(&r, vocab, -4, 4);
+	kvm_sampler s = { .temperature = 1.0f, .top_k = k, .seed = 7 };
+	uint64_t st = kvm_rng_seed(7);
+	float kth;
+	float *sorted = malloc(sizeof(float) * vocab);
+
+	memcpy(sorted, l, sizeof(float) * vocab);
+	for (int i = 0; i < k; i++)	/* partial selection sort to find the k-th best */
+		for (int j = i + 1; j < vocab; j++)
+			if (sorted[j] > sorted[i]) {
+				float t = sorted[i];
+
+				sorted[i] = sorted[j];
+				sorted[j] = t;
+			}
+	kth = sorted[k - 1];
+	for (int i = 0; i < 2000; i++) {
+		int t = kvm_sample(l, vocab, &s, &st);
+
+		assert_true(l[t] >= kth);
+	}
+	free(l);
+	free(sorted);
+}
+
+/* ---- Mean-K ------------------------------------------------------------ */
+
+static void test_meank(void **state)
+{
+	uint64_t r = rng_for("meank");
+	int n = test_rng_int(&r, 1, 64), kvh = test_rng_int(&r, 1, 8), d = 2 * test_rng_int(&r, 1, 64);
+	size_t row = (size_t)kvh * d;
+	float *k = rand_floats(&r, n * row, -3, 3), *sum = rand_floats(&r, row, -1, 1);
+	double *ref = malloc(sizeof(double) * row), *mag = malloc(sizeof(double) * row);
+
+	for (size_t e = 0; e < row; e++) {
+		ref[e] = sum[e];
+		mag[e] = fabs(sum[e]);
+	}
+	for (int t = 0; t < n; t++)
+		for (size_t e = 0; e < row; e++) {
+			ref[e] += k[t * row + e];
+			mag[e] += fabs(k[t * row + e]);
+		}
+	kvm_meank_accumulate(sum, k, n, kvh, d);
+	for (size_t e = 0; e < row; e++)
+		if (fabs(sum[e] - ref[e]) > 1e-5 * mag[e])
+			fail_msg("meank [%zu]: %g vs %g", e, sum[e], ref[e]);
+	free(k);
+	free(sum);
+	free(ref);
+	free(mag);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bf16),
+		cmocka_unit_test(test_f16),
+		cmocka_unit_test(test_matmul),
+		cmocka_unit_test(test_embedding_add),
+		cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_swiglu),
+		cmocka_unit_test(test_rope),
+		cmocka_unit_test(test_rope_batch_independent),
+		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_attention_causal),
+		cmocka_unit_test(test_attention_deterministic),
+		cmocka_unit_test(test_sample_greedy),
+		cmocka_unit_test(test_sample_deterministic),
+		cmocka_unit_test(test_sample_distribution),
+		cmocka_unit_test(test_sample_large_topk),
+		cmocka_unit_test(test_meank),
+	};
+
+	g_seed = test_rng_fresh_seed("test_kernels");
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
