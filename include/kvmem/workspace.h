@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The workspace layer: blocks, the index, selection policies, the view
+ * planner and agent sessions. Pure logic: no I/O, no device memory.
+ * Documentation/workspace.md and Documentation/policies.md tell the story;
+ * this header is the contract.
+ *
+ *   blocks    the registry over the token history: block size B, the partial
+ *             last block, pinned spans
+ *   index     per (block, layer, KV head) the Mean-K of raw K in fp32, kept
+ *             right at every token (the partial block too); min/max and
+ *             sub-block means when the policy asks for them
+ *   policy    scores every block from the step's raw queries (ops struct)
+ *   plan      sink + pins + recent + top-scored blocks up to the budget, in
+ *             chronological order at compact positions, and the diff
+ *             against the previous plan
+ *   source    where raw K / V of history pages live (host memory here, the
+ *             tiered pager later): the only way the layer reads history
+ *   session   the step loop over a kvm_engine: append, select,
+ *             rematerialise, decode
+ */
+#ifndef KVMEM_WORKSPACE_H
+#define KVMEM_WORKSPACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmem/engine.h"
+#include "kvmem/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- blocks ----------------------------------------------------------- */
+#define KVM_BLOCK_MIN 16
+#define KVM_BLOCK_MAX 256
+#define KVM_BLOCK_DEFAULT 32
+
+typedef struct kvm_span {
+	int64_t start, end;	/* token positions [start, end) */
+} kvm_span;
+
+typedef struct kvm_blocks {
+	int block;		/* tokens per block B, a power of two 16..256 */
+	int shift;		/* log2(B) */
+	int64_t n_tokens;	/* tokens in the history */
+	kvm_span *pins;		/* sorted, disjoint, non-adjacent */
+	int n_pins, cap_pins;
+} kvm_blocks;
+
+/* block 0 means KVM_BLOCK_DEFAULT. */
+int kvm_blocks_init(kvm_blocks *r, int block);
+void kvm_blocks_free(kvm_blocks *r);
+/* Pin [start, end): every view holds the blocks it overlaps. The span may
+ * reach past n_tokens (an append in progress); the part past the history is
+ * ignored until the tokens exist. Overlapping pins merge. */
+int kvm_blocks_pin(kvm_blocks *r, int64_t start, int64_t end);
+/* Remove [start, end) from the pinned spans. */
+int kvm_blocks_unpin(kvm_blocks *r, int64_t start, int64_t end);
+/* Tokens the pinned blocks hold when the history has n_tokens tokens
+ * (whole blocks, the partial last one at its length). */
+int64_t kvm_blocks_pinned_tokens(const kvm_blocks *r, int64_t n_tokens);
+
+static inline int64_t kvm_blocks_count(const kvm_blocks *r)
+{
+	return (r->n_tokens + r->block - 1) >> r->shift;
+}
+static inline int64_t kvm_block_start(const kvm_blocks *r, int64_t b)
+{
+	return b << r->shift;
+}
+/* Tokens in block b now: B, or fewer for the partial last block. */
+static inline int kvm_block_len(const kvm_blocks *r, int64_t b)
+{
+	int64_t left = r->n_tokens - (b << r->shift);
+
+	return left >= r->block ? r->block : (left > 0 ? (int)left : 0);
+}
+static inline int64_t kvm_block_of(const kvm_blocks *r, int64_t pos)
+{
+	return pos >> r->shift;
+}
+
+/* ---- index ------------------------------------------------------------ */
+/* Summaries a policy may need; Mean-K is always kept. */
+#define KVM_SUM_MEANK		1u	/* mean of raw K per (block, layer, KV head) */
+#define KVM_SUM_MINMAX		2u	/* per-dimension min and max of raw K */
+#define KVM_SUM_SUBBLOCK	4u	/* Mean-K of each quarter block */
+#define KVM_NEED_KEYS		8u	/* the raw keys themselves (oracle) */
+#define KVM_SUBBLOCKS		4	/* sub-blocks per block */
+
+typedef struct kvm_index {
+	int n_layers, n_kv_heads, head_dim, block;
+	int sub_len;		/* tokens per sub-block: block / KVM_SUBBLOCKS */
+	unsigned sums;		/* KVM_SUM_* kept */
+	int64_t n_tokens, n_blocks, cap_blocks;
+	/* Layer-major so that one (layer, KV head) is one contiguous run over
+	 * all blocks: scoring streams it once. */
+	float *meank;		/* [L][H][cap_blocks][D] */
+	float *kmin, *kmax;	/* [L][H][cap_blocks][D]   (KVM_SUM_MINMAX) */
+	float *sub;		/* [L][H][cap_blocks][KVM_SUBBLOCKS][D] (KVM_SUM_SUBBLOCK) */
+	float *open_sum;	/* [L][H][D] running sum of the block being filled */
+	float *open_sub;	/* [L][H][D] running sum of the sub-block being filled */
+} kvm_index;
+
+int kvm_index_init(kvm_index *ix, int n_layers, int n_kv_heads, int head_dim, int block,
+		   unsigned sums);
+void kvm_index_free(kvm_index *ix);
+/* Make room for n_blocks (used by the benchmark to synthesise an index). */
+int kvm_index_reserve(kvm_index *ix, int64_t n_blocks);
+/* Account n new tokens: raw_k is [n_layers][n][n_kv_heads][head_dim] (the
+ * engine's kvm_fwd_out layout). Sums run in token order in fp32, so the
+ * result does not depend on how tokens were split into calls. */
+int kvm_index_append(kvm_index *ix, const float *raw_k, int n);
+
+static inline const float *kvm_index_meank(const kvm_index *ix, int l, int h, int64_t b)
+{
+	return ix->meank + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
+}
+static inline const float *kvm_index_min(const kvm_index *ix, int l, int h, int64_t b)
+{
+	return ix->kmin + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
+}
+static inline const float *kvm_index_max(const kvm_index *ix, int l, int h, int64_t b)
+{
+	return ix->kmax + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
+}
+/* Mean of sub-block s of block b. */
+static inline const float *kvm_index_sub(const kvm_index *ix, int l, int h, int64_t b, int s)
+{
+	return ix->sub + ((((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) *
+			  KVM_SUBBLOCKS + s) * ix->head_dim;
+}
+/* Tokens in block b / in its sub-block s (0 for a sub-block not yet begun). */
+int kvm_index_block_len(const kvm_index *ix, int64_t b);
+int kvm_index_sub_len(const kvm_index *ix, int64_t b, int s);
+
+/* ---- page source ------------------------------------------------------ */
+/*
+ * Where the raw K and V of history pages live. A page is one block in one
+ * layer: raw K [n_kv_heads][B][head_dim] and V [n_kv_heads][B][head_dim],
+ * fp32; tokens past the block's length are unspecified. The session writes
+ * every token through it and reads pages back only through get/put, so the
+ * tiered pager can stand behind the same ops. kvm_page_source_mem() keeps
+ * everything in host memory.
+ */
+typedef struct kvm_page_source_ops {
+	/* Store tokens t0..t0+n-1 of block b, layer l; k and v are token-major
+	 * [n][n_kv_heads][head_dim] (rows of the engine's kvm_fwd_out). */
+	int (*write)(void *ctx, int64_t b, int layer, int t0, int n,
+		     const float *k, const float *v);
+	/* Readable pointers to the page; valid until put. */
+	int (*get)(void *ctx, int64_t b, int layer, const float **k, const float **v);
+	void (*put)(void *ctx, int64_t b, int layer);
+	/* Optional: these blocks (all layers) will be read soon. */
+	void (*prefetch)(void *ctx, const int64_t *blocks, int n);
+	/* Optional: tokens 0..n_tokens-1 are all written (a commit point). */
+	int (*sync)(void *ctx, int64_t n_tokens);
+	void (*destroy)(void *ctx);
+} kvm_page_source_ops;
+
+typedef struct kvm_page_source {
+	const kvm_page_source_ops *ops;
+	void *ctx;
+} kvm_page_source;
+
+/* Pages in host memory, allocated a block at a time. */
+int kvm_page_source_mem(kvm_page_source *src, int n_layers, int n_kv_heads, int head_dim,
+			int block);
+void kvm_page_source_destroy(kvm_page_source *src);
+
+/* ---- selection policies ----------------------------------------------- */
+/* What a policy is given at a step boundary. */
+typedef struct kvm_select_ctx {
+	const kvm_index *index;
+	const kvm_page_source *keys;	/* raw K of every block (KVM_NEED_KEYS) */
+	int64_t n_tokens, n_blocks;
+	int block;
+	int n_layers, n_heads, n_kv_heads, head_dim;
+	double rope_theta;
+	int n_q;			/* query tokens: the step's last tokens */
+	const float *q;			/* [n_layers][n_q][n_heads][head_dim], raw */
+	const int64_t *q_pos;		/* [n_q] their workspace positions */
+	uint64_t seed;
+	int64_t step;			/* selections so far: varies random draws */
+} kvm_select_ctx;
+
+typedef struct kvm_policy_ops {
+	const char *name;
+	const char *what;	/* one line for --help */
+	unsigned needs;		/* KVM_SUM_* / KVM_NEED_KEYS */
+	int per_layer;		/* 1: one block set per layer, else one for all */
+	/* Fill scores[per_layer ? n_layers : 1][n_blocks]; higher is kept
+	 * first. Ties go to the later block. Returns 0 or -1 + kvm_error. */
+	int (*score)(const kvm_select_ctx *c, float *scores);
+} kvm_policy_ops;
+
+/* NULL-terminated table of every shipped policy (user/workspace/policy.c). */
+extern const kvm_policy_ops *const kvm_policies[];
+/* NULL + kvm_error naming the known policies when `name` is unknown. */
+const kvm_policy_ops *kvm_policy_find(const char *name);
+
+/* ---- view planner ----------------------------------------------------- */
+enum kvm_view_state {
+	KVM_VIEW_REUSED = 0,	/* was in the previous view */
+	KVM_VIEW_ENTERING = 1,	/* existed before, was not in the previous view */
+	KVM_VIEW_NEW = 2,	/* born since the previous plan (its KV is in the tail) */
+};
+
+typedef struct kvm_plan_params {
+	int64_t budget;		/* history tokens the view may hold */
+	int64_t sink;		/* the first `sink` tokens' blocks */
+	int64_t recent;		/* the last `recent` tokens' blocks (>= 1) */
+} kvm_plan_params;
+
+/*
+ * One plan: per set (1 for all layers, or one per layer) n_view blocks in
+ * chronological order. Block i of set s starts at compact position
+ * start[s * n_view + i]; every set holds view_tokens tokens.
+ */
+typedef struct kvm_plan {
+	int n_sets;
+	int64_t n_tokens;	/* history tokens when planned */
+	int64_t ws_blocks;	/* history blocks when planned */
+	int n_view;		/* blocks per set */
+	int64_t view_tokens;	/* tokens per set, <= budget */
+	int64_t *blocks;	/* [n_sets][n_view] */
+	int64_t *start;		/* [n_sets][n_view] */
+	uint8_t *state;		/* [n_sets][n_view] enum kvm_view_state */
+	int64_t *left;		/* [n_sets][n_left_max]: blocks that left, chronological */
+	int *n_left;		/* [n_sets] */
+	/* Totals over sets. */
+	int64_t reused, entering, born, n_left_total;
+	/* What the mandatory part took (per set): blocks. */
+	int n_pinned, n_sink, n_recent, n_scored;
+	int newest_dropped;	/* the newest block did not fit the budget */
+} kvm_plan;
+
+/* scores: [n_sets][kvm_blocks_count(r)]; prev may be NULL or an empty plan.
+ * Fails (plan untouched) when the pinned blocks alone pass the budget. */
+int kvm_plan_build(kvm_plan *p, const kvm_blocks *r, const float *scores, int n_sets,
+		   const kvm_plan *prev, const kvm_plan_params *pp);
+void kvm_plan_free(kvm_plan *p);
+
+/* ---- sessions --------------------------------------------------------- */
+typedef struct kvm_session_opts {
+	int block;		/* B: power of two 16..256; 0: 32 */
+	int64_t budget;		/* history tokens in the view; 0: unlimited */
+	int64_t sink;		/* -1: default, max(1, budget / 100) */
+	int64_t recent;		/* -1: default, max(1, budget / 12); at least 1 */
+	int64_t reserve;	/* tail slots between selections; -1: default,
+				 * max(chunk, budget / 8) rounded up to a block */
+	int chunk;		/* prefill chunk; 0: 128; <= the engine's max_chunk */
+	int query_tokens;	/* last tokens whose queries drive selection; 0: 4 */
+	const char *policy;	/* NULL: "meank" */
+	uint64_t seed;		/* random policy, sampling */
+	int all_logits;		/* on_forward gets every token's logits */
+	/* Rematerialise every view token from raw K at each selection. By
+	 * default a token whose slot does not change stays where it is (its K
+	 * was rotated from raw K at that very slot: the same bits). */
+	int rebuild_all;
+	/* NULL: pages in host memory. The session does not destroy it. */
+	const kvm_page_source *source;
+	/* Called after every engine forward pass with the tokens run and their
+	 * logits ([n][vocab] when all_logits, else the last token's [vocab]):
+	 * how a caller runs a full-context twin with the same chunking. */
+	void (*on_forward)(void *arg, const int32_t *tokens, int n, const float *logits);
+	void *arg;
+} kvm_session_opts;
+
+void kvm_session_opts_default(kvm_session_opts *o);
+
+typedef struct kvm_session_stats {
+	int64_t forwards;	/* engine calls */
+	int64_t selections;	/* plans made */
+	int64_t forced;		/* of which: the tail was full mid-append/decode */
+	int64_t rebuilt_tokens;	/* tokens re-rotated from raw K */
+	int64_t kept_tokens;	/* tokens left in place (same slot, same block) */
+} kvm_session_stats;
+
+typedef struct kvm_session kvm_session;
+
+/* NULL + kvm_error on bad options. The engine must outlive the session. */
+kvm_session *kvm_session_create(kvm_engine *e, const kvm_session_opts *o);
+void kvm_session_free(kvm_session *s);
+
+/* Prefill tokens in chunks, each chunk attending to the current view (the
+ * selected history and the tail so far) plus itself. pin: pin the span.
+ * When the tail is full the session selects again and goes on. */
+int kvm_session_append(kvm_session *s, const int32_t *tokens, int64_t n, int pin);
+int kvm_session_pin(kvm_session *s, int64_t start, int64_t end);
+int kvm_session_unpin(kvm_session *s, int64_t start, int64_t end);
+/* Step boundary: score with the last query tokens, plan, rematerialise. */
+int kvm_session_select(kvm_session *s);
+/* Generate n tokens into out (sampler NULL: greedy) with the view frozen;
+ * when the tail is full, select again and go on. */
+int kvm_session_decode(kvm_session *s, int n, const kvm_sampler *smp, int32_t *out);
+
+int64_t kvm_session_tokens(const kvm_session *s);
+const int32_t *kvm_session_token_ids(const kvm_session *s);
+/* The plan in force (n_view 0 before the first selection). */
+const kvm_plan *kvm_session_plan(const kvm_session *s);
+/* The execution view: selected history then the tail. */
+const kvm_kvcache *kvm_session_view(const kvm_session *s);
+/* Logits of the last token run, [vocab]; NULL before any. */
+const float *kvm_session_logits(const kvm_session *s);
+const kvm_index *kvm_session_index(const kvm_session *s);
+const kvm_blocks *kvm_session_blocks(const kvm_session *s);
+const kvm_policy_ops *kvm_session_policy(const kvm_session *s);
+/* The options in force, defaults resolved (budget 0 stays 0: unlimited). */
+const kvm_session_opts *kvm_session_options(const kvm_session *s);
+void kvm_session_get_stats(const kvm_session *s, kvm_session_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The block registry: fixed-size blocks over the token history and the
+ * pinned spans. Block b holds positions [b*B, min((b+1)*B, n_tokens)); only
+ * the last block can be partial. Pins are kept as a sorted list of disjoint
+ * spans so that membership and totals cost O(pins), not O(blocks).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/workspace.h"
+
+int kvm_blocks_init(kvm_blocks *r, int block)
+{
+	memset(r, 0, sizeof(*r));
+	if (block == 0)
+		block = KVM_BLOCK_DEFAULT;
+	if (block < KVM_BLOCK_MIN || block > KVM_BLOCK_MAX || (block & (block - 1)))
+		return kvm_error("workspace: block size %d is not a power of two from %d to %d",
+				 block, KVM_BLOCK_MIN, KVM_BLOCK_MAX);
+	r->block = block;
+	while ((1 << r->shift) < block)
+		r->shift++;
+	return 0;
+}
+
+void kvm_blocks_free(kvm_blocks *r)
+{
+	free(r->pins);
+	memset(r, 0, sizeof(*r));
+}
+
+static int spans_room(kvm_blocks *r, int need)
+{
+	kvm_span *p;
+	int cap;
+
+	if (need <= r->cap_pins)
+		return 0;
+	cap = r->cap_pins ? r->cap_pins * 2 : 8;
+	while (cap < need)
+		cap *= 2;
+	p = realloc(r->pins, (size_t)cap * sizeof(*p));
+	if (!p)
+		return kvm_error("workspace: out of memory for %d pinned spans", need);
+	r->pins = p;
+	r->cap_pins = cap;
+	return 0;
+}
+
+static int check_span(int64_t start, int64_t end)
+{
+	if (start < 0 || end < start)
+		return kvm_error("workspace: bad span [%lld, %lld)", (long long)start,
+				 (long long)end);
+	return 0;
+}
+
+int kvm_blocks_pin(kvm_blocks *r, int64_t start, int64_t end)
+{
+	int i, j, k;
+
+	if (check_span(start, end))
+		return -1;
+	if (start == end)
+		return 0;
+	if (spans_room(r, r->n_pins + 1))
+		return -1;
+	/* First span that touches or follows [start, end), last that touches it. */
+	for (i = 0; i < r->n_pins && r->pins[i].end < start; i++)
+		;
+	for (j = i; j < r->n_pins && r->pins[j].start <= end; j++) {
+		if (r->pins[j].start < start)
+			start = r->pins[j].start;
+		if (r->pins[j].end > end)
+			end = r->pins[j].end;
+	}
+	/* Spans i..j-1 merge into one at i. */
+	k = j - i;
+	if (k == 0)
+		memmove(r->pins + i + 1, r->pins + i, (size_t)(r->n_pins - i) * sizeof(kvm_span));
+	else if (k > 1)
+		memmove(r->pins + i + 1, r->pins + j, (size_t)(r->n_pins - j) * sizeof(kvm_span));
+	r->n_pins += 1 - k;
+	r->pins[i].start = start;
+	r->pins[i].end = end;
+	return 0;
+}
+
+int kvm_blocks_unpin(kvm_blocks *r, int64_t start, int64_t end)
+{
+	int i, n = 0;
+	kvm_span *out;
+
+	if (check_span(start, end))
+		return -1;
+	/* Cutting a hole in one span can add one span. */
+	if (spans_room(r, r->n_pins + 1))
+		return -1;
+	out = malloc((size_t)(r->n_pins + 1) * sizeof(*out));
+	if (!out)
+		return kvm_error("workspace: out of memory unpinning");
+	for (i = 0; i < r->n_pins; i++) {
+		kvm_span s = r->pins[i];
+
+		if (s.end <= start || s.start >= end) {
+			out[n++] = s;
+			continue;
+		}
+		if (s.start < start)
+			out[n++] = (kvm_span){ s.start, start };
+		if (s.end > end)
+			out[n++] = (kvm_span){ end, s.end };
+	}
+	memcpy(r->pins, out, (size_t)n * sizeof(*out));
+	r->n_pins = n;
+	free(out);
+	return 0;
+}
+
+int64_t kvm_blocks_pinned_tokens(const kvm_blocks *r, int64_t n_tokens)
+{
+	int64_t total = 0, last_block = -1;
+	int i;
+
+	if (n_tokens <= 0)
+		return 0;
+	for (i = 0; i < r->n_pins; i++) {
+		int64_t s = r->pins[i].start, e = r->pins[i].end;
+		int64_t b0, b1;
+
+		if (s >= n_tokens)
+			break;
+		if (e > n_tokens)
+			e = n_tokens;
+		b0 = s >> r->shift;
+		b1 = (e - 1) >> r->shift;
+		/* Two spans may share a block: count it once. */
+		if (b0 <= last_block)
+			b0 = last_block + 1;
+		if (b1 < b0)
+			continue;
+		total += ((b1 - b0 + 1) << r->shift);
+		if ((b1 + 1) << r->shift > n_tokens)
+			total -= ((b1 + 1) << r->shift) - n_tokens;
+		last_block = b1;
+	}
+	return total;
+}

@@ -1,0 +1,397 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Agent sessions on the engine: append (chunked prefill), select at the
+ * step boundary, decode with the view frozen. Every token run goes to the
+ * history (token ids, raw K / V pages, the index) as soon as the engine
+ * returns it. When the tail would outgrow budget + reserve, the session
+ * selects again with the latest queries and goes on.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "workspace/session_int.h"
+
+#define CHUNK_DEFAULT 128
+#define QUERY_TOKENS_DEFAULT 4
+#define UNLIMITED ((int64_t)INT_MAX / 2)
+
+void kvm_session_opts_default(kvm_session_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->sink = -1;
+	o->recent = -1;
+	o->reserve = -1;
+}
+
+static int64_t round_up(int64_t x, int64_t m)
+{
+	return (x + m - 1) / m * m;
+}
+
+/* Fill in defaults and check the options against each other. */
+static int resolve(kvm_session *s, const kvm_session_opts *in)
+{
+	kvm_session_opts *o = &s->o;
+
+	*o = *in;
+	if (!o->block)
+		o->block = KVM_BLOCK_DEFAULT;
+	if (!o->chunk)
+		o->chunk = CHUNK_DEFAULT;
+	if (!o->query_tokens)
+		o->query_tokens = QUERY_TOKENS_DEFAULT;
+	if (o->chunk < 0 || o->query_tokens < 0 || o->budget < 0)
+		return kvm_error("session: chunk %d, query tokens %d and budget %lld must not be negative",
+				 o->chunk, o->query_tokens, (long long)o->budget);
+	if (o->budget && o->budget < o->block)
+		return kvm_error("session: budget %lld is smaller than one block (%d tokens)",
+				 (long long)o->budget, o->block);
+	if (!o->budget) {
+		/* Unlimited: the view is always the whole history. */
+		s->budget = UNLIMITED;
+		o->sink = o->sink < 0 ? 0 : o->sink;
+		o->recent = o->recent < 0 ? 0 : o->recent;
+		o->reserve = o->reserve < 0 ? 0 : o->reserve;
+		s->cap_limit = UNLIMITED;
+		return 0;
+	}
+	s->budget = o->budget;
+	if (o->sink < 0)
+		o->sink = o->budget / 100 > 1 ? o->budget / 100 : 1;
+	if (o->recent < 0)
+		o->recent = o->budget / 12 > 1 ? o->budget / 12 : 1;
+	if (o->reserve < 0) {
+		o->reserve = round_up(o->budget / 8, o->block);
+		if (o->reserve < o->chunk)
+			o->reserve = o->chunk;
+	}
+	if (o->reserve < o->chunk)
+		return kvm_error("session: a reserve of %lld tail slots cannot take a chunk of %d tokens",
+				 (long long)o->reserve, o->chunk);
+	if (o->budget > UNLIMITED - o->reserve)
+		return kvm_error("session: budget %lld + reserve %lld is too large",
+				 (long long)o->budget, (long long)o->reserve);
+	s->cap_limit = o->budget + o->reserve;
+	return 0;
+}
+
+static int alloc_buffers(kvm_session *s)
+{
+	const kvm_config *c = &s->cfg;
+	size_t C = s->o.chunk, T = s->o.query_tokens;
+	size_t kw = (size_t)c->n_kv_heads * c->head_dim, qw = (size_t)c->n_heads * c->head_dim;
+
+	s->raw_k = malloc(sizeof(float) * c->n_layers * C * kw);
+	s->v = malloc(sizeof(float) * c->n_layers * C * kw);
+	s->q_raw = malloc(sizeof(float) * c->n_layers * C * qw);
+	s->logits = malloc(sizeof(float) * (s->o.all_logits ? C : 1) * c->vocab);
+	s->last_logits = malloc(sizeof(float) * c->vocab);
+	s->qring = malloc(sizeof(float) * c->n_layers * T * qw);
+	s->qtmp = malloc(sizeof(float) * c->n_layers * T * qw);
+	s->qpos = malloc(sizeof(int64_t) * T);
+	s->pos = malloc(sizeof(int32_t) * s->o.block);
+	if (!s->raw_k || !s->v || !s->q_raw || !s->logits || !s->last_logits || !s->qring ||
+	    !s->qtmp || !s->qpos || !s->pos)
+		return kvm_error("session: out of memory for chunks of %zu tokens", C);
+	return 0;
+}
+
+kvm_session *kvm_session_create(kvm_engine *e, const kvm_session_opts *o)
+{
+	kvm_session_opts def;
+	kvm_session *s = calloc(1, sizeof(*s));
+
+	if (!s) {
+		kvm_error("session: out of memory");
+		return NULL;
+	}
+	if (!o) {
+		kvm_session_opts_default(&def);
+		o = &def;
+	}
+	s->e = e;
+	s->cfg = kvm_engine_model(e)->cfg;
+	if (resolve(s, o) || !(s->pol = kvm_policy_find(o->policy)))
+		goto fail;
+	s->o.policy = s->pol->name;
+	s->n_sets = s->pol->per_layer ? s->cfg.n_layers : 1;
+	s->rng = kvm_rng_seed(s->o.seed);
+	if (kvm_blocks_init(&s->blocks, s->o.block) ||
+	    kvm_index_init(&s->index, s->cfg.n_layers, s->cfg.n_kv_heads, s->cfg.head_dim,
+			   s->o.block, s->pol->needs) ||
+	    alloc_buffers(s))
+		goto fail;
+	if (s->o.source) {
+		s->src = s->o.source;
+	} else {
+		if (kvm_page_source_mem(&s->own_src, s->cfg.n_layers, s->cfg.n_kv_heads,
+					s->cfg.head_dim, s->o.block))
+			goto fail;
+		s->src = &s->own_src;
+	}
+	return s;
+fail:
+	kvm_error_prefix("kvm_session_create");
+	kvm_session_free(s);
+	return NULL;
+}
+
+void kvm_session_free(kvm_session *s)
+{
+	if (!s)
+		return;
+	kvm_page_source_destroy(&s->own_src);
+	kvm_blocks_free(&s->blocks);
+	kvm_index_free(&s->index);
+	kvm_kvcache_free(&s->kv);
+	kvm_plan_free(&s->plan);
+	free(s->tokens);
+	free(s->raw_k);
+	free(s->v);
+	free(s->q_raw);
+	free(s->logits);
+	free(s->last_logits);
+	free(s->qring);
+	free(s->qtmp);
+	free(s->qpos);
+	free(s->scores);
+	free(s->pos);
+	free(s);
+}
+
+/* Keep the raw queries of the last query_tokens tokens, packed. */
+static void keep_queries(kvm_session *s, int n)
+{
+	const int T = s->o.query_tokens, L = s->cfg.n_layers;
+	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
+	int from_new = n < T ? n : T, from_old = s->n_q + from_new > T ? T - from_new : s->n_q;
+	int64_t first = s->blocks.n_tokens - from_new;	/* position of the first new one kept */
+	int nq = from_old + from_new;
+
+	for (int l = 0; l < L; l++) {
+		float *dst = s->qtmp + (size_t)l * nq * qw;
+
+		memcpy(dst, s->qring + ((size_t)l * s->n_q + (s->n_q - from_old)) * qw,
+		       from_old * qw * sizeof(float));
+		memcpy(dst + from_old * qw, s->q_raw + ((size_t)l * n + (n - from_new)) * qw,
+		       from_new * qw * sizeof(float));
+	}
+	memmove(s->qpos, s->qpos + (s->n_q - from_old), from_old * sizeof(int64_t));
+	for (int i = 0; i < from_new; i++)
+		s->qpos[from_old + i] = first + i;
+	{
+		float *t = s->qring;
+
+		s->qring = s->qtmp;
+		s->qtmp = t;
+	}
+	s->n_q = nq;
+}
+
+/* Write n new tokens' raw K / V to their pages, all layers. */
+static int store_pages(kvm_session *s, int64_t p0, int n)
+{
+	const size_t kw = (size_t)s->cfg.n_kv_heads * s->cfg.head_dim;
+	const int B = s->blocks.block;
+
+	for (int l = 0; l < s->cfg.n_layers; l++)
+		for (int j = 0; j < n;) {
+			int64_t p = p0 + j;
+			int t0 = (int)(p % B), m = B - t0 < n - j ? B - t0 : n - j;
+			size_t at = ((size_t)l * n + j) * kw;
+
+			if (s->src->ops->write(s->src->ctx, p / B, l, t0, m, s->raw_k + at,
+					       s->v + at))
+				return kvm_error_prefix("session: storing block %lld",
+							(long long)(p / B));
+			j += m;
+		}
+	return 0;
+}
+
+/* One engine call over n tokens at the end of the view, then the history. */
+static int usable(const kvm_session *s)
+{
+	if (s->broken)
+		return kvm_error("session: unusable after an earlier failure (see the first error)");
+	return 0;
+}
+
+static int run_tokens(kvm_session *s, const int32_t *tok, int n)
+{
+	const kvm_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
+	const int64_t p0 = s->blocks.n_tokens;
+
+	if (s->kv.len + (int64_t)n > s->cap_limit && ws_select(s, 1))
+		return -1;
+	if (ws_view_reserve(s, s->kv.len + (int64_t)n))
+		return -1;
+	if (p0 + n > s->cap_tokens) {
+		int64_t cap = s->cap_tokens ? 2 * s->cap_tokens : 1024;
+		int32_t *t;
+
+		while (cap < p0 + n)
+			cap *= 2;
+		t = realloc(s->tokens, (size_t)cap * sizeof(int32_t));
+		if (!t)
+			return kvm_error("session: out of memory for %lld token ids", (long long)cap);
+		s->tokens = t;
+		s->cap_tokens = cap;
+	}
+	if (kvm_forward(s->e, &s->kv, tok, n, s->logits, s->o.all_logits, &out))
+		return kvm_error_prefix("session");
+	s->st.forwards++;
+	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
+	if (store_pages(s, p0, n) || kvm_index_append(&s->index, s->raw_k, n)) {
+		/* The view holds tokens the history lacks. */
+		s->broken = 1;
+		return -1;
+	}
+	s->blocks.n_tokens = p0 + n;
+	keep_queries(s, n);
+	memcpy(s->last_logits,
+	       s->logits + (s->o.all_logits ? (size_t)(n - 1) * s->cfg.vocab : 0),
+	       (size_t)s->cfg.vocab * sizeof(float));
+	s->have_logits = 1;
+	if (s->src->ops->sync && s->src->ops->sync(s->src->ctx, s->blocks.n_tokens))
+		return kvm_error_prefix("session: committing %lld tokens",
+					(long long)s->blocks.n_tokens);
+	if (s->o.on_forward)
+		s->o.on_forward(s->o.arg, tok, n, s->logits);
+	return 0;
+}
+
+/* Pins may never need more than the budget; on refusal they stay as they were. */
+static int pin_checked(kvm_session *s, int64_t start, int64_t end)
+{
+	kvm_span *saved = NULL;
+	int n = s->blocks.n_pins;
+	int64_t upto = end > s->blocks.n_tokens ? end : s->blocks.n_tokens, need;
+
+	if (n && !(saved = malloc((size_t)n * sizeof(*saved))))
+		return kvm_error("session: out of memory pinning");
+	if (n)
+		memcpy(saved, s->blocks.pins, (size_t)n * sizeof(*saved));
+	if (kvm_blocks_pin(&s->blocks, start, end)) {
+		free(saved);
+		return -1;
+	}
+	need = kvm_blocks_pinned_tokens(&s->blocks, upto);
+	if (need > s->budget) {
+		if (n)
+			memcpy(s->blocks.pins, saved, (size_t)n * sizeof(*saved));
+		s->blocks.n_pins = n;
+		free(saved);
+		return kvm_error("session: pinning [%lld, %lld) would need %lld tokens of pinned blocks; the budget is %lld",
+				 (long long)start, (long long)end, (long long)need,
+				 (long long)s->budget);
+	}
+	free(saved);
+	return 0;
+}
+
+int kvm_session_pin(kvm_session *s, int64_t start, int64_t end)
+{
+	return pin_checked(s, start, end);
+}
+
+int kvm_session_unpin(kvm_session *s, int64_t start, int64_t end)
+{
+	return kvm_blocks_unpin(&s->blocks, start, end);
+}
+
+int kvm_session_append(kvm_session *s, const int32_t *tokens, int64_t n, int pin)
+{
+	const int64_t p0 = s->blocks.n_tokens;
+
+	if (usable(s))
+		return -1;
+	if (n < 0)
+		return kvm_error("session: cannot append %lld tokens", (long long)n);
+	if (pin && n && pin_checked(s, p0, p0 + n))
+		return -1;
+	for (int64_t i = 0; i < n;) {
+		int c = n - i < s->o.chunk ? (int)(n - i) : s->o.chunk;
+
+		if (run_tokens(s, tokens + i, c))
+			return -1;
+		i += c;
+	}
+	return 0;
+}
+
+int kvm_session_select(kvm_session *s)
+{
+	return usable(s) ? -1 : ws_select(s, 0);
+}
+
+int kvm_session_decode(kvm_session *s, int n, const kvm_sampler *smp, int32_t *out)
+{
+	static const kvm_sampler greedy = { 0 };
+
+	if (usable(s))
+		return -1;
+	if (n > 0 && !s->have_logits)
+		return kvm_error("session: nothing to decode from: append tokens first");
+	for (int i = 0; i < n; i++) {
+		int32_t tok = kvm_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
+
+		if (out)
+			out[i] = tok;
+		if (run_tokens(s, &tok, 1))
+			return -1;
+	}
+	return 0;
+}
+
+int64_t kvm_session_tokens(const kvm_session *s)
+{
+	return s->blocks.n_tokens;
+}
+
+const int32_t *kvm_session_token_ids(const kvm_session *s)
+{
+	return s->tokens;
+}
+
+const kvm_plan *kvm_session_plan(const kvm_session *s)
+{
+	return &s->plan;
+}
+
+const kvm_kvcache *kvm_session_view(const kvm_session *s)
+{
+	return &s->kv;
+}
+
+const float *kvm_session_logits(const kvm_session *s)
+{
+	return s->have_logits ? s->last_logits : NULL;
+}
+
+const kvm_index *kvm_session_index(const kvm_session *s)
+{
+	return &s->index;
+}
+
+const kvm_blocks *kvm_session_blocks(const kvm_session *s)
+{
+	return &s->blocks;
+}
+
+const kvm_policy_ops *kvm_session_policy(const kvm_session *s)
+{
+	return s->pol;
+}
+
+const kvm_session_opts *kvm_session_options(const kvm_session *s)
+{
+	return &s->o;
+}
+
+void kvm_session_get_stats(const kvm_session *s, kvm_session_stats *st)
+{
+	*st = s->st;
+}

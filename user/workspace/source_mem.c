@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A page source in host memory: raw K and V of every block, every layer,
+ * allocated one block (all layers) at a time. The stand-in for the tiered
+ * pager, with the same ops.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/workspace.h"
+
+struct mem_source {
+	int n_layers, n_kv_heads, head_dim, block;
+	size_t page_floats;	/* one K (or V) page: H * B * D */
+	float **blocks;		/* [cap] -> [L][2][H][B][D] */
+	int64_t cap;
+};
+
+static float *page(struct mem_source *m, int64_t b, int layer, int is_v)
+{
+	return m->blocks[b] + ((size_t)layer * 2 + is_v) * m->page_floats;
+}
+
+static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
+		     const float *v)
+{
+	struct mem_source *m = ctx;
+	const int H = m->n_kv_heads, d = m->head_dim;
+
+	if (b < 0 || layer < 0 || layer >= m->n_layers || t0 < 0 || t0 + n > m->block)
+		return kvm_error("page source: bad write block %lld layer %d tokens %d+%d",
+				 (long long)b, layer, t0, n);
+	if (b >= m->cap) {
+		int64_t cap = m->cap ? m->cap * 2 : 64;
+		float **nb;
+
+		while (cap <= b)
+			cap *= 2;
+		nb = realloc(m->blocks, (size_t)cap * sizeof(*nb));
+		if (!nb)
+			return kvm_error("page source: out of memory for %lld blocks", (long long)cap);
+		memset(nb + m->cap, 0, (size_t)(cap - m->cap) * sizeof(*nb));
+		m->blocks = nb;
+		m->cap = cap;
+	}
+	if (!m->blocks[b]) {
+		m->blocks[b] = malloc((size_t)m->n_layers * 2 * m->page_floats * sizeof(float));
+		if (!m->blocks[b])
+			return kvm_error("page source: out of memory for block %lld", (long long)b);
+	}
+	for (int h = 0; h < H; h++) {
+		float *pk = page(m, b, layer, 0) + ((size_t)h * m->block + t0) * d;
+		float *pv = page(m, b, layer, 1) + ((size_t)h * m->block + t0) * d;
+
+		for (int j = 0; j < n; j++) {
+			memcpy(pk + (size_t)j * d, k + ((size_t)j * H + h) * d, d * sizeof(float));
+			memcpy(pv + (size_t)j * d, v + ((size_t)j * H + h) * d, d * sizeof(float));
+		}
+	}
+	return 0;
+}
+
+static int mem_get(void *ctx, int64_t b, int layer, const float **k, const float **v)
+{
+	struct mem_source *m = ctx;
+
+	if (b < 0 || b >= m->cap || !m->blocks[b] || layer < 0 || layer >= m->n_layers)
+		return kvm_error("page source: block %lld layer %d was never written",
+				 (long long)b, layer);
+	*k = page(m, b, layer, 0);
+	*v = page(m, b, layer, 1);
+	return 0;
+}
+
+static void mem_put(void *ctx, int64_t b, int layer)
+{
+}
+
+static void mem_destroy(void *ctx)
+{
+	struct mem_source *m = ctx;
+
+	for (int64_t b = 0; b < m->cap; b++)
+		free(m->blocks[b]);
+	free(m->blocks);
+	free(m);
+}
+
+static const kvm_page_source_ops mem_ops = {
+	.write = mem_write,
+	.get = mem_get,
+	.put = mem_put,
+	.destroy = mem_destroy,
+};
+
+int kvm_page_source_mem(kvm_page_source *src, int n_layers, int n_kv_heads, int head_dim,
+			int block)
+{
+	struct mem_source *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return kvm_error("page source: out of memory");
+	m->n_layers = n_layers;
+	m->n_kv_heads = n_kv_heads;
+	m->head_dim = head_dim;
+	m->block = block;
+	m->page_floats = (size_t)n_kv_heads * block * head_dim;
+	src->ops = &mem_ops;
+	src->ctx = m;
+	return 0;
+}
+
+void kvm_page_source_destroy(kvm_page_source *src)
+{
+	if (src && src->ops && src->ops->destroy)
+		src->ops->destroy(src->ctx);
+	if (src)
+		memset(src, 0, sizeof(*src));
+}

@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Selection and rematerialisation: score every block with the step's last
+ * queries, plan the next view, and rebuild the execution view from raw K.
+ *
+ * Every token of the new view lands at its compact slot. Its K there is
+ * kvm_rope(raw K, slot), computed from the page source's raw K. A token that
+ * already sits at that very slot (a block kept in place, or the tail that
+ * the engine rotated at that slot) is left alone: the engine rotates a copy
+ * of the same raw K at the same slot with the same kernel, so the bits are
+ * those a rebuild would write. Nothing is ever rotated from a rotated copy.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "workspace/session_int.h"
+
+int ws_view_reserve(kvm_session *s, int64_t need)
+{
+	const size_t row = (size_t)s->cfg.head_dim * sizeof(float);
+	kvm_kvcache nk;
+	int64_t cap;
+
+	if (need <= s->kv.cap)
+		return 0;
+	if (need > s->cap_limit || need > INT_MAX)
+		return kvm_error("session: the view needs %lld slots, more than its limit %lld",
+				 (long long)need, (long long)s->cap_limit);
+	cap = s->kv.cap ? 2 * (int64_t)s->kv.cap : 256;
+	while (cap < need)
+		cap *= 2;
+	if (cap > s->cap_limit)
+		cap = s->cap_limit;
+	if (cap > INT_MAX)
+		cap = INT_MAX;
+	if (kvm_kvcache_init(&nk, &s->cfg, (int)cap))
+		return kvm_error_prefix("session");
+	for (int l = 0; l < s->cfg.n_layers; l++)
+		for (int h = 0; h < s->cfg.n_kv_heads; h++) {
+			if (!s->kv.len)
+				break;
+			memcpy(kvm_kv_k(&nk, l, h, 0), kvm_kv_k(&s->kv, l, h, 0), s->kv.len * row);
+			memcpy(kvm_kv_v(&nk, l, h, 0), kvm_kv_v(&s->kv, l, h, 0), s->kv.len * row);
+		}
+	nk.len = s->kv.len;
+	kvm_kvcache_free(&s->kv);
+	s->kv = nk;
+	return 0;
+}
+
+/* Tokens u0..u1-1 of block b, layer l: raw K rotated at slot0.., V copied. */
+static int rebuild(kvm_session *s, int l, int64_t b, int u0, int u1, int64_t slot0)
+{
+	const int d = s->cfg.head_dim, B = s->blocks.block, n = u1 - u0;
+	const float *k, *v;
+
+	if (n <= 0)
+		return 0;
+	if (s->src->ops->get(s->src->ctx, b, l, &k, &v))
+		return kvm_error_prefix("session: rematerialising block %lld", (long long)b);
+	for (int i = 0; i < n; i++)
+		s->pos[i] = (int32_t)(slot0 + i);
+	for (int h = 0; h < s->cfg.n_kv_heads; h++) {
+		float *dk = kvm_kv_k(&s->kv, l, h, (int)slot0);
+
+		memcpy(dk, k + ((size_t)h * B + u0) * d, (size_t)n * d * sizeof(float));
+		kvm_rope(dk, s->pos, n, 1, d, s->cfg.rope_theta);
+		memcpy(kvm_kv_v(&s->kv, l, h, (int)slot0), v + ((size_t)h * B + u0) * d,
+		       (size_t)n * d * sizeof(float));
+	}
+	s->src->ops->put(s->src->ctx, b, l);
+	s->st.rebuilt_tokens += n;
+	return 0;
+}
+
+/* Tokens u0..u1-1 now sit at slot `have` + u (have < 0: not in the view);
+ * they belong at `want` + u. */
+static int place(kvm_session *s, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
+{
+	if (u1 <= u0)
+		return 0;
+	if (have == want && !s->o.rebuild_all) {
+		s->st.kept_tokens += u1 - u0;
+		return 0;
+	}
+	return rebuild(s, l, b, u0, u1, want + u0);
+}
+
+static void hint_entering(kvm_session *s, const kvm_plan *np)
+{
+	int64_t *list;
+	int n = 0;
+
+	if (!s->src->ops->prefetch)
+		return;
+	list = malloc((size_t)(np->n_view ? np->n_view : 1) * sizeof(int64_t));
+	if (!list)
+		return;	/* only a hint */
+	for (int i = 0; i < np->n_view; i++)
+		for (int set = 0; set < np->n_sets; set++)
+			if (np->state[(size_t)set * np->n_view + i] == KVM_VIEW_ENTERING) {
+				list[n++] = np->blocks[(size_t)set * np->n_view + i];
+				break;
+			}
+	if (n)
+		s->src->ops->prefetch(s->src->ctx, list, n);
+	free(list);
+}
+
+static int rematerialise(kvm_session *s, const kvm_plan *np)
+{
+	const kvm_plan *op = &s->plan;
+	const int64_t B = s->blocks.block;
+
+	if (ws_view_reserve(s, np->view_tokens))
+		return -1;
+	hint_entering(s, np);
+	for (int l = 0; l < s->cfg.n_layers; l++) {
+		int set = np->n_sets == 1 ? 0 : l, oset = op->n_sets <= 1 ? 0 : l, j = 0;
+		const int64_t *nb = np->blocks + (size_t)set * np->n_view;
+		const int64_t *ns = np->start + (size_t)set * np->n_view;
+		const int64_t *ob = op->blocks ? op->blocks + (size_t)oset * op->n_view : NULL;
+		const int64_t *os = op->start ? op->start + (size_t)oset * op->n_view : NULL;
+
+		for (int i = 0; i < np->n_view; i++) {
+			int64_t b = nb[i], p0 = b * B;
+			int len = kvm_block_len(&s->blocks, b), t;
+			int64_t tail_at = s->view_len - s->sel_tokens + p0;
+
+			while (j < op->n_view && ob[j] < b)
+				j++;
+			/* Tokens before sel_tokens: in the old view or not at all. */
+			t = s->sel_tokens - p0 > len ? len : (int)(s->sel_tokens - p0);
+			if (t < 0)
+				t = 0;
+			if (place(s, l, b, 0, t, j < op->n_view && ob[j] == b ? os[j] : -1, ns[i]) ||
+			    place(s, l, b, t, len, tail_at, ns[i]))
+				return -1;
+		}
+	}
+	return 0;
+}
+
+int ws_select(kvm_session *s, int forced)
+{
+	const int64_t nb = kvm_blocks_count(&s->blocks);
+	kvm_plan_params pp = { s->budget, s->o.sink, s->o.recent };
+	kvm_plan np = { 0 };
+	kvm_select_ctx c;
+	size_t need = (size_t)s->n_sets * (nb ? nb : 1);
+
+	if (nb == 0)
+		return 0;
+	if ((int64_t)need > s->cap_scores) {
+		float *sc = realloc(s->scores, need * sizeof(float));
+
+		if (!sc)
+			return kvm_error("session: out of memory for %lld block scores",
+					 (long long)need);
+		s->scores = sc;
+		s->cap_scores = (int64_t)need;
+	}
+	c = (kvm_select_ctx){
+		.index = &s->index,
+		.keys = s->src,
+		.n_tokens = s->blocks.n_tokens,
+		.n_blocks = nb,
+		.block = s->blocks.block,
+		.n_layers = s->cfg.n_layers,
+		.n_heads = s->cfg.n_heads,
+		.n_kv_heads = s->cfg.n_kv_heads,
+		.head_dim = s->cfg.head_dim,
+		.rope_theta = s->cfg.rope_theta,
+		.n_q = s->n_q,
+		.q = s->qring,
+		.q_pos = s->qpos,
+		.seed = s->o.seed,
+		.step = s->st.selections,
+	};
+	if (s->pol->score(&c, s->scores))
+		return kvm_error_prefix("session: policy %s", s->pol->name);
+	if (kvm_plan_build(&np, &s->blocks, s->scores, s->n_sets, &s->plan, &pp))
+		return kvm_error_prefix("session");
+	if (rematerialise(s, &np)) {
+		/* The view is half rebuilt: nothing can run on it any more. */
+		s->broken = 1;
+		kvm_plan_free(&np);
+		return -1;
+	}
+	kvm_plan_free(&s->plan);
+	s->plan = np;
+	s->view_len = np.view_tokens;
+	s->sel_tokens = s->blocks.n_tokens;
+	s->kv.len = (int)s->view_len;
+	s->st.selections++;
+	s->st.forced += forced;
+	return 0;
+}
