@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The tiered store: pages of KV history in a host pool and in a workspace
+ * directory on NVMe, moved through io_uring. See Documentation/pager.md for
+ * the tiers, replacement policies, staging, the crash rule, counters and
+ * probes, and Documentation/formats.md ("Workspace directory") for the files.
+ *
+ * A page is the KV of one block in one layer: raw K [H_kv][B][D] followed by
+ * V [H_kv][B][D], in the workspace's dtype. The pager never looks inside a
+ * page; it stores, checksums and moves bytes. Page id = block * L + layer, and
+ * a block's L pages are one contiguous extent on disk.
+ *
+ * A pager is used from one thread at a time.
+ */
+#ifndef KVMEM_PAGER_H
+#define KVMEM_PAGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../../kmod/uapi/kvmem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- geometry ----------------------------------------------------------- */
+enum kvm_dtype { KVM_DTYPE_F32 = 1, KVM_DTYPE_BF16 = 2, KVM_DTYPE_F16 = 3 };
+
+typedef struct kvm_page_geom {
+	uint64_t fingerprint;	/* kvm_config_fingerprint() of the model */
+	uint32_t n_layers, n_heads, n_kv_heads, head_dim;
+	uint32_t block_tokens;	/* B */
+	uint32_t dtype;		/* enum kvm_dtype */
+	uint32_t index_bytes;	/* bytes of the per-block index record (0: none) */
+} kvm_page_geom;
+
+size_t kvm_dtype_bytes(uint32_t dtype);		/* 0 when unknown */
+const char *kvm_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
+size_t kvm_page_bytes(const kvm_page_geom *g);	/* 2 * H_kv * B * D * elem */
+size_t kvm_page_stride(const kvm_page_geom *g);	/* page bytes rounded up to KVM_IO_ALIGN */
+/* Check sizes are positive and representable; `name` is used in messages. */
+int kvm_page_geom_check(const kvm_page_geom *g, const char *name);
+/* "L=28 Hq=16 Hkv=8 D=128 B=32 f32 index=28672 fp=0x..." into buf. */
+char *kvm_page_geom_str(const kvm_page_geom *g, char *buf, size_t len);
+
+static inline uint64_t kvm_page_id(const kvm_page_geom *g, uint64_t block, uint32_t layer)
+{
+	return block * g->n_layers + layer;
+}
+
+/* ---- host pool ---------------------------------------------------------- */
+/*
+ * Fixed-size slots in one 2 MiB-aligned anonymous mapping, advised for
+ * transparent huge pages and bound to a NUMA node (libnuma), so it can be
+ * registered with io_uring and pinned by CUDA as one region. Slots are handed
+ * out in contiguous runs where possible, so consecutive pages of a block land
+ * in consecutive slots and move as one large request.
+ */
+typedef struct kvm_hostpool kvm_hostpool;
+
+/* cap: bytes; slot_bytes: multiple of KVM_IO_ALIGN; numa_node -1 = local. */
+kvm_hostpool *kvm_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node);
+void kvm_hostpool_free(kvm_hostpool *hp);
+uint32_t kvm_hostpool_slots(const kvm_hostpool *hp);
+uint32_t kvm_hostpool_free_slots(const kvm_hostpool *hp);
+size_t kvm_hostpool_slot_bytes(const kvm_hostpool *hp);
+void *kvm_hostpool_slot(const kvm_hostpool *hp, uint32_t slot);
+/* Allocate up to `want` consecutive free slots; returns how many (0: none
+ * free) and the first in *first. */
+uint32_t kvm_hostpool_alloc_run(kvm_hostpool *hp, uint32_t want, uint32_t *first);
+void kvm_hostpool_release(kvm_hostpool *hp, uint32_t first, uint32_t n);
+int kvm_hostpool_is_free(const kvm_hostpool *hp, uint32_t slot);
+/* The whole mapping (for io_uring / cudaHostRegister). */
+void kvm_hostpool_region(const kvm_hostpool *hp, void **base, size_t *len);
+int kvm_hostpool_node(const kvm_hostpool *hp);	/* -1 when NUMA is unavailable */
+int kvm_hostpool_huge(const kvm_hostpool *hp);	/* 1 when MADV_HUGEPAGE was accepted */
+
+/* ---- replacement policies ---------------------------------------------- */
+/*
+ * Which resident pages leave the host pool when room is needed. State is per
+ * slot; the pager tells the policy about inserts, accesses and removals and
+ * asks for victims, passing a predicate for slots that may not leave now
+ * (pinned, being read).
+ */
+typedef int (*kvm_slot_pred)(void *arg, uint32_t slot);
+
+typedef struct kvm_repl_ops {
+	const char *name;
+	const char *what;	/* one line for --help */
+	void *(*create)(uint32_t n_slots, uint32_t n_layers);
+	void (*destroy)(void *st);
+	void (*insert)(void *st, uint32_t slot, uint64_t page, uint64_t step);
+	void (*touch)(void *st, uint32_t slot, uint64_t step);
+	void (*remove)(void *st, uint32_t slot);
+	/* Selector feedback: block's score this step in [0, 1] (1: chosen). */
+	void (*hint)(void *st, uint64_t block, float score, uint64_t step);
+	void (*step)(void *st, uint64_t step);	/* step boundary: aging */
+	/* Up to `want` evictable slots, best victims first; returns the count. */
+	uint32_t (*victims)(void *st, uint32_t want, uint32_t *out, uint64_t step,
+			    kvm_slot_pred busy, void *arg);
+} kvm_repl_ops;
+
+/* NULL-terminated list: lru, lfu, score. */
+extern const kvm_repl_ops *const kvm_repl_policies[];
+const kvm_repl_ops *kvm_repl_find(const char *name);
+
+/* ---- counters ----------------------------------------------------------- */
+#define KVM_PAGER_STATS(X)							\
+	X(steps, "step boundaries")						\
+	X(commits, "commits (committed count advanced durably)")		\
+	X(host_hits, "fetched pages found in the host pool")			\
+	X(host_misses, "fetched pages not in the host pool")			\
+	X(staging_hits, "misses served from the stage-out buffer or memory")	\
+	X(pages_in, "pages read from NVMe")					\
+	X(bytes_in, "bytes read from NVMe")					\
+	X(read_requests, "NVMe read requests (a request covers a page run)")	\
+	X(read_ns, "nanoseconds NVMe reads were outstanding, summed")		\
+	X(fetch_wait_ns, "nanoseconds fetch waited for NVMe")			\
+	X(prefetch_pages, "pages asked ahead by prefetch")			\
+	X(prefetch_used, "prefetched pages later fetched")			\
+	X(evictions, "pages evicted from the host pool")			\
+	X(blocks_out, "blocks staged out")					\
+	X(bytes_out, "bytes written to the pages file")				\
+	X(write_ns, "nanoseconds stage-out writes were outstanding, summed")	\
+	X(backpressure_waits, "appends that waited for a full stage-out buffer") \
+	X(backpressure_ns, "nanoseconds appends waited for stage-out")		\
+	X(commit_ns, "nanoseconds spent in commits")				\
+	X(read_errors, "failed NVMe reads")					\
+	X(write_errors, "failed NVMe writes")					\
+	X(checksum_errors, "pages whose checksum did not match")
+
+typedef struct kvm_pager_stats {
+#define KVM_STAT_FIELD(name, what) uint64_t name;
+	KVM_PAGER_STATS(KVM_STAT_FIELD)
+#undef KVM_STAT_FIELD
+} kvm_pager_stats;
+
+/* ---- the pager ---------------------------------------------------------- */
+typedef struct kvm_pager kvm_pager;
+
+#define KVM_PAGER_CREATE	0x01	/* create the directory when it has no manifest */
+#define KVM_PAGER_RDONLY	0x02	/* read committed data only; nothing is written */
+#define KVM_PAGER_NO_DIRECT	0x04	/* buffered I/O even where O_DIRECT works */
+#define KVM_PAGER_NO_KEEP	0x08	/* do not keep staged-out pages in the host pool */
+
+typedef struct kvm_pager_opts {
+	uint64_t host_cap;	/* host pool bytes; 0: 256 MiB */
+	int numa_node;		/* -1: local node (there is no GPU node here) */
+	const char *policy;	/* "lru" (default), "lfu", "score" */
+	uint64_t stage_bytes;	/* stage-out in-flight buffer; 0: 32 MiB; at least 2 extents */
+	uint32_t queue_depth;	/* io_uring entries; 0: 64 */
+	int flags;		/* KVM_PAGER_* */
+	/* Called at each step boundary, e.g. to kvm_pager_prefetch() pages for
+	 * the next step. May be NULL. */
+	void (*prefetch_hook)(void *arg, kvm_pager *p, uint64_t next_step);
+	void *prefetch_arg;
+} kvm_pager_opts;
+
+/* Fill opts with the defaults. */
+void kvm_pager_opts_default(kvm_pager_opts *o);
+
+/*
+ * Open the workspace directory `dir`. With KVM_PAGER_CREATE a directory
+ * without a manifest is created (its parent must exist) with zero tokens.
+ * An existing workspace must match `g` (its fingerprint and geometry), else
+ * the open fails naming both fingerprints; g may be NULL with
+ * KVM_PAGER_RDONLY to take whatever the manifest says. Anything past the
+ * last commit is ignored (and cut off unless read-only). A corrupt or
+ * truncated committed state is refused, naming the file (no repair).
+ */
+int kvm_pager_open(const char *dir, const kvm_page_geom *g, const kvm_pager_opts *o,
+		   kvm_pager **out);
+/* Wait for stage-out, save counters, free everything. Does not commit.
+ * Returns -1 when a write failed since the last commit (data past it lost). */
+int kvm_pager_close(kvm_pager *p);
+
+const kvm_page_geom *kvm_pager_geom(const kvm_pager *p);
+const char *kvm_pager_dir(const kvm_pager *p);
+uint64_t kvm_pager_tokens(const kvm_pager *p);		/* appended */
+uint64_t kvm_pager_blocks(const kvm_pager *p);		/* appended full blocks */
+uint64_t kvm_pager_committed_tokens(const kvm_pager *p);
+/* Opaque bytes the last commit stored (the session's own state). */
+const void *kvm_pager_app_state(const kvm_pager *p, uint32_t *len);
+
+/* Append token ids (the history, in order). */
+int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n);
+/*
+ * Append full block `block` (must equal kvm_pager_blocks()): layers[l] points
+ * to page_bytes of layer l; index to index_bytes (NULL when index_bytes is 0).
+ * The bytes are copied: stage-out proceeds asynchronously and this returns
+ * at once unless the stage-out buffer is full (backpressure).
+ */
+int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *layers,
+			   const void *index);
+/*
+ * Make everything appended durable and advance the committed count to
+ * kvm_pager_tokens(). Full blocks must cover tokens / B; when tokens % B is
+ * not zero, tail_layers/tail_index hold the partial block (else NULL). app:
+ * up to KVM_PAGER_APP_MAX opaque bytes stored with the commit.
+ */
+#define KVM_PAGER_APP_MAX 65536u
+int kvm_pager_commit(kvm_pager *p, const void *const *tail_layers, const void *tail_index,
+		     const void *app, uint32_t app_len);
+
+int kvm_pager_read_tokens(kvm_pager *p, uint64_t first, size_t n, int32_t *out);
+int kvm_pager_read_index(kvm_pager *p, uint64_t first_block, size_t n, void *out);
+/* The partial block of the last commit (committed tokens % B of them);
+ * returns that count (0: none, nothing written). */
+int kvm_pager_read_tail(kvm_pager *p, void *const *layers, void *index);
+
+/*
+ * Bring pages into the host pool and pin them: hits come from the pool,
+ * misses from the stage-out buffer or NVMe (one batch, consecutive pages in
+ * one request). out[i] points to page i's bytes until it is released. Fails
+ * when the pool cannot hold them all; a page whose read fails or whose
+ * checksum does not match is never returned.
+ */
+int kvm_pager_fetch(kvm_pager *p, const uint64_t *pages, size_t n, const void **out);
+void kvm_pager_release(kvm_pager *p, const uint64_t *pages, size_t n);
+
+/* Stage in a plan of any size: fetch in batches that fit the pool and call
+ * fn for every page (in plan order within a batch), then release it. */
+typedef int (*kvm_page_fn)(void *arg, uint64_t page, const void *data);
+int kvm_pager_stage_in(kvm_pager *p, const uint64_t *pages, size_t n, kvm_page_fn fn,
+		       void *arg);
+
+/* Start reading pages ahead without waiting (best effort: pages that do not
+ * fit without evicting pinned ones are skipped). Returns pages started. */
+int kvm_pager_prefetch(kvm_pager *p, const uint64_t *pages, size_t n);
+/* Selector feedback for the score-aware policy (others ignore it). */
+void kvm_pager_hint(kvm_pager *p, uint64_t block, float score);
+/* Step boundary: reap finished I/O, age the policy, fire the step probe and
+ * the prefetch hook. */
+int kvm_pager_step(kvm_pager *p, uint64_t step);
+
+/* Counters of this pager (since open), and the totals of the directory
+ * (saved at each commit and close, plus this pager's since then). */
+void kvm_pager_stats_get(const kvm_pager *p, kvm_pager_stats *s);
+void kvm_pager_stats_total(const kvm_pager *p, kvm_pager_stats *s);
+const struct kvm_pte *kvm_pager_pte(const kvm_pager *p, uint64_t page);
+kvm_hostpool *kvm_pager_hostpool(kvm_pager *p);
+/* 1 when the pages file uses O_DIRECT. */
+int kvm_pager_direct(const kvm_pager *p);
+
+/* ---- directory tools (no pager needed) --------------------------------- */
+/* Check every checksum of a workspace; writes one line per bad page/file to
+ * `report` (and a summary). Returns the number of bad items, -1 when the
+ * directory cannot be read as a workspace at all. */
+long kvm_workspace_verify(const char *dir, FILE *report, int verbose);
+/* The counters saved in DIR/stats. */
+int kvm_workspace_stats(const char *dir, kvm_pager_stats *s);
+void kvm_pager_stats_print(const kvm_pager_stats *s, FILE *f);
+
+/* ---- fault injection (tests) ------------------------------------------- */
+enum kvm_fault { KVM_FAULT_READ = 1, KVM_FAULT_WRITE = 2 };
+/* The nth I/O completion of this kind from now (1: the next) fails with
+ * -EIO; nth 0 disarms. Process-wide. */
+void kvm_pager_fault_inject(enum kvm_fault kind, unsigned nth);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

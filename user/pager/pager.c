@@ -1,0 +1,357 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The pager: open and close a workspace with its host pool, ring and
+ * stage-out buffer; tokens, index and tail; step boundaries. Fetch and
+ * prefetch live in fetch.c, stage-out in stage.c, commit in commit.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "pager/pager_int.h"
+#include "pager/probes.h"
+
+#define DEFAULT_CAP (256ull << 20)
+#define DEFAULT_STAGE (32ull << 20)
+#define DEFAULT_DEPTH 64u
+
+void kvm_pager_opts_default(kvm_pager_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->host_cap = DEFAULT_CAP;
+	o->numa_node = -1;
+	o->policy = "lru";
+	o->stage_bytes = DEFAULT_STAGE;
+	o->queue_depth = DEFAULT_DEPTH;
+}
+
+static int setup_memory(kvm_pager *p, const kvm_pager_opts *o)
+{
+	uint32_t n;
+	void *bases[2];
+	size_t lens[2];
+	unsigned nreg = 0;
+
+	p->pool = kvm_hostpool_create(o->host_cap ? o->host_cap : DEFAULT_CAP, p->page_stride,
+				      o->numa_node);
+	if (!p->pool)
+		return kvm_error_prefix("%s", p->dir);
+	n = kvm_hostpool_slots(p->pool);
+	p->slot_page = malloc(n * sizeof(*p->slot_page));
+	p->slot_pin = calloc(n, sizeof(*p->slot_pin));
+	if (!p->slot_page || !p->slot_pin)
+		return kvm_error("%s: out of memory", p->dir);
+	for (uint32_t s = 0; s < n; s++)
+		p->slot_page[s] = UINT64_MAX;
+	p->repl = kvm_repl_find(o->policy ? o->policy : "lru");
+	if (!p->repl)
+		return kvm_error("%s: unknown replacement policy '%s' (lru, lfu, score)", p->dir,
+				 o->policy);
+	p->repl_st = p->repl->create(n, p->g.n_layers);
+	if (!p->repl_st)
+		return kvm_error("%s: out of memory for the replacement policy", p->dir);
+	if (io_init(&p->io, o->queue_depth ? o->queue_depth : DEFAULT_DEPTH) < 0)
+		return kvm_error_prefix("%s", p->dir);
+	kvm_hostpool_region(p->pool, &bases[nreg], &lens[nreg]);
+	nreg++;
+	if (!p->rdonly) {
+		uint64_t want = o->stage_bytes ? o->stage_bytes : DEFAULT_STAGE;
+
+		p->n_stage = want / p->extent_bytes;
+		if (p->n_stage < 2)
+			p->n_stage = 2;
+		if (p->n_stage > 1024)
+			p->n_stage = 1024;
+		p->stage_map_len = round_up(p->n_stage * p->extent_bytes, 2u << 20);
+		p->stage_buf = mmap(NULL, p->stage_map_len, PROT_READ | PROT_WRITE,
+				    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		p->stage = calloc(p->n_stage, sizeof(*p->stage));
+		if (p->stage_buf == MAP_FAILED || !p->stage) {
+			p->stage_buf = NULL;
+			return kvm_error("%s: cannot map a stage-out buffer of %zu bytes", p->dir,
+					 p->stage_map_len);
+		}
+		bases[nreg] = p->stage_buf;
+		lens[nreg++] = p->stage_map_len;
+	}
+	io_register(&p->io, bases, lens, nreg);
+	return 0;
+}
+
+int kvm_pager_open(const char *dir, const kvm_page_geom *g, const kvm_pager_opts *o,
+		   kvm_pager **out)
+{
+	kvm_pager_opts def;
+	kvm_pager *p;
+
+	*out = NULL;
+	if (!o) {
+		kvm_pager_opts_default(&def);
+		o = &def;
+	}
+	if (g && kvm_page_geom_check(g, dir) < 0)
+		return -1;
+	if (!g && !(o->flags & KVM_PAGER_RDONLY))
+		return kvm_error("%s: opening a workspace for writing needs the model's geometry",
+				 dir);
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return kvm_error("%s: out of memory", dir);
+	p->dirfd = p->fd_pages = p->fd_tokens = p->fd_index = p->fd_sums = p->fd_tail = -1;
+	p->prefetch_hook = o->prefetch_hook;
+	p->prefetch_arg = o->prefetch_arg;
+	if (store_open(p, dir, g, o->flags) < 0 || setup_memory(p, o) < 0) {
+		char msg[1024];
+
+		snprintf(msg, sizeof(msg), "%s", kvm_last_error());
+		kvm_pager_close(p);
+		return kvm_error("%s", msg);
+	}
+	p->step_t0 = now_ns();
+	*out = p;
+	return 0;
+}
+
+int kvm_pager_close(kvm_pager *p)
+{
+	int rc = 0;
+
+	if (!p)
+		return 0;
+	if (p->io.reqs) {
+		/* Reads and writes still in flight point into our buffers. */
+		while (p->io.inflight)
+			if (pager_reap(p, 1) < 0)
+				break;
+	}
+	if (p->write_failed) {
+		kvm_error("%s", p->write_err);
+		rc = -1;
+	}
+	if (p->dirfd >= 0 && p->m.tail_sums)
+		stats_save(p);
+	io_exit(&p->io);
+	if (p->repl_st)
+		p->repl->destroy(p->repl_st);
+	kvm_hostpool_free(p->pool);
+	free(p->slot_page);
+	free(p->slot_pin);
+	if (p->stage_buf)
+		munmap(p->stage_buf, p->stage_map_len);
+	free(p->stage);
+	store_close(p);
+	free(p);
+	return rc;
+}
+
+const kvm_page_geom *kvm_pager_geom(const kvm_pager *p) { return &p->g; }
+const char *kvm_pager_dir(const kvm_pager *p) { return p->dir; }
+uint64_t kvm_pager_tokens(const kvm_pager *p) { return p->n_tokens; }
+uint64_t kvm_pager_blocks(const kvm_pager *p) { return p->n_blocks; }
+uint64_t kvm_pager_committed_tokens(const kvm_pager *p) { return p->m.h.tokens; }
+kvm_hostpool *kvm_pager_hostpool(kvm_pager *p) { return p->pool; }
+int kvm_pager_direct(const kvm_pager *p) { return p->direct; }
+
+const void *kvm_pager_app_state(const kvm_pager *p, uint32_t *len)
+{
+	*len = p->m.h.app_bytes;
+	return p->m.app;
+}
+
+const struct kvm_pte *kvm_pager_pte(const kvm_pager *p, uint64_t page)
+{
+	return page < p->n_blocks * p->g.n_layers ? &p->pt[page] : NULL;
+}
+
+/* A sticky write failure: later commits are refused, memory keeps the data. */
+void pager_fail_write(kvm_pager *p, const char *fmt, ...)
+{
+	va_list ap;
+
+	p->st.write_errors++;
+	if (p->write_failed)
+		return;
+	p->write_failed = 1;
+	va_start(ap, fmt);
+	vsnprintf(p->write_err, sizeof(p->write_err), fmt, ap);
+	va_end(ap);
+}
+
+int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n)
+{
+	const uint8_t *b = (const uint8_t *)ids;
+	size_t len = n * 4;
+	uint64_t off = p->n_tokens * 4;
+
+	if (p->rdonly)
+		return kvm_error("%s: opened read-only", p->dir);
+	XXH3_64bits_update(p->tok_hash, ids, len);
+	p->n_tokens += n;
+	while (len && !p->write_failed) {
+		ssize_t w = pwrite(p->fd_tokens, b, len, off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			pager_fail_write(p, "%s/tokens: cannot append: %s", p->dir,
+					 w < 0 ? strerror(errno) : "no progress");
+			return kvm_error("%s", p->write_err);
+		}
+		b += w;
+		off += w;
+		len -= w;
+	}
+	return 0;
+}
+
+int kvm_pager_read_tokens(kvm_pager *p, uint64_t first, size_t n, int32_t *out)
+{
+	ssize_t got;
+
+	if (first + n > p->n_tokens || first + n < first)
+		return kvm_error("%s/tokens: tokens %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
+				 " present", p->dir, first, first + n, p->n_tokens);
+	got = pread(p->fd_tokens, out, n * 4, first * 4);
+	if (got != (ssize_t)(n * 4))
+		return kvm_error("%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64 ": %s",
+				 p->dir, first, first + n, got < 0 ? strerror(errno) : "short read");
+	return 0;
+}
+
+int kvm_pager_read_index(kvm_pager *p, uint64_t first_block, size_t n, void *out)
+{
+	size_t ib = p->g.index_bytes, L = p->g.n_layers;
+	ssize_t got;
+
+	if (first_block + n > p->n_blocks || first_block + n < first_block)
+		return kvm_error("%s/index: blocks %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
+				 " present", p->dir, first_block, first_block + n, p->n_blocks);
+	if (!ib || !n)
+		return 0;
+	got = pread(p->fd_index, out, n * ib, first_block * ib);
+	if (got != (ssize_t)(n * ib))
+		return kvm_error("%s/index: cannot read blocks %" PRIu64 "..%" PRIu64 ": %s",
+				 p->dir, first_block, first_block + n,
+				 got < 0 ? strerror(errno) : "short read");
+	for (size_t i = 0; i < n; i++) {
+		uint64_t b = first_block + i;
+
+		if (XXH3_64bits((uint8_t *)out + i * ib, ib) != p->sums[b * (L + 1) + L]) {
+			p->st.checksum_errors++;
+			return kvm_error("%s/index: record of block %" PRIu64
+					 " (offset %" PRIu64 "): checksum mismatch: corrupt",
+					 p->dir, b, b * ib);
+		}
+	}
+	return 0;
+}
+
+int kvm_pager_read_tail(kvm_pager *p, void *const *layers, void *index)
+{
+	const struct mf_head *h = &p->m.h;
+	size_t L = p->g.n_layers;
+	uint8_t *buf;
+	uint64_t off;
+
+	if (!h->tail_tokens)
+		return 0;
+	buf = malloc(p->tail_slot_bytes);
+	if (!buf)
+		return kvm_error("%s/tail: out of memory", p->dir);
+	off = (uint64_t)h->tail_slot * p->tail_slot_bytes;
+	if (pread(p->fd_tail, buf, p->tail_slot_bytes, off) != (ssize_t)p->tail_slot_bytes) {
+		free(buf);
+		return kvm_error("%s/tail: cannot read slot %u: %s", p->dir, h->tail_slot,
+				 strerror(errno ? errno : EIO));
+	}
+	for (size_t l = 0; l <= L; l++) {
+		const uint8_t *src = buf + l * p->page_stride;
+		size_t len = l < L ? p->page_bytes : p->g.index_bytes;
+
+		if (XXH3_64bits(src, len) != p->m.tail_sums[l]) {
+			free(buf);
+			p->st.checksum_errors++;
+			return kvm_error("%s/tail: slot %u, %s %zu: checksum mismatch: corrupt",
+					 p->dir, h->tail_slot, l < L ? "layer" : "index", l);
+		}
+		if (l < L && layers)
+			memcpy(layers[l], src, len);
+		else if (l == L && index && len)
+			memcpy(index, src, len);
+	}
+	free(buf);
+	return (int)h->tail_tokens;
+}
+
+int pager_reap(kvm_pager *p, unsigned wait)
+{
+	return io_reap(&p->io, wait, pager_io_done, p);
+}
+
+struct io_req *pager_req(kvm_pager *p)
+{
+	struct io_req *r;
+
+	while (!(r = io_req_get(&p->io)))
+		if (pager_reap(p, 1) < 0)
+			return NULL;
+	return r;
+}
+
+void pager_io_done(void *arg, struct io_req *r)
+{
+	kvm_pager *p = arg;
+	int fd = p->fd_pages;
+
+	/* Some file systems accept O_DIRECT at open and refuse the I/O. */
+	if (r->res == -EINVAL && p->direct) {
+		int fl = fcntl(fd, F_GETFL);
+
+		if (fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0) {
+			p->direct = 0;
+			if (!p->warned_direct)
+				fprintf(stderr, "kvmem: %s: the file system refuses O_DIRECT I/O; "
+						"using buffered I/O\n", p->dir);
+			p->warned_direct = 1;
+			r->done = 0;
+			if (io_queue(&p->io, fd, r) == 0)
+				return;
+		}
+	}
+	if (r->purpose == PUR_OUT)
+		stage_done(p, r);
+	else
+		read_done(p, r);
+	io_req_put(&p->io, r);
+}
+
+void kvm_pager_hint(kvm_pager *p, uint64_t block, float score)
+{
+	if (p->repl->hint)
+		p->repl->hint(p->repl_st, block, score, p->step);
+}
+
+int kvm_pager_step(kvm_pager *p, uint64_t step)
+{
+	uint64_t t = now_ns();
+	int rc = pager_reap(p, 0);
+
+	PROBE_STEP(p->step, p->st.host_hits - p->at_step.host_hits,
+		   p->st.host_misses - p->at_step.host_misses,
+		   p->st.bytes_in - p->at_step.bytes_in, t - p->step_t0);
+	p->at_step = p->st;
+	p->step_t0 = t;
+	p->step = step;
+	p->st.steps++;
+	if (p->repl->step)
+		p->repl->step(p->repl_st, step);
+	if (p->prefetch_hook)
+		p->prefetch_hook(p->prefetch_arg, p, step);
+	return rc < 0 ? -1 : 0;
+}

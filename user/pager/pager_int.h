@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: MIT */
+/* The pager's private parts, shared by the files of user/pager/. */
+#ifndef KVMEM_PAGER_INT_H
+#define KVMEM_PAGER_INT_H
+
+#include <limits.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <liburing.h>
+#include <xxhash.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/pager.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the workspace formats are little-endian and written as in memory"
+#endif
+
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+static inline uint64_t round_up(uint64_t x, uint64_t a)
+{
+	return (x + a - 1) / a * a;
+}
+
+/* ---- manifest (manifest.c) ---------------------------------------------- */
+#define MF_MAGIC	"KVMEMWS1"
+#define MF_VERSION	1u
+
+/* The fixed head of the manifest; all little-endian. */
+struct mf_head {
+	char magic[8];
+	uint32_t version;
+	uint32_t head_bytes;	/* sizeof(struct mf_head) */
+	uint64_t fingerprint;
+	uint32_t n_layers, n_heads, n_kv_heads, head_dim;
+	uint32_t block_tokens, dtype, index_bytes, page_bytes;
+	uint32_t page_stride, align;
+	uint64_t generation;	/* commits so far */
+	uint64_t tokens;	/* committed tokens */
+	uint64_t blocks;	/* committed full blocks (tokens / B) */
+	uint64_t tokens_hash;	/* XXH3-64 of tokens[0, tokens * 4) */
+	uint64_t sums_hash;	/* XXH3-64 of sums[0, blocks * (L + 1) * 8) */
+	uint32_t tail_slot;	/* which slot of the tail file is current */
+	uint32_t tail_tokens;	/* tokens % B */
+	uint32_t app_bytes;	/* opaque session state after tail_sums */
+	uint32_t reserved;
+};
+_Static_assert(sizeof(struct mf_head) == 120, "manifest head layout");
+
+/* The decoded manifest: head, tail sums (L + 1), app state. */
+struct manifest {
+	struct mf_head h;
+	uint64_t *tail_sums;
+	uint8_t *app;
+};
+
+void mf_from_geom(struct manifest *m, const kvm_page_geom *g);
+void mf_geom(const struct manifest *m, kvm_page_geom *g);
+/* Read DIR/manifest into m (allocates); names the file and problem on error. */
+int mf_read(int dirfd, const char *dir, struct manifest *m);
+/* Write manifest.tmp, fsync, rename over manifest, fsync the directory. */
+int mf_write(int dirfd, const char *dir, const struct manifest *m);
+void mf_free(struct manifest *m);
+/* Explain a geometry mismatch; 0 when equal. */
+int mf_check_geom(const struct manifest *m, const kvm_page_geom *g, const char *dir);
+
+/* ---- io_uring (uring.c) ------------------------------------------------- */
+enum io_kind { IO_READ = 1, IO_WRITE = 2 };
+
+struct io_req {
+	int kind;		/* enum io_kind */
+	int res;		/* completion result (bytes or -errno) */
+	int done;
+	int purpose;		/* pager's: fetch, prefetch, stage-out */
+	uint64_t first_page;	/* reads: first page; writes: block */
+	uint32_t n_pages;
+	uint32_t slot;		/* reads: first host slot; writes: stage slot */
+	void *buf;
+	size_t len;
+	uint64_t off;
+	uint64_t t_submit;
+	struct io_req *next;	/* free list */
+};
+
+struct kvm_io {
+	struct io_uring ring;
+	unsigned depth, inflight;
+	int fixed;			/* buffers registered */
+	struct iovec iov[16];		/* registered regions */
+	unsigned n_iov;
+	struct io_req *reqs, *free_reqs;
+};
+
+int io_init(struct kvm_io *io, unsigned depth);
+void io_exit(struct kvm_io *io);
+/* Register regions (pointer, length) as fixed buffers; on failure I/O goes
+ * on without them (one warning). */
+void io_register(struct kvm_io *io, void *const *bases, const size_t *lens, unsigned n);
+struct io_req *io_req_get(struct kvm_io *io);
+void io_req_put(struct kvm_io *io, struct io_req *r);
+/* Queue a request (reads or writes of r->len at r->off into/from r->buf). */
+int io_queue(struct kvm_io *io, int fd, struct io_req *r);
+/* Submit what is queued; wait for at least `wait` completions; call done()
+ * on every completion reaped. Returns completions reaped, -1 on ring error. */
+int io_reap(struct kvm_io *io, unsigned wait, void (*done)(void *arg, struct io_req *r),
+	    void *arg);
+
+/* ---- the pager (pager.c and friends) ----------------------------------- */
+enum { PUR_FETCH = 1, PUR_PREFETCH = 2, PUR_OUT = 3 };
+
+struct stage_slot {
+	uint64_t block;
+	int busy;		/* write in flight */
+	uint64_t t_submit;
+};
+
+struct kvm_pager {
+	char dir[PATH_MAX];
+	kvm_page_geom g;
+	size_t page_bytes, page_stride, extent_bytes, tail_slot_bytes, sums_rec;
+	int flags, rdonly, direct, warned_direct;
+	int dirfd, fd_pages, fd_tokens, fd_index, fd_sums, fd_tail;
+
+	struct manifest m;		/* last committed state */
+	uint64_t n_tokens, n_blocks;	/* appended */
+	XXH3_state_t *tok_hash, *sums_hash;
+	uint64_t *sums;			/* (L + 1) per appended block */
+	size_t sums_cap;
+
+	struct kvm_pte *pt;		/* n_blocks * L entries */
+	size_t pt_cap;
+	void **orphan;			/* per block: extent kept in memory after a failed write */
+	size_t orphan_cap;
+
+	kvm_hostpool *pool;
+	uint64_t *slot_page;		/* per slot: page id or UINT64_MAX */
+	uint16_t *slot_pin;
+	const kvm_repl_ops *repl;
+	void *repl_st;
+
+	struct kvm_io io;
+	uint8_t *stage_buf;		/* n_stage extents, registered */
+	size_t stage_map_len;
+	struct stage_slot *stage;
+	uint32_t n_stage, stage_busy;
+
+	int write_failed;		/* sticky since the last commit */
+	char write_err[PATH_MAX + 512];
+	uint64_t step, step_t0;
+	kvm_pager_stats st, base, at_step;
+	void (*prefetch_hook)(void *arg, kvm_pager *p, uint64_t next_step);
+	void *prefetch_arg;
+	uint32_t fetch_waiting;		/* fetch reads outstanding */
+	char read_err[PATH_MAX + 512];		/* first failure of the current fetch */
+};
+
+/* store.c: files of the directory. */
+int store_open(kvm_pager *p, const char *dir, const kvm_page_geom *g, int flags);
+void store_close(kvm_pager *p);
+int store_grow(kvm_pager *p, uint64_t blocks);	/* page table, sums, orphans */
+void stats_save(kvm_pager *p);
+void stats_load(kvm_pager *p);	/* the directory's saved totals as base */
+/* Hash of file bytes [0, len); -1 with message when it cannot be read. */
+int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out);
+
+/* io completion handling (pager.c), stage-out (stage.c). */
+void pager_io_done(void *arg, struct io_req *r);
+struct io_req *pager_req(kvm_pager *p);	/* a free request, reaping if needed */
+void read_done(kvm_pager *p, struct io_req *r);
+void pager_fail_write(kvm_pager *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Evict until `need` slots are free; -1 when pinned pages leave too few. */
+int make_room(kvm_pager *p, uint32_t need);
+/* Put a page's bytes in a fresh host slot (no I/O); -1 when no room. */
+int pool_insert_copy(kvm_pager *p, uint64_t page, const void *src);
+int pager_reap(kvm_pager *p, unsigned wait);
+void stage_done(kvm_pager *p, struct io_req *r);
+int stage_drain(kvm_pager *p);
+/* Where an in-flight or failed block's bytes are in memory (or NULL). */
+const uint8_t *stage_find(const kvm_pager *p, uint64_t block);
+int fault_fire(int kind);
+
+#endif

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: MIT
+/* The replacement policy registry and the victim scan the scoring ones share. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pager/repl_int.h"
+
+const kvm_repl_ops *const kvm_repl_policies[] = {
+	&kvm_repl_lru, &kvm_repl_lfu, &kvm_repl_score, NULL,
+};
+
+const kvm_repl_ops *kvm_repl_find(const char *name)
+{
+	for (int i = 0; kvm_repl_policies[i]; i++)
+		if (!strcmp(kvm_repl_policies[i]->name, name))
+			return kvm_repl_policies[i];
+	return NULL;
+}
+
+double repl_decay(double x, uint64_t steps, double half_life)
+{
+	return steps ? x * exp2(-(double)steps / half_life) : x;
+}
+
+struct cand {
+	double key;
+	uint32_t slot;
+};
+
+/* Max-heap on key, so the root is the worst of the kept candidates. */
+static void sift_down(struct cand *h, uint32_t n, uint32_t i)
+{
+	for (;;) {
+		uint32_t l = 2 * i + 1, r = l + 1, m = i;
+		struct cand t;
+
+		if (l < n && h[l].key > h[m].key)
+			m = l;
+		if (r < n && h[r].key > h[m].key)
+			m = r;
+		if (m == i)
+			return;
+		t = h[i];
+		h[i] = h[m];
+		h[m] = t;
+		i = m;
+	}
+}
+
+static void sift_up(struct cand *h, uint32_t i)
+{
+	while (i) {
+		uint32_t p = (i - 1) / 2;
+		struct cand t;
+
+		if (h[p].key >= h[i].key)
+			return;
+		t = h[i];
+		h[i] = h[p];
+		h[p] = t;
+		i = p;
+	}
+}
+
+static int cand_cmp(const void *a, const void *b)
+{
+	const struct cand *x = a, *y = b;
+
+	return (x->key > y->key) - (x->key < y->key);
+}
+
+uint32_t repl_lowest(void *st, uint32_t n_slots, const uint8_t *present, repl_key_fn key,
+		     uint32_t want, uint32_t *out, uint64_t step, kvm_slot_pred busy, void *arg)
+{
+	struct cand *h;
+	uint32_t n = 0;
+
+	if (!want)
+		return 0;
+	h = malloc(sizeof(*h) * want);
+	if (!h)
+		return 0;
+	for (uint32_t s = 0; s < n_slots; s++) {
+		double k;
+
+		if (!present[s] || (busy && busy(arg, s)))
+			continue;
+		k = key(st, s, step);
+		if (n < want) {
+			h[n] = (struct cand){ k, s };
+			sift_up(h, n++);
+		} else if (k < h[0].key) {
+			h[0] = (struct cand){ k, s };
+			sift_down(h, n, 0);
+		}
+	}
+	qsort(h, n, sizeof(*h), cand_cmp);
+	for (uint32_t i = 0; i < n; i++)
+		out[i] = h[i].slot;
+	free(h);
+	return n;
+}

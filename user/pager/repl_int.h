@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: MIT */
+/* Shared by the replacement policies. */
+#ifndef KVMEM_PAGER_REPL_INT_H
+#define KVMEM_PAGER_REPL_INT_H
+
+#include "kvmem/pager.h"
+
+extern const kvm_repl_ops kvm_repl_lru, kvm_repl_lfu, kvm_repl_score;
+
+/* Victim key of a slot: lower leaves first. */
+typedef double (*repl_key_fn)(void *st, uint32_t slot, uint64_t step);
+
+/* The `want` present, non-busy slots with the lowest keys, lowest first. */
+uint32_t repl_lowest(void *st, uint32_t n_slots, const uint8_t *present, repl_key_fn key,
+		     uint32_t want, uint32_t *out, uint64_t step, kvm_slot_pred busy, void *arg);
+
+/* x halved every `half_life` steps over `steps` steps. */
+double repl_decay(double x, uint64_t steps, double half_life);
+
+#endif

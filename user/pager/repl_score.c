@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: MIT
+/*
+ * score: keeps the blocks the selector keeps choosing. The selector hints
+ * each block's score every step (1 for chosen blocks, less for near misses);
+ * a block's priority is the sum of its hints, halving every HALF_LIFE steps.
+ * Every page of a block shares its priority, so a block's layers stay or
+ * leave together. Fetches add a little too, so the policy behaves like an
+ * aged frequency policy when nobody gives hints. Ties: oldest fetch leaves.
+ */
+#include <stdlib.h>
+
+#include "pager/repl_int.h"
+
+#define HALF_LIFE 4.0
+#define TOUCH_WEIGHT 0.25
+
+struct score {
+	uint32_t n, n_layers;
+	uint64_t *page, *last;		/* per slot */
+	double *touch;			/* per slot, decayed to `last` */
+	uint8_t *present;
+	double *prio;			/* per block, decayed to hstep */
+	uint64_t *hstep;
+	size_t n_blocks;
+};
+
+static void *score_create(uint32_t n_slots, uint32_t n_layers)
+{
+	struct score *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->n = n_slots;
+	c->n_layers = n_layers ? n_layers : 1;
+	c->page = calloc(n_slots, sizeof(uint64_t));
+	c->last = calloc(n_slots, sizeof(uint64_t));
+	c->touch = calloc(n_slots, sizeof(double));
+	c->present = calloc(n_slots, 1);
+	if (!c->page || !c->last || !c->touch || !c->present) {
+		free(c->page);
+		free(c->last);
+		free(c->touch);
+		free(c->present);
+		free(c);
+		return NULL;
+	}
+	return c;
+}
+
+static void score_destroy(void *st)
+{
+	struct score *c = st;
+
+	free(c->page);
+	free(c->last);
+	free(c->touch);
+	free(c->present);
+	free(c->prio);
+	free(c->hstep);
+	free(c);
+}
+
+static void score_insert(void *st, uint32_t slot, uint64_t page, uint64_t step)
+{
+	struct score *c = st;
+
+	c->present[slot] = 1;
+	c->page[slot] = page;
+	c->last[slot] = step;
+	c->touch[slot] = TOUCH_WEIGHT;
+}
+
+static void score_touch(void *st, uint32_t slot, uint64_t step)
+{
+	struct score *c = st;
+
+	if (!c->present[slot] || c->last[slot] > step)
+		return;
+	c->touch[slot] = repl_decay(c->touch[slot], step - c->last[slot], HALF_LIFE) +
+			 TOUCH_WEIGHT;
+	c->last[slot] = step;
+}
+
+static void score_remove(void *st, uint32_t slot)
+{
+	((struct score *)st)->present[slot] = 0;
+}
+
+static void score_hint(void *st, uint64_t block, float score, uint64_t step)
+{
+	struct score *c = st;
+
+	if (block >= c->n_blocks) {
+		size_t n = c->n_blocks ? c->n_blocks : 1024;
+		double *p;
+		uint64_t *h;
+
+		while (n <= block)
+			n *= 2;
+		p = realloc(c->prio, n * sizeof(*p));
+		if (!p)
+			return;
+		c->prio = p;
+		h = realloc(c->hstep, n * sizeof(*h));
+		if (!h)
+			return;
+		c->hstep = h;
+		for (size_t i = c->n_blocks; i < n; i++) {
+			c->prio[i] = 0;
+			c->hstep[i] = 0;
+		}
+		c->n_blocks = n;
+	}
+	if (step < c->hstep[block])
+		step = c->hstep[block];
+	c->prio[block] = repl_decay(c->prio[block], step - c->hstep[block], HALF_LIFE) + score;
+	c->hstep[block] = step;
+}
+
+static double score_key(void *st, uint32_t s, uint64_t step)
+{
+	struct score *c = st;
+	uint64_t b = c->page[s] / c->n_layers, age = step > c->last[s] ? step - c->last[s] : 0;
+	double k = repl_decay(c->touch[s], age, HALF_LIFE);
+
+	if (b < c->n_blocks && step >= c->hstep[b])
+		k += repl_decay(c->prio[b], step - c->hstep[b], HALF_LIFE);
+	return k - 1e-9 * (double)age;
+}
+
+static uint32_t score_victims(void *st, uint32_t want, uint32_t *out, uint64_t step,
+			      kvm_slot_pred busy, void *arg)
+{
+	struct score *c = st;
+
+	return repl_lowest(st, c->n, c->present, score_key, want, out, step, busy, arg);
+}
+
+const kvm_repl_ops kvm_repl_score = {
+	.name = "score",
+	.what = "keeps blocks the selector keeps choosing (hinted scores, halving every 4 steps)",
+	.create = score_create,
+	.destroy = score_destroy,
+	.insert = score_insert,
+	.touch = score_touch,
+	.remove = score_remove,
+	.hint = score_hint,
+	.victims = score_victims,
+};

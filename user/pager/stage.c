@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Stage-out: a full block's pages are copied into one extent of a bounded,
+ * registered in-flight buffer and written with one O_DIRECT request at the
+ * block's place in the pages file; the caller goes on at once. Only when
+ * every extent of the buffer is still in flight does an append wait
+ * (backpressure, counted). A failed write keeps the extent in memory, so the
+ * session goes on; commits are refused from then on.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pager/pager_int.h"
+#include "pager/probes.h"
+
+const uint8_t *stage_find(const kvm_pager *p, uint64_t block)
+{
+	for (uint32_t i = 0; i < p->n_stage; i++)
+		if (p->stage[i].busy && p->stage[i].block == block)
+			return p->stage_buf + (size_t)i * p->extent_bytes;
+	return block < p->orphan_cap ? p->orphan[block] : NULL;
+}
+
+/* Keep the extent in memory after its write failed. */
+static void orphan_keep(kvm_pager *p, uint64_t block, const uint8_t *ext)
+{
+	void *copy = malloc(p->extent_bytes);
+
+	if (!copy) {
+		/* Nothing left to hold it: the block's pages are lost to this
+		 * session; fetch will fail on them with a clear message. */
+		return;
+	}
+	memcpy(copy, ext, p->extent_bytes);
+	p->orphan[block] = copy;
+}
+
+void stage_done(kvm_pager *p, struct io_req *r)
+{
+	struct stage_slot *ss = &p->stage[r->slot];
+	uint64_t block = r->first_page, ns = now_ns() - r->t_submit;
+	size_t L = p->g.n_layers;
+
+	if (r->res == (int)r->len) {
+		for (size_t l = 0; l < L; l++) {
+			struct kvm_pte *e = &p->pt[block * L + l];
+
+			e->tiers |= KVM_TIER_NVME;
+			e->flags &= ~KVM_PTE_DIRTY;
+		}
+		p->st.blocks_out++;
+		p->st.bytes_out += r->len;
+		p->st.write_ns += ns;
+		PROBE_STAGE_OUT(block, r->len, ns);
+		PROBE_TIER_MOVE(block * L, 0, KVM_TIER_NVME, r->len, ns);
+	} else {
+		PROBE_IO_ERROR(block * L, r->res < 0 ? r->res : -ENOSPC);
+		pager_fail_write(p, "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
+				 PRIu64 ") failed: %s", p->dir, block, r->len, r->off,
+				 r->res < 0 ? strerror(-r->res) : "short write (disk full?)");
+		orphan_keep(p, block, r->buf);
+	}
+	ss->busy = 0;
+	p->stage_busy--;
+}
+
+int stage_drain(kvm_pager *p)
+{
+	while (p->stage_busy)
+		if (pager_reap(p, 1) < 0)
+			return -1;
+	return 0;
+}
+
+static int free_stage_slot(kvm_pager *p, uint64_t block)
+{
+	uint64_t t0 = 0;
+
+	pager_reap(p, 0);
+	if (p->stage_busy == p->n_stage) {
+		t0 = now_ns();
+		p->st.backpressure_waits++;
+		while (p->stage_busy == p->n_stage)
+			if (pager_reap(p, 1) < 0)
+				return -1;
+		p->st.backpressure_ns += now_ns() - t0;
+		PROBE_BACKPRESSURE(block, now_ns() - t0);
+	}
+	for (uint32_t i = 0; i < p->n_stage; i++)
+		if (!p->stage[i].busy)
+			return (int)i;
+	return kvm_error("%s: stage-out buffer accounting is wrong", p->dir);
+}
+
+static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+	const uint8_t *b = buf;
+
+	while (len) {
+		ssize_t w = pwrite(fd, b, len, off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			if (w == 0)
+				errno = ENOSPC;
+			return -1;
+		}
+		b += w;
+		off += w;
+		len -= w;
+	}
+	return 0;
+}
+
+/* Put the new block's pages in the host pool, as far as room allows. */
+static void keep_in_pool(kvm_pager *p, uint64_t block, const uint8_t *ext)
+{
+	size_t L = p->g.n_layers;
+
+	for (size_t l = 0; l < L; l++) {
+		uint64_t pg = block * L + l;
+
+		if (pool_insert_copy(p, pg, ext + l * p->page_stride) < 0)
+			return;
+		p->pt[pg].last_step = p->step;
+	}
+}
+
+int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *layers,
+			   const void *index)
+{
+	size_t L = p->g.n_layers, ib = p->g.index_bytes;
+	uint64_t *sums;
+	uint8_t *ext;
+	struct io_req *r;
+	int slot;
+
+	if (p->rdonly)
+		return kvm_error("%s: opened read-only", p->dir);
+	if (block != p->n_blocks)
+		return kvm_error("%s: append of block %" PRIu64 " but the next block is %" PRIu64,
+				 p->dir, block, p->n_blocks);
+	if (ib && !index)
+		return kvm_error("%s: block %" PRIu64 " appended without its index record", p->dir,
+				 block);
+	if (store_grow(p, block + 1) < 0)
+		return -1;
+	slot = free_stage_slot(p, block);
+	if (slot < 0)
+		return -1;
+	ext = p->stage_buf + (size_t)slot * p->extent_bytes;
+	sums = p->sums + block * (L + 1);
+	for (size_t l = 0; l < L; l++) {
+		uint8_t *dst = ext + l * p->page_stride;
+
+		memcpy(dst, layers[l], p->page_bytes);
+		memset(dst + p->page_bytes, 0, p->page_stride - p->page_bytes);
+		sums[l] = XXH3_64bits(dst, p->page_bytes);
+	}
+	sums[L] = XXH3_64bits(ib ? index : "", ib);
+	XXH3_64bits_update(p->sums_hash, sums, (L + 1) * 8);
+	p->n_blocks++;
+	for (size_t l = 0; l < L; l++)
+		p->pt[block * L + l].flags |= KVM_PTE_DIRTY;
+
+	if (!p->write_failed && ib && pwrite_all(p->fd_index, index, ib, block * ib) < 0)
+		pager_fail_write(p, "%s/index: cannot append the record of block %" PRIu64 ": %s",
+				 p->dir, block, strerror(errno));
+	if (!p->write_failed && pwrite_all(p->fd_sums, sums, (L + 1) * 8, block * p->sums_rec) < 0)
+		pager_fail_write(p, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
+				 p->dir, block, strerror(errno));
+	if (p->write_failed) {
+		orphan_keep(p, block, ext);
+	} else {
+		r = pager_req(p);
+		if (!r)
+			return -1;
+		r->kind = IO_WRITE;
+		r->purpose = PUR_OUT;
+		r->first_page = block;
+		r->n_pages = L;
+		r->slot = slot;
+		r->buf = ext;
+		r->len = p->extent_bytes;
+		r->off = block * p->extent_bytes;
+		p->stage[slot].busy = 1;
+		p->stage[slot].block = block;
+		p->stage_busy++;
+		if (io_queue(&p->io, p->fd_pages, r) < 0) {
+			p->stage[slot].busy = 0;
+			p->stage_busy--;
+			io_req_put(&p->io, r);
+			pager_fail_write(p, "%s/pages: cannot queue the write of block %" PRIu64,
+					 p->dir, block);
+			orphan_keep(p, block, ext);
+		} else {
+			pager_reap(p, 0);	/* submit now: the write runs during prefill */
+		}
+	}
+	if (!(p->flags & KVM_PAGER_NO_KEEP))
+		keep_in_pool(p, block, ext);	/* intact until a later append reuses it */
+	return 0;
+}

@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The workspace directory's files: create or reopen, check the committed
+ * state against the manifest, cut off what lies past the last commit.
+ *
+ * Choice for a torn or corrupt workspace: REFUSE. A manifest that fails its
+ * checksum, a file shorter than the commit says, or tokens/sums whose hash
+ * differs from the manifest's make the open fail with a message naming the
+ * file; nothing is modified. Bytes past the last commit are not damage (an
+ * interrupted append) and are cut off. Pages are checked on every read.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pager/pager_int.h"
+
+static const char *const data_files[] = { "pages", "tokens", "index", "sums", "tail" };
+
+static int *file_fd(kvm_pager *p, int i)
+{
+	int *fds[] = { &p->fd_pages, &p->fd_tokens, &p->fd_index, &p->fd_sums, &p->fd_tail };
+
+	return fds[i];
+}
+
+int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out)
+{
+	enum { CHUNK = 1 << 20 };
+	XXH3_state_t *st = XXH3_createState();
+	uint8_t *buf = malloc(CHUNK);
+	uint64_t off = 0;
+
+	if (!st || !buf) {
+		XXH3_freeState(st);
+		free(buf);
+		return kvm_error("%s: out of memory", name);
+	}
+	XXH3_64bits_reset(st);
+	while (off < len) {
+		size_t want = len - off < CHUNK ? len - off : CHUNK;
+		ssize_t n = pread(fd, buf, want, off);
+
+		if (n <= 0) {
+			XXH3_freeState(st);
+			free(buf);
+			return kvm_error("%s: read failed at offset %" PRIu64 ": %s", name, off,
+					 n < 0 ? strerror(errno) : "unexpected end of file");
+		}
+		XXH3_64bits_update(st, buf, n);
+		off += n;
+	}
+	*out = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	free(buf);
+	return 0;
+}
+
+int store_grow(kvm_pager *p, uint64_t blocks)
+{
+	size_t L = p->g.n_layers;
+
+	if (blocks * L > p->pt_cap) {
+		size_t n = p->pt_cap ? p->pt_cap : 1024;
+		struct kvm_pte *pt;
+
+		while (n < blocks * L)
+			n *= 2;
+		pt = realloc(p->pt, n * sizeof(*pt));
+		if (!pt)
+			return kvm_error("%s: out of memory for the page table", p->dir);
+		p->pt = pt;
+		p->pt_cap = n;
+	}
+	if (blocks * (L + 1) > p->sums_cap) {
+		size_t n = p->sums_cap ? p->sums_cap : 1024;
+		uint64_t *s;
+
+		while (n < blocks * (L + 1))
+			n *= 2;
+		s = realloc(p->sums, n * sizeof(*s));
+		if (!s)
+			return kvm_error("%s: out of memory for page checksums", p->dir);
+		p->sums = s;
+		p->sums_cap = n;
+	}
+	if (blocks > p->orphan_cap) {
+		size_t n = p->orphan_cap ? p->orphan_cap : 1024;
+		void **o;
+
+		while (n < blocks)
+			n *= 2;
+		o = realloc(p->orphan, n * sizeof(*o));
+		if (!o)
+			return kvm_error("%s: out of memory", p->dir);
+		memset(o + p->orphan_cap, 0, (n - p->orphan_cap) * sizeof(*o));
+		p->orphan = o;
+		p->orphan_cap = n;
+	}
+	for (uint64_t pg = p->n_blocks * L; pg < blocks * L; pg++) {
+		struct kvm_pte *e = &p->pt[pg];
+
+		memset(e, 0, sizeof(*e));
+		e->page_id = pg;
+		e->host_slot = e->gpu_slot = KVM_SLOT_NONE;
+	}
+	return 0;
+}
+
+/* Open one data file; O_DIRECT for pages unless refused (then buffered). */
+static int open_file(kvm_pager *p, int i, int create)
+{
+	int flags = (p->rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0);
+	int fd;
+
+	if (i == 0 && !(p->flags & KVM_PAGER_NO_DIRECT)) {
+		fd = openat(p->dirfd, data_files[i], flags | O_DIRECT, 0644);
+		if (fd >= 0) {
+			p->direct = 1;
+			*file_fd(p, i) = fd;
+			return 0;
+		}
+		if (errno != EINVAL)
+			return kvm_error("%s/%s: %s", p->dir, data_files[i], strerror(errno));
+		fprintf(stderr, "kvmem: %s: the file system refuses O_DIRECT; using buffered I/O\n",
+			p->dir);
+		p->warned_direct = 1;
+	}
+	fd = openat(p->dirfd, data_files[i], flags, 0644);
+	if (fd < 0)
+		return kvm_error("%s/%s: %s", p->dir, data_files[i], strerror(errno));
+	*file_fd(p, i) = fd;
+	return 0;
+}
+
+static int create_files(kvm_pager *p, const kvm_page_geom *g)
+{
+	if (!g)
+		return kvm_error("%s: not a workspace (no manifest)", p->dir);
+	if (p->rdonly)
+		return kvm_error("%s: not a workspace (no manifest) and opened read-only", p->dir);
+	for (int i = 0; i < 5; i++)
+		if (open_file(p, i, 1) < 0)
+			return kvm_error_prefix("%s: cannot create the workspace", p->dir);
+	mf_from_geom(&p->m, g);
+	p->m.tail_sums = calloc(g->n_layers + 1, 8);
+	p->m.app = malloc(1);
+	if (!p->m.tail_sums || !p->m.app)
+		return kvm_error("%s: out of memory", p->dir);
+	if (mf_write(p->dirfd, p->dir, &p->m) < 0)
+		return kvm_error_prefix("%s: cannot create the workspace", p->dir);
+	return 0;
+}
+
+/* Check each file holds at least what the commit covers; cut the rest. */
+static int check_lengths(kvm_pager *p)
+{
+	const struct mf_head *h = &p->m.h;
+	uint64_t need[5] = {
+		h->blocks * p->extent_bytes,
+		h->tokens * 4,
+		h->blocks * h->index_bytes,
+		h->blocks * p->sums_rec,
+		h->tail_tokens ? (h->tail_slot + 1) * p->tail_slot_bytes : 0,
+	};
+
+	for (int i = 0; i < 5; i++) {
+		struct stat sb;
+
+		if (fstat(*file_fd(p, i), &sb) < 0)
+			return kvm_error("%s/%s: %s", p->dir, data_files[i], strerror(errno));
+		if ((uint64_t)sb.st_size < need[i])
+			return kvm_error("%s/%s: %lld bytes, but the last commit covers %" PRIu64
+					 ": truncated; refusing to open (see kvmem verify)",
+					 p->dir, data_files[i], (long long)sb.st_size, need[i]);
+		/* The tail file keeps both slots: the other one may be next. */
+		if (!p->rdonly && i != 4 && (uint64_t)sb.st_size > need[i] &&
+		    ftruncate(*file_fd(p, i), need[i]) < 0)
+			return kvm_error("%s/%s: cannot cut off data past the last commit: %s",
+					 p->dir, data_files[i], strerror(errno));
+	}
+	return 0;
+}
+
+/* Load the committed sums and tokens and check them against the manifest. */
+static int load_committed(kvm_pager *p)
+{
+	const struct mf_head *h = &p->m.h;
+	char name[PATH_MAX + 16];
+	uint64_t sum, n = h->blocks * (p->g.n_layers + 1);
+
+	if (store_grow(p, h->blocks) < 0)
+		return -1;
+	if (n && pread(p->fd_sums, p->sums, n * 8, 0) != (ssize_t)(n * 8))
+		return kvm_error("%s/sums: cannot read %" PRIu64 " committed checksums", p->dir, n);
+	XXH3_64bits_reset(p->sums_hash);
+	XXH3_64bits_update(p->sums_hash, p->sums, n * 8);
+	if (XXH3_64bits_digest(p->sums_hash) != h->sums_hash)
+		return kvm_error("%s/sums: checksum of the committed part differs from the manifest: "
+				 "corrupt; refusing to open (see kvmem verify)", p->dir);
+	snprintf(name, sizeof(name), "%s/tokens", p->dir);
+	if (hash_file_prefix(p->fd_tokens, h->tokens * 4, name, &sum) < 0)
+		return -1;
+	if (sum != h->tokens_hash)
+		return kvm_error("%s/tokens: checksum of the committed part differs from the manifest: "
+				 "corrupt; refusing to open (see kvmem verify)", p->dir);
+	/* Continue the running hash from the committed prefix. */
+	XXH3_64bits_reset(p->tok_hash);
+	for (uint64_t off = 0; off < h->tokens * 4;) {
+		uint8_t buf[65536];
+		size_t want = h->tokens * 4 - off < sizeof(buf) ? h->tokens * 4 - off : sizeof(buf);
+		ssize_t got = pread(p->fd_tokens, buf, want, off);
+
+		if (got <= 0)
+			return kvm_error("%s/tokens: read failed", p->dir);
+		XXH3_64bits_update(p->tok_hash, buf, got);
+		off += got;
+	}
+	p->n_tokens = h->tokens;
+	p->n_blocks = h->blocks;
+	for (uint64_t pg = 0; pg < h->blocks * p->g.n_layers; pg++)
+		p->pt[pg].tiers = KVM_TIER_NVME;
+	return 0;
+}
+
+int store_open(kvm_pager *p, const char *dir, const kvm_page_geom *g, int flags)
+{
+	int created = 0;
+
+	snprintf(p->dir, sizeof(p->dir), "%s", dir);
+	p->flags = flags;
+	p->rdonly = !!(flags & KVM_PAGER_RDONLY);
+	if ((flags & KVM_PAGER_CREATE) && !p->rdonly && mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return kvm_error("%s: cannot create the workspace directory: %s", dir,
+				 strerror(errno));
+	p->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (p->dirfd < 0)
+		return kvm_error("%s: cannot open the workspace directory: %s", dir,
+				 strerror(errno));
+	p->tok_hash = XXH3_createState();
+	p->sums_hash = XXH3_createState();
+	if (!p->tok_hash || !p->sums_hash)
+		return kvm_error("%s: out of memory", dir);
+	XXH3_64bits_reset(p->tok_hash);
+	XXH3_64bits_reset(p->sums_hash);
+
+	if (mf_read(p->dirfd, dir, &p->m) < 0) {
+		if (faccessat(p->dirfd, "manifest", F_OK, 0) == 0)
+			return -1;	/* there, but unreadable or corrupt */
+		if (!(flags & KVM_PAGER_CREATE))
+			return kvm_error("%s: not a kvmem workspace (no manifest)", dir);
+		if (create_files(p, g) < 0)
+			return -1;
+		created = 1;
+	} else if (g && mf_check_geom(&p->m, g, dir) < 0) {
+		return -1;
+	}
+	mf_geom(&p->m, &p->g);
+	if (kvm_page_geom_check(&p->g, dir) < 0)
+		return -1;
+	p->page_bytes = kvm_page_bytes(&p->g);
+	p->page_stride = kvm_page_stride(&p->g);
+	if (p->m.h.page_bytes != p->page_bytes || p->m.h.page_stride != p->page_stride ||
+	    p->m.h.align != KVM_IO_ALIGN)
+		return kvm_error("%s/manifest: page size %u / stride %u / alignment %u do not follow "
+				 "from its geometry: corrupt", dir, p->m.h.page_bytes,
+				 p->m.h.page_stride, p->m.h.align);
+	p->extent_bytes = p->page_stride * p->g.n_layers;
+	p->tail_slot_bytes = p->extent_bytes + round_up(p->g.index_bytes, KVM_IO_ALIGN);
+	p->sums_rec = ((size_t)p->g.n_layers + 1) * 8;
+	if (!created) {
+		for (int i = 0; i < 5; i++)
+			if (open_file(p, i, 0) < 0)
+				return -1;
+		if (!p->rdonly)
+			unlinkat(p->dirfd, "manifest.tmp", 0);
+	}
+	if (check_lengths(p) < 0 || load_committed(p) < 0)
+		return -1;
+	stats_load(p);
+	return 0;
+}
+
+void store_close(kvm_pager *p)
+{
+	for (int i = 0; i < 5; i++)
+		if (*file_fd(p, i) >= 0)
+			close(*file_fd(p, i));
+	if (p->dirfd >= 0)
+		close(p->dirfd);
+	XXH3_freeState(p->tok_hash);
+	XXH3_freeState(p->sums_hash);
+	mf_free(&p->m);
+	free(p->pt);
+	free(p->sums);
+	if (p->orphan)
+		for (size_t i = 0; i < p->orphan_cap; i++)
+			free(p->orphan[i]);
+	free(p->orphan);
+}
