@@ -243,7 +243,8 @@ static void test_forward_oneshot(void **state)
 		const kvm_config *c = &m->cfg;
 		int n = test_rng_int(&r, 20, 40), V = c->vocab;
 		int32_t *tok = random_tokens(&r, n, V);
-		size_t kw = (size_t)c->n_kv_heads * c->head_dim, qw = (size_t)c->n_heads * c->head_dim;
+		size_t kw = (size_t)c->n_kv_heads * c->head_dim;
+		size_t qw = (size_t)c->n_heads * c->head_dim;
 		struct ref_out ro = { dalloc((size_t)n * V), dalloc(c->n_layers * n * kw),
 				      dalloc(c->n_layers * n * kw), dalloc(c->n_layers * n * qw) };
 		float *logits = malloc(sizeof(float) * n * V);

@@ -172,7 +172,8 @@ static void test_f16(void **state)
 	assert_int_equal(kvm_f32_to_f16(0x1.8p-25f), 0x0001);
 	assert_int_equal(kvm_f32_to_f16(0x1.8p-24f), 0x0002);		/* tie to even 2 */
 	assert_int_equal(kvm_f32_to_f16(0x1p-14f), 0x0400);
-	assert_int_equal(kvm_f32_to_f16(0x1.ffcp-15f), 0x0400);	/* subnormal tie rounds up to normal */
+	/* A subnormal tie rounds up to the smallest normal. */
+	assert_int_equal(kvm_f32_to_f16(0x1.ffcp-15f), 0x0400);
 	assert_int_equal(kvm_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
 	assert_int_equal(kvm_f32_to_f16(1.0f + 0x1.8p-10f), 0x3c02);
 	assert_true(isnan(kvm_f16_to_f32(kvm_f32_to_f16(NAN))));
@@ -798,7 +799,8 @@ static void test_sample_large_topk(void **state)
 static void test_meank(void **state)
 {
 	uint64_t r = rng_for("meank");
-	int n = test_rng_int(&r, 1, 64), kvh = test_rng_int(&r, 1, 8), d = 2 * test_rng_int(&r, 1, 64);
+	int n = test_rng_int(&r, 1, 64), kvh = test_rng_int(&r, 1, 8);
+	int d = 2 * test_rng_int(&r, 1, 64);
 	size_t row = (size_t)kvh * d;
 	float *k = rand_floats(&r, n * row, -3, 3), *sum = rand_floats(&r, row, -1, 1);
 	double *ref = malloc(sizeof(double) * row), *mag = malloc(sizeof(double) * row);
