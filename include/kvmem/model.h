@@ -35,20 +35,43 @@ typedef struct kvm_config {
 	char dtype[16];		/* torch_dtype / dtype as written: "bfloat16"... */
 } kvm_config;
 
-/* Parse config.json text (len bytes). `name` is used in error messages. */
+/*
+ * Parse config.json text (len bytes); `name` starts error messages. Reads
+ * the keys transformers 4.x and 5.x write for Qwen3 (torch_dtype or dtype;
+ * rope_theta at the top or in rope_parameters). Refuses, naming the key:
+ * another architecture or model_type, rope scaling other than "default",
+ * sliding-window layers, attention biases, an activation other than silu,
+ * a missing size, a value of the wrong type. Then kvm_config_validate().
+ * Defaults as transformers': num_key_value_heads = num_attention_heads,
+ * head_dim = hidden_size / num_attention_heads, max_position_embeddings
+ * 32768, rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false,
+ * bos/eos -1 (an eos list gives its first id).
+ */
 int kvm_config_parse(kvm_config *c, const char *json, size_t len, const char *name);
-/* Read and parse <dir>/config.json. */
+/* Read and parse <dir>/config.json (messages name that path). */
 int kvm_config_load(kvm_config *c, const char *dir);
-/* Check the geometry is one the engine runs (positive sizes, GQA divides,
- * even head_dim...). */
+/* Check the geometry is one the engine runs: every size positive and
+ * within bounds (layers <= 1024, heads <= 1024, head_dim <= 1024 and even,
+ * hidden and intermediate <= 1 << 20, vocab <= 1 << 24, window <= 1 << 30),
+ * n_heads a multiple of n_kv_heads, rope_theta and rms_eps positive and
+ * finite, bos/eos in [-1, vocab). */
 int kvm_config_validate(const kvm_config *c, const char *name);
 
 /* Parameter count and KV bytes per token (raw K + V, all layers, at the
  * given bytes per element). */
 uint64_t kvm_config_params(const kvm_config *c);
 uint64_t kvm_config_kv_bytes_per_token(const kvm_config *c, int elem_bytes);
-/* A 64-bit fingerprint of the geometry and tensor shapes/dtypes, for
- * refusing a workspace built by another model. */
+/*
+ * A 64-bit fingerprint of the geometry and the tensors it implies, for
+ * refusing a workspace built by another model: XXH64 (seed 0) of a text
+ * that starts "kvmem-model-v1\n", then one "key value\n" line per field
+ * that changes the KV state (arch, layers, hidden, heads, kv_heads,
+ * head_dim, intermediate, vocab, rope_theta, rms_eps, tied), then one line
+ * "name DTYPE [d0, d1]\n" per tensor in canonical order, DTYPE from
+ * c->dtype ("bfloat16" -> BF16...). bos/eos and max_position are left out:
+ * they do not change K or V. Two models with the same geometry but other
+ * weights share it; kvm_model.fingerprint tells those apart.
+ */
 uint64_t kvm_config_fingerprint(const kvm_config *c);
 
 typedef struct kvm_layer {
@@ -72,12 +95,39 @@ typedef struct kvm_model {
 	const float *final_norm;/* [hidden]         model.norm */
 	const float *lm_head;	/* [vocab][hidden]  lm_head (== embed when tied) */
 	kvm_layer *layers;	/* [n_layers] */
+	/*
+	 * The model fingerprint: like kvm_config_fingerprint() but with each
+	 * tensor's dtype as stored, and after each tensor line the XXH64 of
+	 * its first and last (up to) 4 KiB of stored bytes, so models that
+	 * differ only in their weights (another seed) differ here too.
+	 */
+	uint64_t fingerprint;
+	char weight_dtype[8];	/* "BF16", "F16", "F32" or "mixed", as stored */
+	int n_files;		/* safetensors files read */
+	uint64_t file_bytes;	/* their total size */
 	void *priv;		/* owned storage: maps, converted buffers */
 } kvm_model;
 
-/* Load a model directory. On failure returns -1 and kvm_last_error() names
- * the file and the problem; nothing is leaked. */
+/*
+ * Load a model directory. On failure returns -1 and kvm_last_error() names
+ * the file and the problem ("<dir>/model.safetensors: tensor 'x' has shape
+ * [64, 32], config.json implies [96, 32]"); nothing is leaked.
+ *
+ * Every tensor the config implies must be present with that shape and a
+ * dtype of BF16, F16 or F32 (converted to fp32 once; 4-byte-aligned F32 is
+ * used in place from the mapping). lm_head.weight is absent when
+ * tie_word_embeddings is true (and ignored if present). A tensor under
+ * model.layers.N with N >= num_hidden_layers, any other unexpected name
+ * under "model." or "lm_head", or a bias is an error (config and tensors
+ * disagree); names outside those prefixes, and rotary inv_freq buffers,
+ * are ignored.
+ */
 int kvm_model_load(const char *dir, kvm_model **out);
+/* The same checks without converting or keeping weights: every weight
+ * pointer is NULL; cfg, fingerprint, weight_dtype, n_files, file_bytes
+ * are set. Cheap even for a 32b model (for `kvmem info`). */
+#define KVM_MODEL_NO_WEIGHTS 1
+int kvm_model_open(const char *dir, int flags, kvm_model **out);
 void kvm_model_free(kvm_model *m);
 
 /* ---- generator -------------------------------------------------------- */
@@ -97,6 +147,29 @@ const kvm_preset *kvm_preset_find(const char *name);
  * progress, if set, is called now and then with bytes written / total. */
 int kvm_model_generate(const kvm_config *c, const char *dir, uint64_t seed,
 		       void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
+
+/*
+ * The generator with every option. Weights are N(0, s^2) from splitmix64 +
+ * Box-Muller, each tensor in 16384-element chunks seeded by (seed, tensor
+ * index, chunk index), so the output does not depend on threads or buffer
+ * sizes: s = 1/sqrt(fan_in) for q/k/v/gate/up/embeddings/lm_head,
+ * 1/sqrt(fan_in * 2 * n_layers) for o_proj and down_proj (the residual
+ * stream stays near unit size through every layer), norm weights 1.
+ */
+typedef struct kvm_gen_opts {
+	uint64_t seed;
+	const char *dtype;	/* "bf16" (default when NULL), "f16" or "f32" */
+	uint64_t shard_bytes;	/* 0: one model.safetensors; else shards of at most
+				 * this many data bytes (a bigger tensor gets its own)
+				 * named model-0000i-of-0000n.safetensors, plus
+				 * model.safetensors.index.json */
+	void (*progress)(uint64_t done, uint64_t total, void *arg);
+	void *arg;
+} kvm_gen_opts;
+int kvm_model_generate_opts(const kvm_config *c, const char *dir, const kvm_gen_opts *o);
+/* Bytes the safetensors file(s) will take, without writing anything; 0 and
+ * an error set if the config is invalid. */
+uint64_t kvm_model_generate_bytes(const kvm_config *c, const kvm_gen_opts *o);
 
 #ifdef __cplusplus
 }

@@ -1,10 +1,143 @@
 // SPDX-License-Identifier: MIT
-/* Placeholder until the subcommand lands; replace this whole file. */
+/* kvmem info: what a model directory holds, checked but not loaded. */
+#include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/model.h"
+#include "util/json.h"
 #include "cmd.h"
+
+/* 8190735360 -> "8.19e9" */
+static const char *sci(char *buf, size_t len, double v)
+{
+	int e = 0;
+
+	while (v >= 10) {
+		v /= 10;
+		e++;
+	}
+	snprintf(buf, len, "%.2fe%d", v, e);
+	return buf;
+}
+
+/* 5253456 -> "5.25 MB" (decimal units) */
+static const char *bytes_str(char *buf, size_t len, double v)
+{
+	static const char *const unit[] = { "bytes", "kB", "MB", "GB", "TB" };
+	int u = 0;
+
+	while (v >= 1000 && u < 4) {
+		v /= 1000;
+		u++;
+	}
+	snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+	return buf;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvmem info DIR [--json]\n\n"
+		   "Check a Hugging Face model directory (config.json plus model.safetensors,\n"
+		   "or shards listed in model.safetensors.index.json) the way the engine would\n"
+		   "load it, without converting the weights, and print its geometry, parameter\n"
+		   "count, stored dtype, KV bytes per token, native window and fingerprint.\n\n"
+		   "  --json   one JSON object instead of text\n"
+		   "  --help   this text\n");
+}
+
+static void print_text(const kvm_model *m)
+{
+	const kvm_config *c = &m->cfg;
+	uint64_t params = kvm_config_params(c);
+	uint64_t kv16 = kvm_config_kv_bytes_per_token(c, 2), kv32 = kvm_config_kv_bytes_per_token(c, 4);
+	char a[32], b[32];
+
+	printf("model         %s\n", m->dir);
+	printf("architecture  %s\n", c->arch);
+	printf("layers        %d\n", c->n_layers);
+	printf("hidden        %d\n", c->hidden);
+	printf("heads         %d query, %d KV (%d queries per KV head), head_dim %d\n", c->n_heads,
+	       c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim);
+	printf("intermediate  %d\n", c->intermediate);
+	printf("vocab         %d (bos %d, eos %d)\n", c->vocab, c->bos_id, c->eos_id);
+	printf("window        %d tokens (max_position_embeddings)\n", c->max_position);
+	printf("rope_theta    %.17g\n", c->rope_theta);
+	printf("rms_norm_eps  %g\n", (double)c->rms_eps);
+	printf("embeddings    %s\n", c->tie_embeddings ? "tied" : "untied");
+	printf("parameters    %llu (%s, embeddings included)\n", (unsigned long long)params,
+	       sci(a, sizeof(a), (double)params));
+	printf("weights       %s in %d file%s, %s; %s as fp32 in memory\n", m->weight_dtype,
+	       m->n_files, m->n_files == 1 ? "" : "s", bytes_str(a, sizeof(a), (double)m->file_bytes),
+	       bytes_str(b, sizeof(b), params * 4.0));
+	printf("KV per token  %llu bytes bf16, %llu bytes fp32\n", (unsigned long long)kv16,
+	       (unsigned long long)kv32);
+	printf("KV at window  %s bf16 for %d tokens\n",
+	       bytes_str(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
+	printf("fingerprint   %016llx (geometry only: %016llx)\n",
+	       (unsigned long long)m->fingerprint,
+	       (unsigned long long)kvm_config_fingerprint(c));
+}
+
+static void print_json(const kvm_model *m)
+{
+	const kvm_config *c = &m->cfg;
+
+	printf("{\"dir\": ");
+	kvm_json_write_str(stdout, m->dir);
+	printf(", \"architecture\": \"%s\", \"layers\": %d, \"hidden\": %d, \"heads\": %d, "
+	       "\"kv_heads\": %d, \"head_dim\": %d, \"intermediate\": %d, \"vocab\": %d, "
+	       "\"bos_id\": %d, \"eos_id\": %d, \"max_position\": %d, \"rope_theta\": %.17g, "
+	       "\"rms_eps\": %.7g, \"tied\": %s, \"params\": %llu, \"weight_dtype\": \"%s\", "
+	       "\"files\": %d, \"file_bytes\": %llu, \"kv_bytes_per_token_bf16\": %llu, "
+	       "\"kv_bytes_per_token_fp32\": %llu, \"fingerprint\": \"%016llx\", "
+	       "\"config_fingerprint\": \"%016llx\"}\n",
+	       c->arch, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim,
+	       c->intermediate, c->vocab, c->bos_id, c->eos_id, c->max_position, c->rope_theta,
+	       (double)c->rms_eps, c->tie_embeddings ? "true" : "false",
+	       (unsigned long long)kvm_config_params(c), m->weight_dtype, m->n_files,
+	       (unsigned long long)m->file_bytes,
+	       (unsigned long long)kvm_config_kv_bytes_per_token(c, 2),
+	       (unsigned long long)kvm_config_kv_bytes_per_token(c, 4),
+	       (unsigned long long)m->fingerprint, (unsigned long long)kvm_config_fingerprint(c));
+}
 
 int cmd_info(int argc, char **argv)
 {
-	fprintf(stderr, "kvmem info: not built yet\n");
-	return 1;
+	static const struct option opts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	bool json = false;
+	const char *dir;
+	kvm_model *m;
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'j': json = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+	}
+	if (argc - optind != 1) {
+		fprintf(stderr, "kvmem info: give exactly one model directory\n\n");
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	dir = argv[optind];
+	if (kvm_model_open(dir, KVM_MODEL_NO_WEIGHTS, &m)) {
+		fprintf(stderr, "kvmem info: %s\n", kvm_last_error());
+		return 1;
+	}
+	if (json)
+		print_json(m);
+	else
+		print_text(m);
+	kvm_model_free(m);
+	return 0;
 }

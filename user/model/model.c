@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Loading a Hugging Face model directory: config.json, then the tensors
+ * from model.safetensors or from the shards model.safetensors.index.json
+ * lists. Every tensor the config implies is checked (present, shape, dtype)
+ * and every stray one under model./lm_head refused before any weight is
+ * converted, so a bad directory costs no time and leaks nothing.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/model.h"
+#include "model/safetensors.h"
+#include "model/tensors.h"
+#include "util/json.h"
+
+#define INDEX_NAME "model.safetensors.index.json"
+#define SINGLE_NAME "model.safetensors"
+
+struct priv {
+	kvm_st_file **files;
+	bool *keep;		/* a file some tensor is used in place from */
+	int nfiles;
+	kvm_json *index;	/* the shard index, when there is one */
+	char index_path[4200];
+	void **bufs;		/* converted tensors */
+	size_t nbufs;
+};
+
+/* The tensor for `name` and the file holding it: via the index's
+ * weight_map when sharded, else in the single file. */
+static const kvm_st_tensor *locate(const struct priv *p, const char *name, int *file)
+{
+	if (p->index) {
+		const char *fname = kvm_json_str(kvm_json_get(kvm_json_get(p->index, "weight_map"),
+							      name), NULL);
+
+		for (int i = 0; fname && i < p->nfiles; i++) {
+			const char *path = kvm_st_path(p->files[i]);
+			size_t pl = strlen(path), fl = strlen(fname);
+
+			if (pl > fl && path[pl - fl - 1] == '/' && !strcmp(path + pl - fl, fname)) {
+				*file = i;
+				return kvm_st_find(p->files[i], name);
+			}
+		}
+		return NULL;
+	}
+	*file = 0;
+	return kvm_st_find(p->files[0], name);
+}
+
+static int add_file(struct priv *p, const char *path)
+{
+	kvm_st_file **f = realloc(p->files, (size_t)(p->nfiles + 1) * sizeof(*f));
+	bool *k;
+
+	if (!f)
+		return kvm_error("%s: out of memory", path);
+	p->files = f;
+	k = realloc(p->keep, (size_t)(p->nfiles + 1) * sizeof(*k));
+	if (!k)
+		return kvm_error("%s: out of memory", path);
+	p->keep = k;
+	if (kvm_st_open(path, &p->files[p->nfiles]))
+		return -1;
+	p->keep[p->nfiles++] = false;
+	return 0;
+}
+
+/* Open every shard the index names and check the index against them. */
+static int open_shards(struct priv *p, const char *dir)
+{
+	const kvm_json *wm;
+
+	p->index = kvm_json_parse_file(p->index_path);
+	if (!p->index)
+		return -1;
+	wm = kvm_json_get(p->index, "weight_map");
+	if (kvm_json_typeof(wm) != KVM_JSON_OBJECT || !kvm_json_len(wm))
+		return kvm_error("%s: 'weight_map' must be a non-empty object of tensor -> file",
+				 p->index_path);
+	for (size_t i = 0; i < kvm_json_len(wm); i++) {
+		const char *fname = kvm_json_str(kvm_json_at(wm, i), NULL);
+		char path[8400];
+		bool seen = false;
+
+		if (!fname || !*fname || fname[0] == '.' || strchr(fname, '/'))
+			return kvm_error("%s: weight_map entry '%s' must name a file in the model "
+					 "directory", p->index_path, kvm_json_key(wm, i));
+		for (size_t j = 0; j < i && !seen; j++)
+			seen = !strcmp(fname, kvm_json_str(kvm_json_at(wm, j), ""));
+		if (seen)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, fname);
+		if (add_file(p, path)) {
+			char old[1024];
+
+			snprintf(old, sizeof(old), "%s", kvm_last_error());
+			return kvm_error("%s (a shard listed in %s)", old, INDEX_NAME);
+		}
+	}
+	/* Each listed tensor is where the index says; none is in two shards. */
+	for (size_t i = 0; i < kvm_json_len(wm); i++) {
+		int f;
+
+		if (!locate(p, kvm_json_key(wm, i), &f))
+			return kvm_error("%s: weight_map puts '%s' in %s, which does not hold it",
+					 p->index_path, kvm_json_key(wm, i),
+					 kvm_json_str(kvm_json_at(wm, i), ""));
+	}
+	for (int a = 0; a < p->nfiles; a++)
+		for (size_t i = 0; i < kvm_st_count(p->files[a]); i++) {
+			const char *name = kvm_st_at(p->files[a], i)->name;
+
+			for (int b = a + 1; b < p->nfiles; b++)
+				if (kvm_st_find(p->files[b], name))
+					return kvm_error("%s: tensor '%s' is in both %s and %s",
+							 p->index_path, name, kvm_st_path(p->files[a]),
+							 kvm_st_path(p->files[b]));
+		}
+	return 0;
+}
+
+/* Is `name` one this config implies? 1 yes, 0 not ours (ignored), -1 an
+ * error (a stray tensor where ours live: the config and files disagree). */
+static int classify(const kvm_config *c, const char *name, const char *file)
+{
+	const char *rest;
+	char want[96];
+	long layer;
+	size_t n = strlen(name);
+
+	if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "model.norm.weight"))
+		return 1;
+	if (!strcmp(name, "lm_head.weight"))
+		return c->tie_embeddings ? 0 : 1;	/* tied: ignored, as transformers does */
+	if (n >= 19 && !strcmp(name + n - 19, "rotary_emb.inv_freq"))
+		return 0;	/* a buffer some exporters save; recomputed, never read */
+	if (strncmp(name, "model.", 6) && strncmp(name, "lm_head", 7))
+		return 0;
+	if (!strncmp(name, "model.layers.", 13)) {
+		layer = strtol(name + 13, (char **)&rest, 10);
+		if (rest != name + 13 && *rest == '.' && layer >= c->n_layers)
+			return kvm_error("%s: tensor '%s' is beyond num_hidden_layers %d in config.json",
+					 file, name, c->n_layers);
+		for (int r = KVM_T_ATTN_NORM; r <= KVM_T_DOWN; r++) {
+			snprintf(want, sizeof(want), "model.layers.%ld.%s", layer,
+				 kvm_tensor_suffix((enum kvm_tensor_role)r));
+			if (rest != name + 13 && layer >= 0 && !strcmp(want, name))
+				return 1;
+		}
+	}
+	return kvm_error("%s: unexpected tensor '%s': a Qwen3 model as config.json describes it "
+			 "has no such tensor%s", file, name,
+			 n > 5 && !strcmp(name + n - 5, ".bias") ? " (biases are not supported)" : "");
+}
+
+static int check_tensor(const struct priv *p, const struct kvm_tensor_spec *s,
+			const kvm_st_tensor *t, const char *file)
+{
+	char have[160], want[160];
+	bool same = t->ndim == s->ndim;
+
+	for (int d = 0; same && d < s->ndim; d++)
+		same = t->shape[d] == s->shape[d];
+	if (!same)
+		return kvm_error("%s: tensor '%s' has shape %s, config.json implies %s", file, s->name,
+				 kvm_st_shape_str(have, sizeof(have), t->ndim, t->shape),
+				 kvm_st_shape_str(want, sizeof(want), s->ndim, s->shape));
+	if (t->dtype != KVM_ST_BF16 && t->dtype != KVM_ST_F16 && t->dtype != KVM_ST_F32)
+		return kvm_error("%s: tensor '%s' has dtype %s; kvmem reads BF16, F16 and F32", file,
+				 s->name, kvm_st_dtype_name(t->dtype));
+	return 0;
+}
+
+/* All checks: every implied tensor present and right, nothing stray. */
+static int check_all(kvm_model *m, struct priv *p)
+{
+	const kvm_config *c = &m->cfg;
+	struct kvm_tensor_spec s;
+	int f;
+
+	for (size_t i = 0; i < kvm_tensor_count(c); i++) {
+		const kvm_st_tensor *t;
+
+		kvm_tensor_spec(c, i, &s);
+		t = locate(p, s.name, &f);
+		if (!t)
+			return kvm_error("%s: missing tensor '%s'%s",
+					 p->index ? p->index_path : kvm_st_path(p->files[0]), s.name,
+					 s.role == KVM_T_LM_HEAD ? " (config.json has tie_word_embeddings "
+								   "false)" : "");
+		if (check_tensor(p, &s, t, kvm_st_path(p->files[f])))
+			return -1;
+	}
+	for (f = 0; f < p->nfiles; f++)
+		for (size_t i = 0; i < kvm_st_count(p->files[f]); i++)
+			if (classify(c, kvm_st_at(p->files[f], i)->name, kvm_st_path(p->files[f])) < 0)
+				return -1;
+	return 0;
+}
+
+static void describe(kvm_model *m, struct priv *p)
+{
+	struct kvm_tensor_spec s;
+	char *text = NULL;
+	size_t len = 0;
+	int dtype = -1, f;
+	FILE *out = open_memstream(&text, &len);
+
+	if (out)
+		kvm_fingerprint_head(out, &m->cfg);
+	for (size_t i = 0; i < kvm_tensor_count(&m->cfg); i++) {
+		const kvm_st_tensor *t;
+		size_t k;
+
+		kvm_tensor_spec(&m->cfg, i, &s);
+		t = locate(p, s.name, &f);
+		dtype = dtype == -1 || dtype == (int)t->dtype ? (int)t->dtype : -2;
+		if (!out)
+			continue;
+		k = t->nbytes < 4096 ? t->nbytes : 4096;
+		kvm_fingerprint_tensor(out, s.name, kvm_st_dtype_name(t->dtype), t->ndim, t->shape);
+		fprintf(out, " %016llx %016llx\n", (unsigned long long)XXH64(t->data, k, 0),
+			(unsigned long long)XXH64((const char *)t->data + t->nbytes - k, k, 0));
+	}
+	if (out && !fclose(out))
+		m->fingerprint = XXH64(text, len, 0);
+	free(text);
+	snprintf(m->weight_dtype, sizeof(m->weight_dtype), "%s",
+		 dtype >= 0 ? kvm_st_dtype_name((kvm_st_dtype)dtype) : "mixed");
+	m->n_files = p->nfiles;
+	for (f = 0; f < p->nfiles; f++)
+		m->file_bytes += kvm_st_file_size(p->files[f]);
+}
+
+/* fp32 copy of a stored tensor (any alignment), 64-byte aligned. */
+static float *convert(const kvm_st_tensor *t)
+{
+	enum { CHUNK = 1 << 20 };
+	size_t n = t->numel, bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+	float *dst = aligned_alloc(64, bytes ? bytes : 64);
+	size_t nchunks = (n + CHUNK - 1) / CHUNK;
+	int aligned = ((uintptr_t)t->data & (kvm_st_dtype_size(t->dtype) - 1)) == 0;
+
+	if (!dst)
+		return NULL;
+	if (t->dtype == KVM_ST_F32 || !aligned) {
+		/* memcpy has no alignment needs: F32, or 16-bit data at an odd
+		 * address, copied as they are first. */
+		memcpy(dst, t->data, t->nbytes);
+		if (t->dtype == KVM_ST_F32)
+			return dst;
+		/* Widen in place from the back, so no element is overwritten
+		 * before it is read. */
+		for (size_t i = n; i-- > 0;) {
+			uint16_t h;
+
+			memcpy(&h, (const char *)dst + 2 * i, 2);
+			dst[i] = t->dtype == KVM_ST_BF16 ? kvm_bf16_to_f32(h) : kvm_f16_to_f32(h);
+		}
+		return dst;
+	}
+	#pragma omp parallel for schedule(dynamic)
+	for (size_t c = 0; c < nchunks; c++) {
+		size_t b = c * CHUNK, k = n - b < CHUNK ? n - b : CHUNK;
+		const uint16_t *src = (const uint16_t *)t->data + b;
+
+		if (t->dtype == KVM_ST_BF16)
+			kvm_bf16_to_f32_n(dst + b, src, k);
+		else
+			kvm_f16_to_f32_n(dst + b, src, k);
+	}
+	return dst;
+}
+
+static int check_memory(const kvm_model *m, const struct priv *p)
+{
+	uint64_t need = 0, have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+	struct kvm_tensor_spec s;
+	int f;
+
+	for (size_t i = 0; i < kvm_tensor_count(&m->cfg); i++) {
+		const kvm_st_tensor *t;
+
+		kvm_tensor_spec(&m->cfg, i, &s);
+		t = locate(p, s.name, &f);
+		if (t->dtype != KVM_ST_F32 || ((uintptr_t)t->data & 3))
+			need += t->numel * sizeof(float);
+	}
+	if (have && need > have)
+		return kvm_error("%s: the weights need %.1f GB as fp32 but this machine has %.1f GB "
+				 "of memory", m->dir, need / 1e9, have / 1e9);
+	return 0;
+}
+
+static int materialise(kvm_model *m, struct priv *p)
+{
+	const kvm_config *c = &m->cfg;
+	struct kvm_tensor_spec s;
+	int f;
+
+	if (check_memory(m, p))
+		return -1;
+	m->layers = calloc((size_t)c->n_layers, sizeof(*m->layers));
+	p->bufs = calloc(kvm_tensor_count(c), sizeof(*p->bufs));
+	if (!m->layers || !p->bufs)
+		return kvm_error("%s: out of memory", m->dir);
+	for (size_t i = 0; i < kvm_tensor_count(c); i++) {
+		const kvm_st_tensor *t;
+		const float *w;
+
+		kvm_tensor_spec(c, i, &s);
+		t = locate(p, s.name, &f);
+		if (t->dtype == KVM_ST_F32 && !((uintptr_t)t->data & 3)) {
+			w = t->data;	/* used in place: keep the mapping */
+			p->keep[f] = true;
+		} else {
+			float *buf = convert(t);
+
+			if (!buf)
+				return kvm_error("%s: out of memory converting '%s' (%llu values)",
+						 m->dir, s.name, (unsigned long long)t->numel);
+			p->bufs[p->nbufs++] = buf;
+			w = buf;
+		}
+		switch (s.role) {
+		case KVM_T_EMBED: m->embed = w; break;
+		case KVM_T_FINAL_NORM: m->final_norm = w; break;
+		case KVM_T_LM_HEAD: m->lm_head = w; break;
+		case KVM_T_ATTN_NORM: m->layers[s.layer].attn_norm = w; break;
+		case KVM_T_WQ: m->layers[s.layer].wq = w; break;
+		case KVM_T_WK: m->layers[s.layer].wk = w; break;
+		case KVM_T_WV: m->layers[s.layer].wv = w; break;
+		case KVM_T_WO: m->layers[s.layer].wo = w; break;
+		case KVM_T_Q_NORM: m->layers[s.layer].q_norm = w; break;
+		case KVM_T_K_NORM: m->layers[s.layer].k_norm = w; break;
+		case KVM_T_MLP_NORM: m->layers[s.layer].mlp_norm = w; break;
+		case KVM_T_GATE: m->layers[s.layer].w_gate = w; break;
+		case KVM_T_UP: m->layers[s.layer].w_up = w; break;
+		case KVM_T_DOWN: m->layers[s.layer].w_down = w; break;
+		}
+	}
+	if (c->tie_embeddings)
+		m->lm_head = m->embed;
+	return 0;
+}
+
+int kvm_model_open(const char *dir, int flags, kvm_model **out)
+{
+	kvm_model *m = calloc(1, sizeof(*m));
+	struct priv *p = calloc(1, sizeof(*p));
+	char path[4200];
+
+	*out = NULL;
+	if (!m || !p) {
+		free(m);
+		free(p);
+		return kvm_error("%s: out of memory", dir);
+	}
+	m->priv = p;
+	snprintf(m->dir, sizeof(m->dir), "%s", dir);
+	if (strlen(dir) >= sizeof(m->dir)) {
+		kvm_error("%.100s...: path too long", dir);
+		goto fail;
+	}
+	if (kvm_config_load(&m->cfg, dir))
+		goto fail;
+	snprintf(p->index_path, sizeof(p->index_path), "%s/" INDEX_NAME, dir);
+	snprintf(path, sizeof(path), "%s/" SINGLE_NAME, dir);
+	if (!access(p->index_path, F_OK)) {
+		if (open_shards(p, dir))
+			goto fail;
+	} else if (!access(path, F_OK)) {
+		if (add_file(p, path))
+			goto fail;
+	} else {
+		kvm_error("%s: holds config.json but neither " SINGLE_NAME " nor " INDEX_NAME, dir);
+		goto fail;
+	}
+	if (check_all(m, p))
+		goto fail;
+	describe(m, p);
+	if (!(flags & KVM_MODEL_NO_WEIGHTS) && materialise(m, p))
+		goto fail;
+	/* Files nothing points into any more are unmapped now. */
+	for (int f = 0; f < p->nfiles; f++)
+		if (!p->keep[f]) {
+			kvm_st_close(p->files[f]);
+			p->files[f] = NULL;
+		}
+	kvm_json_free(p->index);
+	p->index = NULL;
+	*out = m;
+	return 0;
+fail:
+	kvm_model_free(m);
+	return -1;
+}
+
+int kvm_model_load(const char *dir, kvm_model **out)
+{
+	return kvm_model_open(dir, 0, out);
+}
+
+void kvm_model_free(kvm_model *m)
+{
+	struct priv *p;
+
+	if (!m)
+		return;
+	p = m->priv;
+	if (p) {
+		for (int f = 0; f < p->nfiles; f++)
+			kvm_st_close(p->files[f]);
+		for (size_t i = 0; i < p->nbufs; i++)
+			free(p->bufs[i]);
+		kvm_json_free(p->index);
+		free(p->files);
+		free(p->keep);
+		free(p->bufs);
+		free(p);
+	}
+	free(m->layers);
+	free(m);
+}
