@@ -202,7 +202,10 @@ int mf_check_geom(const struct manifest *m, const kvm_page_geom *g, const char *
 	kvm_page_geom mg;
 
 	mf_geom(m, &mg);
-	if (!memcmp(&mg, g, sizeof(mg)))
+	if (mg.fingerprint == g->fingerprint && mg.n_layers == g->n_layers &&
+	    mg.n_heads == g->n_heads && mg.n_kv_heads == g->n_kv_heads &&
+	    mg.head_dim == g->head_dim && mg.block_tokens == g->block_tokens &&
+	    mg.dtype == g->dtype && mg.index_bytes == g->index_bytes)
 		return 0;
 	kvm_page_geom_str(&mg, have, sizeof(have));
 	kvm_page_geom_str(g, want, sizeof(want));

@@ -145,6 +145,7 @@ int kvm_pager_close(kvm_pager *p)
 	if (p->stage_buf)
 		munmap(p->stage_buf, p->stage_map_len);
 	free(p->stage);
+	free(p->tok_pend);
 	store_close(p);
 	free(p);
 	return rc;
@@ -189,8 +190,25 @@ int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n)
 	size_t len = n * 4;
 	uint64_t off = p->n_tokens * 4;
 
+	uint64_t pend = p->n_tokens - p->m.h.tokens;
+
 	if (p->rdonly)
 		return kvm_error("%s: opened read-only", p->dir);
+	if (pend + n > p->tok_pend_cap) {
+		size_t cap = p->tok_pend_cap ? p->tok_pend_cap : 4096;
+		int32_t *t;
+
+		while (cap < pend + n)
+			cap *= 2;
+		t = realloc(p->tok_pend, cap * sizeof(*t));
+		if (!t)
+			return kvm_error("%s/tokens: out of memory", p->dir);
+		p->tok_pend = t;
+		p->tok_pend_cap = cap;
+	}
+	/* Kept in memory until committed, so they read back even when the
+	 * file write fails. */
+	memcpy(p->tok_pend + pend, ids, len);
 	XXH3_64bits_update(p->tok_hash, ids, len);
 	p->n_tokens += n;
 	while (len && !p->write_failed) {
@@ -212,11 +230,20 @@ int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n)
 
 int kvm_pager_read_tokens(kvm_pager *p, uint64_t first, size_t n, int32_t *out)
 {
+	uint64_t committed = p->m.h.tokens;
 	ssize_t got;
 
 	if (first + n > p->n_tokens || first + n < first)
 		return kvm_error("%s/tokens: tokens %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
 				 " present", p->dir, first, first + n, p->n_tokens);
+	while (n && first + n > committed) {
+		uint64_t pos = first + n - 1;
+
+		out[n - 1] = p->tok_pend[pos - committed];
+		n--;
+	}
+	if (!n)
+		return 0;
 	got = pread(p->fd_tokens, out, n * 4, first * 4);
 	if (got != (ssize_t)(n * 4))
 		return kvm_error("%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64 ": %s",
@@ -233,6 +260,13 @@ int kvm_pager_read_index(kvm_pager *p, uint64_t first_block, size_t n, void *out
 		return kvm_error("%s/index: blocks %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
 				 " present", p->dir, first_block, first_block + n, p->n_blocks);
 	if (!ib || !n)
+		return 0;
+	/* Records of blocks appended after a failed write are in memory only. */
+	while (n && p->orphan_ix[first_block + n - 1]) {
+		memcpy((uint8_t *)out + (n - 1) * ib, p->orphan_ix[first_block + n - 1], ib);
+		n--;
+	}
+	if (!n)
 		return 0;
 	got = pread(p->fd_index, out, n * ib, first_block * ib);
 	if (got != (ssize_t)(n * ib))

@@ -130,6 +130,8 @@ struct kvm_pager {
 
 	struct manifest m;		/* last committed state */
 	uint64_t n_tokens, n_blocks;	/* appended */
+	int32_t *tok_pend;		/* tokens appended since the last commit */
+	size_t tok_pend_cap;
 	XXH3_state_t *tok_hash, *sums_hash;
 	uint64_t *sums;			/* (L + 1) per appended block */
 	size_t sums_cap;
@@ -137,6 +139,7 @@ struct kvm_pager {
 	struct kvm_pte *pt;		/* n_blocks * L entries */
 	size_t pt_cap;
 	void **orphan;			/* per block: extent kept in memory after a failed write */
+	void **orphan_ix;		/* per block: index record the index file lacks */
 	size_t orphan_cap;
 
 	kvm_hostpool *pool;

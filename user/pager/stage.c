@@ -25,18 +25,24 @@ const uint8_t *stage_find(const kvm_pager *p, uint64_t block)
 	return block < p->orphan_cap ? p->orphan[block] : NULL;
 }
 
-/* Keep the extent in memory after its write failed. */
-static void orphan_keep(kvm_pager *p, uint64_t block, const uint8_t *ext)
+/* Keep the extent (and the index record, when the index file did not get
+ * it) in memory after a write failed. */
+static void orphan_keep(kvm_pager *p, uint64_t block, const uint8_t *ext, const void *index)
 {
 	void *copy = malloc(p->extent_bytes);
 
-	if (!copy) {
-		/* Nothing left to hold it: the block's pages are lost to this
-		 * session; fetch will fail on them with a clear message. */
-		return;
+	/* Without memory the block's pages are lost to this session; fetch
+	 * then fails on them with a clear message. */
+	if (copy) {
+		memcpy(copy, ext, p->extent_bytes);
+		p->orphan[block] = copy;
 	}
-	memcpy(copy, ext, p->extent_bytes);
-	p->orphan[block] = copy;
+	if (index && p->g.index_bytes) {
+		copy = malloc(p->g.index_bytes);
+		if (copy)
+			memcpy(copy, index, p->g.index_bytes);
+		p->orphan_ix[block] = copy;
+	}
 }
 
 void stage_done(kvm_pager *p, struct io_req *r)
@@ -59,10 +65,12 @@ void stage_done(kvm_pager *p, struct io_req *r)
 		PROBE_TIER_MOVE(block * L, 0, KVM_TIER_NVME, r->len, ns);
 	} else {
 		PROBE_IO_ERROR(block * L, r->res < 0 ? r->res : -ENOSPC);
+		/* A short write to a regular file means the space ran out. */
 		pager_fail_write(p, "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
-				 PRIu64 ") failed: %s", p->dir, block, r->len, r->off,
-				 r->res < 0 ? strerror(-r->res) : "short write (disk full?)");
-		orphan_keep(p, block, r->buf);
+				 PRIu64 ") failed: %s%s", p->dir, block, r->len, r->off,
+				 strerror(r->res < 0 ? -r->res : ENOSPC),
+				 r->res < 0 ? "" : " (short write)");
+		orphan_keep(p, block, r->buf, NULL);
 	}
 	ss->busy = 0;
 	p->stage_busy--;
@@ -175,7 +183,7 @@ int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *laye
 		pager_fail_write(p, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
 				 p->dir, block, strerror(errno));
 	if (p->write_failed) {
-		orphan_keep(p, block, ext);
+		orphan_keep(p, block, ext, index);
 	} else {
 		r = pager_req(p);
 		if (!r)
@@ -197,7 +205,7 @@ int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *laye
 			io_req_put(&p->io, r);
 			pager_fail_write(p, "%s/pages: cannot queue the write of block %" PRIu64,
 					 p->dir, block);
-			orphan_keep(p, block, ext);
+			orphan_keep(p, block, ext, NULL);
 		} else {
 			pager_reap(p, 0);	/* submit now: the write runs during prefill */
 		}

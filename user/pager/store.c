@@ -100,6 +100,11 @@ int store_grow(kvm_pager *p, uint64_t blocks)
 			return kvm_error("%s: out of memory", p->dir);
 		memset(o + p->orphan_cap, 0, (n - p->orphan_cap) * sizeof(*o));
 		p->orphan = o;
+		o = realloc(p->orphan_ix, n * sizeof(*o));
+		if (!o)
+			return kvm_error("%s: out of memory", p->dir);
+		memset(o + p->orphan_cap, 0, (n - p->orphan_cap) * sizeof(*o));
+		p->orphan_ix = o;
 		p->orphan_cap = n;
 	}
 	for (uint64_t pg = p->n_blocks * L; pg < blocks * L; pg++) {
@@ -298,8 +303,10 @@ void store_close(kvm_pager *p)
 	mf_free(&p->m);
 	free(p->pt);
 	free(p->sums);
-	if (p->orphan)
-		for (size_t i = 0; i < p->orphan_cap; i++)
-			free(p->orphan[i]);
+	for (size_t i = 0; i < p->orphan_cap; i++) {
+		free(p->orphan[i]);
+		free(p->orphan_ix[i]);
+	}
 	free(p->orphan);
+	free(p->orphan_ix);
 }

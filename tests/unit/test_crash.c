@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Crash safety: a child process appends and stages out and commits; the
+ * parent kills it with SIGKILL at a random moment, many times over the same
+ * workspace. After each kill the workspace must reopen consistent: at least
+ * every commit the child saw succeed, every committed token, page, index
+ * record and partial block exactly as written, all checksums good.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "kvmem/kvmem.h"
+#include "pager_fixture.h"
+
+#define KILLS 60
+#define MAX_TOKENS 60000
+
+static uint64_t g_seed;
+
+static kvm_pager *open_ws(const char *dir, const kvm_page_geom *g)
+{
+	kvm_pager_opts o;
+	kvm_pager *p = NULL;
+
+	kvm_pager_opts_default(&o);
+	o.host_cap = 4 << 20;
+	o.stage_bytes = 1 << 20;
+	o.flags = KVM_PAGER_CREATE;
+	if (kvm_pager_open(dir, g, &o, &p) < 0)
+		fprintf(stderr, "open %s: %s\n", dir, kvm_last_error());
+	return p;
+}
+
+/* The child: append random runs, commit after some, report each commit. */
+static void child(const char *dir, const kvm_page_geom *g, uint64_t seed, uint64_t rng, int fd)
+{
+	kvm_pager *p = open_ws(dir, g);
+
+	if (!p)
+		_exit(2);
+	while (kvm_pager_tokens(p) < MAX_TOKENS) {
+		uint64_t n;
+
+		if (fx_append(p, seed, test_rng_int(&rng, 1, 4 * g->block_tokens)) < 0)
+			_exit(3);
+		if (test_rng_int(&rng, 0, 2))
+			continue;
+		if (fx_commit(p, seed, &(uint64_t){ kvm_pager_tokens(p) }, 8) < 0)
+			_exit(4);
+		n = kvm_pager_committed_tokens(p);
+		if (write(fd, &n, sizeof(n)) != sizeof(n))
+			_exit(5);
+	}
+	kvm_pager_close(p);
+	_exit(0);
+}
+
+static void test_kill9(void **state)
+{
+	uint64_t rng = g_seed, seed = fx_mix(g_seed + 77), seen = 0;
+	kvm_page_geom g = fx_geom(&rng);
+	int kills = 0, finished = 0;
+	char dir[256];
+
+	/* Pages of 64 KiB so that writes take a while and kills land in them. */
+	g.n_kv_heads = 2;
+	g.head_dim = 64;
+	g.block_tokens = 32;
+	g.dtype = KVM_DTYPE_F32;
+	g.index_bytes = g.n_layers * g.n_kv_heads * g.head_dim * 4;
+	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
+	strcat(dir, "/ws");
+	for (int it = 0; it < KILLS && !finished; it++) {
+		struct timespec ts = { 0, test_rng_int(&rng, 0, 40) * 1000000L };
+		int fds[2], status;
+		uint64_t n, before = seen, after;
+		uint32_t len;
+		kvm_pager *p;
+		pid_t pid;
+
+		assert_int_equal(pipe(fds), 0);
+		pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			close(fds[0]);
+			child(dir, &g, seed, fx_mix(rng + it), fds[1]);
+		}
+		close(fds[1]);
+		nanosleep(&ts, NULL);
+		kill(pid, SIGKILL);
+		assert_int_equal(waitpid(pid, &status, 0), pid);
+		if (WIFEXITED(status)) {
+			assert_int_equal(WEXITSTATUS(status), 0);
+			finished = 1;
+		} else {
+			kills++;
+		}
+		while (read(fds[0], &n, sizeof(n)) == sizeof(n)) {
+			assert_true(n >= seen);
+			seen = n;
+		}
+		close(fds[0]);
+
+		/* Whatever was committed is there; nothing torn is used. */
+		p = open_ws(dir, &g);
+		assert_non_null(p);
+		after = kvm_pager_committed_tokens(p);
+		assert_true(after >= seen);
+		assert_true(after >= before);
+		assert_int_equal(kvm_pager_tokens(p), after);
+		if (after) {
+			const uint64_t *app = kvm_pager_app_state(p, &len);
+
+			assert_int_equal(len, 8);
+			assert_int_equal(*app, after);
+		}
+		assert_int_equal(fx_check(p, seed, 1), 0);
+		assert_int_equal(kvm_pager_close(p), 0);
+		assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
+		seen = after;
+	}
+	print_message("%d kills, workspace at %" PRIu64 " committed tokens\n", kills, seen);
+	assert_true(kills > KILLS / 2);
+	*strrchr(dir, '/') = 0;
+	fx_rmtree(dir);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_kill9),
+	};
+
+	g_seed = test_rng_fresh_seed("test_crash");
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvm_workspace_verify: check every checksum of a workspace directory —
+ * manifest, committed tokens, the checksum file, every page, every index
+ * record, the partial block — and name each bad one with its file. Reads
+ * only; never repairs.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pager/pager_int.h"
+
+struct vctx {
+	const char *dir;
+	int dirfd;
+	FILE *out;
+	long bad;
+	kvm_page_geom g;
+	size_t pb, stride, L;
+	const struct manifest *m;
+};
+
+static int vopen(struct vctx *v, const char *name, int direct, uint64_t need, uint64_t *size)
+{
+	struct stat sb;
+	int fd = -1;
+
+	if (direct)
+		fd = openat(v->dirfd, name, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (fd < 0)
+		fd = openat(v->dirfd, name, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		fprintf(v->out, "%s/%s: %s\n", v->dir, name, strerror(errno));
+		v->bad++;
+		return -1;
+	}
+	fstat(fd, &sb);
+	*size = sb.st_size;
+	if ((uint64_t)sb.st_size < need) {
+		fprintf(v->out, "%s/%s: %lld bytes, the last commit covers %" PRIu64 ": truncated\n",
+			v->dir, name, (long long)sb.st_size, need);
+		v->bad++;
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Read [off, off + len) fully; 0 or -1. */
+static int vread(int fd, void *buf, size_t len, uint64_t off)
+{
+	uint8_t *b = buf;
+
+	while (len) {
+		ssize_t n = pread(fd, b, len, off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		b += n;
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static void check_pages(struct vctx *v, const uint64_t *sums)
+{
+	const struct mf_head *h = &v->m->h;
+	size_t ext = v->stride * v->L, per = ext >= (8u << 20) ? 1 : (8u << 20) / ext;
+	uint64_t size;
+	uint8_t *buf;
+	int fd = vopen(v, "pages", 1, h->blocks * ext, &size);
+
+	if (fd < 0)
+		return;
+	if (posix_memalign((void **)&buf, KVM_IO_ALIGN, per * ext)) {
+		close(fd);
+		return;
+	}
+	for (uint64_t b = 0; b < h->blocks; b += per) {
+		size_t n = h->blocks - b < per ? h->blocks - b : per;
+
+		if (vread(fd, buf, n * ext, b * ext) < 0) {
+			fprintf(v->out, "%s/pages: blocks %" PRIu64 "..%" PRIu64 ": read error: %s\n",
+				v->dir, b, b + n - 1, strerror(errno ? errno : EIO));
+			v->bad += n * v->L;
+			continue;
+		}
+		for (size_t i = 0; i < n * v->L; i++) {
+			uint64_t pg = b * v->L + i, blk = pg / v->L;
+			uint32_t l = pg % v->L;
+
+			if (XXH3_64bits(buf + i * v->stride, v->pb) != sums[blk * (v->L + 1) + l]) {
+				fprintf(v->out, "%s/pages: page %" PRIu64 " (block %" PRIu64
+					", layer %u) at offset %" PRIu64 ": checksum mismatch\n",
+					v->dir, pg, blk, l, pg * v->stride);
+				v->bad++;
+			}
+		}
+	}
+	if (size > h->blocks * ext)
+		fprintf(v->out, "%s/pages: %" PRIu64 " bytes past the last commit (ignored)\n",
+			v->dir, size - h->blocks * ext);
+	free(buf);
+	close(fd);
+}
+
+static void check_index(struct vctx *v, const uint64_t *sums)
+{
+	const struct mf_head *h = &v->m->h;
+	size_t ib = h->index_bytes;
+	uint64_t size;
+	uint8_t *buf;
+	int fd = vopen(v, "index", 0, h->blocks * ib, &size);
+
+	if (fd < 0)
+		return;
+	buf = malloc(ib ? ib : 1);
+	for (uint64_t b = 0; buf && b < h->blocks; b++) {
+		if (vread(fd, buf, ib, b * ib) < 0 ||
+		    XXH3_64bits(buf, ib) != sums[b * (v->L + 1) + v->L]) {
+			fprintf(v->out, "%s/index: record of block %" PRIu64 " at offset %" PRIu64
+				": checksum mismatch\n", v->dir, b, b * ib);
+			v->bad++;
+		}
+	}
+	free(buf);
+	close(fd);
+}
+
+static void check_tail(struct vctx *v)
+{
+	const struct mf_head *h = &v->m->h;
+	size_t slot_bytes = v->stride * v->L + round_up(h->index_bytes, KVM_IO_ALIGN);
+	uint64_t size, off = (uint64_t)h->tail_slot * slot_bytes;
+	uint8_t *buf;
+	int fd;
+
+	if (!h->tail_tokens)
+		return;
+	fd = vopen(v, "tail", 0, off + slot_bytes, &size);
+	if (fd < 0)
+		return;
+	buf = malloc(slot_bytes);
+	if (buf && vread(fd, buf, slot_bytes, off) == 0) {
+		for (size_t l = 0; l <= v->L; l++) {
+			size_t len = l < v->L ? v->pb : h->index_bytes;
+
+			if (XXH3_64bits(buf + l * v->stride, len) != v->m->tail_sums[l]) {
+				fprintf(v->out, "%s/tail: slot %u, %s %zu (the partial block of %u "
+					"tokens): checksum mismatch\n", v->dir, h->tail_slot,
+					l < v->L ? "layer" : "index", l, h->tail_tokens);
+				v->bad++;
+			}
+		}
+	} else {
+		fprintf(v->out, "%s/tail: cannot read slot %u\n", v->dir, h->tail_slot);
+		v->bad++;
+	}
+	free(buf);
+	close(fd);
+}
+
+long kvm_workspace_verify(const char *dir, FILE *out, int verbose)
+{
+	struct manifest m;
+	struct vctx v = { .dir = dir, .out = out, .m = &m };
+	uint64_t size, sum, n_sums;
+	uint64_t *sums = NULL;
+	char name[PATH_MAX + 16];
+	int fd;
+
+	v.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (v.dirfd < 0) {
+		fprintf(out, "%s: %s\n", dir, strerror(errno));
+		return kvm_error("%s: %s", dir, strerror(errno));
+	}
+	if (mf_read(v.dirfd, dir, &m) < 0) {
+		fprintf(out, "%s\n", kvm_last_error());
+		close(v.dirfd);
+		return -1;
+	}
+	mf_geom(&m, &v.g);
+	if (kvm_page_geom_check(&v.g, dir) < 0 || m.h.page_bytes != kvm_page_bytes(&v.g) ||
+	    m.h.page_stride != kvm_page_stride(&v.g)) {
+		fprintf(out, "%s/manifest: geometry does not add up: corrupt\n", dir);
+		mf_free(&m);
+		close(v.dirfd);
+		return kvm_error("%s/manifest: geometry does not add up: corrupt", dir);
+	}
+	v.pb = m.h.page_bytes;
+	v.stride = m.h.page_stride;
+	v.L = m.h.n_layers;
+
+	fd = vopen(&v, "tokens", 0, m.h.tokens * 4, &size);
+	snprintf(name, sizeof(name), "%s/tokens", dir);
+	if (fd >= 0 && (hash_file_prefix(fd, m.h.tokens * 4, name, &sum) < 0 ||
+			sum != m.h.tokens_hash)) {
+		fprintf(out, "%s/tokens: the committed %" PRIu64 " tokens: checksum mismatch\n",
+			dir, m.h.tokens);
+		v.bad++;
+	}
+	if (fd >= 0)
+		close(fd);
+
+	n_sums = m.h.blocks * (v.L + 1);
+	sums = calloc(n_sums + 1, 8);
+	fd = vopen(&v, "sums", 0, n_sums * 8, &size);
+	if (fd >= 0 && sums) {
+		if (vread(fd, sums, n_sums * 8, 0) < 0 || XXH3_64bits(sums, n_sums * 8) != m.h.sums_hash) {
+			fprintf(out, "%s/sums: the committed page checksums: checksum mismatch "
+				"(pages below may be reported bad because of it)\n", dir);
+			v.bad++;
+		}
+		close(fd);
+		check_pages(&v, sums);
+		check_index(&v, sums);
+	}
+	check_tail(&v);
+	if (verbose || v.bad)
+		fprintf(out, "%s: %" PRIu64 " tokens, %" PRIu64 " blocks, %" PRIu64
+			" pages committed (generation %" PRIu64 "): %s%ld bad\n", dir, m.h.tokens,
+			m.h.blocks, m.h.blocks * v.L, m.h.generation, v.bad ? "" : "all good, ",
+			v.bad);
+	free(sums);
+	mf_free(&m);
+	close(v.dirfd);
+	return v.bad;
+}
