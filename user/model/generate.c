@@ -246,6 +246,7 @@ static int mkdir_p(const char *dir)
 {
 	char tmp[4096];
 	size_t len = strlen(dir);
+	struct stat st;
 
 	if (len >= sizeof(tmp))
 		return kvm_error("%.100s...: path too long", dir);
@@ -262,6 +263,8 @@ static int mkdir_p(const char *dir)
 				break;
 		}
 	}
+	if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+		return kvm_error("%s: not a directory", dir);
 	return 0;
 }
 

@@ -1,0 +1,748 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The model loader on good and bad directories. Every bad case must fail
+ * with a message naming the file and the problem (checked by substring),
+ * without a crash, a leak or a read outside the file (ASan/UBSan builds run
+ * this too). Good cases read bf16/fp16/fp32 values back exactly.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/model.h"
+#include "model/safetensors.h"
+
+static uint64_t seed0;
+static char root[64];
+static int dir_counter;
+
+static uint64_t rnd(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static int setup(void **state)
+{
+	strcpy(root, "/tmp/kvmem-loader.XXXXXX");
+	return mkdtemp(root) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	return system(cmd);
+}
+
+/* A small GQA config, so a model is a few hundred kB. */
+static kvm_config small_config(int tied)
+{
+	kvm_config c = { .arch = "Qwen3ForCausalLM", .n_layers = 2, .hidden = 32, .n_heads = 4,
+			 .n_kv_heads = 2, .head_dim = 16, .intermediate = 48, .vocab = 64,
+			 .max_position = 512, .rope_theta = 1e6, .rms_eps = 1e-6f,
+			 .tie_embeddings = tied, .bos_id = 1, .eos_id = 2, .dtype = "bfloat16" };
+	return c;
+}
+
+static char *new_dir(char *buf, size_t len)
+{
+	snprintf(buf, len, "%s/m%d", root, dir_counter++);
+	return buf;
+}
+
+static void make_model(char *dir, size_t len, int tied, const char *dtype, uint64_t shard_bytes)
+{
+	kvm_config c = small_config(tied);
+	kvm_gen_opts o = { .seed = seed0 + (uint64_t)dir_counter, .dtype = dtype,
+			   .shard_bytes = shard_bytes };
+
+	new_dir(dir, len);
+	if (kvm_model_generate_opts(&c, dir, &o))
+		fail_msg("generate: %s", kvm_last_error());
+}
+
+static void expect_load_error(const char *dir, const char *want1, const char *want2)
+{
+	kvm_model *m = (kvm_model *)&m;
+
+	if (!kvm_model_load(dir, &m))
+		fail_msg("%s loaded, want an error with <%s>", dir, want1);
+	assert_null(m);
+	if (!strstr(kvm_last_error(), want1) || (want2 && !strstr(kvm_last_error(), want2)))
+		fail_msg("want <%s>%s%s, got <%s>", want1, want2 ? " and " : "", want2 ? want2 : "",
+			 kvm_last_error());
+	/* the checks-only path says the same */
+	assert_int_equal(kvm_model_open(dir, KVM_MODEL_NO_WEIGHTS, &m), -1);
+	assert_non_null(strstr(kvm_last_error(), want1));
+}
+
+/* ---- editing files ------------------------------------------------------ */
+static void put_text(const char *dir, const char *name, const char *text)
+{
+	char path[256];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static char *read_all(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *b;
+	long n;
+
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	b = malloc((size_t)n + 1);
+	assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+	b[n] = 0;
+	fclose(f);
+	*len = (size_t)n;
+	return b;
+}
+
+static void write_all(const char *path, const void *b, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+
+	assert_non_null(f);
+	assert_int_equal(fwrite(b, 1, len, f), len);
+	fclose(f);
+}
+
+/* Replace the first `from` in dir/name by `to` (text files). */
+static void edit_text(const char *dir, const char *name, const char *from, const char *to)
+{
+	char path[256], *b, *at, *out;
+	size_t len;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	b = read_all(path, &len);
+	at = strstr(b, from);
+	if (!at)
+		fail_msg("'%s' not in %s", from, path);
+	out = malloc(len + strlen(to) + 1);
+	memcpy(out, b, (size_t)(at - b));
+	strcpy(out + (at - b), to);
+	strcat(out, at + strlen(from));
+	write_all(path, out, strlen(out));
+	free(b);
+	free(out);
+}
+
+/* Replace the first `from` in the JSON header of dir/model.safetensors by
+ * `to`, fixing the header length (the data section moves with it). */
+static void edit_header(const char *dir, const char *from, const char *to)
+{
+	char path[256], *b, *at, *h, *out;
+	size_t len, hlen = 0, nlen, tl = strlen(to), fl = strlen(from);
+
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	b = read_all(path, &len);
+	for (int i = 0; i < 8; i++)
+		hlen |= (size_t)(unsigned char)b[i] << (8 * i);
+	h = strndup(b + 8, hlen);
+	at = strstr(h, from);
+	if (!at)
+		fail_msg("'%s' not in the header of %s", from, path);
+	nlen = hlen - fl + tl;
+	out = malloc(8 + nlen + (len - 8 - hlen));
+	for (int i = 0; i < 8; i++)
+		out[i] = (char)(nlen >> (8 * i));
+	memcpy(out + 8, h, (size_t)(at - h));
+	memcpy(out + 8 + (at - h), to, tl);
+	memcpy(out + 8 + (at - h) + tl, at + fl, hlen - (size_t)(at - h) - fl);
+	memcpy(out + 8 + nlen, b + 8 + hlen, len - 8 - hlen);
+	write_all(path, out, 8 + nlen + (len - 8 - hlen));
+	free(b);
+	free(h);
+	free(out);
+}
+
+/* "data_offsets":[b,e] of a tensor, as the writer spells it. */
+static void offsets_of(const char *dir, const char *tensor, char *buf, size_t len,
+		       uint64_t *begin, uint64_t *end)
+{
+	char path[256];
+	kvm_st_file *f;
+	const kvm_st_tensor *t;
+	uint64_t d0;
+
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	assert_int_equal(kvm_st_open(path, &f), 0);
+	t = kvm_st_find(f, tensor);
+	assert_non_null(t);
+	/* offsets count from the data section, which the writer's first tensor starts */
+	d0 = kvm_st_at(f, 0)->offset;
+	*begin = t->offset - d0;
+	*end = *begin + t->nbytes;
+	snprintf(buf, len, "\"data_offsets\":[%llu,%llu]", (unsigned long long)*begin,
+		 (unsigned long long)*end);
+	kvm_st_close(f);
+}
+
+/* ---- tensor-level rewriting ------------------------------------------- */
+struct tdesc {
+	char name[96];
+	kvm_st_dtype dtype;
+	int ndim;
+	int64_t shape[KVM_ST_MAX_DIMS];
+	unsigned char *data;
+	size_t nbytes;
+};
+
+static int load_tensors(const char *path, struct tdesc *t, int max)
+{
+	kvm_st_file *f;
+	int n;
+
+	assert_int_equal(kvm_st_open(path, &f), 0);
+	n = (int)kvm_st_count(f);
+	assert_true(n <= max);
+	for (int i = 0; i < n; i++) {
+		const kvm_st_tensor *s = kvm_st_at(f, (size_t)i);
+
+		snprintf(t[i].name, sizeof(t[i].name), "%s", s->name);
+		t[i].dtype = s->dtype;
+		t[i].ndim = s->ndim;
+		memcpy(t[i].shape, s->shape, sizeof(s->shape));
+		t[i].nbytes = s->nbytes;
+		t[i].data = malloc(s->nbytes + 1);
+		memcpy(t[i].data, s->data, s->nbytes);
+	}
+	kvm_st_close(f);
+	return n;
+}
+
+static void save_tensors(const char *path, struct tdesc *t, int n)
+{
+	kvm_st_writer *w = kvm_st_writer_new();
+
+	for (int i = 0; i < n; i++)
+		if (t[i].name[0])	/* an emptied name drops the tensor */
+			assert_int_equal(kvm_st_writer_add(w, t[i].name, t[i].dtype, t[i].ndim,
+							   t[i].shape), 0);
+	assert_int_equal(kvm_st_writer_begin(w, path), 0);
+	for (int i = 0; i < n; i++)
+		if (t[i].name[0])
+			assert_int_equal(kvm_st_writer_write(w, t[i].data, t[i].nbytes), 0);
+	assert_int_equal(kvm_st_writer_finish(w), 0);
+	kvm_st_writer_free(w);
+	for (int i = 0; i < n; i++)
+		free(t[i].data);
+}
+
+static struct tdesc *find_t(struct tdesc *t, int n, const char *name)
+{
+	for (int i = 0; i < n; i++)
+		if (!strcmp(t[i].name, name))
+			return &t[i];
+	fail_msg("no tensor %s", name);
+	return NULL;
+}
+
+/* ---- good models -------------------------------------------------------- */
+/* Every weight of m equals the stored value of its tensor in dir, converted. */
+static void check_values(const kvm_model *m, const char *file)
+{
+	kvm_st_file *f;
+	const kvm_config *c = &m->cfg;
+	const struct {
+		const char *suffix;
+		size_t off;
+	} roles[] = {
+		{ "input_layernorm.weight", offsetof(kvm_layer, attn_norm) },
+		{ "self_attn.q_proj.weight", offsetof(kvm_layer, wq) },
+		{ "self_attn.k_proj.weight", offsetof(kvm_layer, wk) },
+		{ "self_attn.v_proj.weight", offsetof(kvm_layer, wv) },
+		{ "self_attn.o_proj.weight", offsetof(kvm_layer, wo) },
+		{ "self_attn.q_norm.weight", offsetof(kvm_layer, q_norm) },
+		{ "self_attn.k_norm.weight", offsetof(kvm_layer, k_norm) },
+		{ "post_attention_layernorm.weight", offsetof(kvm_layer, mlp_norm) },
+		{ "mlp.gate_proj.weight", offsetof(kvm_layer, w_gate) },
+		{ "mlp.up_proj.weight", offsetof(kvm_layer, w_up) },
+		{ "mlp.down_proj.weight", offsetof(kvm_layer, w_down) },
+	};
+	char name[128];
+
+	assert_int_equal(kvm_st_open(file, &f), 0);
+	for (int l = -1; l < c->n_layers; l++) {
+		for (size_t r = 0; r < (l < 0 ? 3 : sizeof(roles) / sizeof(roles[0])); r++) {
+			const float *w;
+			const kvm_st_tensor *t;
+
+			if (l < 0) {
+				const char *top[] = { "model.embed_tokens.weight", "model.norm.weight",
+						      "lm_head.weight" };
+				const float *ptr[] = { m->embed, m->final_norm, m->lm_head };
+
+				snprintf(name, sizeof(name), "%s", top[r]);
+				w = ptr[r];
+				if (r == 2 && c->tie_embeddings) {
+					assert_ptr_equal(m->lm_head, m->embed);
+					continue;
+				}
+			} else {
+				snprintf(name, sizeof(name), "model.layers.%d.%s", l, roles[r].suffix);
+				w = *(const float *const *)((const char *)&m->layers[l] + roles[r].off);
+			}
+			t = kvm_st_find(f, name);
+			assert_non_null(t);
+			assert_non_null(w);
+			for (uint64_t i = 0; i < t->numel; i++) {
+				float want;
+				uint16_t h;
+
+				if (t->dtype == KVM_ST_F32) {
+					memcpy(&want, (const char *)t->data + 4 * i, 4);
+				} else {
+					memcpy(&h, (const char *)t->data + 2 * i, 2);
+					want = t->dtype == KVM_ST_BF16 ? kvm_bf16_to_f32(h) : kvm_f16_to_f32(h);
+				}
+				if (memcmp(&want, &w[i], 4))
+					fail_msg("%s[%llu]: %g, stored %g", name, (unsigned long long)i,
+						 (double)w[i], (double)want);
+			}
+		}
+	}
+	kvm_st_close(f);
+}
+
+static void load_and_check(const char *dir, int tied, const char *dtype_name)
+{
+	char file[256];
+	kvm_model *m;
+	kvm_config want = small_config(tied);
+
+	if (kvm_model_load(dir, &m))
+		fail_msg("load %s: %s", dir, kvm_last_error());
+	assert_int_equal(m->cfg.n_layers, want.n_layers);
+	assert_int_equal(m->cfg.hidden, want.hidden);
+	assert_int_equal(m->cfg.n_heads, want.n_heads);
+	assert_int_equal(m->cfg.n_kv_heads, want.n_kv_heads);
+	assert_int_equal(m->cfg.head_dim, want.head_dim);
+	assert_int_equal(m->cfg.intermediate, want.intermediate);
+	assert_int_equal(m->cfg.vocab, want.vocab);
+	assert_int_equal(m->cfg.tie_embeddings, tied);
+	assert_string_equal(m->weight_dtype, dtype_name);
+	assert_int_equal(m->n_files, 1);
+	snprintf(file, sizeof(file), "%s/model.safetensors", dir);
+	check_values(m, file);
+	if (!tied)
+		assert_true(m->lm_head != m->embed);
+	kvm_model_free(m);
+}
+
+static void test_good_dtypes(void **state)
+{
+	char dir[128];
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	load_and_check(dir, 1, "BF16");
+	make_model(dir, sizeof(dir), 0, "bf16", 0);
+	load_and_check(dir, 0, "BF16");
+	make_model(dir, sizeof(dir), 0, "f16", 0);
+	load_and_check(dir, 0, "F16");
+	make_model(dir, sizeof(dir), 1, "f32", 0);
+	load_and_check(dir, 1, "F32");
+}
+
+/* Random bit patterns of every dtype in one file, some at odd offsets (the
+ * copy path): values come back exactly. Stray names outside model. are ok. */
+static void test_mixed_and_misaligned(void **state)
+{
+	struct tdesc t[64];
+	char dir[128], path[256];
+	uint64_t s = seed0 ^ 0x1234;
+	int n;
+	kvm_model *m;
+
+	make_model(dir, sizeof(dir), 0, "f32", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	n = load_tensors(path, t, 63);
+	for (int i = 0; i < n; i++) {
+		kvm_st_dtype dt = (kvm_st_dtype[]){ KVM_ST_BF16, KVM_ST_F16, KVM_ST_F32 }[rnd(&s) % 3];
+		size_t numel = t[i].nbytes / 4;
+
+		t[i].dtype = dt;
+		t[i].nbytes = numel * kvm_st_dtype_size(dt);
+		for (size_t k = 0; k < numel; k++) {
+			float v = (float)((double)(rnd(&s) >> 11) * 0x1.0p-53 * 4.0 - 2.0);
+			uint16_t h = dt == KVM_ST_BF16 ? kvm_f32_to_bf16(v) : kvm_f32_to_f16(v);
+
+			if (dt == KVM_ST_F32)
+				memcpy(t[i].data + 4 * k, &v, 4);
+			else
+				memcpy(t[i].data + 2 * k, &h, 2);
+		}
+	}
+	/* a 3-byte tensor first puts everything after it at odd offsets */
+	memmove(&t[1], &t[0], (size_t)n * sizeof(t[0]));
+	memset(&t[0], 0, sizeof(t[0]));
+	snprintf(t[0].name, sizeof(t[0].name), "extra.padding");
+	t[0].dtype = KVM_ST_U8;
+	t[0].ndim = 1;
+	t[0].shape[0] = 3;
+	t[0].nbytes = 3;
+	t[0].data = malloc(3);
+	memset(t[0].data, 7, 3);
+	save_tensors(path, t, n + 1);
+	if (kvm_model_load(dir, &m))
+		fail_msg("load: %s", kvm_last_error());
+	assert_string_equal(m->weight_dtype, "mixed");
+	check_values(m, path);
+	kvm_model_free(m);
+}
+
+/* Shards: the same weights as one file; a missing or mislisted shard fails. */
+static void test_sharded(void **state)
+{
+	char one[128], many[128], path[256], *idx;
+	kvm_model *a, *b;
+	kvm_config c = small_config(0);
+	kvm_gen_opts o = { .seed = seed0 + 99, .shard_bytes = 20000 };
+	size_t len;
+
+	new_dir(one, sizeof(one));
+	new_dir(many, sizeof(many));
+	assert_int_equal(kvm_model_generate_opts(&c, many, &o), 0);
+	o.shard_bytes = 0;
+	assert_int_equal(kvm_model_generate_opts(&c, one, &o), 0);
+	snprintf(path, sizeof(path), "%s/model-00002-of-00003.safetensors", many);
+	assert_int_equal(access(path, F_OK), 0);	/* 3 shards of <= 20 kB */
+	if (kvm_model_load(many, &b))
+		fail_msg("load: %s", kvm_last_error());
+	assert_int_equal(kvm_model_load(one, &a), 0);
+	assert_int_equal(b->n_files, 3);
+	assert_int_equal(a->fingerprint, b->fingerprint);	/* same tensors, same bytes */
+	assert_memory_equal(a->embed, b->embed, (size_t)c.vocab * c.hidden * 4);
+	assert_memory_equal(a->lm_head, b->lm_head, (size_t)c.vocab * c.hidden * 4);
+	for (int l = 0; l < c.n_layers; l++)
+		assert_memory_equal(a->layers[l].w_down, b->layers[l].w_down,
+				    (size_t)c.hidden * c.intermediate * 4);
+	kvm_model_free(a);
+	kvm_model_free(b);
+
+	/* a tensor listed in the wrong shard */
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", many);
+	idx = read_all(path, &len);
+	edit_text(many, "model.safetensors.index.json",
+		  "\"model.norm.weight\": \"model-00003-of-00003.safetensors\"",
+		  "\"model.norm.weight\": \"model-00001-of-00003.safetensors\"");
+	expect_load_error(many, "model.safetensors.index.json: weight_map puts 'model.norm.weight' "
+			  "in model-00001-of-00003.safetensors, which does not hold it", NULL);
+	write_all(path, idx, len);
+	free(idx);
+	edit_text(many, "model.safetensors.index.json", "\"weight_map\"", "\"weight_mop\"");
+	expect_load_error(many, "model.safetensors.index.json: 'weight_map' must be", NULL);
+	edit_text(many, "model.safetensors.index.json", "\"weight_mop\"", "\"weight_map\"");
+	edit_text(many, "model.safetensors.index.json", "\"model-00003-of-00003", "\"../x");
+	expect_load_error(many, "must name a file in the model directory", NULL);
+	edit_text(many, "model.safetensors.index.json", "\"../x", "\"model-00003-of-00003");
+
+	/* a shard gone */
+	snprintf(path, sizeof(path), "%s/model-00003-of-00003.safetensors", many);
+	assert_int_equal(unlink(path), 0);
+	expect_load_error(many, "model-00003-of-00003.safetensors: cannot open: No such file",
+			  "(a shard listed in model.safetensors.index.json)");
+}
+
+/* ---- bad models ---------------------------------------------------------- */
+static void test_missing_and_stray_tensors(void **state)
+{
+	struct tdesc t[64];
+	char dir[128], path[256];
+	int n;
+
+	make_model(dir, sizeof(dir), 0, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	n = load_tensors(path, t, 64);
+	find_t(t, n, "model.layers.1.mlp.up_proj.weight")->name[0] = 0;
+	save_tensors(path, t, n);
+	expect_load_error(dir, "model.safetensors: missing tensor 'model.layers.1.mlp.up_proj.weight'",
+			  dir);
+
+	make_model(dir, sizeof(dir), 0, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	n = load_tensors(path, t, 64);
+	find_t(t, n, "lm_head.weight")->name[0] = 0;
+	save_tensors(path, t, n);
+	expect_load_error(dir, "missing tensor 'lm_head.weight' (config.json has tie_word_embeddings "
+			  "false)", NULL);
+
+	/* a bias where Qwen3 has none */
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	n = load_tensors(path, t, 63);
+	t[n] = t[0];
+	t[n].data = malloc(t[0].nbytes);
+	memcpy(t[n].data, t[0].data, t[0].nbytes);
+	snprintf(t[n].name, sizeof(t[n].name), "model.layers.0.self_attn.q_proj.bias");
+	save_tensors(path, t, n + 1);
+	expect_load_error(dir, "model.safetensors: unexpected tensor "
+			  "'model.layers.0.self_attn.q_proj.bias'", "(biases are not supported)");
+
+	/* a tensor with the wrong dtype */
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	n = load_tensors(path, t, 64);
+	find_t(t, n, "model.layers.0.self_attn.k_norm.weight")->dtype = KVM_ST_I16;
+	save_tensors(path, t, n);
+	expect_load_error(dir, "tensor 'model.layers.0.self_attn.k_norm.weight' has dtype I16; "
+			  "kvmem reads BF16, F16 and F32", NULL);
+
+	/* ignored: names outside model./lm_head, rotary buffers, a tied lm_head */
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	n = load_tensors(path, t, 60);
+	for (int k = 0; k < 3; k++) {
+		const char *names[] = { "something.else", "model.rotary_emb.inv_freq", "lm_head.weight" };
+
+		t[n + k] = t[0];
+		t[n + k].data = malloc(t[0].nbytes);
+		memcpy(t[n + k].data, t[0].data, t[0].nbytes);
+		snprintf(t[n + k].name, sizeof(t[n + k].name), "%s", names[k]);
+	}
+	save_tensors(path, t, n + 3);
+	load_and_check(dir, 1, "BF16");
+}
+
+/* config.json and the tensors disagree. */
+static void test_config_disagrees(void **state)
+{
+	char dir[128];
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_text(dir, "config.json", "\"intermediate_size\": 48", "\"intermediate_size\": 64");
+	expect_load_error(dir, "model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has "
+			  "shape [48, 32], config.json implies [64, 32]", NULL);
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_text(dir, "config.json", "\"vocab_size\": 64", "\"vocab_size\": 80");
+	expect_load_error(dir, "tensor 'model.embed_tokens.weight' has shape [64, 32], config.json "
+			  "implies [80, 32]", NULL);
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_text(dir, "config.json", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4");
+	expect_load_error(dir, "'model.layers.0.self_attn.k_proj.weight' has shape [32, 32], "
+			  "config.json implies [64, 32]", NULL);
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_text(dir, "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
+	expect_load_error(dir, "model.safetensors: tensor 'model.layers.1.",
+			  "is beyond num_hidden_layers 1 in config.json");
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_text(dir, "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
+	expect_load_error(dir, "missing tensor 'model.layers.2.input_layernorm.weight'", NULL);
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_text(dir, "config.json", "\"head_dim\": 16", "\"head_dim\": 8");
+	expect_load_error(dir, "'model.layers.0.self_attn.q_proj.weight' has shape [64, 32], "
+			  "config.json implies [32, 32]", NULL);
+}
+
+/* The file itself is damaged: the loader passes the reader's message on. */
+static void test_damaged_files(void **state)
+{
+	char dir[128], path[256], from[96], to[96], *b;
+	uint64_t begin, end, e0, e1;
+	size_t len;
+	struct stat st;
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(truncate(path, st.st_size - 1), 0);
+	expect_load_error(dir, path, "run past the end of the data");
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	b = read_all(path, &len);
+	b[5] = 1;	/* header length near 2^40 */
+	write_all(path, b, len);
+	free(b);
+	expect_load_error(dir, path, "header length 1099511");
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	assert_int_equal(truncate(path, 6), 0);
+	expect_load_error(dir, "model.safetensors: file is 6 bytes, too short", NULL);
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_header(dir, "\"dtype\":\"BF16\"", "\"dtype\":\"BF16\",");
+	expect_load_error(dir, "model.safetensors (header):1:", "expected a string key");
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_header(dir, "\"dtype\":\"BF16\"", "\"dtype\":\"BF12\"");
+	expect_load_error(dir, "model.safetensors: tensor '", "has unknown dtype 'BF12'");
+
+	/* overlapping: move the final norm back onto the tensor before it */
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	offsets_of(dir, "model.norm.weight", from, sizeof(from), &begin, &end);
+	snprintf(to, sizeof(to), "\"data_offsets\":[%llu,%llu]", (unsigned long long)(begin - 2),
+		 (unsigned long long)(end - 2));
+	edit_header(dir, from, to);
+	expect_load_error(dir, "model.safetensors: tensors '", "overlap");
+
+	/* out of range: past the end of the data */
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	offsets_of(dir, "model.norm.weight", from, sizeof(from), &begin, &end);
+	snprintf(to, sizeof(to), "\"data_offsets\":[%llu,%llu]", (unsigned long long)(begin + 64),
+		 (unsigned long long)(end + 64));
+	edit_header(dir, from, to);
+	expect_load_error(dir, "tensor 'model.norm.weight': data_offsets [", "run past the end");
+
+	/* a length that does not match shape x dtype */
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	offsets_of(dir, "model.embed_tokens.weight", from, sizeof(from), &e0, &e1);
+	snprintf(to, sizeof(to), "\"data_offsets\":[%llu,%llu]", (unsigned long long)e0,
+		 (unsigned long long)(e1 - 2));
+	edit_header(dir, from, to);
+	expect_load_error(dir, "tensor 'model.embed_tokens.weight': data_offsets", "of BF16 needs 4096");
+}
+
+static void test_config_errors(void **state)
+{
+	char dir[128], path[256];
+
+	new_dir(dir, sizeof(dir));
+	expect_load_error(dir, dir, "No such file or directory");
+	assert_int_equal(mkdir(dir, 0755), 0);
+	expect_load_error(dir, "no config.json here", NULL);
+	put_text(dir, "config.json", "{}");
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	expect_load_error(path, "not a directory", NULL);
+	expect_load_error(dir, "config.json: neither 'architectures' nor 'model_type'", NULL);
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	assert_int_equal(unlink(path), 0);
+	expect_load_error(dir, "holds config.json but neither model.safetensors nor "
+			  "model.safetensors.index.json", NULL);
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_text(dir, "config.json", "\"Qwen3ForCausalLM\"", "\"LlamaForCausalLM\"");
+	expect_load_error(dir, "config.json: architecture 'LlamaForCausalLM' is not supported "
+			  "(kvmem runs Qwen3ForCausalLM)", NULL);
+	edit_text(dir, "config.json", "\"LlamaForCausalLM\"", "\"Qwen3ForCausalLM\"");
+	edit_text(dir, "config.json", "\"qwen3\"", "\"qwen2\"");
+	expect_load_error(dir, "model_type 'qwen2' is not supported (kvmem runs qwen3)", NULL);
+	edit_text(dir, "config.json", "\"qwen2\"", "\"qwen3\"");
+	edit_text(dir, "config.json", "\"rope_scaling\": null",
+		  "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}");
+	expect_load_error(dir, "config.json: rope_scaling of type 'yarn' is not supported", NULL);
+	edit_text(dir, "config.json", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "null");
+	edit_text(dir, "config.json", "\"hidden_size\": 32", "\"hidden_size\": \"32\"");
+	expect_load_error(dir, "config.json:", "'hidden_size' must be an integer, found string");
+	edit_text(dir, "config.json", "\"hidden_size\": \"32\",", "");
+	expect_load_error(dir, "config.json: missing 'hidden_size'", NULL);
+	edit_text(dir, "config.json", "\"hidden_act\": \"silu\"",
+		  "\"hidden_act\": \"gelu\", \"hidden_size\": 32");
+	expect_load_error(dir, "hidden_act 'gelu' is not supported", NULL);
+	edit_text(dir, "config.json", "\"gelu\"", "\"silu\"");
+	edit_text(dir, "config.json", "\"attention_bias\": false", "\"attention_bias\": true");
+	expect_load_error(dir, "attention_bias true is not supported", NULL);
+	edit_text(dir, "config.json", "\"attention_bias\": true", "\"attention_bias\": false");
+	edit_text(dir, "config.json", "\"use_sliding_window\": false", "\"use_sliding_window\": true");
+	expect_load_error(dir, "use_sliding_window true is not supported", NULL);
+	edit_text(dir, "config.json", "\"use_sliding_window\": true", "\"use_sliding_window\": false");
+	edit_text(dir, "config.json", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3");
+	expect_load_error(dir, "num_key_value_heads 3 does not divide num_attention_heads 4", NULL);
+	edit_text(dir, "config.json", "\"num_key_value_heads\": 3", "\"num_key_value_heads\": 2");
+	edit_text(dir, "config.json", "\"head_dim\": 16", "\"head_dim\": 15");
+	expect_load_error(dir, "head_dim 15 must be even", NULL);
+	edit_text(dir, "config.json", "\"head_dim\": 15", "\"head_dim\": 16");
+	edit_text(dir, "config.json", "\"vocab_size\": 64", "\"vocab_size\": 64,");
+	expect_load_error(dir, "config.json:", "expected a string key but found '}'");
+}
+
+/* The keys of transformers 5 (dtype, rope_parameters, layer_types, eos
+ * lists), and defaults when keys are absent. */
+static void test_config_variants(void **state)
+{
+	kvm_config c;
+	const char *v5 =
+		"{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\",\n"
+		" \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,\n"
+		" \"intermediate_size\": 96, \"vocab_size\": 100, \"dtype\": \"float32\",\n"
+		" \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5000000.0},\n"
+		" \"layer_types\": [\"full_attention\", \"full_attention\"],\n"
+		" \"eos_token_id\": [7, 3], \"bos_token_id\": null, \"tie_word_embeddings\": true}";
+
+	assert_int_equal(kvm_config_parse(&c, v5, strlen(v5), "v5.json"), 0);
+	assert_int_equal(c.n_kv_heads, 4);	/* defaults to the query heads */
+	assert_int_equal(c.head_dim, 16);	/* hidden / heads */
+	assert_int_equal(c.max_position, 32768);
+	assert_true(c.rope_theta == 5e6);
+	assert_true(c.rms_eps == 1e-6f);
+	assert_int_equal(c.eos_id, 7);
+	assert_int_equal(c.bos_id, -1);
+	assert_int_equal(c.tie_embeddings, 1);
+	assert_string_equal(c.dtype, "float32");
+	assert_string_equal(c.arch, "Qwen3ForCausalLM");
+
+	const char *sliding = "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+			      " \"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 100,"
+			      " \"layer_types\": [\"full_attention\", \"sliding_attention\"]}";
+	assert_int_equal(kvm_config_parse(&c, sliding, strlen(sliding), "s.json"), -1);
+	assert_non_null(strstr(kvm_last_error(), "s.json: layer_types[1] is 'sliding_attention'"));
+
+	const char *both = "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+			   " \"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 100,"
+			   " \"rope_theta\": 10000, \"rope_parameters\": {\"rope_theta\": 20000}}";
+	assert_int_equal(kvm_config_parse(&c, both, strlen(both), "b.json"), -1);
+	assert_non_null(strstr(kvm_last_error(), "disagree"));
+
+	const char *anon = "{\"hidden_size\": 64}";
+	assert_int_equal(kvm_config_parse(&c, anon, strlen(anon), "a.json"), -1);
+	assert_non_null(strstr(kvm_last_error(), "a.json: neither 'architectures' nor 'model_type'"));
+
+	const char *eos = "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+			  " \"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 100,"
+			  " \"eos_token_id\": 100}";
+	assert_int_equal(kvm_config_parse(&c, eos, strlen(eos), "e.json"), -1);
+	assert_non_null(strstr(kvm_last_error(), "eos_token_id 100 is outside the vocabulary (100)"));
+
+	assert_int_equal(kvm_config_parse(&c, "[]", 2, "arr.json"), -1);
+	assert_non_null(strstr(kvm_last_error(), "arr.json: expected a JSON object, found array"));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_good_dtypes),
+		cmocka_unit_test(test_mixed_and_misaligned),
+		cmocka_unit_test(test_sharded),
+		cmocka_unit_test(test_missing_and_stray_tensors),
+		cmocka_unit_test(test_config_disagrees),
+		cmocka_unit_test(test_damaged_files),
+		cmocka_unit_test(test_config_errors),
+		cmocka_unit_test(test_config_variants),
+	};
+
+	seed0 = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32) ^ ((uint64_t)getpid() << 16);
+	printf("test_loader: seed %llu\n", (unsigned long long)seed0);
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
