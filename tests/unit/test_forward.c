@@ -429,6 +429,40 @@ static void test_forward_view_rebuilt(void **state)
 	test_model_free(m);
 }
 
+/* A longer prompt with head_dim 64: attention takes its threaded path. */
+static void test_forward_long(void **state)
+{
+	uint64_t r = g_seed ^ 0x6666;
+	struct geom g = { "long gqa 8:2 d64", 2, 64, 8, 2, 64, 96, 80, 0, 1e6 };
+	kvm_model *m = make_model(&g, r);
+	int n = 160, V = g.vocab;
+	int32_t *tok = random_tokens(&r, n, V);
+	struct ref_out ro = { dalloc((size_t)n * V), NULL, NULL, NULL };
+	float *logits = malloc(sizeof(float) * n * V);
+
+	ref_forward(m, tok, n, &ro);
+	for (int ch = n; ch >= 50; ch -= 110) {	/* one shot, then chunks of 50 */
+		kvm_engine *e = kvm_engine_create(m, ch);
+		kvm_kvcache kv;
+
+		assert_int_equal(kvm_kvcache_init(&kv, &m->cfg, n), 0);
+		for (int at = 0; at < n; at += ch) {
+			int k = n - at < ch ? n - at : ch;
+
+			assert_int_equal(kvm_forward(e, &kv, tok + at, k, logits + (size_t)at * V, 1,
+						     NULL), 0);
+		}
+		for (int t = 0; t < n; t++)
+			expect_close(logits + (size_t)t * V, ro.logits + (size_t)t * V, V, g.name, t);
+		kvm_engine_free(e);
+		kvm_kvcache_free(&kv);
+	}
+	free(logits);
+	free(ro.logits);
+	free(tok);
+	test_model_free(m);
+}
+
 /* Bad calls fail with a message and leave the cache as it was. */
 static void test_forward_errors(void **state)
 {
@@ -481,6 +515,7 @@ int main(void)
 		cmocka_unit_test(test_forward_chunked),
 		cmocka_unit_test(test_forward_decode),
 		cmocka_unit_test(test_forward_view_rebuilt),
+		cmocka_unit_test(test_forward_long),
 		cmocka_unit_test(test_forward_errors),
 	};
 
