@@ -60,6 +60,16 @@ const kvm_model *kvm_engine_model(const kvm_engine *e);
  * kv->len..kv->len+n-1 (their positions) and kv->len grows by n; fails if
  * that would pass kv->cap. logits: [n][vocab] when all_logits, else [vocab]
  * for the last token only; may be NULL.
+ *
+ * The new tokens attend to slots 0..kv->len+n-1 causally (slot index is the
+ * position). The K stored at slot s is kvm_rope() of a copy of the raw K at
+ * position s, so a caller that rebuilds a view from stored raw K (rotating
+ * each at its new slot with kvm_rope) and V gets bit-identical results to
+ * the cache the engine grew itself. Slots at and past kv->len are never
+ * read. Fails (-1, nothing changed) on a token outside the vocabulary, a
+ * cache of another geometry, n out of range or no room.
+ * One engine serves one caller at a time (its scratch is shared); the
+ * matmuls and attention inside use several threads.
  */
 int kvm_forward(kvm_engine *e, kvm_kvcache *kv, const int32_t *tokens, int n,
 		float *logits, int all_logits, const kvm_fwd_out *out);
