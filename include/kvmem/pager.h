@@ -106,6 +106,25 @@ typedef struct kvm_repl_ops {
 extern const kvm_repl_ops *const kvm_repl_policies[];
 const kvm_repl_ops *kvm_repl_find(const char *name);
 
+/*
+ * A step sequence for replaying policies offline: step s fetches
+ * pages[step_off[s] .. step_off[s + 1]) and, before that, hints
+ * hint_block/hint_score[hint_off[s] .. hint_off[s + 1]) (hint_off may be
+ * NULL). Pages of the step being fetched cannot be evicted, as in the pager.
+ */
+typedef struct kvm_repl_trace {
+	size_t n_steps;
+	const size_t *step_off;
+	const uint64_t *pages;
+	const size_t *hint_off;
+	const uint64_t *hint_block;
+	const float *hint_score;
+} kvm_repl_trace;
+
+/* Replay a trace on a pool of n_slots pages; returns the hit rate (or -1). */
+double kvm_repl_simulate(const kvm_repl_ops *ops, uint32_t n_slots, uint32_t n_layers,
+			 const kvm_repl_trace *t, uint64_t *hits, uint64_t *misses);
+
 /* ---- counters ----------------------------------------------------------- */
 #define KVM_PAGER_STATS(X)							\
 	X(steps, "step boundaries")						\

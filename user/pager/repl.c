@@ -23,6 +23,56 @@ double repl_decay(double x, uint64_t steps, double half_life)
 	return steps ? x * exp2(-(double)steps / half_life) : x;
 }
 
+int repl_blockvals_grow(struct repl_blockvals *bv, uint64_t block)
+{
+	size_t n = bv->n ? bv->n : 1024;
+	double *v;
+	uint64_t *a;
+
+	if (block < bv->n)
+		return 0;
+	while (n <= block)
+		n *= 2;
+	v = realloc(bv->val, n * sizeof(*v));
+	if (!v)
+		return -1;
+	bv->val = v;
+	a = realloc(bv->at, n * sizeof(*a));
+	if (!a)
+		return -1;
+	bv->at = a;
+	memset(bv->val + bv->n, 0, (n - bv->n) * sizeof(*v));
+	memset(bv->at + bv->n, 0, (n - bv->n) * sizeof(*a));
+	bv->n = n;
+	return 0;
+}
+
+double repl_blockvals_get(const struct repl_blockvals *bv, uint64_t block, uint64_t step,
+			  double half_life)
+{
+	if (block >= bv->n || step < bv->at[block])
+		return block < bv->n ? bv->val[block] : 0.0;
+	return repl_decay(bv->val[block], step - bv->at[block], half_life);
+}
+
+void repl_blockvals_add(struct repl_blockvals *bv, uint64_t block, double x, uint64_t step,
+			double half_life)
+{
+	if (repl_blockvals_grow(bv, block) < 0)
+		return;
+	if (step < bv->at[block])
+		step = bv->at[block];
+	bv->val[block] = repl_blockvals_get(bv, block, step, half_life) + x;
+	bv->at[block] = step;
+}
+
+void repl_blockvals_free(struct repl_blockvals *bv)
+{
+	free(bv->val);
+	free(bv->at);
+	memset(bv, 0, sizeof(*bv));
+}
+
 struct cand {
 	double key;
 	uint32_t slot;

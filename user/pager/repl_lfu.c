@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * lfu: the page fetched least often leaves first, with aging: a page's count
- * halves every HALF_LIFE steps, so blocks that were popular long ago give way
- * to ones popular now. Ties go to the page fetched longest ago.
+ * lfu: the block fetched least often leaves first, with aging. Counts are
+ * kept per block (all its layers add to one count) and survive eviction, so
+ * a block that keeps coming back is recognised even when the pool is too
+ * small to hold it between visits; a count halves every HALF_LIFE steps, so
+ * blocks popular long ago give way to ones popular now. Ties go to the page
+ * fetched longest ago.
  */
 #include <stdlib.h>
 
@@ -11,10 +14,10 @@
 #define HALF_LIFE 4.0
 
 struct lfu {
-	uint32_t n;
-	double *count;		/* decayed to step `last` */
-	uint64_t *last;
+	uint32_t n, n_layers;
+	uint64_t *page, *last;		/* per slot */
 	uint8_t *present;
+	struct repl_blockvals count;	/* per block */
 };
 
 static void *lfu_create(uint32_t n_slots, uint32_t n_layers)
@@ -24,11 +27,12 @@ static void *lfu_create(uint32_t n_slots, uint32_t n_layers)
 	if (!f)
 		return NULL;
 	f->n = n_slots;
-	f->count = calloc(n_slots, sizeof(double));
+	f->n_layers = n_layers ? n_layers : 1;
+	f->page = calloc(n_slots, sizeof(uint64_t));
 	f->last = calloc(n_slots, sizeof(uint64_t));
 	f->present = calloc(n_slots, 1);
-	if (!f->count || !f->last || !f->present) {
-		free(f->count);
+	if (!f->page || !f->last || !f->present) {
+		free(f->page);
 		free(f->last);
 		free(f->present);
 		free(f);
@@ -41,9 +45,10 @@ static void lfu_destroy(void *st)
 {
 	struct lfu *f = st;
 
-	free(f->count);
+	free(f->page);
 	free(f->last);
 	free(f->present);
+	repl_blockvals_free(&f->count);
 	free(f);
 }
 
@@ -52,7 +57,7 @@ static void lfu_insert(void *st, uint32_t slot, uint64_t page, uint64_t step)
 	struct lfu *f = st;
 
 	f->present[slot] = 1;
-	f->count[slot] = 1;
+	f->page[slot] = page;
 	f->last[slot] = step;
 }
 
@@ -60,10 +65,11 @@ static void lfu_touch(void *st, uint32_t slot, uint64_t step)
 {
 	struct lfu *f = st;
 
-	if (!f->present[slot] || f->last[slot] > step)
+	if (!f->present[slot])
 		return;
-	f->count[slot] = repl_decay(f->count[slot], step - f->last[slot], HALF_LIFE) + 1;
-	f->last[slot] = step;
+	repl_blockvals_add(&f->count, f->page[slot] / f->n_layers, 1.0, step, HALF_LIFE);
+	if (step > f->last[slot])
+		f->last[slot] = step;
 }
 
 static void lfu_remove(void *st, uint32_t slot)
@@ -77,7 +83,8 @@ static double lfu_key(void *st, uint32_t s, uint64_t step)
 	uint64_t age = step > f->last[s] ? step - f->last[s] : 0;
 
 	/* The age term only breaks ties between equal counts. */
-	return repl_decay(f->count[s], age, HALF_LIFE) - 1e-9 * (double)age;
+	return repl_blockvals_get(&f->count, f->page[s] / f->n_layers, step, HALF_LIFE) -
+	       1e-9 * (double)age;
 }
 
 static uint32_t lfu_victims(void *st, uint32_t want, uint32_t *out, uint64_t step,
@@ -90,7 +97,7 @@ static uint32_t lfu_victims(void *st, uint32_t want, uint32_t *out, uint64_t ste
 
 const kvm_repl_ops kvm_repl_lfu = {
 	.name = "lfu",
-	.what = "least frequently fetched page leaves first; counts halve every 4 steps",
+	.what = "least frequently fetched block leaves first; counts survive eviction, halve every 4 steps",
 	.create = lfu_create,
 	.destroy = lfu_destroy,
 	.insert = lfu_insert,

@@ -19,9 +19,7 @@ struct score {
 	uint64_t *page, *last;		/* per slot */
 	double *touch;			/* per slot, decayed to `last` */
 	uint8_t *present;
-	double *prio;			/* per block, decayed to hstep */
-	uint64_t *hstep;
-	size_t n_blocks;
+	struct repl_blockvals prio;	/* per block */
 };
 
 static void *score_create(uint32_t n_slots, uint32_t n_layers)
@@ -55,8 +53,7 @@ static void score_destroy(void *st)
 	free(c->last);
 	free(c->touch);
 	free(c->present);
-	free(c->prio);
-	free(c->hstep);
+	repl_blockvals_free(&c->prio);
 	free(c);
 }
 
@@ -88,33 +85,7 @@ static void score_remove(void *st, uint32_t slot)
 
 static void score_hint(void *st, uint64_t block, float score, uint64_t step)
 {
-	struct score *c = st;
-
-	if (block >= c->n_blocks) {
-		size_t n = c->n_blocks ? c->n_blocks : 1024;
-		double *p;
-		uint64_t *h;
-
-		while (n <= block)
-			n *= 2;
-		p = realloc(c->prio, n * sizeof(*p));
-		if (!p)
-			return;
-		c->prio = p;
-		h = realloc(c->hstep, n * sizeof(*h));
-		if (!h)
-			return;
-		c->hstep = h;
-		for (size_t i = c->n_blocks; i < n; i++) {
-			c->prio[i] = 0;
-			c->hstep[i] = 0;
-		}
-		c->n_blocks = n;
-	}
-	if (step < c->hstep[block])
-		step = c->hstep[block];
-	c->prio[block] = repl_decay(c->prio[block], step - c->hstep[block], HALF_LIFE) + score;
-	c->hstep[block] = step;
+	repl_blockvals_add(&((struct score *)st)->prio, block, score, step, HALF_LIFE);
 }
 
 static double score_key(void *st, uint32_t s, uint64_t step)
@@ -123,9 +94,7 @@ static double score_key(void *st, uint32_t s, uint64_t step)
 	uint64_t b = c->page[s] / c->n_layers, age = step > c->last[s] ? step - c->last[s] : 0;
 	double k = repl_decay(c->touch[s], age, HALF_LIFE);
 
-	if (b < c->n_blocks && step >= c->hstep[b])
-		k += repl_decay(c->prio[b], step - c->hstep[b], HALF_LIFE);
-	return k - 1e-9 * (double)age;
+	return k + repl_blockvals_get(&c->prio, b, step, HALF_LIFE) - 1e-9 * (double)age;
 }
 
 static uint32_t score_victims(void *st, uint32_t want, uint32_t *out, uint64_t step,

@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Replacement policies: lru's exact order, lfu's aging, score's use of the
+ * selector's hints, the busy predicate for all, and hit rates on a step
+ * sequence where recency alone is the wrong guide.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvmem/kvmem.h"
+#include "pager_fixture.h"
+
+static uint64_t g_seed;
+
+static int busy_odd(void *arg, uint32_t s)
+{
+	return s & 1;
+}
+
+static void test_registry(void **state)
+{
+	int n = 0;
+
+	for (int i = 0; kvm_repl_policies[i]; i++, n++) {
+		assert_ptr_equal(kvm_repl_find(kvm_repl_policies[i]->name), kvm_repl_policies[i]);
+		assert_non_null(kvm_repl_policies[i]->what);
+	}
+	assert_int_equal(n, 3);
+	assert_non_null(kvm_repl_find("lru"));
+	assert_non_null(kvm_repl_find("lfu"));
+	assert_non_null(kvm_repl_find("score"));
+	assert_null(kvm_repl_find("fifo"));
+}
+
+/* lru: victims come in exact least-recently-touched order. */
+static void test_lru_order(void **state)
+{
+	uint64_t rng = g_seed;
+	const kvm_repl_ops *ops = kvm_repl_find("lru");
+	enum { N = 64 };
+	uint32_t order[N], out[N], n = 0;
+	void *st = ops->create(N, 1);
+
+	for (uint32_t s = 0; s < N; s++) {
+		ops->insert(st, s, s, 0);
+		order[s] = s;
+	}
+	/* Touch random slots; keep the shadow order (oldest first). */
+	for (int it = 0; it < 500; it++) {
+		uint32_t s = test_rng_int(&rng, 0, N - 1), k = 0;
+
+		ops->touch(st, s, it);
+		while (order[k] != s)
+			k++;
+		memmove(order + k, order + k + 1, (N - 1 - k) * sizeof(*order));
+		order[N - 1] = s;
+	}
+	assert_int_equal(ops->victims(st, N, out, 600, NULL, NULL), N);
+	assert_memory_equal(out, order, sizeof(order));
+	/* Busy slots are skipped; the rest keep their order. */
+	n = ops->victims(st, N, out, 600, busy_odd, NULL);
+	assert_int_equal(n, N / 2);
+	for (uint32_t i = 0, j = 0; i < N; i++)
+		if (!(order[i] & 1))
+			assert_int_equal(out[j++], order[i]);
+	ops->remove(st, order[0]);
+	assert_int_equal(ops->victims(st, 1, out, 600, NULL, NULL), 1);
+	assert_int_equal(out[0], order[1]);
+	ops->destroy(st);
+}
+
+/* lfu: a page fetched often stays; once it stops being fetched, aging lets
+ * a newly popular page win. */
+static void test_lfu_aging(void **state)
+{
+	const kvm_repl_ops *ops = kvm_repl_find("lfu");
+	void *st = ops->create(3, 1);
+	uint32_t v;
+
+	for (uint32_t s = 0; s < 3; s++)
+		ops->insert(st, s, s, 0);
+	for (int i = 0; i < 8; i++)
+		ops->touch(st, 0, 1);	/* slot 0: popular at step 1 */
+	ops->touch(st, 1, 2);
+	ops->touch(st, 2, 2);
+	ops->touch(st, 2, 2);
+	assert_int_equal(ops->victims(st, 1, &v, 3, NULL, NULL), 1);
+	assert_int_equal(v, 1);
+	/* Slot 1 becomes popular much later; slot 0's old count has halved
+	 * many times by then. */
+	for (int step = 40; step < 44; step++) {
+		ops->touch(st, 1, step);
+		ops->touch(st, 2, step);
+	}
+	assert_int_equal(ops->victims(st, 1, &v, 44, NULL, NULL), 1);
+	assert_int_equal(v, 0);
+	assert_int_equal(ops->victims(st, 1, &v, 44, busy_odd, NULL), 1);
+	assert_int_equal(v, 0);
+	ops->destroy(st);
+}
+
+/* score: pages of blocks the selector hints at stay, even against pages
+ * touched more recently; all layers of a block share the priority. */
+static void test_score_hints(void **state)
+{
+	const kvm_repl_ops *ops = kvm_repl_find("score");
+	enum { L = 4 };
+	void *st = ops->create(3 * L, L);
+	uint32_t out[3 * L];
+
+	for (uint32_t b = 0; b < 3; b++)
+		for (uint32_t l = 0; l < L; l++)
+			ops->insert(st, b * L + l, b * L + l, 0);
+	for (int step = 1; step < 6; step++) {
+		ops->hint(st, 1, 1.0f, step);	/* chosen every step */
+		ops->hint(st, 2, 0.5f, step);	/* a near miss */
+		for (uint32_t l = 0; l < L; l++)
+			ops->touch(st, 0 * L + l, step);	/* fetched, never hinted */
+	}
+	assert_int_equal(ops->victims(st, 3 * L, out, 6, NULL, NULL), 3 * L);
+	for (uint32_t i = 0; i < 3 * L; i++)
+		assert_int_equal(out[i] / L, i < L ? 0 : i < 2 * L ? 2 : 1);
+	ops->destroy(st);
+}
+
+/* Every policy: victims never busy, never more than asked, all distinct. */
+static void test_victims_contract(void **state)
+{
+	uint64_t rng = g_seed ^ 5;
+
+	for (int i = 0; kvm_repl_policies[i]; i++) {
+		const kvm_repl_ops *ops = kvm_repl_policies[i];
+		enum { N = 50 };
+		void *st = ops->create(N, 2);
+		uint8_t present[N] = { 0 };
+		uint32_t out[N];
+
+		for (int it = 0; it < 400; it++) {
+			uint32_t s = test_rng_int(&rng, 0, N - 1), want, n;
+
+			switch (test_rng_int(&rng, 0, 3)) {
+			case 0:
+				if (present[s])
+					ops->remove(st, s);
+				ops->insert(st, s, s, it);
+				present[s] = 1;
+				break;
+			case 1:
+				if (present[s])
+					ops->touch(st, s, it);
+				break;
+			case 2:
+				if (present[s])
+					ops->remove(st, s);
+				present[s] = 0;
+				break;
+			default:
+				if (ops->hint)
+					ops->hint(st, s / 2, test_rng_uniform(&rng), it);
+			}
+			want = test_rng_int(&rng, 1, N);
+			n = ops->victims(st, want, out, it, busy_odd, NULL);
+			assert_true(n <= want);
+			for (uint32_t k = 0; k < n; k++) {
+				assert_true(present[out[k]]);
+				assert_false(out[k] & 1);
+				for (uint32_t j = 0; j < k; j++)
+					assert_int_not_equal(out[j], out[k]);
+			}
+		}
+		ops->destroy(st);
+	}
+}
+
+/* A hot set fetched every third step, two scans of blocks never seen again
+ * in between: lru lets the scans flush the hot set; lfu and score keep it. */
+static void test_hit_rates(void **state)
+{
+	uint64_t rng = g_seed ^ 6;
+	enum { STEPS = 90, HOT = 10, SCAN = 8, L = 2 };
+	size_t off[STEPS + 1], hoff[STEPS + 1], n = 0;
+	uint64_t *pages = malloc(STEPS * (HOT + SCAN) * L * sizeof(*pages)), hb[STEPS * HOT];
+	float hs[STEPS * HOT];
+	uint64_t next_scan = HOT;
+	double rate[3];
+
+	for (int s = 0; s < STEPS; s++) {
+		size_t first = n;
+
+		off[s] = n;
+		hoff[s] = s * HOT;
+		for (int b = 0; b < HOT; b++) {
+			hb[s * HOT + b] = b;	/* the selector keeps choosing these */
+			hs[s * HOT + b] = 1.0f;
+		}
+		for (int b = 0; b < (s % 3 ? SCAN : HOT); b++) {
+			uint64_t blk = s % 3 ? next_scan++ : (uint64_t)b;
+
+			for (int l = 0; l < L; l++)
+				pages[n++] = blk * L + l;
+		}
+		/* Fetch order within a step is shuffled. */
+		for (size_t i = n - 1; i > first; i--) {
+			size_t j = first + test_rng_int(&rng, 0, i - first);
+			uint64_t t = pages[i];
+
+			pages[i] = pages[j];
+			pages[j] = t;
+		}
+	}
+	off[STEPS] = n;
+	hoff[STEPS] = STEPS * HOT;
+	kvm_repl_trace t = { STEPS, off, pages, hoff, hb, hs };
+
+	for (int i = 0; i < 3; i++) {
+		rate[i] = kvm_repl_simulate(kvm_repl_policies[i], (HOT + SCAN + 1) * L, L, &t, NULL,
+					    NULL);
+		print_message("%s hit rate %.3f\n", kvm_repl_policies[i]->name, rate[i]);
+	}
+	/* The best possible: the hot set hits each time after the first,
+	 * 10 of every 26 blocks. */
+	assert_true(rate[0] < 0.05);
+	assert_true(rate[1] > 0.3);
+	assert_true(rate[2] > 0.3);
+	free(pages);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_registry),
+		cmocka_unit_test(test_lru_order),
+		cmocka_unit_test(test_lfu_aging),
+		cmocka_unit_test(test_score_hints),
+		cmocka_unit_test(test_victims_contract),
+		cmocka_unit_test(test_hit_rates),
+	};
+
+	g_seed = test_rng_fresh_seed("test_replacement");
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
