@@ -34,8 +34,10 @@ int kvm_error_prefix(const char *fmt, ...)
 	va_start(ap, fmt);
 	n = vsnprintf(errbuf, sizeof(errbuf), fmt, ap);
 	va_end(ap);
-	if (n >= 0 && (size_t)n < sizeof(errbuf))
-		snprintf(errbuf + n, sizeof(errbuf) - n, ": %s", old);
+	/* Bound the old text to what is left, so a long chain is cut, not lost. */
+	if (n >= 0 && (size_t)n + 3 < sizeof(errbuf))
+		snprintf(errbuf + n, sizeof(errbuf) - n, ": %.*s",
+			 (int)(sizeof(errbuf) - n - 3), old);
 	return -1;
 }
 
