@@ -149,10 +149,10 @@ int kvm_model_generate(const kvm_config *c, const char *dir, uint64_t seed,
 		       void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
 
 /*
- * The generator with every option. Weights are N(0, s^2) from splitmix64 +
- * Box-Muller, each tensor in 16384-element chunks seeded by (seed, tensor
- * index, chunk index), so the output does not depend on threads or buffer
- * sizes: s = 1/sqrt(fan_in) for q/k/v/gate/up/embeddings/lm_head,
+ * The generator with every option. Weights are N(0, s^2) from splitmix64
+ * and Marsaglia's polar method, each tensor in 16384-element chunks seeded
+ * by (seed, tensor index, chunk index), so the output does not depend on
+ * threads or buffer sizes: s = 1/sqrt(fan_in) for q/k/v/gate/up/embeddings/lm_head,
  * 1/sqrt(fan_in * 2 * n_layers) for o_proj and down_proj (the residual
  * stream stays near unit size through every layer), norm weights 1.
  */

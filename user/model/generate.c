@@ -7,6 +7,8 @@
  * Every tensor is cut into fixed chunks of CHUNK values; a chunk's values
  * come from its own splitmix64 stream keyed by (seed, tensor, chunk), so
  * chunks can be filled in parallel and the bytes never depend on threads.
+ * Normal values come from Marsaglia's polar method (rejection keeps the
+ * stream deterministic: it depends only on the stream's own numbers).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -198,13 +200,19 @@ static void fill_chunk(void *out, size_t k, kvm_st_dtype dt, double std, uint64_
 		return;
 	}
 	for (size_t i = 0; i < k; i += 2) {
-		/* Box-Muller: u1 in (0, 1], u2 in [0, 1) */
-		double u1 = ((next(&s) >> 11) + 1) * 0x1.0p-53, u2 = (next(&s) >> 11) * 0x1.0p-53;
-		double r = sqrt(-2.0 * log(u1)) * std, a = 2.0 * M_PI * u2;
+		/* Marsaglia's polar form of Box-Muller: a point drawn uniformly
+		 * in the unit disc gives two normals with one log and no trig. */
+		double u, v, r2, f;
 
-		store(out, i, dt, (float)(r * cos(a)));
+		do {
+			u = (double)(next(&s) >> 11) * 0x1.0p-52 - 1.0;
+			v = (double)(next(&s) >> 11) * 0x1.0p-52 - 1.0;
+			r2 = u * u + v * v;
+		} while (r2 >= 1.0 || r2 == 0.0);
+		f = sqrt(-2.0 * log(r2) / r2) * std;
+		store(out, i, dt, (float)(u * f));
 		if (i + 1 < k)
-			store(out, i + 1, dt, (float)(r * sin(a)));
+			store(out, i + 1, dt, (float)(v * f));
 	}
 }
 
