@@ -670,8 +670,10 @@ kvm_json *kvm_json_parse(const char *text, size_t len, const char *name)
 		kvm_error("%s: out of memory", ps.name);
 		return NULL;
 	}
-	if (!text)
+	if (!text) {
 		text = "";
+		len = 0;
+	}
 	ps.p = ps.start = ps.line_start = text;
 	ps.end = text + len;
 	ps.line = 1;
