@@ -1,0 +1,624 @@
+// SPDX-License-Identifier: MIT
+/*
+ * agentlang: the vocabulary, the tokenizer's round trip, determinism, and
+ * the promises the benchmark and the training rely on, checked by a parser
+ * written here independently of the generator: every answer is the latest
+ * value of its key in its file, needles sit where asked, look-alikes are as
+ * many as asked, sequences are exactly as long as asked.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "kvmem/agentlang.h"
+#include "kvmem/kvmem.h"
+
+static uint64_t seed0;
+
+static uint64_t rnd(void)
+{
+	uint64_t z = (seed0 += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* ---- an independent parser of fact and question lines ------------------- */
+struct fact {
+	int32_t file[3], key[2], val[KVM_LANG_MAX_VALUE];
+	int nfile, nval, question;
+	int64_t line;
+};
+
+static int has(int32_t id, unsigned role)
+{
+	return (kvm_lang_roles(id) & role) != 0;
+}
+
+/* Line [a, b) (b is its newline or the end): 1 and *f for a fact
+ * "[$ set] file key = value" or a question "? file key => value <end>". */
+static int parse_line(const int32_t *t, int64_t a, int64_t b, struct fact *f)
+{
+	int32_t eq = kvm_lang_lookup("=", 0), dollar = kvm_lang_lookup("$", 0);
+	int32_t set = kvm_lang_lookup("set", 0);
+	int64_t i = a;
+
+	memset(f, 0, sizeof(*f));
+	if (i < b && t[i] == KVM_LANG_BOS)
+		i++;
+	f->line = i;
+	if (i < b && t[i] == KVM_LANG_Q) {
+		f->question = 1;
+		i++;
+	} else if (i + 1 < b && t[i] == dollar) {
+		if (t[i + 1] != set)
+			return 0;
+		i += 2;
+	}
+	if (i >= b || !has(t[i], KVM_LANG_R_STEM))
+		return 0;
+	f->file[f->nfile++] = t[i++];
+	if (i < b && has(t[i], KVM_LANG_R_VARIANT))
+		f->file[f->nfile++] = t[i++];
+	if (i >= b || !has(t[i], KVM_LANG_R_EXT))
+		return 0;
+	f->file[f->nfile++] = t[i++];
+	if (i + 2 >= b || !has(t[i], KVM_LANG_R_KEYPART) || !has(t[i + 1], KVM_LANG_R_KEYNAME))
+		return 0;
+	f->key[0] = t[i++];
+	f->key[1] = t[i++];
+	if (t[i++] != (f->question ? KVM_LANG_A : eq))
+		return 0;
+	while (i < b && has(t[i], KVM_LANG_R_VALUE) && f->nval < KVM_LANG_MAX_VALUE)
+		f->val[f->nval++] = t[i++];
+	if (f->question && (i >= b || t[i++] != KVM_LANG_END))
+		return 0;
+	return f->nval > 0 && i == b;
+}
+
+static int same_file(const struct fact *x, const struct fact *y)
+{
+	return x->nfile == y->nfile && !memcmp(x->file, y->file, sizeof(x->file[0]) * x->nfile);
+}
+
+static int same_key(const struct fact *x, const struct fact *y)
+{
+	return x->key[0] == y->key[0] && x->key[1] == y->key[1];
+}
+
+static int same_val(const struct fact *x, const struct fact *y)
+{
+	return x->nval == y->nval && !memcmp(x->val, y->val, sizeof(x->val[0]) * x->nval);
+}
+
+/* All fact and question lines of ids[0..n). */
+static struct fact *parse_all(const int32_t *t, int64_t n, int *count)
+{
+	struct fact *fs = malloc(((size_t)n / 4 + 1) * sizeof(*fs));
+	int c = 0;
+
+	assert_non_null(fs);
+	for (int64_t a = 0; a < n;) {
+		int64_t b = a;
+
+		while (b < n && t[b] != KVM_LANG_NL)
+			b++;
+		if (parse_line(t, a, b, &fs[c]))
+			c++;
+		a = b + 1;
+	}
+	*count = c;
+	return fs;
+}
+
+/* The latest fact about q's file and key among fs[0..upto). */
+static const struct fact *latest(const struct fact *fs, int upto, const struct fact *q)
+{
+	for (int i = upto - 1; i >= 0; i--)
+		if (!fs[i].question && same_file(&fs[i], q) && same_key(&fs[i], q))
+			return &fs[i];
+	return NULL;
+}
+
+/* Every question line in t is answered by the latest fact before it. */
+static int check_inline_questions(const int32_t *t, int64_t n)
+{
+	int c, asked = 0;
+	struct fact *fs = parse_all(t, n, &c);
+
+	for (int i = 0; i < c; i++) {
+		if (!fs[i].question)
+			continue;
+		const struct fact *f = latest(fs, i, &fs[i]);
+		if (!f || !same_val(f, &fs[i]))
+			fail_msg("question at %lld: %s", (long long)fs[i].line,
+				 f ? "answer is not the latest value" : "no such fact before it");
+		asked++;
+	}
+	free(fs);
+	return asked;
+}
+
+/* A question of the API as a parsed fact (its answer without <end>). */
+static void question_fact(const kvm_lang_question *q, struct fact *f)
+{
+	int32_t line[KVM_LANG_MAX_QUESTION + KVM_LANG_MAX_ANSWER];
+
+	memcpy(line, q->ids, sizeof(q->ids[0]) * q->n_ids);
+	memcpy(line + q->n_ids, q->answer, sizeof(q->answer[0]) * q->n_answer);
+	assert_int_equal(parse_line(line, 0, q->n_ids + q->n_answer, f), 1);
+	assert_int_equal(q->answer[q->n_answer - 1], KVM_LANG_END);
+}
+
+static void build(kvm_lang_workspace *ws, uint64_t seed, int64_t n, int m, int look,
+		  const double *depths)
+{
+	kvm_lang_params p;
+
+	kvm_lang_params_default(&p);
+	p.seed = seed;
+	p.n_tokens = n;
+	p.n_questions = m;
+	p.lookalikes = look;
+	p.depths = depths;
+	if (kvm_lang_workspace_build(&p, ws))
+		fail_msg("workspace seed %llu: %s", (unsigned long long)seed, kvm_last_error());
+}
+
+/* ---- tests -------------------------------------------------------------- */
+static void test_vocab(void **state)
+{
+	int size = kvm_lang_vocab_size();
+	static const unsigned exclusive[] = { KVM_LANG_R_STEM, KVM_LANG_R_KEYPART,
+					      KVM_LANG_R_KEYNAME, KVM_LANG_R_EXT,
+					      KVM_LANG_R_VARIANT };
+
+	assert_true(size % 64 == 0 && size >= 512 && size <= 1024);
+	assert_int_equal(kvm_lang_vocab_hash(), kvm_lang_vocab_hash());
+	assert_string_equal(kvm_lang_piece(KVM_LANG_PAD), "<pad>");
+	assert_string_equal(kvm_lang_piece(KVM_LANG_Q), "?");
+	assert_string_equal(kvm_lang_piece(KVM_LANG_A), "=>");
+	assert_string_equal(kvm_lang_piece(KVM_LANG_END), "<end>");
+	assert_string_equal(kvm_lang_piece(KVM_LANG_NL), "\n");
+	assert_null(kvm_lang_piece(size));
+	assert_null(kvm_lang_piece(-1));
+	for (int id = 0; id < size; id++) {
+		unsigned r = kvm_lang_roles(id);
+
+		assert_int_equal(kvm_lang_lookup(kvm_lang_piece(id), kvm_lang_is_glue(id)), id);
+		assert_true(r != 0);
+		/* Files, keys and values never share a token. */
+		for (size_t j = 0; j < sizeof(exclusive) / sizeof(exclusive[0]); j++)
+			if (r & exclusive[j])
+				assert_int_equal(r, exclusive[j]);
+	}
+}
+
+static void test_roundtrip_each_token(void **state)
+{
+	int size = kvm_lang_vocab_size();
+	char buf[64];
+
+	/* A glue piece alone would read as the start piece of the same text
+	 * ("32"): put each behind "0x", which no other start piece begins. */
+	int32_t ctx = kvm_lang_lookup("0x", 0), two[2];
+	for (int i = 0; i < size; i++) {
+		int32_t pair[2] = { ctx, i };
+		int glue = kvm_lang_is_glue(i);
+
+		assert_true(kvm_lang_decode(pair + !glue, 1 + glue, buf, sizeof(buf)) > 0);
+		assert_int_equal(kvm_lang_encode(buf, two, 2), 1 + glue);
+		assert_int_equal(two[glue], i);
+	}
+	assert_int_equal(kvm_lang_encode("api.conf zzzz", two, 2), -1);
+	assert_non_null(strstr(kvm_last_error(), "zzzz"));
+	int32_t bad = size;
+	assert_int_equal(kvm_lang_decode(&bad, 1, buf, sizeof(buf)), -1);
+}
+
+static void roundtrip(const int32_t *ids, int64_t n)
+{
+	long len = kvm_lang_decode(ids, (size_t)n, NULL, 0);
+	char *text = malloc((size_t)len + 1), *again = malloc((size_t)len + 1);
+	int32_t *back = malloc((size_t)n * sizeof(*back));
+
+	assert_true(len > 0 && text && again && back);
+	assert_int_equal(kvm_lang_decode(ids, (size_t)n, text, (size_t)len + 1), len);
+	assert_int_equal(kvm_lang_encode(text, back, (size_t)n), n);
+	assert_memory_equal(back, ids, (size_t)n * sizeof(*ids));
+	assert_int_equal(kvm_lang_decode(back, (size_t)n, again, (size_t)len + 1), len);
+	assert_string_equal(text, again);
+	/* Too small a buffer: truncated, NUL-terminated, same length told. */
+	char small[8];
+	assert_int_equal(kvm_lang_decode(ids, (size_t)n, small, sizeof(small)), len);
+	assert_int_equal(strlen(small), 7);
+	free(text);
+	free(again);
+	free(back);
+}
+
+static void test_roundtrip_text(void **state)
+{
+	for (int r = 0; r < 6; r++) {
+		kvm_lang_workspace ws;
+		int32_t seq[2048];
+
+		build(&ws, rnd(), 4096 + (int64_t)(rnd() % 4096), 3, (int)(rnd() % 9), NULL);
+		roundtrip(ws.ids, ws.n_ids);
+		for (int i = 0; i < ws.n_q; i++) {
+			roundtrip(ws.q[i].ids, ws.q[i].n_ids);
+			roundtrip(ws.q[i].answer, ws.q[i].n_answer);
+		}
+		kvm_lang_workspace_free(&ws);
+		assert_int_equal(kvm_lang_train_seq(rnd(), rnd() % 1000, 2048, 0.0, seq, NULL), 0);
+		roundtrip(seq, 2048);
+	}
+	/* Text written by hand. */
+	int32_t ids[32];
+	char out[256];
+	const char *text = "$ set api2.conf db.port = 5432\nok\n? api2.conf db.port => 5432 <end>\n";
+	int n = kvm_lang_encode(text, ids, 32);
+	assert_int_equal(n, 24);
+	assert_int_equal(ids[0], kvm_lang_lookup("$", 0));
+	assert_int_equal(ids[3], kvm_lang_lookup("2", 1));
+	assert_int_equal(ids[7], kvm_lang_lookup("=", 0));
+	assert_int_equal(ids[8], kvm_lang_lookup("54", 0));
+	assert_int_equal(ids[9], kvm_lang_lookup("32", 1));
+	kvm_lang_decode(ids, (size_t)n, out, sizeof(out));
+	assert_string_equal(out, text);
+	assert_int_equal(kvm_lang_encode(text, ids, 5), -1);
+}
+
+static void test_determinism(void **state)
+{
+	uint64_t s = rnd();
+	kvm_lang_workspace a, b, c;
+
+	build(&a, s, 6000, 4, 3, NULL);
+	build(&b, s, 6000, 4, 3, NULL);
+	build(&c, s + 1, 6000, 4, 3, NULL);
+	assert_int_equal(a.n_ids, 6000);
+	assert_int_equal(b.n_ids, 6000);
+	assert_memory_equal(a.ids, b.ids, 6000 * sizeof(int32_t));
+	assert_memory_equal(a.q, b.q, 4 * sizeof(a.q[0]));
+	assert_true(memcmp(a.ids, c.ids, 6000 * sizeof(int32_t)) != 0);
+	kvm_lang_workspace_free(&a);
+	kvm_lang_workspace_free(&b);
+	kvm_lang_workspace_free(&c);
+
+	int32_t x[1024], y[1024], z[1024];
+	uint64_t i = rnd() % 100000;
+	assert_int_equal(kvm_lang_train_seq(s, i, 1024, 0.5, x, NULL), 0);
+	assert_int_equal(kvm_lang_train_seq(s, i, 1024, 0.5, y, NULL), 0);
+	assert_int_equal(kvm_lang_train_seq(s, i + 1, 1024, 0.5, z, NULL), 0);
+	assert_memory_equal(x, y, sizeof(x));
+	assert_true(memcmp(x, z, sizeof(x)) != 0);
+}
+
+static void test_answers_are_latest(void **state)
+{
+	for (int r = 0; r < 4; r++) {
+		kvm_lang_workspace ws;
+		int c;
+
+		build(&ws, rnd(), 20000, 12, (int)(rnd() % 9), NULL);
+		struct fact *fs = parse_all(ws.ids, ws.n_ids, &c);
+		check_inline_questions(ws.ids, ws.n_ids);
+		for (int i = 0; i < ws.n_q; i++) {
+			const kvm_lang_question *q = &ws.q[i];
+			struct fact qf, nf;
+
+			question_fact(q, &qf);
+			const struct fact *f = latest(fs, c, &qf);
+			assert_non_null(f);
+			assert_true(same_val(f, &qf));
+			/* ... and that latest fact is the needle, where it says. */
+			assert_int_equal(f->line, q->needle_pos);
+			int64_t e = q->needle_pos;
+			while (ws.ids[e] != KVM_LANG_NL)
+				e++;
+			assert_int_equal(e + 1, q->needle_end);
+			assert_int_equal(parse_line(ws.ids, q->needle_pos, e, &nf), 1);
+			assert_memory_equal(&ws.ids[q->value_pos], q->answer,
+					    (size_t)(q->n_answer - 1) * sizeof(int32_t));
+			if (q->stale_pos >= 0) {
+				struct fact sf;
+				int64_t se = q->stale_pos;
+				while (ws.ids[se] != KVM_LANG_NL)
+					se++;
+				assert_int_equal(parse_line(ws.ids, q->stale_pos, se, &sf), 1);
+				assert_true(q->stale_pos < q->needle_pos);
+				assert_true(same_file(&sf, &qf) && same_key(&sf, &qf));
+				assert_false(same_val(&sf, &qf));
+			}
+		}
+		free(fs);
+		kvm_lang_workspace_free(&ws);
+	}
+}
+
+static void test_lookalikes(void **state)
+{
+	static const int looks[] = { 0, 3, 8, 16 };
+
+	for (size_t r = 0; r < sizeof(looks) / sizeof(looks[0]); r++) {
+		kvm_lang_workspace ws;
+		int c, a = 0, b = 0, v = 0;
+
+		build(&ws, rnd(), 30000, 6, looks[r], NULL);
+		struct fact *fs = parse_all(ws.ids, ws.n_ids, &c);
+		for (int i = 0; i < ws.n_q; i++) {
+			struct fact qf;
+			int n = 0;
+
+			question_fact(&ws.q[i], &qf);
+			assert_int_equal(ws.q[i].lookalikes, looks[r]);
+			for (int j = 0; j < c; j++) {
+				const struct fact *f = &fs[j];
+				int sf = same_file(f, &qf), sk = same_key(f, &qf);
+
+				if (f->question || (sf && sk))
+					continue;
+				if (sk) {
+					a++;
+					n++;
+				} else if (sf && (f->key[0] == qf.key[0] || f->key[1] == qf.key[1])) {
+					b++;
+					n++;
+				} else if (same_val(f, &qf)) {
+					v++;
+					n++;
+				}
+			}
+			if (n < looks[r])
+				fail_msg("needle %d: %d look-alike lines, asked %d", i, n, looks[r]);
+		}
+		/* All three kinds appear once there are enough of them. */
+		if (looks[r] >= 8)
+			assert_true(a > 0 && b > 0 && v > 0);
+		free(fs);
+		kvm_lang_workspace_free(&ws);
+	}
+}
+
+static void test_depth(void **state)
+{
+	double depths[10];
+	kvm_lang_workspace ws;
+	int64_t n = 65536;
+
+	for (int i = 0; i < 10; i++)
+		depths[i] = (double)(rnd() % 1000) / 1000.0;
+	depths[0] = 0.0;
+	depths[1] = 0.999;
+	build(&ws, rnd(), n, 10, 4, depths);
+	for (int i = 0; i < 10; i++) {
+		const kvm_lang_question *q = &ws.q[i];
+		int64_t want = (int64_t)(depths[i] * (double)n + 0.5);
+
+		assert_true(q->depth_asked == depths[i]);
+		if (depths[i] > 0.99) {
+			/* The end flushes what is left: still in the last 2%. */
+			assert_true(q->needle_pos > n - n / 50);
+			continue;
+		}
+		if (q->needle_pos < want || q->needle_pos > want + 400)
+			fail_msg("needle %d at %lld, asked %lld", i, (long long)q->needle_pos,
+				 (long long)want);
+		assert_true(q->depth >= depths[i] - 0.01 && q->depth <= depths[i] + 0.01);
+	}
+	kvm_lang_workspace_free(&ws);
+
+	/* NULL depths spread the needles evenly. */
+	build(&ws, rnd(), 16384, 4, 2, NULL);
+	for (int i = 0; i < 4; i++)
+		assert_true(ws.q[i].depth > (i + 0.5) / 4 - 0.02 && ws.q[i].depth < (i + 0.5) / 4 + 0.02);
+	kvm_lang_workspace_free(&ws);
+}
+
+/* Views: the needle's whole line "file key = answer" is in the sequence
+ * before its question, and it is the latest "file key =" there. A view may
+ * glue the head of one line to the tail of another at a block cut and so
+ * make a later, false "file key =" (kvmem's views do the same); that is
+ * rare (about 1 question in 10^4), so allow a few. Returns the count of
+ * such questions. */
+static int check_view_answers(const int32_t *t, int n, int *asked)
+{
+	int32_t eq = kvm_lang_lookup("=", 0);
+	int glued = 0;
+
+	for (int p = 0; p < n; p++) {
+		if (t[p] != KVM_LANG_Q)
+			continue;
+		int ka = p + 1, kb = ka, latest = 1, found = 0;
+		while (t[kb] != KVM_LANG_A)
+			kb++;
+		for (int s = p - (kb - ka) - 1; s >= 0 && !found; s--) {
+			if (memcmp(&t[s], &t[ka], (size_t)(kb - ka) * sizeof(*t)) || t[s + kb - ka] != eq)
+				continue;
+			int v = s + kb - ka + 1, a = kb + 1;
+			while (t[a] != KVM_LANG_END && t[v] == t[a])
+				v++, a++;
+			if (t[a] == KVM_LANG_END && t[v] == KVM_LANG_NL)
+				found = 1;
+			else
+				latest = 0;
+		}
+		if (!found)
+			fail_msg("question at %d: its fact is not in the sequence", p);
+		glued += !latest;
+		(*asked)++;
+	}
+	return glued;
+}
+
+static void test_train_sequences(void **state)
+{
+	static const int lens[] = { 256, 512, 777, 2048 };
+	int kinds[2] = { 0, 0 }, size = kvm_lang_vocab_size(), asked = 0, glued = 0;
+
+	for (int r = 0; r < 64; r++) {
+		int L = lens[r % 4];
+		int32_t *buf = malloc((size_t)(L + 16) * sizeof(*buf));
+		kvm_lang_seq_info info;
+		uint64_t s = rnd();
+
+		assert_non_null(buf);
+		for (int i = 0; i < L + 16; i++)
+			buf[i] = -7;
+		assert_int_equal(kvm_lang_train_seq(s, rnd() % 1000000, L, 0.5, buf, &info), 0);
+		for (int i = L; i < L + 16; i++)
+			assert_int_equal(buf[i], -7);	/* nothing past L */
+		assert_int_equal(buf[0], KVM_LANG_BOS);
+		assert_true(info.n_tokens <= L && info.n_tokens > L / 2);
+		for (int i = 0; i < L; i++)
+			assert_true(buf[i] >= 0 && buf[i] < size);
+		for (int i = info.n_tokens; i < L; i++)
+			assert_int_equal(buf[i], KVM_LANG_PAD);
+		assert_true(info.n_questions >= 1);
+		kinds[info.kind]++;
+		if (info.kind == KVM_LANG_SEQ_STREAM) {
+			assert_int_equal(check_inline_questions(buf, info.n_tokens), info.n_questions);
+			/* Dense questions: the loss on answers is strong. */
+			assert_true(info.n_questions >= L / 150);
+		}
+		glued += check_view_answers(buf, info.n_tokens, &asked);
+		free(buf);
+	}
+	assert_true(kinds[0] > 0 && kinds[1] > 0);
+	if (glued * 50 > asked)
+		fail_msg("%d of %d questions have a later false fact glued at a cut", glued, asked);
+	assert_int_equal(kvm_lang_train_seq(1, 0, 200, 0.5, NULL, NULL), -1);
+}
+
+static void test_corpus_file(void **state)
+{
+	char p1[] = "/tmp/kvmem-corpus-XXXXXX", p2[] = "/tmp/kvmem-corpus-XXXXXX";
+	int fd1 = mkstemp(p1), fd2 = mkstemp(p2);
+	kvm_lang_corpus_opts o = { .seed = rnd() % 1000000, .n_tokens = 9000, .seq_len = 512,
+				   .view_share = 0.5, .threads = 1 };
+	kvm_lang_corpus_header h;
+
+	assert_true(fd1 >= 0 && fd2 >= 0);
+	close(fd1);
+	close(fd2);
+	assert_int_equal(kvm_lang_corpus_write(p1, &o), 0);
+	o.threads = 2;
+	assert_int_equal(kvm_lang_corpus_write(p2, &o), 0);
+	assert_int_equal(kvm_lang_corpus_read_header(p1, &h), 0);
+	assert_int_equal(h.n_seqs, 18);
+	assert_int_equal(h.seq_len, 512);
+	assert_int_equal(h.id_bytes, 2);
+	assert_int_equal(h.vocab, kvm_lang_vocab_size());
+	assert_int_equal(h.vocab_hash, kvm_lang_vocab_hash());
+	assert_int_equal(h.seed, o.seed);
+	assert_int_equal(h.view_permille, 500);
+	assert_true(h.pad == KVM_LANG_PAD && h.bos == KVM_LANG_BOS && h.q == KVM_LANG_Q &&
+		    h.a == KVM_LANG_A && h.end == KVM_LANG_END && h.eos == KVM_LANG_EOS);
+
+	size_t bytes = KVM_LANG_CORPUS_HEADER + 18 * 512 * 2;
+	uint8_t *a = malloc(bytes + 1), *b = malloc(bytes + 1);
+	FILE *f1 = fopen(p1, "rb"), *f2 = fopen(p2, "rb");
+	assert_true(a && b && f1 && f2);
+	assert_int_equal(fread(a, 1, bytes + 1, f1), bytes);
+	assert_int_equal(fread(b, 1, bytes + 1, f2), bytes);
+	fclose(f1);
+	fclose(f2);
+	assert_memory_equal(a, b, bytes);	/* thread count does not matter */
+	int32_t seq[512];
+	for (int s = 0; s < 18; s += 5) {
+		assert_int_equal(kvm_lang_train_seq(o.seed, (uint64_t)s, 512, 0.5, seq, NULL), 0);
+		for (int i = 0; i < 512; i++) {
+			const uint8_t *p = a + KVM_LANG_CORPUS_HEADER + ((size_t)s * 512 + i) * 2;
+			assert_int_equal(p[0] | p[1] << 8, seq[i]);
+		}
+	}
+	free(a);
+	free(b);
+	unlink(p1);
+	unlink(p2);
+	o.seq_len = 100;
+	assert_int_equal(kvm_lang_corpus_write(p1, &o), -1);
+	assert_int_equal(access(p1, F_OK), -1);
+	assert_int_equal(kvm_lang_corpus_read_header("/nonexistent/corpus", &h), -1);
+	assert_non_null(strstr(kvm_last_error(), "/nonexistent/corpus"));
+}
+
+static void test_exact_match(void **state)
+{
+	kvm_lang_workspace ws;
+
+	build(&ws, rnd(), 4096, 2, 2, NULL);
+	for (int i = 0; i < ws.n_q; i++) {
+		const kvm_lang_question *q = &ws.q[i];
+		int32_t gen[8];
+
+		memcpy(gen, q->answer, sizeof(q->answer[0]) * q->n_answer);
+		gen[q->n_answer] = KVM_LANG_NL;
+		assert_int_equal(kvm_lang_exact_match(q, gen, q->n_answer + 1), 1);
+		assert_int_equal(kvm_lang_exact_match(q, gen, q->n_answer), 1);
+		assert_int_equal(kvm_lang_exact_match(q, gen, q->n_answer - 1), 0);
+		gen[q->n_answer - 1] = KVM_LANG_NL;	/* no <end> */
+		assert_int_equal(kvm_lang_exact_match(q, gen, q->n_answer), 0);
+		memcpy(gen, q->answer, sizeof(q->answer[0]) * q->n_answer);
+		gen[0] = gen[0] == 100 ? 101 : 100;	/* a wrong first token */
+		assert_int_equal(kvm_lang_exact_match(q, gen, q->n_answer), 0);
+	}
+	kvm_lang_workspace_free(&ws);
+}
+
+static void test_bad_params(void **state)
+{
+	kvm_lang_params p;
+	kvm_lang_workspace ws;
+	double d = 1.5;
+
+	kvm_lang_params_default(&p);
+	p.n_tokens = 2048;
+	p.n_questions = 50;
+	assert_int_equal(kvm_lang_workspace_build(&p, &ws), -1);
+	assert_non_null(strstr(kvm_last_error(), "need a workspace"));
+	assert_null(ws.ids);
+	p.n_questions = 1;
+	p.depths = &d;
+	assert_int_equal(kvm_lang_workspace_build(&p, &ws), -1);
+	assert_non_null(strstr(kvm_last_error(), "depth"));
+	p.depths = NULL;
+	p.n_tokens = 100;
+	assert_int_equal(kvm_lang_workspace_build(&p, &ws), -1);
+	p.n_tokens = 4096;
+	p.lookalikes = 17;
+	assert_int_equal(kvm_lang_workspace_build(&p, &ws), -1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_vocab),
+		cmocka_unit_test(test_roundtrip_each_token),
+		cmocka_unit_test(test_roundtrip_text),
+		cmocka_unit_test(test_determinism),
+		cmocka_unit_test(test_answers_are_latest),
+		cmocka_unit_test(test_lookalikes),
+		cmocka_unit_test(test_depth),
+		cmocka_unit_test(test_train_sequences),
+		cmocka_unit_test(test_corpus_file),
+		cmocka_unit_test(test_exact_match),
+		cmocka_unit_test(test_bad_params),
+	};
+
+	const char *env = getenv("KVMEM_TEST_SEED");
+
+	seed0 = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+	printf("test_agentlang: seed %llu (KVMEM_TEST_SEED repeats a run)\n",
+	       (unsigned long long)seed0);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

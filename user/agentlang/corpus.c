@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Corpus files for tools/train/train.py: a 64-byte header and fixed-length
+ * sequences of little-endian ids (layout in include/kvmem/agentlang.h).
+ * Sequences are generated in parallel, a chunk at a time; each depends only
+ * on (seed, index), so the file is the same whatever the thread count.
+ */
+#include <errno.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvmem/kvmem.h"
+#include "agentlang/lang.h"
+
+#define CHUNK_SEQS 512
+
+static void put16(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	put16(p, v);
+	put16(p + 2, v >> 16);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, (uint32_t)v);
+	put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint32_t get16(const uint8_t *p)
+{
+	return p[0] | (uint32_t)p[1] << 8;
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return get16(p) | get16(p + 2) << 16;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	return get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static void header_bytes(uint8_t *h, const kvm_lang_corpus_opts *o, uint64_t n_seqs, int idb)
+{
+	memset(h, 0, KVM_LANG_CORPUS_HEADER);
+	memcpy(h, KVM_LANG_CORPUS_MAGIC, 8);
+	put32(h + 8, 1);
+	put32(h + 12, KVM_LANG_CORPUS_HEADER);
+	put32(h + 16, (uint32_t)kvm_lang_vocab_size());
+	put32(h + 20, (uint32_t)o->seq_len);
+	put64(h + 24, n_seqs);
+	put64(h + 32, o->seed);
+	put32(h + 40, (uint32_t)idb);
+	put16(h + 44, KVM_LANG_PAD);
+	put16(h + 46, KVM_LANG_BOS);
+	put16(h + 48, KVM_LANG_EOS);
+	put16(h + 50, KVM_LANG_Q);
+	put16(h + 52, KVM_LANG_A);
+	put16(h + 54, KVM_LANG_END);
+	put32(h + 56, (uint32_t)(o->view_share * 1000.0 + 0.5));
+	put32(h + 60, kvm_lang_vocab_hash());
+}
+
+/* Generate sequences [s0, s0 + n) into ids; 0 or -1 with the first error. */
+static int gen_chunk(const kvm_lang_corpus_opts *o, uint64_t s0, int n, int32_t *ids,
+		     char *err, size_t errlen)
+{
+	int failed = 0;
+
+#pragma omp parallel for schedule(dynamic, 4) num_threads(o->threads > 0 ? o->threads : omp_get_max_threads())
+	for (int i = 0; i < n; i++) {
+		if (failed)
+			continue;
+		if (kvm_lang_train_seq(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
+				       ids + (size_t)i * o->seq_len, NULL)) {
+#pragma omp critical
+			{
+				if (!failed)
+					snprintf(err, errlen, "%s", kvm_last_error());
+				failed = 1;
+			}
+		}
+	}
+	return failed ? -1 : 0;
+}
+
+static int write_all(FILE *f, const void *p, size_t n, const char *path)
+{
+	if (fwrite(p, 1, n, f) != n)
+		return kvm_error("%s: write failed: %s", path, strerror(errno));
+	return 0;
+}
+
+int kvm_lang_corpus_write(const char *path, const kvm_lang_corpus_opts *o)
+{
+	int idb = o->id_bytes ? o->id_bytes : 2;
+	uint8_t h[KVM_LANG_CORPUS_HEADER];
+	char err[1024] = "";
+	int rc = 0;
+
+	if (o->seq_len < 256 || o->seq_len > (1 << 20))
+		return kvm_error("%s: sequence length %d: need 256 .. 2^20", path, o->seq_len);
+	if (o->n_tokens <= 0)
+		return kvm_error("%s: corpus of %lld tokens", path, (long long)o->n_tokens);
+	if (idb != 2 && idb != 4)
+		return kvm_error("%s: ids of %d bytes: need 2 or 4", path, idb);
+	if (!(o->view_share >= 0 && o->view_share <= 1))
+		return kvm_error("%s: view share %g is not in 0..1", path, o->view_share);
+
+	uint64_t n_seqs = ((uint64_t)o->n_tokens + (uint64_t)o->seq_len - 1) / (uint64_t)o->seq_len;
+	int chunk = n_seqs < CHUNK_SEQS ? (int)n_seqs : CHUNK_SEQS;
+	int32_t *ids = malloc((size_t)chunk * o->seq_len * sizeof(*ids));
+	uint8_t *bytes = malloc((size_t)chunk * o->seq_len * (size_t)idb);
+	FILE *f = fopen(path, "wb");
+
+	if (!ids || !bytes || !f) {
+		rc = !f ? kvm_error("%s: cannot create: %s", path, strerror(errno))
+			: kvm_error("%s: out of memory for %d sequences", path, chunk);
+		goto out;
+	}
+	header_bytes(h, o, n_seqs, idb);
+	if ((rc = write_all(f, h, sizeof(h), path)))
+		goto out;
+	for (uint64_t s0 = 0; s0 < n_seqs; s0 += (uint64_t)chunk) {
+		int n = n_seqs - s0 < (uint64_t)chunk ? (int)(n_seqs - s0) : chunk;
+		size_t cnt = (size_t)n * o->seq_len;
+
+		if (gen_chunk(o, s0, n, ids, err, sizeof(err))) {
+			rc = kvm_error("%s: sequence generation failed: %s", path, err);
+			goto out;
+		}
+		for (size_t i = 0; i < cnt; i++)
+			idb == 2 ? put16(bytes + 2 * i, (uint32_t)ids[i])
+				 : put32(bytes + 4 * i, (uint32_t)ids[i]);
+		if ((rc = write_all(f, bytes, cnt * (size_t)idb, path)))
+			goto out;
+		if (o->progress)
+			o->progress((int64_t)((s0 + (uint64_t)n) * (uint64_t)o->seq_len),
+				    (int64_t)(n_seqs * (uint64_t)o->seq_len), o->arg);
+	}
+out:
+	if (f && fclose(f) && !rc)
+		rc = kvm_error("%s: close failed: %s", path, strerror(errno));
+	if (rc && f)
+		unlink(path);
+	free(ids);
+	free(bytes);
+	return rc;
+}
+
+int kvm_lang_corpus_read_header(const char *path, kvm_lang_corpus_header *hd)
+{
+	uint8_t h[KVM_LANG_CORPUS_HEADER];
+	FILE *f = fopen(path, "rb");
+
+	if (!f)
+		return kvm_error("%s: cannot open: %s", path, strerror(errno));
+	size_t got = fread(h, 1, sizeof(h), f);
+	fclose(f);
+	if (got != sizeof(h))
+		return kvm_error("%s: shorter than the %d-byte corpus header", path,
+				 KVM_LANG_CORPUS_HEADER);
+	if (memcmp(h, KVM_LANG_CORPUS_MAGIC, 8))
+		return kvm_error("%s: not a kvmem synth corpus (bad magic)", path);
+	memset(hd, 0, sizeof(*hd));
+	hd->version = get32(h + 8);
+	if (hd->version != 1 || get32(h + 12) != KVM_LANG_CORPUS_HEADER)
+		return kvm_error("%s: corpus version %u / header %u: this kvmem reads 1 / %d", path,
+				 hd->version, get32(h + 12), KVM_LANG_CORPUS_HEADER);
+	hd->vocab = get32(h + 16);
+	hd->seq_len = get32(h + 20);
+	hd->n_seqs = get64(h + 24);
+	hd->seed = get64(h + 32);
+	hd->id_bytes = get32(h + 40);
+	hd->pad = (uint16_t)get16(h + 44);
+	hd->bos = (uint16_t)get16(h + 46);
+	hd->eos = (uint16_t)get16(h + 48);
+	hd->q = (uint16_t)get16(h + 50);
+	hd->a = (uint16_t)get16(h + 52);
+	hd->end = (uint16_t)get16(h + 54);
+	hd->view_permille = get32(h + 56);
+	hd->vocab_hash = get32(h + 60);
+	return 0;
+}

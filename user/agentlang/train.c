@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Training sequences, each exactly seq_len tokens.
+ *
+ * Stream sequences teach retrieval inside the native window: questions come
+ * every ~50 tokens about any fact shown earlier in the sequence, near or far,
+ * so the loss on answers is dense.
+ *
+ * View sequences teach what kvmem will actually show the model: a workspace
+ * several times longer than the window, cut to a sink, some 32-token blocks
+ * and the recent tokens, glued together in order (lines cut at block edges
+ * included), then questions about the needles. The blocks kept besides the
+ * needles' are half those richest in the questions' key tokens (what a
+ * scoring policy tends to pick by mistake) and half random.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "agentlang/lang.h"
+
+#define VIEW_BLOCK 32
+#define Q_LINE_MAX (KVM_LANG_MAX_QUESTION + KVM_LANG_MAX_ANSWER + 1)
+
+static int count_questions(const int32_t *t, int n)
+{
+	int q = 0;
+
+	for (int i = 0; i < n; i++)
+		q += t[i] == KVM_LANG_Q;
+	return q;
+}
+
+static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int32_t *out,
+		      kvm_lang_seq_info *info)
+{
+	struct al_gen g;
+	int nbg = L / 128 - 4 + (int)al_below(r, 9);
+	double q_rate = (14 + al_below(r, 15)) / 1000.0;
+
+	if (al_gen_init(&g, al_mix64(seed) ^ 0x5851f42d4c957f2dull, index, L, nbg < 6 ? 6 : nbg,
+			q_rate))
+		return -1;
+	int rc = al_push(&g, KVM_LANG_BOS);
+	while (!rc && g.limit - g.len >= AL_EP_MAX)
+		rc = al_ep_background(&g);
+	while (!rc && g.limit - g.len >= AL_SMALL_MAX)
+		rc = al_ep_small(&g);
+	if (!rc) {
+		memcpy(out, g.tok, (size_t)g.len * sizeof(*out));
+		for (int i = (int)g.len; i < L; i++)
+			out[i] = KVM_LANG_PAD;
+		info->kind = KVM_LANG_SEQ_STREAM;
+		info->n_tokens = (int)g.len;
+		info->n_questions = count_questions(out, L);
+	}
+	al_gen_free(&g);
+	return rc;
+}
+
+/* Keep [a, b); returns how many tokens were newly kept. */
+static int64_t mark(uint8_t *keep, int64_t a, int64_t b)
+{
+	int64_t n = 0;
+
+	for (int64_t i = a; i < b; i++) {
+		n += !keep[i];
+		keep[i] = 1;
+	}
+	return n;
+}
+
+struct cand {
+	int64_t block;
+	uint64_t key;	/* score in the high bits, a random tie-break below */
+};
+
+static int cand_cmp(const void *a, const void *b)
+{
+	const struct cand *x = a, *y = b;
+
+	return x->key < y->key ? 1 : x->key > y->key ? -1 : 0;
+}
+
+/* Choose what the view keeps of the workspace; returns the kept count. */
+static int64_t choose_view(const kvm_lang_workspace *ws, int64_t H, int L, struct al_rng *r,
+			   uint8_t *keep, struct cand *cand)
+{
+	int64_t N = ws->n_ids, count = 0, nc = 0;
+	int64_t sink = VIEW_BLOCK * (1 + al_below(r, 2));
+	int64_t recent = 64 + al_below(r, (uint32_t)(L / 4 - 63));
+	uint8_t inq[1024] = { 0 };
+
+	count += mark(keep, 0, sink);
+	for (int i = 0; i < ws->n_q; i++) {
+		const kvm_lang_question *q = &ws->q[i];
+		int64_t a = q->needle_pos / VIEW_BLOCK * VIEW_BLOCK;
+		int64_t b = ((q->needle_end - 1) / VIEW_BLOCK + 1) * VIEW_BLOCK;
+
+		count += mark(keep, a, b < N ? b : N);
+		for (int j = 1; j < q->n_ids - 1; j++)
+			inq[q->ids[j] & 1023] = 1;
+	}
+	if (count + recent > H)
+		recent = H - count;
+	if (recent < 16)
+		return kvm_error("agentlang: view of %d tokens has no room for recent tokens", L);
+	count += mark(keep, N - recent, N);
+
+	for (int64_t b = 0; b * VIEW_BLOCK < N - recent; b++) {
+		int64_t a = b * VIEW_BLOCK, e = a + VIEW_BLOCK < N ? a + VIEW_BLOCK : N;
+		uint64_t score = 0, kept = 0;
+
+		for (int64_t i = a; i < e; i++) {
+			score += inq[ws->ids[i] & 1023];
+			kept += keep[i];
+		}
+		if (kept < (uint64_t)(e - a))
+			cand[nc++] = (struct cand){ b, (score << 32) | (al_next(r) >> 32) };
+	}
+	qsort(cand, (size_t)nc, sizeof(*cand), cand_cmp);
+	/* Half the free room to the best-scored blocks, the rest at random. */
+	int64_t half = count + (H - count) / 2, i = 0;
+	for (; i < nc && count + VIEW_BLOCK <= half && (cand[i].key >> 32); i++) {
+		int64_t a = cand[i].block * VIEW_BLOCK;
+
+		count += mark(keep, a, a + VIEW_BLOCK < N ? a + VIEW_BLOCK : N);
+	}
+	for (int64_t j = nc - 1; j > i; j--) {
+		int64_t k = i + (int64_t)(al_unit(r) * (double)(j - i + 1));
+		struct cand t = cand[j];
+
+		cand[j] = cand[k];
+		cand[k] = t;
+	}
+	for (; i < nc && count + VIEW_BLOCK <= H; i++) {
+		int64_t a = cand[i].block * VIEW_BLOCK;
+
+		count += mark(keep, a, a + VIEW_BLOCK < N ? a + VIEW_BLOCK : N);
+	}
+	return count;
+}
+
+static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int32_t *out,
+		    kvm_lang_seq_info *info)
+{
+	static const int ratios[] = { 1, 2, 4, 8, 16 };
+	int ratio = ratios[al_below(r, 5)];
+	int mmax = L / 160 < 1 ? 1 : L / 160;
+	int M = (mmax + 1) / 2 + (int)al_below(r, (uint32_t)mmax / 2 + 1);
+	kvm_lang_params p;
+	kvm_lang_workspace ws;
+
+	kvm_lang_params_default(&p);
+	p.seed = al_mix64(seed ^ al_mix64(index ^ 0x2545f4914f6cdd1dull));
+	p.lookalikes = (int)al_below(r, 7);
+	/* No questions inside: theirs facts may fall in dropped blocks, and a
+	 * question whose answer is not in view would teach guessing. */
+	p.bg_questions = 0;
+	p.n_tokens = ratio == 1 ? L - (int64_t)M * Q_LINE_MAX : (int64_t)L * ratio;
+	int fit = (int)(p.n_tokens / (2 * (AL_EP_MAX + 16 * (p.lookalikes + 1))));
+	M = M < fit ? M : fit < 1 ? 1 : fit;
+	p.n_questions = M;
+	if (ratio == 1)
+		p.n_tokens = L - (int64_t)M * Q_LINE_MAX;
+	double depths[64];
+	for (int i = 0; i < M && i < 64; i++)
+		depths[i] = al_unit(r);
+	p.depths = depths;
+	if (M > 64 || kvm_lang_workspace_build(&p, &ws))
+		return M > 64 ? kvm_error("agentlang: %d needles in one view", M) : -1;
+
+	int64_t tail = 0, n = 0;
+	for (int i = 0; i < ws.n_q; i++)
+		tail += ws.q[i].n_ids + ws.q[i].n_answer + 1;
+	if (ratio == 1) {
+		memcpy(out, ws.ids, (size_t)ws.n_ids * sizeof(*out));
+		n = ws.n_ids;
+	} else {
+		uint8_t *keep = calloc((size_t)ws.n_ids, 1);
+		struct cand *cand = malloc(((size_t)ws.n_ids / VIEW_BLOCK + 1) * sizeof(*cand));
+
+		if (!keep || !cand || choose_view(&ws, L - tail, L, r, keep, cand) < 0) {
+			if (!keep || !cand)
+				kvm_error("agentlang: out of memory for a view");
+			free(keep);
+			free(cand);
+			kvm_lang_workspace_free(&ws);
+			return -1;
+		}
+		for (int64_t i = 0; i < ws.n_ids; i++)
+			if (keep[i])
+				out[n++] = ws.ids[i];
+		free(keep);
+		free(cand);
+	}
+	/* The questions, in random order. */
+	int order[64];
+	for (int i = 0; i < ws.n_q; i++)
+		order[i] = i;
+	for (int i = ws.n_q - 1; i > 0; i--) {
+		int j = (int)al_below(r, (uint32_t)i + 1), t = order[i];
+
+		order[i] = order[j];
+		order[j] = t;
+	}
+	for (int i = 0; i < ws.n_q; i++) {
+		const kvm_lang_question *q = &ws.q[order[i]];
+
+		memcpy(out + n, q->ids, (size_t)q->n_ids * sizeof(*out));
+		n += q->n_ids;
+		memcpy(out + n, q->answer, (size_t)q->n_answer * sizeof(*out));
+		n += q->n_answer;
+		out[n++] = KVM_LANG_NL;
+	}
+	for (int64_t i = n; i < L; i++)
+		out[i] = KVM_LANG_PAD;
+	info->kind = KVM_LANG_SEQ_VIEW;
+	info->n_tokens = (int)n;
+	info->n_questions = ws.n_q;
+	kvm_lang_workspace_free(&ws);
+	return 0;
+}
+
+int kvm_lang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
+		       int32_t *out, kvm_lang_seq_info *info)
+{
+	struct al_rng r;
+	kvm_lang_seq_info dummy;
+
+	if (seq_len < 256 || seq_len > (1 << 20))
+		return kvm_error("agentlang: sequence length %d: need 256 .. 2^20", seq_len);
+	if (!(view_share >= 0 && view_share <= 1))
+		return kvm_error("agentlang: view share %g is not in 0..1", view_share);
+	if (!info)
+		info = &dummy;
+	al_rng_seed(&r, seed, index);
+	/* Views need room for a few needles and their blocks. */
+	if (seq_len >= 512 && al_chance(&r, view_share))
+		return view_seq(seed, index, seq_len, &r, out, info);
+	return stream_seq(seed, index, seq_len, &r, out, info);
+}
