@@ -152,9 +152,10 @@ int kvm_model_generate(const kvm_config *c, const char *dir, uint64_t seed,
  * The generator with every option. Weights are N(0, s^2) from splitmix64
  * and Marsaglia's polar method, each tensor in 16384-element chunks seeded
  * by (seed, tensor index, chunk index), so the output does not depend on
- * threads or buffer sizes: s = 1/sqrt(fan_in) for q/k/v/gate/up/embeddings/lm_head,
- * 1/sqrt(fan_in * 2 * n_layers) for o_proj and down_proj (the residual
- * stream stays near unit size through every layer), norm weights 1.
+ * threads or buffer sizes. s = 1/sqrt(hidden) for embeddings and lm_head,
+ * 1/sqrt(fan_in) for q/k/v/gate/up, 1/sqrt(fan_in * 2 * n_layers) for
+ * o_proj and down_proj (the 2 * n_layers residual branches add up to an
+ * RMS below 1 however deep the model), norm weights 1.
  */
 typedef struct kvm_gen_opts {
 	uint64_t seed;
