@@ -264,6 +264,15 @@ kvm_hostpool *kvm_pager_hostpool(kvm_pager *p);
 int kvm_pager_direct(const kvm_pager *p);
 
 /* ---- directory tools (no pager needed) --------------------------------- */
+/* What the manifest of a workspace says (no data file is read). */
+typedef struct kvm_workspace_info {
+	kvm_page_geom geom;
+	uint64_t tokens, blocks, generation;	/* committed */
+	uint32_t tail_tokens, app_bytes;
+	uint32_t page_bytes, page_stride;
+} kvm_workspace_info;
+int kvm_workspace_info_read(const char *dir, kvm_workspace_info *wi);
+
 /* Check every checksum of a workspace; writes one line per bad page/file to
  * `report` (and a summary). Returns the number of bad items, -1 when the
  * directory cannot be read as a workspace at all. */

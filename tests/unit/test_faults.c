@@ -17,6 +17,34 @@
 #include "pager_fixture.h"
 
 static uint64_t g_seed;
+static char g_mnt[256];		/* mounted by a test; undone even when it fails */
+
+static int unmount_teardown(void **state)
+{
+	if (g_mnt[0]) {
+		umount2(g_mnt, MNT_DETACH);
+		fx_rmtree(g_mnt);
+		g_mnt[0] = 0;
+	}
+	return 0;
+}
+
+/* Mount a tmpfs of `size` on a fresh directory; 0, or -1 to skip. */
+static int mount_tmpfs(const char *size, char *mnt, size_t len)
+{
+	char opt[64];
+
+	if (geteuid() != 0 || !fx_tmpdir(mnt, len))
+		return -1;
+	snprintf(opt, sizeof(opt), "size=%s", size);
+	if (mount("kvmem-test", mnt, "tmpfs", 0, opt) < 0) {
+		print_message("cannot mount a tmpfs (%s): skipped\n", strerror(errno));
+		fx_rmtree(mnt);
+		return -1;
+	}
+	snprintf(g_mnt, sizeof(g_mnt), "%s", mnt);
+	return 0;
+}
 
 static kvm_pager *open_ws(const char *dir, const kvm_page_geom *g, int flags)
 {
@@ -138,14 +166,8 @@ static void test_full_disk(void **state)
 	int rc = 0;
 	kvm_pager *p;
 
-	if (geteuid() != 0)
+	if (mount_tmpfs("2M", mnt, sizeof(mnt)) < 0)
 		skip();
-	assert_non_null(fx_tmpdir(mnt, sizeof(mnt)));
-	if (mount("kvmem-test", mnt, "tmpfs", 0, "size=2M") < 0) {
-		print_message("cannot mount a tmpfs (%s): skipped\n", strerror(errno));
-		fx_rmtree(mnt);
-		skip();
-	}
 	snprintf(dir, sizeof(dir), "%s/ws", mnt);
 	p = open_ws(dir, &g, KVM_PAGER_CREATE);
 	assert_non_null(p);
@@ -174,6 +196,7 @@ static void test_full_disk(void **state)
 	assert_int_equal(kvm_pager_close(p), 0);
 	assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
 	assert_int_equal(umount(mnt), 0);
+	g_mnt[0] = 0;
 	fx_rmtree(mnt);
 }
 
@@ -213,13 +236,8 @@ static void test_unwritable(void **state)
 	char mnt[256], dir[300];
 	kvm_pager *p;
 
-	if (geteuid() != 0)
+	if (mount_tmpfs("4M", mnt, sizeof(mnt)) < 0)
 		skip();
-	assert_non_null(fx_tmpdir(mnt, sizeof(mnt)));
-	if (mount("kvmem-test", mnt, "tmpfs", 0, "size=4M") < 0) {
-		fx_rmtree(mnt);
-		skip();
-	}
 	snprintf(dir, sizeof(dir), "%s/ws", mnt);
 	p = open_ws(dir, &g, KVM_PAGER_CREATE);
 	assert_non_null(p);
@@ -243,6 +261,7 @@ static void test_unwritable(void **state)
 	assert_null(p);
 	assert_non_null(strstr(kvm_last_error(), "Read-only file system"));
 	assert_int_equal(umount(mnt), 0);
+	g_mnt[0] = 0;
 	fx_rmtree(mnt);
 }
 
@@ -251,9 +270,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_read_eio),
 		cmocka_unit_test(test_write_eio),
-		cmocka_unit_test(test_full_disk),
+		cmocka_unit_test_teardown(test_full_disk, unmount_teardown),
 		cmocka_unit_test(test_missing_dir),
-		cmocka_unit_test(test_unwritable),
+		cmocka_unit_test_teardown(test_unwritable, unmount_teardown),
 	};
 
 	g_seed = test_rng_fresh_seed("test_faults");

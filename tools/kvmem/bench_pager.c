@@ -1,10 +1,517 @@
 // SPDX-License-Identifier: MIT
-/* Placeholder until the benchmark lands; replace this whole file. */
+/*
+ * kvmem bench pager: the tiered store against the file system it sits on.
+ *
+ *  1. Baselines, in the same run and directory: O_DIRECT sequential write
+ *     and read of a fresh file with 1 MiB requests, 8 in flight (io_uring).
+ *  2. Per page size: stage-out throughput (append every block of a
+ *     workspace, then commit: the data is durable when the clock stops) as
+ *     a ratio to the sequential write; page-in throughput (random pages,
+ *     fetched in batches through the pager with O_DIRECT, so the page cache
+ *     is not involved; the host pool holds a small share of the workspace)
+ *     as a ratio to the sequential read.
+ *  3. Host hit rate per replacement policy on a synthetic agent step
+ *     sequence (drifting topics, sink and recent blocks, selector hints).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <liburing.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statfs.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/pager.h"
 #include "cmd.h"
+
+#define BENCH_LAYERS 16
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t parse_size(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	switch (*end) {
+	case 'k': case 'K': v *= 1024; break;
+	case 'm': case 'M': v *= 1 << 20; break;
+	case 'g': case 'G': v *= 1 << 30; break;
+	}
+	return v > 0 ? (uint64_t)v : 0;
+}
+
+static int rm_one(const char *path, const struct stat *sb, int type, struct FTW *f)
+{
+	return remove(path);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvmem bench pager [--dir D] [--size BYTES] [--pages LIST] [--batch N]\n\n"
+		   "Page-in and stage-out throughput of the NVMe store as ratios to O_DIRECT\n"
+		   "sequential read/write of the same file system, and host hit rates per\n"
+		   "replacement policy on a synthetic agent step sequence.\n\n"
+		   "  --dir D      where to put the scratch files (default $TMPDIR or /var/tmp);\n"
+		   "               a fresh subdirectory is made and removed\n"
+		   "  --size B     bytes written per measurement (default 512M; k/M/G suffixes)\n"
+		   "  --pages L    page sizes, comma separated (default 64K,128K,256K,1M,2M)\n"
+		   "  --batch N    pages per fetch in the page-in test (default 64)\n"
+		   "  --rounds N   rounds per figure, the median is shown (default 3)\n"
+		   "Targets: page-in >= 0.9 of sequential read for pages of 128 KiB and more;\n"
+		   "stage-out >= 0.9 of sequential write.\n");
+}
+
+/* ---- machine and file system ---------------------------------------------- */
+static void print_machine(const char *dir)
+{
+	char line[512], model[256] = "?", fstype[64] = "?", dev[600] = "?";
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	double mem = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / (1 << 30);
+	size_t best = 0;
+	struct utsname u;
+	FILE *f;
+
+	f = fopen("/proc/cpuinfo", "r");
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+			snprintf(model, sizeof(model), "%s", strchr(line, ':') + 2);
+			model[strcspn(model, "\n")] = 0;
+			break;
+		}
+	if (f)
+		fclose(f);
+	/* The longest mount point that prefixes dir is its file system. */
+	f = fopen("/proc/mounts", "r");
+	while (f && fgets(line, sizeof(line), f)) {
+		char d[256], m[256], t[64];
+		size_t n;
+
+		if (sscanf(line, "%255s %255s %63s", d, m, t) != 3)
+			continue;
+		n = strlen(m);
+		if (!strncmp(dir, m, n) && (dir[n] == '/' || dir[n] == 0 || n == 1) && n >= best) {
+			best = n;
+			snprintf(fstype, sizeof(fstype), "%s", t);
+			snprintf(dev, sizeof(dev), "%s on %s", d, m);
+		}
+	}
+	if (f)
+		fclose(f);
+	uname(&u);
+	printf("machine: %s, %ld cores, %.1f GiB, Linux %s\n", model, cores, mem, u.release);
+	printf("file system: %s (%s), directory %s\n", fstype, dev, dir);
+}
+
+/* ---- sequential baselines --------------------------------------------------- */
+/* Write (or read) `size` bytes of `path` sequentially, `qd` requests of `req`
+ * bytes in flight, O_DIRECT; `prealloc` allocates the file first. Returns
+ * bytes/s, or -1. */
+static double seq_io(const char *path, uint64_t size, int write, size_t req, int qd,
+		     int prealloc)
+{
+	struct io_uring ring;
+	struct io_uring_cqe *cqe;
+	uint8_t *buf;
+	uint64_t off = 0, done = 0;
+	int fd, inflight = 0;
+	double t0, t;
+
+	fd = open(path, (write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) | O_DIRECT, 0644);
+	if (fd < 0) {
+		fprintf(stderr, "kvmem bench pager: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	if (write && prealloc && fallocate(fd, 0, 0, size) < 0)
+		prealloc = 0;
+	if (posix_memalign((void **)&buf, 4096, req * qd) ||
+	    io_uring_queue_init(qd * 2, &ring, 0) < 0) {
+		close(fd);
+		return -1;
+	}
+	for (size_t i = 0; i < req * qd; i += 8) {
+		uint64_t v = i * 0x9e3779b97f4a7c15ull;
+
+		memcpy(buf + i, &v, 8);
+	}
+	t0 = now_s();
+	while (done < size) {
+		while (inflight < qd && off < size) {
+			struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+			uint8_t *b = buf + (size_t)(off / req % qd) * req;
+
+			if (write)
+				io_uring_prep_write(sqe, fd, b, req, off);
+			else
+				io_uring_prep_read(sqe, fd, b, req, off);
+			off += req;
+			inflight++;
+		}
+		if (io_uring_submit_and_wait(&ring, 1) < 0 || io_uring_wait_cqe(&ring, &cqe) < 0)
+			break;
+		if (cqe->res != (int)req) {
+			fprintf(stderr, "kvmem bench pager: %s: %s\n", path,
+				cqe->res < 0 ? strerror(-cqe->res) : "short transfer");
+			io_uring_cqe_seen(&ring, cqe);
+			done = 0;
+			break;
+		}
+		io_uring_cqe_seen(&ring, cqe);
+		inflight--;
+		done += req;
+	}
+	if (write && done == size)
+		fdatasync(fd);
+	t = now_s() - t0;
+	io_uring_queue_exit(&ring);
+	free(buf);
+	close(fd);
+	return done == size ? size / t : -1;
+}
+
+#define SEQ_REQ (1u << 20)
+#define SEQ_QD 32
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- pager throughput ------------------------------------------------------- */
+static kvm_page_geom bench_geom(uint64_t page)
+{
+	/* fp32 pages: 2 * Hkv * B * D * 4 bytes with B = 32, D = 128. */
+	kvm_page_geom g = {
+		.fingerprint = 0x6b766d656d62656eull,
+		.n_layers = BENCH_LAYERS,
+		.head_dim = 128,
+		.block_tokens = 32,
+		.dtype = KVM_DTYPE_F32,
+	};
+
+	g.n_kv_heads = page / (2 * 32 * 128 * 4);
+	g.n_heads = g.n_kv_heads;
+	return g;
+}
+
+struct pager_result {
+	double out_bps, in_bps;
+};
+
+static void pager_opts(kvm_pager_opts *o, uint64_t page, int batch, int flags)
+{
+	kvm_pager_opts_default(o);
+	o->flags = flags;
+	o->stage_bytes = 64ull << 20;
+	if (o->stage_bytes < 4 * page * BENCH_LAYERS)
+		o->stage_bytes = 4 * page * BENCH_LAYERS;
+	o->host_cap = (uint64_t)batch * page * 2;
+	o->queue_depth = batch > 64 ? batch : 64;
+}
+
+/* Stage-out: append every block, then commit (durable when the clock stops). */
+static int stage_out(kvm_pager *p, uint64_t page, uint64_t blocks, struct pager_result *res)
+{
+	const void *layers[BENCH_LAYERS];
+	uint8_t *data = malloc(page * BENCH_LAYERS);
+	double t0;
+	int rc = 0;
+
+	if (!data)
+		return -1;
+	for (uint64_t i = 0; i < page * BENCH_LAYERS / 8; i++)
+		((uint64_t *)data)[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
+	for (uint32_t l = 0; l < BENCH_LAYERS; l++)
+		layers[l] = data + l * page;
+	t0 = now_s();
+	for (uint64_t b = 0; b < blocks && !rc; b++) {
+		int32_t tok[32] = { 0 };
+
+		rc = kvm_pager_append_tokens(p, tok, 32);
+		if (!rc)
+			rc = kvm_pager_append_block(p, b, layers, NULL);
+	}
+	if (!rc)
+		rc = kvm_pager_commit(p, NULL, NULL, NULL, 0);
+	res->out_bps = blocks * page * BENCH_LAYERS / (now_s() - t0);
+	free(data);
+	return rc;
+}
+
+/* Page-in: every page once in random order, `batch` pages per fetch; the
+ * pool holds two batches, so nothing is read from memory. */
+static int page_in(kvm_pager *p, uint64_t page, uint64_t n_pages, int batch,
+		   struct pager_result *res)
+{
+	uint64_t *order = malloc(n_pages * sizeof(*order)), r = 88172645463325252ull;
+	const void **ptr = malloc(batch * sizeof(*ptr));
+	double t0;
+	int rc = 0;
+
+	if (!order || !ptr) {
+		free(order);
+		free(ptr);
+		return -1;
+	}
+	for (uint64_t i = 0; i < n_pages; i++)
+		order[i] = i;
+	for (uint64_t i = n_pages - 1; i > 0; i--) {
+		uint64_t j, t;
+
+		r ^= r << 13;
+		r ^= r >> 7;
+		r ^= r << 17;
+		j = r % (i + 1);
+		t = order[i];
+		order[i] = order[j];
+		order[j] = t;
+	}
+	t0 = now_s();
+	for (uint64_t i = 0; i < n_pages && !rc; i += batch) {
+		size_t k = n_pages - i < (uint64_t)batch ? n_pages - i : (uint64_t)batch;
+
+		rc = kvm_pager_fetch(p, order + i, k, ptr);
+		if (!rc)
+			kvm_pager_release(p, order + i, k);
+	}
+	res->in_bps = n_pages * page / (now_s() - t0);
+	free(order);
+	free(ptr);
+	return rc;
+}
+
+/* phase 0: create the workspace in dir and stage out; 1: reopen, page in. */
+static int run_pager(const char *dir, uint64_t page, uint64_t size, int batch,
+		     struct pager_result *res, int phase)
+{
+	kvm_page_geom g = bench_geom(page);
+	uint64_t blocks = size / (page * g.n_layers);
+	kvm_pager_opts o;
+	kvm_pager *p;
+	int rc;
+
+	if (blocks < 2) {
+		fprintf(stderr, "kvmem bench pager: --size too small for %" PRIu64 " byte pages\n",
+			page);
+		return -1;
+	}
+	pager_opts(&o, page, batch, phase ? 0 : KVM_PAGER_CREATE | KVM_PAGER_NO_KEEP);
+	if (kvm_pager_open(dir, &g, &o, &p) < 0) {
+		fprintf(stderr, "kvmem bench pager: %s\n", kvm_last_error());
+		return -1;
+	}
+	rc = phase ? page_in(p, page, blocks * g.n_layers, batch, res)
+		   : stage_out(p, page, blocks, res);
+	if (rc < 0)
+		fprintf(stderr, "kvmem bench pager: %s\n", kvm_last_error());
+	kvm_pager_close(p);
+	return rc;
+}
+
+/* ---- replacement on a step sequence ---------------------------------------- */
+static uint64_t xs(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+/*
+ * An agent-like sequence: the workspace grows by 8 blocks a step from 1000;
+ * each step the selector takes 2 sink blocks, the 8 most recent and 40
+ * scored ones drawn from 3 active topics of 50 blocks (Zipf-like within a
+ * topic), the topics drifting every 12 steps; it hints 1 for chosen blocks
+ * and 0.5 for 40 runners-up. 8 layers per block.
+ */
+static void hit_rates(void)
+{
+	enum { STEPS = 300, L = 8, START = 1000, GROW = 8, SINK = 2, RECENT = 8, TOP = 40,
+	       TOPIC = 50, ACTIVE = 3 };
+	size_t per = (SINK + RECENT + TOP) * L, nh = 2 * TOP;
+	uint64_t *pages = malloc(STEPS * per * sizeof(*pages)), *hb = malloc(STEPS * nh * 8);
+	float *hs = malloc(STEPS * nh * sizeof(float));
+	size_t *off = malloc((STEPS + 1) * sizeof(size_t)), *hoff = malloc((STEPS + 1) * sizeof(size_t));
+	uint64_t rng = 0x1234567, topics[ACTIVE] = { 0 }, final_blocks = START + GROW * STEPS;
+	const double caps[] = { 0.05, 0.10, 0.25 };
+	size_t n = 0, h = 0;
+
+	for (int s = 0; s < STEPS; s++) {
+		uint64_t blocks = START + GROW * s, n_topics = blocks / TOPIC;
+
+		if (s % 12 == 0)
+			for (int t = 0; t < ACTIVE; t++)
+				topics[t] = xs(&rng) % n_topics;
+		off[s] = n;
+		hoff[s] = h;
+		for (int i = 0; i < SINK + RECENT + TOP; i++) {
+			uint64_t b;
+
+			if (i < SINK) {
+				b = i;
+			} else if (i < SINK + RECENT) {
+				b = blocks - 1 - (i - SINK);
+			} else {
+				/* Zipf-like rank inside a topic: rank^2 of a uniform. */
+				double u = (double)(xs(&rng) % 1000000) / 1e6;
+
+				b = topics[xs(&rng) % ACTIVE] * TOPIC + (uint64_t)(u * u * TOPIC);
+				hb[h] = b;
+				hs[h++] = 1.0f;
+			}
+			for (int l = 0; l < L; l++)
+				pages[n++] = b * L + l;
+		}
+		for (int i = 0; i < TOP; i++) {
+			hb[h] = topics[xs(&rng) % ACTIVE] * TOPIC + xs(&rng) % TOPIC;
+			hs[h++] = 0.5f;
+		}
+	}
+	off[STEPS] = n;
+	hoff[STEPS] = h;
+	kvm_repl_trace t = { STEPS, off, pages, hoff, hb, hs };
+
+	printf("\nhost hit rate per replacement policy (%d steps, %d..%" PRIu64 " blocks x %d "
+	       "layers, %d blocks fetched a step)\n", STEPS, START, final_blocks, L,
+	       SINK + RECENT + TOP);
+	printf("  %-7s", "policy");
+	for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++)
+		printf("  cap %4.0f%%", caps[c] * 100);
+	printf("\n");
+	for (int i = 0; kvm_repl_policies[i]; i++) {
+		printf("  %-7s", kvm_repl_policies[i]->name);
+		for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++) {
+			uint32_t slots = caps[c] * final_blocks * L;
+
+			if (slots < per)
+				slots = per;
+			printf("  %9.3f", kvm_repl_simulate(kvm_repl_policies[i], slots, L, &t, NULL,
+							   NULL));
+		}
+		printf("\n");
+	}
+	free(pages);
+	free(hb);
+	free(hs);
+	free(off);
+	free(hoff);
+}
 
 int bench_pager(int argc, char **argv)
 {
-	fprintf(stderr, "kvmem bench pager: not built yet\n");
-	return 1;
+	const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+	char pages_arg[256] = "64K,128K,256K,1M,2M", dir[4096], *tok, *save;
+	uint64_t size = 512ull << 20;
+	int batch = 64, rc = 0;
+	int rounds = 3;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
+			base = argv[++i];
+		} else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
+			size = parse_size(argv[++i]);
+		} else if (!strcmp(argv[i], "--pages") && i + 1 < argc) {
+			snprintf(pages_arg, sizeof(pages_arg), "%s", argv[++i]);
+		} else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) {
+			rounds = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
+			batch = atoi(argv[++i]);
+		} else {
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	if (size < (16u << 20) || batch < 1 || batch > 4096 || rounds < 1 || rounds > 16) {
+		fprintf(stderr, "kvmem bench pager: --size at least 16M, --batch 1..4096, "
+				"--rounds 1..16\n");
+		return EXIT_USAGE;
+	}
+	size = size / SEQ_REQ * SEQ_REQ;
+	snprintf(dir, sizeof(dir), "%s/kvmem-bench.XXXXXX", base);
+	if (!mkdtemp(dir)) {
+		fprintf(stderr, "kvmem bench pager: cannot make a directory in %s: %s\n", base,
+			strerror(errno));
+		return 1;
+	}
+	{
+		char real[4096];
+
+		print_machine(realpath(dir, real) ? real : dir);
+	}
+	printf("command: kvmem bench pager --size %" PRIu64 "M --pages %s --batch %d --rounds %d\n",
+	       size >> 20, pages_arg, batch, rounds);
+
+	printf("\nEach figure is the median of %d rounds; a round runs, back to back, an O_DIRECT\n"
+	       "sequential write of a new file (%u KiB requests, %d in flight), the stage-out,\n"
+	       "an O_DIRECT sequential read of that file (same requests), and the page-in.\n"
+	       "%" PRIu64 " MiB per measurement.\n\n", rounds, SEQ_REQ >> 10, SEQ_QD, size >> 20);
+	printf("  %-8s  %9s %9s %6s    %9s %9s %6s   %s\n", "page", "seq write", "stage-out",
+	       "ratio", "seq read", "page-in", "ratio", "MB/s");
+	for (tok = strtok_r(pages_arg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		uint64_t page = parse_size(tok);
+		double sw[16], so[16], sr[16], pi[16], mw, mo, mr, mi;
+		char ws[4200], path[4200];
+		int ok = 1;
+
+		if (!page || page % (2 * 32 * 128 * 4)) {
+			fprintf(stderr, "kvmem bench pager: page size %s is not a multiple of 32 KiB\n",
+				tok);
+			rc = 1;
+			continue;
+		}
+		snprintf(ws, sizeof(ws), "%s/ws-%" PRIu64, dir, page);
+		snprintf(path, sizeof(path), "%s/seq", dir);
+		for (int r = 0; r < rounds && ok; r++) {
+			struct pager_result pr = { 0 };
+
+			sw[r] = seq_io(path, size, 1, SEQ_REQ, SEQ_QD, 0);
+			ok = run_pager(ws, page, size, batch, &pr, 0) == 0 && sw[r] > 0;
+			so[r] = pr.out_bps;
+			sr[r] = seq_io(path, size, 0, SEQ_REQ, SEQ_QD, 0);
+			ok = ok && sr[r] > 0 && run_pager(ws, page, size, batch, &pr, 1) == 0;
+			pi[r] = pr.in_bps;
+			unlink(path);
+			nftw(ws, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+		}
+		if (!ok) {
+			rc = 1;
+			continue;
+		}
+		mw = median(sw, rounds);
+		mo = median(so, rounds);
+		mr = median(sr, rounds);
+		mi = median(pi, rounds);
+		printf("  %5" PRIu64 " KiB  %9.1f %9.1f %6.2f %-3s %9.1f %9.1f %6.2f %s\n",
+		       page >> 10, mw / 1e6, mo / 1e6, mo / mw, mo >= 0.9 * mw ? "" : "LOW",
+		       mr / 1e6, mi / 1e6, mi / mr,
+		       page < (128u << 10) || mi >= 0.9 * mr ? "" : "LOW");
+	}
+	rmdir(dir);
+	printf("  (targets: ratio >= 0.9; for page-in with pages of 128 KiB and more)\n");
+	hit_rates();
+	return rc;
 }

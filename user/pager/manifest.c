@@ -218,3 +218,28 @@ int mf_check_geom(const struct manifest *m, const kvm_page_geom *g, const char *
 			 "both with fingerprint %016" PRIx64 "; refusing to open it",
 			 dir, have, want, g->fingerprint);
 }
+
+int kvm_workspace_info_read(const char *dir, kvm_workspace_info *wi)
+{
+	struct manifest m;
+	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	memset(wi, 0, sizeof(*wi));
+	if (dirfd < 0)
+		return kvm_error("%s: %s", dir, strerror(errno));
+	if (mf_read(dirfd, dir, &m) < 0) {
+		close(dirfd);
+		return -1;
+	}
+	close(dirfd);
+	mf_geom(&m, &wi->geom);
+	wi->tokens = m.h.tokens;
+	wi->blocks = m.h.blocks;
+	wi->generation = m.h.generation;
+	wi->tail_tokens = m.h.tail_tokens;
+	wi->app_bytes = m.h.app_bytes;
+	wi->page_bytes = m.h.page_bytes;
+	wi->page_stride = m.h.page_stride;
+	mf_free(&m);
+	return 0;
+}

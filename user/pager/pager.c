@@ -134,6 +134,10 @@ int kvm_pager_close(kvm_pager *p)
 		kvm_error("%s", p->write_err);
 		rc = -1;
 	}
+	/* Give back what was allocated ahead and not written. */
+	if (!p->rdonly && p->fd_pages >= 0 && p->prealloc_end > p->n_blocks * p->extent_bytes)
+		if (ftruncate(p->fd_pages, p->n_blocks * p->extent_bytes) < 0)
+			p->no_prealloc = 1;
 	if (p->dirfd >= 0 && p->m.tail_sums)
 		stats_save(p);
 	io_exit(&p->io);

@@ -155,6 +155,8 @@ struct kvm_pager {
 	uint32_t n_stage, stage_busy;
 
 	int write_failed;		/* sticky since the last commit */
+	uint64_t prealloc_end;		/* pages file allocated up to here */
+	int no_prealloc;		/* fallocate refused: stop trying */
 	char write_err[PATH_MAX + 512];
 	uint64_t step, step_t0;
 	kvm_pager_stats st, base, at_step;

@@ -8,6 +8,7 @@
  * session goes on; commits are refused from then on.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +126,32 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
 	return 0;
 }
 
+/*
+ * Allocate the pages file ahead of the writes. Writes into allocated blocks
+ * inside the file size let ext4 run several O_DIRECT writes at once (shared
+ * inode lock, no punt to a worker); writes that extend the file go one at
+ * a time. Best effort: a file system that refuses is written as it is.
+ */
+static void prealloc(kvm_pager *p, uint64_t end)
+{
+	uint64_t chunk = p->prealloc_end / 4;
+
+	if (p->no_prealloc || end <= p->prealloc_end)
+		return;
+	/* Large steps: ext4's fallocate waits for every direct I/O in flight. */
+	if (chunk < (64u << 20))
+		chunk = 64u << 20;
+	if (chunk < 16 * p->extent_bytes)
+		chunk = 16 * p->extent_bytes;
+	if (chunk > (1u << 30))
+		chunk = 1u << 30;
+	chunk = round_up(chunk, p->extent_bytes);
+	if (fallocate(p->fd_pages, 0, p->prealloc_end, end + chunk - p->prealloc_end) == 0)
+		p->prealloc_end = end + chunk;
+	else
+		p->no_prealloc = 1;
+}
+
 /* Put the new block's pages in the host pool, as far as room allows. */
 static void keep_in_pool(kvm_pager *p, uint64_t block, const uint8_t *ext)
 {
@@ -196,6 +223,7 @@ int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *laye
 		r->buf = ext;
 		r->len = p->extent_bytes;
 		r->off = block * p->extent_bytes;
+		prealloc(p, r->off + r->len);
 		p->stage[slot].busy = 1;
 		p->stage[slot].block = block;
 		p->stage_busy++;

@@ -287,6 +287,7 @@ int store_open(kvm_pager *p, const char *dir, const kvm_page_geom *g, int flags)
 	}
 	if (check_lengths(p) < 0 || load_committed(p) < 0)
 		return -1;
+	p->prealloc_end = p->m.h.blocks * p->extent_bytes;
 	stats_load(p);
 	return 0;
 }
