@@ -268,7 +268,10 @@ static int pin_checked(kvm_session *s, int64_t start, int64_t end)
 {
 	kvm_span *saved = NULL;
 	int n = s->blocks.n_pins;
+	/* Charged as whole blocks: a pinned partial block fills up later. */
 	int64_t upto = end > s->blocks.n_tokens ? end : s->blocks.n_tokens, need;
+
+	upto = round_up(upto, s->blocks.block);
 
 	if (n && !(saved = malloc((size_t)n * sizeof(*saved))))
 		return kvm_error("session: out of memory pinning");
@@ -284,7 +287,7 @@ static int pin_checked(kvm_session *s, int64_t start, int64_t end)
 			memcpy(s->blocks.pins, saved, (size_t)n * sizeof(*saved));
 		s->blocks.n_pins = n;
 		free(saved);
-		return kvm_error("session: pinning [%lld, %lld) would need %lld tokens of pinned blocks; the budget is %lld",
+		return kvm_error("session: pinning [%lld, %lld) would need %lld tokens of pinned (whole) blocks; the budget is %lld",
 				 (long long)start, (long long)end, (long long)need,
 				 (long long)s->budget);
 	}

@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The view planner over random step sequences: plans are chronological, at
+ * compact positions, within budget, hold every pin, the newest block, sink
+ * and recent when they fit, the best-scored of the rest (checked against a
+ * plain sort), the same token count in every set, and a right diff.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/workspace.h"
+#include "helpers/test_model.h"
+
+static uint64_t g_seed;
+
+static const float *g_sort_scores;
+
+/* Best first: higher score, then the later block; NaN lowest. */
+static int by_score(const void *pa, const void *pb)
+{
+	int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+	float x = g_sort_scores[a], y = g_sort_scores[b];
+
+	x = isnan(x) ? -INFINITY : x;
+	y = isnan(y) ? -INFINITY : y;
+	if (x != y)
+		return x > y ? -1 : 1;
+	return a > b ? -1 : (a < b);
+}
+
+/* The planner's rules written out the slow way: mark[b] = 1 if chosen. */
+static int ref_plan(const kvm_blocks *r, const float *sc, const kvm_plan_params *pp,
+		    unsigned char *mark)
+{
+	int64_t N = r->n_tokens, nb = kvm_blocks_count(r), room = pp->budget, k, n = 0;
+	int64_t *cand = malloc(sizeof(int64_t) * (nb + 1));
+
+	memset(mark, 0, (size_t)nb);
+	for (int64_t b = 0; b < nb; b++)
+		for (int i = 0; i < r->n_pins; i++)
+			if (r->pins[i].start < (b + 1) * r->block && r->pins[i].end > b * r->block &&
+			    r->pins[i].start < N)
+				mark[b] = 1;
+	for (int64_t b = 0; b < nb; b++)
+		room -= mark[b] ? kvm_block_len(r, b) : 0;
+	if (room < 0) {
+		free(cand);
+		return -1;
+	}
+#define TAKE(b) do { if (!mark[b] && kvm_block_len(r, b) <= room) { mark[b] = 1; \
+		room -= kvm_block_len(r, b); } } while (0)
+	if (!mark[nb - 1]) {
+		if (kvm_block_len(r, nb - 1) <= room)
+			TAKE(nb - 1);
+		else
+			mark[nb - 1] = 2;
+	}
+	for (int64_t b = 0; b * r->block < pp->sink && b < nb; b++)
+		TAKE(b);
+	for (int64_t b = nb - 1; b >= 0 && (b + 1) * r->block > N - pp->recent; b--)
+		TAKE(b);
+#undef TAKE
+	for (int64_t b = 0; b < nb; b++)
+		if (!mark[b])
+			cand[n++] = b;
+	g_sort_scores = sc;
+	qsort(cand, (size_t)n, sizeof(int64_t), by_score);
+	k = room / r->block;
+	for (int64_t i = 0; i < k && i < n; i++)
+		mark[cand[i]] = 1;
+	for (int64_t b = 0; b < nb; b++)
+		mark[b] = mark[b] == 1;
+	free(cand);
+	return 0;
+}
+
+static void check_plan(const kvm_plan *p, const kvm_plan *prev, const kvm_blocks *r,
+		       const float *scores, const kvm_plan_params *pp)
+{
+	int64_t nb = kvm_blocks_count(r);
+	unsigned char *want = malloc((size_t)nb + 1);
+	int64_t reused = 0, entering = 0, born = 0, left = 0;
+
+	assert_true(p->view_tokens <= pp->budget);
+	assert_int_equal(p->n_tokens, r->n_tokens);
+	assert_int_equal(p->ws_blocks, nb);
+	for (int s = 0; s < p->n_sets; s++) {
+		const int64_t *b = p->blocks + (size_t)s * p->n_view;
+		const int64_t *st = p->start + (size_t)s * p->n_view;
+		int64_t pos = 0;
+
+		/* The same blocks as the slow reference, in order, at prefix sums. */
+		assert_int_equal(ref_plan(r, scores + (size_t)s * nb, pp, want), 0);
+		for (int i = 0; i < p->n_view; i++) {
+			assert_true(b[i] >= 0 && b[i] < nb);
+			if (i)
+				assert_true(b[i - 1] < b[i]);
+			assert_int_equal(st[i], pos);
+			assert_true(want[b[i]]);
+			want[b[i]] = 0;
+			pos += kvm_block_len(r, b[i]);
+		}
+		for (int64_t x = 0; x < nb; x++)
+			assert_false(want[x]);
+		assert_int_equal(pos, p->view_tokens);
+		/* Pins are all there. */
+		for (int i = 0; i < r->n_pins && r->pins[i].start < r->n_tokens; i++) {
+			int64_t e = r->pins[i].end < r->n_tokens ? r->pins[i].end : r->n_tokens;
+
+			for (int64_t x = kvm_block_of(r, r->pins[i].start); x <= kvm_block_of(r, e - 1); x++) {
+				int found = 0;
+
+				for (int j = 0; j < p->n_view; j++)
+					found |= b[j] == x;
+				assert_true(found);
+			}
+		}
+		/* Newest present unless the plan says it could not fit. */
+		if (!p->newest_dropped)
+			assert_int_equal(b[p->n_view - 1], nb - 1);
+		else
+			assert_true(kvm_blocks_pinned_tokens(r, r->n_tokens) +
+				    kvm_block_len(r, nb - 1) > pp->budget);
+		/* Diff against the previous plan. */
+		const int64_t *ob = prev && prev->n_view ? prev->blocks +
+			(size_t)(prev->n_sets == p->n_sets ? s : 0) * prev->n_view : NULL;
+		int on = ob ? prev->n_view : 0;
+
+		for (int i = 0; i < p->n_view; i++) {
+			int in_old = 0;
+
+			for (int j = 0; j < on; j++)
+				in_old |= ob[j] == b[i];
+			int want_state = in_old ? KVM_VIEW_REUSED :
+				(prev && b[i] < prev->ws_blocks ? KVM_VIEW_ENTERING : KVM_VIEW_NEW);
+
+			assert_int_equal(p->state[(size_t)s * p->n_view + i], want_state);
+			reused += want_state == KVM_VIEW_REUSED;
+			entering += want_state == KVM_VIEW_ENTERING;
+			born += want_state == KVM_VIEW_NEW;
+		}
+		int nl = 0;
+
+		for (int j = 0; j < on; j++) {
+			int in_new = 0;
+
+			for (int i = 0; i < p->n_view; i++)
+				in_new |= ob[j] == b[i];
+			if (!in_new) {
+				assert_true(nl < p->n_left[s]);
+				assert_int_equal(p->left[(size_t)s * on + nl], ob[j]);
+				nl++;
+			}
+		}
+		assert_int_equal(nl, p->n_left[s]);
+		left += nl;
+	}
+	assert_int_equal(p->reused, reused);
+	assert_int_equal(p->entering, entering);
+	assert_int_equal(p->born, born);
+	assert_int_equal(p->n_left_total, left);
+	free(want);
+}
+
+static void random_scores(uint64_t *rng, float *sc, int64_t n)
+{
+	int mode = test_rng_int(rng, 0, 3);
+
+	for (int64_t i = 0; i < n; i++) {
+		if (mode == 0)		/* many ties */
+			sc[i] = (float)test_rng_int(rng, 0, 3);
+		else if (mode == 1 && test_rng_int(rng, 0, 9) == 0)
+			sc[i] = NAN;
+		else
+			sc[i] = (float)test_rng_range(rng, -5, 5);
+	}
+}
+
+/* Random step sequences: growing history, pins, per-layer sets, chained. */
+static void test_plan_sequences(void **state)
+{
+	uint64_t rng = g_seed;
+
+	for (int it = 0; it < 150; it++) {
+		int B = 16 << test_rng_int(&rng, 0, 4), n_sets = test_rng_int(&rng, 0, 1) ? 1 :
+			test_rng_int(&rng, 2, 5);
+		kvm_plan_params pp = {
+			.budget = B * test_rng_int(&rng, 1, 40) + test_rng_int(&rng, 0, B - 1),
+			.sink = test_rng_int(&rng, 0, 3) * test_rng_int(&rng, 0, 70),
+			.recent = test_rng_int(&rng, 0, 3) * test_rng_int(&rng, 0, 200),
+		};
+		kvm_blocks r;
+		kvm_plan prev = { 0 }, p = { 0 };
+
+		assert_int_equal(kvm_blocks_init(&r, B), 0);
+		for (int step = 0; step < 12; step++) {
+			r.n_tokens += test_rng_int(&rng, 1, 6 * B);
+			if (test_rng_int(&rng, 0, 2) == 0) {
+				int64_t s0 = test_rng_int(&rng, 0, (int)r.n_tokens - 1);
+
+				kvm_blocks_pin(&r, s0, s0 + test_rng_int(&rng, 1, 2 * B));
+				if (kvm_blocks_pinned_tokens(&r, r.n_tokens) > pp.budget)
+					kvm_blocks_unpin(&r, s0, s0 + 2 * B);
+			}
+			if (kvm_blocks_pinned_tokens(&r, r.n_tokens) > pp.budget)
+				kvm_blocks_unpin(&r, 0, r.n_tokens);
+			int64_t nb = kvm_blocks_count(&r);
+			float *sc = malloc(sizeof(float) * n_sets * nb);
+
+			random_scores(&rng, sc, n_sets * nb);
+			assert_int_equal(kvm_plan_build(&p, &r, sc, n_sets, &prev, &pp), 0);
+			check_plan(&p, &prev, &r, sc, &pp);
+			kvm_plan_free(&prev);
+			prev = p;
+			memset(&p, 0, sizeof(p));
+			free(sc);
+		}
+		kvm_plan_free(&prev);
+		kvm_blocks_free(&r);
+	}
+}
+
+/* Budget over the history: every block, identity layout, all new at first. */
+static void test_plan_identity(void **state)
+{
+	uint64_t rng = g_seed ^ 0x1234;
+
+	for (int it = 0; it < 50; it++) {
+		int B = 16 << test_rng_int(&rng, 0, 4);
+		kvm_blocks r;
+		kvm_plan p = { 0 };
+
+		assert_int_equal(kvm_blocks_init(&r, B), 0);
+		r.n_tokens = test_rng_int(&rng, 1, 3000);
+		kvm_plan_params pp = { r.n_tokens + test_rng_int(&rng, 0, 100), 4, 10 };
+		int64_t nb = kvm_blocks_count(&r);
+		float *sc = malloc(sizeof(float) * nb);
+
+		random_scores(&rng, sc, nb);
+		assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
+		assert_int_equal(p.n_view, nb);
+		assert_int_equal(p.view_tokens, r.n_tokens);
+		for (int i = 0; i < p.n_view; i++) {
+			assert_int_equal(p.blocks[i], i);
+			assert_int_equal(p.start[i], (int64_t)i * B);
+			assert_int_equal(p.state[i], KVM_VIEW_NEW);
+		}
+		assert_int_equal(p.born, nb);
+		free(sc);
+		kvm_plan_free(&p);
+		kvm_blocks_free(&r);
+	}
+}
+
+static void test_plan_pins_over_budget(void **state)
+{
+	kvm_blocks r;
+	kvm_plan p = { 0 }, keep;
+	kvm_plan_params pp = { 100, 0, 1 };
+	float sc[20] = { 0 };
+
+	assert_int_equal(kvm_blocks_init(&r, 16), 0);
+	r.n_tokens = 320;
+	/* Seven blocks pinned: 112 tokens > 100. */
+	assert_int_equal(kvm_blocks_pin(&r, 20, 20 + 6 * 16 + 2), 0);
+	assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), 0 - 1);
+	assert_non_null(strstr(kvm_last_error(), "budget"));
+	assert_non_null(strstr(kvm_last_error(), "112"));
+	assert_int_equal(p.n_view, 0);
+	/* Fits exactly: pins and nothing else, newest dropped. */
+	pp.budget = 112;
+	assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
+	assert_int_equal(p.view_tokens, 112);
+	assert_true(p.newest_dropped);
+	keep = p;
+	/* A failing build leaves the old plan as it was. */
+	pp.budget = 50;
+	assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), -1);
+	assert_ptr_equal(p.blocks, keep.blocks);
+	kvm_plan_free(&p);
+	kvm_blocks_free(&r);
+}
+
+/* Large history: the selection path stays right at many blocks. */
+static void test_plan_many_blocks(void **state)
+{
+	uint64_t rng = g_seed ^ 0x999;
+	kvm_blocks r;
+	kvm_plan p = { 0 };
+	kvm_plan_params pp = { 32 * 3000, 32 * 10, 32 * 40 };
+	int64_t nb;
+	float *sc;
+
+	assert_int_equal(kvm_blocks_init(&r, 32), 0);
+	r.n_tokens = 32 * 100000 - 7;
+	nb = kvm_blocks_count(&r);
+	sc = malloc(sizeof(float) * nb);
+	random_scores(&rng, sc, nb);
+	kvm_blocks_pin(&r, 5000, 9000);
+	assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
+	check_plan(&p, NULL, &r, sc, &pp);
+	assert_true(p.view_tokens > pp.budget - 32);
+	free(sc);
+	kvm_plan_free(&p);
+	kvm_blocks_free(&r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_plan_sequences),
+		cmocka_unit_test(test_plan_identity),
+		cmocka_unit_test(test_plan_pins_over_budget),
+		cmocka_unit_test(test_plan_many_blocks),
+	};
+
+	g_seed = test_rng_fresh_seed("test_ws_plan");
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,494 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Selection policies: each against a slow double-precision restatement of
+ * its documented formula, planted-signal tests (meank finds an aligned
+ * block, subblock finds a diluted one that meank misses), quest's bound,
+ * oracle against exact attention, the registry.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/workspace.h"
+#include "helpers/test_model.h"
+
+static uint64_t g_seed;
+
+/* A synthetic history: raw keys, their index and pages, and queries. */
+struct hist {
+	int L, Hq, Hkv, D, B, T;
+	int64_t N, nb;
+	float *k;		/* [N][L][Hkv][D] */
+	float *q;		/* [L][T][Hq][D] */
+	int64_t *qpos;
+	kvm_index ix;
+	kvm_page_source src;
+	kvm_select_ctx c;
+};
+
+static float *hkey(struct hist *h, int64_t p, int l, int g)
+{
+	return h->k + (((size_t)p * h->L + l) * h->Hkv + g) * h->D;
+}
+
+static void hist_random(struct hist *h, uint64_t *rng, int64_t N, int B)
+{
+	memset(h, 0, sizeof(*h));
+	h->L = test_rng_int(rng, 1, 3);
+	h->Hkv = test_rng_int(rng, 1, 3);
+	h->Hq = h->Hkv * test_rng_int(rng, 1, 3);
+	h->D = 2 * test_rng_int(rng, 2, 12);
+	h->B = B;
+	h->T = test_rng_int(rng, 1, 4);
+	h->N = N;
+	h->nb = (N + B - 1) / B;
+	h->k = malloc(sizeof(float) * N * h->L * h->Hkv * h->D);
+	h->q = malloc(sizeof(float) * h->L * h->T * h->Hq * h->D);
+	h->qpos = malloc(sizeof(int64_t) * h->T);
+	for (size_t i = 0; i < (size_t)N * h->L * h->Hkv * h->D; i++)
+		h->k[i] = (float)test_rng_range(rng, -1, 1);
+	for (size_t i = 0; i < (size_t)h->L * h->T * h->Hq * h->D; i++)
+		h->q[i] = (float)test_rng_range(rng, -2, 2);
+	for (int t = 0; t < h->T; t++)
+		h->qpos[t] = N - h->T + t;
+}
+
+/* Index and pages from h->k; needs = the policy's summaries. */
+static void hist_commit(struct hist *h, unsigned needs)
+{
+	size_t kw = (size_t)h->Hkv * h->D;
+	float *pk = malloc(sizeof(float) * h->L * kw);
+
+	assert_int_equal(kvm_index_init(&h->ix, h->L, h->Hkv, h->D, h->B, needs), 0);
+	assert_int_equal(kvm_page_source_mem(&h->src, h->L, h->Hkv, h->D, h->B), 0);
+	for (int64_t p = 0; p < h->N; p++) {
+		for (int l = 0; l < h->L; l++) {
+			memcpy(pk + l * kw, hkey(h, p, l, 0), sizeof(float) * kw);
+			assert_int_equal(h->src.ops->write(h->src.ctx, p / h->B, l, (int)(p % h->B), 1,
+							   pk + l * kw, pk + l * kw), 0);
+		}
+		assert_int_equal(kvm_index_append(&h->ix, pk, 1), 0);
+	}
+	free(pk);
+	h->c = (kvm_select_ctx){
+		.index = &h->ix, .keys = &h->src, .n_tokens = h->N, .n_blocks = h->nb,
+		.block = h->B, .n_layers = h->L, .n_heads = h->Hq, .n_kv_heads = h->Hkv,
+		.head_dim = h->D, .rope_theta = 10000.0, .n_q = h->T, .q = h->q,
+		.q_pos = h->qpos, .seed = 42, .step = 0,
+	};
+}
+
+static void hist_free(struct hist *h)
+{
+	kvm_index_free(&h->ix);
+	kvm_page_source_destroy(&h->src);
+	free(h->k);
+	free(h->q);
+	free(h->qpos);
+}
+
+static float *run_policy(struct hist *h, const char *name)
+{
+	const kvm_policy_ops *p = kvm_policy_find(name);
+	int sets;
+	float *sc, *again;
+
+	assert_non_null(p);
+	sets = p->per_layer ? h->L : 1;
+	sc = malloc(sizeof(float) * sets * h->nb);
+	again = malloc(sizeof(float) * sets * h->nb);
+	assert_int_equal(p->score(&h->c, sc), 0);
+	assert_int_equal(p->score(&h->c, again), 0);
+	assert_memory_equal(sc, again, sizeof(float) * sets * h->nb);	/* deterministic */
+	for (int64_t i = 0; i < sets * h->nb; i++)
+		assert_true(isfinite(sc[i]));
+	free(again);
+	return sc;
+}
+
+static const float *hq(const struct hist *h, int l, int t, int head)
+{
+	return h->q + (((size_t)l * h->T + t) * h->Hq + head) * h->D;
+}
+
+/* Softmax of z[n] (log-weights) added to acc per `per` items. */
+static void ref_mass(double *acc, const double *z, int64_t n, int per)
+{
+	double mx = -INFINITY, tot = 0;
+
+	for (int64_t i = 0; i < n; i++)
+		mx = z[i] > mx ? z[i] : mx;
+	for (int64_t i = 0; i < n; i++)
+		tot += exp(z[i] - mx);
+	for (int64_t i = 0; i < n; i++)
+		acc[i / per] += exp(z[i] - mx) / tot;
+}
+
+/* meank (per = 1) or subblock (per = KVM_SUBBLOCKS) from the raw keys. */
+static void ref_meank(const struct hist *h, double *acc, int per)
+{
+	int grp = h->Hq / h->Hkv, span = h->B / per;
+	double *z = malloc(sizeof(double) * h->nb * per), *qm = malloc(sizeof(double) * h->D);
+
+	memset(acc, 0, sizeof(double) * h->nb);
+	for (int l = 0; l < h->L; l++)
+		for (int g = 0; g < h->Hkv; g++) {
+			for (int i = 0; i < h->D; i++) {
+				qm[i] = 0;
+				for (int t = 0; t < h->T; t++)
+					for (int x = g * grp; x < (g + 1) * grp; x++)
+						qm[i] += hq(h, l, t, x)[i] / (grp * h->T);
+			}
+			for (int64_t it = 0; it < h->nb * per; it++) {
+				int64_t a = it * span, e = a + span < h->N ? a + span : h->N;
+				double dot = 0;
+
+				if (a >= h->N) {
+					z[it] = -INFINITY;
+					continue;
+				}
+				for (int i = 0; i < h->D; i++) {
+					double m = 0;
+
+					for (int64_t p = a; p < e; p++)
+						m += hkey((struct hist *)h, p, l, g)[i];
+					dot += qm[i] * m / (double)(e - a);
+				}
+				z[it] = dot / sqrt((double)h->D) + log((double)(e - a));
+			}
+			ref_mass(acc, z, h->nb * per, per);
+		}
+	free(z);
+	free(qm);
+}
+
+static void expect_near(const float *got, const double *want, int64_t n, double tol)
+{
+	for (int64_t i = 0; i < n; i++)
+		if (fabs(got[i] - want[i]) > tol * (1 + fabs(want[i])))
+			fail_msg("item %lld: got %.8g, want %.8g", (long long)i, got[i], want[i]);
+}
+
+static void test_registry(void **state)
+{
+	const char *names[] = { "meank", "subblock", "quest", "recency", "random", "oracle" };
+	int n = 0;
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		const kvm_policy_ops *p = kvm_policy_find(names[i]);
+
+		assert_non_null(p);
+		assert_string_equal(p->name, names[i]);
+		assert_non_null(p->score);
+		assert_true(p->needs & KVM_SUM_MEANK);
+		assert_int_equal(p->per_layer, !strcmp(names[i], "quest"));
+	}
+	for (; kvm_policies[n]; n++)
+		;
+	assert_int_equal(n, 6);
+	assert_string_equal(kvm_policy_find(NULL)->name, "meank");
+	assert_string_equal(kvm_policy_find("")->name, "meank");
+	assert_null(kvm_policy_find("lru"));
+	assert_non_null(strstr(kvm_last_error(), "'lru'"));
+	assert_non_null(strstr(kvm_last_error(), "oracle"));
+	assert_true(kvm_policy_find("subblock")->needs & KVM_SUM_SUBBLOCK);
+	assert_true(kvm_policy_find("quest")->needs & KVM_SUM_MINMAX);
+	assert_true(kvm_policy_find("oracle")->needs & KVM_NEED_KEYS);
+}
+
+static void test_meank_formula(void **state)
+{
+	uint64_t rng = g_seed;
+
+	for (int it = 0; it < 10; it++) {
+		struct hist h;
+		double *want, sum = 0;
+		float *got;
+
+		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 4));
+		hist_commit(&h, KVM_SUM_MEANK);
+		got = run_policy(&h, "meank");
+		want = malloc(sizeof(double) * h.nb);
+		ref_meank(&h, want, 1);
+		expect_near(got, want, h.nb, 1e-4);
+		for (int64_t b = 0; b < h.nb; b++)
+			sum += got[b];
+		/* One unit of attention per (layer, KV head). */
+		assert_true(fabs(sum - h.L * h.Hkv) < 1e-3 * h.L * h.Hkv);
+		free(got);
+		free(want);
+		hist_free(&h);
+	}
+}
+
+static void test_subblock_formula(void **state)
+{
+	uint64_t rng = g_seed ^ 0x51;
+
+	for (int it = 0; it < 10; it++) {
+		struct hist h;
+		double *want;
+		float *got;
+
+		/* Any length: partial last block with sub-blocks not yet begun. */
+		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 4));
+		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		got = run_policy(&h, "subblock");
+		want = malloc(sizeof(double) * h.nb);
+		ref_meank(&h, want, KVM_SUBBLOCKS);
+		expect_near(got, want, h.nb, 1e-4);
+		free(got);
+		free(want);
+		hist_free(&h);
+	}
+}
+
+/* Rank of block b under scores (0 = best). */
+static int rank_of(const float *sc, int64_t n, int64_t b)
+{
+	int r = 0;
+
+	for (int64_t i = 0; i < n; i++)
+		r += sc[i] > sc[b];
+	return r;
+}
+
+/*
+ * One block's keys lean along the query direction u (meank must rank it
+ * first); another block has one quarter strongly along u and three quarters
+ * against it, so its mean points away: meank ranks it low, subblock first.
+ */
+static void test_planted(void **state)
+{
+	uint64_t rng = g_seed ^ 0x77;
+
+	for (int it = 0; it < 6; it++) {
+		struct hist h;
+		int64_t aligned, diluted;
+		float *mk, *sb;
+
+		hist_random(&h, &rng, 64 * 32, 32);
+		aligned = test_rng_int(&rng, 0, (int)h.nb - 1);
+		do
+			diluted = test_rng_int(&rng, 0, (int)h.nb - 1);
+		while (diluted == aligned);
+		for (int l = 0; l < h.L; l++)
+			for (int t = 0; t < h.T; t++)
+				for (int x = 0; x < h.Hq; x++)
+					for (int i = 0; i < h.D; i++)
+						h.q[(((size_t)l * h.T + t) * h.Hq + x) * h.D + i] =
+							(i % 2 ? 1.5f : -1.5f);
+		for (int64_t p = 0; p < h.N; p++)
+			for (int l = 0; l < h.L; l++)
+				for (int g = 0; g < h.Hkv; g++) {
+					float *k = hkey(&h, p, l, g), sign = 0;
+
+					if (p / h.B == aligned)
+						sign = 0.6f;
+					else if (p / h.B == diluted)
+						sign = (p % h.B) < h.B / 4 ? 2.5f : -1.5f;
+					for (int i = 0; i < h.D; i++)
+						k[i] += sign * (i % 2 ? 1.0f : -1.0f);
+				}
+		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		mk = run_policy(&h, "meank");
+		sb = run_policy(&h, "subblock");
+		assert_int_equal(rank_of(mk, h.nb, aligned), 0);
+		assert_true(rank_of(mk, h.nb, diluted) > h.nb / 2);
+		assert_int_equal(rank_of(sb, h.nb, diluted), 0);
+		free(mk);
+		free(sb);
+		hist_free(&h);
+	}
+}
+
+static void test_quest(void **state)
+{
+	uint64_t rng = g_seed ^ 0x99;
+
+	for (int it = 0; it < 8; it++) {
+		struct hist h;
+		double *want, *z;
+		float *got;
+		int grp;
+
+		hist_random(&h, &rng, test_rng_int(&rng, 1, 600), 16 << test_rng_int(&rng, 0, 4));
+		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_MINMAX);
+		got = run_policy(&h, "quest");
+		grp = h.Hq / h.Hkv;
+		want = calloc(h.L * h.nb, sizeof(double));
+		z = malloc(sizeof(double) * h.nb);
+		for (int l = 0; l < h.L; l++)
+			for (int x = 0; x < h.Hq; x++)
+				for (int t = 0; t < h.T; t++) {
+					const float *q = hq(&h, l, t, x);
+
+					for (int64_t b = 0; b < h.nb; b++) {
+						int64_t a = b * h.B, e = a + h.B < h.N ? a + h.B : h.N;
+						double u = 0, best = -INFINITY;
+
+						for (int i = 0; i < h.D; i++) {
+							double lo = INFINITY, hi = -INFINITY;
+
+							for (int64_t p = a; p < e; p++) {
+								double v = hkey(&h, p, l, x / grp)[i];
+
+								lo = v < lo ? v : lo;
+								hi = v > hi ? v : hi;
+							}
+							u += fmax(q[i] * lo, q[i] * hi);
+						}
+						/* It is a bound: no key in the block beats it. */
+						for (int64_t p = a; p < e; p++) {
+							double dot = 0;
+
+							for (int i = 0; i < h.D; i++)
+								dot += (double)q[i] * hkey(&h, p, l, x / grp)[i];
+							best = dot > best ? dot : best;
+						}
+						if (!(best <= u + 1e-9)) fail_msg("best %.17g u %.17g b %lld a %lld e %lld", best, u, (long long)b, (long long)a, (long long)e);
+						z[b] = u / sqrt((double)h.D) + log((double)(e - a));
+					}
+					ref_mass(want + l * h.nb, z, h.nb, 1);
+				}
+		expect_near(got, want, h.L * h.nb, 1e-4);
+		free(got);
+		free(want);
+		free(z);
+		hist_free(&h);
+	}
+}
+
+static void test_recency_random(void **state)
+{
+	uint64_t rng = g_seed ^ 0x31;
+	struct hist h;
+	float *r1, *r2, *r3;
+
+	hist_random(&h, &rng, 777, 16);
+	hist_commit(&h, KVM_SUM_MEANK);
+	r1 = run_policy(&h, "recency");
+	for (int64_t b = 1; b < h.nb; b++)
+		assert_true(r1[b] > r1[b - 1]);
+	free(r1);
+	r1 = run_policy(&h, "random");
+	h.c.step = 1;
+	r2 = run_policy(&h, "random");
+	h.c.step = 0;
+	r3 = run_policy(&h, "random");
+	assert_memory_equal(r1, r3, sizeof(float) * h.nb);
+	assert_memory_not_equal(r1, r2, sizeof(float) * h.nb);
+	h.c.seed = 43;
+	free(r3);
+	r3 = run_policy(&h, "random");
+	assert_memory_not_equal(r1, r3, sizeof(float) * h.nb);
+	for (int64_t b = 0; b < h.nb; b++)
+		assert_true(r1[b] >= 0 && r1[b] < 1);
+	free(r1);
+	free(r2);
+	free(r3);
+	hist_free(&h);
+}
+
+static void ref_rope(double *x, int64_t pos, int d, double theta)
+{
+	for (int i = 0; i < d / 2; i++) {
+		double a = (double)pos * pow(theta, -2.0 * i / d), u = x[i], v = x[i + d / 2];
+
+		x[i] = u * cos(a) - v * sin(a);
+		x[i + d / 2] = v * cos(a) + u * sin(a);
+	}
+}
+
+static void test_oracle(void **state)
+{
+	uint64_t rng = g_seed ^ 0x0c;
+
+	for (int it = 0; it < 6; it++) {
+		struct hist h;
+		double *want, *lg, q[64], k[64], sum = 0;
+		float *got;
+		int grp;
+
+		hist_random(&h, &rng, test_rng_int(&rng, 5, 500), 16 << test_rng_int(&rng, 0, 3));
+		/* Query tokens not at the end: causality must cut the keys. */
+		for (int t = 0; t < h.T; t++)
+			h.qpos[t] = test_rng_int(&rng, 0, (int)h.N - 1);
+		hist_commit(&h, KVM_SUM_MEANK);
+		got = run_policy(&h, "oracle");
+		grp = h.Hq / h.Hkv;
+		want = calloc(h.nb, sizeof(double));
+		lg = malloc(sizeof(double) * h.N);
+		for (int l = 0; l < h.L; l++)
+			for (int x = 0; x < h.Hq; x++)
+				for (int t = 0; t < h.T; t++) {
+					double mx = -INFINITY, tot = 0;
+
+					for (int i = 0; i < h.D; i++)
+						q[i] = hq(&h, l, t, x)[i];
+					ref_rope(q, h.qpos[t], h.D, 10000.0);
+					for (int64_t p = 0; p <= h.qpos[t]; p++) {
+						lg[p] = 0;
+						for (int i = 0; i < h.D; i++)
+							k[i] = hkey(&h, p, l, x / grp)[i];
+						ref_rope(k, p, h.D, 10000.0);
+						for (int i = 0; i < h.D; i++)
+							lg[p] += q[i] * k[i] / sqrt((double)h.D);
+						mx = lg[p] > mx ? lg[p] : mx;
+					}
+					for (int64_t p = 0; p <= h.qpos[t]; p++)
+						tot += exp(lg[p] - mx);
+					for (int64_t p = 0; p <= h.qpos[t]; p++)
+						want[p / h.B] += exp(lg[p] - mx) / tot;
+				}
+		expect_near(got, want, h.nb, 1e-4);
+		for (int64_t b = 0; b < h.nb; b++)
+			sum += got[b];
+		assert_true(fabs(sum - h.L * h.Hq * h.T) < 1e-3 * h.L * h.Hq * h.T);
+		free(got);
+		free(want);
+		free(lg);
+		hist_free(&h);
+	}
+}
+
+/* Policies whose summaries are missing say so instead of reading garbage. */
+static void test_missing_summaries(void **state)
+{
+	uint64_t rng = g_seed ^ 0x4;
+	struct hist h;
+	float sc[64];
+
+	hist_random(&h, &rng, 100, 16);
+	hist_commit(&h, KVM_SUM_MEANK);
+	assert_int_equal(kvm_policy_find("quest")->score(&h.c, sc), -1);
+	assert_non_null(strstr(kvm_last_error(), "min/max"));
+	assert_int_equal(kvm_policy_find("subblock")->score(&h.c, sc), -1);
+	assert_non_null(strstr(kvm_last_error(), "sub-block"));
+	h.c.keys = NULL;
+	assert_int_equal(kvm_policy_find("oracle")->score(&h.c, sc), -1);
+	hist_free(&h);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_registry),
+		cmocka_unit_test(test_meank_formula),
+		cmocka_unit_test(test_subblock_formula),
+		cmocka_unit_test(test_planted),
+		cmocka_unit_test(test_quest),
+		cmocka_unit_test(test_recency_random),
+		cmocka_unit_test(test_oracle),
+		cmocka_unit_test(test_missing_summaries),
+	};
+
+	g_seed = test_rng_fresh_seed("test_ws_policy");
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

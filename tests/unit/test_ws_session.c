@@ -1,0 +1,558 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Agent sessions on the CPU engine.
+ *
+ *  - Exactness: with a budget that holds the whole workspace, every logit
+ *    of every forward pass equals (memcmp) a plain full-context run with the
+ *    same chunking, for every policy, block sizes 16..256, partial blocks,
+ *    several chunk sizes, over many steps; with and without rebuilding
+ *    every view token from raw K.
+ *  - Raw K from the pages, rotated at position p, is the engine's own
+ *    rotated K at p.
+ *  - With small budgets, over random step sequences: the view is exactly
+ *    what the plan says (every slot's K is raw K rotated at that slot, V is
+ *    V), chronological, within budget, pins present; generation far past
+ *    the tail reserve goes on.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/workspace.h"
+#include "helpers/test_model.h"
+
+static uint64_t g_seed;
+
+/* ---- a plain full-context twin fed by on_forward ---------------------- */
+struct twin {
+	kvm_engine *e;
+	kvm_kvcache kv;
+	int vocab, all;
+	float *logits;
+	int64_t calls, mismatches;
+	double max_diff;
+};
+
+static void twin_grow(struct twin *t, const kvm_config *c, int need)
+{
+	kvm_kvcache nk;
+	int cap = t->kv.cap ? t->kv.cap : 64;
+
+	if (need <= t->kv.cap)
+		return;
+	while (cap < need)
+		cap *= 2;
+	assert_int_equal(kvm_kvcache_init(&nk, c, cap), 0);
+	for (int l = 0; l < c->n_layers; l++)
+		for (int h = 0; h < c->n_kv_heads && t->kv.len; h++) {
+			memcpy(kvm_kv_k(&nk, l, h, 0), kvm_kv_k(&t->kv, l, h, 0),
+			       sizeof(float) * t->kv.len * c->head_dim);
+			memcpy(kvm_kv_v(&nk, l, h, 0), kvm_kv_v(&t->kv, l, h, 0),
+			       sizeof(float) * t->kv.len * c->head_dim);
+		}
+	nk.len = t->kv.len;
+	kvm_kvcache_free(&t->kv);
+	t->kv = nk;
+}
+
+static void twin_forward(void *arg, const int32_t *tok, int n, const float *logits)
+{
+	struct twin *t = arg;
+	const kvm_config *c = &kvm_engine_model(t->e)->cfg;
+	size_t cnt = (size_t)(t->all ? n : 1) * t->vocab;
+
+	twin_grow(t, c, t->kv.len + n);
+	assert_int_equal(kvm_forward(t->e, &t->kv, tok, n, t->logits, t->all, NULL), 0);
+	t->calls++;
+	if (memcmp(logits, t->logits, cnt * sizeof(float)))
+		t->mismatches++;
+	for (size_t i = 0; i < cnt; i++)
+		t->max_diff = fmax(t->max_diff, fabs((double)logits[i] - t->logits[i]));
+}
+
+/* ---- models ------------------------------------------------------------ */
+static kvm_model *small_model(uint64_t *rng)
+{
+	static const int geo[][4] = {	/* layers, heads, kv heads, head_dim */
+		{ 2, 4, 2, 16 }, { 1, 2, 1, 8 }, { 3, 4, 1, 12 }, { 2, 6, 3, 8 },
+	};
+	const int *g = geo[test_rng_int(rng, 0, 3)];
+	kvm_config c = test_model_config(g[0], 24, g[1], g[2], g[3], 40, 53, test_rng_int(rng, 0, 1));
+
+	return test_model_random(&c, (uint64_t)test_rng_int(rng, 1, 1 << 30));
+}
+
+static int32_t *random_tokens(uint64_t *rng, int n, int vocab)
+{
+	int32_t *t = malloc(sizeof(int32_t) * (n ? n : 1));
+
+	for (int i = 0; i < n; i++)
+		t[i] = test_rng_int(rng, 0, vocab - 1);
+	return t;
+}
+
+/* ---- a random step script ---------------------------------------------- */
+struct op {
+	int kind;	/* 0 append, 1 select + decode, 2 unpin all */
+	int n, pin;
+};
+
+static int make_script(uint64_t *rng, struct op *ops, int max_ops, int steps, int max_append,
+		       int64_t *total)
+{
+	int n = 0;
+
+	*total = 0;
+	for (int s = 0; s < steps && n + 4 < max_ops; s++) {
+		int appends = test_rng_int(rng, 1, 2);
+
+		for (int a = 0; a < appends; a++) {
+			ops[n] = (struct op){ 0, test_rng_int(rng, 1, max_append),
+					     test_rng_int(rng, 0, 4) == 0 };
+			*total += ops[n++].n;
+		}
+		if (test_rng_int(rng, 0, 5) == 0)
+			ops[n++] = (struct op){ 2, 0, 0 };
+		ops[n] = (struct op){ 1, test_rng_int(rng, 0, max_append / 4), 0 };
+		*total += ops[n++].n;
+	}
+	return n;
+}
+
+/* ---- the view invariant -------------------------------------------------- */
+/*
+ * Every slot of the view holds what the plan says: history slots the K of
+ * their block's token rotated from raw K at that slot, tail slots the
+ * tokens after the plan at their slots; V copied; within budget; pins in.
+ */
+static void check_view(kvm_session *s, const kvm_page_source *src, const kvm_config *c)
+{
+	const kvm_plan *p = kvm_session_plan(s);
+	const kvm_kvcache *kv = kvm_session_view(s);
+	const kvm_blocks *r = kvm_session_blocks(s);
+	const kvm_session_opts *o = kvm_session_options(s);
+	const int d = c->head_dim, B = r->block;
+	float *rot = malloc(sizeof(float) * d);
+	int64_t tail = kv->len - p->view_tokens;
+
+	if (o->budget) {
+		assert_true(p->view_tokens <= o->budget);
+		assert_true(kv->len <= o->budget + o->reserve);
+	}
+	assert_true(tail >= 0);
+	assert_int_equal(p->n_tokens + tail, kvm_session_tokens(s));
+	for (int l = 0; l < c->n_layers; l++) {
+		int set = p->n_sets == 1 ? 0 : l;
+		const int64_t *blk = p->blocks + (size_t)set * p->n_view;
+		const int64_t *st = p->start + (size_t)set * p->n_view;
+
+		for (int64_t slot = 0; slot < kv->len; slot++) {
+			int64_t pos;
+			int i;
+
+			if (slot < p->view_tokens) {
+				for (i = p->n_view - 1; st[i] > slot; i--)
+					;
+				if (i)
+					assert_true(blk[i - 1] < blk[i]);
+				pos = blk[i] * B + (slot - st[i]);
+				assert_true(pos < blk[i] * B + kvm_block_len(r, blk[i]));
+			} else {
+				pos = p->n_tokens + (slot - p->view_tokens);
+			}
+			const float *pk, *pv;
+			int32_t s32 = (int32_t)slot;
+
+			assert_int_equal(src->ops->get(src->ctx, pos / B, l, &pk, &pv), 0);
+			for (int h = 0; h < c->n_kv_heads; h++) {
+				const float *rk = pk + ((size_t)h * B + pos % B) * d;
+
+				memcpy(rot, rk, sizeof(float) * d);
+				kvm_rope(rot, &s32, 1, 1, d, c->rope_theta);
+				assert_memory_equal(kvm_kv_k(kv, l, h, (int)slot), rot, sizeof(float) * d);
+				assert_memory_equal(kvm_kv_v(kv, l, h, (int)slot),
+						    pv + ((size_t)h * B + pos % B) * d, sizeof(float) * d);
+			}
+			src->ops->put(src->ctx, pos / B, l);
+		}
+		/* Pins (as of the plan) are in the view. */
+		for (int i = 0; i < r->n_pins && r->pins[i].start < p->n_tokens; i++) {
+			int64_t e = r->pins[i].end < p->n_tokens ? r->pins[i].end : p->n_tokens;
+
+			for (int64_t b = r->pins[i].start / B; b <= (e - 1) / B; b++) {
+				int found = 0;
+
+				for (int j = 0; j < p->n_view; j++)
+					found |= blk[j] == b;
+				assert_true(found);
+			}
+		}
+	}
+	free(rot);
+}
+
+/* ---- one scripted run --------------------------------------------------- */
+struct run_cfg {
+	const char *policy;
+	int block, chunk, rebuild_all, all_logits;
+	int64_t budget;		/* < 0: the whole workspace plus -budget-1 */
+	int budget_div;		/* > 0: budget = max(2 blocks, workspace / budget_div) */
+	int steps, max_append;
+	int check_every;	/* check_view after every op */
+};
+
+struct run_out {
+	int64_t budget, tokens, calls, mismatches, forced, pins_refused;
+	double max_diff;
+};
+
+static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out *ro)
+{
+	kvm_model *m = small_model(rng);
+	const kvm_config *c = &m->cfg;
+	kvm_engine *e = kvm_engine_create(m, rc->chunk);
+	struct op ops[128];
+	int64_t total;
+	int n_ops = make_script(rng, ops, 128, rc->steps, rc->max_append, &total);
+	kvm_page_source src;
+	kvm_session_opts o;
+	struct twin t = { .e = e, .vocab = c->vocab, .all = rc->all_logits };
+	kvm_session *s;
+
+	memset(ro, 0, sizeof(*ro));
+	kvm_session_stats st;
+	kvm_sampler smp = { .temperature = 0.9f, .top_k = 0, .top_p = 1.0f };
+
+	assert_non_null(e);
+	t.logits = malloc(sizeof(float) * rc->chunk * c->vocab);
+	assert_int_equal(kvm_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim,
+					     rc->block), 0);
+	kvm_session_opts_default(&o);
+	o.block = rc->block;
+	o.chunk = rc->chunk;
+	o.policy = rc->policy;
+	o.budget = rc->budget < 0 ? total + (-rc->budget - 1) : rc->budget;
+	if (o.budget < rc->block)	/* a budget holds at least one block */
+		o.budget = rc->block;
+	if (rc->budget_div)
+		o.budget = total / rc->budget_div > 2 * rc->block ? total / rc->budget_div :
+			   2 * rc->block;
+	ro->budget = o.budget;
+	o.rebuild_all = rc->rebuild_all;
+	o.all_logits = rc->all_logits;
+	o.seed = (uint64_t)test_rng_int(rng, 0, 1 << 30);
+	o.source = &src;
+	o.on_forward = twin_forward;
+	o.arg = &t;
+	s = kvm_session_create(e, &o);
+	if (!s)
+		fail_msg("session: %s", kvm_last_error());
+	int32_t *want = malloc(sizeof(int32_t) * (total + 1));
+	int64_t at = 0;
+
+	for (int i = 0; i < n_ops; i++) {
+		int32_t *tok = random_tokens(rng, ops[i].n, c->vocab), out[32];
+
+		if (ops[i].kind == 0) {
+			int rcode = kvm_session_append(s, tok, ops[i].n, ops[i].pin);
+
+			if (rcode && ops[i].pin && strstr(kvm_last_error(), "budget")) {
+				/* Refused pin: nothing ran; append without it. */
+				ro->pins_refused++;
+				rcode = kvm_session_append(s, tok, ops[i].n, 0);
+			}
+			if (rcode)
+				fail_msg("append: %s", kvm_last_error());
+			memcpy(want + at, tok, sizeof(int32_t) * ops[i].n);
+			at += ops[i].n;
+		} else if (ops[i].kind == 1) {
+			if (kvm_session_select(s))
+				fail_msg("select: %s", kvm_last_error());
+			if (rc->check_every)
+				check_view(s, &src, c);
+			if (kvm_session_decode(s, ops[i].n, i % 3 ? NULL : &smp, out))
+				fail_msg("decode: %s", kvm_last_error());
+			for (int j = 0; j < ops[i].n; j++)
+				assert_true(out[j] >= 0 && out[j] < c->vocab);
+			memcpy(want + at, out, sizeof(int32_t) * ops[i].n);
+			at += ops[i].n;
+		} else {
+			assert_int_equal(kvm_session_unpin(s, 0, kvm_session_tokens(s)), 0);
+		}
+		if (rc->check_every)
+			check_view(s, &src, c);
+		free(tok);
+	}
+	assert_int_equal(kvm_session_tokens(s), total);
+	assert_memory_equal(kvm_session_token_ids(s), want, sizeof(int32_t) * total);
+	free(want);
+	/* A last selection, then the whole view checked once more. */
+	assert_int_equal(kvm_session_select(s), 0);
+	check_view(s, &src, c);
+	kvm_session_get_stats(s, &st);
+	ro->tokens = total;
+	ro->calls = t.calls;
+	ro->mismatches = t.mismatches;
+	ro->max_diff = t.max_diff;
+	ro->forced = st.forced;
+	assert_int_equal(st.forwards, t.calls);
+	if (rc->budget < 0) {
+		/* Identity view: the session's K / V are the twin's, bit for bit. */
+		const kvm_kvcache *kv = kvm_session_view(s);
+
+		assert_int_equal(kv->len, t.kv.len);
+		for (int l = 0; l < c->n_layers; l++)
+			for (int h = 0; h < c->n_kv_heads; h++) {
+				assert_memory_equal(kvm_kv_k(kv, l, h, 0), kvm_kv_k(&t.kv, l, h, 0),
+						    sizeof(float) * kv->len * c->head_dim);
+				assert_memory_equal(kvm_kv_v(kv, l, h, 0), kvm_kv_v(&t.kv, l, h, 0),
+						    sizeof(float) * kv->len * c->head_dim);
+			}
+	}
+	kvm_session_free(s);
+	kvm_page_source_destroy(&src);
+	kvm_kvcache_free(&t.kv);
+	free(t.logits);
+	kvm_engine_free(e);
+	test_model_free(m);
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+static const char *const policies[] = { "meank", "subblock", "quest", "recency", "random",
+					"oracle" };
+#define N_POLICIES 6
+
+static void test_exact_every_policy(void **state)
+{
+	static const int chunks[] = { 1, 3, 8, 17, 32, 64 };
+	uint64_t rng = g_seed;
+
+	for (int p = 0; p < N_POLICIES; p++)
+		for (int bi = 0; bi < 5; bi++) {
+			struct run_cfg rc = {
+				.policy = policies[p], .block = 16 << bi,
+				.chunk = chunks[test_rng_int(&rng, 1, 5)],
+				.rebuild_all = (p + bi) % 2, .all_logits = 1,
+				/* tight (== workspace) or with room to spare */
+				.budget = -1 - test_rng_int(&rng, 0, 1) * test_rng_int(&rng, 0, 300),
+				.steps = 7, .max_append = 56,
+			};
+			struct run_out ro;
+
+			run_session(&rng, &rc, &ro);
+			if (ro.mismatches)
+				fail_msg("policy %s block %d chunk %d: %lld of %lld forward passes differ "
+					 "(max |diff| %g)", rc.policy, rc.block, rc.chunk,
+					 (long long)ro.mismatches, (long long)ro.calls, ro.max_diff);
+			assert_true(ro.calls > 8);
+		}
+}
+
+/* Chunk of one token (slow path) and a chunk larger than most appends. */
+static void test_exact_chunk_extremes(void **state)
+{
+	uint64_t rng = g_seed ^ 0xce;
+	const int chunks[] = { 1, 100 };
+
+	for (int i = 0; i < 2; i++) {
+		struct run_cfg rc = { .policy = "meank", .block = 16, .chunk = chunks[i],
+				      .rebuild_all = 1, .all_logits = i, .budget = -1, .steps = 4,
+				      .max_append = 90 };
+		struct run_out ro;
+
+		run_session(&rng, &rc, &ro);
+		assert_int_equal(ro.mismatches, 0);
+	}
+}
+
+/* The raw K of every page, rotated at its position, is the engine's K. */
+static void test_raw_k_rotates_to_engine_k(void **state)
+{
+	uint64_t rng = g_seed ^ 0x4b;
+	kvm_model *m = small_model(&rng);
+	const kvm_config *c = &m->cfg;
+	kvm_engine *e = kvm_engine_create(m, 32);
+	kvm_page_source src;
+	kvm_session_opts o;
+	struct twin t = { .e = e, .vocab = c->vocab };
+	int n = test_rng_int(&rng, 100, 400), B = 16 << test_rng_int(&rng, 0, 4);
+	int32_t *tok = random_tokens(&rng, n, c->vocab);
+	kvm_session *s;
+	float *rot = malloc(sizeof(float) * c->head_dim);
+
+	t.logits = malloc(sizeof(float) * c->vocab * 32);
+	kvm_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
+	kvm_session_opts_default(&o);
+	o.block = B;
+	o.chunk = 32;
+	o.source = &src;
+	o.on_forward = twin_forward;
+	o.arg = &t;
+	s = kvm_session_create(e, &o);
+	assert_non_null(s);
+	assert_int_equal(kvm_session_append(s, tok, n, 0), 0);
+	for (int64_t p = 0; p < n; p++)
+		for (int l = 0; l < c->n_layers; l++) {
+			const float *pk, *pv;
+			int32_t p32 = (int32_t)p;
+
+			assert_int_equal(src.ops->get(src.ctx, p / B, l, &pk, &pv), 0);
+			for (int h = 0; h < c->n_kv_heads; h++) {
+				memcpy(rot, pk + ((size_t)h * B + p % B) * c->head_dim,
+				       sizeof(float) * c->head_dim);
+				kvm_rope(rot, &p32, 1, 1, c->head_dim, c->rope_theta);
+				assert_memory_equal(rot, kvm_kv_k(&t.kv, l, h, (int)p),
+						    sizeof(float) * c->head_dim);
+			}
+		}
+	kvm_session_free(s);
+	kvm_page_source_destroy(&src);
+	kvm_kvcache_free(&t.kv);
+	free(t.logits);
+	free(tok);
+	free(rot);
+	kvm_engine_free(e);
+	test_model_free(m);
+}
+
+/* Budgets about a tenth of the workspace: every invariant after every op. */
+static void test_small_budget_properties(void **state)
+{
+	uint64_t rng = g_seed ^ 0x5b;
+
+	for (int p = 0; p < N_POLICIES; p++)
+		for (int k = 0; k < 2; k++) {
+			int B = 16 << test_rng_int(&rng, 0, 2);
+			struct run_cfg rc = {
+				.policy = policies[p], .block = B,
+				.chunk = test_rng_int(&rng, 1, 40), .rebuild_all = k,
+				.budget_div = 10, .steps = 8, .max_append = 90,
+				.check_every = 1,
+			};
+			struct run_out ro;
+
+			run_session(&rng, &rc, &ro);
+			/* A tenth of the workspace, unless two blocks is more. */
+			assert_true(ro.budget == 2 * rc.block || ro.tokens >= 10 * ro.budget);
+		}
+}
+
+/* Far past the reserve: 600 decoded tokens with an 8-slot reserve. */
+static void test_long_generation(void **state)
+{
+	uint64_t rng = g_seed ^ 0x10;
+	kvm_model *m = small_model(&rng);
+	const kvm_config *c = &m->cfg;
+	kvm_engine *e = kvm_engine_create(m, 8);
+	kvm_page_source src;
+	kvm_session_opts o;
+	kvm_session_stats st;
+	int32_t *tok = random_tokens(&rng, 50, c->vocab), out[600];
+	kvm_session *s;
+
+	kvm_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, 16);
+	kvm_session_opts_default(&o);
+	o.block = 16;
+	o.chunk = 8;
+	o.budget = 64;
+	o.reserve = 8;
+	o.source = &src;
+	s = kvm_session_create(e, &o);
+	assert_non_null(s);
+	assert_int_equal(kvm_session_append(s, tok, 20, 1), 0);	/* a pinned "system prompt" */
+	assert_int_equal(kvm_session_append(s, tok + 20, 30, 0), 0);
+	assert_int_equal(kvm_session_select(s), 0);
+	assert_int_equal(kvm_session_decode(s, 600, NULL, out), 0);
+	check_view(s, &src, c);
+	kvm_session_get_stats(s, &st);
+	assert_int_equal(kvm_session_tokens(s), 650);
+	/* The pins hold 32 of the 64: the tail never has more than 40 slots. */
+	assert_true(st.forced >= 600 / 40 - 1);
+	assert_true(kvm_session_view(s)->len <= 64 + 8);
+	kvm_session_free(s);
+	kvm_page_source_destroy(&src);
+	free(tok);
+	kvm_engine_free(e);
+	test_model_free(m);
+}
+
+static void test_session_errors(void **state)
+{
+	uint64_t rng = g_seed ^ 0xee;
+	kvm_model *m = small_model(&rng);
+	kvm_engine *e = kvm_engine_create(m, 16);
+	kvm_session_opts o;
+	kvm_session *s;
+	int32_t tok[200] = { 0 }, out[4];
+
+	kvm_session_opts_default(&o);
+	o.block = 24;
+	assert_null(kvm_session_create(e, &o));
+	assert_non_null(strstr(kvm_last_error(), "power of two"));
+	kvm_session_opts_default(&o);
+	o.budget = 8;
+	assert_null(kvm_session_create(e, &o));
+	assert_non_null(strstr(kvm_last_error(), "budget"));
+	kvm_session_opts_default(&o);
+	o.budget = 256;
+	o.chunk = 16;
+	o.reserve = 4;
+	assert_null(kvm_session_create(e, &o));
+	assert_non_null(strstr(kvm_last_error(), "reserve"));
+	kvm_session_opts_default(&o);
+	o.policy = "nope";
+	assert_null(kvm_session_create(e, &o));
+	assert_non_null(strstr(kvm_last_error(), "nope"));
+
+	kvm_session_opts_default(&o);
+	o.budget = 64;
+	o.block = 16;
+	o.chunk = 16;
+	s = kvm_session_create(e, &o);
+	assert_non_null(s);
+	assert_int_equal(kvm_session_decode(s, 1, NULL, out), -1);
+	assert_non_null(strstr(kvm_last_error(), "append"));
+	assert_int_equal(kvm_session_select(s), 0);	/* empty: nothing to do */
+	/* Pins over the budget are refused up front and leave nothing pinned. */
+	assert_int_equal(kvm_session_append(s, tok, 100, 1), -1);
+	assert_non_null(strstr(kvm_last_error(), "budget"));
+	assert_int_equal(kvm_session_tokens(s), 0);
+	assert_int_equal(kvm_session_blocks(s)->n_pins, 0);
+	assert_int_equal(kvm_session_append(s, tok, 100, 0), 0);
+	assert_int_equal(kvm_session_pin(s, 0, 65), -1);
+	assert_int_equal(kvm_session_pin(s, 0, 64), 0);
+	assert_int_equal(kvm_session_select(s), 0);
+	assert_int_equal(kvm_session_plan(s)->view_tokens, 64);
+	assert_true(kvm_session_plan(s)->newest_dropped);
+	tok[0] = 10000;	/* outside the vocabulary: the engine refuses, nothing stored */
+	assert_int_equal(kvm_session_append(s, tok, 1, 0), -1);
+	assert_int_equal(kvm_session_tokens(s), 100);
+	tok[0] = 0;
+	assert_int_equal(kvm_session_decode(s, 4, NULL, out), 0);
+	kvm_session_free(s);
+	kvm_engine_free(e);
+	test_model_free(m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_exact_every_policy),
+		cmocka_unit_test(test_exact_chunk_extremes),
+		cmocka_unit_test(test_raw_k_rotates_to_engine_k),
+		cmocka_unit_test(test_small_budget_properties),
+		cmocka_unit_test(test_long_generation),
+		cmocka_unit_test(test_session_errors),
+	};
+
+	g_seed = test_rng_fresh_seed("test_ws_session");
+	if (getenv("KVMEM_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("KVMEM_TEST_FILTER"));
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
