@@ -34,7 +34,7 @@
 #define PROBE_PREFETCH(pg, bytes) DTRACE_PROBE2(kvmem, prefetch, pg, bytes)
 #define PROBE_IO_ERROR(pg, err) DTRACE_PROBE2(kvmem, io_error, pg, err)
 #define PROBE_COMMIT(tok, blk, ns) DTRACE_PROBE3(kvmem, commit, tok, blk, ns)
-#define PROBE_STEP(step, hits, misses, bytes, ns) \
-	DTRACE_PROBE5(kvmem, step, step, hits, misses, bytes, ns)
+#define PROBE_STEP(n, hits, misses, bytes, ns) \
+	DTRACE_PROBE5(kvmem, step, n, hits, misses, bytes, ns)
 
 #endif
