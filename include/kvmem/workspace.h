@@ -266,6 +266,9 @@ typedef struct kvm_session_opts {
 	 * logits ([n][vocab] when all_logits, else the last token's [vocab]):
 	 * how a caller runs a full-context twin with the same chunking. */
 	void (*on_forward)(void *arg, const int32_t *tokens, int n, const float *logits);
+	/* Called after every selection with the new plan (forced: the tail was
+	 * full mid-append or mid-decode). */
+	void (*on_select)(void *arg, const kvm_plan *plan, int forced);
 	void *arg;
 } kvm_session_opts;
 
@@ -291,6 +294,15 @@ void kvm_session_free(kvm_session *s);
 int kvm_session_append(kvm_session *s, const int32_t *tokens, int64_t n, int pin);
 int kvm_session_pin(kvm_session *s, int64_t start, int64_t end);
 int kvm_session_unpin(kvm_session *s, int64_t start, int64_t end);
+/*
+ * Take over a history already in the page source (a reopened workspace):
+ * n token ids whose raw K / V pages the source holds. Only on a session
+ * that has run nothing. The index is rebuilt from the pages and a first
+ * selection (no queries yet: sink, recent and the latest blocks) lays out
+ * the view, so the next append attends to it. Decoding needs an append
+ * first (there are no logits yet).
+ */
+int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n);
 /* Step boundary: score with the last query tokens, plan, rematerialise. */
 int kvm_session_select(kvm_session *s);
 /* Generate n tokens into out (sampler NULL: greedy) with the view frozen;

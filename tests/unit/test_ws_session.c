@@ -482,6 +482,64 @@ static void test_long_generation(void **state)
 	test_model_free(m);
 }
 
+/*
+ * A second session adopts the first one's pages (a reopened workspace) and
+ * goes on: with a budget over the workspace it stays bit-exact with the
+ * full-context twin that saw the whole history.
+ */
+static void test_adopt_resumes(void **state)
+{
+	uint64_t rng = g_seed ^ 0xad;
+	kvm_model *m = small_model(&rng);
+	const kvm_config *c = &m->cfg;
+	kvm_engine *e = kvm_engine_create(m, 16);
+	kvm_page_source src;
+	kvm_session_opts o;
+	struct twin t = { .e = e, .vocab = c->vocab, .all = 1 };
+	int B = 16 << test_rng_int(&rng, 0, 2), n1 = test_rng_int(&rng, 1, 300);
+	int32_t *tok = random_tokens(&rng, n1 + 100, c->vocab), *ids, out[8];
+	kvm_session *s;
+
+	t.logits = malloc(sizeof(float) * c->vocab * 16);
+	kvm_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
+	kvm_session_opts_default(&o);
+	o.block = B;
+	o.chunk = 16;
+	o.budget = 4096;
+	o.all_logits = 1;
+	o.source = &src;
+	o.on_forward = twin_forward;
+	o.arg = &t;
+	s = kvm_session_create(e, &o);
+	assert_int_equal(kvm_session_append(s, tok, n1, 0), 0);
+	ids = malloc(sizeof(int32_t) * n1);
+	memcpy(ids, kvm_session_token_ids(s), sizeof(int32_t) * n1);
+	kvm_session_free(s);
+
+	s = kvm_session_create(e, &o);
+	assert_int_equal(kvm_session_decode(s, 1, NULL, out), -1);
+	assert_int_equal(kvm_session_adopt(s, ids, n1), 0);
+	assert_int_equal(kvm_session_tokens(s), n1);
+	assert_int_equal(kvm_session_plan(s)->view_tokens, n1);
+	assert_int_equal(kvm_session_plan(s)->entering, kvm_session_plan(s)->n_view);
+	check_view(s, &src, c);
+	assert_int_equal(kvm_session_adopt(s, ids, n1), -1);	/* only once */
+	assert_int_equal(kvm_session_append(s, tok + n1, 100, 0), 0);
+	assert_int_equal(kvm_session_select(s), 0);
+	assert_int_equal(kvm_session_decode(s, 8, NULL, out), 0);
+	check_view(s, &src, c);
+	assert_int_equal(t.mismatches, 0);
+	assert_true(t.calls > 8);
+	kvm_session_free(s);
+	kvm_page_source_destroy(&src);
+	kvm_kvcache_free(&t.kv);
+	free(t.logits);
+	free(tok);
+	free(ids);
+	kvm_engine_free(e);
+	test_model_free(m);
+}
+
 static void test_session_errors(void **state)
 {
 	uint64_t rng = g_seed ^ 0xee;
@@ -548,6 +606,7 @@ int main(void)
 		cmocka_unit_test(test_raw_k_rotates_to_engine_k),
 		cmocka_unit_test(test_small_budget_properties),
 		cmocka_unit_test(test_long_generation),
+		cmocka_unit_test(test_adopt_resumes),
 		cmocka_unit_test(test_session_errors),
 	};
 

@@ -160,8 +160,8 @@ static void diff_set(kvm_plan *p, int s, const kvm_plan *prev, int ps, int n_lef
 {
 	const int64_t *nb = p->blocks + (size_t)s * p->n_view;
 	uint8_t *st = p->state + (size_t)s * p->n_view;
-	const int64_t *ob = prev ? prev->blocks + (size_t)ps * prev->n_view : NULL;
 	int on = prev ? prev->n_view : 0, i = 0, j = 0;
+	const int64_t *ob = on ? prev->blocks + (size_t)ps * prev->n_view : NULL;
 	int64_t *left = p->left + (size_t)s * n_left_max;
 	int64_t born = prev ? prev->ws_blocks : 0;
 
@@ -240,8 +240,7 @@ int kvm_plan_build(kvm_plan *out, const kvm_blocks *r, const float *scores, int 
 			at++;
 		}
 		p.view_tokens = pos;
-		diff_set(&p, s, prev && prev->n_view ? prev : NULL,
-			 prev && prev->n_sets == n_sets ? s : 0, n_left_max);
+		diff_set(&p, s, prev, prev && prev->n_sets == n_sets ? s : 0, n_left_max);
 	}
 	free(base);
 	free(mark);

@@ -196,5 +196,7 @@ int ws_select(kvm_session *s, int forced)
 	s->kv.len = (int)s->view_len;
 	s->st.selections++;
 	s->st.forced += forced;
+	if (s->o.on_select)
+		s->o.on_select(s->o.arg, &s->plan, forced);
 	return 0;
 }

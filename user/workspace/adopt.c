@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Adopting a stored history: a session starts over pages that are already
+ * in its page source (a reopened workspace). Token ids come from the
+ * caller, raw K from the pages; the index is rebuilt block by block and a
+ * first selection lays out the view.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "workspace/session_int.h"
+
+/* Raw K of block b, all layers, in the index's [L][len][H][D] layout. */
+static int gather_block(kvm_session *s, int64_t b, int len, float *out)
+{
+	const int H = s->cfg.n_kv_heads, d = s->cfg.head_dim, B = s->blocks.block;
+
+	for (int l = 0; l < s->cfg.n_layers; l++) {
+		const float *k, *v;
+
+		if (s->src->ops->get(s->src->ctx, b, l, &k, &v))
+			return kvm_error_prefix("session: adopting block %lld", (long long)b);
+		for (int t = 0; t < len; t++)
+			for (int h = 0; h < H; h++)
+				memcpy(out + (((size_t)l * len + t) * H + h) * d,
+				       k + ((size_t)h * B + t) * d, (size_t)d * sizeof(float));
+		s->src->ops->put(s->src->ctx, b, l);
+	}
+	return 0;
+}
+
+int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n)
+{
+	const int B = s->blocks.block;
+	float *buf;
+	int rc = 0;
+
+	if (s->broken || s->blocks.n_tokens || s->st.forwards)
+		return kvm_error("session: adopt needs a fresh session");
+	if (n < 0)
+		return kvm_error("session: cannot adopt %lld tokens", (long long)n);
+	for (int64_t i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= s->cfg.vocab)
+			return kvm_error("session: adopted token %lld is %d, outside the vocabulary (0..%d)",
+					 (long long)i, tokens[i], s->cfg.vocab - 1);
+	s->tokens = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+	buf = malloc(sizeof(float) * s->cfg.n_layers * B * s->cfg.n_kv_heads * s->cfg.head_dim);
+	if (!s->tokens || !buf) {
+		free(buf);
+		return kvm_error("session: out of memory adopting %lld tokens", (long long)n);
+	}
+	s->cap_tokens = n ? n : 1;
+	memcpy(s->tokens, tokens, (size_t)n * sizeof(int32_t));
+	for (int64_t b = 0; b * B < n && !rc; b++) {
+		int len = n - b * B < B ? (int)(n - b * B) : B;
+
+		rc = gather_block(s, b, len, buf) || kvm_index_append(&s->index, buf, len);
+	}
+	free(buf);
+	if (rc) {
+		s->broken = 1;
+		return -1;
+	}
+	s->blocks.n_tokens = n;
+	/* The history is "before the last selection" and in no view yet. */
+	s->sel_tokens = n;
+	s->view_len = 0;
+	s->plan.ws_blocks = kvm_blocks_count(&s->blocks);
+	s->plan.n_sets = 1;
+	s->plan.n_tokens = n;
+	return ws_select(s, 0);
+}
