@@ -217,9 +217,10 @@ int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *laye
  * Make everything appended durable and advance the committed count to
  * kvm_pager_tokens(). Full blocks must cover tokens / B; when tokens % B is
  * not zero, tail_layers/tail_index hold the partial block (else NULL). app:
- * up to KVM_PAGER_APP_MAX opaque bytes stored with the commit.
+ * up to KVM_PAGER_APP_MAX opaque bytes stored with the commit (in the
+ * manifest, rewritten at each commit: keep it small when commits are many).
  */
-#define KVM_PAGER_APP_MAX 65536u
+#define KVM_PAGER_APP_MAX (16u << 20)
 int kvm_pager_commit(kvm_pager *p, const void *const *tail_layers, const void *tail_index,
 		     const void *app, uint32_t app_len);
 
@@ -262,6 +263,30 @@ const struct kvm_pte *kvm_pager_pte(const kvm_pager *p, uint64_t page);
 kvm_hostpool *kvm_pager_hostpool(kvm_pager *p);
 /* 1 when the pages file uses O_DIRECT. */
 int kvm_pager_direct(const kvm_pager *p);
+
+/* ---- the session's page source over a pager ---------------------------- */
+/*
+ * The workspace layer's kvm_page_source (kvmem/workspace.h) backed by a
+ * pager: full blocks are staged out as they complete, reads go through
+ * fetch (pinned until put), prefetch hints become pager prefetches. Blocks
+ * not yet full stay in the source's memory. Pages are fp32 (KVM_DTYPE_F32).
+ */
+struct kvm_page_source;
+struct kvm_model;
+
+/* The geometry of a model's workspace: fp32 pages of `block` tokens, no
+ * index record; the fingerprint is the model's (weights included), or the
+ * config's when the model has none (built in memory). */
+void kvm_page_geom_model(kvm_page_geom *g, const struct kvm_model *m, int block);
+/* A source over p (which must outlive it). When p holds a committed partial
+ * block, it is restored, so a session resumed at kvm_pager_tokens(p) goes on
+ * from there. */
+int kvm_page_source_pager(struct kvm_page_source *src, kvm_pager *p);
+/* Persist the history at a step boundary: token ids [0, n) (those past the
+ * pager's count are appended), the full blocks, the partial block and `app`,
+ * then commit. n must be the number of tokens written through the source. */
+int kvm_page_source_pager_commit(struct kvm_page_source *src, const int32_t *ids, int64_t n,
+				 const void *app, uint32_t app_len);
 
 /* ---- directory tools (no pager needed) --------------------------------- */
 /* What the manifest of a workspace says (no data file is read). */

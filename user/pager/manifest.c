@@ -81,7 +81,7 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 	fd = openat(dirfd, "manifest", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return kvm_error("%s/manifest: %s", dir, strerror(errno));
-	if (fstat(fd, &sb) < 0 || sb.st_size > (1 << 24)) {
+	if (fstat(fd, &sb) < 0 || sb.st_size > (off_t)KVM_PAGER_APP_MAX + (1 << 20)) {
 		close(fd);
 		return kvm_error("%s/manifest: unreadable or too large to be a manifest", dir);
 	}
