@@ -24,6 +24,7 @@
 #include "kvmem/workspace.h"
 #include "util/json.h"
 #include "cmd.h"
+#include "pager_cli.h"
 
 enum { OP_APPEND, OP_DECODE };
 
@@ -34,7 +35,8 @@ struct op {
 };
 
 struct cli {
-	const char *model, *script, *workspace, *policy;
+	const char *model, *script, *workspace, *policy, *cache_policy;
+	uint64_t host_cap;
 	int64_t budget, sink, recent, reserve;
 	long block, chunk, query_tokens;
 	int json, check_exact;
@@ -59,6 +61,7 @@ struct twin {
 
 struct run {
 	struct cli *o;
+	kvm_page_source *src;	/* --workspace */
 	struct step st;
 	struct twin tw;
 };
@@ -90,7 +93,11 @@ static void usage(FILE *f)
 		"  --check-exact      run a full-context twin alongside; report the largest logit\n"
 		"                     difference per step; exit 1 if it is not 0 while the\n"
 		"                     budget holds the whole workspace\n"
-		"  --workspace DIR    keep the history in a workspace directory (needs the pager)\n"
+		"  --workspace DIR    keep the history in a workspace directory: created, or\n"
+		"                     reopened and continued with no re-prefill; committed\n"
+		"                     after every script line (Documentation/pager.md)\n"
+		"  --host-cap BYTES   host pool of the workspace's pager (default 256M; k/M/G)\n"
+		"  --cache-policy P   its replacement policy: lru (default), lfu, score\n"
 		"  --help             this text\n"
 		"\npolicies:\n");
 	for (int i = 0; kvm_policies[i]; i++)
@@ -174,6 +181,19 @@ static int parse_args(int argc, char **argv, struct cli *o)
 			o->script = val;
 		} else if (FLAG("--workspace")) {
 			o->workspace = val;
+		} else if (FLAG("--cache-policy")) {
+			o->cache_policy = val;
+		} else if (FLAG("--host-cap")) {
+			char *end;
+			double b = strtod(val, &end);
+
+			b *= *end == 'k' || *end == 'K' ? 1024 : *end == 'm' || *end == 'M' ? 1 << 20 :
+			     *end == 'g' || *end == 'G' ? 1 << 30 : 1;
+			if (b < 1 || (*end && end[1])) {
+				fprintf(stderr, "kvmem run: --host-cap wants bytes (k/M/G), not '%s'\n", val);
+				return -1;
+			}
+			o->host_cap = (uint64_t)b;
 		} else if (FLAG("--policy")) {
 			o->policy = val;
 		} else if (FLAG("--budget")) {
@@ -515,23 +535,6 @@ static void print_step(const struct cli *o, kvm_session *s, int step, const stru
 		       (long long)st->forwards, (long long)st->differ);
 }
 
-/* ---- the workspace hook ---------------------------------------------- */
-/*
- * --workspace DIR: the pager plugs in here. It should open (or create) the
- * directory, fill *src with a page source over it, and, when DIR already
- * holds a history, return its token ids in *ids / *n_ids so the session can
- * kvm_session_adopt() them. Until then the option is refused.
- */
-static int workspace_source(const char *dir, const kvm_config *c, int block,
-			    kvm_page_source *src, int32_t **ids, int64_t *n_ids)
-{
-	*ids = NULL;
-	*n_ids = 0;
-	memset(src, 0, sizeof(*src));
-	return kvm_error("--workspace %s: workspace directories need the pager, which is not built yet",
-			 dir);
-}
-
 /* ---- the run ------------------------------------------------------------ */
 static double now_ms(void)
 {
@@ -568,6 +571,10 @@ static int run_script(struct run *r, kvm_session *s, const struct op *ops, int n
 		}
 		print_step(o, s, i + 1, op, &r->st, out, now_ms() - t0);
 		free(out);
+		if (o->workspace && pager_cli_commit(r->src, s)) {
+			fprintf(stderr, "kvmem run: %s:%d: %s\n", o->script, op->line, kvm_last_error());
+			return 1;
+		}
 		if (o->check_exact && r->tw.failed)
 			return 1;
 		/* The budget held everything: the view was the identity all along. */
@@ -630,10 +637,11 @@ int session_main(int argc, char **argv)
 	so.on_select = on_select;
 	so.arg = &r;
 	if (o.workspace) {
-		if (workspace_source(o.workspace, &m->cfg, so.block ? so.block : KVM_BLOCK_DEFAULT,
-				     &wsrc, &adopt_ids, &n_adopt))
+		if (pager_cli_open(o.workspace, m, so.block ? so.block : KVM_BLOCK_DEFAULT, o.host_cap,
+				   o.cache_policy, &wsrc, &adopt_ids, &n_adopt))
 			goto err;
 		so.source = &wsrc;
+		r.src = &wsrc;
 	}
 	if (!(s = kvm_session_create(e, &so)))
 		goto err;
@@ -677,6 +685,10 @@ err:
 out:
 	kvm_session_free(s);
 	kvm_page_source_destroy(&wsrc);
+	if (pager_cli_close(o.json ? stderr : stdout)) {
+		fprintf(stderr, "kvmem run: %s\n", kvm_last_error());
+		rc = 1;
+	}
 	free(adopt_ids);
 	kvm_kvcache_free(&r.tw.kv);
 	free(r.tw.logits);

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * `kvmem run --workspace DIR`: the agent session's history in a workspace
+ * directory through the tiered pager (pager_cli.c). One workspace per
+ * process.
+ */
+#ifndef KVMEM_TOOLS_PAGER_CLI_H
+#define KVMEM_TOOLS_PAGER_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvmem/model.h"
+#include "kvmem/workspace.h"
+
+/*
+ * Open (or create) dir for model m with blocks of `block` tokens, a host
+ * pool of host_cap bytes (0: default) and a replacement policy (NULL:
+ * default); fill *src with a page source over it. When dir holds a history,
+ * *ids / *n_ids are its token ids (malloc'd) for kvm_session_adopt().
+ */
+int pager_cli_open(const char *dir, const kvm_model *m, int block, uint64_t host_cap,
+		   const char *cache_policy, kvm_page_source *src, int32_t **ids, int64_t *n_ids);
+/* Commit the session's history (a step boundary); -1 with kvm_error. */
+int pager_cli_commit(kvm_page_source *src, const kvm_session *s);
+/* After the session and the source are gone: print a line about the
+ * workspace to f and close it. -1 when something was not saved. */
+int pager_cli_close(FILE *f);
+
+#endif
