@@ -263,6 +263,10 @@ const struct kvm_pte *kvm_pager_pte(const kvm_pager *p, uint64_t page);
 kvm_hostpool *kvm_pager_hostpool(kvm_pager *p);
 /* 1 when the pages file uses O_DIRECT. */
 int kvm_pager_direct(const kvm_pager *p);
+/* 1 when the host pool and stage-out buffer are registered with io_uring
+ * as fixed buffers (0: io_uring refused, e.g. RLIMIT_MEMLOCK; plain
+ * reads and writes are used, with one warning). */
+int kvm_pager_registered(const kvm_pager *p);
 
 /* ---- the session's page source over a pager ---------------------------- */
 /*
@@ -307,9 +311,10 @@ int kvm_workspace_stats(const char *dir, kvm_pager_stats *s);
 void kvm_pager_stats_print(const kvm_pager_stats *s, FILE *f);
 
 /* ---- fault injection (tests) ------------------------------------------- */
-enum kvm_fault { KVM_FAULT_READ = 1, KVM_FAULT_WRITE = 2 };
-/* The nth I/O completion of this kind from now (1: the next) fails with
- * -EIO; nth 0 disarms. Process-wide. */
+enum kvm_fault { KVM_FAULT_READ = 1, KVM_FAULT_WRITE = 2, KVM_FAULT_DIRECT = 3 };
+/* The nth I/O completion of this kind from now (1: the next) fails: READ and
+ * WRITE with -EIO; DIRECT (any read or write) with -EINVAL, as on a file
+ * system that refuses O_DIRECT I/O. nth 0 disarms. Process-wide. */
 void kvm_pager_fault_inject(enum kvm_fault kind, unsigned nth);
 
 #ifdef __cplusplus

@@ -66,6 +66,7 @@ struct kvm_pt_header {
 };
 
 #ifdef __KERNEL__
+#include <linux/build_bug.h>
 static_assert(sizeof(struct kvm_pte) == 32);
 static_assert(sizeof(struct kvm_pt_header) == 64);
 #else

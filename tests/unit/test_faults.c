@@ -200,6 +200,47 @@ static void test_full_disk(void **state)
 	fx_rmtree(mnt);
 }
 
+/* A file system that takes O_DIRECT at open but refuses the I/O (EINVAL):
+ * the pager goes on with buffered I/O, the same bytes land and read back. */
+static void test_direct_refused(void **state)
+{
+	uint64_t rng = g_seed ^ 5, seed = fx_mix(g_seed ^ 5), pg = 1;
+	kvm_page_geom g = geom(&rng);
+	const void *ptr;
+	uint8_t want[1 << 16];
+	char dir[256];
+	kvm_pager *p;
+
+	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
+	p = open_ws(dir, &g, KVM_PAGER_CREATE | KVM_PAGER_NO_KEEP);
+	assert_non_null(p);
+	if (!kvm_pager_direct(p)) {
+		kvm_pager_close(p);
+		fx_rmtree(dir);
+		skip();
+	}
+	kvm_pager_fault_inject(KVM_FAULT_DIRECT, 1);
+	assert_int_equal(fx_append(p, seed, 4 * g.block_tokens + 2), 0);
+	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
+	assert_int_equal(kvm_pager_direct(p), 0);
+	assert_int_equal(fx_check(p, seed, 1), 0);
+	assert_int_equal(kvm_pager_close(p), 0);
+
+	p = open_ws(dir, &g, 0);
+	assert_non_null(p);
+	assert_int_equal(kvm_pager_direct(p), 1);
+	kvm_pager_fault_inject(KVM_FAULT_DIRECT, 1);
+	assert_int_equal(kvm_pager_fetch(p, &pg, 1, &ptr), 0);
+	assert_int_equal(kvm_pager_direct(p), 0);
+	fx_page(&g, seed, pg, want);
+	assert_memory_equal(want, ptr, kvm_page_bytes(&g));
+	kvm_pager_release(p, &pg, 1);
+	assert_int_equal(fx_check(p, seed, 1), 0);
+	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
+	fx_rmtree(dir);
+}
+
 static void test_missing_dir(void **state)
 {
 	uint64_t rng = g_seed ^ 3;
@@ -271,6 +312,7 @@ int main(void)
 		cmocka_unit_test(test_read_eio),
 		cmocka_unit_test(test_write_eio),
 		cmocka_unit_test_teardown(test_full_disk, unmount_teardown),
+		cmocka_unit_test(test_direct_refused),
 		cmocka_unit_test(test_missing_dir),
 		cmocka_unit_test_teardown(test_unwritable, unmount_teardown),
 	};

@@ -162,6 +162,7 @@ uint64_t kvm_pager_blocks(const kvm_pager *p) { return p->n_blocks; }
 uint64_t kvm_pager_committed_tokens(const kvm_pager *p) { return p->m.h.tokens; }
 kvm_hostpool *kvm_pager_hostpool(kvm_pager *p) { return p->pool; }
 int kvm_pager_direct(const kvm_pager *p) { return p->direct; }
+int kvm_pager_registered(const kvm_pager *p) { return p->io.fixed; }
 
 const void *kvm_pager_app_state(const kvm_pager *p, uint32_t *len)
 {

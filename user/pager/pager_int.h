@@ -72,7 +72,8 @@ void mf_free(struct manifest *m);
 int mf_check_geom(const struct manifest *m, const kvm_page_geom *g, const char *dir);
 
 /* ---- io_uring (uring.c) ------------------------------------------------- */
-enum io_kind { IO_READ = 1, IO_WRITE = 2 };
+/* Equal to KVM_FAULT_READ / KVM_FAULT_WRITE: fault injection matches on them. */
+enum io_kind { IO_READ = KVM_FAULT_READ, IO_WRITE = KVM_FAULT_WRITE };
 
 struct io_req {
 	int kind;		/* enum io_kind */

@@ -13,11 +13,11 @@
 
 #include "pager/pager_int.h"
 
-static _Atomic unsigned fault_nth[3];
+static _Atomic unsigned fault_nth[4];
 
 void kvm_pager_fault_inject(enum kvm_fault kind, unsigned nth)
 {
-	if (kind == KVM_FAULT_READ || kind == KVM_FAULT_WRITE)
+	if (kind >= KVM_FAULT_READ && kind <= KVM_FAULT_DIRECT)
 		atomic_store(&fault_nth[kind], nth);
 }
 
@@ -178,6 +178,8 @@ int io_reap(struct kvm_io *io, unsigned wait, void (*done)(void *arg, struct io_
 		io->inflight--;
 		if (fault_fire(r->kind))
 			r->res = -EIO;
+		else if (fault_fire(KVM_FAULT_DIRECT))
+			r->res = -EINVAL;
 		r->done = 1;
 		done(arg, r);
 		n++;
