@@ -259,6 +259,7 @@ int kvm_pager_step(kvm_pager *p, uint64_t step);
  * (saved at each commit and close, plus this pager's since then). */
 void kvm_pager_stats_get(const kvm_pager *p, kvm_pager_stats *s);
 void kvm_pager_stats_total(const kvm_pager *p, kvm_pager_stats *s);
+/* The page's entry (NULL past the last page); valid until the next append. */
 const struct kvm_pte *kvm_pager_pte(const kvm_pager *p, uint64_t page);
 kvm_hostpool *kvm_pager_hostpool(kvm_pager *p);
 /* 1 when the pages file uses O_DIRECT. */

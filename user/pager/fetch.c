@@ -284,6 +284,13 @@ static int fetch_impl(kvm_pager *p, const uint64_t *pages, size_t n, const void 
 		struct kvm_pte *e = &p->pt[pages[i]];
 
 		if (!(e->tiers & KVM_TIER_HOST)) {
+			if (!p->read_err[0])
+				snprintf(p->read_err, sizeof(p->read_err),
+					 "%s/pages: page %" PRIu64 " (block %" PRIu64 ", layer %u) could "
+					 "not be brought in%s", p->dir, pages[i],
+					 pages[i] / p->g.n_layers, (unsigned)(pages[i] % p->g.n_layers),
+					 e->flags & KVM_PTE_BAD ? ": its read failed or its checksum did "
+					 "not match" : "");
 			rc = -1;
 			continue;
 		}
@@ -303,7 +310,7 @@ static int fetch_impl(kvm_pager *p, const uint64_t *pages, size_t n, const void 
 	}
 	if (rc < 0) {
 		unpin(p, pages, pinned, n);
-		kvm_error("%s", p->read_err[0] ? p->read_err : "page read failed");
+		kvm_error("%s", p->read_err);
 	}
 out:
 	free(miss);

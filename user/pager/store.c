@@ -196,8 +196,7 @@ static int check_lengths(kvm_pager *p)
 static int load_committed(kvm_pager *p)
 {
 	const struct mf_head *h = &p->m.h;
-	char name[PATH_MAX + 16];
-	uint64_t sum, n = h->blocks * (p->g.n_layers + 1);
+	uint64_t n = h->blocks * (p->g.n_layers + 1);
 
 	if (store_grow(p, h->blocks) < 0)
 		return -1;
@@ -208,13 +207,7 @@ static int load_committed(kvm_pager *p)
 	if (XXH3_64bits_digest(p->sums_hash) != h->sums_hash)
 		return kvm_error("%s/sums: checksum of the committed part differs from the manifest: "
 				 "corrupt; refusing to open (see kvmem verify)", p->dir);
-	snprintf(name, sizeof(name), "%s/tokens", p->dir);
-	if (hash_file_prefix(p->fd_tokens, h->tokens * 4, name, &sum) < 0)
-		return -1;
-	if (sum != h->tokens_hash)
-		return kvm_error("%s/tokens: checksum of the committed part differs from the manifest: "
-				 "corrupt; refusing to open (see kvmem verify)", p->dir);
-	/* Continue the running hash from the committed prefix. */
+	/* Hash the committed tokens once; the state goes on with new appends. */
 	XXH3_64bits_reset(p->tok_hash);
 	for (uint64_t off = 0; off < h->tokens * 4;) {
 		uint8_t buf[65536];
@@ -222,10 +215,14 @@ static int load_committed(kvm_pager *p)
 		ssize_t got = pread(p->fd_tokens, buf, want, off);
 
 		if (got <= 0)
-			return kvm_error("%s/tokens: read failed", p->dir);
+			return kvm_error("%s/tokens: read failed at offset %" PRIu64 ": %s", p->dir, off,
+					 got < 0 ? strerror(errno) : "unexpected end of file");
 		XXH3_64bits_update(p->tok_hash, buf, got);
 		off += got;
 	}
+	if (XXH3_64bits_digest(p->tok_hash) != h->tokens_hash)
+		return kvm_error("%s/tokens: checksum of the committed part differs from the manifest: "
+				 "corrupt; refusing to open (see kvmem verify)", p->dir);
 	p->n_tokens = h->tokens;
 	p->n_blocks = h->blocks;
 	for (uint64_t pg = 0; pg < h->blocks * p->g.n_layers; pg++)
