@@ -6,6 +6,7 @@
  * oracle against exact attention, the registry.
  */
 #include <math.h>
+#include <omp.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -476,6 +477,56 @@ static void test_missing_summaries(void **state)
 	hist_free(&h);
 }
 
+/*
+ * Scores do not depend on the thread count: an index of 40000 blocks
+ * (several work chunks, parallel regions engaged), scored with 1, 2 and 3
+ * threads, gives the same bits for every index policy.
+ */
+static void test_thread_independent(void **state)
+{
+	uint64_t rng = g_seed ^ 0x7e;
+	const char *names[] = { "meank", "subblock", "quest" };
+	const int64_t nb = 40000;
+	kvm_index ix;
+	float q[2 * 2 * 4 * 16];
+	int64_t qpos[2] = { nb * 16 - 2, nb * 16 - 1 };
+	kvm_select_ctx c = {
+		.index = &ix, .n_tokens = nb * 16 - 5, .n_blocks = nb, .block = 16, .n_layers = 2,
+		.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .rope_theta = 1e4, .n_q = 2,
+		.q = q, .q_pos = qpos,
+	};
+
+	for (size_t i = 0; i < sizeof(q) / sizeof(q[0]); i++)
+		q[i] = (float)test_rng_range(&rng, -2, 2);
+	assert_int_equal(kvm_index_init(&ix, 2, 2, 16, 16, KVM_SUM_MINMAX | KVM_SUM_SUBBLOCK), 0);
+	assert_int_equal(kvm_index_reserve(&ix, nb), 0);
+	ix.n_tokens = c.n_tokens;
+	ix.n_blocks = nb;
+	for (size_t i = 0; i < (size_t)4 * ix.cap_blocks * 16; i++) {
+		ix.meank[i] = (float)test_rng_range(&rng, -1, 1);
+		ix.kmin[i] = ix.meank[i] - (float)test_rng_range(&rng, 0, 1);
+		ix.kmax[i] = ix.meank[i] + (float)test_rng_range(&rng, 0, 1);
+	}
+	for (size_t i = 0; i < (size_t)4 * ix.cap_blocks * 16 * KVM_SUBBLOCKS; i++)
+		ix.sub[i] = (float)test_rng_range(&rng, -1, 1);
+	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+		const kvm_policy_ops *p = kvm_policy_find(names[k]);
+		size_t n = (size_t)(p->per_layer ? 2 : 1) * nb;
+		float *ref = malloc(sizeof(float) * n), *sc = malloc(sizeof(float) * n);
+
+		omp_set_num_threads(1);
+		assert_int_equal(p->score(&c, ref), 0);
+		for (int t = 2; t <= 3; t++) {
+			omp_set_num_threads(t);
+			assert_int_equal(p->score(&c, sc), 0);
+			assert_memory_equal(ref, sc, sizeof(float) * n);
+		}
+		free(ref);
+		free(sc);
+	}
+	kvm_index_free(&ix);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -487,6 +538,7 @@ int main(void)
 		cmocka_unit_test(test_recency_random),
 		cmocka_unit_test(test_oracle),
 		cmocka_unit_test(test_missing_summaries),
+		cmocka_unit_test(test_thread_independent),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_policy");

@@ -1,10 +1,476 @@
 // SPDX-License-Identifier: MIT
-/* Placeholder until the benchmark lands; replace this whole file. */
+/*
+ * kvmem bench select: the time to score every block, choose the best and
+ * plan the view, against the number of blocks (1K..1M), on a synthesised
+ * index of the Qwen3-8B geometry (36 layers, 8 KV heads, head_dim 128, 32
+ * query heads). Each size is also put against its floor: reading the index
+ * once at the memory bandwidth measured in the same run.
+ *
+ * The fp32 index of 1M blocks at full depth is 151 GB. A size whose index
+ * does not fit the memory limit (--mem-gb, default 40% of available memory)
+ * is measured over as many layers as fit and its scoring time scaled to the
+ * full depth (scoring is linear in layers: one pass per (layer, KV head));
+ * such rows say "est." and how many layers were measured. --layers N
+ * measures N layers for every size instead (no scaling); --no-estimate
+ * skips what does not fit.
+ */
+#include <errno.h>
+#include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/workspace.h"
 #include "cmd.h"
+
+#define GEO_LAYERS 36
+#define GEO_KV_HEADS 8
+#define GEO_HEADS 32
+#define GEO_HEAD_DIM 128
+
+struct bench_opts {
+	int64_t sizes[32];
+	int n_sizes;
+	int layers, block, query_tokens, reps, json, estimate;
+	int64_t budget;
+	double mem_gb;
+	const char *policy;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvmem bench select [options]\n"
+		"\n"
+		"Scoring + choosing + planning time against the number of blocks, on a\n"
+		"synthesised index of the Qwen3-8B geometry, per block and as a multiple of\n"
+		"the floor: reading the index once at the memory bandwidth measured here.\n"
+		"\n"
+		"  --blocks LIST     block counts, comma separated, K/M suffixes (1024/1048576)\n"
+		"                    (default 1K,4K,16K,64K,256K,1M)\n"
+		"  --policy NAME     meank (default), subblock, quest, recency or random\n"
+		"  --budget N        view budget in tokens (default 131072)\n"
+		"  --block N         tokens per block (default 32; only sets token counts)\n"
+		"  --query-tokens N  query tokens per selection (default 4)\n"
+		"  --layers N        synthesise and score N layers for every size (no scaling)\n"
+		"  --mem-gb G        memory the index may take (default 40%% of available)\n"
+		"  --no-estimate     skip sizes that do not fit instead of scaling fewer layers\n"
+		"  --reps N          selections per size; the best is reported (default 3)\n"
+		"  --threads N       OpenMP threads (default: all)\n"
+		"  --json            one JSON object per size\n");
+}
+
+static int parse_size(const char *s, int64_t *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || v <= 0)
+		return -1;
+	if (*end == 'K' || *end == 'k')
+		v *= 1024, end++;
+	else if (*end == 'M' || *end == 'm')
+		v *= 1024 * 1024, end++;
+	if (*end && *end != ',')
+		return -1;
+	*out = (int64_t)v;
+	return *out >= 1 ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, struct bench_opts *o)
+{
+	const int64_t def[] = { 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20 };
+
+	memset(o, 0, sizeof(*o));
+	o->block = 32;
+	o->query_tokens = 4;
+	o->reps = 3;
+	o->budget = 131072;
+	o->estimate = 1;
+	o->policy = "meank";
+	o->n_sizes = 6;
+	memcpy(o->sizes, def, sizeof(def));
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			return 1;
+		} else if (!strcmp(a, "--json")) {
+			o->json = 1;
+			continue;
+		} else if (!strcmp(a, "--no-estimate")) {
+			o->estimate = 0;
+			continue;
+		}
+		if (!v) {
+			fprintf(stderr, "kvmem bench select: %s needs a value\n", a);
+			return -1;
+		}
+		i++;
+		if (!strcmp(a, "--blocks")) {
+			o->n_sizes = 0;
+			for (const char *p = v; *p && o->n_sizes < 32; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+				if (parse_size(p, &o->sizes[o->n_sizes++])) {
+					fprintf(stderr, "kvmem bench select: bad block count in '%s'\n", v);
+					return -1;
+				}
+		} else if (!strcmp(a, "--policy")) {
+			o->policy = v;
+		} else if (!strcmp(a, "--budget")) {
+			o->budget = atoll(v);
+		} else if (!strcmp(a, "--block")) {
+			o->block = atoi(v);
+		} else if (!strcmp(a, "--query-tokens")) {
+			o->query_tokens = atoi(v);
+		} else if (!strcmp(a, "--layers")) {
+			o->layers = atoi(v);
+		} else if (!strcmp(a, "--mem-gb")) {
+			o->mem_gb = atof(v);
+		} else if (!strcmp(a, "--reps")) {
+			o->reps = atoi(v);
+		} else if (!strcmp(a, "--threads")) {
+			if (atoi(v) < 1) {
+				fprintf(stderr, "kvmem bench select: --threads wants a count >= 1\n");
+				return -1;
+			}
+			omp_set_num_threads(atoi(v));
+		} else {
+			fprintf(stderr, "kvmem bench select: unknown option '%s'\n", a);
+			return -1;
+		}
+	}
+	if (o->budget < 1 || o->query_tokens < 1 || o->reps < 1 || o->layers < 0 ||
+	    o->layers > GEO_LAYERS || o->mem_gb < 0) {
+		fprintf(stderr, "kvmem bench select: budget, query tokens and reps must be >= 1, "
+			"layers 0..%d\n", GEO_LAYERS);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- the machine ------------------------------------------------------ */
+static double meminfo_gb(const char *key)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	double kb = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, strlen(key)))
+			kb = atof(line + strlen(key));
+	if (f)
+		fclose(f);
+	return kb * 1024 / 1e9;
+}
+
+static void cpu_model(char *buf, size_t len)
+{
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[512];
+
+	snprintf(buf, len, "unknown CPU");
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+			snprintf(buf, len, "%s", strchr(line, ':') + 2);
+			buf[strcspn(buf, "\n")] = 0;
+			break;
+		}
+	if (f)
+		fclose(f);
+}
+
+/* Sum of a float array with sixteen running sums: the read loop the floor
+ * is measured with, vectorised like the scoring dots. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static float read_all(const float *x, size_t n)
+{
+	float total = 0;
+
+#pragma omp parallel reduction(+ : total)
+	{
+		float acc[16] = { 0 };
+
+#pragma omp for schedule(static)
+		for (size_t i = 0; i < n / 16; i++)
+			for (int u = 0; u < 16; u++)
+				acc[u] += x[i * 16 + u];
+		for (int u = 0; u < 16; u++)
+			total += acc[u];
+	}
+	return total;
+}
+
+/* Read bandwidth in GB/s over a buffer of `bytes`, the best of a few passes. */
+static double measure_bandwidth(size_t bytes)
+{
+	size_t n = bytes / sizeof(float);
+	float *x = malloc(n * sizeof(float)), sink = 0;
+	double best = 0;
+
+	if (!x)
+		return 0;
+#pragma omp parallel for schedule(static)
+	for (size_t i = 0; i < n; i++)
+		x[i] = (float)(i & 1023);
+	for (int r = 0; r < 5; r++) {
+		double t = now_s();
+
+		sink += read_all(x, n);
+		t = now_s() - t;
+		if (bytes / t / 1e9 > best)
+			best = bytes / t / 1e9;
+	}
+	free(x);
+	return sink == -1 ? 0 : best;
+}
+
+/* ---- one size ------------------------------------------------------------ */
+static void fill_random(float *x, size_t n, uint64_t seed)
+{
+#pragma omp parallel
+	{
+		int t = omp_get_thread_num(), nt = omp_get_num_threads();
+		size_t a = n / nt * t, b = t == nt - 1 ? n : n / nt * (t + 1);
+		uint64_t s = kvm_rng_seed(seed + 7919 * (uint64_t)t);
+
+		for (size_t i = a; i < b; i++)
+			x[i] = (float)(kvm_rng_uniform(&s) * 2 - 1);
+	}
+}
+
+struct row {
+	int64_t blocks;
+	int layers, estimated;
+	double index_gb, score_ms, plan_ms, total_ms, floor_ms;
+	int n_view;
+};
+
+/* Bytes of index per block and layer the policy reads. */
+static double index_bytes_per_block_layer(const kvm_policy_ops *p)
+{
+	double per = (double)GEO_KV_HEADS * GEO_HEAD_DIM * sizeof(float);
+
+	if (p->needs & KVM_SUM_MINMAX)
+		return per * 3;
+	if (p->needs & KVM_SUM_SUBBLOCK)
+		return per * (1 + KVM_SUBBLOCKS);
+	return per;
+}
+
+/* Only what the policy reads is counted against memory and the floor. */
+static double read_bytes_per_block_layer(const kvm_policy_ops *p)
+{
+	double per = (double)GEO_KV_HEADS * GEO_HEAD_DIM * sizeof(float);
+
+	if (p->needs & KVM_SUM_MINMAX)
+		return per * 2;
+	if (p->needs & KVM_SUM_SUBBLOCK)
+		return per * KVM_SUBBLOCKS;
+	if (!strcmp(p->name, "recency") || !strcmp(p->name, "random"))
+		return 0;
+	return per;
+}
+
+static int run_size(const struct bench_opts *o, const kvm_policy_ops *pol, int64_t nb,
+		    int layers, double bw, struct row *row)
+{
+	kvm_index ix;
+	kvm_blocks r;
+	kvm_plan plan = { 0 };
+	kvm_select_ctx c;
+	kvm_plan_params pp = { o->budget, o->budget / 100, o->budget / 12 };
+	int sets = pol->per_layer ? layers : 1, rc = -1;
+	size_t qn = (size_t)layers * o->query_tokens * GEO_HEADS * GEO_HEAD_DIM;
+	float *q = malloc(qn * sizeof(float)), *scores = malloc(sizeof(float) * sets * nb);
+	int64_t *qpos = malloc(sizeof(int64_t) * o->query_tokens);
+	size_t per = (size_t)GEO_HEAD_DIM * nb;
+
+	memset(row, 0, sizeof(*row));
+	if (kvm_index_init(&ix, layers, GEO_KV_HEADS, GEO_HEAD_DIM, o->block, pol->needs)) {
+		free(q);
+		free(scores);
+		free(qpos);
+		return -1;
+	}
+	if (kvm_blocks_init(&r, o->block) || !q || !scores || !qpos ||
+	    kvm_index_reserve(&ix, nb))
+		goto out;
+	r.n_tokens = nb * o->block;
+	ix.n_tokens = r.n_tokens;
+	ix.n_blocks = nb;
+	/* The system prompt is pinned, as in an agent session. */
+	kvm_blocks_pin(&r, 0, 1000 < r.n_tokens ? 1000 : r.n_tokens);
+	for (int l = 0; l < layers; l++)
+		for (int h = 0; h < GEO_KV_HEADS; h++) {
+			size_t run = (((size_t)l * GEO_KV_HEADS + h) * ix.cap_blocks) * GEO_HEAD_DIM;
+
+			fill_random(ix.meank + run, per, run + 1);
+			if (ix.kmin) {
+				fill_random(ix.kmin + run, per, run + 2);
+				fill_random(ix.kmax + run, per, run + 3);
+			}
+			if (ix.sub)
+				fill_random(ix.sub + run * KVM_SUBBLOCKS, per * KVM_SUBBLOCKS, run + 4);
+		}
+	fill_random(q, qn, 99);
+	for (int t = 0; t < o->query_tokens; t++)
+		qpos[t] = r.n_tokens - o->query_tokens + t;
+	c = (kvm_select_ctx){
+		.index = &ix, .n_tokens = r.n_tokens, .n_blocks = nb, .block = o->block,
+		.n_layers = layers, .n_heads = GEO_HEADS, .n_kv_heads = GEO_KV_HEADS,
+		.head_dim = GEO_HEAD_DIM, .rope_theta = 1e6, .n_q = o->query_tokens, .q = q,
+		.q_pos = qpos, .seed = 1,
+	};
+	row->score_ms = row->plan_ms = row->total_ms = 1e30;
+	for (int rep = 0; rep < o->reps; rep++) {
+		double t0 = now_s(), t1, t2;
+
+		c.step = rep;
+		if (pol->score(&c, scores))
+			goto out;
+		t1 = now_s();
+		if (kvm_plan_build(&plan, &r, scores, sets, &plan, &pp))
+			goto out;
+		t2 = now_s();
+		if ((t2 - t0) * 1e3 < row->total_ms) {
+			row->score_ms = (t1 - t0) * 1e3;
+			row->plan_ms = (t2 - t1) * 1e3;
+			row->total_ms = (t2 - t0) * 1e3;
+		}
+	}
+	row->n_view = plan.n_view;
+	row->blocks = nb;
+	row->layers = layers;
+	row->estimated = layers < GEO_LAYERS && !o->layers;
+	row->index_gb = read_bytes_per_block_layer(pol) * nb * GEO_LAYERS / 1e9;
+	if (row->estimated) {
+		/* Scoring is one pass per (layer, KV head): linear in layers. A
+		 * per-layer policy also plans once per layer. */
+		row->score_ms *= (double)GEO_LAYERS / layers;
+		if (pol->per_layer)
+			row->plan_ms *= (double)GEO_LAYERS / layers;
+		row->total_ms = row->score_ms + row->plan_ms;
+	}
+	if (o->layers)
+		row->index_gb = row->index_gb * layers / GEO_LAYERS;
+	row->floor_ms = bw > 0 ? row->index_gb / bw * 1e3 : 0;
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "kvmem bench select: %lld blocks: %s\n", (long long)nb, kvm_last_error());
+	kvm_plan_free(&plan);
+	kvm_blocks_free(&r);
+	kvm_index_free(&ix);
+	free(q);
+	free(scores);
+	free(qpos);
+	return rc;
+}
+
+static void print_row(const struct bench_opts *o, const struct row *w)
+{
+	double per_block_ns = w->total_ms * 1e6 / w->blocks;
+
+	if (o->json) {
+		printf("{\"blocks\":%lld,\"tokens\":%lld,\"layers_measured\":%d,\"estimated\":%s,"
+		       "\"index_gb\":%.4f,\"score_ms\":%.4f,\"plan_ms\":%.4f,\"total_ms\":%.4f,"
+		       "\"ns_per_block\":%.2f,\"floor_ms\":%.4f,\"x_floor\":%.3f,\"view_blocks\":%d}\n",
+		       (long long)w->blocks, (long long)w->blocks * o->block, w->layers,
+		       w->estimated ? "true" : "false", w->index_gb, w->score_ms, w->plan_ms,
+		       w->total_ms, per_block_ns, w->floor_ms,
+		       w->floor_ms > 0 ? w->total_ms / w->floor_ms : 0, w->n_view);
+		return;
+	}
+	printf("%9lld %10lld %4d%-5s %9.3f %10.2f %8.2f %10.2f %9.1f %9.2f %7.2f\n",
+	       (long long)w->blocks, (long long)w->blocks * o->block, w->layers,
+	       w->estimated ? " est" : "", w->index_gb, w->score_ms, w->plan_ms, w->total_ms,
+	       per_block_ns, w->floor_ms, w->floor_ms > 0 ? w->total_ms / w->floor_ms : 0);
+}
 
 int bench_select(int argc, char **argv)
 {
-	fprintf(stderr, "kvmem bench select: not built yet\n");
-	return 1;
+	struct bench_opts o;
+	const kvm_policy_ops *pol;
+	char cpu[256];
+	double avail = meminfo_gb("MemAvailable:"), limit, bw;
+	size_t bw_bytes;
+
+	switch (parse_args(argc, argv, &o)) {
+	case 1:
+		return 0;
+	case -1:
+		return EXIT_USAGE;
+	}
+	if (!(pol = kvm_policy_find(o.policy))) {
+		fprintf(stderr, "kvmem bench select: %s\n", kvm_last_error());
+		return EXIT_USAGE;
+	}
+	if (pol->needs & KVM_NEED_KEYS) {
+		fprintf(stderr, "kvmem bench select: policy %s reads every page, not the index: "
+			"it has no place in this benchmark\n", pol->name);
+		return EXIT_USAGE;
+	}
+	limit = o.mem_gb > 0 ? o.mem_gb : 0.4 * avail;
+	cpu_model(cpu, sizeof(cpu));
+	/* The floor's buffer: large enough to defeat caches, small enough to share. */
+	bw_bytes = (size_t)(limit * 1e9 / 4) < (1ul << 30) ? (size_t)(limit * 1e9 / 4) : (1ul << 30);
+	bw = measure_bandwidth(bw_bytes);
+	fprintf(o.json ? stderr : stdout,
+		"kvmem bench select: policy %s, Qwen3-8B geometry (%d layers, %d KV heads, head_dim %d, "
+		"%d query heads), block %d, budget %lld tokens, %d query tokens, best of %d\n"
+		"machine: %s, %ld cores, %d OpenMP threads, %.1f GB memory (%.1f GB available, "
+		"index limit %.1f GB)\n"
+		"floor: index bytes read once at %.2f GB/s (read loop over %.2f GB, this run)\n",
+		pol->name, GEO_LAYERS, GEO_KV_HEADS, GEO_HEAD_DIM, GEO_HEADS, o.block,
+		(long long)o.budget, o.query_tokens, o.reps, cpu, sysconf(_SC_NPROCESSORS_ONLN),
+		omp_get_max_threads(), meminfo_gb("MemTotal:"), avail, limit, bw, bw_bytes / 1e9);
+	if (!o.json)
+		printf("\n%9s %10s %9s %9s %10s %8s %10s %9s %9s %7s\n", "blocks", "tokens",
+		       "layers", "index GB", "score ms", "plan ms", "total ms", "ns/block",
+		       "floor ms", "x floor");
+	for (int i = 0; i < o.n_sizes; i++) {
+		int64_t nb = o.sizes[i];
+		double per_layer = index_bytes_per_block_layer(pol) * nb / 1e9 +
+				   (double)nb * 12 / 1e9 / GEO_LAYERS;
+		int layers = o.layers ? o.layers : GEO_LAYERS;
+		struct row w;
+
+		if (per_layer * layers > limit) {
+			int fit = (int)(limit / per_layer);
+
+			if (o.layers || !o.estimate || fit < 1) {
+				fprintf(o.json ? stderr : stdout,
+					"%9lld   skipped: %d layers of index need %.1f GB, over the %.1f GB "
+					"limit%s\n", (long long)nb, layers, per_layer * layers, limit,
+					fit < 1 ? " even for one layer" : " (drop --no-estimate / --layers "
+					"to scale fewer layers)");
+				continue;
+			}
+			layers = fit;
+		}
+		if (run_size(&o, pol, nb, layers, bw, &w))
+			return 1;
+		print_row(&o, &w);
+		fflush(stdout);
+	}
+	if (!o.json)
+		printf("\nest: measured over the layers shown and scaled to %d (scoring is one pass per "
+		       "layer and KV head).\nx floor: total time over the time to read the index "
+		       "bytes the policy reads once at the measured bandwidth.\n", GEO_LAYERS);
+	return 0;
 }

@@ -14,37 +14,49 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvmem/kvmem.h"
 #include "workspace/score.h"
 
+struct meank_arg {
+	const kvm_select_ctx *c;
+	const float *q;		/* [L * H][D] group queries */
+	float scale, full, last;	/* last: log length of the newest block */
+};
+
+/* Pair p = layer * H + KV head: z = s q.mu + log n over blocks i0..i1-1. */
+static void meank_logits(const void *arg, int p, int64_t i0, int64_t i1, float *z)
+{
+	const struct meank_arg *a = arg;
+	const kvm_select_ctx *c = a->c;
+	const int d = c->head_dim;
+
+	ws_dots(z, a->q + (size_t)p * d, kvm_index_meank(c->index, p / c->n_kv_heads,
+							 p % c->n_kv_heads, i0), i1 - i0, d);
+	for (int64_t i = i0; i < i1; i++)
+		z[i - i0] = z[i - i0] * a->scale + (i == c->n_blocks - 1 ? a->last : a->full);
+}
+
 static int meank_score(const kvm_select_ctx *c, float *scores)
 {
-	const kvm_index *ix = c->index;
-	const int64_t n = c->n_blocks;
-	const float s = ws_scale(c);
-	float *z = malloc((size_t)(n ? n : 1) * sizeof(float));
-	float *q = malloc((size_t)c->head_dim * sizeof(float));
+	const int pairs = c->n_layers * c->n_kv_heads;
+	struct meank_arg a = {
+		.c = c, .scale = ws_scale(c), .full = logf((float)c->block),
+		.last = ws_log_len(kvm_index_block_len(c->index, c->n_blocks - 1)),
+	};
+	float *q = malloc(sizeof(float) * pairs * c->head_dim);
+	int rc;
 
-	if (!z || !q) {
-		free(z);
-		free(q);
-		return kvm_error("meank: out of memory for %lld blocks", (long long)n);
-	}
-	for (int64_t b = 0; b < n; b++)
-		scores[b] = 0;
-	for (int l = 0; l < c->n_layers; l++)
-		for (int g = 0; g < c->n_kv_heads; g++) {
-			ws_group_query(c, l, g, q);
-			ws_dots(z, q, kvm_index_meank(ix, l, g, 0), n, c->head_dim);
-			for (int64_t b = 0; b < n; b++)
-				z[b] = z[b] * s + (b == n - 1 ? ws_log_len(kvm_index_block_len(ix, b))
-							     : logf((float)c->block));
-			ws_add_mass(scores, z, n, 1);
-		}
-	free(z);
+	if (!q)
+		return kvm_error("meank: out of memory");
+	for (int p = 0; p < pairs; p++)
+		ws_group_query(c, p / c->n_kv_heads, p % c->n_kv_heads, q + (size_t)p * c->head_dim);
+	a.q = q;
+	memset(scores, 0, sizeof(float) * c->n_blocks);
+	rc = ws_mass(scores, c->n_blocks, 1, pairs, NULL, meank_logits, &a);
 	free(q);
-	return 0;
+	return rc;
 }
 
 const kvm_policy_ops kvm_policy_meank = {

@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvmem/kvmem.h"
 #include "workspace/score.h"
@@ -27,37 +28,47 @@ static float bound(const float *q, const float *lo, const float *hi, int d)
 	return u;
 }
 
+struct quest_arg {
+	const kvm_select_ctx *c;
+	float scale, full, last;
+};
+
+/* Pair p = (layer * n_heads + head) * n_q + token. */
+static void quest_logits(const void *arg, int p, int64_t i0, int64_t i1, float *z)
+{
+	const struct quest_arg *a = arg;
+	const kvm_select_ctx *c = a->c;
+	const int d = c->head_dim, t = p % c->n_q, h = p / c->n_q % c->n_heads;
+	const int l = p / c->n_q / c->n_heads, g = h / (c->n_heads / c->n_kv_heads);
+	const float *q = c->q + (((size_t)l * c->n_q + t) * c->n_heads + h) * d;
+	const float *lo = kvm_index_min(c->index, l, g, 0), *hi = kvm_index_max(c->index, l, g, 0);
+
+	for (int64_t b = i0; b < i1; b++)
+		z[b - i0] = bound(q, lo + (size_t)b * d, hi + (size_t)b * d, d) * a->scale +
+			    (b == c->n_blocks - 1 ? a->last : a->full);
+}
+
 static int quest_score(const kvm_select_ctx *c, float *scores)
 {
-	const kvm_index *ix = c->index;
-	const int64_t n = c->n_blocks;
-	const int d = c->head_dim, group = c->n_heads / c->n_kv_heads;
-	const float s = ws_scale(c), full = logf((float)c->block);
-	float *z;
+	const int pairs = c->n_layers * c->n_heads * c->n_q;
+	struct quest_arg a = {
+		.c = c, .scale = ws_scale(c), .full = logf((float)c->block),
+		.last = ws_log_len(kvm_index_block_len(c->index, c->n_blocks - 1)),
+	};
+	int *row;
+	int rc;
 
-	if (!(ix->sums & KVM_SUM_MINMAX))
+	if (!(c->index->sums & KVM_SUM_MINMAX))
 		return kvm_error("quest: the index keeps no per-dimension min/max");
-	z = malloc((size_t)(n ? n : 1) * sizeof(float));
-	if (!z)
-		return kvm_error("quest: out of memory for %lld blocks", (long long)n);
-	for (int64_t i = 0; i < n * c->n_layers; i++)
-		scores[i] = 0;
-	for (int l = 0; l < c->n_layers; l++)
-		for (int h = 0; h < c->n_heads; h++)
-			for (int t = 0; t < c->n_q; t++) {
-				const float *q = c->q + (((size_t)l * c->n_q + t) * c->n_heads + h) * d;
-				const int g = h / group;
-				const float *lo = kvm_index_min(ix, l, g, 0);
-				const float *hi = kvm_index_max(ix, l, g, 0);
-
-#pragma omp parallel for schedule(static) if (n > 4096)
-				for (int64_t b = 0; b < n; b++)
-					z[b] = bound(q, lo + (size_t)b * d, hi + (size_t)b * d, d) * s +
-					       (b == n - 1 ? ws_log_len(kvm_index_block_len(ix, b)) : full);
-				ws_add_mass(scores + (size_t)l * n, z, n, 1);
-			}
-	free(z);
-	return 0;
+	row = malloc(sizeof(int) * (pairs ? pairs : 1));
+	if (!row)
+		return kvm_error("quest: out of memory");
+	for (int p = 0; p < pairs; p++)
+		row[p] = p / c->n_q / c->n_heads;
+	memset(scores, 0, sizeof(float) * c->n_layers * c->n_blocks);
+	rc = ws_mass(scores, c->n_blocks, 1, pairs, row, quest_logits, &a);
+	free(row);
+	return rc;
 }
 
 const kvm_policy_ops kvm_policy_quest = {

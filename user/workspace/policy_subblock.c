@@ -9,48 +9,57 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvmem/kvmem.h"
 #include "workspace/score.h"
 
+struct sub_arg {
+	const kvm_select_ctx *c;
+	const float *q;		/* [L * H][D] group queries */
+	float scale, full;
+};
+
+/* Pair p = layer * H + KV head; item i = sub-block i % 4 of block i / 4. */
+static void sub_logits(const void *arg, int p, int64_t i0, int64_t i1, float *z)
+{
+	const struct sub_arg *a = arg;
+	const kvm_select_ctx *c = a->c;
+	const int d = c->head_dim;
+
+	ws_dots(z, a->q + (size_t)p * d, kvm_index_sub(c->index, p / c->n_kv_heads,
+						       p % c->n_kv_heads, 0, 0) + (size_t)i0 * d,
+		i1 - i0, d);
+	for (int64_t i = i0; i < i1; i++) {
+		int64_t b = i / KVM_SUBBLOCKS;
+		float w = b == c->n_blocks - 1 ?
+			ws_log_len(kvm_index_sub_len(c->index, b, (int)(i % KVM_SUBBLOCKS))) : a->full;
+
+		/* A sub-block not yet begun has no mean: no weight. */
+		z[i - i0] = w == -INFINITY ? -INFINITY : z[i - i0] * a->scale + w;
+	}
+}
+
 static int subblock_score(const kvm_select_ctx *c, float *scores)
 {
-	const kvm_index *ix = c->index;
-	const int64_t n = c->n_blocks, items = n * KVM_SUBBLOCKS;
-	const float s = ws_scale(c), full = logf((float)ix->sub_len);
-	float *z = malloc((size_t)(items ? items : 1) * sizeof(float));
-	float *q = malloc((size_t)c->head_dim * sizeof(float));
+	const int pairs = c->n_layers * c->n_kv_heads;
+	struct sub_arg a = { .c = c, .scale = ws_scale(c),
+			     .full = logf((float)c->index->sub_len) };
+	float *q;
+	int rc;
 
-	if (!z || !q) {
-		free(z);
-		free(q);
-		return kvm_error("subblock: out of memory for %lld blocks", (long long)n);
-	}
-	if (!(ix->sums & KVM_SUM_SUBBLOCK)) {
-		free(z);
-		free(q);
+	if (!(c->index->sums & KVM_SUM_SUBBLOCK))
 		return kvm_error("subblock: the index keeps no sub-block means");
-	}
-	for (int64_t b = 0; b < n; b++)
-		scores[b] = 0;
-	for (int l = 0; l < c->n_layers; l++)
-		for (int g = 0; g < c->n_kv_heads; g++) {
-			ws_group_query(c, l, g, q);
-			ws_dots(z, q, kvm_index_sub(ix, l, g, 0, 0), items, c->head_dim);
-			for (int64_t i = 0; i < items; i++) {
-				int64_t b = i / KVM_SUBBLOCKS;
-
-				float w = b == n - 1 ? ws_log_len(kvm_index_sub_len(ix, b,
-						(int)(i % KVM_SUBBLOCKS))) : full;
-
-				/* A sub-block not yet begun has no mean: no weight. */
-				z[i] = w == -INFINITY ? -INFINITY : z[i] * s + w;
-			}
-			ws_add_mass(scores, z, items, KVM_SUBBLOCKS);
-		}
-	free(z);
+	q = malloc(sizeof(float) * pairs * c->head_dim);
+	if (!q)
+		return kvm_error("subblock: out of memory");
+	for (int p = 0; p < pairs; p++)
+		ws_group_query(c, p / c->n_kv_heads, p % c->n_kv_heads, q + (size_t)p * c->head_dim);
+	a.q = q;
+	memset(scores, 0, sizeof(float) * c->n_blocks);
+	rc = ws_mass(scores, c->n_blocks * KVM_SUBBLOCKS, KVM_SUBBLOCKS, pairs, NULL, sub_logits, &a);
 	free(q);
-	return 0;
+	return rc;
 }
 
 const kvm_policy_ops kvm_policy_subblock = {

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: MIT
 /* Helpers shared by the selection policies: dots, group queries, masses. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kvmem/kvmem.h"
 #include "workspace/score.h"
 
-#define MASS_CHUNK 4096	/* partial sums per fixed chunk: thread-count independent */
+#define MASS_CHUNK 4096		/* items per work unit: a multiple of KVM_SUBBLOCKS */
+#define MASS_SCRATCH (16u << 20)	/* logits kept at once, in floats (64 MiB) */
 
 /*
  * Sixteen running sums in a fixed order: the compiler vectorises this to
@@ -15,7 +18,6 @@
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void ws_dots(float *out, const float *q, const float *m, int64_t n, int d)
 {
-#pragma omp parallel for schedule(static) if (n * d > (1 << 16))
 	for (int64_t i = 0; i < n; i++) {
 		const float *row = m + (size_t)i * d;
 		float acc[16] = { 0 }, s = 0;
@@ -49,57 +51,109 @@ void ws_group_query(const kvm_select_ctx *c, int l, int g, float *out)
 		out[i] *= inv;
 }
 
-void ws_add_mass(float *scores, float *z, int64_t n, int per)
+/*
+ * Pairs are done a group at a time (as many as MASS_SCRATCH logits hold),
+ * each group in one parallel region with three phases over fixed chunks:
+ * logits and per-chunk maxima; exp and per-chunk sums (in double); the
+ * per-block shares added to the scores, pairs in order. Between phases the
+ * group's maxima and totals are reduced in chunk order by one thread.
+ */
+int ws_mass(float *scores, int64_t n_items, int per, int n_pairs, const int *row,
+	    ws_logit_fn fn, const void *arg)
 {
-	int64_t n_chunks = (n + MASS_CHUNK - 1) / MASS_CHUNK;
-	float mx = -INFINITY;
-	double total = 0;
+	const int64_t n_chunks = (n_items + MASS_CHUNK - 1) / MASS_CHUNK, nb = n_items / per;
+	int64_t g_max = n_items ? (int64_t)MASS_SCRATCH / n_items : n_pairs;
+	int G = g_max < 1 ? 1 : (g_max > n_pairs ? n_pairs : (int)g_max);
+	float *z, *cmax, *mx, *inv;
+	double *csum;
 
-	if (n <= 0)
-		return;
-#pragma omp parallel for reduction(max : mx) schedule(static) if (n > (1 << 15))
-	for (int64_t i = 0; i < n; i++)
-		if (z[i] > mx)
-			mx = z[i];
-	if (mx == -INFINITY)
-		return;
-	/* Partial sums per fixed chunk, added in chunk order. */
-	{
-		double part[64];
-		int64_t c0 = 0;
+	if (n_items <= 0 || n_pairs <= 0)
+		return 0;
+	z = malloc(sizeof(float) * G * n_items);
+	cmax = malloc(sizeof(float) * G * n_chunks);
+	csum = malloc(sizeof(double) * G * n_chunks);
+	mx = malloc(sizeof(float) * G);
+	inv = malloc(sizeof(float) * G);
+	if (!z || !cmax || !csum || !mx || !inv) {
+		free(z);
+		free(cmax);
+		free(csum);
+		free(mx);
+		free(inv);
+		return kvm_error("workspace: out of memory scoring %lld items", (long long)n_items);
+	}
+	for (int g0 = 0; g0 < n_pairs; g0 += G) {
+		const int gn = n_pairs - g0 < G ? n_pairs - g0 : G;
 
-		while (c0 < n_chunks) {
-			int64_t c1 = c0 + 64 < n_chunks ? c0 + 64 : n_chunks;
+#pragma omp parallel if (n_items * gn > 16384)
+		{
+#pragma omp for schedule(static)
+			for (int64_t c = 0; c < n_chunks; c++) {
+				int64_t a = c * MASS_CHUNK, b = a + MASS_CHUNK < n_items ? a + MASS_CHUNK : n_items;
 
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-			for (int64_t c = c0; c < c1; c++) {
-				int64_t a = c * MASS_CHUNK, b = a + MASS_CHUNK < n ? a + MASS_CHUNK : n;
-				double s = 0;
+				for (int j = 0; j < gn; j++) {
+					float *zj = z + (size_t)j * n_items, m = -INFINITY;
 
-				for (int64_t i = a; i < b; i++) {
-					z[i] = expf(z[i] - mx);
-					s += z[i];
+					fn(arg, g0 + j, a, b, zj + a);
+					for (int64_t i = a; i < b; i++)
+						m = zj[i] > m ? zj[i] : m;
+					cmax[(size_t)j * n_chunks + c] = m;
 				}
-				part[c - c0] = s;
 			}
-			for (int64_t c = c0; c < c1; c++)
-				total += part[c - c0];
-			c0 = c1;
+#pragma omp single
+			for (int j = 0; j < gn; j++) {
+				mx[j] = -INFINITY;
+				for (int64_t c = 0; c < n_chunks; c++)
+					mx[j] = cmax[(size_t)j * n_chunks + c] > mx[j] ?
+						cmax[(size_t)j * n_chunks + c] : mx[j];
+			}
+#pragma omp for schedule(static)
+			for (int64_t c = 0; c < n_chunks; c++) {
+				int64_t a = c * MASS_CHUNK, b = a + MASS_CHUNK < n_items ? a + MASS_CHUNK : n_items;
+
+				for (int j = 0; j < gn; j++) {
+					float *zj = z + (size_t)j * n_items;
+					double s = 0;
+
+					for (int64_t i = a; i < b; i++) {
+						/* A pair with no weight anywhere adds nothing. */
+						zj[i] = mx[j] == -INFINITY ? 0 : expf(zj[i] - mx[j]);
+						s += zj[i];
+					}
+					csum[(size_t)j * n_chunks + c] = s;
+				}
+			}
+#pragma omp single
+			for (int j = 0; j < gn; j++) {
+				double total = 0;
+
+				for (int64_t c = 0; c < n_chunks; c++)
+					total += csum[(size_t)j * n_chunks + c];
+				inv[j] = total > 0 ? (float)(1.0 / total) : 0;
+			}
+#pragma omp for schedule(static)
+			for (int64_t c = 0; c < n_chunks; c++) {
+				int64_t a = c * MASS_CHUNK / per;
+				int64_t b = (c + 1) * MASS_CHUNK / per < nb ? (c + 1) * MASS_CHUNK / per : nb;
+
+				for (int64_t blk = a; blk < b; blk++)
+					for (int j = 0; j < gn; j++) {
+						const float *zj = z + (size_t)j * n_items + blk * per;
+						float s = 0;
+
+						for (int k = 0; k < per; k++)
+							s += zj[k];
+						scores[(size_t)(row ? row[g0 + j] : 0) * nb + blk] += s * inv[j];
+					}
+			}
 		}
 	}
-	{
-		float inv = (float)(1.0 / total);
-		int64_t nb = n / per;
-
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-		for (int64_t b = 0; b < nb; b++) {
-			float s = 0;
-
-			for (int j = 0; j < per; j++)
-				s += z[b * per + j];
-			scores[b] += s * inv;
-		}
-	}
+	free(z);
+	free(cmax);
+	free(csum);
+	free(mx);
+	free(inv);
+	return 0;
 }
 
 float ws_scale(const kvm_select_ctx *c)
