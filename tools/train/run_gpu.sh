@@ -1,0 +1,95 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+#
+# One run on the GPU machine: make the corpus with the statically linked
+# kvmem, train, and leave the model and its record in $OUT.
+#
+#   tools/train/run_gpu.sh smoke    about 1 minute: every stage on small data
+#   tools/train/run_gpu.sh full     the real run: about 9 minutes in all
+#
+# Needs build/static/kvmem (`make static` on the build machine, carried
+# along), python3 with torch and transformers (Qwen3), a CUDA GPU, and $OUT.
+# Writes to $OUT (at most 8 files come back): model.safetensors, config.json,
+# generation_config.json, record.json, train.log.
+#
+# Knobs (environment): MINUTES (training loop budget, full: 7), TOKENS
+# (training corpus, full: 800M), SEED (corpus seed, < 1e6: training seeds;
+# evaluation corpora use 999001/999002, kvmem bench recall uses >= 1e9),
+# WORK (scratch folder, default /tmp/kvmem-train), TRAIN_ARGS (more flags
+# for train.py), TRAIN_DEVICE (cuda; cpu only to try the script elsewhere).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+fail() {
+	echo "run_gpu.sh: error: $*" >&2
+	exit 1
+}
+
+MODE=${1:-}
+case "$MODE" in
+smoke) : "${MINUTES:=0.5}" "${TOKENS:=24M}" "${EVAL_TOKENS:=256k}" ;;
+full) : "${MINUTES:=7}" "${TOKENS:=800M}" "${EVAL_TOKENS:=2M}" ;;
+*) fail "usage: tools/train/run_gpu.sh smoke|full" ;;
+esac
+: "${SEED:=1}" "${SEQ_LEN:=2048}" "${WORK:=/tmp/kvmem-train}" "${TRAIN_ARGS:=}"
+: "${TRAIN_DEVICE:=cuda}"
+KVMEM=${KVMEM:-build/static/kvmem}
+
+[ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
+mkdir -p "$OUT" "$WORK" || fail "cannot create $OUT or $WORK"
+export TRAIN_DEVICE
+
+main() {
+echo "== run_gpu.sh $MODE: $(date -u +%FT%TZ) on $(hostname)"
+
+# Fail fast, before anything long.
+[ -x "$KVMEM" ] || fail "$KVMEM missing: run 'make static' on the build machine and carry build/static"
+"$KVMEM" synth vocab >/dev/null || fail "$KVMEM does not run here"
+python3 - <<'EOF' || fail "python3 lacks torch/transformers/numpy or CUDA (see above)"
+import sys
+import numpy, torch, transformers
+from transformers import Qwen3Config, Qwen3ForCausalLM
+import os
+cuda = os.environ["TRAIN_DEVICE"] != "cpu"
+assert not cuda or torch.cuda.is_available(), "no CUDA device"
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
+      f"transformers {transformers.__version__}, "
+      f"{torch.cuda.get_device_name(0) if cuda else 'cpu'}")
+EOF
+if command -v nvidia-smi >/dev/null; then nvidia-smi -L || true; fi
+FREE_KB=$(df -Pk "$WORK" | awk 'NR==2 {print $4}')
+[ "${FREE_KB:-0}" -gt 4000000 ] || fail "$WORK has less than 4 GB free"
+
+t0=$(date +%s)
+echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED"
+"$KVMEM" synth corpus --tokens "$TOKENS" --seq-len "$SEQ_LEN" --seed "$SEED" \
+	--views 0.5 --out "$WORK/train.bin" --quiet || fail "corpus generation failed"
+"$KVMEM" synth corpus --tokens "$EVAL_TOKENS" --seq-len "$SEQ_LEN" --seed 999001 \
+	--views 0 --out "$WORK/eval_stream.bin" --quiet || fail "eval corpus (stream) failed"
+"$KVMEM" synth corpus --tokens "$EVAL_TOKENS" --seq-len "$SEQ_LEN" --seed 999002 \
+	--views 1 --out "$WORK/eval_view.bin" --quiet || fail "eval corpus (view) failed"
+"$KVMEM" synth vocab >"$WORK/vocab.tsv"
+echo "== corpus ready in $(($(date +%s) - t0)) s"
+
+SMOKE=
+[ "$MODE" = smoke ] && SMOKE=--smoke
+rm -rf "$WORK/model"
+# shellcheck disable=SC2086
+python3 tools/train/train.py --data "$WORK/train.bin" \
+	--eval stream="$WORK/eval_stream.bin" --eval view="$WORK/eval_view.bin" \
+	--vocab "$WORK/vocab.tsv" --out "$WORK/model" --minutes "$MINUTES" \
+	--device "$TRAIN_DEVICE" $SMOKE $TRAIN_ARGS ||
+	fail "train.py failed (see above)"
+
+for f in model.safetensors config.json generation_config.json record.json; do
+	[ -f "$WORK/model/$f" ] || fail "the model folder lacks $f"
+	cp "$WORK/model/$f" "$OUT/$f"
+done
+SIZE=$(stat -c %s "$OUT/model.safetensors")
+[ "$SIZE" -lt $((16 << 20)) ] || echo "run_gpu.sh: warning: model.safetensors is $SIZE bytes, over 16 MiB: it will not come back"
+echo "== done in $(($(date +%s) - t0)) s: $(ls "$OUT" | tr '\n' ' ')"
+}
+
+# fail() inside main ends the subshell; PIPESTATUS carries its status out.
+main 2>&1 | tee -a "$OUT/train.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,584 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Train kvmem's small Qwen3 model on the agentlang corpus.
+
+Reads a corpus written by `kvmem synth corpus` (fixed-length sequences of
+agentlang ids after a 64-byte header), builds a Qwen3ForCausalLM of a few
+million parameters whose native window is the corpus's sequence length,
+trains it in bf16 autocast with AdamW and a cosine schedule until a wall-clock
+budget or a step count runs out, reports the loss and the exact-match accuracy
+of answers on held-out corpora, and exports a Hugging Face model directory
+(save_pretrained, safetensors, bf16) plus record.json.
+
+Needs torch and transformers (Qwen3), numpy. tools/train/README.md explains
+the choices; tools/train/run_gpu.sh is the one-shot run on the GPU machine.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import struct
+import sys
+import time
+
+HEADER = 64
+MAGIC = b"KVMSYN1\0"
+
+
+def die(msg):
+    print(f"train.py: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+try:
+    import numpy as np
+except ImportError:
+    die("numpy is not installed")
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    die("torch is not installed")
+
+
+# ---- corpus -----------------------------------------------------------------
+class Corpus:
+    """A corpus file: header fields and a read-only [n_seqs, seq_len] array."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                h = f.read(HEADER)
+        except OSError as e:
+            die(f"{path}: cannot read: {e}")
+        if len(h) < HEADER or h[:8] != MAGIC:
+            die(f"{path}: not a kvmem synth corpus (bad magic)")
+        version, hdr, self.vocab, self.seq_len = struct.unpack_from("<IIII", h, 8)
+        if version != 1 or hdr != HEADER:
+            die(f"{path}: corpus version {version} header {hdr}: this script reads 1 / {HEADER}")
+        self.n_seqs, self.seed = struct.unpack_from("<QQ", h, 24)
+        (self.id_bytes,) = struct.unpack_from("<I", h, 40)
+        (self.pad, self.bos, self.eos, self.q, self.a, self.end) = struct.unpack_from("<6H", h, 44)
+        self.view_permille, self.vocab_hash = struct.unpack_from("<II", h, 56)
+        if self.id_bytes not in (2, 4):
+            die(f"{path}: ids of {self.id_bytes} bytes")
+        want = HEADER + self.n_seqs * self.seq_len * self.id_bytes
+        if size != want:
+            die(f"{path}: {size} bytes, the header promises {want} (truncated or still being written?)")
+        dtype = np.uint16 if self.id_bytes == 2 else np.uint32
+        self.ids = np.memmap(path, dtype=dtype, mode="r", offset=HEADER,
+                             shape=(self.n_seqs, self.seq_len))
+
+    @property
+    def tokens(self):
+        return self.n_seqs * self.seq_len
+
+    def to_device(self, device, limit=None):
+        """All (or the first `limit`) sequences as an int16/int32 tensor on device."""
+        n = self.n_seqs if limit is None else min(limit, self.n_seqs)
+        out = torch.empty((n, self.seq_len),
+                          dtype=torch.int16 if self.vocab < 32768 else torch.int32, device=device)
+        step = max(1, (64 << 20) // (self.seq_len * 4))
+        for s in range(0, n, step):
+            chunk = np.asarray(self.ids[s:min(s + step, n)]).astype(
+                np.int16 if self.vocab < 32768 else np.int32)
+            out[s:s + len(chunk)] = torch.from_numpy(chunk).to(device, non_blocking=False)
+        return out
+
+
+def answer_mask(x, a_id, end_id):
+    """For inputs x [B, T]: a [B, T-1] mask over the targets x[:, 1:] that are
+    answer tokens: after an answer marker, up to and including <end>."""
+    is_a = (x == a_id).to(torch.int32)
+    is_end = (x == end_id).to(torch.int32)
+    inside = torch.cumsum(is_a - is_end, dim=1)  # 1 from the marker to before <end>
+    tgt = x[:, 1:]
+    return (inside[:, :-1] == 1) & (tgt != a_id)
+
+
+def question_ids(x, a_id):
+    """[B, T-1]: for each target position, the number of answer markers among
+    the inputs up to it: with the row, a question's identity."""
+    return torch.cumsum((x[:, :-1] == a_id).to(torch.int64), dim=1)
+
+
+# ---- model ------------------------------------------------------------------
+def build_model(args, vocab, window, c):
+    try:
+        import transformers
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+    except ImportError as e:
+        die(f"transformers with Qwen3 is needed: {e}")
+    common = dict(
+        vocab_size=vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
+        max_position_embeddings=window, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        attention_bias=False, attention_dropout=0.0, initializer_range=0.02,
+        bos_token_id=c.bos, eos_token_id=c.end, pad_token_id=c.pad, use_cache=False)
+    cfg = None
+    # transformers 5 takes rope_parameters; 4 takes rope_theta (and would keep
+    # an unknown rope_parameters silently), so check what was understood.
+    for kw in ({"rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta}},
+               {"rope_theta": args.rope_theta}):
+        try:
+            cand = Qwen3Config(**kw, **common)
+        except TypeError:
+            continue
+        if effective_theta(cand) == args.rope_theta:
+            cfg = cand
+            break
+    if cfg is None:
+        die(f"this transformers ({transformers.__version__}) did not take rope theta {args.rope_theta}")
+    model = None
+    for how in ("from_config", "attr"):
+        try:
+            if how == "from_config":
+                model = Qwen3ForCausalLM._from_config(cfg, attn_implementation=args.attn)
+            else:
+                cfg._attn_implementation = args.attn
+                model = Qwen3ForCausalLM(cfg)
+            break
+        except Exception as e:  # noqa: BLE001 - report and try the other way
+            log(f"model: building with {how} failed ({e}); trying another way")
+    if model is None:
+        die("could not build Qwen3ForCausalLM")
+    return model, transformers.__version__
+
+
+def effective_theta(cfg):
+    rp = getattr(cfg, "rope_parameters", None)
+    if isinstance(rp, dict):
+        if "rope_theta" in rp:
+            return float(rp["rope_theta"])
+        for v in rp.values():  # per layer type
+            if isinstance(v, dict) and "rope_theta" in v:
+                return float(v["rope_theta"])
+    theta = getattr(cfg, "rope_theta", None)
+    return float(theta) if theta is not None else None
+
+
+def count_params(model):
+    seen, n = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            n += p.numel()
+    return n
+
+
+# ---- training ---------------------------------------------------------------
+def lr_at(args, step, progress):
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    p = min(1.0, max(0.0, progress))
+    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def losses(model, x, c, answer_weight):
+    """Mean CE over non-pad targets, mean CE over answer targets, their sum,
+    and what accuracy needs."""
+    inp, tgt = x[:, :-1], x[:, 1:]
+    logits = model(input_ids=inp, use_cache=False).logits
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                         reduction="none").view(tgt.shape)
+    lm = tgt != c.pad
+    ans = answer_mask(x, c.a, c.end)
+    lm_loss = (ce * lm).sum() / lm.sum().clamp(min=1)
+    ans_loss = (ce * ans).sum() / ans.sum().clamp(min=1)
+    return lm_loss + answer_weight * ans_loss, lm_loss, ans_loss, logits, ans
+
+
+@torch.no_grad()
+def evaluate(model, data, c, batch, device, amp):
+    """Loss and exact match of every question: all its answer tokens (the
+    value and <end>) are the argmax given the true prefix — exactly when
+    greedy decoding would produce the answer."""
+    model.eval()
+    n_q = n_ok = 0
+    lm_sum = ans_sum = 0.0
+    n_batches = 0
+    for s in range(0, data.shape[0], batch):
+        x = data[s:s + batch].long()
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            _, lm_loss, ans_loss, logits, ans = losses(model, x, c, 1.0)
+        pred = logits.argmax(-1)
+        wrong = (pred != x[:, 1:]) & ans
+        qid = question_ids(x, c.a)
+        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1).expand_as(qid)
+        key = (rows * (qid.max() + 1) + qid)[ans]
+        size = int(x.shape[0] * (qid.max().item() + 1))
+        has = torch.zeros(size, device=x.device).index_add_(0, key, torch.ones_like(key, dtype=torch.float))
+        bad = torch.zeros(size, device=x.device).index_add_(0, key, wrong[ans].float())
+        n_q += int((has > 0).sum().item())
+        n_ok += int(((has > 0) & (bad == 0)).sum().item())
+        lm_sum += lm_loss.item()
+        ans_sum += ans_loss.item()
+        n_batches += 1
+    model.train()
+    return {"questions": n_q, "accuracy": n_ok / max(1, n_q),
+            "lm_loss": lm_sum / max(1, n_batches), "answer_loss": ans_sum / max(1, n_batches)}
+
+
+def eval_line(name, r):
+    return (f"{name}: acc {100 * r['accuracy']:.1f}% of {r['questions']} "
+            f"(lm {r['lm_loss']:.3f}, answer {r['answer_loss']:.3f})")
+
+
+def load_vocab(path):
+    if not path:
+        return None
+    pieces = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("#") or not line.strip():
+                    continue
+                i, piece, glue = line.rstrip("\n").split("\t")[:3]
+                pieces[int(i)] = ("\n" if piece == "\\n" else piece, glue == "1")
+    except (OSError, ValueError) as e:
+        log(f"vocab {path}: not used ({e})")
+        return None
+    return pieces
+
+
+def decode(pieces, ids):
+    out, start = [], True
+    for i in ids:
+        p, glue = pieces.get(int(i), (f"<{int(i)}>", False))
+        if not (start or glue or p == "\n"):
+            out.append(" ")
+        out.append(p)
+        start = p == "\n"
+    return "".join(out)
+
+
+@torch.no_grad()
+def show_examples(model, data, c, pieces, device, amp, n=4):
+    """Greedy answers to the last questions of one held-out sequence."""
+    x = data[:1].long()
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+        logits = model(input_ids=x[:, :-1], use_cache=False).logits
+    pred = logits.argmax(-1)[0]
+    row = x[0]
+    marks = (row == c.a).nonzero().flatten().tolist()[-n:]
+    for m in marks:
+        q0 = m
+        while q0 > 0 and int(row[q0]) != c.q:
+            q0 -= 1
+        got, t = [], m
+        while t < row.shape[0] - 1 and len(got) < 6:
+            got.append(int(pred[t]))
+            if got[-1] == c.end or int(row[t + 1]) == c.end:
+                break
+            t += 1
+        e = m + 1
+        while e < row.shape[0] and int(row[e]) != c.end:
+            e += 1
+        want = row[m + 1:e + 1].tolist()
+        q = row[q0:m + 1].tolist()
+        if pieces:
+            log(f"  {decode(pieces, q)} {decode(pieces, want)}   model: {decode(pieces, got)}")
+        else:
+            log(f"  q {q} want {want} model {got}")
+
+
+def fix_config(out_dir, args, vocab_hash):
+    """Top-level rope_theta too (transformers 5 keeps it in rope_parameters),
+    and the vocabulary hash kvmem checks before using the model."""
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    if "rope_theta" not in cfg:
+        cfg["rope_theta"] = float(args.rope_theta)
+    cfg["kvmem_vocab_hash"] = f"{vocab_hash:08x}"
+    with open(path + ".tmp", "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def export(model, out_dir, args, c, dtype):
+    os.makedirs(out_dir, exist_ok=True)
+    m = model.to(dtype)
+    try:
+        m.generation_config.bos_token_id = c.bos
+        m.generation_config.eos_token_id = [c.end, c.eos]
+        m.generation_config.pad_token_id = c.pad
+    except AttributeError:
+        pass
+    m.save_pretrained(out_dir, safe_serialization=True)
+    fix_config(out_dir, args, c.vocab_hash)
+    files = sorted(os.listdir(out_dir))
+    if "model.safetensors" not in files or "config.json" not in files:
+        die(f"{out_dir}: save_pretrained wrote {files}, expected model.safetensors and config.json")
+    return files
+
+
+def check_export(model, out_dir, batch, c, device):
+    """Reload the export and compare logits with the model in memory."""
+    from transformers import Qwen3ForCausalLM
+    again = Qwen3ForCausalLM.from_pretrained(out_dir)
+    again.to(device=device, dtype=next(model.parameters()).dtype).eval()
+    model.eval()
+    with torch.no_grad():
+        a = model(input_ids=batch[:, :-1], use_cache=False).logits.float()
+        b = again(input_ids=batch[:, :-1], use_cache=False).logits.float()
+    diff = (a - b).abs().max().item()
+    same = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    return diff, same
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--data", required=True, help="training corpus (kvmem synth corpus)")
+    ap.add_argument("--eval", action="append", default=[], metavar="NAME=FILE",
+                    help="held-out corpus, repeatable (e.g. stream=eval_stream.bin)")
+    ap.add_argument("--out", required=True, help="model directory to write")
+    ap.add_argument("--record", help="record JSON path (default: OUT/record.json)")
+    ap.add_argument("--vocab", help="`kvmem synth vocab` output, to print examples as text")
+    ap.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of the loop")
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: time only)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a 30-second run through every stage, to validate the pipeline")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--batch", type=int, default=64, help="sequences per step at full length")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--answer-weight", type=float, default=1.0,
+                    help="loss = mean CE of all tokens + this * mean CE of answer tokens")
+    ap.add_argument("--curriculum", type=float, default=0.15,
+                    help="share of the budget trained on the first quarter of each sequence")
+    ap.add_argument("--eval-every", type=float, default=45.0, help="seconds between evaluations")
+    ap.add_argument("--eval-seqs", type=int, default=256, help="sequences per eval corpus (periodic)")
+    ap.add_argument("--final-eval-seqs", type=int, default=1024)
+    ap.add_argument("--compile", choices=["on", "off"], default="on",
+                    help="torch.compile the training step (falls back to eager on any error)")
+    ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
+    ap.add_argument("--seed", type=int, default=1234, help="torch seed (init, batch order)")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.minutes = min(args.minutes, 0.5)
+        args.eval_every = 10.0
+        args.eval_seqs = min(args.eval_seqs, 32)
+        args.final_eval_seqs = min(args.final_eval_seqs, 64)
+        args.warmup = min(args.warmup, 20)
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    t_start = time.time()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        die("CUDA is not available (use --device cpu to try this script without a GPU)")
+    amp = device.type == "cuda" or os.environ.get("KVMEM_TRAIN_CPU_AMP") == "1"
+    torch.manual_seed(args.seed)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    c = Corpus(args.data)
+    evals = []
+    for spec in args.eval:
+        name, _, path = spec.rpartition("=")
+        e = Corpus(path)
+        if (e.vocab, e.seq_len, e.vocab_hash) != (c.vocab, c.seq_len, c.vocab_hash):
+            die(f"{path}: vocab/seq_len/vocab hash differ from {args.data}")
+        evals.append((name or os.path.basename(path), e))
+    L = c.seq_len
+    log(f"data: {args.data}: {c.n_seqs} sequences x {L} tokens = {c.tokens / 1e6:.1f}M tokens, "
+        f"seed {c.seed}, views {c.view_permille / 10:.0f}%, vocab {c.vocab} (hash {c.vocab_hash:08x})")
+    t0 = time.time()
+    data = c.to_device(device)
+    eval_data = [(n, e.to_device(device, args.final_eval_seqs)) for n, e in evals]
+    log(f"data: on {device} in {time.time() - t0:.1f} s")
+
+    model, tf_version = build_model(args, c.vocab, L, c)
+    model.to(device)
+    n_params = count_params(model)
+    log(f"model: Qwen3 {args.layers} layers, hidden {args.hidden}, {args.heads} heads / "
+        f"{args.kv_heads} KV heads x {args.head_dim}, mlp {args.intermediate}, window {L}, "
+        f"rope theta {args.rope_theta:g}, {n_params / 1e6:.2f}M parameters, "
+        f"attention {getattr(model.config, '_attn_implementation', '?')}, "
+        f"torch {torch.__version__}, transformers {tf_version}")
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt_kw = dict(lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    if device.type == "cuda":
+        opt_kw["fused"] = True
+    try:
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], **opt_kw)
+    except (TypeError, RuntimeError):
+        opt_kw.pop("fused", None)
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], **opt_kw)
+
+    fwd = model  # what the training step runs: the model, or its compiled twin
+    if args.compile == "on" and hasattr(torch, "compile") and device.type == "cuda":
+        try:
+            # Static shapes: the curriculum has two, each compiled once.
+            fwd = torch.compile(model, dynamic=False)
+        except Exception as e:  # noqa: BLE001
+            log(f"compile: not used ({e})")
+
+    def train_step(x):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            loss, lm_loss, ans_loss, _, _ = losses(fwd, x, c, args.answer_weight)
+        loss.backward()
+        return loss.detach(), lm_loss.detach(), ans_loss.detach()
+
+    shapes_ok = set()
+
+    budget = args.minutes * 60.0
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed)
+    perm, perm_at, epochs = torch.randperm(c.n_seqs, device=device, generator=gen), 0, 0
+    step, seen_tokens = 0, 0
+    last_eval = time.time()
+    t_loop = time.time()
+    history = []
+    log(f"train: budget {args.minutes:g} min{f', {args.steps} steps' if args.steps else ''}, "
+        f"batch {args.batch} x {L}, lr {args.lr:g} (warmup {args.warmup}, cosine to "
+        f"{args.min_lr_frac:g}x), curriculum {args.curriculum:g} at {L // 4}, "
+        f"answer weight {args.answer_weight:g}, compile {'on' if fwd is not model else 'off'}")
+    loss_avg = lm_avg = ans_avg = None
+    while True:
+        elapsed = time.time() - t_loop
+        progress = max(elapsed / budget, step / args.steps if args.steps else 0.0)
+        if progress >= 1.0:
+            break
+        cur = L // 4 if progress < args.curriculum else L
+        nseq = args.batch * (L // cur)
+        if perm_at + nseq > c.n_seqs:
+            perm, perm_at, epochs = torch.randperm(c.n_seqs, device=device, generator=gen), 0, epochs + 1
+            if nseq > c.n_seqs:
+                nseq = c.n_seqs
+        x = data[perm[perm_at:perm_at + nseq]][:, :cur].long()
+        perm_at += nseq
+        lr = lr_at(args, step, progress)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        try:
+            loss, lm_loss, ans_loss = train_step(x)
+        except Exception as e:  # noqa: BLE001 - a compile failure must not end the run
+            if fwd is model or tuple(x.shape) in shapes_ok:
+                raise
+            log(f"compile: failed on shape {tuple(x.shape)} ({type(e).__name__}: {e}); eager from now on")
+            opt.zero_grad(set_to_none=True)
+            fwd = model
+            loss, lm_loss, ans_loss = train_step(x)
+        shapes_ok.add(tuple(x.shape))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        seen_tokens += x.numel()
+        if step % 25 == 0 or step <= 3:
+            lv, lmv, av = loss.item(), lm_loss.item(), ans_loss.item()
+            if not math.isfinite(lv):
+                die(f"loss is {lv} at step {step}")
+            k = 0.9 if loss_avg is not None else 0.0
+            loss_avg = k * (loss_avg or 0) + (1 - k) * lv
+            lm_avg = k * (lm_avg or 0) + (1 - k) * lmv
+            ans_avg = k * (ans_avg or 0) + (1 - k) * av
+            el = time.time() - t_loop
+            log(f"step {step:5d}  {el:6.1f}s  len {cur}  lr {lr:.2e}  loss {lv:.3f} "
+                f"(lm {lmv:.3f}, answer {av:.3f})  {seen_tokens / el / 1e6:.2f}M tok/s")
+        if evals and time.time() - last_eval >= args.eval_every:
+            line = [f"eval @ step {step}:"]
+            rec = {"step": step, "seconds": round(time.time() - t_loop, 1)}
+            for name, d in eval_data:
+                r = evaluate(model, d[:args.eval_seqs], c, max(1, args.batch // 2), device, amp)
+                line.append(eval_line(name, r))
+                rec[name] = r
+            history.append(rec)
+            log("  ".join(line))
+            last_eval = time.time()
+    train_s = time.time() - t_loop
+    log(f"train: {step} steps, {seen_tokens / 1e6:.1f}M tokens ({epochs} full passes), "
+        f"{train_s:.1f} s, {seen_tokens / max(train_s, 1e-9) / 1e6:.2f}M tok/s")
+
+    final = {}
+    for name, d in eval_data:
+        final[name] = evaluate(model, d, c, max(1, args.batch // 2), device, amp)
+        log("final " + eval_line(name, final[name]))
+    pieces = load_vocab(args.vocab)
+    for name, d in eval_data:
+        log(f"examples from {name}:")
+        show_examples(model, d, c, pieces, device, amp)
+
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    files = export(model, args.out, args, c, dtype)
+    log(f"export: {args.out}: {', '.join(files)}")
+    check = None
+    try:
+        probe = (eval_data[0][1] if eval_data else data)[:4].long()
+        diff, same = check_export(model, args.out, probe, c, device)
+        check = {"max_abs_logit_diff": diff, "argmax_agreement": same}
+        log(f"export: reloaded, max |logit diff| {diff:.3g}, argmax agreement {100 * same:.2f}%")
+        if same < 0.999:
+            die("the exported model does not reproduce the trained one")
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - the record says so
+        log(f"export: reload check skipped ({type(e).__name__}: {e})")
+
+    record = {
+        "what": "kvmem agentlang model: Qwen3ForCausalLM trained on `kvmem synth corpus`",
+        "command": " ".join([os.path.basename(sys.argv[0])] + argv),
+        "data": {"path": os.path.basename(args.data), "seed": c.seed, "sequences": c.n_seqs,
+                 "seq_len": L, "tokens": c.tokens, "view_share": c.view_permille / 1000.0,
+                 "vocab": c.vocab, "vocab_hash": f"{c.vocab_hash:08x}"},
+        "eval_data": {n: {"path": os.path.basename(e.path), "seed": e.seed, "sequences": e.n_seqs,
+                          "view_share": e.view_permille / 1000.0} for n, e in evals},
+        "model": {"layers": args.layers, "hidden": args.hidden, "intermediate": args.intermediate,
+                  "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
+                  "window": L, "rope_theta": args.rope_theta, "parameters": n_params,
+                  "dtype": args.dtype, "tie_word_embeddings": True},
+        "train": {"steps": step, "tokens_seen": seen_tokens, "passes_over_data": epochs,
+                  "seconds": round(train_s, 1), "batch": args.batch, "lr": args.lr,
+                  "warmup": args.warmup, "min_lr_frac": args.min_lr_frac,
+                  "weight_decay": args.weight_decay, "answer_weight": args.answer_weight,
+                  "curriculum": args.curriculum, "compile": fwd is not model,
+                  "torch_seed": args.seed,
+                  "final_loss": loss_avg, "final_lm_loss": lm_avg, "final_answer_loss": ans_avg},
+        "eval": final,
+        "eval_history": history,
+        "export_check": check,
+        "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+        "gpu_seconds": round(time.time() - t_start, 1) if device.type == "cuda" else 0,
+        "versions": {"torch": torch.__version__, "transformers": tf_version,
+                     "python": platform.python_version()},
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    rec_path = args.record or os.path.join(args.out, "record.json")
+    with open(rec_path, "w") as f:
+        json.dump(record, f, indent=2)
+        f.write("\n")
+    log(f"record: {rec_path}; total {time.time() - t_start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
