@@ -1,10 +1,593 @@
 // SPDX-License-Identifier: MIT
-/* Placeholder until the benchmark lands; replace this whole file. */
+/*
+ * kvmem bench recall: does the model answer about facts far outside its
+ * native window when kvmem pages the right blocks back into its view?
+ *
+ * For workspace sizes from the native window W to 64x W (and beyond), needles
+ * at several depths, every selection policy and full context (where it fits
+ * the window): exact-match accuracy of the answers, how often the needle's
+ * blocks were in the view, time per question and the bytes paged into the
+ * view per question. Workspaces come from agentlang (Documentation/agentlang.md)
+ * with seeds from 1e9 up, never used in training (training: < 1e6).
+ *
+ * Per workspace the history is prefilled once (Mean-K selection during the
+ * prefill, the same budget), its pages kept in host memory; each policy then
+ * adopts that history in a fresh session and answers every question in turn:
+ * append the question up to its answer marker, select (the question's
+ * queries drive the policy), append the marker (its logits are the first
+ * answer token's, computed over the new view), decode greedily to <end>.
+ * Questions and answers stay in the history like an agent's turns. Full
+ * context (no budget) needs the whole workspace inside the window: the
+ * history is prefilled without a budget and each question adopts it afresh.
+ */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvmem/agentlang.h"
+#include "kvmem/engine.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/model.h"
+#include "kvmem/workspace.h"
+#include "util/json.h"
 #include "cmd.h"
+
+#define MAX_LIST 32
+#define MAX_POL 16
+#define EVAL_SEED_MIN 1000000000ull
+#define FULL "full"
+
+struct cell {
+	int64_t n, ok, inview;
+	double secs, bytes;
+};
+
+struct opts {
+	const char *model, *json, *csv;
+	double sizes[MAX_LIST], depths[MAX_LIST];
+	int n_sizes, n_depths;
+	const char *pol[MAX_POL];
+	int n_pol;
+	int questions, lookalikes, chunk, block, query_tokens, quiet;
+	int64_t budget;
+	uint64_t seed;
+};
+
+struct bench {
+	struct opts o;
+	kvm_model *m;
+	kvm_engine *e;
+	int W;			/* native window */
+	int64_t budget, reserve;
+	double page_bytes;	/* one block in one layer, K and V, bf16 */
+	struct cell *cells;	/* [size][depth][policy] */
+	FILE *json, *csv;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvmem bench recall --model DIR [options]\n"
+		"\n"
+		"Exact-match recall of needles in agentlang workspaces of W (the model's\n"
+		"window) up to 64x W, per needle depth, per selection policy and full\n"
+		"context (where the workspace fits the window). Seeds >= 1e9: never seen\n"
+		"in training. Documentation/agentlang.md describes the workspaces.\n"
+		"\n"
+		"  --model DIR        the trained agentlang model (required)\n"
+		"  --sizes LIST       workspace sizes in multiples of W (default 1,4,16,64;\n"
+		"                     1 means W - 16 so that a question fits)\n"
+		"  --depths LIST      needle depths, 0 = oldest (default 0.1,0.3,0.5,0.7,0.9)\n"
+		"  --questions N      questions per (size, depth, policy) cell (default 200)\n"
+		"  --policies LIST    policies and 'full' (default: all of them)\n"
+		"  --budget N         view budget in tokens (default: W - 32 - max(chunk, W/8),\n"
+		"                     a block multiple; the reserve takes the rest but 32)\n"
+		"  --lookalikes K     look-alike lines per needle (default 4)\n"
+		"  --seed S           first workspace seed (default 1000000000; >= 1e9)\n"
+		"  --chunk N          prefill chunk (default 128)\n"
+		"  --query-tokens N   query tokens that drive selection (default: the whole\n"
+		"                     question before its answer marker)\n"
+		"  --quick            smoke test: sizes 1,4, depths 0.25,0.75, 8 questions\n"
+		"  --json FILE        one JSON object per cell; --csv FILE the same as CSV\n"
+		"  --quiet            no progress on stderr\n");
+}
+
+static int parse_list(const char *s, double *out, int max)
+{
+	int n = 0;
+	char *end;
+
+	while (*s && n < max) {
+		errno = 0;
+		out[n++] = strtod(s, &end);
+		if (errno || end == s || (*end && *end != ','))
+			return -1;
+		s = *end ? end + 1 : end;
+	}
+	return *s ? -1 : n;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	static const double sizes[] = { 1, 4, 16, 64 }, depths[] = { 0.1, 0.3, 0.5, 0.7, 0.9 };
+	char *pols = NULL;
+
+	memset(o, 0, sizeof(*o));
+	o->n_sizes = 4;
+	memcpy(o->sizes, sizes, sizeof(sizes));
+	o->n_depths = 5;
+	memcpy(o->depths, depths, sizeof(depths));
+	o->questions = 200;
+	o->lookalikes = 4;
+	o->chunk = 128;
+	o->block = KVM_BLOCK_DEFAULT;
+	o->seed = EVAL_SEED_MIN;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		char *end;
+
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			exit(0);
+		} else if (!strcmp(a, "--quick")) {
+			o->n_sizes = 2, o->sizes[0] = 1, o->sizes[1] = 4;
+			o->n_depths = 2, o->depths[0] = 0.25, o->depths[1] = 0.75;
+			o->questions = 8;
+			continue;
+		} else if (!strcmp(a, "--quiet")) {
+			o->quiet = 1;
+			continue;
+		}
+		if (!v) {
+			fprintf(stderr, "kvmem bench recall: %s needs a value\n", a);
+			return -1;
+		}
+		i++;
+		errno = 0;
+		if (!strcmp(a, "--model")) {
+			o->model = v;
+		} else if (!strcmp(a, "--json")) {
+			o->json = v;
+		} else if (!strcmp(a, "--csv")) {
+			o->csv = v;
+		} else if (!strcmp(a, "--sizes")) {
+			if ((o->n_sizes = parse_list(v, o->sizes, MAX_LIST)) <= 0)
+				goto bad;
+		} else if (!strcmp(a, "--depths")) {
+			if ((o->n_depths = parse_list(v, o->depths, MAX_LIST)) <= 0)
+				goto bad;
+		} else if (!strcmp(a, "--policies")) {
+			pols = (char *)v;
+		} else if (!strcmp(a, "--questions")) {
+			if ((o->questions = (int)strtol(v, &end, 10)) <= 0 || *end)
+				goto bad;
+		} else if (!strcmp(a, "--lookalikes")) {
+			if ((o->lookalikes = (int)strtol(v, &end, 10)) < 0 || *end || o->lookalikes > 16)
+				goto bad;
+		} else if (!strcmp(a, "--budget")) {
+			if ((o->budget = strtoll(v, &end, 10)) <= 0 || *end)
+				goto bad;
+		} else if (!strcmp(a, "--chunk")) {
+			if ((o->chunk = (int)strtol(v, &end, 10)) <= 0 || *end)
+				goto bad;
+		} else if (!strcmp(a, "--query-tokens")) {
+			if ((o->query_tokens = (int)strtol(v, &end, 10)) <= 0 || *end)
+				goto bad;
+		} else if (!strcmp(a, "--seed")) {
+			o->seed = strtoull(v, &end, 10);
+			if (errno || *end || *v == '-')
+				goto bad;
+		} else {
+			fprintf(stderr, "kvmem bench recall: unknown option '%s'\n", a);
+			return -1;
+		}
+		continue;
+bad:
+		fprintf(stderr, "kvmem bench recall: bad value '%s' for %s\n", v, a);
+		return -1;
+	}
+	if (!o->model) {
+		fprintf(stderr, "kvmem bench recall: --model DIR is required\n");
+		return -1;
+	}
+	if (o->seed < EVAL_SEED_MIN) {
+		fprintf(stderr, "kvmem bench recall: seed %llu is below 1e9: training seeds are "
+			"below 1e6, evaluation seeds from 1e9 up\n", (unsigned long long)o->seed);
+		return -1;
+	}
+	for (int i = 0; i < o->n_sizes; i++)
+		if (!(o->sizes[i] >= 1) || o->sizes[i] > 65536)
+			return fprintf(stderr, "kvmem bench recall: size %g is not in 1..65536\n",
+				       o->sizes[i]), -1;
+	for (int i = 0; i < o->n_depths; i++)
+		if (!(o->depths[i] >= 0 && o->depths[i] <= 1))
+			return fprintf(stderr, "kvmem bench recall: depth %g is not in 0..1\n",
+				       o->depths[i]), -1;
+	if (pols) {
+		for (char *t = strtok(pols, ","); t && o->n_pol < MAX_POL; t = strtok(NULL, ",")) {
+			if (strcmp(t, FULL) && !kvm_policy_find(t)) {
+				fprintf(stderr, "kvmem bench recall: %s\n", kvm_last_error());
+				return -1;
+			}
+			o->pol[o->n_pol++] = t;
+		}
+	} else {
+		o->pol[o->n_pol++] = FULL;
+		for (int i = 0; kvm_policies[i] && o->n_pol < MAX_POL; i++)
+			o->pol[o->n_pol++] = kvm_policies[i]->name;
+	}
+	return 0;
+}
+
+/* The model must speak this kvmem's agentlang. */
+static int check_vocab(const char *dir, const kvm_config *c)
+{
+	char path[4200], want[16];
+	kvm_json *doc;
+
+	if (c->vocab != kvm_lang_vocab_size())
+		return kvm_error("%s: vocabulary of %d tokens; agentlang has %d: not an agentlang model",
+				 dir, c->vocab, kvm_lang_vocab_size());
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	if (!(doc = kvm_json_parse_file(path)))
+		return -1;
+	const char *have = kvm_json_str(kvm_json_get(doc, "kvmem_vocab_hash"), NULL);
+	snprintf(want, sizeof(want), "%08x", kvm_lang_vocab_hash());
+	int rc = 0;
+	if (!have)
+		fprintf(stderr, "kvmem bench recall: note: %s has no kvmem_vocab_hash; assuming "
+			"it was trained on this vocabulary\n", path);
+	else if (strcmp(have, want))
+		rc = kvm_error("%s: trained on agentlang vocabulary %s, this kvmem has %s", path, have,
+			       want);
+	kvm_json_free(doc);
+	return rc;
+}
+
+static int64_t workspace_len(const struct bench *b, double size)
+{
+	return size <= 1 ? b->W - 16 : (int64_t)llround(size * b->W);
+}
+
+/* Needles one workspace of n tokens may hold (agentlang's limit, with room). */
+static int needles_per_ws(const struct bench *b, int64_t n)
+{
+	int64_t m = n / (2 * (96 + 16 * (b->o.lookalikes + 1))) * 9 / 10;
+
+	return m < 1 ? 1 : m > 1000 ? 1000 : (int)m;
+}
+
+static kvm_session *session(struct bench *b, const char *policy, int64_t budget,
+			    const kvm_page_source *src, int qtok)
+{
+	kvm_session_opts so;
+
+	kvm_session_opts_default(&so);
+	so.block = b->o.block;
+	so.budget = budget;
+	so.reserve = budget ? b->reserve : -1;
+	so.chunk = b->o.chunk;
+	so.query_tokens = qtok;
+	so.policy = policy;
+	so.seed = b->o.seed;
+	so.source = src;
+	return kvm_session_create(b->e, &so);
+}
+
+static int prefill(struct bench *b, const kvm_lang_workspace *ws, int64_t budget,
+		   kvm_page_source *src)
+{
+	const kvm_config *c = &b->m->cfg;
+	kvm_session *s;
+
+	if (kvm_page_source_mem(src, c->n_layers, c->n_kv_heads, c->head_dim, b->o.block))
+		return -1;
+	if (!(s = session(b, "meank", budget, src, 4)) || kvm_session_append(s, ws->ids, ws->n_ids, 0)) {
+		kvm_session_free(s);
+		kvm_page_source_destroy(src);
+		return kvm_error_prefix("prefill of %lld tokens", (long long)ws->n_ids);
+	}
+	kvm_session_free(s);
+	return 0;
+}
+
+/* Share of the plan's sets that hold every block of [a, e). */
+static double in_view(const kvm_plan *p, int block, int64_t a, int64_t e)
+{
+	int held = 0;
+
+	for (int s = 0; s < p->n_sets; s++) {
+		int all = 1;
+
+		for (int64_t bk = a / block; bk <= (e - 1) / block && all; bk++) {
+			int found = 0;
+
+			for (int i = 0; i < p->n_view && !found; i++)
+				found = p->blocks[(size_t)s * p->n_view + i] == bk;
+			all = found;
+		}
+		held += all;
+	}
+	return p->n_sets ? (double)held / p->n_sets : 0;
+}
+
+/* One question: ask, select, answer. Adds to the cell. */
+static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int full,
+	       struct cell *cl)
+{
+	int32_t gen[KVM_LANG_MAX_ANSWER], nl = KVM_LANG_NL;
+	int n = 0;
+	double t0 = now_s(), seen = 1.0;
+
+	if (kvm_session_append(s, q->ids, q->n_ids - 1, 0))
+		return -1;
+	if (!full) {
+		if (kvm_session_select(s))
+			return -1;
+		const kvm_plan *p = kvm_session_plan(s);
+		seen = in_view(p, b->o.block, q->needle_pos, q->needle_end);
+		cl->bytes += (double)p->entering * b->page_bytes *
+			     (p->n_sets == 1 ? b->m->cfg.n_layers : 1);
+	}
+	if (kvm_session_append(s, q->ids + q->n_ids - 1, 1, 0))
+		return -1;
+	while (n < KVM_LANG_MAX_ANSWER) {
+		if (kvm_session_decode(s, 1, NULL, &gen[n]))
+			return -1;
+		if (gen[n++] == KVM_LANG_END)
+			break;
+	}
+	cl->secs += now_s() - t0;
+	cl->n++;
+	cl->ok += kvm_lang_exact_match(q, gen, n);
+	cl->inview += seen >= 1.0;
+	/* The next question starts a line, as in the language. */
+	return kvm_session_append(s, &nl, 1, 0);
+}
+
+/* Every policy over one workspace; q_depth[i] is question i's depth index. */
+static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, const int *q_depth)
+{
+	const int nd = b->o.n_depths, np = b->o.n_pol;
+	int64_t n = ws->n_ids;
+	int fits = n + 16 <= b->W;
+	kvm_page_source src = { 0 }, full_src = { 0 };
+	int rc = 0, qtok = b->o.query_tokens;
+
+	if (prefill(b, ws, b->budget, &src))
+		return -1;
+	for (int pi = 0; pi < np && !rc; pi++) {
+		const char *pol = b->o.pol[pi];
+		int full = !strcmp(pol, FULL);
+		struct cell *cl = &b->cells[((size_t)si * nd) * np + pi];
+
+		if (full && !fits)
+			continue;
+		if (full && !full_src.ops && prefill(b, ws, 0, &full_src)) {
+			rc = -1;
+			break;
+		}
+		kvm_session *s = NULL;
+		for (int i = 0; i < ws->n_q && !rc; i++) {
+			const kvm_lang_question *q = &ws->q[i];
+			int t = qtok ? qtok : q->n_ids - 1;
+
+			/* Full context adopts afresh each time: the window cannot
+			 * hold the questions piling up. */
+			if (!s || full) {
+				kvm_session_free(s);
+				s = session(b, full ? "meank" : pol, full ? 0 : b->budget,
+					    full ? &full_src : &src, t);
+				rc = !s || kvm_session_adopt(s, ws->ids, n);
+				if (rc)
+					break;
+			}
+			rc = ask(b, s, q, full, cl + (size_t)q_depth[i] * np);
+		}
+		kvm_session_free(s);
+	}
+	kvm_page_source_destroy(&src);
+	if (full_src.ops)
+		kvm_page_source_destroy(&full_src);
+	return rc ? kvm_error_prefix("workspace seed") : 0;
+}
+
+static void size_name(char *buf, size_t len, int64_t n, double size)
+{
+	if (n >= 1 << 20)
+		snprintf(buf, len, "%.3gM (%gx)", (double)n / (1 << 20), size);
+	else if (n >= 10 << 10)
+		snprintf(buf, len, "%lldK (%gx)", (long long)((n + 512) >> 10), size);
+	else
+		snprintf(buf, len, "%lld (%gx)", (long long)n, size);
+}
+
+static void report_cell(struct bench *b, int si, int di, int pi)
+{
+	const struct cell *c = &b->cells[((size_t)si * b->o.n_depths + di) * b->o.n_pol + pi];
+	int64_t n = workspace_len(b, b->o.sizes[si]);
+	char name[64];
+	const char *pol = b->o.pol[pi];
+
+	if (!c->n)
+		return;
+	size_name(name, sizeof(name), n, b->o.sizes[si]);
+	double acc = 100.0 * c->ok / c->n, ms = 1e3 * c->secs / c->n, mb = c->bytes / c->n / 1e6;
+	printf("%-14s %5.2f  %-9s %6.1f%% %5lld  %6.1f%%  %7.1f  %7.3f\n", name, b->o.depths[di], pol,
+	       acc, (long long)c->n, 100.0 * c->inview / c->n, ms, mb);
+	if (b->json)
+		fprintf(b->json, "{\"tokens\": %lld, \"size\": %g, \"depth\": %g, \"policy\": \"%s\", "
+			"\"accuracy\": %.4f, \"questions\": %lld, \"needle_in_view\": %.4f, "
+			"\"ms_per_question\": %.3f, \"mb_paged_per_question\": %.4f, "
+			"\"budget\": %lld, \"window\": %d}\n", (long long)n, b->o.sizes[si],
+			b->o.depths[di], pol, acc / 100, (long long)c->n,
+			(double)c->inview / c->n, ms, mb, !strcmp(pol, FULL) ? 0LL : (long long)b->budget,
+			b->W);
+	if (b->csv)
+		fprintf(b->csv, "%lld,%g,%g,%s,%.4f,%lld,%.4f,%.3f,%.4f\n", (long long)n,
+			b->o.sizes[si], b->o.depths[di], pol, acc / 100, (long long)c->n,
+			(double)c->inview / c->n, ms, mb);
+}
+
+static void summary(struct bench *b)
+{
+	printf("\naccuracy over all depths (needle blocks in view):\n%-14s", "size");
+	for (int pi = 0; pi < b->o.n_pol; pi++)
+		printf(" %16s", b->o.pol[pi]);
+	printf("\n");
+	for (int si = 0; si < b->o.n_sizes; si++) {
+		char name[64];
+
+		size_name(name, sizeof(name), workspace_len(b, b->o.sizes[si]), b->o.sizes[si]);
+		printf("%-14s", name);
+		for (int pi = 0; pi < b->o.n_pol; pi++) {
+			int64_t n = 0, ok = 0, iv = 0;
+
+			for (int di = 0; di < b->o.n_depths; di++) {
+				const struct cell *c = &b->cells[((size_t)si * b->o.n_depths + di) *
+								 b->o.n_pol + pi];
+				n += c->n, ok += c->ok, iv += c->inview;
+			}
+			if (n)
+				printf("   %5.1f%% (%5.1f%%)", 100.0 * ok / n, 100.0 * iv / n);
+			else
+				printf(" %16s", "-");
+		}
+		printf("\n");
+	}
+}
+
+static int run_size(struct bench *b, int si)
+{
+	const int nd = b->o.n_depths;
+	int64_t n = workspace_len(b, b->o.sizes[si]);
+	int per_ws = needles_per_ws(b, n), total = b->o.questions * nd, done = 0, wsi = 0;
+	double t0 = now_s();
+
+	while (done < total) {
+		int m = total - done < per_ws ? total - done : per_ws;
+		double *depths = malloc((size_t)m * sizeof(*depths));
+		int *qd = malloc((size_t)m * sizeof(*qd));
+		kvm_lang_params p;
+		kvm_lang_workspace ws;
+
+		if (!depths || !qd) {
+			free(depths);
+			free(qd);
+			return kvm_error("out of memory");
+		}
+		/* Round-robin over depths; needles of one depth spread over a
+		 * few percent of the workspace so they do not share blocks. */
+		int per_depth = (m + nd - 1) / nd;
+		for (int j = 0; j < m; j++) {
+			int d = (done + j) % nd, k = j / nd;
+			double off = per_depth > 1 ? 0.04 * ((k + 0.5) / per_depth - 0.5) : 0;
+			double x = b->o.depths[d] + off;
+
+			depths[j] = x < 0 ? 0 : x > 1 ? 1 : x;
+			qd[j] = d;
+		}
+		kvm_lang_params_default(&p);
+		p.seed = b->o.seed + (uint64_t)si * 1000000 + (uint64_t)wsi;
+		p.n_tokens = n;
+		p.n_questions = m;
+		p.depths = depths;
+		p.lookalikes = b->o.lookalikes;
+		int rc = kvm_lang_workspace_build(&p, &ws);
+		if (!rc) {
+			rc = run_workspace(b, si, &ws, qd);
+			kvm_lang_workspace_free(&ws);
+		}
+		free(depths);
+		free(qd);
+		if (rc)
+			return kvm_error_prefix("%lld-token workspace, seed %llu", (long long)n,
+						(unsigned long long)p.seed);
+		done += m;
+		wsi++;
+		if (!b->o.quiet)
+			fprintf(stderr, "kvmem bench recall: %lld tokens: %d/%d questions, %d workspaces, "
+				"%.0f s\n", (long long)n, done, total, wsi, now_s() - t0);
+	}
+	for (int di = 0; di < nd; di++)
+		for (int pi = 0; pi < b->o.n_pol; pi++)
+			report_cell(b, si, di, pi);
+	fflush(stdout);
+	return 0;
+}
 
 int bench_recall(int argc, char **argv)
 {
-	fprintf(stderr, "kvmem bench recall: not built yet\n");
-	return 1;
+	struct bench b;
+	int rc = 1;
+
+	memset(&b, 0, sizeof(b));
+	if (parse_args(argc, argv, &b.o)) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (kvm_model_load(b.o.model, &b.m) || check_vocab(b.o.model, &b.m->cfg) ||
+	    !(b.e = kvm_engine_create(b.m, b.o.chunk))) {
+		fprintf(stderr, "kvmem bench recall: %s\n", kvm_last_error());
+		goto out;
+	}
+	const kvm_config *c = &b.m->cfg;
+	b.W = c->max_position;
+	/* Budget + reserve (the tail between selections: at least a prefill
+	 * chunk) + 32 slots for a question and its answer fit the window. */
+	b.reserve = b.W / 8 > b.o.chunk ? b.W / 8 : b.o.chunk;
+	b.budget = b.o.budget ? b.o.budget : (b.W - 32 - b.reserve) / b.o.block * b.o.block;
+	b.reserve = b.W - 32 - b.budget;
+	if (b.reserve < b.o.chunk || b.budget < b.o.block) {
+		fprintf(stderr, "kvmem bench recall: budget %lld leaves %lld of the %d-token window "
+			"for the tail; need at least the chunk (%d)\n", (long long)b.budget,
+			(long long)b.reserve, b.W, b.o.chunk);
+		rc = EXIT_USAGE;
+		goto out;
+	}
+	b.page_bytes = 2.0 * c->n_kv_heads * b.o.block * c->head_dim * 2;
+	b.cells = calloc((size_t)b.o.n_sizes * b.o.n_depths * b.o.n_pol, sizeof(*b.cells));
+	if (!b.cells || (b.o.json && !(b.json = fopen(b.o.json, "w"))) ||
+	    (b.o.csv && !(b.csv = fopen(b.o.csv, "w")))) {
+		fprintf(stderr, "kvmem bench recall: %s\n", !b.cells ? "out of memory" : strerror(errno));
+		goto out;
+	}
+	if (b.csv)
+		fprintf(b.csv, "tokens,size,depth,policy,accuracy,questions,needle_in_view,"
+			"ms_per_question,mb_paged_per_question\n");
+	printf("kvmem bench recall: %s (window %d, %.2fM parameters), budget %lld + reserve %lld, "
+	       "block %d, %d look-alikes per needle, %d questions per cell, seeds from %llu\n",
+	       b.o.model, b.W, kvm_config_params(c) / 1e6, (long long)b.budget,
+	       (long long)b.reserve, b.o.block, b.o.lookalikes, b.o.questions,
+	       (unsigned long long)b.o.seed);
+	printf("%-14s %5s  %-9s %7s %5s  %7s  %7s  %7s\n", "workspace", "depth", "policy", "acc",
+	       "n", "in-view", "ms/q", "MB/q");
+	rc = 0;
+	for (int si = 0; si < b.o.n_sizes && !rc; si++)
+		if (run_size(&b, si)) {
+			fprintf(stderr, "kvmem bench recall: %s\n", kvm_last_error());
+			rc = 1;
+		}
+	if (!rc)
+		summary(&b);
+out:
+	if (b.json)
+		fclose(b.json);
+	if (b.csv)
+		fclose(b.csv);
+	free(b.cells);
+	kvm_engine_free(b.e);
+	kvm_model_free(b.m);
+	return rc;
 }
