@@ -192,7 +192,7 @@ static void test_registry(void **state)
 	}
 	for (; kvm_policies[n]; n++)
 		;
-	assert_int_equal(n, 6);
+	assert_true(n >= 6);	/* the shipped ones, and any added since */
 	assert_string_equal(kvm_policy_find(NULL)->name, "meank");
 	assert_string_equal(kvm_policy_find("")->name, "meank");
 	assert_null(kvm_policy_find("lru"));
