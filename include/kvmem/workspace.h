@@ -211,7 +211,8 @@ enum kvm_view_state {
 typedef struct kvm_plan_params {
 	int64_t budget;		/* history tokens the view may hold */
 	int64_t sink;		/* the first `sink` tokens' blocks */
-	int64_t recent;		/* the last `recent` tokens' blocks (>= 1) */
+	int64_t recent;		/* the last `recent` tokens' blocks (the newest
+				 * block is claimed first in any case) */
 } kvm_plan_params;
 
 /*
@@ -247,8 +248,8 @@ void kvm_plan_free(kvm_plan *p);
 typedef struct kvm_session_opts {
 	int block;		/* B: power of two 16..256; 0: 32 */
 	int64_t budget;		/* history tokens in the view; 0: unlimited */
-	int64_t sink;		/* -1: default, max(1, budget / 100) */
-	int64_t recent;		/* -1: default, max(1, budget / 12); at least 1 */
+	int64_t sink;		/* -1: default, max(1, budget / 100) (0 when unlimited) */
+	int64_t recent;		/* -1: default, max(1, budget / 12) */
 	int64_t reserve;	/* tail slots between selections; -1: default,
 				 * max(chunk, budget / 8) rounded up to a block */
 	int chunk;		/* prefill chunk; 0: 128; <= the engine's max_chunk */

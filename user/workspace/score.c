@@ -10,27 +10,53 @@
 #define MASS_CHUNK 4096		/* items per work unit: a multiple of KVM_SUBBLOCKS */
 #define MASS_SCRATCH (16u << 20)	/* logits kept at once, in floats (64 MiB) */
 
+typedef float v16 __attribute__((vector_size(64)));
+
+/* q[j..j+15] * row[j..j+15], elementwise (no vector-returning function:
+ * that would change the ABI between clones). */
+#define MUL16(out, q, row) do {				\
+		v16 x_, y_;				\
+		memcpy(&x_, (q), sizeof(v16));		\
+		memcpy(&y_, (row), sizeof(v16));	\
+		(out) = x_ * y_;			\
+	} while (0)
+
 /*
- * Sixteen running sums in a fixed order: the compiler vectorises this to
- * the widest unit the clone targets, and without FMA contraction (ISO C
- * mode) every clone gives the same bits.
+ * Four chains of sixteen running sums (GCC vector extensions: registers on
+ * AVX-512, pairs or quads of narrower ones elsewhere), folded in a fixed
+ * tree. Every operation is elementwise and there is no FMA contraction in
+ * ISO C mode, so every clone gives the same bits.
  */
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void ws_dots(float *out, const float *q, const float *m, int64_t n, int d)
 {
 	for (int64_t i = 0; i < n; i++) {
 		const float *row = m + (size_t)i * d;
-		float acc[16] = { 0 }, s = 0;
+		v16 a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 }, a, p0, p1, p2, p3;
+		float s[16];
 		int j = 0;
 
-		for (; j + 16 <= d; j += 16)
-			for (int u = 0; u < 16; u++)
-				acc[u] += q[j + u] * row[j + u];
+		for (; j + 64 <= d; j += 64) {
+			MUL16(p0, q + j, row + j);
+			MUL16(p1, q + j + 16, row + j + 16);
+			MUL16(p2, q + j + 32, row + j + 32);
+			MUL16(p3, q + j + 48, row + j + 48);
+			a0 += p0;
+			a1 += p1;
+			a2 += p2;
+			a3 += p3;
+		}
+		a = (a0 + a1) + (a2 + a3);
+		for (; j + 16 <= d; j += 16) {
+			MUL16(p0, q + j, row + j);
+			a += p0;
+		}
+		memcpy(s, &a, sizeof(s));
 		for (; j < d; j++)
-			acc[j & 15] += q[j] * row[j];
-		for (int u = 0; u < 16; u++)
-			s += acc[u];
-		out[i] = s;
+			s[j & 15] += q[j] * row[j];
+		for (int u = 0; u < 8; u++)
+			s[u] += s[u + 8];
+		out[i] = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 	}
 }
 
