@@ -95,6 +95,8 @@ int kvm_blocks_unpin(kvm_blocks *r, int64_t start, int64_t end)
 
 	if (check_span(start, end))
 		return -1;
+	if (start == end)	/* nothing to cut: do not split a span at a point */
+		return 0;
 	/* Cutting a hole in one span can add one span. */
 	if (spans_room(r, r->n_pins + 1))
 		return -1;
