@@ -535,6 +535,15 @@ static void print_step(const struct cli *o, kvm_session *s, int step, const stru
 		       (long long)st->forwards, (long long)st->differ);
 }
 
+/*
+ * After every step with --workspace: make the step durable (the pager's
+ * kvm_page_source_pager_commit with the session's token ids goes here).
+ */
+static int workspace_commit(kvm_page_source *src, kvm_session *s)
+{
+	return 0;
+}
+
 /* ---- the run ------------------------------------------------------------ */
 static double now_ms(void)
 {
@@ -544,7 +553,8 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int run_script(struct run *r, kvm_session *s, const struct op *ops, int n_ops)
+static int run_script(struct run *r, kvm_session *s, kvm_page_source *ws,
+		      const struct op *ops, int n_ops)
 {
 	const struct cli *o = r->o;
 	int exact_failed = 0;
@@ -564,6 +574,8 @@ static int run_script(struct run *r, kvm_session *s, const struct op *ops, int n
 			if (!rc)
 				rc = kvm_session_decode(s, (int)op->n, &o->sampler, out);
 		}
+		if (!rc && ws)
+			rc = workspace_commit(ws, s);
 		if (rc) {
 			fprintf(stderr, "kvmem run: %s:%d: %s\n", o->script, op->line, kvm_last_error());
 			free(out);
@@ -670,7 +682,7 @@ int session_main(int argc, char **argv)
 			ro->policy, ro->block, ro->budget ? "" : "unlimited ", (long long)ro->budget,
 			(long long)ro->sink, (long long)ro->recent, (long long)ro->reserve, ro->chunk);
 	}
-	rc = run_script(&r, s, ops, n_ops);
+	rc = run_script(&r, s, o.workspace ? &wsrc : NULL, ops, n_ops);
 	kvm_session_get_stats(s, &ss);
 	fprintf(o.json ? stderr : stdout,
 		"done: %lld tokens, %lld forward passes, %lld selections (%lld forced), "
