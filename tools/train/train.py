@@ -93,20 +93,24 @@ class Corpus:
         return out
 
 
-def answer_mask(x, a_id, end_id):
+def answer_mask(x, c):
     """For inputs x [B, T]: a [B, T-1] mask over the targets x[:, 1:] that are
-    answer tokens: after an answer marker, up to and including <end>."""
-    is_a = (x == a_id).to(torch.int32)
-    is_end = (x == end_id).to(torch.int32)
-    inside = torch.cumsum(is_a - is_end, dim=1)  # 1 from the marker to before <end>
-    tgt = x[:, 1:]
-    return (inside[:, :-1] == 1) & (tgt != a_id)
+    answer tokens: in a question line ("? file key = value <end>"), what
+    follows the answer marker "=", <end> included. The marker is the same
+    token as a fact's "=", so only markers inside question lines count."""
+    is_q = (x == c.q).to(torch.int32)
+    inq = torch.cumsum(is_q - (x == c.end).to(torch.int32), dim=1) == 1  # "?" .. before <end>
+    ca = torch.cumsum(((x == c.a) & inq).to(torch.int32), dim=1)
+    # ca at the latest "?" (ca never decreases, so a running max finds it)
+    ca_q = torch.cummax(torch.where(is_q.bool(), ca, torch.zeros_like(ca)), dim=1).values
+    inside = inq & (ca > ca_q)  # from the marker up to before <end>
+    return inside[:, :-1] & (x[:, 1:] != c.a)
 
 
-def question_ids(x, a_id):
-    """[B, T-1]: for each target position, the number of answer markers among
-    the inputs up to it: with the row, a question's identity."""
-    return torch.cumsum((x[:, :-1] == a_id).to(torch.int64), dim=1)
+def question_ids(x, c):
+    """[B, T-1]: for each target position, the number of question markers
+    among the inputs up to it: with the row, a question's identity."""
+    return torch.cumsum((x[:, :-1] == c.q).to(torch.int64), dim=1)
 
 
 # ---- model ------------------------------------------------------------------
@@ -190,7 +194,7 @@ def losses(model, x, c, answer_weight):
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                          reduction="none").view(tgt.shape)
     lm = tgt != c.pad
-    ans = answer_mask(x, c.a, c.end)
+    ans = answer_mask(x, c)
     lm_loss = (ce * lm).sum() / lm.sum().clamp(min=1)
     ans_loss = (ce * ans).sum() / ans.sum().clamp(min=1)
     return lm_loss + answer_weight * ans_loss, lm_loss, ans_loss, logits, ans
@@ -211,7 +215,7 @@ def evaluate(model, data, c, batch, device, amp):
             _, lm_loss, ans_loss, logits, ans = losses(model, x, c, 1.0)
         pred = logits.argmax(-1)
         wrong = (pred != x[:, 1:]) & ans
-        qid = question_ids(x, c.a)
+        qid = question_ids(x, c)
         rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1).expand_as(qid)
         key = (rows * (qid.max() + 1) + qid)[ans]
         size = int(x.shape[0] * (qid.max().item() + 1))
@@ -262,28 +266,23 @@ def decode(pieces, ids):
 
 @torch.no_grad()
 def show_examples(model, data, c, pieces, device, amp, n=4):
-    """Greedy answers to the last questions of one held-out sequence."""
+    """The last questions of one held-out sequence: the expected answer and
+    the model's argmax at each answer position (given the true prefix)."""
     x = data[:1].long()
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
         logits = model(input_ids=x[:, :-1], use_cache=False).logits
-    pred = logits.argmax(-1)[0]
-    row = x[0]
-    marks = (row == c.a).nonzero().flatten().tolist()[-n:]
-    for m in marks:
-        q0 = m
-        while q0 > 0 and int(row[q0]) != c.q:
-            q0 -= 1
-        got, t = [], m
-        while t < row.shape[0] - 1 and len(got) < 6:
-            got.append(int(pred[t]))
-            if got[-1] == c.end or int(row[t + 1]) == c.end:
-                break
-            t += 1
-        e = m + 1
-        while e < row.shape[0] and int(row[e]) != c.end:
+    pred = logits.argmax(-1)[0].tolist()
+    row = x[0].tolist()
+    for q0 in [i for i, t in enumerate(row) if t == c.q][-n:]:
+        m = q0
+        while m < len(row) and row[m] != c.a:
+            m += 1
+        e = m
+        while e < len(row) and row[e] != c.end:
             e += 1
-        want = row[m + 1:e + 1].tolist()
-        q = row[q0:m + 1].tolist()
+        if e >= len(row):
+            continue
+        q, want, got = row[q0:m + 1], row[m + 1:e + 1], pred[m:e]
         if pieces:
             log(f"  {decode(pieces, q)} {decode(pieces, want)}   model: {decode(pieces, got)}")
         else:
@@ -314,7 +313,10 @@ def export(model, out_dir, args, c, dtype):
         m.generation_config.pad_token_id = c.pad
     except AttributeError:
         pass
-    m.save_pretrained(out_dir, safe_serialization=True)
+    try:
+        m.save_pretrained(out_dir, safe_serialization=True)
+    except TypeError:  # a transformers that writes safetensors only, without the flag
+        m.save_pretrained(out_dir)
     fix_config(out_dir, args, c.vocab_hash)
     files = sorted(os.listdir(out_dir))
     if "model.safetensors" not in files or "config.json" not in files:
@@ -356,7 +358,7 @@ def parse_args(argv):
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--rope-theta", type=float, default=10000.0)
-    ap.add_argument("--batch", type=int, default=64, help="sequences per step at full length")
+    ap.add_argument("--batch", type=int, default=32, help="sequences per step at full length")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=150)
@@ -368,8 +370,9 @@ def parse_args(argv):
     ap.add_argument("--eval-every", type=float, default=45.0, help="seconds between evaluations")
     ap.add_argument("--eval-seqs", type=int, default=256, help="sequences per eval corpus (periodic)")
     ap.add_argument("--final-eval-seqs", type=int, default=1024)
-    ap.add_argument("--compile", choices=["on", "off"], default="on",
-                    help="torch.compile the training step (falls back to eager on any error)")
+    ap.add_argument("--compile", choices=["on", "off"], default="off",
+                    help="torch.compile the model (falls back to eager on any error); off by "
+                         "default: compiling two shapes costs about what it saves in minutes")
     ap.add_argument("--attn", default="sdpa")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
     ap.add_argument("--seed", type=int, default=1234, help="torch seed (init, batch order)")
@@ -455,7 +458,7 @@ def main(argv):
     gen.manual_seed(args.seed)
     perm, perm_at, epochs = torch.randperm(c.n_seqs, device=device, generator=gen), 0, 0
     step, seen_tokens = 0, 0
-    last_eval = time.time()
+    last_eval = last_log = time.time()
     t_loop = time.time()
     history = []
     log(f"train: budget {args.minutes:g} min{f', {args.steps} steps' if args.steps else ''}, "
@@ -494,7 +497,8 @@ def main(argv):
         opt.zero_grad(set_to_none=True)
         step += 1
         seen_tokens += x.numel()
-        if step % 25 == 0 or step <= 3:
+        if step <= 3 or (step % 25 == 0 and time.time() - last_log >= 5.0):
+            last_log = time.time()
             lv, lmv, av = loss.item(), lm_loss.item(), ans_loss.item()
             if not math.isfinite(lv):
                 die(f"loss is {lv} at step {step}")
@@ -503,8 +507,10 @@ def main(argv):
             lm_avg = k * (lm_avg or 0) + (1 - k) * lmv
             ans_avg = k * (ans_avg or 0) + (1 - k) * av
             el = time.time() - t_loop
+            mem = (f"  {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+                   if device.type == "cuda" and step <= 3 else "")
             log(f"step {step:5d}  {el:6.1f}s  len {cur}  lr {lr:.2e}  loss {lv:.3f} "
-                f"(lm {lmv:.3f}, answer {av:.3f})  {seen_tokens / el / 1e6:.2f}M tok/s")
+                f"(lm {lmv:.3f}, answer {av:.3f})  {seen_tokens / el / 1e6:.2f}M tok/s{mem}")
         if evals and time.time() - last_eval >= args.eval_every:
             line = [f"eval @ step {step}:"]
             rec = {"step": step, "seconds": round(time.time() - t_loop, 1)}
