@@ -103,3 +103,7 @@ clean:
 	rm -rf build build-asan
 
 -include $(shell find $(O) -name '*.d' 2>/dev/null)
+
+# The demo's model is built into the binary (tools/kvmem/embedded_model.c).
+EMBEDDED := $(wildcard models/agentlang/*.json models/agentlang/*.safetensors)
+$(O)/obj/tools/kvmem/embedded_model.o build/static-obj/obj/tools/kvmem/embedded_model.o: $(EMBEDDED)
