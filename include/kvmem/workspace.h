@@ -229,8 +229,9 @@ typedef struct kvm_plan {
 	int64_t *blocks;	/* [n_sets][n_view] */
 	int64_t *start;		/* [n_sets][n_view] */
 	uint8_t *state;		/* [n_sets][n_view] enum kvm_view_state */
-	int64_t *left;		/* [n_sets][n_left_max]: blocks that left, chronological */
+	int64_t *left;		/* [n_sets][left_stride]: blocks that left, chronological */
 	int *n_left;		/* [n_sets] */
+	int left_stride;	/* the previous plan's n_view */
 	/* Totals over sets. */
 	int64_t reused, entering, born, n_left_total;
 	/* What the mandatory part took (per set): blocks. */
@@ -304,6 +305,27 @@ int kvm_session_unpin(kvm_session *s, int64_t start, int64_t end);
  * first (there are no logits yet).
  */
 int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n);
+/*
+ * Session state: what the running session had at a commit point beyond its
+ * history (token ids and pages): the plan in force, pins, where the tail
+ * sits, the window of recent raw queries, the last logits, the sampling RNG
+ * and the counters. kvm_session_save_state() writes it into a malloc'd
+ * buffer (free() it): versioned, checksummed, with the model geometry and
+ * the options that shape results (block, budget, sink, recent, reserve,
+ * chunk, query tokens, policy, seed). Fails on a broken session.
+ *
+ * kvm_session_adopt_state() is kvm_session_adopt() that restores that state
+ * instead of making a fresh selection: the view is rebuilt from the pages
+ * slot for slot (K rotated from raw K at the same slots, V copied, the tail
+ * too), so the session goes on bit for bit as the one that saved it did. A
+ * state that is corrupt, of another version, of another model, of other
+ * options or of another history is refused (-1, kvm_error names what
+ * differs) before anything is touched: the session is still fresh and may
+ * kvm_session_adopt() instead. A page that cannot be read leaves it broken.
+ */
+int kvm_session_save_state(const kvm_session *s, void **buf, size_t *len);
+int kvm_session_adopt_state(kvm_session *s, const int32_t *tokens, int64_t n,
+			    const void *state, size_t len);
 /* Step boundary: score with the last query tokens, plan, rematerialise. */
 int kvm_session_select(kvm_session *s);
 /* Generate n tokens into out (sampler NULL: greedy) with the view frozen;

@@ -30,20 +30,13 @@ static int gather_block(kvm_session *s, int64_t b, int len, float *out)
 	return 0;
 }
 
-int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n)
+/* Token ids from the caller, the index from the pages' raw K. */
+int ws_adopt_history(kvm_session *s, const int32_t *tokens, int64_t n)
 {
 	const int B = s->blocks.block;
 	float *buf;
 	int rc = 0;
 
-	if (s->broken || s->blocks.n_tokens || s->st.forwards)
-		return kvm_error("session: adopt needs a fresh session");
-	if (n < 0)
-		return kvm_error("session: cannot adopt %lld tokens", (long long)n);
-	for (int64_t i = 0; i < n; i++)
-		if (tokens[i] < 0 || tokens[i] >= s->cfg.vocab)
-			return kvm_error("session: adopted token %lld is %d, outside the vocabulary (0..%d)",
-					 (long long)i, tokens[i], s->cfg.vocab - 1);
 	s->tokens = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
 	buf = malloc(sizeof(float) * s->cfg.n_layers * B * s->cfg.n_kv_heads * s->cfg.head_dim);
 	if (!s->tokens || !buf) {
@@ -63,6 +56,27 @@ int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n)
 		return -1;
 	}
 	s->blocks.n_tokens = n;
+	return 0;
+}
+
+/* Only a fresh session adopts, and only ids of its vocabulary. */
+int ws_adopt_check(const kvm_session *s, const int32_t *tokens, int64_t n)
+{
+	if (s->broken || s->blocks.n_tokens || s->st.forwards || s->tokens)
+		return kvm_error("session: adopt needs a fresh session");
+	if (n < 0)
+		return kvm_error("session: cannot adopt %lld tokens", (long long)n);
+	for (int64_t i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= s->cfg.vocab)
+			return kvm_error("session: adopted token %lld is %d, outside the vocabulary (0..%d)",
+					 (long long)i, tokens[i], s->cfg.vocab - 1);
+	return 0;
+}
+
+int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n)
+{
+	if (ws_adopt_check(s, tokens, n) || ws_adopt_history(s, tokens, n))
+		return -1;
 	/* The history is "before the last selection" and in no view yet. */
 	s->sel_tokens = n;
 	s->view_len = 0;

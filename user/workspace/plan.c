@@ -217,6 +217,7 @@ int kvm_plan_build(kvm_plan *out, const kvm_blocks *r, const float *scores, int 
 		k = n_cand;
 	p.n_scored = (int)k;
 	p.n_view = n_mand + (int)k;
+	p.left_stride = n_left_max;
 	if (alloc_plan(&p, n_sets, p.n_view, n_left_max))
 		goto fail;
 	for (int s = 0; s < n_sets; s++) {

@@ -50,5 +50,12 @@ struct kvm_session {
 /* view.c */
 int ws_view_reserve(kvm_session *s, int64_t need);
 int ws_select(kvm_session *s, int forced);
+/* Lay out the whole view from the plan in force, sel_tokens and view_len
+ * (a restored state): every slot rebuilt from the pages. */
+int ws_view_restore(kvm_session *s);
+
+/* adopt.c */
+int ws_adopt_check(const kvm_session *s, const int32_t *tokens, int64_t n);
+int ws_adopt_history(kvm_session *s, const int32_t *tokens, int64_t n);
 
 #endif

@@ -200,3 +200,62 @@ int ws_select(kvm_session *s, int forced)
 		s->o.on_select(s->o.arg, &s->plan, forced);
 	return 0;
 }
+
+/* Prefetch hint for a restored view: its history blocks (set 0) and the
+ * blocks the tail spans. */
+static void hint_restore(kvm_session *s)
+{
+	const kvm_plan *p = &s->plan;
+	const int64_t B = s->blocks.block, n = s->blocks.n_tokens;
+	int64_t first = s->sel_tokens / B, last = n ? (n - 1) / B : -1, *list;
+	int m = 0;
+
+	if (!s->src->ops->prefetch)
+		return;
+	list = malloc((size_t)(p->n_view + (last >= first ? last - first + 1 : 0) + 1) *
+		      sizeof(int64_t));
+	if (!list)
+		return;	/* only a hint */
+	for (int i = 0; i < p->n_view; i++)
+		list[m++] = p->blocks[i];
+	for (int64_t b = first; n > s->sel_tokens && b <= last; b++)
+		if (!m || list[m - 1] != b)
+			list[m++] = b;
+	if (m)
+		s->src->ops->prefetch(s->src->ctx, list, m);
+	free(list);
+}
+
+int ws_view_restore(kvm_session *s)
+{
+	const kvm_plan *p = &s->plan;
+	const int64_t B = s->blocks.block, n = s->blocks.n_tokens, sel = s->sel_tokens;
+	const int64_t len = s->view_len + (n - sel);
+
+	if (ws_view_reserve(s, len))
+		return -1;
+	hint_restore(s);
+	for (int l = 0; l < s->cfg.n_layers; l++) {
+		int set = p->n_sets <= 1 ? 0 : l;
+		const int64_t *nb = p->blocks + (size_t)set * p->n_view;
+		const int64_t *ns = p->start + (size_t)set * p->n_view;
+
+		/* The history part: each block as long as it was when planned. */
+		for (int i = 0; i < p->n_view; i++) {
+			int64_t b = nb[i], have = sel - b * B;
+
+			if (rebuild(s, l, b, 0, have < B ? (int)have : (int)B, ns[i]))
+				return -1;
+		}
+		/* The tail: token q >= sel at slot view_len + (q - sel). */
+		for (int64_t q = sel; q < n;) {
+			int u0 = (int)(q % B), u1 = n - q < B - u0 ? u0 + (int)(n - q) : (int)B;
+
+			if (rebuild(s, l, q / B, u0, u1, s->view_len + (q - sel)))
+				return -1;
+			q += u1 - u0;
+		}
+	}
+	s->kv.len = (int)len;
+	return 0;
+}
