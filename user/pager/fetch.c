@@ -248,6 +248,11 @@ static int fetch_impl(kvm_pager *p, const uint64_t *pages, size_t n, const void 
 	}
 	for (size_t k = 0; k < m; k++)
 		p->pt[miss[k]].flags &= ~KVM_PTE_MARK;
+	/* Prefetches in flight hold slots that cannot be evicted until they
+	 * land: wait for them before calling the pool too small. */
+	while (make_room(p, m) < 0 && p->io.inflight)
+		if (pager_reap(p, 1) < 0)
+			break;
 	if (make_room(p, m) < 0) {
 		unpin(p, pages, pinned, n);
 		kvm_error("%s: host pool too small: a request needs %zu more pages, the pool holds %u "
