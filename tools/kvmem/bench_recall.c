@@ -64,6 +64,8 @@ struct bench {
 	int64_t budget, reserve;
 	double page_bytes;	/* one block in one layer, K and V, bf16 */
 	struct cell *cells;	/* [size][depth][policy] */
+	double prefill_s;	/* budgeted prefills, for the progress line */
+	int64_t prefill_tokens;
 	FILE *json, *csv;
 };
 
@@ -365,8 +367,11 @@ static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, 
 	kvm_page_source src = { 0 }, full_src = { 0 };
 	int rc = 0, qtok = b->o.query_tokens;
 
+	double t0 = now_s();
 	if (prefill(b, ws, b->budget, &src))
 		return -1;
+	b->prefill_s += now_s() - t0;
+	b->prefill_tokens += n;
 	for (int pi = 0; pi < np && !rc; pi++) {
 		const char *pol = b->o.pol[pi];
 		int full = !strcmp(pol, FULL);
@@ -518,7 +523,8 @@ static int run_size(struct bench *b, int si)
 		wsi++;
 		if (!b->o.quiet)
 			fprintf(stderr, "kvmem bench recall: %lld tokens: %d/%d questions, %d workspaces, "
-				"%.0f s\n", (long long)n, done, total, wsi, now_s() - t0);
+				"%.0f s (prefill %.0f tok/s)\n", (long long)n, done, total, wsi,
+				now_s() - t0, b->prefill_tokens / (b->prefill_s > 0 ? b->prefill_s : 1));
 	}
 	for (int di = 0; di < nd; di++)
 		for (int pi = 0; pi < b->o.n_pol; pi++)
