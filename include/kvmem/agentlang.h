@@ -14,7 +14,7 @@
  * values of the same key, the same value under other keys. A question asks
  * for the latest value of a key in a file seen earlier:
  *
- *     ? api2.conf db.port => 5432 <end>
+ *     ? api2.conf db.port = 5432 <end>
  *
  * Everything is deterministic from a seed. Documentation/agentlang.md tells
  * the why; this header is the contract.
@@ -43,9 +43,9 @@ enum kvm_lang_special {
 	KVM_LANG_BOS = 1,	/* "<bos>": first token of every sequence */
 	KVM_LANG_EOS = 2,	/* "<eos>": reserved */
 	KVM_LANG_Q = 3,		/* "?": a question begins */
-	/* "=>": the question ends, the answer follows. A token of its own
-	 * (facts use "="): a local cue that this is a recall, which small
-	 * models learn faster than a question that reuses the fact's "=". */
+	/* "=": between key and value in every fact, and the last token of a
+	 * question, after which the answer follows. One token for both, so a
+	 * question reads exactly like the start of its fact line. */
 	KVM_LANG_A = 4,
 	KVM_LANG_END = 5,	/* "<end>": the answer is complete */
 	KVM_LANG_NL = 6,	/* newline */
@@ -69,7 +69,7 @@ enum kvm_lang_role {
 
 #define KVM_LANG_MAX_VALUE 3				/* tokens in a value */
 #define KVM_LANG_MAX_ANSWER (KVM_LANG_MAX_VALUE + 1)	/* value + <end> */
-#define KVM_LANG_MAX_QUESTION 8				/* "? file key =>" */
+#define KVM_LANG_MAX_QUESTION 8				/* "? file key =" */
 
 /* Tokens in the vocabulary (a multiple of 64; the model's vocab_size). */
 int kvm_lang_vocab_size(void);
@@ -110,7 +110,7 @@ typedef struct kvm_lang_params {
 void kvm_lang_params_default(kvm_lang_params *p);
 
 typedef struct kvm_lang_question {
-	int32_t ids[KVM_LANG_MAX_QUESTION];	/* "? file key =>": append these */
+	int32_t ids[KVM_LANG_MAX_QUESTION];	/* "? file key =": append these */
 	int n_ids;
 	int32_t answer[KVM_LANG_MAX_ANSWER];	/* the value, then <end> */
 	int n_answer;

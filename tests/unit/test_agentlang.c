@@ -44,7 +44,7 @@ static int has(int32_t id, unsigned role)
 }
 
 /* Line [a, b) (b is its newline or the end): 1 and *f for a fact
- * "[$ set] file key = value" or a question "? file key => value <end>". */
+ * "[$ set] file key = value" or a question "? file key = value <end>". */
 static int parse_line(const int32_t *t, int64_t a, int64_t b, struct fact *f)
 {
 	int32_t eq = kvm_lang_lookup("=", 0), dollar = kvm_lang_lookup("$", 0);
@@ -75,7 +75,7 @@ static int parse_line(const int32_t *t, int64_t a, int64_t b, struct fact *f)
 		return 0;
 	f->key[0] = t[i++];
 	f->key[1] = t[i++];
-	if (t[i++] != (f->question ? KVM_LANG_A : eq))
+	if (t[i++] != eq)
 		return 0;
 	while (i < b && has(t[i], KVM_LANG_R_VALUE) && f->nval < KVM_LANG_MAX_VALUE)
 		f->val[f->nval++] = t[i++];
@@ -185,8 +185,10 @@ static void test_vocab(void **state)
 	assert_int_equal(kvm_lang_vocab_hash(), kvm_lang_vocab_hash());
 	assert_string_equal(kvm_lang_piece(KVM_LANG_PAD), "<pad>");
 	assert_string_equal(kvm_lang_piece(KVM_LANG_Q), "?");
-	assert_string_equal(kvm_lang_piece(KVM_LANG_A), "=>");
-	assert_int_equal(kvm_lang_lookup("=>", 0), KVM_LANG_A);
+	assert_string_equal(kvm_lang_piece(KVM_LANG_A), "=");
+	assert_int_equal(kvm_lang_lookup("=", 0), KVM_LANG_A);
+	/* The shipped model (models/agentlang) was trained on this vocabulary. */
+	assert_int_equal(kvm_lang_vocab_hash(), 0x14e34a1c);
 	assert_string_equal(kvm_lang_piece(KVM_LANG_END), "<end>");
 	assert_string_equal(kvm_lang_piece(KVM_LANG_NL), "\n");
 	assert_null(kvm_lang_piece(size));
@@ -265,7 +267,7 @@ static void test_roundtrip_text(void **state)
 	/* Text written by hand. */
 	int32_t ids[32];
 	char out[256];
-	const char *text = "$ set api2.conf db.port = 5432\nok\n? api2.conf db.port => 5432 <end>\n";
+	const char *text = "$ set api2.conf db.port = 5432\nok\n? api2.conf db.port = 5432 <end>\n";
 	int n = kvm_lang_encode(text, ids, 32);
 	assert_int_equal(n, 24);
 	assert_int_equal(ids[0], kvm_lang_lookup("$", 0));

@@ -95,9 +95,9 @@ class Corpus:
 
 def answer_mask(x, c):
     """For inputs x [B, T]: a [B, T-1] mask over the targets x[:, 1:] that are
-    answer tokens: in a question line ("? file key => value <end>"), what
-    follows the answer marker, <end> included. Only markers inside question
-    lines count (robust should the marker ever appear elsewhere)."""
+    answer tokens: in a question line ("? file key = value <end>"), what
+    follows the answer marker "=", <end> included. The marker is the same
+    token as a fact's "=", so only markers inside question lines count."""
     is_q = (x == c.q).to(torch.int32)
     inq = torch.cumsum(is_q - (x == c.end).to(torch.int32), dim=1) == 1  # "?" .. before <end>
     ca = torch.cumsum(((x == c.a) & inq).to(torch.int32), dim=1)

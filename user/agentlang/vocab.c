@@ -22,7 +22,7 @@
 #define HASH_SLOTS 4096
 
 static const char *const specials[KVM_LANG_N_SPECIAL] = {
-	"<pad>", "<bos>", "<eos>", "?", "=>", "<end>", "\n",
+	"<pad>", "<bos>", "<eos>", "?", "=", "<end>", "\n",
 };
 
 static const char *const commands[] = {
@@ -186,7 +186,7 @@ static void build(void)
 	for (int i = 0; i < KVM_LANG_N_SPECIAL; i++)
 		add(specials[i], 0, KVM_LANG_R_SPECIAL);
 	r->dollar = add("$", 0, KVM_LANG_R_STRUCT);
-	r->eq = add("=", 0, KVM_LANG_R_STRUCT);
+	r->eq = KVM_LANG_A;	/* "=" is special: the answer marker too */
 	r->ok = add("ok", 0, KVM_LANG_R_STRUCT);
 	r->colon = add(":", 1, KVM_LANG_R_STRUCT);
 
