@@ -320,8 +320,9 @@ int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n);
  * too), so the session goes on bit for bit as the one that saved it did. A
  * state that is corrupt, of another version, of another model, of other
  * options or of another history is refused (-1, kvm_error names what
- * differs) before anything is touched: the session is still fresh and may
- * kvm_session_adopt() instead. A page that cannot be read leaves it broken.
+ * differs, beginning "session state:") before anything is touched: the
+ * session is still fresh and may kvm_session_adopt() instead. A page that
+ * cannot be read (another message) leaves it broken.
  */
 int kvm_session_save_state(const kvm_session *s, void **buf, size_t *len);
 int kvm_session_adopt_state(kvm_session *s, const int32_t *tokens, int64_t n,

@@ -59,12 +59,45 @@ fail:
 	return -1;
 }
 
+int pager_cli_adopt(kvm_session *s, const int32_t *ids, int64_t n)
+{
+	uint32_t len = 0;
+	const void *state = g_pager ? kvm_pager_app_state(g_pager, &len) : NULL;
+
+	if (!n)
+		return 0;
+	if (state && len && !kvm_session_adopt_state(s, ids, n, state, len))
+		return 0;
+	/* A refusal leaves the session fresh; a page that could not be read
+	 * does not, and there is nothing to fall back to. */
+	if (state && len && strncmp(kvm_last_error(), "session state:", 14))
+		return -1;
+	fprintf(stderr, "kvmem run: warning: --workspace %s: %s; the view starts from a fresh "
+		"selection, so what follows may differ from an uninterrupted run\n",
+		kvm_pager_dir(g_pager), len ? kvm_last_error() :
+		"the last commit holds no session state");
+	return kvm_session_adopt(s, ids, n);
+}
+
 int pager_cli_commit(kvm_page_source *src, const kvm_session *s)
 {
+	void *state;
+	size_t len;
+	int rc;
+
 	if (!g_pager)
 		return 0;
-	if (kvm_page_source_pager_commit(src, kvm_session_token_ids(s), kvm_session_tokens(s),
-					 NULL, 0) < 0)
+	if (kvm_session_save_state(s, &state, &len) < 0)
+		return -1;
+	if (len > KVM_PAGER_APP_MAX) {
+		free(state);
+		return kvm_error("--workspace %s: the session state is %zu bytes, a commit holds at "
+				 "most %u", kvm_pager_dir(g_pager), len, KVM_PAGER_APP_MAX);
+	}
+	rc = kvm_page_source_pager_commit(src, kvm_session_token_ids(s), kvm_session_tokens(s),
+					  state, (uint32_t)len);
+	free(state);
+	if (rc < 0)
 		return -1;
 	return kvm_pager_step(g_pager, ++g_step);
 }

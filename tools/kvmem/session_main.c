@@ -61,7 +61,6 @@ struct twin {
 
 struct run {
 	struct cli *o;
-	kvm_page_source *src;	/* --workspace */
 	struct step st;
 	struct twin tw;
 };
@@ -536,12 +535,12 @@ static void print_step(const struct cli *o, kvm_session *s, int step, const stru
 }
 
 /*
- * After every step with --workspace: make the step durable (the pager's
- * kvm_page_source_pager_commit with the session's token ids goes here).
+ * After every step with --workspace: make the step durable, the session's
+ * state with it, so a reopen goes on exactly from here.
  */
 static int workspace_commit(kvm_page_source *src, kvm_session *s)
 {
-	return 0;
+	return pager_cli_commit(src, s);
 }
 
 /* ---- the run ------------------------------------------------------------ */
@@ -583,10 +582,6 @@ static int run_script(struct run *r, kvm_session *s, kvm_page_source *ws,
 		}
 		print_step(o, s, i + 1, op, &r->st, out, now_ms() - t0);
 		free(out);
-		if (o->workspace && pager_cli_commit(r->src, s)) {
-			fprintf(stderr, "kvmem run: %s:%d: %s\n", o->script, op->line, kvm_last_error());
-			return 1;
-		}
 		if (o->check_exact && r->tw.failed)
 			return 1;
 		/* The budget held everything: the view was the identity all along. */
@@ -653,11 +648,10 @@ int session_main(int argc, char **argv)
 				   o.cache_policy, &wsrc, &adopt_ids, &n_adopt))
 			goto err;
 		so.source = &wsrc;
-		r.src = &wsrc;
 	}
 	if (!(s = kvm_session_create(e, &so)))
 		goto err;
-	if (n_adopt && kvm_session_adopt(s, adopt_ids, n_adopt))
+	if (n_adopt && pager_cli_adopt(s, adopt_ids, n_adopt))
 		goto err;
 	if (o.check_exact) {
 		r.tw.e = e;
