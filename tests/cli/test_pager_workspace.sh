@@ -4,7 +4,10 @@
 #  - --check-exact holds (budget over the workspace);
 #  - a session run in two parts, with the workspace closed and reopened in
 #    between (no re-prefill: the history is adopted from the pages), decodes
-#    exactly the tokens of the same session run in one go;
+#    exactly the tokens of the same session run in one go; with a small
+#    budget too, in four parts, every step's output equal (the session
+#    state stored at each commit); other options on reopen: one warning and
+#    a fresh selection;
 #  - with a small budget (pages are re-read through the pager at every
 #    selection), tokens and logit differences equal a run without a workspace;
 #  - kvmem verify and kvmem stat on the result; a flipped byte is found by
@@ -59,6 +62,57 @@ cmp -s "$tmp/one.tokens" "$tmp/two.tokens" || {
 	bad "two parts decode other tokens than one go"
 	diff "$tmp/one.tokens" "$tmp/two.tokens"
 }
+
+# Small budget (64 of 631 tokens): four parts with three reopens, ending
+# mid-tail, right after a selection ({"decode": 0}) and after a decode,
+# print exactly what one go prints (every step's plan, diff and tokens):
+# each reopen restores the session state stored with the last commit.
+cat >"$tmp/s1" <<'EOS'
+{"append_random": 20, "seed": 1, "pin": true}
+{"append_random": 150, "seed": 2}
+EOS
+cat >"$tmp/s2" <<'EOS'
+{"decode": 10}
+{"append_random": 198, "seed": 3}
+{"decode": 0}
+EOS
+cat >"$tmp/s3" <<'EOS'
+{"decode": 12}
+{"append_random": 77, "seed": 4}
+{"decode": 20}
+EOS
+cat >"$tmp/s4" <<'EOS'
+{"append_random": 129, "seed": 5}
+{"decode": 15}
+EOS
+cat "$tmp/s1" "$tmp/s2" "$tmp/s3" "$tmp/s4" >"$tmp/swhole"
+steps() { sed 's/"step":[0-9]*,"line":[0-9]*,//; s/,"ms":[0-9.]*//' "$@"; }
+for pol in meank quest random; do
+	small=(--budget 64 --block 16 --policy "$pol" --seed 11)
+	[ "$pol" = random ] && small+=(--temperature 0.8)
+	run --script "$tmp/swhole" "${small[@]}" --json --workspace "$tmp/sone-$pol" \
+		>"$tmp/sone.json" 2>"$tmp/sone.err" || bad "$pol one go: $(tail -2 "$tmp/sone.err")"
+	: >"$tmp/stwo.json"
+	for part in s1 s2 s3 s4; do
+		run --script "$tmp/$part" "${small[@]}" --json --workspace "$tmp/stwo-$pol" \
+			>>"$tmp/stwo.json" 2>"$tmp/stwo.err" ||
+			bad "$pol part $part: $(tail -2 "$tmp/stwo.err")"
+		grep -q warning "$tmp/stwo.err" && bad "$pol part $part warned: $(grep warning "$tmp/stwo.err")"
+	done
+	[ "$(grep -c . "$tmp/sone.json")" -eq 10 ] || bad "$pol one go: expected 10 steps"
+	cmp -s <(steps "$tmp/sone.json") <(steps "$tmp/stwo.json") || {
+		bad "$pol: four parts with a small budget differ from one go"
+		diff <(steps "$tmp/sone.json") <(steps "$tmp/stwo.json") | head -6
+	}
+	grep -q '"forced":[1-9]' "$tmp/sone.json" || bad "$pol: no forced selection: budget too large?"
+done
+# Other options on reopen: the saved state is refused with one warning
+# naming what differs, and the run goes on from a fresh selection.
+out=$(run --script "$tmp/s4" --budget 96 --block 16 --policy meank --seed 11 --json \
+	--workspace "$tmp/sone-meank" 2>&1 >/dev/null) || bad "other options on reopen: $out"
+[ "$(echo "$out" | grep -c warning)" -eq 1 ] || bad "other options: not one warning: $out"
+echo "$out" | grep -q "saved with other options: budget 64 (this session: 96)" ||
+	bad "other options: the warning does not name the budget: $out"
 
 # Small budget: selection re-reads pages through the 128 KiB pool; the
 # results are those of the same run over plain memory.
