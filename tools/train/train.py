@@ -347,7 +347,7 @@ def parse_args(argv):
     ap.add_argument("--out", required=True, help="model directory to write")
     ap.add_argument("--record", help="record JSON path (default: OUT/record.json)")
     ap.add_argument("--vocab", help="`kvmem synth vocab` output, to print examples as text")
-    ap.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of the loop")
+    ap.add_argument("--minutes", type=float, default=6.5, help="wall-clock budget of the loop")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: time only)")
     ap.add_argument("--smoke", action="store_true",
                     help="a 30-second run through every stage, to validate the pipeline")
@@ -358,7 +358,7 @@ def parse_args(argv):
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--rope-theta", type=float, default=10000.0)
-    ap.add_argument("--batch", type=int, default=32, help="sequences per step at full length")
+    ap.add_argument("--batch", type=int, default=64, help="sequences per step at full length")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=150)
@@ -370,9 +370,9 @@ def parse_args(argv):
     ap.add_argument("--eval-every", type=float, default=45.0, help="seconds between evaluations")
     ap.add_argument("--eval-seqs", type=int, default=256, help="sequences per eval corpus (periodic)")
     ap.add_argument("--final-eval-seqs", type=int, default=1024)
-    ap.add_argument("--compile", choices=["on", "off"], default="off",
-                    help="torch.compile the model (falls back to eager on any error); off by "
-                         "default: compiling two shapes costs about what it saves in minutes")
+    ap.add_argument("--compile", choices=["on", "off"], default="on",
+                    help="torch.compile the model with static shapes (falls back to eager on "
+                         "any error)")
     ap.add_argument("--attn", default="sdpa")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
     ap.add_argument("--seed", type=int, default=1234, help="torch seed (init, batch order)")
