@@ -3,8 +3,9 @@
  * The session's page source over the pager: a CPU agent session paged
  * through a host pool far smaller than its workspace decodes exactly what the
  * same session over plain host memory decodes, logit for logit; the
- * workspace it leaves verifies; a session committed, closed and adopted from
- * the reopened workspace goes on exactly like one that never stopped.
+ * workspace it leaves verifies; a session committed (with its state),
+ * closed and adopted from the reopened workspace goes on exactly like one
+ * that never stopped, at a budget over the workspace and at a small one.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -100,8 +101,12 @@ static int run_steps(const struct run *r, int first, int last, uint64_t seed, in
 		int64_t n = kvm_pager_tokens(p);
 		int32_t *ids = malloc(n * sizeof(*ids));
 
+		uint32_t len;
+		const void *state = kvm_pager_app_state(p, &len);
+
 		assert_int_equal(kvm_pager_read_tokens(p, 0, n, ids), 0);
-		assert_int_equal(kvm_session_adopt(s, ids, n), 0);
+		if (kvm_session_adopt_state(s, ids, n, state, len))
+			fail_msg("adopt_state: %s", kvm_last_error());
 		free(ids);
 	}
 	for (int step = first; step < last; step++) {
@@ -112,11 +117,14 @@ static int run_steps(const struct run *r, int first, int last, uint64_t seed, in
 		assert_int_equal(kvm_session_decode(s, decode, NULL, out + got), 0);
 		got += decode;
 		if (p) {
-			uint32_t st = step + 1;
+			void *st;
+			size_t len;
 
+			assert_int_equal(kvm_session_save_state(s, &st, &len), 0);
 			assert_int_equal(kvm_page_source_pager_commit(&src, kvm_session_token_ids(s),
-								      kvm_session_tokens(s), &st,
-								      sizeof(st)), 0);
+								      kvm_session_tokens(s), st,
+								      len), 0);
+			free(st);
 			assert_int_equal(kvm_pager_step(p, step + 1), 0);
 		}
 	}
@@ -183,12 +191,12 @@ static void test_paging_is_exact(void **state)
 }
 
 /*
- * Two parts with a close and reopen between them decode what one go does,
- * with a budget that holds the whole workspace (the exact regime: the view
- * after adopting is the view the session had). With a smaller budget the
- * view after a reopen comes from a fresh selection, so the tokens may differ.
+ * Two parts with a close and reopen between them decode what one go does
+ * and compute the same logits, with a budget that holds the whole workspace
+ * and with one that holds a fraction of it: the session state stored with
+ * the commit brings back the view, the queries and the logits it had.
  */
-static void test_two_parts_equal_one_go(void **state)
+static void two_parts(int64_t budget)
 {
 	uint64_t rng = g_seed ^ 3, seed = fx_mix(g_seed + 3);
 	kvm_model *m = model(&rng);
@@ -196,20 +204,26 @@ static void test_two_parts_equal_one_go(void **state)
 	char d1[256], d2[256];
 	int32_t one[512], two[512];
 	int split = test_rng_int(&rng, 1, 5), n1, n2a, n2b;
+	struct logs l1 = { .vocab = m->cfg.vocab }, l2 = l1;
 	kvm_page_geom g;
 
 	kvm_page_geom_model(&g, m, 16);
 	assert_non_null(fx_tmpdir(d1, sizeof(d1)));
 	assert_non_null(fx_tmpdir(d2, sizeof(d2)));
-	struct run a = { m, e, 16, 0, d1, kvm_page_stride(&g) * 3 * g.n_layers, "meank", "lru" };
+	struct run a = { m, e, 16, budget, d1, kvm_page_stride(&g) * 3 * g.n_layers, "meank",
+			 "lru" };
 	struct run b = a;
 
 	b.dir = d2;
-	n1 = run_steps(&a, 0, 6, seed, one, NULL);
-	n2a = run_steps(&b, 0, split, seed, two, NULL);
-	n2b = run_steps(&b, split, 6, seed, two + n2a, NULL);
+	n1 = run_steps(&a, 0, 6, seed, one, &l1);
+	n2a = run_steps(&b, 0, split, seed, two, &l2);
+	n2b = run_steps(&b, split, 6, seed, two + n2a, &l2);
 	assert_int_equal(n1, n2a + n2b);
 	assert_memory_equal(one, two, n1 * sizeof(int32_t));
+	assert_int_equal(l1.n, l2.n);
+	assert_memory_equal(l1.buf, l2.buf, l1.n * sizeof(float));
+	free(l1.buf);
+	free(l2.buf);
 	/* Both workspaces hold the same history. */
 	{
 		kvm_pager *p1, *p2;
@@ -232,6 +246,12 @@ static void test_two_parts_equal_one_go(void **state)
 	fx_rmtree(d2);
 	kvm_engine_free(e);
 	test_model_free(m);
+}
+
+static void test_two_parts_equal_one_go(void **state)
+{
+	two_parts(0);		/* the whole workspace */
+	two_parts(48);		/* a small fraction of about 200 tokens */
 }
 
 /* A workspace written for one model is refused by another, naming both. */
