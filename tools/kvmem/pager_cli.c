@@ -14,6 +14,7 @@
 
 static kvm_pager *g_pager;
 static uint64_t g_step;
+static int g_state_warned;
 
 int pager_cli_open(const char *dir, const kvm_model *m, int block, uint64_t host_cap,
 		   const char *cache_policy, kvm_page_source *src, int32_t **ids, int64_t *n_ids)
@@ -90,12 +91,16 @@ int pager_cli_commit(kvm_page_source *src, const kvm_session *s)
 	if (kvm_session_save_state(s, &state, &len) < 0)
 		return -1;
 	if (len > KVM_PAGER_APP_MAX) {
-		free(state);
-		return kvm_error("--workspace %s: the session state is %zu bytes, a commit holds at "
-				 "most %u", kvm_pager_dir(g_pager), len, KVM_PAGER_APP_MAX);
+		/* The history is still worth committing; a reopen then makes a
+		 * fresh selection (and says so). */
+		if (!g_state_warned++)
+			fprintf(stderr, "kvmem run: warning: --workspace %s: the session state is %zu "
+				"bytes, a commit holds at most %u: committing without it\n",
+				kvm_pager_dir(g_pager), len, KVM_PAGER_APP_MAX);
+		len = 0;
 	}
 	rc = kvm_page_source_pager_commit(src, kvm_session_token_ids(s), kvm_session_tokens(s),
-					  state, (uint32_t)len);
+					  len ? state : NULL, (uint32_t)len);
 	free(state);
 	if (rc < 0)
 		return -1;
