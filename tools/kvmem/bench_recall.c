@@ -41,7 +41,9 @@
 #define FULL "full"
 
 struct cell {
-	int64_t n, ok, inview;
+	int64_t n, ok;
+	double inview;		/* sum over questions of the share of block sets
+				 * (layers, for a per-layer policy) holding the needle */
 	double secs, bytes;
 };
 
@@ -353,7 +355,7 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 	cl->secs += now_s() - t0;
 	cl->n++;
 	cl->ok += kvm_lang_exact_match(q, gen, n);
-	cl->inview += seen >= 1.0;
+	cl->inview += seen;
 	/* The next question starts a line, as in the language. */
 	return kvm_session_append(s, &nl, 1, 0);
 }
@@ -447,7 +449,8 @@ static void report_cell(struct bench *b, int si, int di, int pi)
 
 static void summary(struct bench *b)
 {
-	printf("\naccuracy over all depths (needle blocks in view):\n%-14s", "size");
+	printf("\naccuracy over all depths (needle line in view: share of questions, and of\n"
+	       "layers for a per-layer policy):\n%-14s", "size");
 	for (int pi = 0; pi < b->o.n_pol; pi++)
 		printf(" %16s", b->o.pol[pi]);
 	printf("\n");
@@ -457,7 +460,8 @@ static void summary(struct bench *b)
 		size_name(name, sizeof(name), workspace_len(b, b->o.sizes[si]), b->o.sizes[si]);
 		printf("%-14s", name);
 		for (int pi = 0; pi < b->o.n_pol; pi++) {
-			int64_t n = 0, ok = 0, iv = 0;
+			int64_t n = 0, ok = 0;
+			double iv = 0;
 
 			for (int di = 0; di < b->o.n_depths; di++) {
 				const struct cell *c = &b->cells[((size_t)si * b->o.n_depths + di) *

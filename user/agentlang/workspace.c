@@ -10,7 +10,10 @@
  *  - type A:  the same key in a sibling file (same stem, other extension, or
  *             other stem, same extension) with another value;
  *  - type B:  a neighbouring key of the same file (same key part) changes;
- *  - type C:  the needle's very value under another key of the same type.
+ *  - type C:  the needle's very value under an unrelated key (other key
+ *             part, another name of the same value type where there is one)
+ *             in an unrelated file (other stem and extension): a reused
+ *             value that a wrong retrieval cannot turn into a lucky hit.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -175,6 +178,38 @@ static int look_same_key(struct al_gen *g, const struct needle *nd, kvm_lang_que
 	return set_fresh(g, sf, k, &nd->v);
 }
 
+/* A key name of the same value type as kn, other than kn where one exists. */
+static int same_type_kn(struct al_gen *g, int kn)
+{
+	const struct al_roles *R = al_roles();
+	int n = 0, pick[AL_MAX_LIST];
+
+	for (int i = 0; i < R->kn.n; i++)
+		if (i != kn && R->kn_type[i] == R->kn_type[kn])
+			pick[n++] = i;
+	return n ? pick[al_below(&g->rng, (uint32_t)n)] : kn;
+}
+
+/* Type C: the needle's value in an unrelated file under an unrelated key. */
+static int reuse_value(struct al_gen *g, const struct needle *nd, kvm_lang_question *q,
+		       int kp, int kn)
+{
+	const struct al_file *rf = &g->file[nd->f];
+
+	for (int tries = 0; tries < 256; tries++) {
+		int f = (int)al_below(&g->rng, (uint32_t)g->nfile), k;
+		const struct al_file *file = &g->file[f];
+
+		if (file->reserved || file->stem == rf->stem || file->ext == rf->ext)
+			continue;
+		if ((k = al_file_add_key(g, f, other_kp(g, kp), same_type_kn(g, kn))) < 0)
+			continue;	/* full */
+		q->lookalikes++;
+		return al_ep_set(g, f, k, &nd->v);
+	}
+	return look_same_key(g, nd, q, kp, kn);	/* a tiny world: settle for type A */
+}
+
 static int emit_event(struct al_gen *g, const kvm_lang_params *p, const struct event *ev,
 		      struct needle *nds, kvm_lang_question *qs)
 {
@@ -210,17 +245,8 @@ static int emit_event(struct al_gen *g, const kvm_lang_params *p, const struct e
 		q->lookalikes++;
 		return set_fresh(g, nd->f, k, &nd->v);
 	}
-	case EV_LOOK_C: {
-		/* The needle's value under (other key part, same key name). */
-		int sf = nd->sib[al_below(&g->rng, 2)];
-		int k = al_file_add_key(g, sf, other_kp(g, kp), kn);
-
-		if (k >= 0) {
-			q->lookalikes++;
-			return al_ep_set(g, sf, k, &nd->v);
-		}
-		return look_same_key(g, nd, q, kp, kn);	/* the sibling is full */
-	}
+	case EV_LOOK_C:
+		return reuse_value(g, nd, q, kp, kn);
 	default:
 		return look_same_key(g, nd, q, kp, kn);
 	}
