@@ -543,6 +543,7 @@ int kvm_session_adopt_state(kvm_session *s, const int32_t *tokens, int64_t n,
 	}
 	if (ws_adopt_history(s, tokens, n))
 		goto broken;
+	s->blocks.n_pins = 0;	/* the saved pins, not any made before */
 	for (uint32_t i = 0; i < v.n_pins; i++)
 		if (kvm_blocks_pin(&s->blocks, v.pins[i].start, v.pins[i].end))
 			goto broken;
