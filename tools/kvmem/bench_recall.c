@@ -16,7 +16,18 @@
  * append the question up to its answer marker, select (the question's
  * queries drive the policy), append the marker (its logits are the first
  * answer token's, computed over the new view), decode greedily to <end>.
- * Questions and answers stay in the history like an agent's turns. Full
+ * Questions and answers stay in the history like an agent's turns.
+ *
+ * Which query drives selection matters: the trained model retrieves from the
+ * answer marker "=", not from the key tokens. With the shipped model at 4x
+ * the window, Mean-K brought the needle's line into view for 0 of 16
+ * questions when selecting after the key, and for 9 of 16 with the marker's
+ * query alone (--select-at marker --query-tokens 1); but then the first
+ * answer token was computed over the view before the selection. Getting both
+ * needs the session to recompute the last appended token over the new view
+ * after a selection.
+ *
+ * Full
  * context (no budget) needs the whole workspace inside the window: the
  * history is prefilled without a budget and each question adopts it afresh.
  */
@@ -54,6 +65,7 @@ struct opts {
 	const char *pol[MAX_POL];
 	int n_pol;
 	int questions, lookalikes, chunk, block, query_tokens, quiet;
+	int select_after_marker;	/* select with the marker's query too */
 	int64_t budget;
 	uint64_t seed;
 };
@@ -102,6 +114,11 @@ static void usage(FILE *f)
 		"  --chunk N          prefill chunk (default 128)\n"
 		"  --query-tokens N   query tokens that drive selection (default: the whole\n"
 		"                     question before its answer marker)\n"
+		"  --select-at WHERE  key (default): select after the question's key, then\n"
+		"                     append the answer marker over the new view; marker:\n"
+		"                     append the whole question, then select (the marker's\n"
+		"                     query drives selection, but the first answer token\n"
+		"                     still comes from the view before it)\n"
 		"  --quick            smoke test: sizes 1,4, depths 0.25,0.75, 8 questions\n"
 		"  --json FILE        one JSON object per cell; --csv FILE the same as CSV\n"
 		"  --quiet            no progress on stderr\n");
@@ -171,6 +188,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		} else if (!strcmp(a, "--depths")) {
 			if ((o->n_depths = parse_list(v, o->depths, MAX_LIST)) <= 0)
 				goto bad;
+		} else if (!strcmp(a, "--select-at")) {
+			if (strcmp(v, "key") && strcmp(v, "marker"))
+				goto bad;
+			o->select_after_marker = !strcmp(v, "marker");
 		} else if (!strcmp(a, "--policies")) {
 			pols = (char *)v;
 		} else if (!strcmp(a, "--questions")) {
@@ -334,7 +355,9 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 	int n = 0;
 	double t0 = now_s(), seen = 1.0;
 
-	if (kvm_session_append(s, q->ids, q->n_ids - 1, 0))
+	int head = b->o.select_after_marker ? q->n_ids : q->n_ids - 1;
+
+	if (kvm_session_append(s, q->ids, head, 0))
 		return -1;
 	if (!full) {
 		if (kvm_session_select(s))
@@ -344,7 +367,7 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 		cl->bytes += (double)p->entering * b->page_bytes *
 			     (p->n_sets == 1 ? b->m->cfg.n_layers : 1);
 	}
-	if (kvm_session_append(s, q->ids + q->n_ids - 1, 1, 0))
+	if (head < q->n_ids && kvm_session_append(s, q->ids + head, q->n_ids - head, 0))
 		return -1;
 	while (n < KVM_LANG_MAX_ANSWER) {
 		if (kvm_session_decode(s, 1, NULL, &gen[n]))
@@ -388,7 +411,7 @@ static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, 
 		kvm_session *s = NULL;
 		for (int i = 0; i < ws->n_q && !rc; i++) {
 			const kvm_lang_question *q = &ws->q[i];
-			int t = qtok ? qtok : q->n_ids - 1;
+			int t = qtok ? qtok : q->n_ids - !b->o.select_after_marker;
 
 			/* Full context adopts afresh each time: the window cannot
 			 * hold the questions piling up. */
