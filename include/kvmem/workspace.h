@@ -329,6 +329,14 @@ int kvm_session_adopt_state(kvm_session *s, const int32_t *tokens, int64_t n,
 			    const void *state, size_t len);
 /* Step boundary: score with the last query tokens, plan, rematerialise. */
 int kvm_session_select(kvm_session *s);
+/*
+ * Step boundary for tokens about to be appended (a question): run them over
+ * the current view only to take their queries (their K/V are dropped), select
+ * with the last query_tokens of them, rematerialise. The caller then appends
+ * the same tokens, whose logits are then computed over the new view.
+ * n is 1..chunk.
+ */
+int kvm_session_select_ahead(kvm_session *s, const int32_t *tokens, int n);
 /* Generate n tokens into out (sampler NULL: greedy) with the view frozen;
  * when the tail is full, select again and go on. */
 int kvm_session_decode(kvm_session *s, int n, const kvm_sampler *smp, int32_t *out);

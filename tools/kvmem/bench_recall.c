@@ -19,13 +19,14 @@
  * Questions and answers stay in the history like an agent's turns.
  *
  * Which query drives selection matters: the trained model retrieves from the
- * answer marker "=", not from the key tokens. With the shipped model at 4x
- * the window, Mean-K brought the needle's line into view for 0 of 16
- * questions when selecting after the key, and for 9 of 16 with the marker's
- * query alone (--select-at marker --query-tokens 1); but then the first
- * answer token was computed over the view before the selection. Getting both
- * needs the session to recompute the last appended token over the new view
- * after a selection.
+ * answer marker "=", not from the key tokens. By default (--select-at ahead)
+ * the whole question is first run over the current view only to take the
+ * marker's query (kvm_session_select_ahead), the session selects with it, and
+ * then the question is appended over the new view, so the first answer token
+ * is computed with the selected blocks in view. The older modes stay for
+ * comparison: "key" selects with the key tokens' queries, "marker" selects
+ * after appending the whole question (the first answer token then still
+ * comes from the view before the selection).
  *
  * Full
  * context (no budget) needs the whole workspace inside the window: the
@@ -51,6 +52,8 @@
 #define EVAL_SEED_MIN 1000000000ull
 #define FULL "full"
 
+enum { SELECT_AHEAD, SELECT_KEY, SELECT_MARKER };
+
 struct cell {
 	int64_t n, ok;
 	double inview;		/* sum over questions of the share of block sets
@@ -65,7 +68,7 @@ struct opts {
 	const char *pol[MAX_POL];
 	int n_pol;
 	int questions, lookalikes, chunk, block, query_tokens, quiet;
-	int select_after_marker;	/* select with the marker's query too */
+	int select_at;			/* SELECT_AHEAD, SELECT_KEY, SELECT_MARKER */
 	int64_t budget;
 	uint64_t seed;
 };
@@ -112,13 +115,14 @@ static void usage(FILE *f)
 		"  --lookalikes K     look-alike lines per needle (default 4)\n"
 		"  --seed S           first workspace seed (default 1000000000; >= 1e9)\n"
 		"  --chunk N          prefill chunk (default 128)\n"
-		"  --query-tokens N   query tokens that drive selection (default: the whole\n"
-		"                     question before its answer marker)\n"
-		"  --select-at WHERE  key (default): select after the question's key, then\n"
-		"                     append the answer marker over the new view; marker:\n"
-		"                     append the whole question, then select (the marker's\n"
-		"                     query drives selection, but the first answer token\n"
-		"                     still comes from the view before it)\n"
+		"  --query-tokens N   query tokens that drive selection (default: 1 with\n"
+		"                     ahead, the marker's; else the question's tokens)\n"
+		"  --select-at WHERE  ahead (default): take the question's queries over the\n"
+		"                     current view, select, then append the question over\n"
+		"                     the new view; key: select after the question's key,\n"
+		"                     then append the marker; marker: append the whole\n"
+		"                     question, then select (the first answer token still\n"
+		"                     comes from the view before the selection)\n"
 		"  --quick            smoke test: sizes 1,4, depths 0.25,0.75, 8 questions\n"
 		"  --json FILE        one JSON object per cell; --csv FILE the same as CSV\n"
 		"  --quiet            no progress on stderr\n");
@@ -189,9 +193,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			if ((o->n_depths = parse_list(v, o->depths, MAX_LIST)) <= 0)
 				goto bad;
 		} else if (!strcmp(a, "--select-at")) {
-			if (strcmp(v, "key") && strcmp(v, "marker"))
+			if (!strcmp(v, "ahead"))
+				o->select_at = SELECT_AHEAD;
+			else if (!strcmp(v, "key"))
+				o->select_at = SELECT_KEY;
+			else if (!strcmp(v, "marker"))
+				o->select_at = SELECT_MARKER;
+			else
 				goto bad;
-			o->select_after_marker = !strcmp(v, "marker");
 		} else if (!strcmp(a, "--policies")) {
 			pols = (char *)v;
 		} else if (!strcmp(a, "--questions")) {
@@ -355,12 +364,13 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 	int n = 0;
 	double t0 = now_s(), seen = 1.0;
 
-	int head = b->o.select_after_marker ? q->n_ids : q->n_ids - 1;
+	int ahead = b->o.select_at == SELECT_AHEAD;
+	int head = ahead ? 0 : b->o.select_at == SELECT_MARKER ? q->n_ids : q->n_ids - 1;
 
 	if (kvm_session_append(s, q->ids, head, 0))
 		return -1;
 	if (!full) {
-		if (kvm_session_select(s))
+		if (ahead ? kvm_session_select_ahead(s, q->ids, q->n_ids) : kvm_session_select(s))
 			return -1;
 		const kvm_plan *p = kvm_session_plan(s);
 		seen = in_view(p, b->o.block, q->needle_pos, q->needle_end);
@@ -411,7 +421,8 @@ static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, 
 		kvm_session *s = NULL;
 		for (int i = 0; i < ws->n_q && !rc; i++) {
 			const kvm_lang_question *q = &ws->q[i];
-			int t = qtok ? qtok : q->n_ids - !b->o.select_after_marker;
+			int t = qtok ? qtok : b->o.select_at == SELECT_AHEAD ? 1 :
+				q->n_ids - (b->o.select_at == SELECT_KEY);
 
 			/* Full context adopts afresh each time: the window cannot
 			 * hold the questions piling up. */

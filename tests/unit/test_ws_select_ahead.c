@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvm_session_select_ahead: selecting with the queries of tokens not yet
+ * appended. It must leave the history untouched, keep the exactness
+ * invariant (a budget over the workspace gives the same logits as never
+ * selecting ahead), choose what a plain selection would choose from the same
+ * queries, and refuse bad calls.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/workspace.h"
+#include "helpers/test_model.h"
+
+static uint64_t g_seed;
+
+static kvm_model *model(uint64_t *rng)
+{
+	kvm_config c = test_model_config(2, 32, 4, 2, 16, 48, 61, test_rng_int(rng, 0, 1));
+
+	return test_model_random(&c, (uint64_t)test_rng_int(rng, 1, 1 << 30));
+}
+
+static void random_ids(uint64_t *rng, int32_t *t, int n, int vocab)
+{
+	for (int i = 0; i < n; i++)
+		t[i] = test_rng_int(rng, 0, vocab - 1);
+}
+
+static kvm_session *open_session(kvm_engine *e, int64_t budget, int block, int qtok)
+{
+	kvm_session_opts o;
+
+	kvm_session_opts_default(&o);
+	o.budget = budget;
+	o.block = block;
+	o.chunk = 16;
+	o.query_tokens = qtok;
+	return kvm_session_create(e, &o);
+}
+
+/* Budget over the workspace: select ahead + append + decode gives the same
+ * tokens and logits, bit for bit, as append + decode. */
+static void test_exact_with_select_ahead(void **state)
+{
+	uint64_t rng = g_seed;
+
+	for (int round = 0; round < 6; round++) {
+		kvm_model *m = model(&rng);
+		kvm_engine *e = kvm_engine_create(m, 16);
+		int V = m->cfg.vocab, nh = test_rng_int(&rng, 20, 150), nq = test_rng_int(&rng, 1, 16);
+		int block = 16 << test_rng_int(&rng, 0, 2);
+		int32_t hist[150], q[16], out_a[6], out_b[6];
+		kvm_session *a = open_session(e, 0, block, test_rng_int(&rng, 1, 4));
+		kvm_session *b = open_session(e, 0, block, 4);
+
+		random_ids(&rng, hist, nh, V);
+		random_ids(&rng, q, nq, V);
+		assert_non_null(a);
+		assert_non_null(b);
+		assert_int_equal(kvm_session_append(a, hist, nh, 0), 0);
+		assert_int_equal(kvm_session_append(b, hist, nh, 0), 0);
+		assert_int_equal(kvm_session_select_ahead(a, q, nq), 0);
+		assert_int_equal(kvm_session_tokens(a), nh);	/* history untouched */
+		assert_int_equal(kvm_session_view(a)->len, nh);
+		assert_int_equal(kvm_session_append(a, q, nq, 0), 0);
+		assert_int_equal(kvm_session_append(b, q, nq, 0), 0);
+		assert_memory_equal(kvm_session_logits(a), kvm_session_logits(b), sizeof(float) * V);
+		assert_int_equal(kvm_session_decode(a, 6, NULL, out_a), 0);
+		assert_int_equal(kvm_session_decode(b, 6, NULL, out_b), 0);
+		assert_memory_equal(out_a, out_b, sizeof(out_a));
+		assert_memory_equal(kvm_session_logits(a), kvm_session_logits(b), sizeof(float) * V);
+		kvm_session_free(a);
+		kvm_session_free(b);
+		kvm_engine_free(e);
+		test_model_free(m);
+	}
+}
+
+/* Whether every one of x[0..nx) is in y[0..ny). */
+static int subset(const int64_t *x, int nx, const int64_t *y, int ny)
+{
+	for (int j = 0; j < nx; j++) {
+		int found = 0;
+
+		for (int i = 0; i < ny && !found; i++)
+			found = y[i] == x[j];
+		if (!found)
+			return 0;
+	}
+	return 1;
+}
+
+/* A small budget: the twin appends the tokens over the same view, then
+ * selects with the last one's query — the same query select ahead takes.
+ * Both score the same old history, so the old blocks they choose (beyond
+ * the newest, which the question's own block shifts) must agree. */
+static void test_same_choice_as_plain_select(void **state)
+{
+	uint64_t rng = g_seed ^ 0x9e3779b97f4a7c15ull;
+
+	for (int round = 0; round < 6; round++) {
+		kvm_model *m = model(&rng);
+		kvm_engine *e = kvm_engine_create(m, 16);
+		int V = m->cfg.vocab, nh = 16 * test_rng_int(&rng, 20, 30), nq = test_rng_int(&rng, 1, 8);
+		int32_t hist[480], q[8];
+		kvm_session *a = open_session(e, 96, 16, 1), *b = open_session(e, 96, 16, 1);
+		const kvm_plan *pa, *pb;
+		int64_t old_blocks = nh / 16;
+		int na = 0, nb = 0;
+		int64_t ba[64], bb[64];
+
+		random_ids(&rng, hist, nh, V);
+		random_ids(&rng, q, nq, V);
+		assert_int_equal(kvm_session_append(a, hist, nh, 0), 0);
+		assert_int_equal(kvm_session_append(b, hist, nh, 0), 0);
+		assert_int_equal(kvm_session_select_ahead(a, q, nq), 0);
+		assert_int_equal(kvm_session_append(b, q, nq, 0), 0);
+		assert_int_equal(kvm_session_select(b), 0);
+		pa = kvm_session_plan(a);
+		pb = kvm_session_plan(b);
+		assert_true(pa->view_tokens <= 96);
+		/* Scored blocks of the old history (not sink/recent, which
+		 * differ by the question's own block): b's chosen old blocks
+		 * that are not the newest ones must all be in a's plan. */
+		for (int i = 0; i < pa->n_view; i++)
+			if (pa->blocks[i] < old_blocks - 2)
+				ba[na++] = pa->blocks[i];
+		for (int i = 0; i < pb->n_view; i++)
+			if (pb->blocks[i] < old_blocks - 2)
+				bb[nb++] = pb->blocks[i];
+		/* The budget left for scored blocks may differ by the
+		 * question's own block: one choice holds the other. */
+		if (!subset(bb, nb, ba, na) && !subset(ba, na, bb, nb))
+			fail_msg("round %d: ahead and plain choices disagree (seed %llu)", round,
+				 (unsigned long long)g_seed);
+		kvm_session_free(a);
+		kvm_session_free(b);
+		kvm_engine_free(e);
+		test_model_free(m);
+	}
+}
+
+static void test_bad_calls(void **state)
+{
+	uint64_t rng = g_seed + 7;
+	kvm_model *m = model(&rng);
+	kvm_engine *e = kvm_engine_create(m, 16);
+	kvm_session *s = open_session(e, 64, 16, 1);
+	int32_t t[20] = { 1, 2, 3 };
+
+	assert_int_equal(kvm_session_select_ahead(s, t, 0), -1);
+	assert_non_null(strstr(kvm_last_error(), "select ahead takes 1..16 tokens"));
+	assert_int_equal(kvm_session_select_ahead(s, t, 17), -1);
+	assert_int_equal(kvm_session_tokens(s), 0);
+	kvm_session_free(s);
+	kvm_engine_free(e);
+	test_model_free(m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_exact_with_select_ahead),
+		cmocka_unit_test(test_same_choice_as_plain_select),
+		cmocka_unit_test(test_bad_calls),
+	};
+
+	g_seed = test_rng_fresh_seed("test_ws_select_ahead");
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Selecting for tokens not yet appended.
+ *
+ * A question's retrieval happens at its last token (for agentlang, the '='
+ * after the key): that token's query is the one that looks for the fact.
+ * Selecting after appending it is too late — its logits, which give the
+ * first answer token, were computed over the old view. So the tokens are run
+ * once over the current view only to read their queries (their K/V are
+ * dropped: the view's length is put back), the session selects with those
+ * queries, and the caller then appends the tokens for real over the new view.
+ */
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "workspace/session_int.h"
+
+int kvm_session_select_ahead(kvm_session *s, const int32_t *tokens, int n)
+{
+	const kvm_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
+	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
+	const int T = s->o.query_tokens;
+	int keep, len;
+
+	if (s->broken)
+		return kvm_error("session: unusable after an earlier failure (see the first error)");
+	if (n <= 0 || n > s->o.chunk)
+		return kvm_error("session: select ahead takes 1..%d tokens (the chunk), not %d",
+				 s->o.chunk, n);
+	if (s->kv.len + (int64_t)n > s->cap_limit && ws_select(s, 1))
+		return -1;
+	if (ws_view_reserve(s, s->kv.len + (int64_t)n))
+		return -1;
+	len = s->kv.len;
+	if (kvm_forward(s->e, &s->kv, tokens, n, NULL, 0, &out))
+		return kvm_error_prefix("session: select ahead");
+	s->kv.len = len;	/* the slots past len are scratch again */
+	s->st.forwards++;
+
+	/* The selection sees only these queries, at the positions the tokens
+	 * will take. */
+	keep = n < T ? n : T;
+	for (int l = 0; l < s->cfg.n_layers; l++)
+		memcpy(s->qring + (size_t)l * keep * qw,
+		       s->q_raw + ((size_t)l * n + (n - keep)) * qw, keep * qw * sizeof(float));
+	for (int i = 0; i < keep; i++)
+		s->qpos[i] = s->blocks.n_tokens + (n - keep) + i;
+	s->n_q = keep;
+	if (ws_select(s, 0))
+		return -1;
+	/* The append that follows brings the same tokens' queries back. */
+	s->n_q = 0;
+	return 0;
+}
