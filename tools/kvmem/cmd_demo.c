@@ -269,7 +269,7 @@ static int read_workspace(struct demo *d, kvm_engine *e, const kvm_lang_workspac
 static int ask_all(struct demo *d, kvm_engine *e, const kvm_lang_workspace *ws,
 		   const kvm_page_source *src, const char *policy, int window)
 {
-	kvm_session *s = open_session(d, e, policy, src, 0);
+	kvm_session *s = open_session(d, e, policy, src, 1);
 	int right = 0;
 
 	if (!s || kvm_session_adopt(s, ws->ids, ws->n_ids)) {
@@ -282,13 +282,13 @@ static int ask_all(struct demo *d, kvm_engine *e, const kvm_lang_workspace *ws,
 		int n = 0, held, ok;
 		int64_t back = ws->n_ids - q->needle_pos;
 
-		/* The question up to its answer marker, then a step boundary:
-		 * its queries choose the blocks; the marker and the answer run
-		 * over the new view. */
-		if (kvm_session_append(s, q->ids, q->n_ids - 1, 0) || kvm_session_select(s))
+		/* A step boundary for the question: the query of its answer
+		 * marker (the token that retrieves) chooses the blocks, then the
+		 * question runs over the new view and the answer follows. */
+		if (kvm_session_select_ahead(s, q->ids, q->n_ids))
 			goto fail;
 		held = plan_holds(kvm_session_plan(s), d->block, q->needle_pos, q->needle_end);
-		if (kvm_session_append(s, q->ids + q->n_ids - 1, 1, 0))
+		if (kvm_session_append(s, q->ids, q->n_ids, 0))
 			goto fail;
 		while (n < KVM_LANG_MAX_ANSWER) {
 			if (kvm_session_decode(s, 1, NULL, &gen[n]))
