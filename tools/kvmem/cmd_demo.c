@@ -9,7 +9,8 @@
  * of the workspace. Then it asks about facts seen far outside the window:
  * once with Mean-K selection paging the right blocks back into the view, once
  * with a plain sliding window over the same history. It says in words what
- * happened at each step.
+ * happened at each step. The default policy is subblock, the best so far in
+ * kvmem bench recall (Documentation/recall.md).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -57,9 +58,10 @@ static void usage(FILE *f)
 		"  --model DIR       use another agentlang model directory\n"
 		"  --tokens N        workspace size in tokens (default: 16 x the window)\n"
 		"  --budget N        history tokens in the view (default: window - 32 - reserve)\n"
-		"  --questions N     questions asked (default 4)\n"
+		"  --questions N     questions asked (default 6)\n"
 		"  --steps N         agent steps the workspace is read in (default 8)\n"
-		"  --policy NAME     selection policy to show (default meank)\n"
+		"  --policy NAME     selection policy to show (default subblock: the best\n"
+		"                    in kvmem bench recall so far)\n"
 		"  --seed S          workspace seed (default %llu; training used seeds < 1e6)\n"
 		"  --quiet           only the summary\n",
 		(unsigned long long)DEMO_SEED);
@@ -256,6 +258,7 @@ static int read_workspace(struct demo *d, kvm_engine *e, const kvm_lang_workspac
 			       (long long)n, (double)n / window, (long long)p->view_tokens, p->n_view,
 			       100.0 * p->view_tokens / n, (long long)d->selections,
 			       (long long)d->entered, (long long)d->left);
+			fflush(stdout);	/* progress, also when piped */
 		}
 		at = end;
 	}
@@ -375,7 +378,7 @@ static int parse(struct demo *d, int argc, char **argv)
 
 int cmd_demo(int argc, char **argv)
 {
-	struct demo d = { .policy = "meank", .questions = 4, .steps = 8, .block = 32,
+	struct demo d = { .policy = "subblock", .questions = 6, .steps = 8, .block = 32,
 			  .chunk = 128, .seed = DEMO_SEED };
 	char dir[4300];
 	kvm_model *m = NULL;
