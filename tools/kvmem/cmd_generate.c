@@ -12,34 +12,8 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "cli_util.h"
 #include "cmd.h"
-
-/* 8190735360 -> "8.19e9" */
-static const char *sci(char *buf, size_t len, double v)
-{
-	int e = 0;
-
-	while (v >= 10) {
-		v /= 10;
-		e++;
-	}
-	snprintf(buf, len, "%.2fe%d", v, e);
-	return buf;
-}
-
-/* 5253456 -> "5.25 MB" (decimal units) */
-static const char *bytes_str(char *buf, size_t len, double v)
-{
-	static const char *const unit[] = { "bytes", "kB", "MB", "GB", "TB" };
-	int u = 0;
-
-	while (v >= 1000 && u < 4) {
-		v /= 1000;
-		u++;
-	}
-	snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
-	return buf;
-}
 
 /* Big presets show progress; tiny ones finish before it would matter. */
 #define PROGRESS_FROM (256ull << 20)
@@ -96,14 +70,14 @@ static void print_geometry(const kvm_preset *p, const kvm_gen_opts *o, uint64_t 
 	printf("rms_norm_eps  %g\n", (double)c->rms_eps);
 	printf("embeddings    %s\n", c->tie_embeddings ? "tied (no lm_head.weight)" : "untied");
 	printf("parameters    %llu (%s, embeddings included)\n", (unsigned long long)params,
-	       sci(a, sizeof(a), (double)params));
+	       cli_fmt_sci(a, sizeof(a), (double)params));
 	printf("file size     %llu bytes (%s) of %s safetensors%s\n", (unsigned long long)bytes,
-	       bytes_str(b, sizeof(b), (double)bytes), o->dtype ? o->dtype : "bf16",
+	       cli_fmt_bytes(b, sizeof(b), (double)bytes), o->dtype ? o->dtype : "bf16",
 	       o->shard_bytes ? ", sharded" : "");
 	printf("KV per token  %llu bytes bf16, %llu bytes fp32\n", (unsigned long long)kv16,
 	       (unsigned long long)kv32);
 	printf("KV at window  %s bf16 for %d tokens\n",
-	       bytes_str(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
+	       cli_fmt_bytes(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
 }
 
 struct shown {
@@ -253,7 +227,7 @@ int cmd_generate(int argc, char **argv)
 		o.progress = show_progress;
 		o.arg = &shown;
 		fprintf(stderr, "generating preset %s (%s) into %s\n", p->name,
-			bytes_str(a, sizeof(a), (double)bytes), out);
+			cli_fmt_bytes(a, sizeof(a), (double)bytes), out);
 	}
 	if (kvm_model_generate_opts(&p->cfg, out, &o)) {
 		if (shown.tty && shown.last >= 0 && shown.last < 100)
@@ -262,7 +236,7 @@ int cmd_generate(int argc, char **argv)
 		return 1;
 	}
 	printf("wrote %s: preset %s, seed %llu, %s parameters, %s\n", out, p->name,
-	       (unsigned long long)o.seed, sci(a, sizeof(a), (double)kvm_config_params(&p->cfg)),
-	       bytes_str(b, sizeof(b), (double)bytes));
+	       (unsigned long long)o.seed, cli_fmt_sci(a, sizeof(a), (double)kvm_config_params(&p->cfg)),
+	       cli_fmt_bytes(b, sizeof(b), (double)bytes));
 	return 0;
 }

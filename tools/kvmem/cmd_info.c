@@ -8,34 +8,8 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "util/json.h"
+#include "cli_util.h"
 #include "cmd.h"
-
-/* 8190735360 -> "8.19e9" */
-static const char *sci(char *buf, size_t len, double v)
-{
-	int e = 0;
-
-	while (v >= 10) {
-		v /= 10;
-		e++;
-	}
-	snprintf(buf, len, "%.2fe%d", v, e);
-	return buf;
-}
-
-/* 5253456 -> "5.25 MB" (decimal units) */
-static const char *bytes_str(char *buf, size_t len, double v)
-{
-	static const char *const unit[] = { "bytes", "kB", "MB", "GB", "TB" };
-	int u = 0;
-
-	while (v >= 1000 && u < 4) {
-		v /= 1000;
-		u++;
-	}
-	snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
-	return buf;
-}
 
 static void usage(FILE *f)
 {
@@ -68,14 +42,14 @@ static void print_text(const kvm_model *m)
 	printf("rms_norm_eps  %g\n", (double)c->rms_eps);
 	printf("embeddings    %s\n", c->tie_embeddings ? "tied" : "untied");
 	printf("parameters    %llu (%s, embeddings included)\n", (unsigned long long)params,
-	       sci(a, sizeof(a), (double)params));
+	       cli_fmt_sci(a, sizeof(a), (double)params));
 	printf("weights       %s in %d file%s, %s; %s as fp32 in memory\n", m->weight_dtype,
-	       m->n_files, m->n_files == 1 ? "" : "s", bytes_str(a, sizeof(a), (double)m->file_bytes),
-	       bytes_str(b, sizeof(b), params * 4.0));
+	       m->n_files, m->n_files == 1 ? "" : "s", cli_fmt_bytes(a, sizeof(a), (double)m->file_bytes),
+	       cli_fmt_bytes(b, sizeof(b), params * 4.0));
 	printf("KV per token  %llu bytes bf16, %llu bytes fp32\n", (unsigned long long)kv16,
 	       (unsigned long long)kv32);
 	printf("KV at window  %s bf16 for %d tokens\n",
-	       bytes_str(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
+	       cli_fmt_bytes(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
 	printf("fingerprint   %016llx (geometry only: %016llx)\n",
 	       (unsigned long long)m->fingerprint,
 	       (unsigned long long)kvm_config_fingerprint(c));
