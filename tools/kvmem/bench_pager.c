@@ -29,17 +29,10 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
+#include "cli_util.h"
 #include "cmd.h"
 
 #define BENCH_LAYERS 16
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t parse_size(const char *s)
 {
@@ -147,7 +140,7 @@ static double seq_io(const char *path, uint64_t size, int write, size_t req, int
 
 		memcpy(buf + i, &v, 8);
 	}
-	t0 = now_s();
+	t0 = cli_now_s();
 	while (done < size) {
 		while (inflight < qd && off < size) {
 			struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
@@ -175,7 +168,7 @@ static double seq_io(const char *path, uint64_t size, int write, size_t req, int
 	}
 	if (write && done == size)
 		fdatasync(fd);
-	t = now_s() - t0;
+	t = cli_now_s() - t0;
 	io_uring_queue_exit(&ring);
 	free(buf);
 	close(fd);
@@ -244,7 +237,7 @@ static int stage_out(kvm_pager *p, uint64_t page, uint64_t blocks, struct pager_
 		((uint64_t *)data)[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
 	for (uint32_t l = 0; l < BENCH_LAYERS; l++)
 		layers[l] = data + l * page;
-	t0 = now_s();
+	t0 = cli_now_s();
 	for (uint64_t b = 0; b < blocks && !rc; b++) {
 		int32_t tok[32] = { 0 };
 
@@ -254,7 +247,7 @@ static int stage_out(kvm_pager *p, uint64_t page, uint64_t blocks, struct pager_
 	}
 	if (!rc)
 		rc = kvm_pager_commit(p, NULL, NULL, NULL, 0);
-	res->out_bps = blocks * page * BENCH_LAYERS / (now_s() - t0);
+	res->out_bps = blocks * page * BENCH_LAYERS / (cli_now_s() - t0);
 	free(data);
 	return rc;
 }
@@ -287,7 +280,7 @@ static int page_in(kvm_pager *p, uint64_t page, uint64_t n_pages, int batch,
 		order[i] = order[j];
 		order[j] = t;
 	}
-	t0 = now_s();
+	t0 = cli_now_s();
 	for (uint64_t i = 0; i < n_pages && !rc; i += batch) {
 		size_t k = n_pages - i < (uint64_t)batch ? n_pages - i : (uint64_t)batch;
 
@@ -295,7 +288,7 @@ static int page_in(kvm_pager *p, uint64_t page, uint64_t n_pages, int batch,
 		if (!rc)
 			kvm_pager_release(p, order + i, k);
 	}
-	res->in_bps = n_pages * page / (now_s() - t0);
+	res->in_bps = n_pages * page / (cli_now_s() - t0);
 	free(order);
 	free(ptr);
 	return rc;

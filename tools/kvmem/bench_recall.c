@@ -45,6 +45,7 @@
 #include "kvmem/model.h"
 #include "kvmem/workspace.h"
 #include "util/json.h"
+#include "cli_util.h"
 #include "cmd.h"
 
 #define MAX_LIST 32
@@ -85,14 +86,6 @@ struct bench {
 	int64_t prefill_tokens;
 	FILE *json, *csv;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f)
 {
@@ -362,7 +355,7 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 {
 	int32_t gen[KVM_LANG_MAX_ANSWER], nl = KVM_LANG_NL;
 	int n = 0;
-	double t0 = now_s(), seen = 1.0;
+	double t0 = cli_now_s(), seen = 1.0;
 
 	int ahead = b->o.select_at == SELECT_AHEAD;
 	int head = ahead ? 0 : b->o.select_at == SELECT_MARKER ? q->n_ids : q->n_ids - 1;
@@ -385,7 +378,7 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 		if (gen[n++] == KVM_LANG_END)
 			break;
 	}
-	cl->secs += now_s() - t0;
+	cl->secs += cli_now_s() - t0;
 	cl->n++;
 	cl->ok += kvm_lang_exact_match(q, gen, n);
 	cl->inview += seen;
@@ -402,10 +395,10 @@ static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, 
 	kvm_page_source src = { 0 }, full_src = { 0 };
 	int rc = 0, qtok = b->o.query_tokens;
 
-	double t0 = now_s();
+	double t0 = cli_now_s();
 	if (prefill(b, ws, b->budget, &src))
 		return -1;
-	b->prefill_s += now_s() - t0;
+	b->prefill_s += cli_now_s() - t0;
 	b->prefill_tokens += n;
 	for (int pi = 0; pi < np && !rc; pi++) {
 		const char *pol = b->o.pol[pi];
@@ -516,7 +509,7 @@ static int run_size(struct bench *b, int si)
 	const int nd = b->o.n_depths;
 	int64_t n = workspace_len(b, b->o.sizes[si]);
 	int per_ws = needles_per_ws(b, n), total = b->o.questions * nd, done = 0, wsi = 0;
-	double t0 = now_s();
+	double t0 = cli_now_s();
 
 	while (done < total) {
 		int m = total - done < per_ws ? total - done : per_ws;
@@ -562,7 +555,7 @@ static int run_size(struct bench *b, int si)
 		if (!b->o.quiet)
 			fprintf(stderr, "kvmem bench recall: %lld tokens: %d/%d questions, %d workspaces, "
 				"%.0f s (prefill %.0f tok/s)\n", (long long)n, done, total, wsi,
-				now_s() - t0, b->prefill_tokens / (b->prefill_s > 0 ? b->prefill_s : 1));
+				cli_now_s() - t0, b->prefill_tokens / (b->prefill_s > 0 ? b->prefill_s : 1));
 	}
 	for (int di = 0; di < nd; di++)
 		for (int pi = 0; pi < b->o.n_pol; pi++)

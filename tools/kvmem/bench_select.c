@@ -25,6 +25,7 @@
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
+#include "cli_util.h"
 #include "cmd.h"
 
 #define GEO_LAYERS 36
@@ -40,14 +41,6 @@ struct bench_opts {
 	double mem_gb;
 	const char *policy;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f)
 {
@@ -228,10 +221,10 @@ static double measure_bandwidth(size_t bytes)
 	for (size_t i = 0; i < n; i++)
 		x[i] = (float)(i & 1023);
 	for (int r = 0; r < 5; r++) {
-		double t = now_s();
+		double t = cli_now_s();
 
 		sink += read_all(x, n);
-		t = now_s() - t;
+		t = cli_now_s() - t;
 		if (bytes / t / 1e9 > best)
 			best = bytes / t / 1e9;
 	}
@@ -338,15 +331,15 @@ static int run_size(const struct bench_opts *o, const kvm_policy_ops *pol, int64
 	};
 	row->score_ms = row->plan_ms = row->total_ms = 1e30;
 	for (int rep = 0; rep < o->reps; rep++) {
-		double t0 = now_s(), t1, t2;
+		double t0 = cli_now_s(), t1, t2;
 
 		c.step = rep;
 		if (pol->score(&c, scores))
 			goto out;
-		t1 = now_s();
+		t1 = cli_now_s();
 		if (kvm_plan_build(&plan, &r, scores, sets, &plan, &pp))
 			goto out;
-		t2 = now_s();
+		t2 = cli_now_s();
 		if ((t2 - t0) * 1e3 < row->total_ms) {
 			row->score_ms = (t1 - t0) * 1e3;
 			row->plan_ms = (t2 - t1) * 1e3;

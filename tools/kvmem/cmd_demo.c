@@ -26,6 +26,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/workspace.h"
+#include "cli_util.h"
 #include "cmd.h"
 #include "embedded_model.h"
 
@@ -171,14 +172,6 @@ static void on_select(void *arg, const kvm_plan *p, int forced)
 	d->left += p->n_left_total;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Text of ids[a, e) on one line, newlines shown as " | ", cut to max chars. */
 static void show(const int32_t *ids, int64_t a, int64_t e, int max)
 {
@@ -232,7 +225,7 @@ static int read_workspace(struct demo *d, kvm_engine *e, const kvm_lang_workspac
 {
 	kvm_session *s = open_session(d, e, "meank", src, 4);
 	int64_t at = 0;
-	double t0 = now_s();
+	double t0 = cli_now_s();
 
 	if (!s)
 		return -1;
@@ -263,7 +256,7 @@ static int read_workspace(struct demo *d, kvm_engine *e, const kvm_lang_workspac
 		at = end;
 	}
 	if (!d->quiet)
-		printf("  read in %.1f s on the CPU\n", now_s() - t0);
+		printf("  read in %.1f s on the CPU\n", cli_now_s() - t0);
 	kvm_session_free(s);
 	return 0;
 }

@@ -15,6 +15,7 @@
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "cli_util.h"
 #include "cmd.h"
 
 static const char *const session_opts[] = {
@@ -66,48 +67,6 @@ struct run_opts {
 	kvm_sampler sampler;
 };
 
-static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "kvmem run: %s wants an integer in %ld..%ld, not '%s'\n", opt, lo,
-			hi, s);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
-static int parse_u64(const char *opt, const char *s, uint64_t *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtoull(s, &end, 0);
-	if (errno || end == s || *end || *s == '-') {
-		fprintf(stderr, "kvmem run: %s wants an unsigned integer, not '%s'\n", opt, s);
-		return -1;
-	}
-	return 0;
-}
-
-static int parse_float(const char *opt, const char *s, float *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtof(s, &end);
-	if (errno || end == s || *end || *out != *out) {
-		fprintf(stderr, "kvmem run: %s wants a number, not '%s'\n", opt, s);
-		return -1;
-	}
-	return 0;
-}
-
 /* Returns 0 to run, 1 when --help was printed, -1 on bad usage. */
 static int parse_args(int argc, char **argv, struct run_opts *o)
 {
@@ -136,24 +95,24 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 		else if (!strcmp(a, "--logits"))
 			o->logits = v;
 		else if (!strcmp(a, "--random"))
-			r = parse_long(a, v, 1, 1L << 30, &o->random_n);
+			r = cli_parse_long("kvmem run", a, v, 1, 1L << 30, &o->random_n);
 		else if (!strcmp(a, "--seed"))
-			r = parse_u64(a, v, &o->seed);
+			r = cli_parse_u64("kvmem run", a, v, &o->seed);
 		else if (!strcmp(a, "--decode"))
-			r = parse_long(a, v, 0, 1L << 30, &o->decode);
+			r = cli_parse_long("kvmem run", a, v, 0, 1L << 30, &o->decode);
 		else if (!strcmp(a, "--chunk"))
-			r = parse_long(a, v, 1, 1L << 20, &o->chunk);
+			r = cli_parse_long("kvmem run", a, v, 1, 1L << 20, &o->chunk);
 		else if (!strcmp(a, "--temperature"))
-			r = parse_float(a, v, &o->sampler.temperature);
+			r = cli_parse_float("kvmem run", a, v, &o->sampler.temperature);
 		else if (!strcmp(a, "--top-k")) {
 			long k;
 
-			r = parse_long(a, v, 0, 1L << 30, &k);
+			r = cli_parse_long("kvmem run", a, v, 0, 1L << 30, &k);
 			o->sampler.top_k = (int)k;
 		} else if (!strcmp(a, "--top-p"))
-			r = parse_float(a, v, &o->sampler.top_p);
+			r = cli_parse_float("kvmem run", a, v, &o->sampler.top_p);
 		else if (!strcmp(a, "--sample-seed"))
-			r = parse_u64(a, v, &o->sampler.seed);
+			r = cli_parse_u64("kvmem run", a, v, &o->sampler.seed);
 		else {
 			fprintf(stderr, "kvmem run: unknown option '%s' (kvmem run --help)\n", a);
 			return -1;
@@ -228,14 +187,6 @@ fail:
 	fclose(f);
 	free(t);
 	return -1;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static void print_speed(const char *what, int n, double secs)
@@ -330,11 +281,11 @@ static int run_plain(const struct run_opts *o)
 	else
 		printf("sampling: greedy\n");
 
-	double t0 = now_s();
+	double t0 = cli_now_s();
 
 	if (prefill(e, &kv, tok, n, chunk, buf, last, lf, o->logits))
 		goto out;
-	double t1 = now_s();
+	double t1 = cli_now_s();
 	uint64_t rng = kvm_rng_seed(o->sampler.seed);
 
 	for (long i = 0; i < o->decode; i++) {
@@ -348,7 +299,7 @@ static int run_plain(const struct run_opts *o)
 		if (i + 1 < o->decode && kvm_forward(e, &kv, &gen[i], 1, last, 0, NULL))
 			goto out;
 	}
-	double t2 = now_s();
+	double t2 = cli_now_s();
 
 	if (lf) {
 		if (fclose(lf)) {

@@ -23,6 +23,7 @@
 #include "kvmem/model.h"
 #include "kvmem/workspace.h"
 #include "util/json.h"
+#include "cli_util.h"
 #include "cmd.h"
 #include "pager_cli.h"
 
@@ -105,45 +106,6 @@ static void usage(FILE *f)
 }
 
 /* ---- arguments ------------------------------------------------------- */
-static int parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-	char *end;
-	long long v;
-
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "kvmem run: %s wants an integer in %lld..%lld, not '%s'\n", opt,
-			(long long)lo, (long long)hi, s);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
-static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
-{
-	int64_t v;
-
-	if (parse_i64(opt, s, lo, hi, &v))
-		return -1;
-	*out = (long)v;
-	return 0;
-}
-
-static int parse_float(const char *opt, const char *s, float *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtof(s, &end);
-	if (errno || end == s || *end || *out != *out) {
-		fprintf(stderr, "kvmem run: %s wants a number, not '%s'\n", opt, s);
-		return -1;
-	}
-	return 0;
-}
-
 /* Returns 0 to run, 1 after --help, -1 on bad usage. */
 static int parse_args(int argc, char **argv, struct cli *o)
 {
@@ -197,36 +159,36 @@ static int parse_args(int argc, char **argv, struct cli *o)
 		} else if (FLAG("--policy")) {
 			o->policy = val;
 		} else if (FLAG("--budget")) {
-			if (parse_i64(name, val, 0, INT32_MAX / 2, &o->budget))
+			if (cli_parse_i64("kvmem run", name, val, 0, INT32_MAX / 2, &o->budget))
 				return -1;
 		} else if (FLAG("--sink") || FLAG("--recent") || FLAG("--reserve")) {
-			if (parse_i64(name, val, 0, INT32_MAX / 2, &v))
+			if (cli_parse_i64("kvmem run", name, val, 0, INT32_MAX / 2, &v))
 				return -1;
 			*(FLAG("--sink") ? &o->sink : FLAG("--recent") ? &o->recent : &o->reserve) = v;
 		} else if (FLAG("--block")) {
-			if (parse_long(name, val, KVM_BLOCK_MIN, KVM_BLOCK_MAX, &o->block))
+			if (cli_parse_long("kvmem run", name, val, KVM_BLOCK_MIN, KVM_BLOCK_MAX, &o->block))
 				return -1;
 		} else if (FLAG("--chunk")) {
-			if (parse_long(name, val, 1, 1 << 20, &o->chunk))
+			if (cli_parse_long("kvmem run", name, val, 1, 1 << 20, &o->chunk))
 				return -1;
 		} else if (FLAG("--query-tokens")) {
-			if (parse_long(name, val, 1, 4096, &o->query_tokens))
+			if (cli_parse_long("kvmem run", name, val, 1, 4096, &o->query_tokens))
 				return -1;
 		} else if (FLAG("--seed")) {
-			if (parse_i64(name, val, 0, INT64_MAX, &v))
+			if (cli_parse_i64("kvmem run", name, val, 0, INT64_MAX, &v))
 				return -1;
 			o->seed = (uint64_t)v;
 		} else if (FLAG("--temperature")) {
-			if (parse_float(name, val, &o->sampler.temperature))
+			if (cli_parse_float("kvmem run", name, val, &o->sampler.temperature))
 				return -1;
 		} else if (FLAG("--top-k")) {
 			long k;
 
-			if (parse_long(name, val, 0, 1 << 30, &k))
+			if (cli_parse_long("kvmem run", name, val, 0, 1 << 30, &k))
 				return -1;
 			o->sampler.top_k = (int)k;
 		} else if (FLAG("--top-p")) {
-			if (parse_float(name, val, &o->sampler.top_p))
+			if (cli_parse_float("kvmem run", name, val, &o->sampler.top_p))
 				return -1;
 		} else {
 			fprintf(stderr, "kvmem run: unknown option '%s' (see kvmem run --script x --help)\n",
