@@ -26,31 +26,20 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "util/json.h"
+#include "helpers/test_model.h"
+#include "helpers/test_tmpdir.h"
 
 static uint64_t seed0;
 static char root[64];
 
-static uint64_t rnd(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 static int setup(void **state)
 {
-	strcpy(root, "/tmp/kvmem-gen.XXXXXX");
-	return mkdtemp(root) ? 0 : -1;
+	return test_tmpdir_make(root, sizeof(root), "gen");
 }
 
 static int teardown(void **state)
 {
-	char cmd[128];
-
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-	return system(cmd);
+	return test_tmpdir_remove(root);
 }
 
 static char *slurp(const char *path, size_t *len)
@@ -316,7 +305,7 @@ static void test_loads_back(void **state)
 		assert_non_null(e);
 		assert_int_equal(kvm_kvcache_init(&kvc, c, N), 0);
 		for (int i = 0; i < N; i++)
-			tok[i] = (int32_t)(rnd(&s) % (uint64_t)c->vocab);
+			tok[i] = (int32_t)(test_rng_next(&s) % (uint64_t)c->vocab);
 		assert_int_equal(kvm_forward(e, &kvc, tok, N, logits, 1, NULL), 0);
 		for (int i = 0; i < N; i++) {
 			double mean, sd = stdev(logits + (size_t)i * c->vocab, (size_t)c->vocab, &mean);
@@ -372,7 +361,7 @@ static void test_activations_sane(void **state)
 	assert_int_equal(kvm_model_generate(&c, dir, seed0, NULL, NULL), 0);
 	assert_int_equal(kvm_model_load(dir, &m), 0);
 	for (int trial = 0; trial < 4; trial++) {
-		int32_t tok = (int32_t)(rnd(&s) % (uint64_t)c.vocab);
+		int32_t tok = (int32_t)(test_rng_next(&s) % (uint64_t)c.vocab);
 
 		kvm_embedding(x, m->embed, &tok, 1, H);
 		for (int l = 0; l < c.n_layers; l++) {

@@ -21,32 +21,21 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/safetensors.h"
+#include "helpers/test_model.h"
+#include "helpers/test_tmpdir.h"
 
 static uint64_t seed0;
 static char root[64];
 static int dir_counter;
 
-static uint64_t rnd(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 static int setup(void **state)
 {
-	strcpy(root, "/tmp/kvmem-loader.XXXXXX");
-	return mkdtemp(root) ? 0 : -1;
+	return test_tmpdir_make(root, sizeof(root), "loader");
 }
 
 static int teardown(void **state)
 {
-	char cmd[128];
-
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-	return system(cmd);
+	return test_tmpdir_remove(root);
 }
 
 /* A small GQA config, so a model is a few hundred kB. */
@@ -382,13 +371,14 @@ static void test_mixed_and_misaligned(void **state)
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	n = load_tensors(path, t, 63);
 	for (int i = 0; i < n; i++) {
-		kvm_st_dtype dt = (kvm_st_dtype[]){ KVM_ST_BF16, KVM_ST_F16, KVM_ST_F32 }[rnd(&s) % 3];
+		kvm_st_dtype dt =
+			(kvm_st_dtype[]){ KVM_ST_BF16, KVM_ST_F16, KVM_ST_F32 }[test_rng_next(&s) % 3];
 		size_t numel = t[i].nbytes / 4;
 
 		t[i].dtype = dt;
 		t[i].nbytes = numel * kvm_st_dtype_size(dt);
 		for (size_t k = 0; k < numel; k++) {
-			float v = (float)((double)(rnd(&s) >> 11) * 0x1.0p-53 * 4.0 - 2.0);
+			float v = (float)((double)(test_rng_next(&s) >> 11) * 0x1.0p-53 * 4.0 - 2.0);
 			uint16_t h = dt == KVM_ST_BF16 ? kvm_f32_to_bf16(v) : kvm_f32_to_f16(v);
 
 			if (dt == KVM_ST_F32)

@@ -34,14 +34,18 @@ uint64_t test_rng_fresh_seed(const char *what)
 	return seed;
 }
 
-double test_rng_uniform(uint64_t *s)
+uint64_t test_rng_next(uint64_t *s)
 {
 	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
 
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
 	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return (double)(z >> 11) * 0x1p-53;
+	return z ^ (z >> 31);
+}
+
+double test_rng_uniform(uint64_t *s)
+{
+	return (double)(test_rng_next(s) >> 11) * 0x1p-53;
 }
 
 double test_rng_range(uint64_t *s, double lo, double hi)

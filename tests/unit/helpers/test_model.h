@@ -13,7 +13,9 @@
 /* A fresh seed from /dev/urandom (or the clock), or $KVMEM_TEST_SEED when
  * set; printed with `what` so a failure can be replayed. */
 uint64_t test_rng_fresh_seed(const char *what);
-/* splitmix64 stream: uniform in [0, 1), in [lo, hi), and an integer in [lo, hi]. */
+/* splitmix64 stream: the next 64 bits, uniform in [0, 1), in [lo, hi), and an
+ * integer in [lo, hi]. */
+uint64_t test_rng_next(uint64_t *s);
 double test_rng_uniform(uint64_t *s);
 double test_rng_range(uint64_t *s, double lo, double hi);
 int test_rng_int(uint64_t *s, int lo, int hi);
