@@ -236,7 +236,8 @@ int cmd_generate(int argc, char **argv)
 		return 1;
 	}
 	printf("wrote %s: preset %s, seed %llu, %s parameters, %s\n", out, p->name,
-	       (unsigned long long)o.seed, cli_fmt_sci(a, sizeof(a), (double)kvm_config_params(&p->cfg)),
+	       (unsigned long long)o.seed,
+	       cli_fmt_sci(a, sizeof(a), (double)kvm_config_params(&p->cfg)),
 	       cli_fmt_bytes(b, sizeof(b), (double)bytes));
 	return 0;
 }

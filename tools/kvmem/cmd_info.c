@@ -44,7 +44,8 @@ static void print_text(const kvm_model *m)
 	printf("parameters    %llu (%s, embeddings included)\n", (unsigned long long)params,
 	       cli_fmt_sci(a, sizeof(a), (double)params));
 	printf("weights       %s in %d file%s, %s; %s as fp32 in memory\n", m->weight_dtype,
-	       m->n_files, m->n_files == 1 ? "" : "s", cli_fmt_bytes(a, sizeof(a), (double)m->file_bytes),
+	       m->n_files, m->n_files == 1 ? "" : "s",
+	       cli_fmt_bytes(a, sizeof(a), (double)m->file_bytes),
 	       cli_fmt_bytes(b, sizeof(b), params * 4.0));
 	printf("KV per token  %llu bytes bf16, %llu bytes fp32\n", (unsigned long long)kv16,
 	       (unsigned long long)kv32);
