@@ -180,6 +180,13 @@ static void test_kill9(void **state)
 			assert_int_equal(kvm_pager_close(p), 0);
 		}
 		seen = after;
+		/* A fast machine may finish the workload before enough kills
+		 * landed: start again on a fresh workspace. */
+		if (finished && kills < 10) {
+			fx_rmtree(dir);
+			finished = 0;
+			seen = 0;
+		}
 	}
 	print_message("%d kills, workspace at %" PRIu64 " committed tokens\n", kills, seen);
 	assert_true(kills >= 10);
