@@ -244,6 +244,9 @@ typedef struct kvm_plan {
 int kvm_plan_build(kvm_plan *p, const kvm_blocks *r, const float *scores, int n_sets,
 		   const kvm_plan *prev, const kvm_plan_params *pp);
 void kvm_plan_free(kvm_plan *p);
+/* Share of the plan's sets (1 for a global policy, one per layer otherwise)
+ * that hold every block of the token span [start, end); block is B. */
+double kvm_plan_holds_span(const kvm_plan *p, int block, int64_t start, int64_t end);
 
 /* ---- sessions --------------------------------------------------------- */
 typedef struct kvm_session_opts {

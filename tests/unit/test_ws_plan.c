@@ -312,6 +312,21 @@ static void test_plan_many_blocks(void **state)
 	kvm_blocks_free(&r);
 }
 
+/* kvm_plan_holds_span: the share of sets holding every block of a span. */
+static void test_plan_holds_span(void **state)
+{
+	int64_t blocks[2][3] = { { 0, 3, 4 }, { 1, 3, 5 } };
+	kvm_plan p = { .n_sets = 2, .n_view = 3, .blocks = &blocks[0][0] };
+
+	assert_true(kvm_plan_holds_span(&p, 32, 96, 128) == 1.0);	/* block 3: both */
+	assert_true(kvm_plan_holds_span(&p, 32, 100, 140) == 0.5);	/* 3..4: set 0 only */
+	assert_true(kvm_plan_holds_span(&p, 32, 160, 161) == 0.5);	/* block 5: set 1 */
+	assert_true(kvm_plan_holds_span(&p, 32, 64, 96) == 0.0);	/* block 2: none */
+	assert_true(kvm_plan_holds_span(&p, 16, 96, 128) == 0.0);	/* blocks 6, 7 at B=16 */
+	p.n_sets = 0;
+	assert_true(kvm_plan_holds_span(&p, 32, 96, 128) == 0.0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -319,6 +334,7 @@ int main(void)
 		cmocka_unit_test(test_plan_identity),
 		cmocka_unit_test(test_plan_pins_over_budget),
 		cmocka_unit_test(test_plan_many_blocks),
+		cmocka_unit_test(test_plan_holds_span),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_plan");

@@ -329,26 +329,6 @@ static int prefill(struct bench *b, const kvm_lang_workspace *ws, int64_t budget
 	return 0;
 }
 
-/* Share of the plan's sets that hold every block of [a, e). */
-static double in_view(const kvm_plan *p, int block, int64_t a, int64_t e)
-{
-	int held = 0;
-
-	for (int s = 0; s < p->n_sets; s++) {
-		int all = 1;
-
-		for (int64_t bk = a / block; bk <= (e - 1) / block && all; bk++) {
-			int found = 0;
-
-			for (int i = 0; i < p->n_view && !found; i++)
-				found = p->blocks[(size_t)s * p->n_view + i] == bk;
-			all = found;
-		}
-		held += all;
-	}
-	return p->n_sets ? (double)held / p->n_sets : 0;
-}
-
 /* One question: ask, select, answer. Adds to the cell. */
 static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int full,
 	       struct cell *cl)
@@ -366,7 +346,7 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 		if (ahead ? kvm_session_select_ahead(s, q->ids, q->n_ids) : kvm_session_select(s))
 			return -1;
 		const kvm_plan *p = kvm_session_plan(s);
-		seen = in_view(p, b->o.block, q->needle_pos, q->needle_end);
+		seen = kvm_plan_holds_span(p, b->o.block, q->needle_pos, q->needle_end);
 		cl->bytes += (double)p->entering * b->page_bytes *
 			     (p->n_sets == 1 ? b->m->cfg.n_layers : 1);
 	}

@@ -186,21 +186,6 @@ static void show(const int32_t *ids, int64_t a, int64_t e, int max)
 	printf("%.*s%s", max, buf, (int)strlen(buf) > max ? "..." : "");
 }
 
-/* Whether every block of [a, e) is in the plan (in every set). */
-static int plan_holds(const kvm_plan *p, int block, int64_t a, int64_t e)
-{
-	for (int s = 0; s < p->n_sets; s++)
-		for (int64_t b = a / block; b <= (e - 1) / block; b++) {
-			int found = 0;
-
-			for (int i = 0; i < p->n_view && !found; i++)
-				found = p->blocks[(size_t)s * p->n_view + i] == b;
-			if (!found)
-				return 0;
-		}
-	return p->n_sets > 0;
-}
-
 static kvm_session *open_session(struct demo *d, kvm_engine *e, const char *policy,
 				 const kvm_page_source *src, int query_tokens)
 {
@@ -283,7 +268,8 @@ static int ask_all(struct demo *d, kvm_engine *e, const kvm_lang_workspace *ws,
 		 * question runs over the new view and the answer follows. */
 		if (kvm_session_select_ahead(s, q->ids, q->n_ids))
 			goto fail;
-		held = plan_holds(kvm_session_plan(s), d->block, q->needle_pos, q->needle_end);
+		held = kvm_plan_holds_span(kvm_session_plan(s), d->block, q->needle_pos,
+					  q->needle_end) >= 1.0;
 		if (kvm_session_append(s, q->ids, q->n_ids, 0))
 			goto fail;
 		while (n < KVM_LANG_MAX_ANSWER) {
