@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "kvmem/model.h"
 #include "cli_util.h"
 
 const char *cli_fmt_sci(char *buf, size_t len, double v)
@@ -92,4 +93,34 @@ int cli_parse_float(const char *who, const char *opt, const char *s, float *out)
 		return -1;
 	}
 	return 0;
+}
+
+void cli_print_geometry(const kvm_config *c)
+{
+	uint64_t params = kvm_config_params(c);
+	char a[32];
+
+	printf("layers        %d\n", c->n_layers);
+	printf("hidden        %d\n", c->hidden);
+	printf("heads         %d query, %d KV (%d queries per KV head), head_dim %d\n", c->n_heads,
+	       c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim);
+	printf("intermediate  %d\n", c->intermediate);
+	printf("vocab         %d (bos %d, eos %d)\n", c->vocab, c->bos_id, c->eos_id);
+	printf("window        %d tokens (max_position_embeddings)\n", c->max_position);
+	printf("rope_theta    %.17g\n", c->rope_theta);
+	printf("rms_norm_eps  %g\n", (double)c->rms_eps);
+	printf("embeddings    %s\n", c->tie_embeddings ? "tied (lm_head is embed_tokens)" : "untied");
+	printf("parameters    %llu (%s, embeddings included)\n", (unsigned long long)params,
+	       cli_fmt_sci(a, sizeof(a), (double)params));
+}
+
+void cli_print_kv(const kvm_config *c)
+{
+	uint64_t kv16 = kvm_config_kv_bytes_per_token(c, 2), kv32 = kvm_config_kv_bytes_per_token(c, 4);
+	char a[32];
+
+	printf("KV per token  %llu bytes bf16, %llu bytes fp32\n", (unsigned long long)kv16,
+	       (unsigned long long)kv32);
+	printf("KV at window  %s bf16 for %d tokens\n",
+	       cli_fmt_bytes(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
 }

@@ -54,30 +54,14 @@ static void usage(FILE *f)
 static void print_geometry(const kvm_preset *p, const kvm_gen_opts *o, uint64_t bytes)
 {
 	const kvm_config *c = &p->cfg;
-	uint64_t params = kvm_config_params(c);
-	uint64_t kv16 = kvm_config_kv_bytes_per_token(c, 2), kv32 = kvm_config_kv_bytes_per_token(c, 4);
-	char a[32], b[32];
+	char b[32];
 
 	printf("preset        %s (%s)\n", p->name, p->what);
-	printf("layers        %d\n", c->n_layers);
-	printf("hidden        %d\n", c->hidden);
-	printf("heads         %d query, %d KV (%d queries per KV head), head_dim %d\n", c->n_heads,
-	       c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim);
-	printf("intermediate  %d\n", c->intermediate);
-	printf("vocab         %d (bos %d, eos %d)\n", c->vocab, c->bos_id, c->eos_id);
-	printf("window        %d tokens (max_position_embeddings)\n", c->max_position);
-	printf("rope_theta    %.0f\n", c->rope_theta);
-	printf("rms_norm_eps  %g\n", (double)c->rms_eps);
-	printf("embeddings    %s\n", c->tie_embeddings ? "tied (no lm_head.weight)" : "untied");
-	printf("parameters    %llu (%s, embeddings included)\n", (unsigned long long)params,
-	       cli_fmt_sci(a, sizeof(a), (double)params));
+	cli_print_geometry(c);
 	printf("file size     %llu bytes (%s) of %s safetensors%s\n", (unsigned long long)bytes,
 	       cli_fmt_bytes(b, sizeof(b), (double)bytes), o->dtype ? o->dtype : "bf16",
 	       o->shard_bytes ? ", sharded" : "");
-	printf("KV per token  %llu bytes bf16, %llu bytes fp32\n", (unsigned long long)kv16,
-	       (unsigned long long)kv32);
-	printf("KV at window  %s bf16 for %d tokens\n",
-	       cli_fmt_bytes(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
+	cli_print_kv(c);
 }
 
 struct shown {

@@ -26,31 +26,16 @@ static void print_text(const kvm_model *m)
 {
 	const kvm_config *c = &m->cfg;
 	uint64_t params = kvm_config_params(c);
-	uint64_t kv16 = kvm_config_kv_bytes_per_token(c, 2), kv32 = kvm_config_kv_bytes_per_token(c, 4);
 	char a[32], b[32];
 
 	printf("model         %s\n", m->dir);
 	printf("architecture  %s\n", c->arch);
-	printf("layers        %d\n", c->n_layers);
-	printf("hidden        %d\n", c->hidden);
-	printf("heads         %d query, %d KV (%d queries per KV head), head_dim %d\n", c->n_heads,
-	       c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim);
-	printf("intermediate  %d\n", c->intermediate);
-	printf("vocab         %d (bos %d, eos %d)\n", c->vocab, c->bos_id, c->eos_id);
-	printf("window        %d tokens (max_position_embeddings)\n", c->max_position);
-	printf("rope_theta    %.17g\n", c->rope_theta);
-	printf("rms_norm_eps  %g\n", (double)c->rms_eps);
-	printf("embeddings    %s\n", c->tie_embeddings ? "tied" : "untied");
-	printf("parameters    %llu (%s, embeddings included)\n", (unsigned long long)params,
-	       cli_fmt_sci(a, sizeof(a), (double)params));
+	cli_print_geometry(c);
 	printf("weights       %s in %d file%s, %s; %s as fp32 in memory\n", m->weight_dtype,
 	       m->n_files, m->n_files == 1 ? "" : "s",
 	       cli_fmt_bytes(a, sizeof(a), (double)m->file_bytes),
 	       cli_fmt_bytes(b, sizeof(b), params * 4.0));
-	printf("KV per token  %llu bytes bf16, %llu bytes fp32\n", (unsigned long long)kv16,
-	       (unsigned long long)kv32);
-	printf("KV at window  %s bf16 for %d tokens\n",
-	       cli_fmt_bytes(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
+	cli_print_kv(c);
 	printf("fingerprint   %016llx (geometry only: %016llx)\n",
 	       (unsigned long long)m->fingerprint,
 	       (unsigned long long)kvm_config_fingerprint(c));
