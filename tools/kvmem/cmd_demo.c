@@ -27,6 +27,7 @@
 #include "kvmem/model.h"
 #include "kvmem/workspace.h"
 #include "cli_util.h"
+#include "util/fs.h"
 #include "cmd.h"
 #include "embedded_model.h"
 
@@ -118,23 +119,6 @@ static int write_file(const char *path, const unsigned char *data, size_t n)
 	return 0;
 }
 
-static int mkdirs(char *path)
-{
-	for (char *p = path + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(path, 0755) && errno != EEXIST) {
-			*p = '/';
-			return kvm_error("%s: cannot create: %s", path, strerror(errno));
-		}
-		*p = '/';
-	}
-	if (mkdir(path, 0755) && errno != EEXIST)
-		return kvm_error("%s: cannot create: %s", path, strerror(errno));
-	return 0;
-}
-
 int embedded_model_install(char *dir, size_t len)
 {
 	char base[4096], path[4096];
@@ -144,7 +128,7 @@ int embedded_model_install(char *dir, size_t len)
 		return kvm_error("the data directory's path is too long");
 	if (snprintf(dir, len, "%s/models/agentlang", base) >= (int)len)
 		return kvm_error("%s/models/agentlang: path too long", base);
-	if (mkdirs(dir))
+	if (kvm_mkdir_p(dir))
 		return -1;
 	for (int i = 0; embedded_model[i].name; i++) {
 		const struct embedded_file *e = &embedded_model[i];

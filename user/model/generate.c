@@ -28,6 +28,7 @@
 #include "model/hfwrite.h"
 #include "model/safetensors.h"
 #include "model/tensors.h"
+#include "util/fs.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data are little-endian; the generator writes host order"
@@ -250,32 +251,6 @@ static int write_tensor(kvm_st_writer *w, const struct plan *p, size_t ti, uint6
 	return 0;
 }
 
-static int mkdir_p(const char *dir)
-{
-	char tmp[4096];
-	size_t len = strlen(dir);
-	struct stat st;
-
-	if (len >= sizeof(tmp))
-		return kvm_error("%.100s...: path too long", dir);
-	memcpy(tmp, dir, len + 1);
-	for (char *s = tmp + 1; ; s++) {
-		if (*s == '/' || !*s) {
-			char keep = *s;
-
-			*s = 0;
-			if (mkdir(tmp, 0755) && errno != EEXIST)
-				return kvm_error("%s: cannot create: %s", tmp, strerror(errno));
-			*s = keep;
-			if (!keep)
-				break;
-		}
-	}
-	if (stat(dir, &st) || !S_ISDIR(st.st_mode))
-		return kvm_error("%s: not a directory", dir);
-	return 0;
-}
-
 /* Weights of an earlier model in the same place that the loader would
  * otherwise find first (or that would just waste the disk). */
 static void remove_stale(const char *dir, bool sharded)
@@ -367,7 +342,7 @@ int kvm_model_generate_opts(const kvm_config *c, const char *dir, const kvm_gen_
 	pr.fn = o->progress;
 	pr.arg = o->arg;
 	pr.total = p.data_bytes;
-	if (mkdir_p(dir) || check_space(dir, bytes))
+	if (kvm_mkdir_p(dir) || check_space(dir, bytes))
 		goto out;
 	remove_stale(dir, p.nshards > 1);
 	if (write_shards(&p, dir, o->seed, &pr))
