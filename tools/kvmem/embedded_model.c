@@ -6,8 +6,15 @@
  * The assembler includes the files at build time (paths are relative to the
  * repository root, where make runs); the Makefile lists them as dependencies.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "kvmem/kvmem.h"
+#include "util/fs.h"
 #include "embedded_model.h"
 
 #define EMBED(sym, path)                                                    \
@@ -32,3 +39,84 @@ const struct embedded_file embedded_model[] = {
 	{ "record.json", kvm_emb_record, kvm_emb_record_end },
 	{ NULL, NULL, NULL },
 };
+
+static int same_file(const char *path, const unsigned char *data, size_t n)
+{
+	FILE *f = fopen(path, "rb");
+	unsigned char buf[1 << 16];
+	size_t off = 0, got;
+	int same = 1;
+
+	if (!f)
+		return 0;
+	while (same && (got = fread(buf, 1, sizeof(buf), f)) > 0) {
+		same = off + got <= n && !memcmp(buf, data + off, got);
+		off += got;
+	}
+	fclose(f);
+	return same && off == n;
+}
+
+static int write_file(const char *path, const unsigned char *data, size_t n)
+{
+	char tmp[4200];
+	int fd;
+	size_t off = 0;
+
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
+		return kvm_error("%s: path too long", path);
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0)
+		return kvm_error("%s: cannot create: %s", tmp, strerror(errno));
+	while (off < n) {
+		ssize_t w = write(fd, data + off, n - off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			int e = w < 0 ? errno : ENOSPC;
+
+			close(fd);
+			unlink(tmp);
+			return kvm_error("%s: cannot write: %s", tmp, strerror(e));
+		}
+		off += (size_t)w;
+	}
+	if (fsync(fd)) {
+		int e = errno;
+
+		close(fd);
+		unlink(tmp);
+		return kvm_error("%s: cannot sync: %s", tmp, strerror(e));
+	}
+	if (close(fd) || rename(tmp, path)) {
+		unlink(tmp);
+		return kvm_error("%s: cannot finish: %s", path, strerror(errno));
+	}
+	return 0;
+}
+
+int embedded_model_install(char *dir, size_t len)
+{
+	char base[4096], path[4096];
+	int wrote = 0;
+
+	if (!kvm_data_dir(base, sizeof(base)))
+		return kvm_error("the data directory's path is too long");
+	if (snprintf(dir, len, "%s/models/agentlang", base) >= (int)len)
+		return kvm_error("%s/models/agentlang: path too long", base);
+	if (kvm_mkdir_p(dir))
+		return -1;
+	for (int i = 0; embedded_model[i].name; i++) {
+		const struct embedded_file *e = &embedded_model[i];
+		size_t n = (size_t)(e->end - e->data);
+
+		if (snprintf(path, sizeof(path), "%s/%s", dir, e->name) >= (int)sizeof(path))
+			return kvm_error("%s: path too long", dir);
+		if (same_file(path, e->data, n))
+			continue;
+		if (write_file(path, e->data, n))
+			return -1;
+		wrote = 1;
+	}
+	return wrote;
+}
