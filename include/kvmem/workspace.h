@@ -184,6 +184,16 @@ typedef struct kvm_select_ctx {
 	const int64_t *q_pos;		/* [n_q] their workspace positions */
 	uint64_t seed;
 	int64_t step;			/* selections so far: varies random draws */
+	/*
+	 * The view's capacity in tokens (budget + reserve; 0: unlimited).
+	 * A selected key will sit somewhere in the view, at a distance from
+	 * the query the policy cannot know yet; the shipped policies score the
+	 * expected logit over distances 0..span-1 (ws_rope_mean in score.h:
+	 * RoPE averaged, which keeps the slow, position-stable dimensions and
+	 * fades the fast ones). 0: raw q.k.
+	 */
+	int64_t span;
+	int64_t budget;			/* history tokens the view holds; 0: unlimited */
 } kvm_select_ctx;
 
 typedef struct kvm_policy_ops {
@@ -348,6 +358,10 @@ int64_t kvm_session_tokens(const kvm_session *s);
 const int32_t *kvm_session_token_ids(const kvm_session *s);
 /* The plan in force (n_view 0 before the first selection). */
 const kvm_plan *kvm_session_plan(const kvm_session *s);
+/* The scores of the last selection, [n_sets][n_blocks] (n_sets: 1, or the
+ * layers for a per-layer policy); NULL before any. For research tools: how
+ * a block ranked, whether or not the budget let it in. */
+const float *kvm_session_scores(const kvm_session *s, int *n_sets, int64_t *n_blocks);
 /* The execution view: selected history then the tail. */
 const kvm_kvcache *kvm_session_view(const kvm_session *s);
 /* Logits of the last token run, [vocab]; NULL before any. */

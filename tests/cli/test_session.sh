@@ -35,7 +35,7 @@ cat >"$tmp/script" <<'EOF'
 EOF
 total=1002
 fail=0
-policies="meank subblock quest recency random oracle"
+policies="meank subblock refine quest recency random oracle"
 
 bad() { echo "FAIL: $*"; fail=1; }
 

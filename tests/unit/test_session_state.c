@@ -387,8 +387,9 @@ static void setup_case(uint64_t *rng, struct kase *k, kvm_model *m, kvm_engine *
 	k->pager = pager;
 }
 
-static const char *const policies[] = { "meank", "quest", "random", "subblock", "recency",
-					"oracle" };
+static const char *const policies[] = { "meank", "quest", "random", "subblock", "refine",
+					"recency", "oracle" };
+#define N_POLICIES (int)(sizeof(policies) / sizeof(policies[0]))
 static const int split_kinds[] = { OP_APPEND, OP_SELECT, OP_DECODE };
 
 /* Memory source: every policy, every kind of split point; and the control
@@ -398,7 +399,7 @@ static void test_two_parts_memory(void **state)
 	uint64_t rng = g_seed ^ 0x51;
 	int controls = 0, differ = 0;
 
-	for (int p = 0; p < 6; p++) {
+	for (int p = 0; p < N_POLICIES; p++) {
 		kvm_model *m = small_model(&rng);
 		kvm_engine *e = kvm_engine_create(m, 32);
 

@@ -118,6 +118,37 @@ static const float *hq(const struct hist *h, int l, int t, int head)
 	return h->q + (((size_t)l * h->T + t) * h->Hq + head) * h->D;
 }
 
+static void ref_rope(double *x, int64_t pos, int d, double theta)
+{
+	for (int i = 0; i < d / 2; i++) {
+		double a = (double)pos * pow(theta, -2.0 * i / d), u = x[i], v = x[i + d / 2];
+
+		x[i] = u * cos(a) - v * sin(a);
+		x[i + d / 2] = v * cos(a) + u * sin(a);
+	}
+}
+
+/*
+ * The query whose dot with a raw key is the logit averaged over the key
+ * sitting 0..span-1 tokens before it, from real rotations: q at P against
+ * k at P - t scores R(P)q . R(P-t)k = (R(t)q) . k, so the mean over t of
+ * R(t)q (span 0: q itself).
+ */
+static void ref_span_query(double *out, const float *q, int d, int64_t span)
+{
+	double x[64];
+
+	for (int i = 0; i < d; i++)
+		out[i] = span > 0 ? 0 : q[i];
+	for (int64_t t = 0; t < span; t++) {
+		for (int i = 0; i < d; i++)
+			x[i] = q[i];
+		ref_rope(x, t, d, 10000.0);
+		for (int i = 0; i < d; i++)
+			out[i] += x[i] / (double)span;
+	}
+}
+
 /* Softmax of z[n] (log-weights) added to acc per `per` items. */
 static void ref_mass(double *acc, const double *z, int64_t n, int per)
 {
@@ -140,12 +171,16 @@ static void ref_meank(const struct hist *h, double *acc, int per)
 	memset(acc, 0, sizeof(double) * h->nb);
 	for (int l = 0; l < h->L; l++)
 		for (int g = 0; g < h->Hkv; g++) {
+			float qf[64];
+
 			for (int i = 0; i < h->D; i++) {
 				qm[i] = 0;
 				for (int t = 0; t < h->T; t++)
 					for (int x = g * grp; x < (g + 1) * grp; x++)
 						qm[i] += hq(h, l, t, x)[i] / (grp * h->T);
+				qf[i] = (float)qm[i];
 			}
+			ref_span_query(qm, qf, h->D, h->c.span);
 			for (int64_t it = 0; it < h->nb * per; it++) {
 				int64_t a = it * span, e = a + span < h->N ? a + span : h->N;
 				double dot = 0;
@@ -178,7 +213,8 @@ static void expect_near(const float *got, const double *want, int64_t n, double 
 
 static void test_registry(void **state)
 {
-	const char *names[] = { "meank", "subblock", "quest", "recency", "random", "oracle" };
+	const char *names[] = { "meank", "subblock", "refine", "quest", "recency", "random",
+				"oracle" };
 	int n = 0;
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -192,7 +228,7 @@ static void test_registry(void **state)
 	}
 	for (; kvm_policies[n]; n++)
 		;
-	assert_true(n >= 6);	/* the shipped ones, and any added since */
+	assert_true(n >= 7);	/* the shipped ones, and any added since */
 	assert_string_equal(kvm_policy_find(NULL)->name, "meank");
 	assert_string_equal(kvm_policy_find("")->name, "meank");
 	assert_null(kvm_policy_find("lru"));
@@ -201,6 +237,7 @@ static void test_registry(void **state)
 	assert_true(kvm_policy_find("subblock")->needs & KVM_SUM_SUBBLOCK);
 	assert_true(kvm_policy_find("quest")->needs & KVM_SUM_MINMAX);
 	assert_true(kvm_policy_find("oracle")->needs & KVM_NEED_KEYS);
+	assert_true(kvm_policy_find("refine")->needs & KVM_NEED_KEYS);
 }
 
 static void test_meank_formula(void **state)
@@ -214,6 +251,7 @@ static void test_meank_formula(void **state)
 
 		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 4));
 		hist_commit(&h, KVM_SUM_MEANK);
+		h.c.span = it % 2 ? test_rng_int(&rng, 1, 3000) : 0;
 		got = run_policy(&h, "meank");
 		want = malloc(sizeof(double) * h.nb);
 		ref_meank(&h, want, 1);
@@ -240,6 +278,7 @@ static void test_subblock_formula(void **state)
 		/* Any length: partial last block with sub-blocks not yet begun. */
 		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 4));
 		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		h.c.span = it % 2 ? test_rng_int(&rng, 1, 3000) : 0;
 		got = run_policy(&h, "subblock");
 		want = malloc(sizeof(double) * h.nb);
 		ref_meank(&h, want, KVM_SUBBLOCKS);
@@ -397,14 +436,44 @@ static void test_recency_random(void **state)
 	hist_free(&h);
 }
 
-static void ref_rope(double *x, int64_t pos, int d, double theta)
+/*
+ * Per-token masses over the blocks list[0..n) (want[i] for list[i]): every
+ * (layer, query head, query token) softmaxes its distance-averaged query
+ * against every listed key it may see (causal), shares summed per block.
+ */
+static void ref_token_mass(const struct hist *h, const int64_t *list, int64_t n, double *want)
 {
-	for (int i = 0; i < d / 2; i++) {
-		double a = (double)pos * pow(theta, -2.0 * i / d), u = x[i], v = x[i + d / 2];
+	int grp = h->Hq / h->Hkv;
+	double *lg = malloc(sizeof(double) * n * h->B), q[64];
 
-		x[i] = u * cos(a) - v * sin(a);
-		x[i + d / 2] = v * cos(a) + u * sin(a);
-	}
+	memset(want, 0, sizeof(double) * n);
+	for (int l = 0; l < h->L; l++)
+		for (int x = 0; x < h->Hq; x++)
+			for (int t = 0; t < h->T; t++) {
+				double mx = -INFINITY, tot = 0;
+
+				ref_span_query(q, hq(h, l, t, x), h->D, h->c.span);
+				for (int64_t i = 0; i < n; i++)
+					for (int j = 0; j < h->B; j++) {
+						int64_t p = list[i] * h->B + j;
+						double dot = 0;
+
+						lg[i * h->B + j] = -INFINITY;
+						if (p >= h->N || p > h->qpos[t])
+							continue;
+						for (int e = 0; e < h->D; e++)
+							dot += q[e] * hkey((struct hist *)h, p, l, x / grp)[e];
+						lg[i * h->B + j] = dot / sqrt((double)h->D);
+						mx = fmax(mx, lg[i * h->B + j]);
+					}
+				if (mx == -INFINITY)
+					continue;
+				for (int64_t k = 0; k < n * h->B; k++)
+					tot += exp(lg[k] - mx);
+				for (int64_t k = 0; k < n * h->B; k++)
+					want[k / h->B] += exp(lg[k] - mx) / tot;
+			}
+	free(lg);
 }
 
 static void test_oracle(void **state)
@@ -413,48 +482,128 @@ static void test_oracle(void **state)
 
 	for (int it = 0; it < 6; it++) {
 		struct hist h;
-		double *want, *lg, q[64], k[64], sum = 0;
+		double *want, sum = 0;
+		int64_t *all;
 		float *got;
-		int grp;
 
 		hist_random(&h, &rng, test_rng_int(&rng, 5, 500), 16 << test_rng_int(&rng, 0, 3));
 		/* Query tokens not at the end: causality must cut the keys. */
 		for (int t = 0; t < h.T; t++)
 			h.qpos[t] = test_rng_int(&rng, 0, (int)h.N - 1);
 		hist_commit(&h, KVM_SUM_MEANK);
+		h.c.span = it % 2 ? test_rng_int(&rng, 1, 2000) : 0;
 		got = run_policy(&h, "oracle");
-		grp = h.Hq / h.Hkv;
-		want = calloc(h.nb, sizeof(double));
-		lg = malloc(sizeof(double) * h.N);
-		for (int l = 0; l < h.L; l++)
-			for (int x = 0; x < h.Hq; x++)
-				for (int t = 0; t < h.T; t++) {
-					double mx = -INFINITY, tot = 0;
-
-					for (int i = 0; i < h.D; i++)
-						q[i] = hq(&h, l, t, x)[i];
-					ref_rope(q, h.qpos[t], h.D, 10000.0);
-					for (int64_t p = 0; p <= h.qpos[t]; p++) {
-						lg[p] = 0;
-						for (int i = 0; i < h.D; i++)
-							k[i] = hkey(&h, p, l, x / grp)[i];
-						ref_rope(k, p, h.D, 10000.0);
-						for (int i = 0; i < h.D; i++)
-							lg[p] += q[i] * k[i] / sqrt((double)h.D);
-						mx = lg[p] > mx ? lg[p] : mx;
-					}
-					for (int64_t p = 0; p <= h.qpos[t]; p++)
-						tot += exp(lg[p] - mx);
-					for (int64_t p = 0; p <= h.qpos[t]; p++)
-						want[p / h.B] += exp(lg[p] - mx) / tot;
-				}
+		want = malloc(sizeof(double) * h.nb);
+		all = malloc(sizeof(int64_t) * h.nb);
+		for (int64_t b = 0; b < h.nb; b++)
+			all[b] = b;
+		ref_token_mass(&h, all, h.nb, want);
 		expect_near(got, want, h.nb, 1e-4);
 		for (int64_t b = 0; b < h.nb; b++)
 			sum += got[b];
 		assert_true(fabs(sum - h.L * h.Hq * h.T) < 1e-3 * h.L * h.Hq * h.T);
 		free(got);
 		free(want);
-		free(lg);
+		free(all);
+		hist_free(&h);
+	}
+}
+
+/*
+ * refine: the 4 x budget best blocks by subblock are scored by their keys
+ * (1 + the per-token mass over the shortlist), every other block keeps
+ * subblock's order below 1; no budget: subblock's scores.
+ */
+static void test_refine(void **state)
+{
+	uint64_t rng = g_seed ^ 0x2f;
+
+	for (int it = 0; it < 6; it++) {
+		struct hist h;
+		float *sb, *rf;
+		double *want;
+		int64_t *list, m = 0;
+
+		hist_random(&h, &rng, test_rng_int(&rng, 200, 1500), 16 << test_rng_int(&rng, 0, 2));
+		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		h.c.span = test_rng_int(&rng, 1, 2000);
+		h.c.budget = h.B * test_rng_int(&rng, 1, (int)(h.nb / 6) + 1);
+		sb = run_policy(&h, "subblock");
+		rf = run_policy(&h, "refine");
+		list = malloc(sizeof(int64_t) * h.nb);
+		want = malloc(sizeof(double) * h.nb);
+		/* The shortlist: subblock's best 4 x budget blocks (ties to the later). */
+		for (int64_t b = 0; b < h.nb; b++) {
+			int64_t better = 0;
+
+			for (int64_t o = 0; o < h.nb; o++)
+				better += sb[o] > sb[b] || (sb[o] == sb[b] && o > b);
+			if (better < 4 * h.c.budget / h.B)
+				list[m++] = b;
+		}
+		assert_int_equal(m, 4 * h.c.budget / h.B < h.nb ? 4 * h.c.budget / h.B : h.nb);
+		ref_token_mass(&h, list, m, want);
+		for (int64_t i = 0; i < m; i++)
+			if (fabs(rf[list[i]] - (1 + want[i])) > 1e-4 * (2 + want[i]))
+				fail_msg("shortlisted block %lld: %.8g, want 1 + %.8g",
+					 (long long)list[i], rf[list[i]], want[i]);
+		for (int64_t a = 0, i = 0; a < h.nb; a++) {
+			if (i < m && list[i] == a) {
+				i++;
+				continue;
+			}
+			assert_true(rf[a] < 1);
+			for (int64_t b = 0; b < h.nb; b++)
+				if (rf[b] < 1 && sb[a] > sb[b])
+					assert_true(rf[a] >= rf[b]);
+		}
+		h.c.budget = 0;
+		free(rf);
+		rf = run_policy(&h, "refine");
+		assert_memory_equal(rf, sb, sizeof(float) * h.nb);
+		free(sb);
+		free(rf);
+		free(list);
+		free(want);
+		hist_free(&h);
+	}
+}
+
+/*
+ * One key strongly along the query among block-mates leaning against it:
+ * every mean of its block points away, so subblock ranks the block low;
+ * refine (shortlist of everything) scores the key itself and ranks it first.
+ */
+static void test_refine_planted(void **state)
+{
+	uint64_t rng = g_seed ^ 0x3d;
+
+	for (int it = 0; it < 4; it++) {
+		struct hist h;
+		int64_t star;
+		float *sb, *rf;
+
+		hist_random(&h, &rng, 64 * 32, 32);
+		star = test_rng_int(&rng, 0, (int)h.nb - 2);
+		for (size_t i = 0; i < (size_t)h.L * h.T * h.Hq * h.D; i++)
+			h.q[i] = (i % 2 ? 1.5f : -1.5f);
+		for (int64_t p = star * h.B; p < (star + 1) * h.B; p++)
+			for (int l = 0; l < h.L; l++)
+				for (int g = 0; g < h.Hkv; g++) {
+					float *k = hkey(&h, p, l, g), w = p % h.B == 5 ? 4.0f : -1.5f;
+
+					for (int i = 0; i < h.D; i++)
+						k[i] += w * (i % 2 ? 1.0f : -1.0f);
+				}
+		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		h.c.span = 1;	/* no rotation: the planted direction counts as is */
+		h.c.budget = h.N;
+		sb = run_policy(&h, "subblock");
+		rf = run_policy(&h, "refine");
+		assert_true(rank_of(sb, h.nb, star) > h.nb / 2);
+		assert_int_equal(rank_of(rf, h.nb, star), 0);
+		free(sb);
+		free(rf);
 		hist_free(&h);
 	}
 }
@@ -537,6 +686,8 @@ int main(void)
 		cmocka_unit_test(test_quest),
 		cmocka_unit_test(test_recency_random),
 		cmocka_unit_test(test_oracle),
+		cmocka_unit_test(test_refine),
+		cmocka_unit_test(test_refine_planted),
 		cmocka_unit_test(test_missing_summaries),
 		cmocka_unit_test(test_thread_independent),
 	};

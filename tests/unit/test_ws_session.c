@@ -324,9 +324,9 @@ static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out 
 }
 
 /* ---- tests ---------------------------------------------------------------- */
-static const char *const policies[] = { "meank", "subblock", "quest", "recency", "random",
-					"oracle" };
-#define N_POLICIES 6
+static const char *const policies[] = { "meank", "subblock", "refine", "quest", "recency",
+					"random", "oracle" };
+#define N_POLICIES (int)(sizeof(policies) / sizeof(policies[0]))
 
 static void test_exact_every_policy(void **state)
 {

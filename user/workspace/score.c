@@ -75,6 +75,42 @@ void ws_group_query(const kvm_select_ctx *c, int l, int g, float *out)
 		}
 	for (int i = 0; i < d; i++)
 		out[i] *= inv;
+	ws_rope_mean(c, out);
+}
+
+/* sum_{t<n} cos(w t) and sin(w t) in closed form (a geometric sum). */
+static void rope_sums(double w, double n, double *cs, double *sn)
+{
+	double h = sin(w / 2);
+
+	if (fabs(h) < 1e-12) {	/* no turn at all within the span */
+		*cs = n;
+		*sn = 0;
+		return;
+	}
+	*cs = sin(n * w / 2) / h * cos((n - 1) * w / 2);
+	*sn = sin(n * w / 2) / h * sin((n - 1) * w / 2);
+}
+
+void ws_rope_mean(const kvm_select_ctx *c, float *x)
+{
+	const int d = c->head_dim, half = d / 2;
+	const double n = (double)c->span;
+
+	if (c->span <= 0)
+		return;
+	for (int i = 0; i < half; i++) {
+		double C, S, a = x[i], b = x[i + half];
+
+		/* The same frequencies as kernels/cpu/rope.c. */
+		rope_sums(pow(c->rope_theta, -2.0 * i / d), n, &C, &S);
+		C /= n;
+		S /= n;
+		/* R(-t) on the pair (u, v) of k: (u cos + v sin, v cos - u sin);
+		 * so q . R(-t) k = (a cos - b sin) u + (b cos + a sin) v. */
+		x[i] = (float)(C * a - S * b);
+		x[i + half] = (float)(C * b + S * a);
+	}
 }
 
 /*

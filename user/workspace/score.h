@@ -20,9 +20,35 @@
  * order: the same bits on every machine and for every vector width. */
 void ws_dots(float *out, const float *q, const float *m, int64_t n, int d);
 
+/*
+ * Distance-averaged RoPE. A query at position p and a key at p - t score
+ * q_rot(p) . k_rot(p - t) = q . R(-t) k on the raw vectors. With t uniform
+ * over 0..span-1 (where the key may land in the view) the expected logit
+ * is q . M k, M = mean of R(-t): per rotary pair i a scaled rotation with
+ *   C_i = mean cos(w_i t),  S_i = mean sin(w_i t),  w_i = theta^(-2i/D).
+ * ws_rope_mean(c, x) replaces x by M^T x (in place, one head_dim vector),
+ * so that x . k is that expected logit for any raw key k. Slow pairs keep
+ * C ~ 1 (they barely turn within a window: the position-stable, content
+ * dimensions); fast pairs average to ~0 and stop adding noise to scores.
+ * span 0: identity.
+ */
+void ws_rope_mean(const kvm_select_ctx *c, float *x);
+
 /* out[d] = the mean, over the step's query tokens and the query heads of KV
- * head g's group, of the raw queries of layer l. */
+ * head g's group, of the queries of layer l, distance-averaged
+ * (ws_rope_mean): the logit is linear in the query, so the mean query's
+ * logit is the mean of the heads' and tokens' logits. */
 void ws_group_query(const kvm_select_ctx *c, int l, int g, float *out);
+
+/*
+ * Exact per-token scoring from the real keys: for each layer, query head
+ * and query token, the query (distance-averaged) against every key of the
+ * n blocks `blocks` (any order, each once), a softmax over those keys, and
+ * each block's share added to mass[i] (i: the block's place in `blocks`).
+ * mass must hold n zeros or earlier sums. Reads K pages through c->keys.
+ * Deterministic for any thread count. Returns 0 or -1 + kvm_error.
+ */
+int ws_token_mass(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, double *mass);
 
 /* Fill z[0 .. i1-i0) with the log-weights of items i0..i1-1 of `pair`
  * (-INFINITY: no weight). Called from several threads at once. */

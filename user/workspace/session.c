@@ -364,6 +364,15 @@ const kvm_plan *kvm_session_plan(const kvm_session *s)
 	return &s->plan;
 }
 
+const float *kvm_session_scores(const kvm_session *s, int *n_sets, int64_t *n_blocks)
+{
+	if (n_sets)
+		*n_sets = s->n_sets;
+	if (n_blocks)
+		*n_blocks = s->scored_blocks;
+	return s->scored_blocks ? s->scores : NULL;
+}
+
 const kvm_kvcache *kvm_session_view(const kvm_session *s)
 {
 	return &s->kv;

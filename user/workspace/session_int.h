@@ -41,6 +41,7 @@ struct kvm_session {
 
 	float *scores;
 	int64_t cap_scores;
+	int64_t scored_blocks;	/* blocks the last selection scored */
 	int32_t *pos;			/* [block] compact positions for kvm_rope */
 	uint64_t rng;
 	kvm_session_stats st;

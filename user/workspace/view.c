@@ -178,9 +178,13 @@ int ws_select(kvm_session *s, int forced)
 		.q_pos = s->qpos,
 		.seed = s->o.seed,
 		.step = s->st.selections,
+		.span = s->o.budget ? s->cap_limit : 0,
+		.budget = s->o.budget,
 	};
+	s->scored_blocks = 0;
 	if (s->pol->score(&c, s->scores))
 		return kvm_error_prefix("session: policy %s", s->pol->name);
+	s->scored_blocks = nb;
 	if (kvm_plan_build(&np, &s->blocks, s->scores, s->n_sets, &s->plan, &pp))
 		return kvm_error_prefix("session");
 	if (rematerialise(s, &np)) {
