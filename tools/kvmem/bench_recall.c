@@ -6,8 +6,9 @@
  * For workspace sizes from the native window W to 64x W (and beyond), needles
  * at several depths, every selection policy and full context (where it fits
  * the window): exact-match accuracy of the answers, how often the needle's
- * blocks were in the view, time per question and the bytes paged into the
- * view per question. Workspaces come from agentlang (Documentation/agentlang.md)
+ * blocks were in the view and where they ranked, time per question and the
+ * bytes of pages read per question (the view's and, for policies that read
+ * keys, the scoring's). Workspaces come from agentlang (Documentation/agentlang.md)
  * with seeds from 1e9 up, never used in training (training: < 1e6).
  *
  * Per workspace the history is prefilled once (Mean-K selection during the
@@ -60,6 +61,8 @@ struct cell {
 	double inview;		/* sum over questions of the share of block sets
 				 * (layers, for a per-layer policy) holding the needle */
 	double secs, bytes;
+	int64_t *rank;		/* [questions]: the needle's rank among the scored
+				 * blocks (0: the best), for the median */
 };
 
 struct opts {
@@ -68,7 +71,7 @@ struct opts {
 	int n_sizes, n_depths;
 	const char *pol[MAX_POL];
 	int n_pol;
-	int questions, lookalikes, chunk, block, query_tokens, quiet;
+	int questions, lookalikes, chunk, block, query_tokens, quiet, trace;
 	int select_at;			/* SELECT_AHEAD, SELECT_KEY, SELECT_MARKER */
 	int64_t budget;
 	uint64_t seed;
@@ -81,7 +84,9 @@ struct bench {
 	int W;			/* native window */
 	int64_t budget, reserve;
 	double page_bytes;	/* one block in one layer, K and V, bf16 */
+	int64_t pages_read;	/* pages the sessions got from the source */
 	struct cell *cells;	/* [size][depth][policy] */
+	int64_t *ranks;		/* the cells' rank arrays, one allocation */
 	double prefill_s;	/* budgeted prefills, for the progress line */
 	int64_t prefill_tokens;
 	FILE *json, *csv;
@@ -118,7 +123,14 @@ static void usage(FILE *f)
 		"                     comes from the view before the selection)\n"
 		"  --quick            smoke test: sizes 1,4, depths 0.25,0.75, 8 questions\n"
 		"  --json FILE        one JSON object per cell; --csv FILE the same as CSV\n"
-		"  --quiet            no progress on stderr\n");
+		"  --quiet            no progress on stderr\n"
+		"  --trace N          per question: the answer, the needle's rank and the N\n"
+		"                     best-scored blocks as text (why a policy missed)\n"
+		"\n"
+		"Columns: acc = exact-match answers; in-view = questions whose needle line\n"
+		"was in the view; rank = median number of blocks scored above the needle's\n"
+		"(0: first, whatever the budget); MB/q = pages read from the page source per\n"
+		"question (view and key reads, bf16 K+V pages).\n");
 }
 
 static int parse_list(const char *s, double *out, int max)
@@ -210,6 +222,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				goto bad;
 		} else if (!strcmp(a, "--query-tokens")) {
 			if ((o->query_tokens = (int)strtol(v, &end, 10)) <= 0 || *end)
+				goto bad;
+		} else if (!strcmp(a, "--trace")) {
+			if ((o->trace = (int)strtol(v, &end, 10)) <= 0 || *end || o->trace > 64)
 				goto bad;
 		} else if (!strcmp(a, "--seed")) {
 			o->seed = strtoull(v, &end, 10);
@@ -329,6 +344,145 @@ static int prefill(struct bench *b, const kvm_lang_workspace *ws, int64_t budget
 	return 0;
 }
 
+/*
+ * Where the needle's line ranked in the last selection: for each block set,
+ * the blocks scored above the worst-scored block of the line; the mean over
+ * sets. It says how far a policy is from finding the needle whatever the
+ * budget (0: first).
+ */
+static int64_t needle_rank(const kvm_session *s, int block, const kvm_lang_question *q)
+{
+	int n_sets;
+	int64_t nb, b0 = q->needle_pos / block, b1 = (q->needle_end - 1) / block;
+	const float *sc = kvm_session_scores(s, &n_sets, &nb);
+	double sum = 0;
+
+	if (!sc || b1 >= nb)
+		return -1;
+	for (int k = 0; k < n_sets; k++) {
+		const float *row = sc + (size_t)k * nb;
+		float worst = row[b0];
+		int64_t above = 0;
+
+		for (int64_t b = b0; b <= b1; b++)
+			worst = row[b] < worst ? row[b] : worst;
+		for (int64_t b = 0; b < nb; b++)
+			above += row[b] > worst;
+		sum += (double)above;
+	}
+	return llround(sum / n_sets);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Median needle rank of a cell (-1: none recorded, e.g. full context). */
+static int64_t median_rank(const struct cell *c)
+{
+	int64_t v[c->n ? c->n : 1];
+	int m = 0;
+
+	for (int64_t i = 0; i < c->n; i++)
+		if (c->rank[i] >= 0)
+			v[m++] = c->rank[i];
+	if (!m)
+		return -1;
+	qsort(v, m, sizeof(*v), cmp_i64);
+	return v[m / 2];
+}
+
+/*
+ * The policies' sessions read pages through this wrapper of the host-memory
+ * source, which counts them: rematerialising the view and, for refine and
+ * oracle, reading keys to score them. It is the traffic the tiered pager
+ * would serve from host memory or NVMe.
+ */
+struct counted {
+	const kvm_page_source *inner;
+	int64_t *pages;
+};
+
+static int counted_write(void *ctx, int64_t b, int l, int t0, int n, const float *k,
+			 const float *v)
+{
+	const struct counted *c = ctx;
+
+	return c->inner->ops->write(c->inner->ctx, b, l, t0, n, k, v);
+}
+
+static int counted_get(void *ctx, int64_t b, int l, const float **k, const float **v)
+{
+	const struct counted *c = ctx;
+
+	(*c->pages)++;
+	return c->inner->ops->get(c->inner->ctx, b, l, k, v);
+}
+
+static void counted_put(void *ctx, int64_t b, int l)
+{
+	const struct counted *c = ctx;
+
+	c->inner->ops->put(c->inner->ctx, b, l);
+}
+
+static const kvm_page_source_ops counted_ops = {
+	.write = counted_write, .get = counted_get, .put = counted_put,
+};
+
+/* ids[a..e) as one line of text, clipped to the workspace. */
+static void print_span(const int32_t *ids, int64_t n, int64_t a, int64_t e)
+{
+	char buf[2048];
+
+	a = a < 0 ? 0 : a;
+	e = e > n ? n : e;
+	if (kvm_lang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf)) < 0)
+		snprintf(buf, sizeof(buf), "(undecodable)");
+	for (char *c = buf; *c; c++)
+		*c = *c == '\n' ? '|' : *c;
+	printf("%s\n", buf);
+}
+
+/* --trace: the question, its answer, the needle's rank and the best blocks. */
+static void trace(const struct bench *b, const kvm_session *s, const kvm_lang_question *q,
+		  const int32_t *gen, int n_gen, int64_t rank)
+{
+	const int32_t *ids = kvm_session_token_ids(s);
+	int64_t n = kvm_session_tokens(s), nb, B = b->o.block;
+	int sets;
+	const float *sc = kvm_session_scores(s, &sets, &nb);
+	char want[256], got[256];
+
+	kvm_lang_decode(q->answer, q->n_answer, want, sizeof(want));
+	kvm_lang_decode(gen, n_gen, got, sizeof(got));
+	printf("trace: needle at %lld (block %lld), rank %lld, want '%s', got '%s'\n  needle: ",
+	       (long long)q->needle_pos, (long long)(q->needle_pos / B), (long long)rank, want, got);
+	print_span(ids, n, q->needle_pos, q->needle_end);
+	for (int k = 0; sc && k < b->o.trace && k < nb; k++) {
+		int64_t best = -1;
+
+		/* k-th best of the first set, by selection (no sort: k is small). */
+		for (int64_t i = 0; i < nb; i++) {
+			int64_t above = 0;
+
+			if (best >= 0 && sc[i] <= sc[best])
+				continue;
+			for (int64_t j = 0; j < nb && above <= k; j++)
+				above += sc[j] > sc[i];
+			if (above == k)
+				best = i;
+		}
+		if (best < 0)
+			break;
+		printf("  #%d block %lld (%.4g): ", k, (long long)best, sc[best]);
+		print_span(ids, n, best * B, (best + 1) * B);
+	}
+}
+
 /* One question: ask, select, answer. Adds to the cell. */
 static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int full,
 	       struct cell *cl)
@@ -336,6 +490,9 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 	int32_t gen[KVM_LANG_MAX_ANSWER], nl = KVM_LANG_NL;
 	int n = 0;
 	double t0 = cli_now_s(), seen = 1.0;
+	int64_t pages0 = b->pages_read;
+
+	cl->rank[cl->n] = -1;
 
 	int ahead = b->o.select_at == SELECT_AHEAD;
 	int head = ahead ? 0 : b->o.select_at == SELECT_MARKER ? q->n_ids : q->n_ids - 1;
@@ -347,8 +504,7 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 			return -1;
 		const kvm_plan *p = kvm_session_plan(s);
 		seen = kvm_plan_holds_span(p, b->o.block, q->needle_pos, q->needle_end);
-		cl->bytes += (double)p->entering * b->page_bytes *
-			     (p->n_sets == 1 ? b->m->cfg.n_layers : 1);
+		cl->rank[cl->n] = needle_rank(s, b->o.block, q);
 	}
 	if (head < q->n_ids && kvm_session_append(s, q->ids + head, q->n_ids - head, 0))
 		return -1;
@@ -359,8 +515,11 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 			break;
 	}
 	cl->secs += cli_now_s() - t0;
+	cl->bytes += (double)(b->pages_read - pages0) * b->page_bytes;
 	cl->n++;
 	cl->ok += kvm_lang_exact_match(q, gen, n);
+	if (b->o.trace && !full)
+		trace(b, s, q, gen, n, cl->rank[cl->n - 1]);
 	cl->inview += seen;
 	/* The next question starts a line, as in the language. */
 	return kvm_session_append(s, &nl, 1, 0);
@@ -373,6 +532,8 @@ static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, 
 	int64_t n = ws->n_ids;
 	int fits = n + 16 <= b->W;
 	kvm_page_source src = { 0 }, full_src = { 0 };
+	const struct counted cnt = { &src, &b->pages_read };
+	const kvm_page_source counted_src = { &counted_ops, (void *)&cnt };
 	int rc = 0, qtok = b->o.query_tokens;
 
 	double t0 = cli_now_s();
@@ -402,7 +563,7 @@ static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, 
 			if (!s || full) {
 				kvm_session_free(s);
 				s = session(b, full ? "meank" : pol, full ? 0 : b->budget,
-					    full ? &full_src : &src, t);
+					    full ? &full_src : &counted_src, t);
 				rc = !s || kvm_session_adopt(s, ws->ids, n);
 				if (rc)
 					break;
@@ -438,20 +599,24 @@ static void report_cell(struct bench *b, int si, int di, int pi)
 		return;
 	size_name(name, sizeof(name), n, b->o.sizes[si]);
 	double acc = 100.0 * c->ok / c->n, ms = 1e3 * c->secs / c->n, mb = c->bytes / c->n / 1e6;
-	printf("%-14s %5.2f  %-9s %6.1f%% %5lld  %6.1f%%  %7.1f  %7.3f\n", name, b->o.depths[di], pol,
-	       acc, (long long)c->n, 100.0 * c->inview / c->n, ms, mb);
+	int64_t rank = median_rank(c);
+
+	printf("%-14s %5.2f  %-9s %6.1f%% %5lld  %6.1f%%  %6lld  %7.1f  %7.3f\n", name,
+	       b->o.depths[di], pol, acc, (long long)c->n, 100.0 * c->inview / c->n,
+	       (long long)rank, ms, mb);
 	if (b->json)
 		fprintf(b->json, "{\"tokens\": %lld, \"size\": %g, \"depth\": %g, \"policy\": \"%s\", "
 			"\"accuracy\": %.4f, \"questions\": %lld, \"needle_in_view\": %.4f, "
+			"\"needle_rank_median\": %lld, "
 			"\"ms_per_question\": %.3f, \"mb_paged_per_question\": %.4f, "
 			"\"budget\": %lld, \"window\": %d}\n", (long long)n, b->o.sizes[si],
 			b->o.depths[di], pol, acc / 100, (long long)c->n,
-			(double)c->inview / c->n, ms, mb, !strcmp(pol, FULL) ? 0LL : (long long)b->budget,
+			(double)c->inview / c->n, (long long)rank, ms, mb, !strcmp(pol, FULL) ? 0LL : (long long)b->budget,
 			b->W);
 	if (b->csv)
-		fprintf(b->csv, "%lld,%g,%g,%s,%.4f,%lld,%.4f,%.3f,%.4f\n", (long long)n,
+		fprintf(b->csv, "%lld,%g,%g,%s,%.4f,%lld,%.4f,%.3f,%.4f,%lld\n", (long long)n,
 			b->o.sizes[si], b->o.depths[di], pol, acc / 100, (long long)c->n,
-			(double)c->inview / c->n, ms, mb);
+			(double)c->inview / c->n, ms, mb, (long long)rank);
 }
 
 static void summary(struct bench *b)
@@ -547,6 +712,7 @@ static int run_size(struct bench *b, int si)
 int bench_recall(int argc, char **argv)
 {
 	struct bench b;
+	size_t n_cells;
 	int rc = 1;
 
 	memset(&b, 0, sizeof(b));
@@ -575,6 +741,14 @@ int bench_recall(int argc, char **argv)
 	}
 	b.page_bytes = 2.0 * c->n_kv_heads * b.o.block * c->head_dim * 2;
 	b.cells = calloc((size_t)b.o.n_sizes * b.o.n_depths * b.o.n_pol, sizeof(*b.cells));
+	n_cells = (size_t)b.o.n_sizes * b.o.n_depths * b.o.n_pol;
+	b.ranks = malloc(sizeof(int64_t) * n_cells * b.o.questions);
+	for (size_t i = 0; b.cells && b.ranks && i < n_cells; i++)
+		b.cells[i].rank = b.ranks + i * b.o.questions;
+	if (!b.ranks) {
+		free(b.cells);
+		b.cells = NULL;
+	}
 	if (!b.cells || (b.o.json && !(b.json = fopen(b.o.json, "w"))) ||
 	    (b.o.csv && !(b.csv = fopen(b.o.csv, "w")))) {
 		fprintf(stderr, "kvmem bench recall: %s\n", !b.cells ? "out of memory" : strerror(errno));
@@ -582,14 +756,14 @@ int bench_recall(int argc, char **argv)
 	}
 	if (b.csv)
 		fprintf(b.csv, "tokens,size,depth,policy,accuracy,questions,needle_in_view,"
-			"ms_per_question,mb_paged_per_question\n");
+			"ms_per_question,mb_paged_per_question,needle_rank_median\n");
 	printf("kvmem bench recall: %s (window %d, %.2fM parameters), budget %lld + reserve %lld, "
 	       "block %d, %d look-alikes per needle, %d questions per cell, seeds from %llu\n",
 	       b.o.model, b.W, kvm_config_params(c) / 1e6, (long long)b.budget,
 	       (long long)b.reserve, b.o.block, b.o.lookalikes, b.o.questions,
 	       (unsigned long long)b.o.seed);
-	printf("%-14s %5s  %-9s %7s %5s  %7s  %7s  %7s\n", "workspace", "depth", "policy", "acc",
-	       "n", "in-view", "ms/q", "MB/q");
+	printf("%-14s %5s  %-9s %7s %5s  %7s  %6s  %7s  %7s\n", "workspace", "depth", "policy",
+	       "acc", "n", "in-view", "rank", "ms/q", "MB/q");
 	rc = 0;
 	for (int si = 0; si < b.o.n_sizes && !rc; si++)
 		if (run_size(&b, si)) {
@@ -604,6 +778,7 @@ out:
 	if (b.csv)
 		fclose(b.csv);
 	free(b.cells);
+	free(b.ranks);
 	kvm_engine_free(b.e);
 	kvm_model_free(b.m);
 	return rc;
