@@ -54,6 +54,7 @@ static void usage(FILE *f)
 		"  --blocks LIST     block counts, comma separated, K/M suffixes (1024/1048576)\n"
 		"                    (default 1K,4K,16K,64K,256K,1M)\n"
 		"  --policy NAME     meank (default), subblock, quest, recency or random\n"
+		"                    (refine and oracle read K pages: kvmem bench recall)\n"
 		"  --budget N        view budget in tokens (default 131072)\n"
 		"  --block N         tokens per block (default 32; only sets token counts)\n"
 		"  --query-tokens N  query tokens per selection (default 4)\n"
@@ -328,6 +329,8 @@ static int run_size(const struct bench_opts *o, const kvm_policy_ops *pol, int64
 		.n_layers = layers, .n_heads = GEO_HEADS, .n_kv_heads = GEO_KV_HEADS,
 		.head_dim = GEO_HEAD_DIM, .rope_theta = 1e6, .n_q = o->query_tokens, .q = q,
 		.q_pos = qpos, .seed = 1,
+		/* As a session scores: distance-averaged queries (same cost). */
+		.span = o->budget + o->budget / 8, .budget = o->budget,
 	};
 	row->score_ms = row->plan_ms = row->total_ms = 1e30;
 	for (int rep = 0; rep < o->reps; rep++) {
