@@ -380,19 +380,22 @@ static int cmp_i64(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* Median needle rank of a cell (-1: none recorded, e.g. full context). */
+/* Median needle rank of a cell (-1: none recorded, e.g. full context, or no
+ * memory to sort them). */
 static int64_t median_rank(const struct cell *c)
 {
-	int64_t v[c->n ? c->n : 1];
-	int m = 0;
+	int64_t *v = malloc(sizeof(*v) * (c->n ? c->n : 1)), med = -1;
+	int64_t m = 0;
 
-	for (int64_t i = 0; i < c->n; i++)
+	for (int64_t i = 0; v && i < c->n; i++)
 		if (c->rank[i] >= 0)
 			v[m++] = c->rank[i];
-	if (!m)
-		return -1;
-	qsort(v, m, sizeof(*v), cmp_i64);
-	return v[m / 2];
+	if (m) {
+		qsort(v, m, sizeof(*v), cmp_i64);
+		med = v[m / 2];
+	}
+	free(v);
+	return med;
 }
 
 /*
@@ -447,6 +450,21 @@ static void print_span(const int32_t *ids, int64_t n, int64_t a, int64_t e)
 	printf("%s\n", buf);
 }
 
+struct scored {
+	float score;
+	int64_t block;
+};
+
+/* Best first; ties to the later block, as the planner breaks them. */
+static int by_score(const void *a, const void *b)
+{
+	const struct scored *x = a, *y = b;
+
+	if (x->score != y->score)
+		return x->score < y->score ? 1 : -1;
+	return (x->block < y->block) - (x->block > y->block);
+}
+
 /* --trace: the question, its answer, the needle's rank and the best blocks. */
 static void trace(const struct bench *b, const kvm_session *s, const kvm_lang_question *q,
 		  const int32_t *gen, int n_gen, int64_t rank)
@@ -462,25 +480,18 @@ static void trace(const struct bench *b, const kvm_session *s, const kvm_lang_qu
 	printf("trace: needle at %lld (block %lld), rank %lld, want '%s', got '%s'\n  needle: ",
 	       (long long)q->needle_pos, (long long)(q->needle_pos / B), (long long)rank, want, got);
 	print_span(ids, n, q->needle_pos, q->needle_end);
-	for (int k = 0; sc && k < b->o.trace && k < nb; k++) {
-		int64_t best = -1;
+	struct scored *order = sc ? malloc(sizeof(*order) * nb) : NULL;
 
-		/* k-th best of the first set, by selection (no sort: k is small). */
-		for (int64_t i = 0; i < nb; i++) {
-			int64_t above = 0;
-
-			if (best >= 0 && sc[i] <= sc[best])
-				continue;
-			for (int64_t j = 0; j < nb && above <= k; j++)
-				above += sc[j] > sc[i];
-			if (above == k)
-				best = i;
-		}
-		if (best < 0)
-			break;
-		printf("  #%d block %lld (%.4g): ", k, (long long)best, sc[best]);
-		print_span(ids, n, best * B, (best + 1) * B);
+	/* The first block set's best blocks (the only set of a global policy). */
+	for (int64_t i = 0; order && i < nb; i++)
+		order[i] = (struct scored){ sc[i], i };
+	if (order)
+		qsort(order, nb, sizeof(*order), by_score);
+	for (int k = 0; order && k < b->o.trace && k < nb; k++) {
+		printf("  #%d block %lld (%.4g): ", k, (long long)order[k].block, order[k].score);
+		print_span(ids, n, order[k].block * B, (order[k].block + 1) * B);
 	}
+	free(order);
 }
 
 /* One question: ask, select, answer. Adds to the cell. */
@@ -611,8 +622,8 @@ static void report_cell(struct bench *b, int si, int di, int pi)
 			"\"ms_per_question\": %.3f, \"mb_paged_per_question\": %.4f, "
 			"\"budget\": %lld, \"window\": %d}\n", (long long)n, b->o.sizes[si],
 			b->o.depths[di], pol, acc / 100, (long long)c->n,
-			(double)c->inview / c->n, (long long)rank, ms, mb, !strcmp(pol, FULL) ? 0LL : (long long)b->budget,
-			b->W);
+			(double)c->inview / c->n, (long long)rank, ms, mb,
+			!strcmp(pol, FULL) ? 0LL : (long long)b->budget, b->W);
 	if (b->csv)
 		fprintf(b->csv, "%lld,%g,%g,%s,%.4f,%lld,%.4f,%.3f,%.4f,%lld\n", (long long)n,
 			b->o.sizes[si], b->o.depths[di], pol, acc / 100, (long long)c->n,
