@@ -18,7 +18,8 @@ awk -F, 'FNR > 1 {
 	printf "| --- |"; for (j = 1; j <= np; j++) printf " --- |"; printf "\n"
 	for (i = 1; i <= ns; i++) {
 		s = sizes[i]; t = tok[s]
-		name = t >= 10240 ? sprintf("%dK", (t + 512) / 1024) : t
+		name = t >= 1048576 ? sprintf("%gM", t / 1048576) : \
+			t >= 10240 ? sprintf("%dK", (t + 512) / 1024) : t
 		printf "| %s (%gx) |", name, s
 		for (j = 1; j <= np; j++) {
 			k = s SUBSEP pol[j]
