@@ -231,11 +231,18 @@ static double stdev(const float *w, size_t n, double *mean)
 	return sqrt(s2 / n - *mean * *mean);
 }
 
+/*
+ * The sample mean of n draws has standard error want / sqrt(n). A 4-sigma
+ * bound failed about once in 500 runs over the ~29 tensors checked (seed
+ * 47249287619027: wo's mean at 4.3 sigma); 6 sigma fails once in ~10^7
+ * runs by chance and still catches any bias above 3.3% of the std in the
+ * smallest tensor. The std is within 3% (its own error is under 0.4%).
+ */
 static void expect_std(const float *w, size_t n, double want, const char *what)
 {
 	double mean, sd = stdev(w, n, &mean);
 
-	if (fabs(sd / want - 1) > 0.03 || fabs(mean) > 4 * want / sqrt((double)n))
+	if (fabs(sd / want - 1) > 0.03 || fabs(mean) > 6 * want / sqrt((double)n))
 		fail_msg("%s: std %g (want %g), mean %g", what, sd, want, mean);
 }
 
@@ -554,7 +561,6 @@ int main(void)
 		cmocka_unit_test(test_cli),
 	};
 
-	seed0 = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32) ^ ((uint64_t)getpid() << 16);
-	printf("test_generate: seed %llu\n", (unsigned long long)seed0);
+	seed0 = test_rng_fresh_seed("test_generate");
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
