@@ -12,6 +12,7 @@
 
 #include "kvmem/kvmem.h"
 #include "util/json.h"
+#include "helpers/test_model.h"
 
 static uint64_t rng_state;
 
@@ -275,7 +276,6 @@ int main(void)
 		cmocka_unit_test(test_write_roundtrip),
 	};
 
-	rng_state = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-	printf("test_json: seed %llu\n", (unsigned long long)rng_state);
+	rng_state = test_rng_fresh_seed("test_json");
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

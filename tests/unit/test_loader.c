@@ -732,7 +732,6 @@ int main(void)
 		cmocka_unit_test(test_config_variants),
 	};
 
-	seed0 = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32) ^ ((uint64_t)getpid() << 16);
-	printf("test_loader: seed %llu\n", (unsigned long long)seed0);
+	seed0 = test_rng_fresh_seed("test_loader");
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -17,6 +17,7 @@
 
 #include "kvmem/kvmem.h"
 #include "model/safetensors.h"
+#include "helpers/test_model.h"
 
 static uint64_t rng_state;
 static char tmpdir[64];
@@ -410,7 +411,6 @@ int main(void)
 		cmocka_unit_test(test_writer_errors),
 	};
 
-	rng_state = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-	printf("test_safetensors: seed %llu\n", (unsigned long long)rng_state);
+	rng_state = test_rng_fresh_seed("test_safetensors");
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
