@@ -20,6 +20,7 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
+#include "workspace/score.h"
 
 enum { FREE = 0, TAKEN = 1, BARRED = 2 };
 
@@ -45,7 +46,7 @@ static inline void swap64(int64_t *a, int64_t *b)
 }
 
 /* Rearrange idx[0..n) so that its k best (by `better`) come first. */
-static void top_k(int64_t *idx, int64_t n, int64_t k, const float *sc)
+void ws_top_k(int64_t *idx, int64_t n, int64_t k, const float *sc)
 {
 	int64_t lo = 0, hi = n - 1;
 
@@ -229,7 +230,7 @@ int kvm_plan_build(kvm_plan *out, const kvm_blocks *r, const float *scores, int 
 			if (base[b] == FREE)
 				cand[c++] = b;
 		if (k < n_cand)
-			top_k(cand, n_cand, k, sc);
+			ws_top_k(cand, n_cand, k, sc);
 		for (int64_t i = 0; i < k; i++)
 			mark[cand[i]] = TAKEN;
 		for (int64_t b = 0; b < nb; b++) {

@@ -24,21 +24,6 @@
 
 extern const kvm_policy_ops kvm_policy_subblock;
 
-struct ranked {
-	float score;
-	int64_t block;
-};
-
-/* Best first; ties to the later block, as the planner breaks them. */
-static int by_score(const void *a, const void *b)
-{
-	const struct ranked *x = a, *y = b;
-
-	if (x->score != y->score)
-		return x->score < y->score ? 1 : -1;
-	return (x->block < y->block) - (x->block > y->block);
-}
-
 static int by_block(const void *a, const void *b)
 {
 	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -50,7 +35,6 @@ static int refine_score(const kvm_select_ctx *c, float *scores)
 {
 	const int64_t nb = c->n_blocks;
 	int64_t m = c->budget > 0 ? REFINE_FACTOR * ((c->budget + c->block - 1) / c->block) : 0;
-	struct ranked *r = NULL;
 	int64_t *list = NULL;
 	double *mass = NULL, total = 0;
 	int rc;
@@ -58,18 +42,15 @@ static int refine_score(const kvm_select_ctx *c, float *scores)
 	if ((rc = kvm_policy_subblock.score(c, scores)) || m == 0)
 		return rc;	/* no budget: any order keeps everything */
 	m = m < nb ? m : nb;
-	r = malloc(sizeof(*r) * nb);
-	list = malloc(sizeof(*list) * m);
+	list = malloc(sizeof(*list) * nb);
 	mass = calloc(m, sizeof(*mass));
-	if (!r || !list || !mass) {
+	if (!list || !mass) {
 		rc = kvm_error("refine: out of memory for %lld blocks", (long long)nb);
 		goto out;
 	}
 	for (int64_t b = 0; b < nb; b++)
-		r[b] = (struct ranked){ scores[b], b };
-	qsort(r, nb, sizeof(*r), by_score);
-	for (int64_t i = 0; i < m; i++)
-		list[i] = r[i].block;
+		list[b] = b;
+	ws_top_k(list, nb, m, scores);			/* as the planner ranks */
 	qsort(list, m, sizeof(*list), by_block);	/* pages in order */
 	if (ws_token_mass(c, list, m, mass)) {
 		rc = kvm_error_prefix("refine");
@@ -84,7 +65,6 @@ static int refine_score(const kvm_select_ctx *c, float *scores)
 	for (int64_t i = 0; i < m; i++)
 		scores[list[i]] = (float)(1.0 + mass[i]);
 out:
-	free(r);
 	free(list);
 	free(mass);
 	return rc;

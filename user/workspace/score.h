@@ -50,6 +50,14 @@ void ws_group_query(const kvm_select_ctx *c, int l, int g, float *out);
  */
 int ws_token_mass(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, double *mass);
 
+/*
+ * Rearrange the block numbers idx[0..n) so that the k best by scores sc
+ * come first, in no particular order: higher score first, ties to the
+ * later block, NaN lowest. The planner's order (plan.c), for a policy that
+ * needs the blocks the planner would take.
+ */
+void ws_top_k(int64_t *idx, int64_t n, int64_t k, const float *sc);
+
 /* Fill z[0 .. i1-i0) with the log-weights of items i0..i1-1 of `pair`
  * (-INFINITY: no weight). Called from several threads at once. */
 typedef void (*ws_logit_fn)(const void *arg, int pair, int64_t i0, int64_t i1, float *z);
