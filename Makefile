@@ -13,17 +13,20 @@
 # tests/unit/test_*.c becomes the test program build/tests/test_*.
 
 CC      ?= gcc
-O       ?= build
+# BUILD names the plain build folder; the sanitizer build goes to $(BUILD)-asan.
+# Several checkouts' work can share a tree with BUILD=build-<name>.
+BUILD   ?= build
+O       ?= $(BUILD)
 SAN     ?=
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wmissing-prototypes
 OPT     ?= -O2 -g
 BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
-CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -Iinclude -Iuser $(BLAS_INC) -MMD -MP
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -Iinclude -Iinclude/uapi -Iuser $(BLAS_INC) -MMD -MP
 LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lm -lpthread -fopenmp
 
 ifeq ($(SAN),1)
-O       := build-asan
+O       := $(BUILD)-asan
 OPT     := -O1 -g -fno-omit-frame-pointer
 CFLAGS  += -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
@@ -75,13 +78,13 @@ deps:
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	$(O)/kvmem demo
+	$(BUILD)/kvmem demo
 
 # Plain build first, then the same tests under ASan + UBSan.
 test: deps
 	@$(MAKE) --no-print-directory all tests
 	@$(MAKE) --no-print-directory SAN=1 all tests
-	@tests/run.sh build build-asan
+	@tests/run.sh $(BUILD) $(BUILD)-asan
 
 asan:
 	@$(MAKE) --no-print-directory SAN=1 all tests
@@ -100,7 +103,7 @@ build/static-obj/obj/tools/%.o: tools/%.c
 static: $(CLI_SRC:%.c=build/static-obj/obj/%.o)
 
 clean:
-	rm -rf build build-asan
+	rm -rf $(BUILD) $(BUILD)-asan
 
 -include $(shell find $(O) -name '*.d' 2>/dev/null)
 

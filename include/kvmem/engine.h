@@ -2,14 +2,14 @@
 /*
  * The CPU reference engine: a Qwen3 decoder forward pass over a KV view.
  *
- * The engine does not own history. The caller hands it a kvm_kvcache — the
+ * The engine does not own history. The caller hands it a kvmem_kvcache — the
  * execution view: per layer, K (rotated) and V of the tokens the new ones may
  * attend to, at compact positions 0..len-1 — and the forward pass appends the
  * new tokens at positions len..len+n-1. For a plain run the cache simply
  * grows; the workspace layer instead rebuilds it each step from raw K.
  *
  * What the workspace needs back from each forward pass is returned in
- * kvm_fwd_out: the raw K (after k-norm, before RoPE) and V of the new tokens
+ * kvmem_fwd_out: the raw K (after k-norm, before RoPE) and V of the new tokens
  * per layer, and optionally their queries (after q-norm, before RoPE).
  */
 #ifndef KVMEM_ENGINE_H
@@ -21,39 +21,39 @@
 extern "C" {
 #endif
 
-typedef struct kvm_kvcache {
+typedef struct kvmem_kvcache {
 	int n_layers, n_kv_heads, head_dim;
 	int cap;		/* token slots per layer and head */
 	int len;		/* tokens present (same in every layer) */
 	float *k;		/* [n_layers][n_kv_heads][cap][head_dim], rotated at slot index */
 	float *v;		/* [n_layers][n_kv_heads][cap][head_dim] */
-} kvm_kvcache;
+} kvmem_kvcache;
 
-int kvm_kvcache_init(kvm_kvcache *kv, const kvm_config *c, int cap);
-void kvm_kvcache_free(kvm_kvcache *kv);
+int kvmem_kvcache_init(kvmem_kvcache *kv, const kvmem_config *c, int cap);
+void kvmem_kvcache_free(kvmem_kvcache *kv);
 /* Pointer to K (or V) of layer l, KV head h, slot t. */
-static inline float *kvm_kv_k(const kvm_kvcache *kv, int l, int h, int t)
+static inline float *kvmem_kv_k(const kvmem_kvcache *kv, int l, int h, int t)
 {
 	return kv->k + (((size_t)l * kv->n_kv_heads + h) * kv->cap + t) * kv->head_dim;
 }
-static inline float *kvm_kv_v(const kvm_kvcache *kv, int l, int h, int t)
+static inline float *kvmem_kv_v(const kvmem_kvcache *kv, int l, int h, int t)
 {
 	return kv->v + (((size_t)l * kv->n_kv_heads + h) * kv->cap + t) * kv->head_dim;
 }
 
 /* Optional outputs of a forward pass; any pointer may be NULL. */
-typedef struct kvm_fwd_out {
+typedef struct kvmem_fwd_out {
 	float *raw_k;	/* [n_layers][n][n_kv_heads][head_dim]: after k-norm, before RoPE */
 	float *v;	/* [n_layers][n][n_kv_heads][head_dim] */
 	float *q_raw;	/* [n_layers][n][n_heads][head_dim]: after q-norm, before RoPE */
-} kvm_fwd_out;
+} kvmem_fwd_out;
 
-typedef struct kvm_engine kvm_engine;
+typedef struct kvmem_engine kvmem_engine;
 
 /* An engine for `m` with scratch for chunks of up to max_chunk tokens. */
-kvm_engine *kvm_engine_create(const kvm_model *m, int max_chunk);
-void kvm_engine_free(kvm_engine *e);
-const kvm_model *kvm_engine_model(const kvm_engine *e);
+kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk);
+void kvmem_engine_free(kvmem_engine *e);
+const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
 
 /*
  * Run n (<= max_chunk) tokens through the model. They take slots
@@ -62,17 +62,17 @@ const kvm_model *kvm_engine_model(const kvm_engine *e);
  * for the last token only; may be NULL.
  *
  * The new tokens attend to slots 0..kv->len+n-1 causally (slot index is the
- * position). The K stored at slot s is kvm_rope() of a copy of the raw K at
+ * position). The K stored at slot s is kvmem_rope() of a copy of the raw K at
  * position s, so a caller that rebuilds a view from stored raw K (rotating
- * each at its new slot with kvm_rope) and V gets bit-identical results to
+ * each at its new slot with kvmem_rope) and V gets bit-identical results to
  * the cache the engine grew itself. Slots at and past kv->len are never
  * read. Fails (-1, nothing changed) on a token outside the vocabulary, a
  * cache of another geometry, n out of range or no room.
  * One engine serves one caller at a time (its scratch is shared); the
  * matmuls and attention inside use several threads.
  */
-int kvm_forward(kvm_engine *e, kvm_kvcache *kv, const int32_t *tokens, int n,
-		float *logits, int all_logits, const kvm_fwd_out *out);
+int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int n,
+		float *logits, int all_logits, const kvmem_fwd_out *out);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,7 @@
  *
  * Each op has a CPU reference twin in kernels/cpu/ (the functions below).
  * A CUDA version, when it exists, lives in kernels/cuda/ with the same
- * arguments and a kvm_cuda_ prefix, taking device pointers; tests compare
+ * arguments and a kvmem_cuda_ prefix, taking device pointers; tests compare
  * the two on fresh random inputs.
  *
  * Layouts (row-major, fp32 unless said):
@@ -29,35 +29,35 @@ extern "C" {
 #endif
 
 /* ---- number formats --------------------------------------------------- */
-float kvm_bf16_to_f32(uint16_t h);
-uint16_t kvm_f32_to_bf16(float f);	/* round to nearest even, NaN kept */
-float kvm_f16_to_f32(uint16_t h);
-uint16_t kvm_f32_to_f16(float f);	/* round to nearest even, inf/NaN kept */
-void kvm_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
-void kvm_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+float kvmem_bf16_to_f32(uint16_t h);
+uint16_t kvmem_f32_to_bf16(float f);	/* round to nearest even, NaN kept */
+float kvmem_f16_to_f32(uint16_t h);
+uint16_t kvmem_f32_to_f16(float f);	/* round to nearest even, inf/NaN kept */
+void kvmem_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+void kvmem_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 
 /* ---- dense ------------------------------------------------------------ */
 /* y[n][out] = x[n][in] · w[out][in]^T  (BLAS sgemm, threaded). */
-void kvm_matmul(float *y, const float *x, const float *w, int n, int in, int out);
+void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out);
 
 /* out[i][:] = table[ids[i]][:]; ids must be in [0, vocab). */
-void kvm_embedding(float *out, const float *table, const int32_t *ids, int n, int dim);
+void kvmem_embedding(float *out, const float *table, const int32_t *ids, int n, int dim);
 
 /* out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w, per row of `dim`.
  * out may equal x. Sum of squares accumulated in double. */
-void kvm_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
+void kvmem_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
 
 /* y[i] += x[i] */
-void kvm_add(float *y, const float *x, size_t n);
+void kvmem_add(float *y, const float *x, size_t n);
 
 /* out[i] = silu(gate[i]) * up[i]; out may equal gate or up. */
-void kvm_swiglu(float *out, const float *gate, const float *up, size_t n);
+void kvmem_swiglu(float *out, const float *gate, const float *up, size_t n);
 
 /* ---- rotary position embedding --------------------------------------- */
 /* Rotate in place x[n][n_heads][head_dim], token t at position pos[t]. */
-void kvm_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, double theta);
+void kvmem_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, double theta);
 /* The exact inverse rotation (angle -pos). */
-void kvm_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+void kvmem_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
 		      double theta);
 
 /* ---- attention -------------------------------------------------------- */
@@ -71,33 +71,33 @@ void kvm_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int head
  * scale is usually 1/sqrt(head_dim). Softmax in fp32 with max subtraction;
  * the result depends only on the inputs, never on threading.
  */
-void kvm_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
+void kvmem_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
 		   const float *k, const float *v, const int32_t *kv_pos, int n_kv,
 		   size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale);
 
 /* ---- sampling --------------------------------------------------------- */
-typedef struct kvm_sampler {
+typedef struct kvmem_sampler {
 	float temperature;	/* <= 0: greedy (argmax, lowest index on ties) */
 	int top_k;		/* <= 0: no top-k cut */
 	float top_p;		/* >= 1 or <= 0: no nucleus cut */
 	uint64_t seed;		/* the RNG state starts from this */
-} kvm_sampler;
+} kvmem_sampler;
 
 /* Draw one token id from logits[vocab]. *rng is the state (splitmix64), advanced
  * by one value per non-greedy draw (greedy leaves it alone); start it with
- * kvm_rng_seed(s->seed). Deterministic for a seed. Candidates rank by logit,
+ * kvmem_rng_seed(s->seed). Deterministic for a seed. Candidates rank by logit,
  * ties to the lower id; top-k keeps the k best, top-p then the shortest prefix
  * holding top_p of their mass. NaN logits are never drawn. Returns -1 only
  * when vocab <= 0 or memory runs out. */
-int kvm_sample(const float *logits, int vocab, const kvm_sampler *s, uint64_t *rng);
-uint64_t kvm_rng_seed(uint64_t seed);
+int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_t *rng);
+uint64_t kvmem_rng_seed(uint64_t seed);
 /* Uniform double in [0, 1). */
-double kvm_rng_uniform(uint64_t *rng);
+double kvmem_rng_uniform(uint64_t *rng);
 
 /* ---- workspace summaries ---------------------------------------------- */
 /* sum[h][d] += k[t][h][d] over n tokens of token-major raw K [n][n_kv_heads][head_dim]
  * (the running sum behind Mean-K; fp32 accumulation). */
-void kvm_meank_accumulate(float *sum, const float *k, int n, int n_kv_heads, int head_dim);
+void kvmem_meank_accumulate(float *sum, const float *k, int n, int n_kv_heads, int head_dim);
 
 #ifdef __cplusplus
 }

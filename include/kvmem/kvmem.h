@@ -3,37 +3,52 @@
  * kvmem — a tiered KV-state pager for long-running LLM agents.
  *
  * Conventions of the whole library:
- *  - functions that can fail return 0 (or a count) on success and -1 on
- *    failure; kvm_last_error() then holds a message that names the file,
- *    the object and what is wrong. The message is per thread.
- *  - all public names start with kvm_ / KVM_.
+ *  - a function that can fail returns 0 (or a count) on success and a
+ *    negative errno value on failure: -ENOMEM, -EINVAL (a bad argument or
+ *    option), -EIO (a read or write failed), -EBADMSG (a checksum or format
+ *    check failed: corrupt or torn data), -ENOENT, -EEXIST, -ENOTDIR,
+ *    -EBUSY (another process holds the workspace), -ENOSPC, -ESTALE (the
+ *    data belongs to another model, geometry or version), -ENOTSUP.
+ *    kvmem_last_errno() gives the same code, kvmem_last_error() a message
+ *    that names the file, the object and what is wrong. Both are per
+ *    thread. Branch on the code, never on the message.
+ *  - all public names start with kvmem_ / KVMEM_.
  */
 #ifndef KVMEM_KVMEM_H
 #define KVMEM_KVMEM_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVM_VERSION "0.1.0"
+#define KVMEM_VERSION "0.1.0"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* The last error set on this thread ("" if none). */
-const char *kvm_last_error(void);
+const char *kvmem_last_error(void);
+/* Its code, a positive errno value (0 if none). */
+int kvmem_last_errno(void);
 
-/* Set the error message (printf-style); returns -1 so callers can
- * `return kvm_error("...")`. */
-int kvm_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Set the error: code err (a positive errno value) and a printf-style
+ * message. Returns -err, so callers can `return kvmem_error(EINVAL, "...")`. */
+int kvmem_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Prefix the current message: "<prefix>: <old message>". Returns -1. */
-int kvm_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prefix the current message: "<prefix>: <old message>". The code stays;
+ * returns -code. */
+int kvmem_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* -code of the error already set (-EIO if none): how a caller passes on a
+ * failure whose message the callee wrote. */
+int kvmem_fail(void);
+void kvmem_error_clear(void);
 
 /* Where kvmem keeps its data when the user names no directory:
  * $KVMEM_HOME, else $XDG_DATA_HOME/kvmem, else ~/.local/share/kvmem.
  * Writes into buf; returns buf or NULL if it does not fit. */
-char *kvm_data_dir(char *buf, size_t len);
+char *kvmem_data_dir(char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-typedef struct kvm_config {
+typedef struct kvmem_config {
 	char arch[64];		/* "Qwen3ForCausalLM" */
 	int n_layers;		/* num_hidden_layers */
 	int hidden;		/* hidden_size */
@@ -33,7 +33,7 @@ typedef struct kvm_config {
 	int tie_embeddings;	/* tie_word_embeddings */
 	int bos_id, eos_id;	/* -1 when absent */
 	char dtype[16];		/* torch_dtype / dtype as written: "bfloat16"... */
-} kvm_config;
+} kvmem_config;
 
 /*
  * Parse config.json text (len bytes); `name` starts error messages. Reads
@@ -41,26 +41,26 @@ typedef struct kvm_config {
  * rope_theta at the top or in rope_parameters). Refuses, naming the key:
  * another architecture or model_type, rope scaling other than "default",
  * sliding-window layers, attention biases, an activation other than silu,
- * a missing size, a value of the wrong type. Then kvm_config_validate().
+ * a missing size, a value of the wrong type. Then kvmem_config_validate().
  * Defaults as transformers': num_key_value_heads = num_attention_heads,
  * head_dim = hidden_size / num_attention_heads, max_position_embeddings
  * 32768, rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false,
  * bos/eos -1 (an eos list gives its first id).
  */
-int kvm_config_parse(kvm_config *c, const char *json, size_t len, const char *name);
+int kvmem_config_parse(kvmem_config *c, const char *json, size_t len, const char *name);
 /* Read and parse <dir>/config.json (messages name that path). */
-int kvm_config_load(kvm_config *c, const char *dir);
+int kvmem_config_load(kvmem_config *c, const char *dir);
 /* Check the geometry is one the engine runs: every size positive and
  * within bounds (layers <= 1024, heads <= 1024, head_dim <= 1024 and even,
  * hidden and intermediate <= 1 << 20, vocab <= 1 << 24, window <= 1 << 30),
  * n_heads a multiple of n_kv_heads, rope_theta and rms_eps positive and
  * finite, bos/eos in [-1, vocab). */
-int kvm_config_validate(const kvm_config *c, const char *name);
+int kvmem_config_validate(const kvmem_config *c, const char *name);
 
 /* Parameter count and KV bytes per token (raw K + V, all layers, at the
  * given bytes per element). */
-uint64_t kvm_config_params(const kvm_config *c);
-uint64_t kvm_config_kv_bytes_per_token(const kvm_config *c, int elem_bytes);
+uint64_t kvmem_config_params(const kvmem_config *c);
+uint64_t kvmem_config_kv_bytes_per_token(const kvmem_config *c, int elem_bytes);
 /*
  * A 64-bit fingerprint of the geometry and the tensors it implies, for
  * refusing a workspace built by another model: XXH64 (seed 0) of a text
@@ -70,11 +70,11 @@ uint64_t kvm_config_kv_bytes_per_token(const kvm_config *c, int elem_bytes);
  * "name DTYPE [d0, d1]\n" per tensor in canonical order, DTYPE from
  * c->dtype ("bfloat16" -> BF16...). bos/eos and max_position are left out:
  * they do not change K or V. Two models with the same geometry but other
- * weights share it; kvm_model.fingerprint tells those apart.
+ * weights share it; kvmem_model.fingerprint tells those apart.
  */
-uint64_t kvm_config_fingerprint(const kvm_config *c);
+uint64_t kvmem_config_fingerprint(const kvmem_config *c);
 
-typedef struct kvm_layer {
+typedef struct kvmem_layer {
 	const float *attn_norm;	/* [hidden]                      input_layernorm */
 	const float *wq;	/* [n_heads*head_dim][hidden]    self_attn.q_proj */
 	const float *wk;	/* [n_kv_heads*head_dim][hidden] self_attn.k_proj */
@@ -86,17 +86,17 @@ typedef struct kvm_layer {
 	const float *w_gate;	/* [intermediate][hidden]        mlp.gate_proj */
 	const float *w_up;	/* [intermediate][hidden]        mlp.up_proj */
 	const float *w_down;	/* [hidden][intermediate]        mlp.down_proj */
-} kvm_layer;
+} kvmem_layer;
 
-typedef struct kvm_model {
-	kvm_config cfg;
+typedef struct kvmem_model {
+	kvmem_config cfg;
 	char dir[4096];
 	const float *embed;	/* [vocab][hidden]  model.embed_tokens */
 	const float *final_norm;/* [hidden]         model.norm */
 	const float *lm_head;	/* [vocab][hidden]  lm_head (== embed when tied) */
-	kvm_layer *layers;	/* [n_layers] */
+	kvmem_layer *layers;	/* [n_layers] */
 	/*
-	 * The model fingerprint: like kvm_config_fingerprint() but with each
+	 * The model fingerprint: like kvmem_config_fingerprint() but with each
 	 * tensor's dtype as stored, and after each tensor line the XXH64 of
 	 * its first and last (up to) 4 KiB of stored bytes, so models that
 	 * differ only in their weights (another seed) differ here too.
@@ -106,10 +106,10 @@ typedef struct kvm_model {
 	int n_files;		/* safetensors files read */
 	uint64_t file_bytes;	/* their total size */
 	void *priv;		/* owned storage: maps, converted buffers */
-} kvm_model;
+} kvmem_model;
 
 /*
- * Load a model directory. On failure returns -1 and kvm_last_error() names
+ * Load a model directory. On failure returns -1 and kvmem_last_error() names
  * the file and the problem ("<dir>/model.safetensors: tensor 'x' has shape
  * [64, 32], config.json implies [96, 32]"); nothing is leaked.
  *
@@ -122,30 +122,30 @@ typedef struct kvm_model {
  * disagree); names outside those prefixes, and rotary inv_freq buffers,
  * are ignored.
  */
-int kvm_model_load(const char *dir, kvm_model **out);
+int kvmem_model_load(const char *dir, kvmem_model **out);
 /* The same checks without converting or keeping weights: every weight
  * pointer is NULL; cfg, fingerprint, weight_dtype, n_files, file_bytes
  * are set. Cheap even for a 32b model (for `kvmem info`). */
-#define KVM_MODEL_NO_WEIGHTS 1
-int kvm_model_open(const char *dir, int flags, kvm_model **out);
-void kvm_model_free(kvm_model *m);
+#define KVMEM_MODEL_NO_WEIGHTS 1
+int kvmem_model_open(const char *dir, int flags, kvmem_model **out);
+void kvmem_model_free(kvmem_model *m);
 
 /* ---- generator -------------------------------------------------------- */
-typedef struct kvm_preset {
+typedef struct kvmem_preset {
 	const char *name;	/* "tiny", "0.6b", ... "32b" */
 	const char *what;	/* one line for --help */
-	kvm_config cfg;
-} kvm_preset;
+	kvmem_config cfg;
+} kvmem_preset;
 
 /* NULL-terminated by name == NULL. */
-extern const kvm_preset kvm_presets[];
-const kvm_preset *kvm_preset_find(const char *name);
+extern const kvmem_preset kvmem_presets[];
+const kvmem_preset *kvmem_preset_find(const char *name);
 
 /* Write a Qwen3-shaped model directory (config.json, generation_config.json,
  * model.safetensors, bf16) with random weights from `seed`, scaled so
  * activations keep a sane size through every layer. Creates `dir` if needed.
  * progress, if set, is called now and then with bytes written / total. */
-int kvm_model_generate(const kvm_config *c, const char *dir, uint64_t seed,
+int kvmem_model_generate(const kvmem_config *c, const char *dir, uint64_t seed,
 		       void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
 
 /*
@@ -157,7 +157,7 @@ int kvm_model_generate(const kvm_config *c, const char *dir, uint64_t seed,
  * o_proj and down_proj (the 2 * n_layers residual branches add up to an
  * RMS below 1 however deep the model), norm weights 1.
  */
-typedef struct kvm_gen_opts {
+typedef struct kvmem_gen_opts {
 	uint64_t seed;
 	const char *dtype;	/* "bf16" (default when NULL), "f16" or "f32" */
 	uint64_t shard_bytes;	/* 0: one model.safetensors; else shards of at most
@@ -166,11 +166,11 @@ typedef struct kvm_gen_opts {
 				 * model.safetensors.index.json */
 	void (*progress)(uint64_t done, uint64_t total, void *arg);
 	void *arg;
-} kvm_gen_opts;
-int kvm_model_generate_opts(const kvm_config *c, const char *dir, const kvm_gen_opts *o);
+} kvmem_gen_opts;
+int kvmem_model_generate_opts(const kvmem_config *c, const char *dir, const kvmem_gen_opts *o);
 /* Bytes the safetensors file(s) will take, without writing anything; 0 and
  * an error set if the config is invalid. */
-uint64_t kvm_model_generate_bytes(const kvm_config *c, const kvm_gen_opts *o);
+uint64_t kvmem_model_generate_bytes(const kvmem_config *c, const kvmem_gen_opts *o);
 
 #ifdef __cplusplus
 }

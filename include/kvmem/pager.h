@@ -19,33 +19,33 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../../kmod/uapi/kvmem.h"
+#include <linux/kvmem.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- geometry ----------------------------------------------------------- */
-enum kvm_dtype { KVM_DTYPE_F32 = 1, KVM_DTYPE_BF16 = 2, KVM_DTYPE_F16 = 3 };
+enum kvmem_dtype { KVMEM_DTYPE_F32 = 1, KVMEM_DTYPE_BF16 = 2, KVMEM_DTYPE_F16 = 3 };
 
-typedef struct kvm_page_geom {
-	uint64_t fingerprint;	/* kvm_config_fingerprint() of the model */
+typedef struct kvmem_page_geom {
+	uint64_t fingerprint;	/* kvmem_config_fingerprint() of the model */
 	uint32_t n_layers, n_heads, n_kv_heads, head_dim;
 	uint32_t block_tokens;	/* B */
-	uint32_t dtype;		/* enum kvm_dtype */
+	uint32_t dtype;		/* enum kvmem_dtype */
 	uint32_t index_bytes;	/* bytes of the per-block index record (0: none) */
-} kvm_page_geom;
+} kvmem_page_geom;
 
-size_t kvm_dtype_bytes(uint32_t dtype);		/* 0 when unknown */
-const char *kvm_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
-size_t kvm_page_bytes(const kvm_page_geom *g);	/* 2 * H_kv * B * D * elem */
-size_t kvm_page_stride(const kvm_page_geom *g);	/* page bytes rounded up to KVM_IO_ALIGN */
+size_t kvmem_dtype_bytes(uint32_t dtype);		/* 0 when unknown */
+const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
+size_t kvmem_page_bytes(const kvmem_page_geom *g);	/* 2 * H_kv * B * D * elem */
+size_t kvmem_page_stride(const kvmem_page_geom *g);	/* page bytes rounded up to KVMEM_IO_ALIGN */
 /* Check sizes are positive and representable; `name` is used in messages. */
-int kvm_page_geom_check(const kvm_page_geom *g, const char *name);
+int kvmem_page_geom_check(const kvmem_page_geom *g, const char *name);
 /* "L=28 Hq=16 Hkv=8 D=128 B=32 f32 index=28672 fp=0x..." into buf. */
-char *kvm_page_geom_str(const kvm_page_geom *g, char *buf, size_t len);
+char *kvmem_page_geom_str(const kvmem_page_geom *g, char *buf, size_t len);
 
-static inline uint64_t kvm_page_id(const kvm_page_geom *g, uint64_t block, uint32_t layer)
+static inline uint64_t kvmem_page_id(const kvmem_page_geom *g, uint64_t block, uint32_t layer)
 {
 	return block * g->n_layers + layer;
 }
@@ -58,24 +58,24 @@ static inline uint64_t kvm_page_id(const kvm_page_geom *g, uint64_t block, uint3
  * out in contiguous runs where possible, so consecutive pages of a block land
  * in consecutive slots and move as one large request.
  */
-typedef struct kvm_hostpool kvm_hostpool;
+typedef struct kvmem_hostpool kvmem_hostpool;
 
-/* cap: bytes; slot_bytes: multiple of KVM_IO_ALIGN; numa_node -1 = local. */
-kvm_hostpool *kvm_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node);
-void kvm_hostpool_free(kvm_hostpool *hp);
-uint32_t kvm_hostpool_slots(const kvm_hostpool *hp);
-uint32_t kvm_hostpool_free_slots(const kvm_hostpool *hp);
-size_t kvm_hostpool_slot_bytes(const kvm_hostpool *hp);
-void *kvm_hostpool_slot(const kvm_hostpool *hp, uint32_t slot);
+/* cap: bytes; slot_bytes: multiple of KVMEM_IO_ALIGN; numa_node -1 = local. */
+kvmem_hostpool *kvmem_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node);
+void kvmem_hostpool_free(kvmem_hostpool *hp);
+uint32_t kvmem_hostpool_slots(const kvmem_hostpool *hp);
+uint32_t kvmem_hostpool_free_slots(const kvmem_hostpool *hp);
+size_t kvmem_hostpool_slot_bytes(const kvmem_hostpool *hp);
+void *kvmem_hostpool_slot(const kvmem_hostpool *hp, uint32_t slot);
 /* Allocate up to `want` consecutive free slots; returns how many (0: none
  * free) and the first in *first. */
-uint32_t kvm_hostpool_alloc_run(kvm_hostpool *hp, uint32_t want, uint32_t *first);
-void kvm_hostpool_release(kvm_hostpool *hp, uint32_t first, uint32_t n);
-int kvm_hostpool_is_free(const kvm_hostpool *hp, uint32_t slot);
+uint32_t kvmem_hostpool_alloc_run(kvmem_hostpool *hp, uint32_t want, uint32_t *first);
+void kvmem_hostpool_release(kvmem_hostpool *hp, uint32_t first, uint32_t n);
+int kvmem_hostpool_is_free(const kvmem_hostpool *hp, uint32_t slot);
 /* The whole mapping (for io_uring / cudaHostRegister). */
-void kvm_hostpool_region(const kvm_hostpool *hp, void **base, size_t *len);
-int kvm_hostpool_node(const kvm_hostpool *hp);	/* -1 when NUMA is unavailable */
-int kvm_hostpool_huge(const kvm_hostpool *hp);	/* 1 when MADV_HUGEPAGE was accepted */
+void kvmem_hostpool_region(const kvmem_hostpool *hp, void **base, size_t *len);
+int kvmem_hostpool_node(const kvmem_hostpool *hp);	/* -1 when NUMA is unavailable */
+int kvmem_hostpool_huge(const kvmem_hostpool *hp);	/* 1 when MADV_HUGEPAGE was accepted */
 
 /* ---- replacement policies ---------------------------------------------- */
 /*
@@ -84,9 +84,9 @@ int kvm_hostpool_huge(const kvm_hostpool *hp);	/* 1 when MADV_HUGEPAGE was accep
  * asks for victims, passing a predicate for slots that may not leave now
  * (pinned, being read).
  */
-typedef int (*kvm_slot_pred)(void *arg, uint32_t slot);
+typedef int (*kvmem_slot_pred)(void *arg, uint32_t slot);
 
-typedef struct kvm_repl_ops {
+typedef struct kvmem_repl_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
 	void *(*create)(uint32_t n_slots, uint32_t n_layers);
@@ -99,12 +99,12 @@ typedef struct kvm_repl_ops {
 	void (*step)(void *st, uint64_t step);	/* step boundary: aging */
 	/* Up to `want` evictable slots, best victims first; returns the count. */
 	uint32_t (*victims)(void *st, uint32_t want, uint32_t *out, uint64_t step,
-			    kvm_slot_pred busy, void *arg);
-} kvm_repl_ops;
+			    kvmem_slot_pred busy, void *arg);
+} kvmem_repl_ops;
 
 /* NULL-terminated list: lru, lfu, score. */
-extern const kvm_repl_ops *const kvm_repl_policies[];
-const kvm_repl_ops *kvm_repl_find(const char *name);
+extern const kvmem_repl_ops *const kvmem_repl_policies[];
+const kvmem_repl_ops *kvmem_repl_find(const char *name);
 
 /*
  * A step sequence for replaying policies offline: step s fetches
@@ -112,21 +112,21 @@ const kvm_repl_ops *kvm_repl_find(const char *name);
  * hint_block/hint_score[hint_off[s] .. hint_off[s + 1]) (hint_off may be
  * NULL). Pages of the step being fetched cannot be evicted, as in the pager.
  */
-typedef struct kvm_repl_trace {
+typedef struct kvmem_repl_trace {
 	size_t n_steps;
 	const size_t *step_off;
 	const uint64_t *pages;
 	const size_t *hint_off;
 	const uint64_t *hint_block;
 	const float *hint_score;
-} kvm_repl_trace;
+} kvmem_repl_trace;
 
 /* Replay a trace on a pool of n_slots pages; returns the hit rate (or -1). */
-double kvm_repl_simulate(const kvm_repl_ops *ops, uint32_t n_slots, uint32_t n_layers,
-			 const kvm_repl_trace *t, uint64_t *hits, uint64_t *misses);
+double kvmem_repl_simulate(const kvmem_repl_ops *ops, uint32_t n_slots, uint32_t n_layers,
+			 const kvmem_repl_trace *t, uint64_t *hits, uint64_t *misses);
 
 /* ---- counters ----------------------------------------------------------- */
-#define KVM_PAGER_STATS(X)							\
+#define KVMEM_PAGER_STATS(X)							\
 	X(steps, "step boundaries")						\
 	X(commits, "commits (committed count advanced durably)")		\
 	X(host_hits, "fetched pages found in the host pool")			\
@@ -150,85 +150,85 @@ double kvm_repl_simulate(const kvm_repl_ops *ops, uint32_t n_slots, uint32_t n_l
 	X(write_errors, "failed NVMe writes")					\
 	X(checksum_errors, "pages whose checksum did not match")
 
-typedef struct kvm_pager_stats {
-#define KVM_STAT_FIELD(name, what) uint64_t name;
-	KVM_PAGER_STATS(KVM_STAT_FIELD)
-#undef KVM_STAT_FIELD
-} kvm_pager_stats;
+typedef struct kvmem_pager_stats {
+#define KVMEM_STAT_FIELD(name, what) uint64_t name;
+	KVMEM_PAGER_STATS(KVMEM_STAT_FIELD)
+#undef KVMEM_STAT_FIELD
+} kvmem_pager_stats;
 
 /* ---- the pager ---------------------------------------------------------- */
-typedef struct kvm_pager kvm_pager;
+typedef struct kvmem_pager kvmem_pager;
 
-#define KVM_PAGER_CREATE	0x01	/* create the directory when it has no manifest */
-#define KVM_PAGER_RDONLY	0x02	/* read committed data only; nothing is written */
-#define KVM_PAGER_NO_DIRECT	0x04	/* buffered I/O even where O_DIRECT works */
-#define KVM_PAGER_NO_KEEP	0x08	/* do not keep staged-out pages in the host pool */
+#define KVMEM_PAGER_CREATE	0x01	/* create the directory when it has no manifest */
+#define KVMEM_PAGER_RDONLY	0x02	/* read committed data only; nothing is written */
+#define KVMEM_PAGER_NO_DIRECT	0x04	/* buffered I/O even where O_DIRECT works */
+#define KVMEM_PAGER_NO_KEEP	0x08	/* do not keep staged-out pages in the host pool */
 
-typedef struct kvm_pager_opts {
+typedef struct kvmem_pager_opts {
 	uint64_t host_cap;	/* host pool bytes; 0: 256 MiB */
 	int numa_node;		/* -1: local node (there is no GPU node here) */
 	const char *policy;	/* "lru" (default), "lfu", "score" */
 	uint64_t stage_bytes;	/* stage-out in-flight buffer; 0: 32 MiB; at least 2 extents */
 	uint32_t queue_depth;	/* io_uring entries; 0: 64 */
-	int flags;		/* KVM_PAGER_* */
-	/* Called at each step boundary, e.g. to kvm_pager_prefetch() pages for
+	int flags;		/* KVMEM_PAGER_* */
+	/* Called at each step boundary, e.g. to kvmem_pager_prefetch() pages for
 	 * the next step. May be NULL. */
-	void (*prefetch_hook)(void *arg, kvm_pager *p, uint64_t next_step);
+	void (*prefetch_hook)(void *arg, kvmem_pager *p, uint64_t next_step);
 	void *prefetch_arg;
-} kvm_pager_opts;
+} kvmem_pager_opts;
 
 /* Fill opts with the defaults. */
-void kvm_pager_opts_default(kvm_pager_opts *o);
+void kvmem_pager_opts_default(kvmem_pager_opts *o);
 
 /*
- * Open the workspace directory `dir`. With KVM_PAGER_CREATE a directory
+ * Open the workspace directory `dir`. With KVMEM_PAGER_CREATE a directory
  * without a manifest is created (its parent must exist) with zero tokens.
  * An existing workspace must match `g` (its fingerprint and geometry), else
  * the open fails naming both fingerprints; g may be NULL with
- * KVM_PAGER_RDONLY to take whatever the manifest says. Anything past the
+ * KVMEM_PAGER_RDONLY to take whatever the manifest says. Anything past the
  * last commit is ignored (and cut off unless read-only). A corrupt or
  * truncated committed state is refused, naming the file (no repair).
  */
-int kvm_pager_open(const char *dir, const kvm_page_geom *g, const kvm_pager_opts *o,
-		   kvm_pager **out);
+int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_pager_opts *o,
+		   kvmem_pager **out);
 /* Wait for stage-out, save counters, free everything. Does not commit.
  * Returns -1 when a write failed since the last commit (data past it lost). */
-int kvm_pager_close(kvm_pager *p);
+int kvmem_pager_close(kvmem_pager *p);
 
-const kvm_page_geom *kvm_pager_geom(const kvm_pager *p);
-const char *kvm_pager_dir(const kvm_pager *p);
-uint64_t kvm_pager_tokens(const kvm_pager *p);		/* appended */
-uint64_t kvm_pager_blocks(const kvm_pager *p);		/* appended full blocks */
-uint64_t kvm_pager_committed_tokens(const kvm_pager *p);
+const kvmem_page_geom *kvmem_pager_geom(const kvmem_pager *p);
+const char *kvmem_pager_dir(const kvmem_pager *p);
+uint64_t kvmem_pager_tokens(const kvmem_pager *p);		/* appended */
+uint64_t kvmem_pager_blocks(const kvmem_pager *p);		/* appended full blocks */
+uint64_t kvmem_pager_committed_tokens(const kvmem_pager *p);
 /* Opaque bytes the last commit stored (the session's own state). */
-const void *kvm_pager_app_state(const kvm_pager *p, uint32_t *len);
+const void *kvmem_pager_app_state(const kvmem_pager *p, uint32_t *len);
 
 /* Append token ids (the history, in order). */
-int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n);
+int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n);
 /*
- * Append full block `block` (must equal kvm_pager_blocks()): layers[l] points
+ * Append full block `block` (must equal kvmem_pager_blocks()): layers[l] points
  * to page_bytes of layer l; index to index_bytes (NULL when index_bytes is 0).
  * The bytes are copied: stage-out proceeds asynchronously and this returns
  * at once unless the stage-out buffer is full (backpressure).
  */
-int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *layers,
+int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *layers,
 			   const void *index);
 /*
  * Make everything appended durable and advance the committed count to
- * kvm_pager_tokens(). Full blocks must cover tokens / B; when tokens % B is
+ * kvmem_pager_tokens(). Full blocks must cover tokens / B; when tokens % B is
  * not zero, tail_layers/tail_index hold the partial block (else NULL). app:
- * up to KVM_PAGER_APP_MAX opaque bytes stored with the commit (in the
+ * up to KVMEM_PAGER_APP_MAX opaque bytes stored with the commit (in the
  * manifest, rewritten at each commit: keep it small when commits are many).
  */
-#define KVM_PAGER_APP_MAX (16u << 20)
-int kvm_pager_commit(kvm_pager *p, const void *const *tail_layers, const void *tail_index,
+#define KVMEM_PAGER_APP_MAX (16u << 20)
+int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const void *tail_index,
 		     const void *app, uint32_t app_len);
 
-int kvm_pager_read_tokens(kvm_pager *p, uint64_t first, size_t n, int32_t *out);
-int kvm_pager_read_index(kvm_pager *p, uint64_t first_block, size_t n, void *out);
+int kvmem_pager_read_tokens(kvmem_pager *p, uint64_t first, size_t n, int32_t *out);
+int kvmem_pager_read_index(kvmem_pager *p, uint64_t first_block, size_t n, void *out);
 /* The partial block of the last commit (committed tokens % B of them);
  * returns that count (0: none, nothing written). */
-int kvm_pager_read_tail(kvm_pager *p, void *const *layers, void *index);
+int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index);
 
 /*
  * Bring pages into the host pool and pin them: hits come from the pool,
@@ -237,86 +237,86 @@ int kvm_pager_read_tail(kvm_pager *p, void *const *layers, void *index);
  * when the pool cannot hold them all; a page whose read fails or whose
  * checksum does not match is never returned.
  */
-int kvm_pager_fetch(kvm_pager *p, const uint64_t *pages, size_t n, const void **out);
-void kvm_pager_release(kvm_pager *p, const uint64_t *pages, size_t n);
+int kvmem_pager_fetch(kvmem_pager *p, const uint64_t *pages, size_t n, const void **out);
+void kvmem_pager_release(kvmem_pager *p, const uint64_t *pages, size_t n);
 
 /* Stage in a plan of any size: fetch in batches that fit the pool and call
  * fn for every page (in plan order within a batch), then release it. */
-typedef int (*kvm_page_fn)(void *arg, uint64_t page, const void *data);
-int kvm_pager_stage_in(kvm_pager *p, const uint64_t *pages, size_t n, kvm_page_fn fn,
+typedef int (*kvmem_page_fn)(void *arg, uint64_t page, const void *data);
+int kvmem_pager_stage_in(kvmem_pager *p, const uint64_t *pages, size_t n, kvmem_page_fn fn,
 		       void *arg);
 
 /* Start reading pages ahead without waiting (best effort: pages that do not
  * fit without evicting pinned ones are skipped). Returns pages started. */
-int kvm_pager_prefetch(kvm_pager *p, const uint64_t *pages, size_t n);
+int kvmem_pager_prefetch(kvmem_pager *p, const uint64_t *pages, size_t n);
 /* Selector feedback for the score-aware policy (others ignore it). */
-void kvm_pager_hint(kvm_pager *p, uint64_t block, float score);
+void kvmem_pager_hint(kvmem_pager *p, uint64_t block, float score);
 /* Step boundary: reap finished I/O, age the policy, fire the step probe and
  * the prefetch hook. */
-int kvm_pager_step(kvm_pager *p, uint64_t step);
+int kvmem_pager_step(kvmem_pager *p, uint64_t step);
 
 /* Counters of this pager (since open), and the totals of the directory
  * (saved at each commit and close, plus this pager's since then). */
-void kvm_pager_stats_get(const kvm_pager *p, kvm_pager_stats *s);
-void kvm_pager_stats_total(const kvm_pager *p, kvm_pager_stats *s);
+void kvmem_pager_stats_get(const kvmem_pager *p, kvmem_pager_stats *s);
+void kvmem_pager_stats_total(const kvmem_pager *p, kvmem_pager_stats *s);
 /* The page's entry (NULL past the last page); valid until the next append. */
-const struct kvm_pte *kvm_pager_pte(const kvm_pager *p, uint64_t page);
-kvm_hostpool *kvm_pager_hostpool(kvm_pager *p);
+const struct kvmem_pte *kvmem_pager_pte(const kvmem_pager *p, uint64_t page);
+kvmem_hostpool *kvmem_pager_hostpool(kvmem_pager *p);
 /* 1 when the pages file uses O_DIRECT. */
-int kvm_pager_direct(const kvm_pager *p);
+int kvmem_pager_direct(const kvmem_pager *p);
 /* 1 when the host pool and stage-out buffer are registered with io_uring
  * as fixed buffers (0: io_uring refused, e.g. RLIMIT_MEMLOCK; plain
  * reads and writes are used, with one warning). */
-int kvm_pager_registered(const kvm_pager *p);
+int kvmem_pager_registered(const kvmem_pager *p);
 
 /* ---- the session's page source over a pager ---------------------------- */
 /*
- * The workspace layer's kvm_page_source (kvmem/workspace.h) backed by a
+ * The workspace layer's kvmem_page_source (kvmem/workspace.h) backed by a
  * pager: full blocks are staged out as they complete, reads go through
  * fetch (pinned until put), prefetch hints become pager prefetches. Blocks
- * not yet full stay in the source's memory. Pages are fp32 (KVM_DTYPE_F32).
+ * not yet full stay in the source's memory. Pages are fp32 (KVMEM_DTYPE_F32).
  */
-struct kvm_page_source;
-struct kvm_model;
+struct kvmem_page_source;
+struct kvmem_model;
 
 /* The geometry of a model's workspace: fp32 pages of `block` tokens, no
  * index record; the fingerprint is the model's (weights included), or the
  * config's when the model has none (built in memory). */
-void kvm_page_geom_model(kvm_page_geom *g, const struct kvm_model *m, int block);
+void kvmem_page_geom_model(kvmem_page_geom *g, const struct kvmem_model *m, int block);
 /* A source over p (which must outlive it). When p holds a committed partial
- * block, it is restored, so a session resumed at kvm_pager_tokens(p) goes on
+ * block, it is restored, so a session resumed at kvmem_pager_tokens(p) goes on
  * from there. */
-int kvm_page_source_pager(struct kvm_page_source *src, kvm_pager *p);
+int kvmem_page_source_pager(struct kvmem_page_source *src, kvmem_pager *p);
 /* Persist the history at a step boundary: token ids [0, n) (those past the
  * pager's count are appended), the full blocks, the partial block and `app`,
  * then commit. n must be the number of tokens written through the source. */
-int kvm_page_source_pager_commit(struct kvm_page_source *src, const int32_t *ids, int64_t n,
+int kvmem_page_source_pager_commit(struct kvmem_page_source *src, const int32_t *ids, int64_t n,
 				 const void *app, uint32_t app_len);
 
 /* ---- directory tools (no pager needed) --------------------------------- */
 /* What the manifest of a workspace says (no data file is read). */
-typedef struct kvm_workspace_info {
-	kvm_page_geom geom;
+typedef struct kvmem_workspace_info {
+	kvmem_page_geom geom;
 	uint64_t tokens, blocks, generation;	/* committed */
 	uint32_t tail_tokens, app_bytes;
 	uint32_t page_bytes, page_stride;
-} kvm_workspace_info;
-int kvm_workspace_info_read(const char *dir, kvm_workspace_info *wi);
+} kvmem_workspace_info;
+int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi);
 
 /* Check every checksum of a workspace; writes one line per bad page/file to
  * `report` (and a summary). Returns the number of bad items, -1 when the
  * directory cannot be read as a workspace at all. */
-long kvm_workspace_verify(const char *dir, FILE *report, int verbose);
+long kvmem_workspace_verify(const char *dir, FILE *report, int verbose);
 /* The counters saved in DIR/stats. */
-int kvm_workspace_stats(const char *dir, kvm_pager_stats *s);
-void kvm_pager_stats_print(const kvm_pager_stats *s, FILE *f);
+int kvmem_workspace_stats(const char *dir, kvmem_pager_stats *s);
+void kvmem_pager_stats_print(const kvmem_pager_stats *s, FILE *f);
 
 /* ---- fault injection (tests) ------------------------------------------- */
-enum kvm_fault { KVM_FAULT_READ = 1, KVM_FAULT_WRITE = 2, KVM_FAULT_DIRECT = 3 };
+enum kvmem_fault { KVMEM_FAULT_READ = 1, KVMEM_FAULT_WRITE = 2, KVMEM_FAULT_DIRECT = 3 };
 /* The nth I/O completion of this kind from now (1: the next) fails: READ and
  * WRITE with -EIO; DIRECT (any read or write) with -EINVAL, as on a file
  * system that refuses O_DIRECT I/O. nth 0 disarms. Process-wide. */
-void kvm_pager_fault_inject(enum kvm_fault kind, unsigned nth);
+void kvmem_pager_fault_inject(enum kvmem_fault kind, unsigned nth);
 
 #ifdef __cplusplus
 }

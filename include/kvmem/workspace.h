@@ -16,7 +16,7 @@
  *             against the previous plan
  *   source    where raw K / V of history pages live (host memory here, the
  *             tiered pager later): the only way the layer reads history
- *   session   the step loop over a kvm_engine: append, select,
+ *   session   the step loop over a kvmem_engine: append, select,
  *             rematerialise, decode
  */
 #ifndef KVMEM_WORKSPACE_H
@@ -33,108 +33,108 @@ extern "C" {
 #endif
 
 /* ---- blocks ----------------------------------------------------------- */
-#define KVM_BLOCK_MIN 16
-#define KVM_BLOCK_MAX 256
-#define KVM_BLOCK_DEFAULT 32
+#define KVMEM_BLOCK_MIN 16
+#define KVMEM_BLOCK_MAX 256
+#define KVMEM_BLOCK_DEFAULT 32
 
-typedef struct kvm_span {
+typedef struct kvmem_span {
 	int64_t start, end;	/* token positions [start, end) */
-} kvm_span;
+} kvmem_span;
 
-typedef struct kvm_blocks {
+typedef struct kvmem_blocks {
 	int block;		/* tokens per block B, a power of two 16..256 */
 	int shift;		/* log2(B) */
 	int64_t n_tokens;	/* tokens in the history */
-	kvm_span *pins;		/* sorted, disjoint, non-adjacent */
+	kvmem_span *pins;		/* sorted, disjoint, non-adjacent */
 	int n_pins, cap_pins;
-} kvm_blocks;
+} kvmem_blocks;
 
-/* block 0 means KVM_BLOCK_DEFAULT. */
-int kvm_blocks_init(kvm_blocks *r, int block);
-void kvm_blocks_free(kvm_blocks *r);
+/* block 0 means KVMEM_BLOCK_DEFAULT. */
+int kvmem_blocks_init(kvmem_blocks *r, int block);
+void kvmem_blocks_free(kvmem_blocks *r);
 /* Pin [start, end): every view holds the blocks it overlaps. The span may
  * reach past n_tokens (an append in progress); the part past the history is
  * ignored until the tokens exist. Overlapping pins merge. */
-int kvm_blocks_pin(kvm_blocks *r, int64_t start, int64_t end);
+int kvmem_blocks_pin(kvmem_blocks *r, int64_t start, int64_t end);
 /* Remove [start, end) from the pinned spans. */
-int kvm_blocks_unpin(kvm_blocks *r, int64_t start, int64_t end);
+int kvmem_blocks_unpin(kvmem_blocks *r, int64_t start, int64_t end);
 /* Tokens the pinned blocks hold when the history has n_tokens tokens
  * (whole blocks, the partial last one at its length). */
-int64_t kvm_blocks_pinned_tokens(const kvm_blocks *r, int64_t n_tokens);
+int64_t kvmem_blocks_pinned_tokens(const kvmem_blocks *r, int64_t n_tokens);
 
-static inline int64_t kvm_blocks_count(const kvm_blocks *r)
+static inline int64_t kvmem_blocks_count(const kvmem_blocks *r)
 {
 	return (r->n_tokens + r->block - 1) >> r->shift;
 }
-static inline int64_t kvm_block_start(const kvm_blocks *r, int64_t b)
+static inline int64_t kvmem_block_start(const kvmem_blocks *r, int64_t b)
 {
 	return b << r->shift;
 }
 /* Tokens in block b now: B, or fewer for the partial last block. */
-static inline int kvm_block_len(const kvm_blocks *r, int64_t b)
+static inline int kvmem_block_len(const kvmem_blocks *r, int64_t b)
 {
 	int64_t left = r->n_tokens - (b << r->shift);
 
 	return left >= r->block ? r->block : (left > 0 ? (int)left : 0);
 }
-static inline int64_t kvm_block_of(const kvm_blocks *r, int64_t pos)
+static inline int64_t kvmem_block_of(const kvmem_blocks *r, int64_t pos)
 {
 	return pos >> r->shift;
 }
 
 /* ---- index ------------------------------------------------------------ */
 /* Summaries a policy may need; Mean-K is always kept. */
-#define KVM_SUM_MEANK		1u	/* mean of raw K per (block, layer, KV head) */
-#define KVM_SUM_MINMAX		2u	/* per-dimension min and max of raw K */
-#define KVM_SUM_SUBBLOCK	4u	/* Mean-K of each quarter block */
-#define KVM_NEED_KEYS		8u	/* the raw keys themselves (oracle) */
-#define KVM_SUBBLOCKS		4	/* sub-blocks per block */
+#define KVMEM_SUM_MEANK		1u	/* mean of raw K per (block, layer, KV head) */
+#define KVMEM_SUM_MINMAX		2u	/* per-dimension min and max of raw K */
+#define KVMEM_SUM_SUBBLOCK	4u	/* Mean-K of each quarter block */
+#define KVMEM_NEED_KEYS		8u	/* the raw keys themselves (oracle) */
+#define KVMEM_SUBBLOCKS		4	/* sub-blocks per block */
 
-typedef struct kvm_index {
+typedef struct kvmem_index {
 	int n_layers, n_kv_heads, head_dim, block;
-	int sub_len;		/* tokens per sub-block: block / KVM_SUBBLOCKS */
-	unsigned sums;		/* KVM_SUM_* kept */
+	int sub_len;		/* tokens per sub-block: block / KVMEM_SUBBLOCKS */
+	unsigned sums;		/* KVMEM_SUM_* kept */
 	int64_t n_tokens, n_blocks, cap_blocks;
 	/* Layer-major so that one (layer, KV head) is one contiguous run over
 	 * all blocks: scoring streams it once. */
 	float *meank;		/* [L][H][cap_blocks][D] */
-	float *kmin, *kmax;	/* [L][H][cap_blocks][D]   (KVM_SUM_MINMAX) */
-	float *sub;		/* [L][H][cap_blocks][KVM_SUBBLOCKS][D] (KVM_SUM_SUBBLOCK) */
+	float *kmin, *kmax;	/* [L][H][cap_blocks][D]   (KVMEM_SUM_MINMAX) */
+	float *sub;		/* [L][H][cap_blocks][KVMEM_SUBBLOCKS][D] (KVMEM_SUM_SUBBLOCK) */
 	float *open_sum;	/* [L][H][D] running sum of the block being filled */
 	float *open_sub;	/* [L][H][D] running sum of the sub-block being filled */
-} kvm_index;
+} kvmem_index;
 
-int kvm_index_init(kvm_index *ix, int n_layers, int n_kv_heads, int head_dim, int block,
+int kvmem_index_init(kvmem_index *ix, int n_layers, int n_kv_heads, int head_dim, int block,
 		   unsigned sums);
-void kvm_index_free(kvm_index *ix);
+void kvmem_index_free(kvmem_index *ix);
 /* Make room for n_blocks (used by the benchmark to synthesise an index). */
-int kvm_index_reserve(kvm_index *ix, int64_t n_blocks);
+int kvmem_index_reserve(kvmem_index *ix, int64_t n_blocks);
 /* Account n new tokens: raw_k is [n_layers][n][n_kv_heads][head_dim] (the
- * engine's kvm_fwd_out layout). Sums run in token order in fp32, so the
+ * engine's kvmem_fwd_out layout). Sums run in token order in fp32, so the
  * result does not depend on how tokens were split into calls. */
-int kvm_index_append(kvm_index *ix, const float *raw_k, int n);
+int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n);
 
-static inline const float *kvm_index_meank(const kvm_index *ix, int l, int h, int64_t b)
+static inline const float *kvmem_index_meank(const kvmem_index *ix, int l, int h, int64_t b)
 {
 	return ix->meank + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
 }
-static inline const float *kvm_index_min(const kvm_index *ix, int l, int h, int64_t b)
+static inline const float *kvmem_index_min(const kvmem_index *ix, int l, int h, int64_t b)
 {
 	return ix->kmin + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
 }
-static inline const float *kvm_index_max(const kvm_index *ix, int l, int h, int64_t b)
+static inline const float *kvmem_index_max(const kvmem_index *ix, int l, int h, int64_t b)
 {
 	return ix->kmax + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
 }
 /* Mean of sub-block s of block b. */
-static inline const float *kvm_index_sub(const kvm_index *ix, int l, int h, int64_t b, int s)
+static inline const float *kvmem_index_sub(const kvmem_index *ix, int l, int h, int64_t b, int s)
 {
 	return ix->sub + ((((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) *
-			  KVM_SUBBLOCKS + s) * ix->head_dim;
+			  KVMEM_SUBBLOCKS + s) * ix->head_dim;
 }
 /* Tokens in block b / in its sub-block s (0 for a sub-block not yet begun). */
-int kvm_index_block_len(const kvm_index *ix, int64_t b);
-int kvm_index_sub_len(const kvm_index *ix, int64_t b, int s);
+int kvmem_index_block_len(const kvmem_index *ix, int64_t b);
+int kvmem_index_sub_len(const kvmem_index *ix, int64_t b, int s);
 
 /* ---- page source ------------------------------------------------------ */
 /*
@@ -142,12 +142,12 @@ int kvm_index_sub_len(const kvm_index *ix, int64_t b, int s);
  * layer: raw K [n_kv_heads][B][head_dim] and V [n_kv_heads][B][head_dim],
  * fp32; tokens past the block's length are unspecified. The session writes
  * every token through it and reads pages back only through get/put, so the
- * tiered pager can stand behind the same ops. kvm_page_source_mem() keeps
+ * tiered pager can stand behind the same ops. kvmem_page_source_mem() keeps
  * everything in host memory.
  */
-typedef struct kvm_page_source_ops {
+typedef struct kvmem_page_source_ops {
 	/* Store tokens t0..t0+n-1 of block b, layer l; k and v are token-major
-	 * [n][n_kv_heads][head_dim] (rows of the engine's kvm_fwd_out). */
+	 * [n][n_kv_heads][head_dim] (rows of the engine's kvmem_fwd_out). */
 	int (*write)(void *ctx, int64_t b, int layer, int t0, int n,
 		     const float *k, const float *v);
 	/* Readable pointers to the page; valid until put. */
@@ -158,23 +158,23 @@ typedef struct kvm_page_source_ops {
 	/* Optional: tokens 0..n_tokens-1 are all written (a commit point). */
 	int (*sync)(void *ctx, int64_t n_tokens);
 	void (*destroy)(void *ctx);
-} kvm_page_source_ops;
+} kvmem_page_source_ops;
 
-typedef struct kvm_page_source {
-	const kvm_page_source_ops *ops;
+typedef struct kvmem_page_source {
+	const kvmem_page_source_ops *ops;
 	void *ctx;
-} kvm_page_source;
+} kvmem_page_source;
 
 /* Pages in host memory, allocated a block at a time. */
-int kvm_page_source_mem(kvm_page_source *src, int n_layers, int n_kv_heads, int head_dim,
+int kvmem_page_source_mem(kvmem_page_source *src, int n_layers, int n_kv_heads, int head_dim,
 			int block);
-void kvm_page_source_destroy(kvm_page_source *src);
+void kvmem_page_source_destroy(kvmem_page_source *src);
 
 /* ---- selection policies ----------------------------------------------- */
 /* What a policy is given at a step boundary. */
-typedef struct kvm_select_ctx {
-	const kvm_index *index;
-	const kvm_page_source *keys;	/* raw K of every block (KVM_NEED_KEYS) */
+typedef struct kvmem_select_ctx {
+	const kvmem_index *index;
+	const kvmem_page_source *keys;	/* raw K of every block (KVMEM_NEED_KEYS) */
 	int64_t n_tokens, n_blocks;
 	int block;
 	int n_layers, n_heads, n_kv_heads, head_dim;
@@ -194,43 +194,43 @@ typedef struct kvm_select_ctx {
 	 */
 	int64_t span;
 	int64_t budget;			/* history tokens the view holds; 0: unlimited */
-} kvm_select_ctx;
+} kvmem_select_ctx;
 
-typedef struct kvm_policy_ops {
+typedef struct kvmem_policy_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
-	unsigned needs;		/* KVM_SUM_* / KVM_NEED_KEYS */
+	unsigned needs;		/* KVMEM_SUM_* / KVMEM_NEED_KEYS */
 	int per_layer;		/* 1: one block set per layer, else one for all */
 	/* Fill scores[per_layer ? n_layers : 1][n_blocks]; higher is kept
-	 * first. Ties go to the later block. Returns 0 or -1 + kvm_error. */
-	int (*score)(const kvm_select_ctx *c, float *scores);
-} kvm_policy_ops;
+	 * first. Ties go to the later block. Returns 0 or -1 + kvmem_error. */
+	int (*score)(const kvmem_select_ctx *c, float *scores);
+} kvmem_policy_ops;
 
 /* NULL-terminated table of every shipped policy (user/workspace/policy.c). */
-extern const kvm_policy_ops *const kvm_policies[];
-/* NULL + kvm_error naming the known policies when `name` is unknown. */
-const kvm_policy_ops *kvm_policy_find(const char *name);
+extern const kvmem_policy_ops *const kvmem_policies[];
+/* NULL + kvmem_error naming the known policies when `name` is unknown. */
+const kvmem_policy_ops *kvmem_policy_find(const char *name);
 
 /* ---- view planner ----------------------------------------------------- */
-enum kvm_view_state {
-	KVM_VIEW_REUSED = 0,	/* was in the previous view */
-	KVM_VIEW_ENTERING = 1,	/* existed before, was not in the previous view */
-	KVM_VIEW_NEW = 2,	/* born since the previous plan (its KV is in the tail) */
+enum kvmem_view_state {
+	KVMEM_VIEW_REUSED = 0,	/* was in the previous view */
+	KVMEM_VIEW_ENTERING = 1,	/* existed before, was not in the previous view */
+	KVMEM_VIEW_NEW = 2,	/* born since the previous plan (its KV is in the tail) */
 };
 
-typedef struct kvm_plan_params {
+typedef struct kvmem_plan_params {
 	int64_t budget;		/* history tokens the view may hold */
 	int64_t sink;		/* the first `sink` tokens' blocks */
 	int64_t recent;		/* the last `recent` tokens' blocks (the newest
 				 * block is claimed first in any case) */
-} kvm_plan_params;
+} kvmem_plan_params;
 
 /*
  * One plan: per set (1 for all layers, or one per layer) n_view blocks in
  * chronological order. Block i of set s starts at compact position
  * start[s * n_view + i]; every set holds view_tokens tokens.
  */
-typedef struct kvm_plan {
+typedef struct kvmem_plan {
 	int n_sets;
 	int64_t n_tokens;	/* history tokens when planned */
 	int64_t ws_blocks;	/* history blocks when planned */
@@ -238,7 +238,7 @@ typedef struct kvm_plan {
 	int64_t view_tokens;	/* tokens per set, <= budget */
 	int64_t *blocks;	/* [n_sets][n_view] */
 	int64_t *start;		/* [n_sets][n_view] */
-	uint8_t *state;		/* [n_sets][n_view] enum kvm_view_state */
+	uint8_t *state;		/* [n_sets][n_view] enum kvmem_view_state */
 	int64_t *left;		/* [n_sets][left_stride]: blocks that left, chronological */
 	int *n_left;		/* [n_sets] */
 	int left_stride;	/* the previous plan's n_view */
@@ -247,19 +247,19 @@ typedef struct kvm_plan {
 	/* What the mandatory part took (per set): blocks. */
 	int n_pinned, n_sink, n_recent, n_scored;
 	int newest_dropped;	/* the newest block did not fit the budget */
-} kvm_plan;
+} kvmem_plan;
 
-/* scores: [n_sets][kvm_blocks_count(r)]; prev may be NULL or an empty plan.
+/* scores: [n_sets][kvmem_blocks_count(r)]; prev may be NULL or an empty plan.
  * Fails (plan untouched) when the pinned blocks alone pass the budget. */
-int kvm_plan_build(kvm_plan *p, const kvm_blocks *r, const float *scores, int n_sets,
-		   const kvm_plan *prev, const kvm_plan_params *pp);
-void kvm_plan_free(kvm_plan *p);
+int kvmem_plan_build(kvmem_plan *p, const kvmem_blocks *r, const float *scores, int n_sets,
+		   const kvmem_plan *prev, const kvmem_plan_params *pp);
+void kvmem_plan_free(kvmem_plan *p);
 /* Share of the plan's sets (1 for a global policy, one per layer otherwise)
  * that hold every block of the token span [start, end); block is B. */
-double kvm_plan_holds_span(const kvm_plan *p, int block, int64_t start, int64_t end);
+double kvmem_plan_holds_span(const kvmem_plan *p, int block, int64_t start, int64_t end);
 
 /* ---- sessions --------------------------------------------------------- */
-typedef struct kvm_session_opts {
+typedef struct kvmem_session_opts {
 	int block;		/* B: power of two 16..256; 0: 32 */
 	int64_t budget;		/* history tokens in the view; 0: unlimited */
 	int64_t sink;		/* -1: default, max(1, budget / 100) (0 when unlimited) */
@@ -276,39 +276,39 @@ typedef struct kvm_session_opts {
 	 * was rotated from raw K at that very slot: the same bits). */
 	int rebuild_all;
 	/* NULL: pages in host memory. The session does not destroy it. */
-	const kvm_page_source *source;
+	const kvmem_page_source *source;
 	/* Called after every engine forward pass with the tokens run and their
 	 * logits ([n][vocab] when all_logits, else the last token's [vocab]):
 	 * how a caller runs a full-context twin with the same chunking. */
 	void (*on_forward)(void *arg, const int32_t *tokens, int n, const float *logits);
 	/* Called after every selection with the new plan (forced: the tail was
 	 * full mid-append or mid-decode). */
-	void (*on_select)(void *arg, const kvm_plan *plan, int forced);
+	void (*on_select)(void *arg, const kvmem_plan *plan, int forced);
 	void *arg;
-} kvm_session_opts;
+} kvmem_session_opts;
 
-void kvm_session_opts_default(kvm_session_opts *o);
+void kvmem_session_opts_default(kvmem_session_opts *o);
 
-typedef struct kvm_session_stats {
+typedef struct kvmem_session_stats {
 	int64_t forwards;	/* engine calls */
 	int64_t selections;	/* plans made */
 	int64_t forced;		/* of which: the tail was full mid-append/decode */
 	int64_t rebuilt_tokens;	/* tokens re-rotated from raw K */
 	int64_t kept_tokens;	/* tokens left in place (same slot, same block) */
-} kvm_session_stats;
+} kvmem_session_stats;
 
-typedef struct kvm_session kvm_session;
+typedef struct kvmem_session kvmem_session;
 
-/* NULL + kvm_error on bad options. The engine must outlive the session. */
-kvm_session *kvm_session_create(kvm_engine *e, const kvm_session_opts *o);
-void kvm_session_free(kvm_session *s);
+/* NULL + kvmem_error on bad options. The engine must outlive the session. */
+kvmem_session *kvmem_session_create(kvmem_engine *e, const kvmem_session_opts *o);
+void kvmem_session_free(kvmem_session *s);
 
 /* Prefill tokens in chunks, each chunk attending to the current view (the
  * selected history and the tail so far) plus itself. pin: pin the span.
  * When the tail is full the session selects again and goes on. */
-int kvm_session_append(kvm_session *s, const int32_t *tokens, int64_t n, int pin);
-int kvm_session_pin(kvm_session *s, int64_t start, int64_t end);
-int kvm_session_unpin(kvm_session *s, int64_t start, int64_t end);
+int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int pin);
+int kvmem_session_pin(kvmem_session *s, int64_t start, int64_t end);
+int kvmem_session_unpin(kvmem_session *s, int64_t start, int64_t end);
 /*
  * Take over a history already in the page source (a reopened workspace):
  * n token ids whose raw K / V pages the source holds. Only on a session
@@ -317,31 +317,31 @@ int kvm_session_unpin(kvm_session *s, int64_t start, int64_t end);
  * the view, so the next append attends to it. Decoding needs an append
  * first (there are no logits yet).
  */
-int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n);
+int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n);
 /*
  * Session state: what the running session had at a commit point beyond its
  * history (token ids and pages): the plan in force, pins, where the tail
  * sits, the window of recent raw queries, the last logits, the sampling RNG
- * and the counters. kvm_session_save_state() writes it into a malloc'd
+ * and the counters. kvmem_session_save_state() writes it into a malloc'd
  * buffer (free() it): versioned, checksummed, with the model geometry and
  * the options that shape results (block, budget, sink, recent, reserve,
  * chunk, query tokens, policy, seed). Fails on a broken session.
  *
- * kvm_session_adopt_state() is kvm_session_adopt() that restores that state
+ * kvmem_session_adopt_state() is kvmem_session_adopt() that restores that state
  * instead of making a fresh selection: the view is rebuilt from the pages
  * slot for slot (K rotated from raw K at the same slots, V copied, the tail
  * too), so the session goes on bit for bit as the one that saved it did. A
  * state that is corrupt, of another version, of another model, of other
- * options or of another history is refused (-1, kvm_error names what
- * differs, beginning "session state:") before anything is touched: the
- * session is still fresh and may kvm_session_adopt() instead. A page that
- * cannot be read (another message) leaves it broken.
+ * options or of another history is refused with -ESTALE (the message names
+ * what differs, beginning "session state:") before anything is touched: the
+ * session is still fresh and may kvmem_session_adopt() instead. A page that
+ * cannot be read (another code: -EIO, -EBADMSG) leaves it broken.
  */
-int kvm_session_save_state(const kvm_session *s, void **buf, size_t *len);
-int kvm_session_adopt_state(kvm_session *s, const int32_t *tokens, int64_t n,
+int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len);
+int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n,
 			    const void *state, size_t len);
 /* Step boundary: score with the last query tokens, plan, rematerialise. */
-int kvm_session_select(kvm_session *s);
+int kvmem_session_select(kvmem_session *s);
 /*
  * Step boundary for tokens about to be appended (a question): run them over
  * the current view only to take their queries (their K/V are dropped), select
@@ -349,29 +349,29 @@ int kvm_session_select(kvm_session *s);
  * the same tokens, whose logits are then computed over the new view.
  * n is 1..chunk.
  */
-int kvm_session_select_ahead(kvm_session *s, const int32_t *tokens, int n);
+int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n);
 /* Generate n tokens into out (sampler NULL: greedy) with the view frozen;
  * when the tail is full, select again and go on. */
-int kvm_session_decode(kvm_session *s, int n, const kvm_sampler *smp, int32_t *out);
+int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out);
 
-int64_t kvm_session_tokens(const kvm_session *s);
-const int32_t *kvm_session_token_ids(const kvm_session *s);
+int64_t kvmem_session_tokens(const kvmem_session *s);
+const int32_t *kvmem_session_token_ids(const kvmem_session *s);
 /* The plan in force (n_view 0 before the first selection). */
-const kvm_plan *kvm_session_plan(const kvm_session *s);
+const kvmem_plan *kvmem_session_plan(const kvmem_session *s);
 /* The scores of the last selection, [n_sets][n_blocks] (n_sets: 1, or the
  * layers for a per-layer policy); NULL before any. For research tools: how
  * a block ranked, whether or not the budget let it in. */
-const float *kvm_session_scores(const kvm_session *s, int *n_sets, int64_t *n_blocks);
+const float *kvmem_session_scores(const kvmem_session *s, int *n_sets, int64_t *n_blocks);
 /* The execution view: selected history then the tail. */
-const kvm_kvcache *kvm_session_view(const kvm_session *s);
+const kvmem_kvcache *kvmem_session_view(const kvmem_session *s);
 /* Logits of the last token run, [vocab]; NULL before any. */
-const float *kvm_session_logits(const kvm_session *s);
-const kvm_index *kvm_session_index(const kvm_session *s);
-const kvm_blocks *kvm_session_blocks(const kvm_session *s);
-const kvm_policy_ops *kvm_session_policy(const kvm_session *s);
+const float *kvmem_session_logits(const kvmem_session *s);
+const kvmem_index *kvmem_session_index(const kvmem_session *s);
+const kvmem_blocks *kvmem_session_blocks(const kvmem_session *s);
+const kvmem_policy_ops *kvmem_session_policy(const kvmem_session *s);
 /* The options in force, defaults resolved (budget 0 stays 0: unlimited). */
-const kvm_session_opts *kvm_session_options(const kvm_session *s);
-void kvm_session_get_stats(const kvm_session *s, kvm_session_stats *st);
+const kvmem_session_opts *kvmem_session_options(const kvmem_session *s);
+void kvmem_session_get_stats(const kvmem_session *s, kvmem_session_stats *st);
 
 #ifdef __cplusplus
 }

@@ -116,7 +116,7 @@ static void attend_group(const struct att_args *a, int i, int g, float *scores)
 	}
 }
 
-void kvm_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
+void kvmem_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
 		   const float *k, const float *v, const int32_t *kv_pos, int n_kv,
 		   size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale)
 {

@@ -6,7 +6,7 @@
 
 #include "kvmem/kernels.h"
 
-void kvm_matmul(float *y, const float *x, const float *w, int n, int in, int out)
+void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out)
 {
 	if (n <= 0 || out <= 0)
 		return;
@@ -19,13 +19,13 @@ void kvm_matmul(float *y, const float *x, const float *w, int n, int in, int out
 		    1.0f, x, in, w, in, 0.0f, y, out);
 }
 
-void kvm_embedding(float *out, const float *table, const int32_t *ids, int n, int dim)
+void kvmem_embedding(float *out, const float *table, const int32_t *ids, int n, int dim)
 {
 	for (int i = 0; i < n; i++)
 		memcpy(out + (size_t)i * dim, table + (size_t)ids[i] * dim, sizeof(float) * dim);
 }
 
-void kvm_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
+void kvmem_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
 {
 	for (int i = 0; i < n; i++) {
 		const float *xi = x + (size_t)i * dim;
@@ -41,13 +41,13 @@ void kvm_rmsnorm(float *out, const float *x, const float *w, int n, int dim, flo
 	}
 }
 
-void kvm_add(float *y, const float *x, size_t n)
+void kvmem_add(float *y, const float *x, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		y[i] += x[i];
 }
 
-void kvm_swiglu(float *out, const float *gate, const float *up, size_t n)
+void kvmem_swiglu(float *out, const float *gate, const float *up, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		float g = gate[i];

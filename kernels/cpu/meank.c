@@ -2,7 +2,7 @@
 /* Running sums of raw K per KV head: what Mean-K divides by the block length. */
 #include "kvmem/kernels.h"
 
-void kvm_meank_accumulate(float *sum, const float *k, int n, int n_kv_heads, int head_dim)
+void kvmem_meank_accumulate(float *sum, const float *k, int n, int n_kv_heads, int head_dim)
 {
 	size_t row = (size_t)n_kv_heads * head_dim;
 

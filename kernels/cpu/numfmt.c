@@ -23,12 +23,12 @@ static float bits_f32(uint32_t u)
 	return f;
 }
 
-float kvm_bf16_to_f32(uint16_t h)
+float kvmem_bf16_to_f32(uint16_t h)
 {
 	return bits_f32((uint32_t)h << 16);
 }
 
-uint16_t kvm_f32_to_bf16(float f)
+uint16_t kvmem_f32_to_bf16(float f)
 {
 	uint32_t u = f32_bits(f);
 
@@ -40,7 +40,7 @@ uint16_t kvm_f32_to_bf16(float f)
 	return (uint16_t)(u >> 16);
 }
 
-float kvm_f16_to_f32(uint16_t h)
+float kvmem_f16_to_f32(uint16_t h)
 {
 	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
 	uint32_t exp = (h >> 10) & 0x1fu;
@@ -59,7 +59,7 @@ float kvm_f16_to_f32(uint16_t h)
 	return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
-uint16_t kvm_f32_to_f16(float f)
+uint16_t kvmem_f32_to_f16(float f)
 {
 	uint32_t u = f32_bits(f);
 	uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
@@ -89,14 +89,14 @@ uint16_t kvm_f32_to_f16(float f)
 	return sign | (uint16_t)((abs - (112u << 23)) >> 13);
 }
 
-void kvm_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
+void kvmem_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		dst[i] = kvm_bf16_to_f32(src[i]);
+		dst[i] = kvmem_bf16_to_f32(src[i]);
 }
 
-void kvm_f16_to_f32_n(float *dst, const uint16_t *src, size_t n)
+void kvmem_f16_to_f32_n(float *dst, const uint16_t *src, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		dst[i] = kvm_f16_to_f32(src[i]);
+		dst[i] = kvmem_f16_to_f32(src[i]);
 }

@@ -50,12 +50,12 @@ static void rope_apply(float *x, const int32_t *pos, int n, int n_heads, int hea
 	}
 }
 
-void kvm_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, double theta)
+void kvmem_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, double theta)
 {
 	rope_apply(x, pos, n, n_heads, head_dim, theta, 1.0);
 }
 
-void kvm_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+void kvmem_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
 		      double theta)
 {
 	rope_apply(x, pos, n, n_heads, head_dim, theta, -1.0);

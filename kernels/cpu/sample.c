@@ -22,12 +22,12 @@ static uint64_t mix64(uint64_t z)
 	return z ^ (z >> 31);
 }
 
-uint64_t kvm_rng_seed(uint64_t seed)
+uint64_t kvmem_rng_seed(uint64_t seed)
 {
 	return mix64(seed + GOLDEN);
 }
 
-double kvm_rng_uniform(uint64_t *rng)
+double kvmem_rng_uniform(uint64_t *rng)
 {
 	*rng += GOLDEN;
 	return (double)(mix64(*rng) >> 11) * 0x1p-53;
@@ -89,7 +89,7 @@ static int select_top_k(int *idx, const float *logits, int vocab, int k)
 	return have;
 }
 
-int kvm_sample(const float *logits, int vocab, const kvm_sampler *s, uint64_t *rng)
+int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_t *rng)
 {
 	if (vocab <= 0)
 		return -1;
@@ -155,7 +155,7 @@ int kvm_sample(const float *logits, int vocab, const kvm_sampler *s, uint64_t *r
 		sum = cum > 0.0 ? cum : p[0];
 	}
 
-	double u = kvm_rng_uniform(rng) * sum, cum = 0.0;
+	double u = kvmem_rng_uniform(rng) * sum, cum = 0.0;
 	int pick = idx[n - 1];
 
 	for (int i = 0; i < n; i++) {

@@ -46,10 +46,10 @@ static inline int32_t fx_token(uint64_t seed, uint64_t pos)
 }
 
 /* A random small geometry; page bytes not always a multiple of 4096. */
-static inline kvm_page_geom fx_geom(uint64_t *rng)
+static inline kvmem_page_geom fx_geom(uint64_t *rng)
 {
 	static const uint32_t dims[] = { 16, 24, 32, 64 };
-	kvm_page_geom g = { 0 };
+	kvmem_page_geom g = { 0 };
 
 	g.fingerprint = fx_mix(*rng) | 1;
 	g.n_layers = test_rng_int(rng, 1, 4);
@@ -57,57 +57,57 @@ static inline kvm_page_geom fx_geom(uint64_t *rng)
 	g.n_heads = g.n_kv_heads * test_rng_int(rng, 1, 2);
 	g.head_dim = dims[test_rng_int(rng, 0, 3)];
 	g.block_tokens = 16 << test_rng_int(rng, 0, 1);
-	g.dtype = test_rng_int(rng, 0, 1) ? KVM_DTYPE_F32 : KVM_DTYPE_BF16;
+	g.dtype = test_rng_int(rng, 0, 1) ? KVMEM_DTYPE_F32 : KVMEM_DTYPE_BF16;
 	g.index_bytes = g.n_layers * g.n_kv_heads * g.head_dim * 4;
 	return g;
 }
 
 /* Page and index contents of block b. */
-static inline void fx_page(const kvm_page_geom *g, uint64_t seed, uint64_t page, void *buf)
+static inline void fx_page(const kvmem_page_geom *g, uint64_t seed, uint64_t page, void *buf)
 {
-	fx_fill(buf, kvm_page_bytes(g), seed, 1, page);
+	fx_fill(buf, kvmem_page_bytes(g), seed, 1, page);
 }
 
-static inline void fx_index(const kvm_page_geom *g, uint64_t seed, uint64_t block, void *buf)
+static inline void fx_index(const kvmem_page_geom *g, uint64_t seed, uint64_t block, void *buf)
 {
 	fx_fill(buf, g->index_bytes, seed, 2, block);
 }
 
 /* The partial block after `tokens` tokens (changes with its length). */
-static inline void fx_tail(const kvm_page_geom *g, uint64_t seed, uint64_t tokens, uint32_t l,
+static inline void fx_tail(const kvmem_page_geom *g, uint64_t seed, uint64_t tokens, uint32_t l,
 			   void *buf)
 {
-	fx_fill(buf, kvm_page_bytes(g), seed, 3, tokens * 4096 + l);
+	fx_fill(buf, kvmem_page_bytes(g), seed, 3, tokens * 4096 + l);
 }
 
-static inline void fx_tail_index(const kvm_page_geom *g, uint64_t seed, uint64_t tokens,
+static inline void fx_tail_index(const kvmem_page_geom *g, uint64_t seed, uint64_t tokens,
 				 void *buf)
 {
 	fx_fill(buf, g->index_bytes, seed, 4, tokens);
 }
 
 /* Append tokens [have, have + n) and every block they complete. */
-static inline int fx_append(kvm_pager *p, uint64_t seed, uint64_t n)
+static inline int fx_append(kvmem_pager *p, uint64_t seed, uint64_t n)
 {
-	const kvm_page_geom *g = kvm_pager_geom(p);
-	size_t pb = kvm_page_bytes(g);
+	const kvmem_page_geom *g = kvmem_pager_geom(p);
+	size_t pb = kvmem_page_bytes(g);
 	uint8_t *pages = malloc(pb * g->n_layers), *ix = malloc(g->index_bytes + 1);
 	const void *layers[64];
 	int rc = 0;
 
 	for (uint64_t i = 0; i < n && !rc; i++) {
-		uint64_t pos = kvm_pager_tokens(p);
+		uint64_t pos = kvmem_pager_tokens(p);
 		int32_t t = fx_token(seed, pos);
 
-		rc = kvm_pager_append_tokens(p, &t, 1);
+		rc = kvmem_pager_append_tokens(p, &t, 1);
 		if (rc || (pos + 1) % g->block_tokens)
 			continue;
 		for (uint32_t l = 0; l < g->n_layers; l++) {
-			fx_page(g, seed, kvm_page_id(g, pos / g->block_tokens, l), pages + l * pb);
+			fx_page(g, seed, kvmem_page_id(g, pos / g->block_tokens, l), pages + l * pb);
 			layers[l] = pages + l * pb;
 		}
 		fx_index(g, seed, pos / g->block_tokens, ix);
-		rc = kvm_pager_append_block(p, pos / g->block_tokens, layers, ix);
+		rc = kvmem_pager_append_block(p, pos / g->block_tokens, layers, ix);
 	}
 	free(pages);
 	free(ix);
@@ -115,11 +115,11 @@ static inline int fx_append(kvm_pager *p, uint64_t seed, uint64_t n)
 }
 
 /* Commit with the fixture's partial block and `app` as session state. */
-static inline int fx_commit(kvm_pager *p, uint64_t seed, const void *app, uint32_t len)
+static inline int fx_commit(kvmem_pager *p, uint64_t seed, const void *app, uint32_t len)
 {
-	const kvm_page_geom *g = kvm_pager_geom(p);
-	size_t pb = kvm_page_bytes(g);
-	uint64_t tokens = kvm_pager_tokens(p);
+	const kvmem_page_geom *g = kvmem_pager_geom(p);
+	size_t pb = kvmem_page_bytes(g);
+	uint64_t tokens = kvmem_pager_tokens(p);
 	uint8_t *pages = malloc(pb * g->n_layers), *ix = malloc(g->index_bytes + 1);
 	const void *layers[64];
 	int rc;
@@ -129,7 +129,7 @@ static inline int fx_commit(kvm_pager *p, uint64_t seed, const void *app, uint32
 		layers[l] = pages + l * pb;
 	}
 	fx_tail_index(g, seed, tokens, ix);
-	rc = kvm_pager_commit(p, tokens % g->block_tokens ? layers : NULL, ix, app, len);
+	rc = kvmem_pager_commit(p, tokens % g->block_tokens ? layers : NULL, ix, app, len);
 	free(pages);
 	free(ix);
 	return rc;
@@ -138,27 +138,27 @@ static inline int fx_commit(kvm_pager *p, uint64_t seed, const void *app, uint32
 /* Check everything committed/appended reads back as written: tokens, index,
  * every page (through fetch, in batches the pool holds), the tail. Returns
  * the number of mismatches. */
-static inline int fx_check(kvm_pager *p, uint64_t seed, int check_tail)
+static inline int fx_check(kvmem_pager *p, uint64_t seed, int check_tail)
 {
-	const kvm_page_geom *g = kvm_pager_geom(p);
-	size_t pb = kvm_page_bytes(g);
-	uint64_t n = kvm_pager_tokens(p), blocks = kvm_pager_blocks(p);
+	const kvmem_page_geom *g = kvmem_pager_geom(p);
+	size_t pb = kvmem_page_bytes(g);
+	uint64_t n = kvmem_pager_tokens(p), blocks = kvmem_pager_blocks(p);
 	uint8_t *want = malloc(pb > g->index_bytes ? pb : g->index_bytes + 1);
 	uint8_t *got = malloc(pb * g->n_layers + g->index_bytes + 1);
 	int32_t *tok = malloc((n + 1) * 4);
 	int bad = 0;
 
-	if (kvm_pager_read_tokens(p, 0, n, tok) < 0)
+	if (kvmem_pager_read_tokens(p, 0, n, tok) < 0)
 		bad++;
 	for (uint64_t i = 0; i < n && !bad; i++)
 		bad += tok[i] != fx_token(seed, i);
 	for (uint64_t b = 0; b < blocks; b++) {
-		uint32_t cap = kvm_hostpool_slots(kvm_pager_hostpool(p));
+		uint32_t cap = kvmem_hostpool_slots(kvmem_pager_hostpool(p));
 		uint32_t step = cap < g->n_layers ? cap : g->n_layers;
 
 		if (g->index_bytes) {
 			fx_index(g, seed, b, want);
-			if (kvm_pager_read_index(p, b, 1, got) < 0 || memcmp(want, got, g->index_bytes))
+			if (kvmem_pager_read_index(p, b, 1, got) < 0 || memcmp(want, got, g->index_bytes))
 				bad++;
 		}
 		for (uint32_t l0 = 0; l0 < g->n_layers; l0 += step) {
@@ -167,8 +167,8 @@ static inline int fx_check(kvm_pager *p, uint64_t seed, int check_tail)
 			uint32_t k = g->n_layers - l0 < step ? g->n_layers - l0 : step;
 
 			for (uint32_t j = 0; j < k; j++)
-				ids[j] = kvm_page_id(g, b, l0 + j);
-			if (kvm_pager_fetch(p, ids, k, ptr) < 0) {
+				ids[j] = kvmem_page_id(g, b, l0 + j);
+			if (kvmem_pager_fetch(p, ids, k, ptr) < 0) {
 				bad++;
 				continue;
 			}
@@ -176,7 +176,7 @@ static inline int fx_check(kvm_pager *p, uint64_t seed, int check_tail)
 				fx_page(g, seed, ids[j], want);
 				bad += memcmp(want, ptr[j], pb) != 0;
 			}
-			kvm_pager_release(p, ids, k);
+			kvmem_pager_release(p, ids, k);
 		}
 	}
 	if (check_tail && n % g->block_tokens) {
@@ -184,7 +184,7 @@ static inline int fx_check(kvm_pager *p, uint64_t seed, int check_tail)
 
 		for (uint32_t l = 0; l < g->n_layers; l++)
 			layers[l] = got + l * pb;
-		if (kvm_pager_read_tail(p, layers, got + g->n_layers * pb) !=
+		if (kvmem_pager_read_tail(p, layers, got + g->n_layers * pb) !=
 		    (int)(n % g->block_tokens)) {
 			bad++;
 		} else {

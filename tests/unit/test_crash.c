@@ -25,77 +25,77 @@
 
 static uint64_t g_seed;
 
-static kvm_pager *open_ws(const char *dir, const kvm_page_geom *g)
+static kvmem_pager *open_ws(const char *dir, const kvmem_page_geom *g)
 {
-	kvm_pager_opts o;
-	kvm_pager *p = NULL;
+	kvmem_pager_opts o;
+	kvmem_pager *p = NULL;
 
-	kvm_pager_opts_default(&o);
+	kvmem_pager_opts_default(&o);
 	o.host_cap = 4 << 20;
 	o.stage_bytes = 1 << 20;
-	o.flags = KVM_PAGER_CREATE;
-	if (kvm_pager_open(dir, g, &o, &p) < 0)
-		fprintf(stderr, "open %s: %s\n", dir, kvm_last_error());
+	o.flags = KVMEM_PAGER_CREATE;
+	if (kvmem_pager_open(dir, g, &o, &p) < 0)
+		fprintf(stderr, "open %s: %s\n", dir, kvmem_last_error());
 	return p;
 }
 
 /* The child: append random runs, commit after some, report each commit. */
-static void child(const char *dir, const kvm_page_geom *g, uint64_t seed, uint64_t rng, int fd)
+static void child(const char *dir, const kvmem_page_geom *g, uint64_t seed, uint64_t rng, int fd)
 {
-	kvm_pager *p = open_ws(dir, g);
+	kvmem_pager *p = open_ws(dir, g);
 
 	if (!p)
 		_exit(2);
-	while (kvm_pager_tokens(p) < MAX_TOKENS) {
+	while (kvmem_pager_tokens(p) < MAX_TOKENS) {
 		uint64_t n;
 
 		if (fx_append(p, seed, test_rng_int(&rng, 1, 4 * g->block_tokens)) < 0)
 			_exit(3);
 		if (test_rng_int(&rng, 0, 2))
 			continue;
-		if (fx_commit(p, seed, &(uint64_t){ kvm_pager_tokens(p) }, 8) < 0)
+		if (fx_commit(p, seed, &(uint64_t){ kvmem_pager_tokens(p) }, 8) < 0)
 			_exit(4);
-		n = kvm_pager_committed_tokens(p);
+		n = kvmem_pager_committed_tokens(p);
 		if (write(fd, &n, sizeof(n)) != sizeof(n))
 			_exit(5);
 	}
-	kvm_pager_close(p);
+	kvmem_pager_close(p);
 	_exit(0);
 }
 
 /* Tokens, tail and the last `n` committed blocks' pages and index records. */
-static int check_newest(kvm_pager *p, uint64_t seed, uint64_t n)
+static int check_newest(kvmem_pager *p, uint64_t seed, uint64_t n)
 {
-	const kvm_page_geom *g = kvm_pager_geom(p);
-	uint64_t blocks = kvm_pager_blocks(p), tokens = kvm_pager_tokens(p);
-	size_t pb = kvm_page_bytes(g);
+	const kvmem_page_geom *g = kvmem_pager_geom(p);
+	uint64_t blocks = kvmem_pager_blocks(p), tokens = kvmem_pager_tokens(p);
+	size_t pb = kvmem_page_bytes(g);
 	uint8_t *want = malloc(pb + g->index_bytes), *got = malloc(pb * g->n_layers + g->index_bytes);
 	int32_t *tok = malloc((tokens + 1) * 4);
 	void *layers[64];
-	int bad = kvm_pager_read_tokens(p, 0, tokens, tok) < 0;
+	int bad = kvmem_pager_read_tokens(p, 0, tokens, tok) < 0;
 
 	for (uint64_t i = 0; i < tokens && !bad; i++)
 		bad += tok[i] != fx_token(seed, i);
 	for (uint64_t b = blocks > n ? blocks - n : 0; b < blocks; b++) {
 		fx_index(g, seed, b, want);
-		bad += kvm_pager_read_index(p, b, 1, got) < 0 || memcmp(want, got, g->index_bytes);
+		bad += kvmem_pager_read_index(p, b, 1, got) < 0 || memcmp(want, got, g->index_bytes);
 		for (uint32_t l = 0; l < g->n_layers; l++) {
-			uint64_t pg = kvm_page_id(g, b, l);
+			uint64_t pg = kvmem_page_id(g, b, l);
 			const void *ptr;
 
-			if (kvm_pager_fetch(p, &pg, 1, &ptr) < 0) {
+			if (kvmem_pager_fetch(p, &pg, 1, &ptr) < 0) {
 				bad++;
 				continue;
 			}
 			fx_page(g, seed, pg, want);
 			bad += memcmp(want, ptr, pb) != 0;
-			kvm_pager_release(p, &pg, 1);
+			kvmem_pager_release(p, &pg, 1);
 		}
 	}
 	if (tokens % g->block_tokens) {
 		for (uint32_t l = 0; l < g->n_layers; l++)
 			layers[l] = got + l * pb;
-		if (kvm_pager_read_tail(p, layers, got + g->n_layers * pb) !=
+		if (kvmem_pager_read_tail(p, layers, got + g->n_layers * pb) !=
 		    (int)(tokens % g->block_tokens)) {
 			bad++;
 		} else {
@@ -114,7 +114,7 @@ static int check_newest(kvm_pager *p, uint64_t seed, uint64_t n)
 static void test_kill9(void **state)
 {
 	uint64_t rng = g_seed, seed = fx_mix(g_seed + 77), seen = 0;
-	kvm_page_geom g = fx_geom(&rng);
+	kvmem_page_geom g = fx_geom(&rng);
 	int kills = 0, finished = 0;
 	char dir[256];
 
@@ -122,7 +122,7 @@ static void test_kill9(void **state)
 	g.n_kv_heads = 1;
 	g.head_dim = 64;
 	g.block_tokens = 32;
-	g.dtype = KVM_DTYPE_F32;
+	g.dtype = KVMEM_DTYPE_F32;
 	g.index_bytes = g.n_layers * g.n_kv_heads * g.head_dim * 4;
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
 	strcat(dir, "/ws");
@@ -131,7 +131,7 @@ static void test_kill9(void **state)
 		int fds[2], status;
 		uint64_t n, before = seen, after;
 		uint32_t len;
-		kvm_pager *p;
+		kvmem_pager *p;
 		pid_t pid;
 
 		assert_int_equal(pipe(fds), 0);
@@ -160,12 +160,12 @@ static void test_kill9(void **state)
 		/* Whatever was committed is there; nothing torn is used. */
 		p = open_ws(dir, &g);
 		assert_non_null(p);
-		after = kvm_pager_committed_tokens(p);
+		after = kvmem_pager_committed_tokens(p);
 		assert_true(after >= seen);
 		assert_true(after >= before);
-		assert_int_equal(kvm_pager_tokens(p), after);
+		assert_int_equal(kvmem_pager_tokens(p), after);
 		if (after) {
-			const uint64_t *app = kvm_pager_app_state(p, &len);
+			const uint64_t *app = kvmem_pager_app_state(p, &len);
 
 			assert_int_equal(len, 8);
 			assert_int_equal(*app, after);
@@ -173,11 +173,11 @@ static void test_kill9(void **state)
 		/* The newest data is where a tear would be; all of it now and then. */
 		if (it % 10 == 9 || finished) {
 			assert_int_equal(fx_check(p, seed, 1), 0);
-			assert_int_equal(kvm_pager_close(p), 0);
-			assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
+			assert_int_equal(kvmem_pager_close(p), 0);
+			assert_int_equal(kvmem_workspace_verify(dir, stderr, 0), 0);
 		} else {
 			assert_int_equal(check_newest(p, seed, 4), 0);
-			assert_int_equal(kvm_pager_close(p), 0);
+			assert_int_equal(kvmem_pager_close(p), 0);
 		}
 		seen = after;
 		/* A fast machine may finish the workload before enough kills

@@ -46,23 +46,23 @@ static int mount_tmpfs(const char *size, char *mnt, size_t len)
 	return 0;
 }
 
-static kvm_pager *open_ws(const char *dir, const kvm_page_geom *g, int flags)
+static kvmem_pager *open_ws(const char *dir, const kvmem_page_geom *g, int flags)
 {
-	kvm_pager_opts o;
-	kvm_pager *p = NULL;
+	kvmem_pager_opts o;
+	kvmem_pager *p = NULL;
 
-	kvm_pager_opts_default(&o);
+	kvmem_pager_opts_default(&o);
 	o.host_cap = 1 << 20;
 	o.stage_bytes = 256 << 10;
 	o.flags = flags;
-	if (kvm_pager_open(dir, g, &o, &p) < 0)
-		print_message("open %s: %s\n", dir, kvm_last_error());
+	if (kvmem_pager_open(dir, g, &o, &p) < 0)
+		print_message("open %s: %s\n", dir, kvmem_last_error());
 	return p;
 }
 
-static kvm_page_geom geom(uint64_t *rng)
+static kvmem_page_geom geom(uint64_t *rng)
 {
-	kvm_page_geom g = fx_geom(rng);
+	kvmem_page_geom g = fx_geom(rng);
 
 	g.n_layers = 2;
 	return g;
@@ -73,18 +73,18 @@ static kvm_page_geom geom(uint64_t *rng)
 static void test_read_eio(void **state)
 {
 	uint64_t rng = g_seed, seed = fx_mix(g_seed), pages[4];
-	kvm_page_geom g = geom(&rng);
+	kvmem_page_geom g = geom(&rng);
 	const void *ptr[4];
-	kvm_pager_stats st;
+	kvmem_pager_stats st;
 	char dir[256];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, KVM_PAGER_CREATE);
+	p = open_ws(dir, &g, KVMEM_PAGER_CREATE);
 	assert_non_null(p);
 	assert_int_equal(fx_append(p, seed, 6 * g.block_tokens), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 
 	p = open_ws(dir, &g, 0);
 	assert_non_null(p);
@@ -93,28 +93,28 @@ static void test_read_eio(void **state)
 	pages[1] = 1;
 	pages[2] = 6;
 	pages[3] = 7;
-	kvm_pager_fault_inject(KVM_FAULT_READ, 2);
-	assert_int_equal(kvm_pager_fetch(p, pages, 4, ptr), -1);
-	assert_non_null(strstr(kvm_last_error(), "Input/output error"));
-	assert_non_null(strstr(kvm_last_error(), "/pages: page 6 "));
-	assert_true(kvm_pager_pte(p, 6)->flags & KVM_PTE_BAD);
-	assert_false(kvm_pager_pte(p, 6)->tiers & KVM_TIER_HOST);
+	kvmem_pager_fault_inject(KVMEM_FAULT_READ, 2);
+	assert_true(kvmem_pager_fetch(p, pages, 4, ptr) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "Input/output error"));
+	assert_non_null(strstr(kvmem_last_error(), "/pages: page 6 "));
+	assert_true(kvmem_pager_pte(p, 6)->flags & KVMEM_PTE_BAD);
+	assert_false(kvmem_pager_pte(p, 6)->tiers & KVMEM_TIER_HOST);
 	/* Pages that did arrive are resident but not pinned: all can leave. */
-	assert_true(kvm_pager_pte(p, 0)->tiers & KVM_TIER_HOST);
-	kvm_pager_stats_get(p, &st);
+	assert_true(kvmem_pager_pte(p, 0)->tiers & KVMEM_TIER_HOST);
+	kvmem_pager_stats_get(p, &st);
 	assert_int_equal(st.read_errors, 2);
 	/* The session goes on: the same fetch now succeeds with the right bytes. */
-	assert_int_equal(kvm_pager_fetch(p, pages, 4, ptr), 0);
+	assert_int_equal(kvmem_pager_fetch(p, pages, 4, ptr), 0);
 	for (int i = 0; i < 4; i++) {
 		uint8_t want[1 << 16];
 
 		fx_page(&g, seed, pages[i], want);
-		assert_memory_equal(want, ptr[i], kvm_page_bytes(&g));
+		assert_memory_equal(want, ptr[i], kvmem_page_bytes(&g));
 	}
-	kvm_pager_release(p, pages, 4);
-	assert_false(kvm_pager_pte(p, 6)->flags & KVM_PTE_BAD);
+	kvmem_pager_release(p, pages, 4);
+	assert_false(kvmem_pager_pte(p, 6)->flags & KVMEM_PTE_BAD);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	fx_rmtree(dir);
 }
 
@@ -123,36 +123,36 @@ static void test_read_eio(void **state)
 static void test_write_eio(void **state)
 {
 	uint64_t rng = g_seed ^ 1, seed = fx_mix(g_seed ^ 1), committed;
-	kvm_page_geom g = geom(&rng);
-	kvm_pager_stats st;
+	kvmem_page_geom g = geom(&rng);
+	kvmem_pager_stats st;
 	char dir[256];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, KVM_PAGER_CREATE | KVM_PAGER_NO_KEEP);
+	p = open_ws(dir, &g, KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP);
 	assert_non_null(p);
 	assert_int_equal(fx_append(p, seed, 3 * g.block_tokens + 4), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	committed = kvm_pager_tokens(p);
-	kvm_pager_fault_inject(KVM_FAULT_WRITE, 2);
+	committed = kvmem_pager_tokens(p);
+	kvmem_pager_fault_inject(KVMEM_FAULT_WRITE, 2);
 	assert_int_equal(fx_append(p, seed, 5 * g.block_tokens), 0);
-	assert_int_equal(fx_commit(p, seed, NULL, 0), -1);
-	assert_non_null(strstr(kvm_last_error(), "Input/output error"));
-	assert_non_null(strstr(kvm_last_error(), "/pages"));
-	assert_non_null(strstr(kvm_last_error(), "last commit"));
-	kvm_pager_stats_get(p, &st);
+	assert_true(fx_commit(p, seed, NULL, 0) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "Input/output error"));
+	assert_non_null(strstr(kvmem_last_error(), "/pages"));
+	assert_non_null(strstr(kvmem_last_error(), "last commit"));
+	kvmem_pager_stats_get(p, &st);
 	assert_int_equal(st.write_errors, 1);
 	/* Everything appended, the failed block included, still reads. */
 	assert_int_equal(fx_append(p, seed, 2 * g.block_tokens), 0);
 	assert_int_equal(fx_check(p, seed, 0), 0);
-	assert_int_equal(kvm_pager_committed_tokens(p), committed);
-	assert_int_equal(kvm_pager_close(p), -1);
+	assert_int_equal(kvmem_pager_committed_tokens(p), committed);
+	assert_true(kvmem_pager_close(p) < 0);
 
 	p = open_ws(dir, &g, 0);
 	assert_non_null(p);
-	assert_int_equal(kvm_pager_tokens(p), committed);
+	assert_int_equal(kvmem_pager_tokens(p), committed);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	fx_rmtree(dir);
 }
 
@@ -161,40 +161,40 @@ static void test_write_eio(void **state)
 static void test_full_disk(void **state)
 {
 	uint64_t rng = g_seed ^ 2, seed = fx_mix(g_seed ^ 2), committed = 0;
-	kvm_page_geom g = geom(&rng);
+	kvmem_page_geom g = geom(&rng);
 	char mnt[256], dir[300];
 	int rc = 0;
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	if (mount_tmpfs("2M", mnt, sizeof(mnt)) < 0)
 		skip();
 	snprintf(dir, sizeof(dir), "%s/ws", mnt);
-	p = open_ws(dir, &g, KVM_PAGER_CREATE);
+	p = open_ws(dir, &g, KVMEM_PAGER_CREATE);
 	assert_non_null(p);
 	for (int i = 0; i < 10000 && rc == 0; i++) {
 		rc = fx_append(p, seed, 2 * g.block_tokens + 3);
 		if (rc == 0)
 			rc = fx_commit(p, seed, NULL, 0);
 		if (rc == 0)
-			committed = kvm_pager_committed_tokens(p);
+			committed = kvmem_pager_committed_tokens(p);
 	}
-	assert_int_equal(rc, -1);
-	print_message("full disk: %s\n", kvm_last_error());
-	assert_non_null(strstr(kvm_last_error(), "No space left on device"));
-	assert_non_null(strstr(kvm_last_error(), dir));
+	assert_true(rc < 0);
+	print_message("full disk: %s\n", kvmem_last_error());
+	assert_non_null(strstr(kvmem_last_error(), "No space left on device"));
+	assert_non_null(strstr(kvmem_last_error(), dir));
 	assert_true(committed > 0);
-	assert_int_equal(kvm_pager_committed_tokens(p), committed);
+	assert_int_equal(kvmem_pager_committed_tokens(p), committed);
 	/* Later commits are refused; the in-memory state goes on. */
-	assert_int_equal(fx_commit(p, seed, NULL, 0), -1);
+	assert_true(fx_commit(p, seed, NULL, 0) < 0);
 	assert_int_equal(fx_check(p, seed, 0), 0);
-	kvm_pager_close(p);
+	kvmem_pager_close(p);
 
 	p = open_ws(dir, &g, 0);
 	assert_non_null(p);
-	assert_int_equal(kvm_pager_tokens(p), committed);
+	assert_int_equal(kvmem_pager_tokens(p), committed);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
-	assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	assert_int_equal(kvmem_workspace_verify(dir, stderr, 0), 0);
 	assert_int_equal(umount(mnt), 0);
 	g_mnt[0] = 0;
 	fx_rmtree(mnt);
@@ -205,66 +205,66 @@ static void test_full_disk(void **state)
 static void test_direct_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 5, seed = fx_mix(g_seed ^ 5), pg = 1;
-	kvm_page_geom g = geom(&rng);
+	kvmem_page_geom g = geom(&rng);
 	const void *ptr;
 	uint8_t want[1 << 16];
 	char dir[256];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, KVM_PAGER_CREATE | KVM_PAGER_NO_KEEP);
+	p = open_ws(dir, &g, KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP);
 	assert_non_null(p);
-	if (!kvm_pager_direct(p)) {
-		kvm_pager_close(p);
+	if (!kvmem_pager_direct(p)) {
+		kvmem_pager_close(p);
 		fx_rmtree(dir);
 		skip();
 	}
-	kvm_pager_fault_inject(KVM_FAULT_DIRECT, 1);
+	kvmem_pager_fault_inject(KVMEM_FAULT_DIRECT, 1);
 	assert_int_equal(fx_append(p, seed, 4 * g.block_tokens + 2), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	assert_int_equal(kvm_pager_direct(p), 0);
+	assert_int_equal(kvmem_pager_direct(p), 0);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 
 	p = open_ws(dir, &g, 0);
 	assert_non_null(p);
-	assert_int_equal(kvm_pager_direct(p), 1);
-	kvm_pager_fault_inject(KVM_FAULT_DIRECT, 1);
-	assert_int_equal(kvm_pager_fetch(p, &pg, 1, &ptr), 0);
-	assert_int_equal(kvm_pager_direct(p), 0);
+	assert_int_equal(kvmem_pager_direct(p), 1);
+	kvmem_pager_fault_inject(KVMEM_FAULT_DIRECT, 1);
+	assert_int_equal(kvmem_pager_fetch(p, &pg, 1, &ptr), 0);
+	assert_int_equal(kvmem_pager_direct(p), 0);
 	fx_page(&g, seed, pg, want);
-	assert_memory_equal(want, ptr, kvm_page_bytes(&g));
-	kvm_pager_release(p, &pg, 1);
+	assert_memory_equal(want, ptr, kvmem_page_bytes(&g));
+	kvmem_pager_release(p, &pg, 1);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
-	assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	assert_int_equal(kvmem_workspace_verify(dir, stderr, 0), 0);
 	fx_rmtree(dir);
 }
 
 static void test_missing_dir(void **state)
 {
 	uint64_t rng = g_seed ^ 3;
-	kvm_page_geom g = geom(&rng);
+	kvmem_page_geom g = geom(&rng);
 	char dir[256], path[400];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
 	snprintf(path, sizeof(path), "%s/absent", dir);
-	assert_int_equal(kvm_pager_open(path, &g, NULL, &p), -1);
+	assert_true(kvmem_pager_open(path, &g, NULL, &p) < 0);
 	assert_null(p);
-	assert_non_null(strstr(kvm_last_error(), path));
-	assert_non_null(strstr(kvm_last_error(), "No such file"));
+	assert_non_null(strstr(kvmem_last_error(), path));
+	assert_non_null(strstr(kvmem_last_error(), "No such file"));
 
 	snprintf(path, sizeof(path), "%s/no/parent", dir);
-	assert_int_equal(kvm_pager_open(path, &g, &(kvm_pager_opts){ .flags = KVM_PAGER_CREATE,
-								.numa_node = -1 }, &p), -1);
-	assert_non_null(strstr(kvm_last_error(), "cannot create"));
-	assert_non_null(strstr(kvm_last_error(), path));
+	assert_true(kvmem_pager_open(path, &g, &(kvmem_pager_opts){ .flags = KVMEM_PAGER_CREATE,
+								.numa_node = -1 }, &p) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "cannot create"));
+	assert_non_null(strstr(kvmem_last_error(), path));
 
 	/* An empty directory is not a workspace unless asked to create one. */
-	assert_int_equal(kvm_pager_open(dir, &g, NULL, &p), -1);
-	assert_non_null(strstr(kvm_last_error(), "not a kvmem workspace"));
-	assert_int_equal(kvm_workspace_verify(dir, stderr, 0), -1);
+	assert_true(kvmem_pager_open(dir, &g, NULL, &p) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "not a kvmem workspace"));
+	assert_true(kvmem_workspace_verify(dir, stderr, 0) < 0);
 	fx_rmtree(dir);
 }
 
@@ -273,34 +273,34 @@ static void test_missing_dir(void **state)
 static void test_unwritable(void **state)
 {
 	uint64_t rng = g_seed ^ 4, seed = fx_mix(g_seed ^ 4);
-	kvm_page_geom g = geom(&rng);
+	kvmem_page_geom g = geom(&rng);
 	char mnt[256], dir[300];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	if (mount_tmpfs("4M", mnt, sizeof(mnt)) < 0)
 		skip();
 	snprintf(dir, sizeof(dir), "%s/ws", mnt);
-	p = open_ws(dir, &g, KVM_PAGER_CREATE);
+	p = open_ws(dir, &g, KVMEM_PAGER_CREATE);
 	assert_non_null(p);
 	assert_int_equal(fx_append(p, seed, 2 * g.block_tokens + 1), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	assert_int_equal(mount(NULL, mnt, NULL, MS_REMOUNT | MS_RDONLY, NULL), 0);
 
 	p = open_ws(dir, &g, 0);
 	assert_null(p);
-	assert_non_null(strstr(kvm_last_error(), "Read-only file system"));
-	assert_non_null(strstr(kvm_last_error(), dir));
-	p = open_ws(dir, &g, KVM_PAGER_RDONLY);
+	assert_non_null(strstr(kvmem_last_error(), "Read-only file system"));
+	assert_non_null(strstr(kvmem_last_error(), dir));
+	p = open_ws(dir, &g, KVMEM_PAGER_RDONLY);
 	assert_non_null(p);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_append_tokens(p, (int32_t[]){ 1 }, 1), -1);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_true(kvmem_pager_append_tokens(p, (int32_t[]){ 1 }, 1) < 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 
 	snprintf(dir, sizeof(dir), "%s/new", mnt);
-	p = open_ws(dir, &g, KVM_PAGER_CREATE);
+	p = open_ws(dir, &g, KVMEM_PAGER_CREATE);
 	assert_null(p);
-	assert_non_null(strstr(kvm_last_error(), "Read-only file system"));
+	assert_non_null(strstr(kvmem_last_error(), "Read-only file system"));
 	assert_int_equal(umount(mnt), 0);
 	g_mnt[0] = 0;
 	fx_rmtree(mnt);

@@ -4,7 +4,7 @@
  * in double precision (own loops, no library kernels), on small random
  * models built in memory: tied and untied, several geometries, one-shot and
  * chunked prefill, decode after prefill, the raw K / V / q handed back, and
- * the K the view holds being exactly kvm_rope of that raw K.
+ * the K the view holds being exactly kvmem_rope of that raw K.
  *
  * Tolerance: logits of a row agree to ||a - b|| / ||b|| < 2e-5 and every
  * element to 1e-4 * max|b| (fp32 engine vs double reference).
@@ -84,9 +84,9 @@ static void ref_rope(double *x, int pos, int d, double theta)
 }
 
 /* The whole sequence at once, positions 0..n-1, plain causal attention. */
-static void ref_forward(const kvm_model *m, const int32_t *tok, int n, struct ref_out *ro)
+static void ref_forward(const kvmem_model *m, const int32_t *tok, int n, struct ref_out *ro)
 {
-	const kvm_config *c = &m->cfg;
+	const kvmem_config *c = &m->cfg;
 	int H = c->hidden, Hq = c->n_heads, Hk = c->n_kv_heads, D = c->head_dim;
 	int I = c->intermediate, V = c->vocab, grp = Hq / Hk;
 	double *x = dalloc((size_t)n * H), *h = dalloc(H), *q = dalloc((size_t)n * Hq * D);
@@ -98,7 +98,7 @@ static void ref_forward(const kvm_model *m, const int32_t *tok, int n, struct re
 		for (int i = 0; i < H; i++)
 			x[(size_t)t * H + i] = m->embed[(size_t)tok[t] * H + i];
 	for (int l = 0; l < c->n_layers; l++) {
-		const kvm_layer *L = &m->layers[l];
+		const kvmem_layer *L = &m->layers[l];
 
 		for (int t = 0; t < n; t++) {
 			memcpy(h, x + (size_t)t * H, sizeof(double) * H);
@@ -223,9 +223,9 @@ static const struct geom geoms[] = {
 	{ "tied mqa 6:1", 2, 36, 6, 1, 4, 30, 45, 1, 5e5 },
 };
 
-static kvm_model *make_model(const struct geom *g, uint64_t seed)
+static kvmem_model *make_model(const struct geom *g, uint64_t seed)
 {
-	kvm_config c = test_model_config(g->layers, g->hidden, g->heads, g->kv_heads,
+	kvmem_config c = test_model_config(g->layers, g->hidden, g->heads, g->kv_heads,
 					 g->head_dim, g->inter, g->vocab, g->tied);
 
 	c.rope_theta = g->theta;
@@ -239,8 +239,8 @@ static void test_forward_oneshot(void **state)
 
 	for (size_t gi = 0; gi < sizeof(geoms) / sizeof(geoms[0]); gi++) {
 		const struct geom *g = &geoms[gi];
-		kvm_model *m = make_model(g, r + gi);
-		const kvm_config *c = &m->cfg;
+		kvmem_model *m = make_model(g, r + gi);
+		const kvmem_config *c = &m->cfg;
 		int n = test_rng_int(&r, 20, 40), V = c->vocab;
 		int32_t *tok = random_tokens(&r, n, V);
 		size_t kw = (size_t)c->n_kv_heads * c->head_dim;
@@ -251,14 +251,14 @@ static void test_forward_oneshot(void **state)
 		float *rk = malloc(sizeof(float) * c->n_layers * n * kw);
 		float *vv = malloc(sizeof(float) * c->n_layers * n * kw);
 		float *rq = malloc(sizeof(float) * c->n_layers * n * qw);
-		kvm_fwd_out fo = { rk, vv, rq };
-		kvm_kvcache kv;
-		kvm_engine *e = kvm_engine_create(m, n);
+		kvmem_fwd_out fo = { rk, vv, rq };
+		kvmem_kvcache kv;
+		kvmem_engine *e = kvmem_engine_create(m, n);
 
 		assert_non_null(e);
-		assert_ptr_equal(kvm_engine_model(e), m);
-		assert_int_equal(kvm_kvcache_init(&kv, c, n + 3), 0);
-		assert_int_equal(kvm_forward(e, &kv, tok, n, logits, 1, &fo), 0);
+		assert_ptr_equal(kvmem_engine_model(e), m);
+		assert_int_equal(kvmem_kvcache_init(&kv, c, n + 3), 0);
+		assert_int_equal(kvmem_forward(e, &kv, tok, n, logits, 1, &fo), 0);
 		assert_int_equal(kv.len, n);
 		ref_forward(m, tok, n, &ro);
 		for (int t = 0; t < n; t++)
@@ -271,24 +271,24 @@ static void test_forward_oneshot(void **state)
 				expect_close(vv + kb, ro.v + kb, kw, "V", t);
 				expect_close(rq + qb, ro.q_raw + qb, qw, "raw q", t);
 			}
-		/* The view holds kvm_rope(raw K) at the slot, bit for bit, and V as is. */
+		/* The view holds kvmem_rope(raw K) at the slot, bit for bit, and V as is. */
 		for (int l = 0; l < c->n_layers; l++)
 			for (int t = 0; t < n; t++) {
 				float krot[256];
 				int32_t pos = t;
 
 				memcpy(krot, rk + ((size_t)l * n + t) * kw, sizeof(float) * kw);
-				kvm_rope(krot, &pos, 1, c->n_kv_heads, c->head_dim, c->rope_theta);
+				kvmem_rope(krot, &pos, 1, c->n_kv_heads, c->head_dim, c->rope_theta);
 				for (int h = 0; h < c->n_kv_heads; h++) {
-					assert_memory_equal(kvm_kv_k(&kv, l, h, t), krot + h * c->head_dim,
+					assert_memory_equal(kvmem_kv_k(&kv, l, h, t), krot + h * c->head_dim,
 							    sizeof(float) * c->head_dim);
-					assert_memory_equal(kvm_kv_v(&kv, l, h, t),
+					assert_memory_equal(kvmem_kv_v(&kv, l, h, t),
 							    vv + ((size_t)l * n + t) * kw + h * c->head_dim,
 							    sizeof(float) * c->head_dim);
 				}
 			}
-		kvm_engine_free(e);
-		kvm_kvcache_free(&kv);
+		kvmem_engine_free(e);
+		kvmem_kvcache_free(&kv);
 		free(logits);
 		free(rk);
 		free(vv);
@@ -309,8 +309,8 @@ static void test_forward_chunked(void **state)
 	static const int chunks[] = { 1, 3, 7, 16 };
 
 	for (size_t gi = 0; gi < 2; gi++) {
-		kvm_model *m = make_model(&geoms[gi], r + gi);
-		const kvm_config *c = &m->cfg;
+		kvmem_model *m = make_model(&geoms[gi], r + gi);
+		const kvmem_config *c = &m->cfg;
 		int n = 33, V = c->vocab;
 		int32_t *tok = random_tokens(&r, n, V);
 		struct ref_out ro = { dalloc((size_t)n * V), NULL, NULL, NULL };
@@ -319,23 +319,23 @@ static void test_forward_chunked(void **state)
 		ref_forward(m, tok, n, &ro);
 		for (int ci = 0; ci < 4; ci++) {
 			int ch = chunks[ci];
-			kvm_engine *e = kvm_engine_create(m, ch);
-			kvm_kvcache kv;
+			kvmem_engine *e = kvmem_engine_create(m, ch);
+			kvmem_kvcache kv;
 
 			assert_non_null(e);
-			assert_int_equal(kvm_kvcache_init(&kv, c, n), 0);
+			assert_int_equal(kvmem_kvcache_init(&kv, c, n), 0);
 			for (int at = 0; at < n; at += ch) {
 				int k = n - at < ch ? n - at : ch;
 
-				assert_int_equal(kvm_forward(e, &kv, tok + at, k,
+				assert_int_equal(kvmem_forward(e, &kv, tok + at, k,
 							     logits + (size_t)at * V, 1, NULL), 0);
 			}
 			assert_int_equal(kv.len, n);
 			for (int t = 0; t < n; t++)
 				expect_close(logits + (size_t)t * V, ro.logits + (size_t)t * V, V,
 					     "chunked", t);
-			kvm_engine_free(e);
-			kvm_kvcache_free(&kv);
+			kvmem_engine_free(e);
+			kvmem_kvcache_free(&kv);
 		}
 		free(logits);
 		free(ro.logits);
@@ -351,28 +351,28 @@ static void test_forward_decode(void **state)
 	uint64_t r = g_seed ^ 0x3333;
 
 	for (size_t gi = 0; gi < sizeof(geoms) / sizeof(geoms[0]); gi += 3) {
-		kvm_model *m = make_model(&geoms[gi], r + gi);
-		const kvm_config *c = &m->cfg;
+		kvmem_model *m = make_model(&geoms[gi], r + gi);
+		const kvmem_config *c = &m->cfg;
 		int n0 = 12, steps = 10, n = n0 + steps, V = c->vocab;
 		int32_t *tok = random_tokens(&r, n, V);
 		float *logits = malloc(sizeof(float) * V);
-		kvm_engine *e = kvm_engine_create(m, 16);
-		kvm_kvcache kv;
-		kvm_sampler greedy = { 0 };
+		kvmem_engine *e = kvmem_engine_create(m, 16);
+		kvmem_kvcache kv;
+		kvmem_sampler greedy = { 0 };
 		uint64_t st = 0;
 
-		assert_int_equal(kvm_kvcache_init(&kv, c, n), 0);
-		assert_int_equal(kvm_forward(e, &kv, tok, n0, logits, 0, NULL), 0);
+		assert_int_equal(kvmem_kvcache_init(&kv, c, n), 0);
+		assert_int_equal(kvmem_forward(e, &kv, tok, n0, logits, 0, NULL), 0);
 		for (int s = 0; s < steps; s++) {
-			tok[n0 + s] = kvm_sample(logits, V, &greedy, &st);
-			assert_int_equal(kvm_forward(e, &kv, tok + n0 + s, 1, logits, 0, NULL), 0);
+			tok[n0 + s] = kvmem_sample(logits, V, &greedy, &st);
+			assert_int_equal(kvmem_forward(e, &kv, tok + n0 + s, 1, logits, 0, NULL), 0);
 		}
 		struct ref_out ro = { dalloc((size_t)n * V), NULL, NULL, NULL };
 
 		ref_forward(m, tok, n, &ro);
 		expect_close(logits, ro.logits + (size_t)(n - 1) * V, V, "decode", n - 1);
-		kvm_engine_free(e);
-		kvm_kvcache_free(&kv);
+		kvmem_engine_free(e);
+		kvmem_kvcache_free(&kv);
 		free(logits);
 		free(ro.logits);
 		free(tok);
@@ -388,39 +388,39 @@ static void test_forward_decode(void **state)
 static void test_forward_view_rebuilt(void **state)
 {
 	uint64_t r = g_seed ^ 0x4444;
-	kvm_model *m = make_model(&geoms[1], r);
-	const kvm_config *c = &m->cfg;
+	kvmem_model *m = make_model(&geoms[1], r);
+	const kvmem_config *c = &m->cfg;
 	int n = 20, V = c->vocab, L = c->n_layers, Hk = c->n_kv_heads, D = c->head_dim;
 	size_t kw = (size_t)Hk * D;
 	int32_t *tok = random_tokens(&r, n + 1, V);
 	float *rk = malloc(sizeof(float) * L * n * kw), *vv = malloc(sizeof(float) * L * n * kw);
 	float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
-	kvm_fwd_out fo = { rk, vv, NULL };
-	kvm_engine *e = kvm_engine_create(m, n);
-	kvm_kvcache kv, view;
+	kvmem_fwd_out fo = { rk, vv, NULL };
+	kvmem_engine *e = kvmem_engine_create(m, n);
+	kvmem_kvcache kv, view;
 
-	assert_int_equal(kvm_kvcache_init(&kv, c, n + 1), 0);
-	assert_int_equal(kvm_kvcache_init(&view, c, n + 5), 0);
-	assert_int_equal(kvm_forward(e, &kv, tok, n, NULL, 0, &fo), 0);
+	assert_int_equal(kvmem_kvcache_init(&kv, c, n + 1), 0);
+	assert_int_equal(kvmem_kvcache_init(&view, c, n + 5), 0);
+	assert_int_equal(kvmem_forward(e, &kv, tok, n, NULL, 0, &fo), 0);
 	for (int l = 0; l < L; l++)
 		for (int t = 0; t < n; t++) {
 			float *row = rk + ((size_t)l * n + t) * kw;
 			int32_t pos = t;
 
-			kvm_rope(row, &pos, 1, Hk, D, c->rope_theta);
+			kvmem_rope(row, &pos, 1, Hk, D, c->rope_theta);
 			for (int h = 0; h < Hk; h++) {
-				memcpy(kvm_kv_k(&view, l, h, t), row + h * D, sizeof(float) * D);
-				memcpy(kvm_kv_v(&view, l, h, t), vv + ((size_t)l * n + t) * kw + h * D,
+				memcpy(kvmem_kv_k(&view, l, h, t), row + h * D, sizeof(float) * D);
+				memcpy(kvmem_kv_v(&view, l, h, t), vv + ((size_t)l * n + t) * kw + h * D,
 				       sizeof(float) * D);
 			}
 		}
 	view.len = n;
-	assert_int_equal(kvm_forward(e, &kv, tok + n, 1, a, 0, NULL), 0);
-	assert_int_equal(kvm_forward(e, &view, tok + n, 1, b, 0, NULL), 0);
+	assert_int_equal(kvmem_forward(e, &kv, tok + n, 1, a, 0, NULL), 0);
+	assert_int_equal(kvmem_forward(e, &view, tok + n, 1, b, 0, NULL), 0);
 	assert_memory_equal(a, b, sizeof(float) * V);
-	kvm_engine_free(e);
-	kvm_kvcache_free(&kv);
-	kvm_kvcache_free(&view);
+	kvmem_engine_free(e);
+	kvmem_kvcache_free(&kv);
+	kvmem_kvcache_free(&view);
 	free(rk);
 	free(vv);
 	free(a);
@@ -434,7 +434,7 @@ static void test_forward_long(void **state)
 {
 	uint64_t r = g_seed ^ 0x6666;
 	struct geom g = { "long gqa 8:2 d64", 2, 64, 8, 2, 64, 96, 80, 0, 1e6 };
-	kvm_model *m = make_model(&g, r);
+	kvmem_model *m = make_model(&g, r);
 	int n = 160, V = g.vocab;
 	int32_t *tok = random_tokens(&r, n, V);
 	struct ref_out ro = { dalloc((size_t)n * V), NULL, NULL, NULL };
@@ -442,20 +442,20 @@ static void test_forward_long(void **state)
 
 	ref_forward(m, tok, n, &ro);
 	for (int ch = n; ch >= 50; ch -= 110) {	/* one shot, then chunks of 50 */
-		kvm_engine *e = kvm_engine_create(m, ch);
-		kvm_kvcache kv;
+		kvmem_engine *e = kvmem_engine_create(m, ch);
+		kvmem_kvcache kv;
 
-		assert_int_equal(kvm_kvcache_init(&kv, &m->cfg, n), 0);
+		assert_int_equal(kvmem_kvcache_init(&kv, &m->cfg, n), 0);
 		for (int at = 0; at < n; at += ch) {
 			int k = n - at < ch ? n - at : ch;
 
-			assert_int_equal(kvm_forward(e, &kv, tok + at, k, logits + (size_t)at * V, 1,
+			assert_int_equal(kvmem_forward(e, &kv, tok + at, k, logits + (size_t)at * V, 1,
 						     NULL), 0);
 		}
 		for (int t = 0; t < n; t++)
 			expect_close(logits + (size_t)t * V, ro.logits + (size_t)t * V, V, g.name, t);
-		kvm_engine_free(e);
-		kvm_kvcache_free(&kv);
+		kvmem_engine_free(e);
+		kvmem_kvcache_free(&kv);
 	}
 	free(logits);
 	free(ro.logits);
@@ -467,44 +467,44 @@ static void test_forward_long(void **state)
 static void test_forward_errors(void **state)
 {
 	uint64_t r = g_seed ^ 0x5555;
-	kvm_model *m = make_model(&geoms[0], r);
-	const kvm_config *c = &m->cfg;
+	kvmem_model *m = make_model(&geoms[0], r);
+	const kvmem_config *c = &m->cfg;
 	int32_t tok[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
-	kvm_engine *e = kvm_engine_create(m, 4);
-	kvm_kvcache kv, other;
-	kvm_config c2 = *c;
+	kvmem_engine *e = kvmem_engine_create(m, 4);
+	kvmem_kvcache kv, other;
+	kvmem_config c2 = *c;
 
-	assert_int_equal(kvm_kvcache_init(&kv, c, 6), 0);
-	assert_int_equal(kvm_forward(e, &kv, tok, 5, NULL, 0, NULL), -1);	/* > max_chunk */
-	assert_non_null(strstr(kvm_last_error(), "tokens in one call"));
-	assert_int_equal(kvm_forward(e, &kv, tok, 0, NULL, 0, NULL), -1);
+	assert_int_equal(kvmem_kvcache_init(&kv, c, 6), 0);
+	assert_true(kvmem_forward(e, &kv, tok, 5, NULL, 0, NULL) < 0);	/* > max_chunk */
+	assert_non_null(strstr(kvmem_last_error(), "tokens in one call"));
+	assert_true(kvmem_forward(e, &kv, tok, 0, NULL, 0, NULL) < 0);
 	tok[2] = c->vocab;
-	assert_int_equal(kvm_forward(e, &kv, tok, 3, NULL, 0, NULL), -1);
-	assert_non_null(strstr(kvm_last_error(), "outside the vocabulary"));
+	assert_true(kvmem_forward(e, &kv, tok, 3, NULL, 0, NULL) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "outside the vocabulary"));
 	tok[2] = -1;
-	assert_int_equal(kvm_forward(e, &kv, tok, 3, NULL, 0, NULL), -1);
+	assert_true(kvmem_forward(e, &kv, tok, 3, NULL, 0, NULL) < 0);
 	tok[2] = 3;
 	assert_int_equal(kv.len, 0);
-	assert_int_equal(kvm_forward(e, &kv, tok, 4, NULL, 0, NULL), 0);
-	assert_int_equal(kvm_forward(e, &kv, tok, 3, NULL, 0, NULL), -1);	/* 4 + 3 > 6 */
-	assert_non_null(strstr(kvm_last_error(), "no room"));
+	assert_int_equal(kvmem_forward(e, &kv, tok, 4, NULL, 0, NULL), 0);
+	assert_true(kvmem_forward(e, &kv, tok, 3, NULL, 0, NULL) < 0);	/* 4 + 3 > 6 */
+	assert_non_null(strstr(kvmem_last_error(), "no room"));
 	assert_int_equal(kv.len, 4);
 	c2.n_kv_heads = c->n_kv_heads * 2;
 	c2.n_heads = c->n_heads * 2;
-	assert_int_equal(kvm_kvcache_init(&other, &c2, 6), 0);
-	assert_int_equal(kvm_forward(e, &other, tok, 1, NULL, 0, NULL), -1);
-	assert_non_null(strstr(kvm_last_error(), "geometry"));
-	kvm_kvcache_free(&other);
-	assert_int_equal(kvm_kvcache_init(&other, c, 0), -1);
-	assert_null(kvm_engine_create(m, 0));
+	assert_int_equal(kvmem_kvcache_init(&other, &c2, 6), 0);
+	assert_true(kvmem_forward(e, &other, tok, 1, NULL, 0, NULL) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "geometry"));
+	kvmem_kvcache_free(&other);
+	assert_true(kvmem_kvcache_init(&other, c, 0) < 0);
+	assert_null(kvmem_engine_create(m, 0));
 	c2 = *c;
 	c2.n_kv_heads = 3;	/* 4 heads are no multiple of 3 */
 	m->cfg = c2;
-	assert_null(kvm_engine_create(m, 4));
-	assert_non_null(strstr(kvm_last_error(), "multiple"));
+	assert_null(kvmem_engine_create(m, 4));
+	assert_non_null(strstr(kvmem_last_error(), "multiple"));
 	m->cfg = *c;
-	kvm_engine_free(e);
-	kvm_kvcache_free(&kv);
+	kvmem_engine_free(e);
+	kvmem_kvcache_free(&kv);
 	test_model_free(m);
 }
 

@@ -73,7 +73,7 @@ static int same_file(const char *a, const char *b)
 }
 
 /* Parameters counted here from the shapes, independently of the library. */
-static uint64_t count_params(const kvm_config *c)
+static uint64_t count_params(const kvmem_config *c)
 {
 	uint64_t h = (uint64_t)c->hidden, q = (uint64_t)c->n_heads * c->head_dim;
 	uint64_t kv = (uint64_t)c->n_kv_heads * c->head_dim, i = (uint64_t)c->intermediate;
@@ -98,12 +98,12 @@ static void test_presets(void **state)
 		{ "14b", 40, 5120, 40, 8, 128, 17408, 0, 13.2e9 },
 		{ "32b", 64, 5120, 64, 8, 128, 25600, 0, 31.2e9 },
 	};
-	const kvm_preset *p;
+	const kvmem_preset *p;
 
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		uint64_t params, emb;
 
-		p = kvm_preset_find(want[i].name);
+		p = kvmem_preset_find(want[i].name);
 		assert_non_null(p);
 		assert_int_equal(p->cfg.n_layers, want[i].l);
 		assert_int_equal(p->cfg.hidden, want[i].h);
@@ -118,30 +118,30 @@ static void test_presets(void **state)
 		assert_true(p->cfg.rms_eps == 1e-6f);
 		assert_int_equal(p->cfg.bos_id, 151643);
 		assert_int_equal(p->cfg.eos_id, 151645);
-		assert_int_equal(kvm_config_validate(&p->cfg, p->name), 0);
-		params = kvm_config_params(&p->cfg);
+		assert_int_equal(kvmem_config_validate(&p->cfg, p->name), 0);
+		params = kvmem_config_params(&p->cfg);
 		assert_int_equal(params, count_params(&p->cfg));
 		emb = (uint64_t)p->cfg.vocab * p->cfg.hidden * (p->cfg.tie_embeddings ? 1 : 2);
 		assert_true(fabs((double)(params - emb) / want[i].non_embedding - 1) < 0.02);
 		/* a bf16 file is 2 bytes a parameter plus a header */
-		assert_true(kvm_model_generate_bytes(&p->cfg, NULL) > 2 * params + 8);
-		assert_true(kvm_model_generate_bytes(&p->cfg, NULL) < 2 * params + 200000);
+		assert_true(kvmem_model_generate_bytes(&p->cfg, NULL) > 2 * params + 8);
+		assert_true(kvmem_model_generate_bytes(&p->cfg, NULL) < 2 * params + 200000);
 	}
-	p = kvm_preset_find("8b");
-	assert_int_equal(kvm_config_params(&p->cfg), 8190735360ull);	/* the published 8.2B */
-	assert_int_equal(kvm_config_kv_bytes_per_token(&p->cfg, 2), 147456);
-	assert_int_equal(kvm_config_kv_bytes_per_token(&p->cfg, 4), 294912);
-	p = kvm_preset_find("tiny");
-	assert_int_equal(kvm_config_params(&p->cfg), 2624256);
-	assert_true(kvm_model_generate_bytes(&p->cfg, NULL) < 8u << 20);	/* a few MB */
-	assert_null(kvm_preset_find("7b"));
-	assert_null(kvm_preset_find(NULL));
+	p = kvmem_preset_find("8b");
+	assert_int_equal(kvmem_config_params(&p->cfg), 8190735360ull);	/* the published 8.2B */
+	assert_int_equal(kvmem_config_kv_bytes_per_token(&p->cfg, 2), 147456);
+	assert_int_equal(kvmem_config_kv_bytes_per_token(&p->cfg, 4), 294912);
+	p = kvmem_preset_find("tiny");
+	assert_int_equal(kvmem_config_params(&p->cfg), 2624256);
+	assert_true(kvmem_model_generate_bytes(&p->cfg, NULL) < 8u << 20);	/* a few MB */
+	assert_null(kvmem_preset_find("7b"));
+	assert_null(kvmem_preset_find(NULL));
 }
 
 /* The fingerprint recomputed from its definition in model.h / formats.md. */
 static void test_fingerprint_definition(void **state)
 {
-	const kvm_config *c = &kvm_preset_find("tiny")->cfg;
+	const kvmem_config *c = &kvmem_preset_find("tiny")->cfg;
 	char *text = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&text, &len);
@@ -151,7 +151,7 @@ static void test_fingerprint_definition(void **state)
 				"mlp.up_proj", "mlp.down_proj" };
 	const char *shapes[] = { "[256]", "[256, 256]", "[128, 256]", "[128, 256]", "[256, 256]",
 				 "[64]", "[64]", "[256]", "[512, 256]", "[512, 256]", "[256, 512]" };
-	kvm_config other = *c;
+	kvmem_config other = *c;
 
 	fprintf(f, "kvmem-model-v1\narch Qwen3ForCausalLM\nlayers 4\nhidden 256\nheads 4\n"
 		   "kv_heads 2\nhead_dim 64\nintermediate 512\nvocab 1024\nrope_theta 1000000\n"
@@ -162,42 +162,42 @@ static void test_fingerprint_definition(void **state)
 			fprintf(f, "model.layers.%d.%s.weight BF16 %s\n", l, names[k], shapes[k]);
 	fprintf(f, "model.norm.weight BF16 [256]\n");
 	fclose(f);
-	assert_int_equal(kvm_config_fingerprint(c), XXH64(text, len, 0));
+	assert_int_equal(kvmem_config_fingerprint(c), XXH64(text, len, 0));
 	free(text);
 
 	/* what changes K/V changes it; what does not, does not */
 	other.intermediate = 768;
-	assert_true(kvm_config_fingerprint(&other) != kvm_config_fingerprint(c));
+	assert_true(kvmem_config_fingerprint(&other) != kvmem_config_fingerprint(c));
 	other = *c;
 	other.rope_theta = 1e4;
-	assert_true(kvm_config_fingerprint(&other) != kvm_config_fingerprint(c));
+	assert_true(kvmem_config_fingerprint(&other) != kvmem_config_fingerprint(c));
 	other = *c;
 	other.tie_embeddings = 0;
-	assert_true(kvm_config_fingerprint(&other) != kvm_config_fingerprint(c));
+	assert_true(kvmem_config_fingerprint(&other) != kvmem_config_fingerprint(c));
 	other = *c;
 	other.max_position = 1 << 20;
 	other.eos_id = 5;
-	assert_int_equal(kvm_config_fingerprint(&other), kvm_config_fingerprint(c));
+	assert_int_equal(kvmem_config_fingerprint(&other), kvmem_config_fingerprint(c));
 }
 
 /* Same seed, same bytes, whatever the thread count; another seed, other
  * weights but the same config (and geometry fingerprint). */
 static void test_deterministic(void **state)
 {
-	const kvm_preset *p = kvm_preset_find("tiny");
+	const kvmem_preset *p = kvmem_preset_find("tiny");
 	char a[128], b[128], c[128], fa[160], fb[160];
-	kvm_model *ma, *mb, *mc;
+	kvmem_model *ma, *mb, *mc;
 	int threads = omp_get_max_threads();
 
 	snprintf(a, sizeof(a), "%s/det-a", root);
 	snprintf(b, sizeof(b), "%s/det-b", root);
 	snprintf(c, sizeof(c), "%s/det-c", root);
 	omp_set_num_threads(1);
-	assert_int_equal(kvm_model_generate(&p->cfg, a, seed0, NULL, NULL), 0);
+	assert_int_equal(kvmem_model_generate(&p->cfg, a, seed0, NULL, NULL), 0);
 	omp_set_num_threads(threads > 1 ? threads : 3);
-	assert_int_equal(kvm_model_generate(&p->cfg, b, seed0, NULL, NULL), 0);
+	assert_int_equal(kvmem_model_generate(&p->cfg, b, seed0, NULL, NULL), 0);
 	omp_set_num_threads(threads);
-	assert_int_equal(kvm_model_generate(&p->cfg, c, seed0 + 1, NULL, NULL), 0);
+	assert_int_equal(kvmem_model_generate(&p->cfg, c, seed0 + 1, NULL, NULL), 0);
 	for (int k = 0; k < 3; k++) {
 		const char *name[] = { "model.safetensors", "config.json", "generation_config.json" };
 
@@ -207,16 +207,16 @@ static void test_deterministic(void **state)
 		snprintf(fb, sizeof(fb), "%s/%s", c, name[k]);
 		assert_int_equal(same_file(fa, fb), k != 0);
 	}
-	assert_int_equal(kvm_model_load(a, &ma), 0);
-	assert_int_equal(kvm_model_load(b, &mb), 0);
-	assert_int_equal(kvm_model_load(c, &mc), 0);
+	assert_int_equal(kvmem_model_load(a, &ma), 0);
+	assert_int_equal(kvmem_model_load(b, &mb), 0);
+	assert_int_equal(kvmem_model_load(c, &mc), 0);
 	assert_int_equal(ma->fingerprint, mb->fingerprint);
 	assert_true(ma->fingerprint != mc->fingerprint);
-	assert_int_equal(kvm_config_fingerprint(&ma->cfg), kvm_config_fingerprint(&mc->cfg));
-	assert_int_equal(kvm_config_fingerprint(&ma->cfg), kvm_config_fingerprint(&p->cfg));
-	kvm_model_free(ma);
-	kvm_model_free(mb);
-	kvm_model_free(mc);
+	assert_int_equal(kvmem_config_fingerprint(&ma->cfg), kvmem_config_fingerprint(&mc->cfg));
+	assert_int_equal(kvmem_config_fingerprint(&ma->cfg), kvmem_config_fingerprint(&p->cfg));
+	kvmem_model_free(ma);
+	kvmem_model_free(mb);
+	kvmem_model_free(mc);
 }
 
 static double stdev(const float *w, size_t n, double *mean)
@@ -249,16 +249,16 @@ static void expect_std(const float *w, size_t n, double want, const char *what)
 /* The tiny preset loads back with its geometry and the documented scales. */
 static void test_loads_back(void **state)
 {
-	const kvm_preset *p = kvm_preset_find("tiny");
-	const kvm_config *c = &p->cfg;
+	const kvmem_preset *p = kvmem_preset_find("tiny");
+	const kvmem_config *c = &p->cfg;
 	char dir[128];
-	kvm_model *m;
+	kvmem_model *m;
 	size_t h = (size_t)c->hidden, q = (size_t)c->n_heads * c->head_dim;
 	size_t kv = (size_t)c->n_kv_heads * c->head_dim, in = (size_t)c->intermediate;
 
 	snprintf(dir, sizeof(dir), "%s/back", root);
-	assert_int_equal(kvm_model_generate(c, dir, seed0 ^ 77, NULL, NULL), 0);
-	assert_int_equal(kvm_model_load(dir, &m), 0);
+	assert_int_equal(kvmem_model_generate(c, dir, seed0 ^ 77, NULL, NULL), 0);
+	assert_int_equal(kvmem_model_load(dir, &m), 0);
 	assert_string_equal(m->cfg.arch, c->arch);
 	assert_int_equal(m->cfg.n_layers, c->n_layers);
 	assert_int_equal(m->cfg.hidden, c->hidden);
@@ -279,7 +279,7 @@ static void test_loads_back(void **state)
 
 	expect_std(m->embed, (size_t)c->vocab * h, 1 / sqrt((double)h), "embed");
 	for (int l = 0; l < c->n_layers; l++) {
-		const kvm_layer *L = &m->layers[l];
+		const kvmem_layer *L = &m->layers[l];
 		double res = 1.0 / sqrt(2.0 * c->n_layers);
 
 		expect_std(L->wq, q * h, 1 / sqrt((double)h), "wq");
@@ -302,18 +302,18 @@ static void test_loads_back(void **state)
 	/* the engine runs it: finite logits of a moderate size that vary */
 	{
 		enum { N = 48 };
-		kvm_engine *e = kvm_engine_create(m, N);
-		kvm_kvcache kvc;
+		kvmem_engine *e = kvmem_engine_create(m, N);
+		kvmem_kvcache kvc;
 		int32_t tok[N];
 		float *logits = malloc((size_t)N * c->vocab * sizeof(float));
 		uint64_t s = seed0;
 		int argmax_changes = 0, prev = -1;
 
 		assert_non_null(e);
-		assert_int_equal(kvm_kvcache_init(&kvc, c, N), 0);
+		assert_int_equal(kvmem_kvcache_init(&kvc, c, N), 0);
 		for (int i = 0; i < N; i++)
 			tok[i] = (int32_t)(test_rng_next(&s) % (uint64_t)c->vocab);
-		assert_int_equal(kvm_forward(e, &kvc, tok, N, logits, 1, NULL), 0);
+		assert_int_equal(kvmem_forward(e, &kvc, tok, N, logits, 1, NULL), 0);
 		for (int i = 0; i < N; i++) {
 			double mean, sd = stdev(logits + (size_t)i * c->vocab, (size_t)c->vocab, &mean);
 			int best = 0;
@@ -330,10 +330,10 @@ static void test_loads_back(void **state)
 		}
 		assert_true(argmax_changes > N / 4);
 		free(logits);
-		kvm_kvcache_free(&kvc);
-		kvm_engine_free(e);
+		kvmem_kvcache_free(&kvc);
+		kvmem_engine_free(e);
 	}
-	kvm_model_free(m);
+	kvmem_model_free(m);
 }
 
 static double rms(const float *x, int n)
@@ -352,12 +352,12 @@ static double rms(const float *x, int n)
  */
 static void test_activations_sane(void **state)
 {
-	kvm_config c = { .arch = "Qwen3ForCausalLM", .n_layers = 32, .hidden = 128, .n_heads = 4,
+	kvmem_config c = { .arch = "Qwen3ForCausalLM", .n_layers = 32, .hidden = 128, .n_heads = 4,
 			 .n_kv_heads = 2, .head_dim = 32, .intermediate = 384, .vocab = 256,
 			 .max_position = 1024, .rope_theta = 1e6, .rms_eps = 1e-6f,
 			 .tie_embeddings = 1, .bos_id = -1, .eos_id = -1, .dtype = "bfloat16" };
 	char dir[128];
-	kvm_model *m;
+	kvmem_model *m;
 	int H = c.hidden, Q = c.n_heads * c.head_dim, KV = c.n_kv_heads * c.head_dim;
 	int group = c.n_heads / c.n_kv_heads;
 	float *x = malloc(H * 4), *h = malloc(H * 4), *v = malloc(KV * 4), *a = malloc(Q * 4);
@@ -365,36 +365,36 @@ static void test_activations_sane(void **state)
 	uint64_t s = seed0 ^ 5;
 
 	snprintf(dir, sizeof(dir), "%s/deep", root);
-	assert_int_equal(kvm_model_generate(&c, dir, seed0, NULL, NULL), 0);
-	assert_int_equal(kvm_model_load(dir, &m), 0);
+	assert_int_equal(kvmem_model_generate(&c, dir, seed0, NULL, NULL), 0);
+	assert_int_equal(kvmem_model_load(dir, &m), 0);
 	for (int trial = 0; trial < 4; trial++) {
 		int32_t tok = (int32_t)(test_rng_next(&s) % (uint64_t)c.vocab);
 
-		kvm_embedding(x, m->embed, &tok, 1, H);
+		kvmem_embedding(x, m->embed, &tok, 1, H);
 		for (int l = 0; l < c.n_layers; l++) {
-			const kvm_layer *L = &m->layers[l];
+			const kvmem_layer *L = &m->layers[l];
 			double r;
 
-			kvm_rmsnorm(h, x, L->attn_norm, 1, H, c.rms_eps);
-			kvm_matmul(v, h, L->wv, 1, H, KV);
+			kvmem_rmsnorm(h, x, L->attn_norm, 1, H, c.rms_eps);
+			kvmem_matmul(v, h, L->wv, 1, H, KV);
 			for (int hh = 0; hh < c.n_heads; hh++)	/* each query head reads its KV head */
 				memcpy(a + hh * c.head_dim, v + (hh / group) * c.head_dim,
 				       (size_t)c.head_dim * 4);
-			kvm_matmul(o, a, L->wo, 1, Q, H);
-			kvm_add(x, o, (size_t)H);
-			kvm_rmsnorm(h, x, L->mlp_norm, 1, H, c.rms_eps);
-			kvm_matmul(g, h, L->w_gate, 1, H, c.intermediate);
-			kvm_matmul(u, h, L->w_up, 1, H, c.intermediate);
-			kvm_swiglu(g, g, u, (size_t)c.intermediate);
-			kvm_matmul(o, g, L->w_down, 1, c.intermediate, H);
-			kvm_add(x, o, (size_t)H);
+			kvmem_matmul(o, a, L->wo, 1, Q, H);
+			kvmem_add(x, o, (size_t)H);
+			kvmem_rmsnorm(h, x, L->mlp_norm, 1, H, c.rms_eps);
+			kvmem_matmul(g, h, L->w_gate, 1, H, c.intermediate);
+			kvmem_matmul(u, h, L->w_up, 1, H, c.intermediate);
+			kvmem_swiglu(g, g, u, (size_t)c.intermediate);
+			kvmem_matmul(o, g, L->w_down, 1, c.intermediate, H);
+			kvmem_add(x, o, (size_t)H);
 			r = rms(x, H);
 			/* embeddings start near 1/sqrt(H); 2L branches of ~1/sqrt(2L) each add up to ~1 */
 			if (!(r > 0.03 && r < 3))
 				fail_msg("token %d, layer %d: residual RMS %g", tok, l, r);
 		}
 	}
-	kvm_model_free(m);
+	kvmem_model_free(m);
 	free(x); free(h); free(v); free(a); free(o); free(g); free(u);
 }
 
@@ -416,39 +416,39 @@ static void on_progress(uint64_t done, uint64_t total, void *arg)
 
 static void test_progress_and_errors(void **state)
 {
-	kvm_config c = { .arch = "Qwen3ForCausalLM", .n_layers = 1, .hidden = 1024, .n_heads = 2,
+	kvmem_config c = { .arch = "Qwen3ForCausalLM", .n_layers = 1, .hidden = 1024, .n_heads = 2,
 			 .n_kv_heads = 1, .head_dim = 16, .intermediate = 16, .vocab = 9000,
 			 .max_position = 1024, .rope_theta = 1e6, .rms_eps = 1e-6f,
 			 .tie_embeddings = 1, .bos_id = -1, .eos_id = -1, .dtype = "bfloat16" };
 	struct prog p = { 0 };
 	char dir[128], file[160];
-	kvm_gen_opts o = { .seed = 3, .progress = on_progress, .arg = &p };
+	kvmem_gen_opts o = { .seed = 3, .progress = on_progress, .arg = &p };
 	struct stat st;
 	FILE *f;
 
 	snprintf(dir, sizeof(dir), "%s/prog", root);
-	assert_int_equal(kvm_model_generate_opts(&c, dir, &o), 0);
+	assert_int_equal(kvmem_model_generate_opts(&c, dir, &o), 0);
 	assert_true(p.calls >= 3);	/* 9.2M values in 4M-value pieces, and more */
 	assert_false(p.backwards);
 	assert_int_equal(p.last, p.total);
-	assert_int_equal(p.total, kvm_config_params(&c) * 2);
+	assert_int_equal(p.total, kvmem_config_params(&c) * 2);
 	snprintf(file, sizeof(file), "%s/model.safetensors", dir);
 	assert_int_equal(stat(file, &st), 0);
-	assert_int_equal((uint64_t)st.st_size, kvm_model_generate_bytes(&c, &o));
+	assert_int_equal((uint64_t)st.st_size, kvmem_model_generate_bytes(&c, &o));
 
 	/* refusals */
 	c.n_kv_heads = 3;
-	assert_int_equal(kvm_model_generate(&c, dir, 1, NULL, NULL), -1);
-	assert_non_null(strstr(kvm_last_error(), "num_key_value_heads 3 does not divide"));
+	assert_true(kvmem_model_generate(&c, dir, 1, NULL, NULL) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "num_key_value_heads 3 does not divide"));
 	c.n_kv_heads = 1;
 	o.dtype = "int8";
-	assert_int_equal(kvm_model_generate_opts(&c, dir, &o), -1);
-	assert_non_null(strstr(kvm_last_error(), "dtype 'int8' is not one of bf16, f16, f32"));
+	assert_true(kvmem_model_generate_opts(&c, dir, &o) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "dtype 'int8' is not one of bf16, f16, f32"));
 	snprintf(file, sizeof(file), "%s/afile", root);
 	f = fopen(file, "w");
 	fclose(f);
-	assert_int_equal(kvm_model_generate(&c, file, 1, NULL, NULL), -1);
-	assert_non_null(strstr(kvm_last_error(), "afile: not a directory"));
+	assert_true(kvmem_model_generate(&c, file, 1, NULL, NULL) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "afile: not a directory"));
 }
 
 /* ---- the commands -------------------------------------------------------- */
@@ -493,7 +493,7 @@ static void test_cli(void **state)
 {
 	const char *bin = kvmem_bin();
 	char out[8192], dir[128];
-	kvm_json *j;
+	kvmem_json *j;
 
 	if (access(bin, X_OK)) {
 		print_message("no %s: skipping the command tests\n", bin);
@@ -513,7 +513,7 @@ static void test_cli(void **state)
 	want_in(out, "nothing written");
 
 	assert_int_equal(run(out, sizeof(out), "%s generate --help", bin), 0);
-	for (const kvm_preset *p = kvm_presets; p->name; p++)
+	for (const kvmem_preset *p = kvmem_presets; p->name; p++)
 		want_in(out, p->name);
 	assert_int_equal(run(out, sizeof(out), "%s generate --preset 7b --dry-run", bin), 2);
 	want_in(out, "unknown preset '7b'");
@@ -534,14 +534,14 @@ static void test_cli(void **state)
 	want_in(out, "window        4096 tokens");
 	want_in(out, "fingerprint   ");
 	assert_int_equal(run(out, sizeof(out), "%s info %s --json", bin, dir), 0);
-	j = kvm_json_parse(out, strlen(out), "info --json");
+	j = kvmem_json_parse(out, strlen(out), "info --json");
 	assert_non_null(j);
-	assert_int_equal(kvm_json_int(kvm_json_get(j, "layers"), 0), 4);
-	assert_int_equal(kvm_json_int(kvm_json_get(j, "params"), 0), 2624256);
-	assert_int_equal(kvm_json_int(kvm_json_get(j, "kv_bytes_per_token_bf16"), 0), 2048);
-	assert_string_equal(kvm_json_str(kvm_json_get(j, "weight_dtype"), ""), "BF16");
-	assert_int_equal(strlen(kvm_json_str(kvm_json_get(j, "fingerprint"), "")), 16);
-	kvm_json_free(j);
+	assert_int_equal(kvmem_json_int(kvmem_json_get(j, "layers"), 0), 4);
+	assert_int_equal(kvmem_json_int(kvmem_json_get(j, "params"), 0), 2624256);
+	assert_int_equal(kvmem_json_int(kvmem_json_get(j, "kv_bytes_per_token_bf16"), 0), 2048);
+	assert_string_equal(kvmem_json_str(kvmem_json_get(j, "weight_dtype"), ""), "BF16");
+	assert_int_equal(strlen(kvmem_json_str(kvmem_json_get(j, "fingerprint"), "")), 16);
+	kvmem_json_free(j);
 
 	assert_int_equal(run(out, sizeof(out), "%s info %s/nowhere", bin, root), 1);
 	want_in(out, "kvmem info: ");

@@ -20,42 +20,42 @@ static void test_geometry(void **state)
 	uint64_t rng = g_seed;
 
 	for (int it = 0; it < 20; it++) {
-		size_t slot = KVM_IO_ALIGN * test_rng_int(&rng, 1, 64);
+		size_t slot = KVMEM_IO_ALIGN * test_rng_int(&rng, 1, 64);
 		uint32_t want = test_rng_int(&rng, 1, 100);
 		uint64_t cap = slot * want + test_rng_int(&rng, 0, slot - 1);
-		kvm_hostpool *hp = kvm_hostpool_create(cap, slot, -1);
+		kvmem_hostpool *hp = kvmem_hostpool_create(cap, slot, -1);
 		void *base;
 		size_t len;
 
 		assert_non_null(hp);
-		assert_int_equal(kvm_hostpool_slots(hp), want);
-		assert_int_equal(kvm_hostpool_free_slots(hp), want);
-		assert_int_equal(kvm_hostpool_slot_bytes(hp), slot);
-		kvm_hostpool_region(hp, &base, &len);
+		assert_int_equal(kvmem_hostpool_slots(hp), want);
+		assert_int_equal(kvmem_hostpool_free_slots(hp), want);
+		assert_int_equal(kvmem_hostpool_slot_bytes(hp), slot);
+		kvmem_hostpool_region(hp, &base, &len);
 		assert_int_equal((uintptr_t)base % (2u << 20), 0);
 		assert_int_equal(len % (2u << 20), 0);
 		assert_true(len >= slot * want);
 		for (uint32_t s = 0; s < want; s++) {
-			uint8_t *p = kvm_hostpool_slot(hp, s);
+			uint8_t *p = kvmem_hostpool_slot(hp, s);
 
-			assert_int_equal((uintptr_t)p % KVM_IO_ALIGN, 0);
+			assert_int_equal((uintptr_t)p % KVMEM_IO_ALIGN, 0);
 			assert_ptr_equal(p, (uint8_t *)base + (size_t)s * slot);
 		}
 		if (numa_available() >= 0)
-			assert_true(kvm_hostpool_node(hp) >= 0);
-		kvm_hostpool_free(hp);
+			assert_true(kvmem_hostpool_node(hp) >= 0);
+		kvmem_hostpool_free(hp);
 	}
 }
 
 static void test_errors(void **state)
 {
-	assert_null(kvm_hostpool_create(4096, 8192, -1));
-	assert_non_null(strstr(kvm_last_error(), "holds no page"));
-	assert_null(kvm_hostpool_create(1 << 20, 1000, -1));
-	assert_non_null(strstr(kvm_last_error(), "multiple of 4096"));
+	assert_null(kvmem_hostpool_create(4096, 8192, -1));
+	assert_non_null(strstr(kvmem_last_error(), "holds no page"));
+	assert_null(kvmem_hostpool_create(1 << 20, 1000, -1));
+	assert_non_null(strstr(kvmem_last_error(), "multiple of 4096"));
 	if (numa_available() >= 0) {
-		assert_null(kvm_hostpool_create(1 << 20, 4096, numa_max_node() + 1));
-		assert_non_null(strstr(kvm_last_error(), "NUMA node"));
+		assert_null(kvmem_hostpool_create(1 << 20, 4096, numa_max_node() + 1));
+		assert_non_null(strstr(kvmem_last_error(), "NUMA node"));
 	}
 }
 
@@ -66,7 +66,7 @@ static void test_runs_and_contents(void **state)
 	uint64_t rng = g_seed ^ 9, seed = fx_mix(g_seed);
 	const size_t slot = 8192;
 	const uint32_t n = 200;
-	kvm_hostpool *hp = kvm_hostpool_create(slot * n, slot, -1);
+	kvmem_hostpool *hp = kvmem_hostpool_create(slot * n, slot, -1);
 	int32_t owner[200];
 	uint32_t used = 0;
 
@@ -76,7 +76,7 @@ static void test_runs_and_contents(void **state)
 	for (int it = 0; it < 3000; it++) {
 		if (test_rng_int(&rng, 0, 1)) {
 			uint32_t first, want = test_rng_int(&rng, 1, 12);
-			uint32_t got = kvm_hostpool_alloc_run(hp, want, &first);
+			uint32_t got = kvmem_hostpool_alloc_run(hp, want, &first);
 
 			if (used == n) {
 				assert_int_equal(got, 0);
@@ -86,8 +86,8 @@ static void test_runs_and_contents(void **state)
 			for (uint32_t s = first; s < first + got; s++) {
 				assert_int_equal(owner[s], -1);
 				owner[s] = it;
-				fx_fill(kvm_hostpool_slot(hp, s), slot, seed, s, it);
-				assert_false(kvm_hostpool_is_free(hp, s));
+				fx_fill(kvmem_hostpool_slot(hp, s), slot, seed, s, it);
+				assert_false(kvmem_hostpool_is_free(hp, s));
 			}
 			/* A run stops only at a used slot or the end. */
 			if (got < want && first + got < n)
@@ -98,23 +98,23 @@ static void test_runs_and_contents(void **state)
 
 			if (owner[s] < 0)
 				continue;
-			kvm_hostpool_release(hp, s, 1);
+			kvmem_hostpool_release(hp, s, 1);
 			owner[s] = -1;
 			used--;
-			assert_true(kvm_hostpool_is_free(hp, s));
+			assert_true(kvmem_hostpool_is_free(hp, s));
 		}
-		assert_int_equal(kvm_hostpool_free_slots(hp), n - used);
+		assert_int_equal(kvmem_hostpool_free_slots(hp), n - used);
 	}
 	for (uint32_t s = 0; s < n; s++) {
 		uint8_t *want = malloc(slot);
 
 		if (owner[s] >= 0) {
 			fx_fill(want, slot, seed, s, owner[s]);
-			assert_memory_equal(want, kvm_hostpool_slot(hp, s), slot);
+			assert_memory_equal(want, kvmem_hostpool_slot(hp, s), slot);
 		}
 		free(want);
 	}
-	kvm_hostpool_free(hp);
+	kvmem_hostpool_free(hp);
 }
 
 /* The pager's pool is registered with io_uring (reads land in it) and
@@ -122,26 +122,26 @@ static void test_runs_and_contents(void **state)
 static void test_pager_pool(void **state)
 {
 	uint64_t rng = g_seed ^ 3, seed = fx_mix(g_seed ^ 3);
-	kvm_page_geom g = fx_geom(&rng);
-	kvm_pager_opts o;
+	kvmem_page_geom g = fx_geom(&rng);
+	kvmem_pager_opts o;
 	char dir[256];
-	kvm_pager *p;
+	kvmem_pager *p;
 
-	kvm_pager_opts_default(&o);
-	o.flags = KVM_PAGER_CREATE;
-	o.host_cap = kvm_page_stride(&g) * 7 + 100;
+	kvmem_pager_opts_default(&o);
+	o.flags = KVMEM_PAGER_CREATE;
+	o.host_cap = kvmem_page_stride(&g) * 7 + 100;
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	assert_int_equal(kvm_pager_open(dir, &g, &o, &p), 0);
-	assert_int_equal(kvm_hostpool_slots(kvm_pager_hostpool(p)), 7);
+	assert_int_equal(kvmem_pager_open(dir, &g, &o, &p), 0);
+	assert_int_equal(kvmem_hostpool_slots(kvmem_pager_hostpool(p)), 7);
 	/* Root may pin memory (CAP_IPC_LOCK): registration must work then. */
 	if (geteuid() == 0)
-		assert_int_equal(kvm_pager_registered(p), 1);
-	assert_int_equal(kvm_hostpool_slot_bytes(kvm_pager_hostpool(p)), kvm_page_stride(&g));
+		assert_int_equal(kvmem_pager_registered(p), 1);
+	assert_int_equal(kvmem_hostpool_slot_bytes(kvmem_pager_hostpool(p)), kvmem_page_stride(&g));
 	assert_int_equal(fx_append(p, seed, 5 * g.block_tokens), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_true(kvm_hostpool_free_slots(kvm_pager_hostpool(p)) <= 7);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_true(kvmem_hostpool_free_slots(kvmem_pager_hostpool(p)) <= 7);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	fx_rmtree(dir);
 }
 

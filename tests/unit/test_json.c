@@ -26,95 +26,95 @@ static uint64_t rnd(void)
 }
 
 /* Parse from an exact-size heap copy, so ASan sees any read past len. */
-static kvm_json *parse_exact(const char *text, size_t len)
+static kvmem_json *parse_exact(const char *text, size_t len)
 {
 	char *copy = malloc(len ? len : 1);
-	kvm_json *v;
+	kvmem_json *v;
 
 	memcpy(copy, text, len);
-	v = kvm_json_parse(copy, len, "t.json");
+	v = kvmem_json_parse(copy, len, "t.json");
 	free(copy);	/* the tree owns copies of everything it needs */
 	return v;
 }
 
-static kvm_json *parse(const char *text)
+static kvmem_json *parse(const char *text)
 {
 	return parse_exact(text, strlen(text));
 }
 
 static void expect_error(const char *text, const char *want)
 {
-	kvm_json *v = parse(text);
+	kvmem_json *v = parse(text);
 
-	if (v || !strstr(kvm_last_error(), want))
+	if (v || !strstr(kvmem_last_error(), want))
 		fail_msg("input <%s>: want error containing <%s>, got %s <%s>", text, want,
-			 v ? "success" : "error", kvm_last_error());
-	kvm_json_free(v);
+			 v ? "success" : "error", kvmem_last_error());
+	kvmem_json_free(v);
 }
 
 static void test_values(void **state)
 {
-	kvm_json *v = parse(" {\"a\": 1, \"b\": -2.5e3, \"c\": [true, false, null],\n"
+	kvmem_json *v = parse(" {\"a\": 1, \"b\": -2.5e3, \"c\": [true, false, null],\n"
 			    "  \"d\": \"x\", \"e\": {}, \"f\": [], \"big\": 9223372036854775807,\n"
 			    "  \"over\": 9223372036854775808, \"neg\": -9223372036854775808, \"z\": -0 }\t\n");
 
 	assert_non_null(v);
-	assert_int_equal(kvm_json_typeof(v), KVM_JSON_OBJECT);
-	assert_int_equal(kvm_json_len(v), 10);
-	assert_true(kvm_json_is_int(kvm_json_get(v, "a")));
-	assert_int_equal(kvm_json_int(kvm_json_get(v, "a"), 0), 1);
-	assert_false(kvm_json_is_int(kvm_json_get(v, "b")));
-	assert_true(kvm_json_num(kvm_json_get(v, "b"), 0) == -2500.0);
-	assert_int_equal(kvm_json_int(kvm_json_get(v, "b"), 77), 77);
-	assert_int_equal(kvm_json_len(kvm_json_get(v, "c")), 3);
-	assert_int_equal(kvm_json_bool(kvm_json_at(kvm_json_get(v, "c"), 0), -1), 1);
-	assert_int_equal(kvm_json_bool(kvm_json_at(kvm_json_get(v, "c"), 1), -1), 0);
-	assert_int_equal(kvm_json_typeof(kvm_json_at(kvm_json_get(v, "c"), 2)), KVM_JSON_NULL);
-	assert_null(kvm_json_at(kvm_json_get(v, "c"), 3));
-	assert_string_equal(kvm_json_str(kvm_json_get(v, "d"), NULL), "x");
-	assert_string_equal(kvm_json_str(kvm_json_get(v, "a"), "def"), "def");
-	assert_int_equal(kvm_json_typeof(kvm_json_get(v, "e")), KVM_JSON_OBJECT);
-	assert_int_equal(kvm_json_len(kvm_json_get(v, "f")), 0);
-	assert_int_equal(kvm_json_int(kvm_json_get(v, "big"), 0), INT64_MAX);
-	assert_false(kvm_json_is_int(kvm_json_get(v, "over")));
-	assert_true(kvm_json_num(kvm_json_get(v, "over"), 0) == 9223372036854775808.0);
-	assert_int_equal(kvm_json_int(kvm_json_get(v, "neg"), 0), INT64_MIN);
-	assert_int_equal(kvm_json_int(kvm_json_get(v, "z"), 5), 0);
-	assert_null(kvm_json_get(v, "missing"));
-	assert_null(kvm_json_get(kvm_json_get(v, "c"), "a"));	/* not an object */
-	assert_string_equal(kvm_json_key(v, 1), "b");
-	assert_null(kvm_json_key(v, 10));
-	assert_string_equal(kvm_json_type_name(kvm_json_get(v, "c")), "array");
-	assert_string_equal(kvm_json_type_name(NULL), "nothing");
+	assert_int_equal(kvmem_json_typeof(v), KVMEM_JSON_OBJECT);
+	assert_int_equal(kvmem_json_len(v), 10);
+	assert_true(kvmem_json_is_int(kvmem_json_get(v, "a")));
+	assert_int_equal(kvmem_json_int(kvmem_json_get(v, "a"), 0), 1);
+	assert_false(kvmem_json_is_int(kvmem_json_get(v, "b")));
+	assert_true(kvmem_json_num(kvmem_json_get(v, "b"), 0) == -2500.0);
+	assert_int_equal(kvmem_json_int(kvmem_json_get(v, "b"), 77), 77);
+	assert_int_equal(kvmem_json_len(kvmem_json_get(v, "c")), 3);
+	assert_int_equal(kvmem_json_bool(kvmem_json_at(kvmem_json_get(v, "c"), 0), -1), 1);
+	assert_int_equal(kvmem_json_bool(kvmem_json_at(kvmem_json_get(v, "c"), 1), -1), 0);
+	assert_int_equal(kvmem_json_typeof(kvmem_json_at(kvmem_json_get(v, "c"), 2)), KVMEM_JSON_NULL);
+	assert_null(kvmem_json_at(kvmem_json_get(v, "c"), 3));
+	assert_string_equal(kvmem_json_str(kvmem_json_get(v, "d"), NULL), "x");
+	assert_string_equal(kvmem_json_str(kvmem_json_get(v, "a"), "def"), "def");
+	assert_int_equal(kvmem_json_typeof(kvmem_json_get(v, "e")), KVMEM_JSON_OBJECT);
+	assert_int_equal(kvmem_json_len(kvmem_json_get(v, "f")), 0);
+	assert_int_equal(kvmem_json_int(kvmem_json_get(v, "big"), 0), INT64_MAX);
+	assert_false(kvmem_json_is_int(kvmem_json_get(v, "over")));
+	assert_true(kvmem_json_num(kvmem_json_get(v, "over"), 0) == 9223372036854775808.0);
+	assert_int_equal(kvmem_json_int(kvmem_json_get(v, "neg"), 0), INT64_MIN);
+	assert_int_equal(kvmem_json_int(kvmem_json_get(v, "z"), 5), 0);
+	assert_null(kvmem_json_get(v, "missing"));
+	assert_null(kvmem_json_get(kvmem_json_get(v, "c"), "a"));	/* not an object */
+	assert_string_equal(kvmem_json_key(v, 1), "b");
+	assert_null(kvmem_json_key(v, 10));
+	assert_string_equal(kvmem_json_type_name(kvmem_json_get(v, "c")), "array");
+	assert_string_equal(kvmem_json_type_name(NULL), "nothing");
 	/* positions of values, for messages about them */
-	assert_int_equal(kvm_json_line(kvm_json_get(v, "d")), 2);
-	assert_int_equal(kvm_json_column(kvm_json_get(v, "d")), 8);
-	kvm_json_free(v);
+	assert_int_equal(kvmem_json_line(kvmem_json_get(v, "d")), 2);
+	assert_int_equal(kvmem_json_column(kvmem_json_get(v, "d")), 8);
+	kvmem_json_free(v);
 
 	/* scalars at the top level, and NULL-safety of every accessor */
 	v = parse("42");
-	assert_int_equal(kvm_json_int(v, 0), 42);
-	kvm_json_free(v);
-	assert_int_equal(kvm_json_len(NULL), 0);
-	assert_int_equal(kvm_json_int(NULL, 3), 3);
-	assert_true(kvm_json_num(NULL, 1.5) == 1.5);
-	kvm_json_free(NULL);
+	assert_int_equal(kvmem_json_int(v, 0), 42);
+	kvmem_json_free(v);
+	assert_int_equal(kvmem_json_len(NULL), 0);
+	assert_int_equal(kvmem_json_int(NULL, 3), 3);
+	assert_true(kvmem_json_num(NULL, 1.5) == 1.5);
+	kvmem_json_free(NULL);
 }
 
 static void test_strings(void **state)
 {
-	kvm_json *v = parse("[\"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\", \"\\u00e9\\u20AC\", \"\\ud83d\\ude00\","
+	kvmem_json *v = parse("[\"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\", \"\\u00e9\\u20AC\", \"\\ud83d\\ude00\","
 			    " \"nul\\u0000byte\", \"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"]");
 
 	assert_non_null(v);
-	assert_string_equal(kvm_json_str(kvm_json_at(v, 0), ""), "a\"b\\c/d\b\f\n\r\t");
-	assert_string_equal(kvm_json_str(kvm_json_at(v, 1), ""), "\xc3\xa9\xe2\x82\xac");
-	assert_string_equal(kvm_json_str(kvm_json_at(v, 2), ""), "\xf0\x9f\x98\x80");
-	assert_int_equal(kvm_json_str_len(kvm_json_at(v, 3)), 8);
-	assert_memory_equal(kvm_json_str(kvm_json_at(v, 3), ""), "nul\0byte", 9);
-	assert_string_equal(kvm_json_str(kvm_json_at(v, 4), ""),
+	assert_string_equal(kvmem_json_str(kvmem_json_at(v, 0), ""), "a\"b\\c/d\b\f\n\r\t");
+	assert_string_equal(kvmem_json_str(kvmem_json_at(v, 1), ""), "\xc3\xa9\xe2\x82\xac");
+	assert_string_equal(kvmem_json_str(kvmem_json_at(v, 2), ""), "\xf0\x9f\x98\x80");
+	assert_int_equal(kvmem_json_str_len(kvmem_json_at(v, 3)), 8);
+	assert_memory_equal(kvmem_json_str(kvmem_json_at(v, 3), ""), "nul\0byte", 9);
+	assert_string_equal(kvmem_json_str(kvmem_json_at(v, 4), ""),
 			    "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");
-	kvm_json_free(v);
+	kvmem_json_free(v);
 }
 
 static void test_errors(void **state)
@@ -159,25 +159,25 @@ static void test_errors(void **state)
 
 static void test_depth(void **state)
 {
-	char buf[2 * (KVM_JSON_MAX_DEPTH + 1) + 1];
+	char buf[2 * (KVMEM_JSON_MAX_DEPTH + 1) + 1];
 	int d;
-	kvm_json *v;
+	kvmem_json *v;
 
-	for (d = 0; d < KVM_JSON_MAX_DEPTH; d++) {
+	for (d = 0; d < KVMEM_JSON_MAX_DEPTH; d++) {
 		buf[d] = '[';
-		buf[2 * KVM_JSON_MAX_DEPTH - 1 - d] = ']';
+		buf[2 * KVMEM_JSON_MAX_DEPTH - 1 - d] = ']';
 	}
-	v = parse_exact(buf, 2 * KVM_JSON_MAX_DEPTH);
+	v = parse_exact(buf, 2 * KVMEM_JSON_MAX_DEPTH);
 	assert_non_null(v);
-	kvm_json_free(v);
+	kvmem_json_free(v);
 
-	for (d = 0; d <= KVM_JSON_MAX_DEPTH; d++) {
+	for (d = 0; d <= KVMEM_JSON_MAX_DEPTH; d++) {
 		buf[d] = '[';
-		buf[2 * KVM_JSON_MAX_DEPTH + 1 - d] = ']';
+		buf[2 * KVMEM_JSON_MAX_DEPTH + 1 - d] = ']';
 	}
-	v = parse_exact(buf, 2 * KVM_JSON_MAX_DEPTH + 2);
+	v = parse_exact(buf, 2 * KVMEM_JSON_MAX_DEPTH + 2);
 	assert_null(v);
-	assert_non_null(strstr(kvm_last_error(), "nesting deeper than 64"));
+	assert_non_null(strstr(kvmem_last_error(), "nesting deeper than 64"));
 }
 
 /* A document with many random keys: every key found, absent keys not. */
@@ -188,7 +188,7 @@ static void test_large_object(void **state)
 	char *text;
 	size_t len;
 	FILE *f = open_memstream(&text, &len);
-	kvm_json *v;
+	kvmem_json *v;
 
 	fputc('{', f);
 	for (int i = 0; i < N; i++) {
@@ -199,14 +199,14 @@ static void test_large_object(void **state)
 	fclose(f);
 	v = parse_exact(text, len);
 	assert_non_null(v);
-	assert_int_equal(kvm_json_len(v), N);
+	assert_int_equal(kvmem_json_len(v), N);
 	for (int i = 0; i < N; i++) {
-		assert_int_equal(kvm_json_int(kvm_json_get(v, keys[i]), -999), i * 7 - 3);
-		assert_string_equal(kvm_json_key(v, i), keys[i]);
+		assert_int_equal(kvmem_json_int(kvmem_json_get(v, keys[i]), -999), i * 7 - 3);
+		assert_string_equal(kvmem_json_key(v, i), keys[i]);
 	}
-	assert_null(kvm_json_get(v, "k"));
-	assert_null(kvm_json_get(v, "zzz"));
-	kvm_json_free(v);
+	assert_null(kvmem_json_get(v, "k"));
+	assert_null(kvmem_json_get(v, "zzz"));
+	kvmem_json_free(v);
 	free(text);
 	free(keys);
 }
@@ -219,16 +219,16 @@ static void test_truncation_and_mutation(void **state)
 			  " \"nested\": {\"t\": true, \"f\": false, \"n\": null}, \"s\": \"\\\"\"}";
 	size_t len = strlen(doc);
 	char *buf = malloc(len);
-	kvm_json *v;
+	kvmem_json *v;
 
 	for (size_t n = 0; n < len; n++) {
 		v = parse_exact(doc, n);
 		assert_null(v);	/* no proper prefix of an object is a document */
-		assert_non_null(strstr(kvm_last_error(), "t.json:"));
+		assert_non_null(strstr(kvmem_last_error(), "t.json:"));
 	}
 	v = parse_exact(doc, len);
 	assert_non_null(v);
-	kvm_json_free(v);
+	kvmem_json_free(v);
 
 	for (int round = 0; round < 20000; round++) {
 		memcpy(buf, doc, len);
@@ -236,30 +236,30 @@ static void test_truncation_and_mutation(void **state)
 			buf[rnd() % len] = (char)rnd();
 		v = parse_exact(buf, len);
 		if (!v)
-			assert_true(strlen(kvm_last_error()) > 0);
-		kvm_json_free(v);
+			assert_true(strlen(kvmem_last_error()) > 0);
+		kvmem_json_free(v);
 	}
 	free(buf);
 }
 
-/* kvm_json_write_str produces literals the parser reads back unchanged. */
+/* kvmem_json_write_str produces literals the parser reads back unchanged. */
 static void test_write_roundtrip(void **state)
 {
 	for (int round = 0; round < 500; round++) {
 		char s[64], *text;
 		size_t n = 1 + rnd() % 60, len;
 		FILE *f = open_memstream(&text, &len);
-		kvm_json *v;
+		kvmem_json *v;
 
 		for (size_t i = 0; i < n; i++)
 			s[i] = (char)(1 + rnd() % 127);	/* ASCII incl. controls */
 		s[n] = 0;
-		assert_int_equal(kvm_json_write_str(f, s), 0);
+		assert_int_equal(kvmem_json_write_str(f, s), 0);
 		fclose(f);
 		v = parse_exact(text, len);
 		assert_non_null(v);
-		assert_string_equal(kvm_json_str(v, ""), s);
-		kvm_json_free(v);
+		assert_string_equal(kvmem_json_str(v, ""), s);
+		kvmem_json_free(v);
 		free(text);
 	}
 }

@@ -73,11 +73,11 @@ static uint16_t ref_bf16(float f)
 {
 	uint32_t u = bits_of(f);
 	uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
-	double dl = fabs((double)f - kvm_bf16_to_f32(lo));
-	double dh = fabs((double)f - (double)kvm_bf16_to_f32(hi));
+	double dl = fabs((double)f - kvmem_bf16_to_f32(lo));
+	double dh = fabs((double)f - (double)kvmem_bf16_to_f32(hi));
 
 	if ((hi & 0x7fff) == 0x7f80)	/* the next one out is inf: judge by the halfway point */
-		dh = fabs(fabs((double)f) - (fabs((double)kvm_bf16_to_f32(lo)) + 0x1p+120));
+		dh = fabs(fabs((double)f) - (fabs((double)kvmem_bf16_to_f32(lo)) + 0x1p+120));
 	if (dl < dh)
 		return lo;
 	if (dh < dl)
@@ -90,35 +90,35 @@ static void test_bf16(void **state)
 	uint64_t r = rng_for("bf16");
 
 	for (uint32_t h = 0; h < 0x10000; h++) {
-		float f = kvm_bf16_to_f32((uint16_t)h);
+		float f = kvmem_bf16_to_f32((uint16_t)h);
 
 		if (isnan(f)) {
-			assert_true(isnan(kvm_bf16_to_f32(kvm_f32_to_bf16(f))));
+			assert_true(isnan(kvmem_bf16_to_f32(kvmem_f32_to_bf16(f))));
 			continue;
 		}
-		assert_int_equal(kvm_f32_to_bf16(f), h);
+		assert_int_equal(kvmem_f32_to_bf16(f), h);
 	}
 	/* Ties go to even. */
-	assert_int_equal(kvm_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
-	assert_int_equal(kvm_f32_to_bf16(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82);
-	assert_int_equal(kvm_f32_to_bf16(-1.0f - 0x1p-8f), 0xbf80);
-	assert_int_equal(kvm_f32_to_bf16(INFINITY), 0x7f80);
-	assert_int_equal(kvm_f32_to_bf16(3.4028235e38f), 0x7f80);	/* FLT_MAX rounds up */
-	assert_true(isnan(kvm_bf16_to_f32(kvm_f32_to_bf16(f32_of(0x7f800001u)))));
+	assert_int_equal(kvmem_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+	assert_int_equal(kvmem_f32_to_bf16(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82);
+	assert_int_equal(kvmem_f32_to_bf16(-1.0f - 0x1p-8f), 0xbf80);
+	assert_int_equal(kvmem_f32_to_bf16(INFINITY), 0x7f80);
+	assert_int_equal(kvmem_f32_to_bf16(3.4028235e38f), 0x7f80);	/* FLT_MAX rounds up */
+	assert_true(isnan(kvmem_bf16_to_f32(kvmem_f32_to_bf16(f32_of(0x7f800001u)))));
 	for (int i = 0; i < 200000; i++) {
 		uint32_t u = (uint32_t)(test_rng_uniform(&r) * 4294967296.0);
 		float f = f32_of(u);
 
 		if (isnan(f) || isinf(f))
 			continue;
-		assert_int_equal(kvm_f32_to_bf16(f), ref_bf16(f));
+		assert_int_equal(kvmem_f32_to_bf16(f), ref_bf16(f));
 	}
 	uint16_t src[5] = { 0x3f80, 0xc000, 0x0000, 0x8000, 0x4049 };
 	float dst[5];
 
-	kvm_bf16_to_f32_n(dst, src, 5);
+	kvmem_bf16_to_f32_n(dst, src, 5);
 	for (int i = 0; i < 5; i++)
-		assert_int_equal(bits_of(dst[i]), bits_of(kvm_bf16_to_f32(src[i])));
+		assert_int_equal(bits_of(dst[i]), bits_of(kvmem_bf16_to_f32(src[i])));
 }
 
 /* The nearest fp16 by search over the (monotone) positive finite codes. */
@@ -133,15 +133,15 @@ static uint16_t ref_f16(float f)
 	while (lo < hi) {		/* largest code with value <= a */
 		int mid = (lo + hi + 1) / 2;
 
-		if ((double)kvm_f16_to_f32((uint16_t)mid) <= a)
+		if ((double)kvmem_f16_to_f32((uint16_t)mid) <= a)
 			lo = mid;
 		else
 			hi = mid - 1;
 	}
 	if (lo == 0x7bff)
 		return sign | 0x7bff;
-	double dl = a - kvm_f16_to_f32((uint16_t)lo);
-	double dh = (double)kvm_f16_to_f32((uint16_t)(lo + 1)) - a;
+	double dl = a - kvmem_f16_to_f32((uint16_t)lo);
+	double dh = (double)kvmem_f16_to_f32((uint16_t)(lo + 1)) - a;
 
 	if (dl < dh || (dl == dh && !(lo & 1)))
 		return sign | (uint16_t)lo;
@@ -153,43 +153,43 @@ static void test_f16(void **state)
 	uint64_t r = rng_for("f16");
 
 	for (uint32_t h = 0; h < 0x10000; h++) {
-		float f = kvm_f16_to_f32((uint16_t)h);
+		float f = kvmem_f16_to_f32((uint16_t)h);
 
 		if (isnan(f)) {
-			assert_true(isnan(kvm_f16_to_f32(kvm_f32_to_f16(f))));
+			assert_true(isnan(kvmem_f16_to_f32(kvmem_f32_to_f16(f))));
 			continue;
 		}
-		assert_int_equal(kvm_f32_to_f16(f), h);
+		assert_int_equal(kvmem_f32_to_f16(f), h);
 	}
 	/* Known values and rounding cases. */
-	assert_true(kvm_f16_to_f32(0x3c00) == 1.0f);
-	assert_true(kvm_f16_to_f32(0x0001) == 0x1p-24f);
-	assert_true(kvm_f16_to_f32(0x7bff) == 65504.0f);
-	assert_int_equal(kvm_f32_to_f16(65519.99f), 0x7bff);
-	assert_int_equal(kvm_f32_to_f16(65520.0f), 0x7c00);
-	assert_int_equal(kvm_f32_to_f16(-1e30f), 0xfc00);
-	assert_int_equal(kvm_f32_to_f16(0x1p-25f), 0x0000);		/* tie to even 0 */
-	assert_int_equal(kvm_f32_to_f16(0x1.8p-25f), 0x0001);
-	assert_int_equal(kvm_f32_to_f16(0x1.8p-24f), 0x0002);		/* tie to even 2 */
-	assert_int_equal(kvm_f32_to_f16(0x1p-14f), 0x0400);
+	assert_true(kvmem_f16_to_f32(0x3c00) == 1.0f);
+	assert_true(kvmem_f16_to_f32(0x0001) == 0x1p-24f);
+	assert_true(kvmem_f16_to_f32(0x7bff) == 65504.0f);
+	assert_int_equal(kvmem_f32_to_f16(65519.99f), 0x7bff);
+	assert_int_equal(kvmem_f32_to_f16(65520.0f), 0x7c00);
+	assert_int_equal(kvmem_f32_to_f16(-1e30f), 0xfc00);
+	assert_int_equal(kvmem_f32_to_f16(0x1p-25f), 0x0000);		/* tie to even 0 */
+	assert_int_equal(kvmem_f32_to_f16(0x1.8p-25f), 0x0001);
+	assert_int_equal(kvmem_f32_to_f16(0x1.8p-24f), 0x0002);		/* tie to even 2 */
+	assert_int_equal(kvmem_f32_to_f16(0x1p-14f), 0x0400);
 	/* A subnormal tie rounds up to the smallest normal. */
-	assert_int_equal(kvm_f32_to_f16(0x1.ffcp-15f), 0x0400);
-	assert_int_equal(kvm_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
-	assert_int_equal(kvm_f32_to_f16(1.0f + 0x1.8p-10f), 0x3c02);
-	assert_true(isnan(kvm_f16_to_f32(kvm_f32_to_f16(NAN))));
+	assert_int_equal(kvmem_f32_to_f16(0x1.ffcp-15f), 0x0400);
+	assert_int_equal(kvmem_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+	assert_int_equal(kvmem_f32_to_f16(1.0f + 0x1.8p-10f), 0x3c02);
+	assert_true(isnan(kvmem_f16_to_f32(kvmem_f32_to_f16(NAN))));
 	for (int i = 0; i < 100000; i++) {
 		/* Spread over the fp16 range and a bit past it. */
 		double mag = pow(2.0, test_rng_range(&r, -27.0, 17.0));
 		float f = (float)(test_rng_uniform(&r) < 0.5 ? -mag : mag);
 
-		assert_int_equal(kvm_f32_to_f16(f), ref_f16(f));
+		assert_int_equal(kvmem_f32_to_f16(f), ref_f16(f));
 	}
 	uint16_t src[4] = { 0x3c00, 0xc000, 0x0001, 0x7c00 };
 	float dst[4];
 
-	kvm_f16_to_f32_n(dst, src, 4);
+	kvmem_f16_to_f32_n(dst, src, 4);
 	for (int i = 0; i < 4; i++)
-		assert_int_equal(bits_of(dst[i]), bits_of(kvm_f16_to_f32(src[i])));
+		assert_int_equal(bits_of(dst[i]), bits_of(kvmem_f16_to_f32(src[i])));
 }
 
 /* ---- dense ------------------------------------------------------------ */
@@ -205,7 +205,7 @@ static void test_matmul(void **state)
 		float *w = rand_floats(&r, (size_t)out * in, -1, 1);
 		float *y = rand_floats(&r, (size_t)n * out, -9, 9);	/* overwritten */
 
-		kvm_matmul(y, x, w, n, in, out);
+		kvmem_matmul(y, x, w, n, in, out);
 		for (int i = 0; i < n; i++)
 			for (int o = 0; o < out; o++) {
 				double ref = 0, mag = 0;
@@ -239,7 +239,7 @@ static void test_embedding_add(void **state)
 	for (int i = 0; i < n; i++)
 		ids[i] = test_rng_int(&r, 0, vocab - 1);
 	ids[0] = vocab - 1;
-	kvm_embedding(out, table, ids, n, dim);
+	kvmem_embedding(out, table, ids, n, dim);
 	for (int i = 0; i < n; i++)
 		assert_memory_equal(out + i * dim, table + (size_t)ids[i] * dim,
 				    sizeof(float) * dim);
@@ -248,7 +248,7 @@ static void test_embedding_add(void **state)
 	float *a0 = malloc(sizeof(float) * 1000);
 
 	memcpy(a0, a, sizeof(float) * 1000);
-	kvm_add(a, b, 1000);
+	kvmem_add(a, b, 1000);
 	for (int i = 0; i < 1000; i++)
 		assert_true(a[i] == a0[i] + b[i]);
 	free(table);
@@ -269,7 +269,7 @@ static void test_rmsnorm(void **state)
 		float *w = rand_floats(&r, dim, 0.2, 2);
 		float *y = rand_floats(&r, (size_t)n * dim, -1, 1);
 
-		kvm_rmsnorm(y, x, w, n, dim, eps);
+		kvmem_rmsnorm(y, x, w, n, dim, eps);
 		for (int i = 0; i < n; i++) {
 			double ss = 0;
 
@@ -286,7 +286,7 @@ static void test_rmsnorm(void **state)
 			}
 		}
 		/* In place gives the same bits. */
-		kvm_rmsnorm(x, x, w, n, dim, eps);
+		kvmem_rmsnorm(x, x, w, n, dim, eps);
 		assert_memory_equal(x, y, sizeof(float) * n * dim);
 		free(x);
 		free(w);
@@ -301,14 +301,14 @@ static void test_swiglu(void **state)
 	float *g = rand_floats(&r, n, -12, 12), *u = rand_floats(&r, n, -3, 3);
 	float *o = rand_floats(&r, n, -1, 1);
 
-	kvm_swiglu(o, g, u, n);
+	kvmem_swiglu(o, g, u, n);
 	for (size_t i = 0; i < n; i++) {
 		double ref = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
 
 		if (fabs(o[i] - ref) > 4e-6 * fabs(ref) + 1e-7)
 			fail_msg("swiglu [%zu]: silu(%g)*%g = %g vs %g", i, g[i], u[i], o[i], ref);
 	}
-	kvm_swiglu(g, g, u, n);	/* out == gate */
+	kvmem_swiglu(g, g, u, n);	/* out == gate */
 	assert_memory_equal(g, o, sizeof(float) * n);
 	free(g);
 	free(u);
@@ -346,7 +346,7 @@ static void test_rope(void **state)
 		for (int t = 0; t < n; t++)
 			pos[t] = t == 0 ? 0 : test_rng_int(&r, 0, t % 3 ? 5000 : 4000000);
 		memcpy(y, x, sizeof(float) * len);
-		kvm_rope(y, pos, n, heads, d, theta);
+		kvmem_rope(y, pos, n, heads, d, theta);
 		for (int t = 0; t < n; t++)
 			for (int h = 0; h < heads; h++) {
 				const float *xr = x + ((size_t)t * heads + h) * d;
@@ -365,7 +365,7 @@ static void test_rope(void **state)
 					assert_memory_equal(yr, xr, sizeof(float) * d);
 			}
 		/* The inverse undoes it (to rounding). */
-		kvm_rope_inverse(y, pos, n, heads, d, theta);
+		kvmem_rope_inverse(y, pos, n, heads, d, theta);
 		for (size_t i = 0; i < len; i++)
 			if (fabs(y[i] - x[i]) > 4e-6 * 2.0)
 				fail_msg("rope_inverse(rope(x)) [%zu]: %g vs %g", i, y[i], x[i]);
@@ -388,26 +388,26 @@ static void test_rope_batch_independent(void **state)
 	for (int t = 0; t < n; t++)
 		pos[t] = test_rng_int(&r, 0, 3000000);
 	memcpy(batch, x, sizeof(float) * n * row);
-	kvm_rope(batch, pos, n, heads, d, 1e6);
+	kvmem_rope(batch, pos, n, heads, d, 1e6);
 	for (int t = 0; t < n; t++) {
 		/* Alone, and at slot 5 of a batch of 9 with other positions. */
 		float one[512], other[9 * 512];
 		int32_t p1 = pos[t], p9[9];
 
 		memcpy(one, x + t * row, sizeof(float) * row);
-		kvm_rope(one, &p1, 1, heads, d, 1e6);
+		kvmem_rope(one, &p1, 1, heads, d, 1e6);
 		assert_memory_equal(one, batch + t * row, sizeof(float) * row);
 		for (int j = 0; j < 9; j++) {
 			p9[j] = j == 5 ? pos[t] : test_rng_int(&r, 0, 100000);
 			memcpy(other + j * row, x + ((t + j) % n) * row, sizeof(float) * row);
 		}
 		memcpy(other + 5 * row, x + t * row, sizeof(float) * row);
-		kvm_rope(other, p9, 9, heads, d, 1e6);
+		kvmem_rope(other, p9, 9, heads, d, 1e6);
 		assert_memory_equal(other + 5 * row, batch + t * row, sizeof(float) * row);
 		/* And as one head of a single-head call. */
 		for (int h = 0; h < heads; h++) {
 			memcpy(one, x + t * row + h * d, sizeof(float) * d);
-			kvm_rope(one, &p1, 1, 1, d, 1e6);
+			kvmem_rope(one, &p1, 1, 1, d, 1e6);
 			assert_memory_equal(one, batch + t * row + h * d, sizeof(float) * d);
 		}
 	}
@@ -503,7 +503,7 @@ static void att_case_free(struct att_case *a)
 
 static void att_run(const struct att_case *a, float *out)
 {
-	kvm_attention(out, a->q, a->q_pos, a->n_q, a->k, a->v, a->kv_pos, a->n_kv, a->stride,
+	kvmem_attention(out, a->q, a->q_pos, a->n_q, a->k, a->v, a->kv_pos, a->n_kv, a->stride,
 		      a->heads, a->kv_heads, a->d, 1.0f / sqrtf((float)a->d));
 }
 
@@ -600,7 +600,7 @@ static void test_attention_deterministic(void **state)
 
 	/* One query alone. */
 	for (int i = 0; i < n_q; i += 5) {
-		kvm_attention(o2, a.q + i * row, a.q_pos + i, 1, a.k, a.v, a.kv_pos, n_kv,
+		kvmem_attention(o2, a.q + i * row, a.q_pos + i, 1, a.k, a.v, a.kv_pos, n_kv,
 			      a.stride, heads, kvh, d, 1.0f / sqrtf((float)d));
 		assert_memory_equal(o2, o1 + i * row, sizeof(float) * row);
 	}
@@ -616,24 +616,24 @@ static void test_sample_greedy(void **state)
 	uint64_t r = rng_for("greedy");
 	int vocab = 1000;
 	float *l = rand_floats(&r, vocab, -5, 5);
-	kvm_sampler s = { .temperature = 0, .seed = 1 };
-	uint64_t st = kvm_rng_seed(1), st0 = st;
+	kvmem_sampler s = { .temperature = 0, .seed = 1 };
+	uint64_t st = kvmem_rng_seed(1), st0 = st;
 	int best = 0;
 
 	for (int i = 1; i < vocab; i++)
 		if (l[i] > l[best])
 			best = i;
-	assert_int_equal(kvm_sample(l, vocab, &s, &st), best);
+	assert_int_equal(kvmem_sample(l, vocab, &s, &st), best);
 	assert_true(st == st0);	/* greedy leaves the RNG alone */
 	l[vocab - 1] = l[best];	/* a tie: the lower id wins */
-	assert_int_equal(kvm_sample(l, vocab, &s, &st), best);
+	assert_int_equal(kvmem_sample(l, vocab, &s, &st), best);
 	l[3] = NAN;
-	assert_int_equal(kvm_sample(l, vocab, &s, &st), best);
+	assert_int_equal(kvmem_sample(l, vocab, &s, &st), best);
 	/* top_k = 1 is greedy too, at any temperature. */
 	s.temperature = 2.0f;
 	s.top_k = 1;
 	for (int i = 0; i < 20; i++)
-		assert_int_equal(kvm_sample(l, vocab, &s, &st), best);
+		assert_int_equal(kvmem_sample(l, vocab, &s, &st), best);
 	free(l);
 }
 
@@ -642,27 +642,27 @@ static void test_sample_deterministic(void **state)
 	uint64_t r = rng_for("sample-det");
 	int vocab = 5000;
 	float *l = rand_floats(&r, vocab, -3, 3);
-	kvm_sampler s = { .temperature = 0.8f, .top_k = 50, .top_p = 0.9f,
+	kvmem_sampler s = { .temperature = 0.8f, .top_k = 50, .top_p = 0.9f,
 			  .seed = (uint64_t)test_rng_int(&r, 0, 1 << 30) };
 	int a[64], b[64], c[64], same = 1;
 	uint64_t st;
 
 	for (int pass = 0; pass < 3; pass++) {
 		int *dst = pass == 0 ? a : pass == 1 ? b : c;
-		kvm_sampler t = s;
+		kvmem_sampler t = s;
 
 		if (pass == 2)
 			t.seed ^= 0x5555;
-		st = kvm_rng_seed(t.seed);
+		st = kvmem_rng_seed(t.seed);
 		for (int i = 0; i < 64; i++)
-			dst[i] = kvm_sample(l, vocab, &t, &st);
+			dst[i] = kvmem_sample(l, vocab, &t, &st);
 	}
 	assert_memory_equal(a, b, sizeof(a));
 	for (int i = 0; i < 64; i++)
 		same &= a[i] == c[i];
 	assert_false(same);	/* another seed, another sequence */
 	for (int i = 0; i < 100; i++) {
-		double u = kvm_rng_uniform(&st);
+		double u = kvmem_rng_uniform(&st);
 
 		assert_true(u >= 0.0 && u < 1.0);
 	}
@@ -671,14 +671,14 @@ static void test_sample_deterministic(void **state)
 
 /* Observed frequencies against the exact probabilities (chi-square-ish:
  * every count within 5 sigma). */
-static void check_freq(const float *l, int vocab, const kvm_sampler *s, const double *want,
+static void check_freq(const float *l, int vocab, const kvmem_sampler *s, const double *want,
 		       int draws)
 {
 	int *count = calloc(vocab, sizeof(int));
-	uint64_t st = kvm_rng_seed(s->seed);
+	uint64_t st = kvmem_rng_seed(s->seed);
 
 	for (int i = 0; i < draws; i++) {
-		int t = kvm_sample(l, vocab, s, &st);
+		int t = kvmem_sample(l, vocab, s, &st);
 
 		assert_in_range(t, 0, vocab - 1);
 		count[t]++;
@@ -729,7 +729,7 @@ static void test_sample_distribution(void **state)
 		for (int i = 0; i < V; i++)
 			sum += p[i] = isnan(l[i]) ? 0 : exp(l[i] / T);
 		/* Plain temperature. */
-		kvm_sampler s = { .temperature = T, .seed = rng_for("d") + c };
+		kvmem_sampler s = { .temperature = T, .seed = rng_for("d") + c };
 
 		for (int i = 0; i < V; i++)
 			want[i] = p[i] / sum;
@@ -770,8 +770,8 @@ static void test_sample_large_topk(void **state)
 	uint64_t r = rng_for("sample-large");
 	int vocab = 3000, k = 1500;
 	float *l = rand_floats(&r, vocab, -4, 4);
-	kvm_sampler s = { .temperature = 1.0f, .top_k = k, .seed = 7 };
-	uint64_t st = kvm_rng_seed(7);
+	kvmem_sampler s = { .temperature = 1.0f, .top_k = k, .seed = 7 };
+	uint64_t st = kvmem_rng_seed(7);
 	float kth;
 	float *sorted = malloc(sizeof(float) * vocab);
 
@@ -786,7 +786,7 @@ static void test_sample_large_topk(void **state)
 			}
 	kth = sorted[k - 1];
 	for (int i = 0; i < 2000; i++) {
-		int t = kvm_sample(l, vocab, &s, &st);
+		int t = kvmem_sample(l, vocab, &s, &st);
 
 		assert_true(l[t] >= kth);
 	}
@@ -814,7 +814,7 @@ static void test_meank(void **state)
 			ref[e] += k[t * row + e];
 			mag[e] += fabs(k[t * row + e]);
 		}
-	kvm_meank_accumulate(sum, k, n, kvh, d);
+	kvmem_meank_accumulate(sum, k, n, kvh, d);
 	for (size_t e = 0; e < row; e++)
 		if (fabs(sum[e] - ref[e]) > 1e-5 * mag[e])
 			fail_msg("meank [%zu]: %g vs %g", e, sum[e], ref[e]);

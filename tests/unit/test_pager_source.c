@@ -39,8 +39,8 @@ static void log_forward(void *arg, const int32_t *tok, int n, const float *logit
 }
 
 struct run {
-	kvm_model *m;
-	kvm_engine *e;
+	kvmem_model *m;
+	kvmem_engine *e;
 	int block;
 	int64_t budget;
 	const char *dir;	/* NULL: memory source */
@@ -69,13 +69,13 @@ static int step_tokens(uint64_t seed, int step, int vocab, int32_t *out, int *de
 static int run_steps(const struct run *r, int first, int last, uint64_t seed, int32_t *out,
 		     struct logs *lg)
 {
-	kvm_session_opts o;
-	kvm_page_source src = { 0 };
-	kvm_pager *p = NULL;
-	kvm_session *s;
+	kvmem_session_opts o;
+	kvmem_page_source src = { 0 };
+	kvmem_pager *p = NULL;
+	kvmem_session *s;
 	int got = 0;
 
-	kvm_session_opts_default(&o);
+	kvmem_session_opts_default(&o);
 	o.block = r->block;
 	o.budget = r->budget;
 	o.chunk = 16;
@@ -83,71 +83,71 @@ static int run_steps(const struct run *r, int first, int last, uint64_t seed, in
 	o.on_forward = lg ? log_forward : NULL;
 	o.arg = lg;
 	if (r->dir) {
-		kvm_pager_opts po;
-		kvm_page_geom g;
+		kvmem_pager_opts po;
+		kvmem_page_geom g;
 
-		kvm_pager_opts_default(&po);
+		kvmem_pager_opts_default(&po);
 		po.host_cap = r->cap;
-		po.flags = KVM_PAGER_CREATE;
+		po.flags = KVMEM_PAGER_CREATE;
 		po.policy = r->repl ? r->repl : "lru";
-		kvm_page_geom_model(&g, r->m, r->block);
-		assert_int_equal(kvm_pager_open(r->dir, &g, &po, &p), 0);
-		assert_int_equal(kvm_page_source_pager(&src, p), 0);
+		kvmem_page_geom_model(&g, r->m, r->block);
+		assert_int_equal(kvmem_pager_open(r->dir, &g, &po, &p), 0);
+		assert_int_equal(kvmem_page_source_pager(&src, p), 0);
 		o.source = &src;
 	}
-	s = kvm_session_create(r->e, &o);
+	s = kvmem_session_create(r->e, &o);
 	assert_non_null(s);
-	if (p && kvm_pager_tokens(p)) {
-		int64_t n = kvm_pager_tokens(p);
+	if (p && kvmem_pager_tokens(p)) {
+		int64_t n = kvmem_pager_tokens(p);
 		int32_t *ids = malloc(n * sizeof(*ids));
 
 		uint32_t len;
-		const void *state = kvm_pager_app_state(p, &len);
+		const void *state = kvmem_pager_app_state(p, &len);
 
-		assert_int_equal(kvm_pager_read_tokens(p, 0, n, ids), 0);
-		if (kvm_session_adopt_state(s, ids, n, state, len))
-			fail_msg("adopt_state: %s", kvm_last_error());
+		assert_int_equal(kvmem_pager_read_tokens(p, 0, n, ids), 0);
+		if (kvmem_session_adopt_state(s, ids, n, state, len))
+			fail_msg("adopt_state: %s", kvmem_last_error());
 		free(ids);
 	}
 	for (int step = first; step < last; step++) {
 		int32_t prompt[64];
 		int decode, n = step_tokens(seed, step, r->m->cfg.vocab, prompt, &decode);
 
-		assert_int_equal(kvm_session_append(s, prompt, n, step == 0), 0);
-		assert_int_equal(kvm_session_decode(s, decode, NULL, out + got), 0);
+		assert_int_equal(kvmem_session_append(s, prompt, n, step == 0), 0);
+		assert_int_equal(kvmem_session_decode(s, decode, NULL, out + got), 0);
 		got += decode;
 		if (p) {
 			void *st;
 			size_t len;
 
-			assert_int_equal(kvm_session_save_state(s, &st, &len), 0);
-			assert_int_equal(kvm_page_source_pager_commit(&src, kvm_session_token_ids(s),
-								      kvm_session_tokens(s), st,
+			assert_int_equal(kvmem_session_save_state(s, &st, &len), 0);
+			assert_int_equal(kvmem_page_source_pager_commit(&src, kvmem_session_token_ids(s),
+								      kvmem_session_tokens(s), st,
 								      len), 0);
 			free(st);
-			assert_int_equal(kvm_pager_step(p, step + 1), 0);
+			assert_int_equal(kvmem_pager_step(p, step + 1), 0);
 		}
 	}
-	kvm_session_free(s);
+	kvmem_session_free(s);
 	if (p) {
-		kvm_pager_stats st;
+		kvmem_pager_stats st;
 
-		kvm_pager_stats_get(p, &st);
+		kvmem_pager_stats_get(p, &st);
 		if (r->cap < (1u << 20))
 			print_message("pager: %llu hits, %llu misses, %llu pages in, %llu evictions\n",
 				      (unsigned long long)st.host_hits,
 				      (unsigned long long)st.host_misses,
 				      (unsigned long long)st.pages_in,
 				      (unsigned long long)st.evictions);
-		kvm_page_source_destroy(&src);
-		assert_int_equal(kvm_pager_close(p), 0);
+		kvmem_page_source_destroy(&src);
+		assert_int_equal(kvmem_pager_close(p), 0);
 	}
 	return got;
 }
 
-static kvm_model *model(uint64_t *rng)
+static kvmem_model *model(uint64_t *rng)
 {
-	kvm_config c = test_model_config(2, 64, 4, 2, 16, 96, 97, test_rng_int(rng, 0, 1));
+	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 97, test_rng_int(rng, 0, 1));
 
 	return test_model_random(&c, fx_mix(*rng));
 }
@@ -157,8 +157,8 @@ static kvm_model *model(uint64_t *rng)
 static void test_paging_is_exact(void **state)
 {
 	uint64_t rng = g_seed, seed = fx_mix(g_seed + 1);
-	kvm_model *m = model(&rng);
-	kvm_engine *e = kvm_engine_create(m, 64);
+	kvmem_model *m = model(&rng);
+	kvmem_engine *e = kvmem_engine_create(m, 64);
 	const int64_t budgets[] = { 96, 96, 96, 0 };
 	const char *repl[] = { "lru", "lfu", "score", "lru" };
 	char dir[256];
@@ -169,24 +169,24 @@ static void test_paging_is_exact(void **state)
 		struct logs a = { .vocab = m->cfg.vocab }, b = { .vocab = m->cfg.vocab };
 		int32_t ta[1024], tb[1024];
 		int na, nb;
-		kvm_page_geom g;
+		kvmem_page_geom g;
 
-		kvm_page_geom_model(&g, m, 16);
+		kvmem_page_geom_model(&g, m, 16);
 		assert_non_null(fx_tmpdir(dir, sizeof(dir)));
 		pg.dir = dir;
-		pg.cap = kvm_page_stride(&g) * (g.n_layers + 2);	/* a block and a bit */
+		pg.cap = kvmem_page_stride(&g) * (g.n_layers + 2);	/* a block and a bit */
 		na = run_steps(&mem, 0, 12, seed, ta, &a);
 		nb = run_steps(&pg, 0, 12, seed, tb, &b);
 		assert_int_equal(na, nb);
 		assert_memory_equal(ta, tb, na * sizeof(int32_t));
 		assert_int_equal(a.n, b.n);
 		assert_memory_equal(a.buf, b.buf, a.n * sizeof(float));
-		assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
+		assert_int_equal(kvmem_workspace_verify(dir, stderr, 0), 0);
 		free(a.buf);
 		free(b.buf);
 		fx_rmtree(dir);
 	}
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 
@@ -199,18 +199,18 @@ static void test_paging_is_exact(void **state)
 static void two_parts(int64_t budget)
 {
 	uint64_t rng = g_seed ^ 3, seed = fx_mix(g_seed + 3);
-	kvm_model *m = model(&rng);
-	kvm_engine *e = kvm_engine_create(m, 64);
+	kvmem_model *m = model(&rng);
+	kvmem_engine *e = kvmem_engine_create(m, 64);
 	char d1[256], d2[256];
 	int32_t one[512], two[512];
 	int split = test_rng_int(&rng, 1, 5), n1, n2a, n2b;
 	struct logs l1 = { .vocab = m->cfg.vocab }, l2 = l1;
-	kvm_page_geom g;
+	kvmem_page_geom g;
 
-	kvm_page_geom_model(&g, m, 16);
+	kvmem_page_geom_model(&g, m, 16);
 	assert_non_null(fx_tmpdir(d1, sizeof(d1)));
 	assert_non_null(fx_tmpdir(d2, sizeof(d2)));
-	struct run a = { m, e, 16, budget, d1, kvm_page_stride(&g) * 3 * g.n_layers, "meank",
+	struct run a = { m, e, 16, budget, d1, kvmem_page_stride(&g) * 3 * g.n_layers, "meank",
 			 "lru" };
 	struct run b = a;
 
@@ -226,25 +226,25 @@ static void two_parts(int64_t budget)
 	free(l2.buf);
 	/* Both workspaces hold the same history. */
 	{
-		kvm_pager *p1, *p2;
+		kvmem_pager *p1, *p2;
 		int32_t t1[2048], t2[2048];
 
-		assert_int_equal(kvm_pager_open(d1, &g, &(kvm_pager_opts){ .flags = KVM_PAGER_RDONLY,
+		assert_int_equal(kvmem_pager_open(d1, &g, &(kvmem_pager_opts){ .flags = KVMEM_PAGER_RDONLY,
 									.host_cap = 1 << 20,
 									.numa_node = -1 }, &p1), 0);
-		assert_int_equal(kvm_pager_open(d2, &g, &(kvm_pager_opts){ .flags = KVM_PAGER_RDONLY,
+		assert_int_equal(kvmem_pager_open(d2, &g, &(kvmem_pager_opts){ .flags = KVMEM_PAGER_RDONLY,
 									.host_cap = 1 << 20,
 									.numa_node = -1 }, &p2), 0);
-		assert_int_equal(kvm_pager_tokens(p1), kvm_pager_tokens(p2));
-		assert_int_equal(kvm_pager_read_tokens(p1, 0, kvm_pager_tokens(p1), t1), 0);
-		assert_int_equal(kvm_pager_read_tokens(p2, 0, kvm_pager_tokens(p2), t2), 0);
-		assert_memory_equal(t1, t2, kvm_pager_tokens(p1) * 4);
-		kvm_pager_close(p1);
-		kvm_pager_close(p2);
+		assert_int_equal(kvmem_pager_tokens(p1), kvmem_pager_tokens(p2));
+		assert_int_equal(kvmem_pager_read_tokens(p1, 0, kvmem_pager_tokens(p1), t1), 0);
+		assert_int_equal(kvmem_pager_read_tokens(p2, 0, kvmem_pager_tokens(p2), t2), 0);
+		assert_memory_equal(t1, t2, kvmem_pager_tokens(p1) * 4);
+		kvmem_pager_close(p1);
+		kvmem_pager_close(p2);
 	}
 	fx_rmtree(d1);
 	fx_rmtree(d2);
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 
@@ -258,12 +258,12 @@ static void test_two_parts_equal_one_go(void **state)
 static void test_other_model_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 5, seed = fx_mix(g_seed + 5);
-	kvm_model *m1 = model(&rng), *m2;
-	kvm_engine *e = kvm_engine_create(m1, 64);
-	kvm_page_geom g1, g2;
+	kvmem_model *m1 = model(&rng), *m2;
+	kvmem_engine *e = kvmem_engine_create(m1, 64);
+	kvmem_page_geom g1, g2;
 	char dir[256], fp[32];
 	int32_t out[512];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	rng++;
 	m2 = model(&rng);
@@ -274,15 +274,15 @@ static void test_other_model_refused(void **state)
 	struct run r = { m1, e, 16, 0, dir, 1 << 20, "meank", "lru" };
 
 	run_steps(&r, 0, 2, seed, out, NULL);
-	kvm_page_geom_model(&g1, m1, 16);
-	kvm_page_geom_model(&g2, m2, 16);
-	assert_int_equal(kvm_pager_open(dir, &g2, NULL, &p), -1);
+	kvmem_page_geom_model(&g1, m1, 16);
+	kvmem_page_geom_model(&g2, m2, 16);
+	assert_true(kvmem_pager_open(dir, &g2, NULL, &p) < 0);
 	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)g1.fingerprint);
-	assert_non_null(strstr(kvm_last_error(), fp));
+	assert_non_null(strstr(kvmem_last_error(), fp));
 	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)g2.fingerprint);
-	assert_non_null(strstr(kvm_last_error(), fp));
+	assert_non_null(strstr(kvmem_last_error(), fp));
 	fx_rmtree(dir);
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m1);
 	test_model_free(m2);
 }

@@ -24,22 +24,22 @@ static void test_registry(void **state)
 {
 	int n = 0;
 
-	for (int i = 0; kvm_repl_policies[i]; i++, n++) {
-		assert_ptr_equal(kvm_repl_find(kvm_repl_policies[i]->name), kvm_repl_policies[i]);
-		assert_non_null(kvm_repl_policies[i]->what);
+	for (int i = 0; kvmem_repl_policies[i]; i++, n++) {
+		assert_ptr_equal(kvmem_repl_find(kvmem_repl_policies[i]->name), kvmem_repl_policies[i]);
+		assert_non_null(kvmem_repl_policies[i]->what);
 	}
 	assert_int_equal(n, 3);
-	assert_non_null(kvm_repl_find("lru"));
-	assert_non_null(kvm_repl_find("lfu"));
-	assert_non_null(kvm_repl_find("score"));
-	assert_null(kvm_repl_find("fifo"));
+	assert_non_null(kvmem_repl_find("lru"));
+	assert_non_null(kvmem_repl_find("lfu"));
+	assert_non_null(kvmem_repl_find("score"));
+	assert_null(kvmem_repl_find("fifo"));
 }
 
 /* lru: victims come in exact least-recently-touched order. */
 static void test_lru_order(void **state)
 {
 	uint64_t rng = g_seed;
-	const kvm_repl_ops *ops = kvm_repl_find("lru");
+	const kvmem_repl_ops *ops = kvmem_repl_find("lru");
 	enum { N = 64 };
 	uint32_t order[N], out[N], n = 0;
 	void *st = ops->create(N, 1);
@@ -76,7 +76,7 @@ static void test_lru_order(void **state)
  * a newly popular page win. */
 static void test_lfu_aging(void **state)
 {
-	const kvm_repl_ops *ops = kvm_repl_find("lfu");
+	const kvmem_repl_ops *ops = kvmem_repl_find("lfu");
 	void *st = ops->create(3, 1);
 	uint32_t v;
 
@@ -106,7 +106,7 @@ static void test_lfu_aging(void **state)
  * touched more recently; all layers of a block share the priority. */
 static void test_score_hints(void **state)
 {
-	const kvm_repl_ops *ops = kvm_repl_find("score");
+	const kvmem_repl_ops *ops = kvmem_repl_find("score");
 	enum { L = 4 };
 	void *st = ops->create(3 * L, L);
 	uint32_t out[3 * L];
@@ -131,8 +131,8 @@ static void test_victims_contract(void **state)
 {
 	uint64_t rng = g_seed ^ 5;
 
-	for (int i = 0; kvm_repl_policies[i]; i++) {
-		const kvm_repl_ops *ops = kvm_repl_policies[i];
+	for (int i = 0; kvmem_repl_policies[i]; i++) {
+		const kvmem_repl_ops *ops = kvmem_repl_policies[i];
 		enum { N = 50 };
 		void *st = ops->create(N, 2);
 		uint8_t present[N] = { 0 };
@@ -213,12 +213,12 @@ static void test_hit_rates(void **state)
 	}
 	off[STEPS] = n;
 	hoff[STEPS] = STEPS * HOT;
-	kvm_repl_trace t = { STEPS, off, pages, hoff, hb, hs };
+	kvmem_repl_trace t = { STEPS, off, pages, hoff, hb, hs };
 
 	for (int i = 0; i < 3; i++) {
-		rate[i] = kvm_repl_simulate(kvm_repl_policies[i], (HOT + SCAN + 1) * L, L, &t, NULL,
+		rate[i] = kvmem_repl_simulate(kvmem_repl_policies[i], (HOT + SCAN + 1) * L, L, &t, NULL,
 					    NULL);
-		print_message("%s hit rate %.3f\n", kvm_repl_policies[i]->name, rate[i]);
+		print_message("%s hit rate %.3f\n", kvmem_repl_policies[i]->name, rate[i]);
 	}
 	/* The best possible: the hot set hits each time after the first,
 	 * 10 of every 26 blocks. */

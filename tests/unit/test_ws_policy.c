@@ -28,9 +28,9 @@ struct hist {
 	float *k;		/* [N][L][Hkv][D] */
 	float *q;		/* [L][T][Hq][D] */
 	int64_t *qpos;
-	kvm_index ix;
-	kvm_page_source src;
-	kvm_select_ctx c;
+	kvmem_index ix;
+	kvmem_page_source src;
+	kvmem_select_ctx c;
 };
 
 static float *hkey(struct hist *h, int64_t p, int l, int g)
@@ -66,18 +66,18 @@ static void hist_commit(struct hist *h, unsigned needs)
 	size_t kw = (size_t)h->Hkv * h->D;
 	float *pk = malloc(sizeof(float) * h->L * kw);
 
-	assert_int_equal(kvm_index_init(&h->ix, h->L, h->Hkv, h->D, h->B, needs), 0);
-	assert_int_equal(kvm_page_source_mem(&h->src, h->L, h->Hkv, h->D, h->B), 0);
+	assert_int_equal(kvmem_index_init(&h->ix, h->L, h->Hkv, h->D, h->B, needs), 0);
+	assert_int_equal(kvmem_page_source_mem(&h->src, h->L, h->Hkv, h->D, h->B), 0);
 	for (int64_t p = 0; p < h->N; p++) {
 		for (int l = 0; l < h->L; l++) {
 			memcpy(pk + l * kw, hkey(h, p, l, 0), sizeof(float) * kw);
 			assert_int_equal(h->src.ops->write(h->src.ctx, p / h->B, l, (int)(p % h->B), 1,
 							   pk + l * kw, pk + l * kw), 0);
 		}
-		assert_int_equal(kvm_index_append(&h->ix, pk, 1), 0);
+		assert_int_equal(kvmem_index_append(&h->ix, pk, 1), 0);
 	}
 	free(pk);
-	h->c = (kvm_select_ctx){
+	h->c = (kvmem_select_ctx){
 		.index = &h->ix, .keys = &h->src, .n_tokens = h->N, .n_blocks = h->nb,
 		.block = h->B, .n_layers = h->L, .n_heads = h->Hq, .n_kv_heads = h->Hkv,
 		.head_dim = h->D, .rope_theta = 10000.0, .n_q = h->T, .q = h->q,
@@ -87,8 +87,8 @@ static void hist_commit(struct hist *h, unsigned needs)
 
 static void hist_free(struct hist *h)
 {
-	kvm_index_free(&h->ix);
-	kvm_page_source_destroy(&h->src);
+	kvmem_index_free(&h->ix);
+	kvmem_page_source_destroy(&h->src);
 	free(h->k);
 	free(h->q);
 	free(h->qpos);
@@ -96,7 +96,7 @@ static void hist_free(struct hist *h)
 
 static float *run_policy(struct hist *h, const char *name)
 {
-	const kvm_policy_ops *p = kvm_policy_find(name);
+	const kvmem_policy_ops *p = kvmem_policy_find(name);
 	int sets;
 	float *sc, *again;
 
@@ -162,7 +162,7 @@ static void ref_mass(double *acc, const double *z, int64_t n, int per)
 		acc[i / per] += exp(z[i] - mx) / tot;
 }
 
-/* meank (per = 1) or subblock (per = KVM_SUBBLOCKS) from the raw keys. */
+/* meank (per = 1) or subblock (per = KVMEM_SUBBLOCKS) from the raw keys. */
 static void ref_meank(const struct hist *h, double *acc, int per)
 {
 	int grp = h->Hq / h->Hkv, span = h->B / per;
@@ -218,26 +218,26 @@ static void test_registry(void **state)
 	int n = 0;
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-		const kvm_policy_ops *p = kvm_policy_find(names[i]);
+		const kvmem_policy_ops *p = kvmem_policy_find(names[i]);
 
 		assert_non_null(p);
 		assert_string_equal(p->name, names[i]);
 		assert_non_null(p->score);
-		assert_true(p->needs & KVM_SUM_MEANK);
+		assert_true(p->needs & KVMEM_SUM_MEANK);
 		assert_int_equal(p->per_layer, !strcmp(names[i], "quest"));
 	}
-	for (; kvm_policies[n]; n++)
+	for (; kvmem_policies[n]; n++)
 		;
 	assert_true(n >= 7);	/* the shipped ones, and any added since */
-	assert_string_equal(kvm_policy_find(NULL)->name, "meank");
-	assert_string_equal(kvm_policy_find("")->name, "meank");
-	assert_null(kvm_policy_find("lru"));
-	assert_non_null(strstr(kvm_last_error(), "'lru'"));
-	assert_non_null(strstr(kvm_last_error(), "oracle"));
-	assert_true(kvm_policy_find("subblock")->needs & KVM_SUM_SUBBLOCK);
-	assert_true(kvm_policy_find("quest")->needs & KVM_SUM_MINMAX);
-	assert_true(kvm_policy_find("oracle")->needs & KVM_NEED_KEYS);
-	assert_true(kvm_policy_find("refine")->needs & KVM_NEED_KEYS);
+	assert_string_equal(kvmem_policy_find(NULL)->name, "meank");
+	assert_string_equal(kvmem_policy_find("")->name, "meank");
+	assert_null(kvmem_policy_find("lru"));
+	assert_non_null(strstr(kvmem_last_error(), "'lru'"));
+	assert_non_null(strstr(kvmem_last_error(), "oracle"));
+	assert_true(kvmem_policy_find("subblock")->needs & KVMEM_SUM_SUBBLOCK);
+	assert_true(kvmem_policy_find("quest")->needs & KVMEM_SUM_MINMAX);
+	assert_true(kvmem_policy_find("oracle")->needs & KVMEM_NEED_KEYS);
+	assert_true(kvmem_policy_find("refine")->needs & KVMEM_NEED_KEYS);
 }
 
 static void test_meank_formula(void **state)
@@ -250,7 +250,7 @@ static void test_meank_formula(void **state)
 		float *got;
 
 		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 4));
-		hist_commit(&h, KVM_SUM_MEANK);
+		hist_commit(&h, KVMEM_SUM_MEANK);
 		h.c.span = it % 2 ? test_rng_int(&rng, 1, 3000) : 0;
 		got = run_policy(&h, "meank");
 		want = malloc(sizeof(double) * h.nb);
@@ -277,11 +277,11 @@ static void test_subblock_formula(void **state)
 
 		/* Any length: partial last block with sub-blocks not yet begun. */
 		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 4));
-		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
 		h.c.span = it % 2 ? test_rng_int(&rng, 1, 3000) : 0;
 		got = run_policy(&h, "subblock");
 		want = malloc(sizeof(double) * h.nb);
-		ref_meank(&h, want, KVM_SUBBLOCKS);
+		ref_meank(&h, want, KVMEM_SUBBLOCKS);
 		expect_near(got, want, h.nb, 1e-4);
 		free(got);
 		free(want);
@@ -336,7 +336,7 @@ static void test_planted(void **state)
 					for (int i = 0; i < h.D; i++)
 						k[i] += sign * (i % 2 ? 1.0f : -1.0f);
 				}
-		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
 		mk = run_policy(&h, "meank");
 		sb = run_policy(&h, "subblock");
 		assert_int_equal(rank_of(mk, h.nb, aligned), 0);
@@ -359,7 +359,7 @@ static void test_quest(void **state)
 		int grp;
 
 		hist_random(&h, &rng, test_rng_int(&rng, 1, 600), 16 << test_rng_int(&rng, 0, 4));
-		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_MINMAX);
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_MINMAX);
 		got = run_policy(&h, "quest");
 		grp = h.Hq / h.Hkv;
 		want = calloc(h.L * h.nb, sizeof(double));
@@ -412,7 +412,7 @@ static void test_recency_random(void **state)
 	float *r1, *r2, *r3;
 
 	hist_random(&h, &rng, 777, 16);
-	hist_commit(&h, KVM_SUM_MEANK);
+	hist_commit(&h, KVMEM_SUM_MEANK);
 	r1 = run_policy(&h, "recency");
 	for (int64_t b = 1; b < h.nb; b++)
 		assert_true(r1[b] > r1[b - 1]);
@@ -490,7 +490,7 @@ static void test_oracle(void **state)
 		/* Query tokens not at the end: causality must cut the keys. */
 		for (int t = 0; t < h.T; t++)
 			h.qpos[t] = test_rng_int(&rng, 0, (int)h.N - 1);
-		hist_commit(&h, KVM_SUM_MEANK);
+		hist_commit(&h, KVMEM_SUM_MEANK);
 		h.c.span = it % 2 ? test_rng_int(&rng, 1, 2000) : 0;
 		got = run_policy(&h, "oracle");
 		want = malloc(sizeof(double) * h.nb);
@@ -525,7 +525,7 @@ static void test_refine(void **state)
 		int64_t *list, m = 0;
 
 		hist_random(&h, &rng, test_rng_int(&rng, 200, 1500), 16 << test_rng_int(&rng, 0, 2));
-		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
 		h.c.span = test_rng_int(&rng, 1, 2000);
 		h.c.budget = h.B * test_rng_int(&rng, 1, (int)(h.nb / 6) + 1);
 		sb = run_policy(&h, "subblock");
@@ -595,7 +595,7 @@ static void test_refine_planted(void **state)
 					for (int i = 0; i < h.D; i++)
 						k[i] += w * (i % 2 ? 1.0f : -1.0f);
 				}
-		hist_commit(&h, KVM_SUM_MEANK | KVM_SUM_SUBBLOCK);
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
 		h.c.span = 1;	/* no rotation: the planted direction counts as is */
 		h.c.budget = h.N;
 		sb = run_policy(&h, "subblock");
@@ -616,13 +616,13 @@ static void test_missing_summaries(void **state)
 	float sc[64];
 
 	hist_random(&h, &rng, 100, 16);
-	hist_commit(&h, KVM_SUM_MEANK);
-	assert_int_equal(kvm_policy_find("quest")->score(&h.c, sc), -1);
-	assert_non_null(strstr(kvm_last_error(), "min/max"));
-	assert_int_equal(kvm_policy_find("subblock")->score(&h.c, sc), -1);
-	assert_non_null(strstr(kvm_last_error(), "sub-block"));
+	hist_commit(&h, KVMEM_SUM_MEANK);
+	assert_true(kvmem_policy_find("quest")->score(&h.c, sc) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "min/max"));
+	assert_true(kvmem_policy_find("subblock")->score(&h.c, sc) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "sub-block"));
 	h.c.keys = NULL;
-	assert_int_equal(kvm_policy_find("oracle")->score(&h.c, sc), -1);
+	assert_true(kvmem_policy_find("oracle")->score(&h.c, sc) < 0);
 	hist_free(&h);
 }
 
@@ -636,10 +636,10 @@ static void test_thread_independent(void **state)
 	uint64_t rng = g_seed ^ 0x7e;
 	const char *names[] = { "meank", "subblock", "quest" };
 	const int64_t nb = 40000;
-	kvm_index ix;
+	kvmem_index ix;
 	float q[2 * 2 * 4 * 16];
 	int64_t qpos[2] = { nb * 16 - 2, nb * 16 - 1 };
-	kvm_select_ctx c = {
+	kvmem_select_ctx c = {
 		.index = &ix, .n_tokens = nb * 16 - 5, .n_blocks = nb, .block = 16, .n_layers = 2,
 		.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .rope_theta = 1e4, .n_q = 2,
 		.q = q, .q_pos = qpos,
@@ -647,8 +647,8 @@ static void test_thread_independent(void **state)
 
 	for (size_t i = 0; i < sizeof(q) / sizeof(q[0]); i++)
 		q[i] = (float)test_rng_range(&rng, -2, 2);
-	assert_int_equal(kvm_index_init(&ix, 2, 2, 16, 16, KVM_SUM_MINMAX | KVM_SUM_SUBBLOCK), 0);
-	assert_int_equal(kvm_index_reserve(&ix, nb), 0);
+	assert_int_equal(kvmem_index_init(&ix, 2, 2, 16, 16, KVMEM_SUM_MINMAX | KVMEM_SUM_SUBBLOCK), 0);
+	assert_int_equal(kvmem_index_reserve(&ix, nb), 0);
 	ix.n_tokens = c.n_tokens;
 	ix.n_blocks = nb;
 	for (size_t i = 0; i < (size_t)4 * ix.cap_blocks * 16; i++) {
@@ -656,10 +656,10 @@ static void test_thread_independent(void **state)
 		ix.kmin[i] = ix.meank[i] - (float)test_rng_range(&rng, 0, 1);
 		ix.kmax[i] = ix.meank[i] + (float)test_rng_range(&rng, 0, 1);
 	}
-	for (size_t i = 0; i < (size_t)4 * ix.cap_blocks * 16 * KVM_SUBBLOCKS; i++)
+	for (size_t i = 0; i < (size_t)4 * ix.cap_blocks * 16 * KVMEM_SUBBLOCKS; i++)
 		ix.sub[i] = (float)test_rng_range(&rng, -1, 1);
 	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
-		const kvm_policy_ops *p = kvm_policy_find(names[k]);
+		const kvmem_policy_ops *p = kvmem_policy_find(names[k]);
 		size_t n = (size_t)(p->per_layer ? 2 : 1) * nb;
 		float *ref = malloc(sizeof(float) * n), *sc = malloc(sizeof(float) * n);
 
@@ -673,7 +673,7 @@ static void test_thread_independent(void **state)
 		free(ref);
 		free(sc);
 	}
-	kvm_index_free(&ix);
+	kvmem_index_free(&ix);
 }
 
 int main(void)

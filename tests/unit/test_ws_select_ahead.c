@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvm_session_select_ahead: selecting with the queries of tokens not yet
+ * kvmem_session_select_ahead: selecting with the queries of tokens not yet
  * appended. It must leave the history untouched, keep the exactness
  * invariant (a budget over the workspace gives the same logits as never
  * selecting ahead), choose what a plain selection would choose from the same
@@ -22,9 +22,9 @@ static uint64_t g_seed;
 
 #define ROUNDS 12
 
-static kvm_model *model(uint64_t *rng)
+static kvmem_model *model(uint64_t *rng)
 {
-	kvm_config c = test_model_config(2, 32, 4, 2, 16, 48, 61, test_rng_int(rng, 0, 1));
+	kvmem_config c = test_model_config(2, 32, 4, 2, 16, 48, 61, test_rng_int(rng, 0, 1));
 
 	return test_model_random(&c, (uint64_t)test_rng_int(rng, 1, 1 << 30));
 }
@@ -35,18 +35,18 @@ static void random_ids(uint64_t *rng, int32_t *t, int n, int vocab)
 		t[i] = test_rng_int(rng, 0, vocab - 1);
 }
 
-static kvm_session *open_session(kvm_engine *e, int64_t budget, int block, int qtok,
+static kvmem_session *open_session(kvmem_engine *e, int64_t budget, int block, int qtok,
 				 const char *policy)
 {
-	kvm_session_opts o;
+	kvmem_session_opts o;
 
-	kvm_session_opts_default(&o);
+	kvmem_session_opts_default(&o);
 	o.budget = budget;
 	o.block = block;
 	o.chunk = 16;
 	o.query_tokens = qtok;
 	o.policy = policy;
-	return kvm_session_create(e, &o);
+	return kvmem_session_create(e, &o);
 }
 
 /* Budget over the workspace: select ahead + append + decode gives the same
@@ -56,33 +56,33 @@ static void test_exact_with_select_ahead(void **state)
 	uint64_t rng = g_seed;
 
 	for (int round = 0; round < 6; round++) {
-		kvm_model *m = model(&rng);
-		kvm_engine *e = kvm_engine_create(m, 16);
+		kvmem_model *m = model(&rng);
+		kvmem_engine *e = kvmem_engine_create(m, 16);
 		int V = m->cfg.vocab, nh = test_rng_int(&rng, 20, 150), nq = test_rng_int(&rng, 1, 16);
 		int block = 16 << test_rng_int(&rng, 0, 2);
 		int32_t hist[150], q[16], out_a[6], out_b[6];
-		kvm_session *a = open_session(e, 0, block, test_rng_int(&rng, 1, 4), NULL);
-		kvm_session *b = open_session(e, 0, block, 4, NULL);
+		kvmem_session *a = open_session(e, 0, block, test_rng_int(&rng, 1, 4), NULL);
+		kvmem_session *b = open_session(e, 0, block, 4, NULL);
 
 		random_ids(&rng, hist, nh, V);
 		random_ids(&rng, q, nq, V);
 		assert_non_null(a);
 		assert_non_null(b);
-		assert_int_equal(kvm_session_append(a, hist, nh, 0), 0);
-		assert_int_equal(kvm_session_append(b, hist, nh, 0), 0);
-		assert_int_equal(kvm_session_select_ahead(a, q, nq), 0);
-		assert_int_equal(kvm_session_tokens(a), nh);	/* history untouched */
-		assert_int_equal(kvm_session_view(a)->len, nh);
-		assert_int_equal(kvm_session_append(a, q, nq, 0), 0);
-		assert_int_equal(kvm_session_append(b, q, nq, 0), 0);
-		assert_memory_equal(kvm_session_logits(a), kvm_session_logits(b), sizeof(float) * V);
-		assert_int_equal(kvm_session_decode(a, 6, NULL, out_a), 0);
-		assert_int_equal(kvm_session_decode(b, 6, NULL, out_b), 0);
+		assert_int_equal(kvmem_session_append(a, hist, nh, 0), 0);
+		assert_int_equal(kvmem_session_append(b, hist, nh, 0), 0);
+		assert_int_equal(kvmem_session_select_ahead(a, q, nq), 0);
+		assert_int_equal(kvmem_session_tokens(a), nh);	/* history untouched */
+		assert_int_equal(kvmem_session_view(a)->len, nh);
+		assert_int_equal(kvmem_session_append(a, q, nq, 0), 0);
+		assert_int_equal(kvmem_session_append(b, q, nq, 0), 0);
+		assert_memory_equal(kvmem_session_logits(a), kvmem_session_logits(b), sizeof(float) * V);
+		assert_int_equal(kvmem_session_decode(a, 6, NULL, out_a), 0);
+		assert_int_equal(kvmem_session_decode(b, 6, NULL, out_b), 0);
 		assert_memory_equal(out_a, out_b, sizeof(out_a));
-		assert_memory_equal(kvm_session_logits(a), kvm_session_logits(b), sizeof(float) * V);
-		kvm_session_free(a);
-		kvm_session_free(b);
-		kvm_engine_free(e);
+		assert_memory_equal(kvmem_session_logits(a), kvmem_session_logits(b), sizeof(float) * V);
+		kvmem_session_free(a);
+		kvmem_session_free(b);
+		kvmem_engine_free(e);
 		test_model_free(m);
 	}
 }
@@ -113,25 +113,25 @@ static void test_same_choice_as_plain_select(void **state)
 	int agree = 0, sets = 0;
 
 	for (int round = 0; round < ROUNDS; round++) {
-		kvm_model *m = model(&rng);
-		kvm_engine *e = kvm_engine_create(m, 16);
+		kvmem_model *m = model(&rng);
+		kvmem_engine *e = kvmem_engine_create(m, 16);
 		int V = m->cfg.vocab, nh = 16 * test_rng_int(&rng, 20, 30), nq = test_rng_int(&rng, 1, 8);
 		int32_t hist[480], q[8];
-		kvm_session *a = open_session(e, 96, 16, 1, "quest");
-		kvm_session *b = open_session(e, 96, 16, 1, "quest");
-		const kvm_plan *pa, *pb;
+		kvmem_session *a = open_session(e, 96, 16, 1, "quest");
+		kvmem_session *b = open_session(e, 96, 16, 1, "quest");
+		const kvmem_plan *pa, *pb;
 		int64_t old_blocks = nh / 16;
 		int64_t ba[64], bb[64];
 
 		random_ids(&rng, hist, nh, V);
 		random_ids(&rng, q, nq, V);
-		assert_int_equal(kvm_session_append(a, hist, nh, 0), 0);
-		assert_int_equal(kvm_session_append(b, hist, nh, 0), 0);
-		assert_int_equal(kvm_session_select_ahead(a, q, nq), 0);
-		assert_int_equal(kvm_session_append(b, q, nq, 0), 0);
-		assert_int_equal(kvm_session_select(b), 0);
-		pa = kvm_session_plan(a);
-		pb = kvm_session_plan(b);
+		assert_int_equal(kvmem_session_append(a, hist, nh, 0), 0);
+		assert_int_equal(kvmem_session_append(b, hist, nh, 0), 0);
+		assert_int_equal(kvmem_session_select_ahead(a, q, nq), 0);
+		assert_int_equal(kvmem_session_append(b, q, nq, 0), 0);
+		assert_int_equal(kvmem_session_select(b), 0);
+		pa = kvmem_session_plan(a);
+		pb = kvmem_session_plan(b);
 		assert_true(pa->view_tokens <= 96);
 		assert_int_equal(pa->n_sets, pb->n_sets);
 		for (int set = 0; set < pa->n_sets; set++) {
@@ -150,9 +150,9 @@ static void test_same_choice_as_plain_select(void **state)
 			agree += subset(bb, nb, ba, na) || subset(ba, na, bb, nb);
 			sets++;
 		}
-		kvm_session_free(a);
-		kvm_session_free(b);
-		kvm_engine_free(e);
+		kvmem_session_free(a);
+		kvmem_session_free(b);
+		kvmem_engine_free(e);
 		test_model_free(m);
 	}
 	print_message("ahead and plain choices agree in %d of %d layer sets\n", agree, sets);
@@ -165,17 +165,17 @@ static void test_same_choice_as_plain_select(void **state)
 static void test_bad_calls(void **state)
 {
 	uint64_t rng = g_seed + 7;
-	kvm_model *m = model(&rng);
-	kvm_engine *e = kvm_engine_create(m, 16);
-	kvm_session *s = open_session(e, 64, 16, 1, NULL);
+	kvmem_model *m = model(&rng);
+	kvmem_engine *e = kvmem_engine_create(m, 16);
+	kvmem_session *s = open_session(e, 64, 16, 1, NULL);
 	int32_t t[20] = { 1, 2, 3 };
 
-	assert_int_equal(kvm_session_select_ahead(s, t, 0), -1);
-	assert_non_null(strstr(kvm_last_error(), "select ahead takes 1..16 tokens"));
-	assert_int_equal(kvm_session_select_ahead(s, t, 17), -1);
-	assert_int_equal(kvm_session_tokens(s), 0);
-	kvm_session_free(s);
-	kvm_engine_free(e);
+	assert_true(kvmem_session_select_ahead(s, t, 0) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "select ahead takes 1..16 tokens"));
+	assert_true(kvmem_session_select_ahead(s, t, 17) < 0);
+	assert_int_equal(kvmem_session_tokens(s), 0);
+	kvmem_session_free(s);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 

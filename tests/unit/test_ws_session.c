@@ -31,44 +31,44 @@ static uint64_t g_seed;
 
 /* ---- a plain full-context twin fed by on_forward ---------------------- */
 struct twin {
-	kvm_engine *e;
-	kvm_kvcache kv;
+	kvmem_engine *e;
+	kvmem_kvcache kv;
 	int vocab, all;
 	float *logits;
 	int64_t calls, mismatches;
 	double max_diff;
 };
 
-static void twin_grow(struct twin *t, const kvm_config *c, int need)
+static void twin_grow(struct twin *t, const kvmem_config *c, int need)
 {
-	kvm_kvcache nk;
+	kvmem_kvcache nk;
 	int cap = t->kv.cap ? t->kv.cap : 64;
 
 	if (need <= t->kv.cap)
 		return;
 	while (cap < need)
 		cap *= 2;
-	assert_int_equal(kvm_kvcache_init(&nk, c, cap), 0);
+	assert_int_equal(kvmem_kvcache_init(&nk, c, cap), 0);
 	for (int l = 0; l < c->n_layers; l++)
 		for (int h = 0; h < c->n_kv_heads && t->kv.len; h++) {
-			memcpy(kvm_kv_k(&nk, l, h, 0), kvm_kv_k(&t->kv, l, h, 0),
+			memcpy(kvmem_kv_k(&nk, l, h, 0), kvmem_kv_k(&t->kv, l, h, 0),
 			       sizeof(float) * t->kv.len * c->head_dim);
-			memcpy(kvm_kv_v(&nk, l, h, 0), kvm_kv_v(&t->kv, l, h, 0),
+			memcpy(kvmem_kv_v(&nk, l, h, 0), kvmem_kv_v(&t->kv, l, h, 0),
 			       sizeof(float) * t->kv.len * c->head_dim);
 		}
 	nk.len = t->kv.len;
-	kvm_kvcache_free(&t->kv);
+	kvmem_kvcache_free(&t->kv);
 	t->kv = nk;
 }
 
 static void twin_forward(void *arg, const int32_t *tok, int n, const float *logits)
 {
 	struct twin *t = arg;
-	const kvm_config *c = &kvm_engine_model(t->e)->cfg;
+	const kvmem_config *c = &kvmem_engine_model(t->e)->cfg;
 	size_t cnt = (size_t)(t->all ? n : 1) * t->vocab;
 
 	twin_grow(t, c, t->kv.len + n);
-	assert_int_equal(kvm_forward(t->e, &t->kv, tok, n, t->logits, t->all, NULL), 0);
+	assert_int_equal(kvmem_forward(t->e, &t->kv, tok, n, t->logits, t->all, NULL), 0);
 	t->calls++;
 	if (memcmp(logits, t->logits, cnt * sizeof(float)))
 		t->mismatches++;
@@ -77,13 +77,13 @@ static void twin_forward(void *arg, const int32_t *tok, int n, const float *logi
 }
 
 /* ---- models ------------------------------------------------------------ */
-static kvm_model *small_model(uint64_t *rng)
+static kvmem_model *small_model(uint64_t *rng)
 {
 	static const int geo[][4] = {	/* layers, heads, kv heads, head_dim */
 		{ 2, 4, 2, 16 }, { 1, 2, 1, 8 }, { 3, 4, 1, 12 }, { 2, 6, 3, 8 },
 	};
 	const int *g = geo[test_rng_int(rng, 0, 3)];
-	kvm_config c = test_model_config(g[0], 24, g[1], g[2], g[3], 40, 53, test_rng_int(rng, 0, 1));
+	kvmem_config c = test_model_config(g[0], 24, g[1], g[2], g[3], 40, 53, test_rng_int(rng, 0, 1));
 
 	return test_model_random(&c, (uint64_t)test_rng_int(rng, 1, 1 << 30));
 }
@@ -131,12 +131,12 @@ static int make_script(uint64_t *rng, struct op *ops, int max_ops, int steps, in
  * their block's token rotated from raw K at that slot, tail slots the
  * tokens after the plan at their slots; V copied; within budget; pins in.
  */
-static void check_view(kvm_session *s, const kvm_page_source *src, const kvm_config *c)
+static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvmem_config *c)
 {
-	const kvm_plan *p = kvm_session_plan(s);
-	const kvm_kvcache *kv = kvm_session_view(s);
-	const kvm_blocks *r = kvm_session_blocks(s);
-	const kvm_session_opts *o = kvm_session_options(s);
+	const kvmem_plan *p = kvmem_session_plan(s);
+	const kvmem_kvcache *kv = kvmem_session_view(s);
+	const kvmem_blocks *r = kvmem_session_blocks(s);
+	const kvmem_session_opts *o = kvmem_session_options(s);
 	const int d = c->head_dim, B = r->block;
 	float *rot = malloc(sizeof(float) * d);
 	int64_t tail = kv->len - p->view_tokens;
@@ -146,7 +146,7 @@ static void check_view(kvm_session *s, const kvm_page_source *src, const kvm_con
 		assert_true(kv->len <= o->budget + o->reserve);
 	}
 	assert_true(tail >= 0);
-	assert_int_equal(p->n_tokens + tail, kvm_session_tokens(s));
+	assert_int_equal(p->n_tokens + tail, kvmem_session_tokens(s));
 	for (int l = 0; l < c->n_layers; l++) {
 		int set = p->n_sets == 1 ? 0 : l;
 		const int64_t *blk = p->blocks + (size_t)set * p->n_view;
@@ -162,7 +162,7 @@ static void check_view(kvm_session *s, const kvm_page_source *src, const kvm_con
 				if (i)
 					assert_true(blk[i - 1] < blk[i]);
 				pos = blk[i] * B + (slot - st[i]);
-				assert_true(pos < blk[i] * B + kvm_block_len(r, blk[i]));
+				assert_true(pos < blk[i] * B + kvmem_block_len(r, blk[i]));
 			} else {
 				pos = p->n_tokens + (slot - p->view_tokens);
 			}
@@ -174,9 +174,9 @@ static void check_view(kvm_session *s, const kvm_page_source *src, const kvm_con
 				const float *rk = pk + ((size_t)h * B + pos % B) * d;
 
 				memcpy(rot, rk, sizeof(float) * d);
-				kvm_rope(rot, &s32, 1, 1, d, c->rope_theta);
-				assert_memory_equal(kvm_kv_k(kv, l, h, (int)slot), rot, sizeof(float) * d);
-				assert_memory_equal(kvm_kv_v(kv, l, h, (int)slot),
+				kvmem_rope(rot, &s32, 1, 1, d, c->rope_theta);
+				assert_memory_equal(kvmem_kv_k(kv, l, h, (int)slot), rot, sizeof(float) * d);
+				assert_memory_equal(kvmem_kv_v(kv, l, h, (int)slot),
 						    pv + ((size_t)h * B + pos % B) * d, sizeof(float) * d);
 			}
 			src->ops->put(src->ctx, pos / B, l);
@@ -214,26 +214,26 @@ struct run_out {
 
 static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out *ro)
 {
-	kvm_model *m = small_model(rng);
-	const kvm_config *c = &m->cfg;
-	kvm_engine *e = kvm_engine_create(m, rc->chunk);
+	kvmem_model *m = small_model(rng);
+	const kvmem_config *c = &m->cfg;
+	kvmem_engine *e = kvmem_engine_create(m, rc->chunk);
 	struct op ops[128];
 	int64_t total;
 	int n_ops = make_script(rng, ops, 128, rc->steps, rc->max_append, &total);
-	kvm_page_source src;
-	kvm_session_opts o;
+	kvmem_page_source src;
+	kvmem_session_opts o;
 	struct twin t = { .e = e, .vocab = c->vocab, .all = rc->all_logits };
-	kvm_session *s;
+	kvmem_session *s;
 
 	memset(ro, 0, sizeof(*ro));
-	kvm_session_stats st;
-	kvm_sampler smp = { .temperature = 0.9f, .top_k = 0, .top_p = 1.0f };
+	kvmem_session_stats st;
+	kvmem_sampler smp = { .temperature = 0.9f, .top_k = 0, .top_p = 1.0f };
 
 	assert_non_null(e);
 	t.logits = malloc(sizeof(float) * rc->chunk * c->vocab);
-	assert_int_equal(kvm_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim,
+	assert_int_equal(kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim,
 					     rc->block), 0);
-	kvm_session_opts_default(&o);
+	kvmem_session_opts_default(&o);
 	o.block = rc->block;
 	o.chunk = rc->chunk;
 	o.policy = rc->policy;
@@ -250,9 +250,9 @@ static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out 
 	o.source = &src;
 	o.on_forward = twin_forward;
 	o.arg = &t;
-	s = kvm_session_create(e, &o);
+	s = kvmem_session_create(e, &o);
 	if (!s)
-		fail_msg("session: %s", kvm_last_error());
+		fail_msg("session: %s", kvmem_last_error());
 	int32_t *want = malloc(sizeof(int32_t) * (total + 1));
 	int64_t at = 0;
 
@@ -260,42 +260,42 @@ static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out 
 		int32_t *tok = random_tokens(rng, ops[i].n, c->vocab), out[32];
 
 		if (ops[i].kind == 0) {
-			int rcode = kvm_session_append(s, tok, ops[i].n, ops[i].pin);
+			int rcode = kvmem_session_append(s, tok, ops[i].n, ops[i].pin);
 
-			if (rcode && ops[i].pin && strstr(kvm_last_error(), "budget")) {
+			if (rcode && ops[i].pin && strstr(kvmem_last_error(), "budget")) {
 				/* Refused pin: nothing ran; append without it. */
 				ro->pins_refused++;
-				rcode = kvm_session_append(s, tok, ops[i].n, 0);
+				rcode = kvmem_session_append(s, tok, ops[i].n, 0);
 			}
 			if (rcode)
-				fail_msg("append: %s", kvm_last_error());
+				fail_msg("append: %s", kvmem_last_error());
 			memcpy(want + at, tok, sizeof(int32_t) * ops[i].n);
 			at += ops[i].n;
 		} else if (ops[i].kind == 1) {
-			if (kvm_session_select(s))
-				fail_msg("select: %s", kvm_last_error());
+			if (kvmem_session_select(s))
+				fail_msg("select: %s", kvmem_last_error());
 			if (rc->check_every)
 				check_view(s, &src, c);
-			if (kvm_session_decode(s, ops[i].n, i % 3 ? NULL : &smp, out))
-				fail_msg("decode: %s", kvm_last_error());
+			if (kvmem_session_decode(s, ops[i].n, i % 3 ? NULL : &smp, out))
+				fail_msg("decode: %s", kvmem_last_error());
 			for (int j = 0; j < ops[i].n; j++)
 				assert_true(out[j] >= 0 && out[j] < c->vocab);
 			memcpy(want + at, out, sizeof(int32_t) * ops[i].n);
 			at += ops[i].n;
 		} else {
-			assert_int_equal(kvm_session_unpin(s, 0, kvm_session_tokens(s)), 0);
+			assert_int_equal(kvmem_session_unpin(s, 0, kvmem_session_tokens(s)), 0);
 		}
 		if (rc->check_every)
 			check_view(s, &src, c);
 		free(tok);
 	}
-	assert_int_equal(kvm_session_tokens(s), total);
-	assert_memory_equal(kvm_session_token_ids(s), want, sizeof(int32_t) * total);
+	assert_int_equal(kvmem_session_tokens(s), total);
+	assert_memory_equal(kvmem_session_token_ids(s), want, sizeof(int32_t) * total);
 	free(want);
 	/* A last selection, then the whole view checked once more. */
-	assert_int_equal(kvm_session_select(s), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
 	check_view(s, &src, c);
-	kvm_session_get_stats(s, &st);
+	kvmem_session_get_stats(s, &st);
 	ro->tokens = total;
 	ro->calls = t.calls;
 	ro->mismatches = t.mismatches;
@@ -304,22 +304,22 @@ static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out 
 	assert_int_equal(st.forwards, t.calls);
 	if (rc->budget < 0) {
 		/* Identity view: the session's K / V are the twin's, bit for bit. */
-		const kvm_kvcache *kv = kvm_session_view(s);
+		const kvmem_kvcache *kv = kvmem_session_view(s);
 
 		assert_int_equal(kv->len, t.kv.len);
 		for (int l = 0; l < c->n_layers; l++)
 			for (int h = 0; h < c->n_kv_heads; h++) {
-				assert_memory_equal(kvm_kv_k(kv, l, h, 0), kvm_kv_k(&t.kv, l, h, 0),
+				assert_memory_equal(kvmem_kv_k(kv, l, h, 0), kvmem_kv_k(&t.kv, l, h, 0),
 						    sizeof(float) * kv->len * c->head_dim);
-				assert_memory_equal(kvm_kv_v(kv, l, h, 0), kvm_kv_v(&t.kv, l, h, 0),
+				assert_memory_equal(kvmem_kv_v(kv, l, h, 0), kvmem_kv_v(&t.kv, l, h, 0),
 						    sizeof(float) * kv->len * c->head_dim);
 			}
 	}
-	kvm_session_free(s);
-	kvm_page_source_destroy(&src);
-	kvm_kvcache_free(&t.kv);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&src);
+	kvmem_kvcache_free(&t.kv);
 	free(t.logits);
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 
@@ -375,28 +375,28 @@ static void test_exact_chunk_extremes(void **state)
 static void test_raw_k_rotates_to_engine_k(void **state)
 {
 	uint64_t rng = g_seed ^ 0x4b;
-	kvm_model *m = small_model(&rng);
-	const kvm_config *c = &m->cfg;
-	kvm_engine *e = kvm_engine_create(m, 32);
-	kvm_page_source src;
-	kvm_session_opts o;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	kvmem_engine *e = kvmem_engine_create(m, 32);
+	kvmem_page_source src;
+	kvmem_session_opts o;
 	struct twin t = { .e = e, .vocab = c->vocab };
 	int n = test_rng_int(&rng, 100, 400), B = 16 << test_rng_int(&rng, 0, 4);
 	int32_t *tok = random_tokens(&rng, n, c->vocab);
-	kvm_session *s;
+	kvmem_session *s;
 	float *rot = malloc(sizeof(float) * c->head_dim);
 
 	t.logits = malloc(sizeof(float) * c->vocab * 32);
-	kvm_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
-	kvm_session_opts_default(&o);
+	kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
+	kvmem_session_opts_default(&o);
 	o.block = B;
 	o.chunk = 32;
 	o.source = &src;
 	o.on_forward = twin_forward;
 	o.arg = &t;
-	s = kvm_session_create(e, &o);
+	s = kvmem_session_create(e, &o);
 	assert_non_null(s);
-	assert_int_equal(kvm_session_append(s, tok, n, 0), 0);
+	assert_int_equal(kvmem_session_append(s, tok, n, 0), 0);
 	for (int64_t p = 0; p < n; p++)
 		for (int l = 0; l < c->n_layers; l++) {
 			const float *pk, *pv;
@@ -406,18 +406,18 @@ static void test_raw_k_rotates_to_engine_k(void **state)
 			for (int h = 0; h < c->n_kv_heads; h++) {
 				memcpy(rot, pk + ((size_t)h * B + p % B) * c->head_dim,
 				       sizeof(float) * c->head_dim);
-				kvm_rope(rot, &p32, 1, 1, c->head_dim, c->rope_theta);
-				assert_memory_equal(rot, kvm_kv_k(&t.kv, l, h, (int)p),
+				kvmem_rope(rot, &p32, 1, 1, c->head_dim, c->rope_theta);
+				assert_memory_equal(rot, kvmem_kv_k(&t.kv, l, h, (int)p),
 						    sizeof(float) * c->head_dim);
 			}
 		}
-	kvm_session_free(s);
-	kvm_page_source_destroy(&src);
-	kvm_kvcache_free(&t.kv);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&src);
+	kvmem_kvcache_free(&t.kv);
 	free(t.logits);
 	free(tok);
 	free(rot);
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 
@@ -447,38 +447,38 @@ static void test_small_budget_properties(void **state)
 static void test_long_generation(void **state)
 {
 	uint64_t rng = g_seed ^ 0x10;
-	kvm_model *m = small_model(&rng);
-	const kvm_config *c = &m->cfg;
-	kvm_engine *e = kvm_engine_create(m, 8);
-	kvm_page_source src;
-	kvm_session_opts o;
-	kvm_session_stats st;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	kvmem_engine *e = kvmem_engine_create(m, 8);
+	kvmem_page_source src;
+	kvmem_session_opts o;
+	kvmem_session_stats st;
 	int32_t *tok = random_tokens(&rng, 50, c->vocab), out[600];
-	kvm_session *s;
+	kvmem_session *s;
 
-	kvm_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, 16);
-	kvm_session_opts_default(&o);
+	kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, 16);
+	kvmem_session_opts_default(&o);
 	o.block = 16;
 	o.chunk = 8;
 	o.budget = 64;
 	o.reserve = 8;
 	o.source = &src;
-	s = kvm_session_create(e, &o);
+	s = kvmem_session_create(e, &o);
 	assert_non_null(s);
-	assert_int_equal(kvm_session_append(s, tok, 20, 1), 0);	/* a pinned "system prompt" */
-	assert_int_equal(kvm_session_append(s, tok + 20, 30, 0), 0);
-	assert_int_equal(kvm_session_select(s), 0);
-	assert_int_equal(kvm_session_decode(s, 600, NULL, out), 0);
+	assert_int_equal(kvmem_session_append(s, tok, 20, 1), 0);	/* a pinned "system prompt" */
+	assert_int_equal(kvmem_session_append(s, tok + 20, 30, 0), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	assert_int_equal(kvmem_session_decode(s, 600, NULL, out), 0);
 	check_view(s, &src, c);
-	kvm_session_get_stats(s, &st);
-	assert_int_equal(kvm_session_tokens(s), 650);
+	kvmem_session_get_stats(s, &st);
+	assert_int_equal(kvmem_session_tokens(s), 650);
 	/* The pins hold 32 of the 64: the tail never has more than 40 slots. */
 	assert_true(st.forced >= 600 / 40 - 1);
-	assert_true(kvm_session_view(s)->len <= 64 + 8);
-	kvm_session_free(s);
-	kvm_page_source_destroy(&src);
+	assert_true(kvmem_session_view(s)->len <= 64 + 8);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&src);
 	free(tok);
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 
@@ -490,19 +490,19 @@ static void test_long_generation(void **state)
 static void test_adopt_resumes(void **state)
 {
 	uint64_t rng = g_seed ^ 0xad;
-	kvm_model *m = small_model(&rng);
-	const kvm_config *c = &m->cfg;
-	kvm_engine *e = kvm_engine_create(m, 16);
-	kvm_page_source src;
-	kvm_session_opts o;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	kvmem_engine *e = kvmem_engine_create(m, 16);
+	kvmem_page_source src;
+	kvmem_session_opts o;
 	struct twin t = { .e = e, .vocab = c->vocab, .all = 1 };
 	int B = 16 << test_rng_int(&rng, 0, 2), n1 = test_rng_int(&rng, 1, 300);
 	int32_t *tok = random_tokens(&rng, n1 + 100, c->vocab), *ids, out[8];
-	kvm_session *s;
+	kvmem_session *s;
 
 	t.logits = malloc(sizeof(float) * c->vocab * 16);
-	kvm_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
-	kvm_session_opts_default(&o);
+	kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
+	kvmem_session_opts_default(&o);
 	o.block = B;
 	o.chunk = 16;
 	o.budget = 4096;
@@ -510,91 +510,91 @@ static void test_adopt_resumes(void **state)
 	o.source = &src;
 	o.on_forward = twin_forward;
 	o.arg = &t;
-	s = kvm_session_create(e, &o);
-	assert_int_equal(kvm_session_append(s, tok, n1, 0), 0);
+	s = kvmem_session_create(e, &o);
+	assert_int_equal(kvmem_session_append(s, tok, n1, 0), 0);
 	ids = malloc(sizeof(int32_t) * n1);
-	memcpy(ids, kvm_session_token_ids(s), sizeof(int32_t) * n1);
-	kvm_session_free(s);
+	memcpy(ids, kvmem_session_token_ids(s), sizeof(int32_t) * n1);
+	kvmem_session_free(s);
 
-	s = kvm_session_create(e, &o);
-	assert_int_equal(kvm_session_decode(s, 1, NULL, out), -1);
-	assert_int_equal(kvm_session_adopt(s, ids, n1), 0);
-	assert_int_equal(kvm_session_tokens(s), n1);
-	assert_int_equal(kvm_session_plan(s)->view_tokens, n1);
-	assert_int_equal(kvm_session_plan(s)->entering, kvm_session_plan(s)->n_view);
+	s = kvmem_session_create(e, &o);
+	assert_true(kvmem_session_decode(s, 1, NULL, out) < 0);
+	assert_int_equal(kvmem_session_adopt(s, ids, n1), 0);
+	assert_int_equal(kvmem_session_tokens(s), n1);
+	assert_int_equal(kvmem_session_plan(s)->view_tokens, n1);
+	assert_int_equal(kvmem_session_plan(s)->entering, kvmem_session_plan(s)->n_view);
 	check_view(s, &src, c);
-	assert_int_equal(kvm_session_adopt(s, ids, n1), -1);	/* only once */
-	assert_int_equal(kvm_session_append(s, tok + n1, 100, 0), 0);
-	assert_int_equal(kvm_session_select(s), 0);
-	assert_int_equal(kvm_session_decode(s, 8, NULL, out), 0);
+	assert_true(kvmem_session_adopt(s, ids, n1) < 0);	/* only once */
+	assert_int_equal(kvmem_session_append(s, tok + n1, 100, 0), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	assert_int_equal(kvmem_session_decode(s, 8, NULL, out), 0);
 	check_view(s, &src, c);
 	assert_int_equal(t.mismatches, 0);
 	assert_true(t.calls > 8);
-	kvm_session_free(s);
-	kvm_page_source_destroy(&src);
-	kvm_kvcache_free(&t.kv);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&src);
+	kvmem_kvcache_free(&t.kv);
 	free(t.logits);
 	free(tok);
 	free(ids);
-	kvm_engine_free(e);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 
 static void test_session_errors(void **state)
 {
 	uint64_t rng = g_seed ^ 0xee;
-	kvm_model *m = small_model(&rng);
-	kvm_engine *e = kvm_engine_create(m, 16);
-	kvm_session_opts o;
-	kvm_session *s;
+	kvmem_model *m = small_model(&rng);
+	kvmem_engine *e = kvmem_engine_create(m, 16);
+	kvmem_session_opts o;
+	kvmem_session *s;
 	int32_t tok[200] = { 0 }, out[4];
 
-	kvm_session_opts_default(&o);
+	kvmem_session_opts_default(&o);
 	o.block = 24;
-	assert_null(kvm_session_create(e, &o));
-	assert_non_null(strstr(kvm_last_error(), "power of two"));
-	kvm_session_opts_default(&o);
+	assert_null(kvmem_session_create(e, &o));
+	assert_non_null(strstr(kvmem_last_error(), "power of two"));
+	kvmem_session_opts_default(&o);
 	o.budget = 8;
-	assert_null(kvm_session_create(e, &o));
-	assert_non_null(strstr(kvm_last_error(), "budget"));
-	kvm_session_opts_default(&o);
+	assert_null(kvmem_session_create(e, &o));
+	assert_non_null(strstr(kvmem_last_error(), "budget"));
+	kvmem_session_opts_default(&o);
 	o.budget = 256;
 	o.chunk = 16;
 	o.reserve = 4;
-	assert_null(kvm_session_create(e, &o));
-	assert_non_null(strstr(kvm_last_error(), "reserve"));
-	kvm_session_opts_default(&o);
+	assert_null(kvmem_session_create(e, &o));
+	assert_non_null(strstr(kvmem_last_error(), "reserve"));
+	kvmem_session_opts_default(&o);
 	o.policy = "nope";
-	assert_null(kvm_session_create(e, &o));
-	assert_non_null(strstr(kvm_last_error(), "nope"));
+	assert_null(kvmem_session_create(e, &o));
+	assert_non_null(strstr(kvmem_last_error(), "nope"));
 
-	kvm_session_opts_default(&o);
+	kvmem_session_opts_default(&o);
 	o.budget = 64;
 	o.block = 16;
 	o.chunk = 16;
-	s = kvm_session_create(e, &o);
+	s = kvmem_session_create(e, &o);
 	assert_non_null(s);
-	assert_int_equal(kvm_session_decode(s, 1, NULL, out), -1);
-	assert_non_null(strstr(kvm_last_error(), "append"));
-	assert_int_equal(kvm_session_select(s), 0);	/* empty: nothing to do */
+	assert_true(kvmem_session_decode(s, 1, NULL, out) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "append"));
+	assert_int_equal(kvmem_session_select(s), 0);	/* empty: nothing to do */
 	/* Pins over the budget are refused up front and leave nothing pinned. */
-	assert_int_equal(kvm_session_append(s, tok, 100, 1), -1);
-	assert_non_null(strstr(kvm_last_error(), "budget"));
-	assert_int_equal(kvm_session_tokens(s), 0);
-	assert_int_equal(kvm_session_blocks(s)->n_pins, 0);
-	assert_int_equal(kvm_session_append(s, tok, 100, 0), 0);
-	assert_int_equal(kvm_session_pin(s, 0, 65), -1);
-	assert_int_equal(kvm_session_pin(s, 0, 64), 0);
-	assert_int_equal(kvm_session_select(s), 0);
-	assert_int_equal(kvm_session_plan(s)->view_tokens, 64);
-	assert_true(kvm_session_plan(s)->newest_dropped);
+	assert_true(kvmem_session_append(s, tok, 100, 1) < 0);
+	assert_non_null(strstr(kvmem_last_error(), "budget"));
+	assert_int_equal(kvmem_session_tokens(s), 0);
+	assert_int_equal(kvmem_session_blocks(s)->n_pins, 0);
+	assert_int_equal(kvmem_session_append(s, tok, 100, 0), 0);
+	assert_true(kvmem_session_pin(s, 0, 65) < 0);
+	assert_int_equal(kvmem_session_pin(s, 0, 64), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	assert_int_equal(kvmem_session_plan(s)->view_tokens, 64);
+	assert_true(kvmem_session_plan(s)->newest_dropped);
 	tok[0] = 10000;	/* outside the vocabulary: the engine refuses, nothing stored */
-	assert_int_equal(kvm_session_append(s, tok, 1, 0), -1);
-	assert_int_equal(kvm_session_tokens(s), 100);
+	assert_true(kvmem_session_append(s, tok, 1, 0) < 0);
+	assert_int_equal(kvmem_session_tokens(s), 100);
 	tok[0] = 0;
-	assert_int_equal(kvm_session_decode(s, 4, NULL, out), 0);
-	kvm_session_free(s);
-	kvm_engine_free(e);
+	assert_int_equal(kvmem_session_decode(s, 4, NULL, out), 0);
+	kvmem_session_free(s);
+	kvmem_engine_free(e);
 	test_model_free(m);
 }
 

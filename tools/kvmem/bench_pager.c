@@ -192,15 +192,15 @@ static double median(double *v, int n)
 }
 
 /* ---- pager throughput ------------------------------------------------------- */
-static kvm_page_geom bench_geom(uint64_t page)
+static kvmem_page_geom bench_geom(uint64_t page)
 {
 	/* fp32 pages: 2 * Hkv * B * D * 4 bytes with B = 32, D = 128. */
-	kvm_page_geom g = {
+	kvmem_page_geom g = {
 		.fingerprint = 0x6b766d656d62656eull,
 		.n_layers = BENCH_LAYERS,
 		.head_dim = 128,
 		.block_tokens = 32,
-		.dtype = KVM_DTYPE_F32,
+		.dtype = KVMEM_DTYPE_F32,
 	};
 
 	g.n_kv_heads = page / (2 * 32 * 128 * 4);
@@ -212,9 +212,9 @@ struct pager_result {
 	double out_bps, in_bps;
 };
 
-static void pager_opts(kvm_pager_opts *o, uint64_t page, int batch, int flags)
+static void pager_opts(kvmem_pager_opts *o, uint64_t page, int batch, int flags)
 {
-	kvm_pager_opts_default(o);
+	kvmem_pager_opts_default(o);
 	o->flags = flags;
 	o->stage_bytes = 64ull << 20;
 	if (o->stage_bytes < 4 * page * BENCH_LAYERS)
@@ -224,7 +224,7 @@ static void pager_opts(kvm_pager_opts *o, uint64_t page, int batch, int flags)
 }
 
 /* Stage-out: append every block, then commit (durable when the clock stops). */
-static int stage_out(kvm_pager *p, uint64_t page, uint64_t blocks, struct pager_result *res)
+static int stage_out(kvmem_pager *p, uint64_t page, uint64_t blocks, struct pager_result *res)
 {
 	const void *layers[BENCH_LAYERS];
 	uint8_t *data = malloc(page * BENCH_LAYERS);
@@ -241,12 +241,12 @@ static int stage_out(kvm_pager *p, uint64_t page, uint64_t blocks, struct pager_
 	for (uint64_t b = 0; b < blocks && !rc; b++) {
 		int32_t tok[32] = { 0 };
 
-		rc = kvm_pager_append_tokens(p, tok, 32);
+		rc = kvmem_pager_append_tokens(p, tok, 32);
 		if (!rc)
-			rc = kvm_pager_append_block(p, b, layers, NULL);
+			rc = kvmem_pager_append_block(p, b, layers, NULL);
 	}
 	if (!rc)
-		rc = kvm_pager_commit(p, NULL, NULL, NULL, 0);
+		rc = kvmem_pager_commit(p, NULL, NULL, NULL, 0);
 	res->out_bps = blocks * page * BENCH_LAYERS / (cli_now_s() - t0);
 	free(data);
 	return rc;
@@ -254,7 +254,7 @@ static int stage_out(kvm_pager *p, uint64_t page, uint64_t blocks, struct pager_
 
 /* Page-in: every page once in random order, `batch` pages per fetch; the
  * pool holds two batches, so nothing is read from memory. */
-static int page_in(kvm_pager *p, uint64_t page, uint64_t n_pages, int batch,
+static int page_in(kvmem_pager *p, uint64_t page, uint64_t n_pages, int batch,
 		   struct pager_result *res)
 {
 	uint64_t *order = malloc(n_pages * sizeof(*order)), r = 88172645463325252ull;
@@ -284,9 +284,9 @@ static int page_in(kvm_pager *p, uint64_t page, uint64_t n_pages, int batch,
 	for (uint64_t i = 0; i < n_pages && !rc; i += batch) {
 		size_t k = n_pages - i < (uint64_t)batch ? n_pages - i : (uint64_t)batch;
 
-		rc = kvm_pager_fetch(p, order + i, k, ptr);
+		rc = kvmem_pager_fetch(p, order + i, k, ptr);
 		if (!rc)
-			kvm_pager_release(p, order + i, k);
+			kvmem_pager_release(p, order + i, k);
 	}
 	res->in_bps = n_pages * page / (cli_now_s() - t0);
 	free(order);
@@ -298,10 +298,10 @@ static int page_in(kvm_pager *p, uint64_t page, uint64_t n_pages, int batch,
 static int run_pager(const char *dir, uint64_t page, uint64_t size, int batch,
 		     struct pager_result *res, int phase)
 {
-	kvm_page_geom g = bench_geom(page);
+	kvmem_page_geom g = bench_geom(page);
 	uint64_t blocks = size / (page * g.n_layers);
-	kvm_pager_opts o;
-	kvm_pager *p;
+	kvmem_pager_opts o;
+	kvmem_pager *p;
 	int rc;
 
 	if (blocks < 2) {
@@ -309,16 +309,16 @@ static int run_pager(const char *dir, uint64_t page, uint64_t size, int batch,
 			page);
 		return -1;
 	}
-	pager_opts(&o, page, batch, phase ? 0 : KVM_PAGER_CREATE | KVM_PAGER_NO_KEEP);
-	if (kvm_pager_open(dir, &g, &o, &p) < 0) {
-		fprintf(stderr, "kvmem bench pager: %s\n", kvm_last_error());
+	pager_opts(&o, page, batch, phase ? 0 : KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP);
+	if (kvmem_pager_open(dir, &g, &o, &p) < 0) {
+		fprintf(stderr, "kvmem bench pager: %s\n", kvmem_last_error());
 		return -1;
 	}
 	rc = phase ? page_in(p, page, blocks * g.n_layers, batch, res)
 		   : stage_out(p, page, blocks, res);
 	if (rc < 0)
-		fprintf(stderr, "kvmem bench pager: %s\n", kvm_last_error());
-	kvm_pager_close(p);
+		fprintf(stderr, "kvmem bench pager: %s\n", kvmem_last_error());
+	kvmem_pager_close(p);
 	return rc;
 }
 
@@ -383,7 +383,7 @@ static void hit_rates(void)
 	}
 	off[STEPS] = n;
 	hoff[STEPS] = h;
-	kvm_repl_trace t = { STEPS, off, pages, hoff, hb, hs };
+	kvmem_repl_trace t = { STEPS, off, pages, hoff, hb, hs };
 
 	printf("\nhost hit rate per replacement policy (%d steps, %d..%" PRIu64 " blocks x %d "
 	       "layers, %d blocks fetched a step)\n", STEPS, START, final_blocks, L,
@@ -392,14 +392,14 @@ static void hit_rates(void)
 	for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++)
 		printf("  cap %4.0f%%", caps[c] * 100);
 	printf("\n");
-	for (int i = 0; kvm_repl_policies[i]; i++) {
-		printf("  %-7s", kvm_repl_policies[i]->name);
+	for (int i = 0; kvmem_repl_policies[i]; i++) {
+		printf("  %-7s", kvmem_repl_policies[i]->name);
 		for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++) {
 			uint32_t slots = caps[c] * final_blocks * L;
 
 			if (slots < per)
 				slots = per;
-			printf("  %9.3f", kvm_repl_simulate(kvm_repl_policies[i], slots, L, &t, NULL,
+			printf("  %9.3f", kvmem_repl_simulate(kvmem_repl_policies[i], slots, L, &t, NULL,
 							   NULL));
 		}
 		printf("\n");

@@ -22,7 +22,7 @@
  * Which query drives selection matters: the trained model retrieves from the
  * answer marker "=", not from the key tokens. By default (--select-at ahead)
  * the whole question is first run over the current view only to take the
- * marker's query (kvm_session_select_ahead), the session selects with it, and
+ * marker's query (kvmem_session_select_ahead), the session selects with it, and
  * then the question is appended over the new view, so the first answer token
  * is computed with the selected blocks in view. The older modes stay for
  * comparison: "key" selects with the key tokens' queries, "marker" selects
@@ -79,8 +79,8 @@ struct opts {
 
 struct bench {
 	struct opts o;
-	kvm_model *m;
-	kvm_engine *e;
+	kvmem_model *m;
+	kvmem_engine *e;
 	int W;			/* native window */
 	int64_t budget, reserve;
 	double page_bytes;	/* one block in one layer, K and V, bf16 */
@@ -161,7 +161,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->questions = 200;
 	o->lookalikes = 4;
 	o->chunk = 128;
-	o->block = KVM_BLOCK_DEFAULT;
+	o->block = KVMEM_BLOCK_DEFAULT;
 	o->seed = EVAL_SEED_MIN;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -258,42 +258,42 @@ bad:
 				       o->depths[i]), -1;
 	if (pols) {
 		for (char *t = strtok(pols, ","); t && o->n_pol < MAX_POL; t = strtok(NULL, ",")) {
-			if (strcmp(t, FULL) && !kvm_policy_find(t)) {
-				fprintf(stderr, "kvmem bench recall: %s\n", kvm_last_error());
+			if (strcmp(t, FULL) && !kvmem_policy_find(t)) {
+				fprintf(stderr, "kvmem bench recall: %s\n", kvmem_last_error());
 				return -1;
 			}
 			o->pol[o->n_pol++] = t;
 		}
 	} else {
 		o->pol[o->n_pol++] = FULL;
-		for (int i = 0; kvm_policies[i] && o->n_pol < MAX_POL; i++)
-			o->pol[o->n_pol++] = kvm_policies[i]->name;
+		for (int i = 0; kvmem_policies[i] && o->n_pol < MAX_POL; i++)
+			o->pol[o->n_pol++] = kvmem_policies[i]->name;
 	}
 	return 0;
 }
 
 /* The model must speak this kvmem's agentlang. */
-static int check_vocab(const char *dir, const kvm_config *c)
+static int check_vocab(const char *dir, const kvmem_config *c)
 {
 	char path[4200], want[16];
-	kvm_json *doc;
+	kvmem_json *doc;
 
-	if (c->vocab != kvm_lang_vocab_size())
-		return kvm_error("%s: vocabulary of %d tokens; agentlang has %d: not an agentlang model",
-				 dir, c->vocab, kvm_lang_vocab_size());
+	if (c->vocab != kvmem_lang_vocab_size())
+		return kvmem_error(EINVAL, "%s: vocabulary of %d tokens; agentlang has %d: not an agentlang model",
+				 dir, c->vocab, kvmem_lang_vocab_size());
 	snprintf(path, sizeof(path), "%s/config.json", dir);
-	if (!(doc = kvm_json_parse_file(path)))
+	if (!(doc = kvmem_json_parse_file(path)))
 		return -1;
-	const char *have = kvm_json_str(kvm_json_get(doc, "kvmem_vocab_hash"), NULL);
-	snprintf(want, sizeof(want), "%08x", kvm_lang_vocab_hash());
+	const char *have = kvmem_json_str(kvmem_json_get(doc, "kvmem_vocab_hash"), NULL);
+	snprintf(want, sizeof(want), "%08x", kvmem_lang_vocab_hash());
 	int rc = 0;
 	if (!have)
 		fprintf(stderr, "kvmem bench recall: note: %s has no kvmem_vocab_hash; assuming "
 			"it was trained on this vocabulary\n", path);
 	else if (strcmp(have, want))
-		rc = kvm_error("%s: trained on agentlang vocabulary %s, this kvmem has %s", path, have,
+		rc = kvmem_error(EINVAL, "%s: trained on agentlang vocabulary %s, this kvmem has %s", path, have,
 			       want);
-	kvm_json_free(doc);
+	kvmem_json_free(doc);
 	return rc;
 }
 
@@ -310,12 +310,12 @@ static int needles_per_ws(const struct bench *b, int64_t n)
 	return m < 1 ? 1 : m > 1000 ? 1000 : (int)m;
 }
 
-static kvm_session *session(struct bench *b, const char *policy, int64_t budget,
-			    const kvm_page_source *src, int qtok)
+static kvmem_session *session(struct bench *b, const char *policy, int64_t budget,
+			    const kvmem_page_source *src, int qtok)
 {
-	kvm_session_opts so;
+	kvmem_session_opts so;
 
-	kvm_session_opts_default(&so);
+	kvmem_session_opts_default(&so);
 	so.block = b->o.block;
 	so.budget = budget;
 	so.reserve = budget ? b->reserve : -1;
@@ -324,23 +324,23 @@ static kvm_session *session(struct bench *b, const char *policy, int64_t budget,
 	so.policy = policy;
 	so.seed = b->o.seed;
 	so.source = src;
-	return kvm_session_create(b->e, &so);
+	return kvmem_session_create(b->e, &so);
 }
 
-static int prefill(struct bench *b, const kvm_lang_workspace *ws, int64_t budget,
-		   kvm_page_source *src)
+static int prefill(struct bench *b, const kvmem_lang_workspace *ws, int64_t budget,
+		   kvmem_page_source *src)
 {
-	const kvm_config *c = &b->m->cfg;
-	kvm_session *s;
+	const kvmem_config *c = &b->m->cfg;
+	kvmem_session *s;
 
-	if (kvm_page_source_mem(src, c->n_layers, c->n_kv_heads, c->head_dim, b->o.block))
+	if (kvmem_page_source_mem(src, c->n_layers, c->n_kv_heads, c->head_dim, b->o.block))
 		return -1;
-	if (!(s = session(b, "meank", budget, src, 4)) || kvm_session_append(s, ws->ids, ws->n_ids, 0)) {
-		kvm_session_free(s);
-		kvm_page_source_destroy(src);
-		return kvm_error_prefix("prefill of %lld tokens", (long long)ws->n_ids);
+	if (!(s = session(b, "meank", budget, src, 4)) || kvmem_session_append(s, ws->ids, ws->n_ids, 0)) {
+		kvmem_session_free(s);
+		kvmem_page_source_destroy(src);
+		return kvmem_error_prefix("prefill of %lld tokens", (long long)ws->n_ids);
 	}
-	kvm_session_free(s);
+	kvmem_session_free(s);
 	return 0;
 }
 
@@ -350,11 +350,11 @@ static int prefill(struct bench *b, const kvm_lang_workspace *ws, int64_t budget
  * sets. It says how far a policy is from finding the needle whatever the
  * budget (0: first).
  */
-static int64_t needle_rank(const kvm_session *s, int block, const kvm_lang_question *q)
+static int64_t needle_rank(const kvmem_session *s, int block, const kvmem_lang_question *q)
 {
 	int n_sets;
 	int64_t nb, b0 = q->needle_pos / block, b1 = (q->needle_end - 1) / block;
-	const float *sc = kvm_session_scores(s, &n_sets, &nb);
+	const float *sc = kvmem_session_scores(s, &n_sets, &nb);
 	double sum = 0;
 
 	if (!sc || b1 >= nb)
@@ -405,7 +405,7 @@ static int64_t median_rank(const struct cell *c)
  * would serve from host memory or NVMe.
  */
 struct counted {
-	const kvm_page_source *inner;
+	const kvmem_page_source *inner;
 	int64_t *pages;
 };
 
@@ -432,7 +432,7 @@ static void counted_put(void *ctx, int64_t b, int l)
 	c->inner->ops->put(c->inner->ctx, b, l);
 }
 
-static const kvm_page_source_ops counted_ops = {
+static const kvmem_page_source_ops counted_ops = {
 	.write = counted_write, .get = counted_get, .put = counted_put,
 };
 
@@ -443,7 +443,7 @@ static void print_span(const int32_t *ids, int64_t n, int64_t a, int64_t e)
 
 	a = a < 0 ? 0 : a;
 	e = e > n ? n : e;
-	if (kvm_lang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf)) < 0)
+	if (kvmem_lang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf)) < 0)
 		snprintf(buf, sizeof(buf), "(undecodable)");
 	for (char *c = buf; *c; c++)
 		*c = *c == '\n' ? '|' : *c;
@@ -466,17 +466,17 @@ static int by_score(const void *a, const void *b)
 }
 
 /* --trace: the question, its answer, the needle's rank and the best blocks. */
-static void trace(const struct bench *b, const kvm_session *s, const kvm_lang_question *q,
+static void trace(const struct bench *b, const kvmem_session *s, const kvmem_lang_question *q,
 		  const int32_t *gen, int n_gen, int64_t rank)
 {
-	const int32_t *ids = kvm_session_token_ids(s);
-	int64_t n = kvm_session_tokens(s), nb, B = b->o.block;
+	const int32_t *ids = kvmem_session_token_ids(s);
+	int64_t n = kvmem_session_tokens(s), nb, B = b->o.block;
 	int sets;
-	const float *sc = kvm_session_scores(s, &sets, &nb);
+	const float *sc = kvmem_session_scores(s, &sets, &nb);
 	char want[256], got[256];
 
-	kvm_lang_decode(q->answer, q->n_answer, want, sizeof(want));
-	kvm_lang_decode(gen, n_gen, got, sizeof(got));
+	kvmem_lang_decode(q->answer, q->n_answer, want, sizeof(want));
+	kvmem_lang_decode(gen, n_gen, got, sizeof(got));
 	printf("trace: needle at %lld (block %lld), rank %lld, want '%s', got '%s'\n  needle: ",
 	       (long long)q->needle_pos, (long long)(q->needle_pos / B), (long long)rank, want, got);
 	print_span(ids, n, q->needle_pos, q->needle_end);
@@ -495,10 +495,10 @@ static void trace(const struct bench *b, const kvm_session *s, const kvm_lang_qu
 }
 
 /* One question: ask, select, answer. Adds to the cell. */
-static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int full,
+static int ask(struct bench *b, kvmem_session *s, const kvmem_lang_question *q, int full,
 	       struct cell *cl)
 {
-	int32_t gen[KVM_LANG_MAX_ANSWER], nl = KVM_LANG_NL;
+	int32_t gen[KVMEM_LANG_MAX_ANSWER], nl = KVMEM_LANG_NL;
 	int n = 0;
 	double t0 = cli_now_s(), seen = 1.0;
 	int64_t pages0 = b->pages_read;
@@ -508,43 +508,43 @@ static int ask(struct bench *b, kvm_session *s, const kvm_lang_question *q, int 
 	int ahead = b->o.select_at == SELECT_AHEAD;
 	int head = ahead ? 0 : b->o.select_at == SELECT_MARKER ? q->n_ids : q->n_ids - 1;
 
-	if (kvm_session_append(s, q->ids, head, 0))
+	if (kvmem_session_append(s, q->ids, head, 0))
 		return -1;
 	if (!full) {
-		if (ahead ? kvm_session_select_ahead(s, q->ids, q->n_ids) : kvm_session_select(s))
+		if (ahead ? kvmem_session_select_ahead(s, q->ids, q->n_ids) : kvmem_session_select(s))
 			return -1;
-		const kvm_plan *p = kvm_session_plan(s);
-		seen = kvm_plan_holds_span(p, b->o.block, q->needle_pos, q->needle_end);
+		const kvmem_plan *p = kvmem_session_plan(s);
+		seen = kvmem_plan_holds_span(p, b->o.block, q->needle_pos, q->needle_end);
 		cl->rank[cl->n] = needle_rank(s, b->o.block, q);
 	}
-	if (head < q->n_ids && kvm_session_append(s, q->ids + head, q->n_ids - head, 0))
+	if (head < q->n_ids && kvmem_session_append(s, q->ids + head, q->n_ids - head, 0))
 		return -1;
-	while (n < KVM_LANG_MAX_ANSWER) {
-		if (kvm_session_decode(s, 1, NULL, &gen[n]))
+	while (n < KVMEM_LANG_MAX_ANSWER) {
+		if (kvmem_session_decode(s, 1, NULL, &gen[n]))
 			return -1;
-		if (gen[n++] == KVM_LANG_END)
+		if (gen[n++] == KVMEM_LANG_END)
 			break;
 	}
 	cl->secs += cli_now_s() - t0;
 	cl->bytes += (double)(b->pages_read - pages0) * b->page_bytes;
 	cl->n++;
-	cl->ok += kvm_lang_exact_match(q, gen, n);
+	cl->ok += kvmem_lang_exact_match(q, gen, n);
 	if (b->o.trace && !full)
 		trace(b, s, q, gen, n, cl->rank[cl->n - 1]);
 	cl->inview += seen;
 	/* The next question starts a line, as in the language. */
-	return kvm_session_append(s, &nl, 1, 0);
+	return kvmem_session_append(s, &nl, 1, 0);
 }
 
 /* Every policy over one workspace; q_depth[i] is question i's depth index. */
-static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, const int *q_depth)
+static int run_workspace(struct bench *b, int si, const kvmem_lang_workspace *ws, const int *q_depth)
 {
 	const int nd = b->o.n_depths, np = b->o.n_pol;
 	int64_t n = ws->n_ids;
 	int fits = n + 16 <= b->W;
-	kvm_page_source src = { 0 }, full_src = { 0 };
+	kvmem_page_source src = { 0 }, full_src = { 0 };
 	const struct counted cnt = { &src, &b->pages_read };
-	const kvm_page_source counted_src = { &counted_ops, (void *)&cnt };
+	const kvmem_page_source counted_src = { &counted_ops, (void *)&cnt };
 	int rc = 0, qtok = b->o.query_tokens;
 
 	double t0 = cli_now_s();
@@ -563,30 +563,30 @@ static int run_workspace(struct bench *b, int si, const kvm_lang_workspace *ws, 
 			rc = -1;
 			break;
 		}
-		kvm_session *s = NULL;
+		kvmem_session *s = NULL;
 		for (int i = 0; i < ws->n_q && !rc; i++) {
-			const kvm_lang_question *q = &ws->q[i];
+			const kvmem_lang_question *q = &ws->q[i];
 			int t = qtok ? qtok : b->o.select_at == SELECT_AHEAD ? 1 :
 				q->n_ids - (b->o.select_at == SELECT_KEY);
 
 			/* Full context adopts afresh each time: the window cannot
 			 * hold the questions piling up. */
 			if (!s || full) {
-				kvm_session_free(s);
+				kvmem_session_free(s);
 				s = session(b, full ? "meank" : pol, full ? 0 : b->budget,
 					    full ? &full_src : &counted_src, t);
-				rc = !s || kvm_session_adopt(s, ws->ids, n);
+				rc = !s || kvmem_session_adopt(s, ws->ids, n);
 				if (rc)
 					break;
 			}
 			rc = ask(b, s, q, full, cl + (size_t)q_depth[i] * np);
 		}
-		kvm_session_free(s);
+		kvmem_session_free(s);
 	}
-	kvm_page_source_destroy(&src);
+	kvmem_page_source_destroy(&src);
 	if (full_src.ops)
-		kvm_page_source_destroy(&full_src);
-	return rc ? kvm_error_prefix("workspace seed") : 0;
+		kvmem_page_source_destroy(&full_src);
+	return rc ? kvmem_error_prefix("workspace seed") : 0;
 }
 
 static void size_name(char *buf, size_t len, int64_t n, double size)
@@ -671,13 +671,13 @@ static int run_size(struct bench *b, int si)
 		int m = total - done < per_ws ? total - done : per_ws;
 		double *depths = malloc((size_t)m * sizeof(*depths));
 		int *qd = malloc((size_t)m * sizeof(*qd));
-		kvm_lang_params p;
-		kvm_lang_workspace ws;
+		kvmem_lang_params p;
+		kvmem_lang_workspace ws;
 
 		if (!depths || !qd) {
 			free(depths);
 			free(qd);
-			return kvm_error("out of memory");
+			return kvmem_error(ENOMEM, "out of memory");
 		}
 		/* Round-robin over depths; needles of one depth spread over a
 		 * few percent of the workspace so they do not share blocks. */
@@ -690,21 +690,21 @@ static int run_size(struct bench *b, int si)
 			depths[j] = x < 0 ? 0 : x > 1 ? 1 : x;
 			qd[j] = d;
 		}
-		kvm_lang_params_default(&p);
+		kvmem_lang_params_default(&p);
 		p.seed = b->o.seed + (uint64_t)si * 1000000 + (uint64_t)wsi;
 		p.n_tokens = n;
 		p.n_questions = m;
 		p.depths = depths;
 		p.lookalikes = b->o.lookalikes;
-		int rc = kvm_lang_workspace_build(&p, &ws);
+		int rc = kvmem_lang_workspace_build(&p, &ws);
 		if (!rc) {
 			rc = run_workspace(b, si, &ws, qd);
-			kvm_lang_workspace_free(&ws);
+			kvmem_lang_workspace_free(&ws);
 		}
 		free(depths);
 		free(qd);
 		if (rc)
-			return kvm_error_prefix("%lld-token workspace, seed %llu", (long long)n,
+			return kvmem_error_prefix("%lld-token workspace, seed %llu", (long long)n,
 						(unsigned long long)p.seed);
 		done += m;
 		wsi++;
@@ -731,12 +731,12 @@ int bench_recall(int argc, char **argv)
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	if (kvm_model_load(b.o.model, &b.m) || check_vocab(b.o.model, &b.m->cfg) ||
-	    !(b.e = kvm_engine_create(b.m, b.o.chunk))) {
-		fprintf(stderr, "kvmem bench recall: %s\n", kvm_last_error());
+	if (kvmem_model_load(b.o.model, &b.m) || check_vocab(b.o.model, &b.m->cfg) ||
+	    !(b.e = kvmem_engine_create(b.m, b.o.chunk))) {
+		fprintf(stderr, "kvmem bench recall: %s\n", kvmem_last_error());
 		goto out;
 	}
-	const kvm_config *c = &b.m->cfg;
+	const kvmem_config *c = &b.m->cfg;
 	b.W = c->max_position;
 	/* Budget + reserve (the tail between selections: at least a prefill
 	 * chunk) + 32 slots for a question and its answer fit the window. */
@@ -770,7 +770,7 @@ int bench_recall(int argc, char **argv)
 			"ms_per_question,mb_paged_per_question,needle_rank_median\n");
 	printf("kvmem bench recall: %s (window %d, %.2fM parameters), budget %lld + reserve %lld, "
 	       "block %d, %d look-alikes per needle, %d questions per cell, seeds from %llu\n",
-	       b.o.model, b.W, kvm_config_params(c) / 1e6, (long long)b.budget,
+	       b.o.model, b.W, kvmem_config_params(c) / 1e6, (long long)b.budget,
 	       (long long)b.reserve, b.o.block, b.o.lookalikes, b.o.questions,
 	       (unsigned long long)b.o.seed);
 	printf("%-14s %5s  %-9s %7s %5s  %7s  %6s  %7s  %7s\n", "workspace", "depth", "policy",
@@ -778,7 +778,7 @@ int bench_recall(int argc, char **argv)
 	rc = 0;
 	for (int si = 0; si < b.o.n_sizes && !rc; si++)
 		if (run_size(&b, si)) {
-			fprintf(stderr, "kvmem bench recall: %s\n", kvm_last_error());
+			fprintf(stderr, "kvmem bench recall: %s\n", kvmem_last_error());
 			rc = 1;
 		}
 	if (!rc)
@@ -790,7 +790,7 @@ out:
 		fclose(b.csv);
 	free(b.cells);
 	free(b.ranks);
-	kvm_engine_free(b.e);
-	kvm_model_free(b.m);
+	kvmem_engine_free(b.e);
+	kvmem_model_free(b.m);
 	return rc;
 }

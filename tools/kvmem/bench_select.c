@@ -240,10 +240,10 @@ static void fill_random(float *x, size_t n, uint64_t seed)
 	{
 		int t = omp_get_thread_num(), nt = omp_get_num_threads();
 		size_t a = n / nt * t, b = t == nt - 1 ? n : n / nt * (t + 1);
-		uint64_t s = kvm_rng_seed(seed + 7919 * (uint64_t)t);
+		uint64_t s = kvmem_rng_seed(seed + 7919 * (uint64_t)t);
 
 		for (size_t i = a; i < b; i++)
-			x[i] = (float)(kvm_rng_uniform(&s) * 2 - 1);
+			x[i] = (float)(kvmem_rng_uniform(&s) * 2 - 1);
 	}
 }
 
@@ -255,39 +255,39 @@ struct row {
 };
 
 /* Bytes of index per block and layer the policy reads. */
-static double index_bytes_per_block_layer(const kvm_policy_ops *p)
+static double index_bytes_per_block_layer(const kvmem_policy_ops *p)
 {
 	double per = (double)GEO_KV_HEADS * GEO_HEAD_DIM * sizeof(float);
 
-	if (p->needs & KVM_SUM_MINMAX)
+	if (p->needs & KVMEM_SUM_MINMAX)
 		return per * 3;
-	if (p->needs & KVM_SUM_SUBBLOCK)
-		return per * (1 + KVM_SUBBLOCKS);
+	if (p->needs & KVMEM_SUM_SUBBLOCK)
+		return per * (1 + KVMEM_SUBBLOCKS);
 	return per;
 }
 
 /* Only what the policy reads is counted against memory and the floor. */
-static double read_bytes_per_block_layer(const kvm_policy_ops *p)
+static double read_bytes_per_block_layer(const kvmem_policy_ops *p)
 {
 	double per = (double)GEO_KV_HEADS * GEO_HEAD_DIM * sizeof(float);
 
-	if (p->needs & KVM_SUM_MINMAX)
+	if (p->needs & KVMEM_SUM_MINMAX)
 		return per * 2;
-	if (p->needs & KVM_SUM_SUBBLOCK)
-		return per * KVM_SUBBLOCKS;
+	if (p->needs & KVMEM_SUM_SUBBLOCK)
+		return per * KVMEM_SUBBLOCKS;
 	if (!strcmp(p->name, "recency") || !strcmp(p->name, "random"))
 		return 0;
 	return per;
 }
 
-static int run_size(const struct bench_opts *o, const kvm_policy_ops *pol, int64_t nb,
+static int run_size(const struct bench_opts *o, const kvmem_policy_ops *pol, int64_t nb,
 		    int layers, double bw, struct row *row)
 {
-	kvm_index ix;
-	kvm_blocks r;
-	kvm_plan plan = { 0 };
-	kvm_select_ctx c;
-	kvm_plan_params pp = { o->budget, o->budget / 100, o->budget / 12 };
+	kvmem_index ix;
+	kvmem_blocks r;
+	kvmem_plan plan = { 0 };
+	kvmem_select_ctx c;
+	kvmem_plan_params pp = { o->budget, o->budget / 100, o->budget / 12 };
 	int sets = pol->per_layer ? layers : 1, rc = -1;
 	size_t qn = (size_t)layers * o->query_tokens * GEO_HEADS * GEO_HEAD_DIM;
 	float *q = malloc(qn * sizeof(float)), *scores = malloc(sizeof(float) * sets * nb);
@@ -295,20 +295,20 @@ static int run_size(const struct bench_opts *o, const kvm_policy_ops *pol, int64
 	size_t per = (size_t)GEO_HEAD_DIM * nb;
 
 	memset(row, 0, sizeof(*row));
-	if (kvm_index_init(&ix, layers, GEO_KV_HEADS, GEO_HEAD_DIM, o->block, pol->needs)) {
+	if (kvmem_index_init(&ix, layers, GEO_KV_HEADS, GEO_HEAD_DIM, o->block, pol->needs)) {
 		free(q);
 		free(scores);
 		free(qpos);
 		return -1;
 	}
-	if (kvm_blocks_init(&r, o->block) || !q || !scores || !qpos ||
-	    kvm_index_reserve(&ix, nb))
+	if (kvmem_blocks_init(&r, o->block) || !q || !scores || !qpos ||
+	    kvmem_index_reserve(&ix, nb))
 		goto out;
 	r.n_tokens = nb * o->block;
 	ix.n_tokens = r.n_tokens;
 	ix.n_blocks = nb;
 	/* The system prompt is pinned, as in an agent session. */
-	kvm_blocks_pin(&r, 0, 1000 < r.n_tokens ? 1000 : r.n_tokens);
+	kvmem_blocks_pin(&r, 0, 1000 < r.n_tokens ? 1000 : r.n_tokens);
 	for (int l = 0; l < layers; l++)
 		for (int h = 0; h < GEO_KV_HEADS; h++) {
 			size_t run = (((size_t)l * GEO_KV_HEADS + h) * ix.cap_blocks) * GEO_HEAD_DIM;
@@ -319,12 +319,12 @@ static int run_size(const struct bench_opts *o, const kvm_policy_ops *pol, int64
 				fill_random(ix.kmax + run, per, run + 3);
 			}
 			if (ix.sub)
-				fill_random(ix.sub + run * KVM_SUBBLOCKS, per * KVM_SUBBLOCKS, run + 4);
+				fill_random(ix.sub + run * KVMEM_SUBBLOCKS, per * KVMEM_SUBBLOCKS, run + 4);
 		}
 	fill_random(q, qn, 99);
 	for (int t = 0; t < o->query_tokens; t++)
 		qpos[t] = r.n_tokens - o->query_tokens + t;
-	c = (kvm_select_ctx){
+	c = (kvmem_select_ctx){
 		.index = &ix, .n_tokens = r.n_tokens, .n_blocks = nb, .block = o->block,
 		.n_layers = layers, .n_heads = GEO_HEADS, .n_kv_heads = GEO_KV_HEADS,
 		.head_dim = GEO_HEAD_DIM, .rope_theta = 1e6, .n_q = o->query_tokens, .q = q,
@@ -340,7 +340,7 @@ static int run_size(const struct bench_opts *o, const kvm_policy_ops *pol, int64
 		if (pol->score(&c, scores))
 			goto out;
 		t1 = cli_now_s();
-		if (kvm_plan_build(&plan, &r, scores, sets, &plan, &pp))
+		if (kvmem_plan_build(&plan, &r, scores, sets, &plan, &pp))
 			goto out;
 		t2 = cli_now_s();
 		if ((t2 - t0) * 1e3 < row->total_ms) {
@@ -368,10 +368,10 @@ static int run_size(const struct bench_opts *o, const kvm_policy_ops *pol, int64
 	rc = 0;
 out:
 	if (rc)
-		fprintf(stderr, "kvmem bench select: %lld blocks: %s\n", (long long)nb, kvm_last_error());
-	kvm_plan_free(&plan);
-	kvm_blocks_free(&r);
-	kvm_index_free(&ix);
+		fprintf(stderr, "kvmem bench select: %lld blocks: %s\n", (long long)nb, kvmem_last_error());
+	kvmem_plan_free(&plan);
+	kvmem_blocks_free(&r);
+	kvmem_index_free(&ix);
 	free(q);
 	free(scores);
 	free(qpos);
@@ -401,7 +401,7 @@ static void print_row(const struct bench_opts *o, const struct row *w)
 int bench_select(int argc, char **argv)
 {
 	struct bench_opts o;
-	const kvm_policy_ops *pol;
+	const kvmem_policy_ops *pol;
 	char cpu[256];
 	double avail = meminfo_gb("MemAvailable:"), limit, bw;
 	size_t bw_bytes;
@@ -412,11 +412,11 @@ int bench_select(int argc, char **argv)
 	case -1:
 		return EXIT_USAGE;
 	}
-	if (!(pol = kvm_policy_find(o.policy))) {
-		fprintf(stderr, "kvmem bench select: %s\n", kvm_last_error());
+	if (!(pol = kvmem_policy_find(o.policy))) {
+		fprintf(stderr, "kvmem bench select: %s\n", kvmem_last_error());
 		return EXIT_USAGE;
 	}
-	if (pol->needs & KVM_NEED_KEYS) {
+	if (pol->needs & KVMEM_NEED_KEYS) {
 		fprintf(stderr, "kvmem bench select: policy %s reads every page, not the index: "
 			"it has no place in this benchmark\n", pol->name);
 		return EXIT_USAGE;

@@ -95,9 +95,9 @@ int cli_parse_float(const char *who, const char *opt, const char *s, float *out)
 	return 0;
 }
 
-void cli_print_geometry(const kvm_config *c)
+void cli_print_geometry(const kvmem_config *c)
 {
-	uint64_t params = kvm_config_params(c);
+	uint64_t params = kvmem_config_params(c);
 	char a[32];
 
 	printf("layers        %d\n", c->n_layers);
@@ -114,9 +114,9 @@ void cli_print_geometry(const kvm_config *c)
 	       cli_fmt_sci(a, sizeof(a), (double)params));
 }
 
-void cli_print_kv(const kvm_config *c)
+void cli_print_kv(const kvmem_config *c)
 {
-	uint64_t kv16 = kvm_config_kv_bytes_per_token(c, 2), kv32 = kvm_config_kv_bytes_per_token(c, 4);
+	uint64_t kv16 = kvmem_config_kv_bytes_per_token(c, 2), kv32 = kvmem_config_kv_bytes_per_token(c, 4);
 	char a[32];
 
 	printf("KV per token  %llu bytes bf16, %llu bytes fp32\n", (unsigned long long)kv16,

@@ -11,12 +11,12 @@ const char *cli_fmt_sci(char *buf, size_t len, double v);
 /* 5253456 -> "5.25 MB" (decimal units); returns buf. */
 const char *cli_fmt_bytes(char *buf, size_t len, double v);
 
-struct kvm_config;
+struct kvmem_config;
 /* The geometry lines `kvmem generate --dry-run` and `kvmem info` share:
  * layers .. parameters, then (second call) the KV bytes per token and at
  * the window. */
-void cli_print_geometry(const struct kvm_config *c);
-void cli_print_kv(const struct kvm_config *c);
+void cli_print_geometry(const struct kvmem_config *c);
+void cli_print_kv(const struct kvmem_config *c);
 
 /* Seconds on the monotonic clock, for timing. */
 double cli_now_s(void);

@@ -67,7 +67,7 @@ static void usage(FILE *f)
 
 /* ---- the session ------------------------------------------------------- */
 
-static void on_select(void *arg, const kvm_plan *p, int forced)
+static void on_select(void *arg, const kvmem_plan *p, int forced)
 {
 	struct demo *d = arg;
 
@@ -80,7 +80,7 @@ static void on_select(void *arg, const kvm_plan *p, int forced)
 static void show(const int32_t *ids, int64_t a, int64_t e, int max)
 {
 	char buf[512];
-	long n = kvm_lang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf));
+	long n = kvmem_lang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf));
 
 	if (n < 0)
 		return;
@@ -90,12 +90,12 @@ static void show(const int32_t *ids, int64_t a, int64_t e, int max)
 	printf("%.*s%s", max, buf, (int)strlen(buf) > max ? "..." : "");
 }
 
-static kvm_session *open_session(struct demo *d, kvm_engine *e, const char *policy,
-				 const kvm_page_source *src, int query_tokens)
+static kvmem_session *open_session(struct demo *d, kvmem_engine *e, const char *policy,
+				 const kvmem_page_source *src, int query_tokens)
 {
-	kvm_session_opts so;
+	kvmem_session_opts so;
 
-	kvm_session_opts_default(&so);
+	kvmem_session_opts_default(&so);
 	so.block = d->block;
 	so.budget = d->budget;
 	so.chunk = d->chunk;
@@ -105,14 +105,14 @@ static kvm_session *open_session(struct demo *d, kvm_engine *e, const char *poli
 	so.query_tokens = query_tokens;
 	so.on_select = on_select;
 	so.arg = d;
-	return kvm_session_create(e, &so);
+	return kvmem_session_create(e, &so);
 }
 
 /* The agent reads the workspace in d->steps steps, cut at line ends. */
-static int read_workspace(struct demo *d, kvm_engine *e, const kvm_lang_workspace *ws,
-			  const kvm_page_source *src, int window)
+static int read_workspace(struct demo *d, kvmem_engine *e, const kvmem_lang_workspace *ws,
+			  const kvmem_page_source *src, int window)
 {
-	kvm_session *s = open_session(d, e, "meank", src, 4);
+	kvmem_session *s = open_session(d, e, "meank", src, 4);
 	int64_t at = 0;
 	double t0 = cli_now_s();
 
@@ -121,16 +121,16 @@ static int read_workspace(struct demo *d, kvm_engine *e, const kvm_lang_workspac
 	for (int step = 1; step <= d->steps; step++) {
 		int64_t end = step == d->steps ? ws->n_ids : ws->n_ids * step / d->steps;
 
-		while (end < ws->n_ids && ws->ids[end - 1] != KVM_LANG_NL)
+		while (end < ws->n_ids && ws->ids[end - 1] != KVMEM_LANG_NL)
 			end++;
 		d->selections = d->entered = d->left = 0;
-		if (kvm_session_append(s, ws->ids + at, end - at, 0)) {
-			kvm_session_free(s);
+		if (kvmem_session_append(s, ws->ids + at, end - at, 0)) {
+			kvmem_session_free(s);
 			return -1;
 		}
 		if (!d->quiet) {
-			const kvm_plan *p = kvm_session_plan(s);
-			int64_t n = kvm_session_tokens(s);
+			const kvmem_plan *p = kvmem_session_plan(s);
+			int64_t n = kvmem_session_tokens(s);
 
 			printf("  step %d: +%lld tokens, e.g. \"", step, (long long)(end - at));
 			show(ws->ids, at, end, 46);
@@ -146,43 +146,43 @@ static int read_workspace(struct demo *d, kvm_engine *e, const kvm_lang_workspac
 	}
 	if (!d->quiet)
 		printf("  read in %.1f s on the CPU\n", cli_now_s() - t0);
-	kvm_session_free(s);
+	kvmem_session_free(s);
 	return 0;
 }
 
 /* Ask every question under one policy; returns the number right, or -1. */
-static int ask_all(struct demo *d, kvm_engine *e, const kvm_lang_workspace *ws,
-		   const kvm_page_source *src, const char *policy, int window)
+static int ask_all(struct demo *d, kvmem_engine *e, const kvmem_lang_workspace *ws,
+		   const kvmem_page_source *src, const char *policy, int window)
 {
-	kvm_session *s = open_session(d, e, policy, src, 1);
+	kvmem_session *s = open_session(d, e, policy, src, 1);
 	int right = 0;
 
-	if (!s || kvm_session_adopt(s, ws->ids, ws->n_ids)) {
-		kvm_session_free(s);
+	if (!s || kvmem_session_adopt(s, ws->ids, ws->n_ids)) {
+		kvmem_session_free(s);
 		return -1;
 	}
 	for (int i = 0; i < ws->n_q; i++) {
-		const kvm_lang_question *q = &ws->q[i];
-		int32_t gen[KVM_LANG_MAX_ANSWER], nl = KVM_LANG_NL;
+		const kvmem_lang_question *q = &ws->q[i];
+		int32_t gen[KVMEM_LANG_MAX_ANSWER], nl = KVMEM_LANG_NL;
 		int n = 0, held, ok;
 		int64_t back = ws->n_ids - q->needle_pos;
 
 		/* A step boundary for the question: the query of its answer
 		 * marker (the token that retrieves) chooses the blocks, then the
 		 * question runs over the new view and the answer follows. */
-		if (kvm_session_select_ahead(s, q->ids, q->n_ids))
+		if (kvmem_session_select_ahead(s, q->ids, q->n_ids))
 			goto fail;
-		held = kvm_plan_holds_span(kvm_session_plan(s), d->block, q->needle_pos,
+		held = kvmem_plan_holds_span(kvmem_session_plan(s), d->block, q->needle_pos,
 					  q->needle_end) >= 1.0;
-		if (kvm_session_append(s, q->ids, q->n_ids, 0))
+		if (kvmem_session_append(s, q->ids, q->n_ids, 0))
 			goto fail;
-		while (n < KVM_LANG_MAX_ANSWER) {
-			if (kvm_session_decode(s, 1, NULL, &gen[n]))
+		while (n < KVMEM_LANG_MAX_ANSWER) {
+			if (kvmem_session_decode(s, 1, NULL, &gen[n]))
 				goto fail;
-			if (gen[n++] == KVM_LANG_END)
+			if (gen[n++] == KVMEM_LANG_END)
 				break;
 		}
-		ok = kvm_lang_exact_match(q, gen, n);
+		ok = kvmem_lang_exact_match(q, gen, n);
 		right += ok;
 		if (!d->quiet) {
 			printf("  Q%d \"", i + 1);
@@ -198,13 +198,13 @@ static int ask_all(struct demo *d, kvm_engine *e, const kvm_lang_workspace *ws,
 			}
 			printf("\n");
 		}
-		if (kvm_session_append(s, &nl, 1, 0))
+		if (kvmem_session_append(s, &nl, 1, 0))
 			goto fail;
 	}
-	kvm_session_free(s);
+	kvmem_session_free(s);
 	return right;
 fail:
-	kvm_session_free(s);
+	kvmem_session_free(s);
 	return -1;
 }
 
@@ -264,18 +264,18 @@ int cmd_demo(int argc, char **argv)
 	struct demo d = { .policy = "subblock", .questions = 6, .steps = 8, .block = 32,
 			  .chunk = 128, .seed = DEMO_SEED };
 	char dir[4300];
-	kvm_model *m = NULL;
-	kvm_engine *e = NULL;
-	kvm_lang_workspace ws = { 0 };
-	kvm_lang_params lp;
-	kvm_page_source src = { 0 };
+	kvmem_model *m = NULL;
+	kvmem_engine *e = NULL;
+	kvmem_lang_workspace ws = { 0 };
+	kvmem_lang_params lp;
+	kvmem_page_source src = { 0 };
 	int rc = 1, W, got, slide;
 	double depths[64];
 
 	if (parse(&d, argc, argv))
 		return EXIT_USAGE;
-	if (!kvm_policy_find(d.policy)) {
-		fprintf(stderr, "kvmem demo: %s\n", kvm_last_error());
+	if (!kvmem_policy_find(d.policy)) {
+		fprintf(stderr, "kvmem demo: %s\n", kvmem_last_error());
 		return EXIT_USAGE;
 	}
 	if (!d.model_dir) {
@@ -287,12 +287,12 @@ int cmd_demo(int argc, char **argv)
 			printf("kvmem demo: wrote the built-in model to %s\n", dir);
 		d.model_dir = dir;
 	}
-	if (kvm_model_load(d.model_dir, &m))
+	if (kvmem_model_load(d.model_dir, &m))
 		goto err;
 	W = m->cfg.max_position;
-	if (m->cfg.vocab != kvm_lang_vocab_size()) {
-		kvm_error("%s: vocabulary of %d tokens, agentlang has %d: not an agentlang model",
-			  d.model_dir, m->cfg.vocab, kvm_lang_vocab_size());
+	if (m->cfg.vocab != kvmem_lang_vocab_size()) {
+		kvmem_error(EINVAL, "%s: vocabulary of %d tokens, agentlang has %d: not an agentlang model",
+			  d.model_dir, m->cfg.vocab, kvmem_lang_vocab_size());
 		goto err;
 	}
 	if (!d.tokens)
@@ -302,28 +302,28 @@ int cmd_demo(int argc, char **argv)
 
 		d.budget = (W - 32 - reserve) / d.block * d.block;
 	}
-	if (!(e = kvm_engine_create(m, d.chunk)))
+	if (!(e = kvmem_engine_create(m, d.chunk)))
 		goto err;
 
 	/* Facts spread over the history, the oldest first. */
-	kvm_lang_params_default(&lp);
+	kvmem_lang_params_default(&lp);
 	lp.seed = d.seed;
 	lp.n_tokens = d.tokens;
 	lp.n_questions = d.questions;
 	for (int i = 0; i < d.questions; i++)
 		depths[i] = 0.1 + 0.8 * i / (d.questions > 1 ? d.questions - 1 : 1);
 	lp.depths = depths;
-	if (kvm_lang_workspace_build(&lp, &ws))
+	if (kvmem_lang_workspace_build(&lp, &ws))
 		goto err;
 
 	printf("kvmem demo: model %s (%.1fM parameters, native window %d tokens)\n"
 	       "An agent works through a workspace of %lld tokens (%.1f windows) of tool calls\n"
 	       "and outputs. kvmem keeps all of it as KV pages and lets the model see a view of\n"
 	       "%lld history tokens (%.1f%% of the workspace), chosen anew at each step.\n\n",
-	       d.model_dir, kvm_config_params(&m->cfg) / 1e6, W, (long long)ws.n_ids,
+	       d.model_dir, kvmem_config_params(&m->cfg) / 1e6, W, (long long)ws.n_ids,
 	       (double)ws.n_ids / W, (long long)d.budget, 100.0 * d.budget / ws.n_ids);
 
-	if (kvm_page_source_mem(&src, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, d.block))
+	if (kvmem_page_source_mem(&src, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, d.block))
 		goto err;
 	if (read_workspace(&d, e, &ws, &src, W))
 		goto err;
@@ -343,12 +343,12 @@ int cmd_demo(int argc, char **argv)
 	rc = 0;
 	goto out;
 err:
-	fprintf(stderr, "kvmem demo: %s\n", kvm_last_error());
+	fprintf(stderr, "kvmem demo: %s\n", kvmem_last_error());
 out:
 	if (src.ops)
-		kvm_page_source_destroy(&src);
-	kvm_lang_workspace_free(&ws);
-	kvm_engine_free(e);
-	kvm_model_free(m);
+		kvmem_page_source_destroy(&src);
+	kvmem_lang_workspace_free(&ws);
+	kvmem_engine_free(e);
+	kvmem_model_free(m);
 	return rc;
 }

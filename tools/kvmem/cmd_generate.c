@@ -27,10 +27,10 @@ static void usage(FILE *f)
 		   "preset and seed give the same bytes. Weights are scaled so activations keep\n"
 		   "a sane size through every layer; the model computes, but says nothing useful.\n\n"
 		   "presets:\n");
-	for (const kvm_preset *p = kvm_presets; p->name; p++) {
-		uint64_t params = kvm_config_params(&p->cfg);
+	for (const kvmem_preset *p = kvmem_presets; p->name; p++) {
+		uint64_t params = kvmem_config_params(&p->cfg);
 
-		uint64_t bytes = kvm_model_generate_bytes(&p->cfg, NULL);
+		uint64_t bytes = kvmem_model_generate_bytes(&p->cfg, NULL);
 
 		if (params < 100000000)
 			fprintf(f, "  %-5s %-46s %6.2fM params %7.1f MB\n", p->name, p->what,
@@ -51,9 +51,9 @@ static void usage(FILE *f)
 		   "  --help          this text\n");
 }
 
-static void print_geometry(const kvm_preset *p, const kvm_gen_opts *o, uint64_t bytes)
+static void print_geometry(const kvmem_preset *p, const kvmem_gen_opts *o, uint64_t bytes)
 {
-	const kvm_config *c = &p->cfg;
+	const kvmem_config *c = &p->cfg;
 	char b[32];
 
 	printf("preset        %s (%s)\n", p->name, p->what);
@@ -132,9 +132,9 @@ int cmd_generate(int argc, char **argv)
 	};
 	const char *preset = NULL, *out = NULL;
 	bool dry = false, force = false;
-	kvm_gen_opts o = { 0 };
+	kvmem_gen_opts o = { 0 };
 	struct shown shown = { .last = -1, .tty = isatty(2) };
-	const kvm_preset *p;
+	const kvmem_preset *p;
 	uint64_t bytes, mb;
 	char a[32], b[32];
 	int c, ne;
@@ -175,17 +175,17 @@ int cmd_generate(int argc, char **argv)
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	p = kvm_preset_find(preset);
+	p = kvmem_preset_find(preset);
 	if (!p) {
 		fprintf(stderr, "kvmem generate: unknown preset '%s' (presets:", preset);
-		for (const kvm_preset *q = kvm_presets; q->name; q++)
+		for (const kvmem_preset *q = kvmem_presets; q->name; q++)
 			fprintf(stderr, " %s", q->name);
 		fprintf(stderr, ")\n");
 		return EXIT_USAGE;
 	}
-	bytes = kvm_model_generate_bytes(&p->cfg, &o);
+	bytes = kvmem_model_generate_bytes(&p->cfg, &o);
 	if (!bytes) {
-		fprintf(stderr, "kvmem generate: %s\n", kvm_last_error());
+		fprintf(stderr, "kvmem generate: %s\n", kvmem_last_error());
 		return EXIT_USAGE;
 	}
 	if (dry) {
@@ -213,15 +213,15 @@ int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "generating preset %s (%s) into %s\n", p->name,
 			cli_fmt_bytes(a, sizeof(a), (double)bytes), out);
 	}
-	if (kvm_model_generate_opts(&p->cfg, out, &o)) {
+	if (kvmem_model_generate_opts(&p->cfg, out, &o)) {
 		if (shown.tty && shown.last >= 0 && shown.last < 100)
 			fputc('\n', stderr);
-		fprintf(stderr, "kvmem generate: %s\n", kvm_last_error());
+		fprintf(stderr, "kvmem generate: %s\n", kvmem_last_error());
 		return 1;
 	}
 	printf("wrote %s: preset %s, seed %llu, %s parameters, %s\n", out, p->name,
 	       (unsigned long long)o.seed,
-	       cli_fmt_sci(a, sizeof(a), (double)kvm_config_params(&p->cfg)),
+	       cli_fmt_sci(a, sizeof(a), (double)kvmem_config_params(&p->cfg)),
 	       cli_fmt_bytes(b, sizeof(b), (double)bytes));
 	return 0;
 }

@@ -22,10 +22,10 @@ static void usage(FILE *f)
 		   "  --help   this text\n");
 }
 
-static void print_text(const kvm_model *m)
+static void print_text(const kvmem_model *m)
 {
-	const kvm_config *c = &m->cfg;
-	uint64_t params = kvm_config_params(c);
+	const kvmem_config *c = &m->cfg;
+	uint64_t params = kvmem_config_params(c);
 	char a[32], b[32];
 
 	printf("model         %s\n", m->dir);
@@ -38,15 +38,15 @@ static void print_text(const kvm_model *m)
 	cli_print_kv(c);
 	printf("fingerprint   %016llx (geometry only: %016llx)\n",
 	       (unsigned long long)m->fingerprint,
-	       (unsigned long long)kvm_config_fingerprint(c));
+	       (unsigned long long)kvmem_config_fingerprint(c));
 }
 
-static void print_json(const kvm_model *m)
+static void print_json(const kvmem_model *m)
 {
-	const kvm_config *c = &m->cfg;
+	const kvmem_config *c = &m->cfg;
 
 	printf("{\"dir\": ");
-	kvm_json_write_str(stdout, m->dir);
+	kvmem_json_write_str(stdout, m->dir);
 	printf(", \"architecture\": \"%s\", \"layers\": %d, \"hidden\": %d, \"heads\": %d, "
 	       "\"kv_heads\": %d, \"head_dim\": %d, \"intermediate\": %d, \"vocab\": %d, "
 	       "\"bos_id\": %d, \"eos_id\": %d, \"max_position\": %d, \"rope_theta\": %.17g, "
@@ -57,11 +57,11 @@ static void print_json(const kvm_model *m)
 	       c->arch, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim,
 	       c->intermediate, c->vocab, c->bos_id, c->eos_id, c->max_position, c->rope_theta,
 	       (double)c->rms_eps, c->tie_embeddings ? "true" : "false",
-	       (unsigned long long)kvm_config_params(c), m->weight_dtype, m->n_files,
+	       (unsigned long long)kvmem_config_params(c), m->weight_dtype, m->n_files,
 	       (unsigned long long)m->file_bytes,
-	       (unsigned long long)kvm_config_kv_bytes_per_token(c, 2),
-	       (unsigned long long)kvm_config_kv_bytes_per_token(c, 4),
-	       (unsigned long long)m->fingerprint, (unsigned long long)kvm_config_fingerprint(c));
+	       (unsigned long long)kvmem_config_kv_bytes_per_token(c, 2),
+	       (unsigned long long)kvmem_config_kv_bytes_per_token(c, 4),
+	       (unsigned long long)m->fingerprint, (unsigned long long)kvmem_config_fingerprint(c));
 }
 
 int cmd_info(int argc, char **argv)
@@ -73,7 +73,7 @@ int cmd_info(int argc, char **argv)
 	};
 	bool json = false;
 	const char *dir;
-	kvm_model *m;
+	kvmem_model *m;
 	int c;
 
 	optind = 1;
@@ -90,14 +90,14 @@ int cmd_info(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	dir = argv[optind];
-	if (kvm_model_open(dir, KVM_MODEL_NO_WEIGHTS, &m)) {
-		fprintf(stderr, "kvmem info: %s\n", kvm_last_error());
+	if (kvmem_model_open(dir, KVMEM_MODEL_NO_WEIGHTS, &m)) {
+		fprintf(stderr, "kvmem info: %s\n", kvmem_last_error());
 		return 1;
 	}
 	if (json)
 		print_json(m);
 	else
 		print_text(m);
-	kvm_model_free(m);
+	kvmem_model_free(m);
 	return 0;
 }

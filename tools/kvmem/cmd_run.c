@@ -64,7 +64,7 @@ struct run_opts {
 	const char *model, *tokens, *logits;
 	long random_n, decode, chunk;
 	uint64_t seed;
-	kvm_sampler sampler;
+	kvmem_sampler sampler;
 };
 
 /* Returns 0 to run, 1 when --help was printed, -1 on bad usage. */
@@ -141,7 +141,7 @@ static int read_tokens(const char *path, int vocab, int32_t **out, int *n_out)
 	char word[64];
 
 	if (!f)
-		return kvm_error("%s: cannot open: %s", path, strerror(errno));
+		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
 	while (fscanf(f, "%63s", word) == 1) {
 		char *end;
 		long id;
@@ -149,12 +149,12 @@ static int read_tokens(const char *path, int vocab, int32_t **out, int *n_out)
 		errno = 0;
 		id = strtol(word, &end, 10);
 		if (errno || end == word || *end) {
-			kvm_error("%s: the token at index %d ('%s') is not an integer id", path, n,
+			kvmem_error(EINVAL, "%s: the token at index %d ('%s') is not an integer id", path, n,
 				  word);
 			goto fail;
 		}
 		if (id < 0 || id >= vocab) {
-			kvm_error("%s: the token at index %d is %ld, outside the vocabulary 0..%d",
+			kvmem_error(EINVAL, "%s: the token at index %d is %ld, outside the vocabulary 0..%d",
 				  path, n, id, vocab - 1);
 			goto fail;
 		}
@@ -164,7 +164,7 @@ static int read_tokens(const char *path, int vocab, int32_t **out, int *n_out)
 			cap = cap ? 2 * cap : 1024;
 			p = realloc(t, sizeof(int32_t) * cap);
 			if (!p) {
-				kvm_error("%s: out of memory after %d tokens", path, n);
+				kvmem_error(ENOMEM, "%s: out of memory after %d tokens", path, n);
 				goto fail;
 			}
 			t = p;
@@ -172,11 +172,11 @@ static int read_tokens(const char *path, int vocab, int32_t **out, int *n_out)
 		t[n++] = (int32_t)id;
 	}
 	if (ferror(f)) {
-		kvm_error("%s: read error", path);
+		kvmem_error(EINVAL, "%s: read error", path);
 		goto fail;
 	}
 	if (n == 0) {
-		kvm_error("%s: holds no token ids", path);
+		kvmem_error(EINVAL, "%s: holds no token ids", path);
 		goto fail;
 	}
 	fclose(f);
@@ -196,19 +196,19 @@ static void print_speed(const char *what, int n, double secs)
 }
 
 /* Prefill the prompt in chunks; leaves the last position's logits in `last`. */
-static int prefill(kvm_engine *e, kvm_kvcache *kv, const int32_t *tok, int n, int chunk,
+static int prefill(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tok, int n, int chunk,
 		   float *buf, float *last, FILE *logits_f, const char *logits_path)
 {
-	int vocab = kvm_engine_model(e)->cfg.vocab;
+	int vocab = kvmem_engine_model(e)->cfg.vocab;
 
 	for (int at = 0; at < n; at += chunk) {
 		int k = n - at < chunk ? n - at : chunk;
 
-		if (kvm_forward(e, kv, tok + at, k, buf, logits_f != NULL, NULL))
+		if (kvmem_forward(e, kv, tok + at, k, buf, logits_f != NULL, NULL))
 			return -1;
 		if (logits_f) {
 			if (fwrite(buf, sizeof(float) * vocab, k, logits_f) != (size_t)k)
-				return kvm_error("%s: write failed: %s", logits_path,
+				return kvmem_error(errno, "%s: write failed: %s", logits_path,
 						 strerror(errno));
 			if (at + k == n)
 				memcpy(last, buf + (size_t)(k - 1) * vocab, sizeof(float) * vocab);
@@ -221,35 +221,35 @@ static int prefill(kvm_engine *e, kvm_kvcache *kv, const int32_t *tok, int n, in
 
 static int run_plain(const struct run_opts *o)
 {
-	kvm_model *m = NULL;
-	kvm_engine *e = NULL;
-	kvm_kvcache kv = { 0 };
+	kvmem_model *m = NULL;
+	kvmem_engine *e = NULL;
+	kvmem_kvcache kv = { 0 };
 	int32_t *tok = NULL, *gen = NULL;
 	float *buf = NULL, *last = NULL;
 	FILE *lf = NULL;
 	int n = 0, rc = 1;
 
-	if (kvm_model_load(o->model, &m))
+	if (kvmem_model_load(o->model, &m))
 		goto out;
-	const kvm_config *c = &m->cfg;
+	const kvmem_config *c = &m->cfg;
 
 	if (o->tokens) {
 		if (read_tokens(o->tokens, c->vocab, &tok, &n))
 			goto out;
 	} else {
-		uint64_t rng = kvm_rng_seed(o->seed);
+		uint64_t rng = kvmem_rng_seed(o->seed);
 
 		n = (int)o->random_n;
 		tok = malloc(sizeof(int32_t) * n);
 		if (!tok) {
-			kvm_error("out of memory for %d prompt tokens", n);
+			kvmem_error(ENOMEM, "out of memory for %d prompt tokens", n);
 			goto out;
 		}
 		for (int i = 0; i < n; i++)
-			tok[i] = (int32_t)(kvm_rng_uniform(&rng) * c->vocab);
+			tok[i] = (int32_t)(kvmem_rng_uniform(&rng) * c->vocab);
 	}
 	if ((long)n + o->decode > (1L << 31) - 1) {
-		kvm_error("prompt plus decode passes 2^31 tokens");
+		kvmem_error(EINVAL, "prompt plus decode passes 2^31 tokens");
 		goto out;
 	}
 	int chunk = o->chunk < n ? (int)o->chunk : n, total = n + (int)o->decode;
@@ -257,18 +257,18 @@ static int run_plain(const struct run_opts *o)
 	if (total > c->max_position && c->max_position > 0)
 		fprintf(stderr, "kvmem run: note: %d tokens pass the model's window of %d\n",
 			total, c->max_position);
-	e = kvm_engine_create(m, chunk);
-	if (!e || kvm_kvcache_init(&kv, c, total))
+	e = kvmem_engine_create(m, chunk);
+	if (!e || kvmem_kvcache_init(&kv, c, total))
 		goto out;
 	buf = malloc(sizeof(float) * c->vocab * (o->logits ? chunk : 1));
 	last = malloc(sizeof(float) * c->vocab);
 	gen = malloc(sizeof(int32_t) * (o->decode ? o->decode : 1));
 	if (!buf || !last || !gen) {
-		kvm_error("out of memory for logits (vocab %d, chunk %d)", c->vocab, chunk);
+		kvmem_error(ENOMEM, "out of memory for logits (vocab %d, chunk %d)", c->vocab, chunk);
 		goto out;
 	}
 	if (o->logits && !(lf = fopen(o->logits, "wb"))) {
-		kvm_error("%s: cannot create: %s", o->logits, strerror(errno));
+		kvmem_error(errno, "%s: cannot create: %s", o->logits, strerror(errno));
 		goto out;
 	}
 	printf("model: %s (%d layers, hidden %d, %d/%d heads, head_dim %d, vocab %d)\n",
@@ -286,17 +286,17 @@ static int run_plain(const struct run_opts *o)
 	if (prefill(e, &kv, tok, n, chunk, buf, last, lf, o->logits))
 		goto out;
 	double t1 = cli_now_s();
-	uint64_t rng = kvm_rng_seed(o->sampler.seed);
+	uint64_t rng = kvmem_rng_seed(o->sampler.seed);
 
 	for (long i = 0; i < o->decode; i++) {
-		int id = kvm_sample(last, c->vocab, &o->sampler, &rng);
+		int id = kvmem_sample(last, c->vocab, &o->sampler, &rng);
 
 		if (id < 0) {
-			kvm_error("sampling failed (out of memory)");
+			kvmem_error(ENOMEM, "sampling failed (out of memory)");
 			goto out;
 		}
 		gen[i] = id;
-		if (i + 1 < o->decode && kvm_forward(e, &kv, &gen[i], 1, last, 0, NULL))
+		if (i + 1 < o->decode && kvmem_forward(e, &kv, &gen[i], 1, last, 0, NULL))
 			goto out;
 	}
 	double t2 = cli_now_s();
@@ -304,7 +304,7 @@ static int run_plain(const struct run_opts *o)
 	if (lf) {
 		if (fclose(lf)) {
 			lf = NULL;
-			kvm_error("%s: write failed: %s", o->logits, strerror(errno));
+			kvmem_error(errno, "%s: write failed: %s", o->logits, strerror(errno));
 			goto out;
 		}
 		lf = NULL;
@@ -320,17 +320,17 @@ static int run_plain(const struct run_opts *o)
 	rc = 0;
 out:
 	if (rc)
-		fprintf(stderr, "kvmem run: %s\n", kvm_last_error());
+		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 	if (lf)
 		fclose(lf);
 	free(tok);
 	free(gen);
 	free(buf);
 	free(last);
-	kvm_kvcache_free(&kv);
-	kvm_engine_free(e);
+	kvmem_kvcache_free(&kv);
+	kvmem_engine_free(e);
 	if (m)
-		kvm_model_free(m);
+		kvmem_model_free(m);
 	return rc;
 }
 

@@ -20,8 +20,8 @@ static void usage(FILE *f)
 
 int cmd_stat(int argc, char **argv)
 {
-	kvm_workspace_info wi;
-	kvm_pager_stats st;
+	kvmem_workspace_info wi;
+	kvmem_pager_stats st;
 	char geom[256];
 
 	if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
@@ -32,21 +32,21 @@ int cmd_stat(int argc, char **argv)
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	if (kvm_workspace_info_read(argv[1], &wi) < 0) {
-		fprintf(stderr, "kvmem stat: %s\n", kvm_last_error());
+	if (kvmem_workspace_info_read(argv[1], &wi) < 0) {
+		fprintf(stderr, "kvmem stat: %s\n", kvmem_last_error());
 		return 1;
 	}
 	printf("workspace %s\n", argv[1]);
-	printf("  %s\n", kvm_page_geom_str(&wi.geom, geom, sizeof(geom)));
+	printf("  %s\n", kvmem_page_geom_str(&wi.geom, geom, sizeof(geom)));
 	printf("  committed: %" PRIu64 " tokens, %" PRIu64 " full blocks + %u tokens, "
 	       "%" PRIu64 " pages of %u bytes (%.1f MiB), commit %" PRIu64 "\n",
 	       wi.tokens, wi.blocks, wi.tail_tokens, wi.blocks * wi.geom.n_layers, wi.page_bytes,
 	       wi.blocks * wi.geom.n_layers * (double)wi.page_stride / (1 << 20), wi.generation);
-	if (kvm_workspace_stats(argv[1], &st) < 0) {
-		printf("counters: none saved yet (%s)\n", kvm_last_error());
+	if (kvmem_workspace_stats(argv[1], &st) < 0) {
+		printf("counters: none saved yet (%s)\n", kvmem_last_error());
 		return 0;
 	}
 	printf("counters (all sessions):\n");
-	kvm_pager_stats_print(&st, stdout);
+	kvmem_pager_stats_print(&st, stdout);
 	return 0;
 }

@@ -41,8 +41,8 @@ int cmd_verify(int argc, char **argv)
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	bad = kvm_workspace_verify(dir, stdout, !quiet);
+	bad = kvmem_workspace_verify(dir, stdout, !quiet);
 	if (bad < 0)
-		fprintf(stderr, "kvmem verify: %s\n", kvm_last_error());
+		fprintf(stderr, "kvmem verify: %s\n", kvmem_last_error());
 	return bad == 0 ? 0 : 1;
 }

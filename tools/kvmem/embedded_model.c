@@ -27,16 +27,16 @@
 		".previous\n");                                            \
 	extern const unsigned char sym[], sym##_end[]
 
-EMBED(kvm_emb_config, "models/agentlang/config.json");
-EMBED(kvm_emb_genconfig, "models/agentlang/generation_config.json");
-EMBED(kvm_emb_weights, "models/agentlang/model.safetensors");
-EMBED(kvm_emb_record, "models/agentlang/record.json");
+EMBED(kvmem_emb_config, "models/agentlang/config.json");
+EMBED(kvmem_emb_genconfig, "models/agentlang/generation_config.json");
+EMBED(kvmem_emb_weights, "models/agentlang/model.safetensors");
+EMBED(kvmem_emb_record, "models/agentlang/record.json");
 
 const struct embedded_file embedded_model[] = {
-	{ "config.json", kvm_emb_config, kvm_emb_config_end },
-	{ "generation_config.json", kvm_emb_genconfig, kvm_emb_genconfig_end },
-	{ "model.safetensors", kvm_emb_weights, kvm_emb_weights_end },
-	{ "record.json", kvm_emb_record, kvm_emb_record_end },
+	{ "config.json", kvmem_emb_config, kvmem_emb_config_end },
+	{ "generation_config.json", kvmem_emb_genconfig, kvmem_emb_genconfig_end },
+	{ "model.safetensors", kvmem_emb_weights, kvmem_emb_weights_end },
+	{ "record.json", kvmem_emb_record, kvmem_emb_record_end },
 	{ NULL, NULL, NULL },
 };
 
@@ -64,9 +64,9 @@ static int write_file(const char *path, const unsigned char *data, size_t n)
 	size_t off = 0;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
-		return kvm_error("%s: path too long", path);
+		return kvmem_error(EINVAL, "%s: path too long", path);
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0)
-		return kvm_error("%s: cannot create: %s", tmp, strerror(errno));
+		return kvmem_error(errno, "%s: cannot create: %s", tmp, strerror(errno));
 	while (off < n) {
 		ssize_t w = write(fd, data + off, n - off);
 
@@ -77,7 +77,7 @@ static int write_file(const char *path, const unsigned char *data, size_t n)
 
 			close(fd);
 			unlink(tmp);
-			return kvm_error("%s: cannot write: %s", tmp, strerror(e));
+			return kvmem_error(e, "%s: cannot write: %s", tmp, strerror(e));
 		}
 		off += (size_t)w;
 	}
@@ -86,11 +86,11 @@ static int write_file(const char *path, const unsigned char *data, size_t n)
 
 		close(fd);
 		unlink(tmp);
-		return kvm_error("%s: cannot sync: %s", tmp, strerror(e));
+		return kvmem_error(e, "%s: cannot sync: %s", tmp, strerror(e));
 	}
 	if (close(fd) || rename(tmp, path)) {
 		unlink(tmp);
-		return kvm_error("%s: cannot finish: %s", path, strerror(errno));
+		return kvmem_error(errno, "%s: cannot finish: %s", path, strerror(errno));
 	}
 	return 0;
 }
@@ -100,18 +100,18 @@ int embedded_model_install(char *dir, size_t len)
 	char base[4096], path[4096];
 	int wrote = 0;
 
-	if (!kvm_data_dir(base, sizeof(base)))
-		return kvm_error("the data directory's path is too long");
+	if (!kvmem_data_dir(base, sizeof(base)))
+		return kvmem_error(EINVAL, "the data directory's path is too long");
 	if (snprintf(dir, len, "%s/models/agentlang", base) >= (int)len)
-		return kvm_error("%s/models/agentlang: path too long", base);
-	if (kvm_mkdir_p(dir))
+		return kvmem_error(EINVAL, "%s/models/agentlang: path too long", base);
+	if (kvmem_mkdir_p(dir))
 		return -1;
 	for (int i = 0; embedded_model[i].name; i++) {
 		const struct embedded_file *e = &embedded_model[i];
 		size_t n = (size_t)(e->end - e->data);
 
 		if (snprintf(path, sizeof(path), "%s/%s", dir, e->name) >= (int)sizeof(path))
-			return kvm_error("%s: path too long", dir);
+			return kvmem_error(EINVAL, "%s: path too long", dir);
 		if (same_file(path, e->data, n))
 			continue;
 		if (write_file(path, e->data, n))

@@ -31,7 +31,7 @@ static void usage(FILE *f)
 		   "commands:\n");
 	for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
 		fprintf(f, "  %-9s %s\n", subcommands[i].name, subcommands[i].what);
-	fprintf(f, "\nkvmem %s\n", KVM_VERSION);
+	fprintf(f, "\nkvmem %s\n", KVMEM_VERSION);
 }
 
 int main(int argc, char **argv)
@@ -56,7 +56,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (!strcmp(argv[1], "--version")) {
-		printf("kvmem %s\n", KVM_VERSION);
+		printf("kvmem %s\n", KVMEM_VERSION);
 		return 0;
 	}
 	for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)

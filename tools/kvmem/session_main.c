@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * kvmem run, agent-session mode: a script of appends and decodes run as
- * agent steps over a workspace (kvm_session), printing per step what was
+ * agent steps over a workspace (kvmem_session), printing per step what was
  * selected, reused, entered and left and the decoded ids. --check-exact
  * runs a plain full-context twin alongside and compares every logit.
  *
@@ -42,20 +42,20 @@ struct cli {
 	long block, chunk, query_tokens;
 	int json, check_exact;
 	uint64_t seed;
-	kvm_sampler sampler;
+	kvmem_sampler sampler;
 };
 
 /* What one step did, summed over the selections in it. */
 struct step {
 	int64_t selections, forced, reused, entering, born, left, forwards, differ;
 	double max_diff;
-	const kvm_plan *plan;
+	const kvmem_plan *plan;
 };
 
 struct twin {
-	kvm_engine *e;
-	const kvm_config *c;
-	kvm_kvcache kv;
+	kvmem_engine *e;
+	const kvmem_config *c;
+	kvmem_kvcache kv;
 	float *logits;
 	int failed;
 };
@@ -101,8 +101,8 @@ static void usage(FILE *f)
 		"  --cache-policy P   its replacement policy: lru (default), lfu, score\n"
 		"  --help             this text\n"
 		"\npolicies:\n");
-	for (int i = 0; kvm_policies[i]; i++)
-		fprintf(f, "  %-9s %s\n", kvm_policies[i]->name, kvm_policies[i]->what);
+	for (int i = 0; kvmem_policies[i]; i++)
+		fprintf(f, "  %-9s %s\n", kvmem_policies[i]->name, kvmem_policies[i]->what);
 }
 
 /* ---- arguments ------------------------------------------------------- */
@@ -166,7 +166,7 @@ static int parse_args(int argc, char **argv, struct cli *o)
 				return -1;
 			*(FLAG("--sink") ? &o->sink : FLAG("--recent") ? &o->recent : &o->reserve) = v;
 		} else if (FLAG("--block")) {
-			if (cli_parse_long("kvmem run", name, val, KVM_BLOCK_MIN, KVM_BLOCK_MAX, &o->block))
+			if (cli_parse_long("kvmem run", name, val, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX, &o->block))
 				return -1;
 		} else if (FLAG("--chunk")) {
 			if (cli_parse_long("kvmem run", name, val, 1, 1 << 20, &o->chunk))
@@ -201,8 +201,8 @@ static int parse_args(int argc, char **argv, struct cli *o)
 		fprintf(stderr, "kvmem run: agent sessions need --model DIR and --script FILE\n");
 		return -1;
 	}
-	if (o->policy && !kvm_policy_find(o->policy)) {
-		fprintf(stderr, "kvmem run: %s\n", kvm_last_error());
+	if (o->policy && !kvmem_policy_find(o->policy)) {
+		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 		return -1;
 	}
 	if (!o->chunk)
@@ -219,18 +219,18 @@ static int script_error(const char *file, int line, const char *what)
 }
 
 /* One line's object into op; ids checked against the vocabulary. */
-static int parse_op(const kvm_json *j, const char *file, int line, int vocab, uint64_t seed,
+static int parse_op(const kvmem_json *j, const char *file, int line, int vocab, uint64_t seed,
 		    struct op *op)
 {
-	const kvm_json *ap = kvm_json_get(j, "append"), *ar = kvm_json_get(j, "append_random");
-	const kvm_json *dc = kvm_json_get(j, "decode"), *pin = kvm_json_get(j, "pin");
-	const kvm_json *sd = kvm_json_get(j, "seed");
+	const kvmem_json *ap = kvmem_json_get(j, "append"), *ar = kvmem_json_get(j, "append_random");
+	const kvmem_json *dc = kvmem_json_get(j, "decode"), *pin = kvmem_json_get(j, "pin");
+	const kvmem_json *sd = kvmem_json_get(j, "seed");
 	char msg[256];
 
-	if (kvm_json_typeof(j) != KVM_JSON_OBJECT)
+	if (kvmem_json_typeof(j) != KVMEM_JSON_OBJECT)
 		return script_error(file, line, "each line must be a JSON object");
-	for (size_t i = 0; i < kvm_json_len(j); i++) {
-		const char *k = kvm_json_key(j, i);
+	for (size_t i = 0; i < kvmem_json_len(j); i++) {
+		const char *k = kvmem_json_key(j, i);
 
 		if (strcmp(k, "append") && strcmp(k, "append_random") && strcmp(k, "decode") &&
 		    strcmp(k, "pin") && strcmp(k, "seed")) {
@@ -240,17 +240,17 @@ static int parse_op(const kvm_json *j, const char *file, int line, int vocab, ui
 	}
 	if (!!ap + !!ar + !!dc != 1)
 		return script_error(file, line, "needs exactly one of \"append\", \"append_random\", \"decode\"");
-	if (pin && kvm_json_typeof(pin) != KVM_JSON_BOOL)
+	if (pin && kvmem_json_typeof(pin) != KVMEM_JSON_BOOL)
 		return script_error(file, line, "\"pin\" must be true or false");
 	if ((pin && dc) || (sd && !ar))
 		return script_error(file, line, dc ? "\"pin\" goes with an append" :
 				    "\"seed\" goes with \"append_random\"");
 	op->line = line;
-	op->pin = kvm_json_bool(pin, 0);
+	op->pin = kvmem_json_bool(pin, 0);
 	if (dc) {
 		op->kind = OP_DECODE;
-		op->n = kvm_json_int(dc, -1);
-		if (!kvm_json_is_int(dc) || op->n < 0 || op->n > (1 << 30))
+		op->n = kvmem_json_int(dc, -1);
+		if (!kvmem_json_is_int(dc) || op->n < 0 || op->n > (1 << 30))
 			return script_error(file, line, "\"decode\" wants a token count >= 0");
 		return 0;
 	}
@@ -258,30 +258,30 @@ static int parse_op(const kvm_json *j, const char *file, int line, int vocab, ui
 	if (ar) {
 		uint64_t rng;
 
-		op->n = kvm_json_int(ar, -1);
-		if (!kvm_json_is_int(ar) || op->n < 1 || op->n > (1 << 28))
+		op->n = kvmem_json_int(ar, -1);
+		if (!kvmem_json_is_int(ar) || op->n < 1 || op->n > (1 << 28))
 			return script_error(file, line, "\"append_random\" wants a token count >= 1");
-		if (sd && (!kvm_json_is_int(sd) || kvm_json_int(sd, -1) < 0))
+		if (sd && (!kvmem_json_is_int(sd) || kvmem_json_int(sd, -1) < 0))
 			return script_error(file, line, "\"seed\" wants an integer >= 0");
-		rng = kvm_rng_seed(sd ? (uint64_t)kvm_json_int(sd, 0) : seed * 1000003u + line);
+		rng = kvmem_rng_seed(sd ? (uint64_t)kvmem_json_int(sd, 0) : seed * 1000003u + line);
 		op->ids = malloc(sizeof(int32_t) * op->n);
 		if (!op->ids)
 			return script_error(file, line, "out of memory");
 		for (int64_t i = 0; i < op->n; i++)
-			op->ids[i] = (int32_t)(kvm_rng_uniform(&rng) * vocab);
+			op->ids[i] = (int32_t)(kvmem_rng_uniform(&rng) * vocab);
 		return 0;
 	}
-	op->n = (int64_t)kvm_json_len(ap);
-	if (kvm_json_typeof(ap) != KVM_JSON_ARRAY || op->n < 1)
+	op->n = (int64_t)kvmem_json_len(ap);
+	if (kvmem_json_typeof(ap) != KVMEM_JSON_ARRAY || op->n < 1)
 		return script_error(file, line, "\"append\" wants a non-empty array of token ids");
 	op->ids = malloc(sizeof(int32_t) * op->n);
 	if (!op->ids)
 		return script_error(file, line, "out of memory");
 	for (int64_t i = 0; i < op->n; i++) {
-		const kvm_json *t = kvm_json_at(ap, (size_t)i);
-		int64_t id = kvm_json_int(t, -1);
+		const kvmem_json *t = kvmem_json_at(ap, (size_t)i);
+		int64_t id = kvmem_json_int(t, -1);
 
-		if (!kvm_json_is_int(t) || id < 0 || id >= vocab) {
+		if (!kvmem_json_is_int(t) || id < 0 || id >= vocab) {
 			snprintf(msg, sizeof(msg), "token %lld of \"append\" is not an id in 0..%d",
 				 (long long)i, vocab - 1);
 			return script_error(file, line, msg);
@@ -313,7 +313,7 @@ static int read_script(const char *file, int vocab, uint64_t seed, struct op **o
 	}
 	while (!rc && (len = getline(&line, &cap, f)) >= 0) {
 		char name[4200];
-		kvm_json *j;
+		kvmem_json *j;
 		size_t k;
 
 		lineno++;
@@ -322,8 +322,8 @@ static int read_script(const char *file, int vocab, uint64_t seed, struct op **o
 		if (k == (size_t)len)
 			continue;
 		snprintf(name, sizeof(name), "%s:%d", file, lineno);
-		if (!(j = kvm_json_parse(line, (size_t)len, name))) {
-			fprintf(stderr, "kvmem run: %s\n", kvm_last_error());
+		if (!(j = kvmem_json_parse(line, (size_t)len, name))) {
+			fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 			rc = -1;
 			break;
 		}
@@ -331,7 +331,7 @@ static int read_script(const char *file, int vocab, uint64_t seed, struct op **o
 			struct op *t = realloc(ops, sizeof(*ops) * (cap_ops = cap_ops ? 2 * cap_ops : 16));
 
 			if (!t) {
-				kvm_json_free(j);
+				kvmem_json_free(j);
 				rc = script_error(file, lineno, "out of memory");
 				break;
 			}
@@ -340,7 +340,7 @@ static int read_script(const char *file, int vocab, uint64_t seed, struct op **o
 		memset(&ops[n], 0, sizeof(ops[n]));
 		rc = parse_op(j, file, lineno, vocab, seed, &ops[n]);
 		n++;
-		kvm_json_free(j);
+		kvmem_json_free(j);
 	}
 	free(line);
 	fclose(f);
@@ -358,24 +358,24 @@ static int read_script(const char *file, int vocab, uint64_t seed, struct op **o
 /* ---- the full-context twin ------------------------------------------ */
 static int twin_grow(struct twin *t, int need)
 {
-	kvm_kvcache nk;
+	kvmem_kvcache nk;
 	int cap = t->kv.cap ? t->kv.cap : 1024;
 
 	if (need <= t->kv.cap)
 		return 0;
 	while (cap < need)
 		cap *= 2;
-	if (kvm_kvcache_init(&nk, t->c, cap))
+	if (kvmem_kvcache_init(&nk, t->c, cap))
 		return -1;
 	for (int l = 0; l < t->c->n_layers && t->kv.len; l++)
 		for (int h = 0; h < t->c->n_kv_heads; h++) {
-			memcpy(kvm_kv_k(&nk, l, h, 0), kvm_kv_k(&t->kv, l, h, 0),
+			memcpy(kvmem_kv_k(&nk, l, h, 0), kvmem_kv_k(&t->kv, l, h, 0),
 			       sizeof(float) * t->kv.len * t->c->head_dim);
-			memcpy(kvm_kv_v(&nk, l, h, 0), kvm_kv_v(&t->kv, l, h, 0),
+			memcpy(kvmem_kv_v(&nk, l, h, 0), kvmem_kv_v(&t->kv, l, h, 0),
 			       sizeof(float) * t->kv.len * t->c->head_dim);
 		}
 	nk.len = t->kv.len;
-	kvm_kvcache_free(&t->kv);
+	kvmem_kvcache_free(&t->kv);
 	t->kv = nk;
 	return 0;
 }
@@ -391,8 +391,8 @@ static void on_forward(void *arg, const int32_t *tok, int n, const float *logits
 		return;
 	cnt = (size_t)n * t->c->vocab;
 	if (twin_grow(t, t->kv.len + n) ||
-	    kvm_forward(t->e, &t->kv, tok, n, t->logits, 1, NULL)) {
-		fprintf(stderr, "kvmem run: the full-context twin failed: %s\n", kvm_last_error());
+	    kvmem_forward(t->e, &t->kv, tok, n, t->logits, 1, NULL)) {
+		fprintf(stderr, "kvmem run: the full-context twin failed: %s\n", kvmem_last_error());
 		t->failed = 1;
 		return;
 	}
@@ -407,7 +407,7 @@ static void on_forward(void *arg, const int32_t *tok, int n, const float *logits
 	}
 }
 
-static void on_select(void *arg, const kvm_plan *p, int forced)
+static void on_select(void *arg, const kvmem_plan *p, int forced)
 {
 	struct run *r = arg;
 
@@ -421,7 +421,7 @@ static void on_select(void *arg, const kvm_plan *p, int forced)
 
 /* ---- output ------------------------------------------------------------ */
 /* Block set 0 as ranges "a-b,c,...", at most max ranges (0: all). */
-static void print_ranges(FILE *f, const kvm_plan *p, int json, int max)
+static void print_ranges(FILE *f, const kvmem_plan *p, int json, int max)
 {
 	int shown = 0, i = 0;
 
@@ -447,11 +447,11 @@ static void print_ranges(FILE *f, const kvm_plan *p, int json, int max)
 	}
 }
 
-static void print_step(const struct cli *o, kvm_session *s, int step, const struct op *op,
+static void print_step(const struct cli *o, kvmem_session *s, int step, const struct op *op,
 		       const struct step *st, const int32_t *out, double ms)
 {
-	const kvm_plan *p = kvm_session_plan(s);
-	int64_t view = p->view_tokens, tail = kvm_session_view(s)->len - view;
+	const kvmem_plan *p = kvmem_session_plan(s);
+	int64_t view = p->view_tokens, tail = kvmem_session_view(s)->len - view;
 
 	if (o->json) {
 		printf("{\"step\":%d,\"line\":%d,\"op\":\"%s\",\"n\":%lld,\"pinned\":%s,"
@@ -459,7 +459,7 @@ static void print_step(const struct cli *o, kvm_session *s, int step, const stru
 		       "\"selected_blocks\":%d,\"selections\":%lld,\"forced\":%lld,\"reused\":%lld,"
 		       "\"entered\":%lld,\"new\":%lld,\"left\":%lld,\"sets\":%d,\"blocks\":[",
 		       step, op->line, op->kind == OP_DECODE ? "decode" : "append", (long long)op->n,
-		       op->pin ? "true" : "false", (long long)kvm_session_tokens(s), (long long)view,
+		       op->pin ? "true" : "false", (long long)kvmem_session_tokens(s), (long long)view,
 		       (long long)tail, p->n_view, (long long)st->selections, (long long)st->forced,
 		       (long long)st->reused, (long long)st->entering, (long long)st->born,
 		       (long long)st->left, p->n_sets);
@@ -476,7 +476,7 @@ static void print_step(const struct cli *o, kvm_session *s, int step, const stru
 	}
 	printf("step %d (line %d) %s %lld%s: workspace %lld, view %lld + tail %lld, %.1f ms\n",
 	       step, op->line, op->kind == OP_DECODE ? "decode" : "append", (long long)op->n,
-	       op->pin ? " pinned" : "", (long long)kvm_session_tokens(s), (long long)view,
+	       op->pin ? " pinned" : "", (long long)kvmem_session_tokens(s), (long long)view,
 	       (long long)tail, ms);
 	if (st->selections) {
 		printf("  selected %d blocks%s: ", p->n_view, p->n_sets > 1 ? " per layer (layer 0)" : "");
@@ -501,7 +501,7 @@ static void print_step(const struct cli *o, kvm_session *s, int step, const stru
  * After every step with --workspace: make the step durable, the session's
  * state with it, so a reopen goes on exactly from here.
  */
-static int workspace_commit(kvm_page_source *src, kvm_session *s)
+static int workspace_commit(kvmem_page_source *src, kvmem_session *s)
 {
 	return pager_cli_commit(src, s);
 }
@@ -515,7 +515,7 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int run_script(struct run *r, kvm_session *s, kvm_page_source *ws,
+static int run_script(struct run *r, kvmem_session *s, kvmem_page_source *ws,
 		      const struct op *ops, int n_ops)
 {
 	const struct cli *o = r->o;
@@ -529,17 +529,17 @@ static int run_script(struct run *r, kvm_session *s, kvm_page_source *ws,
 
 		memset(&r->st, 0, sizeof(r->st));
 		if (op->kind == OP_APPEND) {
-			rc = kvm_session_append(s, op->ids, op->n, op->pin);
+			rc = kvmem_session_append(s, op->ids, op->n, op->pin);
 		} else {
 			out = malloc(sizeof(int32_t) * (op->n ? op->n : 1));
-			rc = !out ? kvm_error("out of memory") : kvm_session_select(s);
+			rc = !out ? kvmem_error(ENOMEM, "out of memory") : kvmem_session_select(s);
 			if (!rc)
-				rc = kvm_session_decode(s, (int)op->n, &o->sampler, out);
+				rc = kvmem_session_decode(s, (int)op->n, &o->sampler, out);
 		}
 		if (!rc && ws)
 			rc = workspace_commit(ws, s);
 		if (rc) {
-			fprintf(stderr, "kvmem run: %s:%d: %s\n", o->script, op->line, kvm_last_error());
+			fprintf(stderr, "kvmem run: %s:%d: %s\n", o->script, op->line, kvmem_last_error());
 			free(out);
 			return 1;
 		}
@@ -549,12 +549,12 @@ static int run_script(struct run *r, kvm_session *s, kvm_page_source *ws,
 			return 1;
 		/* The budget held everything: the view was the identity all along. */
 		if (o->check_exact && r->st.differ &&
-		    (!o->budget || o->budget >= kvm_session_tokens(s))) {
+		    (!o->budget || o->budget >= kvmem_session_tokens(s))) {
 			fprintf(stderr, "kvmem run: check-exact: step %d (line %d): %lld forward passes "
 				"differ from full context (max |diff| %g) although the budget %lld holds "
 				"the whole workspace (%lld tokens)\n", i + 1, op->line,
 				(long long)r->st.differ, r->st.max_diff, (long long)o->budget,
-				(long long)kvm_session_tokens(s));
+				(long long)kvmem_session_tokens(s));
 			exact_failed = 1;
 		}
 		fflush(stdout);
@@ -568,15 +568,15 @@ int session_main(int argc, char **argv)
 	struct run r = { .o = &o };
 	struct op *ops = NULL;
 	int n_ops = 0, rc = 1;
-	kvm_config cfg;
-	kvm_model *m = NULL;
-	kvm_engine *e = NULL;
-	kvm_session *s = NULL;
-	kvm_session_opts so;
-	kvm_page_source wsrc = { 0 };
+	kvmem_config cfg;
+	kvmem_model *m = NULL;
+	kvmem_engine *e = NULL;
+	kvmem_session *s = NULL;
+	kvmem_session_opts so;
+	kvmem_page_source wsrc = { 0 };
 	int32_t *adopt_ids = NULL;
 	int64_t n_adopt = 0;
-	kvm_session_stats ss;
+	kvmem_session_stats ss;
 
 	switch (parse_args(argc, argv, &o)) {
 	case 1:
@@ -584,15 +584,15 @@ int session_main(int argc, char **argv)
 	case -1:
 		return EXIT_USAGE;
 	}
-	if (kvm_config_load(&cfg, o.model)) {
-		fprintf(stderr, "kvmem run: %s\n", kvm_last_error());
+	if (kvmem_config_load(&cfg, o.model)) {
+		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 		return 1;
 	}
 	if (read_script(o.script, cfg.vocab, o.seed, &ops, &n_ops))
 		return EXIT_USAGE;
-	if (kvm_model_load(o.model, &m) || !(e = kvm_engine_create(m, (int)o.chunk)))
+	if (kvmem_model_load(o.model, &m) || !(e = kvmem_engine_create(m, (int)o.chunk)))
 		goto err;
-	kvm_session_opts_default(&so);
+	kvmem_session_opts_default(&so);
 	so.block = (int)o.block;
 	so.budget = o.budget;
 	so.sink = o.sink;
@@ -607,12 +607,12 @@ int session_main(int argc, char **argv)
 	so.on_select = on_select;
 	so.arg = &r;
 	if (o.workspace) {
-		if (pager_cli_open(o.workspace, m, so.block ? so.block : KVM_BLOCK_DEFAULT, o.host_cap,
+		if (pager_cli_open(o.workspace, m, so.block ? so.block : KVMEM_BLOCK_DEFAULT, o.host_cap,
 				   o.cache_policy, &wsrc, &adopt_ids, &n_adopt))
 			goto err;
 		so.source = &wsrc;
 	}
-	if (!(s = kvm_session_create(e, &so)))
+	if (!(s = kvmem_session_create(e, &so)))
 		goto err;
 	if (n_adopt && pager_cli_adopt(s, adopt_ids, n_adopt))
 		goto err;
@@ -621,7 +621,7 @@ int session_main(int argc, char **argv)
 		r.tw.c = &m->cfg;
 		r.tw.logits = malloc(sizeof(float) * o.chunk * m->cfg.vocab);
 		if (!r.tw.logits) {
-			kvm_error("out of memory for the twin's logits");
+			kvmem_error(ENOMEM, "out of memory for the twin's logits");
 			goto err;
 		}
 		if (n_adopt)
@@ -630,7 +630,7 @@ int session_main(int argc, char **argv)
 				(long long)n_adopt);
 	}
 	{
-		const kvm_session_opts *ro = kvm_session_options(s);
+		const kvmem_session_opts *ro = kvmem_session_options(s);
 
 		fprintf(o.json ? stderr : stdout,
 			"session: model %s (%d layers, %d/%d heads, head_dim %d), policy %s, block %d, "
@@ -640,29 +640,29 @@ int session_main(int argc, char **argv)
 			(long long)ro->sink, (long long)ro->recent, (long long)ro->reserve, ro->chunk);
 	}
 	rc = run_script(&r, s, o.workspace ? &wsrc : NULL, ops, n_ops);
-	kvm_session_get_stats(s, &ss);
+	kvmem_session_get_stats(s, &ss);
 	fprintf(o.json ? stderr : stdout,
 		"done: %lld tokens, %lld forward passes, %lld selections (%lld forced), "
 		"%lld token-layers re-rotated from raw K, %lld kept in place%s\n",
-		(long long)kvm_session_tokens(s), (long long)ss.forwards, (long long)ss.selections,
+		(long long)kvmem_session_tokens(s), (long long)ss.forwards, (long long)ss.selections,
 		(long long)ss.forced, (long long)ss.rebuilt_tokens, (long long)ss.kept_tokens,
 		o.check_exact ? (rc ? "; check-exact FAILED" : "; check-exact ok") : "");
 	goto out;
 err:
-	fprintf(stderr, "kvmem run: %s\n", kvm_last_error());
+	fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 	rc = 1;
 out:
-	kvm_session_free(s);
-	kvm_page_source_destroy(&wsrc);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&wsrc);
 	if (pager_cli_close(o.json ? stderr : stdout)) {
-		fprintf(stderr, "kvmem run: %s\n", kvm_last_error());
+		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 		rc = 1;
 	}
 	free(adopt_ids);
-	kvm_kvcache_free(&r.tw.kv);
+	kvmem_kvcache_free(&r.tw.kv);
 	free(r.tw.logits);
-	kvm_engine_free(e);
-	kvm_model_free(m);
+	kvmem_engine_free(e);
+	kvmem_model_free(m);
 	free_ops(ops, n_ops);
 	return rc;
 }

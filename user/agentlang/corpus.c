@@ -50,29 +50,29 @@ static uint64_t get64(const uint8_t *p)
 	return get32(p) | (uint64_t)get32(p + 4) << 32;
 }
 
-static void header_bytes(uint8_t *h, const kvm_lang_corpus_opts *o, uint64_t n_seqs, int idb)
+static void header_bytes(uint8_t *h, const kvmem_lang_corpus_opts *o, uint64_t n_seqs, int idb)
 {
-	memset(h, 0, KVM_LANG_CORPUS_HEADER);
-	memcpy(h, KVM_LANG_CORPUS_MAGIC, 8);
+	memset(h, 0, KVMEM_LANG_CORPUS_HEADER);
+	memcpy(h, KVMEM_LANG_CORPUS_MAGIC, 8);
 	put32(h + 8, 1);
-	put32(h + 12, KVM_LANG_CORPUS_HEADER);
-	put32(h + 16, (uint32_t)kvm_lang_vocab_size());
+	put32(h + 12, KVMEM_LANG_CORPUS_HEADER);
+	put32(h + 16, (uint32_t)kvmem_lang_vocab_size());
 	put32(h + 20, (uint32_t)o->seq_len);
 	put64(h + 24, n_seqs);
 	put64(h + 32, o->seed);
 	put32(h + 40, (uint32_t)idb);
-	put16(h + 44, KVM_LANG_PAD);
-	put16(h + 46, KVM_LANG_BOS);
-	put16(h + 48, KVM_LANG_EOS);
-	put16(h + 50, KVM_LANG_Q);
-	put16(h + 52, KVM_LANG_A);
-	put16(h + 54, KVM_LANG_END);
+	put16(h + 44, KVMEM_LANG_PAD);
+	put16(h + 46, KVMEM_LANG_BOS);
+	put16(h + 48, KVMEM_LANG_EOS);
+	put16(h + 50, KVMEM_LANG_Q);
+	put16(h + 52, KVMEM_LANG_A);
+	put16(h + 54, KVMEM_LANG_END);
 	put32(h + 56, (uint32_t)(o->view_share * 1000.0 + 0.5));
-	put32(h + 60, kvm_lang_vocab_hash());
+	put32(h + 60, kvmem_lang_vocab_hash());
 }
 
 /* Generate sequences [s0, s0 + n) into ids; 0 or -1 with the first error. */
-static int gen_chunk(const kvm_lang_corpus_opts *o, uint64_t s0, int n, int32_t *ids,
+static int gen_chunk(const kvmem_lang_corpus_opts *o, uint64_t s0, int n, int32_t *ids,
 		     char *err, size_t errlen)
 {
 	int failed = 0;
@@ -81,12 +81,12 @@ static int gen_chunk(const kvm_lang_corpus_opts *o, uint64_t s0, int n, int32_t 
 	for (int i = 0; i < n; i++) {
 		if (failed)
 			continue;
-		if (kvm_lang_train_seq(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
+		if (kvmem_lang_train_seq(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
 				       ids + (size_t)i * o->seq_len, NULL)) {
 #pragma omp critical
 			{
 				if (!failed)
-					snprintf(err, errlen, "%s", kvm_last_error());
+					snprintf(err, errlen, "%s", kvmem_last_error());
 				failed = 1;
 			}
 		}
@@ -97,25 +97,25 @@ static int gen_chunk(const kvm_lang_corpus_opts *o, uint64_t s0, int n, int32_t 
 static int write_all(FILE *f, const void *p, size_t n, const char *path)
 {
 	if (fwrite(p, 1, n, f) != n)
-		return kvm_error("%s: write failed: %s", path, strerror(errno));
+		return kvmem_error(errno, "%s: write failed: %s", path, strerror(errno));
 	return 0;
 }
 
-int kvm_lang_corpus_write(const char *path, const kvm_lang_corpus_opts *o)
+int kvmem_lang_corpus_write(const char *path, const kvmem_lang_corpus_opts *o)
 {
 	int idb = o->id_bytes ? o->id_bytes : 2;
-	uint8_t h[KVM_LANG_CORPUS_HEADER];
+	uint8_t h[KVMEM_LANG_CORPUS_HEADER];
 	char err[1024] = "";
 	int rc = 0;
 
 	if (o->seq_len < 256 || o->seq_len > (1 << 20))
-		return kvm_error("%s: sequence length %d: need 256 .. 2^20", path, o->seq_len);
+		return kvmem_error(EINVAL, "%s: sequence length %d: need 256 .. 2^20", path, o->seq_len);
 	if (o->n_tokens <= 0)
-		return kvm_error("%s: corpus of %lld tokens", path, (long long)o->n_tokens);
+		return kvmem_error(EINVAL, "%s: corpus of %lld tokens", path, (long long)o->n_tokens);
 	if (idb != 2 && idb != 4)
-		return kvm_error("%s: ids of %d bytes: need 2 or 4", path, idb);
+		return kvmem_error(EINVAL, "%s: ids of %d bytes: need 2 or 4", path, idb);
 	if (!(o->view_share >= 0 && o->view_share <= 1))
-		return kvm_error("%s: view share %g is not in 0..1", path, o->view_share);
+		return kvmem_error(EINVAL, "%s: view share %g is not in 0..1", path, o->view_share);
 
 	uint64_t n_seqs = ((uint64_t)o->n_tokens + (uint64_t)o->seq_len - 1) / (uint64_t)o->seq_len;
 	int chunk = n_seqs < CHUNK_SEQS ? (int)n_seqs : CHUNK_SEQS;
@@ -124,8 +124,8 @@ int kvm_lang_corpus_write(const char *path, const kvm_lang_corpus_opts *o)
 	FILE *f = fopen(path, "wb");
 
 	if (!ids || !bytes || !f) {
-		rc = !f ? kvm_error("%s: cannot create: %s", path, strerror(errno))
-			: kvm_error("%s: out of memory for %d sequences", path, chunk);
+		rc = !f ? kvmem_error(errno, "%s: cannot create: %s", path, strerror(errno))
+			: kvmem_error(ENOMEM, "%s: out of memory for %d sequences", path, chunk);
 		goto out;
 	}
 	header_bytes(h, o, n_seqs, idb);
@@ -136,7 +136,7 @@ int kvm_lang_corpus_write(const char *path, const kvm_lang_corpus_opts *o)
 		size_t cnt = (size_t)n * o->seq_len;
 
 		if (gen_chunk(o, s0, n, ids, err, sizeof(err))) {
-			rc = kvm_error("%s: sequence generation failed: %s", path, err);
+			rc = kvmem_error(EINVAL, "%s: sequence generation failed: %s", path, err);
 			goto out;
 		}
 		for (size_t i = 0; i < cnt; i++)
@@ -150,7 +150,7 @@ int kvm_lang_corpus_write(const char *path, const kvm_lang_corpus_opts *o)
 	}
 out:
 	if (f && fclose(f) && !rc)
-		rc = kvm_error("%s: close failed: %s", path, strerror(errno));
+		rc = kvmem_error(errno, "%s: close failed: %s", path, strerror(errno));
 	if (rc && f)
 		unlink(path);
 	free(ids);
@@ -158,25 +158,25 @@ out:
 	return rc;
 }
 
-int kvm_lang_corpus_read_header(const char *path, kvm_lang_corpus_header *hd)
+int kvmem_lang_corpus_read_header(const char *path, kvmem_lang_corpus_header *hd)
 {
-	uint8_t h[KVM_LANG_CORPUS_HEADER];
+	uint8_t h[KVMEM_LANG_CORPUS_HEADER];
 	FILE *f = fopen(path, "rb");
 
 	if (!f)
-		return kvm_error("%s: cannot open: %s", path, strerror(errno));
+		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
 	size_t got = fread(h, 1, sizeof(h), f);
 	fclose(f);
 	if (got != sizeof(h))
-		return kvm_error("%s: shorter than the %d-byte corpus header", path,
-				 KVM_LANG_CORPUS_HEADER);
-	if (memcmp(h, KVM_LANG_CORPUS_MAGIC, 8))
-		return kvm_error("%s: not a kvmem synth corpus (bad magic)", path);
+		return kvmem_error(EINVAL, "%s: shorter than the %d-byte corpus header", path,
+				 KVMEM_LANG_CORPUS_HEADER);
+	if (memcmp(h, KVMEM_LANG_CORPUS_MAGIC, 8))
+		return kvmem_error(EINVAL, "%s: not a kvmem synth corpus (bad magic)", path);
 	memset(hd, 0, sizeof(*hd));
 	hd->version = get32(h + 8);
-	if (hd->version != 1 || get32(h + 12) != KVM_LANG_CORPUS_HEADER)
-		return kvm_error("%s: corpus version %u / header %u: this kvmem reads 1 / %d", path,
-				 hd->version, get32(h + 12), KVM_LANG_CORPUS_HEADER);
+	if (hd->version != 1 || get32(h + 12) != KVMEM_LANG_CORPUS_HEADER)
+		return kvmem_error(EINVAL, "%s: corpus version %u / header %u: this kvmem reads 1 / %d", path,
+				 hd->version, get32(h + 12), KVMEM_LANG_CORPUS_HEADER);
 	hd->vocab = get32(h + 16);
 	hd->seq_len = get32(h + 20);
 	hd->n_seqs = get64(h + 24);

@@ -77,7 +77,7 @@ const struct al_roles *al_roles(void);
 
 struct al_value {
 	uint8_t n;
-	int32_t t[KVM_LANG_MAX_VALUE];
+	int32_t t[KVMEM_LANG_MAX_VALUE];
 };
 
 struct al_key {

@@ -42,7 +42,7 @@ struct needle {
 	struct al_value v;
 };
 
-void kvm_lang_params_default(kvm_lang_params *p)
+void kvmem_lang_params_default(kvmem_lang_params *p)
 {
 	memset(p, 0, sizeof(*p));
 	p->seed = 1;
@@ -68,24 +68,24 @@ static int ev_bound(int kind)
 	return kind == EV_NEEDLE ? AL_EP_MAX : SET_MAX;
 }
 
-static int check_params(const kvm_lang_params *p)
+static int check_params(const kvmem_lang_params *p)
 {
 	if (p->n_tokens < 256 || p->n_tokens > ((int64_t)1 << 34))
-		return kvm_error("agentlang: workspace of %lld tokens: need 256 .. 2^34",
+		return kvmem_error(EINVAL, "agentlang: workspace of %lld tokens: need 256 .. 2^34",
 				 (long long)p->n_tokens);
 	if (p->n_questions < 0 || p->lookalikes < 0 || p->lookalikes > 16)
-		return kvm_error("agentlang: %d questions, %d look-alikes: need >= 0 and 0..16",
+		return kvmem_error(EINVAL, "agentlang: %d questions, %d look-alikes: need >= 0 and 0..16",
 				 p->n_questions, p->lookalikes);
 	if (!(p->stale >= 0 && p->stale <= 1) || !(p->needle_cat >= 0 && p->needle_cat <= 1) ||
 	    !(p->bg_questions >= 0 && p->bg_questions <= 100))
-		return kvm_error("agentlang: stale and needle_cat must lie in 0..1, bg_questions in 0..100");
+		return kvmem_error(EINVAL, "agentlang: stale and needle_cat must lie in 0..1, bg_questions in 0..100");
 	for (int i = 0; p->depths && i < p->n_questions; i++)
 		if (!(p->depths[i] >= 0 && p->depths[i] <= 1))
-			return kvm_error("agentlang: depth %g of question %d is not in 0..1",
+			return kvmem_error(EINVAL, "agentlang: depth %g of question %d is not in 0..1",
 					 p->depths[i], i);
 	int64_t need = (int64_t)p->n_questions * (AL_EP_MAX + SET_MAX * (p->lookalikes + 1));
 	if (need > p->n_tokens / 2)
-		return kvm_error("agentlang: %d questions with %d look-alikes each need a workspace "
+		return kvmem_error(EINVAL, "agentlang: %d questions with %d look-alikes each need a workspace "
 				 "of at least %lld tokens, not %lld", p->n_questions, p->lookalikes,
 				 (long long)need * 2, (long long)p->n_tokens);
 	return 0;
@@ -166,14 +166,14 @@ static int set_fresh(struct al_gen *g, int f, int k, const struct al_value *avoi
 }
 
 /* Type A: the needle's key in a sibling file, with another value. */
-static int look_same_key(struct al_gen *g, const struct needle *nd, kvm_lang_question *q,
+static int look_same_key(struct al_gen *g, const struct needle *nd, kvmem_lang_question *q,
 			 int kp, int kn)
 {
 	int sf = nd->sib[al_below(&g->rng, 2)];
 	int k = al_file_find_key(&g->file[sf], kp, kn);
 
 	if (k < 0)	/* reserve() put it there and keys are never removed */
-		return kvm_error("agentlang: sibling file lost the needle key");
+		return kvmem_error(EINVAL, "agentlang: sibling file lost the needle key");
 	q->lookalikes++;
 	return set_fresh(g, sf, k, &nd->v);
 }
@@ -191,7 +191,7 @@ static int same_type_kn(struct al_gen *g, int kn)
 }
 
 /* Type C: the needle's value in an unrelated file under an unrelated key. */
-static int reuse_value(struct al_gen *g, const struct needle *nd, kvm_lang_question *q,
+static int reuse_value(struct al_gen *g, const struct needle *nd, kvmem_lang_question *q,
 		       int kp, int kn)
 {
 	const struct al_file *rf = &g->file[nd->f];
@@ -210,11 +210,11 @@ static int reuse_value(struct al_gen *g, const struct needle *nd, kvm_lang_quest
 	return look_same_key(g, nd, q, kp, kn);	/* a tiny world: settle for type A */
 }
 
-static int emit_event(struct al_gen *g, const kvm_lang_params *p, const struct event *ev,
-		      struct needle *nds, kvm_lang_question *qs)
+static int emit_event(struct al_gen *g, const kvmem_lang_params *p, const struct event *ev,
+		      struct needle *nds, kvmem_lang_question *qs)
 {
 	struct needle *nd = &nds[ev->q];
-	kvm_lang_question *q = &qs[ev->q];
+	kvmem_lang_question *q = &qs[ev->q];
 	struct al_file *rf = &g->file[nd->f];
 	int kp = rf->key[nd->k].kp, kn = rf->key[nd->k].kn;
 
@@ -252,25 +252,25 @@ static int emit_event(struct al_gen *g, const kvm_lang_params *p, const struct e
 	}
 }
 
-static void question_ids(struct al_gen *g, const struct needle *nd, kvm_lang_question *q)
+static void question_ids(struct al_gen *g, const struct needle *nd, kvmem_lang_question *q)
 {
 	const struct al_roles *R = al_roles();
 	const struct al_file *f = &g->file[nd->f];
 	const struct al_key *k = &f->key[nd->k];
 	int n = 0;
 
-	q->ids[n++] = KVM_LANG_Q;
+	q->ids[n++] = KVMEM_LANG_Q;
 	q->ids[n++] = R->stem.id[f->stem];
 	if (f->variant)
 		q->ids[n++] = R->variant[f->variant];
 	q->ids[n++] = R->ext.id[f->ext];
 	q->ids[n++] = R->kp.id[k->kp];
 	q->ids[n++] = R->kn.id[k->kn];
-	q->ids[n++] = KVM_LANG_A;
+	q->ids[n++] = KVMEM_LANG_A;
 	q->n_ids = n;
 	for (int i = 0; i < nd->v.n; i++)
 		q->answer[i] = nd->v.t[i];
-	q->answer[nd->v.n] = KVM_LANG_END;
+	q->answer[nd->v.n] = KVMEM_LANG_END;
 	q->n_answer = nd->v.n + 1;
 }
 
@@ -280,7 +280,7 @@ static void add_event(struct event *ev, int *nev, int64_t pos, int kind, int q)
 	(*nev)++;
 }
 
-static int run(struct al_gen *g, const kvm_lang_params *p, kvm_lang_workspace *ws,
+static int run(struct al_gen *g, const kvmem_lang_params *p, kvmem_lang_workspace *ws,
 	       struct needle *nds, struct event *ev, int *nev_out)
 {
 	int M = p->n_questions, nev = 0;
@@ -290,7 +290,7 @@ static int run(struct al_gen *g, const kvm_lang_params *p, kvm_lang_workspace *w
 		if (reserve(g, &nds[i]))
 			return -1;
 	for (int i = 0; i < M; i++) {
-		kvm_lang_question *q = &ws->q[i];
+		kvmem_lang_question *q = &ws->q[i];
 		double d = p->depths ? p->depths[i] : (i + 0.5) / M;
 		int64_t pos = llround(d * (double)N);
 
@@ -312,7 +312,7 @@ static int run(struct al_gen *g, const kvm_lang_params *p, kvm_lang_workspace *w
 	for (int i = 0; i < nev; i++)
 		pending += ev_bound(ev[i].kind);
 
-	if (al_push(g, KVM_LANG_BOS))
+	if (al_push(g, KVMEM_LANG_BOS))
 		return -1;
 	for (int next = 0;;) {
 		int64_t room = g->limit - g->len;
@@ -323,7 +323,7 @@ static int run(struct al_gen *g, const kvm_lang_params *p, kvm_lang_workspace *w
 			if (emit_event(g, p, &ev[next], nds, ws->q))
 				return -1;
 			if (g->len - before > ev_bound(ev[next].kind))
-				return kvm_error("agentlang: a scheduled episode passed its bound");
+				return kvmem_error(EINVAL, "agentlang: a scheduled episode passed its bound");
 			pending -= ev_bound(ev[next].kind);
 			next++;
 			continue;
@@ -346,7 +346,7 @@ static int run(struct al_gen *g, const kvm_lang_params *p, kvm_lang_workspace *w
 	return 0;
 }
 
-int kvm_lang_workspace_build(const kvm_lang_params *p, kvm_lang_workspace *ws)
+int kvmem_lang_workspace_build(const kvmem_lang_params *p, kvmem_lang_workspace *ws)
 {
 	struct al_gen g;
 	int M = p->n_questions, nev = 0, rc;
@@ -357,12 +357,12 @@ int kvm_lang_workspace_build(const kvm_lang_params *p, kvm_lang_workspace *ws)
 		return -1;
 	nbg = nbg < 6 ? 6 : nbg > 4000 ? 4000 : nbg;
 	if (al_gen_init(&g, p->seed, 0, p->n_tokens, (int)nbg, p->bg_questions / 1000.0))
-		return kvm_error_prefix("agentlang: workspace");
+		return kvmem_error_prefix("agentlang: workspace");
 	ws->q = calloc((size_t)M + 1, sizeof(*ws->q));
 	struct needle *nds = calloc((size_t)M + 1, sizeof(*nds));
 	struct event *ev = calloc((size_t)M * (p->lookalikes + 2) + 1, sizeof(*ev));
 	if (!ws->q || !nds || !ev) {
-		rc = kvm_error("agentlang: out of memory for %d questions", M);
+		rc = kvmem_error(ENOMEM, "agentlang: out of memory for %d questions", M);
 	} else {
 		rc = run(&g, p, ws, nds, ev, &nev);
 	}
@@ -370,7 +370,7 @@ int kvm_lang_workspace_build(const kvm_lang_params *p, kvm_lang_workspace *ws)
 	free(ev);
 	if (rc) {
 		al_gen_free(&g);
-		kvm_lang_workspace_free(ws);
+		kvmem_lang_workspace_free(ws);
 		return -1;
 	}
 	ws->ids = g.tok;	/* the stream is the workspace: hand it over */
@@ -381,14 +381,14 @@ int kvm_lang_workspace_build(const kvm_lang_params *p, kvm_lang_workspace *ws)
 	return 0;
 }
 
-void kvm_lang_workspace_free(kvm_lang_workspace *ws)
+void kvmem_lang_workspace_free(kvmem_lang_workspace *ws)
 {
 	free(ws->ids);
 	free(ws->q);
 	memset(ws, 0, sizeof(*ws));
 }
 
-int kvm_lang_exact_match(const kvm_lang_question *q, const int32_t *gen, int n_gen)
+int kvmem_lang_exact_match(const kvmem_lang_question *q, const int32_t *gen, int n_gen)
 {
 	if (n_gen < q->n_answer)
 		return 0;

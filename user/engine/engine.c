@@ -8,7 +8,7 @@
  * o_proj -> residual; then rmsnorm -> down(silu(gate) * up) -> residual.
  * Finally the model norm and lm_head.
  *
- * The K written into the view is kvm_rope() of a copy of the raw K at the
+ * The K written into the view is kvmem_rope() of a copy of the raw K at the
  * token's slot: rotating a stored raw K at the same slot later (what the
  * workspace layer does) gives the very same bits.
  */
@@ -20,8 +20,8 @@
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 
-struct kvm_engine {
-	const kvm_model *m;
+struct kvmem_engine {
+	const kvmem_model *m;
 	int max_chunk;
 	float *x;	/* [C][hidden] residual stream */
 	float *h;	/* [C][hidden] normed input, then o_proj / down outputs */
@@ -36,22 +36,22 @@ struct kvm_engine {
 	int kv_pos_cap;
 };
 
-static int check_config(const kvm_config *c)
+static int check_config(const kvmem_config *c)
 {
 	if (c->n_layers <= 0 || c->hidden <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
 	    c->head_dim <= 0 || c->intermediate <= 0 || c->vocab <= 0)
-		return kvm_error("engine: model geometry has a non-positive size");
+		return kvmem_error(EINVAL, "engine: model geometry has a non-positive size");
 	if (c->n_heads % c->n_kv_heads)
-		return kvm_error("engine: %d attention heads are not a multiple of %d KV heads",
+		return kvmem_error(EINVAL, "engine: %d attention heads are not a multiple of %d KV heads",
 				 c->n_heads, c->n_kv_heads);
 	if (c->head_dim % 2)
-		return kvm_error("engine: head_dim %d is odd; RoPE needs pairs", c->head_dim);
+		return kvmem_error(EINVAL, "engine: head_dim %d is odd; RoPE needs pairs", c->head_dim);
 	if (!(c->rope_theta > 0.0))
-		return kvm_error("engine: rope_theta %g is not positive", c->rope_theta);
+		return kvmem_error(EINVAL, "engine: rope_theta %g is not positive", c->rope_theta);
 	return 0;
 }
 
-void kvm_engine_free(kvm_engine *e)
+void kvmem_engine_free(kvmem_engine *e)
 {
 	if (!e)
 		return;
@@ -73,20 +73,20 @@ static float *alloc_rows(int rows, int width)
 	return malloc(sizeof(float) * (size_t)rows * width);
 }
 
-kvm_engine *kvm_engine_create(const kvm_model *m, int max_chunk)
+kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk)
 {
-	const kvm_config *c = &m->cfg;
-	kvm_engine *e;
+	const kvmem_config *c = &m->cfg;
+	kvmem_engine *e;
 
 	if (check_config(c))
 		return NULL;
 	if (max_chunk <= 0) {
-		kvm_error("engine: chunk size %d is not positive", max_chunk);
+		kvmem_error(EINVAL, "engine: chunk size %d is not positive", max_chunk);
 		return NULL;
 	}
 	e = calloc(1, sizeof(*e));
 	if (!e) {
-		kvm_error("engine: out of memory");
+		kvmem_error(ENOMEM, "engine: out of memory");
 		return NULL;
 	}
 	e->m = m;
@@ -104,20 +104,20 @@ kvm_engine *kvm_engine_create(const kvm_model *m, int max_chunk)
 	e->q_pos = malloc(sizeof(int32_t) * max_chunk);
 	if (!e->x || !e->h || !e->q || !e->k || !e->v || !e->att || !e->gate || !e->up ||
 	    !e->q_pos) {
-		kvm_engine_free(e);
-		kvm_error("engine: out of memory for chunks of %d tokens", max_chunk);
+		kvmem_engine_free(e);
+		kvmem_error(ENOMEM, "engine: out of memory for chunks of %d tokens", max_chunk);
 		return NULL;
 	}
 	return e;
 }
 
-const kvm_model *kvm_engine_model(const kvm_engine *e)
+const kvmem_model *kvmem_engine_model(const kvmem_engine *e)
 {
 	return e->m;
 }
 
 /* kv_pos[t] = t for every slot the attention may read. */
-static int ensure_kv_pos(kvm_engine *e, int n)
+static int ensure_kv_pos(kvmem_engine *e, int n)
 {
 	if (n <= e->kv_pos_cap)
 		return 0;
@@ -125,7 +125,7 @@ static int ensure_kv_pos(kvm_engine *e, int n)
 	int32_t *p = realloc(e->kv_pos, sizeof(int32_t) * cap);
 
 	if (!p)
-		return kvm_error("engine: out of memory for %d positions", cap);
+		return kvmem_error(ENOMEM, "engine: out of memory for %d positions", cap);
 	for (int t = e->kv_pos_cap; t < cap; t++)
 		p[t] = t;
 	e->kv_pos = p;
@@ -133,57 +133,57 @@ static int ensure_kv_pos(kvm_engine *e, int n)
 	return 0;
 }
 
-static int check_call(const kvm_engine *e, const kvm_kvcache *kv, const int32_t *tokens, int n)
+static int check_call(const kvmem_engine *e, const kvmem_kvcache *kv, const int32_t *tokens, int n)
 {
-	const kvm_config *c = &e->m->cfg;
+	const kvmem_config *c = &e->m->cfg;
 
 	if (n <= 0 || n > e->max_chunk)
-		return kvm_error("engine: %d tokens in one call; the engine takes 1..%d", n,
+		return kvmem_error(EINVAL, "engine: %d tokens in one call; the engine takes 1..%d", n,
 				 e->max_chunk);
 	if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
 	    kv->head_dim != c->head_dim)
-		return kvm_error("engine: kv cache geometry (%d layers, %d KV heads, head_dim %d) "
+		return kvmem_error(EINVAL, "engine: kv cache geometry (%d layers, %d KV heads, head_dim %d) "
 				 "is not the model's (%d, %d, %d)", kv->n_layers, kv->n_kv_heads,
 				 kv->head_dim, c->n_layers, c->n_kv_heads, c->head_dim);
 	if (kv->len < 0 || kv->len > kv->cap - n)
-		return kvm_error("engine: kv cache holds %d of %d slots, no room for %d more",
+		return kvmem_error(EINVAL, "engine: kv cache holds %d of %d slots, no room for %d more",
 				 kv->len, kv->cap, n);
 	for (int i = 0; i < n; i++)
 		if (tokens[i] < 0 || tokens[i] >= c->vocab)
-			return kvm_error("engine: token %d at index %d is outside the vocabulary "
+			return kvmem_error(EINVAL, "engine: token %d at index %d is outside the vocabulary "
 					 "(0..%d)", tokens[i], i, c->vocab - 1);
 	return 0;
 }
 
 /* Rotate K at the new tokens' slots and write K and V into the view. */
-static void store_kv(kvm_engine *e, kvm_kvcache *kv, int l, int n)
+static void store_kv(kvmem_engine *e, kvmem_kvcache *kv, int l, int n)
 {
-	const kvm_config *c = &e->m->cfg;
+	const kvmem_config *c = &e->m->cfg;
 	int hk = c->n_kv_heads, d = c->head_dim;
 
-	kvm_rope(e->k, e->q_pos, n, hk, d, c->rope_theta);
+	kvmem_rope(e->k, e->q_pos, n, hk, d, c->rope_theta);
 	for (int t = 0; t < n; t++)
 		for (int g = 0; g < hk; g++) {
 			size_t src = ((size_t)t * hk + g) * d;
 
-			memcpy(kvm_kv_k(kv, l, g, kv->len + t), e->k + src, sizeof(float) * d);
-			memcpy(kvm_kv_v(kv, l, g, kv->len + t), e->v + src, sizeof(float) * d);
+			memcpy(kvmem_kv_k(kv, l, g, kv->len + t), e->k + src, sizeof(float) * d);
+			memcpy(kvmem_kv_v(kv, l, g, kv->len + t), e->v + src, sizeof(float) * d);
 		}
 }
 
-static void attention_block(kvm_engine *e, kvm_kvcache *kv, int l, int n,
-			    const kvm_fwd_out *out)
+static void attention_block(kvmem_engine *e, kvmem_kvcache *kv, int l, int n,
+			    const kvmem_fwd_out *out)
 {
-	const kvm_config *c = &e->m->cfg;
-	const kvm_layer *L = &e->m->layers[l];
+	const kvmem_config *c = &e->m->cfg;
+	const kvmem_layer *L = &e->m->layers[l];
 	int d = c->head_dim, qw = c->n_heads * d, kw = c->n_kv_heads * d;
 
-	kvm_rmsnorm(e->h, e->x, L->attn_norm, n, c->hidden, c->rms_eps);
-	kvm_matmul(e->q, e->h, L->wq, n, c->hidden, qw);
-	kvm_matmul(e->k, e->h, L->wk, n, c->hidden, kw);
-	kvm_matmul(e->v, e->h, L->wv, n, c->hidden, kw);
-	kvm_rmsnorm(e->q, e->q, L->q_norm, n * c->n_heads, d, c->rms_eps);
-	kvm_rmsnorm(e->k, e->k, L->k_norm, n * c->n_kv_heads, d, c->rms_eps);
+	kvmem_rmsnorm(e->h, e->x, L->attn_norm, n, c->hidden, c->rms_eps);
+	kvmem_matmul(e->q, e->h, L->wq, n, c->hidden, qw);
+	kvmem_matmul(e->k, e->h, L->wk, n, c->hidden, kw);
+	kvmem_matmul(e->v, e->h, L->wv, n, c->hidden, kw);
+	kvmem_rmsnorm(e->q, e->q, L->q_norm, n * c->n_heads, d, c->rms_eps);
+	kvmem_rmsnorm(e->k, e->k, L->k_norm, n * c->n_kv_heads, d, c->rms_eps);
 
 	if (out && out->q_raw)
 		memcpy(out->q_raw + (size_t)l * n * qw, e->q, sizeof(float) * n * qw);
@@ -192,39 +192,39 @@ static void attention_block(kvm_engine *e, kvm_kvcache *kv, int l, int n,
 	if (out && out->v)
 		memcpy(out->v + (size_t)l * n * kw, e->v, sizeof(float) * n * kw);
 
-	kvm_rope(e->q, e->q_pos, n, c->n_heads, d, c->rope_theta);
+	kvmem_rope(e->q, e->q_pos, n, c->n_heads, d, c->rope_theta);
 	store_kv(e, kv, l, n);
-	kvm_attention(e->att, e->q, e->q_pos, n, kvm_kv_k(kv, l, 0, 0), kvm_kv_v(kv, l, 0, 0),
+	kvmem_attention(e->att, e->q, e->q_pos, n, kvmem_kv_k(kv, l, 0, 0), kvmem_kv_v(kv, l, 0, 0),
 		      e->kv_pos, kv->len + n, (size_t)kv->cap, c->n_heads, c->n_kv_heads, d,
 		      (float)(1.0 / sqrt((double)d)));
-	kvm_matmul(e->h, e->att, L->wo, n, qw, c->hidden);
-	kvm_add(e->x, e->h, (size_t)n * c->hidden);
+	kvmem_matmul(e->h, e->att, L->wo, n, qw, c->hidden);
+	kvmem_add(e->x, e->h, (size_t)n * c->hidden);
 }
 
-static void mlp_block(kvm_engine *e, int l, int n)
+static void mlp_block(kvmem_engine *e, int l, int n)
 {
-	const kvm_config *c = &e->m->cfg;
-	const kvm_layer *L = &e->m->layers[l];
+	const kvmem_config *c = &e->m->cfg;
+	const kvmem_layer *L = &e->m->layers[l];
 
-	kvm_rmsnorm(e->h, e->x, L->mlp_norm, n, c->hidden, c->rms_eps);
-	kvm_matmul(e->gate, e->h, L->w_gate, n, c->hidden, c->intermediate);
-	kvm_matmul(e->up, e->h, L->w_up, n, c->hidden, c->intermediate);
-	kvm_swiglu(e->gate, e->gate, e->up, (size_t)n * c->intermediate);
-	kvm_matmul(e->h, e->gate, L->w_down, n, c->intermediate, c->hidden);
-	kvm_add(e->x, e->h, (size_t)n * c->hidden);
+	kvmem_rmsnorm(e->h, e->x, L->mlp_norm, n, c->hidden, c->rms_eps);
+	kvmem_matmul(e->gate, e->h, L->w_gate, n, c->hidden, c->intermediate);
+	kvmem_matmul(e->up, e->h, L->w_up, n, c->hidden, c->intermediate);
+	kvmem_swiglu(e->gate, e->gate, e->up, (size_t)n * c->intermediate);
+	kvmem_matmul(e->h, e->gate, L->w_down, n, c->intermediate, c->hidden);
+	kvmem_add(e->x, e->h, (size_t)n * c->hidden);
 }
 
-int kvm_forward(kvm_engine *e, kvm_kvcache *kv, const int32_t *tokens, int n,
-		float *logits, int all_logits, const kvm_fwd_out *out)
+int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int n,
+		float *logits, int all_logits, const kvmem_fwd_out *out)
 {
-	const kvm_config *c = &e->m->cfg;
+	const kvmem_config *c = &e->m->cfg;
 
 	if (check_call(e, kv, tokens, n) || ensure_kv_pos(e, kv->len + n))
 		return -1;
 	for (int t = 0; t < n; t++)
 		e->q_pos[t] = kv->len + t;
 
-	kvm_embedding(e->x, e->m->embed, tokens, n, c->hidden);
+	kvmem_embedding(e->x, e->m->embed, tokens, n, c->hidden);
 	for (int l = 0; l < c->n_layers; l++) {
 		attention_block(e, kv, l, n, out);
 		mlp_block(e, l, n);
@@ -234,13 +234,13 @@ int kvm_forward(kvm_engine *e, kvm_kvcache *kv, const int32_t *tokens, int n,
 	if (!logits)
 		return 0;
 	if (all_logits) {
-		kvm_rmsnorm(e->h, e->x, e->m->final_norm, n, c->hidden, c->rms_eps);
-		kvm_matmul(logits, e->h, e->m->lm_head, n, c->hidden, c->vocab);
+		kvmem_rmsnorm(e->h, e->x, e->m->final_norm, n, c->hidden, c->rms_eps);
+		kvmem_matmul(logits, e->h, e->m->lm_head, n, c->hidden, c->vocab);
 	} else {
 		const float *last = e->x + (size_t)(n - 1) * c->hidden;
 
-		kvm_rmsnorm(e->h, last, e->m->final_norm, 1, c->hidden, c->rms_eps);
-		kvm_matmul(logits, e->h, e->m->lm_head, 1, c->hidden, c->vocab);
+		kvmem_rmsnorm(e->h, last, e->m->final_norm, 1, c->hidden, c->rms_eps);
+		kvmem_matmul(logits, e->h, e->m->lm_head, 1, c->hidden, c->vocab);
 	}
 	return 0;
 }

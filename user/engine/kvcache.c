@@ -6,11 +6,11 @@
 #include "kvmem/engine.h"
 #include "kvmem/kvmem.h"
 
-int kvm_kvcache_init(kvm_kvcache *kv, const kvm_config *c, int cap)
+int kvmem_kvcache_init(kvmem_kvcache *kv, const kvmem_config *c, int cap)
 {
 	memset(kv, 0, sizeof(*kv));
 	if (c->n_layers <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 || cap <= 0)
-		return kvm_error("kv cache: bad geometry (layers %d, kv heads %d, head_dim %d, "
+		return kvmem_error(EINVAL, "kv cache: bad geometry (layers %d, kv heads %d, head_dim %d, "
 				 "capacity %d)", c->n_layers, c->n_kv_heads, c->head_dim, cap);
 	size_t elems = (size_t)c->n_layers * c->n_kv_heads * cap * c->head_dim;
 
@@ -20,7 +20,7 @@ int kvm_kvcache_init(kvm_kvcache *kv, const kvm_config *c, int cap)
 		free(kv->k);
 		free(kv->v);
 		kv->k = kv->v = NULL;
-		return kvm_error("kv cache: out of memory for %d tokens (%zu MiB)", cap,
+		return kvmem_error(ENOMEM, "kv cache: out of memory for %d tokens (%zu MiB)", cap,
 				 2 * sizeof(float) * elems >> 20);
 	}
 	kv->n_layers = c->n_layers;
@@ -31,7 +31,7 @@ int kvm_kvcache_init(kvm_kvcache *kv, const kvm_config *c, int cap)
 	return 0;
 }
 
-void kvm_kvcache_free(kvm_kvcache *kv)
+void kvmem_kvcache_free(kvmem_kvcache *kv)
 {
 	if (!kv)
 		return;

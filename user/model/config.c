@@ -21,102 +21,102 @@
 #define QWEN3_ARCH "Qwen3ForCausalLM"
 
 /* An integer member: absent or null gives def (or an error if required). */
-static int read_int(const kvm_json *root, const char *key, int required, int def, int *out,
+static int read_int(const kvmem_json *root, const char *key, int required, int def, int *out,
 		    const char *name)
 {
-	const kvm_json *v = kvm_json_get(root, key);
+	const kvmem_json *v = kvmem_json_get(root, key);
 	int64_t n;
 
-	if (kvm_json_typeof(v) == KVM_JSON_NULL) {
+	if (kvmem_json_typeof(v) == KVMEM_JSON_NULL) {
 		if (required)
-			return kvm_error("%s: missing '%s'", name, key);
+			return kvmem_error(EINVAL, "%s: missing '%s'", name, key);
 		*out = def;
 		return 0;
 	}
-	if (!kvm_json_is_int(v))
-		return kvm_error("%s:%d: '%s' must be an integer, found %s", name, kvm_json_line(v),
-				 key, kvm_json_type_name(v));
-	n = kvm_json_int(v, 0);
+	if (!kvmem_json_is_int(v))
+		return kvmem_error(EINVAL, "%s:%d: '%s' must be an integer, found %s", name, kvmem_json_line(v),
+				 key, kvmem_json_type_name(v));
+	n = kvmem_json_int(v, 0);
 	if (n < INT_MIN || n > INT_MAX)
-		return kvm_error("%s:%d: '%s' is %lld, out of range", name, kvm_json_line(v), key,
+		return kvmem_error(EINVAL, "%s:%d: '%s' is %lld, out of range", name, kvmem_json_line(v), key,
 				 (long long)n);
 	*out = (int)n;
 	return 0;
 }
 
-static int read_num(const kvm_json *root, const char *key, double def, double *out,
+static int read_num(const kvmem_json *root, const char *key, double def, double *out,
 		    const char *name)
 {
-	const kvm_json *v = kvm_json_get(root, key);
+	const kvmem_json *v = kvmem_json_get(root, key);
 
-	if (kvm_json_typeof(v) == KVM_JSON_NULL) {
+	if (kvmem_json_typeof(v) == KVMEM_JSON_NULL) {
 		*out = def;
 		return 0;
 	}
-	if (kvm_json_typeof(v) != KVM_JSON_NUMBER)
-		return kvm_error("%s:%d: '%s' must be a number, found %s", name, kvm_json_line(v),
-				 key, kvm_json_type_name(v));
-	*out = kvm_json_num(v, def);
+	if (kvmem_json_typeof(v) != KVMEM_JSON_NUMBER)
+		return kvmem_error(EINVAL, "%s:%d: '%s' must be a number, found %s", name, kvmem_json_line(v),
+				 key, kvmem_json_type_name(v));
+	*out = kvmem_json_num(v, def);
 	return 0;
 }
 
-static int read_bool(const kvm_json *root, const char *key, int def, int *out, const char *name)
+static int read_bool(const kvmem_json *root, const char *key, int def, int *out, const char *name)
 {
-	const kvm_json *v = kvm_json_get(root, key);
+	const kvmem_json *v = kvmem_json_get(root, key);
 
-	if (kvm_json_typeof(v) == KVM_JSON_NULL) {
+	if (kvmem_json_typeof(v) == KVMEM_JSON_NULL) {
 		*out = def;
 		return 0;
 	}
-	if (kvm_json_typeof(v) != KVM_JSON_BOOL)
-		return kvm_error("%s:%d: '%s' must be true or false, found %s", name,
-				 kvm_json_line(v), key, kvm_json_type_name(v));
-	*out = kvm_json_bool(v, def);
+	if (kvmem_json_typeof(v) != KVMEM_JSON_BOOL)
+		return kvmem_error(EINVAL, "%s:%d: '%s' must be true or false, found %s", name,
+				 kvmem_json_line(v), key, kvmem_json_type_name(v));
+	*out = kvmem_json_bool(v, def);
 	return 0;
 }
 
 /* bos/eos: an id, null, or a list whose first id counts. */
-static int read_token(const kvm_json *root, const char *key, int *out, const char *name)
+static int read_token(const kvmem_json *root, const char *key, int *out, const char *name)
 {
-	const kvm_json *v = kvm_json_get(root, key);
+	const kvmem_json *v = kvmem_json_get(root, key);
 
-	if (kvm_json_typeof(v) == KVM_JSON_ARRAY)
-		v = kvm_json_at(v, 0);
-	if (kvm_json_typeof(v) == KVM_JSON_NULL) {
+	if (kvmem_json_typeof(v) == KVMEM_JSON_ARRAY)
+		v = kvmem_json_at(v, 0);
+	if (kvmem_json_typeof(v) == KVMEM_JSON_NULL) {
 		*out = -1;
 		return 0;
 	}
-	if (!kvm_json_is_int(v) || kvm_json_int(v, 0) < 0 || kvm_json_int(v, 0) > INT_MAX)
-		return kvm_error("%s:%d: '%s' must be a token id, found %s", name, kvm_json_line(v),
-				 key, kvm_json_type_name(v));
-	*out = (int)kvm_json_int(v, 0);
+	if (!kvmem_json_is_int(v) || kvmem_json_int(v, 0) < 0 || kvmem_json_int(v, 0) > INT_MAX)
+		return kvmem_error(EINVAL, "%s:%d: '%s' must be a token id, found %s", name, kvmem_json_line(v),
+				 key, kvmem_json_type_name(v));
+	*out = (int)kvmem_json_int(v, 0);
 	return 0;
 }
 
-static int check_family(kvm_config *c, const kvm_json *root, const char *name)
+static int check_family(kvmem_config *c, const kvmem_json *root, const char *name)
 {
-	const kvm_json *archs = kvm_json_get(root, "architectures");
-	const kvm_json *type = kvm_json_get(root, "model_type");
+	const kvmem_json *archs = kvmem_json_get(root, "architectures");
+	const kvmem_json *type = kvmem_json_get(root, "model_type");
 	const char *arch = NULL;
 
-	if (kvm_json_typeof(archs) != KVM_JSON_NULL) {
-		arch = kvm_json_str(kvm_json_at(archs, 0), NULL);
-		if (kvm_json_typeof(archs) != KVM_JSON_ARRAY || !arch)
-			return kvm_error("%s: 'architectures' must be a list of names", name);
+	if (kvmem_json_typeof(archs) != KVMEM_JSON_NULL) {
+		arch = kvmem_json_str(kvmem_json_at(archs, 0), NULL);
+		if (kvmem_json_typeof(archs) != KVMEM_JSON_ARRAY || !arch)
+			return kvmem_error(EINVAL, "%s: 'architectures' must be a list of names", name);
 		if (strcmp(arch, QWEN3_ARCH))
-			return kvm_error("%s: architecture '%.60s' is not supported (kvmem runs "
+			return kvmem_error(EINVAL, "%s: architecture '%.60s' is not supported (kvmem runs "
 					 QWEN3_ARCH ")", name, arch);
 	}
-	if (kvm_json_typeof(type) != KVM_JSON_NULL) {
-		const char *t = kvm_json_str(type, NULL);
+	if (kvmem_json_typeof(type) != KVMEM_JSON_NULL) {
+		const char *t = kvmem_json_str(type, NULL);
 
 		if (!t)
-			return kvm_error("%s: 'model_type' must be a string", name);
+			return kvmem_error(EINVAL, "%s: 'model_type' must be a string", name);
 		if (strcmp(t, "qwen3"))
-			return kvm_error("%s: model_type '%.60s' is not supported (kvmem runs qwen3)",
+			return kvmem_error(EINVAL, "%s: model_type '%.60s' is not supported (kvmem runs qwen3)",
 					 name, t);
 	} else if (!arch) {
-		return kvm_error("%s: neither 'architectures' nor 'model_type' is given, so this "
+		return kvmem_error(EINVAL, "%s: neither 'architectures' nor 'model_type' is given, so this "
 				 "is not known to be a Qwen3 model", name);
 	}
 	snprintf(c->arch, sizeof(c->arch), "%s", QWEN3_ARCH);
@@ -125,84 +125,84 @@ static int check_family(kvm_config *c, const kvm_json *root, const char *name)
 
 /* rope_theta may be at the top (transformers 4) or in rope_parameters (5);
  * any scaling other than "default" changes the rotation: refuse it. */
-static int read_rope(kvm_config *c, const kvm_json *root, const char *name)
+static int read_rope(kvmem_config *c, const kvmem_json *root, const char *name)
 {
 	static const char *const blocks[] = { "rope_scaling", "rope_parameters" };
 	double top, inner = NAN;
 
 	for (int i = 0; i < 2; i++) {
-		const kvm_json *b = kvm_json_get(root, blocks[i]);
-		const kvm_json *type;
+		const kvmem_json *b = kvmem_json_get(root, blocks[i]);
+		const kvmem_json *type;
 		const char *t;
 
-		if (kvm_json_typeof(b) == KVM_JSON_NULL)
+		if (kvmem_json_typeof(b) == KVMEM_JSON_NULL)
 			continue;
-		if (kvm_json_typeof(b) != KVM_JSON_OBJECT)
-			return kvm_error("%s: '%s' must be an object or null", name, blocks[i]);
-		type = kvm_json_get(b, "rope_type");
+		if (kvmem_json_typeof(b) != KVMEM_JSON_OBJECT)
+			return kvmem_error(EINVAL, "%s: '%s' must be an object or null", name, blocks[i]);
+		type = kvmem_json_get(b, "rope_type");
 		if (!type)
-			type = kvm_json_get(b, "type");
-		t = kvm_json_str(type, "default");
+			type = kvmem_json_get(b, "type");
+		t = kvmem_json_str(type, "default");
 		if (strcmp(t, "default"))
-			return kvm_error("%s: %s of type '%.40s' is not supported (kvmem implements "
+			return kvmem_error(EINVAL, "%s: %s of type '%.40s' is not supported (kvmem implements "
 					 "plain RoPE)", name, blocks[i], t);
-		if (kvm_json_get(b, "rope_theta") && read_num(b, "rope_theta", NAN, &inner, name))
+		if (kvmem_json_get(b, "rope_theta") && read_num(b, "rope_theta", NAN, &inner, name))
 			return -1;
 	}
 	if (read_num(root, "rope_theta", NAN, &top, name))
 		return -1;
 	if (!isnan(top) && !isnan(inner) && top != inner)
-		return kvm_error("%s: rope_theta %g and rope_parameters.rope_theta %g disagree", name,
+		return kvmem_error(EINVAL, "%s: rope_theta %g and rope_parameters.rope_theta %g disagree", name,
 				 top, inner);
 	c->rope_theta = !isnan(top) ? top : !isnan(inner) ? inner : 10000.0;
 	return 0;
 }
 
 /* Features Qwen3 configs can switch on that the engine does not have. */
-static int refuse_unsupported(const kvm_json *root, const char *name)
+static int refuse_unsupported(const kvmem_json *root, const char *name)
 {
-	const kvm_json *act = kvm_json_get(root, "hidden_act");
-	const kvm_json *types = kvm_json_get(root, "layer_types");
+	const kvmem_json *act = kvmem_json_get(root, "hidden_act");
+	const kvmem_json *types = kvmem_json_get(root, "layer_types");
 	int flag;
 
-	if (act && strcmp(kvm_json_str(act, "?"), "silu"))
-		return kvm_error("%s: hidden_act '%.40s' is not supported (kvmem runs silu)", name,
-				 kvm_json_str(act, kvm_json_type_name(act)));
+	if (act && strcmp(kvmem_json_str(act, "?"), "silu"))
+		return kvmem_error(EINVAL, "%s: hidden_act '%.40s' is not supported (kvmem runs silu)", name,
+				 kvmem_json_str(act, kvmem_json_type_name(act)));
 	if (read_bool(root, "attention_bias", 0, &flag, name))
 		return -1;
 	if (flag)
-		return kvm_error("%s: attention_bias true is not supported (Qwen3 has no attention "
+		return kvmem_error(EINVAL, "%s: attention_bias true is not supported (Qwen3 has no attention "
 				 "biases)", name);
 	if (read_bool(root, "use_sliding_window", 0, &flag, name))
 		return -1;
 	if (flag)
-		return kvm_error("%s: use_sliding_window true is not supported (kvmem runs full "
+		return kvmem_error(EINVAL, "%s: use_sliding_window true is not supported (kvmem runs full "
 				 "attention in every layer)", name);
-	for (size_t i = 0; i < kvm_json_len(types); i++) {
-		const char *t = kvm_json_str(kvm_json_at(types, i), "?");
+	for (size_t i = 0; i < kvmem_json_len(types); i++) {
+		const char *t = kvmem_json_str(kvmem_json_at(types, i), "?");
 
 		if (strcmp(t, "full_attention"))
-			return kvm_error("%s: layer_types[%zu] is '%.40s'; kvmem runs full_attention "
+			return kvmem_error(EINVAL, "%s: layer_types[%zu] is '%.40s'; kvmem runs full_attention "
 					 "only", name, i, t);
 	}
 	return 0;
 }
 
-int kvm_config_parse(kvm_config *c, const char *json, size_t len, const char *name)
+int kvmem_config_parse(kvmem_config *c, const char *json, size_t len, const char *name)
 {
-	kvm_json *root;
-	const kvm_json *dt;
+	kvmem_json *root;
+	const kvmem_json *dt;
 	double eps;
 	int rc = -1;
 
 	memset(c, 0, sizeof(*c));
 	if (!name)
 		name = "config.json";
-	root = kvm_json_parse(json, len, name);
+	root = kvmem_json_parse(json, len, name);
 	if (!root)
 		return -1;
-	if (kvm_json_typeof(root) != KVM_JSON_OBJECT) {
-		kvm_error("%s: expected a JSON object, found %s", name, kvm_json_type_name(root));
+	if (kvmem_json_typeof(root) != KVMEM_JSON_OBJECT) {
+		kvmem_error(EINVAL, "%s: expected a JSON object, found %s", name, kvmem_json_type_name(root));
 		goto out;
 	}
 	if (check_family(c, root, name) || refuse_unsupported(root, name) ||
@@ -221,17 +221,17 @@ int kvm_config_parse(kvm_config *c, const char *json, size_t len, const char *na
 	    read_token(root, "eos_token_id", &c->eos_id, name) || read_rope(c, root, name))
 		goto out;
 	c->rms_eps = (float)eps;
-	dt = kvm_json_get(root, "torch_dtype");
+	dt = kvmem_json_get(root, "torch_dtype");
 	if (!dt)
-		dt = kvm_json_get(root, "dtype");
-	snprintf(c->dtype, sizeof(c->dtype), "%s", kvm_json_str(dt, ""));
-	rc = kvm_config_validate(c, name);
+		dt = kvmem_json_get(root, "dtype");
+	snprintf(c->dtype, sizeof(c->dtype), "%s", kvmem_json_str(dt, ""));
+	rc = kvmem_config_validate(c, name);
 out:
-	kvm_json_free(root);
+	kvmem_json_free(root);
 	return rc;
 }
 
-int kvm_config_load(kvm_config *c, const char *dir)
+int kvmem_config_load(kvmem_config *c, const char *dir)
 {
 	char path[4200];
 	struct stat st;
@@ -243,17 +243,17 @@ int kvm_config_load(kvm_config *c, const char *dir)
 	memset(c, 0, sizeof(*c));
 	/* Say what is wrong with the directory, not only with the file. */
 	if (stat(dir, &st))
-		return kvm_error("%s: %s", dir, strerror(errno));
+		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
-		return kvm_error("%s: not a directory (a model is a directory holding config.json "
+		return kvmem_error(EINVAL, "%s: not a directory (a model is a directory holding config.json "
 				 "and *.safetensors)", dir);
 	snprintf(path, sizeof(path), "%s/config.json", dir);
 	f = fopen(path, "rb");
 	if (!f) {
 		if (errno == ENOENT)
-			return kvm_error("%s: no config.json here: not a Hugging Face model directory",
+			return kvmem_error(EINVAL, "%s: no config.json here: not a Hugging Face model directory",
 					 dir);
-		return kvm_error("%s: cannot open: %s", path, strerror(errno));
+		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
 	}
 	for (;;) {
 		size_t r;
@@ -264,7 +264,7 @@ int kvm_config_load(kvm_config *c, const char *dir)
 			if (!t) {
 				free(text);
 				fclose(f);
-				return kvm_error("%s: out of memory", path);
+				return kvmem_error(ENOMEM, "%s: out of memory", path);
 			}
 			text = t;
 			cap = cap ? 2 * cap : 8192;
@@ -276,16 +276,16 @@ int kvm_config_load(kvm_config *c, const char *dir)
 		if (len > (16u << 20)) {
 			free(text);
 			fclose(f);
-			return kvm_error("%s: larger than 16 MB; not a config file", path);
+			return kvmem_error(EINVAL, "%s: larger than 16 MB; not a config file", path);
 		}
 	}
 	if (ferror(f)) {
 		free(text);
 		fclose(f);
-		return kvm_error("%s: read error", path);
+		return kvmem_error(EINVAL, "%s: read error", path);
 	}
 	fclose(f);
-	rc = kvm_config_parse(c, text, len, path);
+	rc = kvmem_config_parse(c, text, len, path);
 	free(text);
 	return rc;
 }
@@ -293,11 +293,11 @@ int kvm_config_load(kvm_config *c, const char *dir)
 static int bound(int v, int lo, int hi, const char *key, const char *name)
 {
 	if (v < lo || v > hi)
-		return kvm_error("%s: %s is %d; kvmem needs %d..%d", name, key, v, lo, hi);
+		return kvmem_error(EINVAL, "%s: %s is %d; kvmem needs %d..%d", name, key, v, lo, hi);
 	return 0;
 }
 
-int kvm_config_validate(const kvm_config *c, const char *name)
+int kvmem_config_validate(const kvmem_config *c, const char *name)
 {
 	if (!name)
 		name = "config";
@@ -311,44 +311,44 @@ int kvm_config_validate(const kvm_config *c, const char *name)
 	    bound(c->max_position, 1, 1 << 30, "max_position_embeddings", name))
 		return -1;
 	if (c->head_dim % 2)
-		return kvm_error("%s: head_dim %d must be even (RoPE turns pairs of dimensions)",
+		return kvmem_error(EINVAL, "%s: head_dim %d must be even (RoPE turns pairs of dimensions)",
 				 name, c->head_dim);
 	if (c->n_heads % c->n_kv_heads)
-		return kvm_error("%s: num_key_value_heads %d does not divide num_attention_heads %d",
+		return kvmem_error(EINVAL, "%s: num_key_value_heads %d does not divide num_attention_heads %d",
 				 name, c->n_kv_heads, c->n_heads);
 	if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
-		return kvm_error("%s: rope_theta %g must be positive and finite", name, c->rope_theta);
+		return kvmem_error(EINVAL, "%s: rope_theta %g must be positive and finite", name, c->rope_theta);
 	if (!(c->rms_eps > 0) || !isfinite(c->rms_eps))
-		return kvm_error("%s: rms_norm_eps %g must be positive and finite", name,
+		return kvmem_error(EINVAL, "%s: rms_norm_eps %g must be positive and finite", name,
 				 (double)c->rms_eps);
 	if (c->bos_id < -1 || c->bos_id >= c->vocab)
-		return kvm_error("%s: bos_token_id %d is outside the vocabulary (%d)", name,
+		return kvmem_error(EINVAL, "%s: bos_token_id %d is outside the vocabulary (%d)", name,
 				 c->bos_id, c->vocab);
 	if (c->eos_id < -1 || c->eos_id >= c->vocab)
-		return kvm_error("%s: eos_token_id %d is outside the vocabulary (%d)", name,
+		return kvmem_error(EINVAL, "%s: eos_token_id %d is outside the vocabulary (%d)", name,
 				 c->eos_id, c->vocab);
 	return 0;
 }
 
-uint64_t kvm_config_params(const kvm_config *c)
+uint64_t kvmem_config_params(const kvmem_config *c)
 {
 	uint64_t n = 0;
-	struct kvm_tensor_spec t;
+	struct kvmem_tensor_spec t;
 
-	for (size_t i = 0; i < kvm_tensor_count(c); i++) {
-		kvm_tensor_spec(c, i, &t);
+	for (size_t i = 0; i < kvmem_tensor_count(c); i++) {
+		kvmem_tensor_spec(c, i, &t);
 		n += (uint64_t)t.shape[0] * (t.ndim == 2 ? (uint64_t)t.shape[1] : 1);
 	}
 	return n;
 }
 
-uint64_t kvm_config_kv_bytes_per_token(const kvm_config *c, int elem_bytes)
+uint64_t kvmem_config_kv_bytes_per_token(const kvmem_config *c, int elem_bytes)
 {
 	return 2ull * (uint64_t)c->n_layers * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim *
 	       (uint64_t)elem_bytes;
 }
 
-const char *kvm_config_st_dtype(const kvm_config *c)
+const char *kvmem_config_st_dtype(const kvmem_config *c)
 {
 	if (!strcmp(c->dtype, "bfloat16"))
 		return "BF16";
@@ -359,7 +359,7 @@ const char *kvm_config_st_dtype(const kvm_config *c)
 	return "?";
 }
 
-void kvm_fingerprint_head(FILE *f, const kvm_config *c)
+void kvmem_fingerprint_head(FILE *f, const kvmem_config *c)
 {
 	fprintf(f, "kvmem-model-v1\narch %s\nlayers %d\nhidden %d\nheads %d\nkv_heads %d\n"
 		   "head_dim %d\nintermediate %d\nvocab %d\nrope_theta %.17g\nrms_eps %.9g\n"
@@ -368,7 +368,7 @@ void kvm_fingerprint_head(FILE *f, const kvm_config *c)
 		c->tie_embeddings ? 1 : 0);
 }
 
-void kvm_fingerprint_tensor(FILE *f, const char *name, const char *dtype, int ndim,
+void kvmem_fingerprint_tensor(FILE *f, const char *name, const char *dtype, int ndim,
 			    const int64_t *shape)
 {
 	fprintf(f, "%s %s [", name, dtype);
@@ -377,9 +377,9 @@ void kvm_fingerprint_tensor(FILE *f, const char *name, const char *dtype, int nd
 	fputc(']', f);
 }
 
-uint64_t kvm_config_fingerprint(const kvm_config *c)
+uint64_t kvmem_config_fingerprint(const kvmem_config *c)
 {
-	struct kvm_tensor_spec t;
+	struct kvmem_tensor_spec t;
 	char *text = NULL;
 	size_t len = 0;
 	uint64_t h;
@@ -387,10 +387,10 @@ uint64_t kvm_config_fingerprint(const kvm_config *c)
 
 	if (!f)
 		return 0;
-	kvm_fingerprint_head(f, c);
-	for (size_t i = 0; i < kvm_tensor_count(c); i++) {
-		kvm_tensor_spec(c, i, &t);
-		kvm_fingerprint_tensor(f, t.name, kvm_config_st_dtype(c), t.ndim, t.shape);
+	kvmem_fingerprint_head(f, c);
+	for (size_t i = 0; i < kvmem_tensor_count(c); i++) {
+		kvmem_tensor_spec(c, i, &t);
+		kvmem_fingerprint_tensor(f, t.name, kvmem_config_st_dtype(c), t.ndim, t.shape);
 		fputc('\n', f);
 	}
 	fclose(f);

@@ -38,10 +38,10 @@
 #define BUF_CHUNKS 256		/* chunks per write: 4M values */
 
 struct plan {
-	kvm_config c;		/* dtype set to what is written */
-	kvm_st_dtype dt;
+	kvmem_config c;		/* dtype set to what is written */
+	kvmem_st_dtype dt;
 	size_t n;
-	struct kvm_tensor_spec *t;
+	struct kvmem_tensor_spec *t;
 	int *shard_of;
 	int nshards;
 	uint64_t data_bytes;	/* all tensors, all shards */
@@ -65,41 +65,41 @@ static void plan_free(struct plan *p)
 	free(p->shard_of);
 }
 
-static int plan_make(struct plan *p, const kvm_config *c, const kvm_gen_opts *o)
+static int plan_make(struct plan *p, const kvmem_config *c, const kvmem_gen_opts *o)
 {
 	const char *dt = o && o->dtype ? o->dtype : "bf16";
 	uint64_t in_shard = 0, shard_bytes = o ? o->shard_bytes : 0;
 
 	memset(p, 0, sizeof(*p));
-	if (kvm_config_validate(c, "generate"))
+	if (kvmem_config_validate(c, "generate"))
 		return -1;
 	p->c = *c;
 	if (!strcmp(dt, "bf16")) {
-		p->dt = KVM_ST_BF16;
+		p->dt = KVMEM_ST_BF16;
 		snprintf(p->c.dtype, sizeof(p->c.dtype), "bfloat16");
 	} else if (!strcmp(dt, "f16")) {
-		p->dt = KVM_ST_F16;
+		p->dt = KVMEM_ST_F16;
 		snprintf(p->c.dtype, sizeof(p->c.dtype), "float16");
 	} else if (!strcmp(dt, "f32")) {
-		p->dt = KVM_ST_F32;
+		p->dt = KVMEM_ST_F32;
 		snprintf(p->c.dtype, sizeof(p->c.dtype), "float32");
 	} else {
-		return kvm_error("generate: dtype '%s' is not one of bf16, f16, f32", dt);
+		return kvmem_error(EINVAL, "generate: dtype '%s' is not one of bf16, f16, f32", dt);
 	}
-	p->n = kvm_tensor_count(c);
+	p->n = kvmem_tensor_count(c);
 	p->t = calloc(p->n, sizeof(*p->t));
 	p->shard_of = calloc(p->n, sizeof(*p->shard_of));
 	if (!p->t || !p->shard_of) {
 		plan_free(p);
-		return kvm_error("generate: out of memory");
+		return kvmem_error(ENOMEM, "generate: out of memory");
 	}
 	p->nshards = 1;
 	for (size_t i = 0; i < p->n; i++) {
 		uint64_t b;
 
-		kvm_tensor_spec(c, i, &p->t[i]);
+		kvmem_tensor_spec(c, i, &p->t[i]);
 		b = (uint64_t)p->t[i].shape[0] * (p->t[i].ndim == 2 ? (uint64_t)p->t[i].shape[1] : 1) *
-		    kvm_st_dtype_size(p->dt);
+		    kvmem_st_dtype_size(p->dt);
 		if (shard_bytes && in_shard && in_shard + b > shard_bytes) {
 			p->nshards++;
 			in_shard = 0;
@@ -112,28 +112,28 @@ static int plan_make(struct plan *p, const kvm_config *c, const kvm_gen_opts *o)
 }
 
 /* A writer with shard s's tensors declared (not begun). */
-static kvm_st_writer *shard_writer(const struct plan *p, int s, uint64_t seed)
+static kvmem_st_writer *shard_writer(const struct plan *p, int s, uint64_t seed)
 {
-	kvm_st_writer *w = kvm_st_writer_new();
+	kvmem_st_writer *w = kvmem_st_writer_new();
 	char gen[96];
 
 	if (!w)
 		return NULL;
-	snprintf(gen, sizeof(gen), "kvmem %s, seed %llu", KVM_VERSION, (unsigned long long)seed);
+	snprintf(gen, sizeof(gen), "kvmem %s, seed %llu", KVMEM_VERSION, (unsigned long long)seed);
 	/* transformers refuses safetensors files without format "pt" */
-	if (kvm_st_writer_meta(w, "format", "pt") || kvm_st_writer_meta(w, "generator", gen))
+	if (kvmem_st_writer_meta(w, "format", "pt") || kvmem_st_writer_meta(w, "generator", gen))
 		goto fail;
 	for (size_t i = 0; i < p->n; i++)
 		if (p->shard_of[i] == s &&
-		    kvm_st_writer_add(w, p->t[i].name, p->dt, p->t[i].ndim, p->t[i].shape))
+		    kvmem_st_writer_add(w, p->t[i].name, p->dt, p->t[i].ndim, p->t[i].shape))
 			goto fail;
 	return w;
 fail:
-	kvm_st_writer_free(w);
+	kvmem_st_writer_free(w);
 	return NULL;
 }
 
-uint64_t kvm_model_generate_bytes(const kvm_config *c, const kvm_gen_opts *o)
+uint64_t kvmem_model_generate_bytes(const kvmem_config *c, const kvmem_gen_opts *o)
 {
 	struct plan p;
 	uint64_t total = 0;
@@ -141,56 +141,56 @@ uint64_t kvm_model_generate_bytes(const kvm_config *c, const kvm_gen_opts *o)
 	if (plan_make(&p, c, o))
 		return 0;
 	for (int s = 0; s < p.nshards; s++) {
-		kvm_st_writer *w = shard_writer(&p, s, o ? o->seed : 0);
+		kvmem_st_writer *w = shard_writer(&p, s, o ? o->seed : 0);
 
 		if (!w) {
 			plan_free(&p);
 			return 0;
 		}
-		total += kvm_st_writer_file_size(w);
-		kvm_st_writer_free(w);
+		total += kvmem_st_writer_file_size(w);
+		kvmem_st_writer_free(w);
 	}
 	plan_free(&p);
 	return total;
 }
 
 /* The standard deviation of a tensor's values (0: a norm weight, all 1). */
-static double tensor_std(const kvm_config *c, const struct kvm_tensor_spec *t)
+static double tensor_std(const kvmem_config *c, const struct kvmem_tensor_spec *t)
 {
 	switch (t->role) {
-	case KVM_T_EMBED:
-	case KVM_T_LM_HEAD:
+	case KVMEM_T_EMBED:
+	case KVMEM_T_LM_HEAD:
 		/* rows of unit-RMS hidden states dotted with these give logits
 		 * of standard deviation about 1, tied or not */
 		return 1.0 / sqrt((double)c->hidden);
-	case KVM_T_WO:
-	case KVM_T_DOWN:
+	case KVMEM_T_WO:
+	case KVMEM_T_DOWN:
 		/* residual branches: 2 per layer add up over n_layers */
 		return 1.0 / sqrt((double)t->fan_in * 2.0 * c->n_layers);
-	case KVM_T_WQ:
-	case KVM_T_WK:
-	case KVM_T_WV:
-	case KVM_T_GATE:
-	case KVM_T_UP:
+	case KVMEM_T_WQ:
+	case KVMEM_T_WK:
+	case KVMEM_T_WV:
+	case KVMEM_T_GATE:
+	case KVMEM_T_UP:
 		return 1.0 / sqrt((double)t->fan_in);
 	default:
 		return 0;
 	}
 }
 
-static void store(void *out, size_t i, kvm_st_dtype dt, float v)
+static void store(void *out, size_t i, kvmem_st_dtype dt, float v)
 {
-	if (dt == KVM_ST_F32) {
+	if (dt == KVMEM_ST_F32) {
 		((float *)out)[i] = v;
 	} else {
-		uint16_t h = dt == KVM_ST_BF16 ? kvm_f32_to_bf16(v) : kvm_f32_to_f16(v);
+		uint16_t h = dt == KVMEM_ST_BF16 ? kvmem_f32_to_bf16(v) : kvmem_f32_to_f16(v);
 
 		((uint16_t *)out)[i] = h;
 	}
 }
 
 /* Values [0, k) of chunk `chunk` of tensor `ti` into out (as dtype dt). */
-static void fill_chunk(void *out, size_t k, kvm_st_dtype dt, double std, uint64_t seed,
+static void fill_chunk(void *out, size_t k, kvmem_st_dtype dt, double std, uint64_t seed,
 		       size_t ti, uint64_t chunk)
 {
 	uint64_t s = mix64(mix64(seed ^ mix64(ti + 1)) + 0x632be59bd9b4e019ull * (chunk + 1));
@@ -223,13 +223,13 @@ struct progress {
 	uint64_t done, total;
 };
 
-static int write_tensor(kvm_st_writer *w, const struct plan *p, size_t ti, uint64_t seed,
+static int write_tensor(kvmem_st_writer *w, const struct plan *p, size_t ti, uint64_t seed,
 			unsigned char *buf, struct progress *pr)
 {
-	const struct kvm_tensor_spec *t = &p->t[ti];
+	const struct kvmem_tensor_spec *t = &p->t[ti];
 	uint64_t numel = (uint64_t)t->shape[0] * (t->ndim == 2 ? (uint64_t)t->shape[1] : 1);
 	uint64_t nchunks = (numel + CHUNK - 1) / CHUNK;
-	size_t esz = kvm_st_dtype_size(p->dt);
+	size_t esz = kvmem_st_dtype_size(p->dt);
 	double std = tensor_std(&p->c, t);
 
 	for (uint64_t c0 = 0; c0 < nchunks; c0 += BUF_CHUNKS) {
@@ -242,7 +242,7 @@ static int write_tensor(kvm_st_writer *w, const struct plan *p, size_t ti, uint6
 
 			fill_chunk(buf + b * esz, k, p->dt, std, seed, ti, c0 + c);
 		}
-		if (kvm_st_writer_write(w, buf, n * esz))
+		if (kvmem_st_writer_write(w, buf, n * esz))
 			return -1;
 		pr->done += n * esz;
 		if (pr->fn)
@@ -283,7 +283,7 @@ static int check_space(const char *dir, uint64_t need)
 		return 0;	/* cannot tell: let the writes say */
 	avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
 	if (avail < need + (16u << 20))
-		return kvm_error("%s: the model needs %.2f GB but only %.2f GB are free there", dir,
+		return kvmem_error(EINVAL, "%s: the model needs %.2f GB but only %.2f GB are free there", dir,
 				 need / 1e9, avail / 1e9);
 	return 0;
 }
@@ -295,30 +295,30 @@ static int write_shards(const struct plan *p, const char *dir, uint64_t seed,
 	int rc = -1;
 
 	if (!buf)
-		return kvm_error("generate: out of memory");
+		return kvmem_error(ENOMEM, "generate: out of memory");
 	for (int s = 0; s < p->nshards; s++) {
-		kvm_st_writer *w = shard_writer(p, s, seed);
+		kvmem_st_writer *w = shard_writer(p, s, seed);
 		char path[4400], name[64];
 
 		if (p->nshards == 1)
 			snprintf(name, sizeof(name), "model.safetensors");
 		else
-			kvm_hf_shard_name(name, sizeof(name), s, p->nshards);
+			kvmem_hf_shard_name(name, sizeof(name), s, p->nshards);
 		snprintf(path, sizeof(path), "%s/%s", dir, name);
-		if (!w || kvm_st_writer_begin(w, path)) {
-			kvm_st_writer_free(w);
+		if (!w || kvmem_st_writer_begin(w, path)) {
+			kvmem_st_writer_free(w);
 			goto out;
 		}
 		for (size_t i = 0; i < p->n; i++)
 			if (p->shard_of[i] == s && write_tensor(w, p, i, seed, buf, pr)) {
-				kvm_st_writer_free(w);
+				kvmem_st_writer_free(w);
 				goto out;
 			}
-		if (kvm_st_writer_finish(w)) {
-			kvm_st_writer_free(w);
+		if (kvmem_st_writer_finish(w)) {
+			kvmem_st_writer_free(w);
 			goto out;
 		}
-		kvm_st_writer_free(w);
+		kvmem_st_writer_free(w);
 	}
 	rc = 0;
 out:
@@ -326,9 +326,9 @@ out:
 	return rc;
 }
 
-int kvm_model_generate_opts(const kvm_config *c, const char *dir, const kvm_gen_opts *o)
+int kvmem_model_generate_opts(const kvmem_config *c, const char *dir, const kvmem_gen_opts *o)
 {
-	static const kvm_gen_opts defaults;
+	static const kvmem_gen_opts defaults;
 	struct plan p;
 	struct progress pr = { 0 };
 	uint64_t bytes;
@@ -336,13 +336,13 @@ int kvm_model_generate_opts(const kvm_config *c, const char *dir, const kvm_gen_
 
 	if (!o)
 		o = &defaults;
-	bytes = kvm_model_generate_bytes(c, o);
+	bytes = kvmem_model_generate_bytes(c, o);
 	if (!bytes || plan_make(&p, c, o))
 		return -1;
 	pr.fn = o->progress;
 	pr.arg = o->arg;
 	pr.total = p.data_bytes;
-	if (kvm_mkdir_p(dir) || check_space(dir, bytes))
+	if (kvmem_mkdir_p(dir) || check_space(dir, bytes))
 		goto out;
 	remove_stale(dir, p.nshards > 1);
 	if (write_shards(&p, dir, o->seed, &pr))
@@ -351,18 +351,18 @@ int kvm_model_generate_opts(const kvm_config *c, const char *dir, const kvm_gen_
 		const char **names = malloc(p.n * sizeof(*names));
 
 		if (!names) {
-			kvm_error("generate: out of memory");
+			kvmem_error(ENOMEM, "generate: out of memory");
 			goto out;
 		}
 		for (size_t i = 0; i < p.n; i++)
 			names[i] = p.t[i].name;
-		rc = kvm_hf_write_index(dir, p.data_bytes, names, p.shard_of, p.n, p.nshards);
+		rc = kvmem_hf_write_index(dir, p.data_bytes, names, p.shard_of, p.n, p.nshards);
 		free(names);
 		if (rc)
 			goto out;
 		rc = -1;
 	}
-	if (kvm_hf_write_config(&p.c, dir) || kvm_hf_write_generation_config(&p.c, dir))
+	if (kvmem_hf_write_config(&p.c, dir) || kvmem_hf_write_generation_config(&p.c, dir))
 		goto out;
 	rc = 0;
 out:
@@ -370,10 +370,10 @@ out:
 	return rc;
 }
 
-int kvm_model_generate(const kvm_config *c, const char *dir, uint64_t seed,
+int kvmem_model_generate(const kvmem_config *c, const char *dir, uint64_t seed,
 		       void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg)
 {
-	kvm_gen_opts o = { .seed = seed, .progress = progress, .arg = arg };
+	kvmem_gen_opts o = { .seed = seed, .progress = progress, .arg = arg };
 
-	return kvm_model_generate_opts(c, dir, &o);
+	return kvmem_model_generate_opts(c, dir, &o);
 }

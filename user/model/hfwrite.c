@@ -24,14 +24,14 @@ static int put_file(const char *dir, const char *name, const char *text, size_t 
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%d", dir, name, (int)getpid());
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
-		return kvm_error("%s: cannot create: %s", tmp, strerror(errno));
+		return kvmem_error(errno, "%s: cannot create: %s", tmp, strerror(errno));
 	while (done < len) {
 		ssize_t r = write(fd, text + done, len - done);
 
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0) {
-			kvm_error("%s: write failed: %s", tmp, r ? strerror(errno) : "no progress");
+			kvmem_error(errno, "%s: write failed: %s", tmp, r ? strerror(errno) : "no progress");
 			close(fd);
 			unlink(tmp);
 			return -1;
@@ -39,7 +39,7 @@ static int put_file(const char *dir, const char *name, const char *text, size_t 
 		done += (size_t)r;
 	}
 	if (fsync(fd) || close(fd) || rename(tmp, path)) {
-		kvm_error("%s: cannot write: %s", path, strerror(errno));
+		kvmem_error(errno, "%s: cannot write: %s", path, strerror(errno));
 		unlink(tmp);
 		return -1;
 	}
@@ -53,7 +53,7 @@ static int put_stream(FILE *f, char **text, size_t *len, const char *dir, const 
 
 	if (fclose(f) || !*text) {
 		free(*text);
-		return kvm_error("%s/%s: out of memory", dir, name);
+		return kvmem_error(ENOMEM, "%s/%s: out of memory", dir, name);
 	}
 	rc = put_file(dir, name, *text, *len);
 	free(*text);
@@ -98,16 +98,16 @@ static void put_token(FILE *f, const char *key, int id, const char *end)
 		fprintf(f, "  \"%s\": null%s\n", key, end);
 }
 
-int kvm_hf_write_config(const kvm_config *c, const char *dir)
+int kvmem_hf_write_config(const kvmem_config *c, const char *dir)
 {
 	char *text = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&text, &len);
 
 	if (!f)
-		return kvm_error("%s/config.json: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s/config.json: out of memory", dir);
 	fprintf(f, "{\n  \"architectures\": [\n    ");
-	kvm_json_write_str(f, c->arch);
+	kvmem_json_write_str(f, c->arch);
 	fprintf(f, "\n  ],\n"
 		   "  \"attention_bias\": false,\n"
 		   "  \"attention_dropout\": 0.0,\n");
@@ -133,21 +133,21 @@ int kvm_hf_write_config(const kvm_config *c, const char *dir)
 	fprintf(f, ",\n  \"sliding_window\": null,\n"
 		   "  \"tie_word_embeddings\": %s,\n"
 		   "  \"torch_dtype\": ", c->tie_embeddings ? "true" : "false");
-	kvm_json_write_str(f, c->dtype);
+	kvmem_json_write_str(f, c->dtype);
 	fprintf(f, ",\n  \"use_cache\": true,\n"
 		   "  \"use_sliding_window\": false,\n"
 		   "  \"vocab_size\": %d\n}\n", c->vocab);
 	return put_stream(f, &text, &len, dir, "config.json");
 }
 
-int kvm_hf_write_generation_config(const kvm_config *c, const char *dir)
+int kvmem_hf_write_generation_config(const kvmem_config *c, const char *dir)
 {
 	char *text = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&text, &len);
 
 	if (!f)
-		return kvm_error("%s/generation_config.json: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s/generation_config.json: out of memory", dir);
 	fprintf(f, "{\n");
 	put_token(f, "bos_token_id", c->bos_id, ",");
 	fprintf(f, "  \"do_sample\": false,\n");
@@ -156,12 +156,12 @@ int kvm_hf_write_generation_config(const kvm_config *c, const char *dir)
 	return put_stream(f, &text, &len, dir, "generation_config.json");
 }
 
-void kvm_hf_shard_name(char *buf, size_t len, int shard, int nshards)
+void kvmem_hf_shard_name(char *buf, size_t len, int shard, int nshards)
 {
 	snprintf(buf, len, "model-%05d-of-%05d.safetensors", shard + 1, nshards);
 }
 
-int kvm_hf_write_index(const char *dir, uint64_t total_size, const char *const *names,
+int kvmem_hf_write_index(const char *dir, uint64_t total_size, const char *const *names,
 		       const int *shard_of, size_t n, int nshards)
 {
 	char *text = NULL, shard[64];
@@ -169,13 +169,13 @@ int kvm_hf_write_index(const char *dir, uint64_t total_size, const char *const *
 	FILE *f = open_memstream(&text, &len);
 
 	if (!f)
-		return kvm_error("%s/model.safetensors.index.json: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s/model.safetensors.index.json: out of memory", dir);
 	fprintf(f, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
 		(unsigned long long)total_size);
 	for (size_t i = 0; i < n; i++) {
-		kvm_hf_shard_name(shard, sizeof(shard), shard_of[i], nshards);
+		kvmem_hf_shard_name(shard, sizeof(shard), shard_of[i], nshards);
 		fputs("    ", f);
-		kvm_json_write_str(f, names[i]);
+		kvmem_json_write_str(f, names[i]);
 		fprintf(f, ": \"%s\"%s\n", shard, i + 1 < n ? "," : "");
 	}
 	fprintf(f, "  }\n}\n");

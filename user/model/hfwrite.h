@@ -9,14 +9,14 @@
 #include "kvmem/model.h"
 
 /* config.json with the keys and layout transformers writes for Qwen3. */
-int kvm_hf_write_config(const kvm_config *c, const char *dir);
+int kvmem_hf_write_config(const kvmem_config *c, const char *dir);
 /* generation_config.json: bos, eos, greedy by default. */
-int kvm_hf_write_generation_config(const kvm_config *c, const char *dir);
+int kvmem_hf_write_generation_config(const kvmem_config *c, const char *dir);
 /* model.safetensors.index.json: total_size and weight_map (tensor names[i]
  * lives in shard shard_of[i], 0-based, of nshards). */
-int kvm_hf_write_index(const char *dir, uint64_t total_size, const char *const *names,
+int kvmem_hf_write_index(const char *dir, uint64_t total_size, const char *const *names,
 		       const int *shard_of, size_t n, int nshards);
 /* "model-00002-of-00004.safetensors" */
-void kvm_hf_shard_name(char *buf, size_t len, int shard, int nshards);
+void kvmem_hf_shard_name(char *buf, size_t len, int shard, int nshards);
 
 #endif

@@ -28,10 +28,10 @@
 #define HUGE_FROM (2u << 20)
 
 struct priv {
-	kvm_st_file **files;
+	kvmem_st_file **files;
 	bool *keep;		/* a file some tensor is used in place from */
 	int nfiles;
-	kvm_json *index;	/* the shard index, when there is one */
+	kvmem_json *index;	/* the shard index, when there is one */
 	char index_path[4200];
 	void **bufs;		/* converted tensors */
 	size_t nbufs;
@@ -39,40 +39,40 @@ struct priv {
 
 /* The tensor for `name` and the file holding it: via the index's
  * weight_map when sharded, else in the single file. */
-static const kvm_st_tensor *locate(const struct priv *p, const char *name, int *file)
+static const kvmem_st_tensor *locate(const struct priv *p, const char *name, int *file)
 {
 	if (p->index) {
-		const char *fname = kvm_json_str(kvm_json_get(kvm_json_get(p->index, "weight_map"),
+		const char *fname = kvmem_json_str(kvmem_json_get(kvmem_json_get(p->index, "weight_map"),
 							      name), NULL);
 
 		for (int i = 0; fname && i < p->nfiles; i++) {
-			const char *path = kvm_st_path(p->files[i]);
+			const char *path = kvmem_st_path(p->files[i]);
 			size_t pl = strlen(path), fl = strlen(fname);
 
 			if (pl > fl && path[pl - fl - 1] == '/' && !strcmp(path + pl - fl, fname)) {
 				*file = i;
-				return kvm_st_find(p->files[i], name);
+				return kvmem_st_find(p->files[i], name);
 			}
 		}
 		return NULL;
 	}
 	*file = 0;
-	return kvm_st_find(p->files[0], name);
+	return kvmem_st_find(p->files[0], name);
 }
 
 static int add_file(struct priv *p, const char *path)
 {
-	kvm_st_file **f = realloc(p->files, (size_t)(p->nfiles + 1) * sizeof(*f));
+	kvmem_st_file **f = realloc(p->files, (size_t)(p->nfiles + 1) * sizeof(*f));
 	bool *k;
 
 	if (!f)
-		return kvm_error("%s: out of memory", path);
+		return kvmem_error(ENOMEM, "%s: out of memory", path);
 	p->files = f;
 	k = realloc(p->keep, (size_t)(p->nfiles + 1) * sizeof(*k));
 	if (!k)
-		return kvm_error("%s: out of memory", path);
+		return kvmem_error(ENOMEM, "%s: out of memory", path);
 	p->keep = k;
-	if (kvm_st_open(path, &p->files[p->nfiles]))
+	if (kvmem_st_open(path, &p->files[p->nfiles]))
 		return -1;
 	p->keep[p->nfiles++] = false;
 	return 0;
@@ -81,60 +81,60 @@ static int add_file(struct priv *p, const char *path)
 /* Open every shard the index names and check the index against them. */
 static int open_shards(struct priv *p, const char *dir)
 {
-	const kvm_json *wm;
+	const kvmem_json *wm;
 
-	p->index = kvm_json_parse_file(p->index_path);
+	p->index = kvmem_json_parse_file(p->index_path);
 	if (!p->index)
 		return -1;
-	wm = kvm_json_get(p->index, "weight_map");
-	if (kvm_json_typeof(wm) != KVM_JSON_OBJECT || !kvm_json_len(wm))
-		return kvm_error("%s: 'weight_map' must be a non-empty object of tensor -> file",
+	wm = kvmem_json_get(p->index, "weight_map");
+	if (kvmem_json_typeof(wm) != KVMEM_JSON_OBJECT || !kvmem_json_len(wm))
+		return kvmem_error(EINVAL, "%s: 'weight_map' must be a non-empty object of tensor -> file",
 				 p->index_path);
-	for (size_t i = 0; i < kvm_json_len(wm); i++) {
-		const char *fname = kvm_json_str(kvm_json_at(wm, i), NULL);
+	for (size_t i = 0; i < kvmem_json_len(wm); i++) {
+		const char *fname = kvmem_json_str(kvmem_json_at(wm, i), NULL);
 		char path[8400];
 		bool seen = false;
 
 		if (!fname || !*fname || fname[0] == '.' || strchr(fname, '/'))
-			return kvm_error("%s: weight_map entry '%s' must name a file in the model "
-					 "directory", p->index_path, kvm_json_key(wm, i));
+			return kvmem_error(EINVAL, "%s: weight_map entry '%s' must name a file in the model "
+					 "directory", p->index_path, kvmem_json_key(wm, i));
 		for (size_t j = 0; j < i && !seen; j++)
-			seen = !strcmp(fname, kvm_json_str(kvm_json_at(wm, j), ""));
+			seen = !strcmp(fname, kvmem_json_str(kvmem_json_at(wm, j), ""));
 		if (seen)
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir, fname);
 		if (add_file(p, path)) {
 			char old[1024];
 
-			snprintf(old, sizeof(old), "%s", kvm_last_error());
-			return kvm_error("%s (a shard listed in %s)", old, INDEX_NAME);
+			snprintf(old, sizeof(old), "%s", kvmem_last_error());
+			return kvmem_error(EINVAL, "%s (a shard listed in %s)", old, INDEX_NAME);
 		}
 	}
 	/* Each listed tensor is where the index says; none is in two shards. */
-	for (size_t i = 0; i < kvm_json_len(wm); i++) {
+	for (size_t i = 0; i < kvmem_json_len(wm); i++) {
 		int f;
 
-		if (!locate(p, kvm_json_key(wm, i), &f))
-			return kvm_error("%s: weight_map puts '%s' in %s, which does not hold it",
-					 p->index_path, kvm_json_key(wm, i),
-					 kvm_json_str(kvm_json_at(wm, i), ""));
+		if (!locate(p, kvmem_json_key(wm, i), &f))
+			return kvmem_error(EINVAL, "%s: weight_map puts '%s' in %s, which does not hold it",
+					 p->index_path, kvmem_json_key(wm, i),
+					 kvmem_json_str(kvmem_json_at(wm, i), ""));
 	}
 	for (int a = 0; a < p->nfiles; a++)
-		for (size_t i = 0; i < kvm_st_count(p->files[a]); i++) {
-			const char *name = kvm_st_at(p->files[a], i)->name;
+		for (size_t i = 0; i < kvmem_st_count(p->files[a]); i++) {
+			const char *name = kvmem_st_at(p->files[a], i)->name;
 
 			for (int b = a + 1; b < p->nfiles; b++)
-				if (kvm_st_find(p->files[b], name))
-					return kvm_error("%s: tensor '%s' is in both %s and %s",
-							 p->index_path, name, kvm_st_path(p->files[a]),
-							 kvm_st_path(p->files[b]));
+				if (kvmem_st_find(p->files[b], name))
+					return kvmem_error(EINVAL, "%s: tensor '%s' is in both %s and %s",
+							 p->index_path, name, kvmem_st_path(p->files[a]),
+							 kvmem_st_path(p->files[b]));
 		}
 	return 0;
 }
 
 /* Is `name` one this config implies? 1 yes, 0 not ours (ignored), -1 an
  * error (a stray tensor where ours live: the config and files disagree). */
-static int classify(const kvm_config *c, const char *name, const char *file)
+static int classify(const kvmem_config *c, const char *name, const char *file)
 {
 	const char *rest;
 	char want[96];
@@ -152,22 +152,22 @@ static int classify(const kvm_config *c, const char *name, const char *file)
 	if (!strncmp(name, "model.layers.", 13)) {
 		layer = strtol(name + 13, (char **)&rest, 10);
 		if (rest != name + 13 && *rest == '.' && layer >= c->n_layers)
-			return kvm_error("%s: tensor '%s' is beyond num_hidden_layers %d in config.json",
+			return kvmem_error(EINVAL, "%s: tensor '%s' is beyond num_hidden_layers %d in config.json",
 					 file, name, c->n_layers);
-		for (int r = KVM_T_ATTN_NORM; r <= KVM_T_DOWN; r++) {
+		for (int r = KVMEM_T_ATTN_NORM; r <= KVMEM_T_DOWN; r++) {
 			snprintf(want, sizeof(want), "model.layers.%ld.%s", layer,
-				 kvm_tensor_suffix((enum kvm_tensor_role)r));
+				 kvmem_tensor_suffix((enum kvmem_tensor_role)r));
 			if (rest != name + 13 && layer >= 0 && !strcmp(want, name))
 				return 1;
 		}
 	}
-	return kvm_error("%s: unexpected tensor '%s': a Qwen3 model as config.json describes it "
+	return kvmem_error(EINVAL, "%s: unexpected tensor '%s': a Qwen3 model as config.json describes it "
 			 "has no such tensor%s", file, name,
 			 n > 5 && !strcmp(name + n - 5, ".bias") ? " (biases are not supported)" : "");
 }
 
-static int check_tensor(const struct priv *p, const struct kvm_tensor_spec *s,
-			const kvm_st_tensor *t, const char *file)
+static int check_tensor(const struct priv *p, const struct kvmem_tensor_spec *s,
+			const kvmem_st_tensor *t, const char *file)
 {
 	char have[160], want[160];
 	bool same = t->ndim == s->ndim;
@@ -175,63 +175,63 @@ static int check_tensor(const struct priv *p, const struct kvm_tensor_spec *s,
 	for (int d = 0; same && d < s->ndim; d++)
 		same = t->shape[d] == s->shape[d];
 	if (!same)
-		return kvm_error("%s: tensor '%s' has shape %s, config.json implies %s", file, s->name,
-				 kvm_st_shape_str(have, sizeof(have), t->ndim, t->shape),
-				 kvm_st_shape_str(want, sizeof(want), s->ndim, s->shape));
-	if (t->dtype != KVM_ST_BF16 && t->dtype != KVM_ST_F16 && t->dtype != KVM_ST_F32)
-		return kvm_error("%s: tensor '%s' has dtype %s; kvmem reads BF16, F16 and F32", file,
-				 s->name, kvm_st_dtype_name(t->dtype));
+		return kvmem_error(EINVAL, "%s: tensor '%s' has shape %s, config.json implies %s", file, s->name,
+				 kvmem_st_shape_str(have, sizeof(have), t->ndim, t->shape),
+				 kvmem_st_shape_str(want, sizeof(want), s->ndim, s->shape));
+	if (t->dtype != KVMEM_ST_BF16 && t->dtype != KVMEM_ST_F16 && t->dtype != KVMEM_ST_F32)
+		return kvmem_error(EINVAL, "%s: tensor '%s' has dtype %s; kvmem reads BF16, F16 and F32", file,
+				 s->name, kvmem_st_dtype_name(t->dtype));
 	return 0;
 }
 
 /* All checks: every implied tensor present and right, nothing stray. */
-static int check_all(kvm_model *m, struct priv *p)
+static int check_all(kvmem_model *m, struct priv *p)
 {
-	const kvm_config *c = &m->cfg;
-	struct kvm_tensor_spec s;
+	const kvmem_config *c = &m->cfg;
+	struct kvmem_tensor_spec s;
 	int f;
 
-	for (size_t i = 0; i < kvm_tensor_count(c); i++) {
-		const kvm_st_tensor *t;
+	for (size_t i = 0; i < kvmem_tensor_count(c); i++) {
+		const kvmem_st_tensor *t;
 
-		kvm_tensor_spec(c, i, &s);
+		kvmem_tensor_spec(c, i, &s);
 		t = locate(p, s.name, &f);
 		if (!t)
-			return kvm_error("%s: missing tensor '%s'%s",
-					 p->index ? p->index_path : kvm_st_path(p->files[0]), s.name,
-					 s.role == KVM_T_LM_HEAD ? " (config.json has tie_word_embeddings "
+			return kvmem_error(EINVAL, "%s: missing tensor '%s'%s",
+					 p->index ? p->index_path : kvmem_st_path(p->files[0]), s.name,
+					 s.role == KVMEM_T_LM_HEAD ? " (config.json has tie_word_embeddings "
 								   "false)" : "");
-		if (check_tensor(p, &s, t, kvm_st_path(p->files[f])))
+		if (check_tensor(p, &s, t, kvmem_st_path(p->files[f])))
 			return -1;
 	}
 	for (f = 0; f < p->nfiles; f++)
-		for (size_t i = 0; i < kvm_st_count(p->files[f]); i++)
-			if (classify(c, kvm_st_at(p->files[f], i)->name, kvm_st_path(p->files[f])) < 0)
+		for (size_t i = 0; i < kvmem_st_count(p->files[f]); i++)
+			if (classify(c, kvmem_st_at(p->files[f], i)->name, kvmem_st_path(p->files[f])) < 0)
 				return -1;
 	return 0;
 }
 
-static void describe(kvm_model *m, struct priv *p)
+static void describe(kvmem_model *m, struct priv *p)
 {
-	struct kvm_tensor_spec s;
+	struct kvmem_tensor_spec s;
 	char *text = NULL;
 	size_t len = 0;
 	int dtype = -1, f;
 	FILE *out = open_memstream(&text, &len);
 
 	if (out)
-		kvm_fingerprint_head(out, &m->cfg);
-	for (size_t i = 0; i < kvm_tensor_count(&m->cfg); i++) {
-		const kvm_st_tensor *t;
+		kvmem_fingerprint_head(out, &m->cfg);
+	for (size_t i = 0; i < kvmem_tensor_count(&m->cfg); i++) {
+		const kvmem_st_tensor *t;
 		size_t k;
 
-		kvm_tensor_spec(&m->cfg, i, &s);
+		kvmem_tensor_spec(&m->cfg, i, &s);
 		t = locate(p, s.name, &f);
 		dtype = dtype == -1 || dtype == (int)t->dtype ? (int)t->dtype : -2;
 		if (!out)
 			continue;
 		k = t->nbytes < 4096 ? t->nbytes : 4096;
-		kvm_fingerprint_tensor(out, s.name, kvm_st_dtype_name(t->dtype), t->ndim, t->shape);
+		kvmem_fingerprint_tensor(out, s.name, kvmem_st_dtype_name(t->dtype), t->ndim, t->shape);
 		fprintf(out, " %016llx %016llx\n", (unsigned long long)XXH64(t->data, k, 0),
 			(unsigned long long)XXH64((const char *)t->data + t->nbytes - k, k, 0));
 	}
@@ -239,10 +239,10 @@ static void describe(kvm_model *m, struct priv *p)
 		m->fingerprint = XXH64(text, len, 0);
 	free(text);
 	snprintf(m->weight_dtype, sizeof(m->weight_dtype), "%s",
-		 dtype >= 0 ? kvm_st_dtype_name((kvm_st_dtype)dtype) : "mixed");
+		 dtype >= 0 ? kvmem_st_dtype_name((kvmem_st_dtype)dtype) : "mixed");
 	m->n_files = p->nfiles;
 	for (f = 0; f < p->nfiles; f++)
-		m->file_bytes += kvm_st_file_size(p->files[f]);
+		m->file_bytes += kvmem_st_file_size(p->files[f]);
 }
 
 /* fp32 buffer for n values: 64-byte aligned; big ones on 2 MB boundaries
@@ -262,21 +262,21 @@ static float *alloc_f32(size_t n)
 }
 
 /* fp32 copy of a stored tensor (any alignment). */
-static float *convert(const kvm_st_tensor *t)
+static float *convert(const kvmem_st_tensor *t)
 {
 	enum { CHUNK = 1 << 20 };
 	size_t n = t->numel;
 	float *dst = alloc_f32(n);
 	size_t nchunks = (n + CHUNK - 1) / CHUNK;
-	int aligned = ((uintptr_t)t->data & (kvm_st_dtype_size(t->dtype) - 1)) == 0;
+	int aligned = ((uintptr_t)t->data & (kvmem_st_dtype_size(t->dtype) - 1)) == 0;
 
 	if (!dst)
 		return NULL;
-	if (t->dtype == KVM_ST_F32 || !aligned) {
+	if (t->dtype == KVMEM_ST_F32 || !aligned) {
 		/* memcpy has no alignment needs: F32, or 16-bit data at an odd
 		 * address, copied as they are first. */
 		memcpy(dst, t->data, t->nbytes);
-		if (t->dtype == KVM_ST_F32)
+		if (t->dtype == KVMEM_ST_F32)
 			return dst;
 		/* Widen in place from the back, so no element is overwritten
 		 * before it is read. */
@@ -284,7 +284,7 @@ static float *convert(const kvm_st_tensor *t)
 			uint16_t h;
 
 			memcpy(&h, (const char *)dst + 2 * i, 2);
-			dst[i] = t->dtype == KVM_ST_BF16 ? kvm_bf16_to_f32(h) : kvm_f16_to_f32(h);
+			dst[i] = t->dtype == KVMEM_ST_BF16 ? kvmem_bf16_to_f32(h) : kvmem_f16_to_f32(h);
 		}
 		return dst;
 	}
@@ -293,79 +293,79 @@ static float *convert(const kvm_st_tensor *t)
 		size_t b = c * CHUNK, k = n - b < CHUNK ? n - b : CHUNK;
 		const uint16_t *src = (const uint16_t *)t->data + b;
 
-		if (t->dtype == KVM_ST_BF16)
-			kvm_bf16_to_f32_n(dst + b, src, k);
+		if (t->dtype == KVMEM_ST_BF16)
+			kvmem_bf16_to_f32_n(dst + b, src, k);
 		else
-			kvm_f16_to_f32_n(dst + b, src, k);
+			kvmem_f16_to_f32_n(dst + b, src, k);
 	}
 	return dst;
 }
 
-static int check_memory(const kvm_model *m, const struct priv *p)
+static int check_memory(const kvmem_model *m, const struct priv *p)
 {
 	uint64_t need = 0, have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-	struct kvm_tensor_spec s;
+	struct kvmem_tensor_spec s;
 	int f;
 
-	for (size_t i = 0; i < kvm_tensor_count(&m->cfg); i++) {
-		const kvm_st_tensor *t;
+	for (size_t i = 0; i < kvmem_tensor_count(&m->cfg); i++) {
+		const kvmem_st_tensor *t;
 
-		kvm_tensor_spec(&m->cfg, i, &s);
+		kvmem_tensor_spec(&m->cfg, i, &s);
 		t = locate(p, s.name, &f);
-		if (t->dtype != KVM_ST_F32 || ((uintptr_t)t->data & 3))
+		if (t->dtype != KVMEM_ST_F32 || ((uintptr_t)t->data & 3))
 			need += t->numel * sizeof(float);
 	}
 	if (have && need > have)
-		return kvm_error("%s: the weights need %.1f GB as fp32 but this machine has %.1f GB "
+		return kvmem_error(EINVAL, "%s: the weights need %.1f GB as fp32 but this machine has %.1f GB "
 				 "of memory", m->dir, need / 1e9, have / 1e9);
 	return 0;
 }
 
-static int materialise(kvm_model *m, struct priv *p)
+static int materialise(kvmem_model *m, struct priv *p)
 {
-	const kvm_config *c = &m->cfg;
-	struct kvm_tensor_spec s;
+	const kvmem_config *c = &m->cfg;
+	struct kvmem_tensor_spec s;
 	int f;
 
 	if (check_memory(m, p))
 		return -1;
 	m->layers = calloc((size_t)c->n_layers, sizeof(*m->layers));
-	p->bufs = calloc(kvm_tensor_count(c), sizeof(*p->bufs));
+	p->bufs = calloc(kvmem_tensor_count(c), sizeof(*p->bufs));
 	if (!m->layers || !p->bufs)
-		return kvm_error("%s: out of memory", m->dir);
-	for (size_t i = 0; i < kvm_tensor_count(c); i++) {
-		const kvm_st_tensor *t;
+		return kvmem_error(ENOMEM, "%s: out of memory", m->dir);
+	for (size_t i = 0; i < kvmem_tensor_count(c); i++) {
+		const kvmem_st_tensor *t;
 		const float *w;
 
-		kvm_tensor_spec(c, i, &s);
+		kvmem_tensor_spec(c, i, &s);
 		t = locate(p, s.name, &f);
-		if (t->dtype == KVM_ST_F32 && !((uintptr_t)t->data & 3)) {
+		if (t->dtype == KVMEM_ST_F32 && !((uintptr_t)t->data & 3)) {
 			w = t->data;	/* used in place: keep the mapping */
 			p->keep[f] = true;
 		} else {
 			float *buf = convert(t);
 
 			if (!buf)
-				return kvm_error("%s: out of memory converting '%s' (%llu values)",
+				return kvmem_error(ENOMEM, "%s: out of memory converting '%s' (%llu values)",
 						 m->dir, s.name, (unsigned long long)t->numel);
 			p->bufs[p->nbufs++] = buf;
 			w = buf;
 		}
 		switch (s.role) {
-		case KVM_T_EMBED: m->embed = w; break;
-		case KVM_T_FINAL_NORM: m->final_norm = w; break;
-		case KVM_T_LM_HEAD: m->lm_head = w; break;
-		case KVM_T_ATTN_NORM: m->layers[s.layer].attn_norm = w; break;
-		case KVM_T_WQ: m->layers[s.layer].wq = w; break;
-		case KVM_T_WK: m->layers[s.layer].wk = w; break;
-		case KVM_T_WV: m->layers[s.layer].wv = w; break;
-		case KVM_T_WO: m->layers[s.layer].wo = w; break;
-		case KVM_T_Q_NORM: m->layers[s.layer].q_norm = w; break;
-		case KVM_T_K_NORM: m->layers[s.layer].k_norm = w; break;
-		case KVM_T_MLP_NORM: m->layers[s.layer].mlp_norm = w; break;
-		case KVM_T_GATE: m->layers[s.layer].w_gate = w; break;
-		case KVM_T_UP: m->layers[s.layer].w_up = w; break;
-		case KVM_T_DOWN: m->layers[s.layer].w_down = w; break;
+		case KVMEM_T_EMBED: m->embed = w; break;
+		case KVMEM_T_FINAL_NORM: m->final_norm = w; break;
+		case KVMEM_T_LM_HEAD: m->lm_head = w; break;
+		case KVMEM_T_ATTN_NORM: m->layers[s.layer].attn_norm = w; break;
+		case KVMEM_T_WQ: m->layers[s.layer].wq = w; break;
+		case KVMEM_T_WK: m->layers[s.layer].wk = w; break;
+		case KVMEM_T_WV: m->layers[s.layer].wv = w; break;
+		case KVMEM_T_WO: m->layers[s.layer].wo = w; break;
+		case KVMEM_T_Q_NORM: m->layers[s.layer].q_norm = w; break;
+		case KVMEM_T_K_NORM: m->layers[s.layer].k_norm = w; break;
+		case KVMEM_T_MLP_NORM: m->layers[s.layer].mlp_norm = w; break;
+		case KVMEM_T_GATE: m->layers[s.layer].w_gate = w; break;
+		case KVMEM_T_UP: m->layers[s.layer].w_up = w; break;
+		case KVMEM_T_DOWN: m->layers[s.layer].w_down = w; break;
 		}
 	}
 	if (c->tie_embeddings)
@@ -373,9 +373,9 @@ static int materialise(kvm_model *m, struct priv *p)
 	return 0;
 }
 
-int kvm_model_open(const char *dir, int flags, kvm_model **out)
+int kvmem_model_open(const char *dir, int flags, kvmem_model **out)
 {
-	kvm_model *m = calloc(1, sizeof(*m));
+	kvmem_model *m = calloc(1, sizeof(*m));
 	struct priv *p = calloc(1, sizeof(*p));
 	char path[4200];
 
@@ -383,15 +383,15 @@ int kvm_model_open(const char *dir, int flags, kvm_model **out)
 	if (!m || !p) {
 		free(m);
 		free(p);
-		return kvm_error("%s: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", dir);
 	}
 	m->priv = p;
 	snprintf(m->dir, sizeof(m->dir), "%s", dir);
 	if (strlen(dir) >= sizeof(m->dir)) {
-		kvm_error("%.100s...: path too long", dir);
+		kvmem_error(EINVAL, "%.100s...: path too long", dir);
 		goto fail;
 	}
-	if (kvm_config_load(&m->cfg, dir))
+	if (kvmem_config_load(&m->cfg, dir))
 		goto fail;
 	snprintf(p->index_path, sizeof(p->index_path), "%s/" INDEX_NAME, dir);
 	snprintf(path, sizeof(path), "%s/" SINGLE_NAME, dir);
@@ -402,35 +402,35 @@ int kvm_model_open(const char *dir, int flags, kvm_model **out)
 		if (add_file(p, path))
 			goto fail;
 	} else {
-		kvm_error("%s: holds config.json but neither " SINGLE_NAME " nor " INDEX_NAME, dir);
+		kvmem_error(EINVAL, "%s: holds config.json but neither " SINGLE_NAME " nor " INDEX_NAME, dir);
 		goto fail;
 	}
 	if (check_all(m, p))
 		goto fail;
 	describe(m, p);
-	if (!(flags & KVM_MODEL_NO_WEIGHTS) && materialise(m, p))
+	if (!(flags & KVMEM_MODEL_NO_WEIGHTS) && materialise(m, p))
 		goto fail;
 	/* Files nothing points into any more are unmapped now. */
 	for (int f = 0; f < p->nfiles; f++)
 		if (!p->keep[f]) {
-			kvm_st_close(p->files[f]);
+			kvmem_st_close(p->files[f]);
 			p->files[f] = NULL;
 		}
-	kvm_json_free(p->index);
+	kvmem_json_free(p->index);
 	p->index = NULL;
 	*out = m;
 	return 0;
 fail:
-	kvm_model_free(m);
+	kvmem_model_free(m);
 	return -1;
 }
 
-int kvm_model_load(const char *dir, kvm_model **out)
+int kvmem_model_load(const char *dir, kvmem_model **out)
 {
-	return kvm_model_open(dir, 0, out);
+	return kvmem_model_open(dir, 0, out);
 }
 
-void kvm_model_free(kvm_model *m)
+void kvmem_model_free(kvmem_model *m)
 {
 	struct priv *p;
 
@@ -439,10 +439,10 @@ void kvm_model_free(kvm_model *m)
 	p = m->priv;
 	if (p) {
 		for (int f = 0; f < p->nfiles; f++)
-			kvm_st_close(p->files[f]);
+			kvmem_st_close(p->files[f]);
 		for (size_t i = 0; i < p->nbufs; i++)
 			free(p->bufs[i]);
-		kvm_json_free(p->index);
+		kvmem_json_free(p->index);
 		free(p->files);
 		free(p->keep);
 		free(p->bufs);

@@ -14,7 +14,7 @@
 	  .max_position = 40960, .rope_theta = 1000000.0, .rms_eps = 1e-6f,              \
 	  .tie_embeddings = TIED, .bos_id = 151643, .eos_id = 151645, .dtype = "bfloat16" }
 
-const kvm_preset kvm_presets[] = {
+const kvmem_preset kvmem_presets[] = {
 	{ "tiny", "4 layers, hidden 256, vocab 1024: tests, demo",
 	  { .arch = "Qwen3ForCausalLM", .n_layers = 4, .hidden = 256, .n_heads = 4,
 	    .n_kv_heads = 2, .head_dim = 64, .intermediate = 512, .vocab = 1024,
@@ -29,9 +29,9 @@ const kvm_preset kvm_presets[] = {
 	{ NULL, NULL, { .n_layers = 0 } },
 };
 
-const kvm_preset *kvm_preset_find(const char *name)
+const kvmem_preset *kvmem_preset_find(const char *name)
 {
-	for (const kvm_preset *p = kvm_presets; name && p->name; p++)
+	for (const kvmem_preset *p = kvmem_presets; name && p->name; p++)
 		if (!strcmp(p->name, name))
 			return p;
 	return NULL;

@@ -17,51 +17,51 @@
 #include "model/safetensors.h"
 #include "util/json.h"
 
-struct kvm_st_file {
+struct kvmem_st_file {
 	char *path;
 	const unsigned char *base;
 	size_t size;
 	bool mapped;
-	kvm_json *doc;
-	const kvm_json *meta;
+	kvmem_json *doc;
+	const kvmem_json *meta;
 	size_t n;
-	kvm_st_tensor *t;	/* by data offset */
+	kvmem_st_tensor *t;	/* by data offset */
 	uint32_t *by_name;	/* indices into t, sorted by name */
 };
 
 static const struct {
 	const char *name;
 	size_t size;
-} dtypes[KVM_ST_NDTYPES] = {
-	[KVM_ST_BOOL] = { "BOOL", 1 },	   [KVM_ST_U8] = { "U8", 1 },
-	[KVM_ST_I8] = { "I8", 1 },	   [KVM_ST_F8_E5M2] = { "F8_E5M2", 1 },
-	[KVM_ST_F8_E4M3] = { "F8_E4M3", 1 }, [KVM_ST_I16] = { "I16", 2 },
-	[KVM_ST_U16] = { "U16", 2 },	   [KVM_ST_F16] = { "F16", 2 },
-	[KVM_ST_BF16] = { "BF16", 2 },	   [KVM_ST_I32] = { "I32", 4 },
-	[KVM_ST_U32] = { "U32", 4 },	   [KVM_ST_F32] = { "F32", 4 },
-	[KVM_ST_F64] = { "F64", 8 },	   [KVM_ST_I64] = { "I64", 8 },
-	[KVM_ST_U64] = { "U64", 8 },
+} dtypes[KVMEM_ST_NDTYPES] = {
+	[KVMEM_ST_BOOL] = { "BOOL", 1 },	   [KVMEM_ST_U8] = { "U8", 1 },
+	[KVMEM_ST_I8] = { "I8", 1 },	   [KVMEM_ST_F8_E5M2] = { "F8_E5M2", 1 },
+	[KVMEM_ST_F8_E4M3] = { "F8_E4M3", 1 }, [KVMEM_ST_I16] = { "I16", 2 },
+	[KVMEM_ST_U16] = { "U16", 2 },	   [KVMEM_ST_F16] = { "F16", 2 },
+	[KVMEM_ST_BF16] = { "BF16", 2 },	   [KVMEM_ST_I32] = { "I32", 4 },
+	[KVMEM_ST_U32] = { "U32", 4 },	   [KVMEM_ST_F32] = { "F32", 4 },
+	[KVMEM_ST_F64] = { "F64", 8 },	   [KVMEM_ST_I64] = { "I64", 8 },
+	[KVMEM_ST_U64] = { "U64", 8 },
 };
 
-const char *kvm_st_dtype_name(kvm_st_dtype d)
+const char *kvmem_st_dtype_name(kvmem_st_dtype d)
 {
-	return (unsigned)d < KVM_ST_NDTYPES ? dtypes[d].name : "?";
+	return (unsigned)d < KVMEM_ST_NDTYPES ? dtypes[d].name : "?";
 }
 
-size_t kvm_st_dtype_size(kvm_st_dtype d)
+size_t kvmem_st_dtype_size(kvmem_st_dtype d)
 {
-	return (unsigned)d < KVM_ST_NDTYPES ? dtypes[d].size : 0;
+	return (unsigned)d < KVMEM_ST_NDTYPES ? dtypes[d].size : 0;
 }
 
-int kvm_st_dtype_parse(const char *name)
+int kvmem_st_dtype_parse(const char *name)
 {
-	for (int i = 0; i < KVM_ST_NDTYPES; i++)
+	for (int i = 0; i < KVMEM_ST_NDTYPES; i++)
 		if (name && !strcmp(name, dtypes[i].name))
 			return i;
 	return -1;
 }
 
-char *kvm_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
+char *kvmem_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 {
 	size_t at = 0;
 
@@ -75,93 +75,93 @@ char *kvm_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 }
 
 /* ---- header ------------------------------------------------------------ */
-static int parse_tensor(kvm_st_file *f, const char *name, const kvm_json *v, uint64_t data_len,
-			kvm_st_tensor *t)
+static int parse_tensor(kvmem_st_file *f, const char *name, const kvmem_json *v, uint64_t data_len,
+			kvmem_st_tensor *t)
 {
-	const kvm_json *dt = kvm_json_get(v, "dtype"), *shape = kvm_json_get(v, "shape");
-	const kvm_json *offs = kvm_json_get(v, "data_offsets");
+	const kvmem_json *dt = kvmem_json_get(v, "dtype"), *shape = kvmem_json_get(v, "shape");
+	const kvmem_json *offs = kvmem_json_get(v, "data_offsets");
 	uint64_t begin, end;
 	int d;
 
 	t->name = name;
-	if (kvm_json_typeof(v) != KVM_JSON_OBJECT)
-		return kvm_error("%s: tensor '%s': expected an object with dtype, shape and "
-				 "data_offsets, found %s", f->path, name, kvm_json_type_name(v));
-	if (kvm_json_typeof(dt) != KVM_JSON_STRING)
-		return kvm_error("%s: tensor '%s' has no dtype string", f->path, name);
-	d = kvm_st_dtype_parse(kvm_json_str(dt, ""));
+	if (kvmem_json_typeof(v) != KVMEM_JSON_OBJECT)
+		return kvmem_error(EINVAL, "%s: tensor '%s': expected an object with dtype, shape and "
+				 "data_offsets, found %s", f->path, name, kvmem_json_type_name(v));
+	if (kvmem_json_typeof(dt) != KVMEM_JSON_STRING)
+		return kvmem_error(EINVAL, "%s: tensor '%s' has no dtype string", f->path, name);
+	d = kvmem_st_dtype_parse(kvmem_json_str(dt, ""));
 	if (d < 0)
-		return kvm_error("%s: tensor '%s' has unknown dtype '%.40s'", f->path, name,
-				 kvm_json_str(dt, ""));
-	t->dtype = (kvm_st_dtype)d;
+		return kvmem_error(EINVAL, "%s: tensor '%s' has unknown dtype '%.40s'", f->path, name,
+				 kvmem_json_str(dt, ""));
+	t->dtype = (kvmem_st_dtype)d;
 
-	if (kvm_json_typeof(shape) != KVM_JSON_ARRAY)
-		return kvm_error("%s: tensor '%s' has no shape array", f->path, name);
-	if (kvm_json_len(shape) > KVM_ST_MAX_DIMS)
-		return kvm_error("%s: tensor '%s' has %zu dimensions (at most %d are read)",
-				 f->path, name, kvm_json_len(shape), KVM_ST_MAX_DIMS);
-	t->ndim = (int)kvm_json_len(shape);
+	if (kvmem_json_typeof(shape) != KVMEM_JSON_ARRAY)
+		return kvmem_error(EINVAL, "%s: tensor '%s' has no shape array", f->path, name);
+	if (kvmem_json_len(shape) > KVMEM_ST_MAX_DIMS)
+		return kvmem_error(EINVAL, "%s: tensor '%s' has %zu dimensions (at most %d are read)",
+				 f->path, name, kvmem_json_len(shape), KVMEM_ST_MAX_DIMS);
+	t->ndim = (int)kvmem_json_len(shape);
 	t->numel = 1;
 	for (int i = 0; i < t->ndim; i++) {
-		const kvm_json *dim = kvm_json_at(shape, (size_t)i);
-		int64_t n = kvm_json_int(dim, -1);
+		const kvmem_json *dim = kvmem_json_at(shape, (size_t)i);
+		int64_t n = kvmem_json_int(dim, -1);
 
 		if (n < 0)
-			return kvm_error("%s: tensor '%s': shape entry %d is not a non-negative integer",
+			return kvmem_error(EINVAL, "%s: tensor '%s': shape entry %d is not a non-negative integer",
 					 f->path, name, i);
 		t->shape[i] = n;
 		if (n && t->numel > UINT64_MAX / 16 / (uint64_t)n)
-			return kvm_error("%s: tensor '%s': shape is too large", f->path, name);
+			return kvmem_error(EINVAL, "%s: tensor '%s': shape is too large", f->path, name);
 		t->numel *= (uint64_t)n;
 	}
-	t->nbytes = t->numel * kvm_st_dtype_size(t->dtype);
+	t->nbytes = t->numel * kvmem_st_dtype_size(t->dtype);
 
-	if (kvm_json_typeof(offs) != KVM_JSON_ARRAY || kvm_json_len(offs) != 2 ||
-	    kvm_json_int(kvm_json_at(offs, 0), -1) < 0 || kvm_json_int(kvm_json_at(offs, 1), -1) < 0)
-		return kvm_error("%s: tensor '%s': data_offsets must be two non-negative integers",
+	if (kvmem_json_typeof(offs) != KVMEM_JSON_ARRAY || kvmem_json_len(offs) != 2 ||
+	    kvmem_json_int(kvmem_json_at(offs, 0), -1) < 0 || kvmem_json_int(kvmem_json_at(offs, 1), -1) < 0)
+		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets must be two non-negative integers",
 				 f->path, name);
-	begin = (uint64_t)kvm_json_int(kvm_json_at(offs, 0), 0);
-	end = (uint64_t)kvm_json_int(kvm_json_at(offs, 1), 0);
+	begin = (uint64_t)kvmem_json_int(kvmem_json_at(offs, 0), 0);
+	end = (uint64_t)kvmem_json_int(kvmem_json_at(offs, 1), 0);
 	if (end < begin)
-		return kvm_error("%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
+		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
 				 f->path, name, (unsigned long long)begin, (unsigned long long)end);
 	if (end > data_len)
-		return kvm_error("%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the "
+		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the "
 				 "data (%llu bytes): the file is truncated or the offsets are wrong",
 				 f->path, name, (unsigned long long)begin, (unsigned long long)end,
 				 (unsigned long long)data_len);
 	if (end - begin != t->nbytes) {
 		char s[160];
 
-		return kvm_error("%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but "
+		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but "
 				 "shape %s of %s needs %llu", f->path, name,
 				 (unsigned long long)begin, (unsigned long long)end,
 				 (unsigned long long)(end - begin),
-				 kvm_st_shape_str(s, sizeof(s), t->ndim, t->shape),
-				 kvm_st_dtype_name(t->dtype), (unsigned long long)t->nbytes);
+				 kvmem_st_shape_str(s, sizeof(s), t->ndim, t->shape),
+				 kvmem_st_dtype_name(t->dtype), (unsigned long long)t->nbytes);
 	}
 	t->offset = f->size - data_len + begin;
 	t->data = f->base + t->offset;
 	return 0;
 }
 
-static int check_metadata(kvm_st_file *f, const kvm_json *meta)
+static int check_metadata(kvmem_st_file *f, const kvmem_json *meta)
 {
-	if (kvm_json_typeof(meta) != KVM_JSON_OBJECT)
-		return kvm_error("%s: __metadata__ must be an object, found %s", f->path,
-				 kvm_json_type_name(meta));
-	for (size_t i = 0; i < kvm_json_len(meta); i++)
-		if (kvm_json_typeof(kvm_json_at(meta, i)) != KVM_JSON_STRING)
-			return kvm_error("%s: __metadata__ value of '%s' must be a string, found %s",
-					 f->path, kvm_json_key(meta, i),
-					 kvm_json_type_name(kvm_json_at(meta, i)));
+	if (kvmem_json_typeof(meta) != KVMEM_JSON_OBJECT)
+		return kvmem_error(EINVAL, "%s: __metadata__ must be an object, found %s", f->path,
+				 kvmem_json_type_name(meta));
+	for (size_t i = 0; i < kvmem_json_len(meta); i++)
+		if (kvmem_json_typeof(kvmem_json_at(meta, i)) != KVMEM_JSON_STRING)
+			return kvmem_error(EINVAL, "%s: __metadata__ value of '%s' must be a string, found %s",
+					 f->path, kvmem_json_key(meta, i),
+					 kvmem_json_type_name(kvmem_json_at(meta, i)));
 	f->meta = meta;
 	return 0;
 }
 
 static int by_offset(const void *a, const void *b)
 {
-	const kvm_st_tensor *x = a, *y = b;
+	const kvmem_st_tensor *x = a, *y = b;
 
 	if (x->offset != y->offset)
 		return x->offset < y->offset ? -1 : 1;
@@ -170,12 +170,12 @@ static int by_offset(const void *a, const void *b)
 
 static int by_name(const void *a, const void *b, void *arg)
 {
-	const kvm_st_tensor *t = arg;
+	const kvmem_st_tensor *t = arg;
 
 	return strcmp(t[*(const uint32_t *)a].name, t[*(const uint32_t *)b].name);
 }
 
-static int parse_header(kvm_st_file *f)
+static int parse_header(kvmem_st_file *f)
 {
 	uint64_t hlen = 0, data_len;
 	const unsigned char *h;
@@ -183,42 +183,42 @@ static int parse_header(kvm_st_file *f)
 	size_t i, n = 0;
 
 	if (f->size < 8)
-		return kvm_error("%s: file is %zu bytes, too short for the 8-byte header length "
+		return kvmem_error(EINVAL, "%s: file is %zu bytes, too short for the 8-byte header length "
 				 "(truncated, or not a safetensors file)", f->path, f->size);
 	for (i = 0; i < 8; i++)
 		hlen |= (uint64_t)f->base[i] << (8 * i);
 	if (hlen > f->size - 8)
-		return kvm_error("%s: header length %llu runs past the end of the file (%zu bytes): "
+		return kvmem_error(EINVAL, "%s: header length %llu runs past the end of the file (%zu bytes): "
 				 "truncated, or not a safetensors file", f->path,
 				 (unsigned long long)hlen, f->size);
-	if (hlen > KVM_ST_MAX_HEADER)
-		return kvm_error("%s: header length %llu is above the %u MB limit", f->path,
-				 (unsigned long long)hlen, KVM_ST_MAX_HEADER >> 20);
+	if (hlen > KVMEM_ST_MAX_HEADER)
+		return kvmem_error(EINVAL, "%s: header length %llu is above the %u MB limit", f->path,
+				 (unsigned long long)hlen, KVMEM_ST_MAX_HEADER >> 20);
 	h = f->base + 8;
 	if (!hlen || h[0] != '{')
-		return kvm_error("%s: the header does not start with '{': not a safetensors file",
+		return kvmem_error(EINVAL, "%s: the header does not start with '{': not a safetensors file",
 				 f->path);
 	snprintf(jname, sizeof(jname), "%s (header)", f->path);
-	f->doc = kvm_json_parse((const char *)h, hlen, jname);
+	f->doc = kvmem_json_parse((const char *)h, hlen, jname);
 	if (!f->doc)
 		return -1;
 	data_len = f->size - 8 - hlen;
 
-	f->t = calloc(kvm_json_len(f->doc) + 1, sizeof(*f->t));
-	f->by_name = calloc(kvm_json_len(f->doc) + 1, sizeof(*f->by_name));
+	f->t = calloc(kvmem_json_len(f->doc) + 1, sizeof(*f->t));
+	f->by_name = calloc(kvmem_json_len(f->doc) + 1, sizeof(*f->by_name));
 	if (!f->t || !f->by_name)
-		return kvm_error("%s: out of memory", f->path);
-	for (i = 0; i < kvm_json_len(f->doc); i++) {
-		const char *key = kvm_json_key(f->doc, i);
+		return kvmem_error(ENOMEM, "%s: out of memory", f->path);
+	for (i = 0; i < kvmem_json_len(f->doc); i++) {
+		const char *key = kvmem_json_key(f->doc, i);
 
 		if (!strcmp(key, "__metadata__")) {
-			if (check_metadata(f, kvm_json_at(f->doc, i)))
+			if (check_metadata(f, kvmem_json_at(f->doc, i)))
 				return -1;
 			continue;
 		}
 		if (!*key)
-			return kvm_error("%s: a tensor has an empty name", f->path);
-		if (parse_tensor(f, key, kvm_json_at(f->doc, i), data_len, &f->t[n]))
+			return kvmem_error(EINVAL, "%s: a tensor has an empty name", f->path);
+		if (parse_tensor(f, key, kvmem_json_at(f->doc, i), data_len, &f->t[n]))
 			return -1;
 		n++;
 	}
@@ -226,13 +226,13 @@ static int parse_header(kvm_st_file *f)
 
 	qsort(f->t, n, sizeof(*f->t), by_offset);
 	for (i = 1; i < n; i++) {
-		const kvm_st_tensor *a = &f->t[i - 1], *b = &f->t[i];
+		const kvmem_st_tensor *a = &f->t[i - 1], *b = &f->t[i];
 
 		/* Empty tensors own no bytes, so they overlap nothing. */
 		if (a->nbytes && b->nbytes && b->offset < a->offset + a->nbytes) {
 			uint64_t d0 = f->size - data_len;
 
-			return kvm_error("%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap",
+			return kvmem_error(EINVAL, "%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap",
 					 f->path, a->name, (unsigned long long)(a->offset - d0),
 					 (unsigned long long)(a->offset - d0 + a->nbytes), b->name,
 					 (unsigned long long)(b->offset - d0),
@@ -244,26 +244,26 @@ static int parse_header(kvm_st_file *f)
 	qsort_r(f->by_name, n, sizeof(uint32_t), by_name, f->t);
 	for (i = 1; i < n; i++)	/* keys differing only after a "\u0000" */
 		if (!strcmp(f->t[f->by_name[i - 1]].name, f->t[f->by_name[i]].name))
-			return kvm_error("%s: tensor name '%s' appears twice", f->path,
+			return kvmem_error(EINVAL, "%s: tensor name '%s' appears twice", f->path,
 					 f->t[f->by_name[i]].name);
 	return 0;
 }
 
-static kvm_st_file *file_new(const char *name)
+static kvmem_st_file *file_new(const char *name)
 {
-	kvm_st_file *f = calloc(1, sizeof(*f));
+	kvmem_st_file *f = calloc(1, sizeof(*f));
 
 	if (!f || !(f->path = strdup(name ? name : "safetensors"))) {
 		free(f);
-		kvm_error("%s: out of memory", name ? name : "safetensors");
+		kvmem_error(ENOMEM, "%s: out of memory", name ? name : "safetensors");
 		return NULL;
 	}
 	return f;
 }
 
-int kvm_st_parse(const void *buf, size_t len, const char *name, kvm_st_file **out)
+int kvmem_st_parse(const void *buf, size_t len, const char *name, kvmem_st_file **out)
 {
-	kvm_st_file *f = file_new(name);
+	kvmem_st_file *f = file_new(name);
 
 	*out = NULL;
 	if (!f)
@@ -271,26 +271,26 @@ int kvm_st_parse(const void *buf, size_t len, const char *name, kvm_st_file **ou
 	f->base = buf;
 	f->size = len;
 	if (parse_header(f)) {
-		kvm_st_close(f);
+		kvmem_st_close(f);
 		return -1;
 	}
 	*out = f;
 	return 0;
 }
 
-int kvm_st_open(const char *path, kvm_st_file **out)
+int kvmem_st_open(const char *path, kvmem_st_file **out)
 {
-	kvm_st_file *f;
+	kvmem_st_file *f;
 	struct stat st;
 	int fd;
 
 	*out = NULL;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return kvm_error("%s: cannot open: %s", path, strerror(errno));
+		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
 		close(fd);
-		return kvm_error("%s: not a regular file", path);
+		return kvmem_error(EINVAL, "%s: not a regular file", path);
 	}
 	f = file_new(path);
 	if (!f) {
@@ -302,9 +302,9 @@ int kvm_st_open(const char *path, kvm_st_file **out)
 		void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
 
 		if (map == MAP_FAILED) {
-			kvm_error("%s: cannot map %zu bytes: %s", path, f->size, strerror(errno));
+			kvmem_error(errno, "%s: cannot map %zu bytes: %s", path, f->size, strerror(errno));
 			close(fd);
-			kvm_st_close(f);
+			kvmem_st_close(f);
 			return -1;
 		}
 		f->base = map;
@@ -312,53 +312,53 @@ int kvm_st_open(const char *path, kvm_st_file **out)
 	}
 	close(fd);
 	if (parse_header(f)) {
-		kvm_st_close(f);
+		kvmem_st_close(f);
 		return -1;
 	}
 	*out = f;
 	return 0;
 }
 
-void kvm_st_close(kvm_st_file *f)
+void kvmem_st_close(kvmem_st_file *f)
 {
 	if (!f)
 		return;
 	if (f->mapped)
 		munmap((void *)f->base, f->size);
-	kvm_json_free(f->doc);
+	kvmem_json_free(f->doc);
 	free(f->t);
 	free(f->by_name);
 	free(f->path);
 	free(f);
 }
 
-const char *kvm_st_path(const kvm_st_file *f)
+const char *kvmem_st_path(const kvmem_st_file *f)
 {
 	return f->path;
 }
 
-size_t kvm_st_file_size(const kvm_st_file *f)
+size_t kvmem_st_file_size(const kvmem_st_file *f)
 {
 	return f->size;
 }
 
-size_t kvm_st_count(const kvm_st_file *f)
+size_t kvmem_st_count(const kvmem_st_file *f)
 {
 	return f->n;
 }
 
-const kvm_st_tensor *kvm_st_at(const kvm_st_file *f, size_t i)
+const kvmem_st_tensor *kvmem_st_at(const kvmem_st_file *f, size_t i)
 {
 	return i < f->n ? &f->t[i] : NULL;
 }
 
-const kvm_st_tensor *kvm_st_find(const kvm_st_file *f, const char *name)
+const kvmem_st_tensor *kvmem_st_find(const kvmem_st_file *f, const char *name)
 {
 	size_t lo = 0, hi = f->n;
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		const kvm_st_tensor *t = &f->t[f->by_name[mid]];
+		const kvmem_st_tensor *t = &f->t[f->by_name[mid]];
 		int c = strcmp(t->name, name);
 
 		if (!c)
@@ -371,7 +371,7 @@ const kvm_st_tensor *kvm_st_find(const kvm_st_file *f, const char *name)
 	return NULL;
 }
 
-const char *kvm_st_metadata(const kvm_st_file *f, const char *key)
+const char *kvmem_st_metadata(const kvmem_st_file *f, const char *key)
 {
-	return kvm_json_str(kvm_json_get(f->meta, key), NULL);
+	return kvmem_json_str(kvmem_json_get(f->meta, key), NULL);
 }

@@ -22,13 +22,13 @@
 
 struct wtensor {
 	char *name;
-	kvm_st_dtype dtype;
+	kvmem_st_dtype dtype;
 	int ndim;
-	int64_t shape[KVM_ST_MAX_DIMS];
+	int64_t shape[KVMEM_ST_MAX_DIMS];
 	uint64_t nbytes;
 };
 
-struct kvm_st_writer {
+struct kvmem_st_writer {
 	struct wtensor *t;
 	size_t n, cap;
 	char **meta;		/* key, value, key, value... */
@@ -43,64 +43,64 @@ struct kvm_st_writer {
 	size_t used;
 };
 
-kvm_st_writer *kvm_st_writer_new(void)
+kvmem_st_writer *kvmem_st_writer_new(void)
 {
-	kvm_st_writer *w = calloc(1, sizeof(*w));
+	kvmem_st_writer *w = calloc(1, sizeof(*w));
 
 	if (!w) {
-		kvm_error("safetensors writer: out of memory");
+		kvmem_error(ENOMEM, "safetensors writer: out of memory");
 		return NULL;
 	}
 	w->fd = -1;
 	return w;
 }
 
-int kvm_st_writer_meta(kvm_st_writer *w, const char *key, const char *value)
+int kvmem_st_writer_meta(kvmem_st_writer *w, const char *key, const char *value)
 {
 	char **m;
 
 	if (w->header)
-		return kvm_error("safetensors writer: metadata '%s' added after the header was built",
+		return kvmem_error(EINVAL, "safetensors writer: metadata '%s' added after the header was built",
 				 key);
 	m = realloc(w->meta, (w->nmeta + 2) * sizeof(*m));
 	if (!m)
-		return kvm_error("safetensors writer: out of memory");
+		return kvmem_error(ENOMEM, "safetensors writer: out of memory");
 	w->meta = m;
 	m[w->nmeta] = strdup(key);
 	m[w->nmeta + 1] = strdup(value);
 	w->nmeta += 2;
 	if (!m[w->nmeta - 2] || !m[w->nmeta - 1])
-		return kvm_error("safetensors writer: out of memory");
+		return kvmem_error(ENOMEM, "safetensors writer: out of memory");
 	return 0;
 }
 
-int kvm_st_writer_add(kvm_st_writer *w, const char *name, kvm_st_dtype dtype, int ndim,
+int kvmem_st_writer_add(kvmem_st_writer *w, const char *name, kvmem_st_dtype dtype, int ndim,
 		      const int64_t *shape)
 {
 	struct wtensor *t;
 	uint64_t numel = 1;
 
 	if (w->header)
-		return kvm_error("safetensors writer: tensor '%s' added after the header was built",
+		return kvmem_error(EINVAL, "safetensors writer: tensor '%s' added after the header was built",
 				 name);
 	if (!name || !*name || !strcmp(name, "__metadata__"))
-		return kvm_error("safetensors writer: invalid tensor name '%s'", name ? name : "");
-	if ((unsigned)dtype >= KVM_ST_NDTYPES || ndim < 0 || ndim > KVM_ST_MAX_DIMS)
-		return kvm_error("safetensors writer: tensor '%s': bad dtype or rank", name);
+		return kvmem_error(EINVAL, "safetensors writer: invalid tensor name '%s'", name ? name : "");
+	if ((unsigned)dtype >= KVMEM_ST_NDTYPES || ndim < 0 || ndim > KVMEM_ST_MAX_DIMS)
+		return kvmem_error(EINVAL, "safetensors writer: tensor '%s': bad dtype or rank", name);
 	for (int i = 0; i < ndim; i++) {
 		if (shape[i] < 0 || (shape[i] && numel > UINT64_MAX / 16 / (uint64_t)shape[i]))
-			return kvm_error("safetensors writer: tensor '%s': bad shape", name);
+			return kvmem_error(EINVAL, "safetensors writer: tensor '%s': bad shape", name);
 		numel *= (uint64_t)shape[i];
 	}
 	for (size_t i = 0; i < w->n; i++)
 		if (!strcmp(w->t[i].name, name))
-			return kvm_error("safetensors writer: tensor '%s' added twice", name);
+			return kvmem_error(EINVAL, "safetensors writer: tensor '%s' added twice", name);
 	if (w->n == w->cap) {
 		size_t cap = w->cap ? 2 * w->cap : 64;
 
 		t = realloc(w->t, cap * sizeof(*t));
 		if (!t)
-			return kvm_error("safetensors writer: out of memory");
+			return kvmem_error(ENOMEM, "safetensors writer: out of memory");
 		w->t = t;
 		w->cap = cap;
 	}
@@ -108,16 +108,16 @@ int kvm_st_writer_add(kvm_st_writer *w, const char *name, kvm_st_dtype dtype, in
 	memset(t, 0, sizeof(*t));
 	t->name = strdup(name);
 	if (!t->name)
-		return kvm_error("safetensors writer: out of memory");
+		return kvmem_error(ENOMEM, "safetensors writer: out of memory");
 	t->dtype = dtype;
 	t->ndim = ndim;
 	memcpy(t->shape, shape, (size_t)ndim * sizeof(*shape));
-	t->nbytes = numel * kvm_st_dtype_size(dtype);
+	t->nbytes = numel * kvmem_st_dtype_size(dtype);
 	w->n++;
 	return 0;
 }
 
-static int build_header(kvm_st_writer *w)
+static int build_header(kvmem_st_writer *w)
 {
 	FILE *f;
 	char *text = NULL;
@@ -128,16 +128,16 @@ static int build_header(kvm_st_writer *w)
 		return 0;
 	f = open_memstream(&text, &len);
 	if (!f)
-		return kvm_error("safetensors writer: out of memory");
+		return kvmem_error(ENOMEM, "safetensors writer: out of memory");
 	fputc('{', f);
 	if (w->nmeta) {
 		fputs("\"__metadata__\":{", f);
 		for (size_t i = 0; i < w->nmeta; i += 2) {
 			if (i)
 				fputc(',', f);
-			kvm_json_write_str(f, w->meta[i]);
+			kvmem_json_write_str(f, w->meta[i]);
 			fputc(':', f);
-			kvm_json_write_str(f, w->meta[i + 1]);
+			kvmem_json_write_str(f, w->meta[i + 1]);
 		}
 		fputc('}', f);
 	}
@@ -146,8 +146,8 @@ static int build_header(kvm_st_writer *w)
 
 		if (i || w->nmeta)
 			fputc(',', f);
-		kvm_json_write_str(f, t->name);
-		fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", kvm_st_dtype_name(t->dtype));
+		kvmem_json_write_str(f, t->name);
+		fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", kvmem_st_dtype_name(t->dtype));
 		for (int d = 0; d < t->ndim; d++)
 			fprintf(f, "%s%lld", d ? "," : "", (long long)t->shape[d]);
 		fprintf(f, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
@@ -160,7 +160,7 @@ static int build_header(kvm_st_writer *w)
 		fputc(' ', f);
 	if (fclose(f) || !text) {
 		free(text);
-		return kvm_error("safetensors writer: out of memory");
+		return kvmem_error(ENOMEM, "safetensors writer: out of memory");
 	}
 	w->header = text;
 	w->header_len = len;
@@ -168,14 +168,14 @@ static int build_header(kvm_st_writer *w)
 	return 0;
 }
 
-uint64_t kvm_st_writer_file_size(kvm_st_writer *w)
+uint64_t kvmem_st_writer_file_size(kvmem_st_writer *w)
 {
 	if (build_header(w))
 		return 0;
 	return 8 + w->header_len + w->data_total;
 }
 
-static int flush_buf(kvm_st_writer *w)
+static int flush_buf(kvmem_st_writer *w)
 {
 	size_t done = 0;
 
@@ -186,7 +186,7 @@ static int flush_buf(kvm_st_writer *w)
 			continue;
 		if (r <= 0) {
 			w->failed = true;
-			return kvm_error("%s: write failed: %s", w->path,
+			return kvmem_error(errno, "%s: write failed: %s", w->path,
 					 r ? strerror(errno) : "no progress");
 		}
 		done += (size_t)r;
@@ -195,7 +195,7 @@ static int flush_buf(kvm_st_writer *w)
 	return 0;
 }
 
-static int put(kvm_st_writer *w, const void *data, size_t n)
+static int put(kvmem_st_writer *w, const void *data, size_t n)
 {
 	const unsigned char *p = data;
 
@@ -212,14 +212,14 @@ static int put(kvm_st_writer *w, const void *data, size_t n)
 	return 0;
 }
 
-int kvm_st_writer_begin(kvm_st_writer *w, const char *path)
+int kvmem_st_writer_begin(kvmem_st_writer *w, const char *path)
 {
 	unsigned char len8[8];
 	char *dcopy, *bcopy;
 	int n;
 
 	if (w->fd >= 0 || w->finished)
-		return kvm_error("%s: safetensors writer already begun", path);
+		return kvmem_error(EINVAL, "%s: safetensors writer already begun", path);
 	if (build_header(w))
 		return -1;
 	w->path = strdup(path);
@@ -229,18 +229,18 @@ int kvm_st_writer_begin(kvm_st_writer *w, const char *path)
 	if (!w->path || !dcopy || !bcopy || !w->buf) {
 		free(dcopy);
 		free(bcopy);
-		return kvm_error("%s: out of memory", path);
+		return kvmem_error(ENOMEM, "%s: out of memory", path);
 	}
 	n = asprintf(&w->tmp, "%s/.%s.tmp-%d", dirname(dcopy), basename(bcopy), (int)getpid());
 	free(dcopy);
 	free(bcopy);
 	if (n < 0) {
 		w->tmp = NULL;
-		return kvm_error("%s: out of memory", path);
+		return kvmem_error(ENOMEM, "%s: out of memory", path);
 	}
 	w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (w->fd < 0)
-		return kvm_error("%s: cannot create: %s", w->tmp, strerror(errno));
+		return kvmem_error(errno, "%s: cannot create: %s", w->tmp, strerror(errno));
 	for (int i = 0; i < 8; i++)
 		len8[i] = (unsigned char)((uint64_t)w->header_len >> (8 * i));
 	if (put(w, len8, 8) || put(w, w->header, w->header_len))
@@ -248,13 +248,13 @@ int kvm_st_writer_begin(kvm_st_writer *w, const char *path)
 	return 0;
 }
 
-int kvm_st_writer_write(kvm_st_writer *w, const void *data, size_t n)
+int kvmem_st_writer_write(kvmem_st_writer *w, const void *data, size_t n)
 {
 	if (w->fd < 0 || w->failed)
-		return kvm_error("%s: safetensors writer is not open", w->path ? w->path : "?");
+		return kvmem_error(EINVAL, "%s: safetensors writer is not open", w->path ? w->path : "?");
 	if (n > w->data_total - w->written) {
 		w->failed = true;
-		return kvm_error("%s: %llu bytes more than the declared tensors hold", w->path,
+		return kvmem_error(EINVAL, "%s: %llu bytes more than the declared tensors hold", w->path,
 				 (unsigned long long)(n - (w->data_total - w->written)));
 	}
 	w->written += n;
@@ -277,34 +277,34 @@ static void sync_dir_of(const char *path)
 	free(d);
 }
 
-int kvm_st_writer_finish(kvm_st_writer *w)
+int kvmem_st_writer_finish(kvmem_st_writer *w)
 {
 	if (w->fd < 0 || w->failed)
-		return kvm_error("%s: safetensors writer is not open", w->path ? w->path : "?");
+		return kvmem_error(EINVAL, "%s: safetensors writer is not open", w->path ? w->path : "?");
 	if (w->written != w->data_total) {
 		w->failed = true;
-		return kvm_error("%s: %llu of %llu data bytes written", w->path,
+		return kvmem_error(EINVAL, "%s: %llu of %llu data bytes written", w->path,
 				 (unsigned long long)w->written, (unsigned long long)w->data_total);
 	}
 	if (flush_buf(w))
 		return -1;
 	if (fsync(w->fd)) {
 		w->failed = true;
-		return kvm_error("%s: fsync failed: %s", w->tmp, strerror(errno));
+		return kvmem_error(errno, "%s: fsync failed: %s", w->tmp, strerror(errno));
 	}
 	close(w->fd);
 	w->fd = -1;
 	if (rename(w->tmp, w->path)) {
 		w->failed = true;
 		unlink(w->tmp);
-		return kvm_error("%s: cannot rename into place: %s", w->path, strerror(errno));
+		return kvmem_error(errno, "%s: cannot rename into place: %s", w->path, strerror(errno));
 	}
 	w->finished = true;
 	sync_dir_of(w->path);
 	return 0;
 }
 
-void kvm_st_writer_free(kvm_st_writer *w)
+void kvmem_st_writer_free(kvmem_st_writer *w)
 {
 	if (!w)
 		return;

@@ -17,48 +17,48 @@
 
 #include "kvmem/model.h"
 
-enum kvm_tensor_role {
-	KVM_T_EMBED,
-	KVM_T_ATTN_NORM,
-	KVM_T_WQ,
-	KVM_T_WK,
-	KVM_T_WV,
-	KVM_T_WO,
-	KVM_T_Q_NORM,
-	KVM_T_K_NORM,
-	KVM_T_MLP_NORM,
-	KVM_T_GATE,
-	KVM_T_UP,
-	KVM_T_DOWN,
-	KVM_T_FINAL_NORM,
-	KVM_T_LM_HEAD,
+enum kvmem_tensor_role {
+	KVMEM_T_EMBED,
+	KVMEM_T_ATTN_NORM,
+	KVMEM_T_WQ,
+	KVMEM_T_WK,
+	KVMEM_T_WV,
+	KVMEM_T_WO,
+	KVMEM_T_Q_NORM,
+	KVMEM_T_K_NORM,
+	KVMEM_T_MLP_NORM,
+	KVMEM_T_GATE,
+	KVMEM_T_UP,
+	KVMEM_T_DOWN,
+	KVMEM_T_FINAL_NORM,
+	KVMEM_T_LM_HEAD,
 };
 
-#define KVM_LAYER_TENSORS 11
+#define KVMEM_LAYER_TENSORS 11
 
-struct kvm_tensor_spec {
+struct kvmem_tensor_spec {
 	char name[80];
-	enum kvm_tensor_role role;
+	enum kvmem_tensor_role role;
 	int layer;		/* -1 outside the layers */
 	int ndim;		/* 1 or 2 */
 	int64_t shape[2];	/* [out][in] for matrices */
 	int64_t fan_in;		/* the input size a matrix multiplies */
 };
 
-size_t kvm_tensor_count(const kvm_config *c);
-/* Tensor i (< kvm_tensor_count) in canonical order. */
-void kvm_tensor_spec(const kvm_config *c, size_t i, struct kvm_tensor_spec *t);
+size_t kvmem_tensor_count(const kvmem_config *c);
+/* Tensor i (< kvmem_tensor_count) in canonical order. */
+void kvmem_tensor_spec(const kvmem_config *c, size_t i, struct kvmem_tensor_spec *t);
 /* The layer-local suffix of a role, e.g. "mlp.up_proj.weight". */
-const char *kvm_tensor_suffix(enum kvm_tensor_role r);
+const char *kvmem_tensor_suffix(enum kvmem_tensor_role r);
 
 /* The safetensors dtype config.json's torch_dtype names ("BF16"; "?" if none). */
-const char *kvm_config_st_dtype(const kvm_config *c);
+const char *kvmem_config_st_dtype(const kvmem_config *c);
 
-/* Pieces of the fingerprint text (see kvm_config_fingerprint in model.h):
+/* Pieces of the fingerprint text (see kvmem_config_fingerprint in model.h):
  * the geometry lines, and one tensor's "name DTYPE [d0, d1]" without the
  * line end (the model fingerprint appends its data hashes first). */
-void kvm_fingerprint_head(FILE *f, const kvm_config *c);
-void kvm_fingerprint_tensor(FILE *f, const char *name, const char *dtype, int ndim,
+void kvmem_fingerprint_head(FILE *f, const kvmem_config *c);
+void kvmem_fingerprint_tensor(FILE *f, const char *name, const char *dtype, int ndim,
 			    const int64_t *shape);
 
 #endif

@@ -18,7 +18,7 @@
 #include "pager/pager_int.h"
 #include "pager/probes.h"
 
-static int write_tail(kvm_pager *p, uint32_t slot, const void *const *layers,
+static int write_tail(kvmem_pager *p, uint32_t slot, const void *const *layers,
 		      const void *index, uint64_t *sums)
 {
 	size_t L = p->g.n_layers, ib = p->g.index_bytes;
@@ -28,7 +28,7 @@ static int write_tail(kvm_pager *p, uint32_t slot, const void *const *layers,
 	size_t len = p->tail_slot_bytes;
 
 	if (!buf)
-		return kvm_error("%s/tail: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s/tail: out of memory", p->dir);
 	for (size_t l = 0; l < L; l++) {
 		memcpy(buf + l * p->page_stride, layers[l], p->page_bytes);
 		sums[l] = XXH3_64bits(buf + l * p->page_stride, p->page_bytes);
@@ -45,7 +45,7 @@ static int write_tail(kvm_pager *p, uint32_t slot, const void *const *layers,
 			int err = w < 0 ? errno : ENOSPC;
 
 			free(buf);
-			return kvm_error("%s/tail: cannot write slot %u: %s", p->dir, slot,
+			return kvmem_error(err, "%s/tail: cannot write slot %u: %s", p->dir, slot,
 					 strerror(err));
 		}
 		b += w;
@@ -56,19 +56,19 @@ static int write_tail(kvm_pager *p, uint32_t slot, const void *const *layers,
 	return 0;
 }
 
-static int sync_all(kvm_pager *p)
+static int sync_all(kvmem_pager *p)
 {
 	static const char *const names[] = { "pages", "sums", "index", "tokens", "tail" };
 	int fds[] = { p->fd_pages, p->fd_sums, p->fd_index, p->fd_tokens, p->fd_tail };
 
 	for (int i = 0; i < 5; i++)
 		if (fdatasync(fds[i]) < 0)
-			return kvm_error("%s/%s: fdatasync failed: %s", p->dir, names[i],
+			return kvmem_error(errno, "%s/%s: fdatasync failed: %s", p->dir, names[i],
 					 strerror(errno));
 	return 0;
 }
 
-int kvm_pager_commit(kvm_pager *p, const void *const *tail_layers, const void *tail_index,
+int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const void *tail_index,
 		     const void *app, uint32_t app_len)
 {
 	uint64_t t0 = now_ns(), B = p->g.block_tokens, tokens = p->n_tokens;
@@ -76,23 +76,23 @@ int kvm_pager_commit(kvm_pager *p, const void *const *tail_layers, const void *t
 	struct manifest m2;
 
 	if (p->rdonly)
-		return kvm_error("%s: opened read-only", p->dir);
+		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
 	if (p->n_blocks != tokens / B)
-		return kvm_error("%s: commit of %" PRIu64 " tokens needs %" PRIu64
+		return kvmem_error(EINVAL, "%s: commit of %" PRIu64 " tokens needs %" PRIu64
 				 " full blocks, %" PRIu64 " were appended", p->dir, tokens,
 				 tokens / B, p->n_blocks);
 	if (tail && !tail_layers)
-		return kvm_error("%s: commit of %" PRIu64 " tokens needs the partial block of %u "
+		return kvmem_error(EINVAL, "%s: commit of %" PRIu64 " tokens needs the partial block of %u "
 				 "tokens", p->dir, tokens, tail);
 	if (tail && p->g.index_bytes && !tail_index)
-		return kvm_error("%s: commit needs the partial block's index record", p->dir);
-	if (app_len > KVM_PAGER_APP_MAX)
-		return kvm_error("%s: %u bytes of session state, at most %u", p->dir, app_len,
-				 KVM_PAGER_APP_MAX);
+		return kvmem_error(EINVAL, "%s: commit needs the partial block's index record", p->dir);
+	if (app_len > KVMEM_PAGER_APP_MAX)
+		return kvmem_error(EINVAL, "%s: %u bytes of session state, at most %u", p->dir, app_len,
+				 KVMEM_PAGER_APP_MAX);
 	if (stage_drain(p) < 0)
 		return -1;
 	if (p->write_failed)
-		return kvm_error("%s: cannot commit: %s; the workspace stays at its last commit "
+		return kvmem_error(EINVAL, "%s: cannot commit: %s; the workspace stays at its last commit "
 				 "(%" PRIu64 " tokens)", p->dir, p->write_err, p->m.h.tokens);
 
 	memset(&m2, 0, sizeof(m2));
@@ -101,7 +101,7 @@ int kvm_pager_commit(kvm_pager *p, const void *const *tail_layers, const void *t
 	m2.app = malloc(app_len ? app_len : 1);
 	if (!m2.tail_sums || !m2.app) {
 		mf_free(&m2);
-		return kvm_error("%s: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 	}
 	if (app_len)
 		memcpy(m2.app, app, app_len);
@@ -134,7 +134,7 @@ fail:
 	/* After a failed write or fdatasync nothing later can be trusted to be
 	 * durable: refuse commits from now on, keep serving from memory. */
 	mf_free(&m2);
-	pager_fail_write(p, "%s", kvm_last_error());
-	return kvm_error("%s; the workspace stays at its last commit (%" PRIu64 " tokens)",
+	pager_fail_write(p, "%s", kvmem_last_error());
+	return kvmem_error(EINVAL, "%s; the workspace stays at its last commit (%" PRIu64 " tokens)",
 			 p->write_err, p->m.h.tokens);
 }

@@ -18,31 +18,31 @@
 
 static int slot_busy(void *arg, uint32_t s)
 {
-	kvm_pager *p = arg;
+	kvmem_pager *p = arg;
 	uint64_t pg = p->slot_page[s];
 
-	return p->slot_pin[s] || pg == UINT64_MAX || (p->pt[pg].flags & KVM_PTE_IN_FLIGHT);
+	return p->slot_pin[s] || pg == UINT64_MAX || (p->pt[pg].flags & KVMEM_PTE_IN_FLIGHT);
 }
 
-static void evict(kvm_pager *p, uint32_t s)
+static void evict(kvmem_pager *p, uint32_t s)
 {
 	uint64_t pg = p->slot_page[s];
-	struct kvm_pte *e = &p->pt[pg];
+	struct kvmem_pte *e = &p->pt[pg];
 
 	PROBE_EVICT(pg, s, p->page_bytes);
-	PROBE_TIER_MOVE(pg, KVM_TIER_HOST, 0, p->page_bytes, 0);
-	e->tiers &= ~KVM_TIER_HOST;
-	e->flags &= ~KVM_PTE_PREFETCHED;
-	e->host_slot = KVM_SLOT_NONE;
+	PROBE_TIER_MOVE(pg, KVMEM_TIER_HOST, 0, p->page_bytes, 0);
+	e->tiers &= ~KVMEM_TIER_HOST;
+	e->flags &= ~KVMEM_PTE_PREFETCHED;
+	e->host_slot = KVMEM_SLOT_NONE;
 	p->repl->remove(p->repl_st, s);
 	p->slot_page[s] = UINT64_MAX;
-	kvm_hostpool_release(p->pool, s, 1);
+	kvmem_hostpool_release(p->pool, s, 1);
 	p->st.evictions++;
 }
 
-int make_room(kvm_pager *p, uint32_t need)
+int make_room(kvmem_pager *p, uint32_t need)
 {
-	uint32_t have = kvm_hostpool_free_slots(p->pool), want, n, *v;
+	uint32_t have = kvmem_hostpool_free_slots(p->pool), want, n, *v;
 
 	if (have >= need)
 		return 0;
@@ -55,40 +55,40 @@ int make_room(kvm_pager *p, uint32_t need)
 		if (!slot_busy(p, v[i]))
 			evict(p, v[i]);
 	free(v);
-	return kvm_hostpool_free_slots(p->pool) >= need ? 0 : -1;
+	return kvmem_hostpool_free_slots(p->pool) >= need ? 0 : -1;
 }
 
-static void set_resident(kvm_pager *p, uint64_t pg, uint32_t s)
+static void set_resident(kvmem_pager *p, uint64_t pg, uint32_t s)
 {
-	struct kvm_pte *e = &p->pt[pg];
+	struct kvmem_pte *e = &p->pt[pg];
 
-	e->tiers |= KVM_TIER_HOST;
+	e->tiers |= KVMEM_TIER_HOST;
 	e->host_slot = s;
 	p->slot_page[s] = pg;
 	p->repl->insert(p->repl_st, s, pg, p->step);
 }
 
-int pool_insert_copy(kvm_pager *p, uint64_t pg, const void *src)
+int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
 {
 	uint64_t t = now_ns();
 	uint32_t s;
 
-	if (make_room(p, 1) < 0 || kvm_hostpool_alloc_run(p->pool, 1, &s) != 1)
+	if (make_room(p, 1) < 0 || kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
 		return -1;
-	memcpy(kvm_hostpool_slot(p->pool, s), src, p->page_bytes);
+	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	set_resident(p, pg, s);
-	PROBE_TIER_MOVE(pg, 0, KVM_TIER_HOST, p->page_bytes, now_ns() - t);
+	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, now_ns() - t);
 	return 0;
 }
 
-static int page_ok(kvm_pager *p, uint64_t pg, const void *data)
+static int page_ok(kvmem_pager *p, uint64_t pg, const void *data)
 {
 	size_t L = p->g.n_layers;
 
 	return XXH3_64bits(data, p->page_bytes) == p->sums[pg / L * (L + 1) + pg % L];
 }
 
-void read_done(kvm_pager *p, struct io_req *r)
+void read_done(kvmem_pager *p, struct io_req *r)
 {
 	uint64_t ns = now_ns() - r->t_submit;
 
@@ -101,25 +101,25 @@ void read_done(kvm_pager *p, struct io_req *r)
 	for (uint32_t k = 0; k < r->n_pages; k++) {
 		uint64_t pg = r->first_page + k, need = (uint64_t)k * p->page_stride + p->page_bytes;
 		uint32_t s = r->slot + k;
-		struct kvm_pte *e = &p->pt[pg];
-		void *data = kvm_hostpool_slot(p->pool, s);
+		struct kvmem_pte *e = &p->pt[pg];
+		void *data = kvmem_hostpool_slot(p->pool, s);
 		int got = r->res >= 0 && (uint64_t)r->res >= need;
 
-		e->flags &= ~KVM_PTE_IN_FLIGHT;
+		e->flags &= ~KVMEM_PTE_IN_FLIGHT;
 		if (got && page_ok(p, pg, data)) {
-			e->flags &= ~KVM_PTE_BAD;
+			e->flags &= ~KVMEM_PTE_BAD;
 			if (r->purpose == PUR_PREFETCH)
-				e->flags |= KVM_PTE_PREFETCHED;
+				e->flags |= KVMEM_PTE_PREFETCHED;
 			set_resident(p, pg, s);
 			p->st.pages_in++;
 			p->st.bytes_in += p->page_bytes;
-			PROBE_TIER_MOVE(pg, KVM_TIER_NVME, KVM_TIER_HOST, p->page_bytes, ns);
+			PROBE_TIER_MOVE(pg, KVMEM_TIER_NVME, KVMEM_TIER_HOST, p->page_bytes, ns);
 			continue;
 		}
-		e->flags |= KVM_PTE_BAD;
-		e->host_slot = KVM_SLOT_NONE;
+		e->flags |= KVMEM_PTE_BAD;
+		e->host_slot = KVMEM_SLOT_NONE;
 		p->slot_page[s] = UINT64_MAX;
-		kvm_hostpool_release(p->pool, s, 1);
+		kvmem_hostpool_release(p->pool, s, 1);
 		if (!got) {
 			p->st.read_errors++;
 			PROBE_IO_ERROR(pg, r->res < 0 ? r->res : -EIO);
@@ -138,7 +138,7 @@ void read_done(kvm_pager *p, struct io_req *r)
 
 /* Start reads of sorted, distinct pages into free slots, consecutive pages
  * in one request as far as slots allow. Returns pages started. */
-static size_t start_reads(kvm_pager *p, const uint64_t *pages, size_t n, int purpose)
+static size_t start_reads(kvmem_pager *p, const uint64_t *pages, size_t n, int purpose)
 {
 	size_t i = 0;
 
@@ -149,12 +149,12 @@ static size_t start_reads(kvm_pager *p, const uint64_t *pages, size_t n, int pur
 
 		while (j < n && pages[j] == pages[j - 1] + 1 && (j - i + 1) * p->page_stride <= MAX_IO)
 			j++;
-		got = kvm_hostpool_alloc_run(p->pool, j - i, &first);
+		got = kvmem_hostpool_alloc_run(p->pool, j - i, &first);
 		if (!got)
 			break;
 		r = pager_req(p);
 		if (!r) {
-			kvm_hostpool_release(p->pool, first, got);
+			kvmem_hostpool_release(p->pool, first, got);
 			break;
 		}
 		r->kind = IO_READ;
@@ -162,21 +162,21 @@ static size_t start_reads(kvm_pager *p, const uint64_t *pages, size_t n, int pur
 		r->first_page = pages[i];
 		r->n_pages = got;
 		r->slot = first;
-		r->buf = kvm_hostpool_slot(p->pool, first);
+		r->buf = kvmem_hostpool_slot(p->pool, first);
 		r->len = (size_t)got * p->page_stride;
 		r->off = pages[i] * p->page_stride;
 		for (uint32_t k = 0; k < got; k++) {
-			p->pt[pages[i] + k].flags |= KVM_PTE_IN_FLIGHT;
+			p->pt[pages[i] + k].flags |= KVMEM_PTE_IN_FLIGHT;
 			p->pt[pages[i] + k].host_slot = first + k;
 			p->slot_page[first + k] = pages[i] + k;
 		}
 		if (io_queue(&p->io, p->fd_pages, r) < 0) {
 			for (uint32_t k = 0; k < got; k++) {
-				p->pt[pages[i] + k].flags &= ~KVM_PTE_IN_FLIGHT;
-				p->pt[pages[i] + k].host_slot = KVM_SLOT_NONE;
+				p->pt[pages[i] + k].flags &= ~KVMEM_PTE_IN_FLIGHT;
+				p->pt[pages[i] + k].host_slot = KVMEM_SLOT_NONE;
 				p->slot_page[first + k] = UINT64_MAX;
 			}
-			kvm_hostpool_release(p->pool, first, got);
+			kvmem_hostpool_release(p->pool, first, got);
 			io_req_put(&p->io, r);
 			break;
 		}
@@ -196,18 +196,30 @@ static int cmp_u64(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-static void unpin(kvm_pager *p, const uint64_t *pages, const uint8_t *pinned, size_t n)
+/* Sort page ids and drop repeats; returns how many are left. */
+static size_t sort_unique(uint64_t *a, size_t n)
+{
+	size_t m = 0;
+
+	qsort(a, n, sizeof(*a), cmp_u64);
+	for (size_t i = 0; i < n; i++)
+		if (!m || a[m - 1] != a[i])
+			a[m++] = a[i];
+	return m;
+}
+
+static void unpin(kvmem_pager *p, const uint64_t *pages, const uint8_t *pinned, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		const struct kvm_pte *e = &p->pt[pages[i]];
+		const struct kvmem_pte *e = &p->pt[pages[i]];
 
-		if (pinned[i] && e->host_slot != KVM_SLOT_NONE && p->slot_pin[e->host_slot])
+		if (pinned[i] && e->host_slot != KVMEM_SLOT_NONE && p->slot_pin[e->host_slot])
 			p->slot_pin[e->host_slot]--;
 	}
 }
 
-/* 0 ok, -1 error, -2 the pool cannot hold the request. */
-static int fetch_impl(kvm_pager *p, const uint64_t *pages, size_t n, const void **out)
+/* 0 ok, else -errno; -ENOBUFS: the pool cannot hold the request. */
+static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const void **out)
 {
 	uint64_t total = p->n_blocks * p->g.n_layers, t0 = now_ns(), *miss;
 	size_t m = 0, nv = 0;
@@ -218,36 +230,35 @@ static int fetch_impl(kvm_pager *p, const uint64_t *pages, size_t n, const void 
 		return 0;
 	for (size_t i = 0; i < n; i++)
 		if (pages[i] >= total)
-			return kvm_error("%s: page %" PRIu64 " asked, the workspace has %" PRIu64
+			return kvmem_error(EINVAL, "%s: page %" PRIu64 " asked, the workspace has %" PRIu64
 					 " pages", p->dir, pages[i], total);
 	miss = malloc(n * sizeof(*miss));
 	pinned = calloc(n, 1);
 	if (!miss || !pinned) {
 		free(miss);
 		free(pinned);
-		return kvm_error("%s: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 	}
 	pager_reap(p, 0);
 	p->read_err[0] = 0;
 	for (size_t i = 0; i < n; i++) {
-		struct kvm_pte *e = &p->pt[pages[i]];
+		struct kvmem_pte *e = &p->pt[pages[i]];
 
-		if (e->tiers & KVM_TIER_HOST) {
+		if (e->tiers & KVMEM_TIER_HOST) {
 			p->slot_pin[e->host_slot]++;
 			pinned[i] = 1;
 			p->st.host_hits++;
-			PROBE_HIT(pages[i], KVM_TIER_HOST, p->page_bytes);
+			PROBE_HIT(pages[i], KVMEM_TIER_HOST, p->page_bytes);
 		} else {
 			p->st.host_misses++;
-			if (!(e->flags & (KVM_PTE_IN_FLIGHT | KVM_PTE_MARK))) {
-				e->flags |= KVM_PTE_MARK;
+			if (!(e->flags & KVMEM_PTE_IN_FLIGHT))
 				miss[m++] = pages[i];
-				PROBE_MISS(pages[i], p->page_bytes);
-			}
 		}
 	}
+	/* A page asked twice is read once. */
+	m = sort_unique(miss, m);
 	for (size_t k = 0; k < m; k++)
-		p->pt[miss[k]].flags &= ~KVM_PTE_MARK;
+		PROBE_MISS(miss[k], p->page_bytes);
 	/* Prefetches in flight hold slots that cannot be evicted until they
 	 * land: wait for them before calling the pool too small. */
 	while (make_room(p, m) < 0 && p->io.inflight)
@@ -255,13 +266,11 @@ static int fetch_impl(kvm_pager *p, const uint64_t *pages, size_t n, const void 
 			break;
 	if (make_room(p, m) < 0) {
 		unpin(p, pages, pinned, n);
-		kvm_error("%s: host pool too small: a request needs %zu more pages, the pool holds %u "
-			  "(%u free after evicting what may go)", p->dir, m,
-			  kvm_hostpool_slots(p->pool), kvm_hostpool_free_slots(p->pool));
-		rc = -2;
+		rc = kvmem_error(ENOBUFS, "%s: host pool too small: a request needs %zu more pages, "
+				 "the pool holds %u (%u free after evicting what may go)", p->dir, m,
+				 kvmem_hostpool_slots(p->pool), kvmem_hostpool_free_slots(p->pool));
 		goto out;
 	}
-	qsort(miss, m, sizeof(*miss), cmp_u64);
 	for (size_t k = 0; k < m; k++) {
 		const uint8_t *src = stage_find(p, miss[k] / p->g.n_layers);
 
@@ -275,47 +284,47 @@ static int fetch_impl(kvm_pager *p, const uint64_t *pages, size_t n, const void 
 	}
 	if (start_reads(p, miss, nv, PUR_FETCH) < nv && !p->read_err[0])
 		snprintf(p->read_err, sizeof(p->read_err), "%s/pages: cannot start reads: %s",
-			 p->dir, kvm_last_error());
+			 p->dir, kvmem_last_error());
 	while (p->fetch_waiting)
 		if (pager_reap(p, 1) < 0)
 			break;
 	for (size_t i = 0; i < n; i++)
-		while (p->pt[pages[i]].flags & KVM_PTE_IN_FLIGHT)
+		while (p->pt[pages[i]].flags & KVMEM_PTE_IN_FLIGHT)
 			if (pager_reap(p, 1) < 0)
 				break;
 	if (nv)
 		p->st.fetch_wait_ns += now_ns() - t0;
 	for (size_t i = 0; i < n; i++) {
-		struct kvm_pte *e = &p->pt[pages[i]];
+		struct kvmem_pte *e = &p->pt[pages[i]];
 
-		if (!(e->tiers & KVM_TIER_HOST)) {
+		if (!(e->tiers & KVMEM_TIER_HOST)) {
 			if (!p->read_err[0])
 				snprintf(p->read_err, sizeof(p->read_err),
 					 "%s/pages: page %" PRIu64 " (block %" PRIu64 ", layer %u) could "
 					 "not be brought in%s", p->dir, pages[i],
 					 pages[i] / p->g.n_layers, (unsigned)(pages[i] % p->g.n_layers),
-					 e->flags & KVM_PTE_BAD ? ": its read failed or its checksum did "
+					 e->flags & KVMEM_PTE_BAD ? ": its read failed or its checksum did "
 					 "not match" : "");
-			rc = -1;
+			rc = e->flags & KVMEM_PTE_BAD ? -EBADMSG : -EIO;
 			continue;
 		}
 		if (!pinned[i]) {
 			p->slot_pin[e->host_slot]++;
 			pinned[i] = 1;
 		}
-		if (e->flags & KVM_PTE_PREFETCHED) {
+		if (e->flags & KVMEM_PTE_PREFETCHED) {
 			p->st.prefetch_used++;
-			e->flags &= ~KVM_PTE_PREFETCHED;
+			e->flags &= ~KVMEM_PTE_PREFETCHED;
 		}
 		p->repl->touch(p->repl_st, e->host_slot, p->step);
 		if (e->access_count != UINT32_MAX)
 			e->access_count++;
 		e->last_step = p->step;
-		out[i] = kvm_hostpool_slot(p->pool, e->host_slot);
+		out[i] = kvmem_hostpool_slot(p->pool, e->host_slot);
 	}
 	if (rc < 0) {
 		unpin(p, pages, pinned, n);
-		kvm_error("%s", p->read_err);
+		kvmem_error(-rc, "%s", p->read_err);
 	}
 out:
 	free(miss);
@@ -323,30 +332,32 @@ out:
 	return rc;
 }
 
-int kvm_pager_fetch(kvm_pager *p, const uint64_t *pages, size_t n, const void **out)
+int kvmem_pager_fetch(kvmem_pager *p, const uint64_t *pages, size_t n, const void **out)
 {
-	return fetch_impl(p, pages, n, out) < 0 ? -1 : 0;
+	int rc = fetch_impl(p, pages, n, out);
+
+	return rc < 0 ? rc : 0;
 }
 
-void kvm_pager_release(kvm_pager *p, const uint64_t *pages, size_t n)
+void kvmem_pager_release(kvmem_pager *p, const uint64_t *pages, size_t n)
 {
 	uint64_t total = p->n_blocks * p->g.n_layers;
 
 	for (size_t i = 0; i < n; i++) {
-		const struct kvm_pte *e;
+		const struct kvmem_pte *e;
 
 		if (pages[i] >= total)
 			continue;
 		e = &p->pt[pages[i]];
-		if ((e->tiers & KVM_TIER_HOST) && p->slot_pin[e->host_slot])
+		if ((e->tiers & KVMEM_TIER_HOST) && p->slot_pin[e->host_slot])
 			p->slot_pin[e->host_slot]--;
 	}
 }
 
-int kvm_pager_stage_in(kvm_pager *p, const uint64_t *pages, size_t n, kvm_page_fn fn,
+int kvmem_pager_stage_in(kvmem_pager *p, const uint64_t *pages, size_t n, kvmem_page_fn fn,
 		       void *arg)
 {
-	size_t batch = kvm_hostpool_slots(p->pool) / 2, i = 0;
+	size_t batch = kvmem_hostpool_slots(p->pool) / 2, i = 0;
 	const void **ptr;
 
 	if (!batch)
@@ -355,34 +366,34 @@ int kvm_pager_stage_in(kvm_pager *p, const uint64_t *pages, size_t n, kvm_page_f
 		batch = n ? n : 1;
 	ptr = malloc(batch * sizeof(*ptr));
 	if (!ptr)
-		return kvm_error("%s: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 	while (i < n) {
 		size_t k = n - i < batch ? n - i : batch;
 		int rc = fetch_impl(p, pages + i, k, ptr);
 
-		if (rc == -2 && k > 1) {
+		if (rc == -ENOBUFS && k > 1) {
 			batch = k / 2;
 			continue;
 		}
 		if (rc < 0) {
 			free(ptr);
-			return -1;
+			return rc;
 		}
 		for (size_t j = 0; j < k; j++) {
 			if (fn(arg, pages[i + j], ptr[j]) < 0) {
-				kvm_pager_release(p, pages + i, k);
+				kvmem_pager_release(p, pages + i, k);
 				free(ptr);
 				return -1;
 			}
 		}
-		kvm_pager_release(p, pages + i, k);
+		kvmem_pager_release(p, pages + i, k);
 		i += k;
 	}
 	free(ptr);
 	return 0;
 }
 
-int kvm_pager_prefetch(kvm_pager *p, const uint64_t *pages, size_t n)
+int kvmem_pager_prefetch(kvmem_pager *p, const uint64_t *pages, size_t n)
 {
 	uint64_t total = p->n_blocks * p->g.n_layers, *want;
 	size_t m = 0, started;
@@ -390,22 +401,19 @@ int kvm_pager_prefetch(kvm_pager *p, const uint64_t *pages, size_t n)
 	pager_reap(p, 0);
 	want = malloc((n ? n : 1) * sizeof(*want));
 	if (!want)
-		return kvm_error("%s: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 	for (size_t i = 0; i < n; i++) {
-		struct kvm_pte *e;
+		struct kvmem_pte *e;
 
 		if (pages[i] >= total)
 			continue;
 		e = &p->pt[pages[i]];
-		if ((e->tiers & KVM_TIER_HOST) || (e->flags & (KVM_PTE_IN_FLIGHT | KVM_PTE_MARK)) ||
-		    !(e->tiers & KVM_TIER_NVME))
+		if ((e->tiers & KVMEM_TIER_HOST) || (e->flags & KVMEM_PTE_IN_FLIGHT) ||
+		    !(e->tiers & KVMEM_TIER_NVME))
 			continue;
-		e->flags |= KVM_PTE_MARK;
 		want[m++] = pages[i];
 	}
-	for (size_t k = 0; k < m; k++)
-		p->pt[want[k]].flags &= ~KVM_PTE_MARK;
-	qsort(want, m, sizeof(*want), cmp_u64);
+	m = sort_unique(want, m);
 	make_room(p, m);	/* best effort: fewer pages start if it falls short */
 	started = start_reads(p, want, m, PUR_PREFETCH);
 	for (size_t k = 0; k < started; k++)

@@ -5,61 +5,61 @@
 
 #include "pager/pager_int.h"
 
-size_t kvm_dtype_bytes(uint32_t dtype)
+size_t kvmem_dtype_bytes(uint32_t dtype)
 {
 	switch (dtype) {
-	case KVM_DTYPE_F32: return 4;
-	case KVM_DTYPE_BF16: return 2;
-	case KVM_DTYPE_F16: return 2;
+	case KVMEM_DTYPE_F32: return 4;
+	case KVMEM_DTYPE_BF16: return 2;
+	case KVMEM_DTYPE_F16: return 2;
 	}
 	return 0;
 }
 
-const char *kvm_dtype_name(uint32_t dtype)
+const char *kvmem_dtype_name(uint32_t dtype)
 {
 	switch (dtype) {
-	case KVM_DTYPE_F32: return "f32";
-	case KVM_DTYPE_BF16: return "bf16";
-	case KVM_DTYPE_F16: return "f16";
+	case KVMEM_DTYPE_F32: return "f32";
+	case KVMEM_DTYPE_BF16: return "bf16";
+	case KVMEM_DTYPE_F16: return "f16";
 	}
 	return "?";
 }
 
-size_t kvm_page_bytes(const kvm_page_geom *g)
+size_t kvmem_page_bytes(const kvmem_page_geom *g)
 {
 	return 2 * (size_t)g->n_kv_heads * g->block_tokens * g->head_dim *
-	       kvm_dtype_bytes(g->dtype);
+	       kvmem_dtype_bytes(g->dtype);
 }
 
-size_t kvm_page_stride(const kvm_page_geom *g)
+size_t kvmem_page_stride(const kvmem_page_geom *g)
 {
-	return round_up(kvm_page_bytes(g), KVM_IO_ALIGN);
+	return round_up(kvmem_page_bytes(g), KVMEM_IO_ALIGN);
 }
 
-int kvm_page_geom_check(const kvm_page_geom *g, const char *name)
+int kvmem_page_geom_check(const kvmem_page_geom *g, const char *name)
 {
 	if (!g->n_layers || !g->n_heads || !g->n_kv_heads || !g->head_dim || !g->block_tokens)
-		return kvm_error("%s: page geometry has a zero size (L=%u Hq=%u Hkv=%u D=%u B=%u)",
+		return kvmem_error(EINVAL, "%s: page geometry has a zero size (L=%u Hq=%u Hkv=%u D=%u B=%u)",
 				 name, g->n_layers, g->n_heads, g->n_kv_heads, g->head_dim,
 				 g->block_tokens);
-	if (!kvm_dtype_bytes(g->dtype))
-		return kvm_error("%s: unknown page dtype %u", name, g->dtype);
+	if (!kvmem_dtype_bytes(g->dtype))
+		return kvmem_error(EINVAL, "%s: unknown page dtype %u", name, g->dtype);
 	if (g->n_layers > 4096 || g->n_kv_heads > 4096 || g->head_dim > 65536 ||
 	    g->block_tokens > 65536)
-		return kvm_error("%s: page geometry too large (L=%u Hkv=%u D=%u B=%u)", name,
+		return kvmem_error(EINVAL, "%s: page geometry too large (L=%u Hkv=%u D=%u B=%u)", name,
 				 g->n_layers, g->n_kv_heads, g->head_dim, g->block_tokens);
-	if (kvm_page_bytes(g) > (1u << 30))
-		return kvm_error("%s: a page of %zu bytes is over 1 GiB", name, kvm_page_bytes(g));
+	if (kvmem_page_bytes(g) > (1u << 30))
+		return kvmem_error(EINVAL, "%s: a page of %zu bytes is over 1 GiB", name, kvmem_page_bytes(g));
 	if (g->index_bytes > (1u << 30))
-		return kvm_error("%s: index record of %u bytes is over 1 GiB", name,
+		return kvmem_error(EINVAL, "%s: index record of %u bytes is over 1 GiB", name,
 				 g->index_bytes);
 	return 0;
 }
 
-char *kvm_page_geom_str(const kvm_page_geom *g, char *buf, size_t len)
+char *kvmem_page_geom_str(const kvmem_page_geom *g, char *buf, size_t len)
 {
 	snprintf(buf, len, "L=%u Hq=%u Hkv=%u D=%u B=%u %s index=%u fingerprint=%016" PRIx64,
 		 g->n_layers, g->n_heads, g->n_kv_heads, g->head_dim, g->block_tokens,
-		 kvm_dtype_name(g->dtype), g->index_bytes, g->fingerprint);
+		 kvmem_dtype_name(g->dtype), g->index_bytes, g->fingerprint);
 	return buf;
 }

@@ -15,7 +15,7 @@
 
 #define HUGE_2M (2u << 20)
 
-struct kvm_hostpool {
+struct kvmem_hostpool {
 	uint8_t *base;		/* 2 MiB aligned */
 	size_t len;		/* slots * slot_bytes, rounded to 2 MiB */
 	void *map;		/* what mmap returned */
@@ -35,19 +35,19 @@ static int local_node(void)
 	return cpu < 0 ? 0 : numa_node_of_cpu(cpu);
 }
 
-kvm_hostpool *kvm_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node)
+kvmem_hostpool *kvmem_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node)
 {
-	kvm_hostpool *hp;
+	kvmem_hostpool *hp;
 	uint64_t n;
 
-	if (!slot_bytes || slot_bytes % KVM_IO_ALIGN) {
-		kvm_error("host pool: slot size %zu is not a positive multiple of %u", slot_bytes,
-			  KVM_IO_ALIGN);
+	if (!slot_bytes || slot_bytes % KVMEM_IO_ALIGN) {
+		kvmem_error(EINVAL, "host pool: slot size %zu is not a positive multiple of %u", slot_bytes,
+			  KVMEM_IO_ALIGN);
 		return NULL;
 	}
 	n = cap / slot_bytes;
 	if (!n) {
-		kvm_error("host pool: cap of %llu bytes holds no page of %zu bytes",
+		kvmem_error(EINVAL, "host pool: cap of %llu bytes holds no page of %zu bytes",
 			  (unsigned long long)cap, slot_bytes);
 		return NULL;
 	}
@@ -55,7 +55,7 @@ kvm_hostpool *kvm_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node
 		n = UINT32_MAX - 1;
 	hp = calloc(1, sizeof(*hp));
 	if (!hp) {
-		kvm_error("host pool: out of memory");
+		kvmem_error(ENOMEM, "host pool: out of memory");
 		return NULL;
 	}
 	hp->slot_bytes = slot_bytes;
@@ -66,7 +66,7 @@ kvm_hostpool *kvm_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node
 		       -1, 0);
 	hp->used = calloc((n + 63) / 64, 8);
 	if (hp->map == MAP_FAILED || !hp->used) {
-		kvm_error("host pool: cannot map %zu bytes: %s", hp->map_len, strerror(errno));
+		kvmem_error(errno, "host pool: cannot map %zu bytes: %s", hp->map_len, strerror(errno));
 		if (hp->map != MAP_FAILED)
 			munmap(hp->map, hp->map_len);
 		free(hp->used);
@@ -78,9 +78,9 @@ kvm_hostpool *kvm_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node
 	hp->node = numa_node >= 0 ? numa_node : local_node();
 	if (hp->node >= 0 && numa_available() >= 0) {
 		if (hp->node > numa_max_node()) {
-			kvm_error("host pool: NUMA node %d does not exist (max %d)", hp->node,
+			kvmem_error(EINVAL, "host pool: NUMA node %d does not exist (max %d)", hp->node,
 				  numa_max_node());
-			kvm_hostpool_free(hp);
+			kvmem_hostpool_free(hp);
 			return NULL;
 		}
 		/* Before first touch, so every page is allocated on the node. */
@@ -91,7 +91,7 @@ kvm_hostpool *kvm_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node
 	return hp;
 }
 
-void kvm_hostpool_free(kvm_hostpool *hp)
+void kvmem_hostpool_free(kvmem_hostpool *hp)
 {
 	if (!hp)
 		return;
@@ -100,35 +100,35 @@ void kvm_hostpool_free(kvm_hostpool *hp)
 	free(hp);
 }
 
-uint32_t kvm_hostpool_slots(const kvm_hostpool *hp) { return hp->n_slots; }
-uint32_t kvm_hostpool_free_slots(const kvm_hostpool *hp) { return hp->n_free; }
-size_t kvm_hostpool_slot_bytes(const kvm_hostpool *hp) { return hp->slot_bytes; }
-int kvm_hostpool_node(const kvm_hostpool *hp) { return hp->node; }
-int kvm_hostpool_huge(const kvm_hostpool *hp) { return hp->huge; }
+uint32_t kvmem_hostpool_slots(const kvmem_hostpool *hp) { return hp->n_slots; }
+uint32_t kvmem_hostpool_free_slots(const kvmem_hostpool *hp) { return hp->n_free; }
+size_t kvmem_hostpool_slot_bytes(const kvmem_hostpool *hp) { return hp->slot_bytes; }
+int kvmem_hostpool_node(const kvmem_hostpool *hp) { return hp->node; }
+int kvmem_hostpool_huge(const kvmem_hostpool *hp) { return hp->huge; }
 
-void *kvm_hostpool_slot(const kvm_hostpool *hp, uint32_t slot)
+void *kvmem_hostpool_slot(const kvmem_hostpool *hp, uint32_t slot)
 {
 	return hp->base + (size_t)slot * hp->slot_bytes;
 }
 
-void kvm_hostpool_region(const kvm_hostpool *hp, void **base, size_t *len)
+void kvmem_hostpool_region(const kvmem_hostpool *hp, void **base, size_t *len)
 {
 	*base = hp->base;
 	*len = hp->len;
 }
 
-static int used(const kvm_hostpool *hp, uint32_t s)
+static int used(const kvmem_hostpool *hp, uint32_t s)
 {
 	return (hp->used[s / 64] >> (s % 64)) & 1;
 }
 
-int kvm_hostpool_is_free(const kvm_hostpool *hp, uint32_t slot)
+int kvmem_hostpool_is_free(const kvmem_hostpool *hp, uint32_t slot)
 {
 	return slot < hp->n_slots && !used(hp, slot);
 }
 
 /* First free slot at or after `from`, wrapping; n_slots when none. */
-static uint32_t find_free(const kvm_hostpool *hp, uint32_t from)
+static uint32_t find_free(const kvmem_hostpool *hp, uint32_t from)
 {
 	uint32_t words = (hp->n_slots + 63) / 64;
 
@@ -149,7 +149,7 @@ static uint32_t find_free(const kvm_hostpool *hp, uint32_t from)
 	return hp->n_slots;
 }
 
-uint32_t kvm_hostpool_alloc_run(kvm_hostpool *hp, uint32_t want, uint32_t *first)
+uint32_t kvmem_hostpool_alloc_run(kvmem_hostpool *hp, uint32_t want, uint32_t *first)
 {
 	uint32_t s, n = 0;
 
@@ -168,7 +168,7 @@ uint32_t kvm_hostpool_alloc_run(kvm_hostpool *hp, uint32_t want, uint32_t *first
 	return n;
 }
 
-void kvm_hostpool_release(kvm_hostpool *hp, uint32_t first, uint32_t n)
+void kvmem_hostpool_release(kvmem_hostpool *hp, uint32_t first, uint32_t n)
 {
 	for (uint32_t s = first; s < first + n && s < hp->n_slots; s++) {
 		if (used(hp, s)) {

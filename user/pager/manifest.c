@@ -16,7 +16,7 @@
 
 #include "pager/pager_int.h"
 
-void mf_from_geom(struct manifest *m, const kvm_page_geom *g)
+void mf_from_geom(struct manifest *m, const kvmem_page_geom *g)
 {
 	struct mf_head *h = &m->h;
 
@@ -32,14 +32,14 @@ void mf_from_geom(struct manifest *m, const kvm_page_geom *g)
 	h->block_tokens = g->block_tokens;
 	h->dtype = g->dtype;
 	h->index_bytes = g->index_bytes;
-	h->page_bytes = kvm_page_bytes(g);
-	h->page_stride = kvm_page_stride(g);
-	h->align = KVM_IO_ALIGN;
+	h->page_bytes = kvmem_page_bytes(g);
+	h->page_stride = kvmem_page_stride(g);
+	h->align = KVMEM_IO_ALIGN;
 	h->tokens_hash = XXH3_64bits(NULL, 0);
 	h->sums_hash = XXH3_64bits(NULL, 0);
 }
 
-void mf_geom(const struct manifest *m, kvm_page_geom *g)
+void mf_geom(const struct manifest *m, kvmem_page_geom *g)
 {
 	const struct mf_head *h = &m->h;
 
@@ -80,43 +80,43 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 	memset(m, 0, sizeof(*m));
 	fd = openat(dirfd, "manifest", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return kvm_error("%s/manifest: %s", dir, strerror(errno));
-	if (fstat(fd, &sb) < 0 || sb.st_size > (off_t)KVM_PAGER_APP_MAX + (1 << 20)) {
+		return kvmem_error(errno, "%s/manifest: %s", dir, strerror(errno));
+	if (fstat(fd, &sb) < 0 || sb.st_size > (off_t)KVMEM_PAGER_APP_MAX + (1 << 20)) {
 		close(fd);
-		return kvm_error("%s/manifest: unreadable or too large to be a manifest", dir);
+		return kvmem_error(EINVAL, "%s/manifest: unreadable or too large to be a manifest", dir);
 	}
 	buf = malloc(sb.st_size ? sb.st_size : 1);
 	if (!buf) {
 		close(fd);
-		return kvm_error("%s/manifest: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s/manifest: out of memory", dir);
 	}
 	got = pread(fd, buf, sb.st_size, 0);
 	close(fd);
 	if (got != sb.st_size) {
 		free(buf);
-		return kvm_error("%s/manifest: short read", dir);
+		return kvmem_error(EINVAL, "%s/manifest: short read", dir);
 	}
 	if ((size_t)got < sizeof(h) || memcmp(buf, MF_MAGIC, 8)) {
 		free(buf);
-		return kvm_error("%s/manifest: not a kvmem workspace manifest (bad magic or size %zd)",
+		return kvmem_error(EINVAL, "%s/manifest: not a kvmem workspace manifest (bad magic or size %zd)",
 				 dir, got);
 	}
 	memcpy(&h, buf, sizeof(h));
 	if (h.version != MF_VERSION || h.head_bytes != sizeof(h)) {
 		free(buf);
-		return kvm_error("%s/manifest: format version %u (head %u bytes); this kvmem reads version %u",
+		return kvmem_error(EINVAL, "%s/manifest: format version %u (head %u bytes); this kvmem reads version %u",
 				 dir, h.version, h.head_bytes, MF_VERSION);
 	}
-	want = h.n_layers <= 4096 && h.app_bytes <= KVM_PAGER_APP_MAX ? mf_size(&h) : 0;
+	want = h.n_layers <= 4096 && h.app_bytes <= KVMEM_PAGER_APP_MAX ? mf_size(&h) : 0;
 	if ((size_t)got != want) {
 		free(buf);
-		return kvm_error("%s/manifest: %zd bytes where its head says %zu: torn or corrupt",
+		return kvmem_error(EINVAL, "%s/manifest: %zd bytes where its head says %zu: torn or corrupt",
 				 dir, got, want);
 	}
 	memcpy(&sum, buf + want - 8, 8);
 	if (XXH3_64bits(buf, want - 8) != sum) {
 		free(buf);
-		return kvm_error("%s/manifest: checksum mismatch: torn or corrupt", dir);
+		return kvmem_error(EINVAL, "%s/manifest: checksum mismatch: torn or corrupt", dir);
 	}
 	m->h = h;
 	m->tail_sums = calloc(h.n_layers + 1, 8);
@@ -124,7 +124,7 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 	if (!m->tail_sums || !m->app) {
 		free(buf);
 		mf_free(m);
-		return kvm_error("%s/manifest: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s/manifest: out of memory", dir);
 	}
 	memcpy(m->tail_sums, buf + sizeof(h), ((size_t)h.n_layers + 1) * 8);
 	memcpy(m->app, buf + sizeof(h) + ((size_t)h.n_layers + 1) * 8, h.app_bytes);
@@ -132,7 +132,7 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 	if (h.blocks != h.tokens / (h.block_tokens ? h.block_tokens : 1) ||
 	    h.tail_tokens != h.tokens % (h.block_tokens ? h.block_tokens : 1) || h.tail_slot > 1) {
 		mf_free(m);
-		return kvm_error("%s/manifest: inconsistent counts (tokens %" PRIu64 ", blocks %" PRIu64
+		return kvmem_error(EINVAL, "%s/manifest: inconsistent counts (tokens %" PRIu64 ", blocks %" PRIu64
 				 ", tail %u)", dir, h.tokens, h.blocks, h.tail_tokens);
 	}
 	return 0;
@@ -163,7 +163,7 @@ int mf_write(int dirfd, const char *dir, const struct manifest *m)
 	int fd, err;
 
 	if (!buf)
-		return kvm_error("%s/manifest.tmp: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s/manifest.tmp: out of memory", dir);
 	memcpy(buf, &m->h, sizeof(m->h));
 	memcpy(buf + sizeof(m->h), m->tail_sums, tail);
 	if (m->h.app_bytes)
@@ -175,31 +175,31 @@ int mf_write(int dirfd, const char *dir, const struct manifest *m)
 	if (fd < 0) {
 		err = errno;
 		free(buf);
-		return kvm_error("%s/manifest.tmp: cannot create: %s", dir, strerror(err));
+		return kvmem_error(err, "%s/manifest.tmp: cannot create: %s", dir, strerror(err));
 	}
 	if (write_all(fd, buf, size) < 0 || fsync(fd) < 0) {
 		err = errno ? errno : EIO;
 		free(buf);
 		close(fd);
 		unlinkat(dirfd, "manifest.tmp", 0);
-		return kvm_error("%s/manifest.tmp: cannot write: %s", dir, strerror(err));
+		return kvmem_error(err, "%s/manifest.tmp: cannot write: %s", dir, strerror(err));
 	}
 	free(buf);
 	close(fd);
 	if (renameat(dirfd, "manifest.tmp", dirfd, "manifest") < 0) {
 		err = errno;
 		unlinkat(dirfd, "manifest.tmp", 0);
-		return kvm_error("%s/manifest: cannot replace: %s", dir, strerror(err));
+		return kvmem_error(err, "%s/manifest: cannot replace: %s", dir, strerror(err));
 	}
 	if (fsync(dirfd) < 0)
-		return kvm_error("%s: cannot fsync the directory: %s", dir, strerror(errno));
+		return kvmem_error(errno, "%s: cannot fsync the directory: %s", dir, strerror(errno));
 	return 0;
 }
 
-int mf_check_geom(const struct manifest *m, const kvm_page_geom *g, const char *dir)
+int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char *dir)
 {
 	char have[256], want[256];
-	kvm_page_geom mg;
+	kvmem_page_geom mg;
 
 	mf_geom(m, &mg);
 	if (mg.fingerprint == g->fingerprint && mg.n_layers == g->n_layers &&
@@ -207,26 +207,26 @@ int mf_check_geom(const struct manifest *m, const kvm_page_geom *g, const char *
 	    mg.head_dim == g->head_dim && mg.block_tokens == g->block_tokens &&
 	    mg.dtype == g->dtype && mg.index_bytes == g->index_bytes)
 		return 0;
-	kvm_page_geom_str(&mg, have, sizeof(have));
-	kvm_page_geom_str(g, want, sizeof(want));
+	kvmem_page_geom_str(&mg, have, sizeof(have));
+	kvmem_page_geom_str(g, want, sizeof(want));
 	if (mg.fingerprint != g->fingerprint)
-		return kvm_error("%s/manifest: workspace belongs to model fingerprint %016" PRIx64
+		return kvmem_error(EINVAL, "%s/manifest: workspace belongs to model fingerprint %016" PRIx64
 				 " (%s), not to this model's fingerprint %016" PRIx64
 				 " (%s); refusing to open it",
 				 dir, mg.fingerprint, have, g->fingerprint, want);
-	return kvm_error("%s/manifest: workspace geometry (%s) differs from the requested one (%s), "
+	return kvmem_error(EINVAL, "%s/manifest: workspace geometry (%s) differs from the requested one (%s), "
 			 "both with fingerprint %016" PRIx64 "; refusing to open it",
 			 dir, have, want, g->fingerprint);
 }
 
-int kvm_workspace_info_read(const char *dir, kvm_workspace_info *wi)
+int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi)
 {
 	struct manifest m;
 	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
 	memset(wi, 0, sizeof(*wi));
 	if (dirfd < 0)
-		return kvm_error("%s: %s", dir, strerror(errno));
+		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
 	if (mf_read(dirfd, dir, &m) < 0) {
 		close(dirfd);
 		return -1;

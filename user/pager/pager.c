@@ -21,7 +21,7 @@
 #define DEFAULT_STAGE (32ull << 20)
 #define DEFAULT_DEPTH 64u
 
-void kvm_pager_opts_default(kvm_pager_opts *o)
+void kvmem_pager_opts_default(kvmem_pager_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 	o->host_cap = DEFAULT_CAP;
@@ -31,34 +31,34 @@ void kvm_pager_opts_default(kvm_pager_opts *o)
 	o->queue_depth = DEFAULT_DEPTH;
 }
 
-static int setup_memory(kvm_pager *p, const kvm_pager_opts *o)
+static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 {
 	uint32_t n;
 	void *bases[2];
 	size_t lens[2];
 	unsigned nreg = 0;
 
-	p->pool = kvm_hostpool_create(o->host_cap ? o->host_cap : DEFAULT_CAP, p->page_stride,
+	p->pool = kvmem_hostpool_create(o->host_cap ? o->host_cap : DEFAULT_CAP, p->page_stride,
 				      o->numa_node);
 	if (!p->pool)
-		return kvm_error_prefix("%s", p->dir);
-	n = kvm_hostpool_slots(p->pool);
+		return kvmem_error_prefix("%s", p->dir);
+	n = kvmem_hostpool_slots(p->pool);
 	p->slot_page = malloc(n * sizeof(*p->slot_page));
 	p->slot_pin = calloc(n, sizeof(*p->slot_pin));
 	if (!p->slot_page || !p->slot_pin)
-		return kvm_error("%s: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 	for (uint32_t s = 0; s < n; s++)
 		p->slot_page[s] = UINT64_MAX;
-	p->repl = kvm_repl_find(o->policy ? o->policy : "lru");
+	p->repl = kvmem_repl_find(o->policy ? o->policy : "lru");
 	if (!p->repl)
-		return kvm_error("%s: unknown replacement policy '%s' (lru, lfu, score)", p->dir,
+		return kvmem_error(EINVAL, "%s: unknown replacement policy '%s' (lru, lfu, score)", p->dir,
 				 o->policy);
 	p->repl_st = p->repl->create(n, p->g.n_layers);
 	if (!p->repl_st)
-		return kvm_error("%s: out of memory for the replacement policy", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory for the replacement policy", p->dir);
 	if (io_init(&p->io, o->queue_depth ? o->queue_depth : DEFAULT_DEPTH) < 0)
-		return kvm_error_prefix("%s", p->dir);
-	kvm_hostpool_region(p->pool, &bases[nreg], &lens[nreg]);
+		return kvmem_error_prefix("%s", p->dir);
+	kvmem_hostpool_region(p->pool, &bases[nreg], &lens[nreg]);
 	nreg++;
 	if (!p->rdonly) {
 		uint64_t want = o->stage_bytes ? o->stage_bytes : DEFAULT_STAGE;
@@ -74,7 +74,7 @@ static int setup_memory(kvm_pager *p, const kvm_pager_opts *o)
 		p->stage = calloc(p->n_stage, sizeof(*p->stage));
 		if (p->stage_buf == MAP_FAILED || !p->stage) {
 			p->stage_buf = NULL;
-			return kvm_error("%s: cannot map a stage-out buffer of %zu bytes", p->dir,
+			return kvmem_error(EINVAL, "%s: cannot map a stage-out buffer of %zu bytes", p->dir,
 					 p->stage_map_len);
 		}
 		bases[nreg] = p->stage_buf;
@@ -84,41 +84,41 @@ static int setup_memory(kvm_pager *p, const kvm_pager_opts *o)
 	return 0;
 }
 
-int kvm_pager_open(const char *dir, const kvm_page_geom *g, const kvm_pager_opts *o,
-		   kvm_pager **out)
+int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_pager_opts *o,
+		   kvmem_pager **out)
 {
-	kvm_pager_opts def;
-	kvm_pager *p;
+	kvmem_pager_opts def;
+	kvmem_pager *p;
 
 	*out = NULL;
 	if (!o) {
-		kvm_pager_opts_default(&def);
+		kvmem_pager_opts_default(&def);
 		o = &def;
 	}
-	if (g && kvm_page_geom_check(g, dir) < 0)
+	if (g && kvmem_page_geom_check(g, dir) < 0)
 		return -1;
-	if (!g && !(o->flags & KVM_PAGER_RDONLY))
-		return kvm_error("%s: opening a workspace for writing needs the model's geometry",
+	if (!g && !(o->flags & KVMEM_PAGER_RDONLY))
+		return kvmem_error(EINVAL, "%s: opening a workspace for writing needs the model's geometry",
 				 dir);
 	p = calloc(1, sizeof(*p));
 	if (!p)
-		return kvm_error("%s: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", dir);
 	p->dirfd = p->fd_pages = p->fd_tokens = p->fd_index = p->fd_sums = p->fd_tail = -1;
 	p->prefetch_hook = o->prefetch_hook;
 	p->prefetch_arg = o->prefetch_arg;
 	if (store_open(p, dir, g, o->flags) < 0 || setup_memory(p, o) < 0) {
 		char msg[1024];
 
-		snprintf(msg, sizeof(msg), "%s", kvm_last_error());
-		kvm_pager_close(p);
-		return kvm_error("%s", msg);
+		snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
+		kvmem_pager_close(p);
+		return kvmem_error(EINVAL, "%s", msg);
 	}
 	p->step_t0 = now_ns();
 	*out = p;
 	return 0;
 }
 
-int kvm_pager_close(kvm_pager *p)
+int kvmem_pager_close(kvmem_pager *p)
 {
 	int rc = 0;
 
@@ -131,7 +131,7 @@ int kvm_pager_close(kvm_pager *p)
 				break;
 	}
 	if (p->write_failed) {
-		kvm_error("%s", p->write_err);
+		kvmem_error(EINVAL, "%s", p->write_err);
 		rc = -1;
 	}
 	/* Give back what was allocated ahead and not written. */
@@ -143,7 +143,7 @@ int kvm_pager_close(kvm_pager *p)
 	io_exit(&p->io);
 	if (p->repl_st)
 		p->repl->destroy(p->repl_st);
-	kvm_hostpool_free(p->pool);
+	kvmem_hostpool_free(p->pool);
 	free(p->slot_page);
 	free(p->slot_pin);
 	if (p->stage_buf)
@@ -155,28 +155,28 @@ int kvm_pager_close(kvm_pager *p)
 	return rc;
 }
 
-const kvm_page_geom *kvm_pager_geom(const kvm_pager *p) { return &p->g; }
-const char *kvm_pager_dir(const kvm_pager *p) { return p->dir; }
-uint64_t kvm_pager_tokens(const kvm_pager *p) { return p->n_tokens; }
-uint64_t kvm_pager_blocks(const kvm_pager *p) { return p->n_blocks; }
-uint64_t kvm_pager_committed_tokens(const kvm_pager *p) { return p->m.h.tokens; }
-kvm_hostpool *kvm_pager_hostpool(kvm_pager *p) { return p->pool; }
-int kvm_pager_direct(const kvm_pager *p) { return p->direct; }
-int kvm_pager_registered(const kvm_pager *p) { return p->io.fixed; }
+const kvmem_page_geom *kvmem_pager_geom(const kvmem_pager *p) { return &p->g; }
+const char *kvmem_pager_dir(const kvmem_pager *p) { return p->dir; }
+uint64_t kvmem_pager_tokens(const kvmem_pager *p) { return p->n_tokens; }
+uint64_t kvmem_pager_blocks(const kvmem_pager *p) { return p->n_blocks; }
+uint64_t kvmem_pager_committed_tokens(const kvmem_pager *p) { return p->m.h.tokens; }
+kvmem_hostpool *kvmem_pager_hostpool(kvmem_pager *p) { return p->pool; }
+int kvmem_pager_direct(const kvmem_pager *p) { return p->direct; }
+int kvmem_pager_registered(const kvmem_pager *p) { return p->io.fixed; }
 
-const void *kvm_pager_app_state(const kvm_pager *p, uint32_t *len)
+const void *kvmem_pager_app_state(const kvmem_pager *p, uint32_t *len)
 {
 	*len = p->m.h.app_bytes;
 	return p->m.app;
 }
 
-const struct kvm_pte *kvm_pager_pte(const kvm_pager *p, uint64_t page)
+const struct kvmem_pte *kvmem_pager_pte(const kvmem_pager *p, uint64_t page)
 {
 	return page < p->n_blocks * p->g.n_layers ? &p->pt[page] : NULL;
 }
 
 /* A sticky write failure: later commits are refused, memory keeps the data. */
-void pager_fail_write(kvm_pager *p, const char *fmt, ...)
+void pager_fail_write(kvmem_pager *p, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -189,7 +189,7 @@ void pager_fail_write(kvm_pager *p, const char *fmt, ...)
 	va_end(ap);
 }
 
-int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n)
+int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n)
 {
 	const uint8_t *b = (const uint8_t *)ids;
 	size_t len = n * 4;
@@ -198,7 +198,7 @@ int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n)
 	uint64_t pend = p->n_tokens - p->m.h.tokens;
 
 	if (p->rdonly)
-		return kvm_error("%s: opened read-only", p->dir);
+		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
 	if (pend + n > p->tok_pend_cap) {
 		size_t cap = p->tok_pend_cap ? p->tok_pend_cap : 4096;
 		int32_t *t;
@@ -207,7 +207,7 @@ int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n)
 			cap *= 2;
 		t = realloc(p->tok_pend, cap * sizeof(*t));
 		if (!t)
-			return kvm_error("%s/tokens: out of memory", p->dir);
+			return kvmem_error(ENOMEM, "%s/tokens: out of memory", p->dir);
 		p->tok_pend = t;
 		p->tok_pend_cap = cap;
 	}
@@ -224,7 +224,7 @@ int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n)
 		if (w <= 0) {
 			pager_fail_write(p, "%s/tokens: cannot append: %s", p->dir,
 					 w < 0 ? strerror(errno) : "no progress");
-			return kvm_error("%s", p->write_err);
+			return kvmem_error(EINVAL, "%s", p->write_err);
 		}
 		b += w;
 		off += w;
@@ -233,13 +233,13 @@ int kvm_pager_append_tokens(kvm_pager *p, const int32_t *ids, size_t n)
 	return 0;
 }
 
-int kvm_pager_read_tokens(kvm_pager *p, uint64_t first, size_t n, int32_t *out)
+int kvmem_pager_read_tokens(kvmem_pager *p, uint64_t first, size_t n, int32_t *out)
 {
 	uint64_t committed = p->m.h.tokens;
 	ssize_t got;
 
 	if (first + n > p->n_tokens || first + n < first)
-		return kvm_error("%s/tokens: tokens %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
+		return kvmem_error(EINVAL, "%s/tokens: tokens %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
 				 " present", p->dir, first, first + n, p->n_tokens);
 	while (n && first + n > committed) {
 		uint64_t pos = first + n - 1;
@@ -251,18 +251,18 @@ int kvm_pager_read_tokens(kvm_pager *p, uint64_t first, size_t n, int32_t *out)
 		return 0;
 	got = pread(p->fd_tokens, out, n * 4, first * 4);
 	if (got != (ssize_t)(n * 4))
-		return kvm_error("%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64 ": %s",
+		return kvmem_error(errno, "%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64 ": %s",
 				 p->dir, first, first + n, got < 0 ? strerror(errno) : "short read");
 	return 0;
 }
 
-int kvm_pager_read_index(kvm_pager *p, uint64_t first_block, size_t n, void *out)
+int kvmem_pager_read_index(kvmem_pager *p, uint64_t first_block, size_t n, void *out)
 {
 	size_t ib = p->g.index_bytes, L = p->g.n_layers;
 	ssize_t got;
 
 	if (first_block + n > p->n_blocks || first_block + n < first_block)
-		return kvm_error("%s/index: blocks %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
+		return kvmem_error(EINVAL, "%s/index: blocks %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
 				 " present", p->dir, first_block, first_block + n, p->n_blocks);
 	if (!ib || !n)
 		return 0;
@@ -275,7 +275,7 @@ int kvm_pager_read_index(kvm_pager *p, uint64_t first_block, size_t n, void *out
 		return 0;
 	got = pread(p->fd_index, out, n * ib, first_block * ib);
 	if (got != (ssize_t)(n * ib))
-		return kvm_error("%s/index: cannot read blocks %" PRIu64 "..%" PRIu64 ": %s",
+		return kvmem_error(errno, "%s/index: cannot read blocks %" PRIu64 "..%" PRIu64 ": %s",
 				 p->dir, first_block, first_block + n,
 				 got < 0 ? strerror(errno) : "short read");
 	for (size_t i = 0; i < n; i++) {
@@ -283,7 +283,7 @@ int kvm_pager_read_index(kvm_pager *p, uint64_t first_block, size_t n, void *out
 
 		if (XXH3_64bits((uint8_t *)out + i * ib, ib) != p->sums[b * (L + 1) + L]) {
 			p->st.checksum_errors++;
-			return kvm_error("%s/index: record of block %" PRIu64
+			return kvmem_error(EINVAL, "%s/index: record of block %" PRIu64
 					 " (offset %" PRIu64 "): checksum mismatch: corrupt",
 					 p->dir, b, b * ib);
 		}
@@ -291,7 +291,7 @@ int kvm_pager_read_index(kvm_pager *p, uint64_t first_block, size_t n, void *out
 	return 0;
 }
 
-int kvm_pager_read_tail(kvm_pager *p, void *const *layers, void *index)
+int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index)
 {
 	const struct mf_head *h = &p->m.h;
 	size_t L = p->g.n_layers;
@@ -302,11 +302,11 @@ int kvm_pager_read_tail(kvm_pager *p, void *const *layers, void *index)
 		return 0;
 	buf = malloc(p->tail_slot_bytes);
 	if (!buf)
-		return kvm_error("%s/tail: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s/tail: out of memory", p->dir);
 	off = (uint64_t)h->tail_slot * p->tail_slot_bytes;
 	if (pread(p->fd_tail, buf, p->tail_slot_bytes, off) != (ssize_t)p->tail_slot_bytes) {
 		free(buf);
-		return kvm_error("%s/tail: cannot read slot %u: %s", p->dir, h->tail_slot,
+		return kvmem_error(errno, "%s/tail: cannot read slot %u: %s", p->dir, h->tail_slot,
 				 strerror(errno ? errno : EIO));
 	}
 	for (size_t l = 0; l <= L; l++) {
@@ -316,7 +316,7 @@ int kvm_pager_read_tail(kvm_pager *p, void *const *layers, void *index)
 		if (XXH3_64bits(src, len) != p->m.tail_sums[l]) {
 			free(buf);
 			p->st.checksum_errors++;
-			return kvm_error("%s/tail: slot %u, %s %zu: checksum mismatch: corrupt",
+			return kvmem_error(EINVAL, "%s/tail: slot %u, %s %zu: checksum mismatch: corrupt",
 					 p->dir, h->tail_slot, l < L ? "layer" : "index", l);
 		}
 		if (l < L && layers)
@@ -328,12 +328,12 @@ int kvm_pager_read_tail(kvm_pager *p, void *const *layers, void *index)
 	return (int)h->tail_tokens;
 }
 
-int pager_reap(kvm_pager *p, unsigned wait)
+int pager_reap(kvmem_pager *p, unsigned wait)
 {
 	return io_reap(&p->io, wait, pager_io_done, p);
 }
 
-struct io_req *pager_req(kvm_pager *p)
+struct io_req *pager_req(kvmem_pager *p)
 {
 	struct io_req *r;
 
@@ -345,7 +345,7 @@ struct io_req *pager_req(kvm_pager *p)
 
 void pager_io_done(void *arg, struct io_req *r)
 {
-	kvm_pager *p = arg;
+	kvmem_pager *p = arg;
 	int fd = p->fd_pages;
 
 	/* Some file systems accept O_DIRECT at open and refuse the I/O. */
@@ -370,13 +370,13 @@ void pager_io_done(void *arg, struct io_req *r)
 	io_req_put(&p->io, r);
 }
 
-void kvm_pager_hint(kvm_pager *p, uint64_t block, float score)
+void kvmem_pager_hint(kvmem_pager *p, uint64_t block, float score)
 {
 	if (p->repl->hint)
 		p->repl->hint(p->repl_st, block, score, p->step);
 }
 
-int kvm_pager_step(kvm_pager *p, uint64_t step)
+int kvmem_pager_step(kvmem_pager *p, uint64_t step)
 {
 	uint64_t t = now_ns();
 	int rc = pager_reap(p, 0);

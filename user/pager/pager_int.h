@@ -61,19 +61,19 @@ struct manifest {
 	uint8_t *app;
 };
 
-void mf_from_geom(struct manifest *m, const kvm_page_geom *g);
-void mf_geom(const struct manifest *m, kvm_page_geom *g);
+void mf_from_geom(struct manifest *m, const kvmem_page_geom *g);
+void mf_geom(const struct manifest *m, kvmem_page_geom *g);
 /* Read DIR/manifest into m (allocates); names the file and problem on error. */
 int mf_read(int dirfd, const char *dir, struct manifest *m);
 /* Write manifest.tmp, fsync, rename over manifest, fsync the directory. */
 int mf_write(int dirfd, const char *dir, const struct manifest *m);
 void mf_free(struct manifest *m);
 /* Explain a geometry mismatch; 0 when equal. */
-int mf_check_geom(const struct manifest *m, const kvm_page_geom *g, const char *dir);
+int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char *dir);
 
 /* ---- io_uring (uring.c) ------------------------------------------------- */
-/* Equal to KVM_FAULT_READ / KVM_FAULT_WRITE: fault injection matches on them. */
-enum io_kind { IO_READ = KVM_FAULT_READ, IO_WRITE = KVM_FAULT_WRITE };
+/* Equal to KVMEM_FAULT_READ / KVMEM_FAULT_WRITE: fault injection matches on them. */
+enum io_kind { IO_READ = KVMEM_FAULT_READ, IO_WRITE = KVMEM_FAULT_WRITE };
 
 struct io_req {
 	int kind;		/* enum io_kind */
@@ -90,7 +90,7 @@ struct io_req {
 	struct io_req *next;	/* free list */
 };
 
-struct kvm_io {
+struct kvmem_io {
 	struct io_uring ring;
 	unsigned depth, inflight;
 	int fixed;			/* buffers registered */
@@ -99,18 +99,18 @@ struct kvm_io {
 	struct io_req *reqs, *free_reqs;
 };
 
-int io_init(struct kvm_io *io, unsigned depth);
-void io_exit(struct kvm_io *io);
+int io_init(struct kvmem_io *io, unsigned depth);
+void io_exit(struct kvmem_io *io);
 /* Register regions (pointer, length) as fixed buffers; on failure I/O goes
  * on without them (one warning). */
-void io_register(struct kvm_io *io, void *const *bases, const size_t *lens, unsigned n);
-struct io_req *io_req_get(struct kvm_io *io);
-void io_req_put(struct kvm_io *io, struct io_req *r);
+void io_register(struct kvmem_io *io, void *const *bases, const size_t *lens, unsigned n);
+struct io_req *io_req_get(struct kvmem_io *io);
+void io_req_put(struct kvmem_io *io, struct io_req *r);
 /* Queue a request (reads or writes of r->len at r->off into/from r->buf). */
-int io_queue(struct kvm_io *io, int fd, struct io_req *r);
+int io_queue(struct kvmem_io *io, int fd, struct io_req *r);
 /* Submit what is queued; wait for at least `wait` completions; call done()
  * on every completion reaped. Returns completions reaped, -1 on ring error. */
-int io_reap(struct kvm_io *io, unsigned wait, void (*done)(void *arg, struct io_req *r),
+int io_reap(struct kvmem_io *io, unsigned wait, void (*done)(void *arg, struct io_req *r),
 	    void *arg);
 
 /* ---- the pager (pager.c and friends) ----------------------------------- */
@@ -122,9 +122,9 @@ struct stage_slot {
 	uint64_t t_submit;
 };
 
-struct kvm_pager {
+struct kvmem_pager {
 	char dir[PATH_MAX];
-	kvm_page_geom g;
+	kvmem_page_geom g;
 	size_t page_bytes, page_stride, extent_bytes, tail_slot_bytes, sums_rec;
 	int flags, rdonly, direct, warned_direct;
 	int dirfd, fd_pages, fd_tokens, fd_index, fd_sums, fd_tail;
@@ -137,19 +137,19 @@ struct kvm_pager {
 	uint64_t *sums;			/* (L + 1) per appended block */
 	size_t sums_cap;
 
-	struct kvm_pte *pt;		/* n_blocks * L entries */
+	struct kvmem_pte *pt;		/* n_blocks * L entries */
 	size_t pt_cap;
 	void **orphan;			/* per block: extent kept in memory after a failed write */
 	void **orphan_ix;		/* per block: index record the index file lacks */
 	size_t orphan_cap;
 
-	kvm_hostpool *pool;
+	kvmem_hostpool *pool;
 	uint64_t *slot_page;		/* per slot: page id or UINT64_MAX */
 	uint16_t *slot_pin;
-	const kvm_repl_ops *repl;
+	const kvmem_repl_ops *repl;
 	void *repl_st;
 
-	struct kvm_io io;
+	struct kvmem_io io;
 	uint8_t *stage_buf;		/* n_stage extents, registered */
 	size_t stage_map_len;
 	struct stage_slot *stage;
@@ -160,36 +160,36 @@ struct kvm_pager {
 	int no_prealloc;		/* fallocate refused: stop trying */
 	char write_err[PATH_MAX + 512];
 	uint64_t step, step_t0;
-	kvm_pager_stats st, base, at_step;
-	void (*prefetch_hook)(void *arg, kvm_pager *p, uint64_t next_step);
+	kvmem_pager_stats st, base, at_step;
+	void (*prefetch_hook)(void *arg, kvmem_pager *p, uint64_t next_step);
 	void *prefetch_arg;
 	uint32_t fetch_waiting;		/* fetch reads outstanding */
 	char read_err[PATH_MAX + 512];		/* first failure of the current fetch */
 };
 
 /* store.c: files of the directory. */
-int store_open(kvm_pager *p, const char *dir, const kvm_page_geom *g, int flags);
-void store_close(kvm_pager *p);
-int store_grow(kvm_pager *p, uint64_t blocks);	/* page table, sums, orphans */
-void stats_save(kvm_pager *p);
-void stats_load(kvm_pager *p);	/* the directory's saved totals as base */
+int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int flags);
+void store_close(kvmem_pager *p);
+int store_grow(kvmem_pager *p, uint64_t blocks);	/* page table, sums, orphans */
+void stats_save(kvmem_pager *p);
+void stats_load(kvmem_pager *p);	/* the directory's saved totals as base */
 /* Hash of file bytes [0, len); -1 with message when it cannot be read. */
 int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out);
 
 /* io completion handling (pager.c), stage-out (stage.c). */
 void pager_io_done(void *arg, struct io_req *r);
-struct io_req *pager_req(kvm_pager *p);	/* a free request, reaping if needed */
-void read_done(kvm_pager *p, struct io_req *r);
-void pager_fail_write(kvm_pager *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+struct io_req *pager_req(kvmem_pager *p);	/* a free request, reaping if needed */
+void read_done(kvmem_pager *p, struct io_req *r);
+void pager_fail_write(kvmem_pager *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Evict until `need` slots are free; -1 when pinned pages leave too few. */
-int make_room(kvm_pager *p, uint32_t need);
+int make_room(kvmem_pager *p, uint32_t need);
 /* Put a page's bytes in a fresh host slot (no I/O); -1 when no room. */
-int pool_insert_copy(kvm_pager *p, uint64_t page, const void *src);
-int pager_reap(kvm_pager *p, unsigned wait);
-void stage_done(kvm_pager *p, struct io_req *r);
-int stage_drain(kvm_pager *p);
+int pool_insert_copy(kvmem_pager *p, uint64_t page, const void *src);
+int pager_reap(kvmem_pager *p, unsigned wait);
+void stage_done(kvmem_pager *p, struct io_req *r);
+int stage_drain(kvmem_pager *p);
 /* Where an in-flight or failed block's bytes are in memory (or NULL). */
-const uint8_t *stage_find(const kvm_pager *p, uint64_t block);
+const uint8_t *stage_find(const kvmem_pager *p, uint64_t block);
 int fault_fire(int kind);
 
 #endif

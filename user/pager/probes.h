@@ -7,7 +7,7 @@
  *                                       0 = stage-out buffer / memory)
  *   miss(page, bytes)                   fetch must read the page from NVMe
  *   tier_move(page, from, to, bytes, ns) bytes moved between tiers
- *                                       (KVM_TIER_* bits; 0 = staging memory)
+ *                                       (KVMEM_TIER_* bits; 0 = staging memory)
  *   page_in(first_page, n_pages, bytes, ns)  an NVMe read request completed
  *   evict(page, slot, bytes)            a page left the host pool
  *   stage_out(block, bytes, ns)         a block's extent is on NVMe

@@ -6,15 +6,15 @@
 
 #include "pager/repl_int.h"
 
-const kvm_repl_ops *const kvm_repl_policies[] = {
-	&kvm_repl_lru, &kvm_repl_lfu, &kvm_repl_score, NULL,
+const kvmem_repl_ops *const kvmem_repl_policies[] = {
+	&kvmem_repl_lru, &kvmem_repl_lfu, &kvmem_repl_score, NULL,
 };
 
-const kvm_repl_ops *kvm_repl_find(const char *name)
+const kvmem_repl_ops *kvmem_repl_find(const char *name)
 {
-	for (int i = 0; kvm_repl_policies[i]; i++)
-		if (!strcmp(kvm_repl_policies[i]->name, name))
-			return kvm_repl_policies[i];
+	for (int i = 0; kvmem_repl_policies[i]; i++)
+		if (!strcmp(kvmem_repl_policies[i]->name, name))
+			return kvmem_repl_policies[i];
 	return NULL;
 }
 
@@ -121,7 +121,7 @@ static int cand_cmp(const void *a, const void *b)
 }
 
 uint32_t repl_lowest(void *st, uint32_t n_slots, const uint8_t *present, repl_key_fn key,
-		     uint32_t want, uint32_t *out, uint64_t step, kvm_slot_pred busy, void *arg)
+		     uint32_t want, uint32_t *out, uint64_t step, kvmem_slot_pred busy, void *arg)
 {
 	struct cand *h;
 	uint32_t n = 0;

@@ -5,14 +5,14 @@
 
 #include "kvmem/pager.h"
 
-extern const kvm_repl_ops kvm_repl_lru, kvm_repl_lfu, kvm_repl_score;
+extern const kvmem_repl_ops kvmem_repl_lru, kvmem_repl_lfu, kvmem_repl_score;
 
 /* Victim key of a slot: lower leaves first. */
 typedef double (*repl_key_fn)(void *st, uint32_t slot, uint64_t step);
 
 /* The `want` present, non-busy slots with the lowest keys, lowest first. */
 uint32_t repl_lowest(void *st, uint32_t n_slots, const uint8_t *present, repl_key_fn key,
-		     uint32_t want, uint32_t *out, uint64_t step, kvm_slot_pred busy, void *arg);
+		     uint32_t want, uint32_t *out, uint64_t step, kvmem_slot_pred busy, void *arg);
 
 /* Per-block values decayed to a step, remembered across evictions. */
 struct repl_blockvals {

@@ -88,14 +88,14 @@ static double lfu_key(void *st, uint32_t s, uint64_t step)
 }
 
 static uint32_t lfu_victims(void *st, uint32_t want, uint32_t *out, uint64_t step,
-			    kvm_slot_pred busy, void *arg)
+			    kvmem_slot_pred busy, void *arg)
 {
 	struct lfu *f = st;
 
 	return repl_lowest(st, f->n, f->present, lfu_key, want, out, step, busy, arg);
 }
 
-const kvm_repl_ops kvm_repl_lfu = {
+const kvmem_repl_ops kvmem_repl_lfu = {
 	.name = "lfu",
 	.what = "least frequently fetched block leaves first; counts survive eviction, halve every 4 steps",
 	.create = lfu_create,

@@ -85,7 +85,7 @@ static void lru_remove(void *st, uint32_t slot)
 }
 
 static uint32_t lru_victims(void *st, uint32_t want, uint32_t *out, uint64_t step,
-			    kvm_slot_pred busy, void *arg)
+			    kvmem_slot_pred busy, void *arg)
 {
 	struct lru *l = st;
 	uint32_t n = 0;
@@ -96,7 +96,7 @@ static uint32_t lru_victims(void *st, uint32_t want, uint32_t *out, uint64_t ste
 	return n;
 }
 
-const kvm_repl_ops kvm_repl_lru = {
+const kvmem_repl_ops kvmem_repl_lru = {
 	.name = "lru",
 	.what = "least recently fetched page leaves first",
 	.create = lru_create,

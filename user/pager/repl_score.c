@@ -98,14 +98,14 @@ static double score_key(void *st, uint32_t s, uint64_t step)
 }
 
 static uint32_t score_victims(void *st, uint32_t want, uint32_t *out, uint64_t step,
-			      kvm_slot_pred busy, void *arg)
+			      kvmem_slot_pred busy, void *arg)
 {
 	struct score *c = st;
 
 	return repl_lowest(st, c->n, c->present, score_key, want, out, step, busy, arg);
 }
 
-const kvm_repl_ops kvm_repl_score = {
+const kvmem_repl_ops kvmem_repl_score = {
 	.name = "score",
 	.what = "keeps blocks the selector keeps choosing (hinted scores, halving every 4 steps)",
 	.create = score_create,

@@ -24,8 +24,8 @@ static int sim_busy(void *arg, uint32_t s)
 	return m->slot_step[s] == m->step + 1;
 }
 
-double kvm_repl_simulate(const kvm_repl_ops *ops, uint32_t n_slots, uint32_t n_layers,
-			 const kvm_repl_trace *t, uint64_t *hits, uint64_t *misses)
+double kvmem_repl_simulate(const kvmem_repl_ops *ops, uint32_t n_slots, uint32_t n_layers,
+			 const kvmem_repl_trace *t, uint64_t *hits, uint64_t *misses)
 {
 	uint64_t max_page = 0, h = 0, mi = 0;
 	uint32_t *where, used = 0;
@@ -33,7 +33,7 @@ double kvm_repl_simulate(const kvm_repl_ops *ops, uint32_t n_slots, uint32_t n_l
 	void *st;
 
 	if (!n_slots)
-		return kvm_error("replay: no slots");
+		return kvmem_error(EINVAL, "replay: no slots");
 	for (size_t i = 0; i < t->step_off[t->n_steps]; i++)
 		if (t->pages[i] > max_page)
 			max_page = t->pages[i];
@@ -47,7 +47,7 @@ double kvm_repl_simulate(const kvm_repl_ops *ops, uint32_t n_slots, uint32_t n_l
 		free(m.slot_step);
 		if (st)
 			ops->destroy(st);
-		return kvm_error("replay: out of memory");
+		return kvmem_error(ENOMEM, "replay: out of memory");
 	}
 	memset(where, 0xff, (max_page + 1) * sizeof(*where));
 	for (uint32_t s = 0; s < n_slots; s++)

@@ -16,7 +16,7 @@
 #include "pager/pager_int.h"
 
 struct psrc {
-	kvm_pager *p;
+	kvmem_pager *p;
 	int L, H, D, B;
 	size_t pf;		/* floats in one K (or V) page: H * B * D */
 	int64_t first;		/* first open block: every block before it is staged out */
@@ -25,16 +25,16 @@ struct psrc {
 	int **fill;		/* [n_open] -> [L] tokens written */
 };
 
-void kvm_page_geom_model(kvm_page_geom *g, const struct kvm_model *m, int block)
+void kvmem_page_geom_model(kvmem_page_geom *g, const struct kvmem_model *m, int block)
 {
 	memset(g, 0, sizeof(*g));
-	g->fingerprint = m->fingerprint ? m->fingerprint : kvm_config_fingerprint(&m->cfg);
+	g->fingerprint = m->fingerprint ? m->fingerprint : kvmem_config_fingerprint(&m->cfg);
 	g->n_layers = m->cfg.n_layers;
 	g->n_heads = m->cfg.n_heads;
 	g->n_kv_heads = m->cfg.n_kv_heads;
 	g->head_dim = m->cfg.head_dim;
 	g->block_tokens = block;
-	g->dtype = KVM_DTYPE_F32;
+	g->dtype = KVMEM_DTYPE_F32;
 }
 
 /* The buffers of open block b (b >= first), made on demand. */
@@ -43,7 +43,7 @@ static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 	int64_t i = b - s->first;
 
 	if (i < 0)
-		return kvm_error("%s: block %" PRId64 " is already staged out and cannot change",
+		return kvmem_error(EINVAL, "%s: block %" PRId64 " is already staged out and cannot change",
 				 s->p->dir, b);
 	if (i >= s->cap_open) {
 		int cap = s->cap_open ? s->cap_open : 4;
@@ -54,11 +54,11 @@ static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 			cap *= 2;
 		o = realloc(s->open, cap * sizeof(*o));
 		if (!o)
-			return kvm_error("%s: out of memory", s->p->dir);
+			return kvmem_error(ENOMEM, "%s: out of memory", s->p->dir);
 		s->open = o;
 		f = realloc(s->fill, cap * sizeof(*f));
 		if (!f)
-			return kvm_error("%s: out of memory", s->p->dir);
+			return kvmem_error(ENOMEM, "%s: out of memory", s->p->dir);
 		s->fill = f;
 		for (int k = s->cap_open; k < cap; k++) {
 			s->open[k] = NULL;
@@ -70,7 +70,7 @@ static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 		s->open[i] = calloc((size_t)s->L * 2 * s->pf, sizeof(float));
 		s->fill[i] = calloc(s->L, sizeof(int));
 		if (!s->open[i] || !s->fill[i])
-			return kvm_error("%s: out of memory for block %" PRId64, s->p->dir, b);
+			return kvmem_error(ENOMEM, "%s: out of memory for block %" PRId64, s->p->dir, b);
 	}
 	if (i >= s->n_open)
 		s->n_open = i + 1;
@@ -92,7 +92,7 @@ static int flush_full(struct psrc *s)
 				return 0;
 		for (int l = 0; l < s->L; l++)
 			layers[l] = pages + (size_t)l * 2 * s->pf;
-		if (kvm_pager_append_block(s->p, s->first, layers, NULL) < 0)
+		if (kvmem_pager_append_block(s->p, s->first, layers, NULL) < 0)
 			return -1;
 		free(pages);
 		free(fill);
@@ -114,12 +114,12 @@ static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 	int *fill;
 
 	if (layer < 0 || layer >= s->L || t0 < 0 || n < 0 || t0 + n > s->B)
-		return kvm_error("%s: bad page write: block %" PRId64 " layer %d tokens %d+%d",
+		return kvmem_error(EINVAL, "%s: bad page write: block %" PRId64 " layer %d tokens %d+%d",
 				 s->p->dir, b, layer, t0, n);
 	if (open_block(s, b, &pages, &fill) < 0)
 		return -1;
 	if (t0 != fill[layer])
-		return kvm_error("%s: block %" PRId64 " layer %d written at token %d, %d are there: "
+		return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d written at token %d, %d are there: "
 				 "tokens must come in order", s->p->dir, b, layer, t0, fill[layer]);
 	for (int h = 0; h < s->H; h++) {
 		float *pk = pages + (size_t)layer * 2 * s->pf + ((size_t)h * s->B + t0) * s->D;
@@ -143,18 +143,18 @@ static int ps_get(void *ctx, int64_t b, int layer, const float **k, const float 
 	uint64_t pg;
 
 	if (layer < 0 || layer >= s->L || b < 0)
-		return kvm_error("%s: bad page read: block %" PRId64 " layer %d", s->p->dir, b,
+		return kvmem_error(EINVAL, "%s: bad page read: block %" PRId64 " layer %d", s->p->dir, b,
 				 layer);
 	if (b >= s->first) {
 		if (b - s->first >= s->n_open || !s->open[b - s->first])
-			return kvm_error("%s: block %" PRId64 " layer %d was never written", s->p->dir,
+			return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d was never written", s->p->dir,
 					 b, layer);
 		*k = s->open[b - s->first] + (size_t)layer * 2 * s->pf;
 		*v = *k + s->pf;
 		return 0;
 	}
-	pg = kvm_page_id(&s->p->g, b, layer);
-	if (kvm_pager_fetch(s->p, &pg, 1, &data) < 0)
+	pg = kvmem_page_id(&s->p->g, b, layer);
+	if (kvmem_pager_fetch(s->p, &pg, 1, &data) < 0)
 		return -1;
 	*k = data;
 	*v = *k + s->pf;
@@ -168,8 +168,8 @@ static void ps_put(void *ctx, int64_t b, int layer)
 
 	if (b < 0 || b >= s->first)
 		return;
-	pg = kvm_page_id(&s->p->g, b, layer);
-	kvm_pager_release(s->p, &pg, 1);
+	pg = kvmem_page_id(&s->p->g, b, layer);
+	kvmem_pager_release(s->p, &pg, 1);
 }
 
 static void ps_prefetch(void *ctx, const int64_t *blocks, int n)
@@ -183,8 +183,8 @@ static void ps_prefetch(void *ctx, const int64_t *blocks, int n)
 	for (int i = 0; i < n; i++)
 		if (blocks[i] >= 0 && blocks[i] < s->first)
 			for (int l = 0; l < s->L; l++)
-				pages[m++] = kvm_page_id(&s->p->g, blocks[i], l);
-	kvm_pager_prefetch(s->p, pages, m);
+				pages[m++] = kvmem_page_id(&s->p->g, blocks[i], l);
+	kvmem_pager_prefetch(s->p, pages, m);
 	free(pages);
 }
 
@@ -201,7 +201,7 @@ static void ps_destroy(void *ctx)
 	free(s);
 }
 
-static const kvm_page_source_ops pager_source_ops = {
+static const kvmem_page_source_ops pager_source_ops = {
 	.write = ps_write,
 	.get = ps_get,
 	.put = ps_put,
@@ -209,28 +209,28 @@ static const kvm_page_source_ops pager_source_ops = {
 	.destroy = ps_destroy,
 };
 
-int kvm_page_source_pager(kvm_page_source *src, kvm_pager *p)
+int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 {
-	const kvm_page_geom *g = &p->g;
+	const kvmem_page_geom *g = &p->g;
 	struct psrc *s;
 	int tail;
 
-	if (g->dtype != KVM_DTYPE_F32)
-		return kvm_error("%s: the session's page source needs f32 pages, the workspace has %s",
-				 p->dir, kvm_dtype_name(g->dtype));
+	if (g->dtype != KVMEM_DTYPE_F32)
+		return kvmem_error(EINVAL, "%s: the session's page source needs f32 pages, the workspace has %s",
+				 p->dir, kvmem_dtype_name(g->dtype));
 	if (g->n_layers > 4096)
-		return kvm_error("%s: too many layers (%u)", p->dir, g->n_layers);
+		return kvmem_error(EINVAL, "%s: too many layers (%u)", p->dir, g->n_layers);
 	s = calloc(1, sizeof(*s));
 	if (!s)
-		return kvm_error("%s: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 	s->p = p;
 	s->L = g->n_layers;
 	s->H = g->n_kv_heads;
 	s->D = g->head_dim;
 	s->B = g->block_tokens;
 	s->pf = (size_t)s->H * s->B * s->D;
-	s->first = kvm_pager_blocks(p);
-	tail = (int)(kvm_pager_tokens(p) % s->B);
+	s->first = kvmem_pager_blocks(p);
+	tail = (int)(kvmem_pager_tokens(p) % s->B);
 	if (tail) {
 		void *layers[4096];
 		float *pages;
@@ -244,9 +244,9 @@ int kvm_page_source_pager(kvm_page_source *src, kvm_pager *p)
 			layers[l] = pages + (size_t)l * 2 * s->pf;
 			fill[l] = tail;
 		}
-		if (kvm_pager_read_tail(p, layers, NULL) != tail) {
+		if (kvmem_pager_read_tail(p, layers, NULL) != tail) {
 			ps_destroy(s);
-			return kvm_error_prefix("%s: restoring the partial block", p->dir);
+			return kvmem_error_prefix("%s: restoring the partial block", p->dir);
 		}
 	}
 	src->ops = &pager_source_ops;
@@ -254,36 +254,36 @@ int kvm_page_source_pager(kvm_page_source *src, kvm_pager *p)
 	return 0;
 }
 
-int kvm_page_source_pager_commit(kvm_page_source *src, const int32_t *ids, int64_t n,
+int kvmem_page_source_pager_commit(kvmem_page_source *src, const int32_t *ids, int64_t n,
 				 const void *app, uint32_t app_len)
 {
 	struct psrc *s = src->ctx;
-	uint64_t have = kvm_pager_tokens(s->p);
+	uint64_t have = kvmem_pager_tokens(s->p);
 	const void *layers[4096];
 	int64_t tb = n / s->B;
 
 	if (src->ops != &pager_source_ops)
-		return kvm_error("page source: not a pager source");
+		return kvmem_error(EINVAL, "page source: not a pager source");
 	if (n < (int64_t)have)
-		return kvm_error("%s: commit of %" PRId64 " tokens, %" PRIu64 " are there already",
+		return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens, %" PRIu64 " are there already",
 				 s->p->dir, n, have);
 	if (tb != s->first)
-		return kvm_error("%s: commit of %" PRId64 " tokens needs %" PRId64
+		return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens needs %" PRId64
 				 " full blocks staged out, %" PRId64 " are", s->p->dir, n, tb,
 				 s->first);
 	if (n % s->B) {
 		if (!s->n_open || !s->open[0])
-			return kvm_error("%s: commit of %" PRId64 " tokens: the partial block was "
+			return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens: the partial block was "
 					 "never written", s->p->dir, n);
 		for (int l = 0; l < s->L; l++) {
 			if (s->fill[0][l] != n % s->B)
-				return kvm_error("%s: commit of %" PRId64 " tokens: layer %d of the "
+				return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens: layer %d of the "
 						 "partial block holds %d", s->p->dir, n, l,
 						 s->fill[0][l]);
 			layers[l] = s->open[0] + (size_t)l * 2 * s->pf;
 		}
 	}
-	if (n > (int64_t)have && kvm_pager_append_tokens(s->p, ids + have, n - have) < 0)
+	if (n > (int64_t)have && kvmem_pager_append_tokens(s->p, ids + have, n - have) < 0)
 		return -1;
-	return kvm_pager_commit(s->p, n % s->B ? layers : NULL, NULL, app, app_len);
+	return kvmem_pager_commit(s->p, n % s->B ? layers : NULL, NULL, app, app_len);
 }

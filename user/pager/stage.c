@@ -18,7 +18,7 @@
 #include "pager/pager_int.h"
 #include "pager/probes.h"
 
-const uint8_t *stage_find(const kvm_pager *p, uint64_t block)
+const uint8_t *stage_find(const kvmem_pager *p, uint64_t block)
 {
 	for (uint32_t i = 0; i < p->n_stage; i++)
 		if (p->stage[i].busy && p->stage[i].block == block)
@@ -28,7 +28,7 @@ const uint8_t *stage_find(const kvm_pager *p, uint64_t block)
 
 /* Keep the extent (and the index record, when the index file did not get
  * it) in memory after a write failed. */
-static void orphan_keep(kvm_pager *p, uint64_t block, const uint8_t *ext, const void *index)
+static void orphan_keep(kvmem_pager *p, uint64_t block, const uint8_t *ext, const void *index)
 {
 	void *copy = malloc(p->extent_bytes);
 
@@ -46,7 +46,7 @@ static void orphan_keep(kvm_pager *p, uint64_t block, const uint8_t *ext, const 
 	}
 }
 
-void stage_done(kvm_pager *p, struct io_req *r)
+void stage_done(kvmem_pager *p, struct io_req *r)
 {
 	struct stage_slot *ss = &p->stage[r->slot];
 	uint64_t block = r->first_page, ns = now_ns() - r->t_submit;
@@ -54,16 +54,16 @@ void stage_done(kvm_pager *p, struct io_req *r)
 
 	if (r->res == (int)r->len) {
 		for (size_t l = 0; l < L; l++) {
-			struct kvm_pte *e = &p->pt[block * L + l];
+			struct kvmem_pte *e = &p->pt[block * L + l];
 
-			e->tiers |= KVM_TIER_NVME;
-			e->flags &= ~KVM_PTE_DIRTY;
+			e->tiers |= KVMEM_TIER_NVME;
+			e->flags &= ~KVMEM_PTE_DIRTY;
 		}
 		p->st.blocks_out++;
 		p->st.bytes_out += r->len;
 		p->st.write_ns += ns;
 		PROBE_STAGE_OUT(block, r->len, ns);
-		PROBE_TIER_MOVE(block * L, 0, KVM_TIER_NVME, r->len, ns);
+		PROBE_TIER_MOVE(block * L, 0, KVMEM_TIER_NVME, r->len, ns);
 	} else {
 		PROBE_IO_ERROR(block * L, r->res < 0 ? r->res : -ENOSPC);
 		/* A short write to a regular file means the space ran out. */
@@ -77,7 +77,7 @@ void stage_done(kvm_pager *p, struct io_req *r)
 	p->stage_busy--;
 }
 
-int stage_drain(kvm_pager *p)
+int stage_drain(kvmem_pager *p)
 {
 	while (p->stage_busy)
 		if (pager_reap(p, 1) < 0)
@@ -85,7 +85,7 @@ int stage_drain(kvm_pager *p)
 	return 0;
 }
 
-static int free_stage_slot(kvm_pager *p, uint64_t block)
+static int free_stage_slot(kvmem_pager *p, uint64_t block)
 {
 	uint64_t t0 = 0;
 
@@ -102,7 +102,7 @@ static int free_stage_slot(kvm_pager *p, uint64_t block)
 	for (uint32_t i = 0; i < p->n_stage; i++)
 		if (!p->stage[i].busy)
 			return (int)i;
-	return kvm_error("%s: stage-out buffer accounting is wrong", p->dir);
+	return kvmem_error(EINVAL, "%s: stage-out buffer accounting is wrong", p->dir);
 }
 
 static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
@@ -132,7 +132,7 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
  * inode lock, no punt to a worker); writes that extend the file go one at
  * a time. Best effort: a file system that refuses is written as it is.
  */
-static void prealloc(kvm_pager *p, uint64_t end)
+static void prealloc(kvmem_pager *p, uint64_t end)
 {
 	uint64_t chunk = p->prealloc_end / 4;
 
@@ -153,7 +153,7 @@ static void prealloc(kvm_pager *p, uint64_t end)
 }
 
 /* Put the new block's pages in the host pool, as far as room allows. */
-static void keep_in_pool(kvm_pager *p, uint64_t block, const uint8_t *ext)
+static void keep_in_pool(kvmem_pager *p, uint64_t block, const uint8_t *ext)
 {
 	size_t L = p->g.n_layers;
 
@@ -166,7 +166,7 @@ static void keep_in_pool(kvm_pager *p, uint64_t block, const uint8_t *ext)
 	}
 }
 
-int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *layers,
+int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *layers,
 			   const void *index)
 {
 	size_t L = p->g.n_layers, ib = p->g.index_bytes;
@@ -176,12 +176,12 @@ int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *laye
 	int slot;
 
 	if (p->rdonly)
-		return kvm_error("%s: opened read-only", p->dir);
+		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
 	if (block != p->n_blocks)
-		return kvm_error("%s: append of block %" PRIu64 " but the next block is %" PRIu64,
+		return kvmem_error(EINVAL, "%s: append of block %" PRIu64 " but the next block is %" PRIu64,
 				 p->dir, block, p->n_blocks);
 	if (ib && !index)
-		return kvm_error("%s: block %" PRIu64 " appended without its index record", p->dir,
+		return kvmem_error(EINVAL, "%s: block %" PRIu64 " appended without its index record", p->dir,
 				 block);
 	if (store_grow(p, block + 1) < 0)
 		return -1;
@@ -201,7 +201,7 @@ int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *laye
 	XXH3_64bits_update(p->sums_hash, sums, (L + 1) * 8);
 	p->n_blocks++;
 	for (size_t l = 0; l < L; l++)
-		p->pt[block * L + l].flags |= KVM_PTE_DIRTY;
+		p->pt[block * L + l].flags |= KVMEM_PTE_DIRTY;
 
 	if (!p->write_failed && ib && pwrite_all(p->fd_index, index, ib, block * ib) < 0)
 		pager_fail_write(p, "%s/index: cannot append the record of block %" PRIu64 ": %s",
@@ -238,7 +238,7 @@ int kvm_pager_append_block(kvm_pager *p, uint64_t block, const void *const *laye
 			pager_reap(p, 0);	/* submit now: the write runs during prefill */
 		}
 	}
-	if (!(p->flags & KVM_PAGER_NO_KEEP))
+	if (!(p->flags & KVMEM_PAGER_NO_KEEP))
 		keep_in_pool(p, block, ext);	/* intact until a later append reuses it */
 	return 0;
 }

@@ -18,18 +18,18 @@ static const struct {
 	const char *name, *what;
 	size_t off;
 } fields[] = {
-#define KVM_STAT_ROW(n, w) { #n, w, offsetof(kvm_pager_stats, n) },
-	KVM_PAGER_STATS(KVM_STAT_ROW)
-#undef KVM_STAT_ROW
+#define KVMEM_STAT_ROW(n, w) { #n, w, offsetof(kvmem_pager_stats, n) },
+	KVMEM_PAGER_STATS(KVMEM_STAT_ROW)
+#undef KVMEM_STAT_ROW
 };
 #define N_FIELDS (sizeof(fields) / sizeof(fields[0]))
 
-static uint64_t *field(kvm_pager_stats *s, size_t i)
+static uint64_t *field(kvmem_pager_stats *s, size_t i)
 {
 	return (uint64_t *)((char *)s + fields[i].off);
 }
 
-static int parse_stats(FILE *f, kvm_pager_stats *s)
+static int parse_stats(FILE *f, kvmem_pager_stats *s)
 {
 	char name[64];
 	uint64_t v;
@@ -42,7 +42,7 @@ static int parse_stats(FILE *f, kvm_pager_stats *s)
 	return 0;
 }
 
-int kvm_workspace_stats(const char *dir, kvm_pager_stats *s)
+int kvmem_workspace_stats(const char *dir, kvmem_pager_stats *s)
 {
 	char path[PATH_MAX + 16];
 	FILE *f;
@@ -51,34 +51,34 @@ int kvm_workspace_stats(const char *dir, kvm_pager_stats *s)
 	f = fopen(path, "r");
 	if (!f) {
 		memset(s, 0, sizeof(*s));
-		return kvm_error("%s: %s", path, strerror(errno));
+		return kvmem_error(errno, "%s: %s", path, strerror(errno));
 	}
 	parse_stats(f, s);
 	fclose(f);
 	return 0;
 }
 
-void kvm_pager_stats_get(const kvm_pager *p, kvm_pager_stats *s)
+void kvmem_pager_stats_get(const kvmem_pager *p, kvmem_pager_stats *s)
 {
 	*s = p->st;
 }
 
-void kvm_pager_stats_total(const kvm_pager *p, kvm_pager_stats *s)
+void kvmem_pager_stats_total(const kvmem_pager *p, kvmem_pager_stats *s)
 {
-	kvm_pager_stats t = p->base;
+	kvmem_pager_stats t = p->base;
 
 	for (size_t i = 0; i < N_FIELDS; i++)
-		*field(&t, i) += *field((kvm_pager_stats *)&p->st, i);
+		*field(&t, i) += *field((kvmem_pager_stats *)&p->st, i);
 	*s = t;
 }
 
-void kvm_pager_stats_print(const kvm_pager_stats *s, FILE *f)
+void kvmem_pager_stats_print(const kvmem_pager_stats *s, FILE *f)
 {
 	double hits = s->host_hits, all = s->host_hits + s->host_misses;
 
 	for (size_t i = 0; i < N_FIELDS; i++)
 		fprintf(f, "%-20s %14" PRIu64 "  %s\n", fields[i].name,
-			*field((kvm_pager_stats *)s, i), fields[i].what);
+			*field((kvmem_pager_stats *)s, i), fields[i].what);
 	fprintf(f, "%-20s %14.4f  host hits / fetched pages\n", "host_hit_rate",
 		all ? hits / all : 0.0);
 	if (s->read_ns)
@@ -86,7 +86,7 @@ void kvm_pager_stats_print(const kvm_pager_stats *s, FILE *f)
 			s->bytes_in / (s->read_ns / 1e9) / 1e6);
 }
 
-void stats_load(kvm_pager *p)
+void stats_load(kvmem_pager *p)
 {
 	int fd = openat(p->dirfd, "stats", O_RDONLY | O_CLOEXEC);
 	FILE *f;
@@ -103,15 +103,15 @@ void stats_load(kvm_pager *p)
 	fclose(f);
 }
 
-void stats_save(kvm_pager *p)
+void stats_save(kvmem_pager *p)
 {
-	kvm_pager_stats t;
+	kvmem_pager_stats t;
 	FILE *f;
 	int fd;
 
 	if (p->rdonly)
 		return;
-	kvm_pager_stats_total(p, &t);
+	kvmem_pager_stats_total(p, &t);
 	fd = openat(p->dirfd, "stats.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return;

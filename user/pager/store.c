@@ -22,7 +22,7 @@
 
 static const char *const data_files[] = { "pages", "tokens", "index", "sums", "tail" };
 
-static int *file_fd(kvm_pager *p, int i)
+static int *file_fd(kvmem_pager *p, int i)
 {
 	int *fds[] = { &p->fd_pages, &p->fd_tokens, &p->fd_index, &p->fd_sums, &p->fd_tail };
 
@@ -39,7 +39,7 @@ int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out)
 	if (!st || !buf) {
 		XXH3_freeState(st);
 		free(buf);
-		return kvm_error("%s: out of memory", name);
+		return kvmem_error(ENOMEM, "%s: out of memory", name);
 	}
 	XXH3_64bits_reset(st);
 	while (off < len) {
@@ -49,7 +49,7 @@ int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out)
 		if (n <= 0) {
 			XXH3_freeState(st);
 			free(buf);
-			return kvm_error("%s: read failed at offset %" PRIu64 ": %s", name, off,
+			return kvmem_error(errno, "%s: read failed at offset %" PRIu64 ": %s", name, off,
 					 n < 0 ? strerror(errno) : "unexpected end of file");
 		}
 		XXH3_64bits_update(st, buf, n);
@@ -61,19 +61,19 @@ int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out)
 	return 0;
 }
 
-int store_grow(kvm_pager *p, uint64_t blocks)
+int store_grow(kvmem_pager *p, uint64_t blocks)
 {
 	size_t L = p->g.n_layers;
 
 	if (blocks * L > p->pt_cap) {
 		size_t n = p->pt_cap ? p->pt_cap : 1024;
-		struct kvm_pte *pt;
+		struct kvmem_pte *pt;
 
 		while (n < blocks * L)
 			n *= 2;
 		pt = realloc(p->pt, n * sizeof(*pt));
 		if (!pt)
-			return kvm_error("%s: out of memory for the page table", p->dir);
+			return kvmem_error(ENOMEM, "%s: out of memory for the page table", p->dir);
 		p->pt = pt;
 		p->pt_cap = n;
 	}
@@ -85,7 +85,7 @@ int store_grow(kvm_pager *p, uint64_t blocks)
 			n *= 2;
 		s = realloc(p->sums, n * sizeof(*s));
 		if (!s)
-			return kvm_error("%s: out of memory for page checksums", p->dir);
+			return kvmem_error(ENOMEM, "%s: out of memory for page checksums", p->dir);
 		p->sums = s;
 		p->sums_cap = n;
 	}
@@ -97,33 +97,33 @@ int store_grow(kvm_pager *p, uint64_t blocks)
 			n *= 2;
 		o = realloc(p->orphan, n * sizeof(*o));
 		if (!o)
-			return kvm_error("%s: out of memory", p->dir);
+			return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 		memset(o + p->orphan_cap, 0, (n - p->orphan_cap) * sizeof(*o));
 		p->orphan = o;
 		o = realloc(p->orphan_ix, n * sizeof(*o));
 		if (!o)
-			return kvm_error("%s: out of memory", p->dir);
+			return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 		memset(o + p->orphan_cap, 0, (n - p->orphan_cap) * sizeof(*o));
 		p->orphan_ix = o;
 		p->orphan_cap = n;
 	}
 	for (uint64_t pg = p->n_blocks * L; pg < blocks * L; pg++) {
-		struct kvm_pte *e = &p->pt[pg];
+		struct kvmem_pte *e = &p->pt[pg];
 
 		memset(e, 0, sizeof(*e));
 		e->page_id = pg;
-		e->host_slot = e->gpu_slot = KVM_SLOT_NONE;
+		e->host_slot = e->gpu_slot = KVMEM_SLOT_NONE;
 	}
 	return 0;
 }
 
 /* Open one data file; O_DIRECT for pages unless refused (then buffered). */
-static int open_file(kvm_pager *p, int i, int create)
+static int open_file(kvmem_pager *p, int i, int create)
 {
 	int flags = (p->rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0);
 	int fd;
 
-	if (i == 0 && !(p->flags & KVM_PAGER_NO_DIRECT)) {
+	if (i == 0 && !(p->flags & KVMEM_PAGER_NO_DIRECT)) {
 		fd = openat(p->dirfd, data_files[i], flags | O_DIRECT, 0644);
 		if (fd >= 0) {
 			p->direct = 1;
@@ -131,39 +131,39 @@ static int open_file(kvm_pager *p, int i, int create)
 			return 0;
 		}
 		if (errno != EINVAL)
-			return kvm_error("%s/%s: %s", p->dir, data_files[i], strerror(errno));
+			return kvmem_error(errno, "%s/%s: %s", p->dir, data_files[i], strerror(errno));
 		fprintf(stderr, "kvmem: %s: the file system refuses O_DIRECT; using buffered I/O\n",
 			p->dir);
 		p->warned_direct = 1;
 	}
 	fd = openat(p->dirfd, data_files[i], flags, 0644);
 	if (fd < 0)
-		return kvm_error("%s/%s: %s", p->dir, data_files[i], strerror(errno));
+		return kvmem_error(errno, "%s/%s: %s", p->dir, data_files[i], strerror(errno));
 	*file_fd(p, i) = fd;
 	return 0;
 }
 
-static int create_files(kvm_pager *p, const kvm_page_geom *g)
+static int create_files(kvmem_pager *p, const kvmem_page_geom *g)
 {
 	if (!g)
-		return kvm_error("%s: not a workspace (no manifest)", p->dir);
+		return kvmem_error(EINVAL, "%s: not a workspace (no manifest)", p->dir);
 	if (p->rdonly)
-		return kvm_error("%s: not a workspace (no manifest) and opened read-only", p->dir);
+		return kvmem_error(EINVAL, "%s: not a workspace (no manifest) and opened read-only", p->dir);
 	for (int i = 0; i < 5; i++)
 		if (open_file(p, i, 1) < 0)
-			return kvm_error_prefix("%s: cannot create the workspace", p->dir);
+			return kvmem_error_prefix("%s: cannot create the workspace", p->dir);
 	mf_from_geom(&p->m, g);
 	p->m.tail_sums = calloc(g->n_layers + 1, 8);
 	p->m.app = malloc(1);
 	if (!p->m.tail_sums || !p->m.app)
-		return kvm_error("%s: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 	if (mf_write(p->dirfd, p->dir, &p->m) < 0)
-		return kvm_error_prefix("%s: cannot create the workspace", p->dir);
+		return kvmem_error_prefix("%s: cannot create the workspace", p->dir);
 	return 0;
 }
 
 /* Check each file holds at least what the commit covers; cut the rest. */
-static int check_lengths(kvm_pager *p)
+static int check_lengths(kvmem_pager *p)
 {
 	const struct mf_head *h = &p->m.h;
 	uint64_t need[5] = {
@@ -178,22 +178,22 @@ static int check_lengths(kvm_pager *p)
 		struct stat sb;
 
 		if (fstat(*file_fd(p, i), &sb) < 0)
-			return kvm_error("%s/%s: %s", p->dir, data_files[i], strerror(errno));
+			return kvmem_error(errno, "%s/%s: %s", p->dir, data_files[i], strerror(errno));
 		if ((uint64_t)sb.st_size < need[i])
-			return kvm_error("%s/%s: %lld bytes, but the last commit covers %" PRIu64
+			return kvmem_error(EINVAL, "%s/%s: %lld bytes, but the last commit covers %" PRIu64
 					 ": truncated; refusing to open (see kvmem verify)",
 					 p->dir, data_files[i], (long long)sb.st_size, need[i]);
 		/* The tail file keeps both slots: the other one may be next. */
 		if (!p->rdonly && i != 4 && (uint64_t)sb.st_size > need[i] &&
 		    ftruncate(*file_fd(p, i), need[i]) < 0)
-			return kvm_error("%s/%s: cannot cut off data past the last commit: %s",
+			return kvmem_error(errno, "%s/%s: cannot cut off data past the last commit: %s",
 					 p->dir, data_files[i], strerror(errno));
 	}
 	return 0;
 }
 
 /* Load the committed sums and tokens and check them against the manifest. */
-static int load_committed(kvm_pager *p)
+static int load_committed(kvmem_pager *p)
 {
 	const struct mf_head *h = &p->m.h;
 	uint64_t n = h->blocks * (p->g.n_layers + 1);
@@ -201,11 +201,11 @@ static int load_committed(kvm_pager *p)
 	if (store_grow(p, h->blocks) < 0)
 		return -1;
 	if (n && pread(p->fd_sums, p->sums, n * 8, 0) != (ssize_t)(n * 8))
-		return kvm_error("%s/sums: cannot read %" PRIu64 " committed checksums", p->dir, n);
+		return kvmem_error(EINVAL, "%s/sums: cannot read %" PRIu64 " committed checksums", p->dir, n);
 	XXH3_64bits_reset(p->sums_hash);
 	XXH3_64bits_update(p->sums_hash, p->sums, n * 8);
 	if (XXH3_64bits_digest(p->sums_hash) != h->sums_hash)
-		return kvm_error("%s/sums: checksum of the committed part differs from the manifest: "
+		return kvmem_error(EINVAL, "%s/sums: checksum of the committed part differs from the manifest: "
 				 "corrupt; refusing to open (see kvmem verify)", p->dir);
 	/* Hash the committed tokens once; the state goes on with new appends. */
 	XXH3_64bits_reset(p->tok_hash);
@@ -215,47 +215,47 @@ static int load_committed(kvm_pager *p)
 		ssize_t got = pread(p->fd_tokens, buf, want, off);
 
 		if (got <= 0)
-			return kvm_error("%s/tokens: read failed at offset %" PRIu64 ": %s", p->dir, off,
+			return kvmem_error(errno, "%s/tokens: read failed at offset %" PRIu64 ": %s", p->dir, off,
 					 got < 0 ? strerror(errno) : "unexpected end of file");
 		XXH3_64bits_update(p->tok_hash, buf, got);
 		off += got;
 	}
 	if (XXH3_64bits_digest(p->tok_hash) != h->tokens_hash)
-		return kvm_error("%s/tokens: checksum of the committed part differs from the manifest: "
+		return kvmem_error(EINVAL, "%s/tokens: checksum of the committed part differs from the manifest: "
 				 "corrupt; refusing to open (see kvmem verify)", p->dir);
 	p->n_tokens = h->tokens;
 	p->n_blocks = h->blocks;
 	for (uint64_t pg = 0; pg < h->blocks * p->g.n_layers; pg++)
-		p->pt[pg].tiers = KVM_TIER_NVME;
+		p->pt[pg].tiers = KVMEM_TIER_NVME;
 	return 0;
 }
 
-int store_open(kvm_pager *p, const char *dir, const kvm_page_geom *g, int flags)
+int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int flags)
 {
 	int created = 0;
 
 	snprintf(p->dir, sizeof(p->dir), "%s", dir);
 	p->flags = flags;
-	p->rdonly = !!(flags & KVM_PAGER_RDONLY);
-	if ((flags & KVM_PAGER_CREATE) && !p->rdonly && mkdir(dir, 0755) < 0 && errno != EEXIST)
-		return kvm_error("%s: cannot create the workspace directory: %s", dir,
+	p->rdonly = !!(flags & KVMEM_PAGER_RDONLY);
+	if ((flags & KVMEM_PAGER_CREATE) && !p->rdonly && mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return kvmem_error(errno, "%s: cannot create the workspace directory: %s", dir,
 				 strerror(errno));
 	p->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (p->dirfd < 0)
-		return kvm_error("%s: cannot open the workspace directory: %s", dir,
+		return kvmem_error(errno, "%s: cannot open the workspace directory: %s", dir,
 				 strerror(errno));
 	p->tok_hash = XXH3_createState();
 	p->sums_hash = XXH3_createState();
 	if (!p->tok_hash || !p->sums_hash)
-		return kvm_error("%s: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", dir);
 	XXH3_64bits_reset(p->tok_hash);
 	XXH3_64bits_reset(p->sums_hash);
 
 	if (mf_read(p->dirfd, dir, &p->m) < 0) {
 		if (faccessat(p->dirfd, "manifest", F_OK, 0) == 0)
 			return -1;	/* there, but unreadable or corrupt */
-		if (!(flags & KVM_PAGER_CREATE))
-			return kvm_error("%s: not a kvmem workspace (no manifest)", dir);
+		if (!(flags & KVMEM_PAGER_CREATE))
+			return kvmem_error(EINVAL, "%s: not a kvmem workspace (no manifest)", dir);
 		if (create_files(p, g) < 0)
 			return -1;
 		created = 1;
@@ -263,17 +263,17 @@ int store_open(kvm_pager *p, const char *dir, const kvm_page_geom *g, int flags)
 		return -1;
 	}
 	mf_geom(&p->m, &p->g);
-	if (kvm_page_geom_check(&p->g, dir) < 0)
+	if (kvmem_page_geom_check(&p->g, dir) < 0)
 		return -1;
-	p->page_bytes = kvm_page_bytes(&p->g);
-	p->page_stride = kvm_page_stride(&p->g);
+	p->page_bytes = kvmem_page_bytes(&p->g);
+	p->page_stride = kvmem_page_stride(&p->g);
 	if (p->m.h.page_bytes != p->page_bytes || p->m.h.page_stride != p->page_stride ||
-	    p->m.h.align != KVM_IO_ALIGN)
-		return kvm_error("%s/manifest: page size %u / stride %u / alignment %u do not follow "
+	    p->m.h.align != KVMEM_IO_ALIGN)
+		return kvmem_error(EINVAL, "%s/manifest: page size %u / stride %u / alignment %u do not follow "
 				 "from its geometry: corrupt", dir, p->m.h.page_bytes,
 				 p->m.h.page_stride, p->m.h.align);
 	p->extent_bytes = p->page_stride * p->g.n_layers;
-	p->tail_slot_bytes = p->extent_bytes + round_up(p->g.index_bytes, KVM_IO_ALIGN);
+	p->tail_slot_bytes = p->extent_bytes + round_up(p->g.index_bytes, KVMEM_IO_ALIGN);
 	p->sums_rec = ((size_t)p->g.n_layers + 1) * 8;
 	if (!created) {
 		for (int i = 0; i < 5; i++)
@@ -289,7 +289,7 @@ int store_open(kvm_pager *p, const char *dir, const kvm_page_geom *g, int flags)
 	return 0;
 }
 
-void store_close(kvm_pager *p)
+void store_close(kvmem_pager *p)
 {
 	for (int i = 0; i < 5; i++)
 		if (*file_fd(p, i) >= 0)

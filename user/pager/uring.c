@@ -15,9 +15,9 @@
 
 static _Atomic unsigned fault_nth[4];
 
-void kvm_pager_fault_inject(enum kvm_fault kind, unsigned nth)
+void kvmem_pager_fault_inject(enum kvmem_fault kind, unsigned nth)
 {
-	if (kind >= KVM_FAULT_READ && kind <= KVM_FAULT_DIRECT)
+	if (kind >= KVMEM_FAULT_READ && kind <= KVMEM_FAULT_DIRECT)
 		atomic_store(&fault_nth[kind], nth);
 }
 
@@ -33,7 +33,7 @@ int fault_fire(int kind)
 	return 0;
 }
 
-int io_init(struct kvm_io *io, unsigned depth)
+int io_init(struct kvmem_io *io, unsigned depth)
 {
 	int rc;
 
@@ -41,19 +41,19 @@ int io_init(struct kvm_io *io, unsigned depth)
 	io->depth = depth;
 	rc = io_uring_queue_init(depth, &io->ring, 0);
 	if (rc < 0)
-		return kvm_error("io_uring: cannot set up a ring of %u entries: %s", depth,
+		return kvmem_error(-rc, "io_uring: cannot set up a ring of %u entries: %s", depth,
 				 strerror(-rc));
 	io->reqs = calloc(depth, sizeof(*io->reqs));
 	if (!io->reqs) {
 		io_uring_queue_exit(&io->ring);
-		return kvm_error("io_uring: out of memory");
+		return kvmem_error(ENOMEM, "io_uring: out of memory");
 	}
 	for (unsigned i = 0; i < depth; i++)
 		io_req_put(io, &io->reqs[i]);
 	return 0;
 }
 
-void io_exit(struct kvm_io *io)
+void io_exit(struct kvmem_io *io)
 {
 	if (!io->reqs)
 		return;
@@ -64,7 +64,7 @@ void io_exit(struct kvm_io *io)
 	io->reqs = NULL;
 }
 
-void io_register(struct kvm_io *io, void *const *bases, const size_t *lens, unsigned n)
+void io_register(struct kvmem_io *io, void *const *bases, const size_t *lens, unsigned n)
 {
 	/* One iovec may cover at most 1 GiB. */
 	const size_t max = 1ul << 30;
@@ -95,7 +95,7 @@ too_many:
 	io->n_iov = 0;
 }
 
-struct io_req *io_req_get(struct kvm_io *io)
+struct io_req *io_req_get(struct kvmem_io *io)
 {
 	struct io_req *r = io->free_reqs;
 
@@ -106,14 +106,14 @@ struct io_req *io_req_get(struct kvm_io *io)
 	return r;
 }
 
-void io_req_put(struct kvm_io *io, struct io_req *r)
+void io_req_put(struct kvmem_io *io, struct io_req *r)
 {
 	r->next = io->free_reqs;
 	io->free_reqs = r;
 }
 
 /* Index of the registered buffer holding [buf, buf + len), or -1. */
-static int fixed_index(const struct kvm_io *io, const void *buf, size_t len)
+static int fixed_index(const struct kvmem_io *io, const void *buf, size_t len)
 {
 	const uint8_t *b = buf;
 
@@ -128,7 +128,7 @@ static int fixed_index(const struct kvm_io *io, const void *buf, size_t len)
 	return -1;
 }
 
-int io_queue(struct kvm_io *io, int fd, struct io_req *r)
+int io_queue(struct kvmem_io *io, int fd, struct io_req *r)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
 	int idx;
@@ -137,7 +137,7 @@ int io_queue(struct kvm_io *io, int fd, struct io_req *r)
 		io_uring_submit(&io->ring);
 		sqe = io_uring_get_sqe(&io->ring);
 		if (!sqe)
-			return kvm_error("io_uring: submission queue full");
+			return kvmem_error(EINVAL, "io_uring: submission queue full");
 	}
 	idx = fixed_index(io, r->buf, r->len);
 	if (r->kind == IO_READ) {
@@ -157,7 +157,7 @@ int io_queue(struct kvm_io *io, int fd, struct io_req *r)
 	return 0;
 }
 
-int io_reap(struct kvm_io *io, unsigned wait, void (*done)(void *arg, struct io_req *r),
+int io_reap(struct kvmem_io *io, unsigned wait, void (*done)(void *arg, struct io_req *r),
 	    void *arg)
 {
 	struct io_uring_cqe *cqe;
@@ -169,7 +169,7 @@ int io_reap(struct kvm_io *io, unsigned wait, void (*done)(void *arg, struct io_
 		rc = wait ? io_uring_submit_and_wait(&io->ring, wait) : io_uring_submit(&io->ring);
 	while (rc == -EINTR);
 	if (rc < 0 && rc != -EBUSY && rc != -EAGAIN)
-		return kvm_error("io_uring: submit failed: %s", strerror(-rc));
+		return kvmem_error(-rc, "io_uring: submit failed: %s", strerror(-rc));
 	while (io_uring_peek_cqe(&io->ring, &cqe) == 0) {
 		struct io_req *r = io_uring_cqe_get_data(cqe);
 
@@ -178,7 +178,7 @@ int io_reap(struct kvm_io *io, unsigned wait, void (*done)(void *arg, struct io_
 		io->inflight--;
 		if (fault_fire(r->kind))
 			r->res = -EIO;
-		else if (fault_fire(KVM_FAULT_DIRECT))
+		else if (fault_fire(KVMEM_FAULT_DIRECT))
 			r->res = -EINVAL;
 		r->done = 1;
 		done(arg, r);

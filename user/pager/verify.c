@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvm_workspace_verify: check every checksum of a workspace directory —
+ * kvmem_workspace_verify: check every checksum of a workspace directory —
  * manifest, committed tokens, the checksum file, every page, every index
  * record, the partial block — and name each bad one with its file. Reads
  * only; never repairs.
@@ -21,7 +21,7 @@ struct vctx {
 	int dirfd;
 	FILE *out;
 	long bad;
-	kvm_page_geom g;
+	kvmem_page_geom g;
 	size_t pb, stride, L;
 	const struct manifest *m;
 };
@@ -81,7 +81,7 @@ static void check_pages(struct vctx *v, const uint64_t *sums)
 
 	if (fd < 0)
 		return;
-	if (posix_memalign((void **)&buf, KVM_IO_ALIGN, per * ext)) {
+	if (posix_memalign((void **)&buf, KVMEM_IO_ALIGN, per * ext)) {
 		close(fd);
 		return;
 	}
@@ -139,7 +139,7 @@ static void check_index(struct vctx *v, const uint64_t *sums)
 static void check_tail(struct vctx *v)
 {
 	const struct mf_head *h = &v->m->h;
-	size_t slot_bytes = v->stride * v->L + round_up(h->index_bytes, KVM_IO_ALIGN);
+	size_t slot_bytes = v->stride * v->L + round_up(h->index_bytes, KVMEM_IO_ALIGN);
 	uint64_t size, off = (uint64_t)h->tail_slot * slot_bytes;
 	uint8_t *buf;
 	int fd;
@@ -169,7 +169,7 @@ static void check_tail(struct vctx *v)
 	close(fd);
 }
 
-long kvm_workspace_verify(const char *dir, FILE *out, int verbose)
+long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 {
 	struct manifest m;
 	struct vctx v = { .dir = dir, .out = out, .m = &m };
@@ -181,20 +181,20 @@ long kvm_workspace_verify(const char *dir, FILE *out, int verbose)
 	v.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (v.dirfd < 0) {
 		fprintf(out, "%s: %s\n", dir, strerror(errno));
-		return kvm_error("%s: %s", dir, strerror(errno));
+		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
 	}
 	if (mf_read(v.dirfd, dir, &m) < 0) {
-		fprintf(out, "%s\n", kvm_last_error());
+		fprintf(out, "%s\n", kvmem_last_error());
 		close(v.dirfd);
 		return -1;
 	}
 	mf_geom(&m, &v.g);
-	if (kvm_page_geom_check(&v.g, dir) < 0 || m.h.page_bytes != kvm_page_bytes(&v.g) ||
-	    m.h.page_stride != kvm_page_stride(&v.g)) {
+	if (kvmem_page_geom_check(&v.g, dir) < 0 || m.h.page_bytes != kvmem_page_bytes(&v.g) ||
+	    m.h.page_stride != kvmem_page_stride(&v.g)) {
 		fprintf(out, "%s/manifest: geometry does not add up: corrupt\n", dir);
 		mf_free(&m);
 		close(v.dirfd);
-		return kvm_error("%s/manifest: geometry does not add up: corrupt", dir);
+		return kvmem_error(EINVAL, "%s/manifest: geometry does not add up: corrupt", dir);
 	}
 	v.pb = m.h.page_bytes;
 	v.stride = m.h.page_stride;

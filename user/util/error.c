@@ -1,5 +1,9 @@
 // SPDX-License-Identifier: MIT
-/* Per-thread error messages: every failing call leaves a sentence here. */
+/*
+ * Per-thread errors: every failing call leaves a code (a positive errno
+ * value) and a sentence naming the file, the object and what is wrong.
+ * Callers branch on the code; the sentence is for people.
+ */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,28 +12,37 @@
 #include "kvmem/kvmem.h"
 
 static _Thread_local char errbuf[1024];
+static _Thread_local int errcode;
 
-const char *kvm_last_error(void)
+const char *kvmem_last_error(void)
 {
 	return errbuf;
 }
 
-int kvm_error(const char *fmt, ...)
+int kvmem_last_errno(void)
+{
+	return errcode;
+}
+
+int kvmem_error(int err, const char *fmt, ...)
 {
 	va_list ap;
 
+	errcode = err > 0 ? err : EIO;
 	va_start(ap, fmt);
 	vsnprintf(errbuf, sizeof(errbuf), fmt, ap);
 	va_end(ap);
-	return -1;
+	return -errcode;
 }
 
-int kvm_error_prefix(const char *fmt, ...)
+int kvmem_error_prefix(const char *fmt, ...)
 {
 	char old[sizeof(errbuf)];
 	va_list ap;
 	int n;
 
+	if (!errcode)
+		errcode = EIO;
 	memcpy(old, errbuf, sizeof(old));
 	va_start(ap, fmt);
 	n = vsnprintf(errbuf, sizeof(errbuf), fmt, ap);
@@ -38,10 +51,21 @@ int kvm_error_prefix(const char *fmt, ...)
 	if (n >= 0 && (size_t)n + 3 < sizeof(errbuf))
 		snprintf(errbuf + n, sizeof(errbuf) - n, ": %.*s",
 			 (int)(sizeof(errbuf) - n - 3), old);
-	return -1;
+	return -errcode;
 }
 
-char *kvm_data_dir(char *buf, size_t len)
+int kvmem_fail(void)
+{
+	return -(errcode ? errcode : EIO);
+}
+
+void kvmem_error_clear(void)
+{
+	errcode = 0;
+	errbuf[0] = 0;
+}
+
+char *kvmem_data_dir(char *buf, size_t len)
 {
 	const char *e = getenv("KVMEM_HOME");
 	int n;

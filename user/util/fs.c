@@ -7,14 +7,14 @@
 #include "kvmem/kvmem.h"
 #include "util/fs.h"
 
-int kvm_mkdir_p(const char *dir)
+int kvmem_mkdir_p(const char *dir)
 {
 	char tmp[4096];
 	size_t len = strlen(dir);
 	struct stat st;
 
 	if (len >= sizeof(tmp))
-		return kvm_error("%.100s...: path too long", dir);
+		return kvmem_error(EINVAL, "%.100s...: path too long", dir);
 	memcpy(tmp, dir, len + 1);
 	for (char *s = tmp + 1; ; s++) {
 		if (*s == '/' || !*s) {
@@ -22,13 +22,13 @@ int kvm_mkdir_p(const char *dir)
 
 			*s = 0;
 			if (mkdir(tmp, 0755) && errno != EEXIST)
-				return kvm_error("%s: cannot create: %s", tmp, strerror(errno));
+				return kvmem_error(errno, "%s: cannot create: %s", tmp, strerror(errno));
 			*s = keep;
 			if (!keep)
 				break;
 		}
 	}
 	if (stat(dir, &st) || !S_ISDIR(st.st_mode))
-		return kvm_error("%s: not a directory", dir);
+		return kvmem_error(EINVAL, "%s: not a directory", dir);
 	return 0;
 }

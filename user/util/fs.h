@@ -5,6 +5,6 @@
 
 /* mkdir -p: create dir and its parents (0755); fails, naming the part that
  * could not be made, or when dir exists and is not a directory. */
-int kvm_mkdir_p(const char *dir);
+int kvmem_mkdir_p(const char *dir);
 
 #endif

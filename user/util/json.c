@@ -21,7 +21,7 @@ struct jkey {
 	size_t len;
 };
 
-struct kvm_json {
+struct kvmem_json {
 	uint8_t type;
 	uint8_t is_int;
 	int line, col;
@@ -34,7 +34,7 @@ struct kvm_json {
 		struct jkey str;
 		struct {
 			size_t n;
-			kvm_json **items;
+			kvmem_json **items;
 			struct jkey *keys;	/* objects: keys[i] names items[i] */
 			uint32_t *sorted;	/* objects: member indices by key */
 		} c;
@@ -50,7 +50,7 @@ struct chunk {
 
 struct doc {
 	struct chunk *chunks;
-	kvm_json root;
+	kvmem_json root;
 };
 
 static void *arena_alloc(struct doc *d, size_t n)
@@ -87,7 +87,7 @@ static void doc_free(struct doc *d)
 /* ---- parser state ---------------------------------------------------- */
 struct entry {			/* a container member while its container is open */
 	struct jkey key;
-	kvm_json *val;
+	kvmem_json *val;
 };
 
 struct parser {
@@ -120,7 +120,7 @@ static void fail_at(struct parser *ps, const char *at, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(what, sizeof(what), fmt, ap);
 	va_end(ap);
-	kvm_error("%s:%d:%d: %s", ps->name, ps->line, col_of(ps, at), what);
+	kvmem_error(EINVAL, "%s:%d:%d: %s", ps->name, ps->line, col_of(ps, at), what);
 }
 
 /* Describe the byte at p for "... but found X" messages. */
@@ -153,9 +153,9 @@ static void skip_ws(struct parser *ps)
 	}
 }
 
-static kvm_json *new_node(struct parser *ps, int type, const char *at)
+static kvmem_json *new_node(struct parser *ps, int type, const char *at)
 {
-	kvm_json *v = arena_alloc(ps->doc, sizeof(*v));
+	kvmem_json *v = arena_alloc(ps->doc, sizeof(*v));
 
 	if (!v) {
 		fail_at(ps, at, "out of memory");
@@ -168,7 +168,7 @@ static kvm_json *new_node(struct parser *ps, int type, const char *at)
 	return v;
 }
 
-static kvm_json *parse_value(struct parser *ps);
+static kvmem_json *parse_value(struct parser *ps);
 
 /* ---- strings ---------------------------------------------------------- */
 static int hex4(const char *p)
@@ -341,13 +341,13 @@ static bool is_digit(const struct parser *ps, const char *p)
 	return p < ps->end && *p >= '0' && *p <= '9';
 }
 
-static kvm_json *parse_number(struct parser *ps)
+static kvmem_json *parse_number(struct parser *ps)
 {
 	const char *b = ps->p, *p = b;
 	bool integral = true;
 	char small[64], *txt;
 	size_t n;
-	kvm_json *v;
+	kvmem_json *v;
 	char tmp[16];
 
 	if (p < ps->end && *p == '-')
@@ -399,7 +399,7 @@ static kvm_json *parse_number(struct parser *ps)
 	}
 	memcpy(txt, b, n);
 	txt[n] = 0;
-	v = new_node(ps, KVM_JSON_NUMBER, b);
+	v = new_node(ps, KVMEM_JSON_NUMBER, b);
 	if (v) {
 		errno = 0;
 		v->u.num.d = strtod(txt, NULL);
@@ -419,7 +419,7 @@ static kvm_json *parse_number(struct parser *ps)
 }
 
 /* ---- containers -------------------------------------------------------- */
-static int push(struct parser *ps, struct jkey key, kvm_json *val)
+static int push(struct parser *ps, struct jkey key, kvmem_json *val)
 {
 	if (ps->top == ps->cap) {
 		size_t cap = ps->cap ? ps->cap * 2 : 64;
@@ -459,7 +459,7 @@ static int sorted_cmp(const void *a, const void *b, void *arg)
 }
 
 /* Move the members above `base` on the stack into container v. */
-static int close_container(struct parser *ps, kvm_json *v, size_t base, bool object)
+static int close_container(struct parser *ps, kvmem_json *v, size_t base, bool object)
 {
 	size_t n = ps->top - base;
 
@@ -471,7 +471,7 @@ static int close_container(struct parser *ps, kvm_json *v, size_t base, bool obj
 	ps->top = base;
 	if (!n)
 		return 0;
-	v->u.c.items = arena_alloc(ps->doc, n * sizeof(kvm_json *));
+	v->u.c.items = arena_alloc(ps->doc, n * sizeof(kvmem_json *));
 	if (object) {
 		v->u.c.keys = arena_alloc(ps->doc, n * sizeof(struct jkey));
 		v->u.c.sorted = arena_alloc(ps->doc, n * sizeof(uint32_t));
@@ -494,12 +494,12 @@ static int close_container(struct parser *ps, kvm_json *v, size_t base, bool obj
 		uint32_t a = v->u.c.sorted[i - 1], b = v->u.c.sorted[i];
 
 		if (!key_cmp(&v->u.c.keys[a], &v->u.c.keys[b])) {
-			const kvm_json *dup = v->u.c.items[b];
+			const kvmem_json *dup = v->u.c.items[b];
 
 			/* Report at the second occurrence, which we know by its value. */
 			if (!ps->failed) {
 				ps->failed = true;
-				kvm_error("%s:%d:%d: duplicate key '%.100s' (first at %d:%d)", ps->name,
+				kvmem_error(EINVAL, "%s:%d:%d: duplicate key '%.100s' (first at %d:%d)", ps->name,
 					  dup->line, dup->col, v->u.c.keys[b].s,
 					  v->u.c.items[a]->line, v->u.c.items[a]->col);
 			}
@@ -509,9 +509,9 @@ static int close_container(struct parser *ps, kvm_json *v, size_t base, bool obj
 	return 0;
 }
 
-static kvm_json *parse_array(struct parser *ps)
+static kvmem_json *parse_array(struct parser *ps)
 {
-	kvm_json *v = new_node(ps, KVM_JSON_ARRAY, ps->p);
+	kvmem_json *v = new_node(ps, KVMEM_JSON_ARRAY, ps->p);
 	size_t base = ps->top;
 	char tmp[16];
 
@@ -524,7 +524,7 @@ static kvm_json *parse_array(struct parser *ps)
 		return v;
 	}
 	for (;;) {
-		kvm_json *item = parse_value(ps);
+		kvmem_json *item = parse_value(ps);
 
 		if (!item || push(ps, (struct jkey){ 0 }, item))
 			return NULL;
@@ -544,9 +544,9 @@ static kvm_json *parse_array(struct parser *ps)
 	return close_container(ps, v, base, false) ? NULL : v;
 }
 
-static kvm_json *parse_object(struct parser *ps)
+static kvmem_json *parse_object(struct parser *ps)
 {
-	kvm_json *v = new_node(ps, KVM_JSON_OBJECT, ps->p);
+	kvmem_json *v = new_node(ps, KVMEM_JSON_OBJECT, ps->p);
 	size_t base = ps->top;
 	char tmp[16];
 
@@ -560,7 +560,7 @@ static kvm_json *parse_object(struct parser *ps)
 	}
 	for (;;) {
 		struct jkey key;
-		kvm_json *val;
+		kvmem_json *val;
 
 		if (ps->p >= ps->end || *ps->p != '"') {
 			fail_at(ps, ps->p, "expected a string key but found %s",
@@ -606,10 +606,10 @@ static bool literal(struct parser *ps, const char *word)
 	return true;
 }
 
-static kvm_json *parse_value(struct parser *ps)
+static kvmem_json *parse_value(struct parser *ps)
 {
 	const char *at;
-	kvm_json *v = NULL;
+	kvmem_json *v = NULL;
 	char tmp[16];
 
 	skip_ws(ps);
@@ -621,8 +621,8 @@ static kvm_json *parse_value(struct parser *ps)
 	switch (*at) {
 	case '{':
 	case '[':
-		if (++ps->depth > KVM_JSON_MAX_DEPTH) {
-			fail_at(ps, at, "nesting deeper than %d levels", KVM_JSON_MAX_DEPTH);
+		if (++ps->depth > KVMEM_JSON_MAX_DEPTH) {
+			fail_at(ps, at, "nesting deeper than %d levels", KVMEM_JSON_MAX_DEPTH);
 			return NULL;
 		}
 		v = *at == '{' ? parse_object(ps) : parse_array(ps);
@@ -631,7 +631,7 @@ static kvm_json *parse_value(struct parser *ps)
 	case '"': {
 		struct jkey s;
 
-		v = new_node(ps, KVM_JSON_STRING, at);
+		v = new_node(ps, KVMEM_JSON_STRING, at);
 		if (!v || parse_string(ps, &s))
 			return NULL;
 		v->u.str = s;
@@ -641,13 +641,13 @@ static kvm_json *parse_value(struct parser *ps)
 	case 'f':
 	case 'n':
 		if (literal(ps, "true") || literal(ps, "false")) {
-			v = new_node(ps, KVM_JSON_BOOL, at);
+			v = new_node(ps, KVMEM_JSON_BOOL, at);
 			if (v)
 				v->u.b = *at == 't';
 			return v;
 		}
 		if (literal(ps, "null"))
-			return new_node(ps, KVM_JSON_NULL, at);
+			return new_node(ps, KVMEM_JSON_NULL, at);
 		break;
 	default:
 		if (*at == '-' || (*at >= '0' && *at <= '9'))
@@ -658,16 +658,16 @@ static kvm_json *parse_value(struct parser *ps)
 	return NULL;
 }
 
-kvm_json *kvm_json_parse(const char *text, size_t len, const char *name)
+kvmem_json *kvmem_json_parse(const char *text, size_t len, const char *name)
 {
 	struct parser ps = { 0 };
-	kvm_json *v;
+	kvmem_json *v;
 	char tmp[16];
 
 	ps.name = name ? name : "json";
 	ps.doc = calloc(1, sizeof(*ps.doc));
 	if (!ps.doc) {
-		kvm_error("%s: out of memory", ps.name);
+		kvmem_error(ENOMEM, "%s: out of memory", ps.name);
 		return NULL;
 	}
 	if (!text) {
@@ -695,26 +695,26 @@ kvm_json *kvm_json_parse(const char *text, size_t len, const char *name)
 	return &ps.doc->root;
 }
 
-kvm_json *kvm_json_parse_file(const char *path)
+kvmem_json *kvmem_json_parse_file(const char *path)
 {
 	struct stat st;
-	kvm_json *v = NULL;
+	kvmem_json *v = NULL;
 	char *buf;
 	size_t got = 0;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 
 	if (fd < 0) {
-		kvm_error("%s: cannot open: %s", path, strerror(errno));
+		kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
 		return NULL;
 	}
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		kvm_error("%s: not a regular file", path);
+		kvmem_error(EINVAL, "%s: not a regular file", path);
 		close(fd);
 		return NULL;
 	}
 	buf = malloc((size_t)st.st_size + 1);
 	if (!buf) {
-		kvm_error("%s: out of memory reading %lld bytes", path, (long long)st.st_size);
+		kvmem_error(ENOMEM, "%s: out of memory reading %lld bytes", path, (long long)st.st_size);
 		close(fd);
 		return NULL;
 	}
@@ -724,58 +724,58 @@ kvm_json *kvm_json_parse_file(const char *path)
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0) {
-			kvm_error("%s: read failed: %s", path, r ? strerror(errno) : "file shrank");
+			kvmem_error(errno, "%s: read failed: %s", path, r ? strerror(errno) : "file shrank");
 			goto out;
 		}
 		got += (size_t)r;
 	}
-	v = kvm_json_parse(buf, got, path);
+	v = kvmem_json_parse(buf, got, path);
 out:
 	free(buf);
 	close(fd);
 	return v;
 }
 
-void kvm_json_free(kvm_json *root)
+void kvmem_json_free(kvmem_json *root)
 {
 	if (root)
 		doc_free((struct doc *)((char *)root - offsetof(struct doc, root)));
 }
 
 /* ---- accessors ------------------------------------------------------- */
-kvm_json_type kvm_json_typeof(const kvm_json *v)
+kvmem_json_type kvmem_json_typeof(const kvmem_json *v)
 {
-	return v ? (kvm_json_type)v->type : KVM_JSON_NULL;
+	return v ? (kvmem_json_type)v->type : KVMEM_JSON_NULL;
 }
 
-const char *kvm_json_type_name(const kvm_json *v)
+const char *kvmem_json_type_name(const kvmem_json *v)
 {
 	static const char *const names[] = { "null", "boolean", "number", "string", "array", "object" };
 
 	return v ? names[v->type] : "nothing";
 }
 
-int kvm_json_line(const kvm_json *v)
+int kvmem_json_line(const kvmem_json *v)
 {
 	return v ? v->line : 0;
 }
 
-int kvm_json_column(const kvm_json *v)
+int kvmem_json_column(const kvmem_json *v)
 {
 	return v ? v->col : 0;
 }
 
-size_t kvm_json_len(const kvm_json *v)
+size_t kvmem_json_len(const kvmem_json *v)
 {
-	return v && (v->type == KVM_JSON_ARRAY || v->type == KVM_JSON_OBJECT) ? v->u.c.n : 0;
+	return v && (v->type == KVMEM_JSON_ARRAY || v->type == KVMEM_JSON_OBJECT) ? v->u.c.n : 0;
 }
 
-const kvm_json *kvm_json_get(const kvm_json *obj, const char *key)
+const kvmem_json *kvmem_json_get(const kvmem_json *obj, const char *key)
 {
 	struct jkey k;
 	size_t lo = 0, hi;
 
-	if (!obj || obj->type != KVM_JSON_OBJECT || !key)
+	if (!obj || obj->type != KVMEM_JSON_OBJECT || !key)
 		return NULL;
 	k.s = key;
 	k.len = strlen(key);
@@ -795,49 +795,49 @@ const kvm_json *kvm_json_get(const kvm_json *obj, const char *key)
 	return NULL;
 }
 
-const kvm_json *kvm_json_at(const kvm_json *v, size_t i)
+const kvmem_json *kvmem_json_at(const kvmem_json *v, size_t i)
 {
-	return i < kvm_json_len(v) ? v->u.c.items[i] : NULL;
+	return i < kvmem_json_len(v) ? v->u.c.items[i] : NULL;
 }
 
-const char *kvm_json_key(const kvm_json *obj, size_t i)
+const char *kvmem_json_key(const kvmem_json *obj, size_t i)
 {
-	if (!obj || obj->type != KVM_JSON_OBJECT || i >= obj->u.c.n)
+	if (!obj || obj->type != KVMEM_JSON_OBJECT || i >= obj->u.c.n)
 		return NULL;
 	return obj->u.c.keys[i].s;
 }
 
-int kvm_json_is_int(const kvm_json *v)
+int kvmem_json_is_int(const kvmem_json *v)
 {
-	return v && v->type == KVM_JSON_NUMBER && v->is_int;
+	return v && v->type == KVMEM_JSON_NUMBER && v->is_int;
 }
 
-int64_t kvm_json_int(const kvm_json *v, int64_t def)
+int64_t kvmem_json_int(const kvmem_json *v, int64_t def)
 {
-	return kvm_json_is_int(v) ? v->u.num.i : def;
+	return kvmem_json_is_int(v) ? v->u.num.i : def;
 }
 
-double kvm_json_num(const kvm_json *v, double def)
+double kvmem_json_num(const kvmem_json *v, double def)
 {
-	return v && v->type == KVM_JSON_NUMBER ? v->u.num.d : def;
+	return v && v->type == KVMEM_JSON_NUMBER ? v->u.num.d : def;
 }
 
-int kvm_json_bool(const kvm_json *v, int def)
+int kvmem_json_bool(const kvmem_json *v, int def)
 {
-	return v && v->type == KVM_JSON_BOOL ? v->u.b : def;
+	return v && v->type == KVMEM_JSON_BOOL ? v->u.b : def;
 }
 
-const char *kvm_json_str(const kvm_json *v, const char *def)
+const char *kvmem_json_str(const kvmem_json *v, const char *def)
 {
-	return v && v->type == KVM_JSON_STRING ? v->u.str.s : def;
+	return v && v->type == KVMEM_JSON_STRING ? v->u.str.s : def;
 }
 
-size_t kvm_json_str_len(const kvm_json *v)
+size_t kvmem_json_str_len(const kvmem_json *v)
 {
-	return v && v->type == KVM_JSON_STRING ? v->u.str.len : 0;
+	return v && v->type == KVMEM_JSON_STRING ? v->u.str.len : 0;
 }
 
-int kvm_json_write_str(FILE *f, const char *s)
+int kvmem_json_write_str(FILE *f, const char *s)
 {
 	if (fputc('"', f) == EOF)
 		return -1;

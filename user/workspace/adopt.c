@@ -12,7 +12,7 @@
 #include "workspace/session_int.h"
 
 /* Raw K of block b, all layers, in the index's [L][len][H][D] layout. */
-static int gather_block(kvm_session *s, int64_t b, int len, float *out)
+static int gather_block(kvmem_session *s, int64_t b, int len, float *out)
 {
 	const int H = s->cfg.n_kv_heads, d = s->cfg.head_dim, B = s->blocks.block;
 
@@ -20,7 +20,7 @@ static int gather_block(kvm_session *s, int64_t b, int len, float *out)
 		const float *k, *v;
 
 		if (s->src->ops->get(s->src->ctx, b, l, &k, &v))
-			return kvm_error_prefix("session: adopting block %lld", (long long)b);
+			return kvmem_error_prefix("session: adopting block %lld", (long long)b);
 		for (int t = 0; t < len; t++)
 			for (int h = 0; h < H; h++)
 				memcpy(out + (((size_t)l * len + t) * H + h) * d,
@@ -31,7 +31,7 @@ static int gather_block(kvm_session *s, int64_t b, int len, float *out)
 }
 
 /* Token ids from the caller, the index from the pages' raw K. */
-int ws_adopt_history(kvm_session *s, const int32_t *tokens, int64_t n)
+int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
 {
 	const int B = s->blocks.block;
 	float *buf;
@@ -41,14 +41,14 @@ int ws_adopt_history(kvm_session *s, const int32_t *tokens, int64_t n)
 	buf = malloc(sizeof(float) * s->cfg.n_layers * B * s->cfg.n_kv_heads * s->cfg.head_dim);
 	if (!s->tokens || !buf) {
 		free(buf);
-		return kvm_error("session: out of memory adopting %lld tokens", (long long)n);
+		return kvmem_error(ENOMEM, "session: out of memory adopting %lld tokens", (long long)n);
 	}
 	s->cap_tokens = n ? n : 1;
 	memcpy(s->tokens, tokens, (size_t)n * sizeof(int32_t));
 	for (int64_t b = 0; b * B < n && !rc; b++) {
 		int len = n - b * B < B ? (int)(n - b * B) : B;
 
-		rc = gather_block(s, b, len, buf) || kvm_index_append(&s->index, buf, len);
+		rc = gather_block(s, b, len, buf) || kvmem_index_append(&s->index, buf, len);
 	}
 	free(buf);
 	if (rc) {
@@ -60,27 +60,27 @@ int ws_adopt_history(kvm_session *s, const int32_t *tokens, int64_t n)
 }
 
 /* Only a fresh session adopts, and only ids of its vocabulary. */
-int ws_adopt_check(const kvm_session *s, const int32_t *tokens, int64_t n)
+int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n)
 {
 	if (s->broken || s->blocks.n_tokens || s->st.forwards || s->tokens)
-		return kvm_error("session: adopt needs a fresh session");
+		return kvmem_error(EINVAL, "session: adopt needs a fresh session");
 	if (n < 0)
-		return kvm_error("session: cannot adopt %lld tokens", (long long)n);
+		return kvmem_error(EINVAL, "session: cannot adopt %lld tokens", (long long)n);
 	for (int64_t i = 0; i < n; i++)
 		if (tokens[i] < 0 || tokens[i] >= s->cfg.vocab)
-			return kvm_error("session: adopted token %lld is %d, outside the vocabulary (0..%d)",
+			return kvmem_error(EINVAL, "session: adopted token %lld is %d, outside the vocabulary (0..%d)",
 					 (long long)i, tokens[i], s->cfg.vocab - 1);
 	return 0;
 }
 
-int kvm_session_adopt(kvm_session *s, const int32_t *tokens, int64_t n)
+int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n)
 {
 	if (ws_adopt_check(s, tokens, n) || ws_adopt_history(s, tokens, n))
 		return -1;
 	/* The history is "before the last selection" and in no view yet. */
 	s->sel_tokens = n;
 	s->view_len = 0;
-	s->plan.ws_blocks = kvm_blocks_count(&s->blocks);
+	s->plan.ws_blocks = kvmem_blocks_count(&s->blocks);
 	s->plan.n_sets = 1;
 	s->plan.n_tokens = n;
 	return ws_select(s, 0);

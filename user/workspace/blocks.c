@@ -11,29 +11,29 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
 
-int kvm_blocks_init(kvm_blocks *r, int block)
+int kvmem_blocks_init(kvmem_blocks *r, int block)
 {
 	memset(r, 0, sizeof(*r));
 	if (block == 0)
-		block = KVM_BLOCK_DEFAULT;
-	if (block < KVM_BLOCK_MIN || block > KVM_BLOCK_MAX || (block & (block - 1)))
-		return kvm_error("workspace: block size %d is not a power of two from %d to %d",
-				 block, KVM_BLOCK_MIN, KVM_BLOCK_MAX);
+		block = KVMEM_BLOCK_DEFAULT;
+	if (block < KVMEM_BLOCK_MIN || block > KVMEM_BLOCK_MAX || (block & (block - 1)))
+		return kvmem_error(EINVAL, "workspace: block size %d is not a power of two from %d to %d",
+				 block, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX);
 	r->block = block;
 	while ((1 << r->shift) < block)
 		r->shift++;
 	return 0;
 }
 
-void kvm_blocks_free(kvm_blocks *r)
+void kvmem_blocks_free(kvmem_blocks *r)
 {
 	free(r->pins);
 	memset(r, 0, sizeof(*r));
 }
 
-static int spans_room(kvm_blocks *r, int need)
+static int spans_room(kvmem_blocks *r, int need)
 {
-	kvm_span *p;
+	kvmem_span *p;
 	int cap;
 
 	if (need <= r->cap_pins)
@@ -43,7 +43,7 @@ static int spans_room(kvm_blocks *r, int need)
 		cap *= 2;
 	p = realloc(r->pins, (size_t)cap * sizeof(*p));
 	if (!p)
-		return kvm_error("workspace: out of memory for %d pinned spans", need);
+		return kvmem_error(ENOMEM, "workspace: out of memory for %d pinned spans", need);
 	r->pins = p;
 	r->cap_pins = cap;
 	return 0;
@@ -52,12 +52,12 @@ static int spans_room(kvm_blocks *r, int need)
 static int check_span(int64_t start, int64_t end)
 {
 	if (start < 0 || end < start)
-		return kvm_error("workspace: bad span [%lld, %lld)", (long long)start,
+		return kvmem_error(EINVAL, "workspace: bad span [%lld, %lld)", (long long)start,
 				 (long long)end);
 	return 0;
 }
 
-int kvm_blocks_pin(kvm_blocks *r, int64_t start, int64_t end)
+int kvmem_blocks_pin(kvmem_blocks *r, int64_t start, int64_t end)
 {
 	int i, j, k;
 
@@ -79,19 +79,19 @@ int kvm_blocks_pin(kvm_blocks *r, int64_t start, int64_t end)
 	/* Spans i..j-1 merge into one at i. */
 	k = j - i;
 	if (k == 0)
-		memmove(r->pins + i + 1, r->pins + i, (size_t)(r->n_pins - i) * sizeof(kvm_span));
+		memmove(r->pins + i + 1, r->pins + i, (size_t)(r->n_pins - i) * sizeof(kvmem_span));
 	else if (k > 1)
-		memmove(r->pins + i + 1, r->pins + j, (size_t)(r->n_pins - j) * sizeof(kvm_span));
+		memmove(r->pins + i + 1, r->pins + j, (size_t)(r->n_pins - j) * sizeof(kvmem_span));
 	r->n_pins += 1 - k;
 	r->pins[i].start = start;
 	r->pins[i].end = end;
 	return 0;
 }
 
-int kvm_blocks_unpin(kvm_blocks *r, int64_t start, int64_t end)
+int kvmem_blocks_unpin(kvmem_blocks *r, int64_t start, int64_t end)
 {
 	int i, n = 0;
-	kvm_span *out;
+	kvmem_span *out;
 
 	if (check_span(start, end))
 		return -1;
@@ -102,18 +102,18 @@ int kvm_blocks_unpin(kvm_blocks *r, int64_t start, int64_t end)
 		return -1;
 	out = malloc((size_t)(r->n_pins + 1) * sizeof(*out));
 	if (!out)
-		return kvm_error("workspace: out of memory unpinning");
+		return kvmem_error(ENOMEM, "workspace: out of memory unpinning");
 	for (i = 0; i < r->n_pins; i++) {
-		kvm_span s = r->pins[i];
+		kvmem_span s = r->pins[i];
 
 		if (s.end <= start || s.start >= end) {
 			out[n++] = s;
 			continue;
 		}
 		if (s.start < start)
-			out[n++] = (kvm_span){ s.start, start };
+			out[n++] = (kvmem_span){ s.start, start };
 		if (s.end > end)
-			out[n++] = (kvm_span){ end, s.end };
+			out[n++] = (kvmem_span){ end, s.end };
 	}
 	memcpy(r->pins, out, (size_t)n * sizeof(*out));
 	r->n_pins = n;
@@ -121,7 +121,7 @@ int kvm_blocks_unpin(kvm_blocks *r, int64_t start, int64_t end)
 	return 0;
 }
 
-int64_t kvm_blocks_pinned_tokens(const kvm_blocks *r, int64_t n_tokens)
+int64_t kvmem_blocks_pinned_tokens(const kvmem_blocks *r, int64_t n_tokens)
 {
 	int64_t total = 0, last_block = -1;
 	int i;

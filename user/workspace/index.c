@@ -17,32 +17,32 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
 
-int kvm_index_init(kvm_index *ix, int n_layers, int n_kv_heads, int head_dim, int block,
+int kvmem_index_init(kvmem_index *ix, int n_layers, int n_kv_heads, int head_dim, int block,
 		   unsigned sums)
 {
 	memset(ix, 0, sizeof(*ix));
 	if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0)
-		return kvm_error("index: bad geometry %d layers, %d KV heads, head_dim %d",
+		return kvmem_error(EINVAL, "index: bad geometry %d layers, %d KV heads, head_dim %d",
 				 n_layers, n_kv_heads, head_dim);
-	if (block < KVM_BLOCK_MIN || block > KVM_BLOCK_MAX || (block & (block - 1)))
-		return kvm_error("index: block size %d is not a power of two from %d to %d",
-				 block, KVM_BLOCK_MIN, KVM_BLOCK_MAX);
+	if (block < KVMEM_BLOCK_MIN || block > KVMEM_BLOCK_MAX || (block & (block - 1)))
+		return kvmem_error(EINVAL, "index: block size %d is not a power of two from %d to %d",
+				 block, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX);
 	ix->n_layers = n_layers;
 	ix->n_kv_heads = n_kv_heads;
 	ix->head_dim = head_dim;
 	ix->block = block;
-	ix->sub_len = block / KVM_SUBBLOCKS;
-	ix->sums = (sums & (KVM_SUM_MINMAX | KVM_SUM_SUBBLOCK)) | KVM_SUM_MEANK;
+	ix->sub_len = block / KVMEM_SUBBLOCKS;
+	ix->sums = (sums & (KVMEM_SUM_MINMAX | KVMEM_SUM_SUBBLOCK)) | KVMEM_SUM_MEANK;
 	ix->open_sum = calloc((size_t)n_layers * n_kv_heads * head_dim, sizeof(float));
 	ix->open_sub = calloc((size_t)n_layers * n_kv_heads * head_dim, sizeof(float));
 	if (!ix->open_sum || !ix->open_sub) {
-		kvm_index_free(ix);
-		return kvm_error("index: out of memory");
+		kvmem_index_free(ix);
+		return kvmem_error(ENOMEM, "index: out of memory");
 	}
 	return 0;
 }
 
-void kvm_index_free(kvm_index *ix)
+void kvmem_index_free(kvmem_index *ix)
 {
 	free(ix->meank);
 	free(ix->kmin);
@@ -71,7 +71,7 @@ static float *relay(float *old, size_t runs, int64_t old_cap, int64_t cap, size_
 	return n;
 }
 
-int kvm_index_reserve(kvm_index *ix, int64_t n_blocks)
+int kvmem_index_reserve(kvmem_index *ix, int64_t n_blocks)
 {
 	size_t runs = (size_t)ix->n_layers * ix->n_kv_heads, d = ix->head_dim;
 	float *m = NULL, *lo = NULL, *hi = NULL, *sb = NULL;
@@ -83,19 +83,19 @@ int kvm_index_reserve(kvm_index *ix, int64_t n_blocks)
 	while (cap < n_blocks)
 		cap *= 2;
 	m = relay(ix->meank, runs, ix->cap_blocks, cap, d);
-	if (ix->sums & KVM_SUM_MINMAX) {
+	if (ix->sums & KVMEM_SUM_MINMAX) {
 		lo = relay(ix->kmin, runs, ix->cap_blocks, cap, d);
 		hi = relay(ix->kmax, runs, ix->cap_blocks, cap, d);
 	}
-	if (ix->sums & KVM_SUM_SUBBLOCK)
-		sb = relay(ix->sub, runs, ix->cap_blocks, cap, d * KVM_SUBBLOCKS);
-	if (!m || ((ix->sums & KVM_SUM_MINMAX) && (!lo || !hi)) ||
-	    ((ix->sums & KVM_SUM_SUBBLOCK) && !sb)) {
+	if (ix->sums & KVMEM_SUM_SUBBLOCK)
+		sb = relay(ix->sub, runs, ix->cap_blocks, cap, d * KVMEM_SUBBLOCKS);
+	if (!m || ((ix->sums & KVMEM_SUM_MINMAX) && (!lo || !hi)) ||
+	    ((ix->sums & KVMEM_SUM_SUBBLOCK) && !sb)) {
 		free(m);
 		free(lo);
 		free(hi);
 		free(sb);
-		return kvm_error("index: out of memory for %lld blocks (%d layers x %d KV heads x %d)",
+		return kvmem_error(ENOMEM, "index: out of memory for %lld blocks (%d layers x %d KV heads x %d)",
 				 (long long)cap, ix->n_layers, ix->n_kv_heads, ix->head_dim);
 	}
 	free(ix->meank);
@@ -110,21 +110,21 @@ int kvm_index_reserve(kvm_index *ix, int64_t n_blocks)
 	return 0;
 }
 
-int kvm_index_block_len(const kvm_index *ix, int64_t b)
+int kvmem_index_block_len(const kvmem_index *ix, int64_t b)
 {
 	int64_t left = ix->n_tokens - b * ix->block;
 
 	return left >= ix->block ? ix->block : (left > 0 ? (int)left : 0);
 }
 
-int kvm_index_sub_len(const kvm_index *ix, int64_t b, int s)
+int kvmem_index_sub_len(const kvmem_index *ix, int64_t b, int s)
 {
-	int left = kvm_index_block_len(ix, b) - s * ix->sub_len;
+	int left = kvmem_index_block_len(ix, b) - s * ix->sub_len;
 
 	return left >= ix->sub_len ? ix->sub_len : (left > 0 ? left : 0);
 }
 
-static inline float *at(float *base, const kvm_index *ix, int l, int h, int64_t b)
+static inline float *at(float *base, const kvmem_index *ix, int l, int h, int64_t b)
 {
 	return base + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
 }
@@ -134,7 +134,7 @@ static inline float *at(float *base, const kvm_index *ix, int l, int h, int64_t 
  * The open sums restart at the first token of a block / sub-block; the
  * stored mean is sum / count after every token.
  */
-static void add_token(kvm_index *ix, const float *k, int l, int h, int64_t b, int t)
+static void add_token(kvmem_index *ix, const float *k, int l, int h, int64_t b, int t)
 {
 	const int d = ix->head_dim;
 	size_t o = ((size_t)l * ix->n_kv_heads + h) * d;
@@ -151,7 +151,7 @@ static void add_token(kvm_index *ix, const float *k, int l, int h, int64_t b, in
 	for (i = 0; i < d; i++)
 		mean[i] = sum[i] / inv;
 
-	if (ix->sums & KVM_SUM_MINMAX) {
+	if (ix->sums & KVMEM_SUM_MINMAX) {
 		float *lo = at(ix->kmin, ix, l, h, b), *hi = at(ix->kmax, ix, l, h, b);
 
 		if (t == 0) {
@@ -164,11 +164,11 @@ static void add_token(kvm_index *ix, const float *k, int l, int h, int64_t b, in
 			}
 		}
 	}
-	if (ix->sums & KVM_SUM_SUBBLOCK) {
+	if (ix->sums & KVMEM_SUM_SUBBLOCK) {
 		int s = t / ix->sub_len, u = t % ix->sub_len;
 		float *ssum = ix->open_sub + o;
 		float *smean = ix->sub + ((((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) *
-					  KVM_SUBBLOCKS + s) * d;
+					  KVMEM_SUBBLOCKS + s) * d;
 
 		if (u == 0)
 			memcpy(ssum, k, d * sizeof(float));
@@ -181,14 +181,14 @@ static void add_token(kvm_index *ix, const float *k, int l, int h, int64_t b, in
 	}
 }
 
-int kvm_index_append(kvm_index *ix, const float *raw_k, int n)
+int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n)
 {
 	const int H = ix->n_kv_heads, d = ix->head_dim;
 	int64_t first = ix->n_tokens;
 
 	if (n < 0)
-		return kvm_error("index: negative token count %d", n);
-	if (kvm_index_reserve(ix, (first + n + ix->block - 1) / ix->block))
+		return kvmem_error(EINVAL, "index: negative token count %d", n);
+	if (kvmem_index_reserve(ix, (first + n + ix->block - 1) / ix->block))
 		return -1;
 	for (int l = 0; l < ix->n_layers; l++) {
 		const float *kl = raw_k + (size_t)l * n * H * d;

@@ -83,7 +83,7 @@ void ws_top_k(int64_t *idx, int64_t n, int64_t k, const float *sc)
 	}
 }
 
-void kvm_plan_free(kvm_plan *p)
+void kvmem_plan_free(kvmem_plan *p)
 {
 	free(p->blocks);
 	free(p->start);
@@ -94,9 +94,9 @@ void kvm_plan_free(kvm_plan *p)
 }
 
 /* Try to take block b: 1 if taken now, 0 if it does not fit or is taken. */
-static int claim(uint8_t *mark, const kvm_blocks *r, int64_t b, int64_t *room)
+static int claim(uint8_t *mark, const kvmem_blocks *r, int64_t b, int64_t *room)
 {
-	int len = kvm_block_len(r, b);
+	int len = kvmem_block_len(r, b);
 
 	if (mark[b] != FREE || len > *room)
 		return 0;
@@ -106,20 +106,20 @@ static int claim(uint8_t *mark, const kvm_blocks *r, int64_t b, int64_t *room)
 }
 
 /* Steps 1-4: the part every set shares. Returns -1 when pins do not fit. */
-static int mandatory(uint8_t *mark, const kvm_blocks *r, const kvm_plan_params *pp,
-		     int64_t *room, kvm_plan *p)
+static int mandatory(uint8_t *mark, const kvmem_blocks *r, const kvmem_plan_params *pp,
+		     int64_t *room, kvmem_plan *p)
 {
-	const int64_t N = r->n_tokens, nb = kvm_blocks_count(r);
-	int64_t pinned = kvm_blocks_pinned_tokens(r, N), b, first;
+	const int64_t N = r->n_tokens, nb = kvmem_blocks_count(r);
+	int64_t pinned = kvmem_blocks_pinned_tokens(r, N), b, first;
 
 	if (pinned > pp->budget)
-		return kvm_error("plan: pinned spans need %lld tokens (whole blocks of %d) but the budget is %lld",
+		return kvmem_error(EINVAL, "plan: pinned spans need %lld tokens (whole blocks of %d) but the budget is %lld",
 				 (long long)pinned, r->block, (long long)pp->budget);
 	*room = pp->budget - pinned;
 	for (int i = 0; i < r->n_pins && r->pins[i].start < N; i++) {
 		int64_t e = r->pins[i].end < N ? r->pins[i].end : N;
 
-		for (b = kvm_block_of(r, r->pins[i].start); b <= kvm_block_of(r, e - 1); b++)
+		for (b = kvmem_block_of(r, r->pins[i].start); b <= kvmem_block_of(r, e - 1); b++)
 			if (mark[b] == FREE) {
 				mark[b] = TAKEN;
 				p->n_pinned++;
@@ -134,15 +134,15 @@ static int mandatory(uint8_t *mark, const kvm_blocks *r, const kvm_plan_params *
 		}
 	}
 	if (pp->sink > 0)
-		for (b = 0; b <= kvm_block_of(r, (pp->sink < N ? pp->sink : N) - 1); b++)
+		for (b = 0; b <= kvmem_block_of(r, (pp->sink < N ? pp->sink : N) - 1); b++)
 			p->n_sink += claim(mark, r, b, room);
-	first = pp->recent > 0 ? kvm_block_of(r, pp->recent < N ? N - pp->recent : 0) : nb;
+	first = pp->recent > 0 ? kvmem_block_of(r, pp->recent < N ? N - pp->recent : 0) : nb;
 	for (b = nb - 1; b >= first; b--)
 		p->n_recent += claim(mark, r, b, room);
 	return 0;
 }
 
-static int alloc_plan(kvm_plan *p, int n_sets, int n_view, int n_left_max)
+static int alloc_plan(kvmem_plan *p, int n_sets, int n_view, int n_left_max)
 {
 	size_t cells = (size_t)n_sets * (n_view ? n_view : 1);
 
@@ -152,12 +152,12 @@ static int alloc_plan(kvm_plan *p, int n_sets, int n_view, int n_left_max)
 	p->left = malloc((size_t)n_sets * (n_left_max ? n_left_max : 1) * sizeof(int64_t));
 	p->n_left = calloc((size_t)n_sets, sizeof(int));
 	if (!p->blocks || !p->start || !p->state || !p->left || !p->n_left)
-		return kvm_error("plan: out of memory for %d sets of %d blocks", n_sets, n_view);
+		return kvmem_error(ENOMEM, "plan: out of memory for %d sets of %d blocks", n_sets, n_view);
 	return 0;
 }
 
 /* Diff set s of p against set ps of prev, both chronological. */
-static void diff_set(kvm_plan *p, int s, const kvm_plan *prev, int ps, int n_left_max)
+static void diff_set(kvmem_plan *p, int s, const kvmem_plan *prev, int ps, int n_left_max)
 {
 	const int64_t *nb = p->blocks + (size_t)s * p->n_view;
 	uint8_t *st = p->state + (size_t)s * p->n_view;
@@ -168,8 +168,8 @@ static void diff_set(kvm_plan *p, int s, const kvm_plan *prev, int ps, int n_lef
 
 	while (i < p->n_view || j < on) {
 		if (j >= on || (i < p->n_view && nb[i] < ob[j])) {
-			st[i] = nb[i] >= born ? KVM_VIEW_NEW : KVM_VIEW_ENTERING;
-			if (st[i] == KVM_VIEW_NEW)
+			st[i] = nb[i] >= born ? KVMEM_VIEW_NEW : KVMEM_VIEW_ENTERING;
+			if (st[i] == KVMEM_VIEW_NEW)
 				p->born++;
 			else
 				p->entering++;
@@ -177,7 +177,7 @@ static void diff_set(kvm_plan *p, int s, const kvm_plan *prev, int ps, int n_lef
 		} else if (i >= p->n_view || ob[j] < nb[i]) {
 			left[p->n_left[s]++] = ob[j++];
 		} else {
-			st[i++] = KVM_VIEW_REUSED;
+			st[i++] = KVMEM_VIEW_REUSED;
 			p->reused++;
 			j++;
 		}
@@ -185,21 +185,21 @@ static void diff_set(kvm_plan *p, int s, const kvm_plan *prev, int ps, int n_lef
 	p->n_left_total += p->n_left[s];
 }
 
-int kvm_plan_build(kvm_plan *out, const kvm_blocks *r, const float *scores, int n_sets,
-		   const kvm_plan *prev, const kvm_plan_params *pp)
+int kvmem_plan_build(kvmem_plan *out, const kvmem_blocks *r, const float *scores, int n_sets,
+		   const kvmem_plan *prev, const kvmem_plan_params *pp)
 {
-	const int64_t nb = kvm_blocks_count(r);
-	kvm_plan p = { .n_sets = n_sets, .n_tokens = r->n_tokens, .ws_blocks = nb };
+	const int64_t nb = kvmem_blocks_count(r);
+	kvmem_plan p = { .n_sets = n_sets, .n_tokens = r->n_tokens, .ws_blocks = nb };
 	uint8_t *base = NULL, *mark = NULL;
 	int64_t *cand = NULL, room = 0, n_cand = 0, k;
 	int n_left_max = prev ? prev->n_view : 0, n_mand = 0;
 
 	if (n_sets < 1)
-		return kvm_error("plan: %d block sets", n_sets);
+		return kvmem_error(EINVAL, "plan: %d block sets", n_sets);
 	if (pp->budget < 0)
-		return kvm_error("plan: negative budget %lld", (long long)pp->budget);
+		return kvmem_error(EINVAL, "plan: negative budget %lld", (long long)pp->budget);
 	if (prev && prev->n_view && prev->n_sets != 1 && prev->n_sets != n_sets)
-		return kvm_error("plan: previous plan has %d sets, this one %d", prev->n_sets, n_sets);
+		return kvmem_error(EINVAL, "plan: previous plan has %d sets, this one %d", prev->n_sets, n_sets);
 	base = calloc((size_t)(nb ? nb : 1), 1);
 	mark = malloc((size_t)(nb ? nb : 1));
 	if (!base || !mark)
@@ -238,7 +238,7 @@ int kvm_plan_build(kvm_plan *out, const kvm_blocks *r, const float *scores, int 
 				continue;
 			p.blocks[(size_t)s * p.n_view + at] = b;
 			p.start[(size_t)s * p.n_view + at] = pos;
-			pos += kvm_block_len(r, b);
+			pos += kvmem_block_len(r, b);
 			at++;
 		}
 		p.view_tokens = pos;
@@ -247,15 +247,15 @@ int kvm_plan_build(kvm_plan *out, const kvm_blocks *r, const float *scores, int 
 	free(base);
 	free(mark);
 	free(cand);
-	kvm_plan_free(out);
+	kvmem_plan_free(out);
 	*out = p;
 	return 0;
 oom:
-	kvm_error("plan: out of memory for %lld blocks", (long long)nb);
+	kvmem_error(ENOMEM, "plan: out of memory for %lld blocks", (long long)nb);
 fail:
 	free(base);
 	free(mark);
 	free(cand);
-	kvm_plan_free(&p);
+	kvmem_plan_free(&p);
 	return -1;
 }

@@ -2,7 +2,7 @@
 /* Questions about a plan that its callers (benchmarks, the demo) ask. */
 #include "kvmem/workspace.h"
 
-double kvm_plan_holds_span(const kvm_plan *p, int block, int64_t start, int64_t end)
+double kvmem_plan_holds_span(const kvmem_plan *p, int block, int64_t start, int64_t end)
 {
 	int held = 0;
 

@@ -6,30 +6,30 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
 
-#define KVM_POLICY(name) extern const kvm_policy_ops kvm_policy_##name;
+#define KVMEM_POLICY(name) extern const kvmem_policy_ops kvmem_policy_##name;
 #include "workspace/policies.def"
-#undef KVM_POLICY
+#undef KVMEM_POLICY
 
-const kvm_policy_ops *const kvm_policies[] = {
-#define KVM_POLICY(name) &kvm_policy_##name,
+const kvmem_policy_ops *const kvmem_policies[] = {
+#define KVMEM_POLICY(name) &kvmem_policy_##name,
 #include "workspace/policies.def"
-#undef KVM_POLICY
+#undef KVMEM_POLICY
 	NULL,
 };
 
-const kvm_policy_ops *kvm_policy_find(const char *name)
+const kvmem_policy_ops *kvmem_policy_find(const char *name)
 {
 	char known[256] = "";
 	size_t at = 0;
 
 	if (!name || !*name)
-		return kvm_policies[0];
-	for (int i = 0; kvm_policies[i]; i++)
-		if (!strcmp(kvm_policies[i]->name, name))
-			return kvm_policies[i];
-	for (int i = 0; kvm_policies[i] && at < sizeof(known); i++)
+		return kvmem_policies[0];
+	for (int i = 0; kvmem_policies[i]; i++)
+		if (!strcmp(kvmem_policies[i]->name, name))
+			return kvmem_policies[i];
+	for (int i = 0; kvmem_policies[i] && at < sizeof(known); i++)
 		at += snprintf(known + at, sizeof(known) - at, "%s%s", i ? ", " : "",
-			       kvm_policies[i]->name);
-	kvm_error("workspace: unknown policy '%s' (known: %s)", name, known);
+			       kvmem_policies[i]->name);
+	kvmem_error(EINVAL, "workspace: unknown policy '%s' (known: %s)", name, known);
 	return NULL;
 }

@@ -20,7 +20,7 @@
 #include "workspace/score.h"
 
 struct meank_arg {
-	const kvm_select_ctx *c;
+	const kvmem_select_ctx *c;
 	const float *q;		/* [L * H][D] group queries */
 	float scale, full, last;	/* last: log length of the newest block */
 };
@@ -29,27 +29,27 @@ struct meank_arg {
 static void meank_logits(const void *arg, int p, int64_t i0, int64_t i1, float *z)
 {
 	const struct meank_arg *a = arg;
-	const kvm_select_ctx *c = a->c;
+	const kvmem_select_ctx *c = a->c;
 	const int d = c->head_dim;
 
-	ws_dots(z, a->q + (size_t)p * d, kvm_index_meank(c->index, p / c->n_kv_heads,
+	ws_dots(z, a->q + (size_t)p * d, kvmem_index_meank(c->index, p / c->n_kv_heads,
 							 p % c->n_kv_heads, i0), i1 - i0, d);
 	for (int64_t i = i0; i < i1; i++)
 		z[i - i0] = z[i - i0] * a->scale + (i == c->n_blocks - 1 ? a->last : a->full);
 }
 
-static int meank_score(const kvm_select_ctx *c, float *scores)
+static int meank_score(const kvmem_select_ctx *c, float *scores)
 {
 	const int pairs = c->n_layers * c->n_kv_heads;
 	struct meank_arg a = {
 		.c = c, .scale = ws_scale(c), .full = logf((float)c->block),
-		.last = ws_log_len(kvm_index_block_len(c->index, c->n_blocks - 1)),
+		.last = ws_log_len(kvmem_index_block_len(c->index, c->n_blocks - 1)),
 	};
 	float *q = malloc(sizeof(float) * pairs * c->head_dim);
 	int rc;
 
 	if (!q)
-		return kvm_error("meank: out of memory");
+		return kvmem_error(ENOMEM, "meank: out of memory");
 	for (int p = 0; p < pairs; p++)
 		ws_group_query(c, p / c->n_kv_heads, p % c->n_kv_heads, q + (size_t)p * c->head_dim);
 	a.q = q;
@@ -59,10 +59,10 @@ static int meank_score(const kvm_select_ctx *c, float *scores)
 	return rc;
 }
 
-const kvm_policy_ops kvm_policy_meank = {
+const kvmem_policy_ops kvmem_policy_meank = {
 	.name = "meank",
 	.what = "query . Mean-K per KV head, estimated attention mass over heads and layers (default)",
-	.needs = KVM_SUM_MEANK,
+	.needs = KVMEM_SUM_MEANK,
 	.per_layer = 0,
 	.score = meank_score,
 };

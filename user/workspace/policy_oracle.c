@@ -17,20 +17,20 @@
 #include "kvmem/kvmem.h"
 #include "workspace/score.h"
 
-static int oracle_score(const kvm_select_ctx *c, float *scores)
+static int oracle_score(const kvmem_select_ctx *c, float *scores)
 {
 	int64_t *all = malloc(sizeof(int64_t) * (c->n_blocks ? c->n_blocks : 1));
 	double *mass = calloc(c->n_blocks ? c->n_blocks : 1, sizeof(double));
 	int rc = 0;
 
 	if (!all || !mass) {
-		rc = kvm_error("oracle: out of memory for %lld blocks", (long long)c->n_blocks);
+		rc = kvmem_error(ENOMEM, "oracle: out of memory for %lld blocks", (long long)c->n_blocks);
 		goto out;
 	}
 	for (int64_t b = 0; b < c->n_blocks; b++)
 		all[b] = b;
 	if (ws_token_mass(c, all, c->n_blocks, mass)) {
-		rc = kvm_error_prefix("oracle");
+		rc = kvmem_error_prefix("oracle");
 		goto out;
 	}
 	for (int64_t b = 0; b < c->n_blocks; b++)
@@ -41,10 +41,10 @@ out:
 	return rc;
 }
 
-const kvm_policy_ops kvm_policy_oracle = {
+const kvmem_policy_ops kvmem_policy_oracle = {
 	.name = "oracle",
 	.what = "every key scored on its own from the real K pages (evaluation only: reads every page)",
-	.needs = KVM_SUM_MEANK | KVM_NEED_KEYS,
+	.needs = KVMEM_SUM_MEANK | KVMEM_NEED_KEYS,
 	.per_layer = 0,
 	.score = oracle_score,
 };

@@ -29,7 +29,7 @@ static float bound(const float *q, const float *lo, const float *hi, int d)
 }
 
 struct quest_arg {
-	const kvm_select_ctx *c;
+	const kvmem_select_ctx *c;
 	float scale, full, last;
 };
 
@@ -37,32 +37,32 @@ struct quest_arg {
 static void quest_logits(const void *arg, int p, int64_t i0, int64_t i1, float *z)
 {
 	const struct quest_arg *a = arg;
-	const kvm_select_ctx *c = a->c;
+	const kvmem_select_ctx *c = a->c;
 	const int d = c->head_dim, t = p % c->n_q, h = p / c->n_q % c->n_heads;
 	const int l = p / c->n_q / c->n_heads, g = h / (c->n_heads / c->n_kv_heads);
 	const float *q = c->q + (((size_t)l * c->n_q + t) * c->n_heads + h) * d;
-	const float *lo = kvm_index_min(c->index, l, g, 0), *hi = kvm_index_max(c->index, l, g, 0);
+	const float *lo = kvmem_index_min(c->index, l, g, 0), *hi = kvmem_index_max(c->index, l, g, 0);
 
 	for (int64_t b = i0; b < i1; b++)
 		z[b - i0] = bound(q, lo + (size_t)b * d, hi + (size_t)b * d, d) * a->scale +
 			    (b == c->n_blocks - 1 ? a->last : a->full);
 }
 
-static int quest_score(const kvm_select_ctx *c, float *scores)
+static int quest_score(const kvmem_select_ctx *c, float *scores)
 {
 	const int pairs = c->n_layers * c->n_heads * c->n_q;
 	struct quest_arg a = {
 		.c = c, .scale = ws_scale(c), .full = logf((float)c->block),
-		.last = ws_log_len(kvm_index_block_len(c->index, c->n_blocks - 1)),
+		.last = ws_log_len(kvmem_index_block_len(c->index, c->n_blocks - 1)),
 	};
 	int *row;
 	int rc;
 
-	if (!(c->index->sums & KVM_SUM_MINMAX))
-		return kvm_error("quest: the index keeps no per-dimension min/max");
+	if (!(c->index->sums & KVMEM_SUM_MINMAX))
+		return kvmem_error(EINVAL, "quest: the index keeps no per-dimension min/max");
 	row = malloc(sizeof(int) * (pairs ? pairs : 1));
 	if (!row)
-		return kvm_error("quest: out of memory");
+		return kvmem_error(ENOMEM, "quest: out of memory");
 	for (int p = 0; p < pairs; p++)
 		row[p] = p / c->n_q / c->n_heads;
 	memset(scores, 0, sizeof(float) * c->n_layers * c->n_blocks);
@@ -71,10 +71,10 @@ static int quest_score(const kvm_select_ctx *c, float *scores)
 	return rc;
 }
 
-const kvm_policy_ops kvm_policy_quest = {
+const kvmem_policy_ops kvmem_policy_quest = {
 	.name = "quest",
 	.what = "upper bound of q.k from per-dimension min/max, one block set per layer",
-	.needs = KVM_SUM_MEANK | KVM_SUM_MINMAX,
+	.needs = KVMEM_SUM_MEANK | KVMEM_SUM_MINMAX,
 	.per_layer = 1,
 	.score = quest_score,
 };

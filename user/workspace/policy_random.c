@@ -6,19 +6,19 @@
  */
 #include "workspace/score.h"
 
-static int random_score(const kvm_select_ctx *c, float *scores)
+static int random_score(const kvmem_select_ctx *c, float *scores)
 {
-	uint64_t rng = kvm_rng_seed(c->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(c->step + 1)));
+	uint64_t rng = kvmem_rng_seed(c->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(c->step + 1)));
 
 	for (int64_t b = 0; b < c->n_blocks; b++)
-		scores[b] = (float)kvm_rng_uniform(&rng);
+		scores[b] = (float)kvmem_rng_uniform(&rng);
 	return 0;
 }
 
-const kvm_policy_ops kvm_policy_random = {
+const kvmem_policy_ops kvmem_policy_random = {
 	.name = "random",
 	.what = "uniformly random blocks (a control)",
-	.needs = KVM_SUM_MEANK,
+	.needs = KVMEM_SUM_MEANK,
 	.per_layer = 0,
 	.score = random_score,
 };

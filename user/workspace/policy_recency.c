@@ -6,17 +6,17 @@
  */
 #include "workspace/score.h"
 
-static int recency_score(const kvm_select_ctx *c, float *scores)
+static int recency_score(const kvmem_select_ctx *c, float *scores)
 {
 	for (int64_t b = 0; b < c->n_blocks; b++)
 		scores[b] = (float)b;
 	return 0;
 }
 
-const kvm_policy_ops kvm_policy_recency = {
+const kvmem_policy_ops kvmem_policy_recency = {
 	.name = "recency",
 	.what = "sliding window: the newest blocks (with sink and pins)",
-	.needs = KVM_SUM_MEANK,
+	.needs = KVMEM_SUM_MEANK,
 	.per_layer = 0,
 	.score = recency_score,
 };

@@ -22,7 +22,7 @@
 
 #define REFINE_FACTOR 4
 
-extern const kvm_policy_ops kvm_policy_subblock;
+extern const kvmem_policy_ops kvmem_policy_subblock;
 
 static int by_block(const void *a, const void *b)
 {
@@ -31,7 +31,7 @@ static int by_block(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-static int refine_score(const kvm_select_ctx *c, float *scores)
+static int refine_score(const kvmem_select_ctx *c, float *scores)
 {
 	const int64_t nb = c->n_blocks;
 	int64_t m = c->budget > 0 ? REFINE_FACTOR * ((c->budget + c->block - 1) / c->block) : 0;
@@ -39,13 +39,13 @@ static int refine_score(const kvm_select_ctx *c, float *scores)
 	double *mass = NULL, total = 0;
 	int rc;
 
-	if ((rc = kvm_policy_subblock.score(c, scores)) || m == 0)
+	if ((rc = kvmem_policy_subblock.score(c, scores)) || m == 0)
 		return rc;	/* no budget: any order keeps everything */
 	m = m < nb ? m : nb;
 	list = malloc(sizeof(*list) * nb);
 	mass = calloc(m, sizeof(*mass));
 	if (!list || !mass) {
-		rc = kvm_error("refine: out of memory for %lld blocks", (long long)nb);
+		rc = kvmem_error(ENOMEM, "refine: out of memory for %lld blocks", (long long)nb);
 		goto out;
 	}
 	for (int64_t b = 0; b < nb; b++)
@@ -53,7 +53,7 @@ static int refine_score(const kvm_select_ctx *c, float *scores)
 	ws_top_k(list, nb, m, scores);			/* as the planner ranks */
 	qsort(list, m, sizeof(*list), by_block);	/* pages in order */
 	if (ws_token_mass(c, list, m, mass)) {
-		rc = kvm_error_prefix("refine");
+		rc = kvmem_error_prefix("refine");
 		goto out;
 	}
 	/* subblock's scores add up to layers x KV heads: squeeze them below
@@ -70,10 +70,10 @@ out:
 	return rc;
 }
 
-const kvm_policy_ops kvm_policy_refine = {
+const kvmem_policy_ops kvmem_policy_refine = {
 	.name = "refine",
 	.what = "subblock shortlist of 4x the budget, then every key of it scored from the K pages",
-	.needs = KVM_SUM_MEANK | KVM_SUM_SUBBLOCK | KVM_NEED_KEYS,
+	.needs = KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK | KVMEM_NEED_KEYS,
 	.per_layer = 0,
 	.score = refine_score,
 };

@@ -15,7 +15,7 @@
 #include "workspace/score.h"
 
 struct sub_arg {
-	const kvm_select_ctx *c;
+	const kvmem_select_ctx *c;
 	const float *q;		/* [L * H][D] group queries */
 	float scale, full;
 };
@@ -24,23 +24,23 @@ struct sub_arg {
 static void sub_logits(const void *arg, int p, int64_t i0, int64_t i1, float *z)
 {
 	const struct sub_arg *a = arg;
-	const kvm_select_ctx *c = a->c;
+	const kvmem_select_ctx *c = a->c;
 	const int d = c->head_dim;
 
-	ws_dots(z, a->q + (size_t)p * d, kvm_index_sub(c->index, p / c->n_kv_heads,
+	ws_dots(z, a->q + (size_t)p * d, kvmem_index_sub(c->index, p / c->n_kv_heads,
 						       p % c->n_kv_heads, 0, 0) + (size_t)i0 * d,
 		i1 - i0, d);
 	for (int64_t i = i0; i < i1; i++) {
-		int64_t b = i / KVM_SUBBLOCKS;
+		int64_t b = i / KVMEM_SUBBLOCKS;
 		float w = b == c->n_blocks - 1 ?
-			ws_log_len(kvm_index_sub_len(c->index, b, (int)(i % KVM_SUBBLOCKS))) : a->full;
+			ws_log_len(kvmem_index_sub_len(c->index, b, (int)(i % KVMEM_SUBBLOCKS))) : a->full;
 
 		/* A sub-block not yet begun has no mean: no weight. */
 		z[i - i0] = w == -INFINITY ? -INFINITY : z[i - i0] * a->scale + w;
 	}
 }
 
-static int subblock_score(const kvm_select_ctx *c, float *scores)
+static int subblock_score(const kvmem_select_ctx *c, float *scores)
 {
 	const int pairs = c->n_layers * c->n_kv_heads;
 	struct sub_arg a = { .c = c, .scale = ws_scale(c),
@@ -48,24 +48,24 @@ static int subblock_score(const kvm_select_ctx *c, float *scores)
 	float *q;
 	int rc;
 
-	if (!(c->index->sums & KVM_SUM_SUBBLOCK))
-		return kvm_error("subblock: the index keeps no sub-block means");
+	if (!(c->index->sums & KVMEM_SUM_SUBBLOCK))
+		return kvmem_error(EINVAL, "subblock: the index keeps no sub-block means");
 	q = malloc(sizeof(float) * pairs * c->head_dim);
 	if (!q)
-		return kvm_error("subblock: out of memory");
+		return kvmem_error(ENOMEM, "subblock: out of memory");
 	for (int p = 0; p < pairs; p++)
 		ws_group_query(c, p / c->n_kv_heads, p % c->n_kv_heads, q + (size_t)p * c->head_dim);
 	a.q = q;
 	memset(scores, 0, sizeof(float) * c->n_blocks);
-	rc = ws_mass(scores, c->n_blocks * KVM_SUBBLOCKS, KVM_SUBBLOCKS, pairs, NULL, sub_logits, &a);
+	rc = ws_mass(scores, c->n_blocks * KVMEM_SUBBLOCKS, KVMEM_SUBBLOCKS, pairs, NULL, sub_logits, &a);
 	free(q);
 	return rc;
 }
 
-const kvm_policy_ops kvm_policy_subblock = {
+const kvmem_policy_ops kvmem_policy_subblock = {
 	.name = "subblock",
 	.what = "Mean-K of each quarter block, summed masses (against dilution)",
-	.needs = KVM_SUM_MEANK | KVM_SUM_SUBBLOCK,
+	.needs = KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK,
 	.per_layer = 0,
 	.score = subblock_score,
 };

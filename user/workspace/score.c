@@ -7,7 +7,7 @@
 #include "kvmem/kvmem.h"
 #include "workspace/score.h"
 
-#define MASS_CHUNK 4096		/* items per work unit: a multiple of KVM_SUBBLOCKS */
+#define MASS_CHUNK 4096		/* items per work unit: a multiple of KVMEM_SUBBLOCKS */
 #define MASS_SCRATCH (16u << 20)	/* logits kept at once, in floats (64 MiB) */
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -60,7 +60,7 @@ void ws_dots(float *out, const float *q, const float *m, int64_t n, int d)
 	}
 }
 
-void ws_group_query(const kvm_select_ctx *c, int l, int g, float *out)
+void ws_group_query(const kvmem_select_ctx *c, int l, int g, float *out)
 {
 	const int group = c->n_heads / c->n_kv_heads, d = c->head_dim;
 	float inv = 1.0f / (float)(group * (c->n_q > 0 ? c->n_q : 1));
@@ -92,7 +92,7 @@ static void rope_sums(double w, double n, double *cs, double *sn)
 	*sn = sin(n * w / 2) / h * sin((n - 1) * w / 2);
 }
 
-void ws_rope_mean(const kvm_select_ctx *c, float *x)
+void ws_rope_mean(const kvmem_select_ctx *c, float *x)
 {
 	const int d = c->head_dim, half = d / 2;
 	const double n = (double)c->span;
@@ -142,7 +142,7 @@ int ws_mass(float *scores, int64_t n_items, int per, int n_pairs, const int *row
 		free(csum);
 		free(mx);
 		free(inv);
-		return kvm_error("workspace: out of memory scoring %lld items", (long long)n_items);
+		return kvmem_error(ENOMEM, "workspace: out of memory scoring %lld items", (long long)n_items);
 	}
 	for (int g0 = 0; g0 < n_pairs; g0 += G) {
 		const int gn = n_pairs - g0 < G ? n_pairs - g0 : G;
@@ -218,7 +218,7 @@ int ws_mass(float *scores, int64_t n_items, int per, int n_pairs, const int *row
 	return 0;
 }
 
-float ws_scale(const kvm_select_ctx *c)
+float ws_scale(const kvmem_select_ctx *c)
 {
 	return 1.0f / sqrtf((float)c->head_dim);
 }

@@ -32,13 +32,13 @@ void ws_dots(float *out, const float *q, const float *m, int64_t n, int d);
  * dimensions); fast pairs average to ~0 and stop adding noise to scores.
  * span 0: identity.
  */
-void ws_rope_mean(const kvm_select_ctx *c, float *x);
+void ws_rope_mean(const kvmem_select_ctx *c, float *x);
 
 /* out[d] = the mean, over the step's query tokens and the query heads of KV
  * head g's group, of the queries of layer l, distance-averaged
  * (ws_rope_mean): the logit is linear in the query, so the mean query's
  * logit is the mean of the heads' and tokens' logits. */
-void ws_group_query(const kvm_select_ctx *c, int l, int g, float *out);
+void ws_group_query(const kvmem_select_ctx *c, int l, int g, float *out);
 
 /*
  * Exact per-token scoring from the real keys: for each layer, query head
@@ -46,9 +46,9 @@ void ws_group_query(const kvm_select_ctx *c, int l, int g, float *out);
  * n blocks `blocks` (any order, each once), a softmax over those keys, and
  * each block's share added to mass[i] (i: the block's place in `blocks`).
  * mass must hold n zeros or earlier sums. Reads K pages through c->keys.
- * Deterministic for any thread count. Returns 0 or -1 + kvm_error.
+ * Deterministic for any thread count. Returns 0 or -1 + kvmem_error.
  */
-int ws_token_mass(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, double *mass);
+int ws_token_mass(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n, double *mass);
 
 /*
  * Rearrange the block numbers idx[0..n) so that the k best by scores sc
@@ -73,7 +73,7 @@ int ws_mass(float *scores, int64_t n_items, int per, int n_pairs, const int *row
 	    ws_logit_fn fn, const void *arg);
 
 /* Softmax scale of the model's attention: 1/sqrt(head_dim). */
-float ws_scale(const kvm_select_ctx *c);
+float ws_scale(const kvmem_select_ctx *c);
 
 /* log(len), or -INFINITY for an empty item. */
 float ws_log_len(int len);

@@ -15,25 +15,25 @@
 #include "kvmem/kvmem.h"
 #include "workspace/session_int.h"
 
-int kvm_session_select_ahead(kvm_session *s, const int32_t *tokens, int n)
+int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 {
-	const kvm_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
+	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
 	const int T = s->o.query_tokens;
 	int keep, len;
 
 	if (s->broken)
-		return kvm_error("session: unusable after an earlier failure (see the first error)");
+		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
 	if (n <= 0 || n > s->o.chunk)
-		return kvm_error("session: select ahead takes 1..%d tokens (the chunk), not %d",
+		return kvmem_error(EINVAL, "session: select ahead takes 1..%d tokens (the chunk), not %d",
 				 s->o.chunk, n);
 	if (s->kv.len + (int64_t)n > s->cap_limit && ws_select(s, 1))
 		return -1;
 	if (ws_view_reserve(s, s->kv.len + (int64_t)n))
 		return -1;
 	len = s->kv.len;
-	if (kvm_forward(s->e, &s->kv, tokens, n, NULL, 0, &out))
-		return kvm_error_prefix("session: select ahead");
+	if (kvmem_forward(s->e, &s->kv, tokens, n, NULL, 0, &out))
+		return kvmem_error_prefix("session: select ahead");
 	s->kv.len = len;	/* the slots past len are scratch again */
 	s->st.forwards++;
 

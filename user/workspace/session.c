@@ -17,7 +17,7 @@
 #define QUERY_TOKENS_DEFAULT 4
 #define UNLIMITED ((int64_t)INT_MAX / 2)
 
-void kvm_session_opts_default(kvm_session_opts *o)
+void kvmem_session_opts_default(kvmem_session_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 	o->sink = -1;
@@ -31,22 +31,22 @@ static int64_t round_up(int64_t x, int64_t m)
 }
 
 /* Fill in defaults and check the options against each other. */
-static int resolve(kvm_session *s, const kvm_session_opts *in)
+static int resolve(kvmem_session *s, const kvmem_session_opts *in)
 {
-	kvm_session_opts *o = &s->o;
+	kvmem_session_opts *o = &s->o;
 
 	*o = *in;
 	if (!o->block)
-		o->block = KVM_BLOCK_DEFAULT;
+		o->block = KVMEM_BLOCK_DEFAULT;
 	if (!o->chunk)
 		o->chunk = CHUNK_DEFAULT;
 	if (!o->query_tokens)
 		o->query_tokens = QUERY_TOKENS_DEFAULT;
 	if (o->chunk < 0 || o->query_tokens < 0 || o->budget < 0)
-		return kvm_error("session: chunk %d, query tokens %d and budget %lld must not be negative",
+		return kvmem_error(EINVAL, "session: chunk %d, query tokens %d and budget %lld must not be negative",
 				 o->chunk, o->query_tokens, (long long)o->budget);
 	if (o->budget && o->budget < o->block)
-		return kvm_error("session: budget %lld is smaller than one block (%d tokens)",
+		return kvmem_error(EINVAL, "session: budget %lld is smaller than one block (%d tokens)",
 				 (long long)o->budget, o->block);
 	if (!o->budget) {
 		/* Unlimited: the view is always the whole history. */
@@ -68,18 +68,18 @@ static int resolve(kvm_session *s, const kvm_session_opts *in)
 			o->reserve = o->chunk;
 	}
 	if (o->reserve < o->chunk)
-		return kvm_error("session: a reserve of %lld tail slots cannot take a chunk of %d tokens",
+		return kvmem_error(EINVAL, "session: a reserve of %lld tail slots cannot take a chunk of %d tokens",
 				 (long long)o->reserve, o->chunk);
 	if (o->budget > UNLIMITED - o->reserve)
-		return kvm_error("session: budget %lld + reserve %lld is too large",
+		return kvmem_error(EINVAL, "session: budget %lld + reserve %lld is too large",
 				 (long long)o->budget, (long long)o->reserve);
 	s->cap_limit = o->budget + o->reserve;
 	return 0;
 }
 
-static int alloc_buffers(kvm_session *s)
+static int alloc_buffers(kvmem_session *s)
 {
-	const kvm_config *c = &s->cfg;
+	const kvmem_config *c = &s->cfg;
 	size_t C = s->o.chunk, T = s->o.query_tokens;
 	size_t kw = (size_t)c->n_kv_heads * c->head_dim, qw = (size_t)c->n_heads * c->head_dim;
 
@@ -94,59 +94,59 @@ static int alloc_buffers(kvm_session *s)
 	s->pos = malloc(sizeof(int32_t) * s->o.block);
 	if (!s->raw_k || !s->v || !s->q_raw || !s->logits || !s->last_logits || !s->qring ||
 	    !s->qtmp || !s->qpos || !s->pos)
-		return kvm_error("session: out of memory for chunks of %zu tokens", C);
+		return kvmem_error(ENOMEM, "session: out of memory for chunks of %zu tokens", C);
 	return 0;
 }
 
-kvm_session *kvm_session_create(kvm_engine *e, const kvm_session_opts *o)
+kvmem_session *kvmem_session_create(kvmem_engine *e, const kvmem_session_opts *o)
 {
-	kvm_session_opts def;
-	kvm_session *s = calloc(1, sizeof(*s));
+	kvmem_session_opts def;
+	kvmem_session *s = calloc(1, sizeof(*s));
 
 	if (!s) {
-		kvm_error("session: out of memory");
+		kvmem_error(ENOMEM, "session: out of memory");
 		return NULL;
 	}
 	if (!o) {
-		kvm_session_opts_default(&def);
+		kvmem_session_opts_default(&def);
 		o = &def;
 	}
 	s->e = e;
-	s->cfg = kvm_engine_model(e)->cfg;
-	if (resolve(s, o) || !(s->pol = kvm_policy_find(o->policy)))
+	s->cfg = kvmem_engine_model(e)->cfg;
+	if (resolve(s, o) || !(s->pol = kvmem_policy_find(o->policy)))
 		goto fail;
 	s->o.policy = s->pol->name;
 	s->n_sets = s->pol->per_layer ? s->cfg.n_layers : 1;
-	s->rng = kvm_rng_seed(s->o.seed);
-	if (kvm_blocks_init(&s->blocks, s->o.block) ||
-	    kvm_index_init(&s->index, s->cfg.n_layers, s->cfg.n_kv_heads, s->cfg.head_dim,
+	s->rng = kvmem_rng_seed(s->o.seed);
+	if (kvmem_blocks_init(&s->blocks, s->o.block) ||
+	    kvmem_index_init(&s->index, s->cfg.n_layers, s->cfg.n_kv_heads, s->cfg.head_dim,
 			   s->o.block, s->pol->needs) ||
 	    alloc_buffers(s))
 		goto fail;
 	if (s->o.source) {
 		s->src = s->o.source;
 	} else {
-		if (kvm_page_source_mem(&s->own_src, s->cfg.n_layers, s->cfg.n_kv_heads,
+		if (kvmem_page_source_mem(&s->own_src, s->cfg.n_layers, s->cfg.n_kv_heads,
 					s->cfg.head_dim, s->o.block))
 			goto fail;
 		s->src = &s->own_src;
 	}
 	return s;
 fail:
-	kvm_error_prefix("kvm_session_create");
-	kvm_session_free(s);
+	kvmem_error_prefix("kvmem_session_create");
+	kvmem_session_free(s);
 	return NULL;
 }
 
-void kvm_session_free(kvm_session *s)
+void kvmem_session_free(kvmem_session *s)
 {
 	if (!s)
 		return;
-	kvm_page_source_destroy(&s->own_src);
-	kvm_blocks_free(&s->blocks);
-	kvm_index_free(&s->index);
-	kvm_kvcache_free(&s->kv);
-	kvm_plan_free(&s->plan);
+	kvmem_page_source_destroy(&s->own_src);
+	kvmem_blocks_free(&s->blocks);
+	kvmem_index_free(&s->index);
+	kvmem_kvcache_free(&s->kv);
+	kvmem_plan_free(&s->plan);
 	free(s->tokens);
 	free(s->raw_k);
 	free(s->v);
@@ -162,7 +162,7 @@ void kvm_session_free(kvm_session *s)
 }
 
 /* Keep the raw queries of the last query_tokens tokens, packed. */
-static void keep_queries(kvm_session *s, int n)
+static void keep_queries(kvmem_session *s, int n)
 {
 	const int T = s->o.query_tokens, L = s->cfg.n_layers;
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
@@ -191,7 +191,7 @@ static void keep_queries(kvm_session *s, int n)
 }
 
 /* Write n new tokens' raw K / V to their pages, all layers. */
-static int store_pages(kvm_session *s, int64_t p0, int n)
+static int store_pages(kvmem_session *s, int64_t p0, int n)
 {
 	const size_t kw = (size_t)s->cfg.n_kv_heads * s->cfg.head_dim;
 	const int B = s->blocks.block;
@@ -204,7 +204,7 @@ static int store_pages(kvm_session *s, int64_t p0, int n)
 
 			if (s->src->ops->write(s->src->ctx, p / B, l, t0, m, s->raw_k + at,
 					       s->v + at))
-				return kvm_error_prefix("session: storing block %lld",
+				return kvmem_error_prefix("session: storing block %lld",
 							(long long)(p / B));
 			j += m;
 		}
@@ -212,16 +212,16 @@ static int store_pages(kvm_session *s, int64_t p0, int n)
 }
 
 /* One engine call over n tokens at the end of the view, then the history. */
-static int usable(const kvm_session *s)
+static int usable(const kvmem_session *s)
 {
 	if (s->broken)
-		return kvm_error("session: unusable after an earlier failure (see the first error)");
+		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
 	return 0;
 }
 
-static int run_tokens(kvm_session *s, const int32_t *tok, int n)
+static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 {
-	const kvm_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
+	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
 	const int64_t p0 = s->blocks.n_tokens;
 
 	if (s->kv.len + (int64_t)n > s->cap_limit && ws_select(s, 1))
@@ -236,15 +236,15 @@ static int run_tokens(kvm_session *s, const int32_t *tok, int n)
 			cap *= 2;
 		t = realloc(s->tokens, (size_t)cap * sizeof(int32_t));
 		if (!t)
-			return kvm_error("session: out of memory for %lld token ids", (long long)cap);
+			return kvmem_error(ENOMEM, "session: out of memory for %lld token ids", (long long)cap);
 		s->tokens = t;
 		s->cap_tokens = cap;
 	}
-	if (kvm_forward(s->e, &s->kv, tok, n, s->logits, s->o.all_logits, &out))
-		return kvm_error_prefix("session");
+	if (kvmem_forward(s->e, &s->kv, tok, n, s->logits, s->o.all_logits, &out))
+		return kvmem_error_prefix("session");
 	s->st.forwards++;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
-	if (store_pages(s, p0, n) || kvm_index_append(&s->index, s->raw_k, n)) {
+	if (store_pages(s, p0, n) || kvmem_index_append(&s->index, s->raw_k, n)) {
 		/* The view holds tokens the history lacks. */
 		s->broken = 1;
 		return -1;
@@ -256,7 +256,7 @@ static int run_tokens(kvm_session *s, const int32_t *tok, int n)
 	       (size_t)s->cfg.vocab * sizeof(float));
 	s->have_logits = 1;
 	if (s->src->ops->sync && s->src->ops->sync(s->src->ctx, s->blocks.n_tokens))
-		return kvm_error_prefix("session: committing %lld tokens",
+		return kvmem_error_prefix("session: committing %lld tokens",
 					(long long)s->blocks.n_tokens);
 	if (s->o.on_forward)
 		s->o.on_forward(s->o.arg, tok, n, s->logits);
@@ -264,9 +264,9 @@ static int run_tokens(kvm_session *s, const int32_t *tok, int n)
 }
 
 /* Pins may never need more than the budget; on refusal they stay as they were. */
-static int pin_checked(kvm_session *s, int64_t start, int64_t end)
+static int pin_checked(kvmem_session *s, int64_t start, int64_t end)
 {
-	kvm_span *saved = NULL;
+	kvmem_span *saved = NULL;
 	int n = s->blocks.n_pins;
 	/* Charged as whole blocks: a pinned partial block fills up later. */
 	int64_t upto = end > s->blocks.n_tokens ? end : s->blocks.n_tokens, need;
@@ -274,20 +274,20 @@ static int pin_checked(kvm_session *s, int64_t start, int64_t end)
 	upto = round_up(upto, s->blocks.block);
 
 	if (n && !(saved = malloc((size_t)n * sizeof(*saved))))
-		return kvm_error("session: out of memory pinning");
+		return kvmem_error(ENOMEM, "session: out of memory pinning");
 	if (n)
 		memcpy(saved, s->blocks.pins, (size_t)n * sizeof(*saved));
-	if (kvm_blocks_pin(&s->blocks, start, end)) {
+	if (kvmem_blocks_pin(&s->blocks, start, end)) {
 		free(saved);
 		return -1;
 	}
-	need = kvm_blocks_pinned_tokens(&s->blocks, upto);
+	need = kvmem_blocks_pinned_tokens(&s->blocks, upto);
 	if (need > s->budget) {
 		if (n)
 			memcpy(s->blocks.pins, saved, (size_t)n * sizeof(*saved));
 		s->blocks.n_pins = n;
 		free(saved);
-		return kvm_error("session: pinning [%lld, %lld) would need %lld tokens of pinned (whole) blocks; the budget is %lld",
+		return kvmem_error(EINVAL, "session: pinning [%lld, %lld) would need %lld tokens of pinned (whole) blocks; the budget is %lld",
 				 (long long)start, (long long)end, (long long)need,
 				 (long long)s->budget);
 	}
@@ -295,24 +295,24 @@ static int pin_checked(kvm_session *s, int64_t start, int64_t end)
 	return 0;
 }
 
-int kvm_session_pin(kvm_session *s, int64_t start, int64_t end)
+int kvmem_session_pin(kvmem_session *s, int64_t start, int64_t end)
 {
 	return pin_checked(s, start, end);
 }
 
-int kvm_session_unpin(kvm_session *s, int64_t start, int64_t end)
+int kvmem_session_unpin(kvmem_session *s, int64_t start, int64_t end)
 {
-	return kvm_blocks_unpin(&s->blocks, start, end);
+	return kvmem_blocks_unpin(&s->blocks, start, end);
 }
 
-int kvm_session_append(kvm_session *s, const int32_t *tokens, int64_t n, int pin)
+int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int pin)
 {
 	const int64_t p0 = s->blocks.n_tokens;
 
 	if (usable(s))
 		return -1;
 	if (n < 0)
-		return kvm_error("session: cannot append %lld tokens", (long long)n);
+		return kvmem_error(EINVAL, "session: cannot append %lld tokens", (long long)n);
 	if (pin && n && pin_checked(s, p0, p0 + n))
 		return -1;
 	for (int64_t i = 0; i < n;) {
@@ -325,21 +325,21 @@ int kvm_session_append(kvm_session *s, const int32_t *tokens, int64_t n, int pin
 	return 0;
 }
 
-int kvm_session_select(kvm_session *s)
+int kvmem_session_select(kvmem_session *s)
 {
 	return usable(s) ? -1 : ws_select(s, 0);
 }
 
-int kvm_session_decode(kvm_session *s, int n, const kvm_sampler *smp, int32_t *out)
+int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out)
 {
-	static const kvm_sampler greedy = { 0 };
+	static const kvmem_sampler greedy = { 0 };
 
 	if (usable(s))
 		return -1;
 	if (n > 0 && !s->have_logits)
-		return kvm_error("session: nothing to decode from: append tokens first");
+		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
 	for (int i = 0; i < n; i++) {
-		int32_t tok = kvm_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
+		int32_t tok = kvmem_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
 
 		if (out)
 			out[i] = tok;
@@ -349,22 +349,22 @@ int kvm_session_decode(kvm_session *s, int n, const kvm_sampler *smp, int32_t *o
 	return 0;
 }
 
-int64_t kvm_session_tokens(const kvm_session *s)
+int64_t kvmem_session_tokens(const kvmem_session *s)
 {
 	return s->blocks.n_tokens;
 }
 
-const int32_t *kvm_session_token_ids(const kvm_session *s)
+const int32_t *kvmem_session_token_ids(const kvmem_session *s)
 {
 	return s->tokens;
 }
 
-const kvm_plan *kvm_session_plan(const kvm_session *s)
+const kvmem_plan *kvmem_session_plan(const kvmem_session *s)
 {
 	return &s->plan;
 }
 
-const float *kvm_session_scores(const kvm_session *s, int *n_sets, int64_t *n_blocks)
+const float *kvmem_session_scores(const kvmem_session *s, int *n_sets, int64_t *n_blocks)
 {
 	if (n_sets)
 		*n_sets = s->n_sets;
@@ -373,37 +373,37 @@ const float *kvm_session_scores(const kvm_session *s, int *n_sets, int64_t *n_bl
 	return s->scored_blocks ? s->scores : NULL;
 }
 
-const kvm_kvcache *kvm_session_view(const kvm_session *s)
+const kvmem_kvcache *kvmem_session_view(const kvmem_session *s)
 {
 	return &s->kv;
 }
 
-const float *kvm_session_logits(const kvm_session *s)
+const float *kvmem_session_logits(const kvmem_session *s)
 {
 	return s->have_logits ? s->last_logits : NULL;
 }
 
-const kvm_index *kvm_session_index(const kvm_session *s)
+const kvmem_index *kvmem_session_index(const kvmem_session *s)
 {
 	return &s->index;
 }
 
-const kvm_blocks *kvm_session_blocks(const kvm_session *s)
+const kvmem_blocks *kvmem_session_blocks(const kvmem_session *s)
 {
 	return &s->blocks;
 }
 
-const kvm_policy_ops *kvm_session_policy(const kvm_session *s)
+const kvmem_policy_ops *kvmem_session_policy(const kvmem_session *s)
 {
 	return s->pol;
 }
 
-const kvm_session_opts *kvm_session_options(const kvm_session *s)
+const kvmem_session_opts *kvmem_session_options(const kvmem_session *s)
 {
 	return &s->o;
 }
 
-void kvm_session_get_stats(const kvm_session *s, kvm_session_stats *st)
+void kvmem_session_get_stats(const kvmem_session *s, kvmem_session_stats *st)
 {
 	*st = s->st;
 }

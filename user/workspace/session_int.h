@@ -6,19 +6,19 @@
 
 #include "kvmem/workspace.h"
 
-struct kvm_session {
-	kvm_engine *e;
-	kvm_config cfg;
-	kvm_session_opts o;		/* defaults resolved */
-	const kvm_policy_ops *pol;
+struct kvmem_session {
+	kvmem_engine *e;
+	kvmem_config cfg;
+	kvmem_session_opts o;		/* defaults resolved */
+	const kvmem_policy_ops *pol;
 	int n_sets;			/* 1, or n_layers for a per-layer policy */
 	int64_t budget;			/* resolved: huge when unlimited */
 	int64_t cap_limit;		/* budget + reserve: most slots the view takes */
 
-	kvm_blocks blocks;
-	kvm_index index;
-	kvm_page_source own_src;	/* used when the caller gives none */
-	const kvm_page_source *src;
+	kvmem_blocks blocks;
+	kvmem_index index;
+	kvmem_page_source own_src;	/* used when the caller gives none */
+	const kvmem_page_source *src;
 
 	int32_t *tokens;
 	int64_t cap_tokens;
@@ -26,8 +26,8 @@ struct kvm_session {
 	/* The execution view: plan.view_tokens history tokens at slots
 	 * 0..view_len-1, then the tail: token p >= sel_tokens at slot
 	 * view_len + (p - sel_tokens). */
-	kvm_kvcache kv;
-	kvm_plan plan;
+	kvmem_kvcache kv;
+	kvmem_plan plan;
 	int64_t view_len, sel_tokens;
 
 	/* Per forward pass: [L][chunk][...] as the engine returns them. */
@@ -42,21 +42,21 @@ struct kvm_session {
 	float *scores;
 	int64_t cap_scores;
 	int64_t scored_blocks;	/* blocks the last selection scored */
-	int32_t *pos;			/* [block] compact positions for kvm_rope */
+	int32_t *pos;			/* [block] compact positions for kvmem_rope */
 	uint64_t rng;
-	kvm_session_stats st;
+	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
 };
 
 /* view.c */
-int ws_view_reserve(kvm_session *s, int64_t need);
-int ws_select(kvm_session *s, int forced);
+int ws_view_reserve(kvmem_session *s, int64_t need);
+int ws_select(kvmem_session *s, int forced);
 /* Lay out the whole view from the plan in force, sel_tokens and view_len
  * (a restored state): every slot rebuilt from the pages. */
-int ws_view_restore(kvm_session *s);
+int ws_view_restore(kvmem_session *s);
 
 /* adopt.c */
-int ws_adopt_check(const kvm_session *s, const int32_t *tokens, int64_t n);
-int ws_adopt_history(kvm_session *s, const int32_t *tokens, int64_t n);
+int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n);
+int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n);
 
 #endif

@@ -29,7 +29,7 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 	const int H = m->n_kv_heads, d = m->head_dim;
 
 	if (b < 0 || layer < 0 || layer >= m->n_layers || t0 < 0 || t0 + n > m->block)
-		return kvm_error("page source: bad write block %lld layer %d tokens %d+%d",
+		return kvmem_error(EINVAL, "page source: bad write block %lld layer %d tokens %d+%d",
 				 (long long)b, layer, t0, n);
 	if (b >= m->cap) {
 		int64_t cap = m->cap ? m->cap * 2 : 64;
@@ -39,7 +39,7 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 			cap *= 2;
 		nb = realloc(m->blocks, (size_t)cap * sizeof(*nb));
 		if (!nb)
-			return kvm_error("page source: out of memory for %lld blocks", (long long)cap);
+			return kvmem_error(ENOMEM, "page source: out of memory for %lld blocks", (long long)cap);
 		memset(nb + m->cap, 0, (size_t)(cap - m->cap) * sizeof(*nb));
 		m->blocks = nb;
 		m->cap = cap;
@@ -47,7 +47,7 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 	if (!m->blocks[b]) {
 		m->blocks[b] = malloc((size_t)m->n_layers * 2 * m->page_floats * sizeof(float));
 		if (!m->blocks[b])
-			return kvm_error("page source: out of memory for block %lld", (long long)b);
+			return kvmem_error(ENOMEM, "page source: out of memory for block %lld", (long long)b);
 	}
 	for (int h = 0; h < H; h++) {
 		float *pk = page(m, b, layer, 0) + ((size_t)h * m->block + t0) * d;
@@ -66,7 +66,7 @@ static int mem_get(void *ctx, int64_t b, int layer, const float **k, const float
 	struct mem_source *m = ctx;
 
 	if (b < 0 || b >= m->cap || !m->blocks[b] || layer < 0 || layer >= m->n_layers)
-		return kvm_error("page source: block %lld layer %d was never written",
+		return kvmem_error(EINVAL, "page source: block %lld layer %d was never written",
 				 (long long)b, layer);
 	*k = page(m, b, layer, 0);
 	*v = page(m, b, layer, 1);
@@ -87,20 +87,20 @@ static void mem_destroy(void *ctx)
 	free(m);
 }
 
-static const kvm_page_source_ops mem_ops = {
+static const kvmem_page_source_ops mem_ops = {
 	.write = mem_write,
 	.get = mem_get,
 	.put = mem_put,
 	.destroy = mem_destroy,
 };
 
-int kvm_page_source_mem(kvm_page_source *src, int n_layers, int n_kv_heads, int head_dim,
+int kvmem_page_source_mem(kvmem_page_source *src, int n_layers, int n_kv_heads, int head_dim,
 			int block)
 {
 	struct mem_source *m = calloc(1, sizeof(*m));
 
 	if (!m)
-		return kvm_error("page source: out of memory");
+		return kvmem_error(ENOMEM, "page source: out of memory");
 	m->n_layers = n_layers;
 	m->n_kv_heads = n_kv_heads;
 	m->head_dim = head_dim;
@@ -111,7 +111,7 @@ int kvm_page_source_mem(kvm_page_source *src, int n_layers, int n_kv_heads, int 
 	return 0;
 }
 
-void kvm_page_source_destroy(kvm_page_source *src)
+void kvmem_page_source_destroy(kvmem_page_source *src)
 {
 	if (src && src->ops && src->ops->destroy)
 		src->ops->destroy(src->ctx);

@@ -139,9 +139,9 @@ static void *get_array(struct rbuf *r, uint64_t n, size_t size)
 }
 
 /* ---- what identifies a compatible session --------------------------------- */
-static uint64_t model_print(const kvm_session *s)
+static uint64_t model_print(const kvmem_session *s)
 {
-	return kvm_engine_model(s->e)->fingerprint;
+	return kvmem_engine_model(s->e)->fingerprint;
 }
 
 static uint64_t tokens_hash(const int32_t *t, int64_t n)
@@ -149,10 +149,10 @@ static uint64_t tokens_hash(const int32_t *t, int64_t n)
 	return XXH3_64bits(t, (size_t)n * sizeof(int32_t));
 }
 
-static void save_identity(struct wbuf *w, const kvm_session *s)
+static void save_identity(struct wbuf *w, const kvmem_session *s)
 {
-	const kvm_config *c = &s->cfg;
-	const kvm_session_opts *o = &s->o;
+	const kvmem_config *c = &s->cfg;
+	const kvmem_session_opts *o = &s->o;
 	char pol[POLICY_NAME] = { 0 };
 
 	put_u32(w, c->n_layers);
@@ -160,7 +160,7 @@ static void save_identity(struct wbuf *w, const kvm_session *s)
 	put_u32(w, c->n_kv_heads);
 	put_u32(w, c->head_dim);
 	put_u32(w, c->vocab);
-	put_u64(w, kvm_config_fingerprint(c));
+	put_u64(w, kvmem_config_fingerprint(c));
 	put_u64(w, model_print(s));
 	put_u32(w, o->block);
 	put_i64(w, o->budget);
@@ -185,10 +185,10 @@ static void differs(char *msg, size_t cap, const char *name, long long saved, lo
 }
 
 /* The model and the options must be this session's. */
-static int check_identity(struct rbuf *r, const kvm_session *s)
+static int check_identity(struct rbuf *r, const kvmem_session *s)
 {
-	const kvm_config *c = &s->cfg;
-	const kvm_session_opts *o = &s->o;
+	const kvmem_config *c = &s->cfg;
+	const kvmem_session_opts *o = &s->o;
 	uint32_t L = get_u32(r), Hq = get_u32(r), Hkv = get_u32(r), D = get_u32(r);
 	uint32_t V = get_u32(r);
 	uint64_t cfp = get_u64(r), mfp = get_u64(r);
@@ -201,18 +201,18 @@ static int check_identity(struct rbuf *r, const kvm_session *s)
 	get(r, pol, sizeof(pol));
 	seed = get_u64(r);
 	if (r->bad)
-		return kvm_error("session state: truncated");
+		return kvmem_error(ESTALE, "session state: truncated");
 	pol[POLICY_NAME - 1] = 0;
 	if (L != (uint32_t)c->n_layers || Hq != (uint32_t)c->n_heads ||
 	    Hkv != (uint32_t)c->n_kv_heads || D != (uint32_t)c->head_dim ||
-	    V != (uint32_t)c->vocab || cfp != kvm_config_fingerprint(c) || mfp != model_print(s))
-		return kvm_error("session state: saved for another model (L=%u Hq=%u Hkv=%u D=%u "
+	    V != (uint32_t)c->vocab || cfp != kvmem_config_fingerprint(c) || mfp != model_print(s))
+		return kvmem_error(ESTALE, "session state: saved for another model (L=%u Hq=%u Hkv=%u D=%u "
 				 "vocab=%u fingerprint %016llx), this one is L=%d Hq=%d Hkv=%d D=%d "
 				 "vocab=%d fingerprint %016llx", L, Hq, Hkv, D, V,
 				 (unsigned long long)(mfp ? mfp : cfp), c->n_layers, c->n_heads,
 				 c->n_kv_heads, c->head_dim, c->vocab,
 				 (unsigned long long)(model_print(s) ? model_print(s) :
-						      kvm_config_fingerprint(c)));
+						      kvmem_config_fingerprint(c)));
 	differs(msg, sizeof(msg), "block", block, o->block);
 	differs(msg, sizeof(msg), "budget", budget, o->budget);
 	differs(msg, sizeof(msg), "sink", sink, o->sink);
@@ -233,12 +233,12 @@ static int check_identity(struct rbuf *r, const kvm_session *s)
 			 at ? ", " : "", (unsigned long long)seed, (unsigned long long)o->seed);
 	}
 	if (*msg)
-		return kvm_error("session state: saved with other options: %s", msg);
+		return kvmem_error(ESTALE, "session state: saved with other options: %s", msg);
 	return 0;
 }
 
 /* ---- save --------------------------------------------------------------- */
-static void save_plan(struct wbuf *w, const kvm_plan *p)
+static void save_plan(struct wbuf *w, const kvmem_plan *p)
 {
 	size_t cells = (size_t)p->n_sets * p->n_view;
 
@@ -270,7 +270,7 @@ static void save_plan(struct wbuf *w, const kvm_plan *p)
 	}
 }
 
-int kvm_session_save_state(const kvm_session *s, void **buf, size_t *len)
+int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len)
 {
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
 	struct wbuf w = { 0 };
@@ -279,7 +279,7 @@ int kvm_session_save_state(const kvm_session *s, void **buf, size_t *len)
 	*buf = NULL;
 	*len = 0;
 	if (s->broken)
-		return kvm_error("session state: the session is unusable after an earlier failure");
+		return kvmem_error(ESTALE, "session state: the session is unusable after an earlier failure");
 	put_u32(&w, STATE_MAGIC);
 	put_u32(&w, STATE_VERSION);
 	put_u64(&w, 0);		/* total bytes, filled in below */
@@ -309,7 +309,7 @@ int kvm_session_save_state(const kvm_session *s, void **buf, size_t *len)
 	put_i64(&w, s->st.kept_tokens);
 	if (w.oom) {
 		free(w.p);
-		return kvm_error("session state: out of memory");
+		return kvmem_error(ENOMEM, "session state: out of memory");
 	}
 	memcpy(w.p + 8, &(uint64_t){ w.len }, 8);
 	sum = XXH3_64bits(w.p + STATE_HEADER, w.len - STATE_HEADER);
@@ -326,25 +326,25 @@ struct saved {
 	int64_t n_tokens, sel_tokens, view_len;
 	uint64_t tokens_hash;
 	uint32_t n_pins;
-	kvm_span *pins;
-	kvm_plan plan;
+	kvmem_span *pins;
+	kvmem_plan plan;
 	uint32_t n_q, have_logits;
 	int64_t *qpos;
 	float *qring, *logits;
 	uint64_t rng;
-	kvm_session_stats st;
+	kvmem_session_stats st;
 };
 
 static void saved_free(struct saved *v)
 {
 	free(v->pins);
-	kvm_plan_free(&v->plan);
+	kvmem_plan_free(&v->plan);
 	free(v->qpos);
 	free(v->qring);
 	free(v->logits);
 }
 
-static int read_plan(struct rbuf *r, const kvm_session *s, int64_t n, kvm_plan *p)
+static int read_plan(struct rbuf *r, const kvmem_session *s, int64_t n, kvmem_plan *p)
 {
 	const int64_t max_blocks = (n + s->blocks.block - 1) / s->blocks.block;
 	uint64_t cells;
@@ -365,14 +365,14 @@ static int read_plan(struct rbuf *r, const kvm_session *s, int64_t n, kvm_plan *
 	p->n_scored = (int)get_u32(r);
 	p->newest_dropped = (int)get_u32(r);
 	if (r->bad)
-		return kvm_error("session state: truncated in the plan");
+		return kvmem_error(ESTALE, "session state: truncated in the plan");
 	if (!p->n_view)
 		return 0;
 	/* Bounds first: the arrays below are sized by these. */
 	if (p->n_sets != s->n_sets || p->n_view < 0 || p->left_stride < 0 ||
 	    p->ws_blocks > max_blocks || p->n_view > p->ws_blocks ||
 	    p->left_stride > p->ws_blocks)
-		return kvm_error("session state: a plan of %d sets of %d blocks (of %lld) does not fit "
+		return kvmem_error(ESTALE, "session state: a plan of %d sets of %d blocks (of %lld) does not fit "
 				 "this session (%d sets)", p->n_sets, p->n_view,
 				 (long long)p->ws_blocks, s->n_sets);
 	cells = (uint64_t)p->n_sets * p->n_view;
@@ -395,33 +395,33 @@ static int read_plan(struct rbuf *r, const kvm_session *s, int64_t n, kvm_plan *
 		get(r, p->left + (size_t)set * p->left_stride, (size_t)nl * sizeof(int64_t));
 	}
 	if (r->bad == 2)
-		return kvm_error("session state: out of memory");
+		return kvmem_error(ENOMEM, "session state: out of memory");
 	if (r->bad)
-		return kvm_error("session state: truncated in the plan");
+		return kvmem_error(ESTALE, "session state: truncated in the plan");
 	return 0;
 }
 
 /* The plan must lay out a view of this history: sets of blocks in
  * chronological order at consecutive slots, as long as when planned. */
-static int check_plan(const kvm_session *s, const struct saved *v)
+static int check_plan(const kvmem_session *s, const struct saved *v)
 {
-	const kvm_plan *p = &v->plan;
+	const kvmem_plan *p = &v->plan;
 	const int64_t B = s->blocks.block;
 
 	if (v->sel_tokens < 0 || v->sel_tokens > v->n_tokens || v->view_len != p->view_tokens ||
 	    v->view_len < 0 || v->view_len > s->budget)
-		return kvm_error("session state: a view of %lld tokens planned at %lld of %lld tokens "
+		return kvmem_error(ESTALE, "session state: a view of %lld tokens planned at %lld of %lld tokens "
 				 "does not fit (budget %lld)", (long long)v->view_len,
 				 (long long)v->sel_tokens, (long long)v->n_tokens,
 				 (long long)s->budget);
 	if (v->view_len + (v->n_tokens - v->sel_tokens) > s->cap_limit)
-		return kvm_error("session state: a view of %lld + a tail of %lld tokens passes the "
+		return kvmem_error(ESTALE, "session state: a view of %lld + a tail of %lld tokens passes the "
 				 "limit %lld", (long long)v->view_len,
 				 (long long)(v->n_tokens - v->sel_tokens), (long long)s->cap_limit);
 	if (!p->n_view)
-		return v->view_len ? kvm_error("session state: an empty plan with a view") : 0;
+		return v->view_len ? kvmem_error(ESTALE, "session state: an empty plan with a view") : 0;
 	if (p->n_tokens != v->sel_tokens || p->ws_blocks != (v->sel_tokens + B - 1) / B)
-		return kvm_error("session state: the plan was made at %lld tokens, the view says %lld",
+		return kvmem_error(ESTALE, "session state: the plan was made at %lld tokens, the view says %lld",
 				 (long long)p->n_tokens, (long long)v->sel_tokens);
 	for (int set = 0; set < p->n_sets; set++) {
 		const int64_t *b = p->blocks + (size_t)set * p->n_view;
@@ -432,24 +432,24 @@ static int check_plan(const kvm_session *s, const struct saved *v)
 			int64_t have = v->sel_tokens - b[i] * B;
 
 			if (b[i] < 0 || b[i] >= p->ws_blocks || (i && b[i] <= b[i - 1]) || st[i] != at)
-				return kvm_error("session state: plan set %d, block %d is out of order",
+				return kvmem_error(ESTALE, "session state: plan set %d, block %d is out of order",
 						 set, i);
 			at += have < B ? have : B;
 		}
 		if (at != p->view_tokens)
-			return kvm_error("session state: plan set %d holds %lld tokens, not %lld", set,
+			return kvmem_error(ESTALE, "session state: plan set %d holds %lld tokens, not %lld", set,
 					 (long long)at, (long long)p->view_tokens);
 	}
 	return 0;
 }
 
-static int read_saved(struct rbuf *r, const kvm_session *s, int64_t n, struct saved *v)
+static int read_saved(struct rbuf *r, const kvmem_session *s, int64_t n, struct saved *v)
 {
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
 
 	v->n_tokens = get_i64(r);
 	if (!r->bad && v->n_tokens != n)
-		return kvm_error("session state: saved at %lld tokens, the history holds %lld",
+		return kvmem_error(ESTALE, "session state: saved at %lld tokens, the history holds %lld",
 				 (long long)v->n_tokens, (long long)n);
 	v->tokens_hash = get_u64(r);
 	v->sel_tokens = get_i64(r);
@@ -457,13 +457,13 @@ static int read_saved(struct rbuf *r, const kvm_session *s, int64_t n, struct sa
 	v->n_pins = get_u32(r);
 	v->pins = get_array(r, (uint64_t)v->n_pins * 2, sizeof(int64_t));
 	if (r->bad)
-		return kvm_error(r->bad == 2 ? "session state: out of memory" :
+		return kvmem_error(r->bad == 2 ? ENOMEM : ESTALE, r->bad == 2 ? "session state: out of memory" :
 				 "session state: truncated in the pins");
 	if (read_plan(r, s, n, &v->plan))
 		return -1;
 	v->n_q = get_u32(r);
 	if (v->n_q > (uint32_t)s->o.query_tokens)
-		return kvm_error("session state: %u query tokens, the session keeps %d", v->n_q,
+		return kvmem_error(ESTALE, "session state: %u query tokens, the session keeps %d", v->n_q,
 				 s->o.query_tokens);
 	v->qpos = get_array(r, v->n_q, sizeof(int64_t));
 	v->qring = get_array(r, (uint64_t)s->cfg.n_layers * v->n_q * qw, sizeof(float));
@@ -477,30 +477,30 @@ static int read_saved(struct rbuf *r, const kvm_session *s, int64_t n, struct sa
 	v->st.rebuilt_tokens = get_i64(r);
 	v->st.kept_tokens = get_i64(r);
 	if (r->bad)
-		return kvm_error(r->bad == 2 ? "session state: out of memory" :
+		return kvmem_error(r->bad == 2 ? ENOMEM : ESTALE, r->bad == 2 ? "session state: out of memory" :
 				 "session state: truncated");
 	if (r->at != r->len)
-		return kvm_error("session state: %zu bytes past its end", r->len - r->at);
+		return kvmem_error(ESTALE, "session state: %zu bytes past its end", r->len - r->at);
 	return 0;
 }
 
 /* The rest must describe this history. */
-static int check_saved(const kvm_session *s, const struct saved *v, const int32_t *tokens,
+static int check_saved(const kvmem_session *s, const struct saved *v, const int32_t *tokens,
 		       int64_t n)
 {
 	if (v->tokens_hash != tokens_hash(tokens, n))
-		return kvm_error("session state: saved for other token ids than the history's");
+		return kvmem_error(ESTALE, "session state: saved for other token ids than the history's");
 	for (uint32_t i = 0; i < v->n_pins; i++)
 		if (v->pins[i].start < 0 || v->pins[i].end <= v->pins[i].start ||
 		    (i && v->pins[i].start <= v->pins[i - 1].end))
-			return kvm_error("session state: pin %u [%lld, %lld) is out of order", i,
+			return kvmem_error(ESTALE, "session state: pin %u [%lld, %lld) is out of order", i,
 					 (long long)v->pins[i].start, (long long)v->pins[i].end);
 	for (uint32_t i = 0; i < v->n_q; i++)
 		if (v->qpos[i] < 0 || v->qpos[i] >= n)
-			return kvm_error("session state: query %u at position %lld of %lld", i,
+			return kvmem_error(ESTALE, "session state: query %u at position %lld of %lld", i,
 					 (long long)v->qpos[i], (long long)n);
 	if ((v->n_q && !v->n_tokens) || (v->have_logits && !n) || v->have_logits > 1)
-		return kvm_error("session state: queries or logits without a history");
+		return kvmem_error(ESTALE, "session state: queries or logits without a history");
 	return check_plan(s, v);
 }
 
@@ -511,26 +511,26 @@ static int check_header(const void *state, size_t len)
 	uint64_t total, sum;
 
 	if (!state || len < STATE_HEADER)
-		return kvm_error("session state: %zu bytes, too short to be one", len);
+		return kvmem_error(ESTALE, "session state: %zu bytes, too short to be one", len);
 	memcpy(&magic, state, 4);
 	memcpy(&version, (const uint8_t *)state + 4, 4);
 	memcpy(&total, (const uint8_t *)state + 8, 8);
 	memcpy(&sum, (const uint8_t *)state + 16, 8);
 	if (magic != STATE_MAGIC)
-		return kvm_error("session state: not a session state (magic %08x, want %08x)", magic,
+		return kvmem_error(ESTALE, "session state: not a session state (magic %08x, want %08x)", magic,
 				 STATE_MAGIC);
 	if (version != STATE_VERSION)
-		return kvm_error("session state: version %u, this kvmem reads version %u", version,
+		return kvmem_error(ESTALE, "session state: version %u, this kvmem reads version %u", version,
 				 STATE_VERSION);
 	if (total != len)
-		return kvm_error("session state: says %llu bytes, %zu are there (torn)",
+		return kvmem_error(ESTALE, "session state: says %llu bytes, %zu are there (torn)",
 				 (unsigned long long)total, len);
 	if (sum != XXH3_64bits((const uint8_t *)state + STATE_HEADER, len - STATE_HEADER))
-		return kvm_error("session state: checksum mismatch (corrupt)");
+		return kvmem_error(ESTALE, "session state: checksum mismatch (corrupt)");
 	return 0;
 }
 
-int kvm_session_adopt_state(kvm_session *s, const int32_t *tokens, int64_t n,
+int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n,
 			    const void *state, size_t len)
 {
 	struct rbuf r = { state, len, STATE_HEADER, 0 };
@@ -539,15 +539,15 @@ int kvm_session_adopt_state(kvm_session *s, const int32_t *tokens, int64_t n,
 	if (ws_adopt_check(s, tokens, n) || check_header(state, len) || check_identity(&r, s) ||
 	    read_saved(&r, s, n, &v) || check_saved(s, &v, tokens, n)) {
 		saved_free(&v);
-		return -1;
+		return kvmem_fail();
 	}
 	if (ws_adopt_history(s, tokens, n))
 		goto broken;
 	s->blocks.n_pins = 0;	/* the saved pins, not any made before */
 	for (uint32_t i = 0; i < v.n_pins; i++)
-		if (kvm_blocks_pin(&s->blocks, v.pins[i].start, v.pins[i].end))
+		if (kvmem_blocks_pin(&s->blocks, v.pins[i].start, v.pins[i].end))
 			goto broken;
-	kvm_plan_free(&s->plan);
+	kvmem_plan_free(&s->plan);
 	s->plan = v.plan;
 	memset(&v.plan, 0, sizeof(v.plan));
 	s->sel_tokens = v.sel_tokens;
@@ -566,11 +566,11 @@ int kvm_session_adopt_state(kvm_session *s, const int32_t *tokens, int64_t n,
 	saved_free(&v);
 	if (ws_view_restore(s)) {
 		s->broken = 1;
-		return kvm_error_prefix("session: restoring the view");
+		return kvmem_error_prefix("session: restoring the view");
 	}
 	return 0;
 broken:
 	s->broken = 1;
 	saved_free(&v);
-	return -1;
+	return kvmem_fail();
 }

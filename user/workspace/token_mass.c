@@ -23,7 +23,7 @@ struct tm_buf {
 };
 
 /* The listed blocks' raw keys of layer l, head-major. */
-static int gather(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, int l,
+static int gather(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n, int l,
 		  struct tm_buf *t)
 {
 	const int d = c->head_dim, B = c->block;
@@ -31,9 +31,9 @@ static int gather(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, int
 	for (int64_t i = 0; i < n; i++) {
 		const float *k, *v;
 
-		t->len[i] = kvm_index_block_len(c->index, blocks[i]);
+		t->len[i] = kvmem_index_block_len(c->index, blocks[i]);
 		if (c->keys->ops->get(c->keys->ctx, blocks[i], l, &k, &v))
-			return kvm_error_prefix("reading the keys of block %lld, layer %d",
+			return kvmem_error_prefix("reading the keys of block %lld, layer %d",
 						(long long)blocks[i], l);
 		for (int h = 0; h < c->n_kv_heads; h++) {
 			float *dst = t->keys + ((size_t)h * n * B + (size_t)i * B) * d;
@@ -52,7 +52,7 @@ static int gather(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, int
  * the listed keys the query may see (causal: not past its own position),
  * shares per block into part[p][..]. z: n * B floats of scratch.
  */
-static void pair_shares(const kvm_select_ctx *c, const int64_t *blocks, int64_t n,
+static void pair_shares(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n,
 			const struct tm_buf *t, int p, float *z)
 {
 	const int d = c->head_dim, B = c->block, group = c->n_heads / c->n_kv_heads;
@@ -82,7 +82,7 @@ static void pair_shares(const kvm_select_ctx *c, const int64_t *blocks, int64_t 
 		part[i] /= tot;
 }
 
-int ws_token_mass(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, double *mass)
+int ws_token_mass(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n, double *mass)
 {
 	const int d = c->head_dim, B = c->block, pairs = c->n_heads * c->n_q;
 	struct tm_buf t = { 0 };
@@ -91,13 +91,13 @@ int ws_token_mass(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, dou
 	if (n <= 0 || pairs <= 0)
 		return 0;
 	if (!c->keys)
-		return kvm_error("no page source to read the real keys from");
+		return kvmem_error(EINVAL, "no page source to read the real keys from");
 	t.keys = malloc((size_t)c->n_kv_heads * n * B * d * sizeof(float));
 	t.len = malloc((size_t)n * sizeof(int32_t));
 	t.q = malloc((size_t)pairs * d * sizeof(float));
 	t.part = malloc((size_t)pairs * n * sizeof(double));
 	if (!t.keys || !t.len || !t.q || !t.part) {
-		rc = kvm_error("out of memory scoring the keys of %lld blocks", (long long)n);
+		rc = kvmem_error(ENOMEM, "out of memory scoring the keys of %lld blocks", (long long)n);
 		goto out;
 	}
 	for (int l = 0; l < c->n_layers && !rc; l++) {
@@ -123,7 +123,7 @@ int ws_token_mass(const kvm_select_ctx *c, const int64_t *blocks, int64_t n, dou
 			free(z);
 		}
 		if (oom) {
-			rc = kvm_error("out of memory scoring the keys of %lld blocks", (long long)n);
+			rc = kvmem_error(ENOMEM, "out of memory scoring the keys of %lld blocks", (long long)n);
 			break;
 		}
 		for (int p = 0; p < pairs; p++)

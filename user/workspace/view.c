@@ -4,7 +4,7 @@
  * queries, plan the next view, and rebuild the execution view from raw K.
  *
  * Every token of the new view lands at its compact slot. Its K there is
- * kvm_rope(raw K, slot), computed from the page source's raw K. A token that
+ * kvmem_rope(raw K, slot), computed from the page source's raw K. A token that
  * already sits at that very slot (a block kept in place, or the tail that
  * the engine rotated at that slot) is left alone: the engine rotates a copy
  * of the same raw K at the same slot with the same kernel, so the bits are
@@ -17,16 +17,16 @@
 #include "kvmem/kvmem.h"
 #include "workspace/session_int.h"
 
-int ws_view_reserve(kvm_session *s, int64_t need)
+int ws_view_reserve(kvmem_session *s, int64_t need)
 {
 	const size_t row = (size_t)s->cfg.head_dim * sizeof(float);
-	kvm_kvcache nk;
+	kvmem_kvcache nk;
 	int64_t cap;
 
 	if (need <= s->kv.cap)
 		return 0;
 	if (need > s->cap_limit || need > INT_MAX)
-		return kvm_error("session: the view needs %lld slots, more than its limit %lld",
+		return kvmem_error(EINVAL, "session: the view needs %lld slots, more than its limit %lld",
 				 (long long)need, (long long)s->cap_limit);
 	cap = s->kv.cap ? 2 * (int64_t)s->kv.cap : 256;
 	while (cap < need)
@@ -35,23 +35,23 @@ int ws_view_reserve(kvm_session *s, int64_t need)
 		cap = s->cap_limit;
 	if (cap > INT_MAX)
 		cap = INT_MAX;
-	if (kvm_kvcache_init(&nk, &s->cfg, (int)cap))
-		return kvm_error_prefix("session");
+	if (kvmem_kvcache_init(&nk, &s->cfg, (int)cap))
+		return kvmem_error_prefix("session");
 	for (int l = 0; l < s->cfg.n_layers; l++)
 		for (int h = 0; h < s->cfg.n_kv_heads; h++) {
 			if (!s->kv.len)
 				break;
-			memcpy(kvm_kv_k(&nk, l, h, 0), kvm_kv_k(&s->kv, l, h, 0), s->kv.len * row);
-			memcpy(kvm_kv_v(&nk, l, h, 0), kvm_kv_v(&s->kv, l, h, 0), s->kv.len * row);
+			memcpy(kvmem_kv_k(&nk, l, h, 0), kvmem_kv_k(&s->kv, l, h, 0), s->kv.len * row);
+			memcpy(kvmem_kv_v(&nk, l, h, 0), kvmem_kv_v(&s->kv, l, h, 0), s->kv.len * row);
 		}
 	nk.len = s->kv.len;
-	kvm_kvcache_free(&s->kv);
+	kvmem_kvcache_free(&s->kv);
 	s->kv = nk;
 	return 0;
 }
 
 /* Tokens u0..u1-1 of block b, layer l: raw K rotated at slot0.., V copied. */
-static int rebuild(kvm_session *s, int l, int64_t b, int u0, int u1, int64_t slot0)
+static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t slot0)
 {
 	const int d = s->cfg.head_dim, B = s->blocks.block, n = u1 - u0;
 	const float *k, *v;
@@ -59,15 +59,15 @@ static int rebuild(kvm_session *s, int l, int64_t b, int u0, int u1, int64_t slo
 	if (n <= 0)
 		return 0;
 	if (s->src->ops->get(s->src->ctx, b, l, &k, &v))
-		return kvm_error_prefix("session: rematerialising block %lld", (long long)b);
+		return kvmem_error_prefix("session: rematerialising block %lld", (long long)b);
 	for (int i = 0; i < n; i++)
 		s->pos[i] = (int32_t)(slot0 + i);
 	for (int h = 0; h < s->cfg.n_kv_heads; h++) {
-		float *dk = kvm_kv_k(&s->kv, l, h, (int)slot0);
+		float *dk = kvmem_kv_k(&s->kv, l, h, (int)slot0);
 
 		memcpy(dk, k + ((size_t)h * B + u0) * d, (size_t)n * d * sizeof(float));
-		kvm_rope(dk, s->pos, n, 1, d, s->cfg.rope_theta);
-		memcpy(kvm_kv_v(&s->kv, l, h, (int)slot0), v + ((size_t)h * B + u0) * d,
+		kvmem_rope(dk, s->pos, n, 1, d, s->cfg.rope_theta);
+		memcpy(kvmem_kv_v(&s->kv, l, h, (int)slot0), v + ((size_t)h * B + u0) * d,
 		       (size_t)n * d * sizeof(float));
 	}
 	s->src->ops->put(s->src->ctx, b, l);
@@ -77,7 +77,7 @@ static int rebuild(kvm_session *s, int l, int64_t b, int u0, int u1, int64_t slo
 
 /* Tokens u0..u1-1 now sit at slot `have` + u (have < 0: not in the view);
  * they belong at `want` + u. */
-static int place(kvm_session *s, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
+static int place(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
 {
 	if (u1 <= u0)
 		return 0;
@@ -88,7 +88,7 @@ static int place(kvm_session *s, int l, int64_t b, int u0, int u1, int64_t have,
 	return rebuild(s, l, b, u0, u1, want + u0);
 }
 
-static void hint_entering(kvm_session *s, const kvm_plan *np)
+static void hint_entering(kvmem_session *s, const kvmem_plan *np)
 {
 	int64_t *list;
 	int n = 0;
@@ -100,7 +100,7 @@ static void hint_entering(kvm_session *s, const kvm_plan *np)
 		return;	/* only a hint */
 	for (int i = 0; i < np->n_view; i++)
 		for (int set = 0; set < np->n_sets; set++)
-			if (np->state[(size_t)set * np->n_view + i] == KVM_VIEW_ENTERING) {
+			if (np->state[(size_t)set * np->n_view + i] == KVMEM_VIEW_ENTERING) {
 				list[n++] = np->blocks[(size_t)set * np->n_view + i];
 				break;
 			}
@@ -109,9 +109,9 @@ static void hint_entering(kvm_session *s, const kvm_plan *np)
 	free(list);
 }
 
-static int rematerialise(kvm_session *s, const kvm_plan *np)
+static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 {
-	const kvm_plan *op = &s->plan;
+	const kvmem_plan *op = &s->plan;
 	const int64_t B = s->blocks.block;
 
 	if (ws_view_reserve(s, np->view_tokens))
@@ -126,7 +126,7 @@ static int rematerialise(kvm_session *s, const kvm_plan *np)
 
 		for (int i = 0; i < np->n_view; i++) {
 			int64_t b = nb[i], p0 = b * B;
-			int len = kvm_block_len(&s->blocks, b), t;
+			int len = kvmem_block_len(&s->blocks, b), t;
 			int64_t tail_at = s->view_len - s->sel_tokens + p0;
 
 			while (j < op->n_view && ob[j] < b)
@@ -143,12 +143,12 @@ static int rematerialise(kvm_session *s, const kvm_plan *np)
 	return 0;
 }
 
-int ws_select(kvm_session *s, int forced)
+int ws_select(kvmem_session *s, int forced)
 {
-	const int64_t nb = kvm_blocks_count(&s->blocks);
-	kvm_plan_params pp = { s->budget, s->o.sink, s->o.recent };
-	kvm_plan np = { 0 };
-	kvm_select_ctx c;
+	const int64_t nb = kvmem_blocks_count(&s->blocks);
+	kvmem_plan_params pp = { s->budget, s->o.sink, s->o.recent };
+	kvmem_plan np = { 0 };
+	kvmem_select_ctx c;
 	size_t need = (size_t)s->n_sets * (nb ? nb : 1);
 
 	if (nb == 0)
@@ -157,12 +157,12 @@ int ws_select(kvm_session *s, int forced)
 		float *sc = realloc(s->scores, need * sizeof(float));
 
 		if (!sc)
-			return kvm_error("session: out of memory for %lld block scores",
+			return kvmem_error(ENOMEM, "session: out of memory for %lld block scores",
 					 (long long)need);
 		s->scores = sc;
 		s->cap_scores = (int64_t)need;
 	}
-	c = (kvm_select_ctx){
+	c = (kvmem_select_ctx){
 		.index = &s->index,
 		.keys = s->src,
 		.n_tokens = s->blocks.n_tokens,
@@ -183,17 +183,17 @@ int ws_select(kvm_session *s, int forced)
 	};
 	s->scored_blocks = 0;
 	if (s->pol->score(&c, s->scores))
-		return kvm_error_prefix("session: policy %s", s->pol->name);
+		return kvmem_error_prefix("session: policy %s", s->pol->name);
 	s->scored_blocks = nb;
-	if (kvm_plan_build(&np, &s->blocks, s->scores, s->n_sets, &s->plan, &pp))
-		return kvm_error_prefix("session");
+	if (kvmem_plan_build(&np, &s->blocks, s->scores, s->n_sets, &s->plan, &pp))
+		return kvmem_error_prefix("session");
 	if (rematerialise(s, &np)) {
 		/* The view is half rebuilt: nothing can run on it any more. */
 		s->broken = 1;
-		kvm_plan_free(&np);
+		kvmem_plan_free(&np);
 		return -1;
 	}
-	kvm_plan_free(&s->plan);
+	kvmem_plan_free(&s->plan);
 	s->plan = np;
 	s->view_len = np.view_tokens;
 	s->sel_tokens = s->blocks.n_tokens;
@@ -207,9 +207,9 @@ int ws_select(kvm_session *s, int forced)
 
 /* Prefetch hint for a restored view: its history blocks (set 0) and the
  * blocks the tail spans. */
-static void hint_restore(kvm_session *s)
+static void hint_restore(kvmem_session *s)
 {
-	const kvm_plan *p = &s->plan;
+	const kvmem_plan *p = &s->plan;
 	const int64_t B = s->blocks.block, n = s->blocks.n_tokens;
 	int64_t first = s->sel_tokens / B, last = n ? (n - 1) / B : -1, *list;
 	int m = 0;
@@ -230,9 +230,9 @@ static void hint_restore(kvm_session *s)
 	free(list);
 }
 
-int ws_view_restore(kvm_session *s)
+int ws_view_restore(kvmem_session *s)
 {
-	const kvm_plan *p = &s->plan;
+	const kvmem_plan *p = &s->plan;
 	const int64_t B = s->blocks.block, n = s->blocks.n_tokens, sel = s->sel_tokens;
 	const int64_t len = s->view_len + (n - sel);
 

@@ -58,10 +58,10 @@ int test_rng_int(uint64_t *s, int lo, int hi)
 	return lo + (int)(test_rng_uniform(s) * (hi - lo + 1));
 }
 
-kvm_config test_model_config(int layers, int hidden, int heads, int kv_heads, int head_dim,
+kvmem_config test_model_config(int layers, int hidden, int heads, int kv_heads, int head_dim,
 			     int intermediate, int vocab, int tied)
 {
-	kvm_config c;
+	kvmem_config c;
 
 	memset(&c, 0, sizeof(c));
 	snprintf(c.arch, sizeof(c.arch), "Qwen3ForCausalLM");
@@ -108,7 +108,7 @@ static float *proj(struct test_store *st, size_t rows, size_t fan_in)
 	return take(st, rows * fan_in, -a, a);
 }
 
-kvm_model *test_model_random(const kvm_config *c, uint64_t seed)
+kvmem_model *test_model_random(const kvmem_config *c, uint64_t seed)
 {
 	size_t hd = c->hidden, qw = (size_t)c->n_heads * c->head_dim;
 	size_t kw = (size_t)c->n_kv_heads * c->head_dim, im = c->intermediate;
@@ -116,7 +116,7 @@ kvm_model *test_model_random(const kvm_config *c, uint64_t seed)
 			   3 * im * hd;
 	size_t total = (size_t)c->vocab * hd * (c->tie_embeddings ? 1 : 2) + hd +
 		       per_layer * c->n_layers;
-	kvm_model *m = calloc(1, sizeof(*m));
+	kvmem_model *m = calloc(1, sizeof(*m));
 	struct test_store *st = calloc(1, sizeof(*st));
 
 	if (!m || !st)
@@ -124,7 +124,7 @@ kvm_model *test_model_random(const kvm_config *c, uint64_t seed)
 	st->w = malloc(sizeof(float) * total);
 	st->cap = total;
 	st->rng = seed;
-	m->layers = calloc(c->n_layers, sizeof(kvm_layer));
+	m->layers = calloc(c->n_layers, sizeof(kvmem_layer));
 	if (!st->w || !m->layers)
 		abort();
 	m->cfg = *c;
@@ -132,7 +132,7 @@ kvm_model *test_model_random(const kvm_config *c, uint64_t seed)
 	m->priv = st;
 	m->embed = take(st, (size_t)c->vocab * hd, -1.0, 1.0);
 	for (int l = 0; l < c->n_layers; l++) {
-		kvm_layer *L = &m->layers[l];
+		kvmem_layer *L = &m->layers[l];
 
 		L->attn_norm = take(st, hd, 0.5, 1.5);
 		L->wq = proj(st, qw, hd);
@@ -151,7 +151,7 @@ kvm_model *test_model_random(const kvm_config *c, uint64_t seed)
 	return m;
 }
 
-void test_model_free(kvm_model *m)
+void test_model_free(kvmem_model *m)
 {
 	struct test_store *st;
 

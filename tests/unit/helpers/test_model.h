@@ -22,13 +22,13 @@ int test_rng_int(uint64_t *s, int lo, int hi);
 
 /* A config for a small model: the fields tests vary, the rest filled in
  * (rope_theta 10000 unless set, eps 1e-6, arch Qwen3ForCausalLM). */
-kvm_config test_model_config(int layers, int hidden, int heads, int kv_heads, int head_dim,
+kvmem_config test_model_config(int layers, int hidden, int heads, int kv_heads, int head_dim,
 			     int intermediate, int vocab, int tied);
 
 /* A model with random weights from `seed`: projections uniform with
  * variance 1/fan_in, norm weights in [0.5, 1.5], embeddings in [-1, 1].
- * Free with test_model_free (not kvm_model_free: nothing here is mapped). */
-kvm_model *test_model_random(const kvm_config *c, uint64_t seed);
-void test_model_free(kvm_model *m);
+ * Free with test_model_free (not kvmem_model_free: nothing here is mapped). */
+kvmem_model *test_model_random(const kvmem_config *c, uint64_t seed);
+void test_model_free(kvmem_model *m);
 
 #endif
