@@ -125,9 +125,10 @@ int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const voi
 		goto fail;
 	mf_free(&p->m);
 	p->m = m2;
+	t0 = now_ns() - t0;	/* one figure for the counter and the probe */
 	p->st.commits++;
-	p->st.commit_ns += now_ns() - t0;
-	PROBE_COMMIT(tokens, p->n_blocks, now_ns() - t0);
+	p->st.commit_ns += t0;
+	PROBE_COMMIT(tokens, p->n_blocks, t0);
 	stats_save(p);
 	return 0;
 fail:

@@ -251,14 +251,13 @@ static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const voi
 			PROBE_HIT(pages[i], KVMEM_TIER_HOST, p->page_bytes);
 		} else {
 			p->st.host_misses++;
+			PROBE_MISS(pages[i], p->page_bytes);
 			if (!(e->flags & KVMEM_PTE_IN_FLIGHT))
 				miss[m++] = pages[i];
 		}
 	}
 	/* A page asked twice is read once. */
 	m = sort_unique(miss, m);
-	for (size_t k = 0; k < m; k++)
-		PROBE_MISS(miss[k], p->page_bytes);
 	/* Prefetches in flight hold slots that cannot be evicted until they
 	 * land: wait for them before calling the pool too small. */
 	while (make_room(p, m) < 0 && p->io.inflight)

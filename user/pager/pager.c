@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "pager/pager_int.h"
@@ -84,6 +85,14 @@ static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 	return 0;
 }
 
+/* The workspace's id in the open/close probes: its directory's inode. */
+static uint64_t probe_ws_id(const kvmem_pager *p)
+{
+	struct stat st;
+
+	return p->dirfd >= 0 && fstat(p->dirfd, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_pager_opts *o,
 		   kvmem_pager **out)
 {
@@ -114,6 +123,7 @@ int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_page
 		return kvmem_error(EINVAL, "%s", msg);
 	}
 	p->step_t0 = now_ns();
+	PROBE_OPEN((const char *)p->dir, p->g.n_layers, p->page_bytes, probe_ws_id(p));
 	*out = p;
 	return 0;
 }
@@ -124,6 +134,7 @@ int kvmem_pager_close(kvmem_pager *p)
 
 	if (!p)
 		return 0;
+	PROBE_CLOSE(probe_ws_id(p));
 	if (p->io.reqs) {
 		/* Reads and writes still in flight point into our buffers. */
 		while (p->io.inflight)
@@ -372,6 +383,7 @@ void pager_io_done(void *arg, struct io_req *r)
 
 void kvmem_pager_hint(kvmem_pager *p, uint64_t block, float score)
 {
+	PROBE_HINT(block, (int64_t)(score * 1e6f));
 	if (p->repl->hint)
 		p->repl->hint(p->repl_st, block, score, p->step);
 }

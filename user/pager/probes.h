@@ -5,7 +5,9 @@
  *
  *   hit(page, tier, bytes)              fetch found the page (tier 2 = host,
  *                                       0 = stage-out buffer / memory)
- *   miss(page, bytes)                   fetch must read the page from NVMe
+ *   miss(page, bytes)                   a fetched page was not in the host pool
+ *                                       (one per host_misses count; it comes
+ *                                       from staging, a read in flight or NVMe)
  *   tier_move(page, from, to, bytes, ns) bytes moved between tiers
  *                                       (KVMEM_TIER_* bits; 0 = staging memory)
  *   page_in(first_page, n_pages, bytes, ns)  an NVMe read request completed
@@ -17,6 +19,12 @@
  *   commit(tokens, blocks, ns)          the committed count advanced
  *   step(step, hits, misses, bytes_in, ns)  step boundary: the previous
  *                                       step's counts and its duration
+ *   hint(block, score_ppm)              selector feedback (score x 1e6)
+ *   open(dir, layers, page_bytes, ws_id) a workspace was opened (dir: the
+ *                                       path as given; ws_id: its inode)
+ *   close(ws_id)                        the workspace is about to close
+ *
+ * The BPF tools in bpf/ rely on these; change an argument there too.
  */
 #ifndef KVMEM_PAGER_PROBES_H
 #define KVMEM_PAGER_PROBES_H
@@ -36,5 +44,8 @@
 #define PROBE_COMMIT(tok, blk, ns) DTRACE_PROBE3(kvmem, commit, tok, blk, ns)
 #define PROBE_STEP(n, hits, misses, bytes, ns) \
 	DTRACE_PROBE5(kvmem, step, n, hits, misses, bytes, ns)
+#define PROBE_HINT(blk, ppm) DTRACE_PROBE2(kvmem, hint, blk, ppm)
+#define PROBE_OPEN(dir, layers, bytes, id) DTRACE_PROBE4(kvmem, open, dir, layers, bytes, id)
+#define PROBE_CLOSE(id) DTRACE_PROBE1(kvmem, close, id)
 
 #endif

@@ -96,8 +96,9 @@ static int free_stage_slot(kvmem_pager *p, uint64_t block)
 		while (p->stage_busy == p->n_stage)
 			if (pager_reap(p, 1) < 0)
 				return -1;
-		p->st.backpressure_ns += now_ns() - t0;
-		PROBE_BACKPRESSURE(block, now_ns() - t0);
+		t0 = now_ns() - t0;	/* one figure for the counter and the probe */
+		p->st.backpressure_ns += t0;
+		PROBE_BACKPRESSURE(block, t0);
 	}
 	for (uint32_t i = 0; i < p->n_stage; i++)
 		if (!p->stage[i].busy)
