@@ -45,6 +45,12 @@ int kvmem_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)
 int kvmem_fail(void);
 void kvmem_error_clear(void);
 
+/* Element types of KV pages and views (stored in workspace manifests: the
+ * values are part of the format). */
+enum kvmem_dtype { KVMEM_DTYPE_F32 = 1, KVMEM_DTYPE_BF16 = 2, KVMEM_DTYPE_F16 = 3 };
+size_t kvmem_dtype_bytes(uint32_t dtype);	/* 0 when unknown */
+const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
+
 /* Where kvmem keeps its data when the user names no directory:
  * $KVMEM_HOME, else $XDG_DATA_HOME/kvmem, else ~/.local/share/kvmem.
  * Writes into buf; returns buf or NULL if it does not fit. */

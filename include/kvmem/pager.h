@@ -21,12 +21,13 @@
 
 #include <linux/kvmem.h>
 
+#include "kvmem/kvmem.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- geometry ----------------------------------------------------------- */
-enum kvmem_dtype { KVMEM_DTYPE_F32 = 1, KVMEM_DTYPE_BF16 = 2, KVMEM_DTYPE_F16 = 3 };
 
 typedef struct kvmem_page_geom {
 	uint64_t fingerprint;	/* kvmem_config_fingerprint() of the model */
@@ -36,8 +37,6 @@ typedef struct kvmem_page_geom {
 	uint32_t index_bytes;	/* bytes of the per-block index record (0: none) */
 } kvmem_page_geom;
 
-size_t kvmem_dtype_bytes(uint32_t dtype);		/* 0 when unknown */
-const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
 size_t kvmem_page_bytes(const kvmem_page_geom *g);	/* 2 * H_kv * B * D * elem */
 size_t kvmem_page_stride(const kvmem_page_geom *g);	/* page bytes rounded up to KVMEM_IO_ALIGN */
 /* Check sizes are positive and representable; `name` is used in messages. */
@@ -269,29 +268,8 @@ int kvmem_pager_direct(const kvmem_pager *p);
  * reads and writes are used, with one warning). */
 int kvmem_pager_registered(const kvmem_pager *p);
 
-/* ---- the session's page source over a pager ---------------------------- */
-/*
- * The workspace layer's kvmem_page_source (kvmem/workspace.h) backed by a
- * pager: full blocks are staged out as they complete, reads go through
- * fetch (pinned until put), prefetch hints become pager prefetches. Blocks
- * not yet full stay in the source's memory. Pages are fp32 (KVMEM_DTYPE_F32).
- */
-struct kvmem_page_source;
-struct kvmem_model;
-
-/* The geometry of a model's workspace: fp32 pages of `block` tokens, no
- * index record; the fingerprint is the model's (weights included), or the
- * config's when the model has none (built in memory). */
-void kvmem_page_geom_model(kvmem_page_geom *g, const struct kvmem_model *m, int block);
-/* A source over p (which must outlive it). When p holds a committed partial
- * block, it is restored, so a session resumed at kvmem_pager_tokens(p) goes on
- * from there. */
-int kvmem_page_source_pager(struct kvmem_page_source *src, kvmem_pager *p);
-/* Persist the history at a step boundary: token ids [0, n) (those past the
- * pager's count are appended), the full blocks, the partial block and `app`,
- * then commit. n must be the number of tokens written through the source. */
-int kvmem_page_source_pager_commit(struct kvmem_page_source *src, const int32_t *ids, int64_t n,
-				 const void *app, uint32_t app_len);
+/* The session's page source over a pager, and a session's history kept in
+ * a workspace directory: include/kvmem/store.h. */
 
 /* ---- directory tools (no pager needed) --------------------------------- */
 /* What the manifest of a workspace says (no data file is read). */

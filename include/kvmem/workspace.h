@@ -14,10 +14,10 @@
  *   plan      sink + pins + recent + top-scored blocks up to the budget, in
  *             chronological order at compact positions, and the diff
  *             against the previous plan
- *   source    where raw K / V of history pages live (host memory here, the
- *             tiered pager later): the only way the layer reads history
- *   session   the step loop over a kvmem_engine: append, select,
- *             rematerialise, decode
+ *   source    where raw K / V of history pages live (kvmem/source.h): the
+ *             only way the layer reads history
+ *   session   the step loop over a compute backend (kvmem/backend.h):
+ *             append, select, rematerialise, decode
  */
 #ifndef KVMEM_WORKSPACE_H
 #define KVMEM_WORKSPACE_H
@@ -25,8 +25,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvmem/engine.h"
+#include "kvmem/backend.h"
 #include "kvmem/kernels.h"
+#include "kvmem/source.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -136,39 +137,7 @@ static inline const float *kvmem_index_sub(const kvmem_index *ix, int l, int h, 
 int kvmem_index_block_len(const kvmem_index *ix, int64_t b);
 int kvmem_index_sub_len(const kvmem_index *ix, int64_t b, int s);
 
-/* ---- page source ------------------------------------------------------ */
-/*
- * Where the raw K and V of history pages live. A page is one block in one
- * layer: raw K [n_kv_heads][B][head_dim] and V [n_kv_heads][B][head_dim],
- * fp32; tokens past the block's length are unspecified. The session writes
- * every token through it and reads pages back only through get/put, so the
- * tiered pager can stand behind the same ops. kvmem_page_source_mem() keeps
- * everything in host memory.
- */
-typedef struct kvmem_page_source_ops {
-	/* Store tokens t0..t0+n-1 of block b, layer l; k and v are token-major
-	 * [n][n_kv_heads][head_dim] (rows of the engine's kvmem_fwd_out). */
-	int (*write)(void *ctx, int64_t b, int layer, int t0, int n,
-		     const float *k, const float *v);
-	/* Readable pointers to the page; valid until put. */
-	int (*get)(void *ctx, int64_t b, int layer, const float **k, const float **v);
-	void (*put)(void *ctx, int64_t b, int layer);
-	/* Optional: these blocks (all layers) will be read soon. */
-	void (*prefetch)(void *ctx, const int64_t *blocks, int n);
-	/* Optional: tokens 0..n_tokens-1 are all written (a commit point). */
-	int (*sync)(void *ctx, int64_t n_tokens);
-	void (*destroy)(void *ctx);
-} kvmem_page_source_ops;
-
-typedef struct kvmem_page_source {
-	const kvmem_page_source_ops *ops;
-	void *ctx;
-} kvmem_page_source;
-
-/* Pages in host memory, allocated a block at a time. */
-int kvmem_page_source_mem(kvmem_page_source *src, int n_layers, int n_kv_heads, int head_dim,
-			int block);
-void kvmem_page_source_destroy(kvmem_page_source *src);
+/* ---- page source: include/kvmem/source.h ---------------------------------- */
 
 /* ---- selection policies ----------------------------------------------- */
 /* What a policy is given at a step boundary. */
@@ -266,7 +235,7 @@ typedef struct kvmem_session_opts {
 	int64_t recent;		/* -1: default, max(1, budget / 12) */
 	int64_t reserve;	/* tail slots between selections; -1: default,
 				 * max(chunk, budget / 8) rounded up to a block */
-	int chunk;		/* prefill chunk; 0: 128; <= the engine's max_chunk */
+	int chunk;		/* prefill chunk; 0: 128; <= the backend's max_chunk */
 	int query_tokens;	/* last tokens whose queries drive selection; 0: 4 */
 	const char *policy;	/* NULL: "meank" */
 	uint64_t seed;		/* random policy, sampling */
@@ -277,7 +246,7 @@ typedef struct kvmem_session_opts {
 	int rebuild_all;
 	/* NULL: pages in host memory. The session does not destroy it. */
 	const kvmem_page_source *source;
-	/* Called after every engine forward pass with the tokens run and their
+	/* Called after every forward pass with the tokens run and their
 	 * logits ([n][vocab] when all_logits, else the last token's [vocab]):
 	 * how a caller runs a full-context twin with the same chunking. */
 	void (*on_forward)(void *arg, const int32_t *tokens, int n, const float *logits);
@@ -290,7 +259,7 @@ typedef struct kvmem_session_opts {
 void kvmem_session_opts_default(kvmem_session_opts *o);
 
 typedef struct kvmem_session_stats {
-	int64_t forwards;	/* engine calls */
+	int64_t forwards;	/* forward passes */
 	int64_t selections;	/* plans made */
 	int64_t forced;		/* of which: the tail was full mid-append/decode */
 	int64_t rebuilt_tokens;	/* tokens re-rotated from raw K */
@@ -299,8 +268,9 @@ typedef struct kvmem_session_stats {
 
 typedef struct kvmem_session kvmem_session;
 
-/* NULL + kvmem_error on bad options. The engine must outlive the session. */
-kvmem_session *kvmem_session_create(kvmem_engine *e, const kvmem_session_opts *o);
+/* NULL + kvmem_error on bad options. The backend (and the model under it)
+ * must outlive the session; one session uses a backend at a time. */
+kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *o);
 void kvmem_session_free(kvmem_session *s);
 
 /* Prefill tokens in chunks, each chunk attending to the current view (the
@@ -362,8 +332,10 @@ const kvmem_plan *kvmem_session_plan(const kvmem_session *s);
  * layers for a per-layer policy); NULL before any. For research tools: how
  * a block ranked, whether or not the budget let it in. */
 const float *kvmem_session_scores(const kvmem_session *s, int *n_sets, int64_t *n_blocks);
-/* The execution view: selected history then the tail. */
+/* The execution view (selected history then the tail) as host fp32, when
+ * the backend keeps it so (cpu); NULL otherwise. */
 const kvmem_kvcache *kvmem_session_view(const kvmem_session *s);
+const kvmem_backend *kvmem_session_backend(const kvmem_session *s);
 /* Logits of the last token run, [vocab]; NULL before any. */
 const float *kvmem_session_logits(const kvmem_session *s);
 const kvmem_index *kvmem_session_index(const kvmem_session *s);

@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/engine.h"
+#include "kvmem/store.h"
 #include "kvmem/workspace.h"
 #include "pager_fixture.h"
 
@@ -40,7 +40,7 @@ static void log_forward(void *arg, const int32_t *tok, int n, const float *logit
 
 struct run {
 	kvmem_model *m;
-	kvmem_engine *e;
+	kvmem_backend *e;
 	int block;
 	int64_t budget;
 	const char *dir;	/* NULL: memory source */
@@ -158,7 +158,7 @@ static void test_paging_is_exact(void **state)
 {
 	uint64_t rng = g_seed, seed = fx_mix(g_seed + 1);
 	kvmem_model *m = model(&rng);
-	kvmem_engine *e = kvmem_engine_create(m, 64);
+	kvmem_backend *e = kvmem_backend_cpu(m, 64);
 	const int64_t budgets[] = { 96, 96, 96, 0 };
 	const char *repl[] = { "lru", "lfu", "score", "lru" };
 	char dir[256];
@@ -186,7 +186,7 @@ static void test_paging_is_exact(void **state)
 		free(b.buf);
 		fx_rmtree(dir);
 	}
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 
@@ -200,7 +200,7 @@ static void two_parts(int64_t budget)
 {
 	uint64_t rng = g_seed ^ 3, seed = fx_mix(g_seed + 3);
 	kvmem_model *m = model(&rng);
-	kvmem_engine *e = kvmem_engine_create(m, 64);
+	kvmem_backend *e = kvmem_backend_cpu(m, 64);
 	char d1[256], d2[256];
 	int32_t one[512], two[512];
 	int split = test_rng_int(&rng, 1, 5), n1, n2a, n2b;
@@ -244,7 +244,7 @@ static void two_parts(int64_t budget)
 	}
 	fx_rmtree(d1);
 	fx_rmtree(d2);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 
@@ -259,7 +259,7 @@ static void test_other_model_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 5, seed = fx_mix(g_seed + 5);
 	kvmem_model *m1 = model(&rng), *m2;
-	kvmem_engine *e = kvmem_engine_create(m1, 64);
+	kvmem_backend *e = kvmem_backend_cpu(m1, 64);
 	kvmem_page_geom g1, g2;
 	char dir[256], fp[32];
 	int32_t out[512];
@@ -282,7 +282,7 @@ static void test_other_model_refused(void **state)
 	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)g2.fingerprint);
 	assert_non_null(strstr(kvmem_last_error(), fp));
 	fx_rmtree(dir);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m1);
 	test_model_free(m2);
 }

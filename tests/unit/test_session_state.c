@@ -25,7 +25,7 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/engine.h"
+#include "kvmem/store.h"
 #include "kvmem/workspace.h"
 #include "pager_fixture.h"
 
@@ -151,7 +151,7 @@ static int run_ops(kvmem_session *s, const struct script *sc, int from, int to, 
 /* ---- one case ------------------------------------------------------------ */
 struct kase {
 	kvmem_model *m;
-	kvmem_engine *e;
+	kvmem_backend *e;
 	const struct script *sc;
 	const char *policy;
 	int block, chunk, query_tokens, all_logits;
@@ -368,7 +368,7 @@ static kvmem_model *small_model(uint64_t *rng)
 
 /* A case over a fresh script: budget a tenth of the workspace (at least two
  * blocks), chunk and query window random. */
-static void setup_case(uint64_t *rng, struct kase *k, kvmem_model *m, kvmem_engine *e,
+static void setup_case(uint64_t *rng, struct kase *k, kvmem_model *m, kvmem_backend *e,
 		       struct script *sc, const char *policy, int split_kind, int pager)
 {
 	memset(k, 0, sizeof(*k));
@@ -401,7 +401,7 @@ static void test_two_parts_memory(void **state)
 
 	for (int p = 0; p < N_POLICIES; p++) {
 		kvmem_model *m = small_model(&rng);
-		kvmem_engine *e = kvmem_engine_create(m, 32);
+		kvmem_backend *e = kvmem_backend_cpu(m, 32);
 
 		assert_non_null(e);
 		for (int k = 0; k < 3; k++) {
@@ -418,7 +418,7 @@ static void test_two_parts_memory(void **state)
 			}
 			free_script(&sc);
 		}
-		kvmem_engine_free(e);
+		kvmem_backend_close(e);
 		test_model_free(m);
 	}
 	print_message("fresh adopt differed from one go in %d of %d cases\n", differ, controls);
@@ -432,7 +432,7 @@ static void test_two_parts_pager(void **state)
 
 	for (int p = 0; p < 3; p++) {
 		kvmem_model *m = small_model(&rng);
-		kvmem_engine *e = kvmem_engine_create(m, 32);
+		kvmem_backend *e = kvmem_backend_cpu(m, 32);
 
 		assert_non_null(e);
 		for (int k = 0; k < 3; k++) {
@@ -443,7 +443,7 @@ static void test_two_parts_pager(void **state)
 			assert_true(run_case(&kc));
 			free_script(&sc);
 		}
-		kvmem_engine_free(e);
+		kvmem_backend_close(e);
 		test_model_free(m);
 	}
 }
@@ -459,10 +459,10 @@ struct saved_run {
 };
 
 /* A short small-budget session over memory, saved. */
-static void save_one(kvmem_engine *e, const kvmem_session_opts *base, uint64_t *rng,
+static void save_one(kvmem_backend *e, const kvmem_session_opts *base, uint64_t *rng,
 		     struct saved_run *sr)
 {
-	const kvmem_config *c = &kvmem_engine_model(e)->cfg;
+	const kvmem_config *c = &e->model->cfg;
 	kvmem_session_opts o = *base;
 	int32_t tok[300], out[8];
 	kvmem_session *s;
@@ -488,7 +488,7 @@ static void save_one(kvmem_engine *e, const kvmem_session_opts *base, uint64_t *
 
 /* adopt_state must refuse with `what` in the message and leave the session
  * fresh: kvmem_session_adopt then works. */
-static void expect_refused(kvmem_engine *e, const kvmem_session_opts *o, struct saved_run *sr,
+static void expect_refused(kvmem_backend *e, const kvmem_session_opts *o, struct saved_run *sr,
 			   const int32_t *ids, int64_t n, const void *state, size_t len,
 			   const char *what)
 {
@@ -512,7 +512,7 @@ static void test_other_options_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 0x53;
 	kvmem_model *m = small_model(&rng);
-	kvmem_engine *e = kvmem_engine_create(m, 32);
+	kvmem_backend *e = kvmem_backend_cpu(m, 32);
 	kvmem_session_opts o, x;
 	struct saved_run sr = { 0 };
 	kvmem_session *s;
@@ -553,19 +553,19 @@ static void test_other_options_refused(void **state)
 	{
 		kvmem_config c2 = m->cfg;
 		kvmem_model *m2;
-		kvmem_engine *e2;
+		kvmem_backend *e2;
 
 		c2.vocab += 1;
 		m2 = test_model_random(&c2, 99);
-		e2 = kvmem_engine_create(m2, 32);
+		e2 = kvmem_backend_cpu(m2, 32);
 		expect_refused(e2, &o, &sr, sr.ids, sr.n, sr.state, sr.len, "another model");
-		kvmem_engine_free(e2);
+		kvmem_backend_close(e2);
 		test_model_free(m2);
 	}
 	kvmem_page_source_destroy(&sr.src);
 	free(sr.ids);
 	free(sr.state);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 
@@ -573,7 +573,7 @@ static void test_corrupt_state_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 0x54;
 	kvmem_model *m = small_model(&rng);
-	kvmem_engine *e = kvmem_engine_create(m, 32);
+	kvmem_backend *e = kvmem_backend_cpu(m, 32);
 	kvmem_session_opts o;
 	struct saved_run sr = { 0 };
 	uint8_t *bad;
@@ -610,7 +610,7 @@ static void test_corrupt_state_refused(void **state)
 	kvmem_page_source_destroy(&sr.src);
 	free(sr.ids);
 	free(sr.state);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 

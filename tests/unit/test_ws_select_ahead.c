@@ -35,7 +35,7 @@ static void random_ids(uint64_t *rng, int32_t *t, int n, int vocab)
 		t[i] = test_rng_int(rng, 0, vocab - 1);
 }
 
-static kvmem_session *open_session(kvmem_engine *e, int64_t budget, int block, int qtok,
+static kvmem_session *open_session(kvmem_backend *e, int64_t budget, int block, int qtok,
 				 const char *policy)
 {
 	kvmem_session_opts o;
@@ -57,7 +57,7 @@ static void test_exact_with_select_ahead(void **state)
 
 	for (int round = 0; round < 6; round++) {
 		kvmem_model *m = model(&rng);
-		kvmem_engine *e = kvmem_engine_create(m, 16);
+		kvmem_backend *e = kvmem_backend_cpu(m, 16);
 		int V = m->cfg.vocab, nh = test_rng_int(&rng, 20, 150), nq = test_rng_int(&rng, 1, 16);
 		int block = 16 << test_rng_int(&rng, 0, 2);
 		int32_t hist[150], q[16], out_a[6], out_b[6];
@@ -82,7 +82,7 @@ static void test_exact_with_select_ahead(void **state)
 		assert_memory_equal(kvmem_session_logits(a), kvmem_session_logits(b), sizeof(float) * V);
 		kvmem_session_free(a);
 		kvmem_session_free(b);
-		kvmem_engine_free(e);
+		kvmem_backend_close(e);
 		test_model_free(m);
 	}
 }
@@ -114,7 +114,7 @@ static void test_same_choice_as_plain_select(void **state)
 
 	for (int round = 0; round < ROUNDS; round++) {
 		kvmem_model *m = model(&rng);
-		kvmem_engine *e = kvmem_engine_create(m, 16);
+		kvmem_backend *e = kvmem_backend_cpu(m, 16);
 		int V = m->cfg.vocab, nh = 16 * test_rng_int(&rng, 20, 30), nq = test_rng_int(&rng, 1, 8);
 		int32_t hist[480], q[8];
 		kvmem_session *a = open_session(e, 96, 16, 1, "quest");
@@ -152,7 +152,7 @@ static void test_same_choice_as_plain_select(void **state)
 		}
 		kvmem_session_free(a);
 		kvmem_session_free(b);
-		kvmem_engine_free(e);
+		kvmem_backend_close(e);
 		test_model_free(m);
 	}
 	print_message("ahead and plain choices agree in %d of %d layer sets\n", agree, sets);
@@ -166,7 +166,7 @@ static void test_bad_calls(void **state)
 {
 	uint64_t rng = g_seed + 7;
 	kvmem_model *m = model(&rng);
-	kvmem_engine *e = kvmem_engine_create(m, 16);
+	kvmem_backend *e = kvmem_backend_cpu(m, 16);
 	kvmem_session *s = open_session(e, 64, 16, 1, NULL);
 	int32_t t[20] = { 1, 2, 3 };
 
@@ -175,7 +175,7 @@ static void test_bad_calls(void **state)
 	assert_true(kvmem_session_select_ahead(s, t, 17) < 0);
 	assert_int_equal(kvmem_session_tokens(s), 0);
 	kvmem_session_free(s);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 

@@ -29,46 +29,48 @@
 
 static uint64_t g_seed;
 
+/* The backend under test: KVMEM_TEST_BACKEND (cpu when unset), so the same
+ * exactness checks run on every backend through its ops. */
+static kvmem_backend *test_backend(const kvmem_model *m, int chunk)
+{
+	const char *name = getenv("KVMEM_TEST_BACKEND");
+	kvmem_backend *b;
+
+	if (kvmem_backend_open(name && *name ? name : "cpu", m,
+			       &(kvmem_backend_opts){ .max_chunk = chunk }, &b) < 0)
+		fail_msg("backend: %s", kvmem_last_error());
+	return b;
+}
+
 /* ---- a plain full-context twin fed by on_forward ---------------------- */
+/* A second view on the session's backend that only grows. */
 struct twin {
-	kvmem_engine *e;
-	kvmem_kvcache kv;
+	kvmem_backend *e;
+	kvmem_view *v;
 	int vocab, all;
 	float *logits;
 	int64_t calls, mismatches;
 	double max_diff;
 };
 
-static void twin_grow(struct twin *t, const kvmem_config *c, int need)
+static void twin_open(struct twin *t, kvmem_backend *e)
 {
-	kvmem_kvcache nk;
-	int cap = t->kv.cap ? t->kv.cap : 64;
+	t->e = e;
+	assert_int_equal(e->ops->view_create(e->ctx, &t->v), 0);
+}
 
-	if (need <= t->kv.cap)
-		return;
-	while (cap < need)
-		cap *= 2;
-	assert_int_equal(kvmem_kvcache_init(&nk, c, cap), 0);
-	for (int l = 0; l < c->n_layers; l++)
-		for (int h = 0; h < c->n_kv_heads && t->kv.len; h++) {
-			memcpy(kvmem_kv_k(&nk, l, h, 0), kvmem_kv_k(&t->kv, l, h, 0),
-			       sizeof(float) * t->kv.len * c->head_dim);
-			memcpy(kvmem_kv_v(&nk, l, h, 0), kvmem_kv_v(&t->kv, l, h, 0),
-			       sizeof(float) * t->kv.len * c->head_dim);
-		}
-	nk.len = t->kv.len;
-	kvmem_kvcache_free(&t->kv);
-	t->kv = nk;
+static void twin_close(struct twin *t)
+{
+	t->e->ops->view_destroy(t->e->ctx, t->v);
+	free(t->logits);
 }
 
 static void twin_forward(void *arg, const int32_t *tok, int n, const float *logits)
 {
 	struct twin *t = arg;
-	const kvmem_config *c = &kvmem_engine_model(t->e)->cfg;
 	size_t cnt = (size_t)(t->all ? n : 1) * t->vocab;
 
-	twin_grow(t, c, t->kv.len + n);
-	assert_int_equal(kvmem_forward(t->e, &t->kv, tok, n, t->logits, t->all, NULL), 0);
+	assert_int_equal(kvmem_backend_append(t->e, t->v, tok, n, t->logits, t->all, NULL), 0);
 	t->calls++;
 	if (memcmp(logits, t->logits, cnt * sizeof(float)))
 		t->mismatches++;
@@ -138,8 +140,13 @@ static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvm
 	const kvmem_blocks *r = kvmem_session_blocks(s);
 	const kvmem_session_opts *o = kvmem_session_options(s);
 	const int d = c->head_dim, B = r->block;
-	float *rot = malloc(sizeof(float) * d);
-	int64_t tail = kv->len - p->view_tokens;
+	float *rot;
+	int64_t tail;
+
+	if (!kv)
+		return;	/* the backend's view is not in host memory */
+	rot = malloc(sizeof(float) * d);
+	tail = kv->len - p->view_tokens;
 
 	if (o->budget) {
 		assert_true(p->view_tokens <= o->budget);
@@ -168,8 +175,12 @@ static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvm
 			}
 			const float *pk, *pv;
 			int32_t s32 = (int32_t)slot;
+			kvmem_page pg;
 
-			assert_int_equal(src->ops->get(src->ctx, pos / B, l, &pk, &pv), 0);
+			assert_int_equal(src->ops->get(src->ctx, pos / B, l, &pg), 0);
+			assert_int_equal(pg.dtype, KVMEM_DTYPE_F32);
+			pk = pg.k;
+			pv = pg.v;
 			for (int h = 0; h < c->n_kv_heads; h++) {
 				const float *rk = pk + ((size_t)h * B + pos % B) * d;
 
@@ -216,13 +227,13 @@ static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out 
 {
 	kvmem_model *m = small_model(rng);
 	const kvmem_config *c = &m->cfg;
-	kvmem_engine *e = kvmem_engine_create(m, rc->chunk);
+	kvmem_backend *e = test_backend(m, rc->chunk);
 	struct op ops[128];
 	int64_t total;
 	int n_ops = make_script(rng, ops, 128, rc->steps, rc->max_append, &total);
 	kvmem_page_source src;
 	kvmem_session_opts o;
-	struct twin t = { .e = e, .vocab = c->vocab, .all = rc->all_logits };
+	struct twin t = { .vocab = c->vocab, .all = rc->all_logits };
 	kvmem_session *s;
 
 	memset(ro, 0, sizeof(*ro));
@@ -230,6 +241,7 @@ static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out 
 	kvmem_sampler smp = { .temperature = 0.9f, .top_k = 0, .top_p = 1.0f };
 
 	assert_non_null(e);
+	twin_open(&t, e);
 	t.logits = malloc(sizeof(float) * rc->chunk * c->vocab);
 	assert_int_equal(kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim,
 					     rc->block), 0);
@@ -305,21 +317,22 @@ static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out 
 	if (rc->budget < 0) {
 		/* Identity view: the session's K / V are the twin's, bit for bit. */
 		const kvmem_kvcache *kv = kvmem_session_view(s);
+		const kvmem_kvcache *tkv = e->ops->host_view ? e->ops->host_view(e->ctx, t.v) : NULL;
 
-		assert_int_equal(kv->len, t.kv.len);
-		for (int l = 0; l < c->n_layers; l++)
+		if (kv && tkv)
+			assert_int_equal(kv->len, tkv->len);
+		for (int l = 0; kv && tkv && l < c->n_layers; l++)
 			for (int h = 0; h < c->n_kv_heads; h++) {
-				assert_memory_equal(kvmem_kv_k(kv, l, h, 0), kvmem_kv_k(&t.kv, l, h, 0),
+				assert_memory_equal(kvmem_kv_k(kv, l, h, 0), kvmem_kv_k(tkv, l, h, 0),
 						    sizeof(float) * kv->len * c->head_dim);
-				assert_memory_equal(kvmem_kv_v(kv, l, h, 0), kvmem_kv_v(&t.kv, l, h, 0),
+				assert_memory_equal(kvmem_kv_v(kv, l, h, 0), kvmem_kv_v(tkv, l, h, 0),
 						    sizeof(float) * kv->len * c->head_dim);
 			}
 	}
 	kvmem_session_free(s);
 	kvmem_page_source_destroy(&src);
-	kvmem_kvcache_free(&t.kv);
-	free(t.logits);
-	kvmem_engine_free(e);
+	twin_close(&t);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 
@@ -377,15 +390,16 @@ static void test_raw_k_rotates_to_engine_k(void **state)
 	uint64_t rng = g_seed ^ 0x4b;
 	kvmem_model *m = small_model(&rng);
 	const kvmem_config *c = &m->cfg;
-	kvmem_engine *e = kvmem_engine_create(m, 32);
+	kvmem_backend *e = kvmem_backend_cpu(m, 32);
 	kvmem_page_source src;
 	kvmem_session_opts o;
-	struct twin t = { .e = e, .vocab = c->vocab };
+	struct twin t = { .vocab = c->vocab };
 	int n = test_rng_int(&rng, 100, 400), B = 16 << test_rng_int(&rng, 0, 4);
 	int32_t *tok = random_tokens(&rng, n, c->vocab);
 	kvmem_session *s;
 	float *rot = malloc(sizeof(float) * c->head_dim);
 
+	twin_open(&t, e);
 	t.logits = malloc(sizeof(float) * c->vocab * 32);
 	kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
 	kvmem_session_opts_default(&o);
@@ -399,25 +413,27 @@ static void test_raw_k_rotates_to_engine_k(void **state)
 	assert_int_equal(kvmem_session_append(s, tok, n, 0), 0);
 	for (int64_t p = 0; p < n; p++)
 		for (int l = 0; l < c->n_layers; l++) {
-			const float *pk, *pv;
+			const float *pk;
 			int32_t p32 = (int32_t)p;
+			kvmem_page pg;
 
-			assert_int_equal(src.ops->get(src.ctx, p / B, l, &pk, &pv), 0);
+			assert_int_equal(src.ops->get(src.ctx, p / B, l, &pg), 0);
+			pk = pg.k;
 			for (int h = 0; h < c->n_kv_heads; h++) {
 				memcpy(rot, pk + ((size_t)h * B + p % B) * c->head_dim,
 				       sizeof(float) * c->head_dim);
 				kvmem_rope(rot, &p32, 1, 1, c->head_dim, c->rope_theta);
-				assert_memory_equal(rot, kvmem_kv_k(&t.kv, l, h, (int)p),
-						    sizeof(float) * c->head_dim);
+				assert_memory_equal(rot,
+						    kvmem_kv_k(e->ops->host_view(e->ctx, t.v), l, h,
+							       (int)p), sizeof(float) * c->head_dim);
 			}
 		}
 	kvmem_session_free(s);
 	kvmem_page_source_destroy(&src);
-	kvmem_kvcache_free(&t.kv);
-	free(t.logits);
+	twin_close(&t);
 	free(tok);
 	free(rot);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 
@@ -449,7 +465,7 @@ static void test_long_generation(void **state)
 	uint64_t rng = g_seed ^ 0x10;
 	kvmem_model *m = small_model(&rng);
 	const kvmem_config *c = &m->cfg;
-	kvmem_engine *e = kvmem_engine_create(m, 8);
+	kvmem_backend *e = test_backend(m, 8);
 	kvmem_page_source src;
 	kvmem_session_opts o;
 	kvmem_session_stats st;
@@ -478,7 +494,7 @@ static void test_long_generation(void **state)
 	kvmem_session_free(s);
 	kvmem_page_source_destroy(&src);
 	free(tok);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 
@@ -492,14 +508,15 @@ static void test_adopt_resumes(void **state)
 	uint64_t rng = g_seed ^ 0xad;
 	kvmem_model *m = small_model(&rng);
 	const kvmem_config *c = &m->cfg;
-	kvmem_engine *e = kvmem_engine_create(m, 16);
+	kvmem_backend *e = test_backend(m, 16);
 	kvmem_page_source src;
 	kvmem_session_opts o;
-	struct twin t = { .e = e, .vocab = c->vocab, .all = 1 };
+	struct twin t = { .vocab = c->vocab, .all = 1 };
 	int B = 16 << test_rng_int(&rng, 0, 2), n1 = test_rng_int(&rng, 1, 300);
 	int32_t *tok = random_tokens(&rng, n1 + 100, c->vocab), *ids, out[8];
 	kvmem_session *s;
 
+	twin_open(&t, e);
 	t.logits = malloc(sizeof(float) * c->vocab * 16);
 	kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
 	kvmem_session_opts_default(&o);
@@ -532,11 +549,10 @@ static void test_adopt_resumes(void **state)
 	assert_true(t.calls > 8);
 	kvmem_session_free(s);
 	kvmem_page_source_destroy(&src);
-	kvmem_kvcache_free(&t.kv);
-	free(t.logits);
+	twin_close(&t);
 	free(tok);
 	free(ids);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 
@@ -544,7 +560,7 @@ static void test_session_errors(void **state)
 {
 	uint64_t rng = g_seed ^ 0xee;
 	kvmem_model *m = small_model(&rng);
-	kvmem_engine *e = kvmem_engine_create(m, 16);
+	kvmem_backend *e = test_backend(m, 16);
 	kvmem_session_opts o;
 	kvmem_session *s;
 	int32_t tok[200] = { 0 }, out[4];
@@ -553,6 +569,11 @@ static void test_session_errors(void **state)
 	o.block = 24;
 	assert_null(kvmem_session_create(e, &o));
 	assert_non_null(strstr(kvmem_last_error(), "power of two"));
+	assert_int_equal(kvmem_last_errno(), EINVAL);
+	kvmem_session_opts_default(&o);
+	o.chunk = 17;	/* more than the backend takes in one call */
+	assert_null(kvmem_session_create(e, &o));
+	assert_int_equal(kvmem_last_errno(), EINVAL);
 	kvmem_session_opts_default(&o);
 	o.budget = 8;
 	assert_null(kvmem_session_create(e, &o));
@@ -594,7 +615,7 @@ static void test_session_errors(void **state)
 	tok[0] = 0;
 	assert_int_equal(kvmem_session_decode(s, 4, NULL, out), 0);
 	kvmem_session_free(s);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	test_model_free(m);
 }
 

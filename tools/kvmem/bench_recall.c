@@ -41,7 +41,7 @@
 #include <time.h>
 
 #include "kvmem/agentlang.h"
-#include "kvmem/engine.h"
+#include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/workspace.h"
@@ -80,7 +80,7 @@ struct opts {
 struct bench {
 	struct opts o;
 	kvmem_model *m;
-	kvmem_engine *e;
+	kvmem_backend *e;
 	int W;			/* native window */
 	int64_t budget, reserve;
 	double page_bytes;	/* one block in one layer, K and V, bf16 */
@@ -417,12 +417,12 @@ static int counted_write(void *ctx, int64_t b, int l, int t0, int n, const float
 	return c->inner->ops->write(c->inner->ctx, b, l, t0, n, k, v);
 }
 
-static int counted_get(void *ctx, int64_t b, int l, const float **k, const float **v)
+static int counted_get(void *ctx, int64_t b, int l, kvmem_page *pg)
 {
 	const struct counted *c = ctx;
 
 	(*c->pages)++;
-	return c->inner->ops->get(c->inner->ctx, b, l, k, v);
+	return c->inner->ops->get(c->inner->ctx, b, l, pg);
 }
 
 static void counted_put(void *ctx, int64_t b, int l)
@@ -433,7 +433,7 @@ static void counted_put(void *ctx, int64_t b, int l)
 }
 
 static const kvmem_page_source_ops counted_ops = {
-	.write = counted_write, .get = counted_get, .put = counted_put,
+	.name = "counted", .write = counted_write, .get = counted_get, .put = counted_put,
 };
 
 /* ids[a..e) as one line of text, clipped to the workspace. */
@@ -732,7 +732,7 @@ int bench_recall(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	if (kvmem_model_load(b.o.model, &b.m) || check_vocab(b.o.model, &b.m->cfg) ||
-	    !(b.e = kvmem_engine_create(b.m, b.o.chunk))) {
+	    !(b.e = kvmem_backend_cpu(b.m, b.o.chunk))) {
 		fprintf(stderr, "kvmem bench recall: %s\n", kvmem_last_error());
 		goto out;
 	}
@@ -790,7 +790,7 @@ out:
 		fclose(b.csv);
 	free(b.cells);
 	free(b.ranks);
-	kvmem_engine_free(b.e);
+	kvmem_backend_close(b.e);
 	kvmem_model_free(b.m);
 	return rc;
 }

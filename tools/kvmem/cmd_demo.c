@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "kvmem/agentlang.h"
-#include "kvmem/engine.h"
+#include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/workspace.h"
@@ -90,7 +90,7 @@ static void show(const int32_t *ids, int64_t a, int64_t e, int max)
 	printf("%.*s%s", max, buf, (int)strlen(buf) > max ? "..." : "");
 }
 
-static kvmem_session *open_session(struct demo *d, kvmem_engine *e, const char *policy,
+static kvmem_session *open_session(struct demo *d, kvmem_backend *e, const char *policy,
 				 const kvmem_page_source *src, int query_tokens)
 {
 	kvmem_session_opts so;
@@ -109,7 +109,7 @@ static kvmem_session *open_session(struct demo *d, kvmem_engine *e, const char *
 }
 
 /* The agent reads the workspace in d->steps steps, cut at line ends. */
-static int read_workspace(struct demo *d, kvmem_engine *e, const kvmem_lang_workspace *ws,
+static int read_workspace(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace *ws,
 			  const kvmem_page_source *src, int window)
 {
 	kvmem_session *s = open_session(d, e, "meank", src, 4);
@@ -151,7 +151,7 @@ static int read_workspace(struct demo *d, kvmem_engine *e, const kvmem_lang_work
 }
 
 /* Ask every question under one policy; returns the number right, or -1. */
-static int ask_all(struct demo *d, kvmem_engine *e, const kvmem_lang_workspace *ws,
+static int ask_all(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace *ws,
 		   const kvmem_page_source *src, const char *policy, int window)
 {
 	kvmem_session *s = open_session(d, e, policy, src, 1);
@@ -265,7 +265,7 @@ int cmd_demo(int argc, char **argv)
 			  .chunk = 128, .seed = DEMO_SEED };
 	char dir[4300];
 	kvmem_model *m = NULL;
-	kvmem_engine *e = NULL;
+	kvmem_backend *e = NULL;
 	kvmem_lang_workspace ws = { 0 };
 	kvmem_lang_params lp;
 	kvmem_page_source src = { 0 };
@@ -302,7 +302,7 @@ int cmd_demo(int argc, char **argv)
 
 		d.budget = (W - 32 - reserve) / d.block * d.block;
 	}
-	if (!(e = kvmem_engine_create(m, d.chunk)))
+	if (!(e = kvmem_backend_cpu(m, d.chunk)))
 		goto err;
 
 	/* Facts spread over the history, the oldest first. */
@@ -348,7 +348,7 @@ out:
 	if (src.ops)
 		kvmem_page_source_destroy(&src);
 	kvmem_lang_workspace_free(&ws);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	kvmem_model_free(m);
 	return rc;
 }

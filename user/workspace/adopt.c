@@ -17,10 +17,15 @@ static int gather_block(kvmem_session *s, int64_t b, int len, float *out)
 	const int H = s->cfg.n_kv_heads, d = s->cfg.head_dim, B = s->blocks.block;
 
 	for (int l = 0; l < s->cfg.n_layers; l++) {
-		const float *k, *v;
+		const float *k;
+		kvmem_page pg;
 
-		if (s->src->ops->get(s->src->ctx, b, l, &k, &v))
+		if (s->src->ops->get(s->src->ctx, b, l, &pg))
 			return kvmem_error_prefix("session: adopting block %lld", (long long)b);
+		if (!(k = kvmem_page_f32(&pg, 0, (size_t)H * B * d, s->page_f32))) {
+			s->src->ops->put(s->src->ctx, b, l);
+			return kvmem_error_prefix("session: adopting block %lld", (long long)b);
+		}
 		for (int t = 0; t < len; t++)
 			for (int h = 0; h < H; h++)
 				memcpy(out + (((size_t)l * len + t) * H + h) * d,
@@ -53,7 +58,7 @@ int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
 	free(buf);
 	if (rc) {
 		s->broken = 1;
-		return -1;
+		return kvmem_fail();
 	}
 	s->blocks.n_tokens = n;
 	return 0;
@@ -76,7 +81,7 @@ int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n)
 int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n)
 {
 	if (ws_adopt_check(s, tokens, n) || ws_adopt_history(s, tokens, n))
-		return -1;
+		return kvmem_fail();
 	/* The history is "before the last selection" and in no view yet. */
 	s->sel_tokens = n;
 	s->view_len = 0;

@@ -20,21 +20,26 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
 	const int T = s->o.query_tokens;
-	int keep, len;
+	int keep;
+	int64_t len;
 
 	if (s->broken)
 		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
 	if (n <= 0 || n > s->o.chunk)
 		return kvmem_error(EINVAL, "session: select ahead takes 1..%d tokens (the chunk), not %d",
 				 s->o.chunk, n);
-	if (s->kv.len + (int64_t)n > s->cap_limit && ws_select(s, 1))
-		return -1;
-	if (ws_view_reserve(s, s->kv.len + (int64_t)n))
-		return -1;
-	len = s->kv.len;
-	if (kvmem_forward(s->e, &s->kv, tokens, n, NULL, 0, &out))
+	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
+		return kvmem_fail();
+	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
+		return kvmem_fail();
+	len = ws_view_len(s);
+	if (s->be->ops->forward(s->be->ctx, s->view, tokens, n, NULL, 0, &out))
 		return kvmem_error_prefix("session: select ahead");
-	s->kv.len = len;	/* the slots past len are scratch again */
+	/* The slots past len are scratch again. */
+	if (s->be->ops->set_length(s->be->ctx, s->view, len)) {
+		s->broken = 1;
+		return kvmem_error_prefix("session: select ahead");
+	}
 	s->st.forwards++;
 
 	/* The selection sees only these queries, at the positions the tokens
@@ -47,7 +52,7 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 		s->qpos[i] = s->blocks.n_tokens + (n - keep) + i;
 	s->n_q = keep;
 	if (ws_select(s, 0))
-		return -1;
+		return kvmem_fail();
 	/* The append that follows brings the same tokens' queries back. */
 	s->n_q = 0;
 	return 0;

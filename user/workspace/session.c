@@ -91,14 +91,14 @@ static int alloc_buffers(kvmem_session *s)
 	s->qring = malloc(sizeof(float) * c->n_layers * T * qw);
 	s->qtmp = malloc(sizeof(float) * c->n_layers * T * qw);
 	s->qpos = malloc(sizeof(int64_t) * T);
-	s->pos = malloc(sizeof(int32_t) * s->o.block);
+	s->page_f32 = malloc(sizeof(float) * (size_t)s->o.block * kw);
 	if (!s->raw_k || !s->v || !s->q_raw || !s->logits || !s->last_logits || !s->qring ||
-	    !s->qtmp || !s->qpos || !s->pos)
+	    !s->qtmp || !s->qpos || !s->page_f32)
 		return kvmem_error(ENOMEM, "session: out of memory for chunks of %zu tokens", C);
 	return 0;
 }
 
-kvmem_session *kvmem_session_create(kvmem_engine *e, const kvmem_session_opts *o)
+kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *o)
 {
 	kvmem_session_opts def;
 	kvmem_session *s = calloc(1, sizeof(*s));
@@ -111,9 +111,11 @@ kvmem_session *kvmem_session_create(kvmem_engine *e, const kvmem_session_opts *o
 		kvmem_session_opts_default(&def);
 		o = &def;
 	}
-	s->e = e;
-	s->cfg = kvmem_engine_model(e)->cfg;
+	s->be = b;
+	s->cfg = b->model->cfg;
 	if (resolve(s, o) || !(s->pol = kvmem_policy_find(o->policy)))
+		goto fail;
+	if (b->ops->view_create(b->ctx, &s->view))
 		goto fail;
 	s->o.policy = s->pol->name;
 	s->n_sets = s->pol->per_layer ? s->cfg.n_layers : 1;
@@ -123,6 +125,11 @@ kvmem_session *kvmem_session_create(kvmem_engine *e, const kvmem_session_opts *o
 			   s->o.block, s->pol->needs) ||
 	    alloc_buffers(s))
 		goto fail;
+	if (s->o.chunk > b->opts.max_chunk) {
+		kvmem_error(EINVAL, "session: chunk %d is larger than the %s backend's %d", s->o.chunk,
+			    b->ops->name, b->opts.max_chunk);
+		goto fail;
+	}
 	if (s->o.source) {
 		s->src = s->o.source;
 	} else {
@@ -145,8 +152,9 @@ void kvmem_session_free(kvmem_session *s)
 	kvmem_page_source_destroy(&s->own_src);
 	kvmem_blocks_free(&s->blocks);
 	kvmem_index_free(&s->index);
-	kvmem_kvcache_free(&s->kv);
 	kvmem_plan_free(&s->plan);
+	if (s->view)
+		s->be->ops->view_destroy(s->be->ctx, s->view);
 	free(s->tokens);
 	free(s->raw_k);
 	free(s->v);
@@ -157,7 +165,8 @@ void kvmem_session_free(kvmem_session *s)
 	free(s->qtmp);
 	free(s->qpos);
 	free(s->scores);
-	free(s->pos);
+	free(s->items);
+	free(s->page_f32);
 	free(s);
 }
 
@@ -224,10 +233,10 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
 	const int64_t p0 = s->blocks.n_tokens;
 
-	if (s->kv.len + (int64_t)n > s->cap_limit && ws_select(s, 1))
-		return -1;
-	if (ws_view_reserve(s, s->kv.len + (int64_t)n))
-		return -1;
+	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
+		return kvmem_fail();
+	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
+		return kvmem_fail();
 	if (p0 + n > s->cap_tokens) {
 		int64_t cap = s->cap_tokens ? 2 * s->cap_tokens : 1024;
 		int32_t *t;
@@ -240,14 +249,14 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 		s->tokens = t;
 		s->cap_tokens = cap;
 	}
-	if (kvmem_forward(s->e, &s->kv, tok, n, s->logits, s->o.all_logits, &out))
+	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, s->logits, s->o.all_logits, &out))
 		return kvmem_error_prefix("session");
 	s->st.forwards++;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
 	if (store_pages(s, p0, n) || kvmem_index_append(&s->index, s->raw_k, n)) {
 		/* The view holds tokens the history lacks. */
 		s->broken = 1;
-		return -1;
+		return kvmem_fail();
 	}
 	s->blocks.n_tokens = p0 + n;
 	keep_queries(s, n);
@@ -279,7 +288,7 @@ static int pin_checked(kvmem_session *s, int64_t start, int64_t end)
 		memcpy(saved, s->blocks.pins, (size_t)n * sizeof(*saved));
 	if (kvmem_blocks_pin(&s->blocks, start, end)) {
 		free(saved);
-		return -1;
+		return kvmem_fail();
 	}
 	need = kvmem_blocks_pinned_tokens(&s->blocks, upto);
 	if (need > s->budget) {
@@ -310,16 +319,16 @@ int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int
 	const int64_t p0 = s->blocks.n_tokens;
 
 	if (usable(s))
-		return -1;
+		return kvmem_fail();
 	if (n < 0)
 		return kvmem_error(EINVAL, "session: cannot append %lld tokens", (long long)n);
 	if (pin && n && pin_checked(s, p0, p0 + n))
-		return -1;
+		return kvmem_fail();
 	for (int64_t i = 0; i < n;) {
 		int c = n - i < s->o.chunk ? (int)(n - i) : s->o.chunk;
 
 		if (run_tokens(s, tokens + i, c))
-			return -1;
+			return kvmem_fail();
 		i += c;
 	}
 	return 0;
@@ -335,7 +344,7 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 	static const kvmem_sampler greedy = { 0 };
 
 	if (usable(s))
-		return -1;
+		return kvmem_fail();
 	if (n > 0 && !s->have_logits)
 		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
 	for (int i = 0; i < n; i++) {
@@ -344,7 +353,7 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 		if (out)
 			out[i] = tok;
 		if (run_tokens(s, &tok, 1))
-			return -1;
+			return kvmem_fail();
 	}
 	return 0;
 }
@@ -375,7 +384,12 @@ const float *kvmem_session_scores(const kvmem_session *s, int *n_sets, int64_t *
 
 const kvmem_kvcache *kvmem_session_view(const kvmem_session *s)
 {
-	return &s->kv;
+	return s->be->ops->host_view ? s->be->ops->host_view(s->be->ctx, s->view) : NULL;
+}
+
+const kvmem_backend *kvmem_session_backend(const kvmem_session *s)
+{
+	return s->be;
 }
 
 const float *kvmem_session_logits(const kvmem_session *s)

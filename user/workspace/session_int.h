@@ -7,7 +7,8 @@
 #include "kvmem/workspace.h"
 
 struct kvmem_session {
-	kvmem_engine *e;
+	kvmem_backend *be;
+	kvmem_view *view;		/* this session's view on the backend */
 	kvmem_config cfg;
 	kvmem_session_opts o;		/* defaults resolved */
 	const kvmem_policy_ops *pol;
@@ -23,10 +24,9 @@ struct kvmem_session {
 	int32_t *tokens;
 	int64_t cap_tokens;
 
-	/* The execution view: plan.view_tokens history tokens at slots
-	 * 0..view_len-1, then the tail: token p >= sel_tokens at slot
-	 * view_len + (p - sel_tokens). */
-	kvmem_kvcache kv;
+	/* The execution view, held by the backend: plan.view_tokens history
+	 * tokens at slots 0..view_len-1, then the tail: token p >= sel_tokens
+	 * at slot view_len + (p - sel_tokens). */
 	kvmem_plan plan;
 	int64_t view_len, sel_tokens;
 
@@ -42,11 +42,21 @@ struct kvmem_session {
 	float *scores;
 	int64_t cap_scores;
 	int64_t scored_blocks;	/* blocks the last selection scored */
-	int32_t *pos;			/* [block] compact positions for kvmem_rope */
+	/* Rematerialisation queued for the backend's place(): items whose
+	 * pages are held (got from the source) until the batch is placed. */
+	kvmem_place *items;
+	int n_items, cap_items;
+	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
 };
+
+/* The view's length on the backend. */
+static inline int64_t ws_view_len(const kvmem_session *s)
+{
+	return s->be->ops->length(s->be->ctx, s->view);
+}
 
 /* view.c */
 int ws_view_reserve(kvmem_session *s, int64_t need);

@@ -141,7 +141,7 @@ static void *get_array(struct rbuf *r, uint64_t n, size_t size)
 /* ---- what identifies a compatible session --------------------------------- */
 static uint64_t model_print(const kvmem_session *s)
 {
-	return kvmem_engine_model(s->e)->fingerprint;
+	return s->be->model->fingerprint;
 }
 
 static uint64_t tokens_hash(const int32_t *t, int64_t n)

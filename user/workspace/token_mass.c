@@ -29,20 +29,24 @@ static int gather(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n, i
 	const int d = c->head_dim, B = c->block;
 
 	for (int64_t i = 0; i < n; i++) {
-		const float *k, *v;
+		kvmem_page pg;
+		int rc = 0;
 
 		t->len[i] = kvmem_index_block_len(c->index, blocks[i]);
-		if (c->keys->ops->get(c->keys->ctx, blocks[i], l, &k, &v))
+		if (c->keys->ops->get(c->keys->ctx, blocks[i], l, &pg))
 			return kvmem_error_prefix("reading the keys of block %lld, layer %d",
-						(long long)blocks[i], l);
-		for (int h = 0; h < c->n_kv_heads; h++) {
+						  (long long)blocks[i], l);
+		for (int h = 0; h < c->n_kv_heads && !rc; h++) {
 			float *dst = t->keys + ((size_t)h * n * B + (size_t)i * B) * d;
 
-			memcpy(dst, k + (size_t)h * B * d, (size_t)t->len[i] * d * sizeof(float));
+			rc = kvmem_page_copy_f32(&pg, 0, (size_t)h * B * d, (size_t)t->len[i] * d, dst);
 			memset(dst + (size_t)t->len[i] * d, 0,
 			       (size_t)(B - t->len[i]) * d * sizeof(float));
 		}
 		c->keys->ops->put(c->keys->ctx, blocks[i], l);
+		if (rc)
+			return kvmem_error_prefix("reading the keys of block %lld, layer %d",
+						  (long long)blocks[i], l);
 	}
 	return 0;
 }

@@ -15,63 +15,94 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
+#include "workspace/score.h"
 #include "workspace/session_int.h"
 
 int ws_view_reserve(kvmem_session *s, int64_t need)
 {
-	const size_t row = (size_t)s->cfg.head_dim * sizeof(float);
-	kvmem_kvcache nk;
-	int64_t cap;
+	int64_t cap = s->be->ops->capacity(s->be->ctx, s->view);
 
-	if (need <= s->kv.cap)
+	if (need <= cap)
 		return 0;
 	if (need > s->cap_limit || need > INT_MAX)
 		return kvmem_error(EINVAL, "session: the view needs %lld slots, more than its limit %lld",
-				 (long long)need, (long long)s->cap_limit);
-	cap = s->kv.cap ? 2 * (int64_t)s->kv.cap : 256;
+				   (long long)need, (long long)s->cap_limit);
+	cap = cap ? 2 * cap : 256;
 	while (cap < need)
 		cap *= 2;
 	if (cap > s->cap_limit)
 		cap = s->cap_limit;
 	if (cap > INT_MAX)
 		cap = INT_MAX;
-	if (kvmem_kvcache_init(&nk, &s->cfg, (int)cap))
+	if (s->be->ops->reserve(s->be->ctx, s->view, cap))
 		return kvmem_error_prefix("session");
-	for (int l = 0; l < s->cfg.n_layers; l++)
-		for (int h = 0; h < s->cfg.n_kv_heads; h++) {
-			if (!s->kv.len)
-				break;
-			memcpy(kvmem_kv_k(&nk, l, h, 0), kvmem_kv_k(&s->kv, l, h, 0), s->kv.len * row);
-			memcpy(kvmem_kv_v(&nk, l, h, 0), kvmem_kv_v(&s->kv, l, h, 0), s->kv.len * row);
-		}
-	nk.len = s->kv.len;
-	kvmem_kvcache_free(&s->kv);
-	s->kv = nk;
 	return 0;
 }
 
-/* Tokens u0..u1-1 of block b, layer l: raw K rotated at slot0.., V copied. */
+/* Items queued before the backend places them: the pages stay held (got,
+ * not put) until then, so a batch is bounded. */
+#define PLACE_BATCH 16
+
+/* Place the queued items (unless dropping them after a failure), then let
+ * their pages go. */
+static int flush_or_drop(kvmem_session *s, int drop)
+{
+	int rc = 0;
+
+	if (s->n_items && !drop)
+		rc = s->be->ops->place(s->be->ctx, s->view, s->items, s->n_items);
+	for (int i = 0; i < s->n_items; i++) {
+		const kvmem_place *it = &s->items[i];
+
+		s->src->ops->put(s->src->ctx, it->block, it->layer);
+	}
+	s->n_items = 0;
+	return rc ? kvmem_error_prefix("session: rematerialising") : 0;
+}
+
+static int flush(kvmem_session *s)
+{
+	return flush_or_drop(s, 0);
+}
+
+/* Tokens u0..u1-1 of block b, layer l: raw K rotated at slot0.., V copied
+ * (queued; flush() makes it so). */
 static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t slot0)
 {
-	const int d = s->cfg.head_dim, B = s->blocks.block, n = u1 - u0;
-	const float *k, *v;
+	kvmem_place *it;
+	int rc;
 
-	if (n <= 0)
+	if (u1 <= u0)
 		return 0;
-	if (s->src->ops->get(s->src->ctx, b, l, &k, &v))
-		return kvmem_error_prefix("session: rematerialising block %lld", (long long)b);
-	for (int i = 0; i < n; i++)
-		s->pos[i] = (int32_t)(slot0 + i);
-	for (int h = 0; h < s->cfg.n_kv_heads; h++) {
-		float *dk = kvmem_kv_k(&s->kv, l, h, (int)slot0);
+	if (s->n_items == PLACE_BATCH && flush(s))
+		return kvmem_fail();
+	if (s->n_items == s->cap_items) {
+		kvmem_place *p = realloc(s->items, PLACE_BATCH * sizeof(*p));
 
-		memcpy(dk, k + ((size_t)h * B + u0) * d, (size_t)n * d * sizeof(float));
-		kvmem_rope(dk, s->pos, n, 1, d, s->cfg.rope_theta);
-		memcpy(kvmem_kv_v(&s->kv, l, h, (int)slot0), v + ((size_t)h * B + u0) * d,
-		       (size_t)n * d * sizeof(float));
+		if (!p)
+			return kvmem_error(ENOMEM, "session: out of memory");
+		s->items = p;
+		s->cap_items = PLACE_BATCH;
 	}
-	s->src->ops->put(s->src->ctx, b, l);
-	s->st.rebuilt_tokens += n;
+	it = &s->items[s->n_items];
+	rc = s->src->ops->get(s->src->ctx, b, l, &it->page);
+	if (rc == -ENOBUFS && s->n_items) {
+		/* The held pages fill the host pool: place them, try again. */
+		if (flush(s))
+			return kvmem_fail();
+		it = &s->items[0];
+		rc = s->src->ops->get(s->src->ctx, b, l, &it->page);
+	}
+	if (rc)
+		return kvmem_error_prefix("session: rematerialising block %lld", (long long)b);
+	it->layer = l;
+	it->u0 = u0;
+	it->n = u1 - u0;
+	it->stride = s->blocks.block;
+	it->slot = slot0;
+	it->block = b;
+	s->n_items++;
+	s->st.rebuilt_tokens += u1 - u0;
 	return 0;
 }
 
@@ -115,7 +146,7 @@ static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 	const int64_t B = s->blocks.block;
 
 	if (ws_view_reserve(s, np->view_tokens))
-		return -1;
+		return kvmem_fail();
 	hint_entering(s, np);
 	for (int l = 0; l < s->cfg.n_layers; l++) {
 		int set = np->n_sets == 1 ? 0 : l, oset = op->n_sets <= 1 ? 0 : l, j = 0;
@@ -137,10 +168,59 @@ static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 				t = 0;
 			if (place(s, l, b, 0, t, j < op->n_view && ob[j] == b ? os[j] : -1, ns[i]) ||
 			    place(s, l, b, t, len, tail_at, ns[i]))
-				return -1;
+				return kvmem_fail();
 		}
 	}
-	return 0;
+	return flush(s);
+}
+
+/*
+ * Tell the source what the selector thinks (a cache may keep accordingly):
+ * 1 for every block in the new view, 0.5 for as many runners-up: the best
+ * of the rest by score (for a per-layer policy, by its best layer's).
+ */
+static void hint_selected(kvmem_session *s, const kvmem_plan *np)
+{
+	const int64_t nb = kvmem_blocks_count(&s->blocks);
+	int64_t *idx = NULL, n_in = 0, n_out = 0, k;
+	float *best = NULL, *h = NULL;
+	uint8_t *in = NULL;
+
+	if (!s->src->ops->hint || !np->n_view || nb > INT_MAX)
+		return;
+	idx = malloc((size_t)nb * sizeof(*idx));
+	best = malloc((size_t)nb * sizeof(*best));
+	h = malloc((size_t)nb * sizeof(*h));
+	in = calloc((size_t)nb, 1);
+	if (!idx || !best || !h || !in)
+		goto out;	/* only a hint */
+	for (int set = 0; set < np->n_sets; set++)
+		for (int i = 0; i < np->n_view; i++)
+			in[np->blocks[(size_t)set * np->n_view + i]] = 1;
+	for (int64_t b = 0; b < nb; b++)
+		n_in += in[b];
+	/* idx: the view's blocks first, then the others. */
+	for (int64_t b = 0; b < nb; b++) {
+		best[b] = s->scores[b];
+		for (int set = 1; set < s->n_sets; set++)
+			if (s->scores[(size_t)set * nb + b] > best[b])
+				best[b] = s->scores[(size_t)set * nb + b];
+		if (in[b])
+			idx[n_out++] = b;
+	}
+	for (int64_t b = 0; b < nb; b++)
+		if (!in[b])
+			idx[n_out++] = b;
+	for (int64_t i = 0; i < nb; i++)
+		h[i] = i < n_in ? 1.0f : 0.5f;
+	k = n_in < nb - n_in ? n_in : nb - n_in;
+	ws_top_k(idx + n_in, nb - n_in, k, best);
+	s->src->ops->hint(s->src->ctx, idx, h, (int)(n_in + k));
+out:
+	free(idx);
+	free(best);
+	free(h);
+	free(in);
 }
 
 int ws_select(kvmem_session *s, int forced)
@@ -189,15 +269,20 @@ int ws_select(kvmem_session *s, int forced)
 		return kvmem_error_prefix("session");
 	if (rematerialise(s, &np)) {
 		/* The view is half rebuilt: nothing can run on it any more. */
+		flush_or_drop(s, 1);
 		s->broken = 1;
 		kvmem_plan_free(&np);
-		return -1;
+		return kvmem_fail();
 	}
 	kvmem_plan_free(&s->plan);
 	s->plan = np;
 	s->view_len = np.view_tokens;
 	s->sel_tokens = s->blocks.n_tokens;
-	s->kv.len = (int)s->view_len;
+	if (s->be->ops->set_length(s->be->ctx, s->view, s->view_len)) {
+		s->broken = 1;
+		return kvmem_error_prefix("session");
+	}
+	hint_selected(s, &s->plan);
 	s->st.selections++;
 	s->st.forced += forced;
 	if (s->o.on_select)
@@ -237,7 +322,7 @@ int ws_view_restore(kvmem_session *s)
 	const int64_t len = s->view_len + (n - sel);
 
 	if (ws_view_reserve(s, len))
-		return -1;
+		return kvmem_fail();
 	hint_restore(s);
 	for (int l = 0; l < s->cfg.n_layers; l++) {
 		int set = p->n_sets <= 1 ? 0 : l;
@@ -249,17 +334,18 @@ int ws_view_restore(kvmem_session *s)
 			int64_t b = nb[i], have = sel - b * B;
 
 			if (rebuild(s, l, b, 0, have < B ? (int)have : (int)B, ns[i]))
-				return -1;
+				return kvmem_fail();
 		}
 		/* The tail: token q >= sel at slot view_len + (q - sel). */
 		for (int64_t q = sel; q < n;) {
 			int u0 = (int)(q % B), u1 = n - q < B - u0 ? u0 + (int)(n - q) : (int)B;
 
 			if (rebuild(s, l, q / B, u0, u1, s->view_len + (q - sel)))
-				return -1;
+				return kvmem_fail();
 			q += u1 - u0;
 		}
 	}
-	s->kv.len = (int)len;
-	return 0;
+	if (flush(s))
+		return kvmem_fail();
+	return s->be->ops->set_length(s->be->ctx, s->view, len) ? kvmem_error_prefix("session") : 0;
 }

@@ -11,12 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/model.h"
-#include "kvmem/workspace.h"
-#include "pager/pager_int.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/pager.h"
+#include "kvmem/source.h"
+#include "kvmem/store.h"
 
 struct psrc {
 	kvmem_pager *p;
+	const char *dir;		/* the workspace, for messages */
+	const kvmem_page_geom *g;
 	int L, H, D, B;
 	size_t pf;		/* floats in one K (or V) page: H * B * D */
 	int64_t first;		/* first open block: every block before it is staged out */
@@ -25,18 +28,6 @@ struct psrc {
 	int **fill;		/* [n_open] -> [L] tokens written */
 };
 
-void kvmem_page_geom_model(kvmem_page_geom *g, const struct kvmem_model *m, int block)
-{
-	memset(g, 0, sizeof(*g));
-	g->fingerprint = m->fingerprint ? m->fingerprint : kvmem_config_fingerprint(&m->cfg);
-	g->n_layers = m->cfg.n_layers;
-	g->n_heads = m->cfg.n_heads;
-	g->n_kv_heads = m->cfg.n_kv_heads;
-	g->head_dim = m->cfg.head_dim;
-	g->block_tokens = block;
-	g->dtype = KVMEM_DTYPE_F32;
-}
-
 /* The buffers of open block b (b >= first), made on demand. */
 static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 {
@@ -44,7 +35,7 @@ static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 
 	if (i < 0)
 		return kvmem_error(EINVAL, "%s: block %" PRId64 " is already staged out and cannot change",
-				 s->p->dir, b);
+				 s->dir, b);
 	if (i >= s->cap_open) {
 		int cap = s->cap_open ? s->cap_open : 4;
 		float **o;
@@ -54,11 +45,11 @@ static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 			cap *= 2;
 		o = realloc(s->open, cap * sizeof(*o));
 		if (!o)
-			return kvmem_error(ENOMEM, "%s: out of memory", s->p->dir);
+			return kvmem_error(ENOMEM, "%s: out of memory", s->dir);
 		s->open = o;
 		f = realloc(s->fill, cap * sizeof(*f));
 		if (!f)
-			return kvmem_error(ENOMEM, "%s: out of memory", s->p->dir);
+			return kvmem_error(ENOMEM, "%s: out of memory", s->dir);
 		s->fill = f;
 		for (int k = s->cap_open; k < cap; k++) {
 			s->open[k] = NULL;
@@ -70,7 +61,7 @@ static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 		s->open[i] = calloc((size_t)s->L * 2 * s->pf, sizeof(float));
 		s->fill[i] = calloc(s->L, sizeof(int));
 		if (!s->open[i] || !s->fill[i])
-			return kvmem_error(ENOMEM, "%s: out of memory for block %" PRId64, s->p->dir, b);
+			return kvmem_error(ENOMEM, "%s: out of memory for block %" PRId64, s->dir, b);
 	}
 	if (i >= s->n_open)
 		s->n_open = i + 1;
@@ -93,7 +84,7 @@ static int flush_full(struct psrc *s)
 		for (int l = 0; l < s->L; l++)
 			layers[l] = pages + (size_t)l * 2 * s->pf;
 		if (kvmem_pager_append_block(s->p, s->first, layers, NULL) < 0)
-			return -1;
+			return kvmem_fail();
 		free(pages);
 		free(fill);
 		memmove(s->open, s->open + 1, (s->cap_open - 1) * sizeof(*s->open));
@@ -115,12 +106,12 @@ static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 
 	if (layer < 0 || layer >= s->L || t0 < 0 || n < 0 || t0 + n > s->B)
 		return kvmem_error(EINVAL, "%s: bad page write: block %" PRId64 " layer %d tokens %d+%d",
-				 s->p->dir, b, layer, t0, n);
+				 s->dir, b, layer, t0, n);
 	if (open_block(s, b, &pages, &fill) < 0)
-		return -1;
+		return kvmem_fail();
 	if (t0 != fill[layer])
 		return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d written at token %d, %d are there: "
-				 "tokens must come in order", s->p->dir, b, layer, t0, fill[layer]);
+				 "tokens must come in order", s->dir, b, layer, t0, fill[layer]);
 	for (int h = 0; h < s->H; h++) {
 		float *pk = pages + (size_t)layer * 2 * s->pf + ((size_t)h * s->B + t0) * s->D;
 		float *pv = pk + s->pf;
@@ -136,28 +127,32 @@ static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 	return flush_full(s);
 }
 
-static int ps_get(void *ctx, int64_t b, int layer, const float **k, const float **v)
+static int ps_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 {
 	struct psrc *s = ctx;
 	const void *data;
-	uint64_t pg;
+	uint64_t id;
 
 	if (layer < 0 || layer >= s->L || b < 0)
-		return kvmem_error(EINVAL, "%s: bad page read: block %" PRId64 " layer %d", s->p->dir, b,
+		return kvmem_error(EINVAL, "%s: bad page read: block %" PRId64 " layer %d", s->dir, b,
 				 layer);
 	if (b >= s->first) {
 		if (b - s->first >= s->n_open || !s->open[b - s->first])
-			return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d was never written", s->p->dir,
+			return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d was never written", s->dir,
 					 b, layer);
-		*k = s->open[b - s->first] + (size_t)layer * 2 * s->pf;
-		*v = *k + s->pf;
+		pg->k = s->open[b - s->first] + (size_t)layer * 2 * s->pf;
+		pg->v = (const float *)pg->k + s->pf;
+		pg->dtype = KVMEM_DTYPE_F32;
+		pg->mem = KVMEM_MEM_HOST;
 		return 0;
 	}
-	pg = kvmem_page_id(&s->p->g, b, layer);
-	if (kvmem_pager_fetch(s->p, &pg, 1, &data) < 0)
-		return -1;
-	*k = data;
-	*v = *k + s->pf;
+	id = kvmem_page_id(s->g, b, layer);
+	if (kvmem_pager_fetch(s->p, &id, 1, &data) < 0)
+		return kvmem_fail();
+	pg->k = data;
+	pg->v = (const float *)data + s->pf;
+	pg->dtype = KVMEM_DTYPE_F32;
+	pg->mem = KVMEM_MEM_HOST;
 	return 0;
 }
 
@@ -168,7 +163,7 @@ static void ps_put(void *ctx, int64_t b, int layer)
 
 	if (b < 0 || b >= s->first)
 		return;
-	pg = kvmem_page_id(&s->p->g, b, layer);
+	pg = kvmem_page_id(s->g, b, layer);
 	kvmem_pager_release(s->p, &pg, 1);
 }
 
@@ -183,9 +178,18 @@ static void ps_prefetch(void *ctx, const int64_t *blocks, int n)
 	for (int i = 0; i < n; i++)
 		if (blocks[i] >= 0 && blocks[i] < s->first)
 			for (int l = 0; l < s->L; l++)
-				pages[m++] = kvmem_page_id(&s->p->g, blocks[i], l);
+				pages[m++] = kvmem_page_id(s->g, blocks[i], l);
 	kvmem_pager_prefetch(s->p, pages, m);
 	free(pages);
+}
+
+static void ps_hint(void *ctx, const int64_t *blocks, const float *scores, int n)
+{
+	struct psrc *s = ctx;
+
+	for (int i = 0; i < n; i++)
+		if (blocks[i] >= 0 && blocks[i] < s->first)
+			kvmem_pager_hint(s->p, (uint64_t)blocks[i], scores[i]);
 }
 
 static void ps_destroy(void *ctx)
@@ -202,28 +206,33 @@ static void ps_destroy(void *ctx)
 }
 
 static const kvmem_page_source_ops pager_source_ops = {
+	.name = "pager",
 	.write = ps_write,
 	.get = ps_get,
 	.put = ps_put,
 	.prefetch = ps_prefetch,
+	.hint = ps_hint,
 	.destroy = ps_destroy,
 };
 
 int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 {
-	const kvmem_page_geom *g = &p->g;
+	const kvmem_page_geom *g = kvmem_pager_geom(p);
+	const char *dir = kvmem_pager_dir(p);
 	struct psrc *s;
 	int tail;
 
 	if (g->dtype != KVMEM_DTYPE_F32)
 		return kvmem_error(EINVAL, "%s: the session's page source needs f32 pages, the workspace has %s",
-				 p->dir, kvmem_dtype_name(g->dtype));
+				 dir, kvmem_dtype_name(g->dtype));
 	if (g->n_layers > 4096)
-		return kvmem_error(EINVAL, "%s: too many layers (%u)", p->dir, g->n_layers);
+		return kvmem_error(EINVAL, "%s: too many layers (%u)", dir, g->n_layers);
 	s = calloc(1, sizeof(*s));
 	if (!s)
-		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
+		return kvmem_error(ENOMEM, "%s: out of memory", dir);
 	s->p = p;
+	s->dir = dir;
+	s->g = g;
 	s->L = g->n_layers;
 	s->H = g->n_kv_heads;
 	s->D = g->head_dim;
@@ -238,7 +247,7 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 
 		if (open_block(s, s->first, &pages, &fill) < 0) {
 			ps_destroy(s);
-			return -1;
+			return kvmem_fail();
 		}
 		for (int l = 0; l < s->L; l++) {
 			layers[l] = pages + (size_t)l * 2 * s->pf;
@@ -246,7 +255,7 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 		}
 		if (kvmem_pager_read_tail(p, layers, NULL) != tail) {
 			ps_destroy(s);
-			return kvmem_error_prefix("%s: restoring the partial block", p->dir);
+			return kvmem_error_prefix("%s: restoring the partial block", dir);
 		}
 	}
 	src->ops = &pager_source_ops;
@@ -266,24 +275,24 @@ int kvmem_page_source_pager_commit(kvmem_page_source *src, const int32_t *ids, i
 		return kvmem_error(EINVAL, "page source: not a pager source");
 	if (n < (int64_t)have)
 		return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens, %" PRIu64 " are there already",
-				 s->p->dir, n, have);
+				 s->dir, n, have);
 	if (tb != s->first)
 		return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens needs %" PRId64
-				 " full blocks staged out, %" PRId64 " are", s->p->dir, n, tb,
+				 " full blocks staged out, %" PRId64 " are", s->dir, n, tb,
 				 s->first);
 	if (n % s->B) {
 		if (!s->n_open || !s->open[0])
 			return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens: the partial block was "
-					 "never written", s->p->dir, n);
+					 "never written", s->dir, n);
 		for (int l = 0; l < s->L; l++) {
 			if (s->fill[0][l] != n % s->B)
 				return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens: layer %d of the "
-						 "partial block holds %d", s->p->dir, n, l,
+						 "partial block holds %d", s->dir, n, l,
 						 s->fill[0][l]);
 			layers[l] = s->open[0] + (size_t)l * 2 * s->pf;
 		}
 	}
 	if (n > (int64_t)have && kvmem_pager_append_tokens(s->p, ids + have, n - have) < 0)
-		return -1;
+		return kvmem_fail();
 	return kvmem_pager_commit(s->p, n % s->B ? layers : NULL, NULL, app, app_len);
 }

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "kvmem/source.h"
 
 struct mem_source {
 	int n_layers, n_kv_heads, head_dim, block;
@@ -61,15 +61,17 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 	return 0;
 }
 
-static int mem_get(void *ctx, int64_t b, int layer, const float **k, const float **v)
+static int mem_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 {
 	struct mem_source *m = ctx;
 
 	if (b < 0 || b >= m->cap || !m->blocks[b] || layer < 0 || layer >= m->n_layers)
 		return kvmem_error(EINVAL, "page source: block %lld layer %d was never written",
 				 (long long)b, layer);
-	*k = page(m, b, layer, 0);
-	*v = page(m, b, layer, 1);
+	pg->k = page(m, b, layer, 0);
+	pg->v = page(m, b, layer, 1);
+	pg->dtype = KVMEM_DTYPE_F32;
+	pg->mem = KVMEM_MEM_HOST;
 	return 0;
 }
 
@@ -88,6 +90,7 @@ static void mem_destroy(void *ctx)
 }
 
 static const kvmem_page_source_ops mem_ops = {
+	.name = "mem",
 	.write = mem_write,
 	.get = mem_get,
 	.put = mem_put,
@@ -109,12 +112,4 @@ int kvmem_page_source_mem(kvmem_page_source *src, int n_layers, int n_kv_heads, 
 	src->ops = &mem_ops;
 	src->ctx = m;
 	return 0;
-}
-
-void kvmem_page_source_destroy(kvmem_page_source *src)
-{
-	if (src && src->ops && src->ops->destroy)
-		src->ops->destroy(src->ctx);
-	if (src)
-		memset(src, 0, sizeof(*src));
 }

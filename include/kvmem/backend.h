@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The backend seam: what an agent step needs from a compute device.
+ *
+ * A backend owns the model's weights in its own form and its views. A view
+ * is one session's execution view: per layer, the K (rotated at compact slot
+ * positions 0..len-1) and V the next tokens attend to. Several views may
+ * live on one backend (sessions interleaved at step boundaries, a
+ * full-context twin beside a session); calls on one backend come from one
+ * thread at a time. The view is opaque; the session never touches its
+ * bytes, it only says what goes where:
+ *
+ *   forward   run n tokens at slots len..len+n-1 (their positions), causally
+ *             over the view; they join it (len += n). Raw K / V and raw
+ *             queries of the new tokens come back for the history, the
+ *             index and selection, and logits for sampling.
+ *   place     rematerialise: tokens of history pages go to view slots, K
+ *             rotated from raw K at the slot's position, V copied. K is
+ *             never rotated from an already rotated copy, so a token placed
+ *             at the slot the forward pass gave it has the same bits.
+ *   length / set_length / reserve
+ *             the view's size: after a selection the session sets the
+ *             length to the selected history's and the tail grows from
+ *             there; slots past the length are scratch.
+ *
+ * Backends: "cpu" (user/backend/cpu.c, the reference engine of
+ * include/kvmem/engine.h: fp32, bit-exact, OpenBLAS) and, when built with
+ * nvcc, "cuda". A new backend is one ops table in kvmem_backends[].
+ *
+ * Exactness: with a budget that holds the whole workspace the view is the
+ * identity layout, so a session's logits equal the same backend's plain
+ * forward passes bit for bit (tests/unit/test_ws_session.c, run on every
+ * backend through these ops).
+ */
+#ifndef KVMEM_BACKEND_H
+#define KVMEM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmem/engine.h"
+#include "kvmem/model.h"
+#include "kvmem/source.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvmem_backend_opts {
+	int max_chunk;		/* most tokens in one forward call; 0: 128 */
+	int device;		/* GPU ordinal (cuda); ignored by cpu */
+	uint64_t mem_cap;	/* device bytes the backend may take; 0: no cap */
+} kvmem_backend_opts;
+
+/* One rematerialisation: tokens u0..u0+n-1 of a page go to view slots
+ * slot..slot+n-1 of `layer`. The page's K and V are [n_kv_heads][stride]
+ * [head_dim]; stride is the block size B. */
+typedef struct kvmem_place {
+	int64_t block;		/* the page's block (a backend may cache by page) */
+	int layer;
+	int u0, n;
+	int stride;
+	int64_t slot;
+	kvmem_page page;
+} kvmem_place;
+
+/* One execution view, owned by its backend. */
+typedef struct kvmem_view kvmem_view;
+
+typedef struct kvmem_backend_ops {
+	const char *name;
+	const char *what;	/* one line for --help */
+	/* 0 when the backend can run here, else -errno with a message (no
+	 * GPU, no driver). May be NULL: always available. */
+	int (*available)(void);
+	int (*create)(const kvmem_model *m, const kvmem_backend_opts *o, void **ctx);
+	void (*destroy)(void *ctx);
+	/* An empty view (length 0, capacity 0) / free it. */
+	int (*view_create)(void *ctx, kvmem_view **v);
+	void (*view_destroy)(void *ctx, kvmem_view *v);
+	/* Room for `slots` view slots per layer; slots 0..length-1 keep
+	 * their contents. Never shrinks. */
+	int (*reserve)(void *ctx, kvmem_view *v, int64_t slots);
+	int64_t (*capacity)(void *ctx, const kvmem_view *v);
+	int64_t (*length)(void *ctx, const kvmem_view *v);
+	/* Set the view's length (<= capacity): slots past it become scratch. */
+	int (*set_length)(void *ctx, kvmem_view *v, int64_t len);
+	/* See kvmem_forward() in engine.h for the arguments; outputs in host
+	 * memory, fp32. Fails with nothing changed when there is no room. */
+	int (*forward)(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
+		       int all_logits, const kvmem_fwd_out *out);
+	/* Rematerialise n items (any order; no two write one slot). */
+	int (*place)(void *ctx, kvmem_view *v, const kvmem_place *items, int n);
+	/* Optional: the view as host fp32 (the cpu backend's kvcache), for
+	 * tests and tools that look inside; NULL elsewhere. */
+	const kvmem_kvcache *(*host_view)(void *ctx, const kvmem_view *v);
+} kvmem_backend_ops;
+
+typedef struct kvmem_backend {
+	const kvmem_backend_ops *ops;
+	void *ctx;
+	const kvmem_model *model;
+	kvmem_backend_opts opts;	/* defaults resolved */
+} kvmem_backend;
+
+/* NULL-terminated: "cpu", then "cuda" when built with it. */
+extern const kvmem_backend_ops *const kvmem_backends[];
+
+/*
+ * Open a backend for model m (which must outlive it). name: "cpu", "cuda",
+ * or NULL / "auto" for the first available one of kvmem_backends[] in
+ * reverse order (a GPU when there is one). -EINVAL for an unknown name
+ * (the message lists the known ones), -ENODEV when the named backend cannot
+ * run here (the message says why).
+ */
+int kvmem_backend_open(const char *name, const kvmem_model *m, const kvmem_backend_opts *o,
+		       kvmem_backend **out);
+void kvmem_backend_close(kvmem_backend *b);
+/* The cpu backend with chunks of max_chunk: NULL + kvmem_error on failure. */
+kvmem_backend *kvmem_backend_cpu(const kvmem_model *m, int max_chunk);
+
+static inline const char *kvmem_backend_name(const kvmem_backend *b)
+{
+	return b->ops->name;
+}
+
+/* A view on b that only grows: n tokens forward, room made as needed (the
+ * plain growing KV cache of a full-context run). */
+int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
+			 float *logits, int all_logits, const kvmem_fwd_out *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The page-source seam: where the raw K and V of history pages live.
+ *
+ * A page is one block in one layer: raw K [n_kv_heads][B][head_dim] and V
+ * [n_kv_heads][B][head_dim] (raw K: after the model's k-norm, before RoPE,
+ * so it does not depend on where the token will sit in a view). Tokens past
+ * a block's length are unspecified.
+ *
+ * The session writes every token through a source and reads history back
+ * only with get/put, so any store can stand behind the same ops:
+ *
+ *   source          where              pages          file
+ *   memory          host malloc        f32, host      user/source/source_mem.c
+ *   pager ("uring") host pool + NVMe   workspace's    user/source/source_pager.c
+ *   kmod            /dev/kvmem window  workspace's    (the kernel module's)
+ *
+ * A source built on another store implements these ops from that store's
+ * public API; tests/unit/test_page_source.c runs one suite over every source.
+ */
+#ifndef KVMEM_SOURCE_H
+#define KVMEM_SOURCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmem/kvmem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where a page's bytes are. */
+enum kvmem_mem { KVMEM_MEM_HOST = 0, KVMEM_MEM_DEVICE = 1 };
+
+/* One page as get returns it: valid until put. */
+typedef struct kvmem_page {
+	const void *k;		/* raw K [n_kv_heads][block][head_dim] */
+	const void *v;		/* V, the same layout */
+	uint32_t dtype;		/* enum kvmem_dtype of both */
+	uint32_t mem;		/* enum kvmem_mem: where k and v point */
+} kvmem_page;
+
+typedef struct kvmem_page_source_ops {
+	const char *name;	/* "mem", "pager", "kmod" */
+	/* Store tokens t0..t0+n-1 of block b, layer l; k and v are fp32,
+	 * token-major [n][n_kv_heads][head_dim] (rows of a forward pass's
+	 * kvmem_fwd_out). The source keeps them in its own dtype. Tokens of
+	 * a layer come in order. */
+	int (*write)(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
+		     const float *v);
+	/* The page's bytes, until put. */
+	int (*get)(void *ctx, int64_t b, int layer, kvmem_page *pg);
+	void (*put)(void *ctx, int64_t b, int layer);
+	/* Optional: these blocks (all layers) will be read soon. */
+	void (*prefetch)(void *ctx, const int64_t *blocks, int n);
+	/* Optional: the selector's view of n blocks this step, each score in
+	 * [0, 1] (1: in the view); a cache may keep them accordingly. */
+	void (*hint)(void *ctx, const int64_t *blocks, const float *scores, int n);
+	/* Optional: tokens 0..n_tokens-1 are all written (a commit point). */
+	int (*sync)(void *ctx, int64_t n_tokens);
+	void (*destroy)(void *ctx);
+} kvmem_page_source_ops;
+
+typedef struct kvmem_page_source {
+	const kvmem_page_source_ops *ops;
+	void *ctx;
+} kvmem_page_source;
+
+/* Pages in host memory (f32), allocated a block (all layers) at a time. */
+int kvmem_page_source_mem(kvmem_page_source *src, int n_layers, int n_kv_heads, int head_dim,
+			  int block);
+/* Destroy through the ops and clear *src (a cleared source is a no-op). */
+void kvmem_page_source_destroy(kvmem_page_source *src);
+
+/*
+ * The page's K (or V) as fp32 host values, n elements: the page's own
+ * pointer when it already is (f32 in host memory), else converted into
+ * scratch (n floats). NULL + -ENOTSUP when the bytes are on a device.
+ */
+const float *kvmem_page_f32(const kvmem_page *pg, int is_v, size_t n, float *scratch);
+/* Copy elements off..off+n-1 of the page's K (or V) into dst as fp32. */
+int kvmem_page_copy_f32(const kvmem_page *pg, int is_v, size_t off, size_t n, float *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A session's history kept in a workspace directory.
+ *
+ * kvmem_workspace_open() opens (or creates) the directory through the
+ * tiered pager and gives a page source over it; a session created with that
+ * source takes the stored history over with kvmem_workspace_adopt() and
+ * makes each step durable with kvmem_workspace_commit(): token ids, pages,
+ * the partial block and the session's state (plan, pins, queries, logits,
+ * RNG), so that a reopened session goes on bit for bit as if it had never
+ * stopped. `kvmem run --workspace` is a thin shell over these calls.
+ *
+ *   kvmem_workspace *w;
+ *   kvmem_workspace_open(dir, model, NULL, &w);
+ *   so.source = kvmem_workspace_source(w);
+ *   s = kvmem_session_create(backend, &so);
+ *   kvmem_workspace_adopt(w, s);            (0: restored, 1: fresh view)
+ *   ... kvmem_session_append / decode ...
+ *   kvmem_workspace_commit(w, s);           (a step boundary)
+ *   kvmem_session_free(s);
+ *   kvmem_workspace_close(w);
+ */
+#ifndef KVMEM_STORE_H
+#define KVMEM_STORE_H
+
+#include <stdint.h>
+
+#include "kvmem/model.h"
+#include "kvmem/pager.h"
+#include "kvmem/source.h"
+#include "kvmem/workspace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The geometry of a model's workspace: fp32 pages of `block` tokens, no
+ * index record; the fingerprint is the model's (weights included), or the
+ * config's when the model has none (built in memory). */
+void kvmem_page_geom_model(kvmem_page_geom *g, const kvmem_model *m, int block);
+
+/* The page source over a pager p (which must outlive it): full blocks are
+ * staged out as they complete, reads go through fetch (pinned until put),
+ * prefetch and hints go to the pager. Blocks not yet full stay in the
+ * source's memory. When p holds a committed partial block, it is restored,
+ * so a session resumed at kvmem_pager_tokens(p) goes on from there. */
+int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p);
+/* Persist the history at a step boundary: token ids [0, n) (those past the
+ * pager's count are appended), the full blocks, the partial block and `app`,
+ * then commit. n must be the number of tokens written through the source. */
+int kvmem_page_source_pager_commit(kvmem_page_source *src, const int32_t *ids, int64_t n,
+				   const void *app, uint32_t app_len);
+
+typedef struct kvmem_workspace kvmem_workspace;
+
+typedef struct kvmem_workspace_opts {
+	int block;		/* tokens per block (0: KVMEM_BLOCK_DEFAULT); must
+				 * match an existing workspace's */
+	uint64_t host_cap;	/* host pool bytes (0: the pager's default) */
+	const char *cache_policy; /* replacement policy (NULL: the pager's default) */
+	int flags;		/* KVMEM_PAGER_* besides KVMEM_PAGER_CREATE, which is implied */
+} kvmem_workspace_opts;
+
+/*
+ * Open dir for model m (create it when it is empty or absent). Fails with
+ * the pager's codes (-ESTALE: another model's or geometry's workspace,
+ * -EBADMSG: corrupt, -EBUSY: another process writes it, ...).
+ */
+int kvmem_workspace_open(const char *dir, const kvmem_model *m, const kvmem_workspace_opts *o,
+			 kvmem_workspace **out);
+const kvmem_page_source *kvmem_workspace_source(kvmem_workspace *w);
+kvmem_pager *kvmem_workspace_pager(kvmem_workspace *w);
+const char *kvmem_workspace_dir(const kvmem_workspace *w);
+/* The stored history's token ids (valid until close). */
+int64_t kvmem_workspace_tokens(const kvmem_workspace *w);
+const int32_t *kvmem_workspace_token_ids(const kvmem_workspace *w);
+/*
+ * Take the stored history over into s, a fresh session created with
+ * kvmem_workspace_source(w). Returns 0 when the last commit's session state
+ * was restored (the session goes on exactly as it would have), 1 when it
+ * could not be (none was saved, or it is refused: other options, another
+ * version, corrupt; kvmem_last_error() says which) and a fresh selection laid
+ * out the view instead, so what follows may differ from an uninterrupted
+ * run; negative on failure. Nothing to do (0) for an empty workspace.
+ */
+int kvmem_workspace_adopt(kvmem_workspace *w, kvmem_session *s);
+/*
+ * Commit the session's history and state: a step boundary. Returns 0, or 1
+ * when the history was committed without the session state because the
+ * state is larger than a commit holds (KVMEM_PAGER_APP_MAX; a reopen then
+ * makes a fresh selection); negative on failure (nothing past the previous
+ * commit is promised).
+ */
+int kvmem_workspace_commit(kvmem_workspace *w, const kvmem_session *s);
+/* Close the source and the pager. Does not commit; negative when something
+ * written since the last commit could not be saved. */
+int kvmem_workspace_close(kvmem_workspace *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

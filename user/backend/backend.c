@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: MIT
+/* The backend registry: open a backend by name, or the best one here. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/kvmem.h"
+
+extern const kvmem_backend_ops kvmem_backend_cpu_ops;
+#ifdef KVMEM_HAVE_CUDA
+extern const kvmem_backend_ops kvmem_backend_cuda_ops;
+#endif
+
+const kvmem_backend_ops *const kvmem_backends[] = {
+	&kvmem_backend_cpu_ops,
+#ifdef KVMEM_HAVE_CUDA
+	&kvmem_backend_cuda_ops,
+#endif
+	NULL,
+};
+
+#define CHUNK_DEFAULT 128
+
+static const kvmem_backend_ops *find(const char *name)
+{
+	char known[256] = "";
+
+	for (int i = 0; kvmem_backends[i]; i++)
+		if (!strcmp(kvmem_backends[i]->name, name))
+			return kvmem_backends[i];
+	for (int i = 0; kvmem_backends[i]; i++)
+		snprintf(known + strlen(known), sizeof(known) - strlen(known), "%s%s", i ? ", " : "",
+			 kvmem_backends[i]->name);
+	if (!strcmp(name, "cuda"))
+		kvmem_error(ENODEV, "backend cuda: this kvmem was built without CUDA (nvcc was not "
+			    "found at build time); backends here: %s", known);
+	else
+		kvmem_error(EINVAL, "unknown backend '%s'; backends here: %s", name, known);
+	return NULL;
+}
+
+int kvmem_backend_open(const char *name, const kvmem_model *m, const kvmem_backend_opts *o,
+		       kvmem_backend **out)
+{
+	const kvmem_backend_ops *ops = NULL;
+	kvmem_backend *b;
+	int rc;
+
+	*out = NULL;
+	if (!name || !strcmp(name, "auto")) {
+		/* The last backend that can run here: the GPU one when there is a GPU. */
+		for (int i = 0; kvmem_backends[i]; i++)
+			if (!kvmem_backends[i]->available || !kvmem_backends[i]->available())
+				ops = kvmem_backends[i];
+	} else if (!(ops = find(name))) {
+		return kvmem_fail();
+	} else if (ops->available && (rc = ops->available()) < 0) {
+		return kvmem_error_prefix("backend %s", ops->name);
+	}
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return kvmem_error(ENOMEM, "backend %s: out of memory", ops->name);
+	b->ops = ops;
+	b->model = m;
+	if (o)
+		b->opts = *o;
+	if (!b->opts.max_chunk)
+		b->opts.max_chunk = CHUNK_DEFAULT;
+	if (b->opts.max_chunk < 0) {
+		rc = kvmem_error(EINVAL, "backend %s: chunk %d is not positive", ops->name,
+				 b->opts.max_chunk);
+		free(b);
+		return rc;
+	}
+	if ((rc = ops->create(m, &b->opts, &b->ctx)) < 0) {
+		free(b);
+		return kvmem_error_prefix("backend %s", ops->name);
+	}
+	*out = b;
+	return 0;
+}
+
+void kvmem_backend_close(kvmem_backend *b)
+{
+	if (!b)
+		return;
+	b->ops->destroy(b->ctx);
+	free(b);
+}
+
+kvmem_backend *kvmem_backend_cpu(const kvmem_model *m, int max_chunk)
+{
+	kvmem_backend_opts o = { .max_chunk = max_chunk };
+	kvmem_backend *b;
+
+	if (max_chunk <= 0) {
+		kvmem_error(EINVAL, "backend cpu: chunk %d is not positive", max_chunk);
+		return NULL;
+	}
+	return kvmem_backend_open("cpu", m, &o, &b) < 0 ? NULL : b;
+}
+
+int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
+			 float *logits, int all_logits, const kvmem_fwd_out *out)
+{
+	int64_t need = b->ops->length(b->ctx, v) + n, cap = b->ops->capacity(b->ctx, v);
+
+	if (need > cap) {
+		cap = cap ? cap : 1024;
+		while (cap < need)
+			cap *= 2;
+		if (b->ops->reserve(b->ctx, v, cap) < 0)
+			return kvmem_fail();
+	}
+	return b->ops->forward(b->ctx, v, tokens, n, logits, all_logits, out);
+}

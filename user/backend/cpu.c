@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The cpu backend: the reference engine (user/engine/) over a host kvcache.
+ *
+ * A view is a kvmem_kvcache: per layer and KV head a run of `cap` slots,
+ * K rotated at the slot index. place() rotates a copy of raw K at the slot
+ * with kvmem_rope, the very call the engine makes for a new token, so a
+ * token placed at the slot the engine gave it holds the same bits.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+
+struct kvmem_view {
+	kvmem_kvcache kv;
+};
+
+struct cpu {
+	const kvmem_config *c;
+	kvmem_engine *e;	/* weights are the model's; scratch for one chunk */
+	float *scratch;		/* one page's K or V in f32: H * B * D, grown on demand */
+	size_t scratch_n;
+	int32_t *pos;		/* positions of one item's tokens */
+	int pos_cap;
+};
+
+static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **ctx)
+{
+	struct cpu *b = calloc(1, sizeof(*b));
+
+	if (!b)
+		return kvmem_error(ENOMEM, "out of memory");
+	b->c = &m->cfg;
+	if (!(b->e = kvmem_engine_create(m, o->max_chunk))) {
+		free(b);
+		return kvmem_fail();
+	}
+	*ctx = b;
+	return 0;
+}
+
+static void cpu_destroy(void *ctx)
+{
+	struct cpu *b = ctx;
+
+	kvmem_engine_free(b->e);
+	free(b->scratch);
+	free(b->pos);
+	free(b);
+}
+
+static int cpu_view_create(void *ctx, kvmem_view **v)
+{
+	if (!(*v = calloc(1, sizeof(**v))))
+		return kvmem_error(ENOMEM, "cpu view: out of memory");
+	return 0;
+}
+
+static void cpu_view_destroy(void *ctx, kvmem_view *v)
+{
+	if (!v)
+		return;
+	kvmem_kvcache_free(&v->kv);
+	free(v);
+}
+
+static int cpu_reserve(void *ctx, kvmem_view *v, int64_t slots)
+{
+	struct cpu *b = ctx;
+	const size_t row = (size_t)b->c->head_dim * sizeof(float);
+	kvmem_kvcache nk;
+
+	if (slots <= v->kv.cap)
+		return 0;
+	if (slots > INT_MAX)
+		return kvmem_error(EINVAL, "cpu view: %lld slots, at most %d", (long long)slots,
+				   INT_MAX);
+	if (kvmem_kvcache_init(&nk, b->c, (int)slots))
+		return kvmem_fail();
+	for (int l = 0; l < b->c->n_layers && v->kv.len; l++)
+		for (int h = 0; h < b->c->n_kv_heads; h++) {
+			memcpy(kvmem_kv_k(&nk, l, h, 0), kvmem_kv_k(&v->kv, l, h, 0), v->kv.len * row);
+			memcpy(kvmem_kv_v(&nk, l, h, 0), kvmem_kv_v(&v->kv, l, h, 0), v->kv.len * row);
+		}
+	nk.len = v->kv.len;
+	kvmem_kvcache_free(&v->kv);
+	v->kv = nk;
+	return 0;
+}
+
+static int64_t cpu_capacity(void *ctx, const kvmem_view *v)
+{
+	return v->kv.cap;
+}
+
+static int64_t cpu_length(void *ctx, const kvmem_view *v)
+{
+	return v->kv.len;
+}
+
+static int cpu_set_length(void *ctx, kvmem_view *v, int64_t len)
+{
+	if (len < 0 || len > v->kv.cap)
+		return kvmem_error(EINVAL, "cpu view: length %lld outside 0..%d", (long long)len,
+				   v->kv.cap);
+	v->kv.len = (int)len;
+	return 0;
+}
+
+static int cpu_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
+		       int all_logits, const kvmem_fwd_out *out)
+{
+	struct cpu *b = ctx;
+
+	if (kvmem_forward(b->e, &v->kv, tokens, n, logits, all_logits, out))
+		return kvmem_fail();
+	return 0;
+}
+
+static int grow(struct cpu *b, size_t page_elems, int n)
+{
+	if (page_elems > b->scratch_n) {
+		float *p = realloc(b->scratch, page_elems * sizeof(float));
+
+		if (!p)
+			return kvmem_error(ENOMEM, "cpu view: out of memory for a page");
+		b->scratch = p;
+		b->scratch_n = page_elems;
+	}
+	if (n > b->pos_cap) {
+		int32_t *p = realloc(b->pos, (size_t)n * sizeof(int32_t));
+
+		if (!p)
+			return kvmem_error(ENOMEM, "cpu view: out of memory");
+		b->pos = p;
+		b->pos_cap = n;
+	}
+	return 0;
+}
+
+static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
+{
+	const int d = b->c->head_dim, H = b->c->n_kv_heads;
+	const size_t page_elems = (size_t)H * it->stride * d, run = (size_t)it->n * d;
+	const float *pk, *pv;
+
+	if (it->layer < 0 || it->layer >= b->c->n_layers || it->n <= 0 || it->u0 < 0 ||
+	    it->u0 + it->n > it->stride || it->slot < 0 || it->slot + it->n > v->kv.cap)
+		return kvmem_error(EINVAL, "cpu view: bad placement (layer %d, tokens %d+%d of %d, "
+				   "slot %lld of %d)", it->layer, it->u0, it->n, it->stride,
+				   (long long)it->slot, v->kv.cap);
+	if (grow(b, page_elems, it->n))
+		return kvmem_fail();
+	for (int i = 0; i < it->n; i++)
+		b->pos[i] = (int32_t)(it->slot + i);
+	/* K first, through the scratch page when it needs widening; then V. */
+	if (!(pk = kvmem_page_f32(&it->page, 0, page_elems, b->scratch)))
+		return kvmem_fail();
+	for (int h = 0; h < H; h++) {
+		float *dk = kvmem_kv_k(&v->kv, it->layer, h, (int)it->slot);
+
+		memcpy(dk, pk + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
+		kvmem_rope(dk, b->pos, it->n, 1, d, b->c->rope_theta);
+	}
+	if (!(pv = kvmem_page_f32(&it->page, 1, page_elems, b->scratch)))
+		return kvmem_fail();
+	for (int h = 0; h < H; h++)
+		memcpy(kvmem_kv_v(&v->kv, it->layer, h, (int)it->slot),
+		       pv + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
+	return 0;
+}
+
+static int cpu_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (place_one(ctx, v, &items[i]))
+			return kvmem_fail();
+	return 0;
+}
+
+static const kvmem_kvcache *cpu_host_view(void *ctx, const kvmem_view *v)
+{
+	return &v->kv;
+}
+
+const kvmem_backend_ops kvmem_backend_cpu_ops = {
+	.name = "cpu",
+	.what = "the reference engine on the CPU (fp32, OpenBLAS, bit-exact)",
+	.create = cpu_create,
+	.destroy = cpu_destroy,
+	.view_create = cpu_view_create,
+	.view_destroy = cpu_view_destroy,
+	.reserve = cpu_reserve,
+	.capacity = cpu_capacity,
+	.length = cpu_length,
+	.set_length = cpu_set_length,
+	.forward = cpu_forward,
+	.place = cpu_place,
+	.host_view = cpu_host_view,
+};
