@@ -7,10 +7,13 @@
 #   make asan       the library, the CLI and the tests with ASan + UBSan
 #   make static     build/static/kvmem linked statically (runs on other distros,
 #                   e.g. the GPU machine, without carrying shared libraries)
+#   make install    headers, libkvmem.{a,so}, kvmem.pc and kvmem under
+#                   $(DESTDIR)$(PREFIX) (PREFIX=/usr/local by default)
 #
 # Sources are found by wildcard: a new .c file under user/ or kernels/cpu/
-# joins the library, a new tools/kvmem/*.c joins the CLI, and a new
-# tests/unit/test_*.c becomes the test program build/tests/test_*.
+# joins the library (user/agentlang/ is its own archive, for the CLI and the
+# tests), a new tools/kvmem/*.c joins the CLI, and a new tests/unit/test_*.c
+# becomes the test program build/tests/test_*.
 
 CC      ?= gcc
 # BUILD names the plain build folder; the sanitizer build goes to $(BUILD)-asan.
@@ -22,7 +25,7 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wmissing-prototypes
 OPT     ?= -O2 -g
 BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
-CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -Iinclude -Iinclude/uapi -Iuser $(BLAS_INC) -MMD -MP
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -Iinclude -Iinclude/uapi $(BLAS_INC) -MMD -MP
 LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lm -lpthread -fopenmp
 
 ifeq ($(SAN),1)
@@ -32,23 +35,36 @@ CFLAGS  += -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
 endif
 
-LIB_SRC   := $(sort $(wildcard user/*/*.c kernels/cpu/*.c))
+VERSION   := $(shell sed -n 's/^\#define KVMEM_VERSION "\(.*\)"/\1/p' include/kvmem/kvmem.h)
+SOMAJOR   := $(firstword $(subst ., ,$(VERSION)))
+AL_SRC    := $(sort $(wildcard user/agentlang/*.c))
+LIB_SRC   := $(filter-out $(AL_SRC),$(sort $(wildcard user/*/*.c kernels/cpu/*.c)))
 CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c))
 TEST_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 TEST_HELP := $(sort $(wildcard tests/unit/helpers/*.c))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(O)/obj/%.o)
+AL_OBJ    := $(AL_SRC:%.c=$(O)/obj/%.o)
 PIC_OBJ   := $(LIB_SRC:%.c=$(O)/pic/%.o)
 CLI_OBJ   := $(CLI_SRC:%.c=$(O)/obj/%.o)
 HELP_OBJ  := $(TEST_HELP:%.c=$(O)/obj/%.o)
 TEST_BIN  := $(TEST_SRC:tests/unit/%.c=$(O)/tests/%)
 
-.PHONY: all lib cli tests demo test asan static deps clean check-tests
+.PHONY: all lib cli tests demo test asan static deps clean check-tests install uninstall
 all: lib cli
 
-lib: $(O)/libkvmem.a $(O)/libkvmem.so
+lib: $(O)/libkvmem.a $(O)/libkvmem.so $(O)/libkvmem_agentlang.a
 cli: $(O)/kvmem
 tests: $(TEST_BIN)
+
+# Only the library's own objects (and the unit tests, which look inside) see
+# its private headers under user/; the CLI uses the public API alone. The
+# shared library exports what the public headers declare (they push default
+# visibility; everything else is hidden) through a version script.
+$(LIB_OBJ) $(PIC_OBJ) $(AL_OBJ) $(HELP_OBJ): CFLAGS += -Iuser
+$(PIC_OBJ): CFLAGS += -fvisibility=hidden
+# TEMPORARY: the session script parser still uses the private JSON reader.
+$(O)/obj/tools/kvmem/session_main.o: CFLAGS += -Iuser
 
 $(O)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -62,15 +78,50 @@ $(O)/libkvmem.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(O)/libkvmem.so: $(PIC_OBJ)
-	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS)
-
-$(O)/kvmem: $(CLI_OBJ) $(O)/libkvmem.a
-	$(CC) -o $@ $(CLI_OBJ) $(O)/libkvmem.a $(LDFLAGS) $(LDLIBS)
-
-$(O)/tests/%: tests/unit/%.c $(HELP_OBJ) $(O)/libkvmem.a
+$(O)/libkvmem_agentlang.a: $(AL_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(HELP_OBJ) $(O)/libkvmem.a $(LDFLAGS) $(LDLIBS) -lcmocka
+	rm -f $@ && ar rcs $@ $^
+
+$(O)/libkvmem.so.$(VERSION): $(PIC_OBJ) user/libkvmem.map
+	$(CC) -shared -Wl,-soname,libkvmem.so.$(SOMAJOR) -Wl,--version-script=user/libkvmem.map \
+	    -o $@ $(PIC_OBJ) $(LDFLAGS) $(LDLIBS)
+$(O)/libkvmem.so: $(O)/libkvmem.so.$(VERSION)
+	ln -sf libkvmem.so.$(VERSION) $(O)/libkvmem.so.$(SOMAJOR)
+	ln -sf libkvmem.so.$(SOMAJOR) $@
+
+$(O)/kvmem: $(CLI_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang.a
+	$(CC) -o $@ $(CLI_OBJ) $(O)/libkvmem_agentlang.a $(O)/libkvmem.a $(LDFLAGS) $(LDLIBS)
+
+$(O)/tests/%: tests/unit/%.c $(HELP_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iuser -Itests/unit -o $@ $< $(HELP_OBJ) $(O)/libkvmem_agentlang.a \
+	    $(O)/libkvmem.a $(LDFLAGS) $(LDLIBS) -lcmocka
+
+# ---- install ------------------------------------------------------------------
+PREFIX  ?= /usr/local
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+# The synthetic language is the CLI's and the tests', not part of the API.
+PUB_HDR := $(filter-out include/kvmem/agentlang.h,$(wildcard include/kvmem/*.h))
+
+install: lib cli
+	install -d $(DESTDIR)$(INCDIR)/kvmem $(DESTDIR)$(INCDIR)/linux \
+	    $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(PUB_HDR) $(DESTDIR)$(INCDIR)/kvmem/
+	install -m 644 include/uapi/linux/kvmem.h $(DESTDIR)$(INCDIR)/linux/
+	install -m 644 $(O)/libkvmem.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(O)/libkvmem.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	ln -sf libkvmem.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvmem.so.$(SOMAJOR)
+	ln -sf libkvmem.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libkvmem.so
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCDIR@|$(INCDIR)|g' \
+	    -e 's|@VERSION@|$(VERSION)|g' user/kvmem.pc.in >$(DESTDIR)$(LIBDIR)/pkgconfig/kvmem.pc
+	install -m 755 $(O)/kvmem $(DESTDIR)$(PREFIX)/bin/
+
+uninstall:
+	rm -rf $(DESTDIR)$(INCDIR)/kvmem
+	rm -f $(DESTDIR)$(INCDIR)/linux/kvmem.h $(DESTDIR)$(LIBDIR)/libkvmem.a \
+	    $(DESTDIR)$(LIBDIR)/libkvmem.so* $(DESTDIR)$(LIBDIR)/pkgconfig/kvmem.pc \
+	    $(DESTDIR)$(PREFIX)/bin/kvmem
 
 # Everything a fresh Debian 12 machine lacks, installed with apt-get.
 deps:
@@ -94,7 +145,7 @@ static:
 	@$(MAKE) --no-print-directory O=build/static-obj lib
 	@mkdir -p build/static
 	$(CC) -static -o build/static/kvmem $(CLI_SRC:%.c=build/static-obj/obj/%.o) \
-	    build/static-obj/libkvmem.a $(LDFLAGS) \
+	    build/static-obj/libkvmem_agentlang.a build/static-obj/libkvmem.a $(LDFLAGS) \
 	    /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a \
 	    -luring -lnuma -lxxhash -lgfortran -lquadmath -lm -lpthread -fopenmp
 build/static-obj/obj/tools/%.o: tools/%.c

@@ -36,6 +36,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 /* ---- vocabulary --------------------------------------------------------- */
 /* Special ids; fixed forever (the trained model's config names them). */
 enum kvmem_lang_special {
@@ -75,6 +78,13 @@ enum kvmem_lang_role {
 int kvmem_lang_vocab_size(void);
 /* FNV-1a over every piece and its glue flag: changes iff the vocabulary does. */
 uint32_t kvmem_lang_vocab_hash(void);
+/* Whether the model directory `dir` (config c) speaks this agentlang: its
+ * vocabulary size, and the "kvmem_vocab_hash" its config.json records when
+ * it was trained here. 0: it does; 1: the size fits and no hash is recorded
+ * (trained elsewhere, assumed to fit); negative: it does not (-ESTALE), or
+ * config.json cannot be read. */
+struct kvmem_config;
+int kvmem_lang_check_model(const char *dir, const struct kvmem_config *c);
 /* The piece's text ("\n" for KVMEM_LANG_NL); NULL when id is out of range. */
 const char *kvmem_lang_piece(int id);
 int kvmem_lang_is_glue(int id);
@@ -197,6 +207,8 @@ typedef struct kvmem_lang_corpus_opts {
 /* Write a corpus file. The result does not depend on the thread count. */
 int kvmem_lang_corpus_write(const char *path, const kvmem_lang_corpus_opts *o);
 int kvmem_lang_corpus_read_header(const char *path, kvmem_lang_corpus_header *h);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

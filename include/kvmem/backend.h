@@ -46,6 +46,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 typedef struct kvmem_backend_opts {
 	int max_chunk;		/* most tokens in one forward call; 0: 128 */
 	int device;		/* GPU ordinal (cuda); ignored by cpu */
@@ -128,6 +131,8 @@ static inline const char *kvmem_backend_name(const kvmem_backend *b)
  * plain growing KV cache of a full-context run). */
 int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
 			 float *logits, int all_logits, const kvmem_fwd_out *out);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

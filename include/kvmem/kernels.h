@@ -28,6 +28,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 /* ---- number formats --------------------------------------------------- */
 float kvmem_bf16_to_f32(uint16_t h);
 uint16_t kvmem_f32_to_bf16(float f);	/* round to nearest even, NaN kept */
@@ -98,6 +101,8 @@ double kvmem_rng_uniform(uint64_t *rng);
 /* sum[h][d] += k[t][h][d] over n tokens of token-major raw K [n][n_kv_heads][head_dim]
  * (the running sum behind Mean-K; fp32 accumulation). */
 void kvmem_meank_accumulate(float *sum, const float *k, int n, int n_kv_heads, int head_dim);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -20,12 +20,16 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define KVMEM_VERSION "0.1.0"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
 
 /* The last error set on this thread ("" if none). */
 const char *kvmem_last_error(void);
@@ -51,10 +55,21 @@ enum kvmem_dtype { KVMEM_DTYPE_F32 = 1, KVMEM_DTYPE_BF16 = 2, KVMEM_DTYPE_F16 = 
 size_t kvmem_dtype_bytes(uint32_t dtype);	/* 0 when unknown */
 const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
 
+/* Write s as a JSON string literal (quotes and escapes) to f. Bytes >= 0x80
+ * pass through as they are (the caller supplies UTF-8). Returns 0, or -1 on
+ * a write error (errno says which). */
+int kvmem_json_write_str(FILE *f, const char *s);
+
+/* mkdir -p: create dir and its parents (0755); fails, naming the part that
+ * could not be made, or when dir exists and is not a directory. */
+int kvmem_mkdir_p(const char *dir);
+
 /* Where kvmem keeps its data when the user names no directory:
  * $KVMEM_HOME, else $XDG_DATA_HOME/kvmem, else ~/.local/share/kvmem.
  * Writes into buf; returns buf or NULL if it does not fit. */
 char *kvmem_data_dir(char *buf, size_t len);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

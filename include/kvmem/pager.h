@@ -27,6 +27,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 /* ---- geometry ----------------------------------------------------------- */
 
 typedef struct kvmem_page_geom {
@@ -295,6 +298,8 @@ enum kvmem_fault { KVMEM_FAULT_READ = 1, KVMEM_FAULT_WRITE = 2, KVMEM_FAULT_DIRE
  * WRITE with -EIO; DIRECT (any read or write) with -EINVAL, as on a file
  * system that refuses O_DIRECT I/O. nth 0 disarms. Process-wide. */
 void kvmem_pager_fault_inject(enum kvmem_fault kind, unsigned nth);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

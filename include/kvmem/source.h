@@ -30,6 +30,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 /* Where a page's bytes are. */
 enum kvmem_mem { KVMEM_MEM_HOST = 0, KVMEM_MEM_DEVICE = 1 };
 
@@ -81,6 +84,8 @@ void kvmem_page_source_destroy(kvmem_page_source *src);
 const float *kvmem_page_f32(const kvmem_page *pg, int is_v, size_t n, float *scratch);
 /* Copy elements off..off+n-1 of the page's K (or V) into dst as fp32. */
 int kvmem_page_copy_f32(const kvmem_page *pg, int is_v, size_t off, size_t n, float *dst);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -34,6 +34,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 /* The geometry of a model's workspace: fp32 pages of `block` tokens, no
  * index record; the fingerprint is the model's (weights included), or the
  * config's when the model has none (built in memory). */
@@ -95,6 +98,8 @@ int kvmem_workspace_commit(kvmem_workspace *w, const kvmem_session *s);
 /* Close the source and the pager. Does not commit; negative when something
  * written since the last commit could not be saved. */
 int kvmem_workspace_close(kvmem_workspace *w);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 /* ---- blocks ----------------------------------------------------------- */
 #define KVMEM_BLOCK_MIN 16
 #define KVMEM_BLOCK_MAX 256
@@ -344,6 +347,8 @@ const kvmem_policy_ops *kvmem_session_policy(const kvmem_session *s);
 /* The options in force, defaults resolved (budget 0 stays 0: unlimited). */
 const kvmem_session_opts *kvmem_session_options(const kvmem_session *s);
 void kvmem_session_get_stats(const kvmem_session *s, kvmem_session_stats *st);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

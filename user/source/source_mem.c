@@ -14,6 +14,7 @@ struct mem_source {
 	int n_layers, n_kv_heads, head_dim, block;
 	size_t page_floats;	/* one K (or V) page: H * B * D */
 	float **blocks;		/* [cap] -> [L][2][H][B][D] */
+	int **fill;		/* [cap] -> [L] tokens written */
 	int64_t cap;
 };
 
@@ -28,7 +29,7 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 	struct mem_source *m = ctx;
 	const int H = m->n_kv_heads, d = m->head_dim;
 
-	if (b < 0 || layer < 0 || layer >= m->n_layers || t0 < 0 || t0 + n > m->block)
+	if (b < 0 || layer < 0 || layer >= m->n_layers || t0 < 0 || n < 0 || t0 + n > m->block)
 		return kvmem_error(EINVAL, "page source: bad write block %lld layer %d tokens %d+%d",
 				 (long long)b, layer, t0, n);
 	if (b >= m->cap) {
@@ -37,18 +38,35 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 
 		while (cap <= b)
 			cap *= 2;
+		int **nf;
+
 		nb = realloc(m->blocks, (size_t)cap * sizeof(*nb));
 		if (!nb)
 			return kvmem_error(ENOMEM, "page source: out of memory for %lld blocks", (long long)cap);
 		memset(nb + m->cap, 0, (size_t)(cap - m->cap) * sizeof(*nb));
 		m->blocks = nb;
+		nf = realloc(m->fill, (size_t)cap * sizeof(*nf));
+		if (!nf)
+			return kvmem_error(ENOMEM, "page source: out of memory for %lld blocks", (long long)cap);
+		memset(nf + m->cap, 0, (size_t)(cap - m->cap) * sizeof(*nf));
+		m->fill = nf;
 		m->cap = cap;
 	}
 	if (!m->blocks[b]) {
 		m->blocks[b] = malloc((size_t)m->n_layers * 2 * m->page_floats * sizeof(float));
-		if (!m->blocks[b])
+		m->fill[b] = calloc((size_t)m->n_layers, sizeof(int));
+		if (!m->blocks[b] || !m->fill[b]) {
+			free(m->blocks[b]);
+			free(m->fill[b]);
+			m->blocks[b] = NULL;
+			m->fill[b] = NULL;
 			return kvmem_error(ENOMEM, "page source: out of memory for block %lld", (long long)b);
+		}
 	}
+	if (t0 != m->fill[b][layer])
+		return kvmem_error(EINVAL, "page source: block %lld layer %d written at token %d, %d are "
+				   "there: tokens must come in order", (long long)b, layer, t0,
+				   m->fill[b][layer]);
 	for (int h = 0; h < H; h++) {
 		float *pk = page(m, b, layer, 0) + ((size_t)h * m->block + t0) * d;
 		float *pv = page(m, b, layer, 1) + ((size_t)h * m->block + t0) * d;
@@ -58,6 +76,7 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 			memcpy(pv + (size_t)j * d, v + ((size_t)j * H + h) * d, d * sizeof(float));
 		}
 	}
+	m->fill[b][layer] = t0 + n;
 	return 0;
 }
 
@@ -83,9 +102,12 @@ static void mem_destroy(void *ctx)
 {
 	struct mem_source *m = ctx;
 
-	for (int64_t b = 0; b < m->cap; b++)
+	for (int64_t b = 0; b < m->cap; b++) {
 		free(m->blocks[b]);
+		free(m->fill[b]);
+	}
 	free(m->blocks);
+	free(m->fill);
 	free(m);
 }
 

@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 
 #include "kvmem/kvmem.h"
-#include "util/fs.h"
 
 int kvmem_mkdir_p(const char *dir)
 {

@@ -34,6 +34,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kvmem/kvmem.h"
+
 #define KVMEM_JSON_MAX_DEPTH 64
 
 typedef enum kvmem_json_type {
@@ -71,8 +73,10 @@ const kvmem_json *kvmem_json_get(const kvmem_json *obj, const char *key);
 /* Item i of an array, or member i of an object in document order; NULL
  * when out of range. */
 const kvmem_json *kvmem_json_at(const kvmem_json *v, size_t i);
-/* The key of member i of an object in document order; NULL otherwise. */
+/* The key of member i of an object in document order; NULL otherwise. A
+ * key may hold "\u0000": kvmem_json_key_len() gives its full length. */
 const char *kvmem_json_key(const kvmem_json *obj, size_t i);
+size_t kvmem_json_key_len(const kvmem_json *obj, size_t i);
 
 /* ---- scalars --------------------------------------------------------- */
 /* 1 if v is a number written as an integer (no fraction or exponent) that
@@ -89,10 +93,6 @@ int kvmem_json_bool(const kvmem_json *v, int def);
 const char *kvmem_json_str(const kvmem_json *v, const char *def);
 size_t kvmem_json_str_len(const kvmem_json *v);
 
-/* ---- writing --------------------------------------------------------- */
-/* Write s as a JSON string literal (quotes and escapes) to f. Bytes >= 0x80
- * pass through as they are (the caller supplies UTF-8). Returns 0, or -1 on
- * a write error. */
-int kvmem_json_write_str(FILE *f, const char *s);
+/* ---- writing: kvmem_json_write_str() is public (kvmem/kvmem.h) --------- */
 
 #endif

@@ -1,0 +1,359 @@
+// SPDX-License-Identifier: MIT
+/*
+ * One suite over every page source: one fixture, one variant per source, as
+ * the kernel's hmm-tests run the same bodies per device type. A new source
+ * adds a variant below and passes the same tests:
+ *
+ *   - tokens written in random chunks, layer by layer, come back from get
+ *     bit for bit (full blocks and the partial last one), also after the
+ *     host pool had to drop them and read them again;
+ *   - bad writes and reads are refused with -EINVAL and change nothing;
+ *   - prefetch and hint take anything (unknown blocks too) and change
+ *     nothing;
+ *   - a session over the source at a budget far below the workspace decodes
+ *     what the same session over host memory decodes, logit for logit.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kvmem/kvmem.h"
+#include "kvmem/store.h"
+#include "kvmem/workspace.h"
+#include "helpers/test_model.h"
+#include "helpers/test_tmpdir.h"
+
+static uint64_t g_seed;
+
+/* ---- the fixture and its variants ---------------------------------------- */
+struct fx {
+	int L, H, D, B;
+	kvmem_page_source src;
+	kvmem_pager *p;		/* the pager variant's */
+	char dir[256];
+};
+
+struct variant {
+	const char *name;
+	/* Open a fresh source of this geometry; a small host pool where the
+	 * source has one, so reads must come back from its lower tier. */
+	void (*open)(struct fx *f);
+	void (*close)(struct fx *f);
+};
+
+static void mem_open(struct fx *f)
+{
+	assert_int_equal(kvmem_page_source_mem(&f->src, f->L, f->H, f->D, f->B), 0);
+}
+
+static void mem_close(struct fx *f)
+{
+	kvmem_page_source_destroy(&f->src);
+}
+
+static void pager_open(struct fx *f)
+{
+	kvmem_pager_opts po;
+	kvmem_page_geom g = { .fingerprint = 0x5eed, .n_layers = f->L, .n_heads = f->H,
+			      .n_kv_heads = f->H, .head_dim = f->D, .block_tokens = f->B,
+			      .dtype = KVMEM_DTYPE_F32 };
+
+	assert_int_equal(test_tmpdir_make(f->dir, sizeof(f->dir), "page-source"), 0);
+	strcat(f->dir, "/ws");
+	kvmem_pager_opts_default(&po);
+	po.flags = KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP;
+	/* Room for one block and a page: everything else is read from disk. */
+	po.host_cap = kvmem_page_stride(&g) * (f->L + 1);
+	if (kvmem_pager_open(f->dir, &g, &po, &f->p) < 0)
+		fail_msg("pager: %s", kvmem_last_error());
+	assert_int_equal(kvmem_page_source_pager(&f->src, f->p), 0);
+}
+
+static void pager_close(struct fx *f)
+{
+	char *slash = strrchr(f->dir, '/');
+
+	kvmem_page_source_destroy(&f->src);
+	kvmem_pager_close(f->p);
+	*slash = 0;
+	test_tmpdir_remove(f->dir);
+}
+
+static const struct variant variants[] = {
+	{ "mem", mem_open, mem_close },
+	{ "pager", pager_open, pager_close },
+};
+
+static void fx_geometry(struct fx *f, uint64_t *rng)
+{
+	static const int dims[] = { 8, 16, 32, 64 };
+
+	memset(f, 0, sizeof(*f));
+	f->L = test_rng_int(rng, 1, 3);
+	f->H = test_rng_int(rng, 1, 3);
+	f->D = dims[test_rng_int(rng, 0, 3)];
+	f->B = 16 << test_rng_int(rng, 0, 2);
+}
+
+/* Token t's raw K (v = 0) or V (v = 1) row of layer l: H * D floats that are
+ * a pure function of (seed, t, l, v). */
+static void row(uint64_t seed, int64_t t, int l, int v, int n, float *out)
+{
+	uint64_t s = seed ^ ((uint64_t)t * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)l << 40) ^
+		     ((uint64_t)v << 56);
+
+	for (int i = 0; i < n; i++)
+		out[i] = (float)test_rng_range(&s, -4, 4);
+}
+
+/* Write tokens [0, n) as a session does: chunks of random length, each
+ * layer's part of a chunk split at block boundaries. */
+static void write_tokens(struct fx *f, uint64_t seed, int64_t n, uint64_t *rng)
+{
+	const int w = f->H * f->D;
+	float *k = malloc(sizeof(float) * 64 * w), *v = malloc(sizeof(float) * 64 * w);
+
+	for (int64_t p0 = 0; p0 < n;) {
+		int c = test_rng_int(rng, 1, 64);
+
+		if (p0 + c > n)
+			c = (int)(n - p0);
+		for (int l = 0; l < f->L; l++) {
+			for (int j = 0; j < c; j++) {
+				row(seed, p0 + j, l, 0, w, k + (size_t)j * w);
+				row(seed, p0 + j, l, 1, w, v + (size_t)j * w);
+			}
+			for (int j = 0; j < c;) {
+				int64_t p = p0 + j;
+				int t0 = (int)(p % f->B), m = f->B - t0 < c - j ? f->B - t0 : c - j;
+
+				if (f->src.ops->write(f->src.ctx, p / f->B, l, t0, m,
+						      k + (size_t)j * w, v + (size_t)j * w))
+					fail_msg("%s", kvmem_last_error());
+				j += m;
+			}
+		}
+		p0 += c;
+	}
+	free(k);
+	free(v);
+}
+
+/* Every page of [0, n) holds what write_tokens wrote. */
+static void check_tokens(struct fx *f, uint64_t seed, int64_t n)
+{
+	const int w = f->H * f->D;
+	float *want = malloc(sizeof(float) * w), *got = malloc(sizeof(float) * f->D);
+
+	for (int64_t b = 0; b * f->B < n; b++)
+		for (int l = 0; l < f->L; l++) {
+			int len = n - b * f->B < f->B ? (int)(n - b * f->B) : f->B;
+			kvmem_page pg;
+
+			if (f->src.ops->get(f->src.ctx, b, l, &pg))
+				fail_msg("get block %lld layer %d: %s", (long long)b, l,
+					 kvmem_last_error());
+			assert_int_equal(pg.mem, KVMEM_MEM_HOST);
+			for (int t = 0; t < len; t++)
+				for (int v = 0; v < 2; v++) {
+					row(seed, b * f->B + t, l, v, w, want);
+					for (int h = 0; h < f->H; h++) {
+						assert_int_equal(kvmem_page_copy_f32(&pg, v,
+							((size_t)h * f->B + t) * f->D, f->D, got), 0);
+						assert_memory_equal(got, want + (size_t)h * f->D,
+								    sizeof(float) * f->D);
+					}
+				}
+			f->src.ops->put(f->src.ctx, b, l);
+		}
+	free(want);
+	free(got);
+}
+
+/* ---- the tests: each runs once per variant ------------------------------ */
+static void test_roundtrip(void **state)
+{
+	const struct variant *var = *state;
+
+	print_message("source: %s\n", var->name);
+	uint64_t rng = g_seed ^ 0x11;
+
+	for (int round = 0; round < 4; round++) {
+		struct fx f;
+		int64_t n;
+
+		fx_geometry(&f, &rng);
+		n = test_rng_int(&rng, 1, 12 * f.B);
+		uint64_t seed = test_rng_next(&rng);
+
+		var->open(&f);
+		write_tokens(&f, seed, n, &rng);
+		check_tokens(&f, seed, n);
+		/* Read twice: pages the pool dropped meanwhile come back too. */
+		check_tokens(&f, seed, n);
+		var->close(&f);
+	}
+}
+
+static void test_bad_calls_refused(void **state)
+{
+	const struct variant *var = *state;
+
+	print_message("source: %s\n", var->name);
+	uint64_t rng = g_seed ^ 0x22;
+	struct fx f;
+	float row_k[4096] = { 1 }, row_v[4096] = { 2 };
+	kvmem_page pg;
+	int64_t n;
+
+	fx_geometry(&f, &rng);
+	uint64_t seed = test_rng_next(&rng);
+
+	n = f.B + f.B / 2;
+	var->open(&f);
+	write_tokens(&f, seed, n, &rng);
+	/* Never written, a layer out of range, a negative block. */
+	assert_int_equal(f.src.ops->get(f.src.ctx, 7, 0, &pg), -EINVAL);
+	assert_int_equal(f.src.ops->get(f.src.ctx, 0, f.L, &pg), -EINVAL);
+	assert_int_equal(f.src.ops->get(f.src.ctx, -1, 0, &pg), -EINVAL);
+	/* Past the block, out of range, out of order (a gap in the partial
+	 * block), negative counts. */
+	assert_int_equal(f.src.ops->write(f.src.ctx, 1, 0, f.B - 1, 2, row_k, row_v), -EINVAL);
+	assert_int_equal(f.src.ops->write(f.src.ctx, 1, f.L, f.B / 2, 1, row_k, row_v), -EINVAL);
+	assert_int_equal(f.src.ops->write(f.src.ctx, 1, 0, f.B / 2 + 1, 1, row_k, row_v), -EINVAL);
+	assert_int_equal(f.src.ops->write(f.src.ctx, 1, 0, f.B / 2, -1, row_k, row_v), -EINVAL);
+	assert_int_equal(kvmem_last_errno(), EINVAL);
+	/* Nothing changed. */
+	check_tokens(&f, seed, n);
+	var->close(&f);
+}
+
+static void test_hints_take_anything(void **state)
+{
+	const struct variant *var = *state;
+
+	print_message("source: %s\n", var->name);
+	uint64_t rng = g_seed ^ 0x33;
+	struct fx f;
+	int64_t n, blocks[] = { 0, 1, -5, 1000000, 2, 0 };
+	float sc[] = { 1, 0.5f, 1, 1, 0, 2 };
+
+	fx_geometry(&f, &rng);
+	uint64_t seed = test_rng_next(&rng);
+
+	n = 4 * f.B + 3;
+	var->open(&f);
+	write_tokens(&f, seed, n, &rng);
+	if (f.src.ops->prefetch)
+		f.src.ops->prefetch(f.src.ctx, blocks, 6);
+	if (f.src.ops->hint)
+		f.src.ops->hint(f.src.ctx, blocks, sc, 6);
+	check_tokens(&f, seed, n);
+	var->close(&f);
+}
+
+/* Logits of every forward pass, appended. */
+struct logs {
+	float *buf;
+	size_t n, cap;
+	int vocab;
+};
+
+static void log_forward(void *arg, const int32_t *tok, int n, const float *logits)
+{
+	struct logs *lg = arg;
+
+	if (lg->n + lg->vocab > lg->cap) {
+		lg->cap = (lg->cap + lg->vocab) * 2;
+		lg->buf = realloc(lg->buf, lg->cap * sizeof(float));
+	}
+	memcpy(lg->buf + lg->n, logits, lg->vocab * sizeof(float));
+	lg->n += lg->vocab;
+}
+
+/* Three steps of append + select + decode at a budget of an eighth of the
+ * workspace; returns the logits and the decoded tokens. */
+static void session_run(kvmem_backend *be, const kvmem_page_source *src, int block,
+			uint64_t seed, struct logs *lg, int32_t *out)
+{
+	kvmem_session_opts o;
+	kvmem_session *s;
+	uint64_t rng = seed;
+	int vocab = be->model->cfg.vocab;
+	int32_t tok[400];
+
+	kvmem_session_opts_default(&o);
+	o.block = block;
+	o.budget = 4 * block;
+	o.chunk = 32;
+	o.policy = "subblock";
+	o.source = src;
+	o.on_forward = log_forward;
+	o.arg = lg;
+	s = kvmem_session_create(be, &o);
+	assert_non_null(s);
+	for (int step = 0; step < 3; step++) {
+		int n = test_rng_int(&rng, 100, 400);
+
+		for (int i = 0; i < n; i++)
+			tok[i] = test_rng_int(&rng, 0, vocab - 1);
+		if (kvmem_session_append(s, tok, n, 0) || kvmem_session_select(s) ||
+		    kvmem_session_decode(s, 5, NULL, out + 5 * step))
+			fail_msg("step %d: %s", step, kvmem_last_error());
+	}
+	kvmem_session_free(s);
+}
+
+static void test_session_matches_memory(void **state)
+{
+	const struct variant *var = *state;
+
+	print_message("source: %s\n", var->name);
+	uint64_t rng = g_seed ^ 0x44;
+	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
+	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
+	kvmem_backend *be = kvmem_backend_cpu(m, 32);
+	struct logs want = { .vocab = c.vocab }, got = { .vocab = c.vocab };
+	int32_t out_want[15], out_got[15];
+	kvmem_page_source mem;
+	struct fx f = { .L = c.n_layers, .H = c.n_kv_heads, .D = c.head_dim, .B = 16 };
+	uint64_t seed = test_rng_next(&rng);
+
+	assert_non_null(be);
+	assert_int_equal(kvmem_page_source_mem(&mem, f.L, f.H, f.D, f.B), 0);
+	session_run(be, &mem, f.B, seed, &want, out_want);
+	kvmem_page_source_destroy(&mem);
+	var->open(&f);
+	session_run(be, &f.src, f.B, seed, &got, out_got);
+	var->close(&f);
+	assert_int_equal(got.n, want.n);
+	assert_memory_equal(got.buf, want.buf, want.n * sizeof(float));
+	assert_memory_equal(out_got, out_want, sizeof(out_want));
+	free(want.buf);
+	free(got.buf);
+	kvmem_backend_close(be);
+	test_model_free(m);
+}
+
+#define PER_VARIANT(t)                                                            \
+	cmocka_unit_test_prestate(t, (void *)&variants[0]),                       \
+	cmocka_unit_test_prestate(t, (void *)&variants[1])
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		PER_VARIANT(test_roundtrip),
+		PER_VARIANT(test_bad_calls_refused),
+		PER_VARIANT(test_hints_take_anything),
+		PER_VARIANT(test_session_matches_memory),
+	};
+
+	_Static_assert(sizeof(variants) / sizeof(variants[0]) == 2,
+		       "PER_VARIANT lists every variant");
+	g_seed = test_rng_fresh_seed("test_page_source");
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
