@@ -220,7 +220,7 @@ int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int
 	const kvmem_config *c = &e->m->cfg;
 
 	if (check_call(e, kv, tokens, n) || ensure_kv_pos(e, kv->len + n))
-		return -1;
+		return kvmem_fail();
 	for (int t = 0; t < n; t++)
 		e->q_pos[t] = kv->len + t;
 

@@ -62,11 +62,11 @@ int kvmem_blocks_pin(kvmem_blocks *r, int64_t start, int64_t end)
 	int i, j, k;
 
 	if (check_span(start, end))
-		return -1;
+		return kvmem_fail();
 	if (start == end)
 		return 0;
 	if (spans_room(r, r->n_pins + 1))
-		return -1;
+		return kvmem_fail();
 	/* First span that touches or follows [start, end), last that touches it. */
 	for (i = 0; i < r->n_pins && r->pins[i].end < start; i++)
 		;
@@ -94,12 +94,12 @@ int kvmem_blocks_unpin(kvmem_blocks *r, int64_t start, int64_t end)
 	kvmem_span *out;
 
 	if (check_span(start, end))
-		return -1;
+		return kvmem_fail();
 	if (start == end)	/* nothing to cut: do not split a span at a point */
 		return 0;
 	/* Cutting a hole in one span can add one span. */
 	if (spans_room(r, r->n_pins + 1))
-		return -1;
+		return kvmem_fail();
 	out = malloc((size_t)(r->n_pins + 1) * sizeof(*out));
 	if (!out)
 		return kvmem_error(ENOMEM, "workspace: out of memory unpinning");

@@ -189,7 +189,7 @@ int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n)
 	if (n < 0)
 		return kvmem_error(EINVAL, "index: negative token count %d", n);
 	if (kvmem_index_reserve(ix, (first + n + ix->block - 1) / ix->block))
-		return -1;
+		return kvmem_fail();
 	for (int l = 0; l < ix->n_layers; l++) {
 		const float *kl = raw_k + (size_t)l * n * H * d;
 

@@ -257,5 +257,5 @@ fail:
 	free(mark);
 	free(cand);
 	kvmem_plan_free(&p);
-	return -1;
+	return kvmem_fail();
 }

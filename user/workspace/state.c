@@ -460,7 +460,7 @@ static int read_saved(struct rbuf *r, const kvmem_session *s, int64_t n, struct 
 		return kvmem_error(r->bad == 2 ? ENOMEM : ESTALE, r->bad == 2 ? "session state: out of memory" :
 				 "session state: truncated in the pins");
 	if (read_plan(r, s, n, &v->plan))
-		return -1;
+		return kvmem_fail();
 	v->n_q = get_u32(r);
 	if (v->n_q > (uint32_t)s->o.query_tokens)
 		return kvmem_error(ESTALE, "session state: %u query tokens, the session keeps %d", v->n_q,
