@@ -38,7 +38,8 @@ endif
 VERSION   := $(shell sed -n 's/^\#define KVMEM_VERSION "\(.*\)"/\1/p' include/kvmem/kvmem.h)
 SOMAJOR   := $(firstword $(subst ., ,$(VERSION)))
 AL_SRC    := $(sort $(wildcard user/agentlang/*.c))
-LIB_SRC   := $(filter-out $(AL_SRC),$(sort $(wildcard user/*/*.c kernels/cpu/*.c)))
+# The cuda backend is C over the CUDA ops: it goes into libkvmem_cuda.a.
+LIB_SRC   := $(filter-out $(AL_SRC) user/backend/cuda.c,$(sort $(wildcard user/*/*.c kernels/cpu/*.c)))
 CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c))
 TEST_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 TEST_HELP := $(sort $(wildcard tests/unit/helpers/*.c))
@@ -96,6 +97,9 @@ $(O)/tests/%: tests/unit/%.c $(HELP_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuser -Itests/unit -o $@ $< $(HELP_OBJ) $(O)/libkvmem_agentlang.a \
 	    $(O)/libkvmem.a $(LDFLAGS) $(LDLIBS) -lcmocka
+
+# The CUDA ops and the GPU check program, when nvcc is found (else nothing).
+include kernels/cuda/cuda.mk
 
 # ---- install ------------------------------------------------------------------
 PREFIX  ?= /usr/local

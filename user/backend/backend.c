@@ -8,15 +8,13 @@
 #include "kvmem/kvmem.h"
 
 extern const kvmem_backend_ops kvmem_backend_cpu_ops;
-#ifdef KVMEM_HAVE_CUDA
-extern const kvmem_backend_ops kvmem_backend_cuda_ops;
-#endif
+/* Defined in libkvmem_cuda.a (user/backend/cuda.c) when kvmem is built with
+ * nvcc and a program links it; weak, so without it the list ends after cpu. */
+extern const kvmem_backend_ops kvmem_backend_cuda_ops __attribute__((weak));
 
 const kvmem_backend_ops *const kvmem_backends[] = {
 	&kvmem_backend_cpu_ops,
-#ifdef KVMEM_HAVE_CUDA
-	&kvmem_backend_cuda_ops,
-#endif
+	&kvmem_backend_cuda_ops,	/* NULL when not linked: the end of the list */
 	NULL,
 };
 
