@@ -18,6 +18,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 typedef struct kvmem_config {
 	char arch[64];		/* "Qwen3ForCausalLM" */
 	int n_layers;		/* num_hidden_layers */
@@ -97,11 +100,14 @@ typedef struct kvmem_model {
 	kvmem_layer *layers;	/* [n_layers] */
 	/*
 	 * The model fingerprint: like kvmem_config_fingerprint() but with each
-	 * tensor's dtype as stored, and after each tensor line the XXH64 of
-	 * its first and last (up to) 4 KiB of stored bytes, so models that
-	 * differ only in their weights (another seed) differ here too.
+	 * tensor's dtype as stored, and after each tensor's shape the XXH3-64
+	 * of every one of its stored bytes, so models that differ in a single
+	 * weight differ here too. The per-tensor digests are cached by file
+	 * identity (Documentation/formats.md), so only a first open, or one
+	 * after a file changed, reads every byte.
 	 */
 	uint64_t fingerprint;
+	uint64_t hashed_bytes;	/* bytes this open read to hash (0: all from the cache) */
 	char weight_dtype[8];	/* "BF16", "F16", "F32" or "mixed", as stored */
 	int n_files;		/* safetensors files read */
 	uint64_t file_bytes;	/* their total size */
@@ -112,6 +118,13 @@ typedef struct kvmem_model {
  * Load a model directory. On failure returns -1 and kvmem_last_error() names
  * the file and the problem ("<dir>/model.safetensors: tensor 'x' has shape
  * [64, 32], config.json implies [96, 32]"); nothing is leaked.
+ *
+ * Files are opened without blocking and must be regular files: a FIFO, a
+ * device or a directory in a file's place is refused by name, and a
+ * dangling symbolic link is called one. A tensor holding a NaN or an
+ * infinite value is refused (found by the fingerprint pass, which reads
+ * every byte anyway), and so is a name or string holding "\u0000" in
+ * config.json, a safetensors header or the shard index.
  *
  * Every tensor the config implies must be present with that shape and a
  * dtype of BF16, F16 or F32 (converted to fp32 once; 4-byte-aligned F32 is
@@ -125,7 +138,8 @@ typedef struct kvmem_model {
 int kvmem_model_load(const char *dir, kvmem_model **out);
 /* The same checks without converting or keeping weights: every weight
  * pointer is NULL; cfg, fingerprint, weight_dtype, n_files, file_bytes
- * are set. Cheap even for a 32b model (for `kvmem info`). */
+ * are set. Cheap once the digests are cached (for `kvmem info`); a first
+ * open reads every byte to hash it. */
 #define KVMEM_MODEL_NO_WEIGHTS 1
 int kvmem_model_open(const char *dir, int flags, kvmem_model **out);
 void kvmem_model_free(kvmem_model *m);
@@ -168,9 +182,19 @@ typedef struct kvmem_gen_opts {
 	void *arg;
 } kvmem_gen_opts;
 int kvmem_model_generate_opts(const kvmem_config *c, const char *dir, const kvmem_gen_opts *o);
+/*
+ * Remove what a killed generator left in dir: its temporary files are named
+ * ".<name>" KVMEM_TMP_TAG "<pid>", and those whose process is gone are unlinked
+ * (a live one's are kept). Returns how many went (0 when dir is absent),
+ * or a negative errno value. kvmem_model_generate_opts() calls it first.
+ */
+#define KVMEM_TMP_TAG ".kvmem-tmp-"
+int kvmem_model_remove_stale_tmp(const char *dir);
 /* Bytes the safetensors file(s) will take, without writing anything; 0 and
  * an error set if the config is invalid. */
 uint64_t kvmem_model_generate_bytes(const kvmem_config *c, const kvmem_gen_opts *o);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
  * without a crash, a leak or a read outside the file (ASan/UBSan builds run
  * this too). Good cases read bf16/fp16/fp32 values back exactly.
  */
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/safetensors.h"
+#include "model/tensors.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
 
@@ -30,7 +32,14 @@ static int dir_counter;
 
 static int setup(void **state)
 {
-	return test_tmpdir_make(root, sizeof(root), "loader");
+	char home[128];
+
+	if (test_tmpdir_make(root, sizeof(root), "loader"))
+		return -1;
+	/* The fingerprint cache goes under the data directory: ours, not the
+	 * user's. */
+	snprintf(home, sizeof(home), "%s/home", root);
+	return setenv("KVMEM_HOME", home, 1);
 }
 
 static int teardown(void **state)
@@ -719,6 +728,249 @@ static void test_config_variants(void **state)
 	assert_non_null(strstr(kvmem_last_error(), "arr.json: expected a JSON object, found array"));
 }
 
+/* ---- issue 9: storage you can trust ------------------------------------- */
+/* The stored position of element `at` of a tensor in dir/file. */
+static off_t element_offset(const char *dir, const char *file, const char *tensor, double frac,
+			    size_t *esz, kvmem_st_dtype *dt)
+{
+	char path[256];
+	kvmem_st_file *f;
+	const kvmem_st_tensor *t;
+	off_t off;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, file);
+	assert_int_equal(kvmem_st_open(path, &f), 0);
+	t = kvmem_st_find(f, tensor);
+	assert_non_null(t);
+	*esz = kvmem_st_dtype_size(t->dtype);
+	*dt = t->dtype;
+	off = (off_t)(t->offset + (uint64_t)(frac * (double)t->numel) * *esz);
+	kvmem_st_close(f);
+	return off;
+}
+
+static void pwrite_at(const char *dir, const char *file, off_t off, const void *b, size_t n)
+{
+	char path[256];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, file);
+	fd = open(path, O_WRONLY);
+	assert_true(fd >= 0);
+	assert_int_equal(pwrite(fd, b, n, off), (ssize_t)n);
+	close(fd);
+}
+
+static uint64_t fingerprint_of(const char *dir, uint64_t *hashed)
+{
+	kvmem_model *m;
+	uint64_t fp;
+
+	if (kvmem_model_open(dir, KVMEM_MODEL_NO_WEIGHTS, &m))
+		fail_msg("open %s: %s", dir, kvmem_last_error());
+	fp = m->fingerprint;
+	if (hashed)
+		*hashed = m->hashed_bytes;
+	kvmem_model_free(m);
+	return fp;
+}
+
+/*
+ * Item 4: the fingerprint covers every byte of every tensor. One bit of one
+ * weight in the middle of layer 0's q_proj (the old fingerprint read only the
+ * first and last 4 KiB of each tensor) changes it; putting it back restores it.
+ */
+static void test_item4_fingerprint_every_byte(void **state)
+{
+	uint64_t rng = seed0 ^ 0x4444, fp0, fp1;
+	const char *dtypes[] = { "bf16", "f16", "f32" };
+	char dir[128];
+
+	/* Tensors of 32 KiB and more, so the middle is far from both ends. */
+	kvmem_config c = small_config(0);
+
+	c.hidden = 128;
+	c.head_dim = 32;
+	c.intermediate = 192;
+	for (int k = 0; k < 3; k++) {
+		const char *t = k == 2 ? "model.layers.1.mlp.down_proj.weight" :
+					 "model.layers.0.self_attn.q_proj.weight";
+		kvmem_gen_opts o = { .seed = seed0 + (uint64_t)k, .dtype = dtypes[k] };
+		size_t esz;
+		kvmem_st_dtype dt;
+		off_t off;
+		unsigned char b, flipped;
+
+		c.tie_embeddings = k == 1;
+		new_dir(dir, sizeof(dir));
+		if (kvmem_model_generate_opts(&c, dir, &o))
+			fail_msg("generate: %s", kvmem_last_error());
+		fp0 = fingerprint_of(dir, NULL);
+		off = element_offset(dir, "model.safetensors", t, test_rng_range(&rng, 0.3, 0.7), &esz, &dt);
+		{
+			char path[256];
+			FILE *f;
+
+			snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+			f = fopen(path, "rb");
+			assert_non_null(f);
+			fseek(f, off, SEEK_SET);
+			assert_int_equal(fread(&b, 1, 1, f), 1);
+			fclose(f);
+		}
+		flipped = b ^ 1;	/* the lowest mantissa bit: still finite */
+		pwrite_at(dir, "model.safetensors", off, &flipped, 1);
+		fp1 = fingerprint_of(dir, NULL);
+		if (fp1 == fp0)
+			fail_msg("%s: one bit of %s changed, the fingerprint did not", dtypes[k], t);
+		pwrite_at(dir, "model.safetensors", off, &b, 1);
+		assert_int_equal(fingerprint_of(dir, NULL), fp0);
+	}
+}
+
+/*
+ * Item 4: reopening is cheap. A file last changed two seconds or more ago
+ * has its digests cached (the next open reads nothing), a changed file is
+ * hashed again, a file changed within the last two seconds is not cached,
+ * and a damaged cache is ignored.
+ */
+static void test_item4_digest_cache(void **state)
+{
+	char dir[128], cache[256], path[400];
+	uint64_t fp0, fp, hashed;
+	struct stat st;
+	size_t esz;
+	kvmem_st_dtype dt;
+	unsigned char zero = 0;
+	off_t off;
+	FILE *f;
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	assert_int_equal(stat(path, &st), 0);
+	snprintf(cache, sizeof(cache), "%s/home/fingerprints/%016llx-%016llx", root,
+		 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+	/* just written: hashed, but not cached */
+	fp0 = fingerprint_of(dir, &hashed);
+	assert_true(hashed > 0);
+	assert_int_equal(access(cache, F_OK), -1);
+	sleep(2);
+	assert_int_equal(fingerprint_of(dir, &hashed), fp0);
+	assert_true(hashed > 0);
+	assert_int_equal(access(cache, F_OK), 0);
+	assert_int_equal(fingerprint_of(dir, &hashed), fp0);
+	assert_int_equal(hashed, 0);	/* from the cache */
+
+	/* a damaged cache is a miss, never a wrong fingerprint */
+	f = fopen(cache, "r+b");
+	assert_non_null(f);
+	fseek(f, 90, SEEK_SET);
+	fputc('z', f);
+	fclose(f);
+	assert_int_equal(fingerprint_of(dir, &hashed), fp0);
+	assert_true(hashed > 0);
+
+	/* a changed file is hashed again */
+	off = element_offset(dir, "model.safetensors", "model.embed_tokens.weight", 0.5, &esz, &dt);
+	pwrite_at(dir, "model.safetensors", off, &zero, 1);
+	fp = fingerprint_of(dir, &hashed);
+	assert_true(hashed > 0);
+	assert_true(fp != fp0);
+	assert_int_equal(fingerprint_of(dir, &hashed), fp);
+	assert_true(hashed > 0);	/* changed under two seconds ago: not cached */
+}
+
+/*
+ * Item 6: a FIFO in the place of config.json, model.safetensors or the shard
+ * index must not block (the old loader waited for a writer forever: the
+ * alarm ends the test then), and is refused by name; a dangling
+ * model.safetensors link is called one.
+ */
+static void test_item6_fifo_and_dangling_link(void **state)
+{
+	const char *names[] = { "config.json", "model.safetensors", "model.safetensors.index.json" };
+	char dir[128], path[256];
+
+	alarm(20);
+	for (int k = 0; k < 3; k++) {
+		make_model(dir, sizeof(dir), 1, "bf16", 0);
+		snprintf(path, sizeof(path), "%s/%s", dir, names[k]);
+		unlink(path);
+		assert_int_equal(mkfifo(path, 0644), 0);
+		expect_load_error(dir, names[k], "a FIFO, not a regular file");
+	}
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	unlink(path);
+	assert_int_equal(symlink("/nonexistent/kvmem-weights", path), 0);
+	expect_load_error(dir, "model.safetensors: a dangling symbolic link to "
+			  "'/nonexistent/kvmem-weights'", NULL);
+	/* a directory in a file's place is named too */
+	unlink(path);
+	assert_int_equal(mkdir(path, 0755), 0);
+	expect_load_error(dir, "model.safetensors: a directory, not a regular file", NULL);
+	alarm(0);
+}
+
+/*
+ * Item 8: a NaN or an infinity anywhere in a tensor the model uses is
+ * refused, naming the tensor (found by the fingerprint pass, which reads
+ * every byte anyway); and a name or string holding "\u0000" is refused.
+ */
+static void test_item8_nonfinite_weights(void **state)
+{
+	uint64_t rng = seed0 ^ 0x8888;
+	const char *dtypes[] = { "bf16", "f16", "f32" };
+	char dir[128];
+
+	for (int k = 0; k < 6; k++) {
+		kvmem_config c = small_config(k & 1);
+		struct kvmem_tensor_spec sp;
+		size_t n = kvmem_tensor_count(&c), esz;
+		kvmem_st_dtype dt;
+		off_t off;
+		unsigned char v[4];
+		int nan = test_rng_int(&rng, 0, 1);
+		char want[160];
+
+		make_model(dir, sizeof(dir), k & 1, dtypes[k % 3], 0);
+		kvmem_tensor_spec(&c, (size_t)test_rng_int(&rng, 0, (int)n - 1), &sp);
+		off = element_offset(dir, "model.safetensors", sp.name, test_rng_uniform(&rng), &esz, &dt);
+		if (dt == KVMEM_ST_BF16) {
+			v[0] = nan ? 0xc0 : 0x80;
+			v[1] = nan ? 0x7f : 0xff;	/* NaN, or -Inf */
+		} else if (dt == KVMEM_ST_F16) {
+			v[0] = 0;
+			v[1] = nan ? 0x7e : 0x7c;	/* NaN, or +Inf */
+		} else {
+			v[0] = v[1] = 0;
+			v[2] = nan ? 0xc0 : 0x80;
+			v[3] = 0x7f;
+		}
+		pwrite_at(dir, "model.safetensors", off, v, esz);
+		snprintf(want, sizeof(want), "tensor '%s' holds 1 NaN or infinite value", sp.name);
+		expect_load_error(dir, "model.safetensors", want);
+	}
+}
+
+static void test_item8_nul_in_names(void **state)
+{
+	char dir[128];
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_text(dir, "config.json", "\"Qwen3ForCausalLM\"", "\"Qwen3ForCausalLM\\u0000x\"");
+	expect_load_error(dir, "config.json:", "holds \"\\u0000\"");
+
+	make_model(dir, sizeof(dir), 1, "bf16", 0);
+	edit_header(dir, "\"model.norm.weight\"", "\"model.norm.weight\\u0000\"");
+	expect_load_error(dir, "the key 'model.norm.weight\\u0000...' holds \"\\u0000\"", NULL);
+
+	make_model(dir, sizeof(dir), 1, "bf16", 4096);
+	edit_text(dir, "model.safetensors.index.json", "\"model.norm.weight\"",
+		  "\"model.norm.weight\\u0000\"");
+	expect_load_error(dir, "model.safetensors.index.json:", "holds \"\\u0000\"");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -730,6 +982,11 @@ int main(void)
 		cmocka_unit_test(test_damaged_files),
 		cmocka_unit_test(test_config_errors),
 		cmocka_unit_test(test_config_variants),
+		cmocka_unit_test(test_item4_fingerprint_every_byte),
+		cmocka_unit_test(test_item4_digest_cache),
+		cmocka_unit_test(test_item6_fifo_and_dangling_link),
+		cmocka_unit_test(test_item8_nonfinite_weights),
+		cmocka_unit_test(test_item8_nul_in_names),
 	};
 
 	seed0 = test_rng_fresh_seed("test_loader");

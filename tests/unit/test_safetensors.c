@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
+#include "kvmem/model.h"
 #include "model/safetensors.h"
 #include "helpers/test_model.h"
 
@@ -234,9 +235,17 @@ static void test_bad_headers(void **state)
 	expect_refused("{\"__metadata__\":{\"k\":1}}", 0, "__metadata__ value of 'k' must be a string");
 	expect_refused("{\"__metadata__\":[]}", 0, "__metadata__ must be an object");
 	expect_refused("{\"\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, "empty name");
+	/* Issue 9 item 8: a name holding "\u0000" would pass for its prefix in
+	 * every C string comparison; refused for any key or string. */
 	expect_refused("{\"a\\u0000x\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
 		       "\"a\\u0000y\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0,
-		       "appears twice");
+		       "holds \"\\u0000\"");
+	expect_refused("{\"model.norm.weight\\u0000\":{\"dtype\":\"F32\",\"shape\":[0],"
+		       "\"data_offsets\":[0,0]}}", 0, "the key 'model.norm.weight\\u0000...'");
+	expect_refused("{\"a\":{\"dtype\":\"F32\\u0000\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0,
+		       "the string at a.dtype holds");
+	expect_refused("{\"__metadata__\":{\"format\":\"pt\\u0000\"}}", 0,
+		       "the string at __metadata__.format holds");
 	expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],"
 		       "\"data_offsets\":[0,8]}}", 8, "too large");
 
@@ -370,7 +379,7 @@ static void test_writer_errors(void **state)
 	kvmem_st_writer *w = kvmem_st_writer_new();
 
 	snprintf(path, sizeof(path), "%s/w.safetensors", tmpdir);
-	snprintf(tmp, sizeof(tmp), "%s/.w.safetensors.tmp-%d", tmpdir, (int)getpid());
+	snprintf(tmp, sizeof(tmp), "%s/.w.safetensors" KVMEM_TMP_TAG "%d", tmpdir, (int)getpid());
 	assert_int_equal(kvmem_st_writer_add(w, "x", KVMEM_ST_F32, 2, shape), 0);
 	assert_true(kvmem_st_writer_add(w, "x", KVMEM_ST_F32, 2, shape) < 0);
 	assert_non_null(strstr(kvmem_last_error(), "added twice"));

@@ -15,6 +15,7 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "model/modelfile.h"
 #include "model/tensors.h"
 #include "util/json.h"
 
@@ -205,6 +206,8 @@ int kvmem_config_parse(kvmem_config *c, const char *json, size_t len, const char
 		kvmem_error(EINVAL, "%s: expected a JSON object, found %s", name, kvmem_json_type_name(root));
 		goto out;
 	}
+	if (kvmem_mf_refuse_nul(root, name))
+		goto out;
 	if (check_family(c, root, name) || refuse_unsupported(root, name) ||
 	    read_int(root, "num_hidden_layers", 1, 0, &c->n_layers, name) ||
 	    read_int(root, "hidden_size", 1, 0, &c->hidden, name) ||
@@ -235,9 +238,8 @@ int kvmem_config_load(kvmem_config *c, const char *dir)
 {
 	char path[4200];
 	struct stat st;
-	FILE *f;
-	char *text = NULL;
-	size_t cap = 0, len = 0;
+	char *text;
+	size_t len;
 	int rc;
 
 	memset(c, 0, sizeof(*c));
@@ -248,43 +250,14 @@ int kvmem_config_load(kvmem_config *c, const char *dir)
 		return kvmem_error(EINVAL, "%s: not a directory (a model is a directory holding config.json "
 				 "and *.safetensors)", dir);
 	snprintf(path, sizeof(path), "%s/config.json", dir);
-	f = fopen(path, "rb");
-	if (!f) {
-		if (errno == ENOENT)
-			return kvmem_error(EINVAL, "%s: no config.json here: not a Hugging Face model directory",
-					 dir);
-		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
-	}
-	for (;;) {
-		size_t r;
-
-		if (len == cap) {
-			char *t = realloc(text, cap ? 2 * cap : 8192);
-
-			if (!t) {
-				free(text);
-				fclose(f);
-				return kvmem_error(ENOMEM, "%s: out of memory", path);
-			}
-			text = t;
-			cap = cap ? 2 * cap : 8192;
-		}
-		r = fread(text + len, 1, cap - len, f);
-		len += r;
-		if (r == 0)
-			break;
-		if (len > (16u << 20)) {
-			free(text);
-			fclose(f);
-			return kvmem_error(EINVAL, "%s: larger than 16 MB; not a config file", path);
-		}
-	}
-	if (ferror(f)) {
-		free(text);
-		fclose(f);
-		return kvmem_error(EINVAL, "%s: read error", path);
-	}
-	fclose(f);
+	if (!kvmem_mf_exists(path))
+		return kvmem_error(ENOENT, "%s: no config.json here: not a Hugging Face model directory",
+				 dir);
+	/* Not a FIFO, a device or a dangling link; 16 MB is far above any
+	 * real config. */
+	rc = kvmem_mf_read(path, 16u << 20, &text, &len);
+	if (rc < 0)
+		return rc;
 	rc = kvmem_config_parse(c, text, len, path);
 	free(text);
 	return rc;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -28,7 +29,6 @@
 #include "model/hfwrite.h"
 #include "model/safetensors.h"
 #include "model/tensors.h"
-#include "util/fs.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data are little-endian; the generator writes host order"
@@ -274,6 +274,37 @@ static void remove_stale(const char *dir, bool sharded)
 	closedir(d);
 }
 
+int kvmem_model_remove_stale_tmp(const char *dir)
+{
+	char path[4400];
+	struct dirent *e;
+	int removed = 0;
+	DIR *d = opendir(dir);
+
+	if (!d)
+		return errno == ENOENT ? 0 : kvmem_error(errno, "%s: %s", dir, strerror(errno));
+	while ((e = readdir(d))) {
+		const char *tag = e->d_name[0] == '.' ? strstr(e->d_name, KVMEM_TMP_TAG) : NULL;
+		char *end;
+		long pid;
+
+		if (!tag)
+			continue;
+		errno = 0;
+		pid = strtol(tag + strlen(KVMEM_TMP_TAG), &end, 10);
+		if (errno || *end || pid <= 0 || end == tag + strlen(KVMEM_TMP_TAG))
+			continue;
+		/* Only a writer that is gone: a live pid (ours, or another
+		 * generate still writing) keeps its file. */
+		if (pid == (long)getpid() || !(kill((pid_t)pid, 0) && errno == ESRCH))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		removed += !unlink(path);
+	}
+	closedir(d);
+	return removed;
+}
+
 static int check_space(const char *dir, uint64_t need)
 {
 	struct statvfs vfs;
@@ -342,7 +373,8 @@ int kvmem_model_generate_opts(const kvmem_config *c, const char *dir, const kvme
 	pr.fn = o->progress;
 	pr.arg = o->arg;
 	pr.total = p.data_bytes;
-	if (kvmem_mkdir_p(dir) || check_space(dir, bytes))
+	/* First what a killed generate left, so it counts as free space. */
+	if (kvmem_mkdir_p(dir) || kvmem_model_remove_stale_tmp(dir) < 0 || check_space(dir, bytes))
 		goto out;
 	remove_stale(dir, p.nshards > 1);
 	if (write_shards(&p, dir, o->seed, &pr))

@@ -21,8 +21,9 @@ static int put_file(const char *dir, const char *name, const char *text, size_t 
 	int fd;
 
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%d", dir, name, (int)getpid());
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	snprintf(tmp, sizeof(tmp), "%s/.%s" KVMEM_TMP_TAG "%d", dir, name, (int)getpid());
+	unlink(tmp);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return kvmem_error(errno, "%s: cannot create: %s", tmp, strerror(errno));
 	while (done < len) {

@@ -19,6 +19,8 @@
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "model/digest.h"
+#include "model/modelfile.h"
 #include "model/safetensors.h"
 #include "model/tensors.h"
 #include "util/json.h"
@@ -82,9 +84,14 @@ static int add_file(struct priv *p, const char *path)
 static int open_shards(struct priv *p, const char *dir)
 {
 	const kvmem_json *wm;
+	char *text;
+	size_t len;
 
-	p->index = kvmem_json_parse_file(p->index_path);
-	if (!p->index)
+	if (kvmem_mf_read(p->index_path, 64u << 20, &text, &len) < 0)
+		return -1;
+	p->index = kvmem_json_parse(text, len, p->index_path);
+	free(text);
+	if (!p->index || kvmem_mf_refuse_nul(p->index, p->index_path))
 		return -1;
 	wm = kvmem_json_get(p->index, "weight_map");
 	if (kvmem_json_typeof(wm) != KVMEM_JSON_OBJECT || !kvmem_json_len(wm))
@@ -211,38 +218,77 @@ static int check_all(kvmem_model *m, struct priv *p)
 	return 0;
 }
 
-static void describe(kvmem_model *m, struct priv *p)
+/*
+ * The model fingerprint (model.h) from every byte of every tensor the config
+ * implies, and the refusal of non-finite weights, in one pass over the
+ * files (or none, when the digest cache knows them).
+ */
+static int fingerprint(kvmem_model *m, struct priv *p)
 {
+	struct kvmem_tensor_digest **dig = calloc((size_t)p->nfiles + 1, sizeof(*dig));
 	struct kvmem_tensor_spec s;
 	char *text = NULL;
 	size_t len = 0;
-	int dtype = -1, f;
-	FILE *out = open_memstream(&text, &len);
+	int dtype = -1, f, rc = -1;
+	FILE *out = NULL;
 
-	if (out)
-		kvmem_fingerprint_head(out, &m->cfg);
+	if (!dig)
+		return kvmem_error(ENOMEM, "%s: out of memory", m->dir);
+	for (f = 0; f < p->nfiles; f++) {
+		uint64_t hashed;
+
+		dig[f] = calloc(kvmem_st_count(p->files[f]) + 1, sizeof(**dig));
+		if (!dig[f]) {
+			kvmem_error(ENOMEM, "%s: out of memory", m->dir);
+			goto out;
+		}
+		kvmem_digest_file(p->files[f], dig[f], &hashed);
+		m->hashed_bytes += hashed;
+	}
+	out = open_memstream(&text, &len);
+	if (!out) {
+		kvmem_error(ENOMEM, "%s: out of memory", m->dir);
+		goto out;
+	}
+	kvmem_fingerprint_head(out, &m->cfg);
 	for (size_t i = 0; i < kvmem_tensor_count(&m->cfg); i++) {
 		const kvmem_st_tensor *t;
-		size_t k;
+		const struct kvmem_tensor_digest *d;
 
 		kvmem_tensor_spec(&m->cfg, i, &s);
 		t = locate(p, s.name, &f);
+		d = &dig[f][t - kvmem_st_at(p->files[f], 0)];
+		if (d->nonfinite) {
+			kvmem_error(EINVAL, "%s: tensor '%s' holds %llu NaN or infinite value%s; a model "
+				    "with non-finite weights computes nothing meaningful", kvmem_st_path(p->files[f]),
+				    s.name, (unsigned long long)d->nonfinite, d->nonfinite == 1 ? "" : "s");
+			goto out;
+		}
 		dtype = dtype == -1 || dtype == (int)t->dtype ? (int)t->dtype : -2;
-		if (!out)
-			continue;
-		k = t->nbytes < 4096 ? t->nbytes : 4096;
 		kvmem_fingerprint_tensor(out, s.name, kvmem_st_dtype_name(t->dtype), t->ndim, t->shape);
-		fprintf(out, " %016llx %016llx\n", (unsigned long long)XXH64(t->data, k, 0),
-			(unsigned long long)XXH64((const char *)t->data + t->nbytes - k, k, 0));
+		fprintf(out, " %016llx\n", (unsigned long long)d->hash);
 	}
-	if (out && !fclose(out))
-		m->fingerprint = XXH64(text, len, 0);
-	free(text);
+	if (fclose(out)) {
+		out = NULL;
+		kvmem_error(ENOMEM, "%s: out of memory", m->dir);
+		goto out;
+	}
+	out = NULL;
+	m->fingerprint = XXH64(text, len, 0);
 	snprintf(m->weight_dtype, sizeof(m->weight_dtype), "%s",
 		 dtype >= 0 ? kvmem_st_dtype_name((kvmem_st_dtype)dtype) : "mixed");
 	m->n_files = p->nfiles;
 	for (f = 0; f < p->nfiles; f++)
 		m->file_bytes += kvmem_st_file_size(p->files[f]);
+	rc = 0;
+out:
+	if (out)
+		fclose(out);
+	free(text);
+	for (f = 0; f < p->nfiles; f++)
+		free(dig[f]);
+	free(dig);
+	return rc;
 }
 
 /* fp32 buffer for n values: 64-byte aligned; big ones on 2 MB boundaries
@@ -395,19 +441,20 @@ int kvmem_model_open(const char *dir, int flags, kvmem_model **out)
 		goto fail;
 	snprintf(p->index_path, sizeof(p->index_path), "%s/" INDEX_NAME, dir);
 	snprintf(path, sizeof(path), "%s/" SINGLE_NAME, dir);
-	if (!access(p->index_path, F_OK)) {
+	/* Anything there counts, a dangling link too: opening it says what
+	 * is wrong, where "neither ... nor" would mislead. */
+	if (kvmem_mf_exists(p->index_path)) {
 		if (open_shards(p, dir))
 			goto fail;
-	} else if (!access(path, F_OK)) {
+	} else if (kvmem_mf_exists(path)) {
 		if (add_file(p, path))
 			goto fail;
 	} else {
 		kvmem_error(EINVAL, "%s: holds config.json but neither " SINGLE_NAME " nor " INDEX_NAME, dir);
 		goto fail;
 	}
-	if (check_all(m, p))
+	if (check_all(m, p) || fingerprint(m, p))
 		goto fail;
-	describe(m, p);
 	if (!(flags & KVMEM_MODEL_NO_WEIGHTS) && materialise(m, p))
 		goto fail;
 	/* Files nothing points into any more are unmapped now. */

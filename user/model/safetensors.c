@@ -12,8 +12,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "kvmem/kvmem.h"
+#include "model/modelfile.h"
 #include "model/safetensors.h"
 #include "util/json.h"
 
@@ -27,6 +29,8 @@ struct kvmem_st_file {
 	size_t n;
 	kvmem_st_tensor *t;	/* by data offset */
 	uint32_t *by_name;	/* indices into t, sorted by name */
+	struct stat st;		/* of the opened file (zero when parsed from memory) */
+	uint64_t header_hash;	/* XXH3-64 of the length and the JSON header */
 };
 
 static const struct {
@@ -195,12 +199,15 @@ static int parse_header(kvmem_st_file *f)
 		return kvmem_error(EINVAL, "%s: header length %llu is above the %u MB limit", f->path,
 				 (unsigned long long)hlen, KVMEM_ST_MAX_HEADER >> 20);
 	h = f->base + 8;
+	f->header_hash = XXH3_64bits(f->base, 8 + hlen);
 	if (!hlen || h[0] != '{')
 		return kvmem_error(EINVAL, "%s: the header does not start with '{': not a safetensors file",
 				 f->path);
 	snprintf(jname, sizeof(jname), "%s (header)", f->path);
 	f->doc = kvmem_json_parse((const char *)h, hlen, jname);
 	if (!f->doc)
+		return -1;
+	if (kvmem_mf_refuse_nul(f->doc, jname))
 		return -1;
 	data_len = f->size - 8 - hlen;
 
@@ -285,19 +292,16 @@ int kvmem_st_open(const char *path, kvmem_st_file **out)
 	int fd;
 
 	*out = NULL;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return kvmem_error(EINVAL, "%s: not a regular file", path);
-	}
+	/* Without blocking on a FIFO; a dangling link or a device is named. */
+	if (kvmem_mf_open(path, &fd, &st) < 0)
+		return kvmem_fail();
 	f = file_new(path);
 	if (!f) {
 		close(fd);
 		return -1;
 	}
 	f->size = (size_t)st.st_size;
+	f->st = st;
 	if (f->size >= 8) {	/* shorter files fail the header check below */
 		void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
 
@@ -340,6 +344,16 @@ const char *kvmem_st_path(const kvmem_st_file *f)
 size_t kvmem_st_file_size(const kvmem_st_file *f)
 {
 	return f->size;
+}
+
+const struct stat *kvmem_st_stat(const kvmem_st_file *f)
+{
+	return f->st.st_ino || f->st.st_dev ? &f->st : NULL;
+}
+
+uint64_t kvmem_st_header_hash(const kvmem_st_file *f)
+{
+	return f->header_hash;
 }
 
 size_t kvmem_st_count(const kvmem_st_file *f)

@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 typedef enum kvmem_st_dtype {
 	KVMEM_ST_BOOL,
@@ -78,6 +79,11 @@ void kvmem_st_close(kvmem_st_file *f);
 
 const char *kvmem_st_path(const kvmem_st_file *f);
 size_t kvmem_st_file_size(const kvmem_st_file *f);
+/* The fstat of the opened file (NULL for kvmem_st_parse), and the XXH3-64
+ * of its first 8 + N bytes (length and header): what the fingerprint
+ * cache keys on besides the file's identity. */
+const struct stat *kvmem_st_stat(const kvmem_st_file *f);
+uint64_t kvmem_st_header_hash(const kvmem_st_file *f);
 size_t kvmem_st_count(const kvmem_st_file *f);
 /* Tensor i in the order of their data offsets. */
 const kvmem_st_tensor *kvmem_st_at(const kvmem_st_file *f, size_t i);
@@ -97,7 +103,7 @@ char *kvmem_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape);
  *   kvmem_st_writer_write(w, bytes, n) ...                   // a's bytes, then b's
  *   kvmem_st_writer_finish(w);                               // fsync, rename
  *   kvmem_st_writer_free(w);
- * Data go to "dir/.model.safetensors.tmp-<pid>" and replace the target only
+ * Data go to "dir/.model.safetensors.kvmem-tmp-<pid>" and replace the target only
  * when complete, so a crash never leaves a half-written model under the real
  * name. The header is padded with spaces to a multiple of 8 bytes, so the
  * data section starts 8-aligned, and tensors follow each other in the order

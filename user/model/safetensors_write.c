@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "kvmem/kvmem.h"
+#include "kvmem/model.h"
 #include "model/safetensors.h"
 #include "util/json.h"
 
@@ -231,14 +232,18 @@ int kvmem_st_writer_begin(kvmem_st_writer *w, const char *path)
 		free(bcopy);
 		return kvmem_error(ENOMEM, "%s: out of memory", path);
 	}
-	n = asprintf(&w->tmp, "%s/.%s.tmp-%d", dirname(dcopy), basename(bcopy), (int)getpid());
+	n = asprintf(&w->tmp, "%s/.%s" KVMEM_TMP_TAG "%d", dirname(dcopy), basename(bcopy),
+		     (int)getpid());
 	free(dcopy);
 	free(bcopy);
 	if (n < 0) {
 		w->tmp = NULL;
 		return kvmem_error(ENOMEM, "%s: out of memory", path);
 	}
-	w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* A leftover of an earlier process with our pid goes; then O_EXCL and
+	 * O_NOFOLLOW, so a link planted under the name is never written through. */
+	unlink(w->tmp);
+	w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (w->fd < 0)
 		return kvmem_error(errno, "%s: cannot create: %s", w->tmp, strerror(errno));
 	for (int i = 0; i < 8; i++)

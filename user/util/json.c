@@ -697,18 +697,20 @@ kvmem_json *kvmem_json_parse(const char *text, size_t len, const char *name)
 
 kvmem_json *kvmem_json_parse_file(const char *path)
 {
-	struct stat st;
+	struct stat st = { 0 };
 	kvmem_json *v = NULL;
 	char *buf;
 	size_t got = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO in the file's place must not block the open. */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
 
 	if (fd < 0) {
 		kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
 		return NULL;
 	}
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		kvmem_error(EINVAL, "%s: not a regular file", path);
+		kvmem_error(EINVAL, "%s: not a regular file%s", path,
+			    S_ISFIFO(st.st_mode) ? " (a FIFO)" : S_ISDIR(st.st_mode) ? " (a directory)" : "");
 		close(fd);
 		return NULL;
 	}
@@ -805,6 +807,13 @@ const char *kvmem_json_key(const kvmem_json *obj, size_t i)
 	if (!obj || obj->type != KVMEM_JSON_OBJECT || i >= obj->u.c.n)
 		return NULL;
 	return obj->u.c.keys[i].s;
+}
+
+size_t kvmem_json_key_len(const kvmem_json *obj, size_t i)
+{
+	if (!obj || obj->type != KVMEM_JSON_OBJECT || i >= obj->u.c.n)
+		return 0;
+	return obj->u.c.keys[i].len;
 }
 
 int kvmem_json_is_int(const kvmem_json *v)
