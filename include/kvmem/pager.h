@@ -183,18 +183,25 @@ typedef struct kvmem_pager_opts {
 void kvmem_pager_opts_default(kvmem_pager_opts *o);
 
 /*
- * Open the workspace directory `dir`. With KVMEM_PAGER_CREATE a directory
- * without a manifest is created (its parent must exist) with zero tokens.
- * An existing workspace must match `g` (its fingerprint and geometry), else
- * the open fails naming both fingerprints; g may be NULL with
- * KVMEM_PAGER_RDONLY to take whatever the manifest says. Anything past the
- * last commit is ignored (and cut off unless read-only). A corrupt or
- * truncated committed state is refused, naming the file (no repair).
+ * Open the workspace directory `dir`. With KVMEM_PAGER_CREATE an absent or
+ * empty directory becomes a new workspace with zero tokens (its parent must
+ * exist); a directory holding anything else without a manifest is refused
+ * (-ENOENT when it holds workspace files, -EEXIST other files), never
+ * created over. An existing workspace must match `g` (its fingerprint and
+ * geometry), else -ESTALE naming both fingerprints; g may be NULL with
+ * KVMEM_PAGER_RDONLY to take whatever the manifest says. One writer at a
+ * time: a second writable open fails with -EBUSY naming the holder's pid;
+ * read-only opens never wait and never disturb the writer. Files are never
+ * followed through symbolic links nor opened when not regular (-EBADMSG
+ * naming them). Anything past the last commit is ignored (and cut off
+ * unless read-only). A corrupt or truncated committed state is refused
+ * (-EBADMSG), naming the file (see kvmem_workspace_salvage).
  */
 int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_pager_opts *o,
 		   kvmem_pager **out);
 /* Wait for stage-out, save counters, free everything. Does not commit.
- * Returns -1 when a write failed since the last commit (data past it lost). */
+ * Returns -errno when a write failed since the last commit (data past it
+ * lost): -ENOSPC for a full disk, -EIO otherwise. */
 int kvmem_pager_close(kvmem_pager *p);
 
 const kvmem_page_geom *kvmem_pager_geom(const kvmem_pager *p);
@@ -285,19 +292,51 @@ typedef struct kvmem_workspace_info {
 int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi);
 
 /* Check every checksum of a workspace; writes one line per bad page/file to
- * `report` (and a summary). Returns the number of bad items, -1 when the
- * directory cannot be read as a workspace at all. */
+ * `report` (and a summary). Returns the number of bad items, -errno when the
+ * directory cannot be read as a workspace at all (-ENOENT no manifest,
+ * -EBADMSG a corrupt one). A writer may commit meanwhile: a check that
+ * raced with a commit is run again on the new commit. */
 long kvmem_workspace_verify(const char *dir, FILE *report, int verbose);
+
+/*
+ * Recovery: copy the longest prefix of a workspace that checks out — every
+ * token (when the committed tokens' checksum holds), the full blocks whose
+ * pages and index record all match their checksums up to the first one that
+ * does not, the partial block when every full block was kept — into a new
+ * workspace at `dest` (absent or an empty directory), never modifying
+ * `dir`. The session state is kept only when nothing is dropped. `r` says
+ * what was kept and what was lost. Returns 0 (dest written and committed),
+ * or -errno: -EEXIST when dest is not empty, -EBADMSG when the manifest
+ * itself cannot be read (nothing to go by).
+ */
+typedef struct kvmem_salvage_report {
+	uint64_t tokens, tokens_kept;		/* committed in dir / written to dest */
+	uint64_t blocks, blocks_kept;		/* full blocks */
+	uint32_t tail_tokens, tail_kept;	/* the partial block: tokens / kept (0 or all) */
+	int tokens_ok;				/* the committed tokens' checksum held */
+	int app_kept;				/* the session state went along */
+	char first_bad[512];			/* the first bad item, "" when nothing was lost */
+} kvmem_salvage_report;
+int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_report *r);
 /* The counters saved in DIR/stats. */
 int kvmem_workspace_stats(const char *dir, kvmem_pager_stats *s);
 void kvmem_pager_stats_print(const kvmem_pager_stats *s, FILE *f);
 
 /* ---- fault injection (tests) ------------------------------------------- */
-enum kvmem_fault { KVMEM_FAULT_READ = 1, KVMEM_FAULT_WRITE = 2, KVMEM_FAULT_DIRECT = 3 };
+enum kvmem_fault {
+	KVMEM_FAULT_READ = 1, KVMEM_FAULT_WRITE = 2, KVMEM_FAULT_DIRECT = 3, KVMEM_FAULT_SYNC = 4
+};
 /* The nth I/O completion of this kind from now (1: the next) fails: READ and
  * WRITE with -EIO; DIRECT (any read or write) with -EINVAL, as on a file
- * system that refuses O_DIRECT I/O. nth 0 disarms. Process-wide. */
+ * system that refuses O_DIRECT I/O; SYNC: the nth fdatasync or fsync the
+ * store makes fails with -EIO. nth 0 disarms. Process-wide. */
 void kvmem_pager_fault_inject(enum kvmem_fault kind, unsigned nth);
+/* Called with each durability step of the store, in order, as "fdatasync
+ * pages" (tokens, index, sums, tail), "fsync manifest.tmp", "rename
+ * manifest", "fsync ." (the workspace directory), "fsync .." (the
+ * directory holding a newly created workspace). NULL stops. Process-wide. */
+typedef void (*kvmem_sync_trace_fn)(void *arg, const char *event);
+void kvmem_pager_sync_trace(kvmem_sync_trace_fn fn, void *arg);
 
 #pragma GCC visibility pop
 

@@ -7,6 +7,7 @@
 #ifndef KVMEM_TEST_PAGER_FIXTURE_H
 #define KVMEM_TEST_PAGER_FIXTURE_H
 
+#include <dirent.h>
 #include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +16,8 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <xxhash.h>
 
 #include "kvmem/pager.h"
 #include "helpers/test_model.h"
@@ -233,6 +236,64 @@ static inline int fx_flip(const char *path, uint64_t off)
 	c = fgetc(f);
 	fseeko(f, off, SEEK_SET);
 	fputc(c ^ 0x5a, f);
+	return fclose(f);
+}
+
+/* A digest of everything in a directory (one level): names, types, sizes,
+ * regular files' bytes, symbolic links' targets. Equal digests: nothing in
+ * it changed. FIFOs are not opened. */
+static inline uint64_t fx_dir_digest(const char *dir)
+{
+	XXH3_state_t *st = XXH3_createState();
+	struct dirent **list = NULL;
+	int n = scandir(dir, &list, NULL, alphasort);
+	uint64_t d;
+
+	XXH3_64bits_reset(st);
+	for (int i = 0; i < n; i++) {
+		char path[4096], buf[65536];
+		struct stat sb;
+
+		snprintf(path, sizeof(path), "%s/%s", dir, list[i]->d_name);
+		XXH3_64bits_update(st, list[i]->d_name, strlen(list[i]->d_name) + 1);
+		if (lstat(path, &sb) == 0) {
+			uint64_t meta[2] = { (uint64_t)sb.st_mode & S_IFMT, (uint64_t)sb.st_size };
+
+			XXH3_64bits_update(st, meta, sizeof(meta));
+			if (S_ISREG(sb.st_mode)) {
+				FILE *f = fopen(path, "rb");
+				size_t got;
+
+				while (f && (got = fread(buf, 1, sizeof(buf), f)) > 0)
+					XXH3_64bits_update(st, buf, got);
+				if (f)
+					fclose(f);
+			} else if (S_ISLNK(sb.st_mode)) {
+				ssize_t len = readlink(path, buf, sizeof(buf));
+
+				if (len > 0)
+					XXH3_64bits_update(st, buf, len);
+			}
+		}
+		free(list[i]);
+	}
+	free(list);
+	d = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return d;
+}
+
+/* Write `len` bytes of `text` to a new file (replacing it); 0 or -1. */
+static inline int fx_write_file(const char *path, const void *text, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+
+	if (!f)
+		return -1;
+	if (fwrite(text, 1, len, f) != len) {
+		fclose(f);
+		return -1;
+	}
 	return fclose(f);
 }
 

@@ -3,7 +3,8 @@
  * Commit: the crash rule. The committed count in the manifest advances only
  * after everything it covers is durable: stage-out writes complete, the
  * partial block written to the tail slot the current manifest does not use,
- * then fdatasync of every data file, then the manifest replaced atomically.
+ * then fdatasync of every data file, then the manifest replaced atomically
+ * (durable.c routes each step, so tests can watch the order and fail one).
  * A crash at any point leaves the previous manifest, whose data is intact
  * (appends never overwrite committed bytes; the current tail slot is never
  * rewritten).
@@ -56,15 +57,15 @@ static int write_tail(kvmem_pager *p, uint32_t slot, const void *const *layers,
 	return 0;
 }
 
+/* Every data file, before the manifest that covers them is written. */
 static int sync_all(kvmem_pager *p)
 {
 	static const char *const names[] = { "pages", "sums", "index", "tokens", "tail" };
 	int fds[] = { p->fd_pages, p->fd_sums, p->fd_index, p->fd_tokens, p->fd_tail };
 
 	for (int i = 0; i < 5; i++)
-		if (fdatasync(fds[i]) < 0)
-			return kvmem_error(errno, "%s/%s: fdatasync failed: %s", p->dir, names[i],
-					 strerror(errno));
+		if (dur_sync(fds[i], 1, p->dir, names[i]) < 0)
+			return kvmem_fail();
 	return 0;
 }
 
@@ -90,10 +91,11 @@ int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const voi
 		return kvmem_error(EINVAL, "%s: %u bytes of session state, at most %u", p->dir, app_len,
 				 KVMEM_PAGER_APP_MAX);
 	if (stage_drain(p) < 0)
-		return -1;
+		return kvmem_fail();
 	if (p->write_failed)
-		return kvmem_error(EINVAL, "%s: cannot commit: %s; the workspace stays at its last commit "
-				 "(%" PRIu64 " tokens)", p->dir, p->write_err, p->m.h.tokens);
+		return kvmem_error(p->write_errno, "%s: cannot commit: %s; the workspace stays at its "
+				 "last commit (%" PRIu64 " tokens)", p->dir, p->write_err,
+				 p->m.h.tokens);
 
 	memset(&m2, 0, sizeof(m2));
 	m2.h = p->m.h;
@@ -135,7 +137,7 @@ fail:
 	/* After a failed write or fdatasync nothing later can be trusted to be
 	 * durable: refuse commits from now on, keep serving from memory. */
 	mf_free(&m2);
-	pager_fail_write(p, "%s", kvmem_last_error());
-	return kvmem_error(EINVAL, "%s; the workspace stays at its last commit (%" PRIu64 " tokens)",
-			 p->write_err, p->m.h.tokens);
+	pager_fail_write(p, kvmem_last_errno(), "%s", kvmem_last_error());
+	return kvmem_error(p->write_errno, "%s; the workspace stays at its last commit (%" PRIu64
+			 " tokens)", p->write_err, p->m.h.tokens);
 }

@@ -126,13 +126,15 @@ void read_done(kvmem_pager *p, struct io_req *r)
 		} else {
 			p->st.checksum_errors++;
 		}
-		if (r->purpose == PUR_FETCH && !p->read_err[0])
+		if (r->purpose == PUR_FETCH && !p->read_err[0]) {
+			p->read_errno = got ? EBADMSG : r->res < 0 ? -r->res : EIO;
 			snprintf(p->read_err, sizeof(p->read_err),
 				 "%s/pages: page %" PRIu64 " (block %" PRIu64 ", layer %u) at offset %"
 				 PRIu64 ": %s", p->dir, pg, pg / p->g.n_layers,
 				 (unsigned)(pg % p->g.n_layers), pg * p->page_stride,
 				 got ? "checksum mismatch: corrupt, not used" :
 				 r->res < 0 ? strerror(-r->res) : "short read: file truncated");
+		}
 	}
 }
 
@@ -241,6 +243,7 @@ static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const voi
 	}
 	pager_reap(p, 0);
 	p->read_err[0] = 0;
+	p->read_errno = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct kvmem_pte *e = &p->pt[pages[i]];
 
@@ -304,7 +307,7 @@ static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const voi
 					 pages[i] / p->g.n_layers, (unsigned)(pages[i] % p->g.n_layers),
 					 e->flags & KVMEM_PTE_BAD ? ": its read failed or its checksum did "
 					 "not match" : "");
-			rc = e->flags & KVMEM_PTE_BAD ? -EBADMSG : -EIO;
+			rc = p->read_errno ? -p->read_errno : e->flags & KVMEM_PTE_BAD ? -EBADMSG : -EIO;
 			continue;
 		}
 		if (!pinned[i]) {

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * The workspace manifest: a small binary file replaced atomically (write
- * manifest.tmp, fsync, rename, fsync the directory), so a reader sees either
- * the previous commit or the new one, never a mix. Layout in
- * Documentation/formats.md ("Workspace directory").
+ * The workspace manifest: a small binary file replaced atomically (write a
+ * temporary file of the writer's own name, fsync, rename, fsync the
+ * directory), so a reader sees either the previous commit or the new one,
+ * never a mix. Every field is checked before it is used: the checksum, the
+ * geometry, counts that agree with each other and that a file can hold.
+ * Layout in Documentation/formats.md ("Workspace directory").
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -67,56 +69,131 @@ static size_t mf_size(const struct mf_head *h)
 	return sizeof(*h) + ((size_t)h->n_layers + 1) * 8 + h->app_bytes + 8;
 }
 
+/* Bytes per data file; -1 when one would pass INT64_MAX (no file holds it). */
+static int needs_checked(const struct mf_head *h, uint64_t need[5])
+{
+	uint64_t extent, slot, sums_rec = ((uint64_t)h->n_layers + 1) * 8;
+	int over = 0;
+
+	over |= __builtin_mul_overflow((uint64_t)h->page_stride, h->n_layers, &extent);
+	over |= __builtin_add_overflow(extent, round_up(h->index_bytes, KVMEM_IO_ALIGN), &slot);
+	over |= __builtin_mul_overflow(h->blocks, extent, &need[0]);
+	over |= __builtin_mul_overflow(h->tokens, 4, &need[1]);
+	over |= __builtin_mul_overflow(h->blocks, (uint64_t)h->index_bytes, &need[2]);
+	over |= __builtin_mul_overflow(h->blocks, sums_rec, &need[3]);
+	need[4] = h->tail_tokens ? ((uint64_t)h->tail_slot + 1) * slot : 0;
+	for (int i = 0; i < 5; i++)
+		over |= need[i] > INT64_MAX;
+	return over ? -1 : 0;
+}
+
+void mf_needs(const struct mf_head *h, uint64_t need[5])
+{
+	needs_checked(h, need);
+}
+
+/* Everything in the head that does not depend on the data files. */
+static int check_head(const struct mf_head *h, const char *dir)
+{
+	char name[PATH_MAX + 16], msg[768];
+	uint64_t need[5];
+	kvmem_page_geom g;
+	struct manifest m = { .h = *h };
+
+	mf_geom(&m, &g);
+	snprintf(name, sizeof(name), "%s/manifest", dir);
+	if (kvmem_page_geom_check(&g, name) < 0) {
+		snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
+		return kvmem_error(EBADMSG, "%s: corrupt", msg);
+	}
+	if (h->page_bytes != kvmem_page_bytes(&g) || h->page_stride != kvmem_page_stride(&g) ||
+	    h->align != KVMEM_IO_ALIGN)
+		return kvmem_error(EBADMSG, "%s: page size %u / stride %u / alignment %u do not follow "
+				 "from its geometry: corrupt", name, h->page_bytes, h->page_stride,
+				 h->align);
+	if (h->blocks != h->tokens / h->block_tokens || h->tail_tokens != h->tokens % h->block_tokens ||
+	    h->tail_slot > 1)
+		return kvmem_error(EBADMSG, "%s: inconsistent counts (tokens %" PRIu64 ", blocks %" PRIu64
+				 ", tail %u in slot %u): corrupt", name, h->tokens, h->blocks,
+				 h->tail_tokens, h->tail_slot);
+	if (needs_checked(h, need) < 0)
+		return kvmem_error(EBADMSG, "%s: claims %" PRIu64 " tokens in %" PRIu64 " blocks, more "
+				 "than any file can hold: corrupt or forged", name, h->tokens,
+				 h->blocks);
+	return 0;
+}
+
 int mf_read(int dirfd, const char *dir, struct manifest *m)
 {
 	struct mf_head h;
 	struct stat sb;
 	uint8_t *buf;
 	uint64_t sum;
-	size_t want;
-	ssize_t got;
+	size_t want, got = 0;
 	int fd;
 
 	memset(m, 0, sizeof(*m));
-	fd = openat(dirfd, "manifest", O_RDONLY | O_CLOEXEC);
+	fd = ws_open_file(dirfd, dir, "manifest", O_RDONLY);
 	if (fd < 0)
-		return kvmem_error(errno, "%s/manifest: %s", dir, strerror(errno));
+		return fd;
 	if (fstat(fd, &sb) < 0 || sb.st_size > (off_t)KVMEM_PAGER_APP_MAX + (1 << 20)) {
 		close(fd);
-		return kvmem_error(EINVAL, "%s/manifest: unreadable or too large to be a manifest", dir);
+		return kvmem_error(EBADMSG, "%s/manifest: %lld bytes, too large to be a manifest", dir,
+				 (long long)sb.st_size);
 	}
 	buf = malloc(sb.st_size ? sb.st_size : 1);
 	if (!buf) {
 		close(fd);
 		return kvmem_error(ENOMEM, "%s/manifest: out of memory", dir);
 	}
-	got = pread(fd, buf, sb.st_size, 0);
-	close(fd);
-	if (got != sb.st_size) {
-		free(buf);
-		return kvmem_error(EINVAL, "%s/manifest: short read", dir);
+	while (got < (size_t)sb.st_size) {
+		ssize_t n = pread(fd, buf + got, sb.st_size - got, got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int err = n < 0 ? errno : EIO;
+
+			free(buf);
+			close(fd);
+			return kvmem_error(err, "%s/manifest: cannot read: %s", dir,
+					 n < 0 ? strerror(err) : "shorter than its size");
+		}
+		got += n;
 	}
-	if ((size_t)got < sizeof(h) || memcmp(buf, MF_MAGIC, 8)) {
+	close(fd);
+	if (got < sizeof(h) || memcmp(buf, MF_MAGIC, 8)) {
 		free(buf);
-		return kvmem_error(EINVAL, "%s/manifest: not a kvmem workspace manifest (bad magic or size %zd)",
-				 dir, got);
+		return kvmem_error(EBADMSG, "%s/manifest: not a kvmem workspace manifest (bad magic or "
+				 "size %zu)", dir, got);
 	}
 	memcpy(&h, buf, sizeof(h));
+	memcpy(&sum, buf + got - 8, 8);
 	if (h.version != MF_VERSION || h.head_bytes != sizeof(h)) {
+		/* Another version when it checks out as a whole, else damage. */
+		int whole = XXH3_64bits(buf, got - 8) == sum;
+
 		free(buf);
-		return kvmem_error(EINVAL, "%s/manifest: format version %u (head %u bytes); this kvmem reads version %u",
-				 dir, h.version, h.head_bytes, MF_VERSION);
+		if (whole && h.version != MF_VERSION)
+			return kvmem_error(ESTALE, "%s/manifest: format version %u; this kvmem reads "
+					 "version %u", dir, h.version, MF_VERSION);
+		return kvmem_error(EBADMSG, "%s/manifest: head of %u bytes with format version %u (version "
+				 "%u has %zu): torn or corrupt", dir, h.head_bytes, h.version,
+				 MF_VERSION, sizeof(h));
 	}
 	want = h.n_layers <= 4096 && h.app_bytes <= KVMEM_PAGER_APP_MAX ? mf_size(&h) : 0;
-	if ((size_t)got != want) {
+	if (got != want) {
 		free(buf);
-		return kvmem_error(EINVAL, "%s/manifest: %zd bytes where its head says %zu: torn or corrupt",
-				 dir, got, want);
+		return kvmem_error(EBADMSG, "%s/manifest: %zu bytes where its head says %zu: torn or "
+				 "corrupt", dir, got, want);
 	}
-	memcpy(&sum, buf + want - 8, 8);
 	if (XXH3_64bits(buf, want - 8) != sum) {
 		free(buf);
-		return kvmem_error(EINVAL, "%s/manifest: checksum mismatch: torn or corrupt", dir);
+		return kvmem_error(EBADMSG, "%s/manifest: checksum mismatch: torn or corrupt", dir);
+	}
+	if (check_head(&h, dir) < 0) {
+		free(buf);
+		return kvmem_fail();
 	}
 	m->h = h;
 	m->tail_sums = calloc(h.n_layers + 1, 8);
@@ -129,12 +206,6 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 	memcpy(m->tail_sums, buf + sizeof(h), ((size_t)h.n_layers + 1) * 8);
 	memcpy(m->app, buf + sizeof(h) + ((size_t)h.n_layers + 1) * 8, h.app_bytes);
 	free(buf);
-	if (h.blocks != h.tokens / (h.block_tokens ? h.block_tokens : 1) ||
-	    h.tail_tokens != h.tokens % (h.block_tokens ? h.block_tokens : 1) || h.tail_slot > 1) {
-		mf_free(m);
-		return kvmem_error(EINVAL, "%s/manifest: inconsistent counts (tokens %" PRIu64 ", blocks %" PRIu64
-				 ", tail %u)", dir, h.tokens, h.blocks, h.tail_tokens);
-	}
 	return 0;
 }
 
@@ -147,8 +218,11 @@ static int write_all(int fd, const void *buf, size_t len)
 
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n <= 0)
+		if (n <= 0) {
+			if (n == 0)
+				errno = ENOSPC;
 			return -1;
+		}
 		b += n;
 		len -= n;
 	}
@@ -157,13 +231,15 @@ static int write_all(int fd, const void *buf, size_t len)
 
 int mf_write(int dirfd, const char *dir, const struct manifest *m)
 {
+	static _Atomic unsigned seq;
 	size_t size = mf_size(&m->h), tail = ((size_t)m->h.n_layers + 1) * 8;
 	uint8_t *buf = malloc(size);
+	char tmp[64];
 	uint64_t sum;
 	int fd, err;
 
 	if (!buf)
-		return kvmem_error(ENOMEM, "%s/manifest.tmp: out of memory", dir);
+		return kvmem_error(ENOMEM, "%s/manifest: out of memory", dir);
 	memcpy(buf, &m->h, sizeof(m->h));
 	memcpy(buf + sizeof(m->h), m->tail_sums, tail);
 	if (m->h.app_bytes)
@@ -171,29 +247,36 @@ int mf_write(int dirfd, const char *dir, const struct manifest *m)
 	sum = XXH3_64bits(buf, size - 8);
 	memcpy(buf + size - 8, &sum, 8);
 
-	fd = openat(dirfd, "manifest.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* A name of this writer's own: nobody else writes it, and nothing
+	 * found there is followed or reused. */
+	snprintf(tmp, sizeof(tmp), "manifest.tmp.%d.%u", (int)getpid(), seq++);
+	unlinkat(dirfd, tmp, 0);
+	fd = ws_create_file(dirfd, dir, tmp, O_WRONLY);
 	if (fd < 0) {
-		err = errno;
 		free(buf);
-		return kvmem_error(err, "%s/manifest.tmp: cannot create: %s", dir, strerror(err));
+		return fd;
 	}
-	if (write_all(fd, buf, size) < 0 || fsync(fd) < 0) {
-		err = errno ? errno : EIO;
+	if (write_all(fd, buf, size) < 0) {
+		err = errno;
 		free(buf);
 		close(fd);
-		unlinkat(dirfd, "manifest.tmp", 0);
-		return kvmem_error(err, "%s/manifest.tmp: cannot write: %s", dir, strerror(err));
+		unlinkat(dirfd, tmp, 0);
+		return kvmem_error(err, "%s/%s: cannot write: %s", dir, tmp, strerror(err));
 	}
 	free(buf);
+	if (dur_sync(fd, 0, dir, "manifest.tmp") < 0) {
+		close(fd);
+		unlinkat(dirfd, tmp, 0);
+		return kvmem_fail();
+	}
 	close(fd);
-	if (renameat(dirfd, "manifest.tmp", dirfd, "manifest") < 0) {
+	if (renameat(dirfd, tmp, dirfd, "manifest") < 0) {
 		err = errno;
-		unlinkat(dirfd, "manifest.tmp", 0);
+		unlinkat(dirfd, tmp, 0);
 		return kvmem_error(err, "%s/manifest: cannot replace: %s", dir, strerror(err));
 	}
-	if (fsync(dirfd) < 0)
-		return kvmem_error(errno, "%s: cannot fsync the directory: %s", dir, strerror(errno));
-	return 0;
+	dur_note("rename", "manifest");
+	return dur_sync(dirfd, 0, dir, ".");
 }
 
 int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char *dir)
@@ -210,11 +293,11 @@ int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char
 	kvmem_page_geom_str(&mg, have, sizeof(have));
 	kvmem_page_geom_str(g, want, sizeof(want));
 	if (mg.fingerprint != g->fingerprint)
-		return kvmem_error(EINVAL, "%s/manifest: workspace belongs to model fingerprint %016" PRIx64
+		return kvmem_error(ESTALE, "%s/manifest: workspace belongs to model fingerprint %016" PRIx64
 				 " (%s), not to this model's fingerprint %016" PRIx64
 				 " (%s); refusing to open it",
 				 dir, mg.fingerprint, have, g->fingerprint, want);
-	return kvmem_error(EINVAL, "%s/manifest: workspace geometry (%s) differs from the requested one (%s), "
+	return kvmem_error(ESTALE, "%s/manifest: workspace geometry (%s) differs from the requested one (%s), "
 			 "both with fingerprint %016" PRIx64 "; refusing to open it",
 			 dir, have, want, g->fingerprint);
 }
@@ -222,14 +305,15 @@ int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char
 int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi)
 {
 	struct manifest m;
-	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
 
 	memset(wi, 0, sizeof(*wi));
 	if (dirfd < 0)
 		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
-	if (mf_read(dirfd, dir, &m) < 0) {
+	rc = mf_read(dirfd, dir, &m);
+	if (rc < 0) {
 		close(dirfd);
-		return -1;
+		return rc;
 	}
 	close(dirfd);
 	mf_geom(&m, &wi->geom);

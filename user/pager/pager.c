@@ -75,7 +75,7 @@ static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 		p->stage = calloc(p->n_stage, sizeof(*p->stage));
 		if (p->stage_buf == MAP_FAILED || !p->stage) {
 			p->stage_buf = NULL;
-			return kvmem_error(EINVAL, "%s: cannot map a stage-out buffer of %zu bytes", p->dir,
+			return kvmem_error(ENOMEM, "%s: cannot map a stage-out buffer of %zu bytes", p->dir,
 					 p->stage_map_len);
 		}
 		bases[nreg] = p->stage_buf;
@@ -105,7 +105,7 @@ int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_page
 		o = &def;
 	}
 	if (g && kvmem_page_geom_check(g, dir) < 0)
-		return -1;
+		return kvmem_fail();
 	if (!g && !(o->flags & KVMEM_PAGER_RDONLY))
 		return kvmem_error(EINVAL, "%s: opening a workspace for writing needs the model's geometry",
 				 dir);
@@ -113,14 +113,20 @@ int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_page
 	if (!p)
 		return kvmem_error(ENOMEM, "%s: out of memory", dir);
 	p->dirfd = p->fd_pages = p->fd_tokens = p->fd_index = p->fd_sums = p->fd_tail = -1;
+	p->fd_lock = -1;
 	p->prefetch_hook = o->prefetch_hook;
 	p->prefetch_arg = o->prefetch_arg;
 	if (store_open(p, dir, g, o->flags) < 0 || setup_memory(p, o) < 0) {
 		char msg[1024];
+		int err = kvmem_last_errno();
 
 		snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
+		/* Nothing was written: close has nothing to say, saves no counters
+		 * and cuts nothing. */
+		p->write_failed = 0;
+		p->rdonly = 1;
 		kvmem_pager_close(p);
-		return kvmem_error(EINVAL, "%s", msg);
+		return kvmem_error(err ? err : EIO, "%s", msg);
 	}
 	p->step_t0 = now_ns();
 	PROBE_OPEN((const char *)p->dir, p->g.n_layers, p->page_bytes, probe_ws_id(p));
@@ -141,10 +147,8 @@ int kvmem_pager_close(kvmem_pager *p)
 			if (pager_reap(p, 1) < 0)
 				break;
 	}
-	if (p->write_failed) {
-		kvmem_error(EINVAL, "%s", p->write_err);
-		rc = -1;
-	}
+	if (p->write_failed)
+		rc = kvmem_error(p->write_errno ? p->write_errno : EIO, "%s", p->write_err);
 	/* Give back what was allocated ahead and not written. */
 	if (!p->rdonly && p->fd_pages >= 0 && p->prealloc_end > p->n_blocks * p->extent_bytes)
 		if (ftruncate(p->fd_pages, p->n_blocks * p->extent_bytes) < 0)
@@ -187,7 +191,7 @@ const struct kvmem_pte *kvmem_pager_pte(const kvmem_pager *p, uint64_t page)
 }
 
 /* A sticky write failure: later commits are refused, memory keeps the data. */
-void pager_fail_write(kvmem_pager *p, const char *fmt, ...)
+void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -195,6 +199,7 @@ void pager_fail_write(kvmem_pager *p, const char *fmt, ...)
 	if (p->write_failed)
 		return;
 	p->write_failed = 1;
+	p->write_errno = err > 0 ? err : EIO;
 	va_start(ap, fmt);
 	vsnprintf(p->write_err, sizeof(p->write_err), fmt, ap);
 	va_end(ap);
@@ -233,9 +238,10 @@ int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
-			pager_fail_write(p, "%s/tokens: cannot append: %s", p->dir,
-					 w < 0 ? strerror(errno) : "no progress");
-			return kvmem_error(EINVAL, "%s", p->write_err);
+			int err = w < 0 ? errno : ENOSPC;
+
+			pager_fail_write(p, err, "%s/tokens: cannot append: %s", p->dir, strerror(err));
+			return kvmem_error(err, "%s", p->write_err);
 		}
 		b += w;
 		off += w;
@@ -262,7 +268,7 @@ int kvmem_pager_read_tokens(kvmem_pager *p, uint64_t first, size_t n, int32_t *o
 		return 0;
 	got = pread(p->fd_tokens, out, n * 4, first * 4);
 	if (got != (ssize_t)(n * 4))
-		return kvmem_error(errno, "%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64 ": %s",
+		return kvmem_error(got < 0 ? errno : EIO, "%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64 ": %s",
 				 p->dir, first, first + n, got < 0 ? strerror(errno) : "short read");
 	return 0;
 }
@@ -286,7 +292,7 @@ int kvmem_pager_read_index(kvmem_pager *p, uint64_t first_block, size_t n, void 
 		return 0;
 	got = pread(p->fd_index, out, n * ib, first_block * ib);
 	if (got != (ssize_t)(n * ib))
-		return kvmem_error(errno, "%s/index: cannot read blocks %" PRIu64 "..%" PRIu64 ": %s",
+		return kvmem_error(got < 0 ? errno : EIO, "%s/index: cannot read blocks %" PRIu64 "..%" PRIu64 ": %s",
 				 p->dir, first_block, first_block + n,
 				 got < 0 ? strerror(errno) : "short read");
 	for (size_t i = 0; i < n; i++) {
@@ -294,12 +300,25 @@ int kvmem_pager_read_index(kvmem_pager *p, uint64_t first_block, size_t n, void 
 
 		if (XXH3_64bits((uint8_t *)out + i * ib, ib) != p->sums[b * (L + 1) + L]) {
 			p->st.checksum_errors++;
-			return kvmem_error(EINVAL, "%s/index: record of block %" PRIu64
+			return kvmem_error(EBADMSG, "%s/index: record of block %" PRIu64
 					 " (offset %" PRIu64 "): checksum mismatch: corrupt",
 					 p->dir, b, b * ib);
 		}
 	}
 	return 0;
+}
+
+/* A read-only pager beside a writer: has the manifest moved past ours? */
+static int tail_moved_on(kvmem_pager *p)
+{
+	struct manifest now;
+	int moved;
+
+	if (mf_read(p->dirfd, p->dir, &now) < 0)
+		return 0;
+	moved = now.h.generation != p->m.h.generation;
+	mf_free(&now);
+	return moved;
 }
 
 int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index)
@@ -316,9 +335,11 @@ int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index)
 		return kvmem_error(ENOMEM, "%s/tail: out of memory", p->dir);
 	off = (uint64_t)h->tail_slot * p->tail_slot_bytes;
 	if (pread(p->fd_tail, buf, p->tail_slot_bytes, off) != (ssize_t)p->tail_slot_bytes) {
+		int err = errno ? errno : EIO;
+
 		free(buf);
-		return kvmem_error(errno, "%s/tail: cannot read slot %u: %s", p->dir, h->tail_slot,
-				 strerror(errno ? errno : EIO));
+		return kvmem_error(err, "%s/tail: cannot read slot %u: %s", p->dir, h->tail_slot,
+				 strerror(err));
 	}
 	for (size_t l = 0; l <= L; l++) {
 		const uint8_t *src = buf + l * p->page_stride;
@@ -327,7 +348,11 @@ int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index)
 		if (XXH3_64bits(src, len) != p->m.tail_sums[l]) {
 			free(buf);
 			p->st.checksum_errors++;
-			return kvmem_error(EINVAL, "%s/tail: slot %u, %s %zu: checksum mismatch: corrupt",
+			if (p->rdonly && tail_moved_on(p))
+				return kvmem_error(ESTALE, "%s/tail: the writer has committed twice since this "
+						 "read-only open and reused the slot of its partial block; "
+						 "reopen to read the new commit", p->dir);
+			return kvmem_error(EBADMSG, "%s/tail: slot %u, %s %zu: checksum mismatch: corrupt",
 					 p->dir, h->tail_slot, l < L ? "layer" : "index", l);
 		}
 		if (l < L && layers)

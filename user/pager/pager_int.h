@@ -63,13 +63,50 @@ struct manifest {
 
 void mf_from_geom(struct manifest *m, const kvmem_page_geom *g);
 void mf_geom(const struct manifest *m, kvmem_page_geom *g);
-/* Read DIR/manifest into m (allocates); names the file and problem on error. */
+/* Read DIR/manifest into m (allocates); names the file and problem on error:
+ * -ENOENT absent, -EBADMSG corrupt, not a regular file, or counts no file
+ * can hold, -ESTALE another format version. */
 int mf_read(int dirfd, const char *dir, struct manifest *m);
-/* Write manifest.tmp, fsync, rename over manifest, fsync the directory. */
+/* Write a temporary file of this writer's own name, fsync, rename over
+ * manifest, fsync the directory. */
 int mf_write(int dirfd, const char *dir, const struct manifest *m);
 void mf_free(struct manifest *m);
-/* Explain a geometry mismatch; 0 when equal. */
+/* Explain a geometry mismatch (-ESTALE); 0 when equal. */
 int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char *dir);
+/* Bytes each data file (ws_data_files order) must hold for the commit;
+ * mf_read has checked that none overflows. */
+void mf_needs(const struct mf_head *h, uint64_t need[5]);
+
+/* ---- the directory's files (files.c) and durability (durable.c) -------- */
+#define WS_N_DATA 5
+extern const char *const ws_data_files[WS_N_DATA];	/* pages tokens index sums tail */
+
+/* Open DIR/name (under dirfd) without following a link or blocking: fd, or
+ * -EBADMSG naming what it is when not a regular file, -errno otherwise. */
+int ws_open_file(int dirfd, const char *dir, const char *name, int flags);
+/* Create DIR/name where nothing is (O_EXCL, no link followed): fd or -errno. */
+int ws_create_file(int dirfd, const char *dir, const char *name, int flags);
+
+struct ws_scan {
+	int manifest;		/* an entry named manifest, of any type */
+	int empty_data;		/* empty data files (a creation cut short) */
+	char ws_file[256];	/* first workspace file that holds something */
+	char other[256];	/* first name that is no workspace file */
+};
+int ws_scan(int dirfd, const char *dir, struct ws_scan *sc);
+/* Remove temporary files (a killed writer's) and, when asked, the empty
+ * data files of a creation cut short. */
+void ws_clean_temps(int dirfd, int empty_data_too);
+/* Take the writer's lock (DIR/lock, pid inside): its fd, or -EBUSY naming
+ * the holder's pid. */
+int ws_lock(int dirfd, const char *dir);
+/* fsync the directory that holds dir (after creating dir). */
+int ws_sync_parent(const char *dir);
+
+/* fdatasync (data_only) or fsync fd, telling the trace; fails (-errno
+ * naming DIR/name) when the sync or an injected KVMEM_FAULT_SYNC does. */
+int dur_sync(int fd, int data_only, const char *dir, const char *name);
+void dur_note(const char *op, const char *name);
 
 /* ---- io_uring (uring.c) ------------------------------------------------- */
 /* Equal to KVMEM_FAULT_READ / KVMEM_FAULT_WRITE: fault injection matches on them. */
@@ -128,6 +165,7 @@ struct kvmem_pager {
 	size_t page_bytes, page_stride, extent_bytes, tail_slot_bytes, sums_rec;
 	int flags, rdonly, direct, warned_direct;
 	int dirfd, fd_pages, fd_tokens, fd_index, fd_sums, fd_tail;
+	int fd_lock;			/* the writer's lock (-1 read-only) */
 
 	struct manifest m;		/* last committed state */
 	uint64_t n_tokens, n_blocks;	/* appended */
@@ -156,6 +194,7 @@ struct kvmem_pager {
 	uint32_t n_stage, stage_busy;
 
 	int write_failed;		/* sticky since the last commit */
+	int write_errno;		/* its cause (ENOSPC, EIO, ...) */
 	uint64_t prealloc_end;		/* pages file allocated up to here */
 	int no_prealloc;		/* fallocate refused: stop trying */
 	char write_err[PATH_MAX + 512];
@@ -165,6 +204,7 @@ struct kvmem_pager {
 	void *prefetch_arg;
 	uint32_t fetch_waiting;		/* fetch reads outstanding */
 	char read_err[PATH_MAX + 512];		/* first failure of the current fetch */
+	int read_errno;				/* its code: EBADMSG checksum, EIO... */
 };
 
 /* store.c: files of the directory. */
@@ -180,7 +220,8 @@ int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out);
 void pager_io_done(void *arg, struct io_req *r);
 struct io_req *pager_req(kvmem_pager *p);	/* a free request, reaping if needed */
 void read_done(kvmem_pager *p, struct io_req *r);
-void pager_fail_write(kvmem_pager *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 /* Evict until `need` slots are free; -1 when pinned pages leave too few. */
 int make_room(kvmem_pager *p, uint32_t need);
 /* Put a page's bytes in a fresh host slot (no I/O); -1 when no room. */

@@ -67,7 +67,8 @@ void stage_done(kvmem_pager *p, struct io_req *r)
 	} else {
 		PROBE_IO_ERROR(block * L, r->res < 0 ? r->res : -ENOSPC);
 		/* A short write to a regular file means the space ran out. */
-		pager_fail_write(p, "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
+		pager_fail_write(p, r->res < 0 ? -r->res : ENOSPC,
+				 "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
 				 PRIu64 ") failed: %s%s", p->dir, block, r->len, r->off,
 				 strerror(r->res < 0 ? -r->res : ENOSPC),
 				 r->res < 0 ? "" : " (short write)");
@@ -81,7 +82,7 @@ int stage_drain(kvmem_pager *p)
 {
 	while (p->stage_busy)
 		if (pager_reap(p, 1) < 0)
-			return -1;
+			return kvmem_fail();
 	return 0;
 }
 
@@ -95,7 +96,7 @@ static int free_stage_slot(kvmem_pager *p, uint64_t block)
 		p->st.backpressure_waits++;
 		while (p->stage_busy == p->n_stage)
 			if (pager_reap(p, 1) < 0)
-				return -1;
+				return kvmem_fail();
 		t0 = now_ns() - t0;	/* one figure for the counter and the probe */
 		p->st.backpressure_ns += t0;
 		PROBE_BACKPRESSURE(block, t0);
@@ -103,7 +104,7 @@ static int free_stage_slot(kvmem_pager *p, uint64_t block)
 	for (uint32_t i = 0; i < p->n_stage; i++)
 		if (!p->stage[i].busy)
 			return (int)i;
-	return kvmem_error(EINVAL, "%s: stage-out buffer accounting is wrong", p->dir);
+	return kvmem_error(EIO, "%s: stage-out buffer accounting is wrong", p->dir);
 }
 
 static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
@@ -185,10 +186,10 @@ int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *
 		return kvmem_error(EINVAL, "%s: block %" PRIu64 " appended without its index record", p->dir,
 				 block);
 	if (store_grow(p, block + 1) < 0)
-		return -1;
+		return kvmem_fail();
 	slot = free_stage_slot(p, block);
 	if (slot < 0)
-		return -1;
+		return kvmem_fail();
 	ext = p->stage_buf + (size_t)slot * p->extent_bytes;
 	sums = p->sums + block * (L + 1);
 	for (size_t l = 0; l < L; l++) {
@@ -205,17 +206,17 @@ int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *
 		p->pt[block * L + l].flags |= KVMEM_PTE_DIRTY;
 
 	if (!p->write_failed && ib && pwrite_all(p->fd_index, index, ib, block * ib) < 0)
-		pager_fail_write(p, "%s/index: cannot append the record of block %" PRIu64 ": %s",
+		pager_fail_write(p, errno, "%s/index: cannot append the record of block %" PRIu64 ": %s",
 				 p->dir, block, strerror(errno));
 	if (!p->write_failed && pwrite_all(p->fd_sums, sums, (L + 1) * 8, block * p->sums_rec) < 0)
-		pager_fail_write(p, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
+		pager_fail_write(p, errno, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
 				 p->dir, block, strerror(errno));
 	if (p->write_failed) {
 		orphan_keep(p, block, ext, index);
 	} else {
 		r = pager_req(p);
 		if (!r)
-			return -1;
+			return kvmem_fail();
 		r->kind = IO_WRITE;
 		r->purpose = PUR_OUT;
 		r->first_page = block;
@@ -232,7 +233,7 @@ int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *
 			p->stage[slot].busy = 0;
 			p->stage_busy--;
 			io_req_put(&p->io, r);
-			pager_fail_write(p, "%s/pages: cannot queue the write of block %" PRIu64,
+			pager_fail_write(p, EIO, "%s/pages: cannot queue the write of block %" PRIu64,
 					 p->dir, block);
 			orphan_keep(p, block, ext, NULL);
 		} else {

@@ -3,12 +3,14 @@
  * Counters: kept in the pager, saved as text in DIR/stats ("name value" per
  * line) at each commit and close, so `kvmem stat` reads them without BPF.
  * The file is advisory (replaced by rename, not fsynced): losing the last
- * update in a crash loses counts, never data.
+ * update in a crash loses counts, never data; one that is not a regular
+ * file is ignored. Counters saturate at 2^64 - 1.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -29,30 +31,65 @@ static uint64_t *field(kvmem_pager_stats *s, size_t i)
 	return (uint64_t *)((char *)s + fields[i].off);
 }
 
-static int parse_stats(FILE *f, kvmem_pager_stats *s)
+static uint64_t sat_add(uint64_t a, uint64_t b)
 {
-	char name[64];
-	uint64_t v;
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* "name value" lines; unknown names are skipped, a value past 2^64 - 1
+ * reads as 2^64 - 1 (the counters saturate, they never wrap). */
+static void parse_stats(FILE *f, kvmem_pager_stats *s)
+{
+	char line[256];
 
 	memset(s, 0, sizeof(*s));
-	while (fscanf(f, "%63s %" SCNu64, name, &v) == 2)
+	while (fgets(line, sizeof(line), f)) {
+		char *sp = strchr(line, ' '), *end;
+		unsigned long long v;
+
+		if (!sp)
+			continue;
+		*sp = 0;
+		if (sp[1] < '0' || sp[1] > '9')
+			continue;
+		errno = 0;
+		v = strtoull(sp + 1, &end, 10);
+		if (errno == ERANGE)
+			v = UINT64_MAX;
 		for (size_t i = 0; i < N_FIELDS; i++)
-			if (!strcmp(name, fields[i].name))
+			if (!strcmp(line, fields[i].name))
 				*field(s, i) = v;
-	return 0;
+	}
+}
+
+/* DIR/stats opened the safe way (no link followed, a FIFO refused). */
+static FILE *open_stats(int dirfd, const char *dir)
+{
+	int fd = ws_open_file(dirfd, dir, "stats", O_RDONLY);
+	FILE *f;
+
+	if (fd < 0)
+		return NULL;
+	f = fdopen(fd, "r");
+	if (!f) {
+		kvmem_error(errno, "%s/stats: %s", dir, strerror(errno));
+		close(fd);
+	}
+	return f;
 }
 
 int kvmem_workspace_stats(const char *dir, kvmem_pager_stats *s)
 {
-	char path[PATH_MAX + 16];
+	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	FILE *f;
 
-	snprintf(path, sizeof(path), "%s/stats", dir);
-	f = fopen(path, "r");
-	if (!f) {
-		memset(s, 0, sizeof(*s));
-		return kvmem_error(errno, "%s: %s", path, strerror(errno));
-	}
+	memset(s, 0, sizeof(*s));
+	if (dirfd < 0)
+		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
+	f = open_stats(dirfd, dir);
+	close(dirfd);
+	if (!f)
+		return kvmem_fail();
 	parse_stats(f, s);
 	fclose(f);
 	return 0;
@@ -68,7 +105,7 @@ void kvmem_pager_stats_total(const kvmem_pager *p, kvmem_pager_stats *s)
 	kvmem_pager_stats t = p->base;
 
 	for (size_t i = 0; i < N_FIELDS; i++)
-		*field(&t, i) += *field((kvmem_pager_stats *)&p->st, i);
+		*field(&t, i) = sat_add(*field(&t, i), *field((kvmem_pager_stats *)&p->st, i));
 	*s = t;
 }
 
@@ -88,15 +125,11 @@ void kvmem_pager_stats_print(const kvmem_pager_stats *s, FILE *f)
 
 void stats_load(kvmem_pager *p)
 {
-	int fd = openat(p->dirfd, "stats", O_RDONLY | O_CLOEXEC);
-	FILE *f;
+	FILE *f = open_stats(p->dirfd, p->dir);
 
 	memset(&p->base, 0, sizeof(p->base));
-	if (fd < 0)
-		return;
-	f = fdopen(fd, "r");
 	if (!f) {
-		close(fd);
+		kvmem_error_clear();	/* none yet, or not usable: counts start at 0 */
 		return;
 	}
 	parse_stats(f, &p->base);
@@ -106,24 +139,27 @@ void stats_load(kvmem_pager *p)
 void stats_save(kvmem_pager *p)
 {
 	kvmem_pager_stats t;
+	char tmp[48];
 	FILE *f;
 	int fd;
 
 	if (p->rdonly)
 		return;
 	kvmem_pager_stats_total(p, &t);
-	fd = openat(p->dirfd, "stats.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* This writer's own temporary name, created where nothing is. */
+	snprintf(tmp, sizeof(tmp), "stats.tmp.%d", (int)getpid());
+	unlinkat(p->dirfd, tmp, 0);
+	fd = openat(p->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return;
 	f = fdopen(fd, "w");
 	if (!f) {
 		close(fd);
+		unlinkat(p->dirfd, tmp, 0);
 		return;
 	}
 	for (size_t i = 0; i < N_FIELDS; i++)
 		fprintf(f, "%s %" PRIu64 "\n", fields[i].name, *field(&t, i));
-	if (fclose(f) == 0)
-		renameat(p->dirfd, "stats.tmp", p->dirfd, "stats");
-	else
-		unlinkat(p->dirfd, "stats.tmp", 0);
+	if (fclose(f) != 0 || renameat(p->dirfd, tmp, p->dirfd, "stats") < 0)
+		unlinkat(p->dirfd, tmp, 0);
 }

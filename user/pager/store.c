@@ -5,9 +5,11 @@
  *
  * Choice for a torn or corrupt workspace: REFUSE. A manifest that fails its
  * checksum, a file shorter than the commit says, or tokens/sums whose hash
- * differs from the manifest's make the open fail with a message naming the
- * file; nothing is modified. Bytes past the last commit are not damage (an
- * interrupted append) and are cut off. Pages are checked on every read.
+ * differs from the manifest's make the open fail (-EBADMSG) with a message
+ * naming the file; nothing is modified. Bytes past the last commit are not
+ * damage (an interrupted append) and are cut off. Pages are checked on
+ * every read. A directory without a manifest becomes a workspace only when
+ * it is empty; a writer holds DIR/lock for as long as it is open.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,8 +21,6 @@
 #include <unistd.h>
 
 #include "pager/pager_int.h"
-
-static const char *const data_files[] = { "pages", "tokens", "index", "sums", "tail" };
 
 static int *file_fd(kvmem_pager *p, int i)
 {
@@ -117,39 +117,42 @@ int store_grow(kvmem_pager *p, uint64_t blocks)
 	return 0;
 }
 
-/* Open one data file; O_DIRECT for pages unless refused (then buffered). */
+/* Open (or create) one data file; O_DIRECT for pages unless refused (then
+ * buffered). Never through a link, never a FIFO or other non-regular file. */
 static int open_file(kvmem_pager *p, int i, int create)
 {
-	int flags = (p->rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0);
+	int flags = p->rdonly ? O_RDONLY : O_RDWR;
+	const char *name = ws_data_files[i];
 	int fd;
 
 	if (i == 0 && !(p->flags & KVMEM_PAGER_NO_DIRECT)) {
-		fd = openat(p->dirfd, data_files[i], flags | O_DIRECT, 0644);
+		fd = create ? ws_create_file(p->dirfd, p->dir, name, flags | O_DIRECT) :
+			      ws_open_file(p->dirfd, p->dir, name, flags | O_DIRECT);
 		if (fd >= 0) {
 			p->direct = 1;
 			*file_fd(p, i) = fd;
 			return 0;
 		}
-		if (errno != EINVAL)
-			return kvmem_error(errno, "%s/%s: %s", p->dir, data_files[i], strerror(errno));
+		if (fd != -EINVAL)
+			return fd;
 		fprintf(stderr, "kvmem: %s: the file system refuses O_DIRECT; using buffered I/O\n",
 			p->dir);
 		p->warned_direct = 1;
 	}
-	fd = openat(p->dirfd, data_files[i], flags, 0644);
+	fd = create ? ws_create_file(p->dirfd, p->dir, name, flags) :
+		      ws_open_file(p->dirfd, p->dir, name, flags);
+	/* The O_DIRECT attempt may have created it before being refused. */
+	if (fd == -EEXIST && p->warned_direct && i == 0)
+		fd = ws_open_file(p->dirfd, p->dir, name, flags);
 	if (fd < 0)
-		return kvmem_error(errno, "%s/%s: %s", p->dir, data_files[i], strerror(errno));
+		return fd;
 	*file_fd(p, i) = fd;
 	return 0;
 }
 
 static int create_files(kvmem_pager *p, const kvmem_page_geom *g)
 {
-	if (!g)
-		return kvmem_error(EINVAL, "%s: not a workspace (no manifest)", p->dir);
-	if (p->rdonly)
-		return kvmem_error(EINVAL, "%s: not a workspace (no manifest) and opened read-only", p->dir);
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < WS_N_DATA; i++)
 		if (open_file(p, i, 1) < 0)
 			return kvmem_error_prefix("%s: cannot create the workspace", p->dir);
 	mf_from_geom(&p->m, g);
@@ -162,32 +165,29 @@ static int create_files(kvmem_pager *p, const kvmem_page_geom *g)
 	return 0;
 }
 
-/* Check each file holds at least what the commit covers; cut the rest. */
+/* Check each file holds at least what the commit covers; cut the rest.
+ * Sizes come from the manifest, which mf_read bounded: nothing here
+ * allocates or cuts before every file is checked. */
 static int check_lengths(kvmem_pager *p)
 {
-	const struct mf_head *h = &p->m.h;
-	uint64_t need[5] = {
-		h->blocks * p->extent_bytes,
-		h->tokens * 4,
-		h->blocks * h->index_bytes,
-		h->blocks * p->sums_rec,
-		h->tail_tokens ? (h->tail_slot + 1) * p->tail_slot_bytes : 0,
-	};
+	uint64_t need[WS_N_DATA];
+	struct stat sb[WS_N_DATA];
 
-	for (int i = 0; i < 5; i++) {
-		struct stat sb;
-
-		if (fstat(*file_fd(p, i), &sb) < 0)
-			return kvmem_error(errno, "%s/%s: %s", p->dir, data_files[i], strerror(errno));
-		if ((uint64_t)sb.st_size < need[i])
-			return kvmem_error(EINVAL, "%s/%s: %lld bytes, but the last commit covers %" PRIu64
-					 ": truncated; refusing to open (see kvmem verify)",
-					 p->dir, data_files[i], (long long)sb.st_size, need[i]);
+	mf_needs(&p->m.h, need);
+	for (int i = 0; i < WS_N_DATA; i++) {
+		if (fstat(*file_fd(p, i), &sb[i]) < 0)
+			return kvmem_error(errno, "%s/%s: %s", p->dir, ws_data_files[i], strerror(errno));
+		if ((uint64_t)sb[i].st_size < need[i])
+			return kvmem_error(EBADMSG, "%s/%s: %lld bytes, but the last commit covers %" PRIu64
+					 ": truncated; refusing to open (see kvmem verify)", p->dir,
+					 ws_data_files[i], (long long)sb[i].st_size, need[i]);
+	}
+	for (int i = 0; i < WS_N_DATA; i++) {
 		/* The tail file keeps both slots: the other one may be next. */
-		if (!p->rdonly && i != 4 && (uint64_t)sb.st_size > need[i] &&
+		if (!p->rdonly && i != 4 && (uint64_t)sb[i].st_size > need[i] &&
 		    ftruncate(*file_fd(p, i), need[i]) < 0)
 			return kvmem_error(errno, "%s/%s: cannot cut off data past the last commit: %s",
-					 p->dir, data_files[i], strerror(errno));
+					 p->dir, ws_data_files[i], strerror(errno));
 	}
 	return 0;
 }
@@ -197,32 +197,38 @@ static int load_committed(kvmem_pager *p)
 {
 	const struct mf_head *h = &p->m.h;
 	uint64_t n = h->blocks * (p->g.n_layers + 1);
+	ssize_t got;
 
 	if (store_grow(p, h->blocks) < 0)
-		return -1;
-	if (n && pread(p->fd_sums, p->sums, n * 8, 0) != (ssize_t)(n * 8))
-		return kvmem_error(EINVAL, "%s/sums: cannot read %" PRIu64 " committed checksums", p->dir, n);
+		return kvmem_fail();
+	if (n && (got = pread(p->fd_sums, p->sums, n * 8, 0)) != (ssize_t)(n * 8))
+		return kvmem_error(got < 0 ? errno : EIO, "%s/sums: cannot read %" PRIu64
+				 " committed checksums: %s", p->dir, n,
+				 got < 0 ? strerror(errno) : "short read");
 	XXH3_64bits_reset(p->sums_hash);
 	XXH3_64bits_update(p->sums_hash, p->sums, n * 8);
 	if (XXH3_64bits_digest(p->sums_hash) != h->sums_hash)
-		return kvmem_error(EINVAL, "%s/sums: checksum of the committed part differs from the manifest: "
-				 "corrupt; refusing to open (see kvmem verify)", p->dir);
+		return kvmem_error(EBADMSG, "%s/sums: checksum of the committed part differs from the "
+				 "manifest: corrupt; refusing to open (see kvmem verify)", p->dir);
 	/* Hash the committed tokens once; the state goes on with new appends. */
 	XXH3_64bits_reset(p->tok_hash);
 	for (uint64_t off = 0; off < h->tokens * 4;) {
 		uint8_t buf[65536];
 		size_t want = h->tokens * 4 - off < sizeof(buf) ? h->tokens * 4 - off : sizeof(buf);
-		ssize_t got = pread(p->fd_tokens, buf, want, off);
+		ssize_t n_got = pread(p->fd_tokens, buf, want, off);
 
-		if (got <= 0)
-			return kvmem_error(errno, "%s/tokens: read failed at offset %" PRIu64 ": %s", p->dir, off,
-					 got < 0 ? strerror(errno) : "unexpected end of file");
-		XXH3_64bits_update(p->tok_hash, buf, got);
-		off += got;
+		if (n_got < 0 && errno == EINTR)
+			continue;
+		if (n_got <= 0)
+			return kvmem_error(n_got < 0 ? errno : EIO, "%s/tokens: read failed at offset %"
+					 PRIu64 ": %s", p->dir, off, n_got < 0 ? strerror(errno) :
+					 "unexpected end of file");
+		XXH3_64bits_update(p->tok_hash, buf, n_got);
+		off += n_got;
 	}
 	if (XXH3_64bits_digest(p->tok_hash) != h->tokens_hash)
-		return kvmem_error(EINVAL, "%s/tokens: checksum of the committed part differs from the manifest: "
-				 "corrupt; refusing to open (see kvmem verify)", p->dir);
+		return kvmem_error(EBADMSG, "%s/tokens: checksum of the committed part differs from the "
+				 "manifest: corrupt; refusing to open (see kvmem verify)", p->dir);
 	p->n_tokens = h->tokens;
 	p->n_blocks = h->blocks;
 	for (uint64_t pg = 0; pg < h->blocks * p->g.n_layers; pg++)
@@ -230,16 +236,50 @@ static int load_committed(kvmem_pager *p)
 	return 0;
 }
 
+/*
+ * No readable manifest: decide whether dir may become a new workspace. Only
+ * an empty directory may (or one left by a creation cut short: empty data
+ * files, temporary files, the lock). Anything else is refused, naming it.
+ */
+static int may_create(kvmem_pager *p, int flags)
+{
+	struct ws_scan sc;
+	int rc = ws_scan(p->dirfd, p->dir, &sc);
+
+	if (rc < 0)
+		return rc;
+	if (sc.manifest)
+		return kvmem_error(ENOENT, "%s/manifest: vanished while opening", p->dir);
+	if (sc.ws_file[0])
+		return kvmem_error(ENOENT, "%s: no manifest, but the directory holds workspace files "
+				 "('%s'): a damaged workspace, not an empty one; refusing to create "
+				 "a new workspace over it", p->dir, sc.ws_file);
+	if (sc.other[0])
+		return kvmem_error(EEXIST, "%s: not a kvmem workspace and not empty (it holds '%s'); "
+				 "refusing to create a workspace in it", p->dir, sc.other);
+	if (!(flags & KVMEM_PAGER_CREATE) || p->rdonly)
+		return kvmem_error(ENOENT, "%s: not a kvmem workspace (no manifest)", p->dir);
+	return 0;
+}
+
 int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int flags)
 {
-	int created = 0;
+	int created = 0, rc;
 
 	snprintf(p->dir, sizeof(p->dir), "%s", dir);
 	p->flags = flags;
 	p->rdonly = !!(flags & KVMEM_PAGER_RDONLY);
-	if ((flags & KVMEM_PAGER_CREATE) && !p->rdonly && mkdir(dir, 0755) < 0 && errno != EEXIST)
-		return kvmem_error(errno, "%s: cannot create the workspace directory: %s", dir,
-				 strerror(errno));
+	if ((flags & KVMEM_PAGER_CREATE) && !p->rdonly) {
+		if (mkdir(dir, 0755) == 0) {
+			/* Its name in the parent must be durable before any
+			 * commit in it is reported durable. */
+			if (ws_sync_parent(dir) < 0)
+				return kvmem_fail();
+		} else if (errno != EEXIST) {
+			return kvmem_error(errno, "%s: cannot create the workspace directory: %s", dir,
+					 strerror(errno));
+		}
+	}
 	p->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (p->dirfd < 0)
 		return kvmem_error(errno, "%s: cannot open the workspace directory: %s", dir,
@@ -251,39 +291,49 @@ int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int fl
 	XXH3_64bits_reset(p->tok_hash);
 	XXH3_64bits_reset(p->sums_hash);
 
-	if (mf_read(p->dirfd, dir, &p->m) < 0) {
-		if (faccessat(p->dirfd, "manifest", F_OK, 0) == 0)
-			return -1;	/* there, but unreadable or corrupt */
-		if (!(flags & KVMEM_PAGER_CREATE))
-			return kvmem_error(EINVAL, "%s: not a kvmem workspace (no manifest)", dir);
-		if (create_files(p, g) < 0)
-			return -1;
-		created = 1;
-	} else if (g && mf_check_geom(&p->m, g, dir) < 0) {
-		return -1;
+	rc = mf_read(p->dirfd, dir, &p->m);
+	if (rc == -ENOENT)
+		rc = may_create(p, flags);
+	if (rc < 0)
+		return rc;
+	if (!p->rdonly) {
+		/* One writer: the lock, then read again what another writer may
+		 * have committed (or created) before we held it. */
+		p->fd_lock = ws_lock(p->dirfd, dir);
+		if (p->fd_lock < 0)
+			return p->fd_lock;
+		mf_free(&p->m);
+		rc = mf_read(p->dirfd, dir, &p->m);
+		if (rc == -ENOENT) {
+			rc = may_create(p, flags);
+			if (rc < 0)
+				return rc;
+			if (!g)
+				return kvmem_error(EINVAL, "%s: creating a workspace needs its geometry", dir);
+			ws_clean_temps(p->dirfd, 1);
+			if (create_files(p, g) < 0)
+				return kvmem_fail();
+			created = 1;
+		} else if (rc < 0) {
+			return rc;
+		} else {
+			ws_clean_temps(p->dirfd, 0);
+		}
 	}
+	if (g && !created && mf_check_geom(&p->m, g, dir) < 0)
+		return kvmem_fail();
 	mf_geom(&p->m, &p->g);
-	if (kvmem_page_geom_check(&p->g, dir) < 0)
-		return -1;
-	p->page_bytes = kvmem_page_bytes(&p->g);
-	p->page_stride = kvmem_page_stride(&p->g);
-	if (p->m.h.page_bytes != p->page_bytes || p->m.h.page_stride != p->page_stride ||
-	    p->m.h.align != KVMEM_IO_ALIGN)
-		return kvmem_error(EINVAL, "%s/manifest: page size %u / stride %u / alignment %u do not follow "
-				 "from its geometry: corrupt", dir, p->m.h.page_bytes,
-				 p->m.h.page_stride, p->m.h.align);
+	p->page_bytes = p->m.h.page_bytes;
+	p->page_stride = p->m.h.page_stride;
 	p->extent_bytes = p->page_stride * p->g.n_layers;
 	p->tail_slot_bytes = p->extent_bytes + round_up(p->g.index_bytes, KVMEM_IO_ALIGN);
 	p->sums_rec = ((size_t)p->g.n_layers + 1) * 8;
-	if (!created) {
-		for (int i = 0; i < 5; i++)
+	if (!created)
+		for (int i = 0; i < WS_N_DATA; i++)
 			if (open_file(p, i, 0) < 0)
-				return -1;
-		if (!p->rdonly)
-			unlinkat(p->dirfd, "manifest.tmp", 0);
-	}
+				return kvmem_fail();
 	if (check_lengths(p) < 0 || load_committed(p) < 0)
-		return -1;
+		return kvmem_fail();
 	p->prealloc_end = p->m.h.blocks * p->extent_bytes;
 	stats_load(p);
 	return 0;
@@ -291,11 +341,13 @@ int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int fl
 
 void store_close(kvmem_pager *p)
 {
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < WS_N_DATA; i++)
 		if (*file_fd(p, i) >= 0)
 			close(*file_fd(p, i));
 	if (p->dirfd >= 0)
 		close(p->dirfd);
+	if (p->fd_lock >= 0)
+		close(p->fd_lock);	/* releases the writer's lock */
 	XXH3_freeState(p->tok_hash);
 	XXH3_freeState(p->sums_hash);
 	mf_free(&p->m);

@@ -13,11 +13,11 @@
 
 #include "pager/pager_int.h"
 
-static _Atomic unsigned fault_nth[4];
+static _Atomic unsigned fault_nth[5];
 
 void kvmem_pager_fault_inject(enum kvmem_fault kind, unsigned nth)
 {
-	if (kind >= KVMEM_FAULT_READ && kind <= KVMEM_FAULT_DIRECT)
+	if (kind >= KVMEM_FAULT_READ && kind <= KVMEM_FAULT_SYNC)
 		atomic_store(&fault_nth[kind], nth);
 }
 

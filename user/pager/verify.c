@@ -3,7 +3,9 @@
  * kvmem_workspace_verify: check every checksum of a workspace directory —
  * manifest, committed tokens, the checksum file, every page, every index
  * record, the partial block — and name each bad one with its file. Reads
- * only; never repairs.
+ * only; never repairs; takes no lock (a writer may go on meanwhile). Every
+ * size the manifest claims is checked against the file before a buffer is
+ * sized by it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,21 +28,28 @@ struct vctx {
 	const struct manifest *m;
 };
 
+/* Open a data file for checking; a missing, non-regular or truncated file
+ * is one bad item (reported), -1. */
 static int vopen(struct vctx *v, const char *name, int direct, uint64_t need, uint64_t *size)
 {
 	struct stat sb;
 	int fd = -1;
 
 	if (direct)
-		fd = openat(v->dirfd, name, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		fd = ws_open_file(v->dirfd, v->dir, name, O_RDONLY | O_DIRECT);
 	if (fd < 0)
-		fd = openat(v->dirfd, name, O_RDONLY | O_CLOEXEC);
+		fd = ws_open_file(v->dirfd, v->dir, name, O_RDONLY);
 	if (fd < 0) {
-		fprintf(v->out, "%s/%s: %s\n", v->dir, name, strerror(errno));
+		fprintf(v->out, "%s\n", kvmem_last_error());
 		v->bad++;
 		return -1;
 	}
-	fstat(fd, &sb);
+	if (fstat(fd, &sb) < 0) {
+		fprintf(v->out, "%s/%s: %s\n", v->dir, name, strerror(errno));
+		v->bad++;
+		close(fd);
+		return -1;
+	}
 	*size = sb.st_size;
 	if ((uint64_t)sb.st_size < need) {
 		fprintf(v->out, "%s/%s: %lld bytes, the last commit covers %" PRIu64 ": truncated\n",
@@ -81,7 +90,11 @@ static void check_pages(struct vctx *v, const uint64_t *sums)
 
 	if (fd < 0)
 		return;
-	if (posix_memalign((void **)&buf, KVMEM_IO_ALIGN, per * ext)) {
+	/* The file holds every committed block: a buffer of up to 8 MiB or
+	 * one extent is bounded by it. */
+	if (h->blocks && posix_memalign((void **)&buf, KVMEM_IO_ALIGN, per * ext)) {
+		fprintf(v->out, "%s/pages: out of memory\n", v->dir);
+		v->bad++;
 		close(fd);
 		return;
 	}
@@ -109,7 +122,8 @@ static void check_pages(struct vctx *v, const uint64_t *sums)
 	if (size > h->blocks * ext)
 		fprintf(v->out, "%s/pages: %" PRIu64 " bytes past the last commit (ignored)\n",
 			v->dir, size - h->blocks * ext);
-	free(buf);
+	if (h->blocks)
+		free(buf);
 	close(fd);
 }
 
@@ -121,9 +135,12 @@ static void check_index(struct vctx *v, const uint64_t *sums)
 	uint8_t *buf;
 	int fd = vopen(v, "index", 0, h->blocks * ib, &size);
 
-	if (fd < 0)
+	if (fd < 0 || !h->blocks || !ib) {
+		if (fd >= 0)
+			close(fd);
 		return;
-	buf = malloc(ib ? ib : 1);
+	}
+	buf = malloc(ib);	/* the file holds blocks * ib bytes */
 	for (uint64_t b = 0; buf && b < h->blocks; b++) {
 		if (vread(fd, buf, ib, b * ib) < 0 ||
 		    XXH3_64bits(buf, ib) != sums[b * (v->L + 1) + v->L]) {
@@ -169,41 +186,32 @@ static void check_tail(struct vctx *v)
 	close(fd);
 }
 
-long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
+/* One pass over the commit the manifest names now; its generation in *gen.
+ * Returns the bad items, or -errno when there is no workspace to check. */
+static long verify_once(const char *dir, int dirfd, FILE *out, int verbose, uint64_t *gen)
 {
 	struct manifest m;
-	struct vctx v = { .dir = dir, .out = out, .m = &m };
-	uint64_t size, sum, n_sums;
+	struct vctx v = { .dir = dir, .dirfd = dirfd, .out = out, .m = &m };
+	uint64_t size, sum, n_sums, need[WS_N_DATA];
 	uint64_t *sums = NULL;
 	char name[PATH_MAX + 16];
-	int fd;
+	int fd, rc;
 
-	v.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (v.dirfd < 0) {
-		fprintf(out, "%s: %s\n", dir, strerror(errno));
-		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
-	}
-	if (mf_read(v.dirfd, dir, &m) < 0) {
+	rc = mf_read(dirfd, dir, &m);
+	if (rc < 0) {
 		fprintf(out, "%s\n", kvmem_last_error());
-		close(v.dirfd);
-		return -1;
+		return rc;
 	}
+	*gen = m.h.generation;
 	mf_geom(&m, &v.g);
-	if (kvmem_page_geom_check(&v.g, dir) < 0 || m.h.page_bytes != kvmem_page_bytes(&v.g) ||
-	    m.h.page_stride != kvmem_page_stride(&v.g)) {
-		fprintf(out, "%s/manifest: geometry does not add up: corrupt\n", dir);
-		mf_free(&m);
-		close(v.dirfd);
-		return kvmem_error(EINVAL, "%s/manifest: geometry does not add up: corrupt", dir);
-	}
+	mf_needs(&m.h, need);
 	v.pb = m.h.page_bytes;
 	v.stride = m.h.page_stride;
 	v.L = m.h.n_layers;
 
-	fd = vopen(&v, "tokens", 0, m.h.tokens * 4, &size);
+	fd = vopen(&v, "tokens", 0, need[1], &size);
 	snprintf(name, sizeof(name), "%s/tokens", dir);
-	if (fd >= 0 && (hash_file_prefix(fd, m.h.tokens * 4, name, &sum) < 0 ||
-			sum != m.h.tokens_hash)) {
+	if (fd >= 0 && (hash_file_prefix(fd, need[1], name, &sum) < 0 || sum != m.h.tokens_hash)) {
 		fprintf(out, "%s/tokens: the committed %" PRIu64 " tokens: checksum mismatch\n",
 			dir, m.h.tokens);
 		v.bad++;
@@ -211,18 +219,25 @@ long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 	if (fd >= 0)
 		close(fd);
 
+	/* The sums file is checked to hold them before they are allocated. */
 	n_sums = m.h.blocks * (v.L + 1);
-	sums = calloc(n_sums + 1, 8);
-	fd = vopen(&v, "sums", 0, n_sums * 8, &size);
-	if (fd >= 0 && sums) {
-		if (vread(fd, sums, n_sums * 8, 0) < 0 || XXH3_64bits(sums, n_sums * 8) != m.h.sums_hash) {
+	fd = vopen(&v, "sums", 0, need[3], &size);
+	if (fd >= 0) {
+		sums = malloc(n_sums * 8 + 8);
+		if (!sums) {
+			fprintf(out, "%s/sums: out of memory for %" PRIu64 " checksums\n", dir, n_sums);
+			v.bad++;
+		} else if (vread(fd, sums, n_sums * 8, 0) < 0 ||
+			   XXH3_64bits(sums, n_sums * 8) != m.h.sums_hash) {
 			fprintf(out, "%s/sums: the committed page checksums: checksum mismatch "
 				"(pages below may be reported bad because of it)\n", dir);
 			v.bad++;
 		}
 		close(fd);
-		check_pages(&v, sums);
-		check_index(&v, sums);
+		if (sums) {
+			check_pages(&v, sums);
+			check_index(&v, sums);
+		}
 	}
 	check_tail(&v);
 	if (verbose || v.bad)
@@ -232,6 +247,57 @@ long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 			v.bad);
 	free(sums);
 	mf_free(&m);
-	close(v.dirfd);
 	return v.bad;
+}
+
+/* The generation the manifest names now (UINT64_MAX when unreadable). */
+static uint64_t generation_now(int dirfd, const char *dir)
+{
+	struct manifest m;
+	uint64_t gen;
+
+	if (mf_read(dirfd, dir, &m) < 0)
+		return UINT64_MAX;
+	gen = m.h.generation;
+	mf_free(&m);
+	return gen;
+}
+
+long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
+{
+	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	long bad = 0;
+
+	if (dirfd < 0) {
+		int err = errno;
+
+		fprintf(out, "%s: %s\n", dir, strerror(err));
+		return kvmem_error(err, "%s: %s", dir, strerror(err));
+	}
+	/* A writer may commit while we read: the tail slot the old commit
+	 * named can be rewritten two commits later. Damage found during a
+	 * pass that a commit overtook is checked again on the new commit;
+	 * damage that stays is reported. */
+	for (int attempt = 0;; attempt++) {
+		char *text = NULL;
+		size_t len = 0;
+		FILE *mem = open_memstream(&text, &len);
+		uint64_t gen = UINT64_MAX;
+
+		if (!mem) {
+			bad = verify_once(dir, dirfd, out, verbose, &gen);
+			break;
+		}
+		bad = verify_once(dir, dirfd, mem, verbose, &gen);
+		fclose(mem);
+		if (bad > 0 && attempt < 8 && generation_now(dirfd, dir) != gen) {
+			free(text);
+			continue;
+		}
+		fwrite(text, 1, len, out);
+		free(text);
+		break;
+	}
+	close(dirfd);
+	return bad;
 }
