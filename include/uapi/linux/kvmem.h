@@ -6,7 +6,7 @@
  * The page table is an array of fixed-size entries, one per page, indexed by
  * page id. A page is the KV of one block in one layer (raw K then V, see
  * Documentation/pager.md); page id = block * n_layers + layer. The kernel
- * module will expose the same array read-only through mmap, preceded by one
+ * module exposes the same array read-only through mmap, preceded by one
  * struct kvmem_pt_header, so residency can be read with no system call.
  *
  * Versioning: KVMEM_PT_VERSION changes whenever the layout of an entry or the
@@ -76,31 +76,124 @@ _Static_assert(sizeof(struct kvmem_pt_header) == 64, "kvmem_pt_header must stay 
 /* Direct I/O alignment of every page and extent in the workspace files. */
 #define KVMEM_IO_ALIGN	4096u
 
-/* ---- /dev/kvmem ioctls (the kernel module; not implemented yet) -------- */
+/* ---- /dev/kvmem: ioctls, mmap, reclaim verdict --------------------------- */
+/*
+ * One workspace per open file of /dev/kvmem (Documentation/kmod.md). Every
+ * argument struct is made of __u64/__s32/__u32 fields with explicit padding,
+ * so it has one layout on every ABI; reserved fields and unknown flag bits
+ * must be zero. A user pointer is a __u64.
+ *
+ * ioctl type 0xE7: free in Documentation/userspace-api/ioctl/ioctl-number.rst
+ * of Linux 6.1 and used by no _IO* definition of that tree ('k', the old
+ * choice, is spidev's, kyro's and hsi_char's).
+ */
 
-/* Set up a workspace: the pages file, the page geometry and the host cap. */
+/* Set up the workspace of this open file; once per open. */
 struct kvmem_ioc_setup {
-	__s32 backing_fd;	/* the workspace's pages file, opened O_RDWR */
-	__u32 page_stride;	/* bytes per page in the file, multiple of KVMEM_IO_ALIGN */
-	__u64 page_count;	/* pages in the file */
-	__u64 host_cap;		/* bytes of host memory the module may keep resident */
-	__s32 numa_node;	/* -1: local */
-	__u32 n_layers;
+	__s32 pages_fd;		/* the workspace's pages file (read; read-write unless RDONLY) */
+	__s32 sums_fd;		/* its sums file: XXH3-64 per page (formats.md) */
+	__u32 page_bytes;	/* bytes a page's checksum covers */
+	__u32 page_stride;	/* page_bytes rounded up to KVMEM_IO_ALIGN */
+	__u32 n_layers;		/* L: page id = block * L + layer */
+	__s32 numa_node;	/* node of the window's memory; -1: the faulting CPU's */
+	__u64 page_count;	/* pages in the file now, a multiple of L */
+	__u64 page_max;		/* pages the table and window are sized for; 0: page_count */
+	__u64 host_cap;		/* bytes of window memory the module may keep resident */
+	__u32 flags;		/* KVMEM_SETUP_* */
+	__u32 reserved0;	/* zero */
+	__u64 reserved[4];	/* zero */
+};
+#define KVMEM_SETUP_RDONLY	0x1u	/* files read-only: the window cannot be mapped writable */
+#define KVMEM_SETUP_FLAGS	KVMEM_SETUP_RDONLY
+
+/* A list of page ids, for prefetch, claim, filled, evict. */
+struct kvmem_ioc_pages {
+	__u64 pages;		/* user pointer to n_pages __u64 page ids, each < page_count */
+	__u64 status;		/* user pointer to n_pages __s32 results, or 0 (see each ioctl) */
+	__u32 n_pages;		/* 1 .. KVMEM_IOC_PAGES_MAX */
+	__u32 flags;		/* KVMEM_PAGES_* allowed for that ioctl */
+	__u64 reserved;		/* zero */
+};
+#define KVMEM_IOC_PAGES_MAX	65536u
+#define KVMEM_PAGES_WAIT	0x1u	/* PREFETCH: return when every fill has ended */
+#define KVMEM_PAGES_VERIFY	0x2u	/* FILLED: check each page against its checksum */
+
+/* Counters of one workspace since setup. */
+struct kvmem_ioc_stats {
+	__u64 faults;		/* window faults handled */
+	__u64 hits;		/* faults and prefetches that found the page resident */
+	__u64 fills;		/* pages read from the pages file */
+	__u64 fill_bytes;
+	__u64 fill_ns;		/* time fills took, summed */
+	__u64 user_fills;	/* pages filled by userspace (CLAIM + FILLED) */
+	__u64 prefetches;	/* pages asked for by PREFETCH */
+	__u64 evictions;	/* pages dropped by reclaim or EVICT */
+	__u64 writebacks;	/* dirty pages written to the pages file */
+	__u64 read_errors;	/* fills that failed: I/O error or short read */
+	__u64 checksum_errors;	/* fills whose bytes did not match the sums file */
+	__u64 write_errors;	/* write-backs that failed */
+	__u64 verdicts;		/* reclaim verdicts a BPF program gave and the module took */
+	__u64 bad_verdicts;	/* verdicts refused (out of range): the default was used */
+	__u64 resident;		/* pages resident now */
+	__u64 slots;		/* host_cap / page_stride */
+	__u64 reserved[8];
 };
 
-/* Ask for pages ahead of use; the fill completes asynchronously. */
-struct kvmem_ioc_prefetch {
-	__u64 pages;		/* user pointer to __u64 page ids */
-	__u32 n_pages;
-	__u32 flags;		/* zero */
-};
-
-#define KVMEM_IOC_MAGIC		'k'
+/*
+ * SETUP	set up (EBUSY when done before; EINVAL on any bad field)
+ * PREFETCH	fill pages asynchronously; status unused; flags WAIT
+ * CLAIM	take absent pages for userspace to fill: status[i] = 1 when page i
+ *		was claimed (zeroed, mapped without a fill until FILLED), 0 when
+ *		it was resident or being filled already
+ * FILLED	userspace finished filling claimed pages; flags VERIFY;
+ *		status[i] = 0 or -EBADMSG (page dropped, marked BAD)
+ * EVICT	drop pages now (dirty ones are written back first); status[i] =
+ *		0, -EBUSY (pinned by get_user_pages or in use) or -errno
+ * SYNC		write back every dirty page, then fsync the pages and sums files
+ * STEP		the agent step recorded in last_step (argument: __u64)
+ * SET_COUNT	grow page_count (argument: __u64, a multiple of L, <= page_max)
+ * STATS	read struct kvmem_ioc_stats
+ */
+#define KVMEM_IOC_MAGIC		0xE7
 #define KVMEM_IOC_SETUP		_IOW(KVMEM_IOC_MAGIC, 1, struct kvmem_ioc_setup)
-#define KVMEM_IOC_PREFETCH	_IOW(KVMEM_IOC_MAGIC, 2, struct kvmem_ioc_prefetch)
+#define KVMEM_IOC_PREFETCH	_IOW(KVMEM_IOC_MAGIC, 2, struct kvmem_ioc_pages)
+#define KVMEM_IOC_CLAIM		_IOW(KVMEM_IOC_MAGIC, 3, struct kvmem_ioc_pages)
+#define KVMEM_IOC_FILLED	_IOW(KVMEM_IOC_MAGIC, 4, struct kvmem_ioc_pages)
+#define KVMEM_IOC_EVICT		_IOW(KVMEM_IOC_MAGIC, 5, struct kvmem_ioc_pages)
+#define KVMEM_IOC_SYNC		_IO(KVMEM_IOC_MAGIC, 6)
+#define KVMEM_IOC_STEP		_IOW(KVMEM_IOC_MAGIC, 7, __u64)
+#define KVMEM_IOC_SET_COUNT	_IOW(KVMEM_IOC_MAGIC, 8, __u64)
+#define KVMEM_IOC_STATS		_IOR(KVMEM_IOC_MAGIC, 9, struct kvmem_ioc_stats)
 
-/* mmap offsets of the two mappings. */
+/*
+ * mmap offsets of the two mappings (MAP_SHARED only).
+ * PAGE_TABLE: struct kvmem_pt_header, then page_max struct kvmem_pte, read-only.
+ * PAGE_WINDOW: page id p at byte p * page_stride; any part of
+ * [0, page_max * page_stride) may be mapped, at its own offset.
+ */
 #define KVMEM_MMAP_PAGE_TABLE	0x0ull
 #define KVMEM_MMAP_PAGE_WINDOW	0x100000000ull
+
+/*
+ * The reclaim verdict: the buffer of the writable tracepoint kvmem_reclaim
+ * (DECLARE_TRACE_WRITABLE; a BPF program attaches with SEC("raw_tp.w/kvmem_reclaim")
+ * and gets a pointer to this struct as its only argument). The module fills
+ * the candidates in its own order (clock order: candidate 0 is its choice)
+ * and sets verdict to KVMEM_VERDICT_DEFAULT; a program may set verdict to the
+ * index of the candidate to evict. Anything else but DEFAULT is refused and
+ * the module evicts candidate 0 (counted in bad_verdicts).
+ */
+#define KVMEM_RECLAIM_MAX	8
+#define KVMEM_VERDICT_DEFAULT	0xffffffffu
+struct kvmem_reclaim_ctx {
+	__u64 ws_id;		/* inode number of the workspace's pages file */
+	__u64 step;		/* the workspace's step (KVMEM_IOC_STEP) */
+	__u32 n_candidates;	/* 1 .. KVMEM_RECLAIM_MAX */
+	__u32 verdict;		/* in: DEFAULT; out: an index < n_candidates */
+	__u64 page[KVMEM_RECLAIM_MAX];		/* page ids */
+	__u64 last_step[KVMEM_RECLAIM_MAX];	/* step of the page's last fault */
+	__u32 access_count[KVMEM_RECLAIM_MAX];	/* the page's faults */
+	__u32 dirty[KVMEM_RECLAIM_MAX];		/* 1: evicting it writes it back first */
+};
 
 #endif

@@ -1,0 +1,477 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * /dev/kvmem: a misc device; each open file is one workspace (struct
+ * kvmem_ws), set up once with KVMEM_IOC_SETUP and torn down when the last
+ * reference to the file goes (close, or process exit: every mapping holds
+ * the file). Every ioctl argument is checked before anything is changed.
+ * The ABI is include/uapi/linux/kvmem.h; Documentation/kmod.md describes it.
+ */
+#include <linux/cred.h>
+#include <linux/file.h>
+#include <linux/fs.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/nodemask.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+#include <linux/vmalloc.h>
+
+#include "kvmem_int.h"
+#include "kvmem_trace.h"
+
+static int group = -1;
+module_param(group, int, 0444);
+MODULE_PARM_DESC(group, "gid allowed to open /dev/kvmem besides CAP_SYS_ADMIN (-1: none); makes the node 0660");
+
+static struct workqueue_struct *kvmem_wq;
+
+/* Read-only counters for leak checks, shown next to the parameters. */
+atomic_long_t kvmem_pages_held = ATOMIC_LONG_INIT(0);
+static atomic_long_t kvmem_open_files = ATOMIC_LONG_INIT(0);
+
+static int kvmem_counter_get(char *buf, const struct kernel_param *kp)
+{
+	return sysfs_emit(buf, "%ld\n", atomic_long_read(kp->arg));
+}
+
+static int kvmem_counter_set(const char *val, const struct kernel_param *kp)
+{
+	return -EPERM;
+}
+
+static const struct kernel_param_ops kvmem_counter_ops = {
+	.get = kvmem_counter_get,
+	.set = kvmem_counter_set,
+};
+module_param_cb(pages, &kvmem_counter_ops, &kvmem_pages_held, 0444);
+MODULE_PARM_DESC(pages, "read-only: pages of memory held in all windows");
+module_param_cb(workspaces, &kvmem_counter_ops, &kvmem_open_files, 0444);
+MODULE_PARM_DESC(workspaces, "read-only: open files of /dev/kvmem");
+
+static bool kvmem_may_open(void)
+{
+	if (capable(CAP_SYS_ADMIN))
+		return true;
+	return group >= 0 && in_group_p(make_kgid(&init_user_ns, group));
+}
+
+static int kvmem_open(struct inode *inode, struct file *filp)
+{
+	struct kvmem_ws *ws;
+
+	if (!kvmem_may_open())
+		return -EACCES;
+	ws = kzalloc(sizeof(*ws), GFP_KERNEL);
+	if (!ws)
+		return -ENOMEM;
+	mutex_init(&ws->lock);
+	init_waitqueue_head(&ws->wq);
+	address_space_init_once(&ws->mapping);
+	ws->mapping.host = inode;
+	ws->mapping.a_ops = inode->i_mapping->a_ops;
+	INIT_WORK(&ws->prefetch_work, kvmem_prefetch_work);
+	INIT_LIST_HEAD(&ws->prefetch_list);
+	filp->f_mapping = &ws->mapping;
+	filp->private_data = ws;
+	atomic_long_inc(&kvmem_open_files);
+	return nonseekable_open(inode, filp);
+}
+
+static int kvmem_release(struct inode *inode, struct file *filp)
+{
+	struct kvmem_ws *ws = filp->private_data;
+	struct kvmem_prefetch_batch *b, *tmp;
+
+	mutex_lock(&ws->lock);
+	ws->dying = true;
+	mutex_unlock(&ws->lock);
+	cancel_work_sync(&ws->prefetch_work);
+	list_for_each_entry_safe(b, tmp, &ws->prefetch_list, node) {
+		list_del(&b->node);
+		kfree(b);
+	}
+	if (ws->set_up) {
+		kvmem_writeback_all(ws);
+		kvmem_ws_free_memory(ws);
+		fput(ws->pages);
+		fput(ws->sums);
+	}
+	mutex_destroy(&ws->lock);
+	kfree(ws);
+	atomic_long_dec(&kvmem_open_files);
+	return 0;
+}
+
+/*
+ * A private file on the same path as the caller's fd, with the access the
+ * caller had (never more) and without O_DIRECT, so the module's I/O needs
+ * no alignment and the caller may close or change its own descriptor.
+ */
+static struct file *kvmem_reopen(int fd, bool rdonly)
+{
+	struct fd f = fdget(fd);
+	struct file *nf;
+
+	if (!f.file)
+		return ERR_PTR(-EBADF);
+	if (!S_ISREG(file_inode(f.file)->i_mode)) {
+		nf = ERR_PTR(-EINVAL);
+	} else if (!(f.file->f_mode & FMODE_READ) ||
+		   (!rdonly && !(f.file->f_mode & FMODE_WRITE))) {
+		nf = ERR_PTR(-EBADF);
+	} else {
+		nf = dentry_open(&f.file->f_path, (rdonly ? O_RDONLY : O_RDWR) | O_LARGEFILE,
+				 current_cred());
+	}
+	fdput(f);
+	return nf;
+}
+
+/* Both files hold at least `count` pages (and their sums). */
+static int kvmem_check_sizes(struct kvmem_ws *ws, u64 count)
+{
+	u64 blocks = div_u64(count, ws->n_layers);
+
+	if (i_size_read(file_inode(ws->pages)) < count * ws->page_stride)
+		return -EINVAL;
+	if (i_size_read(file_inode(ws->sums)) < blocks * (ws->n_layers + 1) * 8)
+		return -EINVAL;
+	return 0;
+}
+
+static int kvmem_setup(struct kvmem_ws *ws, void __user *uarg)
+{
+	struct kvmem_ioc_setup a;
+	u64 page_max, n_slots;
+	int err, i;
+
+	if (copy_from_user(&a, uarg, sizeof(a)))
+		return -EFAULT;
+	if ((a.flags & ~KVMEM_SETUP_FLAGS) || a.reserved0)
+		return -EINVAL;
+	for (i = 0; i < ARRAY_SIZE(a.reserved); i++)
+		if (a.reserved[i])
+			return -EINVAL;
+	if (!a.page_stride || a.page_stride % PAGE_SIZE || a.page_stride % KVMEM_IO_ALIGN ||
+	    a.page_stride > KVMEM_STRIDE_MAX)
+		return -EINVAL;
+	if (!a.page_bytes || round_up(a.page_bytes, KVMEM_IO_ALIGN) != a.page_stride)
+		return -EINVAL;
+	if (!a.n_layers || a.n_layers > KVMEM_LAYERS_MAX)
+		return -EINVAL;
+	page_max = a.page_max ? a.page_max : a.page_count;
+	if (!page_max || page_max > KVMEM_PAGE_MAX || a.page_count > page_max ||
+	    a.page_count % a.n_layers || page_max % a.n_layers)
+		return -EINVAL;
+	if (a.host_cap < a.page_stride || a.host_cap > (u64)totalram_pages() << PAGE_SHIFT)
+		return -EINVAL;
+	/* The table and the page states (40 bytes a page) stay under an
+	 * eighth of memory, so no setup can push the machine into the OOM
+	 * killer. */
+	if (page_max * (sizeof(struct kvmem_pte) + sizeof(struct kvmem_pg)) >
+	    ((u64)totalram_pages() << PAGE_SHIFT) / 8)
+		return -EINVAL;
+	n_slots = div_u64(a.host_cap, a.page_stride);
+	if (n_slots > KVMEM_PAGE_MAX)
+		return -EINVAL;
+	if (a.numa_node != NUMA_NO_NODE &&
+	    (a.numa_node < 0 || a.numa_node >= MAX_NUMNODES || !node_online(a.numa_node)))
+		return -EINVAL;
+
+	mutex_lock(&ws->lock);
+	if (ws->set_up) {
+		err = -EBUSY;
+		goto out_unlock;
+	}
+	ws->rdonly = a.flags & KVMEM_SETUP_RDONLY;
+	ws->pages = kvmem_reopen(a.pages_fd, ws->rdonly);
+	if (IS_ERR(ws->pages)) {
+		err = PTR_ERR(ws->pages);
+		goto out_unlock;
+	}
+	ws->sums = kvmem_reopen(a.sums_fd, ws->rdonly);
+	if (IS_ERR(ws->sums)) {
+		err = PTR_ERR(ws->sums);
+		goto out_pages;
+	}
+	err = -EINVAL;
+	if (file_inode(ws->pages) == file_inode(ws->sums))
+		goto out_sums;
+	ws->page_bytes = a.page_bytes;
+	ws->page_stride = a.page_stride;
+	ws->npp = a.page_stride >> PAGE_SHIFT;
+	ws->n_layers = a.n_layers;
+	ws->node = a.numa_node;
+	ws->page_count = a.page_count;
+	ws->page_max = page_max;
+	ws->ws_id = file_inode(ws->pages)->i_ino;
+	err = kvmem_check_sizes(ws, a.page_count);
+	if (err)
+		goto out_sums;
+	err = kvmem_ws_init_memory(ws, a.host_cap);
+	if (err)
+		goto out_sums;
+	smp_store_release(&ws->set_up, true);
+	mutex_unlock(&ws->lock);
+	return 0;
+
+out_sums:
+	fput(ws->sums);
+out_pages:
+	fput(ws->pages);
+	ws->pages = NULL;
+	ws->sums = NULL;
+out_unlock:
+	mutex_unlock(&ws->lock);
+	return err;
+}
+
+static bool kvmem_ready(struct kvmem_ws *ws)
+{
+	/* set_up goes false -> true once, under the lock, after every field
+	 * it covers is written. */
+	return smp_load_acquire(&ws->set_up);
+}
+
+static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user *uarg)
+{
+	struct kvmem_ioc_pages a;
+	s32 __user *ustatus;
+	struct kvmem_prefetch_batch *b;
+	u32 allowed = 0, i;
+	s32 *status = NULL;
+	u64 *ids, count;
+	long ret = 0;
+	int r;
+
+	if (copy_from_user(&a, uarg, sizeof(a)))
+		return -EFAULT;
+	if (cmd == KVMEM_IOC_PREFETCH)
+		allowed = KVMEM_PAGES_WAIT;
+	else if (cmd == KVMEM_IOC_FILLED)
+		allowed = KVMEM_PAGES_VERIFY;
+	if ((a.flags & ~allowed) || a.reserved)
+		return -EINVAL;
+	if (!a.n_pages || a.n_pages > KVMEM_IOC_PAGES_MAX)
+		return -EINVAL;
+	if ((cmd == KVMEM_IOC_PREFETCH && a.status) || (cmd == KVMEM_IOC_CLAIM && !a.status))
+		return -EINVAL;
+	ustatus = u64_to_user_ptr(a.status);
+	if (a.status && !access_ok(ustatus, (size_t)a.n_pages * sizeof(s32)))
+		return -EFAULT;
+
+	b = kvmalloc(struct_size(b, ids, a.n_pages), GFP_KERNEL);
+	if (!b)
+		return -ENOMEM;
+	b->n = a.n_pages;
+	ids = b->ids;
+	if (copy_from_user(ids, u64_to_user_ptr(a.pages), (size_t)a.n_pages * sizeof(u64))) {
+		ret = -EFAULT;
+		goto out;
+	}
+	count = READ_ONCE(ws->page_count);
+	for (i = 0; i < a.n_pages; i++) {
+		if (ids[i] >= count) {
+			ret = -EINVAL;
+			goto out;
+		}
+	}
+
+	if (cmd == KVMEM_IOC_PREFETCH) {
+		mutex_lock(&ws->lock);
+		if (ws->prefetch_queued + b->n > KVMEM_IOC_PAGES_MAX * 4) {
+			mutex_unlock(&ws->lock);
+			ret = -EAGAIN;	/* the queue is full: wait for it (WAIT) */
+			goto out;
+		}
+		ws->prefetch_queued += b->n;
+		list_add_tail(&b->node, &ws->prefetch_list);
+		mutex_unlock(&ws->lock);
+		trace_kvmem_prefetch(ws->ws_id, ids[0], a.n_pages);
+		queue_work(kvmem_wq, &ws->prefetch_work);
+		if (a.flags & KVMEM_PAGES_WAIT)
+			flush_work(&ws->prefetch_work);
+		return 0;	/* the batch belongs to the work now */
+	}
+
+	if (a.status) {
+		status = kvmalloc_array(a.n_pages, sizeof(s32), GFP_KERNEL);
+		if (!status) {
+			ret = -ENOMEM;
+			goto out;
+		}
+	}
+	for (i = 0; i < a.n_pages; i++) {
+		if (cmd == KVMEM_IOC_CLAIM)
+			r = kvmem_claim_page(ws, ids[i]);
+		else if (cmd == KVMEM_IOC_FILLED)
+			r = kvmem_filled_page(ws, ids[i], a.flags & KVMEM_PAGES_VERIFY);
+		else
+			r = kvmem_evict_page(ws, ids[i]);
+		if (status)
+			status[i] = r;
+		if (r < 0 && !ret)
+			ret = r;
+	}
+	if (status && copy_to_user(ustatus, status, (size_t)a.n_pages * sizeof(s32)))
+		ret = -EFAULT;
+out:
+	kvfree(status);
+	kvfree(b);
+	return ret;
+}
+
+static long kvmem_set_count(struct kvmem_ws *ws, u64 count)
+{
+	long ret;
+
+	mutex_lock(&ws->lock);
+	ret = -EINVAL;
+	if (count < ws->page_count || count > ws->page_max || count % ws->n_layers)
+		goto out;
+	ret = kvmem_check_sizes(ws, count);
+	if (ret)
+		goto out;
+	if (count > ws->page_count) {
+		u64 old = ws->page_count;
+
+		WRITE_ONCE(ws->page_count, count);
+		kvmem_pte_init(ws, old, count);
+	}
+out:
+	mutex_unlock(&ws->lock);
+	return ret;
+}
+
+static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
+{
+	struct kvmem_ws *ws = filp->private_data;
+	void __user *uarg = (void __user *)arg;
+	struct kvmem_ioc_stats st;
+	u64 v;
+
+	switch (cmd) {
+	case KVMEM_IOC_SETUP:
+		return kvmem_setup(ws, uarg);
+	case KVMEM_IOC_PREFETCH:
+	case KVMEM_IOC_CLAIM:
+	case KVMEM_IOC_FILLED:
+	case KVMEM_IOC_EVICT:
+	case KVMEM_IOC_SYNC:
+	case KVMEM_IOC_STEP:
+	case KVMEM_IOC_SET_COUNT:
+	case KVMEM_IOC_STATS:
+		break;
+	default:
+		return -ENOTTY;
+	}
+	if (!kvmem_ready(ws))
+		return -EINVAL;
+	switch (cmd) {
+	case KVMEM_IOC_PREFETCH:
+	case KVMEM_IOC_CLAIM:
+	case KVMEM_IOC_FILLED:
+	case KVMEM_IOC_EVICT:
+		return kvmem_pages_ioctl(ws, cmd, uarg);
+	case KVMEM_IOC_SYNC:
+		if (ws->rdonly)
+			return 0;
+		return kvmem_sync(ws);
+	case KVMEM_IOC_STEP:
+		if (copy_from_user(&v, uarg, sizeof(v)))
+			return -EFAULT;
+		mutex_lock(&ws->lock);
+		ws->step = v;
+		mutex_unlock(&ws->lock);
+		return 0;
+	case KVMEM_IOC_SET_COUNT:
+		if (copy_from_user(&v, uarg, sizeof(v)))
+			return -EFAULT;
+		return kvmem_set_count(ws, v);
+	default:	/* KVMEM_IOC_STATS */
+		mutex_lock(&ws->lock);
+		st = ws->stats;
+		mutex_unlock(&ws->lock);
+		return copy_to_user(uarg, &st, sizeof(st)) ? -EFAULT : 0;
+	}
+}
+
+/* Offset 0: the page table, read-only. KVMEM_MMAP_PAGE_WINDOW and above:
+ * the window, MAP_SHARED, writable unless set up RDONLY. */
+static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
+{
+	struct kvmem_ws *ws = filp->private_data;
+	unsigned long len = vma->vm_end - vma->vm_start;
+	u64 first, window_pages;
+
+	if (!kvmem_ready(ws))
+		return -EINVAL;
+	if (vma->vm_pgoff == 0) {
+		if (len > PAGE_ALIGN(ws->table_bytes))
+			return -EINVAL;
+		if (vma->vm_flags & VM_WRITE)
+			return -EPERM;
+		vma->vm_flags &= ~VM_MAYWRITE;
+		return remap_vmalloc_range(vma, ws->table, 0);
+	}
+	if (vma->vm_pgoff < KVMEM_WINDOW_PGOFF || !(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
+	first = vma->vm_pgoff - KVMEM_WINDOW_PGOFF;
+	window_pages = ws->page_max * ws->npp;
+	if (first >= window_pages || (len >> PAGE_SHIFT) > window_pages - first)
+		return -EINVAL;
+	if (ws->rdonly) {
+		if (vma->vm_flags & VM_WRITE)
+			return -EPERM;
+		vma->vm_flags &= ~VM_MAYWRITE;
+	}
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	vma->vm_ops = &kvmem_window_vm_ops;
+	vma->vm_private_data = ws;
+	return 0;
+}
+
+static const struct file_operations kvmem_fops = {
+	.owner = THIS_MODULE,
+	.open = kvmem_open,
+	.release = kvmem_release,
+	.unlocked_ioctl = kvmem_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.mmap = kvmem_mmap,
+	.llseek = no_llseek,
+};
+
+static struct miscdevice kvmem_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "kvmem",
+	.fops = &kvmem_fops,
+	.mode = 0600,
+};
+
+static int __init kvmem_init(void)
+{
+	int err;
+
+	kvmem_wq = alloc_workqueue("kvmem", WQ_UNBOUND, 0);
+	if (!kvmem_wq)
+		return -ENOMEM;
+	if (group >= 0)
+		kvmem_misc.mode = 0660;
+	err = misc_register(&kvmem_misc);
+	if (err)
+		destroy_workqueue(kvmem_wq);
+	return err;
+}
+
+static void __exit kvmem_exit(void)
+{
+	misc_deregister(&kvmem_misc);
+	destroy_workqueue(kvmem_wq);
+}
+
+module_init(kvmem_init);
+module_exit(kvmem_exit);
+MODULE_DESCRIPTION("kvmem: a KV-page window with fault, prefetch and BPF-steered reclaim");
+MODULE_LICENSE("GPL");

@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * kvmem.ko internals: one struct kvmem_ws per open file of /dev/kvmem.
+ *
+ * Locking (Documentation/kmod.md, "Locking"):
+ *  - ws->lock (a mutex) guards every field below marked [lock]: page
+ *    states, slots, the clock hand, counters, and every write to the shared
+ *    page table. It is never held across file I/O. Order: a window page's
+ *    lock, then ws->lock (the re-checks after lock_page()); nothing takes a
+ *    page lock while holding ws->lock.
+ *  - A page in a transient state (FILLING, EVICTING, WRITEBACK) belongs to
+ *    the thread that set it; the others sleep on ws->wq until it changes.
+ *  - Window pages are this module's own order-0 pages, mapped by .fault
+ *    with VM_FAULT_LOCKED; eviction locks them before zapping the ptes, so
+ *    a fault that raced with it re-checks and retries (as truncate does).
+ */
+#ifndef KVMEM_INT_H
+#define KVMEM_INT_H
+
+#include <linux/atomic.h>
+#include <linux/fs.h>
+#include <linux/mutex.h>
+#include <linux/types.h>
+#include <linux/wait.h>
+#include <linux/workqueue.h>
+
+#include <linux/kvmem.h>
+
+#define KVMEM_WINDOW_PGOFF	(KVMEM_MMAP_PAGE_WINDOW >> PAGE_SHIFT)
+#define KVMEM_PAGE_MAX		(1ull << 24)	/* page ids per workspace */
+#define KVMEM_STRIDE_MAX	(64u << 20)	/* bytes per page */
+#define KVMEM_LAYERS_MAX	1024u
+
+/* Private state of one page id (kvmem_pg.state). */
+enum kvmem_state {
+	KVMEM_ABSENT = 0,
+	KVMEM_FILLING,		/* the module reads it from the pages file */
+	KVMEM_CLAIMED,		/* userspace fills it (CLAIM .. FILLED) */
+	KVMEM_RESIDENT,
+	KVMEM_WRITEBACK,	/* resident, being written to the pages file */
+	KVMEM_EVICTING,
+};
+
+/* kvmem_pg.flags */
+#define KVMEM_PG_DIRTY		0x01	/* written through the window since the last write-back */
+#define KVMEM_PG_BAD		0x02	/* the last fill failed */
+#define KVMEM_PG_PREFETCHED	0x04	/* filled by prefetch, not faulted since */
+
+struct kvmem_pg {
+	u32 slot;		/* KVMEM_SLOT_NONE when absent */
+	u8 state;		/* enum kvmem_state */
+	u8 flags;		/* KVMEM_PG_* */
+	u16 pins;		/* faults between taking the page and mapping it */
+};
+
+/* Memory of one resident page: page_stride bytes in order-0 pages. */
+struct kvmem_slot {
+	u64 page;		/* the page id it holds, when used */
+	struct page **pages;	/* npp pages */
+	void *vaddr;		/* vmap of pages (hashing, write-back) */
+	bool used;
+	bool ref;		/* clock: faulted since the hand last passed */
+};
+
+struct kvmem_prefetch_batch {
+	struct list_head node;
+	u32 n;
+	u64 ids[];
+};
+
+struct kvmem_ws {
+	struct mutex lock;
+	wait_queue_head_t wq;
+	/* Per-open address space, so zapping one workspace's window leaves
+	 * other opens of /dev/kvmem alone (they share the device inode). */
+	struct address_space mapping;
+	bool set_up;		/* [lock] SETUP done; the fields below are fixed after */
+	bool dying;		/* [lock] release started: no new prefetch work */
+
+	struct file *pages;	/* private reopen of pages_fd (no O_DIRECT) */
+	struct file *sums;
+	u64 ws_id;		/* inode number of the pages file (tracepoints) */
+	u32 page_bytes, page_stride, n_layers, npp;	/* npp: PAGE_SIZE pages per page */
+	int node;		/* NUMA node, NUMA_NO_NODE for local */
+	bool rdonly;
+	u64 page_count;		/* [lock] written; read locklessly with READ_ONCE */
+	u64 page_max;
+
+	struct kvmem_pt_header *table;	/* vmalloc_user: header + page_max entries */
+	size_t table_bytes;
+	struct kvmem_pte *pte;		/* table + 1 */
+	struct kvmem_pg *pg;		/* [lock] page_max entries */
+
+	struct kvmem_slot *slots;	/* [lock] n_slots */
+	u32 n_slots, n_free, hand;
+	u32 *free_list;		/* [lock] n_free free slot numbers */
+	struct page **page_ptrs;	/* n_slots * npp, slot i's at i * npp */
+	/* [lock] slots in transit (filling, write-back, eviction) plus fault
+	 * pins: while non-zero, a full window may still free a slot. */
+	u32 busy;
+	u64 gen;		/* [lock] bumped at every state change (ws->wq) */
+
+	u64 step;		/* [lock] KVMEM_IOC_STEP */
+	struct kvmem_ioc_stats stats;	/* [lock] */
+
+	struct work_struct prefetch_work;
+	struct list_head prefetch_list;	/* [lock] of kvmem_prefetch_batch */
+	u32 prefetch_queued;		/* [lock] page ids on prefetch_list */
+};
+
+/* kvmem_dev.c: pages the module holds in all windows, for leak checks
+ * (/sys/module/kvmem/parameters/pages). */
+extern atomic_long_t kvmem_pages_held;
+
+/* kvmem_window.c */
+extern const struct vm_operations_struct kvmem_window_vm_ops;
+int kvmem_ws_init_memory(struct kvmem_ws *ws, u64 host_cap);
+void kvmem_ws_free_memory(struct kvmem_ws *ws);
+void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end);
+int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id);
+void kvmem_prefetch_work(struct work_struct *work);
+int kvmem_claim_page(struct kvmem_ws *ws, u64 id);
+int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify);
+int kvmem_evict_page(struct kvmem_ws *ws, u64 id);
+int kvmem_sync(struct kvmem_ws *ws);
+void kvmem_writeback_all(struct kvmem_ws *ws);
+
+#endif

@@ -1,0 +1,79 @@
+#!/bin/busybox sh
+# /init of the kvmem VM test initramfs (tests/vm/mkinitramfs.sh packs it).
+# Runs every step with a timeout and prints TAP-style lines: the selftests'
+# own "ok N name" / "not ok N name", and "ok N vm: step" for the steps here
+# (module load and unload, a selftest that crashed or timed out, new BUG:,
+# WARNING: or Oops lines in the kernel log after a step). tests/vm/run.sh
+# counts those lines on the serial console and prints "N passed, N failed".
+/bin/busybox mkdir -p /proc /sys /dev /tmp /usr/bin /usr/sbin /sbin
+/bin/busybox --install -s
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mount -t tracefs tracefs /sys/kernel/tracing
+echo "KVMEM-VM-BOOTED $(cut -d' ' -f1 /proc/uptime) s"
+[ -f /seed ] && export KVMEM_TEST_SEED=$(cat /seed)
+
+n=0
+fails=0
+result() {	# ok|fail description
+	n=$((n + 1))
+	if [ "$1" = ok ]; then
+		echo "ok $n vm: $2"
+	else
+		echo "not ok $n vm: $2"
+		fails=$((fails + 1))
+	fi
+}
+
+# Fail the step when the kernel logged a bug since the last check.
+dmesg -c >/dev/null
+kernel_log_clean() {
+	dmesg -c >/tmp/dmesg.step
+	if grep -E 'BUG:|WARNING:|Oops|general protection|Call Trace' /tmp/dmesg.step >/dev/null; then
+		cat /tmp/dmesg.step
+		result fail "kernel log after $1 has BUG:/WARNING:/Oops"
+	fi
+}
+
+step() {	# name command...: a shell step, ok when it exits 0
+	name=$1
+	shift
+	if "$@"; then result ok "$name"; else result fail "$name (exit $?)"; fi
+	kernel_log_clean "$name"
+}
+
+selftest() {	# seconds program args...: a kselftest program
+	t=$1
+	shift
+	echo "# ---- $*"
+	start=$(cut -d' ' -f1 /proc/uptime)
+	timeout -s KILL "$t" "$@"
+	rc=$?
+	echo "# ---- $1 exit $rc after $start .. $(cut -d' ' -f1 /proc/uptime) s"
+	# 0 all passed, 1 some failed (each reported): anything else (a signal,
+	# the timeout) means cases may be missing from the count.
+	[ $rc -le 1 ] || result fail "$1 ended abnormally (exit $rc, timeout ${t}s)"
+	kernel_log_clean "$1"
+}
+
+step "insmod kvmem.ko" insmod /lib/kvmem.ko
+if [ -c /dev/kvmem ] && [ "$(stat -c %a /dev/kvmem)" = 600 ]; then
+	result ok "/dev/kvmem is a 0600 character device"
+else
+	result fail "/dev/kvmem is a 0600 character device ($(ls -l /dev/kvmem 2>&1))"
+fi
+for t in /tests/kvmem-*; do
+	case $t in
+	*.o) ;;
+	*) selftest 600 "$t" ;;
+	esac
+done
+step "rmmod kvmem (nothing holds it after the tests)" rmmod kvmem
+step "insmod kvmem.ko group=4242" insmod /lib/kvmem.ko group=4242
+[ -x /tests/kvmem-perm ] && selftest 120 /tests/kvmem-perm
+step "rmmod kvmem again" rmmod kvmem
+echo "KVMEM-VM-DONE $n steps, $fails failed, at $(cut -d' ' -f1 /proc/uptime) s"
+poweroff -f

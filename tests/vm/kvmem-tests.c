@@ -1,0 +1,799 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kvmem.ko selftests (kselftest harness, run in qemu by tests/vm/run.sh):
+ * the page table and window mappings, faults that fill the right bytes,
+ * prefetch, eviction with write-back, many threads, I/O errors and bad
+ * checksums as SIGBUS on that page alone, userspace fills, the ioctls'
+ * argument checks, and that closing or exiting frees everything.
+ *
+ * Every TEST_F runs once per workspace variant (FIXTURE_VARIANT_ADD): one
+ * whose pages fill a 4 KiB stride exactly, one whose 10 KiB pages sit in a
+ * padded 12 KiB stride, as hmm-tests runs one body per device.
+ */
+#include <pthread.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+
+#include "kselftest_harness.h"
+#include "vmtest.h"
+
+FIXTURE(kv) {
+	struct vt_ws w;
+	kvmem_kmod *k;
+	uint64_t seed;
+};
+
+FIXTURE_VARIANT(kv) {
+	const char *src;
+};
+
+FIXTURE_VARIANT_ADD(kv, small) {
+	.src = VT_WS_SMALL,
+};
+
+FIXTURE_VARIANT_ADD(kv, wide) {
+	.src = VT_WS_WIDE,
+};
+
+FIXTURE_SETUP(kv)
+{
+	ASSERT_EQ(0, vt_ws_open(&self->w, variant->src));
+	self->k = NULL;
+	self->seed = vt_seed(variant->src);
+}
+
+FIXTURE_TEARDOWN(kv)
+{
+	kvmem_kmod_close(self->k);
+	vt_ws_close(&self->w);
+}
+
+static unsigned char *page_ref(struct vt_ws *w, uint64_t p)
+{
+	return w->ref + p * w->page_stride;
+}
+
+/* The page's window bytes equal the file's and match the sums file. */
+static int page_ok(struct vt_ws *w, kvmem_kmod *k, uint64_t p)
+{
+	unsigned char *buf = malloc(w->page_stride);
+	int ok;
+
+	ok = vt_read(kvmem_kmod_page_addr(k, p), buf, w->page_stride) == 0 &&
+	     !memcmp(buf, page_ref(w, p), w->page_stride) &&
+	     kvmem_xxh3_64(buf, w->page_bytes) == w->sums[p];
+	free(buf);
+	return ok;
+}
+
+TEST_F(kv, table_and_window_mmap)
+{
+	const struct kvmem_pt_header *h;
+	int fd;
+	void *m;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	fd = kvmem_kmod_fd(self->k);
+	h = kvmem_kmod_table(self->k);
+	ASSERT_EQ(KVMEM_PT_MAGIC, h->magic);
+	ASSERT_EQ(KVMEM_PT_VERSION, h->version);
+	ASSERT_EQ(sizeof(struct kvmem_pte), h->entry_size);
+	ASSERT_EQ(self->w.n_layers, h->n_layers);
+	ASSERT_EQ(self->w.pages, h->n_entries);
+	for (uint64_t p = 0; p < self->w.pages; p++) {
+		const struct kvmem_pte *e = kvmem_kmod_pte(self->k, p);
+
+		ASSERT_EQ(p, e->page_id);
+		ASSERT_EQ(KVMEM_TIER_NVME, e->tiers);
+		ASSERT_EQ(KVMEM_SLOT_NONE, e->host_slot);
+		ASSERT_EQ(KVMEM_SLOT_NONE, e->gpu_slot);
+		ASSERT_EQ(0, e->flags);
+		ASSERT_EQ(0, e->access_count);
+	}
+	/* The table is read-only, and stays so. */
+	m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, KVMEM_MMAP_PAGE_TABLE);
+	ASSERT_EQ(MAP_FAILED, m);
+	ASSERT_EQ(EPERM, errno);
+	ASSERT_NE(0, mprotect((void *)h, 4096, PROT_READ | PROT_WRITE));
+	/* Window: shared only, inside the window, at a known offset. */
+	m = mmap(NULL, self->w.page_stride, PROT_READ, MAP_PRIVATE, fd, KVMEM_MMAP_PAGE_WINDOW);
+	ASSERT_EQ(MAP_FAILED, m);
+	m = mmap(NULL, (self->w.pages + 1) * self->w.page_stride, PROT_READ, MAP_SHARED, fd,
+		 KVMEM_MMAP_PAGE_WINDOW);
+	ASSERT_EQ(MAP_FAILED, m);
+	ASSERT_EQ(EINVAL, errno);
+	m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, KVMEM_MMAP_PAGE_WINDOW - 4096);
+	ASSERT_EQ(MAP_FAILED, m);
+	m = mmap(NULL, 2 * 1024 * 1024 * 1024ul, PROT_READ, MAP_SHARED, fd, KVMEM_MMAP_PAGE_TABLE);
+	ASSERT_EQ(MAP_FAILED, m);
+	/* A second mapping of the last page alone, at its own offset, sees
+	 * the same bytes as the whole window. */
+	m = mmap(NULL, self->w.page_stride, PROT_READ, MAP_SHARED, fd,
+		 KVMEM_MMAP_PAGE_WINDOW + (self->w.pages - 1) * self->w.page_stride);
+	ASSERT_NE(MAP_FAILED, m);
+	ASSERT_EQ(0, memcmp(m, page_ref(&self->w, self->w.pages - 1), self->w.page_stride));
+	ASSERT_TRUE(page_ok(&self->w, self->k, self->w.pages - 1));
+	munmap(m, self->w.page_stride);
+}
+
+/* Every page, touched in random order, holds the file's bytes; the table
+ * says resident with distinct slots; each first touch was a major fault. */
+TEST_F(kv, faults_fill_right_bytes)
+{
+	uint64_t n = self->w.pages, rng = self->seed, *order = malloc(n * 8);
+	unsigned char *seen;
+	struct kvmem_ioc_stats st;
+	long maj0;
+
+	self->k = vt_kmod(&self->w, n);
+	ASSERT_NE(NULL, self->k);
+	for (uint64_t i = 0; i < n; i++)
+		order[i] = i;
+	for (uint64_t i = n - 1; i > 0; i--) {
+		uint64_t j = vt_rng(&rng) % (i + 1), t = order[i];
+
+		order[i] = order[j];
+		order[j] = t;
+	}
+	maj0 = vt_majflt();
+	for (uint64_t i = 0; i < n; i++) {
+		ASSERT_TRUE(page_ok(&self->w, self->k, order[i])) TH_LOG("page %llu",
+								  (unsigned long long)order[i]);
+	}
+	ASSERT_GE(vt_majflt() - maj0, (long)n);
+	seen = calloc(n, 1);
+	for (uint64_t p = 0; p < n; p++) {
+		const struct kvmem_pte *e = kvmem_kmod_pte(self->k, p);
+
+		ASSERT_EQ(KVMEM_TIER_NVME | KVMEM_TIER_HOST, e->tiers);
+		ASSERT_LT(e->host_slot, n);
+		ASSERT_EQ(0, seen[e->host_slot]);
+		seen[e->host_slot] = 1;
+		ASSERT_EQ(0, e->flags);
+		/* One fault per 4 KiB page of the stride. */
+		ASSERT_EQ(self->w.page_stride / 4096, e->access_count);
+	}
+	st = vt_stats(self->k);
+	ASSERT_EQ(n, st.fills);
+	ASSERT_EQ(n, st.resident);
+	ASSERT_EQ(0, st.evictions);
+	ASSERT_EQ(0, st.read_errors + st.checksum_errors);
+	/* Read again: no new fill. */
+	ASSERT_TRUE(page_ok(&self->w, self->k, order[0]));
+	ASSERT_EQ(n, vt_stats(self->k).fills);
+	free(seen);
+	free(order);
+}
+
+/* Prefetch (waiting, then asynchronous): the touches that follow find every
+ * page resident and take no major fault. */
+TEST_F(kv, prefetch_then_touch_no_fault)
+{
+	uint64_t n = self->w.pages, half = n / 2, *ids = malloc(n * 8);
+	long maj0;
+
+	self->k = vt_kmod(&self->w, n);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_EQ(0, kvmem_kmod_step(self->k, 42));
+	for (uint64_t i = 0; i < n; i++)
+		ids[i] = i;
+	ASSERT_EQ(0, kvmem_kmod_prefetch(self->k, ids, half, 1));
+	for (uint64_t p = 0; p < half; p++) {
+		ASSERT_TRUE(kvmem_kmod_resident(self->k, p));
+		ASSERT_EQ(KVMEM_PTE_PREFETCHED, kvmem_kmod_pte(self->k, p)->flags);
+	}
+	ASSERT_FALSE(kvmem_kmod_resident(self->k, half));
+	/* The rest without waiting: poll the table, no system call. */
+	ASSERT_EQ(0, kvmem_kmod_prefetch(self->k, ids + half, n - half, 0));
+	for (int tries = 0; tries < 2000; tries++) {
+		uint64_t r = 0;
+
+		for (uint64_t p = 0; p < n; p++)
+			r += kvmem_kmod_resident(self->k, p);
+		if (r == n)
+			break;
+		usleep(5000);
+	}
+	maj0 = vt_majflt();
+	for (uint64_t p = 0; p < n; p++) {
+		ASSERT_TRUE(page_ok(&self->w, self->k, p));
+	}
+	ASSERT_EQ(0, vt_majflt() - maj0);
+	ASSERT_EQ(n, vt_stats(self->k).fills);
+	ASSERT_EQ(n, vt_stats(self->k).prefetches);
+	for (uint64_t p = 0; p < n; p++) {
+		ASSERT_EQ(0, kvmem_kmod_pte(self->k, p)->flags & KVMEM_PTE_PREFETCHED);
+		ASSERT_EQ(42, kvmem_kmod_pte(self->k, p)->last_step);
+	}
+	free(ids);
+}
+
+/* A window of 4 pages: writing more pages than fit evicts, writes back,
+ * and every page reads back as written, from the window and from the file,
+ * with a checksum that matches. */
+TEST_F(kv, eviction_writeback_reread)
+{
+	uint64_t n = self->w.pages < 24 ? self->w.pages : 24, rng = self->seed;
+	uint32_t stride = self->w.page_stride;
+	unsigned char *want = malloc(n * stride), *buf = malloc(stride);
+	struct kvmem_ioc_stats st;
+	uint64_t sum;
+
+	self->k = vt_kmod(&self->w, 4);
+	ASSERT_NE(NULL, self->k);
+	for (uint64_t i = 0; i < n * stride; i += 8) {
+		uint64_t v = vt_rng(&rng);
+
+		memcpy(want + i, &v, 8);
+	}
+	for (uint64_t p = 0; p < n; p++) {
+		ASSERT_EQ(0, vt_write(kvmem_kmod_page_addr(self->k, p), want + p * stride, stride));
+		ASSERT_LE(vt_stats(self->k).resident, 4);
+	}
+	st = vt_stats(self->k);
+	ASSERT_GE(st.evictions, n - 4);
+	ASSERT_GE(st.writebacks, n - 4);
+	for (uint64_t p = 0; p < n; p++) {
+		ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(self->k, p), buf, stride));
+		ASSERT_EQ(0, memcmp(buf, want + p * stride, stride)) TH_LOG("page %llu",
+									(unsigned long long)p);
+	}
+	ASSERT_EQ(0, kvmem_kmod_sync(self->k));
+	for (uint64_t p = 0; p < n; p++) {
+		ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, stride, p * stride));
+		ASSERT_EQ(0, memcmp(buf, want + p * stride, stride));
+		ASSERT_EQ(8, pread(self->w.sums_fd, &sum, 8,
+				   ((p / self->w.n_layers) * (self->w.n_layers + 1) +
+				    p % self->w.n_layers) * 8));
+		ASSERT_EQ(kvmem_xxh3_64(want + p * stride, self->w.page_bytes), sum);
+		ASSERT_EQ(0, kvmem_kmod_pte(self->k, p)->flags & KVMEM_PTE_DIRTY);
+	}
+	free(want);
+	free(buf);
+}
+
+/* Sync writes back and cleans; the next write is tracked again. Reading
+ * never dirties. */
+TEST_F(kv, sync_and_dirty_tracking)
+{
+	uint32_t stride = self->w.page_stride;
+	unsigned char *buf = malloc(stride);
+	unsigned char *p0, *p1;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	p0 = kvmem_kmod_page_addr(self->k, 0);
+	p1 = kvmem_kmod_page_addr(self->k, 1);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 1));
+	ASSERT_EQ(0, kvmem_kmod_pte(self->k, 1)->flags & KVMEM_PTE_DIRTY);
+	ASSERT_EQ(0, vt_write(p0 + 100, "kvmem", 5));
+	ASSERT_EQ(KVMEM_PTE_DIRTY, kvmem_kmod_pte(self->k, 0)->flags & KVMEM_PTE_DIRTY);
+	ASSERT_EQ(0, kvmem_kmod_sync(self->k));
+	ASSERT_EQ(0, kvmem_kmod_pte(self->k, 0)->flags & KVMEM_PTE_DIRTY);
+	ASSERT_EQ(1, vt_stats(self->k).writebacks);
+	ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, stride, 0));
+	ASSERT_EQ(0, memcmp(buf + 100, "kvmem", 5));
+	/* A second write after the sync is seen (the pte was write-protected). */
+	ASSERT_EQ(0, vt_write(p0 + 200, "again", 5));
+	ASSERT_EQ(KVMEM_PTE_DIRTY, kvmem_kmod_pte(self->k, 0)->flags & KVMEM_PTE_DIRTY);
+	ASSERT_EQ(0, kvmem_kmod_sync(self->k));
+	ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, stride, 0));
+	ASSERT_EQ(0, memcmp(buf + 200, "again", 5));
+	ASSERT_EQ(2, vt_stats(self->k).writebacks);
+	ASSERT_EQ(0, kvmem_kmod_pte(self->k, 1)->flags & KVMEM_PTE_DIRTY);
+	(void)p1;
+	free(buf);
+}
+
+struct thr {
+	struct vt_ws *w;
+	kvmem_kmod *k;
+	pthread_barrier_t *bar;
+	uint64_t first, n, rounds, seed;
+	int bad;
+};
+
+static void *thr_touch(void *arg)
+{
+	struct thr *t = arg;
+	uint64_t rng = t->seed;
+
+	pthread_barrier_wait(t->bar);
+	for (uint64_t r = 0; r < t->rounds; r++) {
+		uint64_t p = t->first + vt_rng(&rng) % t->n;
+
+		if (!page_ok(t->w, t->k, p))
+			t->bad++;
+	}
+	return NULL;
+}
+
+/* The page through a mapping of the thread's own, so every thread takes
+ * its own fault however the others are doing. */
+static void *thr_own_mapping(void *arg)
+{
+	struct thr *t = arg;
+	uint32_t stride = t->w->page_stride;
+	unsigned char *m, *buf = malloc(stride);
+
+	m = mmap(NULL, stride, PROT_READ, MAP_SHARED, kvmem_kmod_fd(t->k),
+		 KVMEM_MMAP_PAGE_WINDOW + t->first * stride);
+	pthread_barrier_wait(t->bar);
+	if (m == MAP_FAILED || vt_read(m, buf, stride) ||
+	    memcmp(buf, page_ref(t->w, t->first), stride))
+		t->bad++;
+	if (m != MAP_FAILED)
+		munmap(m, stride);
+	free(buf);
+	return NULL;
+}
+
+static int run_threads(struct vt_ws *w, kvmem_kmod *k, int nthr, int same, uint64_t rounds,
+		       uint64_t seed)
+{
+	pthread_t tid[16];
+	struct thr t[16];
+	pthread_barrier_t bar;
+	int bad = 0;
+
+	pthread_barrier_init(&bar, NULL, nthr);
+	for (int i = 0; i < nthr; i++) {
+		t[i] = (struct thr){ .w = w, .k = k, .bar = &bar, .rounds = rounds,
+				     .seed = seed + i };
+		t[i].first = same ? 0 : (w->pages / nthr) * i;
+		t[i].n = same ? 1 : w->pages / nthr;
+		pthread_create(&tid[i], NULL, same ? thr_own_mapping : thr_touch, &t[i]);
+	}
+	for (int i = 0; i < nthr; i++) {
+		pthread_join(tid[i], NULL);
+		bad += t[i].bad;
+	}
+	pthread_barrier_destroy(&bar);
+	return bad;
+}
+
+/* Eight threads fault one page, each through its own mapping, at once:
+ * one fill, and every thread sees the right bytes. */
+TEST_F(kv, threads_same_page)
+{
+	struct kvmem_ioc_stats st;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_EQ(0, run_threads(&self->w, self->k, 8, 1, 1, self->seed));
+	st = vt_stats(self->k);
+	ASSERT_EQ(1, st.fills);
+	ASSERT_GE(st.faults, 8 * (self->w.page_stride / 4096));
+}
+
+/* Eight threads on their own pages with a window of a quarter of them:
+ * constant eviction under contention, never a wrong byte. */
+TEST_F_TIMEOUT(kv, threads_different_pages_small_window, 120)
+{
+	struct kvmem_ioc_stats st;
+
+	self->k = vt_kmod(&self->w, self->w.pages / 4);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_EQ(0, run_threads(&self->w, self->k, 8, 0, 60, self->seed));
+	st = vt_stats(self->k);
+	ASSERT_GT(st.evictions, 0);
+	ASSERT_LE(st.resident, self->w.pages / 4);
+	ASSERT_EQ(0, st.read_errors + st.checksum_errors);
+}
+
+/* The file loses its last block: touching one of its pages is SIGBUS at
+ * that page, marked BAD; the other pages are fine; once the bytes are back
+ * the same page fills. */
+TEST_F(kv, io_error_sigbus_that_page_only)
+{
+	uint64_t bad = self->w.pages - 1, good = 0;
+	uint32_t stride = self->w.page_stride;
+	unsigned char *buf = malloc(stride);
+	const void *pp;
+	char *addr;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_EQ(0, ftruncate(self->w.pages_fd, (self->w.pages - self->w.n_layers) * stride));
+	addr = kvmem_kmod_page_addr(self->k, bad);
+	ASSERT_EQ(-1, vt_read(addr + 8, buf, 8));
+	ASSERT_EQ(addr + 8, (char *)vt_bus_addr);
+	ASSERT_EQ(KVMEM_PTE_BAD, kvmem_kmod_pte(self->k, bad)->flags & KVMEM_PTE_BAD);
+	ASSERT_EQ(0, kvmem_kmod_pte(self->k, bad)->tiers & KVMEM_TIER_HOST);
+	ASSERT_EQ(1, vt_stats(self->k).read_errors);
+	ASSERT_TRUE(page_ok(&self->w, self->k, good));
+	/* The library's get reports it as an error, not a signal. */
+	ASSERT_EQ(-EBADMSG, kvmem_kmod_get(self->k, bad, &pp));
+	ASSERT_EQ(0, kvmem_kmod_prefetch(self->k, &bad, 1, 1));
+	ASSERT_EQ(0, kvmem_kmod_pte(self->k, bad)->tiers & KVMEM_TIER_HOST);
+	/* Put the block back: the page reads fine, BAD is gone. */
+	ASSERT_EQ((ssize_t)(self->w.n_layers * stride),
+		  pwrite(self->w.pages_fd, page_ref(&self->w, self->w.pages - self->w.n_layers),
+			 self->w.n_layers * stride, (self->w.pages - self->w.n_layers) * stride));
+	ASSERT_TRUE(page_ok(&self->w, self->k, bad));
+	ASSERT_EQ(0, kvmem_kmod_pte(self->k, bad)->flags & KVMEM_PTE_BAD);
+	free(buf);
+}
+
+/* One flipped byte in a page of the file: that page is SIGBUS (checksum),
+ * never the wrong bytes; its neighbours are fine. */
+TEST_F(kv, corrupt_page_sigbus)
+{
+	uint64_t p = self->w.pages / 2, rng = self->seed;
+	uint32_t off = vt_rng(&rng) % self->w.page_bytes;
+	unsigned char c = page_ref(&self->w, p)[off] ^ (1u << (vt_rng(&rng) % 8)), buf[64];
+	const void *pp;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_EQ(1, pwrite(self->w.pages_fd, &c, 1, p * self->w.page_stride + off));
+	ASSERT_EQ(-1, vt_read(kvmem_kmod_page_addr(self->k, p), buf, 1));
+	ASSERT_EQ(KVMEM_PTE_BAD, kvmem_kmod_pte(self->k, p)->flags & KVMEM_PTE_BAD);
+	ASSERT_EQ(1, vt_stats(self->k).checksum_errors);
+	ASSERT_EQ(-EBADMSG, kvmem_kmod_get(self->k, p, &pp));
+	ASSERT_TRUE(page_ok(&self->w, self->k, p - 1));
+	ASSERT_TRUE(page_ok(&self->w, self->k, p + 1));
+	ASSERT_EQ(0, vt_stats(self->k).evictions);
+	/* Repaired on disk: the page comes back. */
+	ASSERT_EQ(1, pwrite(self->w.pages_fd, page_ref(&self->w, p) + off, 1,
+			    p * self->w.page_stride + off));
+	ASSERT_EQ(0, kvmem_kmod_get(self->k, p, &pp));
+	ASSERT_EQ(0, memcmp(pp, page_ref(&self->w, p), self->w.page_stride));
+}
+
+/* Userspace fills claimed pages itself (pread here; io_uring O_DIRECT in
+ * the pager): verified pages become resident without a module read; a
+ * wrongly filled page is refused and later comes from the file. */
+TEST_F(kv, claim_and_filled)
+{
+	uint64_t ids[3] = { 1, 2, 3 };
+	int32_t st[3];
+	uint32_t stride = self->w.page_stride;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 3));	/* resident: not claimed */
+	ASSERT_EQ(2, kvmem_kmod_claim(self->k, ids, 3, st));
+	ASSERT_EQ(1, st[0]);
+	ASSERT_EQ(1, st[1]);
+	ASSERT_EQ(0, st[2]);
+	ASSERT_EQ(KVMEM_PTE_IN_FLIGHT, kvmem_kmod_pte(self->k, 1)->flags & KVMEM_PTE_IN_FLIGHT);
+	ASSERT_EQ((ssize_t)stride, pread(self->w.pages_fd, kvmem_kmod_page_addr(self->k, 1), stride,
+					 1 * stride));
+	memset(kvmem_kmod_page_addr(self->k, 2), 0x5a, stride);	/* wrong bytes */
+	ASSERT_EQ(-EBADMSG, kvmem_kmod_filled(self->k, ids, 2, 1, st));
+	ASSERT_EQ(0, st[0]);
+	ASSERT_EQ(-EBADMSG, st[1]);
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 1));
+	ASSERT_FALSE(kvmem_kmod_resident(self->k, 2));
+	ASSERT_EQ(KVMEM_PTE_BAD, kvmem_kmod_pte(self->k, 2)->flags & KVMEM_PTE_BAD);
+	ASSERT_EQ(1, vt_stats(self->k).user_fills);
+	ASSERT_EQ(1, vt_stats(self->k).fills);	/* page 3 only */
+	ASSERT_TRUE(page_ok(&self->w, self->k, 1));
+	ASSERT_TRUE(page_ok(&self->w, self->k, 2));	/* from the file now */
+	ASSERT_EQ(2, vt_stats(self->k).fills);
+	/* FILLED of a page that was not claimed is refused. */
+	ASSERT_EQ(-EINVAL, kvmem_kmod_filled(self->k, ids, 1, 0, st));
+	/* A page filled by userspace is not dirty: nothing to write back. */
+	ASSERT_EQ(0, kvmem_kmod_sync(self->k));
+	ASSERT_EQ(0, vt_stats(self->k).writebacks);
+}
+
+/* EVICT drops pages (absent ones are fine), writing dirty ones back. */
+TEST_F(kv, evict_ioctl)
+{
+	uint64_t ids[3] = { 0, 1, 2 };
+	int32_t st[3] = { 7, 7, 7 };
+	uint32_t stride = self->w.page_stride;
+	unsigned char *buf = malloc(stride);
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 0));
+	ASSERT_EQ(0, vt_write(kvmem_kmod_page_addr(self->k, 1), "dirty", 5));
+	ASSERT_EQ(0, kvmem_kmod_evict(self->k, ids, 3, st));
+	ASSERT_EQ(0, st[0]);
+	ASSERT_EQ(0, st[1]);
+	ASSERT_EQ(0, st[2]);
+	for (int i = 0; i < 3; i++) {
+		ASSERT_FALSE(kvmem_kmod_resident(self->k, i));
+	}
+	ASSERT_EQ(2, vt_stats(self->k).evictions);
+	ASSERT_EQ(1, vt_stats(self->k).writebacks);
+	ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, stride, stride));
+	ASSERT_EQ(0, memcmp(buf, "dirty", 5));
+	/* Touching it again reads the written bytes back. */
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(self->k, 1), buf, stride));
+	ASSERT_EQ(0, memcmp(buf, "dirty", 5));
+	free(buf);
+}
+
+/* The window can be sized past the pages present; the file grows and
+ * SET_COUNT makes the new pages valid. */
+TEST_F(kv, set_count_grows)
+{
+	kvmem_kmod_files f = vt_files(&self->w);
+	uint64_t last = self->w.pages - 1;
+	kvmem_kmod_opts o;
+	unsigned char b;
+
+	kvmem_kmod_opts_default(&o);
+	o.host_cap = 8 * self->w.page_stride;
+	o.page_max = self->w.pages;
+	f.page_count = self->w.pages - self->w.n_layers;
+	ASSERT_EQ(0, kvmem_kmod_open(&f, &o, &self->k));
+	ASSERT_EQ(f.page_count, kvmem_kmod_table(self->k)->n_entries);
+	ASSERT_EQ(0, kvmem_kmod_pte(self->k, last)->tiers);
+	ASSERT_EQ(-1, vt_read(kvmem_kmod_page_addr(self->k, last), &b, 1));
+	ASSERT_EQ(-EINVAL, kvmem_kmod_set_count(self->k, self->w.pages + self->w.n_layers));
+	ASSERT_EQ(-EINVAL, kvmem_kmod_set_count(self->k, self->w.pages - 1));
+	ASSERT_EQ(0, kvmem_kmod_set_count(self->k, self->w.pages));
+	ASSERT_EQ(self->w.pages, kvmem_kmod_pages(self->k));
+	ASSERT_EQ(KVMEM_TIER_NVME, kvmem_kmod_pte(self->k, last)->tiers);
+	ASSERT_TRUE(page_ok(&self->w, self->k, last));
+}
+
+/* A workspace opened read-only: no writable window, sync is a no-op. */
+TEST_F(kv, read_only_workspace)
+{
+	kvmem_kmod_files f = vt_files(&self->w);
+	kvmem_kmod_opts o;
+	char path[128];
+	int rfd;
+	void *m;
+
+	snprintf(path, sizeof(path), "%s/pages", self->w.dir);
+	rfd = open(path, O_RDONLY);
+	ASSERT_LE(0, rfd);
+	f.pages_fd = rfd;
+	kvmem_kmod_opts_default(&o);
+	o.host_cap = 8 * self->w.page_stride;
+	/* Read-write use of a read-only descriptor is refused. */
+	ASSERT_EQ(-EBADF, kvmem_kmod_open(&f, &o, &self->k));
+	o.flags = KVMEM_KMOD_RDONLY;
+	ASSERT_EQ(0, kvmem_kmod_open(&f, &o, &self->k));
+	m = mmap(NULL, self->w.page_stride, PROT_READ | PROT_WRITE, MAP_SHARED,
+		 kvmem_kmod_fd(self->k), KVMEM_MMAP_PAGE_WINDOW);
+	ASSERT_EQ(MAP_FAILED, m);
+	ASSERT_EQ(EPERM, errno);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 0));
+	ASSERT_NE(0, mprotect(kvmem_kmod_page_addr(self->k, 0), 4096, PROT_READ | PROT_WRITE));
+	ASSERT_EQ(0, kvmem_kmod_sync(self->k));
+	close(rfd);
+}
+
+/* A child maps, faults everything, dirties a page and exits without
+ * closing; another closes explicitly. Afterwards the module holds no page
+ * and no workspace, the dirty page reached the file, and thirty such
+ * children leave MemFree and Slab where they were. */
+TEST_F_TIMEOUT(kv, close_and_exit_free_everything, 120)
+{
+	long free0 = 0, slab0 = 0, free1, slab1;
+	unsigned char buf[8];
+
+	for (int round = 0; round < 32; round++) {
+		pid_t pid = fork();
+
+		if (pid == 0) {
+			kvmem_kmod *k = vt_kmod(&self->w, self->w.pages);
+
+			if (!k)
+				_exit(1);
+			/* Page 0 holds the last round's write. */
+			for (uint64_t p = 1; p < self->w.pages; p++)
+				if (!page_ok(&self->w, k, p))
+					_exit(2);
+			if (vt_write(kvmem_kmod_page_addr(k, 0), "exit", 4))
+				_exit(3);
+			if (round & 1)
+				kvmem_kmod_close(k);
+			_exit(0);	/* even rounds: the exit tears it down */
+		}
+		int status;
+
+		ASSERT_EQ(pid, waitpid(pid, &status, 0));
+		ASSERT_EQ(0, WEXITSTATUS(status));
+		ASSERT_EQ(0, vt_param("pages"));
+		ASSERT_EQ(0, vt_param("workspaces"));
+		if (round == 1) {
+			free0 = vt_meminfo("MemFree");
+			slab0 = vt_meminfo("Slab");
+		}
+	}
+	free1 = vt_meminfo("MemFree");
+	slab1 = vt_meminfo("Slab");
+	TH_LOG("MemFree %ld -> %ld KiB, Slab %ld -> %ld KiB", free0, free1, slab0, slab1);
+	/* 30 rounds of the whole workspace is at least 30 MiB if it leaked. */
+	ASSERT_LT(free0 - free1, 8192);
+	ASSERT_LT(slab1 - slab0, 2048);
+	ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, 4, 0));
+	ASSERT_EQ(0, memcmp(buf, "exit", 4));
+}
+
+/* ---- argument checks (no variant needed, but cheap) --------------------- */
+
+static int raw_setup(struct vt_ws *w, struct kvmem_ioc_setup *s)
+{
+	int fd = open(VT_DEV, O_RDWR), r;
+
+	if (fd < 0)
+		return -1000;
+	r = ioctl(fd, KVMEM_IOC_SETUP, s) < 0 ? -errno : 0;
+	close(fd);
+	return r;
+}
+
+static struct kvmem_ioc_setup good_setup(struct vt_ws *w)
+{
+	struct kvmem_ioc_setup s;
+
+	memset(&s, 0, sizeof(s));
+	s.pages_fd = w->pages_fd;
+	s.sums_fd = w->sums_fd;
+	s.page_bytes = w->page_bytes;
+	s.page_stride = w->page_stride;
+	s.n_layers = w->n_layers;
+	s.numa_node = -1;
+	s.page_count = w->pages;
+	s.host_cap = 8 * w->page_stride;
+	return s;
+}
+
+TEST_F(kv, setup_rejects_bad_arguments)
+{
+	struct kvmem_ioc_setup s;
+	int devnull = open("/dev/null", O_RDWR);
+
+#define BAD(field_stmt, err)						\
+	do {								\
+		s = good_setup(&self->w);				\
+		field_stmt;						\
+		ASSERT_EQ(-(err), raw_setup(&self->w, &s)) TH_LOG("%s", #field_stmt); \
+	} while (0)
+
+	s = good_setup(&self->w);
+	ASSERT_EQ(0, raw_setup(&self->w, &s));
+	BAD(s.flags = 0x80, EINVAL);
+	BAD(s.reserved0 = 1, EINVAL);
+	BAD(s.reserved[3] = 1, EINVAL);
+	BAD(s.page_stride = 0, EINVAL);
+	BAD(s.page_stride += 512, EINVAL);
+	BAD(s.page_stride = 128u << 20, EINVAL);
+	BAD(s.page_bytes = 0, EINVAL);
+	BAD(s.page_bytes = s.page_stride + 1, EINVAL);
+	BAD(s.page_bytes = s.page_stride - 4096, EINVAL);
+	BAD(s.n_layers = 0, EINVAL);
+	BAD(s.n_layers = 5000, EINVAL);
+	BAD(s.n_layers = 7, EINVAL);	/* 256 and 96 pages: not a multiple of 7 */
+	BAD(s.page_count = 0, EINVAL);
+	BAD(s.page_count += s.n_layers, EINVAL);	/* beyond the files */
+	BAD(s.page_max = s.page_count - s.n_layers, EINVAL);
+	BAD(s.page_max = 1ull << 40, EINVAL);
+	BAD(s.host_cap = s.page_stride - 1, EINVAL);
+	BAD(s.host_cap = 1ull << 50, EINVAL);
+	BAD(s.numa_node = 1, EINVAL);	/* one node in this VM */
+	BAD(s.numa_node = -2, EINVAL);
+	BAD(s.numa_node = 1 << 20, EINVAL);
+	BAD(s.pages_fd = -1, EBADF);
+	BAD(s.pages_fd = 9999, EBADF);
+	BAD(s.sums_fd = devnull, EINVAL);	/* not a regular file */
+	BAD(s.sums_fd = s.pages_fd, EINVAL);	/* the same file twice */
+	s = good_setup(&self->w);
+	s.numa_node = 0;
+	ASSERT_EQ(0, raw_setup(&self->w, &s));
+#undef BAD
+	close(devnull);
+}
+
+TEST_F(kv, ioctls_check_state_and_arguments)
+{
+	struct kvmem_ioc_setup s = good_setup(&self->w);
+	struct kvmem_ioc_pages a;
+	struct kvmem_ioc_stats st;
+	uint64_t ids[2] = { 0, 1 }, v;
+	int32_t status[2];
+	int fd = open(VT_DEV, O_RDWR);
+
+	ASSERT_LE(0, fd);
+	/* Before setup: every ioctl but SETUP is EINVAL, mmap too. */
+	memset(&a, 0, sizeof(a));
+	a.pages = (uintptr_t)ids;
+	a.n_pages = 2;
+	ASSERT_EQ(-1, ioctl(fd, KVMEM_IOC_PREFETCH, &a));
+	ASSERT_EQ(EINVAL, errno);
+	ASSERT_EQ(-1, ioctl(fd, KVMEM_IOC_STATS, &st));
+	ASSERT_EQ(EINVAL, errno);
+	ASSERT_EQ(MAP_FAILED, mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0));
+	/* Unknown commands: ENOTTY, before and after setup. */
+	ASSERT_EQ(-1, ioctl(fd, _IO(KVMEM_IOC_MAGIC, 99)));
+	ASSERT_EQ(ENOTTY, errno);
+	ASSERT_EQ(-1, ioctl(fd, _IOW('k', 1, struct kvmem_ioc_setup), &s));
+	ASSERT_EQ(ENOTTY, errno);
+	ASSERT_EQ(-1, ioctl(fd, KVMEM_IOC_SETUP, (void *)16));
+	ASSERT_EQ(EFAULT, errno);
+	ASSERT_EQ(0, ioctl(fd, KVMEM_IOC_SETUP, &s));
+	ASSERT_EQ(-1, ioctl(fd, KVMEM_IOC_SETUP, &s));
+	ASSERT_EQ(EBUSY, errno);
+	ASSERT_EQ(-1, ioctl(fd, _IOR(KVMEM_IOC_MAGIC, 9, struct kvmem_ioc_setup), &s));
+	ASSERT_EQ(ENOTTY, errno);
+
+#define BADP(cmd, stmt, err)						\
+	do {								\
+		memset(&a, 0, sizeof(a));				\
+		a.pages = (uintptr_t)ids;				\
+		a.status = (uintptr_t)status;				\
+		a.n_pages = 2;						\
+		stmt;							\
+		ASSERT_EQ(-1, ioctl(fd, cmd, &a)) TH_LOG("%s %s", #cmd, #stmt); \
+		ASSERT_EQ(err, errno) TH_LOG("%s %s", #cmd, #stmt);	\
+	} while (0)
+
+	BADP(KVMEM_IOC_EVICT, a.n_pages = 0, EINVAL);
+	BADP(KVMEM_IOC_EVICT, a.n_pages = KVMEM_IOC_PAGES_MAX + 1, EINVAL);
+	BADP(KVMEM_IOC_EVICT, a.reserved = 1, EINVAL);
+	BADP(KVMEM_IOC_EVICT, a.flags = KVMEM_PAGES_WAIT, EINVAL);
+	BADP(KVMEM_IOC_CLAIM, a.flags = KVMEM_PAGES_VERIFY, EINVAL);
+	BADP(KVMEM_IOC_CLAIM, a.status = 0, EINVAL);
+	BADP(KVMEM_IOC_PREFETCH, (void)0, EINVAL);	/* status must be 0 */
+	BADP(KVMEM_IOC_PREFETCH, a.status = 0; a.flags = 0x100, EINVAL);
+	BADP(KVMEM_IOC_FILLED, a.flags = KVMEM_PAGES_WAIT, EINVAL);
+	BADP(KVMEM_IOC_EVICT, a.pages = 8, EFAULT);
+	BADP(KVMEM_IOC_EVICT, a.pages = (uintptr_t)-4096, EFAULT);
+	BADP(KVMEM_IOC_EVICT, a.status = (uintptr_t)-4096, EFAULT);
+	BADP(KVMEM_IOC_EVICT, ids[1] = self->w.pages, EINVAL);
+	BADP(KVMEM_IOC_PREFETCH, a.status = 0; ids[1] = ~0ull, EINVAL);
+	ids[1] = 1;
+	/* Nothing was done by the refused calls. */
+	ASSERT_EQ(0, ioctl(fd, KVMEM_IOC_STATS, &st));
+	ASSERT_EQ(0, st.prefetches + st.fills + st.evictions);
+	ASSERT_EQ(-1, ioctl(fd, KVMEM_IOC_STATS, (void *)8));
+	ASSERT_EQ(EFAULT, errno);
+	ASSERT_EQ(-1, ioctl(fd, KVMEM_IOC_STEP, NULL));
+	ASSERT_EQ(EFAULT, errno);
+	v = self->w.pages + 1;
+	ASSERT_EQ(-1, ioctl(fd, KVMEM_IOC_SET_COUNT, &v));
+	ASSERT_EQ(EINVAL, errno);
+	close(fd);
+#undef BADP
+}
+
+/* The events are in tracefs (what perf list 'kvmem:*' reads) and fire. */
+TEST_F(kv, tracepoints_listed_and_fire)
+{
+	static const char *const ev[] = { "kvmem_fault", "kvmem_hit", "kvmem_fill_done",
+					  "kvmem_prefetch", "kvmem_evict", "kvmem_writeback",
+					  "kvmem_error" };
+	char path[160], buf[8192];
+	struct stat sb;
+	ssize_t n;
+	int fd;
+
+	for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++) {
+		snprintf(path, sizeof(path), "/sys/kernel/tracing/events/kvmem/%s/format", ev[i]);
+		ASSERT_EQ(0, stat(path, &sb)) TH_LOG("%s", path);
+	}
+	/* A bare tracepoint has no event directory. */
+	ASSERT_NE(0, stat("/sys/kernel/tracing/events/kvmem/kvmem_reclaim", &sb));
+	fd = open("/sys/kernel/tracing/events/kvmem/kvmem_fill_done/enable", O_WRONLY);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(1, write(fd, "1", 1));
+	close(fd);
+	fd = open("/sys/kernel/tracing/trace", O_WRONLY | O_TRUNC);
+	close(fd);
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 3));
+	fd = open("/sys/kernel/tracing/trace", O_RDONLY);
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	ASSERT_GT(n, 0);
+	buf[n] = 0;
+	ASSERT_NE(NULL, strstr(buf, "kvmem_fill_done")) TH_LOG("%s", buf);
+	ASSERT_NE(NULL, strstr(buf, "page=3 n=1"));
+	fd = open("/sys/kernel/tracing/events/kvmem/kvmem_fill_done/enable", O_WRONLY);
+	ASSERT_EQ(1, write(fd, "0", 1));
+	close(fd);
+}
+
+TEST_HARNESS_MAIN

@@ -1,0 +1,29 @@
+#!/bin/sh
+# Pack the VM test initramfs: busybox, /init (tests/vm/init.sh), kvmem.ko,
+# the selftests and BPF object ($VM/bin), their shared libraries (ldd), and
+# the workspaces the generator wrote ($VM/data). Writes $VM/initramfs.cpio.
+#   tests/vm/mkinitramfs.sh VM_DIR KVMEM_KO
+set -e
+vm=$1 ko=$2
+here=$(cd "$(dirname "$0")" && pwd)
+root=$vm/root
+rm -rf "$root"
+mkdir -p "$root/bin" "$root/lib" "$root/tests" "$root/data" "$root/tmp"
+cp /bin/busybox "$root/bin/busybox"
+cp "$here/init.sh" "$root/init"
+chmod 755 "$root/init"
+cp "$ko" "$root/lib/kvmem.ko"
+cp "$vm"/bin/kvmem-* "$root/tests/"
+cp -r "$vm"/data/ws-* "$root/data/"
+[ -n "${KVMEM_TEST_SEED:-}" ] && echo "$KVMEM_TEST_SEED" >"$root/seed"
+# Shared libraries of every program, at the paths the loader looks for.
+for b in "$root"/tests/*; do
+	case $b in *.o) continue ;; esac
+	ldd "$b" | sed -n 's/.*=> \(\/[^ ]*\).*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (.*/\1/p'
+done | sort -u | while read -r lib; do
+	mkdir -p "$root$(dirname "$lib")"
+	cp -L "$lib" "$root$lib"
+done
+(cd "$root" && find . | busybox cpio -o -H newc -R 0:0 2>/dev/null) >"$vm/initramfs.cpio.tmp"
+mv "$vm/initramfs.cpio.tmp" "$vm/initramfs.cpio"
+echo "initramfs: $(du -h "$vm/initramfs.cpio" | cut -f1)"

@@ -1,0 +1,39 @@
+#!/bin/bash
+# Boot Debian's 6.1 kernel in qemu (TCG) with the kvmem test initramfs and
+# count the results on the serial console. Prints the boot time, the time
+# the tests took, the failed cases, and one closing line that CI reads:
+#   N passed, N failed, N skipped
+# Exit status 0 only when nothing failed and the VM reached its end.
+#   tests/vm/run.sh VM_DIR KVER     (tests/vm/vm.mk builds what it needs)
+set -u
+vm=$1 kver=$2
+kernel=$vm/kernel/root/boot/vmlinuz-$kver
+log=$vm/console.log
+limit=${KVMEM_VM_TIMEOUT:-1500}
+
+[ -f "$kernel" ] || { echo "kvmem vmtest: $kernel missing" >&2; exit 1; }
+start=$(date +%s.%N)
+echo "kvmem vmtest: booting $kver under qemu TCG (log: $log)"
+timeout --foreground -k 10 "$limit" qemu-system-x86_64 -accel tcg -cpu max -m 1024 -smp 2 \
+	-nographic -no-reboot -kernel "$kernel" -initrd "$vm/initramfs.cpio" \
+	-append "console=ttyS0 panic=-1 quiet loglevel=1" </dev/null 2>&1 |
+	tr -d '\r' | tee "$log"
+qrc=${PIPESTATUS[0]}
+end=$(date +%s.%N)
+
+pass=$(grep -c '^ok [0-9]' "$log" | tr -d ' ')
+skip=$(grep -c '^ok [0-9].*# SKIP' "$log" | tr -d ' ')
+fail=$(grep -c '^not ok [0-9]' "$log" | tr -d ' ')
+pass=$((pass - skip))
+if ! grep -q '^KVMEM-VM-DONE' "$log"; then
+	echo "kvmem vmtest: the VM did not reach the end of its tests (qemu exit $qrc;" \
+		"timeout ${limit}s): counting one failure more"
+	fail=$((fail + 1))
+fi
+boot=$(sed -n 's/.*KVMEM-VM-BOOTED \([0-9.]*\) s.*/\1/p' "$log")
+done_at=$(sed -n 's/^KVMEM-VM-DONE .* at \([0-9.]*\) s.*/\1/p' "$log")
+echo "kvmem vmtest: guest booted to /init at ${boot:-?} s (guest clock), tests ended at" \
+	"${done_at:-?} s; wall time $(awk "BEGIN { printf \"%.1f\", $end - $start }") s"
+grep '^not ok' "$log" | sed 's/^/failed: /'
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

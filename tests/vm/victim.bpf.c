@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * A reclaim policy for kvmem.ko's writable tracepoint kvmem_reclaim, for the
+ * VM test (kvmem-bpf): the module passes its candidates in clock order and
+ * evicts candidate 0 unless the program names another. Mode (cfg[0]): 0 say
+ * nothing, 1 evict the candidate with the largest page id (the newest
+ * block's pages), 2 give a verdict out of range (the module must refuse it).
+ * cfg[1] counts calls, cfg[2] holds the last call's candidate count.
+ */
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <linux/kvmem.h>
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4);
+	__type(key, __u32);
+	__type(value, __u64);
+} kvmem_victim_cfg SEC(".maps");
+
+static __u64 *cfg(__u32 k)
+{
+	return bpf_map_lookup_elem(&kvmem_victim_cfg, &k);
+}
+
+SEC("raw_tp.w/kvmem_reclaim")
+int kvmem_victim(__u64 *ctx)
+{
+	struct kvmem_reclaim_ctx *c = (struct kvmem_reclaim_ctx *)ctx[0];
+	__u64 *mode = cfg(0), *calls = cfg(1), *ncand = cfg(2);
+	__u64 best_page = 0;
+	__u32 n, best = 0;
+
+	if (!mode || !calls || !ncand)
+		return 0;
+	__sync_fetch_and_add(calls, 1);
+	n = c->n_candidates;
+	*ncand = n;
+	if (*mode == 1) {
+		/* Constant offsets only: the tracepoint buffer takes no
+		 * variable index, so the loop is unrolled. */
+#pragma clang loop unroll(full)
+		for (__u32 i = 0; i < KVMEM_RECLAIM_MAX; i++) {
+			if (i < n && c->page[i] >= best_page) {
+				best_page = c->page[i];
+				best = i;
+			}
+		}
+		c->verdict = best;
+	} else if (*mode == 2) {
+		c->verdict = KVMEM_RECLAIM_MAX + 100;
+	}
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

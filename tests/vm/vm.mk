@@ -1,0 +1,79 @@
+# tests/vm/vm.mk: the kernel module and its VM test suite (the Makefile
+# includes this file).
+#
+#   make kmod     kvmem.ko against Debian's 6.1 headers, in $(BUILD)/kmod
+#                 (a copy of kmod/ is built there: the tree stays clean)
+#   make vmtest   the module, the kselftest programs (kselftest_harness.h
+#                 taken from Debian's linux-source-6.1 at build time), two
+#                 workspaces written by the real pager, an initramfs; boots
+#                 Debian's 6.1 kernel in qemu (TCG) and runs everything;
+#                 prints "N passed, N failed, N skipped"
+#
+# KVER (default: newest installed linux-headers-6.1.*-amd64) names the ABI
+# built for and booted; the image is downloaded once into $(BUILD)/vm/kernel.
+
+VM_DIR    := $(BUILD)/vm
+KMOD_DIR  := $(BUILD)/kmod
+KVER      ?= $(shell tests/vm/kver.sh)
+KDIR      ?= $(firstword $(wildcard /lib/modules/$(KVER)/build) /usr/src/linux-headers-$(KVER))
+KSRC_TAR  ?= /usr/src/linux-source-6.1.tar.xz
+KMOD_SRC  := $(sort $(wildcard kmod/*.c kmod/*.h)) kmod/Kbuild
+VM_CFLAGS := -std=gnu11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Wno-unused-parameter \
+	     -Wno-sign-compare -Iinclude -Iinclude/uapi -I$(VM_DIR)/ksft -pthread
+VM_PROGS  := $(patsubst tests/vm/%.c,$(VM_DIR)/bin/%,$(wildcard tests/vm/kvmem-*.c))
+VM_BPF    := $(patsubst tests/vm/%.bpf.c,$(VM_DIR)/bin/kvmem-%.bpf.o,$(wildcard tests/vm/*.bpf.c))
+VM_DATA   := $(VM_DIR)/data/ws-small/manifest $(VM_DIR)/data/ws-wide/manifest
+
+.PHONY: kmod vmtest vm-build
+kmod: $(KMOD_DIR)/kvmem.ko
+
+$(KMOD_DIR)/kvmem.ko: $(KMOD_SRC) include/uapi/linux/kvmem.h
+	@test -d "$(KDIR)" || { echo "kvmem: no kernel headers for '$(KVER)': run tools/deps.sh"; exit 1; }
+	@mkdir -p $(KMOD_DIR)
+	cp $(KMOD_SRC) $(KMOD_DIR)/
+	$(MAKE) -C $(KDIR) M=$(abspath $(KMOD_DIR)) KVMEM_UAPI=$(abspath include/uapi) modules
+
+$(VM_DIR)/ksft/kselftest_harness.h: $(KSRC_TAR)
+	@mkdir -p $(VM_DIR)/ksft
+	tar -xJf $(KSRC_TAR) -C $(VM_DIR)/ksft --strip-components=4 \
+	    linux-source-6.1/tools/testing/selftests/kselftest_harness.h \
+	    linux-source-6.1/tools/testing/selftests/kselftest.h
+	@touch $@
+
+$(VM_DIR)/bin/kvmem-%: tests/vm/kvmem-%.c tests/vm/vmtest.h kmod/kvmem_xxh3.c \
+		include/uapi/linux/kvmem.h $(VM_DIR)/ksft/kselftest_harness.h $(BUILD)/libkvmem.a
+	@mkdir -p $(dir $@)
+	$(CC) $(VM_CFLAGS) -o $@ $< kmod/kvmem_xxh3.c $(BUILD)/libkvmem.a -Wl,--as-needed \
+	    $(VM_LIBS) $(LDLIBS)
+$(VM_DIR)/bin/kvmem-bpf: VM_LIBS = -lbpf
+
+# (--as-needed: only the libraries the objects taken from libkvmem.a use
+# travel into the initramfs.)
+
+# The BPF victim program, for the kernel of the VM (no vmlinux.h needed).
+$(VM_DIR)/bin/kvmem-%.bpf.o: tests/vm/%.bpf.c include/uapi/linux/kvmem.h
+	@mkdir -p $(dir $@)
+	clang -O2 -g -target bpf -Iinclude/uapi -I/usr/include/$(shell $(CC) -dumpmachine) \
+	    -c $< -o $@
+
+$(VM_DIR)/bin/kvmem_genws: tests/vm/kvmem_genws.c $(BUILD)/libkvmem.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libkvmem.a $(LDFLAGS) $(LDLIBS)
+
+# Workspaces written by the real pager: 4 layers of 4 KiB pages (stride =
+# page), and 2 layers of 10 KiB pages in 12 KiB strides.
+$(VM_DIR)/data/ws-small/manifest: $(VM_DIR)/bin/kvmem_genws
+	rm -rf $(dir $@) && mkdir -p $(VM_DIR)/data && $< $(dir $@) --layers 4 --kv-heads 2 --head-dim 32 --block 8 --blocks 64 --seed 11
+$(VM_DIR)/data/ws-wide/manifest: $(VM_DIR)/bin/kvmem_genws
+	rm -rf $(dir $@) && mkdir -p $(VM_DIR)/data && $< $(dir $@) --layers 2 --kv-heads 2 --head-dim 40 --block 16 --blocks 48 --seed 12
+
+$(VM_DIR)/initramfs.cpio: $(KMOD_DIR)/kvmem.ko $(VM_PROGS) $(VM_BPF) $(VM_DATA) \
+		tests/vm/init.sh tests/vm/mkinitramfs.sh
+	tests/vm/mkinitramfs.sh $(VM_DIR) $(KMOD_DIR)/kvmem.ko
+
+vm-build: $(VM_DIR)/initramfs.cpio
+	@tests/vm/kernel.sh $(VM_DIR) $(KVER)
+
+vmtest: deps
+	@$(MAKE) --no-print-directory vm-build
+	@tests/vm/run.sh $(VM_DIR) $(KVER)
