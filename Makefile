@@ -101,6 +101,9 @@ $(O)/tests/%: tests/unit/%.c $(HELP_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang
 # The CUDA ops and the GPU check program, when nvcc is found (else nothing).
 include kernels/cuda/cuda.mk
 
+# The kernel module and its VM suite: make kmod, make vmtest (tests/vm/vm.mk).
+include tests/vm/vm.mk
+
 # ---- install ------------------------------------------------------------------
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
@@ -135,11 +138,13 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/kvmem demo
 
-# Plain build first, then the same tests under ASan + UBSan.
+# Plain build first, then the same tests under ASan + UBSan, then the kernel
+# module's suite in a VM (both run; either failing fails the target).
 test: deps
 	@$(MAKE) --no-print-directory all tests
 	@$(MAKE) --no-print-directory SAN=1 all tests
-	@tests/run.sh $(BUILD) $(BUILD)-asan
+	@tests/run.sh $(BUILD) $(BUILD)-asan; rc=$$?; \
+	    $(MAKE) --no-print-directory vmtest || rc=1; exit $$rc
 
 asan:
 	@$(MAKE) --no-print-directory SAN=1 all tests
