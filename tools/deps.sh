@@ -5,6 +5,13 @@
 set -e
 PKGS="gcc make libc6-dev libopenblas-dev liburing-dev libnuma-dev libxxhash-dev
       libcmocka-dev systemtap-sdt-dev gnuplot-nox"
+# The kernel module and its VM suite (make kmod, make vmtest: tests/vm/vm.mk):
+# Debian's 6.1 headers to build against (the image itself is downloaded into
+# the build folder at test time), linux-source-6.1 for kselftest_harness.h
+# and checkpatch.pl, qemu and a static busybox for the VM, clang and libbpf
+# for the BPF victim program.
+PKGS="$PKGS linux-headers-amd64 linux-source-6.1 xz-utils qemu-system-x86 busybox-static
+      clang libbpf-dev"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
