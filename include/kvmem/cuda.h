@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CUDA ops (kernels/cuda/, built into libkvmem_cuda.a when nvcc is
+ * found) and the small context they run in.
+ *
+ * Every op kvmem_cuda_<name>(ctx, ...) takes the arguments of its CPU twin
+ * kvmem_<name> (kernels_bf16.h, kernels.h) with every array a device pointer,
+ * and queues its work on the context's stream: it returns as soon as the
+ * work is queued. A return of 0 means the launch was accepted; a fault while
+ * the kernel runs shows at the next kvmem_cuda_sync(). Ops never allocate
+ * device memory while a stream capture is under way: scratch comes from the
+ * context, grown only outside a capture (kvmem_cuda_reserve before capturing
+ * a CUDA graph, or run the step once first).
+ *
+ * Errors are negative errno values with kvmem_error's message: -EINVAL (a
+ * bad argument), -ENOMEM (device or host memory), -ENOTSUP (no CUDA device,
+ * or a shape the kernels do not handle, e.g. attention with head_dim other
+ * than 64 or 128), -EBUSY (scratch would have to grow during a capture),
+ * -EIO (any other CUDA or cuBLAS failure, the message names it).
+ *
+ * Determinism: every op gives the same bits for the same inputs and shapes
+ * on the same GPU model (no atomics in any sum; the attention split count
+ * depends only on the shapes and the number of multiprocessors).
+ */
+#ifndef KVMEM_CUDA_H
+#define KVMEM_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmem/kernels_bf16.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
+typedef struct kvmem_cuda_ctx kvmem_cuda_ctx;
+
+/* Number of CUDA devices (0 when there is no driver or no GPU). */
+int kvmem_cuda_device_count(void);
+
+/* A context on `device`: its own non-blocking stream, a cuBLASLt handle with
+ * a 32 MiB workspace, and scratch (empty until an op needs it). */
+int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device);
+void kvmem_cuda_ctx_destroy(kvmem_cuda_ctx *c);
+/* The stream (a cudaStream_t) ops are queued on. */
+void *kvmem_cuda_stream(const kvmem_cuda_ctx *c);
+/* Multiprocessors of the device, and its name. */
+int kvmem_cuda_sm_count(const kvmem_cuda_ctx *c);
+const char *kvmem_cuda_device_name(const kvmem_cuda_ctx *c);
+/* Grow the scratch to at least `bytes` now (not during a capture). */
+int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
+/* Wait for the stream; reports a kernel fault as -EIO. */
+int kvmem_cuda_sync(kvmem_cuda_ctx *c);
+
+/* Device memory and copies (synchronous with respect to the stream: they
+ * wait for it). Plain cudaMalloc memory, never managed memory. */
+int kvmem_cuda_malloc(void **p, size_t bytes);
+void kvmem_cuda_free(void *p);
+int kvmem_cuda_upload(kvmem_cuda_ctx *c, void *dst, const void *src, size_t bytes);
+int kvmem_cuda_download(kvmem_cuda_ctx *c, void *dst, const void *src, size_t bytes);
+
+/* ---- ops: arguments as the twins in kernels_bf16.h / kernels.h ---------- */
+int kvmem_cuda_convert_to_bf16(kvmem_cuda_ctx *c, uint16_t *dst, const void *src,
+			       int src_dtype, size_t n);
+int kvmem_cuda_embedding_bf16(kvmem_cuda_ctx *c, float *out, const uint16_t *table,
+			      const int32_t *ids, int n, int dim);
+int kvmem_cuda_rmsnorm_bf16(kvmem_cuda_ctx *c, uint16_t *out, const float *x, const uint16_t *w,
+			    int n, int dim, float eps);
+int kvmem_cuda_headnorm_bf16(kvmem_cuda_ctx *c, uint16_t *x, const uint16_t *w, int rows,
+			     int head_dim, float eps);
+int kvmem_cuda_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *gate,
+			   const uint16_t *up, int n, int dim, int ld);
+/* twin: kvmem_add (fp32 y += x) */
+int kvmem_cuda_add(kvmem_cuda_ctx *c, float *y, const float *x, size_t n);
+/* cuBLASLt: bf16 A/B, fp32 compute (CUBLAS_COMPUTE_32F), "TN" layout; the
+ * algorithm for each shape is chosen once and kept in the context. */
+int kvmem_cuda_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
+			 const uint16_t *w, int n, int in, int out);
+int kvmem_cuda_logits_bf16(kvmem_cuda_ctx *c, float *logits, const float *x,
+			   const uint16_t *norm_w, const uint16_t *lm_head, uint16_t *tmp, int n,
+			   int hidden, int vocab, float eps);
+int kvmem_cuda_rope_bf16(kvmem_cuda_ctx *c, uint16_t *x, const int32_t *pos, int n, int n_heads,
+			 int head_dim, double theta);
+/* items: device array of n_items kvmem_scatter_item */
+int kvmem_cuda_view_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
+				 const uint16_t *stage_k, const uint16_t *stage_v,
+				 const kvmem_scatter_item *items, int n_items, int n_layers,
+				 int n_kv_heads, int head_dim, int cap, double theta);
+/*
+ * Attention: the flash kernel (tensor cores, 64-key tiles, GQA heads packed
+ * into the rows of one tile so each K/V tile is read once per KV head) with
+ * 64-row tiles for prefill chunks and 16-row tiles for decode; the key range
+ * is split over blocks (split-K, combined by a second kernel) when the rows
+ * alone would not fill the GPU. head_dim 64 or 128.
+ */
+int kvmem_cuda_attention_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+			      const int32_t *q_pos, int n_q, const uint16_t *k, const uint16_t *v,
+			      const int32_t *kv_pos, int n_kv, size_t kv_stride, int n_heads,
+			      int n_kv_heads, int head_dim, float scale);
+/* One numbered version of the attention (1: one warp per query head, plain
+ * loads, the simple reference; 2: the flash kernel above), for the checks
+ * and the benchmark. */
+int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint16_t *out,
+				const uint16_t *q, const int32_t *q_pos, int n_q, const uint16_t *k,
+				const uint16_t *v, const int32_t *kv_pos, int n_kv, size_t kv_stride,
+				int n_heads, int n_kv_heads, int head_dim, float scale);
+/* token: one int32 on the device; rng: the uint64 RNG state on the device
+ * (advanced there, so a captured decode graph samples from it); s: host. */
+int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits, int vocab,
+			    const kvmem_sampler *s, uint64_t *rng);
+
+/* Scorers: g in host memory, arrays on the device. */
+int kvmem_cuda_group_queries(kvmem_cuda_ctx *c, float *gq, const float *q, int n_layers, int n_q,
+			     int n_heads, int n_kv_heads, int head_dim, double theta, int64_t span);
+int kvmem_cuda_head_queries(kvmem_cuda_ctx *c, float *hq, const float *q, int layer, int n_q,
+			    int n_heads, int head_dim, double theta, int64_t span);
+int kvmem_cuda_score_meank(kvmem_cuda_ctx *c, float *scores, const void *meank, const float *gq,
+			   const kvmem_score_geom *g);
+int kvmem_cuda_score_subblock(kvmem_cuda_ctx *c, float *scores, const void *sub,
+			      const float *gq, const kvmem_score_geom *g);
+int kvmem_cuda_score_quest(kvmem_cuda_ctx *c, float *scores, const void *kmin, const void *kmax,
+			   const float *q, int n_q, const kvmem_score_geom *g);
+/* q_pos, len, blocks: device arrays. */
+int kvmem_cuda_token_mass(kvmem_cuda_ctx *c, double *mass, const void *keys, const int32_t *len,
+			  const int64_t *blocks, int64_t n, const float *hq, const int64_t *q_pos,
+			  int n_q, const kvmem_score_geom *g);
+/* out: device int64[min(k, n)]; returns that count like the twin. */
+int64_t kvmem_cuda_top_k_blocks(kvmem_cuda_ctx *c, int64_t *out, const float *scores, int64_t n,
+				int64_t k);
+
+/* Fills (kernels/cuda/fill.cu), twins kvmem_random_bf16 / kvmem_fill_bf16. */
+int kvmem_cuda_random_bf16(kvmem_cuda_ctx *c, uint16_t *dst, size_t n, uint64_t seed,
+			   float scale);
+int kvmem_cuda_fill_bf16(kvmem_cuda_ctx *c, uint16_t *dst, size_t n, float v);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,69 @@
+# kvmem — the CUDA ops (included from the top-level Makefile).
+#
+# When nvcc is found (on PATH, or /usr/local/cuda/bin/nvcc), `make` builds
+# $(O)/libkvmem_cuda.a from kernels/cuda/*.cu for sm_90 (machine code for
+# Hopper, plus compute_90 PTX that newer GPUs compile at load) and the GPU
+# check program $(O)/gpu/kvmem_gpu_check (tests/gpu/; it runs only on a GPU
+# machine, through tests/gpu/run.sh, never in `make test`). Without nvcc
+# all of this is left out and nothing else changes. NVCC=none turns it off.
+# The sanitizer build (SAN=1) leaves it out too: nothing there links it.
+#
+# `make gpu-check-static` links the check program with Debian's libraries
+# (OpenBLAS, liburing, libnuma, libxxhash, libgomp, libgfortran) and the CUDA
+# runtime statically, so it runs on the GPU machine without our -dev
+# packages; only cuBLASLt (CUDA 13, present there) is a shared library.
+
+ifeq ($(origin NVCC),undefined)
+NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && \
+	  echo /usr/local/cuda/bin/nvcc; })
+endif
+
+ifneq ($(filter-out none,$(NVCC)),)
+ifneq ($(SAN),1)
+
+CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCC_FLAGS  ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCH) -Xcompiler -Wall,-fPIC -Iinclude \
+	       -Iinclude/uapi -MMD -MP
+CUDA_SRC    := $(sort $(wildcard kernels/cuda/*.cu))
+CUDA_OBJ    := $(CUDA_SRC:%.cu=$(O)/cuda/%.o)
+GPU_CHECK_OBJ := $(patsubst %.c,$(O)/gpu/obj/%.o,$(sort $(wildcard tests/gpu/*.c)))
+GPU_CHECK   := $(O)/gpu/kvmem_gpu_check
+GCC_LIBDIR  := $(dir $(shell $(CC) -print-libgcc-file-name))
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static \
+	       -ldl -lrt -lpthread
+
+$(O)/cuda/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(O)/libkvmem_cuda.a: $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(O)/gpu/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
+
+# Linked like the tests (Debian's shared libraries): what CI builds.
+$(GPU_CHECK): $(GPU_CHECK_OBJ) $(O)/libkvmem_cuda.a $(O)/libkvmem.a
+	$(CC) -o $@ $(GPU_CHECK_OBJ) $(O)/libkvmem_cuda.a $(O)/libkvmem.a $(LDFLAGS) $(LDLIBS) \
+	    -lstdc++ $(CUDA_LIBS)
+
+# For the GPU machine: Debian's libraries (and libgomp, libgfortran: the
+# gfortran-12 / libgfortran-12-dev package) linked in statically.
+$(GPU_CHECK)-static: $(GPU_CHECK_OBJ) $(O)/libkvmem_cuda.a $(O)/libkvmem.a
+	$(CC) -o $@ $(GPU_CHECK_OBJ) $(O)/libkvmem_cuda.a $(O)/libkvmem.a \
+	    /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a \
+	    -Wl,-Bstatic -luring -lnuma -lxxhash -lgfortran -lquadmath -lstdc++ -Wl,-Bdynamic \
+	    $(GCC_LIBDIR)libgomp.a -lm $(CUDA_LIBS)
+
+.PHONY: cuda gpu-check gpu-check-static
+cuda: $(O)/libkvmem_cuda.a
+gpu-check: $(GPU_CHECK)
+gpu-check-static: $(GPU_CHECK)-static
+all: $(O)/libkvmem_cuda.a
+all: $(GPU_CHECK)
+
+endif
+endif

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Private to kernels/cuda: the context, error mapping, bf16 helpers shared by
+ * the kernels. C++ (CUDA) only.
+ */
+#ifndef KVMEM_CUDA_INT_H
+#define KVMEM_CUDA_INT_H
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kvmem/cuda.h"
+#include "kvmem/kvmem.h"
+
+#define KVMEM_GEMM_CACHE 48	/* GEMM shapes whose algorithm is kept */
+
+struct gemm_plan {
+	int n, in, out, mode, align;	/* key; n == 0: empty slot */
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t a, b, c;
+	cublasLtMatmulAlgo_t algo;
+	int has_algo;
+};
+
+struct kvmem_cuda_ctx {
+	int device, sms;
+	char name[256];
+	cudaStream_t stream;
+	cublasLtHandle_t lt;
+	void *lt_ws;		/* cuBLASLt workspace */
+	size_t lt_ws_bytes;
+	void *scratch;		/* ops' temporary device memory */
+	size_t scratch_bytes;
+	struct gemm_plan plans[KVMEM_GEMM_CACHE];
+	int next_plan;		/* round-robin replacement */
+};
+
+/* -EIO (or -ENOMEM) with "<what>: <CUDA's message>". */
+int kvmem_cuda_err(cudaError_t e, const char *what);
+/* The last launch's error, as kvmem_cuda_err (0 when it was accepted). */
+int kvmem_cuda_launched(const char *what);
+/* Scratch of at least `bytes` (grows outside a capture only). */
+int kvmem_cuda_scratch(kvmem_cuda_ctx *c, size_t bytes, void **p);
+
+static inline size_t kvmem_align_up(size_t x, size_t a)
+{
+	return (x + a - 1) / a * a;
+}
+
+/* ---- device helpers ------------------------------------------------------ */
+#ifdef __CUDACC__
+__device__ __forceinline__ float bf2f(uint16_t h)
+{
+	return __uint_as_float((uint32_t)h << 16);
+}
+
+/* fp32 -> bf16, nearest even, NaN kept quiet: bit for bit kvmem_f32_to_bf16. */
+__device__ __forceinline__ uint16_t f2bf(float f)
+{
+	uint32_t u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x0040u);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+/* double -> bf16 rounded once (see kernels/cpu/bf16_ops.c: f64_to_bf16). */
+__device__ __forceinline__ uint16_t d2bf(double x)
+{
+	float f = __double2float_rn(x);
+	uint32_t u = __float_as_uint(f);
+
+	if ((u & 0xffffu) == 0x8000u && (double)f != x && isfinite(f))
+		u += (fabs(x) > fabs((double)f)) ? 1 : -1;
+	return f2bf(__uint_as_float(u));
+}
+
+/* Order-preserving key of a float for "higher is better" selection: NaN
+ * ranks as -inf, -0 as +0 (they compare equal in C), larger key = larger
+ * value. */
+__device__ __forceinline__ uint32_t rank_key(float f)
+{
+	uint32_t u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)	/* NaN */
+		u = 0xff800000u;
+	if ((u & 0x7fffffffu) == 0)		/* -0 */
+		u = 0;
+	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_value(uint32_t k)
+{
+	return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+#endif
+
+#endif

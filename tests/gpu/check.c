@@ -1,0 +1,1268 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmem_gpu_check: every CUDA op (include/kvmem/cuda.h) against its CPU twin
+ * on fresh random inputs, then (--bench) the timing table. Runs on a GPU
+ * machine only; tests/gpu/run.sh drives it, compute-sanitizer included.
+ *
+ * Each check draws new inputs (the seed is printed; --seed replays it),
+ * fills the GPU output with NaN (0xff bytes) first, runs the twin and the
+ * op, and compares every element: |gpu - cpu| <= atol + rtol |cpu|, a NaN
+ * left where the twin wrote a number counts as unwritten. The tolerances
+ * are listed in Documentation/kernels.md. It prints one line per check and
+ * closes with "N passed, N failed" (the bench prints its table instead).
+ *
+ *   kvmem_gpu_check [--quick] [--bench] [--seed N]
+ *     --quick   small shapes only (the compute-sanitizer runs)
+ *     --bench   the timing table instead of the checks: copy rate, GEMM
+ *               rate, attention, GEMMs of Qwen3-8B, selection, sampling,
+ *               each with its ratio to the ceiling measured in the run
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvmem/cuda.h"
+#include "kvmem/kvmem.h"
+
+static int g_pass, g_fail, g_quick;
+static uint64_t g_rng;
+static kvmem_cuda_ctx *g_c;
+
+/* ---- small utilities ------------------------------------------------------ */
+
+static uint64_t rnext(void)
+{
+	uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double runi(double lo, double hi)
+{
+	return lo + (hi - lo) * ((double)(rnext() >> 11) * 0x1p-53);
+}
+
+static int rint_in(int lo, int hi)
+{
+	return lo + (int)(runi(0, 1) * (hi - lo + 1));
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "kvmem_gpu_check: %s: %s\n", what, kvmem_last_error());
+	exit(2);
+}
+
+static void *hmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+
+	if (!p) {
+		fprintf(stderr, "kvmem_gpu_check: out of host memory (%zu bytes)\n", n);
+		exit(2);
+	}
+	return p;
+}
+
+static float *rand_f32(size_t n, double lo, double hi)
+{
+	float *p = hmalloc(4 * n);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = (float)runi(lo, hi);
+	return p;
+}
+
+static uint16_t *rand_bf16(size_t n, double lo, double hi)
+{
+	uint16_t *p = hmalloc(2 * n);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = kvmem_f32_to_bf16((float)runi(lo, hi));
+	return p;
+}
+
+/* Device copy of a host array. */
+static void *dput(const void *h, size_t bytes)
+{
+	void *d;
+
+	if (kvmem_cuda_malloc(&d, bytes) || kvmem_cuda_upload(g_c, d, h, bytes))
+		die("upload");
+	return d;
+}
+
+/* Device array filled with 0xff bytes: NaN as fp32, bf16 and double. */
+static void *dpoison(size_t bytes)
+{
+	void *d;
+
+	/* On the context's stream (non-blocking: it does not wait for the
+	 * legacy default stream), then waited for. */
+	if (kvmem_cuda_malloc(&d, bytes) ||
+	    cudaMemsetAsync(d, 0xff, bytes, (cudaStream_t)kvmem_cuda_stream(g_c)) != cudaSuccess ||
+	    kvmem_cuda_sync(g_c))
+		die("poisoned allocation");
+	return d;
+}
+
+static void *dget(const void *d, size_t bytes)
+{
+	void *h = hmalloc(bytes);
+
+	if (kvmem_cuda_sync(g_c) || kvmem_cuda_download(g_c, h, d, bytes))
+		die("download");
+	return h;
+}
+
+static double bf(uint16_t h)
+{
+	return kvmem_bf16_to_f32(h);
+}
+
+static void report(int ok, const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("%s ", ok ? "ok  " : "FAIL");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	if (ok)
+		g_pass++;
+	else
+		g_fail++;
+}
+
+/* Elementwise comparison with |g - r| <= atol + rtol |r|. */
+struct cmp {
+	size_t n, bad, unwritten, diff;
+	double max_abs, l2n, l2d;
+};
+
+static void cmp_one(struct cmp *c, double g, double r, double atol, double rtol)
+{
+	double e;
+
+	c->n++;
+	if (isnan(r) && isnan(g))
+		return;	/* neither wrote it (poison kept) */
+	if (isnan(g) && !isnan(r)) {
+		c->unwritten++;
+		c->bad++;
+		return;
+	}
+	e = fabs(g - r);
+	if (g != r)
+		c->diff++;
+	if (!(e <= atol + rtol * fabs(r)))
+		c->bad++;
+	if (e > c->max_abs || isnan(e))
+		c->max_abs = e;
+	c->l2n += e * e;
+	c->l2d += r * r;
+}
+
+static void cmp_report(const struct cmp *c, const char *what, double atol, double rtol)
+{
+	report(c->bad == 0, "%-34s n=%-9zu max|d|=%-9.3g relL2=%-9.3g differ=%-7zu bad=%zu "
+	       "unwritten=%zu (atol %.3g rtol %.3g)", what, c->n, c->max_abs,
+	       c->l2d > 0 ? sqrt(c->l2n / c->l2d) : 0.0, c->diff, c->bad, c->unwritten, atol, rtol);
+}
+
+static void cmp_bf16(const char *what, const uint16_t *g, const uint16_t *r, size_t n, double atol,
+		     double rtol)
+{
+	struct cmp c = { 0 };
+
+	for (size_t i = 0; i < n; i++)
+		cmp_one(&c, bf(g[i]), bf(r[i]), atol, rtol);
+	cmp_report(&c, what, atol, rtol);
+}
+
+static void cmp_f32(const char *what, const float *g, const float *r, size_t n, double atol,
+		    double rtol)
+{
+	struct cmp c = { 0 };
+
+	for (size_t i = 0; i < n; i++)
+		cmp_one(&c, g[i], r[i], atol, rtol);
+	cmp_report(&c, what, atol, rtol);
+}
+
+#define ULP1 0x1p-7	/* one bf16 ulp, relative to the value */
+
+/* ---- dense ops -------------------------------------------------------------- */
+
+static void check_convert(void)
+{
+	size_t n = g_quick ? 1000 : 1 << 20;
+	float *f = rand_f32(n, -1e5, 1e5);
+	uint16_t *h = hmalloc(2 * n), *ref = hmalloc(2 * n), *got;
+	void *df, *dh, *dout = dpoison(2 * n);
+
+	for (size_t i = 0; i < n; i++)
+		h[i] = kvmem_f32_to_f16(f[i] / 16);
+	df = dput(f, 4 * n);
+	dh = dput(h, 2 * n);
+	kvmem_convert_to_bf16(ref, f, KVMEM_DTYPE_F32, n);
+	if (kvmem_cuda_convert_to_bf16(g_c, dout, df, KVMEM_DTYPE_F32, n))
+		die("convert");
+	got = dget(dout, 2 * n);
+	cmp_bf16("convert f32->bf16 (exact)", got, ref, n, 0, 0);
+	free(got);
+	kvmem_convert_to_bf16(ref, h, KVMEM_DTYPE_F16, n);
+	if (kvmem_cuda_convert_to_bf16(g_c, dout, dh, KVMEM_DTYPE_F16, n))
+		die("convert");
+	got = dget(dout, 2 * n);
+	cmp_bf16("convert f16->bf16 (exact)", got, ref, n, 0, 0);
+	free(got);
+	free(f);
+	free(h);
+	free(ref);
+	kvmem_cuda_free(df);
+	kvmem_cuda_free(dh);
+	kvmem_cuda_free(dout);
+}
+
+static void check_embedding(void)
+{
+	int vocab = 1000, dim = g_quick ? 64 : 4096, n = 37;
+	uint16_t *table = rand_bf16((size_t)vocab * dim, -1, 1);
+	int32_t ids[37];
+	float *ref = hmalloc(4 * (size_t)n * dim), *got;
+	void *dt, *di, *dout = dpoison(4 * (size_t)n * dim);
+	char what[64];
+
+	for (int i = 0; i < n; i++)
+		ids[i] = rint_in(0, vocab - 1);
+	dt = dput(table, 2 * (size_t)vocab * dim);
+	di = dput(ids, sizeof(ids));
+	kvmem_embedding_bf16(ref, table, ids, n, dim);
+	if (kvmem_cuda_embedding_bf16(g_c, dout, dt, di, n, dim))
+		die("embedding");
+	got = dget(dout, 4 * (size_t)n * dim);
+	snprintf(what, sizeof(what), "embedding %dx%d (exact)", n, dim);
+	cmp_f32(what, got, ref, (size_t)n * dim, 0, 0);
+	free(table);
+	free(ref);
+	free(got);
+	kvmem_cuda_free(dt);
+	kvmem_cuda_free(di);
+	kvmem_cuda_free(dout);
+}
+
+static void check_norms(void)
+{
+	static const int shapes[][2] = { { 1, 4096 }, { 7, 1000 }, { 64, 4096 } };
+
+	for (int s = 0; s < (g_quick ? 1 : 3); s++) {
+		int n = shapes[s][0], dim = g_quick ? 256 : shapes[s][1];
+		size_t len = (size_t)n * dim;
+		float *x = rand_f32(len, -4, 4);
+		uint16_t *w = rand_bf16(dim, 0.5, 1.5), *ref = hmalloc(2 * len), *got;
+		void *dx = dput(x, 4 * len), *dw = dput(w, 2 * dim), *dout = dpoison(2 * len);
+		char what[64];
+
+		kvmem_rmsnorm_bf16(ref, x, w, n, dim, 1e-6f);
+		if (kvmem_cuda_rmsnorm_bf16(g_c, dout, dx, dw, n, dim, 1e-6f))
+			die("rmsnorm");
+		got = dget(dout, 2 * len);
+		snprintf(what, sizeof(what), "rmsnorm %dx%d", n, dim);
+		cmp_bf16(what, got, ref, len, 0, ULP1);
+		free(x);
+		free(w);
+		free(ref);
+		free(got);
+		kvmem_cuda_free(dx);
+		kvmem_cuda_free(dw);
+		kvmem_cuda_free(dout);
+	}
+	{
+		int rows = g_quick ? 64 : 64 * 32, hd = 128;
+		size_t len = (size_t)rows * hd;
+		uint16_t *x = rand_bf16(len, -3, 3), *w = rand_bf16(hd, 0.5, 1.5), *got;
+		void *dx = dput(x, 2 * len), *dw = dput(w, 2 * hd);
+
+		kvmem_headnorm_bf16(x, w, rows, hd, 1e-6f);
+		if (kvmem_cuda_headnorm_bf16(g_c, dx, dw, rows, hd, 1e-6f))
+			die("headnorm");
+		got = dget(dx, 2 * len);
+		cmp_bf16("headnorm 2048 heads x 128", got, x, len, 0, ULP1);
+		free(x);
+		free(w);
+		free(got);
+		kvmem_cuda_free(dx);
+		kvmem_cuda_free(dw);
+	}
+}
+
+static void check_swiglu_add(void)
+{
+	int n = 17, dim = g_quick ? 300 : 12288;
+
+	for (int fused = 0; fused < 2; fused++) {
+		int ld = fused ? 2 * dim : dim;
+		size_t in = (size_t)n * ld, on = (size_t)n * dim;
+		uint16_t *gate = rand_bf16(in, -8, 8), *up = fused ? NULL : rand_bf16(in, -3, 3);
+		uint16_t *ref = hmalloc(2 * on), *got;
+		void *dg = dput(gate, 2 * in), *du = fused ? (uint16_t *)dg + dim : dput(up, 2 * in);
+		void *dout = dpoison(2 * on);
+
+		kvmem_swiglu_bf16(ref, gate, fused ? gate + dim : up, n, dim, ld);
+		if (kvmem_cuda_swiglu_bf16(g_c, dout, dg, du, n, dim, ld))
+			die("swiglu");
+		got = dget(dout, 2 * on);
+		cmp_bf16(fused ? "swiglu fused [gate|up]" : "swiglu", got, ref, on, 0, ULP1);
+		free(gate);
+		free(up);
+		free(ref);
+		free(got);
+		kvmem_cuda_free(dg);
+		if (!fused)
+			kvmem_cuda_free(du);
+		kvmem_cuda_free(dout);
+	}
+	{
+		size_t len = g_quick ? 1000 : 3 << 20;
+		float *y = rand_f32(len, -5, 5), *x = rand_f32(len, -5, 5), *got;
+		void *dy = dput(y, 4 * len), *dx = dput(x, 4 * len);
+
+		kvmem_add(y, x, len);
+		if (kvmem_cuda_add(g_c, dy, dx, len))
+			die("add");
+		got = dget(dy, 4 * len);
+		cmp_f32("add (exact)", got, y, len, 0, 0);
+		free(y);
+		free(x);
+		free(got);
+		kvmem_cuda_free(dy);
+		kvmem_cuda_free(dx);
+	}
+}
+
+/* ---- GEMM --------------------------------------------------------------------- */
+
+static void check_gemm(void)
+{
+	static const int shapes[][3] = { { 1, 4096, 6144 }, { 7, 1000, 333 }, { 128, 4096, 4096 },
+					 { 3, 64, 100 } };
+	static const char *modes[] = { "bf16", "f32", "f32+=" };
+
+	for (int s = g_quick ? 3 : 0; s < 4; s++) {
+		int n = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+		uint16_t *x = rand_bf16((size_t)n * in, -2, 2), *w = rand_bf16((size_t)out * in, -1, 1);
+		uint16_t *xa = hmalloc(2 * (size_t)n * in), *wa = hmalloc(2 * (size_t)out * in);
+		float *y0 = rand_f32((size_t)n * out, -3, 3), *abs_ = hmalloc(4 * (size_t)n * out);
+		void *dx = dput(x, 2 * (size_t)n * in), *dw = dput(w, 2 * (size_t)out * in);
+
+		/* sum |x w| per output: the twin on |x|, |w| */
+		for (size_t i = 0; i < (size_t)n * in; i++)
+			xa[i] = x[i] & 0x7fff;
+		for (size_t i = 0; i < (size_t)out * in; i++)
+			wa[i] = w[i] & 0x7fff;
+		kvmem_gemm_bf16(abs_, KVMEM_GEMM_F32, xa, wa, n, in, out);
+		for (int mode = 0; mode < 3; mode++) {
+			size_t on = (size_t)n * out, eb = mode == KVMEM_GEMM_BF16 ? 2 : 4;
+			void *ref = hmalloc(eb * on), *got, *dy;
+			struct cmp c = { 0 };
+			char what[80];
+
+			if (mode == KVMEM_GEMM_F32_ADD) {
+				memcpy(ref, y0, 4 * on);
+				dy = dput(y0, 4 * on);
+			} else {
+				dy = dpoison(eb * on);
+			}
+			if (kvmem_gemm_bf16(ref, mode, x, w, n, in, out))
+				die("gemm twin");
+			if (kvmem_cuda_gemm_bf16(g_c, dy, mode, dx, dw, n, in, out))
+				die("gemm");
+			got = dget(dy, eb * on);
+			for (size_t i = 0; i < on; i++) {
+				double tol = 1e-5 * abs_[i];
+
+				if (mode == KVMEM_GEMM_BF16)
+					cmp_one(&c, bf(((uint16_t *)got)[i]), bf(((uint16_t *)ref)[i]), tol, ULP1);
+				else
+					cmp_one(&c, ((float *)got)[i], ((float *)ref)[i],
+						tol + (mode == KVMEM_GEMM_F32_ADD ? 1e-6 * fabs(y0[i]) : 0), 0);
+			}
+			snprintf(what, sizeof(what), "gemm %dx%d->%d %s", n, in, out, modes[mode]);
+			cmp_report(&c, what, 1e-5, mode == KVMEM_GEMM_BF16 ? ULP1 : 0);
+			free(ref);
+			free(got);
+			kvmem_cuda_free(dy);
+		}
+		free(x);
+		free(w);
+		free(xa);
+		free(wa);
+		free(y0);
+		free(abs_);
+		kvmem_cuda_free(dx);
+		kvmem_cuda_free(dw);
+	}
+	{	/* logits: final norm + lm_head, fp32 out */
+		int n = 2, hidden = g_quick ? 64 : 4096, vocab = g_quick ? 100 : 32000;
+		float *x = rand_f32((size_t)n * hidden, -3, 3), *ref = hmalloc(4 * (size_t)n * vocab), *got;
+		uint16_t *nw = rand_bf16(hidden, 0.5, 1.5), *lm = rand_bf16((size_t)vocab * hidden, -0.05, 0.05);
+		uint16_t *tmp = hmalloc(2 * (size_t)n * hidden);
+		void *dx = dput(x, 4 * (size_t)n * hidden), *dn = dput(nw, 2 * hidden);
+		void *dl = dput(lm, 2 * (size_t)vocab * hidden), *dt = dpoison(2 * (size_t)n * hidden);
+		void *dout = dpoison(4 * (size_t)n * vocab);
+
+		kvmem_logits_bf16(ref, x, nw, lm, tmp, n, hidden, vocab, 1e-6f);
+		if (kvmem_cuda_logits_bf16(g_c, dout, dx, dn, dl, dt, n, hidden, vocab, 1e-6f))
+			die("logits");
+		got = dget(dout, 4 * (size_t)n * vocab);
+		/* |h| <= ~4 (bf16 of a unit-RMS row times w), |w| <= 0.05 */
+		cmp_f32("logits (norm + lm_head)", got, ref, (size_t)n * vocab, 1e-5 * hidden * 0.05, 0);
+		free(x);
+		free(ref);
+		free(got);
+		free(nw);
+		free(lm);
+		free(tmp);
+		kvmem_cuda_free(dx);
+		kvmem_cuda_free(dn);
+		kvmem_cuda_free(dl);
+		kvmem_cuda_free(dt);
+		kvmem_cuda_free(dout);
+	}
+}
+
+/* ---- RoPE, view scatter ----------------------------------------------------- */
+
+static void check_rope(void)
+{
+	int n = g_quick ? 4 : 64, heads = 32, hd = 128;
+	size_t len = (size_t)n * heads * hd;
+	uint16_t *x = rand_bf16(len, -2, 2), *got;
+	int32_t *pos = hmalloc(4 * n);
+	void *dx, *dp;
+
+	for (int t = 0; t < n; t++)
+		pos[t] = t % 3 == 0 ? t : rint_in(0, t % 3 == 1 ? 40000 : 4000000);
+	dx = dput(x, 2 * len);
+	dp = dput(pos, 4 * n);
+	kvmem_rope_bf16(x, pos, n, heads, hd, 1e6);
+	if (kvmem_cuda_rope_bf16(g_c, dx, dp, n, heads, hd, 1e6))
+		die("rope");
+	got = dget(dx, 2 * len);
+	cmp_bf16("rope 32x128, pos to 4M (1 ulp)", got, x, len, 0, ULP1);
+	free(x);
+	free(pos);
+	free(got);
+	kvmem_cuda_free(dx);
+	kvmem_cuda_free(dp);
+}
+
+static void check_scatter(void)
+{
+	const int L = 4, H = 8, hd = 128, B = 32, cap = g_quick ? 512 : 4096;
+	const int pages = g_quick ? 4 : 100, news = g_quick ? 20 : 500;
+	size_t vn = (size_t)L * H * cap * hd;
+	size_t sn = (size_t)pages * H * B * hd + (size_t)news * H * hd;
+	uint16_t *sk = rand_bf16(sn, -2, 2), *sv = rand_bf16(sn, -2, 2);
+	uint16_t *vk = hmalloc(2 * vn), *vv = hmalloc(2 * vn), *gk, *gv;
+	kvmem_scatter_item *it = hmalloc(sizeof(*it) * (pages + 2));
+	int n_items = 0, nslots = cap / B;
+	int *used = calloc((size_t)L * nslots, sizeof(int));
+	void *dk = dpoison(2 * vn), *dv = dpoison(2 * vn), *dsk = dput(sk, 2 * sn);
+	void *dsv = dput(sv, 2 * sn), *dit;
+
+	memset(vk, 0xff, 2 * vn);
+	memset(vv, 0xff, 2 * vn);
+	/* Pages (some partial, from u0) at distinct block-aligned slots, the
+	 * last layer's tail for the new tokens. */
+	for (int p = 0; p < pages; p++) {
+		int l, s, u0 = rint_in(0, 8), nt = rint_in(1, B - u0);
+
+		do {
+			l = rint_in(0, L - 1);
+			s = rint_in(0, nslots - 1 - (news + B - 1) / B);
+		} while (used[l * nslots + s]);
+		used[l * nslots + s] = 1;
+		it[n_items++] = (kvmem_scatter_item){ .layer = l, .slot = s * B + u0, .n = nt,
+						      .tok_stride = hd,
+						      .src = (int64_t)p * H * B * hd + (int64_t)u0 * hd,
+						      .head_stride = B * hd };
+	}
+	it[n_items++] = (kvmem_scatter_item){ .layer = L - 1, .slot = cap - news, .n = news,
+					      .tok_stride = H * hd,
+					      .src = (int64_t)pages * H * B * hd, .head_stride = hd };
+	it[n_items++] = (kvmem_scatter_item){ .layer = 0, .slot = cap - 3, .n = 10,
+					      .tok_stride = hd, .src = 0, .head_stride = B * hd };
+	dit = dput(it, sizeof(*it) * n_items);
+	kvmem_view_scatter_bf16(vk, vv, sk, sv, it, n_items, L, H, hd, cap, 1e6);	/* -EINVAL: the last */
+	if (kvmem_cuda_view_scatter_bf16(g_c, dk, dv, dsk, dsv, dit, n_items, L, H, hd, cap, 1e6))
+		die("view scatter");
+	gk = dget(dk, 2 * vn);
+	gv = dget(dv, 2 * vn);
+	cmp_bf16("view scatter K (re-RoPE, 1 ulp)", gk, vk, vn, 0, ULP1);
+	cmp_bf16("view scatter V (exact)", gv, vv, vn, 0, 0);
+	free(sk);
+	free(sv);
+	free(vk);
+	free(vv);
+	free(gk);
+	free(gv);
+	free(it);
+	free(used);
+	kvmem_cuda_free(dk);
+	kvmem_cuda_free(dv);
+	kvmem_cuda_free(dsk);
+	kvmem_cuda_free(dsv);
+	kvmem_cuda_free(dit);
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+struct att_shape {
+	const char *name;
+	int n_q, n_kv, heads, kvh, hd, explicit_pos;
+};
+
+static void check_attention_one(const struct att_shape *s, int version)
+{
+	const int n_q = s->n_q, n_kv = s->n_kv, heads = s->heads, kvh = s->kvh, hd = s->hd;
+	const size_t stride = n_kv + 17, qn = (size_t)n_q * heads * hd, kn = (size_t)kvh * stride * hd;
+	uint16_t *q = rand_bf16(qn, -1, 1), *k = rand_bf16(kn, -1, 1), *v = rand_bf16(kn, -1, 1);
+	uint16_t *ref = hmalloc(2 * qn), *got;
+	int32_t *qp = hmalloc(4 * n_q), *kp = hmalloc(4 * (n_kv ? n_kv : 1));
+	void *dq, *dk, *dv, *dqp, *dkp = NULL, *dout = dpoison(2 * qn);
+	char what[96];
+	int rc;
+
+	/* Rows past n_kv: NaN, never to be read. */
+	for (int g = 0; g < kvh; g++)
+		for (size_t j = n_kv; j < stride; j++)
+			for (int e = 0; e < hd; e++)
+				k[((size_t)g * stride + j) * hd + e] = v[((size_t)g * stride + j) * hd + e] = 0xffff;
+	if (s->explicit_pos) {
+		/* Positions with gaps, not in slot order; some queries see nothing. */
+		for (int j = 0; j < n_kv; j++)
+			kp[j] = rint_in(0, 3 * n_kv);
+		for (int i = 0; i < n_q; i++)
+			qp[i] = i % 7 == 0 ? -1 : rint_in(0, 3 * n_kv);
+	} else {
+		for (int i = 0; i < n_q; i++)	/* the chunk at the end of the view */
+			qp[i] = n_kv - n_q + i;
+	}
+	dq = dput(q, 2 * qn);
+	dk = dput(k, 2 * kn);
+	dv = dput(v, 2 * kn);
+	dqp = dput(qp, 4 * n_q);
+	if (s->explicit_pos)
+		dkp = dput(kp, 4 * n_kv);
+	if (kvmem_attention_bf16(ref, q, qp, n_q, k, v, s->explicit_pos ? kp : NULL, n_kv, stride,
+				 heads, kvh, hd, 1.0f / sqrtf((float)hd)))
+		die("attention twin");
+	rc = kvmem_cuda_attention_bf16_v(g_c, version, dout, dq, dqp, n_q, dk, dv, dkp, n_kv, stride,
+					 heads, kvh, hd, 1.0f / sqrtf((float)hd));
+	snprintf(what, sizeof(what), "attention v%d %s", version, s->name);
+	if (rc) {
+		report(0, "%s: %s", what, kvmem_last_error());
+	} else {
+		got = dget(dout, 2 * qn);
+		/* P rounded to bf16 for P.V (about 2^-9 of each weight) and the
+		 * bf16 output: V in [-1, 1]. */
+		cmp_bf16(what, got, ref, qn, 4e-3, ULP1);
+		free(got);
+	}
+	free(q);
+	free(k);
+	free(v);
+	free(ref);
+	free(qp);
+	free(kp);
+	kvmem_cuda_free(dq);
+	kvmem_cuda_free(dk);
+	kvmem_cuda_free(dv);
+	kvmem_cuda_free(dqp);
+	kvmem_cuda_free(dkp);
+	kvmem_cuda_free(dout);
+}
+
+static void check_attention(void)
+{
+	static const struct att_shape full[] = {
+		{ "8B prefill chunk 128 @ 1000", 128, 1000, 32, 8, 128, 0 },
+		{ "8B prefill 512x512 causal", 512, 512, 32, 8, 128, 0 },
+		{ "8B decode 1 @ 20000 (split-K)", 1, 20000, 32, 8, 128, 0 },
+		{ "8B decode 3 @ 5000", 3, 5000, 32, 8, 128, 0 },
+		{ "MHA 4/4 hd128 70x70", 70, 70, 4, 4, 128, 0 },
+		{ "hd64 8/2 kv_pos shuffled", 37, 300, 8, 2, 64, 1 },
+		{ "hd64 agentlang decode 1 @ 2048", 1, 2048, 8, 2, 64, 0 },
+		{ "hd128 64/8 group 8 chunk 16 @ 9000", 16, 9000, 64, 8, 128, 0 },
+	};
+	static const struct att_shape quick[] = {
+		{ "quick prefill 40x100", 40, 100, 8, 2, 128, 0 },
+		{ "quick decode 1 @ 700", 1, 700, 8, 2, 64, 0 },
+		{ "quick kv_pos 9x70", 9, 70, 4, 2, 64, 1 },
+	};
+	const struct att_shape *sh = g_quick ? quick : full;
+	int ns = g_quick ? 3 : 8;
+
+	for (int i = 0; i < ns; i++)
+		for (int v = 1; v <= 2; v++)
+			if (!(v == 1 && g_quick && i > 0))
+				check_attention_one(&sh[i], v);
+}
+
+/* ---- sampling ---------------------------------------------------------------- */
+
+static void check_sample(void)
+{
+	const int vocab = g_quick ? 3000 : 151936;
+	static const struct {
+		const char *name;
+		float t, p;
+		int k, ties;
+	} cfg[] = {
+		{ "greedy", 0, 1, 0, 0 },         { "greedy ties", 0, 1, 0, 1 },
+		{ "T0.7 k20 p0.95", 0.7f, 0.95f, 20, 0 }, { "T1 k50 ties", 1, 1, 50, 1 },
+		{ "T0.5 k1024", 0.5f, 1, 1024, 0 }, { "T1 p0.9 (sort)", 1, 0.9f, 0, 0 },
+		{ "T1.3 k2000 p0.8 (sort, ties)", 1.3f, 0.8f, 2000, 1 },
+	};
+	float *lg = hmalloc(4 * vocab);
+	void *dl = dpoison(4 * vocab), *dtok = dpoison(4), *drng = dpoison(8);
+
+	for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+		kvmem_sampler s = { .temperature = cfg[c].t, .top_k = cfg[c].k, .top_p = cfg[c].p,
+				    .seed = rnext() };
+		uint64_t rng = kvmem_rng_seed(s.seed), grng;
+		int draws = g_quick ? 2 : 25, same = 0;
+
+		if (kvmem_cuda_upload(g_c, drng, &rng, 8))
+			die("upload");
+		for (int d = 0; d < draws; d++) {
+			int32_t want, got;
+
+			for (int i = 0; i < vocab; i++) {
+				double u = runi(-1, 1);
+
+				lg[i] = cfg[c].ties ? (float)rint_in(-4, 4) : (float)(3 * u * u * u + runi(-1, 1));
+				if (i % 9973 == 5)
+					lg[i] = NAN;
+				if (i % 7919 == 3)
+					lg[i] = -INFINITY;
+			}
+			if (kvmem_cuda_upload(g_c, dl, lg, 4 * vocab))
+				die("upload");
+			if (kvmem_sample_token(&want, lg, vocab, &s, &rng))
+				die("sample twin");
+			if (kvmem_cuda_sample_token(g_c, dtok, dl, vocab, &s, drng))
+				die("sample");
+			if (kvmem_cuda_download(g_c, &got, dtok, 4) || kvmem_cuda_download(g_c, &grng, drng, 8))
+				die("sample download");
+			same += got == want && grng == rng;
+		}
+		report(same == draws, "sample %-30s vocab %d: %d of %d draws the same token and RNG state",
+		       cfg[c].name, vocab, same, draws);
+	}
+	free(lg);
+	kvmem_cuda_free(dl);
+	kvmem_cuda_free(dtok);
+	kvmem_cuda_free(drng);
+}
+
+/* ---- selection scorers ------------------------------------------------------- */
+
+static void check_scores(void)
+{
+	const int L = g_quick ? 2 : 36, heads = 32, kvh = 8, d = 128, B = 32, n_q = 2;
+	const int64_t nb = g_quick ? 300 : 2000, cap = nb + 48;
+	const double theta = 1e6;
+	const int64_t span = 8192;
+	kvmem_score_geom g = { .n_layers = L, .n_heads = heads, .n_kv_heads = kvh, .head_dim = d,
+			       .block = B, .n_blocks = nb, .cap_blocks = cap, .last_len = 21,
+			       .last_sub = { 8, 8, 5, 0 }, .index_dtype = KVMEM_DTYPE_F32 };
+	size_t rows = (size_t)L * kvh * cap * d, qn = (size_t)L * n_q * heads * d;
+	float *mean = rand_f32(rows, -1, 1), *sub = rand_f32(rows * 4, -1, 1);
+	float *lo = rand_f32(rows, -2, 0), *hi = rand_f32(rows, 0, 2), *q = rand_f32(qn, -1, 1);
+	float *gq = hmalloc(4 * (size_t)L * kvh * d), *ref = hmalloc(4 * L * nb), *got;
+	uint16_t *mean16 = hmalloc(2 * rows);
+	float *mean16w = hmalloc(4 * rows);
+	void *dmean = dput(mean, 4 * rows), *dsub = dput(sub, 16 * rows), *dlo = dput(lo, 4 * rows);
+	void *dhi = dput(hi, 4 * rows), *dq = dput(q, 4 * qn), *dgq = dpoison(4 * (size_t)L * kvh * d);
+	void *dsc = dpoison(4 * L * nb), *dm16;
+
+	for (size_t i = 0; i < qn; i++)
+		if (i % d < 6)
+			q[i] += 0.7f;	/* a shared direction: scores spread */
+	kvmem_cuda_upload(g_c, dq, q, 4 * qn);
+	for (size_t i = 0; i < rows; i++) {
+		mean16[i] = kvmem_f32_to_bf16(mean[i]);
+		mean16w[i] = kvmem_bf16_to_f32(mean16[i]);
+	}
+	dm16 = dput(mean16, 2 * rows);
+	kvmem_group_queries(gq, q, L, n_q, heads, kvh, d, theta, span);
+	if (kvmem_cuda_group_queries(g_c, dgq, dq, L, n_q, heads, kvh, d, theta, span))
+		die("group queries");
+	got = dget(dgq, 4 * (size_t)L * kvh * d);
+	cmp_f32("group queries (rope-mean)", got, gq, (size_t)L * kvh * d, 1e-7, 4e-7);
+	free(got);
+	/* From here the GPU scores use the twin's group queries, so each
+	 * scorer is compared on the same input. */
+	kvmem_cuda_upload(g_c, dgq, gq, 4 * (size_t)L * kvh * d);
+
+	if (kvmem_score_meank(ref, mean, gq, &g) || kvmem_cuda_score_meank(g_c, dsc, dmean, dgq, &g))
+		die("meank");
+	got = dget(dsc, 4 * nb);
+	cmp_f32("score meank", got, ref, nb, 1e-6, 1e-5);
+	free(got);
+	{
+		kvmem_score_geom g2 = g;
+
+		g2.index_dtype = KVMEM_DTYPE_BF16;
+		if (kvmem_score_meank(ref, mean16w, gq, &g) ||
+		    kvmem_cuda_score_meank(g_c, dsc, dm16, dgq, &g2))
+			die("meank bf16");
+		got = dget(dsc, 4 * nb);
+		cmp_f32("score meank, bf16 index", got, ref, nb, 1e-6, 1e-5);
+		free(got);
+	}
+	if (kvmem_score_subblock(ref, sub, gq, &g) || kvmem_cuda_score_subblock(g_c, dsc, dsub, dgq, &g))
+		die("subblock");
+	got = dget(dsc, 4 * nb);
+	cmp_f32("score subblock", got, ref, nb, 1e-6, 1e-5);
+	free(got);
+	if (kvmem_score_quest(ref, lo, hi, q, n_q, &g) ||
+	    kvmem_cuda_score_quest(g_c, dsc, dlo, dhi, dq, n_q, &g))
+		die("quest");
+	got = dget(dsc, 4 * L * nb);
+	cmp_f32("score quest (per layer)", got, ref, (size_t)L * nb, 1e-6, 1e-5);
+	free(got);
+
+	{	/* refine's per-key pass over a shortlist of blocks, one layer */
+		int64_t n = g_quick ? 20 : 256, *blocks = hmalloc(8 * n), qpos[2];
+		int32_t *len = hmalloc(4 * n);
+		size_t kn = (size_t)kvh * n * B * d;
+		float *keys = rand_f32(kn, -2, 2), *hq = hmalloc(4 * (size_t)heads * n_q * d), *hg;
+		double *mref = calloc(n, 8), *mgot, *m0 = calloc(n, 8);
+		void *dkeys = dput(keys, 4 * kn), *dhq = dpoison(4 * (size_t)heads * n_q * d);
+		void *dlen, *dbl, *dqpos, *dmass;
+
+		for (int64_t i = 0; i < n; i++) {
+			blocks[i] = i * (nb / n);
+			len[i] = i == n - 1 ? 21 : B;
+			mref[i] = m0[i] = runi(0, 3);	/* the mass adds to earlier sums */
+		}
+		qpos[0] = blocks[n - 1] * B + 10;	/* does not see the last block's end */
+		qpos[1] = blocks[n - 1] * B + 20;
+		dlen = dput(len, 4 * n);
+		dbl = dput(blocks, 8 * n);
+		dqpos = dput(qpos, 16);
+		dmass = dput(m0, 8 * n);
+		kvmem_head_queries(hq, q, 5 % L, n_q, heads, d, theta, span);
+		if (kvmem_cuda_head_queries(g_c, dhq, dq, 5 % L, n_q, heads, d, theta, span))
+			die("head queries");
+		hg = dget(dhq, 4 * (size_t)heads * n_q * d);
+		cmp_f32("head queries (rope-mean)", hg, hq, (size_t)heads * n_q * d, 1e-7, 4e-7);
+		free(hg);
+		kvmem_cuda_upload(g_c, dhq, hq, 4 * (size_t)heads * n_q * d);
+		if (kvmem_token_mass(mref, keys, len, blocks, n, hq, qpos, n_q, &g) ||
+		    kvmem_cuda_token_mass(g_c, dmass, dkeys, dlen, dbl, n, dhq, dqpos, n_q, &g))
+			die("token mass");
+		mgot = dget(dmass, 8 * n);
+		{
+			struct cmp c = { 0 };
+
+			for (int64_t i = 0; i < n; i++)
+				cmp_one(&c, mgot[i], mref[i], 1e-12, 1e-9);
+			cmp_report(&c, "refine token mass (one layer)", 1e-12, 1e-9);
+		}
+		free(blocks);
+		free(len);
+		free(keys);
+		free(hq);
+		free(mref);
+		free(mgot);
+		free(m0);
+		kvmem_cuda_free(dkeys);
+		kvmem_cuda_free(dhq);
+		kvmem_cuda_free(dlen);
+		kvmem_cuda_free(dbl);
+		kvmem_cuda_free(dqpos);
+		kvmem_cuda_free(dmass);
+	}
+	{	/* top-k: the same set, ties to the later block, NaN lowest */
+		int64_t n = g_quick ? 5000 : 31250, ks[] = { 1, 100, 1000, n - 1, n + 5 };
+		float *sc = hmalloc(4 * n);
+		int64_t *want = hmalloc(8 * (n + 5)), *gotk;
+		void *dscores, *dout = dpoison(8 * (n + 5));
+
+		for (int64_t i = 0; i < n; i++) {
+			int u = rint_in(0, 19);
+
+			sc[i] = u == 0 ? NAN : u == 1 ? -0.0f : u < 10 ? (float)rint_in(0, 30) : (float)runi(0, 30);
+		}
+		dscores = dput(sc, 4 * n);
+		for (int j = 0; j < 5; j++) {
+			int64_t k = ks[j], a = kvmem_top_k_blocks(want, sc, n, k);
+			int64_t b = kvmem_cuda_top_k_blocks(g_c, dout, dscores, n, k);
+
+			gotk = dget(dout, 8 * (a > 0 ? a : 1));
+			report(a == b && !memcmp(gotk, want, 8 * a), "top-k blocks n=%lld k=%lld: %lld / %lld, %s",
+			       (long long)n, (long long)k, (long long)b, (long long)a,
+			       memcmp(gotk, want, 8 * a) ? "different sets" : "same set");
+			free(gotk);
+		}
+		free(sc);
+		free(want);
+		kvmem_cuda_free(dscores);
+		kvmem_cuda_free(dout);
+	}
+	free(mean);
+	free(sub);
+	free(lo);
+	free(hi);
+	free(q);
+	free(gq);
+	free(ref);
+	free(mean16);
+	free(mean16w);
+	kvmem_cuda_free(dmean);
+	kvmem_cuda_free(dsub);
+	kvmem_cuda_free(dlo);
+	kvmem_cuda_free(dhi);
+	kvmem_cuda_free(dq);
+	kvmem_cuda_free(dgq);
+	kvmem_cuda_free(dsc);
+	kvmem_cuda_free(dm16);
+}
+
+/* ---- timing ---------------------------------------------------------------------- */
+
+typedef int (*bench_fn)(void *arg);
+
+static int cmp_dbl(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Median milliseconds of `reps` runs after `warm` warm-ups, by CUDA events
+ * around each run on the context's stream. */
+static double time_ms(bench_fn fn, void *arg, int warm, int reps)
+{
+	cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(g_c);
+	cudaEvent_t a, b;
+	double t[64];
+
+	if (reps > 64)
+		reps = 64;
+	cudaEventCreate(&a);
+	cudaEventCreate(&b);
+	for (int i = 0; i < warm; i++)
+		if (fn(arg))
+			die("bench warm-up");
+	for (int i = 0; i < reps; i++) {
+		float ms;
+
+		cudaEventRecord(a, st);
+		if (fn(arg))
+			die("bench run");
+		cudaEventRecord(b, st);
+		cudaEventSynchronize(b);
+		cudaEventElapsedTime(&ms, a, b);
+		t[i] = ms;
+	}
+	if (kvmem_cuda_sync(g_c))
+		die("bench");
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
+	qsort(t, reps, sizeof(double), cmp_dbl);
+	return t[reps / 2];
+}
+
+/* Fill device memory with random bf16 in [-a, a] (host-generated chunk,
+ * repeated with a shift: not zeros, not one repeated value). */
+static void dfill_bf16(void *d, size_t n, double a)
+{
+	size_t chunk = 1 << 22, m = n < chunk ? n : chunk;
+	uint16_t *h = rand_bf16(m + 1024, -a, a);
+
+	for (size_t at = 0, s = 0; at < n; at += m, s = (s + 7) % 1024) {
+		size_t k = n - at < m ? n - at : m;
+
+		if (cudaMemcpy((uint16_t *)d + at, h + s, 2 * k, cudaMemcpyHostToDevice) != cudaSuccess)
+			die("fill");
+	}
+	/* The ops' stream does not wait for the default stream's copies. */
+	if (cudaDeviceSynchronize() != cudaSuccess)
+		die("fill");
+	free(h);
+}
+
+static void dfill_f32(void *d, size_t n, double a)
+{
+	size_t chunk = 1 << 22, m = n < chunk ? n : chunk;
+	float *h = rand_f32(m + 1024, -a, a);
+
+	for (size_t at = 0, s = 0; at < n; at += m, s = (s + 7) % 1024) {
+		size_t k = n - at < m ? n - at : m;
+
+		if (cudaMemcpy((float *)d + at, h + s, 4 * k, cudaMemcpyHostToDevice) != cudaSuccess)
+			die("fill");
+	}
+	if (cudaDeviceSynchronize() != cudaSuccess)
+		die("fill");
+	free(h);
+}
+
+struct copy_arg {
+	void *a, *b;
+	size_t bytes;
+};
+
+static int run_copy(void *p)
+{
+	struct copy_arg *c = p;
+
+	return cudaMemcpyAsync(c->b, c->a, c->bytes, cudaMemcpyDeviceToDevice,
+			       (cudaStream_t)kvmem_cuda_stream(g_c)) != cudaSuccess;
+}
+
+struct gemm_arg {
+	void *y;
+	const void *x, *w;
+	int n, in, out, mode;
+};
+
+static int run_gemm(void *p)
+{
+	struct gemm_arg *g = p;
+
+	return kvmem_cuda_gemm_bf16(g_c, g->y, g->mode, g->x, g->w, g->n, g->in, g->out);
+}
+
+struct att_arg {
+	int version;
+	void *out, *q, *k, *v, *qp;
+	int n_q, n_kv, heads, kvh, hd;
+	size_t stride;
+};
+
+static int run_att(void *p)
+{
+	struct att_arg *a = p;
+
+	return kvmem_cuda_attention_bf16_v(g_c, a->version, a->out, a->q, a->qp, a->n_q, a->k, a->v,
+					   NULL, a->n_kv, a->stride, a->heads, a->kvh, a->hd,
+					   1.0f / sqrtf((float)a->hd));
+}
+
+struct score_arg {
+	void *sc, *rows, *gq;
+	kvmem_score_geom g;
+	int sub;
+};
+
+static int run_score(void *p)
+{
+	struct score_arg *s = p;
+
+	return s->sub ? kvmem_cuda_score_subblock(g_c, s->sc, s->rows, s->gq, &s->g)
+		      : kvmem_cuda_score_meank(g_c, s->sc, s->rows, s->gq, &s->g);
+}
+
+struct sample_arg {
+	void *tok, *lg, *rng;
+	kvmem_sampler s;
+	int vocab;
+};
+
+static int run_sample(void *p)
+{
+	struct sample_arg *s = p;
+
+	return kvmem_cuda_sample_token(g_c, s->tok, s->lg, s->vocab, &s->s, s->rng);
+}
+
+static void bench(void)
+{
+	const int hid = 4096, heads = 32, kvh = 8, hd = 128, inter = 12288, vocab = 151936;
+	double copy_gbs, gemm_tfs;
+
+	printf("\n== timing (%s, %d SMs; median of CUDA-event timings) ==\n",
+	       kvmem_cuda_device_name(g_c), kvmem_cuda_sm_count(g_c));
+	{	/* HBM: a 2 GiB device-to-device copy, bytes read + written */
+		struct copy_arg c = { .bytes = (size_t)2 << 30 };
+
+		if (kvmem_cuda_malloc(&c.a, c.bytes) || kvmem_cuda_malloc(&c.b, c.bytes))
+			die("bench alloc");
+		dfill_bf16(c.a, c.bytes / 2, 1);
+		double ms = time_ms(run_copy, &c, 2, 10);
+
+		copy_gbs = 2.0 * c.bytes / (ms * 1e-3) / 1e9;
+		printf("%-44s %9.3f ms  %8.0f GB/s (read + write)\n", "HBM copy 2 GiB d2d", ms, copy_gbs);
+		kvmem_cuda_free(c.a);
+		kvmem_cuda_free(c.b);
+	}
+	{	/* the bf16 GEMM rate: 8192^3 through kvmem_cuda_gemm_bf16 */
+		struct gemm_arg g = { .n = 8192, .in = 8192, .out = 8192, .mode = KVMEM_GEMM_BF16 };
+		void *x, *w, *y;
+		size_t e = (size_t)8192 * 8192;
+
+		if (kvmem_cuda_malloc(&x, 2 * e) || kvmem_cuda_malloc(&w, 2 * e) || kvmem_cuda_malloc(&y, 2 * e))
+			die("bench alloc");
+		dfill_bf16(x, e, 1);
+		dfill_bf16(w, e, 0.05);
+		g.x = x;
+		g.w = w;
+		g.y = y;
+		double ms = time_ms(run_gemm, &g, 3, 10);
+
+		gemm_tfs = 2.0 * 8192.0 * 8192 * 8192 / (ms * 1e-3) / 1e12;
+		printf("%-44s %9.3f ms  %8.1f TFLOP/s\n", "GEMM bf16 8192^3 (cuBLASLt)", ms, gemm_tfs);
+		kvmem_cuda_free(x);
+		kvmem_cuda_free(w);
+		kvmem_cuda_free(y);
+	}
+	printf("\n%-44s %9s  %10s  %s\n", "GEMM, Qwen3-8B shapes", "ms", "rate", "of ceiling");
+	{
+		static const struct { const char *name; int n, in, out, mode; } gs[] = {
+			{ "qkv 4096 tok 4096->6144 bf16", 4096, 4096, 6144, KVMEM_GEMM_BF16 },
+			{ "o_proj 4096 tok 4096->4096 f32+=", 4096, 4096, 4096, KVMEM_GEMM_F32_ADD },
+			{ "gate|up 4096 tok 4096->24576 bf16", 4096, 4096, 24576, KVMEM_GEMM_BF16 },
+			{ "down 4096 tok 12288->4096 f32+=", 4096, 12288, 4096, KVMEM_GEMM_F32_ADD },
+			{ "qkv decode 1 tok 4096->6144", 1, 4096, 6144, KVMEM_GEMM_BF16 },
+			{ "gate|up decode 1 tok 4096->24576", 1, 4096, 24576, KVMEM_GEMM_BF16 },
+			{ "down decode 1 tok 12288->4096 f32+=", 1, 12288, 4096, KVMEM_GEMM_F32_ADD },
+			{ "lm_head decode 1 tok 4096->151936 f32", 1, 4096, 151936, KVMEM_GEMM_F32 },
+		};
+		void *x, *w, *y;
+
+		if (kvmem_cuda_malloc(&x, 2 * (size_t)4096 * inter) ||
+		    kvmem_cuda_malloc(&w, 2 * (size_t)vocab * hid) ||
+		    kvmem_cuda_malloc(&y, 4 * (size_t)4096 * 2 * inter))
+			die("bench alloc");
+		dfill_bf16(x, (size_t)4096 * inter, 1);
+		dfill_bf16(w, (size_t)vocab * hid, 0.05);
+		cudaMemset(y, 0, 4 * (size_t)4096 * 2 * inter);
+		cudaDeviceSynchronize();
+		for (size_t i = 0; i < sizeof(gs) / sizeof(gs[0]); i++) {
+			struct gemm_arg g = { .y = y, .x = x, .w = w, .n = gs[i].n, .in = gs[i].in,
+					      .out = gs[i].out, .mode = gs[i].mode };
+			double ms = time_ms(run_gemm, &g, 3, 20);
+
+			if (gs[i].n > 1) {
+				double tf = 2.0 * gs[i].n * gs[i].in * gs[i].out / (ms * 1e-3) / 1e12;
+
+				printf("%-44s %9.3f  %6.1f TF/s  %5.2f of GEMM rate\n", gs[i].name, ms, tf, tf / gemm_tfs);
+			} else {
+				double gbs = 2.0 * gs[i].in * gs[i].out / (ms * 1e-3) / 1e9;
+
+				printf("%-44s %9.3f  %6.0f GB/s  %5.2f of copy rate\n", gs[i].name, ms, gbs,
+				       gbs / copy_gbs);
+			}
+		}
+		kvmem_cuda_free(x);
+		kvmem_cuda_free(w);
+		kvmem_cuda_free(y);
+	}
+	printf("\n%-44s %9s  %10s  %s\n", "attention, Qwen3-8B (32/8 heads, 128)", "ms", "rate",
+	       "of ceiling");
+	{
+		static const struct { const char *name; int n_q, n_kv, version; } as[] = {
+			{ "prefill 4096 x 4096 causal v2", 4096, 4096, 2 },
+			{ "prefill 16384 x 16384 causal v2", 16384, 16384, 2 },
+			{ "chunk 4096 @ 32768 view v2", 4096, 32768, 2 },
+			{ "chunk 512 @ 32768 view v2", 512, 32768, 2 },
+			{ "decode 1 @ 4096 v2", 1, 4096, 2 },
+			{ "decode 1 @ 32768 v2", 1, 32768, 2 },
+			{ "decode 1 @ 131072 v2", 1, 131072, 2 },
+			{ "decode 1 @ 32768 v1 (simple)", 1, 32768, 1 },
+		};
+		const size_t maxkv = 131072;
+		void *q, *k, *v, *out, *qp;
+		int32_t *pos = hmalloc(4 * 16384);
+
+		if (kvmem_cuda_malloc(&q, 2 * (size_t)16384 * heads * hd) ||
+		    kvmem_cuda_malloc(&k, 2 * maxkv * kvh * hd) || kvmem_cuda_malloc(&v, 2 * maxkv * kvh * hd) ||
+		    kvmem_cuda_malloc(&out, 2 * (size_t)16384 * heads * hd) || kvmem_cuda_malloc(&qp, 4 * 16384))
+			die("bench alloc");
+		dfill_bf16(q, (size_t)16384 * heads * hd, 1);
+		dfill_bf16(k, maxkv * kvh * hd, 1);
+		dfill_bf16(v, maxkv * kvh * hd, 1);
+		for (size_t i = 0; i < sizeof(as) / sizeof(as[0]); i++) {
+			struct att_arg a = { .version = as[i].version, .out = out, .q = q, .k = k, .v = v,
+					     .qp = qp, .n_q = as[i].n_q, .n_kv = as[i].n_kv, .heads = heads,
+					     .kvh = kvh, .hd = hd, .stride = maxkv };
+			double vis = 0;
+
+			for (int t = 0; t < a.n_q; t++) {
+				pos[t] = a.n_kv - a.n_q + t;
+				vis += pos[t] + 1;	/* keys query t sees */
+			}
+			kvmem_cuda_upload(g_c, qp, pos, 4 * a.n_q);
+			double ms = time_ms(run_att, &a, 2, a.n_q > 1 ? 5 : 20);
+
+			if (a.n_q > 1) {
+				double tf = 4.0 * hd * heads * vis / (ms * 1e-3) / 1e12;
+
+				printf("%-44s %9.3f  %6.1f TF/s  %5.2f of GEMM rate\n", as[i].name, ms, tf, tf / gemm_tfs);
+			} else {
+				double gbs = 2.0 * 2.0 * a.n_kv * kvh * hd / (ms * 1e-3) / 1e9;
+
+				printf("%-44s %9.3f  %6.0f GB/s  %5.2f of copy rate\n", as[i].name, ms, gbs, gbs / copy_gbs);
+			}
+		}
+		free(pos);
+		kvmem_cuda_free(q);
+		kvmem_cuda_free(k);
+		kvmem_cuda_free(v);
+		kvmem_cuda_free(out);
+		kvmem_cuda_free(qp);
+	}
+	printf("\n%-44s %9s  %10s  %s\n", "selection, Qwen3-8B (36 layers, block 32)", "ms", "index read",
+	       "of copy rate");
+	{	/* 1M tokens: 31250 blocks */
+		const int L = 36;
+		const int64_t nb = 31250;
+		size_t rows = (size_t)L * kvh * nb * hd;
+		struct score_arg s = { .g = { .n_layers = L, .n_heads = heads, .n_kv_heads = kvh, .head_dim = hd,
+					      .block = 32, .n_blocks = nb, .cap_blocks = nb, .last_len = 32,
+					      .last_sub = { 8, 8, 8, 8 } } };
+		float *gq = rand_f32((size_t)L * kvh * hd, -1, 1);
+
+		if (kvmem_cuda_malloc(&s.rows, 4 * rows * 4) || kvmem_cuda_malloc(&s.sc, 4 * nb))
+			die("bench alloc");
+		dfill_f32(s.rows, 4 * rows, 1);
+		s.gq = dput(gq, 4 * (size_t)L * kvh * hd);
+		s.g.index_dtype = KVMEM_DTYPE_F32;
+		double ms = time_ms(run_score, &s, 2, 10);
+		double gbs = 4.0 * rows / (ms * 1e-3) / 1e9;
+
+		printf("%-44s %9.3f  %6.0f GB/s  %5.2f\n", "meank 1M tokens, fp32 index (4.6 GB)", ms, gbs, gbs / copy_gbs);
+		s.sub = 1;
+		ms = time_ms(run_score, &s, 1, 5);
+		gbs = 16.0 * rows / (ms * 1e-3) / 1e9;
+		printf("%-44s %9.3f  %6.0f GB/s  %5.2f\n", "subblock 1M tokens, fp32 index (18 GB)", ms, gbs, gbs / copy_gbs);
+		dfill_bf16(s.rows, 4 * rows, 1);	/* the same buffer as bf16 rows */
+		s.g.index_dtype = KVMEM_DTYPE_BF16;
+		s.sub = 0;
+		ms = time_ms(run_score, &s, 2, 10);
+		gbs = 2.0 * rows / (ms * 1e-3) / 1e9;
+		printf("%-44s %9.3f  %6.0f GB/s  %5.2f\n", "meank 1M tokens, bf16 index (2.3 GB)", ms, gbs, gbs / copy_gbs);
+		s.sub = 1;
+		ms = time_ms(run_score, &s, 1, 5);
+		gbs = 8.0 * rows / (ms * 1e-3) / 1e9;
+		printf("%-44s %9.3f  %6.0f GB/s  %5.2f\n", "subblock 1M tokens, bf16 index (9.2 GB)", ms, gbs, gbs / copy_gbs);
+		{
+			void *dout;
+			int64_t k = 4096;
+
+			if (kvmem_cuda_malloc(&dout, 8 * k))
+				die("bench alloc");
+			cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(g_c);
+			cudaEvent_t a, b;
+			float t;
+
+			cudaEventCreate(&a);
+			cudaEventCreate(&b);
+			kvmem_cuda_top_k_blocks(g_c, dout, s.sc, nb, k);
+			cudaEventRecord(a, st);
+			for (int i = 0; i < 10; i++)
+				kvmem_cuda_top_k_blocks(g_c, dout, s.sc, nb, k);
+			cudaEventRecord(b, st);
+			cudaEventSynchronize(b);
+			cudaEventElapsedTime(&t, a, b);
+			printf("%-44s %9.3f\n", "top-k 4096 of 31250 blocks", t / 10);
+			kvmem_cuda_free(dout);
+		}
+		free(gq);
+		kvmem_cuda_free(s.rows);
+		kvmem_cuda_free(s.sc);
+		kvmem_cuda_free(s.gq);
+	}
+	{
+		struct sample_arg s = { .vocab = vocab,
+					.s = { .temperature = 0.7f, .top_k = 20, .top_p = 0.95f, .seed = 1 } };
+		float *lg = rand_f32(vocab, -10, 10);
+		uint64_t r0 = 12345;
+
+		s.lg = dput(lg, 4 * vocab);
+		s.tok = dpoison(4);
+		s.rng = dput(&r0, 8);
+		double ms = time_ms(run_sample, &s, 2, 20);
+
+		printf("\n%-44s %9.3f\n", "sample T0.7 k20 p0.95, vocab 151936", ms);
+		s.s.temperature = 0;
+		ms = time_ms(run_sample, &s, 2, 20);
+		printf("%-44s %9.3f\n", "sample greedy, vocab 151936", ms);
+		s.s = (kvmem_sampler){ .temperature = 1, .top_k = 0, .top_p = 0.9f };
+		ms = time_ms(run_sample, &s, 1, 5);
+		printf("%-44s %9.3f\n", "sample T1 p0.9 (full sort), vocab 151936", ms);
+		free(lg);
+		kvmem_cuda_free(s.lg);
+		kvmem_cuda_free(s.tok);
+		kvmem_cuda_free(s.rng);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	int do_bench = 0;
+	uint64_t seed = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--quick"))
+			g_quick = 1;
+		else if (!strcmp(argv[i], "--bench"))
+			do_bench = 1;
+		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+			seed = strtoull(argv[++i], NULL, 0);
+		else {
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--seed N]\n");
+			return 2;
+		}
+	}
+	if (!seed) {
+		FILE *f = fopen("/dev/urandom", "rb");
+
+		if (!f || fread(&seed, sizeof(seed), 1, f) != 1)
+			seed = (uint64_t)time(NULL);
+		if (f)
+			fclose(f);
+	}
+	g_rng = seed;
+	printf("kvmem_gpu_check: seed %llu%s\n", (unsigned long long)seed, g_quick ? " (quick)" : "");
+	if (kvmem_cuda_device_count() < 1) {
+		printf("no CUDA device: nothing to check\n0 passed, 1 failed\n");
+		return 1;
+	}
+	if (kvmem_cuda_ctx_create(&g_c, 0))
+		die("context");
+	if (do_bench) {
+		bench();
+	} else {
+		check_convert();
+		check_embedding();
+		check_norms();
+		check_swiglu_add();
+		check_gemm();
+		check_rope();
+		check_scatter();
+		check_attention();
+		check_sample();
+		check_scores();
+	}
+	if (kvmem_cuda_sync(g_c))
+		die("final sync");
+	kvmem_cuda_ctx_destroy(g_c);
+	printf("\n%d passed, %d failed\n", g_pass, g_fail);
+	return g_fail ? 1 : 0;
+}
