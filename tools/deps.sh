@@ -5,6 +5,8 @@
 set -e
 PKGS="gcc make libc6-dev libopenblas-dev liburing-dev libnuma-dev libxxhash-dev
       libcmocka-dev systemtap-sdt-dev gnuplot-nox"
+# mkfs.ext4 (the full-disk test on a loop-mounted ext4, tests/unit/test_faults.c).
+PKGS="$PKGS e2fsprogs"
 # The kernel module and its VM suite (make kmod, make vmtest: tests/vm/vm.mk):
 # Debian's 6.1 headers to build against (the image itself is downloaded into
 # the build folder at test time), linux-source-6.1 for kselftest_harness.h

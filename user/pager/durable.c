@@ -49,7 +49,7 @@ int dur_sync(int fd, int data_only, const char *dir, const char *name)
 		if (err == EINVAL && !data_only && name[0] == '.')
 			return 0;
 		if (name[0] == '.')
-			return kvmem_error(err, "%s: %s of the directory failed: %s", dir, op,
+			return kvmem_error(err, "%s: directory %s failed: %s", dir, op,
 					 strerror(err));
 		return kvmem_error(err, "%s/%s: %s failed: %s", dir, name, op, strerror(err));
 	}

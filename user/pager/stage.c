@@ -148,10 +148,17 @@ static void prealloc(kvmem_pager *p, uint64_t end)
 	if (chunk > (1u << 30))
 		chunk = 1u << 30;
 	chunk = round_up(chunk, p->extent_bytes);
-	if (fallocate(p->fd_pages, 0, p->prealloc_end, end + chunk - p->prealloc_end) == 0)
+	if (fallocate(p->fd_pages, 0, p->prealloc_end, end + chunk - p->prealloc_end) == 0) {
 		p->prealloc_end = end + chunk;
-	else
-		p->no_prealloc = 1;
+		return;
+	}
+	/* A failed fallocate may keep what it got before running out (ext4
+	 * does), which would take the space the tail and the manifest need:
+	 * give it back. Every write in flight ends at or before prealloc_end. */
+	if (ftruncate(p->fd_pages, p->prealloc_end) < 0)
+		pager_fail_write(p, errno, "%s/pages: cannot give back a failed allocation: %s",
+				 p->dir, strerror(errno));
+	p->no_prealloc = 1;
 }
 
 /* Put the new block's pages in the host pool, as far as room allows. */
