@@ -43,6 +43,7 @@ static void evict(kvmem_pager *p, uint32_t s)
 int make_room(kvmem_pager *p, uint32_t need)
 {
 	uint32_t have = kvmem_hostpool_free_slots(p->pool), want, n, *v;
+	uint64_t ev0 = p->st.evictions;
 
 	if (have >= need)
 		return 0;
@@ -55,6 +56,8 @@ int make_room(kvmem_pager *p, uint32_t need)
 		if (!slot_busy(p, v[i]))
 			evict(p, v[i]);
 	free(v);
+	if (n)
+		PROBE_RECLAIM(want, p->st.evictions - ev0);
 	return kvmem_hostpool_free_slots(p->pool) >= need ? 0 : -1;
 }
 
@@ -224,6 +227,7 @@ static void unpin(kvmem_pager *p, const uint64_t *pages, const uint8_t *pinned, 
 static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const void **out)
 {
 	uint64_t total = p->n_blocks * p->g.n_layers, t0 = now_ns(), *miss;
+	const kvmem_pager_stats st0 = p->st;	/* the fetch probe's counts */
 	size_t m = 0, nv = 0;
 	uint8_t *pinned;
 	int rc = 0;
@@ -329,6 +333,8 @@ static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const voi
 		kvmem_error(-rc, "%s", p->read_err);
 	}
 out:
+	PROBE_FETCH(n, p->st.host_hits - st0.host_hits, p->st.host_misses - st0.host_misses,
+		    p->st.staging_hits - st0.staging_hits, now_ns() - t0);
 	free(miss);
 	free(pinned);
 	return rc;
@@ -420,6 +426,7 @@ int kvmem_pager_prefetch(kvmem_pager *p, const uint64_t *pages, size_t n)
 	started = start_reads(p, want, m, PUR_PREFETCH);
 	for (size_t k = 0; k < started; k++)
 		PROBE_PREFETCH(want[k], p->page_bytes);
+	PROBE_PREFETCH_BATCH(n, started);
 	p->st.prefetch_pages += started;
 	free(want);
 	return (int)started;
