@@ -104,6 +104,9 @@ include kernels/cuda/cuda.mk
 # The kernel module and its VM suite: make kmod, make vmtest (tests/vm/vm.mk).
 include tests/vm/vm.mk
 
+# The eBPF tools: make bpf, and part of `make` when clang and bpftool are there.
+include bpf/bpf.mk
+
 # ---- install ------------------------------------------------------------------
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib

@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The kernel module's tracepoints as the BPF tools read them: a mirror of
+ * kmod/kvmem_trace.h (subsystem "kvmem"). raw_tp arguments come in TP_PROTO
+ * order, all scalars, so a raw_tp program reads them as ctx[0..n-1] with no
+ * BTF (Debian's 6.1 headers build the module without BTF: FIELD-NOTES.md).
+ * ws_id is the inode number of the workspace's pages file.
+ *
+ *   kvmem_fault(ws_id, page, flags)		a fault on a page not resident
+ *						(process context)
+ *   kvmem_hit(ws_id, page)			asked for, already resident
+ *   kvmem_fill_done(ws_id, first_page, n_pages, bytes, ns, err)
+ *						a fill from the pages file ended;
+ *						ns: fill start to page ready
+ *   kvmem_prefetch(ws_id, first_page, n_pages)	KVMEM_IOC_PREFETCH started fills
+ *   kvmem_evict(ws_id, page, dirty, reason)	a page left the host tier
+ *   kvmem_writeback(ws_id, page, bytes, ns)	a dirty page was written back
+ *   kvmem_error(ws_id, page, err)		a fill or write-back failed
+ *   kvmem_reclaim(struct kvmem_reclaim_ctx *)	writable (raw_tp.w): reclaim's
+ *						candidates; a program may name
+ *						the one to evict
+ *
+ * Every tp_* program in bpf/ is loaded only when the module is (see
+ * kt_module_loaded()), so the USDT side never depends on it. Checked against
+ * the module's source; not yet run in the VM (tests/vm), see
+ * Documentation/observability.md, "The module's side".
+ */
+#ifndef KVMEM_BPF_TP_H
+#define KVMEM_BPF_TP_H
+
+#define KVMEM_TP_FAULT		"kvmem_fault"
+#define KVMEM_TP_HIT		"kvmem_hit"
+#define KVMEM_TP_FILL_DONE	"kvmem_fill_done"
+#define KVMEM_TP_PREFETCH	"kvmem_prefetch"
+#define KVMEM_TP_EVICT		"kvmem_evict"
+#define KVMEM_TP_WRITEBACK	"kvmem_writeback"
+#define KVMEM_TP_ERROR		"kvmem_error"
+#define KVMEM_TP_RECLAIM	"kvmem_reclaim"
+
+/* Where the module's events show up in tracefs when it is loaded. */
+#define KVMEM_TP_DIR		"/sys/kernel/tracing/events/kvmem"
+#define KVMEM_TP_DIR_DEBUGFS	"/sys/kernel/debug/tracing/events/kvmem"
+
+/*
+ * The writable tracepoint's buffer, struct kvmem_reclaim_ctx of
+ * include/uapi/linux/kvmem.h, mirrored here because BPF C includes
+ * vmlinux.h and not the uapi headers (kvmempolicy.c checks the two agree).
+ * The module fills up to KT_RECLAIM_MAX candidates in clock order
+ * (candidate 0 is its own choice) and verdict = KT_VERDICT_DEFAULT; a
+ * program may set verdict to the index of the candidate to evict.
+ */
+#define KT_RECLAIM_MAX		8
+#define KT_VERDICT_DEFAULT	0xffffffffu
+struct kt_reclaim_ctx {
+	__u64 ws_id;
+	__u64 step;
+	__u32 n_candidates;
+	__u32 verdict;
+	__u64 page[KT_RECLAIM_MAX];
+	__u64 last_step[KT_RECLAIM_MAX];
+	__u32 access_count[KT_RECLAIM_MAX];
+	__u32 dirty[KT_RECLAIM_MAX];
+};
+
+#endif
