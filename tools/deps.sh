@@ -14,6 +14,9 @@ PKGS="$PKGS e2fsprogs"
 # for the BPF victim program.
 PKGS="$PKGS linux-headers-amd64 linux-source-6.1 xz-utils qemu-system-x86 busybox-static
       clang libbpf-dev"
+# The eBPF tools (make bpf: bpf/bpf.mk): clang and libbpf-dev above, llvm-strip,
+# and bpftool for vmlinux.h and the skeletons.
+PKGS="$PKGS llvm bpftool"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
