@@ -91,12 +91,13 @@ $(O)/libkvmem.so: $(O)/libkvmem.so.$(VERSION)
 	ln -sf libkvmem.so.$(SOMAJOR) $@
 
 $(O)/kvmem: $(CLI_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang.a
-	$(CC) -o $@ $(CLI_OBJ) $(O)/libkvmem_agentlang.a $(O)/libkvmem.a $(LDFLAGS) $(LDLIBS)
+	$(CC) -o $@ $(CLI_OBJ) $(O)/libkvmem_agentlang.a $(O)/libkvmem.a $(CUDA_LINK) $(LDFLAGS) \
+	    $(LDLIBS)
 
 $(O)/tests/%: tests/unit/%.c $(HELP_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuser -Itests/unit -o $@ $< $(HELP_OBJ) $(O)/libkvmem_agentlang.a \
-	    $(O)/libkvmem.a $(LDFLAGS) $(LDLIBS) -lcmocka
+	    $(O)/libkvmem.a $(CUDA_LINK) $(LDFLAGS) $(LDLIBS) -lcmocka
 
 # The CUDA ops and the GPU check program, when nvcc is found (else nothing).
 include kernels/cuda/cuda.mk

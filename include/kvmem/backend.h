@@ -67,6 +67,18 @@ typedef struct kvmem_place {
 	kvmem_page page;
 } kvmem_place;
 
+/* What the device can do at most, measured when asked: the ceilings the
+ * benchmarks put their figures against. */
+typedef struct kvmem_ceilings {
+	char device[128];	/* "NVIDIA H200", "x86-64, 2 threads" */
+	double matmul_tflops;	/* a large GEMM in the backend's compute type */
+	const char *matmul_type;	/* "bf16 (cuBLASLt)", "fp32 (OpenBLAS)" */
+	double copy_gbps;	/* a large copy in device memory: bytes read plus
+				 * bytes written per second (the rate a stream of
+				 * reads, such as decode's weights, can reach) */
+	uint64_t mem_bytes;	/* device memory, total */
+} kvmem_ceilings;
+
 /* One execution view, owned by its backend. */
 typedef struct kvmem_view kvmem_view;
 
@@ -97,6 +109,11 @@ typedef struct kvmem_backend_ops {
 	/* Optional: the view as host fp32 (the cpu backend's kvcache), for
 	 * tests and tools that look inside; NULL elsewhere. */
 	const kvmem_kvcache *(*host_view)(void *ctx, const kvmem_view *v);
+	/* Optional: measure the ceilings now (a second or two). */
+	int (*ceilings)(void *ctx, kvmem_ceilings *out);
+	/* Optional: bytes of device memory the backend holds now (weights,
+	 * views, scratch). */
+	uint64_t (*mem_used)(void *ctx);
 } kvmem_backend_ops;
 
 typedef struct kvmem_backend {

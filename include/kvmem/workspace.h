@@ -338,6 +338,9 @@ const float *kvmem_session_scores(const kvmem_session *s, int *n_sets, int64_t *
 /* The execution view (selected history then the tail) as host fp32, when
  * the backend keeps it so (cpu); NULL otherwise. */
 const kvmem_kvcache *kvmem_session_view(const kvmem_session *s);
+/* Slots of the view in use: the selected history and the tail (every
+ * backend). */
+int64_t kvmem_session_view_len(const kvmem_session *s);
 const kvmem_backend *kvmem_session_backend(const kvmem_session *s);
 /* Logits of the last token run, [vocab]; NULL before any. */
 const float *kvmem_session_logits(const kvmem_session *s);

@@ -26,7 +26,8 @@ CUDA_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code
 NVCC_FLAGS  ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCH) -Xcompiler -Wall,-fPIC -Iinclude \
 	       -Iinclude/uapi -MMD -MP
 CUDA_SRC    := $(sort $(wildcard kernels/cuda/*.cu))
-CUDA_OBJ    := $(CUDA_SRC:%.cu=$(O)/cuda/%.o)
+# The cuda backend (user/backend/cuda.c: C over these ops) joins them.
+CUDA_OBJ    := $(CUDA_SRC:%.cu=$(O)/cuda/%.o) $(O)/cuda/user/backend/cuda.o
 GPU_CHECK_OBJ := $(patsubst %.c,$(O)/gpu/obj/%.o,$(sort $(wildcard tests/gpu/*.c)))
 GPU_CHECK   := $(O)/gpu/kvmem_gpu_check
 GCC_LIBDIR  := $(dir $(shell $(CC) -print-libgcc-file-name))
@@ -36,6 +37,17 @@ CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lc
 $(O)/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(O)/cuda/user/backend/cuda.o: user/backend/cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -I$(CUDA_HOME)/include -c $< -o $@
+
+# The CLI and the unit tests link the cuda backend too (kvmem run --backend
+# cuda; KVMEM_TEST_BACKEND=cuda on a GPU machine): -u pulls its ops table,
+# which the registry names only weakly.
+CUDA_LINK   := -Wl,-u,kvmem_backend_cuda_ops $(O)/libkvmem_cuda.a $(O)/libkvmem.a -lstdc++ \
+	       $(CUDA_LIBS)
+$(O)/kvmem $(TEST_BIN): $(O)/libkvmem_cuda.a
 
 $(O)/libkvmem_cuda.a: $(CUDA_OBJ)
 	@mkdir -p $(dir $@)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Independent oracle for the kvmem CPU engine.
+"""Independent oracle for kvmem's engines (the cpu backend, and the cuda one
+with --backend cuda).
 
 Builds small random Qwen3 models with transformers, saves them with
 save_pretrained (safetensors), runs `kvmem run --logits` on the same token
@@ -28,6 +29,12 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 GATE = 1e-3
+# The cuda backend computes in bf16 (weights, activations between the GEMMs,
+# the KV view) with fp32 accumulation; against an fp32 reference on the same
+# bf16-rounded weights its logits differ by the rounding of a few layers of
+# bf16 activations (about 2^-8 each): the gate allows that, not a wrong op.
+GATE_CUDA = 3e-2
+ARGMAX_CUDA = 0.9
 
 # name, geometry, storage dtype, gated, extra
 VARIANTS = [
@@ -43,6 +50,18 @@ VARIANTS = [
                          vocab=300, tied=False, theta=1e6), "bfloat16", False, {}),
     ("tied-fp16", dict(layers=2, hidden=48, heads=6, kv=2, head_dim=16, inter=80,
                        vocab=257, tied=True, theta=50000.0), "float16", False, {}),
+]
+
+# The CUDA attention takes head_dim 64 or 128.
+CUDA_VARIANTS = [
+    ("cuda-untied-bf16", dict(layers=3, hidden=256, heads=4, kv=2, head_dim=64, inter=512,
+                              vocab=512, tied=False, theta=1e6), "bfloat16", True, {}),
+    ("cuda-tied-bf16-hd128", dict(layers=2, hidden=256, heads=4, kv=1, head_dim=128,
+                                  inter=384, vocab=300, tied=True, theta=10000.0), "bfloat16",
+     True, {"chunk": 7}),
+    ("cuda-untied-fp32-gqa4", dict(layers=2, hidden=128, heads=8, kv=2, head_dim=64, inter=256,
+                                   vocab=257, tied=False, theta=1e6), "float32", True,
+     {"chunk": 16}),
 ]
 
 
@@ -137,13 +156,16 @@ def hf_greedy(model, ids, steps):
     return seq[len(ids):]
 
 
+BACKEND = "cpu"
+
+
 def run_kvmem(kvmem, model_dir, ids, vocab, work, chunk, decode):
     tok_file = os.path.join(work, "tokens.txt")
     log_file = os.path.join(work, "logits.f32")
     with open(tok_file, "w") as f:
         f.write(" ".join(str(i) for i in ids) + "\n")
     cmd = [kvmem, "run", "--model", model_dir, "--tokens", tok_file, "--logits", log_file,
-           "--decode", str(decode), "--chunk", str(chunk)]
+           "--decode", str(decode), "--chunk", str(chunk), "--backend", BACKEND]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr}{p.stdout}")
@@ -202,14 +224,14 @@ def check_variant(args, name, g, dtype, gated, extra, seed, root):
         got, gen, _ = run_kvmem(args.kvmem, d, ids, g["vocab"], d, chunk, args.decode)
     except RuntimeError as e:
         first = "kvmem failed: " + (str(e).strip().splitlines() or ["?"])[-1]
-    if got is None or rel_err(got, want) >= GATE:
+    if got is None or rel_err(got, want) >= (GATE_CUDA if BACKEND == "cuda" else GATE):
         # Diagnose: does kvmem pass once config.json also has the classic keys?
         if got is not None:
             first = f"rel err {rel_err(got, want):.2e}"
         complete_config(d, g, dtype)
         try:
             got2, gen2, _ = run_kvmem(args.kvmem, d, ids, g["vocab"], d, chunk, args.decode)
-            if rel_err(got2, want) < GATE:
+            if rel_err(got2, want) < (GATE_CUDA if BACKEND == "cuda" else GATE):
                 note = (f" [passes only with classic keys (rope_theta, torch_dtype, ...) "
                         f"added to config.json; as written: {first}]")
                 got, gen = got2, gen2
@@ -220,9 +242,10 @@ def check_variant(args, name, g, dtype, gated, extra, seed, root):
             return not gated
     err = rel_err(got, want)
     argmax = float(np.mean(got.argmax(1) == want.argmax(1)))
-    ok = err < GATE and not note
-    line = (f"{'PASS' if ok else 'FAIL'} {name}: {len(ids)} tokens, chunk {chunk}, "
-            f"rel err {err:.2e} (limit {GATE:g}), argmax agree {argmax:.0%}")
+    gate = GATE_CUDA if BACKEND == "cuda" else GATE
+    ok = err < gate and not note and (BACKEND != "cuda" or argmax >= ARGMAX_CUDA)
+    line = (f"{'PASS' if ok else 'FAIL'} {name} [{BACKEND}]: {len(ids)} tokens, chunk {chunk}, "
+            f"rel err {err:.2e} (limit {gate:g}), argmax agree {argmax:.0%}")
     if dtype != "float32":
         try:    # torch computing in the storage dtype, for scale (CPU may lack fp16)
             native = hf_logits(model.to(getattr(torch, dtype)), ids, getattr(torch, dtype))
@@ -247,8 +270,13 @@ def main():
     ap.add_argument("--decode", type=int, default=8, help="greedy tokens compared (reported)")
     ap.add_argument("--keep", help="keep the model directories under this folder")
     ap.add_argument("--only", help="run only the variants whose name contains this")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"],
+                    help="kvmem's compute backend (cuda: bf16 gate %g, argmax >= %d%%)"
+                    % (GATE_CUDA, ARGMAX_CUDA * 100))
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    global BACKEND
+    BACKEND = args.backend
     if not os.access(args.kvmem, os.X_OK):
         print(f"oracle: {args.kvmem} is not an executable", file=sys.stderr)
         return 2
@@ -262,7 +290,8 @@ def main():
     os.makedirs(root, exist_ok=True)
     ok = True
     try:
-        for i, (name, g, dtype, gated, extra) in enumerate(VARIANTS):
+        for i, (name, g, dtype, gated, extra) in enumerate(
+                CUDA_VARIANTS if BACKEND == "cuda" else VARIANTS):
             if args.only and args.only not in name:
                 continue
             try:

@@ -72,7 +72,7 @@ static void test_exact_with_select_ahead(void **state)
 		assert_int_equal(kvmem_session_append(b, hist, nh, 0), 0);
 		assert_int_equal(kvmem_session_select_ahead(a, q, nq), 0);
 		assert_int_equal(kvmem_session_tokens(a), nh);	/* history untouched */
-		assert_int_equal(kvmem_session_view(a)->len, nh);
+		assert_int_equal(kvmem_session_view_len(a), nh);
 		assert_int_equal(kvmem_session_append(a, q, nq, 0), 0);
 		assert_int_equal(kvmem_session_append(b, q, nq, 0), 0);
 		assert_memory_equal(kvmem_session_logits(a), kvmem_session_logits(b), sizeof(float) * V);

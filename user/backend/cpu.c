@@ -8,8 +8,11 @@
  * token placed at the slot the engine gave it holds the same bits.
  */
 #include <limits.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvmem/backend.h"
 #include "kvmem/kernels.h"
@@ -35,6 +38,11 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 	if (!b)
 		return kvmem_error(ENOMEM, "out of memory");
 	b->c = &m->cfg;
+	if (!m->layers) {
+		free(b);
+		return kvmem_error(EINVAL, "the model has no weights (a geometry only): the cpu "
+				   "backend computes with real ones");
+	}
 	if (!(b->e = kvmem_engine_create(m, o->max_chunk))) {
 		free(b);
 		return kvmem_fail();
@@ -187,6 +195,55 @@ static const kvmem_kvcache *cpu_host_view(void *ctx, const kvmem_view *v)
 	return &v->kv;
 }
 
+static double now_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* OpenBLAS sgemm at 1024^3 (best of 3) and memcpy of 256 MiB (best of 3). */
+static int cpu_ceilings(void *ctx, kvmem_ceilings *out)
+{
+	const int n = 1024;
+	const size_t bytes = 256u << 20;
+	float *a = malloc(sizeof(float) * n * n * 3);
+	char *x = malloc(bytes), *y = malloc(bytes);
+	double best = 1e30, bestc = 1e30;
+
+	if (!a || !x || !y) {
+		free(a);
+		free(x);
+		free(y);
+		return kvmem_error(ENOMEM, "cpu ceilings: out of memory");
+	}
+	for (size_t i = 0; i < (size_t)n * n * 3; i++)
+		a[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+	memset(x, 1, bytes);
+	memset(y, 2, bytes);
+	for (int r = 0; r < 3; r++) {
+		double t0 = now_s(), t;
+
+		kvmem_matmul(a + 2 * (size_t)n * n, a, a + (size_t)n * n, n, n, n);
+		t = now_s() - t0;
+		best = t < best ? t : best;
+		t0 = now_s();
+		memcpy(y, x, bytes);
+		t = now_s() - t0;
+		bestc = t < bestc ? t : bestc;
+	}
+	memset(out, 0, sizeof(*out));
+	snprintf(out->device, sizeof(out->device), "CPU, %d threads", omp_get_max_threads());
+	out->matmul_tflops = 2.0 * n * n * n / best / 1e12;
+	out->matmul_type = "fp32 (OpenBLAS sgemm)";
+	out->copy_gbps = 2.0 * bytes / bestc / 1e9;
+	free(a);
+	free(x);
+	free(y);
+	return 0;
+}
+
 const kvmem_backend_ops kvmem_backend_cpu_ops = {
 	.name = "cpu",
 	.what = "the reference engine on the CPU (fp32, OpenBLAS, bit-exact)",
@@ -201,4 +258,5 @@ const kvmem_backend_ops kvmem_backend_cpu_ops = {
 	.forward = cpu_forward,
 	.place = cpu_place,
 	.host_view = cpu_host_view,
+	.ceilings = cpu_ceilings,
 };

@@ -387,6 +387,11 @@ const kvmem_kvcache *kvmem_session_view(const kvmem_session *s)
 	return s->be->ops->host_view ? s->be->ops->host_view(s->be->ctx, s->view) : NULL;
 }
 
+int64_t kvmem_session_view_len(const kvmem_session *s)
+{
+	return ws_view_len(s);
+}
+
 const kvmem_backend *kvmem_session_backend(const kvmem_session *s)
 {
 	return s->be;

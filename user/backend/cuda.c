@@ -1,0 +1,736 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The cuda backend: the Qwen3 forward pass on one GPU with the ops of
+ * kernels/cuda/ (include/kvmem/cuda.h), built only when nvcc is found.
+ *
+ * Number formats (kernels_bf16.h): weights bf16 on the GPU, converted once
+ * at load from the model's fp32; the residual stream fp32; GEMM inputs bf16
+ * with fp32 accumulation (cuBLASLt); the view bf16. Per layer:
+ *
+ *   h = rmsnorm(x)            q, k, v = h.Wq, h.Wk, h.Wv (bf16 out)
+ *   q, k = headnorm(q, k)     raw q / raw K / V copied out for the session
+ *   q = rope(q, positions)    K, V scattered into the view: K rotated at
+ *                             its slot from raw K, exactly what place() does
+ *   att = attention(q, view)  x += att.Wo
+ *   h = rmsnorm(x)            gu = h.[Wgate;Wup]   x += swiglu(gu).Wdown
+ *
+ * A view is [n_layers][n_kv_heads][cap][head_dim] bf16 K and V on the GPU.
+ * place() packs the pages' token ranges into a host staging buffer as bf16
+ * (f32 pages hold bf16 values widened by forward(), so this is exact),
+ * uploads it in one copy and scatters it with one kernel: a token placed at
+ * the slot forward() gave it gets the same bits, so with a budget over the
+ * workspace a session equals a plain run bit for bit on the GPU as on the
+ * CPU (the same kernels, in the same order, over the same bytes).
+ *
+ * Outputs for the session (raw K, V, raw queries: fp32 host arrays, logits)
+ * are copied down after the pass and widened on the host.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/cuda.h"
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+
+struct layer_w {
+	uint16_t *attn_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm;
+	uint16_t *mlp_norm, *w_gateup, *w_down;	/* [2I][hidden]: gate rows, then up rows */
+};
+
+struct kvmem_view {
+	uint16_t *k, *v;	/* [L][Hk][cap][D] */
+	int64_t cap, len;
+};
+
+struct cuda {
+	const kvmem_config *c;
+	kvmem_cuda_ctx *ctx;
+	int max_chunk, qw, kw;
+	uint16_t *embed, *final_norm, *lm_head;	/* lm_head == embed when tied */
+	struct layer_w *L;
+	uint64_t weight_bytes;
+	uint64_t view_bytes;		/* held by views now */
+	/* scratch for one chunk */
+	float *x;			/* [C][hidden] residual */
+	uint16_t *h, *q, *k, *v, *att, *gu, *act, *tmp;
+	int32_t *ids, *pos;		/* [C] */
+	float *logits;			/* [logit_rows][vocab] */
+	int logit_rows;
+	uint16_t *oq, *ok, *ov;		/* [L][C][..] raw q, raw K, V for the session */
+	uint16_t *host_o;		/* pinned: the largest of those, to widen */
+	int32_t *host_i;		/* pinned: ids and positions */
+	/* place(): staging on both sides */
+	uint16_t *st_k, *st_v, *host_st;	/* [cap_st] each; host: K then V */
+	kvmem_scatter_item *items, *host_items;
+	size_t cap_st;
+	int cap_items;
+};
+
+static int dev_alloc(void *p, size_t bytes, uint64_t *count)
+{
+	if (count)
+		*count += bytes;
+	return kvmem_cuda_malloc((void **)p, bytes);
+}
+
+/* ---- weights -------------------------------------------------------------- */
+/* Upload an fp32 host tensor as bf16, through a device staging buffer. */
+static int upload_bf16(struct cuda *b, uint16_t *dst, const float *src, size_t n, float *stage,
+		       size_t stage_n)
+{
+	for (size_t at = 0; at < n; at += stage_n) {
+		size_t m = n - at < stage_n ? n - at : stage_n;
+		int rc;
+
+		if ((rc = kvmem_cuda_upload(b->ctx, stage, src + at, m * sizeof(float))) < 0 ||
+		    (rc = kvmem_cuda_convert_to_bf16(b->ctx, dst + at, stage, KVMEM_DTYPE_F32, m)) < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* Random weights on the GPU (a model with no weights: benchmarks of a
+ * geometry, e.g. Qwen3-8B, with no 16 GB file): N(0, s^2)-like uniform
+ * values, s = 1/sqrt(fan_in) for projections, norms 1. */
+static int fill(struct cuda *b, uint16_t *dst, size_t n, uint64_t seed, double scale, int norm)
+{
+	return norm ? kvmem_cuda_fill_bf16(b->ctx, dst, n, 1.0f)
+		    : kvmem_cuda_random_bf16(b->ctx, dst, n, seed, (float)scale);
+}
+
+static int load_weights(struct cuda *b, const kvmem_model *m, uint64_t seed)
+{
+	const kvmem_config *c = b->c;
+	const size_t H = c->hidden, I = c->intermediate, V = c->vocab;
+	const size_t stage_n = 16u << 20;	/* 64 MiB of fp32 per upload */
+	float *stage = NULL;
+	int rc = 0, random = !m->layers;
+
+	if ((rc = dev_alloc(&b->embed, V * H * 2, &b->weight_bytes)) < 0 ||
+	    (rc = dev_alloc(&b->final_norm, H * 2, &b->weight_bytes)) < 0)
+		return rc;
+	if (c->tie_embeddings)
+		b->lm_head = b->embed;
+	else if ((rc = dev_alloc(&b->lm_head, V * H * 2, &b->weight_bytes)) < 0)
+		return rc;
+	b->L = calloc(c->n_layers, sizeof(*b->L));
+	if (!b->L)
+		return kvmem_error(ENOMEM, "out of memory");
+	for (int l = 0; l < c->n_layers; l++) {
+		struct layer_w *w = &b->L[l];
+
+		if ((rc = dev_alloc(&w->attn_norm, H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->wq, (size_t)b->qw * H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->wk, (size_t)b->kw * H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->wv, (size_t)b->kw * H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->wo, H * b->qw * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->q_norm, (size_t)c->head_dim * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->k_norm, (size_t)c->head_dim * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->mlp_norm, H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->w_gateup, 2 * I * H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = dev_alloc(&w->w_down, H * I * 2, &b->weight_bytes)) < 0)
+			return rc;
+	}
+	if (random) {
+		uint64_t s = seed;
+		double sh = 1.0 / sqrt((double)H), si = 1.0 / sqrt((double)I);
+		double so = 1.0 / sqrt((double)b->qw * 2 * c->n_layers);
+
+		if ((rc = fill(b, b->embed, V * H, s++, sh, 0)) < 0 ||
+		    (rc = fill(b, b->final_norm, H, 0, 0, 1)) < 0 ||
+		    (!c->tie_embeddings && (rc = fill(b, b->lm_head, V * H, s++, sh, 0)) < 0))
+			return rc;
+		for (int l = 0; l < c->n_layers; l++) {
+			struct layer_w *w = &b->L[l];
+
+			if ((rc = fill(b, w->attn_norm, H, 0, 0, 1)) < 0 ||
+			    (rc = fill(b, w->wq, (size_t)b->qw * H, s++, sh, 0)) < 0 ||
+			    (rc = fill(b, w->wk, (size_t)b->kw * H, s++, sh, 0)) < 0 ||
+			    (rc = fill(b, w->wv, (size_t)b->kw * H, s++, sh, 0)) < 0 ||
+			    (rc = fill(b, w->wo, H * b->qw, s++, so, 0)) < 0 ||
+			    (rc = fill(b, w->q_norm, c->head_dim, 0, 0, 1)) < 0 ||
+			    (rc = fill(b, w->k_norm, c->head_dim, 0, 0, 1)) < 0 ||
+			    (rc = fill(b, w->mlp_norm, H, 0, 0, 1)) < 0 ||
+			    (rc = fill(b, w->w_gateup, 2 * I * H, s++, sh, 0)) < 0 ||
+			    (rc = fill(b, w->w_down, H * I, s++, si / sqrt(2.0 * c->n_layers), 0)) < 0)
+				return rc;
+		}
+		return kvmem_cuda_sync(b->ctx);
+	}
+	if ((rc = kvmem_cuda_malloc((void **)&stage, stage_n * sizeof(float))) < 0)
+		return rc;
+	rc = upload_bf16(b, b->embed, m->embed, V * H, stage, stage_n);
+	if (!rc)
+		rc = upload_bf16(b, b->final_norm, m->final_norm, H, stage, stage_n);
+	if (!rc && !c->tie_embeddings)
+		rc = upload_bf16(b, b->lm_head, m->lm_head, V * H, stage, stage_n);
+	for (int l = 0; l < c->n_layers && !rc; l++) {
+		const kvmem_layer *s = &m->layers[l];
+		struct layer_w *w = &b->L[l];
+
+		if ((rc = upload_bf16(b, w->attn_norm, s->attn_norm, H, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->wq, s->wq, (size_t)b->qw * H, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->wk, s->wk, (size_t)b->kw * H, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->wv, s->wv, (size_t)b->kw * H, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->wo, s->wo, H * b->qw, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->q_norm, s->q_norm, c->head_dim, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->k_norm, s->k_norm, c->head_dim, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->mlp_norm, s->mlp_norm, H, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->w_gateup, s->w_gate, I * H, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->w_gateup + I * H, s->w_up, I * H, stage, stage_n)) ||
+		    (rc = upload_bf16(b, w->w_down, s->w_down, H * I, stage, stage_n)))
+			break;
+	}
+	kvmem_cuda_free(stage);
+	return rc;
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+static int cuda_available(void)
+{
+	if (kvmem_cuda_device_count() <= 0)
+		return kvmem_error(ENODEV, "no CUDA device here (no GPU, or no driver)");
+	return 0;
+}
+
+static void cuda_destroy(void *ctx)
+{
+	struct cuda *b = ctx;
+
+	if (!b)
+		return;
+	if (b->L)
+		for (int l = 0; l < b->c->n_layers; l++) {
+			struct layer_w *w = &b->L[l];
+			uint16_t *all[] = { w->attn_norm, w->wq, w->wk, w->wv, w->wo, w->q_norm,
+					    w->k_norm, w->mlp_norm, w->w_gateup, w->w_down };
+
+			for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+				kvmem_cuda_free(all[i]);
+		}
+	free(b->L);
+	if (b->lm_head != b->embed)
+		kvmem_cuda_free(b->lm_head);
+	kvmem_cuda_free(b->embed);
+	kvmem_cuda_free(b->final_norm);
+	{
+		void *dev[] = { b->x, b->h, b->q, b->k, b->v, b->att, b->gu, b->act, b->tmp,
+				b->ids, b->pos, b->logits, b->oq, b->ok, b->ov, b->st_k, b->st_v,
+				b->items };
+
+		for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+			kvmem_cuda_free(dev[i]);
+	}
+	cudaFreeHost(b->host_o);
+	cudaFreeHost(b->host_i);
+	cudaFreeHost(b->host_st);
+	cudaFreeHost(b->host_items);
+	kvmem_cuda_ctx_destroy(b->ctx);
+	free(b);
+}
+
+static int pinned(void *p, size_t bytes)
+{
+	if (cudaMallocHost((void **)p, bytes ? bytes : 1) != cudaSuccess)
+		return kvmem_error(ENOMEM, "cannot pin %zu bytes of host memory", bytes);
+	return 0;
+}
+
+static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void **out)
+{
+	const kvmem_config *c = &m->cfg;
+	struct cuda *b = calloc(1, sizeof(*b));
+	size_t C, H, I, V, L, maxo;
+	int rc;
+
+	if (!b)
+		return kvmem_error(ENOMEM, "out of memory");
+	b->c = c;
+	b->max_chunk = o->max_chunk;
+	b->qw = c->n_heads * c->head_dim;
+	b->kw = c->n_kv_heads * c->head_dim;
+	C = (size_t)o->max_chunk, H = c->hidden, I = c->intermediate, V = c->vocab;
+	L = c->n_layers;
+	if (c->head_dim != 64 && c->head_dim != 128) {
+		rc = kvmem_error(ENOTSUP, "head_dim %d: the CUDA attention takes 64 or 128",
+				 c->head_dim);
+		goto fail;
+	}
+	if ((rc = kvmem_cuda_ctx_create(&b->ctx, o->device)) < 0 ||
+	    (rc = load_weights(b, m, 0x6b766d656dull)) < 0)
+		goto fail;
+	if (o->mem_cap && b->weight_bytes > o->mem_cap) {
+		rc = kvmem_error(ENOMEM, "the weights take %llu MiB of the %llu MiB GPU cap",
+				 (unsigned long long)(b->weight_bytes >> 20),
+				 (unsigned long long)(o->mem_cap >> 20));
+		goto fail;
+	}
+	maxo = L * C * (size_t)(b->qw > b->kw ? b->qw : b->kw);
+	if ((rc = dev_alloc(&b->x, C * H * 4, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->h, C * H * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->q, C * b->qw * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->k, C * b->kw * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->v, C * b->kw * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->att, C * b->qw * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->gu, C * 2 * I * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->act, C * I * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->tmp, C * H * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->ids, C * 4, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->pos, C * 4, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->logits, V * 4, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->oq, L * C * b->qw * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->ok, L * C * b->kw * 2, NULL)) < 0 ||
+	    (rc = dev_alloc(&b->ov, L * C * b->kw * 2, NULL)) < 0 ||
+	    (rc = pinned(&b->host_o, maxo * 2)) < 0 || (rc = pinned(&b->host_i, 2 * C * 4)) < 0)
+		goto fail;
+	b->logit_rows = 1;
+	*out = b;
+	return 0;
+fail:
+	cuda_destroy(b);
+	return rc;
+}
+
+/* ---- views ------------------------------------------------------------------ */
+/* Device bytes of a view of cap slots: K and V, bf16, every layer. */
+static uint64_t view_bytes(const struct cuda *b, int64_t cap)
+{
+	return (uint64_t)cap * b->c->n_layers * b->kw * 2 * 2;
+}
+
+static int cuda_view_create(void *ctx, kvmem_view **v)
+{
+	if (!(*v = calloc(1, sizeof(**v))))
+		return kvmem_error(ENOMEM, "cuda view: out of memory");
+	return 0;
+}
+
+static void cuda_view_destroy(void *ctx, kvmem_view *v)
+{
+	if (!v)
+		return;
+	((struct cuda *)ctx)->view_bytes -= view_bytes(ctx, v->cap);
+	kvmem_cuda_free(v->k);
+	kvmem_cuda_free(v->v);
+	free(v);
+}
+
+/* dst[l][h][0..len) = src[l][h][0..len) between views of capacity cs / cd. */
+static int copy_runs(struct cuda *b, uint16_t *dst, int64_t cd, const uint16_t *src, int64_t cs,
+		     int64_t len)
+{
+	const size_t row = (size_t)b->c->head_dim * 2;
+	cudaError_t e = cudaMemcpy2DAsync(dst, cd * row, src, cs * row, len * row,
+					  (size_t)b->c->n_layers * b->c->n_kv_heads,
+					  cudaMemcpyDeviceToDevice, kvmem_cuda_stream(b->ctx));
+
+	return e == cudaSuccess ? 0 : kvmem_error(EIO, "cuda view: copy: %s", cudaGetErrorString(e));
+}
+
+static int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
+{
+	struct cuda *b = ctx;
+	const size_t bytes = view_bytes(b, slots) / 2;	/* K or V */
+	uint16_t *nk = NULL, *nv = NULL;
+	int rc;
+
+	if (slots <= v->cap)
+		return 0;
+	if (slots > INT32_MAX)
+		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
+				   INT32_MAX);
+	if ((rc = kvmem_cuda_malloc((void **)&nk, bytes)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nv, bytes)) < 0)
+		goto fail;
+	if (v->len && ((rc = copy_runs(b, nk, slots, v->k, v->cap, v->len)) < 0 ||
+		       (rc = copy_runs(b, nv, slots, v->v, v->cap, v->len)) < 0 ||
+		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
+		goto fail;
+	kvmem_cuda_free(v->k);
+	kvmem_cuda_free(v->v);
+	b->view_bytes += view_bytes(b, slots) - view_bytes(b, v->cap);
+	v->k = nk;
+	v->v = nv;
+	v->cap = slots;
+	return 0;
+fail:
+	kvmem_cuda_free(nk);
+	kvmem_cuda_free(nv);
+	return rc;
+}
+
+static int64_t cuda_capacity(void *ctx, const kvmem_view *v)
+{
+	return v->cap;
+}
+
+static int64_t cuda_length(void *ctx, const kvmem_view *v)
+{
+	return v->len;
+}
+
+static int cuda_set_length(void *ctx, kvmem_view *v, int64_t len)
+{
+	if (len < 0 || len > v->cap)
+		return kvmem_error(EINVAL, "cuda view: length %lld outside 0..%lld", (long long)len,
+				   (long long)v->cap);
+	v->len = len;
+	return 0;
+}
+
+/* ---- forward ---------------------------------------------------------------- */
+/* Widen n bf16 values from the device into an fp32 host array. */
+static int download_f32(struct cuda *b, float *dst, const uint16_t *src, size_t n)
+{
+	int rc = kvmem_cuda_download(b->ctx, b->host_o, src, n * 2);
+
+	if (rc < 0)
+		return rc;
+	kvmem_bf16_to_f32_n(dst, b->host_o, n);
+	return 0;
+}
+
+static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out)
+{
+	const kvmem_config *c = b->c;
+	const struct layer_w *w = &b->L[l];
+	const int H = c->hidden, I = c->intermediate, D = c->head_dim;
+	const size_t vl = (size_t)c->n_kv_heads * v->cap * D;	/* one layer of the view */
+	int rc;
+
+	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->q, KVMEM_GEMM_BF16, b->h, w->wq, n, H, b->qw)) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->k, KVMEM_GEMM_BF16, b->h, w->wk, n, H, b->kw)) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->v, KVMEM_GEMM_BF16, b->h, w->wv, n, H, b->kw)) ||
+	    (rc = kvmem_cuda_headnorm_bf16(b->ctx, b->q, w->q_norm, n * c->n_heads, D,
+					   c->rms_eps)) ||
+	    (rc = kvmem_cuda_headnorm_bf16(b->ctx, b->k, w->k_norm, n * c->n_kv_heads, D,
+					   c->rms_eps)))
+		return rc;
+	if (want_out) {
+		cudaStream_t st = kvmem_cuda_stream(b->ctx);
+		size_t oq = (size_t)l * n * b->qw, ok = (size_t)l * n * b->kw;
+
+		if (cudaMemcpyAsync(b->oq + oq, b->q, (size_t)n * b->qw * 2, cudaMemcpyDeviceToDevice,
+				    st) != cudaSuccess ||
+		    cudaMemcpyAsync(b->ok + ok, b->k, (size_t)n * b->kw * 2, cudaMemcpyDeviceToDevice,
+				    st) != cudaSuccess ||
+		    cudaMemcpyAsync(b->ov + ok, b->v, (size_t)n * b->kw * 2, cudaMemcpyDeviceToDevice,
+				    st) != cudaSuccess)
+			return kvmem_error(EIO, "cuda forward: copying the outputs");
+	}
+	/* The new tokens' K and V go into the view through the very scatter
+	 * place() uses, so K at a slot is always rotated the same way. */
+	if ((rc = kvmem_cuda_rope_bf16(b->ctx, b->q, b->pos, n, c->n_heads, D, c->rope_theta)) ||
+	    (rc = kvmem_cuda_view_scatter_bf16(b->ctx, v->k, v->v, b->k, b->v, b->items + l, 1,
+					       c->n_layers, c->n_kv_heads, D, (int)v->cap,
+					       c->rope_theta)) ||
+	    (rc = kvmem_cuda_attention_bf16(b->ctx, b->att, b->q, b->pos, n, v->k + l * vl,
+					    v->v + l * vl, NULL, (int)(v->len + n), (size_t)v->cap,
+					    c->n_heads, c->n_kv_heads, D,
+					    (float)(1.0 / sqrt((double)D)))) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n, b->qw,
+				       H)) ||
+	    (rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->mlp_norm, n, H, c->rms_eps)) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->gu, KVMEM_GEMM_BF16, b->h, w->w_gateup, n, H,
+				       2 * I)) ||
+	    (rc = kvmem_cuda_swiglu_bf16(b->ctx, b->act, b->gu, b->gu + I, n, I, 2 * I)) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->act, w->w_down, n, I,
+				       H)))
+		return rc;
+	return 0;
+}
+
+/* Room for the scatter's item list (one item per layer in forward). */
+static int items_room(struct cuda *b, int n)
+{
+	int rc;
+
+	if (n <= b->cap_items)
+		return 0;
+	kvmem_cuda_free(b->items);
+	cudaFreeHost(b->host_items);
+	b->items = NULL;
+	b->host_items = NULL;
+	b->cap_items = 0;
+	if ((rc = kvmem_cuda_malloc((void **)&b->items, (size_t)n * sizeof(*b->items))) < 0 ||
+	    (rc = pinned(&b->host_items, (size_t)n * sizeof(*b->host_items))) < 0)
+		return rc;
+	b->cap_items = n;
+	return 0;
+}
+
+static int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
+			int all_logits, const kvmem_fwd_out *out)
+{
+	struct cuda *b = ctx;
+	const kvmem_config *c = b->c;
+	const int L = c->n_layers;
+	int want_out = out && (out->raw_k || out->v || out->q_raw), rc;
+
+	if (n <= 0 || n > b->max_chunk)
+		return kvmem_error(EINVAL, "cuda forward: %d tokens in one call; the backend takes 1..%d",
+				   n, b->max_chunk);
+	if (v->len + n > v->cap)
+		return kvmem_error(EINVAL, "cuda forward: the view holds %lld of %lld slots, no room for "
+				   "%d more", (long long)v->len, (long long)v->cap, n);
+	for (int i = 0; i < n; i++) {
+		if (tokens[i] < 0 || tokens[i] >= c->vocab)
+			return kvmem_error(EINVAL, "cuda forward: token %d at index %d is outside the "
+					   "vocabulary (0..%d)", tokens[i], i, c->vocab - 1);
+		b->host_i[i] = tokens[i];
+		b->host_i[b->max_chunk + i] = (int32_t)(v->len + i);
+	}
+	/* One scatter item per layer: the new tokens at slots len.., taken
+	 * from the k / v scratch ([n][n_kv_heads][head_dim]). */
+	if ((rc = items_room(b, L)) < 0)
+		return rc;
+	for (int l = 0; l < L; l++)
+		b->host_items[l] = (kvmem_scatter_item){ .layer = l, .slot = (int32_t)v->len, .n = n,
+							 .tok_stride = b->kw, .src = 0,
+							 .head_stride = c->head_dim };
+	if ((rc = kvmem_cuda_upload(b->ctx, b->items, b->host_items, (size_t)L * sizeof(*b->items))) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, b->ids, b->host_i, (size_t)n * 4)) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, b->pos, b->host_i + b->max_chunk, (size_t)n * 4)) < 0 ||
+	    (rc = kvmem_cuda_embedding_bf16(b->ctx, b->x, b->embed, b->ids, n, c->hidden)) < 0)
+		return rc;
+	for (int l = 0; l < L; l++)
+		if ((rc = layer(b, v, l, n, want_out)) < 0)
+			return kvmem_error_prefix("cuda forward, layer %d", l);
+	if (logits) {
+		int rows = all_logits ? n : 1;
+		const float *xl = b->x + (size_t)(all_logits ? 0 : n - 1) * c->hidden;
+
+		/* Logits of every row only when asked: [C][vocab] is 2.5 GB for a
+		 * 4K chunk of a 152K vocabulary. */
+		if (rows > b->logit_rows) {
+			kvmem_cuda_free(b->logits);
+			b->logits = NULL;
+			b->logit_rows = 0;
+			if ((rc = dev_alloc(&b->logits, (size_t)rows * c->vocab * 4, NULL)) < 0)
+				return rc;
+			b->logit_rows = rows;
+		}
+		if ((rc = kvmem_cuda_logits_bf16(b->ctx, b->logits, xl, b->final_norm, b->lm_head,
+						 b->tmp, rows, c->hidden, c->vocab, c->rms_eps)) < 0 ||
+		    (rc = kvmem_cuda_download(b->ctx, logits, b->logits,
+					      (size_t)rows * c->vocab * sizeof(float))) < 0)
+			return rc;
+	}
+	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+		return kvmem_error_prefix("cuda forward");
+	if (out && out->q_raw &&
+	    (rc = download_f32(b, out->q_raw, b->oq, (size_t)L * n * b->qw)) < 0)
+		return rc;
+	if (out && out->raw_k && (rc = download_f32(b, out->raw_k, b->ok, (size_t)L * n * b->kw)) < 0)
+		return rc;
+	if (out && out->v && (rc = download_f32(b, out->v, b->ov, (size_t)L * n * b->kw)) < 0)
+		return rc;
+	v->len += n;
+	return 0;
+}
+
+/* ---- place ------------------------------------------------------------------ */
+static int staging_room(struct cuda *b, size_t elems)
+{
+	int rc;
+
+	if (elems <= b->cap_st)
+		return 0;
+	kvmem_cuda_free(b->st_k);
+	kvmem_cuda_free(b->st_v);
+	cudaFreeHost(b->host_st);
+	b->st_k = b->st_v = b->host_st = NULL;
+	b->cap_st = 0;
+	elems = elems < (1u << 20) ? (1u << 20) : elems;
+	if ((rc = kvmem_cuda_malloc((void **)&b->st_k, elems * 2)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&b->st_v, elems * 2)) < 0 ||
+	    (rc = pinned(&b->host_st, 2 * elems * 2)) < 0)
+		return rc;
+	b->cap_st = elems;
+	return 0;
+}
+
+/* Tokens u0..u0+n-1 of every head of one page half (K or V) as bf16 into
+ * dst [n_kv_heads][n][head_dim]. */
+static int pack(const kvmem_place *it, int is_v, int H, int D, uint16_t *dst)
+{
+	const kvmem_page *pg = &it->page;
+	const char *src = is_v ? pg->v : pg->k;
+
+	if (pg->mem != KVMEM_MEM_HOST)
+		return kvmem_error(ENOTSUP, "cuda place: pages in device memory are not taken yet");
+	for (int h = 0; h < H; h++) {
+		size_t off = ((size_t)h * it->stride + it->u0) * D, n = (size_t)it->n * D;
+		uint16_t *o = dst + (size_t)h * n;
+
+		switch (pg->dtype) {
+		case KVMEM_DTYPE_BF16:
+			memcpy(o, (const uint16_t *)src + off, n * 2);
+			break;
+		case KVMEM_DTYPE_F32:
+			for (size_t i = 0; i < n; i++)
+				o[i] = kvmem_f32_to_bf16(((const float *)src)[off + i]);
+			break;
+		case KVMEM_DTYPE_F16:
+			for (size_t i = 0; i < n; i++)
+				o[i] = kvmem_f32_to_bf16(kvmem_f16_to_f32(((const uint16_t *)src)[off + i]));
+			break;
+		default:
+			return kvmem_error(EINVAL, "cuda place: page dtype %u", pg->dtype);
+		}
+	}
+	return 0;
+}
+
+static int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
+{
+	struct cuda *b = ctx;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	size_t total = 0, at = 0;
+	int rc;
+
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+
+		if (it->layer < 0 || it->layer >= b->c->n_layers || it->n <= 0 || it->u0 < 0 ||
+		    it->u0 + it->n > it->stride || it->slot < 0 || it->slot + it->n > v->cap)
+			return kvmem_error(EINVAL, "cuda place: bad placement (layer %d, tokens %d+%d "
+					   "of %d, slot %lld of %lld)", it->layer, it->u0, it->n,
+					   it->stride, (long long)it->slot, (long long)v->cap);
+		total += (size_t)it->n * H * D;
+	}
+	if (!n)
+		return 0;
+	if ((rc = staging_room(b, total)) < 0 || (rc = items_room(b, n)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+
+		if ((rc = pack(it, 0, H, D, b->host_st + at)) < 0 ||
+		    (rc = pack(it, 1, H, D, b->host_st + b->cap_st + at)) < 0)
+			return rc;
+		b->host_items[i] = (kvmem_scatter_item){
+			.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
+			.tok_stride = D, .src = (int64_t)at, .head_stride = it->n * D,
+		};
+		at += (size_t)it->n * H * D;
+	}
+	if ((rc = kvmem_cuda_upload(b->ctx, b->st_k, b->host_st, total * 2)) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, b->st_v, b->host_st + b->cap_st, total * 2)) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, b->items, b->host_items, (size_t)n * sizeof(*b->items))) < 0 ||
+	    (rc = kvmem_cuda_view_scatter_bf16(b->ctx, v->k, v->v, b->st_k, b->st_v, b->items, n,
+					       b->c->n_layers, H, D, (int)v->cap,
+					       b->c->rope_theta)) < 0)
+		return rc;
+	return kvmem_cuda_sync(b->ctx);
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* cuBLASLt bf16 GEMM at 8192^3 on random data (median-free: best of 10
+ * after 3 warm-ups) and a 2 GiB device-to-device copy (best of 5). */
+static int cuda_ceilings(void *ctx, kvmem_ceilings *out)
+{
+	struct cuda *b = ctx;
+	const int n = 8192;
+	const size_t mat = (size_t)n * n, copy = 2u << 30;
+	uint16_t *a = NULL, *w = NULL, *y = NULL;
+	void *x = NULL, *z = NULL;
+	double best = 1e30, bestc = 1e30;
+	size_t free_b, total_b;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	snprintf(out->device, sizeof(out->device), "%s", kvmem_cuda_device_name(b->ctx));
+	out->matmul_type = "bf16 in, fp32 accumulate (cuBLASLt)";
+	if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+		out->mem_bytes = total_b;
+	if ((rc = kvmem_cuda_malloc((void **)&a, mat * 2)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&w, mat * 2)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&y, mat * 2)) < 0 ||
+	    (rc = kvmem_cuda_random_bf16(b->ctx, a, mat, 1, 1.0f)) < 0 ||
+	    (rc = kvmem_cuda_random_bf16(b->ctx, w, mat, 2, 1.0f)) < 0)
+		goto out;
+	for (int r = 0; r < 13; r++) {
+		double t0;
+
+		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+			goto out;
+		t0 = now_s();
+		if ((rc = kvmem_cuda_gemm_bf16(b->ctx, y, KVMEM_GEMM_BF16, a, w, n, n, n)) < 0 ||
+		    (rc = kvmem_cuda_sync(b->ctx)) < 0)
+			goto out;
+		if (r >= 3 && now_s() - t0 < best)
+			best = now_s() - t0;
+	}
+	kvmem_cuda_free(a);
+	kvmem_cuda_free(w);
+	kvmem_cuda_free(y);
+	a = w = y = NULL;
+	if ((rc = kvmem_cuda_malloc(&x, copy)) < 0 || (rc = kvmem_cuda_malloc(&z, copy)) < 0 ||
+	    (rc = kvmem_cuda_fill_bf16(b->ctx, x, copy / 2, 1.5f)) < 0)
+		goto out;
+	for (int r = 0; r < 6; r++) {
+		double t0;
+
+		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+			goto out;
+		t0 = now_s();
+		if (cudaMemcpyAsync(z, x, copy, cudaMemcpyDeviceToDevice,
+				    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+			rc = kvmem_error(EIO, "cuda ceilings: copy failed");
+			goto out;
+		}
+		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+			goto out;
+		if (r >= 1 && now_s() - t0 < bestc)
+			bestc = now_s() - t0;
+	}
+	out->matmul_tflops = 2.0 * n * (double)n * n / best / 1e12;
+	out->copy_gbps = 2.0 * copy / bestc / 1e9;
+out:
+	kvmem_cuda_free(a);
+	kvmem_cuda_free(w);
+	kvmem_cuda_free(y);
+	kvmem_cuda_free(x);
+	kvmem_cuda_free(z);
+	return rc;
+}
+
+static uint64_t cuda_mem_used(void *ctx)
+{
+	const struct cuda *b = ctx;
+
+	return b->weight_bytes + b->view_bytes;
+}
+
+const kvmem_backend_ops kvmem_backend_cuda_ops = {
+	.name = "cuda",
+	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
+	.available = cuda_available,
+	.create = cuda_create,
+	.destroy = cuda_destroy,
+	.view_create = cuda_view_create,
+	.view_destroy = cuda_view_destroy,
+	.reserve = cuda_reserve,
+	.capacity = cuda_capacity,
+	.length = cuda_length,
+	.set_length = cuda_set_length,
+	.forward = cuda_forward,
+	.place = cuda_place,
+	.ceilings = cuda_ceilings,
+	.mem_used = cuda_mem_used,
+};
