@@ -34,19 +34,6 @@
 
 #define BENCH_LAYERS 16
 
-static uint64_t parse_size(const char *s)
-{
-	char *end;
-	double v = strtod(s, &end);
-
-	switch (*end) {
-	case 'k': case 'K': v *= 1024; break;
-	case 'm': case 'M': v *= 1 << 20; break;
-	case 'g': case 'G': v *= 1 << 30; break;
-	}
-	return v > 0 ? (uint64_t)v : 0;
-}
-
 static int rm_one(const char *path, const struct stat *sb, int type, struct FTW *f)
 {
 	return remove(path);
@@ -54,18 +41,26 @@ static int rm_one(const char *path, const struct stat *sb, int type, struct FTW 
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvmem bench pager [--dir D] [--size BYTES] [--pages LIST] [--batch N]\n\n"
+	fprintf(f, "usage: kvmem bench pager [--dir D] [--size SIZE] [--pages LIST] [--batch N]\n"
+		   "                         [--rounds N]\n\n"
 		   "Page-in and stage-out throughput of the NVMe store as ratios to O_DIRECT\n"
 		   "sequential read/write of the same file system, and host hit rates per\n"
 		   "replacement policy on a synthetic agent step sequence.\n\n"
-		   "  --dir D      where to put the scratch files (default $TMPDIR or /var/tmp);\n"
-		   "               a fresh subdirectory is made and removed\n"
-		   "  --size B     bytes written per measurement (default 512M; k/M/G suffixes)\n"
-		   "  --pages L    page sizes, comma separated (default 64K,128K,256K,1M,2M)\n"
-		   "  --batch N    pages per fetch in the page-in test (default 64)\n"
-		   "  --rounds N   rounds per figure, the median is shown (default 3)\n"
+		   "options:\n"
+		   "  --dir D        where to put the scratch files (default $TMPDIR or /var/tmp);\n"
+		   "                 a fresh subdirectory is made and removed\n"
+		   "  --size SIZE    bytes written per measurement (default 512M, at least 16M)\n"
+		   "  --pages LIST   page sizes, comma separated, multiples of 32k\n"
+		   "                 (default 64k,128k,256k,1M,2M)\n"
+		   "  --batch N      pages per fetch in the page-in test, 1..4096 (default 64)\n"
+		   "  --rounds N     rounds per figure, 1..16; the median is shown (default 3)\n"
+		   "  --help         this text\n"
+		   "Sizes take k, M, G, T (powers of 1024: 512M = 536870912 bytes).\n\n"
 		   "Targets: page-in >= 0.9 of sequential read for pages of 128 KiB and more;\n"
-		   "stage-out >= 0.9 of sequential write.\n");
+		   "stage-out >= 0.9 of sequential write.\n\n"
+		   "examples:\n"
+		   "  kvmem bench pager --size 512M --rounds 5\n"
+		   "  kvmem bench pager --dir /mnt/nvme --size 1G --pages 128k,1M\n");
 }
 
 /* ---- machine and file system ---------------------------------------------- */
@@ -413,35 +408,66 @@ static void hit_rates(void)
 
 int bench_pager(int argc, char **argv)
 {
+	static const struct option opts[] = {
+		{ "dir", required_argument, NULL, 'd' },   { "size", required_argument, NULL, 's' },
+		{ "pages", required_argument, NULL, 'p' }, { "batch", required_argument, NULL, 'b' },
+		{ "rounds", required_argument, NULL, 'r' }, { "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
 	const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
-	char pages_arg[256] = "64K,128K,256K,1M,2M", dir[4096], *tok, *save;
-	uint64_t size = 512ull << 20;
-	int batch = 64, rc = 0;
+	const char *w = "kvmem bench pager";
+	char pages_arg[256] = "64k,128k,256k,1M,2M", dir[4096], *tok, *save;
+	uint64_t size = 512ull << 20, pages[16];
+	int batch = 64, rc = 0, n_pages = 0, c;
 	int rounds = 3;
 
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			usage(stdout);
-			return 0;
-		} else if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
-			base = argv[++i];
-		} else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
-			size = parse_size(argv[++i]);
-		} else if (!strcmp(argv[i], "--pages") && i + 1 < argc) {
-			snprintf(pages_arg, sizeof(pages_arg), "%s", argv[++i]);
-		} else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) {
-			rounds = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
-			batch = atoi(argv[++i]);
-		} else {
-			usage(stderr);
+	cli_getopt_reset();
+	while ((c = cli_getopt(w, argc, argv, opts)) != -1) {
+		int bad = 0;
+
+		switch (c) {
+		case 'h': usage(stdout); return 0;
+		case 'd': base = optarg; break;
+		case 's': bad = cli_parse_size(w, cli_optname, optarg, 16u << 20, 1ull << 44, &size); break;
+		case 'p':
+			if (strlen(optarg) >= sizeof(pages_arg)) {
+				fprintf(stderr, "%s: --pages: list too long\n", w);
+				return EXIT_USAGE;
+			}
+			snprintf(pages_arg, sizeof(pages_arg), "%s", optarg);
+			break;
+		case 'b': bad = cli_parse_int(w, cli_optname, optarg, 1, 4096, &batch); break;
+		case 'r': bad = cli_parse_int(w, cli_optname, optarg, 1, 16, &rounds); break;
+		default: return EXIT_USAGE;
+		}
+		if (bad)
+			return EXIT_USAGE;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s'\n", w, argv[optind]);
+		return EXIT_USAGE;
+	}
+	{
+		char list[256];
+
+		snprintf(list, sizeof(list), "%s", pages_arg);
+		for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+			if (n_pages == 16) {
+				fprintf(stderr, "%s: --pages takes at most 16 sizes\n", w);
+				return EXIT_USAGE;
+			}
+			if (cli_parse_size(w, "--pages", tok, 32 << 10, 1ull << 30, &pages[n_pages]))
+				return EXIT_USAGE;
+			if (pages[n_pages] % (2 * 32 * 128 * 4)) {
+				fprintf(stderr, "%s: page size %s is not a multiple of 32 KiB\n", w, tok);
+				return EXIT_USAGE;
+			}
+			n_pages++;
+		}
+		if (!n_pages) {
+			fprintf(stderr, "%s: --pages wants a list of sizes\n", w);
 			return EXIT_USAGE;
 		}
-	}
-	if (size < (16u << 20) || batch < 1 || batch > 4096 || rounds < 1 || rounds > 16) {
-		fprintf(stderr, "kvmem bench pager: --size at least 16M, --batch 1..4096, "
-				"--rounds 1..16\n");
-		return EXIT_USAGE;
 	}
 	size = size / SEQ_REQ * SEQ_REQ;
 	snprintf(dir, sizeof(dir), "%s/kvmem-bench.XXXXXX", base);
@@ -464,18 +490,12 @@ int bench_pager(int argc, char **argv)
 	       "%" PRIu64 " MiB per measurement.\n\n", rounds, SEQ_REQ >> 10, SEQ_QD, size >> 20);
 	printf("  %-8s  %9s %9s %6s    %9s %9s %6s   %s\n", "page", "seq write", "stage-out",
 	       "ratio", "seq read", "page-in", "ratio", "MB/s");
-	for (tok = strtok_r(pages_arg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		uint64_t page = parse_size(tok);
+	for (int pg = 0; pg < n_pages; pg++) {
+		uint64_t page = pages[pg];
 		double sw[16], so[16], sr[16], pi[16], mw, mo, mr, mi;
 		char ws[4200], path[4200];
 		int ok = 1;
 
-		if (!page || page % (2 * 32 * 128 * 4)) {
-			fprintf(stderr, "kvmem bench pager: page size %s is not a multiple of 32 KiB\n",
-				tok);
-			rc = 1;
-			continue;
-		}
 		snprintf(ws, sizeof(ws), "%s/ws-%" PRIu64, dir, page);
 		snprintf(path, sizeof(path), "%s/seq", dir);
 		for (int r = 0; r < rounds && ok; r++) {

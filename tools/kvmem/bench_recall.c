@@ -45,7 +45,6 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/workspace.h"
-#include "util/json.h"
 #include "cli_util.h"
 #include "cmd.h"
 
@@ -122,36 +121,58 @@ static void usage(FILE *f)
 		"                     question, then select (the first answer token still\n"
 		"                     comes from the view before the selection)\n"
 		"  --quick            smoke test: sizes 1,4, depths 0.25,0.75, 8 questions\n"
-		"  --json FILE        one JSON object per cell; --csv FILE the same as CSV\n"
+		"  --jsonl FILE       one JSON object per cell into FILE; --csv FILE the same\n"
+		"                     as CSV\n"
 		"  --quiet            no progress on stderr\n"
 		"  --trace N          per question: the answer, the needle's rank and the N\n"
 		"                     best-scored blocks as text (why a policy missed)\n"
+		"  --help             this text\n"
 		"\n"
 		"Columns: acc = exact-match answers; in-view = questions whose needle line\n"
 		"was in the view; rank = median number of blocks scored above the needle's\n"
 		"(0: first, whatever the budget); MB/q = pages read from the page source per\n"
-		"question (view and key reads, bf16 K+V pages).\n");
+		"question (view and key reads, bf16 K+V pages).\n\n"
+		"examples:\n"
+		"  kvmem bench recall --model models/agentlang --quick\n"
+		"  kvmem bench recall --model models/agentlang --sizes 1,16 --policies full,refine \\\n"
+		"      --questions 50 --csv recall.csv\n");
 }
 
-static int parse_list(const char *s, double *out, int max)
+/* Comma-separated finite numbers (sizes, depths); the count, or -1. */
+static int parse_list(const char *opt, const char *s, double *out, int max)
 {
+	char *list = strdup(s), *save = NULL;
 	int n = 0;
-	char *end;
 
-	while (*s && n < max) {
-		errno = 0;
-		out[n++] = strtod(s, &end);
-		if (errno || end == s || (*end && *end != ','))
+	if (!list)
+		return -1;
+	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+		if (n == max || cli_parse_double("kvmem bench recall", opt, t, 0, 1e9, &out[n++])) {
+			free(list);
 			return -1;
-		s = *end ? end + 1 : end;
-	}
-	return *s ? -1 : n;
+		}
+	free(list);
+	return n ? n : -1;
 }
 
+/* Returns 0 to run, 1 after --help, -1 on bad usage (the message printed). */
 static int parse_args(int argc, char **argv, struct opts *o)
 {
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },	{ "jsonl", required_argument, NULL, 'J' },
+		{ "csv", required_argument, NULL, 'c' },	{ "sizes", required_argument, NULL, 'S' },
+		{ "depths", required_argument, NULL, 'D' },	{ "select-at", required_argument, NULL, 'a' },
+		{ "policies", required_argument, NULL, 'p' },	{ "questions", required_argument, NULL, 'q' },
+		{ "lookalikes", required_argument, NULL, 'l' }, { "budget", required_argument, NULL, 'B' },
+		{ "chunk", required_argument, NULL, 'k' },	{ "query-tokens", required_argument, NULL, 'Q' },
+		{ "trace", required_argument, NULL, 't' },	{ "seed", required_argument, NULL, 's' },
+		{ "quick", no_argument, NULL, 'K' },		{ "quiet", no_argument, NULL, 'z' },
+		{ "help", no_argument, NULL, 'h' },		{ 0 },
+	};
 	static const double sizes[] = { 1, 4, 16, 64 }, depths[] = { 0.1, 0.3, 0.5, 0.7, 0.9 };
+	const char *w = "kvmem bench recall";
 	char *pols = NULL;
+	int c;
 
 	memset(o, 0, sizeof(*o));
 	o->n_sizes = 4;
@@ -163,80 +184,52 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->chunk = 128;
 	o->block = KVMEM_BLOCK_DEFAULT;
 	o->seed = EVAL_SEED_MIN;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		char *end;
+	cli_getopt_reset();
+	while ((c = cli_getopt(w, argc, argv, opts)) != -1) {
+		const char *name = cli_optname;
+		int bad = 0;
 
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			usage(stdout);
-			exit(0);
-		} else if (!strcmp(a, "--quick")) {
+		switch (c) {
+		case 'h': usage(stdout); return 1;
+		case 'K':
 			o->n_sizes = 2, o->sizes[0] = 1, o->sizes[1] = 4;
 			o->n_depths = 2, o->depths[0] = 0.25, o->depths[1] = 0.75;
 			o->questions = 8;
-			continue;
-		} else if (!strcmp(a, "--quiet")) {
-			o->quiet = 1;
-			continue;
-		}
-		if (!v) {
-			fprintf(stderr, "kvmem bench recall: %s needs a value\n", a);
-			return -1;
-		}
-		i++;
-		errno = 0;
-		if (!strcmp(a, "--model")) {
-			o->model = v;
-		} else if (!strcmp(a, "--json")) {
-			o->json = v;
-		} else if (!strcmp(a, "--csv")) {
-			o->csv = v;
-		} else if (!strcmp(a, "--sizes")) {
-			if ((o->n_sizes = parse_list(v, o->sizes, MAX_LIST)) <= 0)
-				goto bad;
-		} else if (!strcmp(a, "--depths")) {
-			if ((o->n_depths = parse_list(v, o->depths, MAX_LIST)) <= 0)
-				goto bad;
-		} else if (!strcmp(a, "--select-at")) {
-			if (!strcmp(v, "ahead"))
+			break;
+		case 'z': o->quiet = 1; break;
+		case 'm': o->model = optarg; break;
+		case 'J': o->json = optarg; break;
+		case 'c': o->csv = optarg; break;
+		case 'p': pols = optarg; break;
+		case 'S': bad = (o->n_sizes = parse_list(name, optarg, o->sizes, MAX_LIST)) < 0; break;
+		case 'D': bad = (o->n_depths = parse_list(name, optarg, o->depths, MAX_LIST)) < 0; break;
+		case 'a':
+			if (!strcmp(optarg, "ahead"))
 				o->select_at = SELECT_AHEAD;
-			else if (!strcmp(v, "key"))
+			else if (!strcmp(optarg, "key"))
 				o->select_at = SELECT_KEY;
-			else if (!strcmp(v, "marker"))
+			else if (!strcmp(optarg, "marker"))
 				o->select_at = SELECT_MARKER;
-			else
-				goto bad;
-		} else if (!strcmp(a, "--policies")) {
-			pols = (char *)v;
-		} else if (!strcmp(a, "--questions")) {
-			if ((o->questions = (int)strtol(v, &end, 10)) <= 0 || *end)
-				goto bad;
-		} else if (!strcmp(a, "--lookalikes")) {
-			if ((o->lookalikes = (int)strtol(v, &end, 10)) < 0 || *end || o->lookalikes > 16)
-				goto bad;
-		} else if (!strcmp(a, "--budget")) {
-			if ((o->budget = strtoll(v, &end, 10)) <= 0 || *end)
-				goto bad;
-		} else if (!strcmp(a, "--chunk")) {
-			if ((o->chunk = (int)strtol(v, &end, 10)) <= 0 || *end)
-				goto bad;
-		} else if (!strcmp(a, "--query-tokens")) {
-			if ((o->query_tokens = (int)strtol(v, &end, 10)) <= 0 || *end)
-				goto bad;
-		} else if (!strcmp(a, "--trace")) {
-			if ((o->trace = (int)strtol(v, &end, 10)) <= 0 || *end || o->trace > 64)
-				goto bad;
-		} else if (!strcmp(a, "--seed")) {
-			o->seed = strtoull(v, &end, 10);
-			if (errno || *end || *v == '-')
-				goto bad;
-		} else {
-			fprintf(stderr, "kvmem bench recall: unknown option '%s'\n", a);
-			return -1;
+			else {
+				fprintf(stderr, "%s: --select-at wants ahead, key or marker, not '%s'\n", w,
+					optarg);
+				bad = 1;
+			}
+			break;
+		case 'q': bad = cli_parse_int(w, name, optarg, 1, 1 << 20, &o->questions); break;
+		case 'l': bad = cli_parse_int(w, name, optarg, 0, 16, &o->lookalikes); break;
+		case 'B': bad = cli_parse_count(w, name, optarg, 1, INT32_MAX / 2, &o->budget); break;
+		case 'k': bad = cli_parse_int(w, name, optarg, 1, 1 << 20, &o->chunk); break;
+		case 'Q': bad = cli_parse_int(w, name, optarg, 1, 4096, &o->query_tokens); break;
+		case 't': bad = cli_parse_int(w, name, optarg, 1, 64, &o->trace); break;
+		case 's': bad = cli_parse_u64(w, name, optarg, &o->seed); break;
+		default: return -1;
 		}
-		continue;
-bad:
-		fprintf(stderr, "kvmem bench recall: bad value '%s' for %s\n", v, a);
+		if (bad)
+			return -1;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s'\n", w, argv[optind]);
 		return -1;
 	}
 	if (!o->model) {
@@ -275,26 +268,12 @@ bad:
 /* The model must speak this kvmem's agentlang. */
 static int check_vocab(const char *dir, const kvmem_config *c)
 {
-	char path[4200], want[16];
-	kvmem_json *doc;
+	int rc = kvmem_lang_check_model(dir, c);
 
-	if (c->vocab != kvmem_lang_vocab_size())
-		return kvmem_error(EINVAL, "%s: vocabulary of %d tokens; agentlang has %d: not an agentlang model",
-				 dir, c->vocab, kvmem_lang_vocab_size());
-	snprintf(path, sizeof(path), "%s/config.json", dir);
-	if (!(doc = kvmem_json_parse_file(path)))
-		return -1;
-	const char *have = kvmem_json_str(kvmem_json_get(doc, "kvmem_vocab_hash"), NULL);
-	snprintf(want, sizeof(want), "%08x", kvmem_lang_vocab_hash());
-	int rc = 0;
-	if (!have)
-		fprintf(stderr, "kvmem bench recall: note: %s has no kvmem_vocab_hash; assuming "
-			"it was trained on this vocabulary\n", path);
-	else if (strcmp(have, want))
-		rc = kvmem_error(EINVAL, "%s: trained on agentlang vocabulary %s, this kvmem has %s", path, have,
-			       want);
-	kvmem_json_free(doc);
-	return rc;
+	if (rc == 1)
+		fprintf(stderr, "kvmem bench recall: note: %s/config.json has no kvmem_vocab_hash; "
+			"assuming it was trained on this vocabulary\n", dir);
+	return rc < 0 ? rc : 0;
 }
 
 static int64_t workspace_len(const struct bench *b, double size)
@@ -727,8 +706,10 @@ int bench_recall(int argc, char **argv)
 	int rc = 1;
 
 	memset(&b, 0, sizeof(b));
-	if (parse_args(argc, argv, &b.o)) {
-		usage(stderr);
+	switch (parse_args(argc, argv, &b.o)) {
+	case 1:
+		return 0;
+	case -1:
 		return EXIT_USAGE;
 	}
 	if (kvmem_model_load(b.o.model, &b.m) || check_vocab(b.o.model, &b.m->cfg) ||

@@ -7,7 +7,7 @@
  * once at the memory bandwidth measured in the same run.
  *
  * The fp32 index of 1M blocks at full depth is 151 GB. A size whose index
- * does not fit the memory limit (--mem-gb, default 40% of available memory)
+ * does not fit the memory limit (--mem, default 40% of available memory)
  * is measured over as many layers as fit and its scoring time scaled to the
  * full depth (scoring is linear in layers: one pass per (layer, KV head));
  * such rows say "est." and how many layers were measured. --layers N
@@ -38,7 +38,7 @@ struct bench_opts {
 	int n_sizes;
 	int layers, block, query_tokens, reps, json, estimate;
 	int64_t budget;
-	double mem_gb;
+	uint64_t mem;		/* bytes the index may take; 0: 40% of what is available */
 	const char *policy;
 };
 
@@ -51,43 +51,42 @@ static void usage(FILE *f)
 		"synthesised index of the Qwen3-8B geometry, per block and as a multiple of\n"
 		"the floor: reading the index once at the memory bandwidth measured here.\n"
 		"\n"
-		"  --blocks LIST     block counts, comma separated, K/M suffixes (1024/1048576)\n"
-		"                    (default 1K,4K,16K,64K,256K,1M)\n"
+		"options:\n"
+		"  --blocks LIST     block counts, comma separated (k, M: powers of 1000)\n"
+		"                    (default 1024,4096,16384,65536,262144,1048576)\n"
 		"  --policy NAME     meank (default), subblock, quest, recency or random\n"
 		"                    (refine and oracle read K pages: kvmem bench recall)\n"
 		"  --budget N        view budget in tokens (default 131072)\n"
 		"  --block N         tokens per block (default 32; only sets token counts)\n"
 		"  --query-tokens N  query tokens per selection (default 4)\n"
 		"  --layers N        synthesise and score N layers for every size (no scaling)\n"
-		"  --mem-gb G        memory the index may take (default 40%% of available)\n"
+		"  --mem SIZE        memory the index may take (default 40%% of available;\n"
+		"                    k, M, G, T: powers of 1024)\n"
 		"  --no-estimate     skip sizes that do not fit instead of scaling fewer layers\n"
 		"  --reps N          selections per size; the best is reported (default 3)\n"
 		"  --threads N       OpenMP threads (default: all)\n"
-		"  --json            one JSON object per size\n");
-}
-
-static int parse_size(const char *s, int64_t *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || v <= 0)
-		return -1;
-	if (*end == 'K' || *end == 'k')
-		v *= 1024, end++;
-	else if (*end == 'M' || *end == 'm')
-		v *= 1024 * 1024, end++;
-	if (*end && *end != ',')
-		return -1;
-	*out = (int64_t)v;
-	return *out >= 1 ? 0 : -1;
+		"  --json            one JSON object per size\n"
+		"  --help            this text\n"
+		"\n"
+		"examples:\n"
+		"  kvmem bench select\n"
+		"  kvmem bench select --blocks 64k,1M --policy subblock --mem 8G --json\n");
 }
 
 static int parse_args(int argc, char **argv, struct bench_opts *o)
 {
+	static const struct option opts[] = {
+		{ "blocks", required_argument, NULL, 'b' },	  { "policy", required_argument, NULL, 'p' },
+		{ "budget", required_argument, NULL, 'B' },	  { "block", required_argument, NULL, 'k' },
+		{ "query-tokens", required_argument, NULL, 'q' }, { "layers", required_argument, NULL, 'l' },
+		{ "mem", required_argument, NULL, 'm' },	  { "no-estimate", no_argument, NULL, 'E' },
+		{ "reps", required_argument, NULL, 'r' },	  { "threads", required_argument, NULL, 't' },
+		{ "json", no_argument, NULL, 'j' },		  { "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
 	const int64_t def[] = { 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20 };
+	const char *w = "kvmem bench select";
+	int c, threads;
 
 	memset(o, 0, sizeof(*o));
 	o->block = 32;
@@ -98,60 +97,54 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
 	o->policy = "meank";
 	o->n_sizes = 6;
 	memcpy(o->sizes, def, sizeof(def));
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+	cli_getopt_reset();
+	while ((c = cli_getopt(w, argc, argv, opts)) != -1) {
+		const char *name = cli_optname;
+		int bad = 0;
 
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			usage(stdout);
-			return 1;
-		} else if (!strcmp(a, "--json")) {
-			o->json = 1;
-			continue;
-		} else if (!strcmp(a, "--no-estimate")) {
-			o->estimate = 0;
-			continue;
-		}
-		if (!v) {
-			fprintf(stderr, "kvmem bench select: %s needs a value\n", a);
-			return -1;
-		}
-		i++;
-		if (!strcmp(a, "--blocks")) {
+		switch (c) {
+		case 'h': usage(stdout); return 1;
+		case 'j': o->json = 1; break;
+		case 'E': o->estimate = 0; break;
+		case 'p': o->policy = optarg; break;
+		case 'b': {
+			char *list = strdup(optarg), *save = NULL;
+
 			o->n_sizes = 0;
-			for (const char *p = v; *p && o->n_sizes < 32; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
-				if (parse_size(p, &o->sizes[o->n_sizes++])) {
-					fprintf(stderr, "kvmem bench select: bad block count in '%s'\n", v);
-					return -1;
+			for (char *t = list ? strtok_r(list, ",", &save) : NULL; t && !bad;
+			     t = strtok_r(NULL, ",", &save)) {
+				if (o->n_sizes == 32) {
+					fprintf(stderr, "%s: --blocks takes at most 32 counts\n", w);
+					bad = 1;
+				} else {
+					bad = cli_parse_count(w, name, t, 1, 1ll << 32, &o->sizes[o->n_sizes++]);
 				}
-		} else if (!strcmp(a, "--policy")) {
-			o->policy = v;
-		} else if (!strcmp(a, "--budget")) {
-			o->budget = atoll(v);
-		} else if (!strcmp(a, "--block")) {
-			o->block = atoi(v);
-		} else if (!strcmp(a, "--query-tokens")) {
-			o->query_tokens = atoi(v);
-		} else if (!strcmp(a, "--layers")) {
-			o->layers = atoi(v);
-		} else if (!strcmp(a, "--mem-gb")) {
-			o->mem_gb = atof(v);
-		} else if (!strcmp(a, "--reps")) {
-			o->reps = atoi(v);
-		} else if (!strcmp(a, "--threads")) {
-			if (atoi(v) < 1) {
-				fprintf(stderr, "kvmem bench select: --threads wants a count >= 1\n");
-				return -1;
 			}
-			omp_set_num_threads(atoi(v));
-		} else {
-			fprintf(stderr, "kvmem bench select: unknown option '%s'\n", a);
-			return -1;
+			if (!bad && (!list || !o->n_sizes)) {
+				fprintf(stderr, "%s: --blocks wants a list of counts\n", w);
+				bad = 1;
+			}
+			free(list);
+			break;
 		}
+		case 'B': bad = cli_parse_count(w, name, optarg, 1, INT32_MAX / 2, &o->budget); break;
+		case 'k': bad = cli_parse_int(w, name, optarg, 1, 1 << 20, &o->block); break;
+		case 'q': bad = cli_parse_int(w, name, optarg, 1, 4096, &o->query_tokens); break;
+		case 'l': bad = cli_parse_int(w, name, optarg, 0, GEO_LAYERS, &o->layers); break;
+		case 'r': bad = cli_parse_int(w, name, optarg, 1, 1000, &o->reps); break;
+		case 'm': bad = cli_parse_size(w, name, optarg, 1 << 20, 1ull << 50, &o->mem); break;
+		case 't':
+			bad = cli_parse_int(w, name, optarg, 1, 4096, &threads);
+			if (!bad)
+				omp_set_num_threads(threads);
+			break;
+		default: return -1;
+		}
+		if (bad)
+			return -1;
 	}
-	if (o->budget < 1 || o->query_tokens < 1 || o->reps < 1 || o->layers < 0 ||
-	    o->layers > GEO_LAYERS || o->mem_gb < 0) {
-		fprintf(stderr, "kvmem bench select: budget, query tokens and reps must be >= 1, "
-			"layers 0..%d\n", GEO_LAYERS);
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s'\n", w, argv[optind]);
 		return -1;
 	}
 	return 0;
@@ -421,7 +414,7 @@ int bench_select(int argc, char **argv)
 			"it has no place in this benchmark\n", pol->name);
 		return EXIT_USAGE;
 	}
-	limit = o.mem_gb > 0 ? o.mem_gb : 0.4 * avail;
+	limit = o.mem ? o.mem / 1e9 : 0.4 * avail;
 	cpu_model(cpu, sizeof(cpu));
 	/* The floor's buffer: large enough to defeat caches, small enough to share. */
 	bw_bytes = (size_t)(limit * 1e9 / 4) < (1ul << 30) ? (size_t)(limit * 1e9 / 4) : (1ul << 30);

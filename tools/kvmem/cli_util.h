@@ -3,6 +3,7 @@
 #ifndef KVMEM_TOOLS_CLI_UTIL_H
 #define KVMEM_TOOLS_CLI_UTIL_H
 
+#include <getopt.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,16 +23,72 @@ void cli_print_kv(const struct kvmem_config *c);
 double cli_now_s(void);
 
 /*
+ * Options: every subcommand reads its argv with getopt_long over a table of
+ * long options ending in { "help", no_argument, NULL, 'h' } (-h works too),
+ * through cli_getopt, so every command spells its errors the same way:
+ *
+ *	cli_getopt_reset();
+ *	while ((c = cli_getopt("kvmem run", argc, argv, opts)) != -1)
+ *		switch (c) {
+ *		case 'h': usage(stdout); return 0;
+ *		case '?': return EXIT_USAGE;	// the message is printed
+ *		...
+ *		}
+ *
+ * Returns the option's val; -1 after the last option (operands are moved
+ * after the options: argv[optind..argc) are they); '?' after one line on
+ * stderr: "<who>: unknown option '--x' (<who> --help)", "<who>: --model
+ * needs a value", "<who>: --json takes no value".
+ */
+void cli_getopt_reset(void);
+int cli_getopt(const char *who, int argc, char **argv, const struct option *opts);
+/* The option cli_getopt last returned, as "--name" (for value messages). */
+extern char cli_optname[64];
+
+/*
  * Option values. Each parses all of s or fails: -1 after one line on
- * stderr, "<who>: <opt> wants ..., not '<s>'" (who: "kvmem run").
+ * stderr, "<who>: <opt> wants ..., not '<s>'" (who: "kvmem run"). Numbers
+ * are decimal integers unless said otherwise: no fractions, exponents,
+ * "nan" or "inf", no sign where a value cannot be negative.
  */
 int cli_parse_i64(const char *who, const char *opt, const char *s, int64_t lo, int64_t hi,
 		  int64_t *out);
+int cli_parse_int(const char *who, const char *opt, const char *s, int lo, int hi, int *out);
 int cli_parse_long(const char *who, const char *opt, const char *s, long lo, long hi,
 		   long *out);
-/* Decimal, 0x hex or 0 octal; a leading '-' is refused. */
+/* A seed: decimal or 0x hex, 0..2^64-1. */
 int cli_parse_u64(const char *who, const char *opt, const char *s, uint64_t *out);
-/* A float; NaN and values out of float range are refused. */
-int cli_parse_float(const char *who, const char *opt, const char *s, float *out);
+/*
+ * A size in bytes: an integer with an optional suffix k, M, G or T (either
+ * case), powers of 1024: "512M" is 536870912. Anything else after the
+ * digits, an overflow, or a value outside lo..hi is refused.
+ */
+#define CLI_SIZE_HELP "sizes take k, M, G, T (powers of 1024: 512M = 536870912 bytes)"
+int cli_parse_size(const char *who, const char *opt, const char *s, uint64_t lo, uint64_t hi,
+		   uint64_t *out);
+/* A count (tokens, blocks): an integer with an optional suffix k, M or G
+ * (either case), powers of 1000: "300M" is 300000000. */
+#define CLI_COUNT_HELP "counts take k, M, G (powers of 1000: 4k = 4000)"
+int cli_parse_count(const char *who, const char *opt, const char *s, int64_t lo, int64_t hi,
+		    int64_t *out);
+/* A finite number in lo..hi (a float: also within float range). */
+int cli_parse_double(const char *who, const char *opt, const char *s, double lo, double hi,
+		     double *out);
+int cli_parse_float(const char *who, const char *opt, const char *s, float lo, float hi,
+		    float *out);
+
+/*
+ * Make stdout's fate the exit status, in one place: main registers this
+ * with atexit; it flushes and closes stdout and, on any write error
+ * (a full disk, /dev/full, a closed descriptor), prints "kvmem: write
+ * error on standard output: ..." and ends the process with status 1.
+ * cli_guard_stdio (called first in main) keeps descriptors 0..2 occupied
+ * when the caller closed them, so a file kvmem opens never becomes its
+ * stdout; a closed stdout is occupied read-only, so writes to it fail.
+ */
+void cli_guard_stdio(void);
+void cli_close_stdout(void);
+/* 0 while stdout has taken every byte so far; else -1 with a message. */
+int cli_stdout_ok(const char *who);
 
 #endif

@@ -12,14 +12,11 @@ int cmd_verify(int argc, char **argv);
 int cmd_stat(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 
-/* The agent-session mode of `kvmem run` (budget, policy, script...):
- * cmd_run hands over to it when any session option is present. */
-int session_main(int argc, char **argv);
-
 /* Benchmarks, dispatched by cmd_bench (bench_<name>.c). */
 int bench_select(int argc, char **argv);
 int bench_pager(int argc, char **argv);
 int bench_recall(int argc, char **argv);
+int bench_engine(int argc, char **argv);
 
 /* Exit codes: 0 ok, 1 failure, 2 bad usage. */
 #define EXIT_USAGE 2

@@ -13,6 +13,7 @@ static const struct {
 	{ "select", bench_select, "selection + planning time against the number of blocks" },
 	{ "pager", bench_pager, "NVMe page-in / stage-out throughput and host hit rates" },
 	{ "recall", bench_recall, "needle recall accuracy per policy and workspace size" },
+	{ "engine", bench_engine, "prefill and decode speed against the GEMM rate and memory roofline" },
 };
 
 int cmd_bench(int argc, char **argv)
@@ -22,11 +23,17 @@ int cmd_bench(int argc, char **argv)
 		fprintf(f, "usage: kvmem bench <name> [options]\n\nbenchmarks:\n");
 		for (size_t i = 0; i < sizeof(benches) / sizeof(benches[0]); i++)
 			fprintf(f, "  %-7s %s\n", benches[i].name, benches[i].what);
+		fprintf(f, "\nkvmem bench <name> --help for its options.\n\n"
+			   "examples:\n"
+			   "  kvmem bench select --blocks 1k,64k\n"
+			   "  kvmem bench pager --size 512M --rounds 5\n"
+			   "  kvmem bench recall --model models/agentlang --quick\n"
+			   "  kvmem bench engine --backend cuda\n");
 		return argc < 2 ? EXIT_USAGE : 0;
 	}
 	for (size_t i = 0; i < sizeof(benches) / sizeof(benches[0]); i++)
 		if (!strcmp(argv[1], benches[i].name))
 			return benches[i].fn(argc - 1, argv + 1);
-	fprintf(stderr, "kvmem bench: unknown benchmark '%s'\n", argv[1]);
+	fprintf(stderr, "kvmem bench: unknown benchmark '%s' (kvmem bench --help)\n", argv[1]);
 	return EXIT_USAGE;
 }

@@ -61,7 +61,14 @@ static void usage(FILE *f)
 		"  --policy NAME     selection policy to show (default subblock; refine reads\n"
 		"                    K pages too and does better in kvmem bench recall)\n"
 		"  --seed S          workspace seed (default %llu; training used seeds < 1e6)\n"
-		"  --quiet           only the summary\n",
+		"  --quiet           only the summary\n"
+		"  --help            this text\n"
+		"Counts take k, M, G (powers of 1000: 32k = 32000 tokens).\n"
+		"\n"
+		"examples:\n"
+		"  kvmem demo\n"
+		"  kvmem demo --tokens 64k --questions 12 --policy refine\n"
+		"  kvmem demo --quiet --seed 1000000123\n",
 		(unsigned long long)DEMO_SEED);
 }
 
@@ -208,53 +215,42 @@ fail:
 	return -1;
 }
 
+/* Returns 0 to run, 1 after --help, -1 on bad usage (the message printed). */
 static int parse(struct demo *d, int argc, char **argv)
 {
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		char *end = NULL;
-		long long x = 0;
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },	{ "policy", required_argument, NULL, 'p' },
+		{ "tokens", required_argument, NULL, 'n' },	{ "budget", required_argument, NULL, 'b' },
+		{ "questions", required_argument, NULL, 'q' }, { "steps", required_argument, NULL, 's' },
+		{ "seed", required_argument, NULL, 'S' },	{ "quiet", no_argument, NULL, 'Q' },
+		{ "help", no_argument, NULL, 'h' },		{ 0 },
+	};
+	const char *w = "kvmem demo";
+	int c;
 
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			usage(stdout);
-			exit(0);
+	cli_getopt_reset();
+	while ((c = cli_getopt(w, argc, argv, opts)) != -1) {
+		const char *name = cli_optname;
+		int bad = 0;
+
+		switch (c) {
+		case 'h': usage(stdout); return 1;
+		case 'Q': d->quiet = 1; break;
+		case 'm': d->model_dir = optarg; break;
+		case 'p': d->policy = optarg; break;
+		case 'n': bad = cli_parse_count(w, name, optarg, 1, 1ll << 31, &d->tokens); break;
+		case 'b': bad = cli_parse_count(w, name, optarg, 1, INT32_MAX / 2, &d->budget); break;
+		case 'q': bad = cli_parse_int(w, name, optarg, 1, 64, &d->questions); break;
+		case 's': bad = cli_parse_int(w, name, optarg, 1, 1000, &d->steps); break;
+		case 'S': bad = cli_parse_u64(w, name, optarg, &d->seed); break;
+		default: return -1;
 		}
-		if (!strcmp(a, "--quiet")) {
-			d->quiet = 1;
-			continue;
-		}
-		if (!v) {
-			fprintf(stderr, "kvmem demo: %s needs a value (see --help)\n", a);
+		if (bad)
 			return -1;
-		}
-		i++;
-		if (!strcmp(a, "--model")) {
-			d->model_dir = v;
-			continue;
-		}
-		if (!strcmp(a, "--policy")) {
-			d->policy = v;
-			continue;
-		}
-		x = strtoll(v, &end, 10);
-		if (!*v || *end || x <= 0) {
-			fprintf(stderr, "kvmem demo: %s wants a positive integer, not '%s'\n", a, v);
-			return -1;
-		}
-		if (!strcmp(a, "--tokens"))
-			d->tokens = x;
-		else if (!strcmp(a, "--budget"))
-			d->budget = x;
-		else if (!strcmp(a, "--questions") && x <= 64)
-			d->questions = (int)x;
-		else if (!strcmp(a, "--steps") && x <= 1000)
-			d->steps = (int)x;
-		else if (!strcmp(a, "--seed"))
-			d->seed = (uint64_t)x;
-		else {
-			fprintf(stderr, "kvmem demo: unknown option or value out of range: %s %s\n", a, v);
-			return -1;
-		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s' (%s --help)\n", w, argv[optind], w);
+		return -1;
 	}
 	return 0;
 }
@@ -272,8 +268,12 @@ int cmd_demo(int argc, char **argv)
 	int rc = 1, W, got, slide;
 	double depths[64];
 
-	if (parse(&d, argc, argv))
+	switch (parse(&d, argc, argv)) {
+	case 1:
+		return 0;
+	case -1:
 		return EXIT_USAGE;
+	}
 	if (!kvmem_policy_find(d.policy)) {
 		fprintf(stderr, "kvmem demo: %s\n", kvmem_last_error());
 		return EXIT_USAGE;

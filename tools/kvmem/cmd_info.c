@@ -1,25 +1,32 @@
 // SPDX-License-Identifier: MIT
 /* kvmem info: what a model directory holds, checked but not loaded. */
-#include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
-#include "util/json.h"
 #include "cli_util.h"
 #include "cmd.h"
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvmem info DIR [--json]\n\n"
+	fprintf(f, "usage: kvmem info [--json] DIR\n"
+		   "       kvmem info [--json] --model DIR\n\n"
 		   "Check a Hugging Face model directory (config.json plus model.safetensors,\n"
 		   "or shards listed in model.safetensors.index.json) the way the engine would\n"
 		   "load it, without converting the weights, and print its geometry, parameter\n"
-		   "count, stored dtype, KV bytes per token, native window and fingerprint.\n\n"
-		   "  --json   one JSON object instead of text\n"
-		   "  --help   this text\n");
+		   "count, stored dtype, KV bytes per token, native window and fingerprint.\n"
+		   "The fingerprint covers every byte of every tensor: a first look at a model\n"
+		   "reads all of it; later ones take the digests from the cache in the data\n"
+		   "directory while the files are unchanged.\n\n"
+		   "options:\n"
+		   "  --model DIR   the model directory (or give it as the operand)\n"
+		   "  --json        one JSON object instead of text\n"
+		   "  --help        this text\n\n"
+		   "examples:\n"
+		   "  kvmem info /path/to/Qwen3-0.6B\n"
+		   "  kvmem info --json --model models/agentlang\n");
 }
 
 static void print_text(const kvmem_model *m)
@@ -67,29 +74,31 @@ static void print_json(const kvmem_model *m)
 int cmd_info(int argc, char **argv)
 {
 	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	bool json = false;
-	const char *dir;
+	const char *dir = NULL;
 	kvmem_model *m;
 	int c;
 
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	cli_getopt_reset();
+	while ((c = cli_getopt("kvmem info", argc, argv, opts)) != -1) {
 		switch (c) {
+		case 'm': dir = optarg; break;
 		case 'j': json = true; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return EXIT_USAGE;
+		default: return EXIT_USAGE;
 		}
 	}
-	if (argc - optind != 1) {
-		fprintf(stderr, "kvmem info: give exactly one model directory\n\n");
-		usage(stderr);
+	if (argc - optind + (dir != NULL) != 1) {
+		fprintf(stderr, "kvmem info: give exactly one model directory (kvmem info --help)\n");
 		return EXIT_USAGE;
 	}
-	dir = argv[optind];
+	if (!dir)
+		dir = argv[optind];
 	if (kvmem_model_open(dir, KVMEM_MODEL_NO_WEIGHTS, &m)) {
 		fprintf(stderr, "kvmem info: %s\n", kvmem_last_error());
 		return 1;

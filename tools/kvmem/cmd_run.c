@@ -1,168 +1,339 @@
 // SPDX-License-Identifier: MIT
 /*
  * kvmem run: prefill a token sequence and decode, on the CPU reference
- * engine with a plain growing KV cache. With any agent-session option it
- * hands over to session_main (the workspace mode).
+ * engine with a plain growing KV cache; with --script, an agent session over
+ * a workspace (session_main.c). One option table serves both modes; an
+ * option of the other mode is refused by name.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include "kvmem/engine.h"
+#include "kvmem/backend.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "kvmem/workspace.h"
 #include "cli_util.h"
 #include "cmd.h"
+#include "run.h"
 
-static const char *const session_opts[] = {
-	"--script", "--budget", "--block", "--policy", "--check-exact", "--workspace", "--json",
-	NULL
-};
+#define MAX_TOKENS (1L << 30)
 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kvmem run --model DIR (--tokens FILE | --random N) [options]\n"
+		"usage: kvmem run --model DIR (--prompt FILE | --random N) [options]\n"
+		"       kvmem run --model DIR --script FILE [session options]\n"
 		"\n"
-		"Prefill a token sequence through the CPU reference engine, then decode.\n"
+		"A plain run prefills a prompt through a compute backend (--backend), then\n"
+		"decodes, and prints the generated ids and the speed. With --script it runs an agent\n"
+		"session: the script's appends are prefilled in chunks, each {\"decode\": N}\n"
+		"line is a step boundary (select blocks with the last queries, rematerialise\n"
+		"the view, generate N tokens with the view frozen).\n"
 		"\n"
-		"  --model DIR        Hugging Face model directory (config.json + safetensors)\n"
-		"  --tokens FILE      prompt token ids, separated by whitespace\n"
-		"  --random N         a prompt of N random token ids instead\n"
-		"  --seed S           seed of the random prompt (default 0)\n"
-		"  --decode N         tokens to generate after the prompt (default 16)\n"
-		"  --chunk N          prefill chunk size in tokens (default 256)\n"
-		"  --temperature T    0 (default) is greedy; > 0 samples\n"
-		"  --top-k K          keep the K most likely tokens (0: all)\n"
-		"  --top-p P          keep the smallest set holding P of the mass (1: all)\n"
-		"  --sample-seed S    seed of the sampler (default 0)\n"
-		"  --logits FILE      write the logits of every prompt position: float32,\n"
-		"                     little-endian, [prompt tokens][vocab]\n"
-		"  --help             this text\n"
+		"options of both modes:\n"
+		"  --model DIR         Hugging Face model directory (config.json + safetensors)\n"
+		"  --chunk N           prefill chunk in tokens (default 256 plain, 128 session)\n"
+		"  --seed S            plain: seed of --random; session: seed of random appends,\n"
+		"                      the random policy and sampling (default 0)\n"
+		"  --temperature T     0 (default) is greedy; T > 0 samples at that temperature\n"
+		"  --top-k K           sample among the K most likely tokens (0, default: all)\n"
+		"  --top-p P           sample among the fewest tokens holding P of the mass,\n"
+		"                      0 < P <= 1 (default 1: all)\n"
+		"  --sample-seed S     seed of the sampler (default: 0 plain, --seed session)\n"
+		"  --backend NAME      compute backend: cpu, cuda, or auto (default: cuda\n"
+		"                      when this kvmem has it and a GPU is there, else cpu)\n"
+		"  --help              this text\n"
 		"\n"
-		"Prints the generated token ids and prefill / decode speed (tok/s).\n"
-		"Agent-session options (--script, --budget, --block, --policy, --check-exact,\n"
-		"--workspace, --json) switch to the workspace mode: see its own help.\n");
+		"plain runs:\n"
+		"  --prompt FILE       prompt token ids separated by whitespace (--tokens FILE\n"
+		"                      is the old spelling, still read)\n"
+		"  --random N          a prompt of N random token ids instead\n"
+		"  --decode N          tokens to generate after the prompt (default 16)\n"
+		"  --logits FILE       write the logits of every prompt position: float32,\n"
+		"                      little-endian, [prompt tokens][vocab]\n"
+		"\n"
+		"agent sessions:\n"
+		"  --script FILE       one JSON object per line, read and run line by line:\n"
+		"                        {\"append\": [ids...]}  {\"append_random\": N, \"seed\": S}\n"
+		"                        {\"decode\": N}   (\"pin\": true on an append pins its span)\n"
+		"  --budget N          history tokens the view may hold (default 0: unlimited)\n"
+		"  --block N           tokens per block, a power of two 16..256 (default 32)\n"
+		"  --policy NAME       selection policy (default meank; see below)\n"
+		"  --sink N            first tokens always in the view (default budget/100)\n"
+		"  --recent N          last tokens always in the view (default budget/12)\n"
+		"  --reserve N         tail slots between selections (default max(chunk, budget/8))\n"
+		"  --query-tokens N    last tokens whose queries drive selection (default 4)\n"
+		"  --json              one JSON object per step on stdout\n"
+		"  --check-exact       run a full-context twin alongside; report the largest logit\n"
+		"                      difference per step; exit 1 if it is not 0 while the\n"
+		"                      budget holds the whole workspace\n"
+		"  --workspace DIR     keep the history in a workspace directory: created, or\n"
+		"                      reopened and continued with no re-prefill exactly where\n"
+		"                      it stopped (the session state is committed with the\n"
+		"                      history after every script line; Documentation/pager.md)\n"
+		"  --host-cap SIZE     host pool of the workspace's pager (default 256M)\n"
+		"  --cache-policy P    its replacement policy: lru (default), lfu, score\n"
+		"\n"
+		"Token counts (N) take k, M, G (powers of 1000); SIZE takes k, M, G, T\n"
+		"(powers of 1024: 256M = 268435456 bytes). Logits that are NaN or infinite\n"
+		"stop the run with an error instead of being sampled.\n"
+		"\n"
+		"policies:\n");
+	for (int i = 0; kvmem_policies[i]; i++)
+		fprintf(f, "  %-9s %s\n", kvmem_policies[i]->name, kvmem_policies[i]->what);
+	fprintf(f,
+		"\n"
+		"examples:\n"
+		"  kvmem run --model M --random 512 --decode 32\n"
+		"  kvmem run --model M --prompt prompt.txt --temperature 0.7 --top-p 0.9\n"
+		"  kvmem run --model M --script session.jsonl --budget 512 --policy refine\n"
+		"  kvmem run --model M --script session.jsonl --workspace ws --host-cap 64M --json\n");
 }
 
-static int is_session_opt(const char *a)
-{
-	for (int i = 0; session_opts[i]; i++) {
-		size_t n = strlen(session_opts[i]);
-
-		if (!strncmp(a, session_opts[i], n) && (a[n] == '\0' || a[n] == '='))
-			return 1;
-	}
-	return 0;
-}
-
-struct run_opts {
-	const char *model, *tokens, *logits;
-	long random_n, decode, chunk;
-	uint64_t seed;
-	kvmem_sampler sampler;
+/* ---- options --------------------------------------------------------------- */
+enum {
+	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
+	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
+	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED,
 };
+
+static const struct option opts[] = {
+	{ "model", required_argument, NULL, O_MODEL },
+	{ "prompt", required_argument, NULL, O_PROMPT },
+	{ "tokens", required_argument, NULL, O_PROMPT },	/* the old spelling */
+	{ "random", required_argument, NULL, O_RANDOM },
+	{ "decode", required_argument, NULL, O_DECODE },
+	{ "logits", required_argument, NULL, O_LOGITS },
+	{ "script", required_argument, NULL, O_SCRIPT },
+	{ "budget", required_argument, NULL, O_BUDGET },
+	{ "block", required_argument, NULL, O_BLOCK },
+	{ "policy", required_argument, NULL, O_POLICY },
+	{ "sink", required_argument, NULL, O_SINK },
+	{ "recent", required_argument, NULL, O_RECENT },
+	{ "reserve", required_argument, NULL, O_RESERVE },
+	{ "query-tokens", required_argument, NULL, O_QUERY },
+	{ "json", no_argument, NULL, O_JSON },
+	{ "check-exact", no_argument, NULL, O_CHECK },
+	{ "workspace", required_argument, NULL, O_WORKSPACE },
+	{ "host-cap", required_argument, NULL, O_HOSTCAP },
+	{ "cache-policy", required_argument, NULL, O_CACHEPOL },
+	{ "backend", required_argument, NULL, O_BACKEND },
+	{ "chunk", required_argument, NULL, O_CHUNK },
+	{ "seed", required_argument, NULL, O_SEED },
+	{ "temperature", required_argument, NULL, O_TEMP },
+	{ "top-k", required_argument, NULL, O_TOPK },
+	{ "top-p", required_argument, NULL, O_TOPP },
+	{ "sample-seed", required_argument, NULL, O_SSEED },
+	{ "help", no_argument, NULL, 'h' },
+	{ 0 },
+};
+
+/* Which mode an option belongs to: 'p' plain, 's' session, 0 both. */
+static int mode_of(int c)
+{
+	switch (c) {
+	case O_PROMPT: case O_RANDOM: case O_DECODE: case O_LOGITS:
+		return 'p';
+	case O_SCRIPT: case O_BUDGET: case O_BLOCK: case O_POLICY: case O_SINK: case O_RECENT:
+	case O_RESERVE: case O_QUERY: case O_JSON: case O_CHECK: case O_WORKSPACE: case O_HOSTCAP:
+	case O_CACHEPOL:
+		return 's';
+	default:
+		return 0;
+	}
+}
+
+static int value(int c, const char *v, const char *name, struct run_opts *o)
+{
+	const char *w = RUN_WHO;
+
+	switch (c) {
+	case O_MODEL: o->model = v; return 0;
+	case O_PROMPT: o->prompt = v; return 0;
+	case O_LOGITS: o->logits = v; return 0;
+	case O_SCRIPT: o->script = v; return 0;
+	case O_WORKSPACE: o->workspace = v; return 0;
+	case O_POLICY: o->policy = v; return 0;
+	case O_CACHEPOL: o->cache_policy = v; return 0;
+	case O_BACKEND: o->backend = v; return 0;
+	case O_JSON: o->json = 1; return 0;
+	case O_CHECK: o->check_exact = 1; return 0;
+	case O_RANDOM: return cli_parse_count(w, name, v, 1, MAX_TOKENS, &o->random_n);
+	case O_DECODE: return cli_parse_count(w, name, v, 0, MAX_TOKENS, &o->decode);
+	case O_BUDGET: return cli_parse_count(w, name, v, 0, INT32_MAX / 2, &o->budget);
+	case O_SINK: return cli_parse_count(w, name, v, 0, INT32_MAX / 2, &o->sink);
+	case O_RECENT: return cli_parse_count(w, name, v, 0, INT32_MAX / 2, &o->recent);
+	case O_RESERVE: return cli_parse_count(w, name, v, 0, INT32_MAX / 2, &o->reserve);
+	case O_BLOCK: return cli_parse_int(w, name, v, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX, &o->block);
+	case O_QUERY: return cli_parse_int(w, name, v, 1, 4096, &o->query_tokens);
+	case O_CHUNK: return cli_parse_int(w, name, v, 1, 1 << 20, &o->chunk);
+	case O_SEED: return cli_parse_u64(w, name, v, &o->seed);
+	case O_SSEED:
+		o->sample_seed_set = 1;
+		return cli_parse_u64(w, name, v, &o->sampler.seed);
+	case O_HOSTCAP:
+		/* The pager says whether it holds a page of this geometry. */
+		return cli_parse_size(w, name, v, 1, 1ull << 50, &o->host_cap);
+	case O_TEMP:
+		return cli_parse_float(w, name, v, 0.0f, 1e4f, &o->sampler.temperature);
+	case O_TOPK:
+		return cli_parse_int(w, name, v, 0, 1 << 30, &o->sampler.top_k);
+	case O_TOPP:
+		if (cli_parse_float(w, name, v, 0.0f, 1.0f, &o->sampler.top_p))
+			return -1;
+		if (o->sampler.top_p > 0)
+			return 0;
+		fprintf(stderr, "%s: --top-p wants a share of the probability mass with 0 < P <= 1 "
+			"(1 keeps every token), not '%s'\n", w, v);
+		return -1;
+	}
+	return -1;
+}
 
 /* Returns 0 to run, 1 when --help was printed, -1 on bad usage. */
 static int parse_args(int argc, char **argv, struct run_opts *o)
 {
+	char given[2][64] = { "", "" };	/* an option of each mode, for messages */
+	int c;
+
 	memset(o, 0, sizeof(*o));
 	o->decode = 16;
-	o->chunk = 256;
 	o->random_n = -1;
+	o->sink = o->recent = o->reserve = -1;
 	o->sampler.top_p = 1.0f;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-		int r = 0;
-
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+	cli_getopt_reset();
+	while ((c = cli_getopt(RUN_WHO, argc, argv, opts)) != -1) {
+		if (c == 'h') {
 			usage(stdout);
 			return 1;
 		}
-		if (!v) {
-			fprintf(stderr, "kvmem run: %s needs a value (or is unknown)\n", a);
+		if (c == '?' || value(c, optarg, cli_optname, o))
 			return -1;
-		}
-		if (!strcmp(a, "--model"))
-			o->model = v;
-		else if (!strcmp(a, "--tokens"))
-			o->tokens = v;
-		else if (!strcmp(a, "--logits"))
-			o->logits = v;
-		else if (!strcmp(a, "--random"))
-			r = cli_parse_long("kvmem run", a, v, 1, 1L << 30, &o->random_n);
-		else if (!strcmp(a, "--seed"))
-			r = cli_parse_u64("kvmem run", a, v, &o->seed);
-		else if (!strcmp(a, "--decode"))
-			r = cli_parse_long("kvmem run", a, v, 0, 1L << 30, &o->decode);
-		else if (!strcmp(a, "--chunk"))
-			r = cli_parse_long("kvmem run", a, v, 1, 1L << 20, &o->chunk);
-		else if (!strcmp(a, "--temperature"))
-			r = cli_parse_float("kvmem run", a, v, &o->sampler.temperature);
-		else if (!strcmp(a, "--top-k")) {
-			long k;
-
-			r = cli_parse_long("kvmem run", a, v, 0, 1L << 30, &k);
-			o->sampler.top_k = (int)k;
-		} else if (!strcmp(a, "--top-p"))
-			r = cli_parse_float("kvmem run", a, v, &o->sampler.top_p);
-		else if (!strcmp(a, "--sample-seed"))
-			r = cli_parse_u64("kvmem run", a, v, &o->sampler.seed);
-		else {
-			fprintf(stderr, "kvmem run: unknown option '%s' (kvmem run --help)\n", a);
-			return -1;
-		}
-		if (r)
-			return -1;
-		i++;
+		if (mode_of(c) && !given[mode_of(c) == 's'][0])
+			snprintf(given[mode_of(c) == 's'], sizeof(given[0]), "%s", cli_optname);
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s' (%s --help)\n", RUN_WHO, argv[optind],
+			RUN_WHO);
+		return -1;
 	}
 	if (!o->model) {
-		fprintf(stderr, "kvmem run: --model DIR is required (kvmem run --help)\n");
+		fprintf(stderr, "%s: --model DIR is required (%s --help)\n", RUN_WHO, RUN_WHO);
 		return -1;
 	}
-	if (!o->tokens == (o->random_n < 0)) {
-		fprintf(stderr, "kvmem run: give exactly one of --tokens FILE and --random N\n");
+	if (o->script) {
+		if (given[0][0]) {
+			fprintf(stderr, "%s: %s is an option of plain runs; an agent session (--script) "
+				"takes its tokens from the script\n", RUN_WHO, given[0]);
+			return -1;
+		}
+		if (o->policy && !kvmem_policy_find(o->policy)) {
+			fprintf(stderr, "%s: %s\n", RUN_WHO, kvmem_last_error());
+			return -1;
+		}
+		if ((o->host_cap || o->cache_policy) && !o->workspace)
+			fprintf(stderr, "%s: note: %s sets a workspace's pager; without --workspace it "
+				"changes nothing\n", RUN_WHO, o->host_cap ? "--host-cap" : "--cache-policy");
+		if (!o->chunk)
+			o->chunk = 128;
+		if (!o->sample_seed_set)
+			o->sampler.seed = o->seed;
+		return 0;
+	}
+	if (given[1][0]) {
+		fprintf(stderr, "%s: %s is an option of agent sessions: give --script FILE too, or "
+			"leave it out for a plain run (%s --help)\n", RUN_WHO, given[1], RUN_WHO);
 		return -1;
 	}
+	if (!o->prompt == (o->random_n < 0)) {
+		fprintf(stderr, "%s: give exactly one of --prompt FILE and --random N (or --script FILE "
+			"for an agent session)\n", RUN_WHO);
+		return -1;
+	}
+	if (!o->chunk)
+		o->chunk = 256;
 	return 0;
 }
 
-/* Read whitespace-separated token ids from `path`, each in [0, vocab). */
+/* ---- the prompt ------------------------------------------------------------ */
+/*
+ * Whitespace-separated decimal token ids, each in [0, vocab). Read a byte
+ * at a time, so no id is ever cut in two however long it is written, and a
+ * NUL byte (a binary file, or "1\0 2") is an error, not a separator.
+ */
 static int read_tokens(const char *path, int vocab, int32_t **out, int *n_out)
 {
-	FILE *f = fopen(path, "r");
 	int32_t *t = NULL;
-	int n = 0, cap = 0;
-	char word[64];
+	int n = 0, cap = 0, ch, fd;
+	long long off = 0;
+	struct stat st;
+	FILE *f;
 
-	if (!f)
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
 		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
-	while (fscanf(f, "%63s", word) == 1) {
-		char *end;
-		long id;
+	if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+		close(fd);
+		return kvmem_error(EINVAL, "%s: a directory, not a file of token ids", path);
+	}
+	f = fdopen(fd, "r");
+	if (!f) {
+		close(fd);
+		return kvmem_error(errno, "%s: %s", path, strerror(errno));
+	}
+	for (ch = getc(f);; ch = getc(f), off++) {
+		uint64_t id = 0;
+		long long start = off;
+		int len = 0, bad = 0;
 
-		errno = 0;
-		id = strtol(word, &end, 10);
-		if (errno || end == word || *end) {
-			kvmem_error(EINVAL, "%s: the token at index %d ('%s') is not an integer id", path, n,
-				  word);
+		while (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f') {
+			ch = getc(f);
+			start = ++off;
+		}
+		if (ch == EOF)
+			break;
+		for (; ch != EOF && !strchr(" \t\n\r\v\f", ch) && ch != 0; ch = getc(f), off++) {
+			bad |= ch < '0' || ch > '9';
+			if (++len <= 12 && !bad)
+				id = id * 10 + (uint64_t)(ch - '0');
+		}
+		if (ch == 0) {
+			kvmem_error(EINVAL, "%s: a NUL byte at offset %lld: not a text file of token ids",
+				    path, off);
 			goto fail;
 		}
-		if (id < 0 || id >= vocab) {
-			kvmem_error(EINVAL, "%s: the token at index %d is %ld, outside the vocabulary 0..%d",
-				  path, n, id, vocab - 1);
+		if (bad) {
+			kvmem_error(EINVAL, "%s: the token at index %d (offset %lld) is not a decimal id",
+				    path, n, start);
+			goto fail;
+		}
+		if (len > 12) {
+			kvmem_error(EINVAL, "%s: the token at index %d (offset %lld) is a number of %d "
+				    "digits, outside the vocabulary 0..%d", path, n, start, len, vocab - 1);
+			goto fail;
+		}
+		if (id >= (uint64_t)vocab) {
+			kvmem_error(EINVAL, "%s: the token at index %d (offset %lld) is %llu, outside the "
+				    "vocabulary 0..%d", path, n, start, (unsigned long long)id, vocab - 1);
+			goto fail;
+		}
+		if (n == MAX_TOKENS) {
+			kvmem_error(EINVAL, "%s: more than %ld token ids", path, MAX_TOKENS);
 			goto fail;
 		}
 		if (n == cap) {
 			int32_t *p;
 
 			cap = cap ? 2 * cap : 1024;
-			p = realloc(t, sizeof(int32_t) * cap);
+			p = realloc(t, sizeof(int32_t) * (size_t)cap);
 			if (!p) {
 				kvmem_error(ENOMEM, "%s: out of memory after %d tokens", path, n);
 				goto fail;
@@ -170,9 +341,11 @@ static int read_tokens(const char *path, int vocab, int32_t **out, int *n_out)
 			t = p;
 		}
 		t[n++] = (int32_t)id;
+		if (ch == EOF)
+			break;
 	}
 	if (ferror(f)) {
-		kvmem_error(EINVAL, "%s: read error", path);
+		kvmem_error(EIO, "%s: read error: %s", path, strerror(errno));
 		goto fail;
 	}
 	if (n == 0) {
@@ -189,6 +362,15 @@ fail:
 	return -1;
 }
 
+int run_logits_finite(const float *logits, int64_t n)
+{
+	int ok = 1;
+
+	for (int64_t i = 0; i < n; i++)
+		ok &= isfinite(logits[i]);
+	return ok;
+}
+
 static void print_speed(const char *what, int n, double secs)
 {
 	printf("%s: %d tokens in %.3f s, %.1f tok/s\n", what, n, secs,
@@ -196,15 +378,15 @@ static void print_speed(const char *what, int n, double secs)
 }
 
 /* Prefill the prompt in chunks; leaves the last position's logits in `last`. */
-static int prefill(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tok, int n, int chunk,
+static int prefill(kvmem_backend *e, kvmem_view *v, const int32_t *tok, int n, int chunk,
 		   float *buf, float *last, FILE *logits_f, const char *logits_path)
 {
-	int vocab = kvmem_engine_model(e)->cfg.vocab;
+	int vocab = e->model->cfg.vocab;
 
 	for (int at = 0; at < n; at += chunk) {
 		int k = n - at < chunk ? n - at : chunk;
 
-		if (kvmem_forward(e, kv, tok + at, k, buf, logits_f != NULL, NULL))
+		if (e->ops->forward(e->ctx, v, tok + at, k, buf, logits_f != NULL, NULL))
 			return -1;
 		if (logits_f) {
 			if (fwrite(buf, sizeof(float) * vocab, k, logits_f) != (size_t)k)
@@ -219,11 +401,19 @@ static int prefill(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tok, int n
 	return 0;
 }
 
+static int logits_check(const float *last, int vocab, long pos)
+{
+	if (run_logits_finite(last, vocab))
+		return 0;
+	return kvmem_error(ERANGE, "the logits after %ld tokens hold NaN or infinite values (the "
+			   "model's arithmetic overflowed); refusing to sample from them", pos);
+}
+
 static int run_plain(const struct run_opts *o)
 {
 	kvmem_model *m = NULL;
-	kvmem_engine *e = NULL;
-	kvmem_kvcache kv = { 0 };
+	kvmem_backend *e = NULL;
+	kvmem_view *v = NULL;
 	int32_t *tok = NULL, *gen = NULL;
 	float *buf = NULL, *last = NULL;
 	FILE *lf = NULL;
@@ -233,8 +423,8 @@ static int run_plain(const struct run_opts *o)
 		goto out;
 	const kvmem_config *c = &m->cfg;
 
-	if (o->tokens) {
-		if (read_tokens(o->tokens, c->vocab, &tok, &n))
+	if (o->prompt) {
+		if (read_tokens(o->prompt, c->vocab, &tok, &n))
 			goto out;
 	} else {
 		uint64_t rng = kvmem_rng_seed(o->seed);
@@ -252,13 +442,13 @@ static int run_plain(const struct run_opts *o)
 		kvmem_error(EINVAL, "prompt plus decode passes 2^31 tokens");
 		goto out;
 	}
-	int chunk = o->chunk < n ? (int)o->chunk : n, total = n + (int)o->decode;
+	int chunk = o->chunk < n ? o->chunk : n, total = n + (int)o->decode;
 
 	if (total > c->max_position && c->max_position > 0)
 		fprintf(stderr, "kvmem run: note: %d tokens pass the model's window of %d\n",
 			total, c->max_position);
-	e = kvmem_engine_create(m, chunk);
-	if (!e || kvmem_kvcache_init(&kv, c, total))
+	if (kvmem_backend_open(o->backend, m, &(kvmem_backend_opts){ .max_chunk = chunk }, &e) < 0 ||
+	    e->ops->view_create(e->ctx, &v) < 0 || e->ops->reserve(e->ctx, v, total) < 0)
 		goto out;
 	buf = malloc(sizeof(float) * c->vocab * (o->logits ? chunk : 1));
 	last = malloc(sizeof(float) * c->vocab);
@@ -283,20 +473,23 @@ static int run_plain(const struct run_opts *o)
 
 	double t0 = cli_now_s();
 
-	if (prefill(e, &kv, tok, n, chunk, buf, last, lf, o->logits))
+	if (prefill(e, v, tok, n, chunk, buf, last, lf, o->logits))
 		goto out;
 	double t1 = cli_now_s();
 	uint64_t rng = kvmem_rng_seed(o->sampler.seed);
 
 	for (long i = 0; i < o->decode; i++) {
-		int id = kvmem_sample(last, c->vocab, &o->sampler, &rng);
+		int id;
 
+		if (logits_check(last, c->vocab, n + i))
+			goto out;
+		id = kvmem_sample(last, c->vocab, &o->sampler, &rng);
 		if (id < 0) {
 			kvmem_error(ENOMEM, "sampling failed (out of memory)");
 			goto out;
 		}
 		gen[i] = id;
-		if (i + 1 < o->decode && kvmem_forward(e, &kv, &gen[i], 1, last, 0, NULL))
+		if (i + 1 < o->decode && e->ops->forward(e->ctx, v, &gen[i], 1, last, 0, NULL))
 			goto out;
 	}
 	double t2 = cli_now_s();
@@ -327,8 +520,9 @@ out:
 	free(gen);
 	free(buf);
 	free(last);
-	kvmem_kvcache_free(&kv);
-	kvmem_engine_free(e);
+	if (v)
+		e->ops->view_destroy(e->ctx, v);
+	kvmem_backend_close(e);
 	if (m)
 		kvmem_model_free(m);
 	return rc;
@@ -337,13 +531,9 @@ out:
 int cmd_run(int argc, char **argv)
 {
 	struct run_opts o;
-	int r;
+	int r = parse_args(argc, argv, &o);
 
-	for (int i = 1; i < argc; i++)
-		if (is_session_opt(argv[i]))
-			return session_main(argc, argv);
-	r = parse_args(argc, argv, &o);
 	if (r)
 		return r > 0 ? 0 : EXIT_USAGE;
-	return run_plain(&o);
+	return o.script ? session_main(&o) : run_plain(&o);
 }

@@ -12,6 +12,7 @@
 
 #include "kvmem/agentlang.h"
 #include "kvmem/kvmem.h"
+#include "cli_util.h"
 #include "cmd.h"
 
 static void usage(FILE *f)
@@ -22,63 +23,15 @@ static void usage(FILE *f)
 		"  sample   a workspace (or a training sequence) as readable text\n"
 		"  vocab    the vocabulary: id, piece, glue, roles\n\n"
 		"kvmem synth <what> --help for the options. Documentation/agentlang.md\n"
-		"describes the language.\n");
+		"describes the language.\n\n"
+		"examples:\n"
+		"  kvmem synth sample --seed 3 --tokens 1024 --questions 2\n"
+		"  kvmem synth corpus --tokens 4M --seq-len 512 --seed 1 --out /tmp/t.bin\n"
+		"  kvmem synth vocab | head\n");
 }
 
-static int parse_u64(const char *s, uint64_t *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtoull(s, &end, 0);
-	return errno || end == s || *end || *s == '-' ? -1 : 0;
-}
-
-/* "400M", "2k", "1G", "4096" */
-static int parse_count(const char *s, int64_t *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || v < 0)
-		return -1;
-	switch (*end) {
-	case 'k': case 'K': v *= 1e3; end++; break;
-	case 'm': case 'M': v *= 1e6; end++; break;
-	case 'g': case 'G': v *= 1e9; end++; break;
-	}
-	if (*end || v > 9e18)
-		return -1;
-	*out = (int64_t)v;
-	return 0;
-}
-
-static int parse_double(const char *s, double *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtod(s, &end);
-	return errno || end == s || *end ? -1 : 0;
-}
-
-/* The value after an option, or NULL with a message. */
-static const char *optval(int argc, char **argv, int *i)
-{
-	if (*i + 1 >= argc) {
-		fprintf(stderr, "kvmem synth: %s needs a value\n", argv[*i]);
-		return NULL;
-	}
-	return argv[++*i];
-}
-
-static int bad(const char *opt, const char *v)
-{
-	fprintf(stderr, "kvmem synth: bad value '%s' for %s\n", v, opt);
-	return EXIT_USAGE;
-}
+#define WHO_CORPUS "kvmem synth corpus"
+#define WHO_SAMPLE "kvmem synth sample"
 
 /* ---- corpus -------------------------------------------------------------- */
 struct progress {
@@ -116,73 +69,73 @@ static void corpus_usage(FILE *f)
 		"Writes ceil(N / L) training sequences of exactly L tokens (padded with\n"
 		"<pad>), each with questions whose answers lie inside it. A share F of them\n"
 		"(default 0.5) are view sequences: a workspace 1..16x L long cut the way\n"
-		"kvmem's view cuts it. N takes k/M/G suffixes. Ids are uint16 (--u32 for\n"
-		"uint32) after a 64-byte header (include/kvmem/agentlang.h). The file does\n"
-		"not depend on the thread count. Seeds: training uses seeds below 1e6,\n"
-		"evaluation (kvmem bench recall) 1e9 and up.\n");
+		"kvmem's view cuts it. Ids are uint16 (--u32 for uint32) after a 64-byte\n"
+		"header (include/kvmem/agentlang.h). The file does not depend on the thread\n"
+		"count. Seeds: training uses seeds below 1e6, evaluation (kvmem bench recall)\n"
+		"1e9 and up.\n\n"
+		"options:\n"
+		"  --tokens N     tokens to write (k, M, G: powers of 1000, 300M = 3e8)\n"
+		"  --seq-len L    tokens per sequence, 256..1048576 (default 2048)\n"
+		"  --seed S       corpus seed (default 1)\n"
+		"  --out FILE     where to write\n"
+		"  --views F      share of view sequences, 0..1 (default 0.5)\n"
+		"  --threads T    writer threads, 1..1024 (default: all cores)\n"
+		"  --u32          uint32 ids instead of uint16\n"
+		"  --quiet        no progress on stderr\n"
+		"  --help         this text\n\n"
+		"examples:\n"
+		"  kvmem synth corpus --tokens 300M --seq-len 2048 --seed 1 --out train.bin\n"
+		"  kvmem synth corpus --tokens 64k --seq-len 512 --seed 999001 --views 0 --out e.bin\n");
 }
 
 static int synth_corpus(int argc, char **argv)
 {
+	static const struct option opts[] = {
+		{ "tokens", required_argument, NULL, 'n' }, { "seq-len", required_argument, NULL, 'l' },
+		{ "seed", required_argument, NULL, 's' },   { "out", required_argument, NULL, 'o' },
+		{ "views", required_argument, NULL, 'v' },  { "threads", required_argument, NULL, 't' },
+		{ "u32", no_argument, NULL, 'u' },	    { "quiet", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },	    { 0 },
+	};
 	kvmem_lang_corpus_opts o = { .seed = 1, .seq_len = 2048, .view_share = 0.5, .id_bytes = 2 };
-	const char *out = NULL, *v;
-	int quiet = 0, have_tokens = 0;
+	const char *out = NULL;
+	int quiet = 0, have_tokens = 0, c;
 	struct progress pr;
+	int64_t n;
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		int64_t n;
-		double d;
+	cli_getopt_reset();
+	while ((c = cli_getopt(WHO_CORPUS, argc, argv, opts)) != -1) {
+		const char *w = WHO_CORPUS, *name = cli_optname;
+		int bad = 0;
 
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			corpus_usage(stdout);
-			return 0;
-		} else if (!strcmp(a, "--u32")) {
-			o.id_bytes = 4;
-		} else if (!strcmp(a, "--quiet")) {
-			quiet = 1;
-		} else if (!strcmp(a, "--tokens")) {
-			if (!(v = optval(argc, argv, &i)))
-				return EXIT_USAGE;
-			if (parse_count(v, &n) || n <= 0)
-				return bad(a, v);
+		switch (c) {
+		case 'h': corpus_usage(stdout); return 0;
+		case 'u': o.id_bytes = 4; break;
+		case 'q': quiet = 1; break;
+		case 'o': out = optarg; break;
+		case 'n':
+			bad = cli_parse_count(w, name, optarg, 1, INT64_MAX / 4, &n);
 			o.n_tokens = n;
 			have_tokens = 1;
-		} else if (!strcmp(a, "--seq-len")) {
-			if (!(v = optval(argc, argv, &i)))
-				return EXIT_USAGE;
-			if (parse_count(v, &n) || n < 256 || n > (1 << 20))
-				return bad(a, v);
-			o.seq_len = (int)n;
-		} else if (!strcmp(a, "--seed")) {
-			if (!(v = optval(argc, argv, &i)))
-				return EXIT_USAGE;
-			if (parse_u64(v, &o.seed))
-				return bad(a, v);
-		} else if (!strcmp(a, "--views")) {
-			if (!(v = optval(argc, argv, &i)))
-				return EXIT_USAGE;
-			if (parse_double(v, &d) || d < 0 || d > 1)
-				return bad(a, v);
-			o.view_share = d;
-		} else if (!strcmp(a, "--threads")) {
-			if (!(v = optval(argc, argv, &i)))
-				return EXIT_USAGE;
-			if (parse_count(v, &n) || n < 1 || n > 1024)
-				return bad(a, v);
-			o.threads = (int)n;
-		} else if (!strcmp(a, "--out") || !strcmp(a, "-o")) {
-			if (!(out = optval(argc, argv, &i)))
-				return EXIT_USAGE;
-		} else {
-			fprintf(stderr, "kvmem synth corpus: unknown option '%s'\n", a);
-			corpus_usage(stderr);
-			return EXIT_USAGE;
+			break;
+		case 'l':
+			bad = cli_parse_int(w, name, optarg, 256, 1 << 20, &o.seq_len);
+			break;
+		case 's': bad = cli_parse_u64(w, name, optarg, &o.seed); break;
+		case 'v': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view_share); break;
+		case 't': bad = cli_parse_int(w, name, optarg, 1, 1024, &o.threads); break;
+		default: return EXIT_USAGE;
 		}
+		if (bad)
+			return EXIT_USAGE;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s'\n", WHO_CORPUS, argv[optind]);
+		return EXIT_USAGE;
 	}
 	if (!out || !have_tokens) {
-		fprintf(stderr, "kvmem synth corpus: --tokens and --out are required\n");
-		corpus_usage(stderr);
+		fprintf(stderr, "%s: --tokens N and --out FILE are required (%s --help)\n", WHO_CORPUS,
+			WHO_CORPUS);
 		return EXIT_USAGE;
 	}
 	clock_gettime(CLOCK_MONOTONIC, &pr.t0);
@@ -213,8 +166,21 @@ static void sample_usage(FILE *f)
 		"workspace (default): a workspace of N tokens (default 1024) with M needles\n"
 		"(default 3) at depth D (default: spread evenly), then each question, its\n"
 		"expected answer and where its needle lies. stream / view: training\n"
-		"sequence number S of the corpus with seed 1, L tokens (default 1024).\n"
-		"--ids prints the ids after the text.\n");
+		"sequence number S of the corpus with seed 1, L tokens (default 1024).\n\n"
+		"options:\n"
+		"  --seed S          workspace seed, or the training sequence's number\n"
+		"  --tokens N        workspace size, at least 256 (k, M, G: powers of 1000)\n"
+		"  --questions M     needles and questions, 0..100000\n"
+		"  --depth D         where the needles lie, 0 (oldest) .. 1\n"
+		"  --lookalikes K    look-alike lines per needle, 0..16\n"
+		"  --stale P         share of needles with a stale earlier value, 0..1\n"
+		"  --kind K          workspace (default), stream or view\n"
+		"  --seq-len L       training sequence length, 256..1048576\n"
+		"  --ids             print the ids after the text\n"
+		"  --help            this text\n\n"
+		"examples:\n"
+		"  kvmem synth sample --seed 3 --tokens 1024 --questions 2\n"
+		"  kvmem synth sample --kind view --seed 17 --seq-len 2048 --ids\n");
 }
 
 static int print_ids(const int32_t *ids, int64_t n)
@@ -288,64 +254,53 @@ static int sample_train(uint64_t index, int seq_len, double views, int with_ids)
 
 static int synth_sample(int argc, char **argv)
 {
+	static const struct option opts[] = {
+		{ "kind", required_argument, NULL, 'k' },	{ "seed", required_argument, NULL, 's' },
+		{ "tokens", required_argument, NULL, 'n' },	{ "seq-len", required_argument, NULL, 'l' },
+		{ "questions", required_argument, NULL, 'q' }, { "lookalikes", required_argument, NULL, 'a' },
+		{ "depth", required_argument, NULL, 'd' },	{ "stale", required_argument, NULL, 't' },
+		{ "ids", no_argument, NULL, 'i' },		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
 	kvmem_lang_params p;
 	double depth = -1;
-	int with_ids = 0, seq_len = 1024;
-	const char *kind = "workspace", *v;
+	int with_ids = 0, seq_len = 1024, c;
+	const char *kind = "workspace";
 
 	kvmem_lang_params_default(&p);
 	p.n_tokens = 1024;
 	p.n_questions = 3;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		int64_t n;
-		double d;
+	cli_getopt_reset();
+	while ((c = cli_getopt(WHO_SAMPLE, argc, argv, opts)) != -1) {
+		const char *w = WHO_SAMPLE, *name = cli_optname;
+		int bad = 0;
 
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			sample_usage(stdout);
-			return 0;
-		} else if (!strcmp(a, "--ids")) {
-			with_ids = 1;
-			continue;
+		switch (c) {
+		case 'h': sample_usage(stdout); return 0;
+		case 'i': with_ids = 1; break;
+		case 'k':
+			if (strcmp(optarg, "workspace") && strcmp(optarg, "stream") && strcmp(optarg, "view")) {
+				fprintf(stderr, "%s: --kind wants workspace, stream or view, not '%s'\n", w,
+					optarg);
+				return EXIT_USAGE;
+			}
+			kind = optarg;
+			break;
+		case 's': bad = cli_parse_u64(w, name, optarg, &p.seed); break;
+		case 'n': bad = cli_parse_count(w, name, optarg, 256, INT64_MAX / 4, &p.n_tokens); break;
+		case 'l': bad = cli_parse_int(w, name, optarg, 256, 1 << 20, &seq_len); break;
+		case 'q': bad = cli_parse_int(w, name, optarg, 0, 100000, &p.n_questions); break;
+		case 'a': bad = cli_parse_int(w, name, optarg, 0, 16, &p.lookalikes); break;
+		case 'd': bad = cli_parse_double(w, name, optarg, 0, 1, &depth); break;
+		case 't': bad = cli_parse_double(w, name, optarg, 0, 1, &p.stale); break;
+		default: return EXIT_USAGE;
 		}
-		if (!(v = optval(argc, argv, &i)))
+		if (bad)
 			return EXIT_USAGE;
-		if (!strcmp(a, "--kind")) {
-			if (strcmp(v, "workspace") && strcmp(v, "stream") && strcmp(v, "view"))
-				return bad(a, v);
-			kind = v;
-		} else if (!strcmp(a, "--seed")) {
-			if (parse_u64(v, &p.seed))
-				return bad(a, v);
-		} else if (!strcmp(a, "--tokens")) {
-			if (parse_count(v, &n) || n < 256)
-				return bad(a, v);
-			p.n_tokens = n;
-		} else if (!strcmp(a, "--seq-len")) {
-			if (parse_count(v, &n) || n < 256 || n > (1 << 20))
-				return bad(a, v);
-			seq_len = (int)n;
-		} else if (!strcmp(a, "--questions")) {
-			if (parse_count(v, &n) || n > 100000)
-				return bad(a, v);
-			p.n_questions = (int)n;
-		} else if (!strcmp(a, "--lookalikes")) {
-			if (parse_count(v, &n) || n > 16)
-				return bad(a, v);
-			p.lookalikes = (int)n;
-		} else if (!strcmp(a, "--depth")) {
-			if (parse_double(v, &d) || d < 0 || d > 1)
-				return bad(a, v);
-			depth = d;
-		} else if (!strcmp(a, "--stale")) {
-			if (parse_double(v, &d) || d < 0 || d > 1)
-				return bad(a, v);
-			p.stale = d;
-		} else {
-			fprintf(stderr, "kvmem synth sample: unknown option '%s'\n", a);
-			sample_usage(stderr);
-			return EXIT_USAGE;
-		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s'\n", WHO_SAMPLE, argv[optind]);
+		return EXIT_USAGE;
 	}
 	if (!strcmp(kind, "stream"))
 		return sample_train(p.seed, seq_len, 0.0, with_ids);
@@ -372,14 +327,24 @@ static int synth_vocab(int argc, char **argv)
 		"value", "word", "unused",
 	};
 
-	if (argc > 1) {
-		FILE *f = strcmp(argv[1], "--help") && strcmp(argv[1], "-h") ? stderr : stdout;
+	static const struct option opts[] = { { "help", no_argument, NULL, 'h' }, { 0 } };
+	int c;
 
-		fprintf(f, "usage: kvmem synth vocab\n\n"
-			   "Prints every token: id, piece (\\n for newline), glue (1: joins the\n"
-			   "previous piece with no space) and roles. The vocabulary is built in C\n"
-			   "(user/agentlang/vocab.c); its hash names this exact version.\n");
-		return f == stdout ? 0 : EXIT_USAGE;
+	cli_getopt_reset();
+	while ((c = cli_getopt("kvmem synth vocab", argc, argv, opts)) != -1) {
+		if (c != 'h')
+			return EXIT_USAGE;
+		printf("usage: kvmem synth vocab\n\n"
+		       "Prints every token: id, piece (\\n for newline), glue (1: joins the\n"
+		       "previous piece with no space) and roles. The vocabulary is built in C\n"
+		       "(user/agentlang/vocab.c); its hash names this exact version.\n\n"
+		       "examples:\n"
+		       "  kvmem synth vocab > vocab.tsv\n");
+		return 0;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvmem synth vocab: unexpected argument '%s'\n", argv[optind]);
+		return EXIT_USAGE;
 	}
 	printf("# agentlang vocabulary: %d tokens, hash %08x\n# id\tpiece\tglue\troles\n",
 	       kvmem_lang_vocab_size(), kvmem_lang_vocab_hash());

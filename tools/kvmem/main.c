@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "kvmem/kvmem.h"
+#include "cli_util.h"
 #include "cmd.h"
 
 static const struct subcommand {
@@ -31,7 +32,12 @@ static void usage(FILE *f)
 		   "commands:\n");
 	for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
 		fprintf(f, "  %-9s %s\n", subcommands[i].name, subcommands[i].what);
-	fprintf(f, "\nkvmem %s\n", KVMEM_VERSION);
+	fprintf(f, "\nexamples:\n"
+		   "  kvmem demo\n"
+		   "  kvmem generate --preset tiny --out /tmp/tiny\n"
+		   "  kvmem info /tmp/tiny\n"
+		   "  kvmem run --model /tmp/tiny --random 64 --decode 8\n"
+		   "\nkvmem %s\n", KVMEM_VERSION);
 }
 
 int main(int argc, char **argv)
@@ -47,6 +53,10 @@ int main(int argc, char **argv)
 		execv("/proc/self/exe", argv);
 		/* If that fails, run on with the default. */
 	}
+	/* Output is the product: a write error on stdout (a full disk, a
+	 * closed descriptor) is a failure, checked once at exit. */
+	cli_guard_stdio();
+	atexit(cli_close_stdout);
 	if (argc < 2) {
 		usage(stderr);
 		return EXIT_USAGE;

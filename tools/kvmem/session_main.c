@@ -9,15 +9,18 @@
  *   {"append": [ids...], "pin": true}      prefill these ids (pin: keep them in every view)
  *   {"append_random": N, "seed": S}        N random ids (seed optional), "pin" allowed
  *   {"decode": N}                          a step boundary: select, then generate N ids
+ * Options are read by cmd_run.c (one table for both modes of kvmem run).
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
-#include "kvmem/engine.h"
+#include "kvmem/backend.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
@@ -26,23 +29,15 @@
 #include "cli_util.h"
 #include "cmd.h"
 #include "pager_cli.h"
+#include "run.h"
 
 enum { OP_APPEND, OP_DECODE };
 
 struct op {
 	int kind, pin, line;
 	int64_t n;
-	int32_t *ids;		/* OP_APPEND */
-};
-
-struct cli {
-	const char *model, *script, *workspace, *policy, *cache_policy;
-	uint64_t host_cap;
-	int64_t budget, sink, recent, reserve;
-	long block, chunk, query_tokens;
-	int json, check_exact;
-	uint64_t seed;
-	kvmem_sampler sampler;
+	int32_t *ids;		/* "append": its ids (malloc'd); NULL for append_random */
+	uint64_t rng;		/* append_random: the generator of its ids */
 };
 
 /* What one step did, summed over the selections in it. */
@@ -52,334 +47,262 @@ struct step {
 	const kvmem_plan *plan;
 };
 
+/* The full-context twin: a second view on the session's backend that only
+ * grows, fed the same tokens in the same chunks. */
 struct twin {
-	kvmem_engine *e;
+	kvmem_backend *be;
+	kvmem_view *v;
 	const kvmem_config *c;
-	kvmem_kvcache kv;
 	float *logits;
 	int failed;
 };
 
 struct run {
-	struct cli *o;
+	const struct run_opts *o;
+	int nonfinite;		/* logits that were NaN or infinite since the step began */
+	char said[512];		/* the failure already printed */
 	struct step st;
 	struct twin tw;
 };
 
-static void usage(FILE *f)
+/* ---- the script --------------------------------------------------------- */
+/*
+ * The script is read and run a line at a time, so memory is bounded by the
+ * longest line and the generation chunk, never by the script's token count
+ * (five lines of {"append_random": 268435456} once took 5.2 GB before the
+ * first step). A regular file is checked whole first, so a bad line 900
+ * refuses the run before line 1 commits anything; a pipe is read once and
+ * a bad line stops the run where it stands (exit 2 either way).
+ */
+struct script {
+	const char *file;
+	FILE *f;
+	char *line;
+	size_t cap;
+	int lineno, vocab, steps;
+	uint64_t seed;
+};
+
+static int script_error(const struct script *sc, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static int script_error(const struct script *sc, const char *fmt, ...)
 {
-	fprintf(f,
-		"usage: kvmem run --model DIR --script FILE [options]\n"
-		"\n"
-		"Run an agent session: the script's appends are prefilled in chunks, each\n"
-		"{\"decode\": N} line is a step boundary (select blocks with the last queries,\n"
-		"rematerialise the view, generate N tokens with the view frozen).\n"
-		"\n"
-		"  --model DIR        model directory (config.json + safetensors)\n"
-		"  --script FILE      one JSON object per line:\n"
-		"                       {\"append\": [ids...]}  {\"append_random\": N, \"seed\": S}\n"
-		"                       {\"decode\": N}   (\"pin\": true on an append pins its span)\n"
-		"  --budget N         history tokens the view may hold (default 0: unlimited)\n"
-		"  --block N          tokens per block, a power of two 16..256 (default 32)\n"
-		"  --policy NAME      selection policy (default meank; see below)\n"
-		"  --chunk N          prefill chunk (default 128)\n"
-		"  --sink N           first tokens always in the view (default budget/100)\n"
-		"  --recent N         last tokens always in the view (default budget/12)\n"
-		"  --reserve N        tail slots between selections (default max(chunk, budget/8))\n"
-		"  --query-tokens N   last tokens whose queries drive selection (default 4)\n"
-		"  --temperature T    0 (default) is greedy; --top-k K, --top-p P as in plain run\n"
-		"  --seed S           seed of random appends, the random policy and sampling\n"
-		"  --json             one JSON object per step on stdout\n"
-		"  --check-exact      run a full-context twin alongside; report the largest logit\n"
-		"                     difference per step; exit 1 if it is not 0 while the\n"
-		"                     budget holds the whole workspace\n"
-		"  --workspace DIR    keep the history in a workspace directory: created, or\n"
-		"                     reopened and continued with no re-prefill exactly where\n"
-		"                     it stopped (the session state is committed with the\n"
-		"                     history after every script line; Documentation/pager.md)\n"
-		"  --host-cap BYTES   host pool of the workspace's pager (default 256M; k/M/G)\n"
-		"  --cache-policy P   its replacement policy: lru (default), lfu, score\n"
-		"  --help             this text\n"
-		"\npolicies:\n");
-	for (int i = 0; kvmem_policies[i]; i++)
-		fprintf(f, "  %-9s %s\n", kvmem_policies[i]->name, kvmem_policies[i]->what);
-}
+	va_list ap;
 
-/* ---- arguments ------------------------------------------------------- */
-/* Returns 0 to run, 1 after --help, -1 on bad usage. */
-static int parse_args(int argc, char **argv, struct cli *o)
-{
-	memset(o, 0, sizeof(*o));
-	o->sink = o->recent = o->reserve = -1;
-	o->sampler.top_p = 1.0f;
-	for (int i = 1; i < argc; i++) {
-		char *a = argv[i], *eq = strchr(a, '='), *val = NULL;
-		char name[64];
-		int64_t v;
-
-		if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-			return usage(stdout), 1;
-		snprintf(name, sizeof(name), "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
-#define FLAG(s) (!strcmp(name, s))
-		if (FLAG("--json") || FLAG("--check-exact")) {
-			if (eq) {
-				fprintf(stderr, "kvmem run: %s takes no value\n", name);
-				return -1;
-			}
-			*(FLAG("--json") ? &o->json : &o->check_exact) = 1;
-			continue;
-		}
-		if (eq) {
-			val = eq + 1;
-		} else if (i + 1 < argc) {
-			val = argv[++i];
-		} else {
-			fprintf(stderr, "kvmem run: %s needs a value\n", name);
-			return -1;
-		}
-		if (FLAG("--model")) {
-			o->model = val;
-		} else if (FLAG("--script")) {
-			o->script = val;
-		} else if (FLAG("--workspace")) {
-			o->workspace = val;
-		} else if (FLAG("--cache-policy")) {
-			o->cache_policy = val;
-		} else if (FLAG("--host-cap")) {
-			char *end;
-			double b = strtod(val, &end);
-
-			b *= *end == 'k' || *end == 'K' ? 1024 : *end == 'm' || *end == 'M' ? 1 << 20 :
-			     *end == 'g' || *end == 'G' ? 1 << 30 : 1;
-			if (b < 1 || (*end && end[1])) {
-				fprintf(stderr, "kvmem run: --host-cap wants bytes (k/M/G), not '%s'\n", val);
-				return -1;
-			}
-			o->host_cap = (uint64_t)b;
-		} else if (FLAG("--policy")) {
-			o->policy = val;
-		} else if (FLAG("--budget")) {
-			if (cli_parse_i64("kvmem run", name, val, 0, INT32_MAX / 2, &o->budget))
-				return -1;
-		} else if (FLAG("--sink") || FLAG("--recent") || FLAG("--reserve")) {
-			if (cli_parse_i64("kvmem run", name, val, 0, INT32_MAX / 2, &v))
-				return -1;
-			*(FLAG("--sink") ? &o->sink : FLAG("--recent") ? &o->recent : &o->reserve) = v;
-		} else if (FLAG("--block")) {
-			if (cli_parse_long("kvmem run", name, val, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX, &o->block))
-				return -1;
-		} else if (FLAG("--chunk")) {
-			if (cli_parse_long("kvmem run", name, val, 1, 1 << 20, &o->chunk))
-				return -1;
-		} else if (FLAG("--query-tokens")) {
-			if (cli_parse_long("kvmem run", name, val, 1, 4096, &o->query_tokens))
-				return -1;
-		} else if (FLAG("--seed")) {
-			if (cli_parse_i64("kvmem run", name, val, 0, INT64_MAX, &v))
-				return -1;
-			o->seed = (uint64_t)v;
-		} else if (FLAG("--temperature")) {
-			if (cli_parse_float("kvmem run", name, val, &o->sampler.temperature))
-				return -1;
-		} else if (FLAG("--top-k")) {
-			long k;
-
-			if (cli_parse_long("kvmem run", name, val, 0, 1 << 30, &k))
-				return -1;
-			o->sampler.top_k = (int)k;
-		} else if (FLAG("--top-p")) {
-			if (cli_parse_float("kvmem run", name, val, &o->sampler.top_p))
-				return -1;
-		} else {
-			fprintf(stderr, "kvmem run: unknown option '%s' (see kvmem run --script x --help)\n",
-				name);
-			return -1;
-		}
-#undef FLAG
-	}
-	if (!o->model || !o->script) {
-		fprintf(stderr, "kvmem run: agent sessions need --model DIR and --script FILE\n");
-		return -1;
-	}
-	if (o->policy && !kvmem_policy_find(o->policy)) {
-		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
-		return -1;
-	}
-	if (!o->chunk)
-		o->chunk = 128;
-	o->sampler.seed = o->seed;
-	return 0;
-}
-
-/* ---- the script ------------------------------------------------------- */
-static int script_error(const char *file, int line, const char *what)
-{
-	fprintf(stderr, "kvmem run: %s:%d: %s\n", file, line, what);
+	fprintf(stderr, "kvmem run: %s:%d: ", sc->file, sc->lineno);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
 	return -1;
 }
 
-/* One line's object into op; ids checked against the vocabulary. */
-static int parse_op(const kvmem_json *j, const char *file, int line, int vocab, uint64_t seed,
-		    struct op *op)
+/* What a JSON value is, for messages: "1e+12", "a string", ... */
+static const char *json_what(const kvmem_json *v, char *buf, size_t len)
+{
+	if (kvmem_json_typeof(v) == KVMEM_JSON_NUMBER)
+		snprintf(buf, len, "%.17g", kvmem_json_num(v, 0));
+	else
+		snprintf(buf, len, "a%s %s", kvmem_json_typeof(v) == KVMEM_JSON_ARRAY ||
+			 kvmem_json_typeof(v) == KVMEM_JSON_OBJECT ? "n" : "", kvmem_json_type_name(v));
+	return buf;
+}
+
+#define MAX_DECODE (1 << 30)
+#define MAX_APPEND_RANDOM (1 << 28)
+
+/* One line's object into op; ids checked against the vocabulary. An
+ * append_random keeps only its count and generator: its ids are made in
+ * chunks as it runs. */
+static int parse_op(struct script *sc, const kvmem_json *j, struct op *op)
 {
 	const kvmem_json *ap = kvmem_json_get(j, "append"), *ar = kvmem_json_get(j, "append_random");
 	const kvmem_json *dc = kvmem_json_get(j, "decode"), *pin = kvmem_json_get(j, "pin");
 	const kvmem_json *sd = kvmem_json_get(j, "seed");
-	char msg[256];
+	char what[64];
 
 	if (kvmem_json_typeof(j) != KVMEM_JSON_OBJECT)
-		return script_error(file, line, "each line must be a JSON object");
+		return script_error(sc, "each line must be a JSON object");
 	for (size_t i = 0; i < kvmem_json_len(j); i++) {
 		const char *k = kvmem_json_key(j, i);
 
 		if (strcmp(k, "append") && strcmp(k, "append_random") && strcmp(k, "decode") &&
-		    strcmp(k, "pin") && strcmp(k, "seed")) {
-			snprintf(msg, sizeof(msg), "unknown key \"%s\" (append, append_random, decode, pin, seed)", k);
-			return script_error(file, line, msg);
-		}
+		    strcmp(k, "pin") && strcmp(k, "seed"))
+			return script_error(sc, "unknown key \"%s\" (append, append_random, decode, pin, "
+					    "seed)", k);
 	}
 	if (!!ap + !!ar + !!dc != 1)
-		return script_error(file, line, "needs exactly one of \"append\", \"append_random\", \"decode\"");
+		return script_error(sc, "needs exactly one of \"append\", \"append_random\", \"decode\"");
 	if (pin && kvmem_json_typeof(pin) != KVMEM_JSON_BOOL)
-		return script_error(file, line, "\"pin\" must be true or false");
-	if ((pin && dc) || (sd && !ar))
-		return script_error(file, line, dc ? "\"pin\" goes with an append" :
-				    "\"seed\" goes with \"append_random\"");
-	op->line = line;
+		return script_error(sc, "\"pin\" must be true or false");
+	if (pin && dc)
+		return script_error(sc, "\"pin\" goes with an append, not with \"decode\"");
+	if (sd && !ar)
+		return script_error(sc, "\"seed\" goes with \"append_random\"");
+	memset(op, 0, sizeof(*op));
+	op->line = sc->lineno;
 	op->pin = kvmem_json_bool(pin, 0);
 	if (dc) {
 		op->kind = OP_DECODE;
 		op->n = kvmem_json_int(dc, -1);
-		if (!kvmem_json_is_int(dc) || op->n < 0 || op->n > (1 << 30))
-			return script_error(file, line, "\"decode\" wants a token count >= 0");
+		if (!kvmem_json_is_int(dc) || op->n < 0 || op->n > MAX_DECODE)
+			return script_error(sc, "\"decode\" wants a token count from 0 to %d, not %s",
+					    MAX_DECODE, json_what(dc, what, sizeof(what)));
 		return 0;
 	}
 	op->kind = OP_APPEND;
 	if (ar) {
-		uint64_t rng;
-
 		op->n = kvmem_json_int(ar, -1);
-		if (!kvmem_json_is_int(ar) || op->n < 1 || op->n > (1 << 28))
-			return script_error(file, line, "\"append_random\" wants a token count >= 1");
+		if (!kvmem_json_is_int(ar) || op->n < 1 || op->n > MAX_APPEND_RANDOM)
+			return script_error(sc, "\"append_random\" wants a token count from 1 to %d, not %s",
+					    MAX_APPEND_RANDOM, json_what(ar, what, sizeof(what)));
 		if (sd && (!kvmem_json_is_int(sd) || kvmem_json_int(sd, -1) < 0))
-			return script_error(file, line, "\"seed\" wants an integer >= 0");
-		rng = kvmem_rng_seed(sd ? (uint64_t)kvmem_json_int(sd, 0) : seed * 1000003u + line);
-		op->ids = malloc(sizeof(int32_t) * op->n);
-		if (!op->ids)
-			return script_error(file, line, "out of memory");
-		for (int64_t i = 0; i < op->n; i++)
-			op->ids[i] = (int32_t)(kvmem_rng_uniform(&rng) * vocab);
+			return script_error(sc, "\"seed\" wants an integer from 0 to %lld, not %s",
+					    (long long)INT64_MAX, json_what(sd, what, sizeof(what)));
+		op->rng = kvmem_rng_seed(sd ? (uint64_t)kvmem_json_int(sd, 0) :
+					 sc->seed * 1000003u + (uint64_t)sc->lineno);
 		return 0;
 	}
 	op->n = (int64_t)kvmem_json_len(ap);
 	if (kvmem_json_typeof(ap) != KVMEM_JSON_ARRAY || op->n < 1)
-		return script_error(file, line, "\"append\" wants a non-empty array of token ids");
+		return script_error(sc, "\"append\" wants a non-empty array of token ids");
 	op->ids = malloc(sizeof(int32_t) * op->n);
 	if (!op->ids)
-		return script_error(file, line, "out of memory");
+		return script_error(sc, "out of memory for %lld token ids", (long long)op->n);
 	for (int64_t i = 0; i < op->n; i++) {
 		const kvmem_json *t = kvmem_json_at(ap, (size_t)i);
 		int64_t id = kvmem_json_int(t, -1);
 
-		if (!kvmem_json_is_int(t) || id < 0 || id >= vocab) {
-			snprintf(msg, sizeof(msg), "token %lld of \"append\" is not an id in 0..%d",
-				 (long long)i, vocab - 1);
-			return script_error(file, line, msg);
+		if (!kvmem_json_is_int(t) || id < 0 || id >= sc->vocab) {
+			free(op->ids);
+			op->ids = NULL;
+			return script_error(sc, "token %lld of \"append\" is not an id in 0..%d",
+					    (long long)i, sc->vocab - 1);
 		}
 		op->ids[i] = (int32_t)id;
 	}
 	return 0;
 }
 
-static void free_ops(struct op *ops, int n)
+static int script_open(struct script *sc, const char *file, int vocab, uint64_t seed)
 {
-	for (int i = 0; i < n; i++)
-		free(ops[i].ids);
-	free(ops);
-}
+	struct stat st;
 
-static int read_script(const char *file, int vocab, uint64_t seed, struct op **out, int *n_out)
-{
-	FILE *f = fopen(file, "r");
-	char *line = NULL;
-	size_t cap = 0;
-	ssize_t len;
-	struct op *ops = NULL;
-	int n = 0, cap_ops = 0, lineno = 0, rc = 0;
-
-	if (!f) {
+	memset(sc, 0, sizeof(*sc));
+	sc->file = file;
+	sc->vocab = vocab;
+	sc->seed = seed;
+	/* A pipe or FIFO is fine (an agent may feed its steps as it goes);
+	 * a directory is not a script. */
+	sc->f = fopen(file, "r");
+	if (!sc->f) {
 		fprintf(stderr, "kvmem run: %s: %s\n", file, strerror(errno));
 		return -1;
 	}
-	while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+	if (fstat(fileno(sc->f), &st) == 0 && S_ISDIR(st.st_mode)) {
+		fprintf(stderr, "kvmem run: %s: a directory, not a script (one JSON object per line)\n",
+			file);
+		fclose(sc->f);
+		sc->f = NULL;
+		return -1;
+	}
+	return 0;
+}
+
+static void script_close(struct script *sc)
+{
+	if (sc->f)
+		fclose(sc->f);
+	free(sc->line);
+	sc->f = NULL;
+	sc->line = NULL;
+}
+
+/* The next step into op: 1, 0 at the end, -1 after a message. */
+static int script_next(struct script *sc, struct op *op)
+{
+	ssize_t len;
+
+	while ((len = getline(&sc->line, &sc->cap, sc->f)) >= 0) {
 		char name[4200];
 		kvmem_json *j;
 		size_t k;
+		int rc;
 
-		lineno++;
-		for (k = 0; k < (size_t)len && strchr(" \t\r\n", line[k]); k++)
+		sc->lineno++;
+		for (k = 0; k < (size_t)len && strchr(" \t\r\n", sc->line[k]) && sc->line[k]; k++)
 			;
 		if (k == (size_t)len)
 			continue;
-		snprintf(name, sizeof(name), "%s:%d", file, lineno);
-		if (!(j = kvmem_json_parse(line, (size_t)len, name))) {
+		snprintf(name, sizeof(name), "%s:%d", sc->file, sc->lineno);
+		if (!(j = kvmem_json_parse(sc->line, (size_t)len, name))) {
 			fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
-			rc = -1;
-			break;
+			return -1;
 		}
-		if (n == cap_ops) {
-			struct op *t = realloc(ops, sizeof(*ops) * (cap_ops = cap_ops ? 2 * cap_ops : 16));
-
-			if (!t) {
-				kvmem_json_free(j);
-				rc = script_error(file, lineno, "out of memory");
-				break;
-			}
-			ops = t;
-		}
-		memset(&ops[n], 0, sizeof(ops[n]));
-		rc = parse_op(j, file, lineno, vocab, seed, &ops[n]);
-		n++;
+		rc = parse_op(sc, j, op);
 		kvmem_json_free(j);
+		if (rc)
+			return -1;
+		sc->steps++;
+		return 1;
 	}
-	free(line);
-	fclose(f);
-	if (!rc && n == 0)
-		rc = script_error(file, lineno, "the script holds no steps");
-	if (rc) {
-		free_ops(ops, n);
+	if (ferror(sc->f)) {
+		fprintf(stderr, "kvmem run: %s: read error after line %d: %s\n", sc->file, sc->lineno,
+			strerror(errno));
 		return -1;
 	}
-	*out = ops;
-	*n_out = n;
+	if (!sc->steps)
+		return script_error(sc, "the script holds no steps");
 	return 0;
+}
+
+/* A regular file is checked whole, then read again from the top to run. */
+static int script_check(struct script *sc)
+{
+	struct stat st;
+	struct op op;
+	int r;
+
+	if (fstat(fileno(sc->f), &st) || !S_ISREG(st.st_mode))
+		return 0;
+	while ((r = script_next(sc, &op)) > 0)
+		free(op.ids);
+	if (r < 0)
+		return -1;
+	rewind(sc->f);
+	sc->lineno = sc->steps = 0;
+	return 0;
+}
+
+/* The ids of an append_random, made and prefilled a chunk at a time. The
+ * chunk is a multiple of the prefill chunk, so the forward passes (and the
+ * selections between them) fall where one append of every id would put
+ * them. */
+static int append_random(kvmem_session *s, struct op *op, int vocab, int chunk)
+{
+	int64_t per = (int64_t)chunk * (chunk < 65536 ? 65536 / chunk : 1);
+	int64_t p0 = kvmem_session_tokens(s);
+	int32_t *ids = malloc(sizeof(int32_t) * (size_t)(op->n < per ? op->n : per));
+	int rc = 0;
+
+	if (!ids)
+		return kvmem_error(ENOMEM, "out of memory for %lld token ids", (long long)per);
+	/* The whole span at once, as one append would pin it. */
+	if (op->pin)
+		rc = kvmem_session_pin(s, p0, p0 + op->n);
+	for (int64_t done = 0; !rc && done < op->n;) {
+		int64_t k = op->n - done < per ? op->n - done : per;
+
+		for (int64_t i = 0; i < k; i++)
+			ids[i] = (int32_t)(kvmem_rng_uniform(&op->rng) * vocab);
+		rc = kvmem_session_append(s, ids, k, 0);
+		done += k;
+	}
+	free(ids);
+	return rc;
 }
 
 /* ---- the full-context twin ------------------------------------------ */
-static int twin_grow(struct twin *t, int need)
-{
-	kvmem_kvcache nk;
-	int cap = t->kv.cap ? t->kv.cap : 1024;
-
-	if (need <= t->kv.cap)
-		return 0;
-	while (cap < need)
-		cap *= 2;
-	if (kvmem_kvcache_init(&nk, t->c, cap))
-		return -1;
-	for (int l = 0; l < t->c->n_layers && t->kv.len; l++)
-		for (int h = 0; h < t->c->n_kv_heads; h++) {
-			memcpy(kvmem_kv_k(&nk, l, h, 0), kvmem_kv_k(&t->kv, l, h, 0),
-			       sizeof(float) * t->kv.len * t->c->head_dim);
-			memcpy(kvmem_kv_v(&nk, l, h, 0), kvmem_kv_v(&t->kv, l, h, 0),
-			       sizeof(float) * t->kv.len * t->c->head_dim);
-		}
-	nk.len = t->kv.len;
-	kvmem_kvcache_free(&t->kv);
-	t->kv = nk;
-	return 0;
-}
-
 static void on_forward(void *arg, const int32_t *tok, int n, const float *logits)
 {
 	struct run *r = arg;
@@ -387,11 +310,14 @@ static void on_forward(void *arg, const int32_t *tok, int n, const float *logits
 	size_t cnt;
 
 	r->st.forwards++;
+	/* The last token's logits are the ones sampled from. */
+	if (!run_logits_finite(logits + (r->o->check_exact ? (size_t)(n - 1) * t->c->vocab : 0),
+			       t->c->vocab))
+		r->nonfinite = 1;
 	if (!r->o->check_exact || t->failed)
 		return;
 	cnt = (size_t)n * t->c->vocab;
-	if (twin_grow(t, t->kv.len + n) ||
-	    kvmem_forward(t->e, &t->kv, tok, n, t->logits, 1, NULL)) {
+	if (kvmem_backend_append(t->be, t->v, tok, n, t->logits, 1, NULL) < 0) {
 		fprintf(stderr, "kvmem run: the full-context twin failed: %s\n", kvmem_last_error());
 		t->failed = 1;
 		return;
@@ -447,11 +373,11 @@ static void print_ranges(FILE *f, const kvmem_plan *p, int json, int max)
 	}
 }
 
-static void print_step(const struct cli *o, kvmem_session *s, int step, const struct op *op,
+static void print_step(const struct run_opts *o, kvmem_session *s, int step, const struct op *op,
 		       const struct step *st, const int32_t *out, double ms)
 {
 	const kvmem_plan *p = kvmem_session_plan(s);
-	int64_t view = p->view_tokens, tail = kvmem_session_view(s)->len - view;
+	int64_t view = p->view_tokens, tail = kvmem_session_view_len(s) - view;
 
 	if (o->json) {
 		printf("{\"step\":%d,\"line\":%d,\"op\":\"%s\",\"n\":%lld,\"pinned\":%s,"
@@ -501,9 +427,9 @@ static void print_step(const struct cli *o, kvmem_session *s, int step, const st
  * After every step with --workspace: make the step durable, the session's
  * state with it, so a reopen goes on exactly from here.
  */
-static int workspace_commit(kvmem_page_source *src, kvmem_session *s)
+static int workspace_commit(kvmem_session *s)
 {
-	return pager_cli_commit(src, s);
+	return pager_cli_commit(s);
 }
 
 /* ---- the run ------------------------------------------------------------ */
@@ -515,35 +441,45 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int run_script(struct run *r, kvmem_session *s, kvmem_page_source *ws,
-		      const struct op *ops, int n_ops)
+static int run_script(struct run *r, kvmem_session *s, int ws, struct script *sc)
 {
-	const struct cli *o = r->o;
-	int exact_failed = 0;
+	const struct run_opts *o = r->o;
+	int exact_failed = 0, step = 0, got;
+	struct op op;
 
-	for (int i = 0; i < n_ops; i++) {
-		const struct op *op = &ops[i];
+	while ((got = script_next(sc, &op)) > 0) {
 		int32_t *out = NULL;
 		double t0 = now_ms();
 		int rc;
 
+		step++;
 		memset(&r->st, 0, sizeof(r->st));
-		if (op->kind == OP_APPEND) {
-			rc = kvmem_session_append(s, op->ids, op->n, op->pin);
+		if (op.kind == OP_APPEND && op.ids) {
+			rc = kvmem_session_append(s, op.ids, op.n, op.pin);
+		} else if (op.kind == OP_APPEND) {
+			rc = append_random(s, &op, sc->vocab, o->chunk);
 		} else {
-			out = malloc(sizeof(int32_t) * (op->n ? op->n : 1));
+			out = malloc(sizeof(int32_t) * (op.n ? op.n : 1));
 			rc = !out ? kvmem_error(ENOMEM, "out of memory") : kvmem_session_select(s);
 			if (!rc)
-				rc = kvmem_session_decode(s, (int)op->n, &o->sampler, out);
+				rc = kvmem_session_decode(s, (int)op.n, &o->sampler, out);
 		}
+		free(op.ids);
+		/* A NaN would be sampled as token 0, and K/V computed with it are
+		 * no better: nothing of this step is printed or committed. */
+		if (!rc && r->nonfinite)
+			rc = kvmem_error(ERANGE, "the logits hold NaN or infinite values (the model's "
+					 "arithmetic overflowed); stopping before they are sampled or "
+					 "committed");
 		if (!rc && ws)
-			rc = workspace_commit(ws, s);
+			rc = workspace_commit(s);
 		if (rc) {
-			fprintf(stderr, "kvmem run: %s:%d: %s\n", o->script, op->line, kvmem_last_error());
+			fprintf(stderr, "kvmem run: %s:%d: %s\n", o->script, op.line, kvmem_last_error());
+			snprintf(r->said, sizeof(r->said), "%s", kvmem_last_error());
 			free(out);
 			return 1;
 		}
-		print_step(o, s, i + 1, op, &r->st, out, now_ms() - t0);
+		print_step(o, s, step, &op, &r->st, out, now_ms() - t0);
 		free(out);
 		if (o->check_exact && r->tw.failed)
 			return 1;
@@ -552,46 +488,46 @@ static int run_script(struct run *r, kvmem_session *s, kvmem_page_source *ws,
 		    (!o->budget || o->budget >= kvmem_session_tokens(s))) {
 			fprintf(stderr, "kvmem run: check-exact: step %d (line %d): %lld forward passes "
 				"differ from full context (max |diff| %g) although the budget %lld holds "
-				"the whole workspace (%lld tokens)\n", i + 1, op->line,
+				"the whole workspace (%lld tokens)\n", step, op.line,
 				(long long)r->st.differ, r->st.max_diff, (long long)o->budget,
 				(long long)kvmem_session_tokens(s));
 			exact_failed = 1;
 		}
-		fflush(stdout);
+		/* Output is the product: stop at the first step stdout refuses. */
+		if (cli_stdout_ok(RUN_WHO))
+			return 1;
 	}
-	return exact_failed;
+	return got < 0 ? EXIT_USAGE : exact_failed;
 }
 
-int session_main(int argc, char **argv)
+int session_main(const struct run_opts *opts)
 {
-	struct cli o;
+	const struct run_opts o = *opts;
 	struct run r = { .o = &o };
-	struct op *ops = NULL;
-	int n_ops = 0, rc = 1;
+	struct script sc = { 0 };
+	int rc = 1;
 	kvmem_config cfg;
 	kvmem_model *m = NULL;
-	kvmem_engine *e = NULL;
+	kvmem_backend *e = NULL;
 	kvmem_session *s = NULL;
 	kvmem_session_opts so;
-	kvmem_page_source wsrc = { 0 };
-	int32_t *adopt_ids = NULL;
+	const kvmem_page_source *wsrc = NULL;
 	int64_t n_adopt = 0;
 	kvmem_session_stats ss;
 
-	switch (parse_args(argc, argv, &o)) {
-	case 1:
-		return 0;
-	case -1:
-		return EXIT_USAGE;
-	}
 	if (kvmem_config_load(&cfg, o.model)) {
 		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 		return 1;
 	}
-	if (read_script(o.script, cfg.vocab, o.seed, &ops, &n_ops))
+	if (script_open(&sc, o.script, cfg.vocab, o.seed) || script_check(&sc)) {
+		script_close(&sc);
 		return EXIT_USAGE;
-	if (kvmem_model_load(o.model, &m) || !(e = kvmem_engine_create(m, (int)o.chunk)))
+	}
+	if (kvmem_model_load(o.model, &m) ||
+	    kvmem_backend_open(o.backend, m, &(kvmem_backend_opts){ .max_chunk = (int)o.chunk },
+			       &e) < 0)
 		goto err;
+	r.tw.c = &m->cfg;	/* on_forward reads the vocabulary from it */
 	kvmem_session_opts_default(&so);
 	so.block = (int)o.block;
 	so.budget = o.budget;
@@ -608,16 +544,19 @@ int session_main(int argc, char **argv)
 	so.arg = &r;
 	if (o.workspace) {
 		if (pager_cli_open(o.workspace, m, so.block ? so.block : KVMEM_BLOCK_DEFAULT, o.host_cap,
-				   o.cache_policy, &wsrc, &adopt_ids, &n_adopt))
+				   o.cache_policy, &wsrc))
 			goto err;
-		so.source = &wsrc;
+		so.source = wsrc;
+		n_adopt = pager_cli_tokens();
 	}
 	if (!(s = kvmem_session_create(e, &so)))
 		goto err;
-	if (n_adopt && pager_cli_adopt(s, adopt_ids, n_adopt))
+	if (pager_cli_adopt(s))
 		goto err;
 	if (o.check_exact) {
-		r.tw.e = e;
+		r.tw.be = e;
+		if (e->ops->view_create(e->ctx, &r.tw.v) < 0)
+			goto err;
 		r.tw.c = &m->cfg;
 		r.tw.logits = malloc(sizeof(float) * o.chunk * m->cfg.vocab);
 		if (!r.tw.logits) {
@@ -639,7 +578,7 @@ int session_main(int argc, char **argv)
 			ro->policy, ro->block, ro->budget ? "" : "unlimited ", (long long)ro->budget,
 			(long long)ro->sink, (long long)ro->recent, (long long)ro->reserve, ro->chunk);
 	}
-	rc = run_script(&r, s, o.workspace ? &wsrc : NULL, ops, n_ops);
+	rc = run_script(&r, s, o.workspace != NULL, &sc);
 	kvmem_session_get_stats(s, &ss);
 	fprintf(o.json ? stderr : stdout,
 		"done: %lld tokens, %lld forward passes, %lld selections (%lld forced), "
@@ -653,16 +592,17 @@ err:
 	rc = 1;
 out:
 	kvmem_session_free(s);
-	kvmem_page_source_destroy(&wsrc);
 	if (pager_cli_close(o.json ? stderr : stdout)) {
-		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
-		rc = 1;
+		/* A failed commit leaves the pager failed: say it once. */
+		if (!strstr(r.said, kvmem_last_error()))
+			fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
+		rc = rc ? rc : 1;
 	}
-	free(adopt_ids);
-	kvmem_kvcache_free(&r.tw.kv);
+	if (r.tw.v)
+		e->ops->view_destroy(e->ctx, r.tw.v);
 	free(r.tw.logits);
-	kvmem_engine_free(e);
+	kvmem_backend_close(e);
 	kvmem_model_free(m);
-	free_ops(ops, n_ops);
+	script_close(&sc);
 	return rc;
 }
