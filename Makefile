@@ -38,8 +38,9 @@ endif
 VERSION   := $(shell sed -n 's/^\#define KVMEM_VERSION "\(.*\)"/\1/p' include/kvmem/kvmem.h)
 SOMAJOR   := $(firstword $(subst ., ,$(VERSION)))
 AL_SRC    := $(sort $(wildcard user/agentlang/*.c))
-# The cuda backend is C over the CUDA ops: it goes into libkvmem_cuda.a.
-LIB_SRC   := $(filter-out $(AL_SRC) user/backend/cuda.c,$(sort $(wildcard user/*/*.c kernels/cpu/*.c)))
+# The cuda backend (user/backend/cuda*.c) is C over the CUDA ops: it goes
+# into libkvmem_cuda.a.
+LIB_SRC   := $(filter-out $(AL_SRC) $(wildcard user/backend/cuda*.c),$(sort $(wildcard user/*/*.c kernels/cpu/*.c)))
 CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c))
 TEST_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 TEST_HELP := $(sort $(wildcard tests/unit/helpers/*.c))

@@ -26,8 +26,9 @@ CUDA_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code
 NVCC_FLAGS  ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCH) -Xcompiler -Wall,-fPIC -Iinclude \
 	       -Iinclude/uapi -MMD -MP
 CUDA_SRC    := $(sort $(wildcard kernels/cuda/*.cu))
-# The cuda backend (user/backend/cuda.c: C over these ops) joins them.
-CUDA_OBJ    := $(CUDA_SRC:%.cu=$(O)/cuda/%.o) $(O)/cuda/user/backend/cuda.o
+# The cuda backend (user/backend/cuda*.c: C over these ops) joins them.
+CUDA_BE_SRC := $(sort $(wildcard user/backend/cuda*.c))
+CUDA_OBJ    := $(CUDA_SRC:%.cu=$(O)/cuda/%.o) $(CUDA_BE_SRC:%.c=$(O)/cuda/%.o)
 GPU_CHECK_OBJ := $(patsubst %.c,$(O)/gpu/obj/%.o,$(sort $(wildcard tests/gpu/*.c)))
 GPU_CHECK   := $(O)/gpu/kvmem_gpu_check
 GCC_LIBDIR  := $(dir $(shell $(CC) -print-libgcc-file-name))
@@ -38,9 +39,9 @@ $(O)/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
-$(O)/cuda/user/backend/cuda.o: user/backend/cuda.c
+$(O)/cuda/user/backend/%.o: user/backend/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fPIC -I$(CUDA_HOME)/include -c $< -o $@
+	$(CC) $(CFLAGS) -fPIC -Iuser -I$(CUDA_HOME)/include -c $< -o $@
 
 # The CLI and the unit tests link the cuda backend too (kvmem run --backend
 # cuda; KVMEM_TEST_BACKEND=cuda on a GPU machine): -u pulls its ops table,

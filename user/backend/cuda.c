@@ -37,42 +37,9 @@
 #include "kvmem/cuda.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
+#include "backend/cuda_int.h"
 
-struct layer_w {
-	uint16_t *attn_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm;
-	uint16_t *mlp_norm, *w_gateup, *w_down;	/* [2I][hidden]: gate rows, then up rows */
-};
-
-struct kvmem_view {
-	uint16_t *k, *v;	/* [L][Hk][cap][D] */
-	int64_t cap, len;
-};
-
-struct cuda {
-	const kvmem_config *c;
-	kvmem_cuda_ctx *ctx;
-	int max_chunk, qw, kw;
-	uint16_t *embed, *final_norm, *lm_head;	/* lm_head == embed when tied */
-	struct layer_w *L;
-	uint64_t weight_bytes;
-	uint64_t view_bytes;		/* held by views now */
-	/* scratch for one chunk */
-	float *x;			/* [C][hidden] residual */
-	uint16_t *h, *q, *k, *v, *att, *gu, *act, *tmp;
-	int32_t *ids, *pos;		/* [C] */
-	float *logits;			/* [logit_rows][vocab] */
-	int logit_rows;
-	uint16_t *oq, *ok, *ov;		/* [L][C][..] raw q, raw K, V for the session */
-	uint16_t *host_o;		/* pinned: the largest of those, to widen */
-	int32_t *host_i;		/* pinned: ids and positions */
-	/* place(): staging on both sides */
-	uint16_t *st_k, *st_v, *host_st;	/* [cap_st] each; host: K then V */
-	kvmem_scatter_item *items, *host_items;
-	size_t cap_st;
-	int cap_items;
-};
-
-static int dev_alloc(void *p, size_t bytes, uint64_t *count)
+int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count)
 {
 	if (count)
 		*count += bytes;
@@ -112,12 +79,12 @@ static int load_weights(struct cuda *b, const kvmem_model *m, uint64_t seed)
 	float *stage = NULL;
 	int rc = 0, random = !m->layers;
 
-	if ((rc = dev_alloc(&b->embed, V * H * 2, &b->weight_bytes)) < 0 ||
-	    (rc = dev_alloc(&b->final_norm, H * 2, &b->weight_bytes)) < 0)
+	if ((rc = cuda_dev_alloc(&b->embed, V * H * 2, &b->weight_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->final_norm, H * 2, &b->weight_bytes)) < 0)
 		return rc;
 	if (c->tie_embeddings)
 		b->lm_head = b->embed;
-	else if ((rc = dev_alloc(&b->lm_head, V * H * 2, &b->weight_bytes)) < 0)
+	else if ((rc = cuda_dev_alloc(&b->lm_head, V * H * 2, &b->weight_bytes)) < 0)
 		return rc;
 	b->L = calloc(c->n_layers, sizeof(*b->L));
 	if (!b->L)
@@ -125,16 +92,16 @@ static int load_weights(struct cuda *b, const kvmem_model *m, uint64_t seed)
 	for (int l = 0; l < c->n_layers; l++) {
 		struct layer_w *w = &b->L[l];
 
-		if ((rc = dev_alloc(&w->attn_norm, H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->wq, (size_t)b->qw * H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->wk, (size_t)b->kw * H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->wv, (size_t)b->kw * H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->wo, H * b->qw * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->q_norm, (size_t)c->head_dim * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->k_norm, (size_t)c->head_dim * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->mlp_norm, H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->w_gateup, 2 * I * H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = dev_alloc(&w->w_down, H * I * 2, &b->weight_bytes)) < 0)
+		if ((rc = cuda_dev_alloc(&w->attn_norm, H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->wq, (size_t)b->qw * H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->wk, (size_t)b->kw * H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->wv, (size_t)b->kw * H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->wo, H * b->qw * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->q_norm, (size_t)c->head_dim * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->k_norm, (size_t)c->head_dim * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->mlp_norm, H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->w_gateup, 2 * I * H * 2, &b->weight_bytes)) < 0 ||
+		    (rc = cuda_dev_alloc(&w->w_down, H * I * 2, &b->weight_bytes)) < 0)
 			return rc;
 	}
 	if (random) {
@@ -235,7 +202,7 @@ static void cuda_destroy(void *ctx)
 	free(b);
 }
 
-static int pinned(void *p, size_t bytes)
+int cuda_pinned(void *p, size_t bytes)
 {
 	if (cudaMallocHost((void **)p, bytes ? bytes : 1) != cudaSuccess)
 		return kvmem_error(ENOMEM, "cannot pin %zu bytes of host memory", bytes);
@@ -272,22 +239,22 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 		goto fail;
 	}
 	maxo = L * C * (size_t)(b->qw > b->kw ? b->qw : b->kw);
-	if ((rc = dev_alloc(&b->x, C * H * 4, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->h, C * H * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->q, C * b->qw * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->k, C * b->kw * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->v, C * b->kw * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->att, C * b->qw * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->gu, C * 2 * I * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->act, C * I * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->tmp, C * H * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->ids, C * 4, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->pos, C * 4, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->logits, V * 4, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->oq, L * C * b->qw * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->ok, L * C * b->kw * 2, NULL)) < 0 ||
-	    (rc = dev_alloc(&b->ov, L * C * b->kw * 2, NULL)) < 0 ||
-	    (rc = pinned(&b->host_o, maxo * 2)) < 0 || (rc = pinned(&b->host_i, 2 * C * 4)) < 0)
+	if ((rc = cuda_dev_alloc(&b->x, C * H * 4, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->h, C * H * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->q, C * b->qw * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->k, C * b->kw * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->v, C * b->kw * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->att, C * b->qw * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->gu, C * 2 * I * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->act, C * I * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->tmp, C * H * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->ids, C * 4, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->pos, C * 4, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->logits, V * 4, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->oq, L * C * b->qw * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->ok, L * C * b->kw * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->ov, L * C * b->kw * 2, NULL)) < 0 ||
+	    (rc = cuda_pinned(&b->host_o, maxo * 2)) < 0 || (rc = cuda_pinned(&b->host_i, 2 * C * 4)) < 0)
 		goto fail;
 	b->logit_rows = 1;
 	*out = b;
@@ -295,93 +262,6 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 fail:
 	cuda_destroy(b);
 	return rc;
-}
-
-/* ---- views ------------------------------------------------------------------ */
-/* Device bytes of a view of cap slots: K and V, bf16, every layer. */
-static uint64_t view_bytes(const struct cuda *b, int64_t cap)
-{
-	return (uint64_t)cap * b->c->n_layers * b->kw * 2 * 2;
-}
-
-static int cuda_view_create(void *ctx, kvmem_view **v)
-{
-	if (!(*v = calloc(1, sizeof(**v))))
-		return kvmem_error(ENOMEM, "cuda view: out of memory");
-	return 0;
-}
-
-static void cuda_view_destroy(void *ctx, kvmem_view *v)
-{
-	if (!v)
-		return;
-	((struct cuda *)ctx)->view_bytes -= view_bytes(ctx, v->cap);
-	kvmem_cuda_free(v->k);
-	kvmem_cuda_free(v->v);
-	free(v);
-}
-
-/* dst[l][h][0..len) = src[l][h][0..len) between views of capacity cs / cd. */
-static int copy_runs(struct cuda *b, uint16_t *dst, int64_t cd, const uint16_t *src, int64_t cs,
-		     int64_t len)
-{
-	const size_t row = (size_t)b->c->head_dim * 2;
-	cudaError_t e = cudaMemcpy2DAsync(dst, cd * row, src, cs * row, len * row,
-					  (size_t)b->c->n_layers * b->c->n_kv_heads,
-					  cudaMemcpyDeviceToDevice, kvmem_cuda_stream(b->ctx));
-
-	return e == cudaSuccess ? 0 : kvmem_error(EIO, "cuda view: copy: %s", cudaGetErrorString(e));
-}
-
-static int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
-{
-	struct cuda *b = ctx;
-	const size_t bytes = view_bytes(b, slots) / 2;	/* K or V */
-	uint16_t *nk = NULL, *nv = NULL;
-	int rc;
-
-	if (slots <= v->cap)
-		return 0;
-	if (slots > INT32_MAX)
-		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
-				   INT32_MAX);
-	if ((rc = kvmem_cuda_malloc((void **)&nk, bytes)) < 0 ||
-	    (rc = kvmem_cuda_malloc((void **)&nv, bytes)) < 0)
-		goto fail;
-	if (v->len && ((rc = copy_runs(b, nk, slots, v->k, v->cap, v->len)) < 0 ||
-		       (rc = copy_runs(b, nv, slots, v->v, v->cap, v->len)) < 0 ||
-		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
-		goto fail;
-	kvmem_cuda_free(v->k);
-	kvmem_cuda_free(v->v);
-	b->view_bytes += view_bytes(b, slots) - view_bytes(b, v->cap);
-	v->k = nk;
-	v->v = nv;
-	v->cap = slots;
-	return 0;
-fail:
-	kvmem_cuda_free(nk);
-	kvmem_cuda_free(nv);
-	return rc;
-}
-
-static int64_t cuda_capacity(void *ctx, const kvmem_view *v)
-{
-	return v->cap;
-}
-
-static int64_t cuda_length(void *ctx, const kvmem_view *v)
-{
-	return v->len;
-}
-
-static int cuda_set_length(void *ctx, kvmem_view *v, int64_t len)
-{
-	if (len < 0 || len > v->cap)
-		return kvmem_error(EINVAL, "cuda view: length %lld outside 0..%lld", (long long)len,
-				   (long long)v->cap);
-	v->len = len;
-	return 0;
 }
 
 /* ---- forward ---------------------------------------------------------------- */
@@ -448,7 +328,7 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out)
 }
 
 /* Room for the scatter's item list (one item per layer in forward). */
-static int items_room(struct cuda *b, int n)
+int cuda_items_room(struct cuda *b, int n)
 {
 	int rc;
 
@@ -460,7 +340,7 @@ static int items_room(struct cuda *b, int n)
 	b->host_items = NULL;
 	b->cap_items = 0;
 	if ((rc = kvmem_cuda_malloc((void **)&b->items, (size_t)n * sizeof(*b->items))) < 0 ||
-	    (rc = pinned(&b->host_items, (size_t)n * sizeof(*b->host_items))) < 0)
+	    (rc = cuda_pinned(&b->host_items, (size_t)n * sizeof(*b->host_items))) < 0)
 		return rc;
 	b->cap_items = n;
 	return 0;
@@ -489,7 +369,7 @@ static int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, 
 	}
 	/* One scatter item per layer: the new tokens at slots len.., taken
 	 * from the k / v scratch ([n][n_kv_heads][head_dim]). */
-	if ((rc = items_room(b, L)) < 0)
+	if ((rc = cuda_items_room(b, L)) < 0)
 		return rc;
 	for (int l = 0; l < L; l++)
 		b->host_items[l] = (kvmem_scatter_item){ .layer = l, .slot = (int32_t)v->len, .n = n,
@@ -513,7 +393,7 @@ static int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, 
 			kvmem_cuda_free(b->logits);
 			b->logits = NULL;
 			b->logit_rows = 0;
-			if ((rc = dev_alloc(&b->logits, (size_t)rows * c->vocab * 4, NULL)) < 0)
+			if ((rc = cuda_dev_alloc(&b->logits, (size_t)rows * c->vocab * 4, NULL)) < 0)
 				return rc;
 			b->logit_rows = rows;
 		}
@@ -534,102 +414,6 @@ static int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, 
 		return rc;
 	v->len += n;
 	return 0;
-}
-
-/* ---- place ------------------------------------------------------------------ */
-static int staging_room(struct cuda *b, size_t elems)
-{
-	int rc;
-
-	if (elems <= b->cap_st)
-		return 0;
-	kvmem_cuda_free(b->st_k);
-	kvmem_cuda_free(b->st_v);
-	cudaFreeHost(b->host_st);
-	b->st_k = b->st_v = b->host_st = NULL;
-	b->cap_st = 0;
-	elems = elems < (1u << 20) ? (1u << 20) : elems;
-	if ((rc = kvmem_cuda_malloc((void **)&b->st_k, elems * 2)) < 0 ||
-	    (rc = kvmem_cuda_malloc((void **)&b->st_v, elems * 2)) < 0 ||
-	    (rc = pinned(&b->host_st, 2 * elems * 2)) < 0)
-		return rc;
-	b->cap_st = elems;
-	return 0;
-}
-
-/* Tokens u0..u0+n-1 of every head of one page half (K or V) as bf16 into
- * dst [n_kv_heads][n][head_dim]. */
-static int pack(const kvmem_place *it, int is_v, int H, int D, uint16_t *dst)
-{
-	const kvmem_page *pg = &it->page;
-	const char *src = is_v ? pg->v : pg->k;
-
-	if (pg->mem != KVMEM_MEM_HOST)
-		return kvmem_error(ENOTSUP, "cuda place: pages in device memory are not taken yet");
-	for (int h = 0; h < H; h++) {
-		size_t off = ((size_t)h * it->stride + it->u0) * D, n = (size_t)it->n * D;
-		uint16_t *o = dst + (size_t)h * n;
-
-		switch (pg->dtype) {
-		case KVMEM_DTYPE_BF16:
-			memcpy(o, (const uint16_t *)src + off, n * 2);
-			break;
-		case KVMEM_DTYPE_F32:
-			for (size_t i = 0; i < n; i++)
-				o[i] = kvmem_f32_to_bf16(((const float *)src)[off + i]);
-			break;
-		case KVMEM_DTYPE_F16:
-			for (size_t i = 0; i < n; i++)
-				o[i] = kvmem_f32_to_bf16(kvmem_f16_to_f32(((const uint16_t *)src)[off + i]));
-			break;
-		default:
-			return kvmem_error(EINVAL, "cuda place: page dtype %u", pg->dtype);
-		}
-	}
-	return 0;
-}
-
-static int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
-{
-	struct cuda *b = ctx;
-	const int H = b->c->n_kv_heads, D = b->c->head_dim;
-	size_t total = 0, at = 0;
-	int rc;
-
-	for (int i = 0; i < n; i++) {
-		const kvmem_place *it = &items[i];
-
-		if (it->layer < 0 || it->layer >= b->c->n_layers || it->n <= 0 || it->u0 < 0 ||
-		    it->u0 + it->n > it->stride || it->slot < 0 || it->slot + it->n > v->cap)
-			return kvmem_error(EINVAL, "cuda place: bad placement (layer %d, tokens %d+%d "
-					   "of %d, slot %lld of %lld)", it->layer, it->u0, it->n,
-					   it->stride, (long long)it->slot, (long long)v->cap);
-		total += (size_t)it->n * H * D;
-	}
-	if (!n)
-		return 0;
-	if ((rc = staging_room(b, total)) < 0 || (rc = items_room(b, n)) < 0)
-		return rc;
-	for (int i = 0; i < n; i++) {
-		const kvmem_place *it = &items[i];
-
-		if ((rc = pack(it, 0, H, D, b->host_st + at)) < 0 ||
-		    (rc = pack(it, 1, H, D, b->host_st + b->cap_st + at)) < 0)
-			return rc;
-		b->host_items[i] = (kvmem_scatter_item){
-			.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
-			.tok_stride = D, .src = (int64_t)at, .head_stride = it->n * D,
-		};
-		at += (size_t)it->n * H * D;
-	}
-	if ((rc = kvmem_cuda_upload(b->ctx, b->st_k, b->host_st, total * 2)) < 0 ||
-	    (rc = kvmem_cuda_upload(b->ctx, b->st_v, b->host_st + b->cap_st, total * 2)) < 0 ||
-	    (rc = kvmem_cuda_upload(b->ctx, b->items, b->host_items, (size_t)n * sizeof(*b->items))) < 0 ||
-	    (rc = kvmem_cuda_view_scatter_bf16(b->ctx, v->k, v->v, b->st_k, b->st_v, b->items, n,
-					       b->c->n_layers, H, D, (int)v->cap,
-					       b->c->rope_theta)) < 0)
-		return rc;
-	return kvmem_cuda_sync(b->ctx);
 }
 
 static double now_s(void)

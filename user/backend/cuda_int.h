@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The cuda backend's private state, shared by its three files:
+ *   cuda.c       weights, create/destroy, forward, ceilings, the ops table
+ *   cuda_view.c  views: create, reserve, length, place (staging, scatter)
+ * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
+ */
+#ifndef KVMEM_BACKEND_CUDA_INT_H
+#define KVMEM_BACKEND_CUDA_INT_H
+
+#include <stdint.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/cuda.h"
+
+struct layer_w {
+	uint16_t *attn_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm;
+	uint16_t *mlp_norm, *w_gateup, *w_down;	/* [2I][hidden]: gate rows, then up rows */
+};
+
+struct kvmem_view {
+	uint16_t *k, *v;	/* [L][Hk][cap][D] */
+	int64_t cap, len;
+};
+
+struct cuda {
+	const kvmem_config *c;
+	kvmem_cuda_ctx *ctx;
+	int max_chunk, qw, kw;
+	uint16_t *embed, *final_norm, *lm_head;	/* lm_head == embed when tied */
+	struct layer_w *L;
+	uint64_t weight_bytes;
+	uint64_t view_bytes;		/* held by views now */
+	/* scratch for one chunk */
+	float *x;			/* [C][hidden] residual */
+	uint16_t *h, *q, *k, *v, *att, *gu, *act, *tmp;
+	int32_t *ids, *pos;		/* [C] */
+	float *logits;			/* [logit_rows][vocab] */
+	int logit_rows;
+	uint16_t *oq, *ok, *ov;		/* [L][C][..] raw q, raw K, V for the session */
+	uint16_t *host_o;		/* pinned: the largest of those, to widen */
+	int32_t *host_i;		/* pinned: ids and positions */
+	/* place(): staging on both sides */
+	uint16_t *st_k, *st_v, *host_st;	/* [cap_st] each; host: K then V */
+	kvmem_scatter_item *items, *host_items;
+	size_t cap_st;
+	int cap_items;
+};
+
+/* cudaMalloc of `bytes` into *p, counted into *count when count is set. */
+int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count);
+/* Pinned host memory (cudaMallocHost). */
+int cuda_pinned(void *p, size_t bytes);
+/* Room for n scatter items on both sides. */
+int cuda_items_room(struct cuda *b, int n);
+
+/* cuda_view.c: the view half of the ops table. */
+int cuda_view_create(void *ctx, kvmem_view **v);
+void cuda_view_destroy(void *ctx, kvmem_view *v);
+int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots);
+int64_t cuda_capacity(void *ctx, const kvmem_view *v);
+int64_t cuda_length(void *ctx, const kvmem_view *v);
+int cuda_set_length(void *ctx, kvmem_view *v, int64_t len);
+int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n);
+
+#endif

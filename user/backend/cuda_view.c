@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The cuda backend's views: [n_layers][n_kv_heads][cap][head_dim] bf16 K
+ * and V on the GPU per session, grown by copying the slots in use, and
+ * place(): the pages' token ranges packed as bf16 into a pinned staging
+ * buffer (f32 pages hold bf16 values widened by the forward pass, so this
+ * is exact), one upload each for K and V, one scatter kernel that rotates K
+ * at its slot from raw K.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+#include "backend/cuda_int.h"
+
+/* ---- views ------------------------------------------------------------------ */
+/* Device bytes of a view of cap slots: K and V, bf16, every layer. */
+static uint64_t view_bytes(const struct cuda *b, int64_t cap)
+{
+	return (uint64_t)cap * b->c->n_layers * b->kw * 2 * 2;
+}
+
+int cuda_view_create(void *ctx, kvmem_view **v)
+{
+	if (!(*v = calloc(1, sizeof(**v))))
+		return kvmem_error(ENOMEM, "cuda view: out of memory");
+	return 0;
+}
+
+void cuda_view_destroy(void *ctx, kvmem_view *v)
+{
+	if (!v)
+		return;
+	((struct cuda *)ctx)->view_bytes -= view_bytes(ctx, v->cap);
+	kvmem_cuda_free(v->k);
+	kvmem_cuda_free(v->v);
+	free(v);
+}
+
+/* dst[l][h][0..len) = src[l][h][0..len) between views of capacity cs / cd. */
+static int copy_runs(struct cuda *b, uint16_t *dst, int64_t cd, const uint16_t *src, int64_t cs,
+		     int64_t len)
+{
+	const size_t row = (size_t)b->c->head_dim * 2;
+	cudaError_t e = cudaMemcpy2DAsync(dst, cd * row, src, cs * row, len * row,
+					  (size_t)b->c->n_layers * b->c->n_kv_heads,
+					  cudaMemcpyDeviceToDevice, kvmem_cuda_stream(b->ctx));
+
+	return e == cudaSuccess ? 0 : kvmem_error(EIO, "cuda view: copy: %s", cudaGetErrorString(e));
+}
+
+int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
+{
+	struct cuda *b = ctx;
+	const size_t bytes = view_bytes(b, slots) / 2;	/* K or V */
+	uint16_t *nk = NULL, *nv = NULL;
+	int rc;
+
+	if (slots <= v->cap)
+		return 0;
+	if (slots > INT32_MAX)
+		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
+				   INT32_MAX);
+	if ((rc = kvmem_cuda_malloc((void **)&nk, bytes)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nv, bytes)) < 0)
+		goto fail;
+	if (v->len && ((rc = copy_runs(b, nk, slots, v->k, v->cap, v->len)) < 0 ||
+		       (rc = copy_runs(b, nv, slots, v->v, v->cap, v->len)) < 0 ||
+		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
+		goto fail;
+	kvmem_cuda_free(v->k);
+	kvmem_cuda_free(v->v);
+	b->view_bytes += view_bytes(b, slots) - view_bytes(b, v->cap);
+	v->k = nk;
+	v->v = nv;
+	v->cap = slots;
+	return 0;
+fail:
+	kvmem_cuda_free(nk);
+	kvmem_cuda_free(nv);
+	return rc;
+}
+
+int64_t cuda_capacity(void *ctx, const kvmem_view *v)
+{
+	return v->cap;
+}
+
+int64_t cuda_length(void *ctx, const kvmem_view *v)
+{
+	return v->len;
+}
+
+int cuda_set_length(void *ctx, kvmem_view *v, int64_t len)
+{
+	if (len < 0 || len > v->cap)
+		return kvmem_error(EINVAL, "cuda view: length %lld outside 0..%lld", (long long)len,
+				   (long long)v->cap);
+	v->len = len;
+	return 0;
+}
+
+/* ---- place ------------------------------------------------------------------ */
+static int staging_room(struct cuda *b, size_t elems)
+{
+	int rc;
+
+	if (elems <= b->cap_st)
+		return 0;
+	kvmem_cuda_free(b->st_k);
+	kvmem_cuda_free(b->st_v);
+	cudaFreeHost(b->host_st);
+	b->st_k = b->st_v = b->host_st = NULL;
+	b->cap_st = 0;
+	elems = elems < (1u << 20) ? (1u << 20) : elems;
+	if ((rc = kvmem_cuda_malloc((void **)&b->st_k, elems * 2)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&b->st_v, elems * 2)) < 0 ||
+	    (rc = cuda_pinned(&b->host_st, 2 * elems * 2)) < 0)
+		return rc;
+	b->cap_st = elems;
+	return 0;
+}
+
+/* Tokens u0..u0+n-1 of every head of one page half (K or V) as bf16 into
+ * dst [n_kv_heads][n][head_dim]. */
+static int pack(const kvmem_place *it, int is_v, int H, int D, uint16_t *dst)
+{
+	const kvmem_page *pg = &it->page;
+	const char *src = is_v ? pg->v : pg->k;
+
+	if (pg->mem != KVMEM_MEM_HOST)
+		return kvmem_error(ENOTSUP, "cuda place: pages in device memory are not taken yet");
+	for (int h = 0; h < H; h++) {
+		size_t off = ((size_t)h * it->stride + it->u0) * D, n = (size_t)it->n * D;
+		uint16_t *o = dst + (size_t)h * n;
+
+		switch (pg->dtype) {
+		case KVMEM_DTYPE_BF16:
+			memcpy(o, (const uint16_t *)src + off, n * 2);
+			break;
+		case KVMEM_DTYPE_F32:
+			for (size_t i = 0; i < n; i++)
+				o[i] = kvmem_f32_to_bf16(((const float *)src)[off + i]);
+			break;
+		case KVMEM_DTYPE_F16:
+			for (size_t i = 0; i < n; i++)
+				o[i] = kvmem_f32_to_bf16(kvmem_f16_to_f32(((const uint16_t *)src)[off + i]));
+			break;
+		default:
+			return kvmem_error(EINVAL, "cuda place: page dtype %u", pg->dtype);
+		}
+	}
+	return 0;
+}
+
+int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
+{
+	struct cuda *b = ctx;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	size_t total = 0, at = 0;
+	int rc;
+
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+
+		if (it->layer < 0 || it->layer >= b->c->n_layers || it->n <= 0 || it->u0 < 0 ||
+		    it->u0 + it->n > it->stride || it->slot < 0 || it->slot + it->n > v->cap)
+			return kvmem_error(EINVAL, "cuda place: bad placement (layer %d, tokens %d+%d "
+					   "of %d, slot %lld of %lld)", it->layer, it->u0, it->n,
+					   it->stride, (long long)it->slot, (long long)v->cap);
+		total += (size_t)it->n * H * D;
+	}
+	if (!n)
+		return 0;
+	if ((rc = staging_room(b, total)) < 0 || (rc = cuda_items_room(b, n)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+
+		if ((rc = pack(it, 0, H, D, b->host_st + at)) < 0 ||
+		    (rc = pack(it, 1, H, D, b->host_st + b->cap_st + at)) < 0)
+			return rc;
+		b->host_items[i] = (kvmem_scatter_item){
+			.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
+			.tok_stride = D, .src = (int64_t)at, .head_stride = it->n * D,
+		};
+		at += (size_t)it->n * H * D;
+	}
+	if ((rc = kvmem_cuda_upload(b->ctx, b->st_k, b->host_st, total * 2)) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, b->st_v, b->host_st + b->cap_st, total * 2)) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, b->items, b->host_items, (size_t)n * sizeof(*b->items))) < 0 ||
+	    (rc = kvmem_cuda_view_scatter_bf16(b->ctx, v->k, v->v, b->st_k, b->st_v, b->items, n,
+					       b->c->n_layers, H, D, (int)v->cap,
+					       b->c->rope_theta)) < 0)
+		return rc;
+	return kvmem_cuda_sync(b->ctx);
+}
+
