@@ -102,8 +102,10 @@ int kvmem_cuda_attention_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *
 			      const int32_t *kv_pos, int n_kv, size_t kv_stride, int n_heads,
 			      int n_kv_heads, int head_dim, float scale);
 /* One numbered version of the attention (1: one warp per query head, plain
- * loads, the simple reference; 2: the flash kernel above), for the checks
- * and the benchmark. */
+ * loads, the simple reference; 2: the flash kernel above; 3: the same with
+ * 128-row prefill tiles and 32-key decode tiles), for the checks and the
+ * benchmark. The main path above is v2, and v3 for decode over 65536 keys
+ * or more (faster there). */
 int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint16_t *out,
 				const uint16_t *q, const int32_t *q_pos, int n_q, const uint16_t *k,
 				const uint16_t *v, const int32_t *kv_pos, int n_kv, size_t kv_stride,

@@ -11,11 +11,13 @@
  * are listed in Documentation/kernels.md. It prints one line per check and
  * closes with "N passed, N failed" (the bench prints its table instead).
  *
- *   kvmem_gpu_check [--quick] [--bench] [--seed N]
+ *   kvmem_gpu_check [--quick] [--bench] [--profile] [--seed N]
  *     --quick   small shapes only (the compute-sanitizer runs)
  *     --bench   the timing table instead of the checks: copy rate, GEMM
  *               rate, attention, GEMMs of Qwen3-8B, selection, sampling,
  *               each with its ratio to the ceiling measured in the run
+ *     --profile two runs of each attention configuration (v2, v3; prefill
+ *               4096, decode at 32768), nothing else: for ncu
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -614,7 +616,7 @@ static void check_attention(void)
 	int ns = g_quick ? 3 : 8;
 
 	for (int i = 0; i < ns; i++)
-		for (int v = 1; v <= 2; v++)
+		for (int v = 1; v <= 3; v++)
 			if (!(v == 1 && g_quick && i > 0))
 				check_attention_one(&sh[i], v);
 }
@@ -991,6 +993,41 @@ static int run_sample(void *p)
 	return kvmem_cuda_sample_token(g_c, s->tok, s->lg, s->vocab, &s->s, s->rng);
 }
 
+/* One run of each flash configuration after a warm-up, for ncu. */
+static void profile(void)
+{
+	const int heads = 32, kvh = 8, hd = 128;
+	const size_t maxkv = 32768;
+	void *q, *k, *v, *out, *qp;
+	int32_t *pos = hmalloc(4 * 4096);
+
+	if (kvmem_cuda_malloc(&q, 2 * (size_t)4096 * heads * hd) ||
+	    kvmem_cuda_malloc(&k, 2 * maxkv * kvh * hd) || kvmem_cuda_malloc(&v, 2 * maxkv * kvh * hd) ||
+	    kvmem_cuda_malloc(&out, 2 * (size_t)4096 * heads * hd) || kvmem_cuda_malloc(&qp, 4 * 4096))
+		die("profile alloc");
+	dfill_bf16(q, (size_t)4096 * heads * hd, 1);
+	dfill_bf16(k, maxkv * kvh * hd, 1);
+	dfill_bf16(v, maxkv * kvh * hd, 1);
+	for (int ver = 2; ver <= 3; ver++)
+		for (int dec = 0; dec < 2; dec++) {
+			struct att_arg a = { .version = ver, .out = out, .q = q, .k = k, .v = v, .qp = qp,
+					     .n_q = dec ? 1 : 4096, .n_kv = dec ? 32768 : 4096, .heads = heads,
+					     .kvh = kvh, .hd = hd, .stride = maxkv };
+
+			for (int t = 0; t < a.n_q; t++)
+				pos[t] = a.n_kv - a.n_q + t;
+			kvmem_cuda_upload(g_c, qp, pos, 4 * a.n_q);
+			if (run_att(&a) || run_att(&a) || kvmem_cuda_sync(g_c))
+				die("profile");
+		}
+	free(pos);
+	kvmem_cuda_free(q);
+	kvmem_cuda_free(k);
+	kvmem_cuda_free(v);
+	kvmem_cuda_free(out);
+	kvmem_cuda_free(qp);
+}
+
 static void bench(void)
 {
 	const int hid = 4096, heads = 32, kvh = 8, hd = 128, inter = 12288, vocab = 151936;
@@ -1084,6 +1121,12 @@ static void bench(void)
 			{ "decode 1 @ 4096 v2", 1, 4096, 2 },
 			{ "decode 1 @ 32768 v2", 1, 32768, 2 },
 			{ "decode 1 @ 131072 v2", 1, 131072, 2 },
+			{ "prefill 4096 x 4096 causal v3", 4096, 4096, 3 },
+			{ "prefill 16384 x 16384 causal v3", 16384, 16384, 3 },
+			{ "chunk 4096 @ 32768 view v3", 4096, 32768, 3 },
+			{ "decode 1 @ 4096 v3", 1, 4096, 3 },
+			{ "decode 1 @ 32768 v3", 1, 32768, 3 },
+			{ "decode 1 @ 131072 v3", 1, 131072, 3 },
 			{ "decode 1 @ 32768 v1 (simple)", 1, 32768, 1 },
 		};
 		const size_t maxkv = 131072;
@@ -1215,7 +1258,7 @@ static void bench(void)
 
 int main(int argc, char **argv)
 {
-	int do_bench = 0;
+	int do_bench = 0, do_profile = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1223,10 +1266,12 @@ int main(int argc, char **argv)
 			g_quick = 1;
 		else if (!strcmp(argv[i], "--bench"))
 			do_bench = 1;
+		else if (!strcmp(argv[i], "--profile"))
+			do_profile = 1;
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1246,7 +1291,9 @@ int main(int argc, char **argv)
 	}
 	if (kvmem_cuda_ctx_create(&g_c, 0))
 		die("context");
-	if (do_bench) {
+	if (do_profile) {
+		profile();
+	} else if (do_bench) {
 		bench();
 	} else {
 		check_convert();
