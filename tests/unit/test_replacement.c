@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
@@ -126,6 +127,90 @@ static void test_score_hints(void **state)
 	ops->destroy(st);
 }
 
+/*
+ * Victim choice against a brute-force sort, for the policies that keep a
+ * count per block (lfu, score): blocks of several layers, each block's
+ * touches (lfu: on a random layer) or hints (score) at random steps,
+ * keys recomputed here from the documented rule (per block, halving every
+ * 4 steps; lfu breaks ties by age at 1e-9 per step; score adds 0.25 per
+ * fetch of the page, halving too), then every `want` from 1 to all: the
+ * victims must be the `want` lowest keys, lowest first. A count kept per
+ * page instead of per block, or a heap that keeps the largest keys, fails.
+ */
+static double halve(double x, uint64_t steps)
+{
+	return x * exp2(-(double)steps / 4.0);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static void test_victims_match_brute_force(void **state)
+{
+	uint64_t rng = g_seed ^ 7;
+
+	for (int pol = 0; pol < 2; pol++) {
+		const kvmem_repl_ops *ops = kvmem_repl_find(pol ? "score" : "lfu");
+
+		for (int round = 0; round < 20; round++) {
+			enum { MAXB = 24, MAXL = 6 };
+			uint32_t L = test_rng_int(&rng, 2, MAXL), nb = test_rng_int(&rng, 3, MAXB);
+			uint32_t n = nb * L, out[MAXB * MAXL];
+			uint64_t now = 40, last[MAXB * MAXL];
+			double blockval[MAXB] = { 0 }, touch[MAXB * MAXL], key[MAXB * MAXL],
+			       sorted[MAXB * MAXL];
+			void *st = ops->create(n, L);
+
+			/* Slot s holds page s (block s / L, layer s % L). */
+			for (uint32_t s = 0; s < n; s++) {
+				ops->insert(st, s, s, 0);
+				last[s] = 0;
+				touch[s] = 0.25;
+			}
+			/* Steps in order, as the pager makes them. */
+			for (uint64_t t = 1; t < now; t++) {
+				for (uint32_t b = 0; b < nb; b++) {
+					uint32_t s = b * L + test_rng_int(&rng, 0, L - 1);
+
+					if (test_rng_int(&rng, 0, 3))
+						continue;
+					if (pol == 0) {
+						ops->touch(st, s, t);
+						blockval[b] += halve(1.0, now - t);
+						last[s] = t;
+					} else {
+						double x = test_rng_int(&rng, 1, 1000) / 1000.0;
+
+						ops->hint(st, b, (float)x, t);
+						blockval[b] += halve((float)x, now - t);
+					}
+				}
+			}
+			for (uint32_t s = 0; s < n; s++) {
+				if (pol == 0)
+					key[s] = blockval[s / L] - 1e-9 * (double)(now - last[s]);
+				else
+					key[s] = halve(touch[s], now) + blockval[s / L] - 1e-9 * (double)now;
+				sorted[s] = key[s];
+			}
+			qsort(sorted, n, sizeof(double), cmp_double);
+			for (uint32_t want = 1; want <= n; want++) {
+				assert_int_equal(ops->victims(st, want, out, now, NULL, NULL), want);
+				for (uint32_t i = 0; i < want; i++)
+					if (fabs(key[out[i]] - sorted[i]) > 1e-9)
+						fail_msg("%s: victim %u of %u is slot %u (block %u) with key "
+							 "%.12f, the %u-th lowest key is %.12f", ops->name, i,
+							 want, out[i], out[i] / L, key[out[i]], i, sorted[i]);
+			}
+			ops->destroy(st);
+		}
+	}
+}
+
 /* Every policy: victims never busy, never more than asked, all distinct. */
 static void test_victims_contract(void **state)
 {
@@ -235,6 +320,7 @@ int main(void)
 		cmocka_unit_test(test_lru_order),
 		cmocka_unit_test(test_lfu_aging),
 		cmocka_unit_test(test_score_hints),
+		cmocka_unit_test(test_victims_match_brute_force),
 		cmocka_unit_test(test_victims_contract),
 		cmocka_unit_test(test_hit_rates),
 	};

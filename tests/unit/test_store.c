@@ -240,6 +240,150 @@ static void test_torn_refused(void **state)
 	}
 }
 
+/* A copy of dir at copy (cp -a), replacing what was there. */
+static void copy_dir(const char *from, const char *to)
+{
+	char cmd[1200];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -a '%s' '%s'", to, from, to);
+	assert_int_equal(system(cmd), 0);
+}
+
+/* A byte flipped in one index record: verify names the record, and reading
+ * it fails with -EBADMSG (never the bad bytes); the other records read. */
+static void test_index_corruption_detected(void **state)
+{
+	uint64_t rng = g_seed ^ 8, seed = fx_mix(g_seed ^ 8), blocks, victim;
+	kvmem_page_geom g = fx_geom(&rng);
+	char dir[256], path[300], want[96], *report = NULL;
+	size_t rlen = 0;
+	uint8_t *buf;
+	FILE *rep;
+	kvmem_pager *p;
+
+	assert_true(g.index_bytes > 0);
+	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
+	p = open_ws(dir, &g, 1 << 20, KVMEM_PAGER_CREATE);
+	assert_non_null(p);
+	assert_int_equal(fx_append(p, seed, 6 * g.block_tokens + 5), 0);
+	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
+	blocks = kvmem_pager_blocks(p);
+	assert_int_equal(kvmem_pager_close(p), 0);
+
+	victim = test_rng_int(&rng, 0, blocks - 1);
+	snprintf(path, sizeof(path), "%s/index", dir);
+	assert_int_equal(fx_flip(path, victim * g.index_bytes +
+				 test_rng_int(&rng, 0, g.index_bytes - 1)), 0);
+	rep = open_memstream(&report, &rlen);
+	assert_int_equal(kvmem_workspace_verify(dir, rep, 0), 1);
+	fclose(rep);
+	snprintf(want, sizeof(want), "/index: record of block %" PRIu64 " ", victim);
+	if (!strstr(report, want))
+		fail_msg("verify did not name %s: %s", want, report);
+	free(report);
+
+	p = open_ws(dir, &g, 1 << 20, 0);
+	assert_non_null(p);
+	buf = malloc(g.index_bytes);
+	for (uint64_t b = 0; b < blocks; b++) {
+		int rc = kvmem_pager_read_index(p, b, 1, buf);
+
+		if (b == victim) {
+			assert_int_equal(rc, -EBADMSG);
+			assert_non_null(strstr(kvmem_last_error(), want));
+		} else {
+			uint8_t *ref = malloc(g.index_bytes);
+
+			assert_int_equal(rc, 0);
+			fx_index(&g, seed, b, ref);
+			assert_memory_equal(ref, buf, g.index_bytes);
+			free(ref);
+		}
+	}
+	/* A range that covers it fails too. */
+	free(buf);
+	buf = malloc(g.index_bytes * blocks);
+	assert_int_equal(kvmem_pager_read_index(p, 0, blocks, buf), -EBADMSG);
+	free(buf);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	fx_rmtree(dir);
+}
+
+/* A byte flipped in each record of the partial block in turn (every layer's
+ * page, the index record): verify names it, and reading the tail fails with
+ * -EBADMSG. */
+static void test_tail_corruption_detected(void **state)
+{
+	uint64_t rng = g_seed ^ 9, seed = fx_mix(g_seed ^ 9);
+	kvmem_page_geom g = fx_geom(&rng);
+	size_t pb = kvmem_page_bytes(&g), stride = kvmem_page_stride(&g);
+	size_t slot_bytes = stride * g.n_layers + (g.index_bytes + 4095) / 4096 * 4096;
+	char dir[256], good[300], path[400], want[96], *report = NULL;
+	uint32_t slot;
+	size_t rlen = 0;
+	uint8_t *buf;
+	void *layers[64];
+	FILE *f, *rep;
+	kvmem_pager *p;
+
+	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
+	snprintf(good, sizeof(good), "%s.good", dir);
+	p = open_ws(dir, &g, 1 << 20, KVMEM_PAGER_CREATE);
+	assert_non_null(p);
+	/* Two commits: one slot holds the current tail, the other an old one. */
+	assert_int_equal(fx_append(p, seed, 2 * g.block_tokens + 3), 0);
+	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
+	assert_int_equal(fx_append(p, seed, 4), 0);
+	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	snprintf(path, sizeof(path), "%s/manifest", dir);
+	f = fopen(path, "rb");
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 104, SEEK_SET), 0);
+	assert_int_equal(fread(&slot, 4, 1, f), 1);
+	fclose(f);
+	assert_true(slot <= 1);
+	copy_dir(dir, good);
+	buf = malloc(pb * g.n_layers + g.index_bytes + 1);
+	for (uint32_t l = 0; l < g.n_layers; l++)
+		layers[l] = buf + l * pb;
+
+	for (uint32_t l = 0; l <= g.n_layers; l++) {
+		size_t len = l < g.n_layers ? pb : g.index_bytes;
+
+		copy_dir(good, dir);
+		snprintf(path, sizeof(path), "%s/tail", dir);
+		assert_int_equal(fx_flip(path, slot * slot_bytes + l * stride +
+					 test_rng_int(&rng, 0, len - 1)), 0);
+		rep = open_memstream(&report, &rlen);
+		assert_int_equal(kvmem_workspace_verify(dir, rep, 0), 1);
+		fclose(rep);
+		snprintf(want, sizeof(want), "/tail: slot %u, %s %u ", slot,
+			 l < g.n_layers ? "layer" : "index", l);
+		if (!strstr(report, want))
+			fail_msg("verify did not name %s: %s", want, report);
+		free(report);
+		report = NULL;
+
+		p = open_ws(dir, &g, 1 << 20, 0);
+		assert_non_null(p);
+		assert_int_equal(kvmem_pager_read_tail(p, layers, buf + g.n_layers * pb), -EBADMSG);
+		assert_non_null(strstr(kvmem_last_error(), "checksum mismatch"));
+		assert_int_equal(kvmem_pager_close(p), 0);
+	}
+	/* The old slot is not the committed state: damage there is harmless. */
+	copy_dir(good, dir);
+	assert_int_equal(fx_flip(path, (1 - slot) * slot_bytes + 5), 0);
+	assert_int_equal(kvmem_workspace_verify(dir, stderr, 0), 0);
+	p = open_ws(dir, &g, 1 << 20, 0);
+	assert_non_null(p);
+	assert_int_equal(fx_check(p, seed, 1), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	free(buf);
+	fx_rmtree(dir);
+	fx_rmtree(good);
+}
+
 struct stage_acc {
 	uint64_t seed, seen;
 	const kvmem_page_geom *g;
@@ -401,6 +545,8 @@ int main(void)
 		cmocka_unit_test(test_wrong_model_refused),
 		cmocka_unit_test(test_flipped_byte),
 		cmocka_unit_test(test_torn_refused),
+		cmocka_unit_test(test_index_corruption_detected),
+		cmocka_unit_test(test_tail_corruption_detected),
 		cmocka_unit_test(test_stage_in_small_pool),
 		cmocka_unit_test(test_buffered_mode),
 		cmocka_unit_test(test_cli_verify_stat),
