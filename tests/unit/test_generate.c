@@ -25,6 +25,7 @@
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "model/safetensors.h"
 #include "util/json.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
@@ -34,7 +35,13 @@ static char root[64];
 
 static int setup(void **state)
 {
-	return test_tmpdir_make(root, sizeof(root), "gen");
+	char home[128];
+
+	if (test_tmpdir_make(root, sizeof(root), "gen"))
+		return -1;
+	/* The fingerprint cache under the data directory: ours, not the user's. */
+	snprintf(home, sizeof(home), "%s/home", root);
+	return setenv("KVMEM_HOME", home, 1);
 }
 
 static int teardown(void **state)
@@ -178,6 +185,43 @@ static void test_fingerprint_definition(void **state)
 	other.max_position = 1 << 20;
 	other.eos_id = 5;
 	assert_int_equal(kvmem_config_fingerprint(&other), kvmem_config_fingerprint(c));
+}
+
+/* The model fingerprint recomputed from its definition in model.h and
+ * formats.md: the geometry lines, then per tensor "name DTYPE [shape]
+ * <XXH3-64 of every stored byte>", XXH64 of the whole. */
+static void test_model_fingerprint_definition(void **state)
+{
+	const kvmem_config *c = &kvmem_preset_find("tiny")->cfg;
+	char dir[128], path[160];
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	kvmem_st_file *st;
+	kvmem_model *m;
+
+	snprintf(dir, sizeof(dir), "%s/fpdef", root);
+	assert_int_equal(kvmem_model_generate(c, dir, seed0 ^ 0xf00d, NULL, NULL), 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	assert_int_equal(kvmem_st_open(path, &st), 0);
+	fprintf(f, "kvmem-model-v1\narch Qwen3ForCausalLM\nlayers 4\nhidden 256\nheads 4\n"
+		   "kv_heads 2\nhead_dim 64\nintermediate 512\nvocab 1024\nrope_theta 1000000\n"
+		   "rms_eps 9.99999997e-07\ntied 1\n");
+	for (size_t i = 0; i < kvmem_st_count(st); i++) {	/* canonical order = file order */
+		const kvmem_st_tensor *t = kvmem_st_at(st, i);
+		char shape[64];
+
+		fprintf(f, "%s BF16 %s %016llx\n", t->name,
+			kvmem_st_shape_str(shape, sizeof(shape), t->ndim, t->shape),
+			(unsigned long long)XXH3_64bits(t->data, t->nbytes));
+	}
+	fclose(f);
+	assert_int_equal(kvmem_model_open(dir, KVMEM_MODEL_NO_WEIGHTS, &m), 0);
+	assert_int_equal(m->fingerprint, XXH64(text, len, 0));
+	assert_true(m->hashed_bytes > 0);
+	kvmem_model_free(m);
+	kvmem_st_close(st);
+	free(text);
 }
 
 /* Same seed, same bytes, whatever the thread count; another seed, other
@@ -554,6 +598,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_presets),
 		cmocka_unit_test(test_fingerprint_definition),
+		cmocka_unit_test(test_model_fingerprint_definition),
 		cmocka_unit_test(test_deterministic),
 		cmocka_unit_test(test_loads_back),
 		cmocka_unit_test(test_activations_sane),

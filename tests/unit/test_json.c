@@ -117,6 +117,23 @@ static void test_strings(void **state)
 	kvmem_json_free(v);
 }
 
+/* A key may hold "\u0000" too: kvmem_json_key stops there, kvmem_json_key_len
+ * does not (the model loader refuses such names with it). */
+static void test_key_with_nul(void **state)
+{
+	kvmem_json *v = parse("{\"a\\u0000b\": 1, \"plain\": 2}");
+
+	assert_non_null(v);
+	assert_string_equal(kvmem_json_key(v, 0), "a");
+	assert_int_equal(kvmem_json_key_len(v, 0), 3);
+	assert_memory_equal(kvmem_json_key(v, 0), "a\0b", 4);
+	assert_int_equal(kvmem_json_key_len(v, 1), 5);
+	assert_int_equal(kvmem_json_key_len(v, 2), 0);			/* out of range */
+	assert_int_equal(kvmem_json_key_len(kvmem_json_at(v, 0), 0), 0);	/* not an object */
+	assert_null(kvmem_json_get(v, "a"));		/* lookups compare every byte */
+	kvmem_json_free(v);
+}
+
 static void test_errors(void **state)
 {
 	expect_error("", "t.json:1:1: expected a value");
@@ -269,6 +286,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_values),
 		cmocka_unit_test(test_strings),
+		cmocka_unit_test(test_key_with_nul),
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_depth),
 		cmocka_unit_test(test_large_object),
