@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
-/* kvmem verify DIR: check every checksum of a workspace directory. */
+/* kvmem verify DIR: check every checksum of a workspace directory;
+ * --salvage DEST copies what checks out into a new workspace. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -9,38 +11,101 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvmem verify [-q] DIR\n\n"
+	fprintf(f, "usage: kvmem verify [-q] DIR\n"
+		   "       kvmem verify --salvage DEST DIR\n\n"
 		   "Check every checksum of the workspace directory DIR: the manifest, the\n"
 		   "committed tokens, the page checksum file, every page, every index record\n"
 		   "and the partial last block. Each bad page or file is named on its own\n"
-		   "line. Nothing is modified.\n\n"
-		   "  -q   print only what is bad\n\n"
-		   "exit status: 0 all good, 1 something is bad or unreadable, 2 bad usage\n");
+		   "line. Nothing is modified, and no lock is taken: a writer may go on.\n\n"
+		   "  -q, --quiet      print only what is bad\n"
+		   "  --salvage DEST   write the longest prefix of DIR that checks out (every\n"
+		   "                   full block up to the first bad one, the partial block\n"
+		   "                   when all of them are good) as a new workspace DEST\n"
+		   "                   (absent or empty) and say what was dropped; DIR is only\n"
+		   "                   read. The session state goes along only when nothing\n"
+		   "                   is dropped.\n\n"
+		   "exit status: 0 all good (with --salvage: DEST holds everything), 1 something\n"
+		   "is bad or unreadable (with --salvage: DEST holds a prefix, or, with a\n"
+		   "message on stderr, nothing could be written), 2 bad usage\n");
+}
+
+static int bad_usage(const char *what, const char *arg)
+{
+	fprintf(stderr, "kvmem verify: %s%s%s%s (kvmem verify --help)\n", what, arg ? " '" : "",
+		arg ? arg : "", arg ? "'" : "");
+	return EXIT_USAGE;
+}
+
+static int salvage(const char *dir, const char *dest)
+{
+	kvmem_salvage_report r;
+	uint64_t dropped;
+
+	if (kvmem_workspace_salvage(dir, dest, &r) < 0) {
+		fprintf(stderr, "kvmem verify: %s\n", kvmem_last_error());
+		return 1;
+	}
+	dropped = r.tokens - r.tokens_kept;
+	printf("salvaged %s into %s\n", dir, dest);
+	printf("  kept:    %" PRIu64 " of %" PRIu64 " tokens (%" PRIu64 " of %" PRIu64
+	       " full blocks; ", r.tokens_kept, r.tokens, r.blocks_kept, r.blocks);
+	if (!r.tail_tokens)
+		printf("no partial block)\n");
+	else
+		printf("the partial block of %u tokens %s)\n", r.tail_tokens,
+		       r.tail_kept ? "kept" : "dropped");
+	if (!dropped) {
+		printf("  nothing was lost; the session state was kept\n");
+		return 0;
+	}
+	printf("  dropped: %" PRIu64 " tokens (%" PRIu64 " full blocks%s)\n", dropped,
+	       r.blocks - r.blocks_kept,
+	       r.tail_tokens && !r.tail_kept ? " and the partial block" : "");
+	if (!r.tokens_ok)
+		printf("  the token ids failed their checksum: none could be kept\n");
+	printf("  first bad: %s\n", r.first_bad[0] ? r.first_bad : "(unknown)");
+	printf("  session state: dropped (it describes the whole history); a run on %s\n"
+	       "  starts from a fresh selection over the %" PRIu64 " tokens kept\n", dest,
+	       r.tokens_kept);
+	return 1;
 }
 
 int cmd_verify(int argc, char **argv)
 {
-	const char *dir = NULL;
-	int quiet = 0;
+	const char *dir = NULL, *dest = NULL;
+	int quiet = 0, opts = 1;
 	long bad;
 
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+		const char *a = argv[i];
+
+		if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h"))) {
 			usage(stdout);
 			return 0;
-		} else if (!strcmp(argv[i], "-q")) {
+		} else if (opts && (!strcmp(a, "-q") || !strcmp(a, "--quiet"))) {
 			quiet = 1;
-		} else if (argv[i][0] == '-' || dir) {
-			usage(stderr);
-			return EXIT_USAGE;
+		} else if (opts && !strcmp(a, "--salvage")) {
+			if (i + 1 >= argc)
+				return bad_usage("--salvage needs a value", NULL);
+			dest = argv[++i];
+		} else if (opts && !strncmp(a, "--salvage=", 10)) {
+			dest = a + 10;
+		} else if (opts && !strcmp(a, "--")) {
+			opts = 0;
+		} else if (opts && a[0] == '-' && a[1]) {
+			return bad_usage("unknown option", a);
+		} else if (dir) {
+			return bad_usage("give one workspace directory, not also", a);
 		} else {
-			dir = argv[i];
+			dir = a;
 		}
 	}
-	if (!dir) {
-		usage(stderr);
-		return EXIT_USAGE;
-	}
+	if (!dir)
+		return bad_usage("give the workspace directory", NULL);
+	if (dest && !*dest)
+		return bad_usage("--salvage wants a directory", dest);
+	if (dest)
+		return salvage(dir, dest);
 	bad = kvmem_workspace_verify(dir, stdout, !quiet);
 	if (bad < 0)
 		fprintf(stderr, "kvmem verify: %s\n", kvmem_last_error());
