@@ -169,7 +169,8 @@ static int kvmem_setup(struct kvmem_ws *ws, void __user *uarg)
 		return -EINVAL;
 	/* The table and the page states (40 bytes a page) stay under an
 	 * eighth of memory, so no setup can push the machine into the OOM
-	 * killer. */
+	 * killer.
+	 */
 	if (page_max * (sizeof(struct kvmem_pte) + sizeof(struct kvmem_pg)) >
 	    ((u64)totalram_pages() << PAGE_SHIFT) / 8)
 		return -EINVAL;
@@ -213,6 +214,7 @@ static int kvmem_setup(struct kvmem_ws *ws, void __user *uarg)
 	err = kvmem_ws_init_memory(ws, a.host_cap);
 	if (err)
 		goto out_sums;
+	/* Pairs with kvmem_ready(): the fields above are seen before set_up. */
 	smp_store_release(&ws->set_up, true);
 	mutex_unlock(&ws->lock);
 	return 0;
@@ -231,7 +233,8 @@ out_unlock:
 static bool kvmem_ready(struct kvmem_ws *ws)
 {
 	/* set_up goes false -> true once, under the lock, after every field
-	 * it covers is written. */
+	 * it covers is written.
+	 */
 	return smp_load_acquire(&ws->set_up);
 }
 
@@ -399,7 +402,8 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 }
 
 /* Offset 0: the page table, read-only. KVMEM_MMAP_PAGE_WINDOW and above:
- * the window, MAP_SHARED, writable unless set up RDONLY. */
+ * the window, MAP_SHARED, writable unless set up RDONLY.
+ */
 static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 {
 	struct kvmem_ws *ws = filp->private_data;

@@ -18,6 +18,7 @@
 #define KVMEM_INT_H
 
 #include <linux/atomic.h>
+#include <linux/bits.h>
 #include <linux/fs.h>
 #include <linux/mutex.h>
 #include <linux/types.h>
@@ -27,7 +28,7 @@
 #include <linux/kvmem.h>
 
 #define KVMEM_WINDOW_PGOFF	(KVMEM_MMAP_PAGE_WINDOW >> PAGE_SHIFT)
-#define KVMEM_PAGE_MAX		(1ull << 24)	/* page ids per workspace */
+#define KVMEM_PAGE_MAX		BIT_ULL(24)	/* page ids per workspace */
 #define KVMEM_STRIDE_MAX	(64u << 20)	/* bytes per page */
 #define KVMEM_LAYERS_MAX	1024u
 
@@ -69,10 +70,11 @@ struct kvmem_prefetch_batch {
 };
 
 struct kvmem_ws {
-	struct mutex lock;
-	wait_queue_head_t wq;
+	struct mutex lock;	/* the [lock] fields; never held across file I/O */
+	wait_queue_head_t wq;	/* sleepers on a page's state change (gen) */
 	/* Per-open address space, so zapping one workspace's window leaves
-	 * other opens of /dev/kvmem alone (they share the device inode). */
+	 * other opens of /dev/kvmem alone (they share the device inode).
+	 */
 	struct address_space mapping;
 	bool set_up;		/* [lock] SETUP done; the fields below are fixed after */
 	bool dying;		/* [lock] release started: no new prefetch work */
@@ -96,7 +98,8 @@ struct kvmem_ws {
 	u32 *free_list;		/* [lock] n_free free slot numbers */
 	struct page **page_ptrs;	/* n_slots * npp, slot i's at i * npp */
 	/* [lock] slots in transit (filling, write-back, eviction) plus fault
-	 * pins: while non-zero, a full window may still free a slot. */
+	 * pins: while non-zero, a full window may still free a slot.
+	 */
 	u32 busy;
 	u64 gen;		/* [lock] bumped at every state change (ws->wq) */
 
@@ -109,7 +112,8 @@ struct kvmem_ws {
 };
 
 /* kvmem_dev.c: pages the module holds in all windows, for leak checks
- * (/sys/module/kvmem/parameters/pages). */
+ * (/sys/module/kvmem/parameters/pages).
+ */
 extern atomic_long_t kvmem_pages_held;
 
 /* kvmem_window.c */

@@ -93,7 +93,8 @@ static void ws_changed(struct kvmem_ws *ws)
 }
 
 /* Sleep until some page changes state. Called and returns with ws->lock
- * held; -EINTR when a fatal signal came. */
+ * held; -EINTR when a fatal signal came.
+ */
 static int ws_wait(struct kvmem_ws *ws)
 {
 	u64 gen = ws->gen;
@@ -133,7 +134,8 @@ fail:
 }
 
 /* Drop the module's references; a page someone still holds (a racing
- * fault, a get_user_pages pin) lives on until they let go. */
+ * fault, a get_user_pages pin) lives on until they let go.
+ */
 static void slot_free(struct kvmem_ws *ws, u32 slot)
 {
 	struct kvmem_slot *s = &ws->slots[slot];
@@ -165,7 +167,8 @@ static bool slot_dma_pinned(struct kvmem_ws *ws, struct kvmem_slot *s)
 
 /* Remove every pte of page id from every mapping of this workspace. The
  * pages are locked meanwhile, so a fault that got the page before the zap
- * either installed its pte first (zapped here) or re-checks after. */
+ * either installed its pte first (zapped here) or re-checks after.
+ */
 static void zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 {
 	u32 i;
@@ -245,7 +248,8 @@ static int verify_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 }
 
 /* The page's bytes, then its checksum: a crash between the two leaves a
- * page that fails its check, never one that passes with the wrong bytes. */
+ * page that fails its check, never one that passes with the wrong bytes.
+ */
 static int write_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 {
 	loff_t pos = sum_offset(ws, id);
@@ -279,7 +283,8 @@ static int writeback_locked(struct kvmem_ws *ws, u64 id)
 	pte_update(ws, id);
 	mutex_unlock(&ws->lock);
 	/* Writable ptes go: a write from now on faults into page_mkwrite,
-	 * which waits for the write-back and marks the page dirty again. */
+	 * which waits for the write-back and marks the page dirty again.
+	 */
 	zap_page(ws, id, s);
 	mutex_lock(&ws->lock);
 	pg->flags &= ~KVMEM_PG_DIRTY;
@@ -302,7 +307,8 @@ static int writeback_locked(struct kvmem_ws *ws, u64 id)
 }
 
 /* Evict a RESIDENT page that nobody pins. On a failed write-back the page
- * stays resident and dirty. */
+ * stays resident and dirty.
+ */
 static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
@@ -313,7 +319,8 @@ static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 	int err = 0;
 
 	/* From here no fault maps it and no write dirties it (they wait), so
-	 * the dirty bit read now is final. */
+	 * the dirty bit read now is final.
+	 */
 	pg->state = KVMEM_EVICTING;
 	ws->busy++;
 	pte_update(ws, id);
@@ -408,7 +415,8 @@ static int reclaim_one(struct kvmem_ws *ws)
 }
 
 /* A free slot, evicting when there is none. May drop ws->lock. -ENOMEM:
- * every resident page is pinned or claimed, nothing will free a slot. */
+ * every resident page is pinned or claimed, nothing will free a slot.
+ */
 static int slot_get(struct kvmem_ws *ws, u32 *out)
 {
 	int err;
@@ -535,7 +543,8 @@ void kvmem_prefetch_work(struct work_struct *work)
 }
 
 /* CLAIM: 1 claimed (zeroed memory, mapped without a fill until FILLED),
- * 0 resident or being filled already, -errno. */
+ * 0 resident or being filled already, -errno.
+ */
 int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
@@ -571,7 +580,8 @@ int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 
 /* FILLED: a claimed page is complete. Its ptes (writable, untracked while
  * claimed) are zapped so later writes are tracked; with verify the bytes
- * are checked against the sums file and a mismatch drops the page. */
+ * are checked against the sums file and a mismatch drops the page.
+ */
 int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
@@ -617,7 +627,8 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 }
 
 /* EVICT: 0 when the page is absent afterwards, -EBUSY when it is pinned or
- * in transit, or the write-back's error. */
+ * in transit, or the write-back's error.
+ */
 int kvmem_evict_page(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
@@ -637,7 +648,8 @@ int kvmem_evict_page(struct kvmem_ws *ws, u64 id)
 }
 
 /* Write back every dirty page; the first error is returned, the others are
- * counted. Pages already on their way out are waited for. */
+ * counted. Pages already on their way out are waited for.
+ */
 static int writeback_all_locked(struct kvmem_ws *ws)
 {
 	int err = 0, e;
@@ -721,7 +733,8 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 			pte_account(ws, id);
 			pte_update(ws, id);
 			/* Pinned until the re-check, so reclaim cannot take
-			 * the page between our fill and our pte. */
+			 * the page between our fill and our pte.
+			 */
 			pg->pins++;
 			ws->busy++;
 			mutex_unlock(&ws->lock);
@@ -749,7 +762,8 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 			if (ws_wait(ws))
 				goto sigbus;
 			/* The fill we waited for failed: this fault fails too,
-			 * a later one tries again. */
+			 * a later one tries again.
+			 */
 			if (waited_fill && pg->state == KVMEM_ABSENT && (pg->flags & KVMEM_PG_BAD))
 				goto sigbus;
 			continue;
@@ -768,7 +782,8 @@ sigbus:
 }
 
 /* The first write to a mapped page: mark it dirty, unless it is being
- * written back or evicted (wait) or claimed by userspace (not tracked). */
+ * written back or evicted (wait) or claimed by userspace (not tracked).
+ */
 static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 {
 	struct kvmem_ws *ws = vmf->vma->vm_private_data;
@@ -804,7 +819,8 @@ static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 	lock_page(page);
 	mutex_lock(&ws->lock);
 	/* A write-back may have come and gone meanwhile and cleaned the page:
-	 * then fault again, or the write would go untracked. */
+	 * then fault again, or the write would go untracked.
+	 */
 	ok = (pg->state == KVMEM_CLAIMED ||
 	      (pg->state == KVMEM_RESIDENT && (pg->flags & KVMEM_PG_DIRTY))) &&
 	     ws->slots[pg->slot].pages[sub] == page;

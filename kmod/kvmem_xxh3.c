@@ -180,7 +180,8 @@ static uint64_t len_129to240(const unsigned char *in, size_t len)
 		acc += mix16(in + 16 * i, s + 16 * i);
 	acc = xxh3_avalanche(acc);
 	/* Later rounds read the secret from byte 3; the last 16 input bytes
-	 * from byte 136 - 17 = 119. */
+	 * from byte 136 - 17 = 119.
+	 */
 	tail = mix16(in + len - 16, s + 136 - 17);
 	for (i = 8; i < rounds; i++)
 		tail += mix16(in + 16 * i, s + 16 * (i - 8) + 3);

@@ -12,6 +12,7 @@
  */
 #include <pthread.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #include "kselftest_harness.h"
@@ -487,6 +488,8 @@ TEST_F(kv, evict_ioctl)
 	int32_t st[3] = { 7, 7, 7 };
 	uint32_t stride = self->w.page_stride;
 	unsigned char *buf = malloc(stride);
+	uint64_t fills0;
+	long maj0;
 
 	self->k = vt_kmod(&self->w, 8);
 	ASSERT_NE(NULL, self->k);
@@ -503,10 +506,141 @@ TEST_F(kv, evict_ioctl)
 	ASSERT_EQ(1, vt_stats(self->k).writebacks);
 	ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, stride, stride));
 	ASSERT_EQ(0, memcmp(buf, "dirty", 5));
-	/* Touching it again reads the written bytes back. */
+	/* The pages are really gone from the process: touching one again is a
+	 * major fault and a new fill, and brings the written bytes back. */
+	maj0 = vt_majflt();
+	fills0 = vt_stats(self->k).fills;
 	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(self->k, 1), buf, stride));
+	ASSERT_EQ(1, vt_majflt() - maj0);
+	ASSERT_EQ(fills0 + 1, vt_stats(self->k).fills);
 	ASSERT_EQ(0, memcmp(buf, "dirty", 5));
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 1));
 	free(buf);
+}
+
+struct stress {
+	struct vt_ws *w;
+	kvmem_kmod *k;
+	uint64_t first, n, seed;
+	uint32_t *version;	/* per page: the last pattern written */
+	volatile int *stop;
+	int bad;
+};
+
+static void pattern(unsigned char *buf, uint32_t len, uint64_t page, uint32_t v)
+{
+	for (uint32_t i = 0; i < len; i += 8) {
+		uint64_t x = page * 0x9e3779b97f4a7c15ull ^ ((uint64_t)v << 32) ^ i;
+
+		memcpy(buf + i, &x, 8);
+	}
+}
+
+static void *stress_writer(void *arg)
+{
+	struct stress *t = arg;
+	uint32_t stride = t->w->page_stride;
+	unsigned char *buf = malloc(stride);
+	uint64_t rng = t->seed;
+
+	for (int i = 0; i < 150; i++) {
+		uint64_t p = t->first + vt_rng(&rng) % t->n;
+		uint32_t v = t->version[p] + 1;
+
+		pattern(buf, stride, p, v);
+		if (vt_write(kvmem_kmod_page_addr(t->k, p), buf, stride))
+			t->bad++;
+		t->version[p] = v;
+	}
+	free(buf);
+	return NULL;
+}
+
+static void *stress_syncer(void *arg)
+{
+	struct stress *t = arg;
+
+	while (!*t->stop) {
+		if (kvmem_kmod_sync(t->k))
+			t->bad++;
+		usleep(500);
+	}
+	return NULL;
+}
+
+static void *stress_evictor(void *arg)
+{
+	struct stress *t = arg;
+	uint64_t rng = t->seed;
+
+	while (!*t->stop) {
+		uint64_t p[4];
+		int32_t st[4];
+
+		for (int i = 0; i < 4; i++)
+			p[i] = vt_rng(&rng) % t->w->pages;
+		kvmem_kmod_evict(t->k, p, 4, st);
+		for (int i = 0; i < 4; i++)
+			if (st[i] && st[i] != -EBUSY)
+				t->bad++;
+		usleep(200);
+	}
+	return NULL;
+}
+
+/* Four writers on their own pages, a thread syncing and one evicting, all
+ * at once over a window a quarter the size of the workspace: afterwards
+ * every page holds its last write, in the window, in the file and in the
+ * sums file. */
+TEST_F_TIMEOUT(kv, concurrent_writes_sync_evict, 180)
+{
+	uint64_t n = self->w.pages;
+	uint32_t stride = self->w.page_stride, *version = calloc(n, 4);
+	unsigned char *buf = malloc(stride), *want = malloc(stride);
+	struct stress t[6];
+	pthread_t tid[6];
+	volatile int stop = 0;
+	int bad = 0;
+	uint64_t sum;
+
+	self->k = vt_kmod(&self->w, n / 4);
+	ASSERT_NE(NULL, self->k);
+	for (int i = 0; i < 6; i++) {
+		t[i] = (struct stress){ .w = &self->w, .k = self->k, .first = (n / 4) * (i % 4),
+					.n = n / 4, .seed = self->seed + i, .version = version,
+					.stop = &stop };
+		pthread_create(&tid[i], NULL, i < 4 ? stress_writer : i == 4 ? stress_syncer :
+			       stress_evictor, &t[i]);
+	}
+	for (int i = 0; i < 4; i++)
+		pthread_join(tid[i], NULL);
+	stop = 1;
+	for (int i = 0; i < 6; i++) {
+		if (i >= 4)
+			pthread_join(tid[i], NULL);
+		bad += t[i].bad;
+	}
+	ASSERT_EQ(0, bad);
+	ASSERT_EQ(0, kvmem_kmod_sync(self->k));
+	for (uint64_t p = 0; p < n; p++) {
+		if (version[p])
+			pattern(want, stride, p, version[p]);
+		else
+			memcpy(want, page_ref(&self->w, p), stride);
+		ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(self->k, p), buf, stride));
+		ASSERT_EQ(0, memcmp(buf, want, stride)) TH_LOG("window page %llu", (unsigned long long)p);
+		ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, stride, p * stride));
+		ASSERT_EQ(0, memcmp(buf, want, stride)) TH_LOG("file page %llu", (unsigned long long)p);
+		ASSERT_EQ(8, pread(self->w.sums_fd, &sum, 8,
+				   ((p / self->w.n_layers) * (self->w.n_layers + 1) +
+				    p % self->w.n_layers) * 8));
+		ASSERT_EQ(kvmem_xxh3_64(want, self->w.page_bytes), sum);
+	}
+	ASSERT_GT(vt_stats(self->k).evictions, 0);
+	ASSERT_GT(vt_stats(self->k).writebacks, 0);
+	free(version);
+	free(buf);
+	free(want);
 }
 
 /* The window can be sized past the pages present; the file grows and
@@ -611,6 +745,35 @@ TEST_F_TIMEOUT(kv, close_and_exit_free_everything, 120)
 	ASSERT_EQ(0, memcmp(buf, "exit", 4));
 }
 
+/* The window's memory is on the node SETUP named (the VM has two). */
+TEST_F(kv, numa_placement)
+{
+	kvmem_kmod_files f = vt_files(&self->w);
+	kvmem_kmod_opts o;
+
+	for (int node = 0; node < 2; node++) {
+		void *addr[8];
+		int status[8];
+
+		kvmem_kmod_opts_default(&o);
+		o.host_cap = 8 * self->w.page_stride;
+		o.numa_node = node;
+		ASSERT_EQ(0, kvmem_kmod_open(&f, &o, &self->k));
+		for (int i = 0; i < 8; i++) {
+			addr[i] = (char *)kvmem_kmod_page_addr(self->k, i) + (i % 2) * 4096 *
+				  (self->w.page_stride > 4096);
+			ASSERT_TRUE(page_ok(&self->w, self->k, i));
+		}
+		/* move_pages with no target nodes reports where pages are. */
+		ASSERT_EQ(0, syscall(SYS_move_pages, 0, 8, addr, NULL, status, 0));
+		for (int i = 0; i < 8; i++) {
+			ASSERT_EQ(node, status[i]) TH_LOG("page %d", i);
+		}
+		kvmem_kmod_close(self->k);
+		self->k = NULL;
+	}
+}
+
 /* ---- argument checks (no variant needed, but cheap) --------------------- */
 
 static int raw_setup(struct vt_ws *w, struct kvmem_ioc_setup *s)
@@ -672,7 +835,7 @@ TEST_F(kv, setup_rejects_bad_arguments)
 	BAD(s.page_max = 1ull << 40, EINVAL);
 	BAD(s.host_cap = s.page_stride - 1, EINVAL);
 	BAD(s.host_cap = 1ull << 50, EINVAL);
-	BAD(s.numa_node = 1, EINVAL);	/* one node in this VM */
+	BAD(s.numa_node = 2, EINVAL);	/* two nodes in this VM */
 	BAD(s.numa_node = -2, EINVAL);
 	BAD(s.numa_node = 1 << 20, EINVAL);
 	BAD(s.pages_fd = -1, EBADF);

@@ -103,6 +103,7 @@ struct kvmem_ioc_setup {
 	__u32 reserved0;	/* zero */
 	__u64 reserved[4];	/* zero */
 };
+
 #define KVMEM_SETUP_RDONLY	0x1u	/* files read-only: the window cannot be mapped writable */
 #define KVMEM_SETUP_FLAGS	KVMEM_SETUP_RDONLY
 
@@ -114,6 +115,7 @@ struct kvmem_ioc_pages {
 	__u32 flags;		/* KVMEM_PAGES_* allowed for that ioctl */
 	__u64 reserved;		/* zero */
 };
+
 #define KVMEM_IOC_PAGES_MAX	65536u
 #define KVMEM_PAGES_WAIT	0x1u	/* PREFETCH: return when every fill has ended */
 #define KVMEM_PAGES_VERIFY	0x2u	/* FILLED: check each page against its checksum */
