@@ -28,6 +28,9 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
 typedef struct kvmem_kmod kvmem_kmod;
 
 #define KVMEM_KMOD_RDONLY	0x1	/* open the files read-only; the window is read-only */
@@ -116,6 +119,8 @@ int kvmem_kmod_stats(kvmem_kmod *k, struct kvmem_ioc_stats *st);
 /* The candidate index the module evicts for a reclaim verdict: the
  * program's choice when valid, else 0 (the module's own). */
 uint32_t kvmem_kmod_verdict_pick(const struct kvmem_reclaim_ctx *c);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }
