@@ -479,6 +479,20 @@ static int read_saved(struct rbuf *r, const kvmem_session *s, int64_t n, struct 
 	if (r->bad)
 		return kvmem_error(r->bad == 2 ? ENOMEM : ESTALE, r->bad == 2 ? "session state: out of memory" :
 				 "session state: truncated");
+	/* Counters come from a file: in range, or the session's own adds
+	 * (forwards++, rebuilt_tokens += n) would overflow. */
+	{
+		static const char *const name[] = { "forwards", "selections", "forced",
+						    "rebuilt tokens", "kept tokens" };
+		const int64_t val[] = { v->st.forwards, v->st.selections, v->st.forced,
+					v->st.rebuilt_tokens, v->st.kept_tokens };
+
+		for (int i = 0; i < 5; i++)
+			if (val[i] < 0 || val[i] > (INT64_C(1) << 62))
+				return kvmem_error(ESTALE, "session state: counter of %s is %lld, outside "
+						 "0..2^62: forged or corrupt", name[i],
+						 (long long)val[i]);
+	}
 	if (r->at != r->len)
 		return kvmem_error(ESTALE, "session state: %zu bytes past its end", r->len - r->at);
 	return 0;
