@@ -49,7 +49,10 @@ typedef struct kvmem_page_source_ops {
 	/* Store tokens t0..t0+n-1 of block b, layer l; k and v are fp32,
 	 * token-major [n][n_kv_heads][head_dim] (rows of a forward pass's
 	 * kvmem_fwd_out). The source keeps them in its own dtype. Tokens of
-	 * a layer come in order. */
+	 * a layer come in order with no gap (-EINVAL); writing again from an
+	 * earlier token replaces what was there from that token on, where the
+	 * source can (memory); a source whose pages are durable refuses to
+	 * change them (the pager: staged-out blocks). */
 	int (*write)(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
 		     const float *v);
 	/* The page's bytes, until put. */

@@ -270,7 +270,7 @@ static void test_plan_pins_over_budget(void **state)
 	r.n_tokens = 320;
 	/* Seven blocks pinned: 112 tokens > 100. */
 	assert_int_equal(kvmem_blocks_pin(&r, 20, 20 + 6 * 16 + 2), 0);
-	assert_int_equal(kvmem_plan_build(&p, &r, sc, 1, NULL, &pp), 0 - 1);
+	assert_int_equal(kvmem_plan_build(&p, &r, sc, 1, NULL, &pp), -EINVAL);
 	assert_non_null(strstr(kvmem_last_error(), "budget"));
 	assert_non_null(strstr(kvmem_last_error(), "112"));
 	assert_int_equal(p.n_view, 0);

@@ -63,7 +63,9 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 			return kvmem_error(ENOMEM, "page source: out of memory for block %lld", (long long)b);
 		}
 	}
-	if (t0 != m->fill[b][layer])
+	/* In order, or again from an earlier token (a caller rewinding its
+	 * history); never past a gap. */
+	if (t0 > m->fill[b][layer])
 		return kvmem_error(EINVAL, "page source: block %lld layer %d written at token %d, %d are "
 				   "there: tokens must come in order", (long long)b, layer, t0,
 				   m->fill[b][layer]);
