@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* kvmem stat DIR: what a workspace holds and its tier counters, no BPF. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,7 +15,8 @@ static void usage(FILE *f)
 		   "Print what the workspace directory DIR holds (from its manifest) and the\n"
 		   "pager's counters: hits, misses, bytes and nanoseconds per tier move,\n"
 		   "evictions, stage-out and backpressure, errors. Counters are totals over\n"
-		   "every session of the workspace, saved at each commit and close.\n"
+		   "every session of the workspace, saved at each commit and close. Reads\n"
+		   "only, takes no lock: a writer may go on meanwhile.\n"
 		   "Live events: the USDT probes listed in Documentation/pager.md.\n");
 }
 
@@ -42,8 +44,13 @@ int cmd_stat(int argc, char **argv)
 	       "%" PRIu64 " pages of %u bytes (%.1f MiB), commit %" PRIu64 "\n",
 	       wi.tokens, wi.blocks, wi.tail_tokens, wi.blocks * wi.geom.n_layers, wi.page_bytes,
 	       wi.blocks * wi.geom.n_layers * (double)wi.page_stride / (1 << 20), wi.generation);
+	/* The counters are advisory: a missing or unusable file (a FIFO, a
+	 * link) is said, not waited on or followed, and is no error. */
 	if (kvmem_workspace_stats(argv[1], &st) < 0) {
-		printf("counters: none saved yet (%s)\n", kvmem_last_error());
+		if (kvmem_last_errno() == ENOENT)
+			printf("counters: none saved yet\n");
+		else
+			printf("counters: not read (%s)\n", kvmem_last_error());
 		return 0;
 	}
 	printf("counters (all sessions):\n");
