@@ -96,6 +96,13 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 uint64_t kvmem_rng_seed(uint64_t seed);
 /* Uniform double in [0, 1). */
 double kvmem_rng_uniform(uint64_t *rng);
+/* The next 64 bits of the stream (splitmix64: the state advances by the
+ * golden gamma, the output is kvmem_mix64 of it). kvmem's one PRNG: model
+ * weights, workspaces, tests and benchmarks all draw from it. */
+uint64_t kvmem_rng_next(uint64_t *rng);
+/* splitmix64's output function: a bijective 64-bit mix. */
+uint64_t kvmem_mix64(uint64_t z);
+#define KVMEM_GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
 
 /* ---- workspace summaries ---------------------------------------------- */
 /* sum[h][d] += k[t][h][d] over n tokens of token-major raw K [n][n_kv_heads][head_dim]

@@ -12,12 +12,9 @@
  * bits. Uniform on [-sqrt(3) s, sqrt(3) s): variance s^2. */
 static float value(uint64_t seed, size_t i, float scale)
 {
-	uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+	uint64_t z = kvmem_mix64(seed + KVMEM_GOLDEN_GAMMA * (uint64_t)(i + 1));
 	float u, a;
 
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
 	u = (float)(z >> 40) * 0x1p-24f;
 	a = 1.7320508f * scale;
 	return (u + u - 1.0f) * a;

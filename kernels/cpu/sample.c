@@ -13,9 +13,7 @@
 
 #include "kvmem/kernels.h"
 
-#define GOLDEN 0x9e3779b97f4a7c15ull
-
-static uint64_t mix64(uint64_t z)
+uint64_t kvmem_mix64(uint64_t z)
 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
 	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -24,13 +22,17 @@ static uint64_t mix64(uint64_t z)
 
 uint64_t kvmem_rng_seed(uint64_t seed)
 {
-	return mix64(seed + GOLDEN);
+	return kvmem_mix64(seed + KVMEM_GOLDEN_GAMMA);
+}
+
+uint64_t kvmem_rng_next(uint64_t *rng)
+{
+	return kvmem_mix64(*rng += KVMEM_GOLDEN_GAMMA);
 }
 
 double kvmem_rng_uniform(uint64_t *rng)
 {
-	*rng += GOLDEN;
-	return (double)(mix64(*rng) >> 11) * 0x1p-53;
+	return (double)(kvmem_rng_next(rng) >> 11) * 0x1p-53;
 }
 
 /* NaN logits never win and are never drawn. */
