@@ -146,12 +146,17 @@ static int parse_list(const char *opt, const char *s, double *out, int max)
 
 	if (!list)
 		return -1;
-	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (n == max)
+			fprintf(stderr, "kvmem bench recall: %s takes at most %d values\n", opt, max);
 		if (n == max || cli_parse_double("kvmem bench recall", opt, t, 0, 1e9, &out[n++])) {
 			free(list);
 			return -1;
 		}
+	}
 	free(list);
+	if (!n)
+		fprintf(stderr, "kvmem bench recall: %s wants a comma-separated list, not '%s'\n", opt, s);
 	return n ? n : -1;
 }
 
