@@ -506,6 +506,9 @@ static void test_temp_files_not_followed_and_cleaned(void **state)
 		else
 			assert_int_equal(fx_write_file(path, "junk", 4), 0);
 	}
+	/* A user's file that only looks like one stays. */
+	path_of(path, sizeof(path), dir, "manifest.tmp.mine");
+	assert_int_equal(fx_write_file(path, "mine", 4), 0);
 	vdigest = fx_dir_digest(top);
 	p = open_ws(dir, NULL, KVMEM_PAGER_RDONLY);
 	assert_non_null(p);
@@ -524,6 +527,9 @@ static void test_temp_files_not_followed_and_cleaned(void **state)
 	}
 	assert_int_equal(stat(victim, &sb), 0);
 	assert_int_equal(sb.st_size, 9);
+	path_of(path, sizeof(path), dir, "manifest.tmp.mine");
+	assert_int_equal(stat(path, &sb), 0);
+	assert_int_equal(sb.st_size, 4);
 	p = open_ws(dir, &g, 0);
 	assert_non_null(p);
 	assert_int_equal(fx_check(p, seed, 1), 0);

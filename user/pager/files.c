@@ -89,10 +89,34 @@ int ws_create_file(int dirfd, const char *dir, const char *name, int flags)
 	return fd;
 }
 
-/* manifest.tmp, stats.tmp and their per-writer variants "<name>.<pid>...". */
+/* "." then one or more groups of digits separated by dots, to the end. */
+static int digit_groups(const char *s)
+{
+	if (*s != '.')
+		return 0;
+	while (*s == '.') {
+		const char *d = ++s;
+
+		while (*s >= '0' && *s <= '9')
+			s++;
+		if (s == d)
+			return 0;
+	}
+	return !*s;
+}
+
+/* The temporary files a writer makes: manifest.tmp.<pid>.<n>,
+ * stats.tmp.<pid>, and the fixed names older versions used. Nothing else
+ * is taken for one (a user's file is never removed). */
 static int is_temp(const char *n)
 {
-	return !strncmp(n, "manifest.tmp", 12) || !strncmp(n, "stats.tmp", 9);
+	if (!strcmp(n, "manifest.tmp") || !strcmp(n, "stats.tmp"))
+		return 1;
+	if (!strncmp(n, "manifest.tmp", 12))
+		return digit_groups(n + 12);
+	if (!strncmp(n, "stats.tmp", 9))
+		return digit_groups(n + 9);
+	return 0;
 }
 
 static int is_data(const char *n)
