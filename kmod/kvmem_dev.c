@@ -90,7 +90,7 @@ static int kvmem_release(struct inode *inode, struct file *filp)
 	cancel_work_sync(&ws->prefetch_work);
 	list_for_each_entry_safe(b, tmp, &ws->prefetch_list, node) {
 		list_del(&b->node);
-		kfree(b);
+		kvfree(b);
 	}
 	if (ws->set_up) {
 		kvmem_writeback_all(ws);
@@ -178,7 +178,8 @@ static int kvmem_setup(struct kvmem_ws *ws, void __user *uarg)
 	if (n_slots > KVMEM_PAGE_MAX)
 		return -EINVAL;
 	if (a.numa_node != NUMA_NO_NODE &&
-	    (a.numa_node < 0 || a.numa_node >= MAX_NUMNODES || !node_online(a.numa_node)))
+	    (a.numa_node < 0 || a.numa_node >= MAX_NUMNODES || !node_online(a.numa_node) ||
+	     !node_state(a.numa_node, N_MEMORY)))
 		return -EINVAL;
 
 	mutex_lock(&ws->lock);

@@ -116,17 +116,30 @@ struct kvmem_ws {
  */
 extern atomic_long_t kvmem_pages_held;
 
-/* kvmem_window.c */
+/* kvmem_window.c: the table, slot memory, fills, the vm_operations */
 extern const struct vm_operations_struct kvmem_window_vm_ops;
 int kvmem_ws_init_memory(struct kvmem_ws *ws, u64 host_cap);
 void kvmem_ws_free_memory(struct kvmem_ws *ws);
 void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end);
+void kvmem_pte_update(struct kvmem_ws *ws, u64 id);
+void kvmem_ws_changed(struct kvmem_ws *ws);
+int kvmem_ws_wait(struct kvmem_ws *ws);
+void kvmem_slot_free(struct kvmem_ws *ws, u32 slot);
+void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
 int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id);
 void kvmem_prefetch_work(struct work_struct *work);
 int kvmem_claim_page(struct kvmem_ws *ws, u64 id);
 int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify);
+
+/* kvmem_reclaim.c: ws->lock held on entry and exit, dropped around I/O */
+int kvmem_slot_get(struct kvmem_ws *ws, u32 *out);
 int kvmem_evict_page(struct kvmem_ws *ws, u64 id);
 int kvmem_sync(struct kvmem_ws *ws);
 void kvmem_writeback_all(struct kvmem_ws *ws);
+
+/* kvmem_io.c: file I/O, ws->lock not held */
+int kvmem_read_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
+int kvmem_verify_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
+int kvmem_write_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
 
 #endif

@@ -16,24 +16,23 @@
  * back before its memory is freed. Writes through the window are tracked
  * with page_mkwrite (ptes start read-only), so only written pages go back.
  *
- * Locking and page states: kvmem_int.h and Documentation/kmod.md.
+ * Here: the table, slot memory, fills, prefetch, userspace fills and the
+ * window's vm_operations. Reclaim and write-back: kvmem_reclaim.c; file I/O:
+ * kvmem_io.c. Locking and page states: kvmem_int.h, Documentation/kmod.md.
  */
-#include <linux/bvec.h>
 #include <linux/ktime.h>
 #include <linux/mm.h>
 #include <linux/pagemap.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
-#include <linux/uio.h>
 #include <linux/vmalloc.h>
 
 #include "kvmem_int.h"
 #include "kvmem_trace.h"
-#include "kvmem_xxh3.h"
 
 /* ---- the shared page table (only this module writes it) ---------------- */
 
-static void pte_update(struct kvmem_ws *ws, u64 id)
+void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pte *e = &ws->pte[id];
 	struct kvmem_pg *pg = &ws->pg[id];
@@ -71,7 +70,7 @@ void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end)
 		ws->pte[id].page_id = id;
 		ws->pte[id].gpu_slot = KVMEM_SLOT_NONE;
 		ws->pg[id].slot = KVMEM_SLOT_NONE;
-		pte_update(ws, id);
+		kvmem_pte_update(ws, id);
 	}
 	WRITE_ONCE(ws->table->n_entries, ws->page_count);
 }
@@ -86,7 +85,7 @@ static void pte_account(struct kvmem_ws *ws, u64 id)
 }
 
 /* Every state change wakes the sleepers of ws->wq; they re-check. */
-static void ws_changed(struct kvmem_ws *ws)
+void kvmem_ws_changed(struct kvmem_ws *ws)
 {
 	ws->gen++;
 	wake_up_all(&ws->wq);
@@ -95,7 +94,7 @@ static void ws_changed(struct kvmem_ws *ws)
 /* Sleep until some page changes state. Called and returns with ws->lock
  * held; -EINTR when a fatal signal came.
  */
-static int ws_wait(struct kvmem_ws *ws)
+int kvmem_ws_wait(struct kvmem_ws *ws)
 {
 	u64 gen = ws->gen;
 	int ret;
@@ -136,7 +135,7 @@ fail:
 /* Drop the module's references; a page someone still holds (a racing
  * fault, a get_user_pages pin) lives on until they let go.
  */
-static void slot_free(struct kvmem_ws *ws, u32 slot)
+void kvmem_slot_free(struct kvmem_ws *ws, u32 slot)
 {
 	struct kvmem_slot *s = &ws->slots[slot];
 	u32 i;
@@ -155,21 +154,11 @@ static void slot_free(struct kvmem_ws *ws, u32 slot)
 	ws->free_list[ws->n_free++] = slot;
 }
 
-static bool slot_dma_pinned(struct kvmem_ws *ws, struct kvmem_slot *s)
-{
-	u32 i;
-
-	for (i = 0; i < ws->npp; i++)
-		if (page_maybe_dma_pinned(s->pages[i]))
-			return true;
-	return false;
-}
-
 /* Remove every pte of page id from every mapping of this workspace. The
  * pages are locked meanwhile, so a fault that got the page before the zap
  * either installed its pte first (zapped here) or re-checks after.
  */
-static void zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
+void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 {
 	u32 i;
 
@@ -179,263 +168,6 @@ static void zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 			    ws->page_stride, 1);
 	for (i = 0; i < ws->npp; i++)
 		unlock_page(s->pages[i]);
-}
-
-/* ---- file I/O (ws->lock not held) ---------------------------------------- */
-
-static loff_t sum_offset(struct kvmem_ws *ws, u64 id)
-{
-	/* Per block: L page sums, then the index record's sum. */
-	return (loff_t)((id / ws->n_layers) * (ws->n_layers + 1) + id % ws->n_layers) * 8;
-}
-
-static int page_io(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s, bool write)
-{
-	struct bio_vec *bv;
-	struct iov_iter it;
-	loff_t pos = (loff_t)id * ws->page_stride;
-	ssize_t n;
-	u32 i;
-
-	bv = kvmalloc_array(ws->npp, sizeof(*bv), GFP_KERNEL);
-	if (!bv)
-		return -ENOMEM;
-	for (i = 0; i < ws->npp; i++)
-		bvec_set_page(&bv[i], s->pages[i], PAGE_SIZE, 0);
-	iov_iter_bvec(&it, write ? ITER_SOURCE : ITER_DEST, bv, ws->npp, ws->page_stride);
-	if (write) {
-		file_start_write(ws->pages);
-		n = vfs_iter_write(ws->pages, &it, &pos, 0);
-		file_end_write(ws->pages);
-	} else {
-		n = vfs_iter_read(ws->pages, &it, &pos, 0);
-	}
-	kvfree(bv);
-	if (n < 0)
-		return n;
-	return n == ws->page_stride ? 0 : -EIO;	/* short: the file is truncated */
-}
-
-static int read_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
-{
-	loff_t pos = sum_offset(ws, id);
-	__le64 sum;
-	ssize_t n;
-	int err;
-
-	err = page_io(ws, id, s, false);
-	if (err)
-		return err;
-	n = kernel_read(ws->sums, &sum, sizeof(sum), &pos);
-	if (n != sizeof(sum))
-		return n < 0 ? n : -EIO;
-	if (kvmem_xxh3_64(s->vaddr, ws->page_bytes) != le64_to_cpu(sum))
-		return -EBADMSG;
-	return 0;
-}
-
-/* Checked against the sums file, as a fill is (FILLED with VERIFY). */
-static int verify_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
-{
-	loff_t pos = sum_offset(ws, id);
-	__le64 sum;
-	ssize_t n;
-
-	n = kernel_read(ws->sums, &sum, sizeof(sum), &pos);
-	if (n != sizeof(sum))
-		return n < 0 ? n : -EIO;
-	return kvmem_xxh3_64(s->vaddr, ws->page_bytes) == le64_to_cpu(sum) ? 0 : -EBADMSG;
-}
-
-/* The page's bytes, then its checksum: a crash between the two leaves a
- * page that fails its check, never one that passes with the wrong bytes.
- */
-static int write_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
-{
-	loff_t pos = sum_offset(ws, id);
-	__le64 sum;
-	ssize_t n;
-	int err;
-
-	err = page_io(ws, id, s, true);
-	if (err)
-		return err;
-	sum = cpu_to_le64(kvmem_xxh3_64(s->vaddr, ws->page_bytes));
-	file_start_write(ws->sums);
-	n = kernel_write(ws->sums, &sum, sizeof(sum), &pos);
-	file_end_write(ws->sums);
-	if (n != sizeof(sum))
-		return n < 0 ? n : -EIO;
-	return 0;
-}
-
-/* ---- write-back and eviction (ws->lock held on entry and exit) ----------- */
-
-static int writeback_locked(struct kvmem_ws *ws, u64 id)
-{
-	struct kvmem_pg *pg = &ws->pg[id];
-	struct kvmem_slot *s = &ws->slots[pg->slot];
-	u64 t0 = ktime_get_ns();
-	int err;
-
-	pg->state = KVMEM_WRITEBACK;
-	ws->busy++;
-	pte_update(ws, id);
-	mutex_unlock(&ws->lock);
-	/* Writable ptes go: a write from now on faults into page_mkwrite,
-	 * which waits for the write-back and marks the page dirty again.
-	 */
-	zap_page(ws, id, s);
-	mutex_lock(&ws->lock);
-	pg->flags &= ~KVMEM_PG_DIRTY;
-	mutex_unlock(&ws->lock);
-	err = write_page(ws, id, s);
-	mutex_lock(&ws->lock);
-	ws->busy--;
-	pg->state = KVMEM_RESIDENT;
-	if (err) {
-		pg->flags |= KVMEM_PG_DIRTY;
-		ws->stats.write_errors++;
-		trace_kvmem_error(ws->ws_id, id, err);
-	} else {
-		ws->stats.writebacks++;
-		trace_kvmem_writeback(ws->ws_id, id, ws->page_stride, ktime_get_ns() - t0);
-	}
-	pte_update(ws, id);
-	ws_changed(ws);
-	return err;
-}
-
-/* Evict a RESIDENT page that nobody pins. On a failed write-back the page
- * stays resident and dirty.
- */
-static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
-{
-	struct kvmem_pg *pg = &ws->pg[id];
-	u32 slot = pg->slot;
-	struct kvmem_slot *s = &ws->slots[slot];
-	bool dirty = pg->flags & KVMEM_PG_DIRTY;
-	u64 t0 = ktime_get_ns();
-	int err = 0;
-
-	/* From here no fault maps it and no write dirties it (they wait), so
-	 * the dirty bit read now is final.
-	 */
-	pg->state = KVMEM_EVICTING;
-	ws->busy++;
-	pte_update(ws, id);
-	mutex_unlock(&ws->lock);
-	zap_page(ws, id, s);
-	if (dirty)
-		err = write_page(ws, id, s);
-	mutex_lock(&ws->lock);
-	ws->busy--;
-	if (err) {
-		pg->state = KVMEM_RESIDENT;
-		ws->stats.write_errors++;
-		trace_kvmem_error(ws->ws_id, id, err);
-		pte_update(ws, id);
-		ws_changed(ws);
-		return err;
-	}
-	if (dirty) {
-		ws->stats.writebacks++;
-		trace_kvmem_writeback(ws->ws_id, id, ws->page_stride, ktime_get_ns() - t0);
-	}
-	slot_free(ws, slot);
-	pg->slot = KVMEM_SLOT_NONE;
-	pg->state = KVMEM_ABSENT;
-	pg->flags &= ~(KVMEM_PG_DIRTY | KVMEM_PG_PREFETCHED);
-	ws->stats.evictions++;
-	ws->stats.resident--;
-	trace_kvmem_evict(ws->ws_id, id, dirty, reason);
-	pte_update(ws, id);
-	ws_changed(ws);
-	return 0;
-}
-
-/* A slot whose page may leave now. */
-static bool evictable(struct kvmem_ws *ws, struct kvmem_slot *s)
-{
-	struct kvmem_pg *pg = &ws->pg[s->page];
-
-	return s->used && pg->state == KVMEM_RESIDENT && !pg->pins && !slot_dma_pinned(ws, s);
-}
-
-/*
- * Choose a victim and evict it. The clock hand passes slots, clearing the
- * referenced bit of those touched since its last pass (second chance) and
- * collecting up to KVMEM_RECLAIM_MAX unreferenced evictable ones, in clock
- * order; candidate 0 is the module's choice. A BPF program on kvmem_reclaim
- * may name another by index; an index out of range is refused.
- * -EAGAIN: nothing can leave now.
- */
-static int reclaim_one(struct kvmem_ws *ws)
-{
-	struct kvmem_reclaim_ctx ctx = { .verdict = KVMEM_VERDICT_DEFAULT };
-	u32 slot_of[KVMEM_RECLAIM_MAX];
-	u32 scanned, n = 0, pick = 0, reason = KVMEM_EVICT_RECLAIM;
-
-	for (scanned = 0; scanned < 2 * ws->n_slots && n < KVMEM_RECLAIM_MAX; scanned++) {
-		u32 slot = ws->hand;
-		struct kvmem_slot *s = &ws->slots[slot];
-		struct kvmem_pg *pg;
-
-		ws->hand = (ws->hand + 1) % ws->n_slots;
-		if (!s->used || !evictable(ws, s))
-			continue;
-		if (s->ref) {
-			s->ref = false;
-			continue;
-		}
-		pg = &ws->pg[s->page];
-		slot_of[n] = slot;
-		ctx.page[n] = s->page;
-		ctx.last_step[n] = ws->pte[s->page].last_step;
-		ctx.access_count[n] = ws->pte[s->page].access_count;
-		ctx.dirty[n] = !!(pg->flags & KVMEM_PG_DIRTY);
-		n++;
-	}
-	if (!n)
-		return -EAGAIN;
-	ctx.ws_id = ws->ws_id;
-	ctx.step = ws->step;
-	ctx.n_candidates = n;
-	trace_kvmem_reclaim(&ctx);
-	if (ctx.verdict != KVMEM_VERDICT_DEFAULT) {
-		if (ctx.verdict < n) {
-			pick = ctx.verdict;
-			reason = KVMEM_EVICT_VERDICT;
-			ws->stats.verdicts++;
-		} else {
-			ws->stats.bad_verdicts++;
-		}
-	}
-	return evict_locked(ws, ws->slots[slot_of[pick]].page, reason);
-}
-
-/* A free slot, evicting when there is none. May drop ws->lock. -ENOMEM:
- * every resident page is pinned or claimed, nothing will free a slot.
- */
-static int slot_get(struct kvmem_ws *ws, u32 *out)
-{
-	int err;
-
-	for (;;) {
-		if (ws->n_free) {
-			*out = ws->free_list[--ws->n_free];
-			return 0;
-		}
-		err = reclaim_one(ws);
-		if (err == -EAGAIN) {
-			if (!ws->busy)
-				return -ENOMEM;
-			err = ws_wait(ws);
-		}
-		/* A write-back error leaves the victim resident: try another. */
-		if (err == -EINTR)
-			return err;
-	}
 }
 
 /* ---- filling ------------------------------------------------------------- */
@@ -454,8 +186,8 @@ static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 	int err;
 
 	pg->state = KVMEM_FILLING;
-	pte_update(ws, id);
-	err = slot_get(ws, &slot);
+	kvmem_pte_update(ws, id);
+	err = kvmem_slot_get(ws, &slot);
 	if (err)
 		goto out;
 	s = &ws->slots[slot];
@@ -469,13 +201,13 @@ static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 	s->ref = true;
 	pg->slot = slot;
 	ws->busy++;
-	pte_update(ws, id);
+	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
-	err = read_page(ws, id, s);
+	err = kvmem_read_page(ws, id, s);
 	mutex_lock(&ws->lock);
 	ws->busy--;
 	if (err) {
-		slot_free(ws, slot);
+		kvmem_slot_free(ws, slot);
 		pg->slot = KVMEM_SLOT_NONE;
 		pg->flags |= KVMEM_PG_BAD;
 		if (err == -EBADMSG)
@@ -497,8 +229,8 @@ out:
 		trace_kvmem_error(ws->ws_id, id, err);
 	trace_kvmem_fill_done(ws->ws_id, id, 1, err ? 0 : ws->page_stride,
 			      ktime_get_ns() - t0, err);
-	pte_update(ws, id);
-	ws_changed(ws);
+	kvmem_pte_update(ws, id);
+	kvmem_ws_changed(ws);
 	return err;
 }
 
@@ -538,7 +270,7 @@ void kvmem_prefetch_work(struct work_struct *work)
 			return;
 		for (i = 0; i < b->n && !READ_ONCE(ws->dying); i++)
 			kvmem_prefetch_page(ws, b->ids[i]);
-		kfree(b);
+		kvfree(b);
 	}
 }
 
@@ -558,7 +290,7 @@ int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 		return 0;
 	}
 	pg->state = KVMEM_FILLING;	/* others wait while the slot is found */
-	err = slot_get(ws, &slot);
+	err = kvmem_slot_get(ws, &slot);
 	if (!err) {
 		s = &ws->slots[slot];
 		err = slot_alloc(ws, s, __GFP_ZERO);
@@ -572,8 +304,8 @@ int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 		}
 	}
 	pg->state = err ? KVMEM_ABSENT : KVMEM_CLAIMED;
-	pte_update(ws, id);
-	ws_changed(ws);
+	kvmem_pte_update(ws, id);
+	kvmem_ws_changed(ws);
 	mutex_unlock(&ws->lock);
 	return err ? err : 1;
 }
@@ -596,15 +328,15 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 	s = &ws->slots[pg->slot];
 	pg->state = KVMEM_FILLING;
 	ws->busy++;
-	pte_update(ws, id);
+	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
-	zap_page(ws, id, s);
+	kvmem_zap_page(ws, id, s);
 	if (verify)
-		err = verify_page(ws, id, s);
+		err = kvmem_verify_page(ws, id, s);
 	mutex_lock(&ws->lock);
 	ws->busy--;
 	if (err) {
-		slot_free(ws, pg->slot);
+		kvmem_slot_free(ws, pg->slot);
 		pg->slot = KVMEM_SLOT_NONE;
 		pg->flags |= KVMEM_PG_BAD;
 		pg->state = KVMEM_ABSENT;
@@ -620,79 +352,10 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 		ws->stats.resident++;
 	}
 	trace_kvmem_fill_done(ws->ws_id, id, 1, err ? 0 : ws->page_stride, 0, err);
-	pte_update(ws, id);
-	ws_changed(ws);
+	kvmem_pte_update(ws, id);
+	kvmem_ws_changed(ws);
 	mutex_unlock(&ws->lock);
 	return err;
-}
-
-/* EVICT: 0 when the page is absent afterwards, -EBUSY when it is pinned or
- * in transit, or the write-back's error.
- */
-int kvmem_evict_page(struct kvmem_ws *ws, u64 id)
-{
-	struct kvmem_pg *pg = &ws->pg[id];
-	int err = 0;
-
-	mutex_lock(&ws->lock);
-	if (pg->state == KVMEM_RESIDENT) {
-		if (evictable(ws, &ws->slots[pg->slot]))
-			err = evict_locked(ws, id, KVMEM_EVICT_ASKED);
-		else
-			err = -EBUSY;
-	} else if (pg->state != KVMEM_ABSENT) {
-		err = -EBUSY;
-	}
-	mutex_unlock(&ws->lock);
-	return err;
-}
-
-/* Write back every dirty page; the first error is returned, the others are
- * counted. Pages already on their way out are waited for.
- */
-static int writeback_all_locked(struct kvmem_ws *ws)
-{
-	int err = 0, e;
-	u32 slot;
-
-	for (slot = 0; slot < ws->n_slots; slot++) {
-		struct kvmem_slot *s = &ws->slots[slot];
-
-		while (s->used && (ws->pg[s->page].state == KVMEM_WRITEBACK ||
-				   ws->pg[s->page].state == KVMEM_EVICTING)) {
-			if (ws_wait(ws))
-				return -EINTR;
-		}
-		if (s->used && ws->pg[s->page].state == KVMEM_RESIDENT &&
-		    (ws->pg[s->page].flags & KVMEM_PG_DIRTY)) {
-			e = writeback_locked(ws, s->page);
-			if (e && !err)
-				err = e;
-		}
-	}
-	return err;
-}
-
-int kvmem_sync(struct kvmem_ws *ws)
-{
-	int err, e;
-
-	mutex_lock(&ws->lock);
-	err = writeback_all_locked(ws);
-	mutex_unlock(&ws->lock);
-	e = vfs_fsync(ws->pages, 1);
-	if (!err)
-		err = e;
-	e = vfs_fsync(ws->sums, 1);
-	return err ? err : e;
-}
-
-/* At release: what was written through the window reaches the file. */
-void kvmem_writeback_all(struct kvmem_ws *ws)
-{
-	mutex_lock(&ws->lock);
-	writeback_all_locked(ws);
-	mutex_unlock(&ws->lock);
 }
 
 /* ---- the window's vm_operations ----------------------------------------- */
@@ -731,7 +394,7 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 			ws->slots[pg->slot].ref = true;
 			pg->flags &= ~KVMEM_PG_PREFETCHED;
 			pte_account(ws, id);
-			pte_update(ws, id);
+			kvmem_pte_update(ws, id);
 			/* Pinned until the re-check, so reclaim cannot take
 			 * the page between our fill and our pte.
 			 */
@@ -742,7 +405,7 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 			mutex_lock(&ws->lock);
 			pg->pins--;
 			ws->busy--;
-			ws_changed(ws);
+			kvmem_ws_changed(ws);
 			if ((pg->state == KVMEM_RESIDENT || pg->state == KVMEM_WRITEBACK ||
 			     pg->state == KVMEM_CLAIMED) &&
 			    ws->slots[pg->slot].pages[sub] == page) {
@@ -759,7 +422,7 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 				waited_fill = true;
 				trace_kvmem_fault(ws->ws_id, id, tflags | KVMEM_FAULT_WAITED);
 			}
-			if (ws_wait(ws))
+			if (kvmem_ws_wait(ws))
 				goto sigbus;
 			/* The fill we waited for failed: this fault fails too,
 			 * a later one tries again.
@@ -798,7 +461,7 @@ static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 	for (;;) {
 		if (pg->state == KVMEM_WRITEBACK || pg->state == KVMEM_EVICTING ||
 		    pg->state == KVMEM_FILLING) {
-			if (ws_wait(ws)) {
+			if (kvmem_ws_wait(ws)) {
 				mutex_unlock(&ws->lock);
 				return VM_FAULT_SIGBUS;
 			}
@@ -813,7 +476,7 @@ static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 	}
 	if (pg->state == KVMEM_RESIDENT && !(pg->flags & KVMEM_PG_DIRTY)) {
 		pg->flags |= KVMEM_PG_DIRTY;
-		pte_update(ws, id);
+		kvmem_pte_update(ws, id);
 	}
 	mutex_unlock(&ws->lock);
 	lock_page(page);
@@ -877,7 +540,7 @@ void kvmem_ws_free_memory(struct kvmem_ws *ws)
 	if (ws->slots) {
 		for (i = 0; i < ws->n_slots; i++)
 			if (ws->slots[i].used)
-				slot_free(ws, i);
+				kvmem_slot_free(ws, i);
 	}
 	kvfree(ws->page_ptrs);
 	kvfree(ws->free_list);

@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Reclaim and write-back. The clock over the slots proposes candidates, the
+ * writable tracepoint kvmem_reclaim lets a BPF program pick one, a victim is
+ * zapped from every mapping, written back when dirty and freed. SYNC and
+ * release write back every dirty page. All of it is entered with ws->lock
+ * held and drops it around zaps and I/O (kvmem_int.h, "Locking").
+ */
+#include <linux/fs.h>
+#include <linux/ktime.h>
+#include <linux/mm.h>
+
+#include "kvmem_int.h"
+#include "kvmem_trace.h"
+
+static bool slot_dma_pinned(struct kvmem_ws *ws, struct kvmem_slot *s)
+{
+	u32 i;
+
+	for (i = 0; i < ws->npp; i++)
+		if (page_maybe_dma_pinned(s->pages[i]))
+			return true;
+	return false;
+}
+
+static int writeback_locked(struct kvmem_ws *ws, u64 id)
+{
+	struct kvmem_pg *pg = &ws->pg[id];
+	struct kvmem_slot *s = &ws->slots[pg->slot];
+	u64 t0 = ktime_get_ns();
+	int err;
+
+	pg->state = KVMEM_WRITEBACK;
+	ws->busy++;
+	kvmem_pte_update(ws, id);
+	mutex_unlock(&ws->lock);
+	/* Writable ptes go: a write from now on faults into page_mkwrite,
+	 * which waits for the write-back and marks the page dirty again.
+	 */
+	kvmem_zap_page(ws, id, s);
+	mutex_lock(&ws->lock);
+	pg->flags &= ~KVMEM_PG_DIRTY;
+	mutex_unlock(&ws->lock);
+	err = kvmem_write_page(ws, id, s);
+	mutex_lock(&ws->lock);
+	ws->busy--;
+	pg->state = KVMEM_RESIDENT;
+	if (err) {
+		pg->flags |= KVMEM_PG_DIRTY;
+		ws->stats.write_errors++;
+		trace_kvmem_error(ws->ws_id, id, err);
+	} else {
+		ws->stats.writebacks++;
+		trace_kvmem_writeback(ws->ws_id, id, ws->page_stride, ktime_get_ns() - t0);
+	}
+	kvmem_pte_update(ws, id);
+	kvmem_ws_changed(ws);
+	return err;
+}
+
+/* Evict a RESIDENT page that nobody pins. On a failed write-back the page
+ * stays resident and dirty.
+ */
+static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
+{
+	struct kvmem_pg *pg = &ws->pg[id];
+	u32 slot = pg->slot;
+	struct kvmem_slot *s = &ws->slots[slot];
+	bool dirty = pg->flags & KVMEM_PG_DIRTY;
+	u64 t0 = ktime_get_ns();
+	int err = 0;
+
+	/* From here no fault maps it and no write dirties it (they wait), so
+	 * the dirty bit read now is final.
+	 */
+	pg->state = KVMEM_EVICTING;
+	ws->busy++;
+	kvmem_pte_update(ws, id);
+	mutex_unlock(&ws->lock);
+	kvmem_zap_page(ws, id, s);
+	if (dirty)
+		err = kvmem_write_page(ws, id, s);
+	mutex_lock(&ws->lock);
+	ws->busy--;
+	if (err) {
+		pg->state = KVMEM_RESIDENT;
+		ws->stats.write_errors++;
+		trace_kvmem_error(ws->ws_id, id, err);
+		kvmem_pte_update(ws, id);
+		kvmem_ws_changed(ws);
+		return err;
+	}
+	if (dirty) {
+		ws->stats.writebacks++;
+		trace_kvmem_writeback(ws->ws_id, id, ws->page_stride, ktime_get_ns() - t0);
+	}
+	kvmem_slot_free(ws, slot);
+	pg->slot = KVMEM_SLOT_NONE;
+	pg->state = KVMEM_ABSENT;
+	pg->flags &= ~(KVMEM_PG_DIRTY | KVMEM_PG_PREFETCHED);
+	ws->stats.evictions++;
+	ws->stats.resident--;
+	trace_kvmem_evict(ws->ws_id, id, dirty, reason);
+	kvmem_pte_update(ws, id);
+	kvmem_ws_changed(ws);
+	return 0;
+}
+
+/* A slot whose page may leave now. */
+static bool evictable(struct kvmem_ws *ws, struct kvmem_slot *s)
+{
+	struct kvmem_pg *pg = &ws->pg[s->page];
+
+	return s->used && pg->state == KVMEM_RESIDENT && !pg->pins && !slot_dma_pinned(ws, s);
+}
+
+/*
+ * Choose a victim and evict it. The clock hand passes slots, clearing the
+ * referenced bit of those touched since its last pass (second chance) and
+ * collecting up to KVMEM_RECLAIM_MAX unreferenced evictable ones, in clock
+ * order; candidate 0 is the module's choice. A BPF program on kvmem_reclaim
+ * may name another by index; an index out of range is refused.
+ * -EAGAIN: nothing can leave now.
+ */
+static int reclaim_one(struct kvmem_ws *ws)
+{
+	struct kvmem_reclaim_ctx ctx = { .verdict = KVMEM_VERDICT_DEFAULT };
+	u32 slot_of[KVMEM_RECLAIM_MAX];
+	u32 scanned, n = 0, pick = 0, reason = KVMEM_EVICT_RECLAIM;
+
+	for (scanned = 0; scanned < 2 * ws->n_slots && n < KVMEM_RECLAIM_MAX; scanned++) {
+		u32 slot = ws->hand;
+		struct kvmem_slot *s = &ws->slots[slot];
+		struct kvmem_pg *pg;
+
+		ws->hand = (ws->hand + 1) % ws->n_slots;
+		if (!s->used || !evictable(ws, s))
+			continue;
+		if (s->ref) {
+			s->ref = false;
+			continue;
+		}
+		pg = &ws->pg[s->page];
+		slot_of[n] = slot;
+		ctx.page[n] = s->page;
+		ctx.last_step[n] = ws->pte[s->page].last_step;
+		ctx.access_count[n] = ws->pte[s->page].access_count;
+		ctx.dirty[n] = !!(pg->flags & KVMEM_PG_DIRTY);
+		n++;
+	}
+	if (!n)
+		return -EAGAIN;
+	ctx.ws_id = ws->ws_id;
+	ctx.step = ws->step;
+	ctx.n_candidates = n;
+	trace_kvmem_reclaim(&ctx);
+	if (ctx.verdict != KVMEM_VERDICT_DEFAULT) {
+		if (ctx.verdict < n) {
+			pick = ctx.verdict;
+			reason = KVMEM_EVICT_VERDICT;
+			ws->stats.verdicts++;
+		} else {
+			ws->stats.bad_verdicts++;
+		}
+	}
+	return evict_locked(ws, ws->slots[slot_of[pick]].page, reason);
+}
+
+/* A free slot, evicting when there is none. May drop ws->lock. -ENOMEM:
+ * every resident page is pinned or claimed, nothing will free a slot.
+ */
+int kvmem_slot_get(struct kvmem_ws *ws, u32 *out)
+{
+	u32 failed = 0;
+	int err;
+
+	for (;;) {
+		if (ws->n_free) {
+			*out = ws->free_list[--ws->n_free];
+			return 0;
+		}
+		err = reclaim_one(ws);
+		if (err == -EAGAIN) {
+			if (!ws->busy)
+				return -ENOMEM;
+			err = kvmem_ws_wait(ws);
+		}
+		if (err == -EINTR)
+			return err;
+		/* A write-back error leaves the victim resident and dirty: try
+		 * others, but not forever when the disk refuses every one.
+		 */
+		if (err && ++failed > ws->n_slots)
+			return err;
+	}
+}
+
+/* EVICT: 0 when the page is absent afterwards, -EBUSY when it is pinned or
+ * in transit, or the write-back's error.
+ */
+int kvmem_evict_page(struct kvmem_ws *ws, u64 id)
+{
+	struct kvmem_pg *pg = &ws->pg[id];
+	int err = 0;
+
+	mutex_lock(&ws->lock);
+	if (pg->state == KVMEM_RESIDENT) {
+		if (evictable(ws, &ws->slots[pg->slot]))
+			err = evict_locked(ws, id, KVMEM_EVICT_ASKED);
+		else
+			err = -EBUSY;
+	} else if (pg->state != KVMEM_ABSENT) {
+		err = -EBUSY;
+	}
+	mutex_unlock(&ws->lock);
+	return err;
+}
+
+/* Write back every dirty page; the first error is returned, the others are
+ * counted. Pages already on their way out are waited for.
+ */
+static int writeback_all_locked(struct kvmem_ws *ws)
+{
+	int err = 0, e;
+	u32 slot;
+
+	for (slot = 0; slot < ws->n_slots; slot++) {
+		struct kvmem_slot *s = &ws->slots[slot];
+
+		while (s->used && (ws->pg[s->page].state == KVMEM_WRITEBACK ||
+				   ws->pg[s->page].state == KVMEM_EVICTING)) {
+			if (kvmem_ws_wait(ws))
+				return -EINTR;
+		}
+		if (s->used && ws->pg[s->page].state == KVMEM_RESIDENT &&
+		    (ws->pg[s->page].flags & KVMEM_PG_DIRTY)) {
+			e = writeback_locked(ws, s->page);
+			if (e && !err)
+				err = e;
+		}
+	}
+	return err;
+}
+
+int kvmem_sync(struct kvmem_ws *ws)
+{
+	int err, e;
+
+	mutex_lock(&ws->lock);
+	err = writeback_all_locked(ws);
+	mutex_unlock(&ws->lock);
+	e = vfs_fsync(ws->pages, 1);
+	if (!err)
+		err = e;
+	e = vfs_fsync(ws->sums, 1);
+	return err ? err : e;
+}
+
+/* At release: what was written through the window reaches the file. */
+void kvmem_writeback_all(struct kvmem_ws *ws)
+{
+	mutex_lock(&ws->lock);
+	writeback_all_locked(ws);
+	mutex_unlock(&ws->lock);
+}
