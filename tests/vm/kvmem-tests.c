@@ -774,6 +774,71 @@ TEST_F(kv, numa_placement)
 	}
 }
 
+/* Write-back into a full file system (a 256 KiB tmpfs filled up, the
+ * workspace's files sparse): SYNC fails with ENOSPC and the page stays
+ * dirty; reclaim cannot evict it either (the touch that needed its slot is
+ * SIGBUS, the page stays resident and dirty); once there is room, SYNC
+ * writes it. */
+TEST(writeback_error_keeps_page_dirty)
+{
+	const char *mnt = "/tmp/full";
+	uint64_t id0 = 0;
+	kvmem_kmod_files f = { .page_bytes = 4096, .page_stride = 4096, .n_layers = 1,
+			       .page_count = 4 };
+	kvmem_kmod_opts o;
+	kvmem_kmod *k;
+	int32_t st;
+	unsigned char b = 0, page[4096];
+	uint64_t sum;
+	char path[64];
+	int fill;
+
+	mkdir(mnt, 0700);
+	ASSERT_EQ(0, system("mount -t tmpfs -o size=256k tmpfs /tmp/full"));
+	snprintf(path, sizeof(path), "%s/pages", mnt);
+	f.pages_fd = open(path, O_RDWR | O_CREAT, 0600);
+	ASSERT_EQ(0, ftruncate(f.pages_fd, 4 * 4096));
+	snprintf(path, sizeof(path), "%s/sums", mnt);
+	f.sums_fd = open(path, O_RDWR | O_CREAT, 0600);
+	ASSERT_EQ(0, ftruncate(f.sums_fd, 4 * 2 * 8));
+	snprintf(path, sizeof(path), "%s/filler", mnt);
+	fill = open(path, O_RDWR | O_CREAT, 0600);
+	while (write(fill, page, sizeof(page)) == sizeof(page))
+		;
+	kvmem_kmod_opts_default(&o);
+	o.host_cap = 4096;	/* one slot */
+	ASSERT_EQ(0, kvmem_kmod_open(&f, &o, &k));
+	ASSERT_EQ(1, kvmem_kmod_claim(k, &id0, 1, &st));
+	memset(page, 0x77, sizeof(page));
+	ASSERT_EQ(0, vt_write(kvmem_kmod_page_addr(k, 0), page, sizeof(page)));
+	ASSERT_EQ(0, kvmem_kmod_filled(k, &id0, 1, 0, &st));
+	ASSERT_EQ(0, vt_write(kvmem_kmod_page_addr(k, 0), "w", 1));	/* now tracked */
+	ASSERT_EQ(KVMEM_PTE_DIRTY, kvmem_kmod_pte(k, 0)->flags & KVMEM_PTE_DIRTY);
+	ASSERT_EQ(-ENOSPC, kvmem_kmod_sync(k));
+	ASSERT_EQ(KVMEM_PTE_DIRTY, kvmem_kmod_pte(k, 0)->flags & KVMEM_PTE_DIRTY);
+	ASSERT_EQ(1, vt_stats(k).write_errors);
+	/* Page 1 needs page 0's slot; page 0 cannot be written: SIGBUS. */
+	ASSERT_EQ(-1, vt_read(kvmem_kmod_page_addr(k, 1), &b, 1));
+	ASSERT_TRUE(kvmem_kmod_resident(k, 0));
+	ASSERT_EQ(KVMEM_PTE_DIRTY, kvmem_kmod_pte(k, 0)->flags & KVMEM_PTE_DIRTY);
+	ASSERT_LT(1, vt_stats(k).write_errors);
+	ASSERT_EQ(0, vt_stats(k).checksum_errors + vt_stats(k).read_errors);
+	/* Room again: the page reaches the file with its checksum. */
+	ASSERT_EQ(0, ftruncate(fill, 0));
+	ASSERT_EQ(0, kvmem_kmod_sync(k));
+	ASSERT_EQ(0, kvmem_kmod_pte(k, 0)->flags & KVMEM_PTE_DIRTY);
+	ASSERT_EQ(1, pread(f.pages_fd, &b, 1, 0));
+	ASSERT_EQ('w', b);
+	page[0] = 'w';
+	ASSERT_EQ(8, pread(f.sums_fd, &sum, 8, 0));
+	ASSERT_EQ(kvmem_xxh3_64(page, 4096), sum);
+	kvmem_kmod_close(k);
+	close(fill);
+	close(f.pages_fd);
+	close(f.sums_fd);
+	ASSERT_EQ(0, system("umount /tmp/full"));
+}
+
 /* ---- argument checks (no variant needed, but cheap) --------------------- */
 
 static int raw_setup(struct vt_ws *w, struct kvmem_ioc_setup *s)
