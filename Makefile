@@ -3,7 +3,10 @@
 #   make            library (static + shared) and build/kvmem
 #   make demo       install missing Debian packages, build, run the demo
 #   make test       install missing packages, build, run every test that needs
-#                   no GPU: the plain build, then again under ASan + UBSan
+#                   no GPU: the plain build, then again under ASan + UBSan, then
+#                   the kernel module's suite in qemu (make vmtest)
+#   make kmod       the kernel module, $(BUILD)/kmod/kvmem.ko (tests/vm/vm.mk)
+#   make vmtest     the module's kselftest suite in qemu booting Debian's 6.1
 #   make asan       the library, the CLI and the tests with ASan + UBSan
 #   make static     build/static/kvmem linked statically (runs on other distros,
 #                   e.g. the GPU machine, without carrying shared libraries)
