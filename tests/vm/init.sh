@@ -14,7 +14,8 @@ mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 mount -t tracefs tracefs /sys/kernel/tracing
 echo "KVMEM-VM-BOOTED $(cut -d' ' -f1 /proc/uptime) s"
-[ -f /seed ] && export KVMEM_TEST_SEED=$(cat /seed)
+# KVMEM_TEST_SEED, when run.sh got one, comes from the kernel command line.
+[ -n "${KVMEM_TEST_SEED:-}" ] && export KVMEM_TEST_SEED && echo "# KVMEM_TEST_SEED=$KVMEM_TEST_SEED"
 
 n=0
 fails=0

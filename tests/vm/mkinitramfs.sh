@@ -15,7 +15,6 @@ chmod 755 "$root/init"
 cp "$ko" "$root/lib/kvmem.ko"
 cp "$vm"/bin/kvmem-* "$root/tests/"
 cp -r "$vm"/data/ws-* "$root/data/"
-[ -n "${KVMEM_TEST_SEED:-}" ] && echo "$KVMEM_TEST_SEED" >"$root/seed"
 # Shared libraries of every program, at the paths the loader looks for.
 for b in "$root"/tests/*; do
 	case $b in *.o) continue ;; esac

@@ -12,6 +12,10 @@ log=$vm/console.log
 limit=${KVMEM_VM_TIMEOUT:-1500}
 
 [ -f "$kernel" ] || { echo "kvmem vmtest: $kernel missing" >&2; exit 1; }
+# The kernel hands unknown name=value parameters to /init as environment:
+# KVMEM_TEST_SEED replays the selftests' random choices.
+seed=""
+[ -n "${KVMEM_TEST_SEED:-}" ] && seed=" KVMEM_TEST_SEED=$KVMEM_TEST_SEED"
 start=$(date +%s.%N)
 echo "kvmem vmtest: booting $kver under qemu TCG (log: $log)"
 # Two NUMA nodes (one CPU and 512 MiB each), so placement can be checked.
@@ -19,7 +23,7 @@ timeout --foreground -k 10 "$limit" qemu-system-x86_64 -accel tcg -cpu max -m 10
 	-object memory-backend-ram,id=m0,size=512M -object memory-backend-ram,id=m1,size=512M \
 	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1 \
 	-nographic -no-reboot -kernel "$kernel" -initrd "$vm/initramfs.cpio" \
-	-append "console=ttyS0 panic=-1 quiet loglevel=1" </dev/null 2>&1 |
+	-append "console=ttyS0 panic=-1 quiet loglevel=1$seed" </dev/null 2>&1 |
 	tr -d '\r' | tee "$log"
 qrc=${PIPESTATUS[0]}
 end=$(date +%s.%N)
