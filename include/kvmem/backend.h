@@ -53,6 +53,9 @@ typedef struct kvmem_backend_opts {
 	int max_chunk;		/* most tokens in one forward call; 0: 128 */
 	int device;		/* GPU ordinal (cuda); ignored by cpu */
 	uint64_t mem_cap;	/* device bytes the backend may take; 0: no cap */
+	uint64_t page_pool;	/* device page pool bytes (cuda); 0: the default
+				 * (what the cap leaves, at most 1/8 of it; 256 MiB
+				 * without a cap) */
 } kvmem_backend_opts;
 
 /* One rematerialisation: tokens u0..u0+n-1 of a page go to view slots
@@ -77,7 +80,24 @@ typedef struct kvmem_ceilings {
 				 * bytes written per second (the rate a stream of
 				 * reads, such as decode's weights, can reach) */
 	uint64_t mem_bytes;	/* device memory, total */
+	/* One large copy (1 GiB) from pinned host memory to the device and
+	 * back: the peak rematerialisation and stage-out are held against
+	 * (0: the backend has no separate device memory). */
+	double h2d_gbps, d2h_gbps;
 } kvmem_ceilings;
+
+/* What place() has done since the backend was created (counters only
+ * grow): the figures `kvmem bench step` and the demo print. */
+typedef struct kvmem_place_stats {
+	uint64_t calls, items, tokens;	/* place() calls, items, token-layers */
+	uint64_t bytes_in;		/* page bytes read from host memory */
+	uint64_t bytes_staged;		/* of which first copied into staging
+					 * (the page was in memory the device
+					 * cannot address) */
+	uint64_t pool_hits, pool_misses;	/* items served by the device page pool */
+	uint64_t pool_pages, pool_cap;	/* pages in the pool now / its slots */
+	uint64_t ns;			/* wall time inside place() */
+} kvmem_place_stats;
 
 /* One execution view, owned by its backend. */
 typedef struct kvmem_view kvmem_view;
@@ -114,6 +134,19 @@ typedef struct kvmem_backend_ops {
 	/* Optional: bytes of device memory the backend holds now (weights,
 	 * views, scratch). */
 	uint64_t (*mem_used)(void *ctx);
+	/* Optional: host memory [base, base + len) will hold pages place()
+	 * reads (a pager's host pool): pin and map it so the device reads the
+	 * pages where they are, with no staging copy. Counted per base: each
+	 * register needs its unregister, which must come before the memory
+	 * is unmapped. -ENOTSUP (or any failure): place() stages instead. */
+	int (*host_register)(void *ctx, void *base, size_t len);
+	void (*host_unregister)(void *ctx, void *base);
+	/* Optional: place()'s counters. */
+	void (*place_stats)(void *ctx, kvmem_place_stats *st);
+	/* Optional: a named knob for tools and benchmarks (cuda: "place" =
+	 * "gather" | "batch" | "stage"; "pool" = device page pool bytes).
+	 * -EINVAL for an unknown key or value. */
+	int (*set)(void *ctx, const char *key, const char *value);
 } kvmem_backend_ops;
 
 typedef struct kvmem_backend {

@@ -90,6 +90,13 @@ int kvmem_cuda_view_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *
 				 const uint16_t *stage_k, const uint16_t *stage_v,
 				 const kvmem_scatter_item *items, int n_items, int n_layers,
 				 int n_kv_heads, int head_dim, int cap, double theta);
+/* items: device array of n_items kvmem_gather_item whose k / v (and copy_k /
+ * copy_v) the device can address: device memory, or pinned host memory
+ * (cudaMallocHost, or cudaHostRegister'd and mapped). -ENOTSUP when one
+ * token takes more than 256 threads (n_kv_heads * head_dim * 3 / 16). */
+int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
+				const kvmem_gather_item *items, int n_items, int n_layers,
+				int n_kv_heads, int head_dim, int cap, double theta);
 /*
  * Attention: the flash kernel (tensor cores, 64-key tiles, GQA heads packed
  * into the rows of one tile so each K/V tile is read once per KV head) with

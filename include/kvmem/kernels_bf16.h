@@ -135,6 +135,34 @@ int kvmem_view_scatter_bf16(uint16_t *view_k, uint16_t *view_v, const uint16_t *
 			    const uint16_t *stage_v, const kvmem_scatter_item *items, int n_items,
 			    int n_layers, int n_kv_heads, int head_dim, int cap, double theta);
 
+/*
+ * The scatter's gathering twin, for rematerialisation straight from pages:
+ * each item reads n tokens of one history page where the page is (pinned
+ * host memory the device can address, a device page pool, or any host
+ * memory for the CPU twin), in the page's own dtype (f32, bf16 or f16,
+ * rounded to bf16 as kvmem_f32_to_bf16 does), rotates K at slot + t and
+ * copies V, exactly as kvmem_view_scatter_bf16 would from a bf16 staging
+ * copy of the same values. Element (token t, KV head h, dim d) of an item is
+ * at k[t * head_dim + h * head_stride + d] (a page [n_kv_heads][B][head_dim]
+ * has head_stride = B * head_dim; k points at its token u0). When copy_k is
+ * set the raw K (and V to copy_v) also goes there as bf16, at the same
+ * offsets: how a device page pool is filled on the way. Items outside the
+ * view are skipped (the twin returns -EINVAL after the others).
+ */
+typedef struct kvmem_gather_item {
+	const void *k, *v;	/* token 0, head 0 of the item's K and V */
+	uint16_t *copy_k;	/* NULL, or a bf16 page to copy the raw K into */
+	uint16_t *copy_v;
+	int32_t layer, slot, n;	/* view layer, first slot, tokens */
+	int32_t head_stride;	/* elements between KV heads */
+	int32_t dtype;		/* enum kvmem_dtype of k and v */
+	int32_t reserved;	/* 0 */
+} kvmem_gather_item;
+
+int kvmem_view_gather_bf16(uint16_t *view_k, uint16_t *view_v, const kvmem_gather_item *items,
+			   int n_items, int n_layers, int n_kv_heads, int head_dim, int cap,
+			   double theta);
+
 /* ---- attention ---------------------------------------------------------- */
 /*
  * Causal GQA attention over a head-major bf16 view, as kvmem_attention:
@@ -230,6 +258,24 @@ int kvmem_token_mass(double *mass, const void *keys, const int32_t *len, const i
  * block, NaN lowest: the planner's order), written to out[0..min(k,n)) in
  * ascending block order. Returns min(k, n) (0 for k <= 0) or -ENOMEM. */
 int64_t kvmem_top_k_blocks(int64_t *out, const float *scores, int64_t n, int64_t k);
+
+/*
+ * The index's append over plain arrays (kernels/cpu/index_bf16.c; the GPU
+ * keeps its index with kvmem_cuda_index_append): n new tokens' raw K,
+ * raw_k [n_layers][n][n_kv_heads][head_dim] bf16, after `first` tokens, into
+ * meank [n_layers][n_kv_heads][cap_blocks][head_dim], and when not NULL
+ * kmin / kmax (the same layout) and sub ([..][cap_blocks][4][head_dim]),
+ * stored as g->index_dtype. open_sum / open_sub [n_layers][n_kv_heads]
+ * [head_dim] fp32 are the running sums of the block / quarter block being
+ * filled, kept between calls (zeros at the start). The workspace index's
+ * arithmetic (kvmem_index_append): with KVMEM_DTYPE_F32 its bits, with
+ * _BF16 those rounded once. Uses n_layers, n_kv_heads, head_dim, block,
+ * cap_blocks and index_dtype of g. -EINVAL when the blocks would pass
+ * cap_blocks.
+ */
+int kvmem_index_append_bf16(void *meank, void *kmin, void *kmax, void *sub, float *open_sum,
+			    float *open_sub, const uint16_t *raw_k, int64_t first, int n,
+			    const kvmem_score_geom *g);
 
 /* ---- fills (kernels/cpu/fill.c) ---------------------------------------- */
 /* dst[i] = bf16 of a value uniform on [-sqrt(3) scale, sqrt(3) scale), a pure

@@ -66,6 +66,11 @@ typedef struct kvmem_page_source_ops {
 	/* Optional: tokens 0..n_tokens-1 are all written (a commit point). */
 	int (*sync)(void *ctx, int64_t n_tokens);
 	void (*destroy)(void *ctx);
+	/* Optional: the host memory most pages get returns live in (a pager's
+	 * host pool), for a backend to pin and map once (host_register in
+	 * kvmem/backend.h) so it reads them where they are. It stays mapped
+	 * until the source is destroyed. 0, or -ENOENT when there is none. */
+	int (*region)(void *ctx, void **base, size_t *len);
 } kvmem_page_source_ops;
 
 typedef struct kvmem_page_source {

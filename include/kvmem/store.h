@@ -37,8 +37,8 @@ extern "C" {
 /* The library is built with -fvisibility=hidden: what is declared here is its API. */
 #pragma GCC visibility push(default)
 
-/* The geometry of a model's workspace: fp32 pages of `block` tokens, no
- * index record; the fingerprint is the model's (weights included), or the
+/* The geometry of a model's workspace: fp32 pages of `block` tokens (set
+ * g->dtype for another), no index record; the fingerprint is the model's (weights included), or the
  * config's when the model has none (built in memory). */
 void kvmem_page_geom_model(kvmem_page_geom *g, const kvmem_model *m, int block);
 
@@ -62,6 +62,11 @@ typedef struct kvmem_workspace_opts {
 	uint64_t host_cap;	/* host pool bytes (0: the pager's default) */
 	const char *cache_policy; /* replacement policy (NULL: the pager's default) */
 	int flags;		/* KVMEM_PAGER_* besides KVMEM_PAGER_CREATE, which is implied */
+	uint32_t dtype;		/* pages of a new workspace: KVMEM_DTYPE_F32 (0: the
+				 * default, the CPU engine's) or BF16 (a GPU's: half
+				 * the bytes, placed with no conversion). An existing
+				 * workspace keeps its own: either opens on either
+				 * backend. */
 } kvmem_workspace_opts;
 
 /*

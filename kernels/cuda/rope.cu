@@ -12,29 +12,7 @@
  * raw K at the same slot have the same bits. The angle's own error is about
  * pos * 2^-52 rad (4e-10 rad at position 2M): far below bf16's 2^-9.
  */
-#include "cuda_int.h"
-
-#define ROPE_HALF_MAX 512	/* head_dim <= 1024 (kvmem_config_validate) */
-
-/* cs/sn[i] for i < half, computed by the block's first `half` threads. */
-__device__ __forceinline__ void rope_angles(double *cs, double *sn, int pos, int hd, double theta)
-{
-	for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) {
-		double a = __dmul_rn((double)pos, pow(theta, -2.0 * i / hd));
-
-		sincos(a, &sn[i], &cs[i]);
-	}
-}
-
-/* dst = R src for rotary pair i of one head (dst may equal src). */
-__device__ __forceinline__ void rope_pair(uint16_t *dst, const uint16_t *src, int i, int half,
-					  double c, double s)
-{
-	double a = bf2f(src[i]), b = bf2f(src[i + half]);
-
-	dst[i] = d2bf(__dsub_rn(__dmul_rn(a, c), __dmul_rn(b, s)));
-	dst[i + half] = d2bf(__dadd_rn(__dmul_rn(b, c), __dmul_rn(a, s)));
-}
+#include "rope.cuh"
 
 /* One block per token: x[t][h][:] for every head. */
 __global__ void rope_kernel(uint16_t *x, const int32_t *pos, int n_heads, int hd, double theta)

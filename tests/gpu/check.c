@@ -29,6 +29,7 @@
 
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
+#include "check_gather.h"
 
 static int g_pass, g_fail, g_quick;
 static uint64_t g_rng;
@@ -1258,7 +1259,7 @@ static void bench(void)
 
 int main(int argc, char **argv)
 {
-	int do_bench = 0, do_profile = 0;
+	int do_bench = 0, do_profile = 0, only_gather = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1268,10 +1269,12 @@ int main(int argc, char **argv)
 			do_bench = 1;
 		else if (!strcmp(argv[i], "--profile"))
 			do_profile = 1;
+		else if (!strcmp(argv[i], "--gather"))
+			only_gather = 1;	/* the gather kernel's checks alone */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1291,7 +1294,9 @@ int main(int argc, char **argv)
 	}
 	if (kvmem_cuda_ctx_create(&g_c, 0))
 		die("context");
-	if (do_profile) {
+	if (only_gather) {
+		check_gather(g_c, g_quick, g_rng, &g_pass, &g_fail);
+	} else if (do_profile) {
 		profile();
 	} else if (do_bench) {
 		bench();
@@ -1303,6 +1308,7 @@ int main(int argc, char **argv)
 		check_gemm();
 		check_rope();
 		check_scatter();
+		check_gather(g_c, g_quick, g_rng, &g_pass, &g_fail);
 		check_attention();
 		check_sample();
 		check_scores();

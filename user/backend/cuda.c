@@ -198,6 +198,7 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_i);
 	cudaFreeHost(b->host_st);
 	cudaFreeHost(b->host_items);
+	cuda_pages_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
 	free(b);
 }
@@ -220,6 +221,8 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 		return kvmem_error(ENOMEM, "out of memory");
 	b->c = c;
 	b->max_chunk = o->max_chunk;
+	b->mem_cap = o->mem_cap;
+	b->page_pool = o->page_pool;
 	b->qw = c->n_heads * c->head_dim;
 	b->kw = c->n_kv_heads * c->head_dim;
 	C = (size_t)o->max_chunk, H = c->hidden, I = c->intermediate, V = c->vocab;
@@ -239,21 +242,21 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 		goto fail;
 	}
 	maxo = L * C * (size_t)(b->qw > b->kw ? b->qw : b->kw);
-	if ((rc = cuda_dev_alloc(&b->x, C * H * 4, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->h, C * H * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->q, C * b->qw * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->k, C * b->kw * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->v, C * b->kw * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->att, C * b->qw * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->gu, C * 2 * I * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->act, C * I * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->tmp, C * H * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->ids, C * 4, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->pos, C * 4, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->logits, V * 4, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->oq, L * C * b->qw * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->ok, L * C * b->kw * 2, NULL)) < 0 ||
-	    (rc = cuda_dev_alloc(&b->ov, L * C * b->kw * 2, NULL)) < 0 ||
+	if ((rc = cuda_dev_alloc(&b->x, C * H * 4, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->h, C * H * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->q, C * b->qw * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->k, C * b->kw * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->v, C * b->kw * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->att, C * b->qw * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->gu, C * 2 * I * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->act, C * I * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->tmp, C * H * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->ids, C * 4, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->pos, C * 4, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->logits, V * 4, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->oq, L * C * b->qw * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->ok, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&b->ov, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_pinned(&b->host_o, maxo * 2)) < 0 || (rc = cuda_pinned(&b->host_i, 2 * C * 4)) < 0)
 		goto fail;
 	b->logit_rows = 1;
@@ -485,6 +488,7 @@ static int cuda_ceilings(void *ctx, kvmem_ceilings *out)
 	}
 	out->matmul_tflops = 2.0 * n * (double)n * n / best / 1e12;
 	out->copy_gbps = 2.0 * copy / bestc / 1e9;
+	rc = cuda_copy_ceilings(b, out);	/* pinned host <-> device (cuda_page.c) */
 out:
 	kvmem_cuda_free(a);
 	kvmem_cuda_free(w);
@@ -498,7 +502,7 @@ static uint64_t cuda_mem_used(void *ctx)
 {
 	const struct cuda *b = ctx;
 
-	return b->weight_bytes + b->view_bytes;
+	return cuda_dev_used(b);
 }
 
 const kvmem_backend_ops kvmem_backend_cuda_ops = {
@@ -517,4 +521,8 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.place = cuda_place,
 	.ceilings = cuda_ceilings,
 	.mem_used = cuda_mem_used,
+	.host_register = cuda_host_register,
+	.host_unregister = cuda_host_unregister,
+	.place_stats = cuda_place_stats,
+	.set = cuda_set,
 };

@@ -2,7 +2,9 @@
 /*
  * The cuda backend's private state, shared by its three files:
  *   cuda.c       weights, create/destroy, forward, ceilings, the ops table
- *   cuda_view.c  views: create, reserve, length, place (staging, scatter)
+ *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
+ *   cuda_page.c  the paging path: registered host memory, the gather, the
+ *                device page pool, place()'s counters, the copy ceilings
  * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
  */
 #ifndef KVMEM_BACKEND_CUDA_INT_H
@@ -45,7 +47,17 @@ struct cuda {
 	kvmem_scatter_item *items, *host_items;
 	size_t cap_st;
 	int cap_items;
+	/* the paging path (cuda_page.c) and the device memory cap */
+	struct cuda_pages *pages;
+	uint64_t mem_cap, page_pool;	/* from kvmem_backend_opts */
+	uint64_t scratch_bytes;		/* the forward pass's scratch */
 };
+
+/* place() methods (the "place" setting) */
+enum { CUDA_PLACE_GATHER = 0, CUDA_PLACE_BATCH = 1, CUDA_PLACE_PACK = 2 };
+/* Device memory kept free under a cap for what is not counted (cuBLASLt's
+ * workspace, the ops' scratch, the CUDA context's own). */
+#define CUDA_CAP_MARGIN (256ull << 20)
 
 /* cudaMalloc of `bytes` into *p, counted into *count when count is set. */
 int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count);
@@ -62,5 +74,20 @@ int64_t cuda_capacity(void *ctx, const kvmem_view *v);
 int64_t cuda_length(void *ctx, const kvmem_view *v);
 int cuda_set_length(void *ctx, kvmem_view *v, int64_t len);
 int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n);
+/* Device bytes counted against the cap: weights, views, scratch, paging. */
+uint64_t cuda_dev_used(const struct cuda *b);
+
+/* cuda_page.c */
+int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);
+int cuda_pages_method(struct cuda *b);
+void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns);
+uint64_t cuda_pages_dev_bytes(const struct cuda *b);
+void cuda_pages_drop_pool(struct cuda *b);
+void cuda_pages_destroy(struct cuda *b);
+int cuda_host_register(void *ctx, void *base, size_t len);
+void cuda_host_unregister(void *ctx, void *base);
+void cuda_place_stats(void *ctx, kvmem_place_stats *st);
+int cuda_set(void *ctx, const char *key, const char *value);
+int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);
 
 #endif

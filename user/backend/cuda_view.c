@@ -2,13 +2,20 @@
 /*
  * The cuda backend's views: [n_layers][n_kv_heads][cap][head_dim] bf16 K
  * and V on the GPU per session, grown by copying the slots in use, and
- * place(): the pages' token ranges packed as bf16 into a pinned staging
- * buffer (f32 pages hold bf16 values widened by the forward pass, so this
- * is exact), one upload each for K and V, one scatter kernel that rotates K
- * at its slot from raw K.
+ * place(): the items checked here, then moved by the paging path
+ * (cuda_page.c: one gather kernel reading the pages where they are). The
+ * first version stays as the "pack" method: the pages' token ranges packed
+ * as bf16 into a pinned staging buffer on the CPU, one upload each for K
+ * and V, one scatter kernel that rotates K at its slot from raw K.
+ *
+ * Under a device memory cap (kvmem_backend_opts.mem_cap) a view grows only
+ * while weights, views, the forward pass's scratch and the paging path's
+ * buffers stay under it; the device page pool gives its memory back first.
  */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 
@@ -52,6 +59,11 @@ static int copy_runs(struct cuda *b, uint16_t *dst, int64_t cd, const uint16_t *
 	return e == cudaSuccess ? 0 : kvmem_error(EIO, "cuda view: copy: %s", cudaGetErrorString(e));
 }
 
+uint64_t cuda_dev_used(const struct cuda *b)
+{
+	return b->weight_bytes + b->view_bytes + b->scratch_bytes + cuda_pages_dev_bytes(b);
+}
+
 int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 {
 	struct cuda *b = ctx;
@@ -64,6 +76,23 @@ int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 	if (slots > INT32_MAX)
 		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
 				   INT32_MAX);
+	/* Under the cap: while the view grows it holds the old and the new
+	 * copy at once. */
+	if (b->mem_cap && cuda_dev_used(b) + 2 * bytes + CUDA_CAP_MARGIN > b->mem_cap) {
+		cuda_pages_drop_pool(b);
+		if (cuda_dev_used(b) + 2 * bytes + CUDA_CAP_MARGIN > b->mem_cap)
+			return kvmem_error(ENOMEM, "cuda view: %lld slots take %" PRIu64 " MiB; the %"
+					   PRIu64 " MiB GPU cap leaves %" PRIu64 " MiB (weights %"
+					   PRIu64 ", views %" PRIu64 ", scratch and staging %"
+					   PRIu64 ", margin %llu)", (long long)slots,
+					   (uint64_t)(2 * bytes) >> 20, b->mem_cap >> 20,
+					   (uint64_t)(b->mem_cap - (cuda_dev_used(b) + CUDA_CAP_MARGIN <
+							  b->mem_cap ? cuda_dev_used(b) +
+							  CUDA_CAP_MARGIN : b->mem_cap)) >> 20,
+					   b->weight_bytes >> 20, b->view_bytes >> 20,
+					   (b->scratch_bytes + cuda_pages_dev_bytes(b)) >> 20,
+					   CUDA_CAP_MARGIN >> 20);
+	}
 	if ((rc = kvmem_cuda_malloc((void **)&nk, bytes)) < 0 ||
 	    (rc = kvmem_cuda_malloc((void **)&nv, bytes)) < 0)
 		goto fail;
@@ -131,8 +160,6 @@ static int pack(const kvmem_place *it, int is_v, int H, int D, uint16_t *dst)
 	const kvmem_page *pg = &it->page;
 	const char *src = is_v ? pg->v : pg->k;
 
-	if (pg->mem != KVMEM_MEM_HOST)
-		return kvmem_error(ENOTSUP, "cuda place: pages in device memory are not taken yet");
 	for (int h = 0; h < H; h++) {
 		size_t off = ((size_t)h * it->stride + it->u0) * D, n = (size_t)it->n * D;
 		uint16_t *o = dst + (size_t)h * n;
@@ -156,25 +183,23 @@ static int pack(const kvmem_place *it, int is_v, int H, int D, uint16_t *dst)
 	return 0;
 }
 
-int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
+static double now_ns(void)
 {
-	struct cuda *b = ctx;
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+/* The first version: pack as bf16 on the CPU, upload, scatter. */
+static int place_pack(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
+{
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
 	size_t total = 0, at = 0;
 	int rc;
 
-	for (int i = 0; i < n; i++) {
-		const kvmem_place *it = &items[i];
-
-		if (it->layer < 0 || it->layer >= b->c->n_layers || it->n <= 0 || it->u0 < 0 ||
-		    it->u0 + it->n > it->stride || it->slot < 0 || it->slot + it->n > v->cap)
-			return kvmem_error(EINVAL, "cuda place: bad placement (layer %d, tokens %d+%d "
-					   "of %d, slot %lld of %lld)", it->layer, it->u0, it->n,
-					   it->stride, (long long)it->slot, (long long)v->cap);
-		total += (size_t)it->n * H * D;
-	}
-	if (!n)
-		return 0;
+	for (int i = 0; i < n; i++)
+		total += (size_t)items[i].n * H * D;
 	if ((rc = staging_room(b, total)) < 0 || (rc = cuda_items_room(b, n)) < 0)
 		return rc;
 	for (int i = 0; i < n; i++) {
@@ -197,5 +222,39 @@ int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 					       b->c->rope_theta)) < 0)
 		return rc;
 	return kvmem_cuda_sync(b->ctx);
+}
+
+int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
+{
+	struct cuda *b = ctx;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	double t0 = now_ns();
+	int rc, device = 0;
+
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+
+		if (it->layer < 0 || it->layer >= b->c->n_layers || it->n <= 0 || it->u0 < 0 ||
+		    it->u0 + it->n > it->stride || it->slot < 0 || it->slot + it->n > v->cap)
+			return kvmem_error(EINVAL, "cuda place: bad placement (layer %d, tokens %d+%d "
+					   "of %d, slot %lld of %lld)", it->layer, it->u0, it->n,
+					   it->stride, (long long)it->slot, (long long)v->cap);
+		if (it->page.dtype != KVMEM_DTYPE_F32 && it->page.dtype != KVMEM_DTYPE_BF16 &&
+		    it->page.dtype != KVMEM_DTYPE_F16)
+			return kvmem_error(EINVAL, "cuda place: page dtype %u", it->page.dtype);
+		device |= it->page.mem == KVMEM_MEM_DEVICE;
+	}
+	if (!n)
+		return 0;
+	/* The gather takes 3/16 * n_kv_heads * head_dim threads a token: at
+	 * most 256 (every Qwen3 geometry); else the pack path. */
+	if (cuda_pages_method(b) != CUDA_PLACE_PACK && D % 16 == 0 && (size_t)H * D * 3 / 16 <= 256)
+		return cuda_pages_place(b, v, items, n);
+	if (device)
+		return kvmem_error(ENOTSUP, "cuda place: the pack method takes host pages only");
+	if ((rc = place_pack(b, v, items, n)) < 0)
+		return rc;
+	cuda_pages_count_pack(b, items, n, now_ns() - t0);
+	return 0;
 }
 

@@ -6,11 +6,18 @@
  * by layer), and each block is staged out the moment all its layers are
  * full, in block order. Reads of full blocks are pager fetches, pinned until
  * put; reads of open blocks are served from memory.
+ *
+ * Pages are kept in the workspace's dtype: f32 (what the CPU engine
+ * writes), or bf16 / f16 (a GPU's: the rows a forward pass returns as fp32
+ * are rounded once here, on the way in, so nothing is converted on the way
+ * out to the GPU). The host pool is the source's region: a backend pins it
+ * once and reads pages where the pager put them.
  */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
 #include "kvmem/source.h"
@@ -21,15 +28,16 @@ struct psrc {
 	const char *dir;		/* the workspace, for messages */
 	const kvmem_page_geom *g;
 	int L, H, D, B;
-	size_t pf;		/* floats in one K (or V) page: H * B * D */
+	size_t pf;		/* elements in one K (or V) page: H * B * D */
+	size_t es;		/* bytes of one element in the workspace's dtype */
 	int64_t first;		/* first open block: every block before it is staged out */
 	int n_open, cap_open;
-	float **open;		/* [n_open] -> [L][2][H][B][D] */
+	char **open;		/* [n_open] -> [L][2][H][B][D] in the dtype */
 	int **fill;		/* [n_open] -> [L] tokens written */
 };
 
 /* The buffers of open block b (b >= first), made on demand. */
-static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
+static int open_block(struct psrc *s, int64_t b, char **pages, int **fill)
 {
 	int64_t i = b - s->first;
 
@@ -38,7 +46,7 @@ static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 				 s->dir, b);
 	if (i >= s->cap_open) {
 		int cap = s->cap_open ? s->cap_open : 4;
-		float **o;
+		char **o;
 		int **f;
 
 		while (cap <= i)
@@ -58,7 +66,7 @@ static int open_block(struct psrc *s, int64_t b, float **pages, int **fill)
 		s->cap_open = cap;
 	}
 	if (!s->open[i]) {
-		s->open[i] = calloc((size_t)s->L * 2 * s->pf, sizeof(float));
+		s->open[i] = calloc((size_t)s->L * 2 * s->pf, s->es);
 		s->fill[i] = calloc(s->L, sizeof(int));
 		if (!s->open[i] || !s->fill[i])
 			return kvmem_error(ENOMEM, "%s: out of memory for block %" PRId64, s->dir, b);
@@ -75,14 +83,14 @@ static int flush_full(struct psrc *s)
 {
 	while (s->n_open && s->open[0]) {
 		const void *layers[4096];
-		float *pages = s->open[0];
+		char *pages = s->open[0];
 		int *fill = s->fill[0];
 
 		for (int l = 0; l < s->L; l++)
 			if (fill[l] < s->B)
 				return 0;
 		for (int l = 0; l < s->L; l++)
-			layers[l] = pages + (size_t)l * 2 * s->pf;
+			layers[l] = pages + (size_t)l * 2 * s->pf * s->es;
 		if (kvmem_pager_append_block(s->p, s->first, layers, NULL) < 0)
 			return kvmem_fail();
 		free(pages);
@@ -97,11 +105,28 @@ static int flush_full(struct psrc *s)
 	return 0;
 }
 
+/* n fp32 values into the workspace's dtype. */
+static void put_row(const struct psrc *s, char *dst, const float *src, int n)
+{
+	switch (s->g->dtype) {
+	case KVMEM_DTYPE_BF16:
+		for (int i = 0; i < n; i++)
+			((uint16_t *)dst)[i] = kvmem_f32_to_bf16(src[i]);
+		break;
+	case KVMEM_DTYPE_F16:
+		for (int i = 0; i < n; i++)
+			((uint16_t *)dst)[i] = kvmem_f32_to_f16(src[i]);
+		break;
+	default:
+		memcpy(dst, src, (size_t)n * sizeof(float));
+	}
+}
+
 static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
 		    const float *v)
 {
 	struct psrc *s = ctx;
-	float *pages;
+	char *pages;
 	int *fill;
 
 	if (layer < 0 || layer >= s->L || t0 < 0 || n < 0 || t0 + n > s->B)
@@ -113,14 +138,12 @@ static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 		return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d written at token %d, %d are there: "
 				 "tokens must come in order", s->dir, b, layer, t0, fill[layer]);
 	for (int h = 0; h < s->H; h++) {
-		float *pk = pages + (size_t)layer * 2 * s->pf + ((size_t)h * s->B + t0) * s->D;
-		float *pv = pk + s->pf;
+		char *pk = pages + ((size_t)layer * 2 * s->pf + ((size_t)h * s->B + t0) * s->D) * s->es;
+		char *pv = pk + s->pf * s->es;
 
 		for (int j = 0; j < n; j++) {
-			memcpy(pk + (size_t)j * s->D, k + ((size_t)j * s->H + h) * s->D,
-			       s->D * sizeof(float));
-			memcpy(pv + (size_t)j * s->D, v + ((size_t)j * s->H + h) * s->D,
-			       s->D * sizeof(float));
+			put_row(s, pk + (size_t)j * s->D * s->es, k + ((size_t)j * s->H + h) * s->D, s->D);
+			put_row(s, pv + (size_t)j * s->D * s->es, v + ((size_t)j * s->H + h) * s->D, s->D);
 		}
 	}
 	fill[layer] = t0 + n;
@@ -140,9 +163,9 @@ static int ps_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 		if (b - s->first >= s->n_open || !s->open[b - s->first])
 			return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d was never written", s->dir,
 					 b, layer);
-		pg->k = s->open[b - s->first] + (size_t)layer * 2 * s->pf;
-		pg->v = (const float *)pg->k + s->pf;
-		pg->dtype = KVMEM_DTYPE_F32;
+		pg->k = s->open[b - s->first] + (size_t)layer * 2 * s->pf * s->es;
+		pg->v = (const char *)pg->k + s->pf * s->es;
+		pg->dtype = s->g->dtype;
 		pg->mem = KVMEM_MEM_HOST;
 		return 0;
 	}
@@ -150,8 +173,8 @@ static int ps_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 	if (kvmem_pager_fetch(s->p, &id, 1, &data) < 0)
 		return kvmem_fail();
 	pg->k = data;
-	pg->v = (const float *)data + s->pf;
-	pg->dtype = KVMEM_DTYPE_F32;
+	pg->v = (const char *)data + s->pf * s->es;
+	pg->dtype = s->g->dtype;
 	pg->mem = KVMEM_MEM_HOST;
 	return 0;
 }
@@ -192,6 +215,14 @@ static void ps_hint(void *ctx, const int64_t *blocks, const float *scores, int n
 			kvmem_pager_hint(s->p, (uint64_t)blocks[i], scores[i]);
 }
 
+static int ps_region(void *ctx, void **base, size_t *len)
+{
+	struct psrc *s = ctx;
+
+	kvmem_hostpool_region(kvmem_pager_hostpool(s->p), base, len);
+	return *base ? 0 : -ENOENT;
+}
+
 static void ps_destroy(void *ctx)
 {
 	struct psrc *s = ctx;
@@ -213,6 +244,7 @@ static const kvmem_page_source_ops pager_source_ops = {
 	.prefetch = ps_prefetch,
 	.hint = ps_hint,
 	.destroy = ps_destroy,
+	.region = ps_region,
 };
 
 int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
@@ -222,9 +254,10 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 	struct psrc *s;
 	int tail;
 
-	if (g->dtype != KVMEM_DTYPE_F32)
-		return kvmem_error(EINVAL, "%s: the session's page source needs f32 pages, the workspace has %s",
-				 dir, kvmem_dtype_name(g->dtype));
+	if (g->dtype != KVMEM_DTYPE_F32 && g->dtype != KVMEM_DTYPE_BF16 &&
+	    g->dtype != KVMEM_DTYPE_F16)
+		return kvmem_error(EINVAL, "%s: the session's page source takes f32, bf16 or f16 pages, "
+				 "the workspace has dtype %u", dir, g->dtype);
 	if (g->n_layers > 4096)
 		return kvmem_error(EINVAL, "%s: too many layers (%u)", dir, g->n_layers);
 	s = calloc(1, sizeof(*s));
@@ -238,11 +271,12 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 	s->D = g->head_dim;
 	s->B = g->block_tokens;
 	s->pf = (size_t)s->H * s->B * s->D;
+	s->es = g->dtype == KVMEM_DTYPE_F32 ? 4 : 2;
 	s->first = kvmem_pager_blocks(p);
 	tail = (int)(kvmem_pager_tokens(p) % s->B);
 	if (tail) {
 		void *layers[4096];
-		float *pages;
+		char *pages;
 		int *fill;
 
 		if (open_block(s, s->first, &pages, &fill) < 0) {
@@ -250,7 +284,7 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 			return kvmem_fail();
 		}
 		for (int l = 0; l < s->L; l++) {
-			layers[l] = pages + (size_t)l * 2 * s->pf;
+			layers[l] = pages + (size_t)l * 2 * s->pf * s->es;
 			fill[l] = tail;
 		}
 		if (kvmem_pager_read_tail(p, layers, NULL) != tail) {
@@ -289,7 +323,7 @@ int kvmem_page_source_pager_commit(kvmem_page_source *src, const int32_t *ids, i
 				return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens: layer %d of the "
 						 "partial block holds %d", s->dir, n, l,
 						 s->fill[0][l]);
-			layers[l] = s->open[0] + (size_t)l * 2 * s->pf;
+			layers[l] = s->open[0] + (size_t)l * 2 * s->pf * s->es;
 		}
 	}
 	if (n > (int64_t)have && kvmem_pager_append_tokens(s->p, ids + have, n - have) < 0)

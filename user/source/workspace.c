@@ -53,6 +53,24 @@ int kvmem_workspace_open(const char *dir, const kvmem_model *m, const kvmem_work
 	if (o->cache_policy)
 		po.policy = o->cache_policy;
 	kvmem_page_geom_model(&g, m, o->block ? o->block : KVMEM_BLOCK_DEFAULT);
+	if (o->dtype && o->dtype != KVMEM_DTYPE_F32 && o->dtype != KVMEM_DTYPE_BF16 &&
+	    o->dtype != KVMEM_DTYPE_F16) {
+		free(w);
+		return kvmem_error(EINVAL, "%s: page dtype %u", dir, o->dtype);
+	}
+	if (o->dtype)
+		g.dtype = o->dtype;
+	{
+		/* An existing workspace keeps the dtype it was written in (one
+		 * format: f32 from the CPU, bf16 from a GPU, both open on both);
+		 * everything else must match as before. */
+		kvmem_workspace_info wi;
+
+		if (kvmem_workspace_info_read(dir, &wi) == 0 &&
+		    (wi.geom.dtype == KVMEM_DTYPE_F32 || wi.geom.dtype == KVMEM_DTYPE_BF16 ||
+		     wi.geom.dtype == KVMEM_DTYPE_F16))
+			g.dtype = wi.geom.dtype;
+	}
 	if ((rc = kvmem_pager_open(dir, &g, &po, &w->p)) < 0) {
 		free(w);
 		return rc;

@@ -149,6 +149,7 @@ void kvmem_session_free(kvmem_session *s)
 {
 	if (!s)
 		return;
+	ws_unregister(s);
 	kvmem_page_source_destroy(&s->own_src);
 	kvmem_blocks_free(&s->blocks);
 	kvmem_index_free(&s->index);

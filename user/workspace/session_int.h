@@ -47,6 +47,8 @@ struct kvmem_session {
 	kvmem_place *items;
 	int n_items, cap_items;
 	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
+	void *reg_base;			/* the source's region, registered on the backend */
+	int reg_tried;			/* registration asked for (done or refused) */
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
@@ -60,6 +62,10 @@ static inline int64_t ws_view_len(const kvmem_session *s)
 
 /* view.c */
 int ws_view_reserve(kvmem_session *s, int64_t need);
+/* Let the backend read the source's pages where they live (view.c); undone
+ * by ws_unregister when the session is freed. */
+void ws_register(kvmem_session *s);
+void ws_unregister(kvmem_session *s);
 int ws_select(kvmem_session *s, int forced);
 /* Lay out the whole view from the plan in force, sel_tokens and view_len
  * (a restored state): every slot rebuilt from the pages. */

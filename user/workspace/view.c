@@ -40,8 +40,34 @@ int ws_view_reserve(kvmem_session *s, int64_t need)
 }
 
 /* Items queued before the backend places them: the pages stay held (got,
- * not put) until then, so a batch is bounded. */
-#define PLACE_BATCH 16
+ * not put) until then, so a batch is bounded (by the host pool too: a get
+ * that finds it full of held pages places the batch early). Large batches
+ * make few large transfers: on a GPU one place() call is one kernel over
+ * all its pages (1024 pages of Qwen3-8B are 128 MiB of bf16). */
+#define PLACE_BATCH 1024
+
+void ws_register(kvmem_session *s)
+{
+	void *base = NULL;
+	size_t len = 0;
+
+	if (s->reg_tried)
+		return;
+	s->reg_tried = 1;
+	if (!s->src->ops->region || !s->be->ops->host_register ||
+	    s->src->ops->region(s->src->ctx, &base, &len) < 0 || !base || !len)
+		return;
+	/* A refusal only means pages are staged: not an error. */
+	if (s->be->ops->host_register(s->be->ctx, base, len) == 0)
+		s->reg_base = base;
+}
+
+void ws_unregister(kvmem_session *s)
+{
+	if (s->reg_base && s->be->ops->host_unregister)
+		s->be->ops->host_unregister(s->be->ctx, s->reg_base);
+	s->reg_base = NULL;
+}
 
 /* Place the queued items (unless dropping them after a failure), then let
  * their pages go. */
@@ -147,6 +173,7 @@ static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 
 	if (ws_view_reserve(s, np->view_tokens))
 		return kvmem_fail();
+	ws_register(s);
 	hint_entering(s, np);
 	for (int l = 0; l < s->cfg.n_layers; l++) {
 		int set = np->n_sets == 1 ? 0 : l, oset = op->n_sets <= 1 ? 0 : l, j = 0;
@@ -323,6 +350,7 @@ int ws_view_restore(kvmem_session *s)
 
 	if (ws_view_reserve(s, len))
 		return kvmem_fail();
+	ws_register(s);
 	hint_restore(s);
 	for (int l = 0; l < s->cfg.n_layers; l++) {
 		int set = p->n_sets <= 1 ? 0 : l;

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Rematerialisation straight from the pages: the gather twin of the view
+ * scatter (twin: kvmem_view_gather_bf16 in kernels/cpu/gather.c).
+ *
+ * Each item reads n tokens of one page wherever the page is: a pinned host
+ * page the device reads over PCIe (mapped memory: the host pool registered
+ * with cudaHostRegister, or a pinned staging buffer), a device staging
+ * buffer filled by batched copies, or a device page pool. Its raw K is
+ * rounded to bf16 if it is f32 or f16, rotated at its slot by the very
+ * rotation the forward pass uses (rope.cuh), and written to the view with V;
+ * with copy_k set the raw K and V also go to a device page (the GPU page
+ * pool is filled on the way, no second read).
+ *
+ * Grid (items, GATHER_Y), GATHER_THREADS threads. A thread moves W = 8
+ * elements (one 16-byte vector of bf16) of one K rotary pair group or one V
+ * row part; a block handles P tokens per round (P = threads / tasks of a
+ * token: 1 for Qwen3-8B, 10 for the agentlang model). Loads are issued
+ * before the round's angles are computed, so their latency (a microsecond
+ * or two over PCIe) overlaps the double-precision sincos. Pointers that are
+ * not 16-byte aligned, or head_dim not a multiple of 16, take scalar loads
+ * with the same arithmetic.
+ */
+#include <cuda_fp16.h>
+
+#include "rope.cuh"
+
+#define GATHER_THREADS 256
+#define GATHER_Y 8
+#define GATHER_ANGLES 1024	/* P * half, at most (see kvmem_cuda_view_gather_bf16) */
+
+__device__ __forceinline__ bool aligned16(const void *p)
+{
+	return ((uintptr_t)p & 15) == 0;
+}
+
+/* W elements at element offset off of a page half in dtype, as bf16. */
+__device__ __forceinline__ void load_w(uint16_t *out, const void *base, size_t off, int dtype,
+				       int W, bool vec)
+{
+	if (dtype == KVMEM_DTYPE_BF16) {
+		const uint16_t *p = (const uint16_t *)base + off;
+
+		if (vec) {
+			uint4 u = *(const uint4 *)p;
+			uint32_t w[4] = { u.x, u.y, u.z, u.w };
+
+			for (int j = 0; j < 4; j++) {
+				out[2 * j] = (uint16_t)(w[j] & 0xffffu);
+				out[2 * j + 1] = (uint16_t)(w[j] >> 16);
+			}
+		} else {
+			for (int j = 0; j < W; j++)
+				out[j] = p[j];
+		}
+	} else if (dtype == KVMEM_DTYPE_F32) {
+		const float *p = (const float *)base + off;
+
+		if (vec) {
+			float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+
+			out[0] = f2bf(a.x), out[1] = f2bf(a.y), out[2] = f2bf(a.z), out[3] = f2bf(a.w);
+			out[4] = f2bf(b.x), out[5] = f2bf(b.y), out[6] = f2bf(b.z), out[7] = f2bf(b.w);
+		} else {
+			for (int j = 0; j < W; j++)
+				out[j] = f2bf(p[j]);
+		}
+	} else {
+		const __half *p = (const __half *)base + off;
+
+		for (int j = 0; j < W; j++)
+			out[j] = f2bf(__half2float(p[j]));
+	}
+}
+
+__device__ __forceinline__ void store_w(uint16_t *dst, const uint16_t *v, int W, bool vec)
+{
+	if (vec) {
+		uint4 u;
+
+		u.x = v[0] | (uint32_t)v[1] << 16;
+		u.y = v[2] | (uint32_t)v[3] << 16;
+		u.z = v[4] | (uint32_t)v[5] << 16;
+		u.w = v[6] | (uint32_t)v[7] << 16;
+		*(uint4 *)dst = u;
+	} else {
+		for (int j = 0; j < W; j++)
+			dst[j] = v[j];
+	}
+}
+
+__global__ void __launch_bounds__(GATHER_THREADS)
+gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_layers, int n_kv,
+	      int hd, int cap, double theta, int W, int P)
+{
+	__shared__ double cs[GATHER_ANGLES], sn[GATHER_ANGLES];
+	const kvmem_gather_item m = items[blockIdx.x];
+	const int half = hd / 2, gk = half / W, gv = hd / W;
+	const int TK = n_kv * gk, TT = TK + n_kv * gv;
+	const int p = threadIdx.x / TT, e = threadIdx.x % TT;
+
+	if (m.layer < 0 || m.layer >= n_layers || m.slot < 0 || m.n < 0 || m.slot > cap - m.n ||
+	    (m.dtype != KVMEM_DTYPE_F32 && m.dtype != KVMEM_DTYPE_BF16 &&
+	     m.dtype != KVMEM_DTYPE_F16))
+		return;		/* the whole block: uniform */
+	/* Uniform per item: 16-byte vectors where every address allows. */
+	const bool vin = W == 8 && m.dtype != KVMEM_DTYPE_F16 && aligned16(m.k) && aligned16(m.v) &&
+			 m.head_stride % 8 == 0;
+	const bool vout = W == 8 && (!m.copy_k || aligned16(m.copy_k)) &&
+			  (!m.copy_v || aligned16(m.copy_v)) && m.head_stride % 8 == 0;
+	const bool is_k = e < TK;
+	const int h = is_k ? e / gk : (e - TK) / gv;
+	const int i0 = (is_k ? e % gk : (e - TK) % gv) * W;
+
+	for (int t0 = blockIdx.y * P; t0 < m.n; t0 += gridDim.y * P) {
+		const int t = t0 + p;
+		const bool act = p < P && t < m.n;
+		const size_t off = (size_t)t * hd + (size_t)h * m.head_stride + i0;
+		uint16_t a[8], b[8];
+
+		if (act) {
+			if (is_k) {
+				load_w(a, m.k, off, m.dtype, W, vin);
+				load_w(b, m.k, off + half, m.dtype, W, vin);
+			} else {
+				load_w(a, m.v, off, m.dtype, W, vin);
+			}
+		}
+		__syncthreads();	/* the previous round's angles are used up */
+		for (int x = threadIdx.x; x < P * half; x += blockDim.x) {
+			int pp = x / half, i = x % half;
+
+			if (t0 + pp < m.n)
+				rope_angle(m.slot + t0 + pp, i, hd, theta, &sn[x], &cs[x]);
+		}
+		__syncthreads();
+		if (!act)
+			continue;
+		const size_t d = (((size_t)m.layer * n_kv + h) * cap + m.slot + t) * hd + i0;
+
+		if (is_k) {
+			uint16_t x[8], y[8];
+
+			for (int j = 0; j < W; j++)
+				rope_rot(a[j], b[j], cs[p * half + i0 + j], sn[p * half + i0 + j], &x[j],
+					 &y[j]);
+			store_w(vk + d, x, W, W == 8);
+			store_w(vk + d + half, y, W, W == 8);
+			if (m.copy_k) {
+				store_w(m.copy_k + off, a, W, vout);
+				store_w(m.copy_k + off + half, b, W, vout);
+			}
+		} else {
+			store_w(vv + d, a, W, W == 8);
+			if (m.copy_v)
+				store_w(m.copy_v + off, a, W, vout);
+		}
+	}
+}
+
+extern "C" int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
+					   const kvmem_gather_item *items, int n_items,
+					   int n_layers, int n_kv_heads, int head_dim, int cap,
+					   double theta)
+{
+	int W, TT, P;
+
+	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
+	    head_dim > 2 * ROPE_HALF_MAX || cap < 0)
+		return kvmem_error(EINVAL, "view gather: %d items into %d layers x %d heads x %d",
+				   n_items, n_layers, n_kv_heads, head_dim);
+	if (!n_items)
+		return 0;
+	W = head_dim % 16 == 0 ? 8 : 1;
+	TT = n_kv_heads * (head_dim / 2 + head_dim) / W;
+	if (TT > GATHER_THREADS)
+		return kvmem_error(ENOTSUP, "view gather: %d KV heads of %d take %d threads a token, "
+				   "more than %d", n_kv_heads, head_dim, TT, GATHER_THREADS);
+	P = GATHER_THREADS / TT;
+	while (P > 1 && P * (head_dim / 2) > GATHER_ANGLES)
+		P--;
+	if (head_dim / 2 > GATHER_ANGLES)
+		return kvmem_error(ENOTSUP, "view gather: head_dim %d", head_dim);
+	gather_kernel<<<dim3(n_items, GATHER_Y), GATHER_THREADS, 0, c->stream>>>(
+		view_k, view_v, items, n_layers, n_kv_heads, head_dim, cap, theta, W, P);
+	return kvmem_cuda_launched("view gather");
+}

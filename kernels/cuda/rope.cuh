@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The rotation of RoPE on bf16, shared by every kernel that rotates K into
+ * the view (rope.cu: the forward pass's scatter; gather.cu: placing pages),
+ * so a key gets the same bits whichever path put it at a slot. Angles in
+ * double with explicit round-to-nearest products (no FMA contraction), one
+ * rounding to bf16 at the end: see rope.cu.
+ */
+#ifndef KVMEM_CUDA_ROPE_CUH
+#define KVMEM_CUDA_ROPE_CUH
+
+#include "cuda_int.h"
+
+#define ROPE_HALF_MAX 512	/* head_dim <= 1024 (kvmem_config_validate) */
+
+/* The angle of rotary pair i at position pos: its sine and cosine. */
+__device__ __forceinline__ void rope_angle(int pos, int i, int hd, double theta, double *sn,
+					   double *cs)
+{
+	double a = __dmul_rn((double)pos, pow(theta, -2.0 * i / hd));
+
+	sincos(a, sn, cs);
+}
+
+/* cs/sn[i] for i < half, computed by the block's threads. */
+__device__ __forceinline__ void rope_angles(double *cs, double *sn, int pos, int hd, double theta)
+{
+	for (int i = threadIdx.x; i < hd / 2; i += blockDim.x)
+		rope_angle(pos, i, hd, theta, &sn[i], &cs[i]);
+}
+
+/* (x, y) = R (a, b): one rotary pair, each rounded once to bf16. */
+__device__ __forceinline__ void rope_rot(uint16_t a16, uint16_t b16, double c, double s,
+					 uint16_t *x, uint16_t *y)
+{
+	double a = bf2f(a16), b = bf2f(b16);
+
+	*x = d2bf(__dsub_rn(__dmul_rn(a, c), __dmul_rn(b, s)));
+	*y = d2bf(__dadd_rn(__dmul_rn(b, c), __dmul_rn(a, s)));
+}
+
+/* dst = R src for rotary pair i of one head (dst may equal src). */
+__device__ __forceinline__ void rope_pair(uint16_t *dst, const uint16_t *src, int i, int half,
+					  double c, double s)
+{
+	uint16_t x, y;
+
+	rope_rot(src[i], src[i + half], c, s, &x, &y);
+	dst[i] = x;
+	dst[i + half] = y;
+}
+
+#endif

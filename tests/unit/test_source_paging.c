@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The page source's side of the GPU paging path, on the CPU (fresh random
+ * inputs; KVMEM_TEST_SEED replays them):
+ *
+ *   - a bf16 workspace: rows written as fp32 come back from get as bf16,
+ *     each the kvmem_f32_to_bf16 rounding of what was written, full blocks
+ *     (from the host pool or NVMe) and the open last block alike; the
+ *     source's region is the host pool and holds every fetched page;
+ *   - one format: a workspace keeps the dtype it was created with whatever
+ *     a later open asks (f32 from the CPU opens as f32 when bf16 is asked,
+ *     bf16 opens as bf16 by default), and a session adopts it either way;
+ *   - a session over a source with a region registers it with a backend
+ *     that offers host_register, once, and unregisters it when freed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/store.h"
+#include "kvmem/workspace.h"
+#include "helpers/test_model.h"
+#include "helpers/test_tmpdir.h"
+
+static uint64_t g_seed;
+
+static void test_bf16_pages(void **state)
+{
+	uint64_t rng = g_seed ^ 0xb16;
+	const int L = test_rng_int(&rng, 1, 3), H = test_rng_int(&rng, 1, 3), D = 32, B = 16;
+	const int n = test_rng_int(&rng, 5 * B + 1, 9 * B - 1), w = H * D;
+	kvmem_page_geom g = { .fingerprint = 0xb16, .n_layers = L, .n_heads = H, .n_kv_heads = H,
+			      .head_dim = D, .block_tokens = B, .dtype = KVMEM_DTYPE_BF16 };
+	float *k = malloc(sizeof(float) * (size_t)n * L * w), *v = malloc(sizeof(float) * (size_t)n * L * w);
+	kvmem_pager_opts po;
+	kvmem_page_source src;
+	kvmem_pager *p;
+	char dir[256];
+	void *base = NULL;
+	size_t len = 0;
+
+	assert_non_null(k);
+	assert_non_null(v);
+	for (size_t i = 0; i < (size_t)n * L * w; i++) {
+		k[i] = (float)test_rng_range(&rng, -4, 4);
+		v[i] = (float)test_rng_range(&rng, -4, 4);
+	}
+	assert_int_equal(test_tmpdir_make(dir, sizeof(dir), "source-paging"), 0);
+	strcat(dir, "/ws");
+	kvmem_pager_opts_default(&po);
+	po.flags = KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP;
+	po.host_cap = kvmem_page_stride(&g) * (L + 1);	/* reads come from disk */
+	if (kvmem_pager_open(dir, &g, &po, &p) < 0)
+		fail_msg("%s", kvmem_last_error());
+	assert_int_equal(kvmem_page_source_pager(&src, p), 0);
+	assert_non_null(src.ops->region);
+	assert_int_equal(src.ops->region(src.ctx, &base, &len), 0);
+	assert_non_null(base);
+	/* Token-major rows of layer l: [t][h][d] at (t * L + l) * w. */
+	for (int t = 0; t < n; t++)
+		for (int l = 0; l < L; l++)
+			if (src.ops->write(src.ctx, t / B, l, t % B, 1, k + ((size_t)t * L + l) * w,
+					   v + ((size_t)t * L + l) * w))
+				fail_msg("%s", kvmem_last_error());
+	for (int b = 0; b * B < n; b++)
+		for (int l = 0; l < L; l++) {
+			kvmem_page pg;
+
+			assert_int_equal(src.ops->get(src.ctx, b, l, &pg), 0);
+			assert_int_equal(pg.dtype, KVMEM_DTYPE_BF16);
+			if ((b + 1) * B <= n)	/* staged out: fetched into the pool */
+				assert_true((const char *)pg.k >= (char *)base &&
+					    (const char *)pg.v + (size_t)H * B * D * 2 <= (char *)base + len);
+			for (int t = b * B; t < n && t < (b + 1) * B; t++)
+				for (int h = 0; h < H; h++)
+					for (int d = 0; d < D; d++) {
+						size_t at = ((size_t)h * B + t % B) * D + d;
+						size_t in = ((size_t)t * L + l) * w + (size_t)h * D + d;
+
+						assert_int_equal(((const uint16_t *)pg.k)[at],
+								 kvmem_f32_to_bf16(k[in]));
+						assert_int_equal(((const uint16_t *)pg.v)[at],
+								 kvmem_f32_to_bf16(v[in]));
+					}
+			src.ops->put(src.ctx, b, l);
+		}
+	kvmem_page_source_destroy(&src);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	*strrchr(dir, '/') = 0;
+	test_tmpdir_remove(dir);
+	free(k);
+	free(v);
+}
+
+/* ---- one format ------------------------------------------------------- */
+static uint32_t open_dtype(const char *dir, const kvmem_model *m, uint32_t ask)
+{
+	kvmem_workspace_opts wo = { .block = 16, .dtype = ask };
+	kvmem_workspace *w;
+	uint32_t got;
+
+	if (kvmem_workspace_open(dir, m, &wo, &w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	got = kvmem_pager_geom(kvmem_workspace_pager(w))->dtype;
+	assert_int_equal(kvmem_workspace_close(w), 0);
+	return got;
+}
+
+/* Append n random tokens in a session over dir and commit. */
+static void grow(const char *dir, kvmem_backend *be, uint32_t ask, int n, uint64_t seed)
+{
+	kvmem_workspace_opts wo = { .block = 16, .dtype = ask };
+	kvmem_session_opts so;
+	kvmem_workspace *w;
+	kvmem_session *s;
+	int32_t tok[200];
+	uint64_t r = seed;
+
+	for (int i = 0; i < n; i++)
+		tok[i] = test_rng_int(&r, 0, be->model->cfg.vocab - 1);
+	if (kvmem_workspace_open(dir, be->model, &wo, &w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	kvmem_session_opts_default(&so);
+	so.block = 16;
+	so.budget = 64;
+	so.chunk = 32;
+	so.source = kvmem_workspace_source(w);
+	s = kvmem_session_create(be, &so);
+	assert_non_null(s);
+	if (kvmem_workspace_adopt(w, s) < 0 || kvmem_session_append(s, tok, n, 0) ||
+	    kvmem_session_decode(s, 3, NULL, NULL) || kvmem_workspace_commit(w, s) < 0)
+		fail_msg("%s", kvmem_last_error());
+	kvmem_session_free(s);
+	assert_int_equal(kvmem_workspace_close(w), 0);
+}
+
+static void test_one_format(void **state)
+{
+	uint64_t rng = g_seed ^ 0xf0;
+	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
+	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
+	kvmem_backend *be = kvmem_backend_cpu(m, 32);
+	char tmp[256], a[300], b[300];
+
+	assert_non_null(be);
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "one-format"), 0);
+	snprintf(a, sizeof(a), "%s/f32", tmp);
+	snprintf(b, sizeof(b), "%s/bf16", tmp);
+	/* Written as f32 (the CPU's default); asked for bf16 later: stays f32. */
+	grow(a, be, 0, 150, test_rng_next(&rng));
+	assert_int_equal(open_dtype(a, m, KVMEM_DTYPE_BF16), KVMEM_DTYPE_F32);
+	grow(a, be, KVMEM_DTYPE_BF16, 70, test_rng_next(&rng));
+	/* Written as bf16 (a GPU's); opened with the default: stays bf16, and
+	 * the history goes on in it. */
+	grow(b, be, KVMEM_DTYPE_BF16, 150, test_rng_next(&rng));
+	assert_int_equal(open_dtype(b, m, 0), KVMEM_DTYPE_BF16);
+	grow(b, be, 0, 70, test_rng_next(&rng));
+	assert_int_equal(open_dtype(b, m, 0), KVMEM_DTYPE_BF16);
+	assert_int_equal(kvmem_workspace_verify(a, NULL, 0), 0);
+	assert_int_equal(kvmem_workspace_verify(b, NULL, 0), 0);
+	{
+		kvmem_workspace_info wi;
+
+		assert_int_equal(kvmem_workspace_info_read(b, &wi), 0);
+		assert_int_equal(wi.tokens, 150 + 3 + 70 + 3);
+		assert_int_equal(wi.page_bytes, 2 * 2 * 16 * 16 * 2);
+	}
+	test_tmpdir_remove(tmp);
+	kvmem_backend_close(be);
+	test_model_free(m);
+}
+
+/* ---- registration ----------------------------------------------------- */
+static int g_reg, g_unreg;
+static void *g_base;
+static size_t g_len;
+
+static int fake_register(void *ctx, void *base, size_t len)
+{
+	g_reg++;
+	g_base = base;
+	g_len = len;
+	return 0;
+}
+
+static void fake_unregister(void *ctx, void *base)
+{
+	assert_ptr_equal(base, g_base);
+	g_unreg++;
+}
+
+static void test_registration(void **state)
+{
+	uint64_t rng = g_seed ^ 0x12e6;
+	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
+	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
+	kvmem_backend *be = kvmem_backend_cpu(m, 32);
+	kvmem_backend_ops ops = *be->ops;
+	const kvmem_backend_ops *cpu_ops = be->ops;
+	kvmem_workspace_opts wo = { .block = 16 };
+	kvmem_session_opts so;
+	kvmem_workspace *w;
+	kvmem_session *s;
+	char tmp[256], dir[300];
+	int32_t tok[300];
+	void *base = NULL;
+	size_t len = 0;
+
+	assert_non_null(be);
+	ops.host_register = fake_register;
+	ops.host_unregister = fake_unregister;
+	be->ops = &ops;
+	for (int i = 0; i < 300; i++)
+		tok[i] = test_rng_int(&rng, 0, c.vocab - 1);
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "registration"), 0);
+	snprintf(dir, sizeof(dir), "%s/ws", tmp);
+	if (kvmem_workspace_open(dir, m, &wo, &w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	kvmem_session_opts_default(&so);
+	so.block = 16;
+	so.budget = 64;
+	so.chunk = 32;
+	so.source = kvmem_workspace_source(w);
+	s = kvmem_session_create(be, &so);
+	assert_non_null(s);
+	assert_int_equal(kvmem_session_append(s, tok, 300, 0), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	assert_int_equal(kvmem_session_append(s, tok, 100, 0), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	/* Once, with the host pool; nothing undone while the session lives. */
+	assert_int_equal(g_reg, 1);
+	assert_int_equal(g_unreg, 0);
+	kvmem_hostpool_region(kvmem_pager_hostpool(kvmem_workspace_pager(w)), &base, &len);
+	assert_ptr_equal(g_base, base);
+	assert_int_equal(g_len, len);
+	kvmem_session_free(s);
+	assert_int_equal(g_unreg, 1);
+	/* A memory source has no region: nothing registered. */
+	so.source = NULL;
+	s = kvmem_session_create(be, &so);
+	assert_non_null(s);
+	assert_int_equal(kvmem_session_append(s, tok, 300, 0), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	kvmem_session_free(s);
+	assert_int_equal(g_reg, 1);
+	assert_int_equal(g_unreg, 1);
+	assert_int_equal(kvmem_workspace_close(w), 0);
+	be->ops = cpu_ops;
+	test_tmpdir_remove(tmp);
+	kvmem_backend_close(be);
+	test_model_free(m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bf16_pages),
+		cmocka_unit_test(test_one_format),
+		cmocka_unit_test(test_registration),
+	};
+
+	g_seed = test_rng_fresh_seed("test_source_paging");
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

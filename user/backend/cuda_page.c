@@ -1,0 +1,749 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The cuda backend's paging path: how history pages reach view slots.
+ *
+ *   registered host memory  A pager's host pool, pinned and mapped once with
+ *                           cudaHostRegister (host_register): the device
+ *                           reads pages where the pager put them, whether
+ *                           io_uring read them from NVMe by O_DIRECT or the
+ *                           stage-out left them there. No bounce buffer.
+ *   other host memory       (a memory source, the pager source's blocks
+ *                           still filling) copied as they are (any dtype,
+ *                           no conversion) into a pinned staging buffer.
+ *   device memory           pages already on the GPU, read in place.
+ *   the device page pool    recently placed pages of registered memory kept
+ *                           on the GPU as bf16, keyed by (region, block,
+ *                           layer): a page that enters the view again comes
+ *                           from HBM. Only whole pages of registered memory
+ *                           are kept (a pager's staged-out blocks, which
+ *                           never change); filled by the gather kernel on
+ *                           its way (copy_k / copy_v), evicted by a clock.
+ *
+ * One place() call is one gather kernel (kernels/cuda/gather.cu) over all
+ * its items: each reads its tokens from wherever they are, rounds f32 to
+ * bf16, rotates K at the slot (the forward pass's rotation) and writes the
+ * view. Method "batch" instead first brings registered pages to a device
+ * staging buffer with one cudaMemcpyBatchAsync (adjacent pages merged into
+ * one copy) and gathers from there; "pack" is the first version (CPU
+ * conversion to bf16, two uploads, the scatter kernel). `kvmem bench step`
+ * measures them against one large pinned copy.
+ *
+ * Device memory the path holds (staging, the pool, item lists) is counted
+ * in the backend's total and kept under its cap.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+#include "backend/cuda_int.h"
+
+#define MAX_REGIONS 16
+
+struct region {
+	char *base, *dev;	/* host address, the device's address of it */
+	size_t len;
+	int refs;
+	uint32_t id;		/* 1..255, part of a pool key */
+};
+
+struct copy {
+	const char *src;
+	size_t len, dst;	/* dst: offset in the device staging */
+	int item;
+};
+
+struct cuda_pages {
+	int method;			/* CUDA_PLACE_* */
+	struct region reg[MAX_REGIONS];
+	uint32_t next_id;
+	/* item lists */
+	kvmem_gather_item *items, *host_items;	/* device / pinned host */
+	int cap_items;
+	/* staging: pinned host (pages the device cannot address), device
+	 * (method batch) */
+	char *host_st, *dev_st;
+	size_t cap_host_st, cap_dev_st;
+	struct copy *copies;
+	void **c_dst;
+	const void **c_src;
+	size_t *c_len;
+	int cap_copies;
+	/* the device page pool */
+	uint16_t *pool;			/* [slots][2][H][B][D] bf16 */
+	uint64_t pool_want;		/* bytes asked for (0: default) */
+	size_t slot_elems;		/* elements of one half (K or V) */
+	int pool_stride;		/* B the pool was laid out for */
+	uint32_t slots, used, hand;
+	uint64_t *key;			/* [slots]: 0 free */
+	uint32_t *chain, *head;		/* hash chains, UINT32_MAX ends */
+	uint32_t n_head;
+	uint8_t *ref;			/* clock bits */
+	uint64_t *stamp;		/* the place() call that last used it */
+	uint64_t *filled;		/* the place() call that filled it */
+	uint64_t call;
+	uint64_t dev_bytes;		/* device memory held here */
+	kvmem_place_stats st;
+};
+
+static double now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static struct cuda_pages *pages_of(struct cuda *b)
+{
+	if (!b->pages) {
+		b->pages = calloc(1, sizeof(*b->pages));
+		if (!b->pages) {
+			kvmem_error(ENOMEM, "cuda: out of memory");
+			return NULL;
+		}
+		b->pages->method = CUDA_PLACE_GATHER;
+		b->pages->pool_want = b->page_pool;
+		b->pages->next_id = 1;
+	}
+	return b->pages;
+}
+
+uint64_t cuda_pages_dev_bytes(const struct cuda *b)
+{
+	return b->pages ? b->pages->dev_bytes : 0;
+}
+
+/* ---- the device page pool ---------------------------------------------- */
+static void pool_free(struct cuda *b, struct cuda_pages *pg)
+{
+	if (pg->pool) {
+		pg->dev_bytes -= (uint64_t)pg->slots * 2 * pg->slot_elems * 2;
+		kvmem_cuda_free(pg->pool);
+	}
+	free(pg->key);
+	free(pg->chain);
+	free(pg->head);
+	free(pg->ref);
+	free(pg->stamp);
+	free(pg->filled);
+	pg->pool = NULL;
+	pg->key = NULL;
+	pg->chain = pg->head = NULL;
+	pg->ref = NULL;
+	pg->stamp = NULL;
+	pg->filled = NULL;
+	pg->slots = pg->used = pg->hand = pg->n_head = 0;
+	pg->st.pool_pages = pg->st.pool_cap = 0;
+}
+
+void cuda_pages_drop_pool(struct cuda *b)
+{
+	if (b->pages)
+		pool_free(b, b->pages);
+}
+
+/* Bytes the pool may take now: what was asked (or the default), within
+ * what the cap leaves. */
+static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg)
+{
+	uint64_t want = pg->pool_want, used = cuda_dev_used(b), margin = CUDA_CAP_MARGIN;
+
+	if (!b->mem_cap)
+		return want ? want : 256ull << 20;
+	if (used + margin >= b->mem_cap)
+		return 0;
+	if (!want)
+		want = b->mem_cap / 8;
+	return want < b->mem_cap - used - margin ? want : b->mem_cap - used - margin;
+}
+
+/* A pool for pages of `stride` tokens, made on first use. */
+static void pool_make(struct cuda *b, struct cuda_pages *pg, int stride)
+{
+	const size_t half = (size_t)b->c->n_kv_heads * stride * b->c->head_dim;
+	uint64_t bytes = pool_budget(b, pg);
+	uint32_t n = (uint32_t)(bytes / (2 * half * 2) < (1u << 24) ? bytes / (2 * half * 2) : (1u << 24));
+
+	if (pg->pool && pg->pool_stride == stride)
+		return;
+	pool_free(b, pg);
+	if (n < 16)
+		return;		/* not worth it: no pool */
+	pg->n_head = 1;
+	while (pg->n_head < 2 * n)
+		pg->n_head *= 2;
+	pg->key = calloc(n, sizeof(*pg->key));
+	pg->chain = malloc(n * sizeof(*pg->chain));
+	pg->head = malloc(pg->n_head * sizeof(*pg->head));
+	pg->ref = calloc(n, 1);
+	pg->stamp = calloc(n, sizeof(*pg->stamp));
+	pg->filled = calloc(n, sizeof(*pg->filled));
+	if (!pg->key || !pg->chain || !pg->head || !pg->ref || !pg->stamp || !pg->filled ||
+	    kvmem_cuda_malloc((void **)&pg->pool, (size_t)n * 2 * half * 2) < 0) {
+		pg->pool = NULL;
+		pool_free(b, pg);	/* no pool: not an error */
+		return;
+	}
+	memset(pg->head, 0xff, pg->n_head * sizeof(*pg->head));
+	pg->slots = n;
+	pg->slot_elems = half;
+	pg->pool_stride = stride;
+	pg->dev_bytes += (uint64_t)n * 2 * half * 2;
+	pg->st.pool_cap = n;
+}
+
+static uint64_t pool_key(uint32_t region, int64_t block, int layer)
+{
+	return (uint64_t)region << 56 | ((uint64_t)block & ((1ull << 40) - 1)) << 16 |
+	       (uint64_t)(layer & 0xffff);
+}
+
+static uint32_t hash_of(const struct cuda_pages *pg, uint64_t k)
+{
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdull;
+	k ^= k >> 33;
+	return (uint32_t)(k & (pg->n_head - 1));
+}
+
+static uint32_t pool_find(const struct cuda_pages *pg, uint64_t k)
+{
+	for (uint32_t s = pg->head[hash_of(pg, k)]; s != UINT32_MAX; s = pg->chain[s])
+		if (pg->key[s] == k)
+			return s;
+	return UINT32_MAX;
+}
+
+static void pool_unlink(struct cuda_pages *pg, uint32_t s)
+{
+	uint32_t *p = &pg->head[hash_of(pg, pg->key[s])];
+
+	while (*p != s)
+		p = &pg->chain[*p];
+	*p = pg->chain[s];
+	pg->key[s] = 0;
+	pg->used--;
+}
+
+/* A slot for key k: a free one, else the clock's victim (never one this
+ * call uses). UINT32_MAX when every slot is in use by this call. */
+static uint32_t pool_take(struct cuda_pages *pg, uint64_t k)
+{
+	uint32_t s = UINT32_MAX, h;
+
+	for (uint64_t tries = 0; tries < 2ull * pg->slots + 1; tries++) {
+		uint32_t c = pg->hand;
+
+		pg->hand = (pg->hand + 1) % pg->slots;
+		if (pg->stamp[c] == pg->call && pg->key[c])
+			continue;
+		if (pg->key[c] && pg->ref[c]) {
+			pg->ref[c] = 0;
+			continue;
+		}
+		s = c;
+		break;
+	}
+	if (s == UINT32_MAX)
+		return s;
+	if (pg->key[s])
+		pool_unlink(pg, s);
+	h = hash_of(pg, k);
+	pg->key[s] = k;
+	pg->chain[s] = pg->head[h];
+	pg->head[h] = s;
+	pg->ref[s] = 0;
+	pg->stamp[s] = pg->call;
+	pg->filled[s] = pg->call;
+	pg->used++;
+	return s;
+}
+
+/* Forget every pooled page of a region (its memory is going away). */
+static void pool_forget(struct cuda_pages *pg, uint32_t id)
+{
+	for (uint32_t s = 0; s < pg->slots; s++)
+		if (pg->key[s] && (uint32_t)(pg->key[s] >> 56) == id)
+			pool_unlink(pg, s);
+}
+
+/* ---- registered host memory -------------------------------------------- */
+int cuda_host_register(void *ctx, void *base, size_t len)
+{
+	struct cuda *b = ctx;
+	struct cuda_pages *pg = pages_of(b);
+	struct region *r = NULL;
+	void *dev = NULL;
+	cudaError_t e;
+
+	if (!pg)
+		return kvmem_fail();
+	for (int i = 0; i < MAX_REGIONS; i++)
+		if (pg->reg[i].refs && pg->reg[i].base == base) {
+			if (pg->reg[i].len != len)
+				return kvmem_error(EINVAL, "cuda: host region %p registered with %zu bytes, "
+						   "now %zu", base, pg->reg[i].len, len);
+			pg->reg[i].refs++;
+			return 0;
+		}
+	for (int i = 0; i < MAX_REGIONS && !r; i++)
+		if (!pg->reg[i].refs)
+			r = &pg->reg[i];
+	if (!r)
+		return kvmem_error(ENOSPC, "cuda: %d host regions registered already", MAX_REGIONS);
+	e = cudaHostRegister(base, len, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(ENOTSUP, "cuda: cannot pin %zu bytes of host memory at %p: %s", len,
+				   base, cudaGetErrorString(e));
+	}
+	if ((e = cudaHostGetDevicePointer(&dev, base, 0)) != cudaSuccess) {
+		cudaGetLastError();
+		cudaHostUnregister(base);
+		return kvmem_error(ENOTSUP, "cuda: no device address for host memory at %p: %s", base,
+				   cudaGetErrorString(e));
+	}
+	*r = (struct region){ .base = base, .dev = dev, .len = len, .refs = 1, .id = pg->next_id };
+	pg->next_id = pg->next_id % 255 + 1;
+	return 0;
+}
+
+void cuda_host_unregister(void *ctx, void *base)
+{
+	struct cuda *b = ctx;
+	struct cuda_pages *pg = b->pages;
+
+	if (!pg)
+		return;
+	for (int i = 0; i < MAX_REGIONS; i++) {
+		struct region *r = &pg->reg[i];
+
+		if (!r->refs || r->base != base || --r->refs)
+			continue;
+		/* Nothing may still read it. */
+		kvmem_cuda_sync(b->ctx);
+		cudaHostUnregister(base);
+		cudaGetLastError();
+		pool_forget(pg, r->id);
+		memset(r, 0, sizeof(*r));
+	}
+}
+
+static struct region *region_of(struct cuda_pages *pg, const void *p, size_t len)
+{
+	for (int i = 0; i < MAX_REGIONS; i++) {
+		struct region *r = &pg->reg[i];
+
+		if (r->refs && (const char *)p >= r->base && (const char *)p + len <= r->base + r->len)
+			return r;
+	}
+	return NULL;
+}
+
+/* ---- room ----------------------------------------------------------------- */
+static int room_items(struct cuda *b, struct cuda_pages *pg, int n)
+{
+	int cap = pg->cap_items ? pg->cap_items : 256;
+
+	if (n <= pg->cap_items)
+		return 0;
+	while (cap < n)
+		cap *= 2;
+	if (pg->items)
+		pg->dev_bytes -= (uint64_t)pg->cap_items * sizeof(*pg->items);
+	kvmem_cuda_free(pg->items);
+	cudaFreeHost(pg->host_items);
+	free(pg->copies);
+	free(pg->c_dst);
+	free(pg->c_src);
+	free(pg->c_len);
+	pg->items = NULL;
+	pg->host_items = NULL;
+	pg->copies = NULL;
+	pg->c_dst = NULL;
+	pg->c_src = NULL;
+	pg->c_len = NULL;
+	pg->cap_items = pg->cap_copies = 0;
+	if (kvmem_cuda_malloc((void **)&pg->items, (size_t)cap * sizeof(*pg->items)) < 0 ||
+	    cuda_pinned(&pg->host_items, (size_t)cap * sizeof(*pg->host_items)) < 0)
+		return kvmem_fail();
+	pg->copies = malloc((size_t)cap * sizeof(*pg->copies));
+	pg->c_dst = malloc((size_t)cap * sizeof(*pg->c_dst));
+	pg->c_src = malloc((size_t)cap * sizeof(*pg->c_src));
+	pg->c_len = malloc((size_t)cap * sizeof(*pg->c_len));
+	if (!pg->copies || !pg->c_dst || !pg->c_src || !pg->c_len)
+		return kvmem_error(ENOMEM, "cuda place: out of memory");
+	pg->dev_bytes += (uint64_t)cap * sizeof(*pg->items);
+	pg->cap_items = pg->cap_copies = cap;
+	return 0;
+}
+
+static int room_host_st(struct cuda_pages *pg, size_t bytes)
+{
+	if (bytes <= pg->cap_host_st)
+		return 0;
+	cudaFreeHost(pg->host_st);
+	pg->host_st = NULL;
+	pg->cap_host_st = 0;
+	bytes = bytes < (8u << 20) ? (8u << 20) : bytes + bytes / 2;
+	if (cuda_pinned(&pg->host_st, bytes) < 0)
+		return kvmem_fail();
+	pg->cap_host_st = bytes;
+	return 0;
+}
+
+static int room_dev_st(struct cuda *b, struct cuda_pages *pg, size_t bytes)
+{
+	if (bytes <= pg->cap_dev_st)
+		return 0;
+	if (pg->dev_st)
+		pg->dev_bytes -= pg->cap_dev_st;
+	kvmem_cuda_free(pg->dev_st);
+	pg->dev_st = NULL;
+	pg->cap_dev_st = 0;
+	bytes = bytes < (8u << 20) ? (8u << 20) : bytes + bytes / 2;
+	if (b->mem_cap && cuda_dev_used(b) + bytes > b->mem_cap) {
+		cuda_pages_drop_pool(b);
+		if (cuda_dev_used(b) + bytes > b->mem_cap)
+			return kvmem_error(ENOMEM, "cuda place: %zu bytes of staging do not fit the "
+					   "%" PRIu64 " MiB GPU cap", bytes, b->mem_cap >> 20);
+	}
+	if (kvmem_cuda_malloc((void **)&pg->dev_st, bytes) < 0)
+		return kvmem_fail();
+	pg->cap_dev_st = bytes;
+	pg->dev_bytes += bytes;
+	return 0;
+}
+
+static size_t elem_size(uint32_t dtype)
+{
+	return dtype == KVMEM_DTYPE_F32 ? 4 : 2;
+}
+
+static int cmp_copy(const void *a, const void *b)
+{
+	const struct copy *x = a, *y = b;
+
+	return x->src < y->src ? -1 : x->src > y->src;
+}
+
+/* ---- place ---------------------------------------------------------------- */
+int cuda_pages_method(struct cuda *b)
+{
+	struct cuda_pages *pg = pages_of(b);
+
+	return pg ? pg->method : CUDA_PLACE_PACK;
+}
+
+/*
+ * Items are checked by the caller (cuda_place). Every item becomes one
+ * gather item; the pages that must travel first (method batch: registered
+ * pages; any method: pages in memory the device cannot address) are copied
+ * before the kernel runs.
+ */
+int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
+{
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	struct cuda_pages *pg = pages_of(b);
+	double t0 = now_ns();
+	size_t host_at = 0, dev_at = 0, host_need = 0;
+	int n_copies = 0, rc;
+
+	if (!pg)
+		return kvmem_fail();
+	if ((rc = room_items(b, pg, n)) < 0)
+		return rc;
+	pg->call++;
+	if (!pg->pool && n)
+		pool_make(b, pg, items[0].stride);
+	/* Room for the pages of unregistered memory. */
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		size_t half = (size_t)H * it->stride * D * elem_size(it->page.dtype);
+
+		if (it->page.mem == KVMEM_MEM_HOST && !region_of(pg, it->page.k, half))
+			host_need += 2 * ((half + 255) & ~(size_t)255);
+	}
+	if (host_need && (rc = room_host_st(pg, host_need)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		const size_t es = elem_size(it->page.dtype);
+		const size_t half = (size_t)H * it->stride * D * es, skip = (size_t)it->u0 * D * es;
+		kvmem_gather_item *g = &pg->host_items[i];
+		struct region *rk = NULL, *rv = NULL;
+		uint32_t slot = UINT32_MAX;
+		uint64_t key = 0;
+
+		*g = (kvmem_gather_item){ .layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
+					  .head_stride = it->stride * D,
+					  .dtype = (int32_t)it->page.dtype };
+		pg->st.tokens += it->n;
+		if (it->page.mem == KVMEM_MEM_HOST) {
+			rk = region_of(pg, it->page.k, half);
+			rv = region_of(pg, it->page.v, half);
+		}
+		if (rk && rv == rk && pg->pool && it->stride == pg->pool_stride) {
+			key = pool_key(rk->id, it->block, it->layer);
+			slot = pool_find(pg, key);
+			/* Filled by this very call: not there until the kernel
+			 * has run; read it where the first item does. */
+			if (slot != UINT32_MAX && pg->filled[slot] == pg->call) {
+				slot = UINT32_MAX;
+				key = 0;
+			}
+		}
+		if (slot != UINT32_MAX) {
+			/* A hit: from HBM. */
+			uint16_t *pk = pg->pool + (size_t)slot * 2 * pg->slot_elems;
+
+			g->k = pk + (size_t)it->u0 * D;
+			g->v = pk + pg->slot_elems + (size_t)it->u0 * D;
+			g->dtype = KVMEM_DTYPE_BF16;
+			pg->ref[slot] = 1;
+			pg->stamp[slot] = pg->call;
+			pg->st.pool_hits++;
+			continue;
+		}
+		if (key)
+			pg->st.pool_misses++;
+		if (it->page.mem == KVMEM_MEM_DEVICE) {
+			g->k = (const char *)it->page.k + skip;
+			g->v = (const char *)it->page.v + skip;
+		} else if (rk && rv) {
+			pg->st.bytes_in += 2 * (size_t)H * it->n * D * es;
+			if (pg->method == CUDA_PLACE_BATCH) {
+				/* K and V of a pool page are one run; copied whole. */
+				pg->copies[n_copies++] = (struct copy){ .src = it->page.k, .len = half,
+									 .item = i };
+				pg->copies[n_copies++] = (struct copy){ .src = it->page.v, .len = half,
+									 .item = -1 - i };
+			} else {
+				g->k = rk->dev + ((const char *)it->page.k - rk->base) + skip;
+				g->v = rv->dev + ((const char *)it->page.v - rv->base) + skip;
+			}
+		} else {
+			/* Not addressable by the device: staged as it is. */
+			char *hk = pg->host_st + host_at, *hv = hk + ((half + 255) & ~(size_t)255);
+
+			memcpy(hk, it->page.k, half);
+			memcpy(hv, it->page.v, half);
+			host_at += 2 * ((half + 255) & ~(size_t)255);
+			g->k = hk + skip;
+			g->v = hv + skip;
+			pg->st.bytes_in += 2 * (size_t)H * it->n * D * es;
+			pg->st.bytes_staged += 2 * half;
+		}
+		/* A whole page of registered memory joins the pool. */
+		if (key && it->u0 == 0 && it->n == it->stride &&
+		    (slot = pool_take(pg, key)) != UINT32_MAX) {
+			g->copy_k = pg->pool + (size_t)slot * 2 * pg->slot_elems;
+			g->copy_v = g->copy_k + pg->slot_elems;
+			pg->ref[slot] = 1;
+		}
+	}
+	if (n_copies) {
+		/* Sorted by address, adjacent ones merged: a block's layers sit
+		 * side by side in the pool, so most of a batch is a few runs. */
+		int runs = 0;
+
+		qsort(pg->copies, n_copies, sizeof(*pg->copies), cmp_copy);
+		for (int i = 0; i < n_copies; i++) {
+			struct copy *c = &pg->copies[i];
+
+			if (runs) {
+				const char *rs = pg->c_src[runs - 1], *end = rs + pg->c_len[runs - 1];
+
+				if (c->src <= end) {
+					/* Adjacent (merged), or the same page again
+					 * (two token ranges): copied once. */
+					c->dst = dev_at - pg->c_len[runs - 1] + (size_t)(c->src - rs);
+					if (c->src + c->len > end) {
+						pg->c_len[runs - 1] += (size_t)(c->src + c->len - end);
+						dev_at += (size_t)(c->src + c->len - end);
+					}
+					continue;
+				}
+			}
+			c->dst = dev_at;
+			pg->c_src[runs] = c->src;
+			pg->c_len[runs] = c->len;
+			runs++;
+			dev_at += c->len;
+		}
+		if ((rc = room_dev_st(b, pg, dev_at)) < 0)
+			return rc;
+		dev_at = 0;
+		for (int r = 0; r < runs; r++) {
+			pg->c_dst[r] = pg->dev_st + dev_at;
+			dev_at += pg->c_len[r];
+		}
+		for (int i = 0; i < n_copies; i++) {
+			const struct copy *c = &pg->copies[i];
+			int item = c->item >= 0 ? c->item : -1 - c->item;
+			const kvmem_place *it = &items[item];
+			const char *at = pg->dev_st + c->dst + (size_t)it->u0 * D * elem_size(it->page.dtype);
+
+			if (c->item >= 0)
+				pg->host_items[item].k = at;
+			else
+				pg->host_items[item].v = at;
+		}
+		{
+			struct cudaMemcpyAttributes attr = { 0 };
+			size_t idx = 0;
+			cudaError_t e;
+
+			attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+			attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+			e = cudaMemcpyBatchAsync((void *const *)pg->c_dst, (const void *const *)pg->c_src,
+						 pg->c_len, (size_t)runs, &attr, &idx, 1,
+						 kvmem_cuda_stream(b->ctx));
+			if (e != cudaSuccess) {
+				cudaGetLastError();
+				return kvmem_error(EIO, "cuda place: batched copy of %d runs: %s", runs,
+						   cudaGetErrorString(e));
+			}
+		}
+	}
+	if (cudaMemcpyAsync(pg->items, pg->host_items, (size_t)n * sizeof(*pg->items),
+			    cudaMemcpyHostToDevice, kvmem_cuda_stream(b->ctx)) != cudaSuccess)
+		return kvmem_error(EIO, "cuda place: uploading %d items", n);
+	if ((rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, pg->items, n, b->c->n_layers, H, D,
+					      (int)v->cap, b->c->rope_theta)) < 0 ||
+	    (rc = kvmem_cuda_sync(b->ctx)) < 0)
+		return rc;
+	pg->st.calls++;
+	pg->st.items += n;
+	pg->st.pool_pages = pg->used;
+	pg->st.ns += (uint64_t)(now_ns() - t0);
+	return 0;
+}
+
+/* Counters of the pack path (cuda_view.c), so every method reports. */
+void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns)
+{
+	struct cuda_pages *pg = pages_of(b);
+
+	if (!pg)
+		return;
+	for (int i = 0; i < n; i++) {
+		pg->st.tokens += items[i].n;
+		pg->st.bytes_in += 2 * (uint64_t)b->c->n_kv_heads * items[i].n * b->c->head_dim *
+				   elem_size(items[i].page.dtype);
+	}
+	pg->st.calls++;
+	pg->st.items += n;
+	pg->st.ns += (uint64_t)ns;
+}
+
+void cuda_place_stats(void *ctx, kvmem_place_stats *st)
+{
+	struct cuda *b = ctx;
+
+	memset(st, 0, sizeof(*st));
+	if (b->pages)
+		*st = b->pages->st;
+}
+
+int cuda_set(void *ctx, const char *key, const char *value)
+{
+	struct cuda *b = ctx;
+	struct cuda_pages *pg = pages_of(b);
+
+	if (!pg)
+		return kvmem_fail();
+	if (!strcmp(key, "place")) {
+		if (!strcmp(value, "gather"))
+			pg->method = CUDA_PLACE_GATHER;
+		else if (!strcmp(value, "batch"))
+			pg->method = CUDA_PLACE_BATCH;
+		else if (!strcmp(value, "pack"))
+			pg->method = CUDA_PLACE_PACK;
+		else
+			return kvmem_error(EINVAL, "cuda: place method '%s' (gather, batch, pack)", value);
+		return 0;
+	}
+	if (!strcmp(key, "pool")) {
+		char *end;
+		unsigned long long v = strtoull(value, &end, 10);
+
+		if (end == value || *end)
+			return kvmem_error(EINVAL, "cuda: pool bytes '%s'", value);
+		pool_free(b, pg);
+		pg->pool_want = v;
+		if (!v)
+			pg->pool_want = 1;	/* no pool (below one slot) */
+		return 0;
+	}
+	return kvmem_error(EINVAL, "cuda: no setting '%s' (place, pool)", key);
+}
+
+void cuda_pages_destroy(struct cuda *b)
+{
+	struct cuda_pages *pg = b->pages;
+
+	if (!pg)
+		return;
+	for (int i = 0; i < MAX_REGIONS; i++)
+		if (pg->reg[i].refs) {
+			cudaHostUnregister(pg->reg[i].base);
+			cudaGetLastError();
+		}
+	pool_free(b, pg);
+	kvmem_cuda_free(pg->items);
+	cudaFreeHost(pg->host_items);
+	cudaFreeHost(pg->host_st);
+	kvmem_cuda_free(pg->dev_st);
+	free(pg->copies);
+	free(pg->c_dst);
+	free(pg->c_src);
+	free(pg->c_len);
+	free(pg);
+	b->pages = NULL;
+}
+
+/* ---- ceilings: one large pinned copy each way ------------------------------ */
+int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out)
+{
+	const size_t bytes = 1u << 30;
+	cudaStream_t st = kvmem_cuda_stream(b->ctx);
+	void *h = NULL, *d = NULL;
+	double best[2] = { 1e30, 1e30 };
+	int rc;
+
+	if ((rc = cuda_pinned(&h, bytes)) < 0)
+		return rc;
+	if ((rc = kvmem_cuda_malloc(&d, bytes)) < 0)
+		goto out;
+	memset(h, 0x3c, bytes);
+	for (int r = 0; r < 6; r++)
+		for (int dir = 0; dir < 2; dir++) {
+			double t0;
+
+			if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+				goto out;
+			t0 = now_ns();
+			if (cudaMemcpyAsync(dir ? h : d, dir ? d : h, bytes,
+					    dir ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+					    st) != cudaSuccess) {
+				rc = kvmem_error(EIO, "cuda ceilings: pinned copy failed");
+				goto out;
+			}
+			if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+				goto out;
+			if (r && now_ns() - t0 < best[dir])
+				best[dir] = now_ns() - t0;
+		}
+	out->h2d_gbps = bytes / best[0];
+	out->d2h_gbps = bytes / best[1];
+out:
+	cudaFreeHost(h);
+	kvmem_cuda_free(d);
+	return rc;
+}
