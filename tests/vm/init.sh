@@ -60,6 +60,17 @@ selftest() {	# seconds program args...: a kselftest program
 	kernel_log_clean "$1"
 }
 
+# An ext2 file system on a loop device at /mnt/ext, for the tests that
+# need O_DIRECT (tmpfs has none in 6.1); they skip when it is missing.
+ext_fs() {
+	for m in crc16 crc32c_generic mbcache jbd2 ext4 loop; do
+		insmod /lib/extra/$m.ko || return 1
+	done
+	truncate -s 64M /tmp/ext.img || return 1
+	dev=$(losetup -f) && losetup "$dev" /tmp/ext.img && mke2fs -q -b 4096 "$dev" >/dev/null &&
+		mkdir -p /mnt/ext && mount -t ext4 "$dev" /mnt/ext || { dmesg | tail -n 5; return 1; }
+}
+step "ext2 on a loop device (for O_DIRECT)" ext_fs
 step "insmod kvmem.ko" insmod /lib/kvmem.ko
 if [ -c /dev/kvmem ] && [ "$(stat -c %a /dev/kvmem)" = 600 ]; then
 	result ok "/dev/kvmem is a 0600 character device"

@@ -10,6 +10,7 @@
  * whose pages fill a 4 KiB stride exactly, one whose 10 KiB pages sit in a
  * padded 12 KiB stride, as hmm-tests runs one body per device.
  */
+#include <liburing.h>
 #include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -837,6 +838,67 @@ TEST(writeback_error_keeps_page_dirty)
 	close(f.pages_fd);
 	close(f.sums_fd);
 	ASSERT_EQ(0, system("umount /tmp/full"));
+}
+
+/* The fast path of a userspace pager: claim pages, read them with io_uring
+ * O_DIRECT straight into the window, FILLED with VERIFY; on ext2 over a loop
+ * device (/init mounts it; tmpfs has no O_DIRECT in 6.1). The module's own
+ * reads and write-back work on that file system too. */
+TEST(odirect_fill_through_io_uring)
+{
+	struct stat root, ext;
+	struct io_uring ring;
+	struct io_uring_cqe *cqe;
+	uint64_t ids[8];
+	int32_t st[8];
+	unsigned char b[8];
+	char path[128];
+	struct vt_ws w;
+	kvmem_kmod *k;
+	int dfd;
+
+	if (stat("/", &root) || stat("/mnt/ext", &ext) || root.st_dev == ext.st_dev)
+		SKIP(return, "no file system with O_DIRECT at /mnt/ext");
+	ASSERT_EQ(0, vt_ws_open_at(&w, VT_WS_WIDE, "/mnt/ext"));
+	k = vt_kmod(&w, 16);
+	ASSERT_NE(NULL, k);
+	snprintf(path, sizeof(path), "%s/pages", w.dir);
+	dfd = open(path, O_RDONLY | O_DIRECT);
+	ASSERT_LE(0, dfd);
+	ASSERT_EQ(0, io_uring_queue_init(16, &ring, 0));
+	for (int i = 0; i < 8; i++)
+		ids[i] = 3 * i + 1;
+	ASSERT_EQ(8, kvmem_kmod_claim(k, ids, 8, st));
+	for (int i = 0; i < 8; i++) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+
+		io_uring_prep_read(sqe, dfd, kvmem_kmod_page_addr(k, ids[i]), w.page_stride,
+				   ids[i] * w.page_stride);
+	}
+	ASSERT_EQ(8, io_uring_submit(&ring));
+	for (int i = 0; i < 8; i++) {
+		ASSERT_EQ(0, io_uring_wait_cqe(&ring, &cqe));
+		ASSERT_EQ((int)w.page_stride, cqe->res);
+		io_uring_cqe_seen(&ring, cqe);
+	}
+	ASSERT_EQ(0, kvmem_kmod_filled(k, ids, 8, 1, st));
+	for (int i = 0; i < 8; i++) {
+		ASSERT_EQ(0, st[i]);
+		ASSERT_TRUE(page_ok(&w, k, ids[i]));
+	}
+	ASSERT_EQ(8, vt_stats(k).user_fills);
+	ASSERT_EQ(0, vt_stats(k).fills);
+	/* The module's own read from ext2, and a write-back to it. */
+	ASSERT_TRUE(page_ok(&w, k, 0));
+	ASSERT_EQ(1, vt_stats(k).fills);
+	ASSERT_EQ(0, vt_write(kvmem_kmod_page_addr(k, 0), "ext2", 4));
+	ASSERT_EQ(0, kvmem_kmod_sync(k));
+	ASSERT_EQ(4, pread(w.pages_fd, b, 4, 0));
+	ASSERT_EQ(0, memcmp(b, "ext2", 4));
+	io_uring_queue_exit(&ring);
+	close(dfd);
+	kvmem_kmod_close(k);
+	vt_ws_close(&w);
 }
 
 /* ---- argument checks (no variant needed, but cheap) --------------------- */

@@ -15,6 +15,14 @@ chmod 755 "$root/init"
 cp "$ko" "$root/lib/kvmem.ko"
 cp "$vm"/bin/kvmem-* "$root/tests/"
 cp -r "$vm"/data/ws-* "$root/data/"
+# A few of the image's own modules, for an ext2 file system on a loop
+# device (the O_DIRECT test; tmpfs has no O_DIRECT in 6.1). Optional.
+mods=$(ls -d "$vm"/kernel/root/lib/modules/*/kernel 2>/dev/null | head -n 1)
+mkdir -p "$root/lib/extra"
+for m in lib/crc16.ko crypto/crc32c_generic.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko \
+	drivers/block/loop.ko; do
+	[ -n "$mods" ] && [ -f "$mods/$m" ] && cp "$mods/$m" "$root/lib/extra/"
+done
 # Shared libraries of every program, at the paths the loader looks for.
 for b in "$root"/tests/*; do
 	case $b in *.o) continue ;; esac

@@ -63,8 +63,9 @@ static inline int vt_pread_all(int fd, void *buf, size_t len, off_t off)
 	return pread(fd, buf, len, off) == (ssize_t)len ? 0 : -1;
 }
 
-/* A private copy of a generated workspace (tests may damage it). */
-static inline int vt_ws_open(struct vt_ws *w, const char *src)
+/* A private copy of a generated workspace (tests may damage it), in a new
+ * directory under parent. */
+static inline int vt_ws_open_at(struct vt_ws *w, const char *src, const char *parent)
 {
 	static const char *const files[] = { "manifest", "pages", "sums", "tokens", "index",
 					     "tail" };
@@ -73,7 +74,7 @@ static inline int vt_ws_open(struct vt_ws *w, const char *src)
 	unsigned char *raw;
 
 	memset(w, 0, sizeof(*w));
-	snprintf(w->dir, sizeof(w->dir), "/tmp/ws.XXXXXX");
+	snprintf(w->dir, sizeof(w->dir), "%s/ws.XXXXXX", parent);
 	if (!mkdtemp(w->dir))
 		return -1;
 	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
@@ -106,6 +107,11 @@ static inline int vt_ws_open(struct vt_ws *w, const char *src)
 					   p % w->n_layers) * 8, 8);
 	free(raw);
 	return 0;
+}
+
+static inline int vt_ws_open(struct vt_ws *w, const char *src)
+{
+	return vt_ws_open_at(w, src, "/tmp");
 }
 
 static inline void vt_ws_close(struct vt_ws *w)
