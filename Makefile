@@ -68,8 +68,6 @@ tests: $(TEST_BIN)
 # visibility; everything else is hidden) through a version script.
 $(LIB_OBJ) $(PIC_OBJ) $(AL_OBJ) $(HELP_OBJ): CFLAGS += -Iuser
 $(PIC_OBJ): CFLAGS += -fvisibility=hidden
-# TEMPORARY: the session script parser still uses the private JSON reader.
-$(O)/obj/tools/kvmem/session_main.o: CFLAGS += -Iuser
 
 $(O)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

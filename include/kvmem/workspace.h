@@ -180,8 +180,22 @@ typedef struct kvmem_policy_ops {
 
 /* NULL-terminated table of every shipped policy (user/workspace/policy.c). */
 extern const kvmem_policy_ops *const kvmem_policies[];
-/* NULL + kvmem_error naming the known policies when `name` is unknown. */
+/* NULL + kvmem_error naming the known policies when `name` is unknown.
+ * Registered policies are found too. */
 const kvmem_policy_ops *kvmem_policy_find(const char *name);
+/*
+ * Register a policy defined outside the library (a test, a research
+ * program): kvmem_policy_find() and kvmem_policy_at() see it from then on,
+ * so sessions, the lab (kvmem/lab.h) and the CLI's lists take it by name.
+ * The ops must outlive every use. At most KVMEM_POLICY_EXTRA of them; call
+ * before sessions run (not thread-safe). -EINVAL for incomplete ops,
+ * -EEXIST for a name already taken, -ENOSPC when the table is full.
+ */
+#define KVMEM_POLICY_EXTRA 32
+int kvmem_policy_register(const kvmem_policy_ops *ops);
+/* Every policy, the shipped ones then the registered ones: i from 0 up
+ * until NULL. */
+const kvmem_policy_ops *kvmem_policy_at(int i);
 
 /* ---- view planner ----------------------------------------------------- */
 enum kvmem_view_state {
@@ -231,6 +245,29 @@ void kvmem_plan_free(kvmem_plan *p);
 double kvmem_plan_holds_span(const kvmem_plan *p, int block, int64_t start, int64_t end);
 
 /* ---- sessions --------------------------------------------------------- */
+struct kvmem_session;
+
+/*
+ * Research hooks on the selection path (kvmem/lab.h records a session's
+ * selections with them). Each may be NULL; none may call back into the
+ * session beyond its const accessors. Per selection: begin, then scored
+ * (what the policy was given and the scores it returned, [n_sets][n_blocks],
+ * before planning), then planned (the new plan, after the view was
+ * rematerialised). ahead: kvmem_session_select_ahead's tokens were run,
+ * with the raw queries of all n of them, [n_layers][n][n_heads][head_dim],
+ * at positions pos0..pos0+n-1 (the selection that follows uses the last
+ * query_tokens of them).
+ */
+typedef struct kvmem_session_tap {
+	void (*begin)(void *arg, const struct kvmem_session *s);
+	void (*scored)(void *arg, const struct kvmem_session *s, const kvmem_select_ctx *c,
+		       const float *scores, int forced);
+	void (*planned)(void *arg, const struct kvmem_session *s, const kvmem_plan *p, int forced);
+	void (*ahead)(void *arg, const struct kvmem_session *s, const float *q, int n,
+		      int64_t pos0);
+	void *arg;
+} kvmem_session_tap;
+
 typedef struct kvmem_session_opts {
 	int block;		/* B: power of two 16..256; 0: 32 */
 	int64_t budget;		/* history tokens in the view; 0: unlimited */
@@ -257,6 +294,9 @@ typedef struct kvmem_session_opts {
 	 * full mid-append or mid-decode). */
 	void (*on_select)(void *arg, const kvmem_plan *plan, int forced);
 	void *arg;
+	/* Optional research hooks (kvmem_session_tap); not part of the session
+	 * state: they change no result. */
+	const kvmem_session_tap *tap;
 } kvmem_session_opts;
 
 void kvmem_session_opts_default(kvmem_session_opts *o);
@@ -324,7 +364,8 @@ int kvmem_session_select(kvmem_session *s);
  */
 int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n);
 /* Generate n tokens into out (sampler NULL: greedy) with the view frozen;
- * when the tail is full, select again and go on. */
+ * when the tail is full, select again and go on. Logits holding NaN or an
+ * infinity are refused (-ERANGE), never sampled. */
 int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out);
 
 int64_t kvmem_session_tokens(const kvmem_session *s);

@@ -624,6 +624,33 @@ static void test_session_errors(void **state)
 	test_model_free(m);
 }
 
+/* Logits the model's arithmetic made NaN are an error, not token 0. */
+static void test_nan_logits_refused(void **state)
+{
+	uint64_t rng = g_seed ^ 0x7a;
+	kvmem_model *m = small_model(&rng);
+	kvmem_backend *e = test_backend(m, 16);
+	kvmem_session *s;
+	int32_t tok[40], out[4];
+
+	for (int i = 0; i < 40; i++)
+		tok[i] = test_rng_int(&rng, 0, m->cfg.vocab - 1);
+	kvmem_session_opts o;
+
+	((float *)m->final_norm)[test_rng_int(&rng, 0, m->cfg.hidden - 1)] = NAN;
+	kvmem_session_opts_default(&o);
+	o.chunk = 16;
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	assert_int_equal(kvmem_session_append(s, tok, 40, 0), 0);
+	assert_int_equal(kvmem_session_decode(s, 4, NULL, out), -ERANGE);
+	assert_non_null(strstr(kvmem_last_error(), "NaN"));
+	assert_int_equal(kvmem_session_tokens(s), 40);	/* nothing was appended */
+	kvmem_session_free(s);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -634,6 +661,7 @@ int main(void)
 		cmocka_unit_test(test_long_generation),
 		cmocka_unit_test(test_adopt_resumes),
 		cmocka_unit_test(test_session_errors),
+		cmocka_unit_test(test_nan_logits_refused),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_session");

@@ -5,40 +5,26 @@
  * selected, reused, entered and left and the decoded ids. --check-exact
  * runs a plain full-context twin alongside and compares every logit.
  *
- * Script: one JSON object per line (blank lines skipped):
- *   {"append": [ids...], "pin": true}      prefill these ids (pin: keep them in every view)
- *   {"append_random": N, "seed": S}        N random ids (seed optional), "pin" allowed
- *   {"decode": N}                          a step boundary: select, then generate N ids
- * Options are read by cmd_run.c (one table for both modes of kvmem run).
+ * The script's format and reader: include/kvmem/script.h. Options are read
+ * by cmd_run.c (one table for both modes of kvmem run).
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "kvmem/backend.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "kvmem/script.h"
 #include "kvmem/workspace.h"
-#include "util/json.h"
 #include "cli_util.h"
 #include "cmd.h"
 #include "pager_cli.h"
 #include "run.h"
-
-enum { OP_APPEND, OP_DECODE };
-
-struct op {
-	int kind, pin, line;
-	int64_t n;
-	int32_t *ids;		/* "append": its ids (malloc'd); NULL for append_random */
-	uint64_t rng;		/* append_random: the generator of its ids */
-};
 
 /* What one step did, summed over the selections in it. */
 struct step {
@@ -65,220 +51,12 @@ struct run {
 	struct twin tw;
 };
 
-/* ---- the script --------------------------------------------------------- */
-/*
- * The script is read and run a line at a time, so memory is bounded by the
- * longest line and the generation chunk, never by the script's token count
- * (five lines of {"append_random": 268435456} once took 5.2 GB before the
- * first step). A regular file is checked whole first, so a bad line 900
- * refuses the run before line 1 commits anything; a pipe is read once and
- * a bad line stops the run where it stands (exit 2 either way).
- */
-struct script {
-	const char *file;
-	FILE *f;
-	char *line;
-	size_t cap;
-	int lineno, vocab, steps;
-	uint64_t seed;
-};
-
-static int script_error(const struct script *sc, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static int script_error(const struct script *sc, const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "kvmem run: %s:%d: ", sc->file, sc->lineno);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	return -1;
-}
-
-/* What a JSON value is, for messages: "1e+12", "a string", ... */
-static const char *json_what(const kvmem_json *v, char *buf, size_t len)
-{
-	if (kvmem_json_typeof(v) == KVMEM_JSON_NUMBER)
-		snprintf(buf, len, "%.17g", kvmem_json_num(v, 0));
-	else
-		snprintf(buf, len, "a%s %s", kvmem_json_typeof(v) == KVMEM_JSON_ARRAY ||
-			 kvmem_json_typeof(v) == KVMEM_JSON_OBJECT ? "n" : "", kvmem_json_type_name(v));
-	return buf;
-}
-
-#define MAX_DECODE (1 << 30)
-#define MAX_APPEND_RANDOM (1 << 28)
-
-/* One line's object into op; ids checked against the vocabulary. An
- * append_random keeps only its count and generator: its ids are made in
- * chunks as it runs. */
-static int parse_op(struct script *sc, const kvmem_json *j, struct op *op)
-{
-	const kvmem_json *ap = kvmem_json_get(j, "append"), *ar = kvmem_json_get(j, "append_random");
-	const kvmem_json *dc = kvmem_json_get(j, "decode"), *pin = kvmem_json_get(j, "pin");
-	const kvmem_json *sd = kvmem_json_get(j, "seed");
-	char what[64];
-
-	if (kvmem_json_typeof(j) != KVMEM_JSON_OBJECT)
-		return script_error(sc, "each line must be a JSON object");
-	for (size_t i = 0; i < kvmem_json_len(j); i++) {
-		const char *k = kvmem_json_key(j, i);
-
-		if (strcmp(k, "append") && strcmp(k, "append_random") && strcmp(k, "decode") &&
-		    strcmp(k, "pin") && strcmp(k, "seed"))
-			return script_error(sc, "unknown key \"%s\" (append, append_random, decode, pin, "
-					    "seed)", k);
-	}
-	if (!!ap + !!ar + !!dc != 1)
-		return script_error(sc, "needs exactly one of \"append\", \"append_random\", \"decode\"");
-	if (pin && kvmem_json_typeof(pin) != KVMEM_JSON_BOOL)
-		return script_error(sc, "\"pin\" must be true or false");
-	if (pin && dc)
-		return script_error(sc, "\"pin\" goes with an append, not with \"decode\"");
-	if (sd && !ar)
-		return script_error(sc, "\"seed\" goes with \"append_random\"");
-	memset(op, 0, sizeof(*op));
-	op->line = sc->lineno;
-	op->pin = kvmem_json_bool(pin, 0);
-	if (dc) {
-		op->kind = OP_DECODE;
-		op->n = kvmem_json_int(dc, -1);
-		if (!kvmem_json_is_int(dc) || op->n < 0 || op->n > MAX_DECODE)
-			return script_error(sc, "\"decode\" wants a token count from 0 to %d, not %s",
-					    MAX_DECODE, json_what(dc, what, sizeof(what)));
-		return 0;
-	}
-	op->kind = OP_APPEND;
-	if (ar) {
-		op->n = kvmem_json_int(ar, -1);
-		if (!kvmem_json_is_int(ar) || op->n < 1 || op->n > MAX_APPEND_RANDOM)
-			return script_error(sc, "\"append_random\" wants a token count from 1 to %d, not %s",
-					    MAX_APPEND_RANDOM, json_what(ar, what, sizeof(what)));
-		if (sd && (!kvmem_json_is_int(sd) || kvmem_json_int(sd, -1) < 0))
-			return script_error(sc, "\"seed\" wants an integer from 0 to %lld, not %s",
-					    (long long)INT64_MAX, json_what(sd, what, sizeof(what)));
-		op->rng = kvmem_rng_seed(sd ? (uint64_t)kvmem_json_int(sd, 0) :
-					 sc->seed * 1000003u + (uint64_t)sc->lineno);
-		return 0;
-	}
-	op->n = (int64_t)kvmem_json_len(ap);
-	if (kvmem_json_typeof(ap) != KVMEM_JSON_ARRAY || op->n < 1)
-		return script_error(sc, "\"append\" wants a non-empty array of token ids");
-	op->ids = malloc(sizeof(int32_t) * op->n);
-	if (!op->ids)
-		return script_error(sc, "out of memory for %lld token ids", (long long)op->n);
-	for (int64_t i = 0; i < op->n; i++) {
-		const kvmem_json *t = kvmem_json_at(ap, (size_t)i);
-		int64_t id = kvmem_json_int(t, -1);
-
-		if (!kvmem_json_is_int(t) || id < 0 || id >= sc->vocab) {
-			free(op->ids);
-			op->ids = NULL;
-			return script_error(sc, "token %lld of \"append\" is not an id in 0..%d",
-					    (long long)i, sc->vocab - 1);
-		}
-		op->ids[i] = (int32_t)id;
-	}
-	return 0;
-}
-
-static int script_open(struct script *sc, const char *file, int vocab, uint64_t seed)
-{
-	struct stat st;
-
-	memset(sc, 0, sizeof(*sc));
-	sc->file = file;
-	sc->vocab = vocab;
-	sc->seed = seed;
-	/* A pipe or FIFO is fine (an agent may feed its steps as it goes);
-	 * a directory is not a script. */
-	sc->f = fopen(file, "r");
-	if (!sc->f) {
-		fprintf(stderr, "kvmem run: %s: %s\n", file, strerror(errno));
-		return -1;
-	}
-	if (fstat(fileno(sc->f), &st) == 0 && S_ISDIR(st.st_mode)) {
-		fprintf(stderr, "kvmem run: %s: a directory, not a script (one JSON object per line)\n",
-			file);
-		fclose(sc->f);
-		sc->f = NULL;
-		return -1;
-	}
-	return 0;
-}
-
-static void script_close(struct script *sc)
-{
-	if (sc->f)
-		fclose(sc->f);
-	free(sc->line);
-	sc->f = NULL;
-	sc->line = NULL;
-}
-
-/* The next step into op: 1, 0 at the end, -1 after a message. */
-static int script_next(struct script *sc, struct op *op)
-{
-	ssize_t len;
-
-	while ((len = getline(&sc->line, &sc->cap, sc->f)) >= 0) {
-		char name[4200];
-		kvmem_json *j;
-		size_t k;
-		int rc;
-
-		sc->lineno++;
-		for (k = 0; k < (size_t)len && strchr(" \t\r\n", sc->line[k]) && sc->line[k]; k++)
-			;
-		if (k == (size_t)len)
-			continue;
-		snprintf(name, sizeof(name), "%s:%d", sc->file, sc->lineno);
-		if (!(j = kvmem_json_parse(sc->line, (size_t)len, name))) {
-			fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
-			return -1;
-		}
-		rc = parse_op(sc, j, op);
-		kvmem_json_free(j);
-		if (rc)
-			return -1;
-		sc->steps++;
-		return 1;
-	}
-	if (ferror(sc->f)) {
-		fprintf(stderr, "kvmem run: %s: read error after line %d: %s\n", sc->file, sc->lineno,
-			strerror(errno));
-		return -1;
-	}
-	if (!sc->steps)
-		return script_error(sc, "the script holds no steps");
-	return 0;
-}
-
-/* A regular file is checked whole, then read again from the top to run. */
-static int script_check(struct script *sc)
-{
-	struct stat st;
-	struct op op;
-	int r;
-
-	if (fstat(fileno(sc->f), &st) || !S_ISREG(st.st_mode))
-		return 0;
-	while ((r = script_next(sc, &op)) > 0)
-		free(op.ids);
-	if (r < 0)
-		return -1;
-	rewind(sc->f);
-	sc->lineno = sc->steps = 0;
-	return 0;
-}
-
+/* ---- the script (kvmem/script.h reads it) ------------------------------- */
 /* The ids of an append_random, made and prefilled a chunk at a time. The
  * chunk is a multiple of the prefill chunk, so the forward passes (and the
  * selections between them) fall where one append of every id would put
  * them. */
-static int append_random(kvmem_session *s, struct op *op, int vocab, int chunk)
+static int append_random(kvmem_session *s, kvmem_script_step *op, int vocab, int chunk)
 {
 	int64_t per = (int64_t)chunk * (chunk < 65536 ? 65536 / chunk : 1);
 	int64_t p0 = kvmem_session_tokens(s);
@@ -293,8 +71,7 @@ static int append_random(kvmem_session *s, struct op *op, int vocab, int chunk)
 	for (int64_t done = 0; !rc && done < op->n;) {
 		int64_t k = op->n - done < per ? op->n - done : per;
 
-		for (int64_t i = 0; i < k; i++)
-			ids[i] = (int32_t)(kvmem_rng_uniform(&op->rng) * vocab);
+		kvmem_script_random_ids(op, vocab, ids, k);
 		rc = kvmem_session_append(s, ids, k, 0);
 		done += k;
 	}
@@ -373,7 +150,7 @@ static void print_ranges(FILE *f, const kvmem_plan *p, int json, int max)
 	}
 }
 
-static void print_step(const struct run_opts *o, kvmem_session *s, int step, const struct op *op,
+static void print_step(const struct run_opts *o, kvmem_session *s, int step, const kvmem_script_step *op,
 		       const struct step *st, const int32_t *out, double ms)
 {
 	const kvmem_plan *p = kvmem_session_plan(s);
@@ -384,7 +161,7 @@ static void print_step(const struct run_opts *o, kvmem_session *s, int step, con
 		       "\"workspace_tokens\":%lld,\"view_tokens\":%lld,\"tail_tokens\":%lld,"
 		       "\"selected_blocks\":%d,\"selections\":%lld,\"forced\":%lld,\"reused\":%lld,"
 		       "\"entered\":%lld,\"new\":%lld,\"left\":%lld,\"sets\":%d,\"blocks\":[",
-		       step, op->line, op->kind == OP_DECODE ? "decode" : "append", (long long)op->n,
+		       step, op->line, op->kind == KVMEM_STEP_DECODE ? "decode" : "append", (long long)op->n,
 		       op->pin ? "true" : "false", (long long)kvmem_session_tokens(s), (long long)view,
 		       (long long)tail, p->n_view, (long long)st->selections, (long long)st->forced,
 		       (long long)st->reused, (long long)st->entering, (long long)st->born,
@@ -401,7 +178,7 @@ static void print_step(const struct run_opts *o, kvmem_session *s, int step, con
 		return;
 	}
 	printf("step %d (line %d) %s %lld%s: workspace %lld, view %lld + tail %lld, %.1f ms\n",
-	       step, op->line, op->kind == OP_DECODE ? "decode" : "append", (long long)op->n,
+	       step, op->line, op->kind == KVMEM_STEP_DECODE ? "decode" : "append", (long long)op->n,
 	       op->pin ? " pinned" : "", (long long)kvmem_session_tokens(s), (long long)view,
 	       (long long)tail, ms);
 	if (st->selections) {
@@ -441,30 +218,29 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int run_script(struct run *r, kvmem_session *s, int ws, struct script *sc)
+static int run_script(struct run *r, kvmem_session *s, int ws, kvmem_script *sc, int vocab)
 {
 	const struct run_opts *o = r->o;
 	int exact_failed = 0, step = 0, got;
-	struct op op;
+	kvmem_script_step op;
 
-	while ((got = script_next(sc, &op)) > 0) {
+	while ((got = kvmem_script_next(sc, &op)) > 0) {
 		int32_t *out = NULL;
 		double t0 = now_ms();
 		int rc;
 
 		step++;
 		memset(&r->st, 0, sizeof(r->st));
-		if (op.kind == OP_APPEND && op.ids) {
+		if (op.kind == KVMEM_STEP_APPEND && op.ids) {
 			rc = kvmem_session_append(s, op.ids, op.n, op.pin);
-		} else if (op.kind == OP_APPEND) {
-			rc = append_random(s, &op, sc->vocab, o->chunk);
+		} else if (op.kind == KVMEM_STEP_APPEND) {
+			rc = append_random(s, &op, vocab, o->chunk);
 		} else {
 			out = malloc(sizeof(int32_t) * (op.n ? op.n : 1));
 			rc = !out ? kvmem_error(ENOMEM, "out of memory") : kvmem_session_select(s);
 			if (!rc)
 				rc = kvmem_session_decode(s, (int)op.n, &o->sampler, out);
 		}
-		free(op.ids);
 		/* A NaN would be sampled as token 0, and K/V computed with it are
 		 * no better: nothing of this step is printed or committed. */
 		if (!rc && r->nonfinite)
@@ -497,14 +273,18 @@ static int run_script(struct run *r, kvmem_session *s, int ws, struct script *sc
 		if (cli_stdout_ok(RUN_WHO))
 			return 1;
 	}
-	return got < 0 ? EXIT_USAGE : exact_failed;
+	if (got < 0) {
+		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
+		return EXIT_USAGE;
+	}
+	return exact_failed;
 }
 
 int session_main(const struct run_opts *opts)
 {
 	const struct run_opts o = *opts;
 	struct run r = { .o = &o };
-	struct script sc = { 0 };
+	kvmem_script *sc = NULL;
 	int rc = 1;
 	kvmem_config cfg;
 	kvmem_model *m = NULL;
@@ -519,14 +299,18 @@ int session_main(const struct run_opts *opts)
 		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 		return 1;
 	}
-	if (script_open(&sc, o.script, cfg.vocab, o.seed) || script_check(&sc)) {
-		script_close(&sc);
+	if (kvmem_script_open(o.script, cfg.vocab, o.seed, &sc) < 0 || kvmem_script_check(sc) < 0) {
+		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
+		kvmem_script_close(sc);
 		return EXIT_USAGE;
 	}
 	if (kvmem_model_load(o.model, &m) ||
-	    kvmem_backend_open(o.backend, m, &(kvmem_backend_opts){ .max_chunk = (int)o.chunk },
-			       &e) < 0)
+	    kvmem_backend_open(o.backend, m, &(kvmem_backend_opts){ .max_chunk = (int)o.chunk,
+								     .mem_cap = o.gpu_mem }, &e) < 0)
 		goto err;
+	/* A GPU's workspace keeps bf16 pages (what its view holds: nothing is
+	 * converted on the way back); the CPU engine's f32. */
+	pager_cli_dtype(strcmp(kvmem_backend_name(e), "cpu") ? KVMEM_DTYPE_BF16 : 0);
 	r.tw.c = &m->cfg;	/* on_forward reads the vocabulary from it */
 	kvmem_session_opts_default(&so);
 	so.block = (int)o.block;
@@ -578,7 +362,7 @@ int session_main(const struct run_opts *opts)
 			ro->policy, ro->block, ro->budget ? "" : "unlimited ", (long long)ro->budget,
 			(long long)ro->sink, (long long)ro->recent, (long long)ro->reserve, ro->chunk);
 	}
-	rc = run_script(&r, s, o.workspace != NULL, &sc);
+	rc = run_script(&r, s, o.workspace != NULL, sc, m->cfg.vocab);
 	kvmem_session_get_stats(s, &ss);
 	fprintf(o.json ? stderr : stdout,
 		"done: %lld tokens, %lld forward passes, %lld selections (%lld forced), "
@@ -603,6 +387,6 @@ out:
 	free(r.tw.logits);
 	kvmem_backend_close(e);
 	kvmem_model_free(m);
-	script_close(&sc);
+	kvmem_script_close(sc);
 	return rc;
 }

@@ -26,12 +26,15 @@ int kvmem_last_errno(void)
 
 int kvmem_error(int err, const char *fmt, ...)
 {
+	char msg[sizeof(errbuf)];
 	va_list ap;
 
-	errcode = err > 0 ? err : EIO;
+	/* Format aside first: an argument may be kvmem_last_error() itself. */
 	va_start(ap, fmt);
-	vsnprintf(errbuf, sizeof(errbuf), fmt, ap);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	memcpy(errbuf, msg, sizeof(errbuf));
+	errcode = err > 0 ? err : EIO;
 	return -errcode;
 }
 

@@ -7,6 +7,7 @@
  * selects again with the latest queries and goes on.
  */
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -349,7 +350,18 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 	if (n > 0 && !s->have_logits)
 		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
 	for (int i = 0; i < n; i++) {
-		int32_t tok = kvmem_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
+		int32_t tok;
+
+		/* NaN would never be drawn and infinities would always win: either
+		 * way the model's arithmetic has overflowed, and a token sampled
+		 * from it is no answer. */
+		for (int v = 0; v < s->cfg.vocab; v++)
+			if (!isfinite(s->last_logits[v]))
+				return kvmem_error(ERANGE, "session: the logits hold NaN or infinite "
+						   "values (logit %d is %g): the model's arithmetic "
+						   "overflowed; nothing sampled", v,
+						   (double)s->last_logits[v]);
+		tok = kvmem_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
 
 		if (out)
 			out[i] = tok;

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: MIT
+/* The session script reader (include/kvmem/script.h). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/script.h"
+#include "util/json.h"
+
+struct kvmem_script {
+	char *file;
+	FILE *f;
+	char *line;
+	size_t cap;
+	int lineno, vocab, steps;
+	uint64_t seed;
+	int32_t *ids;		/* the last "append" line's ids */
+};
+
+static int bad(const kvmem_script *sc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(const kvmem_script *sc, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return kvmem_error(EINVAL, "%s:%d: %s", sc->file, sc->lineno, msg);
+}
+
+/* What a JSON value is, for messages: "1e+12", "a string", ... */
+static const char *json_what(const kvmem_json *v, char *buf, size_t len)
+{
+	if (kvmem_json_typeof(v) == KVMEM_JSON_NUMBER)
+		snprintf(buf, len, "%.17g", kvmem_json_num(v, 0));
+	else
+		snprintf(buf, len, "a%s %s", kvmem_json_typeof(v) == KVMEM_JSON_ARRAY ||
+			 kvmem_json_typeof(v) == KVMEM_JSON_OBJECT ? "n" : "", kvmem_json_type_name(v));
+	return buf;
+}
+
+/* One line's object into st; ids checked against the vocabulary. */
+static int parse_step(kvmem_script *sc, const kvmem_json *j, kvmem_script_step *st)
+{
+	const kvmem_json *ap = kvmem_json_get(j, "append"), *ar = kvmem_json_get(j, "append_random");
+	const kvmem_json *dc = kvmem_json_get(j, "decode"), *pin = kvmem_json_get(j, "pin");
+	const kvmem_json *sd = kvmem_json_get(j, "seed");
+	char what[64];
+
+	if (kvmem_json_typeof(j) != KVMEM_JSON_OBJECT)
+		return bad(sc, "each line must be a JSON object");
+	for (size_t i = 0; i < kvmem_json_len(j); i++) {
+		const char *k = kvmem_json_key(j, i);
+
+		if (strcmp(k, "append") && strcmp(k, "append_random") && strcmp(k, "decode") &&
+		    strcmp(k, "pin") && strcmp(k, "seed"))
+			return bad(sc, "unknown key \"%s\" (append, append_random, decode, pin, seed)", k);
+	}
+	if (!!ap + !!ar + !!dc != 1)
+		return bad(sc, "needs exactly one of \"append\", \"append_random\", \"decode\"");
+	if (pin && kvmem_json_typeof(pin) != KVMEM_JSON_BOOL)
+		return bad(sc, "\"pin\" must be true or false");
+	if (pin && dc)
+		return bad(sc, "\"pin\" goes with an append, not with \"decode\"");
+	if (sd && !ar)
+		return bad(sc, "\"seed\" goes with \"append_random\"");
+	memset(st, 0, sizeof(*st));
+	st->line = sc->lineno;
+	st->pin = kvmem_json_bool(pin, 0);
+	if (dc) {
+		st->kind = KVMEM_STEP_DECODE;
+		st->n = kvmem_json_int(dc, -1);
+		if (!kvmem_json_is_int(dc) || st->n < 0 || st->n > KVMEM_SCRIPT_MAX_DECODE)
+			return bad(sc, "\"decode\" wants a token count from 0 to %d, not %s",
+				   KVMEM_SCRIPT_MAX_DECODE, json_what(dc, what, sizeof(what)));
+		return 0;
+	}
+	st->kind = KVMEM_STEP_APPEND;
+	if (ar) {
+		st->n = kvmem_json_int(ar, -1);
+		if (!kvmem_json_is_int(ar) || st->n < 1 || st->n > KVMEM_SCRIPT_MAX_RANDOM)
+			return bad(sc, "\"append_random\" wants a token count from 1 to %d, not %s",
+				   KVMEM_SCRIPT_MAX_RANDOM, json_what(ar, what, sizeof(what)));
+		if (sd && (!kvmem_json_is_int(sd) || kvmem_json_int(sd, -1) < 0))
+			return bad(sc, "\"seed\" wants an integer from 0 to %lld, not %s",
+				   (long long)INT64_MAX, json_what(sd, what, sizeof(what)));
+		st->rng = kvmem_rng_seed(sd ? (uint64_t)kvmem_json_int(sd, 0) :
+					 sc->seed * 1000003u + (uint64_t)sc->lineno);
+		return 0;
+	}
+	st->n = (int64_t)kvmem_json_len(ap);
+	if (kvmem_json_typeof(ap) != KVMEM_JSON_ARRAY || st->n < 1)
+		return bad(sc, "\"append\" wants a non-empty array of token ids");
+	free(sc->ids);
+	if (!(sc->ids = malloc(sizeof(int32_t) * st->n)))
+		return kvmem_error(ENOMEM, "%s:%d: out of memory for %lld token ids", sc->file,
+				   sc->lineno, (long long)st->n);
+	for (int64_t i = 0; i < st->n; i++) {
+		const kvmem_json *t = kvmem_json_at(ap, (size_t)i);
+		int64_t id = kvmem_json_int(t, -1);
+
+		if (!kvmem_json_is_int(t) || id < 0 || id >= sc->vocab)
+			return bad(sc, "token %lld of \"append\" is not an id in 0..%d", (long long)i,
+				   sc->vocab - 1);
+		sc->ids[i] = (int32_t)id;
+	}
+	st->ids = sc->ids;
+	return 0;
+}
+
+int kvmem_script_open(const char *path, int vocab, uint64_t seed, kvmem_script **out)
+{
+	kvmem_script *sc = calloc(1, sizeof(*sc));
+	struct stat st;
+	int rc;
+
+	*out = NULL;
+	if (!sc || !(sc->file = strdup(path))) {
+		free(sc);
+		return kvmem_error(ENOMEM, "%s: out of memory", path);
+	}
+	sc->vocab = vocab;
+	sc->seed = seed;
+	if (!(sc->f = fopen(path, "r"))) {
+		rc = kvmem_error(errno, "%s: %s", path, strerror(errno));
+		kvmem_script_close(sc);
+		return rc;
+	}
+	if (fstat(fileno(sc->f), &st) == 0 && S_ISDIR(st.st_mode)) {
+		kvmem_script_close(sc);
+		return kvmem_error(EISDIR, "%s: a directory, not a script (one JSON object per line)",
+				   path);
+	}
+	*out = sc;
+	return 0;
+}
+
+void kvmem_script_close(kvmem_script *sc)
+{
+	if (!sc)
+		return;
+	if (sc->f)
+		fclose(sc->f);
+	free(sc->line);
+	free(sc->ids);
+	free(sc->file);
+	free(sc);
+}
+
+int kvmem_script_next(kvmem_script *sc, kvmem_script_step *st)
+{
+	ssize_t len;
+
+	while ((len = getline(&sc->line, &sc->cap, sc->f)) >= 0) {
+		char name[4200];
+		kvmem_json *j;
+		size_t k;
+		int rc;
+
+		sc->lineno++;
+		for (k = 0; k < (size_t)len && strchr(" \t\r\n", sc->line[k]) && sc->line[k]; k++)
+			;
+		if (k == (size_t)len)
+			continue;
+		snprintf(name, sizeof(name), "%s:%d", sc->file, sc->lineno);
+		if (!(j = kvmem_json_parse(sc->line, (size_t)len, name)))
+			return kvmem_fail();	/* the message names file:line */
+		rc = parse_step(sc, j, st);
+		kvmem_json_free(j);
+		if (rc)
+			return rc;
+		sc->steps++;
+		return 1;
+	}
+	if (ferror(sc->f))
+		return kvmem_error(EIO, "%s: read error after line %d: %s", sc->file, sc->lineno,
+				   strerror(errno));
+	if (!sc->steps)
+		return kvmem_error(ENODATA, "%s:%d: the script holds no steps", sc->file, sc->lineno);
+	return 0;
+}
+
+int kvmem_script_check(kvmem_script *sc)
+{
+	kvmem_script_step st;
+	struct stat sb;
+	int r;
+
+	if (fstat(fileno(sc->f), &sb) || !S_ISREG(sb.st_mode))
+		return 0;
+	while ((r = kvmem_script_next(sc, &st)) > 0)
+		;
+	if (r < 0)
+		return r;
+	rewind(sc->f);
+	sc->lineno = sc->steps = 0;
+	return 0;
+}
+
+void kvmem_script_random_ids(kvmem_script_step *st, int vocab, int32_t *ids, int64_t k)
+{
+	for (int64_t i = 0; i < k; i++)
+		ids[i] = (int32_t)(kvmem_rng_uniform(&st->rng) * vocab);
+}
