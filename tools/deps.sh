@@ -4,7 +4,7 @@
 # packages are present, so `make test` stays fast on a ready machine.
 set -e
 PKGS="gcc make libc6-dev libopenblas-dev liburing-dev libnuma-dev libxxhash-dev
-      libcmocka-dev systemtap-sdt-dev gnuplot-nox"
+      libcmocka-dev systemtap-sdt-dev gnuplot-nox pkgconf binutils"
 # mkfs.ext4 (the full-disk test on a loop-mounted ext4, tests/unit/test_faults.c).
 PKGS="$PKGS e2fsprogs"
 # The kernel module and its VM suite (make kmod, make vmtest: tests/vm/vm.mk):

@@ -60,6 +60,11 @@ const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
  * a write error (errno says which). */
 int kvmem_json_write_str(FILE *f, const char *s);
 
+/* Write all len bytes of buf to fd at off (off < 0: at the file position),
+ * through short writes and EINTR. 0, or -errno (errno set too; -ENOSPC when
+ * the disk takes nothing). No message: the caller names the file. */
+int kvmem_write_all(int fd, const void *buf, size_t len, int64_t off);
+
 /* mkdir -p: create dir and its parents (0755); fails, naming the part that
  * could not be made, or when dir exists and is not a directory. */
 int kvmem_mkdir_p(const char *dir);

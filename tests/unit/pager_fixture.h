@@ -19,15 +19,13 @@
 
 #include <xxhash.h>
 
+#include "kvmem/kernels.h"
 #include "kvmem/pager.h"
 #include "helpers/test_model.h"
 
 static inline uint64_t fx_mix(uint64_t x)
 {
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
+	return kvmem_mix64(x + KVMEM_GOLDEN_GAMMA);
 }
 
 /* Bytes that depend on (seed, kind, id) only. */

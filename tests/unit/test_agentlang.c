@@ -18,17 +18,14 @@
 #include <cmocka.h>
 
 #include "kvmem/agentlang.h"
+#include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 
 static uint64_t seed0;
 
 static uint64_t rnd(void)
 {
-	uint64_t z = (seed0 += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return kvmem_rng_next(&seed0);
 }
 
 /* ---- an independent parser of fact and question lines ------------------- */

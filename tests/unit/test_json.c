@@ -10,6 +10,7 @@
 #include <time.h>
 #include <cmocka.h>
 
+#include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "util/json.h"
 #include "helpers/test_model.h"
@@ -18,11 +19,7 @@ static uint64_t rng_state;
 
 static uint64_t rnd(void)
 {
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return kvmem_rng_next(&rng_state);
 }
 
 /* Parse from an exact-size heap copy, so ASan sees any read past len. */

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "kvmem/kvmem.h"
-#include "util/fs.h"
 #include "embedded_model.h"
 
 #define EMBED(sym, path)                                                    \
@@ -60,26 +59,16 @@ static int same_file(const char *path, const unsigned char *data, size_t n)
 static int write_file(const char *path, const unsigned char *data, size_t n)
 {
 	char tmp[4200];
-	int fd;
-	size_t off = 0;
+	int fd, rc;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
 		return kvmem_error(EINVAL, "%s: path too long", path);
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0)
 		return kvmem_error(errno, "%s: cannot create: %s", tmp, strerror(errno));
-	while (off < n) {
-		ssize_t w = write(fd, data + off, n - off);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			int e = w < 0 ? errno : ENOSPC;
-
-			close(fd);
-			unlink(tmp);
-			return kvmem_error(e, "%s: cannot write: %s", tmp, strerror(e));
-		}
-		off += (size_t)w;
+	if ((rc = kvmem_write_all(fd, data, n, -1)) < 0) {
+		close(fd);
+		unlink(tmp);
+		return kvmem_error(-rc, "%s: cannot write: %s", tmp, strerror(-rc));
 	}
 	if (fsync(fd)) {
 		int e = errno;

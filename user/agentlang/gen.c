@@ -13,16 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "agentlang/lang.h"
+#include "util/grow.h"
 
 /* ---- random ------------------------------------------------------------- */
 uint64_t al_mix64(uint64_t x)
 {
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
+	return kvmem_mix64(x + KVMEM_GOLDEN_GAMMA);
 }
 
 void al_rng_seed(struct al_rng *r, uint64_t seed, uint64_t stream)
@@ -208,15 +207,8 @@ int al_file_new(struct al_gen *g, int base, int ext, int reserved)
 
 		if (g->taken[ni])
 			continue;
-		if (g->nfile == g->capfile) {
-			int cap = g->capfile ? g->capfile * 2 : 64;
-			struct al_file *nf = realloc(g->file, (size_t)cap * sizeof(*nf));
-
-			if (!nf)
-				return kvmem_error(ENOMEM, "agentlang: out of memory for %d files", cap);
-			g->file = nf;
-			g->capfile = cap;
-		}
+		if (kvmem_grow(&g->file, sizeof(*g->file), (size_t)g->nfile + 1, &g->capfile, 64))
+			return kvmem_error(ENOMEM, "agentlang: out of memory for %d files", g->nfile + 1);
 		g->taken[ni] = 1;
 		struct al_file *f = &g->file[g->nfile];
 		memset(f, 0, sizeof(*f));
@@ -354,15 +346,8 @@ static int ask_add(struct al_gen *g, int f, int k)
 {
 	if (g->file[f].reserved)
 		return 0;
-	if (g->nask == g->capask) {
-		int cap = g->capask ? g->capask * 2 : 64;
-		struct al_pair *na = realloc(g->ask, (size_t)cap * sizeof(*na));
-
-		if (!na)
-			return kvmem_error(ENOMEM, "agentlang: out of memory");
-		g->ask = na;
-		g->capask = cap;
-	}
+	if (kvmem_grow(&g->ask, sizeof(*g->ask), (size_t)g->nask + 1, &g->capask, 64))
+		return kvmem_error(ENOMEM, "agentlang: out of memory");
 	g->ask[g->nask].f = f;
 	g->ask[g->nask++].k = (uint8_t)k;
 	return 0;

@@ -105,7 +105,8 @@ struct al_gen {
 	int32_t *tok;
 	int64_t len, cap, limit;
 	struct al_file *file;
-	int nfile, capfile;
+	int nfile;
+	size_t capfile;
 	int nbg;		/* files 0..nbg-1 are background files */
 	uint8_t *taken;		/* file names in use: [stem][variant][ext] */
 	int32_t *base;		/* this world's (stem * 10 + variant) pool */
@@ -113,7 +114,8 @@ struct al_gen {
 	uint8_t kp_pool[AL_MAX_LIST], kn_pool[AL_MAX_LIST];
 	int nkp_pool, nkn_pool;
 	struct al_pair *ask;	/* background pairs shown so far */
-	int nask, capask;
+	int nask;
+	size_t capask;
 	double q_rate;		/* background questions per token */
 	double q_credit;
 	/* Set by every fact line emitted, and per key by al_ep_cat. */

@@ -211,7 +211,8 @@ static void cache_store(const kvmem_st_file *f, const struct stat *st,
 {
 	char path[4300], dir[4200], tmp[4400];
 	char *text = NULL;
-	size_t len = 0, done = 0;
+	size_t len = 0;
+	int written;
 	struct timespec now;
 	FILE *m;
 	int fd;
@@ -243,17 +244,9 @@ static void cache_store(const kvmem_st_file *f, const struct stat *st,
 	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (fd < 0)
 		goto quiet;
-	while (done < len) {
-		ssize_t w = write(fd, text + done, len - done);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			break;
-		done += (size_t)w;
-	}
+	written = kvmem_write_all(fd, text, len, -1) == 0;
 	/* No fsync: a cache torn by a crash fails its check and is redone. */
-	if (close(fd) || done < len || rename(tmp, path))
+	if (close(fd) || !written || rename(tmp, path))
 		unlink(tmp);
 	goto quiet;
 drop:

@@ -47,18 +47,6 @@ struct plan {
 	uint64_t data_bytes;	/* all tensors, all shards */
 };
 
-static uint64_t mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static uint64_t next(uint64_t *s)
-{
-	return mix64(*s += 0x9e3779b97f4a7c15ull);
-}
-
 static void plan_free(struct plan *p)
 {
 	free(p->t);
@@ -193,7 +181,7 @@ static void store(void *out, size_t i, kvmem_st_dtype dt, float v)
 static void fill_chunk(void *out, size_t k, kvmem_st_dtype dt, double std, uint64_t seed,
 		       size_t ti, uint64_t chunk)
 {
-	uint64_t s = mix64(mix64(seed ^ mix64(ti + 1)) + 0x632be59bd9b4e019ull * (chunk + 1));
+	uint64_t s = kvmem_mix64(kvmem_mix64(seed ^ kvmem_mix64(ti + 1)) + 0x632be59bd9b4e019ull * (chunk + 1));
 
 	if (std == 0) {
 		for (size_t i = 0; i < k; i++)
@@ -206,8 +194,8 @@ static void fill_chunk(void *out, size_t k, kvmem_st_dtype dt, double std, uint6
 		double u, v, r2, f;
 
 		do {
-			u = (double)(next(&s) >> 11) * 0x1.0p-52 - 1.0;
-			v = (double)(next(&s) >> 11) * 0x1.0p-52 - 1.0;
+			u = (double)(kvmem_rng_next(&s) >> 11) * 0x1.0p-52 - 1.0;
+			v = (double)(kvmem_rng_next(&s) >> 11) * 0x1.0p-52 - 1.0;
 			r2 = u * u + v * v;
 		} while (r2 >= 1.0 || r2 == 0.0);
 		f = sqrt(-2.0 * log(r2) / r2) * std;

@@ -178,19 +178,11 @@ uint64_t kvmem_st_writer_file_size(kvmem_st_writer *w)
 
 static int flush_buf(kvmem_st_writer *w)
 {
-	size_t done = 0;
+	int rc = kvmem_write_all(w->fd, w->buf, w->used, -1);
 
-	while (done < w->used) {
-		ssize_t r = write(w->fd, w->buf + done, w->used - done);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			w->failed = true;
-			return kvmem_error(errno, "%s: write failed: %s", w->path,
-					 r ? strerror(errno) : "no progress");
-		}
-		done += (size_t)r;
+	if (rc < 0) {
+		w->failed = true;
+		return kvmem_error(-rc, "%s: write failed: %s", w->path, strerror(-rc));
 	}
 	w->used = 0;
 	return 0;

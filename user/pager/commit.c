@@ -24,9 +24,9 @@ static int write_tail(kvmem_pager *p, uint32_t slot, const void *const *layers,
 {
 	size_t L = p->g.n_layers, ib = p->g.index_bytes;
 	uint8_t *buf = calloc(1, p->tail_slot_bytes);
-	const uint8_t *b;
 	uint64_t off = (uint64_t)slot * p->tail_slot_bytes;
 	size_t len = p->tail_slot_bytes;
+	int rc;
 
 	if (!buf)
 		return kvmem_error(ENOMEM, "%s/tail: out of memory", p->dir);
@@ -37,21 +37,10 @@ static int write_tail(kvmem_pager *p, uint32_t slot, const void *const *layers,
 	if (ib)
 		memcpy(buf + L * p->page_stride, index, ib);
 	sums[L] = XXH3_64bits(buf + L * p->page_stride, ib);
-	for (b = buf; len;) {
-		ssize_t w = pwrite(p->fd_tail, b, len, off);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			int err = w < 0 ? errno : ENOSPC;
-
-			free(buf);
-			return kvmem_error(err, "%s/tail: cannot write slot %u: %s", p->dir, slot,
-					 strerror(err));
-		}
-		b += w;
-		off += w;
-		len -= w;
+	if ((rc = kvmem_write_all(p->fd_tail, buf, len, (int64_t)off)) < 0) {
+		free(buf);
+		return kvmem_error(-rc, "%s/tail: cannot write slot %u: %s", p->dir, slot,
+				   strerror(-rc));
 	}
 	free(buf);
 	return 0;

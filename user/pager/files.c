@@ -233,7 +233,7 @@ int ws_lock(int dirfd, const char *dir)
 		return kvmem_error(err, "%s/lock: cannot lock: %s", dir, strerror(err));
 	}
 	n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
-	if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, n, 0) != n) {
+	if (ftruncate(fd, 0) < 0 || kvmem_write_all(fd, buf, (size_t)n, 0) < 0) {
 		int err = errno ? errno : EIO;
 
 		close(fd);

@@ -209,26 +209,6 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 	return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-	const uint8_t *b = buf;
-
-	while (len) {
-		ssize_t n = write(fd, b, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			if (n == 0)
-				errno = ENOSPC;
-			return -1;
-		}
-		b += n;
-		len -= n;
-	}
-	return 0;
-}
-
 int mf_write(int dirfd, const char *dir, const struct manifest *m)
 {
 	static _Atomic unsigned seq;
@@ -256,7 +236,7 @@ int mf_write(int dirfd, const char *dir, const struct manifest *m)
 		free(buf);
 		return fd;
 	}
-	if (write_all(fd, buf, size) < 0) {
+	if (kvmem_write_all(fd, buf, size, -1) < 0) {
 		err = errno;
 		free(buf);
 		close(fd);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "pager/pager_int.h"
+#include "util/grow.h"
 #include "pager/probes.h"
 
 #define DEFAULT_CAP (256ull << 20)
@@ -207,45 +208,23 @@ void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
 
 int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n)
 {
-	const uint8_t *b = (const uint8_t *)ids;
 	size_t len = n * 4;
 	uint64_t off = p->n_tokens * 4;
-
 	uint64_t pend = p->n_tokens - p->m.h.tokens;
+	int rc;
 
 	if (p->rdonly)
 		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
-	if (pend + n > p->tok_pend_cap) {
-		size_t cap = p->tok_pend_cap ? p->tok_pend_cap : 4096;
-		int32_t *t;
-
-		while (cap < pend + n)
-			cap *= 2;
-		t = realloc(p->tok_pend, cap * sizeof(*t));
-		if (!t)
-			return kvmem_error(ENOMEM, "%s/tokens: out of memory", p->dir);
-		p->tok_pend = t;
-		p->tok_pend_cap = cap;
-	}
+	if (kvmem_grow(&p->tok_pend, sizeof(*p->tok_pend), pend + n, &p->tok_pend_cap, 4096))
+		return kvmem_error(ENOMEM, "%s/tokens: out of memory", p->dir);
 	/* Kept in memory until committed, so they read back even when the
 	 * file write fails. */
 	memcpy(p->tok_pend + pend, ids, len);
 	XXH3_64bits_update(p->tok_hash, ids, len);
 	p->n_tokens += n;
-	while (len && !p->write_failed) {
-		ssize_t w = pwrite(p->fd_tokens, b, len, off);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			int err = w < 0 ? errno : ENOSPC;
-
-			pager_fail_write(p, err, "%s/tokens: cannot append: %s", p->dir, strerror(err));
-			return kvmem_error(err, "%s", p->write_err);
-		}
-		b += w;
-		off += w;
-		len -= w;
+	if (!p->write_failed && (rc = kvmem_write_all(p->fd_tokens, ids, len, (int64_t)off)) < 0) {
+		pager_fail_write(p, -rc, "%s/tokens: cannot append: %s", p->dir, strerror(-rc));
+		return kvmem_error(-rc, "%s", p->write_err);
 	}
 	return 0;
 }

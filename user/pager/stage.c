@@ -107,27 +107,6 @@ static int free_stage_slot(kvmem_pager *p, uint64_t block)
 	return kvmem_error(EIO, "%s: stage-out buffer accounting is wrong", p->dir);
 }
 
-static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
-{
-	const uint8_t *b = buf;
-
-	while (len) {
-		ssize_t w = pwrite(fd, b, len, off);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			if (w == 0)
-				errno = ENOSPC;
-			return -1;
-		}
-		b += w;
-		off += w;
-		len -= w;
-	}
-	return 0;
-}
-
 /*
  * Allocate the pages file ahead of the writes. Writes into allocated blocks
  * inside the file size let ext4 run several O_DIRECT writes at once (shared
@@ -212,10 +191,10 @@ int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *
 	for (size_t l = 0; l < L; l++)
 		p->pt[block * L + l].flags |= KVMEM_PTE_DIRTY;
 
-	if (!p->write_failed && ib && pwrite_all(p->fd_index, index, ib, block * ib) < 0)
+	if (!p->write_failed && ib && kvmem_write_all(p->fd_index, index, ib, (int64_t)(block * ib)) < 0)
 		pager_fail_write(p, errno, "%s/index: cannot append the record of block %" PRIu64 ": %s",
 				 p->dir, block, strerror(errno));
-	if (!p->write_failed && pwrite_all(p->fd_sums, sums, (L + 1) * 8, block * p->sums_rec) < 0)
+	if (!p->write_failed && kvmem_write_all(p->fd_sums, sums, (L + 1) * 8, (int64_t)(block * p->sums_rec)) < 0)
 		pager_fail_write(p, errno, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
 				 p->dir, block, strerror(errno));
 	if (p->write_failed) {

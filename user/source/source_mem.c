@@ -9,13 +9,14 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/source.h"
+#include "util/grow.h"
 
 struct mem_source {
 	int n_layers, n_kv_heads, head_dim, block;
 	size_t page_floats;	/* one K (or V) page: H * B * D */
 	float **blocks;		/* [cap] -> [L][2][H][B][D] */
 	int **fill;		/* [cap] -> [L] tokens written */
-	int64_t cap;
+	size_t cap;
 };
 
 static float *page(struct mem_source *m, int64_t b, int layer, int is_v)
@@ -32,25 +33,15 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 	if (b < 0 || layer < 0 || layer >= m->n_layers || t0 < 0 || n < 0 || t0 + n > m->block)
 		return kvmem_error(EINVAL, "page source: bad write block %lld layer %d tokens %d+%d",
 				 (long long)b, layer, t0, n);
-	if (b >= m->cap) {
-		int64_t cap = m->cap ? m->cap * 2 : 64;
-		float **nb;
+	if ((size_t)b >= m->cap) {
+		size_t c1 = m->cap, c2 = m->cap;
 
-		while (cap <= b)
-			cap *= 2;
-		int **nf;
-
-		nb = realloc(m->blocks, (size_t)cap * sizeof(*nb));
-		if (!nb)
-			return kvmem_error(ENOMEM, "page source: out of memory for %lld blocks", (long long)cap);
-		memset(nb + m->cap, 0, (size_t)(cap - m->cap) * sizeof(*nb));
-		m->blocks = nb;
-		nf = realloc(m->fill, (size_t)cap * sizeof(*nf));
-		if (!nf)
-			return kvmem_error(ENOMEM, "page source: out of memory for %lld blocks", (long long)cap);
-		memset(nf + m->cap, 0, (size_t)(cap - m->cap) * sizeof(*nf));
-		m->fill = nf;
-		m->cap = cap;
+		/* Both arrays by one count; new entries NULL. */
+		if (kvmem_grow(&m->blocks, sizeof(*m->blocks), (size_t)b + 1, &c1, 64) ||
+		    kvmem_grow(&m->fill, sizeof(*m->fill), (size_t)b + 1, &c2, 64))
+			return kvmem_error(ENOMEM, "page source: out of memory for %lld blocks",
+					   (long long)b + 1);
+		m->cap = c1;
 	}
 	if (!m->blocks[b]) {
 		m->blocks[b] = malloc((size_t)m->n_layers * 2 * m->page_floats * sizeof(float));
@@ -86,7 +77,7 @@ static int mem_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 {
 	struct mem_source *m = ctx;
 
-	if (b < 0 || b >= m->cap || !m->blocks[b] || layer < 0 || layer >= m->n_layers)
+	if (b < 0 || (size_t)b >= m->cap || !m->blocks[b] || layer < 0 || layer >= m->n_layers)
 		return kvmem_error(EINVAL, "page source: block %lld layer %d was never written",
 				 (long long)b, layer);
 	pg->k = page(m, b, layer, 0);
@@ -104,7 +95,7 @@ static void mem_destroy(void *ctx)
 {
 	struct mem_source *m = ctx;
 
-	for (int64_t b = 0; b < m->cap; b++) {
+	for (size_t b = 0; b < m->cap; b++) {
 		free(m->blocks[b]);
 		free(m->fill[b]);
 	}

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kvmem/kvmem.h"
 
@@ -29,5 +30,28 @@ int kvmem_mkdir_p(const char *dir)
 	}
 	if (stat(dir, &st) || !S_ISDIR(st.st_mode))
 		return kvmem_error(EINVAL, "%s: not a directory", dir);
+	return 0;
+}
+
+int kvmem_write_all(int fd, const void *buf, size_t len, int64_t off)
+{
+	const char *b = buf;
+
+	while (len) {
+		ssize_t w = off < 0 ? write(fd, b, len) : pwrite(fd, b, len, off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			/* A write that takes nothing and says nothing: the disk is full. */
+			if (w == 0)
+				errno = ENOSPC;
+			return -errno;
+		}
+		b += w;
+		len -= (size_t)w;
+		if (off >= 0)
+			off += w;
+	}
 	return 0;
 }

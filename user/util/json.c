@@ -15,6 +15,7 @@
 
 #include "kvmem/kvmem.h"
 #include "util/json.h"
+#include "util/grow.h"
 
 struct jkey {
 	const char *s;
@@ -421,16 +422,9 @@ static kvmem_json *parse_number(struct parser *ps)
 /* ---- containers -------------------------------------------------------- */
 static int push(struct parser *ps, struct jkey key, kvmem_json *val)
 {
-	if (ps->top == ps->cap) {
-		size_t cap = ps->cap ? ps->cap * 2 : 64;
-		struct entry *s = realloc(ps->stack, cap * sizeof(*s));
-
-		if (!s) {
-			fail_at(ps, ps->p, "out of memory");
-			return -1;
-		}
-		ps->stack = s;
-		ps->cap = cap;
+	if (kvmem_grow(&ps->stack, sizeof(*ps->stack), ps->top + 1, &ps->cap, 64)) {
+		fail_at(ps, ps->p, "out of memory");
+		return -1;
 	}
 	ps->stack[ps->top].key = key;
 	ps->stack[ps->top].val = val;

@@ -5,11 +5,13 @@
  * the last block can be partial. Pins are kept as a sorted list of disjoint
  * spans so that membership and totals cost O(pins), not O(blocks).
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
+#include "util/grow.h"
 
 int kvmem_blocks_init(kvmem_blocks *r, int block)
 {
@@ -33,19 +35,11 @@ void kvmem_blocks_free(kvmem_blocks *r)
 
 static int spans_room(kvmem_blocks *r, int need)
 {
-	kvmem_span *p;
-	int cap;
+	size_t cap = (size_t)r->cap_pins;
 
-	if (need <= r->cap_pins)
-		return 0;
-	cap = r->cap_pins ? r->cap_pins * 2 : 8;
-	while (cap < need)
-		cap *= 2;
-	p = realloc(r->pins, (size_t)cap * sizeof(*p));
-	if (!p)
+	if (need > INT_MAX / 2 || kvmem_grow(&r->pins, sizeof(*r->pins), (size_t)need, &cap, 8))
 		return kvmem_error(ENOMEM, "workspace: out of memory for %d pinned spans", need);
-	r->pins = p;
-	r->cap_pins = cap;
+	r->cap_pins = (int)cap;
 	return 0;
 }
 

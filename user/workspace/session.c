@@ -13,6 +13,7 @@
 
 #include "kvmem/kvmem.h"
 #include "workspace/session_int.h"
+#include "util/grow.h"
 
 #define CHUNK_DEFAULT 128
 #define QUERY_TOKENS_DEFAULT 4
@@ -239,18 +240,9 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 		return kvmem_fail();
 	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
 		return kvmem_fail();
-	if (p0 + n > s->cap_tokens) {
-		int64_t cap = s->cap_tokens ? 2 * s->cap_tokens : 1024;
-		int32_t *t;
-
-		while (cap < p0 + n)
-			cap *= 2;
-		t = realloc(s->tokens, (size_t)cap * sizeof(int32_t));
-		if (!t)
-			return kvmem_error(ENOMEM, "session: out of memory for %lld token ids", (long long)cap);
-		s->tokens = t;
-		s->cap_tokens = cap;
-	}
+	if (kvmem_grow(&s->tokens, sizeof(int32_t), (size_t)(p0 + n), &s->cap_tokens, 1024))
+		return kvmem_error(ENOMEM, "session: out of memory for %lld token ids",
+				   (long long)(p0 + n));
 	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, s->logits, s->o.all_logits, &out))
 		return kvmem_error_prefix("session");
 	s->st.forwards++;

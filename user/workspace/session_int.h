@@ -22,7 +22,7 @@ struct kvmem_session {
 	const kvmem_page_source *src;
 
 	int32_t *tokens;
-	int64_t cap_tokens;
+	size_t cap_tokens;
 
 	/* The execution view, held by the backend: plan.view_tokens history
 	 * tokens at slots 0..view_len-1, then the tail: token p >= sel_tokens

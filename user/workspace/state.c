@@ -28,6 +28,7 @@
 
 #include "kvmem/kvmem.h"
 #include "workspace/session_int.h"
+#include "util/grow.h"
 
 #define STATE_MAGIC 0x5353564bu		/* "KVSS" in little-endian bytes */
 #define STATE_VERSION 1u
@@ -45,18 +46,9 @@ static void put(struct wbuf *w, const void *x, size_t n)
 {
 	if (w->oom || !n)
 		return;
-	if (w->len + n > w->cap) {
-		size_t cap = w->cap ? w->cap : 4096;
-		uint8_t *p;
-
-		while (cap < w->len + n)
-			cap *= 2;
-		if (!(p = realloc(w->p, cap))) {
-			w->oom = 1;
-			return;
-		}
-		w->p = p;
-		w->cap = cap;
+	if (kvmem_grow(&w->p, 1, w->len + n, &w->cap, 4096)) {
+		w->oom = 1;
+		return;
 	}
 	memcpy(w->p + w->len, x, n);
 	w->len += n;

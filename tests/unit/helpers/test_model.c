@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvmem/kernels.h"
 #include "test_model.h"
 
 uint64_t test_rng_fresh_seed(const char *what)
@@ -36,11 +37,7 @@ uint64_t test_rng_fresh_seed(const char *what)
 
 uint64_t test_rng_next(uint64_t *s)
 {
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return kvmem_rng_next(s);
 }
 
 double test_rng_uniform(uint64_t *s)
