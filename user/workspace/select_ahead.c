@@ -41,6 +41,8 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 		return kvmem_error_prefix("session: select ahead");
 	}
 	s->st.forwards++;
+	if (s->o.tap && s->o.tap->ahead)
+		s->o.tap->ahead(s->o.tap->arg, s, s->q_raw, n, s->blocks.n_tokens);
 
 	/* The selection sees only these queries, at the positions the tokens
 	 * will take. */

@@ -260,6 +260,8 @@ int ws_select(kvmem_session *s, int forced)
 
 	if (nb == 0)
 		return 0;
+	if (s->o.tap && s->o.tap->begin)
+		s->o.tap->begin(s->o.tap->arg, s);
 	if ((int64_t)need > s->cap_scores) {
 		float *sc = realloc(s->scores, need * sizeof(float));
 
@@ -292,6 +294,8 @@ int ws_select(kvmem_session *s, int forced)
 	if (s->pol->score(&c, s->scores))
 		return kvmem_error_prefix("session: policy %s", s->pol->name);
 	s->scored_blocks = nb;
+	if (s->o.tap && s->o.tap->scored)
+		s->o.tap->scored(s->o.tap->arg, s, &c, s->scores, forced);
 	if (kvmem_plan_build(&np, &s->blocks, s->scores, s->n_sets, &s->plan, &pp))
 		return kvmem_error_prefix("session");
 	if (rematerialise(s, &np)) {
@@ -314,6 +318,8 @@ int ws_select(kvmem_session *s, int forced)
 	s->st.forced += forced;
 	if (s->o.on_select)
 		s->o.on_select(s->o.arg, &s->plan, forced);
+	if (s->o.tap && s->o.tap->planned)
+		s->o.tap->planned(s->o.tap->arg, s, &s->plan, forced);
 	return 0;
 }
 
