@@ -295,7 +295,7 @@ int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi);
  * `report` (and a summary). Returns the number of bad items, -errno when the
  * directory cannot be read as a workspace at all (-ENOENT no manifest,
  * -EBADMSG a corrupt one). A writer may commit meanwhile: a check that
- * raced with a commit is run again on the new commit. */
+ * raced with a commit is run again on the new commit. report may be NULL. */
 long kvmem_workspace_verify(const char *dir, FILE *report, int verbose);
 
 /*

@@ -271,30 +271,40 @@ long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 	if (dirfd < 0) {
 		int err = errno;
 
-		fprintf(out, "%s: %s\n", dir, strerror(err));
+		if (out)
+			fprintf(out, "%s: %s\n", dir, strerror(err));
 		return kvmem_error(err, "%s: %s", dir, strerror(err));
 	}
 	/* A writer may commit while we read: the tail slot the old commit
 	 * named can be rewritten two commits later. Damage found during a
-	 * pass that a commit overtook is checked again on the new commit;
-	 * damage that stays is reported. */
-	for (int attempt = 0;; attempt++) {
+	 * pass that a commit overtook is checked again on the new commit, for
+	 * as long as commits keep overtaking (up to 10 s: a busy writer on a
+	 * loaded machine commits many times during one pass); damage that
+	 * stays is reported. */
+	const uint64_t t_end = now_ns() + 10000000000ull;
+
+	for (;;) {
 		char *text = NULL;
 		size_t len = 0;
 		FILE *mem = open_memstream(&text, &len);
 		uint64_t gen = UINT64_MAX;
 
 		if (!mem) {
+			if (!out) {
+				bad = kvmem_error(ENOMEM, "%s: out of memory for the report", dir);
+				break;
+			}
 			bad = verify_once(dir, dirfd, out, verbose, &gen);
 			break;
 		}
 		bad = verify_once(dir, dirfd, mem, verbose, &gen);
 		fclose(mem);
-		if (bad > 0 && attempt < 8 && generation_now(dirfd, dir) != gen) {
+		if (bad > 0 && now_ns() < t_end && generation_now(dirfd, dir) != gen) {
 			free(text);
 			continue;
 		}
-		fwrite(text, 1, len, out);
+		if (out)
+			fwrite(text, 1, len, out);
 		free(text);
 		break;
 	}
