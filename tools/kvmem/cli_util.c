@@ -56,8 +56,19 @@ char cli_optname[64];
 
 int cli_getopt(const char *who, int argc, char **argv, const struct option *opts)
 {
-	int idx = -1, c = getopt_long(argc, argv, ":h", opts, &idx);
-	const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+	return cli_getopt_short(who, argc, argv, "", opts);
+}
+
+int cli_getopt_short(const char *who, int argc, char **argv, const char *shorts,
+		     const struct option *opts)
+{
+	char spec[64];
+	const char *arg;
+	int idx = -1, c;
+
+	snprintf(spec, sizeof(spec), ":h%s", shorts);
+	c = getopt_long(argc, argv, spec, opts, &idx);
+	arg = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
 
 	if (idx >= 0)
 		snprintf(cli_optname, sizeof(cli_optname), "--%s", opts[idx].name);

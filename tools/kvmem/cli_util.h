@@ -42,6 +42,10 @@ double cli_now_s(void);
  */
 void cli_getopt_reset(void);
 int cli_getopt(const char *who, int argc, char **argv, const struct option *opts);
+/* The same with short options besides -h (getopt's spelling: "q" for -q),
+ * for the few a command keeps (kvmem verify -q). */
+int cli_getopt_short(const char *who, int argc, char **argv, const char *shorts,
+		     const struct option *opts);
 /* The option cli_getopt last returned, as "--name" (for value messages). */
 extern char cli_optname[64];
 

@@ -5,8 +5,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <getopt.h>
+
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
+#include "cli_util.h"
 #include "cmd.h"
 
 static void usage(FILE *f)
@@ -17,7 +20,11 @@ static void usage(FILE *f)
 		   "evictions, stage-out and backpressure, errors. Counters are totals over\n"
 		   "every session of the workspace, saved at each commit and close. Reads\n"
 		   "only, takes no lock: a writer may go on meanwhile.\n"
-		   "Live events: the USDT probes listed in Documentation/pager.md.\n");
+		   "Live events: the USDT probes listed in Documentation/pager.md and the\n"
+		   "bpf/ tools (Documentation/observability.md).\n\n"
+		   "examples:\n"
+		   "  kvmem stat ~/agent/ws\n"
+		   "  watch -n 1 kvmem stat ~/agent/ws\n");
 }
 
 int cmd_stat(int argc, char **argv)
@@ -26,19 +33,28 @@ int cmd_stat(int argc, char **argv)
 	kvmem_pager_stats st;
 	char geom[256];
 
-	if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-		usage(stdout);
-		return 0;
-	}
-	if (argc != 2 || argv[1][0] == '-') {
-		usage(stderr);
+	static const struct option opts[] = { { "help", no_argument, NULL, 'h' }, { 0 } };
+	const char *dir;
+	int c;
+
+	cli_getopt_reset();
+	while ((c = cli_getopt("kvmem stat", argc, argv, opts)) != -1) {
+		if (c == 'h') {
+			usage(stdout);
+			return 0;
+		}
 		return EXIT_USAGE;
 	}
-	if (kvmem_workspace_info_read(argv[1], &wi) < 0) {
+	if (optind != argc - 1) {
+		fprintf(stderr, "kvmem stat: give one workspace directory (kvmem stat --help)\n");
+		return EXIT_USAGE;
+	}
+	dir = argv[optind];
+	if (kvmem_workspace_info_read(dir, &wi) < 0) {
 		fprintf(stderr, "kvmem stat: %s\n", kvmem_last_error());
 		return 1;
 	}
-	printf("workspace %s\n", argv[1]);
+	printf("workspace %s\n", dir);
 	printf("  %s\n", kvmem_page_geom_str(&wi.geom, geom, sizeof(geom)));
 	printf("  committed: %" PRIu64 " tokens, %" PRIu64 " full blocks + %u tokens, "
 	       "%" PRIu64 " pages of %u bytes (%.1f MiB), commit %" PRIu64 "\n",
@@ -46,7 +62,7 @@ int cmd_stat(int argc, char **argv)
 	       wi.blocks * wi.geom.n_layers * (double)wi.page_stride / (1 << 20), wi.generation);
 	/* The counters are advisory: a missing or unusable file (a FIFO, a
 	 * link) is said, not waited on or followed, and is no error. */
-	if (kvmem_workspace_stats(argv[1], &st) < 0) {
+	if (kvmem_workspace_stats(dir, &st) < 0) {
 		if (kvmem_last_errno() == ENOENT)
 			printf("counters: none saved yet\n");
 		else

@@ -5,9 +5,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <getopt.h>
+
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
+#include "cli_util.h"
 #include "cmd.h"
+
+#define WHO "kvmem verify"
 
 static void usage(FILE *f)
 {
@@ -26,14 +31,11 @@ static void usage(FILE *f)
 		   "                   is dropped.\n\n"
 		   "exit status: 0 all good (with --salvage: DEST holds everything), 1 something\n"
 		   "is bad or unreadable (with --salvage: DEST holds a prefix, or, with a\n"
-		   "message on stderr, nothing could be written), 2 bad usage\n");
-}
-
-static int bad_usage(const char *what, const char *arg)
-{
-	fprintf(stderr, "kvmem verify: %s%s%s%s (kvmem verify --help)\n", what, arg ? " '" : "",
-		arg ? arg : "", arg ? "'" : "");
-	return EXIT_USAGE;
+		   "message on stderr, nothing could be written), 2 bad usage\n\n"
+		   "examples:\n"
+		   "  kvmem verify ~/agent/ws\n"
+		   "  kvmem verify -q ~/agent/ws && echo intact\n"
+		   "  kvmem verify --salvage ~/agent/ws.saved ~/agent/ws\n");
 }
 
 static int salvage(const char *dir, const char *dest)
@@ -42,7 +44,7 @@ static int salvage(const char *dir, const char *dest)
 	uint64_t dropped;
 
 	if (kvmem_workspace_salvage(dir, dest, &r) < 0) {
-		fprintf(stderr, "kvmem verify: %s\n", kvmem_last_error());
+		fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 		return 1;
 	}
 	dropped = r.tokens - r.tokens_kept;
@@ -72,42 +74,37 @@ static int salvage(const char *dir, const char *dest)
 
 int cmd_verify(int argc, char **argv)
 {
-	const char *dir = NULL, *dest = NULL;
-	int quiet = 0, opts = 1;
+	static const struct option opts[] = {
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "salvage", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *dir, *dest = NULL;
+	int quiet = 0, c;
 	long bad;
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-
-		if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h"))) {
-			usage(stdout);
-			return 0;
-		} else if (opts && (!strcmp(a, "-q") || !strcmp(a, "--quiet"))) {
-			quiet = 1;
-		} else if (opts && !strcmp(a, "--salvage")) {
-			if (i + 1 >= argc)
-				return bad_usage("--salvage needs a value", NULL);
-			dest = argv[++i];
-		} else if (opts && !strncmp(a, "--salvage=", 10)) {
-			dest = a + 10;
-		} else if (opts && !strcmp(a, "--")) {
-			opts = 0;
-		} else if (opts && a[0] == '-' && a[1]) {
-			return bad_usage("unknown option", a);
-		} else if (dir) {
-			return bad_usage("give one workspace directory, not also", a);
-		} else {
-			dir = a;
+	cli_getopt_reset();
+	while ((c = cli_getopt_short(WHO, argc, argv, "q", opts)) != -1)
+		switch (c) {
+		case 'h': usage(stdout); return 0;
+		case 'q': quiet = 1; break;
+		case 's': dest = optarg; break;
+		default: return EXIT_USAGE;
 		}
+	if (optind != argc - 1) {
+		fprintf(stderr, "%s: give one workspace directory (%s --help)\n", WHO, WHO);
+		return EXIT_USAGE;
 	}
-	if (!dir)
-		return bad_usage("give the workspace directory", NULL);
-	if (dest && !*dest)
-		return bad_usage("--salvage wants a directory", dest);
+	dir = argv[optind];
+	if (dest && !*dest) {
+		fprintf(stderr, "%s: --salvage wants a directory (%s --help)\n", WHO, WHO);
+		return EXIT_USAGE;
+	}
 	if (dest)
 		return salvage(dir, dest);
 	bad = kvmem_workspace_verify(dir, stdout, !quiet);
 	if (bad < 0)
-		fprintf(stderr, "kvmem verify: %s\n", kvmem_last_error());
+		fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 	return bad == 0 ? 0 : 1;
 }
