@@ -81,6 +81,7 @@ static void usage(FILE *f)
 		"                      history after every script line; Documentation/pager.md)\n"
 		"  --host-cap SIZE     host pool of the workspace's pager (default 256M)\n"
 		"  --cache-policy P    its replacement policy: lru (default), lfu, score\n"
+		"  --trace FILE        record every selection for kvmem lab (lab.md)\n"
 		"\n"
 		"Token counts (N) take k, M, G (powers of 1000); SIZE takes k, M, G, T\n"
 		"(powers of 1024: 256M = 268435456 bytes). Logits that are NaN or infinite\n"
@@ -103,6 +104,7 @@ enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
 	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED,
+	O_TRACE,
 };
 
 static const struct option opts[] = {
@@ -125,6 +127,7 @@ static const struct option opts[] = {
 	{ "workspace", required_argument, NULL, O_WORKSPACE },
 	{ "host-cap", required_argument, NULL, O_HOSTCAP },
 	{ "cache-policy", required_argument, NULL, O_CACHEPOL },
+	{ "trace", required_argument, NULL, O_TRACE },
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "chunk", required_argument, NULL, O_CHUNK },
 	{ "seed", required_argument, NULL, O_SEED },
@@ -145,6 +148,7 @@ static int mode_of(int c)
 	case O_SCRIPT: case O_BUDGET: case O_BLOCK: case O_POLICY: case O_SINK: case O_RECENT:
 	case O_RESERVE: case O_QUERY: case O_JSON: case O_CHECK: case O_WORKSPACE: case O_HOSTCAP:
 	case O_CACHEPOL:
+	case O_TRACE:
 		return 's';
 	default:
 		return 0;
@@ -163,6 +167,7 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 	case O_WORKSPACE: o->workspace = v; return 0;
 	case O_POLICY: o->policy = v; return 0;
 	case O_CACHEPOL: o->cache_policy = v; return 0;
+	case O_TRACE: o->trace = v; return 0;
 	case O_BACKEND: o->backend = v; return 0;
 	case O_JSON: o->json = 1; return 0;
 	case O_CHECK: o->check_exact = 1; return 0;

@@ -22,6 +22,7 @@ static const struct subcommand {
 	{ "verify", cmd_verify, "check every checksum of a workspace directory" },
 	{ "stat", cmd_stat, "tier counters of a workspace directory, without BPF" },
 	{ "synth", cmd_synth, "the synthetic agent-workspace language: corpora, questions, tokenizer" },
+	{ "lab", cmd_lab, "replay recorded sessions with any selection and cache policy, offline" },
 };
 
 static void usage(FILE *f)

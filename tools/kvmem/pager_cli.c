@@ -30,6 +30,11 @@ int pager_cli_open(const char *dir, const kvmem_model *m, int block, uint64_t ho
 	return 0;
 }
 
+kvmem_pager *pager_cli_pager(void)
+{
+	return g_ws ? kvmem_workspace_pager(g_ws) : NULL;
+}
+
 int64_t pager_cli_tokens(void)
 {
 	return g_ws ? kvmem_workspace_tokens(g_ws) : 0;

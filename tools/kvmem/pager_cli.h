@@ -17,6 +17,8 @@
  * default); *src is the page source the session must use. */
 int pager_cli_open(const char *dir, const kvmem_model *m, int block, uint64_t host_cap,
 		   const char *cache_policy, const kvmem_page_source **src);
+/* The opened workspace's pager (NULL when none is open). */
+kvmem_pager *pager_cli_pager(void);
 /* Tokens the opened workspace already holds (0 when none is open). */
 int64_t pager_cli_tokens(void);
 /* Take over the stored history (kvmem_workspace_adopt), with one warning on

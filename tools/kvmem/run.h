@@ -21,6 +21,7 @@ struct run_opts {
 	int64_t random_n, decode;	/* random_n -1: no --random */
 	/* agent sessions */
 	const char *script, *workspace, *policy, *cache_policy, *backend;
+	const char *trace;		/* --trace: record the session for kvmem lab */
 	uint64_t host_cap;		/* 0: the pager's default */
 	int64_t budget, sink, recent, reserve;	/* -1: the session's default */
 	int block, query_tokens;	/* 0: the session's default */

@@ -23,6 +23,7 @@
 #include "kvmem/workspace.h"
 #include "cli_util.h"
 #include "cmd.h"
+#include "lab_record.h"
 #include "pager_cli.h"
 #include "run.h"
 
@@ -333,6 +334,8 @@ int session_main(const struct run_opts *opts)
 		so.source = wsrc;
 		n_adopt = pager_cli_tokens();
 	}
+	if (o.trace && lab_record_start(o.trace, m, pager_cli_pager(), &so))
+		goto err;
 	if (!(s = kvmem_session_create(e, &so)))
 		goto err;
 	if (pager_cli_adopt(s))
@@ -376,6 +379,10 @@ err:
 	rc = 1;
 out:
 	kvmem_session_free(s);
+	if (lab_record_finish(o.json ? stderr : stdout)) {
+		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
+		rc = rc ? rc : 1;
+	}
 	if (pager_cli_close(o.json ? stderr : stdout)) {
 		/* A failed commit leaves the pager failed: say it once. */
 		if (!strstr(r.said, kvmem_last_error()))
