@@ -67,6 +67,9 @@ typedef struct kvmem_workspace_opts {
 				 * the bytes, placed with no conversion). An existing
 				 * workspace keeps its own: either opens on either
 				 * backend. */
+	uint64_t stage_bytes;	/* the pager's stage-out buffer (0: its default):
+				 * a prefill whose pages fit in it never waits
+				 * for the disk */
 } kvmem_workspace_opts;
 
 /*

@@ -18,6 +18,9 @@ int bench_select(int argc, char **argv);
 int bench_pager(int argc, char **argv);
 int bench_recall(int argc, char **argv);
 int bench_engine(int argc, char **argv);
+int bench_step(int argc, char **argv);
+/* kvmem demo --scale N (demo_scale.c): the demo at appliance scale. */
+int demo_scale(int argc, char **argv);
 
 /* Exit codes: 0 ok, 1 failure, 2 bad usage. */
 #define EXIT_USAGE 2

@@ -14,6 +14,7 @@ static const struct {
 	{ "pager", bench_pager, "NVMe page-in / stage-out throughput and host hit rates" },
 	{ "recall", bench_recall, "needle recall accuracy per policy and workspace size" },
 	{ "engine", bench_engine, "prefill and decode speed against the GEMM rate and memory roofline" },
+	{ "step", bench_step, "the GPU paging pipeline: rematerialisation, page-in, agent step, stage-out" },
 };
 
 int cmd_bench(int argc, char **argv)

@@ -268,6 +268,11 @@ int cmd_demo(int argc, char **argv)
 	int rc = 1, W, got, slide;
 	double depths[64];
 
+	/* At appliance scale (demo_scale.c): its own options. */
+	for (int i = 1; i < argc; i++)
+		if (!strncmp(argv[i], "--scale", 7))
+			return demo_scale(argc, argv);
+
 	switch (parse(&d, argc, argv)) {
 	case 1:
 		return 0;

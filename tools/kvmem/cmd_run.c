@@ -50,6 +50,8 @@ static void usage(FILE *f)
 		"  --sample-seed S     seed of the sampler (default: 0 plain, --seed session)\n"
 		"  --backend NAME      compute backend: cpu, cuda, or auto (default: cuda\n"
 		"                      when this kvmem has it and a GPU is there, else cpu)\n"
+		"  --gpu-mem SIZE      device memory the backend may take: weights, view,\n"
+		"                      device page pool, staging (default: no cap)\n"
 		"  --help              this text\n"
 		"\n"
 		"plain runs:\n"
@@ -103,7 +105,7 @@ static void usage(FILE *f)
 enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
-	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED,
+	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED, O_GPUMEM,
 	O_TRACE,
 };
 
@@ -135,6 +137,7 @@ static const struct option opts[] = {
 	{ "top-k", required_argument, NULL, O_TOPK },
 	{ "top-p", required_argument, NULL, O_TOPP },
 	{ "sample-seed", required_argument, NULL, O_SSEED },
+	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
 	{ "help", no_argument, NULL, 'h' },
 	{ 0 },
 };
@@ -181,6 +184,8 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 	case O_QUERY: return cli_parse_int(w, name, v, 1, 4096, &o->query_tokens);
 	case O_CHUNK: return cli_parse_int(w, name, v, 1, 1 << 20, &o->chunk);
 	case O_SEED: return cli_parse_u64(w, name, v, &o->seed);
+	case O_GPUMEM:
+		return cli_parse_size(w, name, v, 1 << 20, 1ull << 50, &o->gpu_mem);
 	case O_SSEED:
 		o->sample_seed_set = 1;
 		return cli_parse_u64(w, name, v, &o->sampler.seed);
@@ -452,7 +457,8 @@ static int run_plain(const struct run_opts *o)
 	if (total > c->max_position && c->max_position > 0)
 		fprintf(stderr, "kvmem run: note: %d tokens pass the model's window of %d\n",
 			total, c->max_position);
-	if (kvmem_backend_open(o->backend, m, &(kvmem_backend_opts){ .max_chunk = chunk }, &e) < 0 ||
+	if (kvmem_backend_open(o->backend, m,
+			       &(kvmem_backend_opts){ .max_chunk = chunk, .mem_cap = o->gpu_mem }, &e) < 0 ||
 	    e->ops->view_create(e->ctx, &v) < 0 || e->ops->reserve(e->ctx, v, total) < 0)
 		goto out;
 	buf = malloc(sizeof(float) * c->vocab * (o->logits ? chunk : 1));

@@ -14,12 +14,18 @@
 
 static kvmem_workspace *g_ws;
 static int g_state_warned;
+static uint32_t g_dtype;
+
+void pager_cli_dtype(uint32_t dtype)
+{
+	g_dtype = dtype;
+}
 
 int pager_cli_open(const char *dir, const kvmem_model *m, int block, uint64_t host_cap,
 		   const char *cache_policy, const kvmem_page_source **src)
 {
 	kvmem_workspace_opts wo = { .block = block, .host_cap = host_cap,
-				    .cache_policy = cache_policy };
+				    .cache_policy = cache_policy, .dtype = g_dtype };
 
 	*src = NULL;
 	if (g_ws)

@@ -17,6 +17,10 @@
  * default); *src is the page source the session must use. */
 int pager_cli_open(const char *dir, const kvmem_model *m, int block, uint64_t host_cap,
 		   const char *cache_policy, const kvmem_page_source **src);
+/* The page dtype of a workspace created from now on (0: f32, the CPU
+ * engine's; a GPU backend's session asks for bf16). An existing workspace
+ * keeps its own. */
+void pager_cli_dtype(uint32_t dtype);
 /* The opened workspace's pager (NULL when none is open). */
 kvmem_pager *pager_cli_pager(void);
 /* Tokens the opened workspace already holds (0 when none is open). */

@@ -35,6 +35,9 @@ static int gather_block(kvmem_session *s, int64_t b, int len, float *out)
 	return 0;
 }
 
+/* Blocks asked ahead while adopting. */
+#define ADOPT_AHEAD 32
+
 /* Token ids from the caller, the index from the pages' raw K. */
 int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
 {
@@ -52,6 +55,19 @@ int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
 	memcpy(s->tokens, tokens, (size_t)n * sizeof(int32_t));
 	for (int64_t b = 0; b * B < n && !rc; b++) {
 		int len = n - b * B < B ? (int)(n - b * B) : B;
+
+		/* Read ahead: a workspace on NVMe is read in batches, the next
+		 * one while this one is taken in (a hint; a source may ignore
+		 * it). */
+		if (b % ADOPT_AHEAD == 0 && s->src->ops->prefetch) {
+			int64_t ahead[2 * ADOPT_AHEAD];
+			int m = 0;
+
+			for (int64_t a = b ? b + ADOPT_AHEAD : 0; a < b + 2 * ADOPT_AHEAD && a * B < n; a++)
+				ahead[m++] = a;
+			if (m)
+				s->src->ops->prefetch(s->src->ctx, ahead, m);
+		}
 
 		rc = gather_block(s, b, len, buf) || kvmem_index_append(&s->index, buf, len);
 	}
