@@ -39,10 +39,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 
 #include "kvmem/agentlang.h"
 #include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
+#include "kvmem/lab.h"
 #include "kvmem/model.h"
 #include "kvmem/workspace.h"
 #include "cli_util.h"
@@ -71,6 +73,7 @@ struct opts {
 	const char *pol[MAX_POL];
 	int n_pol;
 	int questions, lookalikes, chunk, block, query_tokens, quiet, trace;
+	const char *lab;		/* --lab DIR: record for kvmem lab */
 	int select_at;			/* SELECT_AHEAD, SELECT_KEY, SELECT_MARKER */
 	int64_t budget;
 	uint64_t seed;
@@ -89,6 +92,8 @@ struct bench {
 	double prefill_s;	/* budgeted prefills, for the progress line */
 	int64_t prefill_tokens;
 	FILE *json, *csv;
+	kvmem_lab_recorder *rec;	/* recording the lab policy's session */
+	uint64_t ws_seed;		/* the workspace being run */
 };
 
 static void usage(FILE *f)
@@ -124,6 +129,9 @@ static void usage(FILE *f)
 		"  --jsonl FILE       one JSON object per cell into FILE; --csv FILE the same\n"
 		"                     as CSV\n"
 		"  --quiet            no progress on stderr\n"
+		"  --lab DIR          record the first policy's session per workspace for kvmem\n"
+		"                     lab: DIR/s<size>-<seed>.ws (its history, a workspace)\n"
+		"                     and .trace (selections, needles annotated)\n"
 		"  --trace N          per question: the answer, the needle's rank and the N\n"
 		"                     best-scored blocks as text (why a policy missed)\n"
 		"  --help             this text\n"
@@ -170,7 +178,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "policies", required_argument, NULL, 'p' },	{ "questions", required_argument, NULL, 'q' },
 		{ "lookalikes", required_argument, NULL, 'l' }, { "budget", required_argument, NULL, 'B' },
 		{ "chunk", required_argument, NULL, 'k' },	{ "query-tokens", required_argument, NULL, 'Q' },
-		{ "trace", required_argument, NULL, 't' },	{ "seed", required_argument, NULL, 's' },
+		{ "lab", required_argument, NULL, 'L' },	{ "trace", required_argument, NULL, 't' },	{ "seed", required_argument, NULL, 's' },
 		{ "quick", no_argument, NULL, 'K' },		{ "quiet", no_argument, NULL, 'z' },
 		{ "help", no_argument, NULL, 'h' },		{ 0 },
 	};
@@ -227,6 +235,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'k': bad = cli_parse_int(w, name, optarg, 1, 1 << 20, &o->chunk); break;
 		case 'Q': bad = cli_parse_int(w, name, optarg, 1, 4096, &o->query_tokens); break;
 		case 't': bad = cli_parse_int(w, name, optarg, 1, 64, &o->trace); break;
+		case 'L': o->lab = optarg; break;
 		case 's': bad = cli_parse_u64(w, name, optarg, &o->seed); break;
 		default: return -1;
 		}
@@ -308,6 +317,8 @@ static kvmem_session *session(struct bench *b, const char *policy, int64_t budge
 	so.policy = policy;
 	so.seed = b->o.seed;
 	so.source = src;
+	if (b->rec && kvmem_lab_record_attach(b->rec, &so))
+		return NULL;
 	return kvmem_session_create(b->e, &so);
 }
 
@@ -495,6 +506,15 @@ static int ask(struct bench *b, kvmem_session *s, const kvmem_lang_question *q, 
 	if (kvmem_session_append(s, q->ids, head, 0))
 		return -1;
 	if (!full) {
+		/* For the lab: the needle, and the question's key tokens (between
+		 * '?' and '=') as queries a replay may select with. */
+		int64_t at = kvmem_session_tokens(s) - head;
+
+		if (b->rec && (kvmem_lab_record_span(b->rec, KVMEM_LAB_SPAN_NEEDLE, q->needle_pos,
+						     q->needle_end, "needle") ||
+			       kvmem_lab_record_span(b->rec, KVMEM_LAB_SPAN_QUERY, at + 1,
+						     at + q->n_ids - 1, "key")))
+			return -1;
 		if (ahead ? kvmem_session_select_ahead(s, q->ids, q->n_ids) : kvmem_session_select(s))
 			return -1;
 		const kvmem_plan *p = kvmem_session_plan(s);
@@ -536,9 +556,24 @@ static int run_workspace(struct bench *b, int si, const kvmem_lang_workspace *ws
 		return -1;
 	b->prefill_s += cli_now_s() - t0;
 	b->prefill_tokens += n;
+	int lab_pi = -1;
+
+	for (int pi = 0; b->o.lab && pi < np && lab_pi < 0; pi++)
+		lab_pi = strcmp(b->o.pol[pi], FULL) ? pi : -1;
 	for (int pi = 0; pi < np && !rc; pi++) {
 		const char *pol = b->o.pol[pi];
 		int full = !strcmp(pol, FULL);
+		char lab_path[4200];
+
+		if (pi == lab_pi) {
+			snprintf(lab_path, sizeof(lab_path), "%s/s%g-%llu.trace", b->o.lab,
+				 b->o.sizes[si], (unsigned long long)b->ws_seed);
+			if (kvmem_lab_record_open(lab_path, b->m, &(kvmem_lab_record_opts){
+					.label = "kvmem bench recall" }, &b->rec)) {
+				rc = -1;
+				break;
+			}
+		}
 		struct cell *cl = &b->cells[((size_t)si * nd) * np + pi];
 
 		if (full && !fits)
@@ -564,6 +599,20 @@ static int run_workspace(struct bench *b, int si, const kvmem_lang_workspace *ws
 					break;
 			}
 			rc = ask(b, s, q, full, cl + (size_t)q_depth[i] * np);
+		}
+		if (b->rec) {
+			/* The history the trace selected over, as a workspace. */
+			snprintf(lab_path, sizeof(lab_path), "%s/s%g-%llu.ws", b->o.lab,
+				 b->o.sizes[si], (unsigned long long)b->ws_seed);
+			if (!rc && s && kvmem_lab_save_workspace(lab_path, b->m, b->o.block, 0, &src,
+								 kvmem_session_token_ids(s),
+								 kvmem_session_tokens(s)))
+				rc = -1;
+			kvmem_session_free(s);
+			s = NULL;
+			if (kvmem_lab_record_close(b->rec) && !rc)
+				rc = -1;
+			b->rec = NULL;
 		}
 		kvmem_session_free(s);
 	}
@@ -681,6 +730,8 @@ static int run_size(struct bench *b, int si)
 		p.depths = depths;
 		p.lookalikes = b->o.lookalikes;
 		int rc = kvmem_lang_workspace_build(&p, &ws);
+
+		b->ws_seed = p.seed;
 		if (!rc) {
 			rc = run_workspace(b, si, &ws, qd);
 			kvmem_lang_workspace_free(&ws);
@@ -749,6 +800,10 @@ int bench_recall(int argc, char **argv)
 	if (!b.cells || (b.o.json && !(b.json = fopen(b.o.json, "w"))) ||
 	    (b.o.csv && !(b.csv = fopen(b.o.csv, "w")))) {
 		fprintf(stderr, "kvmem bench recall: %s\n", !b.cells ? "out of memory" : strerror(errno));
+		goto out;
+	}
+	if (b.o.lab && mkdir(b.o.lab, 0777) && errno != EEXIST) {
+		fprintf(stderr, "kvmem bench recall: --lab %s: %s\n", b.o.lab, strerror(errno));
 		goto out;
 	}
 	if (b.csv)
