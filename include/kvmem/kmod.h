@@ -24,6 +24,8 @@
 
 #include <linux/kvmem.h>
 
+#include "kvmem/pager.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -54,11 +56,32 @@ typedef struct kvmem_kmod_files {
 	uint64_t page_count;	/* pages in the file, a multiple of n_layers */
 } kvmem_kmod_files;
 
-/* Open the device, set it up over f and map the table and the window. */
+/* 0 when the device opens here (dev NULL: /dev/kvmem): the module is loaded
+ * and this process may use it. -ENODEV when the module is not loaded,
+ * -EACCES or -EPERM when this process may not open it. */
+int kvmem_kmod_probe(const char *dev);
+
+/* Open the device, set it up over f and map the table and the window.
+ * -ENODEV when the device is absent: the kernel module is not loaded. */
 int kvmem_kmod_open(const kvmem_kmod_files *f, const kvmem_kmod_opts *o, kvmem_kmod **out);
-/* The same over a workspace directory (its manifest gives the geometry and
- * the committed pages; Documentation/formats.md). */
+/*
+ * The same over a workspace directory: its manifest gives the geometry and
+ * the committed pages (Documentation/formats.md); the files are opened under
+ * the directory's descriptor and never through a symbolic link (-EBADMSG
+ * naming one that is not a regular file). A writable open is the
+ * workspace's writer and holds DIR/lock until close (-EBUSY while a pager
+ * writes it); a KVMEM_KMOD_RDONLY open is a reader and takes no lock.
+ */
 int kvmem_kmod_open_workspace(const char *dir, const kvmem_kmod_opts *o, kvmem_kmod **out);
+/*
+ * The same over the workspace a pager of this process has open (p holds
+ * the writer's lock): a reader of the pages p's last commit covers, opened
+ * read-only (KVMEM_KMOD_RDONLY is implied), taking no lock of its own. The
+ * window is sized for o->page_max pages (0: the committed ones), which may
+ * be 0 when nothing is committed yet; kvmem_kmod_set_count follows later
+ * commits. This is what the kmod page source sits on (kvmem/store.h).
+ */
+int kvmem_kmod_open_pager(kvmem_pager *p, const kvmem_kmod_opts *o, kvmem_kmod **out);
 /* Unmap and close: the module writes back dirty pages and frees the rest.
  * Use kvmem_kmod_sync first to know the write-back worked. */
 void kvmem_kmod_close(kvmem_kmod *k);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -42,11 +43,16 @@ static void test_no_device(void **state)
 	assert_int_equal(o.numa_node, -1);
 	assert_true(o.host_cap > 0);
 	o.dev = "/nonexistent/kvmem";
-	assert_int_equal(kvmem_kmod_open(&f, &o, &k), -ENOENT);
+	assert_int_equal(kvmem_kmod_open(&f, &o, &k), -ENODEV);
 	assert_null(k);
-	assert_int_equal(kvmem_last_errno(), ENOENT);
+	assert_int_equal(kvmem_last_errno(), ENODEV);
 	assert_non_null(strstr(kvmem_last_error(), "/nonexistent/kvmem"));
-	assert_non_null(strstr(kvmem_last_error(), "kvmem.ko loaded"));
+	assert_non_null(strstr(kvmem_last_error(), "the kernel module is not loaded"));
+	assert_int_equal(kvmem_kmod_probe("/nonexistent/kvmem"), -ENODEV);
+	assert_non_null(strstr(kvmem_last_error(), "the kernel module is not loaded"));
+	/* A node that is there but not openable is not "not loaded". */
+	assert_true(kvmem_kmod_probe("/") < 0);
+	assert_int_not_equal(kvmem_last_errno(), ENODEV);
 }
 
 /* A character device that is not kvmem: the setup ioctl is refused. */
@@ -96,6 +102,104 @@ static void test_workspace_errors(void **state)
 	assert_int_equal(test_tmpdir_remove(dir), 0);
 }
 
+/* A workspace of `blocks` committed blocks at dir (its pager closed). */
+static void make_ws(const char *dir, int blocks)
+{
+	kvmem_page_geom g = { .fingerprint = 78, .n_layers = 2, .n_heads = 1, .n_kv_heads = 1,
+			      .head_dim = 16, .block_tokens = 16, .dtype = KVMEM_DTYPE_F32 };
+	static char page[2 * 16 * 16 * 4];
+	const void *layers[2] = { page, page };
+	kvmem_pager_opts po;
+	kvmem_pager *p;
+
+	kvmem_pager_opts_default(&po);
+	po.flags = KVMEM_PAGER_CREATE;
+	po.host_cap = 1 << 20;
+	po.stage_bytes = 1 << 20;
+	assert_int_equal(kvmem_pager_open(dir, &g, &po, &p), 0);
+	for (int b = 0; b < blocks; b++) {
+		int32_t ids[16] = { 0 };
+
+		assert_int_equal(kvmem_pager_append_tokens(p, ids, 16), 0);
+		assert_int_equal(kvmem_pager_append_block(p, b, layers, NULL), 0);
+	}
+	assert_int_equal(kvmem_pager_commit(p, NULL, NULL, NULL, 0), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
+}
+
+/* The workspace's files are opened as the pager opens them: a symbolic
+ * link in place of pages or sums is refused naming it (not followed), before
+ * the device is even opened. */
+static void test_workspace_files_not_followed(void **state)
+{
+	const char *names[] = { "pages", "sums" };
+	char dir[256], ws[300], path[400], other[400];
+	kvmem_kmod_opts o;
+	kvmem_kmod *k = NULL;
+
+	(void)state;
+	kvmem_kmod_opts_default(&o);
+	o.dev = "/nonexistent/kvmem";
+	assert_int_equal(test_tmpdir_make(dir, sizeof(dir), "kmod-client"), 0);
+	snprintf(ws, sizeof(ws), "%s/ws", dir);
+	make_ws(ws, 3);
+	for (int i = 0; i < 2; i++) {
+		for (int rdonly = 0; rdonly < 2; rdonly++) {
+			o.flags = rdonly ? KVMEM_KMOD_RDONLY : 0;
+			snprintf(path, sizeof(path), "%s/%s", ws, names[i]);
+			snprintf(other, sizeof(other), "%s/%s.real", dir, names[i]);
+			assert_int_equal(rename(path, other), 0);
+			assert_int_equal(symlink(other, path), 0);
+			assert_int_equal(kvmem_kmod_open_workspace(ws, &o, &k), -EBADMSG);
+			assert_null(k);
+			assert_non_null(strstr(kvmem_last_error(), path));
+			assert_non_null(strstr(kvmem_last_error(), "symbolic link"));
+			/* The real file back: on to the device, which is absent. */
+			assert_int_equal(unlink(path), 0);
+			assert_int_equal(rename(other, path), 0);
+			assert_int_equal(kvmem_kmod_open_workspace(ws, &o, &k), -ENODEV);
+		}
+	}
+	assert_int_equal(test_tmpdir_remove(dir), 0);
+}
+
+/* One writer at a time (DIR/lock): a writable open of a workspace a pager
+ * writes is refused (-EBUSY naming the holder); a read-only open takes no
+ * lock and gets as far as the device. */
+static void test_workspace_lock(void **state)
+{
+	kvmem_page_geom g = { .fingerprint = 78, .n_layers = 2, .n_heads = 1, .n_kv_heads = 1,
+			      .head_dim = 16, .block_tokens = 16, .dtype = KVMEM_DTYPE_F32 };
+	char dir[256], ws[300];
+	kvmem_pager_opts po;
+	kvmem_kmod_opts o;
+	kvmem_kmod *k = NULL;
+	kvmem_pager *p;
+
+	(void)state;
+	kvmem_kmod_opts_default(&o);
+	o.dev = "/nonexistent/kvmem";
+	assert_int_equal(test_tmpdir_make(dir, sizeof(dir), "kmod-client"), 0);
+	snprintf(ws, sizeof(ws), "%s/ws", dir);
+	make_ws(ws, 2);
+	kvmem_pager_opts_default(&po);
+	po.host_cap = 1 << 20;
+	po.stage_bytes = 1 << 20;
+	assert_int_equal(kvmem_pager_open(ws, &g, &po, &p), 0);
+	assert_int_equal(kvmem_kmod_open_workspace(ws, &o, &k), -EBUSY);
+	assert_non_null(strstr(kvmem_last_error(), "another writer"));
+	o.flags = KVMEM_KMOD_RDONLY;
+	assert_int_equal(kvmem_kmod_open_workspace(ws, &o, &k), -ENODEV);
+	assert_int_equal(kvmem_kmod_open_pager(p, &o, &k), -ENODEV);
+	/* The pager still writes: the refused opens took nothing from it. */
+	assert_int_equal(kvmem_pager_commit(p, NULL, NULL, NULL, 0), 0);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	/* Without the writer, a writable open gets as far as the device too. */
+	o.flags = 0;
+	assert_int_equal(kvmem_kmod_open_workspace(ws, &o, &k), -ENODEV);
+	assert_int_equal(test_tmpdir_remove(dir), 0);
+}
+
 /* The verdict rule the module applies, on random contexts. */
 static void test_verdict_pick(void **state)
 {
@@ -132,6 +236,8 @@ int main(void)
 		cmocka_unit_test(test_no_device),
 		cmocka_unit_test(test_not_kvmem),
 		cmocka_unit_test(test_workspace_errors),
+		cmocka_unit_test(test_workspace_files_not_followed),
+		cmocka_unit_test(test_workspace_lock),
 		cmocka_unit_test(test_verdict_pick),
 	};
 

@@ -16,9 +16,11 @@
 
 #include "kvmem/kmod.h"
 #include "kvmem/kvmem.h"
+#include "kmod/kmod_int.h"
 
 struct kvmem_kmod {
 	int fd;
+	int fd_lock;		/* the workspace's writer's lock, or -1 */
 	char dev[64];
 	uint32_t page_bytes, page_stride, n_layers;
 	uint64_t page_max;
@@ -38,14 +40,37 @@ void kvmem_kmod_opts_default(kvmem_kmod_opts *o)
 static const char *why_open(int err)
 {
 	switch (err) {
-	case ENOENT:
-		return " (is kvmem.ko loaded?)";
 	case EACCES:
 	case EPERM:
 		return " (root, or the group given to the module's group= parameter)";
 	default:
 		return "";
 	}
+}
+
+/* The device's descriptor, or -errno with a message: -ENODEV when no
+ * driver is behind the name (no node, or a stale one). */
+static int open_dev(const char *dev)
+{
+	int fd = open(dev, O_RDWR | O_CLOEXEC), err;
+
+	if (fd >= 0)
+		return fd;
+	err = errno;
+	if (err == ENOENT || err == ENXIO || err == ENODEV)
+		return kvmem_error(ENODEV, "%s: no such device: the kernel module is not loaded "
+				   "(insmod kvmem.ko; Documentation/kmod.md)", dev);
+	return kvmem_error(err, "%s: cannot open: %s%s", dev, strerror(err), why_open(err));
+}
+
+int kvmem_kmod_probe(const char *dev)
+{
+	int fd = open_dev(dev ? dev : "/dev/kvmem");
+
+	if (fd < 0)
+		return fd;
+	close(fd);
+	return 0;
 }
 
 int kvmem_kmod_open(const kvmem_kmod_files *f, const kvmem_kmod_opts *o, kvmem_kmod **out)
@@ -63,11 +88,11 @@ int kvmem_kmod_open(const kvmem_kmod_files *f, const kvmem_kmod_opts *o, kvmem_k
 	k = calloc(1, sizeof(*k));
 	if (!k)
 		return kvmem_error(ENOMEM, "kvmem_kmod_open: out of memory");
+	k->fd_lock = -1;
 	snprintf(k->dev, sizeof(k->dev), "%s", o->dev ? o->dev : "/dev/kvmem");
-	k->fd = open(k->dev, O_RDWR | O_CLOEXEC);
+	k->fd = open_dev(k->dev);
 	if (k->fd < 0) {
-		err = errno;
-		kvmem_error(err, "%s: cannot open: %s%s", k->dev, strerror(err), why_open(err));
+		err = -k->fd;
 		free(k);
 		return -err;
 	}
@@ -138,7 +163,14 @@ void kvmem_kmod_close(kvmem_kmod *k)
 		munmap((void *)k->table, k->table_len);
 	if (k->fd >= 0)
 		close(k->fd);
+	if (k->fd_lock >= 0)
+		close(k->fd_lock);	/* releases the writer's lock, last */
 	free(k);
+}
+
+void kmod_keep_lock(kvmem_kmod *k, int fd)
+{
+	k->fd_lock = fd;
 }
 
 int kvmem_kmod_fd(const kvmem_kmod *k)
