@@ -455,6 +455,79 @@ static void test_other_model_refused(void **state)
 	test_model_free(m2);
 }
 
+/* ---- every policy keeps the exactness invariant ----------------------------- */
+struct twin {
+	kvmem_backend *e;
+	kvmem_view *v;
+	int vocab;
+	float *logits;
+	int64_t calls, differ;
+};
+
+static void twin_forward(void *arg, const int32_t *tok, int n, const float *logits)
+{
+	struct twin *t = arg;
+
+	assert_int_equal(kvmem_backend_append(t->e, t->v, tok, n, t->logits, 1, NULL), 0);
+	t->calls++;
+	t->differ += memcmp(logits, t->logits, (size_t)n * t->vocab * sizeof(float)) != 0;
+}
+
+/*
+ * With a budget that holds the whole workspace (exactly: the policy still
+ * scores and the tail fills), every forward pass of a session equals a
+ * plain full-context run, for every policy there is: the ones the lab adds
+ * and the one this file registers (test_ws_session holds the shipped list
+ * to the same rule in depth).
+ */
+static void test_exact_every_policy(void **state)
+{
+	uint64_t rng = g_seed ^ 51;
+	kvmem_model *m = model(&rng);
+	kvmem_backend *e = kvmem_backend_cpu(m, 16);
+	const kvmem_policy_ops *pol;
+
+	for (int i = 0; (pol = kvmem_policy_at(i)); i++) {
+		struct twin t = { .e = e, .vocab = m->cfg.vocab };
+		kvmem_session_opts o;
+		kvmem_session *s;
+		int32_t ids[400], out[16];
+		int n = 0;
+
+		for (int k = 0; k < 400; k++)
+			ids[k] = (int32_t)(test_rng_next(&rng) % m->cfg.vocab);
+		assert_int_equal(e->ops->view_create(e->ctx, &t.v), 0);
+		t.logits = malloc(16 * sizeof(float) * m->cfg.vocab);
+		kvmem_session_opts_default(&o);
+		o.block = 16;
+		o.chunk = 16;
+		o.budget = 400 + 16 + 5 * 8;	/* the tokens this run makes */
+		o.policy = pol->name;
+		o.all_logits = 1;
+		o.on_forward = twin_forward;
+		o.arg = &t;
+		assert_non_null(s = kvmem_session_create(e, &o));
+		for (int step = 0; step < 5; step++) {
+			int a = test_rng_int(&rng, 20, 60), q = test_rng_int(&rng, 2, 8);
+
+			assert_int_equal(kvmem_session_append(s, ids + n, a, step == 0), 0);
+			assert_int_equal(kvmem_session_select_ahead(s, ids + n + a, q), 0);
+			assert_int_equal(kvmem_session_append(s, ids + n + a, q, 0), 0);
+			assert_int_equal(kvmem_session_decode(s, 3, NULL, out), 0);
+			n += a + q;
+		}
+		if (t.differ)
+			fail_msg("policy %s: %lld of %lld forward passes differ from full context",
+				 pol->name, (long long)t.differ, (long long)t.calls);
+		assert_true(t.calls > 10);
+		kvmem_session_free(s);
+		e->ops->view_destroy(e->ctx, t.v);
+		free(t.logits);
+	}
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 /* With reads only, the lab's pool is kvmem_repl_simulate's, hit for hit. */
 static void test_pool_is_the_simulators(void **state)
 {
@@ -502,6 +575,7 @@ int main(void)
 		cmocka_unit_test(test_corrupt_trace_refused),
 		cmocka_unit_test(test_other_model_refused),
 		cmocka_unit_test(test_pool_is_the_simulators),
+		cmocka_unit_test(test_exact_every_policy),
 	};
 
 	g_seed = test_rng_fresh_seed("test_lab");
