@@ -1,0 +1,102 @@
+#!/bin/bash
+# kvmem lab end to end on the tiny random model:
+#  - kvmem run --trace records a session over a workspace; kvmem lab replay
+#    with the recorded policy, budget and block gives every recorded plan;
+#  - kvmem lab compare's table: each cell's numbers equal a replay of that
+#    cell alone (needle-free trace: mass, overlap, hit rate, bytes);
+#  - --plot writes a PNG (when gnuplot is here);
+#  - a flipped byte or a cut trace is refused (exit 1, naming the file);
+#    a trace of another workspace is refused; bad options exit 2.
+source "$(dirname "$0")/lib.sh"
+cli_setup lab
+
+cat >"$tmp/script" <<EOF
+{"append_random": 40, "seed": $seed, "pin": true}
+{"append_random": 600, "seed": $((seed + 1))}
+{"decode": 6}
+{"append_random": 300, "seed": $((seed + 2))}
+{"decode": 6}
+{"append_random": 400, "seed": $((seed + 3))}
+{"decode": 6}
+EOF
+ws="$tmp/ws" tr="$tmp/trace" bw="--bw 1,8,16"
+"$KVMEM" run --model "$M" --script "$tmp/script" --workspace "$ws" --budget 256 --policy refine \
+	--host-cap 1M --trace "$tr" >"$tmp/run.out" 2>&1 || { cat "$tmp/run.out"; bad "kvmem run --trace failed"; }
+grep -q "^trace $tr: [0-9]* selections" "$tmp/run.out" || bad "kvmem run did not report the trace"
+
+# Replay with the live parameters: every plan equal.
+out=$("$KVMEM" lab replay --workspace "$ws" --trace "$tr" $bw --json 2>&1) || bad "replay failed: $out"
+steps=$(sed -n 's/.*"steps":\([0-9]*\).*/\1/p' <<<"$out")
+eq=$(sed -n 's/.*"live_equal":\([0-9]*\).*/\1/p' <<<"$out")
+cmp=$(sed -n 's/.*"live_compared":\([0-9]*\).*/\1/p' <<<"$out")
+[ -n "$steps" ] && [ "$steps" -gt 5 ] || bad "replay: too few selections: $out"
+[ "$eq" = "$steps" ] && [ "$cmp" = "$steps" ] || bad "replay differs from the recording: $out"
+info=$("$KVMEM" lab info --trace "$tr") || bad "lab info failed"
+grep -q "live: policy refine, block 32, budget 256" <<<"$info" || bad "lab info: $info"
+
+# Deterministic: the same output twice.
+again=$("$KVMEM" lab replay --workspace "$ws" --trace "$tr" $bw --json 2>&1)
+[ "$out" = "$again" ] || bad "two replays differ"
+
+# compare's cells are the replays of the same parameters.
+"$KVMEM" lab compare --workspace "$ws" --trace "$tr" --policies meank,refine,quest \
+	--budgets 128,256 --host-caps 256k,1M $bw --csv "$tmp/c.csv" --md "$tmp/c.md" \
+	2>"$tmp/c.err" || { cat "$tmp/c.err"; bad "compare failed"; }
+[ "$(wc -l <"$tmp/c.csv")" -eq 13 ] || bad "compare: 12 cells expected: $(cat "$tmp/c.csv")"
+grep -q "^| policy | block | budget" "$tmp/c.md" || bad "compare: no Markdown table"
+for pol in meank quest; do
+	for cap in 256k 1M; do
+		j=$("$KVMEM" lab replay --workspace "$ws" --trace "$tr" --policy $pol --budget 128 \
+			--host-cap $cap $bw --json)
+		row=$(grep "^$pol,32,128,rec,lru,$cap," "$tmp/c.csv") || { bad "no row $pol $cap"; continue; }
+		IFS=, read -r _ _ _ _ _ _ steps_c _ _ _ ov ms _ hr _ <<<"$row"
+		jov=$(sed -n 's/.*"overlap":\([^,]*\),.*/\1/p' <<<"$j")
+		jms=$(sed -n 's/.*"mass":\([^,]*\),.*/\1/p' <<<"$j")
+		jhr=$(sed -n 's/.*"hit_rate":\([^,]*\),.*/\1/p' <<<"$j")
+		jst=$(sed -n 's/.*"steps":\([0-9]*\),.*/\1/p' <<<"$j")
+		same=$(awk -v a="$ov" -v b="$jov" -v c="$ms" -v d="$jms" -v e="$hr" -v f="$jhr" \
+			'BEGIN { print (a - b < 1e-4 && b - a < 1e-4 && c - d < 1e-4 && d - c < 1e-4 &&
+					e - f < 1e-4 && f - e < 1e-4) }')
+		[ "$same" = 1 ] && [ "$steps_c" = "$jst" ] ||
+			bad "compare $pol $cap: $row, replay: $j"
+	done
+done
+
+# The plot, when gnuplot is installed.
+if command -v gnuplot >/dev/null; then
+	"$KVMEM" lab compare --workspace "$ws" --trace "$tr" --policies meank,refine \
+		--budgets 128,256 --host-caps 256k,1M $bw --plot "$tmp/p.png" --md /dev/null \
+		2>"$tmp/p.err" || { cat "$tmp/p.err"; bad "compare --plot failed"; }
+	[ "$(head -c 4 "$tmp/p.png" | od -An -c | tr -d ' ')" = "211PNG" ] || bad "no PNG written"
+else
+	echo "gnuplot not installed: --plot not checked (tools/deps.sh installs gnuplot-nox)"
+fi
+
+# A flipped byte, a cut trace: refused, naming the file.
+size=$(stat -c %s "$tr")
+for i in 1 2 3 4 5; do
+	cp "$tr" "$tmp/bad"
+	off=$(( (seed * 7919 + i * 104729) % size ))
+	orig=$(od -An -tx1 -j "$off" -N1 "$tmp/bad" | tr -d ' ')
+	poke "$tmp/bad" "$off" "$(printf '%02x' $(( 0x$orig ^ 0x5a )))"
+	err=$("$KVMEM" lab replay --workspace "$ws" --trace "$tmp/bad" $bw 2>&1)
+	[ $? -eq 1 ] && grep -q "$tmp/bad" <<<"$err" || bad "a byte flipped at $off not refused: $err"
+	head -c $(( off )) "$tr" >"$tmp/cut"
+	err=$("$KVMEM" lab replay --workspace "$ws" --trace "$tmp/cut" $bw 2>&1)
+	[ $? -eq 1 ] && grep -q "$tmp/cut" <<<"$err" || bad "a trace cut at $off not refused: $err"
+done
+
+# Another workspace (shorter, same model): refused.
+"$KVMEM" run --model "$M" --script <(head -2 "$tmp/script") --workspace "$tmp/ws2" \
+	--budget 256 >/dev/null 2>&1 || bad "second run failed"
+err=$("$KVMEM" lab replay --workspace "$tmp/ws2" --trace "$tr" $bw 2>&1)
+[ $? -eq 1 ] && grep -q "tokens" <<<"$err" || bad "a trace of another workspace not refused: $err"
+
+# Usage errors exit 2.
+for args in "replay --trace $tr" "replay --workspace $ws" "replay --workspace $ws --trace $tr --budgets 1,2" \
+	"replay --workspace $ws --trace $tr --policy nosuch" "replay --workspace $ws --trace $tr --block 48" \
+	"compare --workspace $ws --trace $tr --bw 1,2" "nosuch"; do
+	"$KVMEM" lab $args >/dev/null 2>&1
+	[ $? -eq 2 ] || bad "kvmem lab $args: not a usage error"
+done
+cli_done lab
