@@ -53,8 +53,21 @@ int kvmem_cuda_sm_count(const kvmem_cuda_ctx *c);
 const char *kvmem_cuda_device_name(const kvmem_cuda_ctx *c);
 /* Grow the scratch to at least `bytes` now (not during a capture). */
 int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
+/* Switch one of the context's fast paths on or off, for comparisons:
+ * "gemv" (one-row GEMMs by kernels/cuda/gemm.cu's own kernel, not
+ * cuBLASLt; default on, KVMEM_CUDA_GEMV=0 turns it off), "fast_scores"
+ * (the 16-byte-load bf16 Mean-K scorer; default on). Returns the previous
+ * setting, or -EINVAL for an unknown name. Results stay within the ops'
+ * tolerances either way; the bits of a GEMM may differ. */
+int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on);
 /* Wait for the stream; reports a kernel fault as -EIO. */
 int kvmem_cuda_sync(kvmem_cuda_ctx *c);
+
+/* Free and total device memory now. */
+int kvmem_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* The device's copy rate: a device-to-device copy of `bytes`, bytes read
+ * plus written per second in GB/s (best of 5), or a negative errno. */
+double kvmem_cuda_copy_gbps(kvmem_cuda_ctx *c, size_t bytes);
 
 /* Device memory and copies (synchronous with respect to the stream: they
  * wait for it). Plain cudaMalloc memory, never managed memory. */
@@ -110,13 +123,46 @@ int kvmem_cuda_attention_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *
 			      int n_kv_heads, int head_dim, float scale);
 /* One numbered version of the attention (1: one warp per query head, plain
  * loads, the simple reference; 2: the flash kernel above; 3: the same with
- * 128-row prefill tiles and 32-key decode tiles), for the checks and the
- * benchmark. The main path above is v2, and v3 for decode over 65536 keys
- * or more (faster there). */
+ * 128-row prefill tiles and 32-key decode tiles; 4: 128-row prefill tiles
+ * of 4 warps with two 16-row m-tiles each, decode as 2), for the checks and
+ * the benchmark. The main path's choice is in kernels/cuda/attention.cu. */
 int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint16_t *out,
 				const uint16_t *q, const int32_t *q_pos, int n_q, const uint16_t *k,
 				const uint16_t *v, const int32_t *kv_pos, int n_kv, size_t kv_stride,
 				int n_heads, int n_kv_heads, int head_dim, float scale);
+/*
+ * Decode with the key count in device memory (*n_kv_dev, capped at max_kv;
+ * max_kv <= kv_stride): what a CUDA graph of a decode step captures, since
+ * the view grows between replays. Rows n_q * (n_heads / n_kv_heads) <= 16
+ * (else -EINVAL), kv_pos NULL. Decode splits the keys at offsets that
+ * depend only on the key count and the SM count and combines the splits in
+ * order, so the bits equal kvmem_cuda_attention_bf16's over the same keys,
+ * whatever max_kv, kv_stride or graph. version 0: the main path's.
+ */
+int kvmem_cuda_attention_decode_bf16(kvmem_cuda_ctx *c, int version, uint16_t *out,
+				     const uint16_t *q, const int32_t *q_pos, int n_q,
+				     const uint16_t *k, const uint16_t *v, const int32_t *n_kv_dev,
+				     int max_kv, size_t kv_stride, int n_heads, int n_kv_heads,
+				     int head_dim, float scale);
+/* Scratch bytes the decode attention of these shapes takes (reserve them
+ * before capturing it); 0 when the shapes are not decode's. */
+size_t kvmem_cuda_attention_scratch(const kvmem_cuda_ctx *c, int n_q, int n_heads,
+				    int n_kv_heads, int head_dim);
+/* Bumped whenever the context's scratch moves: a captured graph that used
+ * it must be captured again. */
+uint64_t kvmem_cuda_scratch_gen(const kvmem_cuda_ctx *c);
+/*
+ * After one GEMM into qkv [n][ld] (rows [q heads][k heads][v heads] of
+ * head_dim): the per-head RMSNorm of q and k (as kvmem_cuda_headnorm_bf16:
+ * k in place), q rotated at pos[t] into q_out [n][n_heads][head_dim] (as
+ * kvmem_cuda_rope_bf16), and when set the normalised q, k and the v copied
+ * to q_raw, k_raw, v_out ([n][heads][head_dim] each). Twins:
+ * kvmem_headnorm_bf16, kvmem_rope_bf16 (kernels/cuda/qkv.cu).
+ */
+int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld, const uint16_t *q_norm,
+				 const uint16_t *k_norm, int n, int n_heads, int n_kv_heads,
+				 int head_dim, float eps, const int32_t *pos, double theta,
+				 uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out);
 /* token: one int32 on the device; rng: the uint64 RNG state on the device
  * (advanced there, so a captured decode graph samples from it); s: host. */
 int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits, int vocab,
@@ -140,6 +186,21 @@ int kvmem_cuda_token_mass(kvmem_cuda_ctx *c, double *mass, const void *keys, con
 /* out: device int64[min(k, n)]; returns that count like the twin. */
 int64_t kvmem_cuda_top_k_blocks(kvmem_cuda_ctx *c, int64_t *out, const float *scores, int64_t n,
 				int64_t k);
+/*
+ * The view's blocks as the planner picks them (kvmem_plan_build: the
+ * mandatory claims, then the best-scored rest), on the device: blocks
+ * [0, head) and [n - tail, n) are taken (their scores set to +inf in
+ * place), then the k best of the others; out (device int64) gets them all
+ * in ascending order. Returns their count, min(n, taken + k), or -errno.
+ * The planner's order: higher score, ties to the later block, NaN lowest.
+ */
+int64_t kvmem_cuda_plan_blocks(kvmem_cuda_ctx *c, int64_t *out, float *scores, int64_t n,
+			       int64_t head, int64_t tail, int64_t k);
+/* The index on the GPU (kernels/cuda/index.cu): twin kvmem_index_append_bf16,
+ * every array on the device, g in host memory. */
+int kvmem_cuda_index_append(kvmem_cuda_ctx *c, void *meank, void *kmin, void *kmax, void *sub,
+			    float *open_sum, float *open_sub, const uint16_t *raw_k, int64_t first,
+			    int n, const kvmem_score_geom *g);
 
 /* Fills (kernels/cuda/fill.cu), twins kvmem_random_bf16 / kvmem_fill_bf16. */
 int kvmem_cuda_random_bf16(kvmem_cuda_ctx *c, uint16_t *dst, size_t n, uint64_t seed,

@@ -55,6 +55,17 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 	if (!c)
 		return kvmem_error(ENOMEM, "cuda: out of memory for a context");
 	c->device = device;
+	{	/* KVMEM_CUDA_GEMV=0: one-row GEMMs through cuBLASLt */
+		const char *e = getenv("KVMEM_CUDA_GEMV");
+
+		c->no_gemv = e && e[0] == '0';
+		/* The main path's attention versions, for comparisons: prefill 2
+		 * or 4, decode 2 or 3 (0: attention.cu's choice). */
+		e = getenv("KVMEM_CUDA_PREFILL");
+		c->att_prefill = e && (!strcmp(e, "2") || !strcmp(e, "3") || !strcmp(e, "4")) ? e[0] - '0' : 0;
+		e = getenv("KVMEM_CUDA_DECODE");
+		c->att_decode = e && (!strcmp(e, "2") || !strcmp(e, "3")) ? e[0] - '0' : 0;
+	}
 	if ((rc = kvmem_cuda_err(cudaSetDevice(device), "selecting the device")) ||
 	    (rc = kvmem_cuda_err(cudaGetDeviceProperties(&p, device), "reading the device")))
 		goto fail;
@@ -69,7 +80,8 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 	}
 	/* Hopper's cuBLASLt kernels want up to 32 MiB. */
 	c->lt_ws_bytes = 32u << 20;
-	if ((rc = kvmem_cuda_err(cudaMalloc(&c->lt_ws, c->lt_ws_bytes), "cuBLASLt workspace")))
+	if ((rc = kvmem_cuda_err(cudaMalloc(&c->lt_ws, c->lt_ws_bytes), "cuBLASLt workspace")) ||
+	    (rc = kvmem_cuda_attention_setup(c)))
 		goto fail;
 	*out = c;
 	return 0;
@@ -151,8 +163,73 @@ int kvmem_cuda_scratch(kvmem_cuda_ctx *c, size_t bytes, void **p)
 	if ((rc = kvmem_cuda_err(cudaMalloc(&c->scratch, bytes), "scratch")))
 		return rc;
 	c->scratch_bytes = bytes;
+	c->scratch_gen++;
 	*p = c->scratch;
 	return 0;
+}
+
+uint64_t kvmem_cuda_scratch_gen(const kvmem_cuda_ctx *c)
+{
+	return c->scratch_gen;
+}
+
+int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
+{
+	int *flag, was;
+
+	if (!strcmp(what, "gemv"))
+		flag = &c->no_gemv;
+	else if (!strcmp(what, "fast_scores"))
+		flag = &c->slow_scores;
+	else
+		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, fast_scores)", what);
+	was = !*flag;
+	*flag = !on;
+	return was;
+}
+
+int kvmem_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+	return kvmem_cuda_err(cudaMemGetInfo(free_bytes, total_bytes), "reading device memory");
+}
+
+/* A device-to-device copy of `bytes` (at least 1 MiB), best of 5 after a
+ * warm-up, as bytes read plus bytes written per second. */
+double kvmem_cuda_copy_gbps(kvmem_cuda_ctx *c, size_t bytes)
+{
+	void *a = NULL, *b = NULL;
+	double best = 0;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	int rc;
+
+	if (bytes < (1u << 20))
+		bytes = 1u << 20;
+	if ((rc = kvmem_cuda_malloc(&a, bytes)) || (rc = kvmem_cuda_malloc(&b, bytes)) ||
+	    (rc = kvmem_cuda_err(cudaMemsetAsync(a, 0x3c, bytes, c->stream), "copy rate")) ||
+	    (rc = kvmem_cuda_err(cudaEventCreate(&e0), "copy rate")) ||
+	    (rc = kvmem_cuda_err(cudaEventCreate(&e1), "copy rate")))
+		goto out;
+	for (int r = 0; r < 6; r++) {
+		float ms = 0;
+
+		if ((rc = kvmem_cuda_err(cudaEventRecord(e0, c->stream), "copy rate")) ||
+		    (rc = kvmem_cuda_err(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->stream),
+					 "copy rate")) ||
+		    (rc = kvmem_cuda_err(cudaEventRecord(e1, c->stream), "copy rate")) ||
+		    (rc = kvmem_cuda_err(cudaEventSynchronize(e1), "copy rate")) ||
+		    (rc = kvmem_cuda_err(cudaEventElapsedTime(&ms, e0, e1), "copy rate")))
+			goto out;
+		if (r && ms > 0 && 2.0 * bytes / (ms * 1e-3) / 1e9 > best)
+			best = 2.0 * bytes / (ms * 1e-3) / 1e9;
+	}
+out:
+	if (e0)
+		cudaEventDestroy(e0);
+	if (e1)
+		cudaEventDestroy(e1);
+	kvmem_cuda_free(a);
+	kvmem_cuda_free(b);
+	return rc ? rc : best;
 }
 
 int kvmem_cuda_sync(kvmem_cuda_ctx *c)

@@ -46,8 +46,9 @@ $(O)/cuda/user/backend/%.o: user/backend/%.c
 # The CLI and the unit tests link the cuda backend too (kvmem run --backend
 # cuda; KVMEM_TEST_BACKEND=cuda on a GPU machine): -u pulls its ops table,
 # which the registry names only weakly.
-CUDA_LINK   := -Wl,-u,kvmem_backend_cuda_ops $(O)/libkvmem_cuda.a $(O)/libkvmem.a -lstdc++ \
-	       $(CUDA_LIBS)
+# kvmem bench select names the selection ops weakly: -u pulls them in too.
+CUDA_LINK   := -Wl,-u,kvmem_backend_cuda_ops -Wl,-u,kvmem_cuda_plan_blocks \
+	       -Wl,-u,kvmem_cuda_copy_gbps $(O)/libkvmem_cuda.a $(O)/libkvmem.a -lstdc++ $(CUDA_LIBS)
 $(O)/kvmem $(TEST_BIN): $(O)/libkvmem_cuda.a
 
 $(O)/libkvmem_cuda.a: $(CUDA_OBJ)

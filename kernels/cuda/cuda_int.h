@@ -33,6 +33,11 @@ struct kvmem_cuda_ctx {
 	size_t lt_ws_bytes;
 	void *scratch;		/* ops' temporary device memory */
 	size_t scratch_bytes;
+	uint64_t scratch_gen;	/* bumped when scratch moves (a graph must be re-captured) */
+	int no_gemv;		/* kvmem_cuda_tune "gemv" off: n == 1 through cuBLASLt */
+	int slow_scores;	/* kvmem_cuda_tune "fast_scores" off: the 2-byte-load scorer */
+	int att_prefill, att_decode;	/* the main path's attention versions (attention.cu;
+					 * KVMEM_CUDA_PREFILL / KVMEM_CUDA_DECODE override) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];
 	int next_plan;		/* round-robin replacement */
 };
@@ -43,6 +48,9 @@ int kvmem_cuda_err(cudaError_t e, const char *what);
 int kvmem_cuda_launched(const char *what);
 /* Scratch of at least `bytes` (grows outside a capture only). */
 int kvmem_cuda_scratch(kvmem_cuda_ctx *c, size_t bytes, void **p);
+/* Per-device kernel attributes of the attention, set when a context is
+ * made (never inside a stream capture). */
+extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c);
 
 static inline size_t kvmem_align_up(size_t x, size_t a)
 {

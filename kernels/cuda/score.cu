@@ -231,6 +231,99 @@ mean_logits_kernel(float *z, float *cmax, const T *rows, const float *gq, int d,
 		cmax[(size_t)p * n_chunks + c] = mx;
 }
 
+/*
+ * The same logits over a bf16 index of head_dim 64 * STEPS with 16-byte
+ * loads: an octet of lanes per row, lane v loading 8 elements (chunks v,
+ * v + 8, ...). In dot16's order the element e = 64 step + 16 chain + u
+ * goes to chain accumulator a[chain][u]; chunk v + 8 step holds chain v / 2,
+ * u = 8 (v % 2) + 0..7 of step `step`, so lane v keeps those 8
+ * accumulators, summed over the steps in order. Then (a0 + a1) + (a2 + a3)
+ * per u (shuffles by 2 and 4 within the octet), s[u] + s[u + 8] (by 1) and
+ * the same folding tree in registers: every rounding is dot16's, so z has
+ * the same bits. Two rows per octet per pass keep loads in flight.
+ */
+template <int STEPS>
+__global__ void __launch_bounds__(SC_THREADS)
+mean_logits_bf16x8_kernel(float *z, float *cmax, const uint16_t *rows, const float *gq,
+			  long long cap_items, long long n_items, int per, long long n_blocks,
+			  float scale, float full, float4 last, int n_chunks)
+{
+	constexpr int D = 64 * STEPS, ROWS_PER_PASS = SC_THREADS / 8 * 2;
+	const int p = blockIdx.y, c = blockIdx.x, oct = threadIdx.x >> 3, v = threadIdx.x & 7;
+	const long long a = (long long)c * CHUNK, b = min(n_items, a + CHUNK);
+	const float lastw[4] = { last.x, last.y, last.z, last.w };
+	const uint16_t *base = rows + (size_t)p * cap_items * D;
+	float q[STEPS][8], mx = -INFINITY;
+
+#pragma unroll
+	for (int st = 0; st < STEPS; st++)
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			q[st][i] = gq[(size_t)p * D + 8 * (v + 8 * st) + i];
+	for (long long i0 = a; i0 < b; i0 += ROWS_PER_PASS) {
+		long long it[2];
+		uint4 x[2][STEPS];
+		float acc[2][8];
+
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			it[r] = i0 + oct + r * (SC_THREADS / 8);
+			const long long at = it[r] < b ? it[r] : a;
+
+#pragma unroll
+			for (int st = 0; st < STEPS; st++)
+				x[r][st] = __ldcs((const uint4 *)(base + (size_t)at * D) + v + 8 * st);
+		}
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				acc[r][i] = 0.0f;
+#pragma unroll
+			for (int st = 0; st < STEPS; st++) {
+				const uint32_t w4[4] = { x[r][st].x, x[r][st].y, x[r][st].z, x[r][st].w };
+
+#pragma unroll
+				for (int i = 0; i < 8; i++) {
+					const uint32_t h = i & 1 ? w4[i >> 1] & 0xffff0000u : w4[i >> 1] << 16;
+
+					acc[r][i] = __fadd_rn(acc[r][i], __fmul_rn(q[st][i], __uint_as_float(h)));
+				}
+			}
+			/* (a0 + a1), (a2 + a3): lanes v and v + 2 of chains 0/1, 2/3 */
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				acc[r][i] = __fadd_rn(acc[r][i], __shfl_down_sync(0xffffffffu, acc[r][i], 2, 8));
+			/* (a0 + a1) + (a2 + a3): lanes 0/1 take lanes 4/5 */
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				acc[r][i] = __fadd_rn(acc[r][i], __shfl_down_sync(0xffffffffu, acc[r][i], 4, 8));
+			/* s[u] + s[u + 8]: lane 0 holds u = 0..7, lane 1 u = 8..15 */
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				acc[r][i] = __fadd_rn(acc[r][i], __shfl_down_sync(0xffffffffu, acc[r][i], 1, 8));
+		}
+		if (v == 0)
+#pragma unroll
+			for (int r = 0; r < 2; r++) {
+				if (it[r] >= b)
+					continue;
+				const float f0 = __fadd_rn(acc[r][0], acc[r][4]), f1 = __fadd_rn(acc[r][1], acc[r][5]);
+				const float f2 = __fadd_rn(acc[r][2], acc[r][6]), f3 = __fadd_rn(acc[r][3], acc[r][7]);
+				const float dt = __fadd_rn(__fadd_rn(f0, f2), __fadd_rn(f1, f3));
+				const long long blk = it[r] / per;
+				const float w = blk == n_blocks - 1 ? lastw[it[r] % per] : full;
+				const float val = w == -INFINITY ? -INFINITY : __fadd_rn(__fmul_rn(dt, scale), w);
+
+				z[(size_t)p * n_items + it[r]] = val;
+				mx = fmaxf(mx, val);
+			}
+	}
+	mx = block_max(mx);
+	if (threadIdx.x == 0)
+		cmax[(size_t)p * n_chunks + c] = mx;
+}
+
 /* quest: grid (G * n_q, chunks, L * H); thread per block, sequential bound. */
 template <typename T>
 __global__ void __launch_bounds__(SC_THREADS)
@@ -413,7 +506,17 @@ static int mean_scores(kvmem_cuda_ctx *c, float *scores, const void *rows, const
 	dim3 grid(m.n_chunks, pairs);
 	size_t sm = d * sizeof(float);
 
-	if (g->index_dtype == KVMEM_DTYPE_BF16)
+	if (g->index_dtype == KVMEM_DTYPE_BF16 && (d == 64 || d == 128) &&
+	    !((uintptr_t)rows & 15) && !c->slow_scores) {
+		if (d == 128)
+			mean_logits_bf16x8_kernel<2><<<grid, SC_THREADS, 0, c->stream>>>(
+				m.z, m.cmax, (const uint16_t *)rows, gq, (long long)g->cap_blocks * per,
+				n_items, per, g->n_blocks, scale, full, last, m.n_chunks);
+		else
+			mean_logits_bf16x8_kernel<1><<<grid, SC_THREADS, 0, c->stream>>>(
+				m.z, m.cmax, (const uint16_t *)rows, gq, (long long)g->cap_blocks * per,
+				n_items, per, g->n_blocks, scale, full, last, m.n_chunks);
+	} else if (g->index_dtype == KVMEM_DTYPE_BF16)
 		mean_logits_kernel<uint16_t><<<grid, SC_THREADS, sm, c->stream>>>(
 			m.z, m.cmax, (const uint16_t *)rows, gq, d, (long long)g->cap_blocks * per,
 			n_items, per, g->n_blocks, scale, full, last, m.n_chunks);
@@ -681,4 +784,37 @@ extern "C" int64_t kvmem_cuda_top_k_blocks(kvmem_cuda_ctx *c, int64_t *out, cons
 	}
 	top_k_kernel<<<1, TOPK_THREADS, 0, c->stream>>>(out, scores, n, k);
 	return (rc = kvmem_cuda_launched("top-k")) ? rc : k;
+}
+
+/* ---- the planner's choice of blocks ------------------------------------------ */
+
+__global__ void mark_taken_kernel(float *scores, long long head, long long tail, long long n)
+{
+	const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+
+	if (i < head)
+		scores[i] = INFINITY;
+	else if (i < head + tail)
+		scores[n - tail + (i - head)] = INFINITY;
+}
+
+extern "C" int64_t kvmem_cuda_plan_blocks(kvmem_cuda_ctx *c, int64_t *out, float *scores,
+					  int64_t n, int64_t head, int64_t tail, int64_t k)
+{
+	int64_t taken;
+	int rc;
+
+	if (n < 0 || head < 0 || tail < 0 || k < 0)
+		return kvmem_error(EINVAL, "plan blocks: %lld blocks, %lld + %lld taken, %lld best",
+				   (long long)n, (long long)head, (long long)tail, (long long)k);
+	head = head < n ? head : n;
+	tail = tail < n - head ? tail : n - head;
+	taken = head + tail;
+	if (taken) {
+		mark_taken_kernel<<<(unsigned)((taken + 255) / 256), 256, 0, c->stream>>>(
+			scores, (long long)head, (long long)tail, (long long)n);
+		if ((rc = kvmem_cuda_launched("plan blocks")))
+			return rc;
+	}
+	return kvmem_cuda_top_k_blocks(c, out, scores, n, taken + k < n ? taken + k : n);
 }

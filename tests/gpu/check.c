@@ -30,6 +30,7 @@
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
 #include "check_gather.h"
+#include "check_perf.h"
 
 static int g_pass, g_fail, g_quick;
 static uint64_t g_rng;
@@ -1255,6 +1256,7 @@ static void bench(void)
 		kvmem_cuda_free(s.tok);
 		kvmem_cuda_free(s.rng);
 	}
+	bench_perf(g_c, copy_gbs, gemm_tfs);
 }
 
 int main(int argc, char **argv)
@@ -1310,6 +1312,7 @@ int main(int argc, char **argv)
 		check_scatter();
 		check_gather(g_c, g_quick, g_rng, &g_pass, &g_fail);
 		check_attention();
+		check_perf(g_c, g_quick, g_rng, &g_pass, &g_fail);
 		check_sample();
 		check_scores();
 	}

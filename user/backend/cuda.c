@@ -4,15 +4,10 @@
  * kernels/cuda/ (include/kvmem/cuda.h), built only when nvcc is found.
  *
  * Number formats (kernels_bf16.h): weights bf16 on the GPU, converted once
- * at load from the model's fp32; the residual stream fp32; GEMM inputs bf16
- * with fp32 accumulation (cuBLASLt); the view bf16. Per layer:
- *
- *   h = rmsnorm(x)            q, k, v = h.Wq, h.Wk, h.Wv (bf16 out)
- *   q, k = headnorm(q, k)     raw q / raw K / V copied out for the session
- *   q = rope(q, positions)    K, V scattered into the view: K rotated at
- *                             its slot from raw K, exactly what place() does
- *   att = attention(q, view)  x += att.Wo
- *   h = rmsnorm(x)            gu = h.[Wgate;Wup]   x += swiglu(gu).Wdown
+ * at load from the model's fp32 (Wq, Wk, Wv as one [q;k;v] weight); the
+ * residual stream fp32; GEMM inputs bf16 with fp32 accumulation; the view
+ * bf16. The forward pass itself, per layer and as a CUDA graph for decode,
+ * is in cuda_fwd.c.
  *
  * A view is [n_layers][n_kv_heads][cap][head_dim] bf16 K and V on the GPU.
  * place() packs the pages' token ranges into a host staging buffer as bf16
@@ -93,9 +88,9 @@ static int load_weights(struct cuda *b, const kvmem_model *m, uint64_t seed)
 		struct layer_w *w = &b->L[l];
 
 		if ((rc = cuda_dev_alloc(&w->attn_norm, H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = cuda_dev_alloc(&w->wq, (size_t)b->qw * H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = cuda_dev_alloc(&w->wk, (size_t)b->kw * H * 2, &b->weight_bytes)) < 0 ||
-		    (rc = cuda_dev_alloc(&w->wv, (size_t)b->kw * H * 2, &b->weight_bytes)) < 0 ||
+		    /* q, k, v rows in one allocation: one GEMM (cuda_fwd.c) */
+		    (rc = cuda_dev_alloc(&w->wq, (size_t)(b->qw + 2 * b->kw) * H * 2,
+					 &b->weight_bytes)) < 0 ||
 		    (rc = cuda_dev_alloc(&w->wo, H * b->qw * 2, &b->weight_bytes)) < 0 ||
 		    (rc = cuda_dev_alloc(&w->q_norm, (size_t)c->head_dim * 2, &b->weight_bytes)) < 0 ||
 		    (rc = cuda_dev_alloc(&w->k_norm, (size_t)c->head_dim * 2, &b->weight_bytes)) < 0 ||
@@ -103,6 +98,9 @@ static int load_weights(struct cuda *b, const kvmem_model *m, uint64_t seed)
 		    (rc = cuda_dev_alloc(&w->w_gateup, 2 * I * H * 2, &b->weight_bytes)) < 0 ||
 		    (rc = cuda_dev_alloc(&w->w_down, H * I * 2, &b->weight_bytes)) < 0)
 			return rc;
+		w->w_qkv = w->wq;
+		w->wk = w->wq + (size_t)b->qw * H;
+		w->wv = w->wk + (size_t)b->kw * H;
 	}
 	if (random) {
 		uint64_t s = seed;
@@ -175,8 +173,8 @@ static void cuda_destroy(void *ctx)
 	if (b->L)
 		for (int l = 0; l < b->c->n_layers; l++) {
 			struct layer_w *w = &b->L[l];
-			uint16_t *all[] = { w->attn_norm, w->wq, w->wk, w->wv, w->wo, w->q_norm,
-					    w->k_norm, w->mlp_norm, w->w_gateup, w->w_down };
+			uint16_t *all[] = { w->attn_norm, w->w_qkv, w->wo, w->q_norm, w->k_norm,
+					    w->mlp_norm, w->w_gateup, w->w_down };
 
 			for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
 				kvmem_cuda_free(all[i]);
@@ -199,6 +197,7 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_st);
 	cudaFreeHost(b->host_items);
 	cuda_pages_destroy(b);
+	cuda_fwd_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
 	free(b);
 }
@@ -257,7 +256,8 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	    (rc = cuda_dev_alloc(&b->oq, L * C * b->qw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_dev_alloc(&b->ok, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_dev_alloc(&b->ov, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
-	    (rc = cuda_pinned(&b->host_o, maxo * 2)) < 0 || (rc = cuda_pinned(&b->host_i, 2 * C * 4)) < 0)
+	    (rc = cuda_pinned(&b->host_o, maxo * 2)) < 0 || (rc = cuda_pinned(&b->host_i, 2 * C * 4)) < 0 ||
+	    (rc = cuda_fwd_create(b)) < 0)
 		goto fail;
 	b->logit_rows = 1;
 	*out = b;
@@ -267,69 +267,7 @@ fail:
 	return rc;
 }
 
-/* ---- forward ---------------------------------------------------------------- */
-/* Widen n bf16 values from the device into an fp32 host array. */
-static int download_f32(struct cuda *b, float *dst, const uint16_t *src, size_t n)
-{
-	int rc = kvmem_cuda_download(b->ctx, b->host_o, src, n * 2);
-
-	if (rc < 0)
-		return rc;
-	kvmem_bf16_to_f32_n(dst, b->host_o, n);
-	return 0;
-}
-
-static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out)
-{
-	const kvmem_config *c = b->c;
-	const struct layer_w *w = &b->L[l];
-	const int H = c->hidden, I = c->intermediate, D = c->head_dim;
-	const size_t vl = (size_t)c->n_kv_heads * v->cap * D;	/* one layer of the view */
-	int rc;
-
-	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)) ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->q, KVMEM_GEMM_BF16, b->h, w->wq, n, H, b->qw)) ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->k, KVMEM_GEMM_BF16, b->h, w->wk, n, H, b->kw)) ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->v, KVMEM_GEMM_BF16, b->h, w->wv, n, H, b->kw)) ||
-	    (rc = kvmem_cuda_headnorm_bf16(b->ctx, b->q, w->q_norm, n * c->n_heads, D,
-					   c->rms_eps)) ||
-	    (rc = kvmem_cuda_headnorm_bf16(b->ctx, b->k, w->k_norm, n * c->n_kv_heads, D,
-					   c->rms_eps)))
-		return rc;
-	if (want_out) {
-		cudaStream_t st = kvmem_cuda_stream(b->ctx);
-		size_t oq = (size_t)l * n * b->qw, ok = (size_t)l * n * b->kw;
-
-		if (cudaMemcpyAsync(b->oq + oq, b->q, (size_t)n * b->qw * 2, cudaMemcpyDeviceToDevice,
-				    st) != cudaSuccess ||
-		    cudaMemcpyAsync(b->ok + ok, b->k, (size_t)n * b->kw * 2, cudaMemcpyDeviceToDevice,
-				    st) != cudaSuccess ||
-		    cudaMemcpyAsync(b->ov + ok, b->v, (size_t)n * b->kw * 2, cudaMemcpyDeviceToDevice,
-				    st) != cudaSuccess)
-			return kvmem_error(EIO, "cuda forward: copying the outputs");
-	}
-	/* The new tokens' K and V go into the view through the very scatter
-	 * place() uses, so K at a slot is always rotated the same way. */
-	if ((rc = kvmem_cuda_rope_bf16(b->ctx, b->q, b->pos, n, c->n_heads, D, c->rope_theta)) ||
-	    (rc = kvmem_cuda_view_scatter_bf16(b->ctx, v->k, v->v, b->k, b->v, b->items + l, 1,
-					       c->n_layers, c->n_kv_heads, D, (int)v->cap,
-					       c->rope_theta)) ||
-	    (rc = kvmem_cuda_attention_bf16(b->ctx, b->att, b->q, b->pos, n, v->k + l * vl,
-					    v->v + l * vl, NULL, (int)(v->len + n), (size_t)v->cap,
-					    c->n_heads, c->n_kv_heads, D,
-					    (float)(1.0 / sqrt((double)D)))) ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n, b->qw,
-				       H)) ||
-	    (rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->mlp_norm, n, H, c->rms_eps)) ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->gu, KVMEM_GEMM_BF16, b->h, w->w_gateup, n, H,
-				       2 * I)) ||
-	    (rc = kvmem_cuda_swiglu_bf16(b->ctx, b->act, b->gu, b->gu + I, n, I, 2 * I)) ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->act, w->w_down, n, I,
-				       H)))
-		return rc;
-	return 0;
-}
-
+/* ---- forward: cuda_fwd.c ------------------------------------------------------ */
 /* Room for the scatter's item list (one item per layer in forward). */
 int cuda_items_room(struct cuda *b, int n)
 {
@@ -346,76 +284,6 @@ int cuda_items_room(struct cuda *b, int n)
 	    (rc = cuda_pinned(&b->host_items, (size_t)n * sizeof(*b->host_items))) < 0)
 		return rc;
 	b->cap_items = n;
-	return 0;
-}
-
-static int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
-			int all_logits, const kvmem_fwd_out *out)
-{
-	struct cuda *b = ctx;
-	const kvmem_config *c = b->c;
-	const int L = c->n_layers;
-	int want_out = out && (out->raw_k || out->v || out->q_raw), rc;
-
-	if (n <= 0 || n > b->max_chunk)
-		return kvmem_error(EINVAL, "cuda forward: %d tokens in one call; the backend takes 1..%d",
-				   n, b->max_chunk);
-	if (v->len + n > v->cap)
-		return kvmem_error(EINVAL, "cuda forward: the view holds %lld of %lld slots, no room for "
-				   "%d more", (long long)v->len, (long long)v->cap, n);
-	for (int i = 0; i < n; i++) {
-		if (tokens[i] < 0 || tokens[i] >= c->vocab)
-			return kvmem_error(EINVAL, "cuda forward: token %d at index %d is outside the "
-					   "vocabulary (0..%d)", tokens[i], i, c->vocab - 1);
-		b->host_i[i] = tokens[i];
-		b->host_i[b->max_chunk + i] = (int32_t)(v->len + i);
-	}
-	/* One scatter item per layer: the new tokens at slots len.., taken
-	 * from the k / v scratch ([n][n_kv_heads][head_dim]). */
-	if ((rc = cuda_items_room(b, L)) < 0)
-		return rc;
-	for (int l = 0; l < L; l++)
-		b->host_items[l] = (kvmem_scatter_item){ .layer = l, .slot = (int32_t)v->len, .n = n,
-							 .tok_stride = b->kw, .src = 0,
-							 .head_stride = c->head_dim };
-	if ((rc = kvmem_cuda_upload(b->ctx, b->items, b->host_items, (size_t)L * sizeof(*b->items))) < 0 ||
-	    (rc = kvmem_cuda_upload(b->ctx, b->ids, b->host_i, (size_t)n * 4)) < 0 ||
-	    (rc = kvmem_cuda_upload(b->ctx, b->pos, b->host_i + b->max_chunk, (size_t)n * 4)) < 0 ||
-	    (rc = kvmem_cuda_embedding_bf16(b->ctx, b->x, b->embed, b->ids, n, c->hidden)) < 0)
-		return rc;
-	for (int l = 0; l < L; l++)
-		if ((rc = layer(b, v, l, n, want_out)) < 0)
-			return kvmem_error_prefix("cuda forward, layer %d", l);
-	if (logits) {
-		int rows = all_logits ? n : 1;
-		const float *xl = b->x + (size_t)(all_logits ? 0 : n - 1) * c->hidden;
-
-		/* Logits of every row only when asked: [C][vocab] is 2.5 GB for a
-		 * 4K chunk of a 152K vocabulary. */
-		if (rows > b->logit_rows) {
-			kvmem_cuda_free(b->logits);
-			b->logits = NULL;
-			b->logit_rows = 0;
-			if ((rc = cuda_dev_alloc(&b->logits, (size_t)rows * c->vocab * 4, NULL)) < 0)
-				return rc;
-			b->logit_rows = rows;
-		}
-		if ((rc = kvmem_cuda_logits_bf16(b->ctx, b->logits, xl, b->final_norm, b->lm_head,
-						 b->tmp, rows, c->hidden, c->vocab, c->rms_eps)) < 0 ||
-		    (rc = kvmem_cuda_download(b->ctx, logits, b->logits,
-					      (size_t)rows * c->vocab * sizeof(float))) < 0)
-			return rc;
-	}
-	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
-		return kvmem_error_prefix("cuda forward");
-	if (out && out->q_raw &&
-	    (rc = download_f32(b, out->q_raw, b->oq, (size_t)L * n * b->qw)) < 0)
-		return rc;
-	if (out && out->raw_k && (rc = download_f32(b, out->raw_k, b->ok, (size_t)L * n * b->kw)) < 0)
-		return rc;
-	if (out && out->v && (rc = download_f32(b, out->v, b->ov, (size_t)L * n * b->kw)) < 0)
-		return rc;
-	v->len += n;
 	return 0;
 }
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The cuda backend's private state, shared by its three files:
- *   cuda.c       weights, create/destroy, forward, ceilings, the ops table
+ *   cuda.c       weights, create/destroy, ceilings, the ops table
+ *   cuda_fwd.c   the forward pass and its decode graphs
  *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
  *   cuda_page.c  the paging path: registered host memory, the gather, the
  *                device page pool, place()'s counters, the copy ceilings
@@ -16,6 +17,8 @@
 #include "kvmem/cuda.h"
 
 struct layer_w {
+	uint16_t *w_qkv;	/* [qw + 2 kw][hidden]: q, k, v rows in one allocation
+				 * (one GEMM); wq, wk, wv point into it */
 	uint16_t *attn_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm;
 	uint16_t *mlp_norm, *w_gateup, *w_down;	/* [2I][hidden]: gate rows, then up rows */
 };
@@ -51,6 +54,8 @@ struct cuda {
 	struct cuda_pages *pages;
 	uint64_t mem_cap, page_pool;	/* from kvmem_backend_opts */
 	uint64_t scratch_bytes;		/* the forward pass's scratch */
+	struct cuda_fwd *fwd;		/* cuda_fwd.c: the forward pass's inputs,
+					 * q/k/v scratch and decode graphs */
 };
 
 /* place() methods (the "place" setting) */
@@ -76,6 +81,12 @@ int cuda_set_length(void *ctx, kvmem_view *v, int64_t len);
 int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n);
 /* Device bytes counted against the cap: weights, views, scratch, paging. */
 uint64_t cuda_dev_used(const struct cuda *b);
+
+/* cuda_fwd.c: the forward pass (KVMEM_CUDA_GRAPH: decode as a CUDA graph) */
+int cuda_fwd_create(struct cuda *b);
+void cuda_fwd_destroy(struct cuda *b);
+int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
+		 int all_logits, const kvmem_fwd_out *out);
 
 /* cuda_page.c */
 int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);

@@ -1,0 +1,1051 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The engine's fast paths against their twins and against the plain paths
+ * they replace (see check_perf.h). Bit-for-bit cases compare every 16-bit
+ * element; tolerance cases use kvmem_gpu_check's rule |gpu - cpu| <= atol +
+ * rtol |cpu| with the tolerances of Documentation/kernels.md. Outputs are
+ * poisoned (NaN) first; inputs are fresh random numbers from the seed.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/cuda.h"
+#include "kvmem/kvmem.h"
+#include "check_perf.h"
+
+#define ULP1 0x1p-7
+
+static kvmem_cuda_ctx *C;
+static int g_quick, *g_pass, *g_fail;
+static uint64_t g_rng;
+
+static void die(const char *what)
+{
+	fprintf(stderr, "kvmem_gpu_check (perf): %s: %s\n", what, kvmem_last_error());
+	exit(2);
+}
+
+static double runi(double lo, double hi)
+{
+	uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return lo + (hi - lo) * ((z >> 11) * 0x1p-53);
+}
+
+static void *hmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+
+	if (!p)
+		die("out of host memory");
+	return p;
+}
+
+static uint16_t *rand_bf16(size_t n, double lo, double hi)
+{
+	uint16_t *p = hmalloc(2 * n);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = kvmem_f32_to_bf16((float)runi(lo, hi));
+	return p;
+}
+
+static float *rand_f32(size_t n, double lo, double hi)
+{
+	float *p = hmalloc(4 * n);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = (float)runi(lo, hi);
+	return p;
+}
+
+static void *dput(const void *h, size_t bytes)
+{
+	void *d;
+
+	if (kvmem_cuda_malloc(&d, bytes) || kvmem_cuda_upload(C, d, h, bytes))
+		die("upload");
+	return d;
+}
+
+static void *dpoison(size_t bytes)
+{
+	void *d;
+
+	if (kvmem_cuda_malloc(&d, bytes) ||
+	    cudaMemsetAsync(d, 0xff, bytes, (cudaStream_t)kvmem_cuda_stream(C)) != cudaSuccess ||
+	    kvmem_cuda_sync(C))
+		die("poisoned allocation");
+	return d;
+}
+
+static void *dget(const void *d, size_t bytes)
+{
+	void *h = hmalloc(bytes);
+
+	if (kvmem_cuda_sync(C) || kvmem_cuda_download(C, h, d, bytes))
+		die("download");
+	return h;
+}
+
+static void report(int ok, const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("%s ", ok ? "ok  " : "FAIL");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	if (ok)
+		(*g_pass)++;
+	else
+		(*g_fail)++;
+}
+
+/* Tolerance check of bf16 outputs against the twin's. */
+static void cmp_bf16(const char *what, const uint16_t *g, const uint16_t *r, size_t n, double atol,
+		     double rtol)
+{
+	size_t bad = 0, unwritten = 0, diff = 0;
+	double mx = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double a = kvmem_bf16_to_f32(g[i]), b = kvmem_bf16_to_f32(r[i]), e;
+
+		if (isnan(a) && isnan(b))
+			continue;
+		if (isnan(a)) {
+			unwritten++;
+			bad++;
+			continue;
+		}
+		e = fabs(a - b);
+		diff += g[i] != r[i];
+		if (!(e <= atol + rtol * fabs(b)))
+			bad++;
+		if (e > mx || isnan(e))
+			mx = e;
+	}
+	report(!bad, "%-44s n=%-9zu max|d|=%-9.3g differ=%-7zu bad=%zu unwritten=%zu (atol %.3g "
+	       "rtol %.3g)", what, n, mx, diff, bad, unwritten, atol, rtol);
+}
+
+/* Bit-for-bit equality of two device results (n 16-bit elements). */
+static void same_bits(const char *what, const void *a, const void *b, size_t bytes)
+{
+	const uint16_t *x = a, *y = b;
+	size_t diff = 0, nan = 0;
+
+	for (size_t i = 0; i < bytes / 2; i++) {
+		diff += x[i] != y[i];
+		nan += x[i] == 0xffff;
+	}
+	report(!diff && nan < bytes / 2, "%-44s %zu of %zu elements differ (bit for bit)", what, diff,
+	       bytes / 2);
+}
+
+/* ---- decode attention: device key count, graphs ---------------------------- */
+
+struct dec_shape {
+	const char *name;
+	int n_q, n_kv, heads, kvh, hd;
+};
+
+/* K/V of n_kv keys at stride s, NaN past n_kv. */
+static uint16_t *kv_at_stride(const uint16_t *src, int kvh, int n_kv, size_t from, size_t s, int hd)
+{
+	uint16_t *d = hmalloc(2 * (size_t)kvh * s * hd);
+
+	memset(d, 0xff, 2 * (size_t)kvh * s * hd);
+	for (int g = 0; g < kvh; g++)
+		memcpy(d + (size_t)g * s * hd, src + (size_t)g * from * hd, 2 * (size_t)n_kv * hd);
+	return d;
+}
+
+static void check_decode_one(const struct dec_shape *s, int version)
+{
+	const int n_q = s->n_q, n_kv = s->n_kv, heads = s->heads, kvh = s->kvh, hd = s->hd;
+	const size_t s1 = n_kv + 17, s2 = n_kv + 1000, qn = (size_t)n_q * heads * hd;
+	uint16_t *q = rand_bf16(qn, -1, 1), *k = rand_bf16((size_t)kvh * n_kv * hd, -1, 1);
+	uint16_t *v = rand_bf16((size_t)kvh * n_kv * hd, -1, 1), *ref = hmalloc(2 * qn);
+	uint16_t *k1 = kv_at_stride(k, kvh, n_kv, n_kv, s1, hd), *v1 = kv_at_stride(v, kvh, n_kv, n_kv, s1, hd);
+	uint16_t *k2 = kv_at_stride(k, kvh, n_kv, n_kv, s2, hd), *v2 = kv_at_stride(v, kvh, n_kv, n_kv, s2, hd);
+	int32_t *qp = hmalloc(4 * n_q), nk = n_kv;
+	void *dq, *dqp, *dk1, *dv1, *dk2, *dv2, *dn, *o1 = dpoison(2 * qn), *o2 = dpoison(2 * qn);
+	uint16_t *g1, *g2;
+	const float sc = 1.0f / sqrtf((float)hd);
+	char what[96];
+	int rc;
+
+	for (int i = 0; i < n_q; i++)
+		qp[i] = n_kv - n_q + i;
+	dq = dput(q, 2 * qn);
+	dqp = dput(qp, 4 * n_q);
+	dk1 = dput(k1, 2 * (size_t)kvh * s1 * hd);
+	dv1 = dput(v1, 2 * (size_t)kvh * s1 * hd);
+	dk2 = dput(k2, 2 * (size_t)kvh * s2 * hd);
+	dv2 = dput(v2, 2 * (size_t)kvh * s2 * hd);
+	dn = dput(&nk, 4);
+	if (kvmem_attention_bf16(ref, q, qp, n_q, k1, v1, NULL, n_kv, s1, heads, kvh, hd, sc))
+		die("attention twin");
+	rc = version ? kvmem_cuda_attention_bf16_v(C, version, o1, dq, dqp, n_q, dk1, dv1, NULL, n_kv,
+						   s1, heads, kvh, hd, sc)
+		     : kvmem_cuda_attention_bf16(C, o1, dq, dqp, n_q, dk1, dv1, NULL, n_kv, s1, heads,
+						 kvh, hd, sc);
+	if (rc || kvmem_cuda_attention_decode_bf16(C, version, o2, dq, dqp, n_q, dk2, dv2, dn,
+						   (int)s2, s2, heads, kvh, hd, sc)) {
+		report(0, "decode %s v%d: %s", s->name, version, kvmem_last_error());
+	} else {
+		g1 = dget(o1, 2 * qn);
+		g2 = dget(o2, 2 * qn);
+		snprintf(what, sizeof(what), "decode %s %s", s->name, version ? "v3" : "main");
+		cmp_bf16(what, g1, ref, qn, 4e-3, ULP1);
+		snprintf(what, sizeof(what), "  device key count, other capacity (%s)",
+			 version ? "v3" : "main");
+		same_bits(what, g1, g2, 2 * qn);
+		free(g1);
+		free(g2);
+	}
+	free(q);
+	free(k);
+	free(v);
+	free(ref);
+	free(k1);
+	free(v1);
+	free(k2);
+	free(v2);
+	free(qp);
+	kvmem_cuda_free(dq);
+	kvmem_cuda_free(dqp);
+	kvmem_cuda_free(dk1);
+	kvmem_cuda_free(dv1);
+	kvmem_cuda_free(dk2);
+	kvmem_cuda_free(dv2);
+	kvmem_cuda_free(dn);
+	kvmem_cuda_free(o1);
+	kvmem_cuda_free(o2);
+}
+
+/* A graph of one decode call, replayed at several key counts: each replay
+ * equals a plain call over the same keys bit for bit. */
+static void check_decode_graph(void)
+{
+	const int heads = g_quick ? 8 : 32, kvh = g_quick ? 2 : 8, hd = g_quick ? 64 : 128;
+	const int cap = g_quick ? 2000 : 20000;
+	const int counts[] = { 1, 63, 64, 65, 700, 4096, cap - 1, cap };
+	const size_t qn = (size_t)heads * hd, kn = (size_t)kvh * cap * hd;
+	const float sc = 1.0f / sqrtf((float)hd);
+	cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(C);
+	uint16_t *q = rand_bf16(qn, -1, 1), *k = rand_bf16(kn, -1, 1), *v = rand_bf16(kn, -1, 1);
+	void *dq = dput(q, 2 * qn), *dk = dput(k, 2 * kn), *dv = dput(v, 2 * kn);
+	void *dn = dpoison(4), *dqp = dpoison(4), *og = dpoison(2 * qn), *op = dpoison(2 * qn);
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	int differ = 0, runs = 0, rc;
+
+	if (kvmem_cuda_reserve(C, kvmem_cuda_attention_scratch(C, 1, heads, kvh, hd)))
+		die("reserve");
+	if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+		die("begin capture");
+	rc = kvmem_cuda_attention_decode_bf16(C, 0, og, dq, dqp, 1, dk, dv, dn, cap, cap, heads, kvh,
+					      hd, sc);
+	if (cudaStreamEndCapture(st, &graph) != cudaSuccess || rc ||
+	    cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+		report(0, "decode graph: capture failed: %s", rc ? kvmem_last_error() : "CUDA");
+		goto out;
+	}
+	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+		int32_t n = counts[i], p = n - 1;
+		uint16_t *a, *b;
+
+		if (kvmem_cuda_upload(C, dn, &n, 4) || kvmem_cuda_upload(C, dqp, &p, 4) ||
+		    cudaGraphLaunch(exec, st) != cudaSuccess ||
+		    kvmem_cuda_attention_bf16(C, op, dq, dqp, 1, dk, dv, NULL, n, cap, heads, kvh, hd, sc))
+			die("decode graph replay");
+		a = dget(og, 2 * qn);
+		b = dget(op, 2 * qn);
+		differ += memcmp(a, b, 2 * qn) != 0;
+		runs++;
+		if (n == 700) {
+			uint16_t *ref = hmalloc(2 * qn);
+
+			if (kvmem_attention_bf16(ref, q, &p, 1, k, v, NULL, n, cap, heads, kvh, hd, sc))
+				die("attention twin");
+			cmp_bf16("decode graph replay at 700 keys vs twin", a, ref, qn, 4e-3, ULP1);
+			free(ref);
+		}
+		free(a);
+		free(b);
+	}
+	report(!differ, "decode graph replays at %d key counts = plain calls (%d differ)", runs, differ);
+out:
+	if (exec)
+		cudaGraphExecDestroy(exec);
+	if (graph)
+		cudaGraphDestroy(graph);
+	free(q);
+	free(k);
+	free(v);
+	kvmem_cuda_free(dq);
+	kvmem_cuda_free(dk);
+	kvmem_cuda_free(dv);
+	kvmem_cuda_free(dn);
+	kvmem_cuda_free(dqp);
+	kvmem_cuda_free(og);
+	kvmem_cuda_free(op);
+}
+
+/* ---- attention v4 against the twin ------------------------------------------ */
+static void check_v4(void)
+{
+	static const struct { const char *name; int n_q, n_kv, heads, kvh, hd, expl; } full[] = {
+		{ "8B prefill chunk 128 @ 1000", 128, 1000, 32, 8, 128, 0 },
+		{ "8B prefill 512x512 causal", 512, 512, 32, 8, 128, 0 },
+		{ "MHA 4/4 hd128 70x70", 70, 70, 4, 4, 128, 0 },
+		{ "hd64 8/2 kv_pos shuffled", 37, 300, 8, 2, 64, 1 },
+		{ "hd128 64/8 chunk 16 @ 9000", 16, 9000, 64, 8, 128, 0 },
+		{ "8B chunk 300 @ 20000 (split-K)", 300, 20000, 32, 8, 128, 0 },
+	}, quick[] = {
+		{ "quick prefill 40x100", 40, 100, 8, 2, 128, 0 },
+		{ "quick hd64 kv_pos 9x70", 9, 70, 4, 2, 64, 1 },
+	};
+	const int ns = g_quick ? 2 : 6;
+
+	for (int i = 0; i < ns; i++) {
+		const int n_q = g_quick ? quick[i].n_q : full[i].n_q, n_kv = g_quick ? quick[i].n_kv : full[i].n_kv;
+		const int heads = g_quick ? quick[i].heads : full[i].heads, kvh = g_quick ? quick[i].kvh : full[i].kvh;
+		const int hd = g_quick ? quick[i].hd : full[i].hd, expl = g_quick ? quick[i].expl : full[i].expl;
+		const size_t stride = n_kv + 17, qn = (size_t)n_q * heads * hd, kn = (size_t)kvh * stride * hd;
+		uint16_t *q = rand_bf16(qn, -1, 1), *k = rand_bf16(kn, -1, 1), *v = rand_bf16(kn, -1, 1);
+		uint16_t *ref = hmalloc(2 * qn), *got;
+		int32_t *qp = hmalloc(4 * n_q), *kp = hmalloc(4 * n_kv);
+		void *dq, *dk, *dv, *dqp, *dkp = NULL, *dout = dpoison(2 * qn);
+		char what[96];
+
+		for (int g = 0; g < kvh; g++)
+			for (size_t j = n_kv; j < stride; j++)
+				for (int e = 0; e < hd; e++)
+					k[((size_t)g * stride + j) * hd + e] = v[((size_t)g * stride + j) * hd + e] = 0xffff;
+		for (int j = 0; j < n_kv; j++)
+			kp[j] = (int32_t)runi(0, 3 * n_kv);
+		for (int t = 0; t < n_q; t++)
+			qp[t] = expl ? (t % 7 == 0 ? -1 : (int32_t)runi(0, 3 * n_kv)) : n_kv - n_q + t;
+		dq = dput(q, 2 * qn);
+		dk = dput(k, 2 * kn);
+		dv = dput(v, 2 * kn);
+		dqp = dput(qp, 4 * n_q);
+		if (expl)
+			dkp = dput(kp, 4 * n_kv);
+		if (kvmem_attention_bf16(ref, q, qp, n_q, k, v, expl ? kp : NULL, n_kv, stride, heads, kvh,
+					 hd, 1.0f / sqrtf((float)hd)))
+			die("attention twin");
+		snprintf(what, sizeof(what), "attention v4 %s", g_quick ? quick[i].name : full[i].name);
+		if (kvmem_cuda_attention_bf16_v(C, 4, dout, dq, dqp, n_q, dk, dv, dkp, n_kv, stride, heads,
+						kvh, hd, 1.0f / sqrtf((float)hd))) {
+			report(0, "%s: %s", what, kvmem_last_error());
+		} else {
+			got = dget(dout, 2 * qn);
+			cmp_bf16(what, got, ref, qn, 4e-3, ULP1);
+			free(got);
+		}
+		free(q);
+		free(k);
+		free(v);
+		free(ref);
+		free(qp);
+		free(kp);
+		kvmem_cuda_free(dq);
+		kvmem_cuda_free(dk);
+		kvmem_cuda_free(dv);
+		kvmem_cuda_free(dqp);
+		kvmem_cuda_free(dkp);
+		kvmem_cuda_free(dout);
+	}
+}
+
+/* ---- fused q/k norm + RoPE ------------------------------------------------------ */
+static void check_qk_norm_rope(void)
+{
+	const int n = g_quick ? 3 : 37, heads = g_quick ? 8 : 32, kvh = g_quick ? 2 : 8;
+	const int hd = g_quick ? 64 : 128, ld = (heads + 2 * kvh) * hd + 64;
+	const size_t qn = (size_t)n * heads * hd, kn = (size_t)n * kvh * hd;
+	uint16_t *qkv = rand_bf16((size_t)n * ld, -3, 3), *qw = rand_bf16(hd, 0.5, 1.5);
+	uint16_t *kw = rand_bf16(hd, 0.5, 1.5), *q = hmalloc(2 * qn), *qraw = hmalloc(2 * qn);
+	uint16_t *k = hmalloc(2 * kn), *v = hmalloc(2 * kn), *g_q, *g_qr, *g_kr, *g_v, *g_qkv, *g_sep;
+	int32_t *pos = hmalloc(4 * n);
+	void *dqkv, *dqw, *dkw, *dpos, *dq, *dqr, *dkr, *dv, *dsep;
+
+	for (int t = 0; t < n; t++) {
+		pos[t] = t % 3 == 0 ? t : (int32_t)runi(0, 4000000);
+		memcpy(q + (size_t)t * heads * hd, qkv + (size_t)t * ld, 2 * (size_t)heads * hd);
+		memcpy(k + (size_t)t * kvh * hd, qkv + (size_t)t * ld + heads * hd, 2 * (size_t)kvh * hd);
+		memcpy(v + (size_t)t * kvh * hd, qkv + (size_t)t * ld + (heads + kvh) * hd,
+		       2 * (size_t)kvh * hd);
+	}
+	dqkv = dput(qkv, 2 * (size_t)n * ld);
+	dqw = dput(qw, 2 * hd);
+	dkw = dput(kw, 2 * hd);
+	dpos = dput(pos, 4 * n);
+	dsep = dput(q, 2 * qn);	/* raw q for the separate ops */
+	dq = dpoison(2 * qn);
+	dqr = dpoison(2 * qn);
+	dkr = dpoison(2 * kn);
+	dv = dpoison(2 * kn);
+	kvmem_headnorm_bf16(q, qw, n * heads, hd, 1e-6f);
+	memcpy(qraw, q, 2 * qn);
+	kvmem_rope_bf16(q, pos, n, heads, hd, 1e6);
+	kvmem_headnorm_bf16(k, kw, n * kvh, hd, 1e-6f);
+	if (kvmem_cuda_qk_norm_rope_bf16(C, dqkv, ld, dqw, dkw, n, heads, kvh, hd, 1e-6f, dpos, 1e6,
+					 dq, dqr, dkr, dv) ||
+	    kvmem_cuda_headnorm_bf16(C, dsep, dqw, n * heads, hd, 1e-6f) ||
+	    kvmem_cuda_rope_bf16(C, dsep, dpos, n, heads, hd, 1e6))
+		die("q/k norm + rope");
+	g_q = dget(dq, 2 * qn);
+	g_qr = dget(dqr, 2 * qn);
+	g_kr = dget(dkr, 2 * kn);
+	g_v = dget(dv, 2 * kn);
+	g_qkv = dget(dqkv, 2 * (size_t)n * ld);
+	g_sep = dget(dsep, 2 * qn);
+	cmp_bf16("qk norm+rope: q rotated (1 ulp)", g_q, q, qn, 0, ULP1);
+	cmp_bf16("qk norm+rope: raw q (1 ulp)", g_qr, qraw, qn, 0, ULP1);
+	cmp_bf16("qk norm+rope: raw K copy (1 ulp)", g_kr, k, kn, 0, ULP1);
+	cmp_bf16("qk norm+rope: V copy (exact)", g_v, v, kn, 0, 0);
+	{	/* K normalised in place, other columns untouched */
+		uint16_t *want = hmalloc(2 * (size_t)n * ld);
+
+		memcpy(want, qkv, 2 * (size_t)n * ld);
+		for (int t = 0; t < n; t++)
+			memcpy(want + (size_t)t * ld + heads * hd, k + (size_t)t * kvh * hd,
+			       2 * (size_t)kvh * hd);
+		for (int t = 0; t < n; t++)	/* q columns: the kernel leaves them */
+			memcpy(g_qkv + (size_t)t * ld, want + (size_t)t * ld, 2 * (size_t)heads * hd);
+		cmp_bf16("qk norm+rope: K in place, rest kept", g_qkv, want, (size_t)n * ld, 0, ULP1);
+		free(want);
+	}
+	same_bits("qk norm+rope = headnorm + rope on the GPU", g_q, g_sep, 2 * qn);
+	free(qkv);
+	free(qw);
+	free(kw);
+	free(q);
+	free(qraw);
+	free(k);
+	free(v);
+	free(pos);
+	free(g_q);
+	free(g_qr);
+	free(g_kr);
+	free(g_v);
+	free(g_qkv);
+	free(g_sep);
+	kvmem_cuda_free(dqkv);
+	kvmem_cuda_free(dqw);
+	kvmem_cuda_free(dkw);
+	kvmem_cuda_free(dpos);
+	kvmem_cuda_free(dq);
+	kvmem_cuda_free(dqr);
+	kvmem_cuda_free(dkr);
+	kvmem_cuda_free(dv);
+	kvmem_cuda_free(dsep);
+}
+
+/* ---- one-row GEMV ------------------------------------------------------------------- */
+static void check_gemv(void)
+{
+	static const int shapes[][2] = { { 12288, 4096 }, { 1000, 333 }, { 4096, 4100 }, { 64, 7 } };
+
+	for (int s = g_quick ? 3 : 0; s < 4; s++) {
+		const int in = shapes[s][0], out = shapes[s][1];
+		uint16_t *x = rand_bf16(in, -2, 2), *w = rand_bf16((size_t)out * in, -1, 1);
+		float *y0 = rand_f32(out, -3, 3), *abs_ = hmalloc(4 * (size_t)out);
+		void *dx = dput(x, 2 * (size_t)in), *dw = dput(w, 2 * (size_t)out * in);
+
+		for (int o = 0; o < out; o++) {
+			double a = 0;
+
+			for (int i = 0; i < in; i++)
+				a += fabs(kvmem_bf16_to_f32(x[i]) * kvmem_bf16_to_f32(w[(size_t)o * in + i]));
+			abs_[o] = (float)a;
+		}
+		for (int mode = 0; mode < 3; mode++) {
+			const size_t eb = mode == KVMEM_GEMM_BF16 ? 2 : 4;
+			void *ref = hmalloc(eb * out), *got, *dy;
+			size_t bad = 0;
+			double mx = 0;
+
+			if (mode == KVMEM_GEMM_F32_ADD) {
+				memcpy(ref, y0, 4 * (size_t)out);
+				dy = dput(y0, 4 * (size_t)out);
+			} else {
+				dy = dpoison(eb * out);
+			}
+			if (kvmem_gemm_bf16(ref, mode, x, w, 1, in, out) ||
+			    kvmem_cuda_gemm_bf16(C, dy, mode, dx, dw, 1, in, out))
+				die("gemv");
+			got = dget(dy, eb * out);
+			for (int o = 0; o < out; o++) {
+				double g, r, tol = 1e-5 * abs_[o];
+
+				if (mode == KVMEM_GEMM_BF16) {
+					g = kvmem_bf16_to_f32(((uint16_t *)got)[o]);
+					r = kvmem_bf16_to_f32(((uint16_t *)ref)[o]);
+					tol += ULP1 * fabs(r);
+				} else {
+					g = ((float *)got)[o];
+					r = ((float *)ref)[o];
+					if (mode == KVMEM_GEMM_F32_ADD)
+						tol += 1e-6 * fabs(y0[o]);
+				}
+				if (!(fabs(g - r) <= tol))
+					bad++;
+				if (fabs(g - r) > mx || isnan(g))
+					mx = fabs(g - r);
+			}
+			report(!bad, "gemv 1x%d->%d %-5s vs twin                 max|d|=%-9.3g bad=%zu", in,
+			       out, mode == 0 ? "bf16" : mode == 1 ? "f32" : "f32+=", mx, bad);
+			free(ref);
+			free(got);
+			kvmem_cuda_free(dy);
+		}
+		free(x);
+		free(w);
+		free(y0);
+		free(abs_);
+		kvmem_cuda_free(dx);
+		kvmem_cuda_free(dw);
+	}
+}
+
+/* ---- the index on the GPU ------------------------------------------------------------- */
+static void check_index(void)
+{
+	const int L = g_quick ? 2 : 4, H = g_quick ? 2 : 8, D = g_quick ? 64 : 128, B = 32;
+	const int64_t cap = 40;
+	const size_t run = (size_t)L * H * cap * D, open = (size_t)L * H * D;
+
+	for (int dt = 0; dt < 2; dt++) {
+		const int dtype = dt ? KVMEM_DTYPE_BF16 : KVMEM_DTYPE_F32, eb = dt ? 2 : 4;
+		kvmem_score_geom g = { .n_layers = L, .n_kv_heads = H, .n_heads = H, .head_dim = D,
+				       .block = B, .cap_blocks = cap, .index_dtype = dtype };
+		void *hm = hmalloc(eb * run), *hlo = hmalloc(eb * run), *hhi = hmalloc(eb * run);
+		void *hs = hmalloc(eb * run * 4);
+		float *hos = calloc(open, 4), *hob = calloc(open, 4);
+		void *dm = dpoison(eb * run), *dlo = dpoison(eb * run), *dhi = dpoison(eb * run);
+		void *ds = dpoison(eb * run * 4), *dos, *dob;
+		int64_t first = 0;
+		int calls = 0, bad = 0;
+		char what[96];
+
+		memset(hm, 0xff, eb * run);
+		memset(hlo, 0xff, eb * run);
+		memset(hhi, 0xff, eb * run);
+		memset(hs, 0xff, eb * run * 4);
+		dos = dput(hos, 4 * open);
+		dob = dput(hob, 4 * open);
+		while (first < (cap - 1) * B) {
+			int n = calls % 4 == 3 ? (int)runi(1, 100) : (calls % 4 == 1 ? (int)runi(1, 40) : 1);
+			uint16_t *rk;
+			void *drk;
+
+			if (first + n > cap * B)
+				n = (int)(cap * B - first);
+			rk = rand_bf16((size_t)L * n * H * D, -4, 4);
+			drk = dput(rk, 2 * (size_t)L * n * H * D);
+			if (kvmem_index_append_bf16(hm, hlo, hhi, hs, hos, hob, rk, first, n, &g) ||
+			    kvmem_cuda_index_append(C, dm, dlo, dhi, ds, dos, dob, drk, first, n, &g))
+				die("index append");
+			free(rk);
+			kvmem_cuda_free(drk);
+			first += n;
+			calls++;
+		}
+		{
+			void *gm = dget(dm, eb * run), *glo = dget(dlo, eb * run), *ghi = dget(dhi, eb * run);
+			void *gs = dget(ds, eb * run * 4), *gos = dget(dos, 4 * open), *gob = dget(dob, 4 * open);
+
+			bad = (memcmp(gm, hm, eb * run) != 0) + (memcmp(glo, hlo, eb * run) != 0) +
+			      (memcmp(ghi, hhi, eb * run) != 0) + (memcmp(gs, hs, eb * run * 4) != 0) +
+			      (memcmp(gos, hos, 4 * open) != 0) + (memcmp(gob, hob, 4 * open) != 0);
+			free(gm);
+			free(glo);
+			free(ghi);
+			free(gs);
+			free(gos);
+			free(gob);
+		}
+		snprintf(what, sizeof(what), "index append %s, %d calls, %lld tokens", dt ? "bf16" : "fp32",
+			 calls, (long long)first);
+		report(!bad, "%-44s mean, min, max, quarter means, open sums: %d arrays differ (bit for "
+		       "bit)", what, bad);
+		free(hm);
+		free(hlo);
+		free(hhi);
+		free(hs);
+		free(hos);
+		free(hob);
+		kvmem_cuda_free(dm);
+		kvmem_cuda_free(dlo);
+		kvmem_cuda_free(dhi);
+		kvmem_cuda_free(ds);
+		kvmem_cuda_free(dos);
+		kvmem_cuda_free(dob);
+	}
+}
+
+/* ---- the 16-byte-load scorer against the 2-byte one ------------------------------------ */
+static void check_fast_scores(void)
+{
+	for (int d = 64; d <= 128; d += 64) {
+		const int L = g_quick ? 2 : 36, H = 8;
+		const int64_t nb = g_quick ? 300 : 2000, cap = nb + 48;
+		kvmem_score_geom g = { .n_layers = L, .n_heads = 32, .n_kv_heads = H, .head_dim = d,
+				       .block = 32, .n_blocks = nb, .cap_blocks = cap, .last_len = 19,
+				       .last_sub = { 8, 8, 3, 0 }, .index_dtype = KVMEM_DTYPE_BF16 };
+		const size_t rows = (size_t)L * H * cap * 4 * d;
+		uint16_t *ix = rand_bf16(rows, -2, 2);
+		float *gq = rand_f32((size_t)L * H * d, -1, 1);
+		void *dix = dput(ix, 2 * rows), *dgq = dput(gq, 4 * (size_t)L * H * d);
+		void *s1 = dpoison(4 * nb), *s2 = dpoison(4 * nb);
+
+		for (int sub = 0; sub < 2; sub++) {
+			void *a, *b;
+			char what[80];
+			int rc;
+
+			kvmem_cuda_tune(C, "fast_scores", 1);
+			rc = sub ? kvmem_cuda_score_subblock(C, s1, dix, dgq, &g)
+				 : kvmem_cuda_score_meank(C, s1, dix, dgq, &g);
+			kvmem_cuda_tune(C, "fast_scores", 0);
+			rc = rc || (sub ? kvmem_cuda_score_subblock(C, s2, dix, dgq, &g)
+					: kvmem_cuda_score_meank(C, s2, dix, dgq, &g));
+			kvmem_cuda_tune(C, "fast_scores", 1);
+			if (rc)
+				die("scores");
+			a = dget(s1, 4 * nb);
+			b = dget(s2, 4 * nb);
+			snprintf(what, sizeof(what), "%s bf16 d%d: 16-byte loads = 2-byte loads",
+				 sub ? "subblock" : "meank", d);
+			same_bits(what, a, b, 4 * nb);
+			free(a);
+			free(b);
+		}
+		free(ix);
+		free(gq);
+		kvmem_cuda_free(dix);
+		kvmem_cuda_free(dgq);
+		kvmem_cuda_free(s1);
+		kvmem_cuda_free(s2);
+	}
+}
+
+/* ---- the planner's choice on the device -------------------------------------------------- */
+static void check_plan_blocks(void)
+{
+	const int64_t n = g_quick ? 3000 : 312500, head = 33, tail = 342, k = 3700;
+	float *sc = rand_f32(n, -1, 1);
+	int64_t *want = hmalloc(8 * n), *got, cnt, wcnt;
+	void *dsc, *dout = dpoison(8 * n);
+
+	for (int64_t i = 0; i < n; i += 97)	/* ties and NaNs */
+		sc[i] = i % 2 ? sc[i / 2] : NAN;
+	dsc = dput(sc, 4 * n);
+	for (int64_t i = 0; i < head; i++)
+		sc[i] = INFINITY;
+	for (int64_t i = n - tail; i < n; i++)
+		sc[i] = INFINITY;
+	wcnt = kvmem_top_k_blocks(want, sc, n, head + tail + k);
+	cnt = kvmem_cuda_plan_blocks(C, dout, dsc, n, head, tail, k);
+	if (cnt < 0)
+		die("plan blocks");
+	got = dget(dout, 8 * (size_t)cnt);
+	report(cnt == wcnt && !memcmp(got, want, 8 * (size_t)cnt),
+	       "plan blocks: %lld of %lld blocks (%lld + %lld taken) = the twin's set", (long long)cnt,
+	       (long long)n, (long long)head, (long long)tail);
+	free(sc);
+	free(want);
+	free(got);
+	kvmem_cuda_free(dsc);
+	kvmem_cuda_free(dout);
+}
+
+void check_perf(kvmem_cuda_ctx *c, int quick, uint64_t seed, int *pass, int *fail)
+{
+	static const struct dec_shape full[] = {
+		{ "8B 1 @ 1", 1, 1, 32, 8, 128 },
+		{ "8B 1 @ 700", 1, 700, 32, 8, 128 },
+		{ "8B 1 @ 4097", 1, 4097, 32, 8, 128 },
+		{ "8B 1 @ 20000", 1, 20000, 32, 8, 128 },
+		{ "8B 3 @ 5000", 3, 5000, 32, 8, 128 },
+		{ "hd64 8/2 1 @ 2048", 1, 2048, 8, 2, 64 },
+	}, small[] = {
+		{ "quick 1 @ 700", 1, 700, 8, 2, 64 },
+		{ "quick 8/2 hd128 2 @ 300", 2, 300, 8, 2, 128 },
+	};
+
+	C = c;
+	g_quick = quick;
+	g_rng = seed ^ 0x70657266ull;
+	g_pass = pass;
+	g_fail = fail;
+	for (int i = 0; i < (quick ? 2 : 6); i++)
+		for (int ver = 0; ver <= 3; ver += 3)
+			check_decode_one(quick ? &small[i] : &full[i], ver);
+	check_decode_graph();
+	check_v4();
+	check_qk_norm_rope();
+	check_gemv();
+	check_index();
+	check_fast_scores();
+	check_plan_blocks();
+}
+
+/* ---- timing ------------------------------------------------------------------------------ */
+
+typedef int (*run_fn)(void *arg);
+
+static int cmp_dbl(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double time_ms(run_fn fn, void *arg, int warm, int reps)
+{
+	cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(C);
+	cudaEvent_t a, b;
+	double t[64];
+
+	reps = reps > 64 ? 64 : reps;
+	cudaEventCreate(&a);
+	cudaEventCreate(&b);
+	for (int i = 0; i < warm; i++)
+		if (fn(arg))
+			die("bench warm-up");
+	for (int i = 0; i < reps; i++) {
+		float ms;
+
+		cudaEventRecord(a, st);
+		if (fn(arg))
+			die("bench run");
+		cudaEventRecord(b, st);
+		cudaEventSynchronize(b);
+		cudaEventElapsedTime(&ms, a, b);
+		t[i] = ms;
+	}
+	if (kvmem_cuda_sync(C))
+		die("bench");
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
+	qsort(t, reps, sizeof(double), cmp_dbl);
+	return t[reps / 2];
+}
+
+static void dfill(void *d, size_t n16)
+{
+	const size_t chunk = (size_t)1 << 22, m = n16 < chunk ? n16 : chunk;
+	uint16_t *h = rand_bf16(m + 1024, -1, 1);
+
+	for (size_t at = 0, s = 0; at < n16; at += m, s = (s + 7) % 1024)
+		if (cudaMemcpy((uint16_t *)d + at, h + s, 2 * (n16 - at < m ? n16 - at : m),
+			       cudaMemcpyHostToDevice) != cudaSuccess)
+			die("fill");
+	if (cudaDeviceSynchronize() != cudaSuccess)
+		die("fill");
+	free(h);
+}
+
+struct att_run {
+	int version, n_q, n_kv, heads, kvh, hd, cap;
+	void *out, *q, *k, *v, *qp, *dn;
+	cudaGraphExec_t exec;
+};
+
+static int run_att(void *p)
+{
+	struct att_run *a = p;
+
+	return kvmem_cuda_attention_bf16_v(C, a->version, a->out, a->q, a->qp, a->n_q, a->k, a->v, NULL,
+					   a->n_kv, a->cap, a->heads, a->kvh, a->hd,
+					   1.0f / sqrtf((float)a->hd));
+}
+
+static int run_graph(void *p)
+{
+	struct att_run *a = p;
+
+	return cudaGraphLaunch(a->exec, (cudaStream_t)kvmem_cuda_stream(C)) != cudaSuccess;
+}
+
+struct gemm_run {
+	void *y, *x, *w;
+	int in, out, mode;
+};
+
+static int run_gemm(void *p)
+{
+	struct gemm_run *g = p;
+
+	return kvmem_cuda_gemm_bf16(C, g->y, g->mode, g->x, g->w, 1, g->in, g->out);
+}
+
+struct qkn_run {
+	void *qkv, *qw, *kw, *pos, *q, *sep;
+	int n, ld, sep_mode;
+};
+
+static int run_qkn(void *p)
+{
+	struct qkn_run *r = p;
+
+	if (!r->sep_mode)
+		return kvmem_cuda_qk_norm_rope_bf16(C, r->qkv, r->ld, r->qw, r->kw, r->n, 32, 8, 128,
+						    1e-6f, r->pos, 1e6, r->q, NULL, NULL, NULL);
+	return kvmem_cuda_headnorm_bf16(C, r->sep, r->qw, r->n * 32, 128, 1e-6f) ||
+	       kvmem_cuda_headnorm_bf16(C, r->sep, r->kw, r->n * 8, 128, 1e-6f) ||
+	       kvmem_cuda_rope_bf16(C, r->sep, r->pos, r->n, 32, 128, 1e6);
+}
+
+struct ix_run {
+	void *m, *os, *rk;
+	int64_t first;
+	int n;
+	kvmem_score_geom g;
+};
+
+static int run_ix(void *p)
+{
+	struct ix_run *r = p;
+
+	return kvmem_cuda_index_append(C, r->m, NULL, NULL, NULL, r->os, NULL, r->rk, r->first, r->n,
+				       &r->g);
+}
+
+void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
+{
+	const int heads = 32, kvh = 8, hd = 128;
+
+	C = c;
+	g_rng = 0x62656e6368ull;
+	printf("\n%-44s %9s  %10s  %s\n", "fast paths (check_perf.c)", "ms", "rate", "of ceiling");
+	{	/* attention v4 prefill, and decode: plain launches and graph replays */
+		static const struct { const char *name; int n_q, n_kv; } pre[] = {
+			{ "prefill 4096 x 4096 causal v4", 4096, 4096 },
+			{ "prefill 16384 x 16384 causal v4", 16384, 16384 },
+			{ "chunk 4096 @ 32768 view v4", 4096, 32768 },
+			{ "chunk 512 @ 32768 view v4", 512, 32768 },
+		};
+		const int cap = 131072, dec[] = { 4096, 32768, 131072 };
+		struct att_run a = { .heads = heads, .kvh = kvh, .hd = hd, .cap = cap };
+		int32_t *pos = hmalloc(4 * 16384);
+
+		if (kvmem_cuda_malloc(&a.q, 2 * (size_t)16384 * heads * hd) ||
+		    kvmem_cuda_malloc(&a.k, 2 * (size_t)cap * kvh * hd) ||
+		    kvmem_cuda_malloc(&a.v, 2 * (size_t)cap * kvh * hd) ||
+		    kvmem_cuda_malloc(&a.out, 2 * (size_t)16384 * heads * hd) ||
+		    kvmem_cuda_malloc(&a.qp, 4 * 16384) || kvmem_cuda_malloc(&a.dn, 4))
+			die("bench alloc");
+		dfill(a.q, (size_t)16384 * heads * hd);
+		dfill(a.k, (size_t)cap * kvh * hd);
+		dfill(a.v, (size_t)cap * kvh * hd);
+		for (size_t i = 0; i < sizeof(pre) / sizeof(pre[0]); i++) {
+			double vis = 0, ms, tf;
+
+			a.version = 4;
+			a.n_q = pre[i].n_q;
+			a.n_kv = pre[i].n_kv;
+			for (int t = 0; t < a.n_q; t++) {
+				pos[t] = a.n_kv - a.n_q + t;
+				vis += pos[t] + 1;
+			}
+			kvmem_cuda_upload(C, a.qp, pos, 4 * a.n_q);
+			ms = time_ms(run_att, &a, 2, 5);
+			tf = 4.0 * hd * heads * vis / (ms * 1e-3) / 1e12;
+			printf("%-44s %9.3f  %6.1f TF/s  %5.2f of GEMM rate\n", pre[i].name, ms, tf,
+			       tf / gemm_tfs);
+		}
+		for (int ver = 2; ver <= 3; ver++) {
+			cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(C);
+			cudaGraph_t graph;
+
+			a.version = ver;
+			a.n_q = 1;
+			if (kvmem_cuda_reserve(C, kvmem_cuda_attention_scratch(C, 1, heads, kvh, hd) * 2) ||
+			    cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess ||
+			    kvmem_cuda_attention_decode_bf16(C, ver, a.out, a.q, a.qp, 1, a.k, a.v, a.dn, cap,
+							     cap, heads, kvh, hd, 1.0f / sqrtf(hd)) ||
+			    cudaStreamEndCapture(st, &graph) != cudaSuccess ||
+			    cudaGraphInstantiate(&a.exec, graph, 0) != cudaSuccess)
+				die("decode graph");
+			cudaGraphDestroy(graph);
+			for (int i = 0; i < 3; i++) {
+				int32_t n = dec[i], p = n - 1;
+				double ms, msg, bytes = 2.0 * 2.0 * n * kvh * hd;
+				char name[64];
+
+				a.n_kv = n;
+				kvmem_cuda_upload(C, a.qp, &p, 4);
+				kvmem_cuda_upload(C, a.dn, &n, 4);
+				ms = time_ms(run_att, &a, 2, 20);
+				msg = time_ms(run_graph, &a, 2, 20);
+				snprintf(name, sizeof(name), "decode 1 @ %d v%d, plain launch", n, ver);
+				printf("%-44s %9.3f  %6.0f GB/s  %5.2f of copy rate\n", name, ms,
+				       bytes / (ms * 1e-3) / 1e9, bytes / (ms * 1e-3) / 1e9 / copy_gbs);
+				snprintf(name, sizeof(name), "decode 1 @ %d v%d, graph replay", n, ver);
+				printf("%-44s %9.3f  %6.0f GB/s  %5.2f of copy rate\n", name, msg,
+				       bytes / (msg * 1e-3) / 1e9, bytes / (msg * 1e-3) / 1e9 / copy_gbs);
+			}
+			cudaGraphExecDestroy(a.exec);
+		}
+		free(pos);
+		kvmem_cuda_free(a.q);
+		kvmem_cuda_free(a.k);
+		kvmem_cuda_free(a.v);
+		kvmem_cuda_free(a.out);
+		kvmem_cuda_free(a.qp);
+		kvmem_cuda_free(a.dn);
+	}
+	{	/* one-row GEMMs: our GEMV and cuBLASLt */
+		static const struct { const char *name; int in, out, mode; } gs[] = {
+			{ "qkv 1 tok 4096->6144 bf16", 4096, 6144, KVMEM_GEMM_BF16 },
+			{ "o_proj 1 tok 4096->4096 f32+=", 4096, 4096, KVMEM_GEMM_F32_ADD },
+			{ "gate|up 1 tok 4096->24576 bf16", 4096, 24576, KVMEM_GEMM_BF16 },
+			{ "down 1 tok 12288->4096 f32+=", 12288, 4096, KVMEM_GEMM_F32_ADD },
+			{ "lm_head 1 tok 4096->151936 f32", 4096, 151936, KVMEM_GEMM_F32 },
+		};
+		struct gemm_run g;
+
+		if (kvmem_cuda_malloc(&g.x, 2 * 12288) || kvmem_cuda_malloc(&g.w, 2 * (size_t)151936 * 4096) ||
+		    kvmem_cuda_malloc(&g.y, 4 * 151936))
+			die("bench alloc");
+		dfill(g.x, 12288);
+		dfill(g.w, (size_t)151936 * 4096);
+		cudaMemset(g.y, 0, 4 * 151936);
+		cudaDeviceSynchronize();
+		for (size_t i = 0; i < sizeof(gs) / sizeof(gs[0]); i++)
+			for (int lt = 0; lt < 2; lt++) {
+				double ms, gbs;
+				char name[80];
+
+				g.in = gs[i].in;
+				g.out = gs[i].out;
+				g.mode = gs[i].mode;
+				kvmem_cuda_tune(C, "gemv", !lt);
+				ms = time_ms(run_gemm, &g, 3, 20);
+				gbs = 2.0 * g.in * g.out / (ms * 1e-3) / 1e9;
+				snprintf(name, sizeof(name), "%s, %s", gs[i].name, lt ? "cuBLASLt" : "gemv");
+				printf("%-44s %9.3f  %6.0f GB/s  %5.2f of copy rate\n", name, ms, gbs,
+				       gbs / copy_gbs);
+			}
+		kvmem_cuda_tune(C, "gemv", 1);
+		kvmem_cuda_free(g.x);
+		kvmem_cuda_free(g.w);
+		kvmem_cuda_free(g.y);
+	}
+	{	/* q/k norm + rope, fused vs three ops */
+		struct qkn_run r = { .ld = (heads + 2 * kvh) * hd };
+		int32_t *pos = hmalloc(4 * 4096);
+
+		for (int t = 0; t < 4096; t++)
+			pos[t] = t;
+		if (kvmem_cuda_malloc(&r.qkv, 2 * (size_t)4096 * r.ld) || kvmem_cuda_malloc(&r.q, 2 * (size_t)4096 * heads * hd) ||
+		    kvmem_cuda_malloc(&r.sep, 2 * (size_t)4096 * heads * hd) || kvmem_cuda_malloc(&r.qw, 2 * hd) ||
+		    kvmem_cuda_malloc(&r.kw, 2 * hd))
+			die("bench alloc");
+		dfill(r.qkv, (size_t)4096 * r.ld);
+		dfill(r.sep, (size_t)4096 * heads * hd);
+		dfill(r.qw, hd);
+		dfill(r.kw, hd);
+		r.pos = dput(pos, 4 * 4096);
+		for (int n = 1; n <= 4096; n *= 4096)
+			for (int sep = 0; sep < 2; sep++) {
+				char name[80];
+
+				r.n = n;
+				r.sep_mode = sep;
+				snprintf(name, sizeof(name), "q/k norm + rope, %d tok, %s", n,
+					 sep ? "3 ops" : "fused");
+				printf("%-44s %9.3f\n", name, time_ms(run_qkn, &r, 2, 20));
+			}
+		free(pos);
+		kvmem_cuda_free(r.qkv);
+		kvmem_cuda_free(r.q);
+		kvmem_cuda_free(r.sep);
+		kvmem_cuda_free(r.qw);
+		kvmem_cuda_free(r.kw);
+		kvmem_cuda_free(r.pos);
+	}
+	{	/* the index append: one token, a 4096-token chunk (bf16, Qwen3-8B) */
+		struct ix_run r = { .g = { .n_layers = 36, .n_kv_heads = 8, .n_heads = 32, .head_dim = 128,
+					   .block = 32, .cap_blocks = 4096,
+					   .index_dtype = KVMEM_DTYPE_BF16 } };
+
+		if (kvmem_cuda_malloc(&r.m, 2 * (size_t)36 * 8 * 4096 * 128) ||
+		    kvmem_cuda_malloc(&r.os, 4 * 36 * 8 * 128) ||
+		    kvmem_cuda_malloc(&r.rk, 2 * (size_t)36 * 4096 * 8 * 128))
+			die("bench alloc");
+		dfill(r.rk, (size_t)36 * 4096 * 8 * 128);
+		for (int n = 1; n <= 4096; n *= 4096) {
+			char name[64];
+
+			r.n = n;
+			r.first = 1000;
+			snprintf(name, sizeof(name), "index append (meank bf16), %d tok", n);
+			printf("%-44s %9.3f\n", name, time_ms(run_ix, &r, 2, 10));
+		}
+		kvmem_cuda_free(r.m);
+		kvmem_cuda_free(r.os);
+		kvmem_cuda_free(r.rk);
+	}
+	{	/* the bf16 scorer at 1M tokens: 16-byte vs 2-byte loads */
+		const int L = 36;
+		const int64_t nb = 31250;
+		const size_t rows = (size_t)L * kvh * nb * hd;
+		kvmem_score_geom g = { .n_layers = L, .n_heads = heads, .n_kv_heads = kvh, .head_dim = hd,
+				       .block = 32, .n_blocks = nb, .cap_blocks = nb, .last_len = 32,
+				       .index_dtype = KVMEM_DTYPE_BF16 };
+		float *gq = rand_f32((size_t)L * kvh * hd, -1, 1);
+		void *ix, *sc, *dgq = dput(gq, 4 * (size_t)L * kvh * hd);
+		cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(C);
+
+		if (kvmem_cuda_malloc(&ix, 2 * rows) || kvmem_cuda_malloc(&sc, 4 * nb))
+			die("bench alloc");
+		dfill(ix, rows);
+		for (int slow = 0; slow < 2; slow++) {
+			cudaEvent_t a, b;
+			float ms;
+			double gbs;
+
+			kvmem_cuda_tune(C, "fast_scores", !slow);
+			kvmem_cuda_score_meank(C, sc, ix, dgq, &g);
+			cudaEventCreate(&a);
+			cudaEventCreate(&b);
+			cudaEventRecord(a, st);
+			for (int i = 0; i < 10; i++)
+				kvmem_cuda_score_meank(C, sc, ix, dgq, &g);
+			cudaEventRecord(b, st);
+			cudaEventSynchronize(b);
+			cudaEventElapsedTime(&ms, a, b);
+			ms /= 10;
+			gbs = 2.0 * rows / (ms * 1e-3) / 1e9;
+			printf("%-44s %9.3f  %6.0f GB/s  %5.2f of copy rate\n",
+			       slow ? "meank 1M tok bf16, 2-byte loads" : "meank 1M tok bf16, 16-byte loads", ms,
+			       gbs, gbs / copy_gbs);
+			cudaEventDestroy(a);
+			cudaEventDestroy(b);
+		}
+		kvmem_cuda_tune(C, "fast_scores", 1);
+		free(gq);
+		kvmem_cuda_free(ix);
+		kvmem_cuda_free(sc);
+		kvmem_cuda_free(dgq);
+	}
+}

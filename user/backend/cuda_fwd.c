@@ -1,0 +1,397 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The cuda backend's forward pass (cuda.c holds the weights, create and
+ * the ops table; cuda_view.c the views and place()). Per layer:
+ *
+ *   h = rmsnorm(x)              qkv = h.[Wq;Wk;Wv]   (one GEMM, bf16 out)
+ *   q/k norm + rope             q normalised and rotated into b->q, k
+ *                               normalised in place, raw q / raw K / V
+ *                               copied out for the session (one kernel)
+ *   K, V scattered into the view: K rotated at its slot from raw K, exactly
+ *                               what place() does
+ *   att = attention(q, view)    x += att.Wo
+ *   h = rmsnorm(x)              gu = h.[Wgate;Wup]   x += swiglu(gu).Wdown
+ *
+ * The inputs of a call (token ids, positions, the key count, one scatter
+ * item per layer) go up in one asynchronous copy into one device buffer.
+ *
+ * Decode as a CUDA graph: a one-token step is captured once and replayed.
+ * Everything a replay must know about the step is in that input buffer,
+ * read by the kernels on the device: the attention takes the key count
+ * from it (kvmem_cuda_attention_decode_bf16), the scatter its slot. A
+ * graph is keyed by every device pointer it holds that can move (the
+ * view's K and V and its capacity, the ops' scratch, the logits buffer)
+ * and by what it copies down (logits, the session's outputs); up to
+ * GRAPHS of them are kept (a session beside its full-context twin uses
+ * two). A one-token step runs the same kernels with the same arguments
+ * with or without a graph, so the bits are the same: KVMEM_CUDA_GRAPH=0
+ * turns graphs off to compare, KVMEM_CUDA_GRAPH=2 makes a failed capture
+ * an error (else the backend falls back to plain launches for good).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/cuda.h"
+#include "kvmem/kernels.h"
+#include "kvmem/kvmem.h"
+#include "backend/cuda_int.h"
+
+#define GRAPHS 4
+
+struct graph_key {
+	const uint16_t *vk, *vv;
+	int64_t cap;
+	uint64_t scratch_gen;
+	const float *logits;	/* the device logits buffer */
+	int want_out, has_logits;
+};
+
+struct graph {
+	cudaGraphExec_t exec;	/* NULL: an empty slot */
+	struct graph_key key;
+	uint64_t used;
+};
+
+struct cuda_fwd {
+	uint16_t *qkv;		/* [C][qw + 2 kw] */
+	/* The inputs: [n_kv, 3 pad][items: L][ids: n][pos: n], device and
+	 * pinned host. */
+	char *in, *host_in;
+	size_t items_off, ids_off;
+	float *host_logits;	/* pinned [vocab]: a graph's logits */
+	uint16_t *host_out;	/* pinned [L][qw + 2 kw]: a graph's raw q, raw K, V */
+	int mode;		/* 0 off, 1 on, 2 on and failures are errors */
+	int broken;		/* mode 1 after a failed capture: plain launches */
+	struct graph g[GRAPHS];
+	uint64_t tick;
+};
+
+/* The device pointers of one call's inputs. */
+struct fwd_ptrs {
+	const int32_t *ids, *pos, *n_kv;
+	const kvmem_scatter_item *items;
+};
+
+int cuda_fwd_create(struct cuda *b)
+{
+	const kvmem_config *c = b->c;
+	const size_t C = (size_t)b->max_chunk, L = c->n_layers, ld = b->qw + 2 * b->kw;
+	struct cuda_fwd *f = calloc(1, sizeof(*f));
+	const char *e = getenv("KVMEM_CUDA_GRAPH");
+	size_t bytes;
+	int rc;
+
+	if (!f)
+		return kvmem_error(ENOMEM, "out of memory");
+	b->fwd = f;
+	f->mode = e && e[0] == '0' ? 0 : (e && e[0] == '2' ? 2 : 1);
+	f->items_off = 16;
+	f->ids_off = (f->items_off + L * sizeof(kvmem_scatter_item) + 15) / 16 * 16;
+	bytes = f->ids_off + 2 * C * sizeof(int32_t);
+	if ((rc = cuda_dev_alloc(&f->qkv, C * ld * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&f->in, bytes, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_pinned(&f->host_in, bytes)) < 0 ||
+	    (rc = cuda_pinned(&f->host_logits, (size_t)c->vocab * sizeof(float))) < 0 ||
+	    (rc = cuda_pinned(&f->host_out, L * ld * 2)) < 0)
+		return rc;
+	memset(f->host_in, 0, bytes);
+	return 0;
+}
+
+static void graph_drop(struct graph *g)
+{
+	if (g->exec)
+		cudaGraphExecDestroy(g->exec);
+	memset(g, 0, sizeof(*g));
+}
+
+void cuda_fwd_destroy(struct cuda *b)
+{
+	struct cuda_fwd *f = b->fwd;
+
+	if (!f)
+		return;
+	for (int i = 0; i < GRAPHS; i++)
+		graph_drop(&f->g[i]);
+	kvmem_cuda_free(f->qkv);
+	kvmem_cuda_free(f->in);
+	cudaFreeHost(f->host_in);
+	cudaFreeHost(f->host_logits);
+	cudaFreeHost(f->host_out);
+	free(f);
+	b->fwd = NULL;
+}
+
+/* Decode attention takes at most 16 rows: one token of a GQA group. */
+static int decode_ok(const struct cuda *b)
+{
+	return b->c->n_heads / b->c->n_kv_heads <= 16;
+}
+
+static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, const struct fwd_ptrs *p)
+{
+	const kvmem_config *c = b->c;
+	const struct layer_w *w = &b->L[l];
+	const int H = c->hidden, I = c->intermediate, D = c->head_dim, ld = b->qw + 2 * b->kw;
+	const size_t vl = (size_t)c->n_kv_heads * v->cap * D;	/* one layer of the view */
+	const size_t oq = (size_t)l * n * b->qw, ok = (size_t)l * n * b->kw;
+	const float scale = (float)(1.0 / sqrt((double)D));
+	uint16_t *qkv = b->fwd->qkv;
+	int rc;
+
+	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, qkv, KVMEM_GEMM_BF16, b->h, w->wq, n, H, ld)) ||
+	    (rc = kvmem_cuda_qk_norm_rope_bf16(b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads,
+					       c->n_kv_heads, D, c->rms_eps, p->pos, c->rope_theta,
+					       b->q, want_out ? b->oq + oq : NULL,
+					       want_out ? b->ok + ok : NULL,
+					       want_out ? b->ov + ok : NULL)) ||
+	    /* The new tokens' K and V go into the view through the very
+	     * scatter place() uses, so K at a slot is always rotated the same
+	     * way: from qkv's K (normalised, not rotated) and V columns. */
+	    (rc = kvmem_cuda_view_scatter_bf16(b->ctx, v->k, v->v, qkv + b->qw, qkv + b->qw + b->kw,
+					       p->items + l, 1, c->n_layers, c->n_kv_heads, D,
+					       (int)v->cap, c->rope_theta)))
+		return rc;
+	if (n == 1 && decode_ok(b))
+		rc = kvmem_cuda_attention_decode_bf16(b->ctx, 0, b->att, b->q, p->pos, 1, v->k + l * vl,
+						      v->v + l * vl, p->n_kv, (int)v->cap,
+						      (size_t)v->cap, c->n_heads, c->n_kv_heads, D,
+						      scale);
+	else
+		rc = kvmem_cuda_attention_bf16(b->ctx, b->att, b->q, p->pos, n, v->k + l * vl,
+					       v->v + l * vl, NULL, (int)(v->len + n),
+					       (size_t)v->cap, c->n_heads, c->n_kv_heads, D, scale);
+	if (rc ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n, b->qw,
+				       H)) ||
+	    (rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->mlp_norm, n, H, c->rms_eps)) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->gu, KVMEM_GEMM_BF16, b->h, w->w_gateup, n, H,
+				       2 * I)) ||
+	    (rc = kvmem_cuda_swiglu_bf16(b->ctx, b->act, b->gu, b->gu + I, n, I, 2 * I)) ||
+	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->act, w->w_down, n, I,
+				       H)))
+		return rc;
+	return 0;
+}
+
+/* Queue one call's work (n tokens, `rows` logits rows: 0, 1 or n). In a
+ * graph (n == 1) the results also go down into the pinned buffers. */
+static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows, int in_graph)
+{
+	const kvmem_config *c = b->c;
+	struct cuda_fwd *f = b->fwd;
+	const int32_t *ids = (const int32_t *)(f->in + f->ids_off);
+	const struct fwd_ptrs p = {
+		.ids = ids, .pos = ids + n, .n_kv = (const int32_t *)f->in,
+		.items = (const kvmem_scatter_item *)(f->in + f->items_off),
+	};
+	cudaStream_t st = kvmem_cuda_stream(b->ctx);
+	int rc;
+
+	if ((rc = kvmem_cuda_embedding_bf16(b->ctx, b->x, b->embed, p.ids, n, c->hidden)) < 0)
+		return rc;
+	for (int l = 0; l < c->n_layers; l++)
+		if ((rc = layer(b, v, l, n, want_out, &p)) < 0)
+			return kvmem_error_prefix("cuda forward, layer %d", l);
+	/* Logits of every row only when asked: [C][vocab] is 2.5 GB for a
+	 * 4K chunk of a 152K vocabulary. */
+	if (rows && (rc = kvmem_cuda_logits_bf16(b->ctx, b->logits,
+						 b->x + (size_t)(rows == n ? 0 : n - 1) * c->hidden,
+						 b->final_norm, b->lm_head, b->tmp, rows, c->hidden,
+						 c->vocab, c->rms_eps)) < 0)
+		return rc;
+	if (!in_graph)
+		return 0;
+	if (rows && cudaMemcpyAsync(f->host_logits, b->logits, (size_t)c->vocab * sizeof(float),
+				    cudaMemcpyDeviceToHost, st) != cudaSuccess)
+		return kvmem_error(EIO, "cuda forward: copying the logits down");
+	if (want_out) {
+		const size_t L = c->n_layers;
+
+		if (cudaMemcpyAsync(f->host_out, b->oq, L * b->qw * 2, cudaMemcpyDeviceToHost, st) ||
+		    cudaMemcpyAsync(f->host_out + L * b->qw, b->ok, L * b->kw * 2,
+				    cudaMemcpyDeviceToHost, st) ||
+		    cudaMemcpyAsync(f->host_out + L * (b->qw + b->kw), b->ov, L * b->kw * 2,
+				    cudaMemcpyDeviceToHost, st))
+			return kvmem_error(EIO, "cuda forward: copying the outputs down");
+	}
+	return 0;
+}
+
+/* Capture a one-token step for key k into slot g. */
+static int graph_capture(struct cuda *b, kvmem_view *v, struct graph *g, const struct graph_key *k)
+{
+	cudaStream_t st = kvmem_cuda_stream(b->ctx);
+	cudaGraph_t graph = NULL;
+	cudaError_t e;
+	int rc;
+
+	graph_drop(g);
+	if ((e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal)) != cudaSuccess)
+		return kvmem_error(EIO, "cuda decode graph: begin capture: %s", cudaGetErrorString(e));
+	rc = enqueue(b, v, 1, k->want_out, k->has_logits, 1);
+	e = cudaStreamEndCapture(st, &graph);
+	if (rc < 0 || e != cudaSuccess) {
+		if (graph)
+			cudaGraphDestroy(graph);
+		cudaGetLastError();
+		return rc < 0 ? kvmem_error_prefix("cuda decode graph: capture")
+			      : kvmem_error(EIO, "cuda decode graph: end capture: %s",
+					    cudaGetErrorString(e));
+	}
+	e = cudaGraphInstantiate(&g->exec, graph, 0);
+	cudaGraphDestroy(graph);
+	if (e != cudaSuccess) {
+		g->exec = NULL;
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda decode graph: instantiate: %s", cudaGetErrorString(e));
+	}
+	g->key = *k;
+	return 0;
+}
+
+/* Replay (capturing first if needed) a one-token step. */
+static int graph_run(struct cuda *b, kvmem_view *v, int want_out, int has_logits)
+{
+	struct cuda_fwd *f = b->fwd;
+	const kvmem_config *c = b->c;
+	struct graph_key k;
+	struct graph *g = NULL;
+	cudaError_t e;
+	int rc;
+
+	/* The attention's scratch, grown now: a capture cannot grow it. */
+	if ((rc = kvmem_cuda_reserve(b->ctx, kvmem_cuda_attention_scratch(b->ctx, 1, c->n_heads,
+									 c->n_kv_heads,
+									 c->head_dim))) < 0)
+		return rc;
+	memset(&k, 0, sizeof(k));	/* compared with memcmp */
+	k.vk = v->k;
+	k.vv = v->v;
+	k.cap = v->cap;
+	k.scratch_gen = kvmem_cuda_scratch_gen(b->ctx);
+	k.logits = b->logits;
+	k.want_out = want_out;
+	k.has_logits = has_logits;
+	for (int i = 0; i < GRAPHS && !g; i++)
+		if (f->g[i].exec && !memcmp(&f->g[i].key, &k, sizeof(k)))
+			g = &f->g[i];
+	if (!g) {
+		g = &f->g[0];
+		for (int i = 1; i < GRAPHS; i++)
+			if (!f->g[i].exec || (g->exec && f->g[i].used < g->used))
+				g = &f->g[i];
+		if ((rc = graph_capture(b, v, g, &k)) < 0)
+			return rc;
+	}
+	g->used = ++f->tick;
+	if ((e = cudaGraphLaunch(g->exec, kvmem_cuda_stream(b->ctx))) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda decode graph: launch: %s", cudaGetErrorString(e));
+	}
+	return 0;
+}
+
+/* Widen n bf16 values from the device into an fp32 host array. */
+static int download_f32(struct cuda *b, float *dst, const uint16_t *src, size_t n)
+{
+	int rc = kvmem_cuda_download(b->ctx, b->host_o, src, n * 2);
+
+	if (rc < 0)
+		return rc;
+	kvmem_bf16_to_f32_n(dst, b->host_o, n);
+	return 0;
+}
+
+int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
+		 int all_logits, const kvmem_fwd_out *out)
+{
+	struct cuda *b = ctx;
+	struct cuda_fwd *f = b->fwd;
+	const kvmem_config *c = b->c;
+	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
+	const int want_out = out && (out->raw_k || out->v || out->q_raw);
+	const int rows = logits ? (all_logits ? n : 1) : 0;
+	kvmem_scatter_item *items = (kvmem_scatter_item *)(f->host_in + f->items_off);
+	int32_t *ids = (int32_t *)(f->host_in + f->ids_off);
+	int rc, graphed = 0;
+
+	if (n <= 0 || n > b->max_chunk)
+		return kvmem_error(EINVAL, "cuda forward: %d tokens in one call; the backend takes 1..%d",
+				   n, b->max_chunk);
+	if (v->len + n > v->cap)
+		return kvmem_error(EINVAL, "cuda forward: the view holds %lld of %lld slots, no room for "
+				   "%d more", (long long)v->len, (long long)v->cap, n);
+	for (int i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= c->vocab)
+			return kvmem_error(EINVAL, "cuda forward: token %d at index %d is outside the "
+					   "vocabulary (0..%d)", tokens[i], i, c->vocab - 1);
+	if (rows > b->logit_rows) {
+		kvmem_cuda_free(b->logits);
+		b->logits = NULL;
+		b->logit_rows = 0;
+		if ((rc = cuda_dev_alloc(&b->logits, (size_t)rows * c->vocab * 4, NULL)) < 0)
+			return rc;
+		b->logit_rows = rows;
+	}
+	/* The inputs: the previous call synchronised, so the pinned buffer
+	 * is free to be rewritten. One scatter item per layer: the new tokens
+	 * at slots len.., K and V from qkv's columns. */
+	*(int32_t *)f->host_in = (int32_t)(v->len + n);
+	for (int l = 0; l < L; l++)
+		items[l] = (kvmem_scatter_item){ .layer = l, .slot = (int32_t)v->len, .n = n,
+						 .tok_stride = ld, .src = 0,
+						 .head_stride = c->head_dim };
+	for (int i = 0; i < n; i++) {
+		ids[i] = tokens[i];
+		ids[n + i] = (int32_t)(v->len + i);
+	}
+	if (cudaMemcpyAsync(f->in, f->host_in, f->ids_off + (size_t)n * 8, cudaMemcpyHostToDevice,
+			    kvmem_cuda_stream(b->ctx)) != cudaSuccess)
+		return kvmem_error(EIO, "cuda forward: copying the inputs up");
+	if (n == 1 && f->mode && !f->broken && decode_ok(b)) {
+		if ((rc = graph_run(b, v, want_out, rows > 0)) == 0)
+			graphed = 1;
+		else if (f->mode == 2)
+			return rc;
+		else
+			f->broken = 1;	/* plain launches from now on */
+	}
+	if (!graphed && (rc = enqueue(b, v, n, want_out, rows, 0)) < 0)
+		return rc;
+	if (graphed) {
+		const size_t oL = (size_t)L;
+
+		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+			return kvmem_error_prefix("cuda forward");
+		if (logits)
+			memcpy(logits, f->host_logits, (size_t)c->vocab * sizeof(float));
+		if (out && out->q_raw)
+			kvmem_bf16_to_f32_n(out->q_raw, f->host_out, oL * b->qw);
+		if (out && out->raw_k)
+			kvmem_bf16_to_f32_n(out->raw_k, f->host_out + oL * b->qw, oL * b->kw);
+		if (out && out->v)
+			kvmem_bf16_to_f32_n(out->v, f->host_out + oL * (b->qw + b->kw), oL * b->kw);
+		v->len += n;
+		return 0;
+	}
+	if (logits && (rc = kvmem_cuda_download(b->ctx, logits, b->logits,
+						(size_t)rows * c->vocab * sizeof(float))) < 0)
+		return rc;
+	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+		return kvmem_error_prefix("cuda forward");
+	if (out && out->q_raw &&
+	    (rc = download_f32(b, out->q_raw, b->oq, (size_t)L * n * b->qw)) < 0)
+		return rc;
+	if (out && out->raw_k && (rc = download_f32(b, out->raw_k, b->ok, (size_t)L * n * b->kw)) < 0)
+		return rc;
+	if (out && out->v && (rc = download_f32(b, out->v, b->ov, (size_t)L * n * b->kw)) < 0)
+		return rc;
+	v->len += n;
+	return 0;
+}
