@@ -14,7 +14,10 @@
  * With --preset (default 8b on a GPU) the model is a geometry only: the
  * cuda backend makes random bf16 weights on the GPU (no 16 GB file). The
  * PyTorch peer is tools/bench/torch_engine.py; tools/bench/engine_gpu.sh runs
- * both in one call and prints the ratios.
+ * both in one call and prints the ratios. On the cuda backend decode runs as
+ * a CUDA graph per step unless KVMEM_CUDA_GRAPH=0 (user/backend/cuda_fwd.c),
+ * and one-row GEMMs by kvmem's GEMV unless KVMEM_CUDA_GEMV=0: the header
+ * says which.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -260,6 +263,13 @@ int bench_engine(int argc, char **argv)
 		       m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim, m->cfg.vocab);
 		printf("ceilings measured now: GEMM %.1f TFLOP/s (%s); copy %.0f GB/s (read + written)\n",
 		       ce.matmul_tflops, ce.matmul_type, ce.copy_gbps);
+		if (!strcmp(b->ops->name, "cuda")) {
+			const char *g = getenv("KVMEM_CUDA_GRAPH"), *gv = getenv("KVMEM_CUDA_GEMV");
+
+			printf("decode: %s; one-row GEMMs by %s\n",
+			       g && g[0] == '0' ? "plain launches (KVMEM_CUDA_GRAPH=0)" : "a CUDA graph per step",
+			       gv && gv[0] == '0' ? "cuBLASLt (KVMEM_CUDA_GEMV=0)" : "kvmem's GEMV");
+		}
 		printf("\n%-10s %8s %12s %10s %8s\n", "prefill", "chunk", "tokens/s", "TFLOP/s",
 		       "of GEMM");
 	}

@@ -67,7 +67,7 @@ struct cell {
 };
 
 struct opts {
-	const char *model, *json, *csv;
+	const char *model, *json, *csv, *backend;
 	double sizes[MAX_LIST], depths[MAX_LIST];
 	int n_sizes, n_depths;
 	const char *pol[MAX_POL];
@@ -117,6 +117,8 @@ static void usage(FILE *f)
 		"  --lookalikes K     look-alike lines per needle (default 4)\n"
 		"  --seed S           first workspace seed (default 1000000000; >= 1e9)\n"
 		"  --chunk N          prefill chunk (default 128)\n"
+		"  --backend NAME     compute backend: cpu (default: the published figures),\n"
+		"                     cuda, or auto (cuda when there is a GPU)\n"
 		"  --query-tokens N   query tokens that drive selection (default: 1 with\n"
 		"                     ahead, the marker's; else the question's tokens)\n"
 		"  --select-at WHERE  ahead (default): take the question's queries over the\n"
@@ -180,7 +182,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "chunk", required_argument, NULL, 'k' },	{ "query-tokens", required_argument, NULL, 'Q' },
 		{ "lab", required_argument, NULL, 'L' },	{ "trace", required_argument, NULL, 't' },	{ "seed", required_argument, NULL, 's' },
 		{ "quick", no_argument, NULL, 'K' },		{ "quiet", no_argument, NULL, 'z' },
-		{ "help", no_argument, NULL, 'h' },		{ 0 },
+		{ "backend", required_argument, NULL, 'x' },	{ "help", no_argument, NULL, 'h' },
+		{ 0 },
 	};
 	static const double sizes[] = { 1, 4, 16, 64 }, depths[] = { 0.1, 0.3, 0.5, 0.7, 0.9 };
 	const char *w = "kvmem bench recall";
@@ -211,6 +214,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case 'z': o->quiet = 1; break;
 		case 'm': o->model = optarg; break;
+		case 'x': o->backend = optarg; break;
 		case 'J': o->json = optarg; break;
 		case 'c': o->csv = optarg; break;
 		case 'p': pols = optarg; break;
@@ -769,8 +773,11 @@ int bench_recall(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	if (kvmem_model_load(b.o.model, &b.m) || check_vocab(b.o.model, &b.m->cfg) ||
-	    !(b.e = kvmem_backend_cpu(b.m, b.o.chunk))) {
+	    kvmem_backend_open(b.o.backend ? b.o.backend : "cpu", b.m,
+			       &(kvmem_backend_opts){ .max_chunk = b.o.chunk }, &b.e) < 0) {
 		fprintf(stderr, "kvmem bench recall: %s\n", kvmem_last_error());
+		if (b.m && !b.e && kvmem_last_errno() == EINVAL && b.o.backend)
+			rc = EXIT_USAGE;	/* an unknown backend name */
 		goto out;
 	}
 	const kvmem_config *c = &b.m->cfg;
@@ -809,9 +816,10 @@ int bench_recall(int argc, char **argv)
 	if (b.csv)
 		fprintf(b.csv, "tokens,size,depth,policy,accuracy,questions,needle_in_view,"
 			"ms_per_question,mb_paged_per_question,needle_rank_median\n");
-	printf("kvmem bench recall: %s (window %d, %.2fM parameters), budget %lld + reserve %lld, "
-	       "block %d, %d look-alikes per needle, %d questions per cell, seeds from %llu\n",
-	       b.o.model, b.W, kvmem_config_params(c) / 1e6, (long long)b.budget,
+	printf("kvmem bench recall: %s (window %d, %.2fM parameters, %s backend), budget %lld + "
+	       "reserve %lld, block %d, %d look-alikes per needle, %d questions per cell, seeds from "
+	       "%llu\n", b.o.model, b.W, kvmem_config_params(c) / 1e6, kvmem_backend_name(b.e),
+	       (long long)b.budget,
 	       (long long)b.reserve, b.o.block, b.o.lookalikes, b.o.questions,
 	       (unsigned long long)b.o.seed);
 	printf("%-14s %5s  %-9s %7s %5s  %7s  %6s  %7s  %7s\n", "workspace", "depth", "policy",

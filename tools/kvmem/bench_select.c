@@ -13,6 +13,15 @@
  * such rows say "est." and how many layers were measured. --layers N
  * measures N layers for every size instead (no scaling); --no-estimate
  * skips what does not fit.
+ *
+ * --backend cuda runs the same selection on the GPU (kernels/cuda/): the
+ * index synthesised on the device (bf16 by default, as the GPU keeps it),
+ * the distance-averaged queries, the scorer, and the planner's choice of
+ * blocks (kvmem_cuda_plan_blocks: the mandatory blocks, then the k best)
+ * downloaded as a sorted block list with its view positions. The floor is
+ * the index bytes read once at the device's copy rate measured in the same
+ * run; the first size also checks that the GPU's blocks are the ones
+ * kvmem_plan_build picks from the same scores.
  */
 #include <errno.h>
 #include <omp.h>
@@ -22,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvmem/cuda.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
@@ -33,6 +43,25 @@
 #define GEO_HEADS 32
 #define GEO_HEAD_DIM 128
 
+/* The CUDA ops, when the CLI is built with them (weak: absent otherwise;
+ * kernels/cuda/cuda.mk pulls their objects in with -u). */
+#pragma weak kvmem_cuda_device_count
+#pragma weak kvmem_cuda_ctx_create
+#pragma weak kvmem_cuda_ctx_destroy
+#pragma weak kvmem_cuda_device_name
+#pragma weak kvmem_cuda_malloc
+#pragma weak kvmem_cuda_free
+#pragma weak kvmem_cuda_upload
+#pragma weak kvmem_cuda_download
+#pragma weak kvmem_cuda_random_bf16
+#pragma weak kvmem_cuda_group_queries
+#pragma weak kvmem_cuda_score_meank
+#pragma weak kvmem_cuda_score_subblock
+#pragma weak kvmem_cuda_plan_blocks
+#pragma weak kvmem_cuda_sync
+#pragma weak kvmem_cuda_copy_gbps
+#pragma weak kvmem_cuda_mem_info
+
 struct bench_opts {
 	int64_t sizes[32];
 	int n_sizes;
@@ -40,6 +69,8 @@ struct bench_opts {
 	int64_t budget;
 	uint64_t mem;		/* bytes the index may take; 0: 40% of what is available */
 	const char *policy;
+	int cuda;		/* --backend cuda */
+	int index_dtype;	/* the GPU index: KVMEM_DTYPE_BF16 (default) or _F32 */
 };
 
 static void usage(FILE *f)
@@ -65,12 +96,16 @@ static void usage(FILE *f)
 		"  --no-estimate     skip sizes that do not fit instead of scaling fewer layers\n"
 		"  --reps N          selections per size; the best is reported (default 3)\n"
 		"  --threads N       OpenMP threads (default: all)\n"
+		"  --backend NAME    cpu (default) or cuda: score, choose and plan on the GPU\n"
+		"                    (meank, subblock), the index on the device\n"
+		"  --index TYPE      the GPU index: bf16 (default) or f32\n"
 		"  --json            one JSON object per size\n"
 		"  --help            this text\n"
 		"\n"
 		"examples:\n"
 		"  kvmem bench select\n"
-		"  kvmem bench select --blocks 64k,1M --policy subblock --mem 8G --json\n");
+		"  kvmem bench select --blocks 64k,1M --policy subblock --mem 8G --json\n"
+		"  kvmem bench select --backend cuda --blocks 1k,32k,312500\n");
 }
 
 static int parse_args(int argc, char **argv, struct bench_opts *o)
@@ -82,6 +117,7 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
 		{ "mem", required_argument, NULL, 'm' },	  { "no-estimate", no_argument, NULL, 'E' },
 		{ "reps", required_argument, NULL, 'r' },	  { "threads", required_argument, NULL, 't' },
 		{ "json", no_argument, NULL, 'j' },		  { "help", no_argument, NULL, 'h' },
+		{ "backend", required_argument, NULL, 'x' },	  { "index", required_argument, NULL, 'i' },
 		{ 0 },
 	};
 	const int64_t def[] = { 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20 };
@@ -95,6 +131,7 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
 	o->budget = 131072;
 	o->estimate = 1;
 	o->policy = "meank";
+	o->index_dtype = KVMEM_DTYPE_BF16;
 	o->n_sizes = 6;
 	memcpy(o->sizes, def, sizeof(def));
 	cli_getopt_reset();
@@ -107,6 +144,22 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
 		case 'j': o->json = 1; break;
 		case 'E': o->estimate = 0; break;
 		case 'p': o->policy = optarg; break;
+		case 'x':
+			if (!strcmp(optarg, "cuda")) {
+				o->cuda = 1;
+			} else if (strcmp(optarg, "cpu")) {
+				fprintf(stderr, "%s: %s: '%s' is not cpu or cuda\n", w, name, optarg);
+				bad = 1;
+			}
+			break;
+		case 'i':
+			if (!strcmp(optarg, "bf16") || !strcmp(optarg, "f32")) {
+				o->index_dtype = optarg[0] == 'b' ? KVMEM_DTYPE_BF16 : KVMEM_DTYPE_F32;
+			} else {
+				fprintf(stderr, "%s: %s: '%s' is not bf16 or f32\n", w, name, optarg);
+				bad = 1;
+			}
+			break;
 		case 'b': {
 			char *list = strdup(optarg), *save = NULL;
 
@@ -371,6 +424,243 @@ out:
 	return rc;
 }
 
+/* ---- the GPU -------------------------------------------------------------- */
+/* Mandatory blocks as kvmem_plan_build claims them for this benchmark's
+ * blocks (pins over the first 1000 tokens, sink, recent, the newest): the
+ * first `head` and the last `tail` blocks (all full: tokens = blocks x B). */
+static void mandatory_blocks(const struct bench_opts *o, int64_t nb, int64_t *head, int64_t *tail,
+			     int64_t *k)
+{
+	const int64_t B = o->block, pins = (1000 + B - 1) / B;
+	const int64_t sink = (o->budget / 100 + B - 1) / B, recent = (o->budget / 12 + B - 1) / B;
+
+	*head = pins > sink ? pins : sink;
+	*tail = recent > 1 ? recent : 1;
+	if (*head > nb)
+		*head = nb;
+	if (*tail > nb - *head)
+		*tail = nb - *head;
+	*k = (o->budget - (*head + *tail) * B) / B;
+	if (*k < 0)
+		*k = 0;
+}
+
+/* Random values in device memory: bf16 made there, fp32 uploaded from a
+ * host chunk repeated at shifting offsets. */
+static int gpu_fill(kvmem_cuda_ctx *c, void *d, size_t n, int dtype, uint64_t seed)
+{
+	const size_t chunk = (size_t)1 << 24;
+	float *h;
+	int rc = 0;
+
+	if (dtype == KVMEM_DTYPE_BF16)
+		return kvmem_cuda_random_bf16(c, d, n, seed, 1.0f);
+	if (!(h = malloc((chunk + 4096) * sizeof(float))))
+		return kvmem_error(ENOMEM, "out of memory");
+	fill_random(h, chunk + 4096, seed);
+	for (size_t at = 0, sh = 0; at < n && !rc; at += chunk, sh = (sh + 61) % 4096)
+		rc = kvmem_cuda_upload(c, (float *)d + at, h + sh,
+				       sizeof(float) * (n - at < chunk ? n - at : chunk));
+	free(h);
+	return rc;
+}
+
+static int run_size_cuda(const struct bench_opts *o, kvmem_cuda_ctx *c, int sub, int64_t nb,
+			 int layers, double bw, int check, struct row *row)
+{
+	const int per = sub ? 4 : 1, eb = o->index_dtype == KVMEM_DTYPE_BF16 ? 2 : 4;
+	const size_t rows = (size_t)layers * GEO_KV_HEADS * nb * per * GEO_HEAD_DIM;
+	const size_t qn = (size_t)layers * o->query_tokens * GEO_HEADS * GEO_HEAD_DIM;
+	kvmem_score_geom g = { .n_layers = layers, .n_heads = GEO_HEADS, .n_kv_heads = GEO_KV_HEADS,
+			       .head_dim = GEO_HEAD_DIM, .block = o->block, .n_blocks = nb,
+			       .cap_blocks = nb, .last_len = o->block,
+			       .last_sub = { o->block / 4, o->block / 4, o->block / 4, o->block / 4 },
+			       .index_dtype = o->index_dtype };
+	void *ix = NULL, *q = NULL, *gq = NULL, *sc = NULL, *out = NULL;
+	float *hq = malloc(qn * sizeof(float));
+	int64_t *blocks = malloc(sizeof(int64_t) * (nb + 1)), *start = malloc(sizeof(int64_t) * (nb + 1));
+	int64_t head, tail, k, cnt = 0;
+	int rc = -1;
+
+	memset(row, 0, sizeof(*row));
+	mandatory_blocks(o, nb, &head, &tail, &k);
+	if (!hq || !blocks || !start) {
+		kvmem_error(ENOMEM, "out of memory");
+		goto out;
+	}
+	if (kvmem_cuda_malloc(&ix, rows * eb) || kvmem_cuda_malloc(&q, qn * 4) ||
+	    kvmem_cuda_malloc(&gq, (size_t)layers * GEO_KV_HEADS * GEO_HEAD_DIM * 4) ||
+	    kvmem_cuda_malloc(&sc, 4 * (size_t)nb) || kvmem_cuda_malloc(&out, 8 * (size_t)(nb + 1)) ||
+	    gpu_fill(c, ix, rows, o->index_dtype, 0x5e1ec7 + nb))
+		goto out;
+	fill_random(hq, qn, 99);
+	if (kvmem_cuda_upload(c, q, hq, qn * 4) || kvmem_cuda_sync(c))
+		goto out;
+	row->score_ms = row->plan_ms = row->total_ms = 1e30;
+	for (int rep = -1; rep < o->reps; rep++) {	/* rep -1: warm-up */
+		double t0 = cli_now_s(), t1, t2;
+		int64_t pos = 0;
+
+		if (kvmem_cuda_group_queries(c, gq, q, layers, o->query_tokens, GEO_HEADS, GEO_KV_HEADS,
+					     GEO_HEAD_DIM, 1e6, o->budget + o->budget / 8) ||
+		    (sub ? kvmem_cuda_score_subblock(c, sc, ix, gq, &g)
+			 : kvmem_cuda_score_meank(c, sc, ix, gq, &g)) ||
+		    kvmem_cuda_sync(c))
+			goto out;
+		t1 = cli_now_s();
+		if ((cnt = kvmem_cuda_plan_blocks(c, out, sc, nb, head, tail, k)) < 0 ||
+		    kvmem_cuda_download(c, blocks, out, 8 * (size_t)cnt))
+			goto out;
+		for (int64_t i = 0; i < cnt; i++) {	/* view positions: all blocks full */
+			start[i] = pos;
+			pos += o->block;
+		}
+		t2 = cli_now_s();
+		if (rep >= 0 && (t2 - t0) * 1e3 < row->total_ms) {
+			row->score_ms = (t1 - t0) * 1e3;
+			row->plan_ms = (t2 - t1) * 1e3;
+			row->total_ms = (t2 - t0) * 1e3;
+		}
+	}
+	if (check) {	/* the same scores through kvmem_plan_build */
+		float *hs = malloc(4 * (size_t)nb);
+		kvmem_blocks r;
+		kvmem_plan plan = { 0 };
+		kvmem_plan_params pp = { o->budget, o->budget / 100, o->budget / 12 };
+		int same;
+
+		if (!hs || kvmem_blocks_init(&r, o->block)) {
+			free(hs);
+			goto out;
+		}
+		r.n_tokens = nb * o->block;
+		kvmem_blocks_pin(&r, 0, 1000 < r.n_tokens ? 1000 : r.n_tokens);
+		if (kvmem_cuda_group_queries(c, gq, q, layers, o->query_tokens, GEO_HEADS, GEO_KV_HEADS,
+					     GEO_HEAD_DIM, 1e6, o->budget + o->budget / 8) ||
+		    (sub ? kvmem_cuda_score_subblock(c, sc, ix, gq, &g)
+			 : kvmem_cuda_score_meank(c, sc, ix, gq, &g)) ||
+		    kvmem_cuda_download(c, hs, sc, 4 * (size_t)nb) ||
+		    kvmem_plan_build(&plan, &r, hs, 1, NULL, &pp)) {
+			free(hs);
+			kvmem_blocks_free(&r);
+			goto out;
+		}
+		same = plan.n_view == cnt && !memcmp(plan.blocks, blocks, 8 * (size_t)cnt);
+		fprintf(o->json ? stderr : stdout, "plan check at %lld blocks: the GPU's %lld blocks %s "
+			"kvmem_plan_build's %d\n", (long long)nb, (long long)cnt,
+			same ? "are" : "DIFFER FROM", plan.n_view);
+		kvmem_plan_free(&plan);
+		kvmem_blocks_free(&r);
+		free(hs);
+		if (!same) {
+			kvmem_error(EBADMSG, "the GPU's plan differs from kvmem_plan_build's");
+			goto out;
+		}
+	}
+	row->n_view = (int)cnt;
+	row->blocks = nb;
+	row->layers = layers;
+	row->estimated = layers < GEO_LAYERS && !o->layers;
+	row->index_gb = (double)GEO_KV_HEADS * GEO_HEAD_DIM * per * eb * nb * GEO_LAYERS / 1e9;
+	if (row->estimated) {
+		row->score_ms *= (double)GEO_LAYERS / layers;
+		row->total_ms = row->score_ms + row->plan_ms;
+	}
+	if (o->layers)
+		row->index_gb = row->index_gb * layers / GEO_LAYERS;
+	row->floor_ms = bw > 0 ? row->index_gb / bw * 1e3 : 0;
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "kvmem bench select: %lld blocks on the GPU: %s\n", (long long)nb,
+			kvmem_last_error());
+	kvmem_cuda_free(ix);
+	kvmem_cuda_free(q);
+	kvmem_cuda_free(gq);
+	kvmem_cuda_free(sc);
+	kvmem_cuda_free(out);
+	free(hq);
+	free(blocks);
+	free(start);
+	return rc;
+}
+
+static void print_row(const struct bench_opts *o, const struct row *w);
+
+static int bench_select_cuda(const struct bench_opts *o, const kvmem_policy_ops *pol)
+{
+	const int sub = !!(pol->needs & KVMEM_SUM_SUBBLOCK), eb = o->index_dtype == KVMEM_DTYPE_BF16 ? 2 : 4;
+	kvmem_cuda_ctx *c = NULL;
+	size_t free_b = 0, total_b = 0;
+	double bw, limit;
+	int rc = 1;
+
+	if (!kvmem_cuda_ctx_create || !kvmem_cuda_plan_blocks) {
+		fprintf(stderr, "kvmem bench select: --backend cuda: this kvmem was built without CUDA\n");
+		return EXIT_USAGE;
+	}
+	if (strcmp(pol->name, "meank") && strcmp(pol->name, "subblock")) {
+		fprintf(stderr, "kvmem bench select: --backend cuda scores meank and subblock, not %s\n",
+			pol->name);
+		return EXIT_USAGE;
+	}
+	if (kvmem_cuda_device_count() < 1) {
+		fprintf(stderr, "kvmem bench select: --backend cuda: no CUDA device here\n");
+		return 1;
+	}
+	if (kvmem_cuda_ctx_create(&c, 0) < 0 || kvmem_cuda_mem_info(&free_b, &total_b) < 0)
+		goto err;
+	if ((bw = kvmem_cuda_copy_gbps(c, (size_t)2 << 30)) < 0)
+		goto err;
+	limit = o->mem ? o->mem / 1e9 : 0.8 * free_b / 1e9;
+	fprintf(o->json ? stderr : stdout,
+		"kvmem bench select: policy %s on the GPU, Qwen3-8B geometry (%d layers, %d KV heads, "
+		"head_dim %d, %d query heads), block %d, budget %lld tokens, %d query tokens, best of "
+		"%d\nmachine: %s, %.1f GB device memory (%.1f GB free, index limit %.1f GB), %s index\n"
+		"floor: index bytes read once at the copy rate %.0f GB/s (a 2 GiB device copy, read + "
+		"written, this run)\n", pol->name, GEO_LAYERS, GEO_KV_HEADS, GEO_HEAD_DIM, GEO_HEADS,
+		o->block, (long long)o->budget, o->query_tokens, o->reps, kvmem_cuda_device_name(c),
+		total_b / 1e9, free_b / 1e9, limit, eb == 2 ? "bf16" : "fp32", bw);
+	if (!o->json)
+		printf("\n%9s %10s %9s %9s %10s %8s %10s %9s %9s %7s\n", "blocks", "tokens", "layers",
+		       "index GB", "score ms", "plan ms", "total ms", "ns/block", "floor ms", "x floor");
+	for (int i = 0; i < o->n_sizes; i++) {
+		const int64_t nb = o->sizes[i];
+		/* the index, the scorer's z / e arrays (4 bytes per pair and item) */
+		const double per_layer = ((double)GEO_KV_HEADS * GEO_HEAD_DIM * eb + GEO_KV_HEADS * 4) *
+					 (sub ? 4 : 1) * nb / 1e9;
+		int layers = o->layers ? o->layers : GEO_LAYERS;
+		struct row w;
+
+		if (per_layer * layers > limit) {
+			int fit = (int)(limit / per_layer);
+
+			if (o->layers || !o->estimate || fit < 1) {
+				fprintf(o->json ? stderr : stdout, "%9lld   skipped: %d layers need %.1f GB "
+					"of device memory, over the %.1f GB limit\n", (long long)nb, layers,
+					per_layer * layers, limit);
+				continue;
+			}
+			layers = fit;
+		}
+		if (run_size_cuda(o, c, sub, nb, layers, bw, i == 0, &w))
+			goto out;
+		print_row(o, &w);
+		fflush(stdout);
+	}
+	if (!o->json)
+		printf("\nscore: the queries and the scorer; plan: the planner's blocks chosen on the GPU "
+		       "(mandatory + top-k)\nand downloaded in order with their positions. x floor: total "
+		       "over the index read once at the copy rate.\n");
+	rc = 0;
+	goto out;
+err:
+	fprintf(stderr, "kvmem bench select: %s\n", kvmem_last_error());
+out:
+	kvmem_cuda_ctx_destroy(c);
+	return rc;
+}
+
 static void print_row(const struct bench_opts *o, const struct row *w)
 {
 	double per_block_ns = w->total_ms * 1e6 / w->blocks;
@@ -414,6 +704,8 @@ int bench_select(int argc, char **argv)
 			"it has no place in this benchmark\n", pol->name);
 		return EXIT_USAGE;
 	}
+	if (o.cuda)
+		return bench_select_cuda(&o, pol);
 	limit = o.mem ? o.mem / 1e9 : 0.4 * avail;
 	cpu_model(cpu, sizeof(cpu));
 	/* The floor's buffer: large enough to defeat caches, small enough to share. */

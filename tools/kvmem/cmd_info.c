@@ -29,6 +29,12 @@ static void usage(FILE *f)
 		   "  kvmem info --json --model models/agentlang\n");
 }
 
+/* Bytes of the Mean-K index per token at block 32 (elem: 2 bf16, 4 fp32). */
+static double index_bytes_per_token(const kvmem_config *c, int elem)
+{
+	return (double)c->n_layers * c->n_kv_heads * c->head_dim * elem / 32;
+}
+
 static void print_text(const kvmem_model *m)
 {
 	const kvmem_config *c = &m->cfg;
@@ -43,6 +49,12 @@ static void print_text(const kvmem_model *m)
 	       cli_fmt_bytes(a, sizeof(a), (double)m->file_bytes),
 	       cli_fmt_bytes(b, sizeof(b), params * 4.0));
 	cli_print_kv(c);
+	/* The selection index per token at the default block of 32: Mean-K of
+	 * every (layer, KV head) per block; the GPU keeps it in bf16. */
+	printf("index         Mean-K %s per token at block 32 in bf16 (the GPU's), %s in fp32 "
+	       "(the host's);\n              min/max 2x that more, quarter-block means 4x\n",
+	       cli_fmt_bytes(a, sizeof(a), index_bytes_per_token(c, 2)),
+	       cli_fmt_bytes(b, sizeof(b), index_bytes_per_token(c, 4)));
 	printf("fingerprint   %016llx (geometry only: %016llx)\n",
 	       (unsigned long long)m->fingerprint,
 	       (unsigned long long)kvmem_config_fingerprint(c));
@@ -59,7 +71,8 @@ static void print_json(const kvmem_model *m)
 	       "\"bos_id\": %d, \"eos_id\": %d, \"max_position\": %d, \"rope_theta\": %.17g, "
 	       "\"rms_eps\": %.7g, \"tied\": %s, \"params\": %llu, \"weight_dtype\": \"%s\", "
 	       "\"files\": %d, \"file_bytes\": %llu, \"kv_bytes_per_token_bf16\": %llu, "
-	       "\"kv_bytes_per_token_fp32\": %llu, \"fingerprint\": \"%016llx\", "
+	       "\"kv_bytes_per_token_fp32\": %llu, \"index_bytes_per_token_bf16\": %.0f, "
+	       "\"index_bytes_per_token_fp32\": %.0f, \"fingerprint\": \"%016llx\", "
 	       "\"config_fingerprint\": \"%016llx\"}\n",
 	       c->arch, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim,
 	       c->intermediate, c->vocab, c->bos_id, c->eos_id, c->max_position, c->rope_theta,
@@ -68,6 +81,7 @@ static void print_json(const kvmem_model *m)
 	       (unsigned long long)m->file_bytes,
 	       (unsigned long long)kvmem_config_kv_bytes_per_token(c, 2),
 	       (unsigned long long)kvmem_config_kv_bytes_per_token(c, 4),
+	       index_bytes_per_token(c, 2), index_bytes_per_token(c, 4),
 	       (unsigned long long)m->fingerprint, (unsigned long long)kvmem_config_fingerprint(c));
 }
 
