@@ -29,7 +29,10 @@ WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wmissing-prototypes
 OPT     ?= -O2 -g
 BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -Iinclude -Iinclude/uapi $(BLAS_INC) -MMD -MP
-LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lm -lpthread -fopenmp
+# pcre2 and unistring: the tokenizer's pre-tokenizer regex and NFC (user/tokenizer/).
+LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lpcre2-8 -lunistring -lm -lpthread -fopenmp
+# The server (kvmem serve): HTTP and JSON, the CLI's alone.
+SERVE_LIBS := -lmicrohttpd -ljansson
 
 ifeq ($(SAN),1)
 O       := $(BUILD)-asan
@@ -94,7 +97,7 @@ $(O)/libkvmem.so: $(O)/libkvmem.so.$(VERSION)
 
 $(O)/kvmem: $(CLI_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang.a
 	$(CC) -o $@ $(CLI_OBJ) $(O)/libkvmem_agentlang.a $(O)/libkvmem.a $(CUDA_LINK) $(LDFLAGS) \
-	    $(LDLIBS)
+	    $(LDLIBS) $(SERVE_LIBS)
 
 $(O)/tests/%: tests/unit/%.c $(HELP_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang.a
 	@mkdir -p $(dir $@)
@@ -162,10 +165,12 @@ static:
 	$(CC) -static -o build/static/kvmem $(CLI_SRC:%.c=build/static-obj/obj/%.o) \
 	    build/static-obj/libkvmem_agentlang.a build/static-obj/libkvmem.a $(LDFLAGS) \
 	    /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a \
-	    -luring -lnuma -lxxhash -lgfortran -lquadmath -lm -lpthread -fopenmp
+	    -luring -lnuma -lxxhash -lpcre2-8 -lunistring -lgfortran -lquadmath -lm -lpthread -fopenmp
+# kvmem serve stays out of the static binary: Debian's libmicrohttpd pulls in
+# GnuTLS, whose p11-kit has no static library.
 build/static-obj/obj/tools/%.o: tools/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) -DKVMEM_NO_SERVE -c $< -o $@
 static: $(CLI_SRC:%.c=build/static-obj/obj/%.o)
 
 clean:

@@ -5,6 +5,9 @@
 set -e
 PKGS="gcc make libc6-dev libopenblas-dev liburing-dev libnuma-dev libxxhash-dev
       libcmocka-dev systemtap-sdt-dev gnuplot-nox pkgconf binutils"
+# The tokenizer (user/tokenizer/: PCRE2 for the pre-tokenizer's regex, libunistring
+# for NFC) and kvmem serve (libmicrohttpd for HTTP, jansson for its JSON).
+PKGS="$PKGS libpcre2-dev libunistring-dev libmicrohttpd-dev libjansson-dev"
 # mkfs.ext4 (the full-disk test on a loop-mounted ext4, tests/unit/test_faults.c).
 PKGS="$PKGS e2fsprogs"
 # The kernel module and its VM suite (make kmod, make vmtest: tests/vm/vm.mk):
@@ -17,6 +20,11 @@ PKGS="$PKGS linux-headers-amd64 linux-source-6.1 xz-utils qemu-system-x86 busybo
 # The eBPF tools (make bpf: bpf/bpf.mk): clang and libbpf-dev above, llvm-strip,
 # and bpftool for vmlinux.h and the skeletons.
 PKGS="$PKGS llvm bpftool"
+# kvmem serve's tests drive it with the official openai npm client and check the
+# tokenizer against npm references (tests/serve/): node and npm. A machine
+# with its own Node.js (a nodesource build carries npm) keeps it.
+command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs"
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS npm"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
