@@ -30,7 +30,7 @@
 #define DEMO_SEED 1000000007ull	/* >= 1e9: never used in training */
 
 struct demo {
-	const char *model_dir, *policy;
+	const char *model_dir, *policy, *backend;
 	int64_t tokens, budget;
 	int questions, steps, block, chunk, quiet;
 	uint64_t seed;
@@ -47,7 +47,8 @@ static void usage(FILE *f)
 		"a synthetic agent-workspace language, native window 2048 tokens). The agent\n"
 		"reads a workspace 16 windows long in steps, keeping a view of under 2K tokens;\n"
 		"then it is asked about facts from far outside its window, first with Mean-K\n"
-		"selection, then with a plain sliding window. Runs on the CPU in about a minute.\n"
+		"selection, then with a plain sliding window. Runs on the CPU in about a minute,\n"
+		"or on a GPU (--backend).\n"
 		"\n"
 		"The model is built into this binary and written to the data directory\n"
 		"($KVMEM_HOME, else $XDG_DATA_HOME/kvmem, else ~/.local/share/kvmem) on first\n"
@@ -61,6 +62,8 @@ static void usage(FILE *f)
 		"  --policy NAME     selection policy to show (default subblock; refine reads\n"
 		"                    K pages too and does better in kvmem bench recall)\n"
 		"  --seed S          workspace seed (default %llu; training used seeds < 1e6)\n"
+		"  --backend NAME    compute backend: cpu, cuda, or auto (default: cuda when\n"
+		"                    there is a GPU, else cpu)\n"
 		"  --quiet           only the summary\n"
 		"  --help            this text\n"
 		"Counts take k, M, G (powers of 1000: 32k = 32000 tokens).\n"
@@ -68,7 +71,8 @@ static void usage(FILE *f)
 		"examples:\n"
 		"  kvmem demo\n"
 		"  kvmem demo --tokens 64k --questions 12 --policy refine\n"
-		"  kvmem demo --quiet --seed 1000000123\n",
+		"  kvmem demo --quiet --seed 1000000123\n"
+		"  kvmem demo --backend cuda\n",
 		(unsigned long long)DEMO_SEED);
 }
 
@@ -223,7 +227,8 @@ static int parse(struct demo *d, int argc, char **argv)
 		{ "tokens", required_argument, NULL, 'n' },	{ "budget", required_argument, NULL, 'b' },
 		{ "questions", required_argument, NULL, 'q' }, { "steps", required_argument, NULL, 's' },
 		{ "seed", required_argument, NULL, 'S' },	{ "quiet", no_argument, NULL, 'Q' },
-		{ "help", no_argument, NULL, 'h' },		{ 0 },
+		{ "backend", required_argument, NULL, 'B' },	{ "help", no_argument, NULL, 'h' },
+		{ 0 },
 	};
 	const char *w = "kvmem demo";
 	int c;
@@ -238,6 +243,7 @@ static int parse(struct demo *d, int argc, char **argv)
 		case 'Q': d->quiet = 1; break;
 		case 'm': d->model_dir = optarg; break;
 		case 'p': d->policy = optarg; break;
+		case 'B': d->backend = optarg; break;
 		case 'n': bad = cli_parse_count(w, name, optarg, 1, 1ll << 31, &d->tokens); break;
 		case 'b': bad = cli_parse_count(w, name, optarg, 1, INT32_MAX / 2, &d->budget); break;
 		case 'q': bad = cli_parse_int(w, name, optarg, 1, 64, &d->questions); break;
@@ -307,8 +313,11 @@ int cmd_demo(int argc, char **argv)
 
 		d.budget = (W - 32 - reserve) / d.block * d.block;
 	}
-	if (!(e = kvmem_backend_cpu(m, d.chunk)))
+	if (kvmem_backend_open(d.backend, m, &(kvmem_backend_opts){ .max_chunk = d.chunk }, &e) < 0) {
+		if (kvmem_last_errno() == EINVAL)
+			rc = EXIT_USAGE;	/* an unknown backend name */
 		goto err;
+	}
 
 	/* Facts spread over the history, the oldest first. */
 	kvmem_lang_params_default(&lp);
@@ -321,11 +330,12 @@ int cmd_demo(int argc, char **argv)
 	if (kvmem_lang_workspace_build(&lp, &ws))
 		goto err;
 
-	printf("kvmem demo: model %s (%.1fM parameters, native window %d tokens)\n"
+	printf("kvmem demo: model %s (%.1fM parameters, native window %d tokens), %s backend\n"
 	       "An agent works through a workspace of %lld tokens (%.1f windows) of tool calls\n"
 	       "and outputs. kvmem keeps all of it as KV pages and lets the model see a view of\n"
 	       "%lld history tokens (%.1f%% of the workspace), chosen anew at each step.\n\n",
-	       d.model_dir, kvmem_config_params(&m->cfg) / 1e6, W, (long long)ws.n_ids,
+	       d.model_dir, kvmem_config_params(&m->cfg) / 1e6, W, kvmem_backend_name(e),
+	       (long long)ws.n_ids,
 	       (double)ws.n_ids / W, (long long)d.budget, 100.0 * d.budget / ws.n_ids);
 
 	if (kvmem_page_source_mem(&src, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, d.block))
