@@ -12,6 +12,7 @@ int cmd_verify(int argc, char **argv);
 int cmd_stat(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_lab(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Benchmarks, dispatched by cmd_bench (bench_<name>.c). */
 int bench_select(int argc, char **argv);

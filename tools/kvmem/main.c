@@ -23,6 +23,7 @@ static const struct subcommand {
 	{ "stat", cmd_stat, "tier counters of a workspace directory, without BPF" },
 	{ "synth", cmd_synth, "the synthetic agent-workspace language: corpora, questions, tokenizer" },
 	{ "lab", cmd_lab, "replay recorded sessions with any selection and cache policy, offline" },
+	{ "serve", cmd_serve, "the OpenAI HTTP API; every conversation a persistent workspace" },
 };
 
 static void usage(FILE *f)
