@@ -141,6 +141,13 @@ typedef struct kvmem_backend_ops {
 	 * is unmapped. -ENOTSUP (or any failure): place() stages instead. */
 	int (*host_register)(void *ctx, void *base, size_t len);
 	void (*host_unregister)(void *ctx, void *base);
+	/* Optional: 1 when the backend holds page (block, layer) of the pages
+	 * in `region` (a base given to host_register) in its own memory (the
+	 * device page pool). The session may then queue a place item for it
+	 * without getting the page from its source: page.mem
+	 * KVMEM_MEM_BACKEND, page.k = region. The answer holds until the next
+	 * place() call, which takes such items before anything is evicted. */
+	int (*page_cached)(void *ctx, const void *region, int64_t block, int layer);
 	/* Optional: place()'s counters. */
 	void (*place_stats)(void *ctx, kvmem_place_stats *st);
 	/* Optional: a named knob for tools and benchmarks (cuda: "place" =

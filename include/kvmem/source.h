@@ -34,7 +34,9 @@ extern "C" {
 #pragma GCC visibility push(default)
 
 /* Where a page's bytes are. */
-enum kvmem_mem { KVMEM_MEM_HOST = 0, KVMEM_MEM_DEVICE = 1 };
+/* KVMEM_MEM_BACKEND: no bytes here; the backend's own copy (a place item
+ * the session made after the backend's page_cached() said yes). */
+enum kvmem_mem { KVMEM_MEM_HOST = 0, KVMEM_MEM_DEVICE = 1, KVMEM_MEM_BACKEND = 2 };
 
 /* One page as get returns it: valid until put. */
 typedef struct kvmem_page {

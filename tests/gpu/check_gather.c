@@ -58,7 +58,7 @@ static size_t esize(int dtype)
 static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B, int dtype,
 		enum where w, int misalign, int copy)
 {
-	const int cap = 6 * B, n_items = 24;
+	const int cap = 24 * B, n_items = 24;	/* room: items never share a slot */
 	const size_t half = (size_t)H * B * D, es = esize(dtype), vsz = (size_t)L * H * cap * D;
 	const size_t page_bytes = 2 * half * es + 64;	/* K, V, room to misalign */
 	char *host = NULL, *where = NULL, *dev_pages = NULL;
@@ -143,8 +143,12 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 			slot = (int)(uni() * (cap - n + 1));
 			for (int t = 0; t < n; t++)
 				free_run &= !used[(size_t)l * cap + slot + t];
-			if (free_run || tries > 1000)
+			if (free_run)
 				break;
+			if (tries > 1000) {
+				n = 0;	/* no room: an empty item */
+				break;
+			}
 		}
 		for (int t = 0; t < n; t++)
 			used[(size_t)l * cap + slot + t] = 1;

@@ -13,10 +13,12 @@
 #            run killed with SIGKILL leaves a workspace that verifies and
 #            continues;
 #   bench    kvmem bench step: ceilings, rematerialisation, cold page-in,
-#            stage-out at Qwen3-8B (36 layers); the agent step and decode at
-#            8B width with $STEP_LAYERS layers; memory at $MEM_SIZES with
-#            1 layer;
-#   demo     kvmem demo --scale $DEMO_SCALE on the GPU.
+#            stage-out at Qwen3-8B (36 layers) [bench36]; what fits under a
+#            24 GB cap [fits]; the agent step and decode at 8B width with
+#            $STEP_LAYERS layers [benchL]; memory at $MEM_SIZES with 1 layer
+#            [memory] (each part alone by its name in brackets);
+#   demo     kvmem demo --scale $DEMO_SCALE on the GPU; reopen: once more on
+#            the same workspace (no re-prefill).
 #
 # Ends with a plain "N passed, N failed" line. Logs go to $OUT when set.
 set -u
@@ -32,7 +34,7 @@ DEMO_SCALE=${DEMO_SCALE:-1M}
 pass=0 fail=0
 ok() { echo "PASS: $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
-parts=${*:-checks persist bench demo}
+parts=${*:-checks persist bench demo reopen}
 mkdir -p "$scratch"
 t_start=$(date +%s)
 elapsed() { echo "[$(($(date +%s) - t_start)) s] $*"; }
@@ -109,15 +111,25 @@ if has persist; then
 	fi
 fi
 
-if has bench; then
+if has bench || has bench36; then
 	elapsed "bench step, 36 layers"
-	timeout 150 "$K" bench step --dir "$scratch/b36" --only ceilings,remat,coldin,stageout \
-		--coldin 2G --remat 16384 --prefill 16384 2>&1 | tee "$out/bench_step_36.log"
+	timeout 150 "$K" bench step --dir "$scratch/b36" --only ${BENCH36_ONLY:-ceilings,remat,coldin,stageout} \
+		--coldin 2G --remat ${REMAT:-16384} --prefill 16384 2>&1 | tee "$out/bench_step_36.log"
 	[ "${PIPESTATUS[0]}" = 0 ] && ok "bench step (36 layers)" || bad "bench step (36 layers)"
+fi
+if has bench || has fits; then
+	elapsed "bench step, what fits at 24 GB"
+	timeout 60 "$K" bench step --dir "$scratch/bf" --only fits --gpu-mem 24G 2>&1 |
+		tee "$out/bench_step_fits.log"
+	[ "${PIPESTATUS[0]}" = 0 ] && ok "bench step (fits)" || bad "bench step (fits)"
+fi
+if has bench || has benchL; then
 	elapsed "bench step, $STEP_LAYERS layers"
 	timeout 150 "$K" bench step --dir "$scratch/bL" --layers "$STEP_LAYERS" --only step,decode \
-		--tokens 262144 --view 65536 --steps 3 2>&1 | tee "$out/bench_step_L.log"
+		--tokens 262144 --view 65536 --steps ${STEPS:-4} 2>&1 | tee "$out/bench_step_L.log"
 	[ "${PIPESTATUS[0]}" = 0 ] && ok "bench step ($STEP_LAYERS layers)" || bad "bench step ($STEP_LAYERS layers)"
+fi
+if has bench || has memory; then
 	elapsed "bench step, memory"
 	timeout 150 "$K" bench step --dir "$scratch/bm" --layers 1 --only memory \
 		--memory "$MEM_SIZES" --view 65536 2>&1 | tee "$out/bench_step_mem.log"
@@ -126,9 +138,11 @@ fi
 
 if has demo; then
 	elapsed "demo --scale $DEMO_SCALE"
-	timeout 200 "$K" demo --scale "$DEMO_SCALE" --backend cuda --workspace "$scratch/demo" \
-		2>&1 | tee "$out/demo_scale.log"
+	timeout ${DEMO_TIMEOUT:-200} "$K" demo --scale "$DEMO_SCALE" --backend cuda \
+		--workspace "$scratch/demo" 2>&1 | tee "$out/demo_scale.log"
 	[ "${PIPESTATUS[0]}" = 0 ] && ok "demo --scale $DEMO_SCALE" || bad "demo --scale $DEMO_SCALE"
+fi
+if has reopen; then
 	elapsed "demo again: reopened"
 	timeout 90 "$K" demo --scale "$DEMO_SCALE" --backend cuda --workspace "$scratch/demo" \
 		--quiet 2>&1 | tee "$out/demo_scale_reopen.log" | grep -E 'reopened|Summary|read'

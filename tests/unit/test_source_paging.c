@@ -11,7 +11,10 @@
  *     a later open asks (f32 from the CPU opens as f32 when bf16 is asked,
  *     bf16 opens as bf16 by default), and a session adopts it either way;
  *   - a session over a source with a region registers it with a backend
- *     that offers host_register, once, and unregisters it when freed.
+ *     that offers host_register, once, and unregisters it when freed;
+ *   - pages the backend says it keeps (page_cached) are not asked of the
+ *     source: they reach place() as KVMEM_MEM_BACKEND items and are never
+ *     put, and the session's logits stay those of host memory.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -258,12 +261,156 @@ static void test_registration(void **state)
 	test_model_free(m);
 }
 
+/* ---- a backend that keeps pages itself ------------------------------------ */
+static const kvmem_page_source_ops *g_real;	/* the workspace source's ops */
+static void *g_real_ctx;
+static const kvmem_backend_ops *g_cpu;
+static int g_gets_cached, g_backend_items, g_puts;
+
+static int cached(int64_t block, int layer)
+{
+	return (block + layer) % 2 == 0;
+}
+
+static int counting_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
+{
+	g_gets_cached += cached(b, layer);
+	return g_real->get(ctx, b, layer, pg);
+}
+
+static void counting_put(void *ctx, int64_t b, int layer)
+{
+	g_puts++;
+	g_real->put(ctx, b, layer);
+}
+
+static int fake_cached(void *ctx, const void *region, int64_t block, int layer)
+{
+	assert_ptr_equal(region, g_base);
+	return cached(block, layer);
+}
+
+/* The cpu backend's place, with the pages it "keeps" taken from the source
+ * as the GPU takes them from its pool. */
+static int keeping_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
+{
+	kvmem_place *it = malloc(sizeof(*it) * (n ? n : 1));
+	int rc;
+
+	assert_non_null(it);
+	memcpy(it, items, sizeof(*it) * n);
+	for (int i = 0; i < n; i++)
+		if (it[i].page.mem == KVMEM_MEM_BACKEND) {
+			assert_true(cached(it[i].block, it[i].layer));
+			assert_ptr_equal(it[i].page.k, g_base);
+			assert_int_equal(g_real->get(g_real_ctx, it[i].block, it[i].layer, &it[i].page), 0);
+			g_backend_items++;
+		}
+	rc = g_cpu->place(ctx, v, it, n);
+	for (int i = 0; i < n; i++)
+		if (items[i].page.mem == KVMEM_MEM_BACKEND)
+			g_real->put(g_real_ctx, it[i].block, it[i].layer);
+	free(it);
+	return rc;
+}
+
+static void run_logged(kvmem_backend *be, const kvmem_page_source *src, uint64_t seed,
+		       float *logits, int32_t *out)
+{
+	kvmem_session_opts so;
+	kvmem_session *s;
+	uint64_t r = seed;
+	int32_t tok[300];
+	const int V = be->model->cfg.vocab;
+
+	kvmem_session_opts_default(&so);
+	so.block = 16;
+	so.budget = 64;
+	so.chunk = 32;
+	so.policy = "subblock";
+	so.source = src;
+	s = kvmem_session_create(be, &so);
+	assert_non_null(s);
+	for (int step = 0; step < 4; step++) {
+		int n = test_rng_int(&r, 100, 300);
+
+		for (int i = 0; i < n; i++)
+			tok[i] = test_rng_int(&r, 0, V - 1);
+		if (kvmem_session_append(s, tok, n, 0) || kvmem_session_select(s) ||
+		    kvmem_session_decode(s, 4, NULL, out + 4 * step))
+			fail_msg("step %d: %s", step, kvmem_last_error());
+		memcpy(logits + (size_t)step * V, kvmem_session_logits(s), sizeof(float) * V);
+	}
+	kvmem_session_free(s);
+}
+
+static void test_backend_cache(void **state)
+{
+	uint64_t rng = g_seed ^ 0xcac4e;
+	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
+	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
+	kvmem_backend *be = kvmem_backend_cpu(m, 32);
+	kvmem_backend_ops ops;
+	kvmem_page_source_ops sops;
+	kvmem_page_source wrapped, mem;
+	kvmem_workspace_opts wo = { .block = 16 };
+	kvmem_workspace *w;
+	char tmp[256], dir[300];
+	float *want = malloc(sizeof(float) * 4 * c.vocab), *got = malloc(sizeof(float) * 4 * c.vocab);
+	int32_t out_want[16], out_got[16];
+	uint64_t seed = test_rng_next(&rng);
+
+	assert_non_null(be);
+	assert_non_null(want);
+	assert_non_null(got);
+	/* The reference: the same session over host memory. */
+	assert_int_equal(kvmem_page_source_mem(&mem, c.n_layers, c.n_kv_heads, c.head_dim, 16), 0);
+	run_logged(be, &mem, seed, want, out_want);
+	kvmem_page_source_destroy(&mem);
+
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "backend-cache"), 0);
+	snprintf(dir, sizeof(dir), "%s/ws", tmp);
+	if (kvmem_workspace_open(dir, m, &wo, &w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	wrapped = *kvmem_workspace_source(w);
+	g_real = wrapped.ops;
+	g_real_ctx = wrapped.ctx;
+	sops = *wrapped.ops;
+	sops.get = counting_get;
+	sops.put = counting_put;
+	wrapped.ops = &sops;
+	g_cpu = be->ops;
+	ops = *be->ops;
+	ops.host_register = fake_register;
+	ops.host_unregister = fake_unregister;
+	ops.page_cached = fake_cached;
+	ops.place = keeping_place;
+	be->ops = &ops;
+	g_reg = g_unreg = 0;
+	run_logged(be, &wrapped, seed, got, out_got);
+	be->ops = g_cpu;
+	/* Every page the backend said it keeps came from it, not the source,
+	 * and the results are those of host memory, bit for bit. */
+	assert_int_equal(g_gets_cached, 0);
+	assert_true(g_backend_items > 0);
+	assert_true(g_puts > 0);
+	assert_memory_equal(got, want, sizeof(float) * 4 * c.vocab);
+	assert_memory_equal(out_got, out_want, sizeof(out_want));
+	assert_int_equal(kvmem_workspace_close(w), 0);
+	test_tmpdir_remove(tmp);
+	free(want);
+	free(got);
+	kvmem_backend_close(be);
+	test_model_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bf16_pages),
 		cmocka_unit_test(test_one_format),
 		cmocka_unit_test(test_registration),
+		cmocka_unit_test(test_backend_cache),
 	};
 
 	g_seed = test_rng_fresh_seed("test_source_paging");

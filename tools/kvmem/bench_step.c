@@ -68,7 +68,7 @@
 #define MAX_LIST 8
 
 enum { PH_CEIL = 1, PH_REMAT = 2, PH_COLDIN = 4, PH_STEP = 8, PH_DECODE = 16, PH_STAGE = 32,
-       PH_MEM = 64, PH_ALL = 127 };
+       PH_MEM = 64, PH_FITS = 128, PH_ALL = 255 };
 
 struct opts {
 	const char *backend, *preset, *dir, *model;
@@ -96,7 +96,8 @@ static void usage(FILE *f)
 		"  --layers N         keep the width, use N layers (default: the preset's)\n"
 		"  --dir DIR          scratch directory on the disk to measure (default\n"
 		"                     /tmp/kvmem-bench-step; removed at the end unless --keep)\n"
-		"  --only LIST        phases: ceilings,remat,coldin,step,decode,stageout,memory\n"
+		"  --only LIST        phases: ceilings,remat,coldin,step,decode,stageout,memory,\n"
+		"                     fits (the largest view under --gpu-mem, chunks of 512)\n"
 		"  --tokens N         workspace of the step phase (default 256k)\n"
 		"  --view N           view budget in tokens (default 64k)\n"
 		"  --steps N          agent steps timed per tier (default 3)\n"
@@ -143,7 +144,7 @@ static int parse_list(const char *opt, const char *s, int64_t *out, int max)
 static int parse_only(const char *s)
 {
 	static const char *names[] = { "ceilings", "remat", "coldin", "step", "decode",
-				       "stageout", "memory" };
+				       "stageout", "memory", "fits" };
 	char *list = strdup(s), *save = NULL;
 	int m = 0;
 
@@ -152,12 +153,12 @@ static int parse_only(const char *s)
 	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		int found = 0;
 
-		for (int i = 0; i < 7; i++)
+		for (int i = 0; i < 8; i++)
 			if (!strcmp(t, names[i]))
 				m |= 1 << i, found = 1;
 		if (!found) {
 			fprintf(stderr, "%s: --only: no phase '%s' (ceilings, remat, coldin, step, "
-				"decode, stageout, memory)\n", WHO, t);
+				"decode, stageout, memory, fits)\n", WHO, t);
 			free(list);
 			return -1;
 		}
@@ -740,6 +741,12 @@ static int peers(struct ctx *x)
 	if ((!x->peer && x->b->ops->view_create(x->b->ctx, &x->peer) < 0) ||
 	    (x->prefill_view_s = prefill_view(x, x->peer, x->o.view, 4096, logits)) < 0)
 		goto out;
+	for (int k = 0; k < 4; k++) {	/* first-use costs (a decode graph) stay out */
+		int32_t tok = kvmem_sample(logits, x->geo.cfg.vocab, &greedy, &rng);
+
+		if (x->b->ops->forward(x->b->ctx, x->peer, &tok, 1, logits, 0, NULL) < 0)
+			goto out;
+	}
 	t0 = cli_now_s();
 	for (int k = 0; k < x->o.decode; k++) {
 		int32_t tok = kvmem_sample(logits, x->geo.cfg.vocab, &greedy, &rng);
@@ -762,7 +769,18 @@ struct step_result {
 	uint64_t bytes[64], nvme_pages[64], pool_hits[64], tokens[64];
 	double decode_tps;
 	uint64_t mem_used;	/* the backend's device memory with the session's view */
+	int64_t entered[64];	/* blocks that entered the view at each step */
+	double select_only_s;	/* a selection that moves nothing: scoring + planning */
+	int64_t selections, entering;	/* counted by on_select */
 };
+
+static void count_select(void *arg, const kvmem_plan *p, int forced)
+{
+	struct step_result *r = arg;
+
+	r->selections++;
+	r->entering += p->entering;
+}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -802,6 +820,8 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 	so.budget = x->o.view;
 	so.chunk = 128;
 	so.source = kvmem_workspace_source(w);
+	so.on_select = count_select;
+	so.arg = r;
 	if (!(s = kvmem_session_create(x->b, &so)))
 		goto out;
 	t0 = cli_now_s();
@@ -812,15 +832,19 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 		kvmem_place_stats a, d;
 		double t1, t2;
 
-		random_ids(q, x->o.question, m->cfg.vocab, x->o.seed * 1000 + (uint64_t)i);
+		/* Odd steps follow up on the step before (the same question
+		 * again: the same topic), even ones change the subject. */
+		random_ids(q, x->o.question, m->cfg.vocab, x->o.seed * 1000 + (uint64_t)(i / 2));
 		if (kvmem_session_append(s, q, x->o.question, 0) < 0)
 			goto out;
 		place_now(x, &a);
 		kvmem_pager_stats_get(kvmem_workspace_pager(w), &ps0);
+		r->entering = 0;
 		t0 = cli_now_s();
 		if (kvmem_session_select(s) < 0)
 			goto out;
 		t1 = cli_now_s();
+		r->entered[i] = r->entering;
 		if (kvmem_session_decode(s, 1, NULL, &tok) < 0)
 			goto out;
 		t2 = cli_now_s();
@@ -835,6 +859,14 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 		r->nvme_pages[i] = ps1.pages_in - ps0.pages_in;
 	}
 	r->mem_used = x->b->ops->mem_used ? x->b->ops->mem_used(x->b->ctx) : 0;
+	/* Once more with nothing new: nothing moves, what is left is the
+	 * scoring of every block and the plan. */
+	if (kvmem_session_select(s) < 0)
+		goto out;
+	t0 = cli_now_s();
+	if (kvmem_session_select(s) < 0)
+		goto out;
+	r->select_only_s = cli_now_s() - t0;
 	if (do_decode) {
 		t0 = cli_now_s();
 		if (kvmem_session_decode(s, x->o.decode, NULL, NULL) < 0)
@@ -855,13 +887,16 @@ static void print_steps(const char *tier, const struct step_result *r, int steps
 {
 	double med = median(r->step_s, steps);
 
-	printf("  %s host tier (first view laid out in %.2f s):\n", tier, r->adopt_s);
+	printf("  %s host tier (first view laid out in %.2f s; a selection that moves nothing "
+	       "takes %.1f ms: scoring every block and planning, on the host):\n", tier, r->adopt_s,
+	       r->select_only_s * 1e3);
 	for (int i = 0; i < steps; i++)
-		printf("    step %d: %.1f ms (selection + rematerialisation %.1f ms, first token %.1f "
-		       "ms); %" PRIu64 " token-layers placed, %.2f GB read from host memory, %" PRIu64
-		       " pages from NVMe, %" PRIu64 " from the device page pool\n", i + 1,
-		       r->step_s[i] * 1e3, r->select_s[i] * 1e3, r->decode_s[i] * 1e3, r->tokens[i],
-		       r->bytes[i] / 1e9, r->nvme_pages[i], r->pool_hits[i]);
+		printf("    step %d (%s): %.1f ms (selection + rematerialisation %.1f ms, first token "
+		       "%.1f ms); %" PRId64 " blocks entered; %" PRIu64 " token-layers placed, %.2f GB "
+		       "read from host memory, %" PRIu64 " pages from NVMe, %" PRIu64 " from the "
+		       "device page pool\n", i + 1, i % 2 ? "follow-up" : "new subject",
+		       r->step_s[i] * 1e3, r->select_s[i] * 1e3, r->decode_s[i] * 1e3, r->entered[i],
+		       r->tokens[i], r->bytes[i] / 1e9, r->nvme_pages[i], r->pool_hits[i]);
 	printf("    median step %.1f ms: %.0fx faster than prefilling the view (%.2f s)\n",
 	       med * 1e3, peer / med, peer);
 }
@@ -1007,12 +1042,14 @@ static int ph_memory(struct ctx *x)
 	m.cfg.n_layers = x->o.mem_layers;
 	snprintf(m.dir, sizeof(m.dir), "%.64s, %d layers", x->geo.dir, x->o.mem_layers);
 	if (kvmem_backend_open(x->b->ops->name, &m,
-			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x->o.gpu_mem }, &b) < 0)
+			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x->o.gpu_mem,
+						      .page_pool = 2ull << 30 }, &b) < 0)
 		return -1;
 	x->b = b;
 	snprintf(dir, sizeof(dir), "%s/memory", x->o.dir);
 	printf("\ndevice memory against the workspace (%d layers of the same width, view %" PRId64
-	       " tokens; the Mean-K index and selection are on the host):\n", m.cfg.n_layers,
+	       " tokens, device page pool 2 GiB; the Mean-K index and selection are on the host):\n",
+	       m.cfg.n_layers,
 	       x->o.view);
 	for (int i = 0; i < x->o.n_memory; i++) {
 		int64_t tok = x->o.memory[i] / BLOCK * BLOCK;
@@ -1027,10 +1064,10 @@ static int ph_memory(struct ctx *x)
 			goto out;
 		used[i] = r.mem_used;
 		printf("  %9" PRId64 " tokens (%.1f GB of pages, written in %.0f s): device %s; "
-		       "index %.2f GB on the host, 0 on the device; selection + rematerialisation "
-		       "%.1f ms, step %.1f ms\n", tok, pages / 1e9, made,
-		       cli_fmt_bytes(buf, sizeof(buf), (double)used[i]), index / 1e9,
-		       r.select_s[0] * 1e3, r.step_s[0] * 1e3);
+		       "index %.2f GB on the host, 0 on the device; selection (scoring + plan) %.1f ms; "
+		       "a step %.1f ms (host pool 1 GiB: entering pages from NVMe)\n", tok,
+		       pages / 1e9, made, cli_fmt_bytes(buf, sizeof(buf), (double)used[i]),
+		       index / 1e9, r.select_only_s * 1e3, r.step_s[0] * 1e3);
 		fflush(stdout);
 		if (!x->o.keep)
 			rm_rf(dir);
@@ -1042,6 +1079,50 @@ static int ph_memory(struct ctx *x)
 	rc = 0;
 out:
 	x->b = saved;
+	kvmem_backend_close(b);
+	return rc;
+}
+
+/* The largest view a backend with chunks of 512 can reserve under the
+ * cap: what fits on a card of that size. */
+static int ph_fits(struct ctx *x)
+{
+	kvmem_backend *b = NULL;
+	kvmem_view *v = NULL;
+	int64_t lo = 0, hi = 1 << 22;
+	char buf[3][64];
+	int rc = -1;
+
+	if (!x->o.gpu_mem)
+		return kvmem_error(EINVAL, "the fits phase needs --gpu-mem");
+	if (kvmem_backend_open(x->b->ops->name, &x->geo,
+			       &(kvmem_backend_opts){ .max_chunk = 512, .mem_cap = x->o.gpu_mem }, &b) < 0)
+		return -1;
+	/* Binary search in steps of 1024 slots; a refused reserve takes
+	 * nothing. */
+	while (hi - lo > 1024) {
+		int64_t mid = (lo + hi) / 2 / 1024 * 1024;
+
+		if (b->ops->view_create(b->ctx, &v) < 0)
+			goto out;
+		if (b->ops->reserve(b->ctx, v, mid) == 0)
+			lo = mid;
+		else
+			hi = mid;
+		b->ops->view_destroy(b->ctx, v);
+		v = NULL;
+	}
+	printf("\nunder a cap of %s (chunks of 512): the backend holds %s (weights and the "
+	       "forward pass's scratch); a view of up to %" PRId64 " slots fits (%s), i.e. a "
+	       "budget of about %" PRId64 " tokens with the default reserve of budget/8; the "
+	       "device page pool takes half of what the cap then leaves\n",
+	       cli_fmt_bytes(buf[0], sizeof(buf[0]), (double)x->o.gpu_mem),
+	       cli_fmt_bytes(buf[1], sizeof(buf[1]), (double)(b->ops->mem_used ?
+							      b->ops->mem_used(b->ctx) : 0)),
+	       lo, cli_fmt_bytes(buf[2], sizeof(buf[2]), (double)lo * x->geo.cfg.n_layers *
+			 x->geo.cfg.n_kv_heads * x->geo.cfg.head_dim * 4), lo * 8 / 9 / 1024 * 1024);
+	rc = 0;
+out:
 	kvmem_backend_close(b);
 	return rc;
 }
@@ -1109,6 +1190,9 @@ int bench_step(int argc, char **argv)
 		goto err;
 	fflush(stdout);
 	if ((x.o.only & PH_MEM) && ph_memory(&x) < 0)
+		goto err;
+	fflush(stdout);
+	if ((x.o.only & PH_FITS) && x.o.gpu_mem && ph_fits(&x) < 0)
 		goto err;
 	if (x.b->ops->mem_used)
 		printf("\ndevice memory held by the backend at the end: %s\n",

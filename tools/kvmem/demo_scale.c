@@ -280,6 +280,16 @@ int demo_scale(int argc, char **argv)
 		       ws.n_ids - have, t_read, (ws.n_ids - have) / t_read, d.workspace);
 		kvmem_session_free(s);
 		s = NULL;
+		/* Closed and opened again: what a later run sees, and the
+		 * history the questions' session takes over. */
+		if (kvmem_workspace_close(w) < 0) {
+			w = NULL;
+			goto err;
+		}
+		if (kvmem_workspace_open(d.workspace, m, &wo, &w) < 0) {
+			w = NULL;
+			goto err;
+		}
 	} else {
 		printf("  reopened: the workspace holds all %" PRId64 " tokens; nothing is prefilled "
 		       "again\n", have);

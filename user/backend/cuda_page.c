@@ -69,6 +69,8 @@ struct cuda_pages {
 	char *host_st, *dev_st;
 	size_t cap_host_st, cap_dev_st;
 	struct copy *copies;
+	uint64_t *keys;			/* [cap_items]: an item's pool key (0: none) */
+	uint32_t *hit;			/* [cap_items]: its pool slot on a hit */
 	void **c_dst;
 	const void **c_src;
 	size_t *c_len;
@@ -152,14 +154,27 @@ void cuda_pages_drop_pool(struct cuda *b)
 static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg)
 {
 	uint64_t want = pg->pool_want, used = cuda_dev_used(b), margin = CUDA_CAP_MARGIN;
+	uint64_t cap = b->mem_cap;
+	size_t free_b = 0, total_b = 0;
 
-	if (!b->mem_cap)
-		return want ? want : 256ull << 20;
-	if (used + margin >= b->mem_cap)
+	if (!cap) {
+		/* No cap: a quarter of what the device has left, at most
+		 * 32 GiB (the view's pages of Qwen3-8B at 64K tokens are 9.4 GB:
+		 * a pool of twice that serves every step's moves from HBM). */
+		if (want)
+			return want;
+		if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+			cudaGetLastError();
+			return 256ull << 20;
+		}
+		want = free_b / 4;
+		return want < (32ull << 30) ? want : (32ull << 30);
+	}
+	if (used + margin >= cap)
 		return 0;
 	if (!want)
-		want = b->mem_cap / 8;
-	return want < b->mem_cap - used - margin ? want : b->mem_cap - used - margin;
+		want = (cap - used - margin) / 2;	/* half of what the cap leaves */
+	return want < cap - used - margin ? want : cap - used - margin;
 }
 
 /* A pool for pages of `stride` tokens, made on first use. */
@@ -334,6 +349,25 @@ void cuda_host_unregister(void *ctx, void *base)
 	}
 }
 
+static struct region *region_at(struct cuda_pages *pg, const void *base)
+{
+	for (int i = 0; i < MAX_REGIONS; i++)
+		if (pg->reg[i].refs && pg->reg[i].base == base)
+			return &pg->reg[i];
+	return NULL;
+}
+
+int cuda_page_cached(void *ctx, const void *region, int64_t block, int layer)
+{
+	struct cuda *b = ctx;
+	struct cuda_pages *pg = b->pages;
+	struct region *r;
+
+	if (!pg || !pg->pool || !(r = region_at(pg, region)))
+		return 0;
+	return pool_find(pg, pool_key(r->id, block, layer)) != UINT32_MAX;
+}
+
 static struct region *region_of(struct cuda_pages *pg, const void *p, size_t len)
 {
 	for (int i = 0; i < MAX_REGIONS; i++) {
@@ -362,6 +396,10 @@ static int room_items(struct cuda *b, struct cuda_pages *pg, int n)
 	free(pg->c_dst);
 	free(pg->c_src);
 	free(pg->c_len);
+	free(pg->keys);
+	free(pg->hit);
+	pg->keys = NULL;
+	pg->hit = NULL;
 	pg->items = NULL;
 	pg->host_items = NULL;
 	pg->copies = NULL;
@@ -372,11 +410,14 @@ static int room_items(struct cuda *b, struct cuda_pages *pg, int n)
 	if (kvmem_cuda_malloc((void **)&pg->items, (size_t)cap * sizeof(*pg->items)) < 0 ||
 	    cuda_pinned(&pg->host_items, (size_t)cap * sizeof(*pg->host_items)) < 0)
 		return kvmem_fail();
-	pg->copies = malloc((size_t)cap * sizeof(*pg->copies));
-	pg->c_dst = malloc((size_t)cap * sizeof(*pg->c_dst));
-	pg->c_src = malloc((size_t)cap * sizeof(*pg->c_src));
-	pg->c_len = malloc((size_t)cap * sizeof(*pg->c_len));
-	if (!pg->copies || !pg->c_dst || !pg->c_src || !pg->c_len)
+	/* Two copies an item at most (its K and its V). */
+	pg->copies = malloc(2 * (size_t)cap * sizeof(*pg->copies));
+	pg->c_dst = malloc(2 * (size_t)cap * sizeof(*pg->c_dst));
+	pg->c_src = malloc(2 * (size_t)cap * sizeof(*pg->c_src));
+	pg->c_len = malloc(2 * (size_t)cap * sizeof(*pg->c_len));
+	pg->keys = malloc((size_t)cap * sizeof(*pg->keys));
+	pg->hit = malloc((size_t)cap * sizeof(*pg->hit));
+	if (!pg->copies || !pg->c_dst || !pg->c_src || !pg->c_len || !pg->keys || !pg->hit)
 		return kvmem_error(ENOMEM, "cuda place: out of memory");
 	pg->dev_bytes += (uint64_t)cap * sizeof(*pg->items);
 	pg->cap_items = pg->cap_copies = cap;
@@ -471,14 +512,46 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 	}
 	if (host_need && (rc = room_host_st(pg, host_need)) < 0)
 		return rc;
+	/* First every pool hit, stamped with this call so that no miss below
+	 * evicts a page another item of the call reads. */
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		const size_t half = (size_t)H * it->stride * D * elem_size(it->page.dtype);
+		struct region *rk = NULL;
+
+		pg->keys[i] = 0;
+		pg->hit[i] = UINT32_MAX;
+		if (it->page.mem == KVMEM_MEM_BACKEND) {
+			/* The session asked page_cached() for it: it must be here. */
+			if (!(rk = region_at(pg, it->page.k)) || !pg->pool ||
+			    it->stride != pg->pool_stride)
+				return kvmem_error(ESTALE, "cuda place: block %lld layer %d is not in the "
+						   "device page pool", (long long)it->block, it->layer);
+		} else if (it->page.mem == KVMEM_MEM_HOST && pg->pool && it->stride == pg->pool_stride &&
+			   (rk = region_of(pg, it->page.k, half)) &&
+			   region_of(pg, it->page.v, half) != rk) {
+			rk = NULL;
+		}
+		if (!rk || !pg->pool)
+			continue;
+		pg->keys[i] = pool_key(rk->id, it->block, it->layer);
+		pg->hit[i] = pool_find(pg, pg->keys[i]);
+		if (pg->hit[i] != UINT32_MAX) {
+			pg->stamp[pg->hit[i]] = pg->call;
+			pg->ref[pg->hit[i]] = 1;
+		} else if (it->page.mem == KVMEM_MEM_BACKEND) {
+			return kvmem_error(ESTALE, "cuda place: block %lld layer %d left the device page "
+					   "pool", (long long)it->block, it->layer);
+		}
+	}
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
 		const size_t es = elem_size(it->page.dtype);
 		const size_t half = (size_t)H * it->stride * D * es, skip = (size_t)it->u0 * D * es;
 		kvmem_gather_item *g = &pg->host_items[i];
 		struct region *rk = NULL, *rv = NULL;
-		uint32_t slot = UINT32_MAX;
-		uint64_t key = 0;
+		uint32_t slot = pg->hit[i];
+		uint64_t key = pg->keys[i];
 
 		*g = (kvmem_gather_item){ .layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
 					  .head_stride = it->stride * D,
@@ -488,16 +561,6 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 			rk = region_of(pg, it->page.k, half);
 			rv = region_of(pg, it->page.v, half);
 		}
-		if (rk && rv == rk && pg->pool && it->stride == pg->pool_stride) {
-			key = pool_key(rk->id, it->block, it->layer);
-			slot = pool_find(pg, key);
-			/* Filled by this very call: not there until the kernel
-			 * has run; read it where the first item does. */
-			if (slot != UINT32_MAX && pg->filled[slot] == pg->call) {
-				slot = UINT32_MAX;
-				key = 0;
-			}
-		}
 		if (slot != UINT32_MAX) {
 			/* A hit: from HBM. */
 			uint16_t *pk = pg->pool + (size_t)slot * 2 * pg->slot_elems;
@@ -505,8 +568,6 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 			g->k = pk + (size_t)it->u0 * D;
 			g->v = pk + pg->slot_elems + (size_t)it->u0 * D;
 			g->dtype = KVMEM_DTYPE_BF16;
-			pg->ref[slot] = 1;
-			pg->stamp[slot] = pg->call;
 			pg->st.pool_hits++;
 			continue;
 		}
@@ -539,8 +600,9 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 			pg->st.bytes_in += 2 * (size_t)H * it->n * D * es;
 			pg->st.bytes_staged += 2 * half;
 		}
-		/* A whole page of registered memory joins the pool. */
-		if (key && it->u0 == 0 && it->n == it->stride &&
+		/* A whole page of registered memory joins the pool (once: the
+		 * same page may come twice, for two token ranges). */
+		if (key && it->u0 == 0 && it->n == it->stride && pool_find(pg, key) == UINT32_MAX &&
 		    (slot = pool_take(pg, key)) != UINT32_MAX) {
 			g->copy_k = pg->pool + (size_t)slot * 2 * pg->slot_elems;
 			g->copy_v = g->copy_k + pg->slot_elems;
@@ -704,6 +766,8 @@ void cuda_pages_destroy(struct cuda *b)
 	free(pg->c_dst);
 	free(pg->c_src);
 	free(pg->c_len);
+	free(pg->keys);
+	free(pg->hit);
 	free(pg);
 	b->pages = NULL;
 }

@@ -242,7 +242,7 @@ int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 		if (it->page.dtype != KVMEM_DTYPE_F32 && it->page.dtype != KVMEM_DTYPE_BF16 &&
 		    it->page.dtype != KVMEM_DTYPE_F16)
 			return kvmem_error(EINVAL, "cuda place: page dtype %u", it->page.dtype);
-		device |= it->page.mem == KVMEM_MEM_DEVICE;
+		device |= it->page.mem != KVMEM_MEM_HOST;
 	}
 	if (!n)
 		return 0;
@@ -251,7 +251,7 @@ int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 	if (cuda_pages_method(b) != CUDA_PLACE_PACK && D % 16 == 0 && (size_t)H * D * 3 / 16 <= 256)
 		return cuda_pages_place(b, v, items, n);
 	if (device)
-		return kvmem_error(ENOTSUP, "cuda place: the pack method takes host pages only");
+		return kvmem_error(ENOTSUP, "cuda place: the pack method takes pages in host memory only");
 	if ((rc = place_pack(b, v, items, n)) < 0)
 		return rc;
 	cuda_pages_count_pack(b, items, n, now_ns() - t0);

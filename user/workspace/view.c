@@ -80,7 +80,8 @@ static int flush_or_drop(kvmem_session *s, int drop)
 	for (int i = 0; i < s->n_items; i++) {
 		const kvmem_place *it = &s->items[i];
 
-		s->src->ops->put(s->src->ctx, it->block, it->layer);
+		if (it->page.mem != KVMEM_MEM_BACKEND)
+			s->src->ops->put(s->src->ctx, it->block, it->layer);
 	}
 	s->n_items = 0;
 	return rc ? kvmem_error_prefix("session: rematerialising") : 0;
@@ -111,7 +112,16 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 		s->cap_items = PLACE_BATCH;
 	}
 	it = &s->items[s->n_items];
-	rc = s->src->ops->get(s->src->ctx, b, l, &it->page);
+	/* A page the backend keeps itself (a GPU's page pool) is not asked
+	 * of the source: no host fetch, no pin. */
+	if (s->reg_base && s->be->ops->page_cached &&
+	    s->be->ops->page_cached(s->be->ctx, s->reg_base, b, l) == 1) {
+		it->page = (kvmem_page){ .k = s->reg_base, .dtype = KVMEM_DTYPE_BF16,
+					 .mem = KVMEM_MEM_BACKEND };
+		rc = 0;
+	} else {
+		rc = s->src->ops->get(s->src->ctx, b, l, &it->page);
+	}
 	if (rc == -ENOBUFS && s->n_items) {
 		/* The held pages fill the host pool: place them, try again. */
 		if (flush(s))
