@@ -151,37 +151,42 @@ void cuda_pages_drop_pool(struct cuda *b)
 
 /* Bytes the pool may take now: what was asked (or the default), within
  * what the cap leaves. */
-static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg)
+/* The default: twice the raw pages of the view being placed into (a step
+ * re-places most of its view: the pages it keeps are then all in HBM),
+ * at least 64 MiB, within a quarter of the device's free memory and
+ * 32 GiB, or half of what a cap leaves. */
+static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg, int64_t view_cap)
 {
 	uint64_t want = pg->pool_want, used = cuda_dev_used(b), margin = CUDA_CAP_MARGIN;
-	uint64_t cap = b->mem_cap;
+	uint64_t cap = b->mem_cap, limit;
 	size_t free_b = 0, total_b = 0;
 
-	if (!cap) {
-		/* No cap: a quarter of what the device has left, at most
-		 * 32 GiB (the view's pages of Qwen3-8B at 64K tokens are 9.4 GB:
-		 * a pool of twice that serves every step's moves from HBM). */
-		if (want)
-			return want;
+	if (!want) {
+		want = 2 * (uint64_t)view_cap * b->c->n_layers * b->c->n_kv_heads * b->c->head_dim * 2 * 2;
+		if (want < (64ull << 20))
+			want = 64ull << 20;
+	}
+	if (cap) {
+		if (used + margin >= cap)
+			return 0;
+		limit = (cap - used - margin) / 2;
+	} else {
 		if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
 			cudaGetLastError();
-			return 256ull << 20;
+			free_b = 1ull << 30;
 		}
-		want = free_b / 4;
-		return want < (32ull << 30) ? want : (32ull << 30);
+		limit = free_b / 4 < (32ull << 30) ? free_b / 4 : (32ull << 30);
 	}
-	if (used + margin >= cap)
-		return 0;
-	if (!want)
-		want = (cap - used - margin) / 2;	/* half of what the cap leaves */
-	return want < cap - used - margin ? want : cap - used - margin;
+	if (pg->pool_want)	/* asked for (the "pool" setting): as asked, within the cap */
+		return cap && want > cap - used - margin ? cap - used - margin : want;
+	return want < limit ? want : limit;
 }
 
 /* A pool for pages of `stride` tokens, made on first use. */
-static void pool_make(struct cuda *b, struct cuda_pages *pg, int stride)
+static void pool_make(struct cuda *b, struct cuda_pages *pg, int stride, int64_t view_cap)
 {
 	const size_t half = (size_t)b->c->n_kv_heads * stride * b->c->head_dim;
-	uint64_t bytes = pool_budget(b, pg);
+	uint64_t bytes = pool_budget(b, pg, view_cap);
 	uint32_t n = (uint32_t)(bytes / (2 * half * 2) < (1u << 24) ? bytes / (2 * half * 2) : (1u << 24));
 
 	if (pg->pool && pg->pool_stride == stride)
@@ -349,6 +354,14 @@ void cuda_host_unregister(void *ctx, void *base)
 	}
 }
 
+static int has_region(const struct cuda_pages *pg)
+{
+	for (int i = 0; i < MAX_REGIONS; i++)
+		if (pg->reg[i].refs)
+			return 1;
+	return 0;
+}
+
 static struct region *region_at(struct cuda_pages *pg, const void *base)
 {
 	for (int i = 0; i < MAX_REGIONS; i++)
@@ -500,8 +513,10 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 	if ((rc = room_items(b, pg, n)) < 0)
 		return rc;
 	pg->call++;
-	if (!pg->pool && n)
-		pool_make(b, pg, items[0].stride);
+	/* The pool keeps pages of registered memory only: made when there is
+	 * some, sized for the view being placed into. */
+	if (!pg->pool && n && has_region(pg))
+		pool_make(b, pg, items[0].stride, v->cap);
 	/* Room for the pages of unregistered memory. */
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
