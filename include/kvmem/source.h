@@ -13,7 +13,8 @@
  *   source          where              pages          file
  *   memory          host malloc        f32, host      user/source/source_mem.c
  *   pager ("uring") host pool + NVMe   workspace's    user/source/source_pager.c
- *   kmod            /dev/kvmem window  workspace's    (the kernel module's)
+ *   kmod            /dev/kvmem window  workspace's    user/source/source_kmod.c
+ *                   (committed pages; the pager's source writes)
  *
  * A source built on another store implements these ops from that store's
  * public API; tests/unit/test_page_source.c runs one suite over every source.

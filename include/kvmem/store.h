@@ -25,6 +25,7 @@
 
 #include <stdint.h>
 
+#include "kvmem/kmod.h"
 #include "kvmem/model.h"
 #include "kvmem/pager.h"
 #include "kvmem/source.h"
@@ -50,16 +51,41 @@ void kvmem_page_geom_model(kvmem_page_geom *g, const kvmem_model *m, int block);
 int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p);
 /* Persist the history at a step boundary: token ids [0, n) (those past the
  * pager's count are appended), the full blocks, the partial block and `app`,
- * then commit. n must be the number of tokens written through the source. */
+ * then commit. n must be the number of tokens written through the source.
+ * src is a pager source or a kmod source (whose module then follows the
+ * commit: its page count, its step). */
 int kvmem_page_source_pager_commit(kvmem_page_source *src, const int32_t *ids, int64_t n,
 				   const void *app, uint32_t app_len);
+
+/*
+ * The page source over the kernel module (/dev/kvmem, Documentation/kmod.md)
+ * beside the pager p, one truth read two ways: writes, stage-out and commits
+ * go through a pager source over p exactly as above (the crash rule is the
+ * pager's); reads of the pages p's last commit covers go through the
+ * module's window (kvmem_kmod_open_pager: read-only, no lock of its own),
+ * prefetch of those pages to the module, and each commit moves the
+ * module's page count and step along. Pages written but not yet committed
+ * are read through the pager. o: the window (host_cap, numa_node, dev;
+ * page_max: its first size in pages, 0: room for 1024 blocks; it grows by
+ * reopening when commits pass it). -ENODEV when the module is not loaded.
+ * Pointers get returns stay valid until put; a page reclaim takes meanwhile
+ * is faulted in again on the next touch.
+ */
+int kvmem_page_source_kmod(kvmem_page_source *src, kvmem_pager *p, const kvmem_kmod_opts *o);
+/* The module's client under a kmod source (NULL for any other source): its
+ * table and counters. It changes when the window grows. */
+kvmem_kmod *kvmem_page_source_kmod_client(const kvmem_page_source *src);
+/* The module's counters since the source was made, over every window it
+ * had (resident and slots: the current one's). -EINVAL for another source. */
+int kvmem_page_source_kmod_stats(const kvmem_page_source *src, struct kvmem_ioc_stats *st);
 
 typedef struct kvmem_workspace kvmem_workspace;
 
 typedef struct kvmem_workspace_opts {
 	int block;		/* tokens per block (0: KVMEM_BLOCK_DEFAULT); must
 				 * match an existing workspace's */
-	uint64_t host_cap;	/* host pool bytes (0: the pager's default) */
+	uint64_t host_cap;	/* host pool bytes (0: the pager's default); with
+				 * pager "kmod", the module's window cap too */
 	const char *cache_policy; /* replacement policy (NULL: the pager's default) */
 	int flags;		/* KVMEM_PAGER_* besides KVMEM_PAGER_CREATE, which is implied */
 	uint32_t dtype;		/* pages of a new workspace: KVMEM_DTYPE_F32 (0: the
@@ -70,6 +96,10 @@ typedef struct kvmem_workspace_opts {
 	uint64_t stage_bytes;	/* the pager's stage-out buffer (0: its default):
 				 * a prefill whose pages fit in it never waits
 				 * for the disk */
+	const char *pager;	/* who reads pages back: "uring" (NULL: the
+				 * default), the userspace pager; or "kmod",
+				 * the kernel module (kvmem_page_source_kmod;
+				 * -ENODEV when it is not loaded) */
 } kvmem_workspace_opts;
 
 /*

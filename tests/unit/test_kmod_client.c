@@ -20,6 +20,7 @@
 #include "kvmem/kmod.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
+#include "kvmem/store.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
 
@@ -165,12 +166,14 @@ static void test_workspace_files_not_followed(void **state)
 
 /* One writer at a time (DIR/lock): a writable open of a workspace a pager
  * writes is refused (-EBUSY naming the holder); a read-only open takes no
- * lock and gets as far as the device. */
+ * lock and gets as far as the device; the kmod page source over the
+ * writer's pager is refused only for the absent module. */
 static void test_workspace_lock(void **state)
 {
 	kvmem_page_geom g = { .fingerprint = 78, .n_layers = 2, .n_heads = 1, .n_kv_heads = 1,
 			      .head_dim = 16, .block_tokens = 16, .dtype = KVMEM_DTYPE_F32 };
 	char dir[256], ws[300];
+	kvmem_page_source src = { 0 };
 	kvmem_pager_opts po;
 	kvmem_kmod_opts o;
 	kvmem_kmod *k = NULL;
@@ -191,12 +194,58 @@ static void test_workspace_lock(void **state)
 	o.flags = KVMEM_KMOD_RDONLY;
 	assert_int_equal(kvmem_kmod_open_workspace(ws, &o, &k), -ENODEV);
 	assert_int_equal(kvmem_kmod_open_pager(p, &o, &k), -ENODEV);
+	assert_int_equal(kvmem_page_source_kmod(&src, p, &o), -ENODEV);
+	assert_null(src.ops);
+	assert_non_null(strstr(kvmem_last_error(), "the kernel module is not loaded"));
 	/* The pager still writes: the refused opens took nothing from it. */
 	assert_int_equal(kvmem_pager_commit(p, NULL, NULL, NULL, 0), 0);
 	assert_int_equal(kvmem_pager_close(p), 0);
 	/* Without the writer, a writable open gets as far as the device too. */
 	o.flags = 0;
 	assert_int_equal(kvmem_kmod_open_workspace(ws, &o, &k), -ENODEV);
+	assert_int_equal(test_tmpdir_remove(dir), 0);
+}
+
+/* kvmem_workspace_open with pager "kmod" where no module is loaded: -ENODEV
+ * and nothing created; an unknown pager: -EINVAL. */
+static void test_workspace_pager_kmod(void **state)
+{
+	kvmem_config c = test_model_config(2, 32, 2, 1, 16, 64, 100, 0);
+	kvmem_model *m = test_model_random(&c, g_seed);
+	kvmem_workspace_opts wo = { .pager = "kmod" };
+	kvmem_workspace *w = NULL;
+	char dir[256], ws[300];
+	struct stat sb;
+
+	(void)state;
+	assert_non_null(m);
+	assert_int_equal(test_tmpdir_make(dir, sizeof(dir), "kmod-client"), 0);
+	snprintf(ws, sizeof(ws), "%s/ws", dir);
+	if (kvmem_kmod_probe(NULL) == 0) {
+		print_message("/dev/kvmem opens here: the refusal is not tested\n");
+	} else {
+		assert_int_equal(kvmem_workspace_open(ws, m, &wo, &w), -ENODEV);
+		assert_null(w);
+		assert_non_null(strstr(kvmem_last_error(), "the kernel module is not loaded"));
+		assert_non_null(strstr(kvmem_last_error(), ws));
+		assert_int_equal(stat(ws, &sb), -1);
+	}
+	wo.pager = "nvme";
+	assert_int_equal(kvmem_workspace_open(ws, m, &wo, &w), -EINVAL);
+	assert_non_null(strstr(kvmem_last_error(), "'nvme'"));
+	assert_int_equal(stat(ws, &sb), -1);
+	wo.pager = "uring";
+	assert_int_equal(kvmem_workspace_open(ws, m, &wo, &w), 0);
+	assert_string_equal(kvmem_workspace_source(w)->ops->name, "pager");
+	assert_null(kvmem_page_source_kmod_client(kvmem_workspace_source(w)));
+	{
+		struct kvmem_ioc_stats st;
+
+		assert_int_equal(kvmem_page_source_kmod_stats(kvmem_workspace_source(w), &st),
+				 -EINVAL);
+	}
+	assert_int_equal(kvmem_workspace_close(w), 0);
+	test_model_free(m);
 	assert_int_equal(test_tmpdir_remove(dir), 0);
 }
 
@@ -238,6 +287,7 @@ int main(void)
 		cmocka_unit_test(test_workspace_errors),
 		cmocka_unit_test(test_workspace_files_not_followed),
 		cmocka_unit_test(test_workspace_lock),
+		cmocka_unit_test(test_workspace_pager_kmod),
 		cmocka_unit_test(test_verdict_pick),
 	};
 

@@ -4,23 +4,36 @@
  * the kernel's hmm-tests run the same bodies per device type. A new source
  * adds a variant below and passes the same tests:
  *
- *   - tokens written in random chunks, layer by layer, come back from get
- *     bit for bit (full blocks and the partial last one), also after the
- *     host pool had to drop them and read them again;
+ *   - tokens written in random chunks, layer by layer, with commits at
+ *     random points where the source has them, come back from get bit for
+ *     bit (full blocks and the partial last one), also after the host pool
+ *     had to drop them and read them again;
  *   - bad writes and reads are refused with -EINVAL and change nothing;
  *   - prefetch and hint take anything (unknown blocks too) and change
  *     nothing;
- *   - a session over the source at a budget far below the workspace decodes
- *     what the same session over host memory decodes, logit for logit.
+ *   - a committed page with a flipped byte on disk is refused (-EBADMSG),
+ *     never returned, and the other pages still read;
+ *   - a session over the source at a budget far below the workspace,
+ *     committing each step, decodes what the same session over host memory
+ *     decodes, logit for logit.
+ *
+ * The kmod variant (the kernel module's source) runs where /dev/kvmem opens
+ * (in the VM: make vmtest) and skips elsewhere, saying why; it also checks
+ * that committed pages were read through the module's window.
+ * KVMEM_TEST_SOURCE=NAME runs one variant alone (the others skip).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
+#include "kvmem/kmod.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "kvmem/workspace.h"
@@ -33,7 +46,7 @@ static uint64_t g_seed;
 struct fx {
 	int L, H, D, B;
 	kvmem_page_source src;
-	kvmem_pager *p;		/* the pager variant's */
+	kvmem_pager *p;		/* the pager and kmod variants' */
 	char dir[256];
 };
 
@@ -43,6 +56,14 @@ struct variant {
 	 * source has one, so reads must come back from its lower tier. */
 	void (*open)(struct fx *f);
 	void (*close)(struct fx *f);
+	/* Optional: make tokens [0, n) durable (ids: their token ids). */
+	void (*commit)(struct fx *f, const int32_t *ids, int64_t n);
+	/* Optional: after reading every page of [0, n) with `committed`
+	 * tokens committed, check the reads went where they should. */
+	void (*served)(struct fx *f, int64_t committed, int64_t n);
+	/* Optional: 0 when the source can run here, else -errno with a
+	 * message (the tests then skip it, saying why). */
+	int (*available)(void);
 };
 
 static void mem_open(struct fx *f)
@@ -55,21 +76,33 @@ static void mem_close(struct fx *f)
 	kvmem_page_source_destroy(&f->src);
 }
 
-static void pager_open(struct fx *f)
+static kvmem_page_geom fx_geom(const struct fx *f)
 {
-	kvmem_pager_opts po;
 	kvmem_page_geom g = { .fingerprint = 0x5eed, .n_layers = f->L, .n_heads = f->H,
 			      .n_kv_heads = f->H, .head_dim = f->D, .block_tokens = f->B,
 			      .dtype = KVMEM_DTYPE_F32 };
+	return g;
+}
+
+/* A fresh workspace in a scratch directory, its pager with room for one
+ * block and a page: everything else is read from disk. */
+static void workspace_open(struct fx *f)
+{
+	kvmem_page_geom g = fx_geom(f);
+	kvmem_pager_opts po;
 
 	assert_int_equal(test_tmpdir_make(f->dir, sizeof(f->dir), "page-source"), 0);
 	strcat(f->dir, "/ws");
 	kvmem_pager_opts_default(&po);
 	po.flags = KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP;
-	/* Room for one block and a page: everything else is read from disk. */
 	po.host_cap = kvmem_page_stride(&g) * (f->L + 1);
 	if (kvmem_pager_open(f->dir, &g, &po, &f->p) < 0)
 		fail_msg("pager: %s", kvmem_last_error());
+}
+
+static void pager_open(struct fx *f)
+{
+	workspace_open(f);
 	assert_int_equal(kvmem_page_source_pager(&f->src, f->p), 0);
 }
 
@@ -83,9 +116,57 @@ static void pager_close(struct fx *f)
 	test_tmpdir_remove(f->dir);
 }
 
+static void pager_commit(struct fx *f, const int32_t *ids, int64_t n)
+{
+	if (kvmem_page_source_pager_commit(&f->src, ids, n, NULL, 0) < 0)
+		fail_msg("commit of %lld tokens: %s", (long long)n, kvmem_last_error());
+}
+
+/* The kernel module's source: a window as small as the pager's pool, and
+ * first sized for two blocks, so commits past it reopen it larger. */
+static void kmod_open(struct fx *f)
+{
+	kvmem_page_geom g = fx_geom(f);
+	kvmem_kmod_opts ko;
+
+	workspace_open(f);
+	kvmem_kmod_opts_default(&ko);
+	ko.host_cap = kvmem_page_stride(&g) * (f->L + 1);
+	ko.page_max = 2 * f->L;
+	if (kvmem_page_source_kmod(&f->src, f->p, &ko) < 0)
+		fail_msg("kmod source: %s", kvmem_last_error());
+	assert_string_equal(f->src.ops->name, "kmod");
+}
+
+/* Every committed page was faulted into the module's window (the table
+ * counts faults per page); the module serves exactly the committed pages. */
+static void kmod_served(struct fx *f, int64_t committed, int64_t n)
+{
+	kvmem_kmod *k = kvmem_page_source_kmod_client(&f->src);
+	uint64_t pages = (uint64_t)(committed / f->B) * f->L;
+
+	(void)n;
+	assert_non_null(k);
+	assert_int_equal(kvmem_kmod_pages(k), pages);
+	for (uint64_t p = 0; p < pages; p++) {
+		const struct kvmem_pte *e = kvmem_kmod_pte(k, p);
+
+		assert_non_null(e);
+		if (!e->access_count)
+			fail_msg("page %llu of %llu committed was not read through the module",
+				 (unsigned long long)p, (unsigned long long)pages);
+	}
+}
+
+static int kmod_available(void)
+{
+	return kvmem_kmod_probe(NULL);
+}
+
 static const struct variant variants[] = {
-	{ "mem", mem_open, mem_close },
-	{ "pager", pager_open, pager_close },
+	{ "mem", mem_open, mem_close, NULL, NULL, NULL },
+	{ "pager", pager_open, pager_close, pager_commit, NULL, NULL },
+	{ "kmod", kmod_open, pager_close, pager_commit, kmod_served, kmod_available },
 };
 
 static void fx_geometry(struct fx *f, uint64_t *rng)
@@ -110,14 +191,14 @@ static void row(uint64_t seed, int64_t t, int l, int v, int n, float *out)
 		out[i] = (float)test_rng_range(&s, -4, 4);
 }
 
-/* Write tokens [0, n) as a session does: chunks of random length, each
+/* Write tokens [from, n) as a session does: chunks of random length, each
  * layer's part of a chunk split at block boundaries. */
-static void write_tokens(struct fx *f, uint64_t seed, int64_t n, uint64_t *rng)
+static void write_range(struct fx *f, uint64_t seed, int64_t from, int64_t n, uint64_t *rng)
 {
 	const int w = f->H * f->D;
 	float *k = malloc(sizeof(float) * 64 * w), *v = malloc(sizeof(float) * 64 * w);
 
-	for (int64_t p0 = 0; p0 < n;) {
+	for (int64_t p0 = from; p0 < n;) {
 		int c = test_rng_int(rng, 1, 64);
 
 		if (p0 + c > n)
@@ -141,6 +222,24 @@ static void write_tokens(struct fx *f, uint64_t seed, int64_t n, uint64_t *rng)
 	}
 	free(k);
 	free(v);
+}
+
+static void write_tokens(struct fx *f, uint64_t seed, int64_t n, uint64_t *rng)
+{
+	write_range(f, seed, 0, n, rng);
+}
+
+/* Commit [0, n) where the variant commits (token ids: any). */
+static void commit(const struct variant *var, struct fx *f, int64_t n)
+{
+	int32_t *ids;
+
+	if (!var->commit)
+		return;
+	ids = calloc((size_t)n + 1, sizeof(*ids));
+	assert_non_null(ids);
+	var->commit(f, ids, n);
+	free(ids);
 }
 
 /* Every page of [0, n) holds what write_tokens wrote. */
@@ -175,26 +274,56 @@ static void check_tokens(struct fx *f, uint64_t seed, int64_t n)
 }
 
 /* ---- the tests: each runs once per variant ------------------------------ */
+/* Name the variant; skip it (before the test holds anything) when it cannot
+ * run here, or when KVMEM_TEST_SOURCE names another (the VM runs the kmod
+ * variant alone: the others run on the build machine). */
+static void announce(const struct variant *var)
+{
+	const char *only = getenv("KVMEM_TEST_SOURCE");
+
+	print_message("source: %s\n", var->name);
+	if (only && *only && strcmp(only, var->name)) {
+		print_message("skipped: KVMEM_TEST_SOURCE=%s\n", only);
+		skip();
+	}
+	if (var->available && var->available() < 0) {
+		print_message("skipped: %s (the %s variant runs in the VM: make vmtest)\n",
+			      kvmem_last_error(), var->name);
+		skip();
+	}
+}
+
 static void test_roundtrip(void **state)
 {
 	const struct variant *var = *state;
 
-	print_message("source: %s\n", var->name);
+	announce(var);
 	uint64_t rng = g_seed ^ 0x11;
 
 	for (int round = 0; round < 4; round++) {
 		struct fx f;
-		int64_t n;
+		int64_t n, n1, n2;
 
 		fx_geometry(&f, &rng);
 		n = test_rng_int(&rng, 1, 12 * f.B);
+		/* Two commits on the way (the second past the kmod variant's
+		 * first window, mostly): committed, staged and open blocks
+		 * are all read below. */
+		n1 = test_rng_int(&rng, 0, (int)n);
+		n2 = test_rng_int(&rng, (int)n1, (int)n);
 		uint64_t seed = test_rng_next(&rng);
 
 		var->open(&f);
-		write_tokens(&f, seed, n, &rng);
+		write_range(&f, seed, 0, n1, &rng);
+		commit(var, &f, n1);
+		write_range(&f, seed, n1, n2, &rng);
+		commit(var, &f, n2);
+		write_range(&f, seed, n2, n, &rng);
 		check_tokens(&f, seed, n);
 		/* Read twice: pages the pool dropped meanwhile come back too. */
 		check_tokens(&f, seed, n);
+		if (var->served)
+			var->served(&f, var->commit ? n2 : 0, n);
 		var->close(&f);
 	}
 }
@@ -203,7 +332,7 @@ static void test_bad_calls_refused(void **state)
 {
 	const struct variant *var = *state;
 
-	print_message("source: %s\n", var->name);
+	announce(var);
 	uint64_t rng = g_seed ^ 0x22;
 	struct fx f;
 	float row_k[4096] = { 1 }, row_v[4096] = { 2 };
@@ -236,7 +365,7 @@ static void test_hints_take_anything(void **state)
 {
 	const struct variant *var = *state;
 
-	print_message("source: %s\n", var->name);
+	announce(var);
 	uint64_t rng = g_seed ^ 0x33;
 	struct fx f;
 	int64_t n, blocks[] = { 0, 1, -5, 1000000, 2, 0 };
@@ -253,6 +382,82 @@ static void test_hints_take_anything(void **state)
 	if (f.src.ops->hint)
 		f.src.ops->hint(f.src.ctx, blocks, sc, 6);
 	check_tokens(&f, seed, n);
+	var->close(&f);
+}
+
+/* A flipped byte in a committed page on disk: get refuses that page with
+ * -EBADMSG (a checksum mismatch), never returns its bytes; the others read. */
+static void test_corrupt_page_refused(void **state)
+{
+	const struct variant *var = *state;
+
+	announce(var);
+	if (!var->commit) {
+		print_message("skipped: the %s source has no disk\n", var->name);
+		skip();
+	}
+	uint64_t rng = g_seed ^ 0x55;
+	struct fx f;
+	char path[300];
+	kvmem_page pg;
+	int64_t n, b;
+	int l, fd;
+	unsigned char byte;
+	off_t off;
+
+	fx_geometry(&f, &rng);
+	uint64_t seed = test_rng_next(&rng);
+
+	n = test_rng_int(&rng, 2 * f.B, 6 * f.B);
+	var->open(&f);
+	write_tokens(&f, seed, n, &rng);
+	commit(var, &f, n);
+	b = test_rng_int(&rng, 0, (int)(n / f.B) - 1);
+	l = test_rng_int(&rng, 0, f.L - 1);
+	{
+		kvmem_page_geom g = fx_geom(&f);
+
+		off = (off_t)((uint64_t)b * f.L + l) * kvmem_page_stride(&g) +
+		      test_rng_int(&rng, 0, (int)kvmem_page_bytes(&g) - 1);
+	}
+	snprintf(path, sizeof(path), "%s/pages", f.dir);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, &byte, 1, off), 1);
+	byte ^= (unsigned char)(1u << test_rng_int(&rng, 0, 7));
+	assert_int_equal(pwrite(fd, &byte, 1, off), 1);
+	assert_int_equal(fsync(fd), 0);
+	close(fd);
+	print_message("block %lld layer %d: byte %lld flipped\n", (long long)b, l, (long long)off);
+	assert_int_equal(f.src.ops->get(f.src.ctx, b, l, &pg), -EBADMSG);
+	assert_int_equal(kvmem_last_errno(), EBADMSG);
+	/* Again: a bad page stays refused. */
+	assert_int_equal(f.src.ops->get(f.src.ctx, b, l, &pg), -EBADMSG);
+	/* Every other page reads as written. */
+	{
+		const int w = f.H * f.D;
+		float *want = malloc(sizeof(float) * w), *got = malloc(sizeof(float) * f.D);
+
+		for (int64_t ob = 0; ob * f.B < n; ob++)
+			for (int ol = 0; ol < f.L; ol++) {
+				int len = n - ob * f.B < f.B ? (int)(n - ob * f.B) : f.B;
+
+				if (ob == b && ol == l)
+					continue;
+				if (f.src.ops->get(f.src.ctx, ob, ol, &pg))
+					fail_msg("get block %lld layer %d: %s", (long long)ob, ol,
+						 kvmem_last_error());
+				for (int t = 0; t < len; t++) {
+					row(seed, ob * f.B + t, ol, 1, w, want);
+					assert_int_equal(kvmem_page_copy_f32(&pg, 1, (size_t)t * f.D,
+									     f.D, got), 0);
+					assert_memory_equal(got, want, sizeof(float) * f.D);
+				}
+				f.src.ops->put(f.src.ctx, ob, ol);
+			}
+		free(want);
+		free(got);
+	}
 	var->close(&f);
 }
 
@@ -276,9 +481,11 @@ static void log_forward(void *arg, const int32_t *tok, int n, const float *logit
 }
 
 /* Three steps of append + select + decode at a budget of an eighth of the
- * workspace; returns the logits and the decoded tokens. */
+ * workspace, each committed where the variant commits (var may be NULL);
+ * returns the logits and the decoded tokens. */
 static void session_run(kvmem_backend *be, const kvmem_page_source *src, int block,
-			uint64_t seed, struct logs *lg, int32_t *out)
+			uint64_t seed, struct logs *lg, int32_t *out, const struct variant *var,
+			struct fx *f)
 {
 	kvmem_session_opts o;
 	kvmem_session *s;
@@ -304,6 +511,8 @@ static void session_run(kvmem_backend *be, const kvmem_page_source *src, int blo
 		if (kvmem_session_append(s, tok, n, 0) || kvmem_session_select(s) ||
 		    kvmem_session_decode(s, 5, NULL, out + 5 * step))
 			fail_msg("step %d: %s", step, kvmem_last_error());
+		if (var && var->commit)
+			var->commit(f, kvmem_session_token_ids(s), kvmem_session_tokens(s));
 	}
 	kvmem_session_free(s);
 }
@@ -312,7 +521,7 @@ static void test_session_matches_memory(void **state)
 {
 	const struct variant *var = *state;
 
-	print_message("source: %s\n", var->name);
+	announce(var);
 	uint64_t rng = g_seed ^ 0x44;
 	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
 	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
@@ -325,10 +534,21 @@ static void test_session_matches_memory(void **state)
 
 	assert_non_null(be);
 	assert_int_equal(kvmem_page_source_mem(&mem, f.L, f.H, f.D, f.B), 0);
-	session_run(be, &mem, f.B, seed, &want, out_want);
+	session_run(be, &mem, f.B, seed, &want, out_want, NULL, NULL);
 	kvmem_page_source_destroy(&mem);
 	var->open(&f);
-	session_run(be, &f.src, f.B, seed, &got, out_got);
+	session_run(be, &f.src, f.B, seed, &got, out_got, var, &f);
+	if (kvmem_page_source_kmod_client(&f.src)) {
+		/* The selections re-read committed pages through the module
+		 * (counted over every window: commits grew it). */
+		struct kvmem_ioc_stats st;
+
+		assert_int_equal(kvmem_page_source_kmod_stats(&f.src, &st), 0);
+		print_message("module: %llu faults, %llu pages read, %llu evictions\n",
+			      (unsigned long long)st.faults, (unsigned long long)st.fills,
+			      (unsigned long long)st.evictions);
+		assert_true(st.fills > 0);
+	}
 	var->close(&f);
 	assert_int_equal(got.n, want.n);
 	assert_memory_equal(got.buf, want.buf, want.n * sizeof(float));
@@ -341,7 +561,8 @@ static void test_session_matches_memory(void **state)
 
 #define PER_VARIANT(t)                                                            \
 	cmocka_unit_test_prestate(t, (void *)&variants[0]),                       \
-	cmocka_unit_test_prestate(t, (void *)&variants[1])
+	cmocka_unit_test_prestate(t, (void *)&variants[1]),                       \
+	cmocka_unit_test_prestate(t, (void *)&variants[2])
 
 int main(void)
 {
@@ -349,10 +570,11 @@ int main(void)
 		PER_VARIANT(test_roundtrip),
 		PER_VARIANT(test_bad_calls_refused),
 		PER_VARIANT(test_hints_take_anything),
+		PER_VARIANT(test_corrupt_page_refused),
 		PER_VARIANT(test_session_matches_memory),
 	};
 
-	_Static_assert(sizeof(variants) / sizeof(variants[0]) == 2,
+	_Static_assert(sizeof(variants) / sizeof(variants[0]) == 3,
 		       "PER_VARIANT lists every variant");
 	g_seed = test_rng_fresh_seed("test_page_source");
 	return cmocka_run_group_tests(tests, NULL, NULL);

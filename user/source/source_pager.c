@@ -22,6 +22,7 @@
 #include "kvmem/pager.h"
 #include "kvmem/source.h"
 #include "kvmem/store.h"
+#include "source/source_int.h"
 
 struct psrc {
 	kvmem_pager *p;
@@ -301,12 +302,14 @@ int kvmem_page_source_pager_commit(kvmem_page_source *src, const int32_t *ids, i
 				 const void *app, uint32_t app_len)
 {
 	struct psrc *s = src->ctx;
-	uint64_t have = kvmem_pager_tokens(s->p);
 	const void *layers[4096];
-	int64_t tb = n / s->B;
+	uint64_t have;
+	int64_t tb;
 
 	if (src->ops != &pager_source_ops)
-		return kvmem_error(EINVAL, "page source: not a pager source");
+		return source_kmod_commit(src, ids, n, app, app_len);
+	have = kvmem_pager_tokens(s->p);
+	tb = n / s->B;
 	if (n < (int64_t)have)
 		return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens, %" PRIu64 " are there already",
 				 s->dir, n, have);

@@ -43,6 +43,12 @@ int kvmem_workspace_open(const char *dir, const kvmem_model *m, const kvmem_work
 	*out = NULL;
 	if (!o)
 		o = &def;
+	/* Refuse a reader that cannot be had before the directory is made. */
+	if (o->pager && strcmp(o->pager, "uring") && strcmp(o->pager, "kmod"))
+		return kvmem_error(EINVAL, "%s: pager '%s': pages are read back by 'uring' (the "
+				   "userspace pager) or 'kmod' (the kernel module)", dir, o->pager);
+	if (o->pager && !strcmp(o->pager, "kmod") && kvmem_kmod_probe(NULL) < 0)
+		return kvmem_error_prefix("%s: pager 'kmod'", dir);
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return kvmem_error(ENOMEM, "%s: out of memory", dir);
@@ -77,7 +83,17 @@ int kvmem_workspace_open(const char *dir, const kvmem_model *m, const kvmem_work
 		free(w);
 		return rc;
 	}
-	if ((rc = kvmem_page_source_pager(&w->src, w->p)) < 0)
+	if (o->pager && !strcmp(o->pager, "kmod")) {
+		kvmem_kmod_opts ko;
+
+		kvmem_kmod_opts_default(&ko);
+		if (o->host_cap)
+			ko.host_cap = o->host_cap;
+		rc = kvmem_page_source_kmod(&w->src, w->p, &ko);
+	} else {
+		rc = kvmem_page_source_pager(&w->src, w->p);
+	}
+	if (rc < 0)
 		goto fail;
 	w->n_ids = (int64_t)kvmem_pager_tokens(w->p);
 	w->ids = malloc((size_t)(w->n_ids ? w->n_ids : 1) * sizeof(int32_t));
