@@ -83,6 +83,9 @@ static void usage(FILE *f)
 		"                      history after every script line; Documentation/pager.md)\n"
 		"  --host-cap SIZE     host pool of the workspace's pager (default 256M)\n"
 		"  --cache-policy P    its replacement policy: lru (default), lfu, score\n"
+		"  --pager NAME        who reads the workspace's pages back: uring (default,\n"
+		"                      the userspace pager) or kmod (the kernel module,\n"
+		"                      /dev/kvmem; writes and commits stay the pager's)\n"
 		"  --trace FILE        record every selection for kvmem lab (lab.md)\n"
 		"\n"
 		"Token counts (N) take k, M, G (powers of 1000); SIZE takes k, M, G, T\n"
@@ -106,7 +109,7 @@ enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
 	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED, O_GPUMEM,
-	O_TRACE,
+	O_TRACE, O_PAGER,
 };
 
 static const struct option opts[] = {
@@ -130,6 +133,7 @@ static const struct option opts[] = {
 	{ "host-cap", required_argument, NULL, O_HOSTCAP },
 	{ "cache-policy", required_argument, NULL, O_CACHEPOL },
 	{ "trace", required_argument, NULL, O_TRACE },
+	{ "pager", required_argument, NULL, O_PAGER },
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "chunk", required_argument, NULL, O_CHUNK },
 	{ "seed", required_argument, NULL, O_SEED },
@@ -152,6 +156,7 @@ static int mode_of(int c)
 	case O_RESERVE: case O_QUERY: case O_JSON: case O_CHECK: case O_WORKSPACE: case O_HOSTCAP:
 	case O_CACHEPOL:
 	case O_TRACE:
+	case O_PAGER:
 		return 's';
 	default:
 		return 0;
@@ -171,6 +176,14 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 	case O_POLICY: o->policy = v; return 0;
 	case O_CACHEPOL: o->cache_policy = v; return 0;
 	case O_TRACE: o->trace = v; return 0;
+	case O_PAGER:
+		if (!strcmp(v, "uring") || !strcmp(v, "kmod")) {
+			o->pager = v;
+			return 0;
+		}
+		fprintf(stderr, "%s: %s wants uring (the userspace pager) or kmod (the kernel "
+			"module), not '%s'\n", w, name, v);
+		return -1;
 	case O_BACKEND: o->backend = v; return 0;
 	case O_JSON: o->json = 1; return 0;
 	case O_CHECK: o->check_exact = 1; return 0;
@@ -249,9 +262,10 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 			fprintf(stderr, "%s: %s\n", RUN_WHO, kvmem_last_error());
 			return -1;
 		}
-		if ((o->host_cap || o->cache_policy) && !o->workspace)
+		if ((o->host_cap || o->cache_policy || o->pager) && !o->workspace)
 			fprintf(stderr, "%s: note: %s sets a workspace's pager; without --workspace it "
-				"changes nothing\n", RUN_WHO, o->host_cap ? "--host-cap" : "--cache-policy");
+				"changes nothing\n", RUN_WHO, o->host_cap ? "--host-cap" :
+				o->cache_policy ? "--cache-policy" : "--pager");
 		if (!o->chunk)
 			o->chunk = 128;
 		if (!o->sample_seed_set)

@@ -15,17 +15,24 @@
 static kvmem_workspace *g_ws;
 static int g_state_warned;
 static uint32_t g_dtype;
+static const char *g_reader;
 
 void pager_cli_dtype(uint32_t dtype)
 {
 	g_dtype = dtype;
 }
 
+void pager_cli_reader(const char *pager)
+{
+	g_reader = pager;
+}
+
 int pager_cli_open(const char *dir, const kvmem_model *m, int block, uint64_t host_cap,
 		   const char *cache_policy, const kvmem_page_source **src)
 {
 	kvmem_workspace_opts wo = { .block = block, .host_cap = host_cap,
-				    .cache_policy = cache_policy, .dtype = g_dtype };
+				    .cache_policy = cache_policy, .dtype = g_dtype,
+				    .pager = g_reader };
 
 	*src = NULL;
 	if (g_ws)
@@ -75,6 +82,7 @@ int pager_cli_commit(const kvmem_session *s)
 
 int pager_cli_close(FILE *f)
 {
+	struct kvmem_ioc_stats ks;
 	kvmem_pager_stats st;
 	kvmem_pager *p;
 	int rc;
@@ -88,6 +96,14 @@ int pager_cli_close(FILE *f)
 		" blocks staged out\n", kvmem_pager_dir(p),
 		kvmem_pager_committed_tokens(p), st.host_hits, st.host_misses, st.pages_in,
 		st.evictions, st.blocks_out);
+	if (kvmem_page_source_kmod_client(kvmem_workspace_source(g_ws)) &&
+	    kvmem_page_source_kmod_stats(kvmem_workspace_source(g_ws), &ks) == 0)
+		fprintf(f, "kernel module %s: %llu faults, %llu hits, %llu pages read (%llu bytes), "
+			"%llu prefetched, %llu evictions, %llu checksum errors\n",
+			"/dev/kvmem", (unsigned long long)ks.faults, (unsigned long long)ks.hits,
+			(unsigned long long)ks.fills, (unsigned long long)ks.fill_bytes,
+			(unsigned long long)ks.prefetches, (unsigned long long)ks.evictions,
+			(unsigned long long)ks.checksum_errors);
 	rc = kvmem_workspace_close(g_ws);
 	g_ws = NULL;
 	return rc;

@@ -21,6 +21,9 @@ int pager_cli_open(const char *dir, const kvmem_model *m, int block, uint64_t ho
  * engine's; a GPU backend's session asks for bf16). An existing workspace
  * keeps its own. */
 void pager_cli_dtype(uint32_t dtype);
+/* Who reads pages back in a workspace opened from now on: "uring" (NULL:
+ * the default) or "kmod" (kvmem_workspace_opts.pager). */
+void pager_cli_reader(const char *pager);
 /* The opened workspace's pager (NULL when none is open). */
 kvmem_pager *pager_cli_pager(void);
 /* Tokens the opened workspace already holds (0 when none is open). */

@@ -21,6 +21,7 @@ struct run_opts {
 	int64_t random_n, decode;	/* random_n -1: no --random */
 	/* agent sessions */
 	const char *script, *workspace, *policy, *cache_policy, *backend;
+	const char *pager;		/* who reads pages back: "uring" (NULL) or "kmod" */
 	const char *trace;		/* --trace: record the session for kvmem lab */
 	uint64_t host_cap;		/* 0: the pager's default */
 	uint64_t gpu_mem;		/* the backend's device memory cap; 0: none */

@@ -312,6 +312,7 @@ int session_main(const struct run_opts *opts)
 	/* A GPU's workspace keeps bf16 pages (what its view holds: nothing is
 	 * converted on the way back); the CPU engine's f32. */
 	pager_cli_dtype(strcmp(kvmem_backend_name(e), "cpu") ? KVMEM_DTYPE_BF16 : 0);
+	pager_cli_reader(o.pager);
 	r.tw.c = &m->cfg;	/* on_forward reads the vocabulary from it */
 	kvmem_session_opts_default(&so);
 	so.block = (int)o.block;
