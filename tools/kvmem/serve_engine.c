@@ -504,7 +504,7 @@ static int turn_start(struct job *j)
 		j->msgs_total = (int64_t)n;
 	} else {
 		held = c ? c->text_len : 0;
-		if (c && (j->prompt_len < held || memcmp(j->prompt, c->text, held))) {
+		if (c && held && (j->prompt_len < held || memcmp(j->prompt, c->text, held))) {
 			job_fail(j, 409, "conversation_mismatch", "the prompt does not begin with the "
 				 "%zu bytes of text conversation '%s' holds (its prompts and "
 				 "completions so far): send them unchanged, then the new text", held,

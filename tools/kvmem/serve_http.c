@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "kvmem/kvmem.h"
@@ -807,11 +808,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *con, const char
 
 	if (!rq) {
 		const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Content-Length");
+		const char *te = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Transfer-Encoding");
 
 		rq = calloc(1, sizeof(*rq));
 		if (!rq)
 			return MHD_NO;
 		*con_cls = rq;
+		/* A body whose end only a closed connection would tell (a coding
+		 * other than chunked): refuse it at once rather than wait. */
+		if (te && strcasecmp(te, "chunked"))
+			return send_error(con, 400, "invalid_request", "Transfer-Encoding", "Transfer-Encoding "
+					  "'%s' is not supported: send the body as it is, or chunked", te);
 		/* Refuse a body said to be too large before reading it. */
 		if (cl && strtoull(cl, NULL, 10) > C->max_body)
 			rq->too_big = 1;
@@ -915,7 +922,11 @@ int serve_http_start(const struct serve_cfg *cfg)
 			     MHD_OPTION_SOCK_ADDR, sa,
 			     MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
 			     MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_queue + 16),
-			     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->request_timeout,
+			     /* Idle connections (a client that sends half a request)
+			      * go after a minute; a request the engine works on is
+			      * not idle (its handler or stream is running). */
+			     MHD_OPTION_CONNECTION_TIMEOUT,
+			     (unsigned)(cfg->request_timeout < 60 ? cfg->request_timeout : 60),
 			     MHD_OPTION_END);
 	if (!D)
 		return kvmem_error(EADDRINUSE, "cannot listen on %s port %d (in use, or not an address "

@@ -14,6 +14,8 @@
 
 int kvmem_ids_push(kvmem_ids *a, const int32_t *ids, size_t n)
 {
+	if (!n)
+		return 0;
 	if (kvmem_grow(&a->v, sizeof(int32_t), a->n + n, &a->cap, 256))
 		return kvmem_error(ENOMEM, "out of memory for %zu token ids", a->n + n);
 	memcpy(a->v + a->n, ids, n * sizeof(int32_t));
