@@ -165,9 +165,10 @@ static:
 	$(CC) -static -o build/static/kvmem $(CLI_SRC:%.c=build/static-obj/obj/%.o) \
 	    build/static-obj/libkvmem_agentlang.a build/static-obj/libkvmem.a $(LDFLAGS) \
 	    /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a \
-	    -luring -lnuma -lxxhash -lpcre2-8 -lunistring -lgfortran -lquadmath -lm -lpthread -fopenmp
+	    -luring -lnuma -lxxhash -lpcre2-8 -lunistring -ljansson -lgfortran -lquadmath -lm \
+	    -lpthread -fopenmp
 # kvmem serve stays out of the static binary: Debian's libmicrohttpd pulls in
-# GnuTLS, whose p11-kit has no static library.
+# GnuTLS, whose p11-kit has no static library (jansson is for run --chat).
 build/static-obj/obj/tools/%.o: tools/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DKVMEM_NO_SERVE -c $< -o $@

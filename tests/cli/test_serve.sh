@@ -15,6 +15,17 @@ serve_corpus "$tmp/corpus.txt" "$seed" 3000
 serve_start --max-body 64k --max-request-tokens 2k --max-conversations 6 || exit 1
 # The embedded model runs with no --model.
 curl -sf "$BASE/health" | grep -q '"status":"ok"' || bad "/health"
+# kvmem run takes text and chats where the model has a tokenizer.
+AL="$KVMEM_HOME/models/agentlang"
+"$KVMEM" run --model "$AL" --prompt-text $'$ cat api.conf\napi.conf db.host = node12\n? api.conf db.host =' \
+	--decode 4 >"$tmp/run.out" 2>&1 || bad "run --prompt-text: $(cat "$tmp/run.out")"
+grep -q '^text: node12 \[stop\]$' "$tmp/run.out" || bad "run --prompt-text: $(cat "$tmp/run.out")"
+echo '{"messages": [{"role": "user", "content": "$ cat api.conf\napi.conf db.port = 5432\n? api.conf db.port ="}]}' >"$tmp/chat.json"
+"$KVMEM" run --model "$AL" --chat "$tmp/chat.json" --decode 4 >"$tmp/run.out" 2>&1 &&
+	grep -q '^text: 5432 \[stop\]$' "$tmp/run.out" || bad "run --chat: $(cat "$tmp/run.out")"
+"$KVMEM" run --model "$M" --prompt-text hello --decode 1 >"$tmp/run.out" 2>&1 &&
+	bad "run --prompt-text on a model with no tokenizer"
+grep -q "no tokenizer.json" "$tmp/run.out" || bad "run --prompt-text without a tokenizer: $(cat "$tmp/run.out")"
 node "$NODEDIR/client.mjs" basic "$BASE" "$MODEL" "$tmp/corpus.txt" "$tmp/state.json" "$seed" ||
 	bad "openai client: chat, streaming, conversation"
 

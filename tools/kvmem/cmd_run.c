@@ -29,7 +29,8 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kvmem run --model DIR (--prompt FILE | --random N) [options]\n"
+		"usage: kvmem run --model DIR (--prompt FILE | --prompt-text TEXT | --chat FILE |\n"
+		"                 --random N) [options]\n"
 		"       kvmem run --model DIR --script FILE [session options]\n"
 		"\n"
 		"A plain run prefills a prompt through a compute backend (--backend), then\n"
@@ -57,6 +58,12 @@ static void usage(FILE *f)
 		"plain runs:\n"
 		"  --prompt FILE       prompt token ids separated by whitespace (--tokens FILE\n"
 		"                      is the old spelling, still read)\n"
+		"  --prompt-text TEXT  the prompt as text, through the model's tokenizer\n"
+		"                      (tokenizer.json, or agentlang's for kvmem's own model);\n"
+		"                      the generated ids are printed as text too\n"
+		"  --chat FILE         a JSON array of {\"role\", \"content\"} messages (or an\n"
+		"                      OpenAI request's {\"messages\": [...]}), rendered by the\n"
+		"                      chat template (Qwen3's, or agentlang's)\n"
 		"  --random N          a prompt of N random token ids instead\n"
 		"  --decode N          tokens to generate after the prompt (default 16)\n"
 		"  --logits FILE       write the logits of every prompt position: float32,\n"
@@ -100,6 +107,8 @@ static void usage(FILE *f)
 		"examples:\n"
 		"  kvmem run --model M --random 512 --decode 32\n"
 		"  kvmem run --model M --prompt prompt.txt --temperature 0.7 --top-p 0.9\n"
+		"  kvmem run --model /models/Qwen3-0.6B --prompt-text 'The capital of France is'\n"
+		"  kvmem run --model /models/Qwen3-0.6B --chat messages.json --decode 64\n"
 		"  kvmem run --model M --script session.jsonl --budget 512 --policy refine\n"
 		"  kvmem run --model M --script session.jsonl --workspace ws --host-cap 64M --json\n");
 }
@@ -109,12 +118,14 @@ enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
 	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED, O_GPUMEM,
-	O_TRACE, O_PAGER,
+	O_TRACE, O_PAGER, O_PTEXT, O_CHAT,
 };
 
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
 	{ "prompt", required_argument, NULL, O_PROMPT },
+	{ "prompt-text", required_argument, NULL, O_PTEXT },
+	{ "chat", required_argument, NULL, O_CHAT },
 	{ "tokens", required_argument, NULL, O_PROMPT },	/* the old spelling */
 	{ "random", required_argument, NULL, O_RANDOM },
 	{ "decode", required_argument, NULL, O_DECODE },
@@ -150,7 +161,7 @@ static const struct option opts[] = {
 static int mode_of(int c)
 {
 	switch (c) {
-	case O_PROMPT: case O_RANDOM: case O_DECODE: case O_LOGITS:
+	case O_PROMPT: case O_RANDOM: case O_DECODE: case O_LOGITS: case O_PTEXT: case O_CHAT:
 		return 'p';
 	case O_SCRIPT: case O_BUDGET: case O_BLOCK: case O_POLICY: case O_SINK: case O_RECENT:
 	case O_RESERVE: case O_QUERY: case O_JSON: case O_CHECK: case O_WORKSPACE: case O_HOSTCAP:
@@ -170,6 +181,8 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 	switch (c) {
 	case O_MODEL: o->model = v; return 0;
 	case O_PROMPT: o->prompt = v; return 0;
+	case O_PTEXT: o->prompt_text = v; return 0;
+	case O_CHAT: o->chat = v; return 0;
 	case O_LOGITS: o->logits = v; return 0;
 	case O_SCRIPT: o->script = v; return 0;
 	case O_WORKSPACE: o->workspace = v; return 0;
@@ -277,8 +290,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 			"leave it out for a plain run (%s --help)\n", RUN_WHO, given[1], RUN_WHO);
 		return -1;
 	}
-	if (!o->prompt == (o->random_n < 0)) {
-		fprintf(stderr, "%s: give exactly one of --prompt FILE and --random N (or --script FILE "
+	if (!!o->prompt + !!o->prompt_text + !!o->chat + (o->random_n >= 0) != 1) {
+		fprintf(stderr, "%s: give exactly one of --prompt FILE, --prompt-text TEXT, --chat FILE "
+			"and --random N (or --script FILE "
 			"for an agent session)\n", RUN_WHO);
 		return -1;
 	}
@@ -447,7 +461,10 @@ static int run_plain(const struct run_opts *o)
 		goto out;
 	const kvmem_config *c = &m->cfg;
 
-	if (o->prompt) {
+	if (o->prompt_text || o->chat) {
+		if (run_text_prompt(o, c, &tok, &n))
+			goto out;
+	} else if (o->prompt) {
 		if (read_tokens(o->prompt, c->vocab, &tok, &n))
 			goto out;
 	} else {
@@ -532,6 +549,8 @@ static int run_plain(const struct run_opts *o)
 	for (long i = 0; i < o->decode; i++)
 		printf(" %d", gen[i]);
 	printf("\n");
+	if ((o->prompt_text || o->chat) && run_text_print(o, c, gen, o->decode))
+		goto out;
 	print_speed("prefill", n, t1 - t0);
 	/* The last generated token needs no forward pass of its own. */
 	print_speed("decode", o->decode > 1 ? (int)o->decode - 1 : 0, t2 - t1);
@@ -548,6 +567,7 @@ out:
 	if (v)
 		e->ops->view_destroy(e->ctx, v);
 	kvmem_backend_close(e);
+	run_text_close();
 	if (m)
 		kvmem_model_free(m);
 	return rc;

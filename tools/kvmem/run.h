@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kvmem/kernels.h"
+#include "kvmem/model.h"
 
 #define RUN_WHO "kvmem run"
 
@@ -18,6 +19,7 @@ struct run_opts {
 	const char *model;
 	/* plain runs */
 	const char *prompt, *logits;
+	const char *prompt_text, *chat;	/* --prompt-text TEXT, --chat FILE (run_text.c) */
 	int64_t random_n, decode;	/* random_n -1: no --random */
 	/* agent sessions */
 	const char *script, *workspace, *policy, *cache_policy, *backend;
@@ -34,6 +36,12 @@ struct run_opts {
 	int sample_seed_set;
 	kvmem_sampler sampler;
 };
+
+/* A plain run's prompt as text or a chat (run_text.c): its ids, malloc'd;
+ * the generated ids printed as "text: ..." (up to a stop token). */
+int run_text_prompt(const struct run_opts *o, const kvmem_config *c, int32_t **ids, int *n);
+int run_text_print(const struct run_opts *o, const kvmem_config *c, const int32_t *gen, long n);
+void run_text_close(void);
 
 /* The agent-session mode (session_main.c). */
 int session_main(const struct run_opts *o);
