@@ -83,6 +83,26 @@ for t in /tests/kvmem-*; do
 	*) selftest 600 "$t" ;;
 	esac
 done
+# The page-source suite over the kmod variant (the module is loaded; the
+# other variants run on the build machine), in TAP; its scratch directories
+# (under /tmp) on ext2, where the pager uses O_DIRECT.
+page_source() {
+	echo "# ---- test_page_source"
+	bound=0
+	mkdir -p /mnt/ext/tmp 2>/dev/null && mount -o bind /mnt/ext/tmp /tmp && bound=1
+	KVMEM_TEST_SOURCE=kmod CMOCKA_MESSAGE_OUTPUT=TAP timeout -s KILL 600 test_page_source
+	rc=$?
+	[ $bound = 1 ] && umount /tmp
+	# cmocka: 0 all passed, else the number failed (each reported).
+	[ $rc -lt 128 ] || result fail "test_page_source ended abnormally (exit $rc)"
+	kernel_log_clean test_page_source
+}
+page_source
+# A session over --pager kmod against the same over --pager uring.
+echo "# ---- kvmem-vm-session"
+timeout -s KILL 600 kvmem-vm-session
+[ $? -lt 128 ] || result fail "kvmem-vm-session ended abnormally"
+kernel_log_clean kvmem-vm-session
 step "rmmod kvmem (nothing holds it after the tests)" rmmod kvmem
 step "insmod kvmem.ko group=4242" insmod /lib/kvmem.ko group=4242
 [ -x /tests/kvmem-perm ] && selftest 120 /tests/kvmem-perm

@@ -1,19 +1,24 @@
 #!/bin/sh
 # Pack the VM test initramfs: busybox, /init (tests/vm/init.sh), kvmem.ko,
-# the selftests and BPF object ($VM/bin), their shared libraries (ldd), and
-# the workspaces the generator wrote ($VM/data). Writes $VM/initramfs.cpio.
+# the selftests and BPF object ($VM/bin), the page-source suite and the CLI
+# ($VM/usr, into /usr/bin, with tests/vm/session.sh), their shared
+# libraries (ldd), and the workspaces the generator wrote ($VM/data).
+# Writes $VM/initramfs.cpio.
 #   tests/vm/mkinitramfs.sh VM_DIR KVMEM_KO
 set -e
 vm=$1 ko=$2
 here=$(cd "$(dirname "$0")" && pwd)
 root=$vm/root
 rm -rf "$root"
-mkdir -p "$root/bin" "$root/lib" "$root/tests" "$root/data" "$root/tmp"
+mkdir -p "$root/bin" "$root/lib" "$root/tests" "$root/data" "$root/tmp" "$root/usr/bin"
 cp /bin/busybox "$root/bin/busybox"
 cp "$here/init.sh" "$root/init"
 chmod 755 "$root/init"
 cp "$ko" "$root/lib/kvmem.ko"
 cp "$vm"/bin/kvmem-* "$root/tests/"
+cp "$vm"/usr/* "$root/usr/bin/"
+cp "$here/session.sh" "$root/usr/bin/kvmem-vm-session"
+chmod 755 "$root/usr/bin/kvmem-vm-session"
 cp -r "$vm"/data/ws-* "$root/data/"
 # A few of the image's own modules, for an ext2 file system on a loop
 # device (the O_DIRECT test; tmpfs has no O_DIRECT in 6.1). Optional.
@@ -24,8 +29,8 @@ for m in lib/crc16.ko crypto/crc32c_generic.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/
 	[ -n "$mods" ] && [ -f "$mods/$m" ] && cp "$mods/$m" "$root/lib/extra/"
 done
 # Shared libraries of every program, at the paths the loader looks for.
-for b in "$root"/tests/*; do
-	case $b in *.o) continue ;; esac
+for b in "$root"/tests/* "$root"/usr/bin/*; do
+	case $b in *.o | */kvmem-vm-session) continue ;; esac
 	ldd "$b" | sed -n 's/.*=> \(\/[^ ]*\).*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (.*/\1/p'
 done | sort -u | while read -r lib; do
 	mkdir -p "$root$(dirname "$lib")"

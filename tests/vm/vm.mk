@@ -5,9 +5,10 @@
 #                 (a copy of kmod/ is built there: the tree stays clean)
 #   make vmtest   the module, the kselftest programs (kselftest_harness.h
 #                 taken from Debian's linux-source-6.1 at build time), two
-#                 workspaces written by the real pager, an initramfs; boots
-#                 Debian's 6.1 kernel in qemu (TCG) and runs everything;
-#                 prints "N passed, N failed, N skipped"
+#                 workspaces written by the real pager, the page-source
+#                 suite and the CLI (for sessions over --pager kmod), an
+#                 initramfs; boots Debian's 6.1 kernel in qemu (TCG) and
+#                 runs everything; prints "N passed, N failed, N skipped"
 #
 # KVER (default: newest installed linux-headers-6.1.*-amd64) names the ABI
 # built for and booted; the image is downloaded once into $(BUILD)/vm/kernel.
@@ -67,8 +68,21 @@ $(VM_DIR)/data/ws-small/manifest: $(VM_DIR)/bin/kvmem_genws
 $(VM_DIR)/data/ws-wide/manifest: $(VM_DIR)/bin/kvmem_genws
 	rm -rf $(dir $@) && mkdir -p $(VM_DIR)/data && $< $(dir $@) --layers 2 --kv-heads 2 --head-dim 40 --block 16 --blocks 48 --seed 12
 
-$(VM_DIR)/initramfs.cpio: $(KMOD_DIR)/kvmem.ko $(VM_PROGS) $(VM_BPF) $(VM_DATA) \
-		tests/vm/init.sh tests/vm/mkinitramfs.sh
+# The page-source suite (its kmod variant runs where /dev/kvmem is) and the
+# CLI, for the guest's /usr/bin: linked without CUDA (no GPU there, and
+# cuBLASLt alone would outweigh the rest of the initramfs).
+VM_USR    := $(VM_DIR)/usr/test_page_source $(VM_DIR)/usr/kvmem
+$(VM_DIR)/usr/test_page_source: tests/unit/test_page_source.c $(HELP_OBJ) $(BUILD)/libkvmem.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iuser -Itests/unit -o $@ $< $(HELP_OBJ) $(BUILD)/libkvmem.a $(LDFLAGS) \
+	    $(LDLIBS) -lcmocka
+$(VM_DIR)/usr/kvmem: $(CLI_OBJ) $(BUILD)/libkvmem.a $(BUILD)/libkvmem_agentlang.a
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/libkvmem_agentlang.a $(BUILD)/libkvmem.a $(LDFLAGS) \
+	    $(LDLIBS) $(SERVE_LIBS)
+
+$(VM_DIR)/initramfs.cpio: $(KMOD_DIR)/kvmem.ko $(VM_PROGS) $(VM_BPF) $(VM_DATA) $(VM_USR) \
+		tests/vm/init.sh tests/vm/session.sh tests/vm/mkinitramfs.sh
 	tests/vm/mkinitramfs.sh $(VM_DIR) $(KMOD_DIR)/kvmem.ko
 
 vm-build: $(VM_DIR)/initramfs.cpio
