@@ -70,6 +70,7 @@ session() {
 tool_start() {
 	local out=$1 i
 	shift
+	rm -f "$out" "$out.err"	# a stale "Tracing" line must not count
 	"$@" >"$out" 2>"$out.err" &
 	tool_pid=$!
 	for i in $(seq 100); do
