@@ -1,26 +1,27 @@
 // SPDX-License-Identifier: MIT
 /*
- * neighbour: refine's ranking, and a selected block brings the neighbour a
- * line likely spills into.
+ * neighbour: refine's ranking, and every block it ranks into the budget
+ * brings the blocks on either side of it.
  *
  * A fact is one line of 8-10 tokens; a block boundary may cut it, and a
  * view holding half of it is often useless (Documentation/recall.md: the
- * value's block ranks first, the key's does not). Keeping the tokens around
- * the important ones is what SnapKV's pooling does at token grain (Li et
- * al. 2024, "SnapKV: LLM Knows What You are Looking for Before
- * Generation": attention votes are max-pooled over a small window so the
- * neighbours of a selected token stay with it); here at block grain, and
- * only where the evidence says the line crosses the boundary, so the
- * budget is not halved for blocks whose line sits inside them.
+ * value's block ranks first, the key's does not; the line's newline sits in
+ * the next block). Keeping the tokens around the important ones is what
+ * SnapKV's pooling does at token grain (Li et al. 2024, "SnapKV: LLM Knows
+ * What You are Looking for Before Generation": the attention votes are
+ * pooled over a small window before the top tokens are kept, so the
+ * neighbours of a selected token stay with it); here at block grain: each
+ * of the top budget / B blocks by refine's scores has its predecessor and
+ * its successor ranked right after it (unless they rank higher already),
+ * so the budget holds fewer places, each with its context.
  *
- * The evidence is in the quarter-block means: for each block among the top
- * budget / B by refine's scores, the share of its estimated mass (the
- * distance-averaged group query against each quarter, a softmax over the
- * four weighted by their lengths, averaged over layers and KV heads) that
- * its first quarter holds. Above NEIGHBOUR_SHARE the matching tokens open
- * the block, so the line began in the block before: that block is ranked
- * right after it. Likewise the last quarter and the block after. The rest
- * of the ranking is refine's.
+ * Only where a line crosses the boundary would do, if the policy could see
+ * lines: it sees keys and summaries, not tokens. A test on the quarter-
+ * block means (bring the predecessor when the first quarter holds most of
+ * the block's estimated mass, the successor for the last) was measured
+ * with the lab and brought fewer needles into view than bringing both
+ * always (recall.md, "Levers"): the look-alike lines around a needle
+ * spread the mass over the block.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,50 +29,13 @@
 #include "kvmem/kvmem.h"
 #include "workspace/score.h"
 
-#define NEIGHBOUR_SHARE 0.4
-
 extern const kvmem_policy_ops kvmem_policy_refine;
-
-/* The shares of block b's first and last quarter, mean over (layer, KV head). */
-static void edge_shares(const kvmem_select_ctx *c, const float *gq, int64_t b, double *head,
-			double *tail)
-{
-	const kvmem_index *ix = c->index;
-	const double scale = 1.0 / sqrt((double)c->head_dim);
-	double h = 0, t = 0;
-	int last = KVMEM_SUBBLOCKS - 1, pairs = 0;
-
-	for (int s = KVMEM_SUBBLOCKS - 1; s > 0 && !kvmem_index_sub_len(ix, b, s); s--)
-		last = s - 1;
-	for (int l = 0; l < c->n_layers; l++)
-		for (int g = 0; g < c->n_kv_heads; g++) {
-			const float *q = gq + ((size_t)l * c->n_kv_heads + g) * c->head_dim;
-			double z[KVMEM_SUBBLOCKS], m = -INFINITY, sum = 0;
-
-			for (int s = 0; s <= last; s++) {
-				const float *mu = kvmem_index_sub(ix, l, g, b, s);
-				double dot = 0;
-
-				for (int d = 0; d < c->head_dim; d++)
-					dot += (double)q[d] * mu[d];
-				z[s] = dot * scale + log((double)kvmem_index_sub_len(ix, b, s));
-				m = z[s] > m ? z[s] : m;
-			}
-			for (int s = 0; s <= last; s++)
-				sum += z[s] = exp(z[s] - m);
-			h += z[0] / sum;
-			t += z[last] / sum;
-			pairs++;
-		}
-	*head = pairs ? h / pairs : 0;
-	*tail = pairs ? t / pairs : 0;
-}
 
 static int neighbour_score(const kvmem_select_ctx *c, float *scores)
 {
 	const int64_t nb = c->n_blocks;
 	int64_t k = c->budget > 0 ? (c->budget + c->block - 1) / c->block : 0, *top = NULL;
-	float *gq = NULL, *raised = NULL;
+	float *raised = NULL;
 	uint8_t *in = NULL;
 	int rc;
 
@@ -81,7 +45,7 @@ static int neighbour_score(const kvmem_select_ctx *c, float *scores)
 	top = malloc((size_t)nb * sizeof(*top));
 	raised = malloc((size_t)nb * sizeof(*raised));
 	in = calloc((size_t)nb, 1);
-	if (!top || !raised || !in || !(gq = ws_group_queries(c))) {
+	if (!top || !raised || !in) {
 		rc = kvmem_error(ENOMEM, "neighbour: out of memory for %lld blocks", (long long)nb);
 		goto out;
 	}
@@ -92,13 +56,11 @@ static int neighbour_score(const kvmem_select_ctx *c, float *scores)
 		in[top[i]] = 1;
 	for (int64_t i = 0; i < k; i++) {
 		int64_t b = top[i];
-		double head, tail;
 		float below = nextafterf(scores[b], -INFINITY);
 
-		edge_shares(c, gq, b, &head, &tail);
-		if (head > NEIGHBOUR_SHARE && b > 0 && !in[b - 1] && raised[b - 1] < below)
+		if (b > 0 && !in[b - 1] && raised[b - 1] < below)
 			raised[b - 1] = below;
-		if (tail > NEIGHBOUR_SHARE && b + 1 < nb && !in[b + 1] && raised[b + 1] < below)
+		if (b + 1 < nb && !in[b + 1] && raised[b + 1] < below)
 			raised[b + 1] = below;
 	}
 	for (int64_t b = 0; b < nb; b++)
@@ -107,13 +69,12 @@ out:
 	free(top);
 	free(raised);
 	free(in);
-	free(gq);
 	return rc;
 }
 
 const kvmem_policy_ops kvmem_policy_neighbour = {
 	.name = "neighbour",
-	.what = "refine, and a selected block brings the neighbour its line spills into (after SnapKV's pooling)",
+	.what = "refine, and each block it ranks into the budget brings its two neighbours (after SnapKV's pooling)",
 	.needs = KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK | KVMEM_NEED_KEYS,
 	.per_layer = 0,
 	.score = neighbour_score,
