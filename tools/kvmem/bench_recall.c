@@ -117,6 +117,7 @@ static void usage(FILE *f)
 		"  --lookalikes K     look-alike lines per needle (default 4)\n"
 		"  --seed S           first workspace seed (default 1000000000; >= 1e9)\n"
 		"  --chunk N          prefill chunk (default 128)\n"
+		"  --block N          tokens per block, a power of two 16..256 (default 32)\n"
 		"  --backend NAME     compute backend: cpu (default: the published figures),\n"
 		"                     cuda, or auto (cuda when there is a GPU)\n"
 		"  --query-tokens N   query tokens that drive selection (default: 1 with\n"
@@ -179,7 +180,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "depths", required_argument, NULL, 'D' },	{ "select-at", required_argument, NULL, 'a' },
 		{ "policies", required_argument, NULL, 'p' },	{ "questions", required_argument, NULL, 'q' },
 		{ "lookalikes", required_argument, NULL, 'l' }, { "budget", required_argument, NULL, 'B' },
-		{ "chunk", required_argument, NULL, 'k' },	{ "query-tokens", required_argument, NULL, 'Q' },
+		{ "block", required_argument, NULL, 'b' },	{ "chunk", required_argument, NULL, 'k' },	{ "query-tokens", required_argument, NULL, 'Q' },
 		{ "lab", required_argument, NULL, 'L' },	{ "trace", required_argument, NULL, 't' },	{ "seed", required_argument, NULL, 's' },
 		{ "quick", no_argument, NULL, 'K' },		{ "quiet", no_argument, NULL, 'z' },
 		{ "backend", required_argument, NULL, 'x' },	{ "help", no_argument, NULL, 'h' },
@@ -237,6 +238,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'l': bad = cli_parse_int(w, name, optarg, 0, 16, &o->lookalikes); break;
 		case 'B': bad = cli_parse_count(w, name, optarg, 1, INT32_MAX / 2, &o->budget); break;
 		case 'k': bad = cli_parse_int(w, name, optarg, 1, 1 << 20, &o->chunk); break;
+		case 'b':
+			bad = cli_parse_int(w, name, optarg, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX, &o->block);
+			if (!bad && (o->block & (o->block - 1)))
+				bad = fprintf(stderr, "%s: --block wants a power of two from %d to %d, not %d\n",
+					      w, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX, o->block) > 0;
+			break;
 		case 'Q': bad = cli_parse_int(w, name, optarg, 1, 4096, &o->query_tokens); break;
 		case 't': bad = cli_parse_int(w, name, optarg, 1, 64, &o->trace); break;
 		case 'L': o->lab = optarg; break;
