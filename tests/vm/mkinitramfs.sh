@@ -18,6 +18,8 @@ cp "$ko" "$root/lib/kvmem.ko"
 cp "$vm"/bin/kvmem-* "$root/tests/"
 cp "$vm"/usr/* "$root/usr/bin/"
 cp "$here/session.sh" "$root/usr/bin/kvmem-vm-session"
+# An optional observer of the session's kmod run (tests/vm/session.sh).
+[ -d "$vm/observe" ] && cp "$vm"/observe/* "$root/usr/bin/"
 chmod 755 "$root/usr/bin/kvmem-vm-session"
 cp -r "$vm"/data/ws-* "$root/data/"
 # A few of the image's own modules, for an ext2 file system on a loop

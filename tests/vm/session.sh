@@ -14,6 +14,13 @@
 #    module's tracepoints (kvmem:*, in tracefs) fired while it ran: fills,
 #    prefetches, faults.
 # Needs kvmem on PATH. KVMEM_TEST_SEED picks the model and the script.
+# An observer of the module's tracepoints (e.g. a bpf/ tool) can watch the
+# kmod run: an executable kvmem-vm-observe on PATH (mkinitramfs.sh copies
+# $VM/observe/* into /usr/bin) is started before it with the workspace as
+# its argument, stopped with SIGTERM after (SIGINT: a background job of a
+# script starts with it ignored), killed when it has not ended 10 s later,
+# and its output printed as "# observe:" lines; its exit status is
+# printed, not judged here.
 set -u
 n=0
 ok() { n=$((n + 1)); echo "ok $n session: $1"; }
@@ -66,9 +73,24 @@ if [ -d $trace/events/kvmem ]; then
 	echo >$trace/trace
 	echo 1 >$trace/events/kvmem/enable
 fi
+obs=""
+if command -v kvmem-vm-observe >/dev/null 2>&1; then
+	kvmem-vm-observe $d/ws-kmod >$d/observe.out 2>&1 &
+	obs=$!
+	sleep 2	# time to attach
+fi
 run_pager kmod
 check $? "the same session over --pager kmod"
 t2=$(cut -d' ' -f1 /proc/uptime)
+if [ -n "$obs" ]; then
+	kill -TERM $obs 2>/dev/null
+	i=0
+	while kill -0 $obs 2>/dev/null && [ $i -lt 10 ]; do sleep 1; i=$((i + 1)); done
+	kill -KILL $obs 2>/dev/null
+	wait $obs
+	echo "# observe: kvmem-vm-observe exit $?"
+	sed 's/^/# observe: /' $d/observe.out | head -n 200
+fi
 if [ -d $trace/events/kvmem ]; then
 	echo 0 >$trace/events/kvmem/enable
 	cat $trace/trace >$d/kmod.trace

@@ -82,7 +82,8 @@ $(VM_DIR)/usr/kvmem: $(CLI_OBJ) $(BUILD)/libkvmem.a $(BUILD)/libkvmem_agentlang.
 	    $(LDLIBS) $(SERVE_LIBS)
 
 $(VM_DIR)/initramfs.cpio: $(KMOD_DIR)/kvmem.ko $(VM_PROGS) $(VM_BPF) $(VM_DATA) $(VM_USR) \
-		tests/vm/init.sh tests/vm/session.sh tests/vm/mkinitramfs.sh
+		$(wildcard $(VM_DIR)/observe/*) tests/vm/init.sh tests/vm/session.sh \
+		tests/vm/mkinitramfs.sh
 	tests/vm/mkinitramfs.sh $(VM_DIR) $(KMOD_DIR)/kvmem.ko
 
 vm-build: $(VM_DIR)/initramfs.cpio
