@@ -629,15 +629,16 @@ static void test_nan_logits_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 0x7a;
 	kvmem_model *m = small_model(&rng);
-	kvmem_backend *e = test_backend(m, 16);
+	kvmem_backend *e;
+	kvmem_session_opts o;
 	kvmem_session *s;
 	int32_t tok[40], out[4];
 
 	for (int i = 0; i < 40; i++)
 		tok[i] = test_rng_int(&rng, 0, m->cfg.vocab - 1);
-	kvmem_session_opts o;
-
+	/* Before the backend takes its copy of the weights (a GPU's). */
 	((float *)m->final_norm)[test_rng_int(&rng, 0, m->cfg.hidden - 1)] = NAN;
+	e = test_backend(m, 16);
 	kvmem_session_opts_default(&o);
 	o.chunk = 16;
 	s = kvmem_session_create(e, &o);
