@@ -23,6 +23,7 @@
 #include "kvmem/source.h"
 #include "kvmem/store.h"
 #include "source/source_int.h"
+#include "util/grow.h"
 
 struct psrc {
 	kvmem_pager *p;
@@ -32,7 +33,8 @@ struct psrc {
 	size_t pf;		/* elements in one K (or V) page: H * B * D */
 	size_t es;		/* bytes of one element in the workspace's dtype */
 	int64_t first;		/* first open block: every block before it is staged out */
-	int n_open, cap_open;
+	int n_open;
+	size_t cap_open;
 	char **open;		/* [n_open] -> [L][2][H][B][D] in the dtype */
 	int **fill;		/* [n_open] -> [L] tokens written */
 };
@@ -45,26 +47,14 @@ static int open_block(struct psrc *s, int64_t b, char **pages, int **fill)
 	if (i < 0)
 		return kvmem_error(EINVAL, "%s: block %" PRId64 " is already staged out and cannot change",
 				 s->dir, b);
-	if (i >= s->cap_open) {
-		int cap = s->cap_open ? s->cap_open : 4;
-		char **o;
-		int **f;
+	if (i >= (int64_t)s->cap_open) {
+		size_t c1 = s->cap_open, c2 = s->cap_open;
 
-		while (cap <= i)
-			cap *= 2;
-		o = realloc(s->open, cap * sizeof(*o));
-		if (!o)
+		/* Both arrays by one count; new entries NULL. */
+		if (kvmem_grow(&s->open, sizeof(*s->open), (size_t)i + 1, &c1, 4) ||
+		    kvmem_grow(&s->fill, sizeof(*s->fill), (size_t)i + 1, &c2, 4))
 			return kvmem_error(ENOMEM, "%s: out of memory", s->dir);
-		s->open = o;
-		f = realloc(s->fill, cap * sizeof(*f));
-		if (!f)
-			return kvmem_error(ENOMEM, "%s: out of memory", s->dir);
-		s->fill = f;
-		for (int k = s->cap_open; k < cap; k++) {
-			s->open[k] = NULL;
-			s->fill[k] = NULL;
-		}
-		s->cap_open = cap;
+		s->cap_open = c1;
 	}
 	if (!s->open[i]) {
 		s->open[i] = calloc((size_t)s->L * 2 * s->pf, s->es);
@@ -228,7 +218,7 @@ static void ps_destroy(void *ctx)
 {
 	struct psrc *s = ctx;
 
-	for (int i = 0; i < s->cap_open; i++) {
+	for (size_t i = 0; i < s->cap_open; i++) {
 		free(s->open[i]);
 		free(s->fill[i]);
 	}
