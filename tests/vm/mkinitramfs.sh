@@ -4,9 +4,9 @@
 # ($VM/usr, into /usr/bin, with tests/vm/session.sh), their shared
 # libraries (ldd), and the workspaces the generator wrote ($VM/data).
 # Writes $VM/initramfs.cpio.
-#   tests/vm/mkinitramfs.sh VM_DIR KVMEM_KO
+#   tests/vm/mkinitramfs.sh VM_DIR KVMEM_KO KVER
 set -e
-vm=$1 ko=$2
+vm=$1 ko=$2 kver=$3
 here=$(cd "$(dirname "$0")" && pwd)
 root=$vm/root
 rm -rf "$root"
@@ -24,7 +24,7 @@ chmod 755 "$root/usr/bin/kvmem-vm-session"
 cp -r "$vm"/data/ws-* "$root/data/"
 # A few of the image's own modules, for an ext2 file system on a loop
 # device (the O_DIRECT test; tmpfs has no O_DIRECT in 6.1). Optional.
-mods=$(ls -d "$vm"/kernel/root/lib/modules/*/kernel 2>/dev/null | head -n 1)
+mods=$vm/kernel/root/lib/modules/$kver/kernel
 mkdir -p "$root/lib/extra"
 for m in lib/crc16.ko crypto/crc32c_generic.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko \
 	drivers/block/loop.ko; do

@@ -81,13 +81,19 @@ $(VM_DIR)/usr/kvmem: $(CLI_OBJ) $(BUILD)/libkvmem.a $(BUILD)/libkvmem_agentlang.
 	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/libkvmem_agentlang.a $(BUILD)/libkvmem.a $(LDFLAGS) \
 	    $(LDLIBS) $(SERVE_LIBS)
 
+# The kernel image first: the initramfs takes a few of its modules (ext4 and
+# loop, for the O_DIRECT tests), so on a fresh machine it must be there
+# before the initramfs is packed.
+VM_KERNEL := $(VM_DIR)/kernel/root/boot/vmlinuz-$(KVER)
+$(VM_KERNEL):
+	@tests/vm/kernel.sh $(VM_DIR) $(KVER)
+
 $(VM_DIR)/initramfs.cpio: $(KMOD_DIR)/kvmem.ko $(VM_PROGS) $(VM_BPF) $(VM_DATA) $(VM_USR) \
 		$(wildcard $(VM_DIR)/observe/*) tests/vm/init.sh tests/vm/session.sh \
-		tests/vm/mkinitramfs.sh
-	tests/vm/mkinitramfs.sh $(VM_DIR) $(KMOD_DIR)/kvmem.ko
+		tests/vm/mkinitramfs.sh $(VM_KERNEL)
+	tests/vm/mkinitramfs.sh $(VM_DIR) $(KMOD_DIR)/kvmem.ko $(KVER)
 
 vm-build: $(VM_DIR)/initramfs.cpio
-	@tests/vm/kernel.sh $(VM_DIR) $(KVER)
 
 vmtest: deps
 	@$(MAKE) --no-print-directory vm-build
