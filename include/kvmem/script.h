@@ -61,6 +61,17 @@ void kvmem_script_close(kvmem_script *sc);
 /* The next k ids of an append_random step, uniform over the vocabulary. */
 void kvmem_script_random_ids(kvmem_script_step *st, int vocab, int32_t *ids, int64_t k);
 
+/*
+ * A token-id file (`kvmem run --prompt FILE`): whitespace-separated decimal
+ * ids, each in [0, vocab), at most KVMEM_TOKEN_FILE_MAX of them. Read a byte
+ * at a time, so no id is ever cut in two however long it is written, and a
+ * NUL byte (a binary file, or "1\0 2") is an error, not a separator. *ids is
+ * malloc'd. -EINVAL names the offset and index of the first bad token; an
+ * empty file is -ENODATA.
+ */
+#define KVMEM_TOKEN_FILE_MAX (1L << 30)
+int kvmem_token_file_read(const char *path, int vocab, int32_t **ids, int64_t *n);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

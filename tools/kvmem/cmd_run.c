@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kvmem/backend.h"
+#include "kvmem/script.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
@@ -301,105 +302,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 	return 0;
 }
 
-/* ---- the prompt ------------------------------------------------------------ */
-/*
- * Whitespace-separated decimal token ids, each in [0, vocab). Read a byte
- * at a time, so no id is ever cut in two however long it is written, and a
- * NUL byte (a binary file, or "1\0 2") is an error, not a separator.
- */
-static int read_tokens(const char *path, int vocab, int32_t **out, int *n_out)
-{
-	int32_t *t = NULL;
-	int n = 0, cap = 0, ch, fd;
-	long long off = 0;
-	struct stat st;
-	FILE *f;
-
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
-	if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-		close(fd);
-		return kvmem_error(EINVAL, "%s: a directory, not a file of token ids", path);
-	}
-	f = fdopen(fd, "r");
-	if (!f) {
-		close(fd);
-		return kvmem_error(errno, "%s: %s", path, strerror(errno));
-	}
-	for (ch = getc(f);; ch = getc(f), off++) {
-		uint64_t id = 0;
-		long long start = off;
-		int len = 0, bad = 0;
-
-		while (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f') {
-			ch = getc(f);
-			start = ++off;
-		}
-		if (ch == EOF)
-			break;
-		for (; ch != EOF && !strchr(" \t\n\r\v\f", ch) && ch != 0; ch = getc(f), off++) {
-			bad |= ch < '0' || ch > '9';
-			if (++len <= 12 && !bad)
-				id = id * 10 + (uint64_t)(ch - '0');
-		}
-		if (ch == 0) {
-			kvmem_error(EINVAL, "%s: a NUL byte at offset %lld: not a text file of token ids",
-				    path, off);
-			goto fail;
-		}
-		if (bad) {
-			kvmem_error(EINVAL, "%s: the token at index %d (offset %lld) is not a decimal id",
-				    path, n, start);
-			goto fail;
-		}
-		if (len > 12) {
-			kvmem_error(EINVAL, "%s: the token at index %d (offset %lld) is a number of %d "
-				    "digits, outside the vocabulary 0..%d", path, n, start, len, vocab - 1);
-			goto fail;
-		}
-		if (id >= (uint64_t)vocab) {
-			kvmem_error(EINVAL, "%s: the token at index %d (offset %lld) is %llu, outside the "
-				    "vocabulary 0..%d", path, n, start, (unsigned long long)id, vocab - 1);
-			goto fail;
-		}
-		if (n == MAX_TOKENS) {
-			kvmem_error(EINVAL, "%s: more than %ld token ids", path, MAX_TOKENS);
-			goto fail;
-		}
-		if (n == cap) {
-			int32_t *p;
-
-			cap = cap ? 2 * cap : 1024;
-			p = realloc(t, sizeof(int32_t) * (size_t)cap);
-			if (!p) {
-				kvmem_error(ENOMEM, "%s: out of memory after %d tokens", path, n);
-				goto fail;
-			}
-			t = p;
-		}
-		t[n++] = (int32_t)id;
-		if (ch == EOF)
-			break;
-	}
-	if (ferror(f)) {
-		kvmem_error(EIO, "%s: read error: %s", path, strerror(errno));
-		goto fail;
-	}
-	if (n == 0) {
-		kvmem_error(EINVAL, "%s: holds no token ids", path);
-		goto fail;
-	}
-	fclose(f);
-	*out = t;
-	*n_out = n;
-	return 0;
-fail:
-	fclose(f);
-	free(t);
-	return -1;
-}
-
 int run_logits_finite(const float *logits, int64_t n)
 {
 	int ok = 1;
@@ -465,8 +367,11 @@ static int run_plain(const struct run_opts *o)
 		if (run_text_prompt(o, c, &tok, &n))
 			goto out;
 	} else if (o->prompt) {
-		if (read_tokens(o->prompt, c->vocab, &tok, &n))
+		int64_t got;
+
+		if (kvmem_token_file_read(o->prompt, c->vocab, &tok, &got) < 0)
 			goto out;
+		n = (int)got;
 	} else {
 		uint64_t rng = kvmem_rng_seed(o->seed);
 

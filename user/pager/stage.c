@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "pager/pager_int.h"
@@ -46,6 +47,19 @@ static void orphan_keep(kvmem_pager *p, uint64_t block, const uint8_t *ext, cons
 	}
 }
 
+/* Why a write to a regular file stopped short of `end`: the process's file
+ * size limit (RLIMIT_FSIZE: -EFBIG, as write(2) would say on the next
+ * call), else the space ran out. */
+static int short_write_cause(uint64_t end)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    end > (uint64_t)rl.rlim_cur)
+		return EFBIG;
+	return ENOSPC;
+}
+
 void stage_done(kvmem_pager *p, struct io_req *r)
 {
 	struct stage_slot *ss = &p->stage[r->slot];
@@ -65,13 +79,12 @@ void stage_done(kvmem_pager *p, struct io_req *r)
 		PROBE_STAGE_OUT(block, r->len, ns);
 		PROBE_TIER_MOVE(block * L, 0, KVMEM_TIER_NVME, r->len, ns);
 	} else {
-		PROBE_IO_ERROR(block * L, r->res < 0 ? r->res : -ENOSPC);
-		/* A short write to a regular file means the space ran out. */
-		pager_fail_write(p, r->res < 0 ? -r->res : ENOSPC,
-				 "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
+		int err = r->res < 0 ? -r->res : short_write_cause(r->off + r->len);
+
+		PROBE_IO_ERROR(block * L, -err);
+		pager_fail_write(p, err, "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
 				 PRIu64 ") failed: %s%s", p->dir, block, r->len, r->off,
-				 strerror(r->res < 0 ? -r->res : ENOSPC),
-				 r->res < 0 ? "" : " (short write)");
+				 strerror(err), r->res < 0 ? "" : " (short write)");
 		orphan_keep(p, block, r->buf, NULL);
 	}
 	ss->busy = 0;

@@ -5,11 +5,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/script.h"
+#include "util/grow.h"
 #include "util/json.h"
 
 struct kvmem_script {
@@ -207,4 +210,93 @@ void kvmem_script_random_ids(kvmem_script_step *st, int vocab, int32_t *ids, int
 {
 	for (int64_t i = 0; i < k; i++)
 		ids[i] = (int32_t)(kvmem_rng_uniform(&st->rng) * vocab);
+}
+
+int kvmem_token_file_read(const char *path, int vocab, int32_t **ids, int64_t *n_out)
+{
+	int32_t *t = NULL;
+	size_t cap = 0;
+	int64_t n = 0;
+	long long off = 0;
+	struct stat st;
+	int ch, fd, rc = 0;
+	FILE *f;
+
+	*ids = NULL;
+	*n_out = 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
+	if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+		close(fd);
+		return kvmem_error(EISDIR, "%s: a directory, not a file of token ids", path);
+	}
+	if (!(f = fdopen(fd, "r"))) {
+		rc = kvmem_error(errno, "%s: %s", path, strerror(errno));
+		close(fd);
+		return rc;
+	}
+	for (ch = getc(f);; ch = getc(f), off++) {
+		uint64_t id = 0;
+		long long start = off;
+		int len = 0, bad = 0;
+
+		while (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f') {
+			ch = getc(f);
+			start = ++off;
+		}
+		if (ch == EOF)
+			break;
+		for (; ch != EOF && !strchr(" \t\n\r\v\f", ch) && ch != 0; ch = getc(f), off++) {
+			bad |= ch < '0' || ch > '9';
+			if (++len <= 12 && !bad)
+				id = id * 10 + (uint64_t)(ch - '0');
+		}
+		if (ch == 0) {
+			rc = kvmem_error(EINVAL, "%s: a NUL byte at offset %lld: not a text file of "
+					 "token ids", path, off);
+			goto out;
+		}
+		if (bad) {
+			rc = kvmem_error(EINVAL, "%s: the token at index %lld (offset %lld) is not a "
+					 "decimal id", path, (long long)n, start);
+			goto out;
+		}
+		if (len > 12 || id >= (uint64_t)vocab) {
+			rc = len > 12 ?
+			     kvmem_error(EINVAL, "%s: the token at index %lld (offset %lld) is a number "
+					 "of %d digits, outside the vocabulary 0..%d", path,
+					 (long long)n, start, len, vocab - 1) :
+			     kvmem_error(EINVAL, "%s: the token at index %lld (offset %lld) is %llu, "
+					 "outside the vocabulary 0..%d", path, (long long)n, start,
+					 (unsigned long long)id, vocab - 1);
+			goto out;
+		}
+		if (n == KVMEM_TOKEN_FILE_MAX) {
+			rc = kvmem_error(EINVAL, "%s: more than %ld token ids", path,
+					 KVMEM_TOKEN_FILE_MAX);
+			goto out;
+		}
+		if (kvmem_grow(&t, sizeof(*t), (size_t)n + 1, &cap, 1024)) {
+			rc = kvmem_error(ENOMEM, "%s: out of memory after %lld tokens", path,
+					 (long long)n);
+			goto out;
+		}
+		t[n++] = (int32_t)id;
+		if (ch == EOF)
+			break;
+	}
+	if (ferror(f))
+		rc = kvmem_error(EIO, "%s: read error: %s", path, strerror(errno));
+	else if (n == 0)
+		rc = kvmem_error(ENODATA, "%s: holds no token ids", path);
+out:
+	fclose(f);
+	if (rc < 0) {
+		free(t);
+		return rc;
+	}
+	*ids = t;
+	*n_out = n;
+	return 0;
 }
