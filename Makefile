@@ -10,6 +10,8 @@
 #   make asan       the library, the CLI and the tests with ASan + UBSan
 #   make static     build/static/kvmem linked statically (runs on other distros,
 #                   e.g. the GPU machine, without carrying shared libraries)
+#   make fuzz       libFuzzer over every parser of untrusted input, FUZZ_SECONDS
+#                   each (tests/fuzz/fuzz.mk)
 #   make install    headers, libkvmem.{a,so}, kvmem.pc and kvmem under
 #                   $(DESTDIR)$(PREFIX) (PREFIX=/usr/local by default)
 #
@@ -103,6 +105,9 @@ $(O)/tests/%: tests/unit/%.c $(HELP_OBJ) $(O)/libkvmem.a $(O)/libkvmem_agentlang
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuser -Itests/unit -o $@ $< $(HELP_OBJ) $(O)/libkvmem_agentlang.a \
 	    $(O)/libkvmem.a $(CUDA_LINK) $(LDFLAGS) $(LDLIBS) -lcmocka
+
+# The fuzzing harness: make fuzz (its replays are unit tests: make test).
+include tests/fuzz/fuzz.mk
 
 # The CUDA ops and the GPU check program, when nvcc is found (else nothing).
 include kernels/cuda/cuda.mk

@@ -20,6 +20,9 @@ PKGS="$PKGS linux-headers-amd64 linux-source-6.1 xz-utils qemu-system-x86 busybo
 # The eBPF tools (make bpf: bpf/bpf.mk): clang and libbpf-dev above, llvm-strip,
 # and bpftool for vmlinux.h and the skeletons.
 PKGS="$PKGS llvm bpftool"
+# The fuzzing harness (make fuzz: tests/fuzz/fuzz.mk): clang above with its
+# libFuzzer and sanitizer runtimes, and its OpenMP runtime.
+PKGS="$PKGS libclang-rt-dev libomp-dev"
 # kvmem serve's tests drive it with the official openai npm client and check the
 # tokenizer against npm references (tests/serve/): node and npm. A machine
 # with its own Node.js (a nodesource build carries npm) keeps it.

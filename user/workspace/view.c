@@ -370,8 +370,9 @@ int ws_view_restore(kvmem_session *s)
 	hint_restore(s);
 	for (int l = 0; l < s->cfg.n_layers; l++) {
 		int set = p->n_sets <= 1 ? 0 : l;
-		const int64_t *nb = p->blocks + (size_t)set * p->n_view;
-		const int64_t *ns = p->start + (size_t)set * p->n_view;
+		/* An empty plan (nothing selected yet) has no arrays at all. */
+		const int64_t *nb = p->n_view ? p->blocks + (size_t)set * p->n_view : NULL;
+		const int64_t *ns = p->n_view ? p->start + (size_t)set * p->n_view : NULL;
 
 		/* The history part: each block as long as it was when planned. */
 		for (int i = 0; i < p->n_view; i++) {
