@@ -68,3 +68,18 @@ $(BPF_OUT)/policies/%.bpf.o: bpf/policies/%.bpf.c bpf/policies/policy.bpf.h $(BP
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -Ibpf/policies -MMD -MP -c $< -o $@
 	$(LLVM_STRIP) -g $@
+
+# The VM of `make vmtest` (tests/vm/vm.mk) starts kvmem-vm-observe, when it
+# is in $(VM_DIR)/observe, during its session over the kernel module
+# (tests/vm/session.sh) and prints what it says: the tools on the module's
+# tracepoints and a policy on kvmem_reclaim (bpf/vm-observe.sh).
+ifdef VM_DIR
+ifneq ($(BPF_HAVE),)
+$(VM_DIR)/initramfs.cpio: $(VM_DIR)/observe/kvmem-vm-observe
+endif
+$(VM_DIR)/observe/kvmem-vm-observe: bpf/vm-observe.sh $(BPF_TOOLS:%=$(BPF_OUT)/%) \
+		$(BPF_OUT)/policies/protect_recent.bpf.o
+	@mkdir -p $(dir $@)
+	cp $(BPF_TOOLS:%=$(BPF_OUT)/%) $(BPF_OUT)/policies/protect_recent.bpf.o $(dir $@)
+	cp bpf/vm-observe.sh $@
+endif

@@ -74,12 +74,19 @@ static __always_inline __u32 kt_log2(__u64 v)
 	return r | (__u32)(v >> 1);
 }
 
-/* The histogram slot of v: floor(log2(v)) (0 and 1 share slot 0), capped. */
-static __always_inline __u32 kt_slot(__u64 v)
+/* The histogram slot of v: floor(log2(v)) (0 and 1 share slot 0), capped.
+ * Debian 6.1's verifier lost the bound when clang compared a copy of the
+ * value: the barrier keeps clang from folding the mask away, and the mask
+ * gives the verifier the bound (KT_MAX_SLOTS is a power of two). */
+static __always_inline __u64 kt_slot(__u64 v)
 {
-	__u32 s = kt_log2(v);
+	__u64 s = kt_log2(v);
 
-	return s < KT_MAX_SLOTS ? s : KT_MAX_SLOTS - 1;
+	if (s >= KT_MAX_SLOTS)
+		s = KT_MAX_SLOTS - 1;
+	barrier_var(s);
+	return s & (KT_MAX_SLOTS - 1);
 }
+_Static_assert((KT_MAX_SLOTS & (KT_MAX_SLOTS - 1)) == 0, "KT_MAX_SLOTS: a power of two");
 
 #endif

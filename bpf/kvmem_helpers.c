@@ -285,9 +285,13 @@ int kt_load_failed(const struct kt_env *env, int err)
 {
 	if (err < 0)
 		err = -err;
-	if (err == EPERM || err == EACCES)
+	/* EACCES is also the verifier's answer, to root as to anyone */
+	if (err == EPERM || (err == EACCES && geteuid() != 0))
 		fprintf(stderr, "%s: cannot load BPF programs: %s (run as root, or with CAP_BPF "
 			"and CAP_PERFMON)\n", env->tool, strerror(err));
+	else if (err == EACCES)
+		fprintf(stderr, "%s: the kernel's verifier refused a program (-v shows its log)\n",
+			env->tool);
 	else
 		fprintf(stderr, "%s: cannot load BPF programs: %s (-v shows libbpf's log)\n",
 			env->tool, strerror(err));

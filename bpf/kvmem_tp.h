@@ -21,9 +21,10 @@
  *						the one to evict
  *
  * Every tp_* program in bpf/ is loaded only when the module is (see
- * kt_module_loaded()), so the USDT side never depends on it. Checked against
- * the module's source; not yet run in the VM (tests/vm), see
- * Documentation/observability.md, "The module's side".
+ * kt_module_loaded()), so the USDT side never depends on it. In the VM of
+ * `make vmtest` bpf/vm-observe.sh runs the tools on these tracepoints and
+ * compares their totals with the module's counters (observability.md,
+ * "The module's side").
  */
 #ifndef KVMEM_BPF_TP_H
 #define KVMEM_BPF_TP_H

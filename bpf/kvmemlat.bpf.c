@@ -26,7 +26,7 @@ struct {
 static __always_inline void record(__u32 kind, __u64 ns)
 {
 	struct lat_hist *h = bpf_map_lookup_elem(&hists, &kind);
-	__u32 slot;
+	__u64 slot;
 
 	if (!h)
 		return;
