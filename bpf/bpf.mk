@@ -3,8 +3,9 @@
 #   make bpf        $(O)/bpf/kvmemtop, kvmemsnoop, kvmemlat, kvmempolicy and
 #                   the example policies $(O)/bpf/policies/*.bpf.o
 #
-# `make` (all) builds them too when clang, bpftool and libbpf's headers are
-# there (tools/deps.sh installs them), except in the sanitizer build.
+# `make` (all) builds them too when clang, bpftool, libbpf's headers and the
+# kernel's BTF are there (tools/deps.sh installs the packages), except in the
+# sanitizer build.
 # vmlinux.h is generated from the BTF of the kernel the tools will run on:
 # VMLINUX_BTF=/sys/kernel/btf/vmlinux by default; for the module's VM give
 # the Debian kernel's BTF (see Documentation/observability.md). Never
@@ -25,7 +26,9 @@ BPF_CFLAGS   := -g -O2 -target bpf -D__TARGET_ARCH_$(BPF_ARCH) -Wall -Wno-unused
 BPF_USER_CFLAGS := $(CSTD) $(WARN) $(OPT) -I$(BPF_OUT) -Ibpf -Iinclude/uapi -MMD -MP
 BPF_LDLIBS   := -lbpf -lelf -lz
 
-BPF_HAVE := $(and $(shell command -v $(CLANG) 2>/dev/null),$(BPFTOOL),$(wildcard /usr/include/bpf/usdt.bpf.h))
+# Built by `make` only where they can be: clang, bpftool, libbpf's USDT
+# header and the kernel's BTF (`make bpf` tries anyway and says what fails).
+BPF_HAVE := $(and $(shell command -v $(CLANG) 2>/dev/null),$(BPFTOOL),$(wildcard /usr/include/bpf/usdt.bpf.h),$(wildcard $(VMLINUX_BTF)))
 
 .PHONY: bpf
 bpf: $(BPF_TOOLS:%=$(BPF_OUT)/%) $(BPF_POLICIES:%=$(BPF_OUT)/policies/%.bpf.o)
