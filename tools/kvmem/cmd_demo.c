@@ -14,14 +14,17 @@
  * score, does better, and on the demo's default workspace subblock answers
  * 5 of 6 to refine's 4.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kvmem/agentlang.h"
 #include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "kvmem/lab.h"
 #include "kvmem/workspace.h"
 #include "cli_util.h"
 #include "cmd.h"
@@ -36,6 +39,9 @@ struct demo {
 	uint64_t seed;
 	/* what the selections of one step did */
 	int64_t selections, entered, left;
+	const char *lab;		/* --lab DIR: record the questions for kvmem lab */
+	kvmem_lab_recorder *rec;
+	const kvmem_model *m;
 };
 
 static void usage(FILE *f)
@@ -62,6 +68,8 @@ static void usage(FILE *f)
 		"  --policy NAME     selection policy to show (default subblock; refine reads\n"
 		"                    K pages too and does better in kvmem bench recall)\n"
 		"  --seed S          workspace seed (default %llu; training used seeds < 1e6)\n"
+		"  --lab DIR         record the questions for kvmem lab: DIR/demo.trace over\n"
+		"                    DIR/demo.ws (Documentation/lab.md)\n"
 		"  --backend NAME    compute backend: cpu, cuda, or auto (default: cuda when\n"
 		"                    there is a GPU, else cpu)\n"
 		"  --quiet           only the summary\n"
@@ -116,6 +124,8 @@ static kvmem_session *open_session(struct demo *d, kvmem_backend *e, const char 
 	so.query_tokens = query_tokens;
 	so.on_select = on_select;
 	so.arg = d;
+	if (d->rec && kvmem_lab_record_attach(d->rec, &so))
+		return NULL;
 	return kvmem_session_create(e, &so);
 }
 
@@ -165,8 +175,21 @@ static int read_workspace(struct demo *d, kvmem_backend *e, const kvmem_lang_wor
 static int ask_all(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace *ws,
 		   const kvmem_page_source *src, const char *policy, int window)
 {
-	kvmem_session *s = open_session(d, e, policy, src, 1);
+	kvmem_session *s;
 	int right = 0;
+	char path[4200];
+
+	/* --lab: this policy's questions recorded, needles annotated, and the
+	 * history saved beside the trace (the sliding window is not). */
+	if (d->lab && strcmp(policy, "recency")) {
+		snprintf(path, sizeof(path), "%s/demo.trace", d->lab);
+		if ((mkdir(d->lab, 0777) && errno != EEXIST &&
+		     kvmem_error(errno, "%s: %s", d->lab, strerror(errno))) ||
+		    kvmem_lab_record_open(path, d->m, &(kvmem_lab_record_opts){ .label = "kvmem demo" },
+					  &d->rec))
+			return -1;
+	}
+	s = open_session(d, e, policy, src, 1);
 
 	if (!s || kvmem_session_adopt(s, ws->ids, ws->n_ids)) {
 		kvmem_session_free(s);
@@ -181,6 +204,12 @@ static int ask_all(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace 
 		/* A step boundary for the question: the query of its answer
 		 * marker (the token that retrieves) chooses the blocks, then the
 		 * question runs over the new view and the answer follows. */
+		if (d->rec && (kvmem_lab_record_span(d->rec, KVMEM_LAB_SPAN_NEEDLE, q->needle_pos,
+						     q->needle_end, "needle") ||
+			       kvmem_lab_record_span(d->rec, KVMEM_LAB_SPAN_QUERY,
+						     kvmem_session_tokens(s) + 1,
+						     kvmem_session_tokens(s) + q->n_ids - 1, "key")))
+			goto fail;
 		if (kvmem_session_select_ahead(s, q->ids, q->n_ids))
 			goto fail;
 		held = kvmem_plan_holds_span(kvmem_session_plan(s), d->block, q->needle_pos,
@@ -212,10 +241,26 @@ static int ask_all(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace 
 		if (kvmem_session_append(s, &nl, 1, 0))
 			goto fail;
 	}
+	if (d->rec) {
+		snprintf(path, sizeof(path), "%s/demo.ws", d->lab);
+		if (kvmem_lab_save_workspace(path, d->m, d->block, 0, src, kvmem_session_token_ids(s),
+					     kvmem_session_tokens(s)))
+			goto fail;
+		kvmem_session_free(s);
+		s = NULL;
+		if (kvmem_lab_record_close(d->rec))
+			right = -1;
+		d->rec = NULL;
+		if (right >= 0 && !d->quiet)
+			printf("  recorded for kvmem lab: %s/demo.trace over %s/demo.ws\n", d->lab, d->lab);
+	}
 	kvmem_session_free(s);
 	return right;
 fail:
 	kvmem_session_free(s);
+	if (d->rec)
+		kvmem_lab_record_close(d->rec);
+	d->rec = NULL;
 	return -1;
 }
 
@@ -227,7 +272,8 @@ static int parse(struct demo *d, int argc, char **argv)
 		{ "tokens", required_argument, NULL, 'n' },	{ "budget", required_argument, NULL, 'b' },
 		{ "questions", required_argument, NULL, 'q' }, { "steps", required_argument, NULL, 's' },
 		{ "seed", required_argument, NULL, 'S' },	{ "quiet", no_argument, NULL, 'Q' },
-		{ "backend", required_argument, NULL, 'B' },	{ "help", no_argument, NULL, 'h' },
+		{ "backend", required_argument, NULL, 'B' },	{ "lab", required_argument, NULL, 'L' },
+		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	const char *w = "kvmem demo";
@@ -244,6 +290,7 @@ static int parse(struct demo *d, int argc, char **argv)
 		case 'm': d->model_dir = optarg; break;
 		case 'p': d->policy = optarg; break;
 		case 'B': d->backend = optarg; break;
+		case 'L': d->lab = optarg; break;
 		case 'n': bad = cli_parse_count(w, name, optarg, 1, 1ll << 31, &d->tokens); break;
 		case 'b': bad = cli_parse_count(w, name, optarg, 1, INT32_MAX / 2, &d->budget); break;
 		case 'q': bad = cli_parse_int(w, name, optarg, 1, 64, &d->questions); break;
@@ -300,6 +347,7 @@ int cmd_demo(int argc, char **argv)
 	}
 	if (kvmem_model_load(d.model_dir, &m))
 		goto err;
+	d.m = m;
 	W = m->cfg.max_position;
 	if (m->cfg.vocab != kvmem_lang_vocab_size()) {
 		kvmem_error(EINVAL, "%s: vocabulary of %d tokens, agentlang has %d: not an agentlang model",
