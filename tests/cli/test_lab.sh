@@ -34,6 +34,17 @@ cmp=$(sed -n 's/.*"live_compared":\([0-9]*\).*/\1/p' <<<"$out")
 info=$("$KVMEM" lab info --trace "$tr") || bad "lab info failed"
 grep -q "live: policy refine, block 32, budget 256" <<<"$info" || bad "lab info: $info"
 
+# A session reopened from its workspace (its state restored, not selected
+# afresh) and recorded from there: the replay starts from the restored plan.
+"$KVMEM" run --model "$M" --script <(head -3 "$tmp/script") --workspace "$tmp/ws3" --budget 256 \
+	--policy subblock >/dev/null 2>&1 || bad "first part failed"
+"$KVMEM" run --model "$M" --script <(tail -4 "$tmp/script") --workspace "$tmp/ws3" --budget 256 \
+	--policy subblock --trace "$tmp/t3" >"$tmp/run3.out" 2>&1 || bad "second part failed: $(cat "$tmp/run3.out")"
+j3=$("$KVMEM" lab replay --workspace "$tmp/ws3" --trace "$tmp/t3" $bw --json 2>&1) || bad "replay of a reopened session: $j3"
+s3=$(sed -n 's/.*"steps":\([0-9]*\).*/\1/p' <<<"$j3")
+e3=$(sed -n 's/.*"live_equal":\([0-9]*\).*/\1/p' <<<"$j3")
+[ -n "$s3" ] && [ "$s3" -gt 0 ] && [ "$s3" = "$e3" ] || bad "reopened session's replay differs: $j3"
+
 # Deterministic: the same output twice.
 again=$("$KVMEM" lab replay --workspace "$ws" --trace "$tr" $bw --json 2>&1)
 [ "$out" = "$again" ] || bad "two replays differ"
