@@ -31,178 +31,7 @@
 #include "kvmem/kvmem.h"
 #include "check_gather.h"
 #include "check_perf.h"
-
-static int g_pass, g_fail, g_quick;
-static uint64_t g_rng;
-static kvmem_cuda_ctx *g_c;
-
-/* ---- small utilities ------------------------------------------------------ */
-
-static uint64_t rnext(void)
-{
-	uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double runi(double lo, double hi)
-{
-	return lo + (hi - lo) * ((double)(rnext() >> 11) * 0x1p-53);
-}
-
-static int rint_in(int lo, int hi)
-{
-	return lo + (int)(runi(0, 1) * (hi - lo + 1));
-}
-
-static void die(const char *what)
-{
-	fprintf(stderr, "kvmem_gpu_check: %s: %s\n", what, kvmem_last_error());
-	exit(2);
-}
-
-static void *hmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	if (!p) {
-		fprintf(stderr, "kvmem_gpu_check: out of host memory (%zu bytes)\n", n);
-		exit(2);
-	}
-	return p;
-}
-
-static float *rand_f32(size_t n, double lo, double hi)
-{
-	float *p = hmalloc(4 * n);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = (float)runi(lo, hi);
-	return p;
-}
-
-static uint16_t *rand_bf16(size_t n, double lo, double hi)
-{
-	uint16_t *p = hmalloc(2 * n);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = kvmem_f32_to_bf16((float)runi(lo, hi));
-	return p;
-}
-
-/* Device copy of a host array. */
-static void *dput(const void *h, size_t bytes)
-{
-	void *d;
-
-	if (kvmem_cuda_malloc(&d, bytes) || kvmem_cuda_upload(g_c, d, h, bytes))
-		die("upload");
-	return d;
-}
-
-/* Device array filled with 0xff bytes: NaN as fp32, bf16 and double. */
-static void *dpoison(size_t bytes)
-{
-	void *d;
-
-	/* On the context's stream (non-blocking: it does not wait for the
-	 * legacy default stream), then waited for. */
-	if (kvmem_cuda_malloc(&d, bytes) ||
-	    cudaMemsetAsync(d, 0xff, bytes, (cudaStream_t)kvmem_cuda_stream(g_c)) != cudaSuccess ||
-	    kvmem_cuda_sync(g_c))
-		die("poisoned allocation");
-	return d;
-}
-
-static void *dget(const void *d, size_t bytes)
-{
-	void *h = hmalloc(bytes);
-
-	if (kvmem_cuda_sync(g_c) || kvmem_cuda_download(g_c, h, d, bytes))
-		die("download");
-	return h;
-}
-
-static double bf(uint16_t h)
-{
-	return kvmem_bf16_to_f32(h);
-}
-
-static void report(int ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	printf("%s ", ok ? "ok  " : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	printf("\n");
-	fflush(stdout);
-	if (ok)
-		g_pass++;
-	else
-		g_fail++;
-}
-
-/* Elementwise comparison with |g - r| <= atol + rtol |r|. */
-struct cmp {
-	size_t n, bad, unwritten, diff;
-	double max_abs, l2n, l2d;
-};
-
-static void cmp_one(struct cmp *c, double g, double r, double atol, double rtol)
-{
-	double e;
-
-	c->n++;
-	if (isnan(r) && isnan(g))
-		return;	/* neither wrote it (poison kept) */
-	if (isnan(g) && !isnan(r)) {
-		c->unwritten++;
-		c->bad++;
-		return;
-	}
-	e = fabs(g - r);
-	if (g != r)
-		c->diff++;
-	if (!(e <= atol + rtol * fabs(r)))
-		c->bad++;
-	if (e > c->max_abs || isnan(e))
-		c->max_abs = e;
-	c->l2n += e * e;
-	c->l2d += r * r;
-}
-
-static void cmp_report(const struct cmp *c, const char *what, double atol, double rtol)
-{
-	report(c->bad == 0, "%-34s n=%-9zu max|d|=%-9.3g relL2=%-9.3g differ=%-7zu bad=%zu "
-	       "unwritten=%zu (atol %.3g rtol %.3g)", what, c->n, c->max_abs,
-	       c->l2d > 0 ? sqrt(c->l2n / c->l2d) : 0.0, c->diff, c->bad, c->unwritten, atol, rtol);
-}
-
-static void cmp_bf16(const char *what, const uint16_t *g, const uint16_t *r, size_t n, double atol,
-		     double rtol)
-{
-	struct cmp c = { 0 };
-
-	for (size_t i = 0; i < n; i++)
-		cmp_one(&c, bf(g[i]), bf(r[i]), atol, rtol);
-	cmp_report(&c, what, atol, rtol);
-}
-
-static void cmp_f32(const char *what, const float *g, const float *r, size_t n, double atol,
-		    double rtol)
-{
-	struct cmp c = { 0 };
-
-	for (size_t i = 0; i < n; i++)
-		cmp_one(&c, g[i], r[i], atol, rtol);
-	cmp_report(&c, what, atol, rtol);
-}
-
-#define ULP1 0x1p-7	/* one bf16 ulp, relative to the value */
+#include "check_util.h"
 
 /* ---- dense ops -------------------------------------------------------------- */
 
@@ -848,84 +677,6 @@ static void check_scores(void)
 
 /* ---- timing ---------------------------------------------------------------------- */
 
-typedef int (*bench_fn)(void *arg);
-
-static int cmp_dbl(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* Median milliseconds of `reps` runs after `warm` warm-ups, by CUDA events
- * around each run on the context's stream. */
-static double time_ms(bench_fn fn, void *arg, int warm, int reps)
-{
-	cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(g_c);
-	cudaEvent_t a, b;
-	double t[64];
-
-	if (reps > 64)
-		reps = 64;
-	cudaEventCreate(&a);
-	cudaEventCreate(&b);
-	for (int i = 0; i < warm; i++)
-		if (fn(arg))
-			die("bench warm-up");
-	for (int i = 0; i < reps; i++) {
-		float ms;
-
-		cudaEventRecord(a, st);
-		if (fn(arg))
-			die("bench run");
-		cudaEventRecord(b, st);
-		cudaEventSynchronize(b);
-		cudaEventElapsedTime(&ms, a, b);
-		t[i] = ms;
-	}
-	if (kvmem_cuda_sync(g_c))
-		die("bench");
-	cudaEventDestroy(a);
-	cudaEventDestroy(b);
-	qsort(t, reps, sizeof(double), cmp_dbl);
-	return t[reps / 2];
-}
-
-/* Fill device memory with random bf16 in [-a, a] (host-generated chunk,
- * repeated with a shift: not zeros, not one repeated value). */
-static void dfill_bf16(void *d, size_t n, double a)
-{
-	size_t chunk = 1 << 22, m = n < chunk ? n : chunk;
-	uint16_t *h = rand_bf16(m + 1024, -a, a);
-
-	for (size_t at = 0, s = 0; at < n; at += m, s = (s + 7) % 1024) {
-		size_t k = n - at < m ? n - at : m;
-
-		if (cudaMemcpy((uint16_t *)d + at, h + s, 2 * k, cudaMemcpyHostToDevice) != cudaSuccess)
-			die("fill");
-	}
-	/* The ops' stream does not wait for the default stream's copies. */
-	if (cudaDeviceSynchronize() != cudaSuccess)
-		die("fill");
-	free(h);
-}
-
-static void dfill_f32(void *d, size_t n, double a)
-{
-	size_t chunk = 1 << 22, m = n < chunk ? n : chunk;
-	float *h = rand_f32(m + 1024, -a, a);
-
-	for (size_t at = 0, s = 0; at < n; at += m, s = (s + 7) % 1024) {
-		size_t k = n - at < m ? n - at : m;
-
-		if (cudaMemcpy((float *)d + at, h + s, 4 * k, cudaMemcpyHostToDevice) != cudaSuccess)
-			die("fill");
-	}
-	if (cudaDeviceSynchronize() != cudaSuccess)
-		die("fill");
-	free(h);
-}
-
 struct copy_arg {
 	void *a, *b;
 	size_t bytes;
@@ -1256,7 +1007,7 @@ static void bench(void)
 		kvmem_cuda_free(s.tok);
 		kvmem_cuda_free(s.rng);
 	}
-	bench_perf(g_c, copy_gbs, gemm_tfs);
+	bench_perf(copy_gbs, gemm_tfs);
 }
 
 int main(int argc, char **argv)
@@ -1297,7 +1048,7 @@ int main(int argc, char **argv)
 	if (kvmem_cuda_ctx_create(&g_c, 0))
 		die("context");
 	if (only_gather) {
-		check_gather(g_c, g_quick, g_rng, &g_pass, &g_fail);
+		check_gather();
 	} else if (do_profile) {
 		profile();
 	} else if (do_bench) {
@@ -1310,9 +1061,9 @@ int main(int argc, char **argv)
 		check_gemm();
 		check_rope();
 		check_scatter();
-		check_gather(g_c, g_quick, g_rng, &g_pass, &g_fail);
+		check_gather();
 		check_attention();
-		check_perf(g_c, g_quick, g_rng, &g_pass, &g_fail);
+		check_perf();
 		check_sample();
 		check_scores();
 	}

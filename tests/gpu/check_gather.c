@@ -20,28 +20,12 @@
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "check_gather.h"
+#include "check_util.h"
 
-static uint64_t g_r;
-static int *g_pass_p, *g_fail_p;
-
-static double uni(void)
+/* One "ok"/"FAIL" line naming the case. */
+static void result(int ok, const char *name, int heads, int hd, const char *what)
 {
-	uint64_t z = (g_r += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
-}
-
-static void result(int ok, const char *fmt, const char *a, int b, int c, const char *d)
-{
-	printf("%s gather %s: %d KV heads x %d, pages %s\n", ok ? "ok  " : "FAIL", a, b, c, d);
-	fflush(stdout);
-	if (ok)
-		(*g_pass_p)++;
-	else
-		(*g_fail_p)++;
-	(void)fmt;
+	report(ok, "gather %s: %d KV heads x %d, pages %s", name, heads, hd, what);
 }
 
 enum where { IN_DEVICE, IN_PINNED, IN_REGISTERED };
@@ -70,7 +54,7 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	int ok = 1;
 
 	if (!vk_ref || !vv_ref || !ck_ref || !got_k || !got_v || !used) {
-		result(0, "", name, H, D, "(out of host memory)");
+		result(0, name, H, D, "(out of host memory)");
 		goto out;
 	}
 	/* The pages, made in host memory first. */
@@ -81,15 +65,15 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 		host = malloc((size_t)n_items * page_bytes);
 	}
 	if (!host) {
-		result(0, "", name, H, D, "(no memory for the pages)");
+		result(0, name, H, D, "(no memory for the pages)");
 		goto out;
 	}
 	if (dtype == KVMEM_DTYPE_F32) {
 		for (size_t i = 0; i < (size_t)n_items * page_bytes / 4; i++)
-			((float *)host)[i] = (float)(uni() * 6 - 3);
+			((float *)host)[i] = (float)(runi(0, 1) * 6 - 3);
 	} else {
 		for (size_t i = 0; i < (size_t)n_items * page_bytes / 2; i++) {
-			float x = (float)(uni() * 6 - 3);
+			float x = (float)(runi(0, 1) * 6 - 3);
 
 			((uint16_t *)host)[i] = dtype == KVMEM_DTYPE_BF16 ? kvmem_f32_to_bf16(x)
 									 : kvmem_f32_to_f16(x);
@@ -100,13 +84,13 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	    cudaHostRegister(host, (size_t)n_items * page_bytes,
 			     cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) {
 		cudaGetLastError();
-		result(0, "", name, H, D, "(cudaHostRegister refused)");
+		result(0, name, H, D, "(cudaHostRegister refused)");
 		goto out;
 	}
 	if (w == IN_DEVICE) {
 		if (kvmem_cuda_malloc((void **)&dev_pages, (size_t)n_items * page_bytes) ||
 		    kvmem_cuda_upload(c, dev_pages, host, (size_t)n_items * page_bytes)) {
-			result(0, "", name, H, D, "(no device memory)");
+			result(0, name, H, D, "(no device memory)");
 			goto out;
 		}
 		where = dev_pages;
@@ -115,7 +99,7 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 
 		if (cudaHostGetDevicePointer(&d, host, 0) != cudaSuccess) {
 			cudaGetLastError();
-			result(0, "", name, H, D, "(no device address)");
+			result(0, name, H, D, "(no device address)");
 			goto out;
 		}
 		where = d;
@@ -125,13 +109,13 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	    (copy && kvmem_cuda_malloc((void **)&cpool, (size_t)n_items * 2 * half * 2)) ||
 	    cudaMemset(vk, 0xa5, vsz * 2) != cudaSuccess || cudaMemset(vv, 0x5a, vsz * 2) != cudaSuccess ||
 	    (copy && cudaMemset(cpool, 0, (size_t)n_items * 2 * half * 2) != cudaSuccess)) {
-		result(0, "", name, H, D, "(no device memory)");
+		result(0, name, H, D, "(no device memory)");
 		goto out;
 	}
 	memset(vk_ref, 0xa5, vsz * 2);
 	memset(vv_ref, 0x5a, vsz * 2);
 	for (int i = 0; i < n_items; i++) {
-		int n = 1 + (int)(uni() * (B - 1)), u0 = (int)(uni() * (B - n + 1)), l, slot;
+		int n = 1 + (int)(runi(0, 1) * (B - 1)), u0 = (int)(runi(0, 1) * (B - n + 1)), l, slot;
 		size_t off = (size_t)i * page_bytes + (misalign ? es * (1 + i % 3) : 0);
 
 		if (copy && i % 3 == 0)
@@ -139,8 +123,8 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 		for (int tries = 0;; tries++) {
 			int free_run = 1;
 
-			l = (int)(uni() * L);
-			slot = (int)(uni() * (cap - n + 1));
+			l = (int)(runi(0, 1) * L);
+			slot = (int)(runi(0, 1) * (cap - n + 1));
 			for (int t = 0; t < n; t++)
 				free_run &= !used[(size_t)l * cap + slot + t];
 			if (free_run)
@@ -187,7 +171,7 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 		snprintf(what, sizeof(what), "%s %s%s%s", dtype == KVMEM_DTYPE_F32 ? "f32" :
 			 dtype == KVMEM_DTYPE_BF16 ? "bf16" : "f16", where_name[w],
 			 misalign ? ", misaligned" : "", copy ? ", copied to a device page" : "");
-		result(ok, "", name, H, D, what);
+		result(ok, name, H, D, what);
 	}
 	/* bf16 pages: the gather equals the forward pass's scatter of the
 	 * same values staged packed, bit for bit. */
@@ -227,7 +211,7 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 		       !kvmem_cuda_sync(c) && !kvmem_cuda_download(c, vk_ref, vk2, vsz * 2) &&
 		       !kvmem_cuda_download(c, vv_ref, vv2, vsz * 2) &&
 		       !memcmp(vk_ref, got_k, vsz * 2) && !memcmp(vv_ref, got_v, vsz * 2);
-		result(same, "", name, H, D, "bf16: the same bits as the forward pass's scatter");
+		result(same, name, H, D, "bf16: the same bits as the forward pass's scatter");
 		kvmem_cuda_free(sk);
 		kvmem_cuda_free(sv);
 		kvmem_cuda_free(vk2);
@@ -258,13 +242,13 @@ out:
 	free(used);
 }
 
-void check_gather(kvmem_cuda_ctx *c, int quick, uint64_t seed, int *pass, int *fail)
+void check_gather(void)
 {
 	static const int dtypes[] = { KVMEM_DTYPE_BF16, KVMEM_DTYPE_F32, KVMEM_DTYPE_F16 };
 
-	g_r = seed ^ 0x67617468ull;
-	g_pass_p = pass;
-	g_fail_p = fail;
+	kvmem_cuda_ctx *c = g_c;
+	const int quick = g_quick;
+
 	for (int d = 0; d < 3; d++)
 		for (int w = 0; w < 3; w++) {
 			if (quick && w != IN_REGISTERED)

@@ -3,11 +3,7 @@
 #ifndef KVMEM_TESTS_GPU_CHECK_GATHER_H
 #define KVMEM_TESTS_GPU_CHECK_GATHER_H
 
-#include <stdint.h>
-
-#include "kvmem/cuda.h"
-
-/* One "ok"/"FAIL" line per case; counts into *pass / *fail. */
-void check_gather(kvmem_cuda_ctx *c, int quick, uint64_t seed, int *pass, int *fail);
+/* One "ok"/"FAIL" line per case, on check_util.h's context and counts. */
+void check_gather(void);
 
 #endif

@@ -16,128 +16,7 @@
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
 #include "check_perf.h"
-
-#define ULP1 0x1p-7
-
-static kvmem_cuda_ctx *C;
-static int g_quick, *g_pass, *g_fail;
-static uint64_t g_rng;
-
-static void die(const char *what)
-{
-	fprintf(stderr, "kvmem_gpu_check (perf): %s: %s\n", what, kvmem_last_error());
-	exit(2);
-}
-
-static double runi(double lo, double hi)
-{
-	uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return lo + (hi - lo) * ((z >> 11) * 0x1p-53);
-}
-
-static void *hmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	if (!p)
-		die("out of host memory");
-	return p;
-}
-
-static uint16_t *rand_bf16(size_t n, double lo, double hi)
-{
-	uint16_t *p = hmalloc(2 * n);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = kvmem_f32_to_bf16((float)runi(lo, hi));
-	return p;
-}
-
-static float *rand_f32(size_t n, double lo, double hi)
-{
-	float *p = hmalloc(4 * n);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = (float)runi(lo, hi);
-	return p;
-}
-
-static void *dput(const void *h, size_t bytes)
-{
-	void *d;
-
-	if (kvmem_cuda_malloc(&d, bytes) || kvmem_cuda_upload(C, d, h, bytes))
-		die("upload");
-	return d;
-}
-
-static void *dpoison(size_t bytes)
-{
-	void *d;
-
-	if (kvmem_cuda_malloc(&d, bytes) ||
-	    cudaMemsetAsync(d, 0xff, bytes, (cudaStream_t)kvmem_cuda_stream(C)) != cudaSuccess ||
-	    kvmem_cuda_sync(C))
-		die("poisoned allocation");
-	return d;
-}
-
-static void *dget(const void *d, size_t bytes)
-{
-	void *h = hmalloc(bytes);
-
-	if (kvmem_cuda_sync(C) || kvmem_cuda_download(C, h, d, bytes))
-		die("download");
-	return h;
-}
-
-static void report(int ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	printf("%s ", ok ? "ok  " : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	printf("\n");
-	fflush(stdout);
-	if (ok)
-		(*g_pass)++;
-	else
-		(*g_fail)++;
-}
-
-/* Tolerance check of bf16 outputs against the twin's. */
-static void cmp_bf16(const char *what, const uint16_t *g, const uint16_t *r, size_t n, double atol,
-		     double rtol)
-{
-	size_t bad = 0, unwritten = 0, diff = 0;
-	double mx = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		double a = kvmem_bf16_to_f32(g[i]), b = kvmem_bf16_to_f32(r[i]), e;
-
-		if (isnan(a) && isnan(b))
-			continue;
-		if (isnan(a)) {
-			unwritten++;
-			bad++;
-			continue;
-		}
-		e = fabs(a - b);
-		diff += g[i] != r[i];
-		if (!(e <= atol + rtol * fabs(b)))
-			bad++;
-		if (e > mx || isnan(e))
-			mx = e;
-	}
-	report(!bad, "%-44s n=%-9zu max|d|=%-9.3g differ=%-7zu bad=%zu unwritten=%zu (atol %.3g "
-	       "rtol %.3g)", what, n, mx, diff, bad, unwritten, atol, rtol);
-}
+#include "check_util.h"
 
 /* Bit-for-bit equality of two device results (n 16-bit elements). */
 static void same_bits(const char *what, const void *a, const void *b, size_t bytes)
@@ -197,11 +76,11 @@ static void check_decode_one(const struct dec_shape *s, int version)
 	dn = dput(&nk, 4);
 	if (kvmem_attention_bf16(ref, q, qp, n_q, k1, v1, NULL, n_kv, s1, heads, kvh, hd, sc))
 		die("attention twin");
-	rc = version ? kvmem_cuda_attention_bf16_v(C, version, o1, dq, dqp, n_q, dk1, dv1, NULL, n_kv,
+	rc = version ? kvmem_cuda_attention_bf16_v(g_c, version, o1, dq, dqp, n_q, dk1, dv1, NULL, n_kv,
 						   s1, heads, kvh, hd, sc)
-		     : kvmem_cuda_attention_bf16(C, o1, dq, dqp, n_q, dk1, dv1, NULL, n_kv, s1, heads,
+		     : kvmem_cuda_attention_bf16(g_c, o1, dq, dqp, n_q, dk1, dv1, NULL, n_kv, s1, heads,
 						 kvh, hd, sc);
-	if (rc || kvmem_cuda_attention_decode_bf16(C, version, o2, dq, dqp, n_q, dk2, dv2, dn,
+	if (rc || kvmem_cuda_attention_decode_bf16(g_c, version, o2, dq, dqp, n_q, dk2, dv2, dn,
 						   (int)s2, s2, heads, kvh, hd, sc)) {
 		report(0, "decode %s v%d: %s", s->name, version, kvmem_last_error());
 	} else {
@@ -244,7 +123,7 @@ static void check_decode_graph(void)
 	const int counts[] = { 1, 63, 64, 65, 700, 4096, cap - 1, cap };
 	const size_t qn = (size_t)heads * hd, kn = (size_t)kvh * cap * hd;
 	const float sc = 1.0f / sqrtf((float)hd);
-	cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(C);
+	cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(g_c);
 	uint16_t *q = rand_bf16(qn, -1, 1), *k = rand_bf16(kn, -1, 1), *v = rand_bf16(kn, -1, 1);
 	void *dq = dput(q, 2 * qn), *dk = dput(k, 2 * kn), *dv = dput(v, 2 * kn);
 	void *dn = dpoison(4), *dqp = dpoison(4), *og = dpoison(2 * qn), *op = dpoison(2 * qn);
@@ -252,11 +131,11 @@ static void check_decode_graph(void)
 	cudaGraphExec_t exec = NULL;
 	int differ = 0, runs = 0, rc;
 
-	if (kvmem_cuda_reserve(C, kvmem_cuda_attention_scratch(C, 1, heads, kvh, hd)))
+	if (kvmem_cuda_reserve(g_c, kvmem_cuda_attention_scratch(g_c, 1, heads, kvh, hd)))
 		die("reserve");
 	if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
 		die("begin capture");
-	rc = kvmem_cuda_attention_decode_bf16(C, 0, og, dq, dqp, 1, dk, dv, dn, cap, cap, heads, kvh,
+	rc = kvmem_cuda_attention_decode_bf16(g_c, 0, og, dq, dqp, 1, dk, dv, dn, cap, cap, heads, kvh,
 					      hd, sc);
 	if (cudaStreamEndCapture(st, &graph) != cudaSuccess || rc ||
 	    cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
@@ -267,9 +146,9 @@ static void check_decode_graph(void)
 		int32_t n = counts[i], p = n - 1;
 		uint16_t *a, *b;
 
-		if (kvmem_cuda_upload(C, dn, &n, 4) || kvmem_cuda_upload(C, dqp, &p, 4) ||
+		if (kvmem_cuda_upload(g_c, dn, &n, 4) || kvmem_cuda_upload(g_c, dqp, &p, 4) ||
 		    cudaGraphLaunch(exec, st) != cudaSuccess ||
-		    kvmem_cuda_attention_bf16(C, op, dq, dqp, 1, dk, dv, NULL, n, cap, heads, kvh, hd, sc))
+		    kvmem_cuda_attention_bf16(g_c, op, dq, dqp, 1, dk, dv, NULL, n, cap, heads, kvh, hd, sc))
 			die("decode graph replay");
 		a = dget(og, 2 * qn);
 		b = dget(op, 2 * qn);
@@ -349,7 +228,7 @@ static void check_v4(void)
 					 hd, 1.0f / sqrtf((float)hd)))
 			die("attention twin");
 		snprintf(what, sizeof(what), "attention v4 %s", g_quick ? quick[i].name : full[i].name);
-		if (kvmem_cuda_attention_bf16_v(C, 4, dout, dq, dqp, n_q, dk, dv, dkp, n_kv, stride, heads,
+		if (kvmem_cuda_attention_bf16_v(g_c, 4, dout, dq, dqp, n_q, dk, dv, dkp, n_kv, stride, heads,
 						kvh, hd, 1.0f / sqrtf((float)hd))) {
 			report(0, "%s: %s", what, kvmem_last_error());
 		} else {
@@ -404,10 +283,10 @@ static void check_qk_norm_rope(void)
 	memcpy(qraw, q, 2 * qn);
 	kvmem_rope_bf16(q, pos, n, heads, hd, 1e6);
 	kvmem_headnorm_bf16(k, kw, n * kvh, hd, 1e-6f);
-	if (kvmem_cuda_qk_norm_rope_bf16(C, dqkv, ld, dqw, dkw, n, heads, kvh, hd, 1e-6f, dpos, 1e6,
+	if (kvmem_cuda_qk_norm_rope_bf16(g_c, dqkv, ld, dqw, dkw, n, heads, kvh, hd, 1e-6f, dpos, 1e6,
 					 dq, dqr, dkr, dv) ||
-	    kvmem_cuda_headnorm_bf16(C, dsep, dqw, n * heads, hd, 1e-6f) ||
-	    kvmem_cuda_rope_bf16(C, dsep, dpos, n, heads, hd, 1e6))
+	    kvmem_cuda_headnorm_bf16(g_c, dsep, dqw, n * heads, hd, 1e-6f) ||
+	    kvmem_cuda_rope_bf16(g_c, dsep, dpos, n, heads, hd, 1e6))
 		die("q/k norm + rope");
 	g_q = dget(dq, 2 * qn);
 	g_qr = dget(dqr, 2 * qn);
@@ -488,7 +367,7 @@ static void check_gemv(void)
 				dy = dpoison(eb * out);
 			}
 			if (kvmem_gemm_bf16(ref, mode, x, w, 1, in, out) ||
-			    kvmem_cuda_gemm_bf16(C, dy, mode, dx, dw, 1, in, out))
+			    kvmem_cuda_gemm_bf16(g_c, dy, mode, dx, dw, 1, in, out))
 				die("gemv");
 			got = dget(dy, eb * out);
 			for (int o = 0; o < out; o++) {
@@ -560,7 +439,7 @@ static void check_index(void)
 			rk = rand_bf16((size_t)L * n * H * D, -4, 4);
 			drk = dput(rk, 2 * (size_t)L * n * H * D);
 			if (kvmem_index_append_bf16(hm, hlo, hhi, hs, hos, hob, rk, first, n, &g) ||
-			    kvmem_cuda_index_append(C, dm, dlo, dhi, ds, dos, dob, drk, first, n, &g))
+			    kvmem_cuda_index_append(g_c, dm, dlo, dhi, ds, dos, dob, drk, first, n, &g))
 				die("index append");
 			free(rk);
 			kvmem_cuda_free(drk);
@@ -620,13 +499,13 @@ static void check_fast_scores(void)
 			char what[80];
 			int rc;
 
-			kvmem_cuda_tune(C, "fast_scores", 1);
-			rc = sub ? kvmem_cuda_score_subblock(C, s1, dix, dgq, &g)
-				 : kvmem_cuda_score_meank(C, s1, dix, dgq, &g);
-			kvmem_cuda_tune(C, "fast_scores", 0);
-			rc = rc || (sub ? kvmem_cuda_score_subblock(C, s2, dix, dgq, &g)
-					: kvmem_cuda_score_meank(C, s2, dix, dgq, &g));
-			kvmem_cuda_tune(C, "fast_scores", 1);
+			kvmem_cuda_tune(g_c, "fast_scores", 1);
+			rc = sub ? kvmem_cuda_score_subblock(g_c, s1, dix, dgq, &g)
+				 : kvmem_cuda_score_meank(g_c, s1, dix, dgq, &g);
+			kvmem_cuda_tune(g_c, "fast_scores", 0);
+			rc = rc || (sub ? kvmem_cuda_score_subblock(g_c, s2, dix, dgq, &g)
+					: kvmem_cuda_score_meank(g_c, s2, dix, dgq, &g));
+			kvmem_cuda_tune(g_c, "fast_scores", 1);
 			if (rc)
 				die("scores");
 			a = dget(s1, 4 * nb);
@@ -662,7 +541,7 @@ static void check_plan_blocks(void)
 	for (int64_t i = n - tail; i < n; i++)
 		sc[i] = INFINITY;
 	wcnt = kvmem_top_k_blocks(want, sc, n, head + tail + k);
-	cnt = kvmem_cuda_plan_blocks(C, dout, dsc, n, head, tail, k);
+	cnt = kvmem_cuda_plan_blocks(g_c, dout, dsc, n, head, tail, k);
 	if (cnt < 0)
 		die("plan blocks");
 	got = dget(dout, 8 * (size_t)cnt);
@@ -676,7 +555,7 @@ static void check_plan_blocks(void)
 	kvmem_cuda_free(dout);
 }
 
-void check_perf(kvmem_cuda_ctx *c, int quick, uint64_t seed, int *pass, int *fail)
+void check_perf(void)
 {
 	static const struct dec_shape full[] = {
 		{ "8B 1 @ 1", 1, 1, 32, 8, 128 },
@@ -690,14 +569,9 @@ void check_perf(kvmem_cuda_ctx *c, int quick, uint64_t seed, int *pass, int *fai
 		{ "quick 8/2 hd128 2 @ 300", 2, 300, 8, 2, 128 },
 	};
 
-	C = c;
-	g_quick = quick;
-	g_rng = seed ^ 0x70657266ull;
-	g_pass = pass;
-	g_fail = fail;
-	for (int i = 0; i < (quick ? 2 : 6); i++)
+	for (int i = 0; i < (g_quick ? 2 : 6); i++)
 		for (int ver = 0; ver <= 3; ver += 3)
-			check_decode_one(quick ? &small[i] : &full[i], ver);
+			check_decode_one(g_quick ? &small[i] : &full[i], ver);
 	check_decode_graph();
 	check_v4();
 	check_qk_norm_rope();
@@ -709,60 +583,6 @@ void check_perf(kvmem_cuda_ctx *c, int quick, uint64_t seed, int *pass, int *fai
 
 /* ---- timing ------------------------------------------------------------------------------ */
 
-typedef int (*run_fn)(void *arg);
-
-static int cmp_dbl(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-static double time_ms(run_fn fn, void *arg, int warm, int reps)
-{
-	cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(C);
-	cudaEvent_t a, b;
-	double t[64];
-
-	reps = reps > 64 ? 64 : reps;
-	cudaEventCreate(&a);
-	cudaEventCreate(&b);
-	for (int i = 0; i < warm; i++)
-		if (fn(arg))
-			die("bench warm-up");
-	for (int i = 0; i < reps; i++) {
-		float ms;
-
-		cudaEventRecord(a, st);
-		if (fn(arg))
-			die("bench run");
-		cudaEventRecord(b, st);
-		cudaEventSynchronize(b);
-		cudaEventElapsedTime(&ms, a, b);
-		t[i] = ms;
-	}
-	if (kvmem_cuda_sync(C))
-		die("bench");
-	cudaEventDestroy(a);
-	cudaEventDestroy(b);
-	qsort(t, reps, sizeof(double), cmp_dbl);
-	return t[reps / 2];
-}
-
-static void dfill(void *d, size_t n16)
-{
-	const size_t chunk = (size_t)1 << 22, m = n16 < chunk ? n16 : chunk;
-	uint16_t *h = rand_bf16(m + 1024, -1, 1);
-
-	for (size_t at = 0, s = 0; at < n16; at += m, s = (s + 7) % 1024)
-		if (cudaMemcpy((uint16_t *)d + at, h + s, 2 * (n16 - at < m ? n16 - at : m),
-			       cudaMemcpyHostToDevice) != cudaSuccess)
-			die("fill");
-	if (cudaDeviceSynchronize() != cudaSuccess)
-		die("fill");
-	free(h);
-}
-
 struct att_run {
 	int version, n_q, n_kv, heads, kvh, hd, cap;
 	void *out, *q, *k, *v, *qp, *dn;
@@ -773,7 +593,7 @@ static int run_att(void *p)
 {
 	struct att_run *a = p;
 
-	return kvmem_cuda_attention_bf16_v(C, a->version, a->out, a->q, a->qp, a->n_q, a->k, a->v, NULL,
+	return kvmem_cuda_attention_bf16_v(g_c, a->version, a->out, a->q, a->qp, a->n_q, a->k, a->v, NULL,
 					   a->n_kv, a->cap, a->heads, a->kvh, a->hd,
 					   1.0f / sqrtf((float)a->hd));
 }
@@ -782,7 +602,7 @@ static int run_graph(void *p)
 {
 	struct att_run *a = p;
 
-	return cudaGraphLaunch(a->exec, (cudaStream_t)kvmem_cuda_stream(C)) != cudaSuccess;
+	return cudaGraphLaunch(a->exec, (cudaStream_t)kvmem_cuda_stream(g_c)) != cudaSuccess;
 }
 
 struct gemm_run {
@@ -794,7 +614,7 @@ static int run_gemm(void *p)
 {
 	struct gemm_run *g = p;
 
-	return kvmem_cuda_gemm_bf16(C, g->y, g->mode, g->x, g->w, 1, g->in, g->out);
+	return kvmem_cuda_gemm_bf16(g_c, g->y, g->mode, g->x, g->w, 1, g->in, g->out);
 }
 
 struct qkn_run {
@@ -807,11 +627,11 @@ static int run_qkn(void *p)
 	struct qkn_run *r = p;
 
 	if (!r->sep_mode)
-		return kvmem_cuda_qk_norm_rope_bf16(C, r->qkv, r->ld, r->qw, r->kw, r->n, 32, 8, 128,
+		return kvmem_cuda_qk_norm_rope_bf16(g_c, r->qkv, r->ld, r->qw, r->kw, r->n, 32, 8, 128,
 						    1e-6f, r->pos, 1e6, r->q, NULL, NULL, NULL);
-	return kvmem_cuda_headnorm_bf16(C, r->sep, r->qw, r->n * 32, 128, 1e-6f) ||
-	       kvmem_cuda_headnorm_bf16(C, r->sep, r->kw, r->n * 8, 128, 1e-6f) ||
-	       kvmem_cuda_rope_bf16(C, r->sep, r->pos, r->n, 32, 128, 1e6);
+	return kvmem_cuda_headnorm_bf16(g_c, r->sep, r->qw, r->n * 32, 128, 1e-6f) ||
+	       kvmem_cuda_headnorm_bf16(g_c, r->sep, r->kw, r->n * 8, 128, 1e-6f) ||
+	       kvmem_cuda_rope_bf16(g_c, r->sep, r->pos, r->n, 32, 128, 1e6);
 }
 
 struct ix_run {
@@ -825,16 +645,15 @@ static int run_ix(void *p)
 {
 	struct ix_run *r = p;
 
-	return kvmem_cuda_index_append(C, r->m, NULL, NULL, NULL, r->os, NULL, r->rk, r->first, r->n,
+	return kvmem_cuda_index_append(g_c, r->m, NULL, NULL, NULL, r->os, NULL, r->rk, r->first, r->n,
 				       &r->g);
 }
 
-void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
+void bench_perf(double copy_gbs, double gemm_tfs)
 {
 	const int heads = 32, kvh = 8, hd = 128;
 
-	C = c;
-	g_rng = 0x62656e6368ull;
+	g_rng = 0x62656e6368ull;	/* the same data every run */
 	printf("\n%-44s %9s  %10s  %s\n", "fast paths (check_perf.c)", "ms", "rate", "of ceiling");
 	{	/* attention v4 prefill, and decode: plain launches and graph replays */
 		static const struct { const char *name; int n_q, n_kv; } pre[] = {
@@ -853,9 +672,9 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 		    kvmem_cuda_malloc(&a.out, 2 * (size_t)16384 * heads * hd) ||
 		    kvmem_cuda_malloc(&a.qp, 4 * 16384) || kvmem_cuda_malloc(&a.dn, 4))
 			die("bench alloc");
-		dfill(a.q, (size_t)16384 * heads * hd);
-		dfill(a.k, (size_t)cap * kvh * hd);
-		dfill(a.v, (size_t)cap * kvh * hd);
+		dfill_bf16(a.q, (size_t)16384 * heads * hd, 1);
+		dfill_bf16(a.k, (size_t)cap * kvh * hd, 1);
+		dfill_bf16(a.v, (size_t)cap * kvh * hd, 1);
 		for (size_t i = 0; i < sizeof(pre) / sizeof(pre[0]); i++) {
 			double vis = 0, ms, tf;
 
@@ -866,21 +685,21 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 				pos[t] = a.n_kv - a.n_q + t;
 				vis += pos[t] + 1;
 			}
-			kvmem_cuda_upload(C, a.qp, pos, 4 * a.n_q);
+			kvmem_cuda_upload(g_c, a.qp, pos, 4 * a.n_q);
 			ms = time_ms(run_att, &a, 2, 5);
 			tf = 4.0 * hd * heads * vis / (ms * 1e-3) / 1e12;
 			printf("%-44s %9.3f  %6.1f TF/s  %5.2f of GEMM rate\n", pre[i].name, ms, tf,
 			       tf / gemm_tfs);
 		}
 		for (int ver = 2; ver <= 3; ver++) {
-			cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(C);
+			cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(g_c);
 			cudaGraph_t graph;
 
 			a.version = ver;
 			a.n_q = 1;
-			if (kvmem_cuda_reserve(C, kvmem_cuda_attention_scratch(C, 1, heads, kvh, hd) * 2) ||
+			if (kvmem_cuda_reserve(g_c, kvmem_cuda_attention_scratch(g_c, 1, heads, kvh, hd) * 2) ||
 			    cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess ||
-			    kvmem_cuda_attention_decode_bf16(C, ver, a.out, a.q, a.qp, 1, a.k, a.v, a.dn, cap,
+			    kvmem_cuda_attention_decode_bf16(g_c, ver, a.out, a.q, a.qp, 1, a.k, a.v, a.dn, cap,
 							     cap, heads, kvh, hd, 1.0f / sqrtf(hd)) ||
 			    cudaStreamEndCapture(st, &graph) != cudaSuccess ||
 			    cudaGraphInstantiate(&a.exec, graph, 0) != cudaSuccess)
@@ -892,8 +711,8 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 				char name[64];
 
 				a.n_kv = n;
-				kvmem_cuda_upload(C, a.qp, &p, 4);
-				kvmem_cuda_upload(C, a.dn, &n, 4);
+				kvmem_cuda_upload(g_c, a.qp, &p, 4);
+				kvmem_cuda_upload(g_c, a.dn, &n, 4);
 				ms = time_ms(run_att, &a, 2, 20);
 				msg = time_ms(run_graph, &a, 2, 20);
 				snprintf(name, sizeof(name), "decode 1 @ %d v%d, plain launch", n, ver);
@@ -926,8 +745,8 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 		if (kvmem_cuda_malloc(&g.x, 2 * 12288) || kvmem_cuda_malloc(&g.w, 2 * (size_t)151936 * 4096) ||
 		    kvmem_cuda_malloc(&g.y, 4 * 151936))
 			die("bench alloc");
-		dfill(g.x, 12288);
-		dfill(g.w, (size_t)151936 * 4096);
+		dfill_bf16(g.x, 12288, 1);
+		dfill_bf16(g.w, (size_t)151936 * 4096, 1);
 		cudaMemset(g.y, 0, 4 * 151936);
 		cudaDeviceSynchronize();
 		for (size_t i = 0; i < sizeof(gs) / sizeof(gs[0]); i++)
@@ -938,14 +757,14 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 				g.in = gs[i].in;
 				g.out = gs[i].out;
 				g.mode = gs[i].mode;
-				kvmem_cuda_tune(C, "gemv", !lt);
+				kvmem_cuda_tune(g_c, "gemv", !lt);
 				ms = time_ms(run_gemm, &g, 3, 20);
 				gbs = 2.0 * g.in * g.out / (ms * 1e-3) / 1e9;
 				snprintf(name, sizeof(name), "%s, %s", gs[i].name, lt ? "cuBLASLt" : "gemv");
 				printf("%-44s %9.3f  %6.0f GB/s  %5.2f of copy rate\n", name, ms, gbs,
 				       gbs / copy_gbs);
 			}
-		kvmem_cuda_tune(C, "gemv", 1);
+		kvmem_cuda_tune(g_c, "gemv", 1);
 		kvmem_cuda_free(g.x);
 		kvmem_cuda_free(g.w);
 		kvmem_cuda_free(g.y);
@@ -960,10 +779,10 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 		    kvmem_cuda_malloc(&r.sep, 2 * (size_t)4096 * heads * hd) || kvmem_cuda_malloc(&r.qw, 2 * hd) ||
 		    kvmem_cuda_malloc(&r.kw, 2 * hd))
 			die("bench alloc");
-		dfill(r.qkv, (size_t)4096 * r.ld);
-		dfill(r.sep, (size_t)4096 * heads * hd);
-		dfill(r.qw, hd);
-		dfill(r.kw, hd);
+		dfill_bf16(r.qkv, (size_t)4096 * r.ld, 1);
+		dfill_bf16(r.sep, (size_t)4096 * heads * hd, 1);
+		dfill_bf16(r.qw, hd, 1);
+		dfill_bf16(r.kw, hd, 1);
 		r.pos = dput(pos, 4 * 4096);
 		for (int n = 1; n <= 4096; n *= 4096)
 			for (int sep = 0; sep < 2; sep++) {
@@ -992,7 +811,7 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 		    kvmem_cuda_malloc(&r.os, 4 * 36 * 8 * 128) ||
 		    kvmem_cuda_malloc(&r.rk, 2 * (size_t)36 * 4096 * 8 * 128))
 			die("bench alloc");
-		dfill(r.rk, (size_t)36 * 4096 * 8 * 128);
+		dfill_bf16(r.rk, (size_t)36 * 4096 * 8 * 128, 1);
 		for (int n = 1; n <= 4096; n *= 4096) {
 			char name[64];
 
@@ -1014,23 +833,23 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 				       .index_dtype = KVMEM_DTYPE_BF16 };
 		float *gq = rand_f32((size_t)L * kvh * hd, -1, 1);
 		void *ix, *sc, *dgq = dput(gq, 4 * (size_t)L * kvh * hd);
-		cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(C);
+		cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(g_c);
 
 		if (kvmem_cuda_malloc(&ix, 2 * rows) || kvmem_cuda_malloc(&sc, 4 * nb))
 			die("bench alloc");
-		dfill(ix, rows);
+		dfill_bf16(ix, rows, 1);
 		for (int slow = 0; slow < 2; slow++) {
 			cudaEvent_t a, b;
 			float ms;
 			double gbs;
 
-			kvmem_cuda_tune(C, "fast_scores", !slow);
-			kvmem_cuda_score_meank(C, sc, ix, dgq, &g);
+			kvmem_cuda_tune(g_c, "fast_scores", !slow);
+			kvmem_cuda_score_meank(g_c, sc, ix, dgq, &g);
 			cudaEventCreate(&a);
 			cudaEventCreate(&b);
 			cudaEventRecord(a, st);
 			for (int i = 0; i < 10; i++)
-				kvmem_cuda_score_meank(C, sc, ix, dgq, &g);
+				kvmem_cuda_score_meank(g_c, sc, ix, dgq, &g);
 			cudaEventRecord(b, st);
 			cudaEventSynchronize(b);
 			cudaEventElapsedTime(&ms, a, b);
@@ -1042,7 +861,7 @@ void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs)
 			cudaEventDestroy(a);
 			cudaEventDestroy(b);
 		}
-		kvmem_cuda_tune(C, "fast_scores", 1);
+		kvmem_cuda_tune(g_c, "fast_scores", 1);
 		free(gq);
 		kvmem_cuda_free(ix);
 		kvmem_cuda_free(sc);

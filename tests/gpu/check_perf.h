@@ -9,13 +9,9 @@
 #ifndef KVMEM_TESTS_GPU_CHECK_PERF_H
 #define KVMEM_TESTS_GPU_CHECK_PERF_H
 
-#include <stdint.h>
-
-#include "kvmem/cuda.h"
-
-/* One "ok"/"FAIL" line per case; counts into *pass / *fail. */
-void check_perf(kvmem_cuda_ctx *c, int quick, uint64_t seed, int *pass, int *fail);
+/* One "ok"/"FAIL" line per case, on check_util.h's context and counts. */
+void check_perf(void);
 /* Timing rows against the ceilings measured by the caller. */
-void bench_perf(kvmem_cuda_ctx *c, double copy_gbs, double gemm_tfs);
+void bench_perf(double copy_gbs, double gemm_tfs);
 
 #endif
