@@ -50,6 +50,20 @@ int kt_parse_long(const char *s, long min, long max, long *out)
 	return 0;
 }
 
+void kt_interval_count_arg(struct argp_state *state, const char *arg, long *interval,
+			   long *count)
+{
+	if (state->arg_num == 0) {
+		if (kt_parse_long(arg, 1, 1L << 30, interval) < 0)
+			argp_error(state, "invalid interval: %s", arg);
+	} else if (state->arg_num == 1) {
+		if (kt_parse_long(arg, 1, LONG_MAX, count) < 0)
+			argp_error(state, "invalid count: %s", arg);
+	} else {
+		argp_error(state, "unexpected argument: %s", arg);
+	}
+}
+
 static error_t common_parse(int key, char *arg, struct argp_state *state)
 {
 	struct kt_env *env = kt_common_env;

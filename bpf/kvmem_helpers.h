@@ -103,5 +103,9 @@ void kt_json_str(FILE *f, const char *s);
 
 /* Parse a non-negative integer option; -EINVAL on junk. */
 int kt_parse_long(const char *s, long min, long max, long *out);
+/* The tools' positional arguments "[INTERVAL [COUNT]]", for ARGP_KEY_ARG:
+ * seconds 1..2^30, then a count >= 1; argp_error on junk or a third. */
+void kt_interval_count_arg(struct argp_state *state, const char *arg, long *interval,
+			   long *count);
 
 #endif

@@ -104,7 +104,6 @@ static const struct argp_option opts[] = {
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
-	static int pos;
 	long v;
 
 	switch (key) {
@@ -141,13 +140,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "invalid --seed: %s", arg);
 		break;
 	case ARGP_KEY_ARG:
-		if (pos == 0 && kt_parse_long(arg, 1, 1L << 30, &env.interval) < 0)
-			argp_error(state, "invalid interval: %s", arg);
-		if (pos == 1 && kt_parse_long(arg, 1, LONG_MAX, &env.count) < 0)
-			argp_error(state, "invalid count: %s", arg);
-		if (pos > 1)
-			argp_error(state, "unexpected argument: %s", arg);
-		pos++;
+		kt_interval_count_arg(state, arg, &env.interval, &env.count);
 		break;
 	case ARGP_KEY_END:
 		if (env.replay && env.synthetic)

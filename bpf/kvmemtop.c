@@ -67,23 +67,12 @@ static const struct argp_option opts[] = {
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
-	static int pos;
-
 	switch (key) {
 	case 'P':
 		env.per_page = true;
 		return 0;
 	case ARGP_KEY_ARG:
-		if (pos == 0) {
-			if (kt_parse_long(arg, 1, 1L << 30, &env.interval) < 0)
-				argp_error(state, "invalid interval: %s", arg);
-		} else if (pos == 1) {
-			if (kt_parse_long(arg, 1, LONG_MAX, &env.count) < 0)
-				argp_error(state, "invalid count: %s", arg);
-		} else {
-			argp_error(state, "unexpected argument: %s", arg);
-		}
-		pos++;
+		kt_interval_count_arg(state, arg, &env.interval, &env.count);
 		return 0;
 	default:
 		return ARGP_ERR_UNKNOWN;
