@@ -130,7 +130,7 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 	uint8_t *buf;
 	uint64_t sum;
 	size_t want, got = 0;
-	int fd;
+	int fd, rc;
 
 	memset(m, 0, sizeof(*m));
 	fd = ws_open_file(dirfd, dir, "manifest", O_RDONLY);
@@ -146,21 +146,14 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 		close(fd);
 		return kvmem_error(ENOMEM, "%s/manifest: out of memory", dir);
 	}
-	while (got < (size_t)sb.st_size) {
-		ssize_t n = pread(fd, buf + got, sb.st_size - got, got);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			int err = n < 0 ? errno : EIO;
-
-			free(buf);
-			close(fd);
-			return kvmem_error(err, "%s/manifest: cannot read: %s", dir,
-					 n < 0 ? strerror(err) : "shorter than its size");
-		}
-		got += n;
+	rc = kvmem_read_all(fd, buf, sb.st_size, 0);
+	if (rc) {
+		free(buf);
+		close(fd);
+		return kvmem_error(rc == -ENODATA ? EIO : -rc, "%s/manifest: cannot read: %s", dir,
+				 rc == -ENODATA ? "shorter than its size" : strerror(-rc));
 	}
+	got = sb.st_size;
 	close(fd);
 	if (got < sizeof(h) || memcmp(buf, MF_MAGIC, 8)) {
 		free(buf);

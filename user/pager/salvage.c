@@ -31,24 +31,6 @@ struct src {
 	size_t pb, stride, extent, L, ib, slot_bytes;
 };
 
-static int read_full(int fd, void *buf, size_t len, uint64_t off)
-{
-	uint8_t *b = buf;
-
-	while (len) {
-		ssize_t n = pread(fd, b, len, off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		b += n;
-		off += n;
-		len -= n;
-	}
-	return 0;
-}
-
 static void src_close(struct src *s)
 {
 	int *fds[] = { &s->fd_pages, &s->fd_tokens, &s->fd_index, &s->fd_sums, &s->fd_tail,
@@ -129,11 +111,11 @@ static int block_ok(struct src *s, uint64_t b, uint8_t *ext, uint8_t *ix, kvmem_
 	uint64_t *sums = (uint64_t *)(ix + s->ib);	/* L + 1 after the record */
 	size_t L = s->L;
 
-	if (s->fd_sums < 0 || read_full(s->fd_sums, sums, (L + 1) * 8, b * (L + 1) * 8) < 0) {
+	if (s->fd_sums < 0 || kvmem_read_all(s->fd_sums, sums, (L + 1) * 8, b * (L + 1) * 8) < 0) {
 		bad(r, "%s/sums: the checksums of block %" PRIu64 " cannot be read (truncated?)", s->dir, b);
 		return 0;
 	}
-	if (s->fd_pages < 0 || read_full(s->fd_pages, ext, s->extent, b * s->extent) < 0) {
+	if (s->fd_pages < 0 || kvmem_read_all(s->fd_pages, ext, s->extent, b * s->extent) < 0) {
 		bad(r, "%s/pages: block %" PRIu64 " at offset %" PRIu64 " cannot be read (truncated?)",
 		    s->dir, b, b * s->extent);
 		return 0;
@@ -144,7 +126,7 @@ static int block_ok(struct src *s, uint64_t b, uint8_t *ext, uint8_t *ix, kvmem_
 			    ": checksum mismatch", s->dir, b * L + l, b, l, (b * L + l) * s->stride);
 			return 0;
 		}
-	if (s->ib && (s->fd_index < 0 || read_full(s->fd_index, ix, s->ib, b * s->ib) < 0)) {
+	if (s->ib && (s->fd_index < 0 || kvmem_read_all(s->fd_index, ix, s->ib, b * s->ib) < 0)) {
 		bad(r, "%s/index: the record of block %" PRIu64 " cannot be read (truncated?)", s->dir, b);
 		return 0;
 	}
@@ -162,7 +144,7 @@ static int tail_ok(struct src *s, uint8_t *buf, kvmem_salvage_report *r)
 	const struct mf_head *h = &s->m.h;
 	uint64_t off = (uint64_t)h->tail_slot * s->slot_bytes;
 
-	if (s->fd_tail < 0 || read_full(s->fd_tail, buf, s->slot_bytes, off) < 0) {
+	if (s->fd_tail < 0 || kvmem_read_all(s->fd_tail, buf, s->slot_bytes, off) < 0) {
 		bad(r, "%s/tail: slot %u cannot be read (truncated?)", s->dir, h->tail_slot);
 		return 0;
 	}
@@ -198,7 +180,7 @@ static int copy_tokens(struct src *s, kvmem_pager *p, uint64_t n)
 	for (uint64_t at = 0; at < n;) {
 		size_t k = n - at < CHUNK ? n - at : CHUNK;
 
-		if (read_full(s->fd_tokens, buf, k * 4, at * 4) < 0) {
+		if (kvmem_read_all(s->fd_tokens, buf, k * 4, at * 4) < 0) {
 			free(buf);
 			return kvmem_error(EIO, "%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64,
 					 s->dir, at, at + k);

@@ -44,16 +44,17 @@ int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out)
 	XXH3_64bits_reset(st);
 	while (off < len) {
 		size_t want = len - off < CHUNK ? len - off : CHUNK;
-		ssize_t n = pread(fd, buf, want, off);
+		int rc = kvmem_read_all(fd, buf, want, off);
 
-		if (n <= 0) {
+		if (rc) {
 			XXH3_freeState(st);
 			free(buf);
-			return kvmem_error(errno, "%s: read failed at offset %" PRIu64 ": %s", name, off,
-					 n < 0 ? strerror(errno) : "unexpected end of file");
+			return kvmem_error(rc == -ENODATA ? EIO : -rc, "%s: read failed at offset %"
+					 PRIu64 ": %s", name, off, rc == -ENODATA ?
+					 "unexpected end of file" : strerror(-rc));
 		}
-		XXH3_64bits_update(st, buf, n);
-		off += n;
+		XXH3_64bits_update(st, buf, want);
+		off += want;
 	}
 	*out = XXH3_64bits_digest(st);
 	XXH3_freeState(st);
@@ -215,16 +216,14 @@ static int load_committed(kvmem_pager *p)
 	for (uint64_t off = 0; off < h->tokens * 4;) {
 		uint8_t buf[65536];
 		size_t want = h->tokens * 4 - off < sizeof(buf) ? h->tokens * 4 - off : sizeof(buf);
-		ssize_t n_got = pread(p->fd_tokens, buf, want, off);
+		int rc = kvmem_read_all(p->fd_tokens, buf, want, off);
 
-		if (n_got < 0 && errno == EINTR)
-			continue;
-		if (n_got <= 0)
-			return kvmem_error(n_got < 0 ? errno : EIO, "%s/tokens: read failed at offset %"
-					 PRIu64 ": %s", p->dir, off, n_got < 0 ? strerror(errno) :
-					 "unexpected end of file");
-		XXH3_64bits_update(p->tok_hash, buf, n_got);
-		off += n_got;
+		if (rc)
+			return kvmem_error(rc == -ENODATA ? EIO : -rc, "%s/tokens: read failed at offset %"
+					 PRIu64 ": %s", p->dir, off, rc == -ENODATA ?
+					 "unexpected end of file" : strerror(-rc));
+		XXH3_64bits_update(p->tok_hash, buf, want);
+		off += want;
 	}
 	if (XXH3_64bits_digest(p->tok_hash) != h->tokens_hash)
 		return kvmem_error(EBADMSG, "%s/tokens: checksum of the committed part differs from the "

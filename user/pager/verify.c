@@ -61,25 +61,6 @@ static int vopen(struct vctx *v, const char *name, int direct, uint64_t need, ui
 	return fd;
 }
 
-/* Read [off, off + len) fully; 0 or -1. */
-static int vread(int fd, void *buf, size_t len, uint64_t off)
-{
-	uint8_t *b = buf;
-
-	while (len) {
-		ssize_t n = pread(fd, b, len, off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		b += n;
-		off += n;
-		len -= n;
-	}
-	return 0;
-}
-
 static void check_pages(struct vctx *v, const uint64_t *sums)
 {
 	const struct mf_head *h = &v->m->h;
@@ -101,7 +82,7 @@ static void check_pages(struct vctx *v, const uint64_t *sums)
 	for (uint64_t b = 0; b < h->blocks; b += per) {
 		size_t n = h->blocks - b < per ? h->blocks - b : per;
 
-		if (vread(fd, buf, n * ext, b * ext) < 0) {
+		if (kvmem_read_all(fd, buf, n * ext, b * ext) < 0) {
 			fprintf(v->out, "%s/pages: blocks %" PRIu64 "..%" PRIu64 ": read error: %s\n",
 				v->dir, b, b + n - 1, strerror(errno ? errno : EIO));
 			v->bad += n * v->L;
@@ -142,7 +123,7 @@ static void check_index(struct vctx *v, const uint64_t *sums)
 	}
 	buf = malloc(ib);	/* the file holds blocks * ib bytes */
 	for (uint64_t b = 0; buf && b < h->blocks; b++) {
-		if (vread(fd, buf, ib, b * ib) < 0 ||
+		if (kvmem_read_all(fd, buf, ib, b * ib) < 0 ||
 		    XXH3_64bits(buf, ib) != sums[b * (v->L + 1) + v->L]) {
 			fprintf(v->out, "%s/index: record of block %" PRIu64 " at offset %" PRIu64
 				": checksum mismatch\n", v->dir, b, b * ib);
@@ -167,7 +148,7 @@ static void check_tail(struct vctx *v)
 	if (fd < 0)
 		return;
 	buf = malloc(slot_bytes);
-	if (buf && vread(fd, buf, slot_bytes, off) == 0) {
+	if (buf && kvmem_read_all(fd, buf, slot_bytes, off) == 0) {
 		for (size_t l = 0; l <= v->L; l++) {
 			size_t len = l < v->L ? v->pb : h->index_bytes;
 
@@ -227,7 +208,7 @@ static long verify_once(const char *dir, int dirfd, FILE *out, int verbose, uint
 		if (!sums) {
 			fprintf(out, "%s/sums: out of memory for %" PRIu64 " checksums\n", dir, n_sums);
 			v.bad++;
-		} else if (vread(fd, sums, n_sums * 8, 0) < 0 ||
+		} else if (kvmem_read_all(fd, sums, n_sums * 8, 0) < 0 ||
 			   XXH3_64bits(sums, n_sums * 8) != m.h.sums_hash) {
 			fprintf(out, "%s/sums: the committed page checksums: checksum mismatch "
 				"(pages below may be reported bad because of it)\n", dir);

@@ -55,3 +55,21 @@ int kvmem_write_all(int fd, const void *buf, size_t len, int64_t off)
 	}
 	return 0;
 }
+
+int kvmem_read_all(int fd, void *buf, size_t len, uint64_t off)
+{
+	char *b = buf;
+
+	while (len) {
+		ssize_t n = pread(fd, b, len, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -ENODATA;
+		b += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
