@@ -247,6 +247,17 @@ typedef struct kvmem_lab_result {
 int kvmem_lab_replay(kvmem_lab *lab, const kvmem_lab_params *p, kvmem_lab_result *r);
 void kvmem_lab_result_free(kvmem_lab_result *r);
 
+/*
+ * Where a needle (tokens [start, end)) ranks in a selection's block scores
+ * (n_sets rows of n_blocks, as kvmem_session_scores gives them; block
+ * tokens per block): per set, the blocks scored above the needle's
+ * worst-scored block; the mean over sets, rounded. 0: first, whatever the
+ * budget. A needle partly past the scored blocks ranks by its scored part;
+ * -1 when none of it is scored.
+ */
+int64_t kvmem_lab_needle_rank(const float *scores, int n_sets, int64_t n_blocks, int block,
+			      int64_t start, int64_t end);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

@@ -359,24 +359,13 @@ static int prefill(struct bench *b, const kvmem_lang_workspace *ws, int64_t budg
 static int64_t needle_rank(const kvmem_session *s, int block, const kvmem_lang_question *q)
 {
 	int n_sets;
-	int64_t nb, b0 = q->needle_pos / block, b1 = (q->needle_end - 1) / block;
+	int64_t nb;
 	const float *sc = kvmem_session_scores(s, &n_sets, &nb);
-	double sum = 0;
 
-	if (!sc || b1 >= nb)
+	/* A needle not wholly scored yet has no rank here. */
+	if (!sc || (q->needle_end - 1) / block >= nb)
 		return -1;
-	for (int k = 0; k < n_sets; k++) {
-		const float *row = sc + (size_t)k * nb;
-		float worst = row[b0];
-		int64_t above = 0;
-
-		for (int64_t b = b0; b <= b1; b++)
-			worst = row[b] < worst ? row[b] : worst;
-		for (int64_t b = 0; b < nb; b++)
-			above += row[b] > worst;
-		sum += (double)above;
-	}
-	return llround(sum / n_sets);
+	return kvmem_lab_needle_rank(sc, n_sets, nb, block, q->needle_pos, q->needle_end);
 }
 
 static int cmp_i64(const void *a, const void *b)

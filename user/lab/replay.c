@@ -319,8 +319,8 @@ static int cmp_i64(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* Blocks scored above the needle's worst block, the mean over sets. */
-static int64_t needle_rank(const float *sc, int n_sets, int64_t nb, int B, int64_t start, int64_t end)
+int64_t kvmem_lab_needle_rank(const float *sc, int n_sets, int64_t nb, int B, int64_t start,
+			      int64_t end)
 {
 	int64_t b0 = start / B, b1 = (end - 1) / B;
 	double sum = 0;
@@ -662,7 +662,8 @@ static int replay_step(struct rp *x, int64_t k, kvmem_lab_step *st)
 		st->needle_start = s->needle.start;
 		st->needle_end = s->needle.end;
 		st->needle_in_view = kvmem_plan_holds_span(&np, x->B, s->needle.start, s->needle.end);
-		st->needle_rank = needle_rank(x->scores, n_sets, nb, x->B, s->needle.start, s->needle.end);
+		st->needle_rank = kvmem_lab_needle_rank(x->scores, n_sets, nb, x->B, s->needle.start,
+							 s->needle.end);
 	}
 	if (p->rank_top > 0 && !(st->top = top_blocks(x->scores, nb, p->rank_top))) {
 		kvmem_plan_free(&np);
