@@ -7,7 +7,8 @@
  * machine mostly are not). Every probe of the pager is in this binary, so a
  * tool attaches to it as to kvmem (-b PATH).
  *
- *   usdt_cost PROBE N      PROBE: page_in, fetch, evict, hit, miss, tier_move
+ *   usdt_cost PROBE N      PROBE: page_in, page_in_batch, fetch, evict, hit,
+ *                          miss, tier_move
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ static void all_probes(volatile int never)
 	PROBE_MISS(1, 2);
 	PROBE_TIER_MOVE(1, 4, 2, 3, 4);
 	PROBE_PAGE_IN(1, 2, 3, 4);
+	PROBE_PAGE_IN_BATCH(1, 2, 3, 4);
 	PROBE_EVICT(1, 2, 3);
 	PROBE_STAGE_OUT(1, 2, 3);
 	PROBE_BACKPRESSURE(1, 2);
@@ -67,6 +69,8 @@ int main(int argc, char **argv)
 
 		if (!strcmp(argv[1], "page_in"))
 			PROBE_PAGE_IN(pg, 1, 65536, 50000);
+		else if (!strcmp(argv[1], "page_in_batch"))
+			PROBE_PAGE_IN_BATCH(8, 8, 8 * 65536, 400000);
 		else if (!strcmp(argv[1], "fetch"))
 			PROBE_FETCH(64, 60, 4, 0, 200000);
 		else if (!strcmp(argv[1], "evict"))

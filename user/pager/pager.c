@@ -343,9 +343,19 @@ int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index)
 	return (int)h->tail_tokens;
 }
 
+/* Every completion goes through here (io_reap has no other caller), so the
+ * page_in_batch probe fires once per pass that completed reads, with the
+ * sums of the page_in probes it fired. */
 int pager_reap(kvmem_pager *p, unsigned wait)
 {
-	return io_reap(&p->io, wait, pager_io_done, p);
+	int rc = io_reap(&p->io, wait, pager_io_done, p);
+
+	if (p->pin_batch.requests) {
+		PROBE_PAGE_IN_BATCH(p->pin_batch.requests, p->pin_batch.pages, p->pin_batch.bytes,
+				    p->pin_batch.ns);
+		memset(&p->pin_batch, 0, sizeof(p->pin_batch));
+	}
+	return rc;
 }
 
 struct io_req *pager_req(kvmem_pager *p)

@@ -203,6 +203,10 @@ struct kvmem_pager {
 	void (*prefetch_hook)(void *arg, kvmem_pager *p, uint64_t next_step);
 	void *prefetch_arg;
 	uint32_t fetch_waiting;		/* fetch reads outstanding */
+	/* Reads completed in the current reap pass, for the page_in_batch
+	 * probe (read_done adds, pager_reap fires and clears): requests,
+	 * their pages, bytes read and summed submit-to-completion ns. */
+	struct { uint64_t requests, pages, bytes, ns; } pin_batch;
 	char read_err[PATH_MAX + 512];		/* first failure of the current fetch */
 	int read_errno;				/* its code: EBADMSG checksum, EIO... */
 };
