@@ -52,8 +52,9 @@ static __always_inline struct top_val *usdt_row(struct kt_workspace **ws)
 	return row(tgid, w ? w->id : 0);
 }
 
-static __always_inline void count_move(struct top_val *v, __u64 from, __u64 to, __u64 bytes,
-				       __u64 pages)
+/* `events` moves (requests, writes) that carried `pages` pages in all. */
+static __always_inline void count_moves(struct top_val *v, __u64 from, __u64 to, __u64 bytes,
+					__u64 pages, __u64 events)
 {
 	__u32 m = KT_MOVE(from, to);
 
@@ -61,15 +62,21 @@ static __always_inline void count_move(struct top_val *v, __u64 from, __u64 to, 
 		return;
 	ADD(v->bytes[m], bytes);
 	ADD(v->pages[m], pages);
-	ADD(v->moves[m], 1);
+	ADD(v->moves[m], events);
+}
+
+static __always_inline void count_move(struct top_val *v, __u64 from, __u64 to, __u64 bytes,
+				       __u64 pages)
+{
+	count_moves(v, from, to, bytes, pages, 1);
 }
 
 /* ---- the userspace pager's USDT probes (user/pager/probes.h) -------------- */
 /*
  * Two sets count the same things. The default one follows the probes that
- * fire once per call or request (fetch, page_in, reclaim, prefetch_batch,
- * stage_out): a fetch of 64 pages costs a few probe hits instead of a few
- * hundred. The per-page set (-P: hit, miss, tier_move, prefetch) also sees
+ * fire once per call, request or reap (fetch, page_in_batch, reclaim,
+ * prefetch_batch, stage_out): a fetch of 64 pages costs a few probe hits
+ * instead of a few hundred. The per-page set (-P: hit, miss, tier_move, prefetch) also sees
  * moves the batched probes do not carry (GPU tiers, memory -> host copies).
  * Userspace switches one set off before load.
  */
@@ -86,8 +93,10 @@ int BPF_USDT(usdt_fetch, __u64 n, __u64 hits, __u64 misses, __u64 staged, __u64 
 	return 0;
 }
 
+/* Once per reap of completions, not per read request (page_in): the
+ * requests a fetch waits for land in a few passes. */
 SEC("usdt")
-int BPF_USDT(usdt_page_in, __u64 first, __u64 n, __u64 bytes, __u64 ns)
+int BPF_USDT(usdt_page_in_batch, __u64 requests, __u64 n, __u64 bytes, __u64 ns)
 {
 	struct kt_workspace *ws = NULL;
 	struct top_val *v = usdt_row(&ws);
@@ -95,8 +104,8 @@ int BPF_USDT(usdt_page_in, __u64 first, __u64 n, __u64 bytes, __u64 ns)
 	/* bytes read cover whole slots (pages rounded up to 4 KiB): count
 	 * the pages' own bytes, as bytes_in does, when the size is known */
 	if (v)
-		count_move(v, KT_TIER_NVME, KT_TIER_HOST, ws && ws->page_bytes ?
-			   n * ws->page_bytes : bytes, n);
+		count_moves(v, KT_TIER_NVME, KT_TIER_HOST, ws && ws->page_bytes ?
+			    n * ws->page_bytes : bytes, n, requests);
 	return 0;
 }
 

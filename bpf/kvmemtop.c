@@ -343,7 +343,7 @@ int main(int argc, char **argv)
 	static const struct argp argp = { .options = opts, .parser = parse_arg,
 					  .args_doc = "[interval] [count]", .doc = doc,
 					  .children = children };
-	static const char *const batched[] = { "usdt_fetch", "usdt_page_in", "usdt_reclaim",
+	static const char *const batched[] = { "usdt_fetch", "usdt_page_in_batch", "usdt_reclaim",
 					       "usdt_prefetch_batch", "usdt_stage_out", NULL };
 	static const char *const per_page[] = { "usdt_hit", "usdt_miss", "usdt_tier_move",
 						"usdt_prefetch", NULL };
