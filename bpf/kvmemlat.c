@@ -28,6 +28,7 @@ static struct {
 	long interval;	/* seconds; 0: one summary at Ctrl-C */
 	long count;
 	bool ms;
+	bool skip[LAT_KINDS];	/* -x: histograms left out, their probes unattached */
 } env = {
 	.kt = { .tool = "kvmemlat" },
 	.count = -1,
@@ -36,39 +37,71 @@ static struct {
 static const struct {
 	const char *name;	/* JSON and headings */
 	const char *what;
+	const char *prog;	/* the BPF program that fills it (kvmemlat.bpf.c) */
 } kinds[LAT_KINDS] = {
-	[LAT_PAGE_IN] = { "page_in", "NVMe read requests, submit to completion" },
-	[LAT_FETCH] = { "fetch", "fetch calls, pages asked to pages ready" },
-	[LAT_STAGE_OUT] = { "stage_out", "block writes to NVMe, submit to completion" },
-	[LAT_BACKPRESSURE] = { "backpressure", "appends waiting for the stage-out buffer" },
-	[LAT_COMMIT] = { "commit", "commits, durable" },
-	[LAT_STEP] = { "step", "agent steps, boundary to boundary" },
-	[LAT_FAULT] = { "fault", "module: fault to page ready (fill done)" },
-	[LAT_WRITEBACK] = { "writeback", "module: dirty page written back" },
+	[LAT_PAGE_IN] = { "page_in", "NVMe read requests, submit to completion", "usdt_page_in" },
+	[LAT_FETCH] = { "fetch", "fetch calls, pages asked to pages ready", "usdt_fetch" },
+	[LAT_STAGE_OUT] = { "stage_out", "block writes to NVMe, submit to completion",
+			    "usdt_stage_out" },
+	[LAT_BACKPRESSURE] = { "backpressure", "appends waiting for the stage-out buffer",
+			       "usdt_backpressure" },
+	[LAT_COMMIT] = { "commit", "commits, durable", "usdt_commit" },
+	[LAT_STEP] = { "step", "agent steps, boundary to boundary", "usdt_step" },
+	[LAT_FAULT] = { "fault", "module: fault to page ready (fill done)", "tp_fill_done" },
+	[LAT_WRITEBACK] = { "writeback", "module: dirty page written back", "tp_writeback" },
 };
 
 const char *argp_program_version = "kvmemlat 0.1";
 static const char doc[] =
 "Summarize kvmem latencies as log2 histograms.\n"
 "\n"
-"USAGE: kvmemlat [-p PID] [-b PATH] [-m|-u] [-M] [-T] [-j] [interval] [count]\n"
+"USAGE: kvmemlat [-p PID] [-b PATH] [-m|-u] [-M] [-x KIND,...] [-T] [-j] [interval] [count]\n"
 "\n"
 "Histograms: page_in (NVMe read requests), fetch (a fetch call until every\n"
 "page is ready), stage_out (block writes), backpressure (appends waiting\n"
 "for the stage-out buffer), commit, step; with the module, fault (fault to\n"
 "page ready) and writeback. Without an interval, one summary at Ctrl-C.\n"
+"page_in costs a probe hit per NVMe read request (one per page on random\n"
+"reads of small pages); -x page_in leaves it out when that matters.\n"
 "\n"
 "EXAMPLES:\n"
 "    kvmemlat                 # summary at Ctrl-C\n"
 "    kvmemlat 1 10            # 1 s summaries, 10 of them\n"
 "    kvmemlat -M -T 5         # millisecond slots, timestamps, every 5 s\n"
 "    kvmemlat -p 1234         # one process\n"
+"    kvmemlat -x page_in      # no per-request probe: fetch, stage-out, ...\n"
 "    kvmemlat -j              # JSON lines: count, sum_ns, slots per histogram\n";
 
 static const struct argp_option opts[] = {
 	{ "milliseconds", 'M', NULL, 0, "Millisecond histograms (default: microseconds)", 0 },
+	{ "exclude", 'x', "KIND[,KIND...]", 0, "Leave these histograms out and their probes "
+	  "unattached (page_in, fetch, stage_out, backpressure, commit, step, fault, writeback)",
+	  0 },
 	{},
 };
+
+/* -x LIST: mark each named histogram skipped; 0, or an argp error. */
+static error_t parse_exclude(struct argp_state *state, const char *arg)
+{
+	char *list = strdup(arg), *save = NULL;
+
+	if (!list)
+		argp_failure(state, 1, ENOMEM, "-x");
+	for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+		__u32 k = 0;
+
+		while (k < LAT_KINDS && strcmp(kinds[k].name, name))
+			k++;
+		if (k == LAT_KINDS) {
+			argp_error(state, "-x: no histogram named '%s'", name);
+			free(list);
+			return EINVAL;
+		}
+		env.skip[k] = true;
+	}
+	free(list);
+	return 0;
+}
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
@@ -76,6 +109,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case 'M':
 		env.ms = true;
 		return 0;
+	case 'x':
+		return parse_exclude(state, arg);
 	case ARGP_KEY_ARG:
 		kt_interval_count_arg(state, arg, &env.interval, &env.count);
 		return 0;
@@ -151,6 +186,12 @@ int main(int argc, char **argv)
 	err = kt_open_sources(&env.kt, obj->obj);
 	if (err)
 		goto out;
+	for (__u32 k = 0; k < LAT_KINDS; k++) {
+		const char *skip[] = { kinds[k].prog, NULL };
+
+		if (env.skip[k])
+			kt_skip(obj->obj, skip);
+	}
 	obj->rodata->targ_tgid = env.kt.pid;
 	obj->rodata->targ_ms = env.ms;
 	err = kvmemlat_bpf__load(obj);

@@ -33,6 +33,24 @@ if tool_start "$tmp/lat.json" "$BPF/kvmemlat" -j -b "$KV" 1; then
 	grep -q '"kind":"fetch"' "$tmp/lat.json" || bad "no fetch histogram"
 fi
 
+# -x page_in: that histogram (and its per-request probe) is left out, the
+# others still count exactly; an unknown name is refused.
+if tool_start "$tmp/latx.json" "$BPF/kvmemlat" -j -x page_in,backpressure -b "$KV" 1; then
+	session "$tmp/wsx"
+	tool_stop
+	! grep -Eq '"kind":"(page_in|backpressure)"' "$tmp/latx.json" ||
+		bad "-x page_in,backpressure: still there: $(grep -E 'page_in|backpressure' "$tmp/latx.json" | head -1)"
+	[ "$(stat "$tmp/wsx" read_requests)" -gt 0 ] || bad "-x: the session read nothing back"
+	same "-x: stage_out count" "$(jsum "$tmp/latx.json" count '"kind":"stage_out"')" \
+		"$(stat "$tmp/wsx" blocks_out)"
+	same "-x: step count" "$(jsum "$tmp/latx.json" count '"kind":"step"')" "$(stat "$tmp/wsx" steps)"
+fi
+if "$BPF/kvmemlat" -x page_in,nope -b "$KV" >"$tmp/badx.out" 2>&1; then
+	bad "-x nope: accepted"
+else
+	grep -q "no histogram named 'nope'" "$tmp/badx.out" || bad "-x nope: $(head -1 "$tmp/badx.out")"
+fi
+
 # Text: one summary at Ctrl-C, bcc's layout, microseconds; -M milliseconds.
 if tool_start "$tmp/lat.txt" "$BPF/kvmemlat" -b "$KV"; then
 	session "$tmp/ws2"
