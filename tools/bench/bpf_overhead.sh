@@ -13,7 +13,10 @@
 #    included, other processes mostly not), times the tool's probe hits in
 #    a bench run per page size (BPF run counts, kernel.bpf_stats_enabled
 #    for the run), as a share of the time the run's pages take to move
-#    (stage-out and page-in) at the bench's median throughput without it.
+#    (stage-out and page-in) at the bench's median throughput without it;
+#    and the page-in phase alone: the hits of every program but those on
+#    stage_out, commit, step and backpressure (an upper bound where a
+#    program fires in both phases) over the pages read and their time.
 #
 #   tools/bench/bpf_overhead.sh [-n PAIRS] [-d DIR] [-s SIZE] [-p PAGES] [-r ROUNDS] [-M] [BUILD]
 #
@@ -21,8 +24,9 @@
 # bench writes (default /var/tmp; /dev/shm takes the disk out, leaving the
 # CPU cost alone, the worst case). -M: the model only (pairs are still run
 # for the throughput, one pair per tool). Needs root. Tools: kvmemtop,
-# kvmemlat, kvmemsnoop (all with -j, output to /dev/null) and, for
-# comparison, the per-page modes kvmemtop -P and kvmemsnoop -a. Every run's
+# kvmemlat, kvmemlat -x page_in, kvmemsnoop (all with -j, output to
+# /dev/null) and, for comparison, the per-page modes kvmemtop -P and
+# kvmemsnoop -a. Every run's
 # figures go to a CSV whose name is printed.
 set -u
 pairs=5 dir=/var/tmp size=128M pages=64K,1M rounds=3 model_only=0
@@ -34,7 +38,7 @@ while getopts "n:d:s:p:r:M" o; do
 	s) size=$OPTARG ;;
 	p) pages=$OPTARG ;;
 	r) rounds=$OPTARG ;;
-	*) sed -n '2,28p' "$0"; exit 2 ;;
+	*) sed -n '2,/^set -u$/{/^set -u$/!p}' "$0"; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
@@ -82,11 +86,16 @@ stop_tool() {
 
 # prog_ids: the ids of the BPF programs loaded now.
 prog_ids() { bpftool prog show 2>/dev/null | awk -F: '/^[0-9]+:/ { print $1 }' | sort; }
-# run_cnt IDS...: their probe hits so far (kernel.bpf_stats_enabled).
+# run_cnt [-i] IDS...: their probe hits so far (kernel.bpf_stats_enabled);
+# -i: only programs that fire in the page-in phase (not on the stage-out
+# phase's stage_out, commit, step, backpressure probes).
 run_cnt() {
-	local id n=0 c
+	local id n=0 c in=0
+	[ "$1" = -i ] && { in=1; shift; }
 	for id in "$@"; do
-		c=$(bpftool prog show id "$id" 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "run_cnt") print $(i + 1) }')
+		c=$(bpftool prog show id "$id" 2>/dev/null | awk -v in_only=$in '
+			{ for (i = 1; i < NF; i++) { if ($i == "name") nm = $(i + 1); if ($i == "run_cnt") c = $(i + 1) } }
+			END { print (in_only && nm ~ /^usdt_(stage_out|commit|step|backpress)/) ? 0 : c + 0 }')
 		n=$((n + ${c:-0}))
 	done
 	echo $n
@@ -99,7 +108,7 @@ tool_args() {
 	echo "$build/bpf/$2" "${@:3}" -j -b "$1" $interval
 }
 
-tools=("kvmemtop" "kvmemlat" "kvmemsnoop" "kvmemtop -P" "kvmemsnoop -a")
+tools=("kvmemtop" "kvmemlat" "kvmemlat -x page_in" "kvmemsnoop" "kvmemtop -P" "kvmemsnoop -a")
 echo "bpf overhead: kvmem bench pager --dir $dir --size $size --pages $pages --rounds $rounds;" \
 	"$pairs pairs per tool, alternated; $(date -u +%F), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for t in "${tools[@]}"; do
@@ -115,7 +124,7 @@ done
 
 if [ $model_only -eq 0 ]; then
 # Pair ratios per tool, page size and figure; median, min, max.
-printf "\n%-14s %8s   %-26s %-26s\n" "tool" "page" "page-in with/without" "stage-out with/without"
+printf "\n%-19s %8s   %-26s %-26s\n" "tool" "page" "page-in with/without" "stage-out with/without"
 for t in "${tools[@]}"; do
 	awk -F, -v t="$t" '
 		$1 == "none:" t { base_out[$2 "," $3] = $4; base_in[$2 "," $3] = $5 }
@@ -127,7 +136,7 @@ for t in "${tools[@]}"; do
 			return sprintf("%.3f (%.3f-%.3f)", n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2, a[1], a[n])
 		}
 		END { for (i = 1; i <= n_sizes; i++) { s = order[i]
-			printf "%-14s %4s KiB   %-26s %-26s\n", t, s, stats(rin[s]), stats(rout[s]) } }
+			printf "%-19s %4s KiB   %-26s %-26s\n", t, s, stats(rin[s]), stats(rout[s]) } }
 	' "$csv"
 done
 fi
@@ -138,12 +147,13 @@ gcc -std=c11 -D_GNU_SOURCE -O2 -Iuser -o "$tmp/usdt_cost" tools/bench/usdt_cost.
 median() { sort -n | awk '{ a[NR] = $1 } END { print NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 # cost PROBE: median CPU ns per hit over 5 runs of 200000 hits
 cost() { for i in 1 2 3 4 5; do "$tmp/usdt_cost" "$1" 200000; done | median; }
-declare -A probe=([kvmemtop]=page_in [kvmemlat]=page_in [kvmemsnoop]=evict
-		  ["kvmemtop -P"]=hit ["kvmemsnoop -a"]=hit)
-base_in=$(cost page_in) base_hit=$(cost hit) base_evict=$(cost evict)
+declare -A probe=([kvmemtop]=page_in_batch [kvmemlat]=page_in [kvmemsnoop]=evict
+		  ["kvmemlat -x page_in"]=fetch ["kvmemtop -P"]=hit ["kvmemsnoop -a"]=hit)
+base_in=$(cost page_in) base_batch=$(cost page_in_batch) base_fetch=$(cost fetch)
+base_hit=$(cost hit) base_evict=$(cost evict)
 sysctl -qw kernel.bpf_stats_enabled=1 || { echo "cannot enable kernel.bpf_stats_enabled"; exit 1; }
-printf "\n%-14s %-8s %7s  %s\n" "tool" "probe" "ns/hit" \
-	"per page size: probe hits per page moved; their CPU time as a share of the paging time"
+printf "\n%-19s %-13s %7s  %s\n" "tool" "probe" "ns/hit" \
+	"per page size: probe hits per page moved; their CPU time as a share of the paging time; the same for the page-in phase"
 IFS=, read -r -a sizes <<<"$pages"
 for t in "${tools[@]}"; do
 	read -r -a argv <<<"$t"
@@ -154,6 +164,8 @@ for t in "${tools[@]}"; do
 	bare=$base_in
 	[ "$p" = hit ] && bare=$base_hit
 	[ "$p" = evict ] && bare=$base_evict
+	[ "$p" = page_in_batch ] && bare=$base_batch
+	[ "$p" = fetch ] && bare=$base_fetch
 	ns=$(awk -v a="$(cost "$p")" -v b="$bare" 'BEGIN { printf "%.0f", a - b }')
 	stop_tool
 	# its probe hits on a bench run per page size
@@ -163,24 +175,25 @@ for t in "${tools[@]}"; do
 	mapfile -t ids < <(comm -13 <(echo "$before") <(prog_ids))
 	line=""
 	for sz in "${sizes[@]}"; do
-		h0=$(run_cnt "${ids[@]}")
+		h0=$(run_cnt "${ids[@]}") i0=$(run_cnt -i "${ids[@]}")
 		"$tmp/kvmem" bench pager --dir "$dir" --size "$size" --pages "$sz" --rounds 1 \
 			>"$tmp/bench.out" 2>&1 || { echo "bench pager failed: $(tail -2 "$tmp/bench.out")"; exit 1; }
-		h=$(($(run_cnt "${ids[@]}") - h0))
+		h=$(($(run_cnt "${ids[@]}") - h0)) hi=$(($(run_cnt -i "${ids[@]}") - i0))
 		kib=${sz%K}
 		[ "$kib" != "$sz" ] || kib=$((${sz%M} * 1024))
 		# pages moved: the stage-out and the page-in of the run
 		moved=$(awk -v s="$size" -v k="$kib" 'BEGIN { m = s + 0; u = substr(s, length(s));
 			if (u == "G") m *= 1048576; else if (u == "M") m *= 1024; print 2 * m / k }')
-		line="$line$(awk -F, -v h="$h" -v n="$moved" -v ns="$ns" -v k="$kib" -v sz="$kib" '
+		line="$line$(awk -F, -v h="$h" -v hi="$hi" -v n="$moved" -v ns="$ns" -v k="$kib" -v sz="$kib" '
 			$1 ~ /^none:/ && $3 == sz { pin[++a] = $5; pout[++b] = $4 }
 			function med(x, n,   i, j, v) { for (i = 2; i <= n; i++) { v = x[i];
 				for (j = i - 1; j >= 1 && x[j] > v; j--) x[j + 1] = x[j]; x[j + 1] = v }
 				return n % 2 ? x[(n + 1) / 2] : (x[n / 2] + x[n / 2 + 1]) / 2 }
 			END { tin = k * 1024 / (med(pin, a) * 1e6) * 1e9; tout = k * 1024 / (med(pout, b) * 1e6) * 1e9
-				printf "  %5s KiB: %.2f hits/page, %.2f%%", k, h / n, 100 * h * ns / (n / 2 * (tin + tout)) }' "$csv")"
+				printf "  %5s KiB: %.2f hits/page, %.2f%%; page-in %.2f, %.2f%%", k, h / n,
+					100 * h * ns / (n / 2 * (tin + tout)), hi / (n / 2), 100 * hi * ns / (n / 2 * tin) }' "$csv")"
 	done
 	stop_tool
-	printf "%-14s %-8s %7s %s\n" "$t" "$p" "$ns" "$line"
+	printf "%-19s %-13s %7s %s\n" "$t" "$p" "$ns" "$line"
 done
 echo "runs: $csv"
