@@ -3,7 +3,8 @@
 # tools/gpu/bundle.sh built here (carried as build-gpu/).
 #
 #   1. exactness through the backend ops: tests/unit/test_ws_session with
-#      KVMEM_TEST_BACKEND=cuda (a session whose budget holds the workspace
+#      KVMEM_TEST_BACKEND=cuda, with decode graphs (KVMEM_CUDA_GRAPH as set,
+#      on by default) and without (a session whose budget holds the workspace
 #      gives the full-context run's logits bit for bit, every policy, block
 #      size and chunking; small budgets keep every invariant);
 #   2. transformers as the oracle: tests/oracle/oracle.py --backend cuda
@@ -24,13 +25,16 @@ bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 tmp=$(mktemp -d)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-# 1. exactness through the ops
-if KVMEM_TEST_BACKEND=cuda timeout 200 build-gpu/tests/test_ws_session >"$out/ws_session.log" 2>&1; then
-	ok "test_ws_session on cuda ($(grep -c '^\[       OK' "$out/ws_session.log") cases)"
-else
-	bad "test_ws_session on cuda:"
-	grep -E 'ERROR|FAILED|LINE|seed' "$out/ws_session.log" | head -20
-fi
+# 1. exactness through the ops, decode graphs as set (on by default) and off
+for g in "${KVMEM_CUDA_GRAPH:-1}" 0; do
+	if KVMEM_CUDA_GRAPH=$g KVMEM_TEST_BACKEND=cuda timeout 200 build-gpu/tests/test_ws_session \
+		>"$out/ws_session$g.log" 2>&1; then
+		ok "test_ws_session on cuda, KVMEM_CUDA_GRAPH=$g ($(grep -c '^\[       OK' "$out/ws_session$g.log") cases)"
+	else
+		bad "test_ws_session on cuda, KVMEM_CUDA_GRAPH=$g:"
+		grep -E 'ERROR|FAILED|LINE|seed' "$out/ws_session$g.log" | head -20
+	fi
+done
 # 2. the oracle
 if timeout 150 python3 tests/oracle/oracle.py --backend cuda --kvmem "$K" >"$out/oracle.log" 2>&1; then
 	ok "oracle --backend cuda"

@@ -56,8 +56,8 @@ grep -E 'rel|argmax|greedy' "$L/oracle.log" | head -6 >>"$L/summary"
 
 # 4. the engine, selection, demo, recall
 e() { timeout 120 "$K" bench engine --backend cuda "$@"; }
-KVMEM_CUDA_GRAPH=1 KVMEM_CUDA_PREFILL=$pre e >"$L/engine.log" 2>&1
-sum "engine, graphs (KVMEM_CUDA_GRAPH=1, off by default), prefill v${pre:-2} (rc $?, $(el))"
+KVMEM_CUDA_PREFILL=$pre e >"$L/engine.log" 2>&1
+sum "engine, graphs (on by default), prefill v${pre:-2} (rc $?, $(el))"
 KVMEM_CUDA_GRAPH=0 KVMEM_CUDA_PREFILL=$pre e --prefill 4k --decode 4k,32k \
 	>"$L/engine_nograph.log" 2>&1
 sum "engine, no graphs (rc $?, $(el))"

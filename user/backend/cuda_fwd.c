@@ -26,13 +26,17 @@
  * two). A one-token step runs the same kernels with the same arguments
  * with or without a graph, so the bits are the same.
  *
- * Graphs are OFF by default: on the H200 (2026-11-30) test_ws_session with
- * KVMEM_TEST_BACKEND=cuda crashed inside cudaGraphLaunch (a host segfault
- * in the driver, from graph_run, in the first exactness case: many small
- * backends and views made and freed in turn) and the cause is not found
- * yet; they bought 4-6% of decode speed. KVMEM_CUDA_GRAPH=1 turns them on,
- * =2 also makes a failed capture an error (else the backend falls back to
- * plain launches for good).
+ * A graph must never outlive the device memory it names, even when a new
+ * allocation lands at the same address and the key matches again: the
+ * driver keeps its own record of a copy node's source allocation, and a
+ * replay after that allocation was freed segfaulted inside cudaGraphLaunch
+ * (H200, 2026-11-30: test_ws_session on cuda, where all-rows logits grow
+ * the logits buffer between decodes). So freeing a view's K/V or the
+ * logits buffer first drops the graphs that hold it (cuda_fwd_forget).
+ *
+ * Graphs are on by default (4-6% of decode speed); KVMEM_CUDA_GRAPH=0
+ * turns them off, =2 also makes a failed capture an error (else the
+ * backend falls back to plain launches for good).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -94,7 +98,7 @@ int cuda_fwd_create(struct cuda *b)
 	if (!f)
 		return kvmem_error(ENOMEM, "out of memory");
 	b->fwd = f;
-	f->mode = e && e[0] == '1' ? 1 : (e && e[0] == '2' ? 2 : 0);
+	f->mode = e && e[0] == '0' ? 0 : (e && e[0] == '2' ? 2 : 1);
 	f->items_off = 16;
 	f->ids_off = (f->items_off + L * sizeof(kvmem_scatter_item) + 15) / 16 * 16;
 	bytes = f->ids_off + 2 * C * sizeof(int32_t);
@@ -130,6 +134,18 @@ void cuda_fwd_destroy(struct cuda *b)
 	cudaFreeHost(f->host_out);
 	free(f);
 	b->fwd = NULL;
+}
+
+void cuda_fwd_forget(struct cuda *b, const void *dev)
+{
+	struct cuda_fwd *f = b->fwd;
+
+	for (int i = 0; f && i < GRAPHS; i++) {
+		const struct graph_key *k = &f->g[i].key;
+
+		if (f->g[i].exec && (!dev || dev == k->vk || dev == k->vv || dev == k->logits))
+			graph_drop(&f->g[i]);
+	}
 }
 
 /* Decode attention takes at most 16 rows: one token of a GQA group. */
@@ -284,8 +300,10 @@ static int graph_run(struct cuda *b, kvmem_view *v, int want_out, int has_logits
 	k.logits = b->logits;
 	k.want_out = want_out;
 	k.has_logits = has_logits;
-	for (int i = 0; i < GRAPHS && !g; i++)
-		if (f->g[i].exec && !memcmp(&f->g[i].key, &k, sizeof(k)))
+	for (int i = 0; i < GRAPHS; i++)
+		if (f->g[i].exec && f->g[i].key.scratch_gen != k.scratch_gen)
+			graph_drop(&f->g[i]);	/* its scratch is freed */
+		else if (!g && f->g[i].exec && !memcmp(&f->g[i].key, &k, sizeof(k)))
 			g = &f->g[i];
 	if (!g) {
 		g = &f->g[0];
@@ -338,6 +356,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 			return kvmem_error(EINVAL, "cuda forward: token %d at index %d is outside the "
 					   "vocabulary (0..%d)", tokens[i], i, c->vocab - 1);
 	if (rows > b->logit_rows) {
+		cuda_fwd_forget(b, b->logits);
 		kvmem_cuda_free(b->logits);
 		b->logits = NULL;
 		b->logit_rows = 0;

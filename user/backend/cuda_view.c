@@ -42,6 +42,7 @@ void cuda_view_destroy(void *ctx, kvmem_view *v)
 	if (!v)
 		return;
 	((struct cuda *)ctx)->view_bytes -= view_bytes(ctx, v->cap);
+	cuda_fwd_forget(ctx, v->k);
 	kvmem_cuda_free(v->k);
 	kvmem_cuda_free(v->v);
 	free(v);
@@ -100,6 +101,7 @@ int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 		       (rc = copy_runs(b, nv, slots, v->v, v->cap, v->len)) < 0 ||
 		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
 		goto fail;
+	cuda_fwd_forget(b, v->k);
 	kvmem_cuda_free(v->k);
 	kvmem_cuda_free(v->v);
 	b->view_bytes += view_bytes(b, slots) - view_bytes(b, v->cap);
