@@ -3,8 +3,9 @@
  * kvmemlat: log2 histograms of the pager's latencies, from the durations
  * its probes already carry (page_in, fetch, stage_out, backpressure,
  * commit, step) or the module's (fill_done: fault to ready; writeback).
- * Nothing is timed here: each probe fires once per request or call, so
- * the cost is a probe hit per I/O request, not per page.
+ * Nothing is timed here: each probe fires once per call, write or reap
+ * pass (page_in_batch carries each read request's latency), so the cost
+ * is a probe hit per I/O batch, not per page.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -42,11 +43,22 @@ static __always_inline int mine(void)
 }
 
 /* ---- the userspace pager's USDT probes ------------------------------------ */
+/* Each read request's latency, from the batch a reap pass fires: one hit
+ * per pass (up to PAGE_IN_BATCH_MAX requests) instead of one per request. */
+#define PAGE_IN_BATCH_MAX 64	/* KVMEM_PROBE_BATCH_MAX, user/pager/probes.h */
+
 SEC("usdt")
-int BPF_USDT(usdt_page_in, __u64 first, __u64 n, __u64 bytes, __u64 ns)
+int BPF_USDT(usdt_page_in_batch, __u64 reqs, __u64 pages, __u64 bytes, __u64 ns, __u64 lat)
 {
-	if (mine())
-		record(LAT_PAGE_IN, ns);
+	if (!mine())
+		return 0;
+	for (__u32 i = 0; i < PAGE_IN_BATCH_MAX && i < reqs; i++) {
+		__u64 v;
+
+		if (bpf_probe_read_user(&v, sizeof(v), (const void *)(lat + 8 * (__u64)i)))
+			break;
+		record(LAT_PAGE_IN, v);
+	}
 	return 0;
 }
 

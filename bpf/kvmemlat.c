@@ -39,7 +39,7 @@ static const struct {
 	const char *what;
 	const char *prog;	/* the BPF program that fills it (kvmemlat.bpf.c) */
 } kinds[LAT_KINDS] = {
-	[LAT_PAGE_IN] = { "page_in", "NVMe read requests, submit to completion", "usdt_page_in" },
+	[LAT_PAGE_IN] = { "page_in", "NVMe read requests, submit to completion", "usdt_page_in_batch" },
 	[LAT_FETCH] = { "fetch", "fetch calls, pages asked to pages ready", "usdt_fetch" },
 	[LAT_STAGE_OUT] = { "stage_out", "block writes to NVMe, submit to completion",
 			    "usdt_stage_out" },
@@ -61,15 +61,15 @@ static const char doc[] =
 "page is ready), stage_out (block writes), backpressure (appends waiting\n"
 "for the stage-out buffer), commit, step; with the module, fault (fault to\n"
 "page ready) and writeback. Without an interval, one summary at Ctrl-C.\n"
-"page_in costs a probe hit per NVMe read request (one per page on random\n"
-"reads of small pages); -x page_in leaves it out when that matters.\n"
+"Every histogram costs a probe hit per call, write or reap pass, not per\n"
+"page: page_in reads each request's latency from the pass's batch.\n"
 "\n"
 "EXAMPLES:\n"
 "    kvmemlat                 # summary at Ctrl-C\n"
 "    kvmemlat 1 10            # 1 s summaries, 10 of them\n"
 "    kvmemlat -M -T 5         # millisecond slots, timestamps, every 5 s\n"
 "    kvmemlat -p 1234         # one process\n"
-"    kvmemlat -x page_in      # no per-request probe: fetch, stage-out, ...\n"
+"    kvmemlat -x page_in,step # leave those histograms out\n"
 "    kvmemlat -j              # JSON lines: count, sum_ns, slots per histogram\n";
 
 static const struct argp_option opts[] = {

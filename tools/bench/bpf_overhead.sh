@@ -147,7 +147,7 @@ gcc -std=c11 -D_GNU_SOURCE -O2 -Iuser -o "$tmp/usdt_cost" tools/bench/usdt_cost.
 median() { sort -n | awk '{ a[NR] = $1 } END { print NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 # cost PROBE: median CPU ns per hit over 5 runs of 200000 hits
 cost() { for i in 1 2 3 4 5; do "$tmp/usdt_cost" "$1" 200000; done | median; }
-declare -A probe=([kvmemtop]=page_in_batch [kvmemlat]=page_in [kvmemsnoop]=evict
+declare -A probe=([kvmemtop]=page_in_batch [kvmemlat]=page_in_batch [kvmemsnoop]=evict
 		  ["kvmemlat -x page_in"]=fetch ["kvmemtop -P"]=hit ["kvmemsnoop -a"]=hit)
 base_in=$(cost page_in) base_batch=$(cost page_in_batch) base_fetch=$(cost fetch)
 base_hit=$(cost hit) base_evict=$(cost evict)

@@ -9,6 +9,9 @@
  *
  *   usdt_cost PROBE N      PROBE: page_in, page_in_batch, fetch, evict, hit,
  *                          miss, tier_move
+ *
+ * page_in_batch fires with a full batch (KVMEM_PROBE_BATCH_MAX requests),
+ * so its cost with kvmemlat attached is an upper bound for a pass.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -36,7 +39,7 @@ static void all_probes(volatile int never)
 	PROBE_MISS(1, 2);
 	PROBE_TIER_MOVE(1, 4, 2, 3, 4);
 	PROBE_PAGE_IN(1, 2, 3, 4);
-	PROBE_PAGE_IN_BATCH(1, 2, 3, 4);
+	PROBE_PAGE_IN_BATCH(1, 2, 3, 4, (uint64_t *)0);
 	PROBE_EVICT(1, 2, 3);
 	PROBE_STAGE_OUT(1, 2, 3);
 	PROBE_BACKPRESSURE(1, 2);
@@ -55,7 +58,12 @@ int main(int argc, char **argv)
 {
 	const char *dir = "/usdt_cost";
 	long n = argc > 2 ? atol(argv[2]) : 0;
+	/* page_in_batch: a full batch, an upper bound on a pass's cost */
+	uint64_t lat[KVMEM_PROBE_BATCH_MAX];
 	double t;
+
+	for (int i = 0; i < KVMEM_PROBE_BATCH_MAX; i++)
+		lat[i] = 20000 + 997 * (uint64_t)i;
 
 	if (argc != 3 || n <= 0) {
 		fprintf(stderr, "usage: usdt_cost PROBE N\n");
@@ -70,7 +78,8 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[1], "page_in"))
 			PROBE_PAGE_IN(pg, 1, 65536, 50000);
 		else if (!strcmp(argv[1], "page_in_batch"))
-			PROBE_PAGE_IN_BATCH(8, 8, 8 * 65536, 400000);
+			PROBE_PAGE_IN_BATCH(KVMEM_PROBE_BATCH_MAX, KVMEM_PROBE_BATCH_MAX,
+					    KVMEM_PROBE_BATCH_MAX * 65536, KVMEM_PROBE_BATCH_MAX * 50000, lat);
 		else if (!strcmp(argv[1], "fetch"))
 			PROBE_FETCH(64, 60, 4, 0, 200000);
 		else if (!strcmp(argv[1], "evict"))

@@ -100,11 +100,15 @@ void read_done(kvmem_pager *p, struct io_req *r)
 	p->st.read_requests++;
 	p->st.read_ns += ns;
 	if (r->res > 0) {
+		struct pin_batch *b = &p->pin_batch;
+
 		PROBE_PAGE_IN(r->first_page, r->n_pages, r->res, ns);
-		p->pin_batch.requests++;
-		p->pin_batch.pages += r->n_pages;
-		p->pin_batch.bytes += (uint64_t)r->res;
-		p->pin_batch.ns += ns;
+		if (b->requests == KVMEM_PROBE_BATCH_MAX)
+			pin_batch_fire(p);
+		b->lat[b->requests++] = ns;
+		b->pages += r->n_pages;
+		b->bytes += (uint64_t)r->res;
+		b->ns += ns;
 	}
 	for (uint32_t k = 0; k < r->n_pages; k++) {
 		uint64_t pg = r->first_page + k, need = (uint64_t)k * p->page_stride + p->page_bytes;

@@ -344,17 +344,23 @@ int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index)
 }
 
 /* Every completion goes through here (io_reap has no other caller), so the
- * page_in_batch probe fires once per pass that completed reads, with the
- * sums of the page_in probes it fired. */
+ * page_in_batch probe fires once per pass that completed reads (more often
+ * when a pass completes over KVMEM_PROBE_BATCH_MAX), with the sums of the
+ * page_in probes it fired and their latencies. */
+void pin_batch_fire(kvmem_pager *p)
+{
+	struct pin_batch *b = &p->pin_batch;
+
+	PROBE_PAGE_IN_BATCH(b->requests, b->pages, b->bytes, b->ns, b->lat);
+	b->requests = b->pages = b->bytes = b->ns = 0;
+}
+
 int pager_reap(kvmem_pager *p, unsigned wait)
 {
 	int rc = io_reap(&p->io, wait, pager_io_done, p);
 
-	if (p->pin_batch.requests) {
-		PROBE_PAGE_IN_BATCH(p->pin_batch.requests, p->pin_batch.pages, p->pin_batch.bytes,
-				    p->pin_batch.ns);
-		memset(&p->pin_batch, 0, sizeof(p->pin_batch));
-	}
+	if (p->pin_batch.requests)
+		pin_batch_fire(p);
 	return rc;
 }
 

@@ -11,6 +11,7 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
+#include "pager/probes.h"	/* KVMEM_PROBE_BATCH_MAX */
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the workspace formats are little-endian and written as in memory"
@@ -204,9 +205,14 @@ struct kvmem_pager {
 	void *prefetch_arg;
 	uint32_t fetch_waiting;		/* fetch reads outstanding */
 	/* Reads completed in the current reap pass, for the page_in_batch
-	 * probe (read_done adds, pager_reap fires and clears): requests,
-	 * their pages, bytes read and summed submit-to-completion ns. */
-	struct { uint64_t requests, pages, bytes, ns; } pin_batch;
+	 * probe (read_done adds, pin_batch_fire fires and clears): requests,
+	 * their pages, bytes read, summed submit-to-completion ns and each
+	 * request's ns, so kvmemlat's per-request histogram costs a probe hit
+	 * per pass, not per request. */
+	struct pin_batch {
+		uint64_t requests, pages, bytes, ns;
+		uint64_t lat[KVMEM_PROBE_BATCH_MAX];
+	} pin_batch;
 	char read_err[PATH_MAX + 512];		/* first failure of the current fetch */
 	int read_errno;				/* its code: EBADMSG checksum, EIO... */
 };
@@ -231,6 +237,8 @@ int make_room(kvmem_pager *p, uint32_t need);
 /* Put a page's bytes in a fresh host slot (no I/O); -1 when no room. */
 int pool_insert_copy(kvmem_pager *p, uint64_t page, const void *src);
 int pager_reap(kvmem_pager *p, unsigned wait);
+/* Fire page_in_batch with the reads gathered so far and start a new batch. */
+void pin_batch_fire(kvmem_pager *p);
 void stage_done(kvmem_pager *p, struct io_req *r);
 int stage_drain(kvmem_pager *p);
 /* Where an in-flight or failed block's bytes are in memory (or NULL). */

@@ -11,9 +11,13 @@
  *   tier_move(page, from, to, bytes, ns) bytes moved between tiers
  *                                       (KVMEM_TIER_* bits; 0 = staging memory)
  *   page_in(first_page, n_pages, bytes, ns)  an NVMe read request completed
- *   page_in_batch(requests, pages, bytes, ns)  a reap pass completed reads:
- *                                       the sums of its page_in probes
- *                                       (ns: their latencies added up)
+ *   page_in_batch(requests, pages, bytes, ns, lat)  reads completed in a
+ *                                       reap pass (at most
+ *                                       KVMEM_PROBE_BATCH_MAX of them): the
+ *                                       sums of their page_in probes (ns:
+ *                                       their latencies added up) and lat,
+ *                                       the address of each one's latency
+ *                                       (u64 ns, `requests` of them)
  *   evict(page, slot, bytes)            a page left the host pool
  *   stage_out(block, bytes, ns)         a block's extent is on NVMe
  *   backpressure(block, ns)             append waited for stage-out buffer
@@ -54,8 +58,11 @@
 #define PROBE_TIER_MOVE(pg, from, to, bytes, ns) \
 	DTRACE_PROBE5(kvmem, tier_move, pg, from, to, bytes, ns)
 #define PROBE_PAGE_IN(pg, n, bytes, ns) DTRACE_PROBE4(kvmem, page_in, pg, n, bytes, ns)
-#define PROBE_PAGE_IN_BATCH(reqs, n, bytes, ns) \
-	DTRACE_PROBE4(kvmem, page_in_batch, reqs, n, bytes, ns)
+/* Requests one page_in_batch carries at most: a longer pass fires it more
+ * than once. bpf/kvmemlat.bpf.c reads up to this many latencies. */
+#define KVMEM_PROBE_BATCH_MAX 64
+#define PROBE_PAGE_IN_BATCH(reqs, n, bytes, ns, lat) \
+	DTRACE_PROBE5(kvmem, page_in_batch, reqs, n, bytes, ns, lat)
 #define PROBE_EVICT(pg, slot, bytes) DTRACE_PROBE3(kvmem, evict, pg, slot, bytes)
 #define PROBE_STAGE_OUT(blk, bytes, ns) DTRACE_PROBE3(kvmem, stage_out, blk, bytes, ns)
 #define PROBE_BACKPRESSURE(blk, ns) DTRACE_PROBE2(kvmem, backpressure, blk, ns)
