@@ -140,10 +140,10 @@ void cuda_fwd_forget(struct cuda *b, const void *dev)
 {
 	struct cuda_fwd *f = b->fwd;
 
-	for (int i = 0; f && i < GRAPHS; i++) {
+	for (int i = 0; f && dev && i < GRAPHS; i++) {
 		const struct graph_key *k = &f->g[i].key;
 
-		if (f->g[i].exec && (!dev || dev == k->vk || dev == k->vv || dev == k->logits))
+		if (f->g[i].exec && (dev == k->vk || dev == k->vv || dev == k->logits))
 			graph_drop(&f->g[i]);
 	}
 }

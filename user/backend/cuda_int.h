@@ -86,7 +86,7 @@ uint64_t cuda_dev_used(const struct cuda *b);
 int cuda_fwd_create(struct cuda *b);
 void cuda_fwd_destroy(struct cuda *b);
 /* Drop the decode graphs that hold device memory about to be freed (a
- * view's K or V, the logits buffer; NULL: every graph). */
+ * view's K or V, the logits buffer; NULL, nothing allocated yet: none). */
 void cuda_fwd_forget(struct cuda *b, const void *dev);
 int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
 		 int all_logits, const kvmem_fwd_out *out);
