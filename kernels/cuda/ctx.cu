@@ -45,6 +45,7 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 {
 	kvmem_cuda_ctx *c;
 	cudaDeviceProp p;
+	const char *why;
 	int rc;
 
 	*out = NULL;
@@ -74,6 +75,10 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 	if ((rc = kvmem_cuda_err(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
 				 "creating a stream")))
 		goto fail;
+	if ((why = kvmem_cuda_lt_load())) {
+		rc = kvmem_error(ENOENT, "cuda: cannot load cuBLASLt: %s", why);
+		goto fail;
+	}
 	if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
 		rc = kvmem_error(EIO, "cuda: cuBLASLt would not start");
 		goto fail;

@@ -11,7 +11,8 @@
 # `make gpu-check-static` links the check program with Debian's libraries
 # (OpenBLAS, liburing, libnuma, libxxhash, libgomp, libgfortran) and the CUDA
 # runtime statically, so it runs on the GPU machine without our -dev
-# packages; only cuBLASLt (CUDA 13, present there) is a shared library.
+# packages; only cuBLASLt (CUDA 13, present there) is a shared library,
+# opened at run time (lt_load.cu).
 
 ifeq ($(origin NVCC),undefined)
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && \
@@ -32,8 +33,12 @@ CUDA_OBJ    := $(CUDA_SRC:%.cu=$(O)/cuda/%.o) $(CUDA_BE_SRC:%.c=$(O)/cuda/%.o)
 GPU_CHECK_OBJ := $(patsubst %.c,$(O)/gpu/obj/%.o,$(sort $(wildcard tests/gpu/*.c)))
 GPU_CHECK   := $(O)/gpu/kvmem_gpu_check
 GCC_LIBDIR  := $(dir $(shell $(CC) -print-libgcc-file-name))
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static \
+# cuBLASLt is not linked: lt_load.cu opens it on first use (linking it cost
+# every process 0.1 s and 210 MB at start); the run path and
+# KVMEM_CUDA_LIBDIR tell it where to look.
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static \
 	       -ldl -lrt -lpthread
+$(O)/cuda/kernels/cuda/lt_load.o: NVCC_FLAGS += -DKVMEM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 
 $(O)/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)

@@ -14,6 +14,9 @@
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
 
+/* lt_load.cu: load cuBLASLt (dlopen) once; NULL, or why it cannot be. */
+const char *kvmem_cuda_lt_load(void);
+
 #define KVMEM_GEMM_CACHE 48	/* GEMM shapes whose algorithm is kept */
 
 struct gemm_plan {
