@@ -360,12 +360,7 @@ static void check_scatter(void)
 
 /* ---- attention ---------------------------------------------------------------- */
 
-struct att_shape {
-	const char *name;
-	int n_q, n_kv, heads, kvh, hd, explicit_pos;
-};
-
-static void check_attention_one(const struct att_shape *s, int version)
+void check_attention_one(const struct att_shape *s, int version)
 {
 	const int n_q = s->n_q, n_kv = s->n_kv, heads = s->heads, kvh = s->kvh, hd = s->hd;
 	const size_t stride = n_kv + 17, qn = (size_t)n_q * heads * hd, kn = (size_t)kvh * stride * hd;

@@ -187,7 +187,7 @@ out:
 /* ---- attention v4 against the twin ------------------------------------------ */
 static void check_v4(void)
 {
-	static const struct { const char *name; int n_q, n_kv, heads, kvh, hd, expl; } full[] = {
+	static const struct att_shape full[] = {
 		{ "8B prefill chunk 128 @ 1000", 128, 1000, 32, 8, 128, 0 },
 		{ "8B prefill 512x512 causal", 512, 512, 32, 8, 128, 0 },
 		{ "MHA 4/4 hd128 70x70", 70, 70, 4, 4, 128, 0 },
@@ -198,58 +198,11 @@ static void check_v4(void)
 		{ "quick prefill 40x100", 40, 100, 8, 2, 128, 0 },
 		{ "quick hd64 kv_pos 9x70", 9, 70, 4, 2, 64, 1 },
 	};
-	const int ns = g_quick ? 2 : 6;
+	const struct att_shape *sh = g_quick ? quick : full;
+	const size_t ns = g_quick ? sizeof(quick) / sizeof(quick[0]) : sizeof(full) / sizeof(full[0]);
 
-	for (int i = 0; i < ns; i++) {
-		const int n_q = g_quick ? quick[i].n_q : full[i].n_q, n_kv = g_quick ? quick[i].n_kv : full[i].n_kv;
-		const int heads = g_quick ? quick[i].heads : full[i].heads, kvh = g_quick ? quick[i].kvh : full[i].kvh;
-		const int hd = g_quick ? quick[i].hd : full[i].hd, expl = g_quick ? quick[i].expl : full[i].expl;
-		const size_t stride = n_kv + 17, qn = (size_t)n_q * heads * hd, kn = (size_t)kvh * stride * hd;
-		uint16_t *q = rand_bf16(qn, -1, 1), *k = rand_bf16(kn, -1, 1), *v = rand_bf16(kn, -1, 1);
-		uint16_t *ref = hmalloc(2 * qn), *got;
-		int32_t *qp = hmalloc(4 * n_q), *kp = hmalloc(4 * n_kv);
-		void *dq, *dk, *dv, *dqp, *dkp = NULL, *dout = dpoison(2 * qn);
-		char what[96];
-
-		for (int g = 0; g < kvh; g++)
-			for (size_t j = n_kv; j < stride; j++)
-				for (int e = 0; e < hd; e++)
-					k[((size_t)g * stride + j) * hd + e] = v[((size_t)g * stride + j) * hd + e] = 0xffff;
-		for (int j = 0; j < n_kv; j++)
-			kp[j] = (int32_t)runi(0, 3 * n_kv);
-		for (int t = 0; t < n_q; t++)
-			qp[t] = expl ? (t % 7 == 0 ? -1 : (int32_t)runi(0, 3 * n_kv)) : n_kv - n_q + t;
-		dq = dput(q, 2 * qn);
-		dk = dput(k, 2 * kn);
-		dv = dput(v, 2 * kn);
-		dqp = dput(qp, 4 * n_q);
-		if (expl)
-			dkp = dput(kp, 4 * n_kv);
-		if (kvmem_attention_bf16(ref, q, qp, n_q, k, v, expl ? kp : NULL, n_kv, stride, heads, kvh,
-					 hd, 1.0f / sqrtf((float)hd)))
-			die("attention twin");
-		snprintf(what, sizeof(what), "attention v4 %s", g_quick ? quick[i].name : full[i].name);
-		if (kvmem_cuda_attention_bf16_v(g_c, 4, dout, dq, dqp, n_q, dk, dv, dkp, n_kv, stride, heads,
-						kvh, hd, 1.0f / sqrtf((float)hd))) {
-			report(0, "%s: %s", what, kvmem_last_error());
-		} else {
-			got = dget(dout, 2 * qn);
-			cmp_bf16(what, got, ref, qn, 4e-3, ULP1);
-			free(got);
-		}
-		free(q);
-		free(k);
-		free(v);
-		free(ref);
-		free(qp);
-		free(kp);
-		kvmem_cuda_free(dq);
-		kvmem_cuda_free(dk);
-		kvmem_cuda_free(dv);
-		kvmem_cuda_free(dqp);
-		kvmem_cuda_free(dkp);
-		kvmem_cuda_free(dout);
-	}
+	for (size_t i = 0; i < ns; i++)
+		check_attention_one(&sh[i], 4);
 }
 
 /* ---- fused q/k norm + RoPE ------------------------------------------------------ */

@@ -14,4 +14,12 @@ void check_perf(void);
 /* Timing rows against the ceilings measured by the caller. */
 void bench_perf(double copy_gbs, double gemm_tfs);
 
+/* check.c: one attention shape at one version (2, 3, 4) against the CPU
+ * twin, fresh random inputs; check_perf.c runs v4 through it. */
+struct att_shape {
+	const char *name;
+	int n_q, n_kv, heads, kvh, hd, explicit_pos;
+};
+void check_attention_one(const struct att_shape *s, int version);
+
 #endif
