@@ -134,10 +134,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		if (bad)
 			return -1;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", WHO, argv[optind]);
+	if (cli_no_operands(WHO, argc, argv))
 		return -1;
-	}
 	if (o->model && o->preset) {
 		fprintf(stderr, "%s: --model or --preset, not both\n", WHO);
 		return -1;

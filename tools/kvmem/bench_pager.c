@@ -443,10 +443,8 @@ int bench_pager(int argc, char **argv)
 		if (bad)
 			return EXIT_USAGE;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", w, argv[optind]);
+	if (cli_no_operands(w, argc, argv))
 		return EXIT_USAGE;
-	}
 	{
 		char list[256];
 

@@ -253,10 +253,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		if (bad)
 			return -1;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", w, argv[optind]);
+	if (cli_no_operands(w, argc, argv))
 		return -1;
-	}
 	if (!o->model) {
 		fprintf(stderr, "kvmem bench recall: --model DIR is required\n");
 		return -1;

@@ -196,10 +196,8 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
 		if (bad)
 			return -1;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", w, argv[optind]);
+	if (cli_no_operands(w, argc, argv))
 		return -1;
-	}
 	return 0;
 }
 

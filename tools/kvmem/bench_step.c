@@ -235,10 +235,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		if (bad)
 			return -1;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", WHO, argv[optind]);
+	if (cli_no_operands(WHO, argc, argv))
 		return -1;
-	}
 	return 0;
 }
 

@@ -93,6 +93,14 @@ int cli_getopt_short(const char *who, int argc, char **argv, const char *shorts,
 	return '?';
 }
 
+int cli_no_operands(const char *who, int argc, char **argv)
+{
+	if (optind >= argc)
+		return 0;
+	fprintf(stderr, "%s: unexpected argument '%s' (%s --help)\n", who, argv[optind], who);
+	return -1;
+}
+
 /* ---- values ----------------------------------------------------------- */
 static int bad_value(const char *who, const char *opt, const char *s, const char *want)
 {

@@ -48,6 +48,9 @@ int cli_getopt_short(const char *who, int argc, char **argv, const char *shorts,
 		     const struct option *opts);
 /* The option cli_getopt last returned, as "--name" (for value messages). */
 extern char cli_optname[64];
+/* After the options of a command that takes no operands: 0, or -1 after
+ * "<who>: unexpected argument 'x' (<who> --help)" on stderr. */
+int cli_no_operands(const char *who, int argc, char **argv);
 
 /*
  * Option values. Each parses all of s or fails: -1 after one line on

@@ -301,10 +301,8 @@ static int parse(struct demo *d, int argc, char **argv)
 		if (bad)
 			return -1;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s' (%s --help)\n", w, argv[optind], w);
+	if (cli_no_operands(w, argc, argv))
 		return -1;
-	}
 	return 0;
 }
 

@@ -205,10 +205,8 @@ int cmd_generate(int argc, char **argv)
 		default: return EXIT_USAGE;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s' (%s --help)\n", who, argv[optind], who);
+	if (cli_no_operands(who, argc, argv))
 		return EXIT_USAGE;
-	}
 	if (!preset) {
 		fprintf(stderr, "%s: --preset NAME is required (%s --help)\n", who, who);
 		return EXIT_USAGE;

@@ -298,8 +298,8 @@ static int parse(int argc, char **argv, int mode, struct opts *o)
 			return fprintf(stderr, "%s: %s takes one value here; kvmem lab compare takes "
 				       "lists\n", WHO, name), -1;
 	}
-	if (optind < argc)
-		return fprintf(stderr, "%s: unexpected argument '%s'\n", WHO, argv[optind]), -1;
+	if (cli_no_operands(WHO, argc, argv))
+		return -1;
 	if (!o->n_trace)
 		return fprintf(stderr, "%s: --trace FILE is required\n", WHO), -1;
 	if (mode == 'i')

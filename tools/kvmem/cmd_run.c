@@ -257,11 +257,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 		if (mode_of(c) && !given[mode_of(c) == 's'][0])
 			snprintf(given[mode_of(c) == 's'], sizeof(given[0]), "%s", cli_optname);
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s' (%s --help)\n", RUN_WHO, argv[optind],
-			RUN_WHO);
+	if (cli_no_operands(RUN_WHO, argc, argv))
 		return -1;
-	}
 	if (!o->model) {
 		fprintf(stderr, "%s: --model DIR is required (%s --help)\n", RUN_WHO, RUN_WHO);
 		return -1;

@@ -179,10 +179,8 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 			break;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s' (%s --help)\n", w, argv[optind], w);
+	if (cli_no_operands(w, argc, argv))
 		return -1;
-	}
 	if (!c->api_key && getenv("KVMEM_API_KEY") && *getenv("KVMEM_API_KEY"))
 		c->api_key = getenv("KVMEM_API_KEY");
 	if (c->api_key && !*c->api_key) {

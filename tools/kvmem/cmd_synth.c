@@ -129,10 +129,8 @@ static int synth_corpus(int argc, char **argv)
 		if (bad)
 			return EXIT_USAGE;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", WHO_CORPUS, argv[optind]);
+	if (cli_no_operands(WHO_CORPUS, argc, argv))
 		return EXIT_USAGE;
-	}
 	if (!out || !have_tokens) {
 		fprintf(stderr, "%s: --tokens N and --out FILE are required (%s --help)\n", WHO_CORPUS,
 			WHO_CORPUS);
@@ -298,10 +296,8 @@ static int synth_sample(int argc, char **argv)
 		if (bad)
 			return EXIT_USAGE;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", WHO_SAMPLE, argv[optind]);
+	if (cli_no_operands(WHO_SAMPLE, argc, argv))
 		return EXIT_USAGE;
-	}
 	if (!strcmp(kind, "stream"))
 		return sample_train(p.seed, seq_len, 0.0, with_ids);
 	if (!strcmp(kind, "view"))
@@ -342,10 +338,8 @@ static int synth_vocab(int argc, char **argv)
 		       "  kvmem synth vocab > vocab.tsv\n");
 		return 0;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "kvmem synth vocab: unexpected argument '%s'\n", argv[optind]);
+	if (cli_no_operands("kvmem synth vocab", argc, argv))
 		return EXIT_USAGE;
-	}
 	printf("# agentlang vocabulary: %d tokens, hash %08x\n# id\tpiece\tglue\troles\n",
 	       kvmem_lang_vocab_size(), kvmem_lang_vocab_hash());
 	for (int id = 0; id < kvmem_lang_vocab_size(); id++) {

@@ -107,10 +107,8 @@ static int parse(struct scale *d, int argc, char **argv)
 		if (bad)
 			return -1;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", WHO, argv[optind]);
+	if (cli_no_operands(WHO, argc, argv))
 		return -1;
-	}
 	if (!kvmem_policy_find(d->policy)) {
 		fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 		return -1;
