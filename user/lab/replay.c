@@ -20,6 +20,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "lab/lab_int.h"
+#include "workspace/plan_walk.h"
 #include "workspace/score.h"
 
 #define UNLIMITED ((int64_t)0x3fffffff)
@@ -236,44 +237,31 @@ static int count_read(struct rp *x, kvmem_lab_step *st, int why, int64_t b, int 
 	return 0;
 }
 
+/* A step's counts, for the walk's callback. */
+struct walk {
+	struct rp *x;
+	kvmem_lab_step *st;
+};
+
 /* Tokens u0..u1 of block b sit at `have` + u (-1: nowhere) and belong at
  * `want` + u: a page read unless they are already there (view.c, place). */
-static int place(struct rp *x, kvmem_lab_step *st, int l, int64_t b, int u0, int u1, int64_t have,
-		 int64_t want)
+static int place(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
 {
+	struct walk *w = arg;
+
 	if (u1 <= u0 || have == want)
 		return 0;
-	return count_read(x, st, KVMEM_LAB_VIEW, b, l);
+	return count_read(w->x, w->st, KVMEM_LAB_VIEW, b, l);
 }
 
-/* The page reads of going from the previous plan to np (view.c, rematerialise). */
+/* The page reads of going from the previous plan to np: the view's own
+ * walk (view.c, rematerialise). */
 static int remat_reads(struct rp *x, kvmem_lab_step *st, const kvmem_plan *np)
 {
-	const kvmem_plan *op = &x->prev;
-	const int64_t B = x->B;
+	struct walk w = { x, st };
 
-	for (int l = 0; l < x->L; l++) {
-		int set = np->n_sets == 1 ? 0 : l, oset = op->n_sets <= 1 ? 0 : l, j = 0;
-		const int64_t *nb = np->blocks + (size_t)set * np->n_view;
-		const int64_t *ns = np->start + (size_t)set * np->n_view;
-		const int64_t *ob = op->blocks ? op->blocks + (size_t)oset * op->n_view : NULL;
-		const int64_t *os = op->start ? op->start + (size_t)oset * op->n_view : NULL;
-
-		for (int i = 0; i < np->n_view; i++) {
-			int64_t b = nb[i], p0 = b * B;
-			int len = kvmem_block_len(&x->bl, b), t;
-			int64_t tail_at = x->view_len - x->sel_tokens + p0;
-
-			while (j < op->n_view && ob[j] < b)
-				j++;
-			t = x->sel_tokens - p0 > len ? len : (int)(x->sel_tokens - p0);
-			if (t < 0)
-				t = 0;
-			if (place(x, st, l, b, 0, t, j < op->n_view && ob[j] == b ? os[j] : -1, ns[i]) ||
-			    place(x, st, l, b, t, len, tail_at, ns[i]))
-				return kvmem_fail();
-		}
-	}
+	if (ws_plan_walk(&x->prev, np, &x->bl, x->L, x->sel_tokens, x->view_len, place, &w))
+		return kvmem_fail();
 	return 0;
 }
 

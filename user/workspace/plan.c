@@ -20,6 +20,7 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
+#include "workspace/plan_walk.h"
 #include "workspace/score.h"
 
 enum { FREE = 0, TAKEN = 1, BARRED = 2 };
@@ -258,4 +259,36 @@ fail:
 	free(cand);
 	kvmem_plan_free(&p);
 	return kvmem_fail();
+}
+
+int ws_plan_walk(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks *bl, int n_layers,
+		 int64_t sel_tokens, int64_t view_len, ws_place_fn place, void *arg)
+{
+	const int64_t B = bl->block;
+	int rc;
+
+	for (int l = 0; l < n_layers; l++) {
+		int set = np->n_sets == 1 ? 0 : l, oset = op->n_sets <= 1 ? 0 : l, j = 0;
+		const int64_t *nb = np->blocks + (size_t)set * np->n_view;
+		const int64_t *ns = np->start + (size_t)set * np->n_view;
+		const int64_t *ob = op->blocks ? op->blocks + (size_t)oset * op->n_view : NULL;
+		const int64_t *os = op->start ? op->start + (size_t)oset * op->n_view : NULL;
+
+		for (int i = 0; i < np->n_view; i++) {
+			int64_t b = nb[i], p0 = b * B;
+			int len = kvmem_block_len(bl, b), t;
+			int64_t tail_at = view_len - sel_tokens + p0;
+
+			while (j < op->n_view && ob[j] < b)
+				j++;
+			/* Tokens before sel_tokens: in the old view or not at all. */
+			t = sel_tokens - p0 > len ? len : (int)(sel_tokens - p0);
+			if (t < 0)
+				t = 0;
+			if ((rc = place(arg, l, b, 0, t, j < op->n_view && ob[j] == b ? os[j] : -1, ns[i])) ||
+			    (rc = place(arg, l, b, t, len, tail_at, ns[i])))
+				return rc;
+		}
+	}
+	return 0;
 }

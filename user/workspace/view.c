@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
+#include "workspace/plan_walk.h"
 #include "workspace/score.h"
 #include "workspace/session_int.h"
 
@@ -144,8 +145,10 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 
 /* Tokens u0..u1-1 now sit at slot `have` + u (have < 0: not in the view);
  * they belong at `want` + u. */
-static int place(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
+static int place(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
 {
+	kvmem_session *s = arg;
+
 	if (u1 <= u0)
 		return 0;
 	if (have == want && !s->o.rebuild_all) {
@@ -178,36 +181,13 @@ static void hint_entering(kvmem_session *s, const kvmem_plan *np)
 
 static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 {
-	const kvmem_plan *op = &s->plan;
-	const int64_t B = s->blocks.block;
-
 	if (ws_view_reserve(s, np->view_tokens))
 		return kvmem_fail();
 	ws_register(s);
 	hint_entering(s, np);
-	for (int l = 0; l < s->cfg.n_layers; l++) {
-		int set = np->n_sets == 1 ? 0 : l, oset = op->n_sets <= 1 ? 0 : l, j = 0;
-		const int64_t *nb = np->blocks + (size_t)set * np->n_view;
-		const int64_t *ns = np->start + (size_t)set * np->n_view;
-		const int64_t *ob = op->blocks ? op->blocks + (size_t)oset * op->n_view : NULL;
-		const int64_t *os = op->start ? op->start + (size_t)oset * op->n_view : NULL;
-
-		for (int i = 0; i < np->n_view; i++) {
-			int64_t b = nb[i], p0 = b * B;
-			int len = kvmem_block_len(&s->blocks, b), t;
-			int64_t tail_at = s->view_len - s->sel_tokens + p0;
-
-			while (j < op->n_view && ob[j] < b)
-				j++;
-			/* Tokens before sel_tokens: in the old view or not at all. */
-			t = s->sel_tokens - p0 > len ? len : (int)(s->sel_tokens - p0);
-			if (t < 0)
-				t = 0;
-			if (place(s, l, b, 0, t, j < op->n_view && ob[j] == b ? os[j] : -1, ns[i]) ||
-			    place(s, l, b, t, len, tail_at, ns[i]))
-				return kvmem_fail();
-		}
-	}
+	if (ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens, s->view_len,
+			 place, s))
+		return kvmem_fail();
 	return flush(s);
 }
 
