@@ -561,6 +561,119 @@ static void test_adopt_resumes(void **state)
 	test_model_free(m);
 }
 
+/* ---- the selector's hints to the page source ----------------------------- */
+/* The last hint call a source heard (a source's ops are shared, so the log
+ * is one per test run, not per source). */
+static struct {
+	const kvmem_page_source_ops *real;
+	int64_t blocks[4096];
+	float scores[4096];
+	int n, calls;
+} g_hints;
+
+static void log_hint(void *ctx, const int64_t *blocks, const float *scores, int n)
+{
+	assert_true(n >= 0 && n <= 4096);
+	memcpy(g_hints.blocks, blocks, sizeof(int64_t) * n);
+	memcpy(g_hints.scores, scores, sizeof(float) * n);
+	g_hints.n = n;
+	g_hints.calls++;
+	if (g_hints.real->hint)
+		g_hints.real->hint(ctx, blocks, scores, n);
+}
+
+/* A block's best score over the selection's sets. */
+static float best_score(const float *sc, int sets, int64_t nb, int64_t b)
+{
+	float x = sc[b];
+
+	for (int k = 1; k < sets; k++)
+		x = sc[(size_t)k * nb + b] > x ? sc[(size_t)k * nb + b] : x;
+	return x;
+}
+
+/*
+ * After a selection the source hears 1 for every block of the new view and
+ * 0.5 for as many runners-up (fewer when fewer are left): the best of the
+ * other blocks by their best score. What a score-keeping cache uses.
+ */
+static void test_hints_follow_selection(void **state)
+{
+	uint64_t rng = g_seed ^ 0x417;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	kvmem_backend *e = test_backend(m, 32);
+	kvmem_page_source src, logged;
+	kvmem_page_source_ops ops;
+	kvmem_session_opts o;
+	const int B = 16;
+
+	assert_int_equal(kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B), 0);
+	ops = *src.ops;	/* the same source, its hints logged on the way */
+	ops.hint = log_hint;
+	g_hints.real = src.ops;
+	g_hints.calls = 0;
+	logged = (kvmem_page_source){ .ops = &ops, .ctx = src.ctx };
+	for (int p = 0; kvmem_policy_at(p); p++) {
+		int n = test_rng_int(&rng, 12, 40) * B, sets;
+		int32_t *tok = random_tokens(&rng, n, c->vocab);
+		int64_t nb, in = 0, out = 0;
+		const kvmem_plan *pl;
+		const float *sc;
+		kvmem_session *s;
+		char *held;
+
+		kvmem_session_opts_default(&o);
+		o.block = B;
+		o.chunk = 32;
+		o.policy = kvmem_policy_at(p)->name;
+		o.budget = test_rng_int(&rng, 3, 10) * B;
+		o.source = &logged;
+		s = kvmem_session_create(e, &o);
+		assert_non_null(s);
+		assert_int_equal(kvmem_session_append(s, tok, n, 0), 0);
+		g_hints.n = -1;
+		assert_int_equal(kvmem_session_select(s), 0);
+		pl = kvmem_session_plan(s);
+		sc = kvmem_session_scores(s, &sets, &nb);
+		assert_non_null(sc);
+		assert_true(g_hints.n > 0);
+		held = calloc((size_t)nb, 1);
+		for (int k = 0; k < pl->n_sets; k++)
+			for (int i = 0; i < pl->n_view; i++)
+				held[pl->blocks[(size_t)k * pl->n_view + i]] = 1;
+		for (int64_t b = 0; b < nb; b++)
+			in += held[b];
+		/* the view's blocks at 1, each once, first */
+		for (int i = 0; i < in; i++) {
+			assert_true(g_hints.scores[i] == 1.0f);
+			assert_int_equal(held[g_hints.blocks[i]], 1);
+			held[g_hints.blocks[i]] = 2;
+		}
+		/* then min(in, nb - in) runners-up at 0.5, none scored below a
+		 * block left out */
+		out = in < nb - in ? in : nb - in;
+		assert_int_equal(g_hints.n, in + out);
+		for (int i = in; i < g_hints.n; i++) {
+			assert_true(g_hints.scores[i] == 0.5f);
+			assert_int_equal(held[g_hints.blocks[i]], 0);
+			held[g_hints.blocks[i]] = 3;
+		}
+		for (int i = in; i < g_hints.n; i++)
+			for (int64_t b = 0; b < nb; b++)
+				if (!held[b])
+					assert_true(best_score(sc, sets, nb, g_hints.blocks[i]) >=
+						    best_score(sc, sets, nb, b));
+		free(held);
+		kvmem_session_free(s);
+		free(tok);
+	}
+	assert_true(g_hints.calls > 0);
+	kvmem_page_source_destroy(&src);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 static void test_session_errors(void **state)
 {
 	uint64_t rng = g_seed ^ 0xee;
@@ -661,6 +774,7 @@ int main(void)
 		cmocka_unit_test(test_small_budget_properties),
 		cmocka_unit_test(test_long_generation),
 		cmocka_unit_test(test_adopt_resumes),
+		cmocka_unit_test(test_hints_follow_selection),
 		cmocka_unit_test(test_session_errors),
 		cmocka_unit_test(test_nan_logits_refused),
 	};

@@ -269,34 +269,15 @@ static int remat_reads(struct rp *x, kvmem_lab_step *st, const kvmem_plan *np)
  * 1 for the view's blocks, 0.5 for as many runners-up. */
 static int hints(struct rp *x, const kvmem_plan *np, const float *sc, int n_sets, int64_t nb)
 {
-	int64_t *idx = malloc((size_t)nb * sizeof(*idx)), n_in = 0, n_out = 0, k;
-	float *best = malloc((size_t)nb * sizeof(*best));
-	uint8_t *in = calloc((size_t)nb, 1);
+	int64_t *idx = malloc((size_t)(nb ? nb : 1) * sizeof(*idx)), n_in, n;
 
-	if (!idx || !best || !in) {
-		free(idx), free(best), free(in);
+	if (!idx || (n = ws_plan_hints(np, sc, n_sets, nb, idx, &n_in)) < 0) {
+		free(idx);
 		return kvmem_error(ENOMEM, "lab: out of memory");
 	}
-	for (int s = 0; s < np->n_sets; s++)
-		for (int i = 0; i < np->n_view; i++)
-			in[np->blocks[(size_t)s * np->n_view + i]] = 1;
-	for (int64_t b = 0; b < nb; b++) {
-		best[b] = sc[b];
-		for (int s = 1; s < n_sets; s++)
-			if (sc[(size_t)s * nb + b] > best[b])
-				best[b] = sc[(size_t)s * nb + b];
-		n_in += in[b];
-		if (in[b])
-			idx[n_out++] = b;
-	}
-	for (int64_t b = 0; b < nb; b++)
-		if (!in[b])
-			idx[n_out++] = b;
-	k = n_in < nb - n_in ? n_in : nb - n_in;
-	ws_top_k(idx + n_in, nb - n_in, k, best);
-	for (int64_t i = 0; i < n_in + k; i++)
+	for (int64_t i = 0; i < n; i++)
 		lab_cache_hint(&x->cache, (uint64_t)idx[i], i < n_in ? 1.0f : 0.5f);
-	free(idx), free(best), free(in);
+	free(idx);
 	return 0;
 }
 

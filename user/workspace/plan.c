@@ -14,6 +14,7 @@
  * full block (the only partial block is the newest), so each set holds the
  * same number of tokens.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,4 +292,39 @@ int ws_plan_walk(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks 
 		}
 	}
 	return 0;
+}
+
+int64_t ws_plan_hints(const kvmem_plan *np, const float *sc, int n_sets, int64_t nb, int64_t *idx,
+		      int64_t *n_in)
+{
+	float *best = malloc((size_t)(nb ? nb : 1) * sizeof(*best));
+	uint8_t *in = calloc((size_t)(nb ? nb : 1), 1);
+	int64_t n_out = 0, k;
+
+	*n_in = 0;
+	if (!best || !in) {
+		free(best);
+		free(in);
+		return -ENOMEM;
+	}
+	for (int set = 0; set < np->n_sets; set++)
+		for (int i = 0; i < np->n_view; i++)
+			in[np->blocks[(size_t)set * np->n_view + i]] = 1;
+	for (int64_t b = 0; b < nb; b++) {
+		best[b] = sc[b];
+		for (int set = 1; set < n_sets; set++)
+			if (sc[(size_t)set * nb + b] > best[b])
+				best[b] = sc[(size_t)set * nb + b];
+		*n_in += in[b];
+		if (in[b])
+			idx[n_out++] = b;
+	}
+	for (int64_t b = 0; b < nb; b++)
+		if (!in[b])
+			idx[n_out++] = b;
+	k = *n_in < nb - *n_in ? *n_in : nb - *n_in;
+	ws_top_k(idx + *n_in, nb - *n_in, k, best);
+	free(best);
+	free(in);
+	return *n_in + k;
 }

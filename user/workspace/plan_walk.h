@@ -25,4 +25,14 @@ typedef int (*ws_place_fn)(void *arg, int l, int64_t b, int u0, int u1, int64_t 
 int ws_plan_walk(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks *bl, int n_layers,
 		 int64_t sel_tokens, int64_t view_len, ws_place_fn place, void *arg);
 
+/*
+ * What a session tells its page source after planning np (view.c,
+ * hint_selected; the lab replays it): into idx (nb entries), the blocks of
+ * the view first (*n_in of them, score hint 1), then as many runners-up,
+ * the best of the rest by score (sc: n_sets rows of nb; a block's best
+ * row), hint 0.5. Returns how many of idx to send, or -ENOMEM.
+ */
+int64_t ws_plan_hints(const kvmem_plan *np, const float *sc, int n_sets, int64_t nb, int64_t *idx,
+		      int64_t *n_in);
+
 #endif

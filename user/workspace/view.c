@@ -199,45 +199,20 @@ static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 static void hint_selected(kvmem_session *s, const kvmem_plan *np)
 {
 	const int64_t nb = kvmem_blocks_count(&s->blocks);
-	int64_t *idx = NULL, n_in = 0, n_out = 0, k;
-	float *best = NULL, *h = NULL;
-	uint8_t *in = NULL;
+	int64_t *idx, n_in, n;
+	float *h;
 
 	if (!s->src->ops->hint || !np->n_view || nb > INT_MAX)
 		return;
 	idx = malloc((size_t)nb * sizeof(*idx));
-	best = malloc((size_t)nb * sizeof(*best));
 	h = malloc((size_t)nb * sizeof(*h));
-	in = calloc((size_t)nb, 1);
-	if (!idx || !best || !h || !in)
-		goto out;	/* only a hint */
-	for (int set = 0; set < np->n_sets; set++)
-		for (int i = 0; i < np->n_view; i++)
-			in[np->blocks[(size_t)set * np->n_view + i]] = 1;
-	for (int64_t b = 0; b < nb; b++)
-		n_in += in[b];
-	/* idx: the view's blocks first, then the others. */
-	for (int64_t b = 0; b < nb; b++) {
-		best[b] = s->scores[b];
-		for (int set = 1; set < s->n_sets; set++)
-			if (s->scores[(size_t)set * nb + b] > best[b])
-				best[b] = s->scores[(size_t)set * nb + b];
-		if (in[b])
-			idx[n_out++] = b;
+	if (idx && h && (n = ws_plan_hints(np, s->scores, s->n_sets, nb, idx, &n_in)) >= 0) {
+		for (int64_t i = 0; i < n; i++)
+			h[i] = i < n_in ? 1.0f : 0.5f;
+		s->src->ops->hint(s->src->ctx, idx, h, (int)n);
 	}
-	for (int64_t b = 0; b < nb; b++)
-		if (!in[b])
-			idx[n_out++] = b;
-	for (int64_t i = 0; i < nb; i++)
-		h[i] = i < n_in ? 1.0f : 0.5f;
-	k = n_in < nb - n_in ? n_in : nb - n_in;
-	ws_top_k(idx + n_in, nb - n_in, k, best);
-	s->src->ops->hint(s->src->ctx, idx, h, (int)(n_in + k));
-out:
-	free(idx);
-	free(best);
+	free(idx);	/* only a hint: nothing said when memory is short */
 	free(h);
-	free(in);
 }
 
 int ws_select(kvmem_session *s, int forced)
