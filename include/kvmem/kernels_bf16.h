@@ -258,6 +258,10 @@ int kvmem_token_mass(double *mass, const void *keys, const int32_t *len, const i
  * block, NaN lowest: the planner's order), written to out[0..min(k,n)) in
  * ascending block order. Returns min(k, n) (0 for k <= 0) or -ENOMEM. */
 int64_t kvmem_top_k_blocks(int64_t *out, const float *scores, int64_t n, int64_t k);
+/* The same order in place: rearrange the block numbers idx[0..n) (any
+ * subset, scores indexed by block number) so that the k best come first,
+ * in no particular order. The planner and the policies use it. */
+void kvmem_top_k_select(int64_t *idx, int64_t n, int64_t k, const float *scores);
 
 /*
  * The index's append over plain arrays (kernels/cpu/index_bf16.c; the GPU

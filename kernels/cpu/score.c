@@ -476,29 +476,30 @@ static int by_block(const void *pa, const void *pb)
 	return (x > y) - (x < y);
 }
 
-int64_t kvmem_top_k_blocks(int64_t *out, const float *scores, int64_t n, int64_t k)
+static inline void swap64(int64_t *a, int64_t *b)
 {
-	int64_t *idx, lo = 0, hi = n - 1;
+	int64_t t = *a;
 
-	if (k <= 0 || n <= 0)
-		return 0;
-	if (k > n)
-		k = n;
-	idx = malloc(sizeof(int64_t) * n);
-	if (!idx)
-		return kvmem_error(ENOMEM, "top-k: out of memory for %lld blocks", (long long)n);
-	for (int64_t i = 0; i < n; i++)
-		idx[i] = i;
+	*a = *b;
+	*b = t;
+}
+
+void kvmem_top_k_select(int64_t *idx, int64_t n, int64_t k, const float *scores)
+{
+	int64_t lo = 0, hi = n - 1;
+
+	if (k <= 0 || k >= n)
+		return;
 	/* Quickselect (median of three) until the k best are idx[0..k). */
-	while (k < n && lo < hi) {
-		int64_t mid = lo + (hi - lo) / 2, i = lo, j = hi, pivot, t;
+	while (lo < hi) {
+		int64_t mid = lo + (hi - lo) / 2, i = lo, j = hi, pivot;
 
 		if (better(scores, idx[mid], idx[lo]))
-			t = idx[mid], idx[mid] = idx[lo], idx[lo] = t;
+			swap64(&idx[mid], &idx[lo]);
 		if (better(scores, idx[hi], idx[lo]))
-			t = idx[hi], idx[hi] = idx[lo], idx[lo] = t;
+			swap64(&idx[hi], &idx[lo]);
 		if (better(scores, idx[hi], idx[mid]))
-			t = idx[hi], idx[hi] = idx[mid], idx[mid] = t;
+			swap64(&idx[hi], &idx[mid]);
 		pivot = idx[mid];
 		while (i <= j) {
 			while (better(scores, idx[i], pivot))
@@ -506,7 +507,7 @@ int64_t kvmem_top_k_blocks(int64_t *out, const float *scores, int64_t n, int64_t
 			while (better(scores, pivot, idx[j]))
 				j--;
 			if (i <= j) {
-				t = idx[i], idx[i] = idx[j], idx[j] = t;
+				swap64(&idx[i], &idx[j]);
 				i++;
 				j--;
 			}
@@ -518,6 +519,22 @@ int64_t kvmem_top_k_blocks(int64_t *out, const float *scores, int64_t n, int64_t
 		else
 			break;
 	}
+}
+
+int64_t kvmem_top_k_blocks(int64_t *out, const float *scores, int64_t n, int64_t k)
+{
+	int64_t *idx;
+
+	if (k <= 0 || n <= 0)
+		return 0;
+	if (k > n)
+		k = n;
+	idx = malloc(sizeof(int64_t) * n);
+	if (!idx)
+		return kvmem_error(ENOMEM, "top-k: out of memory for %lld blocks", (long long)n);
+	for (int64_t i = 0; i < n; i++)
+		idx[i] = i;
+	kvmem_top_k_select(idx, n, k, scores);
 	qsort(idx, k, sizeof(int64_t), by_block);
 	memcpy(out, idx, sizeof(int64_t) * k);
 	free(idx);

@@ -702,6 +702,20 @@ static int cmp64(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* The planner's order by brute force: a full sort, best first (higher
+ * score, NaN lowest, ties to the later block). */
+static const float *g_sc;
+
+static int by_rank(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	float u = isnan(g_sc[x]) ? -INFINITY : g_sc[x], v = isnan(g_sc[y]) ? -INFINITY : g_sc[y];
+
+	if (u != v)
+		return u > v ? -1 : 1;
+	return (x < y) - (x > y);
+}
+
 static void test_top_k(void **state)
 {
 	uint64_t r = rng_for("top_k_blocks");
@@ -709,7 +723,8 @@ static void test_top_k(void **state)
 	for (int c = 0; c < 40; c++) {
 		int64_t n = test_rng_int(&r, 1, 3000), k = test_rng_int(&r, 0, (int)n + 3);
 		float *sc = xmalloc(4 * n);
-		int64_t *idx = xmalloc(8 * n), *out = xmalloc(8 * n), want = k < n ? k : n;
+		int64_t *idx = xmalloc(8 * n), *out = xmalloc(8 * n), *ref = xmalloc(8 * n);
+		int64_t want = k < n ? k : n, m = 0;
 
 		/* Few distinct values: many ties; some NaN, -inf, -0 and +0. */
 		for (int64_t i = 0; i < n; i++) {
@@ -717,18 +732,36 @@ static void test_top_k(void **state)
 
 			sc[i] = u == 0 ? NAN : u == 1 ? -INFINITY : u == 2 ? -0.0f : u == 3 ? 0.0f
 				: (float)test_rng_int(&r, -3, 3);
-			idx[i] = i;
+			ref[i] = i;
 		}
+		g_sc = sc;
+		qsort(ref, n, 8, by_rank);
 		assert_int_equal(kvmem_top_k_blocks(out, sc, n, k), k > 0 ? want : 0);
-		if (k <= 0)
-			goto next;
-		ws_top_k(idx, n, want, sc);
-		qsort(idx, want, 8, cmp64);
-		assert_memory_equal(out, idx, 8 * want);
-next:
+		if (k > 0) {
+			memcpy(idx, ref, 8 * want);
+			qsort(idx, want, 8, cmp64);
+			assert_memory_equal(out, idx, 8 * want);
+		}
+		/* In place over a shuffled subset: its k best first. */
+		for (int64_t i = 0; i < n; i++)
+			if (test_rng_int(&r, 0, 2))
+				idx[m++] = i;
+		for (int64_t i = m - 1; i > 0; i--) {
+			int64_t j = test_rng_int(&r, 0, (int)i), t = idx[i];
+
+			idx[i] = idx[j], idx[j] = t;
+		}
+		memcpy(ref, idx, 8 * m);
+		qsort(ref, m, 8, by_rank);
+		k = k < m ? k : m;
+		kvmem_top_k_select(idx, m, k, sc);
+		qsort(idx, k, 8, cmp64);
+		qsort(ref, k, 8, cmp64);
+		assert_memory_equal(idx, ref, 8 * k);
 		free(sc);
 		free(idx);
 		free(out);
+		free(ref);
 	}
 }
 

@@ -26,65 +26,6 @@
 
 enum { FREE = 0, TAKEN = 1, BARRED = 2 };
 
-static inline float key(float s)
-{
-	return isnan(s) ? -INFINITY : s;
-}
-
-/* a before b in "best first" order: higher score, then the later block. */
-static inline int better(const float *sc, int64_t a, int64_t b)
-{
-	float x = key(sc[a]), y = key(sc[b]);
-
-	return x > y || (x == y && a > b);
-}
-
-static inline void swap64(int64_t *a, int64_t *b)
-{
-	int64_t t = *a;
-
-	*a = *b;
-	*b = t;
-}
-
-/* Rearrange idx[0..n) so that its k best (by `better`) come first. */
-void ws_top_k(int64_t *idx, int64_t n, int64_t k, const float *sc)
-{
-	int64_t lo = 0, hi = n - 1;
-
-	if (k <= 0 || k >= n)
-		return;
-	while (lo < hi) {
-		int64_t mid = lo + (hi - lo) / 2, i = lo, j = hi, pivot;
-
-		/* Median of three at mid. */
-		if (better(sc, idx[mid], idx[lo]))
-			swap64(&idx[mid], &idx[lo]);
-		if (better(sc, idx[hi], idx[lo]))
-			swap64(&idx[hi], &idx[lo]);
-		if (better(sc, idx[hi], idx[mid]))
-			swap64(&idx[hi], &idx[mid]);
-		pivot = idx[mid];
-		while (i <= j) {
-			while (better(sc, idx[i], pivot))
-				i++;
-			while (better(sc, pivot, idx[j]))
-				j--;
-			if (i <= j) {
-				swap64(&idx[i], &idx[j]);
-				i++;
-				j--;
-			}
-		}
-		if (k - 1 <= j)
-			hi = j;
-		else if (k - 1 >= i)
-			lo = i;
-		else
-			break;
-	}
-}
-
 void kvmem_plan_free(kvmem_plan *p)
 {
 	free(p->blocks);
@@ -232,7 +173,7 @@ int kvmem_plan_build(kvmem_plan *out, const kvmem_blocks *r, const float *scores
 			if (base[b] == FREE)
 				cand[c++] = b;
 		if (k < n_cand)
-			ws_top_k(cand, n_cand, k, sc);
+			kvmem_top_k_select(cand, n_cand, k, sc);
 		for (int64_t i = 0; i < k; i++)
 			mark[cand[i]] = TAKEN;
 		for (int64_t b = 0; b < nb; b++) {
@@ -323,7 +264,7 @@ int64_t ws_plan_hints(const kvmem_plan *np, const float *sc, int n_sets, int64_t
 		if (!in[b])
 			idx[n_out++] = b;
 	k = *n_in < nb - *n_in ? *n_in : nb - *n_in;
-	ws_top_k(idx + *n_in, nb - *n_in, k, best);
+	kvmem_top_k_select(idx + *n_in, nb - *n_in, k, best);
 	free(best);
 	free(in);
 	return *n_in + k;

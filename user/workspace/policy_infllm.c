@@ -122,7 +122,7 @@ static int infllm_score(const kvmem_select_ctx *c, float *scores)
 			continue;
 		for (int64_t b = 0; b < nb; b++)
 			list[b] = b;
-		ws_top_k(list, nb, m, row);
+		kvmem_top_k_select(list, nb, m, row);
 		for (int64_t i = 0; i < m && !rc; i++) {
 			rc = block_score(c, l, list[i], gq, buf, dots, &val[i]);
 			lo = val[i] < lo ? val[i] : lo;

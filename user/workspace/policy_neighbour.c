@@ -51,7 +51,7 @@ static int neighbour_score(const kvmem_select_ctx *c, float *scores)
 	}
 	for (int64_t b = 0; b < nb; b++)
 		top[b] = b, raised[b] = scores[b];
-	ws_top_k(top, nb, k, scores);
+	kvmem_top_k_select(top, nb, k, scores);
 	for (int64_t i = 0; i < k; i++)
 		in[top[i]] = 1;
 	for (int64_t i = 0; i < k; i++) {

@@ -50,7 +50,7 @@ static int refine_score(const kvmem_select_ctx *c, float *scores)
 	}
 	for (int64_t b = 0; b < nb; b++)
 		list[b] = b;
-	ws_top_k(list, nb, m, scores);			/* as the planner ranks */
+	kvmem_top_k_select(list, nb, m, scores);			/* as the planner ranks */
 	qsort(list, m, sizeof(*list), by_block);	/* pages in order */
 	if (ws_token_mass(c, list, m, mass)) {
 		rc = kvmem_error_prefix("refine");

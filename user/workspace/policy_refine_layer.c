@@ -107,7 +107,7 @@ static int refine_layer_score(const kvmem_select_ctx *c, float *scores)
 			continue;
 		for (int64_t b = 0; b < nb; b++)
 			t.list[b] = b;
-		ws_top_k(t.list, nb, m, row);
+		kvmem_top_k_select(t.list, nb, m, row);
 		qsort(t.list, m, sizeof(*t.list), by_block);
 		if ((rc = layer_mass(c, l, m, &t, &g)))
 			break;

@@ -34,12 +34,5 @@ float *ws_group_queries(const kvmem_select_ctx *c);
  */
 int ws_token_mass(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n, double *mass);
 
-/*
- * Rearrange the block numbers idx[0..n) so that the k best by scores sc
- * come first, in no particular order: higher score first, ties to the
- * later block, NaN lowest. The planner's order (plan.c), for a policy that
- * needs the blocks the planner would take.
- */
-void ws_top_k(int64_t *idx, int64_t n, int64_t k, const float *sc);
 
 #endif
