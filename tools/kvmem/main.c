@@ -39,6 +39,8 @@ static void usage(FILE *f)
 		   "  kvmem generate --preset tiny --out /tmp/tiny\n"
 		   "  kvmem info /tmp/tiny\n"
 		   "  kvmem run --model /tmp/tiny --random 64 --decode 8\n"
+		   "\nenvironment: KVMEM_HOME (data directory), KVMEM_API_KEY (serve),\n"
+		   "KVMEM_CUDA_GRAPH and others (Documentation/cli.md, \"Environment\")\n"
 		   "\nkvmem %s\n", KVMEM_VERSION);
 }
 
