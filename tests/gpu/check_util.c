@@ -215,17 +215,16 @@ double time_ms(bench_fn fn, void *arg, int warm, int reps)
 	return t[reps / 2];
 }
 
-/* Fill device memory with random bf16 in [-a, a] (host-generated chunk,
- * repeated with a shift: not zeros, not one repeated value). */
-void dfill_bf16(void *d, size_t n, double a)
+/* Fill n elements of es bytes at d from the host chunk h of m + 1024
+ * random elements, repeated with a shift (not zeros, not one repeated
+ * value); h is freed. */
+static void dfill(void *d, size_t n, size_t es, void *h, size_t m)
 {
-	size_t chunk = 1 << 22, m = n < chunk ? n : chunk;
-	uint16_t *h = rand_bf16(m + 1024, -a, a);
-
 	for (size_t at = 0, s = 0; at < n; at += m, s = (s + 7) % 1024) {
 		size_t k = n - at < m ? n - at : m;
 
-		if (cudaMemcpy((uint16_t *)d + at, h + s, 2 * k, cudaMemcpyHostToDevice) != cudaSuccess)
+		if (cudaMemcpy((char *)d + at * es, (char *)h + s * es, es * k,
+			       cudaMemcpyHostToDevice) != cudaSuccess)
 			die("fill");
 	}
 	/* The ops' stream does not wait for the default stream's copies. */
@@ -234,18 +233,17 @@ void dfill_bf16(void *d, size_t n, double a)
 	free(h);
 }
 
+/* Fill device memory with n random values in [-a, a]. */
+void dfill_bf16(void *d, size_t n, double a)
+{
+	size_t m = n < (1u << 22) ? n : (1u << 22);
+
+	dfill(d, n, 2, rand_bf16(m + 1024, -a, a), m);
+}
+
 void dfill_f32(void *d, size_t n, double a)
 {
-	size_t chunk = 1 << 22, m = n < chunk ? n : chunk;
-	float *h = rand_f32(m + 1024, -a, a);
+	size_t m = n < (1u << 22) ? n : (1u << 22);
 
-	for (size_t at = 0, s = 0; at < n; at += m, s = (s + 7) % 1024) {
-		size_t k = n - at < m ? n - at : m;
-
-		if (cudaMemcpy((float *)d + at, h + s, 4 * k, cudaMemcpyHostToDevice) != cudaSuccess)
-			die("fill");
-	}
-	if (cudaDeviceSynchronize() != cudaSuccess)
-		die("fill");
-	free(h);
+	dfill(d, n, 4, rand_f32(m + 1024, -a, a), m);
 }
