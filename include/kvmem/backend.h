@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "kvmem/engine.h"
+#include "kvmem/kernels_bf16.h"
 #include "kvmem/model.h"
 #include "kvmem/source.h"
 
@@ -56,7 +57,13 @@ typedef struct kvmem_backend_opts {
 	uint64_t page_pool;	/* device page pool bytes (cuda); 0: the default
 				 * (what the cap leaves, at most 1/8 of it; 256 MiB
 				 * without a cap) */
+	uint64_t index_mem;	/* device bytes a session's index copy may take
+				 * (cuda, see score below); 0: the default (1/8
+				 * of the cap; 4 GiB without a cap); past it the
+				 * session scores on the host */
 } kvmem_backend_opts;
+
+struct kvmem_index;	/* include/kvmem/workspace.h */
 
 /* One rematerialisation: tokens u0..u0+n-1 of a page go to view slots
  * slot..slot+n-1 of `layer`. The page's K and V are [n_kv_heads][stride]
@@ -154,6 +161,25 @@ typedef struct kvmem_backend_ops {
 	 * "gather" | "batch" | "stage"; "pool" = device page pool bytes).
 	 * -EINVAL for an unknown key or value. */
 	int (*set)(void *ctx, const char *key, const char *value);
+	/*
+	 * Optional: selection scoring on the device, the twins of the host
+	 * scorers (kernels/cpu/score.c) over a device copy of a session's
+	 * index. A mirror is that copy, empty when made, tied to one index
+	 * (which only grows): score() first brings it up to date (the blocks
+	 * appended since its last call, and that call's last block again, as
+	 * it may have grown), then fills scores[g->n_blocks] in host memory.
+	 * scorer "meank" or "subblock", gq [n_layers * n_kv_heads][head_dim]
+	 * in host memory as kvmem_group_queries() gives it, g as
+	 * ws_score_geom() fills it (the host index's). -ENOTSUP: not here
+	 * (another scorer, or the copy would pass index_mem or the cap: the
+	 * mirror then gives its memory back and stays empty); the caller
+	 * scores on the host. mirror_bytes: device bytes it holds.
+	 */
+	int (*mirror_create)(void *ctx, void **mirror);
+	void (*mirror_destroy)(void *ctx, void *mirror);
+	int (*score)(void *ctx, void *mirror, const char *scorer, const struct kvmem_index *ix,
+		     const float *gq, const kvmem_score_geom *g, float *scores);
+	uint64_t (*mirror_bytes)(void *ctx, const void *mirror);
 } kvmem_backend_ops;
 
 typedef struct kvmem_backend {

@@ -143,6 +143,16 @@ int kvmem_index_sub_len(const kvmem_index *ix, int64_t b, int s);
 /* ---- page source: include/kvmem/source.h ---------------------------------- */
 
 /* ---- selection policies ----------------------------------------------- */
+/* A device that scores with the host scorers' arithmetic (the session's
+ * backend, through its score op): fills scores[g->n_blocks] for `scorer`
+ * ("meank", "subblock") with the group queries gq, or returns -ENOTSUP
+ * (score on the host) or another -errno with kvmem_error. */
+typedef struct kvmem_score_device {
+	int (*score)(void *arg, const char *scorer, const float *gq, const kvmem_score_geom *g,
+		     float *scores);
+	void *arg;
+} kvmem_score_device;
+
 /* What a policy is given at a step boundary. */
 typedef struct kvmem_select_ctx {
 	const kvmem_index *index;
@@ -166,6 +176,9 @@ typedef struct kvmem_select_ctx {
 	 */
 	int64_t span;
 	int64_t budget;			/* history tokens the view holds; 0: unlimited */
+	/* Optional: where the shipped scorers may run instead of the host
+	 * (NULL: the host; the lab's replays and bench select). */
+	const kvmem_score_device *device;
 } kvmem_select_ctx;
 
 typedef struct kvmem_policy_ops {
@@ -284,6 +297,9 @@ typedef struct kvmem_session_opts {
 	 * default a token whose slot does not change stays where it is (its K
 	 * was rotated from raw K at that very slot: the same bits). */
 	int rebuild_all;
+	/* Score selections on the host even when the backend can score on
+	 * its device (kvmem_backend_ops.score): for comparisons. */
+	int host_scoring;
 	/* NULL: pages in host memory. The session does not destroy it. */
 	const kvmem_page_source *source;
 	/* Called after every forward pass with the tokens run and their
@@ -307,6 +323,8 @@ typedef struct kvmem_session_stats {
 	int64_t forced;		/* of which: the tail was full mid-append/decode */
 	int64_t rebuilt_tokens;	/* tokens re-rotated from raw K */
 	int64_t kept_tokens;	/* tokens left in place (same slot, same block) */
+	int64_t device_scored;	/* selections scored on the backend's device */
+	uint64_t index_device_bytes;	/* the backend's copy of the index now */
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;

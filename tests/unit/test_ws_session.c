@@ -674,6 +674,113 @@ static void test_hints_follow_selection(void **state)
 	test_model_free(m);
 }
 
+/* ---- scoring on the backend's device ------------------------------------- */
+/* Each selection's scores against the policy's own host scoring of the
+ * same context (device NULL), within a few fp32 ulps. */
+struct score_check {
+	const kvmem_policy_ops *pol;
+	int64_t calls;
+	double max_rel;
+};
+
+static void check_scored(void *arg, const kvmem_session *s, const kvmem_select_ctx *c,
+			 const float *scores, int forced)
+{
+	struct score_check *k = arg;
+	kvmem_select_ctx hc = *c;
+	float *host = malloc(sizeof(float) * (size_t)c->n_blocks);
+
+	hc.device = NULL;
+	assert_int_equal(k->pol->score(&hc, host), 0);
+	for (int64_t b = 0; b < c->n_blocks; b++) {
+		double d = fabs((double)scores[b] - host[b]);
+
+		assert_true(d <= 1e-5 * fabs((double)host[b]) + 1e-7);
+		if (host[b])
+			k->max_rel = fmax(k->max_rel, d / fabs((double)host[b]));
+	}
+	k->calls++;
+	free(host);
+}
+
+/*
+ * meank and subblock score on the backend's device when it has a score op
+ * (cuda), over a copy of the index kept up to date between selections:
+ * appends of odd lengths leave the last block part-filled at one selection
+ * and grown at the next, which the copy must see. Scores match the host's;
+ * with host_scoring the host scores; with an index share too small for the
+ * copy the device scores the host's index in place (mapped), holding only
+ * the queries and the scores.
+ */
+static void test_device_scores_match_host(void **state)
+{
+	uint64_t rng = g_seed ^ 0xd5c;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const char *be = getenv("KVMEM_TEST_BACKEND");
+	const char *pols[] = { "meank", "subblock" };
+
+	for (int mode = 0; mode < 3; mode++)	/* device, host_scoring, no room */
+		for (int p = 0; p < 2; p++) {
+			kvmem_backend_opts bo = { .max_chunk = 32, .index_mem = mode == 2 ? 1 : 0 };
+			struct score_check k = { .pol = kvmem_policy_find(pols[p]) };
+			kvmem_session_tap tap = { .scored = check_scored, .arg = &k };
+			int n = test_rng_int(&rng, 40, 90) * 16;
+			int32_t *tok = random_tokens(&rng, n, c->vocab);
+			kvmem_session_stats st;
+			kvmem_session_opts o;
+			kvmem_backend *e;
+			kvmem_session *s;
+			int at = 0, selects = 0, on_device;
+
+			assert_int_equal(kvmem_backend_open(be && *be ? be : "cpu", m, &bo, &e), 0);
+			on_device = e->ops->score && mode == 0;
+			kvmem_session_opts_default(&o);
+			o.block = 16;
+			o.chunk = 32;
+			o.policy = pols[p];
+			o.budget = 6 * 16;
+			o.host_scoring = mode == 1;
+			o.tap = &tap;
+			s = kvmem_session_create(e, &o);
+			assert_non_null(s);
+			while (at < n) {
+				int len = test_rng_int(&rng, 1, 70);
+
+				len = len < n - at ? len : n - at;
+				assert_int_equal(kvmem_session_append(s, tok + at, len, 0), 0);
+				at += len;
+				assert_int_equal(kvmem_session_select(s), 0);
+				selects++;
+			}
+			kvmem_session_get_stats(s, &st);
+			assert_int_equal(k.calls, st.selections);
+			assert_true(st.selections >= selects);
+			if (on_device) {
+				assert_int_equal(st.device_scored, st.selections);
+				assert_true(st.index_device_bytes > 0);
+			} else if (e->ops->score && mode == 2) {
+				/* No room for a copy: the device reads the host's
+				 * index where it is, holding only the queries and
+				 * the scores. */
+				assert_int_equal(st.device_scored, st.selections);
+				assert_true(st.index_device_bytes <
+					    (uint64_t)c->n_layers * c->n_kv_heads * c->head_dim * 4 *
+					    1024);
+			} else {
+				assert_int_equal(st.device_scored, 0);
+				assert_int_equal(st.index_device_bytes, 0);
+			}
+			print_message("%s %s: %lld selections, %lld on the device, max rel diff %.2e\n",
+				      pols[p], mode == 0 ? "device" : mode == 1 ? "host_scoring" : "no room",
+				      (long long)st.selections, (long long)st.device_scored, k.max_rel);
+			kvmem_session_free(s);
+			kvmem_backend_close(e);
+			free(tok);
+		}
+	test_model_free(m);
+}
+
 static void test_session_errors(void **state)
 {
 	uint64_t rng = g_seed ^ 0xee;
@@ -775,6 +882,7 @@ int main(void)
 		cmocka_unit_test(test_long_generation),
 		cmocka_unit_test(test_adopt_resumes),
 		cmocka_unit_test(test_hints_follow_selection),
+		cmocka_unit_test(test_device_scores_match_host),
 		cmocka_unit_test(test_session_errors),
 		cmocka_unit_test(test_nan_logits_refused),
 	};

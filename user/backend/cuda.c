@@ -222,6 +222,7 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	b->max_chunk = o->max_chunk;
 	b->mem_cap = o->mem_cap;
 	b->page_pool = o->page_pool;
+	b->index_mem = o->index_mem;
 	b->qw = c->n_heads * c->head_dim;
 	b->kw = c->n_kv_heads * c->head_dim;
 	C = (size_t)o->max_chunk, H = c->hidden, I = c->intermediate, V = c->vocab;
@@ -394,4 +395,8 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.page_cached = cuda_page_cached,
 	.place_stats = cuda_place_stats,
 	.set = cuda_set,
+	.mirror_create = cuda_mirror_create,
+	.mirror_destroy = cuda_mirror_destroy,
+	.score = cuda_score,
+	.mirror_bytes = cuda_mirror_bytes,
 };

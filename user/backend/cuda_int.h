@@ -6,6 +6,7 @@
  *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
  *   cuda_page.c  the paging path: registered host memory, the gather, the
  *                device page pool, place()'s counters, the copy ceilings
+ *   cuda_score.c selection scoring on the device over a mirror of the index
  * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
  */
 #ifndef KVMEM_BACKEND_CUDA_INT_H
@@ -53,6 +54,8 @@ struct cuda {
 	/* the paging path (cuda_page.c) and the device memory cap */
 	struct cuda_pages *pages;
 	uint64_t mem_cap, page_pool;	/* from kvmem_backend_opts */
+	uint64_t index_mem;		/* from kvmem_backend_opts: the mirrors' share */
+	uint64_t index_bytes;		/* held by index mirrors now (cuda_score.c) */
 	uint64_t scratch_bytes;		/* the forward pass's scratch */
 	struct cuda_fwd *fwd;		/* cuda_fwd.c: the forward pass's inputs,
 					 * q/k/v scratch and decode graphs */
@@ -104,5 +107,12 @@ int cuda_page_cached(void *ctx, const void *region, int64_t block, int layer);
 void cuda_place_stats(void *ctx, kvmem_place_stats *st);
 int cuda_set(void *ctx, const char *key, const char *value);
 int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);
+
+/* cuda_score.c: the score op and its mirrors */
+int cuda_mirror_create(void *ctx, void **out);
+void cuda_mirror_destroy(void *ctx, void *mirror);
+uint64_t cuda_mirror_bytes(void *ctx, const void *mirror);
+int cuda_score(void *ctx, void *mirror, const char *scorer, const struct kvmem_index *ix,
+	       const float *gq, const kvmem_score_geom *g, float *scores);
 
 #endif

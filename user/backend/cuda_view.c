@@ -62,7 +62,8 @@ static int copy_runs(struct cuda *b, uint16_t *dst, int64_t cd, const uint16_t *
 
 uint64_t cuda_dev_used(const struct cuda *b)
 {
-	return b->weight_bytes + b->view_bytes + b->scratch_bytes + cuda_pages_dev_bytes(b);
+	return b->weight_bytes + b->view_bytes + b->scratch_bytes + b->index_bytes +
+	       cuda_pages_dev_bytes(b);
 }
 
 int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
@@ -84,14 +85,14 @@ int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 		if (cuda_dev_used(b) + 2 * bytes + CUDA_CAP_MARGIN > b->mem_cap)
 			return kvmem_error(ENOMEM, "cuda view: %lld slots take %" PRIu64 " MiB; the %"
 					   PRIu64 " MiB GPU cap leaves %" PRIu64 " MiB (weights %"
-					   PRIu64 ", views %" PRIu64 ", scratch and staging %"
-					   PRIu64 ", margin %llu)", (long long)slots,
+					   PRIu64 ", views %" PRIu64 ", index %" PRIu64
+					   ", scratch and staging %" PRIu64 ", margin %llu)", (long long)slots,
 					   (uint64_t)(2 * bytes) >> 20, b->mem_cap >> 20,
 					   (uint64_t)(b->mem_cap - (cuda_dev_used(b) + CUDA_CAP_MARGIN <
 							  b->mem_cap ? cuda_dev_used(b) +
 							  CUDA_CAP_MARGIN : b->mem_cap)) >> 20,
 					   b->weight_bytes >> 20, b->view_bytes >> 20,
-					   (b->scratch_bytes + cuda_pages_dev_bytes(b)) >> 20,
+					   b->index_bytes >> 20, (b->scratch_bytes + cuda_pages_dev_bytes(b)) >> 20,
 					   CUDA_CAP_MARGIN >> 20);
 	}
 	if ((rc = kvmem_cuda_malloc((void **)&nk, bytes)) < 0 ||

@@ -11,8 +11,10 @@
  * (n_b exp(s q.mu_b) is the Jensen lower bound of the block's true
  * unnormalised mass) and shares add up over KV heads and layers: one block
  * set for all layers. The arithmetic is kvmem_score_meank (kernels/cpu/
- * score.c, the twin of the GPU scorer).
+ * score.c, the twin of the GPU scorer), on the backend's device when the
+ * session has one (ws_device_score).
  */
+#include <errno.h>
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
@@ -27,7 +29,9 @@ static int meank_score(const kvmem_select_ctx *c, float *scores)
 	if (!gq)
 		return kvmem_error_prefix("meank");
 	ws_score_geom(c, &g);
-	rc = kvmem_score_meank(scores, c->index->meank, gq, &g);
+	rc = ws_device_score(c, "meank", gq, &g, scores);
+	if (rc == -ENOTSUP)
+		rc = kvmem_score_meank(scores, c->index->meank, gq, &g);
 	free(gq);
 	return rc;
 }

@@ -7,6 +7,7 @@
  * a tighter Jensen bound of the real mass. Queries and the combination over
  * KV heads and layers are as in meank; one block set for all layers.
  */
+#include <errno.h>
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
@@ -23,7 +24,9 @@ static int subblock_score(const kvmem_select_ctx *c, float *scores)
 	if (!(gq = ws_group_queries(c)))
 		return kvmem_error_prefix("subblock");
 	ws_score_geom(c, &g);
-	rc = kvmem_score_subblock(scores, c->index->sub, gq, &g);
+	rc = ws_device_score(c, "subblock", gq, &g, scores);
+	if (rc == -ENOTSUP)
+		rc = kvmem_score_subblock(scores, c->index->sub, gq, &g);
 	free(gq);
 	return rc;
 }

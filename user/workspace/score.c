@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* What the policies hand the scorers of kernels/cpu/score.c. */
+#include <errno.h>
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
@@ -18,6 +19,14 @@ void ws_score_geom(const kvmem_select_ctx *c, kvmem_score_geom *g)
 	};
 	for (int s = 0; s < KVMEM_SUBBLOCKS; s++)
 		g->last_sub[s] = kvmem_index_sub_len(c->index, last, s);
+}
+
+int ws_device_score(const kvmem_select_ctx *c, const char *scorer, const float *gq,
+		    const kvmem_score_geom *g, float *scores)
+{
+	if (!c->device)
+		return -ENOTSUP;
+	return c->device->score(c->device->arg, scorer, gq, g, scores);
 }
 
 float *ws_group_queries(const kvmem_select_ctx *c)

@@ -20,6 +20,11 @@
  * the newest block's length and its quarters'. */
 void ws_score_geom(const kvmem_select_ctx *c, kvmem_score_geom *g);
 
+/* Score on c->device when there is one: 0 (scores filled), -ENOTSUP (score
+ * on the host) or another -errno with kvmem_error. */
+int ws_device_score(const kvmem_select_ctx *c, const char *scorer, const float *gq,
+		    const kvmem_score_geom *g, float *scores);
+
 /* The group queries of every (layer, KV head), [L * H_kv][head_dim],
  * distance-averaged (kvmem_group_queries); malloc'd, NULL + kvmem_error. */
 float *ws_group_queries(const kvmem_select_ctx *c);

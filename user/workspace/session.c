@@ -154,6 +154,8 @@ void kvmem_session_free(kvmem_session *s)
 	ws_unregister(s);
 	kvmem_page_source_destroy(&s->own_src);
 	kvmem_blocks_free(&s->blocks);
+	if (s->mirror)	/* before the index: it may hold the index's memory */
+		s->be->ops->mirror_destroy(s->be->ctx, s->mirror);
 	kvmem_index_free(&s->index);
 	kvmem_plan_free(&s->plan);
 	if (s->view)
@@ -173,8 +175,10 @@ void kvmem_session_free(kvmem_session *s)
 	free(s);
 }
 
-/* Keep the raw queries of the last query_tokens tokens, packed. */
-static void keep_queries(kvmem_session *s, int n)
+/* Keep the raw queries of the last query_tokens tokens, packed. The
+ * forward pass returned those of the last `rows` of its n tokens
+ * ([L][rows][qw] in q_raw; rows >= the ones kept). */
+static void keep_queries(kvmem_session *s, int n, int rows)
 {
 	const int T = s->o.query_tokens, L = s->cfg.n_layers;
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
@@ -187,7 +191,7 @@ static void keep_queries(kvmem_session *s, int n)
 
 		memcpy(dst, s->qring + ((size_t)l * s->n_q + (s->n_q - from_old)) * qw,
 		       from_old * qw * sizeof(float));
-		memcpy(dst + from_old * qw, s->q_raw + ((size_t)l * n + (n - from_new)) * qw,
+		memcpy(dst + from_old * qw, s->q_raw + ((size_t)l * rows + (rows - from_new)) * qw,
 		       from_new * qw * sizeof(float));
 	}
 	memmove(s->qpos, s->qpos + (s->n_q - from_old), from_old * sizeof(int64_t));
@@ -233,7 +237,9 @@ static int usable(const kvmem_session *s)
 
 static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 {
-	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
+	/* Only the queries keep_queries keeps come back. */
+	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw,
+				    .q_last = n < s->o.query_tokens ? n : s->o.query_tokens };
 	const int64_t p0 = s->blocks.n_tokens;
 
 	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
@@ -253,7 +259,7 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 		return kvmem_fail();
 	}
 	s->blocks.n_tokens = p0 + n;
-	keep_queries(s, n);
+	keep_queries(s, n, kvmem_fwd_q_rows(&out, n));
 	memcpy(s->last_logits,
 	       s->logits + (s->o.all_logits ? (size_t)(n - 1) * s->cfg.vocab : 0),
 	       (size_t)s->cfg.vocab * sizeof(float));
@@ -430,4 +436,6 @@ const kvmem_session_opts *kvmem_session_options(const kvmem_session *s)
 void kvmem_session_get_stats(const kvmem_session *s, kvmem_session_stats *st)
 {
 	*st = s->st;
+	st->index_device_bytes = s->mirror && s->be->ops->mirror_bytes ?
+		s->be->ops->mirror_bytes(s->be->ctx, s->mirror) : 0;
 }

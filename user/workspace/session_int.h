@@ -49,6 +49,11 @@ struct kvmem_session {
 	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
 	void *reg_base;			/* the source's region, registered on the backend */
 	int reg_tried;			/* registration asked for (done or refused) */
+	/* The backend's copy of the index for scoring on its device (NULL:
+	 * not made yet); off: refused once (no score op, no room), the host
+	 * scores from then on. */
+	void *mirror;
+	int mirror_off;
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
@@ -67,6 +72,9 @@ int ws_view_reserve(kvmem_session *s, int64_t need);
 void ws_register(kvmem_session *s);
 void ws_unregister(kvmem_session *s);
 int ws_select(kvmem_session *s, int forced);
+/* The scorer ws_select hands the policy when the backend can score (NULL
+ * when it cannot or was told not to); dev is filled in. */
+const kvmem_score_device *ws_score_device(kvmem_session *s, kvmem_score_device *dev);
 /* Lay out the whole view from the plan in force, sel_tokens and view_len
  * (a restored state): every slot rebuilt from the pages. */
 int ws_view_restore(kvmem_session *s);

@@ -221,6 +221,7 @@ int ws_select(kvmem_session *s, int forced)
 	kvmem_plan_params pp = { s->budget, s->o.sink, s->o.recent };
 	kvmem_plan np = { 0 };
 	kvmem_select_ctx c;
+	kvmem_score_device dev;
 	size_t need = (size_t)s->n_sets * (nb ? nb : 1);
 
 	if (nb == 0)
@@ -254,6 +255,7 @@ int ws_select(kvmem_session *s, int forced)
 		.step = s->st.selections,
 		.span = s->o.budget ? s->cap_limit : 0,
 		.budget = s->o.budget,
+		.device = ws_score_device(s, &dev),
 	};
 	s->scored_blocks = 0;
 	if (s->pol->score(&c, s->scores))
