@@ -72,10 +72,10 @@ enum { PH_CEIL = 1, PH_REMAT = 2, PH_COLDIN = 4, PH_STEP = 8, PH_DECODE = 16, PH
 
 struct opts {
 	const char *backend, *preset, *dir, *model;
-	int layers, mem_layers, steps, question, decode, chunk, only, keep;
+	int layers, mem_layers, steps, question, decode, chunk, only, keep, host_scoring;
 	int64_t tokens, view, remat, prefill, memory[MAX_LIST];
 	int n_memory;
-	uint64_t coldin, gpu_mem, host_cap, seed;
+	uint64_t coldin, gpu_mem, host_cap, seed, index_mem;
 };
 
 static void usage(FILE *f)
@@ -111,6 +111,10 @@ static void usage(FILE *f)
 		"  --memory-layers N  layers for the memory phase (default 1)\n"
 		"  --gpu-mem SIZE     device memory cap of the backend\n"
 		"  --host-cap SIZE    host pool of the warm tier (default: the workspace's pages)\n"
+		"  --index-mem SIZE   device memory for the copy of the index the selection is\n"
+		"                     scored on (default: the backend's; 64M in the memory\n"
+		"                     phase); past it the device reads the host's index\n"
+		"  --host-scoring     score selections on the host (the comparison)\n"
 		"  --seed S           random pages and tokens (default 1)\n"
 		"  --keep             keep the scratch workspaces\n"
 		"  --help             this text\n"
@@ -182,6 +186,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "gpu-mem", required_argument, NULL, 'g' }, { "host-cap", required_argument, NULL, 'H' },
 		{ "seed", required_argument, NULL, 's' },    { "keep", no_argument, NULL, 'k' },
 		{ "model", required_argument, NULL, 'T' },
+		{ "index-mem", required_argument, NULL, 'I' },
+		{ "host-scoring", no_argument, NULL, 'A' },
 		{ "help", no_argument, NULL, 'h' },	     { 0 },
 	};
 	int c;
@@ -214,6 +220,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'T': o->model = optarg; break;
 		case 'd': o->dir = optarg; break;
 		case 'k': o->keep = 1; break;
+		case 'A': o->host_scoring = 1; break;
+		case 'I': bad = cli_parse_size(WHO, name, optarg, 1, 1ull << 50, &o->index_mem); break;
 		case 'L': bad = cli_parse_int(WHO, name, optarg, 1, 1024, &o->layers); break;
 		case 'M': bad = cli_parse_int(WHO, name, optarg, 1, 1024, &o->mem_layers); break;
 		case 'o': bad = (o->only = parse_only(optarg)) < 0; break;
@@ -770,6 +778,8 @@ struct step_result {
 	int64_t entered[64];	/* blocks that entered the view at each step */
 	double select_only_s;	/* a selection that moves nothing: scoring + planning */
 	int64_t selections, entering;	/* counted by on_select */
+	int64_t device_scored;	/* selections scored on the device */
+	uint64_t index_dev, index_host;	/* the index: device copy, host arrays */
 };
 
 static void count_select(void *arg, const kvmem_plan *p, int forced)
@@ -820,6 +830,7 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 	so.source = kvmem_workspace_source(w);
 	so.on_select = count_select;
 	so.arg = r;
+	so.host_scoring = x->o.host_scoring;
 	if (!(s = kvmem_session_create(x->b, &so)))
 		goto out;
 	t0 = cli_now_s();
@@ -865,6 +876,16 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 	if (kvmem_session_select(s) < 0)
 		goto out;
 	r->select_only_s = cli_now_s() - t0;
+	{
+		const kvmem_index *ix = kvmem_session_index(s);
+		kvmem_session_stats st;
+
+		kvmem_session_get_stats(s, &st);
+		r->device_scored = st.device_scored;
+		r->index_dev = st.index_device_bytes;
+		r->index_host = (uint64_t)ix->n_layers * ix->n_kv_heads * ix->n_blocks *
+				ix->head_dim * 4;
+	}
 	if (do_decode) {
 		t0 = cli_now_s();
 		if (kvmem_session_decode(s, x->o.decode, NULL, NULL) < 0)
@@ -881,13 +902,23 @@ out:
 	return rc;
 }
 
+/* Where the last selection was scored and where the index it read lives. */
+static const char *scored_where(const struct step_result *r)
+{
+	if (!r->device_scored)
+		return "on the host";
+	if (r->index_dev >= r->index_host)
+		return "on the device, from its copy of the index";
+	return "on the device, reading the host's index over PCIe";
+}
+
 static void print_steps(const char *tier, const struct step_result *r, int steps, double peer)
 {
 	double med = median(r->step_s, steps);
 
 	printf("  %s host tier (first view laid out in %.2f s; a selection that moves nothing "
-	       "takes %.1f ms: scoring every block and planning, on the host):\n", tier, r->adopt_s,
-	       r->select_only_s * 1e3);
+	       "takes %.1f ms: scoring every block %s, and planning):\n", tier, r->adopt_s,
+	       r->select_only_s * 1e3, scored_where(r));
 	for (int i = 0; i < steps; i++)
 		printf("    step %d (%s): %.1f ms (selection + rematerialisation %.1f ms, first token "
 		       "%.1f ms); %" PRId64 " blocks entered; %" PRIu64 " token-layers placed, %.2f GB "
@@ -1041,19 +1072,20 @@ static int ph_memory(struct ctx *x)
 	snprintf(m.dir, sizeof(m.dir), "%.64s, %d layers", x->geo.dir, x->o.mem_layers);
 	if (kvmem_backend_open(x->b->ops->name, &m,
 			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x->o.gpu_mem,
-						      .page_pool = 2ull << 30 }, &b) < 0)
+						      .page_pool = 2ull << 30,
+						      .index_mem = x->o.index_mem ? x->o.index_mem :
+								   64ull << 20 }, &b) < 0)
 		return -1;
 	x->b = b;
 	snprintf(dir, sizeof(dir), "%s/memory", x->o.dir);
 	printf("\ndevice memory against the workspace (%d layers of the same width, view %" PRId64
-	       " tokens, device page pool 2 GiB; the Mean-K index and selection are on the host):\n",
-	       m.cfg.n_layers,
-	       x->o.view);
+	       " tokens, device page pool 2 GiB, the index's device copy at most %s):\n",
+	       m.cfg.n_layers, x->o.view,
+	       cli_fmt_bytes(buf, sizeof(buf), (double)(x->o.index_mem ? x->o.index_mem :
+							 64ull << 20)));
 	for (int i = 0; i < x->o.n_memory; i++) {
 		int64_t tok = x->o.memory[i] / BLOCK * BLOCK;
 		uint64_t pages = (uint64_t)(tok / BLOCK) * m.cfg.n_layers * x->page_bytes;
-		uint64_t index = (uint64_t)(tok / BLOCK) * m.cfg.n_layers * m.cfg.n_kv_heads *
-				 m.cfg.head_dim * 4;
 		struct step_result r;
 		double made;
 
@@ -1062,10 +1094,11 @@ static int ph_memory(struct ctx *x)
 			goto out;
 		used[i] = r.mem_used;
 		printf("  %9" PRId64 " tokens (%.1f GB of pages, written in %.0f s): device %s; "
-		       "index %.2f GB on the host, 0 on the device; selection (scoring + plan) %.1f ms; "
-		       "a step %.1f ms (host pool 1 GiB: entering pages from NVMe)\n", tok,
-		       pages / 1e9, made, cli_fmt_bytes(buf, sizeof(buf), (double)used[i]),
-		       index / 1e9, r.select_only_s * 1e3, r.step_s[0] * 1e3);
+		       "index %.3f GB on the host, %.3f GB on the device; selection (scoring %s, "
+		       "and the plan) %.1f ms; a step %.1f ms (host pool 1 GiB: entering pages from "
+		       "NVMe)\n", tok, pages / 1e9, made,
+		       cli_fmt_bytes(buf, sizeof(buf), (double)used[i]), r.index_host / 1e9,
+		       r.index_dev / 1e9, scored_where(&r), r.select_only_s * 1e3, r.step_s[0] * 1e3);
 		fflush(stdout);
 		if (!x->o.keep)
 			rm_rf(dir);
@@ -1164,7 +1197,8 @@ int bench_step(int argc, char **argv)
 		return 1;
 	}
 	if (kvmem_backend_open(x.o.backend, &x.geo,
-			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x.o.gpu_mem }, &x.b) < 0)
+			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x.o.gpu_mem,
+						      .index_mem = x.o.index_mem }, &x.b) < 0)
 		goto err;
 	printf("kvmem bench step: backend %s, model %s with %d layers (hidden %d, %d/%d heads, "
 	       "head_dim %d), blocks of %d, pages bf16 of %zu KiB, scratch %s\n", x.b->ops->name,
