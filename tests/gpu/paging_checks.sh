@@ -16,7 +16,9 @@
 #            stage-out at Qwen3-8B (36 layers) [bench36]; what fits under a
 #            24 GB cap [fits]; the agent step and decode at 8B width with
 #            $STEP_LAYERS layers [benchL]; memory at $MEM_SIZES with 1 layer
-#            [memory] (each part alone by its name in brackets);
+#            [memory] (each part alone by its name in brackets); the agent
+#            step again with selections scored on the host [benchLhost, only
+#            by its name];
 #   demo     kvmem demo --scale $DEMO_SCALE on the GPU; reopen: once more on
 #            the same workspace (no re-prefill).
 #
@@ -129,9 +131,17 @@ if has bench || has benchL; then
 		--tokens 262144 --view 65536 --steps ${STEPS:-4} 2>&1 | tee "$out/bench_step_L.log"
 	[ "${PIPESTATUS[0]}" = 0 ] && ok "bench step ($STEP_LAYERS layers)" || bad "bench step ($STEP_LAYERS layers)"
 fi
+if has benchLhost; then
+	elapsed "bench step, $STEP_LAYERS layers, selections scored on the host"
+	timeout 150 "$K" bench step --dir "$scratch/bL" --layers "$STEP_LAYERS" --only step \
+		--tokens 262144 --view 65536 --steps ${STEPS:-4} --host-scoring 2>&1 |
+		tee "$out/bench_step_L_host.log"
+	[ "${PIPESTATUS[0]}" = 0 ] && ok "bench step ($STEP_LAYERS layers, host scoring)" ||
+		bad "bench step ($STEP_LAYERS layers, host scoring)"
+fi
 if has bench || has memory; then
 	elapsed "bench step, memory"
-	timeout 150 "$K" bench step --dir "$scratch/bm" --layers 1 --only memory \
+	timeout ${MEM_TIMEOUT:-300} "$K" bench step --dir "$scratch/bm" --layers 1 --only memory \
 		--memory "$MEM_SIZES" --view 65536 2>&1 | tee "$out/bench_step_mem.log"
 	[ "${PIPESTATUS[0]}" = 0 ] && ok "bench step (memory)" || bad "bench step (memory)"
 fi
