@@ -50,11 +50,13 @@ static void print_text(const kvmem_model *m)
 	       cli_fmt_bytes(b, sizeof(b), params * 4.0));
 	cli_print_kv(c);
 	/* The selection index per token at the default block of 32: Mean-K of
-	 * every (layer, KV head) per block; the GPU keeps it in bf16. */
-	printf("index         Mean-K %s per token at block 32 in bf16 (the GPU's), %s in fp32 "
-	       "(the host's);\n              min/max 2x that more, quarter-block means 4x\n",
-	       cli_fmt_bytes(a, sizeof(a), index_bytes_per_token(c, 2)),
-	       cli_fmt_bytes(b, sizeof(b), index_bytes_per_token(c, 4)));
+	 * every (layer, KV head) per block, fp32 on the host; a session on the
+	 * GPU keeps a copy of it there, up to the backend's index_mem. */
+	printf("index         Mean-K %s per token at block 32 in fp32 (the host's, and the GPU's\n"
+	       "              copy while it fits its share; %s in bf16); min/max 2x that more,\n"
+	       "              quarter-block means 4x\n",
+	       cli_fmt_bytes(b, sizeof(b), index_bytes_per_token(c, 4)),
+	       cli_fmt_bytes(a, sizeof(a), index_bytes_per_token(c, 2)));
 	printf("fingerprint   %016llx (geometry only: %016llx)\n",
 	       (unsigned long long)m->fingerprint,
 	       (unsigned long long)kvmem_config_fingerprint(c));
