@@ -10,7 +10,8 @@
  *
  * What the workspace needs back from each forward pass is returned in
  * kvmem_fwd_out: the raw K (after k-norm, before RoPE) and V of the new tokens
- * per layer, and optionally their queries (after q-norm, before RoPE).
+ * per layer, and optionally their queries (after q-norm, before RoPE), of
+ * every new token or of the last few.
  */
 #ifndef KVMEM_ENGINE_H
 #define KVMEM_ENGINE_H
@@ -48,8 +49,20 @@ static inline float *kvmem_kv_v(const kvmem_kvcache *kv, int l, int h, int t)
 typedef struct kvmem_fwd_out {
 	float *raw_k;	/* [n_layers][n][n_kv_heads][head_dim]: after k-norm, before RoPE */
 	float *v;	/* [n_layers][n][n_kv_heads][head_dim] */
-	float *q_raw;	/* [n_layers][n][n_heads][head_dim]: after q-norm, before RoPE */
+	float *q_raw;	/* [n_layers][rows][n_heads][head_dim]: after q-norm, before RoPE */
+	/* Queries of the last q_last tokens only (rows = q_last, packed, the
+	 * first of them at row 0 of each layer): a session keeps only a few,
+	 * and a chunk's queries are most of what a forward pass returns
+	 * (Qwen3-8B: 32 query heads to 8 KV heads). 0 or >= n: every
+	 * token's (rows = n). Negative: the call fails. */
+	int q_last;
 } kvmem_fwd_out;
+
+/* Rows of q_raw per layer that a forward pass of n tokens writes. */
+static inline int kvmem_fwd_q_rows(const kvmem_fwd_out *o, int n)
+{
+	return o && o->q_last > 0 && o->q_last < n ? o->q_last : n;
+}
 
 typedef struct kvmem_engine kvmem_engine;
 
@@ -70,7 +83,8 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
  * each at its new slot with kvmem_rope) and V gets bit-identical results to
  * the cache the engine grew itself. Slots at and past kv->len are never
  * read. Fails (-1, nothing changed) on a token outside the vocabulary, a
- * cache of another geometry, n out of range or no room.
+ * cache of another geometry, n out of range, a negative out->q_last or no
+ * room.
  * One engine serves one caller at a time (its scratch is shared); the
  * matmuls and attention inside use several threads.
  */

@@ -251,7 +251,7 @@ static void test_forward_oneshot(void **state)
 		float *rk = malloc(sizeof(float) * c->n_layers * n * kw);
 		float *vv = malloc(sizeof(float) * c->n_layers * n * kw);
 		float *rq = malloc(sizeof(float) * c->n_layers * n * qw);
-		kvmem_fwd_out fo = { rk, vv, rq };
+		kvmem_fwd_out fo = { .raw_k = rk, .v = vv, .q_raw = rq };
 		kvmem_kvcache kv;
 		kvmem_engine *e = kvmem_engine_create(m, n);
 
@@ -395,7 +395,7 @@ static void test_forward_view_rebuilt(void **state)
 	int32_t *tok = random_tokens(&r, n + 1, V);
 	float *rk = malloc(sizeof(float) * L * n * kw), *vv = malloc(sizeof(float) * L * n * kw);
 	float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
-	kvmem_fwd_out fo = { rk, vv, NULL };
+	kvmem_fwd_out fo = { .raw_k = rk, .v = vv };
 	kvmem_engine *e = kvmem_engine_create(m, n);
 	kvmem_kvcache kv, view;
 

@@ -321,14 +321,51 @@ static int graph_run(struct cuda *b, kvmem_view *v, int want_out, int has_logits
 	return 0;
 }
 
-/* Widen n bf16 values from the device into an fp32 host array. */
-static int download_f32(struct cuda *b, float *dst, const uint16_t *src, size_t n)
+/* Widen n bf16 values into fp32 on the host's threads when there are many
+ * (a chunk's K at Qwen3-8B width is 38M values; a decode step's outputs,
+ * 0.2M, stay on this thread). Each value is converted alone, so the bits
+ * do not depend on the split. */
+static void widen(float *dst, const uint16_t *src, size_t n)
 {
-	int rc = kvmem_cuda_download(b->ctx, b->host_o, src, n * 2);
+	const size_t piece = (size_t)1 << 16;
+	const long pieces = (long)((n + piece - 1) / piece);
 
-	if (rc < 0)
+	#pragma omp parallel for schedule(static) if (n >= ((size_t)1 << 20))
+	for (long i = 0; i < pieces; i++) {
+		size_t at = (size_t)i * piece;
+
+		kvmem_bf16_to_f32_n(dst + at, src + at, n - at < piece ? n - at : piece);
+	}
+}
+
+/*
+ * Download the last `rows` of each layer's n rows of w values ([L][n][w]
+ * bf16 on the device) and widen them into dst ([L][rows][w] fp32): one
+ * strided copy through the pinned host_o, which holds [L][C][w] of the
+ * widest output, so any rows <= n <= C fit.
+ */
+static int download_f32(struct cuda *b, float *dst, const uint16_t *src, int L, int n, int rows,
+			size_t w)
+{
+	const size_t row_bytes = w * 2, total = (size_t)L * rows * w;
+	cudaError_t e;
+	int rc;
+
+	if (rows == n)
+		e = cudaMemcpyAsync(b->host_o, src, total * 2, cudaMemcpyDeviceToHost,
+				    kvmem_cuda_stream(b->ctx));
+	else
+		e = cudaMemcpy2DAsync(b->host_o, rows * row_bytes, src + (size_t)(n - rows) * w,
+				      n * row_bytes, rows * row_bytes, (size_t)L,
+				      cudaMemcpyDeviceToHost, kvmem_cuda_stream(b->ctx));
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda forward: copying the outputs down: %s",
+				   cudaGetErrorString(e));
+	}
+	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 		return rc;
-	kvmem_bf16_to_f32_n(dst, b->host_o, n);
+	widen(dst, b->host_o, total);
 	return 0;
 }
 
@@ -348,6 +385,9 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	if (n <= 0 || n > b->max_chunk)
 		return kvmem_error(EINVAL, "cuda forward: %d tokens in one call; the backend takes 1..%d",
 				   n, b->max_chunk);
+	if (out && out->q_last < 0)
+		return kvmem_error(EINVAL, "cuda forward: q_last %d is negative (0: every token's "
+				   "queries)", out->q_last);
 	if (v->len + n > v->cap)
 		return kvmem_error(EINVAL, "cuda forward: the view holds %lld of %lld slots, no room for "
 				   "%d more", (long long)v->len, (long long)v->cap, n);
@@ -392,16 +432,17 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	if (graphed) {
 		const size_t oL = (size_t)L;
 
+		/* n == 1: the one token's queries, whatever q_last asks. */
 		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 			return kvmem_error_prefix("cuda forward");
 		if (logits)
 			memcpy(logits, f->host_logits, (size_t)c->vocab * sizeof(float));
 		if (out && out->q_raw)
-			kvmem_bf16_to_f32_n(out->q_raw, f->host_out, oL * b->qw);
+			widen(out->q_raw, f->host_out, oL * b->qw);
 		if (out && out->raw_k)
-			kvmem_bf16_to_f32_n(out->raw_k, f->host_out + oL * b->qw, oL * b->kw);
+			widen(out->raw_k, f->host_out + oL * b->qw, oL * b->kw);
 		if (out && out->v)
-			kvmem_bf16_to_f32_n(out->v, f->host_out + oL * (b->qw + b->kw), oL * b->kw);
+			widen(out->v, f->host_out + oL * (b->qw + b->kw), oL * b->kw);
 		v->len += n;
 		return 0;
 	}
@@ -410,12 +451,14 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 		return rc;
 	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 		return kvmem_error_prefix("cuda forward");
+	/* Only the queries asked for come down: [L][rows] of the device's
+	 * [L][n], the last rows of each layer. */
 	if (out && out->q_raw &&
-	    (rc = download_f32(b, out->q_raw, b->oq, (size_t)L * n * b->qw)) < 0)
+	    (rc = download_f32(b, out->q_raw, b->oq, L, n, kvmem_fwd_q_rows(out, n), b->qw)) < 0)
 		return rc;
-	if (out && out->raw_k && (rc = download_f32(b, out->raw_k, b->ok, (size_t)L * n * b->kw)) < 0)
+	if (out && out->raw_k && (rc = download_f32(b, out->raw_k, b->ok, L, n, n, b->kw)) < 0)
 		return rc;
-	if (out && out->v && (rc = download_f32(b, out->v, b->ov, (size_t)L * n * b->kw)) < 0)
+	if (out && out->v && (rc = download_f32(b, out->v, b->ov, L, n, n, b->kw)) < 0)
 		return rc;
 	v->len += n;
 	return 0;

@@ -185,8 +185,12 @@ static void attention_block(kvmem_engine *e, kvmem_kvcache *kv, int l, int n,
 	kvmem_rmsnorm(e->q, e->q, L->q_norm, n * c->n_heads, d, c->rms_eps);
 	kvmem_rmsnorm(e->k, e->k, L->k_norm, n * c->n_kv_heads, d, c->rms_eps);
 
-	if (out && out->q_raw)
-		memcpy(out->q_raw + (size_t)l * n * qw, e->q, sizeof(float) * n * qw);
+	if (out && out->q_raw) {
+		int rows = kvmem_fwd_q_rows(out, n);	/* the last rows tokens' */
+
+		memcpy(out->q_raw + (size_t)l * rows * qw, e->q + (size_t)(n - rows) * qw,
+		       sizeof(float) * rows * qw);
+	}
 	if (out && out->raw_k)
 		memcpy(out->raw_k + (size_t)l * n * kw, e->k, sizeof(float) * n * kw);
 	if (out && out->v)
@@ -221,6 +225,9 @@ int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int
 
 	if (check_call(e, kv, tokens, n) || ensure_kv_pos(e, kv->len + n))
 		return kvmem_fail();
+	if (out && out->q_last < 0)
+		return kvmem_error(EINVAL, "engine: q_last %d is negative (0: every token's "
+				   "queries)", out->q_last);
 	for (int t = 0; t < n; t++)
 		e->q_pos[t] = kv->len + t;
 
