@@ -190,6 +190,12 @@ int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n)
 		return kvmem_error(EINVAL, "index: negative token count %d", n);
 	if (kvmem_index_reserve(ix, (first + n + ix->block - 1) / ix->block))
 		return kvmem_fail();
+	/* Layers on the OpenMP threads when there is enough work (a prefill
+	 * chunk, not a decode step): a layer's summaries and open sums are its
+	 * own, and each is still summed in token order, so the bits do not
+	 * depend on the threads. */
+	#pragma omp parallel for schedule(static) \
+		if (ix->n_layers > 1 && (size_t)n * ix->n_layers * H * d >= ((size_t)1 << 16))
 	for (int l = 0; l < ix->n_layers; l++) {
 		const float *kl = raw_k + (size_t)l * n * H * d;
 
