@@ -19,8 +19,9 @@
  * -EIO (any other CUDA or cuBLAS failure, the message names it).
  *
  * Determinism: every op gives the same bits for the same inputs and shapes
- * on the same GPU model (no atomics in any sum; the attention split count
- * depends only on the shapes and the number of multiprocessors).
+ * on the same GPU model (no atomics in any sum; the attention's and the
+ * split GEMV's split counts depend only on the shapes and the number of
+ * multiprocessors).
  */
 #ifndef KVMEM_CUDA_H
 #define KVMEM_CUDA_H
@@ -54,11 +55,15 @@ const char *kvmem_cuda_device_name(const kvmem_cuda_ctx *c);
 /* Grow the scratch to at least `bytes` now (not during a capture). */
 int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
 /* Switch one of the context's fast paths on or off, for comparisons:
- * "gemv" (one-row GEMMs by kernels/cuda/gemm.cu's own kernel, not
- * cuBLASLt; default on, KVMEM_CUDA_GEMV=0 turns it off), "fast_scores"
- * (the 16-byte-load bf16 Mean-K scorer; default on). Returns the previous
- * setting, or -EINVAL for an unknown name. Results stay within the ops'
- * tolerances either way; the bits of a GEMM may differ. */
+ * "gemv" (one-row GEMMs by kvmem's own kernels, kernels/cuda/gemv.cu, not
+ * cuBLASLt; default on, KVMEM_CUDA_GEMV=0 turns it off), "gemv_split"
+ * (those by the split-K kernel, the input split over the warps of a block;
+ * default off, KVMEM_CUDA_GEMV_SPLIT=1 turns it on), "gemv_ks" (not a
+ * switch: `on` is the split forced on that kernel, 1, 2, 4 or 8; 0, the
+ * default, lets the shape and SM count pick it), "fast_scores" (the
+ * 16-byte-load bf16 Mean-K scorer; default on). Returns the previous
+ * setting, or -EINVAL for an unknown name or value. Results stay within the
+ * ops' tolerances either way; the bits of a GEMM may differ. */
 int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on);
 /* Wait for the stream; reports a kernel fault as -EIO. */
 int kvmem_cuda_sync(kvmem_cuda_ctx *c);

@@ -60,6 +60,9 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		const char *e = getenv("KVMEM_CUDA_GEMV");
 
 		c->no_gemv = e && e[0] == '0';
+		/* KVMEM_CUDA_GEMV_SPLIT=1: the split-K GEMV (gemv.cu), 0 the first one */
+		e = getenv("KVMEM_CUDA_GEMV_SPLIT");
+		c->gemv_split = e && e[0] == '1';
 		/* The main path's attention versions, for comparisons: prefill 2
 		 * or 4, decode 2 or 3 (0: attention.cu's choice). */
 		e = getenv("KVMEM_CUDA_PREFILL");
@@ -182,12 +185,25 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 {
 	int *flag, was;
 
+	if (!strcmp(what, "gemv_split")) {
+		was = c->gemv_split;
+		c->gemv_split = !!on;
+		return was;
+	}
+	if (!strcmp(what, "gemv_ks")) {	/* a value, not a switch */
+		if (!kvmem_cuda_gemv_check_ks(on))
+			return kvmem_error(EINVAL, "cuda: gemv_ks %d (0, 1, 2, 4 or 8)", on);
+		was = c->gemv_ks;
+		c->gemv_ks = on;
+		return was;
+	}
 	if (!strcmp(what, "gemv"))
 		flag = &c->no_gemv;
 	else if (!strcmp(what, "fast_scores"))
 		flag = &c->slow_scores;
 	else
-		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, fast_scores)", what);
+		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
+				   "fast_scores)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

@@ -38,6 +38,8 @@ struct kvmem_cuda_ctx {
 	size_t scratch_bytes;
 	uint64_t scratch_gen;	/* bumped when scratch moves (a graph must be re-captured) */
 	int no_gemv;		/* kvmem_cuda_tune "gemv" off: n == 1 through cuBLASLt */
+	int gemv_split;		/* "gemv_split" on: gemv.cu's split-K kernel (KVMEM_CUDA_GEMV_SPLIT) */
+	int gemv_ks;		/* "gemv_ks": its split forced (1, 2, 4, 8); 0: by shape */
 	int slow_scores;	/* kvmem_cuda_tune "fast_scores" off: the 2-byte-load scorer */
 	int att_prefill, att_decode;	/* the main path's attention versions (attention.cu;
 					 * KVMEM_CUDA_PREFILL / KVMEM_CUDA_DECODE override) */
@@ -49,6 +51,12 @@ struct kvmem_cuda_ctx {
 int kvmem_cuda_err(cudaError_t e, const char *what);
 /* The last launch's error, as kvmem_cuda_err (0 when it was accepted). */
 int kvmem_cuda_launched(const char *what);
+/* gemv.cu: the one-row GEMM (n == 1, in % 8 == 0, x and w 16-byte
+ * aligned; kvmem_cuda_gemm_bf16 checks), by the kernel the context picks. */
+int kvmem_cuda_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
+			 const uint16_t *w, int in, int out);
+/* Whether `ks` is a split the split GEMV takes (0: by shape). */
+int kvmem_cuda_gemv_check_ks(int ks);
 /* Scratch of at least `bytes` (grows outside a capture only). */
 int kvmem_cuda_scratch(kvmem_cuda_ctx *c, size_t bytes, void **p);
 /* Per-device kernel attributes of the attention, set when a context is

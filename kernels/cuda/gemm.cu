@@ -16,9 +16,9 @@
  * shape, mode and the pointers' alignment.
  *
  * One row (n == 1, a decode step) is a matrix-vector product that only
- * streams the weights: there our own kernel (gemv_kernel) reads them with
+ * streams the weights: there our own kernels (gemv.cu) read them with
  * 16-byte loads, two rows per warp, several loads in flight per lane, and
- * beats cuBLASLt's choice for the small shapes (Documentation/
+ * beat cuBLASLt's choice for the small shapes (Documentation/
  * benchmarks.md). KVMEM_CUDA_GEMV=0 in the environment (read when a
  * context is made) or kvmem_cuda_tune(c, "gemv", 0) sends n == 1 to
  * cuBLASLt too.
@@ -115,90 +115,6 @@ fail:
 	return lt_fail(s, "no algorithm for this shape");
 }
 
-/*
- * y[o] (mode) x . w[o]: a warp per GEMV_ROWS rows, each lane summing 8
- * products per 16-byte chunk in fp32 (chunks lane, lane + 32, ... in
- * order), then a fixed shuffle tree: the bits depend only on the shape.
- * in % 8 == 0 and 16-byte aligned x, w (checked by the caller).
- */
-#define GEMV_ROWS 2
-#define GEMV_WARPS 8
-#define GEMV_UNROLL 4
-
-__device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc)
-{
-	const uint32_t x[4] = { a.x, a.y, a.z, a.w }, y[4] = { b.x, b.y, b.z, b.w };
-
-#pragma unroll
-	for (int i = 0; i < 4; i++) {
-		acc = fmaf(__uint_as_float(x[i] << 16), __uint_as_float(y[i] << 16), acc);
-		acc = fmaf(__uint_as_float(x[i] & 0xffff0000u), __uint_as_float(y[i] & 0xffff0000u), acc);
-	}
-	return acc;
-}
-
-__global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out)
-{
-	const int lane = threadIdx.x & 31;
-	const int o0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
-	const int chunks = in / 8;
-	const uint4 *xv = (const uint4 *)x;
-	const uint4 *wr[GEMV_ROWS];
-	float acc[GEMV_ROWS];
-
-	if (o0 >= out)
-		return;
-#pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++) {
-		wr[r] = (const uint4 *)(w + (size_t)min(o0 + r, out - 1) * in);
-		acc[r] = 0.0f;
-	}
-	int c = lane;
-
-	for (; c + 32 * (GEMV_UNROLL - 1) < chunks; c += 32 * GEMV_UNROLL) {
-		uint4 wv[GEMV_ROWS][GEMV_UNROLL], xx[GEMV_UNROLL];
-
-#pragma unroll
-		for (int u = 0; u < GEMV_UNROLL; u++) {
-#pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++)
-				wv[r][u] = __ldcs(wr[r] + c + 32 * u);	/* streamed once */
-			xx[u] = __ldg(xv + c + 32 * u);
-		}
-#pragma unroll
-		for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++)
-				acc[r] = dot8(wv[r][u], xx[u], acc[r]);
-	}
-	for (; c < chunks; c += 32) {
-		const uint4 xx = __ldg(xv + c);
-
-#pragma unroll
-		for (int r = 0; r < GEMV_ROWS; r++)
-			acc[r] = dot8(__ldcs(wr[r] + c), xx, acc[r]);
-	}
-#pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++)
-		for (int o = 16; o > 0; o >>= 1)
-			acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-	if (lane < GEMV_ROWS && o0 + lane < out) {
-		float v = acc[0];
-
-#pragma unroll
-		for (int r = 1; r < GEMV_ROWS; r++)
-			if (lane == r)
-				v = acc[r];
-		if (mode == KVMEM_GEMM_BF16)
-			((uint16_t *)y)[o0 + lane] = f2bf(v);
-		else if (mode == KVMEM_GEMM_F32)
-			((float *)y)[o0 + lane] = v;
-		else
-			((float *)y)[o0 + lane] = __fadd_rn(((float *)y)[o0 + lane], v);
-	}
-}
-
 extern "C" int kvmem_cuda_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
 				    const uint16_t *w, int n, int in, int out)
 {
@@ -211,13 +127,8 @@ extern "C" int kvmem_cuda_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const 
 		return kvmem_error(EINVAL, "gemm: bad shape %d x %d -> %d or mode %d", n, in, out, mode);
 	if (!n)
 		return 0;
-	if (n == 1 && in % 8 == 0 && ptr_align(x, w, w) >= 16 && !c->no_gemv) {
-		const int per_block = GEMV_WARPS * GEMV_ROWS;
-
-		gemv_kernel<<<(out + per_block - 1) / per_block, 32 * GEMV_WARPS, 0, c->stream>>>(
-			y, mode, x, w, in, out);
-		return kvmem_cuda_launched("gemv");
-	}
+	if (n == 1 && in % 8 == 0 && ptr_align(x, w, w) >= 16 && !c->no_gemv)
+		return kvmem_cuda_gemv_bf16(c, y, mode, x, w, in, out);
 	for (int i = 0; i < KVMEM_GEMM_CACHE && !g; i++) {
 		struct gemm_plan *p = &c->plans[i];
 

@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: MIT
+/*
+ * One-row GEMMs (n == 1, a decode step; twin: kvmem_gemm_bf16): y[o] (mode)
+ * x . w[o], a matrix-vector product that only streams the weights, so its
+ * ceiling is the HBM read rate. kvmem_cuda_gemm_bf16 (gemm.cu) sends n == 1
+ * here when in % 8 == 0 and x, w are 16-byte aligned. Two kernels:
+ *
+ * gemv_kernel (the first, "gemv_split" off): a warp per GEMV_ROWS rows over
+ * the whole input, 8 warps a block. At Qwen3-8B's small shapes (4096 and
+ * 6144 outputs) that is 256-384 blocks, two or three per multiprocessor, and
+ * each warp walks its rows in 4 (12 for down's 12288 inputs) dependent
+ * rounds of loads: too few bytes in flight early and a long serial tail, so
+ * o_proj ran at 0.45 and qkv at 0.65 of the copy rate (benchmarks.md).
+ *
+ * gemv_split_kernel ("gemv_split" on): the same warp work, but the input is
+ * split over the `ks` warps of a block that share the same rows (split-K
+ * inside the block): warp j of a row group sums chunks [lo_j, hi_j), and the
+ * group's partials are added in shared memory in the order j = 0 .. ks - 1
+ * by one thread per row. ks (1, 2, 4 or 8) is the smallest power of two
+ * that gives at least GEMV_BLOCKS_PER_SM blocks per multiprocessor, as long
+ * as each warp keeps a full round of GEMV_UNROLL loads per lane; so o_proj
+ * and down get ks 4, qkv 2, gate|up and lm_head 1 (at 132 SMs). No second
+ * kernel, no scratch and no atomics: the bits depend only on the shape and
+ * the SM count (ks), and with ks 1 they equal gemv_kernel's (the same
+ * per-lane order and shuffle tree).
+ *
+ * Both: 16-byte loads (__ldcs for the weights, read once; __ldg for x, which
+ * every warp reads), fp32 products and sums per lane in chunk order, then a
+ * fixed shuffle tree. kvmem_cuda_tune(c, "gemv_split", on) or
+ * KVMEM_CUDA_GEMV_SPLIT=0/1 (read when a context is made) picks the kernel;
+ * kvmem_cuda_tune(c, "gemv_ks", k) forces ks = k (0: the rule above), for
+ * measurements (tests/gpu/gemv_sweep.sh).
+ */
+#include "cuda_int.h"
+
+#define GEMV_ROWS 2		/* rows per warp */
+#define GEMV_WARPS 8		/* warps per block */
+#define GEMV_UNROLL 4		/* 16-byte chunks in flight per lane and row */
+#define GEMV_MAX_KS 8		/* warps splitting one row group's input */
+#define GEMV_BLOCKS_PER_SM 4	/* resident blocks the split aims for (__launch_bounds__) */
+
+__device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc)
+{
+	const uint32_t x[4] = { a.x, a.y, a.z, a.w }, y[4] = { b.x, b.y, b.z, b.w };
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		acc = fmaf(__uint_as_float(x[i] << 16), __uint_as_float(y[i] << 16), acc);
+		acc = fmaf(__uint_as_float(x[i] & 0xffff0000u), __uint_as_float(y[i] & 0xffff0000u), acc);
+	}
+	return acc;
+}
+
+__device__ __forceinline__ void gemv_store(void *y, int mode, int o, float v)
+{
+	if (mode == KVMEM_GEMM_BF16)
+		((uint16_t *)y)[o] = f2bf(v);
+	else if (mode == KVMEM_GEMM_F32)
+		((float *)y)[o] = v;
+	else
+		((float *)y)[o] = __fadd_rn(((float *)y)[o], v);
+}
+
+/*
+ * y[o] (mode) x . w[o]: a warp per GEMV_ROWS rows, each lane summing 8
+ * products per 16-byte chunk in fp32 (chunks lane, lane + 32, ... in
+ * order), then a fixed shuffle tree: the bits depend only on the shape.
+ */
+__global__ void __launch_bounds__(32 * GEMV_WARPS)
+gemv_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out)
+{
+	const int lane = threadIdx.x & 31;
+	const int o0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
+	const int chunks = in / 8;
+	const uint4 *xv = (const uint4 *)x;
+	const uint4 *wr[GEMV_ROWS];
+	float acc[GEMV_ROWS];
+
+	if (o0 >= out)
+		return;
+#pragma unroll
+	for (int r = 0; r < GEMV_ROWS; r++) {
+		wr[r] = (const uint4 *)(w + (size_t)min(o0 + r, out - 1) * in);
+		acc[r] = 0.0f;
+	}
+	int c = lane;
+
+	for (; c + 32 * (GEMV_UNROLL - 1) < chunks; c += 32 * GEMV_UNROLL) {
+		uint4 wv[GEMV_ROWS][GEMV_UNROLL], xx[GEMV_UNROLL];
+
+#pragma unroll
+		for (int u = 0; u < GEMV_UNROLL; u++) {
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				wv[r][u] = __ldcs(wr[r] + c + 32 * u);	/* streamed once */
+			xx[u] = __ldg(xv + c + 32 * u);
+		}
+#pragma unroll
+		for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				acc[r] = dot8(wv[r][u], xx[u], acc[r]);
+	}
+	for (; c < chunks; c += 32) {
+		const uint4 xx = __ldg(xv + c);
+
+#pragma unroll
+		for (int r = 0; r < GEMV_ROWS; r++)
+			acc[r] = dot8(__ldcs(wr[r] + c), xx, acc[r]);
+	}
+#pragma unroll
+	for (int r = 0; r < GEMV_ROWS; r++)
+		for (int o = 16; o > 0; o >>= 1)
+			acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+	if (lane < GEMV_ROWS && o0 + lane < out) {
+		float v = acc[0];
+
+#pragma unroll
+		for (int r = 1; r < GEMV_ROWS; r++)
+			if (lane == r)
+				v = acc[r];
+		gemv_store(y, mode, o0 + lane, v);
+	}
+}
+
+/*
+ * The split version: block b, warp (g, j) = (warp / ks, warp % ks) takes
+ * rows o0 = (b * (GEMV_WARPS / ks) + g) * GEMV_ROWS .. + GEMV_ROWS - 1 over
+ * chunks [lo, hi): the input's chunks cut into ks pieces of a multiple of
+ * 32 chunks (each warp load is 512 contiguous bytes). A lane sums its
+ * chunks lo + lane, + 32, ... < hi in order (rounds of GEMV_UNROLL, then
+ * one at a time), as gemv_kernel does over the whole row when ks is 1.
+ * Every thread stays to the __syncthreads (rows past `out` read row
+ * out - 1 and are not written).
+ */
+__global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_BLOCKS_PER_SM)
+gemv_split_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out, int ks)
+{
+	__shared__ float part[GEMV_WARPS][GEMV_ROWS];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int groups = GEMV_WARPS / ks, g = warp / ks, j = warp % ks;
+	const int o0 = (blockIdx.x * groups + g) * GEMV_ROWS;
+	const int chunks = in / 8;
+	const int per = ((chunks + ks - 1) / ks + 31) & ~31;
+	const int lo = min(j * per, chunks), hi = min(lo + per, chunks);
+	const uint4 *xv = (const uint4 *)x;
+	/* Row o0 + r at w0 + roff[r] chunks (rows past the end: the last row):
+	 * one pointer and small offsets keep the kernel within 64 registers,
+	 * four blocks per multiprocessor. */
+	const uint4 *w0 = (const uint4 *)(w + (size_t)min(o0, out - 1) * in);
+	int roff[GEMV_ROWS];
+	float acc[GEMV_ROWS];
+
+#pragma unroll
+	for (int r = 0; r < GEMV_ROWS; r++) {
+		roff[r] = (min(o0 + r, out - 1) - min(o0, out - 1)) * chunks;
+		acc[r] = 0.0f;
+	}
+	int c = lo + lane;
+
+	for (; c + 32 * (GEMV_UNROLL - 1) < hi; c += 32 * GEMV_UNROLL) {
+		uint4 wv[GEMV_ROWS][GEMV_UNROLL], xx[GEMV_UNROLL];
+
+#pragma unroll
+		for (int u = 0; u < GEMV_UNROLL; u++) {
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				wv[r][u] = __ldcs(w0 + roff[r] + c + 32 * u);
+			xx[u] = __ldg(xv + c + 32 * u);
+		}
+#pragma unroll
+		for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				acc[r] = dot8(wv[r][u], xx[u], acc[r]);
+	}
+	for (; c < hi; c += 32) {
+		const uint4 xx = __ldg(xv + c);
+
+#pragma unroll
+		for (int r = 0; r < GEMV_ROWS; r++)
+			acc[r] = dot8(__ldcs(w0 + roff[r] + c), xx, acc[r]);
+	}
+#pragma unroll
+	for (int r = 0; r < GEMV_ROWS; r++)
+		for (int o = 16; o > 0; o >>= 1)
+			acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+	if (ks == 1) {		/* uniform over the launch */
+		if (lane < GEMV_ROWS && o0 + lane < out) {
+			float v = acc[0];
+
+#pragma unroll
+			for (int r = 1; r < GEMV_ROWS; r++)
+				if (lane == r)
+					v = acc[r];
+			gemv_store(y, mode, o0 + lane, v);
+		}
+		return;
+	}
+	if (lane == 0)
+#pragma unroll
+		for (int r = 0; r < GEMV_ROWS; r++)
+			part[warp][r] = acc[r];
+	__syncthreads();
+	if (threadIdx.x < groups * GEMV_ROWS) {
+		const int gg = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS;
+		const int o = (blockIdx.x * groups + gg) * GEMV_ROWS + r;
+		float v = part[gg * ks][r];
+
+		for (int jj = 1; jj < ks; jj++)	/* in order: fixed bits */
+			v += part[gg * ks + jj][r];
+		if (o < out)
+			gemv_store(y, mode, o, v);
+	}
+}
+
+/* The split for a shape: c->gemv_ks when set, else the rule above. */
+static int gemv_splits(const kvmem_cuda_ctx *c, int in, int out)
+{
+	const int chunks = in / 8, target = GEMV_BLOCKS_PER_SM * c->sms;
+	int ks = 1;
+
+	if (c->gemv_ks)
+		return c->gemv_ks;
+	while (ks < GEMV_MAX_KS) {
+		const int rows = GEMV_WARPS / ks * GEMV_ROWS;
+
+		if ((out + rows - 1) / rows >= target || chunks / (2 * ks) < 32 * GEMV_UNROLL)
+			break;
+		ks *= 2;
+	}
+	return ks;
+}
+
+int kvmem_cuda_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
+			 const uint16_t *w, int in, int out)
+{
+	if (!c->gemv_split) {
+		const int per_block = GEMV_WARPS * GEMV_ROWS;
+
+		gemv_kernel<<<(out + per_block - 1) / per_block, 32 * GEMV_WARPS, 0, c->stream>>>(
+			y, mode, x, w, in, out);
+		return kvmem_cuda_launched("gemv");
+	}
+	const int ks = gemv_splits(c, in, out), rows = GEMV_WARPS / ks * GEMV_ROWS;
+
+	gemv_split_kernel<<<(out + rows - 1) / rows, 32 * GEMV_WARPS, 0, c->stream>>>(
+		y, mode, x, w, in, out, ks);
+	return kvmem_cuda_launched("gemv (split)");
+}
+
+int kvmem_cuda_gemv_check_ks(int ks)
+{
+	return ks == 0 || ks == 1 || ks == 2 || ks == 4 || ks == GEMV_MAX_KS;
+}
