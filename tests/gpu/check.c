@@ -11,13 +11,16 @@
  * are listed in Documentation/kernels.md. It prints one line per check and
  * closes with "N passed, N failed" (the bench prints its table instead).
  *
- *   kvmem_gpu_check [--quick] [--bench] [--profile] [--seed N]
+ *   kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--seed N]
  *     --quick   small shapes only (the compute-sanitizer runs)
  *     --bench   the timing table instead of the checks: copy rate, GEMM
  *               rate, attention, GEMMs of Qwen3-8B, selection, sampling,
  *               each with its ratio to the ceiling measured in the run
  *     --profile two runs of each attention configuration (v2, v3; prefill
  *               4096, decode at 32768), nothing else: for ncu
+ *     --gemv    the one-row GEMM's decode shapes alone: each kernel and
+ *               split against the twin, then their times against the copy
+ *               rate (check_gemv.c; tests/gpu/gemv_sweep.sh)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -30,6 +33,7 @@
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
 #include "check_gather.h"
+#include "check_gemv.h"
 #include "check_perf.h"
 #include "check_util.h"
 
@@ -1007,7 +1011,7 @@ static void bench(void)
 
 int main(int argc, char **argv)
 {
-	int do_bench = 0, do_profile = 0, only_gather = 0;
+	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1019,10 +1023,12 @@ int main(int argc, char **argv)
 			do_profile = 1;
 		else if (!strcmp(argv[i], "--gather"))
 			only_gather = 1;	/* the gather kernel's checks alone */
+		else if (!strcmp(argv[i], "--gemv"))
+			only_gemv = 1;		/* the one-row GEMM's decode sweep alone */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1044,6 +1050,8 @@ int main(int argc, char **argv)
 		die("context");
 	if (only_gather) {
 		check_gather();
+	} else if (only_gemv) {
+		gemv_sweep();
 	} else if (do_profile) {
 		profile();
 	} else if (do_bench) {

@@ -15,6 +15,7 @@
 
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
+#include "check_gemv.h"
 #include "check_perf.h"
 #include "check_util.h"
 
@@ -288,73 +289,6 @@ static void check_qk_norm_rope(void)
 	kvmem_cuda_free(dkr);
 	kvmem_cuda_free(dv);
 	kvmem_cuda_free(dsep);
-}
-
-/* ---- one-row GEMV ------------------------------------------------------------------- */
-static void check_gemv(void)
-{
-	static const int shapes[][2] = { { 12288, 4096 }, { 1000, 333 }, { 4096, 4100 }, { 64, 7 } };
-
-	for (int s = g_quick ? 3 : 0; s < 4; s++) {
-		const int in = shapes[s][0], out = shapes[s][1];
-		uint16_t *x = rand_bf16(in, -2, 2), *w = rand_bf16((size_t)out * in, -1, 1);
-		float *y0 = rand_f32(out, -3, 3), *abs_ = hmalloc(4 * (size_t)out);
-		void *dx = dput(x, 2 * (size_t)in), *dw = dput(w, 2 * (size_t)out * in);
-
-		for (int o = 0; o < out; o++) {
-			double a = 0;
-
-			for (int i = 0; i < in; i++)
-				a += fabs(kvmem_bf16_to_f32(x[i]) * kvmem_bf16_to_f32(w[(size_t)o * in + i]));
-			abs_[o] = (float)a;
-		}
-		for (int mode = 0; mode < 3; mode++) {
-			const size_t eb = mode == KVMEM_GEMM_BF16 ? 2 : 4;
-			void *ref = hmalloc(eb * out), *got, *dy;
-			size_t bad = 0;
-			double mx = 0;
-
-			if (mode == KVMEM_GEMM_F32_ADD) {
-				memcpy(ref, y0, 4 * (size_t)out);
-				dy = dput(y0, 4 * (size_t)out);
-			} else {
-				dy = dpoison(eb * out);
-			}
-			if (kvmem_gemm_bf16(ref, mode, x, w, 1, in, out) ||
-			    kvmem_cuda_gemm_bf16(g_c, dy, mode, dx, dw, 1, in, out))
-				die("gemv");
-			got = dget(dy, eb * out);
-			for (int o = 0; o < out; o++) {
-				double g, r, tol = 1e-5 * abs_[o];
-
-				if (mode == KVMEM_GEMM_BF16) {
-					g = kvmem_bf16_to_f32(((uint16_t *)got)[o]);
-					r = kvmem_bf16_to_f32(((uint16_t *)ref)[o]);
-					tol += ULP1 * fabs(r);
-				} else {
-					g = ((float *)got)[o];
-					r = ((float *)ref)[o];
-					if (mode == KVMEM_GEMM_F32_ADD)
-						tol += 1e-6 * fabs(y0[o]);
-				}
-				if (!(fabs(g - r) <= tol))
-					bad++;
-				if (fabs(g - r) > mx || isnan(g))
-					mx = fabs(g - r);
-			}
-			report(!bad, "gemv 1x%d->%d %-5s vs twin                 max|d|=%-9.3g bad=%zu", in,
-			       out, mode == 0 ? "bf16" : mode == 1 ? "f32" : "f32+=", mx, bad);
-			free(ref);
-			free(got);
-			kvmem_cuda_free(dy);
-		}
-		free(x);
-		free(w);
-		free(y0);
-		free(abs_);
-		kvmem_cuda_free(dx);
-		kvmem_cuda_free(dw);
-	}
 }
 
 /* ---- the index on the GPU ------------------------------------------------------------- */
@@ -703,22 +637,29 @@ void bench_perf(double copy_gbs, double gemm_tfs)
 		dfill_bf16(g.w, (size_t)151936 * 4096, 1);
 		cudaMemset(g.y, 0, 4 * 151936);
 		cudaDeviceSynchronize();
+		/* 0: the first GEMV kernel, 1: the split-K one (gemv.cu), 2: cuBLASLt;
+		 * tests/gpu/gemv_sweep.sh times them over cold weights */
+		const int was_split = kvmem_cuda_tune(g_c, "gemv_split", 0);
+
 		for (size_t i = 0; i < sizeof(gs) / sizeof(gs[0]); i++)
-			for (int lt = 0; lt < 2; lt++) {
+			for (int k = 0; k < 3; k++) {
+				static const char *const kname[] = { "gemv", "gemv split", "cuBLASLt" };
 				double ms, gbs;
 				char name[80];
 
 				g.in = gs[i].in;
 				g.out = gs[i].out;
 				g.mode = gs[i].mode;
-				kvmem_cuda_tune(g_c, "gemv", !lt);
+				kvmem_cuda_tune(g_c, "gemv", k < 2);
+				kvmem_cuda_tune(g_c, "gemv_split", k == 1);
 				ms = time_ms(run_gemm, &g, 3, 20);
 				gbs = 2.0 * g.in * g.out / (ms * 1e-3) / 1e9;
-				snprintf(name, sizeof(name), "%s, %s", gs[i].name, lt ? "cuBLASLt" : "gemv");
+				snprintf(name, sizeof(name), "%s, %s", gs[i].name, kname[k]);
 				printf("%-44s %9.3f  %6.0f GB/s  %5.2f of copy rate\n", name, ms, gbs,
 				       gbs / copy_gbs);
 			}
 		kvmem_cuda_tune(g_c, "gemv", 1);
+		kvmem_cuda_tune(g_c, "gemv_split", was_split);
 		kvmem_cuda_free(g.x);
 		kvmem_cuda_free(g.w);
 		kvmem_cuda_free(g.y);

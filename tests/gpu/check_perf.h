@@ -3,8 +3,8 @@
  * The checks and timings of the engine's fast paths (check_perf.c), run by
  * kvmem_gpu_check: decode attention with the key count on the device and
  * its CUDA graph replays (bit for bit the plain calls), attention v4, the
- * fused q/k norm + RoPE, the one-row GEMV, the GPU index append and the
- * 16-byte-load scorer.
+ * fused q/k norm + RoPE, the one-row GEMV (check_gemv.c), the GPU index
+ * append and the 16-byte-load scorer.
  */
 #ifndef KVMEM_TESTS_GPU_CHECK_PERF_H
 #define KVMEM_TESTS_GPU_CHECK_PERF_H
