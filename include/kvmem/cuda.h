@@ -58,7 +58,7 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * "gemv" (one-row GEMMs by kvmem's own kernels, kernels/cuda/gemv.cu, not
  * cuBLASLt; default on, KVMEM_CUDA_GEMV=0 turns it off), "gemv_split"
  * (those by the split-K kernel, the input split over the warps of a block;
- * default off, KVMEM_CUDA_GEMV_SPLIT=1 turns it on), "gemv_ks" (not a
+ * default on, KVMEM_CUDA_GEMV_SPLIT=0 turns it off), "gemv_ks" (not a
  * switch: `on` is the split forced on that kernel, 1, 2, 4 or 8; 0, the
  * default, lets the shape and SM count pick it), "fast_scores" (the
  * 16-byte-load bf16 Mean-K scorer; default on). Returns the previous
