@@ -61,7 +61,10 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * default on, KVMEM_CUDA_GEMV_SPLIT=0 turns it off), "gemv_ks" (not a
  * switch: `on` is the split forced on that kernel, 1, 2, 4 or 8; 0, the
  * default, lets the shape and SM count pick it), "fast_scores" (the
- * 16-byte-load bf16 Mean-K scorer; default on). Returns the previous
+ * 16-byte-load bf16 Mean-K scorer; default on), "fuse" (decode's fused
+ * norm + GEMV ops, kvmem_cuda_norm_gemv_bf16; KVMEM_CUDA_FUSE=0/1, default
+ * in kernels/cuda/cuda_int.h; a CUDA graph captured before a change keeps
+ * the kernels it holds). Returns the previous
  * setting, or -EINVAL for an unknown name or value. Results stay within the
  * ops' tolerances either way; the bits of a GEMM may differ. */
 int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on);
@@ -168,6 +171,23 @@ int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld, const
 				 const uint16_t *k_norm, int n, int n_heads, int n_kv_heads,
 				 int head_dim, float eps, const int32_t *pos, double theta,
 				 uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out);
+/*
+ * Decode's fused ops (kernels/cuda/gemv.cu; twins kvmem_norm_gemv_bf16 and
+ * kvmem_norm_gemv_swiglu_bf16, the compositions of the unfused twins). With
+ * "fuse" on (kvmem_cuda_tune, KVMEM_CUDA_FUSE) and one row on the split
+ * one-row GEMV, one kernel whose blocks each compute the row's RMSNorm
+ * themselves (kvmem_cuda_rmsnorm_bf16's sum and rounding) and stream the
+ * weights: the bits of the unfused ops. Otherwise (n > 1, fusion off, a
+ * shape the kernel does not take) the unfused ops through the scratch h
+ * ([n][in] bf16) and gu ([n][2 inter] bf16), which the fused kernel leaves
+ * untouched.
+ */
+int kvmem_cuda_norm_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const float *x,
+			      const uint16_t *norm_w, float eps, const uint16_t *w, uint16_t *h,
+			      int n, int in, int out);
+int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const float *x,
+				     const uint16_t *norm_w, float eps, const uint16_t *w,
+				     uint16_t *h, uint16_t *gu, int n, int in, int inter);
 /* token: one int32 on the device; rng: the uint64 RNG state on the device
  * (advanced there, so a captured decode graph samples from it); s: host. */
 int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits, int vocab,

@@ -86,6 +86,24 @@ int kvmem_logits_bf16(float *logits, const float *x, const uint16_t *norm_w,
 		      const uint16_t *lm_head, uint16_t *tmp, int n, int hidden, int vocab,
 		      float eps);
 
+/*
+ * Decode's fused ops (kernels/cpu/fused.c), defined as the compositions of
+ * the ops above, which is what the CUDA versions compute in one kernel for
+ * one row (bit for bit the unfused CUDA ops):
+ *   kvmem_norm_gemv_bf16:        h = rmsnorm(x, norm_w); y (mode) h . w^T
+ *   kvmem_norm_gemv_swiglu_bf16: h = rmsnorm(x, norm_w);
+ *                                gu[n][2 inter] = bf16(h . w^T) (w is
+ *                                [gate; up], [2 inter][in]);
+ *                                act[n][inter] = swiglu(gu, gu + inter)
+ * h ([n][in]) and gu are scratch the twin writes. Return 0, -EINVAL or
+ * -ENOMEM as kvmem_gemm_bf16.
+ */
+int kvmem_norm_gemv_bf16(void *y, int mode, const float *x, const uint16_t *norm_w, float eps,
+			 const uint16_t *w, uint16_t *h, int n, int in, int out);
+int kvmem_norm_gemv_swiglu_bf16(uint16_t *act, const float *x, const uint16_t *norm_w, float eps,
+				const uint16_t *w, uint16_t *h, uint16_t *gu, int n, int in,
+				int inter);
+
 /* ---- rotary position embedding ----------------------------------------- */
 /*
  * Rotate-half RoPE in place on x[n][n_heads][head_dim] bf16, token t at

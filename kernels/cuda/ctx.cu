@@ -64,6 +64,10 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		 * the first one at every decode shape on the H200. */
 		e = getenv("KVMEM_CUDA_GEMV_SPLIT");
 		c->gemv_split = !(e && e[0] == '0');
+		/* Decode's fused ops (gemv.cu, the forward pass's one-token layer):
+		 * KVMEM_CUDA_FUSE=0/1, else KVMEM_CUDA_FUSE_DEFAULT. */
+		e = getenv("KVMEM_CUDA_FUSE");
+		c->fuse = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : KVMEM_CUDA_FUSE_DEFAULT;
 		/* The main path's attention versions, for comparisons: prefill 2
 		 * or 4, decode 2 or 3 (0: attention.cu's choice). */
 		e = getenv("KVMEM_CUDA_PREFILL");
@@ -191,6 +195,11 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		c->gemv_split = !!on;
 		return was;
 	}
+	if (!strcmp(what, "fuse")) {
+		was = c->fuse;
+		c->fuse = !!on;
+		return was;
+	}
 	if (!strcmp(what, "gemv_ks")) {	/* a value, not a switch */
 		if (!kvmem_cuda_gemv_check_ks(on))
 			return kvmem_error(EINVAL, "cuda: gemv_ks %d (0, 1, 2, 4 or 8)", on);
@@ -204,7 +213,7 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		flag = &c->slow_scores;
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
-				   "fast_scores)", what);
+				   "fast_scores, fuse)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

@@ -18,6 +18,9 @@
 const char *kvmem_cuda_lt_load(void);
 
 #define KVMEM_GEMM_CACHE 48	/* GEMM shapes whose algorithm is kept */
+/* Decode's fused ops on (1) or off (0) when KVMEM_CUDA_FUSE is not set:
+ * off until measured on the GPU (tests/gpu/decode_fuse.sh). */
+#define KVMEM_CUDA_FUSE_DEFAULT 0
 
 struct gemm_plan {
 	int n, in, out, mode, align;	/* key; n == 0: empty slot */
@@ -40,6 +43,7 @@ struct kvmem_cuda_ctx {
 	int no_gemv;		/* kvmem_cuda_tune "gemv" off: n == 1 through cuBLASLt */
 	int gemv_split;		/* "gemv_split" on: gemv.cu's split-K kernel (KVMEM_CUDA_GEMV_SPLIT) */
 	int gemv_ks;		/* "gemv_ks": its split forced (1, 2, 4, 8); 0: by shape */
+	int fuse;		/* "fuse": decode's fused norm + GEMV (+ SwiGLU) (KVMEM_CUDA_FUSE) */
 	int slow_scores;	/* kvmem_cuda_tune "fast_scores" off: the 2-byte-load scorer */
 	int att_prefill, att_decode;	/* the main path's attention versions (attention.cu;
 					 * KVMEM_CUDA_PREFILL / KVMEM_CUDA_DECODE override) */

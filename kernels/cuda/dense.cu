@@ -5,13 +5,15 @@
  * and per head), SwiGLU, residual add.
  *
  * All are memory-bound single passes. The norms sum squares in double like
- * the twins (only the order differs), so their fp32 scale r almost always
- * has the twin's bits; x * r * w is two fp32 multiplies (nothing to
- * contract), so outputs differ from the twin's at most where r does.
+ * the twins (only the order differs; RMSNorm's products and sums without
+ * FMA, as the twin's), so their fp32 scale r almost always has the twin's
+ * bits; x * r * w is two fp32 multiplies (nothing to contract), so outputs
+ * differ from the twin's at most where r does. RMSNorm and SwiGLU share
+ * their arithmetic with decode's fused kernels (dense.cuh).
  */
 #include <cuda_fp16.h>
 
-#include "cuda_int.h"
+#include "dense.cuh"
 
 /* ---- conversion ---------------------------------------------------------- */
 __global__ void convert_kernel(uint16_t *dst, const void *src, int dt, size_t n)
@@ -81,34 +83,18 @@ __device__ __forceinline__ float rms_scale(double ss, int dim, float eps)
 	return (float)(1.0 / sqrt(ss / dim + (double)eps));
 }
 
-/* One block (256 threads) per row: fp32 in, bf16 out. */
-__global__ void rmsnorm_kernel(uint16_t *out, const float *x, const uint16_t *w, int dim,
-			       float eps)
+/* One block (RMS_THREADS) per row: fp32 in, bf16 out. The scale and the
+ * products are dense.cuh's, which the fused norm + GEMV of a decode step
+ * (gemv.cu) shares. */
+__global__ void __launch_bounds__(RMS_THREADS)
+rmsnorm_kernel(uint16_t *out, const float *x, const uint16_t *w, int dim, float eps)
 {
-	__shared__ double part[32];
-	__shared__ float r_sh;
 	const float *xi = x + (size_t)blockIdx.x * dim;
 	uint16_t *oi = out + (size_t)blockIdx.x * dim;
-	double ss = 0.0;
+	const float r = rms_block(xi, dim, eps);
 
-	for (int d = threadIdx.x; d < dim; d += blockDim.x)
-		ss += (double)xi[d] * xi[d];
-	ss = warp_sum_d(ss);
-	if ((threadIdx.x & 31) == 0)
-		part[threadIdx.x >> 5] = ss;
-	__syncthreads();
-	if (threadIdx.x < 32) {
-		double v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
-
-		v = warp_sum_d(v);
-		if (threadIdx.x == 0)
-			r_sh = rms_scale(v, dim, eps);
-	}
-	__syncthreads();
-	const float r = r_sh;
-
-	for (int d = threadIdx.x; d < dim; d += blockDim.x)
-		oi[d] = f2bf(__fmul_rn(__fmul_rn(xi[d], r), bf2f(w[d])));
+	for (int d = threadIdx.x; d < dim; d += RMS_THREADS)
+		oi[d] = rms_apply(xi[d], r, w[d]);
 }
 
 extern "C" int kvmem_cuda_rmsnorm_bf16(kvmem_cuda_ctx *c, uint16_t *out, const float *x,
@@ -118,7 +104,7 @@ extern "C" int kvmem_cuda_rmsnorm_bf16(kvmem_cuda_ctx *c, uint16_t *out, const f
 		return kvmem_error(EINVAL, "rmsnorm: %d rows of %d", n, dim);
 	if (!n)
 		return 0;
-	rmsnorm_kernel<<<n, 256, 0, c->stream>>>(out, x, w, dim, eps);
+	rmsnorm_kernel<<<n, RMS_THREADS, 0, c->stream>>>(out, x, w, dim, eps);
 	return kvmem_cuda_launched("rmsnorm");
 }
 
@@ -162,9 +148,7 @@ __global__ void swiglu_kernel(uint16_t *out, const uint16_t *gate, const uint16_
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
 	     e += (size_t)gridDim.x * blockDim.x) {
 		size_t i = e / dim, j = e % dim;
-		float g = bf2f(gate[i * ld + j]), u = bf2f(up[i * ld + j]);
-
-		out[e] = f2bf(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u));
+		out[e] = swiglu_one(gate[i * ld + j], up[i * ld + j]);
 	}
 }
 

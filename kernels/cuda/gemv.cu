@@ -31,7 +31,9 @@
  * kvmem_cuda_tune(c, "gemv_ks", k) forces ks = k (0: the rule above), for
  * measurements (tests/gpu/gemv_sweep.sh).
  */
-#include "cuda_int.h"
+#include <limits.h>
+
+#include "dense.cuh"
 
 #define GEMV_ROWS 2		/* rows per warp */
 #define GEMV_WARPS 8		/* warps per block */
@@ -132,32 +134,68 @@ gemv_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int
  * one at a time), as gemv_kernel does over the whole row when ks is 1.
  * Every thread stays to the __syncthreads (rows past `out` read row
  * out - 1 and are not written).
+ *
+ * The fused forms of a decode step (template arguments; the arithmetic of
+ * each row's sum is the same code whatever they are, so the bits are too):
+ *   NORM:   x is the fp32 residual row; the block first computes its
+ *           RMSNorm with norm_w (norm.cuh: the sum and rounding of
+ *           kvmem_cuda_rmsnorm_bf16) into shared memory and reads its input
+ *           from there. The first round of each row's weights is
+ *           prefetched into the L2 before, so the HBM stream starts while
+ *           the norm is computed.
+ *   SWIGLU: w is [gate; up], 2 * out rows; group q takes gate row q and up
+ *           row out + q (its two GEMV_ROWS) and writes
+ *           y[q] = bf16(silu(g) * u) of their bf16-rounded sums, exactly
+ *           swiglu_kernel on the unfused gu.
  */
+template <bool NORM, bool SWIGLU>
 __global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_BLOCKS_PER_SM)
-gemv_split_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out, int ks)
+gemv_split_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float eps,
+		  const uint16_t *w, int in, int out, int ks)
 {
 	__shared__ float part[GEMV_WARPS][GEMV_ROWS];
+	extern __shared__ uint4 gemv_h[];	/* NORM: the normalised row, [in] bf16 */
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int groups = GEMV_WARPS / ks, g = warp / ks, j = warp % ks;
-	const int o0 = (blockIdx.x * groups + g) * GEMV_ROWS;
+	const int q = blockIdx.x * groups + g, o0 = q * GEMV_ROWS;
 	const int chunks = in / 8;
 	const int per = ((chunks + ks - 1) / ks + 31) & ~31;
 	const int lo = min(j * per, chunks), hi = min(lo + per, chunks);
-	const uint4 *xv = (const uint4 *)x;
+	const uint4 *xv = NORM ? gemv_h : (const uint4 *)x;
 	/* Row o0 + r at w0 + roff[r] chunks (rows past the end: the last row):
 	 * one pointer and small offsets keep the kernel within 64 registers,
 	 * four blocks per multiprocessor. */
-	const uint4 *w0 = (const uint4 *)(w + (size_t)min(o0, out - 1) * in);
-	int roff[GEMV_ROWS];
+	int row[GEMV_ROWS], roff[GEMV_ROWS];
 	float acc[GEMV_ROWS];
 
 #pragma unroll
+	for (int r = 0; r < GEMV_ROWS; r++)
+		row[r] = SWIGLU ? min(q, out - 1) + r * out : min(o0 + r, out - 1);
+	const uint4 *w0 = (const uint4 *)(w + (size_t)row[0] * in);
+
+#pragma unroll
 	for (int r = 0; r < GEMV_ROWS; r++) {
-		roff[r] = (min(o0 + r, out - 1) - min(o0, out - 1)) * chunks;
+		roff[r] = (row[r] - row[0]) * chunks;
 		acc[r] = 0.0f;
 	}
 	int c = lo + lane;
 
+	if (NORM) {
+		const float *xf = (const float *)x;
+		uint16_t *h = (uint16_t *)gemv_h;
+
+#pragma unroll
+		for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				if (c + 32 * u < hi)
+					asm volatile("prefetch.global.L2 [%0];" ::"l"(w0 + roff[r] + c + 32 * u));
+		const float rs = rms_block(xf, in, eps);
+
+		for (int d = threadIdx.x; d < in; d += RMS_THREADS)
+			h[d] = rms_apply(xf[d], rs, norm_w[d]);
+		__syncthreads();
+	}
 	for (; c + 32 * (GEMV_UNROLL - 1) < hi; c += 32 * GEMV_UNROLL) {
 		uint4 wv[GEMV_ROWS][GEMV_UNROLL], xx[GEMV_UNROLL];
 
@@ -166,7 +204,7 @@ gemv_split_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int i
 #pragma unroll
 			for (int r = 0; r < GEMV_ROWS; r++)
 				wv[r][u] = __ldcs(w0 + roff[r] + c + 32 * u);
-			xx[u] = __ldg(xv + c + 32 * u);
+			xx[u] = NORM ? xv[c + 32 * u] : __ldg(xv + c + 32 * u);
 		}
 #pragma unroll
 		for (int u = 0; u < GEMV_UNROLL; u++)
@@ -175,7 +213,7 @@ gemv_split_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int i
 				acc[r] = dot8(wv[r][u], xx[u], acc[r]);
 	}
 	for (; c < hi; c += 32) {
-		const uint4 xx = __ldg(xv + c);
+		const uint4 xx = NORM ? xv[c] : __ldg(xv + c);
 
 #pragma unroll
 		for (int r = 0; r < GEMV_ROWS; r++)
@@ -186,7 +224,10 @@ gemv_split_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int i
 		for (int o = 16; o > 0; o >>= 1)
 			acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
 	if (ks == 1) {		/* uniform over the launch */
-		if (lane < GEMV_ROWS && o0 + lane < out) {
+		if (SWIGLU) {	/* every lane holds both sums after the tree */
+			if (lane == 0 && q < out)
+				((uint16_t *)y)[q] = swiglu_one(f2bf(acc[0]), f2bf(acc[1]));
+		} else if (lane < GEMV_ROWS && o0 + lane < out) {
 			float v = acc[0];
 
 #pragma unroll
@@ -202,7 +243,21 @@ gemv_split_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int i
 		for (int r = 0; r < GEMV_ROWS; r++)
 			part[warp][r] = acc[r];
 	__syncthreads();
-	if (threadIdx.x < groups * GEMV_ROWS) {
+	if (SWIGLU) {
+		if (threadIdx.x < groups) {
+			const int gg = threadIdx.x, qq = blockIdx.x * groups + gg;
+			float v[GEMV_ROWS];
+
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++) {
+				v[r] = part[gg * ks][r];
+				for (int jj = 1; jj < ks; jj++)	/* in order, as below */
+					v[r] += part[gg * ks + jj][r];
+			}
+			if (qq < out)
+				((uint16_t *)y)[qq] = swiglu_one(f2bf(v[0]), f2bf(v[1]));
+		}
+	} else if (threadIdx.x < groups * GEMV_ROWS) {
 		const int gg = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS;
 		const int o = (blockIdx.x * groups + gg) * GEMV_ROWS + r;
 		float v = part[gg * ks][r];
@@ -244,12 +299,85 @@ int kvmem_cuda_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x
 	}
 	const int ks = gemv_splits(c, in, out), rows = GEMV_WARPS / ks * GEMV_ROWS;
 
-	gemv_split_kernel<<<(out + rows - 1) / rows, 32 * GEMV_WARPS, 0, c->stream>>>(
-		y, mode, x, w, in, out, ks);
+	gemv_split_kernel<false, false><<<(out + rows - 1) / rows, 32 * GEMV_WARPS, 0, c->stream>>>(
+		y, mode, x, NULL, 0.0f, w, in, out, ks);
 	return kvmem_cuda_launched("gemv (split)");
 }
 
 int kvmem_cuda_gemv_check_ks(int ks)
 {
 	return ks == 0 || ks == 1 || ks == 2 || ks == 4 || ks == GEMV_MAX_KS;
+}
+
+/* ---- the fused ops of a decode step ----------------------------------------- */
+
+#define GEMV_H_MAX (48 << 10)	/* the normalised row in shared memory: bytes at most */
+
+static_assert(32 * GEMV_WARPS == RMS_THREADS, "the fused norm runs on the GEMV's block");
+static_assert(GEMV_ROWS == 2, "the fused SwiGLU pairs a gate row with an up row");
+
+/*
+ * Whether a call takes the fused kernel: "fuse" on, one row, and the
+ * one-row GEMM that the unfused ops would run being the split kernel
+ * (kvmem_cuda_gemm_bf16's conditions on in and the alignment of its input
+ * h and of w, "gemv" and "gemv_split" on), so that fused and unfused give
+ * the same bits; the row fits the shared memory; `rows` weight rows of in
+ * / 8 chunks keep the kernel's chunk offsets within an int.
+ */
+static int fused_ok(const kvmem_cuda_ctx *c, int n, int in, int rows, const uint16_t *w,
+		    const uint16_t *h)
+{
+	return c->fuse && n == 1 && !c->no_gemv && c->gemv_split && in % 8 == 0 &&
+	       !((uintptr_t)w & 15) && !((uintptr_t)h & 15) && (size_t)in * 2 <= GEMV_H_MAX &&
+	       (size_t)rows * (in / 8) <= INT_MAX;
+}
+
+int kvmem_cuda_norm_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const float *x,
+			      const uint16_t *norm_w, float eps, const uint16_t *w, uint16_t *h,
+			      int n, int in, int out)
+{
+	int rc;
+
+	if (n < 0 || in <= 0 || out <= 0 || mode < KVMEM_GEMM_BF16 || mode > KVMEM_GEMM_F32_ADD)
+		return kvmem_error(EINVAL, "rmsnorm + gemv: bad shape %d x %d -> %d or mode %d", n,
+				   in, out, mode);
+	if (!n)
+		return 0;
+	if (!fused_ok(c, n, in, out, w, h)) {
+		if ((rc = kvmem_cuda_rmsnorm_bf16(c, h, x, norm_w, n, in, eps)))
+			return rc;
+		return kvmem_cuda_gemm_bf16(c, y, mode, h, w, n, in, out);
+	}
+	const int ks = gemv_splits(c, in, out), rows = GEMV_WARPS / ks * GEMV_ROWS;
+
+	gemv_split_kernel<true, false><<<(out + rows - 1) / rows, 32 * GEMV_WARPS, in * 2,
+					 c->stream>>>(y, mode, x, norm_w, eps, w, in, out, ks);
+	return kvmem_cuda_launched("rmsnorm + gemv");
+}
+
+int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const float *x,
+				     const uint16_t *norm_w, float eps, const uint16_t *w,
+				     uint16_t *h, uint16_t *gu, int n, int in, int inter)
+{
+	int rc;
+
+	if (n < 0 || in <= 0 || inter <= 0 || inter > INT_MAX / 2)
+		return kvmem_error(EINVAL, "rmsnorm + gemv + swiglu: bad shape %d x %d -> 2 x %d", n,
+				   in, inter);
+	if (!n)
+		return 0;
+	if (!fused_ok(c, n, in, 2 * inter, w, h)) {
+		if ((rc = kvmem_cuda_rmsnorm_bf16(c, h, x, norm_w, n, in, eps)) ||
+		    (rc = kvmem_cuda_gemm_bf16(c, gu, KVMEM_GEMM_BF16, h, w, n, in, 2 * inter)))
+			return rc;
+		return kvmem_cuda_swiglu_bf16(c, act, gu, gu + inter, n, inter, 2 * inter);
+	}
+	/* The split of the unfused GEMM's shape (2 * inter rows), one gate
+	 * and one up row per warp group. */
+	const int ks = gemv_splits(c, in, 2 * inter), groups = GEMV_WARPS / ks;
+
+	gemv_split_kernel<true, true><<<(inter + groups - 1) / groups, 32 * GEMV_WARPS, in * 2,
+					c->stream>>>(act, KVMEM_GEMM_BF16, x, norm_w, eps, w, in,
+						     inter, ks);
+	return kvmem_cuda_launched("rmsnorm + gemv + swiglu");
 }

@@ -3,7 +3,9 @@
  * The cuda backend's forward pass (cuda.c holds the weights, create and
  * the ops table; cuda_view.c the views and place()). Per layer:
  *
- *   h = rmsnorm(x)              qkv = h.[Wq;Wk;Wv]   (one GEMM, bf16 out)
+ *   h = rmsnorm(x)              qkv = h.[Wq;Wk;Wv]   (one GEMM, bf16 out;
+ *                               one kernel with the norm in a decode step
+ *                               when "fuse" is on)
  *   q/k norm + rope             q normalised and rotated into b->q, k
  *                               normalised in place, raw q / raw K / V
  *                               copied out for the session (one kernel)
@@ -11,6 +13,8 @@
  *                               what place() does
  *   att = attention(q, view)    x += att.Wo
  *   h = rmsnorm(x)              gu = h.[Wgate;Wup]   x += swiglu(gu).Wdown
+ *                               (norm, gate|up and SwiGLU one kernel in a
+ *                               fused decode step, act written directly)
  *
  * The inputs of a call (token ids, positions, the key count, one scatter
  * item per layer) go up in one asynchronous copy into one device buffer.
@@ -165,8 +169,11 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 	uint16_t *qkv = b->fwd->qkv;
 	int rc;
 
-	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)) ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, qkv, KVMEM_GEMM_BF16, b->h, w->wq, n, H, ld)) ||
+	/* The norms go through the fused ops: one kernel for a decode step when
+	 * "fuse" is on, else rmsnorm then GEMM (then SwiGLU), with the same bits
+	 * either way (kernels/cuda/gemv.cu). */
+	if ((rc = kvmem_cuda_norm_gemv_bf16(b->ctx, qkv, KVMEM_GEMM_BF16, b->x, w->attn_norm,
+					    c->rms_eps, w->wq, b->h, n, H, ld)) ||
 	    (rc = kvmem_cuda_qk_norm_rope_bf16(b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads,
 					       c->n_kv_heads, D, c->rms_eps, p->pos, c->rope_theta,
 					       b->q, want_out ? b->oq + oq : NULL,
@@ -191,10 +198,8 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 	if (rc ||
 	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n, b->qw,
 				       H)) ||
-	    (rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->mlp_norm, n, H, c->rms_eps)) ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->gu, KVMEM_GEMM_BF16, b->h, w->w_gateup, n, H,
-				       2 * I)) ||
-	    (rc = kvmem_cuda_swiglu_bf16(b->ctx, b->act, b->gu, b->gu + I, n, I, 2 * I)) ||
+	    (rc = kvmem_cuda_norm_gemv_swiglu_bf16(b->ctx, b->act, b->x, w->mlp_norm, c->rms_eps,
+						   w->w_gateup, b->h, b->gu, n, H, I)) ||
 	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->act, w->w_down, n, I,
 				       H)))
 		return rc;
