@@ -11,7 +11,7 @@
  * are listed in Documentation/kernels.md. It prints one line per check and
  * closes with "N passed, N failed" (the bench prints its table instead).
  *
- *   kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--seed N]
+ *   kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--seed N]
  *     --quick   small shapes only (the compute-sanitizer runs)
  *     --bench   the timing table instead of the checks: copy rate, GEMM
  *               rate, attention, GEMMs of Qwen3-8B, selection, sampling,
@@ -21,6 +21,7 @@
  *     --gemv    the one-row GEMM's decode shapes alone: each kernel and
  *               split against the twin, then their times against the copy
  *               rate (check_gemv.c; tests/gpu/gemv_sweep.sh)
+ *     --fuse    decode's fused ops alone (check_fuse.c; tests/gpu/decode_fuse.sh)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -32,6 +33,7 @@
 
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
+#include "check_fuse.h"
 #include "check_gather.h"
 #include "check_gemv.h"
 #include "check_perf.h"
@@ -1011,7 +1013,7 @@ static void bench(void)
 
 int main(int argc, char **argv)
 {
-	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0;
+	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1025,10 +1027,12 @@ int main(int argc, char **argv)
 			only_gather = 1;	/* the gather kernel's checks alone */
 		else if (!strcmp(argv[i], "--gemv"))
 			only_gemv = 1;		/* the one-row GEMM's decode sweep alone */
+		else if (!strcmp(argv[i], "--fuse"))
+			only_fuse = 1;		/* decode's fused ops alone (check_fuse.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1052,6 +1056,8 @@ int main(int argc, char **argv)
 		check_gather();
 	} else if (only_gemv) {
 		gemv_sweep();
+	} else if (only_fuse) {
+		check_fuse();
 	} else if (do_profile) {
 		profile();
 	} else if (do_bench) {
@@ -1062,6 +1068,7 @@ int main(int argc, char **argv)
 		check_norms();
 		check_swiglu_add();
 		check_gemm();
+		check_fuse();
 		check_rope();
 		check_scatter();
 		check_gather();

@@ -1,0 +1,152 @@
+#!/bin/bash
+# Decode's fused ops (kernels/cuda/gemv.cu: RMSNorm fused into the qkv and
+# gate|up GEMVs, SwiGLU into gate|up's output) on the GPU machine: checked,
+# then the engine's decode speed with fusion off and on, then exactness.
+#
+#   tests/gpu/decode_fuse.sh [BUILD] [nosan]    BUILD: default build-gpu
+#
+# Run from the repository root with the bundle of tools/gpu/bundle.sh
+# (carry build-gpu/bundle.tar.xz; it is unpacked here).
+#
+# 1. kvmem_gpu_check --fuse (tests/gpu/check_fuse.c): each fused op against
+#    its twin at Qwen3-8B's decode shapes and odd ones, bit for bit against
+#    the unfused CUDA ops at every split (and that the fused kernel ran),
+#    then the two ops' times, unfused and fused.
+# 2. kvmem bench engine --backend cuda --prefill 4k --decode 4k,32k
+#    --decode-tokens 64 with KVMEM_CUDA_FUSE=0, then =1: the A/B.
+# 3. test_ws_session on cuda with KVMEM_CUDA_FUSE=1 (a session's logits
+#    bit for bit the full-context run's; graphs on).
+# 4. A generated tiny model: `kvmem run --backend cuda` greedy tokens with
+#    fusion off and on (the same), and --check-exact with fusion on.
+# 5. compute-sanitizer memcheck and racecheck over --fuse --quick (the
+#    fused kernels' shared memory); "nosan" skips them.
+#
+# Ends with "N passed, N failed": each check line of step 1 is one, each
+# other step one. Logs in $OUT/decode_fuse/ when OUT is set, else in a
+# temporary folder. About 90-150 s (the sanitizers about 40 of them).
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+B=${1:-build-gpu}
+san=${2:-}
+[ "$B" = nosan ] && { B=build-gpu; san=nosan; }
+log=${OUT:+$OUT/decode_fuse}
+log=${log:-$(mktemp -d /tmp/kvmem-fuse.XXXXXX)}
+mkdir -p "$log"
+export LD_LIBRARY_PATH=$PWD/$B/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=$PATH:/usr/local/cuda/bin
+export OMP_WAIT_POLICY=passive
+pass=0 fail=0
+t0=$(date +%s)
+ok() { echo "ok   $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+
+# The bundle is unpacked every time (a warm machine may hold an older one).
+[ -f "$B/bundle.tar.xz" ] && tar xJf "$B/bundle.tar.xz"
+G=$B/gpu/kvmem_gpu_check-static
+[ -x "$G" ] || G=$B/gpu/kvmem_gpu_check
+K=$B/kvmem
+for f in "$G" "$K" "$B/tests/test_ws_session"; do
+	if [ ! -x "$f" ]; then
+		echo "no $f (build it with tools/gpu/bundle.sh and carry build-gpu/bundle.tar.xz)"
+		echo "0 passed, 1 failed"
+		exit 1
+	fi
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null
+
+# 1. Each check line is "ok   ..." or "FAIL ..."; a program that exits
+# non-zero without a FAIL line crashed: one failure.
+echo "== kvmem_gpu_check --fuse"
+timeout 120 "$G" --fuse >"$log/fuse.log" 2>&1
+rc=$?
+grep -v 'passed, .* failed$' "$log/fuse.log"
+[ $rc -eq 0 ] || echo "(kvmem_gpu_check --fuse exited $rc)"
+n_ok=$(grep -c '^ok ' "$log/fuse.log")
+n_bad=$(grep -c '^FAIL ' "$log/fuse.log")
+[ $rc -ne 0 ] && [ "$n_bad" -eq 0 ] && n_bad=1
+pass=$((pass + n_ok)); fail=$((fail + n_bad))
+
+# 2. The A/B, in one run of this script: the same binary, the same seed.
+for f in 0 1; do
+	echo "== KVMEM_CUDA_FUSE=$f kvmem bench engine --backend cuda --prefill 4k --decode 4k,32k --decode-tokens 64"
+	if KVMEM_CUDA_FUSE=$f timeout 180 "$K" bench engine --backend cuda --prefill 4k \
+		--decode 4k,32k --decode-tokens 64 >"$log/bench$f.log" 2>&1; then
+		cat "$log/bench$f.log"
+		ok "bench engine, KVMEM_CUDA_FUSE=$f"
+	else
+		tail -20 "$log/bench$f.log"
+		bad "bench engine, KVMEM_CUDA_FUSE=$f"
+	fi
+done
+# decode rows: "context tokens tok/s roofline of-it%"
+awk 'FNR == 1 { f++; d = 0 } /^decode at/ { d = 1; next } d && NF == 5 && $1 ~ /^[0-9]+$/ {
+	t[f, $1] = $3; c[$1] = 1 }
+     END { for (k in c) if (t[1, k] && t[2, k])
+	printf "decode at %s: %.1f -> %.1f tok/s with fusion (%.3fx)\n", k, t[1, k], t[2, k],
+	       t[2, k] / t[1, k] }' "$log/bench0.log" "$log/bench1.log"
+
+# 3. Session exactness with the fused decode.
+echo "== KVMEM_CUDA_FUSE=1 KVMEM_TEST_BACKEND=cuda test_ws_session"
+if KVMEM_CUDA_FUSE=1 KVMEM_TEST_BACKEND=cuda timeout 240 "$B/tests/test_ws_session" \
+	>"$log/ws_session.log" 2>&1; then
+	ok "test_ws_session on cuda, fusion on ($(grep -c '^\[       OK' "$log/ws_session.log") cases)"
+else
+	bad "test_ws_session on cuda, fusion on:"
+	grep -E 'ERROR|FAILED|LINE|seed' "$log/ws_session.log" | head -20
+fi
+
+# 4. A whole model, fusion off and on: the same greedy tokens (the bits are
+# the same); the session against its full-context twin with fusion on.
+tmp=$(mktemp -d)
+"$K" generate --preset tiny --out "$tmp/m" >/dev/null
+{
+	echo '{"append_random": 700, "seed": 1}'
+	echo '{"decode": 24}'
+	echo '{"append_random": 300, "seed": 2}'
+	echo '{"decode": 24}'
+} >"$tmp/s.jsonl"
+for f in 0 1; do
+	KVMEM_CUDA_FUSE=$f timeout 60 "$K" run --backend cuda --model "$tmp/m" --script "$tmp/s.jsonl" \
+		>"$log/run$f.log" 2>&1
+	echo "exit $?" >>"$log/run$f.log"
+done
+if grep -q '^exit 0' "$log/run1.log" &&
+	cmp -s <(grep 'tokens:' "$log/run0.log") <(grep 'tokens:' "$log/run1.log") &&
+	grep -q 'tokens:' "$log/run1.log"; then
+	ok "kvmem run --backend cuda: the same greedy tokens with fusion off and on"
+else
+	bad "kvmem run --backend cuda, fusion off / on:"
+	diff <(grep 'tokens:\|exit' "$log/run0.log") <(grep 'tokens:\|exit' "$log/run1.log") | head
+fi
+if KVMEM_CUDA_FUSE=1 timeout 60 "$K" run --backend cuda --model "$tmp/m" --script "$tmp/s.jsonl" \
+	--check-exact >"$log/check_exact.log" 2>&1 && grep -q 'check-exact ok' "$log/check_exact.log"; then
+	ok "kvmem run --backend cuda --check-exact, fusion on"
+else
+	bad "kvmem run --backend cuda --check-exact, fusion on"
+	tail -5 "$log/check_exact.log"
+fi
+rm -rf "$tmp"
+
+# 5. The sanitizers on the small shapes.
+if [ "$san" != nosan ]; then
+	if command -v compute-sanitizer >/dev/null; then
+		for tool in memcheck racecheck; do
+			echo "== compute-sanitizer --tool $tool, --fuse --quick"
+			timeout 90 compute-sanitizer --tool $tool --error-exitcode 99 "$G" --fuse --quick \
+				>"$log/$tool.log" 2>&1
+			rc=$?
+			grep -E '^FAIL|^========= (ERROR|RACECHECK|Invalid|Race)|SUMMARY' "$log/$tool.log" | head -10
+			if [ $rc -eq 0 ]; then
+				ok "compute-sanitizer $tool: clean"
+			else
+				bad "compute-sanitizer $tool (exit $rc)"
+			fi
+		done
+	else
+		bad "compute-sanitizer not found"
+	fi
+fi
+
+echo "logs: $log; $(($(date +%s) - t0)) s"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
