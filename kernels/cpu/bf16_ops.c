@@ -36,8 +36,7 @@ int kvmem_convert_to_bf16(uint16_t *dst, const void *src, int src_dtype, size_t 
 {
 	switch (src_dtype) {
 	case KVMEM_DTYPE_F32:
-		for (size_t i = 0; i < n; i++)
-			dst[i] = kvmem_f32_to_bf16(((const float *)src)[i]);
+		kvmem_f32_to_bf16_n(dst, src, n);
 		return 0;
 	case KVMEM_DTYPE_BF16:
 		memmove(dst, src, n * sizeof(uint16_t));

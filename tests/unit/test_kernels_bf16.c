@@ -103,6 +103,35 @@ static void test_convert(void **state)
 	free(src);
 }
 
+/* The vectorised bulk rounding gives kvmem_f32_to_bf16's bits for every
+ * kind of value: random bit patterns (NaNs of both signs and any payload,
+ * infinities, subnormals, the rounding ties), at odd lengths and offsets. */
+static void test_f32_to_bf16_n(void **state)
+{
+	uint64_t r = rng_for("f32_to_bf16_n");
+	const uint32_t edge[] = { 0x7f800000u, 0xff800000u, 0x7f800001u, 0xffffffffu, 0x7fc00000u,
+				  0x00000001u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu };
+	size_t n = 4099;
+	float *f = xmalloc(4 * n);
+	uint16_t *out = xmalloc(2 * n + 2);
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u = i < sizeof(edge) / sizeof(edge[0]) ? edge[i] : (uint32_t)test_rng_next(&r);
+
+		memcpy(&f[i], &u, 4);
+	}
+	for (size_t off = 0; off < 3; off++) {
+		out[n - off] = 0xabcd;
+		kvmem_f32_to_bf16_n(out, f + off, n - off);
+		for (size_t i = 0; i < n - off; i++)
+			assert_int_equal(out[i], kvmem_f32_to_bf16(f[off + i]));
+		if (off)
+			assert_int_equal(out[n - off], 0xabcd);	/* nothing past n */
+	}
+	free(f);
+	free(out);
+}
+
 static void test_embedding(void **state)
 {
 	uint64_t r = rng_for("embedding");
@@ -769,6 +798,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_convert),
+		cmocka_unit_test(test_f32_to_bf16_n),
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_headnorm),

@@ -172,8 +172,7 @@ static int pack(const kvmem_place *it, int is_v, int H, int D, uint16_t *dst)
 			memcpy(o, (const uint16_t *)src + off, n * 2);
 			break;
 		case KVMEM_DTYPE_F32:
-			for (size_t i = 0; i < n; i++)
-				o[i] = kvmem_f32_to_bf16(((const float *)src)[off + i]);
+			kvmem_f32_to_bf16_n(o, (const float *)src + off, n);
 			break;
 		case KVMEM_DTYPE_F16:
 			for (size_t i = 0; i < n; i++)

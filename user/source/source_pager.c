@@ -101,8 +101,7 @@ static void put_row(const struct psrc *s, char *dst, const float *src, int n)
 {
 	switch (s->g->dtype) {
 	case KVMEM_DTYPE_BF16:
-		for (int i = 0; i < n; i++)
-			((uint16_t *)dst)[i] = kvmem_f32_to_bf16(src[i]);
+		kvmem_f32_to_bf16_n((uint16_t *)dst, src, (size_t)n);
 		break;
 	case KVMEM_DTYPE_F16:
 		for (int i = 0; i < n; i++)
