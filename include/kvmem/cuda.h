@@ -188,6 +188,22 @@ int kvmem_cuda_norm_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const float 
 int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const float *x,
 				     const uint16_t *norm_w, float eps, const uint16_t *w,
 				     uint16_t *h, uint16_t *gu, int n, int in, int inter);
+/*
+ * kvmem_cuda_qk_norm_rope_bf16, then kvmem_cuda_view_scatter_bf16 of the
+ * one device item `item` from qkv's K and V columns (stage_k = qkv +
+ * n_heads * head_dim, stage_v = stage_k + n_kv_heads * head_dim): what a
+ * forward pass does per layer. With "fuse" on and n == 1 one kernel does
+ * both, with their bits; it takes only the item's layer, slot and n (1: the
+ * token of this row; the strides are the row's, as the forward pass's item
+ * says).
+ */
+int kvmem_cuda_qk_norm_rope_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld,
+					 const uint16_t *q_norm, const uint16_t *k_norm, int n,
+					 int n_heads, int n_kv_heads, int head_dim, float eps,
+					 const int32_t *pos, double theta, uint16_t *q_out,
+					 uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out,
+					 uint16_t *view_k, uint16_t *view_v,
+					 const kvmem_scatter_item *item, int n_layers, int cap);
 /* token: one int32 on the device; rng: the uint64 RNG state on the device
  * (advanced there, so a captured decode graph samples from it); s: host. */
 int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits, int vocab,

@@ -14,7 +14,9 @@
  * bits (kvmem_cuda_rmsnorm_bf16, the split GEMV, kvmem_cuda_swiglu_bf16)
  * at the split the shape picks and at every forced one, and must leave the
  * scratch h and gu (poisoned) untouched: that is how the check knows the
- * fused kernel ran rather than the unfused fallback.
+ * fused kernel ran rather than the unfused fallback. The q/k norm + RoPE +
+ * view scatter kernel is defined as the two unfused ops and checked bit for
+ * bit against them (qkn_case).
  */
 #include <math.h>
 #include <stdio.h>
@@ -209,6 +211,69 @@ static void fuse_case(const struct fcase *f)
 	kvmem_cuda_free(dw);
 }
 
+/* ---- q/k norm + RoPE + the view scatter ---------------------------------------- */
+
+/*
+ * One token: the fused kernel against kvmem_cuda_qk_norm_rope_bf16 then
+ * kvmem_cuda_view_scatter_bf16 (each checked against its twins in check.c
+ * and check_perf.c) from the same random state, bit for bit in every
+ * output: qkv (K normalised in place), q rotated, raw q, raw K, V, and the
+ * whole view (its other slots random, so a stray write shows). slot 0:
+ * the item's slot is the token's position (the forward pass); 1: another
+ * slot; 2: a slot past the capacity (nothing written).
+ */
+static void qkn_case(int heads, int kvh, int hd, int slot_kind)
+{
+	const int L = 3, cap = 50, ld = (heads + 2 * kvh) * hd + 8;
+	const size_t qn = (size_t)heads * hd, kn = (size_t)kvh * hd, vn = (size_t)L * kvh * cap * hd;
+	uint16_t *qkv = rand_bf16(ld, -3, 3), *qw = rand_bf16(hd, 0.5, 1.5), *kw = rand_bf16(hd, 0.5, 1.5);
+	uint16_t *vk = rand_bf16(vn, -2, 2), *vv = rand_bf16(vn, -2, 2);
+	int32_t pos = slot_kind == 0 ? rint_in(0, cap - 1) : rint_in(0, 4000000);
+	kvmem_scatter_item it = { .layer = rint_in(0, L - 1), .n = 1, .tok_stride = ld, .src = 0,
+				  .head_stride = hd };
+	const size_t sizes[] = { 2 * (size_t)ld, 2 * qn, 2 * qn, 2 * kn, 2 * kn, 2 * vn, 2 * vn };
+	void *got[2][7];
+	size_t differ = 0, words = 0;
+	char what[120];
+
+	it.slot = slot_kind == 0 ? pos : slot_kind == 1 ? rint_in(0, cap - 1) : cap;
+	for (int on = 0; on < 2; on++) {
+		void *d[7] = { dput(qkv, sizes[0]), dpoison(sizes[1]), dpoison(sizes[2]), dpoison(sizes[3]),
+			       dpoison(sizes[4]), dput(vk, sizes[5]), dput(vv, sizes[6]) };
+		void *dqw = dput(qw, 2 * hd), *dkw = dput(kw, 2 * hd), *dpos = dput(&pos, 4);
+		void *dit = dput(&it, sizeof(it));
+
+		fuse_tune("fuse", on, NULL);
+		if (kvmem_cuda_qk_norm_rope_scatter_bf16(g_c, d[0], ld, dqw, dkw, 1, heads, kvh, hd, 1e-6f,
+							 dpos, 1e6, d[1], d[2], d[3], d[4], d[5], d[6],
+							 dit, L, cap))
+			die("q/k norm + rope + scatter");
+		for (int i = 0; i < 7; i++) {
+			got[on][i] = dget(d[i], sizes[i]);
+			kvmem_cuda_free(d[i]);
+		}
+		kvmem_cuda_free(dqw);
+		kvmem_cuda_free(dkw);
+		kvmem_cuda_free(dpos);
+		kvmem_cuda_free(dit);
+	}
+	for (int i = 0; i < 7; i++) {
+		for (size_t k = 0; k < sizes[i] / 2; k++)
+			differ += ((uint16_t *)got[0][i])[k] != ((uint16_t *)got[1][i])[k];
+		words += sizes[i] / 2;
+		free(got[0][i]);
+		free(got[1][i]);
+	}
+	snprintf(what, sizeof(what), "fuse qk norm+rope+scatter %d/%d x %d, %s", heads, kvh, hd,
+		 slot_kind == 0 ? "slot = position" : slot_kind == 1 ? "another slot" : "slot past the view");
+	report(!differ, "%-34s fused == unfused bits: %zu of %zu words differ", what, differ, words);
+	free(qkv);
+	free(qw);
+	free(kw);
+	free(vk);
+	free(vv);
+}
+
 /* ---- times -------------------------------------------------------------------- */
 
 struct frun {
@@ -306,6 +371,11 @@ void check_fuse(void)
 	fuse_tune("gemv_ks", 0, &saved[3]);
 	for (size_t i = g_quick ? 2 : 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		fuse_case(&cases[i]);
+	for (int k = 0; k < 3; k++) {
+		if (!g_quick)
+			qkn_case(32, 8, 128, k);
+		qkn_case(6, 2, 64, k);
+	}
 	if (!g_quick)
 		fuse_times();
 	fuse_tune("fuse", saved[0], NULL);

@@ -1,7 +1,9 @@
 #!/bin/bash
 # Decode's fused ops (kernels/cuda/gemv.cu: RMSNorm fused into the qkv and
-# gate|up GEMVs, SwiGLU into gate|up's output) on the GPU machine: checked,
-# then the engine's decode speed with fusion off and on, then exactness.
+# gate|up GEMVs, SwiGLU into gate|up's output; kernels/cuda/qkv.cu: the view
+# scatter of the new token inside the q/k norm + RoPE kernel) on the GPU
+# machine: checked, then the engine's decode speed with fusion off and on,
+# then exactness.
 #
 #   tests/gpu/decode_fuse.sh [BUILD] [nosan]    BUILD: default build-gpu
 #
@@ -10,8 +12,9 @@
 #
 # 1. kvmem_gpu_check --fuse (tests/gpu/check_fuse.c): each fused op against
 #    its twin at Qwen3-8B's decode shapes and odd ones, bit for bit against
-#    the unfused CUDA ops at every split (and that the fused kernel ran),
-#    then the two ops' times, unfused and fused.
+#    the unfused CUDA ops at every split (and that the fused kernel ran);
+#    the q/k norm + RoPE + scatter kernel bit for bit against the two
+#    unfused ops; then the two GEMV ops' times, unfused and fused.
 # 2. kvmem bench engine --backend cuda --prefill 4k --decode 4k,32k
 #    --decode-tokens 64 with KVMEM_CUDA_FUSE=0, then =1: the A/B.
 # 3. test_ws_session on cuda with KVMEM_CUDA_FUSE=1 (a session's logits

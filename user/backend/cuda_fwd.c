@@ -10,7 +10,8 @@
  *                               normalised in place, raw q / raw K / V
  *                               copied out for the session (one kernel)
  *   K, V scattered into the view: K rotated at its slot from raw K, exactly
- *                               what place() does
+ *                               what place() does (inside the q/k kernel in
+ *                               a fused decode step, the same bits)
  *   att = attention(q, view)    x += att.Wo
  *   h = rmsnorm(x)              gu = h.[Wgate;Wup]   x += swiglu(gu).Wdown
  *                               (norm, gate|up and SwiGLU one kernel in a
@@ -174,17 +175,16 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 	 * either way (kernels/cuda/gemv.cu). */
 	if ((rc = kvmem_cuda_norm_gemv_bf16(b->ctx, qkv, KVMEM_GEMM_BF16, b->x, w->attn_norm,
 					    c->rms_eps, w->wq, b->h, n, H, ld)) ||
-	    (rc = kvmem_cuda_qk_norm_rope_bf16(b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads,
-					       c->n_kv_heads, D, c->rms_eps, p->pos, c->rope_theta,
-					       b->q, want_out ? b->oq + oq : NULL,
-					       want_out ? b->ok + ok : NULL,
-					       want_out ? b->ov + ok : NULL)) ||
 	    /* The new tokens' K and V go into the view through the very
-	     * scatter place() uses, so K at a slot is always rotated the same
-	     * way: from qkv's K (normalised, not rotated) and V columns. */
-	    (rc = kvmem_cuda_view_scatter_bf16(b->ctx, v->k, v->v, qkv + b->qw, qkv + b->qw + b->kw,
-					       p->items + l, 1, c->n_layers, c->n_kv_heads, D,
-					       (int)v->cap, c->rope_theta)))
+	     * scatter place() uses (or, in a fused decode step, the same
+	     * rotation inside the q/k kernel), so K at a slot is always rotated
+	     * the same way: from qkv's K (normalised, not rotated) and V
+	     * columns. */
+	    (rc = kvmem_cuda_qk_norm_rope_scatter_bf16(
+		     b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
+		     c->rms_eps, p->pos, c->rope_theta, b->q, want_out ? b->oq + oq : NULL,
+		     want_out ? b->ok + ok : NULL, want_out ? b->ov + ok : NULL, v->k, v->v,
+		     p->items + l, c->n_layers, (int)v->cap)))
 		return rc;
 	if (n == 1 && decode_ok(b))
 		rc = kvmem_cuda_attention_decode_bf16(b->ctx, 0, b->att, b->q, p->pos, 1, v->k + l * vl,
