@@ -151,6 +151,7 @@ void kvmem_session_free(kvmem_session *s)
 {
 	if (!s)
 		return;
+	ws_stage_free(s);
 	ws_unregister(s);
 	kvmem_page_source_destroy(&s->own_src);
 	kvmem_blocks_free(&s->blocks);
@@ -206,8 +207,7 @@ static void keep_queries(kvmem_session *s, int n, int rows)
 	s->n_q = nq;
 }
 
-/* Write n new tokens' raw K / V to their pages, all layers. */
-static int store_pages(kvmem_session *s, int64_t p0, int n)
+int ws_store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const float *v)
 {
 	const size_t kw = (size_t)s->cfg.n_kv_heads * s->cfg.head_dim;
 	const int B = s->blocks.block;
@@ -218,8 +218,7 @@ static int store_pages(kvmem_session *s, int64_t p0, int n)
 			int t0 = (int)(p % B), m = B - t0 < n - j ? B - t0 : n - j;
 			size_t at = ((size_t)l * n + j) * kw;
 
-			if (s->src->ops->write(s->src->ctx, p / B, l, t0, m, s->raw_k + at,
-					       s->v + at))
+			if (s->src->ops->write(s->src->ctx, p / B, l, t0, m, k + at, v + at))
 				return kvmem_error_prefix("session: storing block %lld",
 							(long long)(p / B));
 			j += m;
@@ -253,7 +252,7 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 		return kvmem_error_prefix("session");
 	s->st.forwards++;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
-	if (store_pages(s, p0, n) || kvmem_index_append(&s->index, s->raw_k, n)) {
+	if (kvmem_index_append(&s->index, s->raw_k, n) || ws_stage_rows(s, p0, n)) {
 		/* The view holds tokens the history lacks. */
 		s->broken = 1;
 		return kvmem_fail();
@@ -327,11 +326,14 @@ int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int
 	for (int64_t i = 0; i < n;) {
 		int c = n - i < s->o.chunk ? (int)(n - i) : s->o.chunk;
 
-		if (run_tokens(s, tokens + i, c))
+		if (run_tokens(s, tokens + i, c)) {
+			ws_stage_drain(s);
 			return kvmem_fail();
+		}
 		i += c;
 	}
-	return 0;
+	/* The caller may read or commit the source now. */
+	return ws_stage_wait(s);
 }
 
 int kvmem_session_select(kvmem_session *s)

@@ -54,6 +54,9 @@ struct kvmem_session {
 	 * scores from then on. */
 	void *mirror;
 	int mirror_off;
+	/* A chunk's rows on their way to the source (stageout.c); NULL until
+	 * the first large chunk. raw_k/v above and its spare pair swap. */
+	struct ws_stage *stage;
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
@@ -78,6 +81,22 @@ const kvmem_score_device *ws_score_device(kvmem_session *s, kvmem_score_device *
 /* Lay out the whole view from the plan in force, sel_tokens and view_len
  * (a restored state): every slot rebuilt from the pages. */
 int ws_view_restore(kvmem_session *s);
+
+/* session.c: write n tokens' raw K / V rows ([L][n][H_kv][D]) to their
+ * pages, all layers. */
+int ws_store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const float *v);
+
+/* stageout.c: the rows of the forward just run (s->raw_k, s->v) to the
+ * source, on the stage-out thread for a large chunk (the session then
+ * holds the other buffer pair), else in line. */
+int ws_stage_rows(kvmem_session *s, int64_t p0, int n);
+/* Wait for the rows in flight: 0, or the write's error (the session is
+ * then broken). Before anything that reads or commits the source. */
+int ws_stage_wait(kvmem_session *s);
+/* The same, leaving the error state alone (after another failure). */
+void ws_stage_drain(kvmem_session *s);
+/* Wait, stop the thread, free its buffers. */
+void ws_stage_free(kvmem_session *s);
 
 /* adopt.c */
 int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n);

@@ -224,6 +224,9 @@ int ws_select(kvmem_session *s, int forced)
 	kvmem_score_device dev;
 	size_t need = (size_t)s->n_sets * (nb ? nb : 1);
 
+	/* The source is read below: the rows in flight first. */
+	if (ws_stage_wait(s))
+		return kvmem_fail();
 	if (nb == 0)
 		return 0;
 	if (s->o.tap && s->o.tap->begin)
