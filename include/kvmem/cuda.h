@@ -132,8 +132,10 @@ int kvmem_cuda_attention_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *
 /* One numbered version of the attention (1: one warp per query head, plain
  * loads, the simple reference; 2: the flash kernel above; 3: the same with
  * 128-row prefill tiles and 32-key decode tiles; 4: 128-row prefill tiles
- * of 4 warps with two 16-row m-tiles each, decode as 2), for the checks and
- * the benchmark. The main path's choice is in kernels/cuda/attention.cu. */
+ * of 4 warps with two 16-row m-tiles each, decode as 2; 5: decode shapes by
+ * a one-launch decode kernel, the split combine folded in, other shapes as
+ * 4), for the checks and the benchmark. The main path's choice is in
+ * kernels/cuda/attention.cu. */
 int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint16_t *out,
 				const uint16_t *q, const int32_t *q_pos, int n_q, const uint16_t *k,
 				const uint16_t *v, const int32_t *kv_pos, int n_kv, size_t kv_stride,

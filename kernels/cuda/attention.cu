@@ -44,6 +44,13 @@
  *    ncu saw ldmatrix the largest stall). Shared-memory addresses are
  *    computed once per thread and P goes to bf16 by one cvt per pair.
  *    255 registers, 104 bytes spilled, 2 blocks (8 warps) per SM.
+ *
+ * 5  a decode kernel (rows <= 16; other shapes run as v4): four warps per
+ *    (split, KV head) over a three-stage cp.async ring of 64-key stages,
+ *    each warp 16 keys of a stage for all the group's rows, the warps
+ *    merged in the block and the splits combined by the last block of each
+ *    KV head to finish, in split order (one launch, no combine kernel): see
+ *    dec_kernel().
  */
 #include <limits.h>
 #include <string.h>
@@ -615,6 +622,420 @@ combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
 	}
 }
 
+/*
+ * ---- version 5: the decode kernel ----------------------------------------
+ *
+ * Decode only (rows = queries x group <= 16). One block of DEC_WARPS warps
+ * per (split, KV head); the split's keys stream through a DEC_STAGES-deep
+ * cp.async ring of DEC_BN-key stages (K and V, 16-byte copies issued by all
+ * 128 threads, two stages in flight while the third is used), and each warp
+ * takes its own 16 keys of every stage against all 16 rows (the group's
+ * heads share each K/V read): S = Q K^T and O += P V by mma.sync as in the
+ * flash kernel, fp32 online softmax, P rounded to bf16. The warps' states
+ * are merged in warp order through shared memory, so a block writes one
+ * partial (o, max, sum). The combine is folded in: each block bumps its KV
+ * head's counter after its partial is visible, and the block that brings it
+ * to the split count (whichever it is) combines every split in split order
+ * (weights 2^(m_s - M), sums over splits in index order: the same bits
+ * whichever block arrives last), then sets the counter back to 0 for the
+ * next launch. One split writes the output directly. Two blocks per SM
+ * (107 KB of shared memory each at head_dim 128); the split target is two
+ * blocks per SM over the KV heads, the split rule decode_split()'s.
+ */
+#define DEC_BN 64	/* keys per stage, 16 per warp */
+#define DEC_WARPS 4
+#define DEC_STAGES 3
+#define DEC_CNT 1024	/* KV heads the context's counters cover */
+
+struct dec_args {
+	uint16_t *out;
+	const uint16_t *q, *k, *v;
+	const int32_t *q_pos, *kv_pos;
+	const int *n_kv_dev;	/* the key count on the device (capped at n_kv), or NULL */
+	int n_q, n_kv, n_heads, n_kv_heads, group, target;
+	long long kv_stride;
+	float scale_log2;	/* scale * log2(e) */
+	float *part_o, *part_m, *part_l;	/* [target][n_kv_heads][R] (x head_dim) */
+	unsigned *cnt;		/* [n_kv_heads] splits done; 0 between launches */
+};
+
+template <int HD> struct dec_cfg {
+	static constexpr int LD = HD + 8;	/* smem row stride (bf16): ldmatrix without bank conflicts */
+	static constexpr int CH = HD / 8;	/* 16-byte chunks per row */
+	static constexpr int THREADS = 32 * DEC_WARPS;
+	static constexpr size_t Q_BYTES = (size_t)16 * LD * 2;
+	static constexpr size_t STAGE_BYTES = (size_t)2 * DEC_BN * LD * 2;	/* K then V */
+	static constexpr size_t SMEM = Q_BYTES + DEC_STAGES * STAGE_BYTES + DEC_STAGES * DEC_BN * 4;
+	/* After the key loop, over the stages: the warps' o [WARPS][16][HD],
+	 * max and sum [WARPS][16], the combine's weights [16][COMBINE_MAX]
+	 * and 1 / sum [16] (floats). */
+	static constexpr size_t MERGE_BYTES =
+		((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16 + 16 * COMBINE_MAX + 16) * 4;
+	static_assert(MERGE_BYTES <= DEC_STAGES * STAGE_BYTES, "merge area over the stages");
+};
+
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid)
+{
+	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	int n = valid ? 4 : 0;
+
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+
+/* Four fp32 as four bf16 at dst (8-byte aligned). */
+__device__ __forceinline__ void store_bf4(uint16_t *dst, float4 x, float f)
+{
+	uint2 u;
+
+	u.x = pack_bf2(x.x * f, x.y * f);
+	u.y = pack_bf2(x.z * f, x.w * f);
+	*(uint2 *)dst = u;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_kernel(const dec_args a)
+{
+	typedef dec_cfg<HD> C;
+	extern __shared__ __align__(16) unsigned char smem_raw[];
+	uint16_t *sQ = (uint16_t *)smem_raw;
+	uint16_t *sKV = (uint16_t *)(smem_raw + C::Q_BYTES);	/* [STAGES][K, V][BN][LD] */
+	int *sP = (int *)(smem_raw + C::Q_BYTES + DEC_STAGES * C::STAGE_BYTES);	/* [STAGES][BN] */
+	__shared__ int s_last;
+
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+	const int G = a.group, R = a.n_q * G, kvh = blockIdx.y, split = blockIdx.x;
+	const int n_kv = max(0, a.n_kv_dev ? min(*a.n_kv_dev, a.n_kv) : a.n_kv);
+	int kps, splits;
+
+	decode_split(n_kv, DEC_BN, a.target, &kps, &splits);
+	if (splits < 1)
+		splits = 1;	/* no keys: one block writes the zeros */
+	if (split >= splits)
+		return;	/* the whole block: a graph's grid has the most splits */
+
+	int qmax = INT_MIN, qmin = INT_MAX;
+
+	for (int t = 0; t < a.n_q; t++) {
+		const int p = a.q_pos[t];
+
+		qmax = max(qmax, p);
+		qmin = min(qmin, p);
+	}
+	const int r_lo = gq, r_hi = gq + 8;
+	const int qp_lo = r_lo < R ? a.q_pos[r_lo / G] : INT_MIN;
+	const int qp_hi = r_hi < R ? a.q_pos[r_hi / G] : INT_MIN;
+	const int ks = split * kps;
+	int ke = min(n_kv, ks + kps);
+
+	if (!a.kv_pos)
+		ke = min(ke, qmax == INT_MAX ? qmax : qmax + 1);
+	const int n_tiles = ke > ks ? (ke - ks + DEC_BN - 1) / DEC_BN : 0;
+	const uint16_t *kh = a.k + (size_t)kvh * a.kv_stride * HD;
+	const uint16_t *vh = a.v + (size_t)kvh * a.kv_stride * HD;
+
+	/* Q (rows past R zero) joins the first stage's group. */
+	if (n_tiles > 0)
+		for (int c = tid; c < 16 * C::CH; c += C::THREADS) {
+			const int r = c / C::CH, cc = c % C::CH;
+			const bool ok = r < R;
+			const uint16_t *src = ok ? a.q + ((size_t)(r / G) * a.n_heads + kvh * G + r % G) * HD +
+						      cc * 8 : a.q;
+
+			cp_async16(sQ + r * C::LD + cc * 8, src, ok);
+		}
+	auto load_stage = [&](int i, int st) {
+		const int j0 = ks + i * DEC_BN;
+		uint16_t *dk = sKV + (size_t)st * 2 * DEC_BN * C::LD, *dv = dk + DEC_BN * C::LD;
+
+#pragma unroll 4
+		for (int c = tid; c < DEC_BN * C::CH; c += C::THREADS) {
+			const int r = c / C::CH, cc = c % C::CH;
+			const bool ok = j0 + r < ke;
+			const size_t off = (size_t)(j0 + r) * HD + cc * 8;
+
+			cp_async16(dk + r * C::LD + cc * 8, ok ? kh + off : a.k, ok);
+			cp_async16(dv + r * C::LD + cc * 8, ok ? vh + off : a.v, ok);
+		}
+		if (a.kv_pos)
+			for (int r = tid; r < DEC_BN; r += C::THREADS)
+				cp_async4(sP + st * DEC_BN + r, j0 + r < ke ? a.kv_pos + j0 + r : a.kv_pos,
+					  j0 + r < ke);
+	};
+#pragma unroll
+	for (int s = 0; s < DEC_STAGES - 1; s++) {
+		if (s < n_tiles)
+			load_stage(s, s);
+		cp_async_commit();	/* possibly empty: keeps the group count uniform */
+	}
+
+	/* ldmatrix lane addresses of this warp's 16 keys in stage 0 (see
+	 * flash_kernel: K as the B of Q K^T, V transposed as the B of P V). */
+	const int mi = lane >> 3, rr8 = lane & 7;
+	const uint32_t kvA = (uint32_t)__cvta_generic_to_shared(sKV) + warp * 16 * C::LD * 2;
+	const uint32_t kA = kvA + (((mi >> 1) * 8 + rr8) * C::LD + (mi & 1) * 8) * 2;
+	const uint32_t vA = kvA + DEC_BN * C::LD * 2 + (((mi & 1) * 8 + rr8) * C::LD + (mi >> 1) * 8) * 2;
+
+	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+	float o[HD / 8][4];
+	uint32_t qf[HD / 16][4];
+
+#pragma unroll
+	for (int dt = 0; dt < HD / 8; dt++)
+		o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+
+	for (int i = 0; i < n_tiles; i++) {
+		const int st = i % DEC_STAGES, j0 = ks + i * DEC_BN;
+		const uint32_t soff = (uint32_t)(st * C::STAGE_BYTES);
+
+		cp_async_wait<DEC_STAGES - 2>();	/* stage i (and Q) have landed */
+		__syncthreads();	/* ... for every thread; stage i - 1 is free */
+		if (i + DEC_STAGES - 1 < n_tiles)
+			load_stage(i + DEC_STAGES - 1, (i + DEC_STAGES - 1) % DEC_STAGES);
+		cp_async_commit();
+		if (i == 0) {
+#pragma unroll
+			for (int kk = 0; kk < HD / 16; kk++) {
+				const uint16_t *b = sQ + gq * C::LD + kk * 16 + 2 * t4;
+
+				qf[kk][0] = *(const uint32_t *)b;
+				qf[kk][1] = *(const uint32_t *)(b + 8 * C::LD);
+				qf[kk][2] = *(const uint32_t *)(b + 8);
+				qf[kk][3] = *(const uint32_t *)(b + 8 * C::LD + 8);
+			}
+		}
+
+		/* S = Q K^T: 16 rows x the warp's 16 keys. */
+		float s[2][4];
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+			s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+		for (int kk = 0; kk < HD / 16; kk++) {
+			uint32_t b[4];
+
+			ldsm_x4_u(b, kA + soff + kk * 16 * 2);
+			mma16816(s[0], qf[kk], b[0], b[1]);
+			mma16816(s[1], qf[kk], b[2], b[3]);
+		}
+
+		/* Scale (log2 units) and mask. */
+		const bool full = !a.kv_pos && j0 + DEC_BN <= ke && j0 + DEC_BN - 1 <= qmin;
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				float x_lo = s[nt][e] * a.scale_log2, x_hi = s[nt][2 + e] * a.scale_log2;
+
+				if (!full) {
+					const int jl = warp * 16 + nt * 8 + 2 * t4 + e, j = j0 + jl;
+					const int kp = a.kv_pos ? sP[st * DEC_BN + jl] : j;
+					const bool ok = j < ke;
+
+					if (!ok || kp > qp_lo)
+						x_lo = -INFINITY;
+					if (!ok || kp > qp_hi)
+						x_hi = -INFINITY;
+				}
+				s[nt][e] = x_lo;
+				s[nt][2 + e] = x_hi;
+			}
+
+		/* Online softmax: rows gq (lo) and gq + 8 (hi); a quad shares a row. */
+		{
+			float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+			float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+
+			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+			const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+			/* A row that has seen nothing yet subtracts 0: every p is 0. */
+			const float b_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
+			const float b_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+			const float al_lo = exp2f(m_lo - b_lo), al_hi = exp2f(m_hi - b_hi);
+			float rs_lo = 0.0f, rs_hi = 0.0f;
+
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) {
+				s[nt][0] = exp2f(s[nt][0] - b_lo);
+				s[nt][1] = exp2f(s[nt][1] - b_lo);
+				s[nt][2] = exp2f(s[nt][2] - b_hi);
+				s[nt][3] = exp2f(s[nt][3] - b_hi);
+				rs_lo += s[nt][0] + s[nt][1];
+				rs_hi += s[nt][2] + s[nt][3];
+			}
+			l_lo = l_lo * al_lo + rs_lo;
+			l_hi = l_hi * al_hi + rs_hi;
+			m_lo = mn_lo;
+			m_hi = mn_hi;
+#pragma unroll
+			for (int dt = 0; dt < HD / 8; dt++) {
+				o[dt][0] *= al_lo;
+				o[dt][1] *= al_lo;
+				o[dt][2] *= al_hi;
+				o[dt][3] *= al_hi;
+			}
+		}
+
+		/* O += P V over the warp's 16 keys: P from the S registers, V by
+		 * ldmatrix.trans. */
+		{
+			uint32_t pa[4];
+
+			pa[0] = pack_bf2(s[0][0], s[0][1]);
+			pa[1] = pack_bf2(s[0][2], s[0][3]);
+			pa[2] = pack_bf2(s[1][0], s[1][1]);
+			pa[3] = pack_bf2(s[1][2], s[1][3]);
+#pragma unroll
+			for (int dp = 0; dp < HD / 16; dp++) {
+				uint32_t b[4];
+
+				ldsm_x4_tu(b, vA + soff + dp * 16 * 2);
+				mma16816(o[2 * dp], pa, b[0], b[1]);
+				mma16816(o[2 * dp + 1], pa, b[2], b[3]);
+			}
+		}
+	}
+	cp_async_wait<0>();
+	__syncthreads();	/* the stages become the merge area */
+
+	float *mo = (float *)(smem_raw + C::Q_BYTES);	/* [WARPS][16][HD] */
+	float *mm = mo + DEC_WARPS * 16 * HD;	/* [WARPS][16] */
+	float *ml = mm + DEC_WARPS * 16;	/* [WARPS][16] */
+	float *sw = ml + DEC_WARPS * 16;	/* [16][COMBINE_MAX] */
+	float *sinv = sw + 16 * COMBINE_MAX;	/* [16] */
+
+	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+#pragma unroll
+	for (int dt = 0; dt < HD / 8; dt++) {
+		*(float2 *)(mo + (warp * 16 + r_lo) * HD + dt * 8 + 2 * t4) = make_float2(o[dt][0], o[dt][1]);
+		*(float2 *)(mo + (warp * 16 + r_hi) * HD + dt * 8 + 2 * t4) = make_float2(o[dt][2], o[dt][3]);
+	}
+	if (t4 == 0) {
+		mm[warp * 16 + r_lo] = m_lo;
+		mm[warp * 16 + r_hi] = m_hi;
+		ml[warp * 16 + r_lo] = l_lo;
+		ml[warp * 16 + r_hi] = l_hi;
+	}
+	__syncthreads();
+
+	/* The block's partial: the warps' states in warp order, four columns
+	 * per thread. */
+	const size_t rows_per_split = (size_t)a.n_kv_heads * R;
+	const size_t base = ((size_t)split * a.n_kv_heads + kvh) * R;
+
+	for (int e4 = tid; e4 < R * (HD / 4); e4 += C::THREADS) {
+		const int r = e4 / (HD / 4), d = (e4 % (HD / 4)) * 4;
+		float M = -INFINITY, L = 0.0f;
+		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+#pragma unroll
+		for (int w = 0; w < DEC_WARPS; w++)
+			M = fmaxf(M, mm[w * 16 + r]);
+#pragma unroll
+		for (int w = 0; w < DEC_WARPS; w++) {
+			const float mw = mm[w * 16 + r];
+			const float ws = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+			const float4 x = *(const float4 *)(mo + (w * 16 + r) * HD + d);
+
+			L += ws * ml[w * 16 + r];
+			acc.x += ws * x.x;
+			acc.y += ws * x.y;
+			acc.z += ws * x.z;
+			acc.w += ws * x.w;
+		}
+		if (splits == 1) {
+			store_bf4(a.out + ((size_t)(r / G) * a.n_heads + kvh * G + r % G) * HD + d, acc,
+				  L > 0.0f ? 1.0f / L : 0.0f);
+			continue;
+		}
+		*(float4 *)(a.part_o + (base + r) * HD + d) = acc;
+		if (d == 0) {
+			a.part_m[base + r] = M;
+			a.part_l[base + r] = L;
+		}
+	}
+	if (splits == 1)
+		return;
+
+	/* Publish the partial; the last of the head's splits to arrive combines. */
+	__threadfence();
+	__syncthreads();
+	if (tid == 0) {
+		const unsigned prev = atomicAdd(a.cnt + kvh, 1u);
+
+		s_last = prev == (unsigned)splits - 1;
+	}
+	__syncthreads();
+	if (!s_last)
+		return;
+	__threadfence();
+	if (tid == 0)
+		a.cnt[kvh] = 0;	/* every split has counted: ready for the next launch */
+
+	/* Each row's split weights 2^(m_s - M) and 1 / sum (a warp per row:
+	 * lanes over splits, then a fixed shuffle tree). */
+	for (int r = warp; r < R; r += DEC_WARPS) {
+		float mv[COMBINE_MAX / 32], M = -INFINITY, L = 0.0f;
+
+#pragma unroll
+		for (int i = 0; i < COMBINE_MAX / 32; i++) {
+			const int s = lane + 32 * i;
+
+			mv[i] = s < splits ? __ldcg(a.part_m + s * rows_per_split + kvh * R + r) : -INFINITY;
+			M = fmaxf(M, mv[i]);
+		}
+		for (int off = 16; off > 0; off >>= 1)
+			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+#pragma unroll
+		for (int i = 0; i < COMBINE_MAX / 32; i++) {
+			const int s = lane + 32 * i;
+			const float ws = mv[i] == -INFINITY ? 0.0f : exp2f(mv[i] - M);
+
+			sw[r * COMBINE_MAX + s] = ws;
+			if (ws != 0.0f)
+				L += ws * __ldcg(a.part_l + s * rows_per_split + kvh * R + r);
+		}
+		for (int off = 16; off > 0; off >>= 1)
+			L += __shfl_xor_sync(0xffffffffu, L, off);
+		if (lane == 0)
+			sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
+	}
+	__syncthreads();
+
+	/* The weighted sum over the splits in split order, 16 loads in flight. */
+	for (int e4 = tid; e4 < R * (HD / 4); e4 += C::THREADS) {
+		const int r = e4 / (HD / 4), d = (e4 % (HD / 4)) * 4;
+		const float *wr = sw + r * COMBINE_MAX;
+		const float4 *src = (const float4 *)(a.part_o + ((size_t)kvh * R + r) * HD + d);
+		const size_t step = rows_per_split * HD / 4;	/* float4s from one split to the next */
+		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+		for (int s0 = 0; s0 < splits; s0 += 16) {
+			float4 x[16];
+
+#pragma unroll
+			for (int j = 0; j < 16; j++)
+				x[j] = s0 + j < splits ? __ldcg(src + (size_t)(s0 + j) * step)
+						       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+			for (int j = 0; j < 16; j++) {
+				const float ws = s0 + j < splits ? wr[s0 + j] : 0.0f;
+
+				acc.x += ws * x[j].x;
+				acc.y += ws * x[j].y;
+				acc.z += ws * x[j].z;
+				acc.w += ws * x[j].w;
+			}
+		}
+		store_bf4(a.out + ((size_t)(r / G) * a.n_heads + kvh * G + r % G) * HD + d, acc, sinv[r]);
+	}
+}
+
 /* Raise the kernel's dynamic shared memory limit, once per device. Done
  * for every configuration when a context is made (kvmem_cuda_attention_
  * setup), so that no launch inside a stream capture has to. */
@@ -635,6 +1056,31 @@ template <int HD, int WM, int BN, int MT> static int flash_attr(kvmem_cuda_ctx *
 	return 0;
 }
 
+/* The same for the decode kernel (v5), with the most shared memory per
+ * SM preferred: two blocks of 107 KB at head_dim 128. */
+template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
+{
+	static int attr_set[64];
+
+	if (c->device < 64 && attr_set[c->device])
+		return 0;
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec_kernel<HD>,
+							 cudaFuncAttributeMaxDynamicSharedMemorySize,
+							 (int)dec_cfg<HD>::SMEM),
+				    "attention v5: shared memory"))
+		return rc;
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec_kernel<HD>,
+							 cudaFuncAttributePreferredSharedMemoryCarveout,
+							 (int)cudaSharedmemCarveoutMaxShared),
+				    "attention v5: shared memory carveout"))
+		return rc;
+	if (c->device < 64)
+		attr_set[c->device] = 1;
+	return 0;
+}
+
+/* Also the decode kernel's per-KV-head counters (zero; each launch leaves
+ * them zero), the context's own: two contexts' streams never share them. */
 extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 {
 	int rc;
@@ -643,8 +1089,20 @@ extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 	    (rc = flash_attr<128, 4, 64, 1>(c)) || (rc = flash_attr<128, 8, 64, 1>(c)) ||
 	    (rc = flash_attr<128, 4, 64, 2>(c)) || (rc = flash_attr<64, 1, 32, 1>(c)) ||
 	    (rc = flash_attr<64, 1, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 1>(c)) ||
-	    (rc = flash_attr<64, 8, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 2>(c)))
+	    (rc = flash_attr<64, 8, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 2>(c)) ||
+	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)))
 		return rc;
+	if (!c->att_cnt) {
+		void *p = NULL;
+
+		if ((rc = kvmem_cuda_err(cudaMalloc(&p, DEC_CNT * sizeof(unsigned)),
+					 "attention v5: counters")))
+			return rc;
+		c->att_cnt = (unsigned *)p;	/* freed with the context */
+		if ((rc = kvmem_cuda_err(cudaMemsetAsync(p, 0, DEC_CNT * sizeof(unsigned), c->stream),
+					 "attention v5: counters")))
+			return rc;
+	}
 	return 0;
 }
 
@@ -764,14 +1222,83 @@ static int flash(kvmem_cuda_ctx *c, flash_args a, int head_dim, int version, con
 		       : flash_launch<64, 4, 64, 1>(c, a, grid_z, splits);
 }
 
+/* The decode kernel's split target: two blocks per SM over the KV heads. */
+static int dec_target(const kvmem_cuda_ctx *c, int n_kv_heads)
+{
+	const long long want = (long long)c->sms * 2;
+	long long t = (want + n_kv_heads - 1) / n_kv_heads;
+
+	return (int)(t < 1 ? 1 : (t > COMBINE_MAX ? COMBINE_MAX : t));
+}
+
+/*
+ * Version 5 (decode shapes only): the keys split by decode_split() at the
+ * target above, one launch, the combine in the last block of each KV head.
+ * With n_kv_dev (a CUDA graph) the grid has `target` splits and those past
+ * the key count return at once; without it, the splits the key count
+ * needs. Scratch: the partials of `target` splits.
+ */
+static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const int *n_kv_dev)
+{
+	const int R = f.n_q * f.group;
+	dec_args a;
+	int kps, splits, grid, rc;
+	size_t rows_all, bytes;
+	void *p;
+
+	if (f.n_kv_heads > DEC_CNT)
+		return kvmem_error(ENOTSUP, "attention v5: %d KV heads (at most %d)", f.n_kv_heads,
+				   DEC_CNT);
+	if (!c->att_cnt)
+		return kvmem_error(EINVAL, "attention v5: the context has no counters");
+	memset(&a, 0, sizeof(a));
+	a.out = f.out;
+	a.q = f.q;
+	a.k = f.k;
+	a.v = f.v;
+	a.q_pos = f.q_pos;
+	a.kv_pos = f.kv_pos;
+	a.n_kv_dev = n_kv_dev;
+	a.n_q = f.n_q;
+	a.n_kv = f.n_kv;
+	a.n_heads = f.n_heads;
+	a.n_kv_heads = f.n_kv_heads;
+	a.group = f.group;
+	a.kv_stride = f.kv_stride;
+	a.scale_log2 = f.scale_log2;
+	a.cnt = c->att_cnt;
+	a.target = dec_target(c, f.n_kv_heads);
+	decode_split(f.n_kv, DEC_BN, a.target, &kps, &splits);
+	grid = n_kv_dev ? a.target : (splits > 0 ? splits : 1);
+	rows_all = (size_t)a.target * f.n_kv_heads * R;
+	bytes = rows_all * head_dim * sizeof(float) + 2 * kvmem_align_up(rows_all * sizeof(float), 256);
+	if (kvmem_cuda_scratch(c, bytes, &p))
+		return kvmem_error_prefix("attention v5");
+	a.part_o = (float *)p;
+	a.part_m = (float *)((char *)p + rows_all * head_dim * sizeof(float));
+	a.part_l = (float *)((char *)a.part_m + kvmem_align_up(rows_all * sizeof(float), 256));
+	if (head_dim == 128) {
+		if ((rc = dec_attr<128>(c)))
+			return rc;
+		dec_kernel<128><<<dim3(grid, f.n_kv_heads), dec_cfg<128>::THREADS, dec_cfg<128>::SMEM,
+				  c->stream>>>(a);
+	} else {
+		if ((rc = dec_attr<64>(c)))
+			return rc;
+		dec_kernel<64><<<dim3(grid, f.n_kv_heads), dec_cfg<64>::THREADS, dec_cfg<64>::SMEM,
+				 c->stream>>>(a);
+	}
+	return kvmem_cuda_launched("attention v5");
+}
+
 /* The flash arguments after the shape checks (versions 2 and 3). */
 static int flash_args_for(flash_args *a, int version, uint16_t *out, const uint16_t *q,
 			  const int32_t *q_pos, int n_q, const uint16_t *k, const uint16_t *v,
 			  const int32_t *kv_pos, int n_kv, size_t kv_stride, int n_heads,
 			  int n_kv_heads, int head_dim, float scale)
 {
-	if (version < 2 || version > 4)
-		return kvmem_error(EINVAL, "attention: no version %d (1 to 4)", version);
+	if (version < 2 || version > 5)
+		return kvmem_error(EINVAL, "attention: no version %d (1 to 5)", version);
 	if (head_dim != 64 && head_dim != 128)
 		return kvmem_error(ENOTSUP, "attention: head_dim %d (the flash kernel takes 64 or 128)",
 				   head_dim);
@@ -791,6 +1318,8 @@ static int flash_args_for(flash_args *a, int version, uint16_t *out, const uint1
 	a->scale_log2 = scale * 1.4426950408889634f;
 	return 0;
 }
+
+static int is_decode(int n_q, int n_heads, int n_kv_heads);
 
 static int bad_shape(int n_q, int n_kv, size_t kv_stride, int n_heads, int n_kv_heads,
 		     int head_dim)
@@ -825,9 +1354,13 @@ extern "C" int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint1
 			n_heads / n_kv_heads, head_dim, scale);
 		return kvmem_cuda_launched("attention v1");
 	}
+	if (version == 5 && !is_decode(n_q, n_heads, n_kv_heads))
+		version = 4;	/* v5 is a decode kernel: other shapes as v4 */
 	if ((rc = flash_args_for(&a, version, out, q, q_pos, n_q, k, v, kv_pos, n_kv, kv_stride,
 				 n_heads, n_kv_heads, head_dim, scale)))
 		return rc;
+	if (version == 5)
+		return decode5(c, a, head_dim, NULL);
 	return flash(c, a, head_dim, version, NULL);
 }
 
@@ -835,10 +1368,11 @@ extern "C" int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint1
  * The main path's versions. Decode (rows <= 16) takes one version whatever
  * the key count, so that a CUDA graph of a decode step (whose key count is
  * only known on the device) runs the very kernels of a plain call:
- * MAIN_DECODE. Prefill chunks take MAIN_PREFILL. KVMEM_CUDA_DECODE (2, 3)
- * and KVMEM_CUDA_PREFILL (2, 3, 4), read when a context is made, override
+ * MAIN_DECODE. Prefill chunks take MAIN_PREFILL. KVMEM_CUDA_DECODE (2, 3,
+ * 5) and KVMEM_CUDA_PREFILL (2, 3, 4), read when a context is made, override
  * them for comparisons. Measured on the H200: Documentation/benchmarks.md,
- * "CUDA kernels".
+ * "CUDA kernels". Decode v5 (one launch, combine folded in) stays off the
+ * main path until tests/gpu/attn_decode.sh has measured it against v2.
  */
 #define MAIN_DECODE 2	/* v3's 32-key tiles: the same decode rate (142 / 125 tok/s) */
 #define MAIN_PREFILL 4	/* bench engine 32K prefill 15.3k tok/s, v2 12.2k (2026-11-30) */
@@ -877,8 +1411,16 @@ extern "C" size_t kvmem_cuda_attention_scratch(const kvmem_cuda_ctx *c, int n_q,
 
 	if (!is_decode(n_q, n_heads, n_kv_heads) || head_dim <= 0)
 		return 0;
-	rows = (size_t)decode_target(c, main_decode(c) == 3 ? 32 : 64, n_kv_heads) * n_kv_heads * n_q *
-	       (n_heads / n_kv_heads);
+	/* The most any decode version takes (v3's 32-key tiles split the most),
+	 * so that a change of version (KVMEM_CUDA_DECODE, a check) needs no
+	 * more than was reserved. */
+	int t = decode_target(c, 32, n_kv_heads);
+
+	if (decode_target(c, 64, n_kv_heads) > t)
+		t = decode_target(c, 64, n_kv_heads);
+	if (dec_target(c, n_kv_heads) > t)
+		t = dec_target(c, n_kv_heads);
+	rows = (size_t)t * n_kv_heads * n_q * (n_heads / n_kv_heads);
 	return rows * head_dim * sizeof(float) + 2 * kvmem_align_up(rows * sizeof(float), 256);
 }
 
@@ -904,5 +1446,7 @@ extern "C" int kvmem_cuda_attention_decode_bf16(kvmem_cuda_ctx *c, int version, 
 	if ((rc = flash_args_for(&a, version, out, q, q_pos, n_q, k, v, NULL, max_kv, kv_stride,
 				 n_heads, n_kv_heads, head_dim, scale)))
 		return rc;
+	if (version == 5)
+		return decode5(c, a, head_dim, n_kv_dev);
 	return flash(c, a, head_dim, version, n_kv_dev);
 }

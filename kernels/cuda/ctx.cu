@@ -69,11 +69,11 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		e = getenv("KVMEM_CUDA_FUSE");
 		c->fuse = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : KVMEM_CUDA_FUSE_DEFAULT;
 		/* The main path's attention versions, for comparisons: prefill 2
-		 * or 4, decode 2 or 3 (0: attention.cu's choice). */
+		 * or 4, decode 2, 3 or 5 (0: attention.cu's choice). */
 		e = getenv("KVMEM_CUDA_PREFILL");
 		c->att_prefill = e && (!strcmp(e, "2") || !strcmp(e, "3") || !strcmp(e, "4")) ? e[0] - '0' : 0;
 		e = getenv("KVMEM_CUDA_DECODE");
-		c->att_decode = e && (!strcmp(e, "2") || !strcmp(e, "3")) ? e[0] - '0' : 0;
+		c->att_decode = e && (!strcmp(e, "2") || !strcmp(e, "3") || !strcmp(e, "5")) ? e[0] - '0' : 0;
 	}
 	if ((rc = kvmem_cuda_err(cudaSetDevice(device), "selecting the device")) ||
 	    (rc = kvmem_cuda_err(cudaGetDeviceProperties(&p, device), "reading the device")))
@@ -123,6 +123,7 @@ void kvmem_cuda_ctx_destroy(kvmem_cuda_ctx *c)
 		cublasLtDestroy(c->lt);
 	cudaFree(c->lt_ws);
 	cudaFree(c->scratch);
+	cudaFree(c->att_cnt);
 	if (c->stream)
 		cudaStreamDestroy(c->stream);
 	cudaGetLastError();
