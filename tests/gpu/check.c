@@ -22,6 +22,8 @@
  *               split against the twin, then their times against the copy
  *               rate (check_gemv.c; tests/gpu/gemv_sweep.sh)
  *     --fuse    decode's fused ops alone (check_fuse.c; tests/gpu/decode_fuse.sh)
+ *     --attn-decode  decode attention alone: every version against the twin,
+ *               then their times (check_attn_decode.c; tests/gpu/attn_decode.sh)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -33,6 +35,7 @@
 
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
+#include "check_attn_decode.h"
 #include "check_fuse.h"
 #include "check_gather.h"
 #include "check_gemv.h"
@@ -1014,6 +1017,7 @@ static void bench(void)
 int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
+	int only_attn_decode = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1029,10 +1033,12 @@ int main(int argc, char **argv)
 			only_gemv = 1;		/* the one-row GEMM's decode sweep alone */
 		else if (!strcmp(argv[i], "--fuse"))
 			only_fuse = 1;		/* decode's fused ops alone (check_fuse.c) */
+		else if (!strcmp(argv[i], "--attn-decode"))
+			only_attn_decode = 1;	/* decode attention alone (check_attn_decode.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1058,6 +1064,8 @@ int main(int argc, char **argv)
 		gemv_sweep();
 	} else if (only_fuse) {
 		check_fuse();
+	} else if (only_attn_decode) {
+		attn_decode_sweep();
 	} else if (do_profile) {
 		profile();
 	} else if (do_bench) {
@@ -1073,6 +1081,7 @@ int main(int argc, char **argv)
 		check_scatter();
 		check_gather();
 		check_attention();
+		check_attn_decode();
 		check_perf();
 		check_sample();
 		check_scores();

@@ -1,0 +1,135 @@
+#!/bin/bash
+# Decode attention (kernels/cuda/attention.cu) on the GPU machine: the old
+# kernel (v2: the flash kernel, split-K, a second kernel to combine) against
+# the new one (v5: one launch, four warps per split over a three-stage
+# cp.async ring, the combine done by the last block of each KV head), checked
+# and timed in one run.
+#
+#   tests/gpu/attn_decode.sh [BUILD] [nosan]    BUILD: default build-gpu
+#
+# Run from the repository root with the bundle of tools/gpu/bundle.sh
+# (carry build-gpu/bundle.tar.xz; it is unpacked here), or with a build
+# folder that has gpu/kvmem_gpu_check[-static] and kvmem.
+#
+# 1. kvmem_gpu_check --attn-decode (tests/gpu/check_attn_decode.c): decode
+#    v2, v3 and v5 against the CPU twin on fresh random inputs (1, 7, 100,
+#    4096, 4097, 32768, 32771 keys at odd capacities; GQA 4, 8 and 1;
+#    head_dim 64 and 128; 1 to 4 queries; shuffled key positions) within
+#    Documentation/kernels.md's tolerance and a relative L2 error under
+#    1e-2; each bit for bit itself run again and with the key count on the
+#    device over a view of another capacity; v5 in a graph of 4 layers'
+#    launches replayed at 8 key counts bit for bit the plain calls; v5 20
+#    times at 32768 keys, the same bits. Then each version's time per layer
+#    in a graph of 36 launches over 36 layers' K/V (Qwen3-8B: 32/8 heads,
+#    head_dim 128, a view of 131072 slots) at 4096, 32768 and 131072 keys,
+#    and as single launches, in microseconds and as a fraction of the byte
+#    floor (K + V bytes at the copy rate measured in the same run); the
+#    graphs' outputs checked bit for bit against plain calls and, at 131072
+#    keys, against the twin.
+# 2. kvmem bench engine --backend cuda --prefill 4k --decode 4k,32k
+#    --decode-tokens 64 with KVMEM_CUDA_DECODE=2, then =5 (each run is one
+#    check: it must finish), and the decode rates side by side.
+# 3. compute-sanitizer memcheck and racecheck over --attn-decode --quick
+#    (small shapes, every version, the graph); "nosan" skips them.
+#
+# Ends with "N passed, N failed": each check line of step 1 is one, each
+# engine run and each sanitizer run is one. Logs in $OUT/attn_decode/ when
+# OUT is set (the run tool's folder), else in a temporary folder. About
+# 100 s.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+B=${1:-build-gpu}
+san=${2:-}
+[ "$B" = nosan ] && { B=build-gpu; san=nosan; }
+log=${OUT:+$OUT/attn_decode}
+log=${log:-$(mktemp -d /tmp/kvmem-attn-decode.XXXXXX)}
+mkdir -p "$log"
+export LD_LIBRARY_PATH=$PWD/$B/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=$PATH:/usr/local/cuda/bin
+export OMP_WAIT_POLICY=passive
+pass=0 fail=0
+t0=$(date +%s)
+OLD=2 NEW=5
+
+# The bundle is unpacked every time (a warm machine may hold an older one).
+[ -f "$B/bundle.tar.xz" ] && tar xJf "$B/bundle.tar.xz"
+G=$B/gpu/kvmem_gpu_check-static
+[ -x "$G" ] || G=$B/gpu/kvmem_gpu_check
+K=$B/kvmem
+if [ ! -x "$G" ]; then
+	echo "no check program in $B/gpu (build it with tools/gpu/bundle.sh and carry" \
+		"build-gpu/bundle.tar.xz, or make BUILD=$B gpu-check-static)"
+	echo "0 passed, 1 failed"
+	exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null
+
+# Each check line is "ok   ..." or "FAIL ..."; a program that exits
+# non-zero without a FAIL line crashed: one failure.
+count() { # log file, exit code
+	local ok bad
+	ok=$(grep -c '^ok ' "$1")
+	bad=$(grep -c '^FAIL ' "$1")
+	if [ "$2" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
+	pass=$((pass + ok)); fail=$((fail + bad))
+}
+
+echo "== kvmem_gpu_check --attn-decode"
+timeout 150 "$G" --attn-decode >"$log/check.log" 2>&1
+rc=$?
+grep -v 'passed, .* failed$' "$log/check.log" | cut -c1-200
+[ $rc -eq 0 ] || echo "(kvmem_gpu_check --attn-decode exited $rc)"
+count "$log/check.log" $rc
+echo "($(($(date +%s) - t0)) s)"
+
+# The decode table of bench engine: "context tokens tok/s roofline of-it".
+decode_rows() {
+	awk '/^decode at/ { d = 1; next } d && $1 ~ /^[0-9]+$/ { print $1, $3, $4, $5 }' "$1"
+}
+if [ -x "$K" ]; then
+	for ver in $OLD $NEW; do
+		echo "== KVMEM_CUDA_DECODE=$ver $K bench engine --backend cuda --prefill 4k --decode 4k,32k --decode-tokens 64"
+		KVMEM_CUDA_DECODE=$ver timeout 120 "$K" bench engine --backend cuda --prefill 4k \
+			--decode 4k,32k --decode-tokens 64 >"$log/engine_v$ver.log" 2>&1
+		rc=$?
+		grep -E '^(machine|ceilings|decode:|prefill|decode at|[0-9])' "$log/engine_v$ver.log"
+		if [ $rc -eq 0 ] && [ -n "$(decode_rows "$log/engine_v$ver.log")" ]; then
+			pass=$((pass + 1)); echo "ok   bench engine, decode v$ver"
+		else
+			fail=$((fail + 1)); echo "FAIL bench engine, decode v$ver (exit $rc)"
+			tail -5 "$log/engine_v$ver.log"
+		fi
+	done
+	echo "== decode tokens/s, v$OLD against v$NEW (the same build, the same run)"
+	printf '%-10s %12s %12s %9s %10s %12s\n' context "v$OLD tok/s" "v$NEW tok/s" speedup roofline \
+		"v$NEW of it"
+	join <(decode_rows "$log/engine_v$OLD.log" | sort) <(decode_rows "$log/engine_v$NEW.log" | sort) |
+		sort -n | awk '{ printf "%-10s %12s %12s %9.3f %10s %12s\n", $1, $2, $5, $5 / $2, $6, $7 }'
+else
+	fail=$((fail + 1)); echo "FAIL no $K: the engine A/B was not run"
+fi
+echo "($(($(date +%s) - t0)) s)"
+
+if [ "$san" != nosan ]; then
+	if command -v compute-sanitizer >/dev/null; then
+		for tool in memcheck racecheck; do
+			echo "== compute-sanitizer --tool $tool, --attn-decode --quick"
+			timeout 90 compute-sanitizer --tool $tool --error-exitcode 99 "$G" --attn-decode --quick \
+				>"$log/$tool.log" 2>&1
+			rc=$?
+			grep -E '^FAIL|^========= (ERROR|RACECHECK|Invalid|Race)|SUMMARY' "$log/$tool.log" | head -10
+			if [ $rc -eq 0 ]; then
+				pass=$((pass + 1)); echo "ok   compute-sanitizer $tool: clean"
+			else
+				fail=$((fail + 1)); echo "FAIL compute-sanitizer $tool (exit $rc)"
+			fi
+		done
+	else
+		echo "FAIL compute-sanitizer not found"
+		fail=$((fail + 1))
+	fi
+fi
+
+echo "logs: $log; $(($(date +%s) - t0)) s"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
