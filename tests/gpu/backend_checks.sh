@@ -35,6 +35,14 @@ for g in "${KVMEM_CUDA_GRAPH:-1}" 0; do
 		grep -E 'ERROR|FAILED|LINE|seed' "$out/ws_session$g.log" | head -20
 	fi
 done
+# forward outputs: only the last q_last tokens' queries, bit for bit the
+# rows of a full download (the 2D copy and the graph path)
+if KVMEM_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_fwd_qlast >"$out/fwd_qlast.log" 2>&1; then
+	ok "test_fwd_qlast on cuda ($(grep -c '^\[       OK' "$out/fwd_qlast.log") cases)"
+else
+	bad "test_fwd_qlast on cuda:"
+	grep -E 'ERROR|FAILED|LINE|seed' "$out/fwd_qlast.log" | head -20
+fi
 # 2. the oracle
 if timeout 150 python3 tests/oracle/oracle.py --backend cuda --kvmem "$K" >"$out/oracle.log" 2>&1; then
 	ok "oracle --backend cuda"

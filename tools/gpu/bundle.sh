@@ -13,11 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # The CLI, the backend-parametrised unit tests, and the ops' check program
 # when tests/gpu/ has one.
-targets="cli build-gpu/tests/test_ws_session"
+targets="cli build-gpu/tests/test_ws_session build-gpu/tests/test_fwd_qlast"
 ls tests/gpu/*.c >/dev/null 2>&1 && targets="$targets gpu-check"
 make --no-print-directory BUILD=build-gpu -j"$(nproc)" $targets >/dev/null
 mkdir -p build-gpu/lib
-bins=(build-gpu/kvmem build-gpu/tests/test_ws_session)
+bins=(build-gpu/kvmem build-gpu/tests/test_ws_session build-gpu/tests/test_fwd_qlast)
 [ -x build-gpu/gpu/kvmem_gpu_check ] && bins+=(build-gpu/gpu/kvmem_gpu_check)
 for b in "${bins[@]}"; do
 	[ -x "$b" ] && [ -f "$b" ] || continue
