@@ -172,6 +172,8 @@ typedef struct kvmem_pager_opts {
 	const char *policy;	/* "lru" (default), "lfu", "score" */
 	uint64_t stage_bytes;	/* stage-out in-flight buffer; 0: 32 MiB; at least 2 extents */
 	uint32_t queue_depth;	/* io_uring entries; 0: 64 */
+	uint32_t max_read;	/* largest read request in bytes (runs of pages
+				 * are cut there, at least one page); 0: 8 MiB */
 	int flags;		/* KVMEM_PAGER_* */
 	/* Called at each step boundary, e.g. to kvmem_pager_prefetch() pages for
 	 * the next step. May be NULL. */

@@ -75,7 +75,8 @@ struct opts {
 	int layers, mem_layers, steps, question, decode, chunk, only, keep, host_scoring;
 	int64_t tokens, view, remat, prefill, memory[MAX_LIST];
 	int n_memory;
-	uint64_t coldin, gpu_mem, host_cap, seed, index_mem;
+	uint64_t coldin, gpu_mem, host_cap, seed, index_mem, read_size;
+	int queue_depth;
 };
 
 static void usage(FILE *f)
@@ -105,6 +106,10 @@ static void usage(FILE *f)
 		"  --decode N         tokens decoded for the decode figures (default 32)\n"
 		"  --remat N          tokens of pages placed in the remat phase (default 16k)\n"
 		"  --coldin SIZE      bytes of pages read cold (default 2G)\n"
+		"  --read-size SIZE   the pager's largest read in the coldin phase (default\n"
+		"                     the pager's, 8M)\n"
+		"  --queue-depth N    the pager's io_uring entries in the coldin phase (default\n"
+		"                     the pager's, 64)\n"
 		"  --prefill N        tokens prefilled in the stageout phase (default 16k)\n"
 		"  --chunk N          prefill chunk (default 1024)\n"
 		"  --memory LIST      workspace sizes for the memory phase (default 256k,4M)\n"
@@ -188,6 +193,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "model", required_argument, NULL, 'T' },
 		{ "index-mem", required_argument, NULL, 'I' },
 		{ "host-scoring", no_argument, NULL, 'A' },
+		{ "read-size", required_argument, NULL, 'R' },
+		{ "queue-depth", required_argument, NULL, 'Q' },
 		{ "help", no_argument, NULL, 'h' },	     { 0 },
 	};
 	int c;
@@ -221,6 +228,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'd': o->dir = optarg; break;
 		case 'k': o->keep = 1; break;
 		case 'A': o->host_scoring = 1; break;
+		case 'R': bad = cli_parse_size(WHO, name, optarg, 4096, 1ull << 30, &o->read_size); break;
+		case 'Q': bad = cli_parse_int(WHO, name, optarg, 1, 4096, &o->queue_depth); break;
 		case 'I': bad = cli_parse_size(WHO, name, optarg, 1, 1ull << 50, &o->index_mem); break;
 		case 'L': bad = cli_parse_int(WHO, name, optarg, 1, 1024, &o->layers); break;
 		case 'M': bad = cli_parse_int(WHO, name, optarg, 1, 1024, &o->mem_layers); break;
@@ -665,6 +674,10 @@ static int ph_coldin(struct ctx *x)
 	stride = kvmem_page_stride(&g);
 	kvmem_pager_opts_default(&po);
 	po.host_cap = (uint64_t)np * stride + (64ull << 20);
+	if (x->o.read_size)
+		po.max_read = (uint32_t)x->o.read_size;
+	if (x->o.queue_depth)
+		po.queue_depth = (uint32_t)x->o.queue_depth;
 	if (kvmem_pager_open(dir, &g, &po, &p) < 0)
 		goto out;
 	kvmem_hostpool_region(kvmem_pager_hostpool(p), &base, &len);
@@ -709,10 +722,12 @@ static int ph_coldin(struct ctx *x)
 	t = cli_now_s() - t0;
 	place_delta(x, &a, &d);
 	printf("\ncold page-in, NVMe -> view slots: %" PRId64 " pages (%.2f GB, workspace written in "
-	       "%.1f s) through the pager (O_DIRECT into the %s host pool, then the %s)\n"
+	       "%.1f s) through the pager (O_DIRECT reads of up to %u KiB, %u entries, into the %s "
+	       "host pool, then the %s)\n"
 	       "  page-in %.2f GB/s   O_DIRECT sequential read of the same file %.2f GB/s   "
 	       "ratio %.2f\n  (place() %.0f ms of the %.0f ms, %" PRIu64 " calls)\n", np,
-	       (double)np * stride / 1e9, made, reg ? "registered" : "unregistered",
+	       (double)np * stride / 1e9, made, po.max_read >> 10, po.queue_depth,
+	       reg ? "registered" : "unregistered",
 	       reg ? "gather from it" : "staging copy", gbps((double)np * stride, t),
 	       seq > 0 ? seq / 1e9 : 0, seq > 0 ? (double)np * stride / t / seq : 0, d.ns / 1e6,
 	       t * 1e3, d.calls);

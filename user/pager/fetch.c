@@ -14,7 +14,6 @@
 #include "pager/pager_int.h"
 #include "pager/probes.h"
 
-#define MAX_IO (8u << 20)	/* largest single read request */
 
 static int slot_busy(void *arg, uint32_t s)
 {
@@ -161,7 +160,7 @@ static size_t start_reads(kvmem_pager *p, const uint64_t *pages, size_t n, int p
 		uint32_t first, got;
 		struct io_req *r;
 
-		while (j < n && pages[j] == pages[j - 1] + 1 && (j - i + 1) * p->page_stride <= MAX_IO)
+		while (j < n && pages[j] == pages[j - 1] + 1 && (j - i + 1) * p->page_stride <= p->max_read)
 			j++;
 		got = kvmem_hostpool_alloc_run(p->pool, j - i, &first);
 		if (!got)

@@ -22,6 +22,7 @@
 #define DEFAULT_CAP (256ull << 20)
 #define DEFAULT_STAGE (32ull << 20)
 #define DEFAULT_DEPTH 64u
+#define DEFAULT_MAX_READ (8u << 20)	/* largest single read request */
 
 void kvmem_pager_opts_default(kvmem_pager_opts *o)
 {
@@ -31,6 +32,7 @@ void kvmem_pager_opts_default(kvmem_pager_opts *o)
 	o->policy = "lru";
 	o->stage_bytes = DEFAULT_STAGE;
 	o->queue_depth = DEFAULT_DEPTH;
+	o->max_read = DEFAULT_MAX_READ;
 }
 
 static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
@@ -58,6 +60,7 @@ static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 	p->repl_st = p->repl->create(n, p->g.n_layers);
 	if (!p->repl_st)
 		return kvmem_error(ENOMEM, "%s: out of memory for the replacement policy", p->dir);
+	p->max_read = o->max_read ? o->max_read : DEFAULT_MAX_READ;
 	if (io_init(&p->io, o->queue_depth ? o->queue_depth : DEFAULT_DEPTH) < 0)
 		return kvmem_error_prefix("%s", p->dir);
 	kvmem_hostpool_region(p->pool, &bases[nreg], &lens[nreg]);

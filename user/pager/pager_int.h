@@ -165,6 +165,7 @@ struct kvmem_pager {
 	kvmem_page_geom g;
 	size_t page_bytes, page_stride, extent_bytes, tail_slot_bytes, sums_rec;
 	int flags, rdonly, direct, warned_direct;
+	size_t max_read;		/* opts.max_read resolved */
 	int dirfd, fd_pages, fd_tokens, fd_index, fd_sums, fd_tail;
 	int fd_lock;			/* the writer's lock (-1 read-only) */
 
