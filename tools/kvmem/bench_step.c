@@ -606,10 +606,10 @@ out:
 }
 
 /* ---- O_DIRECT sequential read (the peer of cold page-in) ------------------- */
-static double seq_read(const char *path, uint64_t size)
+/* An O_DIRECT sequential read of path's first size bytes in requests of
+ * req bytes, qd in flight: bytes per second, or -1. */
+static double seq_read(const char *path, uint64_t size, size_t req, int qd)
 {
-	const size_t req = 1u << 20;
-	const int qd = 32;
 	struct io_uring ring;
 	struct io_uring_cqe *cqe;
 	uint8_t *buf;
@@ -727,7 +727,7 @@ static int ph_coldin(struct ctx *x)
 	kvmem_view *v = NULL;
 	kvmem_place_stats a, d;
 	size_t stride;
-	double made, seq[COLDIN_REPS], pin[COLDIN_REPS], bytes;
+	double made, seq[COLDIN_REPS], seqp[COLDIN_REPS], pin[COLDIN_REPS], bytes;
 	int reg = 0, rc = -1;
 
 	if (nb < 1)
@@ -750,23 +750,28 @@ static int ph_coldin(struct ctx *x)
 	snprintf(path, sizeof(path), "%s/pages", dir);
 	printf("\ncold page-in, NVMe -> view slots: %" PRId64 " pages (%.2f GB, workspace written in "
 	       "%.1f s) through the pager (O_DIRECT reads of up to %u KiB, %u entries, then the "
-	       "backend's place), alternated with an O_DIRECT sequential read of the same file "
-	       "(1 MiB, 32 deep) %d times: a virtual disk's rate drifts between runs\n", np,
+	       "backend's place), alternated %d times with O_DIRECT sequential reads of the same "
+	       "file in 1 MiB requests 32 deep and in the pager's (a virtual disk's rate drifts "
+	       "between runs; the ceiling is the better median)\n", np,
 	       bytes / 1e9, made, po.max_read >> 10, po.queue_depth, COLDIN_REPS);
 	place_now(x, &a);
 	for (int r = 0; r < COLDIN_REPS; r++) {
-		seq[r] = seq_read(path, (uint64_t)np * stride);
+		seq[r] = seq_read(path, (uint64_t)np * stride, 1u << 20, 32);
+		seqp[r] = seq_read(path, (uint64_t)np * stride, po.max_read,
+				   po.queue_depth < 64 ? (int)po.queue_depth : 64);
 		if ((pin[r] = coldin_once(x, dir, np, v, &po, &reg)) < 0)
 			goto out;
-		printf("  pass %d: sequential read %.2f GB/s, page-in %.2f GB/s (host pool %s)\n",
-		       r + 1, seq[r] > 0 ? seq[r] / 1e9 : 0, gbps(bytes, pin[r]),
+		printf("  pass %d: sequential read %.2f GB/s (1 MiB) / %.2f GB/s (the pager's requests), "
+		       "page-in %.2f GB/s (host pool %s)\n", r + 1, seq[r] > 0 ? seq[r] / 1e9 : 0,
+		       seqp[r] > 0 ? seqp[r] / 1e9 : 0, gbps(bytes, pin[r]),
 		       reg ? "registered: the gather reads it" : "not registered: a staging copy");
 	}
 	place_delta(x, &a, &d);
 	{
-		double ms = median(seq, COLDIN_REPS), mp = median(pin, COLDIN_REPS);
+		double m1 = median(seq, COLDIN_REPS), m2 = median(seqp, COLDIN_REPS);
+		double ms = m1 > m2 ? m1 : m2, mp = median(pin, COLDIN_REPS);
 
-		printf("  median page-in %.2f GB/s   median sequential read %.2f GB/s   ratio %.2f\n"
+		printf("  median page-in %.2f GB/s   best median sequential read %.2f GB/s   ratio %.2f\n"
 		       "  (place() %.0f ms of the %.0f ms of %d passes, %" PRIu64 " calls)\n",
 		       gbps(bytes, mp), ms > 0 ? ms / 1e9 : 0, ms > 0 ? bytes / mp / ms : 0,
 		       d.ns / 1e6, (pin[0] + pin[1] + pin[2]) * 1e3, COLDIN_REPS, d.calls);
