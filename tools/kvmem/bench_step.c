@@ -1016,6 +1016,23 @@ static int ph_step(struct ctx *x, int phases)
 	printf("\n");
 	print_steps("cold", &cold, steps, x->prefill_view_s);
 	printf("    (host pool %.2f GB: entering pages not in it come from NVMe)\n", small / 1e9);
+	{
+		/* What bounds a cold step: its pages from NVMe at the disk's
+		 * sequential rate, measured now on the same file. */
+		char path[4300];
+		uint64_t sz = ws_bytes < (2ull << 30) ? ws_bytes : (2ull << 30);
+		double seq, floor_s[64], med;
+
+		snprintf(path, sizeof(path), "%s/pages", dir);
+		seq = seq_read(path, sz, 8u << 20, 64);
+		for (int i = 0; i < steps; i++)
+			floor_s[i] = seq > 0 ? cold.nvme_pages[i] * (double)x->page_bytes / seq : 0;
+		med = median(floor_s, steps);
+		if (med > 0)
+			printf("    NVMe floor (its pages at the O_DIRECT sequential read of the same "
+			       "file, %.2f GB/s, measured now): median %.1f ms, at best %.0fx faster "
+			       "than the prefill\n", seq / 1e9, med * 1e3, x->prefill_view_s / med);
+	}
 	rc = 0;
 out:
 	if (!x->o.keep)
