@@ -569,6 +569,89 @@ static void test_other_options_refused(void **state)
 	test_model_free(m);
 }
 
+/* ---- the query ring across a save ------------------------------------- */
+/* What the next selection is given, recorded by a tap. */
+struct qseen {
+	int n_q;
+	float q[8 * 4 * 4 * 16];	/* [L][n_q][heads][D] of the small model */
+	int64_t pos[8];
+};
+
+static void seen_queries(void *arg, const kvmem_session *s, const kvmem_select_ctx *c,
+			 const float *scores, int forced)
+{
+	struct qseen *w = arg;
+	size_t n = (size_t)c->n_layers * c->n_q * c->n_heads * c->head_dim;
+
+	assert_true(n <= sizeof(w->q) / sizeof(w->q[0]) && c->n_q <= 8);
+	w->n_q = c->n_q;
+	memcpy(w->q, c->q, n * sizeof(float));
+	memcpy(w->pos, c->q_pos, sizeof(int64_t) * c->n_q);
+}
+
+/*
+ * Decode steps wrap the session's query ring (the oldest query is not in its
+ * first slot); a saved state must carry the queries oldest first with their
+ * positions, so the next selection of the restored session is given exactly
+ * what the original's is.
+ */
+static void test_query_ring_travels(void **state)
+{
+	uint64_t rng = g_seed ^ 0x9e;
+	kvmem_config c = test_model_config(2, 24, 4, 2, 16, 40, 53, 0);
+	kvmem_model *m = test_model_random(&c, (uint64_t)test_rng_int(&rng, 1, 1 << 30));
+	kvmem_backend *e = kvmem_backend_cpu(m, 32);
+	/* Each 32-token chunk (and the last, 8) moves the ring by T and leaves
+	 * its oldest in slot 0; decode steps that are not a multiple of T leave
+	 * it elsewhere. */
+	int T = test_rng_int(&rng, 2, 5);
+	int steps = T * test_rng_int(&rng, 1, 2) + test_rng_int(&rng, 1, T - 1);
+	kvmem_page_source src;
+	kvmem_session_opts o;
+	struct qseen a, b;
+	kvmem_session_tap tap = { .scored = seen_queries, .arg = &a };
+	kvmem_session *s1, *s2;
+	int32_t tok[200], out[16];
+	void *st;
+	size_t len;
+
+	for (int i = 0; i < 200; i++)
+		tok[i] = test_rng_int(&rng, 0, c.vocab - 1);
+	assert_int_equal(kvmem_page_source_mem(&src, c.n_layers, c.n_kv_heads, c.head_dim, 16), 0);
+	kvmem_session_opts_default(&o);
+	o.block = 16;
+	o.chunk = 32;
+	o.budget = 64;
+	o.query_tokens = T;
+	o.source = &src;
+	o.tap = &tap;
+	s1 = kvmem_session_create(e, &o);
+	assert_non_null(s1);
+	assert_int_equal(kvmem_session_append(s1, tok, 200, 0), 0);
+	assert_int_equal(kvmem_session_decode(s1, steps, NULL, out), 0);
+	assert_int_equal(kvmem_session_save_state(s1, &st, &len), 0);
+	s2 = kvmem_session_create(e, &o);
+	assert_non_null(s2);
+	assert_int_equal(kvmem_session_adopt_state(s2, kvmem_session_token_ids(s1),
+						   kvmem_session_tokens(s1), st, len), 0);
+	tap.arg = &a;
+	assert_int_equal(kvmem_session_select(s1), 0);
+	tap.arg = &b;
+	assert_int_equal(kvmem_session_select(s2), 0);
+	assert_int_equal(a.n_q, T);
+	assert_int_equal(b.n_q, T);
+	for (int i = 0; i < T; i++)	/* the last T tokens, oldest first */
+		assert_int_equal(a.pos[i], 200 + steps - T + i);
+	assert_memory_equal(a.pos, b.pos, sizeof(int64_t) * T);
+	assert_memory_equal(a.q, b.q, sizeof(float) * c.n_layers * T * c.n_heads * c.head_dim);
+	free(st);
+	kvmem_session_free(s1);
+	kvmem_session_free(s2);
+	kvmem_page_source_destroy(&src);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 static void test_corrupt_state_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 0x54;
@@ -621,6 +704,7 @@ int main(void)
 		cmocka_unit_test(test_two_parts_pager),
 		cmocka_unit_test(test_other_options_refused),
 		cmocka_unit_test(test_corrupt_state_refused),
+		cmocka_unit_test(test_query_ring_travels),
 	};
 
 	g_seed = test_rng_fresh_seed("test_session_state");

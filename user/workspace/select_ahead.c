@@ -48,14 +48,17 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 	 * will take. */
 	keep = n < T ? n : T;
 	for (int l = 0; l < s->cfg.n_layers; l++)
-		memcpy(s->qring + (size_t)l * keep * qw,
-		       s->q_raw + ((size_t)l * n + (n - keep)) * qw, keep * qw * sizeof(float));
+		for (int i = 0; i < keep; i++)
+			memcpy(ws_qrow(s, l, i), s->q_raw + ((size_t)l * n + (n - keep + i)) * qw,
+			       qw * sizeof(float));
 	for (int i = 0; i < keep; i++)
 		s->qpos[i] = s->blocks.n_tokens + (n - keep) + i;
+	s->q_head = 0;
 	s->n_q = keep;
 	if (ws_select(s, 0))
 		return kvmem_fail();
 	/* The append that follows brings the same tokens' queries back. */
 	s->n_q = 0;
+	s->q_head = 0;
 	return 0;
 }

@@ -93,9 +93,10 @@ static int alloc_buffers(kvmem_session *s)
 	s->qring = malloc(sizeof(float) * c->n_layers * T * qw);
 	s->qtmp = malloc(sizeof(float) * c->n_layers * T * qw);
 	s->qpos = malloc(sizeof(int64_t) * T);
+	s->qpos_packed = malloc(sizeof(int64_t) * T);
 	s->page_f32 = malloc(sizeof(float) * (size_t)s->o.block * kw);
 	if (!s->raw_k || !s->v || !s->q_raw || !s->logits || !s->last_logits || !s->qring ||
-	    !s->qtmp || !s->qpos || !s->page_f32)
+	    !s->qtmp || !s->qpos || !s->qpos_packed || !s->page_f32)
 		return kvmem_error(ENOMEM, "session: out of memory for chunks of %zu tokens", C);
 	return 0;
 }
@@ -170,41 +171,57 @@ void kvmem_session_free(kvmem_session *s)
 	free(s->qring);
 	free(s->qtmp);
 	free(s->qpos);
+	free(s->qpos_packed);
 	free(s->scores);
 	free(s->items);
 	free(s->page_f32);
 	free(s);
 }
 
-/* Keep the raw queries of the last query_tokens tokens, packed. The
+/* Keep the raw queries of the last query_tokens tokens in the ring. The
  * forward pass returned those of the last `rows` of its n tokens
- * ([L][rows][qw] in q_raw; rows >= the ones kept). */
+ * ([L][rows][qw] in q_raw; rows >= the ones kept). A decode step writes one
+ * row a layer: nothing older moves. */
 static void keep_queries(kvmem_session *s, int n, int rows)
 {
 	const int T = s->o.query_tokens, L = s->cfg.n_layers;
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
-	int from_new = n < T ? n : T, from_old = s->n_q + from_new > T ? T - from_new : s->n_q;
-	int64_t first = s->blocks.n_tokens - from_new;	/* position of the first new one kept */
-	int nq = from_old + from_new;
+	const int from_new = n < T ? n : T;
+	const int64_t first = s->blocks.n_tokens - from_new;	/* the first new one kept */
 
-	for (int l = 0; l < L; l++) {
-		float *dst = s->qtmp + (size_t)l * nq * qw;
+	for (int i = 0; i < from_new; i++) {
+		int slot;
 
-		memcpy(dst, s->qring + ((size_t)l * s->n_q + (s->n_q - from_old)) * qw,
-		       from_old * qw * sizeof(float));
-		memcpy(dst + from_old * qw, s->q_raw + ((size_t)l * rows + (rows - from_new)) * qw,
-		       from_new * qw * sizeof(float));
+		if (s->n_q < T) {
+			slot = (s->q_head + s->n_q) % T;
+			s->n_q++;
+		} else {	/* full: the oldest makes room */
+			slot = s->q_head;
+			s->q_head = (s->q_head + 1) % T;
+		}
+		for (int l = 0; l < L; l++)
+			memcpy(ws_qrow(s, l, slot),
+			       s->q_raw + ((size_t)l * rows + (rows - from_new + i)) * qw,
+			       qw * sizeof(float));
+		s->qpos[slot] = first + i;
 	}
-	memmove(s->qpos, s->qpos + (s->n_q - from_old), from_old * sizeof(int64_t));
-	for (int i = 0; i < from_new; i++)
-		s->qpos[from_old + i] = first + i;
-	{
-		float *t = s->qring;
+}
 
-		s->qring = s->qtmp;
-		s->qtmp = t;
-	}
-	s->n_q = nq;
+const float *ws_queries(kvmem_session *s, const int64_t **pos)
+{
+	const int T = s->o.query_tokens, L = s->cfg.n_layers;
+	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
+
+	for (int i = 0; i < s->n_q; i++)
+		s->qpos_packed[i] = s->qpos[(s->q_head + i) % T];
+	*pos = s->qpos_packed;
+	if (s->q_head == 0 && s->n_q == T)
+		return s->qring;	/* already in order */
+	for (int l = 0; l < L; l++)
+		for (int i = 0; i < s->n_q; i++)
+			memcpy(s->qtmp + ((size_t)l * s->n_q + i) * qw,
+			       ws_qrow(s, l, (s->q_head + i) % T), qw * sizeof(float));
+	return s->qtmp;
 }
 
 int ws_store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const float *v)

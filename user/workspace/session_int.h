@@ -34,10 +34,14 @@ struct kvmem_session {
 	float *raw_k, *v, *q_raw, *logits, *last_logits;
 	int have_logits;
 
-	/* Raw queries of the last n_q tokens, [L][n_q][n_heads][D], packed. */
+	/* Raw queries of the last n_q tokens: a ring of query_tokens (T) slots,
+	 * [L][T][n_heads][D], the oldest at slot q_head, and their positions
+	 * qpos[T] alike; a decode step writes one row a layer. ws_queries packs
+	 * them ([L][n_q][..], oldest first) into qtmp / qpos_packed for a
+	 * selection. */
 	float *qring, *qtmp;
-	int64_t *qpos;
-	int n_q;
+	int64_t *qpos, *qpos_packed;
+	int n_q, q_head;
 
 	float *scores;
 	int64_t cap_scores;
@@ -75,6 +79,14 @@ int ws_view_reserve(kvmem_session *s, int64_t need);
 void ws_register(kvmem_session *s);
 void ws_unregister(kvmem_session *s);
 int ws_select(kvmem_session *s, int forced);
+/* session.c: the queries packed for a selection (see qring). */
+const float *ws_queries(kvmem_session *s, const int64_t **pos);
+/* Row of ring slot `slot`, layer l. */
+static inline float *ws_qrow(const kvmem_session *s, int l, int slot)
+{
+	return s->qring + ((size_t)l * s->o.query_tokens + slot) * s->cfg.n_heads * s->cfg.head_dim;
+}
+
 /* The scorer ws_select hands the policy when the backend can score (NULL
  * when it cannot or was told not to); dev is filled in. */
 const kvmem_score_device *ws_score_device(kvmem_session *s, kvmem_score_device *dev);

@@ -287,9 +287,14 @@ int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len)
 		put_i64(&w, s->blocks.pins[i].end);
 	}
 	save_plan(&w, &s->plan);
+	/* The query ring, oldest first: [n_q] positions, [L][n_q][qw] rows. */
 	put_u32(&w, s->n_q);
-	put(&w, s->qpos, (size_t)s->n_q * sizeof(int64_t));
-	put(&w, s->qring, (size_t)s->cfg.n_layers * s->n_q * qw * sizeof(float));
+	for (int i = 0; i < s->n_q; i++)
+		put(&w, &s->qpos[(s->q_head + i) % s->o.query_tokens], sizeof(int64_t));
+	for (int l = 0; l < s->cfg.n_layers; l++)
+		for (int i = 0; i < s->n_q; i++)
+			put(&w, ws_qrow(s, l, (s->q_head + i) % s->o.query_tokens),
+			    qw * sizeof(float));
 	put_u32(&w, s->have_logits);
 	if (s->have_logits)
 		put(&w, s->last_logits, (size_t)s->cfg.vocab * sizeof(float));
@@ -559,9 +564,13 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 	s->sel_tokens = v.sel_tokens;
 	s->view_len = v.view_len;
 	s->n_q = (int)v.n_q;
+	s->q_head = 0;
 	memcpy(s->qpos, v.qpos, (size_t)v.n_q * sizeof(int64_t));
-	memcpy(s->qring, v.qring, (size_t)s->cfg.n_layers * v.n_q * s->cfg.n_heads *
-	       s->cfg.head_dim * sizeof(float));
+	for (int l = 0; l < s->cfg.n_layers; l++)
+		for (uint32_t i = 0; i < v.n_q; i++)
+			memcpy(ws_qrow(s, l, (int)i),
+			       v.qring + ((size_t)l * v.n_q + i) * s->cfg.n_heads * s->cfg.head_dim,
+			       (size_t)s->cfg.n_heads * s->cfg.head_dim * sizeof(float));
 	s->have_logits = (int)v.have_logits;
 	if (v.have_logits)
 		memcpy(s->last_logits, v.logits, (size_t)s->cfg.vocab * sizeof(float));

@@ -222,6 +222,8 @@ int ws_select(kvmem_session *s, int forced)
 	kvmem_plan np = { 0 };
 	kvmem_select_ctx c;
 	kvmem_score_device dev;
+	const int64_t *q_pos;
+	const float *q;
 	size_t need = (size_t)s->n_sets * (nb ? nb : 1);
 
 	/* The source is read below: the rows in flight first. */
@@ -240,6 +242,7 @@ int ws_select(kvmem_session *s, int forced)
 		s->scores = sc;
 		s->cap_scores = (int64_t)need;
 	}
+	q = ws_queries(s, &q_pos);
 	c = (kvmem_select_ctx){
 		.index = &s->index,
 		.keys = s->src,
@@ -252,8 +255,8 @@ int ws_select(kvmem_session *s, int forced)
 		.head_dim = s->cfg.head_dim,
 		.rope_theta = s->cfg.rope_theta,
 		.n_q = s->n_q,
-		.q = s->qring,
-		.q_pos = s->qpos,
+		.q = q,
+		.q_pos = q_pos,
 		.seed = s->o.seed,
 		.step = s->st.selections,
 		.span = s->o.budget ? s->cap_limit : 0,
