@@ -364,7 +364,9 @@ static double prefill_view(struct ctx *x, kvmem_view *v, int64_t n, int chunk, f
 		return -1;
 	}
 	random_ids(ids, n, x->geo.cfg.vocab, x->o.seed + 7);
-	if (x->b->ops->set_length(x->b->ctx, v, 0) < 0 || x->b->ops->reserve(x->b->ctx, v, n + 64) < 0) {
+	/* Room for the warm-up and the timed decode steps that follow. */
+	if (x->b->ops->set_length(x->b->ctx, v, 0) < 0 ||
+	    x->b->ops->reserve(x->b->ctx, v, n + 8 + x->o.decode) < 0) {
 		free(ids);
 		return -1;
 	}
