@@ -38,41 +38,9 @@
 # 100 s.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
-B=${1:-build-gpu}
-san=${2:-}
-[ "$B" = nosan ] && { B=build-gpu; san=nosan; }
-log=${OUT:+$OUT/attn_decode}
-log=${log:-$(mktemp -d /tmp/kvmem-attn-decode.XXXXXX)}
-mkdir -p "$log"
-export LD_LIBRARY_PATH=$PWD/$B/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PATH=$PATH:/usr/local/cuda/bin
-export OMP_WAIT_POLICY=passive
-pass=0 fail=0
-t0=$(date +%s)
+. tests/gpu/lib.sh
+gpu_setup attn_decode "$@"
 OLD=2 NEW=5
-
-# The bundle is unpacked every time (a warm machine may hold an older one).
-[ -f "$B/bundle.tar.xz" ] && tar xJf "$B/bundle.tar.xz"
-G=$B/gpu/kvmem_gpu_check-static
-[ -x "$G" ] || G=$B/gpu/kvmem_gpu_check
-K=$B/kvmem
-if [ ! -x "$G" ]; then
-	echo "no check program in $B/gpu (build it with tools/gpu/bundle.sh and carry" \
-		"build-gpu/bundle.tar.xz, or make BUILD=$B gpu-check-static)"
-	echo "0 passed, 1 failed"
-	exit 1
-fi
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null
-
-# Each check line is "ok   ..." or "FAIL ..."; a program that exits
-# non-zero without a FAIL line crashed: one failure.
-count() { # log file, exit code
-	local ok bad
-	ok=$(grep -c '^ok ' "$1")
-	bad=$(grep -c '^FAIL ' "$1")
-	if [ "$2" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
-	pass=$((pass + ok)); fail=$((fail + bad))
-}
 
 echo "== kvmem_gpu_check --attn-decode"
 timeout 150 "$G" --attn-decode >"$log/check.log" 2>&1
@@ -110,26 +78,5 @@ else
 fi
 echo "($(($(date +%s) - t0)) s)"
 
-if [ "$san" != nosan ]; then
-	if command -v compute-sanitizer >/dev/null; then
-		for tool in memcheck racecheck; do
-			echo "== compute-sanitizer --tool $tool, --attn-decode --quick"
-			timeout 90 compute-sanitizer --tool $tool --error-exitcode 99 "$G" --attn-decode --quick \
-				>"$log/$tool.log" 2>&1
-			rc=$?
-			grep -E '^FAIL|^========= (ERROR|RACECHECK|Invalid|Race)|SUMMARY' "$log/$tool.log" | head -10
-			if [ $rc -eq 0 ]; then
-				pass=$((pass + 1)); echo "ok   compute-sanitizer $tool: clean"
-			else
-				fail=$((fail + 1)); echo "FAIL compute-sanitizer $tool (exit $rc)"
-			fi
-		done
-	else
-		echo "FAIL compute-sanitizer not found"
-		fail=$((fail + 1))
-	fi
-fi
-
-echo "logs: $log; $(($(date +%s) - t0)) s"
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+gpu_sanitize --attn-decode --quick
+gpu_done

@@ -29,33 +29,9 @@
 # temporary folder. About 90-150 s (the sanitizers about 40 of them).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
-B=${1:-build-gpu}
-san=${2:-}
-[ "$B" = nosan ] && { B=build-gpu; san=nosan; }
-log=${OUT:+$OUT/decode_fuse}
-log=${log:-$(mktemp -d /tmp/kvmem-fuse.XXXXXX)}
-mkdir -p "$log"
-export LD_LIBRARY_PATH=$PWD/$B/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PATH=$PATH:/usr/local/cuda/bin
-export OMP_WAIT_POLICY=passive
-pass=0 fail=0
-t0=$(date +%s)
-ok() { echo "ok   $*"; pass=$((pass + 1)); }
-bad() { echo "FAIL $*"; fail=$((fail + 1)); }
-
-# The bundle is unpacked every time (a warm machine may hold an older one).
-[ -f "$B/bundle.tar.xz" ] && tar xJf "$B/bundle.tar.xz"
-G=$B/gpu/kvmem_gpu_check-static
-[ -x "$G" ] || G=$B/gpu/kvmem_gpu_check
-K=$B/kvmem
-for f in "$G" "$K" "$B/tests/test_ws_session"; do
-	if [ ! -x "$f" ]; then
-		echo "no $f (build it with tools/gpu/bundle.sh and carry build-gpu/bundle.tar.xz)"
-		echo "0 passed, 1 failed"
-		exit 1
-	fi
-done
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null
+. tests/gpu/lib.sh
+gpu_setup decode_fuse "$@"
+gpu_need "$K" "$B/tests/test_ws_session"
 
 # 1. Each check line is "ok   ..." or "FAIL ..."; a program that exits
 # non-zero without a FAIL line crashed: one failure.
@@ -64,10 +40,7 @@ timeout 120 "$G" --fuse >"$log/fuse.log" 2>&1
 rc=$?
 grep -v 'passed, .* failed$' "$log/fuse.log"
 [ $rc -eq 0 ] || echo "(kvmem_gpu_check --fuse exited $rc)"
-n_ok=$(grep -c '^ok ' "$log/fuse.log")
-n_bad=$(grep -c '^FAIL ' "$log/fuse.log")
-[ $rc -ne 0 ] && [ "$n_bad" -eq 0 ] && n_bad=1
-pass=$((pass + n_ok)); fail=$((fail + n_bad))
+count "$log/fuse.log" $rc
 
 # 2. The A/B, in one run of this script: the same binary, the same seed.
 for f in 0 1; do
@@ -131,25 +104,5 @@ fi
 rm -rf "$tmp"
 
 # 5. The sanitizers on the small shapes.
-if [ "$san" != nosan ]; then
-	if command -v compute-sanitizer >/dev/null; then
-		for tool in memcheck racecheck; do
-			echo "== compute-sanitizer --tool $tool, --fuse --quick"
-			timeout 90 compute-sanitizer --tool $tool --error-exitcode 99 "$G" --fuse --quick \
-				>"$log/$tool.log" 2>&1
-			rc=$?
-			grep -E '^FAIL|^========= (ERROR|RACECHECK|Invalid|Race)|SUMMARY' "$log/$tool.log" | head -10
-			if [ $rc -eq 0 ]; then
-				ok "compute-sanitizer $tool: clean"
-			else
-				bad "compute-sanitizer $tool (exit $rc)"
-			fi
-		done
-	else
-		bad "compute-sanitizer not found"
-	fi
-fi
-
-echo "logs: $log; $(($(date +%s) - t0)) s"
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+gpu_sanitize --fuse --quick
+gpu_done

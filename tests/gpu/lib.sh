@@ -1,0 +1,92 @@
+# Shared by the GPU machine's check scripts (sourced, not run): the bundle,
+# the check program, the pass/fail counts and the sanitizer runs.
+#
+#   . tests/gpu/lib.sh
+#   gpu_setup NAME "$@"     B (build folder), san ("nosan" or empty), log
+#                           ($OUT/NAME or a temporary folder), G (the check
+#                           program), K (the CLI), t0; unpacks the bundle,
+#                           sets LD_LIBRARY_PATH and PATH; exits with
+#                           "0 passed, 1 failed" when a program is missing
+#   gpu_need FILE...        the same exit for other files the script runs
+#   count LOG RC            add a check program's "ok"/"FAIL" lines to the
+#                           counts (a non-zero exit with no FAIL: a crash)
+#   ok / bad TEXT           one pass / one failure, printed
+#   gpu_sanitize ARGS...    compute-sanitizer memcheck and racecheck over
+#                           "$G" ARGS, one pass or failure each (none when
+#                           $san is nosan)
+#   gpu_done                the "N passed, N failed" line and the exit code
+pass=0 fail=0
+
+ok() { echo "ok   $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+
+count() { # log file, exit code
+	local n_ok n_bad
+	n_ok=$(grep -c '^ok ' "$1")
+	n_bad=$(grep -c '^FAIL ' "$1")
+	if [ "$2" -ne 0 ] && [ "$n_bad" -eq 0 ]; then n_bad=1; fi
+	pass=$((pass + n_ok)); fail=$((fail + n_bad))
+}
+
+gpu_need() {
+	local f
+	for f in "$@"; do
+		if [ ! -x "$f" ]; then
+			echo "no $f (build it with tools/gpu/bundle.sh and carry" \
+				"build-gpu/bundle.tar.xz, or make BUILD=$B gpu-check-static)"
+			echo "0 passed, 1 failed"
+			exit 1
+		fi
+	done
+}
+
+gpu_setup() { # name, then the script's arguments: [BUILD] [nosan]
+	local name=$1
+	shift
+	B=${1:-build-gpu}
+	san=${2:-}
+	[ "$B" = nosan ] && { B=build-gpu; san=nosan; }
+	log=${OUT:+$OUT/$name}
+	log=${log:-$(mktemp -d "/tmp/kvmem-$name.XXXXXX")}
+	mkdir -p "$log"
+	export LD_LIBRARY_PATH=$PWD/$B/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	export PATH=$PATH:/usr/local/cuda/bin
+	export OMP_WAIT_POLICY=passive
+	t0=$(date +%s)
+	# The bundle is unpacked every time (a warm machine may hold an older one).
+	[ -f "$B/bundle.tar.xz" ] && tar xJf "$B/bundle.tar.xz"
+	G=$B/gpu/kvmem_gpu_check-static
+	[ -x "$G" ] || G=$B/gpu/kvmem_gpu_check
+	K=$B/kvmem
+	gpu_need "$G"
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
+		--format=csv,noheader 2>/dev/null
+}
+
+gpu_sanitize() { # check program arguments
+	local tool rc
+	[ "$san" = nosan ] && return 0
+	if ! command -v compute-sanitizer >/dev/null; then
+		bad "compute-sanitizer not found"
+		return 0
+	fi
+	for tool in memcheck racecheck; do
+		echo "== compute-sanitizer --tool $tool, $*"
+		timeout 90 compute-sanitizer --tool $tool --error-exitcode 99 "$G" "$@" \
+			>"$log/$tool.log" 2>&1
+		rc=$?
+		grep -E '^FAIL|^========= (ERROR|RACECHECK|Invalid|Race)|SUMMARY' "$log/$tool.log" |
+			head -10
+		if [ $rc -eq 0 ]; then
+			ok "compute-sanitizer $tool: clean"
+		else
+			bad "compute-sanitizer $tool (exit $rc)"
+		fi
+	done
+}
+
+gpu_done() {
+	echo "logs: $log; $(($(date +%s) - t0)) s"
+	echo "$pass passed, $fail failed"
+	[ "$fail" -eq 0 ]
+}
