@@ -46,6 +46,25 @@ static inline int32_t fx_token(uint64_t seed, uint64_t pos)
 	return (int32_t)(fx_mix(seed ^ (pos * 7919 + 13)) % 151936);
 }
 
+/* Open a workspace as the pager tests do: a small host pool and stage-out
+ * buffer (so eviction and backpressure happen at test sizes), the flags
+ * given (KVMEM_PAGER_CREATE, _RDONLY...). NULL on failure, its message
+ * printed unless quiet (tests that expect a refusal check it themselves). */
+static inline kvmem_pager *fx_open(const char *dir, const kvmem_page_geom *g, uint64_t host_cap,
+				   uint64_t stage_bytes, int flags, int quiet)
+{
+	kvmem_pager_opts o;
+	kvmem_pager *p = NULL;
+
+	kvmem_pager_opts_default(&o);
+	o.host_cap = host_cap;
+	o.stage_bytes = stage_bytes;
+	o.flags = flags;
+	if (kvmem_pager_open(dir, g, &o, &p) < 0 && !quiet)
+		fprintf(stderr, "open %s: %s\n", dir, kvmem_last_error());
+	return p;
+}
+
 /* A random small geometry; page bytes not always a multiple of 4096. */
 static inline kvmem_page_geom fx_geom(uint64_t *rng)
 {

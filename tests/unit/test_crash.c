@@ -27,16 +27,7 @@ static uint64_t g_seed;
 
 static kvmem_pager *open_ws(const char *dir, const kvmem_page_geom *g)
 {
-	kvmem_pager_opts o;
-	kvmem_pager *p = NULL;
-
-	kvmem_pager_opts_default(&o);
-	o.host_cap = 4 << 20;
-	o.stage_bytes = 1 << 20;
-	o.flags = KVMEM_PAGER_CREATE;
-	if (kvmem_pager_open(dir, g, &o, &p) < 0)
-		fprintf(stderr, "open %s: %s\n", dir, kvmem_last_error());
-	return p;
+	return fx_open(dir, g, 4 << 20, 1 << 20, KVMEM_PAGER_CREATE, 0);
 }
 
 /* The child: append random runs, commit after some, report each commit. */

@@ -21,16 +21,7 @@ static uint64_t g_seed;
 
 static kvmem_pager *open_ws(const char *dir, const kvmem_page_geom *g, int flags)
 {
-	kvmem_pager_opts o;
-	kvmem_pager *p = NULL;
-
-	kvmem_pager_opts_default(&o);
-	o.host_cap = 1 << 20;
-	o.stage_bytes = 256 << 10;
-	o.flags = flags;
-	if (kvmem_pager_open(dir, g, &o, &p) < 0)
-		print_message("open %s: %s\n", dir, kvmem_last_error());
-	return p;
+	return fx_open(dir, g, 1 << 20, 256 << 10, flags, 0);
 }
 
 /* A workspace of `blocks` full blocks and a partial one of `tail` tokens,

@@ -21,16 +21,7 @@ static uint64_t g_seed;
 
 static kvmem_pager *open_ws(const char *dir, const kvmem_page_geom *g, uint64_t cap, int flags)
 {
-	kvmem_pager_opts o;
-	kvmem_pager *p = NULL;
-
-	kvmem_pager_opts_default(&o);
-	o.host_cap = cap;
-	o.flags = flags;
-	o.stage_bytes = 1 << 20;
-	if (kvmem_pager_open(dir, g, &o, &p) < 0)
-		print_error("open %s: %s\n", dir, kvmem_last_error());
-	return p;
+	return fx_open(dir, g, cap, 1 << 20, flags, 0);
 }
 
 /* Several sessions of appends and commits with reopens between: every

@@ -40,15 +40,7 @@ static int close_pipe_teardown(void **state)
 
 static kvmem_pager *open_ws(const char *dir, const kvmem_page_geom *g, int flags)
 {
-	kvmem_pager_opts o;
-	kvmem_pager *p = NULL;
-
-	kvmem_pager_opts_default(&o);
-	o.host_cap = 1 << 20;
-	o.stage_bytes = 256 << 10;
-	o.flags = flags;
-	kvmem_pager_open(dir, g, &o, &p);
-	return p;
+	return fx_open(dir, g, 1 << 20, 256 << 10, flags, 1);
 }
 
 static int try_open(const char *dir, const kvmem_page_geom *g, int flags)
