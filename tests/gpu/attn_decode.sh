@@ -42,12 +42,7 @@ cd "$(dirname "$0")/../.." || exit 1
 gpu_setup attn_decode "$@"
 OLD=2 NEW=5
 
-echo "== kvmem_gpu_check --attn-decode"
-timeout 150 "$G" --attn-decode >"$log/check.log" 2>&1
-rc=$?
-grep -v 'passed, .* failed$' "$log/check.log" | cut -c1-200
-[ $rc -eq 0 ] || echo "(kvmem_gpu_check --attn-decode exited $rc)"
-count "$log/check.log" $rc
+gpu_check 150 check.log --attn-decode
 echo "($(($(date +%s) - t0)) s)"
 
 # The decode table of bench engine: "context tokens tok/s roofline of-it".

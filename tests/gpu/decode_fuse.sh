@@ -35,12 +35,7 @@ gpu_need "$K" "$B/tests/test_ws_session"
 
 # 1. Each check line is "ok   ..." or "FAIL ..."; a program that exits
 # non-zero without a FAIL line crashed: one failure.
-echo "== kvmem_gpu_check --fuse"
-timeout 120 "$G" --fuse >"$log/fuse.log" 2>&1
-rc=$?
-grep -v 'passed, .* failed$' "$log/fuse.log"
-[ $rc -eq 0 ] || echo "(kvmem_gpu_check --fuse exited $rc)"
-count "$log/fuse.log" $rc
+gpu_check 120 fuse.log --fuse
 
 # 2. The A/B, in one run of this script: the same binary, the same seed.
 for f in 0 1; do

@@ -32,12 +32,7 @@ cd "$(dirname "$0")/../.." || exit 1
 . tests/gpu/lib.sh
 gpu_setup gemv_sweep "$@"
 
-echo "== kvmem_gpu_check --gemv"
-timeout 150 "$G" --gemv >"$log/gemv.log" 2>&1
-rc=$?
-grep -v 'passed, .* failed$' "$log/gemv.log"
-[ $rc -eq 0 ] || echo "(kvmem_gpu_check --gemv exited $rc)"
-count "$log/gemv.log" $rc
+gpu_check 150 gemv.log --gemv
 
 gpu_sanitize --gemv --quick
 gpu_done

@@ -11,6 +11,9 @@
 #   count LOG RC            add a check program's "ok"/"FAIL" lines to the
 #                           counts (a non-zero exit with no FAIL: a crash)
 #   ok / bad TEXT           one pass / one failure, printed
+#   gpu_check SECONDS LOG OPTION
+#                           run "$G" OPTION into $log/LOG, print its lines
+#                           (not its own total) and count them
 #   gpu_sanitize ARGS...    compute-sanitizer memcheck and racecheck over
 #                           "$G" ARGS, one pass or failure each (none when
 #                           $san is nosan)
@@ -61,6 +64,16 @@ gpu_setup() { # name, then the script's arguments: [BUILD] [nosan]
 	gpu_need "$G"
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
 		--format=csv,noheader 2>/dev/null
+}
+
+gpu_check() { # seconds, log file name, check program option
+	local rc
+	echo "== kvmem_gpu_check $3"
+	timeout "$1" "$G" "$3" >"$log/$2" 2>&1
+	rc=$?
+	grep -v 'passed, .* failed$' "$log/$2"
+	[ $rc -eq 0 ] || echo "(kvmem_gpu_check $3 exited $rc)"
+	count "$log/$2" $rc
 }
 
 gpu_sanitize() { # check program arguments
