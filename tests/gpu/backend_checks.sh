@@ -25,24 +25,26 @@ bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 tmp=$(mktemp -d)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# A unit test program on the cuda backend: one pass (with its case count)
+# or one failure (with its failing lines). Arguments: log name, seconds,
+# program, then an environment setting for it or nothing.
+cuda_unit() {
+	local what="$3 on cuda${4:+, $4}"
+
+	if env KVMEM_TEST_BACKEND=cuda ${4:-} timeout "$2" "build-gpu/tests/$3" >"$out/$1.log" 2>&1; then
+		ok "$what ($(grep -c '^\[       OK' "$out/$1.log") cases)"
+	else
+		bad "$what:"
+		grep -E 'ERROR|FAILED|LINE|seed' "$out/$1.log" | head -20
+	fi
+}
 # 1. exactness through the ops, decode graphs as set (on by default) and off
 for g in "${KVMEM_CUDA_GRAPH:-1}" 0; do
-	if KVMEM_CUDA_GRAPH=$g KVMEM_TEST_BACKEND=cuda timeout 200 build-gpu/tests/test_ws_session \
-		>"$out/ws_session$g.log" 2>&1; then
-		ok "test_ws_session on cuda, KVMEM_CUDA_GRAPH=$g ($(grep -c '^\[       OK' "$out/ws_session$g.log") cases)"
-	else
-		bad "test_ws_session on cuda, KVMEM_CUDA_GRAPH=$g:"
-		grep -E 'ERROR|FAILED|LINE|seed' "$out/ws_session$g.log" | head -20
-	fi
+	cuda_unit "ws_session$g" 200 test_ws_session "KVMEM_CUDA_GRAPH=$g"
 done
 # forward outputs: only the last q_last tokens' queries, bit for bit the
 # rows of a full download (the 2D copy and the graph path)
-if KVMEM_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_fwd_qlast >"$out/fwd_qlast.log" 2>&1; then
-	ok "test_fwd_qlast on cuda ($(grep -c '^\[       OK' "$out/fwd_qlast.log") cases)"
-else
-	bad "test_fwd_qlast on cuda:"
-	grep -E 'ERROR|FAILED|LINE|seed' "$out/fwd_qlast.log" | head -20
-fi
+cuda_unit fwd_qlast 100 test_fwd_qlast
 # 2. the oracle
 if timeout 150 python3 tests/oracle/oracle.py --backend cuda --kvmem "$K" >"$out/oracle.log" 2>&1; then
 	ok "oracle --backend cuda"
