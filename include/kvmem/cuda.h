@@ -134,6 +134,7 @@ int kvmem_cuda_attention_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *
  * 128-row prefill tiles and 32-key decode tiles; 4: 128-row prefill tiles
  * of 4 warps with two 16-row m-tiles each, decode as 2; 5: decode shapes by
  * a one-launch decode kernel, the split combine folded in, other shapes as
+ * 4; 6: prefill by a wgmma kernel on sm_90, other devices and shapes as
  * 4), for the checks and the benchmark. The main path's choice is in
  * kernels/cuda/attention.cu. */
 int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint16_t *out,

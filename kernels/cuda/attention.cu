@@ -51,6 +51,11 @@
  *    merged in the block and the splits combined by the last block of each
  *    KV head to finish, in split order (one launch, no combine kernel): see
  *    dec_kernel().
+ *
+ * 6  (prefill, sm_90a) the flash kernel on wgmma, a producer warp feeding
+ *    two consumer warpgroups through an mbarrier ring: attention_wgmma.cu.
+ *    Other devices and shapes (head_dim 64, kv_pos given, decode) run as
+ *    v4; the main path takes v4 where v6's row tiles would not fill the GPU.
  */
 #include <limits.h>
 #include <string.h>
@@ -1079,6 +1084,18 @@ template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
 	return 0;
 }
 
+/* Version 6 (attention_wgmma.cu, sm_90a): 0 done or -errno; 1 when the
+ * device or the shape is not its own (the caller runs v4). Its setup is
+ * called with the others'. */
+extern "C" int kvmem_cuda_attention_v6(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+				       const int32_t *q_pos, int n_q, const uint16_t *k,
+				       const uint16_t *v, const int32_t *kv_pos, int n_kv,
+				       size_t kv_stride, int n_heads, int n_kv_heads, int head_dim,
+				       float scale);
+extern "C" int kvmem_cuda_attention_v6_setup(kvmem_cuda_ctx *c);
+extern "C" int kvmem_cuda_attention_v6_fills(const kvmem_cuda_ctx *c, int n_q, int n_heads,
+					     int n_kv_heads);
+
 /* Also the decode kernel's per-KV-head counters (zero; each launch leaves
  * them zero), the context's own: two contexts' streams never share them. */
 extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
@@ -1090,7 +1107,7 @@ extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 	    (rc = flash_attr<128, 4, 64, 2>(c)) || (rc = flash_attr<64, 1, 32, 1>(c)) ||
 	    (rc = flash_attr<64, 1, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 1>(c)) ||
 	    (rc = flash_attr<64, 8, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 2>(c)) ||
-	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)))
+	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)) || (rc = kvmem_cuda_attention_v6_setup(c)))
 		return rc;
 	if (!c->att_cnt) {
 		void *p = NULL;
@@ -1356,6 +1373,13 @@ extern "C" int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint1
 	}
 	if (version == 5 && !is_decode(n_q, n_heads, n_kv_heads))
 		version = 4;	/* v5 is a decode kernel: other shapes as v4 */
+	if (version == 6) {	/* wgmma prefill (attention_wgmma.cu); 1: not taken, v4 */
+		rc = kvmem_cuda_attention_v6(c, out, q, q_pos, n_q, k, v, kv_pos, n_kv, kv_stride,
+					     n_heads, n_kv_heads, head_dim, scale);
+		if (rc <= 0)
+			return rc;
+		version = 4;
+	}
 	if ((rc = flash_args_for(&a, version, out, q, q_pos, n_q, k, v, kv_pos, n_kv, kv_stride,
 				 n_heads, n_kv_heads, head_dim, scale)))
 		return rc;
@@ -1400,6 +1424,9 @@ extern "C" int kvmem_cuda_attention_bf16(kvmem_cuda_ctx *c, uint16_t *out, const
 					 float scale)
 {
 	int ver = is_decode(n_q, n_heads, n_kv_heads) ? main_decode(c) : main_prefill(c);
+
+	if (ver == 6 && !kvmem_cuda_attention_v6_fills(c, n_q, n_heads, n_kv_heads))
+		ver = 4;	/* short chunks: v4 splits the keys, v6 does not */
 
 	return kvmem_cuda_attention_bf16_v(c, ver, out, q, q_pos, n_q, k, v, kv_pos, n_kv,
 					   kv_stride, n_heads, n_kv_heads, head_dim, scale);

@@ -68,10 +68,11 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		 * KVMEM_CUDA_FUSE=0/1, else KVMEM_CUDA_FUSE_DEFAULT. */
 		e = getenv("KVMEM_CUDA_FUSE");
 		c->fuse = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : KVMEM_CUDA_FUSE_DEFAULT;
-		/* The main path's attention versions, for comparisons: prefill 2
-		 * or 4, decode 2, 3 or 5 (0: attention.cu's choice). */
+		/* The main path's attention versions, for comparisons: prefill 2,
+		 * 3, 4 or 6 (wgmma), decode 2, 3 or 5 (0: attention.cu's choice). */
 		e = getenv("KVMEM_CUDA_PREFILL");
-		c->att_prefill = e && (!strcmp(e, "2") || !strcmp(e, "3") || !strcmp(e, "4")) ? e[0] - '0' : 0;
+		c->att_prefill = e && (!strcmp(e, "2") || !strcmp(e, "3") || !strcmp(e, "4") ||
+				       !strcmp(e, "6")) ? e[0] - '0' : 0;
 		e = getenv("KVMEM_CUDA_DECODE");
 		c->att_decode = e && (!strcmp(e, "2") || !strcmp(e, "3") || !strcmp(e, "5")) ? e[0] - '0' : 0;
 	}

@@ -39,6 +39,10 @@ GCC_LIBDIR  := $(dir $(shell $(CC) -print-libgcc-file-name))
 CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static \
 	       -ldl -lrt -lpthread
 $(O)/cuda/kernels/cuda/lt_load.o: NVCC_FLAGS += -DKVMEM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+# Prefill attention v6 uses wgmma, which only the sm_90a target has (the
+# -gencode form: nvcc 13.0's -arch=sm_90a also runs a plain sm_90 pass that
+# rejects it); no PTX for other GPUs, where attention.cu runs v4 instead.
+$(O)/cuda/kernels/cuda/attention_wgmma.o: CUDA_ARCH = -gencode arch=compute_90a,code=sm_90a
 
 $(O)/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)

@@ -24,6 +24,8 @@
  *     --fuse    decode's fused ops alone (check_fuse.c; tests/gpu/decode_fuse.sh)
  *     --attn-decode  decode attention alone: every version against the twin,
  *               then their times (check_attn_decode.c; tests/gpu/attn_decode.sh)
+ *     --attn-prefill  prefill attention alone: v4 and v6 against the twin,
+ *               then their times (check_attn_prefill.c; tests/gpu/attn_prefill.sh)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -36,6 +38,7 @@
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
 #include "check_attn_decode.h"
+#include "check_attn_prefill.h"
 #include "check_fuse.h"
 #include "check_gather.h"
 #include "check_gemv.h"
@@ -1017,7 +1020,7 @@ static void bench(void)
 int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
-	int only_attn_decode = 0;
+	int only_attn_decode = 0, only_attn_prefill = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1035,10 +1038,12 @@ int main(int argc, char **argv)
 			only_fuse = 1;		/* decode's fused ops alone (check_fuse.c) */
 		else if (!strcmp(argv[i], "--attn-decode"))
 			only_attn_decode = 1;	/* decode attention alone (check_attn_decode.c) */
+		else if (!strcmp(argv[i], "--attn-prefill"))
+			only_attn_prefill = 1;	/* prefill attention alone (check_attn_prefill.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1066,6 +1071,8 @@ int main(int argc, char **argv)
 		check_fuse();
 	} else if (only_attn_decode) {
 		attn_decode_sweep();
+	} else if (only_attn_prefill) {
+		attn_prefill_sweep();
 	} else if (do_profile) {
 		profile();
 	} else if (do_bench) {
@@ -1082,6 +1089,7 @@ int main(int argc, char **argv)
 		check_gather();
 		check_attention();
 		check_attn_decode();
+		check_attn_prefill();
 		check_perf();
 		check_sample();
 		check_scores();

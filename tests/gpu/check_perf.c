@@ -543,12 +543,16 @@ void bench_perf(double copy_gbs, double gemm_tfs)
 
 	g_rng = 0x62656e6368ull;	/* the same data every run */
 	printf("\n%-44s %9s  %10s  %s\n", "fast paths (check_perf.c)", "ms", "rate", "of ceiling");
-	{	/* attention v4 prefill, and decode: plain launches and graph replays */
+	{	/* attention v4 and v6 prefill, and decode: plain launches and graph replays */
 		static const struct { const char *name; int n_q, n_kv; } pre[] = {
 			{ "prefill 4096 x 4096 causal v4", 4096, 4096 },
 			{ "prefill 16384 x 16384 causal v4", 16384, 16384 },
 			{ "chunk 4096 @ 32768 view v4", 4096, 32768 },
 			{ "chunk 512 @ 32768 view v4", 512, 32768 },
+			{ "prefill 4096 x 4096 causal v6", 4096, 4096 },
+			{ "prefill 16384 x 16384 causal v6", 16384, 16384 },
+			{ "chunk 4096 @ 32768 view v6", 4096, 32768 },
+			{ "chunk 512 @ 32768 view v6", 512, 32768 },
 		};
 		const int cap = 131072, dec[] = { 4096, 32768, 131072 };
 		struct att_run a = { .heads = heads, .kvh = kvh, .hd = hd, .cap = cap };
@@ -566,7 +570,7 @@ void bench_perf(double copy_gbs, double gemm_tfs)
 		for (size_t i = 0; i < sizeof(pre) / sizeof(pre[0]); i++) {
 			double vis = 0, ms, tf;
 
-			a.version = 4;
+			a.version = i < 4 ? 4 : 6;
 			a.n_q = pre[i].n_q;
 			a.n_kv = pre[i].n_kv;
 			for (int t = 0; t < a.n_q; t++) {

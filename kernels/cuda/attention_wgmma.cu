@@ -1,0 +1,506 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Prefill attention v6: the flash kernel on Hopper's warpgroup MMA (wgmma,
+ * sm_90a; this file alone is built for compute_90a / sm_90a, cuda.mk).
+ * Same contract as v4 (kernels/cuda/attention.cu; twin kvmem_attention_bf16):
+ * bf16 Q [n][H][128] at given positions, the view's K/V [Hkv][stride][128]
+ * bf16, keys at slot = position (kv_pos NULL), causal by position, GQA,
+ * fp32 softmax and accumulation, P rounded to bf16 for P V, bf16 out.
+ * attention.cu calls it for version 6 and runs v4 where it answers 1 (not
+ * sm_90, head_dim not 128, explicit key positions, decode shapes); its main
+ * path also runs v4 when the row tiles would not fill the GPU (v4 splits
+ * the keys there, v6 does not: kvmem_cuda_attention_v6_fills).
+ *
+ * A block owns 128 rows of one KV head, a row being one (query token,
+ * query head of the group) as in v4, and has three roles:
+ *   - two consumer warpgroups (warps 0-7), 64 rows each: S = Q K^T by
+ *     wgmma m64n128k16 with Q and K in shared memory, the online softmax
+ *     in registers (exp2, log2(e) folded into the scale), then O += P V by
+ *     wgmma m64n128k16 with P from registers (bf16) and V from shared
+ *     memory read transposed (MN-major: the same bytes as K's layout);
+ *   - one producer warp (warp 8) streaming 128-key K and V tiles through a
+ *     ring of STAGES stages with cp.async (zero-filled past the key count),
+ *     each K and each V tile completing on its own mbarrier
+ *     (cp.async.mbarrier.arrive.noinc), a stage handed back by each
+ *     consumer warp on an "empty" mbarrier once its MMAs are done.
+ * Shared-memory tiles use the 128-byte swizzle of the wgmma descriptors:
+ * a tile of rows x 128 bf16 is two 64-column halves, row r of a half at r *
+ * 128 bytes, its 16-byte chunk c at (c ^ (r % 8)) * 16; halves and stages
+ * start on 1024-byte boundaries. Only tiles that reach past a warp's
+ * smallest query position (or past the key count) are masked; tiles past
+ * the block's last position are never loaded, past a warpgroup's are
+ * skipped by it.
+ */
+#include <limits.h>
+#include <string.h>
+
+#include "cuda_int.h"
+
+#define V6_HD 128
+#define V6_BN 128		/* keys per tile */
+#define V6_ROWS 128		/* rows per block: two warpgroups of 64 */
+#define V6_STAGES 2
+#define V6_THREADS (2 * 128 + 32)
+#define V6_Q_BYTES (V6_ROWS * V6_HD * 2)	/* 32 KB */
+#define V6_T_BYTES (V6_BN * V6_HD * 2)	/* one K or V tile: 32 KB */
+#define V6_HALF (V6_BN * 128)		/* bytes of a 64-column half of a tile */
+#define V6_SMEM (1024 + V6_Q_BYTES + 2 * V6_STAGES * V6_T_BYTES + 3 * V6_STAGES * 8 + 64)
+
+struct v6_args {
+	uint16_t *out;
+	const uint16_t *q, *k, *v;
+	const int32_t *q_pos;
+	int n_q, n_kv, n_heads, group;
+	long long kv_stride;
+	float scale_log2;	/* scale * log2(e) */
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define V6_DEVICE 1
+#endif
+
+/* ---- PTX helpers ---------------------------------------------------------- */
+#ifdef V6_DEVICE
+__device__ __forceinline__ void v6_cp16(uint32_t s, const void *g, bool valid)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g),
+		     "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
+{
+	asm volatile("{\n"
+		     ".reg .pred done;\n"
+		     "WAIT_%=:\n"
+		     "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+		     "@!done bra WAIT_%=;\n"
+		     "}\n" ::"r"(bar),
+		     "r"(parity)
+		     : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* The barrier counts one arrival when this thread's earlier cp.async are done. */
+__device__ __forceinline__ void mbar_cp_arrive(uint32_t bar)
+{
+	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* cp.async writes through the generic proxy, wgmma reads through the async
+ * one. */
+__device__ __forceinline__ void fence_async_smem(void)
+{
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* A shared-memory matrix descriptor, 128-byte swizzle. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+	return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+	       ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence(void)
+{
+	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_commit(void)
+{
+	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_wait0(void)
+{
+	asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+/* Keeps the compiler from reading or writing an accumulator across the
+ * asynchronous MMA (between its issue and the wait). */
+__device__ __forceinline__ void wg_touch(float *d)
+{
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define V6_D64                                                                                    \
+	"{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"  \
+	"%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45," \
+	"%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define V6_A8(d, i)                                                                               \
+	"+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+		"+f"(d[i + 6]), "+f"(d[i + 7])
+#define V6_A64(d)                                                                                 \
+	V6_A8(d, 0), V6_A8(d, 8), V6_A8(d, 16), V6_A8(d, 24), V6_A8(d, 32), V6_A8(d, 40),         \
+		V6_A8(d, 48), V6_A8(d, 56)
+
+/* d (+)= A B, m64n128k16: A and B from shared memory, both K-major. */
+__device__ __forceinline__ void wg_ss(float *d, uint64_t a, uint64_t b, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " V6_D64
+		     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+		     : V6_A64(d)
+		     : "l"(a), "l"(b), "r"(acc)
+		     : "memory");
+}
+
+/* d += A B, m64n128k16: A from registers (bf16 pairs), B from shared
+ * memory MN-major (transposed). */
+__device__ __forceinline__ void wg_rs(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+				      uint64_t b)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " V6_D64
+		     ", {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+		     : V6_A64(d)
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1)
+		     : "memory");
+}
+
+__device__ __forceinline__ uint32_t v6_pack(float lo, float hi)
+{
+	__nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+
+	return *(uint32_t *)&h;
+}
+#endif
+
+/* ---- the kernel ------------------------------------------------------------ */
+__global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
+{
+#ifdef V6_DEVICE
+	extern __shared__ unsigned char v6_smem_raw[];
+	const uint32_t raw = (uint32_t)__cvta_generic_to_shared(v6_smem_raw);
+	const uint32_t base = (raw + 1023) & ~1023u;
+	const uint32_t sQ = base, sK = sQ + V6_Q_BYTES, sV = sK + V6_STAGES * V6_T_BYTES;
+	const uint32_t bars = sV + V6_STAGES * V6_T_BYTES;	/* fullK[S], fullV[S], empty[S] */
+	int *s_pos = (int *)(v6_smem_raw + (bars - raw) + 3 * V6_STAGES * 8);	/* [2] min, [2] max */
+
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+	const int G = a.group, R = a.n_q * G;
+	const int mt = gridDim.x - 1 - blockIdx.x;	/* heavy (late) tiles first */
+	const int kvh = blockIdx.y, row0 = mt * V6_ROWS;
+
+	if (tid == 0) {
+		for (int s = 0; s < V6_STAGES; s++) {
+			mbar_init(bars + 8 * s, 32);			/* K: the producer's lanes */
+			mbar_init(bars + 8 * (V6_STAGES + s), 32);	/* V */
+			mbar_init(bars + 8 * (2 * V6_STAGES + s), 8);	/* empty: consumer warps */
+		}
+		s_pos[0] = s_pos[1] = INT_MAX;
+		s_pos[2] = s_pos[3] = INT_MIN;
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	__syncthreads();
+	if (tid < V6_ROWS) {
+		/* Each row's position; the warpgroups' (64 rows each) smallest
+		 * and largest. */
+		const int r = row0 + tid;
+
+		if (r < R) {
+			const int p = a.q_pos[r / G];
+
+			atomicMin(&s_pos[tid >> 6], p);
+			atomicMax(&s_pos[2 + (tid >> 6)], p);
+		}
+	}
+	__syncthreads();
+	const int qmax = max(s_pos[2], s_pos[3]);
+	const int ke = min(a.n_kv, qmax == INT_MIN ? 0 : (qmax == INT_MAX ? qmax : qmax + 1));
+	const int n_tiles = ke > 0 ? (ke + V6_BN - 1) / V6_BN : 0;
+
+	if (warp == 8) {
+		/* ---- producer: K and V tiles through the ring ---- */
+		const uint16_t *kh = a.k + (size_t)kvh * a.kv_stride * V6_HD;
+		const uint16_t *vh = a.v + (size_t)kvh * a.kv_stride * V6_HD;
+		/* Lane's chunk: rows 2 it + (lane >> 4), 16-byte chunk lane & 15. */
+		const int c = lane & 15, rl = lane >> 4;
+		const uint32_t coff = (c >> 3) * V6_HALF;
+
+		for (int i = 0; i < n_tiles; i++) {
+			const int s = i % V6_STAGES, j0 = i * V6_BN;
+
+			if (i >= V6_STAGES)
+				mbar_wait(bars + 8 * (2 * V6_STAGES + s), ((i / V6_STAGES) - 1) & 1);
+			const uint32_t dk = sK + s * V6_T_BYTES + coff, dv = sV + s * V6_T_BYTES + coff;
+#pragma unroll 8
+			for (int it = 0; it < V6_BN / 2; it++) {
+				const int r = 2 * it + rl, j = j0 + r;
+				const bool ok = j < a.n_kv;
+				const size_t off = ok ? (size_t)j * V6_HD + c * 8 : 0;
+				const uint32_t so = r * 128 + (((c & 7) ^ (r & 7)) << 4);
+
+				v6_cp16(dk + so, kh + off, ok);
+			}
+			mbar_cp_arrive(bars + 8 * s);
+#pragma unroll 8
+			for (int it = 0; it < V6_BN / 2; it++) {
+				const int r = 2 * it + rl, j = j0 + r;
+				const bool ok = j < a.n_kv;
+				const size_t off = ok ? (size_t)j * V6_HD + c * 8 : 0;
+				const uint32_t so = r * 128 + (((c & 7) ^ (r & 7)) << 4);
+
+				v6_cp16(dv + so, vh + off, ok);
+			}
+			mbar_cp_arrive(bars + 8 * (V6_STAGES + s));
+		}
+		asm volatile("cp.async.wait_all;\n" ::: "memory");
+		return;
+	}
+
+	/* ---- consumers: warpgroup wg, rows row0 + 64 wg ... + 63 ---- */
+	const int wg = warp >> 2, wq = warp & 3, gq = lane >> 2, t4 = lane & 3;
+	const uint32_t sQw = sQ + wg * (V6_Q_BYTES / 2);
+
+	/* Q: 64 rows x 16 chunks, 8 per thread, zero past the rows. */
+	for (int e = tid & 127; e < 64 * 16; e += 128) {
+		const int r = e >> 4, c = e & 15, rr = row0 + wg * 64 + r;
+		const bool ok = rr < R;
+		const uint16_t *src = ok ? a.q + ((size_t)(rr / G) * a.n_heads + kvh * G + rr % G) * V6_HD +
+					      c * 8 : a.q;
+
+		v6_cp16(sQw + (c >> 3) * (64 * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
+	}
+	asm volatile("cp.async.wait_all;\n" ::: "memory");
+	fence_async_smem();
+	asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+
+	const int r_lo = row0 + wg * 64 + wq * 16 + gq, r_hi = r_lo + 8;
+	const int qp_lo = r_lo < R ? a.q_pos[r_lo / G] : INT_MIN;
+	const int qp_hi = r_hi < R ? a.q_pos[r_hi / G] : INT_MIN;
+	/* The warp's smallest position (rows past R do not count): tiles
+	 * wholly at or below it need no mask. */
+	int wmin = min(r_lo < R ? qp_lo : INT_MAX, r_hi < R ? qp_hi : INT_MAX);
+
+	for (int o = 16; o > 0; o >>= 1)
+		wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+	const int wg_max = s_pos[2 + wg];
+	const float sl2 = a.scale_log2;
+
+	float o[64], s[64];
+	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		o[i] = s[i] = 0.0f;
+	const uint64_t dq0 = wg_desc(sQw, 16, 1024);
+
+	for (int i = 0; i < n_tiles; i++) {
+		const int st = i % V6_STAGES, ph = (i / V6_STAGES) & 1, j0 = i * V6_BN;
+		const bool skip = wg_max == INT_MIN || j0 > wg_max;
+		const uint32_t kt = sK + st * V6_T_BYTES, vt = sV + st * V6_T_BYTES;
+
+		mbar_wait(bars + 8 * st, ph);
+		if (!skip) {
+			fence_async_smem();
+			const uint64_t dk0 = wg_desc(kt, 16, 1024);
+
+			wg_touch(s);
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < V6_HD / 16; kk++) {
+				/* k step kk: half kk / 4, 32 bytes further per step within it */
+				const uint32_t qo = ((kk >> 2) * (64 * 128) + (kk & 3) * 32) >> 4;
+				const uint32_t ko = ((kk >> 2) * V6_HALF + (kk & 3) * 32) >> 4;
+
+				wg_ss(s, dq0 + qo, dk0 + ko, kk > 0);
+			}
+			wg_commit();
+			wg_wait0();
+			wg_touch(s);
+
+			/* Scale (log2 units) and mask: key j = j0 + 8 n + 2 t4 + e. */
+			const bool full = j0 + V6_BN <= a.n_kv && j0 + V6_BN - 1 <= wmin;
+#pragma unroll
+			for (int n = 0; n < V6_BN / 8; n++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					float xl = s[4 * n + e] * sl2, xh = s[4 * n + 2 + e] * sl2;
+
+					if (!full) {
+						const int j = j0 + 8 * n + 2 * t4 + e;
+
+						if (j >= a.n_kv || j > qp_lo)
+							xl = -INFINITY;
+						if (j >= a.n_kv || j > qp_hi)
+							xh = -INFINITY;
+					}
+					s[4 * n + e] = xl;
+					s[4 * n + 2 + e] = xh;
+				}
+
+			/* Online softmax over rows gq (lo) and gq + 8 (hi); the quad's
+			 * 4 lanes share a row. */
+			float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+			for (int n = 0; n < V6_BN / 8; n++) {
+				mx_lo = fmaxf(mx_lo, fmaxf(s[4 * n], s[4 * n + 1]));
+				mx_hi = fmaxf(mx_hi, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+			}
+			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+			const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+			/* A row that has seen nothing yet subtracts 0: every p is 0. */
+			const float b_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
+			const float b_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+			const float al_lo = exp2f(m_lo - b_lo), al_hi = exp2f(m_hi - b_hi);
+			float rs_lo = 0.0f, rs_hi = 0.0f;
+
+#pragma unroll
+			for (int n = 0; n < V6_BN / 8; n++) {
+				s[4 * n] = exp2f(s[4 * n] - b_lo);
+				s[4 * n + 1] = exp2f(s[4 * n + 1] - b_lo);
+				s[4 * n + 2] = exp2f(s[4 * n + 2] - b_hi);
+				s[4 * n + 3] = exp2f(s[4 * n + 3] - b_hi);
+				rs_lo += s[4 * n] + s[4 * n + 1];
+				rs_hi += s[4 * n + 2] + s[4 * n + 3];
+			}
+			l_lo = l_lo * al_lo + rs_lo;
+			l_hi = l_hi * al_hi + rs_hi;
+			m_lo = mn_lo;
+			m_hi = mn_hi;
+#pragma unroll
+			for (int n = 0; n < V6_HD / 8; n++) {
+				o[4 * n] *= al_lo;
+				o[4 * n + 1] *= al_lo;
+				o[4 * n + 2] *= al_hi;
+				o[4 * n + 3] *= al_hi;
+			}
+
+			/* P in bf16, the A fragments of the 8 key steps: the
+			 * accumulator layout of n-tiles 2 kk, 2 kk + 1 is the A
+			 * layout of one 16-key step. */
+			uint32_t p[32];
+#pragma unroll
+			for (int kk = 0; kk < V6_BN / 16; kk++) {
+				p[4 * kk] = v6_pack(s[8 * kk], s[8 * kk + 1]);
+				p[4 * kk + 1] = v6_pack(s[8 * kk + 2], s[8 * kk + 3]);
+				p[4 * kk + 2] = v6_pack(s[8 * kk + 4], s[8 * kk + 5]);
+				p[4 * kk + 3] = v6_pack(s[8 * kk + 6], s[8 * kk + 7]);
+			}
+
+			mbar_wait(bars + 8 * (V6_STAGES + st), ph);
+			fence_async_smem();
+			/* V MN-major: 64-column halves V6_HALF apart (LBO), 8-key
+			 * groups 1024 apart (SBO), 16 keys (2048 bytes) a step. */
+			const uint64_t dv0 = wg_desc(vt, V6_HALF, 1024);
+
+			wg_touch(o);
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < V6_BN / 16; kk++)
+				wg_rs(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+				      dv0 + ((kk * 2048) >> 4));
+			wg_commit();
+			wg_wait0();
+			wg_touch(o);
+		} else {
+			mbar_wait(bars + 8 * (V6_STAGES + st), ph);
+		}
+		__syncwarp();
+		if (lane == 0)
+			mbar_arrive(bars + 8 * (2 * V6_STAGES + st));
+	}
+
+	/* Normalise and store: row lo / hi, columns 8 n + 2 t4, + 1. */
+	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+	const float i_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f, i_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+
+	if (r_lo < R) {
+		uint16_t *dst = a.out + ((size_t)(r_lo / G) * a.n_heads + kvh * G + r_lo % G) * V6_HD;
+#pragma unroll
+		for (int n = 0; n < V6_HD / 8; n++)
+			*(uint32_t *)(dst + 8 * n + 2 * t4) = v6_pack(o[4 * n] * i_lo, o[4 * n + 1] * i_lo);
+	}
+	if (r_hi < R) {
+		uint16_t *dst = a.out + ((size_t)(r_hi / G) * a.n_heads + kvh * G + r_hi % G) * V6_HD;
+#pragma unroll
+		for (int n = 0; n < V6_HD / 8; n++)
+			*(uint32_t *)(dst + 8 * n + 2 * t4) = v6_pack(o[4 * n + 2] * i_hi, o[4 * n + 3] * i_hi);
+	}
+#endif
+}
+
+/* ---- host side -------------------------------------------------------------- */
+
+/* Per device: 0 not checked, 1 v6 runs here, -1 it does not (not sm_90, or
+ * no sm_90a image). Set when a context is made (never in a capture). */
+static int v6_ok[64];
+
+extern "C" int kvmem_cuda_attention_v6_setup(kvmem_cuda_ctx *c)
+{
+	cudaFuncAttributes fa;
+	int major = 0, minor = 0;
+
+	if (c->device >= 64 || v6_ok[c->device])
+		return 0;
+	if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device) != cudaSuccess ||
+	    major != 9 || minor != 0 || cudaFuncGetAttributes(&fa, attn_v6_kernel) != cudaSuccess) {
+		cudaGetLastError();	/* not an error: v4 runs instead */
+		v6_ok[c->device] = -1;
+		return 0;
+	}
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(attn_v6_kernel,
+							 cudaFuncAttributeMaxDynamicSharedMemorySize,
+							 V6_SMEM),
+				    "attention v6: shared memory"))
+		return rc;
+	v6_ok[c->device] = 1;
+	return 0;
+}
+
+/* Whether the row tiles alone fill the GPU (no split-K in v6): the main
+ * path takes v4, which splits the keys, for short chunks over long views. */
+extern "C" int kvmem_cuda_attention_v6_fills(const kvmem_cuda_ctx *c, int n_q, int n_heads,
+					     int n_kv_heads)
+{
+	const long long R = (long long)n_q * (n_heads / n_kv_heads);
+
+	return (R + V6_ROWS - 1) / V6_ROWS * n_kv_heads >= c->sms;
+}
+
+/* 0 done (or a negative errno), 1 not taken here: the caller runs v4. */
+extern "C" int kvmem_cuda_attention_v6(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+				       const int32_t *q_pos, int n_q, const uint16_t *k,
+				       const uint16_t *v, const int32_t *kv_pos, int n_kv,
+				       size_t kv_stride, int n_heads, int n_kv_heads, int head_dim,
+				       float scale)
+{
+	const long long R = (long long)n_q * (n_heads / n_kv_heads);
+	const long long tiles = (R + V6_ROWS - 1) / V6_ROWS;
+	v6_args a;
+
+	if (c->device >= 64 || v6_ok[c->device] != 1 || head_dim != V6_HD || kv_pos || R <= 16 ||
+	    tiles > INT_MAX)
+		return 1;
+	a.out = out;
+	a.q = q;
+	a.k = k;
+	a.v = v;
+	a.q_pos = q_pos;
+	a.n_q = n_q;
+	a.n_kv = n_kv;
+	a.n_heads = n_heads;
+	a.group = n_heads / n_kv_heads;
+	a.kv_stride = (long long)kv_stride;
+	a.scale_log2 = scale * 1.4426950408889634f;
+	attn_v6_kernel<<<dim3((unsigned)tiles, n_kv_heads), V6_THREADS, V6_SMEM, c->stream>>>(a);
+	return kvmem_cuda_launched("attention v6");
+}
