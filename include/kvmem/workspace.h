@@ -325,6 +325,13 @@ typedef struct kvmem_session_stats {
 	int64_t kept_tokens;	/* tokens left in place (same slot, same block) */
 	int64_t device_scored;	/* selections scored on the backend's device */
 	uint64_t index_device_bytes;	/* the backend's copy of the index now */
+	/* Where the session's token runs spent their time (not saved with the
+	 * state): in the backend's forward (on a GPU: launch, wait, outputs
+	 * down); putting a forward's rows away on the session's thread (index
+	 * sums, pages, the query window: the stage-out thread does it instead
+	 * for the jobs it takes); and the rest of the session's own work
+	 * (the hand-off, commits). A decode step's budget is all three. */
+	int64_t forward_ns, store_ns, own_ns;
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;

@@ -5,7 +5,8 @@
  * session gives out must not change: the same pages, the same index, the
  * same logits and plans as writing in line; selections in the middle of an
  * append see every row written; a failed write surfaces as the append's
- * error and leaves the session unusable.
+ * error and leaves the session unusable. The same holds when a decode
+ * step's one token goes to the worker (a device backend's default).
  *
  * The in-line twin is the same source with a sync op (a commit per forward
  * pass is written in line), so both runs use the same chunks.
@@ -142,9 +143,10 @@ static void same_pages(struct run *a, struct run *b, const kvmem_config *c, int6
 		}
 }
 
-static void test_same_as_in_line(void **state)
+/* decode: tokens each decode call takes (a long one forces selections
+ * while its rows are in flight). */
+static void same_as_in_line(uint64_t rng, int decode)
 {
-	uint64_t rng = g_seed;
 	kvmem_config c = test_model_config(2, 32, 4, 2, 16, 48, 61, 0);
 	kvmem_model *m = test_model_random(&c, (uint64_t)test_rng_int(&rng, 1, 1 << 30));
 	kvmem_backend *e = kvmem_backend_cpu(m, 128);
@@ -156,7 +158,8 @@ static void test_same_as_in_line(void **state)
 		int n = test_rng_int(&rng, 700, 1100);
 		int32_t *tok = malloc(sizeof(int32_t) * n);
 		struct run a, b;
-		int32_t da[6], db[6];
+		int32_t *da = malloc(sizeof(int32_t) * 2 * decode), *db = malloc(sizeof(int32_t) * 2 * decode);
+		kvmem_session_stats sa, sb;
 
 		for (int i = 0; i < n; i++)
 			tok[i] = test_rng_int(&rng, 0, c.vocab - 1);
@@ -166,13 +169,31 @@ static void test_same_as_in_line(void **state)
 		 * writes, and selections while rows are in flight */
 		assert_int_equal(kvmem_session_append(a.s, tok, n / 2, 0), 0);
 		assert_int_equal(kvmem_session_append(b.s, tok, n / 2, 0), 0);
-		assert_int_equal(kvmem_session_decode(a.s, 3, NULL, da), 0);
-		assert_int_equal(kvmem_session_decode(b.s, 3, NULL, db), 0);
+		assert_int_equal(kvmem_session_decode(a.s, decode, NULL, da), 0);
+		assert_int_equal(kvmem_session_decode(b.s, decode, NULL, db), 0);
 		assert_int_equal(kvmem_session_append(a.s, tok + n / 2, n - n / 2, 0), 0);
 		assert_int_equal(kvmem_session_append(b.s, tok + n / 2, n - n / 2, 0), 0);
-		assert_int_equal(kvmem_session_decode(a.s, 3, NULL, da + 3), 0);
-		assert_int_equal(kvmem_session_decode(b.s, 3, NULL, db + 3), 0);
-		assert_memory_equal(da, db, sizeof(da));
+		assert_int_equal(kvmem_session_decode(a.s, decode, NULL, da + decode), 0);
+		assert_int_equal(kvmem_session_decode(b.s, decode, NULL, db + decode), 0);
+		assert_memory_equal(da, db, sizeof(int32_t) * 2 * decode);
+		/* The timers: the in-line twin wrote every page on the session's
+		 * thread; with the worker taking every job (KVMEM_STAGE_MIN=1)
+		 * none was. */
+		kvmem_session_get_stats(a.s, &sa);
+		kvmem_session_get_stats(b.s, &sb);
+		assert_true(sa.forward_ns > 0 && sb.forward_ns > 0);
+		assert_true(sa.own_ns > 0 && sb.own_ns > 0);
+		assert_true(sb.store_ns > 0);
+		if (getenv("KVMEM_STAGE_MIN"))
+			assert_int_equal(sa.store_ns, 0);
+		else	/* the decode steps' tokens, in line */
+			assert_true(sa.store_ns > 0);
+		if (decode > 100 && budget) {
+			kvmem_session_stats st;
+
+			kvmem_session_get_stats(a.s, &st);
+			assert_true(st.forced > 0);	/* a selection inside a decode */
+		}
 		assert_int_equal(a.rec.n_fwd, b.rec.n_fwd);
 		assert_memory_equal(a.rec.logits, b.rec.logits,
 				    sizeof(float) * (size_t)a.rec.n_fwd * c.vocab);
@@ -183,6 +204,17 @@ static void test_same_as_in_line(void **state)
 			assert_memory_equal(a.rec.plans, b.rec.plans,
 					    sizeof(int64_t) * a.rec.n_plan_blocks);
 		same_pages(&a, &b, &c, kvmem_session_tokens(a.s));
+		{	/* the query window, the plan, the counters: one state */
+			void *ba, *bb;
+			size_t la, lb;
+
+			assert_int_equal(kvmem_session_save_state(a.s, &ba, &la), 0);
+			assert_int_equal(kvmem_session_save_state(b.s, &bb, &lb), 0);
+			assert_int_equal(la, lb);
+			assert_memory_equal(ba, bb, la);
+			free(ba);
+			free(bb);
+		}
 		{
 			const kvmem_index *ia = kvmem_session_index(a.s),
 					  *ib = kvmem_session_index(b.s);
@@ -196,9 +228,26 @@ static void test_same_as_in_line(void **state)
 		run_close(&a);
 		run_close(&b);
 		free(tok);
+		free(da);
+		free(db);
 	}
 	kvmem_backend_close(e);
 	test_model_free(m);
+}
+
+static void test_same_as_in_line(void **state)
+{
+	same_as_in_line(g_seed, 3);
+}
+
+/* A device backend hands even a decode step's one token to the worker;
+ * forced here on the cpu backend, with decodes long enough to select in
+ * the middle. */
+static void test_decode_on_worker(void **state)
+{
+	setenv("KVMEM_STAGE_MIN", "1", 1);
+	same_as_in_line(g_seed ^ 0xdec0de, 150);
+	unsetenv("KVMEM_STAGE_MIN");
 }
 
 /* A write that fails on the stage-out thread: the append reports it (the
@@ -228,11 +277,43 @@ static void test_failed_write(void **state)
 	test_model_free(m);
 }
 
+/* The same in a decode whose tokens go to the worker: the decode reports
+ * the worker's error, and nothing runs after it. */
+static void test_failed_write_in_decode(void **state)
+{
+	uint64_t rng = g_seed ^ 0xdead;
+	kvmem_config c = test_model_config(2, 32, 4, 2, 16, 48, 61, 1);
+	kvmem_model *m = test_model_random(&c, (uint64_t)test_rng_int(&rng, 1, 1 << 30));
+	kvmem_backend *e = kvmem_backend_cpu(m, 128);
+	int32_t tok[64], out[40];
+	struct run a;
+
+	for (int i = 0; i < 64; i++)
+		tok[i] = test_rng_int(&rng, 0, c.vocab - 1);
+	setenv("KVMEM_STAGE_MIN", "1", 1);
+	run_open(&a, e, &c, 0, 0);
+	assert_int_equal(kvmem_session_append(a.s, tok, 64, 0), 0);
+	g_src.writes = 0;
+	/* one of the decode's writes (2 layers a token) */
+	g_src.fail_at = test_rng_int(&rng, 1, 2 * 40);
+	assert_int_equal(kvmem_session_decode(a.s, 40, NULL, out), -EIO);
+	assert_non_null(strstr(kvmem_last_error(), "injected write failure"));
+	g_src.fail_at = 0;
+	assert_int_equal(kvmem_session_decode(a.s, 1, NULL, out), -EINVAL);
+	assert_non_null(strstr(kvmem_last_error(), "unusable"));
+	run_close(&a);
+	unsetenv("KVMEM_STAGE_MIN");
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_same_as_in_line),
 		cmocka_unit_test(test_failed_write),
+		cmocka_unit_test(test_decode_on_worker),
+		cmocka_unit_test(test_failed_write_in_decode),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_stageout");

@@ -829,6 +829,10 @@ struct step_result {
 	double adopt_s, step_s[64], select_s[64], decode_s[64];
 	uint64_t bytes[64], nvme_pages[64], pool_hits[64], tokens[64];
 	double decode_tps;
+	/* The timed decode: its per-token split (kvmem_session_stats), the
+	 * view's length when it began, and selections it forced. */
+	double dec_fwd_ms, dec_store_ms, dec_own_ms;
+	int64_t dec_view, dec_forced;
 	uint64_t mem_used;	/* the backend's device memory with the session's view */
 	int64_t entered[64];	/* blocks that entered the view at each step */
 	double select_only_s;	/* a selection that moves nothing: scoring + planning */
@@ -942,10 +946,19 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 				ix->head_dim * 4;
 	}
 	if (do_decode) {
+		kvmem_session_stats a, b;
+
+		kvmem_session_get_stats(s, &a);
+		r->dec_view = kvmem_session_view_len(s);
 		t0 = cli_now_s();
 		if (kvmem_session_decode(s, x->o.decode, NULL, NULL) < 0)
 			goto out;
 		r->decode_tps = x->o.decode / (cli_now_s() - t0);
+		kvmem_session_get_stats(s, &b);
+		r->dec_fwd_ms = (b.forward_ns - a.forward_ns) / 1e6 / x->o.decode;
+		r->dec_store_ms = (b.store_ns - a.store_ns) / 1e6 / x->o.decode;
+		r->dec_own_ms = (b.own_ns - a.own_ns) / 1e6 / x->o.decode;
+		r->dec_forced = b.forced - a.forced;
 	}
 	rc = 0;
 out:
@@ -1013,6 +1026,12 @@ static int ph_step(struct ctx *x, int phases)
 		       "plain decode at %" PRId64 ": %.1f tokens/s; ratio %.2f\n", x->o.view,
 		       x->o.tokens, warm.decode_tps, x->o.view, x->plain_decode_tps,
 		       warm.decode_tps / x->plain_decode_tps);
+	if (phases & PH_DECODE)
+		printf("    per token: forward %.3f ms, page writes in line %.3f ms, session's own "
+		       "%.3f ms; plain %.3f ms in all; view %" PRId64 " tokens at the start (plain "
+		       "%" PRId64 "), %" PRId64 " selections forced\n", warm.dec_fwd_ms,
+		       warm.dec_store_ms, warm.dec_own_ms, 1e3 / x->plain_decode_tps, warm.dec_view,
+		       x->o.view, warm.dec_forced);
 	if (run_tier(x, &x->geo, dir, x->o.tokens, small, steps, 0, &cold) < 0)
 		goto out;
 	printf("\n");

@@ -179,15 +179,15 @@ void kvmem_session_free(kvmem_session *s)
 }
 
 /* Keep the raw queries of the last query_tokens tokens in the ring. The
- * forward pass returned those of the last `rows` of its n tokens
- * ([L][rows][qw] in q_raw; rows >= the ones kept). A decode step writes one
+ * forward pass over tokens [p0, p0 + n) returned those of the last `rows`
+ * ([L][rows][qw] in q; rows >= the ones kept). A decode step writes one
  * row a layer: nothing older moves. */
-static void keep_queries(kvmem_session *s, int n, int rows)
+static void keep_queries(kvmem_session *s, const float *q, int64_t p0, int n, int rows)
 {
 	const int T = s->o.query_tokens, L = s->cfg.n_layers;
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
 	const int from_new = n < T ? n : T;
-	const int64_t first = s->blocks.n_tokens - from_new;	/* the first new one kept */
+	const int64_t first = p0 + n - from_new;	/* the first new one kept */
 
 	for (int i = 0; i < from_new; i++) {
 		int slot;
@@ -200,8 +200,7 @@ static void keep_queries(kvmem_session *s, int n, int rows)
 			s->q_head = (s->q_head + 1) % T;
 		}
 		for (int l = 0; l < L; l++)
-			memcpy(ws_qrow(s, l, slot),
-			       s->q_raw + ((size_t)l * rows + (rows - from_new + i)) * qw,
+			memcpy(ws_qrow(s, l, slot), q + ((size_t)l * rows + (rows - from_new + i)) * qw,
 			       qw * sizeof(float));
 		s->qpos[slot] = first + i;
 	}
@@ -243,6 +242,15 @@ int ws_store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const fl
 	return 0;
 }
 
+int ws_put_rows(kvmem_session *s, const struct ws_rows *r)
+{
+	if (kvmem_index_append(&s->index, r->k, r->n) ||
+	    ws_store_pages(s, r->p0, r->n, r->k, r->v))
+		return kvmem_fail();
+	keep_queries(s, r->q, r->p0, r->n, r->q_rows);
+	return 0;
+}
+
 /* One engine call over n tokens at the end of the view, then the history. */
 static int usable(const kvmem_session *s)
 {
@@ -256,7 +264,8 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	/* Only the queries keep_queries keeps come back. */
 	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw,
 				    .q_last = n < s->o.query_tokens ? n : s->o.query_tokens };
-	const int64_t p0 = s->blocks.n_tokens;
+	const int64_t p0 = s->blocks.n_tokens, store0 = s->st.store_ns;
+	int64_t t0, t1;
 
 	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
 		return kvmem_fail();
@@ -265,17 +274,19 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	if (kvmem_grow(&s->tokens, sizeof(int32_t), (size_t)(p0 + n), &s->cap_tokens, 1024))
 		return kvmem_error(ENOMEM, "session: out of memory for %lld token ids",
 				   (long long)(p0 + n));
+	t0 = ws_now_ns();
 	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, s->logits, s->o.all_logits, &out))
 		return kvmem_error_prefix("session");
+	t1 = ws_now_ns();
+	s->st.forward_ns += t1 - t0;
 	s->st.forwards++;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
-	if (kvmem_index_append(&s->index, s->raw_k, n) || ws_stage_rows(s, p0, n)) {
+	if (ws_stage_rows(s, p0, n, kvmem_fwd_q_rows(&out, n))) {
 		/* The view holds tokens the history lacks. */
 		s->broken = 1;
 		return kvmem_fail();
 	}
 	s->blocks.n_tokens = p0 + n;
-	keep_queries(s, n, kvmem_fwd_q_rows(&out, n));
 	if (s->o.all_logits) {
 		memcpy(s->last_logits, s->logits + (size_t)(n - 1) * s->cfg.vocab,
 		       (size_t)s->cfg.vocab * sizeof(float));
@@ -289,6 +300,7 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	if (s->src->ops->sync && s->src->ops->sync(s->src->ctx, s->blocks.n_tokens))
 		return kvmem_error_prefix("session: committing %lld tokens",
 					(long long)s->blocks.n_tokens);
+	s->st.own_ns += ws_now_ns() - t1 - (s->st.store_ns - store0);
 	if (s->o.on_forward)	/* every row, or the one now in last_logits */
 		s->o.on_forward(s->o.arg, tok, n, s->o.all_logits ? s->logits : s->last_logits);
 	return 0;
@@ -412,10 +424,13 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 
 		if (out)
 			out[i] = tok;
-		if (run_tokens(s, &tok, 1))
+		if (run_tokens(s, &tok, 1)) {
+			ws_stage_drain(s);
 			return kvmem_fail();
+		}
 	}
-	return 0;
+	/* The caller may read or commit the source now. */
+	return ws_stage_wait(s);
 }
 
 int64_t kvmem_session_tokens(const kvmem_session *s)

@@ -4,6 +4,8 @@
 #ifndef KVMEM_WORKSPACE_SESSION_INT_H
 #define KVMEM_WORKSPACE_SESSION_INT_H
 
+#include <time.h>
+
 #include "kvmem/workspace.h"
 
 struct kvmem_session {
@@ -61,10 +63,20 @@ struct kvmem_session {
 	/* A chunk's rows on their way to the source (stageout.c); NULL until
 	 * the first large chunk. raw_k/v above and its spare pair swap. */
 	struct ws_stage *stage;
+	int stage_min;			/* the smallest job it takes (0: not decided) */
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
 };
+
+/* CLOCK_MONOTONIC in nanoseconds (the stats' timers). */
+static inline int64_t ws_now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 /* The view's length on the backend. */
 static inline int64_t ws_view_len(const kvmem_session *s)
@@ -98,10 +110,23 @@ int ws_view_restore(kvmem_session *s);
  * pages, all layers. */
 int ws_store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const float *v);
 
-/* stageout.c: the rows of the forward just run (s->raw_k, s->v) to the
- * source, on the stage-out thread for a large chunk (the session then
- * holds the other buffer pair), else in line. */
-int ws_stage_rows(kvmem_session *s, int64_t p0, int n);
+/* What a forward over tokens [p0, p0 + n) gave the history: raw K and V
+ * ([L][n][kw]) and the queries of its last q_rows tokens ([L][q_rows][qw]). */
+struct ws_rows {
+	int64_t p0;
+	int n, q_rows;
+	const float *k, *v, *q;
+};
+
+/* session.c: put them away: the index appended, the pages written, the
+ * queries kept in the ring. */
+int ws_put_rows(kvmem_session *s, const struct ws_rows *r);
+
+/* stageout.c: ws_put_rows for the forward just run (s->raw_k, s->v,
+ * s->q_raw), on the stage-out thread (the session then holds the other
+ * buffers) or in line. The index, the pages and the query ring are the
+ * job's until ws_stage_wait. */
+int ws_stage_rows(kvmem_session *s, int64_t p0, int n, int q_rows);
 /* Wait for the rows in flight: 0, or the write's error (the session is
  * then broken). Before anything that reads or commits the source. */
 int ws_stage_wait(kvmem_session *s);

@@ -1,22 +1,32 @@
 // SPDX-License-Identifier: MIT
 /*
- * A prefill chunk's raw K/V go to the page source on their own thread while
- * the next chunk computes.
+ * A forward's rows go to the history on their own thread while the next
+ * forward computes: raw K/V to the index and the page source, the raw
+ * queries to the session's query ring.
  *
  * Writing a chunk's pages (narrowing rows to the page type, the pager's copy
  * into its stage-out extents, checksums, the io_uring writes) took longer
  * than the chunk's forward pass on a GPU; on the session's thread it added
  * to every chunk. Here it overlaps the next chunk's forward pass instead:
- * after a forward, the session hands its raw K/V buffers to the worker and
- * the next forward writes into a second pair. One job at a time, in token
- * order (a source takes a block's tokens in order). Nothing else touches the
- * source meanwhile: ws_stage_wait comes first in everything that does
- * (selection and rematerialisation, the end of an append, freeing), and a
- * source with a sync op (a commit per forward) is written in line. Small
- * writes (a decode step's token) stay in line too: a hand-off costs more
- * than the write. The history's commit rule is unchanged: a block reaches
- * the pager (and later the disk) only after its rows were written, and
- * nothing is reported committed before the wait.
+ * after a forward, the session hands its raw K, V and query buffers to the
+ * worker and the next forward writes into a second set. One job at a time,
+ * in token order (a source takes a block's tokens in order, the index and
+ * the ring too). Nothing else touches the source, the index or the ring
+ * meanwhile: ws_stage_wait comes first in everything that does (selection
+ * and rematerialisation, select-ahead, the end of an append or a decode,
+ * freeing), and a source with a sync op (a commit per forward) is written
+ * in line. The history's commit rule is unchanged: a block reaches the
+ * pager (and later the disk) only after its rows were written, and nothing
+ * is reported committed before the wait.
+ *
+ * Small jobs (a decode step's one token) go to the worker only when the
+ * backend computes on a device of its own (it has host_register): there
+ * the host's cores wait on the GPU during the next forward, and a decode
+ * step's share (36 layers' index sums and 590 KB of queries each token, a
+ * block's pages copied and checksummed every 32) would otherwise add to
+ * every token: 0.18 ms of 7.7 at 36 layers on the H200's host. On the cpu
+ * backend the forward itself needs those cores, and they stay in line.
+ * KVMEM_STAGE_MIN=N overrides the smallest job the worker takes.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -26,8 +36,31 @@
 #include "kvmem/kvmem.h"
 #include "workspace/session_int.h"
 
-/* Chunks of fewer tokens are written in line. */
+/* Chunks of fewer tokens are written in line (host backends). */
 #define STAGE_MIN_TOKENS 64
+
+/* The smallest job the worker takes, decided once per session. */
+static int stage_min(kvmem_session *s)
+{
+	if (!s->stage_min) {
+		const char *e = getenv("KVMEM_STAGE_MIN");
+		long v = e ? strtol(e, NULL, 10) : 0;
+
+		s->stage_min = v >= 1 && v <= (1 << 30) ? (int)v :
+			       s->be->ops->host_register ? 1 : STAGE_MIN_TOKENS;
+	}
+	return s->stage_min;
+}
+
+/* In line, on the session's thread (timed: kvmem_session_stats.store_ns). */
+static int put_inline(kvmem_session *s, const struct ws_rows *r)
+{
+	int64_t t0 = ws_now_ns();
+	int rc = ws_put_rows(s, r);
+
+	s->st.store_ns += ws_now_ns() - t0;
+	return rc;
+}
 
 enum { IDLE, POSTED, DONE };
 
@@ -37,10 +70,8 @@ struct ws_stage {
 	pthread_cond_t cv;
 	int state, quit;
 	kvmem_session *s;
-	int64_t p0;
-	int n;
-	float *k, *v;		/* the job's rows: one of the two pairs */
-	float *spare_k, *spare_v;	/* the pair the session does not hold */
+	struct ws_rows job;	/* its rows: one of the two sets */
+	float *spare_k, *spare_v, *spare_q;	/* the set the session does not hold */
 	int rc, err;
 	char msg[512];
 };
@@ -56,7 +87,7 @@ static void *worker(void *arg)
 		if (g->quit)
 			break;
 		pthread_mutex_unlock(&g->mu);
-		int rc = ws_store_pages(g->s, g->p0, g->n, g->k, g->v);
+		int rc = ws_put_rows(g->s, &g->job);
 
 		pthread_mutex_lock(&g->mu);
 		g->rc = rc;
@@ -71,31 +102,36 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-/* The worker and the second buffer pair, made at the first large chunk. */
+static void spares_free(struct ws_stage *g)
+{
+	free(g->spare_k);
+	free(g->spare_v);
+	free(g->spare_q);
+	free(g);
+}
+
+/* The worker and the second buffer set (the sizes of the session's own),
+ * made at the first job it takes. */
 static int stage_start(kvmem_session *s)
 {
-	const size_t rows = (size_t)s->cfg.n_layers * s->o.chunk * s->cfg.n_kv_heads *
-			    s->cfg.head_dim;
+	const size_t rows = (size_t)s->cfg.n_layers * s->o.chunk * s->cfg.head_dim;
 	struct ws_stage *g = calloc(1, sizeof(*g));
 
 	if (!g)
 		return -ENOMEM;
 	g->s = s;
-	g->spare_k = malloc(rows * sizeof(float));
-	g->spare_v = malloc(rows * sizeof(float));
-	if (!g->spare_k || !g->spare_v || pthread_mutex_init(&g->mu, NULL)) {
-		free(g->spare_k);
-		free(g->spare_v);
-		free(g);
+	g->spare_k = malloc(rows * s->cfg.n_kv_heads * sizeof(float));
+	g->spare_v = malloc(rows * s->cfg.n_kv_heads * sizeof(float));
+	g->spare_q = malloc(rows * s->cfg.n_heads * sizeof(float));
+	if (!g->spare_k || !g->spare_v || !g->spare_q || pthread_mutex_init(&g->mu, NULL)) {
+		spares_free(g);
 		return -ENOMEM;
 	}
 	pthread_cond_init(&g->cv, NULL);
 	if (pthread_create(&g->th, NULL, worker, g)) {
 		pthread_cond_destroy(&g->cv);
 		pthread_mutex_destroy(&g->mu);
-		free(g->spare_k);
-		free(g->spare_v);
-		free(g);
+		spares_free(g);
 		return -EAGAIN;
 	}
 	s->stage = g;
@@ -133,26 +169,23 @@ void ws_stage_drain(kvmem_session *s)
 	drain(s);
 }
 
-int ws_stage_rows(kvmem_session *s, int64_t p0, int n)
+int ws_stage_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 {
+	struct ws_rows r = { .p0 = p0, .n = n, .q_rows = q_rows, .k = s->raw_k, .v = s->v,
+			     .q = s->q_raw };
 	struct ws_stage *g;
-	float *k, *v;
 
-	if (n < STAGE_MIN_TOKENS || s->src->ops->sync || (!s->stage && stage_start(s)))
-		return ws_stage_wait(s) || ws_store_pages(s, p0, n, s->raw_k, s->v) ? kvmem_fail() : 0;
+	if (n < stage_min(s) || s->src->ops->sync || (!s->stage && stage_start(s)))
+		return ws_stage_wait(s) || put_inline(s, &r) ? kvmem_fail() : 0;
 	if (ws_stage_wait(s))
 		return kvmem_fail();
 	g = s->stage;
 	/* The job takes the rows just computed; the next forward writes into
-	 * the other pair. */
-	k = s->raw_k, v = s->v;
-	s->raw_k = g->spare_k, s->v = g->spare_v;
-	g->spare_k = k, g->spare_v = v;
+	 * the other set. */
+	s->raw_k = g->spare_k, s->v = g->spare_v, s->q_raw = g->spare_q;
+	g->spare_k = (float *)r.k, g->spare_v = (float *)r.v, g->spare_q = (float *)r.q;
 	pthread_mutex_lock(&g->mu);
-	g->p0 = p0;
-	g->n = n;
-	g->k = k;
-	g->v = v;
+	g->job = r;
 	g->state = POSTED;
 	pthread_cond_broadcast(&g->cv);
 	pthread_mutex_unlock(&g->mu);
@@ -173,8 +206,6 @@ void ws_stage_free(kvmem_session *s)
 	pthread_join(g->th, NULL);
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
-	free(g->spare_k);
-	free(g->spare_v);
-	free(g);
+	spares_free(g);
 	s->stage = NULL;
 }
