@@ -1027,7 +1027,7 @@ static int ph_step(struct ctx *x, int phases)
 		       x->o.tokens, warm.decode_tps, x->o.view, x->plain_decode_tps,
 		       warm.decode_tps / x->plain_decode_tps);
 	if (phases & PH_DECODE)
-		printf("    per token: forward %.3f ms, page writes in line %.3f ms, session's own "
+		printf("    per token: forward %.3f ms, rows put away in line (index, pages, queries) %.3f ms, own "
 		       "%.3f ms; plain %.3f ms in all; view %" PRId64 " tokens at the start (plain "
 		       "%" PRId64 "), %" PRId64 " selections forced\n", warm.dec_fwd_ms,
 		       warm.dec_store_ms, warm.dec_own_ms, 1e3 / x->plain_decode_tps, warm.dec_view,
