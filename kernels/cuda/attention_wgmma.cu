@@ -40,11 +40,13 @@
 #define V6_BN 128		/* keys per tile */
 #define V6_ROWS 128		/* rows per block: two warpgroups of 64 */
 #define V6_STAGES 2
-#define V6_THREADS (2 * 128 + 32)
+#define V6_THREADS (3 * 128)	/* a producer warpgroup, two consumers */
+#define V6_REG_PRODUCER 40	/* setmaxnreg: 128 x 40 + 256 x 232 <= 64K */
+#define V6_REG_CONSUMER 232
 #define V6_Q_BYTES (V6_ROWS * V6_HD * 2)	/* 32 KB */
 #define V6_T_BYTES (V6_BN * V6_HD * 2)	/* one K or V tile: 32 KB */
 #define V6_HALF (V6_BN * 128)		/* bytes of a 64-column half of a tile */
-#define V6_SMEM (1024 + V6_Q_BYTES + 2 * V6_STAGES * V6_T_BYTES + 3 * V6_STAGES * 8 + 64)
+#define V6_SMEM (1024 + V6_Q_BYTES + 2 * V6_STAGES * V6_T_BYTES + 4 * V6_STAGES * 8 + 64)
 
 struct v6_args {
 	uint16_t *out;
@@ -119,9 +121,18 @@ __device__ __forceinline__ void wg_commit(void)
 	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void wg_wait0(void)
+template <int N> __device__ __forceinline__ void wg_wait(void)
 {
-	asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* 2^x (ex2.approx, flush to zero): 2^-inf = 0. */
+__device__ __forceinline__ float v6_ex2(float x)
+{
+	float y;
+
+	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+	return y;
 }
 
 /* Keeps the compiler from reading or writing an accumulator across the
@@ -184,8 +195,11 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 	const uint32_t raw = (uint32_t)__cvta_generic_to_shared(v6_smem_raw);
 	const uint32_t base = (raw + 1023) & ~1023u;
 	const uint32_t sQ = base, sK = sQ + V6_Q_BYTES, sV = sK + V6_STAGES * V6_T_BYTES;
-	const uint32_t bars = sV + V6_STAGES * V6_T_BYTES;	/* fullK[S], fullV[S], empty[S] */
-	int *s_pos = (int *)(v6_smem_raw + (bars - raw) + 3 * V6_STAGES * 8);	/* [2] min, [2] max */
+	/* mbarriers: K and V landed (fullK, fullV), K and V read (emptyK, emptyV) */
+	const uint32_t bars = sV + V6_STAGES * V6_T_BYTES;
+	const uint32_t fullK = bars, fullV = bars + 8 * V6_STAGES;
+	const uint32_t emptyK = bars + 16 * V6_STAGES, emptyV = bars + 24 * V6_STAGES;
+	int *s_pos = (int *)(v6_smem_raw + (bars - raw) + 32 * V6_STAGES);	/* [2] min, [2] max */
 
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 	const int G = a.group, R = a.n_q * G;
@@ -194,9 +208,10 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 
 	if (tid == 0) {
 		for (int s = 0; s < V6_STAGES; s++) {
-			mbar_init(bars + 8 * s, 32);			/* K: the producer's lanes */
-			mbar_init(bars + 8 * (V6_STAGES + s), 32);	/* V */
-			mbar_init(bars + 8 * (2 * V6_STAGES + s), 8);	/* empty: consumer warps */
+			mbar_init(fullK + 8 * s, 128);	/* the producer's threads */
+			mbar_init(fullV + 8 * s, 128);
+			mbar_init(emptyK + 8 * s, 8);	/* the consumer warps */
+			mbar_init(emptyV + 8 * s, 8);
 		}
 		s_pos[0] = s_pos[1] = INT_MAX;
 		s_pos[2] = s_pos[3] = INT_MIN;
@@ -220,95 +235,91 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 	const int ke = min(a.n_kv, qmax == INT_MIN ? 0 : (qmax == INT_MAX ? qmax : qmax + 1));
 	const int n_tiles = ke > 0 ? (ke + V6_BN - 1) / V6_BN : 0;
 
-	if (warp == 8) {
-		/* ---- producer: K and V tiles through the ring ---- */
+	if (warp < 4) {
+		/* ---- producer warpgroup: K and V tiles through the ring ---- */
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(V6_REG_PRODUCER));
 		const uint16_t *kh = a.k + (size_t)kvh * a.kv_stride * V6_HD;
 		const uint16_t *vh = a.v + (size_t)kvh * a.kv_stride * V6_HD;
-		/* Lane's chunk: rows 2 it + (lane >> 4), 16-byte chunk lane & 15. */
-		const int c = lane & 15, rl = lane >> 4;
-		const uint32_t coff = (c >> 3) * V6_HALF;
+		/* Thread's chunks: rows 8 it + rs (it = 0..15), 16-byte chunk c;
+		 * r % 8 == rs, so the swizzled offset moves 1024 bytes an it. */
+		const int c = tid & 15, rs = tid >> 4;
+		const uint32_t toff = (c >> 3) * V6_HALF + rs * 128 + (((c & 7) ^ rs) << 4);
 
 		for (int i = 0; i < n_tiles; i++) {
-			const int s = i % V6_STAGES, j0 = i * V6_BN;
+			const int s = i % V6_STAGES, ph = ((i / V6_STAGES) - 1) & 1;
+			/* rows left from this thread's first one (at most 16 used) */
+			const int left = a.n_kv - (i * V6_BN + rs);
+			const size_t first = (size_t)(i * V6_BN + rs) * V6_HD + c * 8;
+			uint32_t d = sK + s * V6_T_BYTES + toff;
+			const uint16_t *g = kh + first;
 
 			if (i >= V6_STAGES)
-				mbar_wait(bars + 8 * (2 * V6_STAGES + s), ((i / V6_STAGES) - 1) & 1);
-			const uint32_t dk = sK + s * V6_T_BYTES + coff, dv = sV + s * V6_T_BYTES + coff;
-#pragma unroll 8
-			for (int it = 0; it < V6_BN / 2; it++) {
-				const int r = 2 * it + rl, j = j0 + r;
-				const bool ok = j < a.n_kv;
-				const size_t off = ok ? (size_t)j * V6_HD + c * 8 : 0;
-				const uint32_t so = r * 128 + (((c & 7) ^ (r & 7)) << 4);
-
-				v6_cp16(dk + so, kh + off, ok);
-			}
-			mbar_cp_arrive(bars + 8 * s);
-#pragma unroll 8
-			for (int it = 0; it < V6_BN / 2; it++) {
-				const int r = 2 * it + rl, j = j0 + r;
-				const bool ok = j < a.n_kv;
-				const size_t off = ok ? (size_t)j * V6_HD + c * 8 : 0;
-				const uint32_t so = r * 128 + (((c & 7) ^ (r & 7)) << 4);
-
-				v6_cp16(dv + so, vh + off, ok);
-			}
-			mbar_cp_arrive(bars + 8 * (V6_STAGES + s));
+				mbar_wait(emptyK + 8 * s, ph);
+#pragma unroll 4
+			for (int it = 0; it < V6_BN / 8; it++, d += 1024, g += 8 * V6_HD)
+				v6_cp16(d, 8 * it < left ? g : kh, 8 * it < left);
+			mbar_cp_arrive(fullK + 8 * s);
+			d = sV + s * V6_T_BYTES + toff;
+			g = vh + first;
+			if (i >= V6_STAGES)
+				mbar_wait(emptyV + 8 * s, ph);
+#pragma unroll 4
+			for (int it = 0; it < V6_BN / 8; it++, d += 1024, g += 8 * V6_HD)
+				v6_cp16(d, 8 * it < left ? g : vh, 8 * it < left);
+			mbar_cp_arrive(fullV + 8 * s);
 		}
 		asm volatile("cp.async.wait_all;\n" ::: "memory");
-		return;
-	}
+	} else {
+		/* ---- consumers: warpgroup wg, rows row0 + 64 wg ... + 63 ---- */
+		asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(V6_REG_CONSUMER));
+		const int wg = (warp >> 2) - 1, wq = warp & 3, gq = lane >> 2, t4 = lane & 3;
+		const uint32_t sQw = sQ + wg * (V6_Q_BYTES / 2);
 
-	/* ---- consumers: warpgroup wg, rows row0 + 64 wg ... + 63 ---- */
-	const int wg = warp >> 2, wq = warp & 3, gq = lane >> 2, t4 = lane & 3;
-	const uint32_t sQw = sQ + wg * (V6_Q_BYTES / 2);
+		/* Q: 64 rows x 16 chunks, 8 per thread, zero past the rows. */
+		for (int e = tid & 127; e < 64 * 16; e += 128) {
+			const int r = e >> 4, c = e & 15, rr = row0 + wg * 64 + r;
+			const bool ok = rr < R;
+			const uint16_t *src = ok ? a.q + ((size_t)(rr / G) * a.n_heads + kvh * G + rr % G) * V6_HD +
+						      c * 8 : a.q;
 
-	/* Q: 64 rows x 16 chunks, 8 per thread, zero past the rows. */
-	for (int e = tid & 127; e < 64 * 16; e += 128) {
-		const int r = e >> 4, c = e & 15, rr = row0 + wg * 64 + r;
-		const bool ok = rr < R;
-		const uint16_t *src = ok ? a.q + ((size_t)(rr / G) * a.n_heads + kvh * G + rr % G) * V6_HD +
-					      c * 8 : a.q;
+			v6_cp16(sQw + (c >> 3) * (64 * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
+		}
+		asm volatile("cp.async.wait_all;\n" ::: "memory");
+		fence_async_smem();
+		asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 
-		v6_cp16(sQw + (c >> 3) * (64 * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
-	}
-	asm volatile("cp.async.wait_all;\n" ::: "memory");
-	fence_async_smem();
-	asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+		const int r_lo = row0 + wg * 64 + wq * 16 + gq, r_hi = r_lo + 8;
+		const int qp_lo = r_lo < R ? a.q_pos[r_lo / G] : INT_MIN;
+		const int qp_hi = r_hi < R ? a.q_pos[r_hi / G] : INT_MIN;
+		/* The warp's smallest position (rows past R do not count): tiles
+		 * wholly at or below it need no mask. */
+		int wmin = min(r_lo < R ? qp_lo : INT_MAX, r_hi < R ? qp_hi : INT_MAX);
 
-	const int r_lo = row0 + wg * 64 + wq * 16 + gq, r_hi = r_lo + 8;
-	const int qp_lo = r_lo < R ? a.q_pos[r_lo / G] : INT_MIN;
-	const int qp_hi = r_hi < R ? a.q_pos[r_hi / G] : INT_MIN;
-	/* The warp's smallest position (rows past R do not count): tiles
-	 * wholly at or below it need no mask. */
-	int wmin = min(r_lo < R ? qp_lo : INT_MAX, r_hi < R ? qp_hi : INT_MAX);
+		for (int o = 16; o > 0; o >>= 1)
+			wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+		const int wg_max = s_pos[2 + wg];
+		/* Tiles this warpgroup computes: those starting at or below its last
+		 * position (the rest it only hands back). */
+		const int n_mine = wg_max < 0 ? 0 : min(n_tiles, wg_max / V6_BN + 1);
+		const float sl2 = a.scale_log2;
 
-	for (int o = 16; o > 0; o >>= 1)
-		wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
-	const int wg_max = s_pos[2 + wg];
-	const float sl2 = a.scale_log2;
+		float o[64], s[64];
+		uint32_t p[32];
+		float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
-	float o[64], s[64];
-	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+	#pragma unroll
+		for (int i = 0; i < 64; i++)
+			o[i] = s[i] = 0.0f;
+	#pragma unroll
+		for (int i = 0; i < 32; i++)
+			p[i] = 0;
+		const uint64_t dq0 = wg_desc(sQw, 16, 1024);
 
-#pragma unroll
-	for (int i = 0; i < 64; i++)
-		o[i] = s[i] = 0.0f;
-	const uint64_t dq0 = wg_desc(sQw, 16, 1024);
+		/* Issue S = Q K^T over tile i's K (stage st): 8 k-steps of 16. */
+		auto issue_s = [&](int st) {
+			const uint64_t dk0 = wg_desc(sK + st * V6_T_BYTES, 16, 1024);
 
-	for (int i = 0; i < n_tiles; i++) {
-		const int st = i % V6_STAGES, ph = (i / V6_STAGES) & 1, j0 = i * V6_BN;
-		const bool skip = wg_max == INT_MIN || j0 > wg_max;
-		const uint32_t kt = sK + st * V6_T_BYTES, vt = sV + st * V6_T_BYTES;
-
-		mbar_wait(bars + 8 * st, ph);
-		if (!skip) {
-			fence_async_smem();
-			const uint64_t dk0 = wg_desc(kt, 16, 1024);
-
-			wg_touch(s);
-			wg_fence();
-#pragma unroll
+	#pragma unroll
 			for (int kk = 0; kk < V6_HD / 16; kk++) {
 				/* k step kk: half kk / 4, 32 bytes further per step within it */
 				const uint32_t qo = ((kk >> 2) * (64 * 128) + (kk & 3) * 32) >> 4;
@@ -316,34 +327,42 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 
 				wg_ss(s, dq0 + qo, dk0 + ko, kk > 0);
 			}
-			wg_commit();
-			wg_wait0();
-			wg_touch(s);
+		};
+		/* Issue O += P V over V at stage st: V MN-major, 64-column halves
+		 * V6_HALF apart (LBO), 8-key groups 1024 apart (SBO), 16 keys (2048
+		 * bytes) a step. */
+		auto issue_pv = [&](int st) {
+			const uint64_t dv0 = wg_desc(sV + st * V6_T_BYTES, V6_HALF, 1024);
 
-			/* Scale (log2 units) and mask: key j = j0 + 8 n + 2 t4 + e. */
-			const bool full = j0 + V6_BN <= a.n_kv && j0 + V6_BN - 1 <= wmin;
-#pragma unroll
-			for (int n = 0; n < V6_BN / 8; n++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					float xl = s[4 * n + e] * sl2, xh = s[4 * n + 2 + e] * sl2;
+	#pragma unroll
+			for (int kk = 0; kk < V6_BN / 16; kk++)
+				wg_rs(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+				      dv0 + ((kk * 2048) >> 4));
+		};
+		/* Mask tile i's scores in s, the online softmax: s becomes 2^(x - max)
+		 * with x = score * scale * log2(e); returns the factors (al_lo, al_hi)
+		 * the running output is to be scaled by. */
+		auto softmax = [&](int i, float &al_lo, float &al_hi) {
+			const int j0 = i * V6_BN;
 
-					if (!full) {
+			if (!(j0 + V6_BN <= a.n_kv && j0 + V6_BN - 1 <= wmin)) {
+				/* Key j = j0 + 8 n + 2 t4 + e: past the keys or the row. */
+	#pragma unroll
+				for (int n = 0; n < V6_BN / 8; n++)
+	#pragma unroll
+					for (int e = 0; e < 2; e++) {
 						const int j = j0 + 8 * n + 2 * t4 + e;
 
 						if (j >= a.n_kv || j > qp_lo)
-							xl = -INFINITY;
+							s[4 * n + e] = -INFINITY;
 						if (j >= a.n_kv || j > qp_hi)
-							xh = -INFINITY;
+							s[4 * n + 2 + e] = -INFINITY;
 					}
-					s[4 * n + e] = xl;
-					s[4 * n + 2 + e] = xh;
-				}
-
-			/* Online softmax over rows gq (lo) and gq + 8 (hi); the quad's
-			 * 4 lanes share a row. */
+			}
+			/* Rows gq (lo) and gq + 8 (hi); the quad's 4 lanes share a row.
+			 * The max of the raw scores (the scale is positive). */
 			float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
+	#pragma unroll
 			for (int n = 0; n < V6_BN / 8; n++) {
 				mx_lo = fmaxf(mx_lo, fmaxf(s[4 * n], s[4 * n + 1]));
 				mx_hi = fmaxf(mx_hi, fmaxf(s[4 * n + 2], s[4 * n + 3]));
@@ -352,19 +371,20 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
 			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
 			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-			const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+			const float mn_lo = fmaxf(m_lo, mx_lo * sl2), mn_hi = fmaxf(m_hi, mx_hi * sl2);
 			/* A row that has seen nothing yet subtracts 0: every p is 0. */
 			const float b_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
 			const float b_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-			const float al_lo = exp2f(m_lo - b_lo), al_hi = exp2f(m_hi - b_hi);
 			float rs_lo = 0.0f, rs_hi = 0.0f;
 
-#pragma unroll
+			al_lo = v6_ex2(m_lo - b_lo);
+			al_hi = v6_ex2(m_hi - b_hi);
+	#pragma unroll
 			for (int n = 0; n < V6_BN / 8; n++) {
-				s[4 * n] = exp2f(s[4 * n] - b_lo);
-				s[4 * n + 1] = exp2f(s[4 * n + 1] - b_lo);
-				s[4 * n + 2] = exp2f(s[4 * n + 2] - b_hi);
-				s[4 * n + 3] = exp2f(s[4 * n + 3] - b_hi);
+				s[4 * n] = v6_ex2(fmaf(s[4 * n], sl2, -b_lo));
+				s[4 * n + 1] = v6_ex2(fmaf(s[4 * n + 1], sl2, -b_lo));
+				s[4 * n + 2] = v6_ex2(fmaf(s[4 * n + 2], sl2, -b_hi));
+				s[4 * n + 3] = v6_ex2(fmaf(s[4 * n + 3], sl2, -b_hi));
 				rs_lo += s[4 * n] + s[4 * n + 1];
 				rs_hi += s[4 * n + 2] + s[4 * n + 3];
 			}
@@ -372,67 +392,120 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 			l_hi = l_hi * al_hi + rs_hi;
 			m_lo = mn_lo;
 			m_hi = mn_hi;
-#pragma unroll
-			for (int n = 0; n < V6_HD / 8; n++) {
-				o[4 * n] *= al_lo;
-				o[4 * n + 1] *= al_lo;
-				o[4 * n + 2] *= al_hi;
-				o[4 * n + 3] *= al_hi;
-			}
-
-			/* P in bf16, the A fragments of the 8 key steps: the
-			 * accumulator layout of n-tiles 2 kk, 2 kk + 1 is the A
-			 * layout of one 16-key step. */
-			uint32_t p[32];
-#pragma unroll
+		};
+		/* P in bf16, the A fragments of the 8 key steps: the accumulator
+		 * layout of n-tiles 2 kk, 2 kk + 1 is the A layout of one 16-key step. */
+		auto pack_p = [&]() {
+	#pragma unroll
 			for (int kk = 0; kk < V6_BN / 16; kk++) {
 				p[4 * kk] = v6_pack(s[8 * kk], s[8 * kk + 1]);
 				p[4 * kk + 1] = v6_pack(s[8 * kk + 2], s[8 * kk + 3]);
 				p[4 * kk + 2] = v6_pack(s[8 * kk + 4], s[8 * kk + 5]);
 				p[4 * kk + 3] = v6_pack(s[8 * kk + 6], s[8 * kk + 7]);
 			}
+		};
+		/* Hand a stage's K or V back to the producer (each warp once). */
+		auto release = [&](uint32_t bar) {
+			__syncwarp();
+			if (lane == 0)
+				mbar_arrive(bar);
+		};
 
-			mbar_wait(bars + 8 * (V6_STAGES + st), ph);
+		/*
+		 * The pipeline (FlashAttention-3's overlap within a warpgroup): at
+		 * step i the tensor cores run S_i = Q K_i^T and then O += P_{i-1}
+		 * V_{i-1} back to back while the warps, once S_i is in, work out its
+		 * softmax; O is rescaled by tile i's factor once the P V product is
+		 * done, and P_i packed for the next step.
+		 */
+		if (n_mine > 0) {
+			float al_lo, al_hi;
+
+			mbar_wait(fullK, 0);
 			fence_async_smem();
-			/* V MN-major: 64-column halves V6_HALF apart (LBO), 8-key
-			 * groups 1024 apart (SBO), 16 keys (2048 bytes) a step. */
-			const uint64_t dv0 = wg_desc(vt, V6_HALF, 1024);
+			wg_touch(s);
+			wg_fence();
+			issue_s(0);
+			wg_commit();
+			wg_wait<0>();
+			wg_touch(s);
+			release(emptyK);
+			softmax(0, al_lo, al_hi);
+			pack_p();
+		}
+		for (int i = 1; i < n_mine; i++) {
+			const int st = i % V6_STAGES, ph = (i / V6_STAGES) & 1;
+			const int sp = (i - 1) % V6_STAGES, pp = ((i - 1) / V6_STAGES) & 1;
+			float al_lo, al_hi;
 
+			mbar_wait(fullK + 8 * st, ph);
+			mbar_wait(fullV + 8 * sp, pp);
+			fence_async_smem();
+			wg_touch(s);
 			wg_touch(o);
 			wg_fence();
-#pragma unroll
-			for (int kk = 0; kk < V6_BN / 16; kk++)
-				wg_rs(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-				      dv0 + ((kk * 2048) >> 4));
+			issue_s(st);
 			wg_commit();
-			wg_wait0();
+			issue_pv(sp);
+			wg_commit();
+			wg_wait<1>();	/* S_i is in; P V still running */
+			wg_touch(s);
+			release(emptyK + 8 * st);
+			softmax(i, al_lo, al_hi);
+			wg_wait<0>();
 			wg_touch(o);
-		} else {
-			mbar_wait(bars + 8 * (V6_STAGES + st), ph);
+			release(emptyV + 8 * sp);
+	#pragma unroll
+			for (int n = 0; n < V6_HD / 8; n++) {
+				o[4 * n] *= al_lo;
+				o[4 * n + 1] *= al_lo;
+				o[4 * n + 2] *= al_hi;
+				o[4 * n + 3] *= al_hi;
+			}
+			pack_p();
 		}
-		__syncwarp();
-		if (lane == 0)
-			mbar_arrive(bars + 8 * (2 * V6_STAGES + st));
-	}
+		if (n_mine > 0) {
+			const int sp = (n_mine - 1) % V6_STAGES, pp = ((n_mine - 1) / V6_STAGES) & 1;
 
-	/* Normalise and store: row lo / hi, columns 8 n + 2 t4, + 1. */
-	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-	const float i_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f, i_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+			mbar_wait(fullV + 8 * sp, pp);
+			fence_async_smem();
+			wg_touch(o);
+			wg_fence();
+			issue_pv(sp);
+			wg_commit();
+			wg_wait<0>();
+			wg_touch(o);
+			release(emptyV + 8 * sp);
+		}
+		/* Tiles past this warpgroup's rows: handed back once they land. */
+		for (int i = n_mine; i < n_tiles; i++) {
+			const int st = i % V6_STAGES, ph = (i / V6_STAGES) & 1;
 
-	if (r_lo < R) {
-		uint16_t *dst = a.out + ((size_t)(r_lo / G) * a.n_heads + kvh * G + r_lo % G) * V6_HD;
-#pragma unroll
-		for (int n = 0; n < V6_HD / 8; n++)
-			*(uint32_t *)(dst + 8 * n + 2 * t4) = v6_pack(o[4 * n] * i_lo, o[4 * n + 1] * i_lo);
-	}
-	if (r_hi < R) {
-		uint16_t *dst = a.out + ((size_t)(r_hi / G) * a.n_heads + kvh * G + r_hi % G) * V6_HD;
-#pragma unroll
-		for (int n = 0; n < V6_HD / 8; n++)
-			*(uint32_t *)(dst + 8 * n + 2 * t4) = v6_pack(o[4 * n + 2] * i_hi, o[4 * n + 3] * i_hi);
+			mbar_wait(fullK + 8 * st, ph);
+			release(emptyK + 8 * st);
+			mbar_wait(fullV + 8 * st, ph);
+			release(emptyV + 8 * st);
+		}
+
+		/* Normalise and store: row lo / hi, columns 8 n + 2 t4, + 1. */
+		l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+		l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+		l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+		l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+		const float i_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f, i_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+
+		if (r_lo < R) {
+			uint16_t *dst = a.out + ((size_t)(r_lo / G) * a.n_heads + kvh * G + r_lo % G) * V6_HD;
+	#pragma unroll
+			for (int n = 0; n < V6_HD / 8; n++)
+				*(uint32_t *)(dst + 8 * n + 2 * t4) = v6_pack(o[4 * n] * i_lo, o[4 * n + 1] * i_lo);
+		}
+		if (r_hi < R) {
+			uint16_t *dst = a.out + ((size_t)(r_hi / G) * a.n_heads + kvh * G + r_hi % G) * V6_HD;
+	#pragma unroll
+			for (int n = 0; n < V6_HD / 8; n++)
+				*(uint32_t *)(dst + 8 * n + 2 * t4) = v6_pack(o[4 * n + 2] * i_hi, o[4 * n + 3] * i_hi);
+		}
 	}
 #endif
 }
