@@ -37,12 +37,13 @@
  * 3  the same kernel with other tiles: 128 rows (8 warps) for prefill, and
  *    32-key tiles for decode (see flash()).
  *
- * 4  (the main path's prefill) the same kernel with two 16-row m-tiles per
- *    warp: 128 rows in 4 warps, Q fragments read from shared memory by
- *    ldmatrix at each step, so each K / V fragment loaded from shared memory
- *    feeds four MMAs instead of two (v2 is bound by shared-memory traffic:
- *    ncu saw ldmatrix the largest stall). Shared-memory addresses are
- *    computed once per thread and P goes to bf16 by one cvt per pair.
+ * 4  (the main path's prefill where v6 does not run) the same kernel with
+ *    two 16-row m-tiles per warp: 128 rows in 4 warps, Q fragments read
+ *    from shared memory by ldmatrix at each step, so each K / V fragment
+ *    loaded from shared memory feeds four MMAs instead of two (v2 is bound
+ *    by shared-memory traffic: ncu saw ldmatrix the largest stall).
+ *    Shared-memory addresses are computed once per thread and P goes to
+ *    bf16 by one cvt per pair.
  *    255 registers, 104 bytes spilled, 2 blocks (8 warps) per SM.
  *
  * 5  a decode kernel (rows <= 16; other shapes run as v4): four warps per
@@ -52,8 +53,9 @@
  *    KV head to finish, in split order (one launch, no combine kernel): see
  *    dec_kernel().
  *
- * 6  (prefill, sm_90a) the flash kernel on wgmma, a producer warp feeding
- *    two consumer warpgroups through an mbarrier ring: attention_wgmma.cu.
+ * 6  (the main path's prefill on sm_90) the flash kernel on wgmma, a
+ *    producer warpgroup feeding two consumer warpgroups through an mbarrier
+ *    ring, softmax overlapped with the MMAs: attention_wgmma.cu.
  *    Other devices and shapes (head_dim 64, kv_pos given, decode) run as
  *    v4; the main path takes v4 where v6's row tiles would not fill the GPU.
  */
@@ -1393,14 +1395,17 @@ extern "C" int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint1
  * the key count, so that a CUDA graph of a decode step (whose key count is
  * only known on the device) runs the very kernels of a plain call:
  * MAIN_DECODE. Prefill chunks take MAIN_PREFILL. KVMEM_CUDA_DECODE (2, 3,
- * 5) and KVMEM_CUDA_PREFILL (2, 3, 4), read when a context is made, override
+ * 5) and KVMEM_CUDA_PREFILL (2, 3, 4, 6), read when a context is made, override
  * them for comparisons. Measured on the H200: Documentation/benchmarks.md,
  * "CUDA kernels". Decode v5 (one launch, combine folded in): a token's
  * attention over 36 layers 0.440 / 1.493 / 4.958 ms at 4K / 32K / 128K keys
  * against v2's 0.481 / 1.579 / 8.715 (tests/gpu/attn_decode.sh, H200).
  */
 #define MAIN_DECODE 5
-#define MAIN_PREFILL 4	/* bench engine 32K prefill 15.3k tok/s, v2 12.2k (2026-11-30) */
+/* bench engine 32K prefill on the H200: v6 20.0k tok/s (59% of GEMM), v4
+ * 15.5k (45%), v2 12.2k (2026-11-30). v6 runs on sm_90 only, head_dim 128,
+ * when its row tiles fill the GPU: v4 otherwise (kvmem_cuda_attention_bf16). */
+#define MAIN_PREFILL 6
 
 static int is_decode(int n_q, int n_heads, int n_kv_heads)
 {

@@ -12,17 +12,23 @@
  * the keys there, v6 does not: kvmem_cuda_attention_v6_fills).
  *
  * A block owns 128 rows of one KV head, a row being one (query token,
- * query head of the group) as in v4, and has three roles:
- *   - two consumer warpgroups (warps 0-7), 64 rows each: S = Q K^T by
- *     wgmma m64n128k16 with Q and K in shared memory, the online softmax
- *     in registers (exp2, log2(e) folded into the scale), then O += P V by
- *     wgmma m64n128k16 with P from registers (bf16) and V from shared
- *     memory read transposed (MN-major: the same bytes as K's layout);
- *   - one producer warp (warp 8) streaming 128-key K and V tiles through a
- *     ring of STAGES stages with cp.async (zero-filled past the key count),
- *     each K and each V tile completing on its own mbarrier
- *     (cp.async.mbarrier.arrive.noinc), a stage handed back by each
- *     consumer warp on an "empty" mbarrier once its MMAs are done.
+ * query head of the group) as in v4, and three warpgroups:
+ *   - two consumers (warps 4-11), 64 rows each: S = Q K^T by wgmma
+ *     m64n128k16 with Q and K in shared memory, the online softmax in
+ *     registers (ex2, log2(e) and the scale folded into one FMA), O += P V
+ *     by wgmma m64n128k16 with P from registers (bf16) and V from shared
+ *     memory read transposed (MN-major: the same bytes as K's layout). As
+ *     in FlashAttention-3, step i issues S_i and then P_{i-1} V_{i-1} to
+ *     the tensor cores back to back and works out S_i's softmax while the
+ *     second runs; O is rescaled when it is done;
+ *   - a producer (warps 0-3) streaming 128-key K and V tiles through a
+ *     ring of V6_STAGES stages with cp.async (zero-filled past the key
+ *     count), each K and each V tile completing on its own mbarrier
+ *     (cp.async.mbarrier.arrive.noinc), K and V handed back separately by
+ *     each consumer warp on "empty" mbarriers once its MMAs are done.
+ * setmaxnreg gives the producer 40 registers and the consumers 232 (with
+ * a single producer warp, 288 threads, ptxas capped the kernel at 168
+ * registers and spilled).
  * Shared-memory tiles use the 128-byte swizzle of the wgmma descriptors:
  * a tile of rows x 128 bf16 is two 64-column halves, row r of a half at r *
  * 128 bytes, its 16-byte chunk c at (c ^ (r % 8)) * 16; halves and stages
