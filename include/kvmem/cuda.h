@@ -195,10 +195,10 @@ int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const flo
  * kvmem_cuda_qk_norm_rope_bf16, then kvmem_cuda_view_scatter_bf16 of the
  * one device item `item` from qkv's K and V columns (stage_k = qkv +
  * n_heads * head_dim, stage_v = stage_k + n_kv_heads * head_dim): what a
- * forward pass does per layer. With "fuse" on and n == 1 one kernel does
- * both, with their bits; it takes only the item's layer, slot and n (1: the
- * token of this row; the strides are the row's, as the forward pass's item
- * says).
+ * forward pass does per layer. With "fuse" on one kernel does both, with
+ * their bits; it takes only the item's layer, slot and n (n: the tokens of
+ * these rows, token t at slot + t; the strides are the rows', as the
+ * forward pass's item says).
  */
 int kvmem_cuda_qk_norm_rope_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld,
 					 const uint16_t *q_norm, const uint16_t *k_norm, int n,

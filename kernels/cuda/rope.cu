@@ -42,12 +42,16 @@ extern "C" int kvmem_cuda_rope_bf16(kvmem_cuda_ctx *c, uint16_t *x, const int32_
 }
 
 /*
- * Grid (items, SCATTER_Y): block y of an item takes its tokens y, y + Y,
- * ... (a 32-token page is one token per block; a long run of new tokens is
- * spread over Y blocks). Each token: angles at slot + t, then K rotated and
- * V copied for every KV head.
+ * Grid (items, Y): block y of an item takes its tokens y, y + Y, ... (a
+ * 32-token page is one or two tokens per block). Each token: angles at
+ * slot + t, then K rotated and V copied for every KV head. Few items may be
+ * long runs of new tokens (a prefill chunk with "fuse" off: one item of
+ * 4096 tokens took 1.76 ms over 16 blocks), so they get many blocks each;
+ * the blocks past an item's tokens leave at once.
  */
 #define SCATTER_Y 16
+#define SCATTER_FEW 64		/* at most this many items: SCATTER_Y_FEW blocks each */
+#define SCATTER_Y_FEW 256
 
 __global__ void scatter_kernel(uint16_t *vk, uint16_t *vv, const uint16_t *sk, const uint16_t *sv,
 			       const kvmem_scatter_item *items, int n_layers, int n_kv, int hd,
@@ -87,7 +91,8 @@ extern "C" int kvmem_cuda_view_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *view_k,
 				   n_items, n_layers, n_kv_heads, head_dim);
 	if (!n_items)
 		return 0;
-	scatter_kernel<<<dim3(n_items, SCATTER_Y), 128, 0, c->stream>>>(
+	scatter_kernel<<<dim3(n_items, n_items <= SCATTER_FEW ? SCATTER_Y_FEW : SCATTER_Y), 128, 0,
+			 c->stream>>>(
 		view_k, view_v, stage_k, stage_v, items, n_layers, n_kv_heads, head_dim, cap, theta);
 	return kvmem_cuda_launched("view scatter");
 }

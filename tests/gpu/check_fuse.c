@@ -214,37 +214,42 @@ static void fuse_case(const struct fcase *f)
 /* ---- q/k norm + RoPE + the view scatter ---------------------------------------- */
 
 /*
- * One token: the fused kernel against kvmem_cuda_qk_norm_rope_bf16 then
- * kvmem_cuda_view_scatter_bf16 (each checked against its twins in check.c
- * and check_perf.c) from the same random state, bit for bit in every
- * output: qkv (K normalised in place), q rotated, raw q, raw K, V, and the
- * whole view (its other slots random, so a stray write shows). slot 0:
- * the item's slot is the token's position (the forward pass); 1: another
- * slot; 2: a slot past the capacity (nothing written).
+ * n tokens (one: a decode step; more: a prefill chunk): the fused kernel
+ * against kvmem_cuda_qk_norm_rope_bf16 then kvmem_cuda_view_scatter_bf16
+ * (each checked against its twins in check.c and check_perf.c) from the
+ * same random state, bit for bit in every output: qkv (K normalised in
+ * place), q rotated, raw q, raw K, V, and the whole view (its other slots
+ * random, so a stray write shows). slot 0: the item's slots are the
+ * tokens' positions (the forward pass); 1: other slots; 2: a run that
+ * would pass the capacity (nothing written).
  */
-static void qkn_case(int heads, int kvh, int hd, int slot_kind)
+static void qkn_case(int heads, int kvh, int hd, int slot_kind, int n)
 {
-	const int L = 3, cap = 50, ld = (heads + 2 * kvh) * hd + 8;
-	const size_t qn = (size_t)heads * hd, kn = (size_t)kvh * hd, vn = (size_t)L * kvh * cap * hd;
-	uint16_t *qkv = rand_bf16(ld, -3, 3), *qw = rand_bf16(hd, 0.5, 1.5), *kw = rand_bf16(hd, 0.5, 1.5);
+	const int L = 3, cap = 50 + n, ld = (heads + 2 * kvh) * hd + 8;
+	const size_t qn = (size_t)n * heads * hd, kn = (size_t)n * kvh * hd,
+		     vn = (size_t)L * kvh * cap * hd;
+	uint16_t *qkv = rand_bf16((size_t)n * ld, -3, 3), *qw = rand_bf16(hd, 0.5, 1.5),
+		 *kw = rand_bf16(hd, 0.5, 1.5);
 	uint16_t *vk = rand_bf16(vn, -2, 2), *vv = rand_bf16(vn, -2, 2);
-	int32_t pos = slot_kind == 0 ? rint_in(0, cap - 1) : rint_in(0, 4000000);
-	kvmem_scatter_item it = { .layer = rint_in(0, L - 1), .n = 1, .tok_stride = ld, .src = 0,
+	int32_t *pos = malloc(sizeof(int32_t) * n);
+	kvmem_scatter_item it = { .layer = rint_in(0, L - 1), .n = n, .tok_stride = ld, .src = 0,
 				  .head_stride = hd };
-	const size_t sizes[] = { 2 * (size_t)ld, 2 * qn, 2 * qn, 2 * kn, 2 * kn, 2 * vn, 2 * vn };
+	const size_t sizes[] = { 2 * (size_t)n * ld, 2 * qn, 2 * qn, 2 * kn, 2 * kn, 2 * vn, 2 * vn };
 	void *got[2][7];
 	size_t differ = 0, words = 0;
 	char what[120];
 
-	it.slot = slot_kind == 0 ? pos : slot_kind == 1 ? rint_in(0, cap - 1) : cap;
+	it.slot = slot_kind == 0 || slot_kind == 1 ? rint_in(0, cap - n) : cap - n + rint_in(1, 5);
+	for (int t = 0; t < n; t++)
+		pos[t] = slot_kind == 0 ? it.slot + t : rint_in(0, 4000000);
 	for (int on = 0; on < 2; on++) {
 		void *d[7] = { dput(qkv, sizes[0]), dpoison(sizes[1]), dpoison(sizes[2]), dpoison(sizes[3]),
 			       dpoison(sizes[4]), dput(vk, sizes[5]), dput(vv, sizes[6]) };
-		void *dqw = dput(qw, 2 * hd), *dkw = dput(kw, 2 * hd), *dpos = dput(&pos, 4);
+		void *dqw = dput(qw, 2 * hd), *dkw = dput(kw, 2 * hd), *dpos = dput(pos, 4 * n);
 		void *dit = dput(&it, sizeof(it));
 
 		fuse_tune("fuse", on, NULL);
-		if (kvmem_cuda_qk_norm_rope_scatter_bf16(g_c, d[0], ld, dqw, dkw, 1, heads, kvh, hd, 1e-6f,
+		if (kvmem_cuda_qk_norm_rope_scatter_bf16(g_c, d[0], ld, dqw, dkw, n, heads, kvh, hd, 1e-6f,
 							 dpos, 1e6, d[1], d[2], d[3], d[4], d[5], d[6],
 							 dit, L, cap))
 			die("q/k norm + rope + scatter");
@@ -264,9 +269,11 @@ static void qkn_case(int heads, int kvh, int hd, int slot_kind)
 		free(got[0][i]);
 		free(got[1][i]);
 	}
-	snprintf(what, sizeof(what), "fuse qk norm+rope+scatter %d/%d x %d, %s", heads, kvh, hd,
-		 slot_kind == 0 ? "slot = position" : slot_kind == 1 ? "another slot" : "slot past the view");
+	snprintf(what, sizeof(what), "fuse qk norm+rope+scatter %d x %d/%d x %d, %s", n, heads, kvh,
+		 hd, slot_kind == 0 ? "slot = position" : slot_kind == 1 ? "another slot" :
+		 "past the view");
 	report(!differ, "%-34s fused == unfused bits: %zu of %zu words differ", what, differ, words);
+	free(pos);
 	free(qkv);
 	free(qw);
 	free(kw);
@@ -372,9 +379,12 @@ void check_fuse(void)
 	for (size_t i = g_quick ? 2 : 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		fuse_case(&cases[i]);
 	for (int k = 0; k < 3; k++) {
-		if (!g_quick)
-			qkn_case(32, 8, 128, k);
-		qkn_case(6, 2, 64, k);
+		if (!g_quick) {
+			qkn_case(32, 8, 128, k, 1);
+			qkn_case(32, 8, 128, k, rint_in(100, 700));
+		}
+		qkn_case(6, 2, 64, k, 1);
+		qkn_case(6, 2, 64, k, rint_in(2, 40));
 	}
 	if (!g_quick)
 		fuse_times();
