@@ -152,6 +152,32 @@ __global__ void swiglu_kernel(uint16_t *out, const uint16_t *gate, const uint16_
 	}
 }
 
+/* The same, 8 elements (16 bytes) a thread: rows of a multiple of 8 with
+ * 16-byte aligned starts. A prefill chunk's gate|up output (4096 x 24576
+ * at Qwen3-8B) read 2 bytes at a time with a 64-bit division per element
+ * ran at about 1.3 TB/s under ncu. Each element is swiglu_one's: the bits
+ * do not change. */
+__global__ void swiglu8_kernel(uint16_t *out, const uint16_t *gate, const uint16_t *up, int n,
+			       int dim8, int ld8)
+{
+	const size_t total = (size_t)n * dim8;
+
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
+	     e += (size_t)gridDim.x * blockDim.x) {
+		const size_t i = e / dim8, j = e % dim8;
+		const uint4 g = __ldcs((const uint4 *)gate + i * ld8 + j);
+		const uint4 u = __ldcs((const uint4 *)up + i * ld8 + j);
+		const uint32_t gw[4] = { g.x, g.y, g.z, g.w }, uw[4] = { u.x, u.y, u.z, u.w };
+		uint32_t o[4];
+
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			o[k] = (uint32_t)swiglu_one((uint16_t)gw[k], (uint16_t)uw[k]) |
+			       (uint32_t)swiglu_one((uint16_t)(gw[k] >> 16), (uint16_t)(uw[k] >> 16)) << 16;
+		((uint4 *)out)[e] = make_uint4(o[0], o[1], o[2], o[3]);
+	}
+}
+
 extern "C" int kvmem_cuda_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *gate,
 				      const uint16_t *up, int n, int dim, int ld)
 {
@@ -159,8 +185,12 @@ extern "C" int kvmem_cuda_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *out, const ui
 		return kvmem_error(EINVAL, "swiglu: %d rows of %d, row stride %d", n, dim, ld);
 	if (!n)
 		return 0;
-	swiglu_kernel<<<grid_for((size_t)n * dim, 256, c->sms), 256, 0, c->stream>>>(out, gate, up,
-										       n, dim, ld);
+	if (dim % 8 == 0 && ld % 8 == 0 && ((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up) % 16 == 0)
+		swiglu8_kernel<<<grid_for((size_t)n * dim / 8, 256, c->sms), 256, 0, c->stream>>>(
+			out, gate, up, n, dim / 8, ld / 8);
+	else
+		swiglu_kernel<<<grid_for((size_t)n * dim, 256, c->sms), 256, 0, c->stream>>>(
+			out, gate, up, n, dim, ld);
 	return kvmem_cuda_launched("swiglu");
 }
 

@@ -9,7 +9,9 @@
 #      size and chunking; small budgets keep every invariant);
 #   2. transformers as the oracle: tests/oracle/oracle.py --backend cuda
 #      (bf16 compute against fp32 on the same rounded weights);
-#   3. --check-exact of `kvmem run` on the GPU (budget over the workspace);
+#   3. --check-exact of `kvmem run` on the GPU (budget over the workspace),
+#      with the tiny model and with Qwen3-0.6B's geometry in long chunks
+#      (prefill attention v6);
 #   4. compute-sanitizer memcheck and racecheck on a short agent session.
 #
 # Ends with a plain "N passed, N failed" line. Logs go to $OUT when set.
@@ -66,6 +68,23 @@ if "$K" run --backend cuda --model "$tmp/m" --script "$tmp/s.jsonl" --check-exac
 else
 	bad "check-exact on cuda"
 	tail -5 "$out/check_exact.log"
+fi
+# 3b. the same at head_dim 128 with chunks of 2048 (Qwen3-0.6B's geometry:
+# 16/8 heads): long chunks take prefill attention v6 on an H200, which the
+# tiny model (head_dim 64) never reaches.
+"$K" generate --preset 0.6b --out "$tmp/m06" >/dev/null
+{
+	echo '{"append_random": 6000, "seed": 3}'
+	echo '{"decode": 8}'
+	echo '{"append_random": 2500, "seed": 4}'
+	echo '{"decode": 8}'
+} >"$tmp/s06.jsonl"
+if timeout 120 "$K" run --backend cuda --model "$tmp/m06" --script "$tmp/s06.jsonl" --chunk 2048 \
+	--check-exact >"$out/check_exact_06.log" 2>&1 && grep -q 'check-exact ok' "$out/check_exact_06.log"; then
+	ok "kvmem run --backend cuda --check-exact, 0.6B geometry, chunks of 2048"
+else
+	bad "check-exact on cuda, 0.6B geometry"
+	tail -5 "$out/check_exact_06.log"
 fi
 for tool in memcheck racecheck; do
 	if timeout 90 compute-sanitizer --tool $tool --error-exitcode 3 "$K" run --backend cuda \
