@@ -106,6 +106,11 @@ int kvmem_cuda_logits_bf16(kvmem_cuda_ctx *c, float *logits, const float *x,
 			   int hidden, int vocab, float eps);
 int kvmem_cuda_rope_bf16(kvmem_cuda_ctx *c, uint16_t *x, const int32_t *pos, int n, int n_heads,
 			 int head_dim, double theta);
+/* ang: device [n][head_dim/2] of (cos, sin) in double, as kvmem_rope_angles
+ * (its twin) lays them out: a forward pass works them out once for all its
+ * layers (the q/k kernel's blocks each did, for each layer). */
+int kvmem_cuda_rope_angles(kvmem_cuda_ctx *c, double *ang, const int32_t *pos, int n,
+			   int head_dim, double theta);
 /* items: device array of n_items kvmem_scatter_item */
 int kvmem_cuda_view_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
 				 const uint16_t *stage_k, const uint16_t *stage_v,
@@ -198,7 +203,8 @@ int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const flo
  * forward pass does per layer. With "fuse" on one kernel does both, with
  * their bits; it takes only the item's layer, slot and n (n: the tokens of
  * these rows, token t at slot + t; the strides are the rows', as the
- * forward pass's item says).
+ * forward pass's item says), and reads the angles of pos from ang when set
+ * (kvmem_cuda_rope_angles of the same pos; NULL: it works them out).
  */
 int kvmem_cuda_qk_norm_rope_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld,
 					 const uint16_t *q_norm, const uint16_t *k_norm, int n,
@@ -206,7 +212,8 @@ int kvmem_cuda_qk_norm_rope_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int l
 					 const int32_t *pos, double theta, uint16_t *q_out,
 					 uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out,
 					 uint16_t *view_k, uint16_t *view_v,
-					 const kvmem_scatter_item *item, int n_layers, int cap);
+					 const kvmem_scatter_item *item, int n_layers, int cap,
+					 const double *ang);
 /* token: one int32 on the device; rng: the uint64 RNG state on the device
  * (advanced there, so a captured decode graph samples from it); s: host. */
 int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits, int vocab,

@@ -114,6 +114,10 @@ int kvmem_norm_gemv_swiglu_bf16(uint16_t *act, const float *x, const uint16_t *n
  * so the bf16 results are equal except where a value falls that close to a
  * rounding midpoint (then 1 bf16 ulp).
  */
+/* The angles kvmem_rope_bf16 rotates by: for each token t and pair i <
+ * head_dim/2, ang[2 (t half + i)] = cos and [.. + 1] = sin of pos[t] *
+ * theta^(-2i/head_dim), in double. The twin of kvmem_cuda_rope_angles. */
+void kvmem_rope_angles(double *ang, const int32_t *pos, int n, int head_dim, double theta);
 void kvmem_rope_bf16(uint16_t *x, const int32_t *pos, int n, int n_heads, int head_dim,
 		     double theta);
 

@@ -166,6 +166,20 @@ static void rope_angles(double *cs, double *sn, int32_t pos, int head_dim, doubl
 	}
 }
 
+void kvmem_rope_angles(double *ang, const int32_t *pos, int n, int head_dim, double theta)
+{
+	const int half = head_dim / 2;
+	double cs[half + 1], sn[half + 1];
+
+	for (int t = 0; t < n; t++) {
+		rope_angles(cs, sn, pos[t], head_dim, theta);
+		for (int i = 0; i < half; i++) {
+			ang[2 * ((size_t)t * half + i)] = cs[i];
+			ang[2 * ((size_t)t * half + i) + 1] = sn[i];
+		}
+	}
+}
+
 /* dst = R(pos) src on one head (dst may equal src). */
 static void rope_head(uint16_t *dst, const uint16_t *src, const double *cs, const double *sn,
 		      int half)

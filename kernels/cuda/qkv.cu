@@ -25,6 +25,11 @@
  * the dearest after the GEMMs (1.76 ms a layer at 4096 tokens under ncu,
  * 16 blocks for the whole chunk); here the scatter rides on the q/k
  * kernel's grid and reuses its angles.
+ *
+ * The angles: each block worked out its token's (double pow and sincos on
+ * 64 threads while the others waited): 153 us of a 4096-token chunk's
+ * layer. With ang set (the scatter entry, kvmem_cuda_rope_angles' table)
+ * the block reads them instead: the same values, once per forward pass.
  */
 #define QKN_WARPS 8
 
@@ -39,7 +44,7 @@ __global__ void __launch_bounds__(32 * QKN_WARPS)
 qk_norm_rope_kernel(uint16_t *qkv, int ld, const uint16_t *qw, const uint16_t *kw, int n_heads,
 		    int n_kv, int hd, float eps, const int32_t *pos, double theta, uint16_t *q_out,
 		    uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out, uint16_t *vk, uint16_t *vv,
-		    const kvmem_scatter_item *item, int n_layers, int cap)
+		    const kvmem_scatter_item *item, int n_layers, int cap, const double2 *ang)
 {
 	__shared__ double cs[ROPE_HALF_MAX], sn[ROPE_HALF_MAX];
 	extern __shared__ uint16_t qkn_buf[];	/* [QKN_WARPS][hd] */
@@ -60,7 +65,15 @@ qk_norm_rope_kernel(uint16_t *qkv, int ld, const uint16_t *qw, const uint16_t *k
 		      m.slot <= cap - m.n && t < m.n;
 		slot = m.slot + t;
 	}
-	rope_angles(cs, sn, pos[t], hd, theta);
+	if (ang)	/* the forward's table: the same rope_angle values */
+		for (int i = threadIdx.x; i < half; i += blockDim.x) {
+			const double2 a = ang[(size_t)t * half + i];
+
+			cs[i] = a.x;
+			sn[i] = a.y;
+		}
+	else
+		rope_angles(cs, sn, pos[t], hd, theta);
 	__syncthreads();
 	if (h >= n_heads + 2 * n_kv)
 		return;
@@ -141,7 +154,7 @@ extern "C" int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, in
 	qk_norm_rope_kernel<<<dim3(n, (heads + QKN_WARPS - 1) / QKN_WARPS), 32 * QKN_WARPS,
 			      QKN_WARPS * head_dim * sizeof(uint16_t), c->stream>>>(
 		qkv, ld, q_norm, k_norm, n_heads, n_kv_heads, head_dim, eps, pos, theta, q_out, q_raw,
-		k_raw, v_out, NULL, NULL, NULL, 0, 0);
+		k_raw, v_out, NULL, NULL, NULL, 0, 0, NULL);
 	return kvmem_cuda_launched("q/k norm + rope");
 }
 
@@ -149,7 +162,8 @@ extern "C" int kvmem_cuda_qk_norm_rope_scatter_bf16(
 	kvmem_cuda_ctx *c, uint16_t *qkv, int ld, const uint16_t *q_norm, const uint16_t *k_norm,
 	int n, int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos,
 	double theta, uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out,
-	uint16_t *view_k, uint16_t *view_v, const kvmem_scatter_item *item, int n_layers, int cap)
+	uint16_t *view_k, uint16_t *view_v, const kvmem_scatter_item *item, int n_layers, int cap,
+	const double *ang)
 {
 	const int heads = n_heads + 2 * n_kv_heads;
 	int rc;
@@ -173,6 +187,6 @@ extern "C" int kvmem_cuda_qk_norm_rope_scatter_bf16(
 	qk_norm_rope_kernel<<<dim3(n, (heads + QKN_WARPS - 1) / QKN_WARPS), 32 * QKN_WARPS,
 			      QKN_WARPS * head_dim * sizeof(uint16_t), c->stream>>>(
 		qkv, ld, q_norm, k_norm, n_heads, n_kv_heads, head_dim, eps, pos, theta, q_out, q_raw,
-		k_raw, v_out, view_k, view_v, item, n_layers, cap);
+		k_raw, v_out, view_k, view_v, item, n_layers, cap, (const double2 *)ang);
 	return kvmem_cuda_launched("q/k norm + rope + scatter");
 }

@@ -41,6 +41,35 @@ extern "C" int kvmem_cuda_rope_bf16(kvmem_cuda_ctx *c, uint16_t *x, const int32_
 	return kvmem_cuda_launched("rope");
 }
 
+/* One thread per (token, pair): the table the q/k kernel reads instead of
+ * working the angles out again in each of its blocks and layers. */
+__global__ void rope_angles_kernel(double2 *ang, const int32_t *pos, int n, int half, int hd,
+				   double theta)
+{
+	const size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+
+	if (e < (size_t)n * half) {
+		double s, c;
+
+		rope_angle(pos[e / half], (int)(e % half), hd, theta, &s, &c);
+		ang[e] = make_double2(c, s);
+	}
+}
+
+extern "C" int kvmem_cuda_rope_angles(kvmem_cuda_ctx *c, double *ang, const int32_t *pos, int n,
+				      int head_dim, double theta)
+{
+	const size_t total = (size_t)n * (head_dim / 2);
+
+	if (n < 0 || head_dim <= 0 || head_dim % 2 || head_dim > 2 * ROPE_HALF_MAX)
+		return kvmem_error(EINVAL, "rope angles: %d tokens x %d", n, head_dim);
+	if (!n)
+		return 0;
+	rope_angles_kernel<<<(unsigned)((total + 255) / 256), 256, 0, c->stream>>>(
+		(double2 *)ang, pos, n, head_dim / 2, head_dim, theta);
+	return kvmem_cuda_launched("rope angles");
+}
+
 /*
  * Grid (items, Y): block y of an item takes its tokens y, y + Y, ... (a
  * 32-token page is one or two tokens per block). Each token: angles at

@@ -235,24 +235,30 @@ static void qkn_case(int heads, int kvh, int hd, int slot_kind, int n)
 	kvmem_scatter_item it = { .layer = rint_in(0, L - 1), .n = n, .tok_stride = ld, .src = 0,
 				  .head_stride = hd };
 	const size_t sizes[] = { 2 * (size_t)n * ld, 2 * qn, 2 * qn, 2 * kn, 2 * kn, 2 * vn, 2 * vn };
-	void *got[2][7];
+	void *got[3][7];
 	size_t differ = 0, words = 0;
 	char what[120];
 
 	it.slot = slot_kind == 0 || slot_kind == 1 ? rint_in(0, cap - n) : cap - n + rint_in(1, 5);
 	for (int t = 0; t < n; t++)
 		pos[t] = slot_kind == 0 ? it.slot + t : rint_in(0, 4000000);
-	for (int on = 0; on < 2; on++) {
+	/* 0 unfused; 1 fused, each block working the angles out; 2 fused,
+	 * reading the forward's table (kvmem_cuda_rope_angles) */
+	for (int on = 0; on < 3; on++) {
 		void *d[7] = { dput(qkv, sizes[0]), dpoison(sizes[1]), dpoison(sizes[2]), dpoison(sizes[3]),
 			       dpoison(sizes[4]), dput(vk, sizes[5]), dput(vv, sizes[6]) };
 		void *dqw = dput(qw, 2 * hd), *dkw = dput(kw, 2 * hd), *dpos = dput(pos, 4 * n);
-		void *dit = dput(&it, sizeof(it));
+		void *dit = dput(&it, sizeof(it)), *dang = NULL;
 
-		fuse_tune("fuse", on, NULL);
+		fuse_tune("fuse", on > 0, NULL);
+		if (on == 2 && (!(dang = dpoison((size_t)n * hd * sizeof(double))) ||
+				kvmem_cuda_rope_angles(g_c, dang, dpos, n, hd, 1e6)))
+			die("rope angles");
 		if (kvmem_cuda_qk_norm_rope_scatter_bf16(g_c, d[0], ld, dqw, dkw, n, heads, kvh, hd, 1e-6f,
 							 dpos, 1e6, d[1], d[2], d[3], d[4], d[5], d[6],
-							 dit, L, cap))
+							 dit, L, cap, dang))
 			die("q/k norm + rope + scatter");
+		kvmem_cuda_free(dang);
 		for (int i = 0; i < 7; i++) {
 			got[on][i] = dget(d[i], sizes[i]);
 			kvmem_cuda_free(d[i]);
@@ -264,21 +270,55 @@ static void qkn_case(int heads, int kvh, int hd, int slot_kind, int n)
 	}
 	for (int i = 0; i < 7; i++) {
 		for (size_t k = 0; k < sizes[i] / 2; k++)
-			differ += ((uint16_t *)got[0][i])[k] != ((uint16_t *)got[1][i])[k];
-		words += sizes[i] / 2;
-		free(got[0][i]);
-		free(got[1][i]);
+			for (int on = 1; on < 3; on++)
+				differ += ((uint16_t *)got[0][i])[k] != ((uint16_t *)got[on][i])[k];
+		words += 2 * sizes[i] / 2;
+		for (int on = 0; on < 3; on++)
+			free(got[on][i]);
 	}
 	snprintf(what, sizeof(what), "fuse qk norm+rope+scatter %d x %d/%d x %d, %s", n, heads, kvh,
 		 hd, slot_kind == 0 ? "slot = position" : slot_kind == 1 ? "another slot" :
 		 "past the view");
-	report(!differ, "%-34s fused == unfused bits: %zu of %zu words differ", what, differ, words);
+	report(!differ, "%-34s fused (angles worked out; from the table) == unfused bits: %zu of "
+	       "%zu words differ", what, differ, words);
 	free(pos);
 	free(qkv);
 	free(qw);
 	free(kw);
 	free(vk);
 	free(vv);
+}
+
+/* kvmem_cuda_rope_angles against its twin (kvmem_rope_angles): CUDA's pow
+ * and sincos against glibc's, each within 2 ulp, on angles up to 4M rad:
+ * a difference of a few ulp of the angle (pos * 2^-52) shows in its sine. */
+static void angles_case(int n, int hd)
+{
+	int32_t *pos = malloc(sizeof(int32_t) * n);
+	double *ref = malloc(sizeof(double) * n * hd), *got, worst = 0;
+	void *dpos, *dang = dpoison(sizeof(double) * n * hd);
+	size_t bad = 0;
+
+	for (int t = 0; t < n; t++)
+		pos[t] = t < n / 2 ? t : rint_in(0, 4000000);
+	dpos = dput(pos, 4 * n);
+	kvmem_rope_angles(ref, pos, n, hd, 1e6);
+	if (kvmem_cuda_rope_angles(g_c, dang, dpos, n, hd, 1e6))
+		die("rope angles");
+	got = dget(dang, sizeof(double) * n * hd);
+	for (size_t k = 0; k < (size_t)n * hd; k++) {
+		double d = fabs(got[k] - ref[k]), tol = 8.0 * (pos[k / hd] + 1) * 0x1p-52 + 1e-15;
+
+		worst = d > worst ? d : worst;
+		bad += !(d <= tol);
+	}
+	report(!bad, "rope angles %d x %d vs twin               max|d|=%.3g bad=%zu", n, hd, worst,
+	       bad);
+	free(pos);
+	free(ref);
+	free(got);
+	kvmem_cuda_free(dpos);
+	kvmem_cuda_free(dang);
 }
 
 /* ---- times -------------------------------------------------------------------- */
@@ -386,6 +426,8 @@ void check_fuse(void)
 		qkn_case(6, 2, 64, k, 1);
 		qkn_case(6, 2, 64, k, rint_in(2, 40));
 	}
+	angles_case(rint_in(100, 3000), 128);
+	angles_case(rint_in(1, 50), 64);
 	if (!g_quick)
 		fuse_times();
 	fuse_tune("fuse", saved[0], NULL);

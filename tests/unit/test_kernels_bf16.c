@@ -360,6 +360,35 @@ static void test_rope(void **state)
 	}
 }
 
+/* The angle table (the twin of kvmem_cuda_rope_angles): cos and sin of
+ * pos * theta^(-2i/d) against long double, pos 0 exactly (1, 0). */
+static void test_rope_angles(void **state)
+{
+	uint64_t r = rng_for("rope_angles");
+	const int d = 128, half = d / 2, n = test_rng_int(&r, 2, 40);
+	int32_t *pos = xmalloc(sizeof(int32_t) * n);
+	double *ang = xmalloc(sizeof(double) * n * d);
+
+	for (int t = 0; t < n; t++)
+		pos[t] = t == 0 ? 0 : test_rng_int(&r, 1, 3000000);
+	kvmem_rope_angles(ang, pos, n, d, 1e6);
+	for (int t = 0; t < n; t++)
+		for (int i = 0; i < half; i++) {
+			long double a = (long double)pos[t] * powl(1e6L, -2.0L * i / d);
+			double c = ang[2 * ((size_t)t * half + i)], s = ang[2 * ((size_t)t * half + i) + 1];
+			/* the angle in double carries pos * 2^-52 of error */
+			double tol = 4.0 * (pos[t] + 1) * 0x1p-52;
+
+			if (!(fabs(c - (double)cosl(a)) <= tol) || !(fabs(s - (double)sinl(a)) <= tol))
+				fail_msg("rope angles pos=%d i=%d: %.17g %.17g vs %.17Lg %.17Lg", pos[t], i,
+					 c, s, cosl(a), sinl(a));
+			if (t == 0)
+				assert_true(c == 1.0 && s == 0.0);
+		}
+	free(pos);
+	free(ang);
+}
+
 static void test_view_scatter(void **state)
 {
 	uint64_t r = rng_for("view_scatter");
@@ -806,6 +835,7 @@ int main(void)
 		cmocka_unit_test(test_gemm),
 		cmocka_unit_test(test_logits),
 		cmocka_unit_test(test_rope),
+		cmocka_unit_test(test_rope_angles),
 		cmocka_unit_test(test_view_scatter),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_sample_token),

@@ -81,6 +81,8 @@ struct cuda_fwd {
 	uint16_t *host_out;	/* pinned [L][qw + 2 kw]: a graph's raw q, raw K, V */
 	uint16_t *dout;		/* the same on the device: a graph's outputs go down
 				 * in one copy (three cost a decode step 0.06 ms) */
+	double *ang;		/* [C][head_dim/2] (cos, sin): the call's RoPE angles,
+				 * worked out once for every layer's q/k kernel */
 	int mode;		/* 0 off, 1 on, 2 on and failures are errors */
 	int broken;		/* mode 1 after a failed capture: plain launches */
 	struct graph g[GRAPHS];
@@ -117,7 +119,8 @@ int cuda_fwd_create(struct cuda *b)
 	    (rc = cuda_pinned(&f->host_in, bytes)) < 0 ||
 	    (rc = cuda_pinned(&f->host_logits, (size_t)c->vocab * sizeof(float))) < 0 ||
 	    (rc = cuda_pinned(&f->host_out, L * ld * 2)) < 0 ||
-	    (rc = cuda_dev_alloc(&f->dout, L * ld * 2, &b->scratch_bytes)) < 0)
+	    (rc = cuda_dev_alloc(&f->dout, L * ld * 2, &b->scratch_bytes)) < 0 ||
+	    (rc = cuda_dev_alloc(&f->ang, C * c->head_dim * sizeof(double), &b->scratch_bytes)) < 0)
 		return rc;
 	memset(f->host_in, 0, bytes);
 	return 0;
@@ -140,6 +143,7 @@ void cuda_fwd_destroy(struct cuda *b)
 		graph_drop(&f->g[i]);
 	kvmem_cuda_free(f->qkv);
 	kvmem_cuda_free(f->dout);
+	kvmem_cuda_free(f->ang);
 	kvmem_cuda_free(f->in);
 	cudaFreeHost(f->host_in);
 	cudaFreeHost(f->host_logits);
@@ -190,7 +194,7 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 		     b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
 		     c->rms_eps, p->pos, c->rope_theta, b->q, want_out ? p->oq + l * p->sq : NULL,
 		     want_out ? p->ok + l * p->sk : NULL, want_out ? p->ov + l * p->sk : NULL, v->k, v->v,
-		     p->items + l, c->n_layers, (int)v->cap)))
+		     p->items + l, c->n_layers, (int)v->cap, b->fwd->ang)))
 		return rc;
 	if (n == 1 && decode_ok(b))
 		rc = kvmem_cuda_attention_decode_bf16(b->ctx, 0, b->att, b->q, p->pos, 1, v->k + l * vl,
@@ -233,7 +237,8 @@ static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows,
 	cudaStream_t st = kvmem_cuda_stream(b->ctx);
 	int rc;
 
-	if ((rc = kvmem_cuda_embedding_bf16(b->ctx, b->x, b->embed, p.ids, n, c->hidden)) < 0)
+	if ((rc = kvmem_cuda_embedding_bf16(b->ctx, b->x, b->embed, p.ids, n, c->hidden)) < 0 ||
+	    (rc = kvmem_cuda_rope_angles(b->ctx, f->ang, p.pos, n, c->head_dim, c->rope_theta)) < 0)
 		return rc;
 	for (int l = 0; l < c->n_layers; l++)
 		if ((rc = layer(b, v, l, n, want_out, &p)) < 0)
