@@ -304,7 +304,11 @@ typedef struct kvmem_session_opts {
 	const kvmem_page_source *source;
 	/* Called after every forward pass with the tokens run and their
 	 * logits ([n][vocab] when all_logits, else the last token's [vocab]):
-	 * how a caller runs a full-context twin with the same chunking. */
+	 * how a caller runs a full-context twin with the same chunking. The
+	 * session's stage-out thread may still be putting this forward's rows
+	 * away: the callback must not call into the session (its index, pages
+	 * and query window are the thread's until the append or decode
+	 * returns). */
 	void (*on_forward)(void *arg, const int32_t *tokens, int n, const float *logits);
 	/* Called after every selection with the new plan (forced: the tail was
 	 * full mid-append or mid-decode). */
