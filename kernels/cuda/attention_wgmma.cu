@@ -20,41 +20,57 @@
  *     memory read transposed (MN-major: the same bytes as K's layout). As
  *     in FlashAttention-3, step i issues S_i and then P_{i-1} V_{i-1} to
  *     the tensor cores back to back and works out S_i's softmax while the
- *     second runs; O is rescaled when it is done;
+ *     second runs; and (the main form) the two warpgroups take turns at
+ *     issuing (ping-pong on named barriers), so that one's softmax runs
+ *     while the other's products hold the tensor cores;
  *   - a producer (warps 0-3) streaming 128-key K and V tiles through a
- *     ring of V6_STAGES stages with cp.async (zero-filled past the key
- *     count), each K and each V tile completing on its own mbarrier
- *     (cp.async.mbarrier.arrive.noinc), K and V handed back separately by
- *     each consumer warp on "empty" mbarriers once its MMAs are done.
+ *     ring of stages (3 in the main form): one thread issues the copy
+ *     engine's tensor loads (TMA, cp.async.bulk.tensor, two 64-column boxes
+ *     a tile, zero-filled past the key count); the other forms' 128
+ *     threads use cp.async (cp.async.mbarrier.arrive.noinc). Each K and
+ *     each V tile completes on its own mbarrier, and is handed back by each
+ *     consumer warp on an "empty" mbarrier once its MMAs are done.
+ * The forms (v6_forms, host side) and what they measured: Documentation/
+ * kernels.md.
  * setmaxnreg gives the producer 40 registers and the consumers 232 (with
  * a single producer warp, 288 threads, ptxas capped the kernel at 168
  * registers and spilled).
  * Shared-memory tiles use the 128-byte swizzle of the wgmma descriptors:
  * a tile of rows x 128 bf16 is two 64-column halves, row r of a half at r *
  * 128 bytes, its 16-byte chunk c at (c ^ (r % 8)) * 16; halves and stages
- * start on 1024-byte boundaries. Only tiles that reach past a warp's
- * smallest query position (or past the key count) are masked; tiles past
- * the block's last position are never loaded, past a warpgroup's are
- * skipped by it.
+ * start on 1024-byte boundaries (the copy engine's 128-byte swizzle is the
+ * same). Only tiles that reach past a warp's smallest query position (or
+ * past the key count) are masked; tiles past the block's last position are
+ * never loaded; past a warpgroup's last, they are skipped by it without
+ * ping-pong and masked whole with it.
  */
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <cuda.h>	/* CUtensorMap (the driver's encoder is looked up, not linked) */
+#include <cudaTypedefs.h>
 
 #include "cuda_int.h"
 
 #define V6_HD 128
 #define V6_BN 128		/* keys per tile */
 #define V6_ROWS 128		/* rows per block: two warpgroups of 64 */
-#define V6_STAGES 2
 #define V6_THREADS (3 * 128)	/* a producer warpgroup, two consumers */
 #define V6_REG_PRODUCER 40	/* setmaxnreg: 128 x 40 + 256 x 232 <= 64K */
 #define V6_REG_CONSUMER 232
 #define V6_Q_BYTES (V6_ROWS * V6_HD * 2)	/* 32 KB */
 #define V6_T_BYTES (V6_BN * V6_HD * 2)	/* one K or V tile: 32 KB */
 #define V6_HALF (V6_BN * 128)		/* bytes of a 64-column half of a tile */
-#define V6_SMEM (1024 + V6_Q_BYTES + 2 * V6_STAGES * V6_T_BYTES + 4 * V6_STAGES * 8 + 64)
+/* Dynamic shared memory of a block with a ring of st stages (3: 230560 of
+ * the 232448 bytes a block may have). */
+#define V6_SMEM(st) (1024 + V6_Q_BYTES + 2 * (st) * V6_T_BYTES + 4 * (st) * 8 + 64)
+
+/* The main path's form of the kernel (v6_forms). */
+#define V6_FORM_MAIN 2
 
 struct v6_args {
+	CUtensorMap tk, tv;	/* TMA forms: K and V as [Hkv][n_kv][128] bf16 */
 	uint16_t *out;
 	const uint16_t *q, *k, *v;
 	const int32_t *q_pos;
@@ -103,6 +119,23 @@ __device__ __forceinline__ void mbar_cp_arrive(uint32_t bar)
 	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+		     : "memory");
+}
+
+/* A box of the tensor map at (c0, c1, c2) into shared memory at s, its bytes
+ * counted on bar; rows past the map's end come in as zeros. */
+__device__ __forceinline__ void tma_load3(uint32_t s, const CUtensorMap *m, uint32_t bar, int c0,
+					  int c1, int c2)
+{
+	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(s),
+		     "l"((uint64_t)m), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+		     : "memory");
+}
+
 /* cp.async writes through the generic proxy, wgmma reads through the async
  * one. */
 __device__ __forceinline__ void fence_async_smem(void)
@@ -115,6 +148,17 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 {
 	return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
 	       ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+/* Named barriers (0 is __syncthreads): count threads, a multiple of 32. */
+template <int N> __device__ __forceinline__ void bar_sync(int id)
+{
+	asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(N) : "memory");
+}
+
+template <int N> __device__ __forceinline__ void bar_arrive(int id)
+{
+	asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(N) : "memory");
 }
 
 __device__ __forceinline__ void wg_fence(void)
@@ -194,7 +238,8 @@ __device__ __forceinline__ uint32_t v6_pack(float lo, float hi)
 #endif
 
 /* ---- the kernel ------------------------------------------------------------ */
-__global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
+template <int V6_STAGES, bool PP, bool TMA>
+__global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const __grid_constant__ v6_args a)
 {
 #ifdef V6_DEVICE
 	extern __shared__ unsigned char v6_smem_raw[];
@@ -214,8 +259,8 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 
 	if (tid == 0) {
 		for (int s = 0; s < V6_STAGES; s++) {
-			mbar_init(fullK + 8 * s, 128);	/* the producer's threads */
-			mbar_init(fullV + 8 * s, 128);
+			mbar_init(fullK + 8 * s, TMA ? 1 : 128);	/* the producer's threads */
+			mbar_init(fullV + 8 * s, TMA ? 1 : 128);
 			mbar_init(emptyK + 8 * s, 8);	/* the consumer warps */
 			mbar_init(emptyV + 8 * s, 8);
 		}
@@ -244,6 +289,27 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 	if (warp < 4) {
 		/* ---- producer warpgroup: K and V tiles through the ring ---- */
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(V6_REG_PRODUCER));
+		if constexpr (TMA) {
+			/* One thread: each tile two boxes of 64 columns x 128 rows
+			 * (the halves), in the 128-byte swizzle of the map. */
+			if (tid == 0)
+				for (int i = 0; i < n_tiles; i++) {
+					const int s = i % V6_STAGES, ph = ((i / V6_STAGES) - 1) & 1;
+					const uint32_t dk = sK + s * V6_T_BYTES, dv = sV + s * V6_T_BYTES;
+
+					if (i >= V6_STAGES)
+						mbar_wait(emptyK + 8 * s, ph);
+					mbar_expect_tx(fullK + 8 * s, V6_T_BYTES);
+					tma_load3(dk, &a.tk, fullK + 8 * s, 0, i * V6_BN, kvh);
+					tma_load3(dk + V6_HALF, &a.tk, fullK + 8 * s, 64, i * V6_BN, kvh);
+					if (i >= V6_STAGES)
+						mbar_wait(emptyV + 8 * s, ph);
+					mbar_expect_tx(fullV + 8 * s, V6_T_BYTES);
+					tma_load3(dv, &a.tv, fullV + 8 * s, 0, i * V6_BN, kvh);
+					tma_load3(dv + V6_HALF, &a.tv, fullV + 8 * s, 64, i * V6_BN, kvh);
+				}
+			return;
+		}
 		const uint16_t *kh = a.k + (size_t)kvh * a.kv_stride * V6_HD;
 		const uint16_t *vh = a.v + (size_t)kvh * a.kv_stride * V6_HD;
 		/* Thread's chunks: rows 8 it + rs (it = 0..15), 16-byte chunk c;
@@ -306,12 +372,13 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 		const int wg_max = s_pos[2 + wg];
 		/* Tiles this warpgroup computes: those starting at or below its last
 		 * position (the rest it only hands back). */
-		const int n_mine = wg_max < 0 ? 0 : min(n_tiles, wg_max / V6_BN + 1);
+		const int n_mine = PP ? n_tiles : (wg_max < 0 ? 0 : min(n_tiles, wg_max / V6_BN + 1));
 		const float sl2 = a.scale_log2;
 
 		float o[64], s[64];
 		uint32_t p[32];
 		float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+		float al_lo = 1.0f, al_hi = 1.0f;	/* the factors O is still to be scaled by */
 
 	#pragma unroll
 		for (int i = 0; i < 64; i++)
@@ -421,18 +488,50 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 		 * The pipeline (FlashAttention-3's overlap within a warpgroup): at
 		 * step i the tensor cores run S_i = Q K_i^T and then O += P_{i-1}
 		 * V_{i-1} back to back while the warps, once S_i is in, work out its
-		 * softmax; O is rescaled by tile i's factor once the P V product is
-		 * done, and P_i packed for the next step.
+		 * softmax; P_i is packed for the next step once the P V product is
+		 * done. Without PP, O is rescaled by tile i's factor then; with PP,
+		 * by tile i - 1's between the two issues (S_i runs meanwhile).
+		 *
+		 * PP, the ping-pong of FlashAttention-3: the two warpgroups take
+		 * turns at issuing their products (named barrier 3 + wg is wg's
+		 * turn), so that one's softmax runs while the other's products hold
+		 * the tensor cores. Both run every tile of the block (n_mine =
+		 * n_tiles; a tile past a warpgroup's rows is masked whole), hence
+		 * the same n_tiles + 1 turns: warpgroup 1 gives warpgroup 0 its
+		 * first turn and skips its own last hand-over, which nobody would
+		 * wait for.
 		 */
-		if (n_mine > 0) {
-			float al_lo, al_hi;
+		auto turn = [&]() {
+			if constexpr (PP)
+				bar_sync<256>(3 + wg);
+		};
+		auto pass = [&](bool last) {
+			if constexpr (PP)
+				if (!(last && wg == 1))
+					bar_arrive<256>(4 - wg);
+		};
+		auto rescale = [&]() {
+	#pragma unroll
+			for (int n = 0; n < V6_HD / 8; n++) {
+				o[4 * n] *= al_lo;
+				o[4 * n + 1] *= al_lo;
+				o[4 * n + 2] *= al_hi;
+				o[4 * n + 3] *= al_hi;
+			}
+		};
 
+		if (PP && wg == 1 && n_mine > 0)
+			bar_arrive<256>(3);
+		if (n_mine > 0) {
 			mbar_wait(fullK, 0);
-			fence_async_smem();
+			if constexpr (!TMA)
+				fence_async_smem();
+			turn();
 			wg_touch(s);
 			wg_fence();
 			issue_s(0);
 			wg_commit();
+			pass(false);
 			wg_wait<0>();
 			wg_touch(s);
 			release(emptyK);
@@ -442,18 +541,25 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 		for (int i = 1; i < n_mine; i++) {
 			const int st = i % V6_STAGES, ph = (i / V6_STAGES) & 1;
 			const int sp = (i - 1) % V6_STAGES, pp = ((i - 1) / V6_STAGES) & 1;
-			float al_lo, al_hi;
 
 			mbar_wait(fullK + 8 * st, ph);
 			mbar_wait(fullV + 8 * sp, pp);
-			fence_async_smem();
+			if constexpr (!TMA)
+				fence_async_smem();
+			turn();
 			wg_touch(s);
 			wg_touch(o);
 			wg_fence();
 			issue_s(st);
 			wg_commit();
+			if constexpr (PP) {
+				rescale();
+				wg_touch(o);
+				wg_fence();
+			}
 			issue_pv(sp);
 			wg_commit();
+			pass(false);
 			wg_wait<1>();	/* S_i is in; P V still running */
 			wg_touch(s);
 			release(emptyK + 8 * st);
@@ -461,24 +567,24 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
 			wg_wait<0>();
 			wg_touch(o);
 			release(emptyV + 8 * sp);
-	#pragma unroll
-			for (int n = 0; n < V6_HD / 8; n++) {
-				o[4 * n] *= al_lo;
-				o[4 * n + 1] *= al_lo;
-				o[4 * n + 2] *= al_hi;
-				o[4 * n + 3] *= al_hi;
-			}
+			if constexpr (!PP)
+				rescale();
 			pack_p();
 		}
 		if (n_mine > 0) {
 			const int sp = (n_mine - 1) % V6_STAGES, pp = ((n_mine - 1) / V6_STAGES) & 1;
 
 			mbar_wait(fullV + 8 * sp, pp);
-			fence_async_smem();
+			if constexpr (!TMA)
+				fence_async_smem();
+			turn();
+			if constexpr (PP)
+				rescale();
 			wg_touch(o);
 			wg_fence();
 			issue_pv(sp);
 			wg_commit();
+			pass(true);
 			wg_wait<0>();
 			wg_touch(o);
 			release(emptyV + 8 * sp);
@@ -522,25 +628,91 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const v6_args a)
  * no sm_90a image). Set when a context is made (never in a capture). */
 static int v6_ok[64];
 
+/* The kernel's forms (template arguments: ring stages, ping-pong, TMA).
+ * KVMEM_CUDA_V6 (an index, read when the first context is made) or
+ * kvmem_cuda_attention_v6_form picks another than V6_FORM_MAIN for
+ * comparisons. The TMA form runs as its cp.async twin (alt) where the
+ * driver has no tensor-map encoder. */
+typedef void (*v6_fn)(const v6_args);
+static const struct {
+	v6_fn fn;
+	int smem, tma, alt;
+} v6_forms[] = {
+	{ attn_v6_kernel<2, false, false>, V6_SMEM(2), 0, 0 },	/* 0 as first written */
+	{ attn_v6_kernel<2, true, false>, V6_SMEM(2), 0, 1 },	/* 1 ping-pong */
+	{ attn_v6_kernel<3, true, true>, V6_SMEM(3), 1, 1 },	/* 2 ping-pong, TMA, 3 stages */
+};
+#define V6_FORMS ((int)(sizeof(v6_forms) / sizeof(v6_forms[0])))
+static int v6_form = V6_FORM_MAIN;
+static PFN_cuTensorMapEncodeTiled_v12000 v6_encode;	/* the driver's, for the TMA forms */
+
+/* K or V, [Hkv][stride][128] bf16, as a 3-D tensor map of n_kv rows a head
+ * (the copy engine fills rows past them with zeros), boxes of 64 x 128 x 1
+ * in the 128-byte swizzle. 0, or 1 where it cannot be made. */
+static int v6_map(CUtensorMap *m, const uint16_t *base, int n_kv, int n_kv_heads, size_t stride)
+{
+	const cuuint64_t dim[3] = { V6_HD, (cuuint64_t)(n_kv > 0 ? n_kv : 1), (cuuint64_t)n_kv_heads };
+	const cuuint64_t str[2] = { V6_HD * 2, (cuuint64_t)stride * V6_HD * 2 };
+	const cuuint32_t box[3] = { 64, V6_BN, 1 }, one[3] = { 1, 1, 1 };
+
+	if (((uintptr_t)base & 15) || !v6_encode)
+		return 1;
+	return v6_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dim, str, box, one,
+			 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+			 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+			 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS;
+}
+
+/* The form that runs: f, or its cp.async twin without an encoder. */
+static int v6_pick(int f)
+{
+	return v6_forms[f].tma && !v6_encode ? v6_forms[f].alt : f;
+}
+
+/* Which form v6 runs from now on (for comparisons; not during a capture):
+ * the form before, or -1 where f is none (then nothing changes). */
+extern "C" int kvmem_cuda_attention_v6_form(int f)
+{
+	const int old = v6_form;
+
+	if (f < 0 || f >= V6_FORMS)
+		return -1;
+	v6_form = v6_pick(f);
+	return old;
+}
+
 extern "C" int kvmem_cuda_attention_v6_setup(kvmem_cuda_ctx *c)
 {
 	cudaFuncAttributes fa;
 	int major = 0, minor = 0;
+	const char *e = getenv("KVMEM_CUDA_V6");
 
 	if (c->device >= 64 || v6_ok[c->device])
 		return 0;
 	if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
 	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device) != cudaSuccess ||
-	    major != 9 || minor != 0 || cudaFuncGetAttributes(&fa, attn_v6_kernel) != cudaSuccess) {
+	    major != 9 || minor != 0 || cudaFuncGetAttributes(&fa, v6_forms[0].fn) != cudaSuccess) {
 		cudaGetLastError();	/* not an error: v4 runs instead */
 		v6_ok[c->device] = -1;
 		return 0;
 	}
-	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(attn_v6_kernel,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 V6_SMEM),
-				    "attention v6: shared memory"))
-		return rc;
+	if (!v6_encode) {
+		cudaDriverEntryPointQueryResult q;
+		void *fn = NULL;
+
+		if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+						     cudaEnableDefault, &q) == cudaSuccess &&
+		    q == cudaDriverEntryPointSuccess)
+			v6_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+		cudaGetLastError();
+	}
+	for (int f = 0; f < V6_FORMS; f++)
+		if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(v6_forms[f].fn,
+								 cudaFuncAttributeMaxDynamicSharedMemorySize,
+								 v6_forms[f].smem),
+					    "attention v6: shared memory"))
+			return rc;
+	v6_form = v6_pick(e && *e && atoi(e) >= 0 && atoi(e) < V6_FORMS ? atoi(e) : V6_FORM_MAIN);
 	v6_ok[c->device] = 1;
 	return 0;
 }
@@ -569,6 +741,7 @@ extern "C" int kvmem_cuda_attention_v6(kvmem_cuda_ctx *c, uint16_t *out, const u
 	if (c->device >= 64 || v6_ok[c->device] != 1 || head_dim != V6_HD || kv_pos || R <= 16 ||
 	    tiles > INT_MAX)
 		return 1;
+	memset(&a, 0, sizeof(a));
 	a.out = out;
 	a.q = q;
 	a.k = k;
@@ -580,6 +753,10 @@ extern "C" int kvmem_cuda_attention_v6(kvmem_cuda_ctx *c, uint16_t *out, const u
 	a.group = n_heads / n_kv_heads;
 	a.kv_stride = (long long)kv_stride;
 	a.scale_log2 = scale * 1.4426950408889634f;
-	attn_v6_kernel<<<dim3((unsigned)tiles, n_kv_heads), V6_THREADS, V6_SMEM, c->stream>>>(a);
+	if (v6_forms[v6_form].tma && (v6_map(&a.tk, k, n_kv, n_kv_heads, kv_stride) ||
+				      v6_map(&a.tv, v, n_kv, n_kv_heads, kv_stride)))
+		return 1;	/* v4 runs */
+	v6_forms[v6_form].fn<<<dim3((unsigned)tiles, n_kv_heads), V6_THREADS, v6_forms[v6_form].smem,
+			       c->stream>>>(a);
 	return kvmem_cuda_launched("attention v6");
 }

@@ -23,6 +23,9 @@
 #    check: it must finish), and the prefill rates side by side.
 # 3. compute-sanitizer memcheck and racecheck over --attn-prefill --quick;
 #    "nosan" skips them.
+# KVMEM_V6_FORMS=0,1,2 (indices of v6_forms in attention_wgmma.cu) checks
+# and times each of v6's forms in step 1; steps 2 and 3 then run the
+# fastest that passed (KVMEM_CUDA_V6).
 #
 # Ends with "N passed, N failed". Logs in $OUT/attn_prefill/ when OUT is set
 # (the run tool's folder), else in a temporary folder.
@@ -34,6 +37,20 @@ OLD=4 NEW=6
 
 gpu_check 200 check.log --attn-prefill
 echo "($(($(date +%s) - t0)) s)"
+if [ -n "${KVMEM_V6_FORMS:-}" ]; then
+	# The fastest of the forms at the 4096-query chunk over 32768 keys
+	# among those that failed no check: the engine and the sanitizers run it.
+	best=$(awk '/^FAIL/ && match($0, /v6 f[0-9]+/) { bad[substr($0, RSTART + 4, RLENGTH - 4)] = 1 }
+		/^chunk 4096 @ 32768 view v6 f[0-9]+ / { ms[substr($7, 2)] = $8 }
+		END { for (f in ms) if (!(f in bad) && (b == "" || ms[f] < m)) { b = f; m = ms[f] }
+		      print b }' "$log/check.log")
+	if [ -n "$best" ]; then
+		echo "== v6 form $best (the fastest that passed) for the engine and the sanitizers"
+		export KVMEM_CUDA_V6=$best KVMEM_V6_FORMS=$best
+	else
+		bad "no v6 form passed its checks"
+	fi
+fi
 
 # The prefill table of bench engine: "tokens tok/s of-GEMM".
 prefill_rows() {

@@ -20,6 +20,42 @@
 #include "check_util.h"
 
 #define RELL2_MAX 1e-2
+#define MAX_FORMS 16
+
+/* v6's forms to check and time (KVMEM_V6_FORMS), -1: the main one. */
+static int forms[MAX_FORMS] = { -1 }, n_forms = 1;
+
+static void read_forms(void)
+{
+	const char *e = getenv("KVMEM_V6_FORMS");
+	char *end;
+
+	if (!e || !*e || n_forms != 1 || forms[0] != -1)
+		return;
+	n_forms = 0;
+	while (*e && n_forms < MAX_FORMS) {
+		long f = strtol(e, &end, 10);
+
+		if (end == e)
+			break;
+		forms[n_forms++] = (int)f;
+		e = *end == ',' ? end + 1 : end;
+	}
+	if (!n_forms)
+		forms[n_forms++] = -1;
+}
+
+/* Switch v6 to forms[i]; its label ("" for the main form). */
+static const char *use_form(int i, char *buf, size_t n)
+{
+	*buf = 0;
+	if (forms[i] >= 0) {
+		snprintf(buf, n, " f%d", forms[i]);
+		if (kvmem_cuda_attention_v6_form(forms[i]) < 0)
+			die(buf);
+	}
+	return buf;
+}
 
 struct pshape {
 	const char *name;
@@ -93,18 +129,23 @@ static void check_shape(const struct pshape *s)
 	if (kvmem_attention_bf16(ref, q, qp, n_q, k, v, s->kv_pos ? kp : NULL, n_kv, stride, s->heads,
 				 kvh, hd, 1.0f / sqrtf((float)hd)))
 		die("attention twin");
-	for (int ver = 4; ver <= 6; ver += 2) {
-		uint16_t *g1 = run(ver, o, dq, dqp, n_q, dk, dv, dkp, n_kv, stride, s, qn), *g2;
+	for (int vi = 0; vi <= n_forms; vi++) {	/* v4, then v6 in each form */
+		const int ver = vi ? 6 : 4;
+		char fl[16] = "";
+		uint16_t *g1, *g2;
 		struct cmp_rel c;
 
+		if (vi)
+			use_form(vi - 1, fl, sizeof(fl));
+		g1 = run(ver, o, dq, dqp, n_q, dk, dv, dkp, n_kv, stride, s, qn);
 		if (!g1) {
-			report(0, "prefill v%d %s: %s", ver, s->name, kvmem_last_error());
+			report(0, "prefill v%d%s %s: %s", ver, fl, s->name, kvmem_last_error());
 			continue;
 		}
 		c = compare(g1, ref, qn, 4e-3);
 		report(c.bad == 0 && c.rel <= RELL2_MAX,
-		       "prefill v%d %-44s max|d|=%-9.3g relL2=%-9.3g bad=%zu unwritten=%zu", ver,
-		       s->name, c.max_abs, c.rel, c.bad, c.unwritten);
+		       "prefill v%d%s %-44s max|d|=%-9.3g relL2=%-9.3g bad=%zu unwritten=%zu", ver,
+		       fl, s->name, c.max_abs, c.rel, c.bad, c.unwritten);
 		if (ver == 6) {
 			size_t d = 0;
 
@@ -112,7 +153,7 @@ static void check_shape(const struct pshape *s)
 				die("prefill v6 again");
 			for (size_t i = 0; i < qn; i++)
 				d += g1[i] != g2[i];
-			report(!d, "  v6 again: the same bits (%zu of %zu differ)", d, qn);
+			report(!d, "  v6%s again: the same bits (%zu of %zu differ)", fl, d, qn);
 			free(g2);
 		}
 		free(g1);
@@ -150,7 +191,7 @@ void check_attn_prefill(void)
 		{ "quick 32/8 chunk 16 @ 300", 16, 300, 32, 8, 128, 0, 1 },
 		{ "quick 32/8 200 x 200", 200, 200, 32, 8, 128, 0, 1 },
 	};
-	const struct pshape *sh = g_quick ? quick : full;
+	const struct pshape *sh = (read_forms(), g_quick ? quick : full);
 	const size_t ns = g_quick ? sizeof(quick) / sizeof(quick[0]) : sizeof(full) / sizeof(full[0]);
 
 	for (size_t i = 0; i < ns; i++)
@@ -247,28 +288,34 @@ void attn_prefill_sweep(void)
 		}
 		if (kvmem_cuda_upload(g_c, a.qp, pos, 4 * (size_t)a.n_q))
 			die("upload");
-		for (int vi = 0; vi < 2; vi++) {
-			char name[80];
+		for (int vi = 0; vi <= n_forms; vi++) {	/* v4, then v6 in each form */
+			char name[80], fl[16] = "";
 			double tf;
 
 			a.version = vi ? 6 : 4;
-			ms[vi] = time_ms(run_att, &a, 2, 5);
-			tf = 4.0 * hd * heads * vis / (ms[vi] * 1e-3) / 1e12;
-			snprintf(name, sizeof(name), "%s v%d", pre[i].name, a.version);
-			printf("%-44s %9.3f  %6.1f TF/s  %5.2f\n", name, ms[vi], tf, tf / gemm_tfs);
-			if (!vi && cudaMemcpyAsync(o4, a.out, 2 * n, cudaMemcpyDeviceToDevice,
-						   (cudaStream_t)kvmem_cuda_stream(g_c)) != cudaSuccess)
-				die("copy");
-		}
-		{	/* v6's output against v4's (the twin is too slow here) */
-			uint16_t *g4 = dget(o4, 2 * n), *g6 = dget(a.out, 2 * n);
-			struct cmp_rel c = compare(g6, g4, n, 8e-3);
+			if (vi)
+				use_form(vi - 1, fl, sizeof(fl));
+			ms[!!vi] = time_ms(run_att, &a, 3, 11);
+			tf = 4.0 * hd * heads * vis / (ms[!!vi] * 1e-3) / 1e12;
+			snprintf(name, sizeof(name), "%s v%d%s", pre[i].name, a.version, fl);
+			printf("%-44s %9.3f  %6.1f TF/s  %5.2f\n", name, ms[!!vi], tf, tf / gemm_tfs);
+			if (!vi) {
+				if (cudaMemcpyAsync(o4, a.out, 2 * n, cudaMemcpyDeviceToDevice,
+						    (cudaStream_t)kvmem_cuda_stream(g_c)) != cudaSuccess)
+					die("copy");
+				continue;
+			}
+			{	/* v6's output against v4's (the twin is too slow here) */
+				uint16_t *g4 = dget(o4, 2 * n), *g6 = dget(a.out, 2 * n);
+				struct cmp_rel c = compare(g6, g4, n, 8e-3);
 
-			report(c.bad == 0 && c.rel <= RELL2_MAX && c.unwritten == 0,
-			       "  v6 = v4 within 8e-3 + 2^-7: %-16s max|d|=%-9.3g relL2=%-9.3g bad=%zu; "
-			       "v6 %.2fx v4", pre[i].name, c.max_abs, c.rel, c.bad, ms[0] / ms[1]);
-			free(g4);
-			free(g6);
+				report(c.bad == 0 && c.rel <= RELL2_MAX && c.unwritten == 0,
+				       "  v6%s = v4 within 8e-3 + 2^-7: %-16s max|d|=%-9.3g relL2=%-9.3g "
+				       "bad=%zu; v6 %.2fx v4", fl, pre[i].name, c.max_abs, c.rel, c.bad,
+				       ms[0] / ms[1]);
+				free(g4);
+				free(g6);
+			}
 		}
 	}
 	free(pos);

@@ -22,4 +22,9 @@ void check_attn_prefill(void);
  * output checked against v4's at each. */
 void attn_prefill_sweep(void);
 
+/* Both check v6 in each of its forms that KVMEM_V6_FORMS lists ("0,2,4":
+ * indices of kernels/cuda/attention_wgmma.cu's v6_forms; the main form
+ * alone when unset), switched by this hook of attention_wgmma.cu. */
+int kvmem_cuda_attention_v6_form(int form);
+
 #endif
