@@ -1402,9 +1402,10 @@ extern "C" int kvmem_cuda_attention_bf16_v(kvmem_cuda_ctx *c, int version, uint1
  * against v2's 0.481 / 1.579 / 8.715 (tests/gpu/attn_decode.sh, H200).
  */
 #define MAIN_DECODE 5
-/* bench engine 32K prefill on the H200: v6 20.0k tok/s (59% of GEMM), v4
- * 15.5k (45%), v2 12.2k (2026-11-30). v6 runs on sm_90 only, head_dim 128,
- * when its row tiles fill the GPU: v4 otherwise (kvmem_cuda_attention_bf16). */
+/* bench engine 32K prefill on the H200: v6 25.7k tok/s (75% of GEMM), v4
+ * 18.0k (53%) in the same run; v2 12.2k (2026-11-30). v6 runs on sm_90
+ * only, head_dim 128, when its row tiles fill the GPU: v4 otherwise
+ * (kvmem_cuda_attention_bf16). */
 #define MAIN_PREFILL 6
 
 static int is_decode(int n_q, int n_heads, int n_kv_heads)
