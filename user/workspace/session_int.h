@@ -60,8 +60,9 @@ struct kvmem_session {
 	 * scores from then on. */
 	void *mirror;
 	int mirror_off;
-	/* A chunk's rows on their way to the source (stageout.c); NULL until
-	 * the first large chunk. raw_k/v above and its spare pair swap. */
+	/* A forward's rows on their way to the history (stageout.c); NULL
+	 * until the first job it takes. raw_k, v and q_raw above and its
+	 * spare set swap. */
 	struct ws_stage *stage;
 	int stage_min;			/* the smallest job it takes (0: not decided) */
 	uint64_t rng;
@@ -127,8 +128,9 @@ int ws_put_rows(kvmem_session *s, const struct ws_rows *r);
  * buffers) or in line. The index, the pages and the query ring are the
  * job's until ws_stage_wait. */
 int ws_stage_rows(kvmem_session *s, int64_t p0, int n, int q_rows);
-/* Wait for the rows in flight: 0, or the write's error (the session is
- * then broken). Before anything that reads or commits the source. */
+/* Wait for the rows in flight: 0, or the job's error (the session is then
+ * broken). Before anything that reads or commits the source, or reads the
+ * index or the query ring. */
 int ws_stage_wait(kvmem_session *s);
 /* The same, leaving the error state alone (after another failure). */
 void ws_stage_drain(kvmem_session *s);
