@@ -8,6 +8,9 @@
 #   engine   kvmem bench engine --backend cuda (prefill 4K/16K/32K, decode
 #            4K/32K; the GEMM rate and the copy rate measured in the run),
 #            again with KVMEM_CUDA_PREFILL=$ALT_PREFILL when that is set;
+#            nvidia-smi samples the SM clock and the power every 50 ms
+#            meanwhile (a long prefill at full power may run below the
+#            clock of the GEMM ceiling's short burst);
 #   torch    tools/bench/torch_engine.py: PyTorch (sdpa, bf16) on the same
 #            geometry and the same lengths, the engine's peer;
 #   select   kvmem bench select --backend cuda at 1M and 10M tokens (31250
@@ -39,9 +42,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 if has engine; then
 	el "bench engine"
+	nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader,nounits \
+		-lms 50 >"$out/clocks.csv" 2>/dev/null &
+	smi=$!
 	timeout 150 "$K" bench engine --backend cuda --prefill 4k,16k,32k --decode 4k,32k \
 		--decode-tokens 64 >"$out/engine.log" 2>&1 && ok "bench engine" || bad "bench engine"
+	kill $smi 2>/dev/null
 	grep -E '^(ceilings|prefill|decode|[0-9])' "$out/engine.log"
+	# The SM clock while the GPU drew more than half its peak power seen.
+	awk -F', *' '$3 + 0 > 0 { n++; c[n] = $2; p[n] = $3; if ($3 > pm) pm = $3 }
+		END { for (i = 1; i <= n; i++) if (p[i] > pm / 2) { k++; s += c[i];
+			if (!lo || c[i] < lo) lo = c[i]; if (c[i] > hi) hi = c[i] }
+		      if (k) printf "SM clock under load: mean %.0f MHz, %d-%d MHz over %d samples; peak power %.0f W\n", s / k, lo, hi, k, pm }' \
+		"$out/clocks.csv"
 	if [ -n "${ALT_PREFILL:-}" ]; then
 		el "bench engine, KVMEM_CUDA_PREFILL=$ALT_PREFILL"
 		KVMEM_CUDA_PREFILL=$ALT_PREFILL timeout 120 "$K" bench engine --backend cuda \
