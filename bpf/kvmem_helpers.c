@@ -132,6 +132,21 @@ void kt_init(struct kt_env *env)
 	sigaction(SIGTERM, &sa, NULL);
 }
 
+int kt_start(const struct argp *argp, int argc, char **argv, struct kt_env *env)
+{
+	kt_common_env = env;
+	if (argp_parse(argp, argc, argv, 0, NULL, NULL))
+		return 1;
+	kt_init(env);
+	return 0;
+}
+
+int kt_open_failed(const struct kt_env *env)
+{
+	fprintf(stderr, "%s: cannot open the BPF object: %s\n", env->tool, strerror(errno));
+	return 1;
+}
+
 bool kt_pid_alive(pid_t pid)
 {
 	char path[64];

@@ -52,6 +52,12 @@ extern struct kt_env *kt_common_env;
 /* Set libbpf's message printer (quiet unless -v) and SIGINT/SIGTERM to
  * set kt_exiting. */
 void kt_init(struct kt_env *env);
+/* A tool's start: kt_common_env = env, its options parsed (argp's child
+ * fills env), kt_init. 0, or 1 (the exit status) when the options were
+ * refused (argp said why). */
+int kt_start(const struct argp *argp, int argc, char **argv, struct kt_env *env);
+/* The skeleton's open failed (errno says why): one line; returns 1. */
+int kt_open_failed(const struct kt_env *env);
 extern volatile sig_atomic_t kt_exiting;
 
 /*

@@ -790,11 +790,8 @@ int main(int argc, char **argv)
 	struct trace t = {};
 	int err;
 
-	kt_common_env = &env.kt;
-	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
-	if (err)
+	if (kt_start(&argp, argc, argv, &env.kt))
 		return 1;
-	kt_init(&env.kt);
 	if (env.synth_trace) {
 		err = synth(&t);
 		if (!err)

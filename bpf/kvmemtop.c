@@ -351,16 +351,11 @@ int main(int argc, char **argv)
 	__u64 t0;
 	int err;
 
-	kt_common_env = &env.kt;
-	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
-	if (err)
+	if (kt_start(&argp, argc, argv, &env.kt))
 		return 1;
-	kt_init(&env.kt);
 	obj = kvmemtop_bpf__open();
-	if (!obj) {
-		fprintf(stderr, "%s: cannot open the BPF object: %s\n", env.kt.tool, strerror(errno));
-		return 1;
-	}
+	if (!obj)
+		return kt_open_failed(&env.kt);
 	err = kt_open_sources(&env.kt, obj->obj);
 	if (err)
 		goto out;
