@@ -12,11 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "kvmem/backend.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
+#include "util/clock.h"
 
 struct kvmem_view {
 	kvmem_kvcache kv;
@@ -195,14 +195,6 @@ static const kvmem_kvcache *cpu_host_view(void *ctx, const kvmem_view *v)
 	return &v->kv;
 }
 
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* OpenBLAS sgemm at 1024^3 (best of 3) and memcpy of 256 MiB (best of 3). */
 static int cpu_ceilings(void *ctx, kvmem_ceilings *out)
 {
@@ -223,14 +215,14 @@ static int cpu_ceilings(void *ctx, kvmem_ceilings *out)
 	memset(x, 1, bytes);
 	memset(y, 2, bytes);
 	for (int r = 0; r < 3; r++) {
-		double t0 = now_s(), t;
+		double t0 = kvmem_now_s(), t;
 
 		kvmem_matmul(a + 2 * (size_t)n * n, a, a + (size_t)n * n, n, n, n);
-		t = now_s() - t0;
+		t = kvmem_now_s() - t0;
 		best = t < best ? t : best;
-		t0 = now_s();
+		t0 = kvmem_now_s();
 		memcpy(y, x, bytes);
-		t = now_s() - t0;
+		t = kvmem_now_s() - t0;
 		bestc = t < bestc ? t : bestc;
 	}
 	memset(out, 0, sizeof(*out));

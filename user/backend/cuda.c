@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cuda_runtime_api.h>
 
@@ -33,6 +32,7 @@
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_int.h"
+#include "util/clock.h"
 
 int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count)
 {
@@ -288,14 +288,6 @@ int cuda_items_room(struct cuda *b, int n)
 	return 0;
 }
 
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* cuBLASLt bf16 GEMM at 8192^3 on random data (median-free: best of 10
  * after 3 warm-ups) and a 2 GiB device-to-device copy (best of 5). */
 static int cuda_ceilings(void *ctx, kvmem_ceilings *out)
@@ -325,12 +317,12 @@ static int cuda_ceilings(void *ctx, kvmem_ceilings *out)
 
 		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 			goto out;
-		t0 = now_s();
+		t0 = kvmem_now_s();
 		if ((rc = kvmem_cuda_gemm_bf16(b->ctx, y, KVMEM_GEMM_BF16, a, w, n, n, n)) < 0 ||
 		    (rc = kvmem_cuda_sync(b->ctx)) < 0)
 			goto out;
-		if (r >= 3 && now_s() - t0 < best)
-			best = now_s() - t0;
+		if (r >= 3 && kvmem_now_s() - t0 < best)
+			best = kvmem_now_s() - t0;
 	}
 	kvmem_cuda_free(a);
 	kvmem_cuda_free(w);
@@ -344,7 +336,7 @@ static int cuda_ceilings(void *ctx, kvmem_ceilings *out)
 
 		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 			goto out;
-		t0 = now_s();
+		t0 = kvmem_now_s();
 		if (cudaMemcpyAsync(z, x, copy, cudaMemcpyDeviceToDevice,
 				    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
 			rc = kvmem_error(EIO, "cuda ceilings: copy failed");
@@ -352,8 +344,8 @@ static int cuda_ceilings(void *ctx, kvmem_ceilings *out)
 		}
 		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 			goto out;
-		if (r >= 1 && now_s() - t0 < bestc)
-			bestc = now_s() - t0;
+		if (r >= 1 && kvmem_now_s() - t0 < bestc)
+			bestc = kvmem_now_s() - t0;
 	}
 	out->matmul_tflops = 2.0 * n * (double)n * n / best / 1e12;
 	out->copy_gbps = 2.0 * copy / bestc / 1e9;

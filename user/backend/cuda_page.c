@@ -34,13 +34,13 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cuda_runtime_api.h>
 
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_int.h"
+#include "util/clock.h"
 
 #define MAX_REGIONS 16
 
@@ -91,14 +91,6 @@ struct cuda_pages {
 	uint64_t dev_bytes;		/* device memory held here */
 	kvmem_place_stats st;
 };
-
-static double now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec * 1e9 + t.tv_nsec;
-}
 
 static struct cuda_pages *pages_of(struct cuda *b)
 {
@@ -504,7 +496,7 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
 	struct cuda_pages *pg = pages_of(b);
-	double t0 = now_ns();
+	double t0 = (double)kvmem_now_ns();
 	size_t host_at = 0, dev_at = 0, host_need = 0;
 	int n_copies = 0, rc;
 
@@ -698,7 +690,7 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 	pg->st.calls++;
 	pg->st.items += n;
 	pg->st.pool_pages = pg->used;
-	pg->st.ns += (uint64_t)(now_ns() - t0);
+	pg->st.ns += (uint64_t)((double)kvmem_now_ns() - t0);
 	return 0;
 }
 
@@ -807,7 +799,7 @@ int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out)
 
 			if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 				goto out;
-			t0 = now_ns();
+			t0 = (double)kvmem_now_ns();
 			if (cudaMemcpyAsync(dir ? h : d, dir ? d : h, bytes,
 					    dir ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
 					    st) != cudaSuccess) {
@@ -816,8 +808,8 @@ int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out)
 			}
 			if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 				goto out;
-			if (r && now_ns() - t0 < best[dir])
-				best[dir] = now_ns() - t0;
+			if (r && (double)kvmem_now_ns() - t0 < best[dir])
+				best[dir] = (double)kvmem_now_ns() - t0;
 		}
 	out->h2d_gbps = bytes / best[0];
 	out->d2h_gbps = bytes / best[1];

@@ -15,13 +15,13 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cuda_runtime_api.h>
 
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_int.h"
+#include "util/clock.h"
 
 /* ---- views ------------------------------------------------------------------ */
 /* Device bytes of a view of cap slots: K and V, bf16, every layer. */
@@ -185,14 +185,6 @@ static int pack(const kvmem_place *it, int is_v, int H, int D, uint16_t *dst)
 	return 0;
 }
 
-static double now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
 /* The first version: pack as bf16 on the CPU, upload, scatter. */
 static int place_pack(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
@@ -230,7 +222,7 @@ int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 {
 	struct cuda *b = ctx;
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
-	double t0 = now_ns();
+	double t0 = (double)kvmem_now_ns();
 	int rc, device = 0;
 
 	for (int i = 0; i < n; i++) {
@@ -256,7 +248,7 @@ int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 		return kvmem_error(ENOTSUP, "cuda place: the pack method takes pages in host memory only");
 	if ((rc = place_pack(b, v, items, n)) < 0)
 		return rc;
-	cuda_pages_count_pack(b, items, n, now_ns() - t0);
+	cuda_pages_count_pack(b, items, n, (double)kvmem_now_ns() - t0);
 	return 0;
 }
 

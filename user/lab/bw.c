@@ -9,22 +9,14 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kvmem/kvmem.h"
 #include "kvmem/lab.h"
+#include "util/clock.h"
 
 #define COPY_BYTES (64u << 20)
 #define READ_REQ (1u << 20)
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static double copy_bw(void)
 {
@@ -38,10 +30,10 @@ static double copy_bw(void)
 	memset(a, 1, COPY_BYTES);
 	memset(b, 2, COPY_BYTES);
 	for (int i = 0; i < 4; i++) {
-		double t0 = now(), dt;
+		double t0 = kvmem_now_s(), dt;
 
 		memcpy(i % 2 ? a : b, i % 2 ? b : a, COPY_BYTES);
-		dt = now() - t0;
+		dt = kvmem_now_s() - t0;
 		if (dt > 0 && COPY_BYTES / dt > best)
 			best = COPY_BYTES / dt;
 	}
@@ -66,7 +58,7 @@ static double read_bw(const char *file, uint64_t max_bytes)
 			close(fd);
 		return 0;
 	}
-	t0 = now();
+	t0 = kvmem_now_s();
 	while (done < max_bytes) {
 		ssize_t r = pread(fd, buf, READ_REQ, (off_t)done);
 
@@ -74,7 +66,7 @@ static double read_bw(const char *file, uint64_t max_bytes)
 			break;
 		done += (uint64_t)r;
 	}
-	t0 = now() - t0;
+	t0 = kvmem_now_s() - t0;
 	close(fd);
 	free(buf);
 	return done && t0 > 0 ? done / t0 : 0;

@@ -61,7 +61,7 @@ static int sync_all(kvmem_pager *p)
 int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const void *tail_index,
 		     const void *app, uint32_t app_len)
 {
-	uint64_t t0 = now_ns(), B = p->g.block_tokens, tokens = p->n_tokens;
+	uint64_t t0 = kvmem_now_ns(), B = p->g.block_tokens, tokens = p->n_tokens;
 	uint32_t tail = tokens % B, slot = p->m.h.tail_slot;
 	struct manifest m2;
 
@@ -116,7 +116,7 @@ int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const voi
 		goto fail;
 	mf_free(&p->m);
 	p->m = m2;
-	t0 = now_ns() - t0;	/* one figure for the counter and the probe */
+	t0 = kvmem_now_ns() - t0;	/* one figure for the counter and the probe */
 	p->st.commits++;
 	p->st.commit_ns += t0;
 	PROBE_COMMIT(tokens, p->n_blocks, t0);

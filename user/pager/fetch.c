@@ -72,14 +72,14 @@ static void set_resident(kvmem_pager *p, uint64_t pg, uint32_t s)
 
 int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
 {
-	uint64_t t = now_ns();
+	uint64_t t = kvmem_now_ns();
 	uint32_t s;
 
 	if (make_room(p, 1) < 0 || kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
 		return -1;
 	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	set_resident(p, pg, s);
-	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, now_ns() - t);
+	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, kvmem_now_ns() - t);
 	return 0;
 }
 
@@ -92,7 +92,7 @@ static int page_ok(kvmem_pager *p, uint64_t pg, const void *data)
 
 void read_done(kvmem_pager *p, struct io_req *r)
 {
-	uint64_t ns = now_ns() - r->t_submit;
+	uint64_t ns = kvmem_now_ns() - r->t_submit;
 
 	if (r->purpose == PUR_FETCH)
 		p->fetch_waiting--;
@@ -234,7 +234,7 @@ static void unpin(kvmem_pager *p, const uint64_t *pages, const uint8_t *pinned, 
 /* 0 ok, else -errno; -ENOBUFS: the pool cannot hold the request. */
 static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const void **out)
 {
-	uint64_t total = p->n_blocks * p->g.n_layers, t0 = now_ns(), *miss;
+	uint64_t total = p->n_blocks * p->g.n_layers, t0 = kvmem_now_ns(), *miss;
 	const kvmem_pager_stats st0 = p->st;	/* the fetch probe's counts */
 	size_t m = 0, nv = 0;
 	uint8_t *pinned;
@@ -307,7 +307,7 @@ static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const voi
 			if (pager_reap(p, 1) < 0)
 				break;
 	if (nv)
-		p->st.fetch_wait_ns += now_ns() - t0;
+		p->st.fetch_wait_ns += kvmem_now_ns() - t0;
 	for (size_t i = 0; i < n; i++) {
 		struct kvmem_pte *e = &p->pt[pages[i]];
 
@@ -342,7 +342,7 @@ static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const voi
 	}
 out:
 	PROBE_FETCH(n, p->st.host_hits - st0.host_hits, p->st.host_misses - st0.host_misses,
-		    p->st.staging_hits - st0.staging_hits, now_ns() - t0);
+		    p->st.staging_hits - st0.staging_hits, kvmem_now_ns() - t0);
 	free(miss);
 	free(pinned);
 	return rc;

@@ -132,7 +132,7 @@ int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_page
 		kvmem_pager_close(p);
 		return kvmem_error(err ? err : EIO, "%s", msg);
 	}
-	p->step_t0 = now_ns();
+	p->step_t0 = kvmem_now_ns();
 	PROBE_OPEN((const char *)p->dir, p->g.n_layers, p->page_bytes, probe_ws_id(p));
 	*out = p;
 	return 0;
@@ -413,7 +413,7 @@ void kvmem_pager_hint(kvmem_pager *p, uint64_t block, float score)
 
 int kvmem_pager_step(kvmem_pager *p, uint64_t step)
 {
-	uint64_t t = now_ns();
+	uint64_t t = kvmem_now_ns();
 	int rc = pager_reap(p, 0);
 
 	PROBE_STEP(p->step, p->st.host_hits - p->at_step.host_hits,

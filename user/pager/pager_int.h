@@ -5,25 +5,17 @@
 
 #include <limits.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <liburing.h>
 #include <xxhash.h>
 
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
 #include "pager/probes.h"	/* KVMEM_PROBE_BATCH_MAX */
+#include "util/clock.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the workspace formats are little-endian and written as in memory"
 #endif
-
-static inline uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
 
 static inline uint64_t round_up(uint64_t x, uint64_t a)
 {

@@ -63,7 +63,7 @@ static int short_write_cause(uint64_t end)
 void stage_done(kvmem_pager *p, struct io_req *r)
 {
 	struct stage_slot *ss = &p->stage[r->slot];
-	uint64_t block = r->first_page, ns = now_ns() - r->t_submit;
+	uint64_t block = r->first_page, ns = kvmem_now_ns() - r->t_submit;
 	size_t L = p->g.n_layers;
 
 	if (r->res == (int)r->len) {
@@ -105,12 +105,12 @@ static int free_stage_slot(kvmem_pager *p, uint64_t block)
 
 	pager_reap(p, 0);
 	if (p->stage_busy == p->n_stage) {
-		t0 = now_ns();
+		t0 = kvmem_now_ns();
 		p->st.backpressure_waits++;
 		while (p->stage_busy == p->n_stage)
 			if (pager_reap(p, 1) < 0)
 				return kvmem_fail();
-		t0 = now_ns() - t0;	/* one figure for the counter and the probe */
+		t0 = kvmem_now_ns() - t0;	/* one figure for the counter and the probe */
 		p->st.backpressure_ns += t0;
 		PROBE_BACKPRESSURE(block, t0);
 	}

@@ -152,7 +152,7 @@ int io_queue(struct kvmem_io *io, int fd, struct io_req *r)
 			io_uring_prep_write(sqe, fd, r->buf, r->len, r->off);
 	}
 	io_uring_sqe_set_data(sqe, r);
-	r->t_submit = now_ns();
+	r->t_submit = kvmem_now_ns();
 	io->inflight++;
 	return 0;
 }

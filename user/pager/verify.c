@@ -262,7 +262,7 @@ long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 	 * as long as commits keep overtaking (up to 10 s: a busy writer on a
 	 * loaded machine commits many times during one pass); damage that
 	 * stays is reported. */
-	const uint64_t t_end = now_ns() + 10000000000ull;
+	const uint64_t t_end = kvmem_now_ns() + 10000000000ull;
 
 	for (;;) {
 		char *text = NULL;
@@ -280,7 +280,7 @@ long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 		}
 		bad = verify_once(dir, dirfd, mem, verbose, &gen);
 		fclose(mem);
-		if (bad > 0 && now_ns() < t_end && generation_now(dirfd, dir) != gen) {
+		if (bad > 0 && kvmem_now_ns() < t_end && generation_now(dirfd, dir) != gen) {
 			free(text);
 			continue;
 		}

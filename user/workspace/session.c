@@ -223,7 +223,9 @@ const float *ws_queries(kvmem_session *s, const int64_t **pos)
 	return s->qtmp;
 }
 
-int ws_store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const float *v)
+/* Write n tokens' raw K / V rows ([L][n][H_kv][D]) to their pages, all
+ * layers. */
+static int store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const float *v)
 {
 	const size_t kw = (size_t)s->cfg.n_kv_heads * s->cfg.head_dim;
 	const int B = s->blocks.block;
@@ -245,7 +247,7 @@ int ws_store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const fl
 int ws_put_rows(kvmem_session *s, const struct ws_rows *r)
 {
 	if (kvmem_index_append(&s->index, r->k, r->n) ||
-	    ws_store_pages(s, r->p0, r->n, r->k, r->v))
+	    store_pages(s, r->p0, r->n, r->k, r->v))
 		return kvmem_fail();
 	keep_queries(s, r->q, r->p0, r->n, r->q_rows);
 	return 0;
@@ -274,10 +276,10 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	if (kvmem_grow(&s->tokens, sizeof(int32_t), (size_t)(p0 + n), &s->cap_tokens, 1024))
 		return kvmem_error(ENOMEM, "session: out of memory for %lld token ids",
 				   (long long)(p0 + n));
-	t0 = ws_now_ns();
+	t0 = (int64_t)kvmem_now_ns();
 	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, s->logits, s->o.all_logits, &out))
 		return kvmem_error_prefix("session");
-	t1 = ws_now_ns();
+	t1 = (int64_t)kvmem_now_ns();
 	s->st.forward_ns += t1 - t0;
 	s->st.forwards++;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
@@ -300,7 +302,7 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	if (s->src->ops->sync && s->src->ops->sync(s->src->ctx, s->blocks.n_tokens))
 		return kvmem_error_prefix("session: committing %lld tokens",
 					(long long)s->blocks.n_tokens);
-	s->st.own_ns += ws_now_ns() - t1 - (s->st.store_ns - store0);
+	s->st.own_ns += (int64_t)kvmem_now_ns() - t1 - (s->st.store_ns - store0);
 	if (s->o.on_forward)	/* every row, or the one now in last_logits */
 		s->o.on_forward(s->o.arg, tok, n, s->o.all_logits ? s->logits : s->last_logits);
 	return 0;

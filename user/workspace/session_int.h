@@ -4,9 +4,8 @@
 #ifndef KVMEM_WORKSPACE_SESSION_INT_H
 #define KVMEM_WORKSPACE_SESSION_INT_H
 
-#include <time.h>
-
 #include "kvmem/workspace.h"
+#include "util/clock.h"
 
 struct kvmem_session {
 	kvmem_backend *be;
@@ -70,15 +69,6 @@ struct kvmem_session {
 	int broken;			/* a failure left the view inconsistent */
 };
 
-/* CLOCK_MONOTONIC in nanoseconds (the stats' timers). */
-static inline int64_t ws_now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 /* The view's length on the backend. */
 static inline int64_t ws_view_len(const kvmem_session *s)
 {
@@ -106,10 +96,6 @@ const kvmem_score_device *ws_score_device(kvmem_session *s, kvmem_score_device *
 /* Lay out the whole view from the plan in force, sel_tokens and view_len
  * (a restored state): every slot rebuilt from the pages. */
 int ws_view_restore(kvmem_session *s);
-
-/* session.c: write n tokens' raw K / V rows ([L][n][H_kv][D]) to their
- * pages, all layers. */
-int ws_store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const float *v);
 
 /* What a forward over tokens [p0, p0 + n) gave the history: raw K and V
  * ([L][n][kw]) and the queries of its last q_rows tokens ([L][q_rows][qw]). */

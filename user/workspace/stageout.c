@@ -55,10 +55,10 @@ static int stage_min(kvmem_session *s)
 /* In line, on the session's thread (timed: kvmem_session_stats.store_ns). */
 static int put_inline(kvmem_session *s, const struct ws_rows *r)
 {
-	int64_t t0 = ws_now_ns();
+	int64_t t0 = (int64_t)kvmem_now_ns();
 	int rc = ws_put_rows(s, r);
 
-	s->st.store_ns += ws_now_ns() - t0;
+	s->st.store_ns += (int64_t)kvmem_now_ns() - t0;
 	return rc;
 }
 
