@@ -81,7 +81,8 @@ typedef struct kvmem_place {
  * benchmarks put their figures against. */
 typedef struct kvmem_ceilings {
 	char device[128];	/* "NVIDIA H200", "x86-64, 2 threads" */
-	double matmul_tflops;	/* a large GEMM in the backend's compute type */
+	double matmul_tflops;	/* a large GEMM in the backend's compute type, the
+				 * best of a short burst */
 	const char *matmul_type;	/* "bf16 (cuBLASLt)", "fp32 (OpenBLAS)" */
 	double copy_gbps;	/* a large copy in device memory: bytes read plus
 				 * bytes written per second (the rate a stream of
@@ -91,6 +92,10 @@ typedef struct kvmem_ceilings {
 	 * back: the peak rematerialisation and stage-out are held against
 	 * (0: the backend has no separate device memory). */
 	double h2d_gbps, d2h_gbps;
+	/* The same GEMM back to back for a second after the device has
+	 * warmed to its power limit: the rate a long prefill can hold, where
+	 * a burst's clocks no longer last (0: not measured). */
+	double matmul_held_tflops;
 } kvmem_ceilings;
 
 /* What place() has done since the backend was created (counters only

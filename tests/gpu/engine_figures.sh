@@ -116,6 +116,21 @@ sys.exit(worst > 2)
 EOF
 	fi
 fi
+if has engine && has torch && [ -s "$out/engine.log" ] && [ -s "$out/torch.log" ]; then
+	# The engine against its peer, and the bound the held GEMM rate puts on
+	# that ratio: every FLOP of the prefill at the rate the GPU holds at
+	# its power limit (tokens/s over the "of held" fraction).
+	echo "prefill: tokens, kvmem tok/s, PyTorch tok/s, ratio; every FLOP at the held GEMM rate: tok/s, ratio"
+	awk 'FNR == NR { if (match($0, /"tokens": [0-9]+, "seconds"/) && /"prefill"/) {
+			split(substr($0, RSTART + 10), a, ","); n = a[1]
+			match($0, /"tokens_per_s": [0-9.]+/); pt[n] = substr($0, RSTART + 16, RLENGTH - 16) }
+		     next }
+	     /^prefill/ { p = 1; next } /^decode at/ { p = 0 }
+	     p && $1 ~ /^[0-9]+$/ && ($1 in pt) { held = $6; sub(/%/, "", held)
+		bound = held > 0 ? $3 * 100 / held : 0
+		printf "%-8d %10.0f %10.0f %6.2fx   %10.0f %6.2fx\n", $1, $3, pt[$1], $3 / pt[$1], bound, bound / pt[$1] }' \
+		"$out/torch.log" "$out/engine.log"
+fi
 el "done"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -5,7 +5,9 @@
  *
  *   prefill  tokens/s over P tokens in chunks (each chunk attends to the
  *            tokens before it and itself), as model FLOP/s (the matrix
- *            products and the causal attention) over the backend's GEMM rate;
+ *            products and the causal attention) over the backend's GEMM rate,
+ *            a short burst's and (cuda) the rate held for a second at the
+ *            power limit, which a long prefill runs at;
  *   decode   tokens/s one token at a time after a context of C tokens,
  *            against the memory roofline: the bytes one token must read
  *            (every weight once, the lm_head, and the context's K and V)
@@ -49,8 +51,9 @@ static void usage(FILE *f)
 		"usage: kvmem bench engine [options]\n"
 		"\n"
 		"Prefill and decode speed of a compute backend, beside the ceilings measured\n"
-		"in the same run: the backend's GEMM rate (prefill) and the memory roofline\n"
-		"(decode: the bytes one token reads over the measured copy rate).\n"
+		"in the same run: the backend's GEMM rate (prefill; on a GPU both a short\n"
+		"burst's and the rate held for a second at the power limit) and the memory\n"
+		"roofline (decode: the bytes one token reads over the measured copy rate).\n"
 		"\n"
 		"  --backend NAME     cpu, cuda or auto (default auto: cuda when there is a GPU)\n"
 		"  --preset NAME      a published geometry with random weights made by the\n"
@@ -259,8 +262,11 @@ int bench_engine(int argc, char **argv)
 		printf("machine: %s; backend %s; model %s (%d layers, hidden %d, %d/%d heads, head_dim "
 		       "%d, vocab %d)\n", ce.device, b->ops->name, m->dir, m->cfg.n_layers,
 		       m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim, m->cfg.vocab);
-		printf("ceilings measured now: GEMM %.1f TFLOP/s (%s); copy %.0f GB/s (read + written)\n",
-		       ce.matmul_tflops, ce.matmul_type, ce.copy_gbps);
+		printf("ceilings measured now: GEMM %.1f TFLOP/s (%s)", ce.matmul_tflops,
+		       ce.matmul_type);
+		if (ce.matmul_held_tflops > 0)
+			printf(", %.1f held for a second at the power limit", ce.matmul_held_tflops);
+		printf("; copy %.0f GB/s (read + written)\n", ce.copy_gbps);
 		if (!strcmp(b->ops->name, "cuda")) {
 			const char *g = getenv("KVMEM_CUDA_GRAPH"), *gv = getenv("KVMEM_CUDA_GEMV");
 
@@ -268,8 +274,8 @@ int bench_engine(int argc, char **argv)
 			       g && g[0] == '0' ? "plain launches (KVMEM_CUDA_GRAPH=0)" : "a CUDA graph per step",
 			       gv && gv[0] == '0' ? "cuBLASLt (KVMEM_CUDA_GEMV=0)" : "kvmem's GEMV");
 		}
-		printf("\n%-10s %8s %12s %10s %8s\n", "prefill", "chunk", "tokens/s", "TFLOP/s",
-		       "of GEMM");
+		printf("\n%-10s %8s %12s %10s %8s %8s\n", "prefill", "chunk", "tokens/s", "TFLOP/s",
+		       "of GEMM", "of held");
 	}
 	/* A warm-up pass: first-use costs (GEMM plans, scratch) stay out. */
 	if (prefill(b, v, ids, o.chunk, o.chunk, logits) < 0 || b->ops->set_length(b->ctx, v, 0) < 0)
@@ -285,11 +291,16 @@ int bench_engine(int argc, char **argv)
 			printf("{\"bench\": \"engine\", \"backend\": \"%s\", \"device\": \"%s\", "
 			       "\"phase\": \"prefill\", \"tokens\": %" PRId64 ", \"chunk\": %d, "
 			       "\"seconds\": %.6f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-			       "\"gemm_tflops\": %.2f}\n", b->ops->name, ce.device, n, o.chunk, t, n / t,
-			       fl / t / 1e12, ce.matmul_tflops);
+			       "\"gemm_tflops\": %.2f, \"gemm_held_tflops\": %.2f}\n", b->ops->name,
+			       ce.device, n, o.chunk, t, n / t, fl / t / 1e12, ce.matmul_tflops,
+			       ce.matmul_held_tflops);
+		else if (ce.matmul_held_tflops > 0)
+			printf("%-10" PRId64 " %8d %12.0f %10.3f %7.0f%% %7.0f%%\n", n, o.chunk, n / t,
+			       fl / t / 1e12, 100 * fl / t / 1e12 / ce.matmul_tflops,
+			       100 * fl / t / 1e12 / ce.matmul_held_tflops);
 		else
-			printf("%-10" PRId64 " %8d %12.0f %10.3f %7.0f%%\n", n, o.chunk, n / t,
-			       fl / t / 1e12, 100 * fl / t / 1e12 / ce.matmul_tflops);
+			printf("%-10" PRId64 " %8d %12.0f %10.3f %7.0f%% %8s\n", n, o.chunk, n / t,
+			       fl / t / 1e12, 100 * fl / t / 1e12 / ce.matmul_tflops, "-");
 		fflush(stdout);
 	}
 	if (!o.json)
