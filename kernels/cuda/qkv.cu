@@ -40,17 +40,55 @@ __device__ __forceinline__ double qkn_warp_sum(double v)
 	return v;
 }
 
+/* One head (hd bf16) from src to dst by a warp: 16 bytes a lane when every
+ * row, output and head_dim allow (vec), else 2. */
+template <int HD>
+__device__ __forceinline__ void qkn_copy(uint16_t *dst, const uint16_t *src, int hd, int lane,
+					 bool vec)
+{
+	if (vec) {
+#pragma unroll
+		for (int d = lane * 8; d < (HD ? HD : hd); d += 256)
+			*(uint4 *)(dst + d) = *(const uint4 *)(src + d);
+	} else {
+#pragma unroll
+		for (int d = lane; d < (HD ? HD : hd); d += 32)
+			dst[d] = src[d];
+	}
+}
+
+/*
+ * The block's warps stage their heads in shared memory (in[hd], then the
+ * rotated head in rot[hd]) and move them in and out 16 bytes a lane, the
+ * head's load issued before the angles' __syncthreads. HD = 128 with
+ * VEC (every Qwen3; qk_norm_rope_launch picks it) has its loops unrolled at
+ * compile time: the kernel was bound by instruction issue (ncu: issue slots
+ * 80% busy, 508 instructions a warp, most of them loop and address
+ * arithmetic around the per-element work), at 125 us of a 4096-token
+ * chunk's layer, four times its bytes at the copy rate. HD = 0 reads
+ * head_dim from hd and VEC from vec. Every value is computed as before, by
+ * the same arithmetic in the same order: the bits do not change.
+ */
+template <int HD, bool VEC>
 __global__ void __launch_bounds__(32 * QKN_WARPS)
 qk_norm_rope_kernel(uint16_t *qkv, int ld, const uint16_t *qw, const uint16_t *kw, int n_heads,
-		    int n_kv, int hd, float eps, const int32_t *pos, double theta, uint16_t *q_out,
-		    uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out, uint16_t *vk, uint16_t *vv,
-		    const kvmem_scatter_item *item, int n_layers, int cap, const double2 *ang)
+		    int n_kv, int hd_arg, float eps, const int32_t *pos, double theta,
+		    uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out, uint16_t *vk,
+		    uint16_t *vv, const kvmem_scatter_item *item, int n_layers, int cap,
+		    const double2 *ang, bool vec_arg)
 {
-	__shared__ double cs[ROPE_HALF_MAX], sn[ROPE_HALF_MAX];
-	extern __shared__ uint16_t qkn_buf[];	/* [QKN_WARPS][hd] */
+	__shared__ double cs[HD ? HD / 2 : ROPE_HALF_MAX], sn[HD ? HD / 2 : ROPE_HALF_MAX];
+	extern __shared__ __align__(16) uint16_t qkn_buf[];	/* [QKN_WARPS][2][hd] */
+	const int hd = HD ? HD : hd_arg, half = hd / 2;
+	const bool vec = HD ? VEC : vec_arg;
 	const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	const int h = blockIdx.y * QKN_WARPS + warp, half = hd / 2;
-	uint16_t *row = qkv + (size_t)t * ld, *buf = qkn_buf + warp * hd;
+	const int h = blockIdx.y * QKN_WARPS + warp;
+	const bool live = h < n_heads + 2 * n_kv;
+	uint16_t *row = qkv + (size_t)t * ld, *in = qkn_buf + (size_t)warp * 2 * hd, *rot = in + hd;
+	uint16_t *x = row + (size_t)h * hd;
+
+	if (live)
+		qkn_copy<HD>(in, x, hd, lane, vec);
 
 	/* The view scatter of token t (vk set) at the item's slot + t, as
 	 * scatter_kernel does it for the item: skipped when the item leaves
@@ -75,66 +113,101 @@ qk_norm_rope_kernel(uint16_t *qkv, int ld, const uint16_t *qw, const uint16_t *k
 	else
 		rope_angles(cs, sn, pos[t], hd, theta);
 	__syncthreads();
-	if (h >= n_heads + 2 * n_kv)
+	if (!live)
 		return;
 	if (h >= n_heads + n_kv) {	/* v: copied out */
 		const int g = h - n_heads - n_kv;
 
 		if (v_out)
-			for (int d = lane; d < hd; d += 32)
-				v_out[((size_t)t * n_kv + g) * hd + d] = row[(size_t)h * hd + d];
+			qkn_copy<HD>(v_out + ((size_t)t * n_kv + g) * hd, in, hd, lane, vec);
 		if (put)
-			for (int d = lane; d < hd; d += 32)
-				vv[(((size_t)m.layer * n_kv + g) * cap + slot) * hd + d] =
-					row[(size_t)h * hd + d];
+			qkn_copy<HD>(vv + (((size_t)m.layer * n_kv + g) * cap + slot) * hd, in, hd, lane,
+				     vec);
 		return;
 	}
-	uint16_t *x = row + (size_t)h * hd;
 	const uint16_t *w = h < n_heads ? qw : kw;
 	double ss = 0.0;
 
+#pragma unroll
 	for (int d = lane; d < hd; d += 32) {
-		float v = bf2f(x[d]);
+		float v = bf2f(in[d]);
 
 		ss += (double)v * v;
 	}
 	const float r = (float)(1.0 / sqrt(qkn_warp_sum(ss) / hd + (double)eps));
 
-	for (int d = lane; d < hd; d += 32) {
-		const uint16_t y = f2bf(__fmul_rn(__fmul_rn(bf2f(x[d]), r), bf2f(w[d])));
-
-		if (h < n_heads) {
-			buf[d] = y;
-			if (q_raw)
-				q_raw[((size_t)t * n_heads + h) * hd + d] = y;
-		} else {
-			x[d] = y;
-			if (k_raw)
-				k_raw[((size_t)t * n_kv + h - n_heads) * hd + d] = y;
-		}
-	}
+#pragma unroll
+	for (int d = lane; d < hd; d += 32)
+		in[d] = f2bf(__fmul_rn(__fmul_rn(bf2f(in[d]), r), bf2f(w[d])));
+	__syncwarp();
 	if (h >= n_heads) {
+		/* K normalised in place (the unfused scatter rotates it from
+		 * qkv), copied raw, and rotated at the slot: rope_pair on the same
+		 * values with the same angles (those of pos[t] when the slot is
+		 * that position, else rope_angle's at the slot) gives
+		 * scatter_kernel's bits. */
+		qkn_copy<HD>(x, in, hd, lane, vec);
+		if (k_raw)
+			qkn_copy<HD>(k_raw + ((size_t)t * n_kv + h - n_heads) * hd, in, hd, lane, vec);
 		if (!put)
 			return;
-		/* K rotated at the slot from the normalised row this warp just
-		 * wrote: rope_pair on the same values with the same angles (those
-		 * of pos[t] when the slot is that position, else rope_angle's at
-		 * the slot) gives scatter_kernel's bits. */
-		const size_t d0 = (((size_t)m.layer * n_kv + (h - n_heads)) * cap + slot) * hd;
+		const bool at_pos = slot == pos[t];
 
-		__syncwarp();
+#pragma unroll
 		for (int i = lane; i < half; i += 32) {
 			double c = cs[i], s = sn[i];
 
-			if (slot != pos[t])
+			if (!at_pos)
 				rope_angle(slot, i, hd, theta, &s, &c);
-			rope_pair(vk + d0, x, i, half, c, s);
+			rope_pair(rot, in, i, half, c, s);
 		}
+		__syncwarp();
+		qkn_copy<HD>(vk + (((size_t)m.layer * n_kv + (h - n_heads)) * cap + slot) * hd, rot,
+			     hd, lane, vec);
 		return;
 	}
-	__syncwarp();
+	if (q_raw)
+		qkn_copy<HD>(q_raw + ((size_t)t * n_heads + h) * hd, in, hd, lane, vec);
+#pragma unroll
 	for (int i = lane; i < half; i += 32)
-		rope_pair(q_out + ((size_t)t * n_heads + h) * hd, buf, i, half, cs[i], sn[i]);
+		rope_pair(rot, in, i, half, cs[i], sn[i]);
+	__syncwarp();
+	qkn_copy<HD>(q_out + ((size_t)t * n_heads + h) * hd, rot, hd, lane, vec);
+}
+
+/* 16-byte moves: head_dim and the row a multiple of 8 elements and every
+ * buffer 16-byte aligned (cudaMalloc's are; a view's layer and slot offsets
+ * are multiples of head_dim). */
+static bool qkn_vec(int ld, int hd, const void *const *p, int np)
+{
+	if (hd % 8 || ld % 8)
+		return false;
+	for (int i = 0; i < np; i++)
+		if ((uintptr_t)p[i] % 16)
+			return false;
+	return true;
+}
+
+/* The kernel for the shape: head_dim 128 with 16-byte moves unrolled, else
+ * the general one. */
+static void qk_norm_rope_launch(cudaStream_t st, int n, int heads, uint16_t *qkv, int ld,
+				const uint16_t *qw, const uint16_t *kw, int n_heads, int n_kv, int hd,
+				float eps, const int32_t *pos, double theta, uint16_t *q_out,
+				uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out, uint16_t *vk,
+				uint16_t *vv, const kvmem_scatter_item *item, int n_layers, int cap,
+				const double2 *ang, bool vec)
+{
+	const dim3 grid(n, (heads + QKN_WARPS - 1) / QKN_WARPS);
+	const size_t smem = (size_t)QKN_WARPS * 2 * hd * sizeof(uint16_t);
+
+	if (hd == 128 && vec)
+		qk_norm_rope_kernel<128, true><<<grid, 32 * QKN_WARPS, smem, st>>>(
+			qkv, ld, qw, kw, n_heads, n_kv, hd, eps, pos, theta, q_out, q_raw, k_raw, v_out,
+			vk, vv, item, n_layers, cap, ang, vec);
+	else
+		qk_norm_rope_kernel<0, false><<<grid, 32 * QKN_WARPS, smem, st>>>(
+			qkv, ld, qw, kw, n_heads, n_kv, hd, eps, pos, theta, q_out, q_raw, k_raw, v_out,
+			vk, vv, item, n_layers, cap, ang, vec);
 }
 
 extern "C" int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld,
@@ -151,10 +224,11 @@ extern "C" int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, in
 				   n, n_heads, n_kv_heads, head_dim, ld);
 	if (!n)
 		return 0;
-	qk_norm_rope_kernel<<<dim3(n, (heads + QKN_WARPS - 1) / QKN_WARPS), 32 * QKN_WARPS,
-			      QKN_WARPS * head_dim * sizeof(uint16_t), c->stream>>>(
-		qkv, ld, q_norm, k_norm, n_heads, n_kv_heads, head_dim, eps, pos, theta, q_out, q_raw,
-		k_raw, v_out, NULL, NULL, NULL, 0, 0, NULL);
+	const void *p[] = { qkv, q_out, q_raw, k_raw, v_out };
+
+	qk_norm_rope_launch(c->stream, n, heads, qkv, ld, q_norm, k_norm, n_heads, n_kv_heads,
+			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, NULL, NULL, NULL, 0,
+			    0, NULL, qkn_vec(ld, head_dim, p, 5));
 	return kvmem_cuda_launched("q/k norm + rope");
 }
 
@@ -184,9 +258,10 @@ extern "C" int kvmem_cuda_qk_norm_rope_scatter_bf16(
 				   ld, n_layers, cap);
 	if (!n)
 		return 0;
-	qk_norm_rope_kernel<<<dim3(n, (heads + QKN_WARPS - 1) / QKN_WARPS), 32 * QKN_WARPS,
-			      QKN_WARPS * head_dim * sizeof(uint16_t), c->stream>>>(
-		qkv, ld, q_norm, k_norm, n_heads, n_kv_heads, head_dim, eps, pos, theta, q_out, q_raw,
-		k_raw, v_out, view_k, view_v, item, n_layers, cap, (const double2 *)ang);
+	const void *p[] = { qkv, q_out, q_raw, k_raw, v_out, view_k, view_v };
+
+	qk_norm_rope_launch(c->stream, n, heads, qkv, ld, q_norm, k_norm, n_heads, n_kv_heads,
+			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, view_k, view_v, item,
+			    n_layers, cap, (const double2 *)ang, qkn_vec(ld, head_dim, p, 7));
 	return kvmem_cuda_launched("q/k norm + rope + scatter");
 }

@@ -425,6 +425,7 @@ void check_fuse(void)
 		}
 		qkn_case(6, 2, 64, k, 1);
 		qkn_case(6, 2, 64, k, rint_in(2, 40));
+		qkn_case(6, 2, 20, k, rint_in(2, 40));	/* the kernel's 2-byte moves */
 	}
 	angles_case(rint_in(100, 3000), 128);
 	angles_case(rint_in(1, 50), 64);

@@ -207,10 +207,15 @@ static void check_v4(void)
 }
 
 /* ---- fused q/k norm + RoPE ------------------------------------------------------ */
-static void check_qk_norm_rope(void)
+/* pad: the row's slack past its heads; 64 takes the kernel's 16-byte moves,
+ * 4 (rows that are no multiple of 8 elements) its 2-byte ones. */
+#define QKN_NAME(what) \
+	(snprintf(nm, sizeof(nm), "qk norm+rope%s%s", pad % 8 ? " (2-byte moves)" : "", what), nm)
+static void check_qk_norm_rope(int pad)
 {
 	const int n = g_quick ? 3 : 37, heads = g_quick ? 8 : 32, kvh = g_quick ? 2 : 8;
-	const int hd = g_quick ? 64 : 128, ld = (heads + 2 * kvh) * hd + 64;
+	const int hd = g_quick ? 64 : 128, ld = (heads + 2 * kvh) * hd + pad;
+	char nm[100];
 	const size_t qn = (size_t)n * heads * hd, kn = (size_t)n * kvh * hd;
 	uint16_t *qkv = rand_bf16((size_t)n * ld, -3, 3), *qw = rand_bf16(hd, 0.5, 1.5);
 	uint16_t *kw = rand_bf16(hd, 0.5, 1.5), *q = hmalloc(2 * qn), *qraw = hmalloc(2 * qn);
@@ -249,10 +254,10 @@ static void check_qk_norm_rope(void)
 	g_v = dget(dv, 2 * kn);
 	g_qkv = dget(dqkv, 2 * (size_t)n * ld);
 	g_sep = dget(dsep, 2 * qn);
-	cmp_bf16("qk norm+rope: q rotated (1 ulp)", g_q, q, qn, 0, ULP1);
-	cmp_bf16("qk norm+rope: raw q (1 ulp)", g_qr, qraw, qn, 0, ULP1);
-	cmp_bf16("qk norm+rope: raw K copy (1 ulp)", g_kr, k, kn, 0, ULP1);
-	cmp_bf16("qk norm+rope: V copy (exact)", g_v, v, kn, 0, 0);
+	cmp_bf16(QKN_NAME(": q rotated (1 ulp)"), g_q, q, qn, 0, ULP1);
+	cmp_bf16(QKN_NAME(": raw q (1 ulp)"), g_qr, qraw, qn, 0, ULP1);
+	cmp_bf16(QKN_NAME(": raw K copy (1 ulp)"), g_kr, k, kn, 0, ULP1);
+	cmp_bf16(QKN_NAME(": V copy (exact)"), g_v, v, kn, 0, 0);
 	{	/* K normalised in place, other columns untouched */
 		uint16_t *want = hmalloc(2 * (size_t)n * ld);
 
@@ -262,10 +267,10 @@ static void check_qk_norm_rope(void)
 			       2 * (size_t)kvh * hd);
 		for (int t = 0; t < n; t++)	/* q columns: the kernel leaves them */
 			memcpy(g_qkv + (size_t)t * ld, want + (size_t)t * ld, 2 * (size_t)heads * hd);
-		cmp_bf16("qk norm+rope: K in place, rest kept", g_qkv, want, (size_t)n * ld, 0, ULP1);
+		cmp_bf16(QKN_NAME(": K in place, rest kept"), g_qkv, want, (size_t)n * ld, 0, ULP1);
 		free(want);
 	}
-	same_bits("qk norm+rope = headnorm + rope on the GPU", g_q, g_sep, 2 * qn);
+	same_bits(QKN_NAME(" = headnorm + rope on the GPU"), g_q, g_sep, 2 * qn);
 	free(qkv);
 	free(qw);
 	free(kw);
@@ -462,7 +467,8 @@ void check_perf(void)
 			check_decode_one(g_quick ? &small[i] : &full[i], ver);
 	check_decode_graph();
 	check_v4();
-	check_qk_norm_rope();
+	check_qk_norm_rope(64);
+	check_qk_norm_rope(4);
 	check_gemv();
 	check_index();
 	check_fast_scores();
