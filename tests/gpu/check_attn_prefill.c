@@ -225,7 +225,8 @@ static int run_gemm(void *p)
 	return kvmem_cuda_gemm_bf16(g_c, g->y, KVMEM_GEMM_BF16, g->x, g->w, 8192, 8192, 8192);
 }
 
-static double gemm_rate(void)
+/* The bf16 GEMM rate: a burst (time_ms) or held for a second (held_ms). */
+static double gemm_rate(int held)
 {
 	struct gemm_arg g;
 	const size_t e = (size_t)8192 * 8192;
@@ -236,9 +237,10 @@ static double gemm_rate(void)
 		die("bench alloc");
 	dfill_bf16(g.x, e, 1);
 	dfill_bf16(g.w, e, 0.05);
-	ms = time_ms(run_gemm, &g, 3, 10);
+	ms = held ? held_ms(run_gemm, &g, 0.5, 1.0) : time_ms(run_gemm, &g, 3, 10);
 	tfs = 2.0 * 8192.0 * 8192 * 8192 / (ms * 1e-3) / 1e12;
-	printf("%-44s %9.3f ms  %8.1f TFLOP/s\n", "GEMM bf16 8192^3 (cuBLASLt)", ms, tfs);
+	printf("%-44s %9.3f ms  %8.1f TFLOP/s\n",
+	       held ? "GEMM bf16 8192^3, held" : "GEMM bf16 8192^3 (cuBLASLt)", ms, tfs);
 	kvmem_cuda_free(g.x);
 	kvmem_cuda_free(g.w);
 	kvmem_cuda_free(g.y);
@@ -267,7 +269,7 @@ void attn_prefill_sweep(void)
 	printf("\n== prefill attention timing (%s, %d SMs; Qwen3-8B 32/8 heads, head_dim 128; "
 	       "median of CUDA-event timings) ==\n", kvmem_cuda_device_name(g_c),
 	       kvmem_cuda_sm_count(g_c));
-	gemm_tfs = gemm_rate();
+	gemm_tfs = gemm_rate(0);
 	if (kvmem_cuda_malloc(&a.q, 2 * qn) || kvmem_cuda_malloc(&a.k, 2 * cap * kvh * hd) ||
 	    kvmem_cuda_malloc(&a.v, 2 * cap * kvh * hd) || kvmem_cuda_malloc(&a.out, 2 * qn) ||
 	    kvmem_cuda_malloc(&o4, 2 * qn) || kvmem_cuda_malloc(&a.qp, 4 * (size_t)maxq))
@@ -317,6 +319,30 @@ void attn_prefill_sweep(void)
 				free(g6);
 			}
 		}
+	}
+	{	/* At the power limit: the GEMM and v6 (the form timed last: the
+		 * engine's unless KVMEM_V6_FORMS) at the 4096-query chunk over
+		 * 32768 keys, each back to back for a second after half a
+		 * second's warm-up. A long prefill runs here
+		 * (tests/gpu/engine_figures.sh puts its bound together from these
+		 * lines). */
+		double held_gemm, ms, vis = 0;
+
+		printf("\n== held for a second at the power limit ==\n");
+		held_gemm = gemm_rate(1);
+		a.version = 6;
+		a.n_q = 4096;
+		a.n_kv = 32768;
+		for (int t = 0; t < a.n_q; t++) {
+			pos[t] = a.n_kv - a.n_q + t;
+			vis += pos[t] + 1;
+		}
+		if (kvmem_cuda_upload(g_c, a.qp, pos, 4 * (size_t)a.n_q))
+			die("upload");
+		ms = held_ms(run_att, &a, 0.5, 1.0);
+		printf("%-44s %9.3f  %6.1f TF/s  %5.2f of the held GEMM rate\n",
+		       "chunk 4096 @ 32768 view v6, held", ms, 4.0 * 128 * heads * vis / (ms * 1e-3) / 1e12,
+		       4.0 * 128 * heads * vis / (ms * 1e-3) / 1e12 / held_gemm);
 	}
 	free(pos);
 	kvmem_cuda_free(a.q);

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "kvmem/kvmem.h"
 #include "check_util.h"
@@ -213,6 +214,33 @@ double time_ms(bench_fn fn, void *arg, int warm, int reps)
 	cudaEventDestroy(b);
 	qsort(t, reps, sizeof(double), cmp_dbl);
 	return t[reps / 2];
+}
+
+static double wall_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double held_ms(bench_fn fn, void *arg, double warm_s, double held_s)
+{
+	double t0 = wall_s(), t1 = 0, t;
+	long runs = 0;
+
+	for (;;) {
+		for (int i = 0; i < 4; i++)
+			if (fn(arg))
+				die("bench run");
+		if (kvmem_cuda_sync(g_c))
+			die("bench");
+		t = wall_s();
+		if (t1 == 0 && t - t0 >= warm_s)
+			t1 = t;	/* the window opens at a batch's end */
+		else if (t1 > 0 && (runs += 4, t - t1 >= held_s))
+			return (t - t1) * 1e3 / runs;
+	}
 }
 
 /* Fill n elements of es bytes at d from the host chunk h of m + 1024

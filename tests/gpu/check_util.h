@@ -58,5 +58,9 @@ void cmp_f32(const char *what, const float *g, const float *r, size_t n, double 
  * by CUDA events around each run on the context's stream. */
 typedef int (*bench_fn)(void *arg);
 double time_ms(bench_fn fn, void *arg, int warm, int reps);
+/* Mean milliseconds a run over `held_s` seconds of runs back to back, after
+ * `warm_s` seconds of them: the rate the GPU holds at its power limit (a
+ * short burst of time_ms runs at a clock a long prefill does not keep). */
+double held_ms(bench_fn fn, void *arg, double warm_s, double held_s);
 
 #endif

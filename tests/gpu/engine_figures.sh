@@ -12,7 +12,10 @@
 #            meanwhile (a long prefill at full power may run below the
 #            clock of the GEMM ceiling's short burst);
 #   torch    tools/bench/torch_engine.py: PyTorch (sdpa, bf16) on the same
-#            geometry and the same lengths, the engine's peer;
+#            geometry and the same lengths, the engine's peer; with engine,
+#            then the ratios and their bound (tools/bench/prefill_bound.py:
+#            every kernel at its ceiling held at the power limit, measured
+#            by kvmem_gpu_check --attn-prefill in the same call);
 #   select   kvmem bench select --backend cuda at 1M and 10M tokens (31250
 #            and 312500 blocks of 32), meank and subblock, against reading
 #            the index once at the copy rate;
@@ -117,19 +120,15 @@ EOF
 	fi
 fi
 if has engine && has torch && [ -s "$out/engine.log" ] && [ -s "$out/torch.log" ]; then
-	# The engine against its peer, and the bound the held GEMM rate puts on
-	# that ratio: every FLOP of the prefill at the rate the GPU holds at
-	# its power limit (tokens/s over the "of held" fraction).
-	echo "prefill: tokens, kvmem tok/s, PyTorch tok/s, ratio; every FLOP at the held GEMM rate: tok/s, ratio"
-	awk 'FNR == NR { if (match($0, /"tokens": [0-9]+, "seconds"/) && /"prefill"/) {
-			split(substr($0, RSTART + 10), a, ","); n = a[1]
-			match($0, /"tokens_per_s": [0-9.]+/); pt[n] = substr($0, RSTART + 16, RLENGTH - 16) }
-		     next }
-	     /^prefill/ { p = 1; next } /^decode at/ { p = 0 }
-	     p && $1 ~ /^[0-9]+$/ && ($1 in pt) { held = $6; sub(/%/, "", held)
-		bound = held > 0 ? $3 * 100 / held : 0
-		printf "%-8d %10.0f %10.0f %6.2fx   %10.0f %6.2fx\n", $1, $3, pt[$1], $3 / pt[$1], bound, bound / pt[$1] }' \
-		"$out/torch.log" "$out/engine.log"
+	# The engine against its peer, and the bound the ceilings put on that
+	# ratio: v6 and the GEMM held for a second at the power limit
+	# (kvmem_gpu_check --attn-prefill), then tools/bench/prefill_bound.py.
+	el "attention and GEMM held at the power limit"
+	timeout 200 build-gpu/gpu/kvmem_gpu_check --attn-prefill >"$out/attn.log" 2>&1 &&
+		ok "kvmem_gpu_check --attn-prefill" || bad "kvmem_gpu_check --attn-prefill"
+	grep -A3 '^== held' "$out/attn.log"
+	python3 tools/bench/prefill_bound.py "$out/engine.log" "$out/torch.log" "$out/attn.log" ||
+		bad "prefill bound"
 fi
 el "done"
 echo "$pass passed, $fail failed"
