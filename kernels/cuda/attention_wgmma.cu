@@ -136,6 +136,35 @@ __device__ __forceinline__ void tma_load3(uint32_t s, const CUtensorMap *m, uint
 		     : "memory");
 }
 
+/* The producer's side of one K or V tile in stage s of the ring: wait until
+ * the consumers have handed the stage back (from the second lap on, wait),
+ * then fill it. By the copy engine (one thread, two 64-column boxes, rows
+ * past the map's end as zeros) ... */
+__device__ __forceinline__ void v6_tile_tma(uint32_t d, const CUtensorMap *m, uint32_t empty,
+					    uint32_t full, bool wait, int ph, int row, int kvh)
+{
+	if (wait)
+		mbar_wait(empty, ph);
+	mbar_expect_tx(full, V6_T_BYTES);
+	tma_load3(d, m, full, 0, row, kvh);
+	tma_load3(d + V6_HALF, m, full, 64, row, kvh);
+}
+
+/* ... or by the producer warpgroup's 128 threads through cp.async: this
+ * thread's 16 chunks (rows 8 it + its first, 1024 bytes apart swizzled),
+ * zero-filled from the row `left` on (reading `zero`, any valid address),
+ * one arrival on full when they have landed. */
+__device__ __forceinline__ void v6_tile_cp(uint32_t d, const uint16_t *g, const uint16_t *zero,
+					   int left, uint32_t empty, uint32_t full, bool wait, int ph)
+{
+	if (wait)
+		mbar_wait(empty, ph);
+#pragma unroll 4
+	for (int it = 0; it < V6_BN / 8; it++, d += 1024, g += 8 * V6_HD)
+		v6_cp16(d, 8 * it < left ? g : zero, 8 * it < left);
+	mbar_cp_arrive(full);
+}
+
 /* cp.async writes through the generic proxy, wgmma reads through the async
  * one. */
 __device__ __forceinline__ void fence_async_smem(void)
@@ -297,16 +326,10 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const __grid_con
 					const int s = i % V6_STAGES, ph = ((i / V6_STAGES) - 1) & 1;
 					const uint32_t dk = sK + s * V6_T_BYTES, dv = sV + s * V6_T_BYTES;
 
-					if (i >= V6_STAGES)
-						mbar_wait(emptyK + 8 * s, ph);
-					mbar_expect_tx(fullK + 8 * s, V6_T_BYTES);
-					tma_load3(dk, &a.tk, fullK + 8 * s, 0, i * V6_BN, kvh);
-					tma_load3(dk + V6_HALF, &a.tk, fullK + 8 * s, 64, i * V6_BN, kvh);
-					if (i >= V6_STAGES)
-						mbar_wait(emptyV + 8 * s, ph);
-					mbar_expect_tx(fullV + 8 * s, V6_T_BYTES);
-					tma_load3(dv, &a.tv, fullV + 8 * s, 0, i * V6_BN, kvh);
-					tma_load3(dv + V6_HALF, &a.tv, fullV + 8 * s, 64, i * V6_BN, kvh);
+					v6_tile_tma(dk, &a.tk, emptyK + 8 * s, fullK + 8 * s, i >= V6_STAGES,
+						    ph, i * V6_BN, kvh);
+					v6_tile_tma(dv, &a.tv, emptyV + 8 * s, fullV + 8 * s, i >= V6_STAGES,
+						    ph, i * V6_BN, kvh);
 				}
 			return;
 		}
@@ -322,23 +345,11 @@ __global__ void __launch_bounds__(V6_THREADS, 1) attn_v6_kernel(const __grid_con
 			/* rows left from this thread's first one (at most 16 used) */
 			const int left = a.n_kv - (i * V6_BN + rs);
 			const size_t first = (size_t)(i * V6_BN + rs) * V6_HD + c * 8;
-			uint32_t d = sK + s * V6_T_BYTES + toff;
-			const uint16_t *g = kh + first;
 
-			if (i >= V6_STAGES)
-				mbar_wait(emptyK + 8 * s, ph);
-#pragma unroll 4
-			for (int it = 0; it < V6_BN / 8; it++, d += 1024, g += 8 * V6_HD)
-				v6_cp16(d, 8 * it < left ? g : kh, 8 * it < left);
-			mbar_cp_arrive(fullK + 8 * s);
-			d = sV + s * V6_T_BYTES + toff;
-			g = vh + first;
-			if (i >= V6_STAGES)
-				mbar_wait(emptyV + 8 * s, ph);
-#pragma unroll 4
-			for (int it = 0; it < V6_BN / 8; it++, d += 1024, g += 8 * V6_HD)
-				v6_cp16(d, 8 * it < left ? g : vh, 8 * it < left);
-			mbar_cp_arrive(fullV + 8 * s);
+			v6_tile_cp(sK + s * V6_T_BYTES + toff, kh + first, kh, left, emptyK + 8 * s,
+				   fullK + 8 * s, i >= V6_STAGES, ph);
+			v6_tile_cp(sV + s * V6_T_BYTES + toff, vh + first, vh, left, emptyV + 8 * s,
+				   fullV + 8 * s, i >= V6_STAGES, ph);
 		}
 		asm volatile("cp.async.wait_all;\n" ::: "memory");
 	} else {

@@ -49,27 +49,13 @@ echo "($(($(date +%s) - t0)) s)"
 decode_rows() {
 	awk '/^decode at/ { d = 1; next } d && $1 ~ /^[0-9]+$/ { print $1, $3, $4, $5 }' "$1"
 }
-if [ -x "$K" ]; then
-	for ver in $OLD $NEW; do
-		echo "== KVMEM_CUDA_DECODE=$ver $K bench engine --backend cuda --prefill 4k --decode 4k,32k --decode-tokens 64"
-		KVMEM_CUDA_DECODE=$ver timeout 120 "$K" bench engine --backend cuda --prefill 4k \
-			--decode 4k,32k --decode-tokens 64 >"$log/engine_v$ver.log" 2>&1
-		rc=$?
-		grep -E '^(machine|ceilings|decode:|prefill|decode at|[0-9])' "$log/engine_v$ver.log"
-		if [ $rc -eq 0 ] && [ -n "$(decode_rows "$log/engine_v$ver.log")" ]; then
-			pass=$((pass + 1)); echo "ok   bench engine, decode v$ver"
-		else
-			fail=$((fail + 1)); echo "FAIL bench engine, decode v$ver (exit $rc)"
-			tail -5 "$log/engine_v$ver.log"
-		fi
-	done
+if gpu_engine_ab KVMEM_CUDA_DECODE $OLD $NEW 120 decode_rows \
+	--prefill 4k --decode 4k,32k --decode-tokens 64; then
 	echo "== decode tokens/s, v$OLD against v$NEW (the same build, the same run)"
 	printf '%-10s %12s %12s %9s %10s %12s\n' context "v$OLD tok/s" "v$NEW tok/s" speedup roofline \
 		"v$NEW of it"
-	join <(decode_rows "$log/engine_v$OLD.log" | sort) <(decode_rows "$log/engine_v$NEW.log" | sort) |
-		sort -n | awk '{ printf "%-10s %12s %12s %9.3f %10s %12s\n", $1, $2, $5, $5 / $2, $6, $7 }'
-else
-	fail=$((fail + 1)); echo "FAIL no $K: the engine A/B was not run"
+	gpu_engine_join decode_rows $OLD $NEW |
+		awk '{ printf "%-10s %12s %12s %9.3f %10s %12s\n", $1, $2, $5, $5 / $2, $6, $7 }'
 fi
 echo "($(($(date +%s) - t0)) s)"
 

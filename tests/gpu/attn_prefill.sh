@@ -56,27 +56,13 @@ fi
 prefill_rows() {
 	awk '/^prefill/ { p = 1; next } /^decode at/ { p = 0 } p && $1 ~ /^[0-9]+$/ { print $1, $3, $5 }' "$1"
 }
-if [ -x "$K" ]; then
-	for ver in $OLD $NEW; do
-		echo "== KVMEM_CUDA_PREFILL=$ver $K bench engine --backend cuda --prefill 4k,16k,32k --decode 4k --decode-tokens 16"
-		KVMEM_CUDA_PREFILL=$ver timeout 200 "$K" bench engine --backend cuda \
-			--prefill 4k,16k,32k --decode 4k --decode-tokens 16 >"$log/engine_v$ver.log" 2>&1
-		rc=$?
-		grep -E '^(machine|ceilings|prefill|[0-9])' "$log/engine_v$ver.log"
-		if [ $rc -eq 0 ] && grep -q '^prefill' "$log/engine_v$ver.log"; then
-			ok "bench engine, prefill v$ver"
-		else
-			bad "bench engine, prefill v$ver (exit $rc)"
-			tail -5 "$log/engine_v$ver.log"
-		fi
-	done
+if gpu_engine_ab KVMEM_CUDA_PREFILL $OLD $NEW 200 prefill_rows \
+	--prefill 4k,16k,32k --decode 4k --decode-tokens 16; then
 	echo "== prefill tokens/s, v$OLD against v$NEW (the same build, the same run)"
 	printf '%-10s %12s %12s %9s %10s %10s\n' tokens "v$OLD tok/s" "v$NEW tok/s" speedup \
 		"v$OLD GEMM" "v$NEW GEMM"
-	join <(prefill_rows "$log/engine_v$OLD.log" | sort) <(prefill_rows "$log/engine_v$NEW.log" | sort) |
-		sort -n | awk '{ printf "%-10s %12s %12s %9.3f %10s %10s\n", $1, $2, $4, $4 / $2, $3, $5 }'
-else
-	bad "no $K: the engine A/B was not run"
+	gpu_engine_join prefill_rows $OLD $NEW |
+		awk '{ printf "%-10s %12s %12s %9.3f %10s %10s\n", $1, $2, $4, $4 / $2, $3, $5 }'
 fi
 echo "($(($(date +%s) - t0)) s)"
 

@@ -759,34 +759,24 @@ static void profile(void)
 {
 	const int heads = 32, kvh = 8, hd = 128;
 	const size_t maxkv = 32768;
-	void *q, *k, *v, *out, *qp;
+	struct att_bufs b;
 	int32_t *pos = hmalloc(4 * 4096);
 
-	if (kvmem_cuda_malloc(&q, 2 * (size_t)4096 * heads * hd) ||
-	    kvmem_cuda_malloc(&k, 2 * maxkv * kvh * hd) || kvmem_cuda_malloc(&v, 2 * maxkv * kvh * hd) ||
-	    kvmem_cuda_malloc(&out, 2 * (size_t)4096 * heads * hd) || kvmem_cuda_malloc(&qp, 4 * 4096))
-		die("profile alloc");
-	dfill_bf16(q, (size_t)4096 * heads * hd, 1);
-	dfill_bf16(k, maxkv * kvh * hd, 1);
-	dfill_bf16(v, maxkv * kvh * hd, 1);
+	att_bufs_alloc(&b, 4096, maxkv, heads, kvh, hd);
 	for (int ver = 2; ver <= 3; ver++)
 		for (int dec = 0; dec < 2; dec++) {
-			struct att_arg a = { .version = ver, .out = out, .q = q, .k = k, .v = v, .qp = qp,
+			struct att_arg a = { .version = ver, .out = b.out, .q = b.q, .k = b.k, .v = b.v, .qp = b.qp,
 					     .n_q = dec ? 1 : 4096, .n_kv = dec ? 32768 : 4096, .heads = heads,
 					     .kvh = kvh, .hd = hd, .stride = maxkv };
 
 			for (int t = 0; t < a.n_q; t++)
 				pos[t] = a.n_kv - a.n_q + t;
-			kvmem_cuda_upload(g_c, qp, pos, 4 * a.n_q);
+			kvmem_cuda_upload(g_c, b.qp, pos, 4 * a.n_q);
 			if (run_att(&a) || run_att(&a) || kvmem_cuda_sync(g_c))
 				die("profile");
 		}
 	free(pos);
-	kvmem_cuda_free(q);
-	kvmem_cuda_free(k);
-	kvmem_cuda_free(v);
-	kvmem_cuda_free(out);
-	kvmem_cuda_free(qp);
+	att_bufs_free(&b);
 }
 
 static void bench(void)
@@ -891,19 +881,13 @@ static void bench(void)
 			{ "decode 1 @ 32768 v1 (simple)", 1, 32768, 1 },
 		};
 		const size_t maxkv = 131072;
-		void *q, *k, *v, *out, *qp;
+		struct att_bufs b;
 		int32_t *pos = hmalloc(4 * 16384);
 
-		if (kvmem_cuda_malloc(&q, 2 * (size_t)16384 * heads * hd) ||
-		    kvmem_cuda_malloc(&k, 2 * maxkv * kvh * hd) || kvmem_cuda_malloc(&v, 2 * maxkv * kvh * hd) ||
-		    kvmem_cuda_malloc(&out, 2 * (size_t)16384 * heads * hd) || kvmem_cuda_malloc(&qp, 4 * 16384))
-			die("bench alloc");
-		dfill_bf16(q, (size_t)16384 * heads * hd, 1);
-		dfill_bf16(k, maxkv * kvh * hd, 1);
-		dfill_bf16(v, maxkv * kvh * hd, 1);
+		att_bufs_alloc(&b, 16384, maxkv, heads, kvh, hd);
 		for (size_t i = 0; i < sizeof(as) / sizeof(as[0]); i++) {
-			struct att_arg a = { .version = as[i].version, .out = out, .q = q, .k = k, .v = v,
-					     .qp = qp, .n_q = as[i].n_q, .n_kv = as[i].n_kv, .heads = heads,
+			struct att_arg a = { .version = as[i].version, .out = b.out, .q = b.q, .k = b.k,
+					     .v = b.v, .qp = b.qp, .n_q = as[i].n_q, .n_kv = as[i].n_kv, .heads = heads,
 					     .kvh = kvh, .hd = hd, .stride = maxkv };
 			double vis = 0;
 
@@ -911,7 +895,7 @@ static void bench(void)
 				pos[t] = a.n_kv - a.n_q + t;
 				vis += pos[t] + 1;	/* keys query t sees */
 			}
-			kvmem_cuda_upload(g_c, qp, pos, 4 * a.n_q);
+			kvmem_cuda_upload(g_c, b.qp, pos, 4 * a.n_q);
 			double ms = time_ms(run_att, &a, 2, a.n_q > 1 ? 5 : 20);
 
 			if (a.n_q > 1) {
@@ -925,11 +909,7 @@ static void bench(void)
 			}
 		}
 		free(pos);
-		kvmem_cuda_free(q);
-		kvmem_cuda_free(k);
-		kvmem_cuda_free(v);
-		kvmem_cuda_free(out);
-		kvmem_cuda_free(qp);
+		att_bufs_free(&b);
 	}
 	printf("\n%-44s %9s  %10s  %s\n", "selection, Qwen3-8B (36 layers, block 32)", "ms", "index read",
 	       "of copy rate");

@@ -258,6 +258,7 @@ void attn_prefill_sweep(void)
 	const int heads = 32, kvh = 8, hd = 128, maxq = 16384;
 	const size_t cap = 32768 + 64, qn = (size_t)maxq * heads * hd;
 	struct att_arg a = { .cap = cap };
+	struct att_bufs b;
 	int32_t *pos = hmalloc(4 * (size_t)maxq);
 	double gemm_tfs;
 	void *o4;
@@ -270,13 +271,14 @@ void attn_prefill_sweep(void)
 	       "median of CUDA-event timings) ==\n", kvmem_cuda_device_name(g_c),
 	       kvmem_cuda_sm_count(g_c));
 	gemm_tfs = gemm_rate(0);
-	if (kvmem_cuda_malloc(&a.q, 2 * qn) || kvmem_cuda_malloc(&a.k, 2 * cap * kvh * hd) ||
-	    kvmem_cuda_malloc(&a.v, 2 * cap * kvh * hd) || kvmem_cuda_malloc(&a.out, 2 * qn) ||
-	    kvmem_cuda_malloc(&o4, 2 * qn) || kvmem_cuda_malloc(&a.qp, 4 * (size_t)maxq))
+	att_bufs_alloc(&b, maxq, cap, heads, kvh, hd);
+	a.q = b.q;
+	a.k = b.k;
+	a.v = b.v;
+	a.out = b.out;
+	a.qp = b.qp;
+	if (kvmem_cuda_malloc(&o4, 2 * qn))
 		die("bench alloc");
-	dfill_bf16(a.q, qn, 1);
-	dfill_bf16(a.k, cap * kvh * hd, 1);
-	dfill_bf16(a.v, cap * kvh * hd, 1);
 	printf("%-44s %9s  %10s  %s\n", "attention", "ms", "rate", "of GEMM rate");
 	for (size_t i = 0; i < sizeof(pre) / sizeof(pre[0]); i++) {
 		double vis = 0, ms[2];
@@ -345,10 +347,6 @@ void attn_prefill_sweep(void)
 		       4.0 * 128 * heads * vis / (ms * 1e-3) / 1e12 / held_gemm);
 	}
 	free(pos);
-	kvmem_cuda_free(a.q);
-	kvmem_cuda_free(a.k);
-	kvmem_cuda_free(a.v);
-	kvmem_cuda_free(a.out);
+	att_bufs_free(&b);
 	kvmem_cuda_free(o4);
-	kvmem_cuda_free(a.qp);
 }

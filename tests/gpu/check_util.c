@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "kvmem/kvmem.h"
@@ -267,6 +268,29 @@ void dfill_bf16(void *d, size_t n, double a)
 	size_t m = n < (1u << 22) ? n : (1u << 22);
 
 	dfill(d, n, 2, rand_bf16(m + 1024, -a, a), m);
+}
+
+void att_bufs_alloc(struct att_bufs *b, int maxq, size_t maxkv, int heads, int kvh, int hd)
+{
+	const size_t qn = (size_t)maxq * heads * hd, kn = maxkv * kvh * hd;
+
+	if (kvmem_cuda_malloc(&b->q, 2 * qn) || kvmem_cuda_malloc(&b->k, 2 * kn) ||
+	    kvmem_cuda_malloc(&b->v, 2 * kn) || kvmem_cuda_malloc(&b->out, 2 * qn) ||
+	    kvmem_cuda_malloc(&b->qp, 4 * (size_t)maxq))
+		die("attention buffers");
+	dfill_bf16(b->q, qn, 1);
+	dfill_bf16(b->k, kn, 1);
+	dfill_bf16(b->v, kn, 1);
+}
+
+void att_bufs_free(struct att_bufs *b)
+{
+	kvmem_cuda_free(b->q);
+	kvmem_cuda_free(b->k);
+	kvmem_cuda_free(b->v);
+	kvmem_cuda_free(b->out);
+	kvmem_cuda_free(b->qp);
+	memset(b, 0, sizeof(*b));
 }
 
 void dfill_f32(void *d, size_t n, double a)

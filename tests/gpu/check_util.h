@@ -38,6 +38,15 @@ void *dpoison(size_t bytes);
 void *dget(const void *d, size_t bytes);
 /* Device memory filled with random values in [-a, a]. */
 void dfill_bf16(void *d, size_t n, double a);
+
+/* The device buffers of an attention timing: q and out [maxq][heads][hd],
+ * K and V [kvh][maxkv][hd], random bf16 (scale 1), qp room for maxq
+ * positions. Dies when the device is out of memory. */
+struct att_bufs {
+	void *q, *k, *v, *out, *qp;
+};
+void att_bufs_alloc(struct att_bufs *b, int maxq, size_t maxkv, int heads, int kvh, int hd);
+void att_bufs_free(struct att_bufs *b);
 void dfill_f32(void *d, size_t n, double a);
 
 /* One "ok  "/"FAIL" line; counts into g_pass / g_fail. */

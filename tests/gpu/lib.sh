@@ -17,6 +17,14 @@
 #   gpu_sanitize ARGS...    compute-sanitizer memcheck and racecheck over
 #                           "$G" ARGS, one pass or failure each (none when
 #                           $san is nosan)
+#   gpu_engine_ab VAR OLD NEW SECONDS ROWS ARGS...
+#                           kvmem bench engine --backend cuda ARGS with
+#                           VAR=OLD, then VAR=NEW (logs engine_vOLD.log,
+#                           engine_vNEW.log), one pass or failure each (ROWS,
+#                           a function printing a log's table rows, must
+#                           find some); false when there is no CLI
+#   gpu_engine_join ROWS OLD NEW
+#                           the two runs' rows joined on their first field
 #   gpu_done                the "N passed, N failed" line and the exit code
 pass=0 fail=0
 
@@ -96,6 +104,32 @@ gpu_sanitize() { # check program arguments
 			bad "compute-sanitizer $tool (exit $rc)"
 		fi
 	done
+}
+
+gpu_engine_ab() { # variable, old value, new value, seconds, rows function, bench arguments
+	local var=$1 old=$2 new=$3 secs=$4 rows=$5 ver rc
+	shift 5
+	if [ ! -x "$K" ]; then
+		bad "no $K: the engine A/B was not run"
+		return 1
+	fi
+	for ver in $old $new; do
+		echo "== $var=$ver $K bench engine --backend cuda $*"
+		env "$var=$ver" timeout "$secs" "$K" bench engine --backend cuda "$@" \
+			>"$log/engine_v$ver.log" 2>&1
+		rc=$?
+		grep -E '^(machine|ceilings|decode:|prefill|decode at|[0-9])' "$log/engine_v$ver.log"
+		if [ $rc -eq 0 ] && [ -n "$($rows "$log/engine_v$ver.log")" ]; then
+			ok "bench engine, $var=$ver"
+		else
+			bad "bench engine, $var=$ver (exit $rc)"
+			tail -5 "$log/engine_v$ver.log"
+		fi
+	done
+}
+
+gpu_engine_join() { # rows function, old value, new value
+	join <($1 "$log/engine_v$2.log" | sort) <($1 "$log/engine_v$3.log" | sort) | sort -n
 }
 
 gpu_done() {
