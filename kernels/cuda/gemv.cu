@@ -64,38 +64,29 @@ __device__ __forceinline__ void gemv_store(void *y, int mode, int o, float v)
 }
 
 /*
- * y[o] (mode) x . w[o]: a warp per GEMV_ROWS rows, each lane summing 8
- * products per 16-byte chunk in fp32 (chunks lane, lane + 32, ... in
- * order), then a fixed shuffle tree: the bits depend only on the shape.
+ * A lane's part of GEMV_ROWS rows (row r at w0 + roff[r] chunks): the sums
+ * of its 16-byte chunks c, c + 32, ... < hi in order (rounds of
+ * GEMV_UNROLL loads per row in flight, then one at a time), then the fixed
+ * shuffle tree, after which every lane holds the rows' sums. Both kernels
+ * run exactly this, so their bits agree. X_SMEM: x is in shared memory
+ * (the fused norm's row), else read through __ldg (every warp reads it).
  */
-__global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out)
+template <bool X_SMEM>
+__device__ __forceinline__ void gemv_rows(float *acc, const uint4 *w0, const int *roff,
+					  const uint4 *xv, int c, int hi)
 {
-	const int lane = threadIdx.x & 31;
-	const int o0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
-	const int chunks = in / 8;
-	const uint4 *xv = (const uint4 *)x;
-	const uint4 *wr[GEMV_ROWS];
-	float acc[GEMV_ROWS];
-
-	if (o0 >= out)
-		return;
 #pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++) {
-		wr[r] = (const uint4 *)(w + (size_t)min(o0 + r, out - 1) * in);
+	for (int r = 0; r < GEMV_ROWS; r++)
 		acc[r] = 0.0f;
-	}
-	int c = lane;
-
-	for (; c + 32 * (GEMV_UNROLL - 1) < chunks; c += 32 * GEMV_UNROLL) {
+	for (; c + 32 * (GEMV_UNROLL - 1) < hi; c += 32 * GEMV_UNROLL) {
 		uint4 wv[GEMV_ROWS][GEMV_UNROLL], xx[GEMV_UNROLL];
 
 #pragma unroll
 		for (int u = 0; u < GEMV_UNROLL; u++) {
 #pragma unroll
 			for (int r = 0; r < GEMV_ROWS; r++)
-				wv[r][u] = __ldcs(wr[r] + c + 32 * u);	/* streamed once */
-			xx[u] = __ldg(xv + c + 32 * u);
+				wv[r][u] = __ldcs(w0 + roff[r] + c + 32 * u);	/* streamed once */
+			xx[u] = X_SMEM ? xv[c + 32 * u] : __ldg(xv + c + 32 * u);
 		}
 #pragma unroll
 		for (int u = 0; u < GEMV_UNROLL; u++)
@@ -103,17 +94,23 @@ gemv_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int
 			for (int r = 0; r < GEMV_ROWS; r++)
 				acc[r] = dot8(wv[r][u], xx[u], acc[r]);
 	}
-	for (; c < chunks; c += 32) {
-		const uint4 xx = __ldg(xv + c);
+	for (; c < hi; c += 32) {
+		const uint4 xx = X_SMEM ? xv[c] : __ldg(xv + c);
 
 #pragma unroll
 		for (int r = 0; r < GEMV_ROWS; r++)
-			acc[r] = dot8(__ldcs(wr[r] + c), xx, acc[r]);
+			acc[r] = dot8(__ldcs(w0 + roff[r] + c), xx, acc[r]);
 	}
 #pragma unroll
 	for (int r = 0; r < GEMV_ROWS; r++)
 		for (int o = 16; o > 0; o >>= 1)
 			acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+}
+
+/* Lane r < GEMV_ROWS stores row o0 + r's sum (rows past `out` are not). */
+__device__ __forceinline__ void gemv_put(void *y, int mode, int lane, int o0, int out,
+					 const float *acc)
+{
 	if (lane < GEMV_ROWS && o0 + lane < out) {
 		float v = acc[0];
 
@@ -123,6 +120,26 @@ gemv_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int
 				v = acc[r];
 		gemv_store(y, mode, o0 + lane, v);
 	}
+}
+
+/* y[o] (mode) x . w[o]: a warp per GEMV_ROWS rows over the whole input. */
+__global__ void __launch_bounds__(32 * GEMV_WARPS)
+gemv_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out)
+{
+	const int lane = threadIdx.x & 31;
+	const int o0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
+	const int chunks = in / 8;
+	const uint4 *w0 = (const uint4 *)(w + (size_t)min(o0, out - 1) * in);
+	int roff[GEMV_ROWS];
+	float acc[GEMV_ROWS];
+
+	if (o0 >= out)
+		return;
+#pragma unroll
+	for (int r = 0; r < GEMV_ROWS; r++)
+		roff[r] = (min(o0 + r, out - 1) - o0) * chunks;
+	gemv_rows<false>(acc, w0, roff, (const uint4 *)x, lane, chunks);
+	gemv_put(y, mode, lane, o0, out, acc);
 }
 
 /*
@@ -174,11 +191,9 @@ gemv_split_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, floa
 	const uint4 *w0 = (const uint4 *)(w + (size_t)row[0] * in);
 
 #pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++) {
+	for (int r = 0; r < GEMV_ROWS; r++)
 		roff[r] = (row[r] - row[0]) * chunks;
-		acc[r] = 0.0f;
-	}
-	int c = lo + lane;
+	const int c = lo + lane;
 
 	if (NORM) {
 		const float *xf = (const float *)x;
@@ -196,45 +211,13 @@ gemv_split_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, floa
 			h[d] = rms_apply(xf[d], rs, norm_w[d]);
 		__syncthreads();
 	}
-	for (; c + 32 * (GEMV_UNROLL - 1) < hi; c += 32 * GEMV_UNROLL) {
-		uint4 wv[GEMV_ROWS][GEMV_UNROLL], xx[GEMV_UNROLL];
-
-#pragma unroll
-		for (int u = 0; u < GEMV_UNROLL; u++) {
-#pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++)
-				wv[r][u] = __ldcs(w0 + roff[r] + c + 32 * u);
-			xx[u] = NORM ? xv[c + 32 * u] : __ldg(xv + c + 32 * u);
-		}
-#pragma unroll
-		for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++)
-				acc[r] = dot8(wv[r][u], xx[u], acc[r]);
-	}
-	for (; c < hi; c += 32) {
-		const uint4 xx = NORM ? xv[c] : __ldg(xv + c);
-
-#pragma unroll
-		for (int r = 0; r < GEMV_ROWS; r++)
-			acc[r] = dot8(__ldcs(w0 + roff[r] + c), xx, acc[r]);
-	}
-#pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++)
-		for (int o = 16; o > 0; o >>= 1)
-			acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+	gemv_rows<NORM>(acc, w0, roff, xv, c, hi);
 	if (ks == 1) {		/* uniform over the launch */
 		if (SWIGLU) {	/* every lane holds both sums after the tree */
 			if (lane == 0 && q < out)
 				((uint16_t *)y)[q] = swiglu_one(f2bf(acc[0]), f2bf(acc[1]));
-		} else if (lane < GEMV_ROWS && o0 + lane < out) {
-			float v = acc[0];
-
-#pragma unroll
-			for (int r = 1; r < GEMV_ROWS; r++)
-				if (lane == r)
-					v = acc[r];
-			gemv_store(y, mode, o0 + lane, v);
+		} else {
+			gemv_put(y, mode, lane, o0, out, acc);
 		}
 		return;
 	}
