@@ -85,9 +85,14 @@ static void *run_plain(int ver, void *o, const void *q, const void *qp, int n_q,
 		       const void *v, const void *kp, int n_kv, size_t stride, const struct dshape *s,
 		       size_t qn)
 {
+	const float sc = 1.0f / sqrtf((float)s->hd);
+
 	poison(o, 2 * qn);
-	if (kvmem_cuda_attention_bf16_v(g_c, ver, o, q, qp, n_q, k, v, kp, n_kv, stride, s->heads,
-					s->kvh, s->hd, 1.0f / sqrtf((float)s->hd)))
+	/* version 0: the main path, as the engine calls it */
+	if (ver ? kvmem_cuda_attention_bf16_v(g_c, ver, o, q, qp, n_q, k, v, kp, n_kv, stride,
+					      s->heads, s->kvh, s->hd, sc)
+		: kvmem_cuda_attention_bf16(g_c, o, q, qp, n_q, k, v, kp, n_kv, stride, s->heads,
+					    s->kvh, s->hd, sc))
 		return NULL;
 	return dget(o, 2 * qn);
 }
@@ -191,8 +196,9 @@ static void check_shape(const struct dshape *s)
  */
 #define NL 4
 
-static void check_graph(int ver)
+void check_decode_graph(int ver)
 {
+	char vn[16];
 	const int heads = g_quick ? 8 : 32, kvh = g_quick ? 2 : 8, hd = g_quick ? 64 : 128;
 	const int cap = g_quick ? 2000 : 20000;
 	const int counts[] = { 1, 63, 64, 65, 700, cap / 2 + 1, cap - 1, cap };
@@ -211,6 +217,7 @@ static void check_graph(int ver)
 	int runs = 0, rc = 0;
 	char what[96];
 
+	snprintf(vn, sizeof(vn), ver ? "v%d" : "main", ver);
 	if (kvmem_cuda_malloc(&dk, 2 * NL * lay) || kvmem_cuda_malloc(&dv, 2 * NL * lay) ||
 	    kvmem_cuda_random_bf16(g_c, dk, NL * lay, rnext(), KV_SCALE) ||
 	    kvmem_cuda_random_bf16(g_c, dv, NL * lay, rnext(), KV_SCALE))
@@ -227,7 +234,7 @@ static void check_graph(int ver)
 						      dn, cap, cap, heads, kvh, hd, sc);
 	if (cudaStreamEndCapture(st, &graph) != cudaSuccess || rc ||
 	    cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
-		report(0, "decode v%d graph: capture failed: %s", ver, rc ? kvmem_last_error() : "CUDA");
+		report(0, "decode %s graph: capture failed: %s", vn, rc ? kvmem_last_error() : "CUDA");
 		cudaGetLastError();
 		goto out;
 	}
@@ -256,14 +263,14 @@ static void check_graph(int ver)
 
 			if (kvmem_attention_bf16(ref, q, &p, 1, k, v, NULL, n, cap, heads, kvh, hd, sc))
 				die("attention twin");
-			snprintf(what, sizeof(what), "decode v%d graph, layer %d at 700 keys vs twin", ver, NL - 1);
+			snprintf(what, sizeof(what), "decode %s graph, layer %d at 700 keys vs twin", vn, NL - 1);
 			cmp_twin(what, a + (NL - 1) * qn, ref, qn);
 			free(ref);
 		}
 		free(a);
 	}
-	report(!differ && !un, "decode v%d graph of %d layers at %d key counts = plain calls "
-	       "(%zu of %d differ, %zu unwritten)", ver, NL, n_counts, differ, runs, un);
+	report(!differ && !un, "decode %s graph of %d layers at %d key counts = plain calls "
+	       "(%zu of %d differ, %zu unwritten)", vn, NL, n_counts, differ, runs, un);
 out:
 	if (exec)
 		cudaGraphExecDestroy(exec);
@@ -313,7 +320,7 @@ void check_attn_decode(void)
 
 	for (int i = 0; i < ns; i++)
 		check_shape(&sh[i]);
-	check_graph(5);
+	check_decode_graph(5);
 	if (!g_quick) {	/* v5 many times at once-busy counters: the same bits each run */
 		const struct dshape s = { "repeat", 1, 32768, 32, 8, 128, 0, 1 };
 		const size_t qn = 32 * 128, kn = (size_t)8 * 32768 * 128;

@@ -16,6 +16,11 @@
  * capacity; v5 in a captured graph of several launches (the counters
  * reused launch after launch) bit for bit the plain calls. */
 void check_attn_decode(void);
+/* A graph of 4 decode calls of version ver (0: the main path) over 4
+ * layers' K/V, replayed at key counts from 1 to the capacity: each layer's
+ * output equals a plain call bit for bit; the last layer's at 700 keys
+ * the twin within tolerance. */
+void check_decode_graph(int ver);
 /* check_attn_decode(), then (not under --quick) each version's time per
  * layer in a graph of 36 launches over 36 layers' K/V (Qwen3-8B geometry,
  * a view of 131072 slots) at 4096, 32768 and 131072 keys, and as single

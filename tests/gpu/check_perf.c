@@ -15,6 +15,7 @@
 
 #include "kvmem/cuda.h"
 #include "kvmem/kvmem.h"
+#include "check_attn_decode.h"
 #include "check_gemv.h"
 #include "check_perf.h"
 #include "check_util.h"
@@ -113,76 +114,6 @@ static void check_decode_one(const struct dec_shape *s, int version)
 	kvmem_cuda_free(dn);
 	kvmem_cuda_free(o1);
 	kvmem_cuda_free(o2);
-}
-
-/* A graph of one decode call, replayed at several key counts: each replay
- * equals a plain call over the same keys bit for bit. */
-static void check_decode_graph(void)
-{
-	const int heads = g_quick ? 8 : 32, kvh = g_quick ? 2 : 8, hd = g_quick ? 64 : 128;
-	const int cap = g_quick ? 2000 : 20000;
-	/* every count within the capacity (--quick's is 2000) */
-	const int counts[] = { 1, 63, 64, 65, 700, cap > 4096 ? 4096 : cap / 2 + 1, cap - 1, cap };
-	const size_t qn = (size_t)heads * hd, kn = (size_t)kvh * cap * hd;
-	const float sc = 1.0f / sqrtf((float)hd);
-	cudaStream_t st = (cudaStream_t)kvmem_cuda_stream(g_c);
-	uint16_t *q = rand_bf16(qn, -1, 1), *k = rand_bf16(kn, -1, 1), *v = rand_bf16(kn, -1, 1);
-	void *dq = dput(q, 2 * qn), *dk = dput(k, 2 * kn), *dv = dput(v, 2 * kn);
-	void *dn = dpoison(4), *dqp = dpoison(4), *og = dpoison(2 * qn), *op = dpoison(2 * qn);
-	cudaGraph_t graph = NULL;
-	cudaGraphExec_t exec = NULL;
-	int differ = 0, runs = 0, rc;
-
-	if (kvmem_cuda_reserve(g_c, kvmem_cuda_attention_scratch(g_c, 1, heads, kvh, hd)))
-		die("reserve");
-	if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-		die("begin capture");
-	rc = kvmem_cuda_attention_decode_bf16(g_c, 0, og, dq, dqp, 1, dk, dv, dn, cap, cap, heads, kvh,
-					      hd, sc);
-	if (cudaStreamEndCapture(st, &graph) != cudaSuccess || rc ||
-	    cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
-		report(0, "decode graph: capture failed: %s", rc ? kvmem_last_error() : "CUDA");
-		goto out;
-	}
-	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
-		int32_t n = counts[i], p = n - 1;
-		uint16_t *a, *b;
-
-		if (kvmem_cuda_upload(g_c, dn, &n, 4) || kvmem_cuda_upload(g_c, dqp, &p, 4) ||
-		    cudaGraphLaunch(exec, st) != cudaSuccess ||
-		    kvmem_cuda_attention_bf16(g_c, op, dq, dqp, 1, dk, dv, NULL, n, cap, heads, kvh, hd, sc))
-			die("decode graph replay");
-		a = dget(og, 2 * qn);
-		b = dget(op, 2 * qn);
-		differ += memcmp(a, b, 2 * qn) != 0;
-		runs++;
-		if (n == 700) {
-			uint16_t *ref = hmalloc(2 * qn);
-
-			if (kvmem_attention_bf16(ref, q, &p, 1, k, v, NULL, n, cap, heads, kvh, hd, sc))
-				die("attention twin");
-			cmp_bf16("decode graph replay at 700 keys vs twin", a, ref, qn, 4e-3, ULP1);
-			free(ref);
-		}
-		free(a);
-		free(b);
-	}
-	report(!differ, "decode graph replays at %d key counts = plain calls (%d differ)", runs, differ);
-out:
-	if (exec)
-		cudaGraphExecDestroy(exec);
-	if (graph)
-		cudaGraphDestroy(graph);
-	free(q);
-	free(k);
-	free(v);
-	kvmem_cuda_free(dq);
-	kvmem_cuda_free(dk);
-	kvmem_cuda_free(dv);
-	kvmem_cuda_free(dn);
-	kvmem_cuda_free(dqp);
-	kvmem_cuda_free(og);
-	kvmem_cuda_free(op);
 }
 
 /* ---- attention v4 against the twin ------------------------------------------ */
@@ -465,7 +396,7 @@ void check_perf(void)
 	for (int i = 0; i < (g_quick ? 2 : 6); i++)
 		for (int ver = 0; ver <= 3; ver += 3)
 			check_decode_one(g_quick ? &small[i] : &full[i], ver);
-	check_decode_graph();
+	check_decode_graph(0);
 	check_v4();
 	check_qk_norm_rope(64);
 	check_qk_norm_rope(4);
