@@ -62,11 +62,11 @@ __device__ __forceinline__ void qkn_copy(uint16_t *dst, const uint16_t *src, int
  * rotated head in rot[hd]) and move them in and out 16 bytes a lane, the
  * head's load issued before the angles' __syncthreads. HD = 128 with
  * VEC (every Qwen3; qk_norm_rope_launch picks it) has its loops unrolled at
- * compile time. The kernel is bound by instruction issue, not by its bytes
- * (ncu: issue slots 80% busy, 508 instructions a warp): at 125 us of a
- * 4096-token chunk's layer it took four times its bytes at the copy rate;
- * staging alone left that as it was, unrolling (fewer loop and address
- * instructions) brought it to 84 us. HD = 0 reads head_dim from hd_arg
+ * compile time. At 125 us of a 4096-token chunk's layer the kernel took
+ * four times its bytes at the copy rate; staging alone left that as it was
+ * (ncu then: issue slots 80% busy, 508 instructions a warp, bound by
+ * instruction issue), unrolling (fewer loop and address instructions)
+ * brought it to 84 us. HD = 0 reads head_dim from hd_arg
  * and VEC from vec_arg. Every value is computed as before, by the same
  * arithmetic in the same order: the bits do not change.
  */
