@@ -27,13 +27,6 @@ static const int vers[] = { 2, 3, 5 };
 #define RELL2_MAX 1e-2
 #define KV_SCALE 0.57735f	/* kvmem_cuda_random_bf16: values in [-1, 1] */
 
-struct dshape {
-	const char *name;
-	int n_q, n_kv, heads, kvh, hd;
-	int kv_pos;	/* shuffled key positions (plain calls only) */
-	double qa;	/* q in [-qa, qa]: 1, or 4 for sharper softmax */
-};
-
 static void poison(void *d, size_t bytes)
 {
 	if (cudaMemsetAsync(d, 0xff, bytes, (cudaStream_t)kvmem_cuda_stream(g_c)) != cudaSuccess)
@@ -97,7 +90,7 @@ static void *run_plain(int ver, void *o, const void *q, const void *qp, int n_q,
 	return dget(o, 2 * qn);
 }
 
-static void check_shape(const struct dshape *s)
+void check_decode_shape(const struct dshape *s, const int *vs, int nv)
 {
 	const int n_q = s->n_q, n_kv = s->n_kv, kvh = s->kvh, hd = s->hd;
 	const size_t s1 = (size_t)n_kv + 17, s2 = (size_t)n_kv + 1000;
@@ -133,12 +126,14 @@ static void check_shape(const struct dshape *s)
 	if (kvmem_attention_bf16(ref, q, qp, n_q, k1, v1, s->kv_pos ? kp : NULL, n_kv, s1, s->heads,
 				 kvh, hd, 1.0f / sqrtf((float)hd)))
 		die("attention twin");
-	for (int vi = 0; vi < N_VERS; vi++) {
-		const int ver = vers[vi];
+	for (int vi = 0; vi < nv; vi++) {
+		const int ver = vs[vi];
 		uint16_t *g1, *g2 = NULL, *g3;
 		size_t d2 = 0, d3, un = 0;
+		char vn[16];
 
-		snprintf(what, sizeof(what), "decode v%d %s", ver, s->name);
+		snprintf(vn, sizeof(vn), ver ? "v%d" : "main", ver);
+		snprintf(what, sizeof(what), "decode %s %s", vn, s->name);
 		g1 = run_plain(ver, o, dq, dqp, n_q, dk1, dv1, dkp, n_kv, s1, s, qn);
 		if (!g1) {
 			report(0, "%s: %s", what, kvmem_last_error());
@@ -160,8 +155,8 @@ static void check_shape(const struct dshape *s)
 			g2 = dget(o, 2 * qn);
 			d2 = ndiff(g1, g2, qn, &un);
 		}
-		report(!d2 && !d3 && !un, "  v%d %-42s again: %zu differ; device count, capacity %zu: "
-		       "%s%zu differ (of %zu)", ver, "bit for bit", d3, s2, s->kv_pos ? "(n/a) " : "",
+		report(!d2 && !d3 && !un, "  %s %-42s again: %zu differ; device count, capacity %zu: "
+		       "%s%zu differ (of %zu)", vn, "bit for bit", d3, s2, s->kv_pos ? "(n/a) " : "",
 		       d2, qn);
 		free(g1);
 		free(g2);
@@ -319,7 +314,7 @@ void check_attn_decode(void)
 	const int ns = g_quick ? (int)(sizeof(quick) / sizeof(quick[0])) : (int)(sizeof(full) / sizeof(full[0]));
 
 	for (int i = 0; i < ns; i++)
-		check_shape(&sh[i]);
+		check_decode_shape(&sh[i], vers, N_VERS);
 	check_decode_graph(5);
 	if (!g_quick) {	/* v5 many times at once-busy counters: the same bits each run */
 		const struct dshape s = { "repeat", 1, 32768, 32, 8, 128, 0, 1 };

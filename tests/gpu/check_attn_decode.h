@@ -16,6 +16,17 @@
  * capacity; v5 in a captured graph of several launches (the counters
  * reused launch after launch) bit for bit the plain calls. */
 void check_attn_decode(void);
+struct dshape {
+	const char *name;
+	int n_q, n_kv, heads, kvh, hd;
+	int kv_pos;	/* shuffled key positions (plain calls only) */
+	double qa;	/* q in [-qa, qa]: 1, or 4 for sharper softmax */
+};
+/* One shape's decode checks for each version in vs (0: the main path, as
+ * the engine calls it): the twin within tolerance, the same bits when run
+ * again and (without kv_pos) with the key count on the device over a view
+ * of another capacity. */
+void check_decode_shape(const struct dshape *s, const int *vs, int nv);
 /* A graph of 4 decode calls of version ver (0: the main path) over 4
  * layers' K/V, replayed at key counts from 1 to the capacity: each layer's
  * output equals a plain call bit for bit; the last layer's at 700 keys

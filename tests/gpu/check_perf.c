@@ -34,88 +34,6 @@ static void same_bits(const char *what, const void *a, const void *b, size_t byt
 	       bytes / 2);
 }
 
-/* ---- decode attention: device key count, graphs ---------------------------- */
-
-struct dec_shape {
-	const char *name;
-	int n_q, n_kv, heads, kvh, hd;
-};
-
-/* K/V of n_kv keys at stride s, NaN past n_kv. */
-static uint16_t *kv_at_stride(const uint16_t *src, int kvh, int n_kv, size_t from, size_t s, int hd)
-{
-	uint16_t *d = hmalloc(2 * (size_t)kvh * s * hd);
-
-	memset(d, 0xff, 2 * (size_t)kvh * s * hd);
-	for (int g = 0; g < kvh; g++)
-		memcpy(d + (size_t)g * s * hd, src + (size_t)g * from * hd, 2 * (size_t)n_kv * hd);
-	return d;
-}
-
-static void check_decode_one(const struct dec_shape *s, int version)
-{
-	const int n_q = s->n_q, n_kv = s->n_kv, heads = s->heads, kvh = s->kvh, hd = s->hd;
-	const size_t s1 = n_kv + 17, s2 = n_kv + 1000, qn = (size_t)n_q * heads * hd;
-	uint16_t *q = rand_bf16(qn, -1, 1), *k = rand_bf16((size_t)kvh * n_kv * hd, -1, 1);
-	uint16_t *v = rand_bf16((size_t)kvh * n_kv * hd, -1, 1), *ref = hmalloc(2 * qn);
-	uint16_t *k1 = kv_at_stride(k, kvh, n_kv, n_kv, s1, hd), *v1 = kv_at_stride(v, kvh, n_kv, n_kv, s1, hd);
-	uint16_t *k2 = kv_at_stride(k, kvh, n_kv, n_kv, s2, hd), *v2 = kv_at_stride(v, kvh, n_kv, n_kv, s2, hd);
-	int32_t *qp = hmalloc(4 * n_q), nk = n_kv;
-	void *dq, *dqp, *dk1, *dv1, *dk2, *dv2, *dn, *o1 = dpoison(2 * qn), *o2 = dpoison(2 * qn);
-	uint16_t *g1, *g2;
-	const float sc = 1.0f / sqrtf((float)hd);
-	char what[96];
-	int rc;
-
-	for (int i = 0; i < n_q; i++)
-		qp[i] = n_kv - n_q + i;
-	dq = dput(q, 2 * qn);
-	dqp = dput(qp, 4 * n_q);
-	dk1 = dput(k1, 2 * (size_t)kvh * s1 * hd);
-	dv1 = dput(v1, 2 * (size_t)kvh * s1 * hd);
-	dk2 = dput(k2, 2 * (size_t)kvh * s2 * hd);
-	dv2 = dput(v2, 2 * (size_t)kvh * s2 * hd);
-	dn = dput(&nk, 4);
-	if (kvmem_attention_bf16(ref, q, qp, n_q, k1, v1, NULL, n_kv, s1, heads, kvh, hd, sc))
-		die("attention twin");
-	rc = version ? kvmem_cuda_attention_bf16_v(g_c, version, o1, dq, dqp, n_q, dk1, dv1, NULL, n_kv,
-						   s1, heads, kvh, hd, sc)
-		     : kvmem_cuda_attention_bf16(g_c, o1, dq, dqp, n_q, dk1, dv1, NULL, n_kv, s1, heads,
-						 kvh, hd, sc);
-	if (rc || kvmem_cuda_attention_decode_bf16(g_c, version, o2, dq, dqp, n_q, dk2, dv2, dn,
-						   (int)s2, s2, heads, kvh, hd, sc)) {
-		report(0, "decode %s v%d: %s", s->name, version, kvmem_last_error());
-	} else {
-		g1 = dget(o1, 2 * qn);
-		g2 = dget(o2, 2 * qn);
-		snprintf(what, sizeof(what), "decode %s %s", s->name, version ? "v3" : "main");
-		cmp_bf16(what, g1, ref, qn, 4e-3, ULP1);
-		snprintf(what, sizeof(what), "  device key count, other capacity (%s)",
-			 version ? "v3" : "main");
-		same_bits(what, g1, g2, 2 * qn);
-		free(g1);
-		free(g2);
-	}
-	free(q);
-	free(k);
-	free(v);
-	free(ref);
-	free(k1);
-	free(v1);
-	free(k2);
-	free(v2);
-	free(qp);
-	kvmem_cuda_free(dq);
-	kvmem_cuda_free(dqp);
-	kvmem_cuda_free(dk1);
-	kvmem_cuda_free(dv1);
-	kvmem_cuda_free(dk2);
-	kvmem_cuda_free(dv2);
-	kvmem_cuda_free(dn);
-	kvmem_cuda_free(o1);
-	kvmem_cuda_free(o2);
-}
-
 /* ---- attention v4 against the twin ------------------------------------------ */
 static void check_v4(void)
 {
@@ -381,21 +299,23 @@ static void check_plan_blocks(void)
 
 void check_perf(void)
 {
-	static const struct dec_shape full[] = {
-		{ "8B 1 @ 1", 1, 1, 32, 8, 128 },
-		{ "8B 1 @ 700", 1, 700, 32, 8, 128 },
-		{ "8B 1 @ 4097", 1, 4097, 32, 8, 128 },
-		{ "8B 1 @ 20000", 1, 20000, 32, 8, 128 },
-		{ "8B 3 @ 5000", 3, 5000, 32, 8, 128 },
-		{ "hd64 8/2 1 @ 2048", 1, 2048, 8, 2, 64 },
+	/* Decode through the main path (and v3) as the engine calls it: the
+	 * twin, again, and the key count on the device. */
+	static const struct dshape full[] = {
+		{ "8B 1 @ 1", 1, 1, 32, 8, 128, 0, 1 },
+		{ "8B 1 @ 700", 1, 700, 32, 8, 128, 0, 1 },
+		{ "8B 1 @ 4097", 1, 4097, 32, 8, 128, 0, 1 },
+		{ "8B 1 @ 20000", 1, 20000, 32, 8, 128, 0, 1 },
+		{ "8B 3 @ 5000", 3, 5000, 32, 8, 128, 0, 1 },
+		{ "hd64 8/2 1 @ 2048", 1, 2048, 8, 2, 64, 0, 1 },
 	}, small[] = {
-		{ "quick 1 @ 700", 1, 700, 8, 2, 64 },
-		{ "quick 8/2 hd128 2 @ 300", 2, 300, 8, 2, 128 },
+		{ "quick 1 @ 700", 1, 700, 8, 2, 64, 0, 1 },
+		{ "quick 8/2 hd128 2 @ 300", 2, 300, 8, 2, 128, 0, 1 },
 	};
+	static const int main_v3[] = { 0, 3 };
 
 	for (int i = 0; i < (g_quick ? 2 : 6); i++)
-		for (int ver = 0; ver <= 3; ver += 3)
-			check_decode_one(g_quick ? &small[i] : &full[i], ver);
+		check_decode_shape(g_quick ? &small[i] : &full[i], main_v3, 2);
 	check_decode_graph(0);
 	check_v4();
 	check_qk_norm_rope(64);
