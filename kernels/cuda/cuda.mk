@@ -66,7 +66,7 @@ $(O)/libkvmem_cuda.a: $(CUDA_OBJ)
 
 $(O)/gpu/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
+	$(CC) $(CFLAGS) -Iuser -I$(CUDA_HOME)/include -c $< -o $@
 
 # Linked like the tests (Debian's shared libraries): what CI builds.
 $(GPU_CHECK): $(GPU_CHECK_OBJ) $(O)/libkvmem_cuda.a $(O)/libkvmem.a

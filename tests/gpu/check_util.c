@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "kvmem/kvmem.h"
 #include "check_util.h"
+#include "util/clock.h"
 
 kvmem_cuda_ctx *g_c;
 int g_pass, g_fail, g_quick;
@@ -217,17 +217,9 @@ double time_ms(bench_fn fn, void *arg, int warm, int reps)
 	return t[reps / 2];
 }
 
-static double wall_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 double held_ms(bench_fn fn, void *arg, double warm_s, double held_s)
 {
-	double t0 = wall_s(), t1 = 0, t;
+	double t0 = kvmem_now_s(), t1 = 0, t;
 	long runs = 0;
 
 	for (;;) {
@@ -236,7 +228,7 @@ double held_ms(bench_fn fn, void *arg, double warm_s, double held_s)
 				die("bench run");
 		if (kvmem_cuda_sync(g_c))
 			die("bench");
-		t = wall_s();
+		t = kvmem_now_s();
 		if (t1 == 0 && t - t0 >= warm_s)
 			t1 = t;	/* the window opens at a batch's end */
 		else if (t1 > 0 && (runs += 4, t - t1 >= held_s))
