@@ -29,18 +29,11 @@
 
 static uint64_t g_seed;
 
-static const char *backend_name(void)
-{
-	const char *name = getenv("KVMEM_TEST_BACKEND");
-
-	return name && *name ? name : "cpu";
-}
-
 static kvmem_backend *test_backend(const kvmem_model *m, int chunk)
 {
 	kvmem_backend *b;
 
-	if (kvmem_backend_open(backend_name(), m, &(kvmem_backend_opts){ .max_chunk = chunk },
+	if (kvmem_backend_open(test_backend_name(), m, &(kvmem_backend_opts){ .max_chunk = chunk },
 			       &b) < 0)
 		fail_msg("backend: %s", kvmem_last_error());
 	return b;
@@ -55,7 +48,7 @@ static kvmem_model *small_model(uint64_t *rng)
 	static const int gpu_geo[][4] = {
 		{ 2, 4, 2, 64 }, { 3, 6, 2, 64 }, { 1, 2, 1, 128 },
 	};
-	const int *g = (!strcmp(backend_name(), "cuda") ? gpu_geo : geo)[test_rng_int(rng, 0, 2)];
+	const int *g = (!strcmp(test_backend_name(), "cuda") ? gpu_geo : geo)[test_rng_int(rng, 0, 2)];
 	kvmem_config c = test_model_config(g[0], 24, g[1], g[2], g[3], 40, 61,
 					   test_rng_int(rng, 0, 1));
 

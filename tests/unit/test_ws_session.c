@@ -33,10 +33,9 @@ static uint64_t g_seed;
  * exactness checks run on every backend through its ops. */
 static kvmem_backend *test_backend(const kvmem_model *m, int chunk)
 {
-	const char *name = getenv("KVMEM_TEST_BACKEND");
 	kvmem_backend *b;
 
-	if (kvmem_backend_open(name && *name ? name : "cpu", m,
+	if (kvmem_backend_open(test_backend_name(), m,
 			       &(kvmem_backend_opts){ .max_chunk = chunk }, &b) < 0)
 		fail_msg("backend: %s", kvmem_last_error());
 	return b;
@@ -88,8 +87,7 @@ static kvmem_model *small_model(uint64_t *rng)
 	static const int gpu_geo[][4] = {
 		{ 2, 4, 2, 64 }, { 1, 2, 1, 128 }, { 3, 4, 1, 64 }, { 2, 6, 3, 64 },
 	};
-	const char *be = getenv("KVMEM_TEST_BACKEND");
-	const int *g = (be && !strcmp(be, "cuda") ? gpu_geo : geo)[test_rng_int(rng, 0, 3)];
+	const int *g = (!strcmp(test_backend_name(), "cuda") ? gpu_geo : geo)[test_rng_int(rng, 0, 3)];
 	kvmem_config c = test_model_config(g[0], 24, g[1], g[2], g[3], 40, 53, test_rng_int(rng, 0, 1));
 
 	return test_model_random(&c, (uint64_t)test_rng_int(rng, 1, 1 << 30));
@@ -717,7 +715,6 @@ static void test_device_scores_match_host(void **state)
 	uint64_t rng = g_seed ^ 0xd5c;
 	kvmem_model *m = small_model(&rng);
 	const kvmem_config *c = &m->cfg;
-	const char *be = getenv("KVMEM_TEST_BACKEND");
 	const char *pols[] = { "meank", "subblock" };
 
 	for (int mode = 0; mode < 3; mode++)	/* device, host_scoring, no room */
@@ -733,7 +730,7 @@ static void test_device_scores_match_host(void **state)
 			kvmem_session *s;
 			int at = 0, selects = 0, on_device;
 
-			assert_int_equal(kvmem_backend_open(be && *be ? be : "cpu", m, &bo, &e), 0);
+			assert_int_equal(kvmem_backend_open(test_backend_name(), m, &bo, &e), 0);
 			on_device = e->ops->score && mode == 0;
 			kvmem_session_opts_default(&o);
 			o.block = 16;

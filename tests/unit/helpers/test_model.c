@@ -55,6 +55,13 @@ int test_rng_int(uint64_t *s, int lo, int hi)
 	return lo + (int)(test_rng_uniform(s) * (hi - lo + 1));
 }
 
+const char *test_backend_name(void)
+{
+	const char *name = getenv("KVMEM_TEST_BACKEND");
+
+	return name && *name ? name : "cpu";
+}
+
 kvmem_config test_model_config(int layers, int hidden, int heads, int kv_heads, int head_dim,
 			     int intermediate, int vocab, int tied)
 {

@@ -20,6 +20,10 @@ double test_rng_uniform(uint64_t *s);
 double test_rng_range(uint64_t *s, double lo, double hi);
 int test_rng_int(uint64_t *s, int lo, int hi);
 
+/* The backend under test: $KVMEM_TEST_BACKEND, "cpu" when unset or empty
+ * (the same checks run on every backend through its ops). */
+const char *test_backend_name(void);
+
 /* A config for a small model: the fields tests vary, the rest filled in
  * (rope_theta 10000 unless set, eps 1e-6, arch Qwen3ForCausalLM). */
 kvmem_config test_model_config(int layers, int hidden, int heads, int kv_heads, int head_dim,
