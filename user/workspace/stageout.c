@@ -29,6 +29,7 @@
  * KVMEM_STAGE_MIN=N overrides the smallest job the worker takes.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,7 +176,9 @@ int ws_stage_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 			     .q = s->q_raw };
 	struct ws_stage *g;
 
-	if (n < stage_min(s) || s->src->ops->sync || (!s->stage && stage_start(s)))
+	if (!s->stage && n >= stage_min(s) && !s->src->ops->sync && stage_start(s))
+		s->stage_min = INT_MAX;	/* no thread or no room: in line from now on */
+	if (n < stage_min(s) || s->src->ops->sync || !s->stage)
 		return ws_stage_wait(s) || put_inline(s, &r) ? kvmem_fail() : 0;
 	if (ws_stage_wait(s))
 		return kvmem_fail();
