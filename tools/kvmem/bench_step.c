@@ -771,12 +771,15 @@ static int ph_coldin(struct ctx *x)
 	place_delta(x, &a, &d);
 	{
 		double m1 = median(seq, COLDIN_REPS), m2 = median(seqp, COLDIN_REPS);
-		double ms = m1 > m2 ? m1 : m2, mp = median(pin, COLDIN_REPS);
+		double ms = m1 > m2 ? m1 : m2, mp = median(pin, COLDIN_REPS), all = 0;
+
+		for (int r = 0; r < COLDIN_REPS; r++)
+			all += pin[r];
 
 		printf("  median page-in %.2f GB/s   best median sequential read %.2f GB/s   ratio %.2f\n"
 		       "  (place() %.0f ms of the %.0f ms of %d passes, %" PRIu64 " calls)\n",
 		       gbps(bytes, mp), ms > 0 ? ms / 1e9 : 0, ms > 0 ? bytes / mp / ms : 0,
-		       d.ns / 1e6, (pin[0] + pin[1] + pin[2]) * 1e3, COLDIN_REPS, d.calls);
+		       d.ns / 1e6, all * 1e3, COLDIN_REPS, d.calls);
 	}
 	rc = 0;
 out:
@@ -1157,6 +1160,8 @@ static int ph_memory(struct ctx *x)
 	kvmem_backend *b = NULL, *saved = x->b;
 	char dir[4200], buf[64];
 	uint64_t used[MAX_LIST] = { 0 };
+	/* The index's device copy: 64 MiB unless asked (--index-mem). */
+	const uint64_t index_mem = x->o.index_mem ? x->o.index_mem : 64ull << 20;
 	int rc = -1;
 
 	m.cfg.n_layers = x->o.mem_layers;
@@ -1164,16 +1169,14 @@ static int ph_memory(struct ctx *x)
 	if (kvmem_backend_open(x->b->ops->name, &m,
 			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x->o.gpu_mem,
 						      .page_pool = 2ull << 30,
-						      .index_mem = x->o.index_mem ? x->o.index_mem :
-								   64ull << 20 }, &b) < 0)
+						      .index_mem = index_mem }, &b) < 0)
 		return -1;
 	x->b = b;
 	snprintf(dir, sizeof(dir), "%s/memory", x->o.dir);
 	printf("\ndevice memory against the workspace (%d layers of the same width, view %" PRId64
 	       " tokens, device page pool 2 GiB, the index's device copy at most %s):\n",
 	       m.cfg.n_layers, x->o.view,
-	       cli_fmt_bytes(buf, sizeof(buf), (double)(x->o.index_mem ? x->o.index_mem :
-							 64ull << 20)));
+	       cli_fmt_bytes(buf, sizeof(buf), (double)index_mem));
 	for (int i = 0; i < x->o.n_memory; i++) {
 		int64_t tok = x->o.memory[i] / BLOCK * BLOCK;
 		uint64_t pages = (uint64_t)(tok / BLOCK) * m.cfg.n_layers * x->page_bytes;

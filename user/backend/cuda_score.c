@@ -49,6 +49,16 @@ struct cuda_mirror {
 
 #define MIRROR_MIN_BLOCKS 1024
 
+/* The capacity for n_blocks: the mirror's, doubled until they fit. */
+static int64_t cap_for(const struct cuda_mirror *m, int64_t n_blocks)
+{
+	int64_t cap = m->cap ? m->cap : MIRROR_MIN_BLOCKS;
+
+	while (cap < n_blocks)
+		cap *= 2;
+	return cap;
+}
+
 static uint64_t index_share(const struct cuda *b)
 {
 	if (b->index_mem)
@@ -143,13 +153,11 @@ static int mirror_room(struct cuda *b, struct cuda_mirror *m, const kvmem_index 
 		       int64_t n_blocks, int want_sub)
 {
 	const size_t rows = (size_t)ix->n_layers * ix->n_kv_heads;
-	int64_t cap = m->cap ? m->cap : MIRROR_MIN_BLOCKS;
+	const int64_t cap = cap_for(m, n_blocks);
 	int sub = want_sub || m->sub.d;
 	uint64_t need;
 	int rc;
 
-	while (cap < n_blocks)
-		cap *= 2;
 	if (cap == m->cap && (!want_sub || m->sub.d))
 		return 0;
 	need = rows * row_floats(ix, 1, cap) * 4 * (sub ? 1 + KVMEM_SUBBLOCKS : 1) +
@@ -231,11 +239,9 @@ static int small_room(struct cuda *b, struct cuda_mirror *m, const kvmem_index *
 		      int64_t n_blocks)
 {
 	const size_t gq = (size_t)ix->n_layers * ix->n_kv_heads * ix->head_dim * 4;
-	int64_t cap = m->cap ? m->cap : MIRROR_MIN_BLOCKS;
+	const int64_t cap = cap_for(m, n_blocks);
 	int rc;
 
-	while (cap < n_blocks)
-		cap *= 2;
 	if (m->gq && cap == m->cap)
 		return 0;
 	kvmem_cuda_free(m->scores);

@@ -14,7 +14,6 @@
 #include "pager/pager_int.h"
 #include "pager/probes.h"
 
-
 static int slot_busy(void *arg, uint32_t s)
 {
 	kvmem_pager *p = arg;
