@@ -67,11 +67,13 @@ lib: $(O)/libkvmem.a $(O)/libkvmem.so $(O)/libkvmem_agentlang.a
 cli: $(O)/kvmem
 tests: $(TEST_BIN)
 
-# Only the library's own objects (and the unit tests, which look inside) see
-# its private headers under user/; the CLI uses the public API alone. The
-# shared library exports what the public headers declare (they push default
-# visibility; everything else is hidden) through a version script.
-$(LIB_OBJ) $(PIC_OBJ) $(AL_OBJ) $(HELP_OBJ): CFLAGS += -Iuser
+# The public API is what include/kvmem/ declares and libkvmem.so exports
+# (the headers push default visibility, everything else is hidden, and the
+# version script user/libkvmem.map names each symbol). The in-tree programs
+# (the CLI, its benchmarks, the tests) link the static archive and may also
+# use the private headers under user/ (agentlang, the internal layers a
+# benchmark measures).
+$(LIB_OBJ) $(PIC_OBJ) $(AL_OBJ) $(HELP_OBJ) $(CLI_OBJ): CFLAGS += -Iuser
 $(PIC_OBJ): CFLAGS += -fvisibility=hidden
 
 $(O)/obj/%.o: %.c
@@ -123,7 +125,7 @@ PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
 # The synthetic language is the CLI's and the tests', not part of the API.
-PUB_HDR := $(filter-out include/kvmem/agentlang.h,$(wildcard include/kvmem/*.h))
+PUB_HDR := $(filter-out user/agentlang/agentlang.h,$(wildcard include/kvmem/*.h))
 
 install: lib cli
 	install -d $(DESTDIR)$(INCDIR)/kvmem $(DESTDIR)$(INCDIR)/linux \

@@ -191,7 +191,7 @@ typedef struct kvmem_policy_ops {
 	int (*score)(const kvmem_select_ctx *c, float *scores);
 } kvmem_policy_ops;
 
-/* NULL-terminated table of every shipped policy (user/workspace/policy.c). */
+/* NULL-terminated table of every shipped policy (user/select/policy.c). */
 extern const kvmem_policy_ops *const kvmem_policies[];
 /* NULL + kvmem_error naming the known policies when `name` is unknown.
  * Registered policies are found too. */
@@ -305,7 +305,7 @@ typedef struct kvmem_session_opts {
 	/* Called after every forward pass with the tokens run and their
 	 * logits ([n][vocab] when all_logits, else the last token's [vocab]):
 	 * how a caller runs a full-context twin with the same chunking. The
-	 * session's stage-out thread may still be putting this forward's rows
+	 * session's writer thread may still be putting this forward's rows
 	 * away: the callback must not call into the session (its index, pages
 	 * and query window are the thread's until the append or decode
 	 * returns). */
@@ -332,7 +332,7 @@ typedef struct kvmem_session_stats {
 	/* Where the session's token runs spent their time (not saved with the
 	 * state): in the backend's forward (on a GPU: launch, wait, outputs
 	 * down); putting a forward's rows away on the session's thread (index
-	 * sums, pages, the query window: the stage-out thread does it instead
+	 * sums, pages, the query window: the writer thread does it instead
 	 * for the jobs it takes); and the rest of the session's own work
 	 * (the hand-off, commits). A decode step's budget is all three. */
 	int64_t forward_ns, store_ns, own_ns;

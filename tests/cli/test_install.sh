@@ -24,7 +24,7 @@ for f in usr/include/kvmem/store.h usr/include/linux/kvmem.h usr/lib/libkvmem.a 
 	usr/lib/libkvmem.so usr/lib/pkgconfig/kvmem.pc usr/bin/kvmem; do
 	[ -e "$tmp/dest/$f" ] || bad "not installed: $f"
 done
-[ -e "$tmp/dest/usr/include/kvmem/agentlang.h" ] && bad "agentlang.h is not part of the API"
+[ -e "$tmp/dest/usr/user/agentlang/agentlang.h" ] && bad "agentlang.h is not part of the API"
 
 # Only kvmem_ names leave the shared library, under its soname.
 others=$(nm -D --defined-only "$tmp/dest/usr/lib/libkvmem.so" | awk '{print $3}' | grep -v '^kvmem_')

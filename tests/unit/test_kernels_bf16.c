@@ -33,7 +33,7 @@
 #include "kvmem/source.h"
 #include "kvmem/workspace.h"
 #include "helpers/test_model.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 static uint64_t g_seed;
 

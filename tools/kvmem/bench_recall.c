@@ -41,7 +41,7 @@
 #include <time.h>
 #include <sys/stat.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 #include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/lab.h"
@@ -291,7 +291,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 /* The model must speak this kvmem's agentlang. */
 static int check_vocab(const char *dir, const kvmem_config *c)
 {
-	int rc = kvmem_lang_check_model(dir, c);
+	int rc = agentlang_check_model(dir, c);
 
 	if (rc == 1)
 		fprintf(stderr, "kvmem bench recall: note: %s/config.json has no kvmem_vocab_hash; "
@@ -331,7 +331,7 @@ static kvmem_session *session(struct bench *b, const char *policy, int64_t budge
 	return kvmem_session_create(b->e, &so);
 }
 
-static int prefill(struct bench *b, const kvmem_lang_workspace *ws, int64_t budget,
+static int prefill(struct bench *b, const agentlang_transcript *ws, int64_t budget,
 		   kvmem_page_source *src)
 {
 	const kvmem_config *c = &b->m->cfg;
@@ -354,7 +354,7 @@ static int prefill(struct bench *b, const kvmem_lang_workspace *ws, int64_t budg
  * sets. It says how far a policy is from finding the needle whatever the
  * budget (0: first).
  */
-static int64_t needle_rank(const kvmem_session *s, int block, const kvmem_lang_question *q)
+static int64_t needle_rank(const kvmem_session *s, int block, const agentlang_question *q)
 {
 	int n_sets;
 	int64_t nb;
@@ -436,7 +436,7 @@ static void print_span(const int32_t *ids, int64_t n, int64_t a, int64_t e)
 
 	a = a < 0 ? 0 : a;
 	e = e > n ? n : e;
-	if (kvmem_lang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf)) < 0)
+	if (agentlang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf)) < 0)
 		snprintf(buf, sizeof(buf), "(undecodable)");
 	for (char *c = buf; *c; c++)
 		*c = *c == '\n' ? '|' : *c;
@@ -459,7 +459,7 @@ static int by_score(const void *a, const void *b)
 }
 
 /* --trace: the question, its answer, the needle's rank and the best blocks. */
-static void trace(const struct bench *b, const kvmem_session *s, const kvmem_lang_question *q,
+static void trace(const struct bench *b, const kvmem_session *s, const agentlang_question *q,
 		  const int32_t *gen, int n_gen, int64_t rank)
 {
 	const int32_t *ids = kvmem_session_token_ids(s);
@@ -468,8 +468,8 @@ static void trace(const struct bench *b, const kvmem_session *s, const kvmem_lan
 	const float *sc = kvmem_session_scores(s, &sets, &nb);
 	char want[256], got[256];
 
-	kvmem_lang_decode(q->answer, q->n_answer, want, sizeof(want));
-	kvmem_lang_decode(gen, n_gen, got, sizeof(got));
+	agentlang_decode(q->answer, q->n_answer, want, sizeof(want));
+	agentlang_decode(gen, n_gen, got, sizeof(got));
 	printf("trace: needle at %lld (block %lld), rank %lld, want '%s', got '%s'\n  needle: ",
 	       (long long)q->needle_pos, (long long)(q->needle_pos / B), (long long)rank, want, got);
 	print_span(ids, n, q->needle_pos, q->needle_end);
@@ -488,10 +488,10 @@ static void trace(const struct bench *b, const kvmem_session *s, const kvmem_lan
 }
 
 /* One question: ask, select, answer. Adds to the cell. */
-static int ask(struct bench *b, kvmem_session *s, const kvmem_lang_question *q, int full,
+static int ask(struct bench *b, kvmem_session *s, const agentlang_question *q, int full,
 	       struct cell *cl)
 {
-	int32_t gen[KVMEM_LANG_MAX_ANSWER], nl = KVMEM_LANG_NL;
+	int32_t gen[AGENTLANG_MAX_ANSWER], nl = AGENTLANG_NL;
 	int n = 0;
 	double t0 = cli_now_s(), seen = 1.0;
 	int64_t pages0 = b->pages_read;
@@ -521,16 +521,16 @@ static int ask(struct bench *b, kvmem_session *s, const kvmem_lang_question *q, 
 	}
 	if (head < q->n_ids && kvmem_session_append(s, q->ids + head, q->n_ids - head, 0))
 		return -1;
-	while (n < KVMEM_LANG_MAX_ANSWER) {
+	while (n < AGENTLANG_MAX_ANSWER) {
 		if (kvmem_session_decode(s, 1, NULL, &gen[n]))
 			return -1;
-		if (gen[n++] == KVMEM_LANG_END)
+		if (gen[n++] == AGENTLANG_END)
 			break;
 	}
 	cl->secs += cli_now_s() - t0;
 	cl->bytes += (double)(b->pages_read - pages0) * b->page_bytes;
 	cl->n++;
-	cl->ok += kvmem_lang_exact_match(q, gen, n);
+	cl->ok += agentlang_exact_match(q, gen, n);
 	if (b->o.trace && !full)
 		trace(b, s, q, gen, n, cl->rank[cl->n - 1]);
 	cl->inview += seen;
@@ -539,7 +539,7 @@ static int ask(struct bench *b, kvmem_session *s, const kvmem_lang_question *q, 
 }
 
 /* Every policy over one workspace; q_depth[i] is question i's depth index. */
-static int run_workspace(struct bench *b, int si, const kvmem_lang_workspace *ws, const int *q_depth)
+static int run_workspace(struct bench *b, int si, const agentlang_transcript *ws, const int *q_depth)
 {
 	const int nd = b->o.n_depths, np = b->o.n_pol;
 	int64_t n = ws->n_ids;
@@ -582,7 +582,7 @@ static int run_workspace(struct bench *b, int si, const kvmem_lang_workspace *ws
 		}
 		kvmem_session *s = NULL;
 		for (int i = 0; i < ws->n_q && !rc; i++) {
-			const kvmem_lang_question *q = &ws->q[i];
+			const agentlang_question *q = &ws->q[i];
 			int t = qtok ? qtok : b->o.select_at == SELECT_AHEAD ? 1 :
 				q->n_ids - (b->o.select_at == SELECT_KEY);
 
@@ -702,8 +702,8 @@ static int run_size(struct bench *b, int si)
 		int m = total - done < per_ws ? total - done : per_ws;
 		double *depths = malloc((size_t)m * sizeof(*depths));
 		int *qd = malloc((size_t)m * sizeof(*qd));
-		kvmem_lang_params p;
-		kvmem_lang_workspace ws;
+		agentlang_params p;
+		agentlang_transcript ws;
 
 		if (!depths || !qd) {
 			free(depths);
@@ -721,18 +721,18 @@ static int run_size(struct bench *b, int si)
 			depths[j] = x < 0 ? 0 : x > 1 ? 1 : x;
 			qd[j] = d;
 		}
-		kvmem_lang_params_default(&p);
+		agentlang_params_default(&p);
 		p.seed = b->o.seed + (uint64_t)si * 1000000 + (uint64_t)wsi;
 		p.n_tokens = n;
 		p.n_questions = m;
 		p.depths = depths;
 		p.lookalikes = b->o.lookalikes;
-		int rc = kvmem_lang_workspace_build(&p, &ws);
+		int rc = agentlang_transcript_build(&p, &ws);
 
 		b->ws_seed = p.seed;
 		if (!rc) {
 			rc = run_workspace(b, si, &ws, qd);
-			kvmem_lang_workspace_free(&ws);
+			agentlang_transcript_free(&ws);
 		}
 		free(depths);
 		free(qd);

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 #include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
@@ -99,7 +99,7 @@ static void on_select(void *arg, const kvmem_plan *p, int forced)
 static void show(const int32_t *ids, int64_t a, int64_t e, int max)
 {
 	char buf[512];
-	long n = kvmem_lang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf));
+	long n = agentlang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf));
 
 	if (n < 0)
 		return;
@@ -130,7 +130,7 @@ static kvmem_session *open_session(struct demo *d, kvmem_backend *e, const char 
 }
 
 /* The agent reads the workspace in d->steps steps, cut at line ends. */
-static int read_workspace(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace *ws,
+static int read_workspace(struct demo *d, kvmem_backend *e, const agentlang_transcript *ws,
 			  const kvmem_page_source *src, int window)
 {
 	kvmem_session *s = open_session(d, e, "meank", src, 4);
@@ -142,7 +142,7 @@ static int read_workspace(struct demo *d, kvmem_backend *e, const kvmem_lang_wor
 	for (int step = 1; step <= d->steps; step++) {
 		int64_t end = step == d->steps ? ws->n_ids : ws->n_ids * step / d->steps;
 
-		while (end < ws->n_ids && ws->ids[end - 1] != KVMEM_LANG_NL)
+		while (end < ws->n_ids && ws->ids[end - 1] != AGENTLANG_NL)
 			end++;
 		d->selections = d->entered = d->left = 0;
 		if (kvmem_session_append(s, ws->ids + at, end - at, 0)) {
@@ -172,7 +172,7 @@ static int read_workspace(struct demo *d, kvmem_backend *e, const kvmem_lang_wor
 }
 
 /* Ask every question under one policy; returns the number right, or -1. */
-static int ask_all(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace *ws,
+static int ask_all(struct demo *d, kvmem_backend *e, const agentlang_transcript *ws,
 		   const kvmem_page_source *src, const char *policy, int window)
 {
 	kvmem_session *s;
@@ -196,8 +196,8 @@ static int ask_all(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace 
 		return -1;
 	}
 	for (int i = 0; i < ws->n_q; i++) {
-		const kvmem_lang_question *q = &ws->q[i];
-		int32_t gen[KVMEM_LANG_MAX_ANSWER], nl = KVMEM_LANG_NL;
+		const agentlang_question *q = &ws->q[i];
+		int32_t gen[AGENTLANG_MAX_ANSWER], nl = AGENTLANG_NL;
 		int n = 0, held, ok;
 		int64_t back = ws->n_ids - q->needle_pos;
 
@@ -216,13 +216,13 @@ static int ask_all(struct demo *d, kvmem_backend *e, const kvmem_lang_workspace 
 					  q->needle_end) >= 1.0;
 		if (kvmem_session_append(s, q->ids, q->n_ids, 0))
 			goto fail;
-		while (n < KVMEM_LANG_MAX_ANSWER) {
+		while (n < AGENTLANG_MAX_ANSWER) {
 			if (kvmem_session_decode(s, 1, NULL, &gen[n]))
 				goto fail;
-			if (gen[n++] == KVMEM_LANG_END)
+			if (gen[n++] == AGENTLANG_END)
 				break;
 		}
-		ok = kvmem_lang_exact_match(q, gen, n);
+		ok = agentlang_exact_match(q, gen, n);
 		right += ok;
 		if (!d->quiet) {
 			printf("  Q%d \"", i + 1);
@@ -313,8 +313,8 @@ int cmd_demo(int argc, char **argv)
 	char dir[4300];
 	kvmem_model *m = NULL;
 	kvmem_backend *e = NULL;
-	kvmem_lang_workspace ws = { 0 };
-	kvmem_lang_params lp;
+	agentlang_transcript ws = { 0 };
+	agentlang_params lp;
 	kvmem_page_source src = { 0 };
 	int rc = 1, W, got, slide;
 	double depths[64];
@@ -347,9 +347,9 @@ int cmd_demo(int argc, char **argv)
 		goto err;
 	d.m = m;
 	W = m->cfg.max_position;
-	if (m->cfg.vocab != kvmem_lang_vocab_size()) {
+	if (m->cfg.vocab != agentlang_vocab_size()) {
 		kvmem_error(EINVAL, "%s: vocabulary of %d tokens, agentlang has %d: not an agentlang model",
-			  d.model_dir, m->cfg.vocab, kvmem_lang_vocab_size());
+			  d.model_dir, m->cfg.vocab, agentlang_vocab_size());
 		goto err;
 	}
 	if (!d.tokens)
@@ -366,14 +366,14 @@ int cmd_demo(int argc, char **argv)
 	}
 
 	/* Facts spread over the history, the oldest first. */
-	kvmem_lang_params_default(&lp);
+	agentlang_params_default(&lp);
 	lp.seed = d.seed;
 	lp.n_tokens = d.tokens;
 	lp.n_questions = d.questions;
 	for (int i = 0; i < d.questions; i++)
 		depths[i] = 0.1 + 0.8 * i / (d.questions > 1 ? d.questions - 1 : 1);
 	lp.depths = depths;
-	if (kvmem_lang_workspace_build(&lp, &ws))
+	if (agentlang_transcript_build(&lp, &ws))
 		goto err;
 
 	printf("kvmem demo: model %s (%.1fM parameters, native window %d tokens), %s backend\n"
@@ -408,7 +408,7 @@ err:
 out:
 	if (src.ops)
 		kvmem_page_source_destroy(&src);
-	kvmem_lang_workspace_free(&ws);
+	agentlang_transcript_free(&ws);
 	kvmem_backend_close(e);
 	kvmem_model_free(m);
 	return rc;

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/lab.h"
 #include "cli_util.h"
@@ -412,7 +412,7 @@ static void print_span(const kvmem_lab *lab, int64_t a, int64_t e, int text)
 
 	a = a < 0 ? 0 : a;
 	e = e > n ? n : e;
-	if (text && kvmem_lang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf)) >= 0) {
+	if (text && agentlang_decode(ids + a, (size_t)(e - a), buf, sizeof(buf)) >= 0) {
 		for (char *c = buf; *c; c++)
 			*c = *c == '\n' ? '|' : *c;
 		printf("%s\n", buf);
@@ -537,7 +537,7 @@ static int lab_replay(int argc, char **argv)
 			print_step(&r.steps[k], r.page_bytes);
 	}
 	if (o.why) {
-		int text = kvmem_lab_info(lab)->vocab == kvmem_lang_vocab_size();
+		int text = kvmem_lab_info(lab)->vocab == agentlang_vocab_size();
 
 		for (int64_t k = 0; k < r.n_steps; k++) {
 			const kvmem_lab_step *st = &r.steps[k];

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 #include "kvmem/kvmem.h"
 #include "cli_util.h"
 #include "cmd.h"
@@ -70,7 +70,7 @@ static void corpus_usage(FILE *f)
 		"<pad>), each with questions whose answers lie inside it. A share F of them\n"
 		"(default 0.5) are view sequences: a workspace 1..16x L long cut the way\n"
 		"kvmem's view cuts it. Ids are uint16 (--u32 for uint32) after a 64-byte\n"
-		"header (include/kvmem/agentlang.h). The file does not depend on the thread\n"
+		"header (user/agentlang/agentlang.h). The file does not depend on the thread\n"
 		"count. Seeds: training uses seeds below 1e6, evaluation (kvmem bench recall)\n"
 		"1e9 and up.\n\n"
 		"options:\n"
@@ -97,7 +97,7 @@ static int synth_corpus(int argc, char **argv)
 		{ "u32", no_argument, NULL, 'u' },	    { "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },	    { 0 },
 	};
-	kvmem_lang_corpus_opts o = { .seed = 1, .seq_len = 2048, .view_share = 0.5, .id_bytes = 2 };
+	agentlang_corpus_opts o = { .seed = 1, .seq_len = 2048, .view_share = 0.5, .id_bytes = 2 };
 	const char *out = NULL;
 	int quiet = 0, have_tokens = 0, c;
 	struct progress pr;
@@ -142,15 +142,15 @@ static int synth_corpus(int argc, char **argv)
 		o.progress = show_progress;
 		o.arg = &pr;
 	}
-	if (kvmem_lang_corpus_write(out, &o)) {
+	if (agentlang_corpus_write(out, &o)) {
 		fprintf(stderr, "kvmem synth corpus: %s\n", kvmem_last_error());
 		return 1;
 	}
 	uint64_t n_seqs = ((uint64_t)o.n_tokens + (uint64_t)o.seq_len - 1) / (uint64_t)o.seq_len;
 	fprintf(stderr, "kvmem synth corpus: wrote %s: %llu sequences of %d tokens, seed %llu, "
 		"views %.2f, vocab %d (hash %08x), %.1f s\n", out, (unsigned long long)n_seqs,
-		o.seq_len, (unsigned long long)o.seed, o.view_share, kvmem_lang_vocab_size(),
-		kvmem_lang_vocab_hash(), since(&pr.t0));
+		o.seq_len, (unsigned long long)o.seed, o.view_share, agentlang_vocab_size(),
+		agentlang_vocab_hash(), since(&pr.t0));
 	return 0;
 }
 
@@ -184,13 +184,13 @@ static void sample_usage(FILE *f)
 static int print_ids(const int32_t *ids, int64_t n)
 {
 	char *buf;
-	long len = kvmem_lang_decode(ids, (size_t)n, NULL, 0);
+	long len = agentlang_decode(ids, (size_t)n, NULL, 0);
 
 	if (len < 0 || !(buf = malloc((size_t)len + 1))) {
 		fprintf(stderr, "kvmem synth sample: %s\n", len < 0 ? kvmem_last_error() : "out of memory");
 		return -1;
 	}
-	kvmem_lang_decode(ids, (size_t)n, buf, (size_t)len + 1);
+	agentlang_decode(ids, (size_t)n, buf, (size_t)len + 1);
 	fputs(buf, stdout);
 	free(buf);
 	return 0;
@@ -202,18 +202,18 @@ static void print_id_list(const int32_t *ids, int64_t n)
 		printf("%d%c", ids[i], i + 1 == n || i % 16 == 15 ? '\n' : ' ');
 }
 
-static int sample_workspace(const kvmem_lang_params *p, int with_ids)
+static int sample_workspace(const agentlang_params *p, int with_ids)
 {
-	kvmem_lang_workspace ws;
+	agentlang_transcript ws;
 
-	if (kvmem_lang_workspace_build(p, &ws)) {
+	if (agentlang_transcript_build(p, &ws)) {
 		fprintf(stderr, "kvmem synth sample: %s\n", kvmem_last_error());
 		return 1;
 	}
 	int rc = print_ids(ws.ids, ws.n_ids);
 	printf("---- %lld tokens, %d questions\n", (long long)ws.n_ids, ws.n_q);
 	for (int i = 0; !rc && i < ws.n_q; i++) {
-		const kvmem_lang_question *q = &ws.q[i];
+		const agentlang_question *q = &ws.q[i];
 
 		rc = print_ids(q->ids, q->n_ids);
 		printf(" ");
@@ -224,23 +224,23 @@ static int sample_workspace(const kvmem_lang_params *p, int with_ids)
 	}
 	if (with_ids && !rc)
 		print_id_list(ws.ids, ws.n_ids);
-	kvmem_lang_workspace_free(&ws);
+	agentlang_transcript_free(&ws);
 	return rc ? 1 : 0;
 }
 
 static int sample_train(uint64_t index, int seq_len, double views, int with_ids)
 {
 	int32_t *ids = malloc((size_t)seq_len * sizeof(*ids));
-	kvmem_lang_seq_info info;
+	agentlang_seq_info info;
 	int rc = 1;
 
 	if (!ids)
 		return 1;
-	if (kvmem_lang_train_seq(1, index, seq_len, views, ids, &info)) {
+	if (agentlang_train_seq(1, index, seq_len, views, ids, &info)) {
 		fprintf(stderr, "kvmem synth sample: %s\n", kvmem_last_error());
 	} else if (!print_ids(ids, info.n_tokens)) {
 		printf("---- %s sequence: %d tokens + %d padding, %d questions\n",
-		       info.kind == KVMEM_LANG_SEQ_VIEW ? "view" : "stream", info.n_tokens,
+		       info.kind == AGENTLANG_SEQ_VIEW ? "view" : "stream", info.n_tokens,
 		       seq_len - info.n_tokens, info.n_questions);
 		if (with_ids)
 			print_id_list(ids, seq_len);
@@ -260,12 +260,12 @@ static int synth_sample(int argc, char **argv)
 		{ "ids", no_argument, NULL, 'i' },		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	kvmem_lang_params p;
+	agentlang_params p;
 	double depth = -1;
 	int with_ids = 0, seq_len = 1024, c;
 	const char *kind = "workspace";
 
-	kvmem_lang_params_default(&p);
+	agentlang_params_default(&p);
 	p.n_tokens = 1024;
 	p.n_questions = 3;
 	cli_getopt_reset();
@@ -341,13 +341,13 @@ static int synth_vocab(int argc, char **argv)
 	if (cli_no_operands("kvmem synth vocab", argc, argv))
 		return EXIT_USAGE;
 	printf("# agentlang vocabulary: %d tokens, hash %08x\n# id\tpiece\tglue\troles\n",
-	       kvmem_lang_vocab_size(), kvmem_lang_vocab_hash());
-	for (int id = 0; id < kvmem_lang_vocab_size(); id++) {
-		unsigned roles = kvmem_lang_roles(id);
-		const char *p = kvmem_lang_piece(id);
+	       agentlang_vocab_size(), agentlang_vocab_hash());
+	for (int id = 0; id < agentlang_vocab_size(); id++) {
+		unsigned roles = agentlang_roles(id);
+		const char *p = agentlang_piece(id);
 		int first = 1;
 
-		printf("%d\t%s\t%d\t", id, id == KVMEM_LANG_NL ? "\\n" : p, kvmem_lang_is_glue(id));
+		printf("%d\t%s\t%d\t", id, id == AGENTLANG_NL ? "\\n" : p, agentlang_is_glue(id));
 		for (int b = 0; b < (int)(sizeof(role_names) / sizeof(role_names[0])); b++)
 			if (roles & (1u << b)) {
 				printf("%s%s", first ? "" : ",", role_names[b]);

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 #include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
@@ -183,8 +183,8 @@ int demo_scale(int argc, char **argv)
 	kvmem_backend *e = NULL;
 	kvmem_workspace *w = NULL;
 	kvmem_session *s = NULL;
-	kvmem_lang_workspace ws = { 0 };
-	kvmem_lang_params lp;
+	agentlang_transcript ws = { 0 };
+	agentlang_params lp;
 	kvmem_workspace_opts wo = { .block = 32 };
 	double depths[64], t_read = 0, a = 0, bq = 0, est;
 	int64_t have = 0, at = 0;
@@ -203,7 +203,7 @@ int demo_scale(int argc, char **argv)
 	}
 	if (kvmem_model_load(d.model_dir, &m) < 0)
 		goto err;
-	if (m->cfg.vocab != kvmem_lang_vocab_size()) {
+	if (m->cfg.vocab != agentlang_vocab_size()) {
 		kvmem_error(EINVAL, "%s: not an agentlang model", d.model_dir);
 		goto err;
 	}
@@ -216,14 +216,14 @@ int demo_scale(int argc, char **argv)
 	if (kvmem_backend_open(d.backend, m, &(kvmem_backend_opts){ .max_chunk = 4096,
 								   .mem_cap = d.gpu_mem }, &e) < 0)
 		goto err;
-	kvmem_lang_params_default(&lp);
+	agentlang_params_default(&lp);
 	lp.seed = d.seed;
 	lp.n_tokens = d.tokens;
 	lp.n_questions = d.questions;
 	for (int i = 0; i < d.questions; i++)
 		depths[i] = 0.02 + 0.88 * i / (d.questions > 1 ? d.questions - 1 : 1);
 	lp.depths = depths;
-	if (kvmem_lang_workspace_build(&lp, &ws) < 0)
+	if (agentlang_transcript_build(&lp, &ws) < 0)
 		goto err;
 	if (!d.workspace) {
 		snprintf(wdir, sizeof(wdir), "/tmp/kvmem-demo-%" PRId64, d.tokens);
@@ -259,7 +259,7 @@ int demo_scale(int argc, char **argv)
 
 			if (end <= at)
 				continue;
-			while (end < ws.n_ids && ws.ids[end - 1] != KVMEM_LANG_NL)
+			while (end < ws.n_ids && ws.ids[end - 1] != AGENTLANG_NL)
 				end++;
 			d.selections = d.entered = 0;
 			if (kvmem_session_append(s, ws.ids + at, end - at, 0) < 0 ||
@@ -324,8 +324,8 @@ int demo_scale(int argc, char **argv)
 		       d.policy, cli_now_s() - t0);
 	}
 	for (int i = 0; i < ws.n_q; i++) {
-		const kvmem_lang_question *q = &ws.q[i];
-		int32_t gen[KVMEM_LANG_MAX_ANSWER], nl = KVMEM_LANG_NL;
+		const agentlang_question *q = &ws.q[i];
+		int32_t gen[AGENTLANG_MAX_ANSWER], nl = AGENTLANG_NL;
 		kvmem_place_stats p0, p1;
 		double t0, t1, t2, t3;
 		int n = 0, ok, held;
@@ -342,14 +342,14 @@ int demo_scale(int argc, char **argv)
 		    kvmem_session_decode(s, 1, NULL, &gen[n++]) < 0)
 			goto err;
 		t2 = cli_now_s();
-		while (n < KVMEM_LANG_MAX_ANSWER && gen[n - 1] != KVMEM_LANG_END)
+		while (n < AGENTLANG_MAX_ANSWER && gen[n - 1] != AGENTLANG_END)
 			if (kvmem_session_decode(s, 1, NULL, &gen[n++]) < 0)
 				goto err;
 		t3 = cli_now_s();
-		ok = kvmem_lang_exact_match(q, gen, n);
+		ok = agentlang_exact_match(q, gen, n);
 		right += ok;
 		if (!d.quiet) {
-			long len = kvmem_lang_decode(q->ids, (size_t)q->n_ids, buf, sizeof(buf));
+			long len = agentlang_decode(q->ids, (size_t)q->n_ids, buf, sizeof(buf));
 
 			printf("  Q%d %.*s  fact %.2fM tokens back: %s the view; answer %s\n", i + 1,
 			       len > 0 ? (int)len - 1 : 0, buf, (ws.n_ids - q->needle_pos) / 1e6,
@@ -378,7 +378,7 @@ out:
 		kvmem_workspace_close(w);
 	if (rc == 0 && !d.keep && d.workspace == wdir)
 		nftw(wdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-	kvmem_lang_workspace_free(&ws);
+	agentlang_transcript_free(&ws);
 	kvmem_backend_close(e);
 	kvmem_model_free(m);
 	return rc;

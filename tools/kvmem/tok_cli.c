@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/tokenizer.h"
 #include "tok_cli.h"
@@ -31,7 +31,7 @@ static int al_encode(void *ctx, const char *text, size_t len, unsigned flags, kv
 	}
 	memcpy(copy, text, len);
 	copy[len] = 0;
-	n = kvmem_lang_encode(copy, ids, len + 1);
+	n = agentlang_encode(copy, ids, len + 1);
 	rc = n < 0 ? kvmem_fail() : kvmem_ids_push(out, ids, (size_t)n);
 	free(copy);
 	free(ids);
@@ -41,7 +41,7 @@ static int al_encode(void *ctx, const char *text, size_t len, unsigned flags, kv
 static int al_decode(void *ctx, const int32_t *ids, size_t n, unsigned flags, char **text,
 		     size_t *len)
 {
-	long need = kvmem_lang_decode(ids, n, NULL, 0);
+	long need = agentlang_decode(ids, n, NULL, 0);
 
 	*text = NULL;
 	*len = 0;
@@ -50,7 +50,7 @@ static int al_decode(void *ctx, const int32_t *ids, size_t n, unsigned flags, ch
 	*text = malloc((size_t)need + 1);
 	if (!*text)
 		return kvmem_error(ENOMEM, "agentlang: out of memory for decoded text");
-	kvmem_lang_decode(ids, n, *text, (size_t)need + 1);
+	agentlang_decode(ids, n, *text, (size_t)need + 1);
 	*len = (size_t)need;
 	return 0;
 }
@@ -68,8 +68,8 @@ static int ends_nl(const char *s)
 static int al_render(void *ctx, const kvmem_chat_msg *m, size_t n, size_t from,
 		     const kvmem_chat_opts *o, kvmem_ids *out)
 {
-	static const int32_t bos = KVMEM_LANG_BOS, nl = KVMEM_LANG_NL;
-	static const int32_t close[2] = { KVMEM_LANG_END, KVMEM_LANG_NL };
+	static const int32_t bos = AGENTLANG_BOS, nl = AGENTLANG_NL;
+	static const int32_t close[2] = { AGENTLANG_END, AGENTLANG_NL };
 
 	for (size_t i = from; i < n; i++) {
 		const char *c = m[i].content ? m[i].content : "";
@@ -94,13 +94,13 @@ static int al_stop_ids(void *ctx, int32_t *ids, int cap)
 {
 	if (cap < 1)
 		return 0;
-	ids[0] = KVMEM_LANG_END;
+	ids[0] = AGENTLANG_END;
 	return 1;
 }
 
 static int al_vocab(void *ctx)
 {
-	return kvmem_lang_vocab_size();
+	return agentlang_vocab_size();
 }
 
 static const kvmem_tokenizer_ops agentlang_ops = {
@@ -143,7 +143,7 @@ int tok_cli_open(const char *dir, const kvmem_config *c, struct tok_cli *t)
 		}
 		return 0;
 	}
-	if (kvmem_lang_check_model(dir, c) < 0)
+	if (agentlang_check_model(dir, c) < 0)
 		return kvmem_error(ENOENT, "%s: no tokenizer.json, and not an agentlang model: give "
 				   "token ids instead of text", dir);
 	t->tok = kvmem_tokenizer_custom(&agentlang_ops, NULL);
@@ -152,7 +152,7 @@ int tok_cli_open(const char *dir, const kvmem_config *c, struct tok_cli *t)
 	t->agentlang = 1;
 	t->n_stop = al_stop_ids(NULL, t->stop, 8);
 	{
-		static const int32_t nl = KVMEM_LANG_NL, close[2] = { KVMEM_LANG_END, KVMEM_LANG_NL };
+		static const int32_t nl = AGENTLANG_NL, close[2] = { AGENTLANG_END, AGENTLANG_NL };
 
 		if (kvmem_ids_push(&t->after_stop, &nl, 1) || kvmem_ids_push(&t->after_other, close, 2)) {
 			tok_cli_close(t);

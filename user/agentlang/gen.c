@@ -362,7 +362,7 @@ static int fact_line(struct al_gen *g, int f, int k)
 	if (al_push_file(g, &g->file[f]) || al_push_key(g, key) || al_push(g, al_roles()->eq))
 		return -1;
 	g->fact_value = g->len;
-	if (al_push_value(g, &key->v) || al_push(g, KVMEM_LANG_NL))
+	if (al_push_value(g, &key->v) || al_push(g, AGENTLANG_NL))
 		return -1;
 	if (!key->shown) {
 		key->shown = 1;
@@ -380,7 +380,7 @@ static int command(struct al_gen *g, int32_t a, int32_t b)
 int al_ep_cat(struct al_gen *g, int f)
 {
 	if (command(g, al_roles()->cmd_cat, -1) || al_push_file(g, &g->file[f]) ||
-	    al_push(g, KVMEM_LANG_NL))
+	    al_push(g, AGENTLANG_NL))
 		return -1;
 	for (int k = 0; k < g->file[f].nkeys; k++) {
 		if (fact_line(g, f, k))
@@ -400,16 +400,16 @@ int al_ep_set(struct al_gen *g, int f, int k, const struct al_value *v)
 	if (command(g, al_roles()->cmd_set, -1) || fact_line(g, f, k))
 		return -1;
 	g->fact_line = start;
-	return al_push(g, al_roles()->ok) || al_push(g, KVMEM_LANG_NL) ? -1 : 0;
+	return al_push(g, al_roles()->ok) || al_push(g, AGENTLANG_NL) ? -1 : 0;
 }
 
 int al_ep_question(struct al_gen *g, int f, int k)
 {
 	const struct al_key *key = &g->file[f].key[k];
 
-	if (al_push(g, KVMEM_LANG_Q) || al_push_file(g, &g->file[f]) || al_push_key(g, key) ||
-	    al_push(g, KVMEM_LANG_A) || al_push_value(g, &key->v) || al_push(g, KVMEM_LANG_END) ||
-	    al_push(g, KVMEM_LANG_NL))
+	if (al_push(g, AGENTLANG_Q) || al_push_file(g, &g->file[f]) || al_push_key(g, key) ||
+	    al_push(g, AGENTLANG_A) || al_push_value(g, &key->v) || al_push(g, AGENTLANG_END) ||
+	    al_push(g, AGENTLANG_NL))
 		return -1;
 	return 0;
 }
@@ -453,7 +453,7 @@ static int ep_grep(struct al_gen *g)
 	const struct al_key *key = &g->file[f0].key[al_below(&g->rng, g->file[f0].nkeys)];
 	int kp = key->kp, kn = key->kn, shown = 0;
 
-	if (command(g, al_roles()->cmd_grep, -1) || al_push_key(g, key) || al_push(g, KVMEM_LANG_NL))
+	if (command(g, al_roles()->cmd_grep, -1) || al_push_key(g, key) || al_push(g, AGENTLANG_NL))
 		return -1;
 	int start = (int)al_below(&g->rng, (uint32_t)g->nfile);
 	for (int i = 0; i < g->nfile && shown < 4; i++) {
@@ -472,12 +472,12 @@ static int ep_ls(struct al_gen *g)
 {
 	int n = 3 + (int)al_below(&g->rng, 8);
 
-	if (command(g, al_roles()->cmd_ls, -1) || al_push(g, KVMEM_LANG_NL))
+	if (command(g, al_roles()->cmd_ls, -1) || al_push(g, AGENTLANG_NL))
 		return -1;
 	for (int i = 0; i < n; i++) {
 		if (al_push_file(g, &g->file[al_below(&g->rng, (uint32_t)g->nfile)]))
 			return -1;
-		if ((i % 4 == 3 || i == n - 1) && al_push(g, KVMEM_LANG_NL))
+		if ((i % 4 == 3 || i == n - 1) && al_push(g, AGENTLANG_NL))
 			return -1;
 	}
 	return 0;
@@ -506,7 +506,7 @@ static int log_line(struct al_gen *g, const struct al_file *f, int words)
 	for (int i = 0; i < words; i++)
 		if (al_push(g, log_word(g)))
 			return -1;
-	return al_push(g, KVMEM_LANG_NL);
+	return al_push(g, AGENTLANG_NL);
 }
 
 static int ep_tail(struct al_gen *g)
@@ -517,7 +517,7 @@ static int ep_tail(struct al_gen *g)
 
 	if (command(g, R->cmd_tail, -1) || al_push(g, R->stem.id[f->stem]) ||
 	    (f->variant && al_push(g, R->variant[f->variant])) || al_push(g, R->ext_log) ||
-	    al_push(g, KVMEM_LANG_NL))
+	    al_push(g, AGENTLANG_NL))
 		return -1;
 	for (int i = 0; i < lines; i++)
 		if (log_line(g, f, 1 + (int)al_below(&g->rng, 5)))
@@ -532,26 +532,26 @@ static int ep_run(struct al_gen *g)
 	int rc;
 
 	if (c == 0) {		/* $ make test / passed 41 failed 0 */
-		rc = command(g, R->cmd_make, R->cmd_test) || al_push(g, KVMEM_LANG_NL) ||
+		rc = command(g, R->cmd_make, R->cmd_test) || al_push(g, AGENTLANG_NL) ||
 		     al_push(g, R->w_passed) || al_push(g, R->num[al_below(&g->rng, 100)]) ||
 		     al_push(g, R->w_failed) ||
 		     al_push(g, R->num[al_chance(&g->rng, 0.7) ? 0 : al_below(&g->rng, 10)]) ||
-		     al_push(g, KVMEM_LANG_NL);
+		     al_push(g, AGENTLANG_NL);
 	} else if (c == 1) {	/* $ git status / modified api.conf */
-		rc = command(g, R->cmd_git, R->cmd_status) || al_push(g, KVMEM_LANG_NL);
+		rc = command(g, R->cmd_git, R->cmd_status) || al_push(g, AGENTLANG_NL);
 		int n = (int)al_below(&g->rng, 3);
 		if (!rc && n == 0)
-			rc = al_push(g, R->w_clean) || al_push(g, KVMEM_LANG_NL);
+			rc = al_push(g, R->w_clean) || al_push(g, AGENTLANG_NL);
 		for (int i = 0; !rc && i < n; i++)
 			rc = al_push(g, R->w_modified) ||
 			     al_push_file(g, &g->file[al_below(&g->rng, (uint32_t)g->nfile)]) ||
-			     al_push(g, KVMEM_LANG_NL);
+			     al_push(g, AGENTLANG_NL);
 	} else {		/* $ npm run build / built 12 files took 340ms */
 		rc = command(g, R->cmd_npm, R->cmd_run) || al_push(g, R->cmd_build) ||
-		     al_push(g, KVMEM_LANG_NL) || al_push(g, R->w_built) ||
+		     al_push(g, AGENTLANG_NL) || al_push(g, R->w_built) ||
 		     al_push(g, R->num[1 + al_below(&g->rng, 99)]) || al_push(g, R->w_files) ||
 		     al_push(g, R->w_took) || al_push(g, R->num[1 + al_below(&g->rng, 99)]) ||
-		     al_push(g, R->unit.id[0]) || al_push(g, KVMEM_LANG_NL);
+		     al_push(g, R->unit.id[0]) || al_push(g, AGENTLANG_NL);
 	}
 	return rc ? -1 : 0;
 }
@@ -620,7 +620,7 @@ int al_fill(struct al_gen *g)
 			return -1;
 	}
 	while (g->len < g->limit)
-		if (al_push(g, KVMEM_LANG_NL))
+		if (al_push(g, AGENTLANG_NL))
 			return -1;
 	return 0;
 }

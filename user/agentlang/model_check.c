@@ -3,26 +3,26 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "util/json.h"
 
-int kvmem_lang_check_model(const char *dir, const kvmem_config *c)
+int agentlang_check_model(const char *dir, const kvmem_config *c)
 {
 	char path[4200], want[16];
 	const char *have;
 	kvmem_json *doc;
 	int rc = 0;
 
-	if (c->vocab != kvmem_lang_vocab_size())
+	if (c->vocab != agentlang_vocab_size())
 		return kvmem_error(ESTALE, "%s: vocabulary of %d tokens; agentlang has %d: not an "
-				   "agentlang model", dir, c->vocab, kvmem_lang_vocab_size());
+				   "agentlang model", dir, c->vocab, agentlang_vocab_size());
 	snprintf(path, sizeof(path), "%s/config.json", dir);
 	if (!(doc = kvmem_json_parse_file(path)))
 		return kvmem_fail();
 	have = kvmem_json_str(kvmem_json_get(doc, "kvmem_vocab_hash"), NULL);
-	snprintf(want, sizeof(want), "%08x", kvmem_lang_vocab_hash());
+	snprintf(want, sizeof(want), "%08x", agentlang_vocab_hash());
 	if (!have)
 		rc = 1;
 	else if (strcmp(have, want))

@@ -31,7 +31,7 @@
 #include "kvmem/cuda.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
-#include "backend/cuda_int.h"
+#include "backend/cuda_backend.h"
 #include "util/clock.h"
 
 int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count)

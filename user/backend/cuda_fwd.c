@@ -53,7 +53,7 @@
 #include "kvmem/cuda.h"
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
-#include "backend/cuda_int.h"
+#include "backend/cuda_backend.h"
 
 #define GRAPHS 4
 

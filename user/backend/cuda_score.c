@@ -25,7 +25,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "backend/cuda_int.h"
+#include "backend/cuda_backend.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
 

@@ -20,7 +20,7 @@
 
 #include "kvmem/kernels.h"
 #include "kvmem/kvmem.h"
-#include "backend/cuda_int.h"
+#include "backend/cuda_backend.h"
 #include "util/clock.h"
 
 /* ---- views ------------------------------------------------------------------ */

@@ -20,8 +20,8 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "lab/lab_int.h"
-#include "workspace/plan_walk.h"
-#include "workspace/score.h"
+#include "select/plan_walk.h"
+#include "select/score.h"
 
 #define UNLIMITED ((int64_t)0x3fffffff)
 #define INDEX_CHUNK 1024

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* A session's state, shared by session.c (steps) and view.c (selection and
- * rematerialisation). Private to user/workspace. */
+ * rematerialisation). Private to user/session. */
 #ifndef KVMEM_WORKSPACE_SESSION_INT_H
 #define KVMEM_WORKSPACE_SESSION_INT_H
 
@@ -59,11 +59,11 @@ struct kvmem_session {
 	 * scores from then on. */
 	void *mirror;
 	int mirror_off;
-	/* A forward's rows on their way to the history (stageout.c); NULL
+	/* A forward's rows on their way to the history (writer.c); NULL
 	 * until the first job it takes. raw_k, v and q_raw above and its
 	 * spare set swap. */
-	struct ws_stage *stage;
-	int stage_min;			/* the smallest job it takes (0: not decided) */
+	struct ws_writer *writer;
+	int writer_min;			/* the smallest job it takes (0: not decided) */
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
@@ -109,19 +109,19 @@ struct ws_rows {
  * queries kept in the ring. */
 int ws_put_rows(kvmem_session *s, const struct ws_rows *r);
 
-/* stageout.c: ws_put_rows for the forward just run (s->raw_k, s->v,
- * s->q_raw), on the stage-out thread (the session then holds the other
+/* writer.c: ws_put_rows for the forward just run (s->raw_k, s->v,
+ * s->q_raw), on the writer thread (the session then holds the other
  * buffers) or in line. The index, the pages and the query ring are the
- * job's until ws_stage_wait. */
-int ws_stage_rows(kvmem_session *s, int64_t p0, int n, int q_rows);
+ * job's until ws_writer_wait. */
+int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows);
 /* Wait for the rows in flight: 0, or the job's error (the session is then
  * broken). Before anything that reads or commits the source, or reads the
  * index or the query ring. */
-int ws_stage_wait(kvmem_session *s);
+int ws_writer_wait(kvmem_session *s);
 /* The same, leaving the error state alone (after another failure). */
-void ws_stage_drain(kvmem_session *s);
+void ws_writer_drain(kvmem_session *s);
 /* Wait, stop the thread, free its buffers. */
-void ws_stage_free(kvmem_session *s);
+void ws_writer_free(kvmem_session *s);
 
 /* adopt.c */
 int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n);

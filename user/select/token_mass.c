@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 struct tm_buf {
 	float *keys;		/* [n_kv_heads][n * B][D], unused slots zero */

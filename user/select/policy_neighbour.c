@@ -27,7 +27,7 @@
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 extern const kvmem_policy_ops kvmem_policy_refine;
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/session_int.h"
+#include "session/session_int.h"
 
 int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 {
@@ -26,7 +26,7 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 	if (s->broken)
 		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
 	/* The ring below is the stage-out job's until it is done. */
-	if (ws_stage_wait(s))
+	if (ws_writer_wait(s))
 		return kvmem_fail();
 	if (n <= 0 || n > s->o.chunk)
 		return kvmem_error(EINVAL, "session: select ahead takes 1..%d tokens (the chunk), not %d",

@@ -17,7 +17,7 @@
 #include <errno.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/session_int.h"
+#include "session/session_int.h"
 
 static int session_score(void *arg, const char *scorer, const float *gq,
 			 const kvmem_score_geom *g, float *scores)

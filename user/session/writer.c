@@ -12,7 +12,7 @@
  * worker and the next forward writes into a second set. One job at a time,
  * in token order (a source takes a block's tokens in order, the index and
  * the ring too). Nothing else touches the source, the index or the ring
- * meanwhile: ws_stage_wait comes first in everything that does (selection
+ * meanwhile: ws_writer_wait comes first in everything that does (selection
  * and rematerialisation, select-ahead, the end of an append or a decode,
  * freeing), and a source with a sync op (a commit per forward) is written
  * in line. The history's commit rule is unchanged: a block reaches the
@@ -26,7 +26,7 @@
  * block's pages copied and checksummed every 32) would otherwise add to
  * every token: 0.18 ms of 7.7 at 36 layers on the H200's host. On the cpu
  * backend the forward itself needs those cores, and they stay in line.
- * KVMEM_STAGE_MIN=N overrides the smallest job the worker takes.
+ * KVMEM_WRITER_MIN=N overrides the smallest job the worker takes.
  */
 #include <errno.h>
 #include <limits.h>
@@ -35,22 +35,22 @@
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/session_int.h"
+#include "session/session_int.h"
 
 /* Chunks of fewer tokens are written in line (host backends). */
 #define STAGE_MIN_TOKENS 64
 
 /* The smallest job the worker takes, decided once per session. */
-static int stage_min(kvmem_session *s)
+static int writer_min(kvmem_session *s)
 {
-	if (!s->stage_min) {
-		const char *e = getenv("KVMEM_STAGE_MIN");
+	if (!s->writer_min) {
+		const char *e = getenv("KVMEM_WRITER_MIN");
 		long v = e ? strtol(e, NULL, 10) : 0;
 
-		s->stage_min = v >= 1 && v <= (1 << 30) ? (int)v :
+		s->writer_min = v >= 1 && v <= (1 << 30) ? (int)v :
 			       s->be->ops->host_register ? 1 : STAGE_MIN_TOKENS;
 	}
-	return s->stage_min;
+	return s->writer_min;
 }
 
 /* In line, on the session's thread (timed: kvmem_session_stats.store_ns). */
@@ -65,7 +65,7 @@ static int put_inline(kvmem_session *s, const struct ws_rows *r)
 
 enum { IDLE, POSTED, DONE };
 
-struct ws_stage {
+struct ws_writer {
 	pthread_t th;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -79,7 +79,7 @@ struct ws_stage {
 
 static void *worker(void *arg)
 {
-	struct ws_stage *g = arg;
+	struct ws_writer *g = arg;
 
 	pthread_mutex_lock(&g->mu);
 	for (;;) {
@@ -103,7 +103,7 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-static void spares_free(struct ws_stage *g)
+static void spares_free(struct ws_writer *g)
 {
 	free(g->spare_k);
 	free(g->spare_v);
@@ -113,10 +113,10 @@ static void spares_free(struct ws_stage *g)
 
 /* The worker and the second buffer set (the sizes of the session's own),
  * made at the first job it takes. */
-static int stage_start(kvmem_session *s)
+static int writer_start(kvmem_session *s)
 {
 	const size_t rows = (size_t)s->cfg.n_layers * s->o.chunk * s->cfg.head_dim;
-	struct ws_stage *g = calloc(1, sizeof(*g));
+	struct ws_writer *g = calloc(1, sizeof(*g));
 
 	if (!g)
 		return -ENOMEM;
@@ -135,14 +135,14 @@ static int stage_start(kvmem_session *s)
 		spares_free(g);
 		return -EAGAIN;
 	}
-	s->stage = g;
+	s->writer = g;
 	return 0;
 }
 
 /* Wait for the job in flight: its rc (0 when there was none). */
 static int drain(kvmem_session *s)
 {
-	struct ws_stage *g = s->stage;
+	struct ws_writer *g = s->writer;
 	int rc;
 
 	if (!g)
@@ -158,31 +158,31 @@ static int drain(kvmem_session *s)
 	return rc;
 }
 
-int ws_stage_wait(kvmem_session *s)
+int ws_writer_wait(kvmem_session *s)
 {
 	if (drain(s))
-		return kvmem_error(s->stage->err, "%s", s->stage->msg);
+		return kvmem_error(s->writer->err, "%s", s->writer->msg);
 	return 0;
 }
 
-void ws_stage_drain(kvmem_session *s)
+void ws_writer_drain(kvmem_session *s)
 {
 	drain(s);
 }
 
-int ws_stage_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
+int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 {
 	struct ws_rows r = { .p0 = p0, .n = n, .q_rows = q_rows, .k = s->raw_k, .v = s->v,
 			     .q = s->q_raw };
-	struct ws_stage *g;
+	struct ws_writer *g;
 
-	if (!s->stage && n >= stage_min(s) && !s->src->ops->sync && stage_start(s))
-		s->stage_min = INT_MAX;	/* no thread or no room: in line from now on */
-	if (n < stage_min(s) || s->src->ops->sync || !s->stage)
-		return ws_stage_wait(s) || put_inline(s, &r) ? kvmem_fail() : 0;
-	if (ws_stage_wait(s))
+	if (!s->writer && n >= writer_min(s) && !s->src->ops->sync && writer_start(s))
+		s->writer_min = INT_MAX;	/* no thread or no room: in line from now on */
+	if (n < writer_min(s) || s->src->ops->sync || !s->writer)
+		return ws_writer_wait(s) || put_inline(s, &r) ? kvmem_fail() : 0;
+	if (ws_writer_wait(s))
 		return kvmem_fail();
-	g = s->stage;
+	g = s->writer;
 	/* The job takes the rows just computed; the next forward writes into
 	 * the other set. */
 	s->raw_k = g->spare_k, s->v = g->spare_v, s->q_raw = g->spare_q;
@@ -195,9 +195,9 @@ int ws_stage_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 	return 0;
 }
 
-void ws_stage_free(kvmem_session *s)
+void ws_writer_free(kvmem_session *s)
 {
-	struct ws_stage *g = s->stage;
+	struct ws_writer *g = s->writer;
 
 	if (!g)
 		return;
@@ -210,5 +210,5 @@ void ws_stage_free(kvmem_session *s)
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
 	spares_free(g);
-	s->stage = NULL;
+	s->writer = NULL;
 }

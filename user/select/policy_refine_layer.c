@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 #define REFINE_FACTOR 4
 

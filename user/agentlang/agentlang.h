@@ -26,8 +26,8 @@
  * at blanks and newlines and takes, greedily, the longest start piece and
  * then the longest glue pieces of each word.
  */
-#ifndef KVMEM_AGENTLANG_H
-#define KVMEM_AGENTLANG_H
+#ifndef AGENTLANG_AGENTLANG_H
+#define AGENTLANG_AGENTLANG_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -41,68 +41,68 @@ extern "C" {
 
 /* ---- vocabulary --------------------------------------------------------- */
 /* Special ids; fixed forever (the trained model's config names them). */
-enum kvmem_lang_special {
-	KVMEM_LANG_PAD = 0,	/* "<pad>": fills a training sequence; no loss */
-	KVMEM_LANG_BOS = 1,	/* "<bos>": first token of every sequence */
-	KVMEM_LANG_EOS = 2,	/* "<eos>": reserved */
-	KVMEM_LANG_Q = 3,		/* "?": a question begins */
+enum agentlang_special {
+	AGENTLANG_PAD = 0,	/* "<pad>": fills a training sequence; no loss */
+	AGENTLANG_BOS = 1,	/* "<bos>": first token of every sequence */
+	AGENTLANG_EOS = 2,	/* "<eos>": reserved */
+	AGENTLANG_Q = 3,		/* "?": a question begins */
 	/* "=": between key and value in every fact, and the last token of a
 	 * question, after which the answer follows. One token for both, so a
 	 * question reads exactly like the start of its fact line. */
-	KVMEM_LANG_A = 4,
-	KVMEM_LANG_END = 5,	/* "<end>": the answer is complete */
-	KVMEM_LANG_NL = 6,	/* newline */
-	KVMEM_LANG_N_SPECIAL = 7,
+	AGENTLANG_A = 4,
+	AGENTLANG_END = 5,	/* "<end>": the answer is complete */
+	AGENTLANG_NL = 6,	/* newline */
+	AGENTLANG_N_SPECIAL = 7,
 };
 
 /* What a token can be (a bit mask: a piece may serve several roles). */
-enum kvmem_lang_role {
-	KVMEM_LANG_R_SPECIAL = 1u << 0,
-	KVMEM_LANG_R_STRUCT = 1u << 1,	/* "$", "=", "ok", ":" */
-	KVMEM_LANG_R_COMMAND = 1u << 2,	/* cat, set, grep, ... */
-	KVMEM_LANG_R_STEM = 1u << 3,	/* file stems: api, billing, ... */
-	KVMEM_LANG_R_VARIANT = 1u << 4,	/* glue digit after a stem: api2 */
-	KVMEM_LANG_R_EXT = 1u << 5,	/* glue: .conf .yaml ... (.log too) */
-	KVMEM_LANG_R_KEYPART = 1u << 6,	/* first half of a key: db, cache, ... */
-	KVMEM_LANG_R_KEYNAME = 1u << 7,	/* glue second half: .port .host ... */
-	KVMEM_LANG_R_VALUE = 1u << 8,	/* may appear in a value */
-	KVMEM_LANG_R_WORD = 1u << 9,	/* log and command-output words */
-	KVMEM_LANG_R_UNUSED = 1u << 10,	/* padding of the vocabulary */
+enum agentlang_role {
+	AGENTLANG_R_SPECIAL = 1u << 0,
+	AGENTLANG_R_STRUCT = 1u << 1,	/* "$", "=", "ok", ":" */
+	AGENTLANG_R_COMMAND = 1u << 2,	/* cat, set, grep, ... */
+	AGENTLANG_R_STEM = 1u << 3,	/* file stems: api, billing, ... */
+	AGENTLANG_R_VARIANT = 1u << 4,	/* glue digit after a stem: api2 */
+	AGENTLANG_R_EXT = 1u << 5,	/* glue: .conf .yaml ... (.log too) */
+	AGENTLANG_R_KEYPART = 1u << 6,	/* first half of a key: db, cache, ... */
+	AGENTLANG_R_KEYNAME = 1u << 7,	/* glue second half: .port .host ... */
+	AGENTLANG_R_VALUE = 1u << 8,	/* may appear in a value */
+	AGENTLANG_R_WORD = 1u << 9,	/* log and command-output words */
+	AGENTLANG_R_UNUSED = 1u << 10,	/* padding of the vocabulary */
 };
 
-#define KVMEM_LANG_MAX_VALUE 3				/* tokens in a value */
-#define KVMEM_LANG_MAX_ANSWER (KVMEM_LANG_MAX_VALUE + 1)	/* value + <end> */
-#define KVMEM_LANG_MAX_QUESTION 8				/* "? file key =" */
+#define AGENTLANG_MAX_VALUE 3				/* tokens in a value */
+#define AGENTLANG_MAX_ANSWER (AGENTLANG_MAX_VALUE + 1)	/* value + <end> */
+#define AGENTLANG_MAX_QUESTION 8				/* "? file key =" */
 
 /* Tokens in the vocabulary (a multiple of 64; the model's vocab_size). */
-int kvmem_lang_vocab_size(void);
+int agentlang_vocab_size(void);
 /* FNV-1a over every piece and its glue flag: changes iff the vocabulary does. */
-uint32_t kvmem_lang_vocab_hash(void);
+uint32_t agentlang_vocab_hash(void);
 /* Whether the model directory `dir` (config c) speaks this agentlang: its
  * vocabulary size, and the "kvmem_vocab_hash" its config.json records when
  * it was trained here. 0: it does; 1: the size fits and no hash is recorded
  * (trained elsewhere, assumed to fit); negative: it does not (-ESTALE), or
  * config.json cannot be read. */
 struct kvmem_config;
-int kvmem_lang_check_model(const char *dir, const struct kvmem_config *c);
-/* The piece's text ("\n" for KVMEM_LANG_NL); NULL when id is out of range. */
-const char *kvmem_lang_piece(int id);
-int kvmem_lang_is_glue(int id);
-unsigned kvmem_lang_roles(int id);
+int agentlang_check_model(const char *dir, const struct kvmem_config *c);
+/* The piece's text ("\n" for AGENTLANG_NL); NULL when id is out of range. */
+const char *agentlang_piece(int id);
+int agentlang_is_glue(int id);
+unsigned agentlang_roles(int id);
 /* The id of a piece, or -1. glue selects the glue or the start form. */
-int kvmem_lang_lookup(const char *piece, int glue);
+int agentlang_lookup(const char *piece, int glue);
 
 /* Text -> ids. Returns the count, or -1 (kvmem_last_error names the word that
  * has no piece, or says cap is too small). */
-int kvmem_lang_encode(const char *text, int32_t *ids, size_t cap);
+int agentlang_encode(const char *text, int32_t *ids, size_t cap);
 /* Ids -> text, NUL-terminated, truncated to cap like snprintf. Returns the
  * full length, or -1 for an id out of range. decode then encode gives the
  * ids back for every workspace and stream sequence the generator makes (not
  * always for view sequences, whose cuts can glue pieces of two lines). */
-long kvmem_lang_decode(const int32_t *ids, size_t n, char *buf, size_t cap);
+long agentlang_decode(const int32_t *ids, size_t n, char *buf, size_t cap);
 
 /* ---- workspaces with needles (benchmark, demo) -------------------------- */
-typedef struct kvmem_lang_params {
+typedef struct agentlang_params {
 	uint64_t seed;
 	int64_t n_tokens;	/* exact length of the workspace, >= 256 */
 	int n_questions;	/* needles, one question each */
@@ -113,16 +113,16 @@ typedef struct kvmem_lang_params {
 	double stale;		/* chance a needle has an older value earlier, 0..1 */
 	double bg_questions;	/* other Q/A lines in the history, per 1000 tokens */
 	double needle_cat;	/* chance the needle shows in a "$ cat" (else "$ set") */
-} kvmem_lang_params;
+} agentlang_params;
 
 /* seed 1, 8192 tokens, 8 questions, 4 look-alikes, stale 0.3, 2 background
  * questions per 1000 tokens, needle_cat 0.5. */
-void kvmem_lang_params_default(kvmem_lang_params *p);
+void agentlang_params_default(agentlang_params *p);
 
-typedef struct kvmem_lang_question {
-	int32_t ids[KVMEM_LANG_MAX_QUESTION];	/* "? file key =": append these */
+typedef struct agentlang_question {
+	int32_t ids[AGENTLANG_MAX_QUESTION];	/* "? file key =": append these */
 	int n_ids;
-	int32_t answer[KVMEM_LANG_MAX_ANSWER];	/* the value, then <end> */
+	int32_t answer[AGENTLANG_MAX_ANSWER];	/* the value, then <end> */
 	int n_answer;
 	int64_t needle_pos;	/* first token of the needle's fact line */
 	int64_t needle_end;	/* one past its newline */
@@ -131,49 +131,49 @@ typedef struct kvmem_lang_question {
 	double depth;		/* needle_pos / n_tokens: where it landed */
 	int lookalikes;		/* look-alike lines emitted for this needle */
 	int64_t stale_pos;	/* line of the older value, or -1 */
-} kvmem_lang_question;
+} agentlang_question;
 
-typedef struct kvmem_lang_workspace {
+typedef struct agentlang_transcript {
 	int32_t *ids;		/* [n_ids]: starts with <bos>, ends with a newline */
 	int64_t n_ids;
-	kvmem_lang_question *q;	/* [n_q], in the order of the depths given */
+	agentlang_question *q;	/* [n_q], in the order of the depths given */
 	int n_q;
-} kvmem_lang_workspace;
+} agentlang_transcript;
 
 /* Build a workspace. The questions are not in ids: a caller appends q[i].ids
  * after the history and expects q[i].answer. Every needle is the latest value
  * of its key in its file, so the answer is right whatever order the questions
  * come in. Fails (-1) on bad parameters, e.g. more needles than fit. */
-int kvmem_lang_workspace_build(const kvmem_lang_params *p, kvmem_lang_workspace *ws);
-void kvmem_lang_workspace_free(kvmem_lang_workspace *ws);
+int agentlang_transcript_build(const agentlang_params *p, agentlang_transcript *ws);
+void agentlang_transcript_free(agentlang_transcript *ws);
 
 /* Exact match: 1 when gen starts with the whole answer (value and <end>),
  * else 0. Tokens after <end> are ignored. */
-int kvmem_lang_exact_match(const kvmem_lang_question *q, const int32_t *gen, int n_gen);
+int agentlang_exact_match(const agentlang_question *q, const int32_t *gen, int n_gen);
 
 /* ---- training sequences ------------------------------------------------- */
-enum kvmem_lang_seq_kind {
+enum agentlang_seq_kind {
 	/* A workspace of seq_len tokens with questions between the episodes,
 	 * each about a fact shown earlier in the same sequence. */
-	KVMEM_LANG_SEQ_STREAM = 0,
+	AGENTLANG_SEQ_STREAM = 0,
 	/* What the model sees under kvmem: a workspace 2..16x seq_len long cut
 	 * to sink + 32-token blocks (those of the needles, look-alike ones and
 	 * random ones) + recent tokens, in order, then questions about the
 	 * needles. */
-	KVMEM_LANG_SEQ_VIEW = 1,
+	AGENTLANG_SEQ_VIEW = 1,
 };
 
-typedef struct kvmem_lang_seq_info {
-	int kind;		/* enum kvmem_lang_seq_kind */
+typedef struct agentlang_seq_info {
+	int kind;		/* enum agentlang_seq_kind */
 	int n_questions;
 	int n_tokens;		/* before padding */
-} kvmem_lang_seq_info;
+} agentlang_seq_info;
 
 /* Sequence `index` of the corpus with this seed: exactly seq_len (>= 256)
  * tokens, padded with <pad>. view_share: the chance it is a view sequence.
  * Every answer is in the sequence. */
-int kvmem_lang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
-		       int32_t *out, kvmem_lang_seq_info *info);
+int agentlang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
+		       int32_t *out, agentlang_seq_info *info);
 
 /* ---- corpus files (kvmem synth corpus -> tools/train/train.py) ---------- */
 /*
@@ -184,16 +184,16 @@ int kvmem_lang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view
  *  40 u32 id bytes (2|4)  44 u16 pad, bos, eos, q, a, end
  *  56 u32 view share in 1/1000  60 u32 vocabulary hash
  */
-#define KVMEM_LANG_CORPUS_MAGIC "KVMSYN1"
-#define KVMEM_LANG_CORPUS_HEADER 64
+#define AGENTLANG_CORPUS_MAGIC "KVMSYN1"
+#define AGENTLANG_CORPUS_HEADER 64
 
-typedef struct kvmem_lang_corpus_header {
+typedef struct agentlang_corpus_header {
 	uint32_t version, vocab, seq_len, id_bytes, view_permille, vocab_hash;
 	uint64_t n_seqs, seed;
 	uint16_t pad, bos, eos, q, a, end;
-} kvmem_lang_corpus_header;
+} agentlang_corpus_header;
 
-typedef struct kvmem_lang_corpus_opts {
+typedef struct agentlang_corpus_opts {
 	uint64_t seed;
 	int64_t n_tokens;	/* at least this many: ceil(n_tokens / seq_len) sequences */
 	int seq_len;
@@ -202,11 +202,11 @@ typedef struct kvmem_lang_corpus_opts {
 	int threads;		/* 0: OpenMP's default */
 	void (*progress)(int64_t done_tokens, int64_t total_tokens, void *arg);
 	void *arg;
-} kvmem_lang_corpus_opts;
+} agentlang_corpus_opts;
 
 /* Write a corpus file. The result does not depend on the thread count. */
-int kvmem_lang_corpus_write(const char *path, const kvmem_lang_corpus_opts *o);
-int kvmem_lang_corpus_read_header(const char *path, kvmem_lang_corpus_header *h);
+int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o);
+int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *h);
 
 #pragma GCC visibility pop
 

@@ -11,12 +11,12 @@
 #include "kvmem/workspace.h"
 
 #define KVMEM_POLICY(name) extern const kvmem_policy_ops kvmem_policy_##name;
-#include "workspace/policies.def"
+#include "select/policies.def"
 #undef KVMEM_POLICY
 
 const kvmem_policy_ops *const kvmem_policies[] = {
 #define KVMEM_POLICY(name) &kvmem_policy_##name,
-#include "workspace/policies.def"
+#include "select/policies.def"
 #undef KVMEM_POLICY
 	NULL,
 };

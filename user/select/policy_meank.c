@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 static int meank_score(const kvmem_select_ctx *c, float *scores)
 {

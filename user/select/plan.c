@@ -21,8 +21,8 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/workspace.h"
-#include "workspace/plan_walk.h"
-#include "workspace/score.h"
+#include "select/plan_walk.h"
+#include "select/score.h"
 
 enum { FREE = 0, TAKEN = 1, BARRED = 2 };
 

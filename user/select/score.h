@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Helpers shared by the selection policies (private to user/workspace).
+ * Helpers shared by the selection policies (private to user/select and its users).
  *
  * The arithmetic of scoring (dots in a fixed order, distance-averaged RoPE
  * on the queries, softmax masses over blocks) lives in kernels/cpu/score.c,

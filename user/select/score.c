@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 void ws_score_geom(const kvmem_select_ctx *c, kvmem_score_geom *g)
 {

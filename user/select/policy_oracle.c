@@ -15,7 +15,7 @@
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 static int oracle_score(const kvmem_select_ctx *c, float *scores)
 {

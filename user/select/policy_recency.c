@@ -4,7 +4,7 @@
  * the planner fills the budget left after sink, pins and recent with the
  * newest blocks: StreamingLLM's sink + window, with pins kept.
  */
-#include "workspace/score.h"
+#include "select/score.h"
 
 static int recency_score(const kvmem_select_ctx *c, float *scores)
 {

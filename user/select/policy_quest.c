@@ -11,7 +11,7 @@
  * kernels/cpu/score.c).
  */
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 static int quest_score(const kvmem_select_ctx *c, float *scores)
 {

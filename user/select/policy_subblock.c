@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 static int subblock_score(const kvmem_select_ctx *c, float *scores)
 {

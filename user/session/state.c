@@ -27,7 +27,7 @@
 #include <xxhash.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/session_int.h"
+#include "session/session_int.h"
 #include "util/grow.h"
 
 #define STATE_MAGIC 0x5353564bu		/* "KVSS" in little-endian bytes */

@@ -4,7 +4,7 @@
  * seeded by the session seed and the selection count, so a run repeats
  * exactly for a seed and each selection draws afresh.
  */
-#include "workspace/score.h"
+#include "select/score.h"
 
 static int random_score(const kvmem_select_ctx *c, float *scores)
 {

@@ -42,7 +42,7 @@ struct needle {
 	struct al_value v;
 };
 
-void kvmem_lang_params_default(kvmem_lang_params *p)
+void agentlang_params_default(agentlang_params *p)
 {
 	memset(p, 0, sizeof(*p));
 	p->seed = 1;
@@ -68,7 +68,7 @@ static int ev_bound(int kind)
 	return kind == EV_NEEDLE ? AL_EP_MAX : SET_MAX;
 }
 
-static int check_params(const kvmem_lang_params *p)
+static int check_params(const agentlang_params *p)
 {
 	if (p->n_tokens < 256 || p->n_tokens > ((int64_t)1 << 34))
 		return kvmem_error(EINVAL, "agentlang: workspace of %lld tokens: need 256 .. 2^34",
@@ -166,7 +166,7 @@ static int set_fresh(struct al_gen *g, int f, int k, const struct al_value *avoi
 }
 
 /* Type A: the needle's key in a sibling file, with another value. */
-static int look_same_key(struct al_gen *g, const struct needle *nd, kvmem_lang_question *q,
+static int look_same_key(struct al_gen *g, const struct needle *nd, agentlang_question *q,
 			 int kp, int kn)
 {
 	int sf = nd->sib[al_below(&g->rng, 2)];
@@ -191,7 +191,7 @@ static int same_type_kn(struct al_gen *g, int kn)
 }
 
 /* Type C: the needle's value in an unrelated file under an unrelated key. */
-static int reuse_value(struct al_gen *g, const struct needle *nd, kvmem_lang_question *q,
+static int reuse_value(struct al_gen *g, const struct needle *nd, agentlang_question *q,
 		       int kp, int kn)
 {
 	const struct al_file *rf = &g->file[nd->f];
@@ -210,11 +210,11 @@ static int reuse_value(struct al_gen *g, const struct needle *nd, kvmem_lang_que
 	return look_same_key(g, nd, q, kp, kn);	/* a tiny world: settle for type A */
 }
 
-static int emit_event(struct al_gen *g, const kvmem_lang_params *p, const struct event *ev,
-		      struct needle *nds, kvmem_lang_question *qs)
+static int emit_event(struct al_gen *g, const agentlang_params *p, const struct event *ev,
+		      struct needle *nds, agentlang_question *qs)
 {
 	struct needle *nd = &nds[ev->q];
-	kvmem_lang_question *q = &qs[ev->q];
+	agentlang_question *q = &qs[ev->q];
 	struct al_file *rf = &g->file[nd->f];
 	int kp = rf->key[nd->k].kp, kn = rf->key[nd->k].kn;
 
@@ -252,25 +252,25 @@ static int emit_event(struct al_gen *g, const kvmem_lang_params *p, const struct
 	}
 }
 
-static void question_ids(struct al_gen *g, const struct needle *nd, kvmem_lang_question *q)
+static void question_ids(struct al_gen *g, const struct needle *nd, agentlang_question *q)
 {
 	const struct al_roles *R = al_roles();
 	const struct al_file *f = &g->file[nd->f];
 	const struct al_key *k = &f->key[nd->k];
 	int n = 0;
 
-	q->ids[n++] = KVMEM_LANG_Q;
+	q->ids[n++] = AGENTLANG_Q;
 	q->ids[n++] = R->stem.id[f->stem];
 	if (f->variant)
 		q->ids[n++] = R->variant[f->variant];
 	q->ids[n++] = R->ext.id[f->ext];
 	q->ids[n++] = R->kp.id[k->kp];
 	q->ids[n++] = R->kn.id[k->kn];
-	q->ids[n++] = KVMEM_LANG_A;
+	q->ids[n++] = AGENTLANG_A;
 	q->n_ids = n;
 	for (int i = 0; i < nd->v.n; i++)
 		q->answer[i] = nd->v.t[i];
-	q->answer[nd->v.n] = KVMEM_LANG_END;
+	q->answer[nd->v.n] = AGENTLANG_END;
 	q->n_answer = nd->v.n + 1;
 }
 
@@ -280,7 +280,7 @@ static void add_event(struct event *ev, int *nev, int64_t pos, int kind, int q)
 	(*nev)++;
 }
 
-static int run(struct al_gen *g, const kvmem_lang_params *p, kvmem_lang_workspace *ws,
+static int run(struct al_gen *g, const agentlang_params *p, agentlang_transcript *ws,
 	       struct needle *nds, struct event *ev, int *nev_out)
 {
 	int M = p->n_questions, nev = 0;
@@ -290,7 +290,7 @@ static int run(struct al_gen *g, const kvmem_lang_params *p, kvmem_lang_workspac
 		if (reserve(g, &nds[i]))
 			return -1;
 	for (int i = 0; i < M; i++) {
-		kvmem_lang_question *q = &ws->q[i];
+		agentlang_question *q = &ws->q[i];
 		double d = p->depths ? p->depths[i] : (i + 0.5) / M;
 		int64_t pos = llround(d * (double)N);
 
@@ -312,7 +312,7 @@ static int run(struct al_gen *g, const kvmem_lang_params *p, kvmem_lang_workspac
 	for (int i = 0; i < nev; i++)
 		pending += ev_bound(ev[i].kind);
 
-	if (al_push(g, KVMEM_LANG_BOS))
+	if (al_push(g, AGENTLANG_BOS))
 		return -1;
 	for (int next = 0;;) {
 		int64_t room = g->limit - g->len;
@@ -346,7 +346,7 @@ static int run(struct al_gen *g, const kvmem_lang_params *p, kvmem_lang_workspac
 	return 0;
 }
 
-int kvmem_lang_workspace_build(const kvmem_lang_params *p, kvmem_lang_workspace *ws)
+int agentlang_transcript_build(const agentlang_params *p, agentlang_transcript *ws)
 {
 	struct al_gen g;
 	int M = p->n_questions, nev = 0, rc;
@@ -370,7 +370,7 @@ int kvmem_lang_workspace_build(const kvmem_lang_params *p, kvmem_lang_workspace 
 	free(ev);
 	if (rc) {
 		al_gen_free(&g);
-		kvmem_lang_workspace_free(ws);
+		agentlang_transcript_free(ws);
 		return -1;
 	}
 	ws->ids = g.tok;	/* the stream is the workspace: hand it over */
@@ -381,14 +381,14 @@ int kvmem_lang_workspace_build(const kvmem_lang_params *p, kvmem_lang_workspace 
 	return 0;
 }
 
-void kvmem_lang_workspace_free(kvmem_lang_workspace *ws)
+void agentlang_transcript_free(agentlang_transcript *ws)
 {
 	free(ws->ids);
 	free(ws->q);
 	memset(ws, 0, sizeof(*ws));
 }
 
-int kvmem_lang_exact_match(const kvmem_lang_question *q, const int32_t *gen, int n_gen)
+int agentlang_exact_match(const agentlang_question *q, const int32_t *gen, int n_gen)
 {
 	if (n_gen < q->n_answer)
 		return 0;

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/session_int.h"
+#include "session/session_int.h"
 #include "util/grow.h"
 
 #define CHUNK_DEFAULT 128
@@ -152,7 +152,7 @@ void kvmem_session_free(kvmem_session *s)
 {
 	if (!s)
 		return;
-	ws_stage_free(s);
+	ws_writer_free(s);
 	ws_unregister(s);
 	kvmem_page_source_destroy(&s->own_src);
 	kvmem_blocks_free(&s->blocks);
@@ -283,7 +283,7 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	s->st.forward_ns += t1 - t0;
 	s->st.forwards++;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
-	if (ws_stage_rows(s, p0, n, kvmem_fwd_q_rows(&out, n))) {
+	if (ws_writer_rows(s, p0, n, kvmem_fwd_q_rows(&out, n))) {
 		/* The view holds tokens the history lacks. */
 		s->broken = 1;
 		return kvmem_fail();
@@ -364,13 +364,13 @@ int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int
 		int c = n - i < s->o.chunk ? (int)(n - i) : s->o.chunk;
 
 		if (run_tokens(s, tokens + i, c)) {
-			ws_stage_drain(s);
+			ws_writer_drain(s);
 			return kvmem_fail();
 		}
 		i += c;
 	}
 	/* The caller may read or commit the source now. */
-	return ws_stage_wait(s);
+	return ws_writer_wait(s);
 }
 
 int kvmem_session_select(kvmem_session *s)
@@ -427,12 +427,12 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 		if (out)
 			out[i] = tok;
 		if (run_tokens(s, &tok, 1)) {
-			ws_stage_drain(s);
+			ws_writer_drain(s);
 			return kvmem_fail();
 		}
 	}
 	/* The caller may read or commit the source now. */
-	return ws_stage_wait(s);
+	return ws_writer_wait(s);
 }
 
 int64_t kvmem_session_tokens(const kvmem_session *s)

@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 #define INFLLM_REPR 4
 #define REFINE_FACTOR 4

@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/plan_walk.h"
-#include "workspace/score.h"
-#include "workspace/session_int.h"
+#include "select/plan_walk.h"
+#include "select/score.h"
+#include "session/session_int.h"
 
 int ws_view_reserve(kvmem_session *s, int64_t need)
 {
@@ -227,7 +227,7 @@ int ws_select(kvmem_session *s, int forced)
 	size_t need = (size_t)s->n_sets * (nb ? nb : 1);
 
 	/* The source is read below: the rows in flight first. */
-	if (ws_stage_wait(s))
+	if (ws_writer_wait(s))
 		return kvmem_fail();
 	if (nb == 0)
 		return 0;

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "workspace/session_int.h"
+#include "session/session_int.h"
 
 /* Raw K of block b, all layers, in the index's [L][len][H][D] layout. */
 static int gather_block(kvmem_session *s, int64_t b, int len, float *out)

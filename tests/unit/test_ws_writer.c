@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * A prefill chunk's rows go to the page source on the stage-out thread
- * (user/workspace/stageout.c) while the next chunk computes. What the
+ * A prefill chunk's rows go to the page source on the writer thread
+ * (user/session/writer.c) while the next chunk computes. What the
  * session gives out must not change: the same pages, the same index, the
  * same logits and plans as writing in line; selections in the middle of an
  * append see every row written; a failed write surfaces as the append's
@@ -177,14 +177,14 @@ static void same_as_in_line(uint64_t rng, int decode)
 		assert_int_equal(kvmem_session_decode(b.s, decode, NULL, db + decode), 0);
 		assert_memory_equal(da, db, sizeof(int32_t) * 2 * decode);
 		/* The timers: the in-line twin wrote every page on the session's
-		 * thread; with the worker taking every job (KVMEM_STAGE_MIN=1)
+		 * thread; with the worker taking every job (KVMEM_WRITER_MIN=1)
 		 * none was. */
 		kvmem_session_get_stats(a.s, &sa);
 		kvmem_session_get_stats(b.s, &sb);
 		assert_true(sa.forward_ns > 0 && sb.forward_ns > 0);
 		assert_true(sa.own_ns > 0 && sb.own_ns > 0);
 		assert_true(sb.store_ns > 0);
-		if (getenv("KVMEM_STAGE_MIN"))
+		if (getenv("KVMEM_WRITER_MIN"))
 			assert_int_equal(sa.store_ns, 0);
 		else	/* the decode steps' tokens, in line */
 			assert_true(sa.store_ns > 0);
@@ -245,12 +245,12 @@ static void test_same_as_in_line(void **state)
  * the middle. */
 static void test_decode_on_worker(void **state)
 {
-	setenv("KVMEM_STAGE_MIN", "1", 1);
+	setenv("KVMEM_WRITER_MIN", "1", 1);
 	same_as_in_line(g_seed ^ 0xdec0de, 150);
-	unsetenv("KVMEM_STAGE_MIN");
+	unsetenv("KVMEM_WRITER_MIN");
 }
 
-/* A write that fails on the stage-out thread: the append reports it (the
+/* A write that fails on the writer thread: the append reports it (the
  * worker's message, not a generic one) and the session refuses to go on. */
 static void test_failed_write(void **state)
 {
@@ -290,7 +290,7 @@ static void test_failed_write_in_decode(void **state)
 
 	for (int i = 0; i < 64; i++)
 		tok[i] = test_rng_int(&rng, 0, c.vocab - 1);
-	setenv("KVMEM_STAGE_MIN", "1", 1);
+	setenv("KVMEM_WRITER_MIN", "1", 1);
 	run_open(&a, e, &c, 0, 0);
 	assert_int_equal(kvmem_session_append(a.s, tok, 64, 0), 0);
 	g_src.writes = 0;
@@ -302,7 +302,7 @@ static void test_failed_write_in_decode(void **state)
 	assert_int_equal(kvmem_session_decode(a.s, 1, NULL, out), -EINVAL);
 	assert_non_null(strstr(kvmem_last_error(), "unusable"));
 	run_close(&a);
-	unsetenv("KVMEM_STAGE_MIN");
+	unsetenv("KVMEM_WRITER_MIN");
 	kvmem_backend_close(e);
 	test_model_free(m);
 }
@@ -316,6 +316,6 @@ int main(void)
 		cmocka_unit_test(test_failed_write_in_decode),
 	};
 
-	g_seed = test_rng_fresh_seed("test_ws_stageout");
+	g_seed = test_rng_fresh_seed("test_ws_writer");
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
