@@ -30,7 +30,7 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wmissing-prototypes
 OPT     ?= -O2 -g
 BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
-CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -Iinclude -Iinclude/uapi $(BLAS_INC) -MMD -MP
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -I. -Iinclude -Iinclude/uapi $(BLAS_INC) -MMD -MP
 # pcre2 and unistring: the tokenizer's pre-tokenizer regex and NFC (user/tokenizer/).
 LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lpcre2-8 -lunistring -lm -lpthread -fopenmp
 # The server (kvmem serve): HTTP and JSON, the CLI's alone.
@@ -124,8 +124,8 @@ include bpf/bpf.mk
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
-# The synthetic language is the CLI's and the tests', not part of the API.
-PUB_HDR := $(filter-out user/agentlang/agentlang.h,$(wildcard include/kvmem/*.h))
+# Every header under include/kvmem/ is the API (the private ones live beside their code).
+PUB_HDR := $(wildcard include/kvmem/*.h)
 
 install: lib cli
 	install -d $(DESTDIR)$(INCDIR)/kvmem $(DESTDIR)$(INCDIR)/linux \

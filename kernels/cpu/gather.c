@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels.h"
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 
 /* n elements of a page half in `dtype` to bf16. */

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 
 #define MASS_CHUNK 4096		/* items per work unit: a multiple of 4 */

@@ -13,6 +13,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
 #include "fuzz.h"
+#include "util/fs.h"
 
 static char ws_dir[64];
 

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/cuda.h"
+#include "kernels/kernels_cuda.h"
 #include "kvmem/kvmem.h"
 #include "check_fuse.h"
 #include "check_util.h"

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/cuda.h"
-#include "kvmem/kernels.h"
+#include "kernels/kernels_cuda.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "check_gather.h"
 #include "check_util.h"

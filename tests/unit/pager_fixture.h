@@ -19,7 +19,7 @@
 
 #include <xxhash.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/pager.h"
 #include "helpers/test_model.h"
 

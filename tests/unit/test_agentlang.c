@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "agentlang/agentlang.h"
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 
 static uint64_t seed0;

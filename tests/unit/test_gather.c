@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels.h"
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 #include "helpers/test_model.h"
 

@@ -21,8 +21,8 @@
 #include <xxhash.h>
 #include <cmocka.h>
 
-#include "kvmem/engine.h"
-#include "kvmem/kernels.h"
+#include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/safetensors.h"

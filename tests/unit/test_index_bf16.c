@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;

@@ -10,7 +10,7 @@
 #include <time.h>
 #include <cmocka.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "util/json.h"
 #include "helpers/test_model.h"

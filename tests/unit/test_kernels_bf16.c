@@ -28,10 +28,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/source.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 #include "select/score.h"
 

@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/safetensors.h"

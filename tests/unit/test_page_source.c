@@ -36,7 +36,7 @@
 #include "kvmem/kmod.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
 

@@ -24,11 +24,11 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "kvmem/backend.h"
-#include "kvmem/kernels.h"
+#include "backend/backend_impl.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
 

@@ -21,6 +21,7 @@
 #include "kvmem/tokenizer.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
+#include "util/json.h"
 
 static char dir[512];
 static const char *merges[][2] = {

@@ -24,7 +24,7 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;
@@ -69,7 +69,7 @@ static void twin_forward(void *arg, const int32_t *tok, int n, const float *logi
 	struct twin *t = arg;
 	size_t cnt = (size_t)(t->all ? n : 1) * t->vocab;
 
-	assert_int_equal(kvmem_backend_append(t->e, t->v, tok, n, t->logits, t->all, NULL), 0);
+	assert_int_equal(kvmem_backend_append_out(t->e, t->v, tok, n, t->logits, t->all, NULL), 0);
 	t->calls++;
 	if (memcmp(logits, t->logits, cnt * sizeof(float)))
 		t->mismatches++;

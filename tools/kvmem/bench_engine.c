@@ -28,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/backend.h"
-#include "kvmem/kernels.h"
+#include "backend/backend_impl.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "cli_util.h"

@@ -42,11 +42,11 @@
 #include <sys/stat.h>
 
 #include "agentlang/agentlang.h"
-#include "kvmem/backend.h"
+#include "backend/backend_impl.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/lab.h"
 #include "kvmem/model.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "cli_util.h"
 #include "cmd.h"
 

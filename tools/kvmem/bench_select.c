@@ -31,10 +31,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kvmem/cuda.h"
-#include "kvmem/kernels.h"
+#include "kernels/kernels_cuda.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "cli_util.h"
 #include "cmd.h"
 

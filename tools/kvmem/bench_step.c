@@ -53,13 +53,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kvmem/backend.h"
-#include "kvmem/kernels.h"
+#include "backend/backend_impl.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/pager.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "cli_util.h"
 #include "cmd.h"
 

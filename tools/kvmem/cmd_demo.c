@@ -25,7 +25,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/lab.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 #include "cli_util.h"
 #include "cmd.h"
 #include "embedded_model.h"

@@ -8,6 +8,7 @@
 #include "kvmem/model.h"
 #include "cli_util.h"
 #include "cmd.h"
+#include "util/json.h"
 
 static void usage(FILE *f)
 {

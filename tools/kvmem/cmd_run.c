@@ -17,10 +17,10 @@
 
 #include "kvmem/backend.h"
 #include "kvmem/script.h"
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 #include "cli_util.h"
 #include "cmd.h"
 #include "run.h"
@@ -101,8 +101,8 @@ static void usage(FILE *f)
 		"stop the run with an error instead of being sampled.\n"
 		"\n"
 		"policies:\n");
-	for (int i = 0; kvmem_policies[i]; i++)
-		fprintf(f, "  %-9s %s\n", kvmem_policies[i]->name, kvmem_policies[i]->what);
+	for (int i = 0; kvmem_policy_at(i); i++)
+		fprintf(f, "  %-9s %s\n", kvmem_policy_at(i)->name, kvmem_policy_at(i)->what);
 	fprintf(f,
 		"\n"
 		"examples:\n"
@@ -318,12 +318,12 @@ static void print_speed(const char *what, int n, double secs)
 static int prefill(kvmem_backend *e, kvmem_view *v, const int32_t *tok, int n, int chunk,
 		   float *buf, float *last, FILE *logits_f, const char *logits_path)
 {
-	int vocab = e->model->cfg.vocab;
+	int vocab = kvmem_backend_model(e)->cfg.vocab;
 
 	for (int at = 0; at < n; at += chunk) {
 		int k = n - at < chunk ? n - at : chunk;
 
-		if (e->ops->forward(e->ctx, v, tok + at, k, buf, logits_f != NULL, NULL))
+		if (kvmem_backend_append(e, v, tok + at, k, buf, logits_f != NULL))
 			return -1;
 		if (logits_f) {
 			if (fwrite(buf, sizeof(float) * vocab, k, logits_f) != (size_t)k)
@@ -392,7 +392,7 @@ static int run_plain(const struct run_opts *o)
 			total, c->max_position);
 	if (kvmem_backend_open(o->backend, m,
 			       &(kvmem_backend_opts){ .max_chunk = chunk, .mem_cap = o->gpu_mem }, &e) < 0 ||
-	    e->ops->view_create(e->ctx, &v) < 0 || e->ops->reserve(e->ctx, v, total) < 0)
+	    kvmem_backend_view_new(e, total, &v) < 0)
 		goto out;
 	buf = malloc(sizeof(float) * c->vocab * (o->logits ? chunk : 1));
 	last = malloc(sizeof(float) * c->vocab);
@@ -433,7 +433,7 @@ static int run_plain(const struct run_opts *o)
 			goto out;
 		}
 		gen[i] = id;
-		if (i + 1 < o->decode && e->ops->forward(e->ctx, v, &gen[i], 1, last, 0, NULL))
+		if (i + 1 < o->decode && kvmem_backend_append(e, v, &gen[i], 1, last, 0))
 			goto out;
 	}
 	double t2 = cli_now_s();
@@ -467,7 +467,7 @@ out:
 	free(buf);
 	free(last);
 	if (v)
-		e->ops->view_destroy(e->ctx, v);
+		kvmem_backend_view_free(e, v);
 	kvmem_backend_close(e);
 	run_text_close();
 	if (m)

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 #include "cli_util.h"
 #include "cmd.h"
 
@@ -27,6 +27,7 @@ int cmd_serve(int argc, char **argv)
 
 #include "embedded_model.h"
 #include "serve.h"
+#include "util/fs.h"
 
 static void usage(FILE *f)
 {

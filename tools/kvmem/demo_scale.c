@@ -24,7 +24,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 #include "cli_util.h"
 #include "cmd.h"
 #include "embedded_model.h"
@@ -147,30 +147,22 @@ static kvmem_session *session(struct scale *d, kvmem_backend *e, kvmem_workspace
 	return kvmem_session_create(e, &so);
 }
 
-static void place_stats(kvmem_backend *e, kvmem_place_stats *s)
-{
-	memset(s, 0, sizeof(*s));
-	if (e->ops->place_stats)
-		e->ops->place_stats(e->ctx, s);
-}
-
 /* Full-attention prefill of n tokens on a fresh view: seconds. */
 static double full_prefill(kvmem_backend *e, const int32_t *ids, int64_t n, int chunk)
 {
 	kvmem_view *v = NULL;
 	double t0, t = -1;
 
-	if (e->ops->view_create(e->ctx, &v) < 0 || e->ops->reserve(e->ctx, v, n) < 0)
+	if (kvmem_backend_view_new(e, n, &v) < 0)
 		goto out;
 	t0 = cli_now_s();
 	for (int64_t at = 0; at < n; at += chunk)
-		if (e->ops->forward(e->ctx, v, ids + at, n - at < chunk ? (int)(n - at) : chunk, NULL, 0,
-				    NULL) < 0)
+		if (kvmem_backend_append(e, v, ids + at, n - at < chunk ? (int)(n - at) : chunk, NULL,
+					 0) < 0)
 			goto out;
 	t = cli_now_s() - t0;
 out:
-	if (v)
-		e->ops->view_destroy(e->ctx, v);
+	kvmem_backend_view_free(e, v);
 	return t;
 }
 
@@ -230,7 +222,7 @@ int demo_scale(int argc, char **argv)
 		d.workspace = wdir;
 	}
 	wo.host_cap = d.host_cap;
-	wo.dtype = strcmp(e->ops->name, "cpu") ? KVMEM_DTYPE_BF16 : 0;
+	wo.dtype = strcmp(kvmem_backend_name(e), "cpu") ? KVMEM_DTYPE_BF16 : 0;
 	if (kvmem_workspace_open(d.workspace, m, &wo, &w) < 0)
 		goto err;
 	have = kvmem_workspace_tokens(w);
@@ -243,7 +235,7 @@ int demo_scale(int argc, char **argv)
 	printf("kvmem demo --scale: model %s (%.1fM parameters, window %d), %s backend\n"
 	       "workspace %" PRId64 " tokens (%.0f windows) kept in %s (%s pages, host pool %.1f GB)"
 	       "; view %" PRId64 " history tokens\n", d.model_dir, kvmem_config_params(&m->cfg) / 1e6,
-	       W, e->ops->name, ws.n_ids, (double)ws.n_ids / W, d.workspace,
+	       W, kvmem_backend_name(e), ws.n_ids, (double)ws.n_ids / W, d.workspace,
 	       wo.dtype == KVMEM_DTYPE_BF16 ? "bf16" : "f32", d.host_cap / 1e9, d.budget);
 	fflush(stdout);
 	/* Reading: whatever the workspace does not hold yet. */
@@ -331,12 +323,12 @@ int demo_scale(int argc, char **argv)
 		int n = 0, ok, held;
 		char buf[256];
 
-		place_stats(e, &p0);
+		kvmem_backend_place_stats(e, &p0);
 		t0 = cli_now_s();
 		if (kvmem_session_select_ahead(s, q->ids, q->n_ids) < 0)
 			goto err;
 		t1 = cli_now_s();
-		place_stats(e, &p1);
+		kvmem_backend_place_stats(e, &p1);
 		held = kvmem_plan_holds_span(kvmem_session_plan(s), 32, q->needle_pos, q->needle_end) >= 1.0;
 		if (kvmem_session_append(s, q->ids, q->n_ids, 0) < 0 ||
 		    kvmem_session_decode(s, 1, NULL, &gen[n++]) < 0)
@@ -367,7 +359,7 @@ int demo_scale(int argc, char **argv)
 			goto err;
 	}
 	printf("\nSummary: %d of %d right over a %" PRId64 "-token workspace with a %" PRId64
-	       "-token view (%s).\n", right, ws.n_q, ws.n_ids, d.budget, e->ops->name);
+	       "-token view (%s).\n", right, ws.n_q, ws.n_ids, d.budget, kvmem_backend_name(e));
 	rc = 0;
 	goto out;
 err:

@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "kvmem/model.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 
 /* Open (or create) dir for model m with blocks of `block` tokens, a host
  * pool of host_cap bytes (0: default) and a replacement policy (NULL:

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/model.h"
 
 #define RUN_WHO "kvmem run"

@@ -15,11 +15,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/model.h"
 #include "kvmem/pager.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 #include "tok_cli.h"
 
 #define SERVE_WHO "kvmem serve"

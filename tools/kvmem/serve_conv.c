@@ -22,6 +22,7 @@
 
 #include "kvmem/kvmem.h"
 #include "serve.h"
+#include "util/fs.h"
 
 void conv_free_record(struct conv *c)
 {

@@ -31,6 +31,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
 #include "serve.h"
+#include "util/fs.h"
 
 enum { PH_PREFILL = 0, PH_SELECT, PH_DECODE, PH_CLOSE };
 

@@ -16,11 +16,11 @@
 #include <time.h>
 
 #include "kvmem/backend.h"
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/script.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 #include "cli_util.h"
 #include "cmd.h"
 #include "lab_record.h"
@@ -95,7 +95,7 @@ static void on_forward(void *arg, const int32_t *tok, int n, const float *logits
 	if (!r->o->check_exact || t->failed)
 		return;
 	cnt = (size_t)n * t->c->vocab;
-	if (kvmem_backend_append(t->be, t->v, tok, n, t->logits, 1, NULL) < 0) {
+	if (kvmem_backend_append(t->be, t->v, tok, n, t->logits, 1) < 0) {
 		fprintf(stderr, "kvmem run: the full-context twin failed: %s\n", kvmem_last_error());
 		t->failed = 1;
 		return;
@@ -343,7 +343,7 @@ int session_main(const struct run_opts *opts)
 		goto err;
 	if (o.check_exact) {
 		r.tw.be = e;
-		if (e->ops->view_create(e->ctx, &r.tw.v) < 0)
+		if (kvmem_backend_view_new(e, 0, &r.tw.v) < 0)
 			goto err;
 		r.tw.c = &m->cfg;
 		r.tw.logits = malloc(sizeof(float) * o.chunk * m->cfg.vocab);
@@ -390,8 +390,7 @@ out:
 			fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 		rc = rc ? rc : 1;
 	}
-	if (r.tw.v)
-		e->ops->view_destroy(e->ctx, r.tw.v);
+	kvmem_backend_view_free(e, r.tw.v);
 	free(r.tw.logits);
 	kvmem_backend_close(e);
 	kvmem_model_free(m);

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/backend.h"
-#include "kvmem/kernels.h"
+#include "backend/backend_impl.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "util/clock.h"
 

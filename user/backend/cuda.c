@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * The cuda backend: the Qwen3 forward pass on one GPU with the ops of
- * kernels/cuda/ (include/kvmem/cuda.h), built only when nvcc is found.
+ * kernels/cuda/ (kernels/kernels_cuda.h), built only when nvcc is found.
  *
  * Number formats (kernels_bf16.h): weights bf16 on the GPU, converted once
  * at load from the model's fp32 (Wq, Wk, Wv as one [q;k;v] weight); the
@@ -27,9 +27,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kvmem/backend.h"
-#include "kvmem/cuda.h"
-#include "kvmem/kernels.h"
+#include "backend/backend_impl.h"
+#include "kernels/kernels_cuda.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
 #include "util/clock.h"

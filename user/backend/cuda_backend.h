@@ -14,8 +14,8 @@
 
 #include <stdint.h>
 
-#include "kvmem/backend.h"
-#include "kvmem/cuda.h"
+#include "backend/backend_impl.h"
+#include "kernels/kernels_cuda.h"
 
 struct layer_w {
 	uint16_t *w_qkv;	/* [qw + 2 kw][hidden]: q, k, v rows in one allocation
@@ -112,7 +112,7 @@ int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);
 int cuda_mirror_create(void *ctx, void **out);
 void cuda_mirror_destroy(void *ctx, void *mirror);
 uint64_t cuda_mirror_bytes(void *ctx, const void *mirror);
-int cuda_score(void *ctx, void *mirror, const char *scorer, const struct kvmem_index *ix,
+int cuda_score(void *ctx, void *mirror, const char *scorer, const kvmem_score_input *ix,
 	       const float *gq, const kvmem_score_geom *g, float *scores);
 
 #endif

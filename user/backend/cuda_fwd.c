@@ -49,9 +49,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kvmem/backend.h"
-#include "kvmem/cuda.h"
-#include "kvmem/kernels.h"
+#include "backend/backend_impl.h"
+#include "kernels/kernels_cuda.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
 

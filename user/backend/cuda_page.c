@@ -37,7 +37,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
 #include "util/clock.h"

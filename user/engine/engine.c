@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/engine.h"
-#include "kvmem/kernels.h"
+#include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 
 struct kvmem_engine {

@@ -18,6 +18,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/lab.h"
 #include "lab/trace.h"
+#include "session/inspect.h"
 
 enum { IDLE, SCORING, PLANNING };
 

@@ -22,6 +22,7 @@
 #include "lab/lab_int.h"
 #include "select/plan_walk.h"
 #include "select/score.h"
+#include "session/inspect.h"
 
 #define UNLIMITED ((int64_t)0x3fffffff)
 #define INDEX_CHUNK 1024

@@ -24,6 +24,7 @@
 
 #include "kvmem/kvmem.h"
 #include "model/digest.h"
+#include "util/fs.h"
 
 #define CACHE_MAGIC "kvmem-fingerprint-cache 1\n"
 #define CHUNK (64u << 10)	/* hashed, then scanned while still in the L2 cache */

@@ -23,12 +23,13 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/hfwrite.h"
 #include "model/safetensors.h"
 #include "model/tensors.h"
+#include "util/fs.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data are little-endian; the generator writes host order"

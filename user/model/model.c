@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/digest.h"

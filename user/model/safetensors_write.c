@@ -18,6 +18,7 @@
 #include "kvmem/model.h"
 #include "model/safetensors.h"
 #include "util/json.h"
+#include "util/fs.h"
 
 #define WBUF (4u << 20)
 

@@ -18,6 +18,7 @@
 
 #include "pager/pager_int.h"
 #include "pager/probes.h"
+#include "util/fs.h"
 
 static int write_tail(kvmem_pager *p, uint32_t slot, const void *const *layers,
 		      const void *index, uint64_t *sums)

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pager/pager_int.h"
+#include "util/fs.h"
 
 const char *const ws_data_files[WS_N_DATA] = { "pages", "tokens", "index", "sums", "tail" };
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pager/pager_int.h"
+#include "util/fs.h"
 
 void mf_from_geom(struct manifest *m, const kvmem_page_geom *g)
 {

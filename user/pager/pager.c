@@ -18,6 +18,7 @@
 #include "pager/pager_int.h"
 #include "util/grow.h"
 #include "pager/probes.h"
+#include "util/fs.h"
 
 #define DEFAULT_CAP (256ull << 20)
 #define DEFAULT_STAGE (32ull << 20)

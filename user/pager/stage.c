@@ -18,6 +18,7 @@
 
 #include "pager/pager_int.h"
 #include "pager/probes.h"
+#include "util/fs.h"
 
 const uint8_t *stage_find(const kvmem_pager *p, uint64_t block)
 {

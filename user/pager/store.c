@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "pager/pager_int.h"
+#include "util/fs.h"
 
 static int *file_fd(kvmem_pager *p, int i)
 {

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "select/select.h"
 #include "util/grow.h"
 
 int kvmem_blocks_init(kvmem_blocks *r, int block)

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "select/select.h"
 
 int kvmem_index_init(kvmem_index *ix, int n_layers, int n_kv_heads, int head_dim, int block,
 		   unsigned sums)
@@ -210,4 +210,46 @@ int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n)
 	ix->n_tokens = first + n;
 	ix->n_blocks = (ix->n_tokens + ix->block - 1) / ix->block;
 	return 0;
+}
+
+/* ---- the public accessors (kvmem/session.h: the index is opaque there) ---- */
+static size_t run_at(const kvmem_index *ix, int l, int h, int64_t b)
+{
+	return ((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b;
+}
+
+int64_t kvmem_index_blocks(const kvmem_index *ix)
+{
+	return ix->n_blocks;
+}
+
+int kvmem_index_block_size(const kvmem_index *ix)
+{
+	return ix->block;
+}
+
+unsigned kvmem_index_sums(const kvmem_index *ix)
+{
+	return ix->sums;
+}
+
+const float *kvmem_index_meank(const kvmem_index *ix, int l, int h, int64_t b)
+{
+	return ix->meank + run_at(ix, l, h, b) * ix->head_dim;
+}
+
+const float *kvmem_index_min(const kvmem_index *ix, int l, int h, int64_t b)
+{
+	return ix->kmin ? ix->kmin + run_at(ix, l, h, b) * ix->head_dim : NULL;
+}
+
+const float *kvmem_index_max(const kvmem_index *ix, int l, int h, int64_t b)
+{
+	return ix->kmax ? ix->kmax + run_at(ix, l, h, b) * ix->head_dim : NULL;
+}
+
+const float *kvmem_index_sub(const kvmem_index *ix, int l, int h, int64_t b, int s)
+{
+	return ix->sub ? ix->sub + (run_at(ix, l, h, b) * KVMEM_SUBBLOCKS + s) * ix->head_dim :
+			 NULL;
 }

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "select/select.h"
 #include "select/plan_walk.h"
 #include "select/score.h"
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* Questions about a plan that its callers (benchmarks, the demo) ask. */
-#include "kvmem/workspace.h"
+#include "select/select.h"
 
 double kvmem_plan_holds_span(const kvmem_plan *p, int block, int64_t start, int64_t end)
 {

@@ -7,7 +7,7 @@
 #ifndef KVMEM_WORKSPACE_PLAN_WALK_H
 #define KVMEM_WORKSPACE_PLAN_WALK_H
 
-#include "kvmem/workspace.h"
+#include "select/select.h"
 
 /* Tokens [u0, u1) of block b in layer l sit at view slot `have` + u (have
  * < 0: not in the view) and belong at `want` + u. Nonzero stops the walk. */

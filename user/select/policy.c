@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "select/select.h"
 
 #define KVMEM_POLICY(name) extern const kvmem_policy_ops kvmem_policy_##name;
 #include "select/policies.def"

@@ -4,7 +4,7 @@
  *
  * The arithmetic of scoring (dots in a fixed order, distance-averaged RoPE
  * on the queries, softmax masses over blocks) lives in kernels/cpu/score.c,
- * the CPU twins of the GPU scorers (include/kvmem/kernels_bf16.h); the
+ * the CPU twins of the GPU scorers (kernels/kernels_bf16.h); the
  * policies here gather their inputs from the session's index and page source
  * and call it. Documentation/policies.md explains the scores.
  */
@@ -13,8 +13,8 @@
 
 #include <stdint.h>
 
-#include "kvmem/kernels_bf16.h"
-#include "kvmem/workspace.h"
+#include "kernels/kernels_bf16.h"
+#include "select/select.h"
 
 /* The scorers' geometry of a selection context: the index's blocks (fp32),
  * the newest block's length and its quarters'. */

@@ -32,7 +32,18 @@ static int session_score(void *arg, const char *scorer, const float *gq,
 		s->mirror_off = 1;
 		return rc == -ENOTSUP ? rc : kvmem_error_prefix("session: the index on the device");
 	}
-	rc = ops->score(s->be->ctx, s->mirror, scorer, &s->index, gq, g, scores);
+	const kvmem_index *ix = &s->index;
+	const kvmem_score_input in = {
+		.meank = ix->meank,
+		.sub = (ix->sums & KVMEM_SUM_SUBBLOCK) ? ix->sub : NULL,
+		.n_blocks = ix->n_blocks,
+		.cap_blocks = ix->cap_blocks,
+		.n_layers = ix->n_layers,
+		.n_kv_heads = ix->n_kv_heads,
+		.head_dim = ix->head_dim,
+	};
+
+	rc = ops->score(s->be->ctx, s->mirror, scorer, &in, gq, g, scores);
 	if (rc == 0)
 		s->st.device_scored++;
 	else if (rc == -ENOTSUP && !ops->mirror_bytes(s->be->ctx, s->mirror))

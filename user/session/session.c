@@ -423,7 +423,10 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 					   "values (logit %d is %g): the model's arithmetic "
 					   "overflowed; nothing sampled", v, (double)s->last_logits[v]);
 		tok = kvmem_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
-
+		if (tok < 0) {
+			ws_writer_drain(s);
+			return kvmem_error(-tok, "sampling: out of memory");
+		}
 		if (out)
 			out[i] = tok;
 		if (run_tokens(s, &tok, 1)) {

@@ -4,8 +4,10 @@
 #ifndef KVMEM_WORKSPACE_SESSION_INT_H
 #define KVMEM_WORKSPACE_SESSION_INT_H
 
-#include "kvmem/workspace.h"
+#include "select/select.h"
 #include "util/clock.h"
+#include "backend/backend_impl.h"
+#include "session/inspect.h"
 
 struct kvmem_session {
 	kvmem_backend *be;

@@ -2,7 +2,7 @@
 /* Reading a page's K or V as fp32, whatever dtype its source keeps. */
 #include <string.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/source.h"
 
 const float *kvmem_page_f32(const kvmem_page *pg, int is_v, size_t n, float *scratch)

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "pager/pager_int.h"
+#include "util/fs.h"
 
 struct src {
 	const char *dir;

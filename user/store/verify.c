@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pager/pager_int.h"
+#include "util/fs.h"
 
 struct vctx {
 	const char *dir;

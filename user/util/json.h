@@ -93,6 +93,11 @@ int kvmem_json_bool(const kvmem_json *v, int def);
 const char *kvmem_json_str(const kvmem_json *v, const char *def);
 size_t kvmem_json_str_len(const kvmem_json *v);
 
-/* ---- writing: kvmem_json_write_str() is public (kvmem/kvmem.h) --------- */
+/* ---- writing ---------------------------------------------------------- */
+
+/* Write s as a JSON string literal (quotes and escapes) to f. Bytes >= 0x80
+ * pass through as they are (the caller supplies UTF-8). Returns 0, or -1 on
+ * a write error (errno says which). */
+int kvmem_json_write_str(FILE *f, const char *s);
 
 #endif

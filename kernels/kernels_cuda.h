@@ -29,14 +29,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* The library is built with -fvisibility=hidden: what is declared here is its API. */
-#pragma GCC visibility push(default)
 
 typedef struct kvmem_cuda_ctx kvmem_cuda_ctx;
 
@@ -257,8 +254,6 @@ int kvmem_cuda_index_append(kvmem_cuda_ctx *c, void *meank, void *kmin, void *km
 int kvmem_cuda_random_bf16(kvmem_cuda_ctx *c, uint16_t *dst, size_t n, uint64_t seed,
 			   float scale);
 int kvmem_cuda_fill_bf16(kvmem_cuda_ctx *c, uint16_t *dst, size_t n, float v);
-
-#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,7 @@
  * kernels/cpu/score.c) on host pointers.
  *
  * Each function here has a CUDA version kvmem_cuda_<name> in
- * include/kvmem/cuda.h that takes a kvmem_cuda_ctx first and then exactly
+ * kernels/kernels_cuda.h that takes a kvmem_cuda_ctx first and then exactly
  * these arguments, with every array a device pointer (the small parameter
  * structs — kvmem_sampler, kvmem_score_geom — stay in host memory). The GPU
  * checks (tests/gpu/) run the two side by side on fresh random inputs; the
@@ -26,14 +26,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* The library is built with -fvisibility=hidden: what is declared here is its API. */
-#pragma GCC visibility push(default)
 
 /* ---- conversions -------------------------------------------------------- */
 /* dst[i] = bf16(src[i]) for src of KVMEM_DTYPE_F32, _BF16 (a copy) or _F16
@@ -220,13 +217,18 @@ int kvmem_sample_token(int32_t *token, const float *logits, int vocab, const kvm
  * a softmax over items of z = s * (q . summary) + log(tokens in the item),
  * s = 1/sqrt(head_dim), shares summed per block and added over pairs.
  */
+/* Sub-blocks per block (kvmem/session.h says the same for policy authors). */
+#ifndef KVMEM_SUBBLOCKS
+#define KVMEM_SUBBLOCKS 4
+#endif
+
 typedef struct kvmem_score_geom {
 	int n_layers, n_heads, n_kv_heads, head_dim;
 	int block;		/* tokens per block */
 	int64_t n_blocks;	/* blocks scored: 0..n_blocks-1 */
 	int64_t cap_blocks;	/* blocks between (layer, KV head) runs of the index */
 	int last_len;		/* tokens in block n_blocks-1 (1..block) */
-	int last_sub[4];	/* tokens in each quarter of block n_blocks-1 */
+	int last_sub[KVMEM_SUBBLOCKS];	/* tokens in each quarter of block n_blocks-1 */
 	int index_dtype;	/* KVMEM_DTYPE_F32 (the workspace's) or _BF16 */
 } kvmem_score_geom;
 
@@ -310,8 +312,6 @@ int kvmem_index_append_bf16(void *meank, void *kmin, void *kmax, void *sub, floa
 void kvmem_random_bf16(uint16_t *dst, size_t n, uint64_t seed, float scale);
 /* dst[i] = bf16(v). */
 void kvmem_fill_bf16(uint16_t *dst, size_t n, float v);
-
-#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -22,9 +22,6 @@
 extern "C" {
 #endif
 
-/* The library is built with -fvisibility=hidden: what is declared here is its API. */
-#pragma GCC visibility push(default)
-
 typedef struct kvmem_kvcache {
 	int n_layers, n_kv_heads, head_dim;
 	int cap;		/* token slots per layer and head */
@@ -90,8 +87,6 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
  */
 int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int n,
 		float *logits, int all_logits, const kvmem_fwd_out *out);
-
-#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -1,32 +1,28 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The workspace layer: blocks, the index, selection policies, the view
- * planner and agent sessions. Pure logic: no I/O, no device memory.
+ * Agent sessions: the step loop over a compute backend (kvmem/backend.h)
+ * and a page source (kvmem/source.h), and the selection policies it runs.
  * Documentation/workspace.md and Documentation/policies.md tell the story;
  * this header is the contract.
  *
- *   blocks    the registry over the token history: block size B, the partial
- *             last block, pinned spans
- *   index     per (block, layer, KV head) the Mean-K of raw K in fp32, kept
- *             right at every token (the partial block too); min/max and
- *             sub-block means when the policy asks for them
- *   policy    scores every block from the step's raw queries (ops struct)
- *   plan      sink + pins + recent + top-scored blocks up to the budget, in
- *             chronological order at compact positions, and the diff
- *             against the previous plan
- *   source    where raw K / V of history pages live (kvmem/source.h): the
- *             only way the layer reads history
- *   session   the step loop over a compute backend (kvmem/backend.h):
- *             append, select, rematerialise, decode
+ *   session   append (chunked prefill), select at a step boundary,
+ *             rematerialise the view from raw K, decode with it frozen
+ *   policy    scores every block from the step's raw queries (ops struct;
+ *             a program may register its own)
+ *   index     per (block, layer, KV head) the Mean-K of raw K in fp32, and
+ *             min/max and sub-block means when the policy asks for them
+ *   plan      what a selection chose: sink + pins + recent + top-scored
+ *             blocks up to the budget, in chronological order at compact
+ *             positions, and the diff against the previous plan
  */
-#ifndef KVMEM_WORKSPACE_H
-#define KVMEM_WORKSPACE_H
+#ifndef KVMEM_SESSION_H
+#define KVMEM_SESSION_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kvmem/backend.h"
-#include "kvmem/kernels.h"
+#include "kvmem/sample.h"
 #include "kvmem/source.h"
 
 #ifdef __cplusplus
@@ -36,55 +32,10 @@ extern "C" {
 /* The library is built with -fvisibility=hidden: what is declared here is its API. */
 #pragma GCC visibility push(default)
 
-/* ---- blocks ----------------------------------------------------------- */
+/* Block sizes (tokens per block, a power of two). */
 #define KVMEM_BLOCK_MIN 16
 #define KVMEM_BLOCK_MAX 256
 #define KVMEM_BLOCK_DEFAULT 32
-
-typedef struct kvmem_span {
-	int64_t start, end;	/* token positions [start, end) */
-} kvmem_span;
-
-typedef struct kvmem_blocks {
-	int block;		/* tokens per block B, a power of two 16..256 */
-	int shift;		/* log2(B) */
-	int64_t n_tokens;	/* tokens in the history */
-	kvmem_span *pins;		/* sorted, disjoint, non-adjacent */
-	int n_pins, cap_pins;
-} kvmem_blocks;
-
-/* block 0 means KVMEM_BLOCK_DEFAULT. */
-int kvmem_blocks_init(kvmem_blocks *r, int block);
-void kvmem_blocks_free(kvmem_blocks *r);
-/* Pin [start, end): every view holds the blocks it overlaps. The span may
- * reach past n_tokens (an append in progress); the part past the history is
- * ignored until the tokens exist. Overlapping pins merge. */
-int kvmem_blocks_pin(kvmem_blocks *r, int64_t start, int64_t end);
-/* Remove [start, end) from the pinned spans. */
-int kvmem_blocks_unpin(kvmem_blocks *r, int64_t start, int64_t end);
-/* Tokens the pinned blocks hold when the history has n_tokens tokens
- * (whole blocks, the partial last one at its length). */
-int64_t kvmem_blocks_pinned_tokens(const kvmem_blocks *r, int64_t n_tokens);
-
-static inline int64_t kvmem_blocks_count(const kvmem_blocks *r)
-{
-	return (r->n_tokens + r->block - 1) >> r->shift;
-}
-static inline int64_t kvmem_block_start(const kvmem_blocks *r, int64_t b)
-{
-	return b << r->shift;
-}
-/* Tokens in block b now: B, or fewer for the partial last block. */
-static inline int kvmem_block_len(const kvmem_blocks *r, int64_t b)
-{
-	int64_t left = r->n_tokens - (b << r->shift);
-
-	return left >= r->block ? r->block : (left > 0 ? (int)left : 0);
-}
-static inline int64_t kvmem_block_of(const kvmem_blocks *r, int64_t pos)
-{
-	return pos >> r->shift;
-}
 
 /* ---- index ------------------------------------------------------------ */
 /* Summaries a policy may need; Mean-K is always kept. */
@@ -92,66 +43,30 @@ static inline int64_t kvmem_block_of(const kvmem_blocks *r, int64_t pos)
 #define KVMEM_SUM_MINMAX		2u	/* per-dimension min and max of raw K */
 #define KVMEM_SUM_SUBBLOCK	4u	/* Mean-K of each quarter block */
 #define KVMEM_NEED_KEYS		8u	/* the raw keys themselves (oracle) */
+#ifndef KVMEM_SUBBLOCKS
 #define KVMEM_SUBBLOCKS		4	/* sub-blocks per block */
+#endif
 
-typedef struct kvmem_index {
-	int n_layers, n_kv_heads, head_dim, block;
-	int sub_len;		/* tokens per sub-block: block / KVMEM_SUBBLOCKS */
-	unsigned sums;		/* KVMEM_SUM_* kept */
-	int64_t n_tokens, n_blocks, cap_blocks;
-	/* Layer-major so that one (layer, KV head) is one contiguous run over
-	 * all blocks: scoring streams it once. */
-	float *meank;		/* [L][H][cap_blocks][D] */
-	float *kmin, *kmax;	/* [L][H][cap_blocks][D]   (KVMEM_SUM_MINMAX) */
-	float *sub;		/* [L][H][cap_blocks][KVMEM_SUBBLOCKS][D] (KVMEM_SUM_SUBBLOCK) */
-	float *open_sum;	/* [L][H][D] running sum of the block being filled */
-	float *open_sub;	/* [L][H][D] running sum of the sub-block being filled */
-} kvmem_index;
-
-int kvmem_index_init(kvmem_index *ix, int n_layers, int n_kv_heads, int head_dim, int block,
-		   unsigned sums);
-void kvmem_index_free(kvmem_index *ix);
-/* Make room for n_blocks (used by the benchmark to synthesise an index). */
-int kvmem_index_reserve(kvmem_index *ix, int64_t n_blocks);
-/* Account n new tokens: raw_k is [n_layers][n][n_kv_heads][head_dim] (the
- * engine's kvmem_fwd_out layout). Sums run in token order in fp32, so the
- * result does not depend on how tokens were split into calls. */
-int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n);
-
-static inline const float *kvmem_index_meank(const kvmem_index *ix, int l, int h, int64_t b)
-{
-	return ix->meank + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
-}
-static inline const float *kvmem_index_min(const kvmem_index *ix, int l, int h, int64_t b)
-{
-	return ix->kmin + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
-}
-static inline const float *kvmem_index_max(const kvmem_index *ix, int l, int h, int64_t b)
-{
-	return ix->kmax + (((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) * ix->head_dim;
-}
-/* Mean of sub-block s of block b. */
-static inline const float *kvmem_index_sub(const kvmem_index *ix, int l, int h, int64_t b, int s)
-{
-	return ix->sub + ((((size_t)l * ix->n_kv_heads + h) * ix->cap_blocks + b) *
-			  KVMEM_SUBBLOCKS + s) * ix->head_dim;
-}
+/* The block summaries a policy scores (opaque; the session owns it). Vectors
+ * are fp32 [head_dim]; l a layer, h a KV head, b a block, s a sub-block. */
+typedef struct kvmem_index kvmem_index;
+int64_t kvmem_index_blocks(const kvmem_index *ix);
+int kvmem_index_block_size(const kvmem_index *ix);	/* B */
+unsigned kvmem_index_sums(const kvmem_index *ix);	/* KVMEM_SUM_* kept */
+const float *kvmem_index_meank(const kvmem_index *ix, int l, int h, int64_t b);
+/* KVMEM_SUM_MINMAX: per-dimension min and max of the block's raw K. */
+const float *kvmem_index_min(const kvmem_index *ix, int l, int h, int64_t b);
+const float *kvmem_index_max(const kvmem_index *ix, int l, int h, int64_t b);
+/* KVMEM_SUM_SUBBLOCK: the mean of sub-block s of block b. */
+const float *kvmem_index_sub(const kvmem_index *ix, int l, int h, int64_t b, int s);
 /* Tokens in block b / in its sub-block s (0 for a sub-block not yet begun). */
 int kvmem_index_block_len(const kvmem_index *ix, int64_t b);
 int kvmem_index_sub_len(const kvmem_index *ix, int64_t b, int s);
 
-/* ---- page source: include/kvmem/source.h ---------------------------------- */
-
 /* ---- selection policies ----------------------------------------------- */
-/* A device that scores with the host scorers' arithmetic (the session's
- * backend, through its score op): fills scores[g->n_blocks] for `scorer`
- * ("meank", "subblock") with the group queries gq, or returns -ENOTSUP
- * (score on the host) or another -errno with kvmem_error. */
-typedef struct kvmem_score_device {
-	int (*score)(void *arg, const char *scorer, const float *gq, const kvmem_score_geom *g,
-		     float *scores);
-	void *arg;
-} kvmem_score_device;
+/* Where the shipped scorers may run instead of the host: the session's
+ * backend (internal; NULL for the lab's replays). */
+struct kvmem_score_device;
 
 /* What a policy is given at a step boundary. */
 typedef struct kvmem_select_ctx {
@@ -178,7 +93,7 @@ typedef struct kvmem_select_ctx {
 	int64_t budget;			/* history tokens the view holds; 0: unlimited */
 	/* Optional: where the shipped scorers may run instead of the host
 	 * (NULL: the host; the lab's replays and bench select). */
-	const kvmem_score_device *device;
+	const struct kvmem_score_device *device;
 } kvmem_select_ctx;
 
 typedef struct kvmem_policy_ops {
@@ -187,12 +102,10 @@ typedef struct kvmem_policy_ops {
 	unsigned needs;		/* KVMEM_SUM_* / KVMEM_NEED_KEYS */
 	int per_layer;		/* 1: one block set per layer, else one for all */
 	/* Fill scores[per_layer ? n_layers : 1][n_blocks]; higher is kept
-	 * first. Ties go to the later block. Returns 0 or -1 + kvmem_error. */
+	 * first. Ties go to the later block. Returns 0 or -errno with kvmem_error. */
 	int (*score)(const kvmem_select_ctx *c, float *scores);
 } kvmem_policy_ops;
 
-/* NULL-terminated table of every shipped policy (user/select/policy.c). */
-extern const kvmem_policy_ops *const kvmem_policies[];
 /* NULL + kvmem_error naming the known policies when `name` is unknown.
  * Registered policies are found too. */
 const kvmem_policy_ops *kvmem_policy_find(const char *name);
@@ -210,19 +123,12 @@ int kvmem_policy_register(const kvmem_policy_ops *ops);
  * until NULL. */
 const kvmem_policy_ops *kvmem_policy_at(int i);
 
-/* ---- view planner ----------------------------------------------------- */
+/* ---- plans: what a selection chose --------------------------------------- */
 enum kvmem_view_state {
 	KVMEM_VIEW_REUSED = 0,	/* was in the previous view */
 	KVMEM_VIEW_ENTERING = 1,	/* existed before, was not in the previous view */
 	KVMEM_VIEW_NEW = 2,	/* born since the previous plan (its KV is in the tail) */
 };
-
-typedef struct kvmem_plan_params {
-	int64_t budget;		/* history tokens the view may hold */
-	int64_t sink;		/* the first `sink` tokens' blocks */
-	int64_t recent;		/* the last `recent` tokens' blocks (the newest
-				 * block is claimed first in any case) */
-} kvmem_plan_params;
 
 /*
  * One plan: per set (1 for all layers, or one per layer) n_view blocks in
@@ -248,11 +154,6 @@ typedef struct kvmem_plan {
 	int newest_dropped;	/* the newest block did not fit the budget */
 } kvmem_plan;
 
-/* scores: [n_sets][kvmem_blocks_count(r)]; prev may be NULL or an empty plan.
- * Fails (plan untouched) when the pinned blocks alone pass the budget. */
-int kvmem_plan_build(kvmem_plan *p, const kvmem_blocks *r, const float *scores, int n_sets,
-		   const kvmem_plan *prev, const kvmem_plan_params *pp);
-void kvmem_plan_free(kvmem_plan *p);
 /* Share of the plan's sets (1 for a global policy, one per layer otherwise)
  * that hold every block of the token span [start, end); block is B. */
 double kvmem_plan_holds_span(const kvmem_plan *p, int block, int64_t start, int64_t end);
@@ -405,9 +306,6 @@ const kvmem_plan *kvmem_session_plan(const kvmem_session *s);
  * layers for a per-layer policy); NULL before any. For research tools: how
  * a block ranked, whether or not the budget let it in. */
 const float *kvmem_session_scores(const kvmem_session *s, int *n_sets, int64_t *n_blocks);
-/* The execution view (selected history then the tail) as host fp32, when
- * the backend keeps it so (cpu); NULL otherwise. */
-const kvmem_kvcache *kvmem_session_view(const kvmem_session *s);
 /* Slots of the view in use: the selected history and the tail (every
  * backend). */
 int64_t kvmem_session_view_len(const kvmem_session *s);
@@ -415,7 +313,6 @@ const kvmem_backend *kvmem_session_backend(const kvmem_session *s);
 /* Logits of the last token run, [vocab]; NULL before any. */
 const float *kvmem_session_logits(const kvmem_session *s);
 const kvmem_index *kvmem_session_index(const kvmem_session *s);
-const kvmem_blocks *kvmem_session_blocks(const kvmem_session *s);
 const kvmem_policy_ops *kvmem_session_policy(const kvmem_session *s);
 /* The options in force, defaults resolved (budget 0 stays 0: unlimited). */
 const kvmem_session_opts *kvmem_session_options(const kvmem_session *s);

@@ -24,12 +24,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvmem/sample.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* The library is built with -fvisibility=hidden: what is declared here is its API. */
-#pragma GCC visibility push(default)
 
 /* ---- number formats --------------------------------------------------- */
 float kvmem_bf16_to_f32(uint16_t h);
@@ -81,28 +80,6 @@ void kvmem_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
 		   const float *k, const float *v, const int32_t *kv_pos, int n_kv,
 		   size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale);
 
-/* ---- sampling --------------------------------------------------------- */
-typedef struct kvmem_sampler {
-	float temperature;	/* <= 0: greedy (argmax, lowest index on ties) */
-	int top_k;		/* <= 0: no top-k cut */
-	float top_p;		/* >= 1 or <= 0: no nucleus cut */
-	uint64_t seed;		/* the RNG state starts from this */
-} kvmem_sampler;
-
-/* Draw one token id from logits[vocab]. *rng is the state (splitmix64), advanced
- * by one value per non-greedy draw (greedy leaves it alone); start it with
- * kvmem_rng_seed(s->seed). Deterministic for a seed. Candidates rank by logit,
- * ties to the lower id; top-k keeps the k best, top-p then the shortest prefix
- * holding top_p of their mass. NaN logits are never drawn. Returns -1 only
- * when vocab <= 0 or memory runs out. */
-int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_t *rng);
-uint64_t kvmem_rng_seed(uint64_t seed);
-/* Uniform double in [0, 1). */
-double kvmem_rng_uniform(uint64_t *rng);
-/* The next 64 bits of the stream (splitmix64: the state advances by the
- * golden gamma, the output is kvmem_mix64 of it). kvmem's one PRNG: model
- * weights, workspaces, tests and benchmarks all draw from it. */
-uint64_t kvmem_rng_next(uint64_t *rng);
 /* splitmix64's output function: a bijective 64-bit mix. */
 uint64_t kvmem_mix64(uint64_t z);
 #define KVMEM_GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
@@ -111,8 +88,6 @@ uint64_t kvmem_mix64(uint64_t z);
 /* sum[h][d] += k[t][h][d] over n tokens of token-major raw K [n][n_kv_heads][head_dim]
  * (the running sum behind Mean-K; fp32 accumulation). */
 void kvmem_meank_accumulate(float *sum, const float *k, int n, int n_kv_heads, int head_dim);
-
-#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }
