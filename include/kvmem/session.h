@@ -199,7 +199,8 @@ typedef struct kvmem_session_opts {
 	 * was rotated from raw K at that very slot: the same bits). */
 	int rebuild_all;
 	/* Score selections on the host even when the backend can score on
-	 * its device (kvmem_backend_ops.score): for comparisons. */
+	 * its device (the cuda backend scores meank and subblock there): for
+	 * comparisons. */
 	int host_scoring;
 	/* NULL: pages in host memory. The session does not destroy it. */
 	const kvmem_page_source *source;

@@ -14,6 +14,7 @@
 #include "kvmem/pager.h"
 #include "fuzz.h"
 #include "util/fs.h"
+#include "kvmem/store.h"
 
 static char ws_dir[64];
 

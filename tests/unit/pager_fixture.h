@@ -22,6 +22,7 @@
 #include "kernels/kernels.h"
 #include "kvmem/pager.h"
 #include "helpers/test_model.h"
+#include "pager/hostpool.h"
 
 static inline uint64_t fx_mix(uint64_t x)
 {

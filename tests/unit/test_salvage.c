@@ -16,6 +16,7 @@
 
 #include "kvmem/kvmem.h"
 #include "pager_fixture.h"
+#include "kvmem/store.h"
 
 static uint64_t g_seed;
 

@@ -240,7 +240,7 @@ static void test_registration(void **state)
 	/* Once, with the host pool; nothing undone while the session lives. */
 	assert_int_equal(g_reg, 1);
 	assert_int_equal(g_unreg, 0);
-	kvmem_hostpool_region(kvmem_pager_hostpool(kvmem_workspace_pager(w)), &base, &len);
+	kvmem_pager_region((kvmem_workspace_pager(w)), &base, &len);
 	assert_ptr_equal(g_base, base);
 	assert_int_equal(g_len, len);
 	kvmem_session_free(s);

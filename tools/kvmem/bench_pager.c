@@ -31,6 +31,7 @@
 #include "kvmem/pager.h"
 #include "cli_util.h"
 #include "cmd.h"
+#include "pager/repl_int.h"
 
 #define BENCH_LAYERS 16
 

@@ -669,7 +669,7 @@ static double coldin_once(struct ctx *x, const char *dir, int64_t np, kvmem_view
 	geom_of(x, &x->geo, &g);
 	if (kvmem_pager_open(dir, &g, po, &p) < 0)
 		goto out;
-	kvmem_hostpool_region(kvmem_pager_hostpool(p), &base, &len);
+	kvmem_pager_region(p, &base, &len);
 	if (x->b->ops->host_register && x->b->ops->host_register(x->b->ctx, base, len) == 0)
 		reg = 1;
 	*registered = reg;

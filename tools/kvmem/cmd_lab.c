@@ -167,6 +167,21 @@ static int parse_sizes(struct opts *o, const char *opt, const char *s)
 	return (o->n_host = n) < 0 ? -1 : 0;
 }
 
+/* 1 when `name` is a replacement policy, else 0 with a message naming them. */
+static int repl_known(const char *name)
+{
+	char known[128] = "";
+	const char *r;
+
+	for (int i = 0; (r = kvmem_repl_at(i, NULL)); i++) {
+		if (!strcmp(r, name))
+			return 1;
+		snprintf(known + strlen(known), sizeof(known) - strlen(known), "%s%s", i ? ", " : "", r);
+	}
+	kvmem_error(EINVAL, "unknown replacement policy '%s' (known: %s)", name, known);
+	return 0;
+}
+
 static int parse_names(struct opts *o, const char *opt, const char *s, const char **out, int *n_out,
 		       int policies)
 {
@@ -182,7 +197,7 @@ static int parse_names(struct opts *o, const char *opt, const char *s, const cha
 				out[(*n_out)++] = kvmem_policy_at(k)->name;
 			continue;
 		}
-		if (policies ? !kvmem_policy_find(v[i]) : !kvmem_repl_find(v[i]))
+		if (policies ? !kvmem_policy_find(v[i]) : !repl_known(v[i]))
 			return fprintf(stderr, "%s: %s: %s\n", WHO, opt, kvmem_last_error()), -1;
 		if (*n_out < MAX_LIST)
 			out[(*n_out)++] = v[i];

@@ -11,6 +11,7 @@
 #include "kvmem/pager.h"
 #include "cli_util.h"
 #include "cmd.h"
+#include "kvmem/store.h"
 
 static void usage(FILE *f)
 {

@@ -28,46 +28,52 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
 #include "kmod/kmod_int.h"
-#include "pager/pager_int.h"
+#include "pager/dirfiles.h"
 
-/* Open pages and sums under dirfd and set the module up over the first
- * page_count pages. The caller's descriptors are closed here: the module
- * holds files of its own. */
-static int open_files(int dirfd, const char *dir, const kvmem_page_geom *g,
+/* Set the module up over the first page_count pages of the pages and sums
+ * files the caller opened (fds < 0: their open failed, and the code is in
+ * them). The descriptors are closed here: the module holds files of its
+ * own. */
+static int open_files(int pages_fd, int sums_fd, const char *dir, const kvmem_page_geom *g,
 		      uint32_t page_bytes, uint32_t page_stride, uint64_t page_count,
 		      const kvmem_kmod_opts *o, kvmem_kmod **out)
 {
-	int rdonly = o && (o->flags & KVMEM_KMOD_RDONLY);
 	kvmem_kmod_files f;
 	int err;
 
+	if (pages_fd < 0 || sums_fd < 0) {
+		err = pages_fd < 0 ? pages_fd : sums_fd;
+		goto out;
+	}
 	memset(&f, 0, sizeof(f));
 	f.page_bytes = page_bytes;
 	f.page_stride = page_stride;
 	f.n_layers = g->n_layers;
 	f.page_count = page_count;
-	f.pages_fd = ws_open_file(dirfd, dir, "pages", rdonly ? O_RDONLY : O_RDWR);
-	if (f.pages_fd < 0)
-		return f.pages_fd;
-	f.sums_fd = ws_open_file(dirfd, dir, "sums", rdonly ? O_RDONLY : O_RDWR);
-	if (f.sums_fd < 0) {
-		close(f.pages_fd);
-		return f.sums_fd;
-	}
+	f.pages_fd = pages_fd;
+	f.sums_fd = sums_fd;
 	err = kvmem_kmod_open(&f, o, out);
 	if (err < 0)
 		kvmem_error_prefix("%s", dir);
-	close(f.pages_fd);
-	close(f.sums_fd);
+out:
+	if (pages_fd >= 0)
+		close(pages_fd);
+	if (sums_fd >= 0)
+		close(sums_fd);
 	return err;
+}
+
+static int no_block(const char *dir)
+{
+	return kvmem_error(EINVAL, "%s: the workspace has no committed block: nothing for the "
+			   "module to serve", dir);
 }
 
 int kvmem_kmod_open_workspace(const char *dir, const kvmem_kmod_opts *o, kvmem_kmod **out)
 {
 	int rdonly = o && (o->flags & KVMEM_KMOD_RDONLY);
-	int dirfd, lock = -1, err;
-	struct manifest m;
-	kvmem_page_geom g;
+	int dirfd, lock = -1, err, pages_fd, sums_fd;
+	kvmem_workspace_info wi;
 
 	*out = NULL;
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -76,35 +82,38 @@ int kvmem_kmod_open_workspace(const char *dir, const kvmem_kmod_opts *o, kvmem_k
 				   strerror(errno));
 	/* A directory that is no workspace is refused before anything (the
 	 * lock file included) is made in it. */
-	err = mf_read(dirfd, dir, &m);
+	err = mf_info_at(dirfd, dir, &wi);
 	if (err < 0)
 		goto out;
+	/* Refused before the lock is taken: a refusal changes nothing. */
+	if (!wi.blocks) {
+		err = no_block(dir);
+		goto out;
+	}
 	if (!rdonly) {
 		/* A writer: the lock, then what the last writer committed
 		 * before we held it. */
-		mf_free(&m);
 		lock = ws_lock(dirfd, dir);
 		if (lock < 0) {
 			err = lock;
 			goto out;
 		}
-		err = mf_read(dirfd, dir, &m);
+		err = mf_info_at(dirfd, dir, &wi);
 		if (err < 0)
 			goto out;
 	}
-	mf_geom(&m, &g);
-	if (!m.h.blocks) {
-		err = kvmem_error(EINVAL, "%s: the workspace has no committed block: nothing for the "
-				  "module to serve", dir);
-	} else {
-		err = open_files(dirfd, dir, &g, m.h.page_bytes, m.h.page_stride,
-				 m.h.blocks * g.n_layers, o, out);
-		if (!err && lock >= 0) {
-			kmod_keep_lock(*out, lock);
-			lock = -1;
-		}
+	if (!wi.blocks) {	/* emptied while we waited for the lock */
+		err = no_block(dir);
+		goto out;
 	}
-	mf_free(&m);
+	pages_fd = ws_open_file(dirfd, dir, "pages", rdonly ? O_RDONLY : O_RDWR);
+	sums_fd = pages_fd < 0 ? -1 : ws_open_file(dirfd, dir, "sums", rdonly ? O_RDONLY : O_RDWR);
+	err = open_files(pages_fd, sums_fd, dir, &wi.geom, wi.page_bytes, wi.page_stride,
+			 wi.blocks * wi.geom.n_layers, o, out);
+	if (!err && lock >= 0) {
+		kmod_keep_lock(*out, lock);
+		lock = -1;
+	}
 out:
 	if (lock >= 0)
 		close(lock);
@@ -116,7 +125,9 @@ int kvmem_kmod_open_pager(kvmem_pager *p, const kvmem_kmod_opts *o, kvmem_kmod *
 {
 	const kvmem_page_geom *g = kvmem_pager_geom(p);
 	uint64_t pages = kvmem_pager_committed_tokens(p) / g->block_tokens * g->n_layers;
+	const char *dir = kvmem_pager_dir(p);
 	kvmem_kmod_opts ro;
+	int pages_fd, sums_fd;
 
 	*out = NULL;
 	if (o)
@@ -128,10 +139,12 @@ int kvmem_kmod_open_pager(kvmem_pager *p, const kvmem_kmod_opts *o, kvmem_kmod *
 	if (!pages && !ro.page_max)
 		return kvmem_error(EINVAL, "%s: the workspace has no committed block and the window "
 				   "has no room to grow (page_max 0): nothing for the module to serve",
-				   p->dir);
+				   dir);
 	if (ro.page_max && ro.page_max < pages)
 		return kvmem_error(EINVAL, "%s: a window of %" PRIu64 " pages cannot hold the %" PRIu64
-				   " committed ones", p->dir, ro.page_max, pages);
-	return open_files(p->dirfd, p->dir, g, (uint32_t)p->page_bytes, (uint32_t)p->page_stride,
-			  pages, &ro, out);
+				   " committed ones", dir, ro.page_max, pages);
+	pages_fd = kvmem_pager_open_file(p, "pages", O_RDONLY);
+	sums_fd = pages_fd < 0 ? -1 : kvmem_pager_open_file(p, "sums", O_RDONLY);
+	return open_files(pages_fd, sums_fd, dir, g, (uint32_t)kvmem_page_bytes(g),
+			  (uint32_t)kvmem_page_stride(g), pages, &ro, out);
 }

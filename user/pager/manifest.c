@@ -276,20 +276,14 @@ int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char
 			 dir, have, want, g->fingerprint);
 }
 
-int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi)
+int mf_info_at(int dirfd, const char *dir, kvmem_workspace_info *wi)
 {
 	struct manifest m;
-	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
+	int rc;
 
 	memset(wi, 0, sizeof(*wi));
-	if (dirfd < 0)
-		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
-	rc = mf_read(dirfd, dir, &m);
-	if (rc < 0) {
-		close(dirfd);
+	if ((rc = mf_read(dirfd, dir, &m)) < 0)
 		return rc;
-	}
-	close(dirfd);
 	mf_geom(&m, &wi->geom);
 	wi->tokens = m.h.tokens;
 	wi->blocks = m.h.blocks;

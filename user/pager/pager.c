@@ -181,6 +181,16 @@ uint64_t kvmem_pager_tokens(const kvmem_pager *p) { return p->n_tokens; }
 uint64_t kvmem_pager_blocks(const kvmem_pager *p) { return p->n_blocks; }
 uint64_t kvmem_pager_committed_tokens(const kvmem_pager *p) { return p->m.h.tokens; }
 kvmem_hostpool *kvmem_pager_hostpool(kvmem_pager *p) { return p->pool; }
+
+int kvmem_pager_open_file(const kvmem_pager *p, const char *name, int flags)
+{
+	return ws_open_file(p->dirfd, p->dir, name, flags);
+}
+
+void kvmem_pager_region(const kvmem_pager *p, void **base, size_t *len)
+{
+	kvmem_hostpool_region(p->pool, base, len);
+}
 int kvmem_pager_direct(const kvmem_pager *p) { return p->direct; }
 int kvmem_pager_registered(const kvmem_pager *p) { return p->io.fixed; }
 

@@ -12,6 +12,10 @@
 #include "kvmem/pager.h"
 #include "pager/probes.h"	/* KVMEM_PROBE_BATCH_MAX */
 #include "util/clock.h"
+#include "pager/dirfiles.h"
+#include "pager/faults.h"
+#include "pager/hostpool.h"
+#include "pager/repl_int.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the workspace formats are little-endian and written as in memory"
@@ -64,6 +68,9 @@ int mf_read(int dirfd, const char *dir, struct manifest *m);
  * manifest, fsync the directory. */
 int mf_write(int dirfd, const char *dir, const struct manifest *m);
 void mf_free(struct manifest *m);
+/* DIR/stats into s (zeros when absent); -errno with a message when it
+ * cannot be read. */
+int stats_read(int dirfd, const char *dir, kvmem_pager_stats *s);
 /* Explain a geometry mismatch (-ESTALE); 0 when equal. */
 int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char *dir);
 /* Bytes each data file (ws_data_files order) must hold for the commit;
@@ -74,9 +81,6 @@ void mf_needs(const struct mf_head *h, uint64_t need[5]);
 #define WS_N_DATA 5
 extern const char *const ws_data_files[WS_N_DATA];	/* pages tokens index sums tail */
 
-/* Open DIR/name (under dirfd) without following a link or blocking: fd, or
- * -EBADMSG naming what it is when not a regular file, -errno otherwise. */
-int ws_open_file(int dirfd, const char *dir, const char *name, int flags);
 /* Create DIR/name where nothing is (O_EXCL, no link followed): fd or -errno. */
 int ws_create_file(int dirfd, const char *dir, const char *name, int flags);
 
@@ -90,9 +94,6 @@ int ws_scan(int dirfd, const char *dir, struct ws_scan *sc);
 /* Remove temporary files (a killed writer's) and, when asked, the empty
  * data files of a creation cut short. */
 void ws_clean_temps(int dirfd, int empty_data_too);
-/* Take the writer's lock (DIR/lock, pid inside): its fd, or -EBUSY naming
- * the holder's pid. */
-int ws_lock(int dirfd, const char *dir);
 /* fsync the directory that holds dir (after creating dir). */
 int ws_sync_parent(const char *dir);
 

@@ -151,3 +151,14 @@ uint32_t repl_lowest(void *st, uint32_t n_slots, const uint8_t *present, repl_ke
 	free(h);
 	return n;
 }
+
+const char *kvmem_repl_at(int i, const char **what)
+{
+	for (int k = 0; kvmem_repl_policies[k]; k++)
+		if (k == i) {
+			if (what)
+				*what = kvmem_repl_policies[k]->what;
+			return kvmem_repl_policies[k]->name;
+		}
+	return NULL;
+}

@@ -78,23 +78,6 @@ static FILE *open_stats(int dirfd, const char *dir)
 	return f;
 }
 
-int kvmem_workspace_stats(const char *dir, kvmem_pager_stats *s)
-{
-	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	FILE *f;
-
-	memset(s, 0, sizeof(*s));
-	if (dirfd < 0)
-		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
-	f = open_stats(dirfd, dir);
-	close(dirfd);
-	if (!f)
-		return kvmem_fail();
-	parse_stats(f, s);
-	fclose(f);
-	return 0;
-}
-
 void kvmem_pager_stats_get(const kvmem_pager *p, kvmem_pager_stats *s)
 {
 	*s = p->st;
@@ -125,15 +108,8 @@ void kvmem_pager_stats_print(const kvmem_pager_stats *s, FILE *f)
 
 void stats_load(kvmem_pager *p)
 {
-	FILE *f = open_stats(p->dirfd, p->dir);
-
-	memset(&p->base, 0, sizeof(p->base));
-	if (!f) {
+	if (stats_read(p->dirfd, p->dir, &p->base) < 0)
 		kvmem_error_clear();	/* none yet, or not usable: counts start at 0 */
-		return;
-	}
-	parse_stats(f, &p->base);
-	fclose(f);
 }
 
 void stats_save(kvmem_pager *p)
@@ -162,4 +138,16 @@ void stats_save(kvmem_pager *p)
 		fprintf(f, "%s %" PRIu64 "\n", fields[i].name, *field(&t, i));
 	if (fclose(f) != 0 || renameat(p->dirfd, tmp, p->dirfd, "stats") < 0)
 		unlinkat(p->dirfd, tmp, 0);
+}
+
+int stats_read(int dirfd, const char *dir, kvmem_pager_stats *s)
+{
+	FILE *f = open_stats(dirfd, dir);
+
+	memset(s, 0, sizeof(*s));
+	if (!f)
+		return kvmem_fail();
+	parse_stats(f, s);
+	fclose(f);
+	return 0;
 }

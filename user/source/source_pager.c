@@ -22,7 +22,6 @@
 #include "kvmem/pager.h"
 #include "kvmem/source.h"
 #include "kvmem/store.h"
-#include "source/source_int.h"
 #include "util/grow.h"
 
 struct psrc {
@@ -209,7 +208,7 @@ static int ps_region(void *ctx, void **base, size_t *len)
 {
 	struct psrc *s = ctx;
 
-	kvmem_hostpool_region(kvmem_pager_hostpool(s->p), base, len);
+	kvmem_pager_region(s->p, base, len);
 	return *base ? 0 : -ENOENT;
 }
 
@@ -226,6 +225,8 @@ static void ps_destroy(void *ctx)
 	free(s);
 }
 
+static int ps_commit(void *ctx, const int32_t *ids, int64_t n, const void *app, uint32_t app_len);
+
 static const kvmem_page_source_ops pager_source_ops = {
 	.name = "pager",
 	.write = ps_write,
@@ -235,6 +236,7 @@ static const kvmem_page_source_ops pager_source_ops = {
 	.hint = ps_hint,
 	.destroy = ps_destroy,
 	.region = ps_region,
+	.commit = ps_commit,
 };
 
 int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
@@ -287,16 +289,15 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 	return 0;
 }
 
-int kvmem_page_source_pager_commit(kvmem_page_source *src, const int32_t *ids, int64_t n,
-				 const void *app, uint32_t app_len)
+/* Token ids past the pager's count are appended, then the full blocks, the
+ * partial block and app are committed together. */
+static int ps_commit(void *ctx, const int32_t *ids, int64_t n, const void *app, uint32_t app_len)
 {
-	struct psrc *s = src->ctx;
+	struct psrc *s = ctx;
 	const void *layers[4096];
 	uint64_t have;
 	int64_t tb;
 
-	if (src->ops != &pager_source_ops)
-		return source_kmod_commit(src, ids, n, app, app_len);
 	have = kvmem_pager_tokens(s->p);
 	tb = n / s->B;
 	if (n < (int64_t)have)

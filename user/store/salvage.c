@@ -23,6 +23,7 @@
 
 #include "pager/pager_int.h"
 #include "util/fs.h"
+#include "kvmem/store.h"
 
 struct src {
 	const char *dir;

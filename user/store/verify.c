@@ -18,6 +18,7 @@
 
 #include "pager/pager_int.h"
 #include "util/fs.h"
+#include "kvmem/store.h"
 
 struct vctx {
 	const char *dir;

@@ -179,7 +179,7 @@ int kvmem_workspace_commit(kvmem_workspace *w, const kvmem_session *s)
 		without = 1;
 		len = 0;
 	}
-	rc = kvmem_page_source_pager_commit(&w->src, kvmem_session_token_ids(s),
+	rc = kvmem_page_source_commit(&w->src, kvmem_session_token_ids(s),
 					    kvmem_session_tokens(s), len ? state : NULL,
 					    (uint32_t)len);
 	free(state);
