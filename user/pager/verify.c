@@ -153,9 +153,10 @@ static void check_tail(struct vctx *v)
 			size_t len = l < v->L ? v->pb : h->index_bytes;
 
 			if (XXH3_64bits(buf + l * v->stride, len) != v->m->tail_sums[l]) {
-				fprintf(v->out, "%s/tail: slot %u, %s %zu (the partial block of %u "
-					"tokens): checksum mismatch\n", v->dir, h->tail_slot,
-					l < v->L ? "layer" : "index", l, h->tail_tokens);
+				fprintf(v->out, "%s/tail: slot %u, %s %zu at offset %" PRIu64
+					" (the partial block of %u tokens): checksum mismatch\n", v->dir,
+					h->tail_slot, l < v->L ? "layer" : "index", l,
+					off + l * v->stride, h->tail_tokens);
 				v->bad++;
 			}
 		}
