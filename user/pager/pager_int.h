@@ -91,8 +91,12 @@ int ws_scan(int dirfd, const char *dir, struct ws_scan *sc);
  * data files of a creation cut short. */
 void ws_clean_temps(int dirfd, int empty_data_too);
 /* Take the writer's lock (DIR/lock, pid inside): its fd, or -EBUSY naming
- * the holder's pid. */
+ * the holder's pid. ws_lock_take only takes it (creating DIR/lock when
+ * absent, writing nothing); ws_lock_claim then writes this process's pid
+ * into it; ws_lock does both. */
 int ws_lock(int dirfd, const char *dir);
+int ws_lock_take(int dirfd, const char *dir);
+int ws_lock_claim(int fd, const char *dir);
 /* fsync the directory that holds dir (after creating dir). */
 int ws_sync_parent(const char *dir);
 
@@ -160,6 +164,7 @@ struct kvmem_pager {
 	size_t max_read;		/* opts.max_read resolved */
 	int dirfd, fd_pages, fd_tokens, fd_index, fd_sums, fd_tail;
 	int fd_lock;			/* the writer's lock (-1 read-only) */
+	int wrote;			/* store_begin_write done: files may differ */
 
 	struct manifest m;		/* last committed state */
 	uint64_t n_tokens, n_blocks;	/* appended */
@@ -212,6 +217,10 @@ struct kvmem_pager {
 
 /* store.c: files of the directory. */
 int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int flags);
+/* Before this open's first write (append or commit): cut what lies past
+ * the last commit, remove a dead writer's temporary files. Until then the
+ * open has changed no file but DIR/lock. */
+int store_begin_write(kvmem_pager *p);
 void store_close(kvmem_pager *p);
 int store_grow(kvmem_pager *p, uint64_t blocks);	/* page table, sums, orphans */
 void stats_save(kvmem_pager *p);
