@@ -23,7 +23,8 @@ static void usage(FILE *f)
 		   "committed tokens, the page checksum file, every page, every index record\n"
 		   "and the partial last block. Each bad page or file is named on its own\n"
 		   "line. Nothing is modified, and no lock is taken: a writer may go on.\n\n"
-		   "  -q, --quiet      print only what is bad\n"
+		   "  -q, --quiet      print only what is bad (not the summary of a good\n"
+		   "                   workspace, nor the note on bytes past the last commit)\n"
 		   "  --salvage DEST   write the longest prefix of DIR that checks out (every\n"
 		   "                   full block up to the first bad one, the partial block\n"
 		   "                   when all of them are good) as a new workspace DEST\n"
@@ -31,8 +32,9 @@ static void usage(FILE *f)
 		   "                   read. The session state goes along only when nothing\n"
 		   "                   is dropped.\n\n"
 		   "exit status: 0 all good (with --salvage: DEST holds everything), 1 something\n"
-		   "is bad or unreadable (with --salvage: DEST holds a prefix, or, with a\n"
-		   "message on stderr, nothing could be written), 2 bad usage\n\n"
+		   "is bad or unreadable (with --salvage: something was dropped, if only the\n"
+		   "partial block, and DEST holds a prefix, or, with a message on stderr,\n"
+		   "nothing could be written), 2 bad usage\n\n"
 		   "examples:\n"
 		   "  kvmem verify ~/agent/ws\n"
 		   "  kvmem verify -q ~/agent/ws && echo intact\n"
@@ -61,15 +63,20 @@ static int salvage(const char *dir, const char *dest)
 		printf("  nothing was lost; the session state was kept\n");
 		return 0;
 	}
-	printf("  dropped: %" PRIu64 " tokens (%" PRIu64 " full blocks%s)\n", dropped,
-	       r.blocks - r.blocks_kept,
-	       r.tail_tokens && !r.tail_kept ? " and the partial block" : "");
+	if (r.blocks > r.blocks_kept)
+		printf("  dropped: %" PRIu64 " tokens (%" PRIu64 " full blocks%s)\n", dropped,
+		       r.blocks - r.blocks_kept,
+		       r.tail_tokens && !r.tail_kept ? " and the partial block" : "");
+	else
+		printf("  dropped: %" PRIu64 " tokens (the partial block)\n", dropped);
 	if (!r.tokens_ok)
 		printf("  the token ids failed their checksum: none could be kept\n");
 	printf("  first bad: %s\n", r.first_bad[0] ? r.first_bad : "(unknown)");
 	printf("  session state: dropped (it describes the whole history); a run on %s\n"
 	       "  starts from a fresh selection over the %" PRIu64 " tokens kept\n", dest,
 	       r.tokens_kept);
+	/* DEST holds less than DIR, if only the partial block: never the
+	 * status of a clean verify. */
 	return 1;
 }
 

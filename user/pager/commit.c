@@ -80,7 +80,7 @@ int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const voi
 	if (app_len > KVMEM_PAGER_APP_MAX)
 		return kvmem_error(EINVAL, "%s: %u bytes of session state, at most %u", p->dir, app_len,
 				 KVMEM_PAGER_APP_MAX);
-	if (stage_drain(p) < 0)
+	if (store_begin_write(p) < 0 || stage_drain(p) < 0)
 		return kvmem_fail();
 	if (p->write_failed)
 		return kvmem_error(p->write_errno, "%s: cannot commit: %s; the workspace stays at its "

@@ -54,10 +54,6 @@ static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
 	for (uint32_t s = 0; s < n; s++)
 		p->slot_page[s] = UINT64_MAX;
-	p->repl = kvmem_repl_find(o->policy ? o->policy : "lru");
-	if (!p->repl)
-		return kvmem_error(EINVAL, "%s: unknown replacement policy '%s' (lru, lfu, score)", p->dir,
-				 o->policy);
 	p->repl_st = p->repl->create(n, p->g.n_layers);
 	if (!p->repl_st)
 		return kvmem_error(ENOMEM, "%s: out of memory for the replacement policy", p->dir);
@@ -101,6 +97,7 @@ static uint64_t probe_ws_id(const kvmem_pager *p)
 int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_pager_opts *o,
 		   kvmem_pager **out)
 {
+	const kvmem_repl_ops *repl;
 	kvmem_pager_opts def;
 	kvmem_pager *p;
 
@@ -114,6 +111,11 @@ int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_page
 	if (!g && !(o->flags & KVMEM_PAGER_RDONLY))
 		return kvmem_error(EINVAL, "%s: opening a workspace for writing needs the model's geometry",
 				 dir);
+	/* Every option is checked before the directory is touched. */
+	repl = kvmem_repl_find(o->policy ? o->policy : "lru");
+	if (!repl)
+		return kvmem_error(EINVAL, "%s: unknown replacement policy '%s' (lru, lfu, score)", dir,
+				   o->policy);
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return kvmem_error(ENOMEM, "%s: out of memory", dir);
@@ -121,7 +123,11 @@ int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_page
 	p->fd_lock = -1;
 	p->prefetch_hook = o->prefetch_hook;
 	p->prefetch_arg = o->prefetch_arg;
-	if (store_open(p, dir, g, o->flags) < 0 || setup_memory(p, o) < 0) {
+	p->repl = repl;
+	/* The pid goes into DIR/lock last: an open refused on the way has
+	 * written nothing. */
+	if (store_open(p, dir, g, o->flags) < 0 || setup_memory(p, o) < 0 ||
+	    (!p->rdonly && ws_lock_claim(p->fd_lock, p->dir) < 0)) {
 		char msg[1024];
 		int err = kvmem_last_errno();
 
@@ -158,7 +164,9 @@ int kvmem_pager_close(kvmem_pager *p)
 	if (!p->rdonly && p->fd_pages >= 0 && p->prealloc_end > p->n_blocks * p->extent_bytes)
 		if (ftruncate(p->fd_pages, p->n_blocks * p->extent_bytes) < 0)
 			p->no_prealloc = 1;
-	if (p->dirfd >= 0 && p->m.tail_sums)
+	/* A writer that wrote nothing (its session refused the history it
+	 * found, say) leaves the counters file as it was, like the rest. */
+	if (p->dirfd >= 0 && p->m.tail_sums && p->wrote)
 		stats_save(p);
 	io_exit(&p->io);
 	if (p->repl_st)
@@ -229,6 +237,8 @@ int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n)
 
 	if (p->rdonly)
 		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
+	if (store_begin_write(p) < 0)
+		return kvmem_fail();
 	if (kvmem_grow(&p->tok_pend, sizeof(*p->tok_pend), pend + n, &p->tok_pend_cap, 4096))
 		return kvmem_error(ENOMEM, "%s/tokens: out of memory", p->dir);
 	/* Kept in memory until committed, so they read back even when the

@@ -161,6 +161,7 @@ struct kvmem_pager {
 	size_t max_read;		/* opts.max_read resolved */
 	int dirfd, fd_pages, fd_tokens, fd_index, fd_sums, fd_tail;
 	int fd_lock;			/* the writer's lock (-1 read-only) */
+	int wrote;			/* store_begin_write done: files may differ */
 
 	struct manifest m;		/* last committed state */
 	uint64_t n_tokens, n_blocks;	/* appended */
@@ -213,6 +214,10 @@ struct kvmem_pager {
 
 /* store.c: files of the directory. */
 int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int flags);
+/* Before this open's first write (append or commit): cut what lies past
+ * the last commit, remove a dead writer's temporary files. Until then the
+ * open has changed no file but DIR/lock. */
+int store_begin_write(kvmem_pager *p);
 void store_close(kvmem_pager *p);
 int store_grow(kvmem_pager *p, uint64_t blocks);	/* page table, sums, orphans */
 void stats_save(kvmem_pager *p);

@@ -185,7 +185,7 @@ int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *
 	if (ib && !index)
 		return kvmem_error(EINVAL, "%s: block %" PRIu64 " appended without its index record", p->dir,
 				 block);
-	if (store_grow(p, block + 1) < 0)
+	if (store_begin_write(p) < 0 || store_grow(p, block + 1) < 0)
 		return kvmem_fail();
 	slot = free_stage_slot(p, block);
 	if (slot < 0)

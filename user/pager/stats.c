@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * Counters: kept in the pager, saved as text in DIR/stats ("name value" per
- * line) at each commit and close, so `kvmem stat` reads them without BPF.
+ * line) at each commit and at the close of a writer that wrote (one that
+ * did not leaves the directory as it found it), so `kvmem stat` reads them
+ * without BPF.
  * The file is advisory (replaced by rename, not fsynced): losing the last
  * update in a crash loses counts, never data; one that is not a regular
  * file is ignored. Counters saturate at 2^64 - 1.

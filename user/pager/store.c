@@ -7,9 +7,16 @@
  * checksum, a file shorter than the commit says, or tokens/sums whose hash
  * differs from the manifest's make the open fail (-EBADMSG) with a message
  * naming the file; nothing is modified. Bytes past the last commit are not
- * damage (an interrupted append) and are cut off. Pages are checked on
- * every read. A directory without a manifest becomes a workspace only when
- * it is empty; a writer holds DIR/lock for as long as it is open.
+ * damage (an interrupted append) and are cut off at this open's first
+ * write. Pages are checked on every read. A directory without a manifest
+ * becomes a workspace only when it is empty; a writer holds DIR/lock for as
+ * long as it is open.
+ *
+ * Order: every check an existing workspace can fail (manifest, model and
+ * geometry, file sizes, the committed tokens' and sums' checksums) runs
+ * before DIR/lock is created, taken or written, so a refused open changes
+ * no file at all; the open's own writes (the pid into DIR/lock) come last,
+ * and the rest waits for the first write (store_begin_write).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -167,30 +174,48 @@ static int create_files(kvmem_pager *p, const kvmem_page_geom *g)
 	return 0;
 }
 
-/* Check each file holds at least what the commit covers; cut the rest.
- * Sizes come from the manifest, which mf_read bounded: nothing here
- * allocates or cuts before every file is checked. */
+/* Check each file holds at least what the commit covers. Sizes come from
+ * the manifest, which mf_read bounded: nothing is allocated for them
+ * before every file is checked. */
 static int check_lengths(kvmem_pager *p)
 {
 	uint64_t need[WS_N_DATA];
-	struct stat sb[WS_N_DATA];
+	struct stat sb;
 
 	mf_needs(&p->m.h, need);
 	for (int i = 0; i < WS_N_DATA; i++) {
-		if (fstat(*file_fd(p, i), &sb[i]) < 0)
+		if (fstat(*file_fd(p, i), &sb) < 0)
 			return kvmem_error(errno, "%s/%s: %s", p->dir, ws_data_files[i], strerror(errno));
-		if ((uint64_t)sb[i].st_size < need[i])
+		if ((uint64_t)sb.st_size < need[i])
 			return kvmem_error(EBADMSG, "%s/%s: %lld bytes, but the last commit covers %" PRIu64
 					 ": truncated; refusing to open (see kvmem verify)", p->dir,
-					 ws_data_files[i], (long long)sb[i].st_size, need[i]);
+					 ws_data_files[i], (long long)sb.st_size, need[i]);
 	}
+	return 0;
+}
+
+int store_begin_write(kvmem_pager *p)
+{
+	uint64_t need[WS_N_DATA];
+	struct stat sb;
+
+	if (p->wrote)
+		return 0;
+	if (p->rdonly)
+		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
+	/* Appends go on from the commit: what an interrupted one left past
+	 * it goes first. The tail file keeps both slots: the other one may be
+	 * next. */
+	mf_needs(&p->m.h, need);
 	for (int i = 0; i < WS_N_DATA; i++) {
-		/* The tail file keeps both slots: the other one may be next. */
-		if (!p->rdonly && i != 4 && (uint64_t)sb[i].st_size > need[i] &&
-		    ftruncate(*file_fd(p, i), need[i]) < 0)
+		if (i == 4 || fstat(*file_fd(p, i), &sb) < 0 || (uint64_t)sb.st_size <= need[i])
+			continue;
+		if (ftruncate(*file_fd(p, i), need[i]) < 0)
 			return kvmem_error(errno, "%s/%s: cannot cut off data past the last commit: %s",
 					 p->dir, ws_data_files[i], strerror(errno));
 	}
+	ws_clean_temps(p->dirfd, 0);
+	p->wrote = 1;
 	return 0;
 }
 
@@ -262,9 +287,72 @@ static int may_create(kvmem_pager *p, int flags)
 	return 0;
 }
 
+/* The sizes the pager works in, from the manifest's geometry. */
+static void set_geometry(kvmem_pager *p)
+{
+	mf_geom(&p->m, &p->g);
+	p->page_bytes = p->m.h.page_bytes;
+	p->page_stride = p->m.h.page_stride;
+	p->extent_bytes = p->page_stride * p->g.n_layers;
+	p->tail_slot_bytes = p->extent_bytes + round_up(p->g.index_bytes, KVMEM_IO_ALIGN);
+	p->sums_rec = ((size_t)p->g.n_layers + 1) * 8;
+}
+
+/* The workspace p->m names, checked whole (reads only): its model and
+ * geometry against g, its files, their sizes, the committed tokens and
+ * sums. */
+static int load_existing(kvmem_pager *p, const kvmem_page_geom *g)
+{
+	if (g && mf_check_geom(&p->m, g, p->dir) < 0)
+		return kvmem_fail();
+	set_geometry(p);
+	for (int i = 0; i < WS_N_DATA; i++)
+		if (open_file(p, i, 0) < 0)
+			return kvmem_fail();
+	if (check_lengths(p) < 0 || load_committed(p) < 0)
+		return kvmem_fail();
+	return 0;
+}
+
+/* Forget what load_existing loaded, to load another commit. */
+static void unload(kvmem_pager *p)
+{
+	for (int i = 0; i < WS_N_DATA; i++)
+		if (*file_fd(p, i) >= 0) {
+			close(*file_fd(p, i));
+			*file_fd(p, i) = -1;
+		}
+	p->n_tokens = p->n_blocks = 0;
+	mf_free(&p->m);
+}
+
+/* An existing workspace, checked without the lock: now take it. Another
+ * writer may have committed between the checks and the lock; then the new
+ * commit is checked again, under the lock (nothing can change it now). */
+static int lock_existing(kvmem_pager *p, const kvmem_page_geom *g)
+{
+	struct manifest now;
+	int rc;
+
+	p->fd_lock = ws_lock_take(p->dirfd, p->dir);
+	if (p->fd_lock < 0)
+		return p->fd_lock;
+	rc = mf_read(p->dirfd, p->dir, &now);
+	if (rc < 0)
+		return rc;
+	if (now.h.generation == p->m.h.generation && now.h.tokens == p->m.h.tokens &&
+	    now.h.tokens_hash == p->m.h.tokens_hash && now.h.sums_hash == p->m.h.sums_hash) {
+		mf_free(&now);
+		return 0;
+	}
+	unload(p);
+	p->m = now;
+	return load_existing(p, g);
+}
+
 int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int flags)
 {
-	int created = 0, rc;
+	int rc;
 
 	snprintf(p->dir, sizeof(p->dir), "%s", dir);
 	p->flags = flags;
@@ -292,48 +380,33 @@ int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int fl
 	XXH3_64bits_reset(p->sums_hash);
 
 	rc = mf_read(p->dirfd, dir, &p->m);
-	if (rc == -ENOENT)
-		rc = may_create(p, flags);
-	if (rc < 0)
-		return rc;
-	if (!p->rdonly) {
-		/* One writer: the lock, then read again what another writer may
-		 * have committed (or created) before we held it. */
-		p->fd_lock = ws_lock(p->dirfd, dir);
+	if (rc == 0) {
+		rc = load_existing(p, g);
+		if (rc == 0 && !p->rdonly)
+			rc = lock_existing(p, g);
+	} else if (rc == -ENOENT && (rc = may_create(p, flags)) == 0) {
+		/* One writer: the lock, then look again: another writer may
+		 * have created the workspace before we held it. */
+		p->fd_lock = ws_lock_take(p->dirfd, dir);
 		if (p->fd_lock < 0)
 			return p->fd_lock;
-		mf_free(&p->m);
 		rc = mf_read(p->dirfd, dir, &p->m);
-		if (rc == -ENOENT) {
-			rc = may_create(p, flags);
-			if (rc < 0)
-				return rc;
+		if (rc == 0) {
+			rc = load_existing(p, g);
+		} else if (rc == -ENOENT && (rc = may_create(p, flags)) == 0) {
 			if (!g)
 				return kvmem_error(EINVAL, "%s: creating a workspace needs its geometry", dir);
 			ws_clean_temps(p->dirfd, 1);
 			if (create_files(p, g) < 0)
 				return kvmem_fail();
-			created = 1;
-		} else if (rc < 0) {
-			return rc;
-		} else {
-			ws_clean_temps(p->dirfd, 0);
+			p->wrote = 1;
+			set_geometry(p);
+			if (check_lengths(p) < 0 || load_committed(p) < 0)
+				return kvmem_fail();
 		}
 	}
-	if (g && !created && mf_check_geom(&p->m, g, dir) < 0)
-		return kvmem_fail();
-	mf_geom(&p->m, &p->g);
-	p->page_bytes = p->m.h.page_bytes;
-	p->page_stride = p->m.h.page_stride;
-	p->extent_bytes = p->page_stride * p->g.n_layers;
-	p->tail_slot_bytes = p->extent_bytes + round_up(p->g.index_bytes, KVMEM_IO_ALIGN);
-	p->sums_rec = ((size_t)p->g.n_layers + 1) * 8;
-	if (!created)
-		for (int i = 0; i < WS_N_DATA; i++)
-			if (open_file(p, i, 0) < 0)
-				return kvmem_fail();
-	if (check_lengths(p) < 0 || load_committed(p) < 0)
-		return kvmem_fail();
+	if (rc < 0)
+		return rc;
 	p->prealloc_end = p->m.h.blocks * p->extent_bytes;
 	stats_load(p);
 	return 0;

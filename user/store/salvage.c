@@ -140,7 +140,9 @@ static int block_ok(struct src *s, uint64_t b, uint8_t *ext, uint8_t *ix, kvmem_
 	return 1;
 }
 
-/* The committed partial block into ext (layers) and ix; 1 good. */
+/* The committed partial block into buf: its L layers, then its index
+ * record (slot L, checked too: a record that fails its sum would give the
+ * copy an index that no longer describes its keys); 1 good. */
 static int tail_ok(struct src *s, uint8_t *buf, kvmem_salvage_report *r)
 {
 	const struct mf_head *h = &s->m.h;
@@ -154,8 +156,9 @@ static int tail_ok(struct src *s, uint8_t *buf, kvmem_salvage_report *r)
 		size_t len = l < s->L ? s->pb : s->ib;
 
 		if (XXH3_64bits(buf + l * s->stride, len) != s->m.tail_sums[l]) {
-			bad(r, "%s/tail: slot %u, %s %zu (the partial block of %u tokens): checksum "
-			    "mismatch", s->dir, h->tail_slot, l < s->L ? "layer" : "index", l,
+			bad(r, "%s/tail: slot %u, %s %zu at offset %" PRIu64 " (the partial block of "
+			    "%u tokens): checksum mismatch", s->dir, h->tail_slot,
+			    l < s->L ? "layer" : "index", l, off + l * s->stride,
 			    h->tail_tokens);
 			return 0;
 		}

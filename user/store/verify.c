@@ -24,6 +24,7 @@ struct vctx {
 	const char *dir;
 	int dirfd;
 	FILE *out;
+	int verbose;		/* say what is fine too, not only what is bad */
 	long bad;
 	kvmem_page_geom g;
 	size_t pb, stride, L;
@@ -102,7 +103,8 @@ static void check_pages(struct vctx *v, const uint64_t *sums)
 			}
 		}
 	}
-	if (size > h->blocks * ext)
+	/* An interrupted append, not damage: worth a note, not an error. */
+	if (v->verbose && size > h->blocks * ext)
 		fprintf(v->out, "%s/pages: %" PRIu64 " bytes past the last commit (ignored)\n",
 			v->dir, size - h->blocks * ext);
 	if (h->blocks)
@@ -155,9 +157,10 @@ static void check_tail(struct vctx *v)
 			size_t len = l < v->L ? v->pb : h->index_bytes;
 
 			if (XXH3_64bits(buf + l * v->stride, len) != v->m->tail_sums[l]) {
-				fprintf(v->out, "%s/tail: slot %u, %s %zu (the partial block of %u "
-					"tokens): checksum mismatch\n", v->dir, h->tail_slot,
-					l < v->L ? "layer" : "index", l, h->tail_tokens);
+				fprintf(v->out, "%s/tail: slot %u, %s %zu at offset %" PRIu64
+					" (the partial block of %u tokens): checksum mismatch\n", v->dir,
+					h->tail_slot, l < v->L ? "layer" : "index", l,
+					off + l * v->stride, h->tail_tokens);
 				v->bad++;
 			}
 		}
@@ -174,7 +177,7 @@ static void check_tail(struct vctx *v)
 static long verify_once(const char *dir, int dirfd, FILE *out, int verbose, uint64_t *gen)
 {
 	struct manifest m;
-	struct vctx v = { .dir = dir, .dirfd = dirfd, .out = out, .m = &m };
+	struct vctx v = { .dir = dir, .dirfd = dirfd, .out = out, .verbose = verbose, .m = &m };
 	uint64_t size, sum, n_sums, need[WS_N_DATA];
 	uint64_t *sums = NULL;
 	char name[PATH_MAX + 16];
