@@ -49,7 +49,7 @@ AL_SRC    := $(sort $(wildcard user/agentlang/*.c))
 # The cuda backend (user/backend/cuda*.c) is C over the CUDA ops: it goes
 # into libkvmem_cuda.a.
 LIB_SRC   := $(filter-out $(AL_SRC) $(wildcard user/backend/cuda*.c),$(sort $(wildcard user/*/*.c kernels/cpu/*.c)))
-CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c))
+CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c tools/kvmem/*/*.c))
 TEST_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 TEST_HELP := $(sort $(wildcard tests/unit/helpers/*.c))
 
@@ -74,6 +74,8 @@ tests: $(TEST_BIN)
 # use the private headers under user/ (agentlang, the internal layers a
 # benchmark measures).
 $(LIB_OBJ) $(PIC_OBJ) $(AL_OBJ) $(HELP_OBJ) $(CLI_OBJ): CFLAGS += -Iuser
+# The command's folders (cmd/, bench/) share the helpers at its top.
+$(CLI_OBJ): CFLAGS += -Itools/kvmem
 $(PIC_OBJ): CFLAGS += -fvisibility=hidden
 
 $(O)/obj/%.o: %.c
@@ -178,7 +180,7 @@ static:
 # GnuTLS, whose p11-kit has no static library (jansson is for run --chat).
 build/static-obj/obj/tools/%.o: tools/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DKVMEM_NO_SERVE -c $< -o $@
+	$(CC) $(CFLAGS) -Iuser -Itools/kvmem -DKVMEM_NO_SERVE -c $< -o $@
 static: $(CLI_SRC:%.c=build/static-obj/obj/%.o)
 
 clean:

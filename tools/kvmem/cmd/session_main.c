@@ -24,7 +24,7 @@
 #include "cli_util.h"
 #include "cmd.h"
 #include "lab_record.h"
-#include "pager_cli.h"
+#include "run_ws.h"
 #include "run.h"
 
 /* What one step did, summed over the selections in it. */
@@ -50,6 +50,8 @@ struct run {
 	char said[512];		/* the failure already printed */
 	struct step st;
 	struct twin tw;
+	struct run_ws ws;	/* --workspace */
+	struct lab_record lr;	/* --trace */
 };
 
 /* ---- the script (kvmem/script.h reads it) ------------------------------- */
@@ -201,15 +203,6 @@ static void print_step(const struct run_opts *o, kvmem_session *s, int step, con
 		       (long long)st->forwards, (long long)st->differ);
 }
 
-/*
- * After every step with --workspace: make the step durable, the session's
- * state with it, so a reopen goes on exactly from here.
- */
-static int workspace_commit(kvmem_session *s)
-{
-	return pager_cli_commit(s);
-}
-
 /* ---- the run ------------------------------------------------------------ */
 static double now_ms(void)
 {
@@ -248,8 +241,10 @@ static int run_script(struct run *r, kvmem_session *s, int ws, kvmem_script *sc,
 			rc = kvmem_error(ERANGE, "the logits hold NaN or infinite values (the model's "
 					 "arithmetic overflowed); stopping before they are sampled or "
 					 "committed");
+		/* With --workspace the step is made durable, the session's
+		 * state with it, so a reopen goes on exactly from here. */
 		if (!rc && ws)
-			rc = workspace_commit(s);
+			rc = run_ws_commit(&r->ws, s);
 		if (rc) {
 			fprintf(stderr, "kvmem run: %s:%d: %s\n", o->script, op.line, kvmem_last_error());
 			snprintf(r->said, sizeof(r->said), "%s", kvmem_last_error());
@@ -292,7 +287,6 @@ int session_main(const struct run_opts *opts)
 	kvmem_backend *e = NULL;
 	kvmem_session *s = NULL;
 	kvmem_session_opts so;
-	const kvmem_page_source *wsrc = NULL;
 	int64_t n_adopt = 0;
 	kvmem_session_stats ss;
 
@@ -311,8 +305,6 @@ int session_main(const struct run_opts *opts)
 		goto err;
 	/* A GPU's workspace keeps bf16 pages (what its view holds: nothing is
 	 * converted on the way back); the CPU engine's f32. */
-	pager_cli_dtype(strcmp(kvmem_backend_name(e), "cpu") ? KVMEM_DTYPE_BF16 : 0);
-	pager_cli_reader(o.pager);
 	r.tw.c = &m->cfg;	/* on_forward reads the vocabulary from it */
 	kvmem_session_opts_default(&so);
 	so.block = (int)o.block;
@@ -329,17 +321,24 @@ int session_main(const struct run_opts *opts)
 	so.on_select = on_select;
 	so.arg = &r;
 	if (o.workspace) {
-		if (pager_cli_open(o.workspace, m, so.block ? so.block : KVMEM_BLOCK_DEFAULT, o.host_cap,
-				   o.cache_policy, &wsrc))
+		kvmem_workspace_opts wo = {
+			.block = so.block ? so.block : KVMEM_BLOCK_DEFAULT,
+			.host_cap = o.host_cap,
+			.cache_policy = o.cache_policy,
+			.dtype = strcmp(kvmem_backend_name(e), "cpu") ? KVMEM_DTYPE_BF16 : 0,
+			.pager = o.pager,
+		};
+
+		if (run_ws_open(&r.ws, o.workspace, m, &wo))
 			goto err;
-		so.source = wsrc;
-		n_adopt = pager_cli_tokens();
+		so.source = run_ws_source(&r.ws);
+		n_adopt = run_ws_tokens(&r.ws);
 	}
-	if (o.trace && lab_record_start(o.trace, m, pager_cli_pager(), &so))
+	if (o.trace && lab_record_start(&r.lr, o.trace, m, run_ws_pager(&r.ws), &so))
 		goto err;
 	if (!(s = kvmem_session_create(e, &so)))
 		goto err;
-	if (pager_cli_adopt(s))
+	if (run_ws_adopt(&r.ws, s))
 		goto err;
 	if (o.check_exact) {
 		r.tw.be = e;
@@ -380,11 +379,11 @@ err:
 	rc = 1;
 out:
 	kvmem_session_free(s);
-	if (lab_record_finish(o.json ? stderr : stdout)) {
+	if (lab_record_finish(&r.lr, o.json ? stderr : stdout)) {
 		fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());
 		rc = rc ? rc : 1;
 	}
-	if (pager_cli_close(o.json ? stderr : stdout)) {
+	if (run_ws_close(&r.ws, o.json ? stderr : stdout)) {
 		/* A failed commit leaves the pager failed: say it once. */
 		if (!strstr(r.said, kvmem_last_error()))
 			fprintf(stderr, "kvmem run: %s\n", kvmem_last_error());

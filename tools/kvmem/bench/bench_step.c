@@ -60,6 +60,7 @@
 #include "kvmem/pager.h"
 #include "kvmem/store.h"
 #include "session/inspect.h"
+#include "bench_common.h"
 #include "cli_util.h"
 #include "cmd.h"
 
@@ -72,7 +73,8 @@ enum { PH_CEIL = 1, PH_REMAT = 2, PH_COLDIN = 4, PH_STEP = 8, PH_DECODE = 16, PH
        PH_MEM = 64, PH_FITS = 128, PH_ALL = 255 };
 
 struct opts {
-	const char *backend, *preset, *dir, *model;
+	struct bench_model bm;
+	const char *dir;
 	int layers, mem_layers, steps, question, decode, chunk, only, keep, host_scoring;
 	int64_t tokens, view, remat, prefill, memory[MAX_LIST];
 	int n_memory;
@@ -92,9 +94,7 @@ static void usage(FILE *f)
 		"tier) over prefilling the view; decode in a paged view over plain decode;\n"
 		"stage-out under prefill; device memory against the workspace size.\n"
 		"\n"
-		"  --backend NAME     cuda, cpu or auto (default auto)\n"
-		"  --preset NAME      geometry with random weights (default 8b)\n"
-		"  --model DIR        a model directory instead (the cpu backend needs one)\n"
+		BENCH_MODEL_HELP
 		"  --layers N         keep the width, use N layers (default: the preset's)\n"
 		"  --dir DIR          scratch directory on the disk to measure (default\n"
 		"                     /tmp/kvmem-bench-step; removed at the end unless --keep)\n"
@@ -180,7 +180,7 @@ static int parse_only(const char *s)
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option opts[] = {
-		{ "backend", required_argument, NULL, 'b' }, { "preset", required_argument, NULL, 'p' },
+		BENCH_MODEL_OPTIONS,
 		{ "layers", required_argument, NULL, 'L' },  { "dir", required_argument, NULL, 'd' },
 		{ "only", required_argument, NULL, 'o' },    { "tokens", required_argument, NULL, 't' },
 		{ "view", required_argument, NULL, 'v' },    { "steps", required_argument, NULL, 'S' },
@@ -191,7 +191,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "memory-layers", required_argument, NULL, 'M' },
 		{ "gpu-mem", required_argument, NULL, 'g' }, { "host-cap", required_argument, NULL, 'H' },
 		{ "seed", required_argument, NULL, 's' },    { "keep", no_argument, NULL, 'k' },
-		{ "model", required_argument, NULL, 'T' },
 		{ "index-mem", required_argument, NULL, 'I' },
 		{ "host-scoring", no_argument, NULL, 'A' },
 		{ "read-size", required_argument, NULL, 'R' },
@@ -201,7 +200,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	int c;
 
 	memset(o, 0, sizeof(*o));
-	o->preset = "8b";
 	o->dir = "/tmp/kvmem-bench-step";
 	o->only = PH_ALL;
 	o->tokens = 256 * 1024;
@@ -221,11 +219,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		const char *name = cli_optname;
 		int bad = 0;
 
+		if (bench_model_opt(&o->bm, c, optarg))
+			continue;
 		switch (c) {
 		case 'h': usage(stdout); return 1;
-		case 'b': o->backend = optarg; break;
-		case 'p': o->preset = optarg; break;
-		case 'T': o->model = optarg; break;
 		case 'd': o->dir = optarg; break;
 		case 'k': o->keep = 1; break;
 		case 'A': o->host_scoring = 1; break;
@@ -1255,10 +1252,9 @@ out:
 int bench_step(int argc, char **argv)
 {
 	struct ctx x = { 0 };
-	const kvmem_preset *p;
-	kvmem_model *loaded = NULL;
+	const kvmem_model *m;
 	char buf[64];
-	int rc = 1;
+	int rc = 1, usage_err;
 
 	switch (parse_args(argc, argv, &x.o)) {
 	case 1:
@@ -1266,31 +1262,17 @@ int bench_step(int argc, char **argv)
 	case -1:
 		return EXIT_USAGE;
 	}
-	if (x.o.model) {
-		/* Weights from a directory: the same layers as it has. */
-		if (kvmem_model_load(x.o.model, &loaded) < 0) {
-			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
-			return 1;
-		}
-		x.geo = *loaded;
-	} else {
-		if (!(p = kvmem_preset_find(x.o.preset))) {
-			fprintf(stderr, "%s: unknown preset '%s' (kvmem generate --help)\n", WHO,
-				x.o.preset);
-			return EXIT_USAGE;
-		}
-		x.geo.cfg = p->cfg;
-		if (x.o.layers)
-			x.geo.cfg.n_layers = x.o.layers;
-		snprintf(x.geo.dir, sizeof(x.geo.dir), "preset %s", p->name);
-	}
+	/* Weights from a directory keep its layers; --layers cuts a preset. */
+	if (!(m = bench_model_open(&x.o.bm, WHO, "8b", x.o.layers, &usage_err)))
+		return usage_err ? EXIT_USAGE : 1;
+	x.geo = *m;
 	x.half = (size_t)x.geo.cfg.n_kv_heads * BLOCK * x.geo.cfg.head_dim * 2;
 	x.page_bytes = 2 * x.half;
 	if (mkdir(x.o.dir, 0755) < 0 && errno != EEXIST) {
 		fprintf(stderr, "%s: %s: %s\n", WHO, x.o.dir, strerror(errno));
 		return 1;
 	}
-	if (kvmem_backend_open(x.o.backend, &x.geo,
+	if (kvmem_backend_open(x.o.bm.backend, &x.geo,
 			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x.o.gpu_mem,
 						      .index_mem = x.o.index_mem }, &x.b) < 0)
 		goto err;
@@ -1331,7 +1313,7 @@ out:
 	if (x.peer)
 		x.b->ops->view_destroy(x.b->ctx, x.peer);
 	kvmem_backend_close(x.b);
-	kvmem_model_free(loaded);
+	bench_model_close(&x.o.bm);
 	if (!x.o.keep)
 		rm_rf(x.o.dir);
 	return rc;

@@ -32,6 +32,7 @@
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "bench_common.h"
 #include "cli_util.h"
 #include "cmd.h"
 
@@ -39,7 +40,7 @@
 #define WHO "kvmem bench engine"
 
 struct opts {
-	const char *model, *preset, *backend;
+	struct bench_model bm;
 	int64_t prefill[MAX_LIST], decode_at[MAX_LIST];
 	int n_prefill, n_decode, chunk, decode_tokens, json;
 	uint64_t seed;
@@ -55,11 +56,7 @@ static void usage(FILE *f)
 		"burst's and the rate held for a second at the power limit) and the memory\n"
 		"roofline (decode: the bytes one token reads over the measured copy rate).\n"
 		"\n"
-		"  --backend NAME     cpu, cuda or auto (default auto: cuda when there is a GPU)\n"
-		"  --preset NAME      a published geometry with random weights made by the\n"
-		"                     backend (default 8b; kvmem generate --help lists them);\n"
-		"                     the cpu backend needs --model\n"
-		"  --model DIR        a model directory instead\n"
+		BENCH_MODEL_HELP
 		"  --prefill LIST     prompt lengths (default 4k,16k,32k; k = 1024 here)\n"
 		"  --decode LIST      contexts to decode after (default 4k,32k)\n"
 		"  --decode-tokens N  tokens timed per context (default 32)\n"
@@ -101,8 +98,7 @@ static int parse_tokens(const char *opt, const char *s, int64_t *out, int max)
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option opts[] = {
-		{ "backend", required_argument, NULL, 'b' }, { "preset", required_argument, NULL, 'p' },
-		{ "model", required_argument, NULL, 'm' },   { "prefill", required_argument, NULL, 'P' },
+		BENCH_MODEL_OPTIONS,			     { "prefill", required_argument, NULL, 'P' },
 		{ "decode", required_argument, NULL, 'D' },  { "decode-tokens", required_argument, NULL, 'n' },
 		{ "chunk", required_argument, NULL, 'c' },   { "seed", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, 'j' },	     { "help", no_argument, NULL, 'h' },
@@ -121,11 +117,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		const char *name = cli_optname;
 		int bad = 0;
 
+		if (bench_model_opt(&o->bm, c, optarg))
+			continue;
 		switch (c) {
 		case 'h': usage(stdout); return 1;
-		case 'b': o->backend = optarg; break;
-		case 'p': o->preset = optarg; break;
-		case 'm': o->model = optarg; break;
 		case 'P': bad = (o->n_prefill = parse_tokens(name, optarg, o->prefill, MAX_LIST)) < 0; break;
 		case 'D': bad = (o->n_decode = parse_tokens(name, optarg, o->decode_at, MAX_LIST)) < 0; break;
 		case 'n': bad = cli_parse_int(WHO, name, optarg, 1, 100000, &o->decode_tokens); break;
@@ -139,10 +134,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (cli_no_operands(WHO, argc, argv))
 		return -1;
-	if (o->model && o->preset) {
-		fprintf(stderr, "%s: --model or --preset, not both\n", WHO);
-		return -1;
-	}
 	for (int i = 0; i < o->n_prefill; i++)
 		if (o->chunk > o->prefill[i])
 			o->chunk = (int)o->prefill[i];
@@ -205,14 +196,14 @@ static double prefill(kvmem_backend *b, kvmem_view *v, const int32_t *ids, int64
 int bench_engine(int argc, char **argv)
 {
 	struct opts o;
-	kvmem_model *m = NULL, geo = { 0 };
+	const kvmem_model *m;
 	kvmem_backend *b = NULL;
 	kvmem_view *v = NULL;
 	kvmem_ceilings ce;
 	int32_t *ids = NULL;
 	float *logits = NULL;
 	int64_t most = 0;
-	int rc = 1, elem;
+	int rc = 1, elem, usage_err;
 	char buf[64];
 
 	switch (parse_args(argc, argv, &o)) {
@@ -221,21 +212,9 @@ int bench_engine(int argc, char **argv)
 	case -1:
 		return EXIT_USAGE;
 	}
-	if (o.model) {
-		if (kvmem_model_load(o.model, &m) < 0)
-			goto err;
-	} else {
-		const kvmem_preset *p = kvmem_preset_find(o.preset ? o.preset : "8b");
-
-		if (!p) {
-			fprintf(stderr, "%s: unknown preset '%s' (kvmem generate --help)\n", WHO, o.preset);
-			return EXIT_USAGE;
-		}
-		geo.cfg = p->cfg;	/* no weights: the backend makes random ones */
-		snprintf(geo.dir, sizeof(geo.dir), "preset %s", p->name);
-		m = &geo;
-	}
-	if (kvmem_backend_open(o.backend, m, &(kvmem_backend_opts){ .max_chunk = o.chunk }, &b) < 0 ||
+	if (!(m = bench_model_open(&o.bm, WHO, "8b", 0, &usage_err)))
+		return usage_err ? EXIT_USAGE : 1;
+	if (kvmem_backend_open(o.bm.backend, m, &(kvmem_backend_opts){ .max_chunk = o.chunk }, &b) < 0 ||
 	    b->ops->view_create(b->ctx, &v) < 0)
 		goto err;
 	if (!b->ops->ceilings) {
@@ -346,8 +325,7 @@ out:
 	if (v)
 		b->ops->view_destroy(b->ctx, v);
 	kvmem_backend_close(b);
-	if (m != &geo)
-		kvmem_model_free(m);
+	bench_model_close(&o.bm);
 	free(ids);
 	free(logits);
 	return rc;

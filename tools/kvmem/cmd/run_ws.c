@@ -10,101 +10,85 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
-#include "pager_cli.h"
+#include "run_ws.h"
 
-static kvmem_workspace *g_ws;
-static int g_state_warned;
-static uint32_t g_dtype;
-static const char *g_reader;
-
-void pager_cli_dtype(uint32_t dtype)
+int run_ws_open(struct run_ws *r, const char *dir, const kvmem_model *m,
+		const kvmem_workspace_opts *wo)
 {
-	g_dtype = dtype;
-}
-
-void pager_cli_reader(const char *pager)
-{
-	g_reader = pager;
-}
-
-int pager_cli_open(const char *dir, const kvmem_model *m, int block, uint64_t host_cap,
-		   const char *cache_policy, const kvmem_page_source **src)
-{
-	kvmem_workspace_opts wo = { .block = block, .host_cap = host_cap,
-				    .cache_policy = cache_policy, .dtype = g_dtype,
-				    .pager = g_reader };
-
-	*src = NULL;
-	if (g_ws)
-		return kvmem_error(EINVAL, "--workspace %s: one workspace per process", dir);
-	if (kvmem_workspace_open(dir, m, &wo, &g_ws) < 0)
+	if (r->w)
+		return kvmem_error(EINVAL, "--workspace %s: a workspace is open already", dir);
+	if (kvmem_workspace_open(dir, m, wo, &r->w) < 0)
 		return kvmem_error_prefix("--workspace");
-	*src = kvmem_workspace_source(g_ws);
 	return 0;
 }
 
-kvmem_pager *pager_cli_pager(void)
+const kvmem_page_source *run_ws_source(const struct run_ws *r)
 {
-	return g_ws ? kvmem_workspace_pager(g_ws) : NULL;
+	return r->w ? kvmem_workspace_source(r->w) : NULL;
 }
 
-int64_t pager_cli_tokens(void)
+kvmem_pager *run_ws_pager(const struct run_ws *r)
 {
-	return g_ws ? kvmem_workspace_tokens(g_ws) : 0;
+	return r->w ? kvmem_workspace_pager(r->w) : NULL;
 }
 
-int pager_cli_adopt(kvmem_session *s)
+int64_t run_ws_tokens(const struct run_ws *r)
+{
+	return r->w ? kvmem_workspace_tokens(r->w) : 0;
+}
+
+int run_ws_adopt(struct run_ws *r, kvmem_session *s)
 {
 	int rc;
 
-	if (!g_ws)
+	if (!r->w)
 		return 0;
-	rc = kvmem_workspace_adopt(g_ws, s);
+	rc = kvmem_workspace_adopt(r->w, s);
 	if (rc == 1)
 		fprintf(stderr, "kvmem run: warning: --workspace %s: %s; the view starts from a fresh "
 			"selection, so what follows may differ from an uninterrupted run\n",
-			kvmem_workspace_dir(g_ws), kvmem_last_error());
+			kvmem_workspace_dir(r->w), kvmem_last_error());
 	return rc < 0 ? rc : 0;
 }
 
-int pager_cli_commit(const kvmem_session *s)
+int run_ws_commit(struct run_ws *r, const kvmem_session *s)
 {
 	int rc;
 
-	if (!g_ws)
+	if (!r->w)
 		return 0;
-	rc = kvmem_workspace_commit(g_ws, s);
-	if (rc == 1 && !g_state_warned++)
+	rc = kvmem_workspace_commit(r->w, s);
+	if (rc == 1 && !r->state_warned++)
 		fprintf(stderr, "kvmem run: warning: %s; a reopen will start from a fresh selection\n",
 			kvmem_last_error());
 	return rc < 0 ? rc : 0;
 }
 
-int pager_cli_close(FILE *f)
+int run_ws_close(struct run_ws *r, FILE *f)
 {
 	struct kvmem_ioc_stats ks;
 	kvmem_pager_stats st;
 	kvmem_pager *p;
 	int rc;
 
-	if (!g_ws)
+	if (!r->w)
 		return 0;
-	p = kvmem_workspace_pager(g_ws);
+	p = kvmem_workspace_pager(r->w);
 	kvmem_pager_stats_get(p, &st);
 	fprintf(f, "workspace %s: %" PRIu64 " tokens committed; host pool %" PRIu64 " hits, %" PRIu64
 		" misses, %" PRIu64 " pages read, %" PRIu64 " evictions; %" PRIu64
 		" blocks staged out\n", kvmem_pager_dir(p),
 		kvmem_pager_committed_tokens(p), st.host_hits, st.host_misses, st.pages_in,
 		st.evictions, st.blocks_out);
-	if (kvmem_page_source_kmod_client(kvmem_workspace_source(g_ws)) &&
-	    kvmem_page_source_kmod_stats(kvmem_workspace_source(g_ws), &ks) == 0)
+	if (kvmem_page_source_kmod_client(kvmem_workspace_source(r->w)) &&
+	    kvmem_page_source_kmod_stats(kvmem_workspace_source(r->w), &ks) == 0)
 		fprintf(f, "kernel module %s: %llu faults, %llu hits, %llu pages read (%llu bytes), "
 			"%llu prefetched, %llu evictions, %llu checksum errors\n",
 			"/dev/kvmem", (unsigned long long)ks.faults, (unsigned long long)ks.hits,
 			(unsigned long long)ks.fills, (unsigned long long)ks.fill_bytes,
 			(unsigned long long)ks.prefetches, (unsigned long long)ks.evictions,
 			(unsigned long long)ks.checksum_errors);
-	rc = kvmem_workspace_close(g_ws);
-	g_ws = NULL;
+	rc = kvmem_workspace_close(r->w);
+	r->w = NULL;
 	return rc;
 }
