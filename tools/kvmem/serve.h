@@ -39,6 +39,9 @@ struct serve_cfg {
 	uint64_t host_cap;		/* host pool of each conversation's pager */
 	int request_timeout;		/* seconds a request may wait or run */
 	int quiet;
+	/* Test only (KVMEM_SERVE_FAULT=record:N): end the process at the N-th
+	 * turn between its record and its commit, as a crash there would. */
+	int64_t fault_record;
 };
 
 enum job_kind { JOB_CHAT = 0, JOB_TEXT = 1 };
