@@ -338,6 +338,58 @@ static void test_qwen3_text(void **state)
 	free(text);
 }
 
+/*
+ * A tool round trip: a query, an assistant turn with its reasoning and a
+ * tool call, the tool's answer, the final answer. The expected texts are
+ * what transformers' apply_chat_template writes with Qwen3's template
+ * (jinja2 3.1.6 in its sandbox with trim_blocks, lstrip_blocks and its
+ * tojson, the way chat_template_utils.py sets it up).
+ */
+static void test_qwen3_tool_turns(void **state)
+{
+	static const char *name[] = { "get_weather" }, *args[] = { "{\"city\": \"Oslo\"}" };
+	/* The tool's answer sent as a user message: it is not the last query,
+	 * so the reasoning of the turn that called the tool is kept. */
+	kvmem_chat_msg a[5] = {
+		{ .role = "system", .content = "S" },
+		{ .role = "user", .content = "Weather in Oslo?" },
+		{ .role = "assistant", .content = "", .reasoning = "Need the tool.", .call_names = name,
+		  .call_args = args, .n_calls = 1 },
+		{ .role = "user", .content = "<tool_response>\n{\"temp\": -3}\n</tool_response>" },
+		{ .role = "assistant", .content = "It is -3.", .reasoning = "Cold." },
+	};
+	/* The same with a tool message, and content of a newline alone before
+	 * the call: the template tests the content before it strips it. */
+	kvmem_chat_msg b[4] = {
+		{ .role = "user", .content = "Weather in Oslo?" },
+		{ .role = "assistant", .content = "\n", .reasoning = "Need the tool.", .call_names = name,
+		  .call_args = args, .n_calls = 1 },
+		{ .role = "tool", .content = "{\"temp\": -3}" },
+		{ .role = "assistant", .content = "It is -3.", .reasoning = "Cold." },
+	};
+	kvmem_chat_opts o = { .add_generation_prompt = 0, .thinking = -1 };
+	char *text;
+	size_t len;
+
+	assert_int_equal(kvmem_chat_qwen3_text(a, 5, 0, &o, &text, &len), 0);
+	assert_string_equal(text, "<|im_start|>system\nS<|im_end|>\n"
+			    "<|im_start|>user\nWeather in Oslo?<|im_end|>\n"
+			    "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n<tool_call>\n"
+			    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+			    "</tool_call><|im_end|>\n"
+			    "<|im_start|>user\n<tool_response>\n{\"temp\": -3}\n</tool_response><|im_end|>\n"
+			    "<|im_start|>assistant\n<think>\nCold.\n</think>\n\nIt is -3.<|im_end|>\n");
+	free(text);
+	assert_int_equal(kvmem_chat_qwen3_text(b, 4, 0, &o, &text, &len), 0);
+	assert_string_equal(text, "<|im_start|>user\nWeather in Oslo?<|im_end|>\n"
+			    "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n\n<tool_call>\n"
+			    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+			    "</tool_call><|im_end|>\n"
+			    "<|im_start|>user\n<tool_response>\n{\"temp\": -3}\n</tool_response><|im_end|>\n"
+			    "<|im_start|>assistant\n<think>\nCold.\n</think>\n\nIt is -3.<|im_end|>\n");
+	free(text);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -348,6 +400,7 @@ int main(void)
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_qwen3_text),
+		cmocka_unit_test(test_qwen3_tool_turns),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
