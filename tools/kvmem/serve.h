@@ -113,6 +113,11 @@ double serve_now(void);
  * SERVE_ID_MAX bytes, no "..". */
 int serve_id_ok(const char *s);
 
+/* v as JSON text the way transformers' tojson filter writes it (Python's
+ * json.dumps with ensure_ascii=False; serve_tojson.c). malloc'd, NULL when
+ * out of memory. */
+char *serve_tojson(const json_t *v);
+
 /* The HTTP side (serve_http.c). */
 int serve_http_start(const struct serve_cfg *cfg);
 /* The port listened on (what --port 0 was given). */
