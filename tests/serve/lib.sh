@@ -32,6 +32,7 @@ serve_node() {
 
 serve_start() {
 	local i
+	touch "$tmp/serve.out"	# read below before the server may have opened it
 	"$KVMEM" serve --port 0 "$@" >>"$tmp/serve.out" 2>>"$tmp/serve.err" &
 	SPID=$!
 	for i in $(seq 1 600); do

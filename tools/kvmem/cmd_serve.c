@@ -184,6 +184,20 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		return -1;
 	if (!c->api_key && getenv("KVMEM_API_KEY") && *getenv("KVMEM_API_KEY"))
 		c->api_key = getenv("KVMEM_API_KEY");
+	if (getenv("KVMEM_SERVE_FAULT") && *getenv("KVMEM_SERVE_FAULT")) {
+		/* Test only: tests/cli/test_serve_crash.sh crashes the server
+		 * between a turn's record and its commit. */
+		const char *f = getenv("KVMEM_SERVE_FAULT");
+		char *end;
+
+		errno = 0;
+		c->fault_record = strncmp(f, "record:", 7) ? 0 : strtoll(f + 7, &end, 10);
+		if (c->fault_record < 1 || errno || *end) {
+			fprintf(stderr, "%s: KVMEM_SERVE_FAULT='%s': want record:N (N >= 1), a fault "
+				"for tests\n", w, f);
+			return -1;
+		}
+	}
 	if (c->api_key && !*c->api_key) {
 		fprintf(stderr, "%s: --api-key is empty\n", w);
 		return -1;

@@ -39,6 +39,9 @@ struct serve_cfg {
 	uint64_t host_cap;		/* host pool of each conversation's pager */
 	int request_timeout;		/* seconds a request may wait or run */
 	int quiet;
+	/* Test only (KVMEM_SERVE_FAULT=record:N): end the process at the N-th
+	 * turn between its record and its commit, as a crash there would. */
+	int64_t fault_record;
 };
 
 enum job_kind { JOB_CHAT = 0, JOB_TEXT = 1 };
@@ -109,6 +112,11 @@ double serve_now(void);
 /* 1 when s is a conversation id: [A-Za-z0-9], then [A-Za-z0-9._-], at most
  * SERVE_ID_MAX bytes, no "..". */
 int serve_id_ok(const char *s);
+
+/* v as JSON text the way transformers' tojson filter writes it (Python's
+ * json.dumps with ensure_ascii=False; serve_tojson.c). malloc'd, NULL when
+ * out of memory. */
+char *serve_tojson(const json_t *v);
 
 /* The HTTP side (serve_http.c). */
 int serve_http_start(const struct serve_cfg *cfg);

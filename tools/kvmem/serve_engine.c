@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
@@ -54,6 +55,7 @@ static struct engine {
 	uint64_t selections, forced, restores, fresh_views, evictions;
 	double prefill_s, decode_s, select_s, commit_s, ttft_s, ttft_n;
 	kvmem_pager_stats closed;	/* pagers of conversations since closed */
+	int64_t fault_records;		/* turns recorded, for KVMEM_SERVE_FAULT (engine thread) */
 } E = { .mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
 	 .news = PTHREAD_COND_INITIALIZER };
 
@@ -571,6 +573,18 @@ static void split_thinking(struct job *j)
 	j->out_len = strlen(j->out);
 }
 
+/* Test only (KVMEM_SERVE_FAULT=record:N, serve.h): the N-th turn ends the
+ * process after its record is written and before its workspace is
+ * committed, the one moment where the two disagree. */
+static void fault_after_record(const struct conv *c)
+{
+	if (!E.cfg->fault_record || ++E.fault_records != E.cfg->fault_record)
+		return;
+	fprintf(stderr, "%s: KVMEM_SERVE_FAULT: exiting between conversation %s's record and its "
+		"commit\n", SERVE_WHO, c->id);
+	_exit(75);
+}
+
 /* Close and commit a finished turn. */
 static int turn_finish(struct job *j)
 {
@@ -609,7 +623,12 @@ static int turn_finish(struct job *j)
 	}
 	c->kind = j->kind;
 	t0 = serve_now();
-	if (conv_save(c, kvmem_session_tokens(c->s)) || kvmem_workspace_commit(c->ws, c->s) < 0)
+	/* The record first: after a crash between the two it holds one turn
+	 * more than the workspace, and reopening trims it (serve_conv.c). */
+	if (conv_save(c, kvmem_session_tokens(c->s)))
+		return -1;
+	fault_after_record(c);
+	if (kvmem_workspace_commit(c->ws, c->s) < 0)
 		return -1;
 	pthread_mutex_lock(&E.mu);
 	E.commit_s += serve_now() - t0;

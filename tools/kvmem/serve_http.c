@@ -245,12 +245,20 @@ static json_t *one_message(json_t *m, size_t i, struct bad *b)
 		json_array_foreach(v, k, tc) {
 			json_t *fn = json_object_get(tc, "function");
 			json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+			char *text = NULL;
 
-			if (!json_is_string(name) || !json_is_string(args))
+			if (!json_is_string(name) || !(json_is_string(args) || json_is_object(args)))
 				return json_decref(out), json_decref(calls),
-				       bad(b, param, "%s.tool_calls[%zu].function must hold a name and "
-					   "arguments (a JSON text), both strings", param, k), NULL;
-			json_array_append_new(calls, json_pack("{sOsO}", "name", name, "arguments", args));
+				       bad(b, param, "%s.tool_calls[%zu].function must hold a name (a "
+					   "string) and arguments (a JSON text, or an object)", param, k), NULL;
+			/* Arguments given as an object (transformers takes them so) are
+			 * held and rendered as the template's tojson writes them. */
+			if (json_is_object(args) && !(text = serve_tojson(args)))
+				return json_decref(out), json_decref(calls),
+				       bad(b, param, "out of memory"), NULL;
+			json_array_append_new(calls, text ? json_pack("{sOss}", "name", name, "arguments", text)
+							  : json_pack("{sOsO}", "name", name, "arguments", args));
+			free(text);
 		}
 		if (json_array_size(calls))
 			json_object_set_new(out, "tool_calls", calls);
@@ -393,12 +401,15 @@ static int parse_chat(json_t *req, struct job *j, struct bad *b)
 			if (!json_is_array(v) || json_array_size(v) > 128)
 				return bad(b, key, "'tools' must be an array of at most 128 tools");
 			j->tools = calloc(json_array_size(v) + 1, sizeof(char *));
+			if (!j->tools)
+				return bad(b, key, "out of memory");
 			json_array_foreach(v, i, t) {
 				if (!json_is_object(t))
 					return bad(b, key, "tools[%zu] must be an object", i);
-				/* As Python's json.dumps writes it, which the template's
-				 * tojson is: ", " and ": ", keys in order, UTF-8. */
-				j->tools[j->n_tools++] = json_dumps(t, JSON_PRESERVE_ORDER);
+				/* As the template's tojson writes it (serve_tojson.c). */
+				if (!(j->tools[j->n_tools] = serve_tojson(t)))
+					return bad(b, key, "out of memory");
+				j->n_tools++;
 			}
 		} else if (!strcmp(key, "tool_choice")) {
 			const char *s = json_string_value(v);
@@ -777,10 +788,15 @@ static enum MHD_Result completions(struct MHD_Connection *con, struct req *rq, i
 	}
 }
 
+/* The bearer token against the key, in a time that depends on the key's
+ * length alone: every byte is compared (no exit at the first difference),
+ * and a token of another length fails, so neither a prefix of the key nor
+ * the key with more after it passes. */
 static int authorised(struct MHD_Connection *con)
 {
 	const char *h;
-	size_t n;
+	size_t n, hn;
+	unsigned diff;
 
 	if (!C->api_key)
 		return 1;
@@ -789,14 +805,11 @@ static int authorised(struct MHD_Connection *con)
 		return 0;
 	h += 7;
 	n = strlen(C->api_key);
-	/* The same time whatever the first difference. */
-	{
-		unsigned diff = (unsigned)(strlen(h) ^ n);
-
-		for (size_t i = 0; i < n; i++)
-			diff |= (unsigned)(h[i < strlen(h) ? i : 0] ^ C->api_key[i]);
-		return diff == 0;
-	}
+	hn = strlen(h);
+	diff = hn != n;
+	for (size_t i = 0; i < n; i++)
+		diff |= (unsigned char)(h[i < hn ? i : hn] ^ C->api_key[i]);
+	return diff == 0;
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *con, const char *url,

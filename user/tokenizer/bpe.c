@@ -113,10 +113,11 @@ static void merge_put(struct bpe *b, int32_t l, int32_t r, int32_t rank, int32_t
 	uint64_t key = ((uint64_t)(uint32_t)l << 32 | (uint32_t)r) + 1;
 	size_t j = mix(key) & b->merge_mask;
 
+	/* A repeated merge takes its later rank, as Hugging Face's tokenizers
+	 * (BpeBuilder::build collects the ranks into a hash map) and
+	 * transformers.js (a Map) do. */
 	while (b->merges[j].key && b->merges[j].key != key)
 		j = (j + 1) & b->merge_mask;
-	if (b->merges[j].key)
-		return;		/* a repeated merge keeps its first (lower) rank */
 	b->merges[j] = (struct merge_slot){ key, rank, id };
 }
 
