@@ -49,7 +49,7 @@ AL_SRC    := $(sort $(wildcard user/agentlang/*.c))
 # The cuda backend (user/backend/cuda*.c) is C over the CUDA ops: it goes
 # into libkvmem_cuda.a.
 LIB_SRC   := $(filter-out $(AL_SRC) $(wildcard user/backend/cuda*.c),$(sort $(wildcard user/*/*.c kernels/cpu/*.c)))
-CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c tools/kvmem/*/*.c))
+CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c tools/kvmem/*/*.c tools/serve/*.c))
 TEST_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 TEST_HELP := $(sort $(wildcard tests/unit/helpers/*.c))
 
