@@ -48,12 +48,14 @@
 #include "kvmem/model.h"
 #include "session/inspect.h"
 #include "cli_util.h"
+#include "recall_rag.h"
 #include "cmd.h"
 
 #define MAX_LIST 32
 #define MAX_POL 16
 #define EVAL_SEED_MIN 1000000000ull
 #define FULL "full"
+#define RAG "rag"	/* retrieve lines, prefill them again (recall_rag.h) */
 
 enum { SELECT_AHEAD, SELECT_KEY, SELECT_MARKER };
 
@@ -62,6 +64,7 @@ struct cell {
 	double inview;		/* sum over questions of the share of block sets
 				 * (layers, for a per-layer policy) holding the needle */
 	double secs, bytes;
+	double first_secs;	/* question in to first answer token out, summed */
 	int64_t *rank;		/* [questions]: the needle's rank among the scored
 				 * blocks (0: the best), for the median */
 };
@@ -111,7 +114,10 @@ static void usage(FILE *f)
 		"                     1 means W - 16 so that a question fits)\n"
 		"  --depths LIST      needle depths, 0 = oldest (default 0.1,0.3,0.5,0.7,0.9)\n"
 		"  --questions N      questions per (size, depth, policy) cell (default 200)\n"
-		"  --policies LIST    policies and 'full' (default: all of them)\n"
+		"  --policies LIST    policies, 'full' and 'rag' (default: all of them): rag\n"
+		"                     is the baseline without paging: the workspace's lines\n"
+		"                     BM25 ranks best for the question, as many as fill the\n"
+		"                     same budget, prefilled again with the question after\n"
 		"  --budget N         view budget in tokens (default: W - 32 - max(chunk, W/8),\n"
 		"                     a block multiple; the reserve takes the rest but 32)\n"
 		"  --lookalikes K     look-alike lines per needle (default 4)\n"
@@ -141,8 +147,10 @@ static void usage(FILE *f)
 		"\n"
 		"Columns: acc = exact-match answers; in-view = questions whose needle line\n"
 		"was in the view; rank = median number of blocks scored above the needle's\n"
-		"(0: first, whatever the budget); MB/q = pages read from the page source per\n"
-		"question (view and key reads, bf16 K+V pages).\n\n"
+		"(0: first, whatever the budget); ms/q = a question's time, answer included;\n"
+		"1st ms = question in to first answer token out (what an agent waits for);\n"
+		"MB/q = pages read from the page source per question (view and key reads,\n"
+		"bf16 K+V pages).\n\n"
 		"examples:\n"
 		"  kvmem bench recall --model models/agentlang --quick\n"
 		"  kvmem bench recall --model models/agentlang --sizes 1,16 --policies full,refine \\\n"
@@ -274,7 +282,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				       o->depths[i]), -1;
 	if (pols) {
 		for (char *t = strtok(pols, ","); t && o->n_pol < MAX_POL; t = strtok(NULL, ",")) {
-			if (strcmp(t, FULL) && !kvmem_policy_find(t)) {
+			if (strcmp(t, FULL) && strcmp(t, RAG) && !kvmem_policy_find(t)) {
 				fprintf(stderr, "kvmem bench recall: %s\n", kvmem_last_error());
 				return -1;
 			}
@@ -284,6 +292,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		o->pol[o->n_pol++] = FULL;
 		for (int i = 0; kvmem_policies[i] && o->n_pol < MAX_POL; i++)
 			o->pol[o->n_pol++] = kvmem_policies[i]->name;
+		if (o->n_pol < MAX_POL)
+			o->pol[o->n_pol++] = RAG;
 	}
 	return 0;
 }
@@ -524,6 +534,8 @@ static int ask(struct bench *b, kvmem_session *s, const agentlang_question *q, i
 	while (n < AGENTLANG_MAX_ANSWER) {
 		if (kvmem_session_decode(s, 1, NULL, &gen[n]))
 			return -1;
+		if (!n)
+			cl->first_secs += cli_now_s() - t0;
 		if (gen[n++] == AGENTLANG_END)
 			break;
 	}
@@ -536,6 +548,94 @@ static int ask(struct bench *b, kvmem_session *s, const agentlang_question *q, i
 	cl->inview += seen;
 	/* The next question starts a line, as in the language. */
 	return kvmem_session_append(s, &nl, 1, 0);
+}
+
+/* The greedy answer token after `logits`. */
+static int32_t greedy_token(const float *logits, int vocab)
+{
+	int32_t best = 0;
+
+	for (int i = 1; i < vocab; i++)
+		best = logits[i] > logits[best] ? i : best;
+	return best;
+}
+
+/*
+ * One question the way a retrieval pipeline answers it: the lines BM25
+ * ranks best within the budget, in history order, after <bos>, the
+ * question after them, all prefilled over an empty view v, then the
+ * answer decoded greedily. The needle counts as in view when its line's
+ * tokens are among the retrieved ones.
+ */
+static int rag_ask(struct bench *b, const struct rag_index *x, const agentlang_transcript *ws,
+		   kvmem_view *v, int32_t *prompt, float *logits, const agentlang_question *q,
+		   struct cell *cl)
+{
+	const int vocab = b->m->cfg.vocab;
+	int32_t gen[AGENTLANG_MAX_ANSWER];
+	int64_t n, nl = q->needle_end - q->needle_pos;
+	int k = 0, seen = 0;
+	double t0 = cli_now_s();
+
+	prompt[0] = AGENTLANG_BOS;
+	n = rag_retrieve(x, ws->ids + 1, q->ids, q->n_ids, b->budget, prompt + 1);
+	if (n < 0)
+		return kvmem_error(ENOMEM, "rag: out of memory");
+	for (int64_t i = 1; !seen && i + nl <= n + 1; i++)
+		seen = !memcmp(prompt + i, ws->ids + q->needle_pos, sizeof(int32_t) * nl);
+	memcpy(prompt + 1 + n, q->ids, sizeof(int32_t) * q->n_ids);
+	n += 1 + q->n_ids;
+	if (kvmem_backend_view_clear(b->e, v) < 0)
+		return -1;
+	for (int64_t at = 0; at < n; at += b->o.chunk) {
+		int c = n - at < b->o.chunk ? (int)(n - at) : b->o.chunk;
+
+		if (kvmem_backend_append(b->e, v, prompt + at, c, logits, 0) < 0)
+			return -1;
+	}
+	while (k < AGENTLANG_MAX_ANSWER) {
+		gen[k] = greedy_token(logits, vocab);
+		if (!k)
+			cl->first_secs += cli_now_s() - t0;
+		if (gen[k++] == AGENTLANG_END || k == AGENTLANG_MAX_ANSWER)
+			break;
+		if (kvmem_backend_append(b->e, v, &gen[k - 1], 1, logits, 0) < 0)
+			return -1;
+	}
+	cl->secs += cli_now_s() - t0;
+	cl->rank[cl->n] = -1;
+	cl->n++;
+	cl->ok += agentlang_exact_match(q, gen, k);
+	cl->inview += seen;
+	return 0;
+}
+
+/* Every question of one workspace answered by retrieval (RAG). */
+static int run_rag(struct bench *b, const agentlang_transcript *ws, const int *q_depth,
+		   struct cell *cl)
+{
+	const int np = b->o.n_pol;
+	struct rag_index x;
+	kvmem_view *v = NULL;
+	int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(b->budget + AGENTLANG_MAX_QUESTION + 2));
+	float *logits = malloc(sizeof(float) * (size_t)b->m->cfg.vocab);
+	int rc;
+
+	if (!prompt || !logits || rag_index_build(&x, ws->ids + 1, ws->n_ids - 1, b->m->cfg.vocab,
+						    AGENTLANG_NL) < 0) {
+		free(prompt);
+		free(logits);
+		return kvmem_error(ENOMEM, "rag: out of memory");
+	}
+	rc = kvmem_backend_view_new(b->e, b->budget + AGENTLANG_MAX_QUESTION + AGENTLANG_MAX_ANSWER + 2,
+				    &v);
+	for (int i = 0; i < ws->n_q && !rc; i++)
+		rc = rag_ask(b, &x, ws, v, prompt, logits, &ws->q[i], cl + (size_t)q_depth[i] * np);
+	kvmem_backend_view_free(b->e, v);
+	rag_index_free(&x);
+	free(prompt);
+	free(logits);
+	return rc;
 }
 
 /* Every policy over one workspace; q_depth[i] is question i's depth index. */
@@ -557,7 +657,7 @@ static int run_workspace(struct bench *b, int si, const agentlang_transcript *ws
 	int lab_pi = -1;
 
 	for (int pi = 0; b->o.lab && pi < np && lab_pi < 0; pi++)
-		lab_pi = strcmp(b->o.pol[pi], FULL) ? pi : -1;
+		lab_pi = strcmp(b->o.pol[pi], FULL) && strcmp(b->o.pol[pi], RAG) ? pi : -1;
 	for (int pi = 0; pi < np && !rc; pi++) {
 		const char *pol = b->o.pol[pi];
 		int full = !strcmp(pol, FULL);
@@ -576,6 +676,10 @@ static int run_workspace(struct bench *b, int si, const agentlang_transcript *ws
 
 		if (full && !fits)
 			continue;
+		if (!strcmp(pol, RAG)) {
+			rc = run_rag(b, ws, q_depth, cl);
+			continue;
+		}
 		if (full && !full_src.ops && prefill(b, ws, 0, &full_src)) {
 			rc = -1;
 			break;
@@ -641,24 +745,26 @@ static void report_cell(struct bench *b, int si, int di, int pi)
 		return;
 	size_name(name, sizeof(name), n, b->o.sizes[si]);
 	double acc = 100.0 * c->ok / c->n, ms = 1e3 * c->secs / c->n, mb = c->bytes / c->n / 1e6;
+	double first = 1e3 * c->first_secs / c->n;
 	int64_t rank = median_rank(c);
 
-	printf("%-14s %5.2f  %-9s %6.1f%% %5lld  %6.1f%%  %6lld  %7.1f  %7.3f\n", name,
+	printf("%-14s %5.2f  %-9s %6.1f%% %5lld  %6.1f%%  %6lld  %7.1f  %7.1f  %7.3f\n", name,
 	       b->o.depths[di], pol, acc, (long long)c->n, 100.0 * c->inview / c->n,
-	       (long long)rank, ms, mb);
+	       (long long)rank, ms, first, mb);
 	if (b->json)
 		fprintf(b->json, "{\"tokens\": %lld, \"size\": %g, \"depth\": %g, \"policy\": \"%s\", "
 			"\"accuracy\": %.4f, \"questions\": %lld, \"needle_in_view\": %.4f, "
 			"\"needle_rank_median\": %lld, "
-			"\"ms_per_question\": %.3f, \"mb_paged_per_question\": %.4f, "
+			"\"ms_per_question\": %.3f, \"first_token_ms\": %.3f, "
+			"\"mb_paged_per_question\": %.4f, "
 			"\"budget\": %lld, \"window\": %d}\n", (long long)n, b->o.sizes[si],
 			b->o.depths[di], pol, acc / 100, (long long)c->n,
-			(double)c->inview / c->n, (long long)rank, ms, mb,
+			(double)c->inview / c->n, (long long)rank, ms, first, mb,
 			!strcmp(pol, FULL) ? 0LL : (long long)b->budget, b->W);
 	if (b->csv)
-		fprintf(b->csv, "%lld,%g,%g,%s,%.4f,%lld,%.4f,%.3f,%.4f,%lld\n", (long long)n,
+		fprintf(b->csv, "%lld,%g,%g,%s,%.4f,%lld,%.4f,%.3f,%.4f,%lld,%.3f\n", (long long)n,
 			b->o.sizes[si], b->o.depths[di], pol, acc / 100, (long long)c->n,
-			(double)c->inview / c->n, ms, mb, (long long)rank);
+			(double)c->inview / c->n, ms, mb, (long long)rank, first);
 }
 
 static void summary(struct bench *b)
@@ -809,15 +915,15 @@ int bench_recall(int argc, char **argv)
 	}
 	if (b.csv)
 		fprintf(b.csv, "tokens,size,depth,policy,accuracy,questions,needle_in_view,"
-			"ms_per_question,mb_paged_per_question,needle_rank_median\n");
+			"ms_per_question,mb_paged_per_question,needle_rank_median,first_token_ms\n");
 	printf("kvmem bench recall: %s (window %d, %.2fM parameters, %s backend), budget %lld + "
 	       "reserve %lld, block %d, %d look-alikes per needle, %d questions per cell, seeds from "
 	       "%llu\n", b.o.model, b.W, kvmem_config_params(c) / 1e6, kvmem_backend_name(b.e),
 	       (long long)b.budget,
 	       (long long)b.reserve, b.o.block, b.o.lookalikes, b.o.questions,
 	       (unsigned long long)b.o.seed);
-	printf("%-14s %5s  %-9s %7s %5s  %7s  %6s  %7s  %7s\n", "workspace", "depth", "policy",
-	       "acc", "n", "in-view", "rank", "ms/q", "MB/q");
+	printf("%-14s %5s  %-9s %7s %5s  %7s  %6s  %7s  %7s  %7s\n", "workspace", "depth", "policy",
+	       "acc", "n", "in-view", "rank", "ms/q", "1st ms", "MB/q");
 	rc = 0;
 	for (int si = 0; si < b.o.n_sizes && !rc; si++)
 		if (run_size(&b, si)) {
