@@ -55,9 +55,10 @@ enum kvmem_dtype { KVMEM_DTYPE_F32 = 1, KVMEM_DTYPE_BF16 = 2, KVMEM_DTYPE_F16 = 
 size_t kvmem_dtype_bytes(uint32_t dtype);	/* 0 when unknown */
 const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
 
-/* Write s as a JSON string literal (quotes and escapes) to f. Bytes >= 0x80
- * pass through as they are (the caller supplies UTF-8). Returns 0, or -1 on
- * a write error (errno says which). */
+/* Write s as a JSON string literal (quotes and escapes, by jansson) to f.
+ * Returns 0, or -EILSEQ when s is not valid UTF-8 (nothing is written), or
+ * the write error's -errno (errno set too). No message: the caller names
+ * the file. */
 int kvmem_json_write_str(FILE *f, const char *s);
 
 /* Write all len bytes of buf to fd at off (off < 0: at the file position),

@@ -33,7 +33,7 @@ struct priv {
 	kvmem_st_file **files;
 	bool *keep;		/* a file some tensor is used in place from */
 	int nfiles;
-	kvmem_json *index;	/* the shard index, when there is one */
+	json_t *index;		/* the shard index, when there is one */
 	char index_path[4200];
 	void **bufs;		/* converted tensors */
 	size_t nbufs;
@@ -44,8 +44,8 @@ struct priv {
 static const kvmem_st_tensor *locate(const struct priv *p, const char *name, int *file)
 {
 	if (p->index) {
-		const char *fname = kvmem_json_str(kvmem_json_get(kvmem_json_get(p->index, "weight_map"),
-							      name), NULL);
+		const char *fname = json_string_value(json_object_get(json_object_get(p->index,
+										      "weight_map"), name));
 
 		for (int i = 0; fname && i < p->nfiles; i++) {
 			const char *path = kvmem_st_path(p->files[i]);
@@ -83,30 +83,33 @@ static int add_file(struct priv *p, const char *path)
 /* Open every shard the index names and check the index against them. */
 static int open_shards(struct priv *p, const char *dir)
 {
-	const kvmem_json *wm;
+	json_t *wm, *file;
+	const char *tensor;
 	char *text;
 	size_t len;
+	int rc;
 
-	if (kvmem_mf_read(p->index_path, 64u << 20, &text, &len) < 0)
-		return -1;
-	p->index = kvmem_json_parse(text, len, p->index_path);
+	if ((rc = kvmem_mf_read(p->index_path, 64u << 20, &text, &len)) < 0)
+		return rc;
+	rc = kvmem_json_load(text, len, p->index_path, &p->index);
 	free(text);
-	if (!p->index || kvmem_mf_refuse_nul(p->index, p->index_path))
-		return -1;
-	wm = kvmem_json_get(p->index, "weight_map");
-	if (kvmem_json_typeof(wm) != KVMEM_JSON_OBJECT || !kvmem_json_len(wm))
+	if (rc < 0)
+		return rc;
+	wm = json_object_get(p->index, "weight_map");
+	if (!json_is_object(wm) || !json_object_size(wm))
 		return kvmem_error(EINVAL, "%s: 'weight_map' must be a non-empty object of tensor -> file",
 				 p->index_path);
-	for (size_t i = 0; i < kvmem_json_len(wm); i++) {
-		const char *fname = kvmem_json_str(kvmem_json_at(wm, i), NULL);
+	json_object_foreach(wm, tensor, file) {
+		const char *fname = json_string_value(file);
 		char path[8400];
 		bool seen = false;
 
 		if (!fname || !*fname || fname[0] == '.' || strchr(fname, '/'))
 			return kvmem_error(EINVAL, "%s: weight_map entry '%s' must name a file in the model "
-					 "directory", p->index_path, kvmem_json_key(wm, i));
-		for (size_t j = 0; j < i && !seen; j++)
-			seen = !strcmp(fname, kvmem_json_str(kvmem_json_at(wm, j), ""));
+					 "directory", p->index_path, tensor);
+		/* Seen when an earlier shard has this path (the shards are few). */
+		for (int j = 0; j < p->nfiles && !seen; j++)
+			seen = !strcmp(strrchr(kvmem_st_path(p->files[j]), '/') + 1, fname);
 		if (seen)
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir, fname);
@@ -118,13 +121,12 @@ static int open_shards(struct priv *p, const char *dir)
 		}
 	}
 	/* Each listed tensor is where the index says; none is in two shards. */
-	for (size_t i = 0; i < kvmem_json_len(wm); i++) {
+	json_object_foreach(wm, tensor, file) {
 		int f;
 
-		if (!locate(p, kvmem_json_key(wm, i), &f))
+		if (!locate(p, tensor, &f))
 			return kvmem_error(EINVAL, "%s: weight_map puts '%s' in %s, which does not hold it",
-					 p->index_path, kvmem_json_key(wm, i),
-					 kvmem_json_str(kvmem_json_at(wm, i), ""));
+					 p->index_path, tensor, json_string_value(file));
 	}
 	for (int a = 0; a < p->nfiles; a++)
 		for (size_t i = 0; i < kvmem_st_count(p->files[a]); i++) {
@@ -463,7 +465,7 @@ int kvmem_model_open(const char *dir, int flags, kvmem_model **out)
 			kvmem_st_close(p->files[f]);
 			p->files[f] = NULL;
 		}
-	kvmem_json_free(p->index);
+	json_decref(p->index);
 	p->index = NULL;
 	*out = m;
 	return 0;
@@ -489,7 +491,7 @@ void kvmem_model_free(kvmem_model *m)
 			kvmem_st_close(p->files[f]);
 		for (size_t i = 0; i < p->nbufs; i++)
 			free(p->bufs[i]);
-		kvmem_json_free(p->index);
+		json_decref(p->index);
 		free(p->files);
 		free(p->keep);
 		free(p->bufs);
