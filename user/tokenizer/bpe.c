@@ -299,8 +299,10 @@ static int load_merges(struct bpe *b, const json_t *merges, const char *path,
 		if (json_is_string(m)) {
 			const char *s = json_string_value(m), *sp = strchr(s, ' ');
 
-			if (!sp || strchr(sp + 1, ' '))
-				return kvmem_error(EINVAL, "%s: merge %zu is not \"a b\"", path, i);
+			if (!sp || strchr(sp + 1, ' ')) {	/* break: l and r are freed below */
+				rc = kvmem_error(EINVAL, "%s: merge %zu is not \"a b\"", path, i);
+				break;
+			}
 			a = s;
 			al = (size_t)(sp - s);
 			c = sp + 1;
@@ -312,8 +314,9 @@ static int load_merges(struct bpe *b, const json_t *merges, const char *path,
 			c = json_string_value(json_array_get(m, 1));
 			cl = json_string_length(json_array_get(m, 1));
 		} else {
-			return kvmem_error(EINVAL, "%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]",
-					   path, i);
+			rc = kvmem_error(EINVAL, "%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]",
+					 path, i);
+			break;
 		}
 		l = realloc(l, al + 1);
 		r = realloc(r, cl + 1);
