@@ -143,7 +143,8 @@ typedef struct kvmem_lang_workspace {
 /* Build a workspace. The questions are not in ids: a caller appends q[i].ids
  * after the history and expects q[i].answer. Every needle is the latest value
  * of its key in its file, so the answer is right whatever order the questions
- * come in. Fails (-1) on bad parameters, e.g. more needles than fit. */
+ * come in. Fails with -EINVAL on bad parameters (e.g. more needles than fit),
+ * -ENOMEM. */
 int kvmem_lang_workspace_build(const kvmem_lang_params *p, kvmem_lang_workspace *ws);
 void kvmem_lang_workspace_free(kvmem_lang_workspace *ws);
 

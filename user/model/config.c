@@ -251,7 +251,7 @@ int kvmem_config_load(kvmem_config *c, const char *dir)
 	if (stat(dir, &st))
 		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
-		return kvmem_error(EINVAL, "%s: not a directory (a model is a directory holding config.json "
+		return kvmem_error(ENOTDIR, "%s: not a directory (a model is a directory holding config.json "
 				 "and *.safetensors)", dir);
 	snprintf(path, sizeof(path), "%s/config.json", dir);
 	if (!kvmem_mf_exists(path))
@@ -276,17 +276,19 @@ static int bound(int v, int lo, int hi, const char *key, const char *name)
 
 int kvmem_config_validate(const kvmem_config *c, const char *name)
 {
+	int rc;
+
 	if (!name)
 		name = "config";
-	if (bound(c->n_layers, 1, 1024, "num_hidden_layers", name) ||
-	    bound(c->hidden, 1, 1 << 20, "hidden_size", name) ||
-	    bound(c->n_heads, 1, 1024, "num_attention_heads", name) ||
-	    bound(c->n_kv_heads, 1, 1024, "num_key_value_heads", name) ||
-	    bound(c->head_dim, 2, 1024, "head_dim", name) ||
-	    bound(c->intermediate, 1, 1 << 20, "intermediate_size", name) ||
-	    bound(c->vocab, 1, 1 << 24, "vocab_size", name) ||
-	    bound(c->max_position, 1, 1 << 30, "max_position_embeddings", name))
-		return -1;
+	if ((rc = bound(c->n_layers, 1, 1024, "num_hidden_layers", name)) ||
+	    (rc = bound(c->hidden, 1, 1 << 20, "hidden_size", name)) ||
+	    (rc = bound(c->n_heads, 1, 1024, "num_attention_heads", name)) ||
+	    (rc = bound(c->n_kv_heads, 1, 1024, "num_key_value_heads", name)) ||
+	    (rc = bound(c->head_dim, 2, 1024, "head_dim", name)) ||
+	    (rc = bound(c->intermediate, 1, 1 << 20, "intermediate_size", name)) ||
+	    (rc = bound(c->vocab, 1, 1 << 24, "vocab_size", name)) ||
+	    (rc = bound(c->max_position, 1, 1 << 30, "max_position_embeddings", name)))
+		return rc;
 	if (c->head_dim % 2)
 		return kvmem_error(EINVAL, "%s: head_dim %d must be even (RoPE turns pairs of dimensions)",
 				 name, c->head_dim);

@@ -95,20 +95,20 @@ static int parse_tensor(kvmem_st_file *f, const char *name, const json_t *v, uin
 
 	t->name = name;
 	if (!json_is_object(v))
-		return kvmem_error(EINVAL, "%s: tensor '%s': expected an object with dtype, shape and "
+		return kvmem_error(EBADMSG, "%s: tensor '%s': expected an object with dtype, shape and "
 				 "data_offsets, found %s", f->path, name, kvmem_json_type_name(v));
 	if (!json_is_string(dt))
-		return kvmem_error(EINVAL, "%s: tensor '%s' has no dtype string", f->path, name);
+		return kvmem_error(EBADMSG, "%s: tensor '%s' has no dtype string", f->path, name);
 	d = kvmem_st_dtype_parse(json_string_value(dt));
 	if (d < 0)
-		return kvmem_error(EINVAL, "%s: tensor '%s' has unknown dtype '%.40s'", f->path, name,
+		return kvmem_error(EBADMSG, "%s: tensor '%s' has unknown dtype '%.40s'", f->path, name,
 				 json_string_value(dt));
 	t->dtype = (kvmem_st_dtype)d;
 
 	if (!json_is_array(shape))
-		return kvmem_error(EINVAL, "%s: tensor '%s' has no shape array", f->path, name);
+		return kvmem_error(EBADMSG, "%s: tensor '%s' has no shape array", f->path, name);
 	if (json_array_size(shape) > KVMEM_ST_MAX_DIMS)
-		return kvmem_error(EINVAL, "%s: tensor '%s' has %zu dimensions (at most %d are read)",
+		return kvmem_error(EBADMSG, "%s: tensor '%s' has %zu dimensions (at most %d are read)",
 				 f->path, name, json_array_size(shape), KVMEM_ST_MAX_DIMS);
 	t->ndim = (int)json_array_size(shape);
 	t->numel = 1;
@@ -116,33 +116,33 @@ static int parse_tensor(kvmem_st_file *f, const char *name, const json_t *v, uin
 		int64_t n = count_of(json_array_get(shape, (size_t)i));
 
 		if (n < 0)
-			return kvmem_error(EINVAL, "%s: tensor '%s': shape entry %d is not a non-negative integer",
+			return kvmem_error(EBADMSG, "%s: tensor '%s': shape entry %d is not a non-negative integer",
 					 f->path, name, i);
 		t->shape[i] = n;
 		if (n && t->numel > UINT64_MAX / 16 / (uint64_t)n)
-			return kvmem_error(EINVAL, "%s: tensor '%s': shape is too large", f->path, name);
+			return kvmem_error(EBADMSG, "%s: tensor '%s': shape is too large", f->path, name);
 		t->numel *= (uint64_t)n;
 	}
 	t->nbytes = t->numel * kvmem_st_dtype_size(t->dtype);
 
 	if (json_array_size(offs) != 2 || count_of(json_array_get(offs, 0)) < 0 ||
 	    count_of(json_array_get(offs, 1)) < 0)
-		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets must be two non-negative integers",
+		return kvmem_error(EBADMSG, "%s: tensor '%s': data_offsets must be two non-negative integers",
 				 f->path, name);
 	begin = (uint64_t)count_of(json_array_get(offs, 0));
 	end = (uint64_t)count_of(json_array_get(offs, 1));
 	if (end < begin)
-		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
+		return kvmem_error(EBADMSG, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
 				 f->path, name, (unsigned long long)begin, (unsigned long long)end);
 	if (end > data_len)
-		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the "
+		return kvmem_error(EBADMSG, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the "
 				 "data (%llu bytes): the file is truncated or the offsets are wrong",
 				 f->path, name, (unsigned long long)begin, (unsigned long long)end,
 				 (unsigned long long)data_len);
 	if (end - begin != t->nbytes) {
 		char s[160];
 
-		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but "
+		return kvmem_error(EBADMSG, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but "
 				 "shape %s of %s needs %llu", f->path, name,
 				 (unsigned long long)begin, (unsigned long long)end,
 				 (unsigned long long)(end - begin),
@@ -160,11 +160,11 @@ static int check_metadata(kvmem_st_file *f, json_t *meta)
 	json_t *v;
 
 	if (!json_is_object(meta))
-		return kvmem_error(EINVAL, "%s: __metadata__ must be an object, found %s", f->path,
+		return kvmem_error(EBADMSG, "%s: __metadata__ must be an object, found %s", f->path,
 				 kvmem_json_type_name(meta));
 	json_object_foreach(meta, key, v)
 		if (!json_is_string(v))
-			return kvmem_error(EINVAL, "%s: __metadata__ value of '%s' must be a string, found %s",
+			return kvmem_error(EBADMSG, "%s: __metadata__ value of '%s' must be a string, found %s",
 					 f->path, key, kvmem_json_type_name(v));
 	f->meta = meta;
 	return 0;
@@ -197,21 +197,21 @@ static int parse_header(kvmem_st_file *f)
 	int rc;
 
 	if (f->size < 8)
-		return kvmem_error(EINVAL, "%s: file is %zu bytes, too short for the 8-byte header length "
+		return kvmem_error(EBADMSG, "%s: file is %zu bytes, too short for the 8-byte header length "
 				 "(truncated, or not a safetensors file)", f->path, f->size);
 	for (i = 0; i < 8; i++)
 		hlen |= (uint64_t)f->base[i] << (8 * i);
 	if (hlen > f->size - 8)
-		return kvmem_error(EINVAL, "%s: header length %llu runs past the end of the file (%zu bytes): "
+		return kvmem_error(EBADMSG, "%s: header length %llu runs past the end of the file (%zu bytes): "
 				 "truncated, or not a safetensors file", f->path,
 				 (unsigned long long)hlen, f->size);
 	if (hlen > KVMEM_ST_MAX_HEADER)
-		return kvmem_error(EINVAL, "%s: header length %llu is above the %u MB limit", f->path,
+		return kvmem_error(EBADMSG, "%s: header length %llu is above the %u MB limit", f->path,
 				 (unsigned long long)hlen, KVMEM_ST_MAX_HEADER >> 20);
 	h = f->base + 8;
 	f->header_hash = XXH3_64bits(f->base, 8 + hlen);
 	if (!hlen || h[0] != '{')
-		return kvmem_error(EINVAL, "%s: the header does not start with '{': not a safetensors file",
+		return kvmem_error(EBADMSG, "%s: the header does not start with '{': not a safetensors file",
 				 f->path);
 	snprintf(jname, sizeof(jname), "%s (header)", f->path);
 	if ((rc = kvmem_json_load((const char *)h, hlen, jname, &f->doc)) < 0)
@@ -229,7 +229,7 @@ static int parse_header(kvmem_st_file *f)
 			continue;
 		}
 		if (!*key)
-			return kvmem_error(EINVAL, "%s: a tensor has an empty name", f->path);
+			return kvmem_error(EBADMSG, "%s: a tensor has an empty name", f->path);
 		if ((rc = parse_tensor(f, key, v, data_len, &f->t[n])))
 			return rc;
 		n++;
@@ -244,7 +244,7 @@ static int parse_header(kvmem_st_file *f)
 		if (a->nbytes && b->nbytes && b->offset < a->offset + a->nbytes) {
 			uint64_t d0 = f->size - data_len;
 
-			return kvmem_error(EINVAL, "%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap",
+			return kvmem_error(EBADMSG, "%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap",
 					 f->path, a->name, (unsigned long long)(a->offset - d0),
 					 (unsigned long long)(a->offset - d0 + a->nbytes), b->name,
 					 (unsigned long long)(b->offset - d0),
@@ -274,15 +274,16 @@ static kvmem_st_file *file_new(const char *name)
 int kvmem_st_parse(const void *buf, size_t len, const char *name, kvmem_st_file **out)
 {
 	kvmem_st_file *f = file_new(name);
+	int rc;
 
 	*out = NULL;
 	if (!f)
-		return -1;
+		return -ENOMEM;	/* file_new said so */
 	f->base = buf;
 	f->size = len;
-	if (parse_header(f)) {
+	if ((rc = parse_header(f))) {
 		kvmem_st_close(f);
-		return -1;
+		return rc;
 	}
 	*out = f;
 	return 0;
@@ -292,16 +293,16 @@ int kvmem_st_open(const char *path, kvmem_st_file **out)
 {
 	kvmem_st_file *f;
 	struct stat st;
-	int fd;
+	int fd, rc;
 
 	*out = NULL;
 	/* Without blocking on a FIFO; a dangling link or a device is named. */
-	if (kvmem_mf_open(path, &fd, &st) < 0)
-		return kvmem_fail();
+	if ((rc = kvmem_mf_open(path, &fd, &st)) < 0)
+		return rc;
 	f = file_new(path);
 	if (!f) {
 		close(fd);
-		return -1;
+		return -ENOMEM;	/* file_new said so */
 	}
 	f->size = (size_t)st.st_size;
 	f->st = st;
@@ -309,18 +310,19 @@ int kvmem_st_open(const char *path, kvmem_st_file **out)
 		void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
 
 		if (map == MAP_FAILED) {
-			kvmem_error(errno, "%s: cannot map %zu bytes: %s", path, f->size, strerror(errno));
+			rc = kvmem_error(errno, "%s: cannot map %zu bytes: %s", path, f->size,
+					 strerror(errno));
 			close(fd);
 			kvmem_st_close(f);
-			return -1;
+			return rc;
 		}
 		f->base = map;
 		f->mapped = true;
 	}
 	close(fd);
-	if (parse_header(f)) {
+	if ((rc = parse_header(f))) {
 		kvmem_st_close(f);
-		return -1;
+		return rc;
 	}
 	*out = f;
 	return 0;

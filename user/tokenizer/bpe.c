@@ -160,7 +160,7 @@ static int max_id(json_t *vocab, const json_t *added, int64_t *max)
 	*max = -1;
 	json_object_foreach(vocab, key, v) {
 		if (id_of(v) < 0)
-			return -1;
+			return -EINVAL;
 		if (id_of(v) > *max)
 			*max = id_of(v);
 	}
@@ -168,7 +168,7 @@ static int max_id(json_t *vocab, const json_t *added, int64_t *max)
 		int64_t id = id_of(json_object_get(json_array_get(added, i), "id"));
 
 		if (id < 0 || id >= (1 << 24))
-			return -1;
+			return -EINVAL;
 		if (id > *max)
 			*max = id;
 	}
@@ -195,6 +195,7 @@ static const char *str_of(const json_t *obj, const char *key, const char *def)
 static int load_pretok(struct bpe *b, const json_t *pt, const char *path, const char **pat)
 {
 	const char *type = str_of(pt, "type", "");
+	int rc;
 
 	if (!pt || json_is_null(pt))
 		return 0;
@@ -202,8 +203,8 @@ static int load_pretok(struct bpe *b, const json_t *pt, const char *path, const 
 		const json_t *list = json_object_get(pt, "pretokenizers");
 
 		for (size_t i = 0; i < json_array_size(list); i++)
-			if (load_pretok(b, json_array_get(list, i), path, pat))
-				return -1;
+			if ((rc = load_pretok(b, json_array_get(list, i), path, pat)))
+				return rc;
 		return 0;
 	}
 	if (!strcmp(type, "Split")) {
@@ -236,6 +237,7 @@ static int load_pretok(struct bpe *b, const json_t *pt, const char *path, const 
 static int load_normalizer(struct bpe *b, const json_t *nm, const char *path)
 {
 	const char *type = str_of(nm, "type", "");
+	int rc;
 
 	if (!nm || json_is_null(nm))
 		return 0;
@@ -247,8 +249,8 @@ static int load_normalizer(struct bpe *b, const json_t *nm, const char *path)
 		const json_t *list = json_object_get(nm, "normalizers");
 
 		for (size_t i = 0; i < json_array_size(list); i++)
-			if (load_normalizer(b, json_array_get(list, i), path))
-				return -1;
+			if ((rc = load_normalizer(b, json_array_get(list, i), path)))
+				return rc;
 		return 0;
 	}
 	return kvmem_error(ENOTSUP, "%s: normalizer '%s' is not supported (NFC or none)", path, type);
@@ -359,6 +361,7 @@ static int bpe_load_json(struct bpe *b, const json_t *doc, const char *path)
 	const json_t *added = json_object_get(doc, "added_tokens");
 	const char *pat = NULL, *k;
 	size_t entry = 0;
+	int rc;
 	uint32_t cp_of[256];
 	int16_t byte_of[512];
 	int64_t top;
@@ -442,11 +445,10 @@ static int bpe_load_json(struct bpe *b, const json_t *doc, const char *path)
 		b->is_added[id] = ad->special ? 2 : 1;
 	}
 	qsort(b->added, (size_t)b->n_added, sizeof(*b->added), added_cmp);
-	if (load_merges(b, json_object_get(model, "merges"), path, byte_of))
-		return -1;
-	if (load_normalizer(b, json_object_get(doc, "normalizer"), path) ||
-	    load_pretok(b, json_object_get(doc, "pre_tokenizer"), path, &pat))
-		return -1;
+	if ((rc = load_merges(b, json_object_get(model, "merges"), path, byte_of)) ||
+	    (rc = load_normalizer(b, json_object_get(doc, "normalizer"), path)) ||
+	    (rc = load_pretok(b, json_object_get(doc, "pre_tokenizer"), path, &pat)))
+		return rc;
 	if (pat) {
 		int err;
 		PCRE2_SIZE off;
@@ -500,8 +502,7 @@ int kvmem_tokenizer_load_file(const char *path, kvmem_tokenizer **out)
 		free(b);
 		return rc;
 	}
-	if (bpe_load_json(b, doc, path)) {
-		rc = kvmem_fail();
+	if ((rc = bpe_load_json(b, doc, path))) {
 		json_decref(doc);
 		bpe_free(b);
 		return rc;
@@ -607,6 +608,7 @@ static int bpe_word(const struct bpe *b, struct scratch *s, const unsigned char 
 		    kvmem_ids *out)
 {
 	size_t hn = 0;
+	int rc;
 
 	if (b->ignore_merges) {
 		int32_t id = kvmem_strmap_get(&b->map, (const char *)w, n);
@@ -665,8 +667,8 @@ static int bpe_word(const struct bpe *b, struct scratch *s, const unsigned char 
 		try_pair(b, s, &hn, l);
 	}
 	for (int32_t i = 0; i >= 0; i = s->next[i])
-		if (kvmem_ids_push(out, &s->id[i], 1))
-			return -1;
+		if ((rc = kvmem_ids_push(out, &s->id[i], 1)))
+			return rc;
 	return 0;
 }
 
