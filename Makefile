@@ -31,10 +31,11 @@ WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wmissing-prototypes
 OPT     ?= -O2 -g
 BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -I. -Iinclude -Iinclude/uapi $(BLAS_INC) -MMD -MP
-# pcre2 and unistring: the tokenizer's pre-tokenizer regex and NFC (user/tokenizer/).
-LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lpcre2-8 -lunistring -lm -lpthread -fopenmp
-# The server (kvmem serve): HTTP and JSON, the CLI's alone.
-SERVE_LIBS := -lmicrohttpd -ljansson
+# pcre2 and unistring: the tokenizer's pre-tokenizer regex and NFC (user/tokenizer/);
+# jansson: every JSON file the library reads (user/util/json.h) and kvmem serve's API.
+LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lpcre2-8 -lunistring -ljansson -lm -lpthread -fopenmp
+# The server (kvmem serve): HTTP, the CLI's alone.
+SERVE_LIBS := -lmicrohttpd
 
 ifeq ($(SAN),1)
 O       := $(BUILD)-asan
@@ -177,7 +178,8 @@ static:
 	    -luring -lnuma -lxxhash -lpcre2-8 -lunistring -ljansson -lgfortran -lquadmath -lm \
 	    -lpthread -fopenmp
 # kvmem serve stays out of the static binary: Debian's libmicrohttpd pulls in
-# GnuTLS, whose p11-kit has no static library (jansson is for run --chat).
+# GnuTLS, whose p11-kit has no static library (jansson, the JSON library, links
+# statically: Debian ships libjansson.a).
 build/static-obj/obj/tools/%.o: tools/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuser -Itools/kvmem -DKVMEM_NO_SERVE -c $< -o $@

@@ -6,7 +6,8 @@ set -e
 PKGS="gcc make libc6-dev libopenblas-dev liburing-dev libnuma-dev libxxhash-dev
       libcmocka-dev systemtap-sdt-dev gnuplot-nox pkgconf binutils"
 # The tokenizer (user/tokenizer/: PCRE2 for the pre-tokenizer's regex, libunistring
-# for NFC) and kvmem serve (libmicrohttpd for HTTP, jansson for its JSON).
+# for NFC), jansson (every JSON the library and kvmem serve read) and kvmem
+# serve's HTTP (libmicrohttpd).
 PKGS="$PKGS libpcre2-dev libunistring-dev libmicrohttpd-dev libjansson-dev"
 # mkfs.ext4 (the full-disk test on a loop-mounted ext4, tests/unit/test_faults.c).
 PKGS="$PKGS e2fsprogs"

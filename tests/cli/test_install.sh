@@ -35,13 +35,15 @@ nm -D --defined-only "$tmp/dest/usr/lib/libkvmem.so" | awk '$2 != "A" {sub(/@.*/
 others=$(grep -v '^kvmem_' "$tmp/names")
 [ -z "$others" ] || bad "libkvmem.so exports other names: $(echo $others | head -c 300)"
 grep -qx 'kvmem_session_create' "$tmp/names" || bad "kvmem_session_create is not exported"
-grep -qx 'kvmem_json_parse\|kvmem_st_open\|kvmem_write_all\|kvmem_hostpool_create' "$tmp/names" &&
+grep -qx 'kvmem_json_load\|kvmem_json_write_str\|kvmem_st_open\|kvmem_write_all\|kvmem_hostpool_create' "$tmp/names" &&
 	bad "private kvmem_ helpers are exported"
 objdump -p "$tmp/dest/usr/lib/libkvmem.so" | grep -q 'SONAME.*libkvmem\.so\.[0-9]' ||
 	bad "no soname"
 
 export PKG_CONFIG_PATH="$tmp/dest/usr/lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$tmp/dest"
 flags=$(pkg-config --cflags --libs kvmem) || bad "pkg-config kvmem"
+# A static link needs every library libkvmem.a calls into, jansson too.
+pkg-config --static --libs kvmem | grep -q -- '-ljansson' || bad "kvmem.pc: Libs.private lacks -ljansson"
 if ! cc -std=c11 -Wall -Wextra -Werror Documentation/examples/embed.c $flags -o "$tmp/embed" \
 	2>"$tmp/cc.log"; then
 	cat "$tmp/cc.log"

@@ -11,7 +11,7 @@
 # it from then on (tests/unit/test_fuzz_<t>.c). Needs clang, libclang-rt-dev
 # and libomp-dev (tools/deps.sh installs them).
 
-FUZZ_TARGETS := config safetensors script tokens manifest state
+FUZZ_TARGETS := config safetensors script tokens manifest state json tokenizer
 FUZZ         ?= $(FUZZ_TARGETS)
 FUZZ_SECONDS ?= 60
 FUZZ_DIR     := $(BUILD)-fuzz

@@ -143,7 +143,8 @@ typedef struct agentlang_transcript {
 /* Build a workspace. The questions are not in ids: a caller appends q[i].ids
  * after the history and expects q[i].answer. Every needle is the latest value
  * of its key in its file, so the answer is right whatever order the questions
- * come in. Fails (-1) on bad parameters, e.g. more needles than fit. */
+ * come in. Fails with -EINVAL on bad parameters (e.g. more needles than fit),
+ * -ENOMEM. */
 int agentlang_transcript_build(const agentlang_params *p, agentlang_transcript *ws);
 void agentlang_transcript_free(agentlang_transcript *ws);
 

@@ -40,7 +40,7 @@ static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, in
 
 	if (al_gen_init(&g, al_mix64(seed) ^ 0x5851f42d4c957f2dull, index, L, nbg < 6 ? 6 : nbg,
 			q_rate))
-		return -1;
+		return kvmem_fail();
 	int rc = al_push(&g, AGENTLANG_BOS);
 	while (!rc && g.limit - g.len >= AL_EP_MAX)
 		rc = al_ep_background(&g);
@@ -168,7 +168,7 @@ static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int3
 		depths[i] = al_unit(r);
 	p.depths = depths;
 	if (M > 64 || agentlang_transcript_build(&p, &ws))
-		return M > 64 ? kvmem_error(EINVAL, "agentlang: %d needles in one view", M) : -1;
+		return M > 64 ? kvmem_error(EINVAL, "agentlang: %d needles in one view", M) : kvmem_fail();
 
 	int64_t tail = 0, n = 0;
 	for (int i = 0; i < ws.n_q; i++)
@@ -186,7 +186,7 @@ static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int3
 			free(keep);
 			free(cand);
 			agentlang_transcript_free(&ws);
-			return -1;
+			return kvmem_fail();
 		}
 		for (int64_t i = 0; i < ws.n_ids; i++)
 			if (keep[i])

@@ -121,7 +121,7 @@ static int reserve(struct al_gen *g, struct needle *nd)
 			   { other_kp(g, kp), kn } };
 
 	if (f < 0)
-		return -1;
+		return kvmem_fail();
 	for (int i = 3; i > 0; i--) {
 		int j = (int)al_below(&g->rng, (uint32_t)i + 1), a = keys[i][0], b = keys[i][1];
 
@@ -141,7 +141,7 @@ static int reserve(struct al_gen *g, struct needle *nd)
 		int sf = al_file_new(g, s == 0 ? base : -1, e, 0);
 
 		if (sf < 0)
-			return -1;
+			return kvmem_fail();
 		al_file_add_key(g, sf, kp, kn);
 		al_file_add_key(g, sf, kp, other_kn(g, kn, 0));
 		al_file_add_key(g, sf, g->kp_pool[al_below(&g->rng, (uint32_t)g->nkp_pool)],
@@ -221,19 +221,19 @@ static int emit_event(struct al_gen *g, const agentlang_params *p, const struct 
 	switch (ev->kind) {
 	case EV_STALE:
 		if (set_fresh(g, nd->f, nd->k, &nd->v))
-			return -1;
+			return kvmem_fail();
 		q->stale_pos = g->fact_line;
 		return 0;
 	case EV_NEEDLE:
 		if (al_chance(&g->rng, p->needle_cat)) {
 			rf->key[nd->k].v = nd->v;
 			if (al_ep_cat(g, nd->f))
-				return -1;
+				return kvmem_fail();
 			q->needle_pos = g->cat_line[nd->k];
 			q->value_pos = g->cat_value[nd->k];
 		} else {
 			if (al_ep_set(g, nd->f, nd->k, &nd->v))
-				return -1;
+				return kvmem_fail();
 			q->needle_pos = g->fact_line;
 			q->value_pos = g->fact_value;
 		}
@@ -288,7 +288,7 @@ static int run(struct al_gen *g, const agentlang_params *p, agentlang_transcript
 
 	for (int i = 0; i < M; i++)
 		if (reserve(g, &nds[i]))
-			return -1;
+			return kvmem_fail();
 	for (int i = 0; i < M; i++) {
 		agentlang_question *q = &ws->q[i];
 		double d = p->depths ? p->depths[i] : (i + 0.5) / M;
@@ -313,7 +313,7 @@ static int run(struct al_gen *g, const agentlang_params *p, agentlang_transcript
 		pending += ev_bound(ev[i].kind);
 
 	if (al_push(g, AGENTLANG_BOS))
-		return -1;
+		return kvmem_fail();
 	for (int next = 0;;) {
 		int64_t room = g->limit - g->len;
 
@@ -321,7 +321,7 @@ static int run(struct al_gen *g, const agentlang_params *p, agentlang_transcript
 			int64_t before = g->len;
 
 			if (emit_event(g, p, &ev[next], nds, ws->q))
-				return -1;
+				return kvmem_fail();
 			if (g->len - before > ev_bound(ev[next].kind))
 				return kvmem_error(EINVAL, "agentlang: a scheduled episode passed its bound");
 			pending -= ev_bound(ev[next].kind);
@@ -331,13 +331,13 @@ static int run(struct al_gen *g, const agentlang_params *p, agentlang_transcript
 		if (room - pending < AL_EP_MAX)
 			break;
 		if (al_ep_background(g))
-			return -1;
+			return kvmem_fail();
 	}
 	while (g->limit - g->len >= AL_SMALL_MAX)
 		if (al_ep_small(g))
-			return -1;
+			return kvmem_fail();
 	if (al_fill(g))
-		return -1;
+		return kvmem_fail();
 	for (int i = 0; i < M; i++) {
 		question_ids(g, &nds[i], &ws->q[i]);
 		ws->q[i].depth = (double)ws->q[i].needle_pos / (double)N;
@@ -354,7 +354,7 @@ int agentlang_transcript_build(const agentlang_params *p, agentlang_transcript *
 
 	memset(ws, 0, sizeof(*ws));
 	if (check_params(p))
-		return -1;
+		return kvmem_fail();
 	nbg = nbg < 6 ? 6 : nbg > 4000 ? 4000 : nbg;
 	if (al_gen_init(&g, p->seed, 0, p->n_tokens, (int)nbg, p->bg_questions / 1000.0))
 		return kvmem_error_prefix("agentlang: workspace");
@@ -371,7 +371,7 @@ int agentlang_transcript_build(const agentlang_params *p, agentlang_transcript *
 	if (rc) {
 		al_gen_free(&g);
 		agentlang_transcript_free(ws);
-		return -1;
+		return rc;
 	}
 	ws->ids = g.tok;	/* the stream is the workspace: hand it over */
 	ws->n_ids = g.len;

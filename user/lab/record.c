@@ -132,7 +132,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 	while (c < need)
 		c *= 2;
 	if (!(q = realloc(*p, c * elem)))
-		return -1;
+		return -ENOMEM;	/* the caller says what it was growing */
 	*p = q;
 	*cap = c;
 	return 0;

@@ -219,7 +219,7 @@ static int read_tier(struct rp *x, int64_t b, int l, int64_t n_tokens)
 	if ((b + 1) * x->B > n_tokens)
 		return KVMEM_LAB_MEM;	/* the partial block: in the source's memory */
 	if ((hit = lab_cache_read(&x->cache, (uint64_t)b * x->L + l)) < 0)
-		return -1;
+		return hit;
 	return hit ? KVMEM_LAB_HOST : KVMEM_LAB_NVME;
 }
 
@@ -228,7 +228,7 @@ static int count_read(struct rp *x, kvmem_lab_step *st, int why, int64_t b, int 
 	int t = read_tier(x, b, l, st->n_tokens);
 
 	if (t < 0)
-		return kvmem_fail();
+		return t;
 	st->pages[why][t]++;
 	st->bytes[why][t] += x->page_bytes;
 	if (t == KVMEM_LAB_HOST)

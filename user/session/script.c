@@ -38,36 +38,42 @@ static int bad(const kvmem_script *sc, const char *fmt, ...)
 }
 
 /* What a JSON value is, for messages: "1e+12", "a string", ... */
-static const char *json_what(const kvmem_json *v, char *buf, size_t len)
+static const char *json_what(const json_t *v, char *buf, size_t len)
 {
-	if (kvmem_json_typeof(v) == KVMEM_JSON_NUMBER)
-		snprintf(buf, len, "%.17g", kvmem_json_num(v, 0));
+	if (json_is_number(v))
+		snprintf(buf, len, "%.17g", json_number_value(v));
 	else
-		snprintf(buf, len, "a%s %s", kvmem_json_typeof(v) == KVMEM_JSON_ARRAY ||
-			 kvmem_json_typeof(v) == KVMEM_JSON_OBJECT ? "n" : "", kvmem_json_type_name(v));
+		snprintf(buf, len, "a%s %s", json_is_array(v) || json_is_object(v) ? "n" : "",
+			 kvmem_json_type_name(v));
 	return buf;
 }
 
-/* One line's object into st; ids checked against the vocabulary. */
-static int parse_step(kvmem_script *sc, const kvmem_json *j, kvmem_script_step *st)
+/* A non-negative integer's value, else -1. */
+static int64_t count_of(const json_t *v)
 {
-	const kvmem_json *ap = kvmem_json_get(j, "append"), *ar = kvmem_json_get(j, "append_random");
-	const kvmem_json *dc = kvmem_json_get(j, "decode"), *pin = kvmem_json_get(j, "pin");
-	const kvmem_json *sd = kvmem_json_get(j, "seed");
+	return json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : -1;
+}
+
+/* One line's object into st; ids checked against the vocabulary. */
+static int parse_step(kvmem_script *sc, json_t *j, kvmem_script_step *st)
+{
+	const json_t *ap = json_object_get(j, "append"), *ar = json_object_get(j, "append_random");
+	const json_t *dc = json_object_get(j, "decode"), *pin = json_object_get(j, "pin");
+	const json_t *sd = json_object_get(j, "seed");
+	const char *k;
+	json_t *v;
 	char what[64];
 
-	if (kvmem_json_typeof(j) != KVMEM_JSON_OBJECT)
+	if (!json_is_object(j))
 		return bad(sc, "each line must be a JSON object");
-	for (size_t i = 0; i < kvmem_json_len(j); i++) {
-		const char *k = kvmem_json_key(j, i);
-
+	json_object_foreach(j, k, v) {
 		if (strcmp(k, "append") && strcmp(k, "append_random") && strcmp(k, "decode") &&
 		    strcmp(k, "pin") && strcmp(k, "seed"))
 			return bad(sc, "unknown key \"%s\" (append, append_random, decode, pin, seed)", k);
 	}
 	if (!!ap + !!ar + !!dc != 1)
 		return bad(sc, "needs exactly one of \"append\", \"append_random\", \"decode\"");
-	if (pin && kvmem_json_typeof(pin) != KVMEM_JSON_BOOL)
+	if (pin && !json_is_boolean(pin))
 		return bad(sc, "\"pin\" must be true or false");
 	if (pin && dc)
 		return bad(sc, "\"pin\" goes with an append, not with \"decode\"");
@@ -75,40 +81,39 @@ static int parse_step(kvmem_script *sc, const kvmem_json *j, kvmem_script_step *
 		return bad(sc, "\"seed\" goes with \"append_random\"");
 	memset(st, 0, sizeof(*st));
 	st->line = sc->lineno;
-	st->pin = kvmem_json_bool(pin, 0);
+	st->pin = json_is_true(pin);
 	if (dc) {
 		st->kind = KVMEM_STEP_DECODE;
-		st->n = kvmem_json_int(dc, -1);
-		if (!kvmem_json_is_int(dc) || st->n < 0 || st->n > KVMEM_SCRIPT_MAX_DECODE)
+		st->n = count_of(dc);
+		if (st->n < 0 || st->n > KVMEM_SCRIPT_MAX_DECODE)
 			return bad(sc, "\"decode\" wants a token count from 0 to %d, not %s",
 				   KVMEM_SCRIPT_MAX_DECODE, json_what(dc, what, sizeof(what)));
 		return 0;
 	}
 	st->kind = KVMEM_STEP_APPEND;
 	if (ar) {
-		st->n = kvmem_json_int(ar, -1);
-		if (!kvmem_json_is_int(ar) || st->n < 1 || st->n > KVMEM_SCRIPT_MAX_RANDOM)
+		st->n = count_of(ar);
+		if (st->n < 1 || st->n > KVMEM_SCRIPT_MAX_RANDOM)
 			return bad(sc, "\"append_random\" wants a token count from 1 to %d, not %s",
 				   KVMEM_SCRIPT_MAX_RANDOM, json_what(ar, what, sizeof(what)));
-		if (sd && (!kvmem_json_is_int(sd) || kvmem_json_int(sd, -1) < 0))
+		if (sd && count_of(sd) < 0)
 			return bad(sc, "\"seed\" wants an integer from 0 to %lld, not %s",
 				   (long long)INT64_MAX, json_what(sd, what, sizeof(what)));
-		st->rng = kvmem_rng_seed(sd ? (uint64_t)kvmem_json_int(sd, 0) :
+		st->rng = kvmem_rng_seed(sd ? (uint64_t)count_of(sd) :
 					 sc->seed * 1000003u + (uint64_t)sc->lineno);
 		return 0;
 	}
-	st->n = (int64_t)kvmem_json_len(ap);
-	if (kvmem_json_typeof(ap) != KVMEM_JSON_ARRAY || st->n < 1)
+	st->n = (int64_t)json_array_size(ap);
+	if (st->n < 1)	/* not an array, or empty */
 		return bad(sc, "\"append\" wants a non-empty array of token ids");
 	free(sc->ids);
 	if (!(sc->ids = malloc(sizeof(int32_t) * st->n)))
 		return kvmem_error(ENOMEM, "%s:%d: out of memory for %lld token ids", sc->file,
 				   sc->lineno, (long long)st->n);
 	for (int64_t i = 0; i < st->n; i++) {
-		const kvmem_json *t = kvmem_json_at(ap, (size_t)i);
-		int64_t id = kvmem_json_int(t, -1);
+		int64_t id = count_of(json_array_get(ap, (size_t)i));
 
-		if (!kvmem_json_is_int(t) || id < 0 || id >= sc->vocab)
+		if (id < 0 || id >= sc->vocab)
 			return bad(sc, "token %lld of \"append\" is not an id in 0..%d", (long long)i,
 				   sc->vocab - 1);
 		sc->ids[i] = (int32_t)id;
@@ -162,7 +167,7 @@ int kvmem_script_next(kvmem_script *sc, kvmem_script_step *st)
 
 	while ((len = getline(&sc->line, &sc->cap, sc->f)) >= 0) {
 		char name[4200];
-		kvmem_json *j;
+		json_t *j;
 		size_t k;
 		int rc;
 
@@ -172,10 +177,10 @@ int kvmem_script_next(kvmem_script *sc, kvmem_script_step *st)
 		if (k == (size_t)len)
 			continue;
 		snprintf(name, sizeof(name), "%s:%d", sc->file, sc->lineno);
-		if (!(j = kvmem_json_parse(sc->line, (size_t)len, name)))
-			return kvmem_fail();	/* the message names file:line */
+		if ((rc = kvmem_json_load(sc->line, (size_t)len, name, &j)) < 0)
+			return rc;	/* the message names file:line */
 		rc = parse_step(sc, j, st);
-		kvmem_json_free(j);
+		json_decref(j);
 		if (rc)
 			return rc;
 		sc->steps++;

@@ -2,6 +2,7 @@
 /* kvmem info: what a model directory holds, checked but not loaded. */
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvmem/kvmem.h"
@@ -63,12 +64,24 @@ static void print_text(const kvmem_model *m)
 	       (unsigned long long)kvmem_config_fingerprint(c));
 }
 
-static void print_json(const kvmem_model *m)
+static int print_json(const kvmem_model *m)
 {
 	const kvmem_config *c = &m->cfg;
+	char *dir = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&dir, &n);
+	int rc = f ? kvmem_json_write_str(f, m->dir) : -ENOMEM;
 
-	printf("{\"dir\": ");
-	kvmem_json_write_str(stdout, m->dir);
+	if (f)
+		fclose(f);
+	if (rc) {	/* a path JSON cannot hold is an error, not a broken document */
+		fprintf(stderr, "kvmem info: %s: %s\n", m->dir,
+			rc == -EILSEQ ? "the path is not UTF-8, which JSON cannot hold" : strerror(-rc));
+		free(dir);
+		return 1;
+	}
+	printf("{\"dir\": %s", dir);
+	free(dir);
 	printf(", \"architecture\": \"%s\", \"layers\": %d, \"hidden\": %d, \"heads\": %d, "
 	       "\"kv_heads\": %d, \"head_dim\": %d, \"intermediate\": %d, \"vocab\": %d, "
 	       "\"bos_id\": %d, \"eos_id\": %d, \"max_position\": %d, \"rope_theta\": %.17g, "
@@ -86,6 +99,7 @@ static void print_json(const kvmem_model *m)
 	       (unsigned long long)kvmem_config_kv_bytes_per_token(c, 4),
 	       index_bytes_per_token(c, 2), index_bytes_per_token(c, 4),
 	       (unsigned long long)m->fingerprint, (unsigned long long)kvmem_config_fingerprint(c));
+	return 0;
 }
 
 int cmd_info(int argc, char **argv)
@@ -99,7 +113,7 @@ int cmd_info(int argc, char **argv)
 	bool json = false;
 	const char *dir = NULL;
 	kvmem_model *m;
-	int c;
+	int c, rc = 0;
 
 	cli_getopt_reset();
 	while ((c = cli_getopt("kvmem info", argc, argv, opts)) != -1) {
@@ -121,9 +135,9 @@ int cmd_info(int argc, char **argv)
 		return 1;
 	}
 	if (json)
-		print_json(m);
+		rc = print_json(m);
 	else
 		print_text(m);
 	kvmem_model_free(m);
-	return 0;
+	return rc;
 }
