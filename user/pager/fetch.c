@@ -48,7 +48,7 @@ int make_room(kvmem_pager *p, uint32_t need)
 	want = need - have;
 	v = malloc(sizeof(*v) * want);
 	if (!v)
-		return -1;
+		return -ENOMEM;
 	n = p->repl->victims(p->repl_st, want, v, p->step, slot_busy, p);
 	for (uint32_t i = 0; i < n; i++)
 		if (!slot_busy(p, v[i]))
@@ -56,7 +56,7 @@ int make_room(kvmem_pager *p, uint32_t need)
 	free(v);
 	if (n)
 		PROBE_RECLAIM(want, p->st.evictions - ev0);
-	return kvmem_hostpool_free_slots(p->pool) >= need ? 0 : -1;
+	return kvmem_hostpool_free_slots(p->pool) >= need ? 0 : -ENOBUFS;
 }
 
 static void set_resident(kvmem_pager *p, uint64_t pg, uint32_t s)
@@ -73,9 +73,12 @@ int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
 {
 	uint64_t t = kvmem_now_ns();
 	uint32_t s;
+	int rc;
 
-	if (make_room(p, 1) < 0 || kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
-		return -1;
+	if ((rc = make_room(p, 1)) < 0)
+		return rc;
+	if (kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
+		return -ENOBUFS;
 	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	set_resident(p, pg, s);
 	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, kvmem_now_ns() - t);
@@ -395,10 +398,10 @@ int kvmem_pager_stage_in(kvmem_pager *p, const uint64_t *pages, size_t n, kvmem_
 			return rc;
 		}
 		for (size_t j = 0; j < k; j++) {
-			if (fn(arg, pages[i + j], ptr[j]) < 0) {
+			if ((rc = fn(arg, pages[i + j], ptr[j])) < 0) {
 				kvmem_pager_release(p, pages + i, k);
 				free(ptr);
-				return -1;
+				return rc;
 			}
 		}
 		kvmem_pager_release(p, pages + i, k);

@@ -231,7 +231,8 @@ struct io_req *pager_req(kvmem_pager *p);	/* a free request, reaping if needed *
 void read_done(kvmem_pager *p, struct io_req *r);
 void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-/* Evict until `need` slots are free; -1 when pinned pages leave too few. */
+/* Evict until `need` slots are free; -ENOBUFS when pinned pages leave too
+ * few, -ENOMEM. No message: the caller says what needed the room. */
 int make_room(kvmem_pager *p, uint32_t need);
 /* Put a page's bytes in a fresh host slot (no I/O); -1 when no room. */
 int pool_insert_copy(kvmem_pager *p, uint64_t page, const void *src);

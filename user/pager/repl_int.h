@@ -69,7 +69,7 @@ struct repl_blockvals {
 	uint64_t *at;
 	size_t n;
 };
-/* Make room for `block`; -1 when out of memory. */
+/* Make room for `block`; -ENOMEM when out of memory. */
 int repl_blockvals_grow(struct repl_blockvals *bv, uint64_t block);
 /* The value of `block` at `step` (0 when never set). */
 double repl_blockvals_get(const struct repl_blockvals *bv, uint64_t block, uint64_t step,
