@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "kvmem/kvmem.h"
@@ -423,6 +424,35 @@ static int start_text(struct job *j, struct conv *c)
 	return rc ? -1 : 0;
 }
 
+/* A conversation's turn writes its pages: a full disk is this turn's
+ * trouble, told before anything is written (a write that fails halfway
+ * leaves its bytes until the workspace is written again, which would take
+ * the room the other conversations' commits need). The estimate: the
+ * turn's tokens in whole blocks of every layer, the tail's two slots and
+ * the record. 1 when refused (507). */
+static int disk_short(struct job *j)
+{
+	struct serve *sv = j->sv;
+	kvmem_page_geom g;
+	struct statvfs fs;
+	uint64_t per_block, need, have;
+	int64_t toks = (int64_t)j->ids.n + j->max_tokens + 2;
+
+	kvmem_page_geom_model(&g, sv->m, sv->cfg.block);
+	per_block = (uint64_t)kvmem_page_stride(&g) * g.n_layers;
+	need = ((uint64_t)toks / (uint64_t)sv->cfg.block + 3) * per_block + (1u << 20);
+	if (statvfs(j->cv->dir, &fs))
+		return 0;
+	have = (uint64_t)fs.f_bavail * fs.f_frsize;
+	if (have >= need)
+		return 0;
+	job_fail(j, 507, "insufficient_storage", "conversation '%s': this turn (%zu new tokens, "
+		 "max_tokens %lld) needs about %.1f MiB on disk, and the data directory has %.1f MiB "
+		 "free; the conversation keeps its last turn", j->conv, j->ids.n,
+		 (long long)j->max_tokens, need / 1048576.0, have / 1048576.0);
+	return 1;
+}
+
 int turn_start(struct job *j)
 {
 	struct serve *sv = j->sv;
@@ -479,6 +509,8 @@ int turn_start(struct job *j)
 			 (long long)j->max_tokens, (long long)cfg->max_conv_tokens);
 		return 1;
 	}
+	if (c && disk_short(j))
+		return 1;
 	if (!c) {
 		kvmem_session_opts so;
 
