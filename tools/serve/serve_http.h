@@ -10,8 +10,26 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <pthread.h>
 
 #include "serve_int.h"
+
+#define HEAD_MAX (64 << 10)	/* bytes of a request head the screen reads */
+
+/* The listener and the daemon (serve_http.c). */
+struct serve_http {
+	struct MHD_Daemon *d;
+	int lfd, port;
+	pthread_t acceptor;
+	int acceptor_started;
+	pthread_mutex_t mu;
+	pthread_cond_t idle;
+	int screening;
+	_Atomic int stop;
+};
+
+/* The listener's thread: accept, screen, hand over (serve_screen.c). */
+void *serve_accept_main(void *arg);
 
 /* A request's body as it arrives (the access handler's closure). */
 struct req {

@@ -5,13 +5,16 @@
  * gets it (libmicrohttpd's closure pointers carry it), serve_stop frees it.
  *
  *   serve_app.c      start and stop: the model, the backend, the parts
- *   serve_http.c     the listener (each request's head screened first),
- *                    routing, the bearer token, CORS, OpenAI-shaped errors
+ *   serve_http.c     the socket and the daemon, routing, the bearer token,
+ *                    CORS, OpenAI-shaped errors
+ *   serve_screen.c   each connection's request head screened before
+ *                    libmicrohttpd reads it
  *   serve_parse.c    a request body into jobs (strict JSON, every field)
  *   serve_answer.c   answers: whole, and server-sent events
  *   serve_api.c      conversations listed, read, deleted; tokenize
  *   serve_engine.c   the engine thread: admission (a fair queue) and rounds
  *   serve_batch.c    the batch runner (serve_batch.h): a round's units
+ *   serve_job.c      jobs: made, cloned (n choices), counted, failed
  *   serve_turn.c     a turn: match, render, sample, stop, close, commit
  *   serve_sample.c   sampling (min_p, top_k, ...), log probabilities, JSON
  *   serve_pool.c     open conversations: open, close, evict, idle, delete
@@ -224,7 +227,7 @@ int serve_wait(struct job *lead, double until);
 void serve_news(struct job *j);
 double serve_now(void);
 
-/* ---- jobs (serve_turn.c) ------------------------------------------------------ */
+/* ---- jobs (serve_job.c) and turns (serve_turn.c) -------------------------------- */
 struct job *job_new(struct serve *sv, int kind);
 /* Another choice of the same request (index i). NULL when out of memory. */
 struct job *job_clone(struct job *lead, int i);
@@ -232,6 +235,9 @@ void job_put(struct job *j);
 /* Finish a job with an error (engine side; takes mu). */
 void job_fail(struct job *j, int http, const char *code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* A unit or a commit failed with err: a full disk is the conversation's own
+ * trouble (507 insufficient_storage), anything else the server's (500). */
+void job_fail_errno(struct job *j, int err, const char *msg);
 /* Start a turn: match, render, tokenize. 0 to run, 1 done (replayed or failed). */
 int turn_start(struct job *j);
 /* Tokens the turn's next unit would prefill (whole chunks: the round's
