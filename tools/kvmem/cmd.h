@@ -20,6 +20,8 @@ int bench_pager(int argc, char **argv);
 int bench_recall(int argc, char **argv);
 int bench_engine(int argc, char **argv);
 int bench_step(int argc, char **argv);
+/* kvmem bench serve lives with the server (tools/serve/bench_serve.c). */
+int bench_serve(int argc, char **argv);
 /* kvmem demo --scale N (demo_scale.c): the demo at appliance scale. */
 int demo_scale(int argc, char **argv);
 

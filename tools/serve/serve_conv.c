@@ -8,9 +8,16 @@
  * end.
  *
  *   {"version": 1, "kind": "chat", "messages": [...],
- *    "turns": [{"messages": 2, "tokens": 31}, ...]}
+ *    "turns": [{"messages": 2, "tokens": 31, "prompt_tokens": 27,
+ *               "completion_tokens": 3, "length": false}, ...]}
  *   {"version": 1, "kind": "text", "text": "...",
- *    "turns": [{"text": 120, "tokens": 40}, ...]}
+ *    "turns": [{"text": 120, "answer": 8, "tokens": 40, ...}, ...]}
+ *
+ * A turn's usage and finish ("length": cut at max_tokens) are kept so that
+ * a replay reports what the turn had; "answer" (text) is the completion's
+ * bytes at the end of "text", so that a request repeating the turn's
+ * prompt gets it back. Records written before these fields have none: a
+ * replay then reports 0 and a text turn cannot be replayed.
  */
 #ifndef KVMEM_NO_SERVE
 #include <errno.h>
@@ -21,7 +28,7 @@
 #include <unistd.h>
 
 #include "kvmem/kvmem.h"
-#include "serve.h"
+#include "serve_int.h"
 #include "util/fs.h"
 
 void conv_free_record(struct conv *c)
@@ -128,7 +135,7 @@ int conv_load(struct conv *c, int64_t ws_tokens)
 	return 0;
 }
 
-int conv_save(struct conv *c, int64_t tokens)
+int conv_save(struct conv *c, int64_t tokens, const struct job *j)
 {
 	char path[4200], tmp[4300];
 	json_t *doc, *turn;
@@ -140,8 +147,12 @@ int conv_save(struct conv *c, int64_t tokens)
 	turn = c->kind == JOB_CHAT
 		? json_pack("{sIsI}", "messages", (json_int_t)json_array_size(c->messages), "tokens",
 			    (json_int_t)tokens)
-		: json_pack("{sIsI}", "text", (json_int_t)c->text_len, "tokens", (json_int_t)tokens);
-	if (!turn || json_array_append_new(c->turns, turn))
+		: json_pack("{sIsIsI}", "text", (json_int_t)c->text_len, "answer",
+			    (json_int_t)j->out_len, "tokens", (json_int_t)tokens);
+	if (!turn || json_object_set_new(turn, "prompt_tokens", json_integer(j->prompt_tokens)) ||
+	    json_object_set_new(turn, "completion_tokens", json_integer(j->completion_tokens)) ||
+	    json_object_set_new(turn, "length", json_boolean(j->finish_length)) ||
+	    json_array_append_new(c->turns, turn))
 		return kvmem_error(ENOMEM, "out of memory");
 	doc = c->kind == JOB_CHAT
 		? json_pack("{sisssOsO}", "version", 1, "kind", "chat", "messages", c->messages,
@@ -176,5 +187,17 @@ int conv_save(struct conv *c, int64_t tokens)
 		close(fd);
 	}
 	return 0;
+}
+json_t *conv_read(const char *dir, char *err, size_t errlen)
+{
+	char path[4200];
+	json_error_t e;
+	json_t *doc;
+
+	snprintf(path, sizeof(path), "%s/conversation.json", dir);
+	doc = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+	if (!doc)
+		snprintf(err, errlen, "%s", e.text);
+	return doc;
 }
 #endif
