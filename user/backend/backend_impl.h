@@ -82,6 +82,10 @@ typedef struct kvmem_score_input {
 typedef struct kvmem_backend_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
+	/* The dtype a forward pass's raw K / V rows come out in: 0 (fp32:
+	 * kvmem_fwd_out.raw_k, v) or KVMEM_DTYPE_BF16 (raw_k_bf16, v_bf16,
+	 * the device's own rows: nothing widened on the host). */
+	uint32_t rows_dtype;
 	/* 0 when the backend can run here, else -errno with a message (no
 	 * GPU, no driver). May be NULL: always available. */
 	int (*available)(void);
@@ -152,6 +156,10 @@ typedef struct kvmem_backend_ops {
 	int (*score)(void *ctx, void *mirror, const char *scorer, const kvmem_score_input *in,
 		     const float *gq, const kvmem_score_geom *g, float *scores);
 	uint64_t (*mirror_bytes)(void *ctx, const void *mirror);
+	/* Optional: host memory the device copies into directly (pinned), for
+	 * a forward pass's typed rows. host_free(ctx, NULL) does nothing. */
+	int (*host_alloc)(void *ctx, size_t bytes, void **p);
+	void (*host_free)(void *ctx, void *p);
 } kvmem_backend_ops;
 
 struct kvmem_backend {

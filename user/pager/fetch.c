@@ -69,16 +69,26 @@ static void set_resident(kvmem_pager *p, uint64_t pg, uint32_t s)
 	p->repl->insert(p->repl_st, s, pg, p->step);
 }
 
-int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
+int pool_insert_slot(kvmem_pager *p, uint64_t pg, uint32_t *slot)
 {
 	uint64_t t = kvmem_now_ns();
 	uint32_t s;
 
 	if (make_room(p, 1) < 0 || kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
 		return -1;
-	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	set_resident(p, pg, s);
 	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, kvmem_now_ns() - t);
+	*slot = s;
+	return 0;
+}
+
+int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
+{
+	uint32_t s;
+
+	if (pool_insert_slot(p, pg, &s) < 0)
+		return -1;
+	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	return 0;
 }
 

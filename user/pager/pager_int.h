@@ -235,6 +235,9 @@ void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
 int make_room(kvmem_pager *p, uint32_t need);
 /* Put a page's bytes in a fresh host slot (no I/O); -1 when no room. */
 int pool_insert_copy(kvmem_pager *p, uint64_t page, const void *src);
+/* The same without the copy: the slot the page now holds (its bytes are
+ * the caller's to write before anything reads them). */
+int pool_insert_slot(kvmem_pager *p, uint64_t page, uint32_t *slot);
 int pager_reap(kvmem_pager *p, unsigned wait);
 /* Fire page_in_batch with the reads gathered so far and start a new batch. */
 void pin_batch_fire(kvmem_pager *p);
