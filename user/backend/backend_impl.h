@@ -66,6 +66,13 @@ typedef struct kvmem_place {
 /* One execution view, owned by its backend. */
 typedef struct kvmem_view kvmem_view;
 
+/* One move inside a view: the n tokens at slots from..from+n-1 of `layer`
+ * go to slots to..to+n-1. */
+typedef struct kvmem_move {
+	int32_t layer, n;
+	int64_t from, to;
+} kvmem_move;
+
 /*
  * A session's block summaries as the device scorer reads them: host arrays
  * laid out [n_layers][n_kv_heads][cap_blocks][per][head_dim] in fp32 (per:
@@ -160,6 +167,21 @@ typedef struct kvmem_backend_ops {
 	 * a forward pass's typed rows. host_free(ctx, NULL) does nothing. */
 	int (*host_alloc)(void *ctx, size_t bytes, void **p);
 	void (*host_free)(void *ctx, void *p);
+	/*
+	 * Optional, together: the view keeps every slot's raw K beside its
+	 * rotated K (keep_raw, asked before the view's first token: forward,
+	 * place and move write it), so a token already in the view can change
+	 * slots without its page: move() re-rotates K at the new slot from
+	 * the raw K of the old one (never from the rotated copy: the bits of
+	 * a place() from the page at that slot) and moves V and the raw K.
+	 * Every item reads the view as it was before the call, so sources
+	 * and destinations may overlap in any way; two items must not write
+	 * one slot. keep_raw -ENOTSUP / -ENOMEM, or move -ENOTSUP (the raw
+	 * copy was given up, e.g. under a device memory cap): the caller
+	 * places those tokens from their pages instead.
+	 */
+	int (*keep_raw)(void *ctx, kvmem_view *v);
+	int (*move)(void *ctx, kvmem_view *v, const kvmem_move *items, int n);
 } kvmem_backend_ops;
 
 struct kvmem_backend {

@@ -443,4 +443,6 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.mirror_bytes = cuda_mirror_bytes,
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
+	.keep_raw = cuda_keep_raw,
+	.move = cuda_move,
 };

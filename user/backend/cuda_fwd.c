@@ -234,7 +234,7 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 		     b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
 		     c->rms_eps, p->pos, c->rope_theta, b->q, want_out ? p->oq + l * p->sq : NULL,
 		     want_out ? p->ok + l * p->sk : NULL, want_out ? p->ov + l * p->sk : NULL, v->k, v->v,
-		     p->items + l, c->n_layers, (int)v->cap, b->fwd->ang)) ||
+		     v->rk, p->items + l, c->n_layers, (int)v->cap, b->fwd->ang)) ||
 	    (p->hk && (rc = rows_down(b, l, n, p)) < 0))
 		return rc;
 	if (n == 1 && decode_ok(b))

@@ -166,6 +166,16 @@ kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *
 		goto fail;
 	if (b->ops->view_create(b->ctx, &s->view))
 		goto fail;
+	/* Raw K beside the view, so a selection moves what stays in it on the
+	 * backend instead of reading its pages again (view.c). A backend that
+	 * cannot keep it (no op, no memory) places from pages as before;
+	 * KVMEM_MOVE=0 asks for that (a measurement's peer). */
+	{
+		const char *e = getenv("KVMEM_MOVE");
+
+		s->move_ok = b->ops->keep_raw && b->ops->move && !(e && !strcmp(e, "0")) &&
+			     b->ops->keep_raw(b->ctx, s->view) == 0;
+	}
 	s->o.policy = s->pol->name;
 	s->n_sets = s->pol->per_layer ? s->cfg.n_layers : 1;
 	s->rng = kvmem_rng_seed(s->o.seed);
@@ -221,6 +231,7 @@ void kvmem_session_free(kvmem_session *s)
 	free(s->qpos_packed);
 	free(s->scores);
 	free(s->items);
+	free(s->moves);
 	free(s->page_f32);
 	free(s);
 }

@@ -59,6 +59,13 @@ struct kvmem_session {
 	 * pages are held (got from the source) until the batch is placed. */
 	kvmem_place *items;
 	int n_items, cap_items;
+	/* Tokens that stay in the view but change slots, moved by the
+	 * backend from the raw K it keeps (keep_raw; move_ok: it does), all
+	 * before anything is placed from pages: moving says the walk's
+	 * second pass leaves them alone. */
+	kvmem_move *moves;
+	size_t n_moves, cap_moves;
+	int move_ok, moving;
 	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
 	void *reg_base;			/* the source's region, registered on the backend */
 	int reg_tried;			/* registration asked for (done or refused) */
