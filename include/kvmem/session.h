@@ -246,6 +246,10 @@ typedef struct kvmem_session_stats {
 	 * GPU's page pool, is not got). */
 	int64_t moved_tokens;
 	int64_t source_pages;
+	/* The writer thread (not saved either): time it spent putting rows
+	 * away, and time the session waited for it (the next forward was
+	 * done first: the rows are what bounds the pace). */
+	int64_t writer_ns, writer_wait_ns;
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;

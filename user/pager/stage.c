@@ -140,6 +140,13 @@ static void prealloc(kvmem_pager *p, uint64_t end)
 		chunk = 16 * p->extent_bytes;
 	if (chunk > (1u << 30))
 		chunk = 1u << 30;
+	/* At least the stage-out buffer's reach: every write it can hold in
+	 * flight lands in allocated blocks, and a prefill that fills it is not
+	 * stopped by a fallocate waiting for those writes again and again (a
+	 * 2.4 GB buffer grown a quarter at a time: about a dozen waits for the
+	 * disk in a 16K-token prefill at Qwen3-8B). */
+	if (chunk < (uint64_t)p->n_stage * p->extent_bytes)
+		chunk = (uint64_t)p->n_stage * p->extent_bytes;
 	chunk = round_up(chunk, p->extent_bytes);
 	if (fallocate(p->fd_pages, 0, p->prealloc_end, end + chunk - p->prealloc_end) == 0) {
 		p->prealloc_end = end + chunk;

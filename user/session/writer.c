@@ -76,6 +76,7 @@ struct ws_writer {
 	float *spare_q;
 	int rc, err;
 	char msg[512];
+	int64_t ns;		/* time spent on jobs */
 };
 
 static void *worker(void *arg)
@@ -89,9 +90,11 @@ static void *worker(void *arg)
 		if (g->quit)
 			break;
 		pthread_mutex_unlock(&g->mu);
+		int64_t t0 = (int64_t)kvmem_now_ns();
 		int rc = ws_put_rows(g->s, &g->job);
 
 		pthread_mutex_lock(&g->mu);
+		g->ns += (int64_t)kvmem_now_ns() - t0;
 		g->rc = rc;
 		if (rc) {
 			g->err = kvmem_last_errno() ? kvmem_last_errno() : EIO;
@@ -144,6 +147,7 @@ static int writer_start(kvmem_session *s)
 static int drain(kvmem_session *s)
 {
 	struct ws_writer *g = s->writer;
+	int64_t t0 = (int64_t)kvmem_now_ns();
 	int rc;
 
 	if (!g)
@@ -153,7 +157,9 @@ static int drain(kvmem_session *s)
 		pthread_cond_wait(&g->cv, &g->mu);
 	rc = g->state == DONE ? g->rc : 0;
 	g->state = IDLE;
+	s->st.writer_ns = g->ns;
 	pthread_mutex_unlock(&g->mu);
+	s->st.writer_wait_ns += (int64_t)kvmem_now_ns() - t0;
 	if (rc)
 		s->broken = 1;	/* the view holds tokens the history lacks */
 	return rc;
