@@ -224,9 +224,10 @@ const struct kvmem_pte *kvmem_pager_pte(const kvmem_pager *p, uint64_t page);
 void kvmem_pager_region(const kvmem_pager *p, void **base, size_t *len);
 /* 1 when the pages file uses O_DIRECT. */
 int kvmem_pager_direct(const kvmem_pager *p);
-/* 1 when the host pool and stage-out buffer are registered with io_uring
- * as fixed buffers (0: io_uring refused, e.g. RLIMIT_MEMLOCK; plain
- * reads and writes are used, with one warning). */
+/* 1 when the host pool and stage-out buffer go to io_uring as fixed
+ * buffers, each 64 MiB piece registered when an I/O first uses it (0:
+ * io_uring refused, e.g. RLIMIT_MEMLOCK; plain reads and writes are used,
+ * with one warning; a piece refused later is said once too). */
 int kvmem_pager_registered(const kvmem_pager *p);
 
 /* The session's page source over a pager, and a session's history kept in

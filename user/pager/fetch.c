@@ -69,7 +69,7 @@ static void set_resident(kvmem_pager *p, uint64_t pg, uint32_t s)
 	p->repl->insert(p->repl_st, s, pg, p->step);
 }
 
-int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
+int pool_insert_slot(kvmem_pager *p, uint64_t pg, uint32_t *slot)
 {
 	uint64_t t = kvmem_now_ns();
 	uint32_t s;
@@ -79,9 +79,20 @@ int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
 		return rc;
 	if (kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
 		return -ENOBUFS;
-	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	set_resident(p, pg, s);
 	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, kvmem_now_ns() - t);
+	*slot = s;
+	return 0;
+}
+
+int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
+{
+	uint32_t s;
+	int rc = pool_insert_slot(p, pg, &s);
+
+	if (rc < 0)
+		return rc;
+	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	return 0;
 }
 

@@ -121,19 +121,36 @@ struct io_req {
 	struct io_req *next;	/* free list */
 };
 
+/* Registered memory goes to io_uring a piece at a time (IO_PIECE bytes),
+ * when an I/O first uses the piece: opening a pager pins nothing. */
+#define IO_PIECE ((size_t)64 << 20)
+#define IO_PIECES 4096		/* 256 GiB */
+#define IO_REGIONS 4
+
 struct kvmem_io {
 	struct io_uring ring;
 	unsigned depth, inflight;
-	int fixed;			/* buffers registered */
-	struct iovec iov[16];		/* registered regions */
+	int fixed;			/* fixed buffers in use */
+	int sparse;			/* pieces registered when first used */
+	int warned;			/* a piece was refused (said once) */
+	struct iovec iov[IO_PIECES];	/* the pieces, in region order */
+	int8_t state[IO_PIECES];	/* 1 registered, 0 not yet, -1 refused */
 	unsigned n_iov;
+	struct io_region {
+		uint8_t *base;
+		size_t len;
+		unsigned first;	/* its first piece */
+	} reg[IO_REGIONS];
+	unsigned n_reg;
 	struct io_req *reqs, *free_reqs;
 };
 
 int io_init(struct kvmem_io *io, unsigned depth);
 void io_exit(struct kvmem_io *io);
-/* Register regions (pointer, length) as fixed buffers; on failure I/O goes
- * on without them (one warning). */
+/* Register regions (pointer, length) as fixed buffers: a sparse table now,
+ * each piece when an I/O first uses it (where the kernel has no sparse
+ * tables, everything now); on failure I/O goes on without them (one
+ * warning). */
 void io_register(struct kvmem_io *io, void *const *bases, const size_t *lens, unsigned n);
 struct io_req *io_req_get(struct kvmem_io *io);
 void io_req_put(struct kvmem_io *io, struct io_req *r);
@@ -236,6 +253,9 @@ void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
 int make_room(kvmem_pager *p, uint32_t need);
 /* Put a page's bytes in a fresh host slot (no I/O); -1 when no room. */
 int pool_insert_copy(kvmem_pager *p, uint64_t page, const void *src);
+/* The same without the copy: the slot the page now holds (its bytes are
+ * the caller's to write before anything reads them). */
+int pool_insert_slot(kvmem_pager *p, uint64_t page, uint32_t *slot);
 int pager_reap(kvmem_pager *p, unsigned wait);
 /* Fire page_in_batch with the reads gathered so far and start a new batch. */
 void pin_batch_fire(kvmem_pager *p);
