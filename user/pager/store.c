@@ -122,7 +122,7 @@ int store_grow(kvmem_pager *p, uint64_t blocks)
 
 static int create_files(kvmem_pager *p, const kvmem_page_geom *g)
 {
-	if (p->ws->ops->create(p->ws) < 0)
+	if (p->ws->ops->create(p->ws, kvmem_page_stride(g) * g->n_layers) < 0)
 		return kvmem_error_prefix("%s: cannot create the workspace", p->dir);
 	mf_from_geom(&p->m, g);
 	p->m.tail_sums = calloc(g->n_layers + 1, 8);

@@ -125,7 +125,7 @@ static int open_file(struct dir_store *d, int i, int create)
 	return 0;
 }
 
-static int dir_create(struct ws_store *s)
+static int dir_create(struct ws_store *s, uint64_t extent)
 {
 	ws_clean_temps(D(s)->dirfd, 1);
 	for (int i = 0; i < WS_N_STREAMS; i++)

@@ -75,8 +75,9 @@ struct ws_store_ops {
 	 * what is there (-ENOENT workspace data without a manifest, -EEXIST
 	 * something else). */
 	int (*may_create)(struct ws_store *s, int flags);
-	/* Make the data streams of a new workspace (the lock is held). */
-	int (*create)(struct ws_store *s);
+	/* Make the data streams of a new workspace (the lock is held);
+	 * `extent` is a block's bytes in the pages stream. */
+	int (*create)(struct ws_store *s, uint64_t extent);
 	/* Open stream i for use (the directory opens its file); -errno with a
 	 * message naming it. */
 	int (*open_stream)(struct ws_store *s, int i);
