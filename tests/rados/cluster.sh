@@ -116,6 +116,11 @@ bluestore block create = true
 bluestore block size = ${KVMEM_CEPH_OSD_BYTES:-8589934592}
 bluestore block db create = false
 bluestore block wal create = false
+# No deferred writes: Ceph 16 can lose them to a crash (tracker 68060),
+# and kill -9 of this OSD is a test case. Writes of whole 4 KiB chunks
+# (what kvmem's store sends) then go straight to their new place.
+bluestore prefer deferred size hdd = 0
+bluestore prefer deferred size ssd = 0
 osd memory target = 939524096
 bluestore cache autotune = false
 bluestore cache size = 134217728

@@ -143,7 +143,7 @@ void read_done(kvmem_pager *p, struct io_req *r)
 				 PRIu64 ": %s", p->dir, pg, pg / p->g.n_layers,
 				 (unsigned)(pg % p->g.n_layers), pg * p->page_stride,
 				 got ? "checksum mismatch: corrupt, not used" :
-				 r->res < 0 ? strerror(-r->res) : "short read: file truncated");
+				 r->res < 0 ? ws_strerror(p->ws, -r->res) : "short read: file truncated");
 		}
 	}
 }

@@ -250,7 +250,8 @@ int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n)
 	XXH3_64bits_update(p->tok_hash, ids, len);
 	p->n_tokens += n;
 	if (!p->write_failed && (rc = p->ws->ops->write(p->ws, WS_TOKENS, ids, len, off)) < 0) {
-		pager_fail_write(p, -rc, "%s/tokens: cannot append: %s", p->dir, strerror(-rc));
+		pager_fail_write(p, -rc, "%s/tokens: cannot append: %s", p->dir,
+				 ws_strerror(p->ws, -rc));
 		return kvmem_error(-rc, "%s", p->write_err);
 	}
 	return 0;

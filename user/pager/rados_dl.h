@@ -20,7 +20,7 @@
 #ifdef KVMEM_HAVE_RADOS
 /* Every librados call the store makes. */
 #define KVMEM_RADOS_CALLS(X)							\
-	X(rados_create2) X(rados_conf_read_file) X(rados_conf_parse_env)		\
+	X(rados_create2) X(rados_conf_read_file) X(rados_conf_parse_argv)		\
 	X(rados_conf_set) X(rados_conf_get) X(rados_connect) X(rados_shutdown)	\
 	X(rados_ioctx_create) X(rados_ioctx_destroy) X(rados_ioctx_set_namespace)	\
 	X(rados_read) X(rados_stat) X(rados_getxattr) X(rados_remove)		\

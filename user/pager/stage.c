@@ -86,7 +86,7 @@ void stage_done(kvmem_pager *p, struct io_req *r)
 		PROBE_IO_ERROR(block * L, -err);
 		pager_fail_write(p, err, "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
 				 PRIu64 ") failed: %s%s", p->dir, block, r->len, r->off,
-				 strerror(err), r->res < 0 ? "" : " (short write)");
+				 ws_strerror(p->ws, err), r->res < 0 ? "" : " (short write)");
 		orphan_keep(p, block, r->buf, NULL);
 	}
 	ss->busy = 0;
@@ -176,11 +176,11 @@ int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *
 
 	if (!p->write_failed && ib && (rc = ws->ops->write(ws, WS_INDEX, index, ib, block * ib)) < 0)
 		pager_fail_write(p, -rc, "%s/index: cannot append the record of block %" PRIu64 ": %s",
-				 p->dir, block, strerror(-rc));
+				 p->dir, block, ws_strerror(ws, -rc));
 	if (!p->write_failed &&
 	    (rc = ws->ops->write(ws, WS_SUMS, sums, (L + 1) * 8, block * p->sums_rec)) < 0)
 		pager_fail_write(p, -rc, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
-				 p->dir, block, strerror(-rc));
+				 p->dir, block, ws_strerror(ws, -rc));
 	if (p->write_failed) {
 		orphan_keep(p, block, ext, index);
 	} else {

@@ -66,6 +66,7 @@ int ws_rados_open(const char *where, int flags, struct ws_store **out)
 #define DEFAULT_LEASE_S 30
 #define DEFAULT_TIMEOUT_S 30
 #define FLUSH_BYTES (4u << 20)
+#define CHUNK 4096		/* BlueStore's allocation unit: writes cover whole ones */
 #define FENCE_S 3600		/* how long a replaced writer stays blocklisted */
 #ifndef EBLOCKLISTED
 #define EBLOCKLISTED ESHUTDOWN	/* what librados returns to a fenced client */
@@ -91,11 +92,16 @@ struct rjob {
 	struct rpart part[];
 };
 
-/* Bytes appended to a small stream, not yet written. */
+/* Bytes appended to a small stream, not yet written, and the stream's
+ * last 4 KiB chunk as written ([cbase, cbase + chave), cbase aligned;
+ * chave -1: not known yet), so every write covers whole chunks. */
 struct wbuf {
 	uint64_t off;
 	uint8_t *buf;
 	size_t len, cap;
+	uint64_t cbase;
+	ssize_t chave;
+	uint8_t chunk[CHUNK];
 };
 
 struct rados_store {
@@ -116,6 +122,7 @@ struct rados_store {
 	int renewing, stop;
 	pthread_mutex_t lmu;
 	pthread_cond_t lcv;
+	char errbuf[768];		/* r_strerr's words */
 	_Atomic uint64_t deadline;	/* monotonic ns: no write is sent after it */
 	_Atomic int lost;		/* errno the lease was lost with (0: held) */
 	char lost_why[512];		/* under lmu */
@@ -132,6 +139,11 @@ struct rados_store {
 	size_t n_pend, cap_pend;
 	unsigned pend_streams;		/* bit per stream with writes in flight */
 };
+
+#define FENCED "fenced off (blocklisted) by a writer that took the workspace over"
+
+static void lease_lose(struct rados_store *rs, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 
 static struct rados_store *RS(struct ws_store *s)
 {
@@ -161,8 +173,8 @@ static int cluster_error(struct rados_store *rs, int rc, const char *what)
 		return kvmem_error(ETIMEDOUT, "%s: %s: no answer from the cluster within %u s "
 				   "(rados_osd_op_timeout): is it up?", n, what, rs->timeout_s);
 	case EBLOCKLISTED:
-		return kvmem_error(ENOLCK, "%s: %s: this client was fenced off (blocklisted) by a "
-				   "writer that took the workspace over", n, what);
+		lease_lose(rs, EBLOCKLISTED, "this client was " FENCED);
+		return kvmem_error(ENOLCK, "%s: %s: this client was %s", n, what, FENCED);
 	case EACCES:
 	case EPERM:
 		return kvmem_error(EACCES, "%s: %s: %s is not allowed to (check the key's caps: "
@@ -176,8 +188,6 @@ static int cluster_error(struct rados_store *rs, int rc, const char *what)
 
 /* ---- the lease ------------------------------------------------------------ */
 
-static void lease_lose(struct rados_store *rs, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
 static void lease_lose(struct rados_store *rs, int err, const char *fmt, ...)
 {
 	va_list ap;
@@ -435,6 +445,10 @@ static int pend_wait(struct rados_store *rs, int *stream)
 		R.rados_aio_wait_for_complete(rs->pend[i]);
 		rc = R.rados_aio_get_return_value(rs->pend[i]);
 		R.rados_aio_release(rs->pend[i]);
+		if (rc == -EBLOCKLISTED) {
+			lease_lose(rs, EBLOCKLISTED, "this client was " FENCED);
+			rc = -ENOLCK;
+		}
 		if (rc < 0 && !first && rs->pend_stream[i] >= 0) {
 			first = rc;
 			*stream = rs->pend_stream[i];
@@ -445,12 +459,27 @@ static int pend_wait(struct rados_store *rs, int *stream)
 	return first;
 }
 
-/* Send what stream i gathered, one write per object it spans. */
+static int range_read(struct rados_store *rs, int i, void *buf, size_t len, uint64_t off);
+
+/*
+ * Send what stream i gathered, one write per object it spans, as whole 4
+ * KiB chunks: the bytes of the first chunk before it (as written, and
+ * committed) go again in front, zeros fill the last one. A write smaller
+ * than BlueStore's allocation unit is a deferred write (logged, applied
+ * later), and Ceph 16's replay of those after a crash can lose them
+ * (tracker.ceph.com/issues/68060: the OSD then finds bad checksums);
+ * whole chunks are written in place of new ones, never deferred (with
+ * bluestore_prefer_deferred_size 0, as Documentation/deploy.md says).
+ * Rewriting committed bytes with the same bytes is safe: an object write
+ * is atomic.
+ */
 static int wb_flush(struct rados_store *rs, int i)
 {
 	struct wbuf *w = &rs->wb[i];
-	size_t done = 0;
-	int rc;
+	uint64_t base = w->off / CHUNK * CHUNK, end;
+	size_t pre = w->off - base, total, padded, done = 0;
+	uint8_t *out;
+	int rc, stream;
 
 	if (!w->len)
 		return 0;
@@ -458,30 +487,55 @@ static int wb_flush(struct rados_store *rs, int i)
 		w->len = 0;
 		return rc;
 	}
-	while (done < w->len) {
-		uint64_t at = w->off + done, k = at / rs->obj, in = at % rs->obj;
-		size_t n = w->len - done < rs->obj - in ? w->len - done : rs->obj - in;
+	if (pre && (w->cbase != base || w->chave < (ssize_t)pre)) {
+		/* The chunk's head, written before this open: read it once. */
+		if (rs->pend_streams & (1u << i))
+			pend_wait(rs, &stream);
+		if ((rc = range_read(rs, i, w->chunk, pre, base)) < 0) {
+			w->len = 0;
+			return rc;
+		}
+		w->cbase = base;
+		w->chave = pre;
+	}
+	total = pre + w->len;
+	padded = (total + CHUNK - 1) / CHUNK * CHUNK;
+	if (!(out = malloc(padded)))
+		return -ENOMEM;
+	memcpy(out, w->chunk, pre);
+	memcpy(out + pre, w->buf, w->len);
+	memset(out + total, 0, padded - total);
+	while (done < padded) {
+		uint64_t at = base + done, k = at / rs->obj, in = at % rs->obj;
+		size_t n = padded - done < rs->obj - in ? padded - done : rs->obj - in;
 		rados_completion_t c;
 		char oid[64];
 
 		oid_of(oid, sizeof(oid), i, k);
-		if (R.rados_aio_create_completion2(NULL, NULL, &c) < 0)
-			return -ENOMEM;
-		rc = R.rados_aio_write(rs->io, oid, c, (const char *)w->buf + done, n, in);
+		if (R.rados_aio_create_completion2(NULL, NULL, &c) < 0) {
+			rc = -ENOMEM;
+			break;
+		}
+		rc = R.rados_aio_write(rs->io, oid, c, (const char *)out + done, n, in);
 		if (rc < 0) {
 			R.rados_aio_release(c);
-			w->len = 0;
-			return rc;
+			break;
 		}
 		if ((rc = pend_add(rs, c, i)) < 0) {
 			R.rados_aio_wait_for_complete(c);
 			R.rados_aio_release(c);
-			return rc;
+			break;
 		}
 		done += n;
 	}
+	/* The new last chunk, for the next append. */
+	end = w->off + w->len;
+	w->cbase = end / CHUNK * CHUNK;
+	w->chave = end - w->cbase;
+	memcpy(w->chunk, out + (w->cbase - base), w->chave);
+	free(out);
 	w->len = 0;
-	return 0;
+	return done < padded ? (rc < 0 ? rc : -EIO) : 0;
 }
 
 /* ---- streams ------------------------------------------------------------- */
@@ -907,6 +961,10 @@ static int job_result(struct rjob *j)
 		if (j->r->kind == IO_READ && (pt->ret == -ENOENT ||
 					      (pt->ret >= 0 && (size_t)pt->ret < pt->want)))
 			return (int)(pt->at + (pt->ret > 0 ? (size_t)pt->ret : 0));
+		if (pt->ret == -EBLOCKLISTED) {
+			lease_lose(j->rs, EBLOCKLISTED, "this client was " FENCED);
+			return -ENOLCK;
+		}
 		if (pt->ret < 0)
 			return pt->ret;
 	}
@@ -996,7 +1054,38 @@ static int r_aux_write(struct ws_store *s, const char *name, const void *buf, si
 	R.rados_aio_wait_for_complete(c);
 	rc = R.rados_aio_get_return_value(c);
 	R.rados_aio_release(c);
+	if (rc == -EBLOCKLISTED) {
+		lease_lose(rs, EBLOCKLISTED, "this client was " FENCED);
+		rc = -ENOLCK;
+	}
 	return rc < 0 ? rc : 0;
+}
+
+static const char *r_strerr(struct ws_store *s, int err)
+{
+	struct rados_store *rs = RS(s);
+
+	switch (err) {
+	case ENOLCK:
+		pthread_mutex_lock(&rs->lmu);
+		snprintf(rs->errbuf, sizeof(rs->errbuf), "this writer lost the workspace (%s) and "
+			 "stopped writing", rs->lost_why[0] ? rs->lost_why : "its lease lapsed");
+		pthread_mutex_unlock(&rs->lmu);
+		return rs->errbuf;
+	case ETIMEDOUT:
+		snprintf(rs->errbuf, sizeof(rs->errbuf), "no answer from the cluster within %u s "
+			 "(rados_osd_op_timeout)", rs->timeout_s);
+		return rs->errbuf;
+	case EACCES:
+	case EPERM:
+		snprintf(rs->errbuf, sizeof(rs->errbuf), "%s is not allowed to (check the key's "
+			 "caps: Documentation/deploy.md)", rs->client);
+		return rs->errbuf;
+	case EDQUOT:
+	case ENOSPC:
+		return "the pool is full";
+	}
+	return strerror(err);
 }
 
 static uint64_t r_id(const struct ws_store *s)
@@ -1069,6 +1158,7 @@ static const struct ws_store_ops rados_ops = {
 	.aux_read = r_aux_read,
 	.aux_write = r_aux_write,
 	.id = r_id,
+	.strerr = r_strerr,
 };
 
 /* rados://POOL/NAME: a pool and a namespace of letters, digits, '.', '_'
@@ -1125,6 +1215,25 @@ static void client_from_env(char *out, size_t len)
 	}
 }
 
+/* CEPH_ARGS (--keyring, --key, any option), as Ceph's tools read it: split
+ * at blanks. Read at every open, not once per process as librados's
+ * rados_conf_parse_env would. */
+static int conf_args(rados_t cl)
+{
+	const char *args = getenv("CEPH_ARGS"), *argv[64];
+	char buf[2048], *save = NULL, *tok;
+	int argc = 0;
+
+	if (!args || !*args)
+		return 0;
+	snprintf(buf, sizeof(buf), "%s", args);
+	argv[argc++] = "kvmem";	/* skipped, as a program's name */
+	for (tok = strtok_r(buf, " \t", &save); tok && argc < 63; tok = strtok_r(NULL, " \t", &save))
+		argv[argc++] = tok;
+	argv[argc] = NULL;
+	return R.rados_conf_parse_argv(cl, argc, argv);
+}
+
 /* Set a client option to `val` when the configuration left it at `dflt`. */
 static void conf_default(rados_t cl, const char *opt, const char *dflt, const char *val)
 {
@@ -1153,7 +1262,7 @@ static int connect_cluster(struct rados_store *rs)
 		return kvmem_error(-rc, "%s: cannot read the Ceph configuration %s: %s (set CEPH_CONF "
 				   "or --ceph-conf)", n, conf && *conf ? conf : "(/etc/ceph/ceph.conf)",
 				   strerror(-rc));
-	if ((rc = R.rados_conf_parse_env(rs->cl, NULL)) < 0)
+	if ((rc = conf_args(rs->cl)) < 0)
 		return kvmem_error(-rc, "%s: CEPH_ARGS: %s", n, strerror(-rc));
 	/* Without a bound an operation on a cluster that went away waits
 	 * forever; the conf may choose other bounds. */
@@ -1215,6 +1324,8 @@ int ws_rados_open(const char *where, int flags, struct ws_store **out)
 		DEFAULT_LEASE_S;
 	rs->trust_lease = fault && !strcmp(fault, "trust-lease");
 	rs->done_tail = &rs->done_head;
+	for (int i = 0; i < WS_N_STREAMS; i++)
+		rs->wb[i].chave = -1;
 	pthread_mutex_init(&rs->lmu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -44,6 +44,7 @@
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum ws_stream { WS_PAGES, WS_TOKENS, WS_INDEX, WS_SUMS, WS_TAIL, WS_N_STREAMS };
 
@@ -113,7 +114,16 @@ struct ws_store_ops {
 	int (*aux_write)(struct ws_store *s, const char *name, const void *buf, size_t len,
 			 int durable);
 	uint64_t (*id)(const struct ws_store *s);	/* the probes' workspace id */
+	/* Optional: what an I/O error code means in this store (RADOS: a
+	 * lost lease, a cluster that does not answer), for messages. */
+	const char *(*strerr)(struct ws_store *s, int err);
 };
+
+/* strerror(err), or what the store says err means. */
+static inline const char *ws_strerror(struct ws_store *s, int err)
+{
+	return s->ops->strerr ? s->ops->strerr(s, err) : strerror(err);
+}
 
 /* Open the store `where` names (rados://... or a directory) with
  * KVMEM_PAGER_* flags: CREATE makes an absent directory, RDONLY never

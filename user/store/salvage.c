@@ -4,7 +4,9 @@
  * store refuses rather than repairs). Salvage copies the longest prefix
  * that checks out into a new workspace beside it, through the pager itself
  * (so the copy is committed by the same crash rule), and says what was
- * lost. The damaged workspace is only read.
+ * lost. The damaged workspace is only read. kvmem_workspace_copy is the
+ * same walk, all or nothing: between any two stores (a directory, a RADOS
+ * pool), every block checked on the way.
  *
  * What can be checked one by one: each full block (its L pages and index
  * record against their sums) and the partial block (against the manifest).
@@ -228,7 +230,8 @@ static int copy_tokens(struct src *s, kvmem_pager *p, uint64_t n)
 	return 0;
 }
 
-static int salvage(struct src *s, const char *dest, kvmem_salvage_report *r)
+/* strict (a copy): everything or nothing is committed at dest. */
+static int salvage(struct src *s, const char *dest, kvmem_salvage_report *r, int strict)
 {
 	const struct mf_head *h = &s->m.h;
 	const void *layers[4096];
@@ -291,6 +294,13 @@ static int salvage(struct src *s, const char *dest, kvmem_salvage_report *r)
 		layers[l] = ext + l * s->stride;
 	/* The session state describes the whole history: kept only with it. */
 	r->app_kept = r->tokens_kept == h->tokens;
+	if (strict && !r->app_kept) {
+		/* Nothing past the empty workspace the open made is committed. */
+		rc = kvmem_error(EBADMSG, "cannot copy %s: %s; %s holds an empty workspace (kvmem "
+				 "verify names what is bad, --salvage keeps what is good)", s->dir,
+				 r->first_bad[0] ? r->first_bad : "damaged", dest);
+		goto out;
+	}
 	rc = kvmem_pager_commit(p, r->tail_kept ? layers : NULL,
 				r->tail_kept && s->ib ? ext + s->L * s->stride : NULL,
 				r->app_kept ? s->m.app : NULL, r->app_kept ? h->app_bytes : 0);
@@ -302,7 +312,7 @@ out:
 	return rc;
 }
 
-int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_report *r)
+static int copy_prefix(const char *dir, const char *dest, kvmem_salvage_report *r, int strict)
 {
 	struct src s = { .dir = dir };
 	int rc;
@@ -341,9 +351,19 @@ int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_rep
 		src_close(&s);
 		return kvmem_error(EBADMSG, "%s/manifest: %zu layers", dir, s.L);
 	}
-	rc = salvage(&s, dest, r);
+	rc = salvage(&s, dest, r, strict);
 	if (r->tokens_kept == r->tokens)
 		r->first_bad[0] = 0;	/* nothing lost (damage past what was needed) */
 	src_close(&s);
 	return rc;
+}
+
+int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_report *r)
+{
+	return copy_prefix(dir, dest, r, 0);
+}
+
+int kvmem_workspace_copy(const char *src, const char *dest, kvmem_salvage_report *r)
+{
+	return copy_prefix(src, dest, r, 1);
 }
