@@ -54,6 +54,11 @@ static void usage(FILE *f)
 		"                            $KVMEM_API_KEY when set)\n"
 		"  --data-dir DIR            where conversations live (default: <data dir>/serve;\n"
 		"                            the data dir is $KVMEM_HOME, else ~/.local/share/kvmem)\n"
+		"  --store rados://POOL      keep conversations in a Ceph pool instead, shared\n"
+		"                            with other servers: a conversation is held for one\n"
+		"                            turn at a time (409 while another server holds it)\n"
+		"  --ceph-conf PATH          that cluster (default $CEPH_CONF; client and keyring\n"
+		"                            from $CEPH_ARGS, as Ceph's tools take them)\n"
 		"  --backend NAME            cpu, cuda or auto (default auto)\n"
 		"  --policy NAME             selection policy (default meank)\n"
 		"  --budget N                history tokens in a view (default: 3/4 of the\n"
@@ -79,6 +84,7 @@ static void usage(FILE *f)
 		"  kvmem serve\n"
 		"  kvmem serve --model /models/Qwen3-0.6B --port 8080 --budget 8k\n"
 		"  kvmem serve --host 0.0.0.0 --api-key \"$(cat key)\" --data-dir /srv/kvmem\n"
+		"  CEPH_ARGS='--id kvmem-a' kvmem serve --store rados://kvmem --port 8001\n"
 		"  curl -s localhost:8000/v1/chat/completions -H 'X-Kvmem-Conversation: a1' \\\n"
 		"    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"? api.conf db.port =\"}]}'\n");
 }
@@ -86,6 +92,7 @@ static void usage(FILE *f)
 enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
+	O_STORE, O_CEPHCONF,
 };
 
 static const struct option opts[] = {
@@ -95,6 +102,8 @@ static const struct option opts[] = {
 	{ "port", required_argument, NULL, O_PORT },
 	{ "api-key", required_argument, NULL, O_KEY },
 	{ "data-dir", required_argument, NULL, O_DATA },
+	{ "store", required_argument, NULL, O_STORE },
+	{ "ceph-conf", required_argument, NULL, O_CEPHCONF },
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "policy", required_argument, NULL, O_POLICY },
 	{ "budget", required_argument, NULL, O_BUDGET },
@@ -140,6 +149,15 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case O_HOST: c->host = a; break;
 		case O_KEY: c->api_key = a; break;
 		case O_DATA: c->data_dir = a; break;
+		case O_CEPHCONF: cli_ceph_conf(a); break;
+		case O_STORE:
+			/* rados://POOL: conversations are rados://POOL/conv.ID. */
+			if (strncmp(a, "rados://", 8) || !a[8] || strchr(a + 8, '/')) {
+				fprintf(stderr, "%s: %s wants rados://POOL, not '%s'\n", w, n, a);
+				return -1;
+			}
+			c->store = a;
+			break;
 		case O_BACKEND: c->backend = a; break;
 		case O_POLICY: c->policy = a; break;
 		case O_QUIET: c->quiet = 1; break;
@@ -277,7 +295,7 @@ int cmd_serve(int argc, char **argv)
 		return 1;
 	}
 	printf("kvmem serve: model %s (%s), budget %lld, conversations in %s\n", serve_model_name(),
-	       c.model_dir, (long long)c.budget, c.data_dir);
+	       c.model_dir, (long long)c.budget, c.store ? c.store : c.data_dir);
 	printf("kvmem serve: listening on http://%s%s%s:%d/v1\n", strchr(c.host, ':') ? "[" : "",
 	       c.host, strchr(c.host, ':') ? "]" : "", serve_http_port());
 	fflush(stdout);

@@ -27,6 +27,7 @@
 
 struct serve_cfg {
 	const char *model_dir, *model_name, *data_dir, *host, *api_key, *backend, *policy;
+	const char *store;		/* rados://POOL: conversations shared there */
 	int port;
 	uint64_t max_body;		/* bytes of a request body */
 	int64_t max_request_tokens;	/* new prompt tokens + max_tokens of one request */
@@ -127,7 +128,9 @@ void serve_http_stop(void);
 /* A conversation's record beside its workspace (serve_conv.c). */
 struct conv {
 	char id[SERVE_ID_MAX + 1];
-	char dir[4096];			/* <data>/conversations/<id> */
+	char dir[4096];			/* <data>/conversations/<id>, or its
+					 * workspace rados://POOL/conv.<id> */
+	int shared;			/* in --store: the record is in the store */
 	kvmem_workspace *ws;
 	kvmem_session *s;
 	int kind;			/* -1: none yet, JOB_CHAT, JOB_TEXT */
@@ -140,8 +143,9 @@ struct conv {
 	struct conv *next;
 };
 
-/* Read <dir>/conversation.json (absent: a new conversation) and trim it to
- * the workspace's committed token count. */
+/* Read <dir>/conversation.json (absent: a new conversation), or a shared
+ * conversation's record beside its workspace, and trim it to the
+ * workspace's committed token count. */
 int conv_load(struct conv *c, int64_t ws_tokens);
 /* Write it (atomically, synced) with a new turn ending at `tokens`. */
 int conv_save(struct conv *c, int64_t tokens);

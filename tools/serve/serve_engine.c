@@ -247,6 +247,18 @@ static void conv_unlink(struct conv *c)
 	pthread_mutex_unlock(&E.mu);
 }
 
+/* A shared conversation (--store) no turn runs in is let go, and its
+ * lease with it: another server may take its next turn. */
+static void conv_release_idle(const char *id)
+{
+	for (struct conv *c = E.convs; c; c = c->next)
+		if (c->shared && !c->busy && !strcmp(c->id, id)) {
+			conv_unlink(c);
+			conv_close(c);
+			return;
+		}
+}
+
 static void session_opts(kvmem_session_opts *so, const kvmem_page_source *src, uint64_t seed)
 {
 	kvmem_session_opts_default(so);
@@ -278,8 +290,12 @@ static struct conv *conv_get(struct job *j)
 	}
 	c->kind = -1;
 	snprintf(c->id, sizeof(c->id), "%s", j->conv);
-	snprintf(c->dir, sizeof(c->dir), "%s/conversations/%s", E.cfg->data_dir, j->conv);
-	if (stat(c->dir, &st) && count_conversations() >= E.cfg->max_conversations) {
+	c->shared = E.cfg->store != NULL;
+	if (c->shared)
+		snprintf(c->dir, sizeof(c->dir), "%s/conv.%s", E.cfg->store, j->conv);
+	else
+		snprintf(c->dir, sizeof(c->dir), "%s/conversations/%s", E.cfg->data_dir, j->conv);
+	if (!c->shared && stat(c->dir, &st) && count_conversations() >= E.cfg->max_conversations) {
 		free(c);
 		job_fail(j, 429, "too_many_conversations", "the server holds %lld conversations, its "
 			 "limit (--max-conversations): conversation '%s' cannot be created",
@@ -299,10 +315,10 @@ static struct conv *conv_get(struct job *j)
 		conv_close(lru);
 		E.evictions++;
 	}
-	snprintf(ws, sizeof(ws), "%s/ws", c->dir);
+	snprintf(ws, sizeof(ws), c->shared ? "%s" : "%s/ws", c->dir);
 	wo.block = E.cfg->block;
 	wo.host_cap = E.cfg->host_cap;
-	if (kvmem_mkdir_p(c->dir) || kvmem_workspace_open(ws, E.m, &wo, &c->ws) < 0)
+	if ((!c->shared && kvmem_mkdir_p(c->dir)) || kvmem_workspace_open(ws, E.m, &wo, &c->ws) < 0)
 		goto fail;
 	session_opts(&so, kvmem_workspace_source(c->ws), 0);
 	if (!(c->s = kvmem_session_create(E.be, &so)))
@@ -330,8 +346,13 @@ static struct conv *conv_get(struct job *j)
 	pthread_mutex_unlock(&E.mu);
 	return c;
 fail:
-	job_fail(j, 500, "conversation_unavailable", "conversation '%s' (%s): %s", j->conv, c->dir,
-		 kvmem_last_error());
+	/* Another server of a shared store writes it now (a turn at a time). */
+	if (kvmem_last_errno() == EBUSY)
+		job_fail(j, 409, "conversation_locked", "conversation '%s' is in use elsewhere: %s",
+			 j->conv, kvmem_last_error());
+	else
+		job_fail(j, 500, "conversation_unavailable", "conversation '%s' (%s): %s", j->conv,
+			 c->dir, kvmem_last_error());
 	kvmem_session_free(c->s);
 	if (c->ws)
 		kvmem_workspace_close(c->ws);
@@ -726,13 +747,15 @@ static int turn_step(struct job *j)
 
 /* After a turn: release its session or its conversation. A conversation
  * whose turn failed is closed, so the next request reopens it at its last
- * commit. */
+ * commit; so is a shared one (--store), so its lease goes with it. */
 static void turn_end(struct job *j)
 {
 	if (j->cv) {
 		j->cv->busy = 0;
 		j->cv->last_used = serve_now();
-		if (j->http >= 500) {
+		/* A shared conversation is let go after each turn: another
+		 * server may take the next one. */
+		if (j->http >= 500 || j->cv->shared) {
 			conv_unlink(j->cv);
 			conv_close(j->cv);
 		}
@@ -770,6 +793,8 @@ static void *engine_main(void *arg)
 					run = j;
 					continue;
 				}
+				if (j->conv[0])
+					conv_release_idle(j->conv);
 			} else {
 				job_fail(j, 499, "client_closed", "the client went away before its turn");
 			}
