@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A session's history kept in a workspace directory.
+ * A session's history kept in a workspace: a directory, or rados://POOL/NAME
+ * (a namespace of a Ceph pool: Documentation/pager.md, "Stores"), wherever
+ * a function below takes `dir`.
  *
- * kvmem_workspace_open() opens (or creates) the directory through the
+ * kvmem_workspace_open() opens (or creates) the workspace through the
  * tiered pager and gives a page source over it; a session created with that
  * source takes the stored history over with kvmem_workspace_adopt() and
  * makes each step durable with kvmem_workspace_commit(): token ids, pages,

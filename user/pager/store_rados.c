@@ -54,6 +54,13 @@ int ws_rados_open(const char *where, int flags, struct ws_store **out)
 	return kvmem_error(EPROTONOSUPPORT, "%s: this kvmem was built without librados-dev "
 			   "(<rados/librados.h>): RADOS workspaces are not available", where);
 }
+
+int ws_rados_destroy(const char *where)
+{
+	struct ws_store *s;
+
+	return ws_rados_open(where, 0, &s);
+}
 #else
 
 #define R kvmem_rados
@@ -837,8 +844,9 @@ static int r_may_create(struct ws_store *s, int flags)
 	return 0;
 }
 
-/* Objects of a few MiB holding whole blocks (a block larger than that is
- * an object of its own), so a block moves as one request. */
+/* Objects of a few MiB holding whole blocks, so a block moves as one
+ * request; a block larger than that spans objects of the few MiB, written
+ * and read in parallel pieces (one object each, on different PGs). */
 static int r_create(struct ws_store *s, uint64_t extent)
 {
 	struct rados_store *rs = RS(s);
@@ -850,7 +858,7 @@ static int r_create(struct ws_store *s, uint64_t extent)
 
 	if (want < KVMEM_IO_ALIGN)
 		want = DEFAULT_OBJECT;
-	rs->obj = want < extent ? extent : want / extent * extent;
+	rs->obj = want < extent ? round_up(want, KVMEM_IO_ALIGN) : want / extent * extent;
 	if (rs->obj > (1ull << 30))
 		rs->obj = round_up(1ull << 30, KVMEM_IO_ALIGN);
 	if (lease_ok(rs) < 0)
@@ -1298,6 +1306,30 @@ static int connect_cluster(struct rados_store *rs)
 		return cluster_error(rs, rc, "opening the pool");
 	}
 	R.rados_ioctx_set_namespace(rs->io, rs->ns);
+	return 0;
+}
+
+int ws_rados_destroy(const char *where)
+{
+	struct ws_store *s;
+	struct rados_store *rs;
+	const char *aux[] = { MANIFEST, "stats", "app.conversation.json" };
+	int rc;
+
+	if ((rc = ws_rados_open(where, 0, &s)) < 0)
+		return rc;
+	rs = RS(s);
+	for (int i = 0; i < WS_N_STREAMS; i++)
+		for (uint64_t k = 0;; k++) {
+			char oid[64];
+
+			oid_of(oid, sizeof(oid), i, k);
+			if (R.rados_remove(rs->io, oid) < 0)
+				break;
+		}
+	for (size_t i = 0; i < sizeof(aux) / sizeof(aux[0]); i++)
+		R.rados_remove(rs->io, aux[i]);
+	ws_store_close(s);
 	return 0;
 }
 

@@ -137,5 +137,8 @@ int ws_store_dirfd(const struct ws_store *s);
 
 int ws_dir_open(const char *dir, int flags, struct ws_store **out);
 int ws_rados_open(const char *where, int flags, struct ws_store **out);
+/* Remove every object of the RADOS workspace `where` (scratch workspaces
+ * of the benchmark); no lock is asked for. */
+int ws_rados_destroy(const char *where);
 
 #endif
