@@ -366,6 +366,28 @@ static int fence_previous(struct rados_store *rs)
 				      "writer") : 0;
 }
 
+/* Say who holds the workspace (kvmem.holder): the address the next
+ * writer fences if this one does not let go cleanly. */
+static int holder_write(struct rados_store *rs)
+{
+	char arg[256], host[256] = "", holder[768];
+	rados_write_op_t op;
+	int prval = 0, rc;
+
+	gethostname(host, sizeof(host) - 1);
+	snprintf(holder, sizeof(holder), "%s %s, process %d on host %s", rs->addr, rs->client,
+		 (int)getpid(), host);
+	if (!(op = locked_op(rs, arg, &prval)))
+		return kvmem_error(ENOMEM, "%s: out of memory", rs->s.name);
+	R.rados_write_op_setxattr(op, XA_HOLDER, holder, strlen(holder));
+	rc = R.rados_write_op_operate(op, rs->io, MANIFEST, NULL, 0);
+	R.rados_release_write_op(op);
+	return rc < 0 ? cluster_error(rs, rc, "naming the writer") : 0;
+}
+
+/* The lock, the previous holder fenced, this one named, the lease renewed
+ * from now on: before this writer's first write, so whatever it writes can
+ * be fenced too. */
 static int r_lock(struct ws_store *s)
 {
 	struct rados_store *rs = RS(s);
@@ -385,7 +407,7 @@ static int r_lock(struct ws_store *s)
 	if (rc < 0)
 		return cluster_error(rs, rc, "taking the writer's lock");
 	rs->locked = 1;
-	if ((rc = fence_previous(rs)) < 0)
+	if ((rc = fence_previous(rs)) < 0 || (rc = holder_write(rs)) < 0)
 		return rc;
 	rs->stop = 0;
 	if (pthread_create(&rs->renewer, NULL, renew_main, rs) != 0)
@@ -394,24 +416,13 @@ static int r_lock(struct ws_store *s)
 	return 0;
 }
 
+/* The holder is named at lock time already; the open's last step only
+ * checks that the lease still holds. */
 static int r_claim(struct ws_store *s)
 {
 	struct rados_store *rs = RS(s);
-	char arg[256], host[256] = "", holder[768];
-	rados_write_op_t op;
-	int prval = 0, rc;
 
-	if (lease_ok(rs) < 0)
-		return lease_error(rs, "claiming the workspace");
-	gethostname(host, sizeof(host) - 1);
-	snprintf(holder, sizeof(holder), "%s %s, process %d on host %s", rs->addr, rs->client,
-		 (int)getpid(), host);
-	if (!(op = locked_op(rs, arg, &prval)))
-		return kvmem_error(ENOMEM, "%s: out of memory", s->name);
-	R.rados_write_op_setxattr(op, XA_HOLDER, holder, strlen(holder));
-	rc = R.rados_write_op_operate(op, rs->io, MANIFEST, NULL, 0);
-	R.rados_release_write_op(op);
-	return rc < 0 ? cluster_error(rs, rc, "naming the writer") : 0;
+	return lease_ok(rs) < 0 ? lease_error(rs, "claiming the workspace") : 0;
 }
 
 /* ---- small writes in flight ---------------------------------------------- */

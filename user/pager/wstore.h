@@ -17,7 +17,9 @@
  * the store promises"; Documentation/architecture.md, "The store seam"):
  *
  *   lock, claim      the one-writer rule: take it (-EBUSY naming the
- *                    holder), then say who holds it (the open's last step).
+ *                    holder), then say who holds it (a directory: the
+ *                    open's last step; RADOS names the holder at once, so
+ *                    a writer that dies before its first write is fenced).
  *                    A directory's lock lives as long as the process; a
  *                    RADOS lock is a lease the store renews, and a writer
  *                    whose lease lapsed stops writing (-ENOLCK) before
