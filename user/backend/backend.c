@@ -67,6 +67,18 @@ int kvmem_backend_open(const char *name, const kvmem_model *m, const kvmem_backe
 		b->opts = *o;
 	if (!b->opts.max_chunk)
 		b->opts.max_chunk = CHUNK_DEFAULT;
+	if (b->opts.kv_dtype && b->opts.kv_dtype != KVMEM_DTYPE_FP8) {
+		rc = kvmem_error(EINVAL, "backend %s: KV dtype %u (0: the backend's own, or fp8)",
+				 ops->name, b->opts.kv_dtype);
+		free(b);
+		return rc;
+	}
+	if (b->opts.kv_dtype == KVMEM_DTYPE_FP8 && !ops->fp8) {
+		rc = kvmem_error(ENOTSUP, "backend %s: fp8 KV is not built for this backend yet (the "
+				 "cpu backend has it)", ops->name);
+		free(b);
+		return rc;
+	}
 	if (b->opts.max_chunk < 0) {
 		rc = kvmem_error(EINVAL, "backend %s: chunk %d is not positive", ops->name,
 				 b->opts.max_chunk);

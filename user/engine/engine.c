@@ -18,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 
 struct kvmem_engine {
@@ -34,6 +35,7 @@ struct kvmem_engine {
 	int32_t *q_pos;	/* [C] */
 	int32_t *kv_pos;/* [kv_pos_cap] = 0, 1, 2, ... */
 	int kv_pos_cap;
+	int kv_fp8;	/* the view holds fp8 KV: K and V rounded through e4m3 */
 };
 
 static int check_config(const kvmem_config *c)
@@ -116,6 +118,11 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e)
 	return e->m;
 }
 
+void kvmem_engine_set_kv_fp8(kvmem_engine *e, int on)
+{
+	e->kv_fp8 = on;
+}
+
 /* kv_pos[t] = t for every slot the attention may read. */
 static int ensure_kv_pos(kvmem_engine *e, int n)
 {
@@ -161,6 +168,10 @@ static void store_kv(kvmem_engine *e, kvmem_kvcache *kv, int l, int n)
 	const kvmem_config *c = &e->m->cfg;
 	int hk = c->n_kv_heads, d = c->head_dim;
 
+	if (e->kv_fp8) {	/* the values a page of fp8 gives back */
+		kvmem_fp8_roundtrip_rows(e->k, (size_t)n * hk, d);
+		kvmem_fp8_roundtrip_rows(e->v, (size_t)n * hk, d);
+	}
 	kvmem_rope(e->k, e->q_pos, n, hk, d, c->rope_theta);
 	for (int t = 0; t < n; t++)
 		for (int g = 0; g < hk; g++) {
