@@ -52,6 +52,29 @@ void kvmem_fp8_dequant_row(float *x, const uint8_t *q, float scale, int n);
  * calls above. */
 void kvmem_fp8_roundtrip_rows(float *x, size_t rows, int n);
 
+/* ---- twins of kernels/cuda/fp8.cu (kernels/kernels_cuda_fp8.h) ---------- */
+/* rows rows of n values of x (x_dtype KVMEM_DTYPE_F32, or _BF16: a GPU's
+ * rows, widened exactly) to q[rows][n] and scale[rows]. -EINVAL on another
+ * dtype. */
+int kvmem_fp8_quant_rows(uint8_t *q, float *scale, const void *x, int x_dtype, size_t rows,
+			 int n);
+/* out[r][i] = bf16(q[r][i] * scale[r]): the value exact in fp32, one
+ * rounding (none unless it falls below bf16's normal range). */
+void kvmem_fp8_dequant_rows_bf16(uint16_t *out, const uint8_t *q, const float *scale,
+				 size_t rows, int n);
+/*
+ * Decode attention of one token over every key of a view layer whose K and
+ * V are bf16 (kv_dtype KVMEM_DTYPE_BF16) or fp8 (KVMEM_DTYPE_FP8, with
+ * their row scales k_scale / v_scale [n_kv_heads][kv_stride]):
+ *   q    [n_heads][head_dim] bf16 (rotated), out the same shape, bf16
+ *   k, v [n_kv_heads][kv_stride][head_dim], keys 0..n_kv-1 all visible
+ * The twin widens (dequantises) K and V to fp32 and calls kvmem_attention,
+ * then rounds to bf16. -EINVAL on bad sizes or dtype.
+ */
+int kvmem_decode_kv_bf16(uint16_t *out, const uint16_t *q, const void *k, const void *v,
+			 const float *k_scale, const float *v_scale, int kv_dtype, int n_kv,
+			 size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,9 +5,12 @@
  * (the scales keep the operands far from fp32's under- and overflow), and
  * rintf rounds to nearest even in the default rounding mode.
  */
+#include <errno.h>
 #include <math.h>
 
+#include "kernels/kernels.h"
 #include "kernels/kernels_fp8.h"
+#include "kvmem/kvmem.h"
 
 float kvmem_e4m3_to_f32(uint8_t q)
 {
@@ -15,7 +18,7 @@ float kvmem_e4m3_to_f32(uint8_t q)
 	float a;
 
 	if (e == 15 && m == 7)
-		return (q & 0x80) ? -NAN : NAN;
+		return NAN;	/* one NaN, as the device decodes it */
 	a = e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9);
 	return (q & 0x80) ? -a : a;
 }
@@ -79,4 +82,32 @@ void kvmem_fp8_roundtrip_rows(float *x, size_t rows, int n)
 		for (int i = 0; i < n; i++)
 			row[i] = kvmem_e4m3_to_f32(kvmem_f32_to_e4m3(row[i] * inv)) * s;
 	}
+}
+
+int kvmem_fp8_quant_rows(uint8_t *q, float *scale, const void *x, int x_dtype, size_t rows,
+			 int n)
+{
+	float wide[1024];
+
+	if ((x_dtype != KVMEM_DTYPE_F32 && x_dtype != KVMEM_DTYPE_BF16) || n <= 0 ||
+	    (x_dtype == KVMEM_DTYPE_BF16 && n > 1024))
+		return kvmem_error(EINVAL, "fp8 quantise: rows of %d values of dtype %d", n, x_dtype);
+	for (size_t r = 0; r < rows; r++) {
+		const float *row = (const float *)x + r * n;
+
+		if (x_dtype == KVMEM_DTYPE_BF16) {
+			kvmem_bf16_to_f32_n(wide, (const uint16_t *)x + r * n, (size_t)n);
+			row = wide;
+		}
+		kvmem_fp8_quant_row(q + r * n, &scale[r], row, n);
+	}
+	return 0;
+}
+
+void kvmem_fp8_dequant_rows_bf16(uint16_t *out, const uint8_t *q, const float *scale,
+				 size_t rows, int n)
+{
+	for (size_t r = 0; r < rows; r++)
+		for (int i = 0; i < n; i++)
+			out[r * n + i] = kvmem_f32_to_bf16(kvmem_e4m3_to_f32(q[r * n + i]) * scale[r]);
 }

@@ -11,7 +11,11 @@
  *    magnitude into (224, 448];
  *  - the round trip errs by at most half a step: 2^-4 |x| for normal
  *    values, 2^-10 scale below them; and a second round trip changes
- *    nothing.
+ *    nothing;
+ *  - the GPU kernels' twins: quantising bf16 rows is quantising their
+ *    fp32 widening; gathering an fp8 page into a bf16 view, and decode
+ *    attention over fp8 K/V, give the bits of the same over the bf16 page
+ *    of the dequantised values (which bf16 holds exactly).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,12 +23,16 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"
 #include "kernels/kernels_fp8.h"
+#include "kvmem/kvmem.h"
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;
@@ -248,6 +256,71 @@ static void test_round_trip(void **state)
 	free(z);
 }
 
+static void test_twins(void **state)
+{
+	enum { H = 2, B = 16, D = 64, L = 2, CAP = 64 };
+	const size_t rows = (size_t)H * B, half = rows * D;
+	uint64_t r = g_seed ^ 0x7a1;
+	float *x = malloc(sizeof(float) * 2 * half), w[D];
+	uint16_t *xb = malloc(2 * 2 * half), *deq = malloc(2 * 2 * half);
+	uint16_t *vk1 = calloc((size_t)L * H * CAP * D, 2), *vv1 = calloc((size_t)L * H * CAP * D, 2);
+	uint16_t *vk2 = calloc((size_t)L * H * CAP * D, 2), *vv2 = calloc((size_t)L * H * CAP * D, 2);
+	uint16_t q[4 * D], o1[4 * D], o2[4 * D];
+	uint8_t *pg = malloc(2 * half + 8 * rows), qa[D], qb[D];
+	float *sc = (float *)(pg + 2 * half), sa, sb;
+
+	for (size_t i = 0; i < 2 * half; i++)
+		x[i] = (float)ldexp(test_rng_range(&r, -1, 1), test_rng_int(&r, -6, 6));
+	kvmem_f32_to_bf16_n(xb, x, 2 * half);
+	/* bf16 rows: the widening's bytes and scale */
+	for (size_t row = 0; row < 2 * rows; row++) {
+		kvmem_bf16_to_f32_n(w, xb + row * D, D);
+		kvmem_fp8_quant_row(qa, &sa, w, D);
+		assert_int_equal(kvmem_fp8_quant_rows(qb, &sb, xb + row * D, KVMEM_DTYPE_BF16, 1, D), 0);
+		assert_memory_equal(qa, qb, D);
+		assert_true(sa == sb);
+	}
+	assert_int_equal(kvmem_fp8_quant_rows(pg, sc, x, KVMEM_DTYPE_F32, 2 * rows, D), 0);
+	assert_int_equal(kvmem_fp8_quant_rows(pg, sc, x, KVMEM_DTYPE_F16, 1, D), -EINVAL);
+	kvmem_fp8_dequant_rows_bf16(deq, pg, sc, 2 * rows, D);
+	for (size_t i = 0; i < 2 * half; i++)	/* exact in bf16 */
+		assert_true(kvmem_bf16_to_f32(deq[i]) ==
+			    kvmem_e4m3_to_f32(pg[i]) * sc[i / D]);
+	/* the same page as fp8 and as bf16, tokens 3..12 to slot 20 of layer 1 */
+	{
+		kvmem_gather_item a = { .k = pg + 3 * D, .v = pg + half + 3 * D, .layer = 1,
+					.slot = 20, .n = 10, .head_stride = B * D,
+					.dtype = KVMEM_DTYPE_FP8, .k_scale = sc + 3,
+					.v_scale = sc + rows + 3, .scale_stride = B };
+		kvmem_gather_item b = { .k = deq + 3 * D, .v = deq + half + 3 * D, .layer = 1,
+					.slot = 20, .n = 10, .head_stride = B * D,
+					.dtype = KVMEM_DTYPE_BF16 };
+
+		assert_int_equal(kvmem_view_gather_bf16(vk1, vv1, &a, 1, L, H, D, CAP, 1e6), 0);
+		assert_int_equal(kvmem_view_gather_bf16(vk2, vv2, &b, 1, L, H, D, CAP, 1e6), 0);
+		assert_memory_equal(vk1, vk2, (size_t)L * H * CAP * D * 2);
+		assert_memory_equal(vv1, vv2, (size_t)L * H * CAP * D * 2);
+		a.k_scale = NULL;	/* fp8 without its scales: refused */
+		assert_int_equal(kvmem_view_gather_bf16(vk1, vv1, &a, 1, L, H, D, CAP, 1e6), -EINVAL);
+	}
+	/* decode attention: 4 query heads over the page's 2 KV heads, B keys */
+	for (int i = 0; i < 4 * D; i++)
+		q[i] = kvmem_f32_to_bf16((float)test_rng_range(&r, -2, 2));
+	assert_int_equal(kvmem_decode_kv_bf16(o1, q, pg, pg + half, sc, sc + rows, KVMEM_DTYPE_FP8,
+					      B, B, 4, H, D, 0.125f), 0);
+	assert_int_equal(kvmem_decode_kv_bf16(o2, q, deq, deq + half, NULL, NULL, KVMEM_DTYPE_BF16,
+					      B, B, 4, H, D, 0.125f), 0);
+	assert_memory_equal(o1, o2, sizeof(o1));
+	free(x);
+	free(xb);
+	free(deq);
+	free(pg);
+	free(vk1);
+	free(vv1);
+	free(vk2);
+	free(vv2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -257,6 +330,7 @@ int main(void)
 		cmocka_unit_test(test_special_values),
 		cmocka_unit_test(test_row_scales),
 		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_twins),
 	};
 
 	g_seed = test_rng_fresh_seed("test_fp8");
