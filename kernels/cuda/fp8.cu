@@ -83,7 +83,7 @@ __global__ void dequant_kernel(uint16_t *out, const uint8_t *q, const float *sca
 
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
 	     i += (size_t)gridDim.x * blockDim.x)
-		out[i] = f2bf(e4m3_to_f32(q[i]) * scale[i / n]);
+		out[i] = e4m3_bf16(q[i], e4m3_to_f32(q[i]), scale[i / n]);
 }
 
 extern "C" int kvmem_cuda_fp8_dequant_rows_bf16(kvmem_cuda_ctx *c, uint16_t *out,
@@ -109,11 +109,14 @@ __device__ __forceinline__ void load_part(float *o, const void *base, const floa
 	constexpr int P = HD / 32;
 
 	if (FP8) {
-		const uint8_t *p = (const uint8_t *)base + row * HD + lane * P;
+		const uint16_t *p = (const uint16_t *)((const uint8_t *)base + row * HD + lane * P);
 		const float s = sc[row];
 
-		for (int j = 0; j < P; j++)
-			o[j] = e4m3_to_f32(p[j]) * s;
+		for (int j = 0; j < P / 2; j++) {
+			e4m3x2_to_f32(p[j], &o[2 * j], &o[2 * j + 1]);
+			o[2 * j] *= s;
+			o[2 * j + 1] *= s;
+		}
 	} else {
 		const uint16_t *p = (const uint16_t *)base + row * HD + lane * P;
 
@@ -137,11 +140,14 @@ __device__ __forceinline__ void score_row(float *s, const void *base, const floa
 			const uint4 u = p[c];
 			const uint32_t w[4] = { u.x, u.y, u.z, u.w };
 
-			for (int j = 0; j < 16; j++) {
-				const float kv = e4m3_to_f32((uint8_t)(w[j / 4] >> (8 * (j % 4))));
+			for (int j = 0; j < 8; j++) {
+				float k0, k1;
 
-				for (int g = 0; g < G; g++)
-					s[g] = fmaf(qs[g][c * 16 + j], kv, s[g]);
+				e4m3x2_to_f32((uint16_t)(w[j / 2] >> (16 * (j % 2))), &k0, &k1);
+				for (int g = 0; g < G; g++) {
+					s[g] = fmaf(qs[g][c * 16 + 2 * j], k0, s[g]);
+					s[g] = fmaf(qs[g][c * 16 + 2 * j + 1], k1, s[g]);
+				}
 			}
 		}
 		for (int g = 0; g < G; g++)
@@ -208,16 +214,26 @@ decode_kernel(float *part, const uint16_t *q, const void *k, const void *v, cons
 			for (int j = 0; j < P; j++)
 				acc[g][j] *= corr;
 		}
-		for (int i = 0; i < nt; i++) {
-			float vv[P];
+		/* The tile's V rows 8 at a time, the loads issued before the
+		 * sums so their latency overlaps (a row past the tile adds 0). */
+		for (int i0 = 0; i0 < nt; i0 += 8) {
+			float vv[8][P];
 
-			load_part<FP8, HD>(vv, v, vs, base + t0 + i, lane);
-			for (int g = 0; g < G; g++) {
-				const float pi = __shfl_sync(0xffffffffu, p[g], i);
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				if (i0 + i < nt)
+					load_part<FP8, HD>(vv[i], v, vs, base + t0 + i0 + i, lane);
+				else
+					for (int j = 0; j < P; j++)
+						vv[i][j] = 0.0f;
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				for (int g = 0; g < G; g++) {
+					const float pi = __shfl_sync(0xffffffffu, p[g], i0 + i);
 
-				for (int j = 0; j < P; j++)
-					acc[g][j] = fmaf(pi, vv[j], acc[g][j]);
-			}
+					for (int j = 0; j < P; j++)
+						acc[g][j] = fmaf(pi, vv[i][j], acc[g][j]);
+				}
 		}
 	}
 	for (int g = 0; g < G; g++) {
@@ -276,8 +292,8 @@ static int decode_run(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q, const
 		      const void *v, const float *ks, const float *vs, int n_kv, size_t stride,
 		      int n_kv_heads, float scale)
 {
-	/* About four blocks an SM, splits of whole tiles of every warp. */
-	const long want = 4L * c->sms;
+	/* About eight blocks an SM, splits of whole tiles of every warp. */
+	const long want = 8L * c->sms;
 	int chunk = (int)(((long)n_kv * n_kv_heads + want - 1) / want);
 	int S;
 	void *part;

@@ -48,15 +48,20 @@ __device__ __forceinline__ void load_w(uint16_t *out, const void *base, size_t o
 		const uint8_t *p = (const uint8_t *)base + off;
 
 		if (vec && ((uintptr_t)p & 7) == 0) {
-			uint2 u = *(const uint2 *)p;
+			const uint2 u = *(const uint2 *)p;
+			const uint32_t w[2] = { u.x, u.y };
 
-			for (int j = 0; j < 4; j++) {
-				out[j] = f2bf(e4m3_to_f32((uint8_t)(u.x >> (8 * j))) * sc);
-				out[4 + j] = f2bf(e4m3_to_f32((uint8_t)(u.y >> (8 * j))) * sc);
+			for (int j = 0; j < 4; j++) {	/* a pair of bytes at a time */
+				const uint16_t two = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
+				float lo, hi;
+
+				e4m3x2_to_f32(two, &lo, &hi);
+				out[2 * j] = e4m3_bf16((uint8_t)two, lo, sc);
+				out[2 * j + 1] = e4m3_bf16((uint8_t)(two >> 8), hi, sc);
 			}
 		} else {
 			for (int j = 0; j < W; j++)
-				out[j] = f2bf(e4m3_to_f32(p[j]) * sc);
+				out[j] = e4m3_bf16(p[j], e4m3_to_f32(p[j]), sc);
 		}
 	} else if (dtype == KVMEM_DTYPE_BF16) {
 		const uint16_t *p = (const uint16_t *)base + off;
