@@ -14,7 +14,9 @@
  *  - fp8 changes the logits, by a bounded amount, against the same run
  *    without it;
  *  - the KV dtype is fixed when a workspace is made: reopening it as the
- *    other refuses (-ESTALE) naming both; a backend without fp8 refuses it.
+ *    other refuses (-ESTALE) naming both; a backend without fp8 refuses it;
+ *  - the lab saves a history as an fp8 workspace: the rows quantised, with
+ *    their scales, and it verifies.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -30,6 +32,7 @@
 #include "kernels/kernels.h"
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
+#include "kvmem/lab.h"
 #include "kvmem/pager.h"
 #include "kvmem/session.h"
 #include "kvmem/store.h"
@@ -456,6 +459,71 @@ static void test_backend_refusals(void **state)
 	test_model_free(m);
 }
 
+static void test_lab_saves_fp8(void **state)
+{
+	uint64_t rng = g_seed ^ 0x1ab;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const int L = c->n_layers, H = c->n_kv_heads, D = c->head_dim, B = 16, n = 37;
+	const size_t w = (size_t)H * D;
+	float *k = malloc(sizeof(float) * n * w), *v = malloc(sizeof(float) * n * w);
+	kvmem_page_source mem;
+	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_FP8 };
+	kvmem_workspace *ws;
+	const kvmem_page_source *src;
+	int32_t ids[37];
+	char dir[300];
+
+	for (int i = 0; i < n; i++)
+		ids[i] = i % c->vocab;
+	assert_int_equal(kvmem_page_source_mem(&mem, L, H, D, B), 0);
+	for (int l = 0; l < L; l++) {
+		for (size_t i = 0; i < n * w; i++) {
+			k[i] = (float)test_rng_range(&rng, -3, 3);
+			v[i] = (float)test_rng_range(&rng, -1, 1);
+		}
+		for (int t = 0; t < n; t += B) {
+			int cnt = n - t < B ? n - t : B;
+
+			assert_int_equal(mem.ops->write(mem.ctx, t / B, l, 0, cnt, k + t * w, v + t * w), 0);
+		}
+	}
+	snprintf(dir, sizeof(dir), "%s/lab", g_tmp);
+	if (kvmem_lab_save_workspace(dir, m, B, KVMEM_DTYPE_FP8, &mem, ids, n) < 0)
+		fail_msg("%s", kvmem_last_error());
+	assert_int_equal(kvmem_workspace_verify(dir, NULL, 0), 0);
+	if (kvmem_workspace_open(dir, m, &wo, &ws) < 0)
+		fail_msg("%s", kvmem_last_error());
+	src = kvmem_workspace_source(ws);
+	for (int l = 0; l < L; l++)
+		for (int t = 0; t < n; t++) {
+			kvmem_page pg, mp;
+			uint8_t q[1024];
+			float sc;
+
+			assert_int_equal(src->ops->get(src->ctx, t / B, l, &pg), 0);
+			assert_int_equal(mem.ops->get(mem.ctx, t / B, l, &mp), 0);
+			assert_int_equal(pg.dtype, KVMEM_DTYPE_FP8);
+			for (int h = 0; h < H; h++) {
+				const size_t row = (size_t)h * B + t % B;
+
+				kvmem_fp8_quant_row(q, &sc, (const float *)mp.k + row * D, D);
+				assert_memory_equal((const uint8_t *)pg.k + row * D, q, D);
+				assert_true(pg.k_scale[row] == sc);
+				kvmem_fp8_quant_row(q, &sc, (const float *)mp.v + row * D, D);
+				assert_memory_equal((const uint8_t *)pg.v + row * D, q, D);
+				assert_true(pg.v_scale[row] == sc);
+			}
+			mem.ops->put(mem.ctx, t / B, l);
+			src->ops->put(src->ctx, t / B, l);
+		}
+	assert_int_equal(kvmem_workspace_close(ws), 0);
+	kvmem_page_source_destroy(&mem);
+	free(k);
+	free(v);
+	test_model_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -465,6 +533,7 @@ int main(void)
 		cmocka_unit_test(test_fp8_changes_logits),
 		cmocka_unit_test(test_reopen_other_dtype_refused),
 		cmocka_unit_test(test_backend_refusals),
+		cmocka_unit_test(test_lab_saves_fp8),
 	};
 	int rc;
 
