@@ -6,8 +6,8 @@
 # generated tokens, and an agent session's steps (selections, tokens) with
 # a budget under the workspace; with a budget over it, --check-exact's
 # logit difference is 0 at every step. --tp N > 1 is refused, saying why:
-# the cpu backend runs one rank, the model's KV heads do not split into N,
-# N out of range. Needs $KVMEM; skipped (77) when it is missing.
+# the cpu backend runs one rank (run, bench engine, bench step), the
+# model's KV heads do not split into N, N out of range. Needs $KVMEM; skipped (77) when it is missing.
 . "$(dirname "$0")/lib.sh"
 cli_setup tp
 
@@ -69,6 +69,7 @@ refuse 2 "--tp wants an integer in 1..64" run --model "$M" --random 8 --tp 0
 refuse 2 "--tp wants an integer in 1..64" run --model "$M" --random 8 --tp 65
 refuse 1 "this backend runs one rank" \
 	bench engine --backend cpu --model "$M" --prefill 32 --decode 32 --decode-tokens 2 --tp 2
+refuse 1 "this backend runs one rank" bench step --backend cpu --model "$M" --only step --tp 2
 
 # kvmem bench engine --tp 1 runs (the split code on the cpu backend).
 timeout 120 "$KVMEM" bench engine --backend cpu --model "$M" --prefill 64 --decode 64 \

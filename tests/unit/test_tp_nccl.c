@@ -47,8 +47,7 @@ static void test_absent_library(void **state)
 		skip();
 	setenv("NCCL_NVLS_ENABLE", "1", 1);
 	assert_int_equal(kvmem_nccl_open("/nonexistent/libnccl.so.2", &v), -ENOPKG);
-	if (!strstr(kvmem_last_error(), "cannot open /nonexistent/libnccl.so.2") ||
-	    !strstr(kvmem_last_error(), "KVMEM_NCCL_LIBRARY"))
+	if (!strstr(kvmem_last_error(), "cannot open /nonexistent/libnccl.so.2"))
 		fail_msg("message: %s", kvmem_last_error());
 	/* Forced off even when the open fails and the caller said 1. */
 	assert_string_equal(getenv("NCCL_NVLS_ENABLE"), "0");
@@ -59,8 +58,12 @@ static void test_absent_library(void **state)
 	/* The environment's choice is taken the same way. */
 	setenv("KVMEM_NCCL_LIBRARY", "/nonexistent/x.so", 1);
 	assert_int_equal(kvmem_nccl_open(NULL, &v), -ENOPKG);
-	assert_non_null(strstr(kvmem_last_error(), "/nonexistent/x.so"));
+	if (!strstr(kvmem_last_error(), "cannot open /nonexistent/x.so") ||
+	    !strstr(kvmem_last_error(), "named by KVMEM_NCCL_LIBRARY"))
+		fail_msg("message: %s", kvmem_last_error());
 	unsetenv("KVMEM_NCCL_LIBRARY");
+	/* The default lookup's refusal says where it looked: only checkable
+	 * where there is no NCCL, which the loader cannot fake. */
 }
 
 static void test_load(void **state)

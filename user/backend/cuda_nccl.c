@@ -33,7 +33,9 @@ static int open_into(const char *path, kvmem_nccl_api *t, int *version)
 	/* Before NCCL can read its environment: multicast off, always. */
 	setenv("NCCL_NVLS_ENABLE", "0", 1);
 	if (where && *where) {
-		h = dlopen(where, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+		if (!(h = dlopen(where, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)))
+			return kvmem_error(ENOPKG, "NCCL: cannot open %s (%s)%s", where, dlerror(),
+					   path ? "" : ", named by KVMEM_NCCL_LIBRARY");
 	} else {
 		where = NCCL_SONAME;
 		h = dlopen(NCCL_SONAME, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
@@ -41,18 +43,17 @@ static int open_into(const char *path, kvmem_nccl_api *t, int *version)
 		if (!h)
 			h = dlopen(KVMEM_CUDA_LIBDIR "/" NCCL_SONAME,
 				   RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-#endif
-	}
-	if (!h)
-		return kvmem_error(ENOPKG, "NCCL: cannot open %s (%s); looked for it through "
-				   "LD_LIBRARY_PATH and the run path%s; KVMEM_NCCL_LIBRARY names "
-				   "another file", where, dlerror(),
-#ifdef KVMEM_CUDA_LIBDIR
-				   ", then in " KVMEM_CUDA_LIBDIR
+#define NCCL_ALSO ", then in " KVMEM_CUDA_LIBDIR
 #else
-				   ""
+#define NCCL_ALSO ""
 #endif
-				   );
+		if (!h)
+			return kvmem_error(ENOPKG, "NCCL: cannot open %s (%s); looked for it through "
+					   "LD_LIBRARY_PATH, the run path and the system's library "
+					   "folders" NCCL_ALSO "; KVMEM_NCCL_LIBRARY names another file",
+					   where, dlerror());
+#undef NCCL_ALSO
+	}
 #define NCCL_SYM(fn)                                                                  \
 	if (!(*(void **)&t->fn = dlsym(h, #fn)))                                       \
 		return kvmem_error(ENOPKG, "NCCL: %s has no %s: NCCL %d or newer is needed", \
@@ -230,8 +231,9 @@ int kvmem_nccl_selftest(int ranks, size_t count, kvmem_nccl_result *res)
 	}
 	qsort(t, 20, sizeof(t[0]), cmp_double);
 	res->us = t[10] * 1e6;
-	res->busbw_gbps = (double)count * sizeof(float) *
-			  (ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0) / t[10] / 1e9;
+	/* One rank moves nothing (NCCL returns at once): no bandwidth. */
+	res->busbw_gbps = ranks > 1 ? (double)count * sizeof(float) * 2.0 * (ranks - 1) / ranks /
+				      t[10] / 1e9 : 0;
 out:
 	for (int r = 0; r < ranks; r++) {
 		cudaSetDevice(r);

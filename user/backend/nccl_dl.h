@@ -7,8 +7,11 @@
  * Why dlopen: libnccl.so.2 is 210 MB (CUDA 13.0) and starts nothing useful for a
  * process on one GPU; linking it would cost every kvmem process its load
  * time, as cuBLASLt's did (lt_load.cu). Looked up as libnccl.so.2 through
- * LD_LIBRARY_PATH and the run path, then in the build's CUDA lib folder;
- * $KVMEM_NCCL_LIBRARY names another file (PyTorch's copy, say).
+ * LD_LIBRARY_PATH, the run path and the system's library folders, then in
+ * the build's CUDA lib folder; $KVMEM_NCCL_LIBRARY names another file
+ * (PyTorch's copy, say). On the H200 machine (2026-12-02) the soname
+ * finds /usr/lib/x86_64-linux-gnu/libnccl.so.2 (2.28.3; the toolkit's
+ * lib64 has none there); here the toolkit's 2.28.9.
  *
  * NVLink multicast stays off: every load sets NCCL_NVLS_ENABLE=0 in the
  * environment, overriding any other value, before NCCL can read it. A
@@ -46,7 +49,7 @@ typedef struct kvmem_nccl_result {
 	double init_s;		/* ncclCommInitAll */
 	double us;		/* one all-reduce of `count` floats, median of 20 */
 	double busbw_gbps;	/* NCCL's bus bandwidth: bytes * 2(n-1)/n / time
-				 * (bytes / time with one rank) */
+				 * (0 with one rank: nothing moves) */
 } kvmem_nccl_result;
 
 /*
