@@ -18,6 +18,11 @@
  * split changes only the order of fp32 sums), raw K / V / queries gathered
  * from the ranks the same, and each rank's view holding exactly its heads
  * of the TP=1 view to the same tolerance.
+ *
+ * Scores: meank and subblock over N ranks' shards of a random index, the
+ * partial scores summed (the all-reduce), against the whole index's: TP=1
+ * memcmp-equal, TP=2/4/8 within 1e-5 of the largest score, and the same
+ * top 8 blocks wherever the 8th and 9th differ by more than that.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,6 +37,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 #include "tp/tp.h"
 #include "helpers/test_model.h"
@@ -392,6 +398,98 @@ static void test_forward_refusals(void **state)
 	test_model_free(g);
 }
 
+/* ---- selection scores -------------------------------------------------- */
+
+static int cmp_desc(const void *a, const void *b, void *s)
+{
+	const float *sc = s;
+	float x = sc[*(const int *)a], y = sc[*(const int *)b];
+
+	return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+	return *(const int *)a - *(const int *)b;
+}
+
+/* The top k blocks of scores, ascending by block; 0 when the k-th and the
+ * next are within tol (a near tie: either selection is right). */
+static int top_k(int *out, const float *scores, int n, int k, double tol)
+{
+	int *ix = malloc(sizeof(int) * n);
+
+	assert_non_null(ix);
+	for (int i = 0; i < n; i++)
+		ix[i] = i;
+	qsort_r(ix, n, sizeof(int), cmp_desc, (void *)scores);
+	int clear = fabs((double)scores[ix[k - 1]] - scores[ix[k]]) > tol;
+
+	for (int i = 0; i < k; i++)
+		out[i] = ix[i];
+	qsort(out, k, sizeof(int), cmp_int);
+	free(ix);
+	return clear;
+}
+
+static void test_scores_split(void **state)
+{
+	kvmem_config c = test_model_config(3, 64, 16, 8, 64, 128, 97, 0);
+	const int64_t cap = 45, nb = 41;
+	kvmem_score_geom g = { .n_layers = c.n_layers, .n_heads = c.n_heads,
+			       .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block = 32,
+			       .n_blocks = nb, .cap_blocks = cap, .last_len = 11,
+			       .last_sub = { 8, 3, 0, 0 }, .index_dtype = KVMEM_DTYPE_F32 };
+	const size_t pairs = (size_t)c.n_layers * c.n_kv_heads;
+	float *idx = malloc(sizeof(float) * pairs * cap * KVMEM_SUBBLOCKS * c.head_dim);
+	float *gq = malloc(sizeof(float) * pairs * c.head_dim);
+	float whole[64], split[64];
+	uint64_t s = g_seed + 99;
+	const char *scorers[] = { "meank", "subblock" };
+	int clear = 0, tried = 0;
+
+	assert_true(idx && gq);
+	for (size_t i = 0; i < pairs * cap * KVMEM_SUBBLOCKS * c.head_dim; i++)
+		idx[i] = (float)test_rng_range(&s, -1, 1);
+	for (size_t i = 0; i < pairs * c.head_dim; i++)
+		gq[i] = (float)test_rng_range(&s, -3, 3);
+	for (int k = 0; k < 2; k++) {
+		if (k)
+			assert_int_equal(kvmem_score_subblock(whole, idx, gq, &g), 0);
+		else
+			assert_int_equal(kvmem_score_meank(whole, idx, gq, &g), 0);
+		double mx = 0;
+
+		for (int64_t b = 0; b < nb; b++)
+			mx = fmax(mx, fabs(whole[b]));
+		for (int n = 1; n <= 8; n *= 2) {
+			int a[8], b8[8];
+
+			assert_int_equal(kvmem_tp_score(split, scorers[k], idx, gq, &g, &c, n), 0);
+			if (n == 1) {
+				assert_memory_equal(split, whole, sizeof(float) * nb);
+				continue;
+			}
+			for (int64_t b = 0; b < nb; b++)
+				if (!(fabs((double)split[b] - whole[b]) <= 1e-5 * mx))
+					fail_msg("%s, TP=%d: block %lld scores %.9g, whole %.9g (seed %llu)",
+						 scorers[k], n, (long long)b, split[b], whole[b],
+						 (unsigned long long)g_seed);
+			tried++;
+			if (top_k(a, whole, (int)nb, 8, 1e-5 * mx) && top_k(b8, split, (int)nb, 8, 1e-5 * mx)) {
+				clear++;
+				assert_memory_equal(a, b8, sizeof(a));
+			}
+		}
+	}
+	print_message("scores over 2/4/8 ranks: top 8 compared in %d of %d cases (the rest near "
+		      "ties)\n", clear, tried);
+	assert_int_equal(kvmem_tp_score(split, "quest", idx, gq, &g, &c, 2), -EINVAL);
+	assert_int_equal(kvmem_tp_score(split, "meank", idx, gq, &g, &c, 3), -EINVAL);
+	free(idx);
+	free(gq);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -400,6 +498,7 @@ int main(void)
 		cmocka_unit_test(test_forward_tp1_bitexact),
 		cmocka_unit_test(test_forward_tpn),
 		cmocka_unit_test(test_forward_refusals),
+		cmocka_unit_test(test_scores_split),
 	};
 
 	g_seed = test_rng_fresh_seed("test_tp");

@@ -110,6 +110,25 @@ kvmem_config kvmem_tp_rank_config(const kvmem_config *c, const kvmem_tp_rank *r)
 int kvmem_tp_forward(kvmem_tp_engine *e, kvmem_kvcache *const *kv, const int32_t *tokens,
 		     int n, float *logits, int all_logits, const kvmem_fwd_out *out);
 
+/*
+ * Selection under the split (tp_score.c): rank r's rows of an index array
+ * laid out [n_layers][n_kv_heads][run] (run floats per (layer, KV head):
+ * cap_blocks * head_dim for Mean-K, 4x that for sub-block means; gq is
+ * the same with run = head_dim) into dst [n_layers][r->n_kv_heads][run].
+ */
+void kvmem_tp_index_shard(float *dst, const float *src, const kvmem_tp_rank *r, int n_layers,
+			  int n_kv_heads, size_t run);
+/*
+ * The reference of device scoring over N ranks: each rank scores its shard
+ * of the fp32 index (scorer "meank" or "subblock", the host scorers of
+ * kernels_bf16.h), then the partial scores are summed in rank order (the
+ * all-reduce that makes every rank select the same blocks). g and gq are
+ * the whole model's, as for kvmem_score_meank. 0, -EINVAL, -ENOMEM.
+ */
+struct kvmem_score_geom;
+int kvmem_tp_score(float *scores, const char *scorer, const float *index, const float *gq,
+		   const struct kvmem_score_geom *g, const kvmem_config *c, int n_ranks);
+
 #ifdef __cplusplus
 }
 #endif
