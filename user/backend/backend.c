@@ -67,6 +67,10 @@ int kvmem_backend_open(const char *name, const kvmem_model *m, const kvmem_backe
 		b->opts = *o;
 	if (!b->opts.max_chunk)
 		b->opts.max_chunk = CHUNK_DEFAULT;
+	if ((rc = kvmem_backend_tp_check(ops, m, &b->opts)) < 0) {
+		free(b);
+		return rc;
+	}
 	if (b->opts.max_chunk < 0) {
 		rc = kvmem_error(EINVAL, "backend %s: chunk %d is not positive", ops->name,
 				 b->opts.max_chunk);

@@ -182,6 +182,9 @@ typedef struct kvmem_backend_ops {
 	 */
 	int (*keep_raw)(void *ctx, kvmem_view *v);
 	int (*move)(void *ctx, kvmem_view *v, const kvmem_move *items, int n);
+	/* Optional: the GPUs this backend could spread over (--tp); NULL: it
+	 * runs one rank only (cpu). */
+	int (*devices)(void);
 } kvmem_backend_ops;
 
 struct kvmem_backend {
@@ -199,6 +202,11 @@ kvmem_backend *kvmem_backend_cpu(const kvmem_model *m, int max_chunk);
 
 /* kvmem_backend_append() with the forward pass's optional outputs (raw K,
  * V, raw queries: engine/engine.h). */
+/* Whether backend ops can run o->tp ranks of m (backend_tp.c): 0, or
+ * -EINVAL / -ENODEV / -ENOTSUP with a message (kvmem_backend_opts.tp). */
+int kvmem_backend_tp_check(const kvmem_backend_ops *ops, const kvmem_model *m,
+			   const kvmem_backend_opts *o);
+
 int kvmem_backend_append_out(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
 			     float *logits, int all_logits, const kvmem_fwd_out *out);
 

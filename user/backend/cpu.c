@@ -6,6 +6,10 @@
  * K rotated at the slot index. place() rotates a copy of raw K at the slot
  * with kvmem_rope, the very call the engine makes for a new token, so a
  * token placed at the slot the engine gave it holds the same bits.
+ *
+ * With --tp 1 (opts.tp == 1) the forward pass is the tensor-parallel one
+ * (user/tp/) with its one rank over the same kvcache: the split code,
+ * bit-identical to the engine's (tests/cli/test_tp.sh holds it to that).
  */
 #include <limits.h>
 #include <omp.h>
@@ -16,6 +20,7 @@
 #include "backend/backend_impl.h"
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
+#include "tp/tp.h"
 #include "util/clock.h"
 
 struct kvmem_view {
@@ -27,6 +32,7 @@ struct kvmem_view {
 struct cpu {
 	const kvmem_config *c;
 	kvmem_engine *e;	/* weights are the model's; scratch for one chunk */
+	kvmem_tp_engine *tp;	/* --tp 1: the split forward's one rank, else NULL */
 	float *scratch;		/* one page's K or V in f32: H * B * D, grown on demand */
 	size_t scratch_n;
 	int32_t *pos;		/* positions of one item's tokens */
@@ -58,6 +64,11 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 		free(b);
 		return kvmem_fail();
 	}
+	if (o->tp == 1 && !(b->tp = kvmem_tp_engine_create(m, 1, o->max_chunk))) {
+		kvmem_engine_free(b->e);
+		free(b);
+		return kvmem_fail();
+	}
 	b->max_chunk = o->max_chunk;
 	*ctx = b;
 	return 0;
@@ -68,6 +79,7 @@ static void cpu_destroy(void *ctx)
 	struct cpu *b = ctx;
 
 	kvmem_engine_free(b->e);
+	kvmem_tp_engine_free(b->tp);
 	free(b->scratch);
 	free(b->pos);
 	free(b->rows);
@@ -168,6 +180,15 @@ static int cpu_set_length(void *ctx, kvmem_view *v, int64_t len)
 	return 0;
 }
 
+/* The engine's forward, or the split one's single rank over the same view. */
+static int engine_forward(struct cpu *b, kvmem_kvcache *kv, const int32_t *tokens, int n,
+			  float *logits, int all_logits, const kvmem_fwd_out *out)
+{
+	if (b->tp)
+		return kvmem_tp_forward(b->tp, &kv, tokens, n, logits, all_logits, out);
+	return kvmem_forward(b->e, kv, tokens, n, logits, all_logits, out);
+}
+
 static int cpu_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
 		       int all_logits, const kvmem_fwd_out *out)
 {
@@ -176,7 +197,7 @@ static int cpu_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, f
 	const int H = b->c->n_kv_heads, D = b->c->head_dim, at = v->kv.len;
 
 	if (!v->keep)
-		return kvmem_forward(b->e, &v->kv, tokens, n, logits, all_logits, out) ?
+		return engine_forward(b, &v->kv, tokens, n, logits, all_logits, out) ?
 		       kvmem_fail() : 0;
 	/* The view keeps raw K: the engine's rows land beside the slots too. */
 	if (!o.raw_k) {
@@ -185,7 +206,7 @@ static int cpu_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, f
 			return kvmem_error(ENOMEM, "cpu forward: out of memory");
 		o.raw_k = b->rows;
 	}
-	if (kvmem_forward(b->e, &v->kv, tokens, n, logits, all_logits, &o))
+	if (engine_forward(b, &v->kv, tokens, n, logits, all_logits, &o))
 		return kvmem_fail();
 	for (int l = 0; l < b->c->n_layers; l++)
 		for (int j = 0; j < n; j++)
