@@ -26,7 +26,8 @@
 #pragma GCC optimize("O3")
 
 /* Dot product in a fixed order: eight running sums, then a fixed tree. */
-static float dot(const float *restrict a, const float *restrict b, int n)
+static inline __attribute__((always_inline)) float dot(const float *restrict a,
+							const float *restrict b, int n)
 {
 	float acc[8] = { 0 };
 	int d = 0;
@@ -42,7 +43,8 @@ static float dot(const float *restrict a, const float *restrict b, int n)
 }
 
 /* out[d] += p * v[d] */
-static void axpy(float *restrict out, float p, const float *restrict v, int n)
+static inline __attribute__((always_inline)) void axpy(float *restrict out, float p,
+							const float *restrict v, int n)
 {
 	for (int d = 0; d < n; d++)
 		out[d] += p * v[d];
@@ -58,7 +60,11 @@ struct att_args {
 };
 
 /* Query token i against KV head g, for the `group` heads reading g.
- * scores: [group][n_kv] or NULL. */
+ * scores: [group][n_kv] or NULL. Also built for AVX2: the eight running
+ * sums of dot() fill one 256-bit register, and with the multiply and the
+ * add kept apart (no FMA: ISO C's -ffp-contract=off) every result has the
+ * bits of the plain build. */
+__attribute__((target_clones("avx2", "default")))
 static void attend_group(const struct att_args *a, int i, int g, float *scores)
 {
 	int d = a->head_dim, grp = a->group, n_kv = a->n_kv;

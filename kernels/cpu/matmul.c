@@ -63,7 +63,7 @@ T512 float hsum16(__m512 v)
 }
 
 T512 void tile16(float *y, int ldy, const float *x, const float *w, int in, const int MR,
-		 const int NC)
+		 const int NC, const float *pf)
 {
 	__m512 acc[4][6], xv[4];
 	int k = 0;
@@ -77,6 +77,8 @@ T512 void tile16(float *y, int ldy, const float *x, const float *w, int in, cons
 		LOOP (int c = 0; c < NC; c++) {
 			__m512 wv = _mm512_loadu_ps(w + (size_t)c * in + k);
 
+			if (pf)
+				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
 			LOOP (int r = 0; r < MR; r++)
 				acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
 		}
@@ -106,24 +108,29 @@ static void cols16(float *y, const float *x, const float *w, int n, int in, int 
 		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK, c = c0;
 
 		for (; c + 6 <= c1; c += 6) {
+			/* The first row group reads the weight tile from memory:
+			 * it asks for the lines of the tile after next meanwhile
+			 * (decode streams every weight once a step; the
+			 * multiply-adds then overlap the reads). */
+			const float *next = c + 18 <= c1 ? w + (size_t)(c + 12) * in : NULL;
 			int r = r0;
 
-			for (; r + 4 <= r1; r += 4)
+			for (; r + 4 <= r1; r += 4, next = NULL)
 				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				       w + (size_t)c * in, in, 4, 6);
-			for (; r < r1; r++)
+				       w + (size_t)c * in, in, 4, 6, next);
+			for (; r < r1; r++, next = NULL)
 				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				       w + (size_t)c * in, in, 1, 6);
+				       w + (size_t)c * in, in, 1, 6, next);
 		}
 		for (; c < c1; c++) {
 			int r = r0;
 
 			for (; r + 4 <= r1; r += 4)
 				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				       w + (size_t)c * in, in, 4, 1);
+				       w + (size_t)c * in, in, 4, 1, NULL);
 			for (; r < r1; r++)
 				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				       w + (size_t)c * in, in, 1, 1);
+				       w + (size_t)c * in, in, 1, 1, NULL);
 		}
 	}
 }
@@ -141,7 +148,7 @@ T256 float hsum8(__m256 v)
 }
 
 T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const int MR,
-		const int NC)
+		const int NC, const float *pf)
 {
 	static const int32_t ones[16] = { -1, -1, -1, -1, -1, -1, -1, -1 };
 	__m256 acc[3][4], xv[3];
@@ -156,6 +163,9 @@ T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const
 		LOOP (int c = 0; c < NC; c++) {
 			__m256 wv = _mm256_loadu_ps(w + (size_t)c * in + k);
 
+			/* One line per two steps of 8; asking twice costs little. */
+			if (pf)
+				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
 			LOOP (int r = 0; r < MR; r++)
 				acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
 		}
@@ -185,24 +195,26 @@ static void cols8(float *y, const float *x, const float *w, int n, int in, int o
 		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK, c = c0;
 
 		for (; c + 4 <= c1; c += 4) {
+			/* As cols16: the tile after next is asked for meanwhile. */
+			const float *next = c + 12 <= c1 ? w + (size_t)(c + 8) * in : NULL;
 			int r = r0;
 
-			for (; r + 3 <= r1; r += 3)
+			for (; r + 3 <= r1; r += 3, next = NULL)
 				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 3, 4);
-			for (; r < r1; r++)
+				      w + (size_t)c * in, in, 3, 4, next);
+			for (; r < r1; r++, next = NULL)
 				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 1, 4);
+				      w + (size_t)c * in, in, 1, 4, next);
 		}
 		for (; c < c1; c++) {
 			int r = r0;
 
 			for (; r + 3 <= r1; r += 3)
 				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 3, 1);
+				      w + (size_t)c * in, in, 3, 1, NULL);
 			for (; r < r1; r++)
 				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 1, 1);
+				      w + (size_t)c * in, in, 1, 1, NULL);
 		}
 	}
 }
