@@ -101,7 +101,7 @@ void kvmem_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
  * and out ([rows][n_heads][head_dim]); each gets exactly the bits
  * kvmem_attention gives it alone (one (query, KV head) item is computed
  * start to end by one thread, in the same order). The CUDA version is
- * kvmem_cuda_attention_batch (kernels/kernels_cuda.h).
+ * kvmem_cuda_attention_batch (kernels/kernels_cuda_batch.h).
  */
 typedef struct kvmem_att_seq {
 	int q0, n_q;
