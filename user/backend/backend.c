@@ -120,6 +120,13 @@ int kvmem_backend_append_out(kvmem_backend *b, kvmem_view *v, const int32_t *tok
 	return b->ops->forward(b->ctx, v, tokens, n, logits, all_logits, out);
 }
 
+int kvmem_backend_forward_batch(kvmem_backend *b, const kvmem_fwd_item *items, int n)
+{
+	if (!b->ops->forward_batch)
+		return kvmem_error(ENOTSUP, "the %s backend has no batched forward", b->ops->name);
+	return b->ops->forward_batch(b->ctx, items, n);
+}
+
 int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
 			 float *logits, int all_logits)
 {

@@ -86,6 +86,17 @@ typedef struct kvmem_score_input {
 	int n_layers, n_kv_heads, head_dim;
 } kvmem_score_input;
 
+/* One sequence of a batched forward: n tokens at the end of view v, the
+ * other arguments as forward()'s. */
+typedef struct kvmem_fwd_item {
+	kvmem_view *v;
+	const int32_t *tokens;
+	int n;
+	float *logits;
+	int all_logits;
+	const kvmem_fwd_out *out;
+} kvmem_fwd_item;
+
 typedef struct kvmem_backend_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
@@ -185,6 +196,16 @@ typedef struct kvmem_backend_ops {
 	/* Optional: the GPUs this backend could spread over (--tp); NULL: it
 	 * runs one rank only (cpu). */
 	int (*devices)(void);
+	/*
+	 * Optional: forward() over n items in one pass, each on its own view
+	 * (no two share one): the rows of all of them through each weight
+	 * at once, each attending to its own view only. Batch invariant:
+	 * every item's view, rows and logits have the bits forward() gives
+	 * it alone. Fails with nothing changed (any item's error); the
+	 * caller may then run the items one by one to learn whose it was.
+	 * Absent (cuda for now): the caller runs them one by one.
+	 */
+	int (*forward_batch)(void *ctx, const kvmem_fwd_item *items, int n);
 } kvmem_backend_ops;
 
 struct kvmem_backend {
@@ -209,6 +230,9 @@ int kvmem_backend_tp_check(const kvmem_backend_ops *ops, const kvmem_model *m,
 
 int kvmem_backend_append_out(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
 			     float *logits, int all_logits, const kvmem_fwd_out *out);
+
+/* forward_batch on b, or -ENOTSUP (with a message) when b has none. */
+int kvmem_backend_forward_batch(kvmem_backend *b, const kvmem_fwd_item *items, int n);
 
 #ifdef __cplusplus
 }
