@@ -29,6 +29,9 @@
  *     --fp8     fp8 KV alone: quantising, the fp8 gather, decode attention over
  *               fp8 K/V against their twins; with --bench, the fp8 / bf16
  *               timings (check_fp8.c; tests/gpu/fp8.sh)
+ *     --attn-batch  the batched attention alone: against the twin and
+ *               itself alone, then its time beside a decode call per
+ *               sequence (check_attn_batch.c)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -40,6 +43,7 @@
 
 #include "kernels/kernels_cuda.h"
 #include "kvmem/kvmem.h"
+#include "check_attn_batch.h"
 #include "check_attn_decode.h"
 #include "check_attn_prefill.h"
 #include "check_fp8.h"
@@ -1005,7 +1009,7 @@ static void bench(void)
 int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
-	int only_attn_decode = 0, only_attn_prefill = 0, only_fp8 = 0;
+	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0, only_fp8 = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1023,6 +1027,8 @@ int main(int argc, char **argv)
 			only_fuse = 1;		/* decode's fused ops alone (check_fuse.c) */
 		else if (!strcmp(argv[i], "--attn-decode"))
 			only_attn_decode = 1;	/* decode attention alone (check_attn_decode.c) */
+		else if (!strcmp(argv[i], "--attn-batch"))
+			only_attn_batch = 1;	/* batched attention alone (check_attn_batch.c) */
 		else if (!strcmp(argv[i], "--attn-prefill"))
 			only_attn_prefill = 1;	/* prefill attention alone (check_attn_prefill.c) */
 		else if (!strcmp(argv[i], "--fp8"))
@@ -1030,7 +1036,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--fp8] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--fp8] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1062,6 +1068,8 @@ int main(int argc, char **argv)
 		attn_decode_sweep();
 	} else if (only_attn_prefill) {
 		attn_prefill_sweep();
+	} else if (only_attn_batch) {
+		attn_batch_sweep();
 	} else if (do_profile) {
 		profile();
 	} else if (do_bench) {
@@ -1080,6 +1088,7 @@ int main(int argc, char **argv)
 		check_attention();
 		check_attn_decode();
 		check_attn_prefill();
+		check_attn_batch();
 		check_perf();
 		check_sample();
 		check_scores();

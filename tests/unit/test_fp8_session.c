@@ -447,6 +447,10 @@ static void test_backend_refusals(void **state)
 
 	assert_int_equal(kvmem_backend_open("cpu", m, &(kvmem_backend_opts){ .kv_dtype = 9 }, &b),
 			 -EINVAL);
+	/* the split forward (--tp) does not round K/V through fp8 */
+	assert_int_equal(kvmem_backend_open("cpu", m, &(kvmem_backend_opts){
+						    .kv_dtype = KVMEM_DTYPE_FP8, .tp = 1 }, &b),
+			 -ENOTSUP);
 	for (int i = 0; kvmem_backends[i]; i++)
 		if (!kvmem_backends[i]->fp8 && (!kvmem_backends[i]->available ||
 						!kvmem_backends[i]->available())) {

@@ -73,9 +73,14 @@ int kvmem_backend_open(const char *name, const kvmem_model *m, const kvmem_backe
 		free(b);
 		return rc;
 	}
-	if (b->opts.kv_dtype == KVMEM_DTYPE_FP8 && !ops->fp8) {
-		rc = kvmem_error(ENOTSUP, "backend %s: fp8 KV is not built for this backend yet (the "
-				 "cpu backend has it)", ops->name);
+	if (b->opts.kv_dtype == KVMEM_DTYPE_FP8 && (!ops->fp8 || b->opts.tp)) {
+		/* the split forward (user/tp/) does not round K/V through fp8 */
+		rc = kvmem_error(ENOTSUP, "backend %s: fp8 KV is not built for this backend%s yet (the "
+				 "cpu backend has it)", ops->name, b->opts.tp ? " with --tp" : "");
+		free(b);
+		return rc;
+	}
+	if ((rc = kvmem_backend_tp_check(ops, m, &b->opts)) < 0) {
 		free(b);
 		return rc;
 	}
@@ -126,6 +131,13 @@ int kvmem_backend_append_out(kvmem_backend *b, kvmem_view *v, const int32_t *tok
 			return kvmem_fail();
 	}
 	return b->ops->forward(b->ctx, v, tokens, n, logits, all_logits, out);
+}
+
+int kvmem_backend_forward_batch(kvmem_backend *b, const kvmem_fwd_item *items, int n)
+{
+	if (!b->ops->forward_batch)
+		return kvmem_error(ENOTSUP, "the %s backend has no batched forward", b->ops->name);
+	return b->ops->forward_batch(b->ctx, items, n);
 }
 
 int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,

@@ -58,6 +58,10 @@ static void usage(FILE *f)
 		"                      own, fp32 on cpu) or fp8 (e4m3 with a scale per token\n"
 		"                      and KV head; cpu backend so far); a workspace keeps\n"
 		"                      the one it was created with and refuses the other\n"
+		"  --tp N              tensor parallel over N GPUs, the model split by KV\n"
+		"                      heads (default: off); 1 runs the split code on one\n"
+		"                      device (bit-exact on cpu); N > 1 is refused until the\n"
+		"                      multi-GPU forward is built\n"
 		"  --help              this text\n"
 		"\n"
 		"plain runs:\n"
@@ -125,7 +129,7 @@ enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
 	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED, O_GPUMEM,
-	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF, O_KVDTYPE,
+	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF, O_KVDTYPE, O_TP,
 };
 
 static const struct option opts[] = {
@@ -162,6 +166,7 @@ static const struct option opts[] = {
 	{ "sample-seed", required_argument, NULL, O_SSEED },
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
 	{ "kv-dtype", required_argument, NULL, O_KVDTYPE },
+	{ "tp", required_argument, NULL, O_TP },
 	{ "help", no_argument, NULL, 'h' },
 	{ 0 },
 };
@@ -230,6 +235,7 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 	case O_SEED: return cli_parse_u64(w, name, v, &o->seed);
 	case O_GPUMEM:
 		return cli_parse_size(w, name, v, 1 << 20, 1ull << 50, &o->gpu_mem);
+	case O_TP: return cli_parse_int(w, name, v, 1, 64, &o->tp);
 	case O_SSEED:
 		o->sample_seed_set = 1;
 		return cli_parse_u64(w, name, v, &o->sampler.seed);
@@ -409,7 +415,7 @@ static int run_plain(const struct run_opts *o)
 			total, c->max_position);
 	if (kvmem_backend_open(o->backend, m,
 			       &(kvmem_backend_opts){ .max_chunk = chunk, .mem_cap = o->gpu_mem,
-						      .kv_dtype = o->kv_dtype }, &e) < 0 ||
+						      .kv_dtype = o->kv_dtype, .tp = o->tp }, &e) < 0 ||
 	    kvmem_backend_view_new(e, total, &v) < 0)
 		goto out;
 	buf = malloc(sizeof(float) * c->vocab * (o->logits ? chunk : 1));

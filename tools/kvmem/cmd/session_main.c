@@ -302,7 +302,7 @@ int session_main(const struct run_opts *opts)
 	if (kvmem_model_load(o.model, &m) ||
 	    kvmem_backend_open(o.backend, m, &(kvmem_backend_opts){ .max_chunk = (int)o.chunk,
 								     .mem_cap = o.gpu_mem,
-								     .kv_dtype = o.kv_dtype }, &e) < 0)
+								     .kv_dtype = o.kv_dtype, .tp = o.tp }, &e) < 0)
 		goto err;
 	/* A GPU's workspace keeps bf16 pages (what its view holds: nothing is
 	 * converted on the way back); the CPU engine's f32. */
