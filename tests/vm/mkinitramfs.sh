@@ -26,8 +26,9 @@ cp -r "$vm"/data/ws-* "$root/data/"
 # device (the O_DIRECT test; tmpfs has no O_DIRECT in 6.1). Optional.
 mods=$vm/kernel/root/lib/modules/$kver/kernel
 mkdir -p "$root/lib/extra"
+# Device mapper too, for a read held in a suspended target.
 for m in lib/crc16.ko crypto/crc32c_generic.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko \
-	drivers/block/loop.ko; do
+	drivers/block/loop.ko drivers/md/dm-mod.ko; do
 	[ -n "$mods" ] && [ -f "$mods/$m" ] && cp "$mods/$m" "$root/lib/extra/"
 done
 # Shared libraries of every program, at the paths the loader looks for.

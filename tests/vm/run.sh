@@ -14,8 +14,13 @@ limit=${KVMEM_VM_TIMEOUT:-1500}
 [ -f "$kernel" ] || { echo "kvmem vmtest: $kernel missing" >&2; exit 1; }
 # The kernel hands unknown name=value parameters to /init as environment:
 # KVMEM_TEST_SEED replays the selftests' random choices.
+# So do KVMEM_VM_ONLY (only the selftests whose name holds it) and
+# KVMEM_FUZZ_SECONDS (kvmem-fuzz's time).
 seed=""
-[ -n "${KVMEM_TEST_SEED:-}" ] && seed=" KVMEM_TEST_SEED=$KVMEM_TEST_SEED"
+for v in KVMEM_TEST_SEED KVMEM_VM_ONLY KVMEM_FUZZ_SECONDS; do
+	eval "val=\${$v:-}"
+	[ -n "$val" ] && seed="$seed $v=$val"
+done
 start=$(date +%s.%N)
 echo "kvmem vmtest: booting $kver under qemu TCG (log: $log)"
 # Two NUMA nodes (one CPU and 512 MiB each), so placement can be checked.
