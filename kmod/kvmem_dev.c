@@ -108,19 +108,28 @@ static int kvmem_release(struct inode *inode, struct file *filp)
  * A private file on the same path as the caller's fd, with the access the
  * caller had (never more) and without O_DIRECT, so the module's I/O needs
  * no alignment and the caller may close or change its own descriptor.
+ * dentry_open skips the checks of open(2), so the ones that matter are
+ * made here: the module writes anywhere in the file, which a caller who
+ * may only append to it (O_APPEND, an append-only or immutable file) could
+ * not.
  */
 static struct file *kvmem_reopen(int fd, bool rdonly)
 {
 	struct fd f = fdget(fd);
+	struct inode *inode;
 	struct file *nf;
 
 	if (!f.file)
 		return ERR_PTR(-EBADF);
-	if (!S_ISREG(file_inode(f.file)->i_mode)) {
+	inode = file_inode(f.file);
+	if (!S_ISREG(inode->i_mode)) {
 		nf = ERR_PTR(-EINVAL);
 	} else if (!(f.file->f_mode & FMODE_READ) ||
 		   (!rdonly && !(f.file->f_mode & FMODE_WRITE))) {
 		nf = ERR_PTR(-EBADF);
+	} else if (!rdonly && ((f.file->f_flags & O_APPEND) || IS_APPEND(inode) ||
+			       IS_IMMUTABLE(inode))) {
+		nf = ERR_PTR(-EPERM);
 	} else {
 		nf = dentry_open(&f.file->f_path, (rdonly ? O_RDONLY : O_RDWR) | O_LARGEFILE,
 				 current_cred());
@@ -263,8 +272,6 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	if ((cmd == KVMEM_IOC_PREFETCH && a.status) || (cmd == KVMEM_IOC_CLAIM && !a.status))
 		return -EINVAL;
 	ustatus = u64_to_user_ptr(a.status);
-	if (a.status && !access_ok(ustatus, (size_t)a.n_pages * sizeof(s32)))
-		return -EFAULT;
 
 	b = kvmalloc(struct_size(b, ids, a.n_pages), GFP_KERNEL);
 	if (!b)
@@ -281,6 +288,13 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 			ret = -EINVAL;
 			goto out;
 		}
+	}
+	/* Every result must be deliverable before anything is done: zero the
+	 * status array now (access_ok alone passes a PROT_NONE page).
+	 */
+	if (a.status && clear_user(ustatus, (size_t)a.n_pages * sizeof(s32))) {
+		ret = -EFAULT;
+		goto out;
 	}
 
 	if (cmd == KVMEM_IOC_PREFETCH) {
@@ -358,7 +372,6 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 
 	switch (cmd) {
 	case KVMEM_IOC_SETUP:
-		return kvmem_setup(ws, uarg);
 	case KVMEM_IOC_PREFETCH:
 	case KVMEM_IOC_CLAIM:
 	case KVMEM_IOC_FILLED:
@@ -366,6 +379,14 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case KVMEM_IOC_SYNC:
 	case KVMEM_IOC_STEP:
 	case KVMEM_IOC_SET_COUNT:
+		/* Everything but STATS changes the workspace: not through a
+		 * descriptor opened for reading only.
+		 */
+		if (!(filp->f_mode & FMODE_WRITE))
+			return -EBADF;
+		if (cmd == KVMEM_IOC_SETUP)
+			return kvmem_setup(ws, uarg);
+		break;
 	case KVMEM_IOC_STATS:
 		break;
 	default:
@@ -413,12 +434,18 @@ static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 
 	if (!kvmem_ready(ws))
 		return -EINVAL;
+	/* Data, never code: neither mapping may be executable, now or after
+	 * an mprotect.
+	 */
+	if (vma->vm_flags & VM_EXEC)
+		return -EPERM;
+	kvmem_vm_flags_clear(vma, VM_MAYEXEC);
 	if (vma->vm_pgoff == 0) {
 		if (len > PAGE_ALIGN(ws->table_bytes))
 			return -EINVAL;
 		if (vma->vm_flags & VM_WRITE)
 			return -EPERM;
-		vma->vm_flags &= ~VM_MAYWRITE;
+		kvmem_vm_flags_clear(vma, VM_MAYWRITE);
 		return remap_vmalloc_range(vma, ws->table, 0);
 	}
 	if (vma->vm_pgoff < KVMEM_WINDOW_PGOFF || !(vma->vm_flags & VM_SHARED))
@@ -430,9 +457,9 @@ static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 	if (ws->rdonly) {
 		if (vma->vm_flags & VM_WRITE)
 			return -EPERM;
-		vma->vm_flags &= ~VM_MAYWRITE;
+		kvmem_vm_flags_clear(vma, VM_MAYWRITE);
 	}
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	kvmem_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	vma->vm_ops = &kvmem_window_vm_ops;
 	vma->vm_private_data = ws;
 	return 0;

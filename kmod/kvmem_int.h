@@ -20,8 +20,10 @@
 #include <linux/atomic.h>
 #include <linux/bits.h>
 #include <linux/fs.h>
+#include <linux/mm.h>
 #include <linux/mutex.h>
 #include <linux/types.h>
+#include <linux/version.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
 
@@ -115,6 +117,22 @@ struct kvmem_ws {
  * (/sys/module/kvmem/parameters/pages).
  */
 extern atomic_long_t kvmem_pages_held;
+
+/* vm_flags became read-only in 6.3 (vm_flags_set/clear); 6.1 writes it. */
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 3, 0)
+static inline void kvmem_vm_flags_set(struct vm_area_struct *vma, vm_flags_t flags)
+{
+	vma->vm_flags |= flags;
+}
+
+static inline void kvmem_vm_flags_clear(struct vm_area_struct *vma, vm_flags_t flags)
+{
+	vma->vm_flags &= ~flags;
+}
+#else
+#define kvmem_vm_flags_set vm_flags_set
+#define kvmem_vm_flags_clear vm_flags_clear
+#endif
 
 /* kvmem_window.c: the table, slot memory, fills, the vm_operations */
 extern const struct vm_operations_struct kvmem_window_vm_ops;
