@@ -255,7 +255,7 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	struct kvmem_prefetch_batch *b;
 	u32 allowed = 0, i;
 	s32 *status = NULL;
-	u64 *ids, count;
+	u64 *ids, count, first;
 	long ret = 0;
 	int r;
 
@@ -298,6 +298,8 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	}
 
 	if (cmd == KVMEM_IOC_PREFETCH) {
+		/* Read before the batch goes to the worker, which frees it. */
+		first = ids[0];
 		mutex_lock(&ws->lock);
 		if (ws->prefetch_queued + b->n > KVMEM_IOC_PAGES_MAX * 4) {
 			mutex_unlock(&ws->lock);
@@ -307,7 +309,7 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 		ws->prefetch_queued += b->n;
 		list_add_tail(&b->node, &ws->prefetch_list);
 		mutex_unlock(&ws->lock);
-		trace_kvmem_prefetch(ws->ws_id, ids[0], a.n_pages);
+		trace_kvmem_prefetch(ws->ws_id, first, a.n_pages);
 		queue_work(kvmem_wq, &ws->prefetch_work);
 		if (a.flags & KVMEM_PAGES_WAIT)
 			flush_work(&ws->prefetch_work);

@@ -3,9 +3,13 @@
  * kvmem.ko refuses what it must refuse, before it changes anything: a
  * status array it cannot write (CLAIM, FILLED, EVICT act on nothing), files
  * the caller may only append to, a device opened read-only, executable
- * mappings of the table or the window.
+ * mappings of the table or the window. PREFETCH's tracepoint reports the
+ * list the caller gave, read before the list goes to the worker that frees
+ * it.
  */
 #include <linux/fs.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 
 #include "kselftest_harness.h"
@@ -177,6 +181,151 @@ TEST(no_executable_mappings)
 	ASSERT_EQ(EPERM, errno);
 	ASSERT_NE(0, mprotect((void *)kvmem_kmod_table(k), 4096, PROT_READ | PROT_EXEC));
 	ASSERT_NE(0, mprotect(kvmem_kmod_page_addr(k, 0), 4096, PROT_READ | PROT_EXEC));
+	kvmem_kmod_close(k);
+	vt_ws_close(&w);
+}
+
+/* ---- PREFETCH's tracepoint and the batch it hands away ------------------ */
+
+#define TR "/sys/kernel/tracing"
+#define WQ_MASK "/sys/devices/virtual/workqueue/cpumask"
+
+static int put_str(const char *path, const char *v)
+{
+	int fd = open(path, O_WRONLY | O_TRUNC), ok;
+
+	if (fd < 0)
+		return -1;
+	ok = write(fd, v, strlen(v)) == (ssize_t)strlen(v);
+	close(fd);
+	return ok ? 0 : -1;
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+	size_t cap = 1 << 20, n = 0;
+	char *buf = malloc(cap + 1);
+	ssize_t r;
+	int fd = open(path, O_RDONLY);
+
+	if (fd < 0 || !buf)
+		return NULL;
+	while ((r = read(fd, buf + n, cap - n)) > 0) {
+		n += r;
+		if (n == cap) {
+			cap *= 2;
+			buf = realloc(buf, cap + 1);
+		}
+	}
+	close(fd);
+	buf[n] = 0;
+	*len = n;
+	return buf;
+}
+
+struct pf_thread {
+	kvmem_kmod *k;
+	uint64_t pages, seed;
+	int calls;
+};
+
+static void *pf_loop(void *arg)
+{
+	struct pf_thread *t = arg;
+	uint64_t rng = t->seed;
+	cpu_set_t one;
+
+	CPU_ZERO(&one);
+	CPU_SET(1, &one);
+	sched_setaffinity(0, sizeof(one), &one);
+	for (int i = 0; i < t->calls; i++) {
+		uint64_t id = 1 + vt_rng(&rng) % (t->pages - 1);
+
+		pages_call(t->k, KVMEM_IOC_PREFETCH, &id, 1, NULL, 0);
+	}
+	return NULL;
+}
+
+
+/* A fixture with nothing in it, for the cases that need a longer timeout
+ * than TEST's 30 s (the 6.1 harness has no TEST_TIMEOUT). */
+FIXTURE(slow) {
+	int unused;
+};
+
+FIXTURE_SETUP(slow)
+{
+}
+
+FIXTURE_TEARDOWN(slow)
+{
+}
+
+/*
+ * Four threads and the module's (unbound) workqueue share CPU 1, so the
+ * worker, woken when a caller unlocks the workspace, runs before the caller
+ * goes on and frees the batch just queued. Every kvmem_prefetch event must
+ * name a page a caller asked for (1 .. pages-1; never page 0): a batch read
+ * after the worker freed it shows up as a page the test never sent (the VM
+ * boots with init_on_free=1, so freed memory reads 0) or, on the debug
+ * kernel, as a KASAN report that /init counts.
+ */
+TEST_F_TIMEOUT(slow, prefetch_trace_reads_its_own_batch, 240)
+{
+	char *old_mask = NULL, *trace, *p;
+	struct pf_thread t[4];
+	pthread_t tid[4];
+	unsigned long long page;
+	size_t len;
+	struct vt_ws w;
+	kvmem_kmod *k;
+	uint64_t seed = vt_seed("prefetch trace");
+	long events = 0, bad = 0;
+
+	ASSERT_EQ(0, vt_ws_open(&w, VT_WS_SMALL));
+	k = vt_kmod(&w, w.pages);
+	ASSERT_NE(NULL, k);
+	for (uint64_t p0 = 0; p0 < w.pages; p0++)
+		ASSERT_EQ(0, kvmem_kmod_prefetch(k, &p0, 1, 1));
+	old_mask = slurp(WQ_MASK, &len);
+	if (old_mask)
+		put_str(WQ_MASK, "2");
+	ASSERT_EQ(0, put_str(TR "/buffer_size_kb", "4096"));
+	ASSERT_EQ(0, put_str(TR "/events/kvmem/kvmem_prefetch/enable", "1"));
+	for (int round = 0; round < 12; round++) {
+		ASSERT_EQ(0, put_str(TR "/trace", ""));
+		for (int i = 0; i < 4; i++) {
+			t[i] = (struct pf_thread){ .k = k, .pages = w.pages, .calls = 2000,
+						   .seed = seed + 4 * round + i };
+			pthread_create(&tid[i], NULL, pf_loop, &t[i]);
+		}
+		for (int i = 0; i < 4; i++)
+			pthread_join(tid[i], NULL);
+		kvmem_kmod_prefetch(k, &(uint64_t){ 1 }, 1, 1);	/* drain the queue */
+		trace = slurp(TR "/trace", &len);
+		ASSERT_NE(NULL, trace);
+		for (p = strstr(trace, "kvmem_prefetch:"); p; p = strstr(p + 1, "kvmem_prefetch:")) {
+			char *q = strstr(p, "page=");
+
+			if (!q || sscanf(q, "page=%llu", &page) != 1)
+				continue;
+			events++;
+			if (page == 0 || page >= w.pages) {
+				if (!bad)
+					TH_LOG("round %d: an event names page %llu", round, page);
+				bad++;
+			}
+		}
+		free(trace);
+	}
+	put_str(TR "/events/kvmem/kvmem_prefetch/enable", "0");
+	put_str(TR "/buffer_size_kb", "1408");
+	if (old_mask)
+		put_str(WQ_MASK, old_mask);
+	free(old_mask);
+	TH_LOG("%ld prefetch events, %ld naming a page no caller sent", events, bad);
+	ASSERT_GT(events, 1000);
+	ASSERT_EQ(0, bad);
 	kvmem_kmod_close(k);
 	vt_ws_close(&w);
 }

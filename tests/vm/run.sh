@@ -5,10 +5,14 @@
 #   N passed, N failed, N skipped
 # Exit status 0 only when nothing failed and the VM reached its end.
 #   tests/vm/run.sh VM_DIR KVER     (tests/vm/vm.mk builds what it needs)
+# Debian's image for KVER is booted with preempt=full (more interleavings)
+# and init_on_free=1 (memory read after it was freed reads zeros, which the
+# tests can see).
 set -u
 vm=$1 kver=$2
 kernel=$vm/kernel/root/boot/vmlinuz-$kver
 log=$vm/console.log
+extra=" preempt=full init_on_free=1"
 limit=${KVMEM_VM_TIMEOUT:-1500}
 
 [ -f "$kernel" ] || { echo "kvmem vmtest: $kernel missing" >&2; exit 1; }
@@ -28,7 +32,7 @@ timeout --foreground -k 10 "$limit" qemu-system-x86_64 -accel tcg -cpu max -m 10
 	-object memory-backend-ram,id=m0,size=512M -object memory-backend-ram,id=m1,size=512M \
 	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1 \
 	-nographic -no-reboot -kernel "$kernel" -initrd "$vm/initramfs.cpio" \
-	-append "console=ttyS0 panic=-1 quiet loglevel=1$seed" </dev/null 2>&1 |
+	-append "console=ttyS0 panic=-1 quiet loglevel=1$extra$seed" </dev/null 2>&1 |
 	tr -d '\r' | tee "$log"
 qrc=${PIPESTATUS[0]}
 end=$(date +%s.%N)
