@@ -3,9 +3,10 @@
  * kvmem.ko refuses what it must refuse, before it changes anything: a
  * status array it cannot write (CLAIM, FILLED, EVICT act on nothing), files
  * the caller may only append to, a device opened read-only, executable
- * mappings of the table or the window. PREFETCH's tracepoint reports the
- * list the caller gave, read before the list goes to the worker that frees
- * it.
+ * mappings of the table or the window. The client library splits a list of
+ * more than KVMEM_IOC_PAGES_MAX ids into calls with the status array
+ * advanced along with the ids. PREFETCH's tracepoint reports the list the
+ * caller gave, read before the list goes to the worker that frees it.
  */
 #include <linux/fs.h>
 #include <pthread.h>
@@ -183,6 +184,54 @@ TEST(no_executable_mappings)
 	ASSERT_NE(0, mprotect(kvmem_kmod_page_addr(k, 0), 4096, PROT_READ | PROT_EXEC));
 	kvmem_kmod_close(k);
 	vt_ws_close(&w);
+}
+
+/* More ids than one ioctl takes: the library's calls each get their own
+ * part of the status array (issue 23: a client writing every chunk's
+ * results at the start of the array passed its own tests). */
+TEST(client_splits_long_lists_with_their_status)
+{
+	size_t n = KVMEM_IOC_PAGES_MAX + 8;
+	uint64_t *ids = malloc(n * sizeof(*ids));
+	int32_t *st = malloc(n * sizeof(*st));
+	struct vt_ws w;
+	kvmem_kmod *k;
+	unsigned char b;
+
+	ASSERT_EQ(0, vt_ws_open(&w, VT_WS_SMALL));
+	k = vt_kmod(&w, 16);
+	ASSERT_NE(NULL, k);
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, 1), &b, 1));
+	for (size_t i = 0; i < KVMEM_IOC_PAGES_MAX; i++)
+		ids[i] = 1;	/* resident: not claimed, status 0 */
+	for (size_t j = 0; j < 8; j++)
+		ids[KVMEM_IOC_PAGES_MAX + j] = 2 + j;
+	memset(st, 0x7f, n * sizeof(*st));
+	ASSERT_EQ(8, kvmem_kmod_claim(k, ids, n, st));
+	for (size_t i = 0; i < KVMEM_IOC_PAGES_MAX; i++) {
+		ASSERT_EQ(0, st[i]) TH_LOG("status %zu", i);
+	}
+	for (size_t j = 0; j < 8; j++) {
+		uint64_t p = ids[KVMEM_IOC_PAGES_MAX + j];
+
+		ASSERT_EQ(1, st[KVMEM_IOC_PAGES_MAX + j]) TH_LOG("status of page %llu",
+								 (unsigned long long)p);
+		ASSERT_EQ((ssize_t)w.page_stride, pread(w.pages_fd, kvmem_kmod_page_addr(k, p),
+							w.page_stride, p * w.page_stride));
+	}
+	ASSERT_EQ(0, kvmem_kmod_filled(k, ids + KVMEM_IOC_PAGES_MAX, 8, 1, st));
+	/* EVICT with a list as long: every page absent afterwards, status 0. */
+	memset(st, 0x7f, n * sizeof(*st));
+	ASSERT_EQ(0, kvmem_kmod_evict(k, ids, n, st));
+	for (size_t i = 0; i < n; i++) {
+		ASSERT_EQ(0, st[i]) TH_LOG("status %zu", i);
+	}
+	for (uint64_t p = 1; p < 10; p++)
+		ASSERT_FALSE(kvmem_kmod_resident(k, p));
+	kvmem_kmod_close(k);
+	vt_ws_close(&w);
+	free(ids);
+	free(st);
 }
 
 /* ---- PREFETCH's tracepoint and the batch it hands away ------------------ */
