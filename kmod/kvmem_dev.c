@@ -9,6 +9,7 @@
 #include <linux/cred.h>
 #include <linux/file.h>
 #include <linux/fs.h>
+#include <linux/memcontrol.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -30,6 +31,52 @@ static struct workqueue_struct *kvmem_wq;
 /* Read-only counters for leak checks, shown next to the parameters. */
 atomic_long_t kvmem_pages_held = ATOMIC_LONG_INIT(0);
 static atomic_long_t kvmem_open_files = ATOMIC_LONG_INIT(0);
+/* Bytes all workspaces reserved at SETUP (window, table, page states). */
+static atomic_long_t kvmem_reserved = ATOMIC_LONG_INIT(0);
+
+/*
+ * The module-wide cap on what every workspace together may hold: half of
+ * RAM when the module loads, at most all of it; root may change it (a
+ * lower cap leaves existing workspaces alone).
+ */
+static unsigned long kvmem_max_memory;
+
+static int kvmem_max_memory_set(const char *val, const struct kernel_param *kp)
+{
+	unsigned long v;
+	int err = kstrtoul(val, 0, &v);
+
+	if (err)
+		return err;
+	if (!v || v > (unsigned long)totalram_pages() << PAGE_SHIFT)
+		return -EINVAL;
+	WRITE_ONCE(kvmem_max_memory, v);
+	return 0;
+}
+
+static const struct kernel_param_ops kvmem_max_memory_ops = {
+	.set = kvmem_max_memory_set,
+	.get = param_get_ulong,
+};
+module_param_cb(max_memory, &kvmem_max_memory_ops, &kvmem_max_memory, 0644);
+MODULE_PARM_DESC(max_memory, "bytes all workspaces together may hold (window, table, page states; default half of RAM)");
+
+/* Take `bytes` of the cap for a workspace: -EINVAL when it alone exceeds
+ * the cap, -ENOMEM when the others leave too little.
+ */
+static int kvmem_reserve(u64 bytes)
+{
+	unsigned long cap = READ_ONCE(kvmem_max_memory);
+	long cur = atomic_long_read(&kvmem_reserved);
+
+	if (bytes > cap)
+		return -EINVAL;
+	do {
+		if (cur + bytes > cap)
+			return -ENOMEM;
+	} while (!atomic_long_try_cmpxchg(&kvmem_reserved, &cur, cur + bytes));
+	return 0;
+}
 
 static int kvmem_counter_get(char *buf, const struct kernel_param *kp)
 {
@@ -49,6 +96,8 @@ module_param_cb(pages, &kvmem_counter_ops, &kvmem_pages_held, 0444);
 MODULE_PARM_DESC(pages, "read-only: pages of memory held in all windows");
 module_param_cb(workspaces, &kvmem_counter_ops, &kvmem_open_files, 0444);
 MODULE_PARM_DESC(workspaces, "read-only: open files of /dev/kvmem");
+module_param_cb(reserved, &kvmem_counter_ops, &kvmem_reserved, 0444);
+MODULE_PARM_DESC(reserved, "read-only: bytes of max_memory the workspaces reserved");
 
 static bool kvmem_may_open(void)
 {
@@ -97,6 +146,8 @@ static int kvmem_release(struct inode *inode, struct file *filp)
 		kvmem_ws_free_memory(ws);
 		fput(ws->pages);
 		fput(ws->sums);
+		atomic_long_sub(ws->reserved, &kvmem_reserved);
+		mem_cgroup_put(ws->memcg);
 	}
 	mutex_destroy(&ws->lock);
 	kfree(ws);
@@ -174,7 +225,7 @@ static int kvmem_setup(struct kvmem_ws *ws, void __user *uarg)
 	if (!page_max || page_max > KVMEM_PAGE_MAX || a.page_count > page_max ||
 	    a.page_count % a.n_layers || page_max % a.n_layers)
 		return -EINVAL;
-	if (a.host_cap < a.page_stride || a.host_cap > (u64)totalram_pages() << PAGE_SHIFT)
+	if (a.host_cap < a.page_stride || a.host_cap > READ_ONCE(kvmem_max_memory))
 		return -EINVAL;
 	/* The table and the page states (40 bytes a page) stay under an
 	 * eighth of memory, so no setup can push the machine into the OOM
@@ -221,14 +272,26 @@ static int kvmem_setup(struct kvmem_ws *ws, void __user *uarg)
 	err = kvmem_check_sizes(ws, a.page_count);
 	if (err)
 		goto out_sums;
-	err = kvmem_ws_init_memory(ws, a.host_cap);
+	ws->reserved = kvmem_ws_memory_bytes(page_max, n_slots, ws->npp);
+	err = kvmem_reserve(ws->reserved);
 	if (err)
 		goto out_sums;
+	/* Every page of this workspace is charged to the caller's cgroup,
+	 * whoever faults it in or the worker that prefetches it.
+	 */
+	ws->memcg = get_mem_cgroup_from_mm(current->mm);
+	err = kvmem_ws_init_memory(ws, a.host_cap);
+	if (err)
+		goto out_unreserve;
 	/* Pairs with kvmem_ready(): the fields above are seen before set_up. */
 	smp_store_release(&ws->set_up, true);
 	mutex_unlock(&ws->lock);
 	return 0;
 
+out_unreserve:
+	mem_cgroup_put(ws->memcg);
+	ws->memcg = NULL;
+	atomic_long_sub(ws->reserved, &kvmem_reserved);
 out_sums:
 	fput(ws->sums);
 out_pages:
@@ -273,7 +336,7 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 		return -EINVAL;
 	ustatus = u64_to_user_ptr(a.status);
 
-	b = kvmalloc(struct_size(b, ids, a.n_pages), GFP_KERNEL);
+	b = kvmalloc(struct_size(b, ids, a.n_pages), GFP_KERNEL_ACCOUNT);
 	if (!b)
 		return -ENOMEM;
 	b->n = a.n_pages;
@@ -317,7 +380,7 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	}
 
 	if (a.status) {
-		status = kvmalloc_array(a.n_pages, sizeof(s32), GFP_KERNEL);
+		status = kvmalloc_array(a.n_pages, sizeof(s32), GFP_KERNEL_ACCOUNT);
 		if (!status) {
 			ret = -ENOMEM;
 			goto out;
@@ -448,7 +511,9 @@ static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 		if (vma->vm_flags & VM_WRITE)
 			return -EPERM;
 		kvmem_vm_flags_clear(vma, VM_MAYWRITE);
-		return remap_vmalloc_range(vma, ws->table, 0);
+		kvmem_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
+		vma->vm_ops = &kvmem_table_vm_ops;
+		return vm_map_pages(vma, ws->table_pages, ws->n_table_pages);
 	}
 	if (vma->vm_pgoff < KVMEM_WINDOW_PGOFF || !(vma->vm_flags & VM_SHARED))
 		return -EINVAL;
@@ -488,6 +553,8 @@ static int __init kvmem_init(void)
 {
 	int err;
 
+	if (!kvmem_max_memory)	/* not given to insmod */
+		kvmem_max_memory = (unsigned long)totalram_pages() << (PAGE_SHIFT - 1);
 	kvmem_wq = alloc_workqueue("kvmem", WQ_UNBOUND, 0);
 	if (!kvmem_wq)
 		return -ENOMEM;

@@ -90,8 +90,12 @@ struct kvmem_ws {
 	u64 page_count;		/* [lock] written; read locklessly with READ_ONCE */
 	u64 page_max;
 
-	struct kvmem_pt_header *table;	/* vmalloc_user: header + page_max entries */
+	struct kvmem_pt_header *table;	/* vmap of table_pages: header + page_max entries */
 	size_t table_bytes;
+	struct page **table_pages;	/* n_table_pages, mapped by mmap offset 0 */
+	u32 n_table_pages;
+	struct mem_cgroup *memcg;	/* charged for every page allocated (SETUP's caller's) */
+	u64 reserved;			/* bytes of the module's max_memory taken at SETUP */
 	struct kvmem_pte *pte;		/* table + 1 */
 	struct kvmem_pg *pg;		/* [lock] page_max entries */
 
@@ -134,8 +138,15 @@ static inline void kvmem_vm_flags_clear(struct vm_area_struct *vma, vm_flags_t f
 #define kvmem_vm_flags_clear vm_flags_clear
 #endif
 
+/* Every allocation for a workspace: charged to its memory cgroup, failing
+ * (no OOM kill) when the cgroup or the machine has no more.
+ */
+#define KVMEM_GFP (GFP_KERNEL_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN)
+
 /* kvmem_window.c: the table, slot memory, fills, the vm_operations */
 extern const struct vm_operations_struct kvmem_window_vm_ops;
+extern const struct vm_operations_struct kvmem_table_vm_ops;
+size_t kvmem_ws_memory_bytes(u64 page_max, u64 n_slots, u32 npp);
 int kvmem_ws_init_memory(struct kvmem_ws *ws, u64 host_cap);
 void kvmem_ws_free_memory(struct kvmem_ws *ws);
 void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end);

@@ -2,7 +2,8 @@
 /*
  * The host window of a workspace: page id p lives at window offset
  * p * page_stride, in page_stride bytes of this module's own order-0 pages
- * (NUMA-placed as SETUP asked, never swapped: pinned while resident). A
+ * (NUMA-placed as SETUP asked, charged to the memory cgroup of SETUP's
+ * caller, never swapped: pinned while resident). A
  * touch of an absent page faults here; the fault reads the page from the
  * pages file, checks it against the sums file (XXH3-64) and maps it. One
  * thread fills a page; the others wait for that fill. A failed read or a
@@ -21,8 +22,10 @@
  * kvmem_io.c. Locking and page states: kvmem_int.h, Documentation/kmod.md.
  */
 #include <linux/ktime.h>
+#include <linux/memcontrol.h>
 #include <linux/mm.h>
 #include <linux/pagemap.h>
+#include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
@@ -109,22 +112,27 @@ int kvmem_ws_wait(struct kvmem_ws *ws)
 
 static int slot_alloc(struct kvmem_ws *ws, struct kvmem_slot *s, gfp_t extra)
 {
-	gfp_t gfp = GFP_KERNEL | __GFP_NOWARN | extra;
+	gfp_t gfp = KVMEM_GFP | extra;
+	struct mem_cgroup *old;
 	u32 i;
 
 	if (ws->node != NUMA_NO_NODE)
 		gfp |= __GFP_THISNODE;
+	/* Charged to the workspace's cgroup, whoever faults or prefetches. */
+	old = set_active_memcg(ws->memcg);
 	for (i = 0; i < ws->npp; i++) {
 		s->pages[i] = alloc_pages_node(ws->node, gfp, 0);
 		if (!s->pages[i])
 			goto fail;
 	}
 	s->vaddr = vmap(s->pages, ws->npp, VM_MAP, PAGE_KERNEL);
-	if (s->vaddr) {
-		atomic_long_add(ws->npp, &kvmem_pages_held);
-		return 0;
-	}
+	if (!s->vaddr)
+		goto fail;
+	set_active_memcg(old);
+	atomic_long_add(ws->npp, &kvmem_pages_held);
+	return 0;
 fail:
+	set_active_memcg(old);
 	while (i--) {
 		put_page(s->pages[i]);
 		s->pages[i] = NULL;
@@ -500,20 +508,75 @@ const struct vm_operations_struct kvmem_window_vm_ops = {
 	.page_mkwrite = kvmem_page_mkwrite,
 };
 
+/* The table's pages are all inserted at mmap; with ops (and no .fault) the
+ * mapping is never taken for anonymous memory: a touch past them is SIGBUS.
+ */
+const struct vm_operations_struct kvmem_table_vm_ops = {
+};
+
 /* ---- set-up and teardown of the memory ---------------------------------- */
 
+static size_t table_bytes(u64 page_max)
+{
+	return PAGE_ALIGN(sizeof(struct kvmem_pt_header) + page_max * sizeof(struct kvmem_pte));
+}
+
+/* What a workspace may hold at most: the window, the table, the page
+ * states and the slot bookkeeping (SETUP reserves it of max_memory).
+ */
+size_t kvmem_ws_memory_bytes(u64 page_max, u64 n_slots, u32 npp)
+{
+	return n_slots * npp * PAGE_SIZE + table_bytes(page_max) +
+	       (table_bytes(page_max) >> PAGE_SHIFT) * sizeof(struct page *) +
+	       page_max * sizeof(struct kvmem_pg) +
+	       n_slots * (sizeof(struct kvmem_slot) + sizeof(u32) + npp * sizeof(struct page *));
+}
+
+static int table_alloc(struct kvmem_ws *ws)
+{
+	u32 i;
+
+	ws->n_table_pages = table_bytes(ws->page_max) >> PAGE_SHIFT;
+	ws->table_pages = kvcalloc(ws->n_table_pages, sizeof(struct page *), KVMEM_GFP);
+	if (!ws->table_pages)
+		return -ENOMEM;
+	for (i = 0; i < ws->n_table_pages; i++) {
+		ws->table_pages[i] = alloc_page(KVMEM_GFP | __GFP_ZERO);
+		if (!ws->table_pages[i])
+			return -ENOMEM;
+		if ((i & 1023) == 1023)
+			cond_resched();
+	}
+	ws->table = vmap(ws->table_pages, ws->n_table_pages, VM_MAP, PAGE_KERNEL);
+	return ws->table ? 0 : -ENOMEM;
+}
+
+static void table_free(struct kvmem_ws *ws)
+{
+	u32 i;
+
+	if (ws->table)
+		vunmap(ws->table);
+	ws->table = NULL;
+	for (i = 0; ws->table_pages && i < ws->n_table_pages; i++)
+		if (ws->table_pages[i])
+			put_page(ws->table_pages[i]);
+	kvfree(ws->table_pages);
+	ws->table_pages = NULL;
+}
+
+/* Called by SETUP, in its caller's context (so charged to its cgroup). */
 int kvmem_ws_init_memory(struct kvmem_ws *ws, u64 host_cap)
 {
 	u32 i;
 
 	ws->n_slots = div_u64(host_cap, ws->page_stride);
 	ws->table_bytes = sizeof(struct kvmem_pt_header) + ws->page_max * sizeof(struct kvmem_pte);
-	ws->table = vmalloc_user(PAGE_ALIGN(ws->table_bytes));
-	ws->pg = kvcalloc(ws->page_max, sizeof(*ws->pg), GFP_KERNEL);
-	ws->slots = kvcalloc(ws->n_slots, sizeof(*ws->slots), GFP_KERNEL);
-	ws->free_list = kvmalloc_array(ws->n_slots, sizeof(u32), GFP_KERNEL);
-	ws->page_ptrs = kvcalloc((size_t)ws->n_slots * ws->npp, sizeof(struct page *), GFP_KERNEL);
-	if (!ws->table || !ws->pg || !ws->slots || !ws->free_list || !ws->page_ptrs) {
+	ws->pg = kvcalloc(ws->page_max, sizeof(*ws->pg), KVMEM_GFP);
+	ws->slots = kvcalloc(ws->n_slots, sizeof(*ws->slots), KVMEM_GFP);
+	ws->free_list = kvmalloc_array(ws->n_slots, sizeof(u32), KVMEM_GFP);
+	ws->page_ptrs = kvcalloc((size_t)ws->n_slots * ws->npp, sizeof(struct page *), KVMEM_GFP);
+	if (!ws->pg || !ws->slots || !ws->free_list || !ws->page_ptrs || table_alloc(ws)) {
 		kvmem_ws_free_memory(ws);
 		return -ENOMEM;
 	}
@@ -546,10 +609,9 @@ void kvmem_ws_free_memory(struct kvmem_ws *ws)
 	kvfree(ws->free_list);
 	kvfree(ws->slots);
 	kvfree(ws->pg);
-	vfree(ws->table);
+	table_free(ws);
 	ws->page_ptrs = NULL;
 	ws->free_list = NULL;
 	ws->slots = NULL;
 	ws->pg = NULL;
-	ws->table = NULL;
 }
