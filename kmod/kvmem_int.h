@@ -5,9 +5,11 @@
  * Locking (Documentation/kmod.md, "Locking"):
  *  - ws->lock (a mutex) guards every field below marked [lock]: page
  *    states, slots, the clock hand, counters, and every write to the shared
- *    page table. It is never held across file I/O. Order: a window page's
- *    lock, then ws->lock (the re-checks after lock_page()); nothing takes a
- *    page lock while holding ws->lock.
+ *    page table. It is never held across file I/O, nor across allocating,
+ *    mapping (vmap) or freeing a slot's memory: a slot in transit is owned
+ *    by the thread that took it off the free list (and counted in busy).
+ *    Order: a window page's lock, then ws->lock (the re-checks after
+ *    lock_page()); nothing takes a page lock while holding ws->lock.
  *  - A page in a transient state (FILLING, EVICTING, WRITEBACK) belongs to
  *    the thread that set it; the others sleep on ws->wq until it changes.
  *  - Window pages are this module's own order-0 pages, mapped by .fault
@@ -153,6 +155,7 @@ void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end);
 void kvmem_pte_update(struct kvmem_ws *ws, u64 id);
 void kvmem_ws_changed(struct kvmem_ws *ws);
 int kvmem_ws_wait(struct kvmem_ws *ws);
+void kvmem_slot_release(struct kvmem_ws *ws, struct kvmem_slot *s);
 void kvmem_slot_free(struct kvmem_ws *ws, u32 slot);
 void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
 int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id);

@@ -4,7 +4,8 @@
  * writable tracepoint kvmem_reclaim lets a BPF program pick one, a victim is
  * zapped from every mapping, written back when dirty and freed. SYNC and
  * release write back every dirty page. All of it is entered with ws->lock
- * held and drops it around zaps and I/O (kvmem_int.h, "Locking").
+ * held and drops it around zaps, I/O and freeing memory (kvmem_int.h,
+ * "Locking").
  */
 #include <linux/fs.h>
 #include <linux/ktime.h>
@@ -12,6 +13,8 @@
 
 #include "kvmem_int.h"
 #include "kvmem_trace.h"
+
+#define KVMEM_SCAN_CHUNK	256	/* slots the clock passes per hold of ws->lock */
 
 static bool slot_dma_pinned(struct kvmem_ws *ws, struct kvmem_slot *s)
 {
@@ -59,7 +62,7 @@ static int writeback_locked(struct kvmem_ws *ws, u64 id)
 }
 
 /* Evict a RESIDENT page that nobody pins. On a failed write-back the page
- * stays resident and dirty.
+ * stays resident and dirty. Its memory is freed without ws->lock.
  */
 static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 {
@@ -80,6 +83,8 @@ static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 	kvmem_zap_page(ws, id, s);
 	if (dirty)
 		err = kvmem_write_page(ws, id, s);
+	if (!err)
+		kvmem_slot_release(ws, s);
 	mutex_lock(&ws->lock);
 	ws->busy--;
 	if (err) {
@@ -94,7 +99,8 @@ static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 		ws->stats.writebacks++;
 		trace_kvmem_writeback(ws->ws_id, id, ws->page_stride, ktime_get_ns() - t0);
 	}
-	kvmem_slot_free(ws, slot);
+	s->used = false;
+	ws->free_list[ws->n_free++] = slot;
 	pg->slot = KVMEM_SLOT_NONE;
 	pg->state = KVMEM_ABSENT;
 	pg->flags &= ~(KVMEM_PG_DIRTY | KVMEM_PG_PREFETCHED);
@@ -120,7 +126,8 @@ static bool evictable(struct kvmem_ws *ws, struct kvmem_slot *s)
  * collecting up to KVMEM_RECLAIM_MAX unreferenced evictable ones, in clock
  * order; candidate 0 is the module's choice. A BPF program on kvmem_reclaim
  * may name another by index; an index out of range is refused.
- * -EAGAIN: nothing can leave now.
+ * -EAGAIN: nothing can leave now; 0: a page left, or a slot came free
+ * while the scan let go of the lock.
  */
 static int reclaim_one(struct kvmem_ws *ws)
 {
@@ -133,6 +140,19 @@ static int reclaim_one(struct kvmem_ws *ws)
 		struct kvmem_slot *s = &ws->slots[slot];
 		struct kvmem_pg *pg;
 
+		/* A long scan that found nothing yet lets the others in
+		 * every KVMEM_SCAN_CHUNK slots (nothing collected to go
+		 * stale meanwhile).
+		 */
+		if (!n && scanned && !(scanned % KVMEM_SCAN_CHUNK)) {
+			mutex_unlock(&ws->lock);
+			cond_resched();
+			mutex_lock(&ws->lock);
+			if (ws->n_free)
+				return 0;
+			slot = ws->hand;
+			s = &ws->slots[slot];
+		}
 		ws->hand = (ws->hand + 1) % ws->n_slots;
 		if (!s->used || !evictable(ws, s))
 			continue;

@@ -110,6 +110,11 @@ int kvmem_ws_wait(struct kvmem_ws *ws)
 
 /* ---- slot memory --------------------------------------------------------- */
 
+/*
+ * The memory of a slot this thread owns (off the free list, not yet used):
+ * npp order-0 pages charged to the workspace's cgroup, and their vmap.
+ * Called without ws->lock: 16384 allocations and a vmap for a 64 MiB page.
+ */
 static int slot_alloc(struct kvmem_ws *ws, struct kvmem_slot *s, gfp_t extra)
 {
 	gfp_t gfp = KVMEM_GFP | extra;
@@ -118,12 +123,13 @@ static int slot_alloc(struct kvmem_ws *ws, struct kvmem_slot *s, gfp_t extra)
 
 	if (ws->node != NUMA_NO_NODE)
 		gfp |= __GFP_THISNODE;
-	/* Charged to the workspace's cgroup, whoever faults or prefetches. */
 	old = set_active_memcg(ws->memcg);
 	for (i = 0; i < ws->npp; i++) {
 		s->pages[i] = alloc_pages_node(ws->node, gfp, 0);
 		if (!s->pages[i])
 			goto fail;
+		if ((i & 1023) == 1023)
+			cond_resched();
 	}
 	s->vaddr = vmap(s->pages, ws->npp, VM_MAP, PAGE_KERNEL);
 	if (!s->vaddr)
@@ -140,12 +146,12 @@ fail:
 	return -ENOMEM;
 }
 
-/* Drop the module's references; a page someone still holds (a racing
- * fault, a get_user_pages pin) lives on until they let go.
+/* Drop the module's references to a slot's memory (the slot owned by this
+ * thread, or the workspace going away; no lock needed). A page someone
+ * still holds (a racing fault, get_user_pages) lives on until they let go.
  */
-void kvmem_slot_free(struct kvmem_ws *ws, u32 slot)
+void kvmem_slot_release(struct kvmem_ws *ws, struct kvmem_slot *s)
 {
-	struct kvmem_slot *s = &ws->slots[slot];
 	u32 i;
 
 	if (s->vaddr) {
@@ -158,8 +164,19 @@ void kvmem_slot_free(struct kvmem_ws *ws, u32 slot)
 			put_page(s->pages[i]);
 		s->pages[i] = NULL;
 	}
-	s->used = false;
+}
+
+/* Back on the free list (ws->lock held, its memory released already). */
+static void slot_put_back(struct kvmem_ws *ws, u32 slot)
+{
+	ws->slots[slot].used = false;
 	ws->free_list[ws->n_free++] = slot;
+}
+
+void kvmem_slot_free(struct kvmem_ws *ws, u32 slot)
+{
+	kvmem_slot_release(ws, &ws->slots[slot]);
+	slot_put_back(ws, slot);
 }
 
 /* Remove every pte of page id from every mapping of this workspace. The
@@ -182,16 +199,16 @@ void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 
 /*
  * Fill an ABSENT page from the pages file. Called and returns with ws->lock
- * held; 0: the page is RESIDENT; else it is ABSENT again (BAD when the read
- * or the checksum failed).
+ * held (dropped for the allocation and the I/O); 0: the page is RESIDENT;
+ * else it is ABSENT again, and BAD when the read or the checksum failed.
  */
 static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	u64 t0 = ktime_get_ns();
 	struct kvmem_slot *s;
+	int err, io_err = 0;
 	u32 slot;
-	int err;
 
 	pg->state = KVMEM_FILLING;
 	kvmem_pte_update(ws, id);
@@ -199,30 +216,32 @@ static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 	if (err)
 		goto out;
 	s = &ws->slots[slot];
-	err = slot_alloc(ws, s, 0);
-	if (err) {
-		ws->free_list[ws->n_free++] = slot;
-		goto out;
-	}
-	s->used = true;
-	s->page = id;
-	s->ref = true;
-	pg->slot = slot;
+	pg->slot = slot;	/* shown in the table while it fills */
 	ws->busy++;
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
-	err = kvmem_read_page(ws, id, s);
+	err = slot_alloc(ws, s, 0);
+	if (!err) {
+		err = io_err = kvmem_read_page(ws, id, s);
+		if (err)
+			kvmem_slot_release(ws, s);
+	}
 	mutex_lock(&ws->lock);
 	ws->busy--;
 	if (err) {
-		kvmem_slot_free(ws, slot);
+		slot_put_back(ws, slot);
 		pg->slot = KVMEM_SLOT_NONE;
+	}
+	if (io_err) {
 		pg->flags |= KVMEM_PG_BAD;
-		if (err == -EBADMSG)
+		if (io_err == -EBADMSG)
 			ws->stats.checksum_errors++;
 		else
 			ws->stats.read_errors++;
-	} else {
+	} else if (!err) {
+		s->used = true;
+		s->page = id;
+		s->ref = true;
 		ws->stats.fills++;
 		ws->stats.fill_bytes += ws->page_stride;
 		ws->stats.fill_ns += ktime_get_ns() - t0;
@@ -298,12 +317,17 @@ int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 		return 0;
 	}
 	pg->state = KVMEM_FILLING;	/* others wait while the slot is found */
+	kvmem_pte_update(ws, id);
 	err = kvmem_slot_get(ws, &slot);
 	if (!err) {
 		s = &ws->slots[slot];
+		ws->busy++;
+		mutex_unlock(&ws->lock);
 		err = slot_alloc(ws, s, __GFP_ZERO);
+		mutex_lock(&ws->lock);
+		ws->busy--;
 		if (err) {
-			ws->free_list[ws->n_free++] = slot;
+			slot_put_back(ws, slot);
 		} else {
 			s->used = true;
 			s->page = id;
@@ -341,10 +365,12 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 	kvmem_zap_page(ws, id, s);
 	if (verify)
 		err = kvmem_verify_page(ws, id, s);
+	if (err)
+		kvmem_slot_release(ws, s);
 	mutex_lock(&ws->lock);
 	ws->busy--;
 	if (err) {
-		kvmem_slot_free(ws, pg->slot);
+		slot_put_back(ws, pg->slot);
 		pg->slot = KVMEM_SLOT_NONE;
 		pg->flags |= KVMEM_PG_BAD;
 		pg->state = KVMEM_ABSENT;
