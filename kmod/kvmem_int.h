@@ -157,6 +157,8 @@ void kvmem_ws_changed(struct kvmem_ws *ws);
 int kvmem_ws_wait(struct kvmem_ws *ws);
 void kvmem_slot_release(struct kvmem_ws *ws, struct kvmem_slot *s);
 void kvmem_slot_free(struct kvmem_ws *ws, u32 slot);
+bool kvmem_slot_maybe_held(struct kvmem_ws *ws, struct kvmem_slot *s, u32 pins);
+bool kvmem_slot_held(struct kvmem_ws *ws, struct kvmem_slot *s);
 void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
 int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id);
 void kvmem_prefetch_work(struct work_struct *work);

@@ -16,33 +16,30 @@
 
 #define KVMEM_SCAN_CHUNK	256	/* slots the clock passes per hold of ws->lock */
 
-static bool slot_dma_pinned(struct kvmem_ws *ws, struct kvmem_slot *s)
-{
-	u32 i;
-
-	for (i = 0; i < ws->npp; i++)
-		if (page_maybe_dma_pinned(s->pages[i]))
-			return true;
-	return false;
-}
-
+/*
+ * Write a RESIDENT page back. Its writable ptes go first: a write from then
+ * on faults into page_mkwrite, which waits for the write-back and marks
+ * the page dirty again. A page somebody holds (kvmem_slot_maybe_held) may
+ * be written behind our back without a fault, so it stays DIRTY: its bytes
+ * go to the file now, and again at the next write-back.
+ */
 static int writeback_locked(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	struct kvmem_slot *s = &ws->slots[pg->slot];
 	u64 t0 = ktime_get_ns();
+	bool held;
 	int err;
 
 	pg->state = KVMEM_WRITEBACK;
 	ws->busy++;
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
-	/* Writable ptes go: a write from now on faults into page_mkwrite,
-	 * which waits for the write-back and marks the page dirty again.
-	 */
 	kvmem_zap_page(ws, id, s);
 	mutex_lock(&ws->lock);
-	pg->flags &= ~KVMEM_PG_DIRTY;
+	held = kvmem_slot_maybe_held(ws, s, pg->pins);
+	if (!held)
+		pg->flags &= ~KVMEM_PG_DIRTY;
 	mutex_unlock(&ws->lock);
 	err = kvmem_write_page(ws, id, s);
 	mutex_lock(&ws->lock);
@@ -62,38 +59,43 @@ static int writeback_locked(struct kvmem_ws *ws, u64 id)
 }
 
 /* Evict a RESIDENT page that nobody pins. On a failed write-back the page
- * stays resident and dirty. Its memory is freed without ws->lock.
+ * stays resident and dirty; a page found held once its ptes are gone stays
+ * as it was (-EBUSY). Its memory is freed without ws->lock.
  */
 static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	u32 slot = pg->slot;
 	struct kvmem_slot *s = &ws->slots[slot];
-	bool dirty = pg->flags & KVMEM_PG_DIRTY;
+	bool dirty = pg->flags & KVMEM_PG_DIRTY, held;
 	u64 t0 = ktime_get_ns();
 	int err = 0;
 
 	/* From here no fault maps it and no write dirties it (they wait), so
-	 * the dirty bit read now is final.
+	 * the dirty bit read now is final, and after the zap every reference
+	 * to its pages but ours is a holder's.
 	 */
 	pg->state = KVMEM_EVICTING;
 	ws->busy++;
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
 	kvmem_zap_page(ws, id, s);
-	if (dirty)
+	held = kvmem_slot_held(ws, s);
+	if (!held && dirty)
 		err = kvmem_write_page(ws, id, s);
-	if (!err)
+	if (!held && !err)
 		kvmem_slot_release(ws, s);
 	mutex_lock(&ws->lock);
 	ws->busy--;
-	if (err) {
+	if (held || err) {
 		pg->state = KVMEM_RESIDENT;
-		ws->stats.write_errors++;
-		trace_kvmem_error(ws->ws_id, id, err);
+		if (err) {
+			ws->stats.write_errors++;
+			trace_kvmem_error(ws->ws_id, id, err);
+		}
 		kvmem_pte_update(ws, id);
 		kvmem_ws_changed(ws);
-		return err;
+		return held ? -EBUSY : err;
 	}
 	if (dirty) {
 		ws->stats.writebacks++;
@@ -112,12 +114,15 @@ static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 	return 0;
 }
 
-/* A slot whose page may leave now. */
+/* A slot whose page may leave now: resident, no fault mapping it, nobody
+ * holding it.
+ */
 static bool evictable(struct kvmem_ws *ws, struct kvmem_slot *s)
 {
 	struct kvmem_pg *pg = &ws->pg[s->page];
 
-	return s->used && pg->state == KVMEM_RESIDENT && !pg->pins && !slot_dma_pinned(ws, s);
+	return s->used && pg->state == KVMEM_RESIDENT && !pg->pins &&
+	       !kvmem_slot_maybe_held(ws, s, 0);
 }
 
 /*
@@ -207,11 +212,12 @@ int kvmem_slot_get(struct kvmem_ws *ws, u32 *out)
 		}
 		if (err == -EINTR)
 			return err;
-		/* A write-back error leaves the victim resident and dirty: try
-		 * others, but not forever when the disk refuses every one.
+		/* A write-back error leaves the victim resident and dirty, a
+		 * victim found held stays too: try others, but not forever
+		 * when the disk refuses every one or every page is held.
 		 */
 		if (err && ++failed > ws->n_slots)
-			return err;
+			return err == -EBUSY ? -ENOMEM : err;
 	}
 }
 

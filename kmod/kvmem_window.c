@@ -16,6 +16,9 @@
  * pick another, the victim's ptes are zapped, and a dirty victim is written
  * back before its memory is freed. Writes through the window are tracked
  * with page_mkwrite (ptes start read-only), so only written pages go back.
+ * A page somebody holds by a reference of their own (get_user_pages: an
+ * O_DIRECT read into the window, a registered buffer) may be written
+ * without a fault: it is not evicted, and a write-back leaves it DIRTY.
  *
  * Here: the table, slot memory, fills, prefetch, userspace fills and the
  * window's vm_operations. Reclaim and write-back: kvmem_reclaim.c; file I/O:
@@ -177,6 +180,37 @@ void kvmem_slot_free(struct kvmem_ws *ws, u32 slot)
 {
 	kvmem_slot_release(ws, &ws->slots[slot]);
 	slot_put_back(ws, slot);
+}
+
+/*
+ * References to a slot's pages beyond the module's own, one per pte that
+ * maps them, and the `pins` faults that took a page and have not mapped it
+ * yet: somebody else holds a page (get_user_pages or FOLL_PIN: an O_DIRECT
+ * read into the window, a registered buffer) and may write it with no
+ * fault. A guess while ptes come and go (a fault between unpinning and its
+ * pte counts as a holder: the cautious side); kvmem_slot_held is exact.
+ */
+bool kvmem_slot_maybe_held(struct kvmem_ws *ws, struct kvmem_slot *s, u32 pins)
+{
+	long extra = 0;
+	u32 i;
+
+	for (i = 0; i < ws->npp; i++)
+		extra += page_count(s->pages[i]) - 1 - page_mapcount(s->pages[i]);
+	return extra > pins;
+}
+
+/* The same once the slot's ptes are zapped and no fault can map it again
+ * (EVICTING): any reference but the module's own is a holder.
+ */
+bool kvmem_slot_held(struct kvmem_ws *ws, struct kvmem_slot *s)
+{
+	u32 i;
+
+	for (i = 0; i < ws->npp; i++)
+		if (page_count(s->pages[i]) != 1)
+			return true;
+	return false;
 }
 
 /* Remove every pte of page id from every mapping of this workspace. The
