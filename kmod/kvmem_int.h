@@ -21,9 +21,13 @@
 
 #include <linux/atomic.h>
 #include <linux/bits.h>
+#include <linux/build_bug.h>
 #include <linux/fs.h>
+#include <linux/log2.h>
 #include <linux/mm.h>
 #include <linux/mutex.h>
+#include <linux/stddef.h>
+#include <linux/threads.h>
 #include <linux/types.h>
 #include <linux/version.h>
 #include <linux/wait.h>
@@ -53,10 +57,18 @@ enum kvmem_state {
 
 struct kvmem_pg {
 	u32 slot;		/* KVMEM_SLOT_NONE when absent */
+	u32 pins;		/* faults between taking the page and mapping it: one per task */
 	u8 state;		/* enum kvmem_state */
 	u8 flags;		/* KVMEM_PG_* */
-	u16 pins;		/* faults between taking the page and mapping it */
+	/* Fills of this page that ended with a read or checksum error
+	 * (wrapping): a fault that waited for another's fill fails with it only
+	 * when this moved meanwhile, not on an older BAD flag.
+	 */
+	u16 fill_errs;
 };
+
+/* Every task may be between taking a page and mapping it at once. */
+static_assert(sizeof_field(struct kvmem_pg, pins) * BITS_PER_BYTE > ilog2(PID_MAX_LIMIT));
 
 /* Memory of one resident page: page_stride bytes in order-0 pages. */
 struct kvmem_slot {

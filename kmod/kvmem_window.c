@@ -234,7 +234,9 @@ void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 /*
  * Fill an ABSENT page from the pages file. Called and returns with ws->lock
  * held (dropped for the allocation and the I/O); 0: the page is RESIDENT;
- * else it is ABSENT again, and BAD when the read or the checksum failed.
+ * else it is ABSENT again, and BAD (fill_errs moved on) when the read or
+ * the checksum failed. No slot or no memory (-ENOMEM) and a fatal signal
+ * (-EINTR) say nothing about the page.
  */
 static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 {
@@ -268,6 +270,7 @@ static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 	}
 	if (io_err) {
 		pg->flags |= KVMEM_PG_BAD;
+		pg->fill_errs++;
 		if (io_err == -EBADMSG)
 			ws->stats.checksum_errors++;
 		else
@@ -378,7 +381,8 @@ int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 
 /* FILLED: a claimed page is complete. Its ptes (writable, untracked while
  * claimed) are zapped so later writes are tracked; with verify the bytes
- * are checked against the sums file and a mismatch drops the page.
+ * are checked against the sums file and a mismatch drops the page (BAD,
+ * but not a failed fill: the file may be fine, a fault reads it).
  */
 int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 {
@@ -438,6 +442,7 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 	vm_fault_t major = 0;
 	bool waited_fill = false;
 	struct kvmem_pg *pg;
+	u16 errs = 0;
 	struct page *page;
 	int err;
 
@@ -488,14 +493,17 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 		case KVMEM_EVICTING:
 			if (pg->state == KVMEM_FILLING && !waited_fill) {
 				waited_fill = true;
+				errs = pg->fill_errs;
 				trace_kvmem_fault(ws->ws_id, id, tflags | KVMEM_FAULT_WAITED);
 			}
 			if (kvmem_ws_wait(ws))
 				goto sigbus;
-			/* The fill we waited for failed: this fault fails too,
-			 * a later one tries again.
+			/* The fill we waited for failed to read or check the
+			 * page: this fault fails too, a later one tries again.
+			 * A fill that ended otherwise (no memory, its task
+			 * killed) says nothing of the page: fill it here.
 			 */
-			if (waited_fill && pg->state == KVMEM_ABSENT && (pg->flags & KVMEM_PG_BAD))
+			if (waited_fill && pg->state == KVMEM_ABSENT && pg->fill_errs != errs)
 				goto sigbus;
 			continue;
 		default:	/* KVMEM_ABSENT */
