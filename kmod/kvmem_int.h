@@ -12,6 +12,8 @@
  *    lock_page()); nothing takes a page lock while holding ws->lock.
  *  - A page in a transient state (FILLING, EVICTING, WRITEBACK) belongs to
  *    the thread that set it; the others sleep on ws->wq until it changes.
+ *  - A fault that must fill or wait lets go of the mmap lock first when it
+ *    may (FAULT_FLAG_ALLOW_RETRY) and returns VM_FAULT_RETRY after.
  *  - Window pages are this module's own order-0 pages, mapped by .fault
  *    with VM_FAULT_LOCKED; eviction locks them before zapping the ptes, so
  *    a fault that raced with it re-checks and retries (as truncate does).
@@ -39,6 +41,7 @@
 #define KVMEM_PAGE_MAX		BIT_ULL(24)	/* page ids per workspace */
 #define KVMEM_STRIDE_MAX	(64u << 20)	/* bytes per page */
 #define KVMEM_LAYERS_MAX	1024u
+#define KVMEM_FAILED_NOTES	16	/* faults retried at once whose fill failed */
 
 /* Private state of one page id (kvmem_pg.state). */
 enum kvmem_state {
@@ -125,6 +128,17 @@ struct kvmem_ws {
 
 	u64 step;		/* [lock] KVMEM_IOC_STEP */
 	struct kvmem_ioc_stats stats;	/* [lock] */
+
+	/* Faults whose fill failed after they let go of the mmap lock, for
+	 * their retries (kvmem_window.c, note_failed) [lock].
+	 */
+	struct kvmem_failed_note {
+		pid_t pid;		/* 0: unused */
+		u16 errs;		/* the page's fill_errs after the failure */
+		u64 id;
+		unsigned long when;	/* jiffies */
+	} failed[KVMEM_FAILED_NOTES];
+	u32 failed_next;
 
 	struct work_struct prefetch_work;
 	struct list_head prefetch_list;	/* [lock] of kvmem_prefetch_batch */

@@ -3,12 +3,13 @@
  * The host window of a workspace: page id p lives at window offset
  * p * page_stride, in page_stride bytes of this module's own order-0 pages
  * (NUMA-placed as SETUP asked, charged to the memory cgroup of SETUP's
- * caller, never swapped: pinned while resident). A
- * touch of an absent page faults here; the fault reads the page from the
- * pages file, checks it against the sums file (XXH3-64) and maps it. One
- * thread fills a page; the others wait for that fill. A failed read or a
- * bad checksum maps nothing: the faulting access gets SIGBUS, the page is
- * marked BAD and a later touch tries again.
+ * caller, never swapped: pinned while resident). A touch of an absent page
+ * faults here; the fault reads the page from the pages file, checks it
+ * against the sums file (XXH3-64) and maps it. One thread fills a page; the
+ * others wait for that fill. A failed read or a bad checksum maps nothing:
+ * the faulting access gets SIGBUS, the page is marked BAD and a later touch
+ * tries again. A fault that may (FAULT_FLAG_ALLOW_RETRY) fills or waits
+ * without the process's mmap lock and has the access retried.
  *
  * At most n_slots = host_cap / page_stride pages are resident. Room is made
  * by reclaim: a clock over the slots proposes up to KVMEM_RECLAIM_MAX
@@ -24,6 +25,7 @@
  * window's vm_operations. Reclaim and write-back: kvmem_reclaim.c; file I/O:
  * kvmem_io.c. Locking and page states: kvmem_int.h, Documentation/kmod.md.
  */
+#include <linux/file.h>
 #include <linux/ktime.h>
 #include <linux/memcontrol.h>
 #include <linux/mm.h>
@@ -432,6 +434,67 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 
 /* ---- the window's vm_operations ----------------------------------------- */
 
+/*
+ * A fault that fills a page or waits for another's fill lets go of the
+ * mmap lock when its caller allows (FAULT_FLAG_ALLOW_RETRY, not NOWAIT) and
+ * this is not already the retry (FAULT_FLAG_TRIED): it takes a reference on
+ * the file (which keeps ws), unlocks, does the work and returns
+ * VM_FAULT_RETRY, and the retry maps the page. So a fault lets go at most
+ * once; the retry finds the page resident unless reclaim took it meanwhile
+ * (then it fills holding the lock).
+ */
+static bool may_drop_mmap(struct vm_fault *vmf)
+{
+	return (vmf->flags & FAULT_FLAG_ALLOW_RETRY) &&
+	       !(vmf->flags & (FAULT_FLAG_RETRY_NOWAIT | FAULT_FLAG_TRIED));
+}
+
+static struct file *drop_mmap(struct vm_fault *vmf)
+{
+	struct file *file = get_file(vmf->vma->vm_file);
+
+	mmap_read_unlock(vmf->vma->vm_mm);
+	return file;
+}
+
+/*
+ * A fault that let go of the mmap lock can only return VM_FAULT_RETRY, so
+ * when its fill (or the fill it waited for) failed, it leaves a note, and
+ * the task's next fault on the page (the retry, or the next attempt of a
+ * get_user_pages loop, which does not say TRIED) fails without reading the
+ * page again, if it comes within a second and the page is as the note left
+ * it (ABSENT, no fill failed since). Otherwise the note is dropped and the
+ * fault goes on as any other. [lock]
+ */
+static void note_failed(struct kvmem_ws *ws, u64 id)
+{
+	struct kvmem_failed_note *n = &ws->failed[ws->failed_next];
+
+	n->pid = current->pid;
+	n->id = id;
+	n->errs = ws->pg[id].fill_errs;
+	n->when = jiffies;
+	ws->failed_next = (ws->failed_next + 1) % KVMEM_FAILED_NOTES;
+}
+
+static bool take_note(struct kvmem_ws *ws, u64 id)
+{
+	struct kvmem_pg *pg = &ws->pg[id];
+	bool fail = false;
+	u32 i;
+
+	for (i = 0; i < KVMEM_FAILED_NOTES; i++) {
+		struct kvmem_failed_note *n = &ws->failed[i];
+
+		if (n->pid != current->pid || n->id != id)
+			continue;
+		n->pid = 0;
+		fail |= time_before(jiffies, n->when + HZ) && pg->state == KVMEM_ABSENT &&
+			pg->fill_errs == n->errs;
+	}
+	return fail;
+}
+
 static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 {
 	struct kvmem_ws *ws = vmf->vma->vm_private_data;
@@ -439,11 +502,14 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 	u64 id = div_u64(idx, ws->npp);
 	u32 sub = idx - id * ws->npp;
 	u32 tflags = (vmf->flags & FAULT_FLAG_WRITE) ? KVMEM_FAULT_WRITE : 0;
-	vm_fault_t major = 0;
+	/* The retry of a fault that filled or waited: it was counted then. */
+	bool retry = vmf->flags & FAULT_FLAG_TRIED;
+	vm_fault_t major = retry ? VM_FAULT_MAJOR : 0;
 	bool waited_fill = false;
 	struct kvmem_pg *pg;
-	u16 errs = 0;
+	struct file *file;
 	struct page *page;
+	u16 errs = 0;
 	int err;
 
 	mutex_lock(&ws->lock);
@@ -451,8 +517,11 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 		mutex_unlock(&ws->lock);
 		return VM_FAULT_SIGBUS;
 	}
-	ws->stats.faults++;
 	pg = &ws->pg[id];
+	if (!retry)
+		ws->stats.faults++;
+	if (take_note(ws, id))
+		goto sigbus;
 	for (;;) {
 		switch (pg->state) {
 		case KVMEM_RESIDENT:
@@ -494,7 +563,17 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 			if (pg->state == KVMEM_FILLING && !waited_fill) {
 				waited_fill = true;
 				errs = pg->fill_errs;
-				trace_kvmem_fault(ws->ws_id, id, tflags | KVMEM_FAULT_WAITED);
+				if (!retry)
+					trace_kvmem_fault(ws->ws_id, id, tflags | KVMEM_FAULT_WAITED);
+			}
+			if (may_drop_mmap(vmf)) {
+				file = drop_mmap(vmf);
+				kvmem_ws_wait(ws);
+				if (waited_fill && pg->state == KVMEM_ABSENT && pg->fill_errs != errs)
+					note_failed(ws, id);
+				mutex_unlock(&ws->lock);
+				fput(file);
+				return VM_FAULT_RETRY;
 			}
 			if (kvmem_ws_wait(ws))
 				goto sigbus;
@@ -508,6 +587,14 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 			continue;
 		default:	/* KVMEM_ABSENT */
 			trace_kvmem_fault(ws->ws_id, id, tflags);
+			if (may_drop_mmap(vmf)) {
+				file = drop_mmap(vmf);
+				if (fill_locked(ws, id, false))
+					note_failed(ws, id);
+				mutex_unlock(&ws->lock);
+				fput(file);
+				return VM_FAULT_RETRY;
+			}
 			err = fill_locked(ws, id, false);
 			if (err)
 				goto sigbus;

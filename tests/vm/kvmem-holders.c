@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * kvmem.ko and the others who hold its pages or wait on its work:
+ * kvmem.ko and the others who hold its pages or wait on its faults:
  *  - a writer holding a window page by a plain reference (here an O_DIRECT
  *    read into the window from a device-mapper target that was suspended,
  *    so the read waits, the page held, until the target resumes): the page
  *    is not evicted, and a write-back while it is held leaves it DIRTY, so
  *    the bytes that land later reach the file;
  *  - a fill of a 64 MiB page allocates its memory without the workspace's
- *    lock: another thread's STATS goes through while the allocation is
- *    still under way.
+ *    lock, and the fault that fills it (a long read and checksum) does not
+ *    hold the process's mmap lock: another thread's STATS, and its mmap,
+ *    go through while the fill is still under way.
  */
 #include <linux/dm-ioctl.h>
 #include <pthread.h>
@@ -196,7 +197,7 @@ TEST_F_TIMEOUT(slow, held_page_stays_dirty_and_resident, 120)
 	ASSERT_EQ(0, system(cmd));
 }
 
-/* ---- a page of 64 MiB ---------------------------------------------------- */
+/* ---- the mmap lock during a fill ----------------------------------------- */
 
 #define BIG (64u << 20)
 
@@ -302,6 +303,54 @@ TEST_F_TIMEOUT(slow, fill_allocates_without_the_workspace_lock, 300)
 		TH_LOG("attempt %d: after STATS the module held %ld of the fill's %u pages", attempt,
 		       held, BIG / 4096);
 		ASSERT_EQ(0, a.result);
+		ASSERT_EQ(0, kvmem_kmod_evict(k, &id0, 1, &st));
+	}
+	ASSERT_TRUE(passed);
+	big_close(dir, &f, k);
+}
+
+/*
+ * The same page: its fill reads 64 MiB and hashes them, which takes a
+ * while under TCG. Thread A faults it; once the table says the fill is under
+ * way, the main thread maps and unmaps anonymous memory (which takes the
+ * mmap lock for writing). The fault must have let go of the mmap lock: the
+ * mmap returns while the fill is still under way. (A fault that holds it
+ * makes the mmap wait for the whole fill.)
+ */
+TEST_F_TIMEOUT(slow, fault_lets_go_of_the_mmap_lock_while_filling, 300)
+{
+	char dir[] = "/tmp/big.XXXXXX";
+	kvmem_kmod_files f;
+	kvmem_kmod *k = big_open(dir, &f);
+	uint64_t id0 = 0;
+	int32_t st;
+	int passed = 0;
+
+	ASSERT_NE(NULL, k);
+	for (int attempt = 0; attempt < 3 && !passed; attempt++) {
+		struct toucher a = { .k = k }, c = { .k = k };
+		pthread_t at, ct;
+		struct timespec t0, t1;
+		void *m;
+
+		pthread_create(&at, NULL, touch_page0, &a);
+		wait_in_flight(k, &a);
+		/* A second fault on the page waits for A's fill. */
+		pthread_create(&ct, NULL, touch_page0, &c);
+		usleep(20000);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		m = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		ASSERT_NE(MAP_FAILED, m);
+		munmap(m, 4096);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		passed = !!(kvmem_kmod_pte(k, 0)->flags & KVMEM_PTE_IN_FLIGHT);
+		pthread_join(at, NULL);
+		pthread_join(ct, NULL);
+		TH_LOG("attempt %d: mmap took %.3f s; the fill was %s under way when it returned",
+		       attempt, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9,
+		       passed ? "still" : "no longer");
+		ASSERT_EQ(0, a.result);
+		ASSERT_EQ(0, c.result);
 		ASSERT_EQ(0, kvmem_kmod_evict(k, &id0, 1, &st));
 	}
 	ASSERT_TRUE(passed);
