@@ -398,8 +398,16 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 		if (r < 0 && !ret)
 			ret = r;
 	}
-	if (status && copy_to_user(ustatus, status, (size_t)a.n_pages * sizeof(s32)))
+	if (status && copy_to_user(ustatus, status, (size_t)a.n_pages * sizeof(s32))) {
+		/* The array went away meanwhile: claims nobody knows of would
+		 * stay claimed until close, so they are undone.
+		 */
+		if (cmd == KVMEM_IOC_CLAIM)
+			for (i = 0; i < a.n_pages; i++)
+				if (status[i] == 1)
+					kvmem_unclaim_page(ws, ids[i]);
 		ret = -EFAULT;
+	}
 out:
 	kvfree(status);
 	kvfree(b);

@@ -189,6 +189,7 @@ void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
 int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id);
 void kvmem_prefetch_work(struct work_struct *work);
 int kvmem_claim_page(struct kvmem_ws *ws, u64 id);
+void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id);
 int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify);
 
 /* kvmem_reclaim.c: ws->lock held on entry and exit, dropped around I/O */

@@ -381,6 +381,36 @@ int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 	return err ? err : 1;
 }
 
+/* A claim its caller never learnt of (CLAIM could not write the status
+ * array): the page goes back to ABSENT with nothing of it kept.
+ */
+void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id)
+{
+	struct kvmem_pg *pg = &ws->pg[id];
+	u32 slot;
+
+	mutex_lock(&ws->lock);
+	if (pg->state != KVMEM_CLAIMED) {
+		mutex_unlock(&ws->lock);
+		return;
+	}
+	slot = pg->slot;
+	pg->state = KVMEM_EVICTING;
+	ws->busy++;
+	kvmem_pte_update(ws, id);
+	mutex_unlock(&ws->lock);
+	kvmem_zap_page(ws, id, &ws->slots[slot]);
+	kvmem_slot_release(ws, &ws->slots[slot]);
+	mutex_lock(&ws->lock);
+	ws->busy--;
+	slot_put_back(ws, slot);
+	pg->slot = KVMEM_SLOT_NONE;
+	pg->state = KVMEM_ABSENT;
+	kvmem_pte_update(ws, id);
+	kvmem_ws_changed(ws);
+	mutex_unlock(&ws->lock);
+}
+
 /* FILLED: a claimed page is complete. Its ptes (writable, untracked while
  * claimed) are zapped so later writes are tracked; with verify the bytes
  * are checked against the sums file and a mismatch drops the page (BAD,
