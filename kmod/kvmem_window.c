@@ -40,6 +40,24 @@
 
 /* ---- the shared page table (only this module writes it) ---------------- */
 
+/*
+ * Every change of an entry is made under ws->lock between two increments
+ * of its sequence count (include/uapi/linux/kvmem.h): odd while the entry
+ * changes, so a reader that sees the same even count before and after its
+ * copy has a consistent entry.
+ */
+static void pte_begin(struct kvmem_pte *e)
+{
+	WRITE_ONCE(e->seq, e->seq + 1);
+	smp_wmb();
+}
+
+static void pte_end(struct kvmem_pte *e)
+{
+	smp_wmb();
+	WRITE_ONCE(e->seq, e->seq + 1);
+}
+
 void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pte *e = &ws->pte[id];
@@ -64,9 +82,11 @@ void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
 		flags |= KVMEM_PTE_BAD;
 	if (pg->flags & KVMEM_PG_PREFETCHED)
 		flags |= KVMEM_PTE_PREFETCHED;
+	pte_begin(e);
 	WRITE_ONCE(e->host_slot, pg->slot);
 	WRITE_ONCE(e->flags, flags);
 	WRITE_ONCE(e->tiers, tiers);
+	pte_end(e);
 }
 
 /* Entries [first, end): fresh pages of the file (SETUP, SET_COUNT). */
@@ -75,10 +95,16 @@ void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end)
 	u64 id;
 
 	for (id = first; id < end; id++) {
-		ws->pte[id].page_id = id;
-		ws->pte[id].gpu_slot = KVMEM_SLOT_NONE;
+		struct kvmem_pte *e = &ws->pte[id];
+
+		pte_begin(e);
+		WRITE_ONCE(e->page_id, id);
+		WRITE_ONCE(e->gpu_slot, KVMEM_SLOT_NONE);
+		pte_end(e);
 		ws->pg[id].slot = KVMEM_SLOT_NONE;
 		kvmem_pte_update(ws, id);
+		if (!(id & 4095))
+			cond_resched();
 	}
 	WRITE_ONCE(ws->table->n_entries, ws->page_count);
 }
@@ -87,9 +113,11 @@ static void pte_account(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pte *e = &ws->pte[id];
 
+	pte_begin(e);
 	if (e->access_count != U32_MAX)
 		WRITE_ONCE(e->access_count, e->access_count + 1);
 	WRITE_ONCE(e->last_step, ws->step);
+	pte_end(e);
 }
 
 /* Every state change wakes the sleepers of ws->wq; they re-check. */

@@ -92,9 +92,14 @@ uint32_t kvmem_kmod_page_bytes(const kvmem_kmod *k);
 uint32_t kvmem_kmod_page_stride(const kvmem_kmod *k);
 
 /* The shared page table (read-only; the module writes it): header, and the
- * entry of a page (NULL past page_max). No system call. */
+ * entry of a page (NULL past page_max). No system call. Fields read one at
+ * a time through kvmem_kmod_pte may belong to different moments; for a
+ * consistent copy of a whole entry use kvmem_kmod_pte_read (it retries
+ * while the module changes the entry: the entry's sequence count, uapi
+ * kvmem.h). kvmem_kmod_pte_read returns 0, or -EINVAL past page_max. */
 const struct kvmem_pt_header *kvmem_kmod_table(const kvmem_kmod *k);
 const struct kvmem_pte *kvmem_kmod_pte(const kvmem_kmod *k, uint64_t page);
+int kvmem_kmod_pte_read(const kvmem_kmod *k, uint64_t page, struct kvmem_pte *out);
 /* 1 when the page is in host memory now (KVMEM_TIER_HOST). */
 int kvmem_kmod_resident(const kvmem_kmod *k, uint64_t page);
 

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 
 #include "kselftest_harness.h"
 #include "vmtest.h"
@@ -232,6 +233,89 @@ TEST(client_splits_long_lists_with_their_status)
 	vt_ws_close(&w);
 	free(ids);
 	free(st);
+}
+
+/* ---- whole entries of the page table ------------------------------------ */
+
+struct churn {
+	kvmem_kmod *k;
+	uint64_t pages, seed;
+	volatile int stop;
+};
+
+static void *churner(void *arg)
+{
+	struct churn *c = arg;
+	uint64_t rng = c->seed;
+	unsigned char b;
+
+	while (!c->stop) {
+		uint64_t p = vt_rng(&rng) % c->pages;
+
+		if (vt_read(kvmem_kmod_page_addr(c->k, p), &b, 1))
+			break;
+		if (!(vt_rng(&rng) % 4))
+			kvmem_kmod_evict(c->k, &p, 1, &(int32_t){ 0 });
+	}
+	return NULL;
+}
+
+/* A consistent entry: resident means a slot and no transfer; neither
+ * resident nor in flight means no slot. */
+static int pte_consistent(const struct kvmem_pte *e)
+{
+	if (e->seq & 1)
+		return 0;
+	if (e->tiers & KVMEM_TIER_HOST)
+		return e->host_slot != KVMEM_SLOT_NONE && !(e->flags & KVMEM_PTE_IN_FLIGHT);
+	if (!(e->flags & KVMEM_PTE_IN_FLIGHT))
+		return e->host_slot == KVMEM_SLOT_NONE;
+	return 1;
+}
+
+/* One thread faults and evicts pages through a window of 8 while this one
+ * copies whole entries with kvmem_kmod_pte_read: every copy is an entry as
+ * it was at one moment (the module writes each entry inside its sequence
+ * count; a copy that ignores it mixes old and new fields). */
+TEST(pte_reads_are_consistent)
+{
+	struct churn c;
+	struct vt_ws w;
+	struct kvmem_pte e;
+	pthread_t tid;
+	uint64_t rng;
+	long reads = 0, bad = 0;
+	time_t end;
+
+	ASSERT_EQ(0, vt_ws_open(&w, VT_WS_SMALL));
+	c = (struct churn){ .pages = 64, .seed = vt_seed("pte reads") };
+	rng = c.seed + 1;
+	c.k = vt_kmod(&w, 8);
+	ASSERT_NE(NULL, c.k);
+	pthread_create(&tid, NULL, churner, &c);
+	end = time(NULL) + 4;
+	while (time(NULL) < end) {
+		for (int i = 0; i < 1000; i++) {
+			ASSERT_EQ(0, kvmem_kmod_pte_read(c.k, vt_rng(&rng) % c.pages, &e));
+			reads++;
+			if (!pte_consistent(&e)) {
+				if (!bad)
+					TH_LOG("page %llu: tiers 0x%x flags 0x%x slot %u seq %u",
+					       (unsigned long long)e.page_id, e.tiers, e.flags,
+					       e.host_slot, e.seq);
+				bad++;
+			}
+		}
+	}
+	c.stop = 1;
+	pthread_join(tid, NULL);
+	TH_LOG("%ld entries read, %ld torn; %llu fills meanwhile", reads, bad,
+	       (unsigned long long)vt_stats(c.k).fills);
+	ASSERT_GT(vt_stats(c.k).fills, 100);
+	ASSERT_EQ(0, bad);
+	ASSERT_EQ(-EINVAL, kvmem_kmod_pte_read(c.k, w.pages, &e));
+	kvmem_kmod_close(c.k);
+	vt_ws_close(&w);
 }
 
 /* ---- PREFETCH's tracepoint and the batch it hands away ------------------ */

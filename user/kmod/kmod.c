@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,39 @@ const struct kvmem_pte *kvmem_kmod_pte(const kvmem_kmod *k, uint64_t page)
 	if (page >= k->page_max)
 		return NULL;
 	return (const struct kvmem_pte *)(k->table + 1) + page;
+}
+
+/* The module's writes of an entry sit between two increments of its
+ * sequence count (include/uapi/linux/kvmem.h): copy it while the count is
+ * even and the same before and after. */
+int kvmem_kmod_pte_read(const kvmem_kmod *k, uint64_t page, struct kvmem_pte *out)
+{
+	const struct kvmem_pte *e = kvmem_kmod_pte(k, page);
+
+	if (!e)
+		return kvmem_error(EINVAL, "%s: page %llu is past the window (%llu pages)", k->dev,
+				   (unsigned long long)page, (unsigned long long)k->page_max);
+	for (unsigned tries = 0;; tries++) {
+		uint16_t seq = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+
+		if (!(seq & 1)) {
+			out->page_id = __atomic_load_n(&e->page_id, __ATOMIC_RELAXED);
+			out->host_slot = __atomic_load_n(&e->host_slot, __ATOMIC_RELAXED);
+			out->gpu_slot = __atomic_load_n(&e->gpu_slot, __ATOMIC_RELAXED);
+			out->tiers = __atomic_load_n(&e->tiers, __ATOMIC_RELAXED);
+			out->flags = __atomic_load_n(&e->flags, __ATOMIC_RELAXED);
+			out->access_count = __atomic_load_n(&e->access_count, __ATOMIC_RELAXED);
+			out->last_step = __atomic_load_n(&e->last_step, __ATOMIC_RELAXED);
+			__atomic_thread_fence(__ATOMIC_ACQUIRE);
+			if (__atomic_load_n(&e->seq, __ATOMIC_RELAXED) == seq) {
+				out->seq = seq;
+				return 0;
+			}
+		}
+		/* The writer may have been preempted inside its update. */
+		if (tries % 64 == 63)
+			sched_yield();
+	}
 }
 
 int kvmem_kmod_resident(const kvmem_kmod *k, uint64_t page)

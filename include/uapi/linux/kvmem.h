@@ -11,7 +11,18 @@
  *
  * Versioning: KVMEM_PT_VERSION changes whenever the layout of an entry or the
  * meaning of a field changes; readers check header.version and
- * header.entry_size and refuse what they do not know.
+ * header.entry_size and refuse what they do not know. Version 2: the entry's
+ * former `reserved` is its sequence count `seq`.
+ *
+ * Reading an entry that another thread or the kernel changes: `seq` is odd
+ * while the writer changes the entry and even otherwise (the writer adds 1
+ * before and 1 after, with write barriers in between). A reader loads seq
+ * (acquire), copies the fields, loads seq again after a read barrier, and
+ * keeps the copy when both loads gave the same even value; otherwise it
+ * reads again. (A 16-bit count: a reader stalled for exactly 65,536 changes
+ * of one entry between its two loads could be fooled; its copy takes a few
+ * loads.) A single field may be read alone at any time. The userspace
+ * pager changes entries only in its own thread and leaves seq 0.
  */
 #ifndef KVMEM_UAPI_KVMEM_H
 #define KVMEM_UAPI_KVMEM_H
@@ -26,7 +37,7 @@
 #include <linux/ioctl.h>
 
 #define KVMEM_PT_MAGIC	0x4b564d50u	/* "KVMP" */
-#define KVMEM_PT_VERSION	1u
+#define KVMEM_PT_VERSION	2u
 
 /* Tier bits (kvmem_pte.tiers): where valid copies of the page's bytes are. */
 #define KVMEM_TIER_GPU	0x01u	/* GPU pool, at gpu_slot */
@@ -49,7 +60,7 @@ struct kvmem_pte {
 	__u32 gpu_slot;		/* GPU pool slot, KVMEM_SLOT_NONE when absent */
 	__u8 tiers;		/* KVMEM_TIER_* */
 	__u8 flags;		/* KVMEM_PTE_* */
-	__u16 reserved;		/* zero */
+	__u16 seq;		/* odd while the entry changes (see above) */
 	__u32 access_count;	/* fetches since the page was created (saturates) */
 	__u64 last_step;	/* agent step of the last fetch */
 };
