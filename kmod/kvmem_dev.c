@@ -303,6 +303,11 @@ out_unlock:
 	return err;
 }
 
+void kvmem_queue_prefetch(struct kvmem_ws *ws)
+{
+	queue_work(kvmem_wq, &ws->prefetch_work);
+}
+
 static bool kvmem_ready(struct kvmem_ws *ws)
 {
 	/* set_up goes false -> true once, under the lock, after every field
@@ -318,7 +323,7 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	struct kvmem_prefetch_batch *b;
 	u32 allowed = 0, i;
 	s32 *status = NULL;
-	u64 *ids, count, first;
+	u64 *ids, count;
 	long ret = 0;
 	int r;
 
@@ -336,7 +341,9 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 		return -EINVAL;
 	ustatus = u64_to_user_ptr(a.status);
 
-	b = kvmalloc(struct_size(b, ids, a.n_pages), GFP_KERNEL_ACCOUNT);
+	b = kvmalloc(struct_size(b, ids, a.n_pages + (cmd == KVMEM_IOC_PREFETCH ?
+							KVMEM_PREFETCH_ADD_MAX : 0)),
+		     GFP_KERNEL_ACCOUNT);
 	if (!b)
 		return -ENOMEM;
 	b->n = a.n_pages;
@@ -361,21 +368,9 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	}
 
 	if (cmd == KVMEM_IOC_PREFETCH) {
-		/* Read before the batch goes to the worker, which frees it. */
-		first = ids[0];
-		mutex_lock(&ws->lock);
-		if (ws->prefetch_queued + b->n > KVMEM_IOC_PAGES_MAX * 4) {
-			mutex_unlock(&ws->lock);
-			ret = -EAGAIN;	/* the queue is full: wait for it (WAIT) */
+		ret = kvmem_prefetch_list(ws, b, a.flags & KVMEM_PAGES_WAIT);
+		if (ret)
 			goto out;
-		}
-		ws->prefetch_queued += b->n;
-		list_add_tail(&b->node, &ws->prefetch_list);
-		mutex_unlock(&ws->lock);
-		trace_kvmem_prefetch(ws->ws_id, first, a.n_pages);
-		queue_work(kvmem_wq, &ws->prefetch_work);
-		if (a.flags & KVMEM_PAGES_WAIT)
-			flush_work(&ws->prefetch_work);
 		return 0;	/* the batch belongs to the work now */
 	}
 
@@ -483,6 +478,10 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		mutex_lock(&ws->lock);
 		ws->step = v;
 		mutex_unlock(&ws->lock);
+		/* So BPF policies key their history by this workspace's own
+		 * step (kvmempolicy's feeders).
+		 */
+		trace_kvmem_step(ws->ws_id, v, ws->n_layers);
 		return 0;
 	case KVMEM_IOC_SET_COUNT:
 		if (copy_from_user(&v, uarg, sizeof(v)))

@@ -85,7 +85,7 @@ struct kvmem_slot {
 struct kvmem_prefetch_batch {
 	struct list_head node;
 	u32 n;
-	u64 ids[];
+	u64 ids[];	/* a PREFETCH list has room for KVMEM_PREFETCH_ADD_MAX more */
 };
 
 struct kvmem_ws {
@@ -149,6 +149,7 @@ struct kvmem_ws {
  * (/sys/module/kvmem/parameters/pages).
  */
 extern atomic_long_t kvmem_pages_held;
+void kvmem_queue_prefetch(struct kvmem_ws *ws);
 
 /* vm_flags became read-only in 6.3 (vm_flags_set/clear); 6.1 writes it. */
 #if LINUX_VERSION_CODE < KERNEL_VERSION(6, 3, 0)
@@ -186,11 +187,15 @@ void kvmem_slot_free(struct kvmem_ws *ws, u32 slot);
 bool kvmem_slot_maybe_held(struct kvmem_ws *ws, struct kvmem_slot *s, u32 pins);
 bool kvmem_slot_held(struct kvmem_ws *ws, struct kvmem_slot *s);
 void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
-int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id);
-void kvmem_prefetch_work(struct work_struct *work);
+int kvmem_fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch);
 int kvmem_claim_page(struct kvmem_ws *ws, u64 id);
 void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id);
 int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify);
+
+/* kvmem_prefetch.c: the prefetch queue, its worker and the prefetch hook */
+int kvmem_prefetch_list(struct kvmem_ws *ws, struct kvmem_prefetch_batch *b, bool wait);
+void kvmem_prefetch_on_fault(struct kvmem_ws *ws, u64 id);
+void kvmem_prefetch_work(struct work_struct *work);
 
 /* kvmem_reclaim.c: ws->lock held on entry and exit, dropped around I/O */
 int kvmem_slot_get(struct kvmem_ws *ws, u32 *out);

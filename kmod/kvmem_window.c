@@ -21,9 +21,10 @@
  * O_DIRECT read into the window, a registered buffer) may be written
  * without a fault: it is not evicted, and a write-back leaves it DIRTY.
  *
- * Here: the table, slot memory, fills, prefetch, userspace fills and the
- * window's vm_operations. Reclaim and write-back: kvmem_reclaim.c; file I/O:
- * kvmem_io.c. Locking and page states: kvmem_int.h, Documentation/kmod.md.
+ * Here: the table, slot memory, fills, userspace fills and the window's
+ * vm_operations. Prefetch and its BPF hook: kvmem_prefetch.c; reclaim and
+ * write-back: kvmem_reclaim.c; file I/O: kvmem_io.c. Locking and page
+ * states: kvmem_int.h, Documentation/kmod.md.
  */
 #include <linux/file.h>
 #include <linux/ktime.h>
@@ -268,7 +269,7 @@ void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
  * the checksum failed. No slot or no memory (-ENOMEM) and a fatal signal
  * (-EINTR) say nothing about the page.
  */
-static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
+int kvmem_fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	u64 t0 = ktime_get_ns();
@@ -326,46 +327,6 @@ out:
 	kvmem_pte_update(ws, id);
 	kvmem_ws_changed(ws);
 	return err;
-}
-
-int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id)
-{
-	int err = 0;
-
-	mutex_lock(&ws->lock);
-	if (id < ws->page_count) {
-		ws->stats.prefetches++;
-		if (ws->pg[id].state == KVMEM_ABSENT) {
-			err = fill_locked(ws, id, true);
-		} else if (ws->pg[id].state == KVMEM_RESIDENT) {
-			ws->stats.hits++;
-			trace_kvmem_hit(ws->ws_id, id);
-		}
-	}
-	mutex_unlock(&ws->lock);
-	return err;
-}
-
-void kvmem_prefetch_work(struct work_struct *work)
-{
-	struct kvmem_ws *ws = container_of(work, struct kvmem_ws, prefetch_work);
-	struct kvmem_prefetch_batch *b;
-	u32 i;
-
-	for (;;) {
-		mutex_lock(&ws->lock);
-		b = list_first_entry_or_null(&ws->prefetch_list, struct kvmem_prefetch_batch, node);
-		if (b) {
-			list_del(&b->node);
-			ws->prefetch_queued -= b->n;
-		}
-		mutex_unlock(&ws->lock);
-		if (!b)
-			return;
-		for (i = 0; i < b->n && !READ_ONCE(ws->dying); i++)
-			kvmem_prefetch_page(ws, b->ids[i]);
-		kvfree(b);
-	}
 }
 
 /* CLAIM: 1 claimed (zeroed memory, mapped without a fill until FILLED),
@@ -645,15 +606,16 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 			continue;
 		default:	/* KVMEM_ABSENT */
 			trace_kvmem_fault(ws->ws_id, id, tflags);
+			kvmem_prefetch_on_fault(ws, id);
 			if (may_drop_mmap(vmf)) {
 				file = drop_mmap(vmf);
-				if (fill_locked(ws, id, false))
+				if (kvmem_fill_locked(ws, id, false))
 					note_failed(ws, id);
 				mutex_unlock(&ws->lock);
 				fput(file);
 				return VM_FAULT_RETRY;
 			}
-			err = fill_locked(ws, id, false);
+			err = kvmem_fill_locked(ws, id, false);
 			if (err)
 				goto sigbus;
 			major = VM_FAULT_MAJOR;

@@ -84,14 +84,22 @@ else
 	result fail "/dev/kvmem is a 0600 character device ($(ls -l /dev/kvmem 2>&1))"
 fi
 # KVMEM_VM_ONLY (kernel command line, from run.sh): only the selftest
-# programs whose name contains it, and none of the steps after them.
+# programs whose name contains it (and the policy check when its name,
+# kvmem-vm-policy, does), none of the other steps after them.
 for t in /tests/kvmem-*; do
 	case $t in
 	*.o) ;;
 	*${KVMEM_VM_ONLY:-}*) selftest 600 "$t" ;;
 	esac
 done
+policy() {	# a live BPF policy (kvmempolicy) against the module's clock
+	echo "# ---- kvmem-vm-policy"
+	timeout -s KILL 300 kvmem-vm-policy
+	[ $? -lt 128 ] || result fail "kvmem-vm-policy ended abnormally"
+	kernel_log_clean kvmem-vm-policy
+}
 if [ -n "${KVMEM_VM_ONLY:-}" ]; then
+	case kvmem-vm-policy in *$KVMEM_VM_ONLY*) policy ;; esac
 	echo "KVMEM-VM-DONE $n steps, $fails failed, at $(cut -d' ' -f1 /proc/uptime) s (only $KVMEM_VM_ONLY)"
 	poweroff -f
 fi
@@ -115,6 +123,7 @@ echo "# ---- kvmem-vm-session"
 timeout -s KILL 600 kvmem-vm-session
 [ $? -lt 128 ] || result fail "kvmem-vm-session ended abnormally"
 kernel_log_clean kvmem-vm-session
+policy
 step "rmmod kvmem (nothing holds it after the tests)" rmmod kvmem
 step "insmod kvmem.ko group=4242" insmod /lib/kvmem.ko group=4242
 [ -x /tests/kvmem-perm ] && selftest 120 /tests/kvmem-perm

@@ -71,7 +71,7 @@ $(VM_DIR)/data/ws-wide/manifest: $(VM_DIR)/bin/kvmem_genws
 # The page-source suite (its kmod variant runs where /dev/kvmem is) and the
 # CLI, for the guest's /usr/bin: linked without CUDA (no GPU there, and
 # cuBLASLt alone would outweigh the rest of the initramfs).
-VM_USR    := $(VM_DIR)/usr/test_page_source $(VM_DIR)/usr/kvmem
+VM_USR    := $(VM_DIR)/usr/test_page_source $(VM_DIR)/usr/kvmem $(VM_DIR)/usr/kvmem-vm-scan
 $(VM_DIR)/usr/test_page_source: tests/unit/test_page_source.c $(HELP_OBJ) $(BUILD)/libkvmem.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuser -Itests/unit -o $@ $< $(HELP_OBJ) $(BUILD)/libkvmem.a $(LDFLAGS) \
@@ -81,6 +81,12 @@ $(VM_DIR)/usr/kvmem: $(CLI_OBJ) $(BUILD)/libkvmem.a $(BUILD)/libkvmem_agentlang.
 	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/libkvmem_agentlang.a $(BUILD)/libkvmem.a $(LDFLAGS) \
 	    $(LDLIBS) $(SERVE_LIBS)
 
+# The workload of the live-policy check (tests/vm/policy.sh).
+$(VM_DIR)/usr/kvmem-vm-scan: tests/vm/kvmem_scan.c tests/vm/vmtest.h kmod/kvmem_xxh3.c \
+		include/uapi/linux/kvmem.h $(BUILD)/libkvmem.a
+	@mkdir -p $(dir $@)
+	$(CC) $(VM_CFLAGS) -o $@ $< kmod/kvmem_xxh3.c $(BUILD)/libkvmem.a -Wl,--as-needed $(LDLIBS)
+
 # The kernel image first: the initramfs takes a few of its modules (ext4 and
 # loop, for the O_DIRECT tests), so on a fresh machine it must be there
 # before the initramfs is packed.
@@ -89,7 +95,7 @@ $(VM_KERNEL):
 	@tests/vm/kernel.sh $(VM_DIR) $(KVER)
 
 $(VM_DIR)/initramfs.cpio: $(KMOD_DIR)/kvmem.ko $(VM_PROGS) $(VM_BPF) $(VM_DATA) $(VM_USR) \
-		$(wildcard $(VM_DIR)/observe/*) tests/vm/init.sh tests/vm/session.sh \
+		$(wildcard $(VM_DIR)/observe/*) tests/vm/init.sh tests/vm/session.sh tests/vm/policy.sh \
 		tests/vm/mkinitramfs.sh $(VM_KERNEL)
 	tests/vm/mkinitramfs.sh $(VM_DIR) $(KMOD_DIR)/kvmem.ko $(KVER)
 
