@@ -46,7 +46,7 @@ $(VM_DIR)/bin/kvmem-%: tests/vm/kvmem-%.c tests/vm/vmtest.h kmod/kvmem_xxh3.c \
 	@mkdir -p $(dir $@)
 	$(CC) $(VM_CFLAGS) -o $@ $< kmod/kvmem_xxh3.c $(BUILD)/libkvmem.a -Wl,--as-needed \
 	    $(VM_LIBS) $(LDLIBS)
-$(VM_DIR)/bin/kvmem-bpf: VM_LIBS = -lbpf
+$(VM_DIR)/bin/kvmem-bpf $(VM_DIR)/bin/kvmem-fuzz: VM_LIBS = -lbpf
 
 # (--as-needed: only the libraries the objects taken from libkvmem.a use
 # travel into the initramfs.)
