@@ -170,19 +170,19 @@ static struct file *kvmem_reopen(int fd, bool rdonly)
 	struct inode *inode;
 	struct file *nf;
 
-	if (!f.file)
+	if (!fd_file(f))
 		return ERR_PTR(-EBADF);
-	inode = file_inode(f.file);
+	inode = file_inode(fd_file(f));
 	if (!S_ISREG(inode->i_mode)) {
 		nf = ERR_PTR(-EINVAL);
-	} else if (!(f.file->f_mode & FMODE_READ) ||
-		   (!rdonly && !(f.file->f_mode & FMODE_WRITE))) {
+	} else if (!(fd_file(f)->f_mode & FMODE_READ) ||
+		   (!rdonly && !(fd_file(f)->f_mode & FMODE_WRITE))) {
 		nf = ERR_PTR(-EBADF);
-	} else if (!rdonly && ((f.file->f_flags & O_APPEND) || IS_APPEND(inode) ||
+	} else if (!rdonly && ((fd_file(f)->f_flags & O_APPEND) || IS_APPEND(inode) ||
 			       IS_IMMUTABLE(inode))) {
 		nf = ERR_PTR(-EPERM);
 	} else {
-		nf = dentry_open(&f.file->f_path, (rdonly ? O_RDONLY : O_RDWR) | O_LARGEFILE,
+		nf = dentry_open(&fd_file(f)->f_path, (rdonly ? O_RDONLY : O_RDWR) | O_LARGEFILE,
 				 current_cred());
 	}
 	fdput(f);
@@ -546,7 +546,9 @@ static const struct file_operations kvmem_fops = {
 	.unlocked_ioctl = kvmem_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = kvmem_mmap,
-	.llseek = no_llseek,
+	/* no .llseek: nonseekable_open makes lseek ESPIPE (no_llseek is
+	 * gone in 6.12)
+	 */
 };
 
 static struct miscdevice kvmem_misc = {

@@ -167,6 +167,35 @@ static inline void kvmem_vm_flags_clear(struct vm_area_struct *vma, vm_flags_t f
 #define kvmem_vm_flags_clear vm_flags_clear
 #endif
 
+/* struct fd's file became fd_file(f) in 6.12. */
+#ifndef fd_file
+#define fd_file(f) ((f).file)
+#endif
+
+/* Ptes mapping a page: page_mapcount is gone by 6.12 (folio_mapcount is
+ * inline there; 6.1 does not export it).
+ */
+static inline int kvmem_mapcount(struct page *page)
+{
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 12, 0)
+	return page_mapcount(page);
+#else
+	return folio_mapcount(page_folio(page));
+#endif
+}
+
+/* Let go of the lock a fault holds: the mmap lock on 6.1; from 6.7 it may
+ * be the VMA's lock instead (release_fault_lock knows which).
+ */
+static inline void kvmem_release_fault_lock(struct vm_fault *vmf)
+{
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 7, 0)
+	mmap_read_unlock(vmf->vma->vm_mm);
+#else
+	release_fault_lock(vmf);
+#endif
+}
+
 /* Every allocation for a workspace: charged to its memory cgroup, failing
  * (no OOM kill) when the cgroup or the machine has no more.
  */

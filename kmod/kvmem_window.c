@@ -227,7 +227,7 @@ bool kvmem_slot_maybe_held(struct kvmem_ws *ws, struct kvmem_slot *s, u32 pins)
 	u32 i;
 
 	for (i = 0; i < ws->npp; i++)
-		extra += page_count(s->pages[i]) - 1 - page_mapcount(s->pages[i]);
+		extra += page_count(s->pages[i]) - 1 - kvmem_mapcount(s->pages[i]);
 	return extra > pins;
 }
 
@@ -472,7 +472,7 @@ static struct file *drop_mmap(struct vm_fault *vmf)
 {
 	struct file *file = get_file(vmf->vma->vm_file);
 
-	mmap_read_unlock(vmf->vma->vm_mm);
+	kvmem_release_fault_lock(vmf);
 	return file;
 }
 
