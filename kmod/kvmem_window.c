@@ -50,12 +50,12 @@
 static void pte_begin(struct kvmem_pte *e)
 {
 	WRITE_ONCE(e->seq, e->seq + 1);
-	smp_wmb();
+	smp_wmb();	/* the odd count before any field: pairs with the reader's acquire */
 }
 
 static void pte_end(struct kvmem_pte *e)
 {
-	smp_wmb();
+	smp_wmb();	/* every field before the even count: pairs with the reader's fence */
 	WRITE_ONCE(e->seq, e->seq + 1);
 }
 
@@ -289,7 +289,8 @@ int kvmem_fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 	mutex_unlock(&ws->lock);
 	err = slot_alloc(ws, s, 0);
 	if (!err) {
-		err = io_err = kvmem_read_page(ws, id, s);
+		io_err = kvmem_read_page(ws, id, s);
+		err = io_err;
 		if (err)
 			kvmem_slot_release(ws, s);
 	}
@@ -583,12 +584,14 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 				waited_fill = true;
 				errs = pg->fill_errs;
 				if (!retry)
-					trace_kvmem_fault(ws->ws_id, id, tflags | KVMEM_FAULT_WAITED);
+					trace_kvmem_fault(ws->ws_id, id,
+							  tflags | KVMEM_FAULT_WAITED);
 			}
 			if (may_drop_mmap(vmf)) {
 				file = drop_mmap(vmf);
 				kvmem_ws_wait(ws);
-				if (waited_fill && pg->state == KVMEM_ABSENT && pg->fill_errs != errs)
+				if (waited_fill && pg->state == KVMEM_ABSENT &&
+				    pg->fill_errs != errs)
 					note_failed(ws, id);
 				mutex_unlock(&ws->lock);
 				fput(file);

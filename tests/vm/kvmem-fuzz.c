@@ -485,9 +485,16 @@ static void *bpf_flipper(void *arg)
 {
 	struct role *r = arg;
 	struct live *l = r->l;
-	struct bpf_object *obj = bpf_object__open_file(VICTIM_OBJ, NULL);
+	struct bpf_object *obj;
 	struct bpf_program *victim, *hook;
 	int cfg;
+
+	/* A child of the forker holds copies of the link descriptors until
+	 * it is killed, so a program may still be attached when this thread
+	 * attaches it again (EEXIST): expected, and libbpf need not say so.
+	 */
+	libbpf_set_print(NULL);
+	obj = bpf_object__open_file(VICTIM_OBJ, NULL);
 
 	if (!obj || bpf_object__load(obj)) {
 		l->bad[r->id]++;
