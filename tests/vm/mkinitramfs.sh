@@ -18,6 +18,7 @@ chmod 755 "$root/init"
 cp "$ko" "$root/lib/kvmem.ko"
 cp "$vm"/bin/kvmem-* "$root/tests/"
 cp "$vm"/usr/* "$root/usr/bin/"
+rm -f "$root"/usr/bin/*.d	# the compiler's dependency files
 cp "$here/session.sh" "$root/usr/bin/kvmem-vm-session"
 cp "$here/policy.sh" "$root/usr/bin/kvmem-vm-policy"
 # An optional observer of the session's kmod run (tests/vm/session.sh).

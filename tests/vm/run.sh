@@ -4,15 +4,17 @@
 # the tests took, the failed cases, and one closing line that CI reads:
 #   N passed, N failed, N skipped
 # Exit status 0 only when nothing failed and the VM reached its end.
-#   tests/vm/run.sh VM_DIR KVER     (tests/vm/vm.mk builds what it needs)
-# Debian's image for KVER is booted with preempt=full (more interleavings)
-# and init_on_free=1 (memory read after it was freed reads zeros, which the
-# tests can see).
+#   tests/vm/run.sh VM_DIR KVER [KERNEL_IMAGE]   (tests/vm/vm.mk builds what it needs)
+# Without KERNEL_IMAGE: Debian's image for KVER, booted with preempt=full
+# (more interleavings) and init_on_free=1 (memory read after it was freed
+# reads zeros, which the tests can see). The debug kernel of make
+# vmtest-debug is given as KERNEL_IMAGE, booted with kmemleak=on.
 set -u
 vm=$1 kver=$2
-kernel=$vm/kernel/root/boot/vmlinuz-$kver
+kernel=${3:-$vm/kernel/root/boot/vmlinuz-$kver}
 log=$vm/console.log
 extra=" preempt=full init_on_free=1"
+[ $# -ge 3 ] && extra=" kmemleak=on"
 limit=${KVMEM_VM_TIMEOUT:-1500}
 
 [ -f "$kernel" ] || { echo "kvmem vmtest: $kernel missing" >&2; exit 1; }
