@@ -18,10 +18,11 @@
 
 /*
  * Write a RESIDENT page back. Its writable ptes go first: a write from then
- * on faults into page_mkwrite, which waits for the write-back and marks
- * the page dirty again. A page somebody holds (kvmem_slot_maybe_held) may
- * be written behind our back without a fault, so it stays DIRTY: its bytes
- * go to the file now, and again at the next write-back.
+ * on faults into page_mkwrite, which marks the page dirty again (it does
+ * not wait: kvmem_window.c), so the next write-back writes it again. A
+ * page somebody holds (kvmem_slot_maybe_held) may be written behind our
+ * back without a fault, so it stays DIRTY: its bytes go to the file now,
+ * and again at the next write-back.
  */
 static int writeback_locked(struct kvmem_ws *ws, u64 id)
 {

@@ -456,17 +456,21 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 
 /*
  * A fault that fills a page or waits for another's fill lets go of the
- * mmap lock when its caller allows (FAULT_FLAG_ALLOW_RETRY, not NOWAIT) and
- * this is not already the retry (FAULT_FLAG_TRIED): it takes a reference on
- * the file (which keeps ws), unlocks, does the work and returns
- * VM_FAULT_RETRY, and the retry maps the page. So a fault lets go at most
- * once; the retry finds the page resident unless reclaim took it meanwhile
- * (then it fills holding the lock).
+ * mmap lock when its caller allows (FAULT_FLAG_ALLOW_RETRY, not NOWAIT): it
+ * takes a reference on the file (which keeps ws), unlocks, does the work
+ * and returns VM_FAULT_RETRY, and the retry maps the page (the filled page
+ * has its second chance on the clock). A retry that finds the page gone
+ * again lets go again: a fill may write a dirty victim back, and a file
+ * write (freeze protection, the inode's lock) under the mmap lock closes a
+ * cycle with an O_DIRECT read of the same file into this process's memory
+ * (inode lock, then get_user_pages takes the mmap lock), which lockdep
+ * reported on the debug kernel. Only a fault whose caller cannot retry
+ * (get_user_pages without a lock to drop, NOWAIT) fills holding it.
  */
 static bool may_drop_mmap(struct vm_fault *vmf)
 {
 	return (vmf->flags & FAULT_FLAG_ALLOW_RETRY) &&
-	       !(vmf->flags & (FAULT_FLAG_RETRY_NOWAIT | FAULT_FLAG_TRIED));
+	       !(vmf->flags & FAULT_FLAG_RETRY_NOWAIT);
 }
 
 static struct file *drop_mmap(struct vm_fault *vmf)
@@ -630,8 +634,16 @@ sigbus:
 	return VM_FAULT_SIGBUS;
 }
 
-/* The first write to a mapped page: mark it dirty, unless it is being
- * written back or evicted (wait) or claimed by userspace (not tracked).
+/*
+ * The first write to a mapped page: mark it dirty, unless it is claimed by
+ * userspace (not tracked). It never waits, because the mmap lock is held
+ * here and page_mkwrite cannot let go of it: a page being written back is
+ * marked dirty again at once (what the write-back writes may then mix old
+ * and new bytes, and its sum may not match them; the page stays DIRTY, so
+ * the next write-back writes it whole, and until then the file holds a
+ * page that fails its check, never one that passes with the wrong bytes);
+ * a page being filled or evicted sends the write back to .fault
+ * (VM_FAULT_NOPAGE: the access faults again), which waits without it.
  */
 static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 {
@@ -644,34 +656,24 @@ static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 	bool ok;
 
 	mutex_lock(&ws->lock);
-	for (;;) {
-		if (pg->state == KVMEM_WRITEBACK || pg->state == KVMEM_EVICTING ||
-		    pg->state == KVMEM_FILLING) {
-			if (kvmem_ws_wait(ws)) {
-				mutex_unlock(&ws->lock);
-				return VM_FAULT_SIGBUS;
-			}
-			continue;
-		}
-		break;
-	}
-	if ((pg->state != KVMEM_RESIDENT && pg->state != KVMEM_CLAIMED) ||
-	    ws->slots[pg->slot].pages[sub] != page) {
+	if ((pg->state != KVMEM_RESIDENT && pg->state != KVMEM_WRITEBACK &&
+	     pg->state != KVMEM_CLAIMED) || ws->slots[pg->slot].pages[sub] != page) {
 		mutex_unlock(&ws->lock);
-		return VM_FAULT_NOPAGE;	/* the page left: fault again */
+		return VM_FAULT_NOPAGE;	/* the page left or is in transit: fault again */
 	}
-	if (pg->state == KVMEM_RESIDENT && !(pg->flags & KVMEM_PG_DIRTY)) {
+	if (pg->state != KVMEM_CLAIMED && !(pg->flags & KVMEM_PG_DIRTY)) {
 		pg->flags |= KVMEM_PG_DIRTY;
 		kvmem_pte_update(ws, id);
 	}
 	mutex_unlock(&ws->lock);
 	lock_page(page);
 	mutex_lock(&ws->lock);
-	/* A write-back may have come and gone meanwhile and cleaned the page:
-	 * then fault again, or the write would go untracked.
+	/* A write-back may have started meanwhile and cleaned the page after
+	 * zapping it: then fault again, or the write would go untracked.
 	 */
 	ok = (pg->state == KVMEM_CLAIMED ||
-	      (pg->state == KVMEM_RESIDENT && (pg->flags & KVMEM_PG_DIRTY))) &&
+	      ((pg->state == KVMEM_RESIDENT || pg->state == KVMEM_WRITEBACK) &&
+	       (pg->flags & KVMEM_PG_DIRTY))) &&
 	     ws->slots[pg->slot].pages[sub] == page;
 	mutex_unlock(&ws->lock);
 	if (!ok) {
