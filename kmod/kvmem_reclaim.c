@@ -17,30 +17,34 @@
 #define KVMEM_SCAN_CHUNK	256	/* slots the clock passes per hold of ws->lock */
 
 /*
- * Write a RESIDENT page back. Its writable ptes go first: a write from then
- * on faults into page_mkwrite, which marks the page dirty again (it does
- * not wait: kvmem_window.c), so the next write-back writes it again. A
- * page somebody holds (kvmem_slot_maybe_held) may be written behind our
- * back without a fault, so it stays DIRTY: its bytes go to the file now,
- * and again at the next write-back.
+ * Write a RESIDENT page back. DIRTY is cleared as the write-back starts,
+ * then the page's ptes are zapped: a write through a pte from before the
+ * zap lands before the write-back reads the page, and a write after it
+ * faults into page_mkwrite, which marks the page dirty again at once (it
+ * does not wait: kvmem_window.c), so the next write-back writes it again.
+ * (Clearing after the zap would lose a write whose page_mkwrite came in
+ * between.) A page somebody holds (kvmem_slot_maybe_held) may be written
+ * behind our back without a fault, so it is dirty again once the zap shows
+ * it held: its bytes go to the file now, and again at the next write-back.
  */
 static int writeback_locked(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	struct kvmem_slot *s = &ws->slots[pg->slot];
 	u64 t0 = ktime_get_ns();
-	bool held;
 	int err;
 
 	pg->state = KVMEM_WRITEBACK;
+	pg->flags &= ~KVMEM_PG_DIRTY;
 	ws->busy++;
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
 	kvmem_zap_page(ws, id, s);
 	mutex_lock(&ws->lock);
-	held = kvmem_slot_maybe_held(ws, s, pg->pins);
-	if (!held)
-		pg->flags &= ~KVMEM_PG_DIRTY;
+	if (kvmem_slot_maybe_held(ws, s, pg->pins)) {
+		pg->flags |= KVMEM_PG_DIRTY;
+		kvmem_pte_update(ws, id);
+	}
 	mutex_unlock(&ws->lock);
 	err = kvmem_write_page(ws, id, s);
 	mutex_lock(&ws->lock);
