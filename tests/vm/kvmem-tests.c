@@ -739,9 +739,14 @@ TEST_F_TIMEOUT(kv, close_and_exit_free_everything, 120)
 	free1 = vt_meminfo("MemFree");
 	slab1 = vt_meminfo("Slab");
 	TH_LOG("MemFree %ld -> %ld KiB, Slab %ld -> %ld KiB", free0, free1, slab0, slab1);
-	/* 30 rounds of the whole workspace is at least 30 MiB if it leaked. */
+	/* 30 rounds of the whole workspace is at least 30 MiB if it leaked.
+	 * (On the debug kernel, KASAN's quarantine keeps freed objects in
+	 * Slab for a while: there kmemleak, checked at the end, says what
+	 * leaked.) */
 	ASSERT_LT(free0 - free1, 8192);
-	ASSERT_LT(slab1 - slab0, 2048);
+	if (!vt_debug_kernel()) {
+		ASSERT_LT(slab1 - slab0, 2048);
+	}
 	ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, 4, 0));
 	ASSERT_EQ(0, memcmp(buf, "exit", 4));
 }

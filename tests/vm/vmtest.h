@@ -301,6 +301,20 @@ static inline long vt_param(const char *name)
 	return v;
 }
 
+/* The debug kernel of make vmtest-debug (booted with kmemleak=on). */
+static inline int vt_debug_kernel(void)
+{
+	char line[1024] = "";
+	FILE *f = fopen("/proc/cmdline", "r");
+
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = 0;
+		fclose(f);
+	}
+	return strstr(line, "kmemleak=on") != NULL;
+}
+
 /* A /proc/meminfo field in KiB. */
 static inline long vt_meminfo(const char *field)
 {
