@@ -30,11 +30,12 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wmissing-prototypes
 OPT     ?= -O2 -g
 BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
-CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -Iinclude -Iinclude/uapi $(BLAS_INC) -MMD -MP
-# pcre2 and unistring: the tokenizer's pre-tokenizer regex and NFC (user/tokenizer/).
-LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lpcre2-8 -lunistring -lm -lpthread -fopenmp
-# The server (kvmem serve): HTTP and JSON, the CLI's alone.
-SERVE_LIBS := -lmicrohttpd -ljansson
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -fopenmp -I. -Iinclude -Iinclude/uapi $(BLAS_INC) -MMD -MP
+# pcre2 and unistring: the tokenizer's pre-tokenizer regex and NFC (user/tokenizer/);
+# jansson: every JSON file the library reads (user/util/json.h) and kvmem serve's API.
+LDLIBS  += -lopenblas -luring -lnuma -lxxhash -lpcre2-8 -lunistring -ljansson -lm -lpthread -fopenmp
+# The server (kvmem serve): HTTP, the CLI's alone.
+SERVE_LIBS := -lmicrohttpd
 
 ifeq ($(SAN),1)
 O       := $(BUILD)-asan
@@ -49,7 +50,7 @@ AL_SRC    := $(sort $(wildcard user/agentlang/*.c))
 # The cuda backend (user/backend/cuda*.c) is C over the CUDA ops: it goes
 # into libkvmem_cuda.a.
 LIB_SRC   := $(filter-out $(AL_SRC) $(wildcard user/backend/cuda*.c),$(sort $(wildcard user/*/*.c kernels/cpu/*.c)))
-CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c))
+CLI_SRC   := $(sort $(wildcard tools/kvmem/*.c tools/kvmem/*/*.c tools/serve/*.c))
 TEST_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 TEST_HELP := $(sort $(wildcard tests/unit/helpers/*.c))
 
@@ -67,11 +68,15 @@ lib: $(O)/libkvmem.a $(O)/libkvmem.so $(O)/libkvmem_agentlang.a
 cli: $(O)/kvmem
 tests: $(TEST_BIN)
 
-# Only the library's own objects (and the unit tests, which look inside) see
-# its private headers under user/; the CLI uses the public API alone. The
-# shared library exports what the public headers declare (they push default
-# visibility; everything else is hidden) through a version script.
-$(LIB_OBJ) $(PIC_OBJ) $(AL_OBJ) $(HELP_OBJ): CFLAGS += -Iuser
+# The public API is what include/kvmem/ declares and libkvmem.so exports
+# (the headers push default visibility, everything else is hidden, and the
+# version script user/libkvmem.map names each symbol). The in-tree programs
+# (the CLI, its benchmarks, the tests) link the static archive and may also
+# use the private headers under user/ (agentlang, the internal layers a
+# benchmark measures).
+$(LIB_OBJ) $(PIC_OBJ) $(AL_OBJ) $(HELP_OBJ) $(CLI_OBJ): CFLAGS += -Iuser
+# The command's folders (cmd/, bench/) share the helpers at its top.
+$(CLI_OBJ): CFLAGS += -Itools/kvmem
 $(PIC_OBJ): CFLAGS += -fvisibility=hidden
 
 $(O)/obj/%.o: %.c
@@ -122,8 +127,8 @@ include bpf/bpf.mk
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
-# The synthetic language is the CLI's and the tests', not part of the API.
-PUB_HDR := $(filter-out include/kvmem/agentlang.h,$(wildcard include/kvmem/*.h))
+# Every header under include/kvmem/ is the API (the private ones live beside their code).
+PUB_HDR := $(wildcard include/kvmem/*.h)
 
 install: lib cli
 	install -d $(DESTDIR)$(INCDIR)/kvmem $(DESTDIR)$(INCDIR)/linux \
@@ -173,10 +178,11 @@ static:
 	    -luring -lnuma -lxxhash -lpcre2-8 -lunistring -ljansson -lgfortran -lquadmath -lm \
 	    -lpthread -fopenmp
 # kvmem serve stays out of the static binary: Debian's libmicrohttpd pulls in
-# GnuTLS, whose p11-kit has no static library (jansson is for run --chat).
+# GnuTLS, whose p11-kit has no static library (jansson, the JSON library, links
+# statically: Debian ships libjansson.a).
 build/static-obj/obj/tools/%.o: tools/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DKVMEM_NO_SERVE -c $< -o $@
+	$(CC) $(CFLAGS) -Iuser -Itools/kvmem -DKVMEM_NO_SERVE -c $< -o $@
 static: $(CLI_SRC:%.c=build/static-obj/obj/%.o)
 
 clean:

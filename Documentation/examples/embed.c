@@ -19,7 +19,7 @@
 #include <kvmem/kvmem.h>
 #include <kvmem/model.h>
 #include <kvmem/store.h>
-#include <kvmem/workspace.h>
+#include <kvmem/session.h>
 
 #define CHECK(x)                                                                   \
 	do {                                                                       \

@@ -1,36 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The backend seam: what an agent step needs from a compute device.
+ * Compute backends: where a session's forward passes and views live.
  *
  * A backend owns the model's weights in its own form and its views. A view
  * is one session's execution view: per layer, the K (rotated at compact slot
- * positions 0..len-1) and V the next tokens attend to. Several views may
- * live on one backend (sessions interleaved at step boundaries, a
- * full-context twin beside a session); calls on one backend come from one
- * thread at a time. The view is opaque; the session never touches its
- * bytes, it only says what goes where:
+ * positions) and V the next tokens attend to. A session drives its view
+ * through the backend's internal ops (user/backend/backend_impl.h); what a
+ * program does here is open a backend, hand it to kvmem_session_create()
+ * (kvmem/session.h), and, when it wants a plain full-context run beside a
+ * session (the exactness check), grow a view of its own with
+ * kvmem_backend_append(). Calls on one backend come from one thread at a
+ * time.
  *
- *   forward   run n tokens at slots len..len+n-1 (their positions), causally
- *             over the view; they join it (len += n). Raw K / V and raw
- *             queries of the new tokens come back for the history, the
- *             index and selection, and logits for sampling.
- *   place     rematerialise: tokens of history pages go to view slots, K
- *             rotated from raw K at the slot's position, V copied. K is
- *             never rotated from an already rotated copy, so a token placed
- *             at the slot the forward pass gave it has the same bits.
- *   length / set_length / reserve
- *             the view's size: after a selection the session sets the
- *             length to the selected history's and the tail grows from
- *             there; slots past the length are scratch.
- *
- * Backends: "cpu" (user/backend/cpu.c, the reference engine of
- * include/kvmem/engine.h: fp32, bit-exact, OpenBLAS) and, when built with
- * nvcc, "cuda". A new backend is one ops table in kvmem_backends[].
- *
- * Exactness: with a budget that holds the whole workspace the view is the
- * identity layout, so a session's logits equal the same backend's plain
- * forward passes bit for bit (tests/unit/test_ws_session.c, run on every
- * backend through these ops).
+ * Backends: "cpu" (the reference engine: fp32, bit-exact, OpenBLAS) and,
+ * when built with nvcc, "cuda" (bf16 views, cuBLASLt and kvmem's kernels).
  */
 #ifndef KVMEM_BACKEND_H
 #define KVMEM_BACKEND_H
@@ -38,10 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvmem/engine.h"
-#include "kvmem/kernels_bf16.h"
 #include "kvmem/model.h"
-#include "kvmem/source.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,20 +42,6 @@ typedef struct kvmem_backend_opts {
 				 * of the cap; 4 GiB without a cap); past it the
 				 * session scores on the host */
 } kvmem_backend_opts;
-
-struct kvmem_index;	/* include/kvmem/workspace.h */
-
-/* One rematerialisation: tokens u0..u0+n-1 of a page go to view slots
- * slot..slot+n-1 of `layer`. The page's K and V are [n_kv_heads][stride]
- * [head_dim]; stride is the block size B. */
-typedef struct kvmem_place {
-	int64_t block;		/* the page's block (a backend may cache by page) */
-	int layer;
-	int u0, n;
-	int stride;
-	int64_t slot;
-	kvmem_page page;
-} kvmem_place;
 
 /* What the device can do at most, measured when asked: the ceilings the
  * benchmarks put their figures against. */
@@ -109,116 +75,61 @@ typedef struct kvmem_place_stats {
 	uint64_t pool_hits, pool_misses;	/* items served by the device page pool */
 	uint64_t pool_pages, pool_cap;	/* pages in the pool now / its slots */
 	uint64_t ns;			/* wall time inside place() */
+	/* Tokens moved inside a view (re-rotated on the device from the raw
+	 * K it keeps beside the view: no page read) and the time it took. */
+	uint64_t moved_tokens, move_ns;
 } kvmem_place_stats;
 
+typedef struct kvmem_backend kvmem_backend;
 /* One execution view, owned by its backend. */
 typedef struct kvmem_view kvmem_view;
 
-typedef struct kvmem_backend_ops {
-	const char *name;
-	const char *what;	/* one line for --help */
-	/* 0 when the backend can run here, else -errno with a message (no
-	 * GPU, no driver). May be NULL: always available. */
-	int (*available)(void);
-	int (*create)(const kvmem_model *m, const kvmem_backend_opts *o, void **ctx);
-	void (*destroy)(void *ctx);
-	/* An empty view (length 0, capacity 0) / free it. */
-	int (*view_create)(void *ctx, kvmem_view **v);
-	void (*view_destroy)(void *ctx, kvmem_view *v);
-	/* Room for `slots` view slots per layer; slots 0..length-1 keep
-	 * their contents. Never shrinks. */
-	int (*reserve)(void *ctx, kvmem_view *v, int64_t slots);
-	int64_t (*capacity)(void *ctx, const kvmem_view *v);
-	int64_t (*length)(void *ctx, const kvmem_view *v);
-	/* Set the view's length (<= capacity): slots past it become scratch. */
-	int (*set_length)(void *ctx, kvmem_view *v, int64_t len);
-	/* See kvmem_forward() in engine.h for the arguments; outputs in host
-	 * memory, fp32. Fails with nothing changed when there is no room. */
-	int (*forward)(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
-		       int all_logits, const kvmem_fwd_out *out);
-	/* Rematerialise n items (any order; no two write one slot). */
-	int (*place)(void *ctx, kvmem_view *v, const kvmem_place *items, int n);
-	/* Optional: the view as host fp32 (the cpu backend's kvcache), for
-	 * tests and tools that look inside; NULL elsewhere. */
-	const kvmem_kvcache *(*host_view)(void *ctx, const kvmem_view *v);
-	/* Optional: measure the ceilings now (a second or two). */
-	int (*ceilings)(void *ctx, kvmem_ceilings *out);
-	/* Optional: bytes of device memory the backend holds now (weights,
-	 * views, scratch). */
-	uint64_t (*mem_used)(void *ctx);
-	/* Optional: host memory [base, base + len) will hold pages place()
-	 * reads (a pager's host pool): pin and map it so the device reads the
-	 * pages where they are, with no staging copy. Counted per base: each
-	 * register needs its unregister, which must come before the memory
-	 * is unmapped. -ENOTSUP (or any failure): place() stages instead. */
-	int (*host_register)(void *ctx, void *base, size_t len);
-	void (*host_unregister)(void *ctx, void *base);
-	/* Optional: 1 when the backend holds page (block, layer) of the pages
-	 * in `region` (a base given to host_register) in its own memory (the
-	 * device page pool). The session may then queue a place item for it
-	 * without getting the page from its source: page.mem
-	 * KVMEM_MEM_BACKEND, page.k = region. The answer holds until the next
-	 * place() call, which takes such items before anything is evicted. */
-	int (*page_cached)(void *ctx, const void *region, int64_t block, int layer);
-	/* Optional: place()'s counters. */
-	void (*place_stats)(void *ctx, kvmem_place_stats *st);
-	/* Optional: a named knob for tools and benchmarks (cuda: "place" =
-	 * "gather" | "batch" | "stage"; "pool" = device page pool bytes).
-	 * -EINVAL for an unknown key or value. */
-	int (*set)(void *ctx, const char *key, const char *value);
-	/*
-	 * Optional: selection scoring on the device, the twins of the host
-	 * scorers (kernels/cpu/score.c) over a device copy of a session's
-	 * index. A mirror is that copy, empty when made, tied to one index
-	 * (which only grows): score() first brings it up to date (the blocks
-	 * appended since its last call, and that call's last block again, as
-	 * it may have grown), then fills scores[g->n_blocks] in host memory.
-	 * scorer "meank" or "subblock", gq [n_layers * n_kv_heads][head_dim]
-	 * in host memory as kvmem_group_queries() gives it, g as
-	 * ws_score_geom() fills it (the host index's). -ENOTSUP: not here
-	 * (another scorer, or the copy would pass index_mem or the cap: the
-	 * mirror then gives its memory back and stays empty); the caller
-	 * scores on the host. mirror_bytes: device bytes it holds.
-	 */
-	int (*mirror_create)(void *ctx, void **mirror);
-	void (*mirror_destroy)(void *ctx, void *mirror);
-	int (*score)(void *ctx, void *mirror, const char *scorer, const struct kvmem_index *ix,
-		     const float *gq, const kvmem_score_geom *g, float *scores);
-	uint64_t (*mirror_bytes)(void *ctx, const void *mirror);
-} kvmem_backend_ops;
-
-typedef struct kvmem_backend {
-	const kvmem_backend_ops *ops;
-	void *ctx;
-	const kvmem_model *model;
-	kvmem_backend_opts opts;	/* defaults resolved */
-} kvmem_backend;
-
-/* NULL-terminated: "cpu", then "cuda" when built with it. */
-extern const kvmem_backend_ops *const kvmem_backends[];
-
 /*
  * Open a backend for model m (which must outlive it). name: "cpu", "cuda",
- * or NULL / "auto" for the first available one of kvmem_backends[] in
- * reverse order (a GPU when there is one). -EINVAL for an unknown name
- * (the message lists the known ones), -ENODEV when the named backend cannot
- * run here (the message says why).
+ * or NULL / "auto" for the best one that runs here (a GPU when there is
+ * one). -EINVAL for an unknown name (the message lists the known ones),
+ * -ENODEV when the named backend cannot run here (the message says why).
  */
 int kvmem_backend_open(const char *name, const kvmem_model *m, const kvmem_backend_opts *o,
 		       kvmem_backend **out);
 void kvmem_backend_close(kvmem_backend *b);
-/* The cpu backend with chunks of max_chunk: NULL + kvmem_error on failure. */
-kvmem_backend *kvmem_backend_cpu(const kvmem_model *m, int max_chunk);
+/* The backends built in, i from 0 until NULL: name, and a line for --help
+ * in *what when what is not NULL. */
+const char *kvmem_backend_at(int i, const char **what);
 
-static inline const char *kvmem_backend_name(const kvmem_backend *b)
-{
-	return b->ops->name;
-}
+const char *kvmem_backend_name(const kvmem_backend *b);	/* "cpu", "cuda" */
+const kvmem_model *kvmem_backend_model(const kvmem_backend *b);
+/* The options in force, defaults resolved. */
+const kvmem_backend_opts *kvmem_backend_options(const kvmem_backend *b);
 
-/* A view on b that only grows: n tokens forward, room made as needed (the
- * plain growing KV cache of a full-context run). */
+/* An empty view on b (freed by kvmem_backend_view_free before b closes).
+ * slots > 0 reserves room for that many tokens now; it grows as needed. */
+int kvmem_backend_view_new(kvmem_backend *b, int64_t slots, kvmem_view **out);
+void kvmem_backend_view_free(kvmem_backend *b, kvmem_view *v);
+/* Tokens in the view / empty it (its room stays). */
+int64_t kvmem_backend_view_len(kvmem_backend *b, const kvmem_view *v);
+int kvmem_backend_view_clear(kvmem_backend *b, kvmem_view *v);
+/*
+ * A plain full-context run: n tokens forward over the view at positions
+ * len..len+n-1, room made as needed. logits: [n][vocab] when all_logits,
+ * else the last token's [vocab] (NULL: not wanted).
+ */
 int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
-			 float *logits, int all_logits, const kvmem_fwd_out *out);
+			 float *logits, int all_logits);
+
+/* Measure the device's ceilings now (a second or two); -ENOTSUP when the
+ * backend cannot. */
+int kvmem_backend_ceilings(kvmem_backend *b, kvmem_ceilings *out);
+/* Device memory the backend holds now (weights, views, scratch); 0 when it
+ * has none of its own. */
+uint64_t kvmem_backend_mem_used(kvmem_backend *b);
+/* Rematerialisation's counters since the backend opened (zeros when the
+ * backend keeps none). */
+void kvmem_backend_place_stats(kvmem_backend *b, kvmem_place_stats *st);
+/* A named knob for tools and benchmarks (cuda: "place" = "gather" | "batch"
+ * | "stage"; "pool" = device page pool bytes). -ENOTSUP when the backend has
+ * none, -EINVAL for an unknown key or value. */
+int kvmem_backend_set(kvmem_backend *b, const char *key, const char *value);
 
 #pragma GCC visibility pop
 

@@ -55,23 +55,6 @@ enum kvmem_dtype { KVMEM_DTYPE_F32 = 1, KVMEM_DTYPE_BF16 = 2, KVMEM_DTYPE_F16 = 
 size_t kvmem_dtype_bytes(uint32_t dtype);	/* 0 when unknown */
 const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
 
-/* Write s as a JSON string literal (quotes and escapes) to f. Bytes >= 0x80
- * pass through as they are (the caller supplies UTF-8). Returns 0, or -1 on
- * a write error (errno says which). */
-int kvmem_json_write_str(FILE *f, const char *s);
-
-/* Write all len bytes of buf to fd at off (off < 0: at the file position),
- * through short writes and EINTR. 0, or -errno (errno set too; -ENOSPC when
- * the disk takes nothing). No message: the caller names the file. */
-int kvmem_write_all(int fd, const void *buf, size_t len, int64_t off);
-/* Read all len bytes at off into buf, through short reads and EINTR. 0, or
- * -errno (-ENODATA when the file ends first). No message either. */
-int kvmem_read_all(int fd, void *buf, size_t len, uint64_t off);
-
-/* mkdir -p: create dir and its parents (0755); fails, naming the part that
- * could not be made, or when dir exists and is not a directory. */
-int kvmem_mkdir_p(const char *dir);
-
 /* Where kvmem keeps its data when the user names no directory:
  * $KVMEM_HOME, else $XDG_DATA_HOME/kvmem, else ~/.local/share/kvmem.
  * Writes into buf; returns buf or NULL if it does not fit. */

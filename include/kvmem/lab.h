@@ -27,7 +27,7 @@
 
 #include "kvmem/model.h"
 #include "kvmem/pager.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -45,19 +45,26 @@ typedef struct kvmem_config {
  * another architecture or model_type, rope scaling other than "default",
  * sliding-window layers, attention biases, an activation other than silu,
  * a missing size, a value of the wrong type. Then kvmem_config_validate().
+ * Returns 0; -EBADMSG when the text is not strict JSON (the message says
+ * "<name>:<line>:<column>: ...", Documentation/formats.md); -EINVAL for
+ * JSON that is not a config kvmem runs (the cases above, a document that
+ * is not an object); -ENOMEM.
  * Defaults as transformers': num_key_value_heads = num_attention_heads,
  * head_dim = hidden_size / num_attention_heads, max_position_embeddings
  * 32768, rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false,
  * bos/eos -1 (an eos list gives its first id).
  */
 int kvmem_config_parse(kvmem_config *c, const char *json, size_t len, const char *name);
-/* Read and parse <dir>/config.json (messages name that path). */
+/* Read and parse <dir>/config.json (messages name that path). The codes of
+ * kvmem_config_parse, and -ENOENT (no dir, or no config.json in it),
+ * -ENOTDIR (dir is a file), -EINVAL (config.json is a FIFO, a device or a
+ * directory, or larger than 16 MB), -ELOOP, -EIO. */
 int kvmem_config_load(kvmem_config *c, const char *dir);
 /* Check the geometry is one the engine runs: every size positive and
  * within bounds (layers <= 1024, heads <= 1024, head_dim <= 1024 and even,
  * hidden and intermediate <= 1 << 20, vocab <= 1 << 24, window <= 1 << 30),
  * n_heads a multiple of n_kv_heads, rope_theta and rms_eps positive and
- * finite, bos/eos in [-1, vocab). */
+ * finite, bos/eos in [-1, vocab). 0 or -EINVAL. */
 int kvmem_config_validate(const kvmem_config *c, const char *name);
 
 /* Parameter count and KV bytes per token (raw K + V, all layers, at the
@@ -115,9 +122,23 @@ typedef struct kvmem_model {
 } kvmem_model;
 
 /*
- * Load a model directory. On failure returns -1 and kvmem_last_error() names
- * the file and the problem ("<dir>/model.safetensors: tensor 'x' has shape
- * [64, 32], config.json implies [96, 32]"); nothing is leaked.
+ * Load a model directory. On failure returns a negative errno and
+ * kvmem_last_error() names the file and the problem ("<dir>/model.safetensors:
+ * tensor 'x' has shape [64, 32], config.json implies [96, 32]"); nothing is
+ * leaked. The codes:
+ *   -ENOENT   no such directory, no config.json, neither model.safetensors
+ *             nor model.safetensors.index.json, a shard the index names is
+ *             missing, or a file is a dangling symbolic link;
+ *   -ENOTDIR  dir is not a directory;
+ *   -EBADMSG  a file is not what it claims: JSON that does not parse
+ *             (config.json, the index), a safetensors file that fails its
+ *             checks (truncated, header past the end, bad offsets, overlaps);
+ *   -EINVAL   well-formed files kvmem does not run or that disagree: an
+ *             unsupported config (kvmem_config_parse), tensors missing,
+ *             stray or of other shapes or dtypes than config.json implies,
+ *             non-finite weights, a FIFO or device in a file's place;
+ *   -ENOMEM   out of memory, or weights larger than the machine's memory;
+ *   -ELOOP, -ENAMETOOLONG, -EIO and other open/read/map errors as such.
  *
  * Files are opened without blocking and must be regular files: a FIFO, a
  * device or a directory in a file's place is refused by name, and a
@@ -158,7 +179,10 @@ const kvmem_preset *kvmem_preset_find(const char *name);
 /* Write a Qwen3-shaped model directory (config.json, generation_config.json,
  * model.safetensors, bf16) with random weights from `seed`, scaled so
  * activations keep a sane size through every layer. Creates `dir` if needed.
- * progress, if set, is called now and then with bytes written / total. */
+ * progress, if set, is called now and then with bytes written / total.
+ * 0, or -EINVAL (a config kvmem_config_validate refuses, a bad dtype),
+ * -ENOSPC (too little free space, checked first), or the error of a write
+ * (-EIO, ...). */
 int kvmem_model_generate(const kvmem_config *c, const char *dir, uint64_t seed,
 		       void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
 

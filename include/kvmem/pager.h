@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The tiered store: pages of KV history in a host pool and in a workspace
- * directory on NVMe, moved through io_uring. See Documentation/pager.md for
- * the tiers, replacement policies, staging, the crash rule, counters and
- * probes, and Documentation/formats.md ("Workspace directory") for the files.
+ * directory on NVMe, moved through io_uring, or in a Ceph pool (a `dir` of
+ * rados://POOL/NAME). See Documentation/pager.md for the tiers, replacement
+ * policies, staging, stores, the crash rule, counters and probes, and
+ * Documentation/formats.md ("Workspace directory", "Workspace in RADOS").
  *
  * A page is the KV of one block in one layer: raw K [H_kv][B][D] followed by
  * V [H_kv][B][D], in the workspace's dtype. The pager never looks inside a
@@ -52,80 +53,11 @@ static inline uint64_t kvmem_page_id(const kvmem_page_geom *g, uint64_t block, u
 	return block * g->n_layers + layer;
 }
 
-/* ---- host pool ---------------------------------------------------------- */
-/*
- * Fixed-size slots in one 2 MiB-aligned anonymous mapping, advised for
- * transparent huge pages and bound to a NUMA node (libnuma), so it can be
- * registered with io_uring and pinned by CUDA as one region. Slots are handed
- * out in contiguous runs where possible, so consecutive pages of a block land
- * in consecutive slots and move as one large request.
- */
-typedef struct kvmem_hostpool kvmem_hostpool;
-
-/* cap: bytes; slot_bytes: multiple of KVMEM_IO_ALIGN; numa_node -1 = local. */
-kvmem_hostpool *kvmem_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node);
-void kvmem_hostpool_free(kvmem_hostpool *hp);
-uint32_t kvmem_hostpool_slots(const kvmem_hostpool *hp);
-uint32_t kvmem_hostpool_free_slots(const kvmem_hostpool *hp);
-size_t kvmem_hostpool_slot_bytes(const kvmem_hostpool *hp);
-void *kvmem_hostpool_slot(const kvmem_hostpool *hp, uint32_t slot);
-/* Allocate up to `want` consecutive free slots; returns how many (0: none
- * free) and the first in *first. */
-uint32_t kvmem_hostpool_alloc_run(kvmem_hostpool *hp, uint32_t want, uint32_t *first);
-void kvmem_hostpool_release(kvmem_hostpool *hp, uint32_t first, uint32_t n);
-int kvmem_hostpool_is_free(const kvmem_hostpool *hp, uint32_t slot);
-/* The whole mapping (for io_uring / cudaHostRegister). */
-void kvmem_hostpool_region(const kvmem_hostpool *hp, void **base, size_t *len);
-int kvmem_hostpool_node(const kvmem_hostpool *hp);	/* -1 when NUMA is unavailable */
-int kvmem_hostpool_huge(const kvmem_hostpool *hp);	/* 1 when MADV_HUGEPAGE was accepted */
-
 /* ---- replacement policies ---------------------------------------------- */
-/*
- * Which resident pages leave the host pool when room is needed. State is per
- * slot; the pager tells the policy about inserts, accesses and removals and
- * asks for victims, passing a predicate for slots that may not leave now
- * (pinned, being read).
- */
-typedef int (*kvmem_slot_pred)(void *arg, uint32_t slot);
-
-typedef struct kvmem_repl_ops {
-	const char *name;
-	const char *what;	/* one line for --help */
-	void *(*create)(uint32_t n_slots, uint32_t n_layers);
-	void (*destroy)(void *st);
-	void (*insert)(void *st, uint32_t slot, uint64_t page, uint64_t step);
-	void (*touch)(void *st, uint32_t slot, uint64_t step);
-	void (*remove)(void *st, uint32_t slot);
-	/* Selector feedback: block's score this step in [0, 1] (1: chosen). */
-	void (*hint)(void *st, uint64_t block, float score, uint64_t step);
-	void (*step)(void *st, uint64_t step);	/* step boundary: aging */
-	/* Up to `want` evictable slots, best victims first; returns the count. */
-	uint32_t (*victims)(void *st, uint32_t want, uint32_t *out, uint64_t step,
-			    kvmem_slot_pred busy, void *arg);
-} kvmem_repl_ops;
-
-/* NULL-terminated list: lru, lfu, score. */
-extern const kvmem_repl_ops *const kvmem_repl_policies[];
-const kvmem_repl_ops *kvmem_repl_find(const char *name);
-
-/*
- * A step sequence for replaying policies offline: step s fetches
- * pages[step_off[s] .. step_off[s + 1]) and, before that, hints
- * hint_block/hint_score[hint_off[s] .. hint_off[s + 1]) (hint_off may be
- * NULL). Pages of the step being fetched cannot be evicted, as in the pager.
- */
-typedef struct kvmem_repl_trace {
-	size_t n_steps;
-	const size_t *step_off;
-	const uint64_t *pages;
-	const size_t *hint_off;
-	const uint64_t *hint_block;
-	const float *hint_score;
-} kvmem_repl_trace;
-
-/* Replay a trace on a pool of n_slots pages; returns the hit rate (or -1). */
-double kvmem_repl_simulate(const kvmem_repl_ops *ops, uint32_t n_slots, uint32_t n_layers,
-			 const kvmem_repl_trace *t, uint64_t *hits, uint64_t *misses);
+/* Which resident pages leave the host pool when room is needed
+ * (kvmem_pager_opts.policy, Documentation/pager.md): i from 0 until NULL,
+ * the name, and a line for --help in *what when what is not NULL. */
+const char *kvmem_repl_at(int i, const char **what);
 
 /* ---- counters ----------------------------------------------------------- */
 #define KVMEM_PAGER_STATS(X)							\
@@ -157,6 +89,16 @@ typedef struct kvmem_pager_stats {
 	KVMEM_PAGER_STATS(KVMEM_STAT_FIELD)
 #undef KVMEM_STAT_FIELD
 } kvmem_pager_stats;
+
+/* ---- a workspace's manifest, summed up ---------------------------------- */
+/* What the manifest of a workspace says (kvmem_workspace_info_read in
+ * kvmem/store.h reads it; no data file is read). */
+typedef struct kvmem_workspace_info {
+	kvmem_page_geom geom;
+	uint64_t tokens, blocks, generation;	/* committed */
+	uint32_t tail_tokens, app_bytes;
+	uint32_t page_bytes, page_stride;
+} kvmem_workspace_info;
 
 /* ---- the pager ---------------------------------------------------------- */
 typedef struct kvmem_pager kvmem_pager;
@@ -270,75 +212,27 @@ int kvmem_pager_step(kvmem_pager *p, uint64_t step);
  * (saved at each commit and close, plus this pager's since then). */
 void kvmem_pager_stats_get(const kvmem_pager *p, kvmem_pager_stats *s);
 void kvmem_pager_stats_total(const kvmem_pager *p, kvmem_pager_stats *s);
+/* A file of the workspace directory (DIR/name), opened the pager's way:
+ * under its directory descriptor, never through a link, never a FIFO or a
+ * device. An fd, or -errno with a message naming the file. */
+int kvmem_pager_open_file(const kvmem_pager *p, const char *name, int flags);
+/* The counters as `kvmem stat` prints them, one per line. */
+void kvmem_pager_stats_print(const kvmem_pager_stats *s, FILE *f);
 /* The page's entry (NULL past the last page); valid until the next append. */
 const struct kvmem_pte *kvmem_pager_pte(const kvmem_pager *p, uint64_t page);
-kvmem_hostpool *kvmem_pager_hostpool(kvmem_pager *p);
+/* The host pool's memory: where the pages fetch returns live, for a device
+ * to register once (kvmem_backend's host_register). */
+void kvmem_pager_region(const kvmem_pager *p, void **base, size_t *len);
 /* 1 when the pages file uses O_DIRECT. */
 int kvmem_pager_direct(const kvmem_pager *p);
-/* 1 when the host pool and stage-out buffer are registered with io_uring
- * as fixed buffers (0: io_uring refused, e.g. RLIMIT_MEMLOCK; plain
- * reads and writes are used, with one warning). */
+/* 1 when the host pool and stage-out buffer go to io_uring as fixed
+ * buffers, each 64 MiB piece registered when an I/O first uses it (0:
+ * io_uring refused, e.g. RLIMIT_MEMLOCK; plain reads and writes are used,
+ * with one warning; a piece refused later is said once too). */
 int kvmem_pager_registered(const kvmem_pager *p);
 
 /* The session's page source over a pager, and a session's history kept in
  * a workspace directory: include/kvmem/store.h. */
-
-/* ---- directory tools (no pager needed) --------------------------------- */
-/* What the manifest of a workspace says (no data file is read). */
-typedef struct kvmem_workspace_info {
-	kvmem_page_geom geom;
-	uint64_t tokens, blocks, generation;	/* committed */
-	uint32_t tail_tokens, app_bytes;
-	uint32_t page_bytes, page_stride;
-} kvmem_workspace_info;
-int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi);
-
-/* Check every checksum of a workspace; writes one line per bad page/file to
- * `report` (and a summary). Returns the number of bad items, -errno when the
- * directory cannot be read as a workspace at all (-ENOENT no manifest,
- * -EBADMSG a corrupt one). A writer may commit meanwhile: a check that
- * raced with a commit is run again on the new commit. report may be NULL. */
-long kvmem_workspace_verify(const char *dir, FILE *report, int verbose);
-
-/*
- * Recovery: copy the longest prefix of a workspace that checks out — every
- * token (when the committed tokens' checksum holds), the full blocks whose
- * pages and index record all match their checksums up to the first one that
- * does not, the partial block when every full block was kept — into a new
- * workspace at `dest` (absent or an empty directory), never modifying
- * `dir`. The session state is kept only when nothing is dropped. `r` says
- * what was kept and what was lost. Returns 0 (dest written and committed),
- * or -errno: -EEXIST when dest is not empty, -EBADMSG when the manifest
- * itself cannot be read (nothing to go by).
- */
-typedef struct kvmem_salvage_report {
-	uint64_t tokens, tokens_kept;		/* committed in dir / written to dest */
-	uint64_t blocks, blocks_kept;		/* full blocks */
-	uint32_t tail_tokens, tail_kept;	/* the partial block: tokens / kept (0 or all) */
-	int tokens_ok;				/* the committed tokens' checksum held */
-	int app_kept;				/* the session state went along */
-	char first_bad[512];			/* the first bad item, "" when nothing was lost */
-} kvmem_salvage_report;
-int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_report *r);
-/* The counters saved in DIR/stats. */
-int kvmem_workspace_stats(const char *dir, kvmem_pager_stats *s);
-void kvmem_pager_stats_print(const kvmem_pager_stats *s, FILE *f);
-
-/* ---- fault injection (tests) ------------------------------------------- */
-enum kvmem_fault {
-	KVMEM_FAULT_READ = 1, KVMEM_FAULT_WRITE = 2, KVMEM_FAULT_DIRECT = 3, KVMEM_FAULT_SYNC = 4
-};
-/* The nth I/O completion of this kind from now (1: the next) fails: READ and
- * WRITE with -EIO; DIRECT (any read or write) with -EINVAL, as on a file
- * system that refuses O_DIRECT I/O; SYNC: the nth fdatasync or fsync the
- * store makes fails with -EIO. nth 0 disarms. Process-wide. */
-void kvmem_pager_fault_inject(enum kvmem_fault kind, unsigned nth);
-/* Called with each durability step of the store, in order, as "fdatasync
- * pages" (tokens, index, sums, tail), "fsync manifest.tmp", "rename
- * manifest", "fsync ." (the workspace directory), "fsync .." (the
- * directory holding a newly created workspace). NULL stops. Process-wide. */
-typedef void (*kvmem_sync_trace_fn)(void *arg, const char *event);
-void kvmem_pager_sync_trace(kvmem_sync_trace_fn fn, void *arg);
 
 #pragma GCC visibility pop
 

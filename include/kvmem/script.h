@@ -53,8 +53,9 @@ int kvmem_script_open(const char *path, int vocab, uint64_t seed, kvmem_script *
  * (so a bad line 900 refuses the run before line 1 does anything), then
  * rewind. A pipe is checked line by line as it is read. */
 int kvmem_script_check(kvmem_script *sc);
-/* The next step: 1, 0 at the end, negative (-EINVAL: a bad line, the
- * message "<file>:<line>: what is wrong"; -EIO: a read error; -ENODATA: a
+/* The next step: 1, 0 at the end, negative (-EBADMSG: a line that is not
+ * strict JSON, "<file>:<line>:1:<column>: ..."; -EINVAL: JSON that is not a
+ * step, "<file>:<line>: what is wrong"; -EIO: a read error; -ENODATA: a
  * script with no step at all). */
 int kvmem_script_next(kvmem_script *sc, kvmem_script_step *st);
 void kvmem_script_close(kvmem_script *sc);

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A session's history kept in a workspace directory.
+ * A session's history kept in a workspace: a directory, or rados://POOL/NAME
+ * (a namespace of a Ceph pool: Documentation/pager.md, "Stores"), wherever
+ * a function below takes `dir`.
  *
- * kvmem_workspace_open() opens (or creates) the directory through the
+ * kvmem_workspace_open() opens (or creates) the workspace through the
  * tiered pager and gives a page source over it; a session created with that
  * source takes the stored history over with kvmem_workspace_adopt() and
  * makes each step durable with kvmem_workspace_commit(): token ids, pages,
@@ -29,7 +31,7 @@
 #include "kvmem/model.h"
 #include "kvmem/pager.h"
 #include "kvmem/source.h"
-#include "kvmem/workspace.h"
+#include "kvmem/session.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,13 +51,6 @@ void kvmem_page_geom_model(kvmem_page_geom *g, const kvmem_model *m, int block);
  * source's memory. When p holds a committed partial block, it is restored,
  * so a session resumed at kvmem_pager_tokens(p) goes on from there. */
 int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p);
-/* Persist the history at a step boundary: token ids [0, n) (those past the
- * pager's count are appended), the full blocks, the partial block and `app`,
- * then commit. n must be the number of tokens written through the source.
- * src is a pager source or a kmod source (whose module then follows the
- * commit: its page count, its step). */
-int kvmem_page_source_pager_commit(kvmem_page_source *src, const int32_t *ids, int64_t n,
-				   const void *app, uint32_t app_len);
 
 /*
  * The page source over the kernel module (/dev/kvmem, Documentation/kmod.md)
@@ -136,6 +131,65 @@ int kvmem_workspace_commit(kvmem_workspace *w, const kvmem_session *s);
 /* Close the source and the pager. Does not commit; negative when something
  * written since the last commit could not be saved. */
 int kvmem_workspace_close(kvmem_workspace *w);
+
+/*
+ * A small record of the application's kept beside the workspace, in the
+ * same store: the file DIR/NAME, or an object of a RADOS workspace's
+ * namespace. NAME is "app." then letters, digits, '.', '_', '-' (kvmem
+ * serve keeps a shared store's conversation record as
+ * app.conversation.json). Read whole (*text malloc'd, NUL-terminated;
+ * -ENOENT when there is none); written whole, replacing the last, durably
+ * when it returns 0 (a writer's only: in RADOS, only while its lease
+ * holds). Up to 16 MiB. A record is not part of the commit: write it
+ * before kvmem_workspace_commit when it must never lag behind the history.
+ */
+int kvmem_workspace_record_read(kvmem_workspace *w, const char *name, char **text, size_t *len);
+int kvmem_workspace_record_write(kvmem_workspace *w, const char *name, const void *text,
+				 size_t len);
+
+/* ---- a workspace directory's tools (no pager needed) ---------------------- */
+int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi);
+
+/* Check every checksum of a workspace; writes one line per bad page/file to
+ * `report` (and a summary). Returns the number of bad items, -errno when the
+ * directory cannot be read as a workspace at all (-ENOENT no manifest,
+ * -EBADMSG a corrupt one). A writer may commit meanwhile: a check that
+ * raced with a commit is run again on the new commit. report may be NULL. */
+long kvmem_workspace_verify(const char *dir, FILE *report, int verbose);
+
+/*
+ * Recovery: copy the longest prefix of a workspace that checks out — every
+ * token (when the committed tokens' checksum holds), the full blocks whose
+ * pages and index record all match their checksums up to the first one that
+ * does not, the partial block when every full block was kept — into a new
+ * workspace at `dest` (absent or an empty directory), never modifying
+ * `dir`. The session state is kept only when nothing is dropped. `r` says
+ * what was kept and what was lost. Returns 0 (dest written and committed),
+ * or -errno: -EEXIST when dest is not empty, -EBADMSG when the manifest
+ * itself cannot be read (nothing to go by).
+ */
+typedef struct kvmem_salvage_report {
+	uint64_t tokens, tokens_kept;		/* committed in dir / written to dest */
+	uint64_t blocks, blocks_kept;		/* full blocks */
+	uint32_t tail_tokens, tail_kept;	/* the partial block: tokens / kept (0 or all) */
+	int tokens_ok;				/* the committed tokens' checksum held */
+	int app_kept;				/* the session state went along */
+	char first_bad[512];			/* the first bad item, "" when nothing was lost */
+} kvmem_salvage_report;
+int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_report *r);
+/*
+ * Copy the workspace `src` whole into a new workspace `dest` (absent or
+ * empty), between any two stores: a directory or rados://POOL/NAME, either
+ * way. Every block, index record, the partial block and the tokens are
+ * checked against their checksums on the way; the session state goes along,
+ * so a session adopted from dest goes on exactly as from src. All or
+ * nothing: 0 when dest holds everything, -EBADMSG naming the first bad item
+ * (dest then holds an empty workspace), -EEXIST when dest is not empty, or
+ * another -errno. src is only read. r says what was copied.
+ */
+int kvmem_workspace_copy(const char *src, const char *dest, kvmem_salvage_report *r);
+/* The counters saved in DIR/stats. */
+int kvmem_workspace_stats(const char *dir, kvmem_pager_stats *s);
 
 #pragma GCC visibility pop
 

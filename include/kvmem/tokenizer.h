@@ -103,8 +103,11 @@ typedef struct kvmem_tokenizer_ops {
 
 typedef struct kvmem_tokenizer kvmem_tokenizer;
 
-/* Load dir/tokenizer.json. -ENOENT when there is none, -EINVAL/-ENOTSUP when
- * it is of a kind this reader does not know (the message says what). */
+/* Load dir/tokenizer.json. -ENOENT when there is none, -EBADMSG when it is
+ * not strict JSON ("<path>:<line>:<column>: ..."), -ENOTSUP when it is of a
+ * kind this reader does not know (not byte-level BPE, another normalizer or
+ * pre-tokenizer), -EINVAL when it is inconsistent (ids out of range, a merge
+ * of tokens not in the vocabulary), -ENOMEM (the message says what). */
 int kvmem_tokenizer_load(const char *dir, kvmem_tokenizer **out);
 /* The same from a tokenizer.json file. */
 int kvmem_tokenizer_load_file(const char *path, kvmem_tokenizer **out);

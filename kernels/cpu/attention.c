@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 
 /* This file's loops vectorise without changing a single result (no
  * reduction is reordered: the dot product spells out its own order). */

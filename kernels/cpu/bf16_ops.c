@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * CPU twins of the CUDA engine's bf16 ops (include/kvmem/kernels_bf16.h).
+ * CPU twins of the CUDA engine's bf16 ops (kernels/kernels_bf16.h).
  *
  * They define what the CUDA kernels compute: each value is computed in fp32
  * (or double where the header says so) from the widened bf16 inputs and
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 
 /* bf16 nearest to a double, rounded once. (float)x rounds to nearest fp32;

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 
 void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out)
 {

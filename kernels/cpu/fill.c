@@ -4,7 +4,7 @@
  * values for models that exist only as a geometry (the benchmarks' Qwen3-8B
  * made on the GPU, no 16 GB file). Twins of kernels/cuda/fill.cu.
  */
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 
 /* Element i's value: splitmix64(seed + i)'s top 24 bits as u in [0, 1),
  * then (2u - 1) * (sqrt(3) * scale), in fp32 with one rounding per step, so

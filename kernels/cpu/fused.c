@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
- * CPU twins of decode's fused CUDA ops (include/kvmem/kernels_bf16.h):
+ * CPU twins of decode's fused CUDA ops (kernels/kernels_bf16.h):
  * each is the composition of the unfused twins it replaces, which is what
  * the CUDA kernel computes for one row in a single launch.
  */
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 
 int kvmem_norm_gemv_bf16(void *y, int mode, const float *x, const uint16_t *norm_w, float eps,

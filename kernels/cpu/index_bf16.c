@@ -9,7 +9,7 @@
  */
 #include <string.h>
 
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 
 static float get(const void *a, int dt, size_t i)

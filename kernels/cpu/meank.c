@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* Running sums of raw K per KV head: what Mean-K divides by the block length. */
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 
 void kvmem_meank_accumulate(float *sum, const float *k, int n, int n_kv_heads, int head_dim)
 {

@@ -5,7 +5,7 @@
  */
 #include <string.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 
 static uint32_t f32_bits(float f)
 {

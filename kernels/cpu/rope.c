@@ -10,7 +10,7 @@
  */
 #include <math.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 
 /* theta^(-2i/head_dim) for i < head_dim/2: depends on i, head_dim, theta only. */
 static void rope_inv_freq(double *f, int half, int head_dim, double theta)

@@ -8,10 +8,11 @@
  * logits, the settings and the RNG state. A non-greedy draw consumes exactly
  * one RNG value; greedy consumes none.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 
 uint64_t kvmem_mix64(uint64_t z)
 {
@@ -101,7 +102,7 @@ static int select_top_k(int *idx, const float *logits, int vocab, int k)
 int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_t *rng)
 {
 	if (vocab <= 0)
-		return -1;
+		return -EINVAL;
 	if (s->temperature <= 0.0f)
 		return argmax(logits, vocab);
 
@@ -112,7 +113,7 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 	if (!idx || !p) {
 		free(idx);
 		free(p);
-		return -1;
+		return -ENOMEM;
 	}
 	int n;
 
@@ -124,7 +125,7 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 		if (!all) {
 			free(idx);
 			free(p);
-			return -1;
+			return -ENOMEM;
 		}
 		for (int i = 0; i < vocab; i++)
 			all[i] = i;

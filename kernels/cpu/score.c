@@ -2,7 +2,7 @@
 /*
  * Selection scorers over plain arrays (kernels_bf16.h): the CPU twins of
  * kernels/cuda/score.cu and the arithmetic of the workspace policies
- * (user/workspace/score.c, policy_meank.c, policy_subblock.c,
+ * (user/select/score.c, policy_meank.c, policy_subblock.c,
  * policy_quest.c, token_mass.c, plan.c's top-k), kept in the same order so a
  * policy that calls these gets the bits it got before:
  *
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 
 #define MASS_CHUNK 4096		/* items per work unit: a multiple of 4 */

@@ -24,7 +24,7 @@ ifneq ($(SAN),1)
 
 CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCC_FLAGS  ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCH) -Xcompiler -Wall,-fPIC -Iinclude \
+NVCC_FLAGS  ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCH) -Xcompiler -Wall,-fPIC -I. -Iinclude \
 	       -Iinclude/uapi -MMD -MP
 CUDA_SRC    := $(sort $(wildcard kernels/cuda/*.cu))
 # The cuda backend (user/backend/cuda*.c: C over these ops) joins them.

@@ -11,7 +11,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "kvmem/cuda.h"
+#include "kernels/kernels_cuda.h"
 #include "kvmem/kvmem.h"
 
 /* lt_load.cu: load cuBLASLt (dlopen) once; NULL, or why it cannot be. */

@@ -99,9 +99,10 @@ tool_stop() {
 stat() { "$KV" stat "$1" | awk -v k="$2" '$1 == k { print $2 }'; }
 
 # jsum FILE KEY [FILTER]: the sum of "KEY":N over the JSON lines of FILE
-# (those matching FILTER, a grep pattern, when given).
+# (those matching FILTER, a grep pattern, when given). printf: mawk prints a
+# sum past 2^31 as 3.35896e+09.
 jsum() {
-	grep -- "${3:-.}" "$1" | grep -o "\"$2\":[0-9]*" | cut -d: -f2 | awk '{ s += $1 } END { print s + 0 }'
+	grep -- "${3:-.}" "$1" | grep -o "\"$2\":[0-9]*" | cut -d: -f2 | awk '{ s += $1 } END { printf "%.0f\n", s }'
 }
 
 # same WHAT GOT WANT

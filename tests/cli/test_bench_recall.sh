@@ -1,8 +1,10 @@
 #!/bin/bash
 # kvmem bench recall on the shipped model, small: one depth, a few questions
 # at the native window and 2x. The CSV has a row per cell with the needle's
-# rank and the pages read; full context needs no pages; --trace shows what
-# outranked the needle; bad options and training seeds are refused.
+# rank and the pages read; full context needs no pages; rag (retrieve lines,
+# prefill them again) reads no pages and ranks no blocks; every cell times
+# the first answer token; --trace shows what outranked the needle; bad
+# options and training seeds are refused.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no $KVMEM"; exit 77; }
@@ -12,26 +14,33 @@ fail() { echo "bench recall test: $*"; exit 1; }
 model=models/agentlang
 
 out=$("$KVMEM" bench recall --model $model --sizes 1,2 --depths 0.5 --questions 3 \
-	--policies full,meank,refine --csv "$tmp/r.csv" --quiet 2>&1)
+	--policies full,meank,refine,rag --csv "$tmp/r.csv" --quiet 2>&1)
 rc=$?
 [ $rc -eq 0 ] || fail "run failed (exit $rc$([ $rc -gt 128 ] && echo ", signal $((rc - 128))")): $out"
-head -1 "$tmp/r.csv" | grep -q ',needle_rank_median$' || fail "no rank column: $(head -1 "$tmp/r.csv")"
-# full at 1x only (2x does not fit the window), meank and refine at both.
-[ "$(tail -n +2 "$tmp/r.csv" | wc -l)" -eq 5 ] || fail "expected 5 cells: $(cat "$tmp/r.csv")"
+head -1 "$tmp/r.csv" | grep -q ',needle_rank_median,first_token_ms$' ||
+	fail "no rank and first-token columns: $(head -1 "$tmp/r.csv")"
+# full at 1x only (2x does not fit the window), meank, refine and rag at both.
+[ "$(tail -n +2 "$tmp/r.csv" | wc -l)" -eq 7 ] || fail "expected 7 cells: $(cat "$tmp/r.csv")"
 # Full context at the native window answers them all (1.0 measured): at
 # least 0.9, or the model or the engine is broken.
 awk -F, '$2 == 1 && $4 == "full" { found = 1; if ($5 < 0.9) bad = 1 }
 END { exit !found || bad }' "$tmp/r.csv" || fail "full context at 1x under 0.9: $(cat "$tmp/r.csv")"
 awk -F, 'NR > 1 {
 	if ($6 != 3) { print "cell " $2 "x " $4 ": " $6 " questions"; bad = 1 }
-	if ($4 == "full" && ($9 != 0 || $10 != -1)) { print "full read pages or ranked"; bad = 1 }
-	if ($4 != "full" && ($10 < 0 || $9 <= 0)) { print $4 " " $2 "x: rank " $10 " MB " $9; bad = 1 }
+	if (($4 == "full" || $4 == "rag") && ($9 != 0 || $10 != -1)) { print $4 " read pages or ranked"; bad = 1 }
+	if ($4 != "full" && $4 != "rag" && ($10 < 0 || $9 <= 0)) { print $4 " " $2 "x: rank " $10 " MB " $9; bad = 1 }
+	if (!($11 > 0 && $11 <= $8)) { print $4 " " $2 "x: first token " $11 " ms of " $8; bad = 1 }
 	if ($5 < 0 || $5 > 1 || $7 < 0 || $7 > 1) { print "out of range: " $0; bad = 1 }
 } END { exit bad }' "$tmp/r.csv" || fail "bad cells: $(cat "$tmp/r.csv")"
 # refine reads the keys it scores on top of the view's pages.
 mb() { awk -F, -v p="$1" '$2 == 2 && $4 == p { print $9 }' "$tmp/r.csv"; }
 awk -v r="$(mb refine)" -v m="$(mb meank)" 'BEGIN { exit !(r > m) }' ||
 	fail "refine read no more than meank: $(mb refine) vs $(mb meank) MB"
+# rag at the native window: the budget holds most of the workspace and the
+# needle's line is the best match, so it answers like full context (at
+# least 0.9, needle retrieved), or retrieval or its prompt is broken.
+awk -F, '$2 == 1 && $4 == "rag" { found = 1; if ($5 < 0.9 || $7 < 0.9) bad = 1 }
+END { exit !found || bad }' "$tmp/r.csv" || fail "rag at 1x under 0.9: $(cat "$tmp/r.csv")"
 
 out=$("$KVMEM" bench recall --model $model --sizes 2 --depths 0.5 --questions 2 \
 	--policies subblock --trace 3 --quiet 2>&1) || fail "trace run failed: $out"

@@ -53,7 +53,7 @@ expect 400 invalid_request "$CH" -d '{"messages": "hi"}'
 expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"max_tokens\":4.5}"
 expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"temperature\":\"hot\"}"
 expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"wizard\",\"content\":$Q}]}"
-expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"n\":2}"
+expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"n\":17}"
 expect 400 unknown_field "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"frobnicate\":1}"
 expect 400 unknown_field "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q,\"extra\":1}]}"
 expect 404 model_not_found "$CH" -d "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":$Q}]}"
@@ -107,6 +107,13 @@ serve_start --api-key "k$seed" || exit 1
 CH="$BASE/v1/chat/completions"
 expect 401 invalid_api_key "$CH" -d "$ok_body"
 expect 401 invalid_api_key "$CH" -H "Authorization: Bearer wrong" -d "$ok_body"
+# Only the whole key: not the key and one more character, not a prefix of it,
+# not an empty token (a comparison without the lengths let the first two in).
+expect 401 invalid_api_key "$CH" -H "Authorization: Bearer k${seed}x" -d "$ok_body"
+expect 401 invalid_api_key "$CH" -H "Authorization: Bearer k${seed%?}" -d "$ok_body"
+expect 401 invalid_api_key "$CH" -H "Authorization: Bearer k" -d "$ok_body"
+expect 401 invalid_api_key "$CH" -H "Authorization: Bearer " -d "$ok_body"
+expect 401 invalid_api_key "$BASE/metrics" -H "Authorization: Bearer k${seed}0"
 expect 200 "" "$CH" -H "Authorization: Bearer k$seed" -d "$ok_body"
 curl -sf "$BASE/health" >/dev/null || bad "/health needs no token"
 serve_stop

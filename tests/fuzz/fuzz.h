@@ -9,6 +9,8 @@
  *   tokens       a token-id file (kvmem_token_file_read)
  *   manifest     a workspace manifest (kvmem_workspace_info_read, verify)
  *   state        a session state (kvmem_session_adopt_state)
+ *   json         any text through the strict JSON reader (kvmem_json_load)
+ *   tokenizer    a tokenizer.json (kvmem_tokenizer_load_file), then a text
  *
  * `make fuzz` builds each with clang's libFuzzer (plus ASan and UBSan) and
  * runs it for FUZZ_SECONDS from the seeds in tests/fuzz/corpus/<target>/;

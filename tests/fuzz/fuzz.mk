@@ -11,7 +11,7 @@
 # it from then on (tests/unit/test_fuzz_<t>.c). Needs clang, libclang-rt-dev
 # and libomp-dev (tools/deps.sh installs them).
 
-FUZZ_TARGETS := config safetensors script tokens manifest state
+FUZZ_TARGETS := config safetensors script tokens manifest state json tokenizer
 FUZZ         ?= $(FUZZ_TARGETS)
 FUZZ_SECONDS ?= 60
 FUZZ_DIR     := $(BUILD)-fuzz
@@ -24,7 +24,7 @@ fuzz-build: deps
 	    $(FUZZ_DIR)/libkvmem.a $(FUZZ_DIR)/obj/tests/unit/helpers/test_model.o
 	@for t in $(FUZZ); do \
 	    echo "fuzz: building $$t"; \
-	    clang $(CSTD) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp -Iinclude -Iinclude/uapi \
+	    clang $(CSTD) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp -I. -Iinclude -Iinclude/uapi \
 	        -Iuser -Itests/unit $(BLAS_INC) tests/fuzz/fuzz_$$t.c \
 	        $(FUZZ_DIR)/obj/tests/unit/helpers/test_model.o $(FUZZ_DIR)/libkvmem.a \
 	        $(LDLIBS) -o $(FUZZ_DIR)/fuzz_$$t || exit 1; \

@@ -13,6 +13,8 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
 #include "fuzz.h"
+#include "util/fs.h"
+#include "kvmem/store.h"
 
 static char ws_dir[64];
 

@@ -7,9 +7,9 @@
  */
 #include <stdlib.h>
 
-#include "kvmem/backend.h"
+#include "backend/backend_impl.h"
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 #include "fuzz.h"
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvmem_gpu_check: every CUDA op (include/kvmem/cuda.h) against its CPU twin
+ * kvmem_gpu_check: every CUDA op (kernels/kernels_cuda.h) against its CPU twin
  * on fresh random inputs, then (--bench) the timing table. Runs on a GPU
  * machine only; tests/gpu/run.sh drives it, compute-sanitizer included.
  *
@@ -35,7 +35,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kvmem/cuda.h"
+#include "kernels/kernels_cuda.h"
 #include "kvmem/kvmem.h"
 #include "check_attn_decode.h"
 #include "check_attn_prefill.h"

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/cuda.h"
+#include "kernels/kernels_cuda.h"
 #include "kvmem/kvmem.h"
 #include "check_attn_prefill.h"
 #include "check_util.h"

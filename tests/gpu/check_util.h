@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvmem/cuda.h"
+#include "kernels/kernels_cuda.h"
 
 #define ULP1 0x1p-7	/* one bf16 ulp, relative to the value */
 

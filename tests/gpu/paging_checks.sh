@@ -20,8 +20,8 @@
 #            step again with selections scored on the host [benchLhost, only
 #            by its name];
 #   decode   decode in a 64K view over 256K against plain decode, with the
-#            decode steps' page writes on the stage-out thread (the default)
-#            and in line (KVMEM_STAGE_MIN=64), at $STEP_LAYERS layers, then
+#            decode steps' page writes on the writer thread (the default)
+#            and in line (KVMEM_WRITER_MIN=64), at $STEP_LAYERS layers, then
 #            once at 36 layers (Qwen3-8B) [decode36 alone];
 #   demo     kvmem demo --scale $DEMO_SCALE on the GPU; reopen: once more on
 #            the same workspace (no re-prefill).
@@ -145,8 +145,8 @@ if has benchLhost; then
 fi
 if has decode; then
 	for min in 1 64; do
-		elapsed "decode in a paged view, $STEP_LAYERS layers, KVMEM_STAGE_MIN=$min"
-		KVMEM_STAGE_MIN=$min timeout 150 "$K" bench step --dir "$scratch/bd" --layers "$STEP_LAYERS" \
+		elapsed "decode in a paged view, $STEP_LAYERS layers, KVMEM_WRITER_MIN=$min"
+		KVMEM_WRITER_MIN=$min timeout 150 "$K" bench step --dir "$scratch/bd" --layers "$STEP_LAYERS" \
 			--only decode --tokens 262144 --view 65536 --steps 2 --decode 256 2>&1 |
 			tee "$out/bench_decode_L_$min.log" | grep -A1 '^decode in'
 		[ "${PIPESTATUS[0]}" = 0 ] && ok "decode ($STEP_LAYERS layers, stage min $min)" ||

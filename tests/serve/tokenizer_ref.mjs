@@ -118,6 +118,18 @@ const chats = [
 	{ messages: [{ role: "user", content: "mid" }, { role: "system", content: "late system" },
 		{ role: "user", content: "again 中文 😀" }] },
 	{ messages: [{ role: "user", content: "a" }, { role: "assistant", content: "b" }] },
+	// A tool round trip: the query, reasoning and a call, the tool's answer
+	// (as a user message, then as a tool message), the final answer.
+	{ messages: [{ role: "system", content: "S" }, { role: "user", content: "Weather in Oslo?" },
+		{ role: "assistant", content: "", reasoning_content: "Need the tool.",
+		  tool_calls: [{ type: "function", function: { name: "get_weather", arguments: "{\"city\": \"Oslo\"}" } }] },
+		{ role: "user", content: "<tool_response>\n{\"temp\": -3}\n</tool_response>" },
+		{ role: "assistant", content: "It is -3.", reasoning_content: "Cold." }], tools },
+	{ messages: [{ role: "user", content: "Weather in Oslo?" },
+		{ role: "assistant", content: "\n", reasoning_content: "Need the tool.",
+		  tool_calls: [{ type: "function", function: { name: "get_weather", arguments: "{\"city\": \"Oslo\"}" } }] },
+		{ role: "tool", content: "{\"temp\": -3}" },
+		{ role: "assistant", content: "It is -3.", reasoning_content: "Cold." }] },
 ];
 const out = [];
 for (const c of chats)

@@ -19,9 +19,10 @@
 
 #include <xxhash.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/pager.h"
 #include "helpers/test_model.h"
+#include "pager/hostpool.h"
 
 static inline uint64_t fx_mix(uint64_t x)
 {

@@ -17,8 +17,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "kvmem/agentlang.h"
-#include "kvmem/kernels.h"
+#include "agentlang/agentlang.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 
 static uint64_t seed0;
@@ -30,29 +30,29 @@ static uint64_t rnd(void)
 
 /* ---- an independent parser of fact and question lines ------------------- */
 struct fact {
-	int32_t file[3], key[2], val[KVMEM_LANG_MAX_VALUE];
+	int32_t file[3], key[2], val[AGENTLANG_MAX_VALUE];
 	int nfile, nval, question;
 	int64_t line;
 };
 
 static int has(int32_t id, unsigned role)
 {
-	return (kvmem_lang_roles(id) & role) != 0;
+	return (agentlang_roles(id) & role) != 0;
 }
 
 /* Line [a, b) (b is its newline or the end): 1 and *f for a fact
  * "[$ set] file key = value" or a question "? file key = value <end>". */
 static int parse_line(const int32_t *t, int64_t a, int64_t b, struct fact *f)
 {
-	int32_t eq = kvmem_lang_lookup("=", 0), dollar = kvmem_lang_lookup("$", 0);
-	int32_t set = kvmem_lang_lookup("set", 0);
+	int32_t eq = agentlang_lookup("=", 0), dollar = agentlang_lookup("$", 0);
+	int32_t set = agentlang_lookup("set", 0);
 	int64_t i = a;
 
 	memset(f, 0, sizeof(*f));
-	if (i < b && t[i] == KVMEM_LANG_BOS)
+	if (i < b && t[i] == AGENTLANG_BOS)
 		i++;
 	f->line = i;
-	if (i < b && t[i] == KVMEM_LANG_Q) {
+	if (i < b && t[i] == AGENTLANG_Q) {
 		f->question = 1;
 		i++;
 	} else if (i + 1 < b && t[i] == dollar) {
@@ -60,23 +60,23 @@ static int parse_line(const int32_t *t, int64_t a, int64_t b, struct fact *f)
 			return 0;
 		i += 2;
 	}
-	if (i >= b || !has(t[i], KVMEM_LANG_R_STEM))
+	if (i >= b || !has(t[i], AGENTLANG_R_STEM))
 		return 0;
 	f->file[f->nfile++] = t[i++];
-	if (i < b && has(t[i], KVMEM_LANG_R_VARIANT))
+	if (i < b && has(t[i], AGENTLANG_R_VARIANT))
 		f->file[f->nfile++] = t[i++];
-	if (i >= b || !has(t[i], KVMEM_LANG_R_EXT))
+	if (i >= b || !has(t[i], AGENTLANG_R_EXT))
 		return 0;
 	f->file[f->nfile++] = t[i++];
-	if (i + 2 >= b || !has(t[i], KVMEM_LANG_R_KEYPART) || !has(t[i + 1], KVMEM_LANG_R_KEYNAME))
+	if (i + 2 >= b || !has(t[i], AGENTLANG_R_KEYPART) || !has(t[i + 1], AGENTLANG_R_KEYNAME))
 		return 0;
 	f->key[0] = t[i++];
 	f->key[1] = t[i++];
 	if (t[i++] != eq)
 		return 0;
-	while (i < b && has(t[i], KVMEM_LANG_R_VALUE) && f->nval < KVMEM_LANG_MAX_VALUE)
+	while (i < b && has(t[i], AGENTLANG_R_VALUE) && f->nval < AGENTLANG_MAX_VALUE)
 		f->val[f->nval++] = t[i++];
-	if (f->question && (i >= b || t[i++] != KVMEM_LANG_END))
+	if (f->question && (i >= b || t[i++] != AGENTLANG_END))
 		return 0;
 	return f->nval > 0 && i == b;
 }
@@ -106,7 +106,7 @@ static struct fact *parse_all(const int32_t *t, int64_t n, int *count)
 	for (int64_t a = 0; a < n;) {
 		int64_t b = a;
 
-		while (b < n && t[b] != KVMEM_LANG_NL)
+		while (b < n && t[b] != AGENTLANG_NL)
 			b++;
 		if (parse_line(t, a, b, &fs[c]))
 			c++;
@@ -145,55 +145,55 @@ static int check_inline_questions(const int32_t *t, int64_t n)
 }
 
 /* A question of the API as a parsed fact (its answer without <end>). */
-static void question_fact(const kvmem_lang_question *q, struct fact *f)
+static void question_fact(const agentlang_question *q, struct fact *f)
 {
-	int32_t line[KVMEM_LANG_MAX_QUESTION + KVMEM_LANG_MAX_ANSWER];
+	int32_t line[AGENTLANG_MAX_QUESTION + AGENTLANG_MAX_ANSWER];
 
 	memcpy(line, q->ids, sizeof(q->ids[0]) * q->n_ids);
 	memcpy(line + q->n_ids, q->answer, sizeof(q->answer[0]) * q->n_answer);
 	assert_int_equal(parse_line(line, 0, q->n_ids + q->n_answer, f), 1);
-	assert_int_equal(q->answer[q->n_answer - 1], KVMEM_LANG_END);
+	assert_int_equal(q->answer[q->n_answer - 1], AGENTLANG_END);
 }
 
-static void build(kvmem_lang_workspace *ws, uint64_t seed, int64_t n, int m, int look,
+static void build(agentlang_transcript *ws, uint64_t seed, int64_t n, int m, int look,
 		  const double *depths)
 {
-	kvmem_lang_params p;
+	agentlang_params p;
 
-	kvmem_lang_params_default(&p);
+	agentlang_params_default(&p);
 	p.seed = seed;
 	p.n_tokens = n;
 	p.n_questions = m;
 	p.lookalikes = look;
 	p.depths = depths;
-	if (kvmem_lang_workspace_build(&p, ws))
+	if (agentlang_transcript_build(&p, ws))
 		fail_msg("workspace seed %llu: %s", (unsigned long long)seed, kvmem_last_error());
 }
 
 /* ---- tests -------------------------------------------------------------- */
 static void test_vocab(void **state)
 {
-	int size = kvmem_lang_vocab_size();
-	static const unsigned exclusive[] = { KVMEM_LANG_R_STEM, KVMEM_LANG_R_KEYPART,
-					      KVMEM_LANG_R_KEYNAME, KVMEM_LANG_R_EXT,
-					      KVMEM_LANG_R_VARIANT };
+	int size = agentlang_vocab_size();
+	static const unsigned exclusive[] = { AGENTLANG_R_STEM, AGENTLANG_R_KEYPART,
+					      AGENTLANG_R_KEYNAME, AGENTLANG_R_EXT,
+					      AGENTLANG_R_VARIANT };
 
 	assert_true(size % 64 == 0 && size >= 512 && size <= 1024);
-	assert_int_equal(kvmem_lang_vocab_hash(), kvmem_lang_vocab_hash());
-	assert_string_equal(kvmem_lang_piece(KVMEM_LANG_PAD), "<pad>");
-	assert_string_equal(kvmem_lang_piece(KVMEM_LANG_Q), "?");
-	assert_string_equal(kvmem_lang_piece(KVMEM_LANG_A), "=");
-	assert_int_equal(kvmem_lang_lookup("=", 0), KVMEM_LANG_A);
+	assert_int_equal(agentlang_vocab_hash(), agentlang_vocab_hash());
+	assert_string_equal(agentlang_piece(AGENTLANG_PAD), "<pad>");
+	assert_string_equal(agentlang_piece(AGENTLANG_Q), "?");
+	assert_string_equal(agentlang_piece(AGENTLANG_A), "=");
+	assert_int_equal(agentlang_lookup("=", 0), AGENTLANG_A);
 	/* The shipped model (models/agentlang) was trained on this vocabulary. */
-	assert_int_equal(kvmem_lang_vocab_hash(), 0x14e34a1c);
-	assert_string_equal(kvmem_lang_piece(KVMEM_LANG_END), "<end>");
-	assert_string_equal(kvmem_lang_piece(KVMEM_LANG_NL), "\n");
-	assert_null(kvmem_lang_piece(size));
-	assert_null(kvmem_lang_piece(-1));
+	assert_int_equal(agentlang_vocab_hash(), 0x14e34a1c);
+	assert_string_equal(agentlang_piece(AGENTLANG_END), "<end>");
+	assert_string_equal(agentlang_piece(AGENTLANG_NL), "\n");
+	assert_null(agentlang_piece(size));
+	assert_null(agentlang_piece(-1));
 	for (int id = 0; id < size; id++) {
-		unsigned r = kvmem_lang_roles(id);
+		unsigned r = agentlang_roles(id);
 
-		assert_int_equal(kvmem_lang_lookup(kvmem_lang_piece(id), kvmem_lang_is_glue(id)), id);
+		assert_int_equal(agentlang_lookup(agentlang_piece(id), agentlang_is_glue(id)), id);
 		assert_true(r != 0);
 		/* Files, keys and values never share a token. */
 		for (size_t j = 0; j < sizeof(exclusive) / sizeof(exclusive[0]); j++)
@@ -204,41 +204,41 @@ static void test_vocab(void **state)
 
 static void test_roundtrip_each_token(void **state)
 {
-	int size = kvmem_lang_vocab_size();
+	int size = agentlang_vocab_size();
 	char buf[64];
 
 	/* A glue piece alone would read as the start piece of the same text
 	 * ("32"): put each behind "0x", which no other start piece begins. */
-	int32_t ctx = kvmem_lang_lookup("0x", 0), two[2];
+	int32_t ctx = agentlang_lookup("0x", 0), two[2];
 	for (int i = 0; i < size; i++) {
 		int32_t pair[2] = { ctx, i };
-		int glue = kvmem_lang_is_glue(i);
+		int glue = agentlang_is_glue(i);
 
-		assert_true(kvmem_lang_decode(pair + !glue, 1 + glue, buf, sizeof(buf)) > 0);
-		assert_int_equal(kvmem_lang_encode(buf, two, 2), 1 + glue);
+		assert_true(agentlang_decode(pair + !glue, 1 + glue, buf, sizeof(buf)) > 0);
+		assert_int_equal(agentlang_encode(buf, two, 2), 1 + glue);
 		assert_int_equal(two[glue], i);
 	}
-	assert_true(kvmem_lang_encode("api.conf zzzz", two, 2) < 0);
+	assert_true(agentlang_encode("api.conf zzzz", two, 2) < 0);
 	assert_non_null(strstr(kvmem_last_error(), "zzzz"));
 	int32_t bad = size;
-	assert_true(kvmem_lang_decode(&bad, 1, buf, sizeof(buf)) < 0);
+	assert_true(agentlang_decode(&bad, 1, buf, sizeof(buf)) < 0);
 }
 
 static void roundtrip(const int32_t *ids, int64_t n)
 {
-	long len = kvmem_lang_decode(ids, (size_t)n, NULL, 0);
+	long len = agentlang_decode(ids, (size_t)n, NULL, 0);
 	char *text = malloc((size_t)len + 1), *again = malloc((size_t)len + 1);
 	int32_t *back = malloc((size_t)n * sizeof(*back));
 
 	assert_true(len > 0 && text && again && back);
-	assert_int_equal(kvmem_lang_decode(ids, (size_t)n, text, (size_t)len + 1), len);
-	assert_int_equal(kvmem_lang_encode(text, back, (size_t)n), n);
+	assert_int_equal(agentlang_decode(ids, (size_t)n, text, (size_t)len + 1), len);
+	assert_int_equal(agentlang_encode(text, back, (size_t)n), n);
 	assert_memory_equal(back, ids, (size_t)n * sizeof(*ids));
-	assert_int_equal(kvmem_lang_decode(back, (size_t)n, again, (size_t)len + 1), len);
+	assert_int_equal(agentlang_decode(back, (size_t)n, again, (size_t)len + 1), len);
 	assert_string_equal(text, again);
 	/* Too small a buffer: truncated, NUL-terminated, same length told. */
 	char small[8];
-	assert_int_equal(kvmem_lang_decode(ids, (size_t)n, small, sizeof(small)), len);
+	assert_int_equal(agentlang_decode(ids, (size_t)n, small, sizeof(small)), len);
 	assert_int_equal(strlen(small), 7);
 	free(text);
 	free(again);
@@ -248,7 +248,7 @@ static void roundtrip(const int32_t *ids, int64_t n)
 static void test_roundtrip_text(void **state)
 {
 	for (int r = 0; r < 6; r++) {
-		kvmem_lang_workspace ws;
+		agentlang_transcript ws;
 		int32_t seq[2048];
 
 		build(&ws, rnd(), 4096 + (int64_t)(rnd() % 4096), 3, (int)(rnd() % 9), NULL);
@@ -257,30 +257,30 @@ static void test_roundtrip_text(void **state)
 			roundtrip(ws.q[i].ids, ws.q[i].n_ids);
 			roundtrip(ws.q[i].answer, ws.q[i].n_answer);
 		}
-		kvmem_lang_workspace_free(&ws);
-		assert_int_equal(kvmem_lang_train_seq(rnd(), rnd() % 1000, 2048, 0.0, seq, NULL), 0);
+		agentlang_transcript_free(&ws);
+		assert_int_equal(agentlang_train_seq(rnd(), rnd() % 1000, 2048, 0.0, seq, NULL), 0);
 		roundtrip(seq, 2048);
 	}
 	/* Text written by hand. */
 	int32_t ids[32];
 	char out[256];
 	const char *text = "$ set api2.conf db.port = 5432\nok\n? api2.conf db.port = 5432 <end>\n";
-	int n = kvmem_lang_encode(text, ids, 32);
+	int n = agentlang_encode(text, ids, 32);
 	assert_int_equal(n, 24);
-	assert_int_equal(ids[0], kvmem_lang_lookup("$", 0));
-	assert_int_equal(ids[3], kvmem_lang_lookup("2", 1));
-	assert_int_equal(ids[7], kvmem_lang_lookup("=", 0));
-	assert_int_equal(ids[8], kvmem_lang_lookup("54", 0));
-	assert_int_equal(ids[9], kvmem_lang_lookup("32", 1));
-	kvmem_lang_decode(ids, (size_t)n, out, sizeof(out));
+	assert_int_equal(ids[0], agentlang_lookup("$", 0));
+	assert_int_equal(ids[3], agentlang_lookup("2", 1));
+	assert_int_equal(ids[7], agentlang_lookup("=", 0));
+	assert_int_equal(ids[8], agentlang_lookup("54", 0));
+	assert_int_equal(ids[9], agentlang_lookup("32", 1));
+	agentlang_decode(ids, (size_t)n, out, sizeof(out));
 	assert_string_equal(out, text);
-	assert_true(kvmem_lang_encode(text, ids, 5) < 0);
+	assert_true(agentlang_encode(text, ids, 5) < 0);
 }
 
 static void test_determinism(void **state)
 {
 	uint64_t s = rnd();
-	kvmem_lang_workspace a, b, c;
+	agentlang_transcript a, b, c;
 
 	build(&a, s, 6000, 4, 3, NULL);
 	build(&b, s, 6000, 4, 3, NULL);
@@ -290,15 +290,15 @@ static void test_determinism(void **state)
 	assert_memory_equal(a.ids, b.ids, 6000 * sizeof(int32_t));
 	assert_memory_equal(a.q, b.q, 4 * sizeof(a.q[0]));
 	assert_true(memcmp(a.ids, c.ids, 6000 * sizeof(int32_t)) != 0);
-	kvmem_lang_workspace_free(&a);
-	kvmem_lang_workspace_free(&b);
-	kvmem_lang_workspace_free(&c);
+	agentlang_transcript_free(&a);
+	agentlang_transcript_free(&b);
+	agentlang_transcript_free(&c);
 
 	int32_t x[1024], y[1024], z[1024];
 	uint64_t i = rnd() % 100000;
-	assert_int_equal(kvmem_lang_train_seq(s, i, 1024, 0.5, x, NULL), 0);
-	assert_int_equal(kvmem_lang_train_seq(s, i, 1024, 0.5, y, NULL), 0);
-	assert_int_equal(kvmem_lang_train_seq(s, i + 1, 1024, 0.5, z, NULL), 0);
+	assert_int_equal(agentlang_train_seq(s, i, 1024, 0.5, x, NULL), 0);
+	assert_int_equal(agentlang_train_seq(s, i, 1024, 0.5, y, NULL), 0);
+	assert_int_equal(agentlang_train_seq(s, i + 1, 1024, 0.5, z, NULL), 0);
 	assert_memory_equal(x, y, sizeof(x));
 	assert_true(memcmp(x, z, sizeof(x)) != 0);
 }
@@ -306,14 +306,14 @@ static void test_determinism(void **state)
 static void test_answers_are_latest(void **state)
 {
 	for (int r = 0; r < 4; r++) {
-		kvmem_lang_workspace ws;
+		agentlang_transcript ws;
 		int c;
 
 		build(&ws, rnd(), 20000, 12, (int)(rnd() % 9), NULL);
 		struct fact *fs = parse_all(ws.ids, ws.n_ids, &c);
 		check_inline_questions(ws.ids, ws.n_ids);
 		for (int i = 0; i < ws.n_q; i++) {
-			const kvmem_lang_question *q = &ws.q[i];
+			const agentlang_question *q = &ws.q[i];
 			struct fact qf, nf;
 
 			question_fact(q, &qf);
@@ -323,7 +323,7 @@ static void test_answers_are_latest(void **state)
 			/* ... and that latest fact is the needle, where it says. */
 			assert_int_equal(f->line, q->needle_pos);
 			int64_t e = q->needle_pos;
-			while (ws.ids[e] != KVMEM_LANG_NL)
+			while (ws.ids[e] != AGENTLANG_NL)
 				e++;
 			assert_int_equal(e + 1, q->needle_end);
 			assert_int_equal(parse_line(ws.ids, q->needle_pos, e, &nf), 1);
@@ -332,7 +332,7 @@ static void test_answers_are_latest(void **state)
 			if (q->stale_pos >= 0) {
 				struct fact sf;
 				int64_t se = q->stale_pos;
-				while (ws.ids[se] != KVMEM_LANG_NL)
+				while (ws.ids[se] != AGENTLANG_NL)
 					se++;
 				assert_int_equal(parse_line(ws.ids, q->stale_pos, se, &sf), 1);
 				assert_true(q->stale_pos < q->needle_pos);
@@ -341,7 +341,7 @@ static void test_answers_are_latest(void **state)
 			}
 		}
 		free(fs);
-		kvmem_lang_workspace_free(&ws);
+		agentlang_transcript_free(&ws);
 	}
 }
 
@@ -350,7 +350,7 @@ static void test_lookalikes(void **state)
 	static const int looks[] = { 0, 3, 8, 16 };
 
 	for (size_t r = 0; r < sizeof(looks) / sizeof(looks[0]); r++) {
-		kvmem_lang_workspace ws;
+		agentlang_transcript ws;
 		int c, a = 0, b = 0, v = 0;
 
 		build(&ws, rnd(), 30000, 6, looks[r], NULL);
@@ -385,14 +385,14 @@ static void test_lookalikes(void **state)
 		if (looks[r] >= 8)
 			assert_true(a > 0 && b > 0 && v > 0);
 		free(fs);
-		kvmem_lang_workspace_free(&ws);
+		agentlang_transcript_free(&ws);
 	}
 }
 
 static void test_depth(void **state)
 {
 	double depths[10];
-	kvmem_lang_workspace ws;
+	agentlang_transcript ws;
 	int64_t n = 65536;
 
 	for (int i = 0; i < 10; i++)
@@ -401,7 +401,7 @@ static void test_depth(void **state)
 	depths[1] = 0.999;
 	build(&ws, rnd(), n, 10, 4, depths);
 	for (int i = 0; i < 10; i++) {
-		const kvmem_lang_question *q = &ws.q[i];
+		const agentlang_question *q = &ws.q[i];
 		int64_t want = (int64_t)(depths[i] * (double)n + 0.5);
 
 		assert_true(q->depth_asked == depths[i]);
@@ -415,13 +415,13 @@ static void test_depth(void **state)
 				 (long long)want);
 		assert_true(q->depth >= depths[i] - 0.01 && q->depth <= depths[i] + 0.01);
 	}
-	kvmem_lang_workspace_free(&ws);
+	agentlang_transcript_free(&ws);
 
 	/* NULL depths spread the needles evenly. */
 	build(&ws, rnd(), 16384, 4, 2, NULL);
 	for (int i = 0; i < 4; i++)
 		assert_true(ws.q[i].depth > (i + 0.5) / 4 - 0.02 && ws.q[i].depth < (i + 0.5) / 4 + 0.02);
-	kvmem_lang_workspace_free(&ws);
+	agentlang_transcript_free(&ws);
 }
 
 /* Views: the needle's whole line "file key = answer" is in the sequence
@@ -433,23 +433,23 @@ static void test_depth(void **state)
  * such questions. */
 static int check_view_answers(const int32_t *t, int n, int *asked)
 {
-	int32_t eq = kvmem_lang_lookup("=", 0);
+	int32_t eq = agentlang_lookup("=", 0);
 	int glued = 0;
 
 	for (int p = 0; p < n; p++) {
-		if (t[p] != KVMEM_LANG_Q)
+		if (t[p] != AGENTLANG_Q)
 			continue;
 		int ka = p + 1, kb = ka, latest = 1, found = 0;
-		while (t[kb] != KVMEM_LANG_A)
+		while (t[kb] != AGENTLANG_A)
 			kb++;
 		for (int s = p - (kb - ka) - 1; s >= 0 && !found; s--) {
 			if (memcmp(&t[s], &t[ka], (size_t)(kb - ka) * sizeof(*t)) || t[s + kb - ka] != eq)
 				continue;
 			int v = s + kb - ka + 1, a = kb + 1;
-			while (t[a] != KVMEM_LANG_END && t[v] == t[a])
+			while (t[a] != AGENTLANG_END && t[v] == t[a])
 				v++, a++;
 			/* A fact line ends in a newline, an earlier answer in <end>. */
-			if (t[a] == KVMEM_LANG_END && (t[v] == KVMEM_LANG_NL || t[v] == KVMEM_LANG_END))
+			if (t[a] == AGENTLANG_END && (t[v] == AGENTLANG_NL || t[v] == AGENTLANG_END))
 				found = 1;
 			else
 				latest = 0;
@@ -465,29 +465,29 @@ static int check_view_answers(const int32_t *t, int n, int *asked)
 static void test_train_sequences(void **state)
 {
 	static const int lens[] = { 256, 512, 777, 2048 };
-	int kinds[2] = { 0, 0 }, size = kvmem_lang_vocab_size(), asked = 0, glued = 0;
+	int kinds[2] = { 0, 0 }, size = agentlang_vocab_size(), asked = 0, glued = 0;
 
 	for (int r = 0; r < 64; r++) {
 		int L = lens[r % 4];
 		int32_t *buf = malloc((size_t)(L + 16) * sizeof(*buf));
-		kvmem_lang_seq_info info;
+		agentlang_seq_info info;
 		uint64_t s = rnd();
 
 		assert_non_null(buf);
 		for (int i = 0; i < L + 16; i++)
 			buf[i] = -7;
-		assert_int_equal(kvmem_lang_train_seq(s, rnd() % 1000000, L, 0.5, buf, &info), 0);
+		assert_int_equal(agentlang_train_seq(s, rnd() % 1000000, L, 0.5, buf, &info), 0);
 		for (int i = L; i < L + 16; i++)
 			assert_int_equal(buf[i], -7);	/* nothing past L */
-		assert_int_equal(buf[0], KVMEM_LANG_BOS);
+		assert_int_equal(buf[0], AGENTLANG_BOS);
 		assert_true(info.n_tokens <= L && info.n_tokens > L / 2);
 		for (int i = 0; i < L; i++)
 			assert_true(buf[i] >= 0 && buf[i] < size);
 		for (int i = info.n_tokens; i < L; i++)
-			assert_int_equal(buf[i], KVMEM_LANG_PAD);
+			assert_int_equal(buf[i], AGENTLANG_PAD);
 		assert_true(info.n_questions >= 1);
 		kinds[info.kind]++;
-		if (info.kind == KVMEM_LANG_SEQ_STREAM) {
+		if (info.kind == AGENTLANG_SEQ_STREAM) {
 			assert_int_equal(check_inline_questions(buf, info.n_tokens), info.n_questions);
 			/* Dense questions: the loss on answers is strong. */
 			assert_true(info.n_questions >= L / 150);
@@ -498,35 +498,35 @@ static void test_train_sequences(void **state)
 	assert_true(kinds[0] > 0 && kinds[1] > 0);
 	if (glued * 50 > asked)
 		fail_msg("%d of %d questions have a later false fact glued at a cut", glued, asked);
-	assert_true(kvmem_lang_train_seq(1, 0, 200, 0.5, NULL, NULL) < 0);
+	assert_true(agentlang_train_seq(1, 0, 200, 0.5, NULL, NULL) < 0);
 }
 
 static void test_corpus_file(void **state)
 {
 	char p1[] = "/tmp/kvmem-corpus-XXXXXX", p2[] = "/tmp/kvmem-corpus-XXXXXX";
 	int fd1 = mkstemp(p1), fd2 = mkstemp(p2);
-	kvmem_lang_corpus_opts o = { .seed = rnd() % 1000000, .n_tokens = 9000, .seq_len = 512,
+	agentlang_corpus_opts o = { .seed = rnd() % 1000000, .n_tokens = 9000, .seq_len = 512,
 				   .view_share = 0.5, .threads = 1 };
-	kvmem_lang_corpus_header h;
+	agentlang_corpus_header h;
 
 	assert_true(fd1 >= 0 && fd2 >= 0);
 	close(fd1);
 	close(fd2);
-	assert_int_equal(kvmem_lang_corpus_write(p1, &o), 0);
+	assert_int_equal(agentlang_corpus_write(p1, &o), 0);
 	o.threads = 2;
-	assert_int_equal(kvmem_lang_corpus_write(p2, &o), 0);
-	assert_int_equal(kvmem_lang_corpus_read_header(p1, &h), 0);
+	assert_int_equal(agentlang_corpus_write(p2, &o), 0);
+	assert_int_equal(agentlang_corpus_read_header(p1, &h), 0);
 	assert_int_equal(h.n_seqs, 18);
 	assert_int_equal(h.seq_len, 512);
 	assert_int_equal(h.id_bytes, 2);
-	assert_int_equal(h.vocab, kvmem_lang_vocab_size());
-	assert_int_equal(h.vocab_hash, kvmem_lang_vocab_hash());
+	assert_int_equal(h.vocab, agentlang_vocab_size());
+	assert_int_equal(h.vocab_hash, agentlang_vocab_hash());
 	assert_int_equal(h.seed, o.seed);
 	assert_int_equal(h.view_permille, 500);
-	assert_true(h.pad == KVMEM_LANG_PAD && h.bos == KVMEM_LANG_BOS && h.q == KVMEM_LANG_Q &&
-		    h.a == KVMEM_LANG_A && h.end == KVMEM_LANG_END && h.eos == KVMEM_LANG_EOS);
+	assert_true(h.pad == AGENTLANG_PAD && h.bos == AGENTLANG_BOS && h.q == AGENTLANG_Q &&
+		    h.a == AGENTLANG_A && h.end == AGENTLANG_END && h.eos == AGENTLANG_EOS);
 
-	size_t bytes = KVMEM_LANG_CORPUS_HEADER + 18 * 512 * 2;
+	size_t bytes = AGENTLANG_CORPUS_HEADER + 18 * 512 * 2;
 	uint8_t *a = malloc(bytes + 1), *b = malloc(bytes + 1);
 	FILE *f1 = fopen(p1, "rb"), *f2 = fopen(p2, "rb");
 	assert_true(a && b && f1 && f2);
@@ -537,9 +537,9 @@ static void test_corpus_file(void **state)
 	assert_memory_equal(a, b, bytes);	/* thread count does not matter */
 	int32_t seq[512];
 	for (int s = 0; s < 18; s += 5) {
-		assert_int_equal(kvmem_lang_train_seq(o.seed, (uint64_t)s, 512, 0.5, seq, NULL), 0);
+		assert_int_equal(agentlang_train_seq(o.seed, (uint64_t)s, 512, 0.5, seq, NULL), 0);
 		for (int i = 0; i < 512; i++) {
-			const uint8_t *p = a + KVMEM_LANG_CORPUS_HEADER + ((size_t)s * 512 + i) * 2;
+			const uint8_t *p = a + AGENTLANG_CORPUS_HEADER + ((size_t)s * 512 + i) * 2;
 			assert_int_equal(p[0] | p[1] << 8, seq[i]);
 		}
 	}
@@ -548,57 +548,57 @@ static void test_corpus_file(void **state)
 	unlink(p1);
 	unlink(p2);
 	o.seq_len = 100;
-	assert_true(kvmem_lang_corpus_write(p1, &o) < 0);
+	assert_true(agentlang_corpus_write(p1, &o) < 0);
 	assert_int_equal(access(p1, F_OK), -1);
-	assert_true(kvmem_lang_corpus_read_header("/nonexistent/corpus", &h) < 0);
+	assert_true(agentlang_corpus_read_header("/nonexistent/corpus", &h) < 0);
 	assert_non_null(strstr(kvmem_last_error(), "/nonexistent/corpus"));
 }
 
 static void test_exact_match(void **state)
 {
-	kvmem_lang_workspace ws;
+	agentlang_transcript ws;
 
 	build(&ws, rnd(), 4096, 2, 2, NULL);
 	for (int i = 0; i < ws.n_q; i++) {
-		const kvmem_lang_question *q = &ws.q[i];
+		const agentlang_question *q = &ws.q[i];
 		int32_t gen[8];
 
 		memcpy(gen, q->answer, sizeof(q->answer[0]) * q->n_answer);
-		gen[q->n_answer] = KVMEM_LANG_NL;
-		assert_int_equal(kvmem_lang_exact_match(q, gen, q->n_answer + 1), 1);
-		assert_int_equal(kvmem_lang_exact_match(q, gen, q->n_answer), 1);
-		assert_int_equal(kvmem_lang_exact_match(q, gen, q->n_answer - 1), 0);
-		gen[q->n_answer - 1] = KVMEM_LANG_NL;	/* no <end> */
-		assert_int_equal(kvmem_lang_exact_match(q, gen, q->n_answer), 0);
+		gen[q->n_answer] = AGENTLANG_NL;
+		assert_int_equal(agentlang_exact_match(q, gen, q->n_answer + 1), 1);
+		assert_int_equal(agentlang_exact_match(q, gen, q->n_answer), 1);
+		assert_int_equal(agentlang_exact_match(q, gen, q->n_answer - 1), 0);
+		gen[q->n_answer - 1] = AGENTLANG_NL;	/* no <end> */
+		assert_int_equal(agentlang_exact_match(q, gen, q->n_answer), 0);
 		memcpy(gen, q->answer, sizeof(q->answer[0]) * q->n_answer);
 		gen[0] = gen[0] == 100 ? 101 : 100;	/* a wrong first token */
-		assert_int_equal(kvmem_lang_exact_match(q, gen, q->n_answer), 0);
+		assert_int_equal(agentlang_exact_match(q, gen, q->n_answer), 0);
 	}
-	kvmem_lang_workspace_free(&ws);
+	agentlang_transcript_free(&ws);
 }
 
 static void test_bad_params(void **state)
 {
-	kvmem_lang_params p;
-	kvmem_lang_workspace ws;
+	agentlang_params p;
+	agentlang_transcript ws;
 	double d = 1.5;
 
-	kvmem_lang_params_default(&p);
+	agentlang_params_default(&p);
 	p.n_tokens = 2048;
 	p.n_questions = 50;
-	assert_true(kvmem_lang_workspace_build(&p, &ws) < 0);
+	assert_true(agentlang_transcript_build(&p, &ws) < 0);
 	assert_non_null(strstr(kvmem_last_error(), "need a workspace"));
 	assert_null(ws.ids);
 	p.n_questions = 1;
 	p.depths = &d;
-	assert_true(kvmem_lang_workspace_build(&p, &ws) < 0);
+	assert_true(agentlang_transcript_build(&p, &ws) < 0);
 	assert_non_null(strstr(kvmem_last_error(), "depth"));
 	p.depths = NULL;
 	p.n_tokens = 100;
-	assert_true(kvmem_lang_workspace_build(&p, &ws) < 0);
+	assert_true(agentlang_transcript_build(&p, &ws) < 0);
 	p.n_tokens = 4096;
 	p.lookalikes = 17;
-	assert_true(kvmem_lang_workspace_build(&p, &ws) < 0);
+	assert_true(agentlang_transcript_build(&p, &ws) < 0);
 }
 
 int main(void)

@@ -19,6 +19,7 @@
 
 #include "kvmem/kvmem.h"
 #include "pager_fixture.h"
+#include "kvmem/store.h"
 
 #define KILLS 60
 #define MAX_TOKENS 20000

@@ -18,6 +18,8 @@
 
 #include "kvmem/kvmem.h"
 #include "pager_fixture.h"
+#include "pager/faults.h"
+#include "kvmem/store.h"
 
 static uint64_t g_seed;
 static char g_mnt[256];		/* mounted by a test; undone even when it fails */

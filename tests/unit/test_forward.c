@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/engine.h"
-#include "kvmem/kernels.h"
+#include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "helpers/test_model.h"
 

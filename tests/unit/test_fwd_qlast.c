@@ -24,7 +24,7 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;
@@ -106,8 +106,8 @@ static void one_call(kvmem_backend *e, kvmem_view *va, kvmem_view *vb, const int
 		memcpy(b->q + i, &canary, sizeof(canary));
 	assert_int_equal(kvmem_fwd_q_rows(&fb, n), rows);
 	assert_int_equal(kvmem_fwd_q_rows(&fa, n), n);
-	assert_int_equal(kvmem_backend_append(e, va, tok, n, a->logits, 1, &fa), 0);
-	assert_int_equal(kvmem_backend_append(e, vb, tok, n, b->logits, 1, &fb), 0);
+	assert_int_equal(kvmem_backend_append_out(e, va, tok, n, a->logits, 1, &fa), 0);
+	assert_int_equal(kvmem_backend_append_out(e, vb, tok, n, b->logits, 1, &fb), 0);
 	assert_memory_equal(a->logits, b->logits, sizeof(float) * n * c->vocab);
 	assert_memory_equal(a->k, b->k, sizeof(float) * L * n * kw);
 	assert_memory_equal(a->v, b->v, sizeof(float) * L * n * kw);
@@ -172,12 +172,12 @@ static void test_qlast_negative(void **state)
 	fo = (kvmem_fwd_out){ .raw_k = o.k, .v = o.v, .q_raw = o.q, .q_last = -1 };
 	random_tokens(&rng, tok, 4, m->cfg.vocab);
 	assert_int_equal(e->ops->view_create(e->ctx, &v), 0);
-	assert_int_equal(kvmem_backend_append(e, v, tok, 4, NULL, 0, NULL), 0);
-	assert_int_equal(kvmem_backend_append(e, v, tok, 3, o.logits, 0, &fo), -EINVAL);
+	assert_int_equal(kvmem_backend_append_out(e, v, tok, 4, NULL, 0, NULL), 0);
+	assert_int_equal(kvmem_backend_append_out(e, v, tok, 3, o.logits, 0, &fo), -EINVAL);
 	assert_non_null(strstr(kvmem_last_error(), "q_last"));
 	assert_int_equal(e->ops->length(e->ctx, v), 4);
 	fo.q_last = 2;
-	assert_int_equal(kvmem_backend_append(e, v, tok, 3, o.logits, 0, &fo), 0);
+	assert_int_equal(kvmem_backend_append_out(e, v, tok, 3, o.logits, 0, &fo), 0);
 	assert_int_equal(e->ops->length(e->ctx, v), 7);
 	e->ops->view_destroy(e->ctx, v);
 	outs_free(&o);
@@ -202,7 +202,7 @@ static void twin_forward(void *arg, const int32_t *tok, int n, const float *logi
 	const size_t L = c->n_layers, qw = (size_t)c->n_heads * c->head_dim;
 	kvmem_fwd_out fo = { .q_raw = t->o.q };
 
-	assert_int_equal(kvmem_backend_append(t->e, t->v, tok, n, NULL, 0, &fo), 0);
+	assert_int_equal(kvmem_backend_append_out(t->e, t->v, tok, n, NULL, 0, &fo), 0);
 	assert_true(t->n_tok + n <= t->cap_tok);
 	for (int i = 0; i < n; i++)
 		for (size_t l = 0; l < L; l++)

@@ -21,8 +21,8 @@
 #include <xxhash.h>
 #include <cmocka.h>
 
-#include "kvmem/engine.h"
-#include "kvmem/kernels.h"
+#include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/safetensors.h"
@@ -537,7 +537,7 @@ static void test_cli(void **state)
 {
 	const char *bin = kvmem_bin();
 	char out[8192], dir[128];
-	kvmem_json *j;
+	json_t *j;
 
 	if (access(bin, X_OK)) {
 		print_message("no %s: skipping the command tests\n", bin);
@@ -578,14 +578,24 @@ static void test_cli(void **state)
 	want_in(out, "window        4096 tokens");
 	want_in(out, "fingerprint   ");
 	assert_int_equal(run(out, sizeof(out), "%s info %s --json", bin, dir), 0);
-	j = kvmem_json_parse(out, strlen(out), "info --json");
-	assert_non_null(j);
-	assert_int_equal(kvmem_json_int(kvmem_json_get(j, "layers"), 0), 4);
-	assert_int_equal(kvmem_json_int(kvmem_json_get(j, "params"), 0), 2624256);
-	assert_int_equal(kvmem_json_int(kvmem_json_get(j, "kv_bytes_per_token_bf16"), 0), 2048);
-	assert_string_equal(kvmem_json_str(kvmem_json_get(j, "weight_dtype"), ""), "BF16");
-	assert_int_equal(strlen(kvmem_json_str(kvmem_json_get(j, "fingerprint"), "")), 16);
-	kvmem_json_free(j);
+	assert_int_equal(kvmem_json_load(out, strlen(out), "info --json", &j), 0);
+	assert_int_equal(json_integer_value(json_object_get(j, "layers")), 4);
+	assert_int_equal(json_integer_value(json_object_get(j, "params")), 2624256);
+	assert_int_equal(json_integer_value(json_object_get(j, "kv_bytes_per_token_bf16")), 2048);
+	assert_string_equal(json_string_value(json_object_get(j, "weight_dtype")), "BF16");
+	assert_int_equal(json_string_length(json_object_get(j, "fingerprint")), 16);
+	json_decref(j);
+	/* A path that is not UTF-8 cannot be a JSON string: an error, not a
+	 * broken document. */
+	{
+		char odd[160];
+
+		snprintf(odd, sizeof(odd), "%s/cli\xff", root);
+		assert_int_equal(symlink(dir, odd), 0);
+		assert_int_equal(run(out, sizeof(out), "%s info '%s' --json", bin, odd), 1);
+		want_in(out, "the path is not UTF-8");
+		unlink(odd);
+	}
 
 	assert_int_equal(run(out, sizeof(out), "%s info %s/nowhere", bin, root), 1);
 	want_in(out, "kvmem info: ");

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;

@@ -28,12 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels_bf16.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/source.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
-#include "workspace/score.h"
+#include "select/score.h"
 
 static uint64_t g_seed;
 

@@ -19,7 +19,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/lab.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "lab/lab_int.h"
 #include "pager_fixture.h"
 
@@ -468,7 +468,7 @@ static void twin_forward(void *arg, const int32_t *tok, int n, const float *logi
 {
 	struct twin *t = arg;
 
-	assert_int_equal(kvmem_backend_append(t->e, t->v, tok, n, t->logits, 1, NULL), 0);
+	assert_int_equal(kvmem_backend_append_out(t->e, t->v, tok, n, t->logits, 1, NULL), 0);
 	t->calls++;
 	t->differ += memcmp(logits, t->logits, (size_t)n * t->vocab * sizeof(float)) != 0;
 }

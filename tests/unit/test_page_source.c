@@ -36,7 +36,7 @@
 #include "kvmem/kmod.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
 
@@ -118,7 +118,7 @@ static void pager_close(struct fx *f)
 
 static void pager_commit(struct fx *f, const int32_t *ids, int64_t n)
 {
-	if (kvmem_page_source_pager_commit(&f->src, ids, n, NULL, 0) < 0)
+	if (kvmem_page_source_commit(&f->src, ids, n, NULL, 0) < 0)
 		fail_msg("commit of %lld tokens: %s", (long long)n, kvmem_last_error());
 }
 

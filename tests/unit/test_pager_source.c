@@ -15,7 +15,7 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "pager_fixture.h"
 
 static uint64_t g_seed;
@@ -121,7 +121,7 @@ static int run_steps(const struct run *r, int first, int last, uint64_t seed, in
 			size_t len;
 
 			assert_int_equal(kvmem_session_save_state(s, &st, &len), 0);
-			assert_int_equal(kvmem_page_source_pager_commit(&src, kvmem_session_token_ids(s),
+			assert_int_equal(kvmem_page_source_commit(&src, kvmem_session_token_ids(s),
 								      kvmem_session_tokens(s), st,
 								      len), 0);
 			free(st);

@@ -13,6 +13,7 @@
 
 #include "kvmem/kvmem.h"
 #include "pager_fixture.h"
+#include "pager/repl_int.h"
 
 static uint64_t g_seed;
 

@@ -16,6 +16,7 @@
 
 #include "kvmem/kvmem.h"
 #include "pager_fixture.h"
+#include "kvmem/store.h"
 
 static uint64_t g_seed;
 
@@ -171,6 +172,57 @@ static void test_salvage_each_kind_of_damage(void **state)
 	fx_rmtree(dest);
 }
 
+/* Issue 23: one byte of the partial block's index record (the last record
+ * of its tail slot, after the L layers) flipped: every full block is kept,
+ * the partial block and the session state are dropped, and the first bad
+ * place is named by file, slot and byte offset, as verify names it. */
+static void test_salvage_tail_index_record(void **state)
+{
+	uint64_t rng = g_seed ^ 3, seed = fx_mix(rng);
+	kvmem_page_geom g = fx_geom(&rng);
+	uint64_t blocks = test_rng_int(&rng, 1, 6), stride = kvmem_page_stride(&g);
+	uint32_t tail = test_rng_int(&rng, 1, g.block_tokens - 1);
+	/* The first commit writes the partial block to slot 1. */
+	uint64_t slot_bytes = stride * g.n_layers + (g.index_bytes + 4095) / 4096 * 4096;
+	uint64_t at = slot_bytes + g.n_layers * stride;
+	char dir[256], dest[300], path[400], want[160], *report = NULL;
+	kvmem_salvage_report r;
+	size_t rlen = 0;
+	uint64_t before;
+	FILE *rep;
+
+	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
+	snprintf(dest, sizeof(dest), "%s.salvaged", dir);
+	make_ws(dir, &g, seed, blocks, tail);
+	snprintf(path, sizeof(path), "%s/tail", dir);
+	assert_int_equal(fx_flip(path, at + test_rng_int(&rng, 0, g.index_bytes - 1)), 0);
+	snprintf(want, sizeof(want), "/tail: slot 1, index %u at offset %" PRIu64 " ", g.n_layers,
+		 at);
+	rep = open_memstream(&report, &rlen);
+	assert_int_equal(kvmem_workspace_verify(dir, rep, 0), 1);
+	fclose(rep);
+	if (!strstr(report, want))
+		fail_msg("verify did not name \"%s\": %s", want, report);
+	free(report);
+	before = fx_dir_digest(dir);
+
+	assert_int_equal(kvmem_workspace_salvage(dir, dest, &r), 0);
+	print_message("kept %" PRIu64 " of %" PRIu64 " tokens; first bad: %s\n", r.tokens_kept,
+		      r.tokens, r.first_bad);
+	assert_int_equal(r.blocks_kept, blocks);
+	assert_int_equal(r.tail_tokens, tail);
+	assert_int_equal(r.tail_kept, 0);
+	assert_int_equal(r.tokens_kept, blocks * g.block_tokens);
+	assert_true(r.tokens_ok);
+	assert_false(r.app_kept);
+	if (!strstr(r.first_bad, want))
+		fail_msg("first bad item \"%s\" does not name \"%s\"", r.first_bad, want);
+	assert_int_equal(fx_dir_digest(dir), before);
+	check_dest(dest, &g, seed, blocks * g.block_tokens, 0);
+	fx_rmtree(dir);
+	fx_rmtree(dest);
+}
+
 /* Salvage never writes over anything: a destination that is not empty, the
  * workspace itself, or a source without a readable manifest is refused. */
 static void test_salvage_refuses(void **state)
@@ -209,6 +261,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_salvage_keeps_good_prefix),
 		cmocka_unit_test(test_salvage_each_kind_of_damage),
+		cmocka_unit_test(test_salvage_tail_index_record),
 		cmocka_unit_test(test_salvage_refuses),
 	};
 

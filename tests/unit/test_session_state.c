@@ -26,7 +26,7 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "pager_fixture.h"
 
 static uint64_t g_seed;
@@ -242,7 +242,7 @@ static void reopen(const struct kase *k, struct side *d)
 		uint32_t alen;
 		const void *app;
 
-		assert_int_equal(kvmem_page_source_pager_commit(&d->src, ids, n, state, len), 0);
+		assert_int_equal(kvmem_page_source_commit(&d->src, ids, n, state, len), 0);
 		free(state);
 		side_close(d, 0);
 		side_open(k, d);
@@ -337,7 +337,7 @@ static int run_case(const struct kase *k)
 		size_t len;
 
 		assert_int_equal(kvmem_session_save_state(two.s, &st, &len), 0);
-		assert_int_equal(kvmem_page_source_pager_commit(&two.src, kvmem_session_token_ids(two.s),
+		assert_int_equal(kvmem_page_source_commit(&two.src, kvmem_session_token_ids(two.s),
 							      kvmem_session_tokens(two.s), st, len), 0);
 		free(st);
 	}

@@ -18,7 +18,7 @@
 
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "pager_fixture.h"
 
 static uint64_t g_seed;

@@ -22,6 +22,8 @@
 
 #include "kvmem/kvmem.h"
 #include "pager_fixture.h"
+#include "pager/faults.h"
+#include "kvmem/store.h"
 
 static uint64_t g_seed;
 static int g_down = -1;		/* the pipe a child waits on; closed on failure */

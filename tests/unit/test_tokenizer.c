@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * The byte-level BPE tokenizer on a small tokenizer.json written here:
- * merges by rank (leftmost first among equals), the Split regex, added
+ * merges by rank (leftmost first among equals; a merge listed twice at
+ * its later rank), the Split regex, added
  * tokens found only when asked, NFC, lossy decoding, the round trip on
  * random text, refusals; and the Qwen3 template's text for a few turns.
  * (tests/unit/test_tokenizer_ref.c holds it against Qwen3's real files.)
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -21,6 +23,7 @@
 #include "kvmem/tokenizer.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
+#include "util/json.h"
 
 static char dir[512];
 static const char *merges[][2] = {
@@ -53,7 +56,9 @@ static void json_str(FILE *f, const char *s)
 	kvmem_json_write_str(f, s);
 }
 
-static void write_tokenizer(const char *path, const char *model_type)
+/* A tokenizer.json whose merges are mg[0, n) in that order (a merge may be
+ * listed twice; its result joins the vocabulary once). */
+static void write_bpe(const char *path, const char *model_type, const char *(*mg)[2], size_t n)
 {
 	FILE *f = fopen(path, "w");
 	int id = 0;
@@ -77,33 +82,43 @@ static void write_tokenizer(const char *path, const char *model_type)
 		json_str(f, c);
 		fprintf(f, ": %d", id);
 	}
-	for (size_t i = 0; i < sizeof(merges) / sizeof(merges[0]); i++, id++) {
+	for (size_t i = 0; i < n; i++) {
 		char both[32];
+		size_t k = 0;
 
-		snprintf(both, sizeof(both), "%s%s", merges[i][0], merges[i][1]);
+		while (k < i && (strcmp(mg[k][0], mg[i][0]) || strcmp(mg[k][1], mg[i][1])))
+			k++;
+		if (k < i)
+			continue;
+		snprintf(both, sizeof(both), "%s%s", mg[i][0], mg[i][1]);
 		fprintf(f, ", ");
 		json_str(f, both);
-		fprintf(f, ": %d", id);
+		fprintf(f, ": %d", id++);
 	}
 	fprintf(f, "}, \"merges\": [");
-	for (size_t i = 0; i < sizeof(merges) / sizeof(merges[0]); i++) {
+	for (size_t i = 0; i < n; i++) {
 		/* Both spellings of a merge: "a b" and ["a", "b"]. */
 		if (i % 2) {
 			fprintf(f, "%s[", i ? ", " : "");
-			json_str(f, merges[i][0]);
+			json_str(f, mg[i][0]);
 			fprintf(f, ", ");
-			json_str(f, merges[i][1]);
+			json_str(f, mg[i][1]);
 			fprintf(f, "]");
 		} else {
 			char both[32];
 
-			snprintf(both, sizeof(both), "%s %s", merges[i][0], merges[i][1]);
+			snprintf(both, sizeof(both), "%s %s", mg[i][0], mg[i][1]);
 			fprintf(f, "%s", i ? ", " : "");
 			json_str(f, both);
 		}
 	}
 	fprintf(f, "]}}\n");
 	fclose(f);
+}
+
+static void write_tokenizer(const char *path, const char *model_type)
+{
+	write_bpe(path, model_type, merges, sizeof(merges) / sizeof(merges[0]));
 }
 
 static int setup(void **state)
@@ -167,6 +182,36 @@ static void test_merges(void **state)
 	/* Digits one at a time; punctuation runs; whitespace before a word. */
 	pieces(t, "x 123!!\n\n  hello", 0, got, sizeof(got));
 	assert_string_equal(got, "x| |1|2|3|!|!|\n|\n| | |hello");
+	kvmem_tokenizer_free(t);
+}
+
+/*
+ * A merge listed twice ranks where it is listed last, as Hugging Face's
+ * tokenizers and transformers.js rank it (both keep the last rank a map is
+ * given; transformers.js, run on these two files: "a|bc" and "ab|c"). Each
+ * file's two ranks give different encodings of "abc".
+ */
+static void test_repeated_merge(void **state)
+{
+	static const char *ab_twice[][2] = { { "a", "b" }, { "b", "c" }, { "a", "b" } };
+	static const char *bc_twice[][2] = { { "b", "c" }, { "a", "b" }, { "b", "c" } };
+	char sub[600], path[700], got[64];
+	kvmem_tokenizer *t = NULL;
+
+	snprintf(sub, sizeof(sub), "%s/repeated", dir);
+	assert_int_equal(mkdir(sub, 0755), 0);
+	snprintf(path, sizeof(path), "%s/tokenizer.json", sub);
+	/* "a b" at ranks 0 and 2: "b c" (rank 1) goes first. */
+	write_bpe(path, "BPE", ab_twice, 3);
+	assert_int_equal(kvmem_tokenizer_load(sub, &t), 0);
+	pieces(t, "abc", 0, got, sizeof(got));
+	assert_string_equal(got, "a|bc");
+	kvmem_tokenizer_free(t);
+	/* "b c" at ranks 0 and 2: "a b" (rank 1) goes first. */
+	write_bpe(path, "BPE", bc_twice, 3);
+	assert_int_equal(kvmem_tokenizer_load(sub, &t), 0);
+	pieces(t, "abc", 0, got, sizeof(got));
+	assert_string_equal(got, "ab|c");
 	kvmem_tokenizer_free(t);
 }
 
@@ -295,15 +340,69 @@ static void test_qwen3_text(void **state)
 	free(text);
 }
 
+/*
+ * A tool round trip: a query, an assistant turn with its reasoning and a
+ * tool call, the tool's answer, the final answer. The expected texts are
+ * what transformers' apply_chat_template writes with Qwen3's template
+ * (jinja2 3.1.6 in its sandbox with trim_blocks, lstrip_blocks and its
+ * tojson, the way chat_template_utils.py sets it up).
+ */
+static void test_qwen3_tool_turns(void **state)
+{
+	static const char *name[] = { "get_weather" }, *args[] = { "{\"city\": \"Oslo\"}" };
+	/* The tool's answer sent as a user message: it is not the last query,
+	 * so the reasoning of the turn that called the tool is kept. */
+	kvmem_chat_msg a[5] = {
+		{ .role = "system", .content = "S" },
+		{ .role = "user", .content = "Weather in Oslo?" },
+		{ .role = "assistant", .content = "", .reasoning = "Need the tool.", .call_names = name,
+		  .call_args = args, .n_calls = 1 },
+		{ .role = "user", .content = "<tool_response>\n{\"temp\": -3}\n</tool_response>" },
+		{ .role = "assistant", .content = "It is -3.", .reasoning = "Cold." },
+	};
+	/* The same with a tool message, and content of a newline alone before
+	 * the call: the template tests the content before it strips it. */
+	kvmem_chat_msg b[4] = {
+		{ .role = "user", .content = "Weather in Oslo?" },
+		{ .role = "assistant", .content = "\n", .reasoning = "Need the tool.", .call_names = name,
+		  .call_args = args, .n_calls = 1 },
+		{ .role = "tool", .content = "{\"temp\": -3}" },
+		{ .role = "assistant", .content = "It is -3.", .reasoning = "Cold." },
+	};
+	kvmem_chat_opts o = { .add_generation_prompt = 0, .thinking = -1 };
+	char *text;
+	size_t len;
+
+	assert_int_equal(kvmem_chat_qwen3_text(a, 5, 0, &o, &text, &len), 0);
+	assert_string_equal(text, "<|im_start|>system\nS<|im_end|>\n"
+			    "<|im_start|>user\nWeather in Oslo?<|im_end|>\n"
+			    "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n<tool_call>\n"
+			    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+			    "</tool_call><|im_end|>\n"
+			    "<|im_start|>user\n<tool_response>\n{\"temp\": -3}\n</tool_response><|im_end|>\n"
+			    "<|im_start|>assistant\n<think>\nCold.\n</think>\n\nIt is -3.<|im_end|>\n");
+	free(text);
+	assert_int_equal(kvmem_chat_qwen3_text(b, 4, 0, &o, &text, &len), 0);
+	assert_string_equal(text, "<|im_start|>user\nWeather in Oslo?<|im_end|>\n"
+			    "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n\n<tool_call>\n"
+			    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+			    "</tool_call><|im_end|>\n"
+			    "<|im_start|>user\n<tool_response>\n{\"temp\": -3}\n</tool_response><|im_end|>\n"
+			    "<|im_start|>assistant\n<think>\nCold.\n</think>\n\nIt is -3.<|im_end|>\n");
+	free(text);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_merges),
+		cmocka_unit_test(test_repeated_merge),
 		cmocka_unit_test(test_added),
 		cmocka_unit_test(test_nfc_and_lossy),
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_qwen3_text),
+		cmocka_unit_test(test_qwen3_tool_turns),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

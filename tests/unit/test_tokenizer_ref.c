@@ -39,7 +39,7 @@ static kvmem_tokenizer *load(void)
 }
 
 /* Each line of DIR/name as a parsed document, in order; calls fn. */
-static int each_line(const char *name, void (*fn)(kvmem_tokenizer *, const kvmem_json *, int, int *),
+static int each_line(const char *name, void (*fn)(kvmem_tokenizer *, const json_t *, int, int *),
 		     kvmem_tokenizer *t)
 {
 	char path[4200];
@@ -54,12 +54,12 @@ static int each_line(const char *name, void (*fn)(kvmem_tokenizer *, const kvmem
 	if (!f)
 		fail_msg("%s: cannot open", path);
 	while ((len = getline(&line, &cap, f)) > 0) {
-		kvmem_json *doc = kvmem_json_parse(line, (size_t)len, path);
+		json_t *doc;
 
-		if (!doc)
+		if (kvmem_json_load(line, (size_t)len, path, &doc))
 			fail_msg("%s", kvmem_last_error());
 		fn(t, doc, ++n, &bad);
-		kvmem_json_free(doc);
+		json_decref(doc);
 	}
 	free(line);
 	fclose(f);
@@ -68,40 +68,51 @@ static int each_line(const char *name, void (*fn)(kvmem_tokenizer *, const kvmem
 	return n;
 }
 
-static int same_ids(const kvmem_ids *got, const kvmem_json *want, int line, const char *what)
+/* A string's text ("" for anything else) and an integer's value (-1). */
+static const char *str(const json_t *v)
 {
-	size_t n = kvmem_json_len(want);
+	return json_is_string(v) ? json_string_value(v) : "";
+}
+
+static long long ival(const json_t *v)
+{
+	return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+static int same_ids(const kvmem_ids *got, const json_t *want, int line, const char *what)
+{
+	size_t n = json_array_size(want);
 	size_t i;
 
 	for (i = 0; i < n && i < got->n; i++)
-		if (got->v[i] != kvmem_json_int(kvmem_json_at(want, i), -1))
+		if (got->v[i] != ival(json_array_get(want, i)))
 			break;
 	if (i == n && n == got->n)
 		return 1;
 	print_error("%s line %d: token %zu differs (got %zu ids, want %zu; got %d, want %lld)\n",
 		    what, line, i, got->n, n, i < got->n ? got->v[i] : -1,
-		    (long long)kvmem_json_int(kvmem_json_at(want, i), -1));
+		    (long long)ival(json_array_get(want, i)));
 	return 0;
 }
 
-static void corpus_line(kvmem_tokenizer *t, const kvmem_json *doc, int line, int *bad)
+static void corpus_line(kvmem_tokenizer *t, const json_t *doc, int line, int *bad)
 {
-	const kvmem_json *text = kvmem_json_get(doc, "text");
-	const kvmem_json *nfc = kvmem_json_get(doc, "text_nfc");
+	const json_t *text = json_object_get(doc, "text");
+	const json_t *nfc = json_object_get(doc, "text_nfc");
 	kvmem_ids ids = { 0 };
 	char *back = NULL;
 	size_t len = 0;
 
-	if (kvmem_tokenizer_encode(t, kvmem_json_str(text, ""), kvmem_json_str_len(text),
+	if (kvmem_tokenizer_encode(t, str(text), json_string_length(text),
 				   KVMEM_TOK_SPECIAL, &ids)) {
 		print_error("corpus line %d: %s\n", line, kvmem_last_error());
 		(*bad)++;
 		return;
 	}
-	if (!same_ids(&ids, kvmem_json_get(doc, "ids"), line, "corpus"))
+	if (!same_ids(&ids, json_object_get(doc, "ids"), line, "corpus"))
 		(*bad)++;
 	else if (kvmem_tokenizer_decode(t, ids.v, ids.n, 0, &back, &len) ||
-		 len != kvmem_json_str_len(nfc) || memcmp(back, kvmem_json_str(nfc, ""), len)) {
+		 len != json_string_length(nfc) || memcmp(back, str(nfc), len)) {
 		print_error("corpus line %d: decode does not give the NFC text back\n", line);
 		(*bad)++;
 	}
@@ -124,56 +135,56 @@ static void test_corpus(void **state)
 	kvmem_tokenizer_free(t);
 }
 
-static const char *opt_str(const kvmem_json *v)
+static const char *opt_str(const json_t *v)
 {
-	return kvmem_json_typeof(v) == KVMEM_JSON_STRING ? kvmem_json_str(v, "") : NULL;
+	return json_string_value(v);	/* NULL for anything but a string */
 }
 
-static void chat_line(kvmem_tokenizer *t, const kvmem_json *doc, int line, int *bad)
+static void chat_line(kvmem_tokenizer *t, const json_t *doc, int line, int *bad)
 {
-	const kvmem_json *ms = kvmem_json_get(doc, "messages");
-	const kvmem_json *tt = kvmem_json_get(doc, "tools_text");
-	size_t n = kvmem_json_len(ms);
+	const json_t *ms = json_object_get(doc, "messages");
+	const json_t *tt = json_object_get(doc, "tools_text");
+	size_t n = json_array_size(ms);
 	kvmem_chat_msg *m = calloc(n + 1, sizeof(*m));
-	const char **tools = calloc(kvmem_json_len(tt) + 1, sizeof(char *));
+	const char **tools = calloc(json_array_size(tt) + 1, sizeof(char *));
 	const char **names = calloc(64, sizeof(char *)), **args = calloc(64, sizeof(char *));
 	kvmem_chat_opts o = { 0 };
 	kvmem_ids ids = { 0 }, inc = { 0 };
 	char *text = NULL;
 	size_t len = 0, used = 0;
-	const kvmem_json *think = kvmem_json_get(doc, "enable_thinking");
+	const json_t *think = json_object_get(doc, "enable_thinking");
 
 	for (size_t i = 0; i < n; i++) {
-		const kvmem_json *x = kvmem_json_at(ms, i), *calls = kvmem_json_get(x, "tool_calls");
+		const json_t *x = json_array_get(ms, i), *calls = json_object_get(x, "tool_calls");
 
-		m[i].role = kvmem_json_str(kvmem_json_get(x, "role"), "");
-		m[i].content = opt_str(kvmem_json_get(x, "content"));
-		m[i].reasoning = opt_str(kvmem_json_get(x, "reasoning_content"));
+		m[i].role = str(json_object_get(x, "role"));
+		m[i].content = opt_str(json_object_get(x, "content"));
+		m[i].reasoning = opt_str(json_object_get(x, "reasoning_content"));
 		m[i].call_names = names + used;
 		m[i].call_args = args + used;
-		m[i].n_calls = (int)kvmem_json_len(calls);
-		for (size_t j = 0; j < kvmem_json_len(calls); j++, used++) {
-			const kvmem_json *fn = kvmem_json_get(kvmem_json_at(calls, j), "function");
+		m[i].n_calls = (int)json_array_size(calls);
+		for (size_t j = 0; j < json_array_size(calls); j++, used++) {
+			const json_t *fn = json_object_get(json_array_get(calls, j), "function");
 
-			names[used] = kvmem_json_str(kvmem_json_get(fn, "name"), "");
-			args[used] = kvmem_json_str(kvmem_json_get(fn, "arguments"), "");
+			names[used] = str(json_object_get(fn, "name"));
+			args[used] = str(json_object_get(fn, "arguments"));
 		}
 	}
-	for (size_t i = 0; i < kvmem_json_len(tt); i++)
-		tools[i] = kvmem_json_str(kvmem_json_at(tt, i), "");
+	for (size_t i = 0; i < json_array_size(tt); i++)
+		tools[i] = str(json_array_get(tt, i));
 	o.tools = tools;
-	o.n_tools = (int)kvmem_json_len(tt);
-	o.add_generation_prompt = kvmem_json_bool(kvmem_json_get(doc, "add_generation_prompt"), 0);
-	o.thinking = kvmem_json_typeof(think) == KVMEM_JSON_BOOL ? kvmem_json_bool(think, 1) : -1;
+	o.n_tools = (int)json_array_size(tt);
+	o.add_generation_prompt = json_is_true(json_object_get(doc, "add_generation_prompt"));
+	o.thinking = json_is_boolean(think) ? json_is_true(think) : -1;
 	if (kvmem_chat_qwen3_text(m, n, 0, &o, &text, &len) ||
-	    len != kvmem_json_str_len(kvmem_json_get(doc, "text")) ||
-	    memcmp(text, kvmem_json_str(kvmem_json_get(doc, "text"), ""), len)) {
+	    len != json_string_length(json_object_get(doc, "text")) ||
+	    memcmp(text, str(json_object_get(doc, "text")), len)) {
 		print_error("chat line %d: the rendered text differs:\n--- kvmem\n%s\n--- jinja\n%s\n",
 			    line, text ? text : kvmem_last_error(),
-			    kvmem_json_str(kvmem_json_get(doc, "text"), ""));
+			    str(json_object_get(doc, "text")));
 		(*bad)++;
 	} else if (kvmem_chat_render(t, m, n, 0, &o, &ids) ||
-		   !same_ids(&ids, kvmem_json_get(doc, "ids"), line, "chat")) {
+		   !same_ids(&ids, json_object_get(doc, "ids"), line, "chat")) {
 		(*bad)++;
 	} else {
 		/*
@@ -201,7 +212,7 @@ static void chat_line(kvmem_tokenizer *t, const kvmem_json *doc, int line, int *
 				break;
 			from = k;
 		}
-		if (!has_reasoning && !same_ids(&inc, kvmem_json_get(doc, "ids"), line, "chat turn by turn"))
+		if (!has_reasoning && !same_ids(&inc, json_object_get(doc, "ids"), line, "chat turn by turn"))
 			(*bad)++;
 	}
 	free(text);

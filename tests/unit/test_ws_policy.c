@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
+#include "session/inspect.h"
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;

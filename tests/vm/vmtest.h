@@ -26,6 +26,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
 #include "../../kmod/kvmem_xxh3.h"
+#include "kvmem/store.h"
 
 #define VT_DEV "/dev/kvmem"
 

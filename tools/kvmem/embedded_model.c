@@ -15,6 +15,7 @@
 
 #include "kvmem/kvmem.h"
 #include "embedded_model.h"
+#include "util/fs.h"
 
 #define EMBED(sym, path)                                                    \
 	__asm__(".section .rodata\n"                                       \

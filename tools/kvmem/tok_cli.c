@@ -8,12 +8,46 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/tokenizer.h"
 #include "tok_cli.h"
 
 /* ---- agentlang behind kvmem_tokenizer_ops ---------------------------------- */
+/*
+ * A text that is not agentlang. agentlang has no byte fallback, and one
+ * would not help: the model never saw such tokens in training, so English
+ * in, noise out. The message says what the model speaks instead, with a
+ * prompt it answers (tests/cli/test_serve_api.sh sends this very one).
+ */
+#define AL_EXAMPLE "$ cat api.conf\napi.conf db.port = 5432\n? api.conf db.port ="
+
+static int not_agentlang(const char *text)
+{
+	const char *w = text;
+	size_t n = 0;
+	int32_t ids[64];
+
+	/* The first word with no piece (each word alone encodes alike). */
+	while (*w) {
+		w += strspn(w, " \t\r\n\v\f");
+		n = strcspn(w, " \t\r\n\v\f");
+		if (!n)
+			break;
+		char word[64];
+
+		snprintf(word, sizeof(word), "%.*s", (int)(n < 63 ? n : 63), w);
+		if (n >= 63 || agentlang_encode(word, ids, 64) < 0)
+			break;
+		w += n;
+	}
+	return kvmem_error(EINVAL, "agentlang: '%.*s' is not agentlang, the language the embedded "
+			   "model speaks: a synthetic language of config files, shell commands "
+			   "and their output (Documentation/agentlang.md), not English. A prompt "
+			   "it answers: \"%s\" (its answer: 5432)", (int)(n < 40 ? n : 40), w,
+			   AL_EXAMPLE);
+}
+
 static int al_encode(void *ctx, const char *text, size_t len, unsigned flags, kvmem_ids *out)
 {
 	char *copy;
@@ -31,8 +65,9 @@ static int al_encode(void *ctx, const char *text, size_t len, unsigned flags, kv
 	}
 	memcpy(copy, text, len);
 	copy[len] = 0;
-	n = kvmem_lang_encode(copy, ids, len + 1);
-	rc = n < 0 ? kvmem_fail() : kvmem_ids_push(out, ids, (size_t)n);
+	n = agentlang_encode(copy, ids, len + 1);
+	rc = n >= 0 ? kvmem_ids_push(out, ids, (size_t)n)
+	     : strstr(kvmem_last_error(), "no piece") ? not_agentlang(copy) : kvmem_fail();
 	free(copy);
 	free(ids);
 	return rc;
@@ -41,7 +76,7 @@ static int al_encode(void *ctx, const char *text, size_t len, unsigned flags, kv
 static int al_decode(void *ctx, const int32_t *ids, size_t n, unsigned flags, char **text,
 		     size_t *len)
 {
-	long need = kvmem_lang_decode(ids, n, NULL, 0);
+	long need = agentlang_decode(ids, n, NULL, 0);
 
 	*text = NULL;
 	*len = 0;
@@ -50,7 +85,7 @@ static int al_decode(void *ctx, const int32_t *ids, size_t n, unsigned flags, ch
 	*text = malloc((size_t)need + 1);
 	if (!*text)
 		return kvmem_error(ENOMEM, "agentlang: out of memory for decoded text");
-	kvmem_lang_decode(ids, n, *text, (size_t)need + 1);
+	agentlang_decode(ids, n, *text, (size_t)need + 1);
 	*len = (size_t)need;
 	return 0;
 }
@@ -68,8 +103,8 @@ static int ends_nl(const char *s)
 static int al_render(void *ctx, const kvmem_chat_msg *m, size_t n, size_t from,
 		     const kvmem_chat_opts *o, kvmem_ids *out)
 {
-	static const int32_t bos = KVMEM_LANG_BOS, nl = KVMEM_LANG_NL;
-	static const int32_t close[2] = { KVMEM_LANG_END, KVMEM_LANG_NL };
+	static const int32_t bos = AGENTLANG_BOS, nl = AGENTLANG_NL;
+	static const int32_t close[2] = { AGENTLANG_END, AGENTLANG_NL };
 
 	for (size_t i = from; i < n; i++) {
 		const char *c = m[i].content ? m[i].content : "";
@@ -94,13 +129,13 @@ static int al_stop_ids(void *ctx, int32_t *ids, int cap)
 {
 	if (cap < 1)
 		return 0;
-	ids[0] = KVMEM_LANG_END;
+	ids[0] = AGENTLANG_END;
 	return 1;
 }
 
 static int al_vocab(void *ctx)
 {
-	return kvmem_lang_vocab_size();
+	return agentlang_vocab_size();
 }
 
 static const kvmem_tokenizer_ops agentlang_ops = {
@@ -143,7 +178,7 @@ int tok_cli_open(const char *dir, const kvmem_config *c, struct tok_cli *t)
 		}
 		return 0;
 	}
-	if (kvmem_lang_check_model(dir, c) < 0)
+	if (agentlang_check_model(dir, c) < 0)
 		return kvmem_error(ENOENT, "%s: no tokenizer.json, and not an agentlang model: give "
 				   "token ids instead of text", dir);
 	t->tok = kvmem_tokenizer_custom(&agentlang_ops, NULL);
@@ -152,7 +187,7 @@ int tok_cli_open(const char *dir, const kvmem_config *c, struct tok_cli *t)
 	t->agentlang = 1;
 	t->n_stop = al_stop_ids(NULL, t->stop, 8);
 	{
-		static const int32_t nl = KVMEM_LANG_NL, close[2] = { KVMEM_LANG_END, KVMEM_LANG_NL };
+		static const int32_t nl = AGENTLANG_NL, close[2] = { AGENTLANG_END, AGENTLANG_NL };
 
 		if (kvmem_ids_push(&t->after_stop, &nl, 1) || kvmem_ids_push(&t->after_other, close, 2)) {
 			tok_cli_close(t);

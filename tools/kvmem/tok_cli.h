@@ -6,7 +6,7 @@
  *
  * A directory with tokenizer.json gets the byte-level BPE (and the Qwen3
  * chat template when its vocabulary has <|im_start|>); an agentlang model
- * (kvmem's own, `kvmem_lang_check_model`) gets agentlang's word-level
+ * (kvmem's own, `agentlang_check_model`) gets agentlang's word-level
  * tokenizer with a template of its own: <bos> first, each message's text,
  * a newline between messages, an assistant's turn is its answer, <end> and
  * a newline. Generation stops at <end> (agentlang) or <|im_end|> /

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * Corpus files for tools/train/train.py: a 64-byte header and fixed-length
- * sequences of little-endian ids (layout in include/kvmem/agentlang.h).
+ * sequences of little-endian ids (layout in user/agentlang/agentlang.h).
  * Sequences are generated in parallel, a chunk at a time; each depends only
  * on (seed, index), so the file is the same whatever the thread count.
  */
@@ -50,29 +50,29 @@ static uint64_t get64(const uint8_t *p)
 	return get32(p) | (uint64_t)get32(p + 4) << 32;
 }
 
-static void header_bytes(uint8_t *h, const kvmem_lang_corpus_opts *o, uint64_t n_seqs, int idb)
+static void header_bytes(uint8_t *h, const agentlang_corpus_opts *o, uint64_t n_seqs, int idb)
 {
-	memset(h, 0, KVMEM_LANG_CORPUS_HEADER);
-	memcpy(h, KVMEM_LANG_CORPUS_MAGIC, 8);
+	memset(h, 0, AGENTLANG_CORPUS_HEADER);
+	memcpy(h, AGENTLANG_CORPUS_MAGIC, 8);
 	put32(h + 8, 1);
-	put32(h + 12, KVMEM_LANG_CORPUS_HEADER);
-	put32(h + 16, (uint32_t)kvmem_lang_vocab_size());
+	put32(h + 12, AGENTLANG_CORPUS_HEADER);
+	put32(h + 16, (uint32_t)agentlang_vocab_size());
 	put32(h + 20, (uint32_t)o->seq_len);
 	put64(h + 24, n_seqs);
 	put64(h + 32, o->seed);
 	put32(h + 40, (uint32_t)idb);
-	put16(h + 44, KVMEM_LANG_PAD);
-	put16(h + 46, KVMEM_LANG_BOS);
-	put16(h + 48, KVMEM_LANG_EOS);
-	put16(h + 50, KVMEM_LANG_Q);
-	put16(h + 52, KVMEM_LANG_A);
-	put16(h + 54, KVMEM_LANG_END);
+	put16(h + 44, AGENTLANG_PAD);
+	put16(h + 46, AGENTLANG_BOS);
+	put16(h + 48, AGENTLANG_EOS);
+	put16(h + 50, AGENTLANG_Q);
+	put16(h + 52, AGENTLANG_A);
+	put16(h + 54, AGENTLANG_END);
 	put32(h + 56, (uint32_t)(o->view_share * 1000.0 + 0.5));
-	put32(h + 60, kvmem_lang_vocab_hash());
+	put32(h + 60, agentlang_vocab_hash());
 }
 
 /* Generate sequences [s0, s0 + n) into ids; 0 or -1 with the first error. */
-static int gen_chunk(const kvmem_lang_corpus_opts *o, uint64_t s0, int n, int32_t *ids,
+static int gen_chunk(const agentlang_corpus_opts *o, uint64_t s0, int n, int32_t *ids,
 		     char *err, size_t errlen)
 {
 	int failed = 0;
@@ -81,7 +81,7 @@ static int gen_chunk(const kvmem_lang_corpus_opts *o, uint64_t s0, int n, int32_
 	for (int i = 0; i < n; i++) {
 		if (failed)
 			continue;
-		if (kvmem_lang_train_seq(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
+		if (agentlang_train_seq(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
 				       ids + (size_t)i * o->seq_len, NULL)) {
 #pragma omp critical
 			{
@@ -101,10 +101,10 @@ static int write_all(FILE *f, const void *p, size_t n, const char *path)
 	return 0;
 }
 
-int kvmem_lang_corpus_write(const char *path, const kvmem_lang_corpus_opts *o)
+int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 {
 	int idb = o->id_bytes ? o->id_bytes : 2;
-	uint8_t h[KVMEM_LANG_CORPUS_HEADER];
+	uint8_t h[AGENTLANG_CORPUS_HEADER];
 	char err[1024] = "";
 	int rc = 0;
 
@@ -158,9 +158,9 @@ out:
 	return rc;
 }
 
-int kvmem_lang_corpus_read_header(const char *path, kvmem_lang_corpus_header *hd)
+int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *hd)
 {
-	uint8_t h[KVMEM_LANG_CORPUS_HEADER];
+	uint8_t h[AGENTLANG_CORPUS_HEADER];
 	FILE *f = fopen(path, "rb");
 
 	if (!f)
@@ -169,14 +169,14 @@ int kvmem_lang_corpus_read_header(const char *path, kvmem_lang_corpus_header *hd
 	fclose(f);
 	if (got != sizeof(h))
 		return kvmem_error(EINVAL, "%s: shorter than the %d-byte corpus header", path,
-				 KVMEM_LANG_CORPUS_HEADER);
-	if (memcmp(h, KVMEM_LANG_CORPUS_MAGIC, 8))
+				 AGENTLANG_CORPUS_HEADER);
+	if (memcmp(h, AGENTLANG_CORPUS_MAGIC, 8))
 		return kvmem_error(EINVAL, "%s: not a kvmem synth corpus (bad magic)", path);
 	memset(hd, 0, sizeof(*hd));
 	hd->version = get32(h + 8);
-	if (hd->version != 1 || get32(h + 12) != KVMEM_LANG_CORPUS_HEADER)
+	if (hd->version != 1 || get32(h + 12) != AGENTLANG_CORPUS_HEADER)
 		return kvmem_error(EINVAL, "%s: corpus version %u / header %u: this kvmem reads 1 / %d", path,
-				 hd->version, get32(h + 12), KVMEM_LANG_CORPUS_HEADER);
+				 hd->version, get32(h + 12), AGENTLANG_CORPUS_HEADER);
 	hd->vocab = get32(h + 16);
 	hd->seq_len = get32(h + 20);
 	hd->n_seqs = get64(h + 24);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "agentlang/lang.h"
 #include "util/grow.h"
@@ -239,7 +239,7 @@ static int world_file(struct al_gen *g)
 	int f = al_file_new(g, -1, (int)al_below(&g->rng, (uint32_t)R->ext.n), 0);
 
 	if (f < 0)
-		return -1;
+		return kvmem_fail();
 	int nkeys = 3 + (int)al_below(&g->rng, 4), theme = pool_kp(g);
 	for (int tries = 0; g->file[f].nkeys < nkeys && tries < 32; tries++)
 		al_file_add_key(g, f, tries < 4 && al_chance(&g->rng, 0.6) ? theme : pool_kp(g),
@@ -291,7 +291,7 @@ int al_gen_init(struct al_gen *g, uint64_t seed, uint64_t stream, int64_t limit,
 	for (int i = 0; i < nbg; i++)
 		if (world_file(g) < 0) {
 			al_gen_free(g);
-			return -1;
+			return kvmem_fail();
 		}
 	return 0;
 }
@@ -321,9 +321,9 @@ int al_push_file(struct al_gen *g, const struct al_file *f)
 	const struct al_roles *R = al_roles();
 
 	if (al_push(g, R->stem.id[f->stem]))
-		return -1;
+		return kvmem_fail();
 	if (f->variant && al_push(g, R->variant[f->variant]))
-		return -1;
+		return kvmem_fail();
 	return al_push(g, R->ext.id[f->ext]);
 }
 
@@ -338,7 +338,7 @@ int al_push_value(struct al_gen *g, const struct al_value *v)
 {
 	for (int i = 0; i < v->n; i++)
 		if (al_push(g, v->t[i]))
-			return -1;
+			return kvmem_fail();
 	return 0;
 }
 
@@ -360,10 +360,10 @@ static int fact_line(struct al_gen *g, int f, int k)
 
 	g->fact_line = g->len;
 	if (al_push_file(g, &g->file[f]) || al_push_key(g, key) || al_push(g, al_roles()->eq))
-		return -1;
+		return kvmem_fail();
 	g->fact_value = g->len;
-	if (al_push_value(g, &key->v) || al_push(g, KVMEM_LANG_NL))
-		return -1;
+	if (al_push_value(g, &key->v) || al_push(g, AGENTLANG_NL))
+		return kvmem_fail();
 	if (!key->shown) {
 		key->shown = 1;
 		return ask_add(g, f, k);
@@ -380,11 +380,11 @@ static int command(struct al_gen *g, int32_t a, int32_t b)
 int al_ep_cat(struct al_gen *g, int f)
 {
 	if (command(g, al_roles()->cmd_cat, -1) || al_push_file(g, &g->file[f]) ||
-	    al_push(g, KVMEM_LANG_NL))
-		return -1;
+	    al_push(g, AGENTLANG_NL))
+		return kvmem_fail();
 	for (int k = 0; k < g->file[f].nkeys; k++) {
 		if (fact_line(g, f, k))
-			return -1;
+			return kvmem_fail();
 		g->cat_line[k] = g->fact_line;
 		g->cat_value[k] = g->fact_value;
 	}
@@ -398,19 +398,19 @@ int al_ep_set(struct al_gen *g, int f, int k, const struct al_value *v)
 
 	g->file[f].key[k].v = *v;
 	if (command(g, al_roles()->cmd_set, -1) || fact_line(g, f, k))
-		return -1;
+		return kvmem_fail();
 	g->fact_line = start;
-	return al_push(g, al_roles()->ok) || al_push(g, KVMEM_LANG_NL) ? -1 : 0;
+	return al_push(g, al_roles()->ok) || al_push(g, AGENTLANG_NL) ? -1 : 0;
 }
 
 int al_ep_question(struct al_gen *g, int f, int k)
 {
 	const struct al_key *key = &g->file[f].key[k];
 
-	if (al_push(g, KVMEM_LANG_Q) || al_push_file(g, &g->file[f]) || al_push_key(g, key) ||
-	    al_push(g, KVMEM_LANG_A) || al_push_value(g, &key->v) || al_push(g, KVMEM_LANG_END) ||
-	    al_push(g, KVMEM_LANG_NL))
-		return -1;
+	if (al_push(g, AGENTLANG_Q) || al_push_file(g, &g->file[f]) || al_push_key(g, key) ||
+	    al_push(g, AGENTLANG_A) || al_push_value(g, &key->v) || al_push(g, AGENTLANG_END) ||
+	    al_push(g, AGENTLANG_NL))
+		return kvmem_fail();
 	return 0;
 }
 
@@ -453,8 +453,8 @@ static int ep_grep(struct al_gen *g)
 	const struct al_key *key = &g->file[f0].key[al_below(&g->rng, g->file[f0].nkeys)];
 	int kp = key->kp, kn = key->kn, shown = 0;
 
-	if (command(g, al_roles()->cmd_grep, -1) || al_push_key(g, key) || al_push(g, KVMEM_LANG_NL))
-		return -1;
+	if (command(g, al_roles()->cmd_grep, -1) || al_push_key(g, key) || al_push(g, AGENTLANG_NL))
+		return kvmem_fail();
 	int start = (int)al_below(&g->rng, (uint32_t)g->nfile);
 	for (int i = 0; i < g->nfile && shown < 4; i++) {
 		int f = (start + i) % g->nfile, k;
@@ -462,7 +462,7 @@ static int ep_grep(struct al_gen *g)
 		if (g->file[f].reserved || (k = al_file_find_key(&g->file[f], kp, kn)) < 0)
 			continue;
 		if (fact_line(g, f, k))
-			return -1;
+			return kvmem_fail();
 		shown++;
 	}
 	return 0;
@@ -472,13 +472,13 @@ static int ep_ls(struct al_gen *g)
 {
 	int n = 3 + (int)al_below(&g->rng, 8);
 
-	if (command(g, al_roles()->cmd_ls, -1) || al_push(g, KVMEM_LANG_NL))
-		return -1;
+	if (command(g, al_roles()->cmd_ls, -1) || al_push(g, AGENTLANG_NL))
+		return kvmem_fail();
 	for (int i = 0; i < n; i++) {
 		if (al_push_file(g, &g->file[al_below(&g->rng, (uint32_t)g->nfile)]))
-			return -1;
-		if ((i % 4 == 3 || i == n - 1) && al_push(g, KVMEM_LANG_NL))
-			return -1;
+			return kvmem_fail();
+		if ((i % 4 == 3 || i == n - 1) && al_push(g, AGENTLANG_NL))
+			return kvmem_fail();
 	}
 	return 0;
 }
@@ -502,11 +502,11 @@ static int log_line(struct al_gen *g, const struct al_file *f, int words)
 
 	if (al_push(g, R->stem.id[f->stem]) || (f->variant && al_push(g, R->variant[f->variant])) ||
 	    al_push(g, R->colon) || al_push(g, R->level.id[al_below(&g->rng, 4)]))
-		return -1;
+		return kvmem_fail();
 	for (int i = 0; i < words; i++)
 		if (al_push(g, log_word(g)))
-			return -1;
-	return al_push(g, KVMEM_LANG_NL);
+			return kvmem_fail();
+	return al_push(g, AGENTLANG_NL);
 }
 
 static int ep_tail(struct al_gen *g)
@@ -517,11 +517,11 @@ static int ep_tail(struct al_gen *g)
 
 	if (command(g, R->cmd_tail, -1) || al_push(g, R->stem.id[f->stem]) ||
 	    (f->variant && al_push(g, R->variant[f->variant])) || al_push(g, R->ext_log) ||
-	    al_push(g, KVMEM_LANG_NL))
-		return -1;
+	    al_push(g, AGENTLANG_NL))
+		return kvmem_fail();
 	for (int i = 0; i < lines; i++)
 		if (log_line(g, f, 1 + (int)al_below(&g->rng, 5)))
-			return -1;
+			return kvmem_fail();
 	return 0;
 }
 
@@ -532,26 +532,26 @@ static int ep_run(struct al_gen *g)
 	int rc;
 
 	if (c == 0) {		/* $ make test / passed 41 failed 0 */
-		rc = command(g, R->cmd_make, R->cmd_test) || al_push(g, KVMEM_LANG_NL) ||
+		rc = command(g, R->cmd_make, R->cmd_test) || al_push(g, AGENTLANG_NL) ||
 		     al_push(g, R->w_passed) || al_push(g, R->num[al_below(&g->rng, 100)]) ||
 		     al_push(g, R->w_failed) ||
 		     al_push(g, R->num[al_chance(&g->rng, 0.7) ? 0 : al_below(&g->rng, 10)]) ||
-		     al_push(g, KVMEM_LANG_NL);
+		     al_push(g, AGENTLANG_NL);
 	} else if (c == 1) {	/* $ git status / modified api.conf */
-		rc = command(g, R->cmd_git, R->cmd_status) || al_push(g, KVMEM_LANG_NL);
+		rc = command(g, R->cmd_git, R->cmd_status) || al_push(g, AGENTLANG_NL);
 		int n = (int)al_below(&g->rng, 3);
 		if (!rc && n == 0)
-			rc = al_push(g, R->w_clean) || al_push(g, KVMEM_LANG_NL);
+			rc = al_push(g, R->w_clean) || al_push(g, AGENTLANG_NL);
 		for (int i = 0; !rc && i < n; i++)
 			rc = al_push(g, R->w_modified) ||
 			     al_push_file(g, &g->file[al_below(&g->rng, (uint32_t)g->nfile)]) ||
-			     al_push(g, KVMEM_LANG_NL);
+			     al_push(g, AGENTLANG_NL);
 	} else {		/* $ npm run build / built 12 files took 340ms */
 		rc = command(g, R->cmd_npm, R->cmd_run) || al_push(g, R->cmd_build) ||
-		     al_push(g, KVMEM_LANG_NL) || al_push(g, R->w_built) ||
+		     al_push(g, AGENTLANG_NL) || al_push(g, R->w_built) ||
 		     al_push(g, R->num[1 + al_below(&g->rng, 99)]) || al_push(g, R->w_files) ||
 		     al_push(g, R->w_took) || al_push(g, R->num[1 + al_below(&g->rng, 99)]) ||
-		     al_push(g, R->unit.id[0]) || al_push(g, KVMEM_LANG_NL);
+		     al_push(g, R->unit.id[0]) || al_push(g, AGENTLANG_NL);
 	}
 	return rc ? -1 : 0;
 }
@@ -581,7 +581,7 @@ int al_ep_background(struct al_gen *g)
 	else
 		rc = ep_run(g);
 	if (rc)
-		return -1;
+		return rc;
 	if (g->len - start > AL_EP_MAX)
 		return kvmem_error(EINVAL, "agentlang: an episode took %lld tokens, more than %d",
 				 (long long)(g->len - start), AL_EP_MAX);
@@ -617,10 +617,10 @@ int al_fill(struct al_gen *g)
 		if (rest > 0 && rest < 4)
 			words += (int)rest;	/* never leave 1..3 tokens */
 		if (log_line(g, f, words - 1))
-			return -1;
+			return kvmem_fail();
 	}
 	while (g->len < g->limit)
-		if (al_push(g, KVMEM_LANG_NL))
-			return -1;
+		if (al_push(g, AGENTLANG_NL))
+			return kvmem_fail();
 	return 0;
 }

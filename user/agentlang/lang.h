@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "kvmem/agentlang.h"
+#include "agentlang/agentlang.h"
 
 /* ---- random: xoshiro256** seeded through splitmix64 --------------------- */
 struct al_rng {
@@ -77,7 +77,7 @@ const struct al_roles *al_roles(void);
 
 struct al_value {
 	uint8_t n;
-	int32_t t[KVMEM_LANG_MAX_VALUE];
+	int32_t t[AGENTLANG_MAX_VALUE];
 };
 
 struct al_key {

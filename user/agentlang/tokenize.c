@@ -19,7 +19,7 @@ static int longest(const char *w, size_t n, int glue, size_t *len)
 	for (size_t l = n < LONGEST ? n : LONGEST; l > 0; l--) {
 		memcpy(buf, w, l);
 		buf[l] = 0;
-		int id = kvmem_lang_lookup(buf, glue);
+		int id = agentlang_lookup(buf, glue);
 		if (id >= 0) {
 			*len = l;
 			return id;
@@ -33,7 +33,7 @@ static int is_blank(char c)
 	return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
 }
 
-int kvmem_lang_encode(const char *text, int32_t *ids, size_t cap)
+int agentlang_encode(const char *text, int32_t *ids, size_t cap)
 {
 	size_t n = 0;
 	const char *p = text;
@@ -47,7 +47,7 @@ int kvmem_lang_encode(const char *text, int32_t *ids, size_t cap)
 		if (*p == '\n') {
 			if (n >= cap)
 				return kvmem_error(EINVAL, "agentlang: encode: more than %zu tokens", cap);
-			ids[n++] = KVMEM_LANG_NL;
+			ids[n++] = AGENTLANG_NL;
 			p++;
 			continue;
 		}
@@ -77,19 +77,19 @@ int kvmem_lang_encode(const char *text, int32_t *ids, size_t cap)
 	return (int)n;
 }
 
-long kvmem_lang_decode(const int32_t *ids, size_t n, char *buf, size_t cap)
+long agentlang_decode(const int32_t *ids, size_t n, char *buf, size_t cap)
 {
 	size_t len = 0;
 	int line_start = 1;
-	int size = kvmem_lang_vocab_size();
+	int size = agentlang_vocab_size();
 
 	for (size_t i = 0; i < n; i++) {
 		if (ids[i] < 0 || ids[i] >= size)
 			return kvmem_error(EINVAL, "agentlang: decode: id %d at %zu is not in the vocabulary",
 					 (int)ids[i], i);
-		const char *s = kvmem_lang_piece(ids[i]);
+		const char *s = agentlang_piece(ids[i]);
 		size_t sl = strlen(s);
-		int space = !line_start && !kvmem_lang_is_glue(ids[i]) && ids[i] != KVMEM_LANG_NL;
+		int space = !line_start && !agentlang_is_glue(ids[i]) && ids[i] != AGENTLANG_NL;
 
 		if (space) {
 			if (len + 1 < cap)
@@ -99,7 +99,7 @@ long kvmem_lang_decode(const int32_t *ids, size_t n, char *buf, size_t cap)
 		for (size_t j = 0; j < sl; j++, len++)
 			if (len + 1 < cap)
 				buf[len] = s[j];
-		line_start = ids[i] == KVMEM_LANG_NL;
+		line_start = ids[i] == AGENTLANG_NL;
 	}
 	if (cap)
 		buf[len < cap ? len : cap - 1] = 0;

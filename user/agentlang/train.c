@@ -20,19 +20,19 @@
 #include "agentlang/lang.h"
 
 #define VIEW_BLOCK 32
-#define Q_LINE_MAX (KVMEM_LANG_MAX_QUESTION + KVMEM_LANG_MAX_ANSWER + 1)
+#define Q_LINE_MAX (AGENTLANG_MAX_QUESTION + AGENTLANG_MAX_ANSWER + 1)
 
 static int count_questions(const int32_t *t, int n)
 {
 	int q = 0;
 
 	for (int i = 0; i < n; i++)
-		q += t[i] == KVMEM_LANG_Q;
+		q += t[i] == AGENTLANG_Q;
 	return q;
 }
 
 static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int32_t *out,
-		      kvmem_lang_seq_info *info)
+		      agentlang_seq_info *info)
 {
 	struct al_gen g;
 	int nbg = L / 128 - 4 + (int)al_below(r, 9);
@@ -40,8 +40,8 @@ static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, in
 
 	if (al_gen_init(&g, al_mix64(seed) ^ 0x5851f42d4c957f2dull, index, L, nbg < 6 ? 6 : nbg,
 			q_rate))
-		return -1;
-	int rc = al_push(&g, KVMEM_LANG_BOS);
+		return kvmem_fail();
+	int rc = al_push(&g, AGENTLANG_BOS);
 	while (!rc && g.limit - g.len >= AL_EP_MAX)
 		rc = al_ep_background(&g);
 	while (!rc && g.limit - g.len >= AL_SMALL_MAX)
@@ -49,8 +49,8 @@ static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, in
 	if (!rc) {
 		memcpy(out, g.tok, (size_t)g.len * sizeof(*out));
 		for (int i = (int)g.len; i < L; i++)
-			out[i] = KVMEM_LANG_PAD;
-		info->kind = KVMEM_LANG_SEQ_STREAM;
+			out[i] = AGENTLANG_PAD;
+		info->kind = AGENTLANG_SEQ_STREAM;
 		info->n_tokens = (int)g.len;
 		info->n_questions = count_questions(out, L);
 	}
@@ -83,7 +83,7 @@ static int cand_cmp(const void *a, const void *b)
 }
 
 /* Choose what the view keeps of the workspace; returns the kept count. */
-static int64_t choose_view(const kvmem_lang_workspace *ws, int64_t H, int L, struct al_rng *r,
+static int64_t choose_view(const agentlang_transcript *ws, int64_t H, int L, struct al_rng *r,
 			   uint8_t *keep, struct cand *cand)
 {
 	int64_t N = ws->n_ids, count = 0, nc = 0;
@@ -93,7 +93,7 @@ static int64_t choose_view(const kvmem_lang_workspace *ws, int64_t H, int L, str
 
 	count += mark(keep, 0, sink);
 	for (int i = 0; i < ws->n_q; i++) {
-		const kvmem_lang_question *q = &ws->q[i];
+		const agentlang_question *q = &ws->q[i];
 		int64_t a = q->needle_pos / VIEW_BLOCK * VIEW_BLOCK;
 		int64_t b = ((q->needle_end - 1) / VIEW_BLOCK + 1) * VIEW_BLOCK;
 
@@ -142,16 +142,16 @@ static int64_t choose_view(const kvmem_lang_workspace *ws, int64_t H, int L, str
 }
 
 static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int32_t *out,
-		    kvmem_lang_seq_info *info)
+		    agentlang_seq_info *info)
 {
 	static const int ratios[] = { 1, 2, 4, 8, 16 };
 	int ratio = ratios[al_below(r, 5)];
 	int mmax = L / 160 < 1 ? 1 : L / 160;
 	int M = (mmax + 1) / 2 + (int)al_below(r, (uint32_t)mmax / 2 + 1);
-	kvmem_lang_params p;
-	kvmem_lang_workspace ws;
+	agentlang_params p;
+	agentlang_transcript ws;
 
-	kvmem_lang_params_default(&p);
+	agentlang_params_default(&p);
 	p.seed = al_mix64(seed ^ al_mix64(index ^ 0x2545f4914f6cdd1dull));
 	p.lookalikes = (int)al_below(r, 7);
 	/* No questions inside: theirs facts may fall in dropped blocks, and a
@@ -167,8 +167,8 @@ static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int3
 	for (int i = 0; i < M && i < 64; i++)
 		depths[i] = al_unit(r);
 	p.depths = depths;
-	if (M > 64 || kvmem_lang_workspace_build(&p, &ws))
-		return M > 64 ? kvmem_error(EINVAL, "agentlang: %d needles in one view", M) : -1;
+	if (M > 64 || agentlang_transcript_build(&p, &ws))
+		return M > 64 ? kvmem_error(EINVAL, "agentlang: %d needles in one view", M) : kvmem_fail();
 
 	int64_t tail = 0, n = 0;
 	for (int i = 0; i < ws.n_q; i++)
@@ -185,8 +185,8 @@ static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int3
 				kvmem_error(ENOMEM, "agentlang: out of memory for a view");
 			free(keep);
 			free(cand);
-			kvmem_lang_workspace_free(&ws);
-			return -1;
+			agentlang_transcript_free(&ws);
+			return kvmem_fail();
 		}
 		for (int64_t i = 0; i < ws.n_ids; i++)
 			if (keep[i])
@@ -205,28 +205,28 @@ static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int3
 		order[j] = t;
 	}
 	for (int i = 0; i < ws.n_q; i++) {
-		const kvmem_lang_question *q = &ws.q[order[i]];
+		const agentlang_question *q = &ws.q[order[i]];
 
 		memcpy(out + n, q->ids, (size_t)q->n_ids * sizeof(*out));
 		n += q->n_ids;
 		memcpy(out + n, q->answer, (size_t)q->n_answer * sizeof(*out));
 		n += q->n_answer;
-		out[n++] = KVMEM_LANG_NL;
+		out[n++] = AGENTLANG_NL;
 	}
 	for (int64_t i = n; i < L; i++)
-		out[i] = KVMEM_LANG_PAD;
-	info->kind = KVMEM_LANG_SEQ_VIEW;
+		out[i] = AGENTLANG_PAD;
+	info->kind = AGENTLANG_SEQ_VIEW;
 	info->n_tokens = (int)n;
 	info->n_questions = ws.n_q;
-	kvmem_lang_workspace_free(&ws);
+	agentlang_transcript_free(&ws);
 	return 0;
 }
 
-int kvmem_lang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
-		       int32_t *out, kvmem_lang_seq_info *info)
+int agentlang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
+		       int32_t *out, agentlang_seq_info *info)
 {
 	struct al_rng r;
-	kvmem_lang_seq_info dummy;
+	agentlang_seq_info dummy;
 
 	if (seq_len < 256 || seq_len > (1 << 20))
 		return kvmem_error(EINVAL, "agentlang: sequence length %d: need 256 .. 2^20", seq_len);

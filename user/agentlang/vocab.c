@@ -3,7 +3,7 @@
  * The agentlang vocabulary: fixed word lists, laid out in a fixed order, so
  * the ids never depend on anything but this file. The trained model's
  * embedding rows are these ids: change a list and the model must be trained
- * again (kvmem_lang_vocab_hash() tells).
+ * again (agentlang_vocab_hash() tells).
  *
  * Lists are kept disjoint on purpose (a stem is never a key part or a value
  * word): a look-alike is then a matter of which tokens are shared, never of
@@ -21,7 +21,7 @@
 #define PIECE_MAX 24
 #define HASH_SLOTS 4096
 
-static const char *const specials[KVMEM_LANG_N_SPECIAL] = {
+static const char *const specials[AGENTLANG_N_SPECIAL] = {
 	"<pad>", "<bos>", "<eos>", "?", "=", "<end>", "\n",
 };
 
@@ -183,35 +183,35 @@ static void build(void)
 	struct al_roles *r = &V.r;
 	char buf[PIECE_MAX];
 
-	for (int i = 0; i < KVMEM_LANG_N_SPECIAL; i++)
-		add(specials[i], 0, KVMEM_LANG_R_SPECIAL);
-	r->dollar = add("$", 0, KVMEM_LANG_R_STRUCT);
-	r->eq = KVMEM_LANG_A;	/* "=" is special: the answer marker too */
-	r->ok = add("ok", 0, KVMEM_LANG_R_STRUCT);
-	r->colon = add(":", 1, KVMEM_LANG_R_STRUCT);
+	for (int i = 0; i < AGENTLANG_N_SPECIAL; i++)
+		add(specials[i], 0, AGENTLANG_R_SPECIAL);
+	r->dollar = add("$", 0, AGENTLANG_R_STRUCT);
+	r->eq = AGENTLANG_A;	/* "=" is special: the answer marker too */
+	r->ok = add("ok", 0, AGENTLANG_R_STRUCT);
+	r->colon = add(":", 1, AGENTLANG_R_STRUCT);
 
 	int32_t cmd[N_OF(commands)];
 	for (int i = 0; i < N_OF(commands); i++)
-		cmd[i] = add(commands[i], 0, KVMEM_LANG_R_COMMAND);
+		cmd[i] = add(commands[i], 0, AGENTLANG_R_COMMAND);
 	r->cmd_cat = cmd[0], r->cmd_set = cmd[1], r->cmd_ls = cmd[2], r->cmd_tail = cmd[3];
 	r->cmd_grep = cmd[4], r->cmd_make = cmd[5], r->cmd_test = cmd[6], r->cmd_git = cmd[7];
 	r->cmd_status = cmd[8], r->cmd_npm = cmd[9], r->cmd_build = cmd[10], r->cmd_run = cmd[11];
 	int32_t ow[N_OF(output_words)];
 	for (int i = 0; i < N_OF(output_words); i++)
-		ow[i] = add(output_words[i], 0, KVMEM_LANG_R_WORD);
+		ow[i] = add(output_words[i], 0, AGENTLANG_R_WORD);
 	r->w_passed = ow[0], r->w_failed = ow[1], r->w_modified = ow[2], r->w_clean = ow[3];
 	r->w_built = ow[4], r->w_files = ow[5], r->w_took = ow[6];
 
-	add_list(&r->stem, stems, N_OF(stems), 0, KVMEM_LANG_R_STEM);
+	add_list(&r->stem, stems, N_OF(stems), 0, AGENTLANG_R_STEM);
 	for (int d = 1; d <= 9; d++) {
 		snprintf(buf, sizeof(buf), "%d", d);
-		r->variant[d] = add(buf, 1, KVMEM_LANG_R_VARIANT);
+		r->variant[d] = add(buf, 1, AGENTLANG_R_VARIANT);
 	}
-	add_list(&r->ext, exts, N_OF(exts), 1, KVMEM_LANG_R_EXT);
-	r->ext_log = add(".log", 1, KVMEM_LANG_R_EXT);
-	add_list(&r->kp, keyparts, N_OF(keyparts), 0, KVMEM_LANG_R_KEYPART);
+	add_list(&r->ext, exts, N_OF(exts), 1, AGENTLANG_R_EXT);
+	r->ext_log = add(".log", 1, AGENTLANG_R_EXT);
+	add_list(&r->kp, keyparts, N_OF(keyparts), 0, AGENTLANG_R_KEYPART);
 	for (int i = 0; i < N_OF(keynames); i++) {
-		r->kn.id[r->kn.n] = add(keynames[i].name, 1, KVMEM_LANG_R_KEYNAME);
+		r->kn.id[r->kn.n] = add(keynames[i].name, 1, AGENTLANG_R_KEYNAME);
 		r->kn_type[r->kn.n++] = keynames[i].type;
 	}
 
@@ -219,30 +219,30 @@ static void build(void)
 	 * behind "0x", units, host prefixes and the word sets. */
 	for (int i = 0; i < 100; i++) {
 		snprintf(buf, sizeof(buf), "%d", i);
-		r->num[i] = add(buf, 0, KVMEM_LANG_R_VALUE);
+		r->num[i] = add(buf, 0, AGENTLANG_R_VALUE);
 	}
 	for (int i = 0; i < 256; i++) {
 		snprintf(buf, sizeof(buf), "%02x", i);
-		r->pair[i] = add(buf, 1, KVMEM_LANG_R_VALUE);
+		r->pair[i] = add(buf, 1, AGENTLANG_R_VALUE);
 	}
-	r->hex0x = add("0x", 0, KVMEM_LANG_R_VALUE);
-	add_list(&r->unit, units, N_OF(units), 1, KVMEM_LANG_R_VALUE);
-	add_list(&r->hostpfx, hostpfx, N_OF(hostpfx), 0, KVMEM_LANG_R_VALUE);
-	add_list(&r->words[AL_V_LEVEL], w_level, N_OF(w_level), 0, KVMEM_LANG_R_VALUE);
-	add_list(&r->words[AL_V_BOOL], w_bool, N_OF(w_bool), 0, KVMEM_LANG_R_VALUE);
-	add_list(&r->words[AL_V_USER], w_user, N_OF(w_user), 0, KVMEM_LANG_R_VALUE);
-	add_list(&r->words[AL_V_MODE], w_mode, N_OF(w_mode), 0, KVMEM_LANG_R_VALUE);
-	add_list(&r->words[AL_V_REGION], w_region, N_OF(w_region), 0, KVMEM_LANG_R_VALUE);
-	add_list(&r->words[AL_V_FORMAT], w_format, N_OF(w_format), 0, KVMEM_LANG_R_VALUE);
-	add_list(&r->words[AL_V_DRIVER], w_driver, N_OF(w_driver), 0, KVMEM_LANG_R_VALUE);
+	r->hex0x = add("0x", 0, AGENTLANG_R_VALUE);
+	add_list(&r->unit, units, N_OF(units), 1, AGENTLANG_R_VALUE);
+	add_list(&r->hostpfx, hostpfx, N_OF(hostpfx), 0, AGENTLANG_R_VALUE);
+	add_list(&r->words[AL_V_LEVEL], w_level, N_OF(w_level), 0, AGENTLANG_R_VALUE);
+	add_list(&r->words[AL_V_BOOL], w_bool, N_OF(w_bool), 0, AGENTLANG_R_VALUE);
+	add_list(&r->words[AL_V_USER], w_user, N_OF(w_user), 0, AGENTLANG_R_VALUE);
+	add_list(&r->words[AL_V_MODE], w_mode, N_OF(w_mode), 0, AGENTLANG_R_VALUE);
+	add_list(&r->words[AL_V_REGION], w_region, N_OF(w_region), 0, AGENTLANG_R_VALUE);
+	add_list(&r->words[AL_V_FORMAT], w_format, N_OF(w_format), 0, AGENTLANG_R_VALUE);
+	add_list(&r->words[AL_V_DRIVER], w_driver, N_OF(w_driver), 0, AGENTLANG_R_VALUE);
 	/* Log lines use the level words too (the same tokens). */
-	add_list(&r->level, w_level, N_OF(w_level), 0, KVMEM_LANG_R_WORD);
-	add_list(&r->logw, logwords, N_OF(logwords), 0, KVMEM_LANG_R_WORD);
+	add_list(&r->level, w_level, N_OF(w_level), 0, AGENTLANG_R_WORD);
+	add_list(&r->logw, logwords, N_OF(logwords), 0, AGENTLANG_R_WORD);
 
 	V.size = (V.n + 63) & ~63;
 	for (int i = V.n; i < V.size; i++) {
 		snprintf(buf, sizeof(buf), "<unused%d>", i);
-		add(buf, 0, KVMEM_LANG_R_UNUSED);
+		add(buf, 0, AGENTLANG_R_UNUSED);
 	}
 	V.hash = 2166136261u;
 	for (int i = 0; i < V.size; i++)
@@ -266,37 +266,37 @@ const struct al_roles *al_roles(void)
 	return &V.r;
 }
 
-int kvmem_lang_vocab_size(void)
+int agentlang_vocab_size(void)
 {
 	al_roles();
 	return V.size;
 }
 
-uint32_t kvmem_lang_vocab_hash(void)
+uint32_t agentlang_vocab_hash(void)
 {
 	al_roles();
 	return V.hash;
 }
 
-const char *kvmem_lang_piece(int id)
+const char *agentlang_piece(int id)
 {
 	al_roles();
 	return id >= 0 && id < V.size ? V.piece[id] : NULL;
 }
 
-int kvmem_lang_is_glue(int id)
+int agentlang_is_glue(int id)
 {
 	al_roles();
 	return id >= 0 && id < V.size ? V.glue[id] : 0;
 }
 
-unsigned kvmem_lang_roles(int id)
+unsigned agentlang_roles(int id)
 {
 	al_roles();
 	return id >= 0 && id < V.size ? V.roles[id] : 0;
 }
 
-int kvmem_lang_lookup(const char *piece, int glue)
+int agentlang_lookup(const char *piece, int glue)
 {
 	al_roles();
 	if (!piece || strlen(piece) >= PIECE_MAX)

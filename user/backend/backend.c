@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/backend.h"
+#include <errno.h>
+
+#include "backend/backend_impl.h"
 #include "kvmem/kvmem.h"
 
 extern const kvmem_backend_ops kvmem_backend_cpu_ops;
@@ -99,8 +101,8 @@ kvmem_backend *kvmem_backend_cpu(const kvmem_model *m, int max_chunk)
 	return kvmem_backend_open("cpu", m, &o, &b) < 0 ? NULL : b;
 }
 
-int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
-			 float *logits, int all_logits, const kvmem_fwd_out *out)
+int kvmem_backend_append_out(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
+			     float *logits, int all_logits, const kvmem_fwd_out *out)
 {
 	int64_t need = b->ops->length(b->ctx, v) + n, cap = b->ops->capacity(b->ctx, v);
 
@@ -112,4 +114,99 @@ int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens,
 			return kvmem_fail();
 	}
 	return b->ops->forward(b->ctx, v, tokens, n, logits, all_logits, out);
+}
+
+int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
+			 float *logits, int all_logits)
+{
+	return kvmem_backend_append_out(b, v, tokens, n, logits, all_logits, NULL);
+}
+
+const char *kvmem_backend_at(int i, const char **what)
+{
+	for (int k = 0; kvmem_backends[k]; k++)
+		if (k == i) {
+			if (what)
+				*what = kvmem_backends[k]->what;
+			return kvmem_backends[k]->name;
+		}
+	return NULL;
+}
+
+const char *kvmem_backend_name(const kvmem_backend *b)
+{
+	return b->ops->name;
+}
+
+const kvmem_model *kvmem_backend_model(const kvmem_backend *b)
+{
+	return b->model;
+}
+
+const kvmem_backend_opts *kvmem_backend_options(const kvmem_backend *b)
+{
+	return &b->opts;
+}
+
+int kvmem_backend_view_new(kvmem_backend *b, int64_t slots, kvmem_view **out)
+{
+	kvmem_view *v = NULL;
+
+	*out = NULL;
+	if (slots < 0)
+		return kvmem_error(EINVAL, "backend %s: a view of %lld slots", b->ops->name,
+				   (long long)slots);
+	if (b->ops->view_create(b->ctx, &v) < 0)
+		return kvmem_fail();
+	if (slots > 0 && b->ops->reserve(b->ctx, v, slots) < 0) {
+		int rc = kvmem_fail();
+
+		b->ops->view_destroy(b->ctx, v);
+		return rc;
+	}
+	*out = v;
+	return 0;
+}
+
+void kvmem_backend_view_free(kvmem_backend *b, kvmem_view *v)
+{
+	if (v)
+		b->ops->view_destroy(b->ctx, v);
+}
+
+int64_t kvmem_backend_view_len(kvmem_backend *b, const kvmem_view *v)
+{
+	return b->ops->length(b->ctx, v);
+}
+
+int kvmem_backend_view_clear(kvmem_backend *b, kvmem_view *v)
+{
+	return b->ops->set_length(b->ctx, v, 0);
+}
+
+int kvmem_backend_ceilings(kvmem_backend *b, kvmem_ceilings *out)
+{
+	if (!b->ops->ceilings)
+		return kvmem_error(ENOTSUP, "the %s backend cannot measure its ceilings",
+				   b->ops->name);
+	return b->ops->ceilings(b->ctx, out);
+}
+
+uint64_t kvmem_backend_mem_used(kvmem_backend *b)
+{
+	return b->ops->mem_used ? b->ops->mem_used(b->ctx) : 0;
+}
+
+void kvmem_backend_place_stats(kvmem_backend *b, kvmem_place_stats *st)
+{
+	*st = (kvmem_place_stats){ 0 };
+	if (b->ops->place_stats)
+		b->ops->place_stats(b->ctx, st);
+}
+
+int kvmem_backend_set(kvmem_backend *b, const char *key, const char *value)
+{
+	if (!b->ops->set)
+		return kvmem_error(ENOTSUP, "the %s backend has no settings", b->ops->name);
+	return b->ops->set(b->ctx, key, value);
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * The cuda backend: the Qwen3 forward pass on one GPU with the ops of
- * kernels/cuda/ (include/kvmem/cuda.h), built only when nvcc is found.
+ * kernels/cuda/ (kernels/kernels_cuda.h), built only when nvcc is found.
  *
  * Number formats (kernels_bf16.h): weights bf16 on the GPU, converted once
  * at load from the model's fp32 (Wq, Wk, Wv as one [q;k;v] weight); the
@@ -27,11 +27,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kvmem/backend.h"
-#include "kvmem/cuda.h"
-#include "kvmem/kernels.h"
+#include "backend/backend_impl.h"
+#include "kernels/kernels_cuda.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
-#include "backend/cuda_int.h"
+#include "backend/cuda_backend.h"
 #include "util/clock.h"
 
 int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count)
@@ -402,9 +402,23 @@ static uint64_t cuda_mem_used(void *ctx)
 	return cuda_dev_used(b);
 }
 
+/* Pinned host memory for the session's typed rows: the forward pass copies
+ * straight into it. */
+static int cuda_host_alloc(void *ctx, size_t bytes, void **p)
+{
+	return cuda_pinned(p, bytes);
+}
+
+static void cuda_host_free(void *ctx, void *p)
+{
+	if (p)
+		cudaFreeHost(p);
+}
+
 const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.name = "cuda",
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
+	.rows_dtype = KVMEM_DTYPE_BF16,
 	.available = cuda_available,
 	.create = cuda_create,
 	.destroy = cuda_destroy,
@@ -427,4 +441,8 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.mirror_destroy = cuda_mirror_destroy,
 	.score = cuda_score,
 	.mirror_bytes = cuda_mirror_bytes,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.keep_raw = cuda_keep_raw,
+	.move = cuda_move,
 };

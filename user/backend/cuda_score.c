@@ -25,9 +25,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "backend/cuda_int.h"
+#include "backend/cuda_backend.h"
 #include "kvmem/kvmem.h"
-#include "kvmem/workspace.h"
 
 /* One summary array of the index: meank (per 1) or sub (per 4). */
 struct mirror_arr {
@@ -120,13 +119,13 @@ uint64_t cuda_mirror_bytes(void *ctx, const void *mirror)
 	return m ? m->bytes : 0;
 }
 
-static size_t row_floats(const kvmem_index *ix, int per, int64_t blocks)
+static size_t row_floats(const kvmem_score_input *ix, int per, int64_t blocks)
 {
 	return (size_t)blocks * per * ix->head_dim;
 }
 
 /* Re-lay one array at capacity cap (its first `keep` blocks kept). */
-static int arr_grow(struct cuda *b, struct mirror_arr *a, const kvmem_index *ix, int per,
+static int arr_grow(struct cuda *b, struct mirror_arr *a, const kvmem_score_input *ix, int per,
 		    int64_t old_cap, int64_t cap)
 {
 	const size_t rows = (size_t)ix->n_layers * ix->n_kv_heads;
@@ -149,7 +148,7 @@ static int arr_grow(struct cuda *b, struct mirror_arr *a, const kvmem_index *ix,
 
 /* Room for n_blocks in every array the scorer reads: 0, -ENOTSUP (no room
  * under the share or the cap: the mirror is emptied), or -errno. */
-static int mirror_room(struct cuda *b, struct cuda_mirror *m, const kvmem_index *ix,
+static int mirror_room(struct cuda *b, struct cuda_mirror *m, const kvmem_score_input *ix,
 		       int64_t n_blocks, int want_sub)
 {
 	const size_t rows = (size_t)ix->n_layers * ix->n_kv_heads;
@@ -192,7 +191,7 @@ fail:
 /* Copy blocks [synced - 1, n_blocks) of one host array (stride ix->cap_blocks)
  * into the mirror. */
 static int arr_sync(struct cuda *b, struct mirror_arr *a, const float *host,
-		    const kvmem_index *ix, int per, int64_t cap, int64_t n_blocks)
+		    const kvmem_score_input *ix, int per, int64_t cap, int64_t n_blocks)
 {
 	const int64_t from = a->synced ? a->synced - 1 : 0;
 	const size_t rows = (size_t)ix->n_layers * ix->n_kv_heads;
@@ -235,7 +234,7 @@ static int map_arr(struct cuda_mirror *m, int i, const float *host, size_t bytes
 }
 
 /* Room for the queries and n_blocks scores only (mapped mode). */
-static int small_room(struct cuda *b, struct cuda_mirror *m, const kvmem_index *ix,
+static int small_room(struct cuda *b, struct cuda_mirror *m, const kvmem_score_input *ix,
 		      int64_t n_blocks)
 {
 	const size_t gq = (size_t)ix->n_layers * ix->n_kv_heads * ix->head_dim * 4;
@@ -258,7 +257,7 @@ static int small_room(struct cuda *b, struct cuda_mirror *m, const kvmem_index *
 }
 
 /* Scoring straight from the host index's arrays. */
-static int score_mapped(struct cuda *b, struct cuda_mirror *m, int sub, const kvmem_index *ix,
+static int score_mapped(struct cuda *b, struct cuda_mirror *m, int sub, const kvmem_score_input *ix,
 			kvmem_score_geom *dg, const float **rows)
 {
 	const size_t n = (size_t)ix->n_layers * ix->n_kv_heads * ix->cap_blocks * ix->head_dim * 4;
@@ -279,7 +278,7 @@ static int score_mapped(struct cuda *b, struct cuda_mirror *m, int sub, const kv
 	return 0;
 }
 
-int cuda_score(void *ctx, void *mirror, const char *scorer, const kvmem_index *ix,
+int cuda_score(void *ctx, void *mirror, const char *scorer, const kvmem_score_input *ix,
 	       const float *gq, const kvmem_score_geom *g, float *scores)
 {
 	struct cuda *b = ctx;
@@ -291,7 +290,7 @@ int cuda_score(void *ctx, void *mirror, const char *scorer, const kvmem_index *i
 	int rc;
 
 	if (m->gave_up || (!sub && strcmp(scorer, "meank")) ||
-	    (sub && !(ix->sums & KVMEM_SUM_SUBBLOCK)))
+	    (sub && !ix->sub))
 		return -ENOTSUP;
 	if (g->n_blocks != ix->n_blocks || g->index_dtype != KVMEM_DTYPE_F32 ||
 	    g->n_layers != ix->n_layers || g->n_kv_heads != ix->n_kv_heads ||

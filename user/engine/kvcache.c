@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmem/engine.h"
+#include "engine/engine.h"
 #include "kvmem/kvmem.h"
 
 int kvmem_kvcache_init(kvmem_kvcache *kv, const kvmem_config *c, int cap)

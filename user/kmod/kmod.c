@@ -3,7 +3,7 @@
  * The client of /dev/kvmem (include/kvmem/kmod.h): open, set up, map the
  * page table and the window, and thin wrappers over the ioctls that split
  * long page lists and turn errno values into kvmem errors naming the page.
- * kmod_workspace.c opens one over a workspace directory.
+ * kmod_files.c opens one over a workspace directory.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -97,9 +97,10 @@ static uint32_t room(struct lab_cache *c)
 static int access_page(struct lab_cache *c, uint64_t page, int fetch)
 {
 	uint32_t slot;
+	int rc;
 
-	if (reach(c, page))
-		return -1;
+	if ((rc = reach(c, page)))
+		return rc;
 	slot = c->where[page];
 	if (slot != UINT32_MAX) {
 		c->ops->touch(c->st, slot, c->step);

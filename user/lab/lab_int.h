@@ -7,6 +7,8 @@
 
 #include "kvmem/lab.h"
 #include "lab/trace.h"
+#include "pager/repl_int.h"
+#include "kvmem/store.h"
 
 /* The oracle's masses and plans at one (block, span, budget, sink, recent,
  * queries), per step: compare reuses them across policies. */

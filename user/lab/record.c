@@ -18,6 +18,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/lab.h"
 #include "lab/trace.h"
+#include "session/inspect.h"
 
 enum { IDLE, SCORING, PLANNING };
 
@@ -131,7 +132,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 	while (c < need)
 		c *= 2;
 	if (!(q = realloc(*p, c * elem)))
-		return -1;
+		return -ENOMEM;	/* the caller says what it was growing */
 	*p = q;
 	*cap = c;
 	return 0;

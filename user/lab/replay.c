@@ -20,8 +20,9 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "lab/lab_int.h"
-#include "workspace/plan_walk.h"
-#include "workspace/score.h"
+#include "select/plan_walk.h"
+#include "select/score.h"
+#include "session/inspect.h"
 
 #define UNLIMITED ((int64_t)0x3fffffff)
 #define INDEX_CHUNK 1024
@@ -218,7 +219,7 @@ static int read_tier(struct rp *x, int64_t b, int l, int64_t n_tokens)
 	if ((b + 1) * x->B > n_tokens)
 		return KVMEM_LAB_MEM;	/* the partial block: in the source's memory */
 	if ((hit = lab_cache_read(&x->cache, (uint64_t)b * x->L + l)) < 0)
-		return -1;
+		return hit;
 	return hit ? KVMEM_LAB_HOST : KVMEM_LAB_NVME;
 }
 
@@ -227,7 +228,7 @@ static int count_read(struct rp *x, kvmem_lab_step *st, int why, int64_t b, int 
 	int t = read_tier(x, b, l, st->n_tokens);
 
 	if (t < 0)
-		return kvmem_fail();
+		return t;
 	st->pages[why][t]++;
 	st->bytes[why][t] += x->page_bytes;
 	if (t == KVMEM_LAB_HOST)
@@ -244,12 +245,14 @@ struct walk {
 };
 
 /* Tokens u0..u1 of block b sit at `have` + u (-1: nowhere) and belong at
- * `want` + u: a page read unless they are already there (view.c, place). */
+ * `want` + u: a page read when they are not in the view (view.c, place).
+ * Tokens in it at another slot are moved on the backend from the raw K it
+ * keeps (view.c, move_kept; both shipped backends do): no read. */
 static int place(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
 {
 	struct walk *w = arg;
 
-	if (u1 <= u0 || have == want)
+	if (u1 <= u0 || have >= 0)
 		return 0;
 	return count_read(w->x, w->st, KVMEM_LAB_VIEW, b, l);
 }

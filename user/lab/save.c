@@ -11,6 +11,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/lab.h"
 #include "kvmem/store.h"
+#include "kernels/kernels.h"
 
 /* Page (b, l) of src, tokens 0..len-1, into dst in the geometry's dtype:
  * K [Hkv][B][D] then V. */

@@ -21,95 +21,100 @@
 
 #define QWEN3_ARCH "Qwen3ForCausalLM"
 
+/* A member that is absent or null: the default applies. */
+static int absent(const json_t *v)
+{
+	return !v || json_is_null(v);
+}
+
 /* An integer member: absent or null gives def (or an error if required). */
-static int read_int(const kvmem_json *root, const char *key, int required, int def, int *out,
+static int read_int(const json_t *root, const char *key, int required, int def, int *out,
 		    const char *name)
 {
-	const kvmem_json *v = kvmem_json_get(root, key);
-	int64_t n;
+	const json_t *v = json_object_get(root, key);
+	json_int_t n;
 
-	if (kvmem_json_typeof(v) == KVMEM_JSON_NULL) {
+	if (absent(v)) {
 		if (required)
 			return kvmem_error(EINVAL, "%s: missing '%s'", name, key);
 		*out = def;
 		return 0;
 	}
-	if (!kvmem_json_is_int(v))
-		return kvmem_error(EINVAL, "%s:%d: '%s' must be an integer, found %s", name, kvmem_json_line(v),
-				 key, kvmem_json_type_name(v));
-	n = kvmem_json_int(v, 0);
+	if (!json_is_integer(v))
+		return kvmem_error(EINVAL, "%s: '%s' must be an integer, found %s", name, key,
+				   kvmem_json_type_name(v));
+	n = json_integer_value(v);
 	if (n < INT_MIN || n > INT_MAX)
-		return kvmem_error(EINVAL, "%s:%d: '%s' is %lld, out of range", name, kvmem_json_line(v), key,
-				 (long long)n);
+		return kvmem_error(EINVAL, "%s: '%s' is %lld, out of range", name, key, (long long)n);
 	*out = (int)n;
 	return 0;
 }
 
-static int read_num(const kvmem_json *root, const char *key, double def, double *out,
+static int read_num(const json_t *root, const char *key, double def, double *out,
 		    const char *name)
 {
-	const kvmem_json *v = kvmem_json_get(root, key);
+	const json_t *v = json_object_get(root, key);
 
-	if (kvmem_json_typeof(v) == KVMEM_JSON_NULL) {
+	if (absent(v)) {
 		*out = def;
 		return 0;
 	}
-	if (kvmem_json_typeof(v) != KVMEM_JSON_NUMBER)
-		return kvmem_error(EINVAL, "%s:%d: '%s' must be a number, found %s", name, kvmem_json_line(v),
-				 key, kvmem_json_type_name(v));
-	*out = kvmem_json_num(v, def);
+	if (!json_is_number(v))
+		return kvmem_error(EINVAL, "%s: '%s' must be a number, found %s", name, key,
+				   kvmem_json_type_name(v));
+	*out = json_number_value(v);
 	return 0;
 }
 
-static int read_bool(const kvmem_json *root, const char *key, int def, int *out, const char *name)
+static int read_bool(const json_t *root, const char *key, int def, int *out, const char *name)
 {
-	const kvmem_json *v = kvmem_json_get(root, key);
+	const json_t *v = json_object_get(root, key);
 
-	if (kvmem_json_typeof(v) == KVMEM_JSON_NULL) {
+	if (absent(v)) {
 		*out = def;
 		return 0;
 	}
-	if (kvmem_json_typeof(v) != KVMEM_JSON_BOOL)
-		return kvmem_error(EINVAL, "%s:%d: '%s' must be true or false, found %s", name,
-				 kvmem_json_line(v), key, kvmem_json_type_name(v));
-	*out = kvmem_json_bool(v, def);
+	if (!json_is_boolean(v))
+		return kvmem_error(EINVAL, "%s: '%s' must be true or false, found %s", name, key,
+				   kvmem_json_type_name(v));
+	*out = json_is_true(v);
 	return 0;
 }
 
 /* bos/eos: an id, null, or a list whose first id counts. */
-static int read_token(const kvmem_json *root, const char *key, int *out, const char *name)
+static int read_token(const json_t *root, const char *key, int *out, const char *name)
 {
-	const kvmem_json *v = kvmem_json_get(root, key);
+	const json_t *v = json_object_get(root, key);
 
-	if (kvmem_json_typeof(v) == KVMEM_JSON_ARRAY)
-		v = kvmem_json_at(v, 0);
-	if (kvmem_json_typeof(v) == KVMEM_JSON_NULL) {
+	if (json_is_array(v))
+		v = json_array_get(v, 0);
+	if (absent(v)) {
 		*out = -1;
 		return 0;
 	}
-	if (!kvmem_json_is_int(v) || kvmem_json_int(v, 0) < 0 || kvmem_json_int(v, 0) > INT_MAX)
-		return kvmem_error(EINVAL, "%s:%d: '%s' must be a token id, found %s", name, kvmem_json_line(v),
-				 key, kvmem_json_type_name(v));
-	*out = (int)kvmem_json_int(v, 0);
+	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT_MAX)
+		return kvmem_error(EINVAL, "%s: '%s' must be a token id, found %s", name, key,
+				   kvmem_json_type_name(v));
+	*out = (int)json_integer_value(v);
 	return 0;
 }
 
-static int check_family(kvmem_config *c, const kvmem_json *root, const char *name)
+static int check_family(kvmem_config *c, const json_t *root, const char *name)
 {
-	const kvmem_json *archs = kvmem_json_get(root, "architectures");
-	const kvmem_json *type = kvmem_json_get(root, "model_type");
+	const json_t *archs = json_object_get(root, "architectures");
+	const json_t *type = json_object_get(root, "model_type");
 	const char *arch = NULL;
 
-	if (kvmem_json_typeof(archs) != KVMEM_JSON_NULL) {
-		arch = kvmem_json_str(kvmem_json_at(archs, 0), NULL);
-		if (kvmem_json_typeof(archs) != KVMEM_JSON_ARRAY || !arch)
+	if (!absent(archs)) {
+		arch = json_string_value(json_array_get(archs, 0));
+		if (!arch)
 			return kvmem_error(EINVAL, "%s: 'architectures' must be a list of names", name);
 		if (strcmp(arch, QWEN3_ARCH))
 			return kvmem_error(EINVAL, "%s: architecture '%.60s' is not supported (kvmem runs "
 					 QWEN3_ARCH ")", name, arch);
 	}
-	if (kvmem_json_typeof(type) != KVMEM_JSON_NULL) {
-		const char *t = kvmem_json_str(type, NULL);
+	if (!absent(type)) {
+		const char *t = json_string_value(type);
 
 		if (!t)
 			return kvmem_error(EINVAL, "%s: 'model_type' must be a string", name);
@@ -126,32 +131,33 @@ static int check_family(kvmem_config *c, const kvmem_json *root, const char *nam
 
 /* rope_theta may be at the top (transformers 4) or in rope_parameters (5);
  * any scaling other than "default" changes the rotation: refuse it. */
-static int read_rope(kvmem_config *c, const kvmem_json *root, const char *name)
+static int read_rope(kvmem_config *c, const json_t *root, const char *name)
 {
 	static const char *const blocks[] = { "rope_scaling", "rope_parameters" };
 	double top, inner = NAN;
+	int rc;
 
 	for (int i = 0; i < 2; i++) {
-		const kvmem_json *b = kvmem_json_get(root, blocks[i]);
-		const kvmem_json *type;
+		const json_t *b = json_object_get(root, blocks[i]);
+		const json_t *type;
 		const char *t;
 
-		if (kvmem_json_typeof(b) == KVMEM_JSON_NULL)
+		if (absent(b))
 			continue;
-		if (kvmem_json_typeof(b) != KVMEM_JSON_OBJECT)
+		if (!json_is_object(b))
 			return kvmem_error(EINVAL, "%s: '%s' must be an object or null", name, blocks[i]);
-		type = kvmem_json_get(b, "rope_type");
+		type = json_object_get(b, "rope_type");
 		if (!type)
-			type = kvmem_json_get(b, "type");
-		t = kvmem_json_str(type, "default");
+			type = json_object_get(b, "type");
+		t = json_is_string(type) ? json_string_value(type) : "default";
 		if (strcmp(t, "default"))
 			return kvmem_error(EINVAL, "%s: %s of type '%.40s' is not supported (kvmem implements "
 					 "plain RoPE)", name, blocks[i], t);
-		if (kvmem_json_get(b, "rope_theta") && read_num(b, "rope_theta", NAN, &inner, name))
-			return -1;
+		if (json_object_get(b, "rope_theta") && (rc = read_num(b, "rope_theta", NAN, &inner, name)))
+			return rc;
 	}
-	if (read_num(root, "rope_theta", NAN, &top, name))
-		return -1;
+	if ((rc = read_num(root, "rope_theta", NAN, &top, name)))
+		return rc;
 	if (!isnan(top) && !isnan(inner) && top != inner)
 		return kvmem_error(EINVAL, "%s: rope_theta %g and rope_parameters.rope_theta %g disagree", name,
 				 top, inner);
@@ -160,77 +166,75 @@ static int read_rope(kvmem_config *c, const kvmem_json *root, const char *name)
 }
 
 /* Features Qwen3 configs can switch on that the engine does not have. */
-static int refuse_unsupported(const kvmem_json *root, const char *name)
+static int refuse_unsupported(const json_t *root, const char *name)
 {
-	const kvmem_json *act = kvmem_json_get(root, "hidden_act");
-	const kvmem_json *types = kvmem_json_get(root, "layer_types");
-	int flag;
+	const json_t *act = json_object_get(root, "hidden_act");
+	const json_t *types = json_object_get(root, "layer_types");
+	int flag, rc;
 
-	if (act && strcmp(kvmem_json_str(act, "?"), "silu"))
+	if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
 		return kvmem_error(EINVAL, "%s: hidden_act '%.40s' is not supported (kvmem runs silu)", name,
-				 kvmem_json_str(act, kvmem_json_type_name(act)));
-	if (read_bool(root, "attention_bias", 0, &flag, name))
-		return -1;
+				   json_is_string(act) ? json_string_value(act) : kvmem_json_type_name(act));
+	if ((rc = read_bool(root, "attention_bias", 0, &flag, name)))
+		return rc;
 	if (flag)
 		return kvmem_error(EINVAL, "%s: attention_bias true is not supported (Qwen3 has no attention "
 				 "biases)", name);
-	if (read_bool(root, "use_sliding_window", 0, &flag, name))
-		return -1;
+	if ((rc = read_bool(root, "use_sliding_window", 0, &flag, name)))
+		return rc;
 	if (flag)
 		return kvmem_error(EINVAL, "%s: use_sliding_window true is not supported (kvmem runs full "
 				 "attention in every layer)", name);
-	for (size_t i = 0; i < kvmem_json_len(types); i++) {
-		const char *t = kvmem_json_str(kvmem_json_at(types, i), "?");
+	for (size_t i = 0; i < json_array_size(types); i++) {
+		const char *t = json_string_value(json_array_get(types, i));
 
-		if (strcmp(t, "full_attention"))
+		if (!t || strcmp(t, "full_attention"))
 			return kvmem_error(EINVAL, "%s: layer_types[%zu] is '%.40s'; kvmem runs full_attention "
-					 "only", name, i, t);
+					 "only", name, i, t ? t : "?");
 	}
 	return 0;
 }
 
 int kvmem_config_parse(kvmem_config *c, const char *json, size_t len, const char *name)
 {
-	kvmem_json *root;
-	const kvmem_json *dt;
+	json_t *root;
+	const json_t *dt;
 	double eps;
-	int rc = -1;
+	int rc;
 
 	memset(c, 0, sizeof(*c));
 	if (!name)
 		name = "config.json";
-	root = kvmem_json_parse(json, len, name);
-	if (!root)
-		return -1;
-	if (kvmem_json_typeof(root) != KVMEM_JSON_OBJECT) {
-		kvmem_error(EINVAL, "%s: expected a JSON object, found %s", name, kvmem_json_type_name(root));
+	if ((rc = kvmem_json_load(json, len, name, &root)) < 0)
+		return rc;
+	if (!json_is_object(root)) {
+		rc = kvmem_error(EINVAL, "%s: expected a JSON object, found %s", name,
+				 kvmem_json_type_name(root));
 		goto out;
 	}
-	if (kvmem_mf_refuse_nul(root, name))
-		goto out;
-	if (check_family(c, root, name) || refuse_unsupported(root, name) ||
-	    read_int(root, "num_hidden_layers", 1, 0, &c->n_layers, name) ||
-	    read_int(root, "hidden_size", 1, 0, &c->hidden, name) ||
-	    read_int(root, "num_attention_heads", 1, 0, &c->n_heads, name) ||
-	    read_int(root, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads, name) ||
-	    read_int(root, "head_dim", 0, c->n_heads > 0 ? c->hidden / c->n_heads : 0,
-		     &c->head_dim, name) ||
-	    read_int(root, "intermediate_size", 1, 0, &c->intermediate, name) ||
-	    read_int(root, "vocab_size", 1, 0, &c->vocab, name) ||
-	    read_int(root, "max_position_embeddings", 0, 32768, &c->max_position, name) ||
-	    read_num(root, "rms_norm_eps", 1e-6, &eps, name) ||
-	    read_bool(root, "tie_word_embeddings", 0, &c->tie_embeddings, name) ||
-	    read_token(root, "bos_token_id", &c->bos_id, name) ||
-	    read_token(root, "eos_token_id", &c->eos_id, name) || read_rope(c, root, name))
+	if ((rc = check_family(c, root, name)) || (rc = refuse_unsupported(root, name)) ||
+	    (rc = read_int(root, "num_hidden_layers", 1, 0, &c->n_layers, name)) ||
+	    (rc = read_int(root, "hidden_size", 1, 0, &c->hidden, name)) ||
+	    (rc = read_int(root, "num_attention_heads", 1, 0, &c->n_heads, name)) ||
+	    (rc = read_int(root, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads, name)) ||
+	    (rc = read_int(root, "head_dim", 0, c->n_heads > 0 ? c->hidden / c->n_heads : 0,
+			   &c->head_dim, name)) ||
+	    (rc = read_int(root, "intermediate_size", 1, 0, &c->intermediate, name)) ||
+	    (rc = read_int(root, "vocab_size", 1, 0, &c->vocab, name)) ||
+	    (rc = read_int(root, "max_position_embeddings", 0, 32768, &c->max_position, name)) ||
+	    (rc = read_num(root, "rms_norm_eps", 1e-6, &eps, name)) ||
+	    (rc = read_bool(root, "tie_word_embeddings", 0, &c->tie_embeddings, name)) ||
+	    (rc = read_token(root, "bos_token_id", &c->bos_id, name)) ||
+	    (rc = read_token(root, "eos_token_id", &c->eos_id, name)) || (rc = read_rope(c, root, name)))
 		goto out;
 	c->rms_eps = (float)eps;
-	dt = kvmem_json_get(root, "torch_dtype");
+	dt = json_object_get(root, "torch_dtype");
 	if (!dt)
-		dt = kvmem_json_get(root, "dtype");
-	snprintf(c->dtype, sizeof(c->dtype), "%s", kvmem_json_str(dt, ""));
+		dt = json_object_get(root, "dtype");
+	snprintf(c->dtype, sizeof(c->dtype), "%s", json_is_string(dt) ? json_string_value(dt) : "");
 	rc = kvmem_config_validate(c, name);
 out:
-	kvmem_json_free(root);
+	json_decref(root);
 	return rc;
 }
 
@@ -247,7 +251,7 @@ int kvmem_config_load(kvmem_config *c, const char *dir)
 	if (stat(dir, &st))
 		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
-		return kvmem_error(EINVAL, "%s: not a directory (a model is a directory holding config.json "
+		return kvmem_error(ENOTDIR, "%s: not a directory (a model is a directory holding config.json "
 				 "and *.safetensors)", dir);
 	snprintf(path, sizeof(path), "%s/config.json", dir);
 	if (!kvmem_mf_exists(path))
@@ -272,17 +276,19 @@ static int bound(int v, int lo, int hi, const char *key, const char *name)
 
 int kvmem_config_validate(const kvmem_config *c, const char *name)
 {
+	int rc;
+
 	if (!name)
 		name = "config";
-	if (bound(c->n_layers, 1, 1024, "num_hidden_layers", name) ||
-	    bound(c->hidden, 1, 1 << 20, "hidden_size", name) ||
-	    bound(c->n_heads, 1, 1024, "num_attention_heads", name) ||
-	    bound(c->n_kv_heads, 1, 1024, "num_key_value_heads", name) ||
-	    bound(c->head_dim, 2, 1024, "head_dim", name) ||
-	    bound(c->intermediate, 1, 1 << 20, "intermediate_size", name) ||
-	    bound(c->vocab, 1, 1 << 24, "vocab_size", name) ||
-	    bound(c->max_position, 1, 1 << 30, "max_position_embeddings", name))
-		return -1;
+	if ((rc = bound(c->n_layers, 1, 1024, "num_hidden_layers", name)) ||
+	    (rc = bound(c->hidden, 1, 1 << 20, "hidden_size", name)) ||
+	    (rc = bound(c->n_heads, 1, 1024, "num_attention_heads", name)) ||
+	    (rc = bound(c->n_kv_heads, 1, 1024, "num_key_value_heads", name)) ||
+	    (rc = bound(c->head_dim, 2, 1024, "head_dim", name)) ||
+	    (rc = bound(c->intermediate, 1, 1 << 20, "intermediate_size", name)) ||
+	    (rc = bound(c->vocab, 1, 1 << 24, "vocab_size", name)) ||
+	    (rc = bound(c->max_position, 1, 1 << 30, "max_position_embeddings", name)))
+		return rc;
 	if (c->head_dim % 2)
 		return kvmem_error(EINVAL, "%s: head_dim %d must be even (RoPE turns pairs of dimensions)",
 				 name, c->head_dim);

@@ -24,6 +24,7 @@
 
 #include "kvmem/kvmem.h"
 #include "model/digest.h"
+#include "util/fs.h"
 
 #define CACHE_MAGIC "kvmem-fingerprint-cache 1\n"
 #define CHUNK (64u << 10)	/* hashed, then scanned while still in the L2 cache */
@@ -128,17 +129,17 @@ void kvmem_digest_tensor(const kvmem_st_tensor *t, struct kvmem_tensor_digest *d
 }
 
 /* ---- the cache ----------------------------------------------------------- */
+/* The cache file for st, and its folder; -ENAMETOOLONG (no message: the
+ * cache is best effort, and callers go on without it). */
 static int cache_path(const struct stat *st, char *buf, size_t len, char *dir, size_t dlen)
 {
 	char base[4096];
 
-	if (!kvmem_data_dir(base, sizeof(base)))
-		return -1;
-	if ((size_t)snprintf(dir, dlen, "%s/fingerprints", base) >= dlen)
-		return -1;
-	if ((size_t)snprintf(buf, len, "%s/%016" PRIx64 "-%016" PRIx64, dir, (uint64_t)st->st_dev,
+	if (!kvmem_data_dir(base, sizeof(base)) ||
+	    (size_t)snprintf(dir, dlen, "%s/fingerprints", base) >= dlen ||
+	    (size_t)snprintf(buf, len, "%s/%016" PRIx64 "-%016" PRIx64, dir, (uint64_t)st->st_dev,
 			     (uint64_t)st->st_ino) >= len)
-		return -1;
+		return -ENAMETOOLONG;
 	return 0;
 }
 

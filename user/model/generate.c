@@ -23,12 +23,13 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/hfwrite.h"
 #include "model/safetensors.h"
 #include "model/tensors.h"
+#include "util/fs.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data are little-endian; the generator writes host order"
@@ -57,10 +58,11 @@ static int plan_make(struct plan *p, const kvmem_config *c, const kvmem_gen_opts
 {
 	const char *dt = o && o->dtype ? o->dtype : "bf16";
 	uint64_t in_shard = 0, shard_bytes = o ? o->shard_bytes : 0;
+	int rc;
 
 	memset(p, 0, sizeof(*p));
-	if (kvmem_config_validate(c, "generate"))
-		return -1;
+	if ((rc = kvmem_config_validate(c, "generate")))
+		return rc;
 	p->c = *c;
 	if (!strcmp(dt, "bf16")) {
 		p->dt = KVMEM_ST_BF16;
@@ -219,6 +221,7 @@ static int write_tensor(kvmem_st_writer *w, const struct plan *p, size_t ti, uin
 	uint64_t nchunks = (numel + CHUNK - 1) / CHUNK;
 	size_t esz = kvmem_st_dtype_size(p->dt);
 	double std = tensor_std(&p->c, t);
+	int rc;
 
 	for (uint64_t c0 = 0; c0 < nchunks; c0 += BUF_CHUNKS) {
 		uint64_t cn = nchunks - c0 < BUF_CHUNKS ? nchunks - c0 : BUF_CHUNKS;
@@ -230,8 +233,8 @@ static int write_tensor(kvmem_st_writer *w, const struct plan *p, size_t ti, uin
 
 			fill_chunk(buf + b * esz, k, p->dt, std, seed, ti, c0 + c);
 		}
-		if (kvmem_st_writer_write(w, buf, n * esz))
-			return -1;
+		if ((rc = kvmem_st_writer_write(w, buf, n * esz)))
+			return rc;
 		pr->done += n * esz;
 		if (pr->fn)
 			pr->fn(pr->done, pr->total, pr->arg);
@@ -302,7 +305,7 @@ static int check_space(const char *dir, uint64_t need)
 		return 0;	/* cannot tell: let the writes say */
 	avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
 	if (avail < need + (16u << 20))
-		return kvmem_error(EINVAL, "%s: the model needs %.2f GB but only %.2f GB are free there", dir,
+		return kvmem_error(ENOSPC, "%s: the model needs %.2f GB but only %.2f GB are free there", dir,
 				 need / 1e9, avail / 1e9);
 	return 0;
 }
@@ -311,11 +314,11 @@ static int write_shards(const struct plan *p, const char *dir, uint64_t seed,
 			struct progress *pr)
 {
 	unsigned char *buf = malloc((size_t)BUF_CHUNKS * CHUNK * sizeof(float));
-	int rc = -1;
+	int rc = 0;
 
 	if (!buf)
 		return kvmem_error(ENOMEM, "generate: out of memory");
-	for (int s = 0; s < p->nshards; s++) {
+	for (int s = 0; s < p->nshards && !rc; s++) {
 		kvmem_st_writer *w = shard_writer(p, s, seed);
 		char path[4400], name[64];
 
@@ -324,23 +327,14 @@ static int write_shards(const struct plan *p, const char *dir, uint64_t seed,
 		else
 			kvmem_hf_shard_name(name, sizeof(name), s, p->nshards);
 		snprintf(path, sizeof(path), "%s/%s", dir, name);
-		if (!w || kvmem_st_writer_begin(w, path)) {
-			kvmem_st_writer_free(w);
-			goto out;
-		}
-		for (size_t i = 0; i < p->n; i++)
-			if (p->shard_of[i] == s && write_tensor(w, p, i, seed, buf, pr)) {
-				kvmem_st_writer_free(w);
-				goto out;
-			}
-		if (kvmem_st_writer_finish(w)) {
-			kvmem_st_writer_free(w);
-			goto out;
-		}
+		rc = w ? kvmem_st_writer_begin(w, path) : kvmem_fail();	/* NULL: -ENOMEM set */
+		for (size_t i = 0; i < p->n && !rc; i++)
+			if (p->shard_of[i] == s)
+				rc = write_tensor(w, p, i, seed, buf, pr);
+		if (!rc)
+			rc = kvmem_st_writer_finish(w);
 		kvmem_st_writer_free(w);
 	}
-	rc = 0;
-out:
 	free(buf);
 	return rc;
 }
@@ -351,27 +345,30 @@ int kvmem_model_generate_opts(const kvmem_config *c, const char *dir, const kvme
 	struct plan p;
 	struct progress pr = { 0 };
 	uint64_t bytes;
-	int rc = -1;
+	int rc;
 
 	if (!o)
 		o = &defaults;
 	bytes = kvmem_model_generate_bytes(c, o);
-	if (!bytes || plan_make(&p, c, o))
-		return -1;
+	if (!bytes)
+		return kvmem_fail();	/* the plan's error, set */
+	if ((rc = plan_make(&p, c, o)))
+		return rc;
 	pr.fn = o->progress;
 	pr.arg = o->arg;
 	pr.total = p.data_bytes;
 	/* First what a killed generate left, so it counts as free space. */
-	if (kvmem_mkdir_p(dir) || kvmem_model_remove_stale_tmp(dir) < 0 || check_space(dir, bytes))
+	if ((rc = kvmem_mkdir_p(dir)) || (rc = kvmem_model_remove_stale_tmp(dir)) < 0 ||
+	    (rc = check_space(dir, bytes)))
 		goto out;
 	remove_stale(dir, p.nshards > 1);
-	if (write_shards(&p, dir, o->seed, &pr))
+	if ((rc = write_shards(&p, dir, o->seed, &pr)))
 		goto out;
 	if (p.nshards > 1) {
 		const char **names = malloc(p.n * sizeof(*names));
 
 		if (!names) {
-			kvmem_error(ENOMEM, "generate: out of memory");
+			rc = kvmem_error(ENOMEM, "generate: out of memory");
 			goto out;
 		}
 		for (size_t i = 0; i < p.n; i++)
@@ -380,11 +377,9 @@ int kvmem_model_generate_opts(const kvmem_config *c, const char *dir, const kvme
 		free(names);
 		if (rc)
 			goto out;
-		rc = -1;
 	}
-	if (kvmem_hf_write_config(&p.c, dir) || kvmem_hf_write_generation_config(&p.c, dir))
-		goto out;
-	rc = 0;
+	if (!(rc = kvmem_hf_write_config(&p.c, dir)))
+		rc = kvmem_hf_write_generation_config(&p.c, dir);
 out:
 	plan_free(&p);
 	return rc;

@@ -18,7 +18,7 @@ static int put_file(const char *dir, const char *name, const char *text, size_t 
 {
 	char path[4200], tmp[4300];
 	size_t done = 0;
-	int fd;
+	int fd, rc;
 
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	snprintf(tmp, sizeof(tmp), "%s/.%s" KVMEM_TMP_TAG "%d", dir, name, (int)getpid());
@@ -32,17 +32,24 @@ static int put_file(const char *dir, const char *name, const char *text, size_t 
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0) {
-			kvmem_error(errno, "%s: write failed: %s", tmp, r ? strerror(errno) : "no progress");
+			rc = kvmem_error(r ? errno : EIO, "%s: write failed: %s", tmp,
+					 r ? strerror(errno) : "no progress");
 			close(fd);
 			unlink(tmp);
-			return -1;
+			return rc;
 		}
 		done += (size_t)r;
 	}
-	if (fsync(fd) || close(fd) || rename(tmp, path)) {
-		kvmem_error(errno, "%s: cannot write: %s", path, strerror(errno));
+	if (fsync(fd)) {
+		rc = kvmem_error(errno, "%s: fsync failed: %s", tmp, strerror(errno));
+		close(fd);
 		unlink(tmp);
-		return -1;
+		return rc;
+	}
+	if (close(fd) || rename(tmp, path)) {
+		rc = kvmem_error(errno, "%s: cannot write: %s", path, strerror(errno));
+		unlink(tmp);
+		return rc;
 	}
 	return 0;
 }

@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "model/digest.h"
@@ -33,7 +33,7 @@ struct priv {
 	kvmem_st_file **files;
 	bool *keep;		/* a file some tensor is used in place from */
 	int nfiles;
-	kvmem_json *index;	/* the shard index, when there is one */
+	json_t *index;		/* the shard index, when there is one */
 	char index_path[4200];
 	void **bufs;		/* converted tensors */
 	size_t nbufs;
@@ -44,8 +44,8 @@ struct priv {
 static const kvmem_st_tensor *locate(const struct priv *p, const char *name, int *file)
 {
 	if (p->index) {
-		const char *fname = kvmem_json_str(kvmem_json_get(kvmem_json_get(p->index, "weight_map"),
-							      name), NULL);
+		const char *fname = json_string_value(json_object_get(json_object_get(p->index,
+										      "weight_map"), name));
 
 		for (int i = 0; fname && i < p->nfiles; i++) {
 			const char *path = kvmem_st_path(p->files[i]);
@@ -66,6 +66,7 @@ static int add_file(struct priv *p, const char *path)
 {
 	kvmem_st_file **f = realloc(p->files, (size_t)(p->nfiles + 1) * sizeof(*f));
 	bool *k;
+	int rc;
 
 	if (!f)
 		return kvmem_error(ENOMEM, "%s: out of memory", path);
@@ -74,8 +75,8 @@ static int add_file(struct priv *p, const char *path)
 	if (!k)
 		return kvmem_error(ENOMEM, "%s: out of memory", path);
 	p->keep = k;
-	if (kvmem_st_open(path, &p->files[p->nfiles]))
-		return -1;
+	if ((rc = kvmem_st_open(path, &p->files[p->nfiles])))
+		return rc;
 	p->keep[p->nfiles++] = false;
 	return 0;
 }
@@ -83,48 +84,50 @@ static int add_file(struct priv *p, const char *path)
 /* Open every shard the index names and check the index against them. */
 static int open_shards(struct priv *p, const char *dir)
 {
-	const kvmem_json *wm;
+	json_t *wm, *file;
+	const char *tensor;
 	char *text;
 	size_t len;
+	int rc;
 
-	if (kvmem_mf_read(p->index_path, 64u << 20, &text, &len) < 0)
-		return -1;
-	p->index = kvmem_json_parse(text, len, p->index_path);
+	if ((rc = kvmem_mf_read(p->index_path, 64u << 20, &text, &len)) < 0)
+		return rc;
+	rc = kvmem_json_load(text, len, p->index_path, &p->index);
 	free(text);
-	if (!p->index || kvmem_mf_refuse_nul(p->index, p->index_path))
-		return -1;
-	wm = kvmem_json_get(p->index, "weight_map");
-	if (kvmem_json_typeof(wm) != KVMEM_JSON_OBJECT || !kvmem_json_len(wm))
+	if (rc < 0)
+		return rc;
+	wm = json_object_get(p->index, "weight_map");
+	if (!json_is_object(wm) || !json_object_size(wm))
 		return kvmem_error(EINVAL, "%s: 'weight_map' must be a non-empty object of tensor -> file",
 				 p->index_path);
-	for (size_t i = 0; i < kvmem_json_len(wm); i++) {
-		const char *fname = kvmem_json_str(kvmem_json_at(wm, i), NULL);
+	json_object_foreach(wm, tensor, file) {
+		const char *fname = json_string_value(file);
 		char path[8400];
 		bool seen = false;
 
 		if (!fname || !*fname || fname[0] == '.' || strchr(fname, '/'))
 			return kvmem_error(EINVAL, "%s: weight_map entry '%s' must name a file in the model "
-					 "directory", p->index_path, kvmem_json_key(wm, i));
-		for (size_t j = 0; j < i && !seen; j++)
-			seen = !strcmp(fname, kvmem_json_str(kvmem_json_at(wm, j), ""));
+					 "directory", p->index_path, tensor);
+		/* Seen when an earlier shard has this path (the shards are few). */
+		for (int j = 0; j < p->nfiles && !seen; j++)
+			seen = !strcmp(strrchr(kvmem_st_path(p->files[j]), '/') + 1, fname);
 		if (seen)
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir, fname);
-		if (add_file(p, path)) {
+		if ((rc = add_file(p, path))) {
 			char old[1024];
 
 			snprintf(old, sizeof(old), "%s", kvmem_last_error());
-			return kvmem_error(EINVAL, "%s (a shard listed in %s)", old, INDEX_NAME);
+			return kvmem_error(-rc, "%s (a shard listed in %s)", old, INDEX_NAME);
 		}
 	}
 	/* Each listed tensor is where the index says; none is in two shards. */
-	for (size_t i = 0; i < kvmem_json_len(wm); i++) {
+	json_object_foreach(wm, tensor, file) {
 		int f;
 
-		if (!locate(p, kvmem_json_key(wm, i), &f))
+		if (!locate(p, tensor, &f))
 			return kvmem_error(EINVAL, "%s: weight_map puts '%s' in %s, which does not hold it",
-					 p->index_path, kvmem_json_key(wm, i),
-					 kvmem_json_str(kvmem_json_at(wm, i), ""));
+					 p->index_path, tensor, json_string_value(file));
 	}
 	for (int a = 0; a < p->nfiles; a++)
 		for (size_t i = 0; i < kvmem_st_count(p->files[a]); i++) {
@@ -139,8 +142,8 @@ static int open_shards(struct priv *p, const char *dir)
 	return 0;
 }
 
-/* Is `name` one this config implies? 1 yes, 0 not ours (ignored), -1 an
- * error (a stray tensor where ours live: the config and files disagree). */
+/* Is `name` one this config implies? 1 yes, 0 not ours (ignored), -EINVAL
+ * (a stray tensor where ours live: the config and files disagree). */
 static int classify(const kvmem_config *c, const char *name, const char *file)
 {
 	const char *rest;
@@ -196,7 +199,7 @@ static int check_all(kvmem_model *m, struct priv *p)
 {
 	const kvmem_config *c = &m->cfg;
 	struct kvmem_tensor_spec s;
-	int f;
+	int f, rc;
 
 	for (size_t i = 0; i < kvmem_tensor_count(c); i++) {
 		const kvmem_st_tensor *t;
@@ -208,13 +211,13 @@ static int check_all(kvmem_model *m, struct priv *p)
 					 p->index ? p->index_path : kvmem_st_path(p->files[0]), s.name,
 					 s.role == KVMEM_T_LM_HEAD ? " (config.json has tie_word_embeddings "
 								   "false)" : "");
-		if (check_tensor(p, &s, t, kvmem_st_path(p->files[f])))
-			return -1;
+		if ((rc = check_tensor(p, &s, t, kvmem_st_path(p->files[f]))))
+			return rc;
 	}
 	for (f = 0; f < p->nfiles; f++)
 		for (size_t i = 0; i < kvmem_st_count(p->files[f]); i++)
-			if (classify(c, kvmem_st_at(p->files[f], i)->name, kvmem_st_path(p->files[f])) < 0)
-				return -1;
+			if ((rc = classify(c, kvmem_st_at(p->files[f], i)->name, kvmem_st_path(p->files[f]))) < 0)
+				return rc;
 	return 0;
 }
 
@@ -229,7 +232,7 @@ static int fingerprint(kvmem_model *m, struct priv *p)
 	struct kvmem_tensor_spec s;
 	char *text = NULL;
 	size_t len = 0;
-	int dtype = -1, f, rc = -1;
+	int dtype = -1, f, rc;
 	FILE *out = NULL;
 
 	if (!dig)
@@ -239,7 +242,7 @@ static int fingerprint(kvmem_model *m, struct priv *p)
 
 		dig[f] = calloc(kvmem_st_count(p->files[f]) + 1, sizeof(**dig));
 		if (!dig[f]) {
-			kvmem_error(ENOMEM, "%s: out of memory", m->dir);
+			rc = kvmem_error(ENOMEM, "%s: out of memory", m->dir);
 			goto out;
 		}
 		kvmem_digest_file(p->files[f], dig[f], &hashed);
@@ -247,7 +250,7 @@ static int fingerprint(kvmem_model *m, struct priv *p)
 	}
 	out = open_memstream(&text, &len);
 	if (!out) {
-		kvmem_error(ENOMEM, "%s: out of memory", m->dir);
+		rc = kvmem_error(ENOMEM, "%s: out of memory", m->dir);
 		goto out;
 	}
 	kvmem_fingerprint_head(out, &m->cfg);
@@ -259,7 +262,7 @@ static int fingerprint(kvmem_model *m, struct priv *p)
 		t = locate(p, s.name, &f);
 		d = &dig[f][t - kvmem_st_at(p->files[f], 0)];
 		if (d->nonfinite) {
-			kvmem_error(EINVAL, "%s: tensor '%s' holds %llu NaN or infinite value%s; a model "
+			rc = kvmem_error(EINVAL, "%s: tensor '%s' holds %llu NaN or infinite value%s; a model "
 				    "with non-finite weights computes nothing meaningful", kvmem_st_path(p->files[f]),
 				    s.name, (unsigned long long)d->nonfinite, d->nonfinite == 1 ? "" : "s");
 			goto out;
@@ -270,7 +273,7 @@ static int fingerprint(kvmem_model *m, struct priv *p)
 	}
 	if (fclose(out)) {
 		out = NULL;
-		kvmem_error(ENOMEM, "%s: out of memory", m->dir);
+		rc = kvmem_error(ENOMEM, "%s: out of memory", m->dir);
 		goto out;
 	}
 	out = NULL;
@@ -362,7 +365,7 @@ static int check_memory(const kvmem_model *m, const struct priv *p)
 			need += t->numel * sizeof(float);
 	}
 	if (have && need > have)
-		return kvmem_error(EINVAL, "%s: the weights need %.1f GB as fp32 but this machine has %.1f GB "
+		return kvmem_error(ENOMEM, "%s: the weights need %.1f GB as fp32 but this machine has %.1f GB "
 				 "of memory", m->dir, need / 1e9, have / 1e9);
 	return 0;
 }
@@ -371,10 +374,10 @@ static int materialise(kvmem_model *m, struct priv *p)
 {
 	const kvmem_config *c = &m->cfg;
 	struct kvmem_tensor_spec s;
-	int f;
+	int f, rc;
 
-	if (check_memory(m, p))
-		return -1;
+	if ((rc = check_memory(m, p)))
+		return rc;
 	m->layers = calloc((size_t)c->n_layers, sizeof(*m->layers));
 	p->bufs = calloc(kvmem_tensor_count(c), sizeof(*p->bufs));
 	if (!m->layers || !p->bufs)
@@ -424,6 +427,7 @@ int kvmem_model_open(const char *dir, int flags, kvmem_model **out)
 	kvmem_model *m = calloc(1, sizeof(*m));
 	struct priv *p = calloc(1, sizeof(*p));
 	char path[4200];
+	int rc;
 
 	*out = NULL;
 	if (!m || !p) {
@@ -434,28 +438,25 @@ int kvmem_model_open(const char *dir, int flags, kvmem_model **out)
 	m->priv = p;
 	snprintf(m->dir, sizeof(m->dir), "%s", dir);
 	if (strlen(dir) >= sizeof(m->dir)) {
-		kvmem_error(EINVAL, "%.100s...: path too long", dir);
+		rc = kvmem_error(ENAMETOOLONG, "%.100s...: path too long", dir);
 		goto fail;
 	}
-	if (kvmem_config_load(&m->cfg, dir))
+	if ((rc = kvmem_config_load(&m->cfg, dir)))
 		goto fail;
 	snprintf(p->index_path, sizeof(p->index_path), "%s/" INDEX_NAME, dir);
 	snprintf(path, sizeof(path), "%s/" SINGLE_NAME, dir);
 	/* Anything there counts, a dangling link too: opening it says what
 	 * is wrong, where "neither ... nor" would mislead. */
-	if (kvmem_mf_exists(p->index_path)) {
-		if (open_shards(p, dir))
-			goto fail;
-	} else if (kvmem_mf_exists(path)) {
-		if (add_file(p, path))
-			goto fail;
-	} else {
-		kvmem_error(EINVAL, "%s: holds config.json but neither " SINGLE_NAME " nor " INDEX_NAME, dir);
+	if (kvmem_mf_exists(p->index_path))
+		rc = open_shards(p, dir);
+	else if (kvmem_mf_exists(path))
+		rc = add_file(p, path);
+	else
+		rc = kvmem_error(ENOENT, "%s: holds config.json but neither " SINGLE_NAME " nor "
+				 INDEX_NAME, dir);
+	if (rc || (rc = check_all(m, p)) || (rc = fingerprint(m, p)))
 		goto fail;
-	}
-	if (check_all(m, p) || fingerprint(m, p))
-		goto fail;
-	if (!(flags & KVMEM_MODEL_NO_WEIGHTS) && materialise(m, p))
+	if (!(flags & KVMEM_MODEL_NO_WEIGHTS) && (rc = materialise(m, p)))
 		goto fail;
 	/* Files nothing points into any more are unmapped now. */
 	for (int f = 0; f < p->nfiles; f++)
@@ -463,13 +464,13 @@ int kvmem_model_open(const char *dir, int flags, kvmem_model **out)
 			kvmem_st_close(p->files[f]);
 			p->files[f] = NULL;
 		}
-	kvmem_json_free(p->index);
+	json_decref(p->index);
 	p->index = NULL;
 	*out = m;
 	return 0;
 fail:
 	kvmem_model_free(m);
-	return -1;
+	return rc;
 }
 
 int kvmem_model_load(const char *dir, kvmem_model **out)
@@ -489,7 +490,7 @@ void kvmem_model_free(kvmem_model *m)
 			kvmem_st_close(p->files[f]);
 		for (size_t i = 0; i < p->nbufs; i++)
 			free(p->bufs[i]);
-		kvmem_json_free(p->index);
+		json_decref(p->index);
 		free(p->files);
 		free(p->keep);
 		free(p->bufs);

@@ -15,8 +15,6 @@
 #include <stddef.h>
 #include <sys/stat.h>
 
-#include "util/json.h"
-
 /*
  * Open path read-only (close-on-exec, blocking mode restored) and check it
  * is a regular file; *st is its fstat. Errors name the path: -ENOENT when
@@ -34,13 +32,5 @@ int kvmem_mf_exists(const char *path);
 /* Read a whole regular file of at most max bytes into a malloc'd buffer
  * (NUL-terminated, *len without the NUL) through kvmem_mf_open. */
 int kvmem_mf_read(const char *path, size_t max, char **buf, size_t *len);
-
-/*
- * Refuse a document holding "\u0000" in any key or string: the C strings
- * the loader compares stop at the NUL, so "Qwen3ForCausalLM\u0000x" would
- * pass for the real architecture and a tensor named "a\u0000b" for "a".
- * -EINVAL naming `name` and the key path.
- */
-int kvmem_mf_refuse_nul(const kvmem_json *root, const char *name);
 
 #endif

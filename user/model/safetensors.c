@@ -24,8 +24,8 @@ struct kvmem_st_file {
 	const unsigned char *base;
 	size_t size;
 	bool mapped;
-	kvmem_json *doc;
-	const kvmem_json *meta;
+	json_t *doc;
+	const json_t *meta;
 	size_t n;
 	kvmem_st_tensor *t;	/* by data offset */
 	uint32_t *by_name;	/* indices into t, sorted by name */
@@ -79,65 +79,70 @@ char *kvmem_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 }
 
 /* ---- header ------------------------------------------------------------ */
-static int parse_tensor(kvmem_st_file *f, const char *name, const kvmem_json *v, uint64_t data_len,
+/* A non-negative integer's value, else -1. */
+static int64_t count_of(const json_t *v)
+{
+	return json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : -1;
+}
+
+static int parse_tensor(kvmem_st_file *f, const char *name, const json_t *v, uint64_t data_len,
 			kvmem_st_tensor *t)
 {
-	const kvmem_json *dt = kvmem_json_get(v, "dtype"), *shape = kvmem_json_get(v, "shape");
-	const kvmem_json *offs = kvmem_json_get(v, "data_offsets");
+	const json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
+	const json_t *offs = json_object_get(v, "data_offsets");
 	uint64_t begin, end;
 	int d;
 
 	t->name = name;
-	if (kvmem_json_typeof(v) != KVMEM_JSON_OBJECT)
-		return kvmem_error(EINVAL, "%s: tensor '%s': expected an object with dtype, shape and "
+	if (!json_is_object(v))
+		return kvmem_error(EBADMSG, "%s: tensor '%s': expected an object with dtype, shape and "
 				 "data_offsets, found %s", f->path, name, kvmem_json_type_name(v));
-	if (kvmem_json_typeof(dt) != KVMEM_JSON_STRING)
-		return kvmem_error(EINVAL, "%s: tensor '%s' has no dtype string", f->path, name);
-	d = kvmem_st_dtype_parse(kvmem_json_str(dt, ""));
+	if (!json_is_string(dt))
+		return kvmem_error(EBADMSG, "%s: tensor '%s' has no dtype string", f->path, name);
+	d = kvmem_st_dtype_parse(json_string_value(dt));
 	if (d < 0)
-		return kvmem_error(EINVAL, "%s: tensor '%s' has unknown dtype '%.40s'", f->path, name,
-				 kvmem_json_str(dt, ""));
+		return kvmem_error(EBADMSG, "%s: tensor '%s' has unknown dtype '%.40s'", f->path, name,
+				 json_string_value(dt));
 	t->dtype = (kvmem_st_dtype)d;
 
-	if (kvmem_json_typeof(shape) != KVMEM_JSON_ARRAY)
-		return kvmem_error(EINVAL, "%s: tensor '%s' has no shape array", f->path, name);
-	if (kvmem_json_len(shape) > KVMEM_ST_MAX_DIMS)
-		return kvmem_error(EINVAL, "%s: tensor '%s' has %zu dimensions (at most %d are read)",
-				 f->path, name, kvmem_json_len(shape), KVMEM_ST_MAX_DIMS);
-	t->ndim = (int)kvmem_json_len(shape);
+	if (!json_is_array(shape))
+		return kvmem_error(EBADMSG, "%s: tensor '%s' has no shape array", f->path, name);
+	if (json_array_size(shape) > KVMEM_ST_MAX_DIMS)
+		return kvmem_error(EBADMSG, "%s: tensor '%s' has %zu dimensions (at most %d are read)",
+				 f->path, name, json_array_size(shape), KVMEM_ST_MAX_DIMS);
+	t->ndim = (int)json_array_size(shape);
 	t->numel = 1;
 	for (int i = 0; i < t->ndim; i++) {
-		const kvmem_json *dim = kvmem_json_at(shape, (size_t)i);
-		int64_t n = kvmem_json_int(dim, -1);
+		int64_t n = count_of(json_array_get(shape, (size_t)i));
 
 		if (n < 0)
-			return kvmem_error(EINVAL, "%s: tensor '%s': shape entry %d is not a non-negative integer",
+			return kvmem_error(EBADMSG, "%s: tensor '%s': shape entry %d is not a non-negative integer",
 					 f->path, name, i);
 		t->shape[i] = n;
 		if (n && t->numel > UINT64_MAX / 16 / (uint64_t)n)
-			return kvmem_error(EINVAL, "%s: tensor '%s': shape is too large", f->path, name);
+			return kvmem_error(EBADMSG, "%s: tensor '%s': shape is too large", f->path, name);
 		t->numel *= (uint64_t)n;
 	}
 	t->nbytes = t->numel * kvmem_st_dtype_size(t->dtype);
 
-	if (kvmem_json_typeof(offs) != KVMEM_JSON_ARRAY || kvmem_json_len(offs) != 2 ||
-	    kvmem_json_int(kvmem_json_at(offs, 0), -1) < 0 || kvmem_json_int(kvmem_json_at(offs, 1), -1) < 0)
-		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets must be two non-negative integers",
+	if (json_array_size(offs) != 2 || count_of(json_array_get(offs, 0)) < 0 ||
+	    count_of(json_array_get(offs, 1)) < 0)
+		return kvmem_error(EBADMSG, "%s: tensor '%s': data_offsets must be two non-negative integers",
 				 f->path, name);
-	begin = (uint64_t)kvmem_json_int(kvmem_json_at(offs, 0), 0);
-	end = (uint64_t)kvmem_json_int(kvmem_json_at(offs, 1), 0);
+	begin = (uint64_t)count_of(json_array_get(offs, 0));
+	end = (uint64_t)count_of(json_array_get(offs, 1));
 	if (end < begin)
-		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
+		return kvmem_error(EBADMSG, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
 				 f->path, name, (unsigned long long)begin, (unsigned long long)end);
 	if (end > data_len)
-		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the "
+		return kvmem_error(EBADMSG, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the "
 				 "data (%llu bytes): the file is truncated or the offsets are wrong",
 				 f->path, name, (unsigned long long)begin, (unsigned long long)end,
 				 (unsigned long long)data_len);
 	if (end - begin != t->nbytes) {
 		char s[160];
 
-		return kvmem_error(EINVAL, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but "
+		return kvmem_error(EBADMSG, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but "
 				 "shape %s of %s needs %llu", f->path, name,
 				 (unsigned long long)begin, (unsigned long long)end,
 				 (unsigned long long)(end - begin),
@@ -149,16 +154,18 @@ static int parse_tensor(kvmem_st_file *f, const char *name, const kvmem_json *v,
 	return 0;
 }
 
-static int check_metadata(kvmem_st_file *f, const kvmem_json *meta)
+static int check_metadata(kvmem_st_file *f, json_t *meta)
 {
-	if (kvmem_json_typeof(meta) != KVMEM_JSON_OBJECT)
-		return kvmem_error(EINVAL, "%s: __metadata__ must be an object, found %s", f->path,
+	const char *key;
+	json_t *v;
+
+	if (!json_is_object(meta))
+		return kvmem_error(EBADMSG, "%s: __metadata__ must be an object, found %s", f->path,
 				 kvmem_json_type_name(meta));
-	for (size_t i = 0; i < kvmem_json_len(meta); i++)
-		if (kvmem_json_typeof(kvmem_json_at(meta, i)) != KVMEM_JSON_STRING)
-			return kvmem_error(EINVAL, "%s: __metadata__ value of '%s' must be a string, found %s",
-					 f->path, kvmem_json_key(meta, i),
-					 kvmem_json_type_name(kvmem_json_at(meta, i)));
+	json_object_foreach(meta, key, v)
+		if (!json_is_string(v))
+			return kvmem_error(EBADMSG, "%s: __metadata__ value of '%s' must be a string, found %s",
+					 f->path, key, kvmem_json_type_name(v));
 	f->meta = meta;
 	return 0;
 }
@@ -185,48 +192,46 @@ static int parse_header(kvmem_st_file *f)
 	const unsigned char *h;
 	char jname[4200];
 	size_t i, n = 0;
+	const char *key;
+	json_t *v;
+	int rc;
 
 	if (f->size < 8)
-		return kvmem_error(EINVAL, "%s: file is %zu bytes, too short for the 8-byte header length "
+		return kvmem_error(EBADMSG, "%s: file is %zu bytes, too short for the 8-byte header length "
 				 "(truncated, or not a safetensors file)", f->path, f->size);
 	for (i = 0; i < 8; i++)
 		hlen |= (uint64_t)f->base[i] << (8 * i);
 	if (hlen > f->size - 8)
-		return kvmem_error(EINVAL, "%s: header length %llu runs past the end of the file (%zu bytes): "
+		return kvmem_error(EBADMSG, "%s: header length %llu runs past the end of the file (%zu bytes): "
 				 "truncated, or not a safetensors file", f->path,
 				 (unsigned long long)hlen, f->size);
 	if (hlen > KVMEM_ST_MAX_HEADER)
-		return kvmem_error(EINVAL, "%s: header length %llu is above the %u MB limit", f->path,
+		return kvmem_error(EBADMSG, "%s: header length %llu is above the %u MB limit", f->path,
 				 (unsigned long long)hlen, KVMEM_ST_MAX_HEADER >> 20);
 	h = f->base + 8;
 	f->header_hash = XXH3_64bits(f->base, 8 + hlen);
 	if (!hlen || h[0] != '{')
-		return kvmem_error(EINVAL, "%s: the header does not start with '{': not a safetensors file",
+		return kvmem_error(EBADMSG, "%s: the header does not start with '{': not a safetensors file",
 				 f->path);
 	snprintf(jname, sizeof(jname), "%s (header)", f->path);
-	f->doc = kvmem_json_parse((const char *)h, hlen, jname);
-	if (!f->doc)
-		return -1;
-	if (kvmem_mf_refuse_nul(f->doc, jname))
-		return -1;
+	if ((rc = kvmem_json_load((const char *)h, hlen, jname, &f->doc)) < 0)
+		return rc;
 	data_len = f->size - 8 - hlen;
 
-	f->t = calloc(kvmem_json_len(f->doc) + 1, sizeof(*f->t));
-	f->by_name = calloc(kvmem_json_len(f->doc) + 1, sizeof(*f->by_name));
+	f->t = calloc(json_object_size(f->doc) + 1, sizeof(*f->t));
+	f->by_name = calloc(json_object_size(f->doc) + 1, sizeof(*f->by_name));
 	if (!f->t || !f->by_name)
 		return kvmem_error(ENOMEM, "%s: out of memory", f->path);
-	for (i = 0; i < kvmem_json_len(f->doc); i++) {
-		const char *key = kvmem_json_key(f->doc, i);
-
+	json_object_foreach(f->doc, key, v) {
 		if (!strcmp(key, "__metadata__")) {
-			if (check_metadata(f, kvmem_json_at(f->doc, i)))
-				return -1;
+			if ((rc = check_metadata(f, v)))
+				return rc;
 			continue;
 		}
 		if (!*key)
-			return kvmem_error(EINVAL, "%s: a tensor has an empty name", f->path);
-		if (parse_tensor(f, key, kvmem_json_at(f->doc, i), data_len, &f->t[n]))
-			return -1;
+			return kvmem_error(EBADMSG, "%s: a tensor has an empty name", f->path);
+		if ((rc = parse_tensor(f, key, v, data_len, &f->t[n])))
+			return rc;
 		n++;
 	}
 	f->n = n;
@@ -239,20 +244,18 @@ static int parse_header(kvmem_st_file *f)
 		if (a->nbytes && b->nbytes && b->offset < a->offset + a->nbytes) {
 			uint64_t d0 = f->size - data_len;
 
-			return kvmem_error(EINVAL, "%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap",
+			return kvmem_error(EBADMSG, "%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap",
 					 f->path, a->name, (unsigned long long)(a->offset - d0),
 					 (unsigned long long)(a->offset - d0 + a->nbytes), b->name,
 					 (unsigned long long)(b->offset - d0),
 					 (unsigned long long)(b->offset - d0 + b->nbytes));
 		}
 	}
+	/* The names are distinct C strings: the parser refuses a repeated key
+	 * and a key holding "\u0000". */
 	for (i = 0; i < n; i++)
 		f->by_name[i] = (uint32_t)i;
 	qsort_r(f->by_name, n, sizeof(uint32_t), by_name, f->t);
-	for (i = 1; i < n; i++)	/* keys differing only after a "\u0000" */
-		if (!strcmp(f->t[f->by_name[i - 1]].name, f->t[f->by_name[i]].name))
-			return kvmem_error(EINVAL, "%s: tensor name '%s' appears twice", f->path,
-					 f->t[f->by_name[i]].name);
 	return 0;
 }
 
@@ -271,15 +274,16 @@ static kvmem_st_file *file_new(const char *name)
 int kvmem_st_parse(const void *buf, size_t len, const char *name, kvmem_st_file **out)
 {
 	kvmem_st_file *f = file_new(name);
+	int rc;
 
 	*out = NULL;
 	if (!f)
-		return -1;
+		return -ENOMEM;	/* file_new said so */
 	f->base = buf;
 	f->size = len;
-	if (parse_header(f)) {
+	if ((rc = parse_header(f))) {
 		kvmem_st_close(f);
-		return -1;
+		return rc;
 	}
 	*out = f;
 	return 0;
@@ -289,16 +293,16 @@ int kvmem_st_open(const char *path, kvmem_st_file **out)
 {
 	kvmem_st_file *f;
 	struct stat st;
-	int fd;
+	int fd, rc;
 
 	*out = NULL;
 	/* Without blocking on a FIFO; a dangling link or a device is named. */
-	if (kvmem_mf_open(path, &fd, &st) < 0)
-		return kvmem_fail();
+	if ((rc = kvmem_mf_open(path, &fd, &st)) < 0)
+		return rc;
 	f = file_new(path);
 	if (!f) {
 		close(fd);
-		return -1;
+		return -ENOMEM;	/* file_new said so */
 	}
 	f->size = (size_t)st.st_size;
 	f->st = st;
@@ -306,18 +310,19 @@ int kvmem_st_open(const char *path, kvmem_st_file **out)
 		void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
 
 		if (map == MAP_FAILED) {
-			kvmem_error(errno, "%s: cannot map %zu bytes: %s", path, f->size, strerror(errno));
+			rc = kvmem_error(errno, "%s: cannot map %zu bytes: %s", path, f->size,
+					 strerror(errno));
 			close(fd);
 			kvmem_st_close(f);
-			return -1;
+			return rc;
 		}
 		f->base = map;
 		f->mapped = true;
 	}
 	close(fd);
-	if (parse_header(f)) {
+	if ((rc = parse_header(f))) {
 		kvmem_st_close(f);
-		return -1;
+		return rc;
 	}
 	*out = f;
 	return 0;
@@ -329,7 +334,7 @@ void kvmem_st_close(kvmem_st_file *f)
 		return;
 	if (f->mapped)
 		munmap((void *)f->base, f->size);
-	kvmem_json_free(f->doc);
+	json_decref(f->doc);
 	free(f->t);
 	free(f->by_name);
 	free(f->path);
@@ -387,5 +392,5 @@ const kvmem_st_tensor *kvmem_st_find(const kvmem_st_file *f, const char *name)
 
 const char *kvmem_st_metadata(const kvmem_st_file *f, const char *key)
 {
-	return kvmem_json_str(kvmem_json_get(f->meta, key), NULL);
+	return json_string_value(json_object_get(f->meta, key));
 }

@@ -69,7 +69,10 @@ typedef struct kvmem_st_tensor {
 
 typedef struct kvmem_st_file kvmem_st_file;
 
-/* Map and check a file. On failure returns -1 with the message set. */
+/* Map and check a file. 0, or with the message set: -EBADMSG for a file
+ * that fails a check above (the header's JSON included), the open's code
+ * (-ENOENT, -ELOOP, -EINVAL for what is not a regular file; modelfile.h),
+ * -ENOMEM. */
 int kvmem_st_open(const char *path, kvmem_st_file **out);
 /* Check a file already in memory (buf must outlive the result, which does
  * not copy it); `name` starts the messages. */

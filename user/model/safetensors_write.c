@@ -18,6 +18,7 @@
 #include "kvmem/model.h"
 #include "model/safetensors.h"
 #include "util/json.h"
+#include "util/fs.h"
 
 #define WBUF (4u << 20)
 
@@ -124,6 +125,7 @@ static int build_header(kvmem_st_writer *w)
 	char *text = NULL;
 	size_t len = 0;
 	uint64_t off = 0;
+	int bad = 0;	/* a name JSON cannot hold (not UTF-8) */
 
 	if (w->header)
 		return 0;
@@ -136,9 +138,9 @@ static int build_header(kvmem_st_writer *w)
 		for (size_t i = 0; i < w->nmeta; i += 2) {
 			if (i)
 				fputc(',', f);
-			kvmem_json_write_str(f, w->meta[i]);
+			bad |= kvmem_json_write_str(f, w->meta[i]) == -EILSEQ;
 			fputc(':', f);
-			kvmem_json_write_str(f, w->meta[i + 1]);
+			bad |= kvmem_json_write_str(f, w->meta[i + 1]) == -EILSEQ;
 		}
 		fputc('}', f);
 	}
@@ -147,7 +149,7 @@ static int build_header(kvmem_st_writer *w)
 
 		if (i || w->nmeta)
 			fputc(',', f);
-		kvmem_json_write_str(f, t->name);
+		bad |= kvmem_json_write_str(f, t->name) == -EILSEQ;
 		fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", kvmem_st_dtype_name(t->dtype));
 		for (int d = 0; d < t->ndim; d++)
 			fprintf(f, "%s%lld", d ? "," : "", (long long)t->shape[d]);
@@ -162,6 +164,11 @@ static int build_header(kvmem_st_writer *w)
 	if (fclose(f) || !text) {
 		free(text);
 		return kvmem_error(ENOMEM, "safetensors writer: out of memory");
+	}
+	if (bad) {
+		free(text);
+		return kvmem_error(EINVAL, "safetensors writer: a tensor name or metadata string is not "
+				   "UTF-8, which the JSON header cannot hold");
 	}
 	w->header = text;
 	w->header_len = len;
@@ -191,6 +198,7 @@ static int flush_buf(kvmem_st_writer *w)
 static int put(kvmem_st_writer *w, const void *data, size_t n)
 {
 	const unsigned char *p = data;
+	int rc;
 
 	while (n) {
 		size_t k = WBUF - w->used < n ? WBUF - w->used : n;
@@ -199,8 +207,8 @@ static int put(kvmem_st_writer *w, const void *data, size_t n)
 		w->used += k;
 		p += k;
 		n -= k;
-		if (w->used == WBUF && flush_buf(w))
-			return -1;
+		if (w->used == WBUF && (rc = flush_buf(w)))
+			return rc;
 	}
 	return 0;
 }
@@ -209,12 +217,12 @@ int kvmem_st_writer_begin(kvmem_st_writer *w, const char *path)
 {
 	unsigned char len8[8];
 	char *dcopy, *bcopy;
-	int n;
+	int n, rc;
 
 	if (w->fd >= 0 || w->finished)
 		return kvmem_error(EINVAL, "%s: safetensors writer already begun", path);
-	if (build_header(w))
-		return -1;
+	if ((rc = build_header(w)))
+		return rc;
 	w->path = strdup(path);
 	dcopy = strdup(path);
 	bcopy = strdup(path);
@@ -240,9 +248,9 @@ int kvmem_st_writer_begin(kvmem_st_writer *w, const char *path)
 		return kvmem_error(errno, "%s: cannot create: %s", w->tmp, strerror(errno));
 	for (int i = 0; i < 8; i++)
 		len8[i] = (unsigned char)((uint64_t)w->header_len >> (8 * i));
-	if (put(w, len8, 8) || put(w, w->header, w->header_len))
-		return -1;
-	return 0;
+	if ((rc = put(w, len8, 8)))
+		return rc;
+	return put(w, w->header, w->header_len);
 }
 
 int kvmem_st_writer_write(kvmem_st_writer *w, const void *data, size_t n)
@@ -276,6 +284,8 @@ static void sync_dir_of(const char *path)
 
 int kvmem_st_writer_finish(kvmem_st_writer *w)
 {
+	int rc;
+
 	if (w->fd < 0 || w->failed)
 		return kvmem_error(EINVAL, "%s: safetensors writer is not open", w->path ? w->path : "?");
 	if (w->written != w->data_total) {
@@ -283,8 +293,8 @@ int kvmem_st_writer_finish(kvmem_st_writer *w)
 		return kvmem_error(EINVAL, "%s: %llu of %llu data bytes written", w->path,
 				 (unsigned long long)w->written, (unsigned long long)w->data_total);
 	}
-	if (flush_buf(w))
-		return -1;
+	if ((rc = flush_buf(w)))
+		return rc;
 	if (fsync(w->fd)) {
 		w->failed = true;
 		return kvmem_error(errno, "%s: fsync failed: %s", w->tmp, strerror(errno));

@@ -48,7 +48,7 @@ int make_room(kvmem_pager *p, uint32_t need)
 	want = need - have;
 	v = malloc(sizeof(*v) * want);
 	if (!v)
-		return -1;
+		return -ENOMEM;
 	n = p->repl->victims(p->repl_st, want, v, p->step, slot_busy, p);
 	for (uint32_t i = 0; i < n; i++)
 		if (!slot_busy(p, v[i]))
@@ -56,7 +56,7 @@ int make_room(kvmem_pager *p, uint32_t need)
 	free(v);
 	if (n)
 		PROBE_RECLAIM(want, p->st.evictions - ev0);
-	return kvmem_hostpool_free_slots(p->pool) >= need ? 0 : -1;
+	return kvmem_hostpool_free_slots(p->pool) >= need ? 0 : -ENOBUFS;
 }
 
 static void set_resident(kvmem_pager *p, uint64_t pg, uint32_t s)
@@ -69,16 +69,30 @@ static void set_resident(kvmem_pager *p, uint64_t pg, uint32_t s)
 	p->repl->insert(p->repl_st, s, pg, p->step);
 }
 
-int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
+int pool_insert_slot(kvmem_pager *p, uint64_t pg, uint32_t *slot)
 {
 	uint64_t t = kvmem_now_ns();
 	uint32_t s;
+	int rc;
 
-	if (make_room(p, 1) < 0 || kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
-		return -1;
-	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
+	if ((rc = make_room(p, 1)) < 0)
+		return rc;
+	if (kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
+		return -ENOBUFS;
 	set_resident(p, pg, s);
 	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, kvmem_now_ns() - t);
+	*slot = s;
+	return 0;
+}
+
+int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
+{
+	uint32_t s;
+	int rc = pool_insert_slot(p, pg, &s);
+
+	if (rc < 0)
+		return rc;
+	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	return 0;
 }
 
@@ -143,7 +157,7 @@ void read_done(kvmem_pager *p, struct io_req *r)
 				 PRIu64 ": %s", p->dir, pg, pg / p->g.n_layers,
 				 (unsigned)(pg % p->g.n_layers), pg * p->page_stride,
 				 got ? "checksum mismatch: corrupt, not used" :
-				 r->res < 0 ? strerror(-r->res) : "short read: file truncated");
+				 r->res < 0 ? ws_strerror(p->ws, -r->res) : "short read: file truncated");
 		}
 	}
 }
@@ -182,7 +196,7 @@ static size_t start_reads(kvmem_pager *p, const uint64_t *pages, size_t n, int p
 			p->pt[pages[i] + k].host_slot = first + k;
 			p->slot_page[first + k] = pages[i] + k;
 		}
-		if (io_queue(&p->io, p->fd_pages, r) < 0) {
+		if (p->ws->ops->submit(p->ws, &p->io, r) < 0) {
 			for (uint32_t k = 0; k < got; k++) {
 				p->pt[pages[i] + k].flags &= ~KVMEM_PTE_IN_FLIGHT;
 				p->pt[pages[i] + k].host_slot = KVMEM_SLOT_NONE;
@@ -395,10 +409,10 @@ int kvmem_pager_stage_in(kvmem_pager *p, const uint64_t *pages, size_t n, kvmem_
 			return rc;
 		}
 		for (size_t j = 0; j < k; j++) {
-			if (fn(arg, pages[i + j], ptr[j]) < 0) {
+			if ((rc = fn(arg, pages[i + j], ptr[j])) < 0) {
 				kvmem_pager_release(p, pages + i, k);
 				free(ptr);
-				return -1;
+				return rc;
 			}
 		}
 		kvmem_pager_release(p, pages + i, k);

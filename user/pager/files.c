@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pager/pager_int.h"
+#include "util/fs.h"
 
 const char *const ws_data_files[WS_N_DATA] = { "pages", "tokens", "index", "sums", "tail" };
 
@@ -194,7 +195,7 @@ void ws_clean_temps(int dirfd, int empty_data_too)
 	closedir(d);
 }
 
-int ws_lock(int dirfd, const char *dir)
+int ws_lock_take(int dirfd, const char *dir)
 {
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
 	char buf[32];
@@ -232,12 +233,30 @@ int ws_lock(int dirfd, const char *dir)
 		close(fd);
 		return kvmem_error(err, "%s/lock: cannot lock: %s", dir, strerror(err));
 	}
-	n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+	return fd;
+}
+
+int ws_lock_claim(int fd, const char *dir)
+{
+	char buf[32];
+	int n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+
+	errno = 0;
 	if (ftruncate(fd, 0) < 0 || kvmem_write_all(fd, buf, (size_t)n, 0) < 0) {
 		int err = errno ? errno : EIO;
 
-		close(fd);
 		return kvmem_error(err, "%s/lock: cannot write: %s", dir, strerror(err));
+	}
+	return 0;
+}
+
+int ws_lock(int dirfd, const char *dir)
+{
+	int fd = ws_lock_take(dirfd, dir);
+
+	if (fd >= 0 && ws_lock_claim(fd, dir) < 0) {
+		close(fd);
+		return kvmem_fail();
 	}
 	return fd;
 }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* The replacement policy registry and the victim scan the scoring ones share. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,11 +36,11 @@ int repl_blockvals_grow(struct repl_blockvals *bv, uint64_t block)
 		n *= 2;
 	v = realloc(bv->val, n * sizeof(*v));
 	if (!v)
-		return -1;
+		return -ENOMEM;
 	bv->val = v;
 	a = realloc(bv->at, n * sizeof(*a));
 	if (!a)
-		return -1;
+		return -ENOMEM;
 	bv->at = a;
 	memset(bv->val + bv->n, 0, (n - bv->n) * sizeof(*v));
 	memset(bv->at + bv->n, 0, (n - bv->n) * sizeof(*a));
@@ -150,4 +151,15 @@ uint32_t repl_lowest(void *st, uint32_t n_slots, const uint8_t *present, repl_ke
 		out[i] = h[i].slot;
 	free(h);
 	return n;
+}
+
+const char *kvmem_repl_at(int i, const char **what)
+{
+	for (int k = 0; kvmem_repl_policies[k]; k++)
+		if (k == i) {
+			if (what)
+				*what = kvmem_repl_policies[k]->what;
+			return kvmem_repl_policies[k]->name;
+		}
+	return NULL;
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /* Reading a page's K or V as fp32, whatever dtype its source keeps. */
+#include <errno.h>
 #include <string.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "kvmem/source.h"
 
 const float *kvmem_page_f32(const kvmem_page *pg, int is_v, size_t n, float *scratch)
@@ -55,4 +56,12 @@ void kvmem_page_source_destroy(kvmem_page_source *src)
 		src->ops = NULL;
 		src->ctx = NULL;
 	}
+}
+
+int kvmem_page_source_commit(kvmem_page_source *src, const int32_t *ids, int64_t n,
+			     const void *app, uint32_t app_len)
+{
+	if (!src->ops->commit)
+		return kvmem_error(ENOTSUP, "page source %s keeps nothing to commit", src->ops->name);
+	return src->ops->commit(src->ctx, ids, n, app, app_len);
 }

@@ -33,7 +33,6 @@
 #include "kvmem/pager.h"
 #include "kvmem/source.h"
 #include "kvmem/store.h"
-#include "source/source_int.h"
 #include "util/grow.h"
 
 /* The window's first size in blocks when the caller names none. */
@@ -130,6 +129,14 @@ static int ks_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 	return s->inner.ops->write(s->inner.ctx, b, layer, t0, n, k, v);
 }
 
+static int ks_write_rows(void *ctx, int64_t p0, int n, const void *k, const void *v,
+			 uint32_t dtype)
+{
+	struct ksrc *s = ctx;
+
+	return s->inner.ops->write_rows(s->inner.ctx, p0, n, k, v, dtype);
+}
+
 static int ks_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 {
 	struct ksrc *s = ctx;
@@ -214,6 +221,8 @@ static void ks_destroy(void *ctx)
 	free(s);
 }
 
+static int ks_commit(void *ctx, const int32_t *ids, int64_t n, const void *app, uint32_t app_len);
+
 static const kvmem_page_source_ops kmod_source_ops = {
 	.name = "kmod",
 	.write = ks_write,
@@ -222,6 +231,8 @@ static const kvmem_page_source_ops kmod_source_ops = {
 	.prefetch = ks_prefetch,
 	.hint = ks_hint,
 	.destroy = ks_destroy,
+	.commit = ks_commit,
+	.write_rows = ks_write_rows,
 };
 
 int kvmem_page_source_kmod(kvmem_page_source *src, kvmem_pager *p, const kvmem_kmod_opts *o)
@@ -283,15 +294,14 @@ int kvmem_page_source_kmod_stats(const kvmem_page_source *src, struct kvmem_ioc_
 	return 0;
 }
 
-int source_kmod_commit(kvmem_page_source *src, const int32_t *ids, int64_t n, const void *app,
-		       uint32_t app_len)
+/* The pager source inside commits, then the module follows (its page
+ * count, its step). */
+static int ks_commit(void *ctx, const int32_t *ids, int64_t n, const void *app, uint32_t app_len)
 {
-	struct ksrc *s = src->ctx;
+	struct ksrc *s = ctx;
 	int rc;
 
-	if (src->ops != &kmod_source_ops)
-		return kvmem_error(EINVAL, "page source: not a pager or kmod source");
-	if ((rc = kvmem_page_source_pager_commit(&s->inner, ids, n, app, app_len)) < 0)
+	if ((rc = kvmem_page_source_commit(&s->inner, ids, n, app, app_len)) < 0)
 		return rc;
 	s->target = kvmem_pager_committed_tokens(s->p) / s->g->block_tokens;
 	if (kvmem_kmod_step(s->k, ++s->step) < 0)

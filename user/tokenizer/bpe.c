@@ -16,6 +16,7 @@
 #include <unistr.h>
 
 #include "kvmem/kvmem.h"
+#include "model/modelfile.h"
 #include "tokenizer/tok_int.h"
 #include "util/grow.h"
 #include "util/json.h"
@@ -113,10 +114,11 @@ static void merge_put(struct bpe *b, int32_t l, int32_t r, int32_t rank, int32_t
 	uint64_t key = ((uint64_t)(uint32_t)l << 32 | (uint32_t)r) + 1;
 	size_t j = mix(key) & b->merge_mask;
 
+	/* A repeated merge takes its later rank, as Hugging Face's tokenizers
+	 * (BpeBuilder::build collects the ranks into a hash map) and
+	 * transformers.js (a Map) do. */
 	while (b->merges[j].key && b->merges[j].key != key)
 		j = (j + 1) & b->merge_mask;
-	if (b->merges[j].key)
-		return;		/* a repeated merge keeps its first (lower) rank */
 	b->merges[j] = (struct merge_slot){ key, rank, id };
 }
 
@@ -143,23 +145,31 @@ static int set_piece(struct bpe *b, int32_t id, const char *bytes, size_t len)
 	return 0;
 }
 
-static int max_id(const kvmem_json *vocab, const kvmem_json *added, int64_t *max)
+/* A token id's value (0..2^24-1), else -1. */
+static int64_t id_of(const json_t *v)
 {
-	*max = -1;
-	for (size_t i = 0; i < kvmem_json_len(vocab); i++) {
-		const kvmem_json *v = kvmem_json_at(vocab, i);
+	json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
 
-		if (!kvmem_json_is_int(v) || kvmem_json_int(v, -1) < 0 ||
-		    kvmem_json_int(v, -1) >= (1 << 24))
-			return -1;
-		if (kvmem_json_int(v, -1) > *max)
-			*max = kvmem_json_int(v, -1);
+	return id >= 0 && id < (1 << 24) ? id : -1;
+}
+
+static int max_id(json_t *vocab, const json_t *added, int64_t *max)
+{
+	const char *key;
+	json_t *v;
+
+	*max = -1;
+	json_object_foreach(vocab, key, v) {
+		if (id_of(v) < 0)
+			return -EINVAL;
+		if (id_of(v) > *max)
+			*max = id_of(v);
 	}
-	for (size_t i = 0; i < kvmem_json_len(added); i++) {
-		int64_t id = kvmem_json_int(kvmem_json_get(kvmem_json_at(added, i), "id"), -1);
+	for (size_t i = 0; i < json_array_size(added); i++) {
+		int64_t id = id_of(json_object_get(json_array_get(added, i), "id"));
 
 		if (id < 0 || id >= (1 << 24))
-			return -1;
+			return -EINVAL;
 		if (id > *max)
 			*max = id;
 	}
@@ -175,26 +185,34 @@ static int added_cmp(const void *pa, const void *pb)
 	return a->len < b->len ? 1 : a->len > b->len ? -1 : 0;
 }
 
-static int load_pretok(struct bpe *b, const kvmem_json *pt, const char *path, const char **pat)
+/* A string member's value, or def when it is absent or not a string. */
+static const char *str_of(const json_t *obj, const char *key, const char *def)
 {
-	const char *type = kvmem_json_str(kvmem_json_get(pt, "type"), "");
+	const char *s = json_string_value(json_object_get(obj, key));
 
-	if (!pt || kvmem_json_typeof(pt) == KVMEM_JSON_NULL)
+	return s ? s : def;
+}
+
+static int load_pretok(struct bpe *b, const json_t *pt, const char *path, const char **pat)
+{
+	const char *type = str_of(pt, "type", "");
+	int rc;
+
+	if (!pt || json_is_null(pt))
 		return 0;
 	if (!strcmp(type, "Sequence")) {
-		const kvmem_json *list = kvmem_json_get(pt, "pretokenizers");
+		const json_t *list = json_object_get(pt, "pretokenizers");
 
-		for (size_t i = 0; i < kvmem_json_len(list); i++)
-			if (load_pretok(b, kvmem_json_at(list, i), path, pat))
-				return -1;
+		for (size_t i = 0; i < json_array_size(list); i++)
+			if ((rc = load_pretok(b, json_array_get(list, i), path, pat)))
+				return rc;
 		return 0;
 	}
 	if (!strcmp(type, "Split")) {
-		const char *beh = kvmem_json_str(kvmem_json_get(pt, "behavior"), "");
-		const char *re = kvmem_json_str(kvmem_json_get(kvmem_json_get(pt, "pattern"), "Regex"),
-						NULL);
+		const char *beh = str_of(pt, "behavior", "");
+		const char *re = str_of(json_object_get(pt, "pattern"), "Regex", NULL);
 
-		if (!re || strcmp(beh, "Isolated") || kvmem_json_bool(kvmem_json_get(pt, "invert"), 0))
+		if (!re || strcmp(beh, "Isolated") || json_is_true(json_object_get(pt, "invert")))
 			return kvmem_error(ENOTSUP, "%s: a Split pre-tokenizer other than an isolated "
 					   "regex split (behavior '%s')", path, beh);
 		if (*pat)
@@ -203,9 +221,9 @@ static int load_pretok(struct bpe *b, const kvmem_json *pt, const char *path, co
 		return 0;
 	}
 	if (!strcmp(type, "ByteLevel")) {
-		if (kvmem_json_bool(kvmem_json_get(pt, "add_prefix_space"), 0))
+		if (json_is_true(json_object_get(pt, "add_prefix_space")))
 			return kvmem_error(ENOTSUP, "%s: ByteLevel with add_prefix_space", path);
-		if (kvmem_json_bool(kvmem_json_get(pt, "use_regex"), 1)) {
+		if (!json_is_false(json_object_get(pt, "use_regex"))) {
 			if (*pat)
 				return kvmem_error(ENOTSUP, "%s: more than one splitting pre-tokenizer",
 						   path);
@@ -217,22 +235,23 @@ static int load_pretok(struct bpe *b, const kvmem_json *pt, const char *path, co
 			   path, type);
 }
 
-static int load_normalizer(struct bpe *b, const kvmem_json *nm, const char *path)
+static int load_normalizer(struct bpe *b, const json_t *nm, const char *path)
 {
-	const char *type = kvmem_json_str(kvmem_json_get(nm, "type"), "");
+	const char *type = str_of(nm, "type", "");
+	int rc;
 
-	if (!nm || kvmem_json_typeof(nm) == KVMEM_JSON_NULL)
+	if (!nm || json_is_null(nm))
 		return 0;
 	if (!strcmp(type, "NFC")) {
 		b->nfc = 1;
 		return 0;
 	}
 	if (!strcmp(type, "Sequence")) {
-		const kvmem_json *list = kvmem_json_get(nm, "normalizers");
+		const json_t *list = json_object_get(nm, "normalizers");
 
-		for (size_t i = 0; i < kvmem_json_len(list); i++)
-			if (load_normalizer(b, kvmem_json_at(list, i), path))
-				return -1;
+		for (size_t i = 0; i < json_array_size(list); i++)
+			if ((rc = load_normalizer(b, json_array_get(list, i), path)))
+				return rc;
 		return 0;
 	}
 	return kvmem_error(ENOTSUP, "%s: normalizer '%s' is not supported (NFC or none)", path, type);
@@ -259,10 +278,10 @@ static void bpe_free(void *ctx)
 	free(b);
 }
 
-static int load_merges(struct bpe *b, const kvmem_json *merges, const char *path,
+static int load_merges(struct bpe *b, const json_t *merges, const char *path,
 		       const int16_t *byte_of)
 {
-	size_t n = kvmem_json_len(merges), slots = 16;
+	size_t n = json_array_size(merges), slots = 16;
 	char *l = NULL, *r = NULL;
 	int rc = 0;
 
@@ -273,32 +292,34 @@ static int load_merges(struct bpe *b, const kvmem_json *merges, const char *path
 		return kvmem_error(ENOMEM, "%s: out of memory for %zu merges", path, n);
 	b->merge_mask = slots - 1;
 	for (size_t i = 0; i < n && !rc; i++) {
-		const kvmem_json *m = kvmem_json_at(merges, i);
+		const json_t *m = json_array_get(merges, i);
 		const char *a, *c;
 		size_t al, cl;
 		long la, lc;
 		int32_t ia, ic, im;
 		char *both;
 
-		if (kvmem_json_typeof(m) == KVMEM_JSON_STRING) {
-			const char *s = kvmem_json_str(m, ""), *sp = strchr(s, ' ');
+		if (json_is_string(m)) {
+			const char *s = json_string_value(m), *sp = strchr(s, ' ');
 
-			if (!sp || strchr(sp + 1, ' '))
-				return kvmem_error(EINVAL, "%s: merge %zu is not \"a b\"", path, i);
+			if (!sp || strchr(sp + 1, ' ')) {	/* break: l and r are freed below */
+				rc = kvmem_error(EINVAL, "%s: merge %zu is not \"a b\"", path, i);
+				break;
+			}
 			a = s;
 			al = (size_t)(sp - s);
 			c = sp + 1;
 			cl = strlen(c);
-		} else if (kvmem_json_len(m) == 2 &&
-			   kvmem_json_typeof(kvmem_json_at(m, 0)) == KVMEM_JSON_STRING &&
-			   kvmem_json_typeof(kvmem_json_at(m, 1)) == KVMEM_JSON_STRING) {
-			a = kvmem_json_str(kvmem_json_at(m, 0), "");
-			al = kvmem_json_str_len(kvmem_json_at(m, 0));
-			c = kvmem_json_str(kvmem_json_at(m, 1), "");
-			cl = kvmem_json_str_len(kvmem_json_at(m, 1));
+		} else if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+			   json_is_string(json_array_get(m, 1))) {
+			a = json_string_value(json_array_get(m, 0));
+			al = json_string_length(json_array_get(m, 0));
+			c = json_string_value(json_array_get(m, 1));
+			cl = json_string_length(json_array_get(m, 1));
 		} else {
-			return kvmem_error(EINVAL, "%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]",
-					   path, i);
+			rc = kvmem_error(EINVAL, "%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]",
+					 path, i);
+			break;
 		}
 		l = realloc(l, al + 1);
 		r = realloc(r, cl + 1);
@@ -334,30 +355,30 @@ static int load_merges(struct bpe *b, const kvmem_json *merges, const char *path
 	return rc;
 }
 
-static int bpe_load_json(struct bpe *b, const kvmem_json *doc, const char *path)
+static int bpe_load_json(struct bpe *b, const json_t *doc, const char *path)
 {
-	const kvmem_json *model = kvmem_json_get(doc, "model");
-	const kvmem_json *vocab = kvmem_json_get(model, "vocab");
-	const kvmem_json *added = kvmem_json_get(doc, "added_tokens");
-	const char *pat = NULL;
+	const json_t *model = json_object_get(doc, "model");
+	json_t *vocab = json_object_get(model, "vocab"), *v;
+	const json_t *added = json_object_get(doc, "added_tokens");
+	const char *pat = NULL, *k;
+	size_t entry = 0;
+	int rc;
 	uint32_t cp_of[256];
 	int16_t byte_of[512];
 	int64_t top;
 	char *raw = NULL;
 	size_t raw_cap = 0;
 
-	if (strcmp(kvmem_json_str(kvmem_json_get(model, "type"), ""), "BPE"))
+	if (strcmp(str_of(model, "type", ""), "BPE"))
 		return fail(path, ENOTSUP, "the model is not BPE (model.type)");
-	if (kvmem_json_typeof(vocab) != KVMEM_JSON_OBJECT)
+	if (!json_is_object(vocab))
 		return fail(path, EINVAL, "model.vocab is not an object");
-	if (kvmem_json_bool(kvmem_json_get(model, "byte_fallback"), 0) ||
-	    *kvmem_json_str(kvmem_json_get(model, "continuing_subword_prefix"), "") ||
-	    *kvmem_json_str(kvmem_json_get(model, "end_of_word_suffix"), ""))
+	if (json_is_true(json_object_get(model, "byte_fallback")) ||
+	    *str_of(model, "continuing_subword_prefix", "") || *str_of(model, "end_of_word_suffix", ""))
 		return fail(path, ENOTSUP, "BPE with byte fallback or subword affixes (not byte-level)");
-	if (kvmem_json_typeof(kvmem_json_get(model, "dropout")) == KVMEM_JSON_NUMBER &&
-	    kvmem_json_num(kvmem_json_get(model, "dropout"), 0) > 0)
+	if (json_number_value(json_object_get(model, "dropout")) > 0)
 		return fail(path, ENOTSUP, "BPE dropout");
-	b->ignore_merges = kvmem_json_bool(kvmem_json_get(model, "ignore_merges"), 0);
+	b->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
 	if (max_id(vocab, added, &top))
 		return fail(path, EINVAL, "a token id that is not an integer in 0..2^24-1");
 	b->vocab = (int)top + 1;
@@ -372,10 +393,9 @@ static int bpe_load_json(struct bpe *b, const kvmem_json *doc, const char *path)
 		byte_of[cp_of[i]] = (int16_t)i;
 	for (int i = 0; i < 256; i++)
 		b->byte_id[i] = -1;
-	for (size_t i = 0; i < kvmem_json_len(vocab); i++) {
-		const char *k = kvmem_json_key(vocab, i);
-		size_t kl = kvmem_json_key_len(vocab, i);
-		int32_t id = (int32_t)kvmem_json_int(kvmem_json_at(vocab, i), -1);
+	json_object_foreach(vocab, k, v) {
+		size_t kl = strlen(k);	/* keys hold no "\u0000" (util/json.h) */
+		int32_t id = (int32_t)id_of(v);
 		long n;
 
 		if (kvmem_grow(&raw, 1, kl + 1, &raw_cap, 64)) {
@@ -386,7 +406,7 @@ static int bpe_load_json(struct bpe *b, const kvmem_json *doc, const char *path)
 		if (n < 0) {
 			free(raw);
 			return kvmem_error(EINVAL, "%s: vocabulary entry %zu (id %d) holds a character "
-					   "outside the byte-level alphabet", path, i, id);
+					   "outside the byte-level alphabet", path, entry, id);
 		}
 		if (b->piece[id]) {
 			free(raw);
@@ -398,38 +418,38 @@ static int bpe_load_json(struct bpe *b, const kvmem_json *doc, const char *path)
 		}
 		if (n == 1)
 			b->byte_id[(unsigned char)raw[0]] = id;
+		entry++;
 	}
 	free(raw);
-	b->added = calloc(kvmem_json_len(added) + 1, sizeof(*b->added));
+	b->added = calloc(json_array_size(added) + 1, sizeof(*b->added));
 	if (!b->added)
 		return fail(path, ENOMEM, "out of memory");
-	for (size_t i = 0; i < kvmem_json_len(added); i++) {
-		const kvmem_json *a = kvmem_json_at(added, i);
-		const kvmem_json *c = kvmem_json_get(a, "content");
-		int32_t id = (int32_t)kvmem_json_int(kvmem_json_get(a, "id"), -1);
-		size_t len = kvmem_json_str_len(c);
+	for (size_t i = 0; i < json_array_size(added); i++) {
+		const json_t *a = json_array_get(added, i);
+		const json_t *c = json_object_get(a, "content");
+		int32_t id = (int32_t)id_of(json_object_get(a, "id"));
+		size_t len = json_string_length(c);
 		struct added *ad = &b->added[b->n_added];
 
-		if (kvmem_json_typeof(c) != KVMEM_JSON_STRING || !len || memchr(kvmem_json_str(c, ""), 0, len))
+		if (!len)	/* not a string, or empty */
 			return kvmem_error(EINVAL, "%s: added token %zu has no text", path, i);
 		ad->text = malloc(len + 1);
 		if (!ad->text)
 			return fail(path, ENOMEM, "out of memory");
-		memcpy(ad->text, kvmem_json_str(c, ""), len + 1);
+		memcpy(ad->text, json_string_value(c), len + 1);
 		ad->len = len;
 		ad->id = id;
-		ad->special = kvmem_json_bool(kvmem_json_get(a, "special"), 0);
+		ad->special = json_is_true(json_object_get(a, "special"));
 		b->n_added++;
 		if (set_piece(b, id, ad->text, len) || kvmem_strmap_put(&b->map, ad->text, len, id))
 			return fail(path, ENOMEM, "out of memory");
 		b->is_added[id] = ad->special ? 2 : 1;
 	}
 	qsort(b->added, (size_t)b->n_added, sizeof(*b->added), added_cmp);
-	if (load_merges(b, kvmem_json_get(model, "merges"), path, byte_of))
-		return -1;
-	if (load_normalizer(b, kvmem_json_get(doc, "normalizer"), path) ||
-	    load_pretok(b, kvmem_json_get(doc, "pre_tokenizer"), path, &pat))
-		return -1;
+	if ((rc = load_merges(b, json_object_get(model, "merges"), path, byte_of)) ||
+	    (rc = load_normalizer(b, json_object_get(doc, "normalizer"), path)) ||
+	    (rc = load_pretok(b, json_object_get(doc, "pre_tokenizer"), path, &pat)))
+		return rc;
 	if (pat) {
 		int err;
 		PCRE2_SIZE off;
@@ -463,25 +483,32 @@ static int bpe_load_json(struct bpe *b, const kvmem_json *doc, const char *path)
 int kvmem_tokenizer_load_file(const char *path, kvmem_tokenizer **out)
 {
 	struct bpe *b = calloc(1, sizeof(*b));
-	kvmem_json *doc;
+	json_t *doc;
 	kvmem_tokenizer *t;
+	char *text;
+	size_t len;
+	int rc;
 
 	*out = NULL;
 	if (!b)
 		return kvmem_error(ENOMEM, "%s: out of memory", path);
-	doc = kvmem_json_parse_file(path);
-	if (!doc) {
+	/* Qwen3's is 11 MB; the cap only keeps a stray huge file out. */
+	if ((rc = kvmem_mf_read(path, 1u << 30, &text, &len)) < 0) {
 		free(b);
-		return kvmem_fail();
+		return rc;
 	}
-	if (bpe_load_json(b, doc, path)) {
-		int rc = kvmem_fail();
-
-		kvmem_json_free(doc);
+	rc = kvmem_json_load(text, len, path, &doc);
+	free(text);
+	if (rc < 0) {
+		free(b);
+		return rc;
+	}
+	if ((rc = bpe_load_json(b, doc, path))) {
+		json_decref(doc);
 		bpe_free(b);
 		return rc;
 	}
-	kvmem_json_free(doc);
+	json_decref(doc);
 	t = kvmem_tokenizer_custom(&kvmem_bpe_ops, b);
 	if (!t) {
 		bpe_free(b);
@@ -582,6 +609,7 @@ static int bpe_word(const struct bpe *b, struct scratch *s, const unsigned char 
 		    kvmem_ids *out)
 {
 	size_t hn = 0;
+	int rc;
 
 	if (b->ignore_merges) {
 		int32_t id = kvmem_strmap_get(&b->map, (const char *)w, n);
@@ -640,8 +668,8 @@ static int bpe_word(const struct bpe *b, struct scratch *s, const unsigned char 
 		try_pair(b, s, &hn, l);
 	}
 	for (int32_t i = 0; i >= 0; i = s->next[i])
-		if (kvmem_ids_push(out, &s->id[i], 1))
-			return -1;
+		if ((rc = kvmem_ids_push(out, &s->id[i], 1)))
+			return rc;
 	return 0;
 }
 

@@ -83,6 +83,7 @@ static void assistant(struct sb *b, const kvmem_chat_msg *m, int after_query, in
 {
 	const char *content = str(m->content), *c0 = content, *c1 = content + strlen(content);
 	const char *r0 = "", *r1 = r0;
+	int has_content;
 
 	if (m->reasoning) {
 		r0 = m->reasoning;
@@ -102,6 +103,9 @@ static void assistant(struct sb *b, const kvmem_chat_msg *m, int after_query, in
 			r0 = open + 7;
 		strip_nl(&r0, &r1, 1, 0);
 	}
+	/* The template puts a newline before the first call when its content
+	 * variable is not empty: tested before the thinking block strips it. */
+	has_content = c1 > c0;
 	puts_(b, "<|im_start|>assistant\n");
 	if (after_query && (last || r1 > r0)) {
 		const char *s0 = r0, *s1 = r1;
@@ -114,7 +118,7 @@ static void assistant(struct sb *b, const kvmem_chat_msg *m, int after_query, in
 	}
 	put(b, c0, (size_t)(c1 - c0));
 	for (int j = 0; j < m->n_calls; j++) {
-		if (j || c1 > c0)
+		if (j || has_content)
 			puts_(b, "\n");
 		puts_(b, "<tool_call>\n{\"name\": \"");
 		puts_(b, str(m->call_names[j]));

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "kvmem/kvmem.h"
+#include "util/fs.h"
 
 int kvmem_mkdir_p(const char *dir)
 {

@@ -79,6 +79,9 @@ struct kvmem_pt_header {
 #include <linux/build_bug.h>
 static_assert(sizeof(struct kvmem_pte) == 32);
 static_assert(sizeof(struct kvmem_pt_header) == 64);
+#elif defined(__cplusplus)
+static_assert(sizeof(struct kvmem_pte) == 32, "kvmem_pte must stay 32 bytes");
+static_assert(sizeof(struct kvmem_pt_header) == 64, "kvmem_pt_header must stay 64 bytes");
 #else
 _Static_assert(sizeof(struct kvmem_pte) == 32, "kvmem_pte must stay 32 bytes");
 _Static_assert(sizeof(struct kvmem_pt_header) == 64, "kvmem_pt_header must stay 64 bytes");

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kvmem/kernels.h"
+#include "kernels/kernels.h"
 #include "test_model.h"
 
 uint64_t test_rng_fresh_seed(const char *what)

@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvmem compute kernels: one C signature per op.
+ *
+ * Each op has a CPU reference twin in kernels/cpu/ (the functions below).
+ * A CUDA version, when it exists, lives in kernels/cuda/ with the same
+ * arguments and a kvmem_cuda_ prefix, taking device pointers; tests compare
+ * the two on fresh random inputs.
+ *
+ * Layouts (row-major, fp32 unless said):
+ *   activations  x[n][dim]                  one row per token
+ *   queries      q[n][n_heads][head_dim]    token-major, as projected
+ *   KV (views)   k[n_kv_heads][stride][head_dim]  head-major: each KV head
+ *                is a contiguous [tokens][head_dim] run, `stride` tokens apart
+ *   weights      w[out][in]                 as Hugging Face stores them
+ *
+ * RoPE is the "rotate half" form Qwen3/Llama use: for i < head_dim/2 the pair
+ * (x[i], x[i + head_dim/2]) turns by angle pos * theta^(-2i/head_dim).
+ * Angles are computed in double so positions in the millions stay precise.
+ */
+#ifndef KVMEM_KERNELS_H
+#define KVMEM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmem/sample.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- number formats --------------------------------------------------- */
+float kvmem_bf16_to_f32(uint16_t h);
+uint16_t kvmem_f32_to_bf16(float f);	/* round to nearest even, NaN kept */
+float kvmem_f16_to_f32(uint16_t h);
+uint16_t kvmem_f32_to_f16(float f);	/* round to nearest even, inf/NaN kept */
+void kvmem_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+/* n values of kvmem_f32_to_bf16, the same bits, in a loop the compiler
+ * vectorises (7x the element-wise calls: what the store's rows take). */
+void kvmem_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
+void kvmem_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+
+/* ---- dense ------------------------------------------------------------ */
+/* y[n][out] = x[n][in] · w[out][in]^T  (BLAS sgemm, threaded). */
+void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out);
+
+/* out[i][:] = table[ids[i]][:]; ids must be in [0, vocab). */
+void kvmem_embedding(float *out, const float *table, const int32_t *ids, int n, int dim);
+
+/* out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w, per row of `dim`.
+ * out may equal x. Sum of squares accumulated in double. */
+void kvmem_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
+
+/* y[i] += x[i] */
+void kvmem_add(float *y, const float *x, size_t n);
+
+/* out[i] = silu(gate[i]) * up[i]; out may equal gate or up. */
+void kvmem_swiglu(float *out, const float *gate, const float *up, size_t n);
+
+/* ---- rotary position embedding --------------------------------------- */
+/* Rotate in place x[n][n_heads][head_dim], token t at position pos[t]. */
+void kvmem_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, double theta);
+/* The exact inverse rotation (angle -pos). */
+void kvmem_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+		      double theta);
+
+/* ---- attention -------------------------------------------------------- */
+/*
+ * Causal GQA attention over a head-major KV view.
+ *   q    [n_q][n_heads][head_dim]  (already rotated)
+ *   k, v [n_kv_heads][kv_stride][head_dim], tokens 0..n_kv-1 valid
+ *   q_pos[n_q], kv_pos[n_kv]: query i sees key j iff kv_pos[j] <= q_pos[i]
+ *   out  [n_q][n_heads][head_dim]
+ * Query head h reads KV head h / (n_heads / n_kv_heads).
+ * scale is usually 1/sqrt(head_dim). Softmax in fp32 with max subtraction;
+ * the result depends only on the inputs, never on threading.
+ */
+void kvmem_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
+		   const float *k, const float *v, const int32_t *kv_pos, int n_kv,
+		   size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale);
+
+/* splitmix64's output function: a bijective 64-bit mix. */
+uint64_t kvmem_mix64(uint64_t z);
+#define KVMEM_GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
+
+/* ---- workspace summaries ---------------------------------------------- */
+/* sum[h][d] += k[t][h][d] over n tokens of token-major raw K [n][n_kv_heads][head_dim]
+ * (the running sum behind Mean-K; fp32 accumulation). */
+void kvmem_meank_accumulate(float *sum, const float *k, int n, int n_kv_heads, int head_dim);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

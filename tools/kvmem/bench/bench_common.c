@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: MIT
+/* The model and backend options the benchmarks share (bench_common.h). */
+#include <stdio.h>
+
+#include "bench_common.h"
+#include "kvmem/kvmem.h"
+
+int bench_model_opt(struct bench_model *bm, int c, const char *arg)
+{
+	switch (c) {
+	case BENCH_OPT_BACKEND: bm->backend = arg; return 1;
+	case BENCH_OPT_PRESET: bm->preset = arg; return 1;
+	case BENCH_OPT_MODEL: bm->dir = arg; return 1;
+	}
+	return 0;
+}
+
+const kvmem_model *bench_model_open(struct bench_model *bm, const char *who,
+				    const char *dflt_preset, int layers, int *usage)
+{
+	const kvmem_preset *p;
+
+	*usage = 0;
+	if (bm->dir && bm->preset) {
+		fprintf(stderr, "%s: --model or --preset, not both\n", who);
+		*usage = 1;
+		return NULL;
+	}
+	if (bm->dir) {
+		if (kvmem_model_load(bm->dir, &bm->loaded) < 0) {
+			fprintf(stderr, "%s: %s\n", who, kvmem_last_error());
+			return NULL;
+		}
+		return bm->loaded;
+	}
+	p = kvmem_preset_find(bm->preset ? bm->preset : dflt_preset);
+	if (!p) {
+		fprintf(stderr, "%s: unknown preset '%s' (kvmem generate --help)\n", who,
+			bm->preset);
+		*usage = 1;
+		return NULL;
+	}
+	bm->geo.cfg = p->cfg;	/* no weights: the backend makes random ones */
+	if (layers > 0)
+		bm->geo.cfg.n_layers = layers;
+	snprintf(bm->geo.dir, sizeof(bm->geo.dir), "preset %s", p->name);
+	return &bm->geo;
+}
+
+void bench_model_close(struct bench_model *bm)
+{
+	kvmem_model_free(bm->loaded);
+	bm->loaded = NULL;
+}

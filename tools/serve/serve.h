@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvmem serve: an OpenAI-compatible HTTP server in which every conversation
+ * is a workspace. This header is what a program that runs the server needs
+ * (cmd_serve.c, `kvmem bench serve`): the options, start, stop. The parts
+ * share serve_int.h; Documentation/serve.md tells the API.
+ *
+ *   struct serve_cfg c; serve_cfg_default(&c); c.model_dir = ...;
+ *   struct serve *sv;
+ *   serve_start(&c, &sv);          model, backend, engine thread, HTTP
+ *   ... serve_port(sv) ...
+ *   serve_stop(sv);                HTTP first, then the engine; frees sv
+ */
+#ifndef KVMEM_TOOLS_SERVE_H
+#define KVMEM_TOOLS_SERVE_H
+
+#include <stdint.h>
+
+#define SERVE_WHO "kvmem serve"
+#define SERVE_ID_MAX 128	/* bytes of a conversation id */
+
+struct serve_cfg {
+	const char *model_dir, *model_name, *data_dir, *host, *api_key, *backend, *policy;
+	const char *cors;		/* Access-Control-Allow-Origin; NULL: no CORS */
+	const char *store;		/* rados://POOL: conversations shared there */
+	int port;
+	uint64_t max_body;		/* bytes of a request body */
+	int64_t max_request_tokens;	/* new prompt tokens + max_tokens of one request */
+	int64_t default_max_tokens;	/* max_tokens when a request gives none */
+	int64_t max_conversations;	/* conversation directories */
+	int64_t max_open;		/* conversations held open (sessions, pagers) */
+	int64_t max_queue;		/* requests waiting or running */
+	int64_t max_inflight;		/* turns running at once (admitted) */
+	int64_t max_batch;		/* units in one round of the engine */
+	int64_t prefill_budget;		/* prefill tokens in one round (whole chunks) */
+	int64_t max_conv_queue;		/* requests of one conversation waiting */
+	int64_t max_conv_tokens;	/* tokens a conversation may hold (0: no limit) */
+	int64_t max_n;			/* choices of one request */
+	int idle_close;			/* seconds before an idle conversation closes (0: never) */
+	int64_t budget;			/* view budget of a session (0: unlimited; -1: from the window) */
+	int block, chunk, threads;
+	uint64_t host_cap;		/* host pool of each conversation's pager */
+	int request_timeout;		/* seconds a request may wait or run */
+	int quiet;
+	/* Test only (KVMEM_SERVE_FAULT=record:N): end the process at the N-th
+	 * turn between its record and its commit, as a crash there would. */
+	int64_t fault_record;
+};
+
+struct serve;
+
+/* The defaults `kvmem serve` documents (budget -1: from the window). */
+void serve_cfg_default(struct serve_cfg *c);
+/* Load the model, open the backend, start the engine thread and the HTTP
+ * listener. cfg is copied. -errno with kvmem_error, nothing left running. */
+int serve_start(const struct serve_cfg *cfg, struct serve **out);
+/* The port listened on (what --port 0 was given). */
+int serve_port(const struct serve *sv);
+const char *serve_model_name(const struct serve *sv);
+const char *serve_backend_name(const struct serve *sv);
+/* The view budget in force (from the window when the options gave -1). */
+int64_t serve_budget(const struct serve *sv);
+/* Stop listening, finish or fail what runs, close every conversation. */
+void serve_stop(struct serve *sv);
+
+#endif

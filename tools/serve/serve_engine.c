@@ -1,0 +1,407 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmem serve's engine: one thread owns the model, the backend (one view
+ * per session) and every conversation, and runs the requests in rounds.
+ *
+ * Admission. A request waits in a lane: one per conversation (its requests
+ * in order, one running at a time), one per request of no conversation.
+ * Lanes are served round-robin while fewer than --max-inflight turns run
+ * and fewer than --max-open conversations have a turn running; so a busy
+ * conversation's many requests never starve another's one. Past
+ * --max-queue requests in all, or --max-conversation-queue in one lane, a
+ * request is refused at once with 429 and a Retry-After.
+ *
+ * Rounds. Each round takes one unit from every running turn that has one,
+ * starting where the last round stopped, up to --max-batch units and
+ * --prefill-budget prefill tokens (whole chunks; at least one chunk when any
+ * waits): a decode step, a prefill chunk, a selection, the tokens that close
+ * a turn. The units go to the batch runner in one call (serve_batch.h);
+ * then each turn takes its result, and turns whose units are done are
+ * recorded and committed. A selection is a unit like the others: one
+ * conversation's step boundary costs the others one round's share, never
+ * its whole turn.
+ */
+#ifndef KVMEM_NO_SERVE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/kvmem.h"
+#include "serve_int.h"
+
+double serve_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+void serve_news(struct job *j)
+{
+	pthread_cond_broadcast(&j->lead->news);
+}
+
+int serve_wait(struct job *lead, double until)
+{
+	struct timespec ts;
+	double t = serve_now();
+
+	if (t >= until)
+		return -ETIMEDOUT;
+	ts.tv_sec = (time_t)until;
+	ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+	if (ts.tv_nsec >= 1000000000L)
+		ts.tv_nsec = 999999999L;
+	pthread_cond_timedwait(&lead->news, &lead->sv->mu, &ts);
+	return 0;
+}
+
+/* ---- admission ------------------------------------------------------------------- */
+static struct lane *lane_find(struct serve *sv, const char *conv)
+{
+	if (!conv[0])
+		return NULL;
+	for (struct lane *l = sv->lanes; l; l = l->next)
+		if (!strcmp(l->conv, conv))
+			return l;
+	return NULL;
+}
+
+static struct lane *lane_new(struct serve *sv, const char *conv)
+{
+	struct lane *l = calloc(1, sizeof(*l));
+
+	if (!l)
+		return NULL;
+	snprintf(l->conv, sizeof(l->conv), "%s", conv);
+	if (sv->lanes_tail)
+		sv->lanes_tail->next = l;
+	else
+		sv->lanes = l;
+	sv->lanes_tail = l;
+	return l;
+}
+
+/* Seconds a refused client might wait: a turn's mean time for each round
+ * of --max-inflight turns ahead of it (1..60). */
+static int retry_after(const struct serve *sv)
+{
+	double turn = sv->c.turns ? sv->c.turn_s / (double)sv->c.turns : 1.0;
+	double s = turn * (1.0 + (double)sv->waiting / (double)sv->cfg.max_inflight);
+
+	return s < 1 ? 1 : s > 60 ? 60 : (int)(s + 0.999);
+}
+
+static int refuse(struct serve *sv, struct job *j, int status, const char *code, const char *fmt,
+		  long long a)
+{
+	j->http = status;
+	snprintf(j->code, sizeof(j->code), "%s", code);
+	snprintf(j->msg, sizeof(j->msg), fmt, a);
+	j->retry_after = retry_after(sv);
+	sv->c.rejected++;
+	return status;
+}
+
+int serve_engine_submit(struct serve *sv, struct job **jobs, int n)
+{
+	struct job *j0 = jobs[0];
+	struct lane *l;
+	int rc = 0;
+
+	pthread_mutex_lock(&sv->mu);
+	l = lane_find(sv, j0->conv);
+	if (!sv->running) {
+		rc = refuse(sv, j0, 503, "server_shutting_down", "the server is stopping%.0lld", 0);
+	} else if (sv->waiting + sv->inflight + n > sv->cfg.max_queue) {
+		rc = refuse(sv, j0, 429, "server_busy", "%lld requests are waiting or running, the "
+			    "server's limit (--max-queue): try again after Retry-After seconds",
+			    (long long)(sv->waiting + sv->inflight));
+	} else if (j0->kind == JOB_DELETE && l) {
+		rc = refuse(sv, j0, 409, "conversation_busy", "a request of this conversation is "
+			    "waiting or running (%lld waiting): delete it when it is done", (long long)l->n);
+		j0->retry_after = 0;
+	} else if (l && l->n >= sv->cfg.max_conv_queue) {
+		rc = refuse(sv, j0, 429, "conversation_queue_full", "%lld requests of this "
+			    "conversation are waiting, its limit (--max-conversation-queue): try "
+			    "again after Retry-After seconds", (long long)l->n);
+	}
+	if (rc) {
+		pthread_mutex_unlock(&sv->mu);
+		return rc;
+	}
+	for (int i = 0; i < n; i++) {
+		struct job *j = jobs[i];
+
+		/* Each choice of a request of no conversation is a lane of
+		 * its own; a conversation's requests share one. */
+		if (!(l = lane_find(sv, j->conv)) && !(l = lane_new(sv, j->conv))) {
+			/* Out of memory: those already queued still run. */
+			rc = refuse(sv, j0, 503, "server_error", "out of memory%.0lld", 0);
+			break;
+		}
+		j->refs++;
+		j->lane = l;
+		j->next = NULL;
+		if (l->tail)
+			l->tail->next = j;
+		else
+			l->head = j;
+		l->tail = j;
+		l->n++;
+		sv->waiting++;
+	}
+	sv->c.requests++;
+	pthread_cond_signal(&sv->work);
+	pthread_mutex_unlock(&sv->mu);
+	return rc;
+}
+
+static int conv_open(const struct serve *sv, const char *id)
+{
+	for (const struct conv *c = sv->convs; c; c = c->next)
+		if (!strcmp(c->id, id))
+			return 1;
+	return 0;
+}
+
+/* The jobs whose turn comes now (mu held): one pass over the lanes from
+ * the cursor, at most one running per lane. Requests of no conversation
+ * whose client left are dropped here. */
+static struct job *admit(struct serve *sv, int64_t *conv_inflight)
+{
+	struct job *in = NULL, **tail = &in;
+	struct lane *l = sv->cursor ? sv->cursor : sv->lanes;
+	int64_t lanes = 0;
+
+	for (struct lane *x = sv->lanes; x; x = x->next)
+		lanes++;
+	for (int64_t k = 0; k < lanes && l; k++, l = l->next ? l->next : sv->lanes) {
+		struct job *j = l->head;
+
+		if (!j || l->running)
+			continue;
+		if (sv->running && !j->conv[0] && j->cancelled) {
+			/* Nobody waits for it. */
+		} else if (sv->running && j->kind != JOB_DELETE &&
+			   (sv->inflight >= sv->cfg.max_inflight ||
+			    (j->conv[0] && !conv_open(sv, j->conv) && *conv_inflight >= sv->cfg.max_open))) {
+			continue;
+		}
+		l->head = j->next;
+		if (!l->head)
+			l->tail = NULL;
+		l->n--;
+		sv->waiting--;
+		l->running = j;
+		sv->inflight++;
+		*conv_inflight += j->conv[0] != 0;
+		j->next = NULL;
+		*tail = j;
+		tail = &j->next;
+		sv->cursor = l->next;
+	}
+	return in;
+}
+
+/* A job leaves the engine (mu taken): its lane goes on, or goes. */
+static void finish(struct serve *sv, struct job *j, int64_t *conv_inflight)
+{
+	struct lane *l = j->lane;
+
+	pthread_mutex_lock(&sv->mu);
+	sv->inflight--;
+	*conv_inflight -= j->conv[0] != 0;
+	if (j->http == 499)
+		sv->c.cancelled++;
+	l->running = NULL;
+	if (!l->head) {
+		struct lane **p = &sv->lanes, *prev = NULL;
+
+		while (*p != l) {
+			prev = *p;
+			p = &(*p)->next;
+		}
+		*p = l->next;
+		if (sv->lanes_tail == l)
+			sv->lanes_tail = prev;
+		if (sv->cursor == l)
+			sv->cursor = l->next;
+		free(l);
+	}
+	pthread_cond_signal(&sv->work);
+	pthread_mutex_unlock(&sv->mu);
+	job_put(j);
+}
+
+/* ---- rounds ----------------------------------------------------------------------- */
+struct round {
+	struct job **run;		/* running turns */
+	int n_run, cap_run;
+	int first;			/* where the next round starts */
+	struct serve_unit *units;
+	struct job **owner;
+	int64_t conv_inflight;		/* conversations with a turn running */
+};
+
+static void take_in(struct serve *sv, struct round *r, struct job *in)
+{
+	while (in) {
+		struct job *j = in;
+
+		in = in->next;
+		j->next = NULL;
+		if (!sv->running) {
+			job_fail(j, 503, "server_shutting_down", "the server is stopping");
+		} else if (!j->conv[0] && j->cancelled) {
+			job_fail(j, 499, "client_closed", "the client went away before its turn");
+		} else if (j->kind == JOB_DELETE) {
+			pool_delete(sv, j);
+		} else if (turn_start(j) == 0) {
+			/* Room: admission keeps --max-inflight turns at most. */
+			r->run[r->n_run++] = j;
+			continue;
+		}
+		finish(sv, j, &r->conv_inflight);
+	}
+}
+
+static void round_once(struct serve *sv, struct round *r)
+{
+	const int64_t max = sv->cfg.max_batch;
+	int64_t budget = sv->cfg.prefill_budget;
+	int n = 0, prefilled = 0, k;
+
+	for (k = 0; k < r->n_run && n < max; k++) {
+		struct job *j = r->run[(r->first + k) % r->n_run];
+		int want = turn_prefill_next(j);
+
+		if (j->done)
+			continue;
+		/* Whole chunks up to the budget; at least one a round. */
+		if (want && prefilled && want > budget)
+			continue;
+		if (turn_unit(j, &r->units[n]) == 0) {
+			r->owner[n++] = j;
+			if (want) {
+				budget -= want;
+				prefilled = 1;
+			}
+		}
+	}
+	/* The next round begins where this one stopped. */
+	r->first = r->n_run ? (r->first + (k < r->n_run ? k : 1)) % r->n_run : 0;
+	if (n) {
+		serve_batch_run(sv->be, r->units, n, &sv->bs);
+		for (int i = 0; i < n; i++)
+			turn_after(r->owner[i], &r->units[i]);
+	}
+	/* Turns whose units are done: record, commit, answer. */
+	for (int i = 0; i < r->n_run;) {
+		struct job *j = r->run[i];
+
+		if (!j->done && turn_prefill_next(j) < 0)
+			turn_close(j);
+		if (!j->done) {
+			i++;
+			continue;
+		}
+		turn_end(j);
+		r->run[i] = r->run[--r->n_run];
+		finish(sv, j, &r->conv_inflight);
+	}
+	pthread_mutex_lock(&sv->mu);
+	sv->c.rounds += n > 0;
+	sv->c.units += (uint64_t)n;
+	sv->c.batch_last = n;
+	if ((uint64_t)n > sv->c.batch_max)
+		sv->c.batch_max = (uint64_t)n;
+	sv->c.device_bytes = kvmem_backend_mem_used(sv->be);
+	sv->c.batch = sv->bs;
+	pthread_mutex_unlock(&sv->mu);
+}
+
+static void *engine_main(void *arg)
+{
+	struct serve *sv = arg;
+	struct round r = { .cap_run = (int)sv->cfg.max_inflight };
+	double idle_check = serve_now() + 1;
+
+	r.run = calloc((size_t)r.cap_run, sizeof(*r.run));
+	r.units = calloc((size_t)sv->cfg.max_batch, sizeof(*r.units));
+	r.owner = calloc((size_t)sv->cfg.max_batch, sizeof(*r.owner));
+	pthread_mutex_lock(&sv->mu);
+	for (;;) {
+		struct job *in = admit(sv, &r.conv_inflight);
+
+		if (!in && !r.n_run) {
+			struct timespec ts;
+
+			if (!sv->running && !sv->waiting)
+				break;
+			/* Idle: wake now and then to close idle conversations. */
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += 1;
+			pthread_cond_timedwait(&sv->work, &sv->mu, &ts);
+		}
+		pthread_mutex_unlock(&sv->mu);
+		if (!r.run || !r.units || !r.owner) {
+			/* Out of memory at start: every job fails. */
+			for (struct job *j = in, *next; j; j = next) {
+				next = j->next;
+				job_fail(j, 503, "server_error", "out of memory");
+				finish(sv, j, &r.conv_inflight);
+			}
+			in = NULL;
+		}
+		take_in(sv, &r, in);
+		if (r.n_run)
+			round_once(sv, &r);
+		if (serve_now() >= idle_check) {
+			pool_idle(sv);
+			idle_check = serve_now() + 1;
+		}
+		pthread_mutex_lock(&sv->mu);
+	}
+	pthread_mutex_unlock(&sv->mu);
+	free(r.run);
+	free(r.units);
+	free(r.owner);
+	return NULL;
+}
+
+/* ---- start and stop ------------------------------------------------------------------ */
+int serve_engine_start(struct serve *sv)
+{
+	sv->running = 1;
+	if (pthread_create(&sv->thread, NULL, engine_main, sv)) {
+		sv->running = 0;
+		return kvmem_error(EAGAIN, "cannot start the engine thread");
+	}
+	sv->started = 1;
+	return 0;
+}
+
+void serve_engine_stop(struct serve *sv)
+{
+	if (sv->started) {
+		pthread_mutex_lock(&sv->mu);
+		sv->running = 0;
+		pthread_cond_broadcast(&sv->work);
+		pthread_mutex_unlock(&sv->mu);
+		pthread_join(sv->thread, NULL);
+		sv->started = 0;
+	}
+	pool_close_all(sv);
+	if (sv->piece_text && sv->m)
+		for (int i = 0; i < sv->m->cfg.vocab; i++)
+			free(sv->piece_text[i]);
+	free(sv->piece_text);
+	free(sv->piece_len);
+	sv->piece_text = NULL;
+}
+#endif

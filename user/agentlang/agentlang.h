@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * agentlang: the synthetic agent-workspace language that kvmem's own model is
+ * trained on and that the recall benchmark and the demo speak.
+ *
+ * A workspace is the transcript of an agent at work: tool calls ("$ cat",
+ * "$ set", "$ grep", "$ ls", "$ tail", "$ make test") and their outputs. The
+ * facts are config lines, one per line and self-contained:
+ *
+ *     api2.conf db.port = 5432
+ *
+ * (file "api2.conf", key "db.port", value "5432"). Look-alikes surround them:
+ * the same key in sibling files, neighbouring keys in the same file, older
+ * values of the same key, the same value under other keys. A question asks
+ * for the latest value of a key in a file seen earlier:
+ *
+ *     ? api2.conf db.port = 5432 <end>
+ *
+ * Everything is deterministic from a seed. Documentation/agentlang.md tells
+ * the why; this header is the contract.
+ *
+ * Tokenizer: word-level with a fixed vocabulary built in C (no file to ship).
+ * A token is a "start" piece (preceded by a space in text, or by nothing at
+ * the start of a line) or a "glue" piece (joined to the previous piece with
+ * no space: ".conf", ".port", "##32"-style digit pairs). Encoding splits text
+ * at blanks and newlines and takes, greedily, the longest start piece and
+ * then the longest glue pieces of each word.
+ */
+#ifndef AGENTLANG_AGENTLANG_H
+#define AGENTLANG_AGENTLANG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library is built with -fvisibility=hidden: what is declared here is its API. */
+#pragma GCC visibility push(default)
+
+/* ---- vocabulary --------------------------------------------------------- */
+/* Special ids; fixed forever (the trained model's config names them). */
+enum agentlang_special {
+	AGENTLANG_PAD = 0,	/* "<pad>": fills a training sequence; no loss */
+	AGENTLANG_BOS = 1,	/* "<bos>": first token of every sequence */
+	AGENTLANG_EOS = 2,	/* "<eos>": reserved */
+	AGENTLANG_Q = 3,		/* "?": a question begins */
+	/* "=": between key and value in every fact, and the last token of a
+	 * question, after which the answer follows. One token for both, so a
+	 * question reads exactly like the start of its fact line. */
+	AGENTLANG_A = 4,
+	AGENTLANG_END = 5,	/* "<end>": the answer is complete */
+	AGENTLANG_NL = 6,	/* newline */
+	AGENTLANG_N_SPECIAL = 7,
+};
+
+/* What a token can be (a bit mask: a piece may serve several roles). */
+enum agentlang_role {
+	AGENTLANG_R_SPECIAL = 1u << 0,
+	AGENTLANG_R_STRUCT = 1u << 1,	/* "$", "=", "ok", ":" */
+	AGENTLANG_R_COMMAND = 1u << 2,	/* cat, set, grep, ... */
+	AGENTLANG_R_STEM = 1u << 3,	/* file stems: api, billing, ... */
+	AGENTLANG_R_VARIANT = 1u << 4,	/* glue digit after a stem: api2 */
+	AGENTLANG_R_EXT = 1u << 5,	/* glue: .conf .yaml ... (.log too) */
+	AGENTLANG_R_KEYPART = 1u << 6,	/* first half of a key: db, cache, ... */
+	AGENTLANG_R_KEYNAME = 1u << 7,	/* glue second half: .port .host ... */
+	AGENTLANG_R_VALUE = 1u << 8,	/* may appear in a value */
+	AGENTLANG_R_WORD = 1u << 9,	/* log and command-output words */
+	AGENTLANG_R_UNUSED = 1u << 10,	/* padding of the vocabulary */
+};
+
+#define AGENTLANG_MAX_VALUE 3				/* tokens in a value */
+#define AGENTLANG_MAX_ANSWER (AGENTLANG_MAX_VALUE + 1)	/* value + <end> */
+#define AGENTLANG_MAX_QUESTION 8				/* "? file key =" */
+
+/* Tokens in the vocabulary (a multiple of 64; the model's vocab_size). */
+int agentlang_vocab_size(void);
+/* FNV-1a over every piece and its glue flag: changes iff the vocabulary does. */
+uint32_t agentlang_vocab_hash(void);
+/* Whether the model directory `dir` (config c) speaks this agentlang: its
+ * vocabulary size, and the "kvmem_vocab_hash" its config.json records when
+ * it was trained here. 0: it does; 1: the size fits and no hash is recorded
+ * (trained elsewhere, assumed to fit); negative: it does not (-ESTALE), or
+ * config.json cannot be read. */
+struct kvmem_config;
+int agentlang_check_model(const char *dir, const struct kvmem_config *c);
+/* The piece's text ("\n" for AGENTLANG_NL); NULL when id is out of range. */
+const char *agentlang_piece(int id);
+int agentlang_is_glue(int id);
+unsigned agentlang_roles(int id);
+/* The id of a piece, or -1. glue selects the glue or the start form. */
+int agentlang_lookup(const char *piece, int glue);
+
+/* Text -> ids. Returns the count, or -1 (kvmem_last_error names the word that
+ * has no piece, or says cap is too small). */
+int agentlang_encode(const char *text, int32_t *ids, size_t cap);
+/* Ids -> text, NUL-terminated, truncated to cap like snprintf. Returns the
+ * full length, or -1 for an id out of range. decode then encode gives the
+ * ids back for every workspace and stream sequence the generator makes (not
+ * always for view sequences, whose cuts can glue pieces of two lines). */
+long agentlang_decode(const int32_t *ids, size_t n, char *buf, size_t cap);
+
+/* ---- workspaces with needles (benchmark, demo) -------------------------- */
+typedef struct agentlang_params {
+	uint64_t seed;
+	int64_t n_tokens;	/* exact length of the workspace, >= 256 */
+	int n_questions;	/* needles, one question each */
+	/* [n_questions] needle depths in [0, 1]: 0 = the oldest history, 1 =
+	 * the newest. NULL: spread evenly, (i + 0.5) / n_questions. */
+	const double *depths;
+	int lookalikes;		/* look-alike fact lines per needle, 0..16 */
+	double stale;		/* chance a needle has an older value earlier, 0..1 */
+	double bg_questions;	/* other Q/A lines in the history, per 1000 tokens */
+	double needle_cat;	/* chance the needle shows in a "$ cat" (else "$ set") */
+} agentlang_params;
+
+/* seed 1, 8192 tokens, 8 questions, 4 look-alikes, stale 0.3, 2 background
+ * questions per 1000 tokens, needle_cat 0.5. */
+void agentlang_params_default(agentlang_params *p);
+
+typedef struct agentlang_question {
+	int32_t ids[AGENTLANG_MAX_QUESTION];	/* "? file key =": append these */
+	int n_ids;
+	int32_t answer[AGENTLANG_MAX_ANSWER];	/* the value, then <end> */
+	int n_answer;
+	int64_t needle_pos;	/* first token of the needle's fact line */
+	int64_t needle_end;	/* one past its newline */
+	int64_t value_pos;	/* first token of the value */
+	double depth_asked;
+	double depth;		/* needle_pos / n_tokens: where it landed */
+	int lookalikes;		/* look-alike lines emitted for this needle */
+	int64_t stale_pos;	/* line of the older value, or -1 */
+} agentlang_question;
+
+typedef struct agentlang_transcript {
+	int32_t *ids;		/* [n_ids]: starts with <bos>, ends with a newline */
+	int64_t n_ids;
+	agentlang_question *q;	/* [n_q], in the order of the depths given */
+	int n_q;
+} agentlang_transcript;
+
+/* Build a workspace. The questions are not in ids: a caller appends q[i].ids
+ * after the history and expects q[i].answer. Every needle is the latest value
+ * of its key in its file, so the answer is right whatever order the questions
+ * come in. Fails with -EINVAL on bad parameters (e.g. more needles than fit),
+ * -ENOMEM. */
+int agentlang_transcript_build(const agentlang_params *p, agentlang_transcript *ws);
+void agentlang_transcript_free(agentlang_transcript *ws);
+
+/* Exact match: 1 when gen starts with the whole answer (value and <end>),
+ * else 0. Tokens after <end> are ignored. */
+int agentlang_exact_match(const agentlang_question *q, const int32_t *gen, int n_gen);
+
+/* ---- training sequences ------------------------------------------------- */
+enum agentlang_seq_kind {
+	/* A workspace of seq_len tokens with questions between the episodes,
+	 * each about a fact shown earlier in the same sequence. */
+	AGENTLANG_SEQ_STREAM = 0,
+	/* What the model sees under kvmem: a workspace 2..16x seq_len long cut
+	 * to sink + 32-token blocks (those of the needles, look-alike ones and
+	 * random ones) + recent tokens, in order, then questions about the
+	 * needles. */
+	AGENTLANG_SEQ_VIEW = 1,
+};
+
+typedef struct agentlang_seq_info {
+	int kind;		/* enum agentlang_seq_kind */
+	int n_questions;
+	int n_tokens;		/* before padding */
+} agentlang_seq_info;
+
+/* Sequence `index` of the corpus with this seed: exactly seq_len (>= 256)
+ * tokens, padded with <pad>. view_share: the chance it is a view sequence.
+ * Every answer is in the sequence. */
+int agentlang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
+		       int32_t *out, agentlang_seq_info *info);
+
+/* ---- corpus files (kvmem synth corpus -> tools/train/train.py) ---------- */
+/*
+ * Little endian. A 64-byte header, then n_seqs * seq_len ids (uint16 or
+ * uint32). Offsets:
+ *   0 "KVMSYN1\0"  8 u32 version (1)  12 u32 header bytes (64)
+ *  16 u32 vocab size  20 u32 seq_len  24 u64 n_seqs  32 u64 seed
+ *  40 u32 id bytes (2|4)  44 u16 pad, bos, eos, q, a, end
+ *  56 u32 view share in 1/1000  60 u32 vocabulary hash
+ */
+#define AGENTLANG_CORPUS_MAGIC "KVMSYN1"
+#define AGENTLANG_CORPUS_HEADER 64
+
+typedef struct agentlang_corpus_header {
+	uint32_t version, vocab, seq_len, id_bytes, view_permille, vocab_hash;
+	uint64_t n_seqs, seed;
+	uint16_t pad, bos, eos, q, a, end;
+} agentlang_corpus_header;
+
+typedef struct agentlang_corpus_opts {
+	uint64_t seed;
+	int64_t n_tokens;	/* at least this many: ceil(n_tokens / seq_len) sequences */
+	int seq_len;
+	double view_share;
+	int id_bytes;		/* 2 or 4; 0: 2 */
+	int threads;		/* 0: OpenMP's default */
+	void (*progress)(int64_t done_tokens, int64_t total_tokens, void *arg);
+	void *arg;
+} agentlang_corpus_opts;
+
+/* Write a corpus file. The result does not depend on the thread count. */
+int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o);
+int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *h);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The cuda backend's private state, shared by its three files:
+ *   cuda.c       weights, create/destroy, ceilings, the ops table
+ *   cuda_fwd.c   the forward pass and its decode graphs
+ *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
+ *   cuda_page.c  the paging path: registered host memory, the gather, the
+ *                device page pool, place()'s counters, the copy ceilings
+ *   cuda_score.c selection scoring on the device over a mirror of the index
+ * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
+ */
+#ifndef KVMEM_BACKEND_CUDA_INT_H
+#define KVMEM_BACKEND_CUDA_INT_H
+
+#include <stdint.h>
+
+#include "backend/backend_impl.h"
+#include "kernels/kernels_cuda.h"
+
+struct layer_w {
+	uint16_t *w_qkv;	/* [qw + 2 kw][hidden]: q, k, v rows in one allocation
+				 * (one GEMM); wq, wk, wv point into it */
+	uint16_t *attn_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm;
+	uint16_t *mlp_norm, *w_gateup, *w_down;	/* [2I][hidden]: gate rows, then up rows */
+};
+
+struct kvmem_view {
+	uint16_t *k, *v;	/* [L][Hk][cap][D] */
+	uint16_t *rk;		/* raw K [L][Hk][cap][D] when kept (keep_raw) */
+	int keep;		/* keep_raw asked and not given up */
+	int64_t cap, len;
+};
+
+struct cuda {
+	const kvmem_config *c;
+	kvmem_cuda_ctx *ctx;
+	int max_chunk, qw, kw;
+	uint16_t *embed, *final_norm, *lm_head;	/* lm_head == embed when tied */
+	struct layer_w *L;
+	uint64_t weight_bytes;
+	uint64_t view_bytes;		/* held by views now */
+	/* scratch for one chunk */
+	float *x;			/* [C][hidden] residual */
+	uint16_t *h, *q, *k, *v, *att, *gu, *act, *tmp;
+	int32_t *ids, *pos;		/* [C] */
+	float *logits;			/* [logit_rows][vocab] */
+	int logit_rows;
+	uint16_t *oq, *ok, *ov;		/* [L][C][..] raw q, raw K, V for the session */
+	uint16_t *host_o;		/* pinned: the largest of those, to widen */
+	int32_t *host_i;		/* pinned: ids and positions */
+	/* place(): staging on both sides */
+	uint16_t *st_k, *st_v, *host_st;	/* [cap_st] each; host: K then V */
+	kvmem_scatter_item *items, *host_items;
+	size_t cap_st;
+	int cap_items;
+	/* the paging path (cuda_page.c) and the device memory cap */
+	struct cuda_pages *pages;
+	uint64_t mem_cap, page_pool;	/* from kvmem_backend_opts */
+	uint64_t index_mem;		/* from kvmem_backend_opts: the mirrors' share */
+	uint64_t index_bytes;		/* held by index mirrors now (cuda_score.c) */
+	uint64_t scratch_bytes;		/* the forward pass's scratch */
+	struct cuda_fwd *fwd;		/* cuda_fwd.c: the forward pass's inputs,
+					 * q/k/v scratch and decode graphs */
+};
+
+/* place() methods (the "place" setting) */
+enum { CUDA_PLACE_GATHER = 0, CUDA_PLACE_BATCH = 1, CUDA_PLACE_PACK = 2 };
+/* Device memory kept free under a cap for what is not counted (cuBLASLt's
+ * workspace, the ops' scratch, the CUDA context's own). */
+#define CUDA_CAP_MARGIN (256ull << 20)
+
+/* cudaMalloc of `bytes` into *p, counted into *count when count is set. */
+int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count);
+/* Pinned host memory (cudaMallocHost). */
+int cuda_pinned(void *p, size_t bytes);
+/* Room for n scatter items on both sides. */
+int cuda_items_room(struct cuda *b, int n);
+
+/* cuda_view.c: the view half of the ops table. */
+int cuda_view_create(void *ctx, kvmem_view **v);
+void cuda_view_destroy(void *ctx, kvmem_view *v);
+int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots);
+int64_t cuda_capacity(void *ctx, const kvmem_view *v);
+int64_t cuda_length(void *ctx, const kvmem_view *v);
+int cuda_set_length(void *ctx, kvmem_view *v, int64_t len);
+int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n);
+int cuda_keep_raw(void *ctx, kvmem_view *v);
+/* Give the view's raw K up (a path that cannot write it, the cap): moves
+ * then say -ENOTSUP and the session places from pages. */
+void cuda_view_drop_raw(struct cuda *b, kvmem_view *v);
+/* cuda_page.c: move() over a snapshot of each layer's raw K and V. */
+int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n);
+/* Device bytes counted against the cap: weights, views, scratch, paging. */
+uint64_t cuda_dev_used(const struct cuda *b);
+
+/* cuda_fwd.c: the forward pass (KVMEM_CUDA_GRAPH: decode as a CUDA graph) */
+int cuda_fwd_create(struct cuda *b);
+void cuda_fwd_destroy(struct cuda *b);
+/* Drop the decode graphs that hold device memory about to be freed (a
+ * view's K or V, the logits buffer; NULL, nothing allocated yet: none). */
+void cuda_fwd_forget(struct cuda *b, const void *dev);
+int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
+		 int all_logits, const kvmem_fwd_out *out);
+
+/* cuda_page.c */
+int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);
+int cuda_pages_method(struct cuda *b);
+void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns);
+uint64_t cuda_pages_dev_bytes(const struct cuda *b);
+void cuda_pages_drop_pool(struct cuda *b);
+void cuda_pages_destroy(struct cuda *b);
+int cuda_host_register(void *ctx, void *base, size_t len);
+void cuda_host_unregister(void *ctx, void *base);
+int cuda_page_cached(void *ctx, const void *region, int64_t block, int layer);
+void cuda_place_stats(void *ctx, kvmem_place_stats *st);
+int cuda_set(void *ctx, const char *key, const char *value);
+int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);
+
+/* cuda_score.c: the score op and its mirrors */
+int cuda_mirror_create(void *ctx, void **out);
+void cuda_mirror_destroy(void *ctx, void *mirror);
+uint64_t cuda_mirror_bytes(void *ctx, const void *mirror);
+int cuda_score(void *ctx, void *mirror, const char *scorer, const kvmem_score_input *ix,
+	       const float *gq, const kvmem_score_geom *g, float *scores);
+
+#endif

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CPU reference engine: a Qwen3 decoder forward pass over a KV view.
+ *
+ * The engine does not own history. The caller hands it a kvmem_kvcache — the
+ * execution view: per layer, K (rotated) and V of the tokens the new ones may
+ * attend to, at compact positions 0..len-1 — and the forward pass appends the
+ * new tokens at positions len..len+n-1. For a plain run the cache simply
+ * grows; the workspace layer instead rebuilds it each step from raw K.
+ *
+ * What the workspace needs back from each forward pass is returned in
+ * kvmem_fwd_out: the raw K (after k-norm, before RoPE) and V of the new tokens
+ * per layer, and optionally their queries (after q-norm, before RoPE), of
+ * every new token or of the last few.
+ */
+#ifndef KVMEM_ENGINE_H
+#define KVMEM_ENGINE_H
+
+#include <stdint.h>
+
+#include "kvmem/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvmem_kvcache {
+	int n_layers, n_kv_heads, head_dim;
+	int cap;		/* token slots per layer and head */
+	int len;		/* tokens present (same in every layer) */
+	float *k;		/* [n_layers][n_kv_heads][cap][head_dim], rotated at slot index */
+	float *v;		/* [n_layers][n_kv_heads][cap][head_dim] */
+} kvmem_kvcache;
+
+int kvmem_kvcache_init(kvmem_kvcache *kv, const kvmem_config *c, int cap);
+void kvmem_kvcache_free(kvmem_kvcache *kv);
+/* Pointer to K (or V) of layer l, KV head h, slot t. */
+static inline float *kvmem_kv_k(const kvmem_kvcache *kv, int l, int h, int t)
+{
+	return kv->k + (((size_t)l * kv->n_kv_heads + h) * kv->cap + t) * kv->head_dim;
+}
+static inline float *kvmem_kv_v(const kvmem_kvcache *kv, int l, int h, int t)
+{
+	return kv->v + (((size_t)l * kv->n_kv_heads + h) * kv->cap + t) * kv->head_dim;
+}
+
+/* Optional outputs of a forward pass; any pointer may be NULL. */
+typedef struct kvmem_fwd_out {
+	float *raw_k;	/* [n_layers][n][n_kv_heads][head_dim]: after k-norm, before RoPE */
+	float *v;	/* [n_layers][n][n_kv_heads][head_dim] */
+	float *q_raw;	/* [n_layers][rows][n_heads][head_dim]: after q-norm, before RoPE */
+	/* Queries of the last q_last tokens only (rows = q_last, packed, the
+	 * first of them at row 0 of each layer): a session keeps only a few,
+	 * and a chunk's queries are most of what a forward pass returns
+	 * (Qwen3-8B: 32 query heads to 8 KV heads). 0 or >= n: every
+	 * token's (rows = n). Negative: the call fails. */
+	int q_last;
+	/* Typed rows (a backend whose rows_dtype is bf16: cuda): raw K and V
+	 * as the device computed them, [n_layers][n][n_kv_heads][head_dim]
+	 * bf16, in place of raw_k / v (which must then be NULL). Host memory
+	 * from the backend's host_alloc, so the device copies straight into
+	 * it; nothing is widened. The cpu engine takes only raw_k / v. */
+	uint16_t *raw_k_bf16, *v_bf16;
+} kvmem_fwd_out;
+
+/* Rows of q_raw per layer that a forward pass of n tokens writes. */
+static inline int kvmem_fwd_q_rows(const kvmem_fwd_out *o, int n)
+{
+	return o && o->q_last > 0 && o->q_last < n ? o->q_last : n;
+}
+
+typedef struct kvmem_engine kvmem_engine;
+
+/* An engine for `m` with scratch for chunks of up to max_chunk tokens. */
+kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk);
+void kvmem_engine_free(kvmem_engine *e);
+const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
+
+/*
+ * Run n (<= max_chunk) tokens through the model. They take slots
+ * kv->len..kv->len+n-1 (their positions) and kv->len grows by n; fails if
+ * that would pass kv->cap. logits: [n][vocab] when all_logits, else [vocab]
+ * for the last token only; may be NULL.
+ *
+ * The new tokens attend to slots 0..kv->len+n-1 causally (slot index is the
+ * position). The K stored at slot s is kvmem_rope() of a copy of the raw K at
+ * position s, so a caller that rebuilds a view from stored raw K (rotating
+ * each at its new slot with kvmem_rope) and V gets bit-identical results to
+ * the cache the engine grew itself. Slots at and past kv->len are never
+ * read. Fails (-1, nothing changed) on a token outside the vocabulary, a
+ * cache of another geometry, n out of range, a negative out->q_last or no
+ * room.
+ * One engine serves one caller at a time (its scratch is shared); the
+ * matmuls and attention inside use several threads.
+ */
+int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int n,
+		float *logits, int all_logits, const kvmem_fwd_out *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: MIT
+/*
+ * neighbour: refine's ranking, and every block it ranks into the budget
+ * brings the blocks on either side of it.
+ *
+ * A fact is one line of 8-10 tokens; a block boundary may cut it, and a
+ * view holding half of it is often useless (Documentation/recall.md: the
+ * value's block ranks first, the key's does not; the line's newline sits in
+ * the next block). Keeping the tokens around the important ones is what
+ * SnapKV's pooling does at token grain (Li et al. 2024, "SnapKV: LLM Knows
+ * What You are Looking for Before Generation": the attention votes are
+ * pooled over a small window before the top tokens are kept, so the
+ * neighbours of a selected token stay with it); here at block grain: each
+ * of the top budget / B blocks by refine's scores has its predecessor and
+ * its successor ranked right after it (unless they rank higher already),
+ * so the budget holds fewer places, each with its context.
+ *
+ * Only where a line crosses the boundary would do, if the policy could see
+ * lines: it sees keys and summaries, not tokens. A test on the quarter-
+ * block means (bring the predecessor when the first quarter holds most of
+ * the block's estimated mass, the successor for the last) was measured
+ * with the lab and brought fewer needles into view than bringing both
+ * always (recall.md, "Levers"): the look-alike lines around a needle
+ * spread the mass over the block.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kvmem/kvmem.h"
+#include "select/score.h"
+
+extern const kvmem_policy_ops kvmem_policy_refine;
+
+static int neighbour_score(const kvmem_select_ctx *c, float *scores)
+{
+	const int64_t nb = c->n_blocks;
+	int64_t k = c->budget > 0 ? (c->budget + c->block - 1) / c->block : 0, *top = NULL;
+	float *raised = NULL;
+	uint8_t *in = NULL;
+	int rc;
+
+	if ((rc = kvmem_policy_refine.score(c, scores)) || !k || nb < 2)
+		return rc;
+	k = k < nb ? k : nb;
+	top = malloc((size_t)nb * sizeof(*top));
+	raised = malloc((size_t)nb * sizeof(*raised));
+	in = calloc((size_t)nb, 1);
+	if (!top || !raised || !in) {
+		rc = kvmem_error(ENOMEM, "neighbour: out of memory for %lld blocks", (long long)nb);
+		goto out;
+	}
+	for (int64_t b = 0; b < nb; b++)
+		top[b] = b, raised[b] = scores[b];
+	kvmem_top_k_select(top, nb, k, scores);
+	for (int64_t i = 0; i < k; i++)
+		in[top[i]] = 1;
+	for (int64_t i = 0; i < k; i++) {
+		int64_t b = top[i];
+		float below = nextafterf(scores[b], -INFINITY);
+
+		if (b > 0 && !in[b - 1] && raised[b - 1] < below)
+			raised[b - 1] = below;
+		if (b + 1 < nb && !in[b + 1] && raised[b + 1] < below)
+			raised[b + 1] = below;
+	}
+	for (int64_t b = 0; b < nb; b++)
+		scores[b] = raised[b];
+out:
+	free(top);
+	free(raised);
+	free(in);
+	return rc;
+}
+
+const kvmem_policy_ops kvmem_policy_neighbour = {
+	.name = "neighbour",
+	.what = "refine, and each block it ranks into the budget brings its two neighbours (after SnapKV's pooling)",
+	.needs = KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK | KVMEM_NEED_KEYS,
+	.per_layer = 0,
+	.score = neighbour_score,
+};

@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Helpers shared by the selection policies (private to user/select and its users).
+ *
+ * The arithmetic of scoring (dots in a fixed order, distance-averaged RoPE
+ * on the queries, softmax masses over blocks) lives in kernels/cpu/score.c,
+ * the CPU twins of the GPU scorers (kernels/kernels_bf16.h); the
+ * policies here gather their inputs from the session's index and page source
+ * and call it. Documentation/policies.md explains the scores.
+ */
+#ifndef KVMEM_WORKSPACE_SCORE_H
+#define KVMEM_WORKSPACE_SCORE_H
+
+#include <stdint.h>
+
+#include "kernels/kernels_bf16.h"
+#include "select/select.h"
+
+/* The scorers' geometry of a selection context: the index's blocks (fp32),
+ * the newest block's length and its quarters'. */
+void ws_score_geom(const kvmem_select_ctx *c, kvmem_score_geom *g);
+
+/* Score on c->device when there is one: 0 (scores filled), -ENOTSUP (score
+ * on the host) or another -errno with kvmem_error. */
+int ws_device_score(const kvmem_select_ctx *c, const char *scorer, const float *gq,
+		    const kvmem_score_geom *g, float *scores);
+
+/* The group queries of every (layer, KV head), [L * H_kv][head_dim],
+ * distance-averaged (kvmem_group_queries); malloc'd, NULL + kvmem_error. */
+float *ws_group_queries(const kvmem_select_ctx *c);
+
+/*
+ * Exact per-token scoring from the real keys: for each layer, query head
+ * and query token, the query (distance-averaged) against every key of the
+ * n blocks `blocks` (any order, each once), a softmax over those keys, and
+ * each block's share added to mass[i] (i: the block's place in `blocks`).
+ * mass must hold n zeros or earlier sums. Reads K pages through c->keys and
+ * hands each layer to kvmem_token_mass. Deterministic for any thread count.
+ */
+int ws_token_mass(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n, double *mass);
+
+
+#endif

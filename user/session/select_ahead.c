@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Selecting for tokens not yet appended.
+ *
+ * A question's retrieval happens at its last token (for agentlang, the '='
+ * after the key): that token's query is the one that looks for the fact.
+ * Selecting after appending it is too late — its logits, which give the
+ * first answer token, were computed over the old view. So the tokens are run
+ * once over the current view only to read their queries (their K/V are
+ * dropped: the view's length is put back), the session selects with those
+ * queries, and the caller then appends the tokens for real over the new view.
+ */
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "session/session_int.h"
+
+int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
+{
+	const kvmem_fwd_out out = ws_fwd_out(s, 0);
+	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
+	const int T = s->o.query_tokens;
+	int keep;
+	int64_t len;
+
+	if (s->broken)
+		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
+	/* The ring below is the stage-out job's until it is done. */
+	if (ws_writer_wait(s))
+		return kvmem_fail();
+	if (n <= 0 || n > s->o.chunk)
+		return kvmem_error(EINVAL, "session: select ahead takes 1..%d tokens (the chunk), not %d",
+				 s->o.chunk, n);
+	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
+		return kvmem_fail();
+	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
+		return kvmem_fail();
+	len = ws_view_len(s);
+	if (s->be->ops->forward(s->be->ctx, s->view, tokens, n, NULL, 0, &out))
+		return kvmem_error_prefix("session: select ahead");
+	/* The slots past len are scratch again. */
+	if (s->be->ops->set_length(s->be->ctx, s->view, len)) {
+		s->broken = 1;
+		return kvmem_error_prefix("session: select ahead");
+	}
+	s->st.forwards++;
+	if (s->o.tap && s->o.tap->ahead)
+		s->o.tap->ahead(s->o.tap->arg, s, s->q_raw, n, s->blocks.n_tokens);
+
+	/* The selection sees only these queries, at the positions the tokens
+	 * will take. */
+	keep = n < T ? n : T;
+	for (int l = 0; l < s->cfg.n_layers; l++)
+		for (int i = 0; i < keep; i++)
+			memcpy(ws_qrow(s, l, i), s->q_raw + ((size_t)l * n + (n - keep + i)) * qw,
+			       qw * sizeof(float));
+	for (int i = 0; i < keep; i++)
+		s->qpos[i] = s->blocks.n_tokens + (n - keep) + i;
+	s->q_head = 0;
+	s->n_q = keep;
+	if (ws_select(s, 0))
+		return kvmem_fail();
+	/* The append that follows brings the same tokens' queries back. */
+	s->n_q = 0;
+	s->q_head = 0;
+	return 0;
+}

@@ -1,0 +1,584 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Agent sessions on the engine: append (chunked prefill), select at the
+ * step boundary, decode with the view frozen. Every token run goes to the
+ * history (token ids, raw K / V pages, the index) as soon as the engine
+ * returns it. When the tail would outgrow budget + reserve, the session
+ * selects again with the latest queries and goes on.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kvmem/kvmem.h"
+#include "session/session_int.h"
+#include "util/grow.h"
+
+#define CHUNK_DEFAULT 128
+#define QUERY_TOKENS_DEFAULT 4
+#define UNLIMITED ((int64_t)INT_MAX / 2)
+
+void kvmem_session_opts_default(kvmem_session_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->sink = -1;
+	o->recent = -1;
+	o->reserve = -1;
+}
+
+static int64_t round_up(int64_t x, int64_t m)
+{
+	return (x + m - 1) / m * m;
+}
+
+/* Fill in defaults and check the options against each other. */
+static int resolve(kvmem_session *s, const kvmem_session_opts *in)
+{
+	kvmem_session_opts *o = &s->o;
+
+	*o = *in;
+	if (!o->block)
+		o->block = KVMEM_BLOCK_DEFAULT;
+	if (!o->chunk)
+		o->chunk = CHUNK_DEFAULT;
+	if (!o->query_tokens)
+		o->query_tokens = QUERY_TOKENS_DEFAULT;
+	if (o->chunk < 0 || o->query_tokens < 0 || o->budget < 0)
+		return kvmem_error(EINVAL, "session: chunk %d, query tokens %d and budget %lld must not be negative",
+				 o->chunk, o->query_tokens, (long long)o->budget);
+	if (o->budget && o->budget < o->block)
+		return kvmem_error(EINVAL, "session: budget %lld is smaller than one block (%d tokens)",
+				 (long long)o->budget, o->block);
+	if (!o->budget) {
+		/* Unlimited: the view is always the whole history. */
+		s->budget = UNLIMITED;
+		o->sink = o->sink < 0 ? 0 : o->sink;
+		o->recent = o->recent < 0 ? 0 : o->recent;
+		o->reserve = o->reserve < 0 ? 0 : o->reserve;
+		s->cap_limit = UNLIMITED;
+		return 0;
+	}
+	s->budget = o->budget;
+	if (o->sink < 0)
+		o->sink = o->budget / 100 > 1 ? o->budget / 100 : 1;
+	if (o->recent < 0)
+		o->recent = o->budget / 12 > 1 ? o->budget / 12 : 1;
+	if (o->reserve < 0) {
+		o->reserve = round_up(o->budget / 8, o->block);
+		if (o->reserve < o->chunk)
+			o->reserve = o->chunk;
+	}
+	if (o->reserve < o->chunk)
+		return kvmem_error(EINVAL, "session: a reserve of %lld tail slots cannot take a chunk of %d tokens",
+				 (long long)o->reserve, o->chunk);
+	if (o->budget > UNLIMITED - o->reserve)
+		return kvmem_error(EINVAL, "session: budget %lld + reserve %lld is too large",
+				 (long long)o->budget, (long long)o->reserve);
+	s->cap_limit = o->budget + o->reserve;
+	return 0;
+}
+
+/* Bytes of one forward pass's raw K (or V) rows. */
+static size_t rows_bytes(const kvmem_session *s)
+{
+	const kvmem_config *c = &s->cfg;
+
+	return (size_t)c->n_layers * s->o.chunk * c->n_kv_heads * c->head_dim *
+	       (s->rows_dtype == KVMEM_DTYPE_BF16 ? 2 : 4);
+}
+
+void *ws_rows_alloc(kvmem_session *s)
+{
+	void *p = NULL;
+
+	if (s->rows_dtype != KVMEM_DTYPE_BF16)
+		return malloc(rows_bytes(s));
+	return s->be->ops->host_alloc(s->be->ctx, rows_bytes(s), &p) < 0 ? NULL : p;
+}
+
+void ws_rows_free(kvmem_session *s, void *p)
+{
+	if (s->rows_dtype != KVMEM_DTYPE_BF16)
+		free(p);
+	else if (p)
+		s->be->ops->host_free(s->be->ctx, p);
+}
+
+kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last)
+{
+	kvmem_fwd_out o = { .q_raw = s->q_raw, .q_last = q_last };
+
+	if (s->rows_dtype == KVMEM_DTYPE_BF16) {
+		o.raw_k_bf16 = s->raw_k;
+		o.v_bf16 = s->v;
+	} else {
+		o.raw_k = s->raw_k;
+		o.v = s->v;
+	}
+	return o;
+}
+
+static int alloc_buffers(kvmem_session *s)
+{
+	const kvmem_config *c = &s->cfg;
+	size_t C = s->o.chunk, T = s->o.query_tokens;
+	size_t kw = (size_t)c->n_kv_heads * c->head_dim, qw = (size_t)c->n_heads * c->head_dim;
+
+	/* A backend whose rows are bf16 and can pin memory for them hands
+	 * them over as they are (its host_alloc); else fp32. */
+	s->rows_dtype = s->be->ops->rows_dtype == KVMEM_DTYPE_BF16 && s->be->ops->host_alloc ?
+			KVMEM_DTYPE_BF16 : KVMEM_DTYPE_F32;
+	s->raw_k = ws_rows_alloc(s);
+	s->v = ws_rows_alloc(s);
+	s->rows_f32 = malloc(sizeof(float) * 2 * (size_t)s->o.block * kw);
+	s->q_raw = malloc(sizeof(float) * c->n_layers * C * qw);
+	s->logits = malloc(sizeof(float) * (s->o.all_logits ? C : 1) * c->vocab);
+	s->last_logits = malloc(sizeof(float) * c->vocab);
+	s->qring = malloc(sizeof(float) * c->n_layers * T * qw);
+	s->qtmp = malloc(sizeof(float) * c->n_layers * T * qw);
+	s->qpos = malloc(sizeof(int64_t) * T);
+	s->qpos_packed = malloc(sizeof(int64_t) * T);
+	s->page_f32 = malloc(sizeof(float) * (size_t)s->o.block * kw);
+	if (!s->raw_k || !s->v || !s->rows_f32 || !s->q_raw || !s->logits || !s->last_logits || !s->qring ||
+	    !s->qtmp || !s->qpos || !s->qpos_packed || !s->page_f32)
+		return kvmem_error(ENOMEM, "session: out of memory for chunks of %zu tokens", C);
+	return 0;
+}
+
+kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *o)
+{
+	kvmem_session_opts def;
+	kvmem_session *s = calloc(1, sizeof(*s));
+
+	if (!s) {
+		kvmem_error(ENOMEM, "session: out of memory");
+		return NULL;
+	}
+	if (!o) {
+		kvmem_session_opts_default(&def);
+		o = &def;
+	}
+	s->be = b;
+	s->cfg = b->model->cfg;
+	if (resolve(s, o) || !(s->pol = kvmem_policy_find(o->policy)))
+		goto fail;
+	if (b->ops->view_create(b->ctx, &s->view))
+		goto fail;
+	/* Raw K beside the view, so a selection moves what stays in it on the
+	 * backend instead of reading its pages again (view.c). A backend that
+	 * cannot keep it (no op, no memory) places from pages as before;
+	 * KVMEM_MOVE=0 asks for that (a measurement's peer). */
+	{
+		const char *e = getenv("KVMEM_MOVE");
+
+		s->move_ok = b->ops->keep_raw && b->ops->move && !(e && !strcmp(e, "0")) &&
+			     b->ops->keep_raw(b->ctx, s->view) == 0;
+	}
+	s->o.policy = s->pol->name;
+	s->n_sets = s->pol->per_layer ? s->cfg.n_layers : 1;
+	s->rng = kvmem_rng_seed(s->o.seed);
+	if (kvmem_blocks_init(&s->blocks, s->o.block) ||
+	    kvmem_index_init(&s->index, s->cfg.n_layers, s->cfg.n_kv_heads, s->cfg.head_dim,
+			   s->o.block, s->pol->needs) ||
+	    alloc_buffers(s))
+		goto fail;
+	if (s->o.chunk > b->opts.max_chunk) {
+		kvmem_error(EINVAL, "session: chunk %d is larger than the %s backend's %d", s->o.chunk,
+			    b->ops->name, b->opts.max_chunk);
+		goto fail;
+	}
+	if (s->o.source) {
+		s->src = s->o.source;
+	} else {
+		if (kvmem_page_source_mem(&s->own_src, s->cfg.n_layers, s->cfg.n_kv_heads,
+					s->cfg.head_dim, s->o.block))
+			goto fail;
+		s->src = &s->own_src;
+	}
+	return s;
+fail:
+	kvmem_error_prefix("kvmem_session_create");
+	kvmem_session_free(s);
+	return NULL;
+}
+
+void kvmem_session_free(kvmem_session *s)
+{
+	if (!s)
+		return;
+	ws_writer_free(s);
+	ws_unregister(s);
+	kvmem_page_source_destroy(&s->own_src);
+	kvmem_blocks_free(&s->blocks);
+	if (s->mirror)	/* before the index: it may hold the index's memory */
+		s->be->ops->mirror_destroy(s->be->ctx, s->mirror);
+	kvmem_index_free(&s->index);
+	kvmem_plan_free(&s->plan);
+	if (s->view)
+		s->be->ops->view_destroy(s->be->ctx, s->view);
+	free(s->tokens);
+	ws_rows_free(s, s->raw_k);
+	ws_rows_free(s, s->v);
+	free(s->rows_f32);
+	free(s->q_raw);
+	free(s->logits);
+	free(s->last_logits);
+	free(s->qring);
+	free(s->qtmp);
+	free(s->qpos);
+	free(s->qpos_packed);
+	free(s->scores);
+	free(s->items);
+	free(s->moves);
+	free(s->page_f32);
+	free(s);
+}
+
+/* Keep the raw queries of the last query_tokens tokens in the ring. The
+ * forward pass over tokens [p0, p0 + n) returned those of the last `rows`
+ * ([L][rows][qw] in q; rows >= the ones kept). A decode step writes one
+ * row a layer: nothing older moves. */
+static void keep_queries(kvmem_session *s, const float *q, int64_t p0, int n, int rows)
+{
+	const int T = s->o.query_tokens, L = s->cfg.n_layers;
+	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
+	const int from_new = n < T ? n : T;
+	const int64_t first = p0 + n - from_new;	/* the first new one kept */
+
+	for (int i = 0; i < from_new; i++) {
+		int slot;
+
+		if (s->n_q < T) {
+			slot = (s->q_head + s->n_q) % T;
+			s->n_q++;
+		} else {	/* full: the oldest makes room */
+			slot = s->q_head;
+			s->q_head = (s->q_head + 1) % T;
+		}
+		for (int l = 0; l < L; l++)
+			memcpy(ws_qrow(s, l, slot), q + ((size_t)l * rows + (rows - from_new + i)) * qw,
+			       qw * sizeof(float));
+		s->qpos[slot] = first + i;
+	}
+}
+
+const float *ws_queries(kvmem_session *s, const int64_t **pos)
+{
+	const int T = s->o.query_tokens, L = s->cfg.n_layers;
+	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
+
+	for (int i = 0; i < s->n_q; i++)
+		s->qpos_packed[i] = s->qpos[(s->q_head + i) % T];
+	*pos = s->qpos_packed;
+	if (s->q_head == 0 && s->n_q == T)
+		return s->qring;	/* already in order */
+	for (int l = 0; l < L; l++)
+		for (int i = 0; i < s->n_q; i++)
+			memcpy(s->qtmp + ((size_t)l * s->n_q + i) * qw,
+			       ws_qrow(s, l, (s->q_head + i) % T), qw * sizeof(float));
+	return s->qtmp;
+}
+
+/* Write n tokens' raw K / V rows ([L][n][H_kv][D] of the session's
+ * rows_dtype) to their pages, all layers: in one call when the source
+ * takes typed rows, else fp32 through write, a block's piece at a time
+ * (bf16 rows widened first, which is exact). */
+static int store_pages(kvmem_session *s, int64_t p0, int n, const void *k, const void *v)
+{
+	const size_t kw = (size_t)s->cfg.n_kv_heads * s->cfg.head_dim;
+	const int B = s->blocks.block, bf16 = s->rows_dtype == KVMEM_DTYPE_BF16;
+	int rc;
+
+	if (s->src->ops->write_rows) {
+		rc = s->src->ops->write_rows(s->src->ctx, p0, n, k, v, s->rows_dtype);
+		if (rc != -ENOTSUP)
+			return rc ? kvmem_error_prefix("session: storing tokens %lld..%lld",
+						      (long long)p0, (long long)p0 + n - 1) : 0;
+	}
+	for (int l = 0; l < s->cfg.n_layers; l++)
+		for (int j = 0; j < n;) {
+			int64_t p = p0 + j;
+			int t0 = (int)(p % B), m = B - t0 < n - j ? B - t0 : n - j;
+			size_t at = ((size_t)l * n + j) * kw;
+			const float *pk = (const float *)k + at, *pv = (const float *)v + at;
+
+			if (bf16) {
+				kvmem_bf16_to_f32_n(s->rows_f32, (const uint16_t *)k + at, m * kw);
+				kvmem_bf16_to_f32_n(s->rows_f32 + (size_t)B * kw,
+						    (const uint16_t *)v + at, m * kw);
+				pk = s->rows_f32;
+				pv = s->rows_f32 + (size_t)B * kw;
+			}
+			if (s->src->ops->write(s->src->ctx, p / B, l, t0, m, pk, pv))
+				return kvmem_error_prefix("session: storing block %lld",
+							(long long)(p / B));
+			j += m;
+		}
+	return 0;
+}
+
+int ws_put_rows(kvmem_session *s, const struct ws_rows *r)
+{
+	if (kvmem_index_append_rows(&s->index, r->k, s->rows_dtype, r->n) ||
+	    store_pages(s, r->p0, r->n, r->k, r->v))
+		return kvmem_fail();
+	keep_queries(s, r->q, r->p0, r->n, r->q_rows);
+	return 0;
+}
+
+/* One engine call over n tokens at the end of the view, then the history. */
+static int usable(const kvmem_session *s)
+{
+	if (s->broken)
+		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
+	return 0;
+}
+
+static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
+{
+	/* Only the queries keep_queries keeps come back. */
+	const kvmem_fwd_out out = ws_fwd_out(s, n < s->o.query_tokens ? n : s->o.query_tokens);
+	const int64_t p0 = s->blocks.n_tokens, store0 = s->st.store_ns;
+	int64_t t0, t1;
+
+	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
+		return kvmem_fail();
+	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
+		return kvmem_fail();
+	if (kvmem_grow(&s->tokens, sizeof(int32_t), (size_t)(p0 + n), &s->cap_tokens, 1024))
+		return kvmem_error(ENOMEM, "session: out of memory for %lld token ids",
+				   (long long)(p0 + n));
+	t0 = (int64_t)kvmem_now_ns();
+	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, s->logits, s->o.all_logits, &out))
+		return kvmem_error_prefix("session");
+	t1 = (int64_t)kvmem_now_ns();
+	s->st.forward_ns += t1 - t0;
+	s->st.forwards++;
+	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
+	if (ws_writer_rows(s, p0, n, kvmem_fwd_q_rows(&out, n))) {
+		/* The view holds tokens the history lacks. */
+		s->broken = 1;
+		return kvmem_fail();
+	}
+	s->blocks.n_tokens = p0 + n;
+	if (s->o.all_logits) {
+		memcpy(s->last_logits, s->logits + (size_t)(n - 1) * s->cfg.vocab,
+		       (size_t)s->cfg.vocab * sizeof(float));
+	} else {	/* one row each: swapped, not copied (a decode step) */
+		float *t = s->last_logits;
+
+		s->last_logits = s->logits;
+		s->logits = t;
+	}
+	s->have_logits = 1;
+	if (s->src->ops->sync && s->src->ops->sync(s->src->ctx, s->blocks.n_tokens))
+		return kvmem_error_prefix("session: committing %lld tokens",
+					(long long)s->blocks.n_tokens);
+	s->st.own_ns += (int64_t)kvmem_now_ns() - t1 - (s->st.store_ns - store0);
+	if (s->o.on_forward)	/* every row, or the one now in last_logits */
+		s->o.on_forward(s->o.arg, tok, n, s->o.all_logits ? s->logits : s->last_logits);
+	return 0;
+}
+
+/* Pins may never need more than the budget; on refusal they stay as they were. */
+static int pin_checked(kvmem_session *s, int64_t start, int64_t end)
+{
+	kvmem_span *saved = NULL;
+	int n = s->blocks.n_pins;
+	/* Charged as whole blocks: a pinned partial block fills up later. */
+	int64_t upto = end > s->blocks.n_tokens ? end : s->blocks.n_tokens, need;
+
+	upto = round_up(upto, s->blocks.block);
+
+	if (n && !(saved = malloc((size_t)n * sizeof(*saved))))
+		return kvmem_error(ENOMEM, "session: out of memory pinning");
+	if (n)
+		memcpy(saved, s->blocks.pins, (size_t)n * sizeof(*saved));
+	if (kvmem_blocks_pin(&s->blocks, start, end)) {
+		free(saved);
+		return kvmem_fail();
+	}
+	need = kvmem_blocks_pinned_tokens(&s->blocks, upto);
+	if (need > s->budget) {
+		if (n)
+			memcpy(s->blocks.pins, saved, (size_t)n * sizeof(*saved));
+		s->blocks.n_pins = n;
+		free(saved);
+		return kvmem_error(EINVAL, "session: pinning [%lld, %lld) would need %lld tokens of pinned (whole) blocks; the budget is %lld",
+				 (long long)start, (long long)end, (long long)need,
+				 (long long)s->budget);
+	}
+	free(saved);
+	return 0;
+}
+
+int kvmem_session_pin(kvmem_session *s, int64_t start, int64_t end)
+{
+	return pin_checked(s, start, end);
+}
+
+int kvmem_session_unpin(kvmem_session *s, int64_t start, int64_t end)
+{
+	return kvmem_blocks_unpin(&s->blocks, start, end);
+}
+
+int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int pin)
+{
+	const int64_t p0 = s->blocks.n_tokens;
+
+	if (usable(s))
+		return kvmem_fail();
+	if (n < 0)
+		return kvmem_error(EINVAL, "session: cannot append %lld tokens", (long long)n);
+	if (pin && n && pin_checked(s, p0, p0 + n))
+		return kvmem_fail();
+	for (int64_t i = 0; i < n;) {
+		int c = n - i < s->o.chunk ? (int)(n - i) : s->o.chunk;
+
+		if (run_tokens(s, tokens + i, c)) {
+			ws_writer_drain(s);
+			return kvmem_fail();
+		}
+		i += c;
+	}
+	/* The caller may read or commit the source now. */
+	return ws_writer_wait(s);
+}
+
+int kvmem_session_select(kvmem_session *s)
+{
+	return usable(s) ? -1 : ws_select(s, 0);
+}
+
+/* The first logit that is NaN or infinite, or -1. Groups of 16 with no
+ * early exit inside, which the compiler vectorises: a decode step scans
+ * Qwen3's 152K logits in a few microseconds. */
+static int first_nonfinite(const float *x, int n)
+{
+	int i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		uint32_t bad = 0;
+
+		for (int j = 0; j < 16; j++) {
+			uint32_t u;
+
+			memcpy(&u, x + i + j, sizeof(u));
+			bad |= (u & 0x7f800000u) == 0x7f800000u;
+		}
+		if (bad)
+			break;
+	}
+	for (; i < n; i++)
+		if (!isfinite(x[i]))
+			return i;
+	return -1;
+}
+
+int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out)
+{
+	static const kvmem_sampler greedy = { 0 };
+
+	if (usable(s))
+		return kvmem_fail();
+	if (n > 0 && !s->have_logits)
+		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
+	for (int i = 0; i < n; i++) {
+		int32_t tok;
+		int v = first_nonfinite(s->last_logits, s->cfg.vocab);
+
+		/* NaN would never be drawn and infinities would always win: either
+		 * way the model's arithmetic has overflowed, and a token sampled
+		 * from it is no answer. */
+		if (v >= 0)
+			return kvmem_error(ERANGE, "session: the logits hold NaN or infinite "
+					   "values (logit %d is %g): the model's arithmetic "
+					   "overflowed; nothing sampled", v, (double)s->last_logits[v]);
+		tok = kvmem_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
+		if (tok < 0) {
+			ws_writer_drain(s);
+			return kvmem_error(-tok, "sampling: out of memory");
+		}
+		if (out)
+			out[i] = tok;
+		if (run_tokens(s, &tok, 1)) {
+			ws_writer_drain(s);
+			return kvmem_fail();
+		}
+	}
+	/* The caller may read or commit the source now. */
+	return ws_writer_wait(s);
+}
+
+int64_t kvmem_session_tokens(const kvmem_session *s)
+{
+	return s->blocks.n_tokens;
+}
+
+const int32_t *kvmem_session_token_ids(const kvmem_session *s)
+{
+	return s->tokens;
+}
+
+const kvmem_plan *kvmem_session_plan(const kvmem_session *s)
+{
+	return &s->plan;
+}
+
+const float *kvmem_session_scores(const kvmem_session *s, int *n_sets, int64_t *n_blocks)
+{
+	if (n_sets)
+		*n_sets = s->n_sets;
+	if (n_blocks)
+		*n_blocks = s->scored_blocks;
+	return s->scored_blocks ? s->scores : NULL;
+}
+
+const kvmem_kvcache *kvmem_session_view(const kvmem_session *s)
+{
+	return s->be->ops->host_view ? s->be->ops->host_view(s->be->ctx, s->view) : NULL;
+}
+
+int64_t kvmem_session_view_len(const kvmem_session *s)
+{
+	return ws_view_len(s);
+}
+
+const kvmem_backend *kvmem_session_backend(const kvmem_session *s)
+{
+	return s->be;
+}
+
+const float *kvmem_session_logits(const kvmem_session *s)
+{
+	return s->have_logits ? s->last_logits : NULL;
+}
+
+const kvmem_index *kvmem_session_index(const kvmem_session *s)
+{
+	return &s->index;
+}
+
+const kvmem_blocks *kvmem_session_blocks(const kvmem_session *s)
+{
+	return &s->blocks;
+}
+
+const kvmem_policy_ops *kvmem_session_policy(const kvmem_session *s)
+{
+	return s->pol;
+}
+
+const kvmem_session_opts *kvmem_session_options(const kvmem_session *s)
+{
+	return &s->o;
+}
+
+void kvmem_session_get_stats(const kvmem_session *s, kvmem_session_stats *st)
+{
+	*st = s->st;
+	st->index_device_bytes = s->mirror && s->be->ops->mirror_bytes ?
+		s->be->ops->mirror_bytes(s->be->ctx, s->mirror) : 0;
+}

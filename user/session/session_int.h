@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+/* A session's state, shared by session.c (steps) and view.c (selection and
+ * rematerialisation). Private to user/session. */
+#ifndef KVMEM_WORKSPACE_SESSION_INT_H
+#define KVMEM_WORKSPACE_SESSION_INT_H
+
+#include "select/select.h"
+#include "util/clock.h"
+#include "backend/backend_impl.h"
+#include "session/inspect.h"
+
+struct kvmem_session {
+	kvmem_backend *be;
+	kvmem_view *view;		/* this session's view on the backend */
+	kvmem_config cfg;
+	kvmem_session_opts o;		/* defaults resolved */
+	const kvmem_policy_ops *pol;
+	int n_sets;			/* 1, or n_layers for a per-layer policy */
+	int64_t budget;			/* resolved: huge when unlimited */
+	int64_t cap_limit;		/* budget + reserve: most slots the view takes */
+
+	kvmem_blocks blocks;
+	kvmem_index index;
+	kvmem_page_source own_src;	/* used when the caller gives none */
+	const kvmem_page_source *src;
+
+	int32_t *tokens;
+	size_t cap_tokens;
+
+	/* The execution view, held by the backend: plan.view_tokens history
+	 * tokens at slots 0..view_len-1, then the tail: token p >= sel_tokens
+	 * at slot view_len + (p - sel_tokens). */
+	kvmem_plan plan;
+	int64_t view_len, sel_tokens;
+
+	/* Per forward pass: [L][chunk][...] as the engine returns them: raw
+	 * K and V as rows of rows_dtype (the backend's: fp32, or bf16 in
+	 * pinned memory from its host_alloc), the queries fp32. */
+	void *raw_k, *v;
+	uint32_t rows_dtype;
+	float *rows_f32;		/* one piece of rows widened for a source
+					 * without write_rows: [2][block][kw] */
+	float *q_raw, *logits, *last_logits;
+	int have_logits;
+
+	/* Raw queries of the last n_q tokens: a ring of query_tokens (T) slots,
+	 * [L][T][n_heads][D], the oldest at slot q_head, and their positions
+	 * qpos[T] alike; a decode step writes one row a layer. ws_queries packs
+	 * them ([L][n_q][..], oldest first) into qtmp / qpos_packed for a
+	 * selection. */
+	float *qring, *qtmp;
+	int64_t *qpos, *qpos_packed;
+	int n_q, q_head;
+
+	float *scores;
+	int64_t cap_scores;
+	int64_t scored_blocks;	/* blocks the last selection scored */
+	/* Rematerialisation queued for the backend's place(): items whose
+	 * pages are held (got from the source) until the batch is placed. */
+	kvmem_place *items;
+	int n_items, cap_items;
+	/* Tokens that stay in the view but change slots, moved by the
+	 * backend from the raw K it keeps (keep_raw; move_ok: it does), all
+	 * before anything is placed from pages: moving says the walk's
+	 * second pass leaves them alone. */
+	kvmem_move *moves;
+	size_t n_moves, cap_moves;
+	int move_ok, moving;
+	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
+	void *reg_base;			/* the source's region, registered on the backend */
+	int reg_tried;			/* registration asked for (done or refused) */
+	/* The backend's copy of the index for scoring on its device (NULL:
+	 * not made yet); off: refused once (no score op, no room), the host
+	 * scores from then on. */
+	void *mirror;
+	int mirror_off;
+	/* A forward's rows on their way to the history (writer.c); NULL
+	 * until the first job it takes. raw_k, v and q_raw above and its
+	 * spare set swap. */
+	struct ws_writer *writer;
+	int writer_min;			/* the smallest job it takes (0: not decided) */
+	uint64_t rng;
+	kvmem_session_stats st;
+	int broken;			/* a failure left the view inconsistent */
+};
+
+/* The view's length on the backend. */
+static inline int64_t ws_view_len(const kvmem_session *s)
+{
+	return s->be->ops->length(s->be->ctx, s->view);
+}
+
+/* view.c */
+int ws_view_reserve(kvmem_session *s, int64_t need);
+/* Let the backend read the source's pages where they live (view.c); undone
+ * by ws_unregister when the session is freed. */
+void ws_register(kvmem_session *s);
+void ws_unregister(kvmem_session *s);
+int ws_select(kvmem_session *s, int forced);
+/* session.c: the queries packed for a selection (see qring). */
+const float *ws_queries(kvmem_session *s, const int64_t **pos);
+/* Row of ring slot `slot`, layer l. */
+static inline float *ws_qrow(const kvmem_session *s, int l, int slot)
+{
+	return s->qring + ((size_t)l * s->o.query_tokens + slot) * s->cfg.n_heads * s->cfg.head_dim;
+}
+
+/* The scorer ws_select hands the policy when the backend can score (NULL
+ * when it cannot or was told not to); dev is filled in. */
+const kvmem_score_device *ws_score_device(kvmem_session *s, kvmem_score_device *dev);
+/* Lay out the whole view from the plan in force, sel_tokens and view_len
+ * (a restored state): every slot rebuilt from the pages. */
+int ws_view_restore(kvmem_session *s);
+
+/* What a forward over tokens [p0, p0 + n) gave the history: raw K and V
+ * ([L][n][kw]) and the queries of its last q_rows tokens ([L][q_rows][qw]). */
+struct ws_rows {
+	int64_t p0;
+	int n, q_rows;
+	const void *k, *v;	/* rows of the session's rows_dtype */
+	const float *q;
+};
+
+/* session.c: put them away: the index appended, the pages written, the
+ * queries kept in the ring. */
+int ws_put_rows(kvmem_session *s, const struct ws_rows *r);
+
+/* writer.c: ws_put_rows for the forward just run (s->raw_k, s->v,
+ * s->q_raw), on the writer thread (the session then holds the other
+ * buffers) or in line. The index, the pages and the query ring are the
+ * job's until ws_writer_wait. */
+int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows);
+/* Wait for the rows in flight: 0, or the job's error (the session is then
+ * broken). Before anything that reads or commits the source, or reads the
+ * index or the query ring. */
+int ws_writer_wait(kvmem_session *s);
+/* The same, leaving the error state alone (after another failure). */
+void ws_writer_drain(kvmem_session *s);
+/* Wait, stop the thread, free its buffers. */
+void ws_writer_free(kvmem_session *s);
+
+/* session.c: buffers for one forward pass's raw K or V rows of the
+ * session's rows_dtype (pinned through the backend when its rows are
+ * bf16); ws_rows_free undoes. */
+void *ws_rows_alloc(kvmem_session *s);
+void ws_rows_free(kvmem_session *s, void *p);
+/* The forward's outputs into the rows and queries the session holds now. */
+kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last);
+
+/* adopt.c */
+int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n);
+int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n);
+
+#endif
