@@ -496,7 +496,7 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 }
 
 /* Offset 0: the page table, read-only. KVMEM_MMAP_PAGE_WINDOW and above:
- * the window, MAP_SHARED, writable unless set up RDONLY.
+ * the window, MAP_SHARED (set up RDONLY: only claimed pages take writes).
  */
 static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 {
@@ -528,11 +528,10 @@ static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 	window_pages = ws->page_max * ws->npp;
 	if (first >= window_pages || (len >> PAGE_SHIFT) > window_pages - first)
 		return -EINVAL;
-	if (ws->rdonly) {
-		if (vma->vm_flags & VM_WRITE)
-			return -EPERM;
-		kvmem_vm_flags_clear(vma, VM_MAYWRITE);
-	}
+	/* A read-only workspace's window may be mapped writable too, so that
+	 * userspace can fill claimed pages (an O_DIRECT read into them); its
+	 * page_mkwrite refuses a write to any other page.
+	 */
 	kvmem_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	vma->vm_ops = &kvmem_window_vm_ops;
 	vma->vm_private_data = ws;

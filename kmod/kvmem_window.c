@@ -661,6 +661,13 @@ static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 		mutex_unlock(&ws->lock);
 		return VM_FAULT_NOPAGE;	/* the page left or is in transit: fault again */
 	}
+	/* A read-only workspace writes nothing back: only a page claimed for
+	 * userspace's fill may be written.
+	 */
+	if (ws->rdonly && pg->state != KVMEM_CLAIMED) {
+		mutex_unlock(&ws->lock);
+		return VM_FAULT_SIGBUS;
+	}
 	if (pg->state != KVMEM_CLAIMED && !(pg->flags & KVMEM_PG_DIRTY)) {
 		pg->flags |= KVMEM_PG_DIRTY;
 		kvmem_pte_update(ws, id);
