@@ -133,6 +133,24 @@ int kvmem_kmod_claim(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *cl
 int kvmem_kmod_filled(kvmem_kmod *k, const uint64_t *pages, size_t n, int verify,
 		      int32_t *status);
 
+/*
+ * Fill pages without a copy: claim the absent ones, read them with io_uring
+ * O_DIRECT from the pages file straight into the window, and hand them back
+ * with FILLED and VERIFY (user/kmod/kmod_fill.c). Returns when every read
+ * has ended. status[i] (may be NULL): 1 filled by this call, 0 resident or
+ * on its way already (left alone), or -errno: -ENOMEM no slot could be
+ * claimed, -EIO (or the read's error) the read failed or was short,
+ * -EBADMSG the bytes do not match the checksum; a page that failed is
+ * absent again, and kvmem_kmod_get reads it through the module (and says
+ * what is wrong with it). Returns the number filled, or the first error;
+ * -EINVAL, nothing done, when a page is past the last one.
+ * -ENOTSUP when this open has no O_DIRECT path (kvmem_kmod_direct 0: the
+ * file system refuses O_DIRECT, e.g. tmpfs): nothing is done.
+ */
+int kvmem_kmod_fill(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status);
+/* 1 when kvmem_kmod_fill can read into the window here. */
+int kvmem_kmod_direct(const kvmem_kmod *k);
+
 /* Drop pages now (dirty ones written back first); status[i] (may be NULL):
  * 0, -EBUSY (pinned or in transit) or the write-back's error. */
 int kvmem_kmod_evict(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status);

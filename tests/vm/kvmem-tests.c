@@ -926,6 +926,99 @@ TEST(odirect_fill_through_io_uring)
 	vt_ws_close(&w);
 }
 
+/* The client's own O_DIRECT fill (kvmem_kmod_fill), the kmod source's path
+ * with no copy: claims, io_uring reads into the window, FILLED with VERIFY;
+ * counted in user_fills, never in fills (the module's buffered reads). On a
+ * read-only open too (a second, writable mapping of its window), a page
+ * whose bytes are wrong is refused and left absent, a page already there
+ * is left alone, and on tmpfs (no O_DIRECT) it says -ENOTSUP. */
+TEST(client_fills_with_odirect)
+{
+	struct stat root, ext;
+	uint64_t ids[9];
+	int32_t st[9];
+	struct vt_ws w;
+	kvmem_kmod_files f;
+	kvmem_kmod_opts o;
+	kvmem_kmod *k;
+	unsigned char c;
+	char path[128];
+	int rfd;
+
+	ASSERT_EQ(0, vt_ws_open(&w, VT_WS_SMALL));	/* tmpfs */
+	k = vt_kmod(&w, 8);
+	ASSERT_NE(NULL, k);
+	ASSERT_EQ(0, kvmem_kmod_direct(k));
+	ids[0] = 1;
+	ASSERT_EQ(-ENOTSUP, kvmem_kmod_fill(k, ids, 1, st));
+	ASSERT_FALSE(kvmem_kmod_resident(k, 1));
+	kvmem_kmod_close(k);
+	vt_ws_close(&w);
+
+	if (stat("/", &root) || stat("/mnt/ext", &ext) || root.st_dev == ext.st_dev)
+		SKIP(return, "no file system with O_DIRECT at /mnt/ext");
+	ASSERT_EQ(0, vt_ws_open_at(&w, VT_WS_WIDE, "/mnt/ext"));
+	k = vt_kmod(&w, 16);
+	ASSERT_NE(NULL, k);
+	ASSERT_EQ(1, kvmem_kmod_direct(k));
+	ASSERT_TRUE(page_ok(&w, k, 4));	/* the module's read: fills 1 */
+	for (int i = 0; i < 8; i++)
+		ids[i] = 2 * i;
+	ASSERT_EQ(7, kvmem_kmod_fill(k, ids, 8, st));
+	for (int i = 0; i < 8; i++) {
+		ASSERT_EQ(ids[i] == 4 ? 0 : 1, st[i]) TH_LOG("page %d", (int)ids[i]);
+		ASSERT_TRUE(kvmem_kmod_resident(k, ids[i]));
+		ASSERT_TRUE(page_ok(&w, k, ids[i]));
+	}
+	ASSERT_EQ(7, vt_stats(k).user_fills);
+	ASSERT_EQ(1, vt_stats(k).fills);
+	/* A page past the end: -EINVAL, nothing done. Wrong bytes on disk:
+	 * refused, absent, BAD; page 20 beside it fine. */
+	ids[0] = 20;
+	ids[1] = w.pages;
+	ASSERT_EQ(-EINVAL, kvmem_kmod_fill(k, ids, 2, st));
+	ASSERT_FALSE(kvmem_kmod_resident(k, 20));
+	ASSERT_EQ(1, pread(w.pages_fd, &c, 1, 30 * w.page_stride + 7));
+	c ^= 0x40;
+	ASSERT_EQ(1, pwrite(w.pages_fd, &c, 1, 30 * w.page_stride + 7));
+	ids[0] = 30;
+	ids[1] = 20;
+	ASSERT_EQ(-EBADMSG, kvmem_kmod_fill(k, ids, 2, st));
+	ASSERT_EQ(-EBADMSG, st[0]);
+	ASSERT_EQ(1, st[1]);
+	ASSERT_FALSE(kvmem_kmod_resident(k, 30));
+	ASSERT_TRUE(kvmem_kmod_pte(k, 30)->flags & KVMEM_PTE_BAD);
+	ASSERT_TRUE(page_ok(&w, k, 20));
+	c ^= 0x40;
+	ASSERT_EQ(1, pwrite(w.pages_fd, &c, 1, 30 * w.page_stride + 7));
+	ASSERT_EQ(1, kvmem_kmod_fill(k, ids, 1, st));
+	ASSERT_TRUE(page_ok(&w, k, 30));
+	ASSERT_EQ(1, vt_stats(k).fills);
+	kvmem_kmod_close(k);
+
+	/* Read-only, and the caller's descriptor closed after the open. */
+	f = vt_files(&w);
+	snprintf(path, sizeof(path), "%s/pages", w.dir);
+	rfd = open(path, O_RDONLY);
+	ASSERT_LE(0, rfd);
+	f.pages_fd = rfd;
+	kvmem_kmod_opts_default(&o);
+	o.host_cap = 16 * w.page_stride;
+	o.flags = KVMEM_KMOD_RDONLY;
+	ASSERT_EQ(0, kvmem_kmod_open(&f, &o, &k));
+	close(rfd);	/* the client keeps what it needs */
+	ASSERT_EQ(1, kvmem_kmod_direct(k));
+	for (int i = 0; i < 9; i++)
+		ids[i] = 3 * i + 1;
+	ASSERT_EQ(9, kvmem_kmod_fill(k, ids, 9, NULL));
+	for (int i = 0; i < 9; i++)
+		ASSERT_TRUE(page_ok(&w, k, ids[i]));
+	ASSERT_EQ(9, vt_stats(k).user_fills);
+	ASSERT_EQ(0, vt_stats(k).fills);
+	kvmem_kmod_close(k);
+	vt_ws_close(&w);
+}
+
 /* ---- argument checks (no variant needed, but cheap) --------------------- */
 
 static int raw_setup(struct vt_ws *w, struct kvmem_ioc_setup *s)

@@ -3,7 +3,8 @@
  * The client of /dev/kvmem (include/kvmem/kmod.h): open, set up, map the
  * page table and the window, and thin wrappers over the ioctls that split
  * long page lists and turn errno values into kvmem errors naming the page.
- * kmod_files.c opens one over a workspace directory.
+ * kmod_files.c opens one over a workspace directory; kmod_fill.c fills
+ * pages with io_uring O_DIRECT reads into the window.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,18 +19,6 @@
 #include "kvmem/kmod.h"
 #include "kvmem/kvmem.h"
 #include "kmod/kmod_int.h"
-
-struct kvmem_kmod {
-	int fd;
-	int fd_lock;		/* the workspace's writer's lock, or -1 */
-	char dev[64];
-	uint32_t page_bytes, page_stride, n_layers;
-	uint64_t page_max;
-	const struct kvmem_pt_header *table;
-	size_t table_len;
-	unsigned char *window;
-	size_t window_len;
-};
 
 void kvmem_kmod_opts_default(kvmem_kmod_opts *o)
 {
@@ -90,6 +79,7 @@ int kvmem_kmod_open(const kvmem_kmod_files *f, const kvmem_kmod_opts *o, kvmem_k
 	if (!k)
 		return kvmem_error(ENOMEM, "kvmem_kmod_open: out of memory");
 	k->fd_lock = -1;
+	k->fd_direct = -1;
 	snprintf(k->dev, sizeof(k->dev), "%s", o->dev ? o->dev : "/dev/kvmem");
 	k->fd = open_dev(k->dev);
 	if (k->fd < 0) {
@@ -147,6 +137,8 @@ int kvmem_kmod_open(const kvmem_kmod_files *f, const kvmem_kmod_opts *o, kvmem_k
 			    strerror(err));
 		goto fail;
 	}
+	/* Userspace fills (kmod_fill.c) where the file takes O_DIRECT reads. */
+	kmod_fill_setup(k, f->pages_fd, !!(o->flags & KVMEM_KMOD_RDONLY));
 	*out = k;
 	return 0;
 fail:
@@ -158,6 +150,7 @@ void kvmem_kmod_close(kvmem_kmod *k)
 {
 	if (!k)
 		return;
+	kmod_fill_close(k);
 	if (k->window)
 		munmap(k->window, k->window_len);
 	if (k->table)
