@@ -84,8 +84,9 @@ else
 	result fail "/dev/kvmem is a 0600 character device ($(ls -l /dev/kvmem 2>&1))"
 fi
 # KVMEM_VM_ONLY (kernel command line, from run.sh): only the selftest
-# programs whose name contains it (and the policy check when its name,
-# kvmem-vm-policy, does), none of the other steps after them.
+# programs whose name contains it (and the page-source suite, the session
+# and the policy check when their names, kvmem-vm-source, kvmem-vm-session
+# and kvmem-vm-policy, do), none of the other steps after them.
 for t in /tests/kvmem-*; do
 	case $t in
 	*.o) ;;
@@ -98,11 +99,6 @@ policy() {	# a live BPF policy (kvmempolicy) against the module's clock
 	[ $? -lt 128 ] || result fail "kvmem-vm-policy ended abnormally"
 	kernel_log_clean kvmem-vm-policy
 }
-if [ -n "${KVMEM_VM_ONLY:-}" ]; then
-	case kvmem-vm-policy in *$KVMEM_VM_ONLY*) policy ;; esac
-	echo "KVMEM-VM-DONE $n steps, $fails failed, at $(cut -d' ' -f1 /proc/uptime) s (only $KVMEM_VM_ONLY)"
-	poweroff -f
-fi
 # The page-source suite over the kmod variant (the module is loaded; the
 # other variants run on the build machine), in TAP; its scratch directories
 # (under /tmp) on ext2, where the pager uses O_DIRECT.
@@ -117,12 +113,22 @@ page_source() {
 	[ $rc -lt 128 ] || result fail "test_page_source ended abnormally (exit $rc)"
 	kernel_log_clean test_page_source
 }
-page_source
 # A session over --pager kmod against the same over --pager uring.
-echo "# ---- kvmem-vm-session"
-timeout -s KILL 600 kvmem-vm-session
-[ $? -lt 128 ] || result fail "kvmem-vm-session ended abnormally"
-kernel_log_clean kvmem-vm-session
+session() {
+	echo "# ---- kvmem-vm-session"
+	timeout -s KILL 600 kvmem-vm-session
+	[ $? -lt 128 ] || result fail "kvmem-vm-session ended abnormally"
+	kernel_log_clean kvmem-vm-session
+}
+if [ -n "${KVMEM_VM_ONLY:-}" ]; then
+	case kvmem-vm-source in *$KVMEM_VM_ONLY*) page_source ;; esac
+	case kvmem-vm-session in *$KVMEM_VM_ONLY*) session ;; esac
+	case kvmem-vm-policy in *$KVMEM_VM_ONLY*) policy ;; esac
+	echo "KVMEM-VM-DONE $n steps, $fails failed, at $(cut -d' ' -f1 /proc/uptime) s (only $KVMEM_VM_ONLY)"
+	poweroff -f
+fi
+page_source
+session
 policy
 # The debug kernel's kmemleak (booted with kmemleak=on; the stock kernel
 # has none): objects allocated by kvmem.ko and never freed. Checked while
