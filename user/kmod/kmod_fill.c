@@ -99,9 +99,9 @@ static struct io_uring *ring_get(kvmem_kmod *k)
 
 /*
  * Read the m claimed pages ids[] into the window; res[j] gets each read's
- * result (bytes, or -errno; -ECANCELED when it was never submitted). Under
- * ring_lock. A ring that fails is dropped (closing it waits for its reads),
- * and the next fill makes another.
+ * result (bytes, or -errno; -ECANCELED when it was never submitted,
+ * -EINPROGRESS when it was and the ring failed before it ended). Under
+ * ring_lock.
  */
 static void read_claimed(kvmem_kmod *k, const uint64_t *ids, size_t m, int *res)
 {
@@ -126,9 +126,7 @@ static void read_claimed(kvmem_kmod *k, const uint64_t *ids, size_t m, int *res)
 			sub++;
 		}
 		r = io_uring_submit_and_wait(ring, 1);
-		if (r == -EINTR)
-			continue;
-		if (r < 0)
+		if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
 			break;
 		while (io_uring_peek_cqe(ring, &cqe) == 0) {
 			res[(uintptr_t)io_uring_cqe_get_data(cqe)] = cqe->res;
@@ -137,6 +135,12 @@ static void read_claimed(kvmem_kmod *k, const uint64_t *ids, size_t m, int *res)
 		}
 	}
 	if (done < m) {
+		/* Reads submitted and not reaped may still land: their pages
+		 * stay claimed (until close), never handed back. The ring is
+		 * dropped; the next fill makes another. */
+		for (size_t j = done; j < sub; j++)
+			if (res[j] == -ECANCELED)
+				res[j] = -EINPROGRESS;
 		io_uring_queue_exit(ring);
 		free(ring);
 		k->ring = NULL;
@@ -159,7 +163,7 @@ int kvmem_kmod_fill(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *sta
 {
 	int32_t *claimed, *fst, *own = NULL, *st = status;
 	uint64_t *ids;
-	size_t m = 0, first = n;
+	size_t m = 0, back = 0, first = n;
 	int *res, count = 0, claim_rc;
 
 	if (!n)
@@ -193,17 +197,25 @@ int kvmem_kmod_fill(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *sta
 	pthread_mutex_lock(&k->ring_lock);
 	read_claimed(k, ids, m, res);
 	pthread_mutex_unlock(&k->ring_lock);
-	kvmem_kmod_filled(k, ids, m, 1, fst);
-	for (size_t i = 0, j = 0; i < n; i++) {
+	/* Every claimed page back, but those whose reads may still land. */
+	for (size_t j = 0; j < m; j++)
+		if (res[j] != -EINPROGRESS)
+			ids[back++] = ids[j];
+	kvmem_kmod_filled(k, ids, back, 1, fst);
+	for (size_t i = 0, j = 0, b = 0; i < n; i++) {
 		int32_t s = claimed[i];
 
 		if (s == 1) {
-			if (res[j] < 0)
+			int32_t f = res[j] == -EINPROGRESS ? -EIO : fst[b++];
+
+			if (res[j] == -EINPROGRESS)
+				s = -EIO;
+			else if (res[j] < 0)
 				s = res[j];
 			else if ((uint32_t)res[j] < k->page_bytes)
 				s = -EIO;	/* short: past the end of the file */
-			else if (fst[j] < 0)
-				s = fst[j];
+			else if (f < 0)
+				s = f;
 			j++;
 			count += s == 1;
 		}
