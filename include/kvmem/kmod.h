@@ -148,6 +148,16 @@ int kvmem_kmod_filled(kvmem_kmod *k, const uint64_t *pages, size_t n, int verify
  * file system refuses O_DIRECT, e.g. tmpfs): nothing is done.
  */
 int kvmem_kmod_fill(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status);
+/*
+ * The same, the reads left going while the caller works: claims and
+ * submits, and returns the number claimed (or the error when none was).
+ * kvmem_kmod_fill_wait ends them (and hands the pages back): the number
+ * filled, or the first page's error; so do the next kvmem_kmod_fill,
+ * kvmem_kmod_get (before it hands out any page) and close. Until then a
+ * started page reads as zeros through the window: touch it only after.
+ */
+int kvmem_kmod_fill_start(kvmem_kmod *k, const uint64_t *pages, size_t n);
+int kvmem_kmod_fill_wait(kvmem_kmod *k);
 /* 1 when kvmem_kmod_fill can read into the window here. */
 int kvmem_kmod_direct(const kvmem_kmod *k);
 

@@ -1016,7 +1016,36 @@ TEST(client_fills_with_odirect)
 		ASSERT_TRUE(page_ok(&w, k, ids[i]));
 	ASSERT_EQ(9, vt_stats(k).user_fills);
 	ASSERT_EQ(0, vt_stats(k).fills);
+	/* Started fills: in flight (claimed, not resident) until waited for;
+	 * kvmem_kmod_get waits for them before it hands out a page; close
+	 * ends them too, and nothing is left behind. */
+	for (int i = 0; i < 4; i++)
+		ids[i] = 3 * i + 2;
+	ASSERT_EQ(4, kvmem_kmod_fill_start(k, ids, 4));
+	for (int i = 0; i < 4; i++)
+		ASSERT_FALSE(kvmem_kmod_resident(k, ids[i]));
+	ASSERT_EQ(4, kvmem_kmod_fill_wait(k));
+	ASSERT_EQ(0, kvmem_kmod_fill_wait(k));
+	for (int i = 0; i < 4; i++)
+		ASSERT_TRUE(page_ok(&w, k, ids[i]));
+	for (int i = 0; i < 4; i++)
+		ids[i] = 3 * i + 30;
+	ASSERT_EQ(4, kvmem_kmod_fill_start(k, ids, 4));
+	{
+		const void *data;
+
+		ASSERT_EQ(0, kvmem_kmod_get(k, ids[3], &data));
+		ASSERT_EQ(0, memcmp(data, page_ref(&w, ids[3]), w.page_stride));
+	}
+	for (int i = 0; i < 4; i++)
+		ASSERT_TRUE(kvmem_kmod_resident(k, ids[i]));
+	ASSERT_EQ(17, vt_stats(k).user_fills);
+	ASSERT_EQ(0, vt_stats(k).fills);
+	ids[0] = 50;
+	ASSERT_EQ(1, kvmem_kmod_fill_start(k, ids, 1));
 	kvmem_kmod_close(k);
+	ASSERT_EQ(0, vt_param("pages"));
+	ASSERT_EQ(0, vt_param("workspaces"));
 	vt_ws_close(&w);
 }
 

@@ -257,6 +257,8 @@ int kvmem_kmod_get(kvmem_kmod *k, uint64_t page, const void **out)
 	void *addr;
 
 	*out = NULL;
+	if (k->fd_direct >= 0)
+		kmod_fill_drain(k);	/* no page out while reads still land in the window */
 	if (page >= kvmem_kmod_pages(k))
 		return kvmem_error(EINVAL, "%s: page %llu is past the last page (%llu pages)",
 				   k->dev, (unsigned long long)page,

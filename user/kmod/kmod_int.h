@@ -9,6 +9,14 @@
 
 struct io_uring;
 
+/* Claimed pages and their reads (kmod_fill.c): ids in claim order, each
+ * read's result; [0, sub) submitted, done of them reaped. */
+struct kmod_batch {
+	uint64_t *ids;
+	int *res;
+	size_t n, cap, sub, done;
+};
+
 struct kvmem_kmod {
 	int fd;
 	int fd_lock;		/* the workspace's writer's lock, or -1 */
@@ -27,6 +35,7 @@ struct kvmem_kmod {
 	unsigned char *fill_window;
 	pthread_mutex_t ring_lock;
 	struct io_uring *ring;
+	struct kmod_batch pending;	/* kvmem_kmod_fill_start's, not yet handed back */
 };
 
 /* k owns fd (the workspace's writer's lock) from now on and closes it
@@ -38,5 +47,7 @@ void kmod_keep_lock(kvmem_kmod *k, int fd);
  * and kvmem_kmod_fill then says -ENOTSUP. kmod_fill_close undoes it. */
 void kmod_fill_setup(kvmem_kmod *k, int pages_fd, int rdonly);
 void kmod_fill_close(kvmem_kmod *k);
+/* Before a page of the window is handed out: end the started fills. */
+void kmod_fill_drain(kvmem_kmod *k);
 
 #endif

@@ -15,9 +15,9 @@
  *   get of any other page      the pager source (open blocks from memory,
  *                              staged but uncommitted ones from its pool)
  *   prefetch                   committed pages into the window the same
- *                              way (the O_DIRECT fill waits for its reads;
- *                              the module's PREFETCH does not), others to
- *                              the pager
+ *                              way, the reads going on until the next get
+ *                              (kvmem_kmod_fill_start), or the module's
+ *                              PREFETCH; others to the pager
  *   commit                     then the module's page count follows the
  *                              pager's committed pages, and its step
  *
@@ -209,13 +209,13 @@ static void ks_prefetch(void *ctx, const int64_t *blocks, int n)
 		if (via_module(s, blocks[i], 0))
 			for (uint64_t l = 0; l < s->L; l++)
 				s->list[m++] = (uint64_t)blocks[i] * s->L + l;
-	/* Read into the window with O_DIRECT (waiting), at most half the
-	 * window's slots so that a prefetch does not push out every page
-	 * just got; else the module fills them asynchronously. The pager
-	 * source takes the rest (staged blocks) and ignores what it does
-	 * not hold. */
+	/* Start O_DIRECT reads into the window (they end at the next get,
+	 * which waits for them), at most half the window's slots so that a
+	 * prefetch does not push out every page just got; else the module
+	 * fills them asynchronously. The pager source takes the rest (staged
+	 * blocks) and ignores what it does not hold. */
 	if (m && kvmem_kmod_direct(s->k))
-		kvmem_kmod_fill(s->k, s->list, m < s->fill_max ? m : s->fill_max, NULL);
+		kvmem_kmod_fill_start(s->k, s->list, m < s->fill_max ? m : s->fill_max);
 	else if (m)
 		kvmem_kmod_prefetch(s->k, s->list, m, 0);
 	if (m < (size_t)n * s->L && s->inner.ops->prefetch) {
