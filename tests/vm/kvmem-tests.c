@@ -942,6 +942,7 @@ TEST(client_fills_with_odirect)
 	kvmem_kmod_files f;
 	kvmem_kmod_opts o;
 	kvmem_kmod *k;
+	const void *data;
 	unsigned char c;
 	char path[128];
 	int rfd;
@@ -1031,12 +1032,8 @@ TEST(client_fills_with_odirect)
 	for (int i = 0; i < 4; i++)
 		ids[i] = 3 * i + 30;
 	ASSERT_EQ(4, kvmem_kmod_fill_start(k, ids, 4));
-	{
-		const void *data;
-
-		ASSERT_EQ(0, kvmem_kmod_get(k, ids[3], &data));
-		ASSERT_EQ(0, memcmp(data, page_ref(&w, ids[3]), w.page_stride));
-	}
+	ASSERT_EQ(0, kvmem_kmod_get(k, ids[3], &data));
+	ASSERT_EQ(0, memcmp(data, page_ref(&w, ids[3]), w.page_stride));
 	for (int i = 0; i < 4; i++)
 		ASSERT_TRUE(kvmem_kmod_resident(k, ids[i]));
 	ASSERT_EQ(17, vt_stats(k).user_fills);
