@@ -43,6 +43,7 @@ extern "C" {
 #define KVMEM_SUM_MINMAX		2u	/* per-dimension min and max of raw K */
 #define KVMEM_SUM_SUBBLOCK	4u	/* Mean-K of each quarter block */
 #define KVMEM_NEED_KEYS		8u	/* the raw keys themselves (oracle) */
+#define KVMEM_NEED_TEXT		16u	/* the token ids: kvmem_select_ctx.tokens, text (lexical) */
 #ifndef KVMEM_SUBBLOCKS
 #define KVMEM_SUBBLOCKS		4	/* sub-blocks per block */
 #endif
@@ -113,7 +114,7 @@ typedef struct kvmem_select_ctx {
 typedef struct kvmem_policy_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
-	unsigned needs;		/* KVMEM_SUM_* / KVMEM_NEED_KEYS */
+	unsigned needs;		/* KVMEM_SUM_* / KVMEM_NEED_KEYS / KVMEM_NEED_TEXT */
 	int per_layer;		/* 1: one block set per layer, else one for all */
 	/* Fill scores[per_layer ? n_layers : 1][n_blocks]; higher is kept
 	 * first. Ties go to the later block. Returns 0 or -errno with kvmem_error. */

@@ -608,6 +608,172 @@ static void test_refine_planted(void **state)
 	}
 }
 
+/* ---- lexical -------------------------------------------------------------- */
+/*
+ * BM25 over blocks restated slowly (lexical.h): the query's distinct
+ * unigrams and adjacent ordered pairs of its last LEX_MAX_TEXT (256)
+ * tokens; a pair belongs to the block of its second token; k1 1.2, b 0.75.
+ */
+static void ref_lexical(const int32_t *tok, int64_t N, int B, const int32_t *text, int64_t nt,
+			double *want)
+{
+	int64_t nb = (N + B - 1) / B, m = 0;
+	int64_t (*terms)[2] = malloc(sizeof(*terms) * 2 * (size_t)(nt > 0 ? nt : 1));	/* {a, b}; a -1: unigram b */
+
+	if (nt > 256) {
+		text += nt - 256;
+		nt = 256;
+	}
+	for (int64_t i = 0; i < nt; i++)
+		for (int k = 0; k < 2; k++) {
+			int64_t a = k ? (i ? text[i - 1] : -2) : -1, b = text[i], dup = 0;
+
+			if (a == -2)
+				continue;
+			for (int64_t j = 0; j < m; j++)
+				dup |= terms[j][0] == a && terms[j][1] == b;
+			if (!dup)
+				terms[m][0] = a, terms[m][1] = b, m++;
+		}
+	for (int64_t b = 0; b < nb; b++)
+		want[b] = 0;
+	for (int64_t t = 0; t < m; t++) {
+		double *tf = calloc(nb, sizeof(double)), df = 0, idf;
+
+		for (int64_t p = 0; p < N; p++)
+			if (tok[p] == terms[t][1] && (terms[t][0] == -1 || (p > 0 && tok[p - 1] == terms[t][0])))
+				tf[p / B] += 1;
+		for (int64_t b = 0; b < nb; b++)
+			df += tf[b] > 0;
+		idf = log(1 + (nb - df + 0.5) / (df + 0.5));
+		for (int64_t b = 0; b < nb; b++) {
+			double len = b < nb - 1 ? B : N - (nb - 1) * B;
+
+			want[b] += idf * tf[b] * 2.2 / (tf[b] + 1.2 * (0.25 + 0.75 * len / ((double)N / nb)));
+		}
+		free(tf);
+	}
+	free(terms);
+}
+
+static kvmem_select_ctx lex_ctx(const int32_t *tok, int64_t N, int B, const int32_t *text,
+				int64_t nt, int64_t budget)
+{
+	return (kvmem_select_ctx){ .n_tokens = N, .n_blocks = (N + B - 1) / B, .block = B,
+				   .budget = budget, .tokens = tok, .text = text, .n_text = nt };
+}
+
+/*
+ * lexical without a budget is BM25 itself; with one, each of the top
+ * budget / B matched blocks brings its two neighbours right behind it
+ * (those in the top already too) and nothing else moves. Texts are random, the history's own tokens and
+ * longer than the 256 the query keeps.
+ */
+static void test_lexical_formula(void **state)
+{
+	uint64_t rng = g_seed ^ 0x1e;
+	const kvmem_policy_ops *p = kvmem_policy_find("lexical");
+
+	assert_non_null(p);
+	for (int it = 0; it < 12; it++) {
+		int B = 16 << test_rng_int(&rng, 0, 2), vocab = test_rng_int(&rng, 3, 60);
+		int64_t N = test_rng_int(&rng, 1, 3000), nt = test_rng_int(&rng, 0, it % 4 ? 12 : 400);
+		int64_t nb = (N + B - 1) / B, k, matched = 0;
+		int32_t *tok = malloc(sizeof(int32_t) * N), *text = malloc(sizeof(int32_t) * (nt + 1));
+		double *want = malloc(sizeof(double) * nb);
+		float *got = malloc(sizeof(float) * nb), *exp_ = malloc(sizeof(float) * nb);
+		kvmem_select_ctx c;
+
+		for (int64_t i = 0; i < N; i++)
+			tok[i] = test_rng_int(&rng, 0, vocab - 1);
+		for (int64_t i = 0; i < nt; i++)
+			text[i] = it % 3 == 0 && nt <= N ? tok[N - nt + i] : test_rng_int(&rng, 0, vocab + 5);
+		ref_lexical(tok, N, B, text, nt, want);
+		c = lex_ctx(tok, N, B, text, nt, 0);
+		assert_int_equal(p->score(&c, got), 0);
+		expect_near(got, want, nb, 1e-5);
+		/* With a budget: the expansion of the BM25 order. Budgets up to
+		 * the whole history: where the top k are most blocks, a top
+		 * block's neighbour that is in the top k but low in it is raised
+		 * too (else the raised blocks push it out). */
+		c.budget = B * test_rng_int(&rng, 1, it % 2 ? 8 : (int)nb);
+		assert_int_equal(p->score(&c, exp_), 0);
+		for (int64_t b = 0; b < nb; b++)
+			matched += got[b] > 0;
+		k = c.budget / B < matched ? c.budget / B : matched;
+		for (int64_t b = 0; b < nb; b++) {
+			float want_b = got[b];
+
+			for (int d = -1; d <= 1; d += 2) {
+				int64_t n = b + d, above = 0;
+
+				if (n < 0 || n >= nb)
+					continue;
+				for (int64_t o = 0; o < nb; o++)
+					above += got[o] > got[n] || (got[o] == got[n] && o > n);
+				if (above < k && nextafterf(got[n], -INFINITY) > want_b)
+					want_b = nextafterf(got[n], -INFINITY);
+			}
+			if (exp_[b] != want_b)
+				fail_msg("block %lld of %lld: %.9g, want %.9g (BM25 %.9g, k %lld)",
+					 (long long)b, (long long)nb, exp_[b], want_b, got[b], (long long)k);
+		}
+		free(tok);
+		free(text);
+		free(want);
+		free(got);
+		free(exp_);
+	}
+}
+
+/*
+ * A fact line and a look-alike that holds every word of the question but
+ * one more token inside the file name (`api 2 .conf` against `api .conf`):
+ * the pairs rank the fact's block first; the unigrams alone would not
+ * (the look-alike's block is later and ties go to it). Without token ids
+ * the policy refuses; without a text every block scores 0.
+ */
+static void test_lexical_planted(void **state)
+{
+	enum { B = 32, N = 40 * B, API = 101, TWO = 102, CONF = 103, DB = 104, PORT = 105, EQ = 4,
+	       NL = 6 };
+	const int32_t fact[] = { API, CONF, DB, PORT, EQ, 54, 32, NL };
+	const int32_t look[] = { API, TWO, CONF, DB, PORT, EQ, 77, 12, NL };
+	const int32_t question[] = { 3, API, CONF, DB, PORT, EQ };
+	uint64_t rng = g_seed ^ 0x1f;
+	int32_t tok[N];
+	float sc[N / B];
+	kvmem_select_ctx c;
+	const kvmem_policy_ops *p = kvmem_policy_find("lexical");
+
+	for (int it = 0; it < 8; it++) {
+		int64_t at = test_rng_int(&rng, 1, 15) * B + test_rng_int(&rng, 0, B - 10);
+		int64_t lk = test_rng_int(&rng, 20, 38) * B + test_rng_int(&rng, 0, B - 10);
+		int64_t best = 0;
+
+		for (int i = 0; i < N; i++)
+			tok[i] = test_rng_int(&rng, 7, 100);	/* filler: no term of the question but = */
+		for (int i = 0; i < N; i += test_rng_int(&rng, 5, 12))
+			tok[i] = EQ;
+		memcpy(tok + at, fact, sizeof(fact));
+		memcpy(tok + lk, look, sizeof(look));
+		c = lex_ctx(tok, N, B, question, 6, 0);
+		assert_int_equal(p->score(&c, sc), 0);
+		for (int64_t b = 1; b < N / B; b++)
+			best = sc[b] >= sc[best] ? b : best;
+		/* The fact's block: the one holding `.conf db` (the pair across
+		 * a boundary counts where its second token is). */
+		assert_int_equal(best, (at + 2) / B);
+	}
+	c.tokens = NULL;
+	assert_int_equal(p->score(&c, sc), -EINVAL);
+	assert_non_null(strstr(kvmem_last_error(), "token ids"));
+	c = lex_ctx(tok, N, B, question, 0, 4 * B);
+	assert_int_equal(p->score(&c, sc), 0);
+	for (int b = 0; b < N / B; b++)
+		assert_true(sc[b] == 0);
+}
+
 /* Policies whose summaries are missing say so instead of reading garbage. */
 static void test_missing_summaries(void **state)
 {
@@ -688,6 +854,8 @@ int main(void)
 		cmocka_unit_test(test_oracle),
 		cmocka_unit_test(test_refine),
 		cmocka_unit_test(test_refine_planted),
+		cmocka_unit_test(test_lexical_formula),
+		cmocka_unit_test(test_lexical_planted),
 		cmocka_unit_test(test_missing_summaries),
 		cmocka_unit_test(test_thread_independent),
 	};

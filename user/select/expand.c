@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * Neighbour expansion (score.h: ws_expand_neighbours) of any ranking
- * (neighbour expands refine's): each of the top k blocks has the block
+ * (neighbour expands refine's, lexical BM25's): each of the top k blocks has the block
  * before it and the block after it ranked right behind it, so a line that
  * a block boundary cuts comes whole. After SnapKV's pooling (Li et al.
  * 2024), at block grain.
@@ -13,7 +13,7 @@
 #include "kvmem/kvmem.h"
 #include "select/score.h"
 
-int ws_expand_neighbours(float *scores, int64_t nb, int64_t k)
+int ws_expand_neighbours(float *scores, int64_t nb, int64_t k, int raise_top)
 {
 	int64_t *top;
 	float *raised;
@@ -39,9 +39,9 @@ int ws_expand_neighbours(float *scores, int64_t nb, int64_t k)
 		int64_t b = top[i];
 		float below = nextafterf(scores[b], -INFINITY);
 
-		if (b > 0 && !in[b - 1] && raised[b - 1] < below)
+		if (b > 0 && (raise_top || !in[b - 1]) && raised[b - 1] < below)
 			raised[b - 1] = below;
-		if (b + 1 < nb && !in[b + 1] && raised[b + 1] < below)
+		if (b + 1 < nb && (raise_top || !in[b + 1]) && raised[b + 1] < below)
 			raised[b + 1] = below;
 	}
 	for (int64_t b = 0; b < nb; b++)

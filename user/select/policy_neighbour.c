@@ -35,7 +35,7 @@ static int neighbour_score(const kvmem_select_ctx *c, float *scores)
 
 	if ((rc = kvmem_policy_refine.score(c, scores)) || !k)
 		return rc;
-	if (ws_expand_neighbours(scores, c->n_blocks, k))
+	if (ws_expand_neighbours(scores, c->n_blocks, k, 0))
 		return kvmem_error_prefix("neighbour");
 	return 0;
 }
