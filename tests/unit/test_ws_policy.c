@@ -656,6 +656,36 @@ static void ref_lexical(const int32_t *tok, int64_t N, int B, const int32_t *tex
 	free(terms);
 }
 
+/*
+ * The superseded blocks, slowly: the longest suffix of the text's last 256
+ * tokens that ends somewhere before `end` (the text's own place when it is
+ * in the history), and when it is 3 tokens or more, the blocks of its
+ * occurrences but the newest one's. Scales want[] by 0.1 there.
+ */
+static void ref_supersede(const int32_t *tok, int64_t end, int B, const int32_t *text, int64_t nt,
+			  double *want)
+{
+	int64_t best = 0, newest = -1;
+
+	if (nt > 256) {
+		text += nt - 256;
+		nt = 256;
+	}
+	for (int64_t len = 1; len <= nt; len++)
+		for (int64_t p = len - 1; p < end; p++)
+			if (!memcmp(tok + p - len + 1, text + nt - len, sizeof(int32_t) * len))
+				best = len, newest = p;
+	if (best < 3)
+		return;
+	for (int64_t b = 0; b <= (end - 1) / B; b++)
+		for (int64_t p = b * B; p < (b + 1) * B && p < newest; p++)
+			if (p >= best - 1 && b != newest / B &&
+			    !memcmp(tok + p - best + 1, text + nt - best, sizeof(int32_t) * best)) {
+				want[b] *= 0.1;
+				break;
+			}
+}
+
 static kvmem_select_ctx lex_ctx(const int32_t *tok, int64_t N, int B, const int32_t *text,
 				int64_t nt, int64_t budget)
 {
@@ -689,9 +719,24 @@ static void test_lexical_formula(void **state)
 		for (int64_t i = 0; i < nt; i++)
 			text[i] = it % 3 == 0 && nt <= N ? tok[N - nt + i] : test_rng_int(&rng, 0, vocab + 5);
 		ref_lexical(tok, N, B, text, nt, want);
+		ref_supersede(tok, N, B, text, nt, want);
 		c = lex_ctx(tok, N, B, text, nt, 0);
 		assert_int_equal(p->score(&c, got), 0);
 		expect_near(got, want, nb, 1e-5);
+		if (it % 3 == 0 && nt <= N && nt > 0) {
+			/* The text is the history's tail, as after an append: its
+			 * own place does not count as an occurrence. */
+			int64_t qpos = N - 1;
+
+			ref_lexical(tok, N, B, text, nt, want);
+			ref_supersede(tok, N - (nt < 256 ? nt : 256), B, text, nt, want);
+			c.n_q = 1;
+			c.q_pos = &qpos;
+			assert_int_equal(p->score(&c, exp_), 0);
+			expect_near(exp_, want, nb, 1e-5);
+			c.n_q = 0;
+			c.q_pos = NULL;
+		}
 		/* With a budget: the expansion of the BM25 order. Budgets up to
 		 * the whole history: where the top k are most blocks, a top
 		 * block's neighbour that is in the top k but low in it is raised
@@ -727,11 +772,13 @@ static void test_lexical_formula(void **state)
 }
 
 /*
- * A fact line and a look-alike that holds every word of the question but
- * one more token inside the file name (`api 2 .conf` against `api .conf`):
- * the pairs rank the fact's block first; the unigrams alone would not
- * (the look-alike's block is later and ties go to it). Without token ids
- * the policy refuses; without a text every block scores 0.
+ * A fact line, a look-alike that holds every word of the question but one
+ * more token inside the file name (`api 2 .conf` against `api .conf`) and,
+ * every other time, an older value of the same key: the pairs rank the
+ * fact's block above the look-alike's (unigrams alone do not: it holds
+ * every one of them), and the fact, the newest occurrence of the
+ * question's ending, supersedes the older value. Without token ids the
+ * policy refuses; without a text every block scores 0.
  */
 static void test_lexical_planted(void **state)
 {
@@ -739,6 +786,7 @@ static void test_lexical_planted(void **state)
 	       NL = 6 };
 	const int32_t fact[] = { API, CONF, DB, PORT, EQ, 54, 32, NL };
 	const int32_t look[] = { API, TWO, CONF, DB, PORT, EQ, 77, 12, NL };
+	const int32_t stale[] = { API, CONF, DB, PORT, EQ, 11, 22, NL };
 	const int32_t question[] = { 3, API, CONF, DB, PORT, EQ };
 	uint64_t rng = g_seed ^ 0x1f;
 	int32_t tok[N];
@@ -747,7 +795,8 @@ static void test_lexical_planted(void **state)
 	const kvmem_policy_ops *p = kvmem_policy_find("lexical");
 
 	for (int it = 0; it < 8; it++) {
-		int64_t at = test_rng_int(&rng, 1, 15) * B + test_rng_int(&rng, 0, B - 10);
+		int64_t at = test_rng_int(&rng, 8, 15) * B + test_rng_int(&rng, 0, B - 10);
+		int64_t st = test_rng_int(&rng, 1, 6) * B + test_rng_int(&rng, 0, B - 10);
 		int64_t lk = test_rng_int(&rng, 20, 38) * B + test_rng_int(&rng, 0, B - 10);
 		int64_t best = 0;
 
@@ -757,13 +806,30 @@ static void test_lexical_planted(void **state)
 			tok[i] = EQ;
 		memcpy(tok + at, fact, sizeof(fact));
 		memcpy(tok + lk, look, sizeof(look));
+		if (it % 2)
+			memcpy(tok + st, stale, sizeof(stale));
 		c = lex_ctx(tok, N, B, question, 6, 0);
 		assert_int_equal(p->score(&c, sc), 0);
 		for (int64_t b = 1; b < N / B; b++)
 			best = sc[b] >= sc[best] ? b : best;
-		/* The fact's block: the one holding `.conf db` (the pair across
-		 * a boundary counts where its second token is). */
-		assert_int_equal(best, (at + 2) / B);
+		/* The fact's block (the pairs: the look-alike holds every
+		 * token); the older value of the same key, as strong a match,
+		 * is superseded: a tenth. */
+		assert_int_equal(best, at / B);
+		if (it % 2)
+			assert_true(sc[st / B] < 0.2f * sc[at / B]);
+		/* The same after appending the question (a plain selection):
+		 * its own place at the end is not the newest occurrence. */
+		{
+			int64_t qpos = N - 1;
+
+			memcpy(tok + N - 6, question, sizeof(question));
+			c = lex_ctx(tok, N, B, tok + N - 6, 6, 0);
+			c.n_q = 1;
+			c.q_pos = &qpos;
+			assert_int_equal(p->score(&c, sc), 0);
+			assert_true(sc[at / B] > sc[st / B] && sc[at / B] > sc[lk / B]);
+		}
 	}
 	c.tokens = NULL;
 	assert_int_equal(p->score(&c, sc), -EINVAL);

@@ -175,3 +175,54 @@ out:
 	free(idf);
 	return rc;
 }
+
+/* Where the text lies in the history: the first position of its last nt
+ * tokens when the query positions are history (a selection after
+ * appending), else n_tokens (a select-ahead: the text is still to come). */
+static int64_t text_start(const kvmem_select_ctx *c, int64_t nt)
+{
+	if (c->n_q > 0 && c->q_pos && c->q_pos[c->n_q - 1] < c->n_tokens &&
+	    c->q_pos[c->n_q - 1] - nt + 1 >= 0)
+		return c->q_pos[c->n_q - 1] - nt + 1;
+	return c->n_tokens;
+}
+
+int64_t ws_lexical_superseded(const kvmem_select_ctx *c, uint8_t *old)
+{
+	const int64_t nb = c->n_blocks, B = c->block;
+	const int64_t nt = c->n_text < LEX_MAX_TEXT ? c->n_text : LEX_MAX_TEXT;
+	const int32_t *text = c->text ? c->text + (c->n_text - nt) : NULL;
+	int64_t end, best = 0, newest = -1;
+
+	for (int64_t b = 0; b < nb; b++)
+		old[b] = 0;
+	if (!c->tokens && nb)
+		return kvmem_error(EINVAL, "lexical: the selection has no token ids (the caller "
+				   "left kvmem_select_ctx.tokens NULL)");
+	if (!nb || !text || nt <= 0)
+		return 0;
+	end = text_start(c, nt);
+	/* m(p): how much of the text's ending ends at p; the longest, and the
+	 * newest place it ends. */
+	for (int64_t p = 0; p < end; p++) {
+		int64_t m = 0;
+
+		while (m < nt && m <= p && c->tokens[p - m] == text[nt - 1 - m])
+			m++;
+		if (m >= best && m > 0) {
+			best = m;
+			newest = p;
+		}
+	}
+	if (best < LEX_MIN_ENDING)
+		return 0;
+	for (int64_t p = 0; p < newest; p++) {
+		int64_t m = 0;
+
+		while (m < best && m <= p && c->tokens[p - m] == text[nt - 1 - m])
+			m++;
+		if (m == best && p / B != newest / B)
+			old[p / B] = 1;
+	}
+	return best;
+}

@@ -39,4 +39,18 @@
  */
 int ws_lexical(const kvmem_select_ctx *c, double *score);
 
+/*
+ * The newest occurrence supersedes the older ones. The query's ending is
+ * the longest suffix of the text (its last LEX_MAX_TEXT tokens) that
+ * occurs in the history, not counting the text's own place there (a
+ * selection after appending has its query tokens in the history; a
+ * select-ahead has not). When it is LEX_MIN_ENDING tokens or longer,
+ * old[b] = 1 for every block b holding an occurrence of it other than
+ * the newest one's block (an earlier `api.conf db.port = 1234` under the
+ * question `? api.conf db.port =`), else 0. old[n_blocks]; the length of
+ * the ending (0: none), or -EINVAL / -ENOMEM with kvmem_error.
+ */
+#define LEX_MIN_ENDING 3
+int64_t ws_lexical_superseded(const kvmem_select_ctx *c, uint8_t *old);
+
 #endif

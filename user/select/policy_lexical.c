@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * lexical: the blocks whose tokens match the step's query text, by BM25
- * over unigram and bigram terms (lexical.h), each of the best bringing its
- * two neighbours.
+ * over unigram and bigram terms (lexical.h), older occurrences of the
+ * question's ending ranked down, each of the best bringing its two
+ * neighbours.
  *
  * A workspace keeps its token ids beside its pages, and an agent's
  * question usually repeats the words of the fact it asks about (in
@@ -24,6 +25,16 @@
  * matches score 0 and the planner's tie rule fills the rest of the budget
  * with the newest of them.
  *
+ * The newest occurrence supersedes the older ones (ws_lexical_superseded):
+ * when the question's ending (`api.conf db.port =`, three tokens or more)
+ * occurs several times in the history, the blocks of all but the newest
+ * occurrence score a tenth of their BM25. An agent's workspace re-reads
+ * files and re-sets values: the newest printing is the state (in
+ * agentlang by construction), and the older ones in view are what the
+ * model then answers with instead (recall.md: 86.7% -> 95.8% at 16x).
+ * Where older occurrences matter as much (a log of independent events
+ * that share a phrase), this rule ranks them lower.
+ *
  * Measured against hybrids (recall.md, 2026-12-02): a lexical shortlist
  * re-ranked by exact key scores (refine's second stage), reciprocal rank
  * fusion with refine, and lexical places then refine's order all brought
@@ -41,23 +52,35 @@
 #include "select/lexical.h"
 #include "select/score.h"
 
+/* A superseded block's BM25 is scaled by this: it ranks below the blocks
+ * that match about as well without being superseded, above those that
+ * barely match, and comes in when the budget has room. */
+#define SUPERSEDED 0.1
+
 static int lexical_score(const kvmem_select_ctx *c, float *scores)
 {
 	const int64_t nb = c->n_blocks;
 	int64_t k = c->budget > 0 ? (c->budget + c->block - 1) / c->block : 0, matched = 0;
 	double *bm = malloc(sizeof(*bm) * (size_t)(nb ? nb : 1));
-	int rc;
+	uint8_t *old = malloc((size_t)(nb ? nb : 1));
+	int64_t rc;
 
-	if (!bm)
+	if (!bm || !old) {
+		free(bm);
+		free(old);
 		return kvmem_error(ENOMEM, "lexical: out of memory for %lld blocks", (long long)nb);
+	}
 	rc = ws_lexical(c, bm);
-	for (int64_t b = 0; !rc && b < nb; b++) {
-		scores[b] = (float)bm[b];
+	if (!rc)
+		rc = ws_lexical_superseded(c, old);
+	for (int64_t b = 0; rc >= 0 && b < nb; b++) {
+		scores[b] = (float)(old[b] ? SUPERSEDED * bm[b] : bm[b]);
 		matched += bm[b] > 0;
 	}
 	free(bm);
-	if (rc)
-		return rc;
+	free(old);
+	if (rc < 0)
+		return (int)rc;
 	/* Only matched blocks bring neighbours: the rest are the newest
 	 * blocks by the tie rule, whole already. */
 	k = k < matched ? k : matched;
