@@ -165,17 +165,22 @@ int kvmem_view_scatter_bf16(uint16_t *view_k, uint16_t *view_v, const uint16_t *
  * at k[t * head_dim + h * head_stride + d] (a page [n_kv_heads][B][head_dim]
  * has head_stride = B * head_dim; k points at its token u0). When copy_k is
  * set the raw K (and V to copy_v) also goes there as bf16, at the same
- * offsets: how a device page pool is filled on the way. Items outside the
- * view are skipped (the twin returns -EINVAL after the others).
+ * offsets: how a device page pool is filled on the way; with raw_k set the
+ * raw K goes there too (raw_stride apart per head). Items outside the view
+ * are skipped (the twin returns -EINVAL after the others).
  */
 typedef struct kvmem_gather_item {
 	const void *k, *v;	/* token 0, head 0 of the item's K and V */
 	uint16_t *copy_k;	/* NULL, or a bf16 page to copy the raw K into */
 	uint16_t *copy_v;
+	/* NULL, or where the raw K (bf16) also goes with its own head
+	 * stride: the raw K a view keeps beside its slots (element (t, h, d)
+	 * at raw_k[t * head_dim + h * raw_stride + d]). */
+	uint16_t *raw_k;
 	int32_t layer, slot, n;	/* view layer, first slot, tokens */
 	int32_t head_stride;	/* elements between KV heads */
 	int32_t dtype;		/* enum kvmem_dtype of k and v */
-	int32_t reserved;	/* 0 */
+	int32_t raw_stride;	/* elements between KV heads of raw_k */
 } kvmem_gather_item;
 
 int kvmem_view_gather_bf16(uint16_t *view_k, uint16_t *view_v, const kvmem_gather_item *items,

@@ -113,6 +113,13 @@ int kvmem_cuda_view_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *
 				 const uint16_t *stage_k, const uint16_t *stage_v,
 				 const kvmem_scatter_item *items, int n_items, int n_layers,
 				 int n_kv_heads, int head_dim, int cap, double theta);
+/* The same, the raw K also copied to raw_view (the view's layout, not
+ * rotated; NULL: not kept): the raw K a view keeps beside its slots. */
+int kvmem_cuda_view_scatter_raw_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
+				     uint16_t *raw_view, const uint16_t *stage_k,
+				     const uint16_t *stage_v, const kvmem_scatter_item *items,
+				     int n_items, int n_layers, int n_kv_heads, int head_dim, int cap,
+				     double theta);
 /* items: device array of n_items kvmem_gather_item whose k / v (and copy_k /
  * copy_v) the device can address: device memory, or pinned host memory
  * (cudaMallocHost, or cudaHostRegister'd and mapped). -ENOTSUP when one
@@ -202,13 +209,15 @@ int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const flo
  * these rows, token t at slot + t; the strides are the rows', as the
  * forward pass's item says), and reads the angles of pos from ang when set
  * (kvmem_cuda_rope_angles of the same pos; NULL: it works them out).
+ * raw_view (NULL: none) gets the normalised K unrotated at the same slots:
+ * the raw K a view keeps beside them (kvmem_cuda_view_scatter_raw_bf16).
  */
 int kvmem_cuda_qk_norm_rope_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld,
 					 const uint16_t *q_norm, const uint16_t *k_norm, int n,
 					 int n_heads, int n_kv_heads, int head_dim, float eps,
 					 const int32_t *pos, double theta, uint16_t *q_out,
 					 uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out,
-					 uint16_t *view_k, uint16_t *view_v,
+					 uint16_t *view_k, uint16_t *view_v, uint16_t *raw_view,
 					 const kvmem_scatter_item *item, int n_layers, int cap,
 					 const double *ang);
 /* token: one int32 on the device; rng: the uint64 RNG state on the device

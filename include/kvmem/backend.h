@@ -75,6 +75,9 @@ typedef struct kvmem_place_stats {
 	uint64_t pool_hits, pool_misses;	/* items served by the device page pool */
 	uint64_t pool_pages, pool_cap;	/* pages in the pool now / its slots */
 	uint64_t ns;			/* wall time inside place() */
+	/* Tokens moved inside a view (re-rotated on the device from the raw
+	 * K it keeps beside the view: no page read) and the time it took. */
+	uint64_t moved_tokens, move_ns;
 } kvmem_place_stats;
 
 typedef struct kvmem_backend kvmem_backend;

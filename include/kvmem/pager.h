@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The tiered store: pages of KV history in a host pool and in a workspace
- * directory on NVMe, moved through io_uring. See Documentation/pager.md for
- * the tiers, replacement policies, staging, the crash rule, counters and
- * probes, and Documentation/formats.md ("Workspace directory") for the files.
+ * directory on NVMe, moved through io_uring, or in a Ceph pool (a `dir` of
+ * rados://POOL/NAME). See Documentation/pager.md for the tiers, replacement
+ * policies, staging, stores, the crash rule, counters and probes, and
+ * Documentation/formats.md ("Workspace directory", "Workspace in RADOS").
  *
  * A page is the KV of one block in one layer: raw K [H_kv][B][D] followed by
  * V [H_kv][B][D], in the workspace's dtype. The pager never looks inside a
@@ -224,9 +225,10 @@ const struct kvmem_pte *kvmem_pager_pte(const kvmem_pager *p, uint64_t page);
 void kvmem_pager_region(const kvmem_pager *p, void **base, size_t *len);
 /* 1 when the pages file uses O_DIRECT. */
 int kvmem_pager_direct(const kvmem_pager *p);
-/* 1 when the host pool and stage-out buffer are registered with io_uring
- * as fixed buffers (0: io_uring refused, e.g. RLIMIT_MEMLOCK; plain
- * reads and writes are used, with one warning). */
+/* 1 when the host pool and stage-out buffer go to io_uring as fixed
+ * buffers, each 64 MiB piece registered when an I/O first uses it (0:
+ * io_uring refused, e.g. RLIMIT_MEMLOCK; plain reads and writes are used,
+ * with one warning; a piece refused later is said once too). */
 int kvmem_pager_registered(const kvmem_pager *p);
 
 /* The session's page source over a pager, and a session's history kept in

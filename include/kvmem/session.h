@@ -242,7 +242,7 @@ typedef struct kvmem_session_stats {
 	int64_t forwards;	/* forward passes */
 	int64_t selections;	/* plans made */
 	int64_t forced;		/* of which: the tail was full mid-append/decode */
-	int64_t rebuilt_tokens;	/* tokens re-rotated from raw K */
+	int64_t rebuilt_tokens;	/* tokens re-rotated from raw K (moved_tokens included) */
 	int64_t kept_tokens;	/* tokens left in place (same slot, same block) */
 	int64_t device_scored;	/* selections scored on the backend's device */
 	uint64_t index_device_bytes;	/* the backend's copy of the index now */
@@ -253,6 +253,18 @@ typedef struct kvmem_session_stats {
 	 * for the jobs it takes); and the rest of the session's own work
 	 * (the hand-off, commits). A decode step's budget is all three. */
 	int64_t forward_ns, store_ns, own_ns;
+	/* Rematerialisation's traffic (not saved with the state either):
+	 * tokens that stayed in the view but changed slots, moved on the
+	 * backend from the raw K it keeps beside the view (no page read; the
+	 * rest of rebuilt_tokens came from pages), and the pages got from the
+	 * page source to place tokens (a page the backend holds itself, in a
+	 * GPU's page pool, is not got). */
+	int64_t moved_tokens;
+	int64_t source_pages;
+	/* The writer thread (not saved either): time it spent putting rows
+	 * away, and time the session waited for it (the next forward was
+	 * done first: the rows are what bounds the pace). */
+	int64_t writer_ns, writer_wait_ns;
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;

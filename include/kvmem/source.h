@@ -79,6 +79,15 @@ typedef struct kvmem_page_source_ops {
 	 * (opaque bytes stored with the commit: the session's state), made
 	 * durable together. Sources over a store (the pager, the module). */
 	int (*commit)(void *ctx, const int32_t *ids, int64_t n, const void *app, uint32_t app_len);
+	/* Optional: tokens p0..p0+n-1 of every layer in one call, as typed
+	 * rows: k and v [n_layers][n][n_kv_heads][head_dim] in dtype
+	 * (KVMEM_DTYPE_F32, or KVMEM_DTYPE_BF16: a GPU's rows, never widened),
+	 * host memory. The rules of write hold for each layer. A source that
+	 * has it takes a forward pass's rows whole (and may spread the copies
+	 * over threads); -ENOTSUP for a dtype it does not take, with nothing
+	 * written: the caller then writes fp32 through write. */
+	int (*write_rows)(void *ctx, int64_t p0, int n, const void *k, const void *v,
+			  uint32_t dtype);
 } kvmem_page_source_ops;
 
 typedef struct kvmem_page_source {

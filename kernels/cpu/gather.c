@@ -82,6 +82,9 @@ int kvmem_view_gather_bf16(uint16_t *view_k, uint16_t *view_v, const kvmem_gathe
 					memcpy(m->copy_k + src, sk + dst, row * 2);
 				if (m->copy_v)
 					memcpy(m->copy_v + src, sv + dst, row * 2);
+				if (m->raw_k)
+					memcpy(m->raw_k + (size_t)t * row + (size_t)h * m->raw_stride,
+					       sk + dst, row * 2);
 			}
 		si = (kvmem_scatter_item){ .layer = m->layer, .slot = m->slot, .n = m->n,
 					   .tok_stride = n_kv_heads * head_dim, .src = 0,

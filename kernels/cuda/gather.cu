@@ -108,6 +108,7 @@ gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_
 			 m.head_stride % 8 == 0;
 	const bool vout = W == 8 && (!m.copy_k || aligned16(m.copy_k)) &&
 			  (!m.copy_v || aligned16(m.copy_v)) && m.head_stride % 8 == 0;
+	const bool vraw = W == 8 && aligned16(m.raw_k) && m.raw_stride % 8 == 0;
 	const bool is_k = e < TK;
 	const int h = is_k ? e / gk : (e - TK) / gv;
 	const int i0 = (is_k ? e % gk : (e - TK) % gv) * W;
@@ -149,6 +150,12 @@ gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_
 			if (m.copy_k) {
 				store_w(m.copy_k + off, a, W, vout);
 				store_w(m.copy_k + off + half, b, W, vout);
+			}
+			if (m.raw_k) {
+				const size_t r = (size_t)t * hd + (size_t)h * m.raw_stride + i0;
+
+				store_w(m.raw_k + r, a, W, vraw);
+				store_w(m.raw_k + r + half, b, W, vraw);
 			}
 		} else {
 			store_w(vv + d, a, W, W == 8);

@@ -21,10 +21,11 @@
  * With vk set (kvmem_cuda_qk_norm_rope_scatter_bf16, "fuse" on) the k
  * warps also rotate their normalised head into the view at the item's slot
  * + t and the v warps copy theirs, as scatter_kernel (rope.cu) would from
- * this row: one kernel fewer a layer. In a prefill chunk that kernel was
- * the dearest after the GEMMs (1.76 ms a layer at 4096 tokens under ncu,
- * 16 blocks for the whole chunk); here the scatter rides on the q/k
- * kernel's grid and reuses its angles.
+ * this row: one kernel fewer a layer (with rk set the normalised K also
+ * goes there unrotated: the raw K a view keeps beside its slots). In a
+ * prefill chunk that kernel was the dearest after the GEMMs (1.76 ms a
+ * layer at 4096 tokens under ncu, 16 blocks for the whole chunk); here the
+ * scatter rides on the q/k kernel's grid and reuses its angles.
  *
  * The angles: each block worked out its token's (double pow and sincos on
  * 64 threads while the others waited): 153 us of a 4096-token chunk's
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(32 * QKN_WARPS)
 qk_norm_rope_kernel(uint16_t *qkv, int ld, const uint16_t *qw, const uint16_t *kw, int n_heads,
 		    int n_kv, int hd_arg, float eps, const int32_t *pos, double theta,
 		    uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out, uint16_t *vk,
-		    uint16_t *vv, const kvmem_scatter_item *item, int n_layers, int cap,
+		    uint16_t *vv, uint16_t *rk, const kvmem_scatter_item *item, int n_layers, int cap,
 		    const double2 *ang, bool vec_arg)
 {
 	__shared__ double cs[HD ? HD / 2 : ROPE_HALF_MAX], sn[HD ? HD / 2 : ROPE_HALF_MAX];
@@ -152,6 +153,9 @@ qk_norm_rope_kernel(uint16_t *qkv, int ld, const uint16_t *qw, const uint16_t *k
 			qkn_copy<HD>(k_raw + ((size_t)t * n_kv + h - n_heads) * hd, in, hd, lane, vec);
 		if (!put)
 			return;
+		if (rk)		/* the raw K the view keeps beside the slot */
+			qkn_copy<HD>(rk + (((size_t)m.layer * n_kv + (h - n_heads)) * cap + slot) * hd,
+				     in, hd, lane, vec);
 		const bool at_pos = slot == pos[t];
 
 #pragma unroll
@@ -195,8 +199,8 @@ static void qk_norm_rope_launch(cudaStream_t st, int n, int heads, uint16_t *qkv
 				const uint16_t *qw, const uint16_t *kw, int n_heads, int n_kv, int hd,
 				float eps, const int32_t *pos, double theta, uint16_t *q_out,
 				uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out, uint16_t *vk,
-				uint16_t *vv, const kvmem_scatter_item *item, int n_layers, int cap,
-				const double2 *ang, bool vec)
+				uint16_t *vv, uint16_t *rk, const kvmem_scatter_item *item, int n_layers,
+				int cap, const double2 *ang, bool vec)
 {
 	const dim3 grid(n, (heads + QKN_WARPS - 1) / QKN_WARPS);
 	const size_t smem = (size_t)QKN_WARPS * 2 * hd * sizeof(uint16_t);
@@ -204,11 +208,11 @@ static void qk_norm_rope_launch(cudaStream_t st, int n, int heads, uint16_t *qkv
 	if (hd == 128 && vec)
 		qk_norm_rope_kernel<128, true><<<grid, 32 * QKN_WARPS, smem, st>>>(
 			qkv, ld, qw, kw, n_heads, n_kv, hd, eps, pos, theta, q_out, q_raw, k_raw, v_out,
-			vk, vv, item, n_layers, cap, ang, vec);
+			vk, vv, rk, item, n_layers, cap, ang, vec);
 	else
 		qk_norm_rope_kernel<0, false><<<grid, 32 * QKN_WARPS, smem, st>>>(
 			qkv, ld, qw, kw, n_heads, n_kv, hd, eps, pos, theta, q_out, q_raw, k_raw, v_out,
-			vk, vv, item, n_layers, cap, ang, vec);
+			vk, vv, rk, item, n_layers, cap, ang, vec);
 }
 
 extern "C" int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld,
@@ -228,8 +232,8 @@ extern "C" int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, in
 	const void *p[] = { qkv, q_out, q_raw, k_raw, v_out };
 
 	qk_norm_rope_launch(c->stream, n, heads, qkv, ld, q_norm, k_norm, n_heads, n_kv_heads,
-			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, NULL, NULL, NULL, 0,
-			    0, NULL, qkn_vec(ld, head_dim, p, 5));
+			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, NULL, NULL, NULL, NULL,
+			    0, 0, NULL, qkn_vec(ld, head_dim, p, 5));
 	return kvmem_cuda_launched("q/k norm + rope");
 }
 
@@ -237,8 +241,8 @@ extern "C" int kvmem_cuda_qk_norm_rope_scatter_bf16(
 	kvmem_cuda_ctx *c, uint16_t *qkv, int ld, const uint16_t *q_norm, const uint16_t *k_norm,
 	int n, int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos,
 	double theta, uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out,
-	uint16_t *view_k, uint16_t *view_v, const kvmem_scatter_item *item, int n_layers, int cap,
-	const double *ang)
+	uint16_t *view_k, uint16_t *view_v, uint16_t *raw_view, const kvmem_scatter_item *item,
+	int n_layers, int cap, const double *ang)
 {
 	const int heads = n_heads + 2 * n_kv_heads;
 	int rc;
@@ -248,9 +252,11 @@ extern "C" int kvmem_cuda_qk_norm_rope_scatter_bf16(
 						       n_kv_heads, head_dim, eps, pos, theta, q_out,
 						       q_raw, k_raw, v_out)))
 			return rc;
-		return kvmem_cuda_view_scatter_bf16(c, view_k, view_v, qkv + (size_t)n_heads * head_dim,
-						    qkv + (size_t)(n_heads + n_kv_heads) * head_dim,
-						    item, 1, n_layers, n_kv_heads, head_dim, cap, theta);
+		return kvmem_cuda_view_scatter_raw_bf16(c, view_k, view_v, raw_view,
+							qkv + (size_t)n_heads * head_dim,
+							qkv + (size_t)(n_heads + n_kv_heads) * head_dim,
+							item, 1, n_layers, n_kv_heads, head_dim, cap,
+							theta);
 	}
 	if (n < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
 	    head_dim > 2 * ROPE_HALF_MAX || ld < heads * head_dim || n_layers <= 0 || cap < 0)
@@ -259,10 +265,11 @@ extern "C" int kvmem_cuda_qk_norm_rope_scatter_bf16(
 				   ld, n_layers, cap);
 	if (!n)
 		return 0;
-	const void *p[] = { qkv, q_out, q_raw, k_raw, v_out, view_k, view_v };
+	const void *p[] = { qkv, q_out, q_raw, k_raw, v_out, view_k, view_v, raw_view };
 
 	qk_norm_rope_launch(c->stream, n, heads, qkv, ld, q_norm, k_norm, n_heads, n_kv_heads,
-			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, view_k, view_v, item,
-			    n_layers, cap, (const double2 *)ang, qkn_vec(ld, head_dim, p, 7));
+			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, view_k, view_v,
+			    raw_view, item, n_layers, cap, (const double2 *)ang,
+			    qkn_vec(ld, head_dim, p, 8));
 	return kvmem_cuda_launched("q/k norm + rope + scatter");
 }

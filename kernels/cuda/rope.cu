@@ -82,9 +82,9 @@ extern "C" int kvmem_cuda_rope_angles(kvmem_cuda_ctx *c, double *ang, const int3
 #define SCATTER_FEW 64		/* at most this many items: SCATTER_Y_FEW blocks each */
 #define SCATTER_Y_FEW 256
 
-__global__ void scatter_kernel(uint16_t *vk, uint16_t *vv, const uint16_t *sk, const uint16_t *sv,
-			       const kvmem_scatter_item *items, int n_layers, int n_kv, int hd,
-			       int cap, double theta)
+__global__ void scatter_kernel(uint16_t *vk, uint16_t *vv, uint16_t *rk, const uint16_t *sk,
+			       const uint16_t *sv, const kvmem_scatter_item *items, int n_layers,
+			       int n_kv, int hd, int cap, double theta)
 {
 	__shared__ double cs[ROPE_HALF_MAX], sn[ROPE_HALF_MAX];
 	const kvmem_scatter_item m = items[blockIdx.x];
@@ -104,6 +104,10 @@ __global__ void scatter_kernel(uint16_t *vk, uint16_t *vv, const uint16_t *sk, c
 			rope_pair(vk + d, sk + s, i, half, cs[i], sn[i]);
 			vv[d + i] = sv[s + i];
 			vv[d + i + half] = sv[s + i + half];
+			if (rk) {	/* the raw K the view keeps beside the slot */
+				rk[d + i] = sk[s + i];
+				rk[d + i + half] = sk[s + i + half];
+			}
 		}
 	}
 }
@@ -114,6 +118,17 @@ extern "C" int kvmem_cuda_view_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *view_k,
 					    int n_layers, int n_kv_heads, int head_dim, int cap,
 					    double theta)
 {
+	return kvmem_cuda_view_scatter_raw_bf16(c, view_k, view_v, NULL, stage_k, stage_v, items,
+						n_items, n_layers, n_kv_heads, head_dim, cap, theta);
+}
+
+extern "C" int kvmem_cuda_view_scatter_raw_bf16(kvmem_cuda_ctx *c, uint16_t *view_k,
+						uint16_t *view_v, uint16_t *raw_view,
+						const uint16_t *stage_k, const uint16_t *stage_v,
+						const kvmem_scatter_item *items, int n_items,
+						int n_layers, int n_kv_heads, int head_dim, int cap,
+						double theta)
+{
 	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
 	    head_dim > 2 * ROPE_HALF_MAX || cap < 0)
 		return kvmem_error(EINVAL, "view scatter: %d items into %d layers x %d heads x %d",
@@ -122,6 +137,7 @@ extern "C" int kvmem_cuda_view_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *view_k,
 		return 0;
 	scatter_kernel<<<dim3(n_items, n_items <= SCATTER_FEW ? SCATTER_Y_FEW : SCATTER_Y), 128, 0,
 			 c->stream>>>(
-		view_k, view_v, stage_k, stage_v, items, n_layers, n_kv_heads, head_dim, cap, theta);
+		view_k, view_v, raw_view, stage_k, stage_v, items, n_layers, n_kv_heads, head_dim, cap,
+		theta);
 	return kvmem_cuda_launched("view scatter");
 }

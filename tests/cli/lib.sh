@@ -6,6 +6,7 @@
 #                    the way into TENSOR (4-byte aligned), from the header
 #   poke FILE OFFSET HEXBYTES           overwrite bytes in place ("c0 7f")
 # Seeds: KVMEM_TEST_SEED when set, else a fresh one, printed.
+# KVMEM_TEST_KEEP=1 keeps $tmp for a look at a failure's logs.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
 fail=0
@@ -13,7 +14,12 @@ fail=0
 cli_setup() {
 	[ -x "$KVMEM" ] || { echo "no kvmem binary at $KVMEM"; exit 77; }
 	tmp=$(mktemp -d "/tmp/kvmem-$1.XXXXXX")
-	trap 'rm -rf "$tmp"' EXIT
+	# KVMEM_TEST_KEEP=1 keeps the scratch folder (a failure's logs).
+	if [ -n "${KVMEM_TEST_KEEP:-}" ]; then
+		echo "$1: keeping $tmp"
+	else
+		trap 'rm -rf "$tmp"' EXIT
+	fi
 	export KVMEM_HOME="$tmp/home"
 	export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 	seed=${KVMEM_TEST_SEED:-$(od -An -tu4 -N4 /dev/urandom | tr -d ' ')}

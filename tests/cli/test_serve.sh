@@ -53,7 +53,7 @@ expect 400 invalid_request "$CH" -d '{"messages": "hi"}'
 expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"max_tokens\":4.5}"
 expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"temperature\":\"hot\"}"
 expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"wizard\",\"content\":$Q}]}"
-expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"n\":2}"
+expect 400 invalid_request "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"n\":17}"
 expect 400 unknown_field "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q}],\"frobnicate\":1}"
 expect 400 unknown_field "$CH" -d "{\"messages\":[{\"role\":\"user\",\"content\":$Q,\"extra\":1}]}"
 expect 404 model_not_found "$CH" -d "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":$Q}]}"

@@ -82,6 +82,32 @@ js 'raw.replace(/\]\}\s*$/, () => ", " + JSON.stringify(body.choices[0].message)
 js 'req.messages[1].tool_calls[0].function.arguments = [1], JSON.stringify(req)' >"$tmp/req_bad.json"
 [ "$(post "$tmp/req_bad.json")" = 400 ] && grep -q 'tool_calls\[0\].function must hold' "$tmp/body" ||
 	bad "arguments as an array: $(head -c 300 "$tmp/body")"
+
+# response_format json_object constrains a model of random weights: every
+# answer begins an object, and one that stops is one object. The same
+# model unconstrained does not (a '{' is one token of 1024).
+cat >"$tmp/json.json" <<'EOF2'
+{"model": "model", "max_tokens": 48, "temperature": 1, "n": 8, "seed": 5,
+ "response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "An object, please."}]}
+EOF2
+[ "$(post "$tmp/json.json")" = 200 ] || bad "json_object: $(head -c 300 "$tmp/body")"
+ok=$(node -e 'const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+	let ok = b.choices.length === 8;
+	for (const c of b.choices) {
+		const t = c.message.content;
+		ok &&= t.trimStart().startsWith("{");
+		if (c.finish_reason === "stop") {
+			try { const v = JSON.parse(t); ok &&= typeof v === "object" && !Array.isArray(v) && v !== null; }
+			catch (e) { ok = false; }
+		}
+	}
+	console.log(ok)' "$tmp/body")
+[ "$ok" = true ] || bad "json_object: an answer that is not (a prefix of) one object: $(head -c 600 "$tmp/body")"
+node -e 'const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); delete r.response_format;
+	require("fs").writeFileSync(process.argv[1], JSON.stringify(r))' "$tmp/json.json"
+[ "$(post "$tmp/json.json")" = 200 ] && [ "$(node -e 'const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+	console.log(b.choices.filter((c) => c.message.content.trimStart().startsWith("{")).length)' "$tmp/body")" -lt 8 ] ||
+	bad "json_object: the same model unconstrained began all its answers with '{' too"
 serve_stop
 grep -E "ERROR: AddressSanitizer|runtime error" "$tmp/serve.err" && bad "sanitizer report"
 cli_done serve_tools

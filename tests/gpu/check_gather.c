@@ -8,7 +8,9 @@
  * path), Qwen3-8B's heads and the agentlang model's, with and without the
  * copy into a device page. And the gather against the forward pass's
  * scatter kernel over the same bf16 values: the same bits, so a placed
- * token equals a computed one on the GPU too. Views are poisoned first:
+ * token equals a computed one on the GPU too. Every case also writes the
+ * raw K a view keeps beside its slots (raw_k), checked against the twin's.
+ * Views are poisoned first:
  * a slot the kernel should not touch must keep its poison.
  */
 #include <cuda_runtime_api.h>
@@ -49,11 +51,13 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	uint16_t *vk_ref = malloc(vsz * 2), *vv_ref = malloc(vsz * 2), *vk = NULL, *vv = NULL;
 	uint16_t *ck_ref = calloc((size_t)n_items * 2 * half, 2), *cpool = NULL;
 	uint16_t *got_k = malloc(vsz * 2), *got_v = malloc(vsz * 2), *got_c = NULL;
+	/* The raw K a view keeps beside its slots: written too, every case. */
+	uint16_t *raw_ref = malloc(vsz * 2), *raw = NULL;
 	kvmem_gather_item it[24], dit[24], *ditems = NULL;
 	uint8_t *used = calloc((size_t)L * cap, 1);
 	int ok = 1;
 
-	if (!vk_ref || !vv_ref || !ck_ref || !got_k || !got_v || !used) {
+	if (!vk_ref || !vv_ref || !ck_ref || !got_k || !got_v || !used || !raw_ref) {
 		result(0, name, H, D, "(out of host memory)");
 		goto out;
 	}
@@ -106,6 +110,8 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	}
 	if (kvmem_cuda_malloc((void **)&vk, vsz * 2) || kvmem_cuda_malloc((void **)&vv, vsz * 2) ||
 	    kvmem_cuda_malloc((void **)&ditems, sizeof(dit)) ||
+	    kvmem_cuda_malloc((void **)&raw, vsz * 2) ||
+	    cudaMemset(raw, 0x33, vsz * 2) != cudaSuccess ||
 	    (copy && kvmem_cuda_malloc((void **)&cpool, (size_t)n_items * 2 * half * 2)) ||
 	    cudaMemset(vk, 0xa5, vsz * 2) != cudaSuccess || cudaMemset(vv, 0x5a, vsz * 2) != cudaSuccess ||
 	    (copy && cudaMemset(cpool, 0, (size_t)n_items * 2 * half * 2) != cudaSuccess)) {
@@ -114,6 +120,7 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	}
 	memset(vk_ref, 0xa5, vsz * 2);
 	memset(vv_ref, 0x5a, vsz * 2);
+	memset(raw_ref, 0x33, vsz * 2);
 	for (int i = 0; i < n_items; i++) {
 		int n = 1 + (int)(runi(0, 1) * (B - 1)), u0 = (int)(runi(0, 1) * (B - n + 1)), l, slot;
 		size_t off = (size_t)i * page_bytes + (misalign ? es * (1 + i % 3) : 0);
@@ -141,9 +148,12 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 			.v = host + off + half * es + (size_t)u0 * D * es,
 			.copy_k = copy ? ck_ref + (size_t)i * 2 * half + (size_t)u0 * D : NULL,
 			.copy_v = copy ? ck_ref + (size_t)i * 2 * half + half + (size_t)u0 * D : NULL,
+			.raw_k = raw_ref + ((size_t)l * H * cap + slot) * D,
 			.layer = l, .slot = slot, .n = n, .head_stride = B * D, .dtype = dtype,
+			.raw_stride = cap * D,
 		};
 		dit[i] = it[i];
+		dit[i].raw_k = raw + ((size_t)l * H * cap + slot) * D;
 		dit[i].k = where + off + (size_t)u0 * D * es;
 		dit[i].v = where + off + half * es + (size_t)u0 * D * es;
 		if (copy) {
@@ -160,6 +170,10 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 		ok = 0;
 	}
 	ok = ok && !memcmp(got_k, vk_ref, vsz * 2) && !memcmp(got_v, vv_ref, vsz * 2);
+	/* got_v is free again: the raw K kept beside the view. */
+	ok = ok && !kvmem_cuda_download(c, got_v, raw, vsz * 2) && !memcmp(got_v, raw_ref, vsz * 2);
+	if (ok)
+		kvmem_cuda_download(c, got_v, vv, vsz * 2);
 	if (ok && copy) {
 		got_c = malloc((size_t)n_items * 2 * half * 2);
 		ok = got_c && !kvmem_cuda_download(c, got_c, cpool, (size_t)n_items * 2 * half * 2) &&
@@ -233,6 +247,8 @@ out:
 	kvmem_cuda_free(vv);
 	kvmem_cuda_free(ditems);
 	kvmem_cuda_free(cpool);
+	kvmem_cuda_free(raw);
+	free(raw_ref);
 	free(vk_ref);
 	free(vv_ref);
 	free(ck_ref);

@@ -31,14 +31,19 @@ serve_node() {
 }
 
 serve_start() {
-	local i
+	local i seen
 	touch "$tmp/serve.out"	# read below before the server may have opened it
 	"$KVMEM" serve --port 0 "$@" >>"$tmp/serve.out" 2>>"$tmp/serve.err" &
 	SPID=$!
 	for i in $(seq 1 600); do
-		PORT=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)/v1$|\1|p' "$tmp/serve.out" | tail -1)
-		if [ -n "$PORT" ] && [ "$(grep -c listening "$tmp/serve.out")" -gt "${SERVE_STARTS:-0}" ]; then
-			SERVE_STARTS=$(grep -c listening "$tmp/serve.out")
+		# One look at the file for both the count and the port (read
+		# twice, a line the new server writes between the two reads
+		# would pair its count with the old server's port), whole
+		# lines only (a line half written has no /v1 yet).
+		seen=$(grep -E 'listening on http://[^ ]*:[0-9]+/v1$' "$tmp/serve.out")
+		PORT=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)/v1$|\1|p' <<<"$seen" | tail -1)
+		if [ -n "$PORT" ] && [ "$(grep -c . <<<"$seen")" -gt "${SERVE_STARTS:-0}" ]; then
+			SERVE_STARTS=$(grep -c . <<<"$seen")
 			BASE="http://127.0.0.1:$PORT"
 			return 0
 		fi

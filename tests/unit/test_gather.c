@@ -65,7 +65,7 @@ static void gather_case(int L, int H, int D, int B, int dtype)
 	const int cap = 8 * B, n_items = 12;
 	const size_t half = (size_t)H * B * D, vsz = (size_t)L * H * cap * D;
 	uint64_t r = kvmem_rng_seed(g_seed ^ (uint64_t)(L * 131 + H * 17 + D + B * 7 + dtype));
-	uint16_t *vk = malloc(vsz * 2), *vv = malloc(vsz * 2);
+	uint16_t *vk = malloc(vsz * 2), *vv = malloc(vsz * 2), *raw = malloc(vsz * 2);
 	uint16_t *rk[12], *rv[12], *ck[12], *cv[12];
 	void *pk[12], *pv[12];
 	kvmem_gather_item it[13];
@@ -76,6 +76,8 @@ static void gather_case(int L, int H, int D, int B, int dtype)
 	assert_non_null(used);
 	memset(vk, 0xa5, vsz * 2);
 	memset(vv, 0x5a, vsz * 2);
+	assert_non_null(raw);
+	memset(raw, 0x33, vsz * 2);
 	for (int i = 0; i < n_items; i++) {
 		int l, slot, u0 = (int)(runi(&r) * B / 2), n = 1 + (int)(runi(&r) * (B - u0 - 1));
 
@@ -103,7 +105,10 @@ static void gather_case(int L, int H, int D, int B, int dtype)
 			.v = (const char *)pv[i] + (size_t)u0 * D * (dtype == KVMEM_DTYPE_F32 ? 4 : 2),
 			.copy_k = i % 2 ? ck[i] + (size_t)u0 * D : NULL,
 			.copy_v = i % 2 ? cv[i] + (size_t)u0 * D : NULL,
+			/* Every other item also keeps its raw K beside the view. */
+			.raw_k = i % 2 ? NULL : raw + ((size_t)l * H * cap + slot) * D,
 			.layer = l, .slot = slot, .n = n, .head_stride = B * D, .dtype = dtype,
+			.raw_stride = cap * D,
 		};
 	}
 	/* One item outside the view: skipped, reported. */
@@ -128,6 +133,10 @@ static void gather_case(int L, int H, int D, int B, int dtype)
 
 				assert_memory_equal(vk + d, row + (size_t)h * D, (size_t)D * 2);
 				assert_memory_equal(vv + d, rv[i] + s, (size_t)D * 2);
+				if (m->raw_k)
+					assert_memory_equal(raw + d, rk[i] + s, (size_t)D * 2);
+				else
+					assert_int_equal(raw[d], 0x3333);
 				if (m->copy_k) {
 					assert_memory_equal(ck[i] + s, rk[i] + s, (size_t)D * 2);
 					assert_memory_equal(cv[i] + s, rv[i] + s, (size_t)D * 2);
@@ -156,6 +165,7 @@ static void gather_case(int L, int H, int D, int B, int dtype)
 	}
 	free(vk);
 	free(vv);
+	free(raw);
 	free(used);
 }
 

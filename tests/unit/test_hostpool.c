@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * The host pool: slot arithmetic, 2 MiB alignment, NUMA placement, runs of
- * consecutive slots, and that every slot holds its own bytes.
+ * consecutive slots, and that every slot holds its own bytes; io_uring
+ * registration a piece at a time, when first used.
  */
 #include <numa.h>
 #include <setjmp.h>
@@ -11,6 +12,7 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
+#include "pager/pager_int.h"
 #include "pager_fixture.h"
 
 static uint64_t g_seed;
@@ -145,6 +147,47 @@ static void test_pager_pool(void **state)
 	fx_rmtree(dir);
 }
 
+/* Registration pins memory and costs seconds on a loaded machine: a pager
+ * registers nothing at open, the stage-out buffer's piece at its first
+ * write, a pool piece at the first read into it. */
+static int pieces_registered(const kvmem_pager *p)
+{
+	int n = 0;
+
+	for (unsigned i = 0; i < p->io.n_iov; i++)
+		n += p->io.state[i] == 1;
+	return n;
+}
+
+static void test_registered_when_first_used(void **state)
+{
+	uint64_t rng = g_seed ^ 0x1a2;
+	uint64_t seed = test_rng_next(&rng);
+	kvmem_page_geom g = fx_geom(&rng);
+	kvmem_pager_opts o;
+	char dir[256];
+	kvmem_pager *p;
+
+	if (geteuid() != 0)
+		skip();	/* pinning may be refused (RLIMIT_MEMLOCK) */
+	kvmem_pager_opts_default(&o);
+	o.flags = KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP;
+	o.host_cap = kvmem_page_stride(&g) * 7 + 100;
+	assert_non_null(fx_tmpdir(dir, sizeof(dir)));
+	assert_int_equal(kvmem_pager_open(dir, &g, &o, &p), 0);
+	assert_int_equal(kvmem_pager_registered(p), 1);
+	if (!p->io.sparse)
+		skip();	/* a kernel without sparse tables registers all at once */
+	assert_int_equal(pieces_registered(p), 0);
+	assert_int_equal(fx_append(p, seed, 5 * g.block_tokens), 0);
+	assert_int_equal(fx_commit(p, seed, NULL, 0), 0);
+	assert_int_equal(pieces_registered(p), 1);	/* the stage-out buffer's */
+	assert_int_equal(fx_check(p, seed, 1), 0);	/* reads from NVMe into the pool */
+	assert_int_equal(pieces_registered(p), 2);
+	assert_int_equal(kvmem_pager_close(p), 0);
+	fx_rmtree(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -152,6 +195,7 @@ int main(void)
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_runs_and_contents),
 		cmocka_unit_test(test_pager_pool),
+		cmocka_unit_test(test_registered_when_first_used),
 	};
 
 	g_seed = test_rng_fresh_seed("test_hostpool");

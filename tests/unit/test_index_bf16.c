@@ -2,11 +2,14 @@
 /*
  * kvmem_index_append_bf16 (kernels/cpu/index_bf16.c, the twin of the GPU
  * index kernels/cuda/index.cu) against the workspace index it mirrors
- * (kvmem_index_append): fresh random raw K (bf16 values, as the forward
- * pass makes them) appended in chunks of random sizes. With an fp32 index
+ * (kvmem_index_append), and kvmem_index_append_rows over the same rows as
+ * bf16 (the session's typed rows) likewise: fresh random raw K (bf16
+ * values, as the forward pass makes them) appended in chunks of random
+ * sizes. With an fp32 index
  * every summary (Mean-K, min, max, quarter-block means) and the running
  * sums equal the workspace's bit for bit; with a bf16 index each stored
- * value is the workspace's rounded once. Bad geometry is refused.
+ * value is the workspace's rounded once; the typed rows give the fp32
+ * rows' index bit for bit. Bad geometry is refused.
  * KVMEM_TEST_SEED replays a run.
  */
 #include <stdarg.h>
@@ -41,13 +44,14 @@ static void run(int L, int H, int D, int B, int tokens, int dtype, uint64_t *r)
 	const size_t run_n = (size_t)L * H * cap * D, open = (size_t)L * H * D;
 	kvmem_score_geom g = { .n_layers = L, .n_heads = H, .n_kv_heads = H, .head_dim = D,
 			       .block = B, .cap_blocks = cap, .index_dtype = dtype };
-	kvmem_index ix;
+	kvmem_index ix, ix2;
 	char *m = xcalloc(run_n, eb), *lo = xcalloc(run_n, eb), *hi = xcalloc(run_n, eb);
 	char *sub = xcalloc(run_n * 4, eb);
 	float *os = xcalloc(open, 4), *ob = xcalloc(open, 4);
 	int64_t first = 0;
 
 	assert_int_equal(kvmem_index_init(&ix, L, H, D, B, KVMEM_SUM_MINMAX | KVMEM_SUM_SUBBLOCK), 0);
+	assert_int_equal(kvmem_index_init(&ix2, L, H, D, B, KVMEM_SUM_MINMAX | KVMEM_SUM_SUBBLOCK), 0);
 	while (first < tokens) {
 		int n = test_rng_int(r, 1, test_rng_int(r, 0, 3) ? 3 : 2 * B + 5);
 		uint16_t *k16;
@@ -62,6 +66,9 @@ static void run(int L, int H, int D, int B, int tokens, int dtype, uint64_t *r)
 			k32[i] = kvmem_bf16_to_f32(k16[i]);
 		}
 		assert_int_equal(kvmem_index_append(&ix, k32, n), 0);
+		/* The session's typed rows (a GPU's bf16, never widened by the
+		 * caller): the bits of the fp32 rows. */
+		assert_int_equal(kvmem_index_append_rows(&ix2, k16, KVMEM_DTYPE_BF16, n), 0);
 		assert_int_equal(kvmem_index_append_bf16(m, lo, hi, sub, os, ob, k16, first, n, &g), 0);
 		first += n;
 		free(k16);
@@ -103,7 +110,21 @@ static void run(int L, int H, int D, int B, int tokens, int dtype, uint64_t *r)
 			}
 	assert_memory_equal(os, ix.open_sum, open * 4);
 	assert_memory_equal(ob, ix.open_sub, open * 4);
+	assert_int_equal(ix2.n_tokens, ix.n_tokens);
+	assert_int_equal(ix2.cap_blocks, ix.cap_blocks);
+	{
+		const size_t all = (size_t)L * H * ix.cap_blocks * D * sizeof(float);
+
+		assert_memory_equal(ix2.meank, ix.meank, all);
+		assert_memory_equal(ix2.kmin, ix.kmin, all);
+		assert_memory_equal(ix2.kmax, ix.kmax, all);
+		assert_memory_equal(ix2.sub, ix.sub, 4 * all);
+		assert_memory_equal(ix2.open_sum, ix.open_sum, open * 4);
+		assert_memory_equal(ix2.open_sub, ix.open_sub, open * 4);
+	}
+	assert_int_equal(kvmem_index_append_rows(&ix2, os, 7, 1), -EINVAL);
 	kvmem_index_free(&ix);
+	kvmem_index_free(&ix2);
 	free(m);
 	free(lo);
 	free(hi);

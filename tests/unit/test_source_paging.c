@@ -7,6 +7,8 @@
  *     each the kvmem_f32_to_bf16 rounding of what was written, full blocks
  *     (from the host pool or NVMe) and the open last block alike; the
  *     source's region is the host pool and holds every fetched page;
+ *   - typed rows: a forward pass's rows of every layer in one write_rows
+ *     call (bf16, or f32) give the pages fp32 rows give through write;
  *   - one format: a workspace keeps the dtype it was created with whatever
  *     a later open asks (f32 from the CPU opens as f32 when bf16 is asked,
  *     bf16 opens as bf16 by default), and a session adopts it either way;
@@ -142,6 +144,140 @@ static void grow(const char *dir, kvmem_backend *be, uint32_t ask, int n, uint64
 		fail_msg("%s", kvmem_last_error());
 	kvmem_session_free(s);
 	assert_int_equal(kvmem_workspace_close(w), 0);
+}
+
+/* A pager source over a fresh workspace of dtype dt in dir. */
+static kvmem_pager *rows_pager(const char *dir, const kvmem_page_geom *g0, uint32_t dt,
+			       kvmem_page_source *src)
+{
+	kvmem_page_geom g = *g0;
+	kvmem_pager_opts po;
+	kvmem_pager *p;
+
+	g.dtype = dt;
+	kvmem_pager_opts_default(&po);
+	po.flags = KVMEM_PAGER_CREATE;
+	if (kvmem_pager_open(dir, &g, &po, &p) < 0 || kvmem_page_source_pager(src, p) < 0)
+		fail_msg("%s", kvmem_last_error());
+	return p;
+}
+
+/*
+ * Typed rows (write_rows): a forward pass's rows of every layer in one
+ * call, bf16 as a GPU makes them or f32, in chunks of any size over block
+ * boundaries, give the very pages that fp32 rows written a block's piece
+ * at a time through write give (bf16 rows widened first, which is exact),
+ * in a bf16 and in an f32 workspace; full blocks staged out and the open
+ * block alike. Another dtype is refused with nothing written, a token
+ * written again too.
+ */
+static void test_typed_rows(void **state)
+{
+	uint64_t rng = g_seed ^ 0x7e5;
+	const int L = test_rng_int(&rng, 1, 3), H = test_rng_int(&rng, 1, 3), D = 32, B = 16;
+	const int n = test_rng_int(&rng, 5 * B + 1, 9 * B - 1), w = H * D;
+	const kvmem_page_geom g = { .fingerprint = 0x7e5, .n_layers = L, .n_heads = H,
+				    .n_kv_heads = H, .head_dim = D, .block_tokens = B };
+	/* [L][n][w]: every layer's rows, as a forward over all n would give */
+	uint16_t *k16 = malloc(2 * (size_t)L * n * w), *v16 = malloc(2 * (size_t)L * n * w);
+	float *k32 = malloc(4 * (size_t)L * n * w), *v32 = malloc(4 * (size_t)L * n * w);
+	char tmp[256], dir[300];
+
+	assert_true(k16 && v16 && k32 && v32);
+	for (size_t i = 0; i < (size_t)L * n * w; i++) {
+		k16[i] = kvmem_f32_to_bf16((float)test_rng_range(&rng, -4, 4));
+		v16[i] = kvmem_f32_to_bf16((float)test_rng_range(&rng, -4, 4));
+		k32[i] = kvmem_bf16_to_f32(k16[i]);
+		v32[i] = kvmem_bf16_to_f32(v16[i]);
+	}
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "typed-rows"), 0);
+	for (int dt = 0; dt < 2; dt++) {
+		const uint32_t ws_dt = dt ? KVMEM_DTYPE_F32 : KVMEM_DTYPE_BF16;
+		const size_t es = ws_dt == KVMEM_DTYPE_F32 ? 4 : 2;
+		kvmem_page_source src[3];
+		kvmem_pager *p[3];
+
+		/* 0: write, a block's piece of a layer at a time (the reference);
+		 * 1: write_rows of bf16 rows; 2: write_rows of f32 rows. */
+		for (int k = 0; k < 3; k++) {
+			snprintf(dir, sizeof(dir), "%s/%d-%d", tmp, dt, k);
+			p[k] = rows_pager(dir, &g, ws_dt, &src[k]);
+		}
+		assert_non_null(src[1].ops->write_rows);
+		for (int l = 0; l < L; l++)
+			for (int t = 0; t < n;) {
+				int m = B - t % B < n - t ? B - t % B : n - t;
+				size_t at = ((size_t)l * n + t) * w;
+
+				assert_int_equal(src[0].ops->write(src[0].ctx, t / B, l, t % B, m, k32 + at,
+								   v32 + at), 0);
+				t += m;
+			}
+		for (int t = 0; t < n;) {
+			int m = test_rng_int(&rng, 1, 2 * B + 3), bad = (int)test_rng_int(&rng, 0, 3);
+
+			m = m < n - t ? m : n - t;
+			/* The chunk's rows [L][m][w] out of the [L][n][w] arrays. */
+			uint16_t *ck = malloc(2 * (size_t)L * m * w), *cv = malloc(2 * (size_t)L * m * w);
+			float *fk = malloc(4 * (size_t)L * m * w), *fv = malloc(4 * (size_t)L * m * w);
+
+			for (int l = 0; l < L; l++) {
+				memcpy(ck + (size_t)l * m * w, k16 + ((size_t)l * n + t) * w, 2 * (size_t)m * w);
+				memcpy(cv + (size_t)l * m * w, v16 + ((size_t)l * n + t) * w, 2 * (size_t)m * w);
+				memcpy(fk + (size_t)l * m * w, k32 + ((size_t)l * n + t) * w, 4 * (size_t)m * w);
+				memcpy(fv + (size_t)l * m * w, v32 + ((size_t)l * n + t) * w, 4 * (size_t)m * w);
+			}
+			if (!bad) {	/* refused, nothing written: the same call again works */
+				assert_int_equal(src[1].ops->write_rows(src[1].ctx, t, m, ck, cv, 7),
+						 -ENOTSUP);
+				/* a token again (written, or staged out) */
+				if (t)
+					assert_int_equal(src[1].ops->write_rows(src[1].ctx, t - 1, m, ck,
+										 cv, KVMEM_DTYPE_BF16),
+							 -EINVAL);
+			}
+			assert_int_equal(src[1].ops->write_rows(src[1].ctx, t, m, ck, cv,
+								 KVMEM_DTYPE_BF16), 0);
+			assert_int_equal(src[2].ops->write_rows(src[2].ctx, t, m, fk, fv,
+								 KVMEM_DTYPE_F32), 0);
+			free(ck);
+			free(cv);
+			free(fk);
+			free(fv);
+			t += m;
+		}
+		for (int b = 0; b * B < n; b++)
+			for (int l = 0; l < L; l++) {
+				const int len = n - b * B < B ? n - b * B : B;
+				kvmem_page ref, got;
+
+				assert_int_equal(src[0].ops->get(src[0].ctx, b, l, &ref), 0);
+				for (int k = 1; k < 3; k++) {
+					assert_int_equal(src[k].ops->get(src[k].ctx, b, l, &got), 0);
+					assert_int_equal(got.dtype, ws_dt);
+					/* Tokens past the block's length are unspecified. */
+					for (int h = 0; h < H; h++) {
+						size_t o = (size_t)h * B * D * es;
+
+						assert_memory_equal((const char *)got.k + o,
+								    (const char *)ref.k + o, len * D * es);
+						assert_memory_equal((const char *)got.v + o,
+								    (const char *)ref.v + o, len * D * es);
+					}
+					src[k].ops->put(src[k].ctx, b, l);
+				}
+				src[0].ops->put(src[0].ctx, b, l);
+			}
+		for (int k = 0; k < 3; k++) {
+			kvmem_page_source_destroy(&src[k]);
+			assert_int_equal(kvmem_pager_close(p[k]), 0);
+		}
+	}
+	test_tmpdir_remove(tmp);
+	free(k16);
+	free(v16);
+	free(k32);
+	free(v32);
 }
 
 static void test_one_format(void **state)
@@ -408,6 +544,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bf16_pages),
+		cmocka_unit_test(test_typed_rows),
 		cmocka_unit_test(test_one_format),
 		cmocka_unit_test(test_registration),
 		cmocka_unit_test(test_backend_cache),

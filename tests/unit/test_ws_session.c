@@ -13,6 +13,9 @@
  *    what the plan says (every slot's K is raw K rotated at that slot, V is
  *    V), chronological, within budget, pins present; generation far past
  *    the tail reserve goes on.
+ *  - Tokens moved inside the view on the backend (from the raw K it keeps)
+ *    give the bits of placing them from their pages; a step reads from the
+ *    page source only the pages of the blocks that entered.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -983,6 +986,172 @@ static void test_select_ctx_text(void **state)
 	test_model_free(m);
 }
 
+/* ---- moves inside the view ------------------------------------------------ */
+/* Every forward pass's last logits, in order. */
+struct rec {
+	float *buf;
+	size_t n, cap;
+	int vocab;
+};
+
+static void rec_forward(void *arg, const int32_t *tok, int n, const float *logits)
+{
+	struct rec *r = arg;
+
+	if (r->n + r->vocab > r->cap) {
+		r->cap = 2 * (r->n + r->vocab);
+		r->buf = realloc(r->buf, r->cap * sizeof(float));
+		assert_non_null(r->buf);
+	}
+	memcpy(r->buf + r->n, logits, (size_t)r->vocab * sizeof(float));
+	r->n += r->vocab;
+}
+
+/* One scripted session over a fresh memory source; move 0 places every
+ * token that changes slots from its page (KVMEM_MOVE=0, the path before
+ * moves). Greedy decoding: the tokens follow the logits. */
+static void moves_run(kvmem_backend *e, const kvmem_config *c, const struct op *ops, int n_ops,
+		      int32_t *const *tok, const struct run_cfg *rc, int move, struct rec *r,
+		      kvmem_session_stats *st)
+{
+	kvmem_page_source src;
+	kvmem_session_opts o;
+	kvmem_session *s;
+	int32_t out[64];
+
+	assert_int_equal(kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim,
+					     rc->block), 0);
+	kvmem_session_opts_default(&o);
+	o.block = rc->block;
+	o.chunk = rc->chunk;
+	o.policy = rc->policy;
+	o.budget = rc->budget;
+	o.source = &src;
+	o.on_forward = rec_forward;
+	o.arg = r;
+	if (!move)
+		setenv("KVMEM_MOVE", "0", 1);
+	s = kvmem_session_create(e, &o);
+	unsetenv("KVMEM_MOVE");
+	assert_non_null(s);
+	for (int i = 0; i < n_ops; i++) {
+		if (ops[i].kind == 0)
+			assert_int_equal(kvmem_session_append(s, tok[i], ops[i].n, 0), 0);
+		else if (ops[i].kind == 1)
+			assert_int_equal(kvmem_session_select(s) ||
+					 kvmem_session_decode(s, ops[i].n < 64 ? ops[i].n : 64, NULL, out),
+					 0);
+	}
+	assert_int_equal(kvmem_session_select(s), 0);
+	kvmem_session_get_stats(s, st);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&src);
+}
+
+/*
+ * Tokens that stay in the view but change slots are moved on the backend,
+ * from the raw K it keeps, instead of being placed again from their pages:
+ * every forward pass's logits are the same bits either way, at small
+ * budgets (many moves) on every backend, and the moves did happen.
+ */
+static void test_moves_equal_pages(void **state)
+{
+	uint64_t rng = g_seed ^ 0x6d;
+
+	for (int k = 0; k < 4; k++) {
+		kvmem_model *m = small_model(&rng);
+		const kvmem_config *c = &m->cfg;
+		struct run_cfg rc = { .policy = k % 2 ? "meank" : "subblock",
+				      .block = 16 << test_rng_int(&rng, 0, 1),
+				      .chunk = test_rng_int(&rng, 1, 24) };
+		kvmem_backend *e = test_backend(m, rc.chunk);
+		struct op ops[128];
+		int32_t *tok[128];
+		int64_t total;
+		int n_ops = make_script(&rng, ops, 128, 10, 90, &total);
+		struct rec a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
+		kvmem_session_stats sa, sb;
+
+		rc.budget = total / 6 > 2 * rc.block ? total / 6 : 2 * rc.block;
+		for (int i = 0; i < n_ops; i++)
+			tok[i] = random_tokens(&rng, ops[i].n, c->vocab);
+		moves_run(e, c, ops, n_ops, tok, &rc, 1, &a, &sa);
+		moves_run(e, c, ops, n_ops, tok, &rc, 0, &b, &sb);
+		assert_int_equal(a.n, b.n);
+		assert_memory_equal(a.buf, b.buf, a.n * sizeof(float));
+		assert_int_equal(sb.moved_tokens, 0);
+		if (e->ops->keep_raw)
+			assert_true(sa.moved_tokens > 0);
+		/* The same tokens left their slots either way. */
+		assert_int_equal(sa.rebuilt_tokens, sb.rebuilt_tokens);
+		for (int i = 0; i < n_ops; i++)
+			free(tok[i]);
+		free(a.buf);
+		free(b.buf);
+		kvmem_backend_close(e);
+		test_model_free(m);
+	}
+}
+
+/*
+ * What a step reads from the page source is the pages of the blocks that
+ * entered the view, whatever else shifted: a step entering N blocks gets at
+ * most N * n_layers pages (kvmem_session_stats.source_pages), though most
+ * of the view changes slots when an early block enters.
+ */
+static void test_step_reads_what_entered(void **state)
+{
+	uint64_t rng = g_seed ^ 0x7e;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const int B = 16, n = 40 * B;
+	kvmem_backend *e = test_backend(m, 32);
+	kvmem_page_source src;
+	kvmem_session_opts o;
+	int32_t *tok = random_tokens(&rng, n + 64, c->vocab), out[4];
+	int64_t entered = 0, moved = 0;
+	kvmem_session *s;
+
+	kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
+	kvmem_session_opts_default(&o);
+	o.block = B;
+	o.chunk = 32;
+	o.budget = 10 * B;
+	o.sink = 0;
+	o.recent = B;
+	o.policy = "random";	/* every step a new choice: blocks enter everywhere */
+	o.source = &src;
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	assert_int_equal(kvmem_session_append(s, tok, n, 0), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	for (int step = 0; step < 8; step++) {
+		kvmem_session_stats a, b;
+		const kvmem_plan *p;
+
+		/* A question (new tokens in the tail), then the step. */
+		assert_int_equal(kvmem_session_append(s, tok + n + 8 * step, 8, 0), 0);
+		kvmem_session_get_stats(s, &a);
+		assert_int_equal(kvmem_session_select(s), 0);
+		kvmem_session_get_stats(s, &b);
+		p = kvmem_session_plan(s);
+		assert_int_equal(p->n_sets, 1);
+		assert_true(b.source_pages - a.source_pages <= p->entering * c->n_layers);
+		entered += p->entering;
+		moved += b.moved_tokens - a.moved_tokens;
+		assert_int_equal(kvmem_session_decode(s, 1, NULL, out), 0);
+	}
+	/* Blocks did enter and tokens did shift, so the bound said something. */
+	assert_true(entered > 0);
+	assert_true(moved > 0);
+	check_view(s, &src, c);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&src);
+	free(tok);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -997,6 +1166,8 @@ int main(void)
 		cmocka_unit_test(test_session_errors),
 		cmocka_unit_test(test_nan_logits_refused),
 		cmocka_unit_test(test_select_ctx_text),
+		cmocka_unit_test(test_moves_equal_pages),
+		cmocka_unit_test(test_step_reads_what_entered),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_session");

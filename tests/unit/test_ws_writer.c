@@ -92,6 +92,9 @@ static void run_open(struct run *r, kvmem_backend *e, const kvmem_config *c, int
 	r->ops = *r->src.ops;
 	g_src.real = r->src.ops;
 	r->ops.write = counted_write;
+	/* One piece at a time through write, so the failure can land in any
+	 * of a chunk's writes. */
+	r->ops.write_rows = NULL;
 	if (in_line)
 		r->ops.sync = no_sync;
 	r->wrapped = (kvmem_page_source){ .ops = &r->ops, .ctx = r->src.ctx };

@@ -10,6 +10,7 @@ int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_stat(int argc, char **argv);
+int cmd_copy(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_lab(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
@@ -20,6 +21,8 @@ int bench_pager(int argc, char **argv);
 int bench_recall(int argc, char **argv);
 int bench_engine(int argc, char **argv);
 int bench_step(int argc, char **argv);
+/* kvmem bench serve lives with the server (tools/serve/bench_serve.c). */
+int bench_serve(int argc, char **argv);
 /* kvmem demo --scale N (demo_scale.c): the demo at appliance scale. */
 int demo_scale(int argc, char **argv);
 

@@ -14,6 +14,40 @@
 #include "tok_cli.h"
 
 /* ---- agentlang behind kvmem_tokenizer_ops ---------------------------------- */
+/*
+ * A text that is not agentlang. agentlang has no byte fallback, and one
+ * would not help: the model never saw such tokens in training, so English
+ * in, noise out. The message says what the model speaks instead, with a
+ * prompt it answers (tests/cli/test_serve_api.sh sends this very one).
+ */
+#define AL_EXAMPLE "$ cat api.conf\napi.conf db.port = 5432\n? api.conf db.port ="
+
+static int not_agentlang(const char *text)
+{
+	const char *w = text;
+	size_t n = 0;
+	int32_t ids[64];
+
+	/* The first word with no piece (each word alone encodes alike). */
+	while (*w) {
+		w += strspn(w, " \t\r\n\v\f");
+		n = strcspn(w, " \t\r\n\v\f");
+		if (!n)
+			break;
+		char word[64];
+
+		snprintf(word, sizeof(word), "%.*s", (int)(n < 63 ? n : 63), w);
+		if (n >= 63 || agentlang_encode(word, ids, 64) < 0)
+			break;
+		w += n;
+	}
+	return kvmem_error(EINVAL, "agentlang: '%.*s' is not agentlang, the language the embedded "
+			   "model speaks: a synthetic language of config files, shell commands "
+			   "and their output (Documentation/agentlang.md), not English. A prompt "
+			   "it answers: \"%s\" (its answer: 5432)", (int)(n < 40 ? n : 40), w,
+			   AL_EXAMPLE);
+}
+
 static int al_encode(void *ctx, const char *text, size_t len, unsigned flags, kvmem_ids *out)
 {
 	char *copy;
@@ -32,7 +66,8 @@ static int al_encode(void *ctx, const char *text, size_t len, unsigned flags, kv
 	memcpy(copy, text, len);
 	copy[len] = 0;
 	n = agentlang_encode(copy, ids, len + 1);
-	rc = n < 0 ? kvmem_fail() : kvmem_ids_push(out, ids, (size_t)n);
+	rc = n >= 0 ? kvmem_ids_push(out, ids, (size_t)n)
+	     : strstr(kvmem_last_error(), "no piece") ? not_agentlang(copy) : kvmem_fail();
 	free(copy);
 	free(ids);
 	return rc;

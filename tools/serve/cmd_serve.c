@@ -5,6 +5,7 @@
  * embedded agentlang model, so `kvmem serve` runs with no arguments.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,6 @@ int cmd_serve(int argc, char **argv)
 
 #include "embedded_model.h"
 #include "serve.h"
-#include "util/fs.h"
 
 static void usage(FILE *f)
 {
@@ -35,12 +35,13 @@ static void usage(FILE *f)
 		"usage: kvmem serve [--model DIR] [--host ADDR] [--port N] [options]\n"
 		"\n"
 		"Speak the OpenAI HTTP API (/v1/chat/completions, /v1/completions, streaming\n"
-		"or not, /v1/models, /health, /metrics). A request that names a conversation\n"
-		"(header X-Kvmem-Conversation: ID, or \"conversation\": ID in the body) runs in\n"
-		"that conversation's workspace under the data directory: it sends the messages\n"
-		"the conversation holds, unchanged, and the new ones; only the new turns are\n"
-		"prefilled, and a restarted server goes on with no re-prefill. Conversations\n"
-		"run interleaved on one backend, one view each. Documentation/serve.md.\n"
+		"or not, /v1/models, /v1/conversations, /tokenize, /detokenize, /health,\n"
+		"/metrics). A request that names a conversation (header X-Kvmem-Conversation:\n"
+		"ID, or \"conversation\": ID in the body) runs in that conversation's workspace\n"
+		"under the data directory: it sends the messages the conversation holds,\n"
+		"unchanged, and the new ones; only the new turns are prefilled, and a restarted\n"
+		"server goes on with no re-prefill. Conversations run in rounds on one backend,\n"
+		"one view each, one unit each a round. Documentation/serve.md.\n"
 		"\n"
 		"  --model DIR               model directory (default: the embedded agentlang\n"
 		"                            model, installed under the data directory); text\n"
@@ -54,6 +55,11 @@ static void usage(FILE *f)
 		"                            $KVMEM_API_KEY when set)\n"
 		"  --data-dir DIR            where conversations live (default: <data dir>/serve;\n"
 		"                            the data dir is $KVMEM_HOME, else ~/.local/share/kvmem)\n"
+		"  --store rados://POOL      keep conversations in a Ceph pool instead, shared\n"
+		"                            with other servers: a conversation is held for one\n"
+		"                            turn at a time (409 while another server holds it)\n"
+		"  --ceph-conf PATH          that cluster (default $CEPH_CONF; client and keyring\n"
+		"                            from $CEPH_ARGS, as Ceph's tools take them)\n"
 		"  --backend NAME            cpu, cuda or auto (default auto)\n"
 		"  --policy NAME             selection policy (default meank)\n"
 		"  --budget N                history tokens in a view (default: 3/4 of the\n"
@@ -67,8 +73,23 @@ static void usage(FILE *f)
 		"  --max-tokens N            max_tokens when a request gives none (default 256)\n"
 		"  --max-conversations N     conversations kept (default 10k)\n"
 		"  --max-open N              conversations held open at once (default 64)\n"
-		"  --max-queue N             requests waiting or running (default 256)\n"
+		"  --idle-close S            close a conversation idle S seconds (default 300;\n"
+		"                            0: never); it reopens from its stored state\n"
+		"  --max-queue N             requests waiting or running (default 256); past it\n"
+		"                            429 with Retry-After\n"
+		"  --max-inflight N          turns running at once (default 64); the rest wait\n"
+		"                            in a fair queue\n"
+		"  --max-batch N             units (decode steps, prefill chunks, selections) in\n"
+		"                            one round of the engine (default 64)\n"
+		"  --prefill-budget N        prefill tokens in one round, whole chunks, at least\n"
+		"                            one (default 512)\n"
+		"  --max-conversation-queue N  requests of one conversation waiting (default 4)\n"
+		"  --max-conversation-tokens N tokens one conversation may hold (default: no\n"
+		"                            limit)\n"
+		"  --max-n N                 choices one request may ask for (n; default 16)\n"
 		"  --request-timeout S       seconds a request may take (default 600)\n"
+		"  --cors ORIGIN             answer browsers from ORIGIN (or *): the CORS headers\n"
+		"                            and OPTIONS preflights (default: none)\n"
 		"  --quiet                   no log lines\n"
 		"  --help                    this text\n"
 		"\n"
@@ -79,6 +100,7 @@ static void usage(FILE *f)
 		"  kvmem serve\n"
 		"  kvmem serve --model /models/Qwen3-0.6B --port 8080 --budget 8k\n"
 		"  kvmem serve --host 0.0.0.0 --api-key \"$(cat key)\" --data-dir /srv/kvmem\n"
+		"  CEPH_ARGS='--id kvmem-a' kvmem serve --store rados://kvmem --port 8001\n"
 		"  curl -s localhost:8000/v1/chat/completions -H 'X-Kvmem-Conversation: a1' \\\n"
 		"    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"? api.conf db.port =\"}]}'\n");
 }
@@ -86,6 +108,8 @@ static void usage(FILE *f)
 enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
+	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
+	O_CEPHCONF,
 };
 
 static const struct option opts[] = {
@@ -108,6 +132,16 @@ static const struct option opts[] = {
 	{ "max-open", required_argument, NULL, O_OPEN },
 	{ "max-queue", required_argument, NULL, O_QUEUE },
 	{ "request-timeout", required_argument, NULL, O_TIMEOUT },
+	{ "max-inflight", required_argument, NULL, O_INFLIGHT },
+	{ "max-batch", required_argument, NULL, O_BATCH },
+	{ "prefill-budget", required_argument, NULL, O_PREFILL },
+	{ "max-conversation-queue", required_argument, NULL, O_CONVQ },
+	{ "max-conversation-tokens", required_argument, NULL, O_CONVTOK },
+	{ "max-n", required_argument, NULL, O_MAXN },
+	{ "idle-close", required_argument, NULL, O_IDLE },
+	{ "cors", required_argument, NULL, O_CORS },
+	{ "store", required_argument, NULL, O_STORE },
+	{ "ceph-conf", required_argument, NULL, O_CEPHCONF },
 	{ "quiet", no_argument, NULL, O_QUIET },
 	{ "help", no_argument, NULL, 'h' },
 	{ 0 },
@@ -125,7 +159,7 @@ static int loopback(const char *host)
 static int parse(int argc, char **argv, struct serve_cfg *c)
 {
 	const char *w = SERVE_WHO;
-	int ch, budget_set = 0;
+	int ch;
 	int64_t v;
 
 	cli_getopt_reset();
@@ -147,7 +181,6 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case O_BUDGET:
 			if (cli_parse_count(w, n, a, 0, INT32_MAX / 2, &c->budget))
 				return -1;
-			budget_set = 1;
 			break;
 		case O_BLOCK:
 			if (cli_parse_int(w, n, a, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX, &c->block))
@@ -177,6 +210,40 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 			if (cli_parse_i64(w, n, a, 1, 86400, &v))
 				return -1;
 			c->request_timeout = (int)v;
+			break;
+		case O_IDLE:
+			if (cli_parse_i64(w, n, a, 0, 86400 * 365, &v))
+				return -1;
+			c->idle_close = (int)v;
+			break;
+		case O_INFLIGHT: if (cli_parse_count(w, n, a, 1, 1 << 16, &c->max_inflight)) return -1; break;
+		case O_BATCH: if (cli_parse_count(w, n, a, 1, 1 << 16, &c->max_batch)) return -1; break;
+		case O_PREFILL:
+			if (cli_parse_count(w, n, a, 1, 1 << 24, &c->prefill_budget))
+				return -1;
+			break;
+		case O_CONVQ: if (cli_parse_count(w, n, a, 1, 1 << 20, &c->max_conv_queue)) return -1; break;
+		case O_CONVTOK:
+			if (cli_parse_count(w, n, a, 0, INT64_MAX / 4, &c->max_conv_tokens))
+				return -1;
+			break;
+		case O_MAXN: if (cli_parse_count(w, n, a, 1, 128, &c->max_n)) return -1; break;
+		case O_CEPHCONF: cli_ceph_conf(a); break;
+		case O_STORE:
+			/* rados://POOL: conversations are rados://POOL/conv.ID. */
+			if (strncmp(a, "rados://", 8) || !a[8] || strchr(a + 8, '/')) {
+				fprintf(stderr, "%s: %s wants rados://POOL, not '%s'\n", w, n, a);
+				return -1;
+			}
+			c->store = a;
+			break;
+		case O_CORS:
+			if (!*a || strpbrk(a, "\r\n")) {
+				fprintf(stderr, "%s: --cors '%s': give an origin (https://app.example) "
+					"or *\n", w, a);
+				return -1;
+			}
+			c->cors = a;
 			break;
 		}
 	}
@@ -211,25 +278,19 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		fprintf(stderr, "%s: %s\n", w, kvmem_last_error());
 		return -1;
 	}
-	if (!budget_set)
-		c->budget = -1;	/* from the window, once the model is known */
 	return 0;
 }
 
-static char model_path[4096], data_path[4096];
-
 int cmd_serve(int argc, char **argv)
 {
-	struct serve_cfg c = {
-		.host = "127.0.0.1", .port = 8000, .max_body = 1 << 20, .max_request_tokens = 16000,
-		.default_max_tokens = 256, .max_conversations = 10000, .max_open = 64,
-		.max_queue = 256, .request_timeout = 600, .block = 32, .chunk = 128,
-		.host_cap = 16 << 20,
-	};
-	kvmem_config cfg;
+	char model_path[4096], data_path[4096];
+	struct serve_cfg c;
+	struct serve *sv;
 	sigset_t set;
-	int r = parse(argc, argv, &c), sig;
+	int r, sig;
 
+	serve_cfg_default(&c);
+	r = parse(argc, argv, &c);
 	if (r)
 		return r > 0 ? 0 : EXIT_USAGE;
 	if (!c.model_dir) {
@@ -249,19 +310,6 @@ int cmd_serve(int argc, char **argv)
 		snprintf(data_path, sizeof(data_path), "%s/serve", base);
 		c.data_dir = data_path;
 	}
-	if (kvmem_config_load(&cfg, c.model_dir)) {
-		fprintf(stderr, "%s: %s\n", SERVE_WHO, kvmem_last_error());
-		return 1;
-	}
-	if (c.budget < 0) {
-		/* Three quarters of the window, whole blocks: the rest is the
-		 * tail's reserve and the answer's room. */
-		c.budget = cfg.max_position > 0 ? (int64_t)cfg.max_position * 3 / 4 / c.block * c.block : 0;
-	}
-	if (kvmem_mkdir_p(c.data_dir)) {
-		fprintf(stderr, "%s: %s\n", SERVE_WHO, kvmem_last_error());
-		return 1;
-	}
 	/* Signals come to this thread alone: every other thread starts with
 	 * them blocked. */
 	sigemptyset(&set);
@@ -270,22 +318,20 @@ int cmd_serve(int argc, char **argv)
 	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	if (serve_engine_start(&c) || serve_http_start(&c)) {
+	if (serve_start(&c, &sv)) {
 		fprintf(stderr, "%s: %s\n", SERVE_WHO, kvmem_last_error());
-		serve_http_stop();
-		serve_engine_stop();
 		return 1;
 	}
-	printf("kvmem serve: model %s (%s), budget %lld, conversations in %s\n", serve_model_name(),
-	       c.model_dir, (long long)c.budget, c.data_dir);
+	printf("kvmem serve: model %s (%s, %s backend), budget %lld, conversations in %s\n",
+	       serve_model_name(sv), c.model_dir, serve_backend_name(sv), (long long)serve_budget(sv),
+	       c.store ? c.store : c.data_dir);
 	printf("kvmem serve: listening on http://%s%s%s:%d/v1\n", strchr(c.host, ':') ? "[" : "",
-	       c.host, strchr(c.host, ':') ? "]" : "", serve_http_port());
+	       c.host, strchr(c.host, ':') ? "]" : "", serve_port(sv));
 	fflush(stdout);
 	sigwait(&set, &sig);
 	if (!c.quiet)
 		fprintf(stderr, "%s: %s: stopping\n", SERVE_WHO, strsignal(sig));
-	serve_http_stop();
-	serve_engine_stop();
+	serve_stop(sv);
 	return 0;
 }
 #endif

@@ -1,16 +1,24 @@
 // SPDX-License-Identifier: MIT
 /*
- * A conversation's record, conversation.json beside its workspace (ws/):
- * the messages (or text) the workspace holds, and where each turn ended in
- * tokens. The workspace is committed after the record is written, so after
+ * A conversation's record, conversation.json beside its workspace (ws/),
+ * or with --store the workspace's record app.conversation.json in the
+ * shared store (kvmem_workspace_record_*): the messages (or text) the
+ * workspace holds, and where each turn ended in tokens. The workspace is committed after the record is written, so after
  * a crash the record may hold one turn more than the workspace; loading
  * trims it to the workspace's committed count, which is always a turn's
  * end.
  *
  *   {"version": 1, "kind": "chat", "messages": [...],
- *    "turns": [{"messages": 2, "tokens": 31}, ...]}
+ *    "turns": [{"messages": 2, "tokens": 31, "prompt_tokens": 27,
+ *               "completion_tokens": 3, "length": false}, ...]}
  *   {"version": 1, "kind": "text", "text": "...",
- *    "turns": [{"text": 120, "tokens": 40}, ...]}
+ *    "turns": [{"text": 120, "answer": 8, "tokens": 40, ...}, ...]}
+ *
+ * A turn's usage and finish ("length": cut at max_tokens) are kept so that
+ * a replay reports what the turn had; "answer" (text) is the completion's
+ * bytes at the end of "text", so that a request repeating the turn's
+ * prompt gets it back. Records written before these fields have none: a
+ * replay then reports 0 and a text turn cannot be replayed.
  */
 #ifndef KVMEM_NO_SERVE
 #include <errno.h>
@@ -21,7 +29,7 @@
 #include <unistd.h>
 
 #include "kvmem/kvmem.h"
-#include "serve.h"
+#include "serve_int.h"
 #include "util/fs.h"
 
 void conv_free_record(struct conv *c)
@@ -45,6 +53,28 @@ static int fresh(struct conv *c)
 	return 0;
 }
 
+#define SHARED_RECORD "app.conversation.json"
+
+/* A shared conversation's record, parsed (NULL: err says why; *absent
+ * when there is none). */
+static json_t *load_shared(struct conv *c, json_error_t *err, int *absent)
+{
+	char *text;
+	size_t len;
+	json_t *doc;
+
+	*absent = 0;
+	memset(err, 0, sizeof(*err));
+	if (kvmem_workspace_record_read(c->ws, SHARED_RECORD, &text, &len) < 0) {
+		*absent = kvmem_last_errno() == ENOENT;
+		snprintf(err->text, sizeof(err->text), "%s", kvmem_last_error());
+		return NULL;
+	}
+	doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, err);
+	free(text);
+	return doc;
+}
+
 int conv_load(struct conv *c, int64_t ws_tokens)
 {
 	char path[4200];
@@ -53,13 +83,15 @@ int conv_load(struct conv *c, int64_t ws_tokens)
 	const char *kind;
 	size_t keep = 0, i;
 	int64_t at = 0;
+	int absent = 0;
 
-	snprintf(path, sizeof(path), "%s/conversation.json", c->dir);
+	snprintf(path, sizeof(path), "%s/%s", c->dir, c->shared ? SHARED_RECORD : "conversation.json");
 	if (fresh(c))
 		return -1;
-	doc = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+	doc = c->shared ? load_shared(c, &err, &absent) :
+			  json_load_file(path, JSON_REJECT_DUPLICATES, &err);
 	if (!doc) {
-		if (access(path, F_OK) && errno == ENOENT) {
+		if (c->shared ? absent : access(path, F_OK) && errno == ENOENT) {
 			if (ws_tokens)
 				return kvmem_error(EBADMSG, "%s: missing, but the workspace holds %lld "
 						   "tokens", path, (long long)ws_tokens);
@@ -128,7 +160,7 @@ int conv_load(struct conv *c, int64_t ws_tokens)
 	return 0;
 }
 
-int conv_save(struct conv *c, int64_t tokens)
+int conv_save(struct conv *c, int64_t tokens, const struct job *j)
 {
 	char path[4200], tmp[4300];
 	json_t *doc, *turn;
@@ -140,8 +172,12 @@ int conv_save(struct conv *c, int64_t tokens)
 	turn = c->kind == JOB_CHAT
 		? json_pack("{sIsI}", "messages", (json_int_t)json_array_size(c->messages), "tokens",
 			    (json_int_t)tokens)
-		: json_pack("{sIsI}", "text", (json_int_t)c->text_len, "tokens", (json_int_t)tokens);
-	if (!turn || json_array_append_new(c->turns, turn))
+		: json_pack("{sIsIsI}", "text", (json_int_t)c->text_len, "answer",
+			    (json_int_t)j->out_len, "tokens", (json_int_t)tokens);
+	if (!turn || json_object_set_new(turn, "prompt_tokens", json_integer(j->prompt_tokens)) ||
+	    json_object_set_new(turn, "completion_tokens", json_integer(j->completion_tokens)) ||
+	    json_object_set_new(turn, "length", json_boolean(j->finish_length)) ||
+	    json_array_append_new(c->turns, turn))
 		return kvmem_error(ENOMEM, "out of memory");
 	doc = c->kind == JOB_CHAT
 		? json_pack("{sisssOsO}", "version", 1, "kind", "chat", "messages", c->messages,
@@ -152,6 +188,12 @@ int conv_save(struct conv *c, int64_t tokens)
 	json_decref(doc);
 	if (!text)
 		return kvmem_error(ENOMEM, "%s: out of memory", path);
+	if (c->shared) {
+		/* Replaced whole and durably, by this writer only (its lease). */
+		rc = kvmem_workspace_record_write(c->ws, SHARED_RECORD, text, strlen(text));
+		free(text);
+		return rc;
+	}
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		free(text);
@@ -176,5 +218,17 @@ int conv_save(struct conv *c, int64_t tokens)
 		close(fd);
 	}
 	return 0;
+}
+json_t *conv_read(const char *dir, char *err, size_t errlen)
+{
+	char path[4200];
+	json_error_t e;
+	json_t *doc;
+
+	snprintf(path, sizeof(path), "%s/conversation.json", dir);
+	doc = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+	if (!doc)
+		snprintf(err, errlen, "%s", e.text);
+	return doc;
 }
 #endif

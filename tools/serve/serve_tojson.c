@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "serve.h"
+#include "serve_int.h"
 
 struct out {
 	char *s;

@@ -66,6 +66,13 @@ typedef struct kvmem_place {
 /* One execution view, owned by its backend. */
 typedef struct kvmem_view kvmem_view;
 
+/* One move inside a view: the n tokens at slots from..from+n-1 of `layer`
+ * go to slots to..to+n-1. */
+typedef struct kvmem_move {
+	int32_t layer, n;
+	int64_t from, to;
+} kvmem_move;
+
 /*
  * A session's block summaries as the device scorer reads them: host arrays
  * laid out [n_layers][n_kv_heads][cap_blocks][per][head_dim] in fp32 (per:
@@ -82,6 +89,10 @@ typedef struct kvmem_score_input {
 typedef struct kvmem_backend_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
+	/* The dtype a forward pass's raw K / V rows come out in: 0 (fp32:
+	 * kvmem_fwd_out.raw_k, v) or KVMEM_DTYPE_BF16 (raw_k_bf16, v_bf16,
+	 * the device's own rows: nothing widened on the host). */
+	uint32_t rows_dtype;
 	/* 0 when the backend can run here, else -errno with a message (no
 	 * GPU, no driver). May be NULL: always available. */
 	int (*available)(void);
@@ -152,6 +163,25 @@ typedef struct kvmem_backend_ops {
 	int (*score)(void *ctx, void *mirror, const char *scorer, const kvmem_score_input *in,
 		     const float *gq, const kvmem_score_geom *g, float *scores);
 	uint64_t (*mirror_bytes)(void *ctx, const void *mirror);
+	/* Optional: host memory the device copies into directly (pinned), for
+	 * a forward pass's typed rows. host_free(ctx, NULL) does nothing. */
+	int (*host_alloc)(void *ctx, size_t bytes, void **p);
+	void (*host_free)(void *ctx, void *p);
+	/*
+	 * Optional, together: the view keeps every slot's raw K beside its
+	 * rotated K (keep_raw, asked before the view's first token: forward,
+	 * place and move write it), so a token already in the view can change
+	 * slots without its page: move() re-rotates K at the new slot from
+	 * the raw K of the old one (never from the rotated copy: the bits of
+	 * a place() from the page at that slot) and moves V and the raw K.
+	 * Every item reads the view as it was before the call, so sources
+	 * and destinations may overlap in any way; two items must not write
+	 * one slot. keep_raw -ENOTSUP / -ENOMEM, or move -ENOTSUP (the raw
+	 * copy was given up, e.g. under a device memory cap): the caller
+	 * places those tokens from their pages instead.
+	 */
+	int (*keep_raw)(void *ctx, kvmem_view *v);
+	int (*move)(void *ctx, kvmem_view *v, const kvmem_move *items, int n);
 } kvmem_backend_ops;
 
 struct kvmem_backend {

@@ -20,6 +20,8 @@
 
 struct kvmem_view {
 	kvmem_kvcache kv;
+	float *rk;		/* raw K [L][H][cap][D] when kept (keep_raw), else NULL */
+	int keep;
 };
 
 struct cpu {
@@ -29,7 +31,16 @@ struct cpu {
 	size_t scratch_n;
 	int32_t *pos;		/* positions of one item's tokens */
 	int pos_cap;
+	float *rows;		/* raw K of one forward pass [L][max_chunk][H][D], for a
+				 * view that keeps it when the caller asks for none */
+	int max_chunk;
 };
+
+/* Raw K of layer l, KV head h, slot t of a view that keeps it. */
+static float *raw_at(const struct cpu *b, const kvmem_view *v, int l, int h, int64_t t)
+{
+	return v->rk + (((size_t)l * b->c->n_kv_heads + h) * v->kv.cap + t) * b->c->head_dim;
+}
 
 static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **ctx)
 {
@@ -47,6 +58,7 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 		free(b);
 		return kvmem_fail();
 	}
+	b->max_chunk = o->max_chunk;
 	*ctx = b;
 	return 0;
 }
@@ -58,6 +70,7 @@ static void cpu_destroy(void *ctx)
 	kvmem_engine_free(b->e);
 	free(b->scratch);
 	free(b->pos);
+	free(b->rows);
 	free(b);
 }
 
@@ -73,6 +86,7 @@ static void cpu_view_destroy(void *ctx, kvmem_view *v)
 	if (!v)
 		return;
 	kvmem_kvcache_free(&v->kv);
+	free(v->rk);
 	free(v);
 }
 
@@ -89,6 +103,21 @@ static int cpu_reserve(void *ctx, kvmem_view *v, int64_t slots)
 				   INT_MAX);
 	if (kvmem_kvcache_init(&nk, b->c, (int)slots))
 		return kvmem_fail();
+	if (v->keep) {
+		float *nr = malloc((size_t)b->c->n_layers * b->c->n_kv_heads * slots * row);
+
+		if (!nr) {
+			kvmem_kvcache_free(&nk);
+			return kvmem_error(ENOMEM, "cpu view: out of memory for the raw K of %lld slots",
+					   (long long)slots);
+		}
+		for (int l = 0; l < b->c->n_layers && v->kv.len; l++)
+			for (int h = 0; h < b->c->n_kv_heads; h++)
+				memcpy(nr + (((size_t)l * b->c->n_kv_heads + h) * slots) * b->c->head_dim,
+				       raw_at(b, v, l, h, 0), v->kv.len * row);
+		free(v->rk);
+		v->rk = nr;
+	}
 	for (int l = 0; l < b->c->n_layers && v->kv.len; l++)
 		for (int h = 0; h < b->c->n_kv_heads; h++) {
 			memcpy(kvmem_kv_k(&nk, l, h, 0), kvmem_kv_k(&v->kv, l, h, 0), v->kv.len * row);
@@ -97,6 +126,26 @@ static int cpu_reserve(void *ctx, kvmem_view *v, int64_t slots)
 	nk.len = v->kv.len;
 	kvmem_kvcache_free(&v->kv);
 	v->kv = nk;
+	return 0;
+}
+
+static int cpu_keep_raw(void *ctx, kvmem_view *v)
+{
+	struct cpu *b = ctx;
+	int cap = v->kv.cap;
+
+	if (v->kv.len)
+		return kvmem_error(EINVAL, "cpu view: raw K asked for after %d tokens", v->kv.len);
+	if (v->keep)
+		return 0;
+	v->keep = 1;
+	if (cap) {	/* room made already: made again, with the raw K */
+		kvmem_kvcache_free(&v->kv);
+		if (cpu_reserve(b, v, cap)) {
+			v->keep = 0;
+			return kvmem_fail();
+		}
+	}
 	return 0;
 }
 
@@ -123,9 +172,26 @@ static int cpu_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, f
 		       int all_logits, const kvmem_fwd_out *out)
 {
 	struct cpu *b = ctx;
+	kvmem_fwd_out o = out ? *out : (kvmem_fwd_out){ 0 };
+	const int H = b->c->n_kv_heads, D = b->c->head_dim, at = v->kv.len;
 
-	if (kvmem_forward(b->e, &v->kv, tokens, n, logits, all_logits, out))
+	if (!v->keep)
+		return kvmem_forward(b->e, &v->kv, tokens, n, logits, all_logits, out) ?
+		       kvmem_fail() : 0;
+	/* The view keeps raw K: the engine's rows land beside the slots too. */
+	if (!o.raw_k) {
+		if (!b->rows && !(b->rows = malloc(sizeof(float) * b->c->n_layers * b->max_chunk *
+						   H * D)))
+			return kvmem_error(ENOMEM, "cpu forward: out of memory");
+		o.raw_k = b->rows;
+	}
+	if (kvmem_forward(b->e, &v->kv, tokens, n, logits, all_logits, &o))
 		return kvmem_fail();
+	for (int l = 0; l < b->c->n_layers; l++)
+		for (int j = 0; j < n; j++)
+			for (int h = 0; h < H; h++)
+				memcpy(raw_at(b, v, l, h, at + j), o.raw_k + (((size_t)l * n + j) * H + h) * D,
+				       sizeof(float) * D);
 	return 0;
 }
 
@@ -172,6 +238,8 @@ static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
 		float *dk = kvmem_kv_k(&v->kv, it->layer, h, (int)it->slot);
 
 		memcpy(dk, pk + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
+		if (v->keep)
+			memcpy(raw_at(b, v, it->layer, h, it->slot), dk, run * sizeof(float));
 		kvmem_rope(dk, b->pos, it->n, 1, d, b->c->rope_theta);
 	}
 	if (!(pv = kvmem_page_f32(&it->page, 1, page_elems, b->scratch)))
@@ -187,6 +255,67 @@ static int cpu_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 	for (int i = 0; i < n; i++)
 		if (place_one(ctx, v, &items[i]))
 			return kvmem_fail();
+	return 0;
+}
+
+/* Every item's raw K and V first copied aside, then written at the new
+ * slots: K from that raw K by the very kvmem_rope a place() runs. */
+static int cpu_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
+{
+	struct cpu *b = ctx;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	size_t total = 0, at = 0;
+	float *save;
+
+	if (!v->keep)
+		return kvmem_error(ENOTSUP, "cpu move: the view keeps no raw K");
+	for (int i = 0; i < n; i++) {
+		const kvmem_move *m = &items[i];
+
+		if (m->layer < 0 || m->layer >= b->c->n_layers || m->n <= 0 || m->from < 0 ||
+		    m->to < 0 || m->from + m->n > v->kv.cap || m->to + m->n > v->kv.cap)
+			return kvmem_error(EINVAL, "cpu move: bad move (layer %d, %d tokens from slot "
+					   "%lld to %lld of %d)", m->layer, m->n, (long long)m->from,
+					   (long long)m->to, v->kv.cap);
+		total += (size_t)m->n * H * D;
+	}
+	if (!n)
+		return 0;
+	if (!(save = malloc(2 * total * sizeof(float))))
+		return kvmem_error(ENOMEM, "cpu move: out of memory for %zu tokens' K and V", total);
+	for (int i = 0; i < n; i++)
+		for (int h = 0; h < H; h++) {
+			size_t len = (size_t)items[i].n * D;
+
+			memcpy(save + at, raw_at(b, v, items[i].layer, h, items[i].from),
+			       len * sizeof(float));
+			memcpy(save + total + at, kvmem_kv_v(&v->kv, items[i].layer, h, (int)items[i].from),
+			       len * sizeof(float));
+			at += len;
+		}
+	at = 0;
+	for (int i = 0; i < n; i++) {
+		const kvmem_move *m = &items[i];
+
+		if (grow(b, 0, m->n)) {
+			free(save);
+			return kvmem_fail();
+		}
+		for (int t = 0; t < m->n; t++)
+			b->pos[t] = (int32_t)(m->to + t);
+		for (int h = 0; h < H; h++) {
+			size_t len = (size_t)m->n * D;
+			float *dk = kvmem_kv_k(&v->kv, m->layer, h, (int)m->to);
+
+			memcpy(raw_at(b, v, m->layer, h, m->to), save + at, len * sizeof(float));
+			memcpy(dk, save + at, len * sizeof(float));
+			kvmem_rope(dk, b->pos, m->n, 1, D, b->c->rope_theta);
+			memcpy(kvmem_kv_v(&v->kv, m->layer, h, (int)m->to), save + total + at,
+			       len * sizeof(float));
+			at += len;
+		}
+	}
+	free(save);
 	return 0;
 }
 
@@ -251,4 +380,6 @@ const kvmem_backend_ops kvmem_backend_cpu_ops = {
 	.place = cpu_place,
 	.host_view = cpu_host_view,
 	.ceilings = cpu_ceilings,
+	.keep_raw = cpu_keep_raw,
+	.move = cpu_move,
 };

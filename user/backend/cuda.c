@@ -402,9 +402,23 @@ static uint64_t cuda_mem_used(void *ctx)
 	return cuda_dev_used(b);
 }
 
+/* Pinned host memory for the session's typed rows: the forward pass copies
+ * straight into it. */
+static int cuda_host_alloc(void *ctx, size_t bytes, void **p)
+{
+	return cuda_pinned(p, bytes);
+}
+
+static void cuda_host_free(void *ctx, void *p)
+{
+	if (p)
+		cudaFreeHost(p);
+}
+
 const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.name = "cuda",
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
+	.rows_dtype = KVMEM_DTYPE_BF16,
 	.available = cuda_available,
 	.create = cuda_create,
 	.destroy = cuda_destroy,
@@ -427,4 +441,8 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.mirror_destroy = cuda_mirror_destroy,
 	.score = cuda_score,
 	.mirror_bytes = cuda_mirror_bytes,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.keep_raw = cuda_keep_raw,
+	.move = cuda_move,
 };

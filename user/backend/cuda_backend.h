@@ -26,6 +26,8 @@ struct layer_w {
 
 struct kvmem_view {
 	uint16_t *k, *v;	/* [L][Hk][cap][D] */
+	uint16_t *rk;		/* raw K [L][Hk][cap][D] when kept (keep_raw) */
+	int keep;		/* keep_raw asked and not given up */
 	int64_t cap, len;
 };
 
@@ -82,6 +84,12 @@ int64_t cuda_capacity(void *ctx, const kvmem_view *v);
 int64_t cuda_length(void *ctx, const kvmem_view *v);
 int cuda_set_length(void *ctx, kvmem_view *v, int64_t len);
 int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n);
+int cuda_keep_raw(void *ctx, kvmem_view *v);
+/* Give the view's raw K up (a path that cannot write it, the cap): moves
+ * then say -ENOTSUP and the session places from pages. */
+void cuda_view_drop_raw(struct cuda *b, kvmem_view *v);
+/* cuda_page.c: move() over a snapshot of each layer's raw K and V. */
+int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n);
 /* Device bytes counted against the cap: weights, views, scratch, paging. */
 uint64_t cuda_dev_used(const struct cuda *b);
 

@@ -83,6 +83,11 @@ struct cuda_fwd {
 				 * in one copy (three cost a decode step 0.06 ms) */
 	double *ang;		/* [C][head_dim/2] (cos, sin): the call's RoPE angles,
 				 * worked out once for every layer's q/k kernel */
+	/* Typed rows (kvmem_fwd_out.raw_k_bf16 / v_bf16): each layer's raw K
+	 * and V go down on their own stream as soon as its q/k kernel wrote
+	 * them (ev[l]), while the later layers compute. */
+	cudaStream_t down;
+	cudaEvent_t *ev;	/* [L] */
 	int mode;		/* 0 off, 1 on, 2 on and failures are errors */
 	int broken;		/* mode 1 after a failed capture: plain launches */
 	struct graph g[GRAPHS];
@@ -96,6 +101,7 @@ struct fwd_ptrs {
 	const kvmem_scatter_item *items;
 	uint16_t *oq, *ok, *ov;
 	size_t sq, sk;
+	uint16_t *hk, *hv;	/* typed rows: host [L][n][kw] bf16, or NULL */
 };
 
 int cuda_fwd_create(struct cuda *b)
@@ -123,6 +129,13 @@ int cuda_fwd_create(struct cuda *b)
 	    (rc = cuda_dev_alloc(&f->ang, C * c->head_dim * sizeof(double), &b->scratch_bytes)) < 0)
 		return rc;
 	memset(f->host_in, 0, bytes);
+	if (!(f->ev = calloc(L, sizeof(*f->ev))))
+		return kvmem_error(ENOMEM, "out of memory");
+	if (cudaStreamCreateWithFlags(&f->down, cudaStreamNonBlocking) != cudaSuccess)
+		return kvmem_error(EIO, "cuda forward: cannot create the rows' stream");
+	for (size_t l = 0; l < L; l++)
+		if (cudaEventCreateWithFlags(&f->ev[l], cudaEventDisableTiming) != cudaSuccess)
+			return kvmem_error(EIO, "cuda forward: cannot create an event");
 	return 0;
 }
 
@@ -141,6 +154,12 @@ void cuda_fwd_destroy(struct cuda *b)
 		return;
 	for (int i = 0; i < GRAPHS; i++)
 		graph_drop(&f->g[i]);
+	for (int l = 0; f->ev && l < b->c->n_layers; l++)
+		if (f->ev[l])
+			cudaEventDestroy(f->ev[l]);
+	free(f->ev);
+	if (f->down)
+		cudaStreamDestroy(f->down);
 	kvmem_cuda_free(f->qkv);
 	kvmem_cuda_free(f->dout);
 	kvmem_cuda_free(f->ang);
@@ -170,6 +189,27 @@ static int decode_ok(const struct cuda *b)
 	return b->c->n_heads / b->c->n_kv_heads <= 16;
 }
 
+/* Layer l's raw K and V rows ([n][kw] bf16 at p->ok / p->ov) to the host
+ * rows, on the rows' stream once the compute stream has written them. The
+ * next call's q/k kernel may overwrite them only after cuda_forward waited
+ * for this stream, which it does before it returns. */
+static int rows_down(struct cuda *b, int l, int n, const struct fwd_ptrs *p)
+{
+	struct cuda_fwd *f = b->fwd;
+	const size_t bytes = (size_t)n * b->kw * 2;
+
+	if (cudaEventRecord(f->ev[l], kvmem_cuda_stream(b->ctx)) != cudaSuccess ||
+	    cudaStreamWaitEvent(f->down, f->ev[l], 0) != cudaSuccess ||
+	    cudaMemcpyAsync(p->hk + (size_t)l * n * b->kw, p->ok + l * p->sk, bytes,
+			    cudaMemcpyDeviceToHost, f->down) != cudaSuccess ||
+	    cudaMemcpyAsync(p->hv + (size_t)l * n * b->kw, p->ov + l * p->sk, bytes,
+			    cudaMemcpyDeviceToHost, f->down) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda forward: copying layer %d's rows down", l);
+	}
+	return 0;
+}
+
 static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, const struct fwd_ptrs *p)
 {
 	const kvmem_config *c = b->c;
@@ -194,7 +234,8 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 		     b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
 		     c->rms_eps, p->pos, c->rope_theta, b->q, want_out ? p->oq + l * p->sq : NULL,
 		     want_out ? p->ok + l * p->sk : NULL, want_out ? p->ov + l * p->sk : NULL, v->k, v->v,
-		     p->items + l, c->n_layers, (int)v->cap, b->fwd->ang)))
+		     v->rk, p->items + l, c->n_layers, (int)v->cap, b->fwd->ang)) ||
+	    (p->hk && (rc = rows_down(b, l, n, p)) < 0))
 		return rc;
 	if (n == 1 && decode_ok(b))
 		rc = kvmem_cuda_attention_decode_bf16(b->ctx, 0, b->att, b->q, p->pos, 1, v->k + l * vl,
@@ -218,7 +259,8 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 
 /* Queue one call's work (n tokens, `rows` logits rows: 0, 1 or n). In a
  * graph (n == 1) the results also go down into the pinned buffers. */
-static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows, int in_graph)
+static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows, int in_graph,
+		   const kvmem_fwd_out *out)
 {
 	const kvmem_config *c = b->c;
 	struct cuda_fwd *f = b->fwd;
@@ -233,6 +275,8 @@ static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows,
 		.ok = in_graph ? f->dout + L * b->qw : b->ok,
 		.ov = in_graph ? f->dout + L * (b->qw + b->kw) : b->ov,
 		.sq = (size_t)n * b->qw, .sk = (size_t)n * b->kw,
+		.hk = in_graph || !out ? NULL : out->raw_k_bf16,
+		.hv = in_graph || !out ? NULL : out->v_bf16,
 	};
 	cudaStream_t st = kvmem_cuda_stream(b->ctx);
 	int rc;
@@ -272,7 +316,7 @@ static int graph_capture(struct cuda *b, kvmem_view *v, struct graph *g, const s
 	graph_drop(g);
 	if ((e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal)) != cudaSuccess)
 		return kvmem_error(EIO, "cuda decode graph: begin capture: %s", cudaGetErrorString(e));
-	rc = enqueue(b, v, 1, k->want_out, k->has_logits, 1);
+	rc = enqueue(b, v, 1, k->want_out, k->has_logits, 1, NULL);
 	e = cudaStreamEndCapture(st, &graph);
 	if (rc < 0 || e != cudaSuccess) {
 		if (graph)
@@ -392,7 +436,8 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	struct cuda_fwd *f = b->fwd;
 	const kvmem_config *c = b->c;
 	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
-	const int want_out = out && (out->raw_k || out->v || out->q_raw);
+	const int want_out = out && (out->raw_k || out->v || out->q_raw || out->raw_k_bf16 ||
+				     out->v_bf16);
 	const int rows = logits ? (all_logits ? n : 1) : 0;
 	kvmem_scatter_item *items = (kvmem_scatter_item *)(f->host_in + f->items_off);
 	int32_t *ids = (int32_t *)(f->host_in + f->ids_off);
@@ -404,6 +449,8 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	if (out && out->q_last < 0)
 		return kvmem_error(EINVAL, "cuda forward: q_last %d is negative (0: every token's "
 				   "queries)", out->q_last);
+	if (out && !out->raw_k_bf16 != !out->v_bf16)
+		return kvmem_error(EINVAL, "cuda forward: typed rows need both raw K and V");
 	if (v->len + n > v->cap)
 		return kvmem_error(EINVAL, "cuda forward: the view holds %lld of %lld slots, no room for "
 				   "%d more", (long long)v->len, (long long)v->cap, n);
@@ -443,8 +490,10 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 		else
 			f->broken = 1;	/* plain launches from now on */
 	}
-	if (!graphed && (rc = enqueue(b, v, n, want_out, rows, 0)) < 0)
+	if (!graphed && (rc = enqueue(b, v, n, want_out, rows, 0, out)) < 0) {
+		cudaStreamSynchronize(f->down);	/* nothing left writing into the rows */
 		return rc;
+	}
 	if (graphed) {
 		const size_t oL = (size_t)L;
 
@@ -459,13 +508,23 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 			widen(out->raw_k, f->host_out + oL * b->qw, oL * b->kw);
 		if (out && out->v)
 			widen(out->v, f->host_out + oL * (b->qw + b->kw), oL * b->kw);
+		if (out && out->raw_k_bf16) {	/* typed rows: as they are */
+			memcpy(out->raw_k_bf16, f->host_out + oL * b->qw, oL * b->kw * 2);
+			memcpy(out->v_bf16, f->host_out + oL * (b->qw + b->kw), oL * b->kw * 2);
+		}
 		v->len += n;
 		return 0;
 	}
 	if (logits && (rc = kvmem_cuda_download(b->ctx, logits, b->logits,
 						(size_t)rows * c->vocab * sizeof(float))) < 0)
 		return rc;
-	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+	rc = kvmem_cuda_sync(b->ctx);
+	/* The typed rows went down layer by layer meanwhile: only the last
+	 * layer's copy is left to wait for. */
+	if (out && out->raw_k_bf16 && cudaStreamSynchronize(f->down) != cudaSuccess && !rc)
+		rc = kvmem_error(EIO, "cuda forward: copying the rows down: %s",
+				 cudaGetErrorString(cudaGetLastError()));
+	if (rc < 0)
 		return kvmem_error_prefix("cuda forward");
 	/* Only the queries asked for come down: [L][rows] of the device's
 	 * [L][n], the last rows of each layer. */

@@ -563,6 +563,10 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 		*g = (kvmem_gather_item){ .layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
 					  .head_stride = it->stride * D,
 					  .dtype = (int32_t)it->page.dtype };
+		if (v->rk) {	/* the raw K the view keeps beside the slots */
+			g->raw_k = v->rk + ((size_t)it->layer * H * v->cap + it->slot) * D;
+			g->raw_stride = (int32_t)(v->cap * D);
+		}
 		pg->st.tokens += it->n;
 		if (it->page.mem == KVMEM_MEM_HOST) {
 			rk = region_of(pg, it->page.k, half);
@@ -692,6 +696,115 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 	pg->st.pool_pages = pg->used;
 	pg->st.ns += (uint64_t)((double)kvmem_now_ns() - t0);
 	return 0;
+}
+
+/*
+ * move(): tokens already in the view to other slots, on the device. Per
+ * layer with items, that layer's raw K and V (slots up to the furthest
+ * source) are copied aside first (device to device), then one gather
+ * kernel reads the layer's items from the copy, as it reads bf16 pages,
+ * and writes K rotated at the new slot (the rotation place() and the
+ * forward pass use: the same bits), V and the raw K. At Qwen3-8B a layer
+ * of a 64K view is 268 MB of raw K and V: the copy costs about as much as
+ * moving every token once more through HBM, and needs one layer's room.
+ */
+int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
+{
+	struct cuda *b = ctx;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim, L = b->c->n_layers;
+	struct cuda_pages *pg = pages_of(b);
+	double t0 = (double)kvmem_now_ns();
+	int64_t *span = NULL, most = 0;
+	int *count = NULL, *at = NULL, rc = 0;
+	uint64_t tokens = 0;
+
+	if (!pg)
+		return kvmem_fail();
+	if (!v->rk)
+		return kvmem_error(ENOTSUP, "cuda move: the view keeps no raw K");
+	for (int i = 0; i < n; i++) {
+		const kvmem_move *m = &items[i];
+
+		if (m->layer < 0 || m->layer >= L || m->n <= 0 || m->from < 0 || m->to < 0 ||
+		    m->from + m->n > v->cap || m->to + m->n > v->cap)
+			return kvmem_error(EINVAL, "cuda move: bad move (layer %d, %d tokens from slot "
+					   "%lld to %lld of %lld)", m->layer, m->n, (long long)m->from,
+					   (long long)m->to, (long long)v->cap);
+		tokens += (uint64_t)m->n;
+	}
+	if (!n)
+		return 0;
+	span = calloc((size_t)L, sizeof(*span));
+	count = calloc((size_t)L, sizeof(*count));
+	at = calloc((size_t)L + 1, sizeof(*at));
+	if (!span || !count || !at) {
+		rc = kvmem_error(ENOMEM, "cuda move: out of memory");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		const kvmem_move *m = &items[i];
+
+		count[m->layer]++;
+		if (m->from + m->n > span[m->layer])
+			span[m->layer] = m->from + m->n;
+	}
+	for (int l = 0; l < L; l++) {
+		at[l + 1] = at[l] + count[l];
+		most = span[l] > most ? span[l] : most;
+	}
+	/* Room first (items, the copy of one layer): a failure here has moved
+	 * nothing, and the session places from pages instead. */
+	if ((rc = room_items(b, pg, n)) < 0 ||
+	    (rc = room_dev_st(b, pg, 2 * (size_t)H * most * D * 2)) < 0)
+		goto out;
+	memset(count, 0, (size_t)L * sizeof(*count));
+	for (int i = 0; i < n; i++) {
+		const kvmem_move *m = &items[i];
+		const int64_t sp = span[m->layer];
+		const uint16_t *base = (const uint16_t *)pg->dev_st;
+
+		pg->host_items[at[m->layer] + count[m->layer]++] = (kvmem_gather_item){
+			.k = base + m->from * D,
+			.v = base + (size_t)H * sp * D + m->from * D,
+			.raw_k = v->rk + ((size_t)m->layer * H * v->cap + m->to) * D,
+			.layer = m->layer, .slot = (int32_t)m->to, .n = m->n,
+			.head_stride = (int32_t)(sp * D), .dtype = KVMEM_DTYPE_BF16,
+			.raw_stride = (int32_t)(v->cap * D),
+		};
+	}
+	if (cudaMemcpyAsync(pg->items, pg->host_items, (size_t)n * sizeof(*pg->items),
+			    cudaMemcpyHostToDevice, kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		rc = kvmem_error(EIO, "cuda move: uploading %d items", n);
+		goto out;
+	}
+	for (int l = 0; l < L; l++) {
+		const size_t row = (size_t)D * 2, lay = (size_t)l * H * v->cap * D;
+		uint16_t *ck = (uint16_t *)pg->dev_st, *cv = ck + (size_t)H * span[l] * D;
+		cudaStream_t st = kvmem_cuda_stream(b->ctx);
+
+		if (!count[l])
+			continue;
+		if (cudaMemcpy2DAsync(ck, span[l] * row, v->rk + lay, v->cap * row, span[l] * row, H,
+				      cudaMemcpyDeviceToDevice, st) != cudaSuccess ||
+		    cudaMemcpy2DAsync(cv, span[l] * row, v->v + lay, v->cap * row, span[l] * row, H,
+				      cudaMemcpyDeviceToDevice, st) != cudaSuccess) {
+			cudaGetLastError();
+			rc = kvmem_error(EIO, "cuda move: copying layer %d aside", l);
+			goto out;
+		}
+		if ((rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, pg->items + at[l], count[l],
+						      L, H, D, (int)v->cap, b->c->rope_theta)) < 0)
+			goto out;
+	}
+	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+		goto out;
+	pg->st.moved_tokens += tokens;
+	pg->st.move_ns += (uint64_t)((double)kvmem_now_ns() - t0);
+out:
+	free(span);
+	free(count);
+	free(at);
+	return rc < 0 ? rc : 0;
 }
 
 /* Counters of the pack path (cuda_view.c), so every method reports. */

@@ -24,10 +24,11 @@
 #include "util/clock.h"
 
 /* ---- views ------------------------------------------------------------------ */
-/* Device bytes of a view of cap slots: K and V, bf16, every layer. */
-static uint64_t view_bytes(const struct cuda *b, int64_t cap)
+/* Device bytes of a view of cap slots: K and V (and the raw K when kept),
+ * bf16, every layer. */
+static uint64_t view_bytes(const struct cuda *b, const kvmem_view *v, int64_t cap)
 {
-	return (uint64_t)cap * b->c->n_layers * b->kw * 2 * 2;
+	return (uint64_t)cap * b->c->n_layers * b->kw * 2 * (v->keep ? 3 : 2);
 }
 
 int cuda_view_create(void *ctx, kvmem_view **v)
@@ -41,10 +42,11 @@ void cuda_view_destroy(void *ctx, kvmem_view *v)
 {
 	if (!v)
 		return;
-	((struct cuda *)ctx)->view_bytes -= view_bytes(ctx, v->cap);
+	((struct cuda *)ctx)->view_bytes -= view_bytes(ctx, v, v->cap);
 	cuda_fwd_forget(ctx, v->k);
 	kvmem_cuda_free(v->k);
 	kvmem_cuda_free(v->v);
+	kvmem_cuda_free(v->rk);
 	free(v);
 }
 
@@ -66,11 +68,53 @@ uint64_t cuda_dev_used(const struct cuda *b)
 	       cuda_pages_dev_bytes(b);
 }
 
+void cuda_view_drop_raw(struct cuda *b, kvmem_view *v)
+{
+	if (!v->keep)
+		return;
+	cuda_fwd_forget(b, v->k);	/* its decode graphs write the raw K */
+	b->view_bytes -= view_bytes(b, v, v->cap);
+	v->keep = 0;
+	b->view_bytes += view_bytes(b, v, v->cap);
+	kvmem_cuda_free(v->rk);
+	v->rk = NULL;
+}
+
+int cuda_keep_raw(void *ctx, kvmem_view *v)
+{
+	struct cuda *b = ctx;
+
+	if (v->len)
+		return kvmem_error(EINVAL, "cuda view: raw K asked for after %lld tokens",
+				   (long long)v->len);
+	if (v->keep)
+		return 0;
+	if (v->cap) {
+		/* Made with the next growth (a view made with room: now). */
+		int64_t cap = v->cap;
+		int rc;
+
+		kvmem_cuda_free(v->k);
+		kvmem_cuda_free(v->v);
+		b->view_bytes -= view_bytes(b, v, v->cap);
+		v->k = v->v = NULL;
+		v->cap = 0;
+		v->keep = 1;
+		if ((rc = cuda_reserve(b, v, cap)) < 0) {
+			v->keep = 0;
+			return rc;
+		}
+		return 0;
+	}
+	v->keep = 1;
+	return 0;
+}
+
 int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 {
 	struct cuda *b = ctx;
-	const size_t bytes = view_bytes(b, slots) / 2;	/* K or V */
-	uint16_t *nk = NULL, *nv = NULL;
+	size_t bytes;	/* K or V */
+	uint16_t *nk = NULL, *nv = NULL, *nr = NULL;
 	int rc;
 
 	if (slots <= v->cap)
@@ -79,8 +123,13 @@ int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
 				   INT32_MAX);
 	/* Under the cap: while the view grows it holds the old and the new
-	 * copy at once. */
-	if (b->mem_cap && cuda_dev_used(b) + 2 * bytes + CUDA_CAP_MARGIN > b->mem_cap) {
+	 * copy at once. The raw K kept beside it goes first: without it a
+	 * selection places from pages, as it did before it was kept. */
+	if (v->keep && b->mem_cap &&
+	    cuda_dev_used(b) + 3 * (view_bytes(b, v, slots) / 3) + CUDA_CAP_MARGIN > b->mem_cap)
+		cuda_view_drop_raw(b, v);
+	bytes = view_bytes(b, v, slots) / (v->keep ? 3 : 2);
+	if (b->mem_cap && cuda_dev_used(b) + (v->keep ? 3 : 2) * bytes + CUDA_CAP_MARGIN > b->mem_cap) {
 		cuda_pages_drop_pool(b);
 		if (cuda_dev_used(b) + 2 * bytes + CUDA_CAP_MARGIN > b->mem_cap)
 			return kvmem_error(ENOMEM, "cuda view: %lld slots take %" PRIu64 " MiB; the %"
@@ -96,23 +145,28 @@ int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 					   CUDA_CAP_MARGIN >> 20);
 	}
 	if ((rc = kvmem_cuda_malloc((void **)&nk, bytes)) < 0 ||
-	    (rc = kvmem_cuda_malloc((void **)&nv, bytes)) < 0)
+	    (rc = kvmem_cuda_malloc((void **)&nv, bytes)) < 0 ||
+	    (v->keep && (rc = kvmem_cuda_malloc((void **)&nr, bytes)) < 0))
 		goto fail;
 	if (v->len && ((rc = copy_runs(b, nk, slots, v->k, v->cap, v->len)) < 0 ||
 		       (rc = copy_runs(b, nv, slots, v->v, v->cap, v->len)) < 0 ||
+		       (nr && (rc = copy_runs(b, nr, slots, v->rk, v->cap, v->len)) < 0) ||
 		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
 		goto fail;
 	cuda_fwd_forget(b, v->k);
 	kvmem_cuda_free(v->k);
 	kvmem_cuda_free(v->v);
-	b->view_bytes += view_bytes(b, slots) - view_bytes(b, v->cap);
+	kvmem_cuda_free(v->rk);
+	b->view_bytes += view_bytes(b, v, slots) - view_bytes(b, v, v->cap);
 	v->k = nk;
 	v->v = nv;
+	v->rk = nr;
 	v->cap = slots;
 	return 0;
 fail:
 	kvmem_cuda_free(nk);
 	kvmem_cuda_free(nv);
+	kvmem_cuda_free(nr);
 	return rc;
 }
 
@@ -246,6 +300,7 @@ int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 		return cuda_pages_place(b, v, items, n);
 	if (device)
 		return kvmem_error(ENOTSUP, "cuda place: the pack method takes pages in host memory only");
+	cuda_view_drop_raw(b, v);	/* the pack path writes no raw K */
 	if ((rc = place_pack(b, v, items, n)) < 0)
 		return rc;
 	cuda_pages_count_pack(b, items, n, (double)kvmem_now_ns() - t0);

@@ -228,6 +228,9 @@ int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int
 	if (out && out->q_last < 0)
 		return kvmem_error(EINVAL, "engine: q_last %d is negative (0: every token's "
 				   "queries)", out->q_last);
+	if (out && (out->raw_k_bf16 || out->v_bf16))
+		return kvmem_error(EINVAL, "engine: the cpu engine's rows are fp32 (raw_k, v), "
+				   "not bf16");
 	for (int t = 0; t < n; t++)
 		e->q_pos[t] = kv->len + t;
 

@@ -16,6 +16,8 @@
 #ifndef KVMEM_ENGINE_H
 #define KVMEM_ENGINE_H
 
+#include <stdint.h>
+
 #include "kvmem/model.h"
 
 #ifdef __cplusplus
@@ -53,6 +55,12 @@ typedef struct kvmem_fwd_out {
 	 * (Qwen3-8B: 32 query heads to 8 KV heads). 0 or >= n: every
 	 * token's (rows = n). Negative: the call fails. */
 	int q_last;
+	/* Typed rows (a backend whose rows_dtype is bf16: cuda): raw K and V
+	 * as the device computed them, [n_layers][n][n_kv_heads][head_dim]
+	 * bf16, in place of raw_k / v (which must then be NULL). Host memory
+	 * from the backend's host_alloc, so the device copies straight into
+	 * it; nothing is widened. The cpu engine takes only raw_k / v. */
+	uint16_t *raw_k_bf16, *v_bf16;
 } kvmem_fwd_out;
 
 /* Rows of q_raw per layer that a forward pass of n tokens writes. */

@@ -269,12 +269,14 @@ struct walk {
 };
 
 /* Tokens u0..u1 of block b sit at `have` + u (-1: nowhere) and belong at
- * `want` + u: a page read unless they are already there (view.c, place). */
+ * `want` + u: a page read when they are not in the view (view.c, place).
+ * Tokens in it at another slot are moved on the backend from the raw K it
+ * keeps (view.c, move_kept; both shipped backends do): no read. */
 static int place(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
 {
 	struct walk *w = arg;
 
-	if (u1 <= u0 || have == want)
+	if (u1 <= u0 || have >= 0)
 		return 0;
 	return count_read(w->x, w->st, KVMEM_LAB_VIEW, b, l);
 }

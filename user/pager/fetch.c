@@ -69,7 +69,7 @@ static void set_resident(kvmem_pager *p, uint64_t pg, uint32_t s)
 	p->repl->insert(p->repl_st, s, pg, p->step);
 }
 
-int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
+int pool_insert_slot(kvmem_pager *p, uint64_t pg, uint32_t *slot)
 {
 	uint64_t t = kvmem_now_ns();
 	uint32_t s;
@@ -79,9 +79,20 @@ int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
 		return rc;
 	if (kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
 		return -ENOBUFS;
-	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	set_resident(p, pg, s);
 	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, kvmem_now_ns() - t);
+	*slot = s;
+	return 0;
+}
+
+int pool_insert_copy(kvmem_pager *p, uint64_t pg, const void *src)
+{
+	uint32_t s;
+	int rc = pool_insert_slot(p, pg, &s);
+
+	if (rc < 0)
+		return rc;
+	memcpy(kvmem_hostpool_slot(p->pool, s), src, p->page_bytes);
 	return 0;
 }
 
@@ -146,7 +157,7 @@ void read_done(kvmem_pager *p, struct io_req *r)
 				 PRIu64 ": %s", p->dir, pg, pg / p->g.n_layers,
 				 (unsigned)(pg % p->g.n_layers), pg * p->page_stride,
 				 got ? "checksum mismatch: corrupt, not used" :
-				 r->res < 0 ? strerror(-r->res) : "short read: file truncated");
+				 r->res < 0 ? ws_strerror(p->ws, -r->res) : "short read: file truncated");
 		}
 	}
 }
@@ -185,7 +196,7 @@ static size_t start_reads(kvmem_pager *p, const uint64_t *pages, size_t n, int p
 			p->pt[pages[i] + k].host_slot = first + k;
 			p->slot_page[first + k] = pages[i] + k;
 		}
-		if (io_queue(&p->io, p->fd_pages, r) < 0) {
+		if (p->ws->ops->submit(p->ws, &p->io, r) < 0) {
 			for (uint32_t k = 0; k < got; k++) {
 				p->pt[pages[i] + k].flags &= ~KVMEM_PTE_IN_FLIGHT;
 				p->pt[pages[i] + k].host_slot = KVMEM_SLOT_NONE;

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * The host pool: fixed-size slots in one anonymous mapping that is 2 MiB
- * aligned (so transparent huge pages can back it), bound to one NUMA node,
- * and handed out from a bitmap in contiguous runs.
+ * The host pool: fixed-size slots in one anonymous mapping of reserved huge
+ * pages where the system has them, else 2 MiB aligned (so transparent huge
+ * pages can back it), bound to one NUMA node, and handed out from a bitmap
+ * in contiguous runs.
  */
 #include <errno.h>
 #include <numa.h>
@@ -61,9 +62,19 @@ kvmem_hostpool *kvmem_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_
 	hp->slot_bytes = slot_bytes;
 	hp->n_slots = hp->n_free = (uint32_t)n;
 	hp->len = round_up(n * slot_bytes, HUGE_2M);
-	hp->map_len = hp->len + HUGE_2M;
-	hp->map = mmap(NULL, hp->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		       -1, 0);
+	/* Reserved 2 MiB pages where the system keeps some (vm.nr_hugepages):
+	 * registration then pins 128 pages for 256 MiB, not 65536; else
+	 * transparent huge pages, asked for below. */
+	hp->map_len = hp->len;
+	hp->map = mmap(NULL, hp->map_len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | (21 << MAP_HUGE_SHIFT), -1, 0);
+	if (hp->map != MAP_FAILED) {
+		hp->huge = 2;
+	} else {
+		hp->map_len = hp->len + HUGE_2M;
+		hp->map = mmap(NULL, hp->map_len, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	}
 	hp->used = calloc((n + 63) / 64, 8);
 	if (hp->map == MAP_FAILED || !hp->used) {
 		kvmem_error(errno, "host pool: cannot map %zu bytes: %s", hp->map_len, strerror(errno));
@@ -74,7 +85,8 @@ kvmem_hostpool *kvmem_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_
 		return NULL;
 	}
 	hp->base = (uint8_t *)round_up((uintptr_t)hp->map, HUGE_2M);
-	hp->huge = madvise(hp->base, hp->len, MADV_HUGEPAGE) == 0;
+	if (hp->huge != 2)
+		hp->huge = madvise(hp->base, hp->len, MADV_HUGEPAGE) == 0;
 	hp->node = numa_node >= 0 ? numa_node : local_node();
 	if (hp->node >= 0 && numa_available() >= 0) {
 		if (hp->node > numa_max_node()) {

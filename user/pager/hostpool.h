@@ -33,7 +33,8 @@ int kvmem_hostpool_is_free(const kvmem_hostpool *hp, uint32_t slot);
 /* The whole mapping (for io_uring / cudaHostRegister). */
 void kvmem_hostpool_region(const kvmem_hostpool *hp, void **base, size_t *len);
 int kvmem_hostpool_node(const kvmem_hostpool *hp);	/* -1 when NUMA is unavailable */
-int kvmem_hostpool_huge(const kvmem_hostpool *hp);	/* 1 when MADV_HUGEPAGE was accepted */
+/* 2: reserved huge pages (MAP_HUGETLB); 1: MADV_HUGEPAGE accepted; 0 */
+int kvmem_hostpool_huge(const kvmem_hostpool *hp);
 
 kvmem_hostpool *kvmem_pager_hostpool(kvmem_pager *p);
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "select/select.h"
 
@@ -183,11 +184,19 @@ static void add_token(kvmem_index *ix, const float *k, int l, int h, int64_t b, 
 
 int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n)
 {
+	return kvmem_index_append_rows(ix, raw_k, KVMEM_DTYPE_F32, n);
+}
+
+int kvmem_index_append_rows(kvmem_index *ix, const void *raw_k, uint32_t dtype, int n)
+{
 	const int H = ix->n_kv_heads, d = ix->head_dim;
+	const int bf16 = dtype == KVMEM_DTYPE_BF16;
 	int64_t first = ix->n_tokens;
 
 	if (n < 0)
 		return kvmem_error(EINVAL, "index: negative token count %d", n);
+	if (dtype != KVMEM_DTYPE_F32 && !bf16)
+		return kvmem_error(EINVAL, "index: rows of dtype %u (f32 or bf16)", dtype);
 	if (kvmem_index_reserve(ix, (first + n + ix->block - 1) / ix->block))
 		return kvmem_fail();
 	/* Layers on the OpenMP threads when there is enough work (a prefill
@@ -197,14 +206,22 @@ int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n)
 	#pragma omp parallel for schedule(static) \
 		if (ix->n_layers > 1 && (size_t)n * ix->n_layers * H * d >= ((size_t)1 << 16))
 	for (int l = 0; l < ix->n_layers; l++) {
-		const float *kl = raw_k + (size_t)l * n * H * d;
+		const size_t kl = (size_t)l * n * H * d;
+		float row[d];
 
 		for (int j = 0; j < n; j++) {
 			int64_t p = first + j;
 
-			for (int h = 0; h < H; h++)
-				add_token(ix, kl + ((size_t)j * H + h) * d, l, h,
-					  p / ix->block, (int)(p % ix->block));
+			for (int h = 0; h < H; h++) {
+				const size_t at = kl + ((size_t)j * H + h) * d;
+				const float *k = (const float *)raw_k + at;
+
+				if (bf16) {
+					kvmem_bf16_to_f32_n(row, (const uint16_t *)raw_k + at, (size_t)d);
+					k = row;
+				}
+				add_token(ix, k, l, h, p / ix->block, (int)(p % ix->block));
+			}
 		}
 	}
 	ix->n_tokens = first + n;

@@ -92,6 +92,10 @@ int kvmem_index_reserve(kvmem_index *ix, int64_t n_blocks);
  * engine's kvmem_fwd_out layout). Sums run in token order in fp32, so the
  * result does not depend on how tokens were split into calls. */
 int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n);
+/* The same from typed rows: raw_k in dtype KVMEM_DTYPE_F32 or
+ * KVMEM_DTYPE_BF16 (a GPU's rows, widened one head row at a time, which
+ * is exact: the bits of kvmem_index_append over the widened rows). */
+int kvmem_index_append_rows(kvmem_index *ix, const void *raw_k, uint32_t dtype, int n);
 
 /* ---- policies ---------------------------------------------------------- */
 /* A device that scores with the host scorers' arithmetic (the session's

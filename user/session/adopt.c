@@ -11,44 +11,86 @@
 #include "kvmem/kvmem.h"
 #include "session/session_int.h"
 
-/* Raw K of block b, all layers, in the index's [L][len][H][D] layout. */
-static int gather_block(kvmem_session *s, int64_t b, int len, float *out)
+struct group;
+static int append_group(kvmem_session *s, struct group *g);
+
+/* Raw K of block b, all layers, in rows [L][rows][H][D] of buf from row
+ * r on (rows: the group's length, rows_dtype: bf16 when every page of
+ * the group is, else f32). */
+struct group {
+	void *buf;
+	uint32_t dtype;
+	int rows, at;		/* rows in the group, the next one */
+	int64_t first;		/* its first token */
+};
+
+static int gather_block(kvmem_session *s, int64_t b, int len, struct group *g)
 {
 	const int H = s->cfg.n_kv_heads, d = s->cfg.head_dim, B = s->blocks.block;
+	const int bf16 = g->dtype == KVMEM_DTYPE_BF16;
 
 	for (int l = 0; l < s->cfg.n_layers; l++) {
-		const float *k;
+		const void *k;
 		kvmem_page pg;
 
 		if (s->src->ops->get(s->src->ctx, b, l, &pg))
 			return kvmem_error_prefix("session: adopting block %lld", (long long)b);
-		if (!(k = kvmem_page_f32(&pg, 0, (size_t)H * B * d, s->page_f32))) {
+		k = bf16 ? pg.k : kvmem_page_f32(&pg, 0, (size_t)H * B * d, s->page_f32);
+		if (!k || (bf16 && (pg.dtype != KVMEM_DTYPE_BF16 || pg.mem != KVMEM_MEM_HOST))) {
 			s->src->ops->put(s->src->ctx, b, l);
-			return kvmem_error_prefix("session: adopting block %lld", (long long)b);
+			return kvmem_error(EINVAL, "session: adopting block %lld: a page of dtype %u",
+					   (long long)b, pg.dtype);
 		}
 		for (int t = 0; t < len; t++)
-			for (int h = 0; h < H; h++)
-				memcpy(out + (((size_t)l * len + t) * H + h) * d,
-				       k + ((size_t)h * B + t) * d, (size_t)d * sizeof(float));
+			for (int h = 0; h < H; h++) {
+				size_t to = (((size_t)l * g->rows + g->at + t) * H + h) * d;
+				size_t from = ((size_t)h * B + t) * d;
+
+				if (bf16)
+					memcpy((uint16_t *)g->buf + to, (const uint16_t *)k + from,
+					       (size_t)d * 2);
+				else
+					memcpy((float *)g->buf + to, (const float *)k + from,
+					       (size_t)d * sizeof(float));
+			}
 		s->src->ops->put(s->src->ctx, b, l);
 	}
+	g->at += len;
 	return 0;
 }
 
-/* Blocks asked ahead while adopting. */
+/* Blocks asked ahead while adopting, and taken into the index at once. */
 #define ADOPT_AHEAD 32
 
-/* Token ids from the caller, the index from the pages' raw K. */
+/* The dtype of block b's first page: the group's rows stay in it when
+ * every page is bf16 in host memory (a GPU's workspace: nothing widened),
+ * else f32. */
+static uint32_t block_dtype(kvmem_session *s, int64_t b)
+{
+	kvmem_page pg;
+	uint32_t dt = KVMEM_DTYPE_F32;
+
+	if (s->src->ops->get(s->src->ctx, b, 0, &pg) == 0) {
+		if (pg.dtype == KVMEM_DTYPE_BF16 && pg.mem == KVMEM_MEM_HOST)
+			dt = KVMEM_DTYPE_BF16;
+		s->src->ops->put(s->src->ctx, b, 0);
+	}
+	return dt;
+}
+
+/* Token ids from the caller, the index from the pages' raw K, a group of
+ * ADOPT_AHEAD blocks at a time (one index append each: the layers of a
+ * group on the OpenMP threads). */
 int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
 {
-	const int B = s->blocks.block;
-	float *buf;
+	const int B = s->blocks.block, G = ADOPT_AHEAD * B;
+	struct group g = { 0 };
 	int rc = 0;
 
 	s->tokens = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
-	buf = malloc(sizeof(float) * s->cfg.n_layers * B * s->cfg.n_kv_heads * s->cfg.head_dim);
-	if (!s->tokens || !buf) {
-		free(buf);
+	g.buf = malloc(sizeof(float) * s->cfg.n_layers * G * s->cfg.n_kv_heads * s->cfg.head_dim);
+	if (!s->tokens || !g.buf) {
+		free(g.buf);
 		return kvmem_error(ENOMEM, "session: out of memory adopting %lld tokens", (long long)n);
 	}
 	s->cap_tokens = n ? n : 1;
@@ -56,22 +98,42 @@ int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
 	for (int64_t b = 0; b * B < n && !rc; b++) {
 		int len = n - b * B < B ? (int)(n - b * B) : B;
 
-		/* Read ahead: a workspace on NVMe is read in batches, the next
-		 * one while this one is taken in (a hint; a source may ignore
-		 * it). */
-		if (b % ADOPT_AHEAD == 0 && s->src->ops->prefetch) {
-			int64_t ahead[2 * ADOPT_AHEAD];
-			int m = 0;
+		if (b % ADOPT_AHEAD == 0) {
+			/* Read ahead: a workspace on NVMe is read in batches, the
+			 * next one while this one is taken in (a hint; a source
+			 * may ignore it). */
+			if (s->src->ops->prefetch) {
+				int64_t ahead[2 * ADOPT_AHEAD];
+				int m = 0;
 
-			for (int64_t a = b ? b + ADOPT_AHEAD : 0; a < b + 2 * ADOPT_AHEAD && a * B < n; a++)
-				ahead[m++] = a;
-			if (m)
-				s->src->ops->prefetch(s->src->ctx, ahead, m);
+				for (int64_t a = b ? b + ADOPT_AHEAD : 0;
+				     a < b + 2 * ADOPT_AHEAD && a * B < n; a++)
+					ahead[m++] = a;
+				if (m)
+					s->src->ops->prefetch(s->src->ctx, ahead, m);
+			}
+			g.first = b * B;
+			g.rows = n - g.first < G ? (int)(n - g.first) : G;
+			g.at = 0;
+			g.dtype = block_dtype(s, b);
 		}
-
-		rc = gather_block(s, b, len, buf) || kvmem_index_append(&s->index, buf, len);
+		rc = gather_block(s, b, len, &g);
+		/* The group's last block (or a page of another dtype: the rows
+		 * so far taken in, the block again in f32). */
+		if (rc && g.dtype == KVMEM_DTYPE_BF16 && kvmem_last_errno() == EINVAL) {
+			rc = 0;
+			if (g.at && (rc = append_group(s, &g)) == 0) {
+				g.first += g.at;
+				g.rows -= g.at;
+				g.at = 0;
+				g.dtype = KVMEM_DTYPE_F32;
+				rc = gather_block(s, b, len, &g);
+			}
+		}
+		if (!rc && g.at == g.rows)
+			rc = append_group(s, &g);
 	}
-	free(buf);
+	free(g.buf);
 	if (rc) {
 		s->broken = 1;
 		return kvmem_fail();
@@ -105,4 +167,20 @@ int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n)
 	s->plan.n_sets = 1;
 	s->plan.n_tokens = n;
 	return ws_select(s, 0);
+}
+
+/* The group's rows into the index. Its rows were laid out for g->rows
+ * tokens and the index reads [L][at][H][D]: squeezed first when short. */
+static int append_group(kvmem_session *s, struct group *g)
+{
+	const size_t row = (size_t)s->cfg.n_kv_heads * s->cfg.head_dim *
+			   (g->dtype == KVMEM_DTYPE_BF16 ? 2 : 4);
+
+	if (g->at < g->rows)
+		for (int l = 1; l < s->cfg.n_layers; l++)
+			memmove((char *)g->buf + (size_t)l * g->at * row,
+				(char *)g->buf + (size_t)l * g->rows * row, (size_t)g->at * row);
+	if (kvmem_index_append_rows(&s->index, g->buf, g->dtype, g->at))
+		return kvmem_error_prefix("session: adopting");
+	return 0;
 }

@@ -17,7 +17,7 @@
 
 int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 {
-	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw };
+	const kvmem_fwd_out out = ws_fwd_out(s, 0);
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
 	const int T = s->o.query_tokens;
 	int keep;

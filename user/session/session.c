@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "session/session_int.h"
 #include "util/grow.h"
@@ -79,14 +80,59 @@ static int resolve(kvmem_session *s, const kvmem_session_opts *in)
 	return 0;
 }
 
+/* Bytes of one forward pass's raw K (or V) rows. */
+static size_t rows_bytes(const kvmem_session *s)
+{
+	const kvmem_config *c = &s->cfg;
+
+	return (size_t)c->n_layers * s->o.chunk * c->n_kv_heads * c->head_dim *
+	       (s->rows_dtype == KVMEM_DTYPE_BF16 ? 2 : 4);
+}
+
+void *ws_rows_alloc(kvmem_session *s)
+{
+	void *p = NULL;
+
+	if (s->rows_dtype != KVMEM_DTYPE_BF16)
+		return malloc(rows_bytes(s));
+	return s->be->ops->host_alloc(s->be->ctx, rows_bytes(s), &p) < 0 ? NULL : p;
+}
+
+void ws_rows_free(kvmem_session *s, void *p)
+{
+	if (s->rows_dtype != KVMEM_DTYPE_BF16)
+		free(p);
+	else if (p)
+		s->be->ops->host_free(s->be->ctx, p);
+}
+
+kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last)
+{
+	kvmem_fwd_out o = { .q_raw = s->q_raw, .q_last = q_last };
+
+	if (s->rows_dtype == KVMEM_DTYPE_BF16) {
+		o.raw_k_bf16 = s->raw_k;
+		o.v_bf16 = s->v;
+	} else {
+		o.raw_k = s->raw_k;
+		o.v = s->v;
+	}
+	return o;
+}
+
 static int alloc_buffers(kvmem_session *s)
 {
 	const kvmem_config *c = &s->cfg;
 	size_t C = s->o.chunk, T = s->o.query_tokens;
 	size_t kw = (size_t)c->n_kv_heads * c->head_dim, qw = (size_t)c->n_heads * c->head_dim;
 
-	s->raw_k = malloc(sizeof(float) * c->n_layers * C * kw);
-	s->v = malloc(sizeof(float) * c->n_layers * C * kw);
+	/* A backend whose rows are bf16 and can pin memory for them hands
+	 * them over as they are (its host_alloc); else fp32. */
+	s->rows_dtype = s->be->ops->rows_dtype == KVMEM_DTYPE_BF16 && s->be->ops->host_alloc ?
+			KVMEM_DTYPE_BF16 : KVMEM_DTYPE_F32;
+	s->raw_k = ws_rows_alloc(s);
+	s->v = ws_rows_alloc(s);
+	s->rows_f32 = malloc(sizeof(float) * 2 * (size_t)s->o.block * kw);
 	s->q_raw = malloc(sizeof(float) * c->n_layers * C * qw);
 	s->logits = malloc(sizeof(float) * (s->o.all_logits ? C : 1) * c->vocab);
 	s->last_logits = malloc(sizeof(float) * c->vocab);
@@ -95,7 +141,7 @@ static int alloc_buffers(kvmem_session *s)
 	s->qpos = malloc(sizeof(int64_t) * T);
 	s->qpos_packed = malloc(sizeof(int64_t) * T);
 	s->page_f32 = malloc(sizeof(float) * (size_t)s->o.block * kw);
-	if (!s->raw_k || !s->v || !s->q_raw || !s->logits || !s->last_logits || !s->qring ||
+	if (!s->raw_k || !s->v || !s->rows_f32 || !s->q_raw || !s->logits || !s->last_logits || !s->qring ||
 	    !s->qtmp || !s->qpos || !s->qpos_packed || !s->page_f32)
 		return kvmem_error(ENOMEM, "session: out of memory for chunks of %zu tokens", C);
 	return 0;
@@ -120,6 +166,16 @@ kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *
 		goto fail;
 	if (b->ops->view_create(b->ctx, &s->view))
 		goto fail;
+	/* Raw K beside the view, so a selection moves what stays in it on the
+	 * backend instead of reading its pages again (view.c). A backend that
+	 * cannot keep it (no op, no memory) places from pages as before;
+	 * KVMEM_MOVE=0 asks for that (a measurement's peer). */
+	{
+		const char *e = getenv("KVMEM_MOVE");
+
+		s->move_ok = b->ops->keep_raw && b->ops->move && !(e && !strcmp(e, "0")) &&
+			     b->ops->keep_raw(b->ctx, s->view) == 0;
+	}
 	s->o.policy = s->pol->name;
 	s->n_sets = s->pol->per_layer ? s->cfg.n_layers : 1;
 	s->rng = kvmem_rng_seed(s->o.seed);
@@ -163,8 +219,9 @@ void kvmem_session_free(kvmem_session *s)
 	if (s->view)
 		s->be->ops->view_destroy(s->be->ctx, s->view);
 	free(s->tokens);
-	free(s->raw_k);
-	free(s->v);
+	ws_rows_free(s, s->raw_k);
+	ws_rows_free(s, s->v);
+	free(s->rows_f32);
 	free(s->q_raw);
 	free(s->logits);
 	free(s->last_logits);
@@ -174,6 +231,7 @@ void kvmem_session_free(kvmem_session *s)
 	free(s->qpos_packed);
 	free(s->scores);
 	free(s->items);
+	free(s->moves);
 	free(s->page_f32);
 	free(s);
 }
@@ -223,20 +281,37 @@ const float *ws_queries(kvmem_session *s, const int64_t **pos)
 	return s->qtmp;
 }
 
-/* Write n tokens' raw K / V rows ([L][n][H_kv][D]) to their pages, all
- * layers. */
-static int store_pages(kvmem_session *s, int64_t p0, int n, const float *k, const float *v)
+/* Write n tokens' raw K / V rows ([L][n][H_kv][D] of the session's
+ * rows_dtype) to their pages, all layers: in one call when the source
+ * takes typed rows, else fp32 through write, a block's piece at a time
+ * (bf16 rows widened first, which is exact). */
+static int store_pages(kvmem_session *s, int64_t p0, int n, const void *k, const void *v)
 {
 	const size_t kw = (size_t)s->cfg.n_kv_heads * s->cfg.head_dim;
-	const int B = s->blocks.block;
+	const int B = s->blocks.block, bf16 = s->rows_dtype == KVMEM_DTYPE_BF16;
+	int rc;
 
+	if (s->src->ops->write_rows) {
+		rc = s->src->ops->write_rows(s->src->ctx, p0, n, k, v, s->rows_dtype);
+		if (rc != -ENOTSUP)
+			return rc ? kvmem_error_prefix("session: storing tokens %lld..%lld",
+						      (long long)p0, (long long)p0 + n - 1) : 0;
+	}
 	for (int l = 0; l < s->cfg.n_layers; l++)
 		for (int j = 0; j < n;) {
 			int64_t p = p0 + j;
 			int t0 = (int)(p % B), m = B - t0 < n - j ? B - t0 : n - j;
 			size_t at = ((size_t)l * n + j) * kw;
+			const float *pk = (const float *)k + at, *pv = (const float *)v + at;
 
-			if (s->src->ops->write(s->src->ctx, p / B, l, t0, m, k + at, v + at))
+			if (bf16) {
+				kvmem_bf16_to_f32_n(s->rows_f32, (const uint16_t *)k + at, m * kw);
+				kvmem_bf16_to_f32_n(s->rows_f32 + (size_t)B * kw,
+						    (const uint16_t *)v + at, m * kw);
+				pk = s->rows_f32;
+				pv = s->rows_f32 + (size_t)B * kw;
+			}
+			if (s->src->ops->write(s->src->ctx, p / B, l, t0, m, pk, pv))
 				return kvmem_error_prefix("session: storing block %lld",
 							(long long)(p / B));
 			j += m;
@@ -246,7 +321,7 @@ static int store_pages(kvmem_session *s, int64_t p0, int n, const float *k, cons
 
 int ws_put_rows(kvmem_session *s, const struct ws_rows *r)
 {
-	if (kvmem_index_append(&s->index, r->k, r->n) ||
+	if (kvmem_index_append_rows(&s->index, r->k, s->rows_dtype, r->n) ||
 	    store_pages(s, r->p0, r->n, r->k, r->v))
 		return kvmem_fail();
 	keep_queries(s, r->q, r->p0, r->n, r->q_rows);
@@ -264,8 +339,7 @@ static int usable(const kvmem_session *s)
 static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 {
 	/* Only the queries keep_queries keeps come back. */
-	const kvmem_fwd_out out = { .raw_k = s->raw_k, .v = s->v, .q_raw = s->q_raw,
-				    .q_last = n < s->o.query_tokens ? n : s->o.query_tokens };
+	const kvmem_fwd_out out = ws_fwd_out(s, n < s->o.query_tokens ? n : s->o.query_tokens);
 	const int64_t p0 = s->blocks.n_tokens, store0 = s->st.store_ns;
 	int64_t t0, t1;
 

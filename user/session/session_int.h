@@ -33,8 +33,14 @@ struct kvmem_session {
 	kvmem_plan plan;
 	int64_t view_len, sel_tokens;
 
-	/* Per forward pass: [L][chunk][...] as the engine returns them. */
-	float *raw_k, *v, *q_raw, *logits, *last_logits;
+	/* Per forward pass: [L][chunk][...] as the engine returns them: raw
+	 * K and V as rows of rows_dtype (the backend's: fp32, or bf16 in
+	 * pinned memory from its host_alloc), the queries fp32. */
+	void *raw_k, *v;
+	uint32_t rows_dtype;
+	float *rows_f32;		/* one piece of rows widened for a source
+					 * without write_rows: [2][block][kw] */
+	float *q_raw, *logits, *last_logits;
 	int have_logits;
 
 	/* Raw queries of the last n_q tokens: a ring of query_tokens (T) slots,
@@ -53,6 +59,13 @@ struct kvmem_session {
 	 * pages are held (got from the source) until the batch is placed. */
 	kvmem_place *items;
 	int n_items, cap_items;
+	/* Tokens that stay in the view but change slots, moved by the
+	 * backend from the raw K it keeps (keep_raw; move_ok: it does), all
+	 * before anything is placed from pages: moving says the walk's
+	 * second pass leaves them alone. */
+	kvmem_move *moves;
+	size_t n_moves, cap_moves;
+	int move_ok, moving;
 	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
 	void *reg_base;			/* the source's region, registered on the backend */
 	int reg_tried;			/* registration asked for (done or refused) */
@@ -108,7 +121,8 @@ int ws_view_restore(kvmem_session *s);
 struct ws_rows {
 	int64_t p0;
 	int n, q_rows;
-	const float *k, *v, *q;
+	const void *k, *v;	/* rows of the session's rows_dtype */
+	const float *q;
 };
 
 /* session.c: put them away: the index appended, the pages written, the
@@ -128,6 +142,14 @@ int ws_writer_wait(kvmem_session *s);
 void ws_writer_drain(kvmem_session *s);
 /* Wait, stop the thread, free its buffers. */
 void ws_writer_free(kvmem_session *s);
+
+/* session.c: buffers for one forward pass's raw K or V rows of the
+ * session's rows_dtype (pinned through the backend when its rows are
+ * bf16); ws_rows_free undoes. */
+void *ws_rows_alloc(kvmem_session *s);
+void ws_rows_free(kvmem_session *s, void *p);
+/* The forward's outputs into the rows and queries the session holds now. */
+kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last);
 
 /* adopt.c */
 int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n);

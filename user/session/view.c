@@ -9,7 +9,15 @@
  * the engine rotated at that slot) is left alone: the engine rotates a copy
  * of the same raw K at the same slot with the same kernel, so the bits are
  * those a rebuild would write. Nothing is ever rotated from a rotated copy.
+ *
+ * A token that stays in the view but changes slots (every block after one
+ * that entered or left shifts) is moved on the backend when it keeps raw K
+ * beside the view (keep_raw, move): K rotated at the new slot from that
+ * raw K, V moved, at the device's memory speed, no page read. Only what
+ * enters the view is got from the page source: a step reads the pages of
+ * the blocks that entered (kvmem_session_stats.source_pages).
  */
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,7 +148,67 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 	it->block = b;
 	s->n_items++;
 	s->st.rebuilt_tokens += u1 - u0;
+	s->st.source_pages += it->page.mem != KVMEM_MEM_BACKEND;
 	return 0;
+}
+
+/* Tokens of layer l at slots have.. go to want..: queued for one move. */
+static int queue_move(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
+{
+	kvmem_session *s = arg;
+
+	if (u1 <= u0 || have < 0 || have == want)
+		return 0;
+	if (s->n_moves == s->cap_moves) {
+		size_t cap = s->cap_moves ? 2 * s->cap_moves : 1024;
+		kvmem_move *m = realloc(s->moves, cap * sizeof(*m));
+
+		if (!m)
+			return kvmem_error(ENOMEM, "session: out of memory for %zu moves", cap);
+		s->moves = m;
+		s->cap_moves = cap;
+	}
+	s->moves[s->n_moves++] = (kvmem_move){ .layer = l, .n = u1 - u0, .from = have + u0,
+					       .to = want + u0 };
+	return 0;
+}
+
+/*
+ * Everything that stays in the view but changes slots (blocks after one
+ * that entered or left, the tail becoming history) in one move on the
+ * backend: K rotated at the new slot from the raw K the backend keeps, V
+ * moved, no page read. 1 when done (the placements then leave those
+ * tokens alone), 0 when the backend cannot (it keeps no raw K, or gave it
+ * up): they are placed from their pages as before.
+ */
+static int move_kept(kvmem_session *s, const kvmem_plan *np)
+{
+	int64_t tokens = 0;
+	int rc;
+
+	if (!s->move_ok || s->o.rebuild_all)
+		return 0;
+	s->n_moves = 0;
+	if (ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens, s->view_len,
+			 queue_move, s))
+		return kvmem_fail();
+	if (!s->n_moves)
+		return 1;
+	if (s->n_moves > INT_MAX)
+		return kvmem_error(EINVAL, "session: %zu moves in one step", s->n_moves);
+	rc = s->be->ops->move(s->be->ctx, s->view, s->moves, (int)s->n_moves);
+	if (rc == -ENOTSUP || rc == -ENOMEM) {
+		/* Nothing moved: the pages do it, from now on. */
+		s->move_ok = 0;
+		return 0;
+	}
+	if (rc)
+		return kvmem_error_prefix("session: moving %zu runs inside the view", s->n_moves);
+	for (size_t i = 0; i < s->n_moves; i++)
+		tokens += s->moves[i].n;
+	s->st.moved_tokens += tokens;
+	s->st.rebuilt_tokens += tokens;
+	return 1;
 }
 
 /* Tokens u0..u1-1 now sit at slot `have` + u (have < 0: not in the view);
@@ -155,6 +223,8 @@ static int place(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int6
 		s->st.kept_tokens += u1 - u0;
 		return 0;
 	}
+	if (have >= 0 && s->moving)
+		return 0;	/* moved already (move_kept) */
 	return rebuild(s, l, b, u0, u1, want + u0);
 }
 
@@ -181,14 +251,22 @@ static void hint_entering(kvmem_session *s, const kvmem_plan *np)
 
 static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 {
+	int rc;
+
 	if (ws_view_reserve(s, np->view_tokens))
 		return kvmem_fail();
 	ws_register(s);
 	hint_entering(s, np);
-	if (ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens, s->view_len,
-			 place, s))
+	/* Moves first: every one reads the view as it was, before a page
+	 * lands on a slot a moved token leaves. */
+	if ((s->moving = move_kept(s, np)) < 0) {
+		s->moving = 0;
 		return kvmem_fail();
-	return flush(s);
+	}
+	rc = ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens, s->view_len,
+			  place, s);
+	s->moving = 0;
+	return rc ? kvmem_fail() : flush(s);
 }
 
 /*

@@ -72,9 +72,11 @@ struct ws_writer {
 	int state, quit;
 	kvmem_session *s;
 	struct ws_rows job;	/* its rows: one of the two sets */
-	float *spare_k, *spare_v, *spare_q;	/* the set the session does not hold */
+	void *spare_k, *spare_v;	/* the set the session does not hold */
+	float *spare_q;
 	int rc, err;
 	char msg[512];
+	int64_t ns;		/* time spent on jobs */
 };
 
 static void *worker(void *arg)
@@ -88,9 +90,11 @@ static void *worker(void *arg)
 		if (g->quit)
 			break;
 		pthread_mutex_unlock(&g->mu);
+		int64_t t0 = (int64_t)kvmem_now_ns();
 		int rc = ws_put_rows(g->s, &g->job);
 
 		pthread_mutex_lock(&g->mu);
+		g->ns += (int64_t)kvmem_now_ns() - t0;
 		g->rc = rc;
 		if (rc) {
 			g->err = kvmem_last_errno() ? kvmem_last_errno() : EIO;
@@ -105,8 +109,8 @@ static void *worker(void *arg)
 
 static void spares_free(struct ws_writer *g)
 {
-	free(g->spare_k);
-	free(g->spare_v);
+	ws_rows_free(g->s, g->spare_k);
+	ws_rows_free(g->s, g->spare_v);
 	free(g->spare_q);
 	free(g);
 }
@@ -121,8 +125,8 @@ static int writer_start(kvmem_session *s)
 	if (!g)
 		return -ENOMEM;
 	g->s = s;
-	g->spare_k = malloc(rows * s->cfg.n_kv_heads * sizeof(float));
-	g->spare_v = malloc(rows * s->cfg.n_kv_heads * sizeof(float));
+	g->spare_k = ws_rows_alloc(s);
+	g->spare_v = ws_rows_alloc(s);
 	g->spare_q = malloc(rows * s->cfg.n_heads * sizeof(float));
 	if (!g->spare_k || !g->spare_v || !g->spare_q || pthread_mutex_init(&g->mu, NULL)) {
 		spares_free(g);
@@ -143,6 +147,7 @@ static int writer_start(kvmem_session *s)
 static int drain(kvmem_session *s)
 {
 	struct ws_writer *g = s->writer;
+	int64_t t0 = (int64_t)kvmem_now_ns();
 	int rc;
 
 	if (!g)
@@ -152,7 +157,9 @@ static int drain(kvmem_session *s)
 		pthread_cond_wait(&g->cv, &g->mu);
 	rc = g->state == DONE ? g->rc : 0;
 	g->state = IDLE;
+	s->st.writer_ns = g->ns;
 	pthread_mutex_unlock(&g->mu);
+	s->st.writer_wait_ns += (int64_t)kvmem_now_ns() - t0;
 	if (rc)
 		s->broken = 1;	/* the view holds tokens the history lacks */
 	return rc;
@@ -186,7 +193,7 @@ int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 	/* The job takes the rows just computed; the next forward writes into
 	 * the other set. */
 	s->raw_k = g->spare_k, s->v = g->spare_v, s->q_raw = g->spare_q;
-	g->spare_k = (float *)r.k, g->spare_v = (float *)r.v, g->spare_q = (float *)r.q;
+	g->spare_k = (void *)r.k, g->spare_v = (void *)r.v, g->spare_q = (float *)r.q;
 	pthread_mutex_lock(&g->mu);
 	g->job = r;
 	g->state = POSTED;

@@ -129,6 +129,14 @@ static int ks_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 	return s->inner.ops->write(s->inner.ctx, b, layer, t0, n, k, v);
 }
 
+static int ks_write_rows(void *ctx, int64_t p0, int n, const void *k, const void *v,
+			 uint32_t dtype)
+{
+	struct ksrc *s = ctx;
+
+	return s->inner.ops->write_rows(s->inner.ctx, p0, n, k, v, dtype);
+}
+
 static int ks_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 {
 	struct ksrc *s = ctx;
@@ -224,6 +232,7 @@ static const kvmem_page_source_ops kmod_source_ops = {
 	.hint = ks_hint,
 	.destroy = ks_destroy,
 	.commit = ks_commit,
+	.write_rows = ks_write_rows,
 };
 
 int kvmem_page_source_kmod(kvmem_page_source *src, kvmem_pager *p, const kvmem_kmod_opts *o)

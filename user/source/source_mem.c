@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/source.h"
 #include "util/grow.h"
@@ -24,15 +25,9 @@ static float *page(struct mem_source *m, int64_t b, int layer, int is_v)
 	return m->blocks[b] + ((size_t)layer * 2 + is_v) * m->page_floats;
 }
 
-static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
-		     const float *v)
+/* Block b's pages, made on demand. */
+static int have_block(struct mem_source *m, int64_t b)
 {
-	struct mem_source *m = ctx;
-	const int H = m->n_kv_heads, d = m->head_dim;
-
-	if (b < 0 || layer < 0 || layer >= m->n_layers || t0 < 0 || n < 0 || t0 + n > m->block)
-		return kvmem_error(EINVAL, "page source: bad write block %lld layer %d tokens %d+%d",
-				 (long long)b, layer, t0, n);
 	if ((size_t)b >= m->cap) {
 		size_t c1 = m->cap, c2 = m->cap;
 
@@ -54,6 +49,20 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 			return kvmem_error(ENOMEM, "page source: out of memory for block %lld", (long long)b);
 		}
 	}
+	return 0;
+}
+
+static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
+		     const float *v)
+{
+	struct mem_source *m = ctx;
+	const int H = m->n_kv_heads, d = m->head_dim;
+
+	if (b < 0 || layer < 0 || layer >= m->n_layers || t0 < 0 || n < 0 || t0 + n > m->block)
+		return kvmem_error(EINVAL, "page source: bad write block %lld layer %d tokens %d+%d",
+				 (long long)b, layer, t0, n);
+	if (have_block(m, b))
+		return kvmem_fail();
 	/* In order, or again from an earlier token (a caller rewinding its
 	 * history); never past a gap. */
 	if (t0 > m->fill[b][layer])
@@ -70,6 +79,61 @@ static int mem_write(void *ctx, int64_t b, int layer, int t0, int n, const float
 		}
 	}
 	m->fill[b][layer] = t0 + n;
+	return 0;
+}
+
+/* A forward pass's rows whole (f32, or bf16 widened, which is exact), the
+ * layers on the OpenMP threads: each layer's pages are its own. */
+static int mem_write_rows(void *ctx, int64_t p0, int n, const void *k, const void *v,
+			  uint32_t dtype)
+{
+	struct mem_source *m = ctx;
+	const int H = m->n_kv_heads, d = m->head_dim, B = m->block;
+	const size_t kw = (size_t)H * d;
+	int64_t b0, b1;
+
+	if (dtype != KVMEM_DTYPE_F32 && dtype != KVMEM_DTYPE_BF16)
+		return kvmem_error(ENOTSUP, "page source: rows of dtype %u (f32 or bf16 only)", dtype);
+	if (p0 < 0 || n < 0)
+		return kvmem_error(EINVAL, "page source: bad rows write: tokens %lld+%d",
+				   (long long)p0, n);
+	if (!n)
+		return 0;
+	b0 = p0 / B;
+	b1 = (p0 + n - 1) / B;
+	for (int64_t b = b0; b <= b1; b++)
+		if (have_block(m, b))
+			return kvmem_fail();
+	for (int l = 0; l < m->n_layers; l++)
+		if (p0 % B > m->fill[b0][l])
+			return kvmem_error(EINVAL, "page source: block %lld layer %d written at token "
+					   "%d, %d are there: tokens must come in order",
+					   (long long)b0, l, (int)(p0 % B), m->fill[b0][l]);
+	#pragma omp parallel for schedule(static) if ((size_t)n * m->n_layers * kw >= ((size_t)1 << 16))
+	for (int l = 0; l < m->n_layers; l++)
+		for (int j = 0; j < n; j++) {
+			const int64_t p = p0 + j;
+			const size_t row = ((size_t)l * n + j) * kw;
+
+			for (int h = 0; h < H; h++) {
+				float *pk = page(m, p / B, l, 0) + ((size_t)h * B + p % B) * d;
+				float *pv = page(m, p / B, l, 1) + ((size_t)h * B + p % B) * d;
+
+				if (dtype == KVMEM_DTYPE_BF16) {
+					kvmem_bf16_to_f32_n(pk, (const uint16_t *)k + row + (size_t)h * d, d);
+					kvmem_bf16_to_f32_n(pv, (const uint16_t *)v + row + (size_t)h * d, d);
+				} else {
+					memcpy(pk, (const float *)k + row + (size_t)h * d, d * sizeof(float));
+					memcpy(pv, (const float *)v + row + (size_t)h * d, d * sizeof(float));
+				}
+			}
+		}
+	for (int64_t b = b0; b <= b1; b++) {
+		int64_t end = p0 + n - b * B;
+
+		for (int l = 0; l < m->n_layers; l++)
+			m->fill[b][l] = end < B ? (int)end : B;
+	}
 	return 0;
 }
 
@@ -110,6 +174,7 @@ static const kvmem_page_source_ops mem_ops = {
 	.get = mem_get,
 	.put = mem_put,
 	.destroy = mem_destroy,
+	.write_rows = mem_write_rows,
 };
 
 int kvmem_page_source_mem(kvmem_page_source *src, int n_layers, int n_kv_heads, int head_dim,

@@ -24,6 +24,8 @@
 #include "kvmem/store.h"
 #include "util/grow.h"
 
+#define SPARE_MAX 64
+
 struct psrc {
 	kvmem_pager *p;
 	const char *dir;		/* the workspace, for messages */
@@ -36,6 +38,12 @@ struct psrc {
 	size_t cap_open;
 	char **open;		/* [n_open] -> [L][2][H][B][D] in the dtype */
 	int **fill;		/* [n_open] -> [L] tokens written */
+	/* Buffers of blocks staged out, kept for the next open blocks: a
+	 * prefill chunk opens 32 blocks of 4.7 MB at Qwen3-8B, and fresh
+	 * memory for each (zeroed, faulted in page by page) cost more than
+	 * the copies into it. */
+	char *spare[SPARE_MAX];
+	int n_spare;
 };
 
 /* The buffers of open block b (b >= first), made on demand. */
@@ -56,7 +64,10 @@ static int open_block(struct psrc *s, int64_t b, char **pages, int **fill)
 		s->cap_open = c1;
 	}
 	if (!s->open[i]) {
-		s->open[i] = calloc((size_t)s->L * 2 * s->pf, s->es);
+		/* A spare holds an older block's bytes past what is written:
+		 * unspecified, as a page's tokens past its length are. */
+		s->open[i] = s->n_spare ? s->spare[--s->n_spare] :
+					 calloc((size_t)s->L * 2 * s->pf, s->es);
 		s->fill[i] = calloc(s->L, sizeof(int));
 		if (!s->open[i] || !s->fill[i])
 			return kvmem_error(ENOMEM, "%s: out of memory for block %" PRId64, s->dir, b);
@@ -83,7 +94,10 @@ static int flush_full(struct psrc *s)
 			layers[l] = pages + (size_t)l * 2 * s->pf * s->es;
 		if (kvmem_pager_append_block(s->p, s->first, layers, NULL) < 0)
 			return kvmem_fail();
-		free(pages);
+		if (s->n_spare < SPARE_MAX)
+			s->spare[s->n_spare++] = pages;
+		else
+			free(pages);
 		free(fill);
 		memmove(s->open, s->open + 1, (s->cap_open - 1) * sizeof(*s->open));
 		memmove(s->fill, s->fill + 1, (s->cap_open - 1) * sizeof(*s->fill));
@@ -109,6 +123,101 @@ static void put_row(const struct psrc *s, char *dst, const float *src, int n)
 	default:
 		memcpy(dst, src, (size_t)n * sizeof(float));
 	}
+}
+
+/* n values of dtype `from` (f32 or bf16) into the workspace's dtype. */
+static void put_typed(const struct psrc *s, char *dst, const void *src, uint32_t from, int n)
+{
+	if (from == KVMEM_DTYPE_F32) {
+		put_row(s, dst, src, n);
+		return;
+	}
+	switch (s->g->dtype) {
+	case KVMEM_DTYPE_BF16:	/* a GPU's rows into a GPU's workspace: as they are */
+		memcpy(dst, src, (size_t)n * 2);
+		break;
+	case KVMEM_DTYPE_F16:
+		for (int i = 0; i < n; i++)
+			((uint16_t *)dst)[i] =
+				kvmem_f32_to_f16(kvmem_bf16_to_f32(((const uint16_t *)src)[i]));
+		break;
+	default:
+		kvmem_bf16_to_f32_n((float *)dst, src, (size_t)n);
+	}
+}
+
+/*
+ * A forward pass's rows whole: every layer's tokens p0..p0+n-1. The open
+ * blocks are made first (on this thread), then the layers are copied on
+ * the OpenMP threads (each layer's rows and page bytes are its own; a
+ * 1024-token chunk at Qwen3-8B is 151 MB of bf16), then full blocks are
+ * staged out in order.
+ */
+static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void *v,
+			 uint32_t dtype)
+{
+	struct psrc *s = ctx;
+	const size_t kw = (size_t)s->H * s->D, es_in = dtype == KVMEM_DTYPE_F32 ? 4 : 2;
+	int64_t b0, nb;
+	char **pages = NULL;
+	int **fill = NULL, rc = -1;
+
+	if (dtype != KVMEM_DTYPE_F32 && dtype != KVMEM_DTYPE_BF16)
+		return kvmem_error(ENOTSUP, "%s: rows of dtype %u (f32 or bf16 only)", s->dir, dtype);
+	if (p0 < 0 || n < 0)
+		return kvmem_error(EINVAL, "%s: bad rows write: tokens %" PRId64 "+%d", s->dir, p0, n);
+	if (!n)
+		return 0;
+	b0 = p0 / s->B;
+	nb = (p0 + n - 1) / s->B - b0 + 1;
+	pages = malloc((size_t)nb * sizeof(*pages));
+	fill = malloc((size_t)nb * sizeof(*fill));
+	if (!pages || !fill) {
+		kvmem_error(ENOMEM, "%s: out of memory", s->dir);
+		goto out;
+	}
+	for (int64_t i = 0; i < nb; i++) {
+		if (open_block(s, b0 + i, &pages[i], &fill[i]) < 0)
+			goto out;
+		for (int l = 0; l < s->L; l++) {
+			int t0 = i ? 0 : (int)(p0 % s->B);
+
+			if (fill[i][l] != t0) {
+				kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d written at token %d, "
+					    "%d are there: tokens must come in order", s->dir, b0 + i,
+					    l, t0, fill[i][l]);
+				goto out;
+			}
+		}
+	}
+	#pragma omp parallel for schedule(static) if ((size_t)n * s->L * kw >= ((size_t)1 << 16))
+	for (int l = 0; l < s->L; l++)
+		for (int j = 0; j < n; j++) {
+			const int64_t p = p0 + j;
+			const int t = (int)(p % s->B);
+			char *blk = pages[p / s->B - b0] + (size_t)l * 2 * s->pf * s->es;
+			const size_t row = ((size_t)l * n + j) * kw;
+
+			for (int h = 0; h < s->H; h++) {
+				char *pk = blk + ((size_t)h * s->B + t) * s->D * s->es;
+
+				put_typed(s, pk, (const char *)k + (row + (size_t)h * s->D) * es_in, dtype,
+					  s->D);
+				put_typed(s, pk + s->pf * s->es,
+					  (const char *)v + (row + (size_t)h * s->D) * es_in, dtype, s->D);
+			}
+		}
+	for (int64_t i = 0; i < nb; i++) {
+		int64_t end = p0 + n - (b0 + i) * s->B;
+
+		for (int l = 0; l < s->L; l++)
+			fill[i][l] = end < s->B ? (int)end : s->B;
+	}
+	rc = flush_full(s);
+out:
+	free(pages);
+	free(fill);
+	return rc < 0 ? kvmem_fail() : 0;
 }
 
 static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
@@ -220,6 +329,8 @@ static void ps_destroy(void *ctx)
 		free(s->open[i]);
 		free(s->fill[i]);
 	}
+	for (int i = 0; i < s->n_spare; i++)
+		free(s->spare[i]);
 	free(s->open);
 	free(s->fill);
 	free(s);
@@ -237,6 +348,7 @@ static const kvmem_page_source_ops pager_source_ops = {
 	.destroy = ps_destroy,
 	.region = ps_region,
 	.commit = ps_commit,
+	.write_rows = ps_write_rows,
 };
 
 int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)

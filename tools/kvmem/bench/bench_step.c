@@ -69,13 +69,16 @@
 #define BLOCK 32
 #define MAX_LIST 8
 
+/* The step phase's tiers (--tiers). */
+enum { TIER_WARM = 1, TIER_PAGES = 2, TIER_COLD = 4 };
+
 enum { PH_CEIL = 1, PH_REMAT = 2, PH_COLDIN = 4, PH_STEP = 8, PH_DECODE = 16, PH_STAGE = 32,
        PH_MEM = 64, PH_FITS = 128, PH_ALL = 255 };
 
 struct opts {
 	struct bench_model bm;
 	const char *dir;
-	int layers, mem_layers, steps, question, decode, chunk, only, keep, host_scoring;
+	int layers, mem_layers, steps, question, decode, chunk, only, keep, host_scoring, tiers;
 	int64_t tokens, view, remat, prefill, memory[MAX_LIST];
 	int n_memory;
 	uint64_t coldin, gpu_mem, host_cap, seed, index_mem, read_size;
@@ -103,6 +106,10 @@ static void usage(FILE *f)
 		"  --tokens N         workspace of the step phase (default 256k)\n"
 		"  --view N           view budget in tokens (default 64k)\n"
 		"  --steps N          agent steps timed per tier (default 3)\n"
+		"  --tiers LIST       the step phase's host tiers: warm, pages (warm with\n"
+		"                     every shifted token placed again from its page, as\n"
+		"                     before moves inside the view: the peer), cold\n"
+		"                     (default warm,cold)\n"
 		"  --question N       tokens appended before each step (default 32)\n"
 		"  --decode N         tokens decoded for the decode figures (default 32)\n"
 		"  --remat N          tokens of pages placed in the remat phase (default 16k)\n"
@@ -177,6 +184,27 @@ static int parse_only(const char *s)
 	return m;
 }
 
+static int parse_tiers(const char *s)
+{
+	static const char *names[] = { "warm", "pages", "cold" };
+	char buf[64], *save = NULL;
+	int m = 0;
+
+	snprintf(buf, sizeof(buf), "%s", s);
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		int i = 0;
+
+		while (i < 3 && strcmp(t, names[i]))
+			i++;
+		if (i == 3) {
+			fprintf(stderr, "%s: --tiers: unknown tier '%s' (warm, pages, cold)\n", WHO, t);
+			return -1;
+		}
+		m |= 1 << i;
+	}
+	return m ? m : -1;
+}
+
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option opts[] = {
@@ -195,6 +223,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "host-scoring", no_argument, NULL, 'A' },
 		{ "read-size", required_argument, NULL, 'R' },
 		{ "queue-depth", required_argument, NULL, 'Q' },
+		{ "tiers", required_argument, NULL, 'i' },
 		{ "help", no_argument, NULL, 'h' },	     { 0 },
 	};
 	int c;
@@ -205,6 +234,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->tokens = 256 * 1024;
 	o->view = 64 * 1024;
 	o->steps = 3;
+	o->tiers = TIER_WARM | TIER_COLD;
 	o->question = 32;
 	o->decode = 32;
 	o->remat = 16 * 1024;
@@ -232,6 +262,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'L': bad = cli_parse_int(WHO, name, optarg, 1, 1024, &o->layers); break;
 		case 'M': bad = cli_parse_int(WHO, name, optarg, 1, 1024, &o->mem_layers); break;
 		case 'o': bad = (o->only = parse_only(optarg)) < 0; break;
+		case 'i': bad = (o->tiers = parse_tiers(optarg)) < 0; break;
 		case 't': bad = cli_parse_count(WHO, name, optarg, BLOCK, 1ll << 33, &o->tokens); break;
 		case 'v': bad = cli_parse_count(WHO, name, optarg, BLOCK, 1ll << 30, &o->view); break;
 		case 'S': bad = cli_parse_int(WHO, name, optarg, 1, 1000, &o->steps); break;
@@ -266,6 +297,18 @@ struct ctx {
 	double plain_decode_tps;
 	kvmem_view *peer;		/* the view prefilled with --view tokens */
 };
+
+/* "52x faster", or "1.4x slower": a ratio below 1 is said as what it is. */
+static const char *vs(char *buf, size_t n, double peer_s, double t_s)
+{
+	double r = t_s > 0 ? peer_s / t_s : 0;
+
+	if (r >= 1)
+		snprintf(buf, n, "%.*fx faster", r < 10 ? 1 : 0, r);
+	else
+		snprintf(buf, n, "%.1fx slower", r > 0 ? 1 / r : 0.0);
+	return buf;
+}
 
 static double gbps(double bytes, double s)
 {
@@ -334,6 +377,8 @@ static void place_delta(struct ctx *x, const kvmem_place_stats *a, kvmem_place_s
 	d->pool_misses = b.pool_misses - a->pool_misses;
 	d->pool_pages = b.pool_pages;
 	d->ns = b.ns - a->ns;
+	d->moved_tokens = b.moved_tokens - a->moved_tokens;
+	d->move_ns = b.move_ns - a->move_ns;
 }
 
 static void place_now(struct ctx *x, kvmem_place_stats *s)
@@ -827,7 +872,8 @@ out:
 
 struct step_result {
 	double adopt_s, step_s[64], select_s[64], decode_s[64];
-	uint64_t bytes[64], nvme_pages[64], pool_hits[64], tokens[64];
+	uint64_t bytes[64], nvme_pages[64], pool_hits[64], tokens[64], moved[64], src_pages[64];
+	double move_ms[64];
 	double decode_tps;
 	/* The timed decode: its per-token split (kvmem_session_stats), the
 	 * view's length when it began, and selections it forced. */
@@ -867,7 +913,7 @@ static double median(const double *v, int n)
 
 /* One tier: a session over the workspace, steps timed, decode timed. */
 static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t tokens,
-		    uint64_t host_cap, int steps, int do_decode, struct step_result *r)
+		    uint64_t host_cap, int steps, int do_decode, int move, struct step_result *r)
 {
 	kvmem_workspace_opts wo = { .block = BLOCK, .host_cap = host_cap,
 				    .dtype = KVMEM_DTYPE_BF16 };
@@ -890,7 +936,11 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 	so.on_select = count_select;
 	so.arg = r;
 	so.host_scoring = x->o.host_scoring;
-	if (!(s = kvmem_session_create(x->b, &so)))
+	if (!move)	/* the peer: shifted tokens placed again from their pages */
+		setenv("KVMEM_MOVE", "0", 1);
+	s = kvmem_session_create(x->b, &so);
+	unsetenv("KVMEM_MOVE");
+	if (!s)
 		goto out;
 	t0 = cli_now_s();
 	if (kvmem_workspace_adopt(w, s) < 0)
@@ -898,6 +948,7 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 	r->adopt_s = cli_now_s() - t0;
 	for (int i = 0; i < steps && i < 64; i++) {
 		kvmem_place_stats a, d;
+		kvmem_session_stats s0, s1;
 		double t1, t2;
 
 		/* Odd steps follow up on the step before (the same question
@@ -908,6 +959,7 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 		place_now(x, &a);
 		kvmem_pager_stats_get(kvmem_workspace_pager(w), &ps0);
 		r->entering = 0;
+		kvmem_session_get_stats(s, &s0);
 		t0 = cli_now_s();
 		if (kvmem_session_select(s) < 0)
 			goto out;
@@ -917,6 +969,7 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 			goto out;
 		t2 = cli_now_s();
 		place_delta(x, &a, &d);
+		kvmem_session_get_stats(s, &s1);
 		kvmem_pager_stats_get(kvmem_workspace_pager(w), &ps1);
 		r->step_s[i] = t2 - t0;
 		r->select_s[i] = t1 - t0;
@@ -924,6 +977,10 @@ static int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_
 		r->bytes[i] = d.bytes_in;
 		r->tokens[i] = d.tokens;
 		r->pool_hits[i] = d.pool_hits;
+		/* The session's counters: every backend keeps them. */
+		r->moved[i] = (uint64_t)(s1.moved_tokens - s0.moved_tokens);
+		r->src_pages[i] = (uint64_t)(s1.source_pages - s0.source_pages);
+		r->move_ms[i] = d.move_ns / 1e6;
 		r->nvme_pages[i] = ps1.pages_in - ps0.pages_in;
 	}
 	r->mem_used = x->b->ops->mem_used ? x->b->ops->mem_used(x->b->ctx) : 0;
@@ -980,22 +1037,45 @@ static const char *scored_where(const struct step_result *r)
 	return "on the device, reading the host's index over PCIe";
 }
 
-static void print_steps(const char *tier, const struct step_result *r, int steps, double peer)
+static void print_steps(struct ctx *x, const char *tier, const struct step_result *r, int steps,
+			double peer)
 {
-	double med = median(r->step_s, steps);
+	const double L = x->geo.cfg.n_layers;
+	double med = median(r->step_s, steps), follow[64], fresh[64];
+	int nf = 0, nn = 0;
+	char b1[32], b2[32];
 
-	printf("  %s host tier (first view laid out in %.2f s; a selection that moves nothing "
+	printf("  %s (first view laid out in %.2f s; a selection that moves nothing "
 	       "takes %.1f ms: scoring every block %s, and planning):\n", tier, r->adopt_s,
 	       r->select_only_s * 1e3, scored_where(r));
-	for (int i = 0; i < steps; i++)
+	for (int i = 0; i < steps; i++) {
+		/* What entered against what moved: the pages of the blocks new
+		 * to the view, against the bytes the step read from host memory
+		 * (NVMe reads land there first). */
+		double in = (double)r->entered[i] * L * x->page_bytes;
+
 		printf("    step %d (%s): %.1f ms (selection + rematerialisation %.1f ms, first token "
-		       "%.1f ms); %" PRId64 " blocks entered; %" PRIu64 " token-layers placed, %.2f GB "
-		       "read from host memory, %" PRIu64 " pages from NVMe, %" PRIu64 " from the "
-		       "device page pool\n", i + 1, i % 2 ? "follow-up" : "new subject",
+		       "%.1f ms); %" PRId64 " blocks entered (%.2f GB of pages); %.2f GB read from "
+		       "host memory (%.2f of what entered), %" PRIu64 " pages from NVMe, %" PRIu64
+		       " from the device page pool; %" PRIu64 " pages got from the source (%.2f of "
+		       "the entered blocks'); %" PRIu64 " token-layers placed from pages, %" PRIu64
+		       " moved inside the view (%.1f ms)\n", i + 1, i % 2 ? "follow-up" : "new subject",
 		       r->step_s[i] * 1e3, r->select_s[i] * 1e3, r->decode_s[i] * 1e3, r->entered[i],
-		       r->tokens[i], r->bytes[i] / 1e9, r->nvme_pages[i], r->pool_hits[i]);
-	printf("    median step %.1f ms: %.0fx faster than prefilling the view (%.2f s)\n",
-	       med * 1e3, peer / med, peer);
+		       in / 1e9, r->bytes[i] / 1e9, in > 0 ? r->bytes[i] / in : 0.0, r->nvme_pages[i],
+		       r->pool_hits[i], r->src_pages[i],
+		       r->entered[i] ? r->src_pages[i] / (r->entered[i] * L) : 0.0, r->tokens[i],
+		       r->moved[i], r->move_ms[i]);
+		if (i % 2)
+			follow[nf++] = r->step_s[i];
+		else
+			fresh[nn++] = r->step_s[i];
+	}
+	printf("    median step %.1f ms: %s than prefilling the view (%.2f s)\n", med * 1e3,
+	       vs(b1, sizeof(b1), peer, med), peer);
+	if (nf && nn)
+		printf("    median new subject %.1f ms (%s), follow-up %.1f ms (%s)\n",
+		       median(fresh, nn) * 1e3, vs(b1, sizeof(b1), peer, median(fresh, nn)),
+		       median(follow, nf) * 1e3, vs(b2, sizeof(b2), peer, median(follow, nf)));
 }
 
 static int ph_step(struct ctx *x, int phases)
@@ -1017,25 +1097,43 @@ static int ph_step(struct ctx *x, int phases)
 	       made, x->o.view, x->o.question);
 	if (small < (256ull << 20))
 		small = 256ull << 20;
-	if (run_tier(x, &x->geo, dir, x->o.tokens, x->o.host_cap ? x->o.host_cap :
-		     ws_bytes + (ws_bytes >> 3) + (256ull << 20), steps, phases & PH_DECODE, &warm) < 0)
+	if ((x->o.tiers & TIER_WARM) &&
+	    run_tier(x, &x->geo, dir, x->o.tokens, x->o.host_cap ? x->o.host_cap :
+		     ws_bytes + (ws_bytes >> 3) + (256ull << 20), steps, phases & PH_DECODE, 1,
+		     &warm) < 0)
 		goto out;
-	print_steps("warm", &warm, steps, x->prefill_view_s);
-	if (phases & PH_DECODE)
+	if (x->o.tiers & TIER_WARM)
+		print_steps(x, "warm host tier", &warm, steps, x->prefill_view_s);
+	if (x->o.tiers & TIER_PAGES) {
+		struct step_result pages;
+
+		if (run_tier(x, &x->geo, dir, x->o.tokens, x->o.host_cap ? x->o.host_cap :
+			     ws_bytes + (ws_bytes >> 3) + (256ull << 20), steps, 0, 0, &pages) < 0)
+			goto out;
+		printf("\n");
+		print_steps(x, "warm host tier, moves off (KVMEM_MOVE=0: every token that shifts "
+			    "placed again from its page, the path before moves; the peer)", &pages,
+			    steps, x->prefill_view_s);
+	}
+	if ((phases & PH_DECODE) && (x->o.tiers & TIER_WARM))
 		printf("\ndecode in a %" PRId64 "-token view over %" PRId64 " tokens: %.1f tokens/s; "
 		       "plain decode at %" PRId64 ": %.1f tokens/s; ratio %.2f\n", x->o.view,
 		       x->o.tokens, warm.decode_tps, x->o.view, x->plain_decode_tps,
 		       warm.decode_tps / x->plain_decode_tps);
-	if (phases & PH_DECODE)
+	if ((phases & PH_DECODE) && (x->o.tiers & TIER_WARM))
 		printf("    per token: forward %.3f ms, rows put away in line (index, pages, queries) %.3f ms, own "
 		       "%.3f ms; plain %.3f ms in all; view %" PRId64 " tokens at the start (plain "
 		       "%" PRId64 "), %" PRId64 " selections forced\n", warm.dec_fwd_ms,
 		       warm.dec_store_ms, warm.dec_own_ms, 1e3 / x->plain_decode_tps, warm.dec_view,
 		       x->o.view, warm.dec_forced);
-	if (run_tier(x, &x->geo, dir, x->o.tokens, small, steps, 0, &cold) < 0)
+	if (!(x->o.tiers & TIER_COLD)) {
+		rc = 0;
+		goto out;
+	}
+	if (run_tier(x, &x->geo, dir, x->o.tokens, small, steps, 0, 1, &cold) < 0)
 		goto out;
 	printf("\n");
-	print_steps("cold", &cold, steps, x->prefill_view_s);
+	print_steps(x, "cold host tier", &cold, steps, x->prefill_view_s);
 	printf("    (host pool %.2f GB: entering pages not in it come from NVMe)\n", small / 1e9);
 	{
 		/* What bounds a cold step: its pages from NVMe at the disk's
@@ -1043,6 +1141,7 @@ static int ph_step(struct ctx *x, int phases)
 		char path[4300];
 		uint64_t sz = ws_bytes < (2ull << 30) ? ws_bytes : (2ull << 30);
 		double seq, floor_s[64], med;
+		char fl[32];
 
 		snprintf(path, sizeof(path), "%s/pages", dir);
 		seq = seq_read(path, sz, 8u << 20, 64);
@@ -1051,8 +1150,8 @@ static int ph_step(struct ctx *x, int phases)
 		med = median(floor_s, steps);
 		if (med > 0)
 			printf("    NVMe floor (its pages at the O_DIRECT sequential read of the same "
-			       "file, %.2f GB/s, measured now): median %.1f ms, at best %.0fx faster "
-			       "than the prefill\n", seq / 1e9, med * 1e3, x->prefill_view_s / med);
+			       "file, %.2f GB/s, measured now): median %.1f ms, at best %s than the "
+			       "prefill\n", seq / 1e9, med * 1e3, vs(fl, sizeof(fl), x->prefill_view_s, med));
 	}
 	rc = 0;
 out:
@@ -1064,7 +1163,7 @@ out:
 /* Prefill n tokens through a session over src (NULL: memory); seconds of
  * the appends (and of the commit, for a workspace). */
 static int stage_run(struct ctx *x, const int32_t *ids, int64_t n, const char *dir, double *t_app,
-		     double *t_commit)
+		     double *t_commit, kvmem_session_stats *st, kvmem_pager_stats *ps)
 {
 	kvmem_workspace_opts wo = { .block = BLOCK, .dtype = KVMEM_DTYPE_BF16,
 				    .stage_bytes = (uint64_t)(n / BLOCK + 2) * x->geo.cfg.n_layers *
@@ -1092,7 +1191,10 @@ static int stage_run(struct ctx *x, const int32_t *ids, int64_t n, const char *d
 	if (kvmem_session_append(s, ids, n, 0) < 0)
 		goto out;
 	*t_app = cli_now_s() - t0;
+	kvmem_session_get_stats(s, st);
+	memset(ps, 0, sizeof(*ps));
 	if (w) {
+		kvmem_pager_stats_get(kvmem_workspace_pager(w), ps);	/* before the commit */
 		t0 = cli_now_s();
 		if (kvmem_workspace_commit(w, s) < 0)
 			goto out;
@@ -1114,6 +1216,8 @@ static int ph_stageout(struct ctx *x)
 	kvmem_view *v = NULL;
 	char dir[4200];
 	double plain, mem, store, commit, dummy;
+	kvmem_session_stats sm, sw;
+	kvmem_pager_stats pm, pw;
 	int rc = -1;
 
 	if (!ids || !logits) {
@@ -1128,18 +1232,30 @@ static int ph_stageout(struct ctx *x)
 		goto out;
 	x->b->ops->view_destroy(x->b->ctx, v);
 	v = NULL;
-	if (stage_run(x, ids, x->o.chunk, NULL, &dummy, &commit) < 0 ||	/* warm-up */
-	    stage_run(x, ids, n, NULL, &mem, &commit) < 0 ||
-	    stage_run(x, ids, n, dir, &store, &commit) < 0)
+	if (stage_run(x, ids, x->o.chunk, NULL, &dummy, &commit, &sm, &pm) < 0 ||	/* warm-up */
+	    stage_run(x, ids, n, NULL, &mem, &commit, &sm, &pm) < 0 ||
+	    stage_run(x, ids, n, dir, &store, &commit, &sw, &pw) < 0)
 		goto out;
+	/* The figure is the session over the workspace against the plain
+	 * forward pass: what a user waits for when a long tool output is
+	 * appended, against the engine alone. */
 	printf("\nstage-out under prefill: %" PRId64 " tokens in chunks of %d (%.2f GB of bf16 "
 	       "pages)\n  plain forward, no outputs      %.3f s\n  session over host memory       "
-	       "%.3f s (+%.1f%%: raw K/V and queries to the host, the index)\n  session over the "
-	       "workspace   %.3f s (+%.1f%% over host memory: the store; %.1f%% over plain)\n  "
-	       "then the commit (durable)     %.3f s\n", n, x->o.chunk,
+	       "%.3f s (+%.1f%% over plain: raw K/V and queries to the host, the index)\n  session "
+	       "over the workspace   %.3f s (+%.1f%% over plain, %+.1f%% over host memory: the "
+	       "store)\n  then the commit (durable)     %.3f s\n  plain / session over the "
+	       "workspace: %.3f (%.3f with the commit)\n  the session's forward passes took %.3f s "
+	       "of its %.3f s (rows in line %.3f s)\n", n, x->o.chunk,
 	       (double)(n / BLOCK) * x->geo.cfg.n_layers * x->page_bytes / 1e9, plain, mem,
-	       100 * (mem / plain - 1), store, 100 * (store / mem - 1), 100 * (store / plain - 1),
-	       commit);
+	       100 * (mem / plain - 1), store, 100 * (store / plain - 1), 100 * (store / mem - 1),
+	       commit, plain / store, plain / (store + commit), sw.forward_ns / 1e9, store,
+	       sw.store_ns / 1e9);
+	printf("  writer thread: over host memory %.3f s busy, waited for %.3f s; over the "
+	       "workspace %.3f s busy, waited for %.3f s (stage-out: %" PRIu64 " blocks written by "
+	       "the end of the appends, %" PRIu64 " appends waited %.3f s for the buffer)\n",
+	       sm.writer_ns / 1e9, sm.writer_wait_ns / 1e9, sw.writer_ns / 1e9,
+	       sw.writer_wait_ns / 1e9, pw.blocks_out, pw.backpressure_waits,
+	       pw.backpressure_ns / 1e9);
 	rc = 0;
 out:
 	if (v)
@@ -1181,7 +1297,7 @@ static int ph_memory(struct ctx *x)
 		double made;
 
 		if (make_workspace(x, &m, dir, tok, &made) < 0 ||
-		    run_tier(x, &m, dir, tok, 1ull << 30, 1, 0, &r) < 0)
+		    run_tier(x, &m, dir, tok, 1ull << 30, 1, 0, 1, &r) < 0)
 			goto out;
 		used[i] = r.mem_used;
 		printf("  %9" PRId64 " tokens (%.1f GB of pages, written in %.0f s): device %s; "

@@ -1,0 +1,149 @@
+#!/bin/bash
+# kvmem serve's admission and quotas (issue 26): a fair queue (FIFO in a
+# conversation, round-robin across), 429 with Retry-After past
+# --max-queue and --max-conversation-queue, rounds that batch the units of
+# several conversations, idle conversations closed and reopened from their
+# stored state with no re-prefill (equal to a twin that never closed), and
+# a full disk (a small tmpfs) that is an error for the conversation that
+# needed the space while the others go on.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../serve/lib.sh"
+cli_setup serve_admit
+serve_node
+LINES='"$ ls\nexecutor.json executor.conf payments.props executor.props\npayments.props\n$ cat payments.props\npayments.props pool.workers = 18\npayments.props dns.cluster = host14\npayments.props pool.bucket = 0x2a97\npayments.props quota.cluster = host08\n"'
+ASK='"$ cat api.conf\napi.conf db.port = 5432\n? api.conf db.port ="'
+ASK2='"? api.conf db.port ="'
+disk=""
+trap '[ -z "$disk" ] || umount "$disk"; rm -rf "$tmp"' EXIT
+
+js() {	# js EXPR: with b (the last body) in scope
+	node -e 'const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+		try { console.log(eval(process.argv[2])) } catch (e) { console.log(`(${e.message})`) }' \
+		"$tmp/body" "$1"
+}
+metric() {
+	curl -s "$BASE/metrics" | sed -n "s/^$1 //p"
+}
+# chat NAME CONV CONTENT...: a chat turn in the background; its body in
+# $tmp/NAME.json; its pid joins $pids
+pids=""
+chat() {
+	local name=$1 conv=$2 msgs="" c
+	shift 2
+	for c in "$@"; do msgs="$msgs${msgs:+,}{\"role\":\"user\",\"content\":$c}"; done
+	(curl -s -o "$tmp/$name.json" "$BASE/v1/chat/completions" ${conv:+-H "X-Kvmem-Conversation: $conv"} \
+		-d "{\"messages\":[$msgs]}") &
+	pids="$pids $!"
+}
+
+# ---- the queue: one turn at a time, six requests at most ------------------------------
+serve_start --max-inflight 1 --max-queue 6 --max-conversation-queue 2 || exit 1
+# waiting N: until N requests wait for admission (10 s at most)
+waiting() {
+	local i
+	for i in $(seq 1 100); do
+		[ "$(metric kvmem_queue_waiting)" = "$1" ] && return 0
+		sleep 0.1
+	done
+	bad "the queue never held $1 waiting ($(metric kvmem_queue_waiting))"
+}
+# L, a long request of no conversation, holds the one slot while the others queue.
+curl -s -o "$tmp/L.json" "$BASE/v1/completions" -d "{\"prompt\":$LINES,\"max_tokens\":2500,\"ignore_eos\":true}" &
+pids=$!
+for i in $(seq 1 100); do
+	[ "$(metric kvmem_requests_running)" = 1 ] && break
+	sleep 0.1
+done
+chat A1 qa "$ASK"; waiting 1
+chat A2 qa "$ASK"; waiting 2	# the same turn again: it waits behind A1 in qa's lane
+chat B1 qb "$ASK"; waiting 3
+# qa has two waiting: a third is refused, and says when to come back.
+got=$(curl -s -o "$tmp/body" -D "$tmp/head" -w '%{http_code}' "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: qa' \
+	-d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}")
+[ "$got" = 429 ] && grep -q '"code":"conversation_queue_full"' "$tmp/body" && grep -qi '^Retry-After: [1-9]' "$tmp/head" ||
+	bad "a conversation's third waiting request: $got $(cat "$tmp/body") $(cat "$tmp/head")"
+chat C1 "" "$ASK"; waiting 4
+chat C2 "" "$ASK"; waiting 5
+[ "$(metric kvmem_requests_running)" = 1 ] || bad "queue: $(metric kvmem_requests_running) running (want 1)"
+got=$(curl -s -o "$tmp/body" -D "$tmp/head" -w '%{http_code}' "$BASE/v1/chat/completions" \
+	-d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}")
+[ "$got" = 429 ] && grep -q '"code":"server_busy"' "$tmp/body" && grep -q '"type":"rate_limit_error"' "$tmp/body" &&
+	grep -qi '^Retry-After: [1-9]' "$tmp/head" || bad "past --max-queue: $got $(cat "$tmp/body") $(cat "$tmp/head")"
+wait $pids
+for r in L A1 A2 B1 C1 C2; do
+	grep -q '"finish_reason"' "$tmp/$r.json" || bad "request $r: $(cat "$tmp/$r.json")"
+done
+grep -q '"replayed":true' "$tmp/A2.json" || bad "A2 did not replay A1: $(cat "$tmp/A2.json")"
+# Round-robin: after A1, the next lanes (qb, then the two of no
+# conversation) come before qa's second request, which came before them.
+# The answers' ids count up as they are made (their last 6 hex digits).
+ends=$(for r in A1 B1 C1 C2 A2; do echo "$(sed -n 's/.*"id":"chatcmpl-[0-9a-f]*\([0-9a-f]\{6\}\)".*/\1/p' "$tmp/$r.json") $r"; done |
+	sort | cut -d' ' -f2 | tr '\n' ' ')
+[ "$ends" = "A1 B1 C1 C2 A2 " ] || bad "the order turns ended in: $ends(want A1 B1 C1 C2 A2: round-robin across lanes)"
+serve_stop
+
+# ---- rounds batch the units of several conversations --------------------------------------
+serve_start --idle-close 1 || exit 1
+pids=""
+for i in 1 2 3 4; do
+	curl -s -N -o "$tmp/s$i" "$BASE/v1/completions" -d "{\"prompt\":$LINES,\"max_tokens\":200,\"ignore_eos\":true,\"stream\":true}" &
+	pids="$pids $!"
+done
+wait $pids
+for i in 1 2 3 4; do
+	[ "$(tail -2 "$tmp/s$i" | head -1)" = "data: [DONE]" ] || bad "stream $i did not end with [DONE]"
+done
+[ "$(metric kvmem_batch_size_max)" -ge 4 ] || bad "four streams at once never shared a round (largest $(metric kvmem_batch_size_max) units)"
+rounds=$(metric kvmem_batch_rounds_total)
+units=$(metric kvmem_batch_decode_units_total)
+[ "$rounds" -lt "$units" ] || bad "rounds $rounds, decode units $units: no round ran two decodes"
+
+# ---- idle conversations close, and come back from their stored state ------------------------
+curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: idle' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
+first=$(js 'b.choices[0].message.content')
+sleep 2.5
+[ "$(metric kvmem_conversations_open)" = 0 ] && [ "$(metric kvmem_conversation_idle_closes_total)" -ge 1 ] ||
+	bad "an idle conversation was not closed ($(metric kvmem_conversations_open) open)"
+second="[{\"role\":\"user\",\"content\":$ASK},{\"role\":\"assistant\",\"content\":\"$first\"},{\"role\":\"user\",\"content\":$ASK2}]"
+curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: idle' -d "{\"messages\":$second}"
+idle=$(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])')
+[ "$(js 'b.kvmem.restored')" = true ] || bad "the idle conversation did not come back from its workspace: $(cat "$tmp/body")"
+# Its twin runs both turns back to back, never closed.
+curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: twin' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
+curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: twin' -d "{\"messages\":$second}"
+[ "$(js 'b.kvmem.restored')" = false ] && [ "$(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])')" = "$idle" ] ||
+	bad "closed and reopened: $idle; its twin: $(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])') (the usage's prompt tokens are the new turn's alone: no re-prefill)"
+serve_stop
+
+# ---- a full disk --------------------------------------------------------------------------------
+if [ "$(id -u)" != 0 ] || ! mkdir -p "$tmp/disk" || ! mount -t tmpfs -o size=6M kvmem-serve-test "$tmp/disk" 2>"$tmp/mount.err"; then
+	echo "note: no 6 MiB tmpfs to fill (not root, or: $(cat "$tmp/mount.err" 2>/dev/null)): the full-disk part is skipped"
+else
+	disk="$tmp/disk"
+	serve_start --data-dir "$disk" || exit 1
+	rm -f "$tmp/body"
+	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
+	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "full disk: the first turn of 'small': $(cat "$tmp/body")"
+	# A prompt whose pages would pass what is left.
+	big=$(node -e 'const l = JSON.parse(process.argv[1]); console.log(JSON.stringify(l.repeat(40) + "? payments.props pool.workers ="))' "$LINES")
+	got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: big' \
+		-d "{\"messages\":[{\"role\":\"user\",\"content\":$big}]}")
+	[ "$got" = 507 ] && grep -q '"error":{"message":"conversation .big.*"type":"server_error".*"code":"insufficient_storage"' "$tmp/body" ||
+		bad "full disk: the turn that needed the space got $got: $(head -c 400 "$tmp/body")"
+	# The others go on, and so does the refused one with a turn that fits.
+	rm -f "$tmp/body"
+	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' \
+		-d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK},{\"role\":\"assistant\",\"content\":\"5432\"},{\"role\":\"user\",\"content\":$ASK2}]}"
+	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "full disk: 'small' did not go on: $(cat "$tmp/body")"
+	rm -f "$tmp/body"
+	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: big' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
+	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "full disk: 'big' with a turn that fits: $(cat "$tmp/body")"
+	serve_stop
+	for ws in "$disk"/conversations/*/ws; do
+		"$KVMEM" verify -q "$ws" >/dev/null 2>&1 || bad "full disk: $ws does not verify"
+	done
+	umount "$disk" && disk=""
+fi
+grep -E "ERROR: AddressSanitizer|runtime error" "$tmp/serve.err" && bad "sanitizer report"
+[ $fail = 0 ] || tail -5 "$tmp/serve.err"
+cli_done serve_admit

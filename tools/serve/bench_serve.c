@@ -1,0 +1,557 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmem bench serve: the server under load, a benchmark (not a test).
+ *
+ *   closed   N clients, each sending its next request when the last one
+ *            ended (R requests each): the load the server sustains with N
+ *            in flight
+ *   poisson  the same number of requests arriving at random (exponential
+ *            gaps) at a rate: --rate, else 0.8 of the request rate the
+ *            closed loop sustained at that N
+ *
+ * Every request streams a completion of --tokens tokens (ignore_eos, so
+ * every answer is that long) after a prompt of workspace lines; with
+ * --conversations each client's requests are the turns of one
+ * conversation. Printed per load: aggregate decode tokens/s (all answers'
+ * tokens over the wall time), its ratio to one client's, and the time to
+ * first token and the latency at p50 and p99, with the backend, the model
+ * and the machine named. The server is started in this process (a
+ * scratch data directory) unless --url names one.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "cmd.h"
+
+#ifdef KVMEM_NO_SERVE
+int bench_serve(int argc, char **argv)
+{
+	fprintf(stderr, "kvmem bench serve: not in this build (the static kvmem leaves the HTTP "
+		"server out: build with make)\n");
+	return 1;
+}
+#else
+#include <ftw.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agentlang/agentlang.h"
+#include "bench_client.h"
+#include "embedded_model.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/sample.h"
+#include "serve.h"
+
+#define WHO "kvmem bench serve"
+#define MAX_LIST 16
+
+struct opts {
+	const char *model, *backend, *url, *api_key, *mode;
+	int clients[MAX_LIST], n_clients;
+	int tokens, requests, lines, conversations, json;
+	double rate;
+	uint64_t seed;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvmem bench serve [options]\n"
+		"\n"
+		"kvmem serve under load: closed-loop clients and Poisson arrivals at 1..N in\n"
+		"flight, each request a streamed completion of --tokens tokens. Prints the\n"
+		"aggregate decode tokens/s, its ratio to one client's, and time to first token\n"
+		"and latency at p50 and p99, with the backend and the model named. The server\n"
+		"runs in this process (a scratch data directory) unless --url names one.\n"
+		"\n"
+		"  --model DIR         model directory (default: the embedded agentlang model)\n"
+		"  --backend NAME      cpu, cuda or auto (default auto)\n"
+		"  --url http://H:P    a running server instead (its model and backend are\n"
+		"                      those /health names)\n"
+		"  --api-key KEY       its bearer token\n"
+		"  --clients LIST      requests in flight (default 1,8,32; the first load's\n"
+		"                      decode rate is what \"vs 1\" divides by)\n"
+		"  --mode M            closed, poisson or both (default both)\n"
+		"  --requests N        requests per client (default 4)\n"
+		"  --tokens N          tokens each answer decodes (default 64)\n"
+		"  --lines N           workspace lines in each prompt (default 8: ~55 tokens)\n"
+		"  --rate R            Poisson arrivals per second (default: 0.8 of what the\n"
+		"                      closed loop sustained at that N)\n"
+		"  --conversations     each client's requests are the turns of a conversation\n"
+		"  --seed S            prompts and arrival times (default 1)\n"
+		"  --json              one JSON object per row\n"
+		"  --help              this text\n"
+		"\n"
+		"examples:\n"
+		"  kvmem bench serve\n"
+		"  kvmem bench serve --clients 1,4,16,64 --mode closed --backend cuda\n"
+		"  kvmem bench serve --url http://127.0.0.1:8000 --conversations\n");
+}
+
+/* ---- the load ---------------------------------------------------------------------- */
+struct load {
+	struct bench_target t;
+	const char *model;
+	const struct opts *o;
+	char **prompts;			/* text, one per client */
+	struct bench_sample *s;		/* [n_req] */
+	int n_req;
+	int clients;
+};
+
+/* A completion of the client's prompt (after the conversation's text so
+ * far, with --conversations). */
+static char *request_body(struct load *L, int c, char *const *held)
+{
+	json_t *doc = json_pack("{sisbsbs{sb}sfsb}", "max_tokens", L->o->tokens, "ignore_eos", 1,
+				"stream", 1, "stream_options", "include_usage", 1, "temperature", 0.0,
+				"store", 0);
+	char *prompt = NULL, *text;
+
+	if (!doc || asprintf(&prompt, "%s%s", held && *held ? *held : "", L->prompts[c]) < 0) {
+		json_decref(doc);
+		return NULL;
+	}
+	json_object_set_new(doc, "prompt", json_string(prompt));
+	if (L->model)
+		json_object_set_new(doc, "model", json_string(L->model));
+	if (held) {
+		char conv[64];
+
+		snprintf(conv, sizeof(conv), "bench-%llu-%d-%d", (unsigned long long)L->o->seed,
+			 L->clients, c);
+		json_object_set_new(doc, "conversation", json_string(conv));
+	}
+	free(prompt);
+	text = json_dumps(doc, JSON_COMPACT);
+	json_decref(doc);
+	return text;
+}
+
+/* Request i, client c's; with held, a turn of the client's conversation
+ * (*held: its text so far). */
+static void run_one(struct load *L, int c, int i, char **held)
+{
+	struct bench_sample *s = &L->s[i];
+	char *body = request_body(L, c, held), *next;
+
+	if (!body) {
+		snprintf(s->err, sizeof(s->err), "out of memory");
+		return;
+	}
+	bench_post_stream(&L->t, "/v1/completions", body, s);
+	free(body);
+	/* The conversation now holds the prompt and its answer. */
+	if (held && s->ok &&
+	    asprintf(&next, "%s%s%s\n", *held ? *held : "", L->prompts[c], s->text ? s->text : "") >= 0) {
+		free(*held);
+		*held = next;
+	}
+	free(s->text);
+	s->text = NULL;
+}
+
+struct client_arg {
+	struct load *L;
+	int c;
+};
+
+static void *closed_client(void *arg)
+{
+	struct client_arg *a = arg;
+	char *held = NULL;
+
+	for (int r = 0; r < a->L->o->requests; r++)
+		run_one(a->L, a->c, a->c * a->L->o->requests + r, a->L->o->conversations ? &held : NULL);
+	free(held);
+	return NULL;
+}
+
+/* Poisson: request i is client (i mod N)'s, on its own (no conversation:
+ * arrivals do not wait for the client's last answer). */
+static void *poisson_one(void *arg)
+{
+	struct client_arg *a = arg;
+
+	run_one(a->L, a->c % a->L->clients, a->c, NULL);
+	return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+	int i;
+
+	if (!n)
+		return NAN;
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	i = (int)ceil(p / 100.0 * n) - 1;
+	return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+struct result {
+	double wall, tok_s, req_s, ttft50, ttft99, lat50, lat99;
+	int64_t tokens, prompt;
+	int ok, failed;
+	char err[160];
+};
+
+static void summarise(struct load *L, double wall, struct result *r)
+{
+	double *tt = calloc((size_t)L->n_req + 1, sizeof(double));
+	double *lat = calloc((size_t)L->n_req + 1, sizeof(double));
+	int nt = 0, nl = 0;
+
+	memset(r, 0, sizeof(*r));
+	r->wall = wall;
+	for (int i = 0; i < L->n_req; i++) {
+		const struct bench_sample *s = &L->s[i];
+
+		if (!s->ok) {
+			if (!r->failed++)
+				snprintf(r->err, sizeof(r->err), "%s", s->err);
+			continue;
+		}
+		r->ok++;
+		r->tokens += s->completion_tokens;
+		r->prompt += s->prompt_tokens;
+		if (tt && s->ttft >= 0)
+			tt[nt++] = s->ttft;
+		if (lat)
+			lat[nl++] = s->latency;
+	}
+	r->tok_s = r->tokens / wall;
+	r->req_s = r->ok / wall;
+	r->ttft50 = pct(tt, nt, 50) * 1e3;
+	r->ttft99 = pct(tt, nt, 99) * 1e3;
+	r->lat50 = pct(lat, nl, 50) * 1e3;
+	r->lat99 = pct(lat, nl, 99) * 1e3;
+	free(tt);
+	free(lat);
+}
+
+static int run_load(struct load *L, int poisson, double rate, struct result *r)
+{
+	int n = poisson ? L->n_req : L->clients;
+	pthread_t *th = calloc((size_t)n, sizeof(*th));
+	struct client_arg *args = calloc((size_t)n, sizeof(*args));
+	uint64_t rng = kvmem_rng_seed(L->o->seed ^ (uint64_t)L->clients << 20);
+	double t0, at = 0;
+	int started = 0;
+
+	if (!th || !args) {
+		free(th);
+		free(args);
+		return -1;
+	}
+	memset(L->s, 0, (size_t)L->n_req * sizeof(*L->s));
+	t0 = bench_now();
+	for (int i = 0; i < n; i++) {
+		args[i].L = L;
+		args[i].c = i;
+		if (poisson) {
+			/* Exponential gaps: the arrivals of a Poisson process. */
+			double now;
+
+			at += -log(1.0 - kvmem_rng_uniform(&rng)) / rate;
+			while ((now = bench_now() - t0) < at)
+				usleep((useconds_t)((at - now) * 1e6 < 1e6 ? (at - now) * 1e6 : 1e6));
+		}
+		if (pthread_create(&th[i], NULL, poisson ? poisson_one : closed_client, &args[i]))
+			break;
+		started++;
+	}
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	summarise(L, bench_now() - t0, r);
+	free(th);
+	free(args);
+	return started == n ? 0 : -1;
+}
+
+/* ---- options, the server, the report ------------------------------------------------ */
+static int parse_list(const char *s, int *out, int max)
+{
+	char *list = strdup(s), *save = NULL, *tok, *end;
+	int n = 0;
+
+	for (tok = list ? strtok_r(list, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
+		long v = strtol(tok, &end, 10);
+
+		if (*end || v < 1 || v > 4096 || n == max) {
+			free(list);
+			return -1;
+		}
+		out[n++] = (int)v;
+	}
+	free(list);
+	return n ? n : -1;
+}
+
+enum { O_MODEL = 256, O_BACKEND, O_URL, O_KEY, O_CLIENTS, O_MODE, O_REQ, O_TOK, O_LINES, O_RATE,
+       O_CONV, O_SEED, O_JSON };
+
+static const struct option lopts[] = {
+	{ "model", required_argument, NULL, O_MODEL },
+	{ "backend", required_argument, NULL, O_BACKEND },
+	{ "url", required_argument, NULL, O_URL },
+	{ "api-key", required_argument, NULL, O_KEY },
+	{ "clients", required_argument, NULL, O_CLIENTS },
+	{ "mode", required_argument, NULL, O_MODE },
+	{ "requests", required_argument, NULL, O_REQ },
+	{ "tokens", required_argument, NULL, O_TOK },
+	{ "lines", required_argument, NULL, O_LINES },
+	{ "rate", required_argument, NULL, O_RATE },
+	{ "conversations", no_argument, NULL, O_CONV },
+	{ "seed", required_argument, NULL, O_SEED },
+	{ "json", no_argument, NULL, O_JSON },
+	{ "help", no_argument, NULL, 'h' },
+	{ 0 },
+};
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+	int ch;
+
+	cli_getopt_reset();
+	while ((ch = cli_getopt(WHO, argc, argv, lopts)) != -1) {
+		const char *a = optarg, *n = cli_optname;
+
+		switch (ch) {
+		case 'h': usage(stdout); return 1;
+		case '?': return -1;
+		case O_MODEL: o->model = a; break;
+		case O_BACKEND: o->backend = a; break;
+		case O_URL: o->url = a; break;
+		case O_KEY: o->api_key = a; break;
+		case O_CONV: o->conversations = 1; break;
+		case O_JSON: o->json = 1; break;
+		case O_CLIENTS:
+			if ((o->n_clients = parse_list(a, o->clients, MAX_LIST)) < 0) {
+				fprintf(stderr, "%s: --clients '%s': a list of counts 1..4096\n", WHO, a);
+				return -1;
+			}
+			break;
+		case O_MODE:
+			if (strcmp(a, "closed") && strcmp(a, "poisson") && strcmp(a, "both")) {
+				fprintf(stderr, "%s: --mode '%s': closed, poisson or both\n", WHO, a);
+				return -1;
+			}
+			o->mode = a;
+			break;
+		case O_REQ: if (cli_parse_int(WHO, n, a, 1, 100000, &o->requests)) return -1; break;
+		case O_TOK: if (cli_parse_int(WHO, n, a, 1, 1 << 20, &o->tokens)) return -1; break;
+		case O_LINES: if (cli_parse_int(WHO, n, a, 1, 10000, &o->lines)) return -1; break;
+		case O_RATE: if (cli_parse_double(WHO, n, a, 1e-3, 1e6, &o->rate)) return -1; break;
+		case O_SEED: if (cli_parse_u64(WHO, n, a, &o->seed)) return -1; break;
+		}
+	}
+	return cli_no_operands(WHO, argc, argv) ? -1 : 0;
+}
+
+/* Workspace lines of agentlang for client c (the embedded model's
+ * language; a BPE model reads them as any text). */
+static char *prompt_for(const struct opts *o, int c)
+{
+	agentlang_params p;
+	agentlang_transcript ws;
+	char *text;
+	long n;
+	int lines = 0;
+	size_t cut = 0;
+
+	agentlang_params_default(&p);
+	p.seed = o->seed * 1000 + (uint64_t)c;
+	p.n_tokens = 256 + 16 * o->lines;
+	p.n_questions = 1;
+	if (agentlang_transcript_build(&p, &ws))
+		return NULL;
+	/* Without the <bos> (the server begins a sequence with it). */
+	n = agentlang_decode(ws.ids + 1, (size_t)ws.n_ids - 1, NULL, 0);
+	text = n >= 0 ? malloc((size_t)n + 1) : NULL;
+	if (text) {
+		agentlang_decode(ws.ids + 1, (size_t)ws.n_ids - 1, text, (size_t)n + 1);
+		while (text[cut] && lines < o->lines)
+			lines += text[cut++] == '\n';
+		text[cut] = 0;
+	}
+	agentlang_transcript_free(&ws);
+	return text;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+	(void)st;
+	(void)f;
+	return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+static void report(const struct opts *o, const char *mode, int n, double rate,
+		   const struct result *r, double one)
+{
+	if (o->json) {
+		/* No answer: no percentile (JSON has no NaN). */
+		double v[4] = { r->ttft50, r->ttft99, r->lat50, r->lat99 };
+
+		for (int i = 0; i < 4; i++)
+			v[i] = isnan(v[i]) ? -1 : v[i];
+		printf("{\"mode\":\"%s\",\"clients\":%d,\"rate\":%.3f,\"requests\":%d,\"failed\":%d,"
+		       "\"wall_s\":%.3f,\"decode_tok_s\":%.1f,\"vs_one\":%.2f,\"requests_s\":%.2f,"
+		       "\"ttft_ms_p50\":%.1f,\"ttft_ms_p99\":%.1f,\"latency_ms_p50\":%.1f,"
+		       "\"latency_ms_p99\":%.1f%s%s%s}\n", mode, n, rate, r->ok, r->failed, r->wall,
+		       r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s, v[0], v[1], v[2], v[3],
+		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
+		if (r->failed)
+			fprintf(stderr, "%s: %d requests failed; the first: %s\n", WHO, r->failed, r->err);
+		return;
+	}
+	char vs[16] = "      -";
+
+	/* Poisson's rate is what was offered, not what the server can do:
+	 * no ratio. */
+	if (one > 0)
+		snprintf(vs, sizeof(vs), "%6.2fx", r->tok_s / one);
+	printf("%-8s %7d %8.2f %8d %8.2f %9.1f %s %9.1f %9.1f %9.1f %9.1f%s%s\n", mode, n, rate,
+	       r->ok, r->wall, r->tok_s, vs, r->ttft50, r->ttft99, r->lat50, r->lat99,
+	       r->failed ? "  FAILED: " : "", r->failed ? r->err : "");
+}
+
+int bench_serve(int argc, char **argv)
+{
+	struct opts o = { .mode = "both", .clients = { 1, 8, 32 }, .n_clients = 3, .tokens = 64,
+			  .requests = 4, .lines = 8, .seed = 1 };
+	struct serve_cfg c;
+	struct serve *sv = NULL;
+	struct load L = { 0 };
+	char model_path[4096], data[] = "/tmp/kvmem-bench-serve.XXXXXX", machine[128] = "";
+	char backend[32] = "", model[256] = "";
+	double one = 0;
+	int r = parse(argc, argv, &o), rc = 0, maxc = 0;
+
+	if (r)
+		return r > 0 ? 0 : EXIT_USAGE;
+	if (o.url) {
+		if (bench_target_parse(o.url, &L.t)) {
+			fprintf(stderr, "%s: --url '%s': want http://HOST:PORT\n", WHO, o.url);
+			return EXIT_USAGE;
+		}
+	} else {
+		serve_cfg_default(&c);
+		if (!o.model) {
+			if (embedded_model_install(model_path, sizeof(model_path)) < 0) {
+				fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
+				return 1;
+			}
+			o.model = model_path;
+		}
+		if (!mkdtemp(data)) {
+			fprintf(stderr, "%s: cannot make %s: %s\n", WHO, data, strerror(errno));
+			return 1;
+		}
+		for (int i = 0; i < o.n_clients; i++)
+			maxc = o.clients[i] > maxc ? o.clients[i] : maxc;
+		c.model_dir = o.model;
+		c.data_dir = data;
+		c.backend = o.backend;
+		c.port = 0;
+		c.quiet = 1;
+		c.max_queue = (int64_t)maxc * o.requests + 16;
+		c.max_inflight = c.max_batch = c.max_open = maxc > 64 ? maxc : 64;
+		c.max_request_tokens = 1 << 20;
+		if (serve_start(&c, &sv)) {
+			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
+			nftw(data, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+			return 1;
+		}
+		snprintf(L.t.host, sizeof(L.t.host), "127.0.0.1");
+		L.t.port = serve_port(sv);
+		snprintf(model, sizeof(model), "%s", serve_model_name(sv));
+		snprintf(backend, sizeof(backend), "%s", serve_backend_name(sv));
+	}
+	L.t.api_key = o.api_key;
+	if (!model[0]) {
+		/* The named server's /health says what it runs. */
+		snprintf(model, sizeof(model), "(see %s/health)", o.url);
+		snprintf(backend, sizeof(backend), "?");
+	}
+	L.model = o.url ? NULL : model;	/* the request's "model" (a named server takes none) */
+	{
+		FILE *f = fopen("/proc/cpuinfo", "r");
+		char line[256];
+
+		while (f && fgets(line, sizeof(line), f))
+			if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+				snprintf(machine, sizeof(machine), "%s", strchr(line, ':') + 2);
+				machine[strcspn(machine, "\n")] = 0;
+				break;
+			}
+		if (f)
+			fclose(f);
+	}
+	if (!o.json) {
+		printf("kvmem bench serve: model %s, backend %s, %ld CPUs (%s)\n", model, backend,
+		       sysconf(_SC_NPROCESSORS_ONLN), machine);
+		printf("each request: %d workspace lines, %d tokens decoded (ignore_eos), streamed%s\n",
+		       o.lines, o.tokens, o.conversations ? ", turns of one conversation per client" : "");
+		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s\n", "load", "clients", "rate/s",
+		       "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99", "lat p50", "lat p99");
+	}
+	for (int k = 0; k < o.n_clients && !rc; k++) {
+		int n = o.clients[k];
+		struct result res;
+		double sustained = 0;
+
+		L.clients = n;
+		L.n_req = n * o.requests;
+		L.o = &o;
+		L.s = calloc((size_t)L.n_req, sizeof(*L.s));
+		L.prompts = calloc((size_t)n, sizeof(char *));
+		if (!L.s || !L.prompts) {
+			rc = 1;
+			break;
+		}
+		for (int i = 0; i < n; i++)
+			if (!(L.prompts[i] = prompt_for(&o, i)))
+				rc = 1;
+		if (!rc && strcmp(o.mode, "poisson")) {
+			run_load(&L, 0, 0, &res);
+			/* The first load's rate (one client's, by default) is
+			 * what "vs 1" divides by. */
+			if (!one)
+				one = res.tok_s;
+			report(&o, "closed", n, 0, &res, one);
+			sustained = res.req_s;
+			rc = res.failed > 0;
+		}
+		if (!rc && strcmp(o.mode, "closed")) {
+			double rate = o.rate ? o.rate : 0.8 * (sustained ? sustained : 1.0);
+
+			run_load(&L, 1, rate, &res);
+			report(&o, "poisson", n, rate, &res, 0);
+			rc = res.failed > 0;
+		}
+		for (int i = 0; i < n; i++)
+			free(L.prompts[i]);
+		free(L.prompts);
+		free(L.s);
+	}
+	if (sv) {
+		serve_stop(sv);
+		nftw(data, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	}
+	return rc;
+}
+#endif

@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmem serve as an app (serve.h): the options' defaults, and start and
+ * stop in their order: the model, its tokenizer and the backend, then the
+ * engine thread, then the listener; stopping undoes them the other way, so
+ * no request arrives at an engine that is gone.
+ */
+#ifndef KVMEM_NO_SERVE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/kvmem.h"
+#include "serve_int.h"
+#include "util/fs.h"
+
+void serve_cfg_default(struct serve_cfg *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->host = "127.0.0.1";
+	c->port = 8000;
+	c->max_body = 1 << 20;
+	c->max_request_tokens = 16000;
+	c->default_max_tokens = 256;
+	c->max_conversations = 10000;
+	c->max_open = 64;
+	c->max_queue = 256;
+	c->max_inflight = 64;
+	c->max_batch = 64;
+	c->prefill_budget = 512;
+	c->max_conv_queue = 4;
+	c->max_n = 16;
+	c->idle_close = 300;
+	c->request_timeout = 600;
+	c->budget = -1;
+	c->block = 32;
+	c->chunk = 128;
+	c->host_cap = 16 << 20;
+}
+
+int serve_start(const struct serve_cfg *cfg, struct serve **out)
+{
+	struct serve *sv = calloc(1, sizeof(*sv));
+	pthread_condattr_t ca;
+	const char *base;
+	char msg[1024];
+	int rc;
+
+	*out = NULL;
+	if (!sv)
+		return kvmem_error(ENOMEM, "out of memory");
+	pthread_mutex_init(&sv->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_REALTIME);
+	pthread_cond_init(&sv->work, &ca);
+	pthread_condattr_destroy(&ca);
+	sv->cfg = *cfg;
+	snprintf(sv->model_dir, sizeof(sv->model_dir), "%s", cfg->model_dir);
+	snprintf(sv->data_dir, sizeof(sv->data_dir), "%s", cfg->data_dir);
+	sv->cfg.model_dir = sv->model_dir;
+	sv->cfg.data_dir = sv->data_dir;
+	if (kvmem_model_load(sv->model_dir, &sv->m) || tok_cli_open(sv->model_dir, &sv->m->cfg, &sv->tok) ||
+	    kvmem_backend_open(cfg->backend, sv->m, &(kvmem_backend_opts){ .max_chunk = cfg->chunk },
+			       &sv->be) < 0 ||
+	    kvmem_mkdir_p(sv->data_dir))
+		goto fail;
+	if (sv->cfg.budget < 0) {
+		/* Three quarters of the window, whole blocks: the rest is the
+		 * tail's reserve and the answer's room. */
+		int64_t w = sv->m->cfg.max_position;
+
+		sv->cfg.budget = w > 0 ? w * 3 / 4 / sv->cfg.block * sv->cfg.block : 0;
+	}
+	base = strrchr(sv->model_dir, '/');
+	base = base && base[1] ? base + 1 : sv->model_dir;
+	snprintf(sv->name, sizeof(sv->name), "%.255s", cfg->model_name ? cfg->model_name : base);
+	if (serve_engine_start(sv) || serve_http_start(sv))
+		goto fail;
+	*out = sv;
+	return 0;
+fail:
+	/* Stopping must not take the message of what failed. */
+	rc = kvmem_fail();
+	snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
+	serve_stop(sv);
+	return kvmem_error(-rc, "%s", msg);
+}
+
+int serve_port(const struct serve *sv)
+{
+	return serve_http_port(sv);
+}
+
+const char *serve_model_name(const struct serve *sv)
+{
+	return sv->name;
+}
+
+const char *serve_backend_name(const struct serve *sv)
+{
+	return kvmem_backend_name(sv->be);
+}
+
+int64_t serve_budget(const struct serve *sv)
+{
+	return sv->cfg.budget;
+}
+
+void serve_stop(struct serve *sv)
+{
+	if (!sv)
+		return;
+	serve_http_stop(sv);
+	serve_engine_stop(sv);
+	kvmem_backend_close(sv->be);
+	tok_cli_close(&sv->tok);
+	if (sv->m)
+		kvmem_model_free(sv->m);
+	pthread_mutex_destroy(&sv->mu);
+	pthread_cond_destroy(&sv->work);
+	free(sv);
+}
+#endif

@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The batch runner: the one call through which kvmem serve's engine runs a
+ * round of work on the backend. The scheduler (serve_engine.c) collects, in
+ * each round, one unit from every conversation that has one ready, up to
+ * --max-batch units and --prefill-budget prefill tokens, and hands them
+ * here in one call:
+ *
+ *   SERVE_UNIT_PREFILL   append n tokens (a whole prefill chunk, or the
+ *                        tokens that close a turn) to the session
+ *   SERVE_UNIT_DECODE    append the one token the server sampled from the
+ *                        session's last logits (so the logits of the next
+ *                        position come back); sampling stays the server's
+ *   SERVE_UNIT_SELECT    the step-boundary selection and rematerialisation
+ *
+ * Each unit names its own session; two units of one round never share a
+ * session. After the call every unit has its result (rc, and the message
+ * when it failed), and the session's logits (kvmem_session_logits) are
+ * those of its last token. A unit's failure is that unit's alone: the
+ * others' results stand.
+ *
+ * This first runner loops over the units one by one with the library's
+ * per-session calls (kvmem_session_append, kvmem_session_select). The
+ * library's batched forward (one forward decoding many sessions, each over
+ * its own view) replaces the loop here and nothing above this header
+ * changes. Contract the batched one must keep: every session's tokens and
+ * logits equal what the loop computes (batch invariance), so answers never
+ * depend on what else runs.
+ */
+#ifndef KVMEM_TOOLS_SERVE_BATCH_H
+#define KVMEM_TOOLS_SERVE_BATCH_H
+
+#include <stdint.h>
+
+#include "kvmem/backend.h"
+#include "kvmem/session.h"
+
+enum serve_unit_kind { SERVE_UNIT_PREFILL = 0, SERVE_UNIT_DECODE, SERVE_UNIT_SELECT, SERVE_UNIT_KINDS };
+
+struct serve_unit {
+	int kind;			/* enum serve_unit_kind */
+	kvmem_session *s;
+	const int32_t *tokens;		/* PREFILL: n tokens; DECODE: one */
+	int n;
+	/* results */
+	int rc;				/* 0, or -errno */
+	char err[512];			/* kvmem_last_error() of a failed unit */
+	double seconds;			/* the unit's share of the round's time */
+};
+
+/* What the runner did, summed over its calls (the engine's thread only). */
+struct serve_batch_stats {
+	uint64_t calls, units[SERVE_UNIT_KINDS], tokens;
+	double seconds[SERVE_UNIT_KINDS];
+};
+
+/* Run units[0..n) on backend be (whose sessions they all are). Returns the
+ * number of units that failed (each says why in rc and err). */
+int serve_batch_run(kvmem_backend *be, struct serve_unit *units, int n,
+		    struct serve_batch_stats *st);
+
+#endif
