@@ -840,6 +840,52 @@ static void test_lexical_planted(void **state)
 		assert_true(sc[b] == 0);
 }
 
+/*
+ * The token ids and the query text (kvmem_select_ctx's last fields) change
+ * nothing for a policy that does not ask for them (no KVMEM_NEED_TEXT):
+ * every registered policy but the text ones scores the same bits with
+ * them as without, on the same history, queries and budget. What holds
+ * every policy of before the fields came to what it measured.
+ */
+static void test_text_blind(void **state)
+{
+	uint64_t rng = g_seed ^ 0x7b;
+	const kvmem_policy_ops *p;
+	int checked = 0;
+
+	for (int i = 0; (p = kvmem_policy_at(i)); i++) {
+		struct hist h;
+		int32_t *tok, text[9];
+		float *plain, *with;
+		int sets;
+
+		if (p->needs & KVMEM_NEED_TEXT)
+			continue;
+		hist_random(&h, &rng, test_rng_int(&rng, 40, 400), 16);
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_MINMAX | KVMEM_SUM_SUBBLOCK);
+		h.c.budget = 16 * test_rng_int(&rng, 1, (int)h.nb);
+		plain = run_policy(&h, p->name);
+		tok = malloc(sizeof(int32_t) * h.N);
+		for (int64_t t = 0; t < h.N; t++)
+			tok[t] = test_rng_int(&rng, 0, 50);
+		for (int t = 0; t < 9; t++)
+			text[t] = tok[h.N - 9 + t];
+		h.c.tokens = tok;
+		h.c.text = text;
+		h.c.n_text = 9;
+		with = run_policy(&h, p->name);
+		sets = p->per_layer ? h.L : 1;
+		if (memcmp(plain, with, sizeof(float) * sets * h.nb))
+			fail_msg("policy %s scores differently with the token ids given", p->name);
+		checked++;
+		free(plain);
+		free(with);
+		free(tok);
+		hist_free(&h);
+	}
+	assert_true(checked >= 10);
+}
+
 /* Policies whose summaries are missing say so instead of reading garbage. */
 static void test_missing_summaries(void **state)
 {
@@ -922,6 +968,7 @@ int main(void)
 		cmocka_unit_test(test_refine_planted),
 		cmocka_unit_test(test_lexical_formula),
 		cmocka_unit_test(test_lexical_planted),
+		cmocka_unit_test(test_text_blind),
 		cmocka_unit_test(test_missing_summaries),
 		cmocka_unit_test(test_thread_independent),
 	};

@@ -2,7 +2,7 @@
 /*
  * Lexical block scores (private to user/select): BM25 over the history's
  * blocks with the step's query text as the query and token ids as terms,
- * for the policies that match tokens (policy_lexical.c, policy_hybrid.c).
+ * for the policies that match tokens (policy_lexical.c).
  *
  * Terms are the query's distinct token ids (unigrams) and its distinct
  * ordered pairs of adjacent tokens (bigrams): a pair scores where the two
