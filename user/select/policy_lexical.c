@@ -31,14 +31,15 @@
  * occurrence score a tenth of their BM25. An agent's workspace re-reads
  * files and re-sets values: the newest printing is the state (in
  * agentlang by construction), and the older ones in view are what the
- * model then answers with instead (recall.md: 86.7% -> 95.8% at 16x).
+ * model then answers with instead (recall.md: at 16x, 86.7% -> 96.7%
+ * and 95.0% on two seeds).
  * Where older occurrences matter as much (a log of independent events
  * that share a phrase), this rule ranks them lower.
  *
  * Measured against hybrids (recall.md, 2026-12-02): a lexical shortlist
- * re-ranked by exact key scores (refine's second stage), reciprocal rank
- * fusion with refine, and lexical places then refine's order all brought
- * the needle into view less often and answered less: the attention
+ * re-ranked by exact key scores (refine's second stage) and reciprocal
+ * rank fusion with refine brought the needle into view less often;
+ * lexical's best places then refine's order answered less: the attention
  * ranking adds the look-alikes lexical matching leaves out.
  *
  * Needs no summary beyond Mean-K and reads no page: one pass over the
