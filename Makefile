@@ -188,7 +188,9 @@ static: $(CLI_SRC:%.c=build/static-obj/obj/%.o)
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan
 
--include $(shell find $(O) -name '*.d' 2>/dev/null)
+# (not inside the debug kernel's source tree of make vmtest-debug, whose
+# .d files are not ours)
+-include $(shell find $(O) -path '$(O)/vm-debug' -prune -o -name '*.d' -print 2>/dev/null)
 
 # The demo's model is built into the binary (tools/kvmem/embedded_model.c).
 EMBEDDED := $(wildcard models/agentlang/*.json models/agentlang/*.safetensors)

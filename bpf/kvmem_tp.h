@@ -16,9 +16,15 @@
  *   kvmem_evict(ws_id, page, dirty, reason)	a page left the host tier
  *   kvmem_writeback(ws_id, page, bytes, ns)	a dirty page was written back
  *   kvmem_error(ws_id, page, err)		a fill or write-back failed
+ *   kvmem_step(ws_id, step, n_layers)		KVMEM_IOC_STEP: the workspace's
+ *						step from now on
  *   kvmem_reclaim(struct kvmem_reclaim_ctx *)	writable (raw_tp.w): reclaim's
  *						candidates; a program may name
  *						the one to evict
+ *   kvmem_prefetch_hook(struct kvmem_prefetch_ctx *)
+ *						writable (raw_tp.w): a PREFETCH
+ *						list or a fault's fill; a
+ *						program may add pages
  *
  * Every tp_* program in bpf/ is loaded only when the module is (see
  * kt_module_loaded()), so the USDT side never depends on it. In the VM of
@@ -37,6 +43,8 @@
 #define KVMEM_TP_WRITEBACK	"kvmem_writeback"
 #define KVMEM_TP_ERROR		"kvmem_error"
 #define KVMEM_TP_RECLAIM	"kvmem_reclaim"
+#define KVMEM_TP_STEP		"kvmem_step"
+#define KVMEM_TP_PREFETCH_HOOK	"kvmem_prefetch_hook"
 
 /* Where the module's events show up in tracefs when it is loaded. */
 #define KVMEM_TP_DIR		"/sys/kernel/tracing/events/kvmem"
@@ -61,6 +69,28 @@ struct kt_reclaim_ctx {
 	__u64 last_step[KT_RECLAIM_MAX];
 	__u32 access_count[KT_RECLAIM_MAX];
 	__u32 dirty[KT_RECLAIM_MAX];
+};
+
+/*
+ * The prefetch hook's buffer, struct kvmem_prefetch_ctx of the uapi: the
+ * module fills the list's first ids (or the faulting page) and n_add = 0;
+ * a program may name up to KT_PREFETCH_ADD_MAX pages in add[] and set
+ * n_add. The buffer takes constant offsets only: write add[0], add[1], ...
+ */
+#define KT_PREFETCH_SEEN	8
+#define KT_PREFETCH_ADD_MAX	16
+#define KT_PREFETCH_LIST	0u
+#define KT_PREFETCH_FAULT	1u
+struct kt_prefetch_ctx {
+	__u64 ws_id;
+	__u64 step;
+	__u64 page_count;
+	__u32 reason;
+	__u32 n_pages;
+	__u64 page[KT_PREFETCH_SEEN];
+	__u32 n_add;
+	__u32 reserved;
+	__u64 add[KT_PREFETCH_ADD_MAX];
 };
 
 #endif

@@ -3,8 +3,8 @@
  * kvmempolicy's own programs: the feeders that keep the page history a
  * victim policy reads (policies/policy.bpf.h). `feed` is run with
  * BPF_PROG_TEST_RUN by the offline replay; the usdt_* and tp_* feeders
- * follow a live pager or the module while a policy is attached to the
- * module's writable tracepoint kvmem_reclaim.
+ * follow a live pager or the module (its step from kvmem_step) while a
+ * policy is attached to the module's writable tracepoint kvmem_reclaim.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -99,6 +99,21 @@ int BPF_USDT(usdt_step, __u64 step, __u64 hits, __u64 misses, __u64 bytes, __u64
 }
 
 /* ---- live: the module's tracepoints (kvmem_tp.h) --------------------------- */
+/*
+ * The module's workspaces are keyed by the inode of their pages file and
+ * step with KVMEM_IOC_STEP; kvmem_step says so, and the accesses below are
+ * recorded at that step. (The USDT feeders above key the userspace
+ * pager's workspaces by their directory's inode: another key, another
+ * step count.)
+ */
+SEC("raw_tp/kvmem_step")
+int BPF_PROG(tp_step, __u64 ws_id, __u64 step, __u64 layers)
+{
+	pol_setup(ws_id, layers);
+	pol_step(ws_id, step);
+	return 0;
+}
+
 SEC("raw_tp/kvmem_fault")
 int BPF_PROG(tp_fault, __u64 ws_id, __u64 page, __u64 flags)
 {

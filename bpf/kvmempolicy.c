@@ -11,11 +11,13 @@
  * trace order.
  *
  * Live, with the kvmem module loaded: the policy's tp_reclaim program is
- * attached to the module's writable tracepoint kvmem_reclaim and the
- * feeders follow the module's faults and hits (and the pager's USDT probes
- * when a kvmem binary is found); answer counts are printed every interval.
- * Without the module there is nothing to attach to and the tool says so.
- * The live path is written against kmod/ but not yet run in its VM.
+ * attached to the module's writable tracepoint kvmem_reclaim (and its
+ * tp_prefetch, if it has one, to kvmem_prefetch_hook), and the feeders
+ * follow the module's steps (kvmem_step), faults and hits, keyed by the
+ * module's workspace id (and the pager's USDT probes when a kvmem binary is
+ * found); answer counts are printed every interval. Without the module
+ * there is nothing to attach to and the tool says so. The VM of make
+ * vmtest runs it against the module's clock (tests/vm/policy.sh).
  */
 #include <argp.h>
 #include <errno.h>
@@ -39,6 +41,12 @@ _Static_assert(sizeof(struct kt_reclaim_ctx) == sizeof(struct kvmem_reclaim_ctx)
 	       __builtin_offsetof(struct kt_reclaim_ctx, dirty) ==
 	       __builtin_offsetof(struct kvmem_reclaim_ctx, dirty),
 	       "kvmem_tp.h's reclaim buffer differs from the uapi's");
+_Static_assert(sizeof(struct kt_prefetch_ctx) == sizeof(struct kvmem_prefetch_ctx) &&
+	       KT_PREFETCH_ADD_MAX == KVMEM_PREFETCH_ADD_MAX &&
+	       KT_PREFETCH_SEEN == KVMEM_PREFETCH_SEEN &&
+	       __builtin_offsetof(struct kt_prefetch_ctx, add) ==
+	       __builtin_offsetof(struct kvmem_prefetch_ctx, add),
+	       "kvmem_tp.h's prefetch buffer differs from the uapi's");
 
 #define MAX_PARAMS 8
 #define REPLAY_WS 1	/* the workspace id a replay uses */
@@ -476,6 +484,9 @@ static int policy_load(struct policy *p, bool live)
 	prog = bpf_object__find_program_by_name(p->obj, "tp_reclaim");
 	if (prog)
 		bpf_program__set_autoload(prog, live || env.check);
+	prog = bpf_object__find_program_by_name(p->obj, "tp_prefetch");
+	if (prog)
+		bpf_program__set_autoload(prog, live || env.check);
 	err = bpf_object__load(p->obj);
 	if (err)
 		return -kt_load_failed(&env.kt, err);
@@ -726,7 +737,7 @@ out:
 static int run_live(void)
 {
 	struct policy pol = {};
-	struct bpf_link *victim_link = NULL;
+	struct bpf_link *victim_link = NULL, *prefetch_link = NULL;
 	__u64 prev[POL_VERDICTS] = { 0 };
 	int rc;
 
@@ -748,6 +759,17 @@ static int run_live(void)
 		fprintf(stderr, "%s: cannot attach %s to the module's %s tracepoint: %s\n",
 			env.kt.tool, env.policy, KVMEM_TP_RECLAIM, strerror(errno));
 		goto out;
+	}
+	/* A policy may also answer the prefetch hook (its tp_prefetch). */
+	if (bpf_object__find_program_by_name(pol.obj, "tp_prefetch")) {
+		prefetch_link = bpf_program__attach(bpf_object__find_program_by_name(pol.obj,
+										 "tp_prefetch"));
+		if (!prefetch_link) {
+			rc = -errno;
+			fprintf(stderr, "%s: cannot attach %s to the module's %s tracepoint: %s\n",
+				env.kt.tool, env.policy, KVMEM_TP_PREFETCH_HOOK, strerror(errno));
+			goto out;
+		}
 	}
 	kt_print_tracing(&env.kt, "reclaim choices");
 	while (!kt_exiting) {
@@ -775,6 +797,7 @@ static int run_live(void)
 			break;
 	}
 out:
+	bpf_link__destroy(prefetch_link);
 	bpf_link__destroy(victim_link);
 	kt_detach();
 	policy_free(&pol);

@@ -9,6 +9,7 @@
 #include <linux/cred.h>
 #include <linux/file.h>
 #include <linux/fs.h>
+#include <linux/memcontrol.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -30,6 +31,52 @@ static struct workqueue_struct *kvmem_wq;
 /* Read-only counters for leak checks, shown next to the parameters. */
 atomic_long_t kvmem_pages_held = ATOMIC_LONG_INIT(0);
 static atomic_long_t kvmem_open_files = ATOMIC_LONG_INIT(0);
+/* Bytes all workspaces reserved at SETUP (window, table, page states). */
+static atomic_long_t kvmem_reserved = ATOMIC_LONG_INIT(0);
+
+/*
+ * The module-wide cap on what every workspace together may hold: half of
+ * RAM when the module loads, at most all of it; root may change it (a
+ * lower cap leaves existing workspaces alone).
+ */
+static unsigned long kvmem_max_memory;
+
+static int kvmem_max_memory_set(const char *val, const struct kernel_param *kp)
+{
+	unsigned long v;
+	int err = kstrtoul(val, 0, &v);
+
+	if (err)
+		return err;
+	if (!v || v > (unsigned long)totalram_pages() << PAGE_SHIFT)
+		return -EINVAL;
+	WRITE_ONCE(kvmem_max_memory, v);
+	return 0;
+}
+
+static const struct kernel_param_ops kvmem_max_memory_ops = {
+	.set = kvmem_max_memory_set,
+	.get = param_get_ulong,
+};
+module_param_cb(max_memory, &kvmem_max_memory_ops, &kvmem_max_memory, 0644);
+MODULE_PARM_DESC(max_memory, "bytes all workspaces together may hold (window, table, page states; default half of RAM)");
+
+/* Take `bytes` of the cap for a workspace: -EINVAL when it alone exceeds
+ * the cap, -ENOMEM when the others leave too little.
+ */
+static int kvmem_reserve(u64 bytes)
+{
+	unsigned long cap = READ_ONCE(kvmem_max_memory);
+	long cur = atomic_long_read(&kvmem_reserved);
+
+	if (bytes > cap)
+		return -EINVAL;
+	do {
+		if (cur + bytes > cap)
+			return -ENOMEM;
+	} while (!atomic_long_try_cmpxchg(&kvmem_reserved, &cur, cur + bytes));
+	return 0;
+}
 
 static int kvmem_counter_get(char *buf, const struct kernel_param *kp)
 {
@@ -49,6 +96,8 @@ module_param_cb(pages, &kvmem_counter_ops, &kvmem_pages_held, 0444);
 MODULE_PARM_DESC(pages, "read-only: pages of memory held in all windows");
 module_param_cb(workspaces, &kvmem_counter_ops, &kvmem_open_files, 0444);
 MODULE_PARM_DESC(workspaces, "read-only: open files of /dev/kvmem");
+module_param_cb(reserved, &kvmem_counter_ops, &kvmem_reserved, 0444);
+MODULE_PARM_DESC(reserved, "read-only: bytes of max_memory the workspaces reserved");
 
 static bool kvmem_may_open(void)
 {
@@ -97,6 +146,8 @@ static int kvmem_release(struct inode *inode, struct file *filp)
 		kvmem_ws_free_memory(ws);
 		fput(ws->pages);
 		fput(ws->sums);
+		atomic_long_sub(ws->reserved, &kvmem_reserved);
+		mem_cgroup_put(ws->memcg);
 	}
 	mutex_destroy(&ws->lock);
 	kfree(ws);
@@ -108,21 +159,30 @@ static int kvmem_release(struct inode *inode, struct file *filp)
  * A private file on the same path as the caller's fd, with the access the
  * caller had (never more) and without O_DIRECT, so the module's I/O needs
  * no alignment and the caller may close or change its own descriptor.
+ * dentry_open skips the checks of open(2), so the ones that matter are
+ * made here: the module writes anywhere in the file, which a caller who
+ * may only append to it (O_APPEND, an append-only or immutable file) could
+ * not.
  */
 static struct file *kvmem_reopen(int fd, bool rdonly)
 {
 	struct fd f = fdget(fd);
+	struct inode *inode;
 	struct file *nf;
 
-	if (!f.file)
+	if (!fd_file(f))
 		return ERR_PTR(-EBADF);
-	if (!S_ISREG(file_inode(f.file)->i_mode)) {
+	inode = file_inode(fd_file(f));
+	if (!S_ISREG(inode->i_mode)) {
 		nf = ERR_PTR(-EINVAL);
-	} else if (!(f.file->f_mode & FMODE_READ) ||
-		   (!rdonly && !(f.file->f_mode & FMODE_WRITE))) {
+	} else if (!(fd_file(f)->f_mode & FMODE_READ) ||
+		   (!rdonly && !(fd_file(f)->f_mode & FMODE_WRITE))) {
 		nf = ERR_PTR(-EBADF);
+	} else if (!rdonly && ((fd_file(f)->f_flags & O_APPEND) || IS_APPEND(inode) ||
+			       IS_IMMUTABLE(inode))) {
+		nf = ERR_PTR(-EPERM);
 	} else {
-		nf = dentry_open(&f.file->f_path, (rdonly ? O_RDONLY : O_RDWR) | O_LARGEFILE,
+		nf = dentry_open(&fd_file(f)->f_path, (rdonly ? O_RDONLY : O_RDWR) | O_LARGEFILE,
 				 current_cred());
 	}
 	fdput(f);
@@ -165,7 +225,7 @@ static int kvmem_setup(struct kvmem_ws *ws, void __user *uarg)
 	if (!page_max || page_max > KVMEM_PAGE_MAX || a.page_count > page_max ||
 	    a.page_count % a.n_layers || page_max % a.n_layers)
 		return -EINVAL;
-	if (a.host_cap < a.page_stride || a.host_cap > (u64)totalram_pages() << PAGE_SHIFT)
+	if (a.host_cap < a.page_stride || a.host_cap > READ_ONCE(kvmem_max_memory))
 		return -EINVAL;
 	/* The table and the page states (40 bytes a page) stay under an
 	 * eighth of memory, so no setup can push the machine into the OOM
@@ -212,14 +272,26 @@ static int kvmem_setup(struct kvmem_ws *ws, void __user *uarg)
 	err = kvmem_check_sizes(ws, a.page_count);
 	if (err)
 		goto out_sums;
-	err = kvmem_ws_init_memory(ws, a.host_cap);
+	ws->reserved = kvmem_ws_memory_bytes(page_max, n_slots, ws->npp);
+	err = kvmem_reserve(ws->reserved);
 	if (err)
 		goto out_sums;
+	/* Every page of this workspace is charged to the caller's cgroup,
+	 * whoever faults it in or the worker that prefetches it.
+	 */
+	ws->memcg = get_mem_cgroup_from_mm(current->mm);
+	err = kvmem_ws_init_memory(ws, a.host_cap);
+	if (err)
+		goto out_unreserve;
 	/* Pairs with kvmem_ready(): the fields above are seen before set_up. */
 	smp_store_release(&ws->set_up, true);
 	mutex_unlock(&ws->lock);
 	return 0;
 
+out_unreserve:
+	mem_cgroup_put(ws->memcg);
+	ws->memcg = NULL;
+	atomic_long_sub(ws->reserved, &kvmem_reserved);
 out_sums:
 	fput(ws->sums);
 out_pages:
@@ -229,6 +301,11 @@ out_pages:
 out_unlock:
 	mutex_unlock(&ws->lock);
 	return err;
+}
+
+void kvmem_queue_prefetch(struct kvmem_ws *ws)
+{
+	queue_work(kvmem_wq, &ws->prefetch_work);
 }
 
 static bool kvmem_ready(struct kvmem_ws *ws)
@@ -263,10 +340,10 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	if ((cmd == KVMEM_IOC_PREFETCH && a.status) || (cmd == KVMEM_IOC_CLAIM && !a.status))
 		return -EINVAL;
 	ustatus = u64_to_user_ptr(a.status);
-	if (a.status && !access_ok(ustatus, (size_t)a.n_pages * sizeof(s32)))
-		return -EFAULT;
 
-	b = kvmalloc(struct_size(b, ids, a.n_pages), GFP_KERNEL);
+	b = kvmalloc(struct_size(b, ids, a.n_pages + (cmd == KVMEM_IOC_PREFETCH ?
+							KVMEM_PREFETCH_ADD_MAX : 0)),
+		     GFP_KERNEL_ACCOUNT);
 	if (!b)
 		return -ENOMEM;
 	b->n = a.n_pages;
@@ -282,26 +359,23 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 			goto out;
 		}
 	}
+	/* Every result must be deliverable before anything is done: zero the
+	 * status array now (access_ok alone passes a PROT_NONE page).
+	 */
+	if (a.status && clear_user(ustatus, (size_t)a.n_pages * sizeof(s32))) {
+		ret = -EFAULT;
+		goto out;
+	}
 
 	if (cmd == KVMEM_IOC_PREFETCH) {
-		mutex_lock(&ws->lock);
-		if (ws->prefetch_queued + b->n > KVMEM_IOC_PAGES_MAX * 4) {
-			mutex_unlock(&ws->lock);
-			ret = -EAGAIN;	/* the queue is full: wait for it (WAIT) */
+		ret = kvmem_prefetch_list(ws, b, a.flags & KVMEM_PAGES_WAIT);
+		if (ret)
 			goto out;
-		}
-		ws->prefetch_queued += b->n;
-		list_add_tail(&b->node, &ws->prefetch_list);
-		mutex_unlock(&ws->lock);
-		trace_kvmem_prefetch(ws->ws_id, ids[0], a.n_pages);
-		queue_work(kvmem_wq, &ws->prefetch_work);
-		if (a.flags & KVMEM_PAGES_WAIT)
-			flush_work(&ws->prefetch_work);
 		return 0;	/* the batch belongs to the work now */
 	}
 
 	if (a.status) {
-		status = kvmalloc_array(a.n_pages, sizeof(s32), GFP_KERNEL);
+		status = kvmalloc_array(a.n_pages, sizeof(s32), GFP_KERNEL_ACCOUNT);
 		if (!status) {
 			ret = -ENOMEM;
 			goto out;
@@ -319,8 +393,16 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 		if (r < 0 && !ret)
 			ret = r;
 	}
-	if (status && copy_to_user(ustatus, status, (size_t)a.n_pages * sizeof(s32)))
+	if (status && copy_to_user(ustatus, status, (size_t)a.n_pages * sizeof(s32))) {
+		/* The array went away meanwhile: claims nobody knows of would
+		 * stay claimed until close, so they are undone.
+		 */
+		if (cmd == KVMEM_IOC_CLAIM)
+			for (i = 0; i < a.n_pages; i++)
+				if (status[i] == 1)
+					kvmem_unclaim_page(ws, ids[i]);
 		ret = -EFAULT;
+	}
 out:
 	kvfree(status);
 	kvfree(b);
@@ -358,7 +440,6 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 
 	switch (cmd) {
 	case KVMEM_IOC_SETUP:
-		return kvmem_setup(ws, uarg);
 	case KVMEM_IOC_PREFETCH:
 	case KVMEM_IOC_CLAIM:
 	case KVMEM_IOC_FILLED:
@@ -366,6 +447,14 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case KVMEM_IOC_SYNC:
 	case KVMEM_IOC_STEP:
 	case KVMEM_IOC_SET_COUNT:
+		/* Everything but STATS changes the workspace: not through a
+		 * descriptor opened for reading only.
+		 */
+		if (!(filp->f_mode & FMODE_WRITE))
+			return -EBADF;
+		if (cmd == KVMEM_IOC_SETUP)
+			return kvmem_setup(ws, uarg);
+		break;
 	case KVMEM_IOC_STATS:
 		break;
 	default:
@@ -389,6 +478,10 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		mutex_lock(&ws->lock);
 		ws->step = v;
 		mutex_unlock(&ws->lock);
+		/* So BPF policies key their history by this workspace's own
+		 * step (kvmempolicy's feeders).
+		 */
+		trace_kvmem_step(ws->ws_id, v, ws->n_layers);
 		return 0;
 	case KVMEM_IOC_SET_COUNT:
 		if (copy_from_user(&v, uarg, sizeof(v)))
@@ -403,7 +496,7 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 }
 
 /* Offset 0: the page table, read-only. KVMEM_MMAP_PAGE_WINDOW and above:
- * the window, MAP_SHARED, writable unless set up RDONLY.
+ * the window, MAP_SHARED (set up RDONLY: only claimed pages take writes).
  */
 static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 {
@@ -413,13 +506,21 @@ static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 
 	if (!kvmem_ready(ws))
 		return -EINVAL;
+	/* Data, never code: neither mapping may be executable, now or after
+	 * an mprotect.
+	 */
+	if (vma->vm_flags & VM_EXEC)
+		return -EPERM;
+	kvmem_vm_flags_clear(vma, VM_MAYEXEC);
 	if (vma->vm_pgoff == 0) {
 		if (len > PAGE_ALIGN(ws->table_bytes))
 			return -EINVAL;
 		if (vma->vm_flags & VM_WRITE)
 			return -EPERM;
-		vma->vm_flags &= ~VM_MAYWRITE;
-		return remap_vmalloc_range(vma, ws->table, 0);
+		kvmem_vm_flags_clear(vma, VM_MAYWRITE);
+		kvmem_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
+		vma->vm_ops = &kvmem_table_vm_ops;
+		return vm_map_pages(vma, ws->table_pages, ws->n_table_pages);
 	}
 	if (vma->vm_pgoff < KVMEM_WINDOW_PGOFF || !(vma->vm_flags & VM_SHARED))
 		return -EINVAL;
@@ -427,12 +528,11 @@ static int kvmem_mmap(struct file *filp, struct vm_area_struct *vma)
 	window_pages = ws->page_max * ws->npp;
 	if (first >= window_pages || (len >> PAGE_SHIFT) > window_pages - first)
 		return -EINVAL;
-	if (ws->rdonly) {
-		if (vma->vm_flags & VM_WRITE)
-			return -EPERM;
-		vma->vm_flags &= ~VM_MAYWRITE;
-	}
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	/* A read-only workspace's window may be mapped writable too, so that
+	 * userspace can fill claimed pages (an O_DIRECT read into them); its
+	 * page_mkwrite refuses a write to any other page.
+	 */
+	kvmem_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	vma->vm_ops = &kvmem_window_vm_ops;
 	vma->vm_private_data = ws;
 	return 0;
@@ -445,7 +545,9 @@ static const struct file_operations kvmem_fops = {
 	.unlocked_ioctl = kvmem_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = kvmem_mmap,
-	.llseek = no_llseek,
+	/* no .llseek: nonseekable_open makes lseek ESPIPE (no_llseek is
+	 * gone in 6.12)
+	 */
 };
 
 static struct miscdevice kvmem_misc = {
@@ -459,6 +561,8 @@ static int __init kvmem_init(void)
 {
 	int err;
 
+	if (!kvmem_max_memory)	/* not given to insmod */
+		kvmem_max_memory = (unsigned long)totalram_pages() << (PAGE_SHIFT - 1);
 	kvmem_wq = alloc_workqueue("kvmem", WQ_UNBOUND, 0);
 	if (!kvmem_wq)
 		return -ENOMEM;

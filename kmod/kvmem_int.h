@@ -5,11 +5,15 @@
  * Locking (Documentation/kmod.md, "Locking"):
  *  - ws->lock (a mutex) guards every field below marked [lock]: page
  *    states, slots, the clock hand, counters, and every write to the shared
- *    page table. It is never held across file I/O. Order: a window page's
- *    lock, then ws->lock (the re-checks after lock_page()); nothing takes a
- *    page lock while holding ws->lock.
+ *    page table. It is never held across file I/O, nor across allocating,
+ *    mapping (vmap) or freeing a slot's memory: a slot in transit is owned
+ *    by the thread that took it off the free list (and counted in busy).
+ *    Order: a window page's lock, then ws->lock (the re-checks after
+ *    lock_page()); nothing takes a page lock while holding ws->lock.
  *  - A page in a transient state (FILLING, EVICTING, WRITEBACK) belongs to
  *    the thread that set it; the others sleep on ws->wq until it changes.
+ *  - A fault that must fill or wait lets go of the mmap lock first when it
+ *    may (FAULT_FLAG_ALLOW_RETRY) and returns VM_FAULT_RETRY after.
  *  - Window pages are this module's own order-0 pages, mapped by .fault
  *    with VM_FAULT_LOCKED; eviction locks them before zapping the ptes, so
  *    a fault that raced with it re-checks and retries (as truncate does).
@@ -19,9 +23,15 @@
 
 #include <linux/atomic.h>
 #include <linux/bits.h>
+#include <linux/build_bug.h>
 #include <linux/fs.h>
+#include <linux/log2.h>
+#include <linux/mm.h>
 #include <linux/mutex.h>
+#include <linux/stddef.h>
+#include <linux/threads.h>
 #include <linux/types.h>
+#include <linux/version.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
 
@@ -31,6 +41,7 @@
 #define KVMEM_PAGE_MAX		BIT_ULL(24)	/* page ids per workspace */
 #define KVMEM_STRIDE_MAX	(64u << 20)	/* bytes per page */
 #define KVMEM_LAYERS_MAX	1024u
+#define KVMEM_FAILED_NOTES	16	/* faults retried at once whose fill failed */
 
 /* Private state of one page id (kvmem_pg.state). */
 enum kvmem_state {
@@ -49,10 +60,18 @@ enum kvmem_state {
 
 struct kvmem_pg {
 	u32 slot;		/* KVMEM_SLOT_NONE when absent */
+	u32 pins;		/* faults between taking the page and mapping it: one per task */
 	u8 state;		/* enum kvmem_state */
 	u8 flags;		/* KVMEM_PG_* */
-	u16 pins;		/* faults between taking the page and mapping it */
+	/* Fills of this page that ended with a read or checksum error
+	 * (wrapping): a fault that waited for another's fill fails with it only
+	 * when this moved meanwhile, not on an older BAD flag.
+	 */
+	u16 fill_errs;
 };
+
+/* Every task may be between taking a page and mapping it at once. */
+static_assert(sizeof_field(struct kvmem_pg, pins) * BITS_PER_BYTE > ilog2(PID_MAX_LIMIT));
 
 /* Memory of one resident page: page_stride bytes in order-0 pages. */
 struct kvmem_slot {
@@ -66,7 +85,7 @@ struct kvmem_slot {
 struct kvmem_prefetch_batch {
 	struct list_head node;
 	u32 n;
-	u64 ids[];
+	u64 ids[];	/* a PREFETCH list has room for KVMEM_PREFETCH_ADD_MAX more */
 };
 
 struct kvmem_ws {
@@ -88,8 +107,12 @@ struct kvmem_ws {
 	u64 page_count;		/* [lock] written; read locklessly with READ_ONCE */
 	u64 page_max;
 
-	struct kvmem_pt_header *table;	/* vmalloc_user: header + page_max entries */
+	struct kvmem_pt_header *table;	/* vmap of table_pages: header + page_max entries */
 	size_t table_bytes;
+	struct page **table_pages;	/* n_table_pages, mapped by mmap offset 0 */
+	u32 n_table_pages;
+	struct mem_cgroup *memcg;	/* charged for every page allocated (SETUP's caller's) */
+	u64 reserved;			/* bytes of the module's max_memory taken at SETUP */
 	struct kvmem_pte *pte;		/* table + 1 */
 	struct kvmem_pg *pg;		/* [lock] page_max entries */
 
@@ -106,6 +129,17 @@ struct kvmem_ws {
 	u64 step;		/* [lock] KVMEM_IOC_STEP */
 	struct kvmem_ioc_stats stats;	/* [lock] */
 
+	/* Faults whose fill failed after they let go of the mmap lock, for
+	 * their retries (kvmem_window.c, note_failed) [lock].
+	 */
+	struct kvmem_failed_note {
+		pid_t pid;		/* 0: unused */
+		u16 errs;		/* the page's fill_errs after the failure */
+		u64 id;
+		unsigned long when;	/* jiffies */
+	} failed[KVMEM_FAILED_NOTES];
+	u32 failed_next;
+
 	struct work_struct prefetch_work;
 	struct list_head prefetch_list;	/* [lock] of kvmem_prefetch_batch */
 	u32 prefetch_queued;		/* [lock] page ids on prefetch_list */
@@ -115,21 +149,82 @@ struct kvmem_ws {
  * (/sys/module/kvmem/parameters/pages).
  */
 extern atomic_long_t kvmem_pages_held;
+void kvmem_queue_prefetch(struct kvmem_ws *ws);
+
+/* vm_flags became read-only in 6.3 (vm_flags_set/clear); 6.1 writes it. */
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 3, 0)
+static inline void kvmem_vm_flags_set(struct vm_area_struct *vma, vm_flags_t flags)
+{
+	vma->vm_flags |= flags;
+}
+
+static inline void kvmem_vm_flags_clear(struct vm_area_struct *vma, vm_flags_t flags)
+{
+	vma->vm_flags &= ~flags;
+}
+#else
+#define kvmem_vm_flags_set vm_flags_set
+#define kvmem_vm_flags_clear vm_flags_clear
+#endif
+
+/* struct fd's file became fd_file(f) in 6.12. */
+#ifndef fd_file
+#define fd_file(f) ((f).file)
+#endif
+
+/* Ptes mapping a page: page_mapcount is gone by 6.12 (folio_mapcount is
+ * inline there; 6.1 does not export it).
+ */
+static inline int kvmem_mapcount(struct page *page)
+{
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 12, 0)
+	return page_mapcount(page);
+#else
+	return folio_mapcount(page_folio(page));
+#endif
+}
+
+/* Let go of the lock a fault holds: the mmap lock on 6.1; from 6.7 it may
+ * be the VMA's lock instead (release_fault_lock knows which).
+ */
+static inline void kvmem_release_fault_lock(struct vm_fault *vmf)
+{
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 7, 0)
+	mmap_read_unlock(vmf->vma->vm_mm);
+#else
+	release_fault_lock(vmf);
+#endif
+}
+
+/* Every allocation for a workspace: charged to its memory cgroup, failing
+ * (no OOM kill) when the cgroup or the machine has no more.
+ */
+#define KVMEM_GFP (GFP_KERNEL_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN)
 
 /* kvmem_window.c: the table, slot memory, fills, the vm_operations */
 extern const struct vm_operations_struct kvmem_window_vm_ops;
+extern const struct vm_operations_struct kvmem_table_vm_ops;
+size_t kvmem_ws_memory_bytes(u64 page_max, u64 n_slots, u32 npp);
 int kvmem_ws_init_memory(struct kvmem_ws *ws, u64 host_cap);
 void kvmem_ws_free_memory(struct kvmem_ws *ws);
 void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end);
 void kvmem_pte_update(struct kvmem_ws *ws, u64 id);
 void kvmem_ws_changed(struct kvmem_ws *ws);
 int kvmem_ws_wait(struct kvmem_ws *ws);
+void kvmem_slot_release(struct kvmem_ws *ws, struct kvmem_slot *s);
 void kvmem_slot_free(struct kvmem_ws *ws, u32 slot);
+bool kvmem_slot_maybe_held(struct kvmem_ws *ws, struct kvmem_slot *s, u32 pins);
+bool kvmem_slot_held(struct kvmem_ws *ws, struct kvmem_slot *s);
 void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
-int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id);
-void kvmem_prefetch_work(struct work_struct *work);
+int kvmem_fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch);
 int kvmem_claim_page(struct kvmem_ws *ws, u64 id);
+void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id);
 int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify);
+
+/* kvmem_prefetch.c: the prefetch queue, its worker and the prefetch hook */
+int kvmem_prefetch_list(struct kvmem_ws *ws, struct kvmem_prefetch_batch *b, bool wait);
+void kvmem_prefetch_on_fault(struct kvmem_ws *ws, u64 id);
+void kvmem_prefetch_work(struct work_struct *work);
 
 /* kvmem_reclaim.c: ws->lock held on entry and exit, dropped around I/O */
 int kvmem_slot_get(struct kvmem_ws *ws, u32 *out);

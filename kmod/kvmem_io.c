@@ -35,6 +35,7 @@ static int page_io(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s, bool write
 		bvec_set_page(&bv[i], s->pages[i], PAGE_SIZE, 0);
 	iov_iter_bvec(&it, write ? ITER_SOURCE : ITER_DEST, bv, ws->npp, ws->page_stride);
 	if (write) {
+		/* vfs_iter_write leaves freeze protection to its caller. */
 		file_start_write(ws->pages);
 		n = vfs_iter_write(ws->pages, &it, &pos, 0);
 		file_end_write(ws->pages);
@@ -92,9 +93,11 @@ int kvmem_write_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 	if (err)
 		return err;
 	sum = cpu_to_le64(kvmem_xxh3_64(s->vaddr, ws->page_bytes));
-	file_start_write(ws->sums);
+	/* kernel_write takes the file system's freeze protection itself:
+	 * taking it around the call too would wait, holding it, for a freeze
+	 * that waits for us.
+	 */
 	n = kernel_write(ws->sums, &sum, sizeof(sum), &pos);
-	file_end_write(ws->sums);
 	if (n != sizeof(sum))
 		return n < 0 ? n : -EIO;
 	return 0;

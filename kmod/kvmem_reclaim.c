@@ -4,7 +4,8 @@
  * writable tracepoint kvmem_reclaim lets a BPF program pick one, a victim is
  * zapped from every mapping, written back when dirty and freed. SYNC and
  * release write back every dirty page. All of it is entered with ws->lock
- * held and drops it around zaps and I/O (kvmem_int.h, "Locking").
+ * held and drops it around zaps, I/O and freeing memory (kvmem_int.h,
+ * "Locking").
  */
 #include <linux/fs.h>
 #include <linux/ktime.h>
@@ -13,16 +14,19 @@
 #include "kvmem_int.h"
 #include "kvmem_trace.h"
 
-static bool slot_dma_pinned(struct kvmem_ws *ws, struct kvmem_slot *s)
-{
-	u32 i;
+#define KVMEM_SCAN_CHUNK	256	/* slots the clock passes per hold of ws->lock */
 
-	for (i = 0; i < ws->npp; i++)
-		if (page_maybe_dma_pinned(s->pages[i]))
-			return true;
-	return false;
-}
-
+/*
+ * Write a RESIDENT page back. DIRTY is cleared as the write-back starts,
+ * then the page's ptes are zapped: a write through a pte from before the
+ * zap lands before the write-back reads the page, and a write after it
+ * faults into page_mkwrite, which marks the page dirty again at once (it
+ * does not wait: kvmem_window.c), so the next write-back writes it again.
+ * (Clearing after the zap would lose a write whose page_mkwrite came in
+ * between.) A page somebody holds (kvmem_slot_maybe_held) may be written
+ * behind our back without a fault, so it is dirty again once the zap shows
+ * it held: its bytes go to the file now, and again at the next write-back.
+ */
 static int writeback_locked(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
@@ -31,15 +35,16 @@ static int writeback_locked(struct kvmem_ws *ws, u64 id)
 	int err;
 
 	pg->state = KVMEM_WRITEBACK;
+	pg->flags &= ~KVMEM_PG_DIRTY;
 	ws->busy++;
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
-	/* Writable ptes go: a write from now on faults into page_mkwrite,
-	 * which waits for the write-back and marks the page dirty again.
-	 */
 	kvmem_zap_page(ws, id, s);
 	mutex_lock(&ws->lock);
-	pg->flags &= ~KVMEM_PG_DIRTY;
+	if (kvmem_slot_maybe_held(ws, s, pg->pins)) {
+		pg->flags |= KVMEM_PG_DIRTY;
+		kvmem_pte_update(ws, id);
+	}
 	mutex_unlock(&ws->lock);
 	err = kvmem_write_page(ws, id, s);
 	mutex_lock(&ws->lock);
@@ -59,42 +64,50 @@ static int writeback_locked(struct kvmem_ws *ws, u64 id)
 }
 
 /* Evict a RESIDENT page that nobody pins. On a failed write-back the page
- * stays resident and dirty.
+ * stays resident and dirty; a page found held once its ptes are gone stays
+ * as it was (-EBUSY). Its memory is freed without ws->lock.
  */
 static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	u32 slot = pg->slot;
 	struct kvmem_slot *s = &ws->slots[slot];
-	bool dirty = pg->flags & KVMEM_PG_DIRTY;
+	bool dirty = pg->flags & KVMEM_PG_DIRTY, held;
 	u64 t0 = ktime_get_ns();
 	int err = 0;
 
 	/* From here no fault maps it and no write dirties it (they wait), so
-	 * the dirty bit read now is final.
+	 * the dirty bit read now is final, and after the zap every reference
+	 * to its pages but ours is a holder's.
 	 */
 	pg->state = KVMEM_EVICTING;
 	ws->busy++;
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
 	kvmem_zap_page(ws, id, s);
-	if (dirty)
+	held = kvmem_slot_held(ws, s);
+	if (!held && dirty)
 		err = kvmem_write_page(ws, id, s);
+	if (!held && !err)
+		kvmem_slot_release(ws, s);
 	mutex_lock(&ws->lock);
 	ws->busy--;
-	if (err) {
+	if (held || err) {
 		pg->state = KVMEM_RESIDENT;
-		ws->stats.write_errors++;
-		trace_kvmem_error(ws->ws_id, id, err);
+		if (err) {
+			ws->stats.write_errors++;
+			trace_kvmem_error(ws->ws_id, id, err);
+		}
 		kvmem_pte_update(ws, id);
 		kvmem_ws_changed(ws);
-		return err;
+		return held ? -EBUSY : err;
 	}
 	if (dirty) {
 		ws->stats.writebacks++;
 		trace_kvmem_writeback(ws->ws_id, id, ws->page_stride, ktime_get_ns() - t0);
 	}
-	kvmem_slot_free(ws, slot);
+	s->used = false;
+	ws->free_list[ws->n_free++] = slot;
 	pg->slot = KVMEM_SLOT_NONE;
 	pg->state = KVMEM_ABSENT;
 	pg->flags &= ~(KVMEM_PG_DIRTY | KVMEM_PG_PREFETCHED);
@@ -106,12 +119,15 @@ static int evict_locked(struct kvmem_ws *ws, u64 id, u32 reason)
 	return 0;
 }
 
-/* A slot whose page may leave now. */
+/* A slot whose page may leave now: resident, no fault mapping it, nobody
+ * holding it.
+ */
 static bool evictable(struct kvmem_ws *ws, struct kvmem_slot *s)
 {
 	struct kvmem_pg *pg = &ws->pg[s->page];
 
-	return s->used && pg->state == KVMEM_RESIDENT && !pg->pins && !slot_dma_pinned(ws, s);
+	return s->used && pg->state == KVMEM_RESIDENT && !pg->pins &&
+	       !kvmem_slot_maybe_held(ws, s, 0);
 }
 
 /*
@@ -120,7 +136,8 @@ static bool evictable(struct kvmem_ws *ws, struct kvmem_slot *s)
  * collecting up to KVMEM_RECLAIM_MAX unreferenced evictable ones, in clock
  * order; candidate 0 is the module's choice. A BPF program on kvmem_reclaim
  * may name another by index; an index out of range is refused.
- * -EAGAIN: nothing can leave now.
+ * -EAGAIN: nothing can leave now; 0: a page left, or a slot came free
+ * while the scan let go of the lock.
  */
 static int reclaim_one(struct kvmem_ws *ws)
 {
@@ -133,6 +150,19 @@ static int reclaim_one(struct kvmem_ws *ws)
 		struct kvmem_slot *s = &ws->slots[slot];
 		struct kvmem_pg *pg;
 
+		/* A long scan that found nothing yet lets the others in
+		 * every KVMEM_SCAN_CHUNK slots (nothing collected to go
+		 * stale meanwhile).
+		 */
+		if (!n && scanned && !(scanned % KVMEM_SCAN_CHUNK)) {
+			mutex_unlock(&ws->lock);
+			cond_resched();
+			mutex_lock(&ws->lock);
+			if (ws->n_free)
+				return 0;
+			slot = ws->hand;
+			s = &ws->slots[slot];
+		}
 		ws->hand = (ws->hand + 1) % ws->n_slots;
 		if (!s->used || !evictable(ws, s))
 			continue;
@@ -187,11 +217,12 @@ int kvmem_slot_get(struct kvmem_ws *ws, u32 *out)
 		}
 		if (err == -EINTR)
 			return err;
-		/* A write-back error leaves the victim resident and dirty: try
-		 * others, but not forever when the disk refuses every one.
+		/* A write-back error leaves the victim resident and dirty, a
+		 * victim found held stays too: try others, but not forever
+		 * when the disk refuses every one or every page is held.
 		 */
 		if (err && ++failed > ws->n_slots)
-			return err;
+			return err == -EBUSY ? -ENOMEM : err;
 	}
 }
 

@@ -3,9 +3,11 @@
  * Tracepoints of kvmem.ko, subsystem "kvmem" (perf list 'kvmem:*'). Every
  * argument is a scalar, so raw_tp BPF programs read them as ctx[0..n-1]
  * without BTF. ws_id is the inode number of the workspace's pages file.
- * kvmem_reclaim is a bare writable tracepoint (no trace event): a BPF
- * program attached with SEC("raw_tp.w/kvmem_reclaim") may write the
- * verdict of struct kvmem_reclaim_ctx (include/uapi/linux/kvmem.h).
+ * kvmem_reclaim and kvmem_prefetch_hook are bare writable tracepoints (no
+ * trace event): a BPF program attached with SEC("raw_tp.w/kvmem_reclaim")
+ * may write the verdict of struct kvmem_reclaim_ctx, one attached with
+ * SEC("raw_tp.w/kvmem_prefetch_hook") the pages struct kvmem_prefetch_ctx
+ * adds (include/uapi/linux/kvmem.h).
  */
 #undef TRACE_SYSTEM
 #define TRACE_SYSTEM kvmem
@@ -92,6 +94,23 @@ TRACE_EVENT(kvmem_prefetch,
 		  __entry->ws_id, __entry->first_page, __entry->n_pages)
 );
 
+TRACE_EVENT(kvmem_step,
+	TP_PROTO(u64 ws_id, u64 step, u32 n_layers),
+	TP_ARGS(ws_id, step, n_layers),
+	TP_STRUCT__entry(
+		__field(u64, ws_id)
+		__field(u64, step)
+		__field(u32, n_layers)
+	),
+	TP_fast_assign(
+		__entry->ws_id = ws_id;
+		__entry->step = step;
+		__entry->n_layers = n_layers;
+	),
+	TP_printk("ws=%llu step=%llu layers=%u",
+		  __entry->ws_id, __entry->step, __entry->n_layers)
+);
+
 /* kvmem_evict reason */
 #define KVMEM_EVICT_RECLAIM	0	/* over the cap, the module's choice */
 #define KVMEM_EVICT_VERDICT	1	/* over the cap, a BPF program's choice */
@@ -169,6 +188,12 @@ KVMEM_DECLARE_TRACE_W(kvmem_reclaim,
 	TP_PROTO(struct kvmem_reclaim_ctx *ctx),
 	TP_ARGS(ctx),
 	sizeof(struct kvmem_reclaim_ctx)
+);
+
+KVMEM_DECLARE_TRACE_W(kvmem_prefetch_hook,
+	TP_PROTO(struct kvmem_prefetch_ctx *ctx),
+	TP_ARGS(ctx),
+	sizeof(struct kvmem_prefetch_ctx)
 );
 
 #endif /* KVMEM_TRACE_H */

@@ -2,12 +2,14 @@
 /*
  * The host window of a workspace: page id p lives at window offset
  * p * page_stride, in page_stride bytes of this module's own order-0 pages
- * (NUMA-placed as SETUP asked, never swapped: pinned while resident). A
- * touch of an absent page faults here; the fault reads the page from the
- * pages file, checks it against the sums file (XXH3-64) and maps it. One
- * thread fills a page; the others wait for that fill. A failed read or a
- * bad checksum maps nothing: the faulting access gets SIGBUS, the page is
- * marked BAD and a later touch tries again.
+ * (NUMA-placed as SETUP asked, charged to the memory cgroup of SETUP's
+ * caller, never swapped: pinned while resident). A touch of an absent page
+ * faults here; the fault reads the page from the pages file, checks it
+ * against the sums file (XXH3-64) and maps it. One thread fills a page; the
+ * others wait for that fill. A failed read or a bad checksum maps nothing:
+ * the faulting access gets SIGBUS, the page is marked BAD and a later touch
+ * tries again. A fault that may (FAULT_FLAG_ALLOW_RETRY) fills or waits
+ * without the process's mmap lock and has the access retried.
  *
  * At most n_slots = host_cap / page_stride pages are resident. Room is made
  * by reclaim: a clock over the slots proposes up to KVMEM_RECLAIM_MAX
@@ -15,14 +17,21 @@
  * pick another, the victim's ptes are zapped, and a dirty victim is written
  * back before its memory is freed. Writes through the window are tracked
  * with page_mkwrite (ptes start read-only), so only written pages go back.
+ * A page somebody holds by a reference of their own (get_user_pages: an
+ * O_DIRECT read into the window, a registered buffer) may be written
+ * without a fault: it is not evicted, and a write-back leaves it DIRTY.
  *
- * Here: the table, slot memory, fills, prefetch, userspace fills and the
- * window's vm_operations. Reclaim and write-back: kvmem_reclaim.c; file I/O:
- * kvmem_io.c. Locking and page states: kvmem_int.h, Documentation/kmod.md.
+ * Here: the table, slot memory, fills, userspace fills and the window's
+ * vm_operations. Prefetch and its BPF hook: kvmem_prefetch.c; reclaim and
+ * write-back: kvmem_reclaim.c; file I/O: kvmem_io.c. Locking and page
+ * states: kvmem_int.h, Documentation/kmod.md.
  */
+#include <linux/file.h>
 #include <linux/ktime.h>
+#include <linux/memcontrol.h>
 #include <linux/mm.h>
 #include <linux/pagemap.h>
+#include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
@@ -31,6 +40,24 @@
 #include "kvmem_trace.h"
 
 /* ---- the shared page table (only this module writes it) ---------------- */
+
+/*
+ * Every change of an entry is made under ws->lock between two increments
+ * of its sequence count (include/uapi/linux/kvmem.h): odd while the entry
+ * changes, so a reader that sees the same even count before and after its
+ * copy has a consistent entry.
+ */
+static void pte_begin(struct kvmem_pte *e)
+{
+	WRITE_ONCE(e->seq, e->seq + 1);
+	smp_wmb();	/* the odd count before any field: pairs with the reader's acquire */
+}
+
+static void pte_end(struct kvmem_pte *e)
+{
+	smp_wmb();	/* every field before the even count: pairs with the reader's fence */
+	WRITE_ONCE(e->seq, e->seq + 1);
+}
 
 void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
 {
@@ -56,9 +83,11 @@ void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
 		flags |= KVMEM_PTE_BAD;
 	if (pg->flags & KVMEM_PG_PREFETCHED)
 		flags |= KVMEM_PTE_PREFETCHED;
+	pte_begin(e);
 	WRITE_ONCE(e->host_slot, pg->slot);
 	WRITE_ONCE(e->flags, flags);
 	WRITE_ONCE(e->tiers, tiers);
+	pte_end(e);
 }
 
 /* Entries [first, end): fresh pages of the file (SETUP, SET_COUNT). */
@@ -67,10 +96,16 @@ void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end)
 	u64 id;
 
 	for (id = first; id < end; id++) {
-		ws->pte[id].page_id = id;
-		ws->pte[id].gpu_slot = KVMEM_SLOT_NONE;
+		struct kvmem_pte *e = &ws->pte[id];
+
+		pte_begin(e);
+		WRITE_ONCE(e->page_id, id);
+		WRITE_ONCE(e->gpu_slot, KVMEM_SLOT_NONE);
+		pte_end(e);
 		ws->pg[id].slot = KVMEM_SLOT_NONE;
 		kvmem_pte_update(ws, id);
+		if (!(id & 4095))
+			cond_resched();
 	}
 	WRITE_ONCE(ws->table->n_entries, ws->page_count);
 }
@@ -79,9 +114,11 @@ static void pte_account(struct kvmem_ws *ws, u64 id)
 {
 	struct kvmem_pte *e = &ws->pte[id];
 
+	pte_begin(e);
 	if (e->access_count != U32_MAX)
 		WRITE_ONCE(e->access_count, e->access_count + 1);
 	WRITE_ONCE(e->last_step, ws->step);
+	pte_end(e);
 }
 
 /* Every state change wakes the sleepers of ws->wq; they re-check. */
@@ -107,24 +144,35 @@ int kvmem_ws_wait(struct kvmem_ws *ws)
 
 /* ---- slot memory --------------------------------------------------------- */
 
+/*
+ * The memory of a slot this thread owns (off the free list, not yet used):
+ * npp order-0 pages charged to the workspace's cgroup, and their vmap.
+ * Called without ws->lock: 16384 allocations and a vmap for a 64 MiB page.
+ */
 static int slot_alloc(struct kvmem_ws *ws, struct kvmem_slot *s, gfp_t extra)
 {
-	gfp_t gfp = GFP_KERNEL | __GFP_NOWARN | extra;
+	gfp_t gfp = KVMEM_GFP | extra;
+	struct mem_cgroup *old;
 	u32 i;
 
 	if (ws->node != NUMA_NO_NODE)
 		gfp |= __GFP_THISNODE;
+	old = set_active_memcg(ws->memcg);
 	for (i = 0; i < ws->npp; i++) {
 		s->pages[i] = alloc_pages_node(ws->node, gfp, 0);
 		if (!s->pages[i])
 			goto fail;
+		if ((i & 1023) == 1023)
+			cond_resched();
 	}
 	s->vaddr = vmap(s->pages, ws->npp, VM_MAP, PAGE_KERNEL);
-	if (s->vaddr) {
-		atomic_long_add(ws->npp, &kvmem_pages_held);
-		return 0;
-	}
+	if (!s->vaddr)
+		goto fail;
+	set_active_memcg(old);
+	atomic_long_add(ws->npp, &kvmem_pages_held);
+	return 0;
 fail:
+	set_active_memcg(old);
 	while (i--) {
 		put_page(s->pages[i]);
 		s->pages[i] = NULL;
@@ -132,12 +180,12 @@ fail:
 	return -ENOMEM;
 }
 
-/* Drop the module's references; a page someone still holds (a racing
- * fault, a get_user_pages pin) lives on until they let go.
+/* Drop the module's references to a slot's memory (the slot owned by this
+ * thread, or the workspace going away; no lock needed). A page someone
+ * still holds (a racing fault, get_user_pages) lives on until they let go.
  */
-void kvmem_slot_free(struct kvmem_ws *ws, u32 slot)
+void kvmem_slot_release(struct kvmem_ws *ws, struct kvmem_slot *s)
 {
-	struct kvmem_slot *s = &ws->slots[slot];
 	u32 i;
 
 	if (s->vaddr) {
@@ -150,8 +198,50 @@ void kvmem_slot_free(struct kvmem_ws *ws, u32 slot)
 			put_page(s->pages[i]);
 		s->pages[i] = NULL;
 	}
-	s->used = false;
+}
+
+/* Back on the free list (ws->lock held, its memory released already). */
+static void slot_put_back(struct kvmem_ws *ws, u32 slot)
+{
+	ws->slots[slot].used = false;
 	ws->free_list[ws->n_free++] = slot;
+}
+
+void kvmem_slot_free(struct kvmem_ws *ws, u32 slot)
+{
+	kvmem_slot_release(ws, &ws->slots[slot]);
+	slot_put_back(ws, slot);
+}
+
+/*
+ * References to a slot's pages beyond the module's own, one per pte that
+ * maps them, and the `pins` faults that took a page and have not mapped it
+ * yet: somebody else holds a page (get_user_pages or FOLL_PIN: an O_DIRECT
+ * read into the window, a registered buffer) and may write it with no
+ * fault. A guess while ptes come and go (a fault between unpinning and its
+ * pte counts as a holder: the cautious side); kvmem_slot_held is exact.
+ */
+bool kvmem_slot_maybe_held(struct kvmem_ws *ws, struct kvmem_slot *s, u32 pins)
+{
+	long extra = 0;
+	u32 i;
+
+	for (i = 0; i < ws->npp; i++)
+		extra += page_count(s->pages[i]) - 1 - kvmem_mapcount(s->pages[i]);
+	return extra > pins;
+}
+
+/* The same once the slot's ptes are zapped and no fault can map it again
+ * (EVICTING): any reference but the module's own is a holder.
+ */
+bool kvmem_slot_held(struct kvmem_ws *ws, struct kvmem_slot *s)
+{
+	u32 i;
+
+	for (i = 0; i < ws->npp; i++)
+		if (page_count(s->pages[i]) != 1)
+			return true;
+	return false;
 }
 
 /* Remove every pte of page id from every mapping of this workspace. The
@@ -174,16 +264,18 @@ void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s)
 
 /*
  * Fill an ABSENT page from the pages file. Called and returns with ws->lock
- * held; 0: the page is RESIDENT; else it is ABSENT again (BAD when the read
- * or the checksum failed).
+ * held (dropped for the allocation and the I/O); 0: the page is RESIDENT;
+ * else it is ABSENT again, and BAD (fill_errs moved on) when the read or
+ * the checksum failed. No slot or no memory (-ENOMEM) and a fatal signal
+ * (-EINTR) say nothing about the page.
  */
-static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
+int kvmem_fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	u64 t0 = ktime_get_ns();
 	struct kvmem_slot *s;
+	int err, io_err = 0;
 	u32 slot;
-	int err;
 
 	pg->state = KVMEM_FILLING;
 	kvmem_pte_update(ws, id);
@@ -191,30 +283,34 @@ static int fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch)
 	if (err)
 		goto out;
 	s = &ws->slots[slot];
-	err = slot_alloc(ws, s, 0);
-	if (err) {
-		ws->free_list[ws->n_free++] = slot;
-		goto out;
-	}
-	s->used = true;
-	s->page = id;
-	s->ref = true;
-	pg->slot = slot;
+	pg->slot = slot;	/* shown in the table while it fills */
 	ws->busy++;
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
-	err = kvmem_read_page(ws, id, s);
+	err = slot_alloc(ws, s, 0);
+	if (!err) {
+		io_err = kvmem_read_page(ws, id, s);
+		err = io_err;
+		if (err)
+			kvmem_slot_release(ws, s);
+	}
 	mutex_lock(&ws->lock);
 	ws->busy--;
 	if (err) {
-		kvmem_slot_free(ws, slot);
+		slot_put_back(ws, slot);
 		pg->slot = KVMEM_SLOT_NONE;
+	}
+	if (io_err) {
 		pg->flags |= KVMEM_PG_BAD;
-		if (err == -EBADMSG)
+		pg->fill_errs++;
+		if (io_err == -EBADMSG)
 			ws->stats.checksum_errors++;
 		else
 			ws->stats.read_errors++;
-	} else {
+	} else if (!err) {
+		s->used = true;
+		s->page = id;
+		s->ref = true;
 		ws->stats.fills++;
 		ws->stats.fill_bytes += ws->page_stride;
 		ws->stats.fill_ns += ktime_get_ns() - t0;
@@ -234,46 +330,6 @@ out:
 	return err;
 }
 
-int kvmem_prefetch_page(struct kvmem_ws *ws, u64 id)
-{
-	int err = 0;
-
-	mutex_lock(&ws->lock);
-	if (id < ws->page_count) {
-		ws->stats.prefetches++;
-		if (ws->pg[id].state == KVMEM_ABSENT) {
-			err = fill_locked(ws, id, true);
-		} else if (ws->pg[id].state == KVMEM_RESIDENT) {
-			ws->stats.hits++;
-			trace_kvmem_hit(ws->ws_id, id);
-		}
-	}
-	mutex_unlock(&ws->lock);
-	return err;
-}
-
-void kvmem_prefetch_work(struct work_struct *work)
-{
-	struct kvmem_ws *ws = container_of(work, struct kvmem_ws, prefetch_work);
-	struct kvmem_prefetch_batch *b;
-	u32 i;
-
-	for (;;) {
-		mutex_lock(&ws->lock);
-		b = list_first_entry_or_null(&ws->prefetch_list, struct kvmem_prefetch_batch, node);
-		if (b) {
-			list_del(&b->node);
-			ws->prefetch_queued -= b->n;
-		}
-		mutex_unlock(&ws->lock);
-		if (!b)
-			return;
-		for (i = 0; i < b->n && !READ_ONCE(ws->dying); i++)
-			kvmem_prefetch_page(ws, b->ids[i]);
-		kvfree(b);
-	}
-}
-
 /* CLAIM: 1 claimed (zeroed memory, mapped without a fill until FILLED),
  * 0 resident or being filled already, -errno.
  */
@@ -290,12 +346,17 @@ int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 		return 0;
 	}
 	pg->state = KVMEM_FILLING;	/* others wait while the slot is found */
+	kvmem_pte_update(ws, id);
 	err = kvmem_slot_get(ws, &slot);
 	if (!err) {
 		s = &ws->slots[slot];
+		ws->busy++;
+		mutex_unlock(&ws->lock);
 		err = slot_alloc(ws, s, __GFP_ZERO);
+		mutex_lock(&ws->lock);
+		ws->busy--;
 		if (err) {
-			ws->free_list[ws->n_free++] = slot;
+			slot_put_back(ws, slot);
 		} else {
 			s->used = true;
 			s->page = id;
@@ -310,9 +371,40 @@ int kvmem_claim_page(struct kvmem_ws *ws, u64 id)
 	return err ? err : 1;
 }
 
+/* A claim its caller never learnt of (CLAIM could not write the status
+ * array): the page goes back to ABSENT with nothing of it kept.
+ */
+void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id)
+{
+	struct kvmem_pg *pg = &ws->pg[id];
+	u32 slot;
+
+	mutex_lock(&ws->lock);
+	if (pg->state != KVMEM_CLAIMED) {
+		mutex_unlock(&ws->lock);
+		return;
+	}
+	slot = pg->slot;
+	pg->state = KVMEM_EVICTING;
+	ws->busy++;
+	kvmem_pte_update(ws, id);
+	mutex_unlock(&ws->lock);
+	kvmem_zap_page(ws, id, &ws->slots[slot]);
+	kvmem_slot_release(ws, &ws->slots[slot]);
+	mutex_lock(&ws->lock);
+	ws->busy--;
+	slot_put_back(ws, slot);
+	pg->slot = KVMEM_SLOT_NONE;
+	pg->state = KVMEM_ABSENT;
+	kvmem_pte_update(ws, id);
+	kvmem_ws_changed(ws);
+	mutex_unlock(&ws->lock);
+}
+
 /* FILLED: a claimed page is complete. Its ptes (writable, untracked while
  * claimed) are zapped so later writes are tracked; with verify the bytes
- * are checked against the sums file and a mismatch drops the page.
+ * are checked against the sums file and a mismatch drops the page (BAD,
+ * but not a failed fill: the file may be fine, a fault reads it).
  */
 int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 {
@@ -333,10 +425,12 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 	kvmem_zap_page(ws, id, s);
 	if (verify)
 		err = kvmem_verify_page(ws, id, s);
+	if (err)
+		kvmem_slot_release(ws, s);
 	mutex_lock(&ws->lock);
 	ws->busy--;
 	if (err) {
-		kvmem_slot_free(ws, pg->slot);
+		slot_put_back(ws, pg->slot);
 		pg->slot = KVMEM_SLOT_NONE;
 		pg->flags |= KVMEM_PG_BAD;
 		pg->state = KVMEM_ABSENT;
@@ -360,6 +454,71 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 
 /* ---- the window's vm_operations ----------------------------------------- */
 
+/*
+ * A fault that fills a page or waits for another's fill lets go of the
+ * mmap lock when its caller allows (FAULT_FLAG_ALLOW_RETRY, not NOWAIT): it
+ * takes a reference on the file (which keeps ws), unlocks, does the work
+ * and returns VM_FAULT_RETRY, and the retry maps the page (the filled page
+ * has its second chance on the clock). A retry that finds the page gone
+ * again lets go again: a fill may write a dirty victim back, and a file
+ * write (freeze protection, the inode's lock) under the mmap lock closes a
+ * cycle with an O_DIRECT read of the same file into this process's memory
+ * (inode lock, then get_user_pages takes the mmap lock), which lockdep
+ * reported on the debug kernel. Only a fault whose caller cannot retry
+ * (get_user_pages without a lock to drop, NOWAIT) fills holding it.
+ */
+static bool may_drop_mmap(struct vm_fault *vmf)
+{
+	return (vmf->flags & FAULT_FLAG_ALLOW_RETRY) &&
+	       !(vmf->flags & FAULT_FLAG_RETRY_NOWAIT);
+}
+
+static struct file *drop_mmap(struct vm_fault *vmf)
+{
+	struct file *file = get_file(vmf->vma->vm_file);
+
+	kvmem_release_fault_lock(vmf);
+	return file;
+}
+
+/*
+ * A fault that let go of the mmap lock can only return VM_FAULT_RETRY, so
+ * when its fill (or the fill it waited for) failed, it leaves a note, and
+ * the task's next fault on the page (the retry, or the next attempt of a
+ * get_user_pages loop, which does not say TRIED) fails without reading the
+ * page again, if it comes within a second and the page is as the note left
+ * it (ABSENT, no fill failed since). Otherwise the note is dropped and the
+ * fault goes on as any other. [lock]
+ */
+static void note_failed(struct kvmem_ws *ws, u64 id)
+{
+	struct kvmem_failed_note *n = &ws->failed[ws->failed_next];
+
+	n->pid = current->pid;
+	n->id = id;
+	n->errs = ws->pg[id].fill_errs;
+	n->when = jiffies;
+	ws->failed_next = (ws->failed_next + 1) % KVMEM_FAILED_NOTES;
+}
+
+static bool take_note(struct kvmem_ws *ws, u64 id)
+{
+	struct kvmem_pg *pg = &ws->pg[id];
+	bool fail = false;
+	u32 i;
+
+	for (i = 0; i < KVMEM_FAILED_NOTES; i++) {
+		struct kvmem_failed_note *n = &ws->failed[i];
+
+		if (n->pid != current->pid || n->id != id)
+			continue;
+		n->pid = 0;
+		fail |= time_before(jiffies, n->when + HZ) && pg->state == KVMEM_ABSENT &&
+			pg->fill_errs == n->errs;
+	}
+	return fail;
+}
+
 static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 {
 	struct kvmem_ws *ws = vmf->vma->vm_private_data;
@@ -367,10 +526,14 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 	u64 id = div_u64(idx, ws->npp);
 	u32 sub = idx - id * ws->npp;
 	u32 tflags = (vmf->flags & FAULT_FLAG_WRITE) ? KVMEM_FAULT_WRITE : 0;
-	vm_fault_t major = 0;
+	/* The retry of a fault that filled or waited: it was counted then. */
+	bool retry = vmf->flags & FAULT_FLAG_TRIED;
+	vm_fault_t major = retry ? VM_FAULT_MAJOR : 0;
 	bool waited_fill = false;
 	struct kvmem_pg *pg;
+	struct file *file;
 	struct page *page;
+	u16 errs = 0;
 	int err;
 
 	mutex_lock(&ws->lock);
@@ -378,8 +541,11 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 		mutex_unlock(&ws->lock);
 		return VM_FAULT_SIGBUS;
 	}
-	ws->stats.faults++;
 	pg = &ws->pg[id];
+	if (!retry)
+		ws->stats.faults++;
+	if (take_note(ws, id))
+		goto sigbus;
 	for (;;) {
 		switch (pg->state) {
 		case KVMEM_RESIDENT:
@@ -420,19 +586,43 @@ static vm_fault_t kvmem_fault(struct vm_fault *vmf)
 		case KVMEM_EVICTING:
 			if (pg->state == KVMEM_FILLING && !waited_fill) {
 				waited_fill = true;
-				trace_kvmem_fault(ws->ws_id, id, tflags | KVMEM_FAULT_WAITED);
+				errs = pg->fill_errs;
+				if (!retry)
+					trace_kvmem_fault(ws->ws_id, id,
+							  tflags | KVMEM_FAULT_WAITED);
+			}
+			if (may_drop_mmap(vmf)) {
+				file = drop_mmap(vmf);
+				kvmem_ws_wait(ws);
+				if (waited_fill && pg->state == KVMEM_ABSENT &&
+				    pg->fill_errs != errs)
+					note_failed(ws, id);
+				mutex_unlock(&ws->lock);
+				fput(file);
+				return VM_FAULT_RETRY;
 			}
 			if (kvmem_ws_wait(ws))
 				goto sigbus;
-			/* The fill we waited for failed: this fault fails too,
-			 * a later one tries again.
+			/* The fill we waited for failed to read or check the
+			 * page: this fault fails too, a later one tries again.
+			 * A fill that ended otherwise (no memory, its task
+			 * killed) says nothing of the page: fill it here.
 			 */
-			if (waited_fill && pg->state == KVMEM_ABSENT && (pg->flags & KVMEM_PG_BAD))
+			if (waited_fill && pg->state == KVMEM_ABSENT && pg->fill_errs != errs)
 				goto sigbus;
 			continue;
 		default:	/* KVMEM_ABSENT */
 			trace_kvmem_fault(ws->ws_id, id, tflags);
-			err = fill_locked(ws, id, false);
+			kvmem_prefetch_on_fault(ws, id);
+			if (may_drop_mmap(vmf)) {
+				file = drop_mmap(vmf);
+				if (kvmem_fill_locked(ws, id, false))
+					note_failed(ws, id);
+				mutex_unlock(&ws->lock);
+				fput(file);
+				return VM_FAULT_RETRY;
+			}
+			err = kvmem_fill_locked(ws, id, false);
 			if (err)
 				goto sigbus;
 			major = VM_FAULT_MAJOR;
@@ -444,8 +634,16 @@ sigbus:
 	return VM_FAULT_SIGBUS;
 }
 
-/* The first write to a mapped page: mark it dirty, unless it is being
- * written back or evicted (wait) or claimed by userspace (not tracked).
+/*
+ * The first write to a mapped page: mark it dirty, unless it is claimed by
+ * userspace (not tracked). It never waits, because the mmap lock is held
+ * here and page_mkwrite cannot let go of it: a page being written back is
+ * marked dirty again at once (what the write-back writes may then mix old
+ * and new bytes, and its sum may not match them; the page stays DIRTY, so
+ * the next write-back writes it whole, and until then the file holds a
+ * page that fails its check, never one that passes with the wrong bytes);
+ * a page being filled or evicted sends the write back to .fault
+ * (VM_FAULT_NOPAGE: the access faults again), which waits without it.
  */
 static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 {
@@ -458,34 +656,31 @@ static vm_fault_t kvmem_page_mkwrite(struct vm_fault *vmf)
 	bool ok;
 
 	mutex_lock(&ws->lock);
-	for (;;) {
-		if (pg->state == KVMEM_WRITEBACK || pg->state == KVMEM_EVICTING ||
-		    pg->state == KVMEM_FILLING) {
-			if (kvmem_ws_wait(ws)) {
-				mutex_unlock(&ws->lock);
-				return VM_FAULT_SIGBUS;
-			}
-			continue;
-		}
-		break;
-	}
-	if ((pg->state != KVMEM_RESIDENT && pg->state != KVMEM_CLAIMED) ||
-	    ws->slots[pg->slot].pages[sub] != page) {
+	if ((pg->state != KVMEM_RESIDENT && pg->state != KVMEM_WRITEBACK &&
+	     pg->state != KVMEM_CLAIMED) || ws->slots[pg->slot].pages[sub] != page) {
 		mutex_unlock(&ws->lock);
-		return VM_FAULT_NOPAGE;	/* the page left: fault again */
+		return VM_FAULT_NOPAGE;	/* the page left or is in transit: fault again */
 	}
-	if (pg->state == KVMEM_RESIDENT && !(pg->flags & KVMEM_PG_DIRTY)) {
+	/* A read-only workspace writes nothing back: only a page claimed for
+	 * userspace's fill may be written.
+	 */
+	if (ws->rdonly && pg->state != KVMEM_CLAIMED) {
+		mutex_unlock(&ws->lock);
+		return VM_FAULT_SIGBUS;
+	}
+	if (pg->state != KVMEM_CLAIMED && !(pg->flags & KVMEM_PG_DIRTY)) {
 		pg->flags |= KVMEM_PG_DIRTY;
 		kvmem_pte_update(ws, id);
 	}
 	mutex_unlock(&ws->lock);
 	lock_page(page);
 	mutex_lock(&ws->lock);
-	/* A write-back may have come and gone meanwhile and cleaned the page:
-	 * then fault again, or the write would go untracked.
+	/* A write-back may have started meanwhile and cleaned the page after
+	 * zapping it: then fault again, or the write would go untracked.
 	 */
 	ok = (pg->state == KVMEM_CLAIMED ||
-	      (pg->state == KVMEM_RESIDENT && (pg->flags & KVMEM_PG_DIRTY))) &&
+	      ((pg->state == KVMEM_RESIDENT || pg->state == KVMEM_WRITEBACK) &&
+	       (pg->flags & KVMEM_PG_DIRTY))) &&
 	     ws->slots[pg->slot].pages[sub] == page;
 	mutex_unlock(&ws->lock);
 	if (!ok) {
@@ -500,20 +695,75 @@ const struct vm_operations_struct kvmem_window_vm_ops = {
 	.page_mkwrite = kvmem_page_mkwrite,
 };
 
+/* The table's pages are all inserted at mmap; with ops (and no .fault) the
+ * mapping is never taken for anonymous memory: a touch past them is SIGBUS.
+ */
+const struct vm_operations_struct kvmem_table_vm_ops = {
+};
+
 /* ---- set-up and teardown of the memory ---------------------------------- */
 
+static size_t table_bytes(u64 page_max)
+{
+	return PAGE_ALIGN(sizeof(struct kvmem_pt_header) + page_max * sizeof(struct kvmem_pte));
+}
+
+/* What a workspace may hold at most: the window, the table, the page
+ * states and the slot bookkeeping (SETUP reserves it of max_memory).
+ */
+size_t kvmem_ws_memory_bytes(u64 page_max, u64 n_slots, u32 npp)
+{
+	return n_slots * npp * PAGE_SIZE + table_bytes(page_max) +
+	       (table_bytes(page_max) >> PAGE_SHIFT) * sizeof(struct page *) +
+	       page_max * sizeof(struct kvmem_pg) +
+	       n_slots * (sizeof(struct kvmem_slot) + sizeof(u32) + npp * sizeof(struct page *));
+}
+
+static int table_alloc(struct kvmem_ws *ws)
+{
+	u32 i;
+
+	ws->n_table_pages = table_bytes(ws->page_max) >> PAGE_SHIFT;
+	ws->table_pages = kvcalloc(ws->n_table_pages, sizeof(struct page *), KVMEM_GFP);
+	if (!ws->table_pages)
+		return -ENOMEM;
+	for (i = 0; i < ws->n_table_pages; i++) {
+		ws->table_pages[i] = alloc_page(KVMEM_GFP | __GFP_ZERO);
+		if (!ws->table_pages[i])
+			return -ENOMEM;
+		if ((i & 1023) == 1023)
+			cond_resched();
+	}
+	ws->table = vmap(ws->table_pages, ws->n_table_pages, VM_MAP, PAGE_KERNEL);
+	return ws->table ? 0 : -ENOMEM;
+}
+
+static void table_free(struct kvmem_ws *ws)
+{
+	u32 i;
+
+	if (ws->table)
+		vunmap(ws->table);
+	ws->table = NULL;
+	for (i = 0; ws->table_pages && i < ws->n_table_pages; i++)
+		if (ws->table_pages[i])
+			put_page(ws->table_pages[i]);
+	kvfree(ws->table_pages);
+	ws->table_pages = NULL;
+}
+
+/* Called by SETUP, in its caller's context (so charged to its cgroup). */
 int kvmem_ws_init_memory(struct kvmem_ws *ws, u64 host_cap)
 {
 	u32 i;
 
 	ws->n_slots = div_u64(host_cap, ws->page_stride);
 	ws->table_bytes = sizeof(struct kvmem_pt_header) + ws->page_max * sizeof(struct kvmem_pte);
-	ws->table = vmalloc_user(PAGE_ALIGN(ws->table_bytes));
-	ws->pg = kvcalloc(ws->page_max, sizeof(*ws->pg), GFP_KERNEL);
-	ws->slots = kvcalloc(ws->n_slots, sizeof(*ws->slots), GFP_KERNEL);
-	ws->free_list = kvmalloc_array(ws->n_slots, sizeof(u32), GFP_KERNEL);
-	ws->page_ptrs = kvcalloc((size_t)ws->n_slots * ws->npp, sizeof(struct page *), GFP_KERNEL);
-	if (!ws->table || !ws->pg || !ws->slots || !ws->free_list || !ws->page_ptrs) {
+	ws->pg = kvcalloc(ws->page_max, sizeof(*ws->pg), KVMEM_GFP);
+	ws->slots = kvcalloc(ws->n_slots, sizeof(*ws->slots), KVMEM_GFP);
+	ws->free_list = kvmalloc_array(ws->n_slots, sizeof(u32), KVMEM_GFP);
+	ws->page_ptrs = kvcalloc((size_t)ws->n_slots * ws->npp, sizeof(struct page *), KVMEM_GFP);
+	if (!ws->pg || !ws->slots || !ws->free_list || !ws->page_ptrs || table_alloc(ws)) {
 		kvmem_ws_free_memory(ws);
 		return -ENOMEM;
 	}
@@ -546,10 +796,9 @@ void kvmem_ws_free_memory(struct kvmem_ws *ws)
 	kvfree(ws->free_list);
 	kvfree(ws->slots);
 	kvfree(ws->pg);
-	vfree(ws->table);
+	table_free(ws);
 	ws->page_ptrs = NULL;
 	ws->free_list = NULL;
 	ws->slots = NULL;
 	ws->pg = NULL;
-	ws->table = NULL;
 }

@@ -92,9 +92,14 @@ uint32_t kvmem_kmod_page_bytes(const kvmem_kmod *k);
 uint32_t kvmem_kmod_page_stride(const kvmem_kmod *k);
 
 /* The shared page table (read-only; the module writes it): header, and the
- * entry of a page (NULL past page_max). No system call. */
+ * entry of a page (NULL past page_max). No system call. Fields read one at
+ * a time through kvmem_kmod_pte may belong to different moments; for a
+ * consistent copy of a whole entry use kvmem_kmod_pte_read (it retries
+ * while the module changes the entry: the entry's sequence count, uapi
+ * kvmem.h). kvmem_kmod_pte_read returns 0, or -EINVAL past page_max. */
 const struct kvmem_pt_header *kvmem_kmod_table(const kvmem_kmod *k);
 const struct kvmem_pte *kvmem_kmod_pte(const kvmem_kmod *k, uint64_t page);
+int kvmem_kmod_pte_read(const kvmem_kmod *k, uint64_t page, struct kvmem_pte *out);
 /* 1 when the page is in host memory now (KVMEM_TIER_HOST). */
 int kvmem_kmod_resident(const kvmem_kmod *k, uint64_t page);
 
@@ -127,6 +132,34 @@ int kvmem_kmod_prefetch(kvmem_kmod *k, const uint64_t *pages, size_t n, int wait
 int kvmem_kmod_claim(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *claimed);
 int kvmem_kmod_filled(kvmem_kmod *k, const uint64_t *pages, size_t n, int verify,
 		      int32_t *status);
+
+/*
+ * Fill pages without a copy: claim the absent ones, read them with io_uring
+ * O_DIRECT from the pages file straight into the window, and hand them back
+ * with FILLED and VERIFY (user/kmod/kmod_fill.c). Returns when every read
+ * has ended. status[i] (may be NULL): 1 filled by this call, 0 resident or
+ * on its way already (left alone), or -errno: -ENOMEM no slot could be
+ * claimed, -EIO (or the read's error) the read failed or was short,
+ * -EBADMSG the bytes do not match the checksum; a page that failed is
+ * absent again, and kvmem_kmod_get reads it through the module (and says
+ * what is wrong with it). Returns the number filled, or the first error;
+ * -EINVAL, nothing done, when a page is past the last one.
+ * -ENOTSUP when this open has no O_DIRECT path (kvmem_kmod_direct 0: the
+ * file system refuses O_DIRECT, e.g. tmpfs): nothing is done.
+ */
+int kvmem_kmod_fill(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status);
+/*
+ * The same, the reads left going while the caller works: claims and
+ * submits, and returns the number claimed (or the error when none was).
+ * kvmem_kmod_fill_wait ends them (and hands the pages back): the number
+ * filled, or the first page's error; so do the next kvmem_kmod_fill,
+ * kvmem_kmod_get (before it hands out any page) and close. Until then a
+ * started page reads as zeros through the window: touch it only after.
+ */
+int kvmem_kmod_fill_start(kvmem_kmod *k, const uint64_t *pages, size_t n);
+int kvmem_kmod_fill_wait(kvmem_kmod *k);
+/* 1 when kvmem_kmod_fill can read into the window here. */
+int kvmem_kmod_direct(const kvmem_kmod *k);
 
 /* Drop pages now (dirty ones written back first); status[i] (may be NULL):
  * 0, -EBUSY (pinned or in transit) or the write-back's error. */

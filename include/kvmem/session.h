@@ -43,6 +43,7 @@ extern "C" {
 #define KVMEM_SUM_MINMAX		2u	/* per-dimension min and max of raw K */
 #define KVMEM_SUM_SUBBLOCK	4u	/* Mean-K of each quarter block */
 #define KVMEM_NEED_KEYS		8u	/* the raw keys themselves (oracle) */
+#define KVMEM_NEED_TEXT		16u	/* the token ids: kvmem_select_ctx.tokens, text (lexical) */
 #ifndef KVMEM_SUBBLOCKS
 #define KVMEM_SUBBLOCKS		4	/* sub-blocks per block */
 #endif
@@ -94,12 +95,26 @@ typedef struct kvmem_select_ctx {
 	/* Optional: where the shipped scorers may run instead of the host
 	 * (NULL: the host; the lab's replays and bench select). */
 	const struct kvmem_score_device *device;
+	/*
+	 * The text, for policies that match tokens: the history's
+	 * token ids, tokens[n_tokens]; and the step's query text,
+	 * text[n_text]: the history's tokens from the first query position to
+	 * the last (q_pos[0] .. q_pos[n_q - 1]; none when n_q is 0), or, in a
+	 * kvmem_session_select_ahead, every token about to be appended (q and
+	 * q_pos are the queries of its last n_q). The lab rebuilds the same
+	 * text from the recorded positions and the saved history. Both NULL
+	 * where a caller has no token ids (bench select's synthetic index):
+	 * a policy that needs them fails there with -EINVAL.
+	 */
+	const int32_t *tokens;
+	const int32_t *text;
+	int64_t n_text;
 } kvmem_select_ctx;
 
 typedef struct kvmem_policy_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
-	unsigned needs;		/* KVMEM_SUM_* / KVMEM_NEED_KEYS */
+	unsigned needs;		/* KVMEM_SUM_* / KVMEM_NEED_KEYS / KVMEM_NEED_TEXT */
 	int per_layer;		/* 1: one block set per layer, else one for all */
 	/* Fill scores[per_layer ? n_layers : 1][n_blocks]; higher is kept
 	 * first. Ties go to the later block. Returns 0 or -errno with kvmem_error. */

@@ -2,8 +2,9 @@
 # kvmem bench recall on the shipped model, small: one depth, a few questions
 # at the native window and 2x. The CSV has a row per cell with the needle's
 # rank and the pages read; full context needs no pages; rag (retrieve lines,
-# prefill them again) reads no pages and ranks no blocks; every cell times
-# the first answer token; --trace shows what outranked the needle; bad
+# prefill them again) reads no pages and ranks no blocks; lexical (BM25 of
+# the question's tokens over blocks) reads no key pages and brings every
+# needle into view; every cell times the first answer token; --trace shows what outranked the needle; bad
 # options and training seeds are refused.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
@@ -14,13 +15,14 @@ fail() { echo "bench recall test: $*"; exit 1; }
 model=models/agentlang
 
 out=$("$KVMEM" bench recall --model $model --sizes 1,2 --depths 0.5 --questions 3 \
-	--policies full,meank,refine,rag --csv "$tmp/r.csv" --quiet 2>&1)
+	--policies full,meank,refine,rag,lexical --csv "$tmp/r.csv" --quiet 2>&1)
 rc=$?
 [ $rc -eq 0 ] || fail "run failed (exit $rc$([ $rc -gt 128 ] && echo ", signal $((rc - 128))")): $out"
 head -1 "$tmp/r.csv" | grep -q ',needle_rank_median,first_token_ms$' ||
 	fail "no rank and first-token columns: $(head -1 "$tmp/r.csv")"
-# full at 1x only (2x does not fit the window), meank, refine and rag at both.
-[ "$(tail -n +2 "$tmp/r.csv" | wc -l)" -eq 7 ] || fail "expected 7 cells: $(cat "$tmp/r.csv")"
+# full at 1x only (2x does not fit the window), meank, refine, rag and
+# lexical at both.
+[ "$(tail -n +2 "$tmp/r.csv" | wc -l)" -eq 9 ] || fail "expected 9 cells: $(cat "$tmp/r.csv")"
 # Full context at the native window answers them all (1.0 measured): at
 # least 0.9, or the model or the engine is broken.
 awk -F, '$2 == 1 && $4 == "full" { found = 1; if ($5 < 0.9) bad = 1 }
@@ -36,6 +38,13 @@ awk -F, 'NR > 1 {
 mb() { awk -F, -v p="$1" '$2 == 2 && $4 == p { print $9 }' "$tmp/r.csv"; }
 awk -v r="$(mb refine)" -v m="$(mb meank)" 'BEGIN { exit !(r > m) }' ||
 	fail "refine read no more than meank: $(mb refine) vs $(mb meank) MB"
+# lexical reads the view's pages only (no keys to score: meank's bytes),
+# and the question's own words put the needle's line in view every time
+# (a policy without the text would keep the newest blocks: none at 2x).
+awk -v l="$(mb lexical)" -v r="$(mb refine)" 'BEGIN { exit !(l < r) }' ||
+	fail "lexical read as much as refine: $(mb lexical) vs $(mb refine) MB"
+awk -F, '$4 == "lexical" { n++; if ($7 < 1) bad = 1 } END { exit n != 2 || bad }' "$tmp/r.csv" ||
+	fail "lexical left a needle out: $(cat "$tmp/r.csv")"
 # rag at the native window: the budget holds most of the workspace and the
 # needle's line is the best match, so it answers like full context (at
 # least 0.9, needle retrieved), or retrieval or its prompt is broken.

@@ -26,7 +26,8 @@ static void test_uapi_layout(void **state)
 	assert_int_equal(offsetof(struct kvmem_pte, access_count), 20);
 	assert_int_equal(offsetof(struct kvmem_pte, last_step), 24);
 	assert_int_equal(sizeof(struct kvmem_pt_header), 64);
-	assert_int_equal(KVMEM_PT_VERSION, 1);
+	assert_int_equal(offsetof(struct kvmem_pte, seq), 18);
+	assert_int_equal(KVMEM_PT_VERSION, 2);
 	/* Tier bits and state flags are distinct single bits. */
 	assert_int_equal(KVMEM_TIER_GPU | KVMEM_TIER_HOST | KVMEM_TIER_NVME, 7);
 	assert_int_equal(__builtin_popcount(KVMEM_PTE_IN_FLIGHT | KVMEM_PTE_DIRTY | KVMEM_PTE_PINNED |
@@ -50,7 +51,7 @@ static void check_invariants(kvmem_pager *p, uint64_t seed)
 		assert_non_null(e);
 		assert_int_equal(e->page_id, pg);
 		assert_int_equal(e->gpu_slot, KVMEM_SLOT_NONE);
-		assert_int_equal(e->reserved, 0);
+		assert_int_equal(e->seq, 0);	/* the pager's own table: no concurrent writer */
 		if (!(e->tiers & KVMEM_TIER_HOST)) {
 			assert_int_equal(e->host_slot, KVMEM_SLOT_NONE);
 			continue;

@@ -608,6 +608,284 @@ static void test_refine_planted(void **state)
 	}
 }
 
+/* ---- lexical -------------------------------------------------------------- */
+/*
+ * BM25 over blocks restated slowly (lexical.h): the query's distinct
+ * unigrams and adjacent ordered pairs of its last LEX_MAX_TEXT (256)
+ * tokens; a pair belongs to the block of its second token; k1 1.2, b 0.75.
+ */
+static void ref_lexical(const int32_t *tok, int64_t N, int B, const int32_t *text, int64_t nt,
+			double *want)
+{
+	int64_t nb = (N + B - 1) / B, m = 0;
+	int64_t (*terms)[2] = malloc(sizeof(*terms) * 2 * (size_t)(nt > 0 ? nt : 1));	/* {a, b}; a -1: unigram b */
+
+	if (nt > 256) {
+		text += nt - 256;
+		nt = 256;
+	}
+	for (int64_t i = 0; i < nt; i++)
+		for (int k = 0; k < 2; k++) {
+			int64_t a = k ? (i ? text[i - 1] : -2) : -1, b = text[i], dup = 0;
+
+			if (a == -2)
+				continue;
+			for (int64_t j = 0; j < m; j++)
+				dup |= terms[j][0] == a && terms[j][1] == b;
+			if (!dup)
+				terms[m][0] = a, terms[m][1] = b, m++;
+		}
+	for (int64_t b = 0; b < nb; b++)
+		want[b] = 0;
+	for (int64_t t = 0; t < m; t++) {
+		double *tf = calloc(nb, sizeof(double)), df = 0, idf;
+
+		for (int64_t p = 0; p < N; p++)
+			if (tok[p] == terms[t][1] && (terms[t][0] == -1 || (p > 0 && tok[p - 1] == terms[t][0])))
+				tf[p / B] += 1;
+		for (int64_t b = 0; b < nb; b++)
+			df += tf[b] > 0;
+		idf = log(1 + (nb - df + 0.5) / (df + 0.5));
+		for (int64_t b = 0; b < nb; b++) {
+			double len = b < nb - 1 ? B : N - (nb - 1) * B;
+
+			want[b] += idf * tf[b] * 2.2 / (tf[b] + 1.2 * (0.25 + 0.75 * len / ((double)N / nb)));
+		}
+		free(tf);
+	}
+	free(terms);
+}
+
+/*
+ * The superseded blocks, slowly: the longest suffix of the text's last 256
+ * tokens that ends somewhere before `end` (the text's own place when it is
+ * in the history), and when it is 3 tokens or more, the blocks of its
+ * occurrences but the newest one's. Scales want[] by 0.1 there.
+ */
+static void ref_supersede(const int32_t *tok, int64_t end, int B, const int32_t *text, int64_t nt,
+			  double *want)
+{
+	int64_t best = 0, newest = -1;
+
+	if (nt > 256) {
+		text += nt - 256;
+		nt = 256;
+	}
+	for (int64_t len = 1; len <= nt; len++)
+		for (int64_t p = len - 1; p < end; p++)
+			if (!memcmp(tok + p - len + 1, text + nt - len, sizeof(int32_t) * len))
+				best = len, newest = p;
+	if (best < 3)
+		return;
+	for (int64_t b = 0; b <= (end - 1) / B; b++)
+		for (int64_t p = b * B; p < (b + 1) * B && p < newest; p++)
+			if (p >= best - 1 && b != newest / B &&
+			    !memcmp(tok + p - best + 1, text + nt - best, sizeof(int32_t) * best)) {
+				want[b] *= 0.1;
+				break;
+			}
+}
+
+static kvmem_select_ctx lex_ctx(const int32_t *tok, int64_t N, int B, const int32_t *text,
+				int64_t nt, int64_t budget)
+{
+	return (kvmem_select_ctx){ .n_tokens = N, .n_blocks = (N + B - 1) / B, .block = B,
+				   .budget = budget, .tokens = tok, .text = text, .n_text = nt };
+}
+
+/*
+ * lexical without a budget is BM25 itself; with one, each of the top
+ * budget / B matched blocks brings its two neighbours right behind it
+ * (those in the top already too) and nothing else moves. Texts are random, the history's own tokens and
+ * longer than the 256 the query keeps.
+ */
+static void test_lexical_formula(void **state)
+{
+	uint64_t rng = g_seed ^ 0x1e;
+	const kvmem_policy_ops *p = kvmem_policy_find("lexical");
+
+	assert_non_null(p);
+	for (int it = 0; it < 12; it++) {
+		int B = 16 << test_rng_int(&rng, 0, 2), vocab = test_rng_int(&rng, 3, 60);
+		int64_t N = test_rng_int(&rng, 1, 3000), nt = test_rng_int(&rng, 0, it % 4 ? 12 : 400);
+		int64_t nb = (N + B - 1) / B, k, matched = 0;
+		int32_t *tok = malloc(sizeof(int32_t) * N), *text = malloc(sizeof(int32_t) * (nt + 1));
+		double *want = malloc(sizeof(double) * nb);
+		float *got = malloc(sizeof(float) * nb), *exp_ = malloc(sizeof(float) * nb);
+		kvmem_select_ctx c;
+
+		for (int64_t i = 0; i < N; i++)
+			tok[i] = test_rng_int(&rng, 0, vocab - 1);
+		for (int64_t i = 0; i < nt; i++)
+			text[i] = it % 3 == 0 && nt <= N ? tok[N - nt + i] : test_rng_int(&rng, 0, vocab + 5);
+		ref_lexical(tok, N, B, text, nt, want);
+		ref_supersede(tok, N, B, text, nt, want);
+		c = lex_ctx(tok, N, B, text, nt, 0);
+		assert_int_equal(p->score(&c, got), 0);
+		expect_near(got, want, nb, 1e-5);
+		if (it % 3 == 0 && nt <= N && nt > 0) {
+			/* The text is the history's tail, as after an append: its
+			 * own place does not count as an occurrence. */
+			int64_t qpos = N - 1;
+
+			ref_lexical(tok, N, B, text, nt, want);
+			ref_supersede(tok, N - (nt < 256 ? nt : 256), B, text, nt, want);
+			c.n_q = 1;
+			c.q_pos = &qpos;
+			assert_int_equal(p->score(&c, exp_), 0);
+			expect_near(exp_, want, nb, 1e-5);
+			c.n_q = 0;
+			c.q_pos = NULL;
+		}
+		/* With a budget: the expansion of the BM25 order. Budgets up to
+		 * the whole history: where the top k are most blocks, a top
+		 * block's neighbour that is in the top k but low in it is raised
+		 * too (else the raised blocks push it out). */
+		c.budget = B * test_rng_int(&rng, 1, it % 2 ? 8 : (int)nb);
+		assert_int_equal(p->score(&c, exp_), 0);
+		for (int64_t b = 0; b < nb; b++)
+			matched += got[b] > 0;
+		k = c.budget / B < matched ? c.budget / B : matched;
+		for (int64_t b = 0; b < nb; b++) {
+			float want_b = got[b];
+
+			for (int d = -1; d <= 1; d += 2) {
+				int64_t n = b + d, above = 0;
+
+				if (n < 0 || n >= nb)
+					continue;
+				for (int64_t o = 0; o < nb; o++)
+					above += got[o] > got[n] || (got[o] == got[n] && o > n);
+				if (above < k && nextafterf(got[n], -INFINITY) > want_b)
+					want_b = nextafterf(got[n], -INFINITY);
+			}
+			if (exp_[b] != want_b)
+				fail_msg("block %lld of %lld: %.9g, want %.9g (BM25 %.9g, k %lld)",
+					 (long long)b, (long long)nb, exp_[b], want_b, got[b], (long long)k);
+		}
+		free(tok);
+		free(text);
+		free(want);
+		free(got);
+		free(exp_);
+	}
+}
+
+/*
+ * A fact line, a look-alike that holds every word of the question but one
+ * more token inside the file name (`api 2 .conf` against `api .conf`) and,
+ * every other time, an older value of the same key: the pairs rank the
+ * fact's block above the look-alike's (unigrams alone do not: it holds
+ * every one of them), and the fact, the newest occurrence of the
+ * question's ending, supersedes the older value. Without token ids the
+ * policy refuses; without a text every block scores 0.
+ */
+static void test_lexical_planted(void **state)
+{
+	enum { B = 32, N = 40 * B, API = 101, TWO = 102, CONF = 103, DB = 104, PORT = 105, EQ = 4,
+	       NL = 6 };
+	const int32_t fact[] = { API, CONF, DB, PORT, EQ, 54, 32, NL };
+	const int32_t look[] = { API, TWO, CONF, DB, PORT, EQ, 77, 12, NL };
+	const int32_t stale[] = { API, CONF, DB, PORT, EQ, 11, 22, NL };
+	const int32_t question[] = { 3, API, CONF, DB, PORT, EQ };
+	uint64_t rng = g_seed ^ 0x1f;
+	int32_t tok[N];
+	float sc[N / B];
+	kvmem_select_ctx c;
+	const kvmem_policy_ops *p = kvmem_policy_find("lexical");
+
+	for (int it = 0; it < 8; it++) {
+		int64_t at = test_rng_int(&rng, 8, 15) * B + test_rng_int(&rng, 0, B - 10);
+		int64_t st = test_rng_int(&rng, 1, 6) * B + test_rng_int(&rng, 0, B - 10);
+		int64_t lk = test_rng_int(&rng, 20, 38) * B + test_rng_int(&rng, 0, B - 10);
+		int64_t best = 0;
+
+		for (int i = 0; i < N; i++)
+			tok[i] = test_rng_int(&rng, 7, 100);	/* filler: no term of the question but = */
+		for (int i = 0; i < N; i += test_rng_int(&rng, 5, 12))
+			tok[i] = EQ;
+		memcpy(tok + at, fact, sizeof(fact));
+		memcpy(tok + lk, look, sizeof(look));
+		if (it % 2)
+			memcpy(tok + st, stale, sizeof(stale));
+		c = lex_ctx(tok, N, B, question, 6, 0);
+		assert_int_equal(p->score(&c, sc), 0);
+		for (int64_t b = 1; b < N / B; b++)
+			best = sc[b] >= sc[best] ? b : best;
+		/* The fact's block (the pairs: the look-alike holds every
+		 * token); the older value of the same key, as strong a match,
+		 * is superseded: a tenth. */
+		assert_int_equal(best, at / B);
+		if (it % 2)
+			assert_true(sc[st / B] < 0.2f * sc[at / B]);
+		/* The same after appending the question (a plain selection):
+		 * its own place at the end is not the newest occurrence. */
+		{
+			int64_t qpos = N - 1;
+
+			memcpy(tok + N - 6, question, sizeof(question));
+			c = lex_ctx(tok, N, B, tok + N - 6, 6, 0);
+			c.n_q = 1;
+			c.q_pos = &qpos;
+			assert_int_equal(p->score(&c, sc), 0);
+			assert_true(sc[at / B] > sc[st / B] && sc[at / B] > sc[lk / B]);
+		}
+	}
+	c.tokens = NULL;
+	assert_int_equal(p->score(&c, sc), -EINVAL);
+	assert_non_null(strstr(kvmem_last_error(), "token ids"));
+	c = lex_ctx(tok, N, B, question, 0, 4 * B);
+	assert_int_equal(p->score(&c, sc), 0);
+	for (int b = 0; b < N / B; b++)
+		assert_true(sc[b] == 0);
+}
+
+/*
+ * The token ids and the query text (kvmem_select_ctx's last fields) change
+ * nothing for a policy that does not ask for them (no KVMEM_NEED_TEXT):
+ * every registered policy but the text ones scores the same bits with
+ * them as without, on the same history, queries and budget. What holds
+ * every policy of before the fields came to what it measured.
+ */
+static void test_text_blind(void **state)
+{
+	uint64_t rng = g_seed ^ 0x7b;
+	const kvmem_policy_ops *p;
+	int checked = 0;
+
+	for (int i = 0; (p = kvmem_policy_at(i)); i++) {
+		struct hist h;
+		int32_t *tok, text[9];
+		float *plain, *with;
+		int sets;
+
+		if (p->needs & KVMEM_NEED_TEXT)
+			continue;
+		hist_random(&h, &rng, test_rng_int(&rng, 40, 400), 16);
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_MINMAX | KVMEM_SUM_SUBBLOCK);
+		h.c.budget = 16 * test_rng_int(&rng, 1, (int)h.nb);
+		plain = run_policy(&h, p->name);
+		tok = malloc(sizeof(int32_t) * h.N);
+		for (int64_t t = 0; t < h.N; t++)
+			tok[t] = test_rng_int(&rng, 0, 50);
+		for (int t = 0; t < 9; t++)
+			text[t] = tok[h.N - 9 + t];
+		h.c.tokens = tok;
+		h.c.text = text;
+		h.c.n_text = 9;
+		with = run_policy(&h, p->name);
+		sets = p->per_layer ? h.L : 1;
+		if (memcmp(plain, with, sizeof(float) * sets * h.nb))
+			fail_msg("policy %s scores differently with the token ids given", p->name);
+		checked++;
+		free(plain);
+		free(with);
+		free(tok);
+		hist_free(&h);
+	}
+	assert_true(checked >= 10);
+}
+
 /* Policies whose summaries are missing say so instead of reading garbage. */
 static void test_missing_summaries(void **state)
 {
@@ -688,6 +966,9 @@ int main(void)
 		cmocka_unit_test(test_oracle),
 		cmocka_unit_test(test_refine),
 		cmocka_unit_test(test_refine_planted),
+		cmocka_unit_test(test_lexical_formula),
+		cmocka_unit_test(test_lexical_planted),
+		cmocka_unit_test(test_text_blind),
 		cmocka_unit_test(test_missing_summaries),
 		cmocka_unit_test(test_thread_independent),
 	};

@@ -872,6 +872,120 @@ static void test_nan_logits_refused(void **state)
 	test_model_free(m);
 }
 
+/* ---- the text a policy is given ------------------------------------------ */
+/* A policy that keeps what it was given (and scores like recency). */
+static struct {
+	int calls;
+	int64_t n_tokens, n_text, n_q, q_pos[8];
+	int32_t text[64], tokens[512];
+	int had_tokens, had_text;
+} g_seen;
+
+static int seen_score(const kvmem_select_ctx *c, float *scores)
+{
+	g_seen.calls++;
+	g_seen.n_tokens = c->n_tokens;
+	g_seen.n_text = c->n_text;
+	g_seen.n_q = c->n_q;
+	g_seen.had_tokens = c->tokens != NULL;
+	g_seen.had_text = c->text != NULL;
+	for (int i = 0; i < c->n_q && i < 8; i++)
+		g_seen.q_pos[i] = c->q_pos[i];
+	if (c->tokens)
+		memcpy(g_seen.tokens, c->tokens, sizeof(int32_t) * (c->n_tokens < 512 ? c->n_tokens : 512));
+	if (c->text)
+		memcpy(g_seen.text, c->text, sizeof(int32_t) * (c->n_text < 64 ? c->n_text : 64));
+	for (int64_t b = 0; b < c->n_blocks; b++)
+		scores[b] = (float)b;
+	return 0;
+}
+
+static const kvmem_policy_ops test_seen = {
+	.name = "test_seen", .what = "keeps its context (test_ws_session.c)",
+	.needs = KVMEM_SUM_MEANK, .score = seen_score,
+};
+
+/* The history as the policy saw it, and the text: want[n_want]. */
+static void expect_seen(const kvmem_session *s, const int32_t *want, int64_t n_want)
+{
+	int64_t n = kvmem_session_tokens(s);
+
+	assert_true(g_seen.had_tokens);
+	assert_int_equal(g_seen.n_tokens, n);
+	assert_memory_equal(g_seen.tokens, kvmem_session_token_ids(s), sizeof(int32_t) * n);
+	assert_int_equal(g_seen.n_text, n_want);
+	assert_int_equal(g_seen.had_text, n_want > 0);
+	if (n_want)
+		assert_memory_equal(g_seen.text, want, sizeof(int32_t) * n_want);
+}
+
+/*
+ * kvmem_select_ctx's text (session.h): the history's token ids, and the
+ * query text: the tokens at the query positions for a selection after
+ * appends and decodes (forced ones mid-append too), the tokens about to be
+ * appended for a select-ahead, none for adopt's first selection.
+ */
+static void test_select_ctx_text(void **state)
+{
+	uint64_t rng = g_seed ^ 0x7e7;
+	kvmem_model *m = small_model(&rng);
+	kvmem_backend *e = test_backend(m, 16);
+	kvmem_session_opts o;
+	kvmem_page_source src;
+	kvmem_session *s;
+	int32_t *tok = random_tokens(&rng, 300, m->cfg.vocab), out[4];
+	const int32_t *ids;
+	int64_t n;
+
+	assert_int_equal(kvmem_policy_register(&test_seen), 0);
+	kvmem_session_opts_default(&o);
+	o.block = 16;
+	o.chunk = 16;
+	o.budget = 64;
+	o.query_tokens = 3;
+	o.policy = "test_seen";
+	o.source = &src;
+	assert_int_equal(kvmem_page_source_mem(&src, m->cfg.n_layers, m->cfg.n_kv_heads,
+					       m->cfg.head_dim, 16), 0);
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	/* 200 tokens through a view of 64 + reserve: forced selections. */
+	assert_int_equal(kvmem_session_append(s, tok, 200, 0), 0);
+	assert_true(g_seen.calls > 0);
+	assert_int_equal(g_seen.n_q, 3);
+	assert_int_equal(g_seen.n_text, 3);
+	assert_memory_equal(g_seen.text, tok + g_seen.q_pos[0], sizeof(int32_t) * 3);
+	assert_int_equal(g_seen.q_pos[2], g_seen.q_pos[0] + 2);
+	assert_int_equal(kvmem_session_select(s), 0);
+	expect_seen(s, tok + 197, 3);
+	/* Ahead: the five tokens to come; the queries are the last three's. */
+	assert_int_equal(kvmem_session_select_ahead(s, tok + 200, 5), 0);
+	expect_seen(s, tok + 200, 5);
+	assert_int_equal(g_seen.n_q, 3);
+	assert_int_equal(g_seen.q_pos[0], 202);
+	assert_int_equal(kvmem_session_append(s, tok + 200, 5, 0), 0);
+	assert_int_equal(kvmem_session_decode(s, 2, NULL, out), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	ids = kvmem_session_token_ids(s);
+	n = kvmem_session_tokens(s);
+	expect_seen(s, ids + n - 3, 3);
+	memcpy(tok, ids, sizeof(int32_t) * n);
+	kvmem_session_free(s);
+	/* Adopted: no queries yet, no text; the history all the same. */
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	g_seen.calls = 0;
+	assert_int_equal(kvmem_session_adopt(s, tok, n), 0);
+	assert_int_equal(g_seen.calls, 1);
+	assert_int_equal(g_seen.n_q, 0);
+	expect_seen(s, NULL, 0);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&src);
+	free(tok);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 /* ---- moves inside the view ------------------------------------------------ */
 /* Every forward pass's last logits, in order. */
 struct rec {
@@ -1051,6 +1165,7 @@ int main(void)
 		cmocka_unit_test(test_device_scores_match_host),
 		cmocka_unit_test(test_session_errors),
 		cmocka_unit_test(test_nan_logits_refused),
+		cmocka_unit_test(test_select_ctx_text),
 		cmocka_unit_test(test_moves_equal_pages),
 		cmocka_unit_test(test_step_reads_what_entered),
 	};

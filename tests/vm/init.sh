@@ -3,7 +3,7 @@
 # Runs every step with a timeout and prints TAP-style lines: the selftests'
 # own "ok N name" / "not ok N name", and "ok N vm: step" for the steps here
 # (module load and unload, a selftest that crashed or timed out, new BUG:,
-# WARNING: or Oops lines in the kernel log after a step). tests/vm/run.sh
+# WARNING:, Oops or hung-task lines in the kernel log after a step). tests/vm/run.sh
 # counts those lines on the serial console and prints "N passed, N failed".
 /bin/busybox mkdir -p /proc /sys /dev /tmp /usr/bin /usr/sbin /sbin
 /bin/busybox --install -s
@@ -16,6 +16,7 @@ mount -t tracefs tracefs /sys/kernel/tracing
 echo "KVMEM-VM-BOOTED $(cut -d' ' -f1 /proc/uptime) s"
 # KVMEM_TEST_SEED, when run.sh got one, comes from the kernel command line.
 [ -n "${KVMEM_TEST_SEED:-}" ] && export KVMEM_TEST_SEED && echo "# KVMEM_TEST_SEED=$KVMEM_TEST_SEED"
+[ -n "${KVMEM_FUZZ_SECONDS:-}" ] && export KVMEM_FUZZ_SECONDS
 
 n=0
 fails=0
@@ -33,7 +34,8 @@ result() {	# ok|fail description
 dmesg -c >/dev/null
 kernel_log_clean() {
 	dmesg -c >/tmp/dmesg.step
-	if grep -E 'BUG:|WARNING:|Oops|general protection|Call Trace' /tmp/dmesg.step >/dev/null; then
+	if grep -E 'BUG:|WARNING:|Oops|general protection|Call Trace|blocked for more than' \
+		/tmp/dmesg.step >/dev/null; then
 		cat /tmp/dmesg.step
 		result fail "kernel log after $1 has BUG:/WARNING:/Oops"
 	fi
@@ -46,8 +48,12 @@ step() {	# name command...: a shell step, ok when it exits 0
 	kernel_log_clean "$name"
 }
 
+# The debug kernel (kmemleak=on) runs the suite 2-3 times slower than the
+# stock one, more on a loaded machine: its programs get three times the time.
+slow=1
+grep -q 'kmemleak=on' /proc/cmdline && slow=3
 selftest() {	# seconds program args...: a kselftest program
-	t=$1
+	t=$(($1 * slow))
 	shift
 	echo "# ---- $*"
 	start=$(cut -d' ' -f1 /proc/uptime)
@@ -62,8 +68,10 @@ selftest() {	# seconds program args...: a kselftest program
 
 # An ext2 file system on a loop device at /mnt/ext, for the tests that
 # need O_DIRECT (tmpfs has none in 6.1); they skip when it is missing.
+# (A kernel with them built in, such as the debug kernel, has no .ko files.)
 ext_fs() {
 	for m in crc16 crc32c_generic mbcache jbd2 ext4 loop; do
+		[ -f /lib/extra/$m.ko ] || continue
 		insmod /lib/extra/$m.ko || return 1
 	done
 	truncate -s 64M /tmp/ext.img || return 1
@@ -71,18 +79,30 @@ ext_fs() {
 		mkdir -p /mnt/ext && mount -t ext4 "$dev" /mnt/ext || { dmesg | tail -n 5; return 1; }
 }
 step "ext2 on a loop device (for O_DIRECT)" ext_fs
+# Device mapper, for a read that waits in a suspended target (optional).
+[ -f /lib/extra/dm-mod.ko ] && step "insmod dm-mod" insmod /lib/extra/dm-mod.ko
 step "insmod kvmem.ko" insmod /lib/kvmem.ko
 if [ -c /dev/kvmem ] && [ "$(stat -c %a /dev/kvmem)" = 600 ]; then
 	result ok "/dev/kvmem is a 0600 character device"
 else
 	result fail "/dev/kvmem is a 0600 character device ($(ls -l /dev/kvmem 2>&1))"
 fi
+# KVMEM_VM_ONLY (kernel command line, from run.sh): only the selftest
+# programs whose name contains it (and the page-source suite, the session
+# and the policy check when their names, kvmem-vm-source, kvmem-vm-session
+# and kvmem-vm-policy, do), none of the other steps after them.
 for t in /tests/kvmem-*; do
 	case $t in
 	*.o) ;;
-	*) selftest 600 "$t" ;;
+	*${KVMEM_VM_ONLY:-}*) selftest 600 "$t" ;;
 	esac
 done
+policy() {	# a live BPF policy (kvmempolicy) against the module's clock
+	echo "# ---- kvmem-vm-policy"
+	timeout -s KILL 300 kvmem-vm-policy
+	[ $? -lt 128 ] || result fail "kvmem-vm-policy ended abnormally"
+	kernel_log_clean kvmem-vm-policy
+}
 # The page-source suite over the kmod variant (the module is loaded; the
 # other variants run on the build machine), in TAP; its scratch directories
 # (under /tmp) on ext2, where the pager uses O_DIRECT.
@@ -97,12 +117,40 @@ page_source() {
 	[ $rc -lt 128 ] || result fail "test_page_source ended abnormally (exit $rc)"
 	kernel_log_clean test_page_source
 }
-page_source
 # A session over --pager kmod against the same over --pager uring.
-echo "# ---- kvmem-vm-session"
-timeout -s KILL 600 kvmem-vm-session
-[ $? -lt 128 ] || result fail "kvmem-vm-session ended abnormally"
-kernel_log_clean kvmem-vm-session
+session() {
+	echo "# ---- kvmem-vm-session"
+	timeout -s KILL 600 kvmem-vm-session
+	[ $? -lt 128 ] || result fail "kvmem-vm-session ended abnormally"
+	kernel_log_clean kvmem-vm-session
+}
+if [ -n "${KVMEM_VM_ONLY:-}" ]; then
+	case kvmem-vm-source in *$KVMEM_VM_ONLY*) page_source ;; esac
+	case kvmem-vm-session in *$KVMEM_VM_ONLY*) session ;; esac
+	case kvmem-vm-policy in *$KVMEM_VM_ONLY*) policy ;; esac
+	echo "KVMEM-VM-DONE $n steps, $fails failed, at $(cut -d' ' -f1 /proc/uptime) s (only $KVMEM_VM_ONLY)"
+	poweroff -f
+fi
+page_source
+session
+policy
+# The debug kernel's kmemleak (booted with kmemleak=on; the stock kernel
+# has none): objects allocated by kvmem.ko and never freed. Checked while
+# the module is loaded, so its frames have names in the backtraces.
+kmemleak() {
+	mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+	[ -w /sys/kernel/debug/kmemleak ] || return 0
+	echo scan >/sys/kernel/debug/kmemleak
+	sleep 2
+	echo scan >/sys/kernel/debug/kmemleak
+	if grep -q 'kvmem' /sys/kernel/debug/kmemleak; then
+		cat /sys/kernel/debug/kmemleak
+		result fail "kmemleak: objects allocated by kvmem.ko were never freed"
+	else
+		result ok "kmemleak: nothing allocated by kvmem.ko leaked"
+	fi
+}
+kmemleak
 step "rmmod kvmem (nothing holds it after the tests)" rmmod kvmem
 step "insmod kvmem.ko group=4242" insmod /lib/kvmem.ko group=4242
 [ -x /tests/kvmem-perm ] && selftest 120 /tests/kvmem-perm

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * A BPF program on the writable tracepoint kvmem_reclaim changes which page
- * reclaim evicts (seen in the page table), and a bad verdict falls back to
- * the module's own choice. The program is tests/vm/victim.bpf.c, compiled
- * with clang -target bpf and loaded here with libbpf.
+ * reclaim evicts (seen in the page table), a bad verdict falls back to the
+ * module's own choice, and the program sees the step; one on
+ * kvmem_prefetch_hook adds pages to fills and prefetch lists. The programs
+ * are tests/vm/victim.bpf.c, compiled with clang -target bpf and loaded here
+ * with libbpf.
  */
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -15,7 +17,7 @@
 
 FIXTURE(bpf) {
 	struct bpf_object *obj;
-	struct bpf_link *link;
+	struct bpf_link *link, *hook;
 	int cfg_fd;
 	struct vt_ws w;
 };
@@ -32,12 +34,18 @@ FIXTURE_SETUP(bpf)
 	ASSERT_NE(NULL, prog);
 	self->link = bpf_program__attach(prog);
 	ASSERT_NE(NULL, self->link) TH_LOG("attach raw_tp.w/kvmem_reclaim: %s", strerror(errno));
+	prog = bpf_object__find_program_by_name(self->obj, "kvmem_readahead");
+	ASSERT_NE(NULL, prog);
+	self->hook = bpf_program__attach(prog);
+	ASSERT_NE(NULL, self->hook) TH_LOG("attach raw_tp.w/kvmem_prefetch_hook: %s",
+					   strerror(errno));
 	self->cfg_fd = bpf_map__fd(bpf_object__find_map_by_name(self->obj, "kvmem_victim_cfg"));
 	ASSERT_LE(0, self->cfg_fd);
 }
 
 FIXTURE_TEARDOWN(bpf)
 {
+	bpf_link__destroy(self->hook);
 	bpf_link__destroy(self->link);
 	bpf_object__close(self->obj);
 	vt_ws_close(&self->w);
@@ -108,6 +116,74 @@ TEST_F(bpf, bad_verdict_falls_back)
 	ASSERT_EQ(1, st.bad_verdicts);
 	ASSERT_EQ(0, st.verdicts);
 	ASSERT_EQ(1, st.evictions);
+}
+
+/* The victim hook is told the workspace's step (KVMEM_IOC_STEP). */
+TEST_F(bpf, victim_hook_sees_the_step)
+{
+	struct kvmem_ioc_stats st;
+	kvmem_kmod *k;
+	unsigned char b;
+
+	cfg_set(self->cfg_fd, 0, 0);
+	k = vt_kmod(&self->w, 4);
+	ASSERT_NE(NULL, k);
+	ASSERT_EQ(0, kvmem_kmod_step(k, 77));
+	for (uint64_t p = 0; p < 5; p++)
+		ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, p), &b, 1));
+	st = vt_stats(k);
+	ASSERT_EQ(1, st.evictions);
+	ASSERT_EQ(77, cfg_get(self->cfg_fd, 3));
+	kvmem_kmod_close(k);
+}
+
+static int wait_resident(kvmem_kmod *k, uint64_t p)
+{
+	for (int i = 0; i < 400 && !kvmem_kmod_resident(k, p); i++)
+		usleep(5000);
+	return kvmem_kmod_resident(k, p);
+}
+
+/* A program on the prefetch hook adds pages to a fault's fill and to a
+ * PREFETCH list; ids past the end and too long a list are refused and
+ * counted; it sees the step and why it was called. */
+TEST_F(bpf, prefetch_hook_adds_pages)
+{
+	uint64_t list = 20;
+	kvmem_kmod *k;
+	unsigned char b;
+
+	k = vt_kmod(&self->w, 32);
+	ASSERT_NE(NULL, k);
+	ASSERT_EQ(0, kvmem_kmod_step(k, 5));
+	cfg_set(self->cfg_fd, 4, 1);
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, 10), &b, 1));
+	ASSERT_EQ(KVMEM_PREFETCH_FAULT, cfg_get(self->cfg_fd, 7));
+	ASSERT_EQ(5, cfg_get(self->cfg_fd, 6));
+	ASSERT_TRUE(wait_resident(k, 11));
+	ASSERT_TRUE(wait_resident(k, 12));
+	ASSERT_FALSE(kvmem_kmod_resident(k, 13));
+	ASSERT_EQ(0, kvmem_kmod_prefetch(k, &list, 1, 1));
+	ASSERT_EQ(KVMEM_PREFETCH_LIST, cfg_get(self->cfg_fd, 7));
+	ASSERT_TRUE(kvmem_kmod_resident(k, 21));
+	ASSERT_TRUE(kvmem_kmod_resident(k, 22));
+	ASSERT_EQ(4, vt_stats(k).prefetch_adds);
+	ASSERT_EQ(0, vt_stats(k).bad_prefetch_adds);
+	/* One past the end (refused), one good. */
+	cfg_set(self->cfg_fd, 4, 2);
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, 30), &b, 1));
+	ASSERT_TRUE(wait_resident(k, 31));
+	ASSERT_EQ(5, vt_stats(k).prefetch_adds);
+	ASSERT_EQ(1, vt_stats(k).bad_prefetch_adds);
+	/* Too many: all refused. */
+	cfg_set(self->cfg_fd, 4, 3);
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, 40), &b, 1));
+	usleep(100000);
+	ASSERT_FALSE(kvmem_kmod_resident(k, 41));
+	ASSERT_EQ(5, vt_stats(k).prefetch_adds);
+	ASSERT_EQ(1 + KVMEM_PREFETCH_ADD_MAX, vt_stats(k).bad_prefetch_adds);
+	cfg_set(self->cfg_fd, 4, 0);
+	kvmem_kmod_close(k);
 }
 
 /* Many evictions with the program steering: the window never holds more

@@ -6,9 +6,15 @@
  * kernel's half or running off the end of a mapping, random mmaps and
  * touches of what they map, opens and closes in between. Every call must
  * return 0 or a documented errno, and the VM's /init fails the step when the
- * kernel log shows BUG:, WARNING: or Oops afterwards. Replay a failure with
- * KVMEM_TEST_SEED.
+ * kernel log shows BUG:, WARNING: or Oops afterwards. Then the same under
+ * threads: faults, mappings moved and cut, ioctls, children killed in the
+ * middle of faults and BPF programs coming and going, for
+ * KVMEM_FUZZ_SECONDS (30 by default); nothing may be left after. Replay a
+ * failure with KVMEM_TEST_SEED (the threads' interleaving is not replayed).
  */
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
 
@@ -270,6 +276,308 @@ TEST_F_TIMEOUT(fuzz, random_and_malformed_calls, 300)
 	ASSERT_EQ(0, vt_param("workspaces"));
 	ASSERT_EQ(0, vt_param("pages"));
 	vt_ws_close(&z.w);
+}
+
+/* ---- many threads, one workspace ---------------------------------------- */
+
+#define VICTIM_OBJ "/tests/kvmem-victim.bpf.o"
+
+struct live {
+	struct vt_ws *w;
+	kvmem_kmod *k;
+	int fd;
+	volatile int stop;
+	long ops[6], bad[6];
+	int prefetch_hook;	/* the BPF object has the prefetch hook */
+};
+
+struct role {
+	struct live *l;
+	int id;
+	uint64_t rng;
+};
+
+static uint64_t rrand(struct role *r, uint64_t n)
+{
+	return n ? vt_rng(&r->rng) % n : 0;
+}
+
+/* Touches through the library's window and through short-lived mappings
+ * of its own (SIGBUS is an answer: a page that could not be filled). */
+static void *faulter(void *arg)
+{
+	struct role *r = arg;
+	struct live *l = r->l;
+	uint32_t stride = l->w->page_stride;
+	unsigned char b;
+
+	while (!l->stop) {
+		uint64_t p = rrand(r, l->w->pages);
+
+		if (rrand(r, 4)) {
+			unsigned char *a = kvmem_kmod_page_addr(l->k, p) + rrand(r, stride);
+
+			if (rrand(r, 2))
+				vt_write(a, &b, 1);
+			else
+				vt_read(a, &b, 1);
+		} else {
+			uint64_t n = 1 + rrand(r, 4);
+			unsigned char *m;
+
+			if (p + n > l->w->pages)
+				n = l->w->pages - p;
+			m = mmap(NULL, n * stride, PROT_READ | PROT_WRITE, MAP_SHARED, l->fd,
+				 KVMEM_MMAP_PAGE_WINDOW + p * stride);
+			if (m == MAP_FAILED) {
+				l->bad[r->id]++;
+				continue;
+			}
+			vt_read(m + rrand(r, n * stride), &b, 1);
+			vt_write(m + rrand(r, n * stride), &b, 1);
+			munmap(m, n * stride);
+		}
+		l->ops[r->id]++;
+	}
+	return NULL;
+}
+
+/* mremap moves and shrinks mappings of the window, munmap splits them;
+ * the pieces left are touched (growing is refused: VM_DONTEXPAND). */
+static void *remapper(void *arg)
+{
+	struct role *r = arg;
+	struct live *l = r->l;
+	uint32_t stride = l->w->page_stride;
+	unsigned char b;
+
+	while (!l->stop) {
+		uint64_t p = rrand(r, l->w->pages - 4), len = 4 * (uint64_t)stride;
+		unsigned char *m, *to, *n;
+
+		m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, l->fd,
+			 KVMEM_MMAP_PAGE_WINDOW + p * stride);
+		if (m == MAP_FAILED) {
+			l->bad[r->id]++;
+			continue;
+		}
+		vt_read(m, &b, 1);
+		switch (rrand(r, 4)) {
+		case 0:	/* move it */
+			to = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			n = mremap(m, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+			if (n == MAP_FAILED) {
+				l->bad[r->id]++;
+				munmap(to, len);
+			} else {
+				m = n;
+			}
+			break;
+		case 1:	/* shrink it */
+			n = mremap(m, len, len / 2, 0);
+			if (n == MAP_FAILED)
+				l->bad[r->id]++;
+			else
+				len /= 2;
+			break;
+		case 2:	/* grow it: refused */
+			if (mremap(m, len, 2 * len, MREMAP_MAYMOVE) != MAP_FAILED)
+				l->bad[r->id]++;
+			break;
+		default:	/* cut a hole in the middle */
+			munmap(m + stride, stride);
+			vt_write(m + 2 * stride + rrand(r, stride), &b, 1);
+			munmap(m, stride);
+			munmap(m + 2 * stride, 2 * stride);
+			l->ops[r->id]++;
+			continue;
+		}
+		vt_write(m + rrand(r, len), &b, 1);
+		munmap(m, len);
+		l->ops[r->id]++;
+	}
+	return NULL;
+}
+
+/* Random page-list ioctls with random (valid or not) arguments on the live
+ * workspace, and the others; claimed pages are filled or left claimed. */
+static void *ioctler(void *arg)
+{
+	static const unsigned long cmds[] = {
+		KVMEM_IOC_PREFETCH, KVMEM_IOC_CLAIM, KVMEM_IOC_FILLED, KVMEM_IOC_EVICT,
+		KVMEM_IOC_SYNC, KVMEM_IOC_STEP, KVMEM_IOC_SET_COUNT, KVMEM_IOC_STATS,
+	};
+	struct role *r = arg;
+	struct live *l = r->l;
+	uint64_t ids[16];
+	int32_t st[16];
+
+	while (!l->stop) {
+		unsigned long cmd = cmds[rrand(r, 8)];
+		struct kvmem_ioc_pages a;
+		struct kvmem_ioc_stats stats;
+		uint64_t v;
+		int ret;
+
+		memset(&a, 0, sizeof(a));
+		a.n_pages = 1 + rrand(r, 16);
+		for (uint32_t i = 0; i < a.n_pages; i++)
+			ids[i] = rrand(r, 20) ? rrand(r, l->w->pages) : vt_rng(&r->rng);
+		a.pages = (uintptr_t)ids;
+		a.status = cmd == KVMEM_IOC_PREFETCH ? 0 : (uintptr_t)st;
+		a.flags = rrand(r, 3) ? 0 : (cmd == KVMEM_IOC_PREFETCH ? KVMEM_PAGES_WAIT :
+					     cmd == KVMEM_IOC_FILLED ? KVMEM_PAGES_VERIFY : 1);
+		v = rrand(r, 2) ? l->w->pages : vt_rng(&r->rng);
+		if (cmd == KVMEM_IOC_SYNC)
+			ret = ioctl(l->fd, cmd);
+		else if (cmd == KVMEM_IOC_STEP || cmd == KVMEM_IOC_SET_COUNT)
+			ret = ioctl(l->fd, cmd, &v);
+		else if (cmd == KVMEM_IOC_STATS)
+			ret = ioctl(l->fd, cmd, &stats);
+		else
+			ret = ioctl(l->fd, cmd, &a);
+		if (ret < 0 && !errno_ok(errno) && errno != ENOSPC) {
+			fprintf(stderr, "# ioctl 0x%lx: errno %d\n", cmd, errno);
+			l->bad[r->id]++;
+		}
+		l->ops[r->id]++;
+	}
+	return NULL;
+}
+
+/* Children that fault pages in a loop, killed at a random moment. */
+static void *forker(void *arg)
+{
+	struct role *r = arg;
+	struct live *l = r->l;
+
+	while (!l->stop) {
+		uint64_t seed = vt_rng(&r->rng);
+		pid_t pid = fork();
+
+		if (pid == 0) {
+			unsigned char b;
+
+			for (;;) {
+				uint64_t p = vt_rng(&seed) % l->w->pages;
+
+				vt_read(kvmem_kmod_page_addr(l->k, p), &b, 1);
+				vt_write(kvmem_kmod_page_addr(l->k, p), &b, 1);
+			}
+		}
+		if (pid < 0) {
+			l->bad[r->id]++;
+			continue;
+		}
+		usleep(rrand(r, 20000));
+		kill(pid, SIGKILL);
+		if (waitpid(pid, NULL, 0) != pid)
+			l->bad[r->id]++;
+		l->ops[r->id]++;
+	}
+	return NULL;
+}
+
+/* The BPF programs of kvmem-bpf attached and detached, with random modes
+ * (victim: none, newest, out of range; prefetch: none, read-ahead, past the
+ * end, too many). */
+static void *bpf_flipper(void *arg)
+{
+	struct role *r = arg;
+	struct live *l = r->l;
+	struct bpf_object *obj;
+	struct bpf_program *victim, *hook;
+	int cfg;
+
+	/* A child of the forker holds copies of the link descriptors until
+	 * it is killed, so a program may still be attached when this thread
+	 * attaches it again (EEXIST): expected, and libbpf need not say so.
+	 */
+	libbpf_set_print(NULL);
+	obj = bpf_object__open_file(VICTIM_OBJ, NULL);
+
+	if (!obj || bpf_object__load(obj)) {
+		l->bad[r->id]++;
+		return NULL;
+	}
+	victim = bpf_object__find_program_by_name(obj, "kvmem_victim");
+	hook = bpf_object__find_program_by_name(obj, "kvmem_readahead");
+	cfg = bpf_map__fd(bpf_object__find_map_by_name(obj, "kvmem_victim_cfg"));
+	while (!l->stop) {
+		struct bpf_link *a = NULL, *b = NULL;
+		uint32_t k0 = 0, k4 = 4;
+		uint64_t m0 = rrand(r, 3), m4 = rrand(r, 4);
+
+		bpf_map_update_elem(cfg, &k0, &m0, BPF_ANY);
+		bpf_map_update_elem(cfg, &k4, &m4, BPF_ANY);
+		if (rrand(r, 4))
+			a = bpf_program__attach(victim);
+		if (hook && rrand(r, 2))
+			b = bpf_program__attach(hook);
+		usleep(rrand(r, 50000));
+		bpf_link__destroy(b);
+		bpf_link__destroy(a);
+		usleep(rrand(r, 20000));
+		l->ops[r->id]++;
+	}
+	bpf_object__close(obj);
+	return NULL;
+}
+
+/*
+ * KVMEM_FUZZ_SECONDS (default 30) of two faulting threads, a remapper, an
+ * ioctl thread, a forker whose children die mid-fault and a thread
+ * attaching and detaching BPF programs, all on one workspace with a window
+ * of 16 pages. Then everything is closed: no page, workspace or
+ * reservation may be left (the VM's /init fails the step on a BUG:,
+ * WARNING: or Oops in the kernel log, and unloads the module after).
+ */
+TEST_F_TIMEOUT(fuzz, threads_maps_forks_and_bpf, 3600)
+{
+	void *(*const fn[6])(void *) = { faulter, faulter, remapper, ioctler, forker,
+					  bpf_flipper };
+	static const char *const names[6] = { "faulter", "faulter", "remapper", "ioctls",
+					      "forker", "bpf" };
+	const char *env = getenv("KVMEM_FUZZ_SECONDS");
+	int seconds = env && *env ? atoi(env) : 30;
+	uint64_t seed = vt_seed("kvmem-fuzz threads");
+	struct role roles[6];
+	pthread_t tid[6];
+	struct live l;
+	struct vt_ws w;
+	long bad = 0;
+
+	memset(&l, 0, sizeof(l));
+	ASSERT_EQ(0, vt_ws_open(&w, VT_WS_SMALL));
+	l.w = &w;
+	l.k = vt_kmod(&w, 16);
+	ASSERT_NE(NULL, l.k);
+	l.fd = kvmem_kmod_fd(l.k);
+	for (int i = 0; i < 6; i++) {
+		roles[i] = (struct role){ .l = &l, .id = i, .rng = seed + 7919 * i };
+		ASSERT_EQ(0, pthread_create(&tid[i], NULL, fn[i], &roles[i]));
+	}
+	sleep(seconds);
+	l.stop = 1;
+	for (int i = 0; i < 6; i++) {
+		pthread_join(tid[i], NULL);
+		TH_LOG("%s: %ld operations, %ld unexpected results", names[i], l.ops[i], l.bad[i]);
+		bad += l.bad[i];
+	}
+	TH_LOG("module: %llu faults, %llu fills, %llu evictions, %llu verdicts, %llu prefetch adds",
+	       (unsigned long long)vt_stats(l.k).faults, (unsigned long long)vt_stats(l.k).fills,
+	       (unsigned long long)vt_stats(l.k).evictions,
+	       (unsigned long long)vt_stats(l.k).verdicts,
+	       (unsigned long long)vt_stats(l.k).prefetch_adds);
+	ASSERT_EQ(0, bad);
+	for (int i = 0; i < 6; i++) {
+		ASSERT_GT(l.ops[i], 0) TH_LOG("%s did nothing", names[i]);
+	}
+	kvmem_kmod_close(l.k);
+	vt_ws_close(&w);
+	ASSERT_EQ(0, vt_param("workspaces"));
+	ASSERT_EQ(0, vt_param("pages"));
+	ASSERT_EQ(0, vt_param("reserved"));
 }
 
 TEST_HARNESS_MAIN

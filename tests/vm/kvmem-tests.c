@@ -688,12 +688,32 @@ TEST_F(kv, read_only_workspace)
 	ASSERT_EQ(-EBADF, kvmem_kmod_open(&f, &o, &self->k));
 	o.flags = KVMEM_KMOD_RDONLY;
 	ASSERT_EQ(0, kvmem_kmod_open(&f, &o, &self->k));
-	m = mmap(NULL, self->w.page_stride, PROT_READ | PROT_WRITE, MAP_SHARED,
+	/* The window may be mapped writable (for userspace fills), but a
+	 * page that is not claimed takes no write: SIGBUS. */
+	m = mmap(NULL, 3 * self->w.page_stride, PROT_READ | PROT_WRITE, MAP_SHARED,
 		 kvmem_kmod_fd(self->k), KVMEM_MMAP_PAGE_WINDOW);
-	ASSERT_EQ(MAP_FAILED, m);
-	ASSERT_EQ(EPERM, errno);
+	ASSERT_NE(MAP_FAILED, m) TH_LOG("writable map of a read-only window: %s",
+					strerror(errno));
 	ASSERT_TRUE(page_ok(&self->w, self->k, 0));
-	ASSERT_NE(0, mprotect(kvmem_kmod_page_addr(self->k, 0), 4096, PROT_READ | PROT_WRITE));
+	ASSERT_EQ(-1, vt_write(m, "no", 2));
+	ASSERT_EQ(-1, vt_write((char *)m + self->w.page_stride, "no", 2));	/* absent */
+	ASSERT_EQ(0, kvmem_kmod_pte(self->k, 0)->flags & KVMEM_PTE_DIRTY);
+	/* A claimed page takes its bytes (a read of the file into it), and
+	 * FILLED checks them; after FILLED it is read-only again. */
+	uint64_t id = 2;
+	int32_t st;
+
+	ASSERT_EQ(1, kvmem_kmod_claim(self->k, &id, 1, &st));
+	ASSERT_EQ((ssize_t)self->w.page_stride,
+		  pread(rfd, (char *)m + 2 * self->w.page_stride, self->w.page_stride,
+			2 * self->w.page_stride));
+	ASSERT_EQ(0, kvmem_kmod_filled(self->k, &id, 1, 1, &st));
+	ASSERT_EQ(0, st);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 2));
+	ASSERT_EQ(1, vt_stats(self->k).user_fills);
+	ASSERT_EQ(-1, vt_write((char *)m + 2 * self->w.page_stride, "no", 2));
+	ASSERT_TRUE(page_ok(&self->w, self->k, 2));
+	ASSERT_EQ(0, munmap(m, 3 * self->w.page_stride));
 	ASSERT_EQ(0, kvmem_kmod_sync(self->k));
 	close(rfd);
 }
@@ -701,8 +721,9 @@ TEST_F(kv, read_only_workspace)
 /* A child maps, faults everything, dirties a page and exits without
  * closing; another closes explicitly. Afterwards the module holds no page
  * and no workspace, the dirty page reached the file, and thirty such
- * children leave MemFree and Slab where they were. */
-TEST_F_TIMEOUT(kv, close_and_exit_free_everything, 120)
+ * children leave MemFree and Slab where they were. (Over 120 s on the
+ * debug kernel with the build machine loaded.) */
+TEST_F_TIMEOUT(kv, close_and_exit_free_everything, 400)
 {
 	long free0 = 0, slab0 = 0, free1, slab1;
 	unsigned char buf[8];
@@ -739,9 +760,14 @@ TEST_F_TIMEOUT(kv, close_and_exit_free_everything, 120)
 	free1 = vt_meminfo("MemFree");
 	slab1 = vt_meminfo("Slab");
 	TH_LOG("MemFree %ld -> %ld KiB, Slab %ld -> %ld KiB", free0, free1, slab0, slab1);
-	/* 30 rounds of the whole workspace is at least 30 MiB if it leaked. */
+	/* 30 rounds of the whole workspace is at least 30 MiB if it leaked.
+	 * (On the debug kernel, KASAN's quarantine keeps freed objects in
+	 * Slab for a while: there kmemleak, checked at the end, says what
+	 * leaked.) */
 	ASSERT_LT(free0 - free1, 8192);
-	ASSERT_LT(slab1 - slab0, 2048);
+	if (!vt_debug_kernel()) {
+		ASSERT_LT(slab1 - slab0, 2048);
+	}
 	ASSERT_EQ(0, vt_pread_all(self->w.pages_fd, buf, 4, 0));
 	ASSERT_EQ(0, memcmp(buf, "exit", 4));
 }
@@ -898,6 +924,125 @@ TEST(odirect_fill_through_io_uring)
 	io_uring_queue_exit(&ring);
 	close(dfd);
 	kvmem_kmod_close(k);
+	vt_ws_close(&w);
+}
+
+/* The client's own O_DIRECT fill (kvmem_kmod_fill), the kmod source's path
+ * with no copy: claims, io_uring reads into the window, FILLED with VERIFY;
+ * counted in user_fills, never in fills (the module's buffered reads). On a
+ * read-only open too (a second, writable mapping of its window), a page
+ * whose bytes are wrong is refused and left absent, a page already there
+ * is left alone, and on tmpfs (no O_DIRECT) it says -ENOTSUP. */
+TEST(client_fills_with_odirect)
+{
+	struct stat root, ext;
+	uint64_t ids[9];
+	int32_t st[9];
+	struct vt_ws w;
+	kvmem_kmod_files f;
+	kvmem_kmod_opts o;
+	kvmem_kmod *k;
+	const void *data;
+	unsigned char c;
+	char path[128];
+	int rfd;
+
+	ASSERT_EQ(0, vt_ws_open(&w, VT_WS_SMALL));	/* tmpfs */
+	k = vt_kmod(&w, 8);
+	ASSERT_NE(NULL, k);
+	ASSERT_EQ(0, kvmem_kmod_direct(k));
+	ids[0] = 1;
+	ASSERT_EQ(-ENOTSUP, kvmem_kmod_fill(k, ids, 1, st));
+	ASSERT_FALSE(kvmem_kmod_resident(k, 1));
+	kvmem_kmod_close(k);
+	vt_ws_close(&w);
+
+	if (stat("/", &root) || stat("/mnt/ext", &ext) || root.st_dev == ext.st_dev)
+		SKIP(return, "no file system with O_DIRECT at /mnt/ext");
+	ASSERT_EQ(0, vt_ws_open_at(&w, VT_WS_WIDE, "/mnt/ext"));
+	k = vt_kmod(&w, 16);
+	ASSERT_NE(NULL, k);
+	ASSERT_EQ(1, kvmem_kmod_direct(k));
+	ASSERT_TRUE(page_ok(&w, k, 4));	/* the module's read: fills 1 */
+	for (int i = 0; i < 8; i++)
+		ids[i] = 2 * i;
+	ASSERT_EQ(7, kvmem_kmod_fill(k, ids, 8, st));
+	for (int i = 0; i < 8; i++) {
+		ASSERT_EQ(ids[i] == 4 ? 0 : 1, st[i]) TH_LOG("page %d", (int)ids[i]);
+		ASSERT_TRUE(kvmem_kmod_resident(k, ids[i]));
+		ASSERT_TRUE(page_ok(&w, k, ids[i]));
+	}
+	ASSERT_EQ(7, vt_stats(k).user_fills);
+	ASSERT_EQ(1, vt_stats(k).fills);
+	/* A page past the end: -EINVAL, nothing done. Wrong bytes on disk:
+	 * refused, absent, BAD; page 20 beside it fine. */
+	ids[0] = 20;
+	ids[1] = w.pages;
+	ASSERT_EQ(-EINVAL, kvmem_kmod_fill(k, ids, 2, st));
+	ASSERT_FALSE(kvmem_kmod_resident(k, 20));
+	ASSERT_EQ(1, pread(w.pages_fd, &c, 1, 30 * w.page_stride + 7));
+	c ^= 0x40;
+	ASSERT_EQ(1, pwrite(w.pages_fd, &c, 1, 30 * w.page_stride + 7));
+	ids[0] = 30;
+	ids[1] = 20;
+	ASSERT_EQ(-EBADMSG, kvmem_kmod_fill(k, ids, 2, st));
+	ASSERT_EQ(-EBADMSG, st[0]);
+	ASSERT_EQ(1, st[1]);
+	ASSERT_FALSE(kvmem_kmod_resident(k, 30));
+	ASSERT_TRUE(kvmem_kmod_pte(k, 30)->flags & KVMEM_PTE_BAD);
+	ASSERT_TRUE(page_ok(&w, k, 20));
+	c ^= 0x40;
+	ASSERT_EQ(1, pwrite(w.pages_fd, &c, 1, 30 * w.page_stride + 7));
+	ASSERT_EQ(1, kvmem_kmod_fill(k, ids, 1, st));
+	ASSERT_TRUE(page_ok(&w, k, 30));
+	ASSERT_EQ(1, vt_stats(k).fills);
+	kvmem_kmod_close(k);
+
+	/* Read-only, and the caller's descriptor closed after the open. */
+	f = vt_files(&w);
+	snprintf(path, sizeof(path), "%s/pages", w.dir);
+	rfd = open(path, O_RDONLY);
+	ASSERT_LE(0, rfd);
+	f.pages_fd = rfd;
+	kvmem_kmod_opts_default(&o);
+	o.host_cap = 16 * w.page_stride;
+	o.flags = KVMEM_KMOD_RDONLY;
+	ASSERT_EQ(0, kvmem_kmod_open(&f, &o, &k));
+	close(rfd);	/* the client keeps what it needs */
+	ASSERT_EQ(1, kvmem_kmod_direct(k));
+	for (int i = 0; i < 9; i++)
+		ids[i] = 3 * i + 1;
+	ASSERT_EQ(9, kvmem_kmod_fill(k, ids, 9, NULL));
+	for (int i = 0; i < 9; i++)
+		ASSERT_TRUE(page_ok(&w, k, ids[i]));
+	ASSERT_EQ(9, vt_stats(k).user_fills);
+	ASSERT_EQ(0, vt_stats(k).fills);
+	/* Started fills: in flight (claimed, not resident) until waited for;
+	 * kvmem_kmod_get waits for them before it hands out a page; close
+	 * ends them too, and nothing is left behind. */
+	for (int i = 0; i < 4; i++)
+		ids[i] = 3 * i + 2;
+	ASSERT_EQ(4, kvmem_kmod_fill_start(k, ids, 4));
+	for (int i = 0; i < 4; i++)
+		ASSERT_FALSE(kvmem_kmod_resident(k, ids[i]));
+	ASSERT_EQ(4, kvmem_kmod_fill_wait(k));
+	ASSERT_EQ(0, kvmem_kmod_fill_wait(k));
+	for (int i = 0; i < 4; i++)
+		ASSERT_TRUE(page_ok(&w, k, ids[i]));
+	for (int i = 0; i < 4; i++)
+		ids[i] = 3 * i + 30;
+	ASSERT_EQ(4, kvmem_kmod_fill_start(k, ids, 4));
+	ASSERT_EQ(0, kvmem_kmod_get(k, ids[3], &data));
+	ASSERT_EQ(0, memcmp(data, page_ref(&w, ids[3]), w.page_stride));
+	for (int i = 0; i < 4; i++)
+		ASSERT_TRUE(kvmem_kmod_resident(k, ids[i]));
+	ASSERT_EQ(17, vt_stats(k).user_fills);
+	ASSERT_EQ(0, vt_stats(k).fills);
+	ids[0] = 50;
+	ASSERT_EQ(1, kvmem_kmod_fill_start(k, ids, 1));
+	kvmem_kmod_close(k);
+	ASSERT_EQ(0, vt_param("pages"));
+	ASSERT_EQ(0, vt_param("workspaces"));
 	vt_ws_close(&w);
 }
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Pack the VM test initramfs: busybox, /init (tests/vm/init.sh), kvmem.ko,
-# the selftests and BPF object ($VM/bin), the page-source suite and the CLI
-# ($VM/usr, into /usr/bin, with tests/vm/session.sh), their shared
+# the selftests and BPF object ($VM/bin), the page-source suite, the CLI and
+# the policy workload ($VM/usr, into /usr/bin, with tests/vm/session.sh and
+# tests/vm/policy.sh), their shared
 # libraries (ldd), and the workspaces the generator wrote ($VM/data).
 # Writes $VM/initramfs.cpio.
 #   tests/vm/mkinitramfs.sh VM_DIR KVMEM_KO KVER
@@ -17,22 +18,25 @@ chmod 755 "$root/init"
 cp "$ko" "$root/lib/kvmem.ko"
 cp "$vm"/bin/kvmem-* "$root/tests/"
 cp "$vm"/usr/* "$root/usr/bin/"
+rm -f "$root"/usr/bin/*.d	# the compiler's dependency files
 cp "$here/session.sh" "$root/usr/bin/kvmem-vm-session"
+cp "$here/policy.sh" "$root/usr/bin/kvmem-vm-policy"
 # An optional observer of the session's kmod run (tests/vm/session.sh).
 [ -d "$vm/observe" ] && cp "$vm"/observe/* "$root/usr/bin/"
-chmod 755 "$root/usr/bin/kvmem-vm-session"
+chmod 755 "$root/usr/bin/kvmem-vm-session" "$root/usr/bin/kvmem-vm-policy"
 cp -r "$vm"/data/ws-* "$root/data/"
 # A few of the image's own modules, for an ext2 file system on a loop
 # device (the O_DIRECT test; tmpfs has no O_DIRECT in 6.1). Optional.
 mods=$vm/kernel/root/lib/modules/$kver/kernel
 mkdir -p "$root/lib/extra"
+# Device mapper too, for a read held in a suspended target.
 for m in lib/crc16.ko crypto/crc32c_generic.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko \
-	drivers/block/loop.ko; do
+	drivers/block/loop.ko drivers/md/dm-mod.ko; do
 	[ -n "$mods" ] && [ -f "$mods/$m" ] && cp "$mods/$m" "$root/lib/extra/"
 done
 # Shared libraries of every program, at the paths the loader looks for.
 for b in "$root"/tests/* "$root"/usr/bin/*; do
-	case $b in *.o | */kvmem-vm-session) continue ;; esac
+	case $b in *.o | */kvmem-vm-session | */kvmem-vm-policy | */kvmem-vm-observe) continue ;; esac
 	ldd "$b" | sed -n 's/.*=> \(\/[^ ]*\).*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (.*/\1/p'
 done | sort -u | while read -r lib; do
 	mkdir -p "$root$(dirname "$lib")"

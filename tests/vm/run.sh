@@ -4,18 +4,29 @@
 # the tests took, the failed cases, and one closing line that CI reads:
 #   N passed, N failed, N skipped
 # Exit status 0 only when nothing failed and the VM reached its end.
-#   tests/vm/run.sh VM_DIR KVER     (tests/vm/vm.mk builds what it needs)
+#   tests/vm/run.sh VM_DIR KVER [KERNEL_IMAGE]   (tests/vm/vm.mk builds what it needs)
+# Without KERNEL_IMAGE: Debian's image for KVER, booted with preempt=full
+# (more interleavings) and init_on_free=1 (memory read after it was freed
+# reads zeros, which the tests can see). The debug kernel of make
+# vmtest-debug is given as KERNEL_IMAGE, booted with kmemleak=on.
 set -u
 vm=$1 kver=$2
-kernel=$vm/kernel/root/boot/vmlinuz-$kver
+kernel=${3:-$vm/kernel/root/boot/vmlinuz-$kver}
 log=$vm/console.log
+extra=" preempt=full init_on_free=1"
+[ $# -ge 3 ] && extra=" kmemleak=on"
 limit=${KVMEM_VM_TIMEOUT:-1500}
 
 [ -f "$kernel" ] || { echo "kvmem vmtest: $kernel missing" >&2; exit 1; }
 # The kernel hands unknown name=value parameters to /init as environment:
 # KVMEM_TEST_SEED replays the selftests' random choices.
+# So do KVMEM_VM_ONLY (only the selftests whose name holds it) and
+# KVMEM_FUZZ_SECONDS (kvmem-fuzz's time).
 seed=""
-[ -n "${KVMEM_TEST_SEED:-}" ] && seed=" KVMEM_TEST_SEED=$KVMEM_TEST_SEED"
+for v in KVMEM_TEST_SEED KVMEM_VM_ONLY KVMEM_FUZZ_SECONDS; do
+	eval "val=\${$v:-}"
+	[ -n "$val" ] && seed="$seed $v=$val"
+done
 start=$(date +%s.%N)
 echo "kvmem vmtest: booting $kver under qemu TCG (log: $log)"
 # Two NUMA nodes (one CPU and 512 MiB each), so placement can be checked.
@@ -23,7 +34,7 @@ timeout --foreground -k 10 "$limit" qemu-system-x86_64 -accel tcg -cpu max -m 10
 	-object memory-backend-ram,id=m0,size=512M -object memory-backend-ram,id=m1,size=512M \
 	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1 \
 	-nographic -no-reboot -kernel "$kernel" -initrd "$vm/initramfs.cpio" \
-	-append "console=ttyS0 panic=-1 quiet loglevel=1$seed" </dev/null 2>&1 |
+	-append "console=ttyS0 panic=-1 quiet loglevel=1$extra$seed" </dev/null 2>&1 |
 	tr -d '\r' | tee "$log"
 qrc=${PIPESTATUS[0]}
 end=$(date +%s.%N)

@@ -5,7 +5,14 @@
  * evicts candidate 0 unless the program names another. Mode (cfg[0]): 0 say
  * nothing, 1 evict the candidate with the largest page id (the newest
  * block's pages), 2 give a verdict out of range (the module must refuse it).
- * cfg[1] counts calls, cfg[2] holds the last call's candidate count.
+ * cfg[1] counts calls, cfg[2] holds the last call's candidate count, cfg[3]
+ * its step.
+ *
+ * And a program for the prefetch hook kvmem_prefetch_hook. Mode (cfg[4]):
+ * 0 add nothing, 1 add the two pages after the first one seen (read-ahead),
+ * 2 add one page past the end and then the next page, 3 claim 100 pages
+ * (more than the module takes). cfg[5] counts calls, cfg[6] holds the last
+ * step, cfg[7] the last reason.
  */
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -14,7 +21,7 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 4);
+	__uint(max_entries, 8);
 	__type(key, __u32);
 	__type(value, __u64);
 } kvmem_victim_cfg SEC(".maps");
@@ -28,7 +35,7 @@ SEC("raw_tp.w/kvmem_reclaim")
 int kvmem_victim(__u64 *ctx)
 {
 	struct kvmem_reclaim_ctx *c = (struct kvmem_reclaim_ctx *)ctx[0];
-	__u64 *mode = cfg(0), *calls = cfg(1), *ncand = cfg(2);
+	__u64 *mode = cfg(0), *calls = cfg(1), *ncand = cfg(2), *last_step = cfg(3);
 	__u64 best_page = 0;
 	__u32 n, best = 0;
 
@@ -37,6 +44,8 @@ int kvmem_victim(__u64 *ctx)
 	__sync_fetch_and_add(calls, 1);
 	n = c->n_candidates;
 	*ncand = n;
+	if (last_step)
+		*last_step = c->step;
 	if (*mode == 1) {
 		/* Constant offsets only: the tracepoint buffer takes no
 		 * variable index, so the loop is unrolled. */
@@ -50,6 +59,31 @@ int kvmem_victim(__u64 *ctx)
 		c->verdict = best;
 	} else if (*mode == 2) {
 		c->verdict = KVMEM_RECLAIM_MAX + 100;
+	}
+	return 0;
+}
+
+SEC("raw_tp.w/kvmem_prefetch_hook")
+int kvmem_readahead(__u64 *ctx)
+{
+	struct kvmem_prefetch_ctx *c = (struct kvmem_prefetch_ctx *)ctx[0];
+	__u64 *mode = cfg(4), *calls = cfg(5), *step = cfg(6), *reason = cfg(7);
+
+	if (!mode || !calls || !step || !reason)
+		return 0;
+	__sync_fetch_and_add(calls, 1);
+	*step = c->step;
+	*reason = c->reason;
+	if (*mode == 1) {
+		c->add[0] = c->page[0] + 1;
+		c->add[1] = c->page[0] + 2;
+		c->n_add = 2;
+	} else if (*mode == 2) {
+		c->add[0] = c->page_count + 5;
+		c->add[1] = c->page[0] + 1;
+		c->n_add = 2;
+	} else if (*mode == 3) {
+		c->n_add = 100;
 	}
 	return 0;
 }

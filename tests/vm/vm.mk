@@ -9,6 +9,9 @@
 #                 suite and the CLI (for sessions over --pager kmod), an
 #                 initramfs; boots Debian's 6.1 kernel in qemu (TCG) and
 #                 runs everything; prints "N passed, N failed, N skipped"
+#   make vmtest-debug  the same on a debug kernel built here from
+#                 linux-source-6.1 (KASAN, lockdep, DEBUG_VM, kmemleak, BTF;
+#                 cached in $(BUILD)/vm-debug); not part of make test
 #
 # KVER (default: newest installed linux-headers-6.1.*-amd64) names the ABI
 # built for and booted; the image is downloaded once into $(BUILD)/vm/kernel.
@@ -46,7 +49,7 @@ $(VM_DIR)/bin/kvmem-%: tests/vm/kvmem-%.c tests/vm/vmtest.h kmod/kvmem_xxh3.c \
 	@mkdir -p $(dir $@)
 	$(CC) $(VM_CFLAGS) -o $@ $< kmod/kvmem_xxh3.c $(BUILD)/libkvmem.a -Wl,--as-needed \
 	    $(VM_LIBS) $(LDLIBS)
-$(VM_DIR)/bin/kvmem-bpf: VM_LIBS = -lbpf
+$(VM_DIR)/bin/kvmem-bpf $(VM_DIR)/bin/kvmem-fuzz: VM_LIBS = -lbpf
 
 # (--as-needed: only the libraries the objects taken from libkvmem.a use
 # travel into the initramfs.)
@@ -71,7 +74,7 @@ $(VM_DIR)/data/ws-wide/manifest: $(VM_DIR)/bin/kvmem_genws
 # The page-source suite (its kmod variant runs where /dev/kvmem is) and the
 # CLI, for the guest's /usr/bin: linked without CUDA (no GPU there, and
 # cuBLASLt alone would outweigh the rest of the initramfs).
-VM_USR    := $(VM_DIR)/usr/test_page_source $(VM_DIR)/usr/kvmem
+VM_USR    := $(VM_DIR)/usr/test_page_source $(VM_DIR)/usr/kvmem $(VM_DIR)/usr/kvmem-vm-scan
 $(VM_DIR)/usr/test_page_source: tests/unit/test_page_source.c $(HELP_OBJ) $(BUILD)/libkvmem.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuser -Itests/unit -o $@ $< $(HELP_OBJ) $(BUILD)/libkvmem.a $(LDFLAGS) \
@@ -81,6 +84,12 @@ $(VM_DIR)/usr/kvmem: $(CLI_OBJ) $(BUILD)/libkvmem.a $(BUILD)/libkvmem_agentlang.
 	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/libkvmem_agentlang.a $(BUILD)/libkvmem.a $(LDFLAGS) \
 	    $(LDLIBS) $(SERVE_LIBS)
 
+# The workload of the live-policy check (tests/vm/policy.sh).
+$(VM_DIR)/usr/kvmem-vm-scan: tests/vm/kvmem_scan.c tests/vm/vmtest.h kmod/kvmem_xxh3.c \
+		include/uapi/linux/kvmem.h $(BUILD)/libkvmem.a
+	@mkdir -p $(dir $@)
+	$(CC) $(VM_CFLAGS) -o $@ $< kmod/kvmem_xxh3.c $(BUILD)/libkvmem.a -Wl,--as-needed $(LDLIBS)
+
 # The kernel image first: the initramfs takes a few of its modules (ext4 and
 # loop, for the O_DIRECT tests), so on a fresh machine it must be there
 # before the initramfs is packed.
@@ -89,7 +98,7 @@ $(VM_KERNEL):
 	@tests/vm/kernel.sh $(VM_DIR) $(KVER)
 
 $(VM_DIR)/initramfs.cpio: $(KMOD_DIR)/kvmem.ko $(VM_PROGS) $(VM_BPF) $(VM_DATA) $(VM_USR) \
-		$(wildcard $(VM_DIR)/observe/*) tests/vm/init.sh tests/vm/session.sh \
+		$(wildcard $(VM_DIR)/observe/*) tests/vm/init.sh tests/vm/session.sh tests/vm/policy.sh \
 		tests/vm/mkinitramfs.sh $(VM_KERNEL)
 	tests/vm/mkinitramfs.sh $(VM_DIR) $(KMOD_DIR)/kvmem.ko $(KVER)
 
@@ -98,3 +107,35 @@ vm-build: $(VM_DIR)/initramfs.cpio
 vmtest: deps
 	@$(MAKE) --no-print-directory vm-build
 	@tests/vm/run.sh $(VM_DIR) $(KVER)
+
+# make vmtest-debug: the same suite on a debug kernel built here from
+# Debian's linux-source-6.1 (KASAN, lockdep, DEBUG_VM, kmemleak on the
+# command line: tests/vm/debug.config), the module built against it. The
+# kernel is built once (an hour or two on two cores) and kept in
+# $(VMD_DIR)/linux; a change to debug.config builds it again. Not part of
+# make test.
+VMD_DIR   := $(BUILD)/vm-debug
+VMD_IMAGE := $(VMD_DIR)/linux/arch/x86/boot/bzImage
+VMD_KO    := $(VMD_DIR)/kmod/kvmem.ko
+.PHONY: vmtest-debug vm-debug-build
+
+$(VMD_IMAGE): tests/vm/debug.config tests/vm/debug-kernel.sh
+	tests/vm/debug-kernel.sh $(VMD_DIR) $(KSRC_TAR)
+
+$(VMD_KO): $(KMOD_SRC) include/uapi/linux/kvmem.h $(VMD_IMAGE)
+	@mkdir -p $(VMD_DIR)/kmod
+	cp $(KMOD_SRC) $(VMD_DIR)/kmod/
+	$(MAKE) -C $(VMD_DIR)/linux M=$(abspath $(VMD_DIR)/kmod) KVMEM_UAPI=$(abspath include/uapi) modules
+
+# The programs and workspaces are the stock run's ($(VM_DIR)); only the
+# module differs. (No image modules: the debug kernel has ext4, loop and dm
+# built in.)
+vm-debug-build: vm-build $(VMD_KO)
+	@mkdir -p $(VMD_DIR)/vm
+	@for d in bin data usr observe; do \
+		[ -e $(VM_DIR)/$$d ] && ln -sfn $(abspath $(VM_DIR))/$$d $(VMD_DIR)/vm/$$d; done; true
+	tests/vm/mkinitramfs.sh $(VMD_DIR)/vm $(VMD_KO) debug
+
+vmtest-debug: deps
+	@$(MAKE) --no-print-directory vm-debug-build
+	@KVMEM_VM_TIMEOUT=$${KVMEM_VM_TIMEOUT:-5400} tests/vm/run.sh $(VMD_DIR)/vm debug $(VMD_IMAGE)

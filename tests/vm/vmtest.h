@@ -156,8 +156,9 @@ static inline kvmem_kmod *vt_kmod(const struct vt_ws *w, uint64_t cap_pages)
 }
 
 /* ---- touches that report SIGBUS instead of dying ------------------------ */
-static sigjmp_buf vt_jmp;
-static void *volatile vt_bus_addr;
+/* Per thread: SIGBUS goes to the thread that touched. */
+static __thread sigjmp_buf vt_jmp;
+static __thread void *volatile vt_bus_addr;
 
 static void vt_on_bus(int sig, siginfo_t *si, void *uc)
 {
@@ -198,6 +199,74 @@ static inline int vt_write(void *dst, const void *src, size_t len)
 	return 0;
 }
 
+/* ---- scratch file systems and tasks -------------------------------------- */
+
+/* An ext2 file system of size_mb MiB on a loop device of its own, mounted at
+ * mnt (its image beside it, mnt.img, on the root tmpfs): for tests that
+ * freeze the file system or change its files' attributes. */
+static inline int vt_loopfs_mount(const char *mnt, int size_mb)
+{
+	char cmd[512];
+
+	snprintf(cmd, sizeof(cmd), "set -e; mkdir -p %s; rm -f %s.img; truncate -s %dM %s.img; "
+		 "dev=$(losetup -f); losetup $dev %s.img; mke2fs -q -b 4096 $dev >/dev/null; "
+		 "mount -t ext4 $dev %s", mnt, mnt, size_mb, mnt, mnt, mnt);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+static inline void vt_loopfs_umount(const char *mnt)
+{
+	char cmd[512];
+
+	snprintf(cmd, sizeof(cmd), "dev=$(awk '$2 == \"%s\" { print $1 }' /proc/mounts); "
+		 "umount %s && losetup -d $dev; rm -f %s.img", mnt, mnt, mnt);
+	if (system(cmd))
+		fprintf(stderr, "# cannot unmount %s\n", mnt);
+}
+
+/* The state letter of a task (R, S, D, ...), 0 when it is gone. */
+static inline char vt_task_state(pid_t tid)
+{
+	char path[64], buf[512], *p;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)tid);
+	fd = open(path, O_RDONLY);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/* Wait (up to `seconds`) until every task of tids[] has been asleep (S or
+ * D) at three checks 50 ms apart: they sit in the waits a test set up.
+ * 0, or -1 on the time limit. */
+static inline int vt_tasks_asleep(const pid_t *tids, int n, int seconds)
+{
+	int calm = 0;
+
+	for (int i = 0; i < seconds * 20; i++) {
+		int asleep = 1;
+
+		for (int t = 0; t < n; t++) {
+			char st = vt_task_state(tids[t]);
+
+			asleep &= st == 'S' || st == 'D';
+		}
+		calm = asleep ? calm + 1 : 0;
+		if (calm >= 3)
+			return 0;
+		usleep(50000);
+	}
+	return -1;
+}
+
 /* ---- counters ------------------------------------------------------------ */
 static inline long vt_majflt(void)
 {
@@ -231,6 +300,20 @@ static inline long vt_param(const char *name)
 		v = -1;
 	fclose(f);
 	return v;
+}
+
+/* The debug kernel of make vmtest-debug (booted with kmemleak=on). */
+static inline int vt_debug_kernel(void)
+{
+	char line[1024] = "";
+	FILE *f = fopen("/proc/cmdline", "r");
+
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = 0;
+		fclose(f);
+	}
+	return strstr(line, "kmemleak=on") != NULL;
 }
 
 /* A /proc/meminfo field in KiB. */

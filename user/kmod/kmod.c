@@ -3,10 +3,12 @@
  * The client of /dev/kvmem (include/kvmem/kmod.h): open, set up, map the
  * page table and the window, and thin wrappers over the ioctls that split
  * long page lists and turn errno values into kvmem errors naming the page.
- * kmod_files.c opens one over a workspace directory.
+ * kmod_files.c opens one over a workspace directory; kmod_fill.c fills
+ * pages with io_uring O_DIRECT reads into the window.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,18 +19,6 @@
 #include "kvmem/kmod.h"
 #include "kvmem/kvmem.h"
 #include "kmod/kmod_int.h"
-
-struct kvmem_kmod {
-	int fd;
-	int fd_lock;		/* the workspace's writer's lock, or -1 */
-	char dev[64];
-	uint32_t page_bytes, page_stride, n_layers;
-	uint64_t page_max;
-	const struct kvmem_pt_header *table;
-	size_t table_len;
-	unsigned char *window;
-	size_t window_len;
-};
 
 void kvmem_kmod_opts_default(kvmem_kmod_opts *o)
 {
@@ -89,6 +79,7 @@ int kvmem_kmod_open(const kvmem_kmod_files *f, const kvmem_kmod_opts *o, kvmem_k
 	if (!k)
 		return kvmem_error(ENOMEM, "kvmem_kmod_open: out of memory");
 	k->fd_lock = -1;
+	k->fd_direct = -1;
 	snprintf(k->dev, sizeof(k->dev), "%s", o->dev ? o->dev : "/dev/kvmem");
 	k->fd = open_dev(k->dev);
 	if (k->fd < 0) {
@@ -146,6 +137,8 @@ int kvmem_kmod_open(const kvmem_kmod_files *f, const kvmem_kmod_opts *o, kvmem_k
 			    strerror(err));
 		goto fail;
 	}
+	/* Userspace fills (kmod_fill.c) where the file takes O_DIRECT reads. */
+	kmod_fill_setup(k, f->pages_fd, !!(o->flags & KVMEM_KMOD_RDONLY));
 	*out = k;
 	return 0;
 fail:
@@ -157,6 +150,7 @@ void kvmem_kmod_close(kvmem_kmod *k)
 {
 	if (!k)
 		return;
+	kmod_fill_close(k);
 	if (k->window)
 		munmap(k->window, k->window_len);
 	if (k->table)
@@ -205,6 +199,39 @@ const struct kvmem_pte *kvmem_kmod_pte(const kvmem_kmod *k, uint64_t page)
 	return (const struct kvmem_pte *)(k->table + 1) + page;
 }
 
+/* The module's writes of an entry sit between two increments of its
+ * sequence count (include/uapi/linux/kvmem.h): copy it while the count is
+ * even and the same before and after. */
+int kvmem_kmod_pte_read(const kvmem_kmod *k, uint64_t page, struct kvmem_pte *out)
+{
+	const struct kvmem_pte *e = kvmem_kmod_pte(k, page);
+
+	if (!e)
+		return kvmem_error(EINVAL, "%s: page %llu is past the window (%llu pages)", k->dev,
+				   (unsigned long long)page, (unsigned long long)k->page_max);
+	for (unsigned tries = 0;; tries++) {
+		uint16_t seq = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+
+		if (!(seq & 1)) {
+			out->page_id = __atomic_load_n(&e->page_id, __ATOMIC_RELAXED);
+			out->host_slot = __atomic_load_n(&e->host_slot, __ATOMIC_RELAXED);
+			out->gpu_slot = __atomic_load_n(&e->gpu_slot, __ATOMIC_RELAXED);
+			out->tiers = __atomic_load_n(&e->tiers, __ATOMIC_RELAXED);
+			out->flags = __atomic_load_n(&e->flags, __ATOMIC_RELAXED);
+			out->access_count = __atomic_load_n(&e->access_count, __ATOMIC_RELAXED);
+			out->last_step = __atomic_load_n(&e->last_step, __ATOMIC_RELAXED);
+			__atomic_thread_fence(__ATOMIC_ACQUIRE);
+			if (__atomic_load_n(&e->seq, __ATOMIC_RELAXED) == seq) {
+				out->seq = seq;
+				return 0;
+			}
+		}
+		/* The writer may have been preempted inside its update. */
+		if (tries % 64 == 63)
+			sched_yield();
+	}
+}
+
 int kvmem_kmod_resident(const kvmem_kmod *k, uint64_t page)
 {
 	const struct kvmem_pte *e = kvmem_kmod_pte(k, page);
@@ -230,6 +257,8 @@ int kvmem_kmod_get(kvmem_kmod *k, uint64_t page, const void **out)
 	void *addr;
 
 	*out = NULL;
+	if (k->fd_direct >= 0)
+		kmod_fill_drain(k);	/* no page out while reads still land in the window */
 	if (page >= kvmem_kmod_pages(k))
 		return kvmem_error(EINVAL, "%s: page %llu is past the last page (%llu pages)",
 				   k->dev, (unsigned long long)page,

@@ -211,6 +211,30 @@ static int pick_queries(struct rp *x, const struct lab_sel *s)
 	return n;
 }
 
+/*
+ * The query text the live session gave its policy (session.h): the history
+ * from the first recorded query position to the last. A select-ahead's
+ * positions are every token of its question, which the session appended
+ * after selecting: the saved history holds them. Whatever --query-tokens
+ * or --query-span pick, the text is the recorded one. Positions past the
+ * saved history (a select-ahead whose tokens were never appended) are left
+ * out.
+ */
+static void query_text(const kvmem_lab *lab, const struct lab_sel *s, kvmem_select_ctx *c)
+{
+	const int ns = (int)s->h.n_store;
+	int64_t first, last;
+
+	if (!ns)
+		return;
+	first = s->q_pos[0];
+	last = s->q_pos[ns - 1] < lab->n_tokens ? s->q_pos[ns - 1] : lab->n_tokens - 1;
+	if (first < 0 || last < first)
+		return;
+	c->text = lab->ids + first;
+	c->n_text = last - first + 1;
+}
+
 /* The tier of a read of (block, layer) at n_tokens, through the pool. */
 static int read_tier(struct rp *x, int64_t b, int l, int64_t n_tokens)
 {
@@ -606,7 +630,9 @@ static int replay_step(struct rp *x, int64_t k, kvmem_lab_step *st)
 		.rope_theta = lab->t.h.rope_theta, .n_q = nq, .q = x->q, .q_pos = x->q_pos,
 		.seed = s->h.seed, .step = s->h.step,
 		.span = x->budget ? x->budget + reserve : 0, .budget = x->budget,
+		.tokens = lab->ids,
 	};
+	query_text(lab, s, &c);
 	x->ks.n_reads = 0;
 	if (x->pol->score(&c, x->scores))
 		return kvmem_error_prefix("lab: policy %s at step %lld", x->pol->name, (long long)k);

@@ -23,9 +23,6 @@
  * always (recall.md, "Levers"): the look-alike lines around a needle
  * spread the mass over the block.
  */
-#include <math.h>
-#include <stdlib.h>
-
 #include "kvmem/kvmem.h"
 #include "select/score.h"
 
@@ -33,43 +30,14 @@ extern const kvmem_policy_ops kvmem_policy_refine;
 
 static int neighbour_score(const kvmem_select_ctx *c, float *scores)
 {
-	const int64_t nb = c->n_blocks;
-	int64_t k = c->budget > 0 ? (c->budget + c->block - 1) / c->block : 0, *top = NULL;
-	float *raised = NULL;
-	uint8_t *in = NULL;
+	int64_t k = c->budget > 0 ? (c->budget + c->block - 1) / c->block : 0;
 	int rc;
 
-	if ((rc = kvmem_policy_refine.score(c, scores)) || !k || nb < 2)
+	if ((rc = kvmem_policy_refine.score(c, scores)) || !k)
 		return rc;
-	k = k < nb ? k : nb;
-	top = malloc((size_t)nb * sizeof(*top));
-	raised = malloc((size_t)nb * sizeof(*raised));
-	in = calloc((size_t)nb, 1);
-	if (!top || !raised || !in) {
-		rc = kvmem_error(ENOMEM, "neighbour: out of memory for %lld blocks", (long long)nb);
-		goto out;
-	}
-	for (int64_t b = 0; b < nb; b++)
-		top[b] = b, raised[b] = scores[b];
-	kvmem_top_k_select(top, nb, k, scores);
-	for (int64_t i = 0; i < k; i++)
-		in[top[i]] = 1;
-	for (int64_t i = 0; i < k; i++) {
-		int64_t b = top[i];
-		float below = nextafterf(scores[b], -INFINITY);
-
-		if (b > 0 && !in[b - 1] && raised[b - 1] < below)
-			raised[b - 1] = below;
-		if (b + 1 < nb && !in[b + 1] && raised[b + 1] < below)
-			raised[b + 1] = below;
-	}
-	for (int64_t b = 0; b < nb; b++)
-		scores[b] = raised[b];
-out:
-	free(top);
-	free(raised);
-	free(in);
-	return rc;
+	if (ws_expand_neighbours(scores, c->n_blocks, k, 0))
+		return kvmem_error_prefix("neighbour");
+	return 0;
 }
 
 const kvmem_policy_ops kvmem_policy_neighbour = {

@@ -39,5 +39,16 @@ float *ws_group_queries(const kvmem_select_ctx *c);
  */
 int ws_token_mass(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n, double *mass);
 
+/*
+ * Neighbour expansion: each of the top k blocks of scores[nb] (the
+ * planner's order) has its predecessor and successor raised to just below
+ * its own score, unless they rank higher already. raise_top 0 (neighbour's
+ * rule) also leaves alone a neighbour that is among the top k itself,
+ * which the raised blocks may then push out of the top k when k is a large
+ * share of nb; raise_top 1 (lexical's) raises it too. k <= 0: nothing. 0,
+ * or -ENOMEM with kvmem_error.
+ */
+int ws_expand_neighbours(float *scores, int64_t nb, int64_t k, int raise_top);
+
 
 #endif

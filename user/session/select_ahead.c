@@ -58,7 +58,7 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 		s->qpos[i] = s->blocks.n_tokens + (n - keep) + i;
 	s->q_head = 0;
 	s->n_q = keep;
-	if (ws_select(s, 0))
+	if (ws_select_text(s, 0, tokens, n))
 		return kvmem_fail();
 	/* The append that follows brings the same tokens' queries back. */
 	s->n_q = 0;

@@ -97,6 +97,10 @@ int ws_view_reserve(kvmem_session *s, int64_t need);
 void ws_register(kvmem_session *s);
 void ws_unregister(kvmem_session *s);
 int ws_select(kvmem_session *s, int forced);
+/* The same for kvmem_session_select_ahead: the query text is ahead[n_ahead],
+ * the tokens about to be appended (ws_select: the history's tokens at the
+ * query positions). */
+int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahead);
 /* session.c: the queries packed for a selection (see qring). */
 const float *ws_queries(kvmem_session *s, const int64_t **pos);
 /* Row of ring slot `slot`, layer l. */

@@ -295,6 +295,11 @@ static void hint_selected(kvmem_session *s, const kvmem_plan *np)
 
 int ws_select(kvmem_session *s, int forced)
 {
+	return ws_select_text(s, forced, NULL, 0);
+}
+
+int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahead)
+{
 	const int64_t nb = kvmem_blocks_count(&s->blocks);
 	kvmem_plan_params pp = { s->budget, s->o.sink, s->o.recent };
 	kvmem_plan np = { 0 };
@@ -340,7 +345,17 @@ int ws_select(kvmem_session *s, int forced)
 		.span = s->o.budget ? s->cap_limit : 0,
 		.budget = s->o.budget,
 		.device = ws_score_device(s, &dev),
+		.tokens = s->tokens,
 	};
+	/* The query text (session.h): the tokens about to be appended, else
+	 * the history's from the first query position to the last. */
+	if (ahead) {
+		c.text = ahead;
+		c.n_text = n_ahead;
+	} else if (s->n_q && q_pos[s->n_q - 1] >= q_pos[0] && q_pos[s->n_q - 1] < c.n_tokens) {
+		c.text = s->tokens + q_pos[0];
+		c.n_text = q_pos[s->n_q - 1] - q_pos[0] + 1;
+	}
 	s->scored_blocks = 0;
 	if (s->pol->score(&c, s->scores))
 		return kvmem_error_prefix("session: policy %s", s->pol->name);

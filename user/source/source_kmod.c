@@ -7,12 +7,17 @@
  *                              blocks fill in memory, full ones are staged
  *                              out, a commit makes them durable; the crash
  *                              rule is the pager's alone
- *   get of a committed page    the module's window (kvmem_kmod_get): the
- *                              module reads the pages file, checks the sum
+ *   get of a committed page    the module's window: an absent page is
+ *                              read by io_uring O_DIRECT straight into it
+ *                              (kvmem_kmod_fill: no copy) where the file
+ *                              system allows, else by the module (a
+ *                              buffered read); the module checks the sum
  *   get of any other page      the pager source (open blocks from memory,
  *                              staged but uncommitted ones from its pool)
- *   prefetch                   committed pages to the module, others to the
- *                              pager
+ *   prefetch                   committed pages into the window the same
+ *                              way, the reads going on until the next get
+ *                              (kvmem_kmod_fill_start), or the module's
+ *                              PREFETCH; others to the pager
  *   commit                     then the module's page count follows the
  *                              pager's committed pages, and its step
  *
@@ -51,6 +56,7 @@ struct ksrc {
 	uint64_t step;			/* commits through this source: the module's step */
 	uint64_t out;			/* pages got and not yet put, from either reader */
 	struct kvmem_ioc_stats before;	/* counters of the windows closed by growing */
+	size_t fill_max;		/* pages a prefetch reads at most: half the slots */
 	uint64_t *list;			/* prefetch scratch */
 	size_t list_cap;
 };
@@ -71,9 +77,19 @@ static void add_counters(struct kvmem_ioc_stats *sum, const struct kvmem_ioc_sta
 static int window_open(struct ksrc *s, uint64_t page_max)
 {
 	kvmem_kmod_opts o = s->ko;
+	struct kvmem_ioc_stats st;
+	int rc;
 
 	o.page_max = page_max;
-	return kvmem_kmod_open_pager(s->p, &o, &s->k);
+	if ((rc = kvmem_kmod_open_pager(s->p, &o, &s->k)) < 0)
+		return rc;
+	if ((rc = kvmem_kmod_stats(s->k, &st)) < 0) {
+		kvmem_kmod_close(s->k);
+		s->k = NULL;
+		return rc;
+	}
+	s->fill_max = st.slots / 2 ? (size_t)(st.slots / 2) : 1;
+	return 0;
 }
 
 /*
@@ -146,7 +162,15 @@ static int ks_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 	if (!s->out && s->served != s->target && follow(s) < 0)
 		return kvmem_fail();
 	if (via_module(s, b, layer)) {
-		rc = kvmem_kmod_get(s->k, kvmem_page_id(s->g, (uint64_t)b, (uint32_t)layer), &data);
+		uint64_t id = kvmem_page_id(s->g, (uint64_t)b, (uint32_t)layer);
+		int32_t st;
+
+		/* Read it without a copy when it is absent; whatever that
+		 * could not do (no slot, a failed read) the module's own read
+		 * below does, and says what is wrong with the page. */
+		if (kvmem_kmod_direct(s->k) && !kvmem_kmod_resident(s->k, id))
+			kvmem_kmod_fill(s->k, &id, 1, &st);
+		rc = kvmem_kmod_get(s->k, id, &data);
 		if (rc < 0)
 			return kvmem_error_prefix("%s", kvmem_pager_dir(s->p));
 		pg->k = data;
@@ -185,9 +209,14 @@ static void ks_prefetch(void *ctx, const int64_t *blocks, int n)
 		if (via_module(s, blocks[i], 0))
 			for (uint64_t l = 0; l < s->L; l++)
 				s->list[m++] = (uint64_t)blocks[i] * s->L + l;
-	/* The module fills them asynchronously; the pager source takes the
-	 * rest (staged blocks) and ignores what it does not hold. */
-	if (m)
+	/* Start O_DIRECT reads into the window (they end at the next get,
+	 * which waits for them), at most half the window's slots so that a
+	 * prefetch does not push out every page just got; else the module
+	 * fills them asynchronously. The pager source takes the rest (staged
+	 * blocks) and ignores what it does not hold. */
+	if (m && kvmem_kmod_direct(s->k))
+		kvmem_kmod_fill_start(s->k, s->list, m < s->fill_max ? m : s->fill_max);
+	else if (m)
 		kvmem_kmod_prefetch(s->k, s->list, m, 0);
 	if (m < (size_t)n * s->L && s->inner.ops->prefetch) {
 		int64_t *rest = (int64_t *)s->list;

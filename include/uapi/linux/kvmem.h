@@ -11,7 +11,18 @@
  *
  * Versioning: KVMEM_PT_VERSION changes whenever the layout of an entry or the
  * meaning of a field changes; readers check header.version and
- * header.entry_size and refuse what they do not know.
+ * header.entry_size and refuse what they do not know. Version 2: the entry's
+ * former `reserved` is its sequence count `seq`.
+ *
+ * Reading an entry that another thread or the kernel changes: `seq` is odd
+ * while the writer changes the entry and even otherwise (the writer adds 1
+ * before and 1 after, with write barriers in between). A reader loads seq
+ * (acquire), copies the fields, loads seq again after a read barrier, and
+ * keeps the copy when both loads gave the same even value; otherwise it
+ * reads again. (A 16-bit count: a reader stalled for exactly 65,536 changes
+ * of one entry between its two loads could be fooled; its copy takes a few
+ * loads.) A single field may be read alone at any time. The userspace
+ * pager changes entries only in its own thread and leaves seq 0.
  */
 #ifndef KVMEM_UAPI_KVMEM_H
 #define KVMEM_UAPI_KVMEM_H
@@ -26,7 +37,7 @@
 #include <linux/ioctl.h>
 
 #define KVMEM_PT_MAGIC	0x4b564d50u	/* "KVMP" */
-#define KVMEM_PT_VERSION	1u
+#define KVMEM_PT_VERSION	2u
 
 /* Tier bits (kvmem_pte.tiers): where valid copies of the page's bytes are. */
 #define KVMEM_TIER_GPU	0x01u	/* GPU pool, at gpu_slot */
@@ -49,7 +60,7 @@ struct kvmem_pte {
 	__u32 gpu_slot;		/* GPU pool slot, KVMEM_SLOT_NONE when absent */
 	__u8 tiers;		/* KVMEM_TIER_* */
 	__u8 flags;		/* KVMEM_PTE_* */
-	__u16 reserved;		/* zero */
+	__u16 seq;		/* odd while the entry changes (see above) */
 	__u32 access_count;	/* fetches since the page was created (saturates) */
 	__u64 last_step;	/* agent step of the last fetch */
 };
@@ -141,7 +152,9 @@ struct kvmem_ioc_stats {
 	__u64 bad_verdicts;	/* verdicts refused (out of range): the default was used */
 	__u64 resident;		/* pages resident now */
 	__u64 slots;		/* host_cap / page_stride */
-	__u64 reserved[8];
+	__u64 prefetch_adds;	/* pages a BPF program added to prefetches (prefetch hook) */
+	__u64 bad_prefetch_adds; /* pages it named that were refused (past page_count) */
+	__u64 reserved[6];
 };
 
 /*
@@ -155,7 +168,9 @@ struct kvmem_ioc_stats {
  * EVICT	drop pages now (dirty ones are written back first); status[i] =
  *		0, -EBUSY (pinned by get_user_pages or in use) or -errno
  * SYNC		write back every dirty page, then fsync the pages and sums files
- * STEP		the agent step recorded in last_step (argument: __u64)
+ * STEP		the agent step: recorded in last_step, given to the BPF hooks
+ *		(struct kvmem_reclaim_ctx, struct kvmem_prefetch_ctx) and to
+ *		the tracepoint kvmem_step (argument: __u64)
  * SET_COUNT	grow page_count (argument: __u64, a multiple of L, <= page_max)
  * STATS	read struct kvmem_ioc_stats
  */
@@ -199,6 +214,34 @@ struct kvmem_reclaim_ctx {
 	__u64 last_step[KVMEM_RECLAIM_MAX];	/* step of the page's last fault */
 	__u32 access_count[KVMEM_RECLAIM_MAX];	/* the page's faults */
 	__u32 dirty[KVMEM_RECLAIM_MAX];		/* 1: evicting it writes it back first */
+};
+
+/*
+ * The prefetch hook: the buffer of the writable tracepoint
+ * kvmem_prefetch_hook (SEC("raw_tp.w/kvmem_prefetch_hook")). The module
+ * calls it for each PREFETCH list (reason LIST; page[] holds the list's
+ * first ids) and for each fault that fills a page (reason FAULT; page[0] is
+ * that page), with the workspace's step. A program may name up to
+ * KVMEM_PREFETCH_ADD_MAX more pages to prefetch: add[0 .. n_add). Each id
+ * below page_count is prefetched after the list (for a fault: as a list of
+ * its own, asynchronously), in that order (stats prefetch_adds); an id past
+ * page_count is refused (bad_prefetch_adds), and so is every one when n_add
+ * is above the maximum.
+ */
+#define KVMEM_PREFETCH_SEEN	8
+#define KVMEM_PREFETCH_ADD_MAX	16
+#define KVMEM_PREFETCH_LIST	0u	/* a PREFETCH list */
+#define KVMEM_PREFETCH_FAULT	1u	/* a fault that fills page[0] */
+struct kvmem_prefetch_ctx {
+	__u64 ws_id;		/* inode number of the workspace's pages file */
+	__u64 step;		/* the workspace's step (KVMEM_IOC_STEP) */
+	__u64 page_count;	/* valid page ids are below it */
+	__u32 reason;		/* KVMEM_PREFETCH_LIST or _FAULT */
+	__u32 n_pages;		/* ids in the list (1 for a fault) */
+	__u64 page[KVMEM_PREFETCH_SEEN];	/* its first min(n_pages, 8) ids */
+	__u32 n_add;		/* in: 0; out: entries of add[] to prefetch too */
+	__u32 reserved;		/* zero */
+	__u64 add[KVMEM_PREFETCH_ADD_MAX];	/* out: page ids */
 };
 
 #endif

@@ -702,6 +702,11 @@ int bench_select(int argc, char **argv)
 			"it has no place in this benchmark\n", pol->name);
 		return EXIT_USAGE;
 	}
+	if (pol->needs & KVMEM_NEED_TEXT) {
+		fprintf(stderr, "kvmem bench select: policy %s reads token ids, not the index: "
+			"kvmem bench recall times it\n", pol->name);
+		return EXIT_USAGE;
+	}
 	if (o.cuda)
 		return bench_select_cuda(&o, pol);
 	limit = o.mem ? o.mem / 1e9 : 0.4 * avail;
