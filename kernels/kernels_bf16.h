@@ -168,6 +168,11 @@ int kvmem_view_scatter_bf16(uint16_t *view_k, uint16_t *view_v, const uint16_t *
  * offsets: how a device page pool is filled on the way; with raw_k set the
  * raw K goes there too (raw_stride apart per head). Items outside the view
  * are skipped (the twin returns -EINVAL after the others).
+ *
+ * fp8 pages (dtype KVMEM_DTYPE_FP8, kernels/kernels_fp8.h): k and v hold
+ * e4m3 bytes, the row (t, h) scaled by k_scale[h * scale_stride + t] (and
+ * v_scale): dequantised exactly in fp32, then rounded to bf16 as above, so
+ * the device reads half the bytes of a bf16 page.
  */
 typedef struct kvmem_gather_item {
 	const void *k, *v;	/* token 0, head 0 of the item's K and V */
@@ -181,6 +186,10 @@ typedef struct kvmem_gather_item {
 	int32_t head_stride;	/* elements between KV heads */
 	int32_t dtype;		/* enum kvmem_dtype of k and v */
 	int32_t raw_stride;	/* elements between KV heads of raw_k */
+	/* fp8 only: the rows' scales, scale_stride apart per KV head (a
+	 * page's [n_kv_heads][B] scales: B), pointing at token 0's. */
+	const float *k_scale, *v_scale;
+	int32_t scale_stride;
 } kvmem_gather_item;
 
 int kvmem_view_gather_bf16(uint16_t *view_k, uint16_t *view_v, const kvmem_gather_item *items,

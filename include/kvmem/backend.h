@@ -41,6 +41,13 @@ typedef struct kvmem_backend_opts {
 				 * (cuda, see score below); 0: the default (1/8
 				 * of the cap; 4 GiB without a cap); past it the
 				 * session scores on the host */
+	/* The KV the views hold: 0, the backend's own (cpu fp32, cuda bf16);
+	 * KVMEM_DTYPE_FP8: every new token's raw K and V are quantised to
+	 * e4m3 (a scale per token and KV head) before they are rotated,
+	 * stored and attended to, and pages are placed from fp8, so a full
+	 * context run and a paged session read the same fp8 KV (cpu only so
+	 * far: -ENOTSUP elsewhere). */
+	uint32_t kv_dtype;
 	int tp;			/* tensor parallel ranks (GPUs), the model split by
 				 * KV heads (Documentation/architecture.md, "Tensor
 				 * parallelism"): 0, today's path; 1, the split code

@@ -50,10 +50,13 @@ int kvmem_fail(void);
 void kvmem_error_clear(void);
 
 /* Element types of KV pages and views (stored in workspace manifests: the
- * values are part of the format). */
-enum kvmem_dtype { KVMEM_DTYPE_F32 = 1, KVMEM_DTYPE_BF16 = 2, KVMEM_DTYPE_F16 = 3 };
-size_t kvmem_dtype_bytes(uint32_t dtype);	/* 0 when unknown */
-const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "?" */
+ * values are part of the format). KVMEM_DTYPE_FP8: e4m3 bytes with a
+ * power-of-two fp32 scale per row of head_dim values (a token in a KV
+ * head; kernels/kernels_fp8.h, Documentation/formats.md "fp8 pages"). */
+enum kvmem_dtype { KVMEM_DTYPE_F32 = 1, KVMEM_DTYPE_BF16 = 2, KVMEM_DTYPE_F16 = 3,
+		   KVMEM_DTYPE_FP8 = 4 };
+size_t kvmem_dtype_bytes(uint32_t dtype);	/* 0 when unknown; fp8: 1, scales aside */
+const char *kvmem_dtype_name(uint32_t dtype);	/* "f32", "bf16", "f16", "fp8", "?" */
 
 /* Where kvmem keeps its data when the user names no directory:
  * $KVMEM_HOME, else $XDG_DATA_HOME/kvmem, else ~/.local/share/kvmem.

@@ -41,7 +41,8 @@ typedef struct kvmem_page_geom {
 	uint32_t index_bytes;	/* bytes of the per-block index record (0: none) */
 } kvmem_page_geom;
 
-size_t kvmem_page_bytes(const kvmem_page_geom *g);	/* 2 * H_kv * B * D * elem */
+/* 2 * H_kv * B * D * elem; fp8 adds 2 * H_kv * B fp32 scales */
+size_t kvmem_page_bytes(const kvmem_page_geom *g);
 size_t kvmem_page_stride(const kvmem_page_geom *g);	/* page bytes rounded up to KVMEM_IO_ALIGN */
 /* Check sizes are positive and representable; `name` is used in messages. */
 int kvmem_page_geom_check(const kvmem_page_geom *g, const char *name);

@@ -45,6 +45,10 @@ typedef struct kvmem_page {
 	const void *v;		/* V, the same layout */
 	uint32_t dtype;		/* enum kvmem_dtype of both */
 	uint32_t mem;		/* enum kvmem_mem: where k and v point */
+	/* KVMEM_DTYPE_FP8 only: the rows' scales [n_kv_heads][block], fp32,
+	 * one per scale_run (= head_dim) elements of k and of v. */
+	const float *k_scale, *v_scale;
+	uint32_t scale_run;
 } kvmem_page;
 
 typedef struct kvmem_page_source_ops {
@@ -112,6 +116,10 @@ void kvmem_page_source_destroy(kvmem_page_source *src);
 const float *kvmem_page_f32(const kvmem_page *pg, int is_v, size_t n, float *scratch);
 /* Copy elements off..off+n-1 of the page's K (or V) into dst as fp32. */
 int kvmem_page_copy_f32(const kvmem_page *pg, int is_v, size_t off, size_t n, float *dst);
+/* pg for a page of the workspace layout at `base` in host memory: raw K,
+ * V, and for fp8 the scales after them (Documentation/formats.md). */
+void kvmem_page_at(kvmem_page *pg, const void *base, uint32_t dtype, int n_kv_heads, int block,
+		   int head_dim);
 
 #pragma GCC visibility pop
 

@@ -87,7 +87,10 @@ typedef struct kvmem_workspace_opts {
 				 * default, the CPU engine's) or BF16 (a GPU's: half
 				 * the bytes, placed with no conversion). An existing
 				 * workspace keeps its own: either opens on either
-				 * backend. */
+				 * backend. KVMEM_DTYPE_FP8 (e4m3 with scales,
+				 * for a backend opened with kv_dtype fp8) is
+				 * fixed at creation: fp8 and the others refuse
+				 * each other (-ESTALE, naming both). */
 	uint64_t stage_bytes;	/* the pager's stage-out buffer (0: its default):
 				 * a prefill whose pages fit in it never waits
 				 * for the disk */

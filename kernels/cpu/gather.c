@@ -11,6 +11,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/kernels_bf16.h"
+#include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 
 /* n elements of a page half in `dtype` to bf16. */
@@ -51,7 +52,8 @@ int kvmem_view_gather_bf16(uint16_t *view_k, uint16_t *view_v, const kvmem_gathe
 
 		if (m->layer < 0 || m->layer >= n_layers || m->slot < 0 || m->n < 0 ||
 		    m->slot > cap - m->n || (m->dtype != KVMEM_DTYPE_F32 &&
-		    m->dtype != KVMEM_DTYPE_BF16 && m->dtype != KVMEM_DTYPE_F16)) {
+		    m->dtype != KVMEM_DTYPE_BF16 && m->dtype != KVMEM_DTYPE_F16 &&
+		    (m->dtype != KVMEM_DTYPE_FP8 || !m->k_scale || !m->v_scale))) {
 			bad = it;
 			continue;
 		}
@@ -76,8 +78,21 @@ int kvmem_view_gather_bf16(uint16_t *view_k, uint16_t *view_v, const kvmem_gathe
 				size_t src = (size_t)t * row + (size_t)h * m->head_stride;
 				size_t dst = ((size_t)t * n_kv_heads + h) * row;
 
-				to_bf16(sk + dst, m->k, src, row, m->dtype);
-				to_bf16(sv + dst, m->v, src, row, m->dtype);
+				if (m->dtype == KVMEM_DTYPE_FP8) {
+					/* exact in fp32, then one rounding */
+					float ks = m->k_scale[(size_t)h * m->scale_stride + t];
+					float vs = m->v_scale[(size_t)h * m->scale_stride + t];
+
+					for (size_t i = 0; i < row; i++) {
+						sk[dst + i] = kvmem_f32_to_bf16(kvmem_e4m3_to_f32(
+							((const uint8_t *)m->k)[src + i]) * ks);
+						sv[dst + i] = kvmem_f32_to_bf16(kvmem_e4m3_to_f32(
+							((const uint8_t *)m->v)[src + i]) * vs);
+					}
+				} else {
+					to_bf16(sk + dst, m->k, src, row, m->dtype);
+					to_bf16(sv + dst, m->v, src, row, m->dtype);
+				}
 				if (m->copy_k)
 					memcpy(m->copy_k + src, sk + dst, row * 2);
 				if (m->copy_v)

@@ -20,9 +20,14 @@
  * or two over PCIe) overlaps the double-precision sincos. Pointers that are
  * not 16-byte aligned, or head_dim not a multiple of 16, take scalar loads
  * with the same arithmetic.
+ *
+ * fp8 pages: W e4m3 bytes (one 8-byte load when aligned) and the row's
+ * scale, decoded exactly in fp32 (fp8.cuh) and rounded once to bf16: half
+ * the bytes over PCIe of a bf16 page.
  */
 #include <cuda_fp16.h>
 
+#include "fp8.cuh"
 #include "rope.cuh"
 
 #define GATHER_THREADS 256
@@ -34,11 +39,31 @@ __device__ __forceinline__ bool aligned16(const void *p)
 	return ((uintptr_t)p & 15) == 0;
 }
 
-/* W elements at element offset off of a page half in dtype, as bf16. */
+/* W elements at element offset off of a page half in dtype, as bf16
+ * (fp8: scaled by sc). */
 __device__ __forceinline__ void load_w(uint16_t *out, const void *base, size_t off, int dtype,
-				       int W, bool vec)
+				       int W, bool vec, float sc = 1.0f)
 {
-	if (dtype == KVMEM_DTYPE_BF16) {
+	if (dtype == KVMEM_DTYPE_FP8) {
+		const uint8_t *p = (const uint8_t *)base + off;
+
+		if (vec && ((uintptr_t)p & 7) == 0) {
+			const uint2 u = *(const uint2 *)p;
+			const uint32_t w[2] = { u.x, u.y };
+
+			for (int j = 0; j < 4; j++) {	/* a pair of bytes at a time */
+				const uint16_t two = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
+				float lo, hi;
+
+				e4m3x2_to_f32(two, &lo, &hi);
+				out[2 * j] = e4m3_bf16((uint8_t)two, lo, sc);
+				out[2 * j + 1] = e4m3_bf16((uint8_t)(two >> 8), hi, sc);
+			}
+		} else {
+			for (int j = 0; j < W; j++)
+				out[j] = e4m3_bf16(p[j], e4m3_to_f32(p[j]), sc);
+		}
+	} else if (dtype == KVMEM_DTYPE_BF16) {
 		const uint16_t *p = (const uint16_t *)base + off;
 
 		if (vec) {
@@ -101,10 +126,13 @@ gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_
 
 	if (m.layer < 0 || m.layer >= n_layers || m.slot < 0 || m.n < 0 || m.slot > cap - m.n ||
 	    (m.dtype != KVMEM_DTYPE_F32 && m.dtype != KVMEM_DTYPE_BF16 &&
-	     m.dtype != KVMEM_DTYPE_F16))
+	     m.dtype != KVMEM_DTYPE_F16 &&
+	     (m.dtype != KVMEM_DTYPE_FP8 || !m.k_scale || !m.v_scale)))
 		return;		/* the whole block: uniform */
-	/* Uniform per item: 16-byte vectors where every address allows. */
-	const bool vin = W == 8 && m.dtype != KVMEM_DTYPE_F16 && aligned16(m.k) && aligned16(m.v) &&
+	/* Uniform per item: 16-byte vectors where every address allows (fp8:
+	 * 8-byte ones, each load checks its own address). */
+	const bool vin = W == 8 && m.dtype != KVMEM_DTYPE_F16 &&
+			 (m.dtype == KVMEM_DTYPE_FP8 || (aligned16(m.k) && aligned16(m.v))) &&
 			 m.head_stride % 8 == 0;
 	const bool vout = W == 8 && (!m.copy_k || aligned16(m.copy_k)) &&
 			  (!m.copy_v || aligned16(m.copy_v)) && m.head_stride % 8 == 0;
@@ -120,11 +148,16 @@ gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_
 		uint16_t a[8], b[8];
 
 		if (act) {
+			const bool f8 = m.dtype == KVMEM_DTYPE_FP8;
+			const size_t srow = (size_t)h * m.scale_stride + t;
+
 			if (is_k) {
-				load_w(a, m.k, off, m.dtype, W, vin);
-				load_w(b, m.k, off + half, m.dtype, W, vin);
+				const float sc = f8 ? m.k_scale[srow] : 1.0f;
+
+				load_w(a, m.k, off, m.dtype, W, vin, sc);
+				load_w(b, m.k, off + half, m.dtype, W, vin, sc);
 			} else {
-				load_w(a, m.v, off, m.dtype, W, vin);
+				load_w(a, m.v, off, m.dtype, W, vin, f8 ? m.v_scale[srow] : 1.0f);
 			}
 		}
 		__syncthreads();	/* the previous round's angles are used up */

@@ -26,6 +26,9 @@
  *               then their times (check_attn_decode.c; tests/gpu/attn_decode.sh)
  *     --attn-prefill  prefill attention alone: v4 and v6 against the twin,
  *               then their times (check_attn_prefill.c; tests/gpu/attn_prefill.sh)
+ *     --fp8     fp8 KV alone: quantising, the fp8 gather, decode attention over
+ *               fp8 K/V against their twins; with --bench, the fp8 / bf16
+ *               timings (check_fp8.c; tests/gpu/fp8.sh)
  *     --attn-batch  the batched attention alone: against the twin and
  *               itself alone, then its time beside a decode call per
  *               sequence (check_attn_batch.c)
@@ -43,6 +46,7 @@
 #include "check_attn_batch.h"
 #include "check_attn_decode.h"
 #include "check_attn_prefill.h"
+#include "check_fp8.h"
 #include "check_fuse.h"
 #include "check_gather.h"
 #include "check_gemv.h"
@@ -1005,7 +1009,7 @@ static void bench(void)
 int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
-	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0;
+	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0, only_fp8 = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1027,10 +1031,12 @@ int main(int argc, char **argv)
 			only_attn_batch = 1;	/* batched attention alone (check_attn_batch.c) */
 		else if (!strcmp(argv[i], "--attn-prefill"))
 			only_attn_prefill = 1;	/* prefill attention alone (check_attn_prefill.c) */
+		else if (!strcmp(argv[i], "--fp8"))
+			only_fp8 = 1;		/* fp8 KV alone (check_fp8.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--fp8] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1050,7 +1056,9 @@ int main(int argc, char **argv)
 	}
 	if (kvmem_cuda_ctx_create(&g_c, 0))
 		die("context");
-	if (only_gather) {
+	if (only_fp8) {
+		check_fp8(do_bench);
+	} else if (only_gather) {
 		check_gather();
 	} else if (only_gemv) {
 		gemv_sweep();
@@ -1076,6 +1084,7 @@ int main(int argc, char **argv)
 		check_rope();
 		check_scatter();
 		check_gather();
+		check_fp8(0);
 		check_attention();
 		check_attn_decode();
 		check_attn_prefill();

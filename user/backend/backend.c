@@ -67,6 +67,19 @@ int kvmem_backend_open(const char *name, const kvmem_model *m, const kvmem_backe
 		b->opts = *o;
 	if (!b->opts.max_chunk)
 		b->opts.max_chunk = CHUNK_DEFAULT;
+	if (b->opts.kv_dtype && b->opts.kv_dtype != KVMEM_DTYPE_FP8) {
+		rc = kvmem_error(EINVAL, "backend %s: KV dtype %u (0: the backend's own, or fp8)",
+				 ops->name, b->opts.kv_dtype);
+		free(b);
+		return rc;
+	}
+	if (b->opts.kv_dtype == KVMEM_DTYPE_FP8 && (!ops->fp8 || b->opts.tp)) {
+		/* the split forward (user/tp/) does not round K/V through fp8 */
+		rc = kvmem_error(ENOTSUP, "backend %s: fp8 KV is not built for this backend%s yet (the "
+				 "cpu backend has it)", ops->name, b->opts.tp ? " with --tp" : "");
+		free(b);
+		return rc;
+	}
 	if ((rc = kvmem_backend_tp_check(ops, m, &b->opts)) < 0) {
 		free(b);
 		return rc;

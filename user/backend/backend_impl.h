@@ -104,6 +104,8 @@ typedef struct kvmem_backend_ops {
 	 * kvmem_fwd_out.raw_k, v) or KVMEM_DTYPE_BF16 (raw_k_bf16, v_bf16,
 	 * the device's own rows: nothing widened on the host). */
 	uint32_t rows_dtype;
+	/* 1: views can hold fp8 KV (kvmem_backend_opts.kv_dtype). */
+	int fp8;
 	/* 0 when the backend can run here, else -errno with a message (no
 	 * GPU, no driver). May be NULL: always available. */
 	int (*available)(void);

@@ -7,6 +7,12 @@
  * with kvmem_rope, the very call the engine makes for a new token, so a
  * token placed at the slot the engine gave it holds the same bits.
  *
+ * fp8 KV (kv_dtype): the engine rounds each new token's raw K and V
+ * through e4m3 before rotating and storing them; place() dequantises an
+ * fp8 page (exact), or rounds the rows of any other page the same way,
+ * so the view holds the same values either way; the raw K kept beside
+ * the view (keep_raw) is the rounded one, so move() keeps the bits too.
+ *
  * With --tp 1 (opts.tp == 1) the forward pass is the tensor-parallel one
  * (user/tp/) with its one rank over the same kvcache: the split code,
  * bit-identical to the engine's (tests/cli/test_tp.sh holds it to that).
@@ -19,6 +25,7 @@
 
 #include "backend/backend_impl.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "tp/tp.h"
 #include "util/clock.h"
@@ -40,6 +47,7 @@ struct cpu {
 	float *rows;		/* raw K of a forward pass [L][tokens][H][D], for views
 				 * that keep it when the caller asks for none */
 	size_t rows_n;
+	int fp8;		/* views hold fp8 KV */
 };
 
 /* Raw K of layer l, KV head h, slot t of a view that keeps it. */
@@ -64,6 +72,8 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 		free(b);
 		return kvmem_fail();
 	}
+	b->fp8 = o->kv_dtype == KVMEM_DTYPE_FP8;
+	kvmem_engine_set_kv_fp8(b->e, b->fp8);
 	if (o->tp == 1 && !(b->tp = kvmem_tp_engine_create(m, 1, o->max_chunk))) {
 		kvmem_engine_free(b->e);
 		free(b);
@@ -187,9 +197,13 @@ static void keep_rows(struct cpu *b, kvmem_view *v, const float *raw_k, int at, 
 
 	for (int l = 0; l < b->c->n_layers; l++)
 		for (int j = 0; j < n; j++)
-			for (int h = 0; h < H; h++)
-				memcpy(raw_at(b, v, l, h, at + j), raw_k + (((size_t)l * n + j) * H + h) * D,
-				       sizeof(float) * D);
+			for (int h = 0; h < H; h++) {
+				float *rk = raw_at(b, v, l, h, at + j);
+
+				memcpy(rk, raw_k + (((size_t)l * n + j) * H + h) * D, sizeof(float) * D);
+				if (b->fp8)	/* the K the view was rotated from */
+					kvmem_fp8_roundtrip_rows(rk, 1, D);
+			}
 }
 
 /* Room for a forward's raw K rows of `tokens` tokens when the caller asks
@@ -322,19 +336,29 @@ static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
 	/* K first, through the scratch page when it needs widening; then V. */
 	if (!(pk = kvmem_page_f32(&it->page, 0, page_elems, b->scratch)))
 		return kvmem_fail();
+	/* An fp8 view from a page of another dtype: its rows rounded as the
+	 * engine rounds a new token's (an fp8 page is exact already). */
+	const int round = b->fp8 && it->page.dtype != KVMEM_DTYPE_FP8;
+
 	for (int h = 0; h < H; h++) {
 		float *dk = kvmem_kv_k(&v->kv, it->layer, h, (int)it->slot);
 
 		memcpy(dk, pk + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
+		if (round)
+			kvmem_fp8_roundtrip_rows(dk, (size_t)it->n, d);
 		if (v->keep)
 			memcpy(raw_at(b, v, it->layer, h, it->slot), dk, run * sizeof(float));
 		kvmem_rope(dk, b->pos, it->n, 1, d, b->c->rope_theta);
 	}
 	if (!(pv = kvmem_page_f32(&it->page, 1, page_elems, b->scratch)))
 		return kvmem_fail();
-	for (int h = 0; h < H; h++)
-		memcpy(kvmem_kv_v(&v->kv, it->layer, h, (int)it->slot),
-		       pv + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
+	for (int h = 0; h < H; h++) {
+		float *dv = kvmem_kv_v(&v->kv, it->layer, h, (int)it->slot);
+
+		memcpy(dv, pv + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
+		if (round)
+			kvmem_fp8_roundtrip_rows(dv, (size_t)it->n, d);
+	}
 	return 0;
 }
 
@@ -456,6 +480,7 @@ static int cpu_ceilings(void *ctx, kvmem_ceilings *out)
 const kvmem_backend_ops kvmem_backend_cpu_ops = {
 	.name = "cpu",
 	.what = "the reference engine on the CPU (fp32, OpenBLAS, bit-exact)",
+	.fp8 = 1,
 	.create = cpu_create,
 	.destroy = cpu_destroy,
 	.view_create = cpu_view_create,

@@ -75,6 +75,12 @@ typedef struct kvmem_engine kvmem_engine;
 kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk);
 void kvmem_engine_free(kvmem_engine *e);
 const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
+/* on: the view holds fp8 KV. Each new token's raw K and V are rounded
+ * through e4m3 with their row scales (kvmem_fp8_roundtrip_rows) before K
+ * is rotated and both are stored and attended to; the raw rows handed
+ * back in kvmem_fwd_out stay unquantised (the index is built from them,
+ * the page source quantises them into the same bytes). */
+void kvmem_engine_set_kv_fp8(kvmem_engine *e, int on);
 
 /*
  * Run n (<= max_chunk) tokens through the model. They take slots

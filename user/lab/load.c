@@ -37,10 +37,11 @@ static int load_page(void *arg, uint64_t id, const void *data)
 {
 	struct load_arg *a = arg;
 	kvmem_lab *lab = a->lab;
-	kvmem_page pg = { .k = data, .dtype = a->dtype, .mem = KVMEM_MEM_HOST };
-	const float *k = kvmem_page_f32(&pg, 0, (size_t)lab->Hkv * a->B * lab->D, a->scratch);
+	kvmem_page pg;
+	const float *k;
 
-	if (!k)
+	kvmem_page_at(&pg, data, a->dtype, lab->Hkv, (int)a->B, lab->D);	/* fp8: its scales */
+	if (!(k = kvmem_page_f32(&pg, 0, (size_t)lab->Hkv * a->B * lab->D, a->scratch)))
 		return kvmem_fail();
 	scatter(lab, (int64_t)(id / lab->L), (int)(id % lab->L), (int)a->B, (int)a->B, k);
 	return 0;
@@ -104,10 +105,11 @@ int lab_load(kvmem_lab *lab, const char *dir)
 		if ((rc = kvmem_pager_read_tail(p, tail, NULL)) < 0)
 			goto out;
 		for (int l = 0; l < lab->L; l++) {
-			kvmem_page pg = { .k = tail[l], .dtype = a.dtype, .mem = KVMEM_MEM_HOST };
-			const float *k = kvmem_page_f32(&pg, 0, (size_t)lab->Hkv * a.B * lab->D, a.scratch);
+			kvmem_page pg;
+			const float *k;
 
-			if (!k) {
+			kvmem_page_at(&pg, tail[l], a.dtype, lab->Hkv, (int)a.B, lab->D);
+			if (!(k = kvmem_page_f32(&pg, 0, (size_t)lab->Hkv * a.B * lab->D, a.scratch))) {
 				rc = kvmem_fail();
 				goto out;
 			}

@@ -12,6 +12,7 @@
 #include "kvmem/lab.h"
 #include "kvmem/store.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_fp8.h"
 
 /* Page (b, l) of src, tokens 0..len-1, into dst in the geometry's dtype:
  * K [Hkv][B][D] then V. */
@@ -32,6 +33,13 @@ static int copy_page(const kvmem_page_source *src, const kvmem_page_geom *g, int
 	src->ops->put(src->ctx, b, l);
 	if (rc)
 		return kvmem_error_prefix("reading block %lld layer %d", (long long)b, l);
+	if (g->dtype == KVMEM_DTYPE_FP8) {
+		/* the page's rows (K, then V) quantised, their scales after them */
+		for (size_t r = 0; r < 2 * H * B; r++)
+			kvmem_fp8_quant_row((uint8_t *)dst + r * D, (float *)((char *)dst + 2 * half) + r,
+					    f32 + r * D, (int)D);
+		return 0;
+	}
 	for (size_t i = 0; i < 2 * half; i++) {
 		if (g->dtype == KVMEM_DTYPE_F32)
 			((float *)dst)[i] = f32[i];

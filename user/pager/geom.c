@@ -11,6 +11,7 @@ size_t kvmem_dtype_bytes(uint32_t dtype)
 	case KVMEM_DTYPE_F32: return 4;
 	case KVMEM_DTYPE_BF16: return 2;
 	case KVMEM_DTYPE_F16: return 2;
+	case KVMEM_DTYPE_FP8: return 1;
 	}
 	return 0;
 }
@@ -21,14 +22,18 @@ const char *kvmem_dtype_name(uint32_t dtype)
 	case KVMEM_DTYPE_F32: return "f32";
 	case KVMEM_DTYPE_BF16: return "bf16";
 	case KVMEM_DTYPE_F16: return "f16";
+	case KVMEM_DTYPE_FP8: return "fp8";
 	}
 	return "?";
 }
 
 size_t kvmem_page_bytes(const kvmem_page_geom *g)
 {
-	return 2 * (size_t)g->n_kv_heads * g->block_tokens * g->head_dim *
-	       kvmem_dtype_bytes(g->dtype);
+	const size_t rows = (size_t)g->n_kv_heads * g->block_tokens;
+
+	/* fp8: the K and V bytes, then a 4-byte scale per row of each */
+	return 2 * rows * g->head_dim * kvmem_dtype_bytes(g->dtype) +
+	       (g->dtype == KVMEM_DTYPE_FP8 ? 2 * rows * sizeof(float) : 0);
 }
 
 size_t kvmem_page_stride(const kvmem_page_geom *g)

@@ -4,7 +4,42 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_fp8.h"
+#include "kvmem/kvmem.h"
 #include "kvmem/source.h"
+
+/* Elements off..off+n-1 of an fp8 page's K (or V), dequantised (exact). */
+static int fp8_copy(const kvmem_page *pg, int is_v, size_t off, size_t n, float *dst)
+{
+	const uint8_t *q = (const uint8_t *)(is_v ? pg->v : pg->k);
+	const float *sc = is_v ? pg->v_scale : pg->k_scale;
+	const size_t run = pg->scale_run;
+
+	if (!sc || !run)
+		return kvmem_error(EINVAL, "page source: an fp8 page without its scales");
+	for (size_t i = off; i < off + n; i++)
+		dst[i - off] = kvmem_e4m3_to_f32(q[i]) * sc[i / run];
+	return 0;
+}
+
+void kvmem_page_at(kvmem_page *pg, const void *base, uint32_t dtype, int n_kv_heads, int block,
+		   int head_dim)
+{
+	const size_t rows = (size_t)n_kv_heads * block, half = rows * head_dim *
+							     kvmem_dtype_bytes(dtype);
+
+	pg->k = base;
+	pg->v = (const char *)base + half;
+	pg->dtype = dtype;
+	pg->mem = KVMEM_MEM_HOST;
+	pg->k_scale = pg->v_scale = NULL;
+	pg->scale_run = 0;
+	if (dtype == KVMEM_DTYPE_FP8) {
+		pg->k_scale = (const float *)((const char *)base + 2 * half);
+		pg->v_scale = pg->k_scale + rows;
+		pg->scale_run = (uint32_t)head_dim;
+	}
+}
 
 const float *kvmem_page_f32(const kvmem_page *pg, int is_v, size_t n, float *scratch)
 {
@@ -23,6 +58,8 @@ const float *kvmem_page_f32(const kvmem_page *pg, int is_v, size_t n, float *scr
 	case KVMEM_DTYPE_F16:
 		kvmem_f16_to_f32_n(scratch, p, n);
 		return scratch;
+	case KVMEM_DTYPE_FP8:
+		return fp8_copy(pg, is_v, 0, n, scratch) ? NULL : scratch;
 	}
 	kvmem_error(EINVAL, "page source: unknown page dtype %u", pg->dtype);
 	return NULL;
@@ -44,6 +81,8 @@ int kvmem_page_copy_f32(const kvmem_page *pg, int is_v, size_t off, size_t n, fl
 	case KVMEM_DTYPE_F16:
 		kvmem_f16_to_f32_n(dst, (const uint16_t *)p + off, n);
 		return 0;
+	case KVMEM_DTYPE_FP8:
+		return fp8_copy(pg, is_v, off, n, dst);
 	}
 	return kvmem_error(EINVAL, "page source: unknown page dtype %u", pg->dtype);
 }

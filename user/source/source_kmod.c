@@ -273,6 +273,9 @@ int kvmem_page_source_kmod(kvmem_page_source *src, kvmem_pager *p, const kvmem_k
 
 	if ((rc = kvmem_kmod_probe(o ? o->dev : NULL)) < 0)
 		return kvmem_error_prefix("%s: the kmod page source", kvmem_pager_dir(p));
+	if (g->dtype == KVMEM_DTYPE_FP8)	/* its pages would need their scales */
+		return kvmem_error(ENOTSUP, "%s: the kmod page source reads f32, bf16 and f16 pages, "
+				   "not fp8", kvmem_pager_dir(p));
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return kvmem_error(ENOMEM, "%s: out of memory", kvmem_pager_dir(p));

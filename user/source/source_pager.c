@@ -10,14 +10,17 @@
  * Pages are kept in the workspace's dtype: f32 (what the CPU engine
  * writes), or bf16 / f16 (a GPU's: the rows a forward pass returns as fp32
  * are rounded once here, on the way in, so nothing is converted on the way
- * out to the GPU). The host pool is the source's region: a backend pins it
- * once and reads pages where the pager put them.
+ * out to the GPU), or fp8 (e4m3 with a scale per token and KV head: each
+ * row quantised once, here, from the forward pass's rows; the index was
+ * built from those rows before). The host pool is the source's region: a
+ * backend pins it once and reads pages where the pager put them.
  */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
 #include "kvmem/source.h"
@@ -33,10 +36,11 @@ struct psrc {
 	int L, H, D, B;
 	size_t pf;		/* elements in one K (or V) page: H * B * D */
 	size_t es;		/* bytes of one element in the workspace's dtype */
+	size_t pb;		/* bytes of one page (fp8: with its scales) */
 	int64_t first;		/* first open block: every block before it is staged out */
 	int n_open;
 	size_t cap_open;
-	char **open;		/* [n_open] -> [L][2][H][B][D] in the dtype */
+	char **open;		/* [n_open] -> [L] pages of pb bytes */
 	int **fill;		/* [n_open] -> [L] tokens written */
 	/* Buffers of blocks staged out, kept for the next open blocks: a
 	 * prefill chunk opens 32 blocks of 4.7 MB at Qwen3-8B, and fresh
@@ -67,7 +71,7 @@ static int open_block(struct psrc *s, int64_t b, char **pages, int **fill)
 		/* A spare holds an older block's bytes past what is written:
 		 * unspecified, as a page's tokens past its length are. */
 		s->open[i] = s->n_spare ? s->spare[--s->n_spare] :
-					 calloc((size_t)s->L * 2 * s->pf, s->es);
+					 calloc((size_t)s->L, s->pb);
 		s->fill[i] = calloc(s->L, sizeof(int));
 		if (!s->open[i] || !s->fill[i])
 			return kvmem_error(ENOMEM, "%s: out of memory for block %" PRId64, s->dir, b);
@@ -91,7 +95,7 @@ static int flush_full(struct psrc *s)
 			if (fill[l] < s->B)
 				return 0;
 		for (int l = 0; l < s->L; l++)
-			layers[l] = pages + (size_t)l * 2 * s->pf * s->es;
+			layers[l] = pages + (size_t)l * s->pb;
 		if (kvmem_pager_append_block(s->p, s->first, layers, NULL) < 0)
 			return kvmem_fail();
 		if (s->n_spare < SPARE_MAX)
@@ -146,6 +150,28 @@ static void put_typed(const struct psrc *s, char *dst, const void *src, uint32_t
 	}
 }
 
+/* Row (h, t) of K (or V) of the page at pg from n values of dtype `from`:
+ * fp8 quantises it (kernels/kernels_fp8.h) and stores its scale. */
+static void put_at(const struct psrc *s, char *pg, int is_v, int h, int t, const void *src,
+		   uint32_t from)
+{
+	const size_t row = (size_t)h * s->B + t;
+	char *dst = pg + (is_v ? s->pf * s->es : 0) + row * s->D * s->es;
+	float wide[1024];	/* head_dim <= 1024 (config.json's bound) */
+	float *scale;
+
+	if (s->g->dtype != KVMEM_DTYPE_FP8) {
+		put_typed(s, dst, src, from, s->D);
+		return;
+	}
+	if (from == KVMEM_DTYPE_BF16) {
+		kvmem_bf16_to_f32_n(wide, src, (size_t)s->D);
+		src = wide;
+	}
+	scale = (float *)(pg + 2 * s->pf) + (is_v ? (size_t)s->H * s->B : 0) + row;
+	kvmem_fp8_quant_row((uint8_t *)dst, scale, src, s->D);
+}
+
 /*
  * A forward pass's rows whole: every layer's tokens p0..p0+n-1. The open
  * blocks are made first (on this thread), then the layers are copied on
@@ -195,16 +221,14 @@ static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void
 		for (int j = 0; j < n; j++) {
 			const int64_t p = p0 + j;
 			const int t = (int)(p % s->B);
-			char *blk = pages[p / s->B - b0] + (size_t)l * 2 * s->pf * s->es;
+			char *blk = pages[p / s->B - b0] + (size_t)l * s->pb;
 			const size_t row = ((size_t)l * n + j) * kw;
 
 			for (int h = 0; h < s->H; h++) {
-				char *pk = blk + ((size_t)h * s->B + t) * s->D * s->es;
-
-				put_typed(s, pk, (const char *)k + (row + (size_t)h * s->D) * es_in, dtype,
-					  s->D);
-				put_typed(s, pk + s->pf * s->es,
-					  (const char *)v + (row + (size_t)h * s->D) * es_in, dtype, s->D);
+				put_at(s, blk, 0, h, t, (const char *)k + (row + (size_t)h * s->D) * es_in,
+				       dtype);
+				put_at(s, blk, 1, h, t, (const char *)v + (row + (size_t)h * s->D) * es_in,
+				       dtype);
 			}
 		}
 	for (int64_t i = 0; i < nb; i++) {
@@ -235,15 +259,13 @@ static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 	if (t0 != fill[layer])
 		return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d written at token %d, %d are there: "
 				 "tokens must come in order", s->dir, b, layer, t0, fill[layer]);
-	for (int h = 0; h < s->H; h++) {
-		char *pk = pages + ((size_t)layer * 2 * s->pf + ((size_t)h * s->B + t0) * s->D) * s->es;
-		char *pv = pk + s->pf * s->es;
-
+	for (int h = 0; h < s->H; h++)
 		for (int j = 0; j < n; j++) {
-			put_row(s, pk + (size_t)j * s->D * s->es, k + ((size_t)j * s->H + h) * s->D, s->D);
-			put_row(s, pv + (size_t)j * s->D * s->es, v + ((size_t)j * s->H + h) * s->D, s->D);
+			char *pg = pages + (size_t)layer * s->pb;
+
+			put_at(s, pg, 0, h, t0 + j, k + ((size_t)j * s->H + h) * s->D, KVMEM_DTYPE_F32);
+			put_at(s, pg, 1, h, t0 + j, v + ((size_t)j * s->H + h) * s->D, KVMEM_DTYPE_F32);
 		}
-	}
 	fill[layer] = t0 + n;
 	return flush_full(s);
 }
@@ -261,19 +283,14 @@ static int ps_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 		if (b - s->first >= s->n_open || !s->open[b - s->first])
 			return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d was never written", s->dir,
 					 b, layer);
-		pg->k = s->open[b - s->first] + (size_t)layer * 2 * s->pf * s->es;
-		pg->v = (const char *)pg->k + s->pf * s->es;
-		pg->dtype = s->g->dtype;
-		pg->mem = KVMEM_MEM_HOST;
+		kvmem_page_at(pg, s->open[b - s->first] + (size_t)layer * s->pb, s->g->dtype, s->H,
+			      s->B, s->D);
 		return 0;
 	}
 	id = kvmem_page_id(s->g, b, layer);
 	if (kvmem_pager_fetch(s->p, &id, 1, &data) < 0)
 		return kvmem_fail();
-	pg->k = data;
-	pg->v = (const char *)data + s->pf * s->es;
-	pg->dtype = s->g->dtype;
-	pg->mem = KVMEM_MEM_HOST;
+	kvmem_page_at(pg, data, s->g->dtype, s->H, s->B, s->D);
 	return 0;
 }
 
@@ -359,9 +376,9 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 	int tail;
 
 	if (g->dtype != KVMEM_DTYPE_F32 && g->dtype != KVMEM_DTYPE_BF16 &&
-	    g->dtype != KVMEM_DTYPE_F16)
-		return kvmem_error(EINVAL, "%s: the session's page source takes f32, bf16 or f16 pages, "
-				 "the workspace has dtype %u", dir, g->dtype);
+	    g->dtype != KVMEM_DTYPE_F16 && g->dtype != KVMEM_DTYPE_FP8)
+		return kvmem_error(EINVAL, "%s: the session's page source takes f32, bf16, f16 or fp8 "
+				 "pages, the workspace has dtype %u", dir, g->dtype);
 	if (g->n_layers > 4096)
 		return kvmem_error(EINVAL, "%s: too many layers (%u)", dir, g->n_layers);
 	s = calloc(1, sizeof(*s));
@@ -375,7 +392,8 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 	s->D = g->head_dim;
 	s->B = g->block_tokens;
 	s->pf = (size_t)s->H * s->B * s->D;
-	s->es = g->dtype == KVMEM_DTYPE_F32 ? 4 : 2;
+	s->es = kvmem_dtype_bytes(g->dtype);
+	s->pb = kvmem_page_bytes(g);
 	s->first = kvmem_pager_blocks(p);
 	tail = (int)(kvmem_pager_tokens(p) % s->B);
 	if (tail) {
@@ -388,7 +406,7 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 			return kvmem_fail();
 		}
 		for (int l = 0; l < s->L; l++) {
-			layers[l] = pages + (size_t)l * 2 * s->pf * s->es;
+			layers[l] = pages + (size_t)l * s->pb;
 			fill[l] = tail;
 		}
 		if (kvmem_pager_read_tail(p, layers, NULL) != tail) {
@@ -428,7 +446,7 @@ static int ps_commit(void *ctx, const int32_t *ids, int64_t n, const void *app, 
 				return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens: layer %d of the "
 						 "partial block holds %d", s->dir, n, l,
 						 s->fill[0][l]);
-			layers[l] = s->open[0] + (size_t)l * 2 * s->pf * s->es;
+			layers[l] = s->open[0] + (size_t)l * s->pb;
 		}
 	}
 	if (n > (int64_t)have && kvmem_pager_append_tokens(s->p, ids + have, n - have) < 0)

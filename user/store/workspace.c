@@ -65,22 +65,41 @@ int kvmem_workspace_open(const char *dir, const kvmem_model *m, const kvmem_work
 		po.stage_bytes = o->stage_bytes;
 	kvmem_page_geom_model(&g, m, o->block ? o->block : KVMEM_BLOCK_DEFAULT);
 	if (o->dtype && o->dtype != KVMEM_DTYPE_F32 && o->dtype != KVMEM_DTYPE_BF16 &&
-	    o->dtype != KVMEM_DTYPE_F16) {
+	    o->dtype != KVMEM_DTYPE_F16 && o->dtype != KVMEM_DTYPE_FP8) {
 		free(w);
 		return kvmem_error(EINVAL, "%s: page dtype %u", dir, o->dtype);
+	}
+	if (o->dtype == KVMEM_DTYPE_FP8 && o->pager && !strcmp(o->pager, "kmod")) {
+		free(w);
+		return kvmem_error(ENOTSUP, "%s: pager 'kmod' reads f32, bf16 and f16 pages; an fp8 "
+				   "workspace is read back by 'uring'", dir);
 	}
 	if (o->dtype)
 		g.dtype = o->dtype;
 	{
 		/* An existing workspace keeps the dtype it was written in (one
 		 * format: f32 from the CPU, bf16 from a GPU, both open on both);
-		 * everything else must match as before. */
+		 * everything else must match as before. fp8 is another
+		 * computation (attention reads the quantised K/V), fixed when
+		 * the workspace is made: opening one as the other is refused,
+		 * like another model's. */
 		kvmem_workspace_info wi;
 
-		if (kvmem_workspace_info_read(dir, &wi) == 0 &&
-		    (wi.geom.dtype == KVMEM_DTYPE_F32 || wi.geom.dtype == KVMEM_DTYPE_BF16 ||
-		     wi.geom.dtype == KVMEM_DTYPE_F16))
-			g.dtype = wi.geom.dtype;
+		if (kvmem_workspace_info_read(dir, &wi) == 0) {
+			const int have = wi.geom.dtype == KVMEM_DTYPE_FP8;
+
+			if (have != (g.dtype == KVMEM_DTYPE_FP8)) {
+				free(w);
+				return kvmem_error(ESTALE, "%s: the workspace's KV is %s, this open asks "
+						   "for %s; the KV dtype is fixed when a workspace is "
+						   "created (--kv-dtype): refusing to open it", dir,
+						   have ? "fp8" : kvmem_dtype_name(wi.geom.dtype),
+						   have ? kvmem_dtype_name(g.dtype) : "fp8");
+			}
+			if (wi.geom.dtype == KVMEM_DTYPE_F32 || wi.geom.dtype == KVMEM_DTYPE_BF16 ||
+			    wi.geom.dtype == KVMEM_DTYPE_F16)
+				g.dtype = wi.geom.dtype;
+		}
 	}
 	if ((rc = kvmem_pager_open(dir, &g, &po, &w->p)) < 0) {
 		free(w);

@@ -68,6 +68,10 @@ static void usage(FILE *f)
 		   "                 (default 64k,128k,256k,1M,2M)\n"
 		   "  --batch N      pages per fetch in the page-in test, 1..4096 (default 64)\n"
 		   "  --rounds N     rounds per figure, 1..16; the median is shown (default 3)\n"
+		   "  --dtype T      page dtype: f32 (default), bf16 or fp8; a page of SIZE is\n"
+		   "                 SIZE / (2 x 32 x 128 x element bytes) KV heads, so 128k of\n"
+		   "                 bf16 and 64k of fp8 are both Qwen3-8B's page (fp8 adds its\n"
+		   "                 scales: 67584 bytes)\n"
 		   "  --help         this text\n"
 		   "Sizes take k, M, G, T (powers of 1024: 512M = 536870912 bytes).\n\n"
 		   "Targets: page-in >= 0.9 of sequential read for pages of 128 KiB and more;\n"
@@ -204,18 +208,21 @@ static double median(double *v, int n)
 }
 
 /* ---- pager throughput ------------------------------------------------------- */
+/* The page dtype of every workspace made here (--dtype). */
+static uint32_t g_dtype = KVMEM_DTYPE_F32;
+
 static kvmem_page_geom bench_geom(uint64_t page)
 {
-	/* fp32 pages: 2 * Hkv * B * D * 4 bytes with B = 32, D = 128. */
+	/* 2 * Hkv * B * D * e bytes with B = 32, D = 128 (fp8: and its scales). */
 	kvmem_page_geom g = {
 		.fingerprint = 0x6b766d656d62656eull,
 		.n_layers = BENCH_LAYERS,
 		.head_dim = 128,
 		.block_tokens = 32,
-		.dtype = KVMEM_DTYPE_F32,
+		.dtype = g_dtype,
 	};
 
-	g.n_kv_heads = page / (2 * 32 * 128 * 4);
+	g.n_kv_heads = page / (2 * 32 * 128 * kvmem_dtype_bytes(g_dtype));
 	g.n_heads = g.n_kv_heads;
 	return g;
 }
@@ -598,6 +605,7 @@ int bench_pager(int argc, char **argv)
 		{ "rounds", required_argument, NULL, 'r' }, { "help", no_argument, NULL, 'h' },
 		{ "store", required_argument, NULL, 'S' }, { "ceph-conf", required_argument, NULL, 'c' },
 		{ "rados-seconds", required_argument, NULL, 'R' },
+		{ "dtype", required_argument, NULL, 'D' },
 		{ 0 },
 	};
 	const char *store = NULL;
@@ -629,6 +637,15 @@ int bench_pager(int argc, char **argv)
 		case 'r': bad = cli_parse_int(w, cli_optname, optarg, 1, 16, &rounds); break;
 		case 'R': bad = cli_parse_int(w, cli_optname, optarg, 1, 600, &secs); break;
 		case 'c': cli_ceph_conf(optarg); break;
+		case 'D':
+			g_dtype = !strcmp(optarg, "f32") ? KVMEM_DTYPE_F32 :
+				  !strcmp(optarg, "bf16") ? KVMEM_DTYPE_BF16 :
+				  !strcmp(optarg, "fp8") ? KVMEM_DTYPE_FP8 : 0;
+			if (!g_dtype) {
+				fprintf(stderr, "%s: --dtype wants f32, bf16 or fp8, not '%s'\n", w, optarg);
+				return EXIT_USAGE;
+			}
+			break;
 		case 'S':
 			if (strncmp(optarg, "rados://", 8) || !optarg[8] || strchr(optarg + 8, '/')) {
 				fprintf(stderr, "%s: --store wants rados://POOL, not '%s'\n", w, optarg);
@@ -657,6 +674,13 @@ int bench_pager(int argc, char **argv)
 			if (pages[n_pages] % (2 * 32 * 128 * 4)) {
 				fprintf(stderr, "%s: page size %s is not a multiple of 32 KiB\n", w, tok);
 				return EXIT_USAGE;
+			}
+			/* The bytes a page of that many KV heads really takes (fp8:
+			 * the scales too); bench_geom gives them the same heads. */
+			{
+				kvmem_page_geom g = bench_geom(pages[n_pages]);
+
+				pages[n_pages] = kvmem_page_bytes(&g);
 			}
 			n_pages++;
 		}
@@ -693,8 +717,8 @@ int bench_pager(int argc, char **argv)
 
 		print_machine(realpath(dir, real) ? real : dir);
 	}
-	printf("command: kvmem bench pager --size %" PRIu64 "M --pages %s --batch %d --rounds %d\n",
-	       size >> 20, pages_arg, batch, rounds);
+	printf("command: kvmem bench pager --size %" PRIu64 "M --pages %s --batch %d --rounds %d "
+	       "--dtype %s\n", size >> 20, pages_arg, batch, rounds, kvmem_dtype_name(g_dtype));
 
 	printf("\nEach figure is the median of %d rounds; a round runs, back to back, an O_DIRECT\n"
 	       "sequential write of a new file (%u KiB requests, %d in flight), the stage-out,\n"

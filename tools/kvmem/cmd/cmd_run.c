@@ -54,6 +54,10 @@ static void usage(FILE *f)
 		"                      when this kvmem has it and a GPU is there, else cpu)\n"
 		"  --gpu-mem SIZE      device memory the backend may take: weights, view,\n"
 		"                      device page pool, staging (default: no cap)\n"
+		"  --kv-dtype T        the KV attention reads: bf16 (default: the backend's\n"
+		"                      own, fp32 on cpu) or fp8 (e4m3 with a scale per token\n"
+		"                      and KV head; cpu backend so far); a workspace keeps\n"
+		"                      the one it was created with and refuses the other\n"
 		"  --tp N              tensor parallel over N GPUs, the model split by KV\n"
 		"                      heads (default: off); 1 runs the split code on one\n"
 		"                      device (bit-exact on cpu); N > 1 is refused until the\n"
@@ -125,7 +129,7 @@ enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
 	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED, O_GPUMEM,
-	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF, O_TP,
+	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF, O_KVDTYPE, O_TP,
 };
 
 static const struct option opts[] = {
@@ -161,6 +165,7 @@ static const struct option opts[] = {
 	{ "top-p", required_argument, NULL, O_TOPP },
 	{ "sample-seed", required_argument, NULL, O_SSEED },
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
+	{ "kv-dtype", required_argument, NULL, O_KVDTYPE },
 	{ "tp", required_argument, NULL, O_TP },
 	{ "help", no_argument, NULL, 'h' },
 	{ 0 },
@@ -209,6 +214,13 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 			"module), not '%s'\n", w, name, v);
 		return -1;
 	case O_BACKEND: o->backend = v; return 0;
+	case O_KVDTYPE:
+		if (!strcmp(v, "bf16") || !strcmp(v, "fp8")) {
+			o->kv_dtype = strcmp(v, "fp8") ? 0 : KVMEM_DTYPE_FP8;
+			return 0;
+		}
+		fprintf(stderr, "%s: %s wants bf16 or fp8, not '%s'\n", w, name, v);
+		return -1;
 	case O_JSON: o->json = 1; return 0;
 	case O_CHECK: o->check_exact = 1; return 0;
 	case O_RANDOM: return cli_parse_count(w, name, v, 1, MAX_TOKENS, &o->random_n);
@@ -403,7 +415,7 @@ static int run_plain(const struct run_opts *o)
 			total, c->max_position);
 	if (kvmem_backend_open(o->backend, m,
 			       &(kvmem_backend_opts){ .max_chunk = chunk, .mem_cap = o->gpu_mem,
-						     .tp = o->tp }, &e) < 0 ||
+						      .kv_dtype = o->kv_dtype, .tp = o->tp }, &e) < 0 ||
 	    kvmem_backend_view_new(e, total, &v) < 0)
 		goto out;
 	buf = malloc(sizeof(float) * c->vocab * (o->logits ? chunk : 1));

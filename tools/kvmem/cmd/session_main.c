@@ -302,7 +302,7 @@ int session_main(const struct run_opts *opts)
 	if (kvmem_model_load(o.model, &m) ||
 	    kvmem_backend_open(o.backend, m, &(kvmem_backend_opts){ .max_chunk = (int)o.chunk,
 								     .mem_cap = o.gpu_mem,
-								     .tp = o.tp }, &e) < 0)
+								     .kv_dtype = o.kv_dtype, .tp = o.tp }, &e) < 0)
 		goto err;
 	/* A GPU's workspace keeps bf16 pages (what its view holds: nothing is
 	 * converted on the way back); the CPU engine's f32. */
@@ -326,7 +326,8 @@ int session_main(const struct run_opts *opts)
 			.block = so.block ? so.block : KVMEM_BLOCK_DEFAULT,
 			.host_cap = o.host_cap,
 			.cache_policy = o.cache_policy,
-			.dtype = strcmp(kvmem_backend_name(e), "cpu") ? KVMEM_DTYPE_BF16 : 0,
+			.dtype = o.kv_dtype ? o.kv_dtype :
+				 strcmp(kvmem_backend_name(e), "cpu") ? KVMEM_DTYPE_BF16 : 0,
 			.pager = o.pager,
 		};
 

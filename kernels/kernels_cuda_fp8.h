@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fp8 KV on the GPU (kernels/cuda/fp8.cu): the CUDA versions of the twins
+ * in kernels/kernels_fp8.h, with a kvmem_cuda_ctx first and device
+ * pointers. tests/gpu/check_fp8.c compares each with its twin (quantising
+ * and dequantising bit for bit; attention within Documentation/kernels.md's
+ * tolerance) and times them.
+ */
+#ifndef KVMEM_KERNELS_CUDA_FP8_H
+#define KVMEM_KERNELS_CUDA_FP8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* kvmem_fp8_quant_rows: one warp a row; n <= 1024. */
+int kvmem_cuda_fp8_quant_rows(kvmem_cuda_ctx *c, uint8_t *q, float *scale, const void *x,
+			      int x_dtype, size_t rows, int n);
+/* kvmem_fp8_dequant_rows_bf16. */
+int kvmem_cuda_fp8_dequant_rows_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint8_t *q,
+				     const float *scale, size_t rows, int n);
+/*
+ * kvmem_decode_kv_bf16: split-K flash decoding (tiles of 32 keys a warp:
+ * each lane scores one key, the warp then sums the tile's V), K and V read
+ * as bf16 or as e4m3 bytes dequantised in registers; head_dim 64 or 128,
+ * n_heads / n_kv_heads 1, 2, 4 or 8 (-ENOTSUP otherwise). Partial sums in
+ * the context's scratch.
+ */
+int kvmem_cuda_decode_kv_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+			      const void *k, const void *v, const float *k_scale,
+			      const float *v_scale, int kv_dtype, int n_kv, size_t kv_stride,
+			      int n_heads, int n_kv_heads, int head_dim, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fp8 KV: the e4m3 number format and its scales, CPU twins of
+ * kernels/cuda/fp8.cu (kvmem_cuda_fp8_*).
+ *
+ * e4m3 ("fn", as Hopper's cvt and OCP's FP8 spell it): 1 sign bit, 4
+ * exponent bits (bias 7), 3 mantissa bits; no infinity; 0x7f / 0xff are
+ * NaN; the largest finite value is 448, the smallest normal 2^-6, the
+ * subnormals m * 2^-9 (m = 1..7). Conversion from fp32 rounds to nearest
+ * even and saturates: anything finite or infinite beyond 448 becomes +-448
+ * (".satfinite"), a NaN becomes 0x7f (either sign).
+ *
+ * Scales: one per row of head_dim values (one token in one KV head), a
+ * power of two 2^e, the smallest that brings the row's largest finite
+ * magnitude to at most 448 (so it lands in (224, 448]), clamped to
+ * [2^-126, 2^120]; 1 for a row of zeros. Per row and not per block: a
+ * token's bytes are fixed the moment it is computed, whatever comes after
+ * it in its block, so a forward pass can attend to fp8 K/V it has just
+ * written, a decode step never rewrites an earlier token, and a chunked
+ * prefill gives the bytes of a token-by-token one (a per-block scale would
+ * change with the block's later tokens). A power of two makes x / scale
+ * and q * scale exact: the CPU and the GPU agree bit for bit, and
+ * dequantising never rounds. The cost is 4 bytes per 128-byte row (3%).
+ *
+ * An fp8 page (Documentation/formats.md): K bytes [H][B][D], V bytes
+ * [H][B][D], K scales [H][B] then V scales [H][B] as fp32.
+ */
+#ifndef KVMEM_KERNELS_FP8_H
+#define KVMEM_KERNELS_FP8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVMEM_E4M3_MAX 448.0f
+#define KVMEM_E4M3_NAN 0x7f
+
+float kvmem_e4m3_to_f32(uint8_t q);
+uint8_t kvmem_f32_to_e4m3(float x);	/* nearest even, saturating, NaN kept */
+
+/* The scale of a row of n values (a power of two; see above). */
+float kvmem_fp8_row_scale(const float *x, int n);
+/* q[i] = e4m3(x[i] / scale), *scale the row's: one row of n values. */
+void kvmem_fp8_quant_row(uint8_t *q, float *scale, const float *x, int n);
+/* x[i] = q[i] * scale (exact). */
+void kvmem_fp8_dequant_row(float *x, const uint8_t *q, float scale, int n);
+/* rows rows of n values each, in place: what quantising and dequantising
+ * them gives (the values an fp8 view holds), the same bits as the two
+ * calls above. */
+void kvmem_fp8_roundtrip_rows(float *x, size_t rows, int n);
+
+/* ---- twins of kernels/cuda/fp8.cu (kernels/kernels_cuda_fp8.h) ---------- */
+/* rows rows of n values of x (x_dtype KVMEM_DTYPE_F32, or _BF16: a GPU's
+ * rows, widened exactly) to q[rows][n] and scale[rows]. -EINVAL on another
+ * dtype. */
+int kvmem_fp8_quant_rows(uint8_t *q, float *scale, const void *x, int x_dtype, size_t rows,
+			 int n);
+/* out[r][i] = bf16(q[r][i] * scale[r]): the value exact in fp32, one
+ * rounding (none unless it falls below bf16's normal range). */
+void kvmem_fp8_dequant_rows_bf16(uint16_t *out, const uint8_t *q, const float *scale,
+				 size_t rows, int n);
+/*
+ * Decode attention of one token over every key of a view layer whose K and
+ * V are bf16 (kv_dtype KVMEM_DTYPE_BF16) or fp8 (KVMEM_DTYPE_FP8, with
+ * their row scales k_scale / v_scale [n_kv_heads][kv_stride]):
+ *   q    [n_heads][head_dim] bf16 (rotated), out the same shape, bf16
+ *   k, v [n_kv_heads][kv_stride][head_dim], keys 0..n_kv-1 all visible
+ * The twin widens (dequantises) K and V to fp32 and calls kvmem_attention,
+ * then rounds to bf16. -EINVAL on bad sizes or dtype.
+ */
+int kvmem_decode_kv_bf16(uint16_t *out, const uint16_t *q, const void *k, const void *v,
+			 const float *k_scale, const float *v_scale, int kv_dtype, int n_kv,
+			 size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,340 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The e4m3 format and its row scales (kernels/cpu/fp8.c) against naive
+ * double references on fresh random inputs (the seed is printed;
+ * KVMEM_TEST_SEED replays it):
+ *  - every one of the 256 codes decodes to the value its bits spell;
+ *  - encoding picks the nearest finite value, ties to the even code, over
+ *    random values in every binade, at exact midpoints, and in the
+ *    subnormal range; saturation at 448 (infinity too); NaN -> 0x7f;
+ *  - a row's scale is a power of two that brings its largest finite
+ *    magnitude into (224, 448];
+ *  - the round trip errs by at most half a step: 2^-4 |x| for normal
+ *    values, 2^-10 scale below them; and a second round trip changes
+ *    nothing;
+ *  - the GPU kernels' twins: quantising bf16 rows is quantising their
+ *    fp32 widening; gathering an fp8 page into a bf16 view, and decode
+ *    attention over fp8 K/V, give the bits of the same over the bf16 page
+ *    of the dequantised values (which bf16 holds exactly).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"
+#include "kernels/kernels_fp8.h"
+#include "kvmem/kvmem.h"
+#include "helpers/test_model.h"
+
+static uint64_t g_seed;
+
+/* The value of a finite code from its fields, in double. */
+static double ref_decode(int c)
+{
+	int e = (c >> 3) & 15, m = c & 7;
+	double a = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+
+	return (c & 0x80) ? -a : a;
+}
+
+/* Nearest finite non-negative code to a >= 0, ties to the even code. */
+static int ref_encode_abs(double a)
+{
+	int best = 0;
+	double bd = INFINITY;
+
+	for (int c = 0; c <= 0x7e; c++) {
+		double d = fabs(ref_decode(c) - a);
+
+		if (d < bd || (d == bd && !(c & 1))) {
+			best = c;
+			bd = d;
+		}
+	}
+	return best;
+}
+
+static void test_decode_every_code(void **state)
+{
+	for (int c = 0; c < 256; c++) {
+		float f = kvmem_e4m3_to_f32((uint8_t)c);
+
+		if ((c & 0x7f) == 0x7f) {
+			assert_true(isnan(f));
+			continue;
+		}
+		assert_true((double)f == ref_decode(c));
+		assert_int_equal(!!signbit(f), c >> 7);
+		if (c & 0x7f)	/* positive codes increase with their value */
+			assert_true(fabsf(kvmem_e4m3_to_f32((uint8_t)(c - 1))) < fabsf(f));
+	}
+	assert_true(kvmem_e4m3_to_f32(0x7e) == 448.0f);
+	assert_true(kvmem_e4m3_to_f32(0x08) == 0x1p-6f);
+	assert_true(kvmem_e4m3_to_f32(0x01) == 0x1p-9f);
+}
+
+static void test_encode_codes_and_midpoints(void **state)
+{
+	/* Every finite code round-trips; the midpoint between two codes goes
+	 * to the even one, and a hair either side to the nearer. */
+	for (int c = 0; c < 256; c++) {
+		if ((c & 0x7f) == 0x7f)
+			continue;
+		assert_int_equal(kvmem_f32_to_e4m3(kvmem_e4m3_to_f32((uint8_t)c)), c);
+	}
+	for (int c = 0; c < 0x7e; c++) {
+		float lo = kvmem_e4m3_to_f32((uint8_t)c), hi = kvmem_e4m3_to_f32((uint8_t)(c + 1));
+		float mid = (lo + hi) / 2;	/* exact: both are short binary fractions */
+
+		assert_int_equal(kvmem_f32_to_e4m3(mid), (c & 1) ? c + 1 : c);
+		assert_int_equal(kvmem_f32_to_e4m3(nextafterf(mid, 0)), c);
+		assert_int_equal(kvmem_f32_to_e4m3(nextafterf(mid, INFINITY)), c + 1);
+		assert_int_equal(kvmem_f32_to_e4m3(-mid), 0x80 | ((c & 1) ? c + 1 : c));
+	}
+}
+
+static void test_encode_random(void **state)
+{
+	uint64_t r = g_seed ^ 0xe4;
+
+	for (int i = 0; i < 200000; i++) {
+		/* log-uniform over 2^-14 .. 2^10: subnormals, every binade,
+		 * and past the saturation point */
+		double a = ldexp(1.0 + test_rng_uniform(&r), test_rng_int(&r, -14, 9));
+		float x = (float)a * (test_rng_int(&r, 0, 1) ? -1.0f : 1.0f);
+		int want = ref_encode_abs(fabs((double)x)) | (signbit(x) ? 0x80 : 0);
+
+		if (kvmem_f32_to_e4m3(x) != want)
+			fail_msg("e4m3(%a) = 0x%02x, the nearest even code is 0x%02x", (double)x,
+				 kvmem_f32_to_e4m3(x), want);
+	}
+}
+
+static void test_special_values(void **state)
+{
+	assert_int_equal(kvmem_f32_to_e4m3(NAN), KVMEM_E4M3_NAN);
+	assert_int_equal(kvmem_f32_to_e4m3(-NAN), KVMEM_E4M3_NAN);
+	assert_int_equal(kvmem_f32_to_e4m3(INFINITY), 0x7e);	/* saturates */
+	assert_int_equal(kvmem_f32_to_e4m3(-INFINITY), 0xfe);
+	assert_int_equal(kvmem_f32_to_e4m3(449.0f), 0x7e);
+	assert_int_equal(kvmem_f32_to_e4m3(1e30f), 0x7e);
+	assert_int_equal(kvmem_f32_to_e4m3(-3e38f), 0xfe);
+	assert_int_equal(kvmem_f32_to_e4m3(0.0f), 0x00);
+	assert_int_equal(kvmem_f32_to_e4m3(-0.0f), 0x80);
+	/* Subnormals: steps of 2^-9; a tie goes to the even step. */
+	assert_int_equal(kvmem_f32_to_e4m3(0x1p-9f), 0x01);
+	assert_int_equal(kvmem_f32_to_e4m3(0x1p-10f), 0x00);
+	assert_int_equal(kvmem_f32_to_e4m3(0x3p-10f), 0x02);
+	assert_int_equal(kvmem_f32_to_e4m3(0x1.8p-7f), 0x06);	/* 3 * 2^-9 */
+	assert_int_equal(kvmem_f32_to_e4m3(0x1.fp-7f), 0x08);	/* rounds up to 2^-6 */
+	assert_int_equal(kvmem_f32_to_e4m3(0x1p-140f), 0x00);	/* an fp32 subnormal */
+	assert_int_equal(kvmem_f32_to_e4m3(-0x1p-140f), 0x80);
+}
+
+static void test_row_scales(void **state)
+{
+	uint64_t r = g_seed ^ 0x5ca1e;
+	float row[128];
+
+	for (int i = 0; i < 20000; i++) {
+		const int n = test_rng_int(&r, 1, 128), e = test_rng_int(&r, -140, 120);
+		float amax = 0, s;
+		int k;
+
+		for (int j = 0; j < n; j++) {
+			row[j] = (float)ldexp(test_rng_range(&r, -1, 1), e);
+			amax = fmaxf(amax, fabsf(row[j]));
+		}
+		if (test_rng_int(&r, 0, 9) == 0)	/* non-finite values do not count */
+			row[test_rng_int(&r, 0, n - 1)] = test_rng_int(&r, 0, 1) ? NAN : -INFINITY;
+		amax = 0;
+		for (int j = 0; j < n; j++)
+			if (isfinite(row[j]))
+				amax = fmaxf(amax, fabsf(row[j]));
+		s = kvmem_fp8_row_scale(row, n);
+		assert_true(frexpf(s, &k) == 0.5f);	/* a power of two */
+		if (amax == 0) {
+			assert_true(s == 1.0f);
+		} else if (s > 0x1p-126f && s < 0x1p120f) {
+			/* the smallest power of two that fits: (224, 448] */
+			assert_true(amax / s <= 448.0f);
+			assert_true(amax / s > 224.0f);
+		} else {
+			assert_true(s == 0x1p-126f ? amax / s <= 448.0f : amax / s > 224.0f);
+		}
+	}
+	memset(row, 0, sizeof(row));
+	assert_true(kvmem_fp8_row_scale(row, 128) == 1.0f);
+	row[3] = 448.0f;
+	assert_true(kvmem_fp8_row_scale(row, 128) == 1.0f);
+	row[3] = 448.5f;
+	assert_true(kvmem_fp8_row_scale(row, 128) == 2.0f);
+	row[3] = -224.0f;
+	assert_true(kvmem_fp8_row_scale(row, 128) == 0.5f);
+}
+
+/* Round trips of rows like K and V: within half a step; idempotent; the
+ * in-place helper gives the bits of quant + dequant. Prints the relative
+ * RMS error of per-row against per-block (32 rows) scales, the figure the
+ * granularity was chosen by. */
+static void test_round_trip(void **state)
+{
+	enum { D = 128, ROWS = 32 * 64 };
+	uint64_t r = g_seed ^ 0x7214;
+	float *x = malloc(sizeof(float) * ROWS * D), *y = malloc(sizeof(float) * ROWS * D);
+	float *z = malloc(sizeof(float) * ROWS * D);
+	uint8_t q[D];
+	double err_row = 0, err_blk = 0;
+
+	assert_non_null(x);
+	assert_non_null(y);
+	assert_non_null(z);
+	for (size_t t = 0; t < ROWS; t++) {
+		/* rows of unlike size, as after k-norm with outlier channels */
+		double row_mag = ldexp(1.0, test_rng_int(&r, -8, 8));
+
+		for (int j = 0; j < D; j++) {
+			double u1 = test_rng_uniform(&r) + 1e-12, u2 = test_rng_uniform(&r);
+			double g = sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
+
+			x[t * D + j] = (float)(g * row_mag * (j % 37 == 0 ? 8 : 1));
+		}
+	}
+	for (size_t t = 0; t < ROWS; t++) {
+		float s;
+		double e2 = 0, x2 = 0;
+
+		kvmem_fp8_quant_row(q, &s, x + t * D, D);
+		kvmem_fp8_dequant_row(y + t * D, q, s, D);
+		for (int j = 0; j < D; j++) {
+			double a = x[t * D + j], b = y[t * D + j];
+			double bound = fabs(a / s) >= 0x1p-6 ? 0x1p-4 * fabs(a) : 0x1p-10 * s;
+
+			if (fabs(a - b) > bound)
+				fail_msg("row %zu value %d: %a -> %a (scale %a), off by more than half "
+					 "a step", t, j, a, b, (double)s);
+			e2 += (a - b) * (a - b);
+			x2 += a * a;
+		}
+		err_row += sqrt(e2 / x2) / ROWS;
+	}
+	memcpy(z, x, sizeof(float) * ROWS * D);
+	kvmem_fp8_roundtrip_rows(z, ROWS, D);
+	assert_memory_equal(z, y, sizeof(float) * ROWS * D);
+	kvmem_fp8_roundtrip_rows(z, ROWS, D);
+	assert_memory_equal(z, y, sizeof(float) * ROWS * D);
+	/* The same values with one scale per block of 32 rows. */
+	for (size_t b = 0; b < ROWS / 32; b++) {
+		float s = kvmem_fp8_row_scale(x + b * 32 * D, 32 * D), inv = 1.0f / s;
+
+		for (size_t t = b * 32; t < (b + 1) * 32; t++) {
+			double e2 = 0, x2 = 0;
+
+			for (size_t i = t * D; i < (t + 1) * D; i++) {
+				double d = x[i] - kvmem_e4m3_to_f32(kvmem_f32_to_e4m3(x[i] * inv)) * s;
+
+				e2 += d * d;
+				x2 += (double)x[i] * x[i];
+			}
+			err_blk += sqrt(e2 / x2) / ROWS;
+		}
+	}
+	printf("fp8 round trip, rows of 2^-8..2^8: mean relative RMS error of a row %.4f with "
+	       "a scale per row, %.4f per block of 32 rows\n", err_row, err_blk);
+	assert_true(err_row < 0x1p-4);
+	free(x);
+	free(y);
+	free(z);
+}
+
+static void test_twins(void **state)
+{
+	enum { H = 2, B = 16, D = 64, L = 2, CAP = 64 };
+	const size_t rows = (size_t)H * B, half = rows * D;
+	uint64_t r = g_seed ^ 0x7a1;
+	float *x = malloc(sizeof(float) * 2 * half), w[D];
+	uint16_t *xb = malloc(2 * 2 * half), *deq = malloc(2 * 2 * half);
+	uint16_t *vk1 = calloc((size_t)L * H * CAP * D, 2), *vv1 = calloc((size_t)L * H * CAP * D, 2);
+	uint16_t *vk2 = calloc((size_t)L * H * CAP * D, 2), *vv2 = calloc((size_t)L * H * CAP * D, 2);
+	uint16_t q[4 * D], o1[4 * D], o2[4 * D];
+	uint8_t *pg = malloc(2 * half + 8 * rows), qa[D], qb[D];
+	float *sc = (float *)(pg + 2 * half), sa, sb;
+
+	for (size_t i = 0; i < 2 * half; i++)
+		x[i] = (float)ldexp(test_rng_range(&r, -1, 1), test_rng_int(&r, -6, 6));
+	kvmem_f32_to_bf16_n(xb, x, 2 * half);
+	/* bf16 rows: the widening's bytes and scale */
+	for (size_t row = 0; row < 2 * rows; row++) {
+		kvmem_bf16_to_f32_n(w, xb + row * D, D);
+		kvmem_fp8_quant_row(qa, &sa, w, D);
+		assert_int_equal(kvmem_fp8_quant_rows(qb, &sb, xb + row * D, KVMEM_DTYPE_BF16, 1, D), 0);
+		assert_memory_equal(qa, qb, D);
+		assert_true(sa == sb);
+	}
+	assert_int_equal(kvmem_fp8_quant_rows(pg, sc, x, KVMEM_DTYPE_F32, 2 * rows, D), 0);
+	assert_int_equal(kvmem_fp8_quant_rows(pg, sc, x, KVMEM_DTYPE_F16, 1, D), -EINVAL);
+	kvmem_fp8_dequant_rows_bf16(deq, pg, sc, 2 * rows, D);
+	for (size_t i = 0; i < 2 * half; i++)	/* exact in bf16 */
+		assert_true(kvmem_bf16_to_f32(deq[i]) ==
+			    kvmem_e4m3_to_f32(pg[i]) * sc[i / D]);
+	/* the same page as fp8 and as bf16, tokens 3..12 to slot 20 of layer 1 */
+	{
+		kvmem_gather_item a = { .k = pg + 3 * D, .v = pg + half + 3 * D, .layer = 1,
+					.slot = 20, .n = 10, .head_stride = B * D,
+					.dtype = KVMEM_DTYPE_FP8, .k_scale = sc + 3,
+					.v_scale = sc + rows + 3, .scale_stride = B };
+		kvmem_gather_item b = { .k = deq + 3 * D, .v = deq + half + 3 * D, .layer = 1,
+					.slot = 20, .n = 10, .head_stride = B * D,
+					.dtype = KVMEM_DTYPE_BF16 };
+
+		assert_int_equal(kvmem_view_gather_bf16(vk1, vv1, &a, 1, L, H, D, CAP, 1e6), 0);
+		assert_int_equal(kvmem_view_gather_bf16(vk2, vv2, &b, 1, L, H, D, CAP, 1e6), 0);
+		assert_memory_equal(vk1, vk2, (size_t)L * H * CAP * D * 2);
+		assert_memory_equal(vv1, vv2, (size_t)L * H * CAP * D * 2);
+		a.k_scale = NULL;	/* fp8 without its scales: refused */
+		assert_int_equal(kvmem_view_gather_bf16(vk1, vv1, &a, 1, L, H, D, CAP, 1e6), -EINVAL);
+	}
+	/* decode attention: 4 query heads over the page's 2 KV heads, B keys */
+	for (int i = 0; i < 4 * D; i++)
+		q[i] = kvmem_f32_to_bf16((float)test_rng_range(&r, -2, 2));
+	assert_int_equal(kvmem_decode_kv_bf16(o1, q, pg, pg + half, sc, sc + rows, KVMEM_DTYPE_FP8,
+					      B, B, 4, H, D, 0.125f), 0);
+	assert_int_equal(kvmem_decode_kv_bf16(o2, q, deq, deq + half, NULL, NULL, KVMEM_DTYPE_BF16,
+					      B, B, 4, H, D, 0.125f), 0);
+	assert_memory_equal(o1, o2, sizeof(o1));
+	free(x);
+	free(xb);
+	free(deq);
+	free(pg);
+	free(vk1);
+	free(vv1);
+	free(vk2);
+	free(vv2);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_decode_every_code),
+		cmocka_unit_test(test_encode_codes_and_midpoints),
+		cmocka_unit_test(test_encode_random),
+		cmocka_unit_test(test_special_values),
+		cmocka_unit_test(test_row_scales),
+		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_twins),
+	};
+
+	g_seed = test_rng_fresh_seed("test_fp8");
+	if (getenv("KVMEM_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("KVMEM_TEST_FILTER"));
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
