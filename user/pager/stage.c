@@ -440,6 +440,26 @@ int kvmem_pager_block_memory(kvmem_pager *p, uint64_t block, void **layers)
 	return rc;
 }
 
+/* Pages from layer l0 on in consecutive slots: one write (at most 1 GiB). */
+static size_t run_len(const kvmem_pager *p, const uint32_t *sl, size_t l0)
+{
+	size_t k = 1;
+
+	while (l0 + k < p->g.n_layers && sl[l0 + k] == sl[l0] + k &&
+	       (k + 1) * p->page_stride <= ((size_t)1 << 30))
+		k++;
+	return k;
+}
+
+static uint32_t run_count(const kvmem_pager *p, const uint32_t *sl)
+{
+	uint32_t n = 0;
+
+	for (size_t l0 = 0; l0 < p->g.n_layers; l0 += run_len(p, sl, l0))
+		n++;
+	return n;
+}
+
 /* Block `block`'s pages are in its pool slots (resv i): checksums, then
  * they join the pool pinned and are written from there. */
 static int append_in_pool(kvmem_pager *p, uint64_t block, int i, const void *index)
@@ -497,21 +517,19 @@ static int append_in_pool(kvmem_pager *p, uint64_t block, int i, const void *ind
 		free(sl);
 		return 0;
 	}
+	/* The writes are counted before the first is queued: queueing reaps,
+	 * and a count reaching 0 early would end the block's record while
+	 * its later runs still go out (a block in scattered slots). */
 	po = &p->pout[p->n_pout++];
-	*po = (struct pool_out){ .block = block, .t0 = kvmem_now_ns() };
+	*po = (struct pool_out){ .block = block, .t0 = kvmem_now_ns(), .left = run_count(p, sl) };
 	for (size_t l0 = 0; l0 < L;) {
-		size_t k = 1;
-		struct out_wait w;
+		size_t k = run_len(p, sl, l0);
+		struct out_wait w = { .purpose = PUR_POOL_OUT, .first_page = block * L + l0,
+				      .n_pages = (uint32_t)k, .slot = sl[l0],
+				      .buf = kvmem_hostpool_slot(p->pool, sl[l0]),
+				      .len = k * p->page_stride,
+				      .off = block * p->extent_bytes + l0 * p->page_stride };
 
-		while (l0 + k < L && sl[l0 + k] == sl[l0] + k &&
-		       (k + 1) * p->page_stride <= ((size_t)1 << 30))
-			k++;
-		w = (struct out_wait){ .purpose = PUR_POOL_OUT, .first_page = block * L + l0,
-				       .n_pages = (uint32_t)k, .slot = sl[l0],
-				       .buf = kvmem_hostpool_slot(p->pool, sl[l0]),
-				       .len = k * p->page_stride,
-				       .off = block * p->extent_bytes + l0 * p->page_stride };
-		p->pout[p->n_pout - 1].left++;
 		out_queue(p, &w);
 		l0 += k;
 	}
