@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The tiered store: pages of KV history in a host pool and in a workspace
- * directory on NVMe, moved through io_uring. See Documentation/pager.md for
- * the tiers, replacement policies, staging, the crash rule, counters and
- * probes, and Documentation/formats.md ("Workspace directory") for the files.
+ * directory on NVMe, moved through io_uring, or in a Ceph pool (a `dir` of
+ * rados://POOL/NAME). See Documentation/pager.md for the tiers, replacement
+ * policies, staging, stores, the crash rule, counters and probes, and
+ * Documentation/formats.md ("Workspace directory", "Workspace in RADOS").
  *
  * A page is the KV of one block in one layer: raw K [H_kv][B][D] followed by
  * V [H_kv][B][D], in the workspace's dtype. The pager never looks inside a

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A session's history kept in a workspace directory.
+ * A session's history kept in a workspace: a directory, or rados://POOL/NAME
+ * (a namespace of a Ceph pool: Documentation/pager.md, "Stores"), wherever
+ * a function below takes `dir`.
  *
- * kvmem_workspace_open() opens (or creates) the directory through the
+ * kvmem_workspace_open() opens (or creates) the workspace through the
  * tiered pager and gives a page source over it; a session created with that
  * source takes the stored history over with kvmem_workspace_adopt() and
  * makes each step durable with kvmem_workspace_commit(): token ids, pages,
@@ -133,6 +135,21 @@ int kvmem_workspace_commit(kvmem_workspace *w, const kvmem_session *s);
  * written since the last commit could not be saved. */
 int kvmem_workspace_close(kvmem_workspace *w);
 
+/*
+ * A small record of the application's kept beside the workspace, in the
+ * same store: the file DIR/NAME, or an object of a RADOS workspace's
+ * namespace. NAME is "app." then letters, digits, '.', '_', '-' (kvmem
+ * serve keeps a shared store's conversation record as
+ * app.conversation.json). Read whole (*text malloc'd, NUL-terminated;
+ * -ENOENT when there is none); written whole, replacing the last, durably
+ * when it returns 0 (a writer's only: in RADOS, only while its lease
+ * holds). Up to 16 MiB. A record is not part of the commit: write it
+ * before kvmem_workspace_commit when it must never lag behind the history.
+ */
+int kvmem_workspace_record_read(kvmem_workspace *w, const char *name, char **text, size_t *len);
+int kvmem_workspace_record_write(kvmem_workspace *w, const char *name, const void *text,
+				 size_t len);
+
 /* ---- a workspace directory's tools (no pager needed) ---------------------- */
 int kvmem_workspace_info_read(const char *dir, kvmem_workspace_info *wi);
 
@@ -163,6 +180,17 @@ typedef struct kvmem_salvage_report {
 	char first_bad[512];			/* the first bad item, "" when nothing was lost */
 } kvmem_salvage_report;
 int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_report *r);
+/*
+ * Copy the workspace `src` whole into a new workspace `dest` (absent or
+ * empty), between any two stores: a directory or rados://POOL/NAME, either
+ * way. Every block, index record, the partial block and the tokens are
+ * checked against their checksums on the way; the session state goes along,
+ * so a session adopted from dest goes on exactly as from src. All or
+ * nothing: 0 when dest holds everything, -EBADMSG naming the first bad item
+ * (dest then holds an empty workspace), -EEXIST when dest is not empty, or
+ * another -errno. src is only read. r says what was copied.
+ */
+int kvmem_workspace_copy(const char *src, const char *dest, kvmem_salvage_report *r);
 /* The counters saved in DIR/stats. */
 int kvmem_workspace_stats(const char *dir, kvmem_pager_stats *s);
 

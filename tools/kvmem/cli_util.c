@@ -344,3 +344,8 @@ void cli_print_kv(const kvmem_config *c)
 	printf("KV at window  %s bf16 for %d tokens\n",
 	       cli_fmt_bytes(a, sizeof(a), (double)kv16 * c->max_position), c->max_position);
 }
+
+void cli_ceph_conf(const char *path)
+{
+	setenv("CEPH_CONF", path, 1);
+}

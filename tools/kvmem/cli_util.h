@@ -19,6 +19,15 @@ struct kvmem_config;
 void cli_print_geometry(const struct kvmem_config *c);
 void cli_print_kv(const struct kvmem_config *c);
 
+/* --ceph-conf PATH, for rados://POOL/NAME workspaces: the cluster's
+ * configuration, as CEPH_CONF names it for Ceph's own tools (it sets
+ * CEPH_CONF); the client's name and keyring come from CEPH_ARGS
+ * (--id NAME --keyring FILE), as for those tools. */
+#define CLI_CEPH_CONF_HELP \
+	"  --ceph-conf PATH    the Ceph cluster of rados://POOL/NAME workspaces (else\n" \
+	"                      $CEPH_CONF; client and keyring from $CEPH_ARGS)\n"
+void cli_ceph_conf(const char *path);
+
 /* Seconds on the monotonic clock, for timing. */
 double cli_now_s(void);
 

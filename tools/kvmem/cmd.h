@@ -10,6 +10,7 @@ int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_stat(int argc, char **argv);
+int cmd_copy(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_lab(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

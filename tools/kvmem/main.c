@@ -21,6 +21,7 @@ static const struct subcommand {
 	{ "bench", cmd_bench, "benchmarks: select, pager, recall" },
 	{ "verify", cmd_verify, "check every checksum of a workspace directory" },
 	{ "stat", cmd_stat, "tier counters of a workspace directory, without BPF" },
+	{ "copy", cmd_copy, "copy a workspace between a directory and a RADOS pool, either way" },
 	{ "synth", cmd_synth, "the synthetic agent-workspace language: corpora, questions, tokenizer" },
 	{ "lab", cmd_lab, "replay recorded sessions with any selection and cache policy, offline" },
 	{ "serve", cmd_serve, "the OpenAI HTTP API; every conversation a persistent workspace" },

@@ -55,6 +55,11 @@ static void usage(FILE *f)
 		"                            $KVMEM_API_KEY when set)\n"
 		"  --data-dir DIR            where conversations live (default: <data dir>/serve;\n"
 		"                            the data dir is $KVMEM_HOME, else ~/.local/share/kvmem)\n"
+		"  --store rados://POOL      keep conversations in a Ceph pool instead, shared\n"
+		"                            with other servers: a conversation is held for one\n"
+		"                            turn at a time (409 while another server holds it)\n"
+		"  --ceph-conf PATH          that cluster (default $CEPH_CONF; client and keyring\n"
+		"                            from $CEPH_ARGS, as Ceph's tools take them)\n"
 		"  --backend NAME            cpu, cuda or auto (default auto)\n"
 		"  --policy NAME             selection policy (default meank)\n"
 		"  --budget N                history tokens in a view (default: 3/4 of the\n"
@@ -95,6 +100,7 @@ static void usage(FILE *f)
 		"  kvmem serve\n"
 		"  kvmem serve --model /models/Qwen3-0.6B --port 8080 --budget 8k\n"
 		"  kvmem serve --host 0.0.0.0 --api-key \"$(cat key)\" --data-dir /srv/kvmem\n"
+		"  CEPH_ARGS='--id kvmem-a' kvmem serve --store rados://kvmem --port 8001\n"
 		"  curl -s localhost:8000/v1/chat/completions -H 'X-Kvmem-Conversation: a1' \\\n"
 		"    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"? api.conf db.port =\"}]}'\n");
 }
@@ -102,7 +108,8 @@ static void usage(FILE *f)
 enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
-	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS,
+	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
+	O_CEPHCONF,
 };
 
 static const struct option opts[] = {
@@ -133,6 +140,8 @@ static const struct option opts[] = {
 	{ "max-n", required_argument, NULL, O_MAXN },
 	{ "idle-close", required_argument, NULL, O_IDLE },
 	{ "cors", required_argument, NULL, O_CORS },
+	{ "store", required_argument, NULL, O_STORE },
+	{ "ceph-conf", required_argument, NULL, O_CEPHCONF },
 	{ "quiet", no_argument, NULL, O_QUIET },
 	{ "help", no_argument, NULL, 'h' },
 	{ 0 },
@@ -219,6 +228,15 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 				return -1;
 			break;
 		case O_MAXN: if (cli_parse_count(w, n, a, 1, 128, &c->max_n)) return -1; break;
+		case O_CEPHCONF: cli_ceph_conf(a); break;
+		case O_STORE:
+			/* rados://POOL: conversations are rados://POOL/conv.ID. */
+			if (strncmp(a, "rados://", 8) || !a[8] || strchr(a + 8, '/')) {
+				fprintf(stderr, "%s: %s wants rados://POOL, not '%s'\n", w, n, a);
+				return -1;
+			}
+			c->store = a;
+			break;
 		case O_CORS:
 			if (!*a || strpbrk(a, "\r\n")) {
 				fprintf(stderr, "%s: --cors '%s': give an origin (https://app.example) "
@@ -306,7 +324,7 @@ int cmd_serve(int argc, char **argv)
 	}
 	printf("kvmem serve: model %s (%s, %s backend), budget %lld, conversations in %s\n",
 	       serve_model_name(sv), c.model_dir, serve_backend_name(sv), (long long)serve_budget(sv),
-	       c.data_dir);
+	       c.store ? c.store : c.data_dir);
 	printf("kvmem serve: listening on http://%s%s%s:%d/v1\n", strchr(c.host, ':') ? "[" : "",
 	       c.host, strchr(c.host, ':') ? "]" : "", serve_port(sv));
 	fflush(stdout);

@@ -22,6 +22,7 @@
 struct serve_cfg {
 	const char *model_dir, *model_name, *data_dir, *host, *api_key, *backend, *policy;
 	const char *cors;		/* Access-Control-Allow-Origin; NULL: no CORS */
+	const char *store;		/* rados://POOL: conversations shared there */
 	int port;
 	uint64_t max_body;		/* bytes of a request body */
 	int64_t max_request_tokens;	/* new prompt tokens + max_tokens of one request */

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * A conversation's record, conversation.json beside its workspace (ws/):
- * the messages (or text) the workspace holds, and where each turn ended in
- * tokens. The workspace is committed after the record is written, so after
+ * A conversation's record, conversation.json beside its workspace (ws/),
+ * or with --store the workspace's record app.conversation.json in the
+ * shared store (kvmem_workspace_record_*): the messages (or text) the
+ * workspace holds, and where each turn ended in tokens. The workspace is committed after the record is written, so after
  * a crash the record may hold one turn more than the workspace; loading
  * trims it to the workspace's committed count, which is always a turn's
  * end.
@@ -52,6 +53,28 @@ static int fresh(struct conv *c)
 	return 0;
 }
 
+#define SHARED_RECORD "app.conversation.json"
+
+/* A shared conversation's record, parsed (NULL: err says why; *absent
+ * when there is none). */
+static json_t *load_shared(struct conv *c, json_error_t *err, int *absent)
+{
+	char *text;
+	size_t len;
+	json_t *doc;
+
+	*absent = 0;
+	memset(err, 0, sizeof(*err));
+	if (kvmem_workspace_record_read(c->ws, SHARED_RECORD, &text, &len) < 0) {
+		*absent = kvmem_last_errno() == ENOENT;
+		snprintf(err->text, sizeof(err->text), "%s", kvmem_last_error());
+		return NULL;
+	}
+	doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, err);
+	free(text);
+	return doc;
+}
+
 int conv_load(struct conv *c, int64_t ws_tokens)
 {
 	char path[4200];
@@ -60,13 +83,15 @@ int conv_load(struct conv *c, int64_t ws_tokens)
 	const char *kind;
 	size_t keep = 0, i;
 	int64_t at = 0;
+	int absent = 0;
 
-	snprintf(path, sizeof(path), "%s/conversation.json", c->dir);
+	snprintf(path, sizeof(path), "%s/%s", c->dir, c->shared ? SHARED_RECORD : "conversation.json");
 	if (fresh(c))
 		return -1;
-	doc = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+	doc = c->shared ? load_shared(c, &err, &absent) :
+			  json_load_file(path, JSON_REJECT_DUPLICATES, &err);
 	if (!doc) {
-		if (access(path, F_OK) && errno == ENOENT) {
+		if (c->shared ? absent : access(path, F_OK) && errno == ENOENT) {
 			if (ws_tokens)
 				return kvmem_error(EBADMSG, "%s: missing, but the workspace holds %lld "
 						   "tokens", path, (long long)ws_tokens);
@@ -163,6 +188,12 @@ int conv_save(struct conv *c, int64_t tokens, const struct job *j)
 	json_decref(doc);
 	if (!text)
 		return kvmem_error(ENOMEM, "%s: out of memory", path);
+	if (c->shared) {
+		/* Replaced whole and durably, by this writer only (its lease). */
+		rc = kvmem_workspace_record_write(c->ws, SHARED_RECORD, text, strlen(text));
+		free(text);
+		return rc;
+	}
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		free(text);

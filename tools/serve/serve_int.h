@@ -149,7 +149,9 @@ struct job {
 /* A conversation open in the engine (serve_pool.c); its record (serve_conv.c). */
 struct conv {
 	char id[SERVE_ID_MAX + 1];
-	char dir[4096];			/* <data>/conversations/<id> */
+	char dir[4096];			/* <data>/conversations/<id>, or its
+					 * workspace rados://POOL/conv.<id> */
+	int shared;			/* in --store: the record is in the store */
 	kvmem_workspace *ws;
 	kvmem_session *s;
 	int kind;			/* -1: none yet, JOB_CHAT, JOB_TEXT */

@@ -138,8 +138,14 @@ struct conv *pool_get(struct serve *sv, struct job *j)
 	}
 	c->kind = -1;
 	snprintf(c->id, sizeof(c->id), "%s", j->conv);
-	snprintf(c->dir, sizeof(c->dir), "%s/conversations/%s", sv->data_dir, j->conv);
-	if (stat(c->dir, &st) && pool_count_dirs(sv) >= cfg->max_conversations) {
+	c->shared = cfg->store != NULL;
+	if (c->shared)
+		snprintf(c->dir, sizeof(c->dir), "%s/conv.%s", cfg->store, j->conv);
+	else
+		snprintf(c->dir, sizeof(c->dir), "%s/conversations/%s", sv->data_dir, j->conv);
+	/* A pool's conversations are not counted here (the cluster holds
+	 * them, other servers make them too). */
+	if (!c->shared && stat(c->dir, &st) && pool_count_dirs(sv) >= cfg->max_conversations) {
 		free(c);
 		job_fail(j, 429, "too_many_conversations", "the server holds %lld conversations, its "
 			 "limit (--max-conversations): conversation '%s' cannot be created (DELETE "
@@ -147,10 +153,10 @@ struct conv *pool_get(struct serve *sv, struct job *j)
 		return NULL;
 	}
 	make_room(sv);
-	snprintf(ws, sizeof(ws), "%s/ws", c->dir);
+	snprintf(ws, sizeof(ws), c->shared ? "%s" : "%s/ws", c->dir);
 	wo.block = cfg->block;
 	wo.host_cap = cfg->host_cap;
-	if (kvmem_mkdir_p(c->dir) || kvmem_workspace_open(ws, sv->m, &wo, &c->ws) < 0)
+	if ((!c->shared && kvmem_mkdir_p(c->dir)) || kvmem_workspace_open(ws, sv->m, &wo, &c->ws) < 0)
 		goto fail;
 	kvmem_session_opts_default(&so);
 	so.block = cfg->block;
@@ -184,7 +190,11 @@ struct conv *pool_get(struct serve *sv, struct job *j)
 	pthread_mutex_unlock(&sv->mu);
 	return c;
 fail:
-	if (kvmem_last_errno() == ENOSPC || kvmem_last_errno() == EDQUOT)
+	/* Another server of a shared store writes it now (a turn at a time). */
+	if (kvmem_last_errno() == EBUSY)
+		job_fail(j, 409, "conversation_locked", "conversation '%s' is in use elsewhere: %s",
+			 j->conv, kvmem_last_error());
+	else if (kvmem_last_errno() == ENOSPC || kvmem_last_errno() == EDQUOT)
 		job_fail(j, 507, "insufficient_storage", "conversation '%s' (%s): %s", j->conv,
 			 c->dir, kvmem_last_error());
 	else

@@ -271,7 +271,8 @@ static int disk_short(struct job *j)
 	return 1;
 }
 
-int turn_start(struct job *j)
+/* turn_start's work; *cv: the conversation it opened, if any. */
+static int start(struct job *j, struct conv **cv)
 {
 	struct serve *sv = j->sv;
 	const struct serve_cfg *cfg = &sv->cfg;
@@ -279,7 +280,7 @@ int turn_start(struct job *j)
 	int rc;
 
 	if (j->conv[0]) {
-		if (!(c = pool_get(sv, j)))
+		if (!(c = *cv = pool_get(sv, j)))
 			return 1;
 		if (c->kind >= 0 && c->kind != j->kind) {
 			job_fail(j, 409, "conversation_kind", "conversation '%s' holds %s; it cannot "
@@ -611,6 +612,22 @@ int turn_close(struct job *j)
 	return 1;
 }
 
+int turn_start(struct job *j)
+{
+	struct conv *c = NULL;
+	int rc = start(j, &c);
+
+	/* No turn runs (refused, or replayed from the record): a shared
+	 * conversation (--store) is let go at once, its lease with it, as
+	 * after a turn. */
+	if (rc && c && c->shared) {
+		j->cv = NULL;
+		j->s = NULL;
+		pool_close(j->sv, c);
+	}
+	return rc;
+}
+
 void turn_end(struct job *j)
 {
 	struct serve *sv = j->sv;
@@ -619,8 +636,10 @@ void turn_end(struct job *j)
 		j->cv->busy = 0;
 		j->cv->last_used = serve_now();
 		/* A conversation whose turn failed is closed, so the next
-		 * request reopens it at its last commit. */
-		if (j->http >= 500)
+		 * request reopens it at its last commit; a shared one
+		 * (--store) after every turn, its lease with it, so another
+		 * server may take the next turn. */
+		if (j->http >= 500 || j->cv->shared)
 			pool_close(sv, j->cv);
 	} else {
 		kvmem_session_free(j->s);

@@ -3,8 +3,10 @@
  * Commit: the crash rule. The committed count in the manifest advances only
  * after everything it covers is durable: stage-out writes complete, the
  * partial block written to the tail slot the current manifest does not use,
- * then fdatasync of every data file, then the manifest replaced atomically
- * (durable.c routes each step, so tests can watch the order and fail one).
+ * then every data stream made durable (a directory: fdatasync of each file),
+ * then the manifest replaced atomically (the store's sync and mf_replace;
+ * a directory's go through durable.c, so tests can watch the order and fail
+ * one).
  * A crash at any point leaves the previous manifest, whose data is intact
  * (appends never overwrite committed bytes; the current tail slot is never
  * rewritten).
@@ -38,24 +40,12 @@ static int write_tail(kvmem_pager *p, uint32_t slot, const void *const *layers,
 	if (ib)
 		memcpy(buf + L * p->page_stride, index, ib);
 	sums[L] = XXH3_64bits(buf + L * p->page_stride, ib);
-	if ((rc = kvmem_write_all(p->fd_tail, buf, len, (int64_t)off)) < 0) {
+	if ((rc = p->ws->ops->write(p->ws, WS_TAIL, buf, len, off)) < 0) {
 		free(buf);
 		return kvmem_error(-rc, "%s/tail: cannot write slot %u: %s", p->dir, slot,
 				   strerror(-rc));
 	}
 	free(buf);
-	return 0;
-}
-
-/* Every data file, before the manifest that covers them is written. */
-static int sync_all(kvmem_pager *p)
-{
-	static const char *const names[] = { "pages", "sums", "index", "tokens", "tail" };
-	int fds[] = { p->fd_pages, p->fd_sums, p->fd_index, p->fd_tokens, p->fd_tail };
-
-	for (int i = 0; i < 5; i++)
-		if (dur_sync(fds[i], 1, p->dir, names[i]) < 0)
-			return kvmem_fail();
 	return 0;
 }
 
@@ -103,7 +93,8 @@ static int commit(kvmem_pager *p, const void *const *tail_layers, const void *ta
 		if (write_tail(p, slot, tail_layers, tail_index, m2.tail_sums) < 0)
 			goto fail;
 	}
-	if (sync_all(p) < 0)
+	/* Every data stream, before the manifest that covers them is written. */
+	if (p->ws->ops->sync(p->ws) < 0)
 		goto fail;
 	m2.h.generation++;
 	m2.h.tokens = tokens;
@@ -113,7 +104,7 @@ static int commit(kvmem_pager *p, const void *const *tail_layers, const void *ta
 	m2.h.tail_slot = slot;
 	m2.h.tail_tokens = tail;
 	m2.h.app_bytes = app_len;
-	if (mf_write(p->dirfd, p->dir, &m2) < 0)
+	if (mf_write(p->ws, &m2, p->m.h.generation) < 0)
 		goto fail;
 	mf_free(&p->m);
 	p->m = m2;

@@ -197,7 +197,7 @@ void read_done(kvmem_pager *p, struct io_req *r)
 				 PRIu64 ": %s", p->dir, pg, pg / p->g.n_layers,
 				 (unsigned)(pg % p->g.n_layers), pg * p->page_stride,
 				 got ? "checksum mismatch: corrupt, not used" :
-				 r->res < 0 ? strerror(-r->res) : "short read: file truncated");
+				 r->res < 0 ? ws_strerror(p->ws, -r->res) : "short read: file truncated");
 		}
 	}
 }
@@ -236,7 +236,7 @@ static size_t start_reads(kvmem_pager *p, const uint64_t *pages, size_t n, int p
 			p->pt[pages[i] + k].host_slot = first + k;
 			p->slot_page[first + k] = pages[i] + k;
 		}
-		if (io_queue(&p->io, p->fd_pages, r) < 0) {
+		if (p->ws->ops->submit(p->ws, &p->io, r) < 0) {
 			for (uint32_t k = 0; k < got; k++) {
 				p->pt[pages[i] + k].flags &= ~KVMEM_PTE_IN_FLIGHT;
 				p->pt[pages[i] + k].host_slot = KVMEM_SLOT_NONE;

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * The workspace manifest: a small binary file replaced atomically (write a
- * temporary file of the writer's own name, fsync, rename, fsync the
- * directory), so a reader sees either the previous commit or the new one,
- * never a mix. Every field is checked before it is used: the checksum, the
- * geometry, counts that agree with each other and that a file can hold.
+ * The workspace manifest: a small binary record replaced atomically, so a
+ * reader sees either the previous commit or the new one, never a mix. Its
+ * bytes are the same in every store (wstore.h); how it is replaced is the
+ * store's: in a directory, write a temporary file of the writer's own name,
+ * fsync, rename, fsync the directory (mf_replace_at); in RADOS, one guarded
+ * write operation. Every field is checked before it is used: the checksum,
+ * the geometry, counts that agree with each other and that a file can hold.
  * Layout in Documentation/formats.md ("Workspace directory").
  */
 #include <errno.h>
@@ -124,16 +126,14 @@ static int check_head(const struct mf_head *h, const char *dir)
 	return 0;
 }
 
-int mf_read(int dirfd, const char *dir, struct manifest *m)
+int mf_load_at(int dirfd, const char *dir, uint8_t **out, size_t *len)
 {
-	struct mf_head h;
 	struct stat sb;
 	uint8_t *buf;
-	uint64_t sum;
-	size_t want, got = 0;
 	int fd, rc;
 
-	memset(m, 0, sizeof(*m));
+	*out = NULL;
+	*len = 0;
 	fd = ws_open_file(dirfd, dir, "manifest", O_RDONLY);
 	if (fd < 0)
 		return fd;
@@ -154,20 +154,28 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 		return kvmem_error(rc == -ENODATA ? EIO : -rc, "%s/manifest: cannot read: %s", dir,
 				 rc == -ENODATA ? "shorter than its size" : strerror(-rc));
 	}
-	got = sb.st_size;
 	close(fd);
-	if (got < sizeof(h) || memcmp(buf, MF_MAGIC, 8)) {
-		free(buf);
+	*out = buf;
+	*len = sb.st_size;
+	return 0;
+}
+
+int mf_decode(const uint8_t *buf, size_t got, const char *dir, struct manifest *m)
+{
+	struct mf_head h;
+	uint64_t sum;
+	size_t want;
+
+	memset(m, 0, sizeof(*m));
+	if (got < sizeof(h) || memcmp(buf, MF_MAGIC, 8))
 		return kvmem_error(EBADMSG, "%s/manifest: not a kvmem workspace manifest (bad magic or "
 				 "size %zu)", dir, got);
-	}
 	memcpy(&h, buf, sizeof(h));
 	memcpy(&sum, buf + got - 8, 8);
 	if (h.version != MF_VERSION || h.head_bytes != sizeof(h)) {
 		/* Another version when it checks out as a whole, else damage. */
 		int whole = XXH3_64bits(buf, got - 8) == sum;
 
-		free(buf);
 		if (whole && h.version != MF_VERSION)
 			return kvmem_error(ESTALE, "%s/manifest: format version %u; this kvmem reads "
 					 "version %u", dir, h.version, MF_VERSION);
@@ -176,68 +184,91 @@ int mf_read(int dirfd, const char *dir, struct manifest *m)
 				 MF_VERSION, sizeof(h));
 	}
 	want = h.n_layers <= 4096 && h.app_bytes <= KVMEM_PAGER_APP_MAX ? mf_size(&h) : 0;
-	if (got != want) {
-		free(buf);
+	if (got != want)
 		return kvmem_error(EBADMSG, "%s/manifest: %zu bytes where its head says %zu: torn or "
 				 "corrupt", dir, got, want);
-	}
-	if (XXH3_64bits(buf, want - 8) != sum) {
-		free(buf);
+	if (XXH3_64bits(buf, want - 8) != sum)
 		return kvmem_error(EBADMSG, "%s/manifest: checksum mismatch: torn or corrupt", dir);
-	}
-	if (check_head(&h, dir) < 0) {
-		free(buf);
+	if (check_head(&h, dir) < 0)
 		return kvmem_fail();
-	}
 	m->h = h;
 	m->tail_sums = calloc(h.n_layers + 1, 8);
 	m->app = malloc(h.app_bytes ? h.app_bytes : 1);
 	if (!m->tail_sums || !m->app) {
-		free(buf);
 		mf_free(m);
 		return kvmem_error(ENOMEM, "%s/manifest: out of memory", dir);
 	}
 	memcpy(m->tail_sums, buf + sizeof(h), ((size_t)h.n_layers + 1) * 8);
 	memcpy(m->app, buf + sizeof(h) + ((size_t)h.n_layers + 1) * 8, h.app_bytes);
-	free(buf);
 	return 0;
 }
 
-int mf_write(int dirfd, const char *dir, const struct manifest *m)
+int mf_read_at(int dirfd, const char *dir, struct manifest *m)
 {
-	static _Atomic unsigned seq;
+	uint8_t *buf;
+	size_t len;
+	int rc;
+
+	memset(m, 0, sizeof(*m));
+	if ((rc = mf_load_at(dirfd, dir, &buf, &len)) < 0)
+		return rc;
+	rc = mf_decode(buf, len, dir, m);
+	free(buf);
+	return rc;
+}
+
+int mf_read(struct ws_store *s, struct manifest *m)
+{
+	uint8_t *buf;
+	size_t len;
+	int rc;
+
+	memset(m, 0, sizeof(*m));
+	if ((rc = s->ops->mf_load(s, &buf, &len)) < 0)
+		return rc;
+	rc = mf_decode(buf, len, s->name, m);
+	free(buf);
+	return rc;
+}
+
+int mf_encode(const struct manifest *m, uint8_t **out, size_t *len)
+{
 	size_t size = mf_size(&m->h), tail = ((size_t)m->h.n_layers + 1) * 8;
 	uint8_t *buf = malloc(size);
-	char tmp[64];
 	uint64_t sum;
-	int fd, err;
 
 	if (!buf)
-		return kvmem_error(ENOMEM, "%s/manifest: out of memory", dir);
+		return -ENOMEM;
 	memcpy(buf, &m->h, sizeof(m->h));
 	memcpy(buf + sizeof(m->h), m->tail_sums, tail);
 	if (m->h.app_bytes)
 		memcpy(buf + sizeof(m->h) + tail, m->app, m->h.app_bytes);
 	sum = XXH3_64bits(buf, size - 8);
 	memcpy(buf + size - 8, &sum, 8);
+	*out = buf;
+	*len = size;
+	return 0;
+}
+
+int mf_replace_at(int dirfd, const char *dir, const void *buf, size_t size)
+{
+	static _Atomic unsigned seq;
+	char tmp[64];
+	int fd, err;
 
 	/* A name of this writer's own: nobody else writes it, and nothing
 	 * found there is followed or reused. */
 	snprintf(tmp, sizeof(tmp), "manifest.tmp.%d.%u", (int)getpid(), seq++);
 	unlinkat(dirfd, tmp, 0);
 	fd = ws_create_file(dirfd, dir, tmp, O_WRONLY);
-	if (fd < 0) {
-		free(buf);
+	if (fd < 0)
 		return fd;
-	}
 	if (kvmem_write_all(fd, buf, size, -1) < 0) {
 		err = errno;
-		free(buf);
 		close(fd);
 		unlinkat(dirfd, tmp, 0);
 		return kvmem_error(err, "%s/%s: cannot write: %s", dir, tmp, strerror(err));
 	}
-	free(buf);
 	if (dur_sync(fd, 0, dir, "manifest.tmp") < 0) {
 		close(fd);
 		unlinkat(dirfd, tmp, 0);
@@ -251,6 +282,19 @@ int mf_write(int dirfd, const char *dir, const struct manifest *m)
 	}
 	dur_note("rename", "manifest");
 	return dur_sync(dirfd, 0, dir, ".");
+}
+
+int mf_write(struct ws_store *s, const struct manifest *m, uint64_t old_gen)
+{
+	uint8_t *buf;
+	size_t size;
+	int rc;
+
+	if (mf_encode(m, &buf, &size) < 0)
+		return kvmem_error(ENOMEM, "%s/manifest: out of memory", s->name);
+	rc = s->ops->mf_replace(s, buf, size, old_gen, m->h.generation);
+	free(buf);
+	return rc;
 }
 
 int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char *dir)
@@ -276,22 +320,39 @@ int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char
 			 dir, have, want, g->fingerprint);
 }
 
+static void mf_info_of(struct manifest *m, kvmem_workspace_info *wi)
+{
+	mf_geom(m, &wi->geom);
+	wi->tokens = m->h.tokens;
+	wi->blocks = m->h.blocks;
+	wi->generation = m->h.generation;
+	wi->tail_tokens = m->h.tail_tokens;
+	wi->app_bytes = m->h.app_bytes;
+	wi->page_bytes = m->h.page_bytes;
+	wi->page_stride = m->h.page_stride;
+	mf_free(m);
+}
+
+int mf_info(struct ws_store *s, kvmem_workspace_info *wi)
+{
+	struct manifest m;
+	int rc;
+
+	memset(wi, 0, sizeof(*wi));
+	if ((rc = mf_read(s, &m)) < 0)
+		return rc;
+	mf_info_of(&m, wi);
+	return 0;
+}
+
 int mf_info_at(int dirfd, const char *dir, kvmem_workspace_info *wi)
 {
 	struct manifest m;
 	int rc;
 
 	memset(wi, 0, sizeof(*wi));
-	if ((rc = mf_read(dirfd, dir, &m)) < 0)
+	if ((rc = mf_read_at(dirfd, dir, &m)) < 0)
 		return rc;
-	mf_geom(&m, &wi->geom);
-	wi->tokens = m.h.tokens;
-	wi->blocks = m.h.blocks;
-	wi->generation = m.h.generation;
-	wi->tail_tokens = m.h.tail_tokens;
-	wi->app_bytes = m.h.app_bytes;
-	wi->page_bytes = m.h.page_bytes;
-	wi->page_stride = m.h.page_stride;
-	mf_free(&m);
+	mf_info_of(&m, wi);
 	return 0;
 }

@@ -81,8 +81,6 @@ static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 		p->shared = 1;
 	}
 	p->max_read = o->max_read ? o->max_read : DEFAULT_MAX_READ;
-	if (io_init(&p->io, o->queue_depth ? o->queue_depth : DEFAULT_DEPTH) < 0)
-		return kvmem_error_prefix("%s", p->dir);
 	kvmem_hostpool_region(p->pool, &bases[nreg], &lens[nreg]);
 	nreg++;
 	if (!p->rdonly) {
@@ -106,16 +104,19 @@ static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 		bases[nreg] = p->stage_buf;
 		lens[nreg++] = p->stage_map_len;
 	}
-	io_register(&p->io, bases, lens, nreg);
+	/* The store's page I/O: a directory's ring, with the pool and the
+	 * stage-out buffer registered; RADOS reads straight into the pool. */
+	if (p->ws->ops->io_setup(p->ws, &p->io, o->queue_depth ? o->queue_depth : DEFAULT_DEPTH,
+				 bases, lens, nreg) < 0)
+		return kvmem_error_prefix("%s", p->dir);
 	return 0;
 }
 
-/* The workspace's id in the open/close probes: its directory's inode. */
+/* The workspace's id in the open/close probes: its directory's inode (a
+ * hash of the name for RADOS). */
 static uint64_t probe_ws_id(const kvmem_pager *p)
 {
-	struct stat st;
-
-	return p->dirfd >= 0 && fstat(p->dirfd, &st) == 0 ? (uint64_t)st.st_ino : 0;
+	return p->ws ? p->ws->ops->id(p->ws) : 0;
 }
 
 int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_pager_opts *o,
@@ -143,15 +144,13 @@ int kvmem_pager_open(const char *dir, const kvmem_page_geom *g, const kvmem_page
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return kvmem_error(ENOMEM, "%s: out of memory", dir);
-	p->dirfd = p->fd_pages = p->fd_tokens = p->fd_index = p->fd_sums = p->fd_tail = -1;
-	p->fd_lock = -1;
 	p->prefetch_hook = o->prefetch_hook;
 	p->prefetch_arg = o->prefetch_arg;
 	p->repl = repl;
-	/* The pid goes into DIR/lock last: an open refused on the way has
-	 * written nothing. */
+	/* The pid goes into DIR/lock last (a RADOS writer's name into its
+	 * lock): an open refused on the way has written nothing. */
 	if (store_open(p, dir, g, o->flags) < 0 || setup_memory(p, o) < 0 ||
-	    (!p->rdonly && ws_lock_claim(p->fd_lock, p->dir) < 0)) {
+	    (!p->rdonly && p->ws->ops->claim(p->ws) < 0)) {
 		char msg[1024];
 		int err = kvmem_last_errno();
 
@@ -191,12 +190,11 @@ int kvmem_pager_close(kvmem_pager *p)
 	if (p->write_failed)
 		rc = kvmem_error(p->write_errno ? p->write_errno : EIO, "%s", p->write_err);
 	/* Give back what was allocated ahead and not written. */
-	if (!p->rdonly && p->fd_pages >= 0 && p->prealloc_end > p->n_blocks * p->extent_bytes)
-		if (ftruncate(p->fd_pages, p->n_blocks * p->extent_bytes) < 0)
-			p->no_prealloc = 1;
+	if (p->ws && p->ws->ops->unreserve)
+		p->ws->ops->unreserve(p->ws, p->n_blocks * p->extent_bytes);
 	/* A writer that wrote nothing (its session refused the history it
 	 * found, say) leaves the counters file as it was, like the rest. */
-	if (p->dirfd >= 0 && p->m.tail_sums && p->wrote)
+	if (p->ws && p->m.tail_sums && p->wrote)
 		stats_save(p);
 	io_exit(&p->io);
 	if (p->shared) {
@@ -242,14 +240,19 @@ kvmem_hostpool *kvmem_pager_hostpool(kvmem_pager *p) { return p->pool; }
 
 int kvmem_pager_open_file(const kvmem_pager *p, const char *name, int flags)
 {
-	return ws_open_file(p->dirfd, p->dir, name, flags);
+	int dirfd = ws_store_dirfd(p->ws);
+
+	if (dirfd < 0)
+		return kvmem_error(EOPNOTSUPP, "%s/%s: a %s workspace has no files to open", p->dir,
+				   name, p->ws->ops->kind);
+	return ws_open_file(dirfd, p->dir, name, flags);
 }
 
 void kvmem_pager_region(const kvmem_pager *p, void **base, size_t *len)
 {
 	kvmem_hostpool_region(p->pool, base, len);
 }
-int kvmem_pager_direct(const kvmem_pager *p) { return p->direct; }
+int kvmem_pager_direct(const kvmem_pager *p) { return p->ws->direct; }
 int kvmem_pager_registered(const kvmem_pager *p) { return p->io.fixed; }
 
 const void *kvmem_pager_app_state(const kvmem_pager *p, uint32_t *len)
@@ -296,8 +299,9 @@ int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n)
 	memcpy(p->tok_pend + pend, ids, len);
 	XXH3_64bits_update(p->tok_hash, ids, len);
 	p->n_tokens += n;
-	if (!p->write_failed && (rc = kvmem_write_all(p->fd_tokens, ids, len, (int64_t)off)) < 0) {
-		pager_fail_write(p, -rc, "%s/tokens: cannot append: %s", p->dir, strerror(-rc));
+	if (!p->write_failed && (rc = p->ws->ops->write(p->ws, WS_TOKENS, ids, len, off)) < 0) {
+		pager_fail_write(p, -rc, "%s/tokens: cannot append: %s", p->dir,
+				 ws_strerror(p->ws, -rc));
 		return kvmem_error(-rc, "%s", p->write_err);
 	}
 	return 0;
@@ -306,7 +310,7 @@ int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n)
 int kvmem_pager_read_tokens(kvmem_pager *p, uint64_t first, size_t n, int32_t *out)
 {
 	uint64_t committed = p->m.h.tokens;
-	ssize_t got;
+	int rc;
 
 	if (first + n > p->n_tokens || first + n < first)
 		return kvmem_error(EINVAL, "%s/tokens: tokens %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
@@ -319,17 +323,17 @@ int kvmem_pager_read_tokens(kvmem_pager *p, uint64_t first, size_t n, int32_t *o
 	}
 	if (!n)
 		return 0;
-	got = pread(p->fd_tokens, out, n * 4, first * 4);
-	if (got != (ssize_t)(n * 4))
-		return kvmem_error(got < 0 ? errno : EIO, "%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64 ": %s",
-				 p->dir, first, first + n, got < 0 ? strerror(errno) : "short read");
+	if ((rc = p->ws->ops->read(p->ws, WS_TOKENS, out, n * 4, first * 4)) < 0)
+		return kvmem_error(rc == -ENODATA ? EIO : -rc, "%s/tokens: cannot read tokens %" PRIu64
+				 "..%" PRIu64 ": %s", p->dir, first, first + n,
+				 rc == -ENODATA ? "short read" : strerror(-rc));
 	return 0;
 }
 
 int kvmem_pager_read_index(kvmem_pager *p, uint64_t first_block, size_t n, void *out)
 {
 	size_t ib = p->g.index_bytes, L = p->g.n_layers;
-	ssize_t got;
+	int rc;
 
 	if (first_block + n > p->n_blocks || first_block + n < first_block)
 		return kvmem_error(EINVAL, "%s/index: blocks %" PRIu64 "..%" PRIu64 " asked, %" PRIu64
@@ -343,11 +347,10 @@ int kvmem_pager_read_index(kvmem_pager *p, uint64_t first_block, size_t n, void 
 	}
 	if (!n)
 		return 0;
-	got = pread(p->fd_index, out, n * ib, first_block * ib);
-	if (got != (ssize_t)(n * ib))
-		return kvmem_error(got < 0 ? errno : EIO, "%s/index: cannot read blocks %" PRIu64 "..%" PRIu64 ": %s",
-				 p->dir, first_block, first_block + n,
-				 got < 0 ? strerror(errno) : "short read");
+	if ((rc = p->ws->ops->read(p->ws, WS_INDEX, out, n * ib, first_block * ib)) < 0)
+		return kvmem_error(rc == -ENODATA ? EIO : -rc, "%s/index: cannot read blocks %" PRIu64
+				 "..%" PRIu64 ": %s", p->dir, first_block, first_block + n,
+				 rc == -ENODATA ? "short read" : strerror(-rc));
 	for (size_t i = 0; i < n; i++) {
 		uint64_t b = first_block + i;
 
@@ -367,7 +370,7 @@ static int tail_moved_on(kvmem_pager *p)
 	struct manifest now;
 	int moved;
 
-	if (mf_read(p->dirfd, p->dir, &now) < 0)
+	if (mf_read(p->ws, &now) < 0)
 		return 0;
 	moved = now.h.generation != p->m.h.generation;
 	mf_free(&now);
@@ -380,6 +383,7 @@ int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index)
 	size_t L = p->g.n_layers;
 	uint8_t *buf;
 	uint64_t off;
+	int rc;
 
 	if (!h->tail_tokens)
 		return 0;
@@ -387,8 +391,8 @@ int kvmem_pager_read_tail(kvmem_pager *p, void *const *layers, void *index)
 	if (!buf)
 		return kvmem_error(ENOMEM, "%s/tail: out of memory", p->dir);
 	off = (uint64_t)h->tail_slot * p->tail_slot_bytes;
-	if (pread(p->fd_tail, buf, p->tail_slot_bytes, off) != (ssize_t)p->tail_slot_bytes) {
-		int err = errno ? errno : EIO;
+	if ((rc = p->ws->ops->read(p->ws, WS_TAIL, buf, p->tail_slot_bytes, off)) < 0) {
+		int err = rc == -ENODATA ? EIO : -rc;
 
 		free(buf);
 		return kvmem_error(err, "%s/tail: cannot read slot %u: %s", p->dir, h->tail_slot,
@@ -436,7 +440,7 @@ int pager_reap(kvmem_pager *p, unsigned wait)
 	/* Completions free request records: writes waiting for one start,
 	 * and are submitted by the next pass. */
 	for (;;) {
-		rc = io_reap(&p->io, wait, pager_io_done, p);
+		rc = p->ws->ops->reap(p->ws, &p->io, wait, pager_io_done, p);
 		if (rc < 0)
 			break;
 		n += rc;
@@ -462,23 +466,7 @@ struct io_req *pager_req(kvmem_pager *p)
 void pager_io_done(void *arg, struct io_req *r)
 {
 	kvmem_pager *p = arg;
-	int fd = p->fd_pages;
 
-	/* Some file systems accept O_DIRECT at open and refuse the I/O. */
-	if (r->res == -EINVAL && p->direct) {
-		int fl = fcntl(fd, F_GETFL);
-
-		if (fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0) {
-			p->direct = 0;
-			if (!p->warned_direct)
-				fprintf(stderr, "kvmem: %s: the file system refuses O_DIRECT I/O; "
-						"using buffered I/O\n", p->dir);
-			p->warned_direct = 1;
-			r->done = 0;
-			if (io_queue(&p->io, fd, r) == 0)
-				return;
-		}
-	}
 	if (r->purpose == PUR_OUT)
 		stage_done(p, r);
 	else if (r->purpose == PUR_POOL_OUT)

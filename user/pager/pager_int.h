@@ -17,6 +17,7 @@
 #include "pager/faults.h"
 #include "pager/hostpool.h"
 #include "pager/repl_int.h"
+#include "pager/wstore.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the workspace formats are little-endian and written as in memory"
@@ -61,17 +62,28 @@ struct manifest {
 
 void mf_from_geom(struct manifest *m, const kvmem_page_geom *g);
 void mf_geom(const struct manifest *m, kvmem_page_geom *g);
-/* Read DIR/manifest into m (allocates); names the file and problem on error:
- * -ENOENT absent, -EBADMSG corrupt, not a regular file, or counts no file
- * can hold, -ESTALE another format version. */
-int mf_read(int dirfd, const char *dir, struct manifest *m);
-/* Write a temporary file of this writer's own name, fsync, rename over
- * manifest, fsync the directory. */
-int mf_write(int dirfd, const char *dir, const struct manifest *m);
+/* Read the store's manifest into m (allocates); names the file and problem
+ * on error: -ENOENT absent, -EBADMSG corrupt, not a regular file, or counts
+ * no file can hold, -ESTALE another format version. mf_read_at reads
+ * DIR/manifest under a directory's descriptor; mf_decode checks bytes. */
+int mf_read(struct ws_store *s, struct manifest *m);
+int mf_read_at(int dirfd, const char *dir, struct manifest *m);
+int mf_decode(const uint8_t *buf, size_t len, const char *name, struct manifest *m);
+/* Replace the store's manifest atomically, while old_gen (UINT64_MAX: none
+ * yet) is the current one. */
+int mf_write(struct ws_store *s, const struct manifest *m, uint64_t old_gen);
+/* The manifest's bytes (malloc'd; -ENOMEM). */
+int mf_encode(const struct manifest *m, uint8_t **buf, size_t *len);
+/* The directory's way: DIR/manifest's bytes; and a temporary file of this
+ * writer's own name, fsync, rename over manifest, fsync the directory. */
+int mf_load_at(int dirfd, const char *dir, uint8_t **buf, size_t *len);
+int mf_replace_at(int dirfd, const char *dir, const void *buf, size_t len);
 void mf_free(struct manifest *m);
-/* DIR/stats into s (zeros when absent); -errno with a message when it
- * cannot be read. */
-int stats_read(int dirfd, const char *dir, kvmem_pager_stats *s);
+/* The manifest summed up. */
+int mf_info(struct ws_store *s, kvmem_workspace_info *wi);
+/* The store's counters into s (zeros when absent); -errno with a message
+ * when they cannot be read (-ENOENT: none saved yet). */
+int stats_read(struct ws_store *s, kvmem_pager_stats *st);
 /* Explain a geometry mismatch (-ESTALE); 0 when equal. */
 int mf_check_geom(const struct manifest *m, const kvmem_page_geom *g, const char *dir);
 /* Bytes each data file (ws_data_files order) must hold for the commit;
@@ -80,6 +92,7 @@ void mf_needs(const struct mf_head *h, uint64_t need[5]);
 
 /* ---- the directory's files (files.c) and durability (durable.c) -------- */
 #define WS_N_DATA 5
+_Static_assert(WS_N_DATA == WS_N_STREAMS, "the data files are the store's streams");
 extern const char *const ws_data_files[WS_N_DATA];	/* pages tokens index sums tail */
 
 /* Create DIR/name where nothing is (O_EXCL, no link followed): fd or -errno. */
@@ -133,6 +146,7 @@ struct kvmem_io {
 	unsigned depth, inflight;
 	int fixed;			/* fixed buffers in use */
 	int sparse;			/* pieces registered when first used */
+	int has_ring;			/* ring set up (a directory store's) */
 	int warned;			/* a piece was refused (said once) */
 	struct iovec iov[IO_PIECES];	/* the pieces, in region order */
 	int8_t state[IO_PIECES];	/* 1 registered, 0 not yet, -1 refused */
@@ -148,6 +162,8 @@ struct kvmem_io {
 
 int io_init(struct kvmem_io *io, unsigned depth);
 void io_exit(struct kvmem_io *io);
+/* The request records alone (a store without a ring). */
+int io_init_reqs(struct kvmem_io *io, unsigned depth);
 /* Register regions (pointer, length) as fixed buffers: a sparse table now,
  * each piece when an I/O first uses it (where the kernel has no sparse
  * tables, everything now); on failure I/O goes on without them (one
@@ -201,13 +217,13 @@ struct stage_slot {
 };
 
 struct kvmem_pager {
-	char dir[PATH_MAX];
+	char dir[PATH_MAX];		/* the store's name: a directory or rados://... */
 	kvmem_page_geom g;
 	size_t page_bytes, page_stride, extent_bytes, tail_slot_bytes, sums_rec;
-	int flags, rdonly, direct, warned_direct;
+	int flags, rdonly;
 	size_t max_read;		/* opts.max_read resolved */
-	int dirfd, fd_pages, fd_tokens, fd_index, fd_sums, fd_tail;
-	int fd_lock;			/* the writer's lock (-1 read-only) */
+	struct ws_store *ws;		/* where the bytes live (wstore.h) */
+	int locked;			/* the writer's lock is held (claimed at open's end) */
 	int wrote;			/* store_begin_write done: files may differ */
 
 	struct manifest m;		/* last committed state */
@@ -249,8 +265,6 @@ struct kvmem_pager {
 
 	int write_failed;		/* sticky since the last commit */
 	int write_errno;		/* its cause (ENOSPC, EIO, ...) */
-	uint64_t prealloc_end;		/* pages file allocated up to here */
-	int no_prealloc;		/* fallocate refused: stop trying */
 	char write_err[PATH_MAX + 512];
 	uint64_t step, step_t0;
 	kvmem_pager_stats st, base, at_step;
@@ -270,7 +284,7 @@ struct kvmem_pager {
 	int read_errno;				/* its code: EBADMSG checksum, EIO... */
 };
 
-/* store.c: files of the directory. */
+/* store.c: the workspace over its store. */
 int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int flags);
 /* Before this open's first write (append or commit): cut what lies past
  * the last commit, remove a dead writer's temporary files. Until then the
@@ -280,8 +294,9 @@ void store_close(kvmem_pager *p);
 int store_grow(kvmem_pager *p, uint64_t blocks);	/* page table, sums, orphans */
 void stats_save(kvmem_pager *p);
 void stats_load(kvmem_pager *p);	/* the directory's saved totals as base */
-/* Hash of file bytes [0, len); -1 with message when it cannot be read. */
-int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out);
+/* Hash of stream i's bytes [0, len); -errno with a message naming `name`
+ * when they cannot be read. */
+int hash_stream_prefix(struct ws_store *s, int i, uint64_t len, const char *name, uint64_t *out);
 
 /* The shared pool's lock around a pager's entry points (a pager of its
  * own pool needs none: one thread at a time, as before). */

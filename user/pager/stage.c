@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * Stage-out: a full block's pages are copied into one extent of a bounded,
- * registered in-flight buffer and written with one O_DIRECT request at the
- * block's place in the pages file; the caller goes on at once. Only when
+ * registered in-flight buffer and written with one request at the block's
+ * place in the pages stream (a directory: one O_DIRECT write; RADOS: one
+ * write per object the extent spans); the caller goes on at once. Only when
  * every extent of the buffer is still in flight does an append wait
  * (backpressure, counted). A failed write keeps the extent in memory, so the
  * session goes on; commits are refused from then on.
@@ -99,7 +100,7 @@ void stage_done(kvmem_pager *p, struct io_req *r)
 		PROBE_IO_ERROR(block * L, -err);
 		pager_fail_write(p, err, "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
 				 PRIu64 ") failed: %s%s", p->dir, block, r->len, r->off,
-				 strerror(err), r->res < 0 ? "" : " (short write)");
+				 ws_strerror(p->ws, err), r->res < 0 ? "" : " (short write)");
 		orphan_keep(p, block, r->buf, NULL);
 	}
 	ss->busy = 0;
@@ -133,7 +134,7 @@ void pool_out_done(kvmem_pager *p, struct io_req *r)
 		PROBE_IO_ERROR(r->first_page, -err);
 		pager_fail_write(p, err, "%s/pages: writing block %" PRIu64 " (%zu bytes at offset %"
 				 PRIu64 ") failed: %s%s", p->dir, block, r->len, r->off,
-				 strerror(err), r->res < 0 ? "" : " (short write)");
+				 ws_strerror(p->ws, err), r->res < 0 ? "" : " (short write)");
 		if (i < p->n_pout)
 			p->pout[i].t0 = 0;	/* not counted as written */
 	}
@@ -179,7 +180,7 @@ static int ow_push(kvmem_pager *p, const struct out_wait *w)
 	return 0;
 }
 
-static void prealloc(kvmem_pager *p, uint64_t end);
+static void reserve(kvmem_pager *p, uint64_t end);
 
 /* A write that could not be queued: its block is kept in memory. */
 static void out_refused(kvmem_pager *p, const struct out_wait *w)
@@ -226,7 +227,7 @@ int out_pump(kvmem_pager *p)
 		r->buf = w.buf;
 		r->len = w.len;
 		r->off = w.off;
-		if (io_queue(&p->io, p->fd_pages, r) < 0) {
+		if (p->ws->ops->submit(p->ws, &p->io, r) < 0) {
 			io_req_put(&p->io, r);
 			out_refused(p, &w);
 			continue;
@@ -239,7 +240,7 @@ int out_pump(kvmem_pager *p)
 
 static int out_queue(kvmem_pager *p, const struct out_wait *w)
 {
-	prealloc(p, w->off + w->len);
+	reserve(p, w->off + w->len);
 	if (ow_push(p, w) < 0) {
 		out_refused(p, w);
 		return -1;
@@ -269,47 +270,20 @@ static int free_stage_slot(kvmem_pager *p, uint64_t block)
 	return kvmem_error(EIO, "%s: stage-out buffer accounting is wrong", p->dir);
 }
 
-/*
- * Allocate the pages file ahead of the writes. Writes into allocated blocks
- * inside the file size let ext4 run several O_DIRECT writes at once (shared
- * inode lock, no punt to a worker); writes that extend the file go one at
- * a time. Best effort: a file system that refuses is written as it is.
- */
-static void prealloc(kvmem_pager *p, uint64_t end)
+/* Room for the pages stream ahead of the writes (a directory allocates
+ * the file: Documentation/pager.md), at least as far as writes can be in
+ * flight: the stage-out buffer's extents, or the pool's pages for blocks
+ * written from the pool. */
+static void reserve(kvmem_pager *p, uint64_t end)
 {
-	uint64_t chunk = p->prealloc_end / 4;
+	struct ws_store *ws = p->ws;
+	uint64_t reach = (uint64_t)p->n_stage * p->extent_bytes,
+		 pool = (uint64_t)kvmem_hostpool_slots(p->pool) * p->page_stride;
 
-	if (p->no_prealloc || end <= p->prealloc_end)
-		return;
-	/* Large steps: ext4's fallocate waits for every direct I/O in flight. */
-	if (chunk < (64u << 20))
-		chunk = 64u << 20;
-	if (chunk < 16 * p->extent_bytes)
-		chunk = 16 * p->extent_bytes;
-	if (chunk > (1u << 30))
-		chunk = 1u << 30;
-	/* At least the stage-out buffer's reach: every write it can hold in
-	 * flight lands in allocated blocks, and a prefill that fills it is not
-	 * stopped by a fallocate waiting for those writes again and again (a
-	 * 2.4 GB buffer grown a quarter at a time: about a dozen waits for the
-	 * disk in a 16K-token prefill at Qwen3-8B). */
-	if (chunk < (uint64_t)p->n_stage * p->extent_bytes)
-		chunk = (uint64_t)p->n_stage * p->extent_bytes;
-	/* Blocks written from the pool: as far as the pool holds pages. */
-	if (chunk < (uint64_t)kvmem_hostpool_slots(p->pool) * p->page_stride)
-		chunk = (uint64_t)kvmem_hostpool_slots(p->pool) * p->page_stride;
-	chunk = round_up(chunk, p->extent_bytes);
-	if (fallocate(p->fd_pages, 0, p->prealloc_end, end + chunk - p->prealloc_end) == 0) {
-		p->prealloc_end = end + chunk;
-		return;
-	}
-	/* A failed fallocate may keep what it got before running out (ext4
-	 * does), which would take the space the tail and the manifest need:
-	 * give it back. Every write in flight ends at or before prealloc_end. */
-	if (ftruncate(p->fd_pages, p->prealloc_end) < 0)
-		pager_fail_write(p, errno, "%s/pages: cannot give back a failed allocation: %s",
-				 p->dir, strerror(errno));
-	p->no_prealloc = 1;
+	if (reach < pool)
+		reach = pool;
+	if (ws->ops->reserve && ws->ops->reserve(ws, end, p->extent_bytes, reach) < 0)
+		pager_fail_write(p, kvmem_last_errno(), "%s", kvmem_last_error());
 }
 
 /* Copies of a block's pages spread over the OpenMP threads from this many
@@ -467,7 +441,9 @@ static int append_in_pool(kvmem_pager *p, uint64_t block, int i, const void *ind
 	size_t L = p->g.n_layers, ib = p->g.index_bytes, pad = p->page_stride - p->page_bytes;
 	uint32_t *sl = p->resv[i].slot;
 	uint64_t *sums = p->sums + block * (L + 1);
+	struct ws_store *ws = p->ws;
 	struct pool_out *po;
+	int rc;
 
 	if (p->n_pout == p->cap_pout) {
 		int cap = p->cap_pout ? 2 * p->cap_pout : 64;
@@ -504,12 +480,13 @@ static int append_in_pool(kvmem_pager *p, uint64_t block, int i, const void *ind
 	/* The slots are the pages' now; the list goes with the writes. */
 	p->resv[i] = p->resv[--p->n_resv];
 
-	if (!p->write_failed && ib && kvmem_write_all(p->fd_index, index, ib, (int64_t)(block * ib)) < 0)
-		pager_fail_write(p, errno, "%s/index: cannot append the record of block %" PRIu64 ": %s",
-				 p->dir, block, strerror(errno));
-	if (!p->write_failed && kvmem_write_all(p->fd_sums, sums, (L + 1) * 8, (int64_t)(block * p->sums_rec)) < 0)
-		pager_fail_write(p, errno, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
-				 p->dir, block, strerror(errno));
+	if (!p->write_failed && ib && (rc = ws->ops->write(ws, WS_INDEX, index, ib, block * ib)) < 0)
+		pager_fail_write(p, -rc, "%s/index: cannot append the record of block %" PRIu64 ": %s",
+				 p->dir, block, ws_strerror(ws, -rc));
+	if (!p->write_failed &&
+	    (rc = ws->ops->write(ws, WS_SUMS, sums, (L + 1) * 8, block * p->sums_rec)) < 0)
+		pager_fail_write(p, -rc, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
+				 p->dir, block, ws_strerror(ws, -rc));
 	if (p->write_failed) {
 		/* Pinned for good, as a failed write leaves them; the index
 		 * record is kept in memory. */
@@ -543,7 +520,8 @@ static int append_block(kvmem_pager *p, uint64_t block, const void *const *layer
 	size_t L = p->g.n_layers, ib = p->g.index_bytes;
 	uint64_t *sums;
 	uint8_t *ext;
-	int slot, i;
+	struct ws_store *ws = p->ws;
+	int slot, i, rc;
 
 	if (p->rdonly)
 		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
@@ -583,12 +561,13 @@ static int append_block(kvmem_pager *p, uint64_t block, const void *const *layer
 	for (size_t l = 0; l < L; l++)
 		p->pt[block * L + l].flags |= KVMEM_PTE_DIRTY;
 
-	if (!p->write_failed && ib && kvmem_write_all(p->fd_index, index, ib, (int64_t)(block * ib)) < 0)
-		pager_fail_write(p, errno, "%s/index: cannot append the record of block %" PRIu64 ": %s",
-				 p->dir, block, strerror(errno));
-	if (!p->write_failed && kvmem_write_all(p->fd_sums, sums, (L + 1) * 8, (int64_t)(block * p->sums_rec)) < 0)
-		pager_fail_write(p, errno, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
-				 p->dir, block, strerror(errno));
+	if (!p->write_failed && ib && (rc = ws->ops->write(ws, WS_INDEX, index, ib, block * ib)) < 0)
+		pager_fail_write(p, -rc, "%s/index: cannot append the record of block %" PRIu64 ": %s",
+				 p->dir, block, ws_strerror(ws, -rc));
+	if (!p->write_failed &&
+	    (rc = ws->ops->write(ws, WS_SUMS, sums, (L + 1) * 8, block * p->sums_rec)) < 0)
+		pager_fail_write(p, -rc, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
+				 p->dir, block, ws_strerror(ws, -rc));
 	if (p->write_failed) {
 		orphan_keep(p, block, ext, index);
 	} else {

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * Counters: kept in the pager, saved as text in DIR/stats ("name value" per
- * line) at each commit and at the close of a writer that wrote (one that
- * did not leaves the directory as it found it), so `kvmem stat` reads them
- * without BPF.
+ * Counters: kept in the pager, saved as text beside the workspace (DIR/stats,
+ * or the RADOS object "stats"; "name value" per line) at each commit and at
+ * the close of a writer that wrote (one that did not leaves the store as it
+ * found it), so `kvmem stat` reads them without BPF.
  * The file is advisory (replaced by rename, not fsynced): losing the last
  * update in a crash loses counts, never data; one that is not a regular
  * file is ignored. Counters saturate at 2^64 - 1.
@@ -44,7 +44,6 @@ static void parse_stats(FILE *f, kvmem_pager_stats *s)
 {
 	char line[256];
 
-	memset(s, 0, sizeof(*s));
 	while (fgets(line, sizeof(line), f)) {
 		char *sp = strchr(line, ' '), *end;
 		unsigned long long v;
@@ -62,22 +61,6 @@ static void parse_stats(FILE *f, kvmem_pager_stats *s)
 			if (!strcmp(line, fields[i].name))
 				*field(s, i) = v;
 	}
-}
-
-/* DIR/stats opened the safe way (no link followed, a FIFO refused). */
-static FILE *open_stats(int dirfd, const char *dir)
-{
-	int fd = ws_open_file(dirfd, dir, "stats", O_RDONLY);
-	FILE *f;
-
-	if (fd < 0)
-		return NULL;
-	f = fdopen(fd, "r");
-	if (!f) {
-		kvmem_error(errno, "%s/stats: %s", dir, strerror(errno));
-		close(fd);
-	}
-	return f;
 }
 
 void kvmem_pager_stats_get(const kvmem_pager *p, kvmem_pager_stats *s)
@@ -114,46 +97,50 @@ void kvmem_pager_stats_print(const kvmem_pager_stats *s, FILE *f)
 
 void stats_load(kvmem_pager *p)
 {
-	if (stats_read(p->dirfd, p->dir, &p->base) < 0)
+	if (stats_read(p->ws, &p->base) < 0)
 		kvmem_error_clear();	/* none yet, or not usable: counts start at 0 */
 }
 
 void stats_save(kvmem_pager *p)
 {
 	kvmem_pager_stats t;
-	char tmp[48];
+	char *text = NULL;
+	size_t len = 0;
 	FILE *f;
-	int fd;
 
 	if (p->rdonly)
 		return;
 	kvmem_pager_stats_total(p, &t);
-	/* This writer's own temporary name, created where nothing is. */
-	snprintf(tmp, sizeof(tmp), "stats.tmp.%d", (int)getpid());
-	unlinkat(p->dirfd, tmp, 0);
-	fd = openat(p->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-	if (fd < 0)
+	f = open_memstream(&text, &len);
+	if (!f)
 		return;
-	f = fdopen(fd, "w");
-	if (!f) {
-		close(fd);
-		unlinkat(p->dirfd, tmp, 0);
-		return;
-	}
 	for (size_t i = 0; i < N_FIELDS; i++)
 		fprintf(f, "%s %" PRIu64 "\n", fields[i].name, *field(&t, i));
-	if (fclose(f) != 0 || renameat(p->dirfd, tmp, p->dirfd, "stats") < 0)
-		unlinkat(p->dirfd, tmp, 0);
+	/* Advisory: a failure to save them costs counts, never data (and
+	 * sets no message: close may be reporting another failure). */
+	if (fclose(f) == 0)
+		p->ws->ops->aux_write(p->ws, "stats", text, len, 0);
+	free(text);
 }
 
-int stats_read(int dirfd, const char *dir, kvmem_pager_stats *s)
+int stats_read(struct ws_store *ws, kvmem_pager_stats *st)
 {
-	FILE *f = open_stats(dirfd, dir);
+	char *text;
+	size_t len;
+	FILE *f;
+	int rc;
 
-	memset(s, 0, sizeof(*s));
-	if (!f)
-		return kvmem_fail();
-	parse_stats(f, s);
+	memset(st, 0, sizeof(*st));
+	if ((rc = ws->ops->aux_read(ws, "stats", &text, &len)) < 0)
+		return rc;
+	f = fmemopen(text, len ? len : 1, "r");
+	if (!f) {
+		free(text);
+		return kvmem_error(errno, "%s/stats: %s", ws->name, strerror(errno));
+	}
+	if (len)
+		parse_stats(f, st);
 	fclose(f);
+	free(text);
 	return 0;
 }

@@ -1,21 +1,22 @@
 // SPDX-License-Identifier: MIT
 /*
- * The workspace directory's files: create or reopen, check the committed
- * state against the manifest, cut off what lies past the last commit.
+ * A workspace over its store (wstore.h: a directory, or RADOS): create or
+ * reopen, check the committed state against the manifest, cut off what
+ * lies past the last commit. Nothing here knows which store it is.
  *
  * Choice for a torn or corrupt workspace: REFUSE. A manifest that fails its
  * checksum, a file shorter than the commit says, or tokens/sums whose hash
  * differs from the manifest's make the open fail (-EBADMSG) with a message
  * naming the file; nothing is modified. Bytes past the last commit are not
  * damage (an interrupted append) and are cut off at this open's first
- * write. Pages are checked on every read. A directory without a manifest
- * becomes a workspace only when it is empty; a writer holds DIR/lock for as
- * long as it is open.
+ * write. Pages are checked on every read. A store without a manifest
+ * becomes a workspace only when it is empty; a writer holds the store's
+ * lock (DIR/lock, or a RADOS lease) for as long as it is open.
  *
  * Order: every check an existing workspace can fail (manifest, model and
  * geometry, file sizes, the committed tokens' and sums' checksums) runs
- * before DIR/lock is created, taken or written, so a refused open changes
- * no file at all; the open's own writes (the pid into DIR/lock) come last,
+ * before the lock is created, taken or written, so a refused open changes
+ * no file at all; the open's own writes (who holds the lock) come last,
  * and the rest waits for the first write (store_begin_write).
  */
 #include <errno.h>
@@ -30,14 +31,7 @@
 #include "pager/pager_int.h"
 #include "util/fs.h"
 
-static int *file_fd(kvmem_pager *p, int i)
-{
-	int *fds[] = { &p->fd_pages, &p->fd_tokens, &p->fd_index, &p->fd_sums, &p->fd_tail };
-
-	return fds[i];
-}
-
-int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out)
+int hash_stream_prefix(struct ws_store *s, int i, uint64_t len, const char *name, uint64_t *out)
 {
 	enum { CHUNK = 1 << 20 };
 	XXH3_state_t *st = XXH3_createState();
@@ -52,7 +46,7 @@ int hash_file_prefix(int fd, uint64_t len, const char *name, uint64_t *out)
 	XXH3_64bits_reset(st);
 	while (off < len) {
 		size_t want = len - off < CHUNK ? len - off : CHUNK;
-		int rc = kvmem_read_all(fd, buf, want, off);
+		int rc = s->ops->read(s, i, buf, want, off);
 
 		if (rc) {
 			XXH3_freeState(st);
@@ -126,50 +120,16 @@ int store_grow(kvmem_pager *p, uint64_t blocks)
 	return 0;
 }
 
-/* Open (or create) one data file; O_DIRECT for pages unless refused (then
- * buffered). Never through a link, never a FIFO or other non-regular file. */
-static int open_file(kvmem_pager *p, int i, int create)
-{
-	int flags = p->rdonly ? O_RDONLY : O_RDWR;
-	const char *name = ws_data_files[i];
-	int fd;
-
-	if (i == 0 && !(p->flags & KVMEM_PAGER_NO_DIRECT)) {
-		fd = create ? ws_create_file(p->dirfd, p->dir, name, flags | O_DIRECT) :
-			      ws_open_file(p->dirfd, p->dir, name, flags | O_DIRECT);
-		if (fd >= 0) {
-			p->direct = 1;
-			*file_fd(p, i) = fd;
-			return 0;
-		}
-		if (fd != -EINVAL)
-			return fd;
-		fprintf(stderr, "kvmem: %s: the file system refuses O_DIRECT; using buffered I/O\n",
-			p->dir);
-		p->warned_direct = 1;
-	}
-	fd = create ? ws_create_file(p->dirfd, p->dir, name, flags) :
-		      ws_open_file(p->dirfd, p->dir, name, flags);
-	/* The O_DIRECT attempt may have created it before being refused. */
-	if (fd == -EEXIST && p->warned_direct && i == 0)
-		fd = ws_open_file(p->dirfd, p->dir, name, flags);
-	if (fd < 0)
-		return fd;
-	*file_fd(p, i) = fd;
-	return 0;
-}
-
 static int create_files(kvmem_pager *p, const kvmem_page_geom *g)
 {
-	for (int i = 0; i < WS_N_DATA; i++)
-		if (open_file(p, i, 1) < 0)
-			return kvmem_error_prefix("%s: cannot create the workspace", p->dir);
+	if (p->ws->ops->create(p->ws, kvmem_page_stride(g) * g->n_layers) < 0)
+		return kvmem_error_prefix("%s: cannot create the workspace", p->dir);
 	mf_from_geom(&p->m, g);
 	p->m.tail_sums = calloc(g->n_layers + 1, 8);
 	p->m.app = malloc(1);
 	if (!p->m.tail_sums || !p->m.app)
 		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
-	if (mf_write(p->dirfd, p->dir, &p->m) < 0)
+	if (mf_write(p->ws, &p->m, UINT64_MAX) < 0)
 		return kvmem_error_prefix("%s: cannot create the workspace", p->dir);
 	return 0;
 }
@@ -179,17 +139,17 @@ static int create_files(kvmem_pager *p, const kvmem_page_geom *g)
  * before every file is checked. */
 static int check_lengths(kvmem_pager *p)
 {
-	uint64_t need[WS_N_DATA];
-	struct stat sb;
+	uint64_t need[WS_N_DATA], size;
+	int rc;
 
 	mf_needs(&p->m.h, need);
 	for (int i = 0; i < WS_N_DATA; i++) {
-		if (fstat(*file_fd(p, i), &sb) < 0)
-			return kvmem_error(errno, "%s/%s: %s", p->dir, ws_data_files[i], strerror(errno));
-		if ((uint64_t)sb.st_size < need[i])
+		if ((rc = p->ws->ops->size(p->ws, i, need[i], &size)) < 0)
+			return kvmem_error(-rc, "%s/%s: %s", p->dir, ws_data_files[i], strerror(-rc));
+		if (size < need[i])
 			return kvmem_error(EBADMSG, "%s/%s: %lld bytes, but the last commit covers %" PRIu64
 					 ": truncated; refusing to open (see kvmem verify)", p->dir,
-					 ws_data_files[i], (long long)sb.st_size, need[i]);
+					 ws_data_files[i], (long long)size, need[i]);
 	}
 	return 0;
 }
@@ -197,24 +157,16 @@ static int check_lengths(kvmem_pager *p)
 int store_begin_write(kvmem_pager *p)
 {
 	uint64_t need[WS_N_DATA];
-	struct stat sb;
 
 	if (p->wrote)
 		return 0;
 	if (p->rdonly)
 		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
 	/* Appends go on from the commit: what an interrupted one left past
-	 * it goes first. The tail file keeps both slots: the other one may be
-	 * next. */
+	 * it goes first (the store's begin_write). */
 	mf_needs(&p->m.h, need);
-	for (int i = 0; i < WS_N_DATA; i++) {
-		if (i == 4 || fstat(*file_fd(p, i), &sb) < 0 || (uint64_t)sb.st_size <= need[i])
-			continue;
-		if (ftruncate(*file_fd(p, i), need[i]) < 0)
-			return kvmem_error(errno, "%s/%s: cannot cut off data past the last commit: %s",
-					 p->dir, ws_data_files[i], strerror(errno));
-	}
-	ws_clean_temps(p->dirfd, 0);
+	if (p->ws->ops->begin_write(p->ws, need) < 0)
+		return kvmem_fail();
 	p->wrote = 1;
 	return 0;
 }
@@ -222,16 +174,18 @@ int store_begin_write(kvmem_pager *p)
 /* Load the committed sums and tokens and check them against the manifest. */
 static int load_committed(kvmem_pager *p)
 {
+	enum { CHUNK = 1 << 20 };
 	const struct mf_head *h = &p->m.h;
 	uint64_t n = h->blocks * (p->g.n_layers + 1);
-	ssize_t got;
+	uint8_t *buf;
+	int rc;
 
 	if (store_grow(p, h->blocks) < 0)
 		return kvmem_fail();
-	if (n && (got = pread(p->fd_sums, p->sums, n * 8, 0)) != (ssize_t)(n * 8))
-		return kvmem_error(got < 0 ? errno : EIO, "%s/sums: cannot read %" PRIu64
+	if (n && (rc = p->ws->ops->read(p->ws, WS_SUMS, p->sums, n * 8, 0)) < 0)
+		return kvmem_error(rc == -ENODATA ? EIO : -rc, "%s/sums: cannot read %" PRIu64
 				 " committed checksums: %s", p->dir, n,
-				 got < 0 ? strerror(errno) : "short read");
+				 rc == -ENODATA ? "short read" : strerror(-rc));
 	XXH3_64bits_reset(p->sums_hash);
 	XXH3_64bits_update(p->sums_hash, p->sums, n * 8);
 	if (XXH3_64bits_digest(p->sums_hash) != h->sums_hash)
@@ -239,18 +193,23 @@ static int load_committed(kvmem_pager *p)
 				 "manifest: corrupt; refusing to open (see kvmem verify)", p->dir);
 	/* Hash the committed tokens once; the state goes on with new appends. */
 	XXH3_64bits_reset(p->tok_hash);
+	buf = malloc(CHUNK);
+	if (!buf)
+		return kvmem_error(ENOMEM, "%s/tokens: out of memory", p->dir);
 	for (uint64_t off = 0; off < h->tokens * 4;) {
-		uint8_t buf[65536];
-		size_t want = h->tokens * 4 - off < sizeof(buf) ? h->tokens * 4 - off : sizeof(buf);
-		int rc = kvmem_read_all(p->fd_tokens, buf, want, off);
+		size_t want = h->tokens * 4 - off < CHUNK ? h->tokens * 4 - off : CHUNK;
 
-		if (rc)
+		rc = p->ws->ops->read(p->ws, WS_TOKENS, buf, want, off);
+		if (rc) {
+			free(buf);
 			return kvmem_error(rc == -ENODATA ? EIO : -rc, "%s/tokens: read failed at offset %"
 					 PRIu64 ": %s", p->dir, off, rc == -ENODATA ?
 					 "unexpected end of file" : strerror(-rc));
+		}
 		XXH3_64bits_update(p->tok_hash, buf, want);
 		off += want;
 	}
+	free(buf);
 	if (XXH3_64bits_digest(p->tok_hash) != h->tokens_hash)
 		return kvmem_error(EBADMSG, "%s/tokens: checksum of the committed part differs from the "
 				 "manifest: corrupt; refusing to open (see kvmem verify)", p->dir);
@@ -258,32 +217,6 @@ static int load_committed(kvmem_pager *p)
 	p->n_blocks = h->blocks;
 	for (uint64_t pg = 0; pg < h->blocks * p->g.n_layers; pg++)
 		p->pt[pg].tiers = KVMEM_TIER_NVME;
-	return 0;
-}
-
-/*
- * No readable manifest: decide whether dir may become a new workspace. Only
- * an empty directory may (or one left by a creation cut short: empty data
- * files, temporary files, the lock). Anything else is refused, naming it.
- */
-static int may_create(kvmem_pager *p, int flags)
-{
-	struct ws_scan sc;
-	int rc = ws_scan(p->dirfd, p->dir, &sc);
-
-	if (rc < 0)
-		return rc;
-	if (sc.manifest)
-		return kvmem_error(ENOENT, "%s/manifest: vanished while opening", p->dir);
-	if (sc.ws_file[0])
-		return kvmem_error(ENOENT, "%s: no manifest, but the directory holds workspace files "
-				 "('%s'): a damaged workspace, not an empty one; refusing to create "
-				 "a new workspace over it", p->dir, sc.ws_file);
-	if (sc.other[0])
-		return kvmem_error(EEXIST, "%s: not a kvmem workspace and not empty (it holds '%s'); "
-				 "refusing to create a workspace in it", p->dir, sc.other);
-	if (!(flags & KVMEM_PAGER_CREATE) || p->rdonly)
-		return kvmem_error(ENOENT, "%s: not a kvmem workspace (no manifest)", p->dir);
 	return 0;
 }
 
@@ -307,21 +240,17 @@ static int load_existing(kvmem_pager *p, const kvmem_page_geom *g)
 		return kvmem_fail();
 	set_geometry(p);
 	for (int i = 0; i < WS_N_DATA; i++)
-		if (open_file(p, i, 0) < 0)
+		if (p->ws->ops->open_stream(p->ws, i) < 0)
 			return kvmem_fail();
 	if (check_lengths(p) < 0 || load_committed(p) < 0)
 		return kvmem_fail();
 	return 0;
 }
 
-/* Forget what load_existing loaded, to load another commit. */
+/* Forget what load_existing loaded, to load another commit (its streams
+ * are opened again). */
 static void unload(kvmem_pager *p)
 {
-	for (int i = 0; i < WS_N_DATA; i++)
-		if (*file_fd(p, i) >= 0) {
-			close(*file_fd(p, i));
-			*file_fd(p, i) = -1;
-		}
 	p->n_tokens = p->n_blocks = 0;
 	mf_free(&p->m);
 }
@@ -334,10 +263,10 @@ static int lock_existing(kvmem_pager *p, const kvmem_page_geom *g)
 	struct manifest now;
 	int rc;
 
-	p->fd_lock = ws_lock_take(p->dirfd, p->dir);
-	if (p->fd_lock < 0)
-		return p->fd_lock;
-	rc = mf_read(p->dirfd, p->dir, &now);
+	if ((rc = p->ws->ops->lock(p->ws)) < 0)
+		return rc;
+	p->locked = 1;
+	rc = mf_read(p->ws, &now);
 	if (rc < 0)
 		return rc;
 	if (now.h.generation == p->m.h.generation && now.h.tokens == p->m.h.tokens &&
@@ -357,21 +286,8 @@ int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int fl
 	snprintf(p->dir, sizeof(p->dir), "%s", dir);
 	p->flags = flags;
 	p->rdonly = !!(flags & KVMEM_PAGER_RDONLY);
-	if ((flags & KVMEM_PAGER_CREATE) && !p->rdonly) {
-		if (mkdir(dir, 0755) == 0) {
-			/* Its name in the parent must be durable before any
-			 * commit in it is reported durable. */
-			if (ws_sync_parent(dir) < 0)
-				return kvmem_fail();
-		} else if (errno != EEXIST) {
-			return kvmem_error(errno, "%s: cannot create the workspace directory: %s", dir,
-					 strerror(errno));
-		}
-	}
-	p->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (p->dirfd < 0)
-		return kvmem_error(errno, "%s: cannot open the workspace directory: %s", dir,
-				 strerror(errno));
+	if ((rc = ws_store_open(dir, flags, &p->ws)) < 0)
+		return rc;
 	p->tok_hash = XXH3_createState();
 	p->sums_hash = XXH3_createState();
 	if (!p->tok_hash || !p->sums_hash)
@@ -379,24 +295,23 @@ int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int fl
 	XXH3_64bits_reset(p->tok_hash);
 	XXH3_64bits_reset(p->sums_hash);
 
-	rc = mf_read(p->dirfd, dir, &p->m);
+	rc = mf_read(p->ws, &p->m);
 	if (rc == 0) {
 		rc = load_existing(p, g);
 		if (rc == 0 && !p->rdonly)
 			rc = lock_existing(p, g);
-	} else if (rc == -ENOENT && (rc = may_create(p, flags)) == 0) {
+	} else if (rc == -ENOENT && (rc = p->ws->ops->may_create(p->ws, flags)) == 0) {
 		/* One writer: the lock, then look again: another writer may
 		 * have created the workspace before we held it. */
-		p->fd_lock = ws_lock_take(p->dirfd, dir);
-		if (p->fd_lock < 0)
-			return p->fd_lock;
-		rc = mf_read(p->dirfd, dir, &p->m);
+		if ((rc = p->ws->ops->lock(p->ws)) < 0)
+			return rc;
+		p->locked = 1;
+		rc = mf_read(p->ws, &p->m);
 		if (rc == 0) {
 			rc = load_existing(p, g);
-		} else if (rc == -ENOENT && (rc = may_create(p, flags)) == 0) {
+		} else if (rc == -ENOENT && (rc = p->ws->ops->may_create(p->ws, flags)) == 0) {
 			if (!g)
 				return kvmem_error(EINVAL, "%s: creating a workspace needs its geometry", dir);
-			ws_clean_temps(p->dirfd, 1);
 			if (create_files(p, g) < 0)
 				return kvmem_fail();
 			p->wrote = 1;
@@ -407,20 +322,14 @@ int store_open(kvmem_pager *p, const char *dir, const kvmem_page_geom *g, int fl
 	}
 	if (rc < 0)
 		return rc;
-	p->prealloc_end = p->m.h.blocks * p->extent_bytes;
 	stats_load(p);
 	return 0;
 }
 
 void store_close(kvmem_pager *p)
 {
-	for (int i = 0; i < WS_N_DATA; i++)
-		if (*file_fd(p, i) >= 0)
-			close(*file_fd(p, i));
-	if (p->dirfd >= 0)
-		close(p->dirfd);
-	if (p->fd_lock >= 0)
-		close(p->fd_lock);	/* releases the writer's lock */
+	ws_store_close(p->ws);	/* releases the writer's lock */
+	p->ws = NULL;
 	XXH3_freeState(p->tok_hash);
 	XXH3_freeState(p->sums_hash);
 	mf_free(&p->m);

@@ -33,23 +33,32 @@ int fault_fire(int kind)
 	return 0;
 }
 
+int io_init_reqs(struct kvmem_io *io, unsigned depth)
+{
+	memset(io, 0, sizeof(*io));
+	io->depth = depth;
+	io->reqs = calloc(depth, sizeof(*io->reqs));
+	if (!io->reqs)
+		return kvmem_error(ENOMEM, "io_uring: out of memory");
+	for (unsigned i = 0; i < depth; i++)
+		io_req_put(io, &io->reqs[i]);
+	return 0;
+}
+
 int io_init(struct kvmem_io *io, unsigned depth)
 {
 	int rc;
 
-	memset(io, 0, sizeof(*io));
-	io->depth = depth;
+	if (io_init_reqs(io, depth) < 0)
+		return kvmem_fail();
 	rc = io_uring_queue_init(depth, &io->ring, 0);
-	if (rc < 0)
+	if (rc < 0) {
+		free(io->reqs);
+		io->reqs = NULL;
 		return kvmem_error(-rc, "io_uring: cannot set up a ring of %u entries: %s", depth,
 				 strerror(-rc));
-	io->reqs = calloc(depth, sizeof(*io->reqs));
-	if (!io->reqs) {
-		io_uring_queue_exit(&io->ring);
-		return kvmem_error(ENOMEM, "io_uring: out of memory");
 	}
-	for (unsigned i = 0; i < depth; i++)
-		io_req_put(io, &io->reqs[i]);
+	io->has_ring = 1;
 	return 0;
 }
 
@@ -59,7 +68,8 @@ void io_exit(struct kvmem_io *io)
 		return;
 	if (io->fixed)
 		io_uring_unregister_buffers(&io->ring);
-	io_uring_queue_exit(&io->ring);
+	if (io->has_ring)
+		io_uring_queue_exit(&io->ring);
 	free(io->reqs);
 	io->reqs = NULL;
 }

@@ -4,7 +4,9 @@
  * store refuses rather than repairs). Salvage copies the longest prefix
  * that checks out into a new workspace beside it, through the pager itself
  * (so the copy is committed by the same crash rule), and says what was
- * lost. The damaged workspace is only read.
+ * lost. The damaged workspace is only read. kvmem_workspace_copy is the
+ * same walk, all or nothing: between any two stores (a directory, a RADOS
+ * pool), every block checked on the way.
  *
  * What can be checked one by one: each full block (its L pages and index
  * record against their sums) and the partial block (against the manifest).
@@ -27,7 +29,8 @@
 
 struct src {
 	const char *dir;
-	int dirfd, fd_pages, fd_tokens, fd_index, fd_sums, fd_tail;
+	struct ws_store *ws;
+	int ok[WS_N_DATA];	/* stream i could be opened */
 	struct manifest m;
 	kvmem_page_geom g;
 	size_t pb, stride, extent, L, ib, slot_bytes;
@@ -35,13 +38,14 @@ struct src {
 
 static void src_close(struct src *s)
 {
-	int *fds[] = { &s->fd_pages, &s->fd_tokens, &s->fd_index, &s->fd_sums, &s->fd_tail,
-		       &s->dirfd };
-
-	for (int i = 0; i < 6; i++)
-		if (*fds[i] >= 0)
-			close(*fds[i]);
+	ws_store_close(s->ws);
 	mf_free(&s->m);
+}
+
+/* Read [off, off + len) of stream i whole: 0, or -errno. */
+static int src_read(struct src *s, int i, void *buf, size_t len, uint64_t off)
+{
+	return s->ok[i] ? s->ws->ops->read(s->ws, i, buf, len, off) : -EIO;
 }
 
 static void bad(kvmem_salvage_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -56,6 +60,30 @@ static void bad(kvmem_salvage_report *r, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* A RADOS dest must hold nothing yet, and not be dir itself. */
+static int check_dest_rados(const char *dir, const char *dest)
+{
+	struct ws_store *ws;
+	uint8_t *buf;
+	size_t len;
+	int rc;
+
+	if (!strcmp(dir, dest))
+		return kvmem_error(EINVAL, "%s: salvage writes beside the damaged workspace, not over it",
+				 dest);
+	if ((rc = ws_store_open(dest, 0, &ws)) < 0)
+		return rc;
+	rc = ws->ops->mf_load(ws, &buf, &len);
+	free(buf);
+	if (rc == 0 || rc != -ENOENT || ws->ops->may_create(ws, KVMEM_PAGER_CREATE) < 0)
+		rc = kvmem_error(EEXIST, "%s: not empty: salvage writes a new workspace into an absent "
+				 "or empty one", dest);
+	else
+		rc = 0;
+	ws_store_close(ws);
+	return rc;
+}
+
 /* dest must be absent or an empty directory, and not dir itself. */
 static int check_dest(const char *dir, const char *dest)
 {
@@ -63,6 +91,8 @@ static int check_dest(const char *dir, const char *dest)
 	struct ws_scan sc;
 	int fd, rc;
 
+	if (ws_is_rados(dest))
+		return check_dest_rados(dir, dest);
 	if (stat(dest, &b) < 0)
 		return errno == ENOENT ? 0 : kvmem_error(errno, "%s: %s", dest, strerror(errno));
 	if (stat(dir, &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
@@ -86,20 +116,20 @@ static int tokens_ok(struct src *s, kvmem_salvage_report *r)
 {
 	const struct mf_head *h = &s->m.h;
 	char name[PATH_MAX + 16];
-	struct stat sb;
-	uint64_t sum;
+	uint64_t sum, size;
 
-	if (s->fd_tokens < 0) {
+	if (!s->ok[WS_TOKENS]) {
 		bad(r, "%s", kvmem_last_error());
 		return 0;
 	}
-	if (fstat(s->fd_tokens, &sb) < 0 || (uint64_t)sb.st_size < h->tokens * 4) {
+	if (s->ws->ops->size(s->ws, WS_TOKENS, h->tokens * 4, &size) < 0 || size < h->tokens * 4) {
 		bad(r, "%s/tokens: shorter than the %" PRIu64 " committed tokens: truncated", s->dir,
 		    h->tokens);
 		return 0;
 	}
 	snprintf(name, sizeof(name), "%s/tokens", s->dir);
-	if (hash_file_prefix(s->fd_tokens, h->tokens * 4, name, &sum) < 0 || sum != h->tokens_hash) {
+	if (hash_stream_prefix(s->ws, WS_TOKENS, h->tokens * 4, name, &sum) < 0 ||
+	    sum != h->tokens_hash) {
 		bad(r, "%s/tokens: the committed %" PRIu64 " tokens: checksum mismatch (token ids have "
 		    "one checksum: none can be kept)", s->dir, h->tokens);
 		return 0;
@@ -113,11 +143,11 @@ static int block_ok(struct src *s, uint64_t b, uint8_t *ext, uint8_t *ix, kvmem_
 	uint64_t *sums = (uint64_t *)(ix + s->ib);	/* L + 1 after the record */
 	size_t L = s->L;
 
-	if (s->fd_sums < 0 || kvmem_read_all(s->fd_sums, sums, (L + 1) * 8, b * (L + 1) * 8) < 0) {
+	if (src_read(s, WS_SUMS, sums, (L + 1) * 8, b * (L + 1) * 8) < 0) {
 		bad(r, "%s/sums: the checksums of block %" PRIu64 " cannot be read (truncated?)", s->dir, b);
 		return 0;
 	}
-	if (s->fd_pages < 0 || kvmem_read_all(s->fd_pages, ext, s->extent, b * s->extent) < 0) {
+	if (src_read(s, WS_PAGES, ext, s->extent, b * s->extent) < 0) {
 		bad(r, "%s/pages: block %" PRIu64 " at offset %" PRIu64 " cannot be read (truncated?)",
 		    s->dir, b, b * s->extent);
 		return 0;
@@ -128,7 +158,7 @@ static int block_ok(struct src *s, uint64_t b, uint8_t *ext, uint8_t *ix, kvmem_
 			    ": checksum mismatch", s->dir, b * L + l, b, l, (b * L + l) * s->stride);
 			return 0;
 		}
-	if (s->ib && (s->fd_index < 0 || kvmem_read_all(s->fd_index, ix, s->ib, b * s->ib) < 0)) {
+	if (s->ib && src_read(s, WS_INDEX, ix, s->ib, b * s->ib) < 0) {
 		bad(r, "%s/index: the record of block %" PRIu64 " cannot be read (truncated?)", s->dir, b);
 		return 0;
 	}
@@ -148,7 +178,7 @@ static int tail_ok(struct src *s, uint8_t *buf, kvmem_salvage_report *r)
 	const struct mf_head *h = &s->m.h;
 	uint64_t off = (uint64_t)h->tail_slot * s->slot_bytes;
 
-	if (s->fd_tail < 0 || kvmem_read_all(s->fd_tail, buf, s->slot_bytes, off) < 0) {
+	if (src_read(s, WS_TAIL, buf, s->slot_bytes, off) < 0) {
 		bad(r, "%s/tail: slot %u cannot be read (truncated?)", s->dir, h->tail_slot);
 		return 0;
 	}
@@ -166,12 +196,12 @@ static int tail_ok(struct src *s, uint8_t *buf, kvmem_salvage_report *r)
 	return 1;
 }
 
-/* 1 when fd is open and its file holds at least `len` bytes. */
-static int has_bytes(int fd, uint64_t len)
+/* 1 when stream i is open and holds at least `len` bytes. */
+static int has_bytes(struct src *s, int i, uint64_t len)
 {
-	struct stat sb;
+	uint64_t size;
 
-	return fd >= 0 && fstat(fd, &sb) == 0 && (uint64_t)sb.st_size >= len;
+	return s->ok[i] && s->ws->ops->size(s->ws, i, len, &size) == 0 && size >= len;
 }
 
 /* Copy tokens [0, n) from the source into the new pager. */
@@ -185,7 +215,7 @@ static int copy_tokens(struct src *s, kvmem_pager *p, uint64_t n)
 	for (uint64_t at = 0; at < n;) {
 		size_t k = n - at < CHUNK ? n - at : CHUNK;
 
-		if (kvmem_read_all(s->fd_tokens, buf, k * 4, at * 4) < 0) {
+		if (src_read(s, WS_TOKENS, buf, k * 4, at * 4) < 0) {
 			free(buf);
 			return kvmem_error(EIO, "%s/tokens: cannot read tokens %" PRIu64 "..%" PRIu64,
 					 s->dir, at, at + k);
@@ -200,7 +230,8 @@ static int copy_tokens(struct src *s, kvmem_pager *p, uint64_t n)
 	return 0;
 }
 
-static int salvage(struct src *s, const char *dest, kvmem_salvage_report *r)
+/* strict (a copy): everything or nothing is committed at dest. */
+static int salvage(struct src *s, const char *dest, kvmem_salvage_report *r, int strict)
 {
 	const struct mf_head *h = &s->m.h;
 	const void *layers[4096];
@@ -224,8 +255,9 @@ static int salvage(struct src *s, const char *dest, kvmem_salvage_report *r)
 	/* Buffers sized by the geometry, but only when a file holds that much
 	 * (a forged geometry asks for terabytes): otherwise nothing of that
 	 * kind can be read and nothing is allocated for it. */
-	if (!good_tokens || (!has_bytes(s->fd_pages, s->extent) && !has_bytes(s->fd_tail, s->slot_bytes)) ||
-	    (s->ib && !has_bytes(s->fd_index, s->ib) && !has_bytes(s->fd_tail, s->slot_bytes))) {
+	if (!good_tokens ||
+	    (!has_bytes(s, WS_PAGES, s->extent) && !has_bytes(s, WS_TAIL, s->slot_bytes)) ||
+	    (s->ib && !has_bytes(s, WS_INDEX, s->ib) && !has_bytes(s, WS_TAIL, s->slot_bytes))) {
 		if (good_tokens && (h->blocks || h->tail_tokens))
 			bad(r, "%s: the pages, index or tail files hold less than one block", s->dir);
 		good_tokens = 0;
@@ -250,7 +282,7 @@ static int salvage(struct src *s, const char *dest, kvmem_salvage_report *r)
 	r->blocks_kept = good_tokens ? b : 0;
 	r->tokens_kept = r->blocks_kept * h->block_tokens;
 	if (good_tokens && r->blocks_kept == h->blocks && h->tail_tokens &&
-	    has_bytes(s->fd_tail, (uint64_t)(h->tail_slot + 1) * s->slot_bytes) && tail_ok(s, ext, r)) {
+	    has_bytes(s, WS_TAIL, (uint64_t)(h->tail_slot + 1) * s->slot_bytes) && tail_ok(s, ext, r)) {
 		r->tail_kept = h->tail_tokens;
 		r->tokens_kept += h->tail_tokens;
 	}
@@ -262,6 +294,13 @@ static int salvage(struct src *s, const char *dest, kvmem_salvage_report *r)
 		layers[l] = ext + l * s->stride;
 	/* The session state describes the whole history: kept only with it. */
 	r->app_kept = r->tokens_kept == h->tokens;
+	if (strict && !r->app_kept) {
+		/* Nothing past the empty workspace the open made is committed. */
+		rc = kvmem_error(EBADMSG, "cannot copy %s: %s; %s holds an empty workspace (kvmem "
+				 "verify names what is bad, --salvage keeps what is good)", s->dir,
+				 r->first_bad[0] ? r->first_bad : "damaged", dest);
+		goto out;
+	}
 	rc = kvmem_pager_commit(p, r->tail_kept ? layers : NULL,
 				r->tail_kept && s->ib ? ext + s->L * s->stride : NULL,
 				r->app_kept ? s->m.app : NULL, r->app_kept ? h->app_bytes : 0);
@@ -273,20 +312,18 @@ out:
 	return rc;
 }
 
-int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_report *r)
+static int copy_prefix(const char *dir, const char *dest, kvmem_salvage_report *r, int strict)
 {
-	struct src s = { .dir = dir, .dirfd = -1, .fd_pages = -1, .fd_tokens = -1, .fd_index = -1,
-			 .fd_sums = -1, .fd_tail = -1 };
-	int *fds[WS_N_DATA] = { &s.fd_pages, &s.fd_tokens, &s.fd_index, &s.fd_sums, &s.fd_tail };
+	struct src s = { .dir = dir };
 	int rc;
 
 	memset(r, 0, sizeof(*r));
-	s.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (s.dirfd < 0)
-		return kvmem_error(errno, "%s: %s", dir, strerror(errno));
-	rc = mf_read(s.dirfd, dir, &s.m);
+	/* Buffered reads: blocks land in memory of any alignment. */
+	if ((rc = ws_store_open(dir, KVMEM_PAGER_RDONLY | KVMEM_PAGER_NO_DIRECT, &s.ws)) < 0)
+		return rc;
+	rc = mf_read(s.ws, &s.m);
 	if (rc < 0) {
-		close(s.dirfd);
+		ws_store_close(s.ws);
 		return kvmem_error_prefix("cannot salvage (the manifest says what there is to keep)");
 	}
 	rc = check_dest(dir, dest);
@@ -304,19 +341,29 @@ int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_rep
 	r->tokens = s.m.h.tokens;
 	r->blocks = s.m.h.blocks;
 	r->tail_tokens = s.m.h.tail_tokens;
-	/* A file that cannot be opened keeps -1: what needs it is lost. */
+	/* A stream that cannot be opened is not ok: what needs it is lost. */
 	for (int i = 0; i < WS_N_DATA; i++) {
-		*fds[i] = ws_open_file(s.dirfd, dir, ws_data_files[i], O_RDONLY);
-		if (*fds[i] < 0)
+		s.ok[i] = s.ws->ops->open_stream(s.ws, i) == 0;
+		if (!s.ok[i])
 			bad(r, "%s", kvmem_last_error());
 	}
 	if (s.L > 4096) {
 		src_close(&s);
 		return kvmem_error(EBADMSG, "%s/manifest: %zu layers", dir, s.L);
 	}
-	rc = salvage(&s, dest, r);
+	rc = salvage(&s, dest, r, strict);
 	if (r->tokens_kept == r->tokens)
 		r->first_bad[0] = 0;	/* nothing lost (damage past what was needed) */
 	src_close(&s);
 	return rc;
+}
+
+int kvmem_workspace_salvage(const char *dir, const char *dest, kvmem_salvage_report *r)
+{
+	return copy_prefix(dir, dest, r, 0);
+}
+
+int kvmem_workspace_copy(const char *src, const char *dest, kvmem_salvage_report *r)
+{
+	return copy_prefix(src, dest, r, 1);
 }

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvmem_workspace_verify: check every checksum of a workspace directory —
- * manifest, committed tokens, the checksum file, every page, every index
- * record, the partial block — and name each bad one with its file. Reads
- * only; never repairs; takes no lock (a writer may go on meanwhile). Every
- * size the manifest claims is checked against the file before a buffer is
- * sized by it.
+ * kvmem_workspace_verify: check every checksum of a workspace — manifest,
+ * committed tokens, the checksum file, every page, every index record, the
+ * partial block — and name each bad one with its file. Reads only, through
+ * the store (a directory or RADOS: user/pager/wstore.h); never repairs;
+ * takes no lock (a writer may go on meanwhile). Every size the manifest
+ * claims is checked against the stream before a buffer is sized by it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 
 struct vctx {
 	const char *dir;
-	int dirfd;
+	struct ws_store *ws;
 	FILE *out;
 	int verbose;		/* say what is fine too, not only what is bad */
 	long bad;
@@ -31,37 +31,32 @@ struct vctx {
 	const struct manifest *m;
 };
 
-/* Open a data file for checking; a missing, non-regular or truncated file
- * is one bad item (reported), -1. */
-static int vopen(struct vctx *v, const char *name, int direct, uint64_t need, uint64_t *size)
+/* Open a data stream for checking; a missing, non-regular or truncated
+ * file is one bad item (reported), -1. (The pages of a directory are read
+ * with O_DIRECT where the file system takes it: from the disk, not a
+ * cache.) */
+static int vopen(struct vctx *v, int i, uint64_t need, uint64_t *size)
 {
-	struct stat sb;
-	int fd = -1;
+	const char *name = ws_data_files[i];
+	int rc;
 
-	if (direct)
-		fd = ws_open_file(v->dirfd, v->dir, name, O_RDONLY | O_DIRECT);
-	if (fd < 0)
-		fd = ws_open_file(v->dirfd, v->dir, name, O_RDONLY);
-	if (fd < 0) {
+	if (v->ws->ops->open_stream(v->ws, i) < 0) {
 		fprintf(v->out, "%s\n", kvmem_last_error());
 		v->bad++;
 		return -1;
 	}
-	if (fstat(fd, &sb) < 0) {
-		fprintf(v->out, "%s/%s: %s\n", v->dir, name, strerror(errno));
+	if ((rc = v->ws->ops->size(v->ws, i, need, size)) < 0) {
+		fprintf(v->out, "%s/%s: %s\n", v->dir, name, strerror(-rc));
 		v->bad++;
-		close(fd);
 		return -1;
 	}
-	*size = sb.st_size;
-	if ((uint64_t)sb.st_size < need) {
+	if (*size < need) {
 		fprintf(v->out, "%s/%s: %lld bytes, the last commit covers %" PRIu64 ": truncated\n",
-			v->dir, name, (long long)sb.st_size, need);
+			v->dir, name, (long long)*size, need);
 		v->bad++;
-		close(fd);
 		return -1;
 	}
-	return fd;
+	return 0;
 }
 
 static void check_pages(struct vctx *v, const uint64_t *sums)
@@ -70,24 +65,23 @@ static void check_pages(struct vctx *v, const uint64_t *sums)
 	size_t ext = v->stride * v->L, per = ext >= (8u << 20) ? 1 : (8u << 20) / ext;
 	uint64_t size;
 	uint8_t *buf;
-	int fd = vopen(v, "pages", 1, h->blocks * ext, &size);
 
-	if (fd < 0)
+	if (vopen(v, WS_PAGES, h->blocks * ext, &size) < 0)
 		return;
 	/* The file holds every committed block: a buffer of up to 8 MiB or
 	 * one extent is bounded by it. */
 	if (h->blocks && posix_memalign((void **)&buf, KVMEM_IO_ALIGN, per * ext)) {
 		fprintf(v->out, "%s/pages: out of memory\n", v->dir);
 		v->bad++;
-		close(fd);
 		return;
 	}
 	for (uint64_t b = 0; b < h->blocks; b += per) {
 		size_t n = h->blocks - b < per ? h->blocks - b : per;
+		int rc = v->ws->ops->read(v->ws, WS_PAGES, buf, n * ext, b * ext);
 
-		if (kvmem_read_all(fd, buf, n * ext, b * ext) < 0) {
+		if (rc < 0) {
 			fprintf(v->out, "%s/pages: blocks %" PRIu64 "..%" PRIu64 ": read error: %s\n",
-				v->dir, b, b + n - 1, strerror(errno ? errno : EIO));
+				v->dir, b, b + n - 1, strerror(rc == -ENODATA ? EIO : -rc));
 			v->bad += n * v->L;
 			continue;
 		}
@@ -109,7 +103,6 @@ static void check_pages(struct vctx *v, const uint64_t *sums)
 			v->dir, size - h->blocks * ext);
 	if (h->blocks)
 		free(buf);
-	close(fd);
 }
 
 static void check_index(struct vctx *v, const uint64_t *sums)
@@ -118,16 +111,12 @@ static void check_index(struct vctx *v, const uint64_t *sums)
 	size_t ib = h->index_bytes;
 	uint64_t size;
 	uint8_t *buf;
-	int fd = vopen(v, "index", 0, h->blocks * ib, &size);
 
-	if (fd < 0 || !h->blocks || !ib) {
-		if (fd >= 0)
-			close(fd);
+	if (vopen(v, WS_INDEX, h->blocks * ib, &size) < 0 || !h->blocks || !ib)
 		return;
-	}
 	buf = malloc(ib);	/* the file holds blocks * ib bytes */
 	for (uint64_t b = 0; buf && b < h->blocks; b++) {
-		if (kvmem_read_all(fd, buf, ib, b * ib) < 0 ||
+		if (v->ws->ops->read(v->ws, WS_INDEX, buf, ib, b * ib) < 0 ||
 		    XXH3_64bits(buf, ib) != sums[b * (v->L + 1) + v->L]) {
 			fprintf(v->out, "%s/index: record of block %" PRIu64 " at offset %" PRIu64
 				": checksum mismatch\n", v->dir, b, b * ib);
@@ -135,7 +124,6 @@ static void check_index(struct vctx *v, const uint64_t *sums)
 		}
 	}
 	free(buf);
-	close(fd);
 }
 
 static void check_tail(struct vctx *v)
@@ -144,15 +132,13 @@ static void check_tail(struct vctx *v)
 	size_t slot_bytes = v->stride * v->L + round_up(h->index_bytes, KVMEM_IO_ALIGN);
 	uint64_t size, off = (uint64_t)h->tail_slot * slot_bytes;
 	uint8_t *buf;
-	int fd;
 
 	if (!h->tail_tokens)
 		return;
-	fd = vopen(v, "tail", 0, off + slot_bytes, &size);
-	if (fd < 0)
+	if (vopen(v, WS_TAIL, off + slot_bytes, &size) < 0)
 		return;
 	buf = malloc(slot_bytes);
-	if (buf && kvmem_read_all(fd, buf, slot_bytes, off) == 0) {
+	if (buf && v->ws->ops->read(v->ws, WS_TAIL, buf, slot_bytes, off) == 0) {
 		for (size_t l = 0; l <= v->L; l++) {
 			size_t len = l < v->L ? v->pb : h->index_bytes;
 
@@ -169,21 +155,20 @@ static void check_tail(struct vctx *v)
 		v->bad++;
 	}
 	free(buf);
-	close(fd);
 }
 
 /* One pass over the commit the manifest names now; its generation in *gen.
  * Returns the bad items, or -errno when there is no workspace to check. */
-static long verify_once(const char *dir, int dirfd, FILE *out, int verbose, uint64_t *gen)
+static long verify_once(const char *dir, struct ws_store *ws, FILE *out, int verbose, uint64_t *gen)
 {
 	struct manifest m;
-	struct vctx v = { .dir = dir, .dirfd = dirfd, .out = out, .verbose = verbose, .m = &m };
+	struct vctx v = { .dir = dir, .ws = ws, .out = out, .verbose = verbose, .m = &m };
 	uint64_t size, sum, n_sums, need[WS_N_DATA];
 	uint64_t *sums = NULL;
 	char name[PATH_MAX + 16];
-	int fd, rc;
+	int ok, rc;
 
-	rc = mf_read(dirfd, dir, &m);
+	rc = mf_read(ws, &m);
 	if (rc < 0) {
 		fprintf(out, "%s\n", kvmem_last_error());
 		return rc;
@@ -195,31 +180,28 @@ static long verify_once(const char *dir, int dirfd, FILE *out, int verbose, uint
 	v.stride = m.h.page_stride;
 	v.L = m.h.n_layers;
 
-	fd = vopen(&v, "tokens", 0, need[1], &size);
+	ok = vopen(&v, WS_TOKENS, need[WS_TOKENS], &size) == 0;
 	snprintf(name, sizeof(name), "%s/tokens", dir);
-	if (fd >= 0 && (hash_file_prefix(fd, need[1], name, &sum) < 0 || sum != m.h.tokens_hash)) {
+	if (ok && (hash_stream_prefix(ws, WS_TOKENS, need[WS_TOKENS], name, &sum) < 0 ||
+		   sum != m.h.tokens_hash)) {
 		fprintf(out, "%s/tokens: the committed %" PRIu64 " tokens: checksum mismatch\n",
 			dir, m.h.tokens);
 		v.bad++;
 	}
-	if (fd >= 0)
-		close(fd);
 
 	/* The sums file is checked to hold them before they are allocated. */
 	n_sums = m.h.blocks * (v.L + 1);
-	fd = vopen(&v, "sums", 0, need[3], &size);
-	if (fd >= 0) {
+	if (vopen(&v, WS_SUMS, need[WS_SUMS], &size) == 0) {
 		sums = malloc(n_sums * 8 + 8);
 		if (!sums) {
 			fprintf(out, "%s/sums: out of memory for %" PRIu64 " checksums\n", dir, n_sums);
 			v.bad++;
-		} else if (kvmem_read_all(fd, sums, n_sums * 8, 0) < 0 ||
+		} else if (ws->ops->read(ws, WS_SUMS, sums, n_sums * 8, 0) < 0 ||
 			   XXH3_64bits(sums, n_sums * 8) != m.h.sums_hash) {
 			fprintf(out, "%s/sums: the committed page checksums: checksum mismatch "
 				"(pages below may be reported bad because of it)\n", dir);
 			v.bad++;
 		}
-		close(fd);
 		if (sums) {
 			check_pages(&v, sums);
 			check_index(&v, sums);
@@ -237,12 +219,12 @@ static long verify_once(const char *dir, int dirfd, FILE *out, int verbose, uint
 }
 
 /* The generation the manifest names now (UINT64_MAX when unreadable). */
-static uint64_t generation_now(int dirfd, const char *dir)
+static uint64_t generation_now(struct ws_store *ws)
 {
 	struct manifest m;
 	uint64_t gen;
 
-	if (mf_read(dirfd, dir, &m) < 0)
+	if (mf_read(ws, &m) < 0)
 		return UINT64_MAX;
 	gen = m.h.generation;
 	mf_free(&m);
@@ -251,15 +233,13 @@ static uint64_t generation_now(int dirfd, const char *dir)
 
 long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 {
-	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct ws_store *ws;
 	long bad = 0;
 
-	if (dirfd < 0) {
-		int err = errno;
-
+	if (ws_store_open(dir, KVMEM_PAGER_RDONLY, &ws) < 0) {
 		if (out)
-			fprintf(out, "%s: %s\n", dir, strerror(err));
-		return kvmem_error(err, "%s: %s", dir, strerror(err));
+			fprintf(out, "%s\n", kvmem_last_error());
+		return kvmem_fail();
 	}
 	/* A writer may commit while we read: the tail slot the old commit
 	 * named can be rewritten two commits later. Damage found during a
@@ -280,12 +260,12 @@ long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 				bad = kvmem_error(ENOMEM, "%s: out of memory for the report", dir);
 				break;
 			}
-			bad = verify_once(dir, dirfd, out, verbose, &gen);
+			bad = verify_once(dir, ws, out, verbose, &gen);
 			break;
 		}
-		bad = verify_once(dir, dirfd, mem, verbose, &gen);
+		bad = verify_once(dir, ws, mem, verbose, &gen);
 		fclose(mem);
-		if (bad > 0 && kvmem_now_ns() < t_end && generation_now(dirfd, dir) != gen) {
+		if (bad > 0 && kvmem_now_ns() < t_end && generation_now(ws) != gen) {
 			free(text);
 			continue;
 		}
@@ -294,6 +274,6 @@ long kvmem_workspace_verify(const char *dir, FILE *out, int verbose)
 		free(text);
 		break;
 	}
-	close(dirfd);
+	ws_store_close(ws);
 	return bad;
 }

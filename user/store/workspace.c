@@ -47,6 +47,9 @@ int kvmem_workspace_open(const char *dir, const kvmem_model *m, const kvmem_work
 	if (o->pager && strcmp(o->pager, "uring") && strcmp(o->pager, "kmod"))
 		return kvmem_error(EINVAL, "%s: pager '%s': pages are read back by 'uring' (the "
 				   "userspace pager) or 'kmod' (the kernel module)", dir, o->pager);
+	if (o->pager && !strcmp(o->pager, "kmod") && !strncmp(dir, "rados://", 8))
+		return kvmem_error(EINVAL, "%s: pager 'kmod' reads a workspace directory's files; a "
+				   "RADOS workspace is read back by 'uring'", dir);
 	if (o->pager && !strcmp(o->pager, "kmod") && kvmem_kmod_probe(NULL) < 0)
 		return kvmem_error_prefix("%s: pager 'kmod'", dir);
 	w = calloc(1, sizeof(*w));

@@ -1,16 +1,21 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvmem bench pager: the tiered store against the file system it sits on.
+ * kvmem bench pager: the tiered store against the file system it sits on,
+ * or (--store rados://POOL) against the Ceph pool it sits in.
  *
  *  1. Baselines, in the same run and directory: O_DIRECT sequential write
- *     and read of a fresh file with 1 MiB requests, 8 in flight (io_uring).
+ *     and read of a fresh file with 1 MiB requests, 8 in flight (io_uring);
+ *     in a pool, `rados bench write` and `rados bench seq` (4 MiB objects,
+ *     16 in flight) on the same pool.
  *  2. Per page size: stage-out throughput (append every block of a
  *     workspace, then commit: the data is durable when the clock stops) as
  *     a ratio to the sequential write; page-in throughput (random pages,
  *     fetched in batches through the pager with O_DIRECT, so the page cache
  *     is not involved; the host pool holds a small share of the workspace)
  *     as a ratio to the sequential read.
- *  3. Host hit rate per replacement policy on a synthetic agent step
+ *  3. Commit latency, p50 and p99: a decode-like step (one token, the
+ *     partial block rewritten) committed 100 times.
+ *  4. Host hit rate per replacement policy on a synthetic agent step
  *     sequence (drifting topics, sink and recent blocks, selector hints).
  */
 #include <errno.h>
@@ -32,6 +37,8 @@
 #include "cli_util.h"
 #include "cmd.h"
 #include "pager/repl_int.h"
+#include "pager/wstore.h"
+#include "util/clock.h"
 
 #define BENCH_LAYERS 16
 
@@ -42,14 +49,20 @@ static int rm_one(const char *path, const struct stat *sb, int type, struct FTW 
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvmem bench pager [--dir D] [--size SIZE] [--pages LIST] [--batch N]\n"
-		   "                         [--rounds N]\n\n"
+	fprintf(f, "usage: kvmem bench pager [--dir D | --store rados://POOL] [--size SIZE]\n"
+		   "                         [--pages LIST] [--batch N] [--rounds N]\n\n"
 		   "Page-in and stage-out throughput of the NVMe store as ratios to O_DIRECT\n"
-		   "sequential read/write of the same file system, and host hit rates per\n"
-		   "replacement policy on a synthetic agent step sequence.\n\n"
+		   "sequential read/write of the same file system (of a RADOS store: to rados\n"
+		   "bench seq and write on the same pool), commit latency, and host hit rates\n"
+		   "per replacement policy on a synthetic agent step sequence.\n\n"
 		   "options:\n"
 		   "  --dir D        where to put the scratch files (default $TMPDIR or /var/tmp);\n"
 		   "                 a fresh subdirectory is made and removed\n"
+		   "  --store rados://POOL  measure a RADOS store in POOL instead (scratch\n"
+		   "                 workspaces rados://POOL/kvmem-bench-*, removed after); the\n"
+		   "                 rados command runs the baselines\n"
+		   "  --rados-seconds N  seconds of each rados bench run (default 10)\n"
+		   CLI_CEPH_CONF_HELP
 		   "  --size SIZE    bytes written per measurement (default 512M, at least 16M)\n"
 		   "  --pages LIST   page sizes, comma separated, multiples of 32k\n"
 		   "                 (default 64k,128k,256k,1M,2M)\n"
@@ -59,8 +72,11 @@ static void usage(FILE *f)
 		   "Sizes take k, M, G, T (powers of 1024: 512M = 536870912 bytes).\n\n"
 		   "Targets: page-in >= 0.9 of sequential read for pages of 128 KiB and more;\n"
 		   "stage-out >= 0.9 of sequential write.\n\n"
+		   "RADOS targets: page-in >= 0.8 of rados bench seq, stage-out >= 0.8 of\n"
+		   "rados bench write.\n\n"
 		   "examples:\n"
 		   "  kvmem bench pager --size 512M --rounds 5\n"
+		   "  kvmem bench pager --store rados://kvmem --pages 128k,1M --size 1G\n"
 		   "  kvmem bench pager --dir /mnt/nvme --size 1G --pages 128k,1M\n");
 }
 
@@ -216,7 +232,8 @@ static void pager_opts(kvmem_pager_opts *o, uint64_t page, int batch, int flags)
 	if (o->stage_bytes < 4 * page * BENCH_LAYERS)
 		o->stage_bytes = 4 * page * BENCH_LAYERS;
 	o->host_cap = (uint64_t)batch * page * 2;
-	o->queue_depth = batch > 64 ? batch : 64;
+	/* Two fetches in flight when the next one is prefetched. */
+	o->queue_depth = 2 * batch > 64 ? 2 * batch : 64;
 }
 
 /* Stage-out: append every block, then commit (durable when the clock stops). */
@@ -249,8 +266,11 @@ static int stage_out(kvmem_pager *p, uint64_t page, uint64_t blocks, struct page
 }
 
 /* Page-in: every page once in random order, `batch` pages per fetch; the
- * pool holds two batches, so nothing is read from memory. */
-static int page_in(kvmem_pager *p, uint64_t page, uint64_t n_pages, int batch,
+ * pool holds two batches, so nothing is read from memory. Pipelined, the
+ * next batch is prefetched before each fetch (a session's select-ahead
+ * does that), so reads stay in flight between fetches; its pool holds
+ * three batches. */
+static int page_in(kvmem_pager *p, uint64_t page, uint64_t n_pages, int batch, int pipelined,
 		   struct pager_result *res)
 {
 	uint64_t *order = malloc(n_pages * sizeof(*order)), r = 88172645463325252ull;
@@ -280,6 +300,9 @@ static int page_in(kvmem_pager *p, uint64_t page, uint64_t n_pages, int batch,
 	for (uint64_t i = 0; i < n_pages && !rc; i += batch) {
 		size_t k = n_pages - i < (uint64_t)batch ? n_pages - i : (uint64_t)batch;
 
+		if (pipelined && i + k < n_pages)
+			kvmem_pager_prefetch(p, order + i + k, n_pages - i - k < (uint64_t)batch ?
+					     n_pages - i - k : (uint64_t)batch);
 		rc = kvmem_pager_fetch(p, order + i, k, ptr);
 		if (!rc)
 			kvmem_pager_release(p, order + i, k);
@@ -290,7 +313,8 @@ static int page_in(kvmem_pager *p, uint64_t page, uint64_t n_pages, int batch,
 	return rc;
 }
 
-/* phase 0: create the workspace in dir and stage out; 1: reopen, page in. */
+/* phase 0: create the workspace in dir and stage out; 1: reopen, page in;
+ * 2: the same, pipelined. */
 static int run_pager(const char *dir, uint64_t page, uint64_t size, int batch,
 		     struct pager_result *res, int phase)
 {
@@ -306,15 +330,174 @@ static int run_pager(const char *dir, uint64_t page, uint64_t size, int batch,
 		return -1;
 	}
 	pager_opts(&o, page, batch, phase ? 0 : KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP);
+	/* Pipelined, a third fetch's room: LRU would take the prefetched
+	 * pages, landed but not yet used, before the ones just released. */
+	if (phase == 2)
+		o.host_cap = (uint64_t)batch * page * 3;
 	if (kvmem_pager_open(dir, &g, &o, &p) < 0) {
 		fprintf(stderr, "kvmem bench pager: %s\n", kvmem_last_error());
 		return -1;
 	}
-	rc = phase ? page_in(p, page, blocks * g.n_layers, batch, res)
+	rc = phase ? page_in(p, page, blocks * g.n_layers, batch, phase == 2, res)
 		   : stage_out(p, page, blocks, res);
 	if (rc < 0)
 		fprintf(stderr, "kvmem bench pager: %s\n", kvmem_last_error());
 	kvmem_pager_close(p);
+	return rc;
+}
+
+/* ---- commit latency ---------------------------------------------------------- */
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* A decode-like step committed `n` times: one token appended, the partial
+ * block (every layer's page and its bytes) rewritten in the free tail
+ * slot, the manifest replaced. p50 and p99 in seconds. */
+static int commit_latency(const char *where, uint64_t page, int n, double *p50, double *p99)
+{
+	kvmem_page_geom g = bench_geom(page);
+	uint64_t *ns = malloc(n * sizeof(*ns));
+	uint8_t *data = calloc(BENCH_LAYERS, page);
+	const void *layers[BENCH_LAYERS];
+	kvmem_pager_opts o;
+	kvmem_pager *p;
+	int rc = 0;
+
+	if (!ns || !data) {
+		free(ns);
+		free(data);
+		return -1;
+	}
+	for (uint32_t l = 0; l < BENCH_LAYERS; l++)
+		layers[l] = data + l * page;
+	pager_opts(&o, page, 1, KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP);
+	if (kvmem_pager_open(where, &g, &o, &p) < 0) {
+		fprintf(stderr, "kvmem bench pager: %s\n", kvmem_last_error());
+		free(ns);
+		free(data);
+		return -1;
+	}
+	for (int i = 0; i < n && !rc; i++) {
+		int32_t tok = i;
+		uint64_t t0;
+
+		/* A full block stays out of the way: one token short of it. */
+		if ((kvmem_pager_tokens(p) + 1) % g.block_tokens == 0) {
+			rc = kvmem_pager_append_tokens(p, &tok, 1);
+			if (!rc)
+				rc = kvmem_pager_append_block(p, kvmem_pager_blocks(p), layers, NULL);
+		}
+		if (!rc)
+			rc = kvmem_pager_append_tokens(p, &tok, 1);
+		t0 = kvmem_now_ns();
+		if (!rc)
+			rc = kvmem_pager_commit(p, kvmem_pager_tokens(p) % g.block_tokens ? layers : NULL,
+						NULL, NULL, 0);
+		ns[i] = kvmem_now_ns() - t0;
+	}
+	if (rc < 0)
+		fprintf(stderr, "kvmem bench pager: %s\n", kvmem_last_error());
+	kvmem_pager_close(p);
+	qsort(ns, n, sizeof(*ns), cmp_u64);
+	*p50 = ns[n / 2] / 1e9;
+	*p99 = ns[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] / 1e9;
+	free(ns);
+	free(data);
+	return rc;
+}
+
+/* ---- rados bench beside a RADOS store --------------------------------------- */
+#define RADOS_OBJ (4u << 20)
+#define RADOS_QD 16
+
+/* `rados bench` on pool (write leaves its objects for seq; seq reads them;
+ * "cleanup" removes them): bytes/s from its "Bandwidth (MB/sec)" line, or
+ * -1. The rados command reads CEPH_CONF and CEPH_ARGS as kvmem does. */
+static double rados_bench(const char *pool, const char *mode, int secs)
+{
+	char cmd[1024], line[512];
+	double mbs = -1;
+	FILE *f;
+
+	if (!strcmp(mode, "cleanup"))
+		snprintf(cmd, sizeof(cmd), "rados -p '%s' cleanup --run-name kvmem-bench 2>&1", pool);
+	else if (!strcmp(mode, "write"))
+		snprintf(cmd, sizeof(cmd), "rados -p '%s' bench %d write -b %u -t %d --run-name "
+			 "kvmem-bench --no-cleanup 2>&1", pool, secs, RADOS_OBJ, RADOS_QD);
+	else
+		snprintf(cmd, sizeof(cmd), "rados -p '%s' bench %d %s -t %d --run-name kvmem-bench 2>&1",
+			 pool, secs, mode, RADOS_QD);
+	if (!(f = popen(cmd, "r")))
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, "Bandwidth (MB/sec):", 19))
+			mbs = strtod(line + 19, NULL);
+	if (pclose(f) != 0 && strcmp(mode, "cleanup"))
+		return -1;
+	return mbs < 0 ? -1 : mbs * (1 << 20);	/* rados bench's MB is 2^20 */
+}
+
+/* The RADOS store beside rados bench, page size by page size. */
+static int bench_rados(const char *store, uint64_t size, const uint64_t *pages, int n_pages,
+		       int batch, int rounds, int secs, const char *pages_arg)
+{
+	const char *pool = store + 8;
+	int rc = 0;
+
+	printf("cluster: %s, pool %s (CEPH_CONF=%s)\n", store, pool,
+	       getenv("CEPH_CONF") ? getenv("CEPH_CONF") : "default");
+	printf("command: kvmem bench pager --store %s --size %" PRIu64 "M --pages %s --batch %d "
+	       "--rounds %d --rados-seconds %d\n", store, size >> 20, pages_arg, batch, rounds, secs);
+	printf("\nEach figure is the median of %d rounds; a round runs, back to back, rados bench\n"
+	       "write (%u MiB objects, %d in flight, %d s), the stage-out (appends then a commit:\n"
+	       "durable when the clock stops), rados bench seq on what it wrote, and the page-in\n"
+	       "(random pages, %d a fetch, through a host pool of two fetches), then the page-in\n"
+	       "again with each next fetch's pages prefetched. %" PRIu64 " MiB per pager\n"
+	       "measurement. MB/s are 10^6 bytes.\n\n", rounds, RADOS_OBJ >> 20, RADOS_QD,
+	       secs, batch, size >> 20);
+	printf("  %-8s  %9s %9s %6s    %9s %9s %6s   %9s %6s   %s\n", "page", "rados wr",
+	       "stage-out", "ratio", "rados seq", "page-in", "ratio", "pipelined", "ratio", "MB/s");
+	for (int pg = 0; pg < n_pages; pg++) {
+		uint64_t page = pages[pg];
+		double sw[16], so[16], sr[16], pi[16], pp[16], mw, mo, mr, mi, mp;
+		int ok = 1;
+
+		for (int r = 0; r < rounds && ok; r++) {
+			struct pager_result pr = { 0 };
+			char ws[512];
+
+			snprintf(ws, sizeof(ws), "%s/kvmem-bench-%d-%" PRIu64 "-%d", store, (int)getpid(),
+				 page, r);
+			sw[r] = rados_bench(pool, "write", secs);
+			ok = sw[r] > 0 && run_pager(ws, page, size, batch, &pr, 0) == 0;
+			so[r] = pr.out_bps;
+			sr[r] = ok ? rados_bench(pool, "seq", secs) : -1;
+			rados_bench(pool, "cleanup", 0);
+			ok = ok && sr[r] > 0 && run_pager(ws, page, size, batch, &pr, 1) == 0;
+			pi[r] = pr.in_bps;
+			ok = ok && run_pager(ws, page, size, batch, &pr, 2) == 0;
+			pp[r] = pr.in_bps;
+			ws_rados_destroy(ws);
+		}
+		if (!ok) {
+			fprintf(stderr, "kvmem bench pager: a round failed (is the rados command there?)\n");
+			rc = 1;
+			continue;
+		}
+		mw = median(sw, rounds);
+		mo = median(so, rounds);
+		mr = median(sr, rounds);
+		mi = median(pi, rounds);
+		mp = median(pp, rounds);
+		printf("  %5" PRIu64 " KiB  %9.1f %9.1f %6.2f %-3s %9.1f %9.1f %6.2f   %9.1f %6.2f %s\n",
+		       page >> 10, mw / 1e6, mo / 1e6, mo / mw, mo >= 0.8 * mw ? "" : "LOW",
+		       mr / 1e6, mi / 1e6, mi / mr, mp / 1e6, mp / mr, mp >= 0.8 * mr ? "" : "LOW");
+	}
+	printf("  (targets: ratio >= 0.8; page-in pipelined: the next fetch's pages prefetched)\n");
 	return rc;
 }
 
@@ -413,8 +596,13 @@ int bench_pager(int argc, char **argv)
 		{ "dir", required_argument, NULL, 'd' },   { "size", required_argument, NULL, 's' },
 		{ "pages", required_argument, NULL, 'p' }, { "batch", required_argument, NULL, 'b' },
 		{ "rounds", required_argument, NULL, 'r' }, { "help", no_argument, NULL, 'h' },
+		{ "store", required_argument, NULL, 'S' }, { "ceph-conf", required_argument, NULL, 'c' },
+		{ "rados-seconds", required_argument, NULL, 'R' },
 		{ 0 },
 	};
+	const char *store = NULL;
+	int secs = 10;
+	double c50, c99;
 	const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
 	const char *w = "kvmem bench pager";
 	char pages_arg[256] = "64k,128k,256k,1M,2M", dir[4096], *tok, *save;
@@ -439,6 +627,15 @@ int bench_pager(int argc, char **argv)
 			break;
 		case 'b': bad = cli_parse_int(w, cli_optname, optarg, 1, 4096, &batch); break;
 		case 'r': bad = cli_parse_int(w, cli_optname, optarg, 1, 16, &rounds); break;
+		case 'R': bad = cli_parse_int(w, cli_optname, optarg, 1, 600, &secs); break;
+		case 'c': cli_ceph_conf(optarg); break;
+		case 'S':
+			if (strncmp(optarg, "rados://", 8) || !optarg[8] || strchr(optarg + 8, '/')) {
+				fprintf(stderr, "%s: --store wants rados://POOL, not '%s'\n", w, optarg);
+				return EXIT_USAGE;
+			}
+			store = optarg;
+			break;
 		default: return EXIT_USAGE;
 		}
 		if (bad)
@@ -469,6 +666,22 @@ int bench_pager(int argc, char **argv)
 		}
 	}
 	size = size / SEQ_REQ * SEQ_REQ;
+	if (store) {
+		char ws[512];
+
+		print_machine("/");
+		rc = bench_rados(store, size, pages, n_pages, batch, rounds, secs, pages_arg);
+		snprintf(ws, sizeof(ws), "%s/kvmem-bench-%d-commit", store, (int)getpid());
+		if (commit_latency(ws, pages[0], 100, &c50, &c99) == 0)
+			printf("\ncommit latency (%" PRIu64 " KiB pages x %d layers, 1 token a commit, 100 "
+			       "commits): p50 %.2f ms, p99 %.2f ms\n", pages[0] >> 10, BENCH_LAYERS,
+			       c50 * 1e3, c99 * 1e3);
+		else
+			rc = 1;
+		ws_rados_destroy(ws);
+		hit_rates();
+		return rc;
+	}
 	snprintf(dir, sizeof(dir), "%s/kvmem-bench.XXXXXX", base);
 	if (!mkdtemp(dir)) {
 		fprintf(stderr, "kvmem bench pager: cannot make a directory in %s: %s\n", base,
@@ -522,8 +735,20 @@ int bench_pager(int argc, char **argv)
 		       mr / 1e6, mi / 1e6, mi / mr,
 		       page < (128u << 10) || mi >= 0.9 * mr ? "" : "LOW");
 	}
-	rmdir(dir);
 	printf("  (targets: ratio >= 0.9; for page-in with pages of 128 KiB and more)\n");
+	{
+		char ws[4200];
+
+		snprintf(ws, sizeof(ws), "%s/commit", dir);
+		if (commit_latency(ws, pages[0], 100, &c50, &c99) == 0)
+			printf("\ncommit latency (%" PRIu64 " KiB pages x %d layers, 1 token a commit, 100 "
+			       "commits): p50 %.2f ms, p99 %.2f ms\n", pages[0] >> 10, BENCH_LAYERS,
+			       c50 * 1e3, c99 * 1e3);
+		else
+			rc = 1;
+		nftw(ws, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	}
+	rmdir(dir);
 	hit_rates();
 	return rc;
 }

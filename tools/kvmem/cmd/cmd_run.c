@@ -88,7 +88,9 @@ static void usage(FILE *f)
 		"  --workspace DIR     keep the history in a workspace directory: created, or\n"
 		"                      reopened and continued with no re-prefill exactly where\n"
 		"                      it stopped (the session state is committed with the\n"
-		"                      history after every script line; Documentation/pager.md)\n"
+		"                      history after every script line; Documentation/pager.md);\n"
+		"                      rados://POOL/NAME keeps it in a Ceph pool instead\n"
+		CLI_CEPH_CONF_HELP
 		"  --host-cap SIZE     host pool of the workspace's pager (default 256M)\n"
 		"  --cache-policy P    its replacement policy: lru (default), lfu, score\n"
 		"  --pager NAME        who reads the workspace's pages back: uring (default,\n"
@@ -119,7 +121,7 @@ enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
 	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED, O_GPUMEM,
-	O_TRACE, O_PAGER, O_PTEXT, O_CHAT,
+	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF,
 };
 
 static const struct option opts[] = {
@@ -146,6 +148,7 @@ static const struct option opts[] = {
 	{ "cache-policy", required_argument, NULL, O_CACHEPOL },
 	{ "trace", required_argument, NULL, O_TRACE },
 	{ "pager", required_argument, NULL, O_PAGER },
+	{ "ceph-conf", required_argument, NULL, O_CEPHCONF },
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "chunk", required_argument, NULL, O_CHUNK },
 	{ "seed", required_argument, NULL, O_SEED },
@@ -169,6 +172,7 @@ static int mode_of(int c)
 	case O_CACHEPOL:
 	case O_TRACE:
 	case O_PAGER:
+	case O_CEPHCONF:
 		return 's';
 	default:
 		return 0;
@@ -190,6 +194,7 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 	case O_POLICY: o->policy = v; return 0;
 	case O_CACHEPOL: o->cache_policy = v; return 0;
 	case O_TRACE: o->trace = v; return 0;
+	case O_CEPHCONF: cli_ceph_conf(v); return 0;
 	case O_PAGER:
 		if (!strcmp(v, "uring") || !strcmp(v, "kmod")) {
 			o->pager = v;

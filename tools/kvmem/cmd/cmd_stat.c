@@ -15,17 +15,20 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvmem stat DIR\n\n"
-		   "Print what the workspace directory DIR holds (from its manifest) and the\n"
+	fprintf(f, "usage: kvmem stat [--ceph-conf PATH] DIR\n\n"
+		   "Print what the workspace DIR (a directory, or rados://POOL/NAME in a Ceph\n"
+		   "pool) holds (from its manifest) and the\n"
 		   "pager's counters: hits, misses, bytes and nanoseconds per tier move,\n"
 		   "evictions, stage-out and backpressure, errors. Counters are totals over\n"
 		   "every session of the workspace, saved at each commit and close. Reads\n"
 		   "only, takes no lock: a writer may go on meanwhile.\n"
 		   "Live events: the USDT probes listed in Documentation/pager.md and the\n"
 		   "bpf/ tools (Documentation/observability.md).\n\n"
+		   CLI_CEPH_CONF_HELP "\n"
 		   "examples:\n"
 		   "  kvmem stat ~/agent/ws\n"
-		   "  watch -n 1 kvmem stat ~/agent/ws\n");
+		   "  watch -n 1 kvmem stat ~/agent/ws\n"
+		   "  kvmem stat rados://kvmem/agent-7\n");
 }
 
 int cmd_stat(int argc, char **argv)
@@ -34,7 +37,11 @@ int cmd_stat(int argc, char **argv)
 	kvmem_pager_stats st;
 	char geom[256];
 
-	static const struct option opts[] = { { "help", no_argument, NULL, 'h' }, { 0 } };
+	static const struct option opts[] = {
+		{ "ceph-conf", required_argument, NULL, 'c' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
 	const char *dir;
 	int c;
 
@@ -43,6 +50,10 @@ int cmd_stat(int argc, char **argv)
 		if (c == 'h') {
 			usage(stdout);
 			return 0;
+		}
+		if (c == 'c') {
+			cli_ceph_conf(optarg);
+			continue;
 		}
 		return EXIT_USAGE;
 	}

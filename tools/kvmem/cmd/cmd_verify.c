@@ -19,7 +19,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvmem verify [-q] DIR\n"
 		   "       kvmem verify --salvage DEST DIR\n\n"
-		   "Check every checksum of the workspace directory DIR: the manifest, the\n"
+		   "Check every checksum of the workspace DIR (a directory, or rados://POOL/NAME\n"
+		   "in a Ceph pool): the manifest, the\n"
 		   "committed tokens, the page checksum file, every page, every index record\n"
 		   "and the partial last block. Each bad page or file is named on its own\n"
 		   "line. Nothing is modified, and no lock is taken: a writer may go on.\n\n"
@@ -30,7 +31,8 @@ static void usage(FILE *f)
 		   "                   when all of them are good) as a new workspace DEST\n"
 		   "                   (absent or empty) and say what was dropped; DIR is only\n"
 		   "                   read. The session state goes along only when nothing\n"
-		   "                   is dropped.\n\n"
+		   "                   is dropped. DEST may be in another store.\n"
+		   CLI_CEPH_CONF_HELP "\n"
 		   "exit status: 0 all good (with --salvage: DEST holds everything), 1 something\n"
 		   "is bad or unreadable (with --salvage: something was dropped, if only the\n"
 		   "partial block, and DEST holds a prefix, or, with a message on stderr,\n"
@@ -38,7 +40,8 @@ static void usage(FILE *f)
 		   "examples:\n"
 		   "  kvmem verify ~/agent/ws\n"
 		   "  kvmem verify -q ~/agent/ws && echo intact\n"
-		   "  kvmem verify --salvage ~/agent/ws.saved ~/agent/ws\n");
+		   "  kvmem verify --salvage ~/agent/ws.saved ~/agent/ws\n"
+		   "  kvmem verify --ceph-conf /etc/ceph/ceph.conf rados://kvmem/agent-7\n");
 }
 
 static int salvage(const char *dir, const char *dest)
@@ -85,6 +88,7 @@ int cmd_verify(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "salvage", required_argument, NULL, 's' },
+		{ "ceph-conf", required_argument, NULL, 'c' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -98,6 +102,7 @@ int cmd_verify(int argc, char **argv)
 		case 'h': usage(stdout); return 0;
 		case 'q': quiet = 1; break;
 		case 's': dest = optarg; break;
+		case 'c': cli_ceph_conf(optarg); break;
 		default: return EXIT_USAGE;
 		}
 	if (optind != argc - 1) {
