@@ -9,12 +9,14 @@
  *     of room, every page reads back right, and closing gives every slot
  *     back; the pool is not freed under an open pager;
  *   - a block in scattered slots (several writes) is written whole;
+ *   - the disk reserved ahead of a pager's writes is its share of the pool;
  *   - pagers on one pool from two threads at once (a serve round's
  *     conversations) keep their bytes apart.
  */
 #include <inttypes.h>
 #include <pthread.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -209,6 +211,39 @@ static void test_scattered_slots(void **state)
 	assert_int_equal(kvmem_pager_pool_free(pool), 0);
 }
 
+/* The pages file is allocated ahead of the writes as far as they can be in
+ * flight: for blocks written from a shared pool, this pager's share of it,
+ * not the whole pool for every pager (kvmem serve: 64 conversations on a
+ * 256 MiB pool would each hold 256 MiB of disk). */
+static void test_reserve_is_a_share(void **state)
+{
+	uint64_t rng = g_seed ^ 0x55, seed = fx_mix(g_seed ^ 0x55);
+	kvmem_page_geom g = fx_geom(&rng);
+	const uint64_t bytes = 1ull << 30;
+	kvmem_hostpool *pool;
+	kvmem_pager *p[4];
+	char dir[4][256], path[300];
+	struct stat st;
+
+	assert_int_equal(kvmem_pager_pool_create(&g, bytes, -1, &pool), 0);
+	for (int i = 0; i < 4; i++) {
+		assert_non_null(fx_tmpdir(dir[i], sizeof(dir[i])));
+		p[i] = open_on(dir[i], &g, pool);
+		assert_non_null(p[i]);
+	}
+	assert_int_equal(append_in_pool(p[0], seed, 2 * g.block_tokens), 0);
+	assert_int_equal(fx_commit(p[0], seed, NULL, 0), 0);
+	snprintf(path, sizeof(path), "%s/pages", dir[0]);
+	assert_int_equal(stat(path, &st), 0);
+	/* A quarter of the pool (and a directory's 64 MiB steps), not all. */
+	assert_true((uint64_t)st.st_size <= bytes / 4 + (64u << 20));
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(kvmem_pager_close(p[i]), 0);
+		fx_rmtree(dir[i]);
+	}
+	assert_int_equal(kvmem_pager_pool_free(pool), 0);
+}
+
 struct worker {
 	kvmem_hostpool *pool;
 	const kvmem_page_geom *g;
@@ -268,6 +303,7 @@ int main(void)
 		cmocka_unit_test(test_block_memory_is_not_copied),
 		cmocka_unit_test(test_pagers_share_one_pool),
 		cmocka_unit_test(test_scattered_slots),
+		cmocka_unit_test(test_reserve_is_a_share),
 		cmocka_unit_test(test_pagers_on_threads),
 	};
 

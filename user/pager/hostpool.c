@@ -196,6 +196,17 @@ int kvmem_pager_pool_free(kvmem_hostpool *hp)
 }
 
 int kvmem_hostpool_shared(const kvmem_hostpool *hp) { return hp->shared; }
+uint32_t kvmem_hostpool_users(const kvmem_hostpool *hp)
+{
+	kvmem_hostpool *w = (kvmem_hostpool *)hp;
+	int n;
+
+	lock(w);
+	n = hp->n_users;
+	unlock(w);
+	return n > 1 ? (uint32_t)n : 1;
+}
+
 void kvmem_hostpool_lock(kvmem_hostpool *hp) { lock(hp); }
 void kvmem_hostpool_unlock(kvmem_hostpool *hp) { unlock(hp); }
 uint64_t *kvmem_hostpool_slot_pages(const kvmem_hostpool *hp) { return hp->slot_page; }

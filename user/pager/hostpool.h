@@ -44,6 +44,8 @@ uint16_t *kvmem_hostpool_slot_pins(const kvmem_hostpool *hp);
  * back up to `want` slots (give: how many it freed; it must not wait for a
  * lock of its own). Returns the slots given back. */
 int kvmem_hostpool_shared(const kvmem_hostpool *hp);
+/* Pagers using the pool now (1 for a pager's own). */
+uint32_t kvmem_hostpool_users(const kvmem_hostpool *hp);
 /* Hold a shared pool's lock (recursive; nothing for a pager's own pool):
  * room made and the slots then taken, with no other pager between. */
 void kvmem_hostpool_lock(kvmem_hostpool *hp);

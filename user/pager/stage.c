@@ -272,13 +272,15 @@ static int free_stage_slot(kvmem_pager *p, uint64_t block)
 
 /* Room for the pages stream ahead of the writes (a directory allocates
  * the file: Documentation/pager.md), at least as far as writes can be in
- * flight: the stage-out buffer's extents, or the pool's pages for blocks
- * written from the pool. */
+ * flight: the stage-out buffer's extents, or this pager's share of the
+ * pool for blocks written from the pool (a pool shared by N pagers: 1/N of
+ * it, so N open conversations do not each reserve the whole pool on disk). */
 static void reserve(kvmem_pager *p, uint64_t end)
 {
 	struct ws_store *ws = p->ws;
 	uint64_t reach = (uint64_t)p->n_stage * p->extent_bytes,
-		 pool = (uint64_t)kvmem_hostpool_slots(p->pool) * p->page_stride;
+		 pool = (uint64_t)kvmem_hostpool_slots(p->pool) * p->page_stride /
+			kvmem_hostpool_users(p->pool);
 
 	if (reach < pool)
 		reach = pool;
