@@ -103,7 +103,7 @@ typedef struct kvmem_workspace_info {
 /* ---- the pager ---------------------------------------------------------- */
 typedef struct kvmem_pager kvmem_pager;
 /* A host pool: a pager's own, or one several pagers share. */
-typedef struct kvmem_hostpool kvmem_hostpool;
+typedef struct kvmem_pager_pool kvmem_pager_pool;
 
 /*
  * A host pool for several pagers of one geometry (kvmem serve's
@@ -116,8 +116,8 @@ typedef struct kvmem_hostpool kvmem_hostpool;
  * Free it after the last pager closed (-EBUSY before).
  */
 int kvmem_pager_pool_create(const kvmem_page_geom *g, uint64_t bytes, int numa_node,
-			    kvmem_hostpool **out);
-int kvmem_pager_pool_free(kvmem_hostpool *pool);
+			    kvmem_pager_pool **out);
+int kvmem_pager_pool_free(kvmem_pager_pool *pool);
 
 #define KVMEM_PAGER_CREATE	0x01	/* create the directory when it has no manifest */
 #define KVMEM_PAGER_RDONLY	0x02	/* read committed data only; nothing is written */
@@ -140,7 +140,7 @@ typedef struct kvmem_pager_opts {
 	/* A shared host pool (kvmem_pager_pool_create) instead of one of
 	 * host_cap bytes; NULL: the pager's own. Its slots must be this
 	 * geometry's page stride (-EINVAL). */
-	kvmem_hostpool *pool;
+	kvmem_pager_pool *pool;
 } kvmem_pager_opts;
 
 /* Fill opts with the defaults. */

@@ -113,7 +113,7 @@ static void make_room(struct serve *sv)
 
 /* The server's pool, unless the workspace in dir was written with pages
  * of another size (another dtype): then it gets a pool of its own. */
-static kvmem_hostpool *shared_pool_for(const struct serve *sv, const char *dir)
+static kvmem_pager_pool *shared_pool_for(const struct serve *sv, const char *dir)
 {
 	kvmem_workspace_info wi;
 

@@ -25,7 +25,7 @@
 
 #define HUGE_2M (2u << 20)
 
-struct kvmem_hostpool {
+struct kvmem_pager_pool {
 	uint8_t *base;		/* 2 MiB aligned */
 	size_t len;		/* slots * slot_bytes, rounded to 2 MiB */
 	void *map;		/* what mmap returned */

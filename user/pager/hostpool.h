@@ -16,6 +16,9 @@
  * out in contiguous runs where possible, so consecutive pages of a block land
  * in consecutive slots and move as one large request.
  */
+/* The public kvmem_pager_pool (a shared pool) is this type. */
+typedef struct kvmem_pager_pool kvmem_hostpool;
+
 /* cap: bytes; slot_bytes: multiple of KVMEM_IO_ALIGN; numa_node -1 = local. */
 kvmem_hostpool *kvmem_hostpool_create(uint64_t cap, size_t slot_bytes, int numa_node);
 void kvmem_hostpool_free(kvmem_hostpool *hp);

@@ -1167,7 +1167,7 @@ out:
  * workspace). The workspace's pages live in pool (shared, sized to hold
  * them: the appends never wait for the disk, the commit does). */
 static int stage_run(struct ctx *x, const int32_t *ids, int64_t n, const char *dir,
-		     kvmem_hostpool *pool, double *t_app, double *t_commit, kvmem_session_stats *st,
+		     kvmem_pager_pool *pool, double *t_app, double *t_commit, kvmem_session_stats *st,
 		     kvmem_pager_stats *ps)
 {
 	kvmem_workspace_opts wo = { .block = BLOCK, .dtype = KVMEM_DTYPE_BF16, .pool = pool };
@@ -1218,7 +1218,7 @@ static int ph_stageout(struct ctx *x)
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
 	float *logits = malloc(sizeof(float) * x->geo.cfg.vocab);
 	kvmem_view *v = NULL;
-	kvmem_hostpool *pool = NULL;
+	kvmem_pager_pool *pool = NULL;
 	kvmem_page_geom g;
 	char dir[4200];
 	double plain, mem, cold, warm, c_cold, commit, dummy;
