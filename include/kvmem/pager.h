@@ -193,7 +193,8 @@ int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *
  * kvmem_pager_blocks(); asked again, the same memory): layers[l] gets
  * page_bytes of layer l, to be filled and then handed to append_block as
  * they are, with no copy. -ENOBUFS when the pool has no room even after
- * waiting for the writes in flight, -ENOTSUP read-only or with
+ * waiting for the writes in flight, or when the blocks being made would
+ * take more than half of it, -ENOTSUP read-only or with
  * KVMEM_PAGER_NO_KEEP: the caller then uses memory of its own. The memory
  * is the pager's until append_block, or until close.
  */

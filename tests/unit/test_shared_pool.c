@@ -91,6 +91,19 @@ static void test_block_memory_is_not_copied(void **state)
 	for (uint32_t l = 0; l < L; l++)
 		assert_ptr_equal(got[l], first[l]);
 	kvmem_pager_release(p, ids, L);
+	/* Blocks being made take at most half the pool. */
+	{
+		kvmem_pager *q;
+		char qdir[256];
+
+		assert_non_null(fx_tmpdir(qdir, sizeof(qdir)));
+		q = fx_open(qdir, &g, kvmem_page_stride(&g) * L * 2, 0, KVMEM_PAGER_CREATE, 0);
+		assert_non_null(q);
+		assert_int_equal(kvmem_pager_block_memory(q, 0, again), 0);
+		assert_int_equal(kvmem_pager_block_memory(q, 1, again), -ENOBUFS);
+		assert_int_equal(kvmem_pager_close(q), 0);
+		fx_rmtree(qdir);
+	}
 	/* A block already appended has no memory to make. */
 	assert_int_equal(kvmem_pager_block_memory(p, 1, first), -EINVAL);
 	assert_int_equal(fx_check(p, seed, 1), 0);

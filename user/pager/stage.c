@@ -340,13 +340,19 @@ static int block_memory(kvmem_pager *p, uint64_t block, void **layers)
 {
 	size_t L = p->g.n_layers;
 	uint32_t *sl, got = 0;
-	int i = resv_find(p, block), tries = 0;
+	int i = resv_find(p, block), tries = 0, rc;
 
 	if (p->rdonly || (p->flags & KVMEM_PAGER_NO_KEEP))
 		return kvmem_error(ENOTSUP, "%s: pages made in the host pool need a writer that keeps "
 				   "them there", p->dir);
 	if (block < p->n_blocks)
 		return kvmem_error(EINVAL, "%s: block %" PRIu64 " is appended already", p->dir, block);
+	/* Blocks being made take at most half the pool: the rest stays for
+	 * the pages a session reads (a pool of a few pages keeps working;
+	 * the source makes its blocks in memory of its own then). */
+	if (i < 0 && (uint64_t)(p->n_resv + 1) * L > kvmem_hostpool_slots(p->pool) / 2)
+		return kvmem_error(ENOBUFS, "%s: blocks being made would take more than half the "
+				   "host pool (%u slots)", p->dir, kvmem_hostpool_slots(p->pool));
 	if (i < 0) {
 		if (p->n_resv == p->cap_resv) {
 			int cap = p->cap_resv ? 2 * p->cap_resv : 16;
@@ -378,9 +384,14 @@ static int block_memory(kvmem_pager *p, uint64_t block, void **layers)
 				}
 				t0 = kvmem_now_ns();
 				p->st.backpressure_waits++;
-				if (pager_reap(p, 1) < 0)
+				rc = pager_reap(p, 1);
+				/* One figure for the counter and the probe
+				 * (kvmemlat sums the probe's). */
+				t0 = kvmem_now_ns() - t0;
+				p->st.backpressure_ns += t0;
+				PROBE_BACKPRESSURE(block, t0);
+				if (rc < 0)
 					break;
-				p->st.backpressure_ns += kvmem_now_ns() - t0;
 				continue;
 			}
 			n = kvmem_hostpool_alloc_run(p->pool, (uint32_t)(L - got), &first);
