@@ -42,8 +42,22 @@ void kvmem_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 void kvmem_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 
 /* ---- dense ------------------------------------------------------------ */
-/* y[n][out] = x[n][in] · w[out][in]^T  (BLAS sgemm, threaded). */
+/*
+ * y[n][out] = x[n][in] · w[out][in]^T, threaded over the output columns.
+ * Batch invariant: a row's bits depend only on that row of x and on w,
+ * never on n, the other rows or the thread count (kernels/cpu/matmul.c),
+ * so a session's logits are the same alone or in a batched forward.
+ */
 void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out);
+/* Its instruction set, chosen once per process: "avx512", "avx2" or "c"
+ * (the best the CPU has, or $KVMEM_MATMUL's). kvmem_matmul_use() picks
+ * another (tests, benchmarks): -ENOTSUP when the CPU lacks it, -EINVAL for
+ * an unknown name. Bits differ between instruction sets. */
+const char *kvmem_matmul_isa(void);
+int kvmem_matmul_use(const char *isa);
+/* The same product by OpenBLAS (sgemv for one row, else sgemm): the
+ * ceiling a benchmark holds kvmem_matmul against. Not batch invariant. */
+void kvmem_matmul_blas(float *y, const float *x, const float *w, int n, int in, int out);
 
 /* out[i][:] = table[ids[i]][:]; ids must be in [0, vocab). */
 void kvmem_embedding(float *out, const float *table, const int32_t *ids, int n, int dim);
@@ -79,6 +93,27 @@ void kvmem_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int he
 void kvmem_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
 		   const float *k, const float *v, const int32_t *kv_pos, int n_kv,
 		   size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale);
+
+/*
+ * Batched attention: several sequences' queries in one call, each sequence
+ * over its own view (its own K / V, length and stride), as a batched
+ * forward runs its layer. Sequence s's queries are rows q0..q0+n_q-1 of q
+ * and out ([rows][n_heads][head_dim]); each gets exactly the bits
+ * kvmem_attention gives it alone (one (query, KV head) item is computed
+ * start to end by one thread, in the same order). The CUDA version is
+ * kvmem_cuda_attention_batch (kernels/kernels_cuda_batch.h).
+ */
+typedef struct kvmem_att_seq {
+	int q0, n_q;
+	const int32_t *q_pos;		/* [n_q] */
+	const float *k, *v;		/* [n_kv_heads][kv_stride][head_dim] */
+	const int32_t *kv_pos;		/* [n_kv] */
+	int n_kv;
+	size_t kv_stride;
+} kvmem_att_seq;
+
+void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs, int n_seqs,
+			   int n_heads, int n_kv_heads, int head_dim, float scale);
 
 /* splitmix64's output function: a bijective 64-bit mix. */
 uint64_t kvmem_mix64(uint64_t z);

@@ -41,6 +41,14 @@ typedef struct kvmem_backend_opts {
 				 * (cuda, see score below); 0: the default (1/8
 				 * of the cap; 4 GiB without a cap); past it the
 				 * session scores on the host */
+	int tp;			/* tensor parallel ranks (GPUs), the model split by
+				 * KV heads (Documentation/architecture.md, "Tensor
+				 * parallelism"): 0, today's path; 1, the split code
+				 * with one rank (cpu: bit-exact with 0); N > 1
+				 * refused (-ENODEV) without N GPUs, and (-ENOTSUP)
+				 * until the multi-GPU forward is built; -EINVAL
+				 * when the model's KV heads or intermediate size
+				 * do not divide by N */
 } kvmem_backend_opts;
 
 /* What the device can do at most, measured when asked: the ceilings the

@@ -311,6 +311,53 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n);
  * infinity are refused (-ERANGE), never sampled. */
 int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out);
 
+/*
+ * Batched steps: many sessions on one backend run their next tokens in one
+ * forward pass, each over its own view (the tokens of one session attend
+ * only to its own selected history and tail). Every weight is read once
+ * for the batch, which is what makes serving many conversations faster
+ * than one after another (Documentation/serve.md, "Batching").
+ *
+ * Batch invariance: each session gets the tokens, logits, views and
+ * history bits it would get from the same calls made alone
+ * (kvmem_session_append of the same tokens, kvmem_session_decode of one
+ * token), whatever else is in the batch and at any thread count. So
+ * replay, persistence and the exactness invariant hold in a batch too.
+ *
+ * Each session's state machine stays its own: a session whose tail is
+ * full selects first (its own cost, in the call), its rows go to its own
+ * writer, a failure is its item's alone (rc, err) and leaves the others'
+ * results standing. A backend without a batched forward (cuda for now)
+ * runs the items one after another: the same results, no speed-up.
+ */
+typedef struct kvmem_batch_item {
+	kvmem_session *s;
+	const int32_t *tokens;	/* the tokens to append */
+	int n;			/* 1..the session's chunk: one forward pass */
+	/* results */
+	int rc;			/* 0, or -errno */
+	char err[256];		/* kvmem_last_error() of a failed item */
+} kvmem_batch_item;
+
+/*
+ * Append each item's tokens to its session, all in one forward pass (as
+ * kvmem_session_append(s, tokens, n, 0) would, one after another). The
+ * sessions must be distinct and on one backend (else -EINVAL and nothing
+ * runs). Returns how many items failed (each says why), 0 when none did.
+ */
+int kvmem_session_append_batch(kvmem_batch_item *items, int n);
+/*
+ * One decode step of each of n distinct sessions on one backend, in one
+ * forward pass: session i draws its next token from its last logits with
+ * smp[i] (smp NULL or smp[i] NULL: greedy) and its own random state, as
+ * kvmem_session_decode(s[i], 1, smp[i], &out[i]) does, and runs it. rc
+ * (may be NULL) gets each session's 0 or -errno. Returns how many failed
+ * (kvmem_last_error() says why the last one did), or -EINVAL for bad
+ * arguments (nothing runs).
+ */
+int kvmem_session_decode_batch(kvmem_session *const *s, int n, const kvmem_sampler *const *smp,
+			       int32_t *out, int *rc);
+
 int64_t kvmem_session_tokens(const kvmem_session *s);
 const int32_t *kvmem_session_token_ids(const kvmem_session *s);
 /* The plan in force (n_view 0 before the first selection). */

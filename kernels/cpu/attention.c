@@ -26,7 +26,8 @@
 #pragma GCC optimize("O3")
 
 /* Dot product in a fixed order: eight running sums, then a fixed tree. */
-static float dot(const float *restrict a, const float *restrict b, int n)
+static inline __attribute__((always_inline)) float dot(const float *restrict a,
+							const float *restrict b, int n)
 {
 	float acc[8] = { 0 };
 	int d = 0;
@@ -42,7 +43,8 @@ static float dot(const float *restrict a, const float *restrict b, int n)
 }
 
 /* out[d] += p * v[d] */
-static void axpy(float *restrict out, float p, const float *restrict v, int n)
+static inline __attribute__((always_inline)) void axpy(float *restrict out, float p,
+							const float *restrict v, int n)
 {
 	for (int d = 0; d < n; d++)
 		out[d] += p * v[d];
@@ -58,7 +60,11 @@ struct att_args {
 };
 
 /* Query token i against KV head g, for the `group` heads reading g.
- * scores: [group][n_kv] or NULL. */
+ * scores: [group][n_kv] or NULL. Also built for AVX2: the eight running
+ * sums of dot() fill one 256-bit register, and with the multiply and the
+ * add kept apart (no FMA: ISO C's -ffp-contract=off) every result has the
+ * bits of the plain build. */
+__attribute__((target_clones("avx2", "default")))
 static void attend_group(const struct att_args *a, int i, int g, float *scores)
 {
 	int d = a->head_dim, grp = a->group, n_kv = a->n_kv;
@@ -116,30 +122,91 @@ static void attend_group(const struct att_args *a, int i, int g, float *scores)
 	}
 }
 
+/* Work items of a batch: sequence s owns items [first[s], first[s + 1]),
+ * n_kv_heads per query, KV head outermost within a sequence (consecutive
+ * items share K / V in cache). */
+static void batch_item(const kvmem_att_seq *seqs, const long *first, int n_seqs, long w, int *s,
+		       int *i, int *g)
+{
+	int lo = 0, hi = n_seqs - 1;
+
+	while (lo < hi) {	/* the last s with first[s] <= w */
+		int mid = (lo + hi + 1) / 2;
+
+		if (first[mid] <= w)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	w -= first[lo];
+	*s = lo;
+	*i = (int)(w % seqs[lo].n_q);
+	*g = (int)(w / seqs[lo].n_q);
+}
+
+void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs, int n_seqs,
+			   int n_heads, int n_kv_heads, int head_dim, float scale)
+{
+	long stack[65], *first = n_seqs <= 64 ? stack : malloc(sizeof(long) * ((size_t)n_seqs + 1));
+	int max_kv = 1;
+	double work = 0;
+
+	if (n_seqs <= 0 || n_heads <= 0 || n_kv_heads <= 0)
+		return;
+	if (!first) {	/* no memory for the table: one sequence at a time, same bits */
+		for (int s = 0; s < n_seqs; s++)
+			kvmem_attention_batch(out, q, &seqs[s], 1, n_heads, n_kv_heads, head_dim,
+					      scale);
+		return;
+	}
+	first[0] = 0;
+	for (int s = 0; s < n_seqs; s++) {
+		int n_q = seqs[s].n_q > 0 ? seqs[s].n_q : 0;
+
+		first[s + 1] = first[s] + (long)n_kv_heads * n_q;
+		max_kv = seqs[s].n_kv > max_kv ? seqs[s].n_kv : max_kv;
+		work += (double)n_q * n_heads * (seqs[s].n_kv > 0 ? seqs[s].n_kv : 0) * head_dim;
+	}
+	const long items = first[n_seqs];
+	const int group = n_heads / n_kv_heads;
+
+	/* Threads only pay off for real work: a small decode step stays on
+	 * this thread (idle OpenMP workers would spin against BLAS threads).
+	 * Items differ in cost (views differ in length): dynamic. */
+	#pragma omp parallel if (items > 1 && work > (1 << 20))
+	{
+		float *scores = malloc(sizeof(float) * group * max_kv);
+
+		#pragma omp for schedule(dynamic, 4)
+		for (long w = 0; w < items; w++) {
+			int s, i, g;
+
+			batch_item(seqs, first, n_seqs, w, &s, &i, &g);
+			const kvmem_att_seq *a = &seqs[s];
+			const struct att_args args = {
+				.q = q + (size_t)a->q0 * n_heads * head_dim, .k = a->k, .v = a->v,
+				.q_pos = a->q_pos, .kv_pos = a->kv_pos,
+				.out = out + (size_t)a->q0 * n_heads * head_dim,
+				.n_kv = a->n_kv, .n_heads = n_heads, .group = group,
+				.head_dim = head_dim, .kv_stride = a->kv_stride, .scale = scale,
+			};
+
+			attend_group(&args, i, g, scores);
+		}
+		free(scores);
+	}
+	if (first != stack)
+		free(first);
+}
+
 void kvmem_attention(float *out, const float *q, const int32_t *q_pos, int n_q,
 		   const float *k, const float *v, const int32_t *kv_pos, int n_kv,
 		   size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale)
 {
-	if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0)
+	const kvmem_att_seq one = { .q0 = 0, .n_q = n_q, .q_pos = q_pos, .k = k, .v = v,
+				    .kv_pos = kv_pos, .n_kv = n_kv, .kv_stride = kv_stride };
+
+	if (n_q <= 0)
 		return;
-	struct att_args a = {
-		.q = q, .k = k, .v = v, .q_pos = q_pos, .kv_pos = kv_pos, .out = out,
-		.n_kv = n_kv, .n_heads = n_heads, .group = n_heads / n_kv_heads,
-		.head_dim = head_dim, .kv_stride = kv_stride, .scale = scale,
-	};
-	long items = (long)n_kv_heads * n_q;
-	double work = (double)n_q * n_heads * n_kv * head_dim;
-
-	/* Threads only pay off for real work: a small decode step stays on
-	 * this thread (idle OpenMP workers would spin against BLAS threads). */
-	#pragma omp parallel if (items > 1 && work > (1 << 20))
-	{
-		float *scores = malloc(sizeof(float) * a.group * (n_kv > 0 ? n_kv : 1));
-
-		/* KV head outermost: consecutive items share K/V in cache. */
-		#pragma omp for schedule(static)
-		for (long w = 0; w < items; w++)
-			attend_group(&a, (int)(w % n_q), (int)(w / n_q), scores);
-		free(scores);
-	}
+	kvmem_attention_batch(out, q, &one, 1, n_heads, n_kv_heads, head_dim, scale);
 }

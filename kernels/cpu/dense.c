@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: MIT
-/* Dense ops: matmul (BLAS), embedding lookup, RMSNorm, residual add, SwiGLU. */
+/* Dense ops: the BLAS matmul (a ceiling and a peer; the engine's is
+ * matmul.c), embedding lookup, RMSNorm, residual add, SwiGLU. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
 
-void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out)
+void kvmem_matmul_blas(float *y, const float *x, const float *w, int n, int in, int out)
 {
 	if (n <= 0 || out <= 0)
 		return;

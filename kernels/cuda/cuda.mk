@@ -39,6 +39,8 @@ GCC_LIBDIR  := $(dir $(shell $(CC) -print-libgcc-file-name))
 CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static \
 	       -ldl -lrt -lpthread
 $(O)/cuda/kernels/cuda/lt_load.o: NVCC_FLAGS += -DKVMEM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+# NCCL likewise (user/backend/cuda_nccl.c, nccl_dl.h).
+$(O)/cuda/user/backend/cuda_nccl.o: CFLAGS += -DKVMEM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 # Prefill attention v6 uses wgmma, which only the sm_90a target has (the
 # -gencode form: nvcc 13.0's -arch=sm_90a also runs a plain sm_90 pass that
 # rejects it); no PTX for other GPUs, where attention.cu runs v4 instead.
@@ -56,8 +58,9 @@ $(O)/cuda/user/backend/%.o: user/backend/%.c
 # cuda; KVMEM_TEST_BACKEND=cuda on a GPU machine): -u pulls its ops table,
 # which the registry names only weakly.
 # kvmem bench select names the selection ops weakly: -u pulls them in too.
+# test_tp_nccl names the NCCL loader weakly: -u pulls it in too.
 CUDA_LINK   := -Wl,-u,kvmem_backend_cuda_ops -Wl,-u,kvmem_cuda_plan_blocks \
-	       -Wl,-u,kvmem_cuda_copy_gbps $(O)/libkvmem_cuda.a $(O)/libkvmem.a -lstdc++ $(CUDA_LIBS)
+	       -Wl,-u,kvmem_cuda_copy_gbps -Wl,-u,kvmem_nccl_selftest $(O)/libkvmem_cuda.a $(O)/libkvmem.a -lstdc++ $(CUDA_LIBS)
 $(O)/kvmem $(TEST_BIN): $(O)/libkvmem_cuda.a
 
 $(O)/libkvmem_cuda.a: $(CUDA_OBJ)

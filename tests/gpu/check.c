@@ -26,6 +26,9 @@
  *               then their times (check_attn_decode.c; tests/gpu/attn_decode.sh)
  *     --attn-prefill  prefill attention alone: v4 and v6 against the twin,
  *               then their times (check_attn_prefill.c; tests/gpu/attn_prefill.sh)
+ *     --attn-batch  the batched attention alone: against the twin and
+ *               itself alone, then its time beside a decode call per
+ *               sequence (check_attn_batch.c)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -37,6 +40,7 @@
 
 #include "kernels/kernels_cuda.h"
 #include "kvmem/kvmem.h"
+#include "check_attn_batch.h"
 #include "check_attn_decode.h"
 #include "check_attn_prefill.h"
 #include "check_fuse.h"
@@ -1001,7 +1005,7 @@ static void bench(void)
 int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
-	int only_attn_decode = 0, only_attn_prefill = 0;
+	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1019,12 +1023,14 @@ int main(int argc, char **argv)
 			only_fuse = 1;		/* decode's fused ops alone (check_fuse.c) */
 		else if (!strcmp(argv[i], "--attn-decode"))
 			only_attn_decode = 1;	/* decode attention alone (check_attn_decode.c) */
+		else if (!strcmp(argv[i], "--attn-batch"))
+			only_attn_batch = 1;	/* batched attention alone (check_attn_batch.c) */
 		else if (!strcmp(argv[i], "--attn-prefill"))
 			only_attn_prefill = 1;	/* prefill attention alone (check_attn_prefill.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1054,6 +1060,8 @@ int main(int argc, char **argv)
 		attn_decode_sweep();
 	} else if (only_attn_prefill) {
 		attn_prefill_sweep();
+	} else if (only_attn_batch) {
+		attn_batch_sweep();
 	} else if (do_profile) {
 		profile();
 	} else if (do_bench) {
@@ -1071,6 +1079,7 @@ int main(int argc, char **argv)
 		check_attention();
 		check_attn_decode();
 		check_attn_prefill();
+		check_attn_batch();
 		check_perf();
 		check_sample();
 		check_scores();

@@ -20,6 +20,7 @@ int bench_select(int argc, char **argv);
 int bench_pager(int argc, char **argv);
 int bench_recall(int argc, char **argv);
 int bench_engine(int argc, char **argv);
+int bench_batch(int argc, char **argv);
 int bench_step(int argc, char **argv);
 /* kvmem bench serve lives with the server (tools/serve/bench_serve.c). */
 int bench_serve(int argc, char **argv);

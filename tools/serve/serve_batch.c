@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: MIT
 /*
- * The first batch runner (serve_batch.h): the units of a round one after
- * another, each with the library's calls for one session. A decode unit is
- * an append of the one sampled token, which is what kvmem_session_decode
- * does after it samples: the same forward, the same bits.
+ * The batch runner (serve_batch.h): a round's selections one session at a
+ * time (each its own cost), then every prefill chunk and decode step of
+ * the round in one forward pass over the sessions' views
+ * (kvmem_session_append_batch, kvmem/session.h), which is batch invariant:
+ * each session gets the bits the loop of its own calls would give it.
+ * A decode unit is an append of the one sampled token, which is what
+ * kvmem_session_decode does after it samples.
  */
 #ifndef KVMEM_NO_SERVE
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "kvmem/kvmem.h"
@@ -20,32 +24,79 @@ static double now_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static void count(struct serve_batch_stats *st, struct serve_unit *u, int *failed)
+{
+	if (u->rc)
+		(*failed)++;
+	st->units[u->kind]++;
+	st->seconds[u->kind] += u->seconds;
+	if (u->kind != SERVE_UNIT_SELECT)
+		st->tokens += (uint64_t)u->n;
+}
+
+/* A unit alone, with the per-session calls. */
+static void run_one(struct serve_unit *u)
+{
+	double t0 = now_s();
+
+	if (u->kind == SERVE_UNIT_SELECT)
+		u->rc = kvmem_session_select(u->s);
+	else
+		u->rc = kvmem_session_append(u->s, u->tokens, u->n, 0);
+	if (u->rc)
+		snprintf(u->err, sizeof(u->err), "%s", kvmem_last_error());
+	u->seconds = now_s() - t0;
+}
+
 int serve_batch_run(kvmem_backend *be, struct serve_unit *units, int n,
 		    struct serve_batch_stats *st)
 {
-	int failed = 0;
+	kvmem_batch_item *items = calloc((size_t)(n > 0 ? n : 1), sizeof(*items));
+	int *at = calloc((size_t)(n > 0 ? n : 1), sizeof(*at));
+	int failed = 0, m = 0, tokens = 0;
+	double t0, dt;
 
-	(void)be;	/* the batched forward will run them all on it at once */
+	(void)be;	/* every unit's session is on it */
 	st->calls++;
 	for (int i = 0; i < n; i++) {
 		struct serve_unit *u = &units[i];
-		double t0 = now_s();
 
 		u->err[0] = 0;
-		if (u->kind == SERVE_UNIT_SELECT)
-			u->rc = kvmem_session_select(u->s);
-		else
-			u->rc = kvmem_session_append(u->s, u->tokens, u->n, 0);
-		if (u->rc) {
-			snprintf(u->err, sizeof(u->err), "%s", kvmem_last_error());
-			failed++;
+		u->rc = 0;
+		/* Selections first, each alone; a token run of one forward
+		 * joins the batch (without memory for the batch, all alone). */
+		if (u->kind == SERVE_UNIT_SELECT || !items || !at || u->n <= 0 ||
+		    u->n > kvmem_session_options(u->s)->chunk) {
+			run_one(u);
+			count(st, u, &failed);
+			continue;
 		}
-		u->seconds = now_s() - t0;
-		st->units[u->kind]++;
-		st->seconds[u->kind] += u->seconds;
-		if (u->kind != SERVE_UNIT_SELECT)
-			st->tokens += (uint64_t)u->n;
+		items[m] = (kvmem_batch_item){ .s = u->s, .tokens = u->tokens, .n = u->n };
+		at[m++] = i;
+		tokens += u->n;
 	}
+	if (m) {
+		t0 = now_s();
+		if (kvmem_session_append_batch(items, m) < 0) {
+			/* The call itself was refused (no unit ran): each alone. */
+			for (int k = 0; k < m; k++)
+				run_one(&units[at[k]]);
+		} else {
+			dt = now_s() - t0;
+			for (int k = 0; k < m; k++) {
+				struct serve_unit *u = &units[at[k]];
+
+				u->rc = items[k].rc;
+				snprintf(u->err, sizeof(u->err), "%s", items[k].err);
+				/* The forward's time, shared by tokens. */
+				u->seconds = dt * u->n / tokens;
+			}
+		}
+		for (int k = 0; k < m; k++)
+			count(st, &units[at[k]], &failed);
+	}
+	free(items);
+	free(at);
 	return failed;
 }
 #endif

@@ -19,13 +19,12 @@
  * those of its last token. A unit's failure is that unit's alone: the
  * others' results stand.
  *
- * This first runner loops over the units one by one with the library's
- * per-session calls (kvmem_session_append, kvmem_session_select). The
- * library's batched forward (one forward decoding many sessions, each over
- * its own view) replaces the loop here and nothing above this header
- * changes. Contract the batched one must keep: every session's tokens and
- * logits equal what the loop computes (batch invariance), so answers never
- * depend on what else runs.
+ * The runner runs the selections one session at a time and every prefill
+ * chunk and decode step of the round in one forward pass over the
+ * sessions' views (kvmem_session_append_batch, kvmem/session.h). Its
+ * contract: every session's tokens and logits equal what a loop of the
+ * per-session calls (kvmem_session_append, kvmem_session_select) computes
+ * (batch invariance), so answers never depend on what else runs.
  */
 #ifndef KVMEM_TOOLS_SERVE_BATCH_H
 #define KVMEM_TOOLS_SERVE_BATCH_H

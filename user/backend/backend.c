@@ -67,6 +67,10 @@ int kvmem_backend_open(const char *name, const kvmem_model *m, const kvmem_backe
 		b->opts = *o;
 	if (!b->opts.max_chunk)
 		b->opts.max_chunk = CHUNK_DEFAULT;
+	if ((rc = kvmem_backend_tp_check(ops, m, &b->opts)) < 0) {
+		free(b);
+		return rc;
+	}
 	if (b->opts.max_chunk < 0) {
 		rc = kvmem_error(EINVAL, "backend %s: chunk %d is not positive", ops->name,
 				 b->opts.max_chunk);
@@ -114,6 +118,13 @@ int kvmem_backend_append_out(kvmem_backend *b, kvmem_view *v, const int32_t *tok
 			return kvmem_fail();
 	}
 	return b->ops->forward(b->ctx, v, tokens, n, logits, all_logits, out);
+}
+
+int kvmem_backend_forward_batch(kvmem_backend *b, const kvmem_fwd_item *items, int n)
+{
+	if (!b->ops->forward_batch)
+		return kvmem_error(ENOTSUP, "the %s backend has no batched forward", b->ops->name);
+	return b->ops->forward_batch(b->ctx, items, n);
 }
 
 int kvmem_backend_append(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,

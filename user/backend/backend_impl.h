@@ -86,6 +86,17 @@ typedef struct kvmem_score_input {
 	int n_layers, n_kv_heads, head_dim;
 } kvmem_score_input;
 
+/* One sequence of a batched forward: n tokens at the end of view v, the
+ * other arguments as forward()'s. */
+typedef struct kvmem_fwd_item {
+	kvmem_view *v;
+	const int32_t *tokens;
+	int n;
+	float *logits;
+	int all_logits;
+	const kvmem_fwd_out *out;
+} kvmem_fwd_item;
+
 typedef struct kvmem_backend_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
@@ -182,6 +193,19 @@ typedef struct kvmem_backend_ops {
 	 */
 	int (*keep_raw)(void *ctx, kvmem_view *v);
 	int (*move)(void *ctx, kvmem_view *v, const kvmem_move *items, int n);
+	/* Optional: the GPUs this backend could spread over (--tp); NULL: it
+	 * runs one rank only (cpu). */
+	int (*devices)(void);
+	/*
+	 * Optional: forward() over n items in one pass, each on its own view
+	 * (no two share one): the rows of all of them through each weight
+	 * at once, each attending to its own view only. Batch invariant:
+	 * every item's view, rows and logits have the bits forward() gives
+	 * it alone. Fails with nothing changed (any item's error); the
+	 * caller may then run the items one by one to learn whose it was.
+	 * Absent (cuda for now): the caller runs them one by one.
+	 */
+	int (*forward_batch)(void *ctx, const kvmem_fwd_item *items, int n);
 } kvmem_backend_ops;
 
 struct kvmem_backend {
@@ -199,8 +223,16 @@ kvmem_backend *kvmem_backend_cpu(const kvmem_model *m, int max_chunk);
 
 /* kvmem_backend_append() with the forward pass's optional outputs (raw K,
  * V, raw queries: engine/engine.h). */
+/* Whether backend ops can run o->tp ranks of m (backend_tp.c): 0, or
+ * -EINVAL / -ENODEV / -ENOTSUP with a message (kvmem_backend_opts.tp). */
+int kvmem_backend_tp_check(const kvmem_backend_ops *ops, const kvmem_model *m,
+			   const kvmem_backend_opts *o);
+
 int kvmem_backend_append_out(kvmem_backend *b, kvmem_view *v, const int32_t *tokens, int n,
 			     float *logits, int all_logits, const kvmem_fwd_out *out);
+
+/* forward_batch on b, or -ENOTSUP (with a message) when b has none. */
+int kvmem_backend_forward_batch(kvmem_backend *b, const kvmem_fwd_item *items, int n);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,10 @@
  * K rotated at the slot index. place() rotates a copy of raw K at the slot
  * with kvmem_rope, the very call the engine makes for a new token, so a
  * token placed at the slot the engine gave it holds the same bits.
+ *
+ * With --tp 1 (opts.tp == 1) the forward pass is the tensor-parallel one
+ * (user/tp/) with its one rank over the same kvcache: the split code,
+ * bit-identical to the engine's (tests/cli/test_tp.sh holds it to that).
  */
 #include <limits.h>
 #include <omp.h>
@@ -16,6 +20,7 @@
 #include "backend/backend_impl.h"
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
+#include "tp/tp.h"
 #include "util/clock.h"
 
 struct kvmem_view {
@@ -27,13 +32,14 @@ struct kvmem_view {
 struct cpu {
 	const kvmem_config *c;
 	kvmem_engine *e;	/* weights are the model's; scratch for one chunk */
+	kvmem_tp_engine *tp;	/* --tp 1: the split forward's one rank, else NULL */
 	float *scratch;		/* one page's K or V in f32: H * B * D, grown on demand */
 	size_t scratch_n;
 	int32_t *pos;		/* positions of one item's tokens */
 	int pos_cap;
-	float *rows;		/* raw K of one forward pass [L][max_chunk][H][D], for a
-				 * view that keeps it when the caller asks for none */
-	int max_chunk;
+	float *rows;		/* raw K of a forward pass [L][tokens][H][D], for views
+				 * that keep it when the caller asks for none */
+	size_t rows_n;
 };
 
 /* Raw K of layer l, KV head h, slot t of a view that keeps it. */
@@ -58,7 +64,11 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 		free(b);
 		return kvmem_fail();
 	}
-	b->max_chunk = o->max_chunk;
+	if (o->tp == 1 && !(b->tp = kvmem_tp_engine_create(m, 1, o->max_chunk))) {
+		kvmem_engine_free(b->e);
+		free(b);
+		return kvmem_fail();
+	}
 	*ctx = b;
 	return 0;
 }
@@ -68,6 +78,7 @@ static void cpu_destroy(void *ctx)
 	struct cpu *b = ctx;
 
 	kvmem_engine_free(b->e);
+	kvmem_tp_engine_free(b->tp);
 	free(b->scratch);
 	free(b->pos);
 	free(b->rows);
@@ -168,31 +179,108 @@ static int cpu_set_length(void *ctx, kvmem_view *v, int64_t len)
 	return 0;
 }
 
-static int cpu_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
-		       int all_logits, const kvmem_fwd_out *out)
+/* Raw K of a forward's new tokens ([L][n][H][D] rows) beside their slots
+ * at..at+n-1 of a view that keeps it. */
+static void keep_rows(struct cpu *b, kvmem_view *v, const float *raw_k, int at, int n)
 {
-	struct cpu *b = ctx;
-	kvmem_fwd_out o = out ? *out : (kvmem_fwd_out){ 0 };
-	const int H = b->c->n_kv_heads, D = b->c->head_dim, at = v->kv.len;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
 
-	if (!v->keep)
-		return kvmem_forward(b->e, &v->kv, tokens, n, logits, all_logits, out) ?
-		       kvmem_fail() : 0;
-	/* The view keeps raw K: the engine's rows land beside the slots too. */
-	if (!o.raw_k) {
-		if (!b->rows && !(b->rows = malloc(sizeof(float) * b->c->n_layers * b->max_chunk *
-						   H * D)))
-			return kvmem_error(ENOMEM, "cpu forward: out of memory");
-		o.raw_k = b->rows;
-	}
-	if (kvmem_forward(b->e, &v->kv, tokens, n, logits, all_logits, &o))
-		return kvmem_fail();
 	for (int l = 0; l < b->c->n_layers; l++)
 		for (int j = 0; j < n; j++)
 			for (int h = 0; h < H; h++)
-				memcpy(raw_at(b, v, l, h, at + j), o.raw_k + (((size_t)l * n + j) * H + h) * D,
+				memcpy(raw_at(b, v, l, h, at + j), raw_k + (((size_t)l * n + j) * H + h) * D,
 				       sizeof(float) * D);
+}
+
+/* Room for a forward's raw K rows of `tokens` tokens when the caller asks
+ * for none but a view keeps them. */
+static float *rows_for(struct cpu *b, size_t tokens)
+{
+	size_t need = (size_t)b->c->n_layers * tokens * b->c->n_kv_heads * b->c->head_dim;
+
+	if (need > b->rows_n) {
+		float *p = realloc(b->rows, sizeof(float) * need);
+
+		if (!p) {
+			kvmem_error(ENOMEM, "cpu forward: out of memory");
+			return NULL;
+		}
+		b->rows = p;
+		b->rows_n = need;
+	}
+	return b->rows;
+}
+
+/* The engine's batched forward, or with --tp 1 the split forward's one
+ * rank over each item's view in turn (the split code has no batched form). */
+static int engine_forward_batch(struct cpu *b, const kvmem_fwd_seq *seqs, int n)
+{
+	if (!b->tp)
+		return kvmem_forward_batch(b->e, seqs, n);
+	for (int i = 0; i < n; i++)
+		if (kvmem_tp_forward(b->tp, &seqs[i].kv, seqs[i].tokens, seqs[i].n, seqs[i].logits,
+				     seqs[i].all_logits, seqs[i].out))
+			return -1;
 	return 0;
+}
+
+/* The engine's batched forward over the items' views; a view that keeps
+ * raw K gets the new rows beside its slots too. */
+static int cpu_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
+{
+	struct cpu *b = ctx;
+	kvmem_fwd_seq stack[16] = { 0 }, *seqs = n <= 16 ? stack : malloc(sizeof(*seqs) * (size_t)n);
+	kvmem_fwd_out ostack[16], *outs = n <= 16 ? ostack : malloc(sizeof(*outs) * (size_t)n);
+	size_t lent = 0, at = 0;
+	float *rows = NULL;
+	int rc = 0;
+
+	if (!seqs || !outs) {
+		rc = kvmem_error(ENOMEM, "cpu forward: out of memory for a batch of %d", n);
+		goto out;
+	}
+	for (int i = 0; i < n; i++)	/* rows to lend to views that keep raw K */
+		if (items[i].v->keep && !(items[i].out && items[i].out->raw_k))
+			lent += (size_t)(items[i].n > 0 ? items[i].n : 0);
+	if (lent && !(rows = rows_for(b, lent))) {
+		rc = kvmem_fail();
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		const kvmem_fwd_item *it = &items[i];
+
+		outs[i] = it->out ? *it->out : (kvmem_fwd_out){ 0 };
+		if (it->v->keep && !outs[i].raw_k) {
+			outs[i].raw_k = rows + at;
+			at += (size_t)b->c->n_layers * it->n * b->c->n_kv_heads * b->c->head_dim;
+		}
+		seqs[i] = (kvmem_fwd_seq){ .kv = &it->v->kv, .tokens = it->tokens, .n = it->n,
+					   .logits = it->logits, .all_logits = it->all_logits,
+					   .out = it->out || it->v->keep ? &outs[i] : NULL };
+	}
+	if (engine_forward_batch(b, seqs, n)) {
+		rc = kvmem_fail();
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		if (items[i].v->keep)
+			keep_rows(b, items[i].v, outs[i].raw_k, items[i].v->kv.len - items[i].n,
+				  items[i].n);
+out:
+	if (seqs != stack)
+		free(seqs);
+	if (outs != ostack)
+		free(outs);
+	return rc;
+}
+
+static int cpu_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
+		       int all_logits, const kvmem_fwd_out *out)
+{
+	const kvmem_fwd_item one = { .v = v, .tokens = tokens, .n = n, .logits = logits,
+				     .all_logits = all_logits, .out = out };
+
+	return cpu_forward_batch(ctx, &one, 1);
 }
 
 static int grow(struct cpu *b, size_t page_elems, int n)
@@ -346,7 +434,7 @@ static int cpu_ceilings(void *ctx, kvmem_ceilings *out)
 	for (int r = 0; r < 3; r++) {
 		double t0 = kvmem_now_s(), t;
 
-		kvmem_matmul(a + 2 * (size_t)n * n, a, a + (size_t)n * n, n, n, n);
+		kvmem_matmul_blas(a + 2 * (size_t)n * n, a, a + (size_t)n * n, n, n, n);
 		t = kvmem_now_s() - t0;
 		best = t < best ? t : best;
 		t0 = kvmem_now_s();
@@ -382,4 +470,5 @@ const kvmem_backend_ops kvmem_backend_cpu_ops = {
 	.ceilings = cpu_ceilings,
 	.keep_raw = cpu_keep_raw,
 	.move = cpu_move,
+	.forward_batch = cpu_forward_batch,
 };

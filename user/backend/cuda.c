@@ -445,4 +445,5 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.host_free = cuda_host_free,
 	.keep_raw = cuda_keep_raw,
 	.move = cuda_move,
+	.devices = kvmem_cuda_device_count,
 };

@@ -12,6 +12,7 @@
  * token's slot: rotating a stored raw K at the same slot later (what the
  * workspace layer does) gives the very same bits.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,17 +24,25 @@
 struct kvmem_engine {
 	const kvmem_model *m;
 	int max_chunk;
-	float *x;	/* [C][hidden] residual stream */
-	float *h;	/* [C][hidden] normed input, then o_proj / down outputs */
-	float *q;	/* [C][n_heads * head_dim] */
-	float *k;	/* [C][n_kv_heads * head_dim] */
-	float *v;	/* [C][n_kv_heads * head_dim] */
-	float *att;	/* [C][n_heads * head_dim] attention output */
-	float *gate;	/* [C][intermediate] */
-	float *up;	/* [C][intermediate] */
-	int32_t *q_pos;	/* [C] */
+	int rows_cap;	/* rows the scratch below holds: max_chunk, more for a batch */
+	float *x;	/* [rows][hidden] residual stream */
+	float *h;	/* [rows][hidden] normed input, then o_proj / down outputs */
+	float *q;	/* [rows][n_heads * head_dim] */
+	float *k;	/* [rows][n_kv_heads * head_dim] */
+	float *v;	/* [rows][n_kv_heads * head_dim] */
+	float *att;	/* [rows][n_heads * head_dim] attention output */
+	float *gate;	/* [rows][intermediate] */
+	float *up;	/* [rows][intermediate] */
+	float *last;	/* [rows][hidden]: the normed rows whose logits are wanted */
+	int32_t *q_pos;	/* [rows] each row's slot in its own view */
 	int32_t *kv_pos;/* [kv_pos_cap] = 0, 1, 2, ... */
 	int kv_pos_cap;
+	/* A batch's per-sequence scratch: its first row and its attention. */
+	int *r0;
+	kvmem_att_seq *att_seqs;
+	int seqs_cap;
+	float *lbuf;	/* [lbuf_n] logits of the batch's last-token rows */
+	size_t lbuf_n;
 };
 
 static int check_config(const kvmem_config *c)
@@ -63,14 +72,41 @@ void kvmem_engine_free(kvmem_engine *e)
 	free(e->att);
 	free(e->gate);
 	free(e->up);
+	free(e->last);
 	free(e->q_pos);
 	free(e->kv_pos);
+	free(e->r0);
+	free(e->att_seqs);
+	free(e->lbuf);
 	free(e);
 }
 
-static float *alloc_rows(int rows, int width)
+/* Scratch for `rows` rows at once (a chunk, or a batch's rows). */
+static int grow_rows(kvmem_engine *e, int rows)
 {
-	return malloc(sizeof(float) * (size_t)rows * width);
+	const kvmem_config *c = &e->m->cfg;
+	const size_t qw = (size_t)c->n_heads * c->head_dim, kw = (size_t)c->n_kv_heads * c->head_dim;
+	struct { float **p; size_t width; } f[] = {
+		{ &e->x, (size_t)c->hidden }, { &e->h, (size_t)c->hidden }, { &e->q, qw },
+		{ &e->k, kw }, { &e->v, kw }, { &e->att, qw }, { &e->gate, (size_t)c->intermediate },
+		{ &e->up, (size_t)c->intermediate }, { &e->last, (size_t)c->hidden },
+	};
+	int32_t *qp;
+
+	if (rows <= e->rows_cap)
+		return 0;
+	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
+		float *p = realloc(*f[i].p, sizeof(float) * f[i].width * (size_t)rows);
+
+		if (!p)
+			return kvmem_error(ENOMEM, "engine: out of memory for %d rows", rows);
+		*f[i].p = p;
+	}
+	if (!(qp = realloc(e->q_pos, sizeof(int32_t) * (size_t)rows)))
+		return kvmem_error(ENOMEM, "engine: out of memory for %d rows", rows);
+	e->q_pos = qp;
+	e->rows_cap = rows;
+	return 0;
 }
 
 kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk)
@@ -91,19 +127,7 @@ kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk)
 	}
 	e->m = m;
 	e->max_chunk = max_chunk;
-	int qw = c->n_heads * c->head_dim, kw = c->n_kv_heads * c->head_dim;
-
-	e->x = alloc_rows(max_chunk, c->hidden);
-	e->h = alloc_rows(max_chunk, c->hidden);
-	e->q = alloc_rows(max_chunk, qw);
-	e->k = alloc_rows(max_chunk, kw);
-	e->v = alloc_rows(max_chunk, kw);
-	e->att = alloc_rows(max_chunk, qw);
-	e->gate = alloc_rows(max_chunk, c->intermediate);
-	e->up = alloc_rows(max_chunk, c->intermediate);
-	e->q_pos = malloc(sizeof(int32_t) * max_chunk);
-	if (!e->x || !e->h || !e->q || !e->k || !e->v || !e->att || !e->gate || !e->up ||
-	    !e->q_pos) {
+	if (grow_rows(e, max_chunk)) {
 		kvmem_engine_free(e);
 		kvmem_error(ENOMEM, "engine: out of memory for chunks of %d tokens", max_chunk);
 		return NULL;
@@ -155,54 +179,90 @@ static int check_call(const kvmem_engine *e, const kvmem_kvcache *kv, const int3
 	return 0;
 }
 
-/* Rotate K at the new tokens' slots and write K and V into the view. */
-static void store_kv(kvmem_engine *e, kvmem_kvcache *kv, int l, int n)
+/* One batch as the layers see it: n_seqs sequences, T rows in all,
+ * sequence i's rows r0[i]..r0[i] + seqs[i].n - 1. */
+struct batch {
+	const kvmem_fwd_seq *seqs;
+	int n_seqs, T;
+	const int *r0;
+};
+
+/* Rotate K at the new tokens' slots and write K and V into each view. */
+static void store_kv(kvmem_engine *e, const struct batch *b, int l)
 {
 	const kvmem_config *c = &e->m->cfg;
 	int hk = c->n_kv_heads, d = c->head_dim;
 
-	kvmem_rope(e->k, e->q_pos, n, hk, d, c->rope_theta);
-	for (int t = 0; t < n; t++)
-		for (int g = 0; g < hk; g++) {
-			size_t src = ((size_t)t * hk + g) * d;
+	kvmem_rope(e->k, e->q_pos, b->T, hk, d, c->rope_theta);
+	for (int i = 0; i < b->n_seqs; i++) {
+		kvmem_kvcache *kv = b->seqs[i].kv;
 
-			memcpy(kvmem_kv_k(kv, l, g, kv->len + t), e->k + src, sizeof(float) * d);
-			memcpy(kvmem_kv_v(kv, l, g, kv->len + t), e->v + src, sizeof(float) * d);
-		}
+		for (int t = 0; t < b->seqs[i].n; t++)
+			for (int g = 0; g < hk; g++) {
+				size_t src = ((size_t)(b->r0[i] + t) * hk + g) * d;
+
+				memcpy(kvmem_kv_k(kv, l, g, kv->len + t), e->k + src, sizeof(float) * d);
+				memcpy(kvmem_kv_v(kv, l, g, kv->len + t), e->v + src, sizeof(float) * d);
+			}
+	}
 }
 
-static void attention_block(kvmem_engine *e, kvmem_kvcache *kv, int l, int n,
-			    const kvmem_fwd_out *out)
+/* The rows a sequence's caller asked for: raw queries (its last rows),
+ * raw K and V of layer l. */
+static void give_rows(kvmem_engine *e, const struct batch *b, int l)
+{
+	const kvmem_config *c = &e->m->cfg;
+	const size_t qw = (size_t)c->n_heads * c->head_dim, kw = (size_t)c->n_kv_heads * c->head_dim;
+
+	for (int i = 0; i < b->n_seqs; i++) {
+		const kvmem_fwd_out *out = b->seqs[i].out;
+		const int n = b->seqs[i].n;
+		const size_t r0 = (size_t)b->r0[i];
+
+		if (!out)
+			continue;
+		if (out->q_raw) {
+			int rows = kvmem_fwd_q_rows(out, n);	/* the last rows tokens' */
+
+			memcpy(out->q_raw + (size_t)l * rows * qw, e->q + (r0 + n - rows) * qw,
+			       sizeof(float) * rows * qw);
+		}
+		if (out->raw_k)
+			memcpy(out->raw_k + (size_t)l * n * kw, e->k + r0 * kw, sizeof(float) * n * kw);
+		if (out->v)
+			memcpy(out->v + (size_t)l * n * kw, e->v + r0 * kw, sizeof(float) * n * kw);
+	}
+}
+
+static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const kvmem_layer *L = &e->m->layers[l];
-	int d = c->head_dim, qw = c->n_heads * d, kw = c->n_kv_heads * d;
+	int d = c->head_dim, qw = c->n_heads * d, kw = c->n_kv_heads * d, T = b->T;
 
-	kvmem_rmsnorm(e->h, e->x, L->attn_norm, n, c->hidden, c->rms_eps);
-	kvmem_matmul(e->q, e->h, L->wq, n, c->hidden, qw);
-	kvmem_matmul(e->k, e->h, L->wk, n, c->hidden, kw);
-	kvmem_matmul(e->v, e->h, L->wv, n, c->hidden, kw);
-	kvmem_rmsnorm(e->q, e->q, L->q_norm, n * c->n_heads, d, c->rms_eps);
-	kvmem_rmsnorm(e->k, e->k, L->k_norm, n * c->n_kv_heads, d, c->rms_eps);
+	kvmem_rmsnorm(e->h, e->x, L->attn_norm, T, c->hidden, c->rms_eps);
+	kvmem_matmul(e->q, e->h, L->wq, T, c->hidden, qw);
+	kvmem_matmul(e->k, e->h, L->wk, T, c->hidden, kw);
+	kvmem_matmul(e->v, e->h, L->wv, T, c->hidden, kw);
+	kvmem_rmsnorm(e->q, e->q, L->q_norm, T * c->n_heads, d, c->rms_eps);
+	kvmem_rmsnorm(e->k, e->k, L->k_norm, T * c->n_kv_heads, d, c->rms_eps);
+	give_rows(e, b, l);
 
-	if (out && out->q_raw) {
-		int rows = kvmem_fwd_q_rows(out, n);	/* the last rows tokens' */
+	kvmem_rope(e->q, e->q_pos, T, c->n_heads, d, c->rope_theta);
+	store_kv(e, b, l);
+	for (int i = 0; i < b->n_seqs; i++) {
+		const kvmem_kvcache *kv = b->seqs[i].kv;
 
-		memcpy(out->q_raw + (size_t)l * rows * qw, e->q + (size_t)(n - rows) * qw,
-		       sizeof(float) * rows * qw);
+		e->att_seqs[i] = (kvmem_att_seq){
+			.q0 = b->r0[i], .n_q = b->seqs[i].n, .q_pos = e->q_pos + b->r0[i],
+			.k = kvmem_kv_k(kv, l, 0, 0), .v = kvmem_kv_v(kv, l, 0, 0),
+			.kv_pos = e->kv_pos, .n_kv = kv->len + b->seqs[i].n, .kv_stride = (size_t)kv->cap,
+		};
 	}
-	if (out && out->raw_k)
-		memcpy(out->raw_k + (size_t)l * n * kw, e->k, sizeof(float) * n * kw);
-	if (out && out->v)
-		memcpy(out->v + (size_t)l * n * kw, e->v, sizeof(float) * n * kw);
-
-	kvmem_rope(e->q, e->q_pos, n, c->n_heads, d, c->rope_theta);
-	store_kv(e, kv, l, n);
-	kvmem_attention(e->att, e->q, e->q_pos, n, kvmem_kv_k(kv, l, 0, 0), kvmem_kv_v(kv, l, 0, 0),
-		      e->kv_pos, kv->len + n, (size_t)kv->cap, c->n_heads, c->n_kv_heads, d,
-		      (float)(1.0 / sqrt((double)d)));
-	kvmem_matmul(e->h, e->att, L->wo, n, qw, c->hidden);
-	kvmem_add(e->x, e->h, (size_t)n * c->hidden);
+	kvmem_attention_batch(e->att, e->q, e->att_seqs, b->n_seqs, c->n_heads, c->n_kv_heads, d,
+			      (float)(1.0 / sqrt((double)d)));
+	kvmem_matmul(e->h, e->att, L->wo, T, qw, c->hidden);
+	kvmem_add(e->x, e->h, (size_t)T * c->hidden);
 }
 
 static void mlp_block(kvmem_engine *e, int l, int n)
@@ -218,39 +278,141 @@ static void mlp_block(kvmem_engine *e, int l, int n)
 	kvmem_add(e->x, e->h, (size_t)n * c->hidden);
 }
 
-int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int n,
-		float *logits, int all_logits, const kvmem_fwd_out *out)
+/* Room for the logits of the batch's last-token rows (before anything
+ * changes: logits_out cannot fail). */
+static int grow_logits(kvmem_engine *e, const kvmem_fwd_seq *seqs, int n_seqs)
+{
+	size_t R = 0, V = (size_t)e->m->cfg.vocab;
+	float *p;
+
+	for (int i = 0; i < n_seqs; i++)
+		R += seqs[i].logits && !seqs[i].all_logits;
+	if (R < 2 || R * V <= e->lbuf_n)
+		return 0;
+	if (!(p = realloc(e->lbuf, sizeof(float) * R * V)))
+		return kvmem_error(ENOMEM, "engine: out of memory for %zu rows of logits", R);
+	e->lbuf = p;
+	e->lbuf_n = R * V;
+	return 0;
+}
+
+/* Logits: a sequence that wants every row's gets them straight into its
+ * buffer; the last rows of the others go through lm_head together. The
+ * matmul's rows do not depend on their neighbours, so either way a row
+ * has the bits it would have alone. */
+static void logits_out(kvmem_engine *e, const struct batch *b)
 {
 	const kvmem_config *c = &e->m->cfg;
+	const size_t H = (size_t)c->hidden, V = (size_t)c->vocab;
+	int R = 0, only = -1;
 
-	if (check_call(e, kv, tokens, n) || ensure_kv_pos(e, kv->len + n))
-		return kvmem_fail();
+	for (int i = 0; i < b->n_seqs; i++) {
+		const kvmem_fwd_seq *q = &b->seqs[i];
+
+		if (!q->logits)
+			continue;
+		if (q->all_logits) {
+			kvmem_rmsnorm(e->h, e->x + (size_t)b->r0[i] * H, e->m->final_norm, q->n,
+				      c->hidden, c->rms_eps);
+			kvmem_matmul(q->logits, e->h, e->m->lm_head, q->n, c->hidden, c->vocab);
+			continue;
+		}
+		kvmem_rmsnorm(e->last + (size_t)R * H, e->x + (size_t)(b->r0[i] + q->n - 1) * H,
+			      e->m->final_norm, 1, c->hidden, c->rms_eps);
+		only = i;
+		R++;
+	}
+	if (R == 1) {	/* one sequence: straight into its buffer */
+		kvmem_matmul(b->seqs[only].logits, e->last, e->m->lm_head, 1, c->hidden, c->vocab);
+		return;
+	}
+	if (!R)
+		return;
+	kvmem_matmul(e->lbuf, e->last, e->m->lm_head, R, c->hidden, c->vocab);
+	R = 0;
+	for (int i = 0; i < b->n_seqs; i++)
+		if (b->seqs[i].logits && !b->seqs[i].all_logits)
+			memcpy(b->seqs[i].logits, e->lbuf + (size_t)R++ * V, sizeof(float) * V);
+}
+
+static int check_out(const kvmem_fwd_out *out)
+{
 	if (out && out->q_last < 0)
 		return kvmem_error(EINVAL, "engine: q_last %d is negative (0: every token's "
 				   "queries)", out->q_last);
 	if (out && (out->raw_k_bf16 || out->v_bf16))
 		return kvmem_error(EINVAL, "engine: the cpu engine's rows are fp32 (raw_k, v), "
 				   "not bf16");
-	for (int t = 0; t < n; t++)
-		e->q_pos[t] = kv->len + t;
-
-	kvmem_embedding(e->x, e->m->embed, tokens, n, c->hidden);
-	for (int l = 0; l < c->n_layers; l++) {
-		attention_block(e, kv, l, n, out);
-		mlp_block(e, l, n);
-	}
-	kv->len += n;
-
-	if (!logits)
-		return 0;
-	if (all_logits) {
-		kvmem_rmsnorm(e->h, e->x, e->m->final_norm, n, c->hidden, c->rms_eps);
-		kvmem_matmul(logits, e->h, e->m->lm_head, n, c->hidden, c->vocab);
-	} else {
-		const float *last = e->x + (size_t)(n - 1) * c->hidden;
-
-		kvmem_rmsnorm(e->h, last, e->m->final_norm, 1, c->hidden, c->rms_eps);
-		kvmem_matmul(logits, e->h, e->m->lm_head, 1, c->hidden, c->vocab);
-	}
 	return 0;
+}
+
+/* Per-sequence scratch for n sequences. */
+static int grow_seqs(kvmem_engine *e, int n)
+{
+	int *r0;
+	kvmem_att_seq *a;
+
+	if (n <= e->seqs_cap)
+		return 0;
+	if (!(r0 = realloc(e->r0, sizeof(int) * (size_t)n)))
+		return kvmem_error(ENOMEM, "engine: out of memory for %d sequences", n);
+	e->r0 = r0;
+	if (!(a = realloc(e->att_seqs, sizeof(*a) * (size_t)n)))
+		return kvmem_error(ENOMEM, "engine: out of memory for %d sequences", n);
+	e->att_seqs = a;
+	e->seqs_cap = n;
+	return 0;
+}
+
+int kvmem_forward_batch(kvmem_engine *e, const kvmem_fwd_seq *seqs, int n_seqs)
+{
+	const kvmem_config *c = &e->m->cfg;
+	struct batch b = { .seqs = seqs, .n_seqs = n_seqs, .r0 = NULL };
+	int need_pos = 0;
+
+	if (n_seqs <= 0)
+		return kvmem_error(EINVAL, "engine: a batch of %d sequences", n_seqs);
+	for (int i = 0; i < n_seqs; i++) {
+		const kvmem_fwd_seq *q = &seqs[i];
+
+		if (check_call(e, q->kv, q->tokens, q->n) || check_out(q->out))
+			return n_seqs > 1 ? kvmem_error_prefix("engine: sequence %d of the batch", i)
+					  : kvmem_fail();
+		for (int j = 0; j < i; j++)
+			if (seqs[j].kv == q->kv)
+				return kvmem_error(EINVAL, "engine: sequences %d and %d of the batch "
+						   "share one view", j, i);
+		if (b.T > INT_MAX - q->n)
+			return kvmem_error(EINVAL, "engine: a batch of more than %d rows", INT_MAX);
+		b.T += q->n;
+		need_pos = q->kv->len + q->n > need_pos ? q->kv->len + q->n : need_pos;
+	}
+	if (grow_rows(e, b.T) || grow_seqs(e, n_seqs) || ensure_kv_pos(e, need_pos) ||
+	    grow_logits(e, seqs, n_seqs))
+		return kvmem_fail();
+	b.r0 = e->r0;
+	for (int i = 0, r = 0; i < n_seqs; r += seqs[i].n, i++) {
+		e->r0[i] = r;
+		for (int t = 0; t < seqs[i].n; t++)
+			e->q_pos[r + t] = seqs[i].kv->len + t;
+		kvmem_embedding(e->x + (size_t)r * c->hidden, e->m->embed, seqs[i].tokens, seqs[i].n,
+				c->hidden);
+	}
+	for (int l = 0; l < c->n_layers; l++) {
+		attention_block(e, &b, l);
+		mlp_block(e, l, b.T);
+	}
+	for (int i = 0; i < n_seqs; i++)
+		seqs[i].kv->len += seqs[i].n;
+	logits_out(e, &b);
+	return 0;
+}
+
+int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int n,
+		  float *logits, int all_logits, const kvmem_fwd_out *out)
+{
+	const kvmem_fwd_seq one = { .kv = kv, .tokens = tokens, .n = n, .logits = logits,
+				    .all_logits = all_logits, .out = out };
+
+	return kvmem_forward_batch(e, &one, 1);
 }

@@ -91,10 +91,33 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
  * cache of another geometry, n out of range, a negative out->q_last or no
  * room.
  * One engine serves one caller at a time (its scratch is shared); the
- * matmuls and attention inside use several threads.
+ * matmuls and attention inside use several threads. It is
+ * kvmem_forward_batch() of one sequence.
  */
 int kvmem_forward(kvmem_engine *e, kvmem_kvcache *kv, const int32_t *tokens, int n,
 		float *logits, int all_logits, const kvmem_fwd_out *out);
+
+/*
+ * A batched forward: one pass over several sequences, each its n tokens
+ * (1..max_chunk) at the end of its own view, as kvmem_forward would run
+ * them alone. The rows of every sequence go through each matmul together
+ * (every weight read once for the batch); each sequence attends only to
+ * its own view. A sequence's views, logits and outputs have the very bits
+ * that kvmem_forward gives it alone (batch invariance: kvmem_matmul's rows
+ * and kvmem_attention's queries do not depend on their neighbours), so
+ * batching changes timing, never results. Two sequences must not share a
+ * view. Fails (nothing changed) as kvmem_forward does, on any sequence.
+ */
+typedef struct kvmem_fwd_seq {
+	kvmem_kvcache *kv;
+	const int32_t *tokens;
+	int n;
+	float *logits;			/* as kvmem_forward's; NULL: not wanted */
+	int all_logits;
+	const kvmem_fwd_out *out;	/* NULL: none */
+} kvmem_fwd_seq;
+
+int kvmem_forward_batch(kvmem_engine *e, const kvmem_fwd_seq *seqs, int n_seqs);
 
 #ifdef __cplusplus
 }

@@ -328,21 +328,19 @@ int ws_put_rows(kvmem_session *s, const struct ws_rows *r)
 	return 0;
 }
 
-/* One engine call over n tokens at the end of the view, then the history. */
-static int usable(const kvmem_session *s)
+int ws_usable(const kvmem_session *s)
 {
 	if (s->broken)
 		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
 	return 0;
 }
 
-static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
+int ws_run_begin(kvmem_session *s, int n, kvmem_fwd_out *out)
 {
-	/* Only the queries keep_queries keeps come back. */
-	const kvmem_fwd_out out = ws_fwd_out(s, n < s->o.query_tokens ? n : s->o.query_tokens);
-	const int64_t p0 = s->blocks.n_tokens, store0 = s->st.store_ns;
-	int64_t t0, t1;
+	const int64_t p0 = s->blocks.n_tokens;
 
+	/* Only the queries keep_queries keeps come back. */
+	*out = ws_fwd_out(s, n < s->o.query_tokens ? n : s->o.query_tokens);
 	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
 		return kvmem_fail();
 	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
@@ -350,14 +348,19 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	if (kvmem_grow(&s->tokens, sizeof(int32_t), (size_t)(p0 + n), &s->cap_tokens, 1024))
 		return kvmem_error(ENOMEM, "session: out of memory for %lld token ids",
 				   (long long)(p0 + n));
-	t0 = (int64_t)kvmem_now_ns();
-	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, s->logits, s->o.all_logits, &out))
-		return kvmem_error_prefix("session");
-	t1 = (int64_t)kvmem_now_ns();
-	s->st.forward_ns += t1 - t0;
+	return 0;
+}
+
+int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out *out,
+	       int64_t forward_ns)
+{
+	const int64_t p0 = s->blocks.n_tokens, store0 = s->st.store_ns;
+	const int64_t t1 = (int64_t)kvmem_now_ns();
+
+	s->st.forward_ns += forward_ns;
 	s->st.forwards++;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
-	if (ws_writer_rows(s, p0, n, kvmem_fwd_q_rows(&out, n))) {
+	if (ws_writer_rows(s, p0, n, kvmem_fwd_q_rows(out, n))) {
 		/* The view holds tokens the history lacks. */
 		s->broken = 1;
 		return kvmem_fail();
@@ -380,6 +383,20 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
 	if (s->o.on_forward)	/* every row, or the one now in last_logits */
 		s->o.on_forward(s->o.arg, tok, n, s->o.all_logits ? s->logits : s->last_logits);
 	return 0;
+}
+
+/* One engine call over n tokens at the end of the view, then the history. */
+static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
+{
+	kvmem_fwd_out out;
+	int64_t t0;
+
+	if (ws_run_begin(s, n, &out))
+		return kvmem_fail();
+	t0 = (int64_t)kvmem_now_ns();
+	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, s->logits, s->o.all_logits, &out))
+		return kvmem_error_prefix("session");
+	return ws_run_end(s, tok, n, &out, (int64_t)kvmem_now_ns() - t0);
 }
 
 /* Pins may never need more than the budget; on refusal they stay as they were. */
@@ -428,7 +445,7 @@ int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int
 {
 	const int64_t p0 = s->blocks.n_tokens;
 
-	if (usable(s))
+	if (ws_usable(s))
 		return kvmem_fail();
 	if (n < 0)
 		return kvmem_error(EINVAL, "session: cannot append %lld tokens", (long long)n);
@@ -449,7 +466,7 @@ int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int
 
 int kvmem_session_select(kvmem_session *s)
 {
-	return usable(s) ? -1 : ws_select(s, 0);
+	return ws_usable(s) ? -1 : ws_select(s, 0);
 }
 
 /* The first logit that is NaN or infinite, or -1. Groups of 16 with no
@@ -477,29 +494,40 @@ static int first_nonfinite(const float *x, int n)
 	return -1;
 }
 
-int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out)
+int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out)
 {
 	static const kvmem_sampler greedy = { 0 };
+	int32_t tok;
+	int v;
 
-	if (usable(s))
+	if (!s->have_logits)
+		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
+	/* NaN would never be drawn and infinities would always win: either
+	 * way the model's arithmetic has overflowed, and a token sampled
+	 * from it is no answer. */
+	if ((v = first_nonfinite(s->last_logits, s->cfg.vocab)) >= 0)
+		return kvmem_error(ERANGE, "session: the logits hold NaN or infinite "
+				   "values (logit %d is %g): the model's arithmetic "
+				   "overflowed; nothing sampled", v, (double)s->last_logits[v]);
+	tok = kvmem_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
+	if (tok < 0)
+		return kvmem_error(-tok, "sampling: out of memory");
+	*out = tok;
+	return 0;
+}
+
+int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out)
+{
+	if (ws_usable(s))
 		return kvmem_fail();
 	if (n > 0 && !s->have_logits)
 		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
 	for (int i = 0; i < n; i++) {
 		int32_t tok;
-		int v = first_nonfinite(s->last_logits, s->cfg.vocab);
 
-		/* NaN would never be drawn and infinities would always win: either
-		 * way the model's arithmetic has overflowed, and a token sampled
-		 * from it is no answer. */
-		if (v >= 0)
-			return kvmem_error(ERANGE, "session: the logits hold NaN or infinite "
-					   "values (logit %d is %g): the model's arithmetic "
-					   "overflowed; nothing sampled", v, (double)s->last_logits[v]);
-		tok = kvmem_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
-		if (tok < 0) {
+		if (ws_sample(s, smp, &tok)) {
 			ws_writer_drain(s);
-			return kvmem_error(-tok, "sampling: out of memory");
+			return kvmem_fail();
 		}
 		if (out)
 			out[i] = tok;

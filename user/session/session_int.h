@@ -147,6 +147,26 @@ void ws_rows_free(kvmem_session *s, void *p);
 /* The forward's outputs into the rows and queries the session holds now. */
 kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last);
 
+/* session.c: 0, or -EINVAL when an earlier failure broke the session. */
+int ws_usable(const kvmem_session *s);
+/*
+ * session.c: one token run in three parts, so that a batch (batch.c) runs
+ * the forward of many sessions in one pass between the first and the
+ * last. ws_run_begin makes room for n tokens (selecting first when the
+ * tail is full) and fills in the forward's outputs; the caller runs the
+ * forward over s->view into s->logits; ws_run_end puts the tokens and the
+ * rows away (the writer thread may take them: ws_writer_wait before the
+ * caller reads the source) and keeps the last logits.
+ */
+int ws_run_begin(kvmem_session *s, int n, kvmem_fwd_out *out);
+int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out *out,
+	       int64_t forward_ns);
+
+/* session.c: the next token drawn from the last logits with smp (NULL:
+ * greedy) and the session's random state; -ERANGE for logits that are not
+ * finite (nothing drawn). */
+int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out);
+
 /* adopt.c */
 int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n);
 int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n);

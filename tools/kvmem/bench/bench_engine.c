@@ -43,6 +43,7 @@ struct opts {
 	struct bench_model bm;
 	int64_t prefill[MAX_LIST], decode_at[MAX_LIST];
 	int n_prefill, n_decode, chunk, decode_tokens, json;
+	int tp;			/* --tp: tensor parallel ranks; 0: off */
 	uint64_t seed;
 };
 
@@ -63,6 +64,8 @@ static void usage(FILE *f)
 		"  --chunk N          prefill chunk (default 4096, at most the shortest prompt)\n"
 		"  --seed S           the prompt's random token ids (default 1)\n"
 		"  --json             one JSON object per row on stdout\n"
+		"  --tp N             tensor parallel over N GPUs (as kvmem run --tp; 1 runs\n"
+		"                     the split code on one device)\n"
 		"  --help             this text\n"
 		"\n"
 		"examples:\n"
@@ -102,6 +105,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "decode", required_argument, NULL, 'D' },  { "decode-tokens", required_argument, NULL, 'n' },
 		{ "chunk", required_argument, NULL, 'c' },   { "seed", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, 'j' },	     { "help", no_argument, NULL, 'h' },
+		{ "tp", required_argument, NULL, 't' },
 		{ 0 },
 	};
 	int c;
@@ -127,6 +131,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'c': bad = cli_parse_int(WHO, name, optarg, 1, 1 << 16, &o->chunk); break;
 		case 's': bad = cli_parse_u64(WHO, name, optarg, &o->seed); break;
 		case 'j': o->json = 1; break;
+		case 't': bad = cli_parse_int(WHO, name, optarg, 1, 64, &o->tp); break;
 		default: return -1;
 		}
 		if (bad)
@@ -214,7 +219,8 @@ int bench_engine(int argc, char **argv)
 	}
 	if (!(m = bench_model_open(&o.bm, WHO, "8b", 0, &usage_err)))
 		return usage_err ? EXIT_USAGE : 1;
-	if (kvmem_backend_open(o.bm.backend, m, &(kvmem_backend_opts){ .max_chunk = o.chunk }, &b) < 0 ||
+	if (kvmem_backend_open(o.bm.backend, m, &(kvmem_backend_opts){ .max_chunk = o.chunk, .tp = o.tp },
+			       &b) < 0 ||
 	    b->ops->view_create(b->ctx, &v) < 0)
 		goto err;
 	if (!b->ops->ceilings) {

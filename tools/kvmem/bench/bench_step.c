@@ -85,6 +85,7 @@ struct opts {
 	int n_memory;
 	uint64_t coldin, gpu_mem, host_cap, seed, index_mem, read_size;
 	int queue_depth;
+	int tp;			/* --tp: tensor parallel ranks; 0: off */
 };
 
 static void usage(FILE *f)
@@ -130,6 +131,7 @@ static void usage(FILE *f)
 		"                     scored on (default: the backend's; 64M in the memory\n"
 		"                     phase); past it the device reads the host's index\n"
 		"  --host-scoring     score selections on the host (the comparison)\n"
+		"  --tp N             tensor parallel over N GPUs (as kvmem run --tp)\n"
 		"  --seed S           random pages and tokens (default 1)\n"
 		"  --keep             keep the scratch workspaces\n"
 		"  --help             this text\n"
@@ -226,6 +228,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "read-size", required_argument, NULL, 'R' },
 		{ "queue-depth", required_argument, NULL, 'Q' },
 		{ "tiers", required_argument, NULL, 'i' },
+		{ "tp", required_argument, NULL, 'T' },
 		{ "help", no_argument, NULL, 'h' },	     { 0 },
 	};
 	int c;
@@ -262,6 +265,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'Q': bad = cli_parse_int(WHO, name, optarg, 1, 4096, &o->queue_depth); break;
 		case 'I': bad = cli_parse_size(WHO, name, optarg, 1, 1ull << 50, &o->index_mem); break;
 		case 'L': bad = cli_parse_int(WHO, name, optarg, 1, 1024, &o->layers); break;
+		case 'T': bad = cli_parse_int(WHO, name, optarg, 1, 64, &o->tp); break;
 		case 'M': bad = cli_parse_int(WHO, name, optarg, 1, 1024, &o->mem_layers); break;
 		case 'o': bad = (o->only = parse_only(optarg)) < 0; break;
 		case 'i': bad = (o->tiers = parse_tiers(optarg)) < 0; break;
@@ -1412,7 +1416,8 @@ int bench_step(int argc, char **argv)
 	}
 	if (kvmem_backend_open(x.o.bm.backend, &x.geo,
 			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x.o.gpu_mem,
-						      .index_mem = x.o.index_mem }, &x.b) < 0)
+						      .index_mem = x.o.index_mem,
+						      .tp = x.o.tp }, &x.b) < 0)
 		goto err;
 	printf("kvmem bench step: backend %s, model %s with %d layers (hidden %d, %d/%d heads, "
 	       "head_dim %d), blocks of %d, pages bf16 of %zu KiB, scratch %s\n", x.b->ops->name,

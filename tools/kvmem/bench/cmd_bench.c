@@ -16,6 +16,7 @@ static const struct {
 	{ "engine", bench_engine, "prefill and decode speed against the GEMM rate and memory roofline" },
 	{ "step", bench_step, "the GPU paging pipeline: rematerialisation, page-in, agent step, stage-out" },
 	{ "serve", bench_serve, "kvmem serve under load: aggregate tokens/s, time to first token" },
+	{ "batch", bench_batch, "batched decode of many sessions against the loop, in the library" },
 };
 
 int cmd_bench(int argc, char **argv)
@@ -31,7 +32,8 @@ int cmd_bench(int argc, char **argv)
 			   "  kvmem bench pager --size 512M --rounds 5\n"
 			   "  kvmem bench recall --model models/agentlang --quick\n"
 			   "  kvmem bench engine --backend cuda\n"
-			   "  kvmem bench serve --clients 1,8,32\n");
+			   "  kvmem bench serve --clients 1,8,32\n"
+			   "  kvmem bench batch --sessions 1,8,64\n");
 		return argc < 2 ? EXIT_USAGE : 0;
 	}
 	for (size_t i = 0; i < sizeof(benches) / sizeof(benches[0]); i++)

@@ -54,6 +54,10 @@ static void usage(FILE *f)
 		"                      when this kvmem has it and a GPU is there, else cpu)\n"
 		"  --gpu-mem SIZE      device memory the backend may take: weights, view,\n"
 		"                      device page pool, staging (default: no cap)\n"
+		"  --tp N              tensor parallel over N GPUs, the model split by KV\n"
+		"                      heads (default: off); 1 runs the split code on one\n"
+		"                      device (bit-exact on cpu); N > 1 is refused until the\n"
+		"                      multi-GPU forward is built\n"
 		"  --help              this text\n"
 		"\n"
 		"plain runs:\n"
@@ -121,7 +125,7 @@ enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
 	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED, O_GPUMEM,
-	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF,
+	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF, O_TP,
 };
 
 static const struct option opts[] = {
@@ -157,6 +161,7 @@ static const struct option opts[] = {
 	{ "top-p", required_argument, NULL, O_TOPP },
 	{ "sample-seed", required_argument, NULL, O_SSEED },
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
+	{ "tp", required_argument, NULL, O_TP },
 	{ "help", no_argument, NULL, 'h' },
 	{ 0 },
 };
@@ -218,6 +223,7 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 	case O_SEED: return cli_parse_u64(w, name, v, &o->seed);
 	case O_GPUMEM:
 		return cli_parse_size(w, name, v, 1 << 20, 1ull << 50, &o->gpu_mem);
+	case O_TP: return cli_parse_int(w, name, v, 1, 64, &o->tp);
 	case O_SSEED:
 		o->sample_seed_set = 1;
 		return cli_parse_u64(w, name, v, &o->sampler.seed);
@@ -396,7 +402,8 @@ static int run_plain(const struct run_opts *o)
 		fprintf(stderr, "kvmem run: note: %d tokens pass the model's window of %d\n",
 			total, c->max_position);
 	if (kvmem_backend_open(o->backend, m,
-			       &(kvmem_backend_opts){ .max_chunk = chunk, .mem_cap = o->gpu_mem }, &e) < 0 ||
+			       &(kvmem_backend_opts){ .max_chunk = chunk, .mem_cap = o->gpu_mem,
+						     .tp = o->tp }, &e) < 0 ||
 	    kvmem_backend_view_new(e, total, &v) < 0)
 		goto out;
 	buf = malloc(sizeof(float) * c->vocab * (o->logits ? chunk : 1));

@@ -27,6 +27,7 @@ struct run_opts {
 	const char *trace;		/* --trace: record the session for kvmem lab */
 	uint64_t host_cap;		/* 0: the pager's default */
 	uint64_t gpu_mem;		/* the backend's device memory cap; 0: none */
+	int tp;				/* --tp: tensor parallel ranks; 0: off */
 	int64_t budget, sink, recent, reserve;	/* -1: the session's default */
 	int block, query_tokens;	/* 0: the session's default */
 	int json, check_exact;

@@ -301,7 +301,8 @@ int session_main(const struct run_opts *opts)
 	}
 	if (kvmem_model_load(o.model, &m) ||
 	    kvmem_backend_open(o.backend, m, &(kvmem_backend_opts){ .max_chunk = (int)o.chunk,
-								     .mem_cap = o.gpu_mem }, &e) < 0)
+								     .mem_cap = o.gpu_mem,
+								     .tp = o.tp }, &e) < 0)
 		goto err;
 	/* A GPU's workspace keeps bf16 pages (what its view holds: nothing is
 	 * converted on the way back); the CPU engine's f32. */

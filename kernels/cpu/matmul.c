@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The engine's matmul, y[n][out] = x[n][in] · w[out][in]^T, with every
+ * row's arithmetic independent of the batch: a row of y has the same bits
+ * whether it is computed alone (one session's decode step), among the
+ * rows of a prefill chunk, or beside other sessions' rows in a batched
+ * forward (user/engine/engine.c). That is what batch invariance needs and
+ * what a BLAS GEMM does not promise (OpenBLAS picks kernels, blockings and
+ * a GEMV by the shape, so a row's sums may be grouped differently at
+ * another n).
+ *
+ * One output element is always the same sequence of operations: V lanes
+ * of running sums over in (lane j takes k = j, j + V, ...; fused
+ * multiply-adds, in order of k; the last partial vector's missing lanes
+ * are zeros), then a fixed tree over the lanes. Tiles of MR rows x NC
+ * columns only decide which elements share a loaded vector, never how an
+ * element is summed, so the tile shape, the row blocking, the thread that
+ * owns a column and the thread count change no bit. Threads split the
+ * output columns (OpenMP, static); a weight tile is read once for all the
+ * rows of a row block, which is where batching saves time: decode reads
+ * every weight once per step for all its sessions.
+ *
+ * V depends on the instruction set, chosen once per process: 16 (AVX-512),
+ * 8 (AVX2 with FMA), 8 (plain C: multiply, then add). So bits differ
+ * between machines, never between calls of one process.
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+#pragma GCC optimize("O3")
+
+enum { ISA_C = 0, ISA_AVX2, ISA_AVX512 };
+static const char *const isa_names[] = { "c", "avx2", "avx512" };
+static int isa_chosen = -1;
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+/* Rows per block: the block's x rows stay in L2 while every column tile
+ * of the thread passes over them. */
+#define ROW_BLOCK 64
+/* Below this many multiply-adds one thread is quicker than waking more. */
+#define THREADED_MACS (1L << 21)
+
+#define LOOP _Pragma("GCC unroll 16") for
+
+/* ---- AVX-512: 16 lanes, tiles of 4 rows x 6 columns ------------------- */
+#define T512 __attribute__((target("avx512f,fma"), always_inline)) static inline
+
+T512 float hsum16(__m512 v)
+{
+	__m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+				 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+	__m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+
+	b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+	b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));
+	return _mm_cvtss_f32(b);
+}
+
+T512 void tile16(float *y, int ldy, const float *x, const float *w, int in, const int MR,
+		 const int NC, const float *pf)
+{
+	__m512 acc[4][6], xv[4];
+	int k = 0;
+
+	LOOP (int r = 0; r < MR; r++)
+		LOOP (int c = 0; c < NC; c++)
+			acc[r][c] = _mm512_setzero_ps();
+	for (; k + 16 <= in; k += 16) {
+		LOOP (int r = 0; r < MR; r++)
+			xv[r] = _mm512_loadu_ps(x + (size_t)r * in + k);
+		LOOP (int c = 0; c < NC; c++) {
+			__m512 wv = _mm512_loadu_ps(w + (size_t)c * in + k);
+
+			if (pf)
+				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
+			LOOP (int r = 0; r < MR; r++)
+				acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+		}
+	}
+	if (k < in) {
+		__mmask16 m = (__mmask16)((1u << (in - k)) - 1);
+
+		LOOP (int r = 0; r < MR; r++)
+			xv[r] = _mm512_maskz_loadu_ps(m, x + (size_t)r * in + k);
+		LOOP (int c = 0; c < NC; c++) {
+			__m512 wv = _mm512_maskz_loadu_ps(m, w + (size_t)c * in + k);
+
+			LOOP (int r = 0; r < MR; r++)
+				acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+		}
+	}
+	LOOP (int r = 0; r < MR; r++)
+		LOOP (int c = 0; c < NC; c++)
+			y[(size_t)r * ldy + c] = hsum16(acc[r][c]);
+}
+
+__attribute__((target("avx512f,fma")))
+static void cols16(float *y, const float *x, const float *w, int n, int in, int out, int c0,
+		   int c1)
+{
+	for (int r0 = 0; r0 < n; r0 += ROW_BLOCK) {
+		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK, c = c0;
+
+		for (; c + 6 <= c1; c += 6) {
+			/* The first row group reads the weight tile from memory:
+			 * it asks for the lines of the tile after next meanwhile
+			 * (decode streams every weight once a step; the
+			 * multiply-adds then overlap the reads). */
+			const float *next = c + 18 <= c1 ? w + (size_t)(c + 12) * in : NULL;
+			int r = r0;
+
+			for (; r + 4 <= r1; r += 4, next = NULL)
+				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				       w + (size_t)c * in, in, 4, 6, next);
+			for (; r < r1; r++, next = NULL)
+				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				       w + (size_t)c * in, in, 1, 6, next);
+		}
+		for (; c < c1; c++) {
+			int r = r0;
+
+			for (; r + 4 <= r1; r += 4)
+				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				       w + (size_t)c * in, in, 4, 1, NULL);
+			for (; r < r1; r++)
+				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				       w + (size_t)c * in, in, 1, 1, NULL);
+		}
+	}
+}
+
+/* ---- AVX2 + FMA: 8 lanes, tiles of 3 rows x 4 columns ----------------- */
+#define T256 __attribute__((target("avx2,fma"), always_inline)) static inline
+
+T256 float hsum8(__m256 v)
+{
+	__m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+	b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));
+	return _mm_cvtss_f32(b);
+}
+
+T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const int MR,
+		const int NC, const float *pf)
+{
+	static const int32_t ones[16] = { -1, -1, -1, -1, -1, -1, -1, -1 };
+	__m256 acc[3][4], xv[3];
+	int k = 0;
+
+	LOOP (int r = 0; r < MR; r++)
+		LOOP (int c = 0; c < NC; c++)
+			acc[r][c] = _mm256_setzero_ps();
+	for (; k + 8 <= in; k += 8) {
+		LOOP (int r = 0; r < MR; r++)
+			xv[r] = _mm256_loadu_ps(x + (size_t)r * in + k);
+		LOOP (int c = 0; c < NC; c++) {
+			__m256 wv = _mm256_loadu_ps(w + (size_t)c * in + k);
+
+			/* One line per two steps of 8; asking twice costs little. */
+			if (pf)
+				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
+			LOOP (int r = 0; r < MR; r++)
+				acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+		}
+	}
+	if (k < in) {
+		/* in - k lanes of ones, then zeros: masked loads read nothing past. */
+		__m256i m = _mm256_loadu_si256((const __m256i *)(ones + 8 - (in - k)));
+
+		LOOP (int r = 0; r < MR; r++)
+			xv[r] = _mm256_maskload_ps(x + (size_t)r * in + k, m);
+		LOOP (int c = 0; c < NC; c++) {
+			__m256 wv = _mm256_maskload_ps(w + (size_t)c * in + k, m);
+
+			LOOP (int r = 0; r < MR; r++)
+				acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+		}
+	}
+	LOOP (int r = 0; r < MR; r++)
+		LOOP (int c = 0; c < NC; c++)
+			y[(size_t)r * ldy + c] = hsum8(acc[r][c]);
+}
+
+__attribute__((target("avx2,fma")))
+static void cols8(float *y, const float *x, const float *w, int n, int in, int out, int c0, int c1)
+{
+	for (int r0 = 0; r0 < n; r0 += ROW_BLOCK) {
+		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK, c = c0;
+
+		for (; c + 4 <= c1; c += 4) {
+			/* As cols16: the tile after next is asked for meanwhile. */
+			const float *next = c + 12 <= c1 ? w + (size_t)(c + 8) * in : NULL;
+			int r = r0;
+
+			for (; r + 3 <= r1; r += 3, next = NULL)
+				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				      w + (size_t)c * in, in, 3, 4, next);
+			for (; r < r1; r++, next = NULL)
+				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				      w + (size_t)c * in, in, 1, 4, next);
+		}
+		for (; c < c1; c++) {
+			int r = r0;
+
+			for (; r + 3 <= r1; r += 3)
+				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				      w + (size_t)c * in, in, 3, 1, NULL);
+			for (; r < r1; r++)
+				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				      w + (size_t)c * in, in, 1, 1, NULL);
+		}
+	}
+}
+
+/* ---- plain C: 8 running sums (multiply, then add), the same tree ------- */
+static float dot8(const float *restrict a, const float *restrict b, int n)
+{
+	float acc[8] = { 0 };
+	int k = 0;
+
+	for (; k + 8 <= n; k += 8)
+		for (int j = 0; j < 8; j++)
+			acc[j] += a[k + j] * b[k + j];
+	for (int j = 0; k + j < n; j++)	/* the missing lanes add nothing */
+		acc[j] += a[k + j] * b[k + j];
+	return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+static void cols_c(float *y, const float *x, const float *w, int n, int in, int out, int c0,
+		   int c1)
+{
+	for (int r0 = 0; r0 < n; r0 += ROW_BLOCK) {
+		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK;
+
+		for (int c = c0; c < c1; c++)
+			for (int r = r0; r < r1; r++)
+				y[(size_t)r * out + c] = dot8(x + (size_t)r * in, w + (size_t)c * in, in);
+	}
+}
+
+/* ---- dispatch --------------------------------------------------------- */
+static void choose(void)
+{
+	const char *e = getenv("KVMEM_MATMUL");
+
+	__builtin_cpu_init();
+	isa_chosen = __builtin_cpu_supports("avx512f") ? ISA_AVX512 :
+		     __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? ISA_AVX2 :
+		     ISA_C;
+	if (e && *e)
+		kvmem_matmul_use(e);
+}
+
+static int supported(int isa)
+{
+	__builtin_cpu_init();
+	switch (isa) {
+	case ISA_AVX512:
+		return __builtin_cpu_supports("avx512f");
+	case ISA_AVX2:
+		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	default:
+		return 1;
+	}
+}
+
+int kvmem_matmul_use(const char *isa)
+{
+	pthread_once(&isa_once, choose);
+	for (int i = 0; i < 3; i++)
+		if (isa && !strcmp(isa, isa_names[i])) {
+			if (!supported(i))
+				return -ENOTSUP;
+			isa_chosen = i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+const char *kvmem_matmul_isa(void)
+{
+	pthread_once(&isa_once, choose);
+	return isa_names[isa_chosen];
+}
+
+void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out)
+{
+	int isa, step;
+
+	if (n <= 0 || out <= 0)
+		return;
+	if (in <= 0) {
+		memset(y, 0, sizeof(float) * (size_t)n * out);
+		return;
+	}
+	pthread_once(&isa_once, choose);
+	isa = isa_chosen;
+	/* Threads own whole column tiles: the split follows the tile width. */
+	step = isa == ISA_AVX512 ? 6 : isa == ISA_AVX2 ? 4 : 1;
+	#pragma omp parallel if ((long)n * in * out >= THREADED_MACS)
+	{
+		int nt = omp_get_num_threads(), t = omp_get_thread_num();
+		int tiles = (out + step - 1) / step;
+		int c0 = (int)((long)tiles * t / nt) * step, c1 = (int)((long)tiles * (t + 1) / nt) * step;
+
+		c1 = c1 < out ? c1 : out;
+		if (c0 < c1) {
+			if (isa == ISA_AVX512)
+				cols16(y, x, w, n, in, out, c0, c1);
+			else if (isa == ISA_AVX2)
+				cols8(y, x, w, n, in, out, c0, c1);
+			else
+				cols_c(y, x, w, n, in, out, c0, c1);
+		}
+	}
+}

@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The batched attention on CUDA (kernels/cuda/attention_batch.cu): several
+ * sequences' queries in one launch, each over its own bf16 view, as a
+ * batched forward runs a layer for many sessions. The CPU twin is
+ * kvmem_attention_bf16 of each sequence alone (kernels_bf16.h), which
+ * widens and runs kvmem_attention; the CPU engine's own batched op is
+ * kvmem_attention_batch (kernels.h), with the same kind of argument.
+ *
+ * Batch invariance: a sequence's output bits depend only on its own
+ * queries, keys, values and positions, never on the other sequences, their
+ * number or order: its keys are split into runs of a fixed length
+ * (KVMEM_CUDA_ATT_BATCH_KEYS) whatever the batch, each run's partial
+ * softmax is computed by one warp in key order, and the runs are combined
+ * in order. tests/gpu/check_attn_batch.c checks it bit for bit (a sequence
+ * alone against the same in a batch) and against the twin.
+ *
+ * Not yet wired: the cuda backend has no forward_batch and runs a batch
+ * one session after another (Documentation/architecture.md).
+ */
+#ifndef KVMEM_KERNELS_CUDA_BATCH_H
+#define KVMEM_KERNELS_CUDA_BATCH_H
+
+#include "kernels/kernels_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Keys of one split: a sequence of n_kv keys takes ceil(n_kv / this)
+ * warps per (query, head). */
+#define KVMEM_CUDA_ATT_BATCH_KEYS 256
+
+/* One sequence: rows q0..q0+n_q-1 of q and out ([rows][n_heads][head_dim]),
+ * every array a device pointer. */
+typedef struct kvmem_cuda_att_seq {
+	int q0, n_q;
+	const int32_t *q_pos;		/* [n_q] */
+	const uint16_t *k, *v;		/* bf16 [n_kv_heads][kv_stride][head_dim] */
+	const int32_t *kv_pos;		/* [n_kv], or NULL: slot j is position j */
+	int n_kv;
+	long long kv_stride;
+} kvmem_cuda_att_seq;
+
+/*
+ * out = attention of every sequence's queries over its own view (query i
+ * sees key j iff kv_pos[j] <= q_pos[i]; a query that sees no key gets
+ * zeros). seqs is a host array (copied into the context's scratch, so the
+ * call is not for a stream capture); head_dim a multiple of 32 up to 256.
+ * -EINVAL for a bad shape, -ENOMEM / -EBUSY for scratch.
+ */
+int kvmem_cuda_attention_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+			       const kvmem_cuda_att_seq *seqs, int n_seqs, int n_heads,
+			       int n_kv_heads, int head_dim, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,398 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmem bench batch: the library's batched decode beside the loop it
+ * replaces, at 1..N sessions on one backend.
+ *
+ * For each session count B, two sets of B sessions get the same histories
+ * (lengths spread over 0.5..1.4 x --context, so the views differ), and one
+ * more session, alone, the first history. Then --tokens greedy steps, each
+ * timed three ways in turn: the lone session's one token (one conversation
+ * decoding by itself), set A in a loop (kvmem_session_decode of one token,
+ * one session after another) and set B batched (kvmem_session_decode_batch,
+ * one forward for all). Printed: the aggregate rates from the fastest step
+ * of each (on shared cores, the step nothing else disturbed) and from the
+ * median step, the batch against the loop and against the lone session
+ * (measured in the same steps, so the machine's load of the moment is in
+ * both), and whether the two sets drew the very same tokens (batch
+ * invariance: they must). The histories go in batched for set B
+ * (kvmem_session_append_batch): prefill's rates, loop against batch.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/session.h"
+#include "bench_common.h"
+#include "cli_util.h"
+#include "cmd.h"
+#include "embedded_model.h"
+
+#define WHO "kvmem bench batch"
+#define MAX_LIST 16
+
+struct opts {
+	struct bench_model bm;
+	int sessions[MAX_LIST], n_sessions;
+	int context, tokens, chunk, json;
+	int64_t budget;
+	uint64_t seed;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvmem bench batch [options]\n"
+		"\n"
+		"Batched decode against the loop it replaces: B sessions on one backend decode\n"
+		"one token each per step, one session after another (kvmem_session_decode)\n"
+		"or all in one forward pass (kvmem_session_decode_batch), step by step beside\n"
+		"one session decoding alone. Prints the aggregate rates, the batch's against\n"
+		"the loop and against the lone session, and whether loop and batch drew the\n"
+		"same tokens (they must: batch invariance).\n"
+		"\n"
+		"  --model DIR        model directory (default: the embedded agentlang model)\n"
+		"  --backend NAME     cpu, cuda or auto (default auto; cuda has no batched\n"
+		"                     forward yet and runs the batch one by one)\n"
+		"  --sessions LIST    session counts (default 1,8,32,64)\n"
+		"  --context N        history tokens per session, spread over 0.5..1.4 x N\n"
+		"                     (default 256)\n"
+		"  --tokens N         decode steps, each timed for the loop and the batch in\n"
+		"                     turn (default 32)\n"
+		"  --budget N         each session's view budget in tokens (default 0:\n"
+		"                     unlimited, the view holds the whole history)\n"
+		"  --chunk N          prefill chunk (default 128)\n"
+		"  --seed S           the histories' random token ids (default 1)\n"
+		"  --json             one JSON object per row on stdout\n"
+		"  --help             this text\n"
+		"\n"
+		"examples:\n"
+		"  kvmem bench batch\n"
+		"  kvmem bench batch --sessions 1,8 --context 1k --tokens 32\n");
+}
+
+static int parse_list(const char *s, int *out, int max)
+{
+	char *list = strdup(s), *save = NULL;
+	int n = 0;
+
+	if (!list)
+		return -1;
+	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (n == max || cli_parse_int(WHO, "--sessions", t, 1, 4096, &out[n])) {
+			free(list);
+			return -1;
+		}
+		n++;
+	}
+	free(list);
+	return n ? n : -1;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	static const struct option opts[] = {
+		BENCH_MODEL_OPTIONS,
+		{ "sessions", required_argument, NULL, 'S' }, { "context", required_argument, NULL, 'C' },
+		{ "tokens", required_argument, NULL, 'n' },
+		{ "budget", required_argument, NULL, 'b' },   { "chunk", required_argument, NULL, 'c' },
+		{ "seed", required_argument, NULL, 's' },     { "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },	      { 0 },
+	};
+	int c;
+	int64_t v;
+
+	memset(o, 0, sizeof(*o));
+	o->sessions[0] = 1, o->sessions[1] = 8, o->sessions[2] = 32, o->sessions[3] = 64;
+	o->n_sessions = 4;
+	o->context = 256;
+	o->tokens = 32;
+	o->chunk = 128;
+	o->seed = 1;
+	cli_getopt_reset();
+	while ((c = cli_getopt(WHO, argc, argv, opts)) != -1) {
+		const char *name = cli_optname;
+		int bad = 0;
+
+		if (c == BENCH_OPT_PRESET) {
+			fprintf(stderr, "%s: --preset: the sessions compute with real weights: give "
+				"--model DIR (or nothing: the embedded model)\n", WHO);
+			return -1;
+		}
+		if (bench_model_opt(&o->bm, c, optarg))
+			continue;
+		switch (c) {
+		case 'h': usage(stdout); return 1;
+		case 'S': bad = (o->n_sessions = parse_list(optarg, o->sessions, MAX_LIST)) < 0; break;
+		case 'C':
+			bad = cli_parse_count(WHO, name, optarg, 1, 1 << 20, &v);
+			o->context = (int)v;
+			break;
+		case 'n': bad = cli_parse_int(WHO, name, optarg, 1, 100000, &o->tokens); break;
+		case 'b': bad = cli_parse_count(WHO, name, optarg, 0, (int64_t)1 << 40, &o->budget); break;
+		case 'c': bad = cli_parse_int(WHO, name, optarg, 1, 1 << 16, &o->chunk); break;
+		case 's': bad = cli_parse_u64(WHO, name, optarg, &o->seed); break;
+		case 'j': o->json = 1; break;
+		default: return -1;
+		}
+		if (bad)
+			return -1;
+	}
+	return cli_no_operands(WHO, argc, argv) ? -1 : 0;
+}
+
+/* One set of B sessions with their histories. */
+struct set {
+	kvmem_session **s;
+	int32_t *out;		/* [tokens][B]: what each step drew */
+	int b;
+};
+
+static void set_free(struct set *x)
+{
+	for (int i = 0; x->s && i < x->b; i++)
+		kvmem_session_free(x->s[i]);
+	free(x->s);
+	free(x->out);
+	memset(x, 0, sizeof(*x));
+}
+
+/* History i of a set: its length and ids (the same for both sets). */
+static int64_t history_len(const struct opts *o, int i)
+{
+	return (int64_t)o->context * (8 + (i * 5) % 15) / 16;	/* 0.5 .. 1.4 x */
+}
+
+/* Sessions with their histories: appended a chunk a session at a time
+ * (batched: one forward per round of chunks, every session's next chunk).
+ * Seconds, or < 0. */
+static double set_make(struct set *x, const struct opts *o, kvmem_backend *be, int b,
+		       const int32_t *ids, int batched, int64_t *tokens)
+{
+	kvmem_session_opts so;
+	kvmem_batch_item *it = calloc((size_t)b, sizeof(*it));
+	int64_t *at = calloc((size_t)b, sizeof(*at));
+	double t0;
+
+	memset(x, 0, sizeof(*x));
+	x->b = b;
+	x->s = calloc((size_t)b, sizeof(*x->s));
+	x->out = calloc((size_t)b * o->tokens, sizeof(*x->out));
+	if (!it || !at || !x->s || !x->out) {
+		kvmem_error(ENOMEM, "out of memory for %d sessions", b);
+		goto fail;
+	}
+	kvmem_session_opts_default(&so);
+	so.budget = o->budget;
+	so.chunk = o->chunk;
+	for (int i = 0; i < b; i++)
+		if (!(x->s[i] = kvmem_session_create(be, &so)))
+			goto fail;
+	*tokens = 0;
+	t0 = cli_now_s();
+	for (int more = 1; more;) {
+		int m = 0;
+
+		more = 0;
+		for (int i = 0; i < b; i++) {
+			int64_t left = history_len(o, i) - at[i];
+			int k = left < o->chunk ? (int)left : o->chunk;
+
+			if (k <= 0)
+				continue;
+			if (!batched && kvmem_session_append(x->s[i], ids + at[i], k, 0) < 0)
+				goto fail;
+			it[m++] = (kvmem_batch_item){ .s = x->s[i], .tokens = ids + at[i], .n = k };
+			at[i] += k;
+			*tokens += k;
+			more = 1;
+		}
+		if (batched && m && kvmem_session_append_batch(it, m) != 0) {
+			for (int k = 0; k < m; k++)
+				if (it[k].rc) {
+					kvmem_error(-it[k].rc, "%s", it[k].err);
+					break;
+				}
+			goto fail;
+		}
+	}
+	free(it);
+	free(at);
+	return cli_now_s() - t0;
+fail:
+	free(it);
+	free(at);
+	set_free(x);
+	return -1;
+}
+
+/* Steps [from, from + n) of a set; seconds, or < 0. */
+static double decode(struct set *x, int from, int n, int batched)
+{
+	static const kvmem_sampler greedy = { 0 };
+	double t0 = cli_now_s();
+
+	for (int k = from; k < from + n; k++) {
+		int32_t *out = x->out + (size_t)k * x->b;
+
+		if (batched) {
+			if (kvmem_session_decode_batch(x->s, x->b, NULL, out, NULL) != 0)
+				return -1;
+			continue;
+		}
+		for (int i = 0; i < x->b; i++)
+			if (kvmem_session_decode(x->s[i], 1, &greedy, &out[i]) < 0)
+				return -1;
+	}
+	return cli_now_s() - t0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The median of n values (sorts them). */
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int bench_batch(int argc, char **argv)
+{
+	struct opts o;
+	const kvmem_model *m;
+	kvmem_backend *be = NULL;
+	char model_path[4096];
+	int32_t *ids = NULL;
+	double *lo = NULL, *la = NULL, *lb = NULL;
+	int rc = 1, usage_err;
+
+	switch (parse_args(argc, argv, &o)) {
+	case 1:
+		return 0;
+	case -1:
+		return EXIT_USAGE;
+	}
+	if (!o.bm.dir) {
+		if (embedded_model_install(model_path, sizeof(model_path)) < 0) {
+			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
+			return 1;
+		}
+		o.bm.dir = model_path;
+	}
+	if (!(m = bench_model_open(&o.bm, WHO, NULL, 0, &usage_err)))
+		return usage_err ? EXIT_USAGE : 1;
+	if (kvmem_backend_open(o.bm.backend, m, &(kvmem_backend_opts){ .max_chunk = o.chunk },
+			       &be) < 0)
+		goto err;
+	ids = malloc(sizeof(int32_t) * (size_t)(o.context * 3 / 2 + 1));
+	lo = malloc(sizeof(double) * o.tokens);
+	la = malloc(sizeof(double) * o.tokens);
+	lb = malloc(sizeof(double) * o.tokens);
+	if (!ids || !lo || !la || !lb) {
+		kvmem_error(ENOMEM, "out of memory");
+		goto err;
+	}
+	{
+		uint64_t r = kvmem_rng_seed(o.seed);
+
+		for (int i = 0; i <= o.context * 3 / 2; i++)
+			ids[i] = (int32_t)(kvmem_rng_uniform(&r) * m->cfg.vocab);
+	}
+	if (!o.json) {
+		printf("%s: model %s (%d layers, hidden %d), backend %s, %d threads, matmul %s\n", WHO,
+		       m->dir, m->cfg.n_layers, m->cfg.hidden, kvmem_backend_name(be),
+		       omp_get_max_threads(), kvmem_matmul_isa());
+		printf("histories %d..%d tokens (budget %s), %d greedy steps: one session alone, "
+		       "the loop, the batch, in turn\n", (int)history_len(&o, 0),
+		       (int)history_len(&o, 14), o.budget ? "set" : "unlimited", o.tokens);
+		printf("%-8s %9s %9s %9s %7s %7s | %9s %7s %7s | %8s %8s %5s\n", "", "fastest",
+		       "step", "", "", "", "median", "", "", "prefill", "", "same");
+		printf("%-8s %9s %9s %9s %7s %7s | %9s %7s %7s | %8s %8s %5s\n", "sessions",
+		       "alone", "loop", "batch", "batch/", "batch/", "batch", "batch/", "batch/",
+		       "loop", "batch", "draws");
+		printf("%-8s %9s %9s %9s %7s %7s | %9s %7s %7s | %8s %8s %5s\n", "", "tok/s",
+		       "tok/s", "tok/s", "loop", "alone", "tok/s", "loop", "alone", "tok/s", "tok/s",
+		       "");
+	}
+	for (int k = 0; k < o.n_sessions; k++) {
+		int b = o.sessions[k], same;
+		struct set a, x, solo;
+		int64_t pt, p1;
+		double pa, pb, to = 1e30, ta = 1e30, tb = 1e30, mo, ma, mb;
+
+		if ((pa = set_make(&a, &o, be, b, ids, 0, &pt)) < 0)
+			goto err;
+		if ((pb = set_make(&x, &o, be, b, ids, 1, &pt)) < 0) {
+			set_free(&a);
+			goto err;
+		}
+		if (set_make(&solo, &o, be, 1, ids, 0, &p1) < 0) {
+			set_free(&a);
+			set_free(&x);
+			goto err;
+		}
+		for (int step = 0; step < o.tokens; step++) {
+			double t0, t1, t2;
+
+			if ((t0 = decode(&solo, step, 1, 0)) < 0 || (t1 = decode(&a, step, 1, 0)) < 0 ||
+			    (t2 = decode(&x, step, 1, 1)) < 0) {
+				set_free(&a);
+				set_free(&x);
+				set_free(&solo);
+				goto err;
+			}
+			to = t0 < to ? t0 : to;
+			ta = t1 < ta ? t1 : ta;
+			tb = t2 < tb ? t2 : tb;
+			lo[step] = t0;
+			la[step] = t1;
+			lb[step] = t2;
+		}
+		mo = median(lo, o.tokens);
+		ma = median(la, o.tokens);
+		mb = median(lb, o.tokens);
+		same = !memcmp(a.out, x.out, sizeof(int32_t) * (size_t)b * o.tokens);
+		if (o.json)
+			printf("{\"bench\":\"batch\",\"backend\":\"%s\",\"sessions\":%d,"
+			       "\"alone_tokens_per_s\":%.1f,\"loop_tokens_per_s\":%.1f,"
+			       "\"batch_tokens_per_s\":%.1f,\"median_alone_tokens_per_s\":%.1f,"
+			       "\"median_loop_tokens_per_s\":%.1f,\"median_batch_tokens_per_s\":%.1f,"
+			       "\"prefill_loop_tokens_per_s\":%.1f,\"prefill_batch_tokens_per_s\":%.1f,"
+			       "\"same_tokens\":%s}\n", kvmem_backend_name(be), b, 1 / to, b / ta,
+			       b / tb, 1 / mo, b / ma, b / mb, pt / pa, pt / pb, same ? "true" : "false");
+		else
+			printf("%-8d %9.1f %9.1f %9.1f %6.2fx %6.2fx | %9.1f %6.2fx %6.2fx | %8.0f %8.0f "
+			       "%5s\n", b, 1 / to, b / ta, b / tb, ta / tb, b * to / tb, b / mb, ma / mb,
+			       b * mo / mb, pt / pa, pt / pb, same ? "yes" : "NO");
+		fflush(stdout);
+		set_free(&a);
+		set_free(&x);
+		set_free(&solo);
+		if (!same) {
+			fprintf(stderr, "%s: the batch drew other tokens than the loop at %d sessions: "
+				"batch invariance is broken\n", WHO, b);
+			goto out;
+		}
+	}
+	rc = 0;
+	goto out;
+err:
+	fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
+out:
+	kvmem_backend_close(be);
+	bench_model_close(&o.bm);
+	free(ids);
+	free(lo);
+	free(la);
+	free(lb);
+	return rc;
+}

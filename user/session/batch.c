@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Batched steps (kvmem/session.h): the forwards of many sessions on one
+ * backend in one pass.
+ *
+ * A session's token run has three parts (session.c): ws_run_begin (room,
+ * and a selection first when the tail is full), the forward, ws_run_end
+ * (the tokens and rows put away, the logits kept). A batch runs every
+ * item's first part one session after another, one forward_batch over all
+ * the views, then every item's last part; the writer threads of sessions
+ * that hand their rows to one work side by side, and the call waits for
+ * each before it returns, as kvmem_session_append does.
+ *
+ * The batched forward fails only as a whole, with nothing changed (a token
+ * outside the vocabulary, no memory): the items then run one by one with
+ * the plain forward, which gives the same bits (batch invariance), so a
+ * failure is charged to the item that caused it and the others go on. A
+ * backend without forward_batch takes that path every time.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmem/kvmem.h"
+#include "session/session_int.h"
+
+/* Items on the stack up to this many; a larger batch allocates. */
+#define STACK_ITEMS 64
+
+static void item_fail(kvmem_batch_item *it)
+{
+	it->rc = kvmem_fail();
+	snprintf(it->err, sizeof(it->err), "%s", kvmem_last_error());
+}
+
+/* The call's own arguments: sessions distinct and on one backend. */
+static int check_items(const kvmem_batch_item *items, int n)
+{
+	if (n < 0 || (n && !items))
+		return kvmem_error(EINVAL, "session batch: %d items", n);
+	for (int i = 0; i < n; i++) {
+		if (!items[i].s)
+			return kvmem_error(EINVAL, "session batch: item %d has no session", i);
+		if (items[i].s->be != items[0].s->be)
+			return kvmem_error(EINVAL, "session batch: items 0 and %d are sessions of "
+					   "two backends", i);
+	}
+	/* Sessions in a batch are few (the server's --max-batch): pairs are cheap. */
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < i; j++)
+			if (items[i].s == items[j].s)
+				return kvmem_error(EINVAL, "session batch: items %d and %d are one "
+						   "session", j, i);
+	return 0;
+}
+
+/* The forwards of the live items (live[0..m)): all at once, or one by one
+ * when the batched one cannot run. ns: the wall time each item is charged,
+ * the batch's shared by tokens. */
+static void forward_all(kvmem_backend *be, kvmem_batch_item *items, const int *live, int m,
+			kvmem_fwd_item *fwd, int64_t *ns)
+{
+	int64_t t0 = (int64_t)kvmem_now_ns(), tokens = 0;
+
+	if (kvmem_backend_forward_batch(be, fwd, m) == 0) {
+		int64_t dt = (int64_t)kvmem_now_ns() - t0;
+
+		for (int k = 0; k < m; k++)
+			tokens += fwd[k].n;
+		for (int k = 0; k < m; k++)
+			ns[k] = dt * fwd[k].n / (tokens ? tokens : 1);
+		return;
+	}
+	for (int k = 0; k < m; k++) {
+		kvmem_batch_item *it = &items[live[k]];
+
+		t0 = (int64_t)kvmem_now_ns();
+		if (be->ops->forward(be->ctx, fwd[k].v, fwd[k].tokens, fwd[k].n, fwd[k].logits,
+				     fwd[k].all_logits, fwd[k].out)) {
+			kvmem_error_prefix("session");
+			item_fail(it);
+		}
+		ns[k] = (int64_t)kvmem_now_ns() - t0;
+	}
+}
+
+int kvmem_session_append_batch(kvmem_batch_item *items, int n)
+{
+	kvmem_fwd_item fwd_stack[STACK_ITEMS], *fwd = fwd_stack;
+	kvmem_fwd_out out_stack[STACK_ITEMS], *outs = out_stack;
+	int live_stack[STACK_ITEMS], *live = live_stack;
+	int64_t ns_stack[STACK_ITEMS], *ns = ns_stack;
+	int m = 0, failed = 0;
+
+	if (check_items(items, n))
+		return kvmem_fail();
+	if (!n)
+		return 0;
+	if (n > STACK_ITEMS) {
+		fwd = malloc(sizeof(*fwd) * (size_t)n);
+		outs = malloc(sizeof(*outs) * (size_t)n);
+		live = malloc(sizeof(*live) * (size_t)n);
+		ns = malloc(sizeof(*ns) * (size_t)n);
+		if (!fwd || !outs || !live || !ns) {
+			if (fwd != fwd_stack)
+				free(fwd);
+			if (outs != out_stack)
+				free(outs);
+			if (live != live_stack)
+				free(live);
+			if (ns != ns_stack)
+				free(ns);
+			return kvmem_error(ENOMEM, "session batch: out of memory for %d items", n);
+		}
+	}
+	/* First parts: each session makes room (and selects when it must). */
+	for (int i = 0; i < n; i++) {
+		kvmem_batch_item *it = &items[i];
+		kvmem_session *s = it->s;
+
+		it->rc = 0;
+		it->err[0] = 0;
+		if (ws_usable(s)) {
+			item_fail(it);
+		} else if (it->n <= 0 || it->n > s->o.chunk || !it->tokens) {
+			kvmem_error(EINVAL, "session batch: an item runs 1..%d tokens (the session's "
+				    "chunk), not %d", s->o.chunk, it->n);
+			item_fail(it);
+		} else if (ws_run_begin(s, it->n, &outs[m])) {
+			ws_writer_drain(s);
+			item_fail(it);
+		} else {
+			fwd[m] = (kvmem_fwd_item){ .v = s->view, .tokens = it->tokens, .n = it->n,
+						   .logits = s->logits, .all_logits = s->o.all_logits,
+						   .out = &outs[m] };
+			live[m++] = i;
+		}
+	}
+	if (m)
+		forward_all(items[live[0]].s->be, items, live, m, fwd, ns);
+	/* Last parts: the rows to each session's history, then the waits. */
+	for (int k = 0; k < m; k++) {
+		kvmem_batch_item *it = &items[live[k]];
+
+		if (!it->rc && ws_run_end(it->s, it->tokens, it->n, &outs[k], ns[k])) {
+			ws_writer_drain(it->s);
+			item_fail(it);
+		}
+	}
+	for (int k = 0; k < m; k++) {
+		kvmem_batch_item *it = &items[live[k]];
+
+		if (it->rc)
+			ws_writer_drain(it->s);
+		else if (ws_writer_wait(it->s))
+			item_fail(it);
+	}
+	for (int i = 0; i < n; i++)
+		failed += items[i].rc != 0;
+	if (fwd != fwd_stack) {
+		free(fwd);
+		free(outs);
+		free(live);
+		free(ns);
+	}
+	return failed;
+}
+
+int kvmem_session_decode_batch(kvmem_session *const *s, int n, const kvmem_sampler *const *smp,
+			       int32_t *out, int *rc)
+{
+	kvmem_batch_item stack[16] = { 0 }, *items = stack;
+	int idx_stack[16], *idx = idx_stack;
+	int m = 0, failed = 0, code = 0;
+	char msg[256] = "";
+
+	if (n < 0 || (n && (!s || !out)))
+		return kvmem_error(EINVAL, "session batch: %d sessions to decode", n);
+	if (n > 16) {
+		items = calloc((size_t)n, sizeof(*items));
+		idx = calloc((size_t)n, sizeof(*idx));
+		if (!items || !idx) {
+			free(items);
+			free(idx);
+			return kvmem_error(ENOMEM, "session batch: out of memory for %d sessions", n);
+		}
+	}
+	for (int i = 0; i < n; i++)
+		items[i] = (kvmem_batch_item){ .s = s[i] };
+	if (check_items(items, n)) {
+		code = kvmem_fail();
+		goto out;
+	}
+	/* Draw first, each from its own logits and random state; a session
+	 * that cannot draw sits the forward out. */
+	for (int i = 0; i < n; i++) {
+		int r = ws_usable(s[i]) ? kvmem_fail() :
+			ws_sample(s[i], smp ? smp[i] : NULL, &out[i]) ? kvmem_fail() : 0;
+
+		if (rc)
+			rc[i] = r;
+		if (r) {
+			ws_writer_drain(s[i]);
+			code = r;
+			snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
+			failed++;
+			continue;
+		}
+		items[m] = (kvmem_batch_item){ .s = s[i], .tokens = &out[i], .n = 1 };
+		idx[m++] = i;
+	}
+	kvmem_session_append_batch(items, m);
+	for (int k = 0; k < m; k++) {
+		if (rc)
+			rc[idx[k]] = items[k].rc;
+		if (items[k].rc) {
+			code = items[k].rc;
+			snprintf(msg, sizeof(msg), "%s", items[k].err);
+			failed++;
+		}
+	}
+	if (failed)	/* the last failure's message stays the thread's error */
+		kvmem_error(-code, "%s", msg);
+	code = failed;
+out:
+	if (items != stack) {
+		free(items);
+		free(idx);
+	}
+	return code;
+}
