@@ -103,6 +103,22 @@ typedef struct kvmem_workspace_info {
 
 /* ---- the pager ---------------------------------------------------------- */
 typedef struct kvmem_pager kvmem_pager;
+/* A host pool: a pager's own, or one several pagers share. */
+typedef struct kvmem_pager_pool kvmem_pager_pool;
+
+/*
+ * A host pool for several pagers of one geometry (kvmem serve's
+ * conversations): bytes of pinned-to-be host memory in slots of g's page
+ * stride, on numa_node (-1: local). Pagers opened with it (opts.pool) keep
+ * their pages there instead of in a pool of their own, and one short of
+ * room takes it from the others' least recently used pages (pages pinned,
+ * being read or not yet written stay). Its memory is touched as pages
+ * arrive and stays with the pool: a pager that closes gives its slots back.
+ * Free it after the last pager closed (-EBUSY before).
+ */
+int kvmem_pager_pool_create(const kvmem_page_geom *g, uint64_t bytes, int numa_node,
+			    kvmem_pager_pool **out);
+int kvmem_pager_pool_free(kvmem_pager_pool *pool);
 
 #define KVMEM_PAGER_CREATE	0x01	/* create the directory when it has no manifest */
 #define KVMEM_PAGER_RDONLY	0x02	/* read committed data only; nothing is written */
@@ -122,6 +138,10 @@ typedef struct kvmem_pager_opts {
 	 * the next step. May be NULL. */
 	void (*prefetch_hook)(void *arg, kvmem_pager *p, uint64_t next_step);
 	void *prefetch_arg;
+	/* A shared host pool (kvmem_pager_pool_create) instead of one of
+	 * host_cap bytes; NULL: the pager's own. Its slots must be this
+	 * geometry's page stride (-EINVAL). */
+	kvmem_pager_pool *pool;
 } kvmem_pager_opts;
 
 /* Fill opts with the defaults. */
@@ -163,10 +183,23 @@ int kvmem_pager_append_tokens(kvmem_pager *p, const int32_t *ids, size_t n);
  * Append full block `block` (must equal kvmem_pager_blocks()): layers[l] points
  * to page_bytes of layer l; index to index_bytes (NULL when index_bytes is 0).
  * The bytes are copied: stage-out proceeds asynchronously and this returns
- * at once unless the stage-out buffer is full (backpressure).
+ * at once unless the stage-out buffer is full (backpressure). Pages that
+ * are the block's own memory (kvmem_pager_block_memory) are not copied:
+ * they are written to disk from where they are and stay in the host pool.
  */
 int kvmem_pager_append_block(kvmem_pager *p, uint64_t block, const void *const *layers,
 			   const void *index);
+/*
+ * Host pool memory for block `block`'s pages before it is appended (block >=
+ * kvmem_pager_blocks(); asked again, the same memory): layers[l] gets
+ * page_bytes of layer l, to be filled and then handed to append_block as
+ * they are, with no copy. -ENOBUFS when the pool has no room even after
+ * waiting for the writes in flight, or when the blocks being made would
+ * take more than half of it, -ENOTSUP read-only or with
+ * KVMEM_PAGER_NO_KEEP: the caller then uses memory of its own. The memory
+ * is the pager's until append_block, or until close.
+ */
+int kvmem_pager_block_memory(kvmem_pager *p, uint64_t block, void **layers);
 /*
  * Make everything appended durable and advance the committed count to
  * kvmem_pager_tokens(). Full blocks must cover tokens / B; when tokens % B is

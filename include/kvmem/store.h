@@ -98,6 +98,9 @@ typedef struct kvmem_workspace_opts {
 				 * default), the userspace pager; or "kmod",
 				 * the kernel module (kvmem_page_source_kmod;
 				 * -ENODEV when it is not loaded) */
+	kvmem_pager_pool *pool;	/* a host pool shared with other workspaces
+				 * (kvmem_pager_pool_create; host_cap is then
+				 * unused); NULL: the pager's own */
 } kvmem_workspace_opts;
 
 /*

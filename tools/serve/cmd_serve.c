@@ -66,7 +66,7 @@ static void usage(FILE *f)
 		"                            model's window; 0: unlimited)\n"
 		"  --block N                 tokens per block (default 32)\n"
 		"  --chunk N                 prefill chunk (default 128)\n"
-		"  --host-cap SIZE           host pool of each conversation's pager (default 16M)\n"
+		"  --host-cap SIZE           host pool the conversations share (default 256M)\n"
 		"  --max-body SIZE           largest request body (default 1M)\n"
 		"  --max-request-tokens N    new prompt tokens + max_tokens of a request\n"
 		"                            (default 16k)\n"

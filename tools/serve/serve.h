@@ -39,7 +39,7 @@ struct serve_cfg {
 	int idle_close;			/* seconds before an idle conversation closes (0: never) */
 	int64_t budget;			/* view budget of a session (0: unlimited; -1: from the window) */
 	int block, chunk, threads;
-	uint64_t host_cap;		/* host pool of each conversation's pager */
+	uint64_t host_cap;		/* the host pool the conversations share */
 	int request_timeout;		/* seconds a request may wait or run */
 	int quiet;
 	/* Test only (KVMEM_SERVE_FAULT=record:N): end the process at the N-th

@@ -38,7 +38,7 @@ void serve_cfg_default(struct serve_cfg *c)
 	c->budget = -1;
 	c->block = 32;
 	c->chunk = 128;
-	c->host_cap = 16 << 20;
+	c->host_cap = 256 << 20;
 }
 
 int serve_start(const struct serve_cfg *cfg, struct serve **out)
@@ -66,6 +66,11 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 	    kvmem_backend_open(cfg->backend, sv->m, &(kvmem_backend_opts){ .max_chunk = cfg->chunk },
 			       &sv->be) < 0 ||
 	    kvmem_mkdir_p(sv->data_dir))
+		goto fail;
+	/* The pages of new conversations (the workspace's default dtype);
+	 * an older one of another dtype opens with a pool of its own. */
+	kvmem_page_geom_model(&sv->pool_geom, sv->m, sv->cfg.block);
+	if (kvmem_pager_pool_create(&sv->pool_geom, sv->cfg.host_cap, -1, &sv->pool) < 0)
 		goto fail;
 	if (sv->cfg.budget < 0) {
 		/* Three quarters of the window, whole blocks: the rest is the
@@ -115,6 +120,7 @@ void serve_stop(struct serve *sv)
 		return;
 	serve_http_stop(sv);
 	serve_engine_stop(sv);
+	kvmem_pager_pool_free(sv->pool);	/* after the conversations closed */
 	kvmem_backend_close(sv->be);
 	tok_cli_close(&sv->tok);
 	if (sv->m)

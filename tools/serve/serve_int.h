@@ -193,6 +193,11 @@ struct serve {
 	/* read-only after start */
 	kvmem_model *m;
 	kvmem_backend *be;
+	/* The conversations' pages, one host pool for all (--host-cap): an
+	 * open conversation holds slots while its pages are in use, not a
+	 * pool of its own. NULL where it could not be made: each has its own. */
+	kvmem_pager_pool *pool;
+	kvmem_page_geom pool_geom;	/* what fits in it */
 	struct tok_cli tok;
 	char name[256];
 	/* the engine */

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "kvmem/kvmem.h"
+#include "pager/hostpool.h"
 #include "serve_int.h"
 
 struct out {
@@ -113,17 +114,28 @@ char *serve_metrics(struct serve *sv)
 	st = sv->closed;
 	/* The pagers of open conversations: they leave the list under the
 	 * lock before they are closed. */
-	for (struct conv *x = sv->convs; x; x = x->next) {
-		kvmem_pager_stats y;
+	if (sv->pool) {
 		void *base;
 		size_t len = 0;
+
+		kvmem_hostpool_region(sv->pool, &base, &len);
+		host = len;
+	}
+	for (struct conv *x = sv->convs; x; x = x->next) {
+		kvmem_pager_stats y;
+		void *base, *shared = NULL;
+		size_t len = 0, slen = 0;
 
 		if (!x->ws)
 			continue;
 		kvmem_pager_stats_get(kvmem_workspace_pager(x->ws), &y);
 		pager_add(&st, &y);
+		/* A conversation with a pool of its own (another page size). */
 		kvmem_pager_region(kvmem_workspace_pager(x->ws), &base, &len);
-		host += len;
+		if (sv->pool)
+			kvmem_hostpool_region(sv->pool, &shared, &slen);
+		if (base != shared)
+			host += len;
 	}
 	metric(&o, "kvmem_requests_total", "counter", "requests taken by the engine", (double)c->requests);
 	metric(&o, "kvmem_requests_failed_total", "counter", "requests answered with an error",
@@ -169,7 +181,8 @@ char *serve_metrics(struct serve *sv)
 	metric(&o, "kvmem_tier_device_bytes", "gauge",
 	       "bytes the backend holds on its device (views, pools; 0 for cpu)",
 	       (double)c->device_bytes);
-	metric(&o, "kvmem_tier_host_bytes", "gauge", "host pool bytes of the open conversations' pagers",
+	metric(&o, "kvmem_tier_host_bytes", "gauge", "host pool bytes (the pool the conversations "
+	       "share, and any of their own)",
 	       (double)host);
 	metric(&o, "kvmem_tier_disk_bytes", "gauge", "bytes the conversations take on disk (at most "
 	       "10 s old)", (double)sv->disk_bytes);

@@ -111,6 +111,20 @@ static void make_room(struct serve *sv)
 	}
 }
 
+/* The server's pool, unless the workspace in dir was written with pages
+ * of another size (another dtype): then it gets a pool of its own. */
+static kvmem_pager_pool *shared_pool_for(const struct serve *sv, const char *dir)
+{
+	kvmem_workspace_info wi;
+
+	if (!sv->pool)
+		return NULL;
+	if (kvmem_workspace_info_read(dir, &wi) == 0 &&
+	    kvmem_page_stride(&wi.geom) != kvmem_page_stride(&sv->pool_geom))
+		return NULL;
+	return sv->pool;
+}
+
 static struct conv *find(struct serve *sv, const char *id)
 {
 	for (struct conv *c = sv->convs; c; c = c->next)
@@ -156,6 +170,7 @@ struct conv *pool_get(struct serve *sv, struct job *j)
 	snprintf(ws, sizeof(ws), c->shared ? "%s" : "%s/ws", c->dir);
 	wo.block = cfg->block;
 	wo.host_cap = cfg->host_cap;
+	wo.pool = shared_pool_for(sv, ws);
 	if ((!c->shared && kvmem_mkdir_p(c->dir)) || kvmem_workspace_open(ws, sv->m, &wo, &c->ws) < 0)
 		goto fail;
 	kvmem_session_opts_default(&so);

@@ -300,7 +300,12 @@ int cuda_host_register(void *ctx, void *base, size_t len)
 			if (pg->reg[i].len != len)
 				return kvmem_error(EINVAL, "cuda: host region %p registered with %zu bytes, "
 						   "now %zu", base, pg->reg[i].len, len);
-			pg->reg[i].refs++;
+			/* Two sessions on one region (a host pool pagers share):
+			 * the pool's keys (region, block, layer) no longer name
+			 * one page, so it keeps none of the region's from now
+			 * until one session is left. */
+			if (pg->reg[i].refs++ == 1)
+				pool_forget(pg, pg->reg[i].id);
 			return 0;
 		}
 	for (int i = 0; i < MAX_REGIONS && !r; i++)
@@ -368,7 +373,7 @@ int cuda_page_cached(void *ctx, const void *region, int64_t block, int layer)
 	struct cuda_pages *pg = b->pages;
 	struct region *r;
 
-	if (!pg || !pg->pool || !(r = region_at(pg, region)))
+	if (!pg || !pg->pool || !(r = region_at(pg, region)) || r->refs != 1)
 		return 0;
 	return pool_find(pg, pool_key(r->id, block, layer)) != UINT32_MAX;
 }
@@ -530,7 +535,7 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 		pg->hit[i] = UINT32_MAX;
 		if (it->page.mem == KVMEM_MEM_BACKEND) {
 			/* The session asked page_cached() for it: it must be here. */
-			if (!(rk = region_at(pg, it->page.k)) || !pg->pool ||
+			if (!(rk = region_at(pg, it->page.k)) || !pg->pool || rk->refs != 1 ||
 			    it->stride != pg->pool_stride)
 				return kvmem_error(ESTALE, "cuda place: block %lld layer %d is not in the "
 						   "device page pool", (long long)it->block, it->layer);
@@ -539,7 +544,7 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 			   region_of(pg, it->page.v, half) != rk) {
 			rk = NULL;
 		}
-		if (!rk || !pg->pool)
+		if (!rk || !pg->pool || rk->refs != 1)	/* a shared region: see cuda_host_register */
 			continue;
 		pg->keys[i] = pool_key(rk->id, it->block, it->layer);
 		pg->hit[i] = pool_find(pg, pg->keys[i]);

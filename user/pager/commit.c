@@ -49,8 +49,8 @@ static int write_tail(kvmem_pager *p, uint32_t slot, const void *const *layers,
 	return 0;
 }
 
-int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const void *tail_index,
-		     const void *app, uint32_t app_len)
+static int commit(kvmem_pager *p, const void *const *tail_layers, const void *tail_index,
+		  const void *app, uint32_t app_len)
 {
 	uint64_t t0 = kvmem_now_ns(), B = p->g.block_tokens, tokens = p->n_tokens;
 	uint32_t tail = tokens % B, slot = p->m.h.tail_slot;
@@ -121,4 +121,15 @@ fail:
 	pager_fail_write(p, kvmem_last_errno(), "%s", kvmem_last_error());
 	return kvmem_error(p->write_errno, "%s; the workspace stays at its last commit (%" PRIu64
 			 " tokens)", p->write_err, p->m.h.tokens);
+}
+
+int kvmem_pager_commit(kvmem_pager *p, const void *const *tail_layers, const void *tail_index,
+		     const void *app, uint32_t app_len)
+{
+	int rc;
+
+	pager_lock(p);
+	rc = commit(p, tail_layers, tail_index, app, app_len);
+	pager_unlock(p);
+	return rc;
 }

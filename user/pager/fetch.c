@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pager/pager_int.h"
 #include "pager/probes.h"
@@ -38,24 +39,63 @@ static void evict(kvmem_pager *p, uint32_t s)
 	p->st.evictions++;
 }
 
-int make_room(kvmem_pager *p, uint32_t need)
+/* Up to `want` of this pager's own pages out of the pool, best victims
+ * first; how many left. */
+static uint32_t evict_own(kvmem_pager *p, uint32_t want)
 {
-	uint32_t have = kvmem_hostpool_free_slots(p->pool), want, n, *v;
 	uint64_t ev0 = p->st.evictions;
+	uint32_t n, *v;
 
-	if (have >= need)
+	if (!want)
 		return 0;
-	want = need - have;
 	v = malloc(sizeof(*v) * want);
 	if (!v)
-		return -ENOMEM;
+		return 0;
 	n = p->repl->victims(p->repl_st, want, v, p->step, slot_busy, p);
 	for (uint32_t i = 0; i < n; i++)
 		if (!slot_busy(p, v[i]))
 			evict(p, v[i]);
 	free(v);
+	return (uint32_t)(p->st.evictions - ev0);
+}
+
+uint32_t pager_give_back(void *user, uint32_t want)
+{
+	kvmem_pager *q = user;
+	uint32_t n;
+
+	/* Never wait: q's owner may be waiting for the pool's lock, which
+	 * the asking pager holds. */
+	if (pthread_mutex_trylock(&q->mu))
+		return 0;
+	/* Writes of q's that finished unpin their pages: an idle pager's
+	 * completions are reaped by no one else. */
+	pager_reap(q, 0);
+	n = evict_own(q, want);
+	pthread_mutex_unlock(&q->mu);
+	return n;
+}
+
+void room_pause(void)
+{
+	struct timespec ts = { 0, 200000 };
+
+	nanosleep(&ts, NULL);
+}
+
+int make_room(kvmem_pager *p, uint32_t need)
+{
+	uint32_t have = kvmem_hostpool_free_slots(p->pool), want, n;
+
+	if (have >= need)
+		return 0;
+	want = need - have;
+	n = evict_own(p, want);
+	/* A shared pool: the other pagers' pages next. */
+	if (n < want && p->shared)
+		n += kvmem_hostpool_reclaim(p->pool, p, want - n, pager_give_back);
 	if (n)
-		PROBE_RECLAIM(want, p->st.evictions - ev0);
+		PROBE_RECLAIM(want, n);
 	return kvmem_hostpool_free_slots(p->pool) >= need ? 0 : -ENOBUFS;
 }
 
@@ -291,7 +331,18 @@ static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const voi
 	while (make_room(p, m) < 0 && p->io.inflight)
 		if (pager_reap(p, 1) < 0)
 			break;
+	/* A shared pool: the room made must still be there when the slots
+	 * are taken (the pool's lock until then), and pagers busy in a call
+	 * give nothing back: ask again for a while before giving up. */
+	for (int tries = 0;; tries++) {
+		kvmem_hostpool_lock(p->pool);
+		if (make_room(p, m) == 0 || !p->shared || tries == ROOM_TRIES)
+			break;
+		kvmem_hostpool_unlock(p->pool);
+		room_pause();
+	}
 	if (make_room(p, m) < 0) {
+		kvmem_hostpool_unlock(p->pool);
 		unpin(p, pages, pinned, n);
 		rc = kvmem_error(ENOBUFS, "%s: host pool too small: a request needs %zu more pages, "
 				 "the pool holds %u (%u free after evicting what may go)", p->dir, m,
@@ -312,6 +363,7 @@ static int fetch_impl(kvmem_pager *p, const uint64_t *pages, size_t n, const voi
 	if (start_reads(p, miss, nv, PUR_FETCH) < nv && !p->read_err[0])
 		snprintf(p->read_err, sizeof(p->read_err), "%s/pages: cannot start reads: %s",
 			 p->dir, kvmem_last_error());
+	kvmem_hostpool_unlock(p->pool);
 	while (p->fetch_waiting)
 		if (pager_reap(p, 1) < 0)
 			break;
@@ -363,8 +415,11 @@ out:
 
 int kvmem_pager_fetch(kvmem_pager *p, const uint64_t *pages, size_t n, const void **out)
 {
-	int rc = fetch_impl(p, pages, n, out);
+	int rc;
 
+	pager_lock(p);
+	rc = fetch_impl(p, pages, n, out);
+	pager_unlock(p);
 	return rc < 0 ? rc : 0;
 }
 
@@ -372,6 +427,7 @@ void kvmem_pager_release(kvmem_pager *p, const uint64_t *pages, size_t n)
 {
 	uint64_t total = p->n_blocks * p->g.n_layers;
 
+	pager_lock(p);
 	for (size_t i = 0; i < n; i++) {
 		const struct kvmem_pte *e;
 
@@ -381,6 +437,7 @@ void kvmem_pager_release(kvmem_pager *p, const uint64_t *pages, size_t n)
 		if ((e->tiers & KVMEM_TIER_HOST) && p->slot_pin[e->host_slot])
 			p->slot_pin[e->host_slot]--;
 	}
+	pager_unlock(p);
 }
 
 int kvmem_pager_stage_in(kvmem_pager *p, const uint64_t *pages, size_t n, kvmem_page_fn fn,
@@ -388,6 +445,7 @@ int kvmem_pager_stage_in(kvmem_pager *p, const uint64_t *pages, size_t n, kvmem_
 {
 	size_t batch = kvmem_hostpool_slots(p->pool) / 2, i = 0;
 	const void **ptr;
+	int rc = 0;
 
 	if (!batch)
 		batch = 1;
@@ -396,30 +454,28 @@ int kvmem_pager_stage_in(kvmem_pager *p, const uint64_t *pages, size_t n, kvmem_
 	ptr = malloc(batch * sizeof(*ptr));
 	if (!ptr)
 		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
+	pager_lock(p);
 	while (i < n) {
 		size_t k = n - i < batch ? n - i : batch;
-		int rc = fetch_impl(p, pages + i, k, ptr);
 
+		rc = fetch_impl(p, pages + i, k, ptr);
 		if (rc == -ENOBUFS && k > 1) {
 			batch = k / 2;
+			rc = 0;
 			continue;
 		}
-		if (rc < 0) {
-			free(ptr);
-			return rc;
-		}
-		for (size_t j = 0; j < k; j++) {
-			if ((rc = fn(arg, pages[i + j], ptr[j])) < 0) {
-				kvmem_pager_release(p, pages + i, k);
-				free(ptr);
-				return rc;
-			}
-		}
+		if (rc < 0)
+			break;
+		for (size_t j = 0; j < k && rc >= 0; j++)
+			rc = fn(arg, pages[i + j], ptr[j]);
 		kvmem_pager_release(p, pages + i, k);
+		if (rc < 0)
+			break;
 		i += k;
 	}
+	pager_unlock(p);
 	free(ptr);
-	return 0;
+	return rc < 0 ? rc : 0;
 }
 
 int kvmem_pager_prefetch(kvmem_pager *p, const uint64_t *pages, size_t n)
@@ -427,10 +483,11 @@ int kvmem_pager_prefetch(kvmem_pager *p, const uint64_t *pages, size_t n)
 	uint64_t total = p->n_blocks * p->g.n_layers, *want;
 	size_t m = 0, started;
 
-	pager_reap(p, 0);
 	want = malloc((n ? n : 1) * sizeof(*want));
 	if (!want)
 		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
+	pager_lock(p);
+	pager_reap(p, 0);
 	for (size_t i = 0; i < n; i++) {
 		struct kvmem_pte *e;
 
@@ -449,6 +506,7 @@ int kvmem_pager_prefetch(kvmem_pager *p, const uint64_t *pages, size_t n)
 		PROBE_PREFETCH(want[k], p->page_bytes);
 	PROBE_PREFETCH_BATCH(n, started);
 	p->st.prefetch_pages += started;
+	pager_unlock(p);
 	free(want);
 	return (int)started;
 }

@@ -43,20 +43,43 @@ static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 	size_t lens[2];
 	unsigned nreg = 0;
 
-	p->pool = kvmem_hostpool_create(o->host_cap ? o->host_cap : DEFAULT_CAP, p->page_stride,
-				      o->numa_node);
-	if (!p->pool)
-		return kvmem_error_prefix("%s", p->dir);
+	if (o->pool) {
+		if (!kvmem_hostpool_shared(o->pool))
+			return kvmem_error(EINVAL, "%s: opts.pool is not a shared host pool", p->dir);
+		if (kvmem_hostpool_slot_bytes(o->pool) != p->page_stride)
+			return kvmem_error(EINVAL, "%s: the shared host pool's slots are %zu bytes, this "
+					   "workspace's pages %zu", p->dir,
+					   kvmem_hostpool_slot_bytes(o->pool), p->page_stride);
+		p->pool = o->pool;
+	} else {
+		p->pool = kvmem_hostpool_create(o->host_cap ? o->host_cap : DEFAULT_CAP, p->page_stride,
+						o->numa_node);
+		if (!p->pool)
+			return kvmem_error_prefix("%s", p->dir);
+		p->own_pool = 1;
+	}
 	n = kvmem_hostpool_slots(p->pool);
-	p->slot_page = malloc(n * sizeof(*p->slot_page));
-	p->slot_pin = calloc(n, sizeof(*p->slot_pin));
-	if (!p->slot_page || !p->slot_pin)
-		return kvmem_error(ENOMEM, "%s: out of memory", p->dir);
-	for (uint32_t s = 0; s < n; s++)
-		p->slot_page[s] = UINT64_MAX;
+	p->slot_page = kvmem_hostpool_slot_pages(p->pool);
+	p->slot_pin = kvmem_hostpool_slot_pins(p->pool);
 	p->repl_st = p->repl->create(n, p->g.n_layers);
 	if (!p->repl_st)
 		return kvmem_error(ENOMEM, "%s: out of memory for the replacement policy", p->dir);
+	if (!p->own_pool) {
+		pthread_mutexattr_t ma;
+
+		pthread_mutexattr_init(&ma);
+		pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+		if (pthread_mutex_init(&p->mu, &ma)) {
+			pthread_mutexattr_destroy(&ma);
+			return kvmem_error(ENOMEM, "%s: cannot make a lock", p->dir);
+		}
+		pthread_mutexattr_destroy(&ma);
+		if (kvmem_hostpool_attach(p->pool, p) < 0) {
+			pthread_mutex_destroy(&p->mu);
+			return kvmem_error_prefix("%s", p->dir);
+		}
+		p->shared = 1;
+	}
 	p->max_read = o->max_read ? o->max_read : DEFAULT_MAX_READ;
 	kvmem_hostpool_region(p->pool, &bases[nreg], &lens[nreg]);
 	nreg++;
@@ -68,6 +91,7 @@ static int setup_memory(kvmem_pager *p, const kvmem_pager_opts *o)
 			p->n_stage = 2;
 		if (p->n_stage > 1024)
 			p->n_stage = 1024;
+		/* Mapped, not touched: blocks made in the pool never use it. */
 		p->stage_map_len = round_up(p->n_stage * p->extent_bytes, 2u << 20);
 		p->stage_buf = mmap(NULL, p->stage_map_len, PROT_READ | PROT_WRITE,
 				    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -151,12 +175,18 @@ int kvmem_pager_close(kvmem_pager *p)
 	if (!p)
 		return 0;
 	PROBE_CLOSE(probe_ws_id(p));
+	pager_lock(p);
+	/* Writes not started yet are of uncommitted blocks (the next open
+	 * cuts them): dropped. */
+	p->ow_n = 0;
 	if (p->io.reqs) {
 		/* Reads and writes still in flight point into our buffers. */
 		while (p->io.inflight)
 			if (pager_reap(p, 1) < 0)
 				break;
 	}
+	while (p->n_resv)
+		resv_drop(p, p->n_resv - 1);
 	if (p->write_failed)
 		rc = kvmem_error(p->write_errno ? p->write_errno : EIO, "%s", p->write_err);
 	/* Give back what was allocated ahead and not written. */
@@ -167,11 +197,31 @@ int kvmem_pager_close(kvmem_pager *p)
 	if (p->ws && p->m.tail_sums && p->wrote)
 		stats_save(p);
 	io_exit(&p->io);
+	if (p->shared) {
+		/* Every slot this pager holds goes back to the pool. */
+		for (uint64_t pg = 0; p->pt && pg < p->n_blocks * p->g.n_layers; pg++) {
+			struct kvmem_pte *e = &p->pt[pg];
+
+			if ((e->tiers & KVMEM_TIER_HOST) || (e->flags & KVMEM_PTE_IN_FLIGHT)) {
+				p->slot_page[e->host_slot] = UINT64_MAX;
+				p->slot_pin[e->host_slot] = 0;
+				kvmem_hostpool_release(p->pool, e->host_slot, 1);
+				e->tiers &= ~KVMEM_TIER_HOST;
+			}
+		}
+		/* Before the lock goes: a pager asking for room holds the
+		 * pool's lock and only tries this one's. */
+		kvmem_hostpool_detach(p->pool, p);
+		pager_unlock(p);
+		pthread_mutex_destroy(&p->mu);
+	} else if (p->own_pool) {
+		kvmem_hostpool_free(p->pool);
+	}
 	if (p->repl_st)
 		p->repl->destroy(p->repl_st);
-	kvmem_hostpool_free(p->pool);
-	free(p->slot_page);
-	free(p->slot_pin);
+	free(p->ow);
+	free(p->resv);
+	free(p->pout);
 	if (p->stage_buf)
 		munmap(p->stage_buf, p->stage_map_len);
 	free(p->stage);
@@ -385,11 +435,22 @@ void pin_batch_fire(kvmem_pager *p)
 
 int pager_reap(kvmem_pager *p, unsigned wait)
 {
-	int rc = p->ws->ops->reap(p->ws, &p->io, wait, pager_io_done, p);
+	int rc, n = 0;
 
+	/* Completions free request records: writes waiting for one start,
+	 * and are submitted by the next pass. */
+	for (;;) {
+		rc = p->ws->ops->reap(p->ws, &p->io, wait, pager_io_done, p);
+		if (rc < 0)
+			break;
+		n += rc;
+		if (!p->ow_n || !out_pump(p))
+			break;
+		wait = 0;
+	}
 	if (p->pin_batch.requests)
 		pin_batch_fire(p);
-	return rc;
+	return rc < 0 ? rc : n;
 }
 
 struct io_req *pager_req(kvmem_pager *p)
@@ -408,6 +469,8 @@ void pager_io_done(void *arg, struct io_req *r)
 
 	if (r->purpose == PUR_OUT)
 		stage_done(p, r);
+	else if (r->purpose == PUR_POOL_OUT)
+		pool_out_done(p, r);
 	else
 		read_done(p, r);
 	io_req_put(&p->io, r);
@@ -416,15 +479,19 @@ void pager_io_done(void *arg, struct io_req *r)
 void kvmem_pager_hint(kvmem_pager *p, uint64_t block, float score)
 {
 	PROBE_HINT(block, (int64_t)(score * 1e6f));
+	pager_lock(p);
 	if (p->repl->hint)
 		p->repl->hint(p->repl_st, block, score, p->step);
+	pager_unlock(p);
 }
 
 int kvmem_pager_step(kvmem_pager *p, uint64_t step)
 {
 	uint64_t t = kvmem_now_ns();
-	int rc = pager_reap(p, 0);
+	int rc;
 
+	pager_lock(p);
+	rc = pager_reap(p, 0);
 	PROBE_STEP(p->step, p->st.host_hits - p->at_step.host_hits,
 		   p->st.host_misses - p->at_step.host_misses,
 		   p->st.bytes_in - p->at_step.bytes_in, t - p->step_t0);
@@ -434,6 +501,7 @@ int kvmem_pager_step(kvmem_pager *p, uint64_t step)
 	p->st.steps++;
 	if (p->repl->step)
 		p->repl->step(p->repl_st, step);
+	pager_unlock(p);
 	if (p->prefetch_hook)
 		p->prefetch_hook(p->prefetch_arg, p, step);
 	return rc < 0 ? -1 : 0;

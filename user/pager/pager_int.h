@@ -4,6 +4,7 @@
 #define KVMEM_PAGER_INT_H
 
 #include <limits.h>
+#include <pthread.h>
 #include <sys/uio.h>
 #include <liburing.h>
 #include <xxhash.h>
@@ -178,7 +179,36 @@ int io_reap(struct kvmem_io *io, unsigned wait, void (*done)(void *arg, struct i
 	    void *arg);
 
 /* ---- the pager (pager.c and friends) ----------------------------------- */
-enum { PUR_FETCH = 1, PUR_PREFETCH = 2, PUR_OUT = 3 };
+/* PUR_OUT writes a block from its stage-out extent; PUR_POOL_OUT writes a
+ * run of a block's pages from the host pool slots they were made in. */
+enum { PUR_FETCH = 1, PUR_PREFETCH = 2, PUR_OUT = 3, PUR_POOL_OUT = 4 };
+
+/* A write waiting for a request record (stage.c): stage-out never waits
+ * for one, so an append runs ahead of the disk as far as the stage-out
+ * buffer or the pool holds its pages. */
+struct out_wait {
+	int purpose;		/* PUR_OUT or PUR_POOL_OUT */
+	uint64_t first_page;	/* PUR_OUT: the block; else its first page */
+	uint32_t n_pages, slot;	/* PUR_OUT: the stage slot; else the first pool slot */
+	void *buf;
+	size_t len;
+	uint64_t off;
+};
+
+/* A block's pages made in pool slots before it is appended
+ * (kvmem_pager_block_memory): the slots, one per layer. */
+struct pool_resv {
+	uint64_t block;
+	uint32_t *slot;
+};
+
+/* A block written from pool slots: its writes left (one per run of
+ * consecutive slots) and when the first was queued. */
+struct pool_out {
+	uint64_t block;
+	uint32_t left;
+	uint64_t t0;
+};
 
 struct stage_slot {
 	uint64_t block;
@@ -216,7 +246,18 @@ struct kvmem_pager {
 	const kvmem_repl_ops *repl;
 	void *repl_st;
 
+	int own_pool;			/* the pool is this pager's (else shared) */
+	int shared;			/* a shared pool: mu guards every entry */
+	pthread_mutex_t mu;		/* recursive; used only when shared */
+
 	struct kvmem_io io;
+	unsigned writes_inflight;	/* stage-out writes submitted */
+	struct out_wait *ow;		/* writes waiting for a request record */
+	size_t ow_head, ow_n, ow_cap;	/* a ring */
+	struct pool_resv *resv;		/* blocks made in pool slots */
+	int n_resv, cap_resv;
+	struct pool_out *pout;		/* blocks being written from the pool */
+	int n_pout, cap_pout;
 	uint8_t *stage_buf;		/* n_stage extents, registered */
 	size_t stage_map_len;
 	struct stage_slot *stage;
@@ -257,8 +298,32 @@ void stats_load(kvmem_pager *p);	/* the directory's saved totals as base */
  * when they cannot be read. */
 int hash_stream_prefix(struct ws_store *s, int i, uint64_t len, const char *name, uint64_t *out);
 
+/* The shared pool's lock around a pager's entry points (a pager of its
+ * own pool needs none: one thread at a time, as before). */
+static inline void pager_lock(const kvmem_pager *p)
+{
+	if (p->shared)
+		pthread_mutex_lock((pthread_mutex_t *)&p->mu);
+}
+
+static inline void pager_unlock(const kvmem_pager *p)
+{
+	if (p->shared)
+		pthread_mutex_unlock((pthread_mutex_t *)&p->mu);
+}
+
 /* io completion handling (pager.c), stage-out (stage.c). */
 void pager_io_done(void *arg, struct io_req *r);
+/* Give writes waiting for a request record to io_uring while records are
+ * free (some are kept for reads); 1 when any was queued. */
+int out_pump(kvmem_pager *p);
+void pool_out_done(kvmem_pager *p, struct io_req *r);
+/* Give back a block's pool slots made ahead (close, or a block appended
+ * from other memory). */
+void resv_drop(kvmem_pager *p, int i);
+/* Shared pools: another pager asks this one for up to `want` slots (it
+ * passes when busy); the slots it freed. */
+uint32_t pager_give_back(void *user, uint32_t want);
 struct io_req *pager_req(kvmem_pager *p);	/* a free request, reaping if needed */
 void read_done(kvmem_pager *p, struct io_req *r);
 void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
@@ -266,6 +331,11 @@ void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
 /* Evict until `need` slots are free; -ENOBUFS when pinned pages leave too
  * few, -ENOMEM. No message: the caller says what needed the room. */
 int make_room(kvmem_pager *p, uint32_t need);
+/* A shared pool short of room while its other pagers are busy in calls
+ * (they give nothing back then): ask again ROOM_TRIES times, room_pause()
+ * (0.2 ms) apart, before calling it too small. */
+#define ROOM_TRIES 500
+void room_pause(void);
 /* Put a page's bytes in a fresh host slot (no I/O); -1 when no room. */
 int pool_insert_copy(kvmem_pager *p, uint64_t page, const void *src);
 /* The same without the copy: the slot the page now holds (its bytes are

@@ -65,15 +65,19 @@ static void parse_stats(FILE *f, kvmem_pager_stats *s)
 
 void kvmem_pager_stats_get(const kvmem_pager *p, kvmem_pager_stats *s)
 {
+	pager_lock(p);	/* another pager may evict this one's pages */
 	*s = p->st;
+	pager_unlock(p);
 }
 
 void kvmem_pager_stats_total(const kvmem_pager *p, kvmem_pager_stats *s)
 {
 	kvmem_pager_stats t = p->base;
 
+	pager_lock(p);
 	for (size_t i = 0; i < N_FIELDS; i++)
 		*field(&t, i) = sat_add(*field(&t, i), *field((kvmem_pager_stats *)&p->st, i));
+	pager_unlock(p);
 	*s = t;
 }
 

@@ -7,6 +7,14 @@
  * full, in block order. Reads of full blocks are pager fetches, pinned until
  * put; reads of open blocks are served from memory.
  *
+ * An open block's pages are made where they will stay: in host pool slots
+ * the pager gives for it (kvmem_pager_block_memory), so the rows are copied
+ * once, into their page layout, and the pager writes them to disk from
+ * there and keeps them in the pool (before, they went on to a stage-out
+ * extent and the pool in two more copies). Where the pool has no room, or
+ * the pager keeps nothing (NO_KEEP), the block is memory of this source's
+ * own as before, and the pager copies it.
+ *
  * Pages are kept in the workspace's dtype: f32 (what the CPU engine
  * writes), or bf16 / f16 (a GPU's: the rows a forward pass returns as fp32
  * are rounded once here, on the way in, so nothing is converted on the way
@@ -40,8 +48,14 @@ struct psrc {
 	int64_t first;		/* first open block: every block before it is staged out */
 	int n_open;
 	size_t cap_open;
-	char **open;		/* [n_open] -> [L] pages of pb bytes */
-	int **fill;		/* [n_open] -> [L] tokens written */
+	/* [n_open]: an open block's L pages ([2][H][B][D] in the dtype each),
+	 * in pool slots or in memory of its own ([L][2][H][B][D]: own); the
+	 * tokens written per layer. */
+	struct oblk {
+		char **layer;
+		char *own;
+		int *fill;
+	} *ob;
 	/* Buffers of blocks staged out, kept for the next open blocks: a
 	 * prefill chunk opens 32 blocks of 4.7 MB at Qwen3-8B, and fresh
 	 * memory for each (zeroed, faulted in page by page) cost more than
@@ -50,63 +64,80 @@ struct psrc {
 	int n_spare;
 };
 
-/* The buffers of open block b (b >= first), made on demand. */
-static int open_block(struct psrc *s, int64_t b, char **pages, int **fill)
+static void oblk_free(struct psrc *s, struct oblk *o)
+{
+	if (o->own) {
+		if (s->n_spare < SPARE_MAX)
+			s->spare[s->n_spare++] = o->own;
+		else
+			free(o->own);
+	}
+	free(o->layer);
+	free(o->fill);
+	memset(o, 0, sizeof(*o));
+}
+
+/* Open block b (b >= first), made on demand: its layers' pages and fill. */
+static int open_block(struct psrc *s, int64_t b, char ***layer, int **fill)
 {
 	int64_t i = b - s->first;
+	struct oblk *o;
 
 	if (i < 0)
 		return kvmem_error(EINVAL, "%s: block %" PRId64 " is already staged out and cannot change",
 				 s->dir, b);
 	if (i >= (int64_t)s->cap_open) {
-		size_t c1 = s->cap_open, c2 = s->cap_open;
+		size_t c = s->cap_open;
 
-		/* Both arrays by one count; new entries NULL. */
-		if (kvmem_grow(&s->open, sizeof(*s->open), (size_t)i + 1, &c1, 4) ||
-		    kvmem_grow(&s->fill, sizeof(*s->fill), (size_t)i + 1, &c2, 4))
+		/* New entries zeroed. */
+		if (kvmem_grow(&s->ob, sizeof(*s->ob), (size_t)i + 1, &c, 4))
 			return kvmem_error(ENOMEM, "%s: out of memory", s->dir);
-		s->cap_open = c1;
+		memset(s->ob + s->cap_open, 0, (c - s->cap_open) * sizeof(*s->ob));
+		s->cap_open = c;
 	}
-	if (!s->open[i]) {
-		/* A spare holds an older block's bytes past what is written:
-		 * unspecified, as a page's tokens past its length are. */
-		s->open[i] = s->n_spare ? s->spare[--s->n_spare] :
-					 calloc((size_t)s->L, s->pb);
-		s->fill[i] = calloc(s->L, sizeof(int));
-		if (!s->open[i] || !s->fill[i])
+	o = &s->ob[i];
+	if (!o->layer) {
+		o->layer = malloc((size_t)s->L * sizeof(*o->layer));
+		o->fill = calloc(s->L, sizeof(int));
+		if (!o->layer || !o->fill) {
+			oblk_free(s, o);
 			return kvmem_error(ENOMEM, "%s: out of memory for block %" PRId64, s->dir, b);
+		}
+		if (kvmem_pager_block_memory(s->p, (uint64_t)b, (void **)o->layer) < 0) {
+			/* A spare holds an older block's bytes past what is
+			 * written: unspecified, as a page's tokens past its
+			 * length are. */
+			o->own = s->n_spare ? s->spare[--s->n_spare] :
+					      malloc((size_t)s->L * s->pb);
+			if (!o->own) {
+				oblk_free(s, o);
+				return kvmem_error(ENOMEM, "%s: out of memory for block %" PRId64, s->dir, b);
+			}
+			for (int l = 0; l < s->L; l++)
+				o->layer[l] = o->own + (size_t)l * s->pb;
+		}
 	}
 	if (i >= s->n_open)
 		s->n_open = i + 1;
-	*pages = s->open[i];
-	*fill = s->fill[i];
+	*layer = o->layer;
+	*fill = o->fill;
 	return 0;
 }
 
 /* Stage out every leading open block whose layers are all full. */
 static int flush_full(struct psrc *s)
 {
-	while (s->n_open && s->open[0]) {
-		const void *layers[4096];
-		char *pages = s->open[0];
-		int *fill = s->fill[0];
+	while (s->n_open && s->ob[0].layer) {
+		struct oblk *o = &s->ob[0];
 
 		for (int l = 0; l < s->L; l++)
-			if (fill[l] < s->B)
+			if (o->fill[l] < s->B)
 				return 0;
-		for (int l = 0; l < s->L; l++)
-			layers[l] = pages + (size_t)l * s->pb;
-		if (kvmem_pager_append_block(s->p, s->first, layers, NULL) < 0)
+		if (kvmem_pager_append_block(s->p, s->first, (const void *const *)o->layer, NULL) < 0)
 			return kvmem_fail();
-		if (s->n_spare < SPARE_MAX)
-			s->spare[s->n_spare++] = pages;
-		else
-			free(pages);
-		free(fill);
-		memmove(s->open, s->open + 1, (s->cap_open - 1) * sizeof(*s->open));
-		memmove(s->fill, s->fill + 1, (s->cap_open - 1) * sizeof(*s->fill));
-		s->open[s->cap_open - 1] = NULL;
-		s->fill[s->cap_open - 1] = NULL;
+		oblk_free(s, o);
+		memmove(s->ob, s->ob + 1, (s->cap_open - 1) * sizeof(*s->ob));
+		memset(&s->ob[s->cap_open - 1], 0, sizeof(*s->ob));
 		s->n_open--;
 		s->first++;
 	}
@@ -185,7 +216,7 @@ static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void
 	struct psrc *s = ctx;
 	const size_t kw = (size_t)s->H * s->D, es_in = dtype == KVMEM_DTYPE_F32 ? 4 : 2;
 	int64_t b0, nb;
-	char **pages = NULL;
+	char ***pages = NULL;
 	int **fill = NULL, rc = -1;
 
 	if (dtype != KVMEM_DTYPE_F32 && dtype != KVMEM_DTYPE_BF16)
@@ -221,7 +252,7 @@ static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void
 		for (int j = 0; j < n; j++) {
 			const int64_t p = p0 + j;
 			const int t = (int)(p % s->B);
-			char *blk = pages[p / s->B - b0] + (size_t)l * s->pb;
+			char *blk = pages[p / s->B - b0][l];
 			const size_t row = ((size_t)l * n + j) * kw;
 
 			for (int h = 0; h < s->H; h++) {
@@ -248,7 +279,7 @@ static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 		    const float *v)
 {
 	struct psrc *s = ctx;
-	char *pages;
+	char **pages;
 	int *fill;
 
 	if (layer < 0 || layer >= s->L || t0 < 0 || n < 0 || t0 + n > s->B)
@@ -261,10 +292,10 @@ static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float 
 				 "tokens must come in order", s->dir, b, layer, t0, fill[layer]);
 	for (int h = 0; h < s->H; h++)
 		for (int j = 0; j < n; j++) {
-			char *pg = pages + (size_t)layer * s->pb;
-
-			put_at(s, pg, 0, h, t0 + j, k + ((size_t)j * s->H + h) * s->D, KVMEM_DTYPE_F32);
-			put_at(s, pg, 1, h, t0 + j, v + ((size_t)j * s->H + h) * s->D, KVMEM_DTYPE_F32);
+			put_at(s, pages[layer], 0, h, t0 + j, k + ((size_t)j * s->H + h) * s->D,
+			       KVMEM_DTYPE_F32);
+			put_at(s, pages[layer], 1, h, t0 + j, v + ((size_t)j * s->H + h) * s->D,
+			       KVMEM_DTYPE_F32);
 		}
 	fill[layer] = t0 + n;
 	return flush_full(s);
@@ -280,11 +311,10 @@ static int ps_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
 		return kvmem_error(EINVAL, "%s: bad page read: block %" PRId64 " layer %d", s->dir, b,
 				 layer);
 	if (b >= s->first) {
-		if (b - s->first >= s->n_open || !s->open[b - s->first])
+		if (b - s->first >= s->n_open || !s->ob[b - s->first].layer)
 			return kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d was never written", s->dir,
 					 b, layer);
-		kvmem_page_at(pg, s->open[b - s->first] + (size_t)layer * s->pb, s->g->dtype, s->H,
-			      s->B, s->D);
+		kvmem_page_at(pg, s->ob[b - s->first].layer[layer], s->g->dtype, s->H, s->B, s->D);
 		return 0;
 	}
 	id = kvmem_page_id(s->g, b, layer);
@@ -342,14 +372,13 @@ static void ps_destroy(void *ctx)
 {
 	struct psrc *s = ctx;
 
-	for (size_t i = 0; i < s->cap_open; i++) {
-		free(s->open[i]);
-		free(s->fill[i]);
-	}
+	/* Pool slots of open blocks are the pager's: its close gives them
+	 * back. */
+	for (size_t i = 0; i < s->cap_open; i++)
+		oblk_free(s, &s->ob[i]);
 	for (int i = 0; i < s->n_spare; i++)
 		free(s->spare[i]);
-	free(s->open);
-	free(s->fill);
+	free(s->ob);
 	free(s);
 }
 
@@ -397,19 +426,16 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 	s->first = kvmem_pager_blocks(p);
 	tail = (int)(kvmem_pager_tokens(p) % s->B);
 	if (tail) {
-		void *layers[4096];
-		char *pages;
+		char **pages;
 		int *fill;
 
 		if (open_block(s, s->first, &pages, &fill) < 0) {
 			ps_destroy(s);
 			return kvmem_fail();
 		}
-		for (int l = 0; l < s->L; l++) {
-			layers[l] = pages + (size_t)l * s->pb;
+		for (int l = 0; l < s->L; l++)
 			fill[l] = tail;
-		}
-		if (kvmem_pager_read_tail(p, layers, NULL) != tail) {
+		if (kvmem_pager_read_tail(p, (void *const *)pages, NULL) != tail) {
 			ps_destroy(s);
 			return kvmem_error_prefix("%s: restoring the partial block", dir);
 		}
@@ -438,15 +464,29 @@ static int ps_commit(void *ctx, const int32_t *ids, int64_t n, const void *app, 
 				 " full blocks staged out, %" PRId64 " are", s->dir, n, tb,
 				 s->first);
 	if (n % s->B) {
-		if (!s->n_open || !s->open[0])
+		const int t = (int)(n % s->B);
+
+		if (!s->n_open || !s->ob[0].layer)
 			return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens: the partial block was "
 					 "never written", s->dir, n);
 		for (int l = 0; l < s->L; l++) {
-			if (s->fill[0][l] != n % s->B)
+			char *pg = s->ob[0].layer[l];
+
+			if (s->ob[0].fill[l] != t)
 				return kvmem_error(EINVAL, "%s: commit of %" PRId64 " tokens: layer %d of the "
 						 "partial block holds %d", s->dir, n, l,
-						 s->fill[0][l]);
-			layers[l] = s->open[0] + (size_t)l * s->pb;
+						 s->ob[0].fill[l]);
+			/* Past the tokens, a reused slot holds another page's
+			 * bytes (in a shared pool, another workspace's): they
+			 * go to this tail file as zeros. */
+			for (int h = 0; h < 2 * s->H; h++)
+				memset(pg + ((size_t)h * s->B + t) * s->D * s->es, 0,
+				       (size_t)(s->B - t) * s->D * s->es);
+			if (s->g->dtype == KVMEM_DTYPE_FP8)	/* and their scales */
+				for (int h = 0; h < 2 * s->H; h++)
+					memset((float *)(pg + 2 * s->pf) + (size_t)h * s->B + t, 0,
+					       (size_t)(s->B - t) * sizeof(float));
+			layers[l] = pg;
 		}
 	}
 	if (n > (int64_t)have && kvmem_pager_append_tokens(s->p, ids + have, n - have) < 0)

@@ -63,6 +63,7 @@ int kvmem_workspace_open(const char *dir, const kvmem_model *m, const kvmem_work
 		po.policy = o->cache_policy;
 	if (o->stage_bytes)
 		po.stage_bytes = o->stage_bytes;
+	po.pool = o->pool;
 	kvmem_page_geom_model(&g, m, o->block ? o->block : KVMEM_BLOCK_DEFAULT);
 	if (o->dtype && o->dtype != KVMEM_DTYPE_F32 && o->dtype != KVMEM_DTYPE_BF16 &&
 	    o->dtype != KVMEM_DTYPE_F16 && o->dtype != KVMEM_DTYPE_FP8) {
