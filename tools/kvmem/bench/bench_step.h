@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvmem bench step's private header: what its files (bench_step.c, the
+ * options and the driver; bench_step_util.c, bench_step_remat.c,
+ * bench_step_steps.c, bench_step_stage.c) share: the options, the run's
+ * context, a step tier's result, the helpers and the phases.
+ */
+#ifndef KVMEM_TOOLS_BENCH_STEP_H
+#define KVMEM_TOOLS_BENCH_STEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend/backend_impl.h"
+#include "kernels/kernels.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/model.h"
+#include "kvmem/pager.h"
+#include "kvmem/store.h"
+#include "session/inspect.h"
+#include "bench_common.h"
+#include "cli_util.h"
+#include "cmd.h"
+
+#define WHO "kvmem bench step"
+#define BATCH 1024	/* pages per place() call: view.c's PLACE_BATCH */
+#define BLOCK 32
+#define MAX_LIST 8
+
+/* The step phase's tiers (--tiers). */
+enum { TIER_WARM = 1, TIER_PAGES = 2, TIER_COLD = 4 };
+
+enum { PH_CEIL = 1, PH_REMAT = 2, PH_COLDIN = 4, PH_STEP = 8, PH_DECODE = 16, PH_STAGE = 32,
+       PH_MEM = 64, PH_FITS = 128, PH_ALL = 255 };
+
+struct opts {
+	struct bench_model bm;
+	const char *dir;
+	int layers, mem_layers, steps, question, decode, chunk, only, keep, host_scoring, tiers;
+	int64_t tokens, view, remat, prefill, memory[MAX_LIST];
+	int n_memory;
+	uint64_t coldin, gpu_mem, host_cap, seed, index_mem, read_size;
+	int queue_depth;
+	int tp;			/* --tp: tensor parallel ranks; 0: off */
+};
+
+struct ctx {
+	struct opts o;
+	kvmem_model geo;	/* a geometry: the backend makes random weights */
+	kvmem_backend *b;
+	kvmem_ceilings ce;
+	size_t half, page_bytes;	/* bf16: one K (or V) half, a page */
+	double prefill_view_s;		/* the step's peer */
+	double plain_decode_tps;
+	kvmem_view *peer;		/* the view prefilled with --view tokens */
+};
+
+struct step_result {
+	double adopt_s, step_s[64], select_s[64], decode_s[64];
+	uint64_t bytes[64], nvme_pages[64], pool_hits[64], tokens[64], moved[64], src_pages[64];
+	double move_ms[64];
+	double decode_tps;
+	/* The timed decode: its per-token split (kvmem_session_stats), the
+	 * view's length when it began, and selections it forced. */
+	double dec_fwd_ms, dec_store_ms, dec_own_ms;
+	int64_t dec_view, dec_forced;
+	uint64_t mem_used;	/* the backend's device memory with the session's view */
+	int64_t entered[64];	/* blocks that entered the view at each step */
+	double select_only_s;	/* a selection that moves nothing: scoring + planning */
+	int64_t selections, entering;	/* counted by on_select */
+	int64_t device_scored;	/* selections scored on the device */
+	uint64_t index_dev, index_host;	/* the index: device copy, host arrays */
+};
+
+/* bench_step_util.c */
+const char *vs(char *buf, size_t n, double peer_s, double t_s);
+double gbps(double bytes, double s);
+uint64_t xs(uint64_t *s);
+void fill_bf16(void *dst, size_t bytes, uint64_t seed);
+void random_ids(int32_t *ids, int64_t n, int vocab, uint64_t seed);
+void rm_rf(const char *path);
+void place_delta(struct ctx *x, const kvmem_place_stats *a, kvmem_place_stats *d);
+void place_now(struct ctx *x, kvmem_place_stats *s);
+double prefill_view(struct ctx *x, kvmem_view *v, int64_t n, int chunk, float *logits);
+void geom_of(const struct ctx *x, const kvmem_model *m, kvmem_page_geom *g);
+int make_workspace(struct ctx *x, const kvmem_model *m, const char *dir, int64_t tokens,
+		   double *secs);
+double median(const double *v, int n);
+
+/* bench_step_remat.c */
+int ph_ceilings(struct ctx *x);
+int ph_remat(struct ctx *x);
+double seq_read(const char *path, uint64_t size, size_t req, int qd);
+int ph_coldin(struct ctx *x);
+int peers(struct ctx *x);
+
+/* bench_step_steps.c */
+int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t tokens,
+	     uint64_t host_cap, int steps, int do_decode, int move, struct step_result *r);
+const char *scored_where(const struct step_result *r);
+int ph_step(struct ctx *x, int phases);
+
+/* bench_step_stage.c */
+int ph_stageout(struct ctx *x);
+int ph_memory(struct ctx *x);
+int ph_fits(struct ctx *x);
+
+#endif
