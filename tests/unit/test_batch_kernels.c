@@ -35,22 +35,9 @@ static uint64_t g_seed;
 
 static uint64_t rng_for(const char *name)
 {
-	uint64_t h = g_seed;
-
-	for (const char *p = name; *p; p++)
-		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-	return h;
+	return test_rng_named(g_seed, name);
 }
 
-static float *rand_floats(uint64_t *r, size_t n, double lo, double hi)
-{
-	float *p = malloc(sizeof(float) * (n ? n : 1));
-
-	assert_non_null(p);
-	for (size_t i = 0; i < n; i++)
-		p[i] = (float)test_rng_range(r, lo, hi);
-	return p;
-}
 
 /* ---- matmul ------------------------------------------------------------- */
 
@@ -58,8 +45,10 @@ static float *rand_floats(uint64_t *r, size_t n, double lo, double hi)
  * random groups (alone among them), at thread count `threads`. */
 static void matmul_case(uint64_t *r, int n, int in, int out, const char *isa)
 {
-	float *x = rand_floats(r, (size_t)n * in, -2, 2), *w = rand_floats(r, (size_t)out * in, -1, 1);
-	float *all = rand_floats(r, (size_t)n * out, -9, 9), *part = rand_floats(r, (size_t)n * out, 7, 9);
+	float *x = test_rand_floats(r, (size_t)n * in, -2, 2);
+	float *w = test_rand_floats(r, (size_t)out * in, -1, 1);
+	float *all = test_rand_floats(r, (size_t)n * out, -9, 9);
+	float *part = test_rand_floats(r, (size_t)n * out, 7, 9);
 	int saved = omp_get_max_threads();
 
 	omp_set_num_threads(1);
@@ -149,8 +138,8 @@ static void test_attention_batch_equals_alone(void **state)
 
 			seqs[s] = (kvmem_att_seq){ .q0 = rows, .n_q = n_q, .n_kv = n_kv,
 						   .kv_stride = stride, .kv_pos = pos };
-			seqs[s].k = rand_floats(&r, (size_t)kvh * stride * d, -1, 1);
-			seqs[s].v = rand_floats(&r, (size_t)kvh * stride * d, -1, 1);
+			seqs[s].k = test_rand_floats(&r, (size_t)kvh * stride * d, -1, 1);
+			seqs[s].v = test_rand_floats(&r, (size_t)kvh * stride * d, -1, 1);
 			int32_t *qp = malloc(sizeof(int32_t) * n_q);
 
 			/* Queries at the end of their view (decode, a chunk), or
@@ -160,9 +149,9 @@ static void test_attention_batch_equals_alone(void **state)
 			seqs[s].q_pos = qp;
 			rows += n_q;
 		}
-		q = rand_floats(&r, (size_t)rows * heads * d, -1, 1);
-		out = rand_floats(&r, (size_t)rows * heads * d, 5, 6);
-		alone = rand_floats(&r, (size_t)rows * heads * d, 7, 8);
+		q = test_rand_floats(&r, (size_t)rows * heads * d, -1, 1);
+		out = test_rand_floats(&r, (size_t)rows * heads * d, 5, 6);
+		alone = test_rand_floats(&r, (size_t)rows * heads * d, 7, 8);
 		for (int s = 0; s < n_seqs; s++) {
 			const kvmem_att_seq *a = &seqs[s];
 			size_t at = (size_t)a->q0 * heads * d;
@@ -260,14 +249,14 @@ static void test_forward_batch_equals_alone(void **state)
 			size_t rows = (size_t)c.n_layers * x->n * kw;
 			size_t qrows = (size_t)c.n_layers * kvmem_fwd_q_rows(&(kvmem_fwd_out){ .q_last = x->q_last }, x->n) * qw;
 
-			x->logits = rand_floats(&r, lg, 1, 2);
-			x->logits_twin = rand_floats(&r, lg, 3, 4);
-			x->raw_k = rand_floats(&r, rows, 0, 1);
-			x->v = rand_floats(&r, rows, 0, 1);
-			x->q = rand_floats(&r, qrows, 0, 1);
-			x->raw_k_twin = rand_floats(&r, rows, 2, 3);
-			x->v_twin = rand_floats(&r, rows, 2, 3);
-			x->q_twin = rand_floats(&r, qrows, 2, 3);
+			x->logits = test_rand_floats(&r, lg, 1, 2);
+			x->logits_twin = test_rand_floats(&r, lg, 3, 4);
+			x->raw_k = test_rand_floats(&r, rows, 0, 1);
+			x->v = test_rand_floats(&r, rows, 0, 1);
+			x->q = test_rand_floats(&r, qrows, 0, 1);
+			x->raw_k_twin = test_rand_floats(&r, rows, 2, 3);
+			x->v_twin = test_rand_floats(&r, rows, 2, 3);
+			x->q_twin = test_rand_floats(&r, qrows, 2, 3);
 			x->out = (kvmem_fwd_out){ .raw_k = x->raw_k, .v = x->v, .q_raw = x->q,
 						  .q_last = x->q_last };
 			x->out_twin = (kvmem_fwd_out){ .raw_k = x->raw_k_twin, .v = x->v_twin,

@@ -33,22 +33,9 @@ static uint64_t g_seed;
 
 static uint64_t rng_for(const char *name)
 {
-	uint64_t h = g_seed;
-
-	for (const char *p = name; *p; p++)
-		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-	return h;
+	return test_rng_named(g_seed, name);
 }
 
-static float *rand_floats(uint64_t *r, size_t n, double lo, double hi)
-{
-	float *p = malloc(sizeof(float) * (n ? n : 1));
-
-	assert_non_null(p);
-	for (size_t i = 0; i < n; i++)
-		p[i] = (float)test_rng_range(r, lo, hi);
-	return p;
-}
 
 static float f32_of(uint32_t u)
 {
@@ -201,9 +188,9 @@ static void test_matmul(void **state)
 
 	for (int c = 0; c < 4; c++) {
 		int n = ns[c], in = test_rng_int(&r, 1, 300), out = test_rng_int(&r, 1, 200);
-		float *x = rand_floats(&r, (size_t)n * in, -2, 2);
-		float *w = rand_floats(&r, (size_t)out * in, -1, 1);
-		float *y = rand_floats(&r, (size_t)n * out, -9, 9);	/* overwritten */
+		float *x = test_rand_floats(&r, (size_t)n * in, -2, 2);
+		float *w = test_rand_floats(&r, (size_t)out * in, -1, 1);
+		float *y = test_rand_floats(&r, (size_t)n * out, -9, 9);	/* overwritten */
 
 		kvmem_matmul(y, x, w, n, in, out);
 		for (int i = 0; i < n; i++)
@@ -232,8 +219,8 @@ static void test_embedding_add(void **state)
 {
 	uint64_t r = rng_for("embedding");
 	int vocab = test_rng_int(&r, 5, 100), dim = test_rng_int(&r, 1, 64), n = 17;
-	float *table = rand_floats(&r, (size_t)vocab * dim, -1, 1);
-	float *out = rand_floats(&r, (size_t)n * dim, -1, 1);
+	float *table = test_rand_floats(&r, (size_t)vocab * dim, -1, 1);
+	float *out = test_rand_floats(&r, (size_t)n * dim, -1, 1);
 	int32_t ids[17];
 
 	for (int i = 0; i < n; i++)
@@ -244,7 +231,7 @@ static void test_embedding_add(void **state)
 		assert_memory_equal(out + i * dim, table + (size_t)ids[i] * dim,
 				    sizeof(float) * dim);
 
-	float *a = rand_floats(&r, 1000, -5, 5), *b = rand_floats(&r, 1000, -5, 5);
+	float *a = test_rand_floats(&r, 1000, -5, 5), *b = test_rand_floats(&r, 1000, -5, 5);
 	float *a0 = malloc(sizeof(float) * 1000);
 
 	memcpy(a0, a, sizeof(float) * 1000);
@@ -265,9 +252,9 @@ static void test_rmsnorm(void **state)
 	for (int c = 0; c < 6; c++) {
 		int n = test_rng_int(&r, 1, 9), dim = test_rng_int(&r, 1, 500);
 		float eps = c % 2 ? 1e-6f : 1e-5f;
-		float *x = rand_floats(&r, (size_t)n * dim, -3, 3);
-		float *w = rand_floats(&r, dim, 0.2, 2);
-		float *y = rand_floats(&r, (size_t)n * dim, -1, 1);
+		float *x = test_rand_floats(&r, (size_t)n * dim, -3, 3);
+		float *w = test_rand_floats(&r, dim, 0.2, 2);
+		float *y = test_rand_floats(&r, (size_t)n * dim, -1, 1);
 
 		kvmem_rmsnorm(y, x, w, n, dim, eps);
 		for (int i = 0; i < n; i++) {
@@ -298,8 +285,8 @@ static void test_swiglu(void **state)
 {
 	uint64_t r = rng_for("swiglu");
 	size_t n = 5000;
-	float *g = rand_floats(&r, n, -12, 12), *u = rand_floats(&r, n, -3, 3);
-	float *o = rand_floats(&r, n, -1, 1);
+	float *g = test_rand_floats(&r, n, -12, 12), *u = test_rand_floats(&r, n, -3, 3);
+	float *o = test_rand_floats(&r, n, -1, 1);
 
 	kvmem_swiglu(o, g, u, n);
 	for (size_t i = 0; i < n; i++) {
@@ -338,7 +325,7 @@ static void test_rope(void **state)
 		int d = dims[c], heads = test_rng_int(&r, 1, 5), n = test_rng_int(&r, 1, 40);
 		double theta = c % 2 ? 1e6 : 1e4;
 		size_t len = (size_t)n * heads * d;
-		float *x = rand_floats(&r, len, -2, 2);
+		float *x = test_rand_floats(&r, len, -2, 2);
 		float *y = malloc(sizeof(float) * len);
 		int32_t *pos = malloc(sizeof(int32_t) * n);
 		double ref[128];
@@ -381,7 +368,7 @@ static void test_rope_batch_independent(void **state)
 	uint64_t r = rng_for("rope-batch");
 	int d = 128, heads = 4, n = 37;
 	size_t row = (size_t)heads * d;
-	float *x = rand_floats(&r, n * row, -3, 3);
+	float *x = test_rand_floats(&r, n * row, -3, 3);
 	float *batch = malloc(sizeof(float) * n * row);
 	int32_t pos[37];
 
@@ -473,9 +460,9 @@ static void att_case_make(struct att_case *a, uint64_t *r, int n_q, int n_kv, in
 	a->kv_heads = kv_heads;
 	a->d = d;
 	a->stride = stride;
-	a->q = rand_floats(r, (size_t)n_q * heads * d, -2, 2);
-	a->k = rand_floats(r, (size_t)kv_heads * stride * d, -2, 2);
-	a->v = rand_floats(r, (size_t)kv_heads * stride * d, -1, 1);
+	a->q = test_rand_floats(r, (size_t)n_q * heads * d, -2, 2);
+	a->k = test_rand_floats(r, (size_t)kv_heads * stride * d, -2, 2);
+	a->v = test_rand_floats(r, (size_t)kv_heads * stride * d, -1, 1);
 	/* Slots past n_kv hold NaN: the kernel must never read them. */
 	for (int g = 0; g < kv_heads; g++)
 		for (size_t j = n_kv; j < stride; j++)
@@ -520,7 +507,7 @@ static void test_attention(void **state)
 		att_case_make(&a, &r, test_rng_int(&r, 1, 20), n_kv, geo[c][0], geo[c][1],
 			      geo[c][2], n_kv + test_rng_int(&r, 0, 40));
 		size_t on = (size_t)a.n_q * a.heads * a.d;
-		float *out = rand_floats(&r, on, -1, 1);
+		float *out = test_rand_floats(&r, on, -1, 1);
 		double *ref = malloc(sizeof(double) * on);
 
 		att_run(&a, out);
@@ -615,7 +602,7 @@ static void test_sample_greedy(void **state)
 {
 	uint64_t r = rng_for("greedy");
 	int vocab = 1000;
-	float *l = rand_floats(&r, vocab, -5, 5);
+	float *l = test_rand_floats(&r, vocab, -5, 5);
 	kvmem_sampler s = { .temperature = 0, .seed = 1 };
 	uint64_t st = kvmem_rng_seed(1), st0 = st;
 	int best = 0;
@@ -648,7 +635,7 @@ static void test_sample_deterministic(void **state)
 {
 	uint64_t r = rng_for("sample-det");
 	int vocab = 5000;
-	float *l = rand_floats(&r, vocab, -3, 3);
+	float *l = test_rand_floats(&r, vocab, -3, 3);
 	kvmem_sampler s = { .temperature = 0.8f, .top_k = 50, .top_p = 0.9f,
 			  .seed = (uint64_t)test_rng_int(&r, 0, 1 << 30) };
 	int a[64], b[64], c[64], same = 1;
@@ -776,7 +763,7 @@ static void test_sample_large_topk(void **state)
 {
 	uint64_t r = rng_for("sample-large");
 	int vocab = 3000, k = 1500;
-	float *l = rand_floats(&r, vocab, -4, 4);
+	float *l = test_rand_floats(&r, vocab, -4, 4);
 	kvmem_sampler s = { .temperature = 1.0f, .top_k = k, .seed = 7 };
 	uint64_t st = kvmem_rng_seed(7);
 	float kth;
@@ -809,7 +796,7 @@ static void test_meank(void **state)
 	int n = test_rng_int(&r, 1, 64), kvh = test_rng_int(&r, 1, 8);
 	int d = 2 * test_rng_int(&r, 1, 64);
 	size_t row = (size_t)kvh * d;
-	float *k = rand_floats(&r, n * row, -3, 3), *sum = rand_floats(&r, row, -1, 1);
+	float *k = test_rand_floats(&r, n * row, -3, 3), *sum = test_rand_floats(&r, row, -1, 1);
 	double *ref = malloc(sizeof(double) * row), *mag = malloc(sizeof(double) * row);
 
 	for (size_t e = 0; e < row; e++) {

@@ -39,11 +39,7 @@ static uint64_t g_seed;
 
 static uint64_t rng_for(const char *name)
 {
-	uint64_t h = g_seed;
-
-	for (const char *p = name; *p; p++)
-		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-	return h;
+	return test_rng_named(g_seed, name);
 }
 
 static void *xmalloc(size_t n)

@@ -55,6 +55,26 @@ int test_rng_int(uint64_t *s, int lo, int hi)
 	return lo + (int)(test_rng_uniform(s) * (hi - lo + 1));
 }
 
+uint64_t test_rng_named(uint64_t seed, const char *name)
+{
+	uint64_t h = seed;
+
+	for (const char *p = name; *p; p++)
+		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+	return h;
+}
+
+float *test_rand_floats(uint64_t *s, size_t n, double lo, double hi)
+{
+	float *p = malloc(sizeof(float) * (n ? n : 1));
+
+	if (!p)
+		abort();
+	for (size_t i = 0; i < n; i++)
+		p[i] = (float)test_rng_range(s, lo, hi);
+	return p;
+}
+
 const char *test_backend_name(void)
 {
 	const char *name = getenv("KVMEM_TEST_BACKEND");

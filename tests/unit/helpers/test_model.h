@@ -6,6 +6,7 @@
 #ifndef KVMEM_TEST_MODEL_H
 #define KVMEM_TEST_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvmem/model.h"
@@ -19,6 +20,12 @@ uint64_t test_rng_next(uint64_t *s);
 double test_rng_uniform(uint64_t *s);
 double test_rng_range(uint64_t *s, double lo, double hi);
 int test_rng_int(uint64_t *s, int lo, int hi);
+/* A stream of its own for each named case under one seed (FNV-1a of the
+ * name over the seed), so a case's inputs do not shift when others change. */
+uint64_t test_rng_named(uint64_t seed, const char *name);
+/* n floats uniform in [lo, hi) from stream s, malloc'd (aborts when out of
+ * memory: a test cannot go on without its inputs). */
+float *test_rand_floats(uint64_t *s, size_t n, double lo, double hi);
 
 /* The backend under test: $KVMEM_TEST_BACKEND, "cpu" when unset or empty
  * (the same checks run on every backend through its ops). */
