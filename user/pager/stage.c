@@ -447,6 +447,24 @@ static uint32_t run_count(const kvmem_pager *p, const uint32_t *sl)
 	return n;
 }
 
+/* Block `block`'s index record and checksums, appended beside its pages
+ * (either path of append_block); a failure marks the pager's writes failed. */
+static void write_records(kvmem_pager *p, uint64_t block, const void *index,
+			  const uint64_t *sums)
+{
+	size_t L = p->g.n_layers, ib = p->g.index_bytes;
+	struct ws_store *ws = p->ws;
+	int rc;
+
+	if (!p->write_failed && ib && (rc = ws->ops->write(ws, WS_INDEX, index, ib, block * ib)) < 0)
+		pager_fail_write(p, -rc, "%s/index: cannot append the record of block %" PRIu64 ": %s",
+				 p->dir, block, ws_strerror(ws, -rc));
+	if (!p->write_failed &&
+	    (rc = ws->ops->write(ws, WS_SUMS, sums, (L + 1) * 8, block * p->sums_rec)) < 0)
+		pager_fail_write(p, -rc, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
+				 p->dir, block, ws_strerror(ws, -rc));
+}
+
 /* Block `block`'s pages are in its pool slots (resv i): checksums, then
  * they join the pool pinned and are written from there. */
 static int append_in_pool(kvmem_pager *p, uint64_t block, int i, const void *index)
@@ -454,9 +472,7 @@ static int append_in_pool(kvmem_pager *p, uint64_t block, int i, const void *ind
 	size_t L = p->g.n_layers, ib = p->g.index_bytes, pad = p->page_stride - p->page_bytes;
 	uint32_t *sl = p->resv[i].slot;
 	uint64_t *sums = p->sums + block * (L + 1);
-	struct ws_store *ws = p->ws;
 	struct pool_out *po;
-	int rc;
 
 	if (p->n_pout == p->cap_pout) {
 		int cap = p->cap_pout ? 2 * p->cap_pout : 64;
@@ -493,13 +509,7 @@ static int append_in_pool(kvmem_pager *p, uint64_t block, int i, const void *ind
 	/* The slots are the pages' now; the list goes with the writes. */
 	p->resv[i] = p->resv[--p->n_resv];
 
-	if (!p->write_failed && ib && (rc = ws->ops->write(ws, WS_INDEX, index, ib, block * ib)) < 0)
-		pager_fail_write(p, -rc, "%s/index: cannot append the record of block %" PRIu64 ": %s",
-				 p->dir, block, ws_strerror(ws, -rc));
-	if (!p->write_failed &&
-	    (rc = ws->ops->write(ws, WS_SUMS, sums, (L + 1) * 8, block * p->sums_rec)) < 0)
-		pager_fail_write(p, -rc, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
-				 p->dir, block, ws_strerror(ws, -rc));
+	write_records(p, block, index, sums);
 	if (p->write_failed) {
 		/* Pinned for good, as a failed write leaves them; the index
 		 * record is kept in memory. */
@@ -533,8 +543,7 @@ static int append_block(kvmem_pager *p, uint64_t block, const void *const *layer
 	size_t L = p->g.n_layers, ib = p->g.index_bytes;
 	uint64_t *sums;
 	uint8_t *ext;
-	struct ws_store *ws = p->ws;
-	int slot, i, rc;
+	int slot, i;
 
 	if (p->rdonly)
 		return kvmem_error(EINVAL, "%s: opened read-only", p->dir);
@@ -574,13 +583,7 @@ static int append_block(kvmem_pager *p, uint64_t block, const void *const *layer
 	for (size_t l = 0; l < L; l++)
 		p->pt[block * L + l].flags |= KVMEM_PTE_DIRTY;
 
-	if (!p->write_failed && ib && (rc = ws->ops->write(ws, WS_INDEX, index, ib, block * ib)) < 0)
-		pager_fail_write(p, -rc, "%s/index: cannot append the record of block %" PRIu64 ": %s",
-				 p->dir, block, ws_strerror(ws, -rc));
-	if (!p->write_failed &&
-	    (rc = ws->ops->write(ws, WS_SUMS, sums, (L + 1) * 8, block * p->sums_rec)) < 0)
-		pager_fail_write(p, -rc, "%s/sums: cannot append the checksums of block %" PRIu64 ": %s",
-				 p->dir, block, ws_strerror(ws, -rc));
+	write_records(p, block, index, sums);
 	if (p->write_failed) {
 		orphan_keep(p, block, ext, index);
 	} else {
