@@ -98,6 +98,12 @@ int kvmem_cuda_add(kvmem_cuda_ctx *c, float *y, const float *x, size_t n);
  * algorithm for each shape is chosen once and kept in the context. */
 int kvmem_cuda_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
 			 const uint16_t *w, int n, int in, int out);
+/* n rows (a batched decode step), row b with the bits kvmem_cuda_gemm_bf16
+ * gives x[b] alone (n == 1: the GEMV), read once for up to 8 rows
+ * (gemv.cu); -ENOTSUP where the lone row would not take the GEMV (in % 8,
+ * alignment, "gemv" off). */
+int kvmem_cuda_gemv_rows_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
+			      const uint16_t *w, int n, int in, int out);
 int kvmem_cuda_logits_bf16(kvmem_cuda_ctx *c, float *logits, const float *x,
 			   const uint16_t *norm_w, const uint16_t *lm_head, uint16_t *tmp, int n,
 			   int hidden, int vocab, float eps);
