@@ -25,9 +25,9 @@
  * price is CUDA-core GEMMs (Documentation/benchmarks.md, #26).
  *
  * Taken only when it can give those bits: every item one token, the main
- * decode attention v5, the GEMV on, n <= the chunk size; otherwise -ENOTSUP
- * and the session runs the items one by one (user/session/batch.c), as it
- * does for prefill chunks. KVMEM_CUDA_BATCH=0 (read at the first call)
+ * decode attention v5, the GEMV on (items go in passes of at most the
+ * chunk size); otherwise -ENOTSUP and the session runs the items one by
+ * one (user/session/batch.c), as it does for prefill chunks. KVMEM_CUDA_BATCH=0 (read at the first call)
  * turns it off, for comparisons.
  */
 #include <math.h>
@@ -265,22 +265,16 @@ static int outputs(struct cuda *b, const kvmem_fwd_item *items, int n)
 	return 0;
 }
 
-int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
+/* One pass over n <= max_chunk checked items. */
+static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 {
-	struct cuda *b = ctx;
 	const kvmem_config *c = b->c;
 	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
-	struct cuda_fwdb *f;
+	struct cuda_fwdb *f = b->fwdb;
 	int32_t *ids;
 	kvmem_scatter_item *sc;
 	int rc, want_out = 0, any_logits = 0;
 
-	if (n <= 0 || n > b->max_chunk)
-		return kvmem_error(ENOTSUP, "cuda batched forward: %d items (1..%d)", n,
-				   b->max_chunk);
-	if ((rc = room(b, n)) < 0 || (rc = check(b, items, n)) < 0)
-		return rc;
-	f = b->fwdb;
 	for (int i = 0; i < n; i++) {
 		want_out |= wants_out(items[i].out);
 		any_logits |= items[i].logits != NULL;
@@ -333,5 +327,24 @@ int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 			       (size_t)c->vocab * sizeof(float));
 		items[i].v->len += 1;
 	}
+	return 0;
+}
+
+/* More items than a chunk's rows go in passes of max_chunk items: an
+ * item's bits do not depend on its pass. Every item is checked first, so
+ * a wrong one fails the call with nothing changed. */
+int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
+{
+	struct cuda *b = ctx;
+	const int C = b->max_chunk;
+	int rc;
+
+	if (n <= 0)
+		return kvmem_error(EINVAL, "cuda batched forward: %d items", n);
+	if ((rc = room(b, n < C ? n : C)) < 0 || (rc = check(b, items, n)) < 0)
+		return rc;
+	for (int s = 0; s < n; s += C)
+		if ((rc = pass(b, items + s, n - s < C ? n - s : C)) < 0)
+			return rc;
 	return 0;
 }
