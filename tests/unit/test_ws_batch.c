@@ -62,7 +62,7 @@ static int64_t g_batched;
 
 static int counting_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 {
-	int rc = g_real->forward_batch(ctx, items, n);
+	int rc = g_real->forward_batch ? g_real->forward_batch(ctx, items, n) : -ENOTSUP;
 
 	g_batched += rc == 0 && n > 1;
 	return rc;
