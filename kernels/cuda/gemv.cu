@@ -381,6 +381,28 @@ int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const flo
  * CUDA cores, fp32: the price of the same bits as the lone decode (tensor
  * cores sum in another order), Documentation/benchmarks.md (#26).
  */
+/* A chunk's 8 bf16 as fp32, in dot8's order: element 2t of word t (its
+ * low half), then 2t + 1 (its high half). */
+__device__ __forceinline__ void unpack8(float *f, uint4 a)
+{
+	const uint32_t x[4] = { a.x, a.y, a.z, a.w };
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		f[2 * i] = __uint_as_float(x[i] << 16);
+		f[2 * i + 1] = __uint_as_float(x[i] & 0xffff0000u);
+	}
+}
+
+/* dot8 on widened chunks: the same fmaf sequence, so the same bits. */
+__device__ __forceinline__ float dot8f(const float *w, const float *x, float acc)
+{
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		acc = fmaf(w[i], x[i], acc);
+	return acc;
+}
+
 template <int NB>
 __global__ void __launch_bounds__(32 * GEMV_WARPS)
 gemv_rows_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out, int ks,
@@ -414,18 +436,21 @@ gemv_rows_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in
 		}
 #pragma unroll 2
 		for (int c = lo + lane; c < hi; c += 32) {
-			uint4 wv[GEMV_ROWS];
+			float wf[GEMV_ROWS][8];
 
+			/* Widened once per chunk and row, not once per x row:
+			 * dot8's fused multiply-adds in dot8's order (dot8f). */
 #pragma unroll
 			for (int r = 0; r < GEMV_ROWS; r++)
-				wv[r] = __ldg(w0 + roff[r] + c);
+				unpack8(wf[r], __ldg(w0 + roff[r] + c));
 #pragma unroll
 			for (int bb = 0; bb < NB; bb++) {
-				const uint4 xx = __ldg(xb[bb] + c);
+				float xf[8];
 
+				unpack8(xf, __ldg(xb[bb] + c));
 #pragma unroll
 				for (int r = 0; r < GEMV_ROWS; r++)
-					acc[bb][r] = dot8(wv[r], xx, acc[bb][r]);
+					acc[bb][r] = dot8f(wf[r], xf, acc[bb][r]);
 			}
 		}
 #pragma unroll
