@@ -188,6 +188,11 @@ static void expect_same_state(const struct pair *p, int i)
 	const kvmem_plan *pa = kvmem_session_plan(p->s), *pb = kvmem_session_plan(p->t);
 	kvmem_session_stats sa, sb;
 
+	/* A backend with no host view (cuda): its views are judged by the
+	 * logits they gave every round. */
+	assert_true(!a == !b);
+	if (!a && strcmp(test_backend_name(), "cpu"))
+		goto plan;
 	assert_non_null(a);
 	assert_int_equal(a->len, b->len);
 	for (int l = 0; l < a->n_layers; l++)
@@ -197,6 +202,7 @@ static void expect_same_state(const struct pair *p, int i)
 			    memcmp(kvmem_kv_v(a, l, h, 0), kvmem_kv_v(b, l, h, 0),
 				   sizeof(float) * a->len * a->head_dim))
 				fail_msg("session %d: its view differs from its twin's (layer %d)", i, l);
+plan:
 	assert_int_equal(pa->n_view, pb->n_view);
 	assert_int_equal(pa->n_sets, pb->n_sets);
 	if (pa->n_view)
