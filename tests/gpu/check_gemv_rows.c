@@ -38,7 +38,9 @@ static void rows_case(int n, int in, int out, int mode)
 		kvmem_cuda_free(dy);
 		dy = dput(y0, yb);
 	} else {
-		cudaMemset(dy, 0xff, yb);
+		/* on the ops' stream, ahead of the lone calls */
+		if (cudaMemsetAsync(dy, 0xff, yb, (cudaStream_t)kvmem_cuda_stream(g_c)) != cudaSuccess)
+			die("poison");
 	}
 	for (int b = 0; b < n; b++)
 		if (kvmem_cuda_gemm_bf16(g_c, (char *)dy + (size_t)b * out * ysize(mode), mode,
