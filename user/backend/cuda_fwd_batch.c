@@ -4,8 +4,10 @@
  * each of n conversations, each on its own view, in one pass. Per layer:
  *
  *   h = rmsnorm(x[0..n))          qkv = h.[Wq;Wk;Wv]      one GEMM, n rows
- *   per item: q/k norm + rope, K and V into its own view (the lone
- *             forward's kernel on its row: its slot, its view)
+ *   q/k norm + rope, each row's K and V into its own view: the lone
+ *             forward's fused kernel, one launch, a view and item per row
+ *             (kvmem_cuda_qk_norm_rope_scatter_rows_bf16; a launch per
+ *             item when "fuse" is off)
  *   att = attention of every item over its own view   one launch
  *             (kvmem_cuda_attention_batch: the v5 decode kernel, a CTA
  *             per split, KV head and item)
@@ -46,17 +48,31 @@
 struct cuda_fwdb {
 	int rows;		/* room for this many items */
 	int off;		/* KVMEM_CUDA_BATCH=0 */
+	int per_item;		/* the q/k kernel a launch per item ("fuse" off) */
 	uint16_t *qkv;		/* [rows][qw + 2 kw] */
 	double *ang;		/* [rows][head_dim / 2] (cos, sin) */
-	/* inputs: [ids: rows][pos: rows][items: rows][L], device and pinned */
+	/* inputs: [ids: rows][pos: rows][items: rows][L][views: L][rows],
+	 * device and pinned */
 	char *in, *host_in;
 	float *logits, *host_logits;	/* [rows][vocab] */
 	kvmem_cuda_att_seq *seqs;	/* host [rows] */
 };
 
+static size_t items_off(int rows)
+{
+	return (size_t)rows * 8;
+}
+
+static size_t views_off(const struct cuda *b, int rows)
+{
+	size_t at = items_off(rows) + (size_t)rows * b->c->n_layers * sizeof(kvmem_scatter_item);
+
+	return (at + 15) & ~(size_t)15;
+}
+
 static size_t in_bytes(const struct cuda *b, int rows)
 {
-	return (size_t)rows * 8 + (size_t)rows * b->c->n_layers * sizeof(kvmem_scatter_item);
+	return views_off(b, rows) + (size_t)rows * b->c->n_layers * sizeof(kvmem_qk_view);
 }
 
 void cuda_fwdb_destroy(struct cuda *b)
@@ -168,7 +184,8 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 	const int ld = b->qw + 2 * b->kw;
 	const float scale = (float)(1.0 / sqrt((double)D));
 	const int32_t *pos = (const int32_t *)f->in + n;
-	const kvmem_scatter_item *sc = (const kvmem_scatter_item *)(f->in + (size_t)n * 8);
+	const kvmem_scatter_item *sc = (const kvmem_scatter_item *)(f->in + items_off(n));
+	const kvmem_qk_view *views = (const kvmem_qk_view *)(f->in + views_off(b, n));
 	uint16_t *oq = b->oq + (size_t)l * n * b->qw, *ok = b->ok + (size_t)l * n * b->kw;
 	uint16_t *ov = b->ov + (size_t)l * n * b->kw;
 	int rc;
@@ -176,11 +193,23 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)) ||
 	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->qkv, KVMEM_GEMM_BF16, b->h, w->wq, n, H, ld)))
 		return rc;
+	/* The q/k kernel over every row, each into its own view: one launch
+	 * (the fused kernel), else one per item (the lone call's path). */
+	if (!f->per_item) {
+		rc = kvmem_cuda_qk_norm_rope_scatter_rows_bf16(
+			b->ctx, f->qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
+			c->rms_eps, pos, c->rope_theta, b->q, want_out ? oq : NULL,
+			want_out ? ok : NULL, want_out ? ov : NULL, views + (size_t)l * n, L, f->ang);
+		if (rc == -ENOTSUP)
+			f->per_item = 1;
+		else if (rc)
+			return rc;
+	}
 	for (int i = 0; i < n; i++) {
 		kvmem_view *v = items[i].v;
 		const size_t vl = (size_t)c->n_kv_heads * v->cap * D;
 
-		if ((rc = kvmem_cuda_qk_norm_rope_scatter_bf16(
+		if (f->per_item && (rc = kvmem_cuda_qk_norm_rope_scatter_bf16(
 			     b->ctx, f->qkv + (size_t)i * ld, ld, w->q_norm, w->k_norm, 1, c->n_heads,
 			     c->n_kv_heads, D, c->rms_eps, pos + i, c->rope_theta,
 			     b->q + (size_t)i * b->qw, want_out ? oq + (size_t)i * b->qw : NULL,
@@ -273,6 +302,7 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	struct cuda_fwdb *f = b->fwdb;
 	int32_t *ids;
 	kvmem_scatter_item *sc;
+	kvmem_qk_view *qv;
 	int rc, want_out = 0, any_logits = 0;
 
 	for (int i = 0; i < n; i++) {
@@ -283,7 +313,8 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	 * lone forward's: its token at slot len, from its qkv row). The
 	 * previous call synchronised: the pinned buffer is free. */
 	ids = (int32_t *)f->host_in;
-	sc = (kvmem_scatter_item *)(f->host_in + (size_t)n * 8);
+	sc = (kvmem_scatter_item *)(f->host_in + items_off(n));
+	qv = (kvmem_qk_view *)(f->host_in + views_off(b, n));
 	for (int i = 0; i < n; i++) {
 		ids[i] = items[i].tokens[0];
 		ids[n + i] = (int32_t)items[i].v->len;
@@ -291,6 +322,12 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 			sc[(size_t)i * L + l] = (kvmem_scatter_item){
 				.layer = l, .slot = (int32_t)items[i].v->len, .n = 1,
 				.tok_stride = ld, .src = 0, .head_stride = c->head_dim };
+		for (int l = 0; l < L; l++)	/* the device's items, above */
+			qv[(size_t)l * n + i] = (kvmem_qk_view){
+				.k = items[i].v->k, .v = items[i].v->v, .rk = items[i].v->rk,
+				.item = (const kvmem_scatter_item *)(f->in + items_off(n)) +
+					(size_t)i * L + l,
+				.cap = (int)items[i].v->cap };
 	}
 	if (cudaMemcpyAsync(f->in, f->host_in, in_bytes(b, n), cudaMemcpyHostToDevice,
 			    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
