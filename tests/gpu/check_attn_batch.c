@@ -208,6 +208,7 @@ void check_attn_batch(void)
 	       kvmem_cuda_attention_batch(g_c, &dummy, &dummy, NULL, 0, 8, 2, 64, 1.0f) == 0,
 	       "bad shapes refused (heads 8/3, head_dim 48); no sequences: nothing to do");
 	check_gemv_rows();
+	check_qk_rows();
 }
 
 /* ---- timing --------------------------------------------------------------- */
