@@ -510,12 +510,12 @@ int kvmem_cuda_gemv_rows_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16
 				   "GEMV", in);
 	if (!n)
 		return 0;
+	if (n == 1)	/* the lone row's own GEMV (more loads in flight) */
+		return kvmem_cuda_gemv_bf16(c, y, mode, x, w, in, out);
 	const int ks = c->gemv_split ? gemv_splits(c, in, out) : 1;
 	const int rows = GEMV_WARPS / ks * GEMV_ROWS, blocks = (out + rows - 1) / rows;
 
-	if (n <= 1)
-		gemv_rows_kernel<1><<<blocks, 32 * GEMV_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
-	else if (n <= 2)
+	if (n <= 2)
 		gemv_rows_kernel<2><<<blocks, 32 * GEMV_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
 	else if (n <= 4)
 		gemv_rows_kernel<4><<<blocks, 32 * GEMV_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
