@@ -26,10 +26,11 @@
  * SwiGLU and the attention split per row or per item, never by n. So the
  * price is CUDA-core GEMMs (Documentation/benchmarks.md, #26).
  *
- * Taken only when it can give those bits: every item one token, the main
- * decode attention v5, the GEMV on (items go in passes of at most the
- * chunk size); otherwise -ENOTSUP and the session runs the items one by
- * one (user/session/batch.c), as it does for prefill chunks. KVMEM_CUDA_BATCH=0 (read at the first call)
+ * Taken only when it can give those bits: the main decode attention v5,
+ * the GEMV on (decode items go in passes of at most the chunk size);
+ * otherwise -ENOTSUP and the session runs the items one by one
+ * (user/session/batch.c). Prefill chunks in a batch run through the lone
+ * forward, one after another, and the decode items beside them batched. KVMEM_CUDA_BATCH=0 (read at the first call)
  * turns it off, for comparisons.
  */
 #include <math.h>
@@ -157,19 +158,26 @@ static int check(struct cuda *b, const kvmem_fwd_item *items, int n)
 	for (int i = 0; i < n; i++) {
 		const kvmem_fwd_item *it = &items[i];
 
-		if (it->n != 1)
-			return kvmem_error(ENOTSUP, "cuda batched forward: item %d runs %d tokens "
-					   "(decode items only)", i, it->n);
-		if (it->tokens[0] < 0 || it->tokens[0] >= c->vocab)
-			return kvmem_error(EINVAL, "cuda forward: token %d of item %d is outside the "
-					   "vocabulary (0..%d)", it->tokens[0], i, c->vocab - 1);
-		if (it->v->len + 1 > it->v->cap)
+		/* What cuda_forward() would refuse, refused before anything
+		 * runs (its items run through it: see cuda_forward_batch). */
+		if (it->n <= 0 || it->n > b->max_chunk)
+			return kvmem_error(EINVAL, "cuda forward: item %d runs %d tokens; the backend "
+					   "takes 1..%d", i, it->n, b->max_chunk);
+		for (int t = 0; t < it->n; t++)
+			if (it->tokens[t] < 0 || it->tokens[t] >= c->vocab)
+				return kvmem_error(EINVAL, "cuda forward: token %d at index %d of item %d "
+						   "is outside the vocabulary (0..%d)", it->tokens[t], t,
+						   i, c->vocab - 1);
+		if (it->v->len + it->n > it->v->cap)
 			return kvmem_error(EINVAL, "cuda forward: item %d's view holds %lld of %lld "
-					   "slots, no room for one more", i, (long long)it->v->len,
-					   (long long)it->v->cap);
+					   "slots, no room for %d more", i, (long long)it->v->len,
+					   (long long)it->v->cap, it->n);
 		if (it->out && it->out->q_last < 0)
 			return kvmem_error(EINVAL, "cuda forward: item %d: q_last %d is negative", i,
 					   it->out->q_last);
+		if (it->n > 1 && it->out && !it->out->raw_k_bf16 != !it->out->v_bf16)
+			return kvmem_error(ENOTSUP, "cuda batched forward: item %d: typed rows of "
+					   "raw K or V alone", i);
 	}
 	return 0;
 }
@@ -367,21 +375,34 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	return 0;
 }
 
-/* More items than a chunk's rows go in passes of max_chunk items: an
- * item's bits do not depend on its pass. Every item is checked first, so
- * a wrong one fails the call with nothing changed. */
+/*
+ * Items of more than one token (prefill chunks) run through cuda_forward()
+ * one after another; the decode items then go in passes of at most
+ * max_chunk items (an item's bits depend on neither). Every item is
+ * checked first, so a wrong one fails the call with nothing changed.
+ */
 int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 {
 	struct cuda *b = ctx;
 	const int C = b->max_chunk;
-	int rc;
+	kvmem_fwd_item *dec;
+	int rc = 0, m = 0;
 
 	if (n <= 0)
 		return kvmem_error(EINVAL, "cuda batched forward: %d items", n);
 	if ((rc = room(b, n < C ? n : C)) < 0 || (rc = check(b, items, n)) < 0)
 		return rc;
-	for (int s = 0; s < n; s += C)
-		if ((rc = pass(b, items + s, n - s < C ? n - s : C)) < 0)
-			return rc;
-	return 0;
+	if (!(dec = malloc(sizeof(*dec) * (size_t)n)))
+		return kvmem_error(ENOMEM, "cuda batched forward: out of memory for %d items", n);
+	for (int i = 0; i < n; i++)
+		if (items[i].n == 1)
+			dec[m++] = items[i];
+	for (int i = 0; i < n && !rc; i++)
+		if (items[i].n > 1)
+			rc = cuda_forward(ctx, items[i].v, items[i].tokens, items[i].n, items[i].logits,
+					  items[i].all_logits, items[i].out);
+	for (int s = 0; s < m && !rc; s += C)
+		rc = pass(b, dec + s, m - s < C ? m - s : C);
+	free(dec);
+	return rc < 0 ? rc : 0;
 }
