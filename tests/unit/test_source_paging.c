@@ -9,6 +9,9 @@
  *     source's region is the host pool and holds every fetched page;
  *   - typed rows: a forward pass's rows of every layer in one write_rows
  *     call (bf16, or f32) give the pages fp32 rows give through write;
+ *   - rows a backend writes into the pages itself (row_pages, then
+ *     write_rows with no rows), the pages asked a chunk ahead of the
+ *     rows' count as the session's writer thread lags: the same pages;
  *   - one format: a workspace keeps the dtype it was created with whatever
  *     a later open asks (f32 from the CPU opens as f32 when bf16 is asked,
  *     bf16 opens as bf16 by default), and a session adopts it either way;
@@ -28,6 +31,7 @@
 
 #include "backend/backend_impl.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "session/inspect.h"
@@ -278,6 +282,109 @@ static void test_typed_rows(void **state)
 	free(v16);
 	free(k32);
 	free(v32);
+}
+
+/*
+ * Pages a backend writes itself: row_pages gives every layer's page of a
+ * chunk's blocks (in the host pool), the chunk's rows go there (by
+ * kvmem_rows_to_pages_bf16, the twin of the cuda backend's copy), then
+ * write_rows(NULL, NULL) counts them in. Asked as a session asks them: a
+ * chunk's pages before the rows of the chunk before are counted in (the
+ * writer thread lags a forward behind), chunks of any size over block
+ * boundaries. The pages equal those of write_rows with the rows; the
+ * staged-out blocks sit in the pool with their checksums (verify reads
+ * them). An f32 workspace refuses (-ENOTSUP); no rows in an f32 one too.
+ */
+static void test_row_pages(void **state)
+{
+	uint64_t rng = g_seed ^ 0x9a6e;
+	const int L = test_rng_int(&rng, 1, 3), H = test_rng_int(&rng, 1, 3), D = 32, B = 16;
+	const int n = test_rng_int(&rng, 5 * B + 1, 9 * B - 1), w = H * D;
+	const kvmem_page_geom g = { .fingerprint = 0x9a6e, .n_layers = L, .n_heads = H,
+				    .n_kv_heads = H, .head_dim = D, .block_tokens = B };
+	uint16_t *k16 = malloc(2 * (size_t)L * n * w), *v16 = malloc(2 * (size_t)L * n * w);
+	void **pages = malloc(sizeof(void *) * (size_t)L * 4);	/* a chunk spans <= 4 blocks */
+	kvmem_page_source src[3];
+	kvmem_pager *p[3];
+	char tmp[256], dir[300];
+	int64_t pend_t = -1;
+	int pend_m = 0;
+
+	assert_true(k16 && v16 && pages);
+	for (size_t i = 0; i < (size_t)L * n * w; i++) {
+		k16[i] = kvmem_f32_to_bf16((float)test_rng_range(&rng, -4, 4));
+		v16[i] = kvmem_f32_to_bf16((float)test_rng_range(&rng, -4, 4));
+	}
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "row-pages"), 0);
+	/* 0: write_rows of the rows (the reference); 1: row_pages; 2: f32. */
+	for (int k = 0; k < 3; k++) {
+		snprintf(dir, sizeof(dir), "%s/%d", tmp, k);
+		p[k] = rows_pager(dir, &g, k == 2 ? KVMEM_DTYPE_F32 : KVMEM_DTYPE_BF16, &src[k]);
+	}
+	assert_non_null(src[1].ops->row_pages);
+	assert_int_equal(src[2].ops->row_pages(src[2].ctx, 0, B, pages), -ENOTSUP);
+	assert_int_equal(src[2].ops->write_rows(src[2].ctx, 0, B, NULL, NULL, KVMEM_DTYPE_BF16),
+			 -EINVAL);
+	for (int t = 0; t < n;) {
+		int m = test_rng_int(&rng, 1, 2 * B + 3);
+		int nb;
+		uint16_t *ck, *cv;
+
+		m = m < n - t ? m : n - t;
+		nb = (t % B + m - 1) / B + 1;
+		ck = malloc(2 * (size_t)L * m * w);
+		cv = malloc(2 * (size_t)L * m * w);
+		assert_true(ck && cv);
+		for (int l = 0; l < L; l++) {
+			memcpy(ck + (size_t)l * m * w, k16 + ((size_t)l * n + t) * w, 2 * (size_t)m * w);
+			memcpy(cv + (size_t)l * m * w, v16 + ((size_t)l * n + t) * w, 2 * (size_t)m * w);
+		}
+		assert_int_equal(src[0].ops->write_rows(src[0].ctx, t, m, ck, cv, KVMEM_DTYPE_BF16), 0);
+		/* This chunk's pages, then the chunk before is counted in. */
+		assert_int_equal(src[1].ops->row_pages(src[1].ctx, t, m, pages), 0);
+		for (int l = 0; l < L; l++)
+			kvmem_rows_to_pages_bf16(pages + (size_t)l * nb, t % B, m,
+						 ck + (size_t)l * m * w, cv + (size_t)l * m * w, H, B, D);
+		if (pend_m)
+			assert_int_equal(src[1].ops->write_rows(src[1].ctx, pend_t, pend_m, NULL, NULL,
+								 KVMEM_DTYPE_BF16), 0);
+		pend_t = t;
+		pend_m = m;
+		free(ck);
+		free(cv);
+		t += m;
+	}
+	assert_int_equal(src[1].ops->write_rows(src[1].ctx, pend_t, pend_m, NULL, NULL,
+						 KVMEM_DTYPE_BF16), 0);
+	/* Every full block staged out, as with the rows. */
+	assert_int_equal(kvmem_pager_blocks(p[1]), n / B);
+	assert_int_equal(kvmem_pager_blocks(p[0]), n / B);
+	for (int b = 0; b * B < n; b++)
+		for (int l = 0; l < L; l++) {
+			const int len = n - b * B < B ? n - b * B : B;
+			kvmem_page ref, got;
+
+			assert_int_equal(src[0].ops->get(src[0].ctx, b, l, &ref), 0);
+			assert_int_equal(src[1].ops->get(src[1].ctx, b, l, &got), 0);
+			for (int h = 0; h < H; h++) {
+				size_t o = (size_t)h * B * D * 2;
+
+				assert_memory_equal((const char *)got.k + o, (const char *)ref.k + o,
+						    len * D * 2);
+				assert_memory_equal((const char *)got.v + o, (const char *)ref.v + o,
+						    len * D * 2);
+			}
+			src[1].ops->put(src[1].ctx, b, l);
+			src[0].ops->put(src[0].ctx, b, l);
+		}
+	for (int k = 0; k < 3; k++) {
+		kvmem_page_source_destroy(&src[k]);
+		assert_int_equal(kvmem_pager_close(p[k]), 0);
+	}
+	test_tmpdir_remove(tmp);
+	free(k16);
+	free(v16);
+	free(pages);
 }
 
 static void test_one_format(void **state)
@@ -545,6 +652,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bf16_pages),
 		cmocka_unit_test(test_typed_rows),
+		cmocka_unit_test(test_row_pages),
 		cmocka_unit_test(test_one_format),
 		cmocka_unit_test(test_registration),
 		cmocka_unit_test(test_backend_cache),

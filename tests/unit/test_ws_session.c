@@ -16,6 +16,10 @@
  *  - Tokens moved inside the view on the backend (from the raw K it keeps)
  *    give the bits of placing them from their pages; a step reads from the
  *    page source only the pages of the blocks that entered.
+ *  - Over a bf16 workspace, pages a backend writes itself (page_rows: the
+ *    cuda backend's copies into the pinned pool) are the pages made from
+ *    its rows on the host (KVMEM_PAGE_ROWS=0): every logit, every page,
+ *    the checksums verify.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -27,8 +31,10 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
+#include "kvmem/store.h"
 #include "session/inspect.h"
 #include "helpers/test_model.h"
+#include "helpers/test_tmpdir.h"
 
 static uint64_t g_seed;
 
@@ -1093,6 +1099,138 @@ static void test_moves_equal_pages(void **state)
 	}
 }
 
+/* One scripted session over a new bf16 workspace in dir, committed; rows
+ * 0: KVMEM_PAGE_ROWS=0 (pages made from rows on the host). Its tokens. */
+static int64_t pages_run(kvmem_backend *e, const kvmem_config *c, const struct op *ops, int n_ops,
+		      int32_t *const *tok, const struct run_cfg *rc, const char *dir, int rows,
+		      struct rec *r)
+{
+	int64_t n;
+	kvmem_workspace_opts wo = { .block = rc->block, .dtype = KVMEM_DTYPE_BF16 };
+	kvmem_session_opts o;
+	kvmem_workspace *w;
+	kvmem_session *s;
+	int32_t out[64];
+
+	if (kvmem_workspace_open(dir, e->model, &wo, &w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	kvmem_session_opts_default(&o);
+	o.block = rc->block;
+	o.chunk = rc->chunk;
+	o.policy = rc->policy;
+	o.budget = rc->budget;
+	o.source = kvmem_workspace_source(w);
+	o.on_forward = rec_forward;
+	o.arg = r;
+	if (!rows)
+		setenv("KVMEM_PAGE_ROWS", "0", 1);
+	s = kvmem_session_create(e, &o);
+	unsetenv("KVMEM_PAGE_ROWS");
+	assert_non_null(s);
+	for (int i = 0; i < n_ops; i++) {
+		if (ops[i].kind == 0)
+			assert_int_equal(kvmem_session_append(s, tok[i], ops[i].n, 0), 0);
+		else if (ops[i].kind == 1)
+			assert_int_equal(kvmem_session_select(s) ||
+					 kvmem_session_decode(s, ops[i].n < 64 ? ops[i].n : 64, NULL, out),
+					 0);
+	}
+	assert_int_equal(kvmem_session_select(s), 0);
+	if (kvmem_workspace_commit(w, s) < 0)
+		fail_msg("%s", kvmem_last_error());
+	n = kvmem_session_tokens(s);
+	kvmem_session_free(s);
+	assert_int_equal(kvmem_workspace_close(w), 0);
+	return n;
+}
+
+/* Every page of two committed workspaces of n tokens: the same tokens. */
+static void pages_equal(const char *a, const char *b, const kvmem_model *m, int B, int64_t n)
+{
+	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_BF16 };
+	const kvmem_config *c = &m->cfg;
+	kvmem_workspace *w[2];
+	const kvmem_page_source *src[2];
+
+	for (int i = 0; i < 2; i++) {
+		if (kvmem_workspace_open(i ? b : a, m, &wo, &w[i]) < 0)
+			fail_msg("%s", kvmem_last_error());
+		src[i] = kvmem_workspace_source(w[i]);
+	}
+	for (int64_t blk = 0; blk * B < n; blk++)
+		for (int l = 0; l < c->n_layers; l++) {
+			const int len = n - blk * B < B ? (int)(n - blk * B) : B;
+			kvmem_page pg[2];
+
+			for (int i = 0; i < 2; i++)
+				assert_int_equal(src[i]->ops->get(src[i]->ctx, blk, l, &pg[i]), 0);
+			for (int h = 0; h < c->n_kv_heads; h++) {
+				const size_t o = (size_t)h * B * c->head_dim * 2, len_b = (size_t)len * c->head_dim * 2;
+
+				if (memcmp((const char *)pg[0].k + o, (const char *)pg[1].k + o, len_b) ||
+				    memcmp((const char *)pg[0].v + o, (const char *)pg[1].v + o, len_b))
+					fail_msg("block %lld layer %d head %d: the pages differ", (long long)blk,
+						 l, h);
+			}
+			for (int i = 0; i < 2; i++)
+				src[i]->ops->put(src[i]->ctx, blk, l);
+		}
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(kvmem_workspace_close(w[i]), 0);
+}
+
+/*
+ * Pages the backend writes itself (kvmem_fwd_out.pages: on cuda, each
+ * layer laid out as pages on the device and copied into the pinned pool
+ * slots) against pages made from its rows on the host (KVMEM_PAGE_ROWS=0):
+ * a scripted session over a bf16 workspace, chunks that start and end
+ * inside blocks, a budget that makes steps read pages back; every logit
+ * the same bits, every page the same, both workspaces verify (the
+ * checksums were taken of what the GPU wrote). The cpu backend writes rows
+ * either way: there the check holds trivially.
+ */
+static void test_pages_equal_rows(void **state)
+{
+	uint64_t rng = g_seed ^ 0x9a;
+	char tmp[256], a_dir[300], b_dir[300];
+
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "ws-pages"), 0);
+	for (int k = 0; k < 3; k++) {
+		kvmem_model *m = small_model(&rng);
+		const kvmem_config *c = &m->cfg;
+		struct run_cfg rc = { .policy = k % 2 ? "meank" : "subblock", .block = 16,
+				      .chunk = test_rng_int(&rng, 16, 56) };
+		kvmem_backend *e = test_backend(m, rc.chunk);
+		struct op ops[128];
+		int32_t *tok[128];
+		int64_t total;
+		int n_ops = make_script(&rng, ops, 128, 8, 120, &total);
+		struct rec a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
+		int64_t na, nb;
+
+		rc.budget = total / 4 > 2 * rc.block ? total / 4 : 2 * rc.block;
+		for (int i = 0; i < n_ops; i++)
+			tok[i] = random_tokens(&rng, ops[i].n, c->vocab);
+		snprintf(a_dir, sizeof(a_dir), "%s/pages%d", tmp, k);
+		snprintf(b_dir, sizeof(b_dir), "%s/rows%d", tmp, k);
+		na = pages_run(e, c, ops, n_ops, tok, &rc, a_dir, 1, &a);
+		nb = pages_run(e, c, ops, n_ops, tok, &rc, b_dir, 0, &b);
+		assert_int_equal(a.n, b.n);
+		assert_memory_equal(a.buf, b.buf, a.n * sizeof(float));
+		assert_int_equal(na, nb);
+		pages_equal(a_dir, b_dir, m, rc.block, na);
+		assert_int_equal(kvmem_workspace_verify(a_dir, NULL, 0), 0);
+		assert_int_equal(kvmem_workspace_verify(b_dir, NULL, 0), 0);
+		for (int i = 0; i < n_ops; i++)
+			free(tok[i]);
+		free(a.buf);
+		free(b.buf);
+		kvmem_backend_close(e);
+		test_model_free(m);
+	}
+	test_tmpdir_remove(tmp);
+}
+
 /*
  * What a step reads from the page source is the pages of the blocks that
  * entered the view, whatever else shifted: a step entering N blocks gets at
@@ -1168,6 +1306,7 @@ int main(void)
 		cmocka_unit_test(test_select_ctx_text),
 		cmocka_unit_test(test_moves_equal_pages),
 		cmocka_unit_test(test_step_reads_what_entered),
+		cmocka_unit_test(test_pages_equal_rows),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_session");

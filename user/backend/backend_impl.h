@@ -106,6 +106,8 @@ typedef struct kvmem_backend_ops {
 	uint32_t rows_dtype;
 	/* 1: views can hold fp8 KV (kvmem_backend_opts.kv_dtype). */
 	int fp8;
+	/* 1: forward() writes bf16 pages for the session (kvmem_fwd_out.pages). */
+	int page_rows;
 	/* 0 when the backend can run here, else -errno with a message (no
 	 * GPU, no driver). May be NULL: always available. */
 	int (*available)(void);

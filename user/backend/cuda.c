@@ -419,6 +419,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.name = "cuda",
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
 	.rows_dtype = KVMEM_DTYPE_BF16,
+	.page_rows = 1,
 	.available = cuda_available,
 	.create = cuda_create,
 	.destroy = cuda_destroy,

@@ -38,6 +38,12 @@ struct kvmem_session {
 	 * pinned memory from its host_alloc), the queries fp32. */
 	void *raw_k, *v;
 	uint32_t rows_dtype;
+	/* Pages a forward writes itself (kvmem_fwd_out.pages, from the
+	 * source's row_pages): [L][nb], room for a chunk's blocks; in_pages:
+	 * the forward just run wrote its rows there (V did not come down as
+	 * rows). pages_off: refused (KVMEM_PAGE_ROWS=0, or no room for it). */
+	void **pages;
+	int in_pages, pages_off;
 	float *rows_f32;		/* one piece of rows widened for a source
 					 * without write_rows: [2][block][kw] */
 	float *q_raw, *logits, *last_logits;
@@ -121,6 +127,7 @@ int ws_view_restore(kvmem_session *s);
 struct ws_rows {
 	int64_t p0;
 	int n, q_rows;
+	int in_pages;		/* the pages hold the rows already: v unused */
 	const void *k, *v;	/* rows of the session's rows_dtype */
 	const float *q;
 };
