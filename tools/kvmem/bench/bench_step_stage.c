@@ -70,6 +70,10 @@ int ph_stageout(struct ctx *x)
 	float *logits = malloc(sizeof(float) * x->geo.cfg.vocab);
 	kvmem_view *v = NULL;
 	kvmem_pager_pool *pool = NULL;
+	void *pbase = NULL;
+	size_t plen = 0;
+	double t_pin = 0;
+	int pinned = 0;
 	kvmem_page_geom g;
 	char dir[4200];
 	double plain, mem, cold, warm, c_cold, commit, dummy;
@@ -89,6 +93,15 @@ int ph_stageout(struct ctx *x)
 	if (kvmem_pager_pool_create(&g, (uint64_t)((n + 2 * x->o.chunk) / BLOCK + 2) *
 				    x->geo.cfg.n_layers * kvmem_page_stride(&g), -1, &pool) < 0)
 		goto out;
+	/* Pinned on the backend once, as a server pins its shared pool: each
+	 * session's own registration of it is then a count (cuda_page.c), and
+	 * a GPU writes a chunk's pages straight into its slots (session.c's
+	 * ask_pages; KVMEM_PAGE_ROWS=0 for the rows copied on the host). */
+	kvmem_pager_pool_region(pool, &pbase, &plen);
+	t_pin = cli_now_s();
+	pinned = x->b->ops->host_register && pbase &&
+		 x->b->ops->host_register(x->b->ctx, pbase, plen) == 0;
+	t_pin = cli_now_s() - t_pin;
 	if (x->b->ops->view_create(x->b->ctx, &v) < 0 ||
 	    prefill_view(x, v, x->o.chunk, x->o.chunk, logits) < 0 ||	/* warm-up */
 	    (plain = prefill_view(x, v, n, x->o.chunk, logits)) < 0)
@@ -127,10 +140,20 @@ int ph_stageout(struct ctx *x)
 	       sm.writer_ns / 1e9, sm.writer_wait_ns / 1e9, sw.writer_ns / 1e9,
 	       sw.writer_wait_ns / 1e9, sc.writer_ns / 1e9, pw.blocks_out, n / BLOCK,
 	       pw.backpressure_waits, pw.backpressure_ns / 1e9);
+	{
+		const char *e = getenv("KVMEM_PAGE_ROWS");
+
+		printf("  the pool (%.2f GB) %s on the backend once, before the runs: %.3f s; "
+		       "pages %s\n", plen / 1e9, pinned ? "pinned" : "not pinned", t_pin,
+		       e && !strcmp(e, "0") ? "made from rows on the host (KVMEM_PAGE_ROWS=0)" :
+		       "written by the backend where it can (page_rows)");
+	}
 	rc = 0;
 out:
 	if (v)
 		x->b->ops->view_destroy(x->b->ctx, v);
+	if (pinned)
+		x->b->ops->host_unregister(x->b->ctx, pbase);
 	if (kvmem_pager_pool_free(pool) < 0)
 		rc = -1;
 	if (!x->o.keep)
