@@ -20,6 +20,10 @@
  *    cuda backend's copies into the pinned pool) are the pages made from
  *    its rows on the host (KVMEM_PAGE_ROWS=0): every logit, every page,
  *    the checksums verify.
+ *  - Sessions over workspaces that share one host pool (a server's
+ *    conversations), steps interleaved: each one's logits are those of it
+ *    alone; a backend with a device page pool serves them pages from it
+ *    (each session's pages keyed by its owner tag).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -1231,6 +1235,137 @@ static void test_pages_equal_rows(void **state)
 	test_tmpdir_remove(tmp);
 }
 
+/* One of the shared-pool test's sessions: its workspace and its logits. */
+struct conv {
+	kvmem_workspace *w;
+	kvmem_session *s;
+	struct rec r;
+	int32_t *tok;
+};
+
+static void conv_open(struct conv *v, kvmem_backend *e, const char *dir, kvmem_pager_pool *pool,
+		      int B)
+{
+	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_BF16, .pool = pool };
+	kvmem_session_opts o;
+
+	if (kvmem_workspace_open(dir, e->model, &wo, &v->w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	kvmem_session_opts_default(&o);
+	o.block = B;
+	o.chunk = 32;
+	o.budget = 6 * B;
+	o.sink = 0;
+	o.recent = B;
+	o.policy = "random";	/* blocks enter everywhere: pages come back */
+	o.source = kvmem_workspace_source(v->w);
+	o.on_forward = rec_forward;
+	o.arg = &v->r;
+	v->s = kvmem_session_create(e, &o);
+	assert_non_null(v->s);
+}
+
+/* Conversation v's part of round i (0: its long first append). */
+static void conv_round(struct conv *v, int i, int n0)
+{
+	int32_t out[2];
+
+	if (!i) {
+		assert_int_equal(kvmem_session_append(v->s, v->tok, n0, 0), 0);
+		return;
+	}
+	assert_int_equal(kvmem_session_append(v->s, v->tok + n0 + 8 * (i - 1), 8, 0), 0);
+	assert_int_equal(kvmem_session_select(v->s), 0);
+	assert_int_equal(kvmem_session_decode(v->s, 2, NULL, out), 0);
+}
+
+static void conv_close(struct conv *v)
+{
+	kvmem_session_free(v->s);
+	assert_int_equal(kvmem_workspace_close(v->w), 0);
+}
+
+/*
+ * Two conversations over workspaces sharing one host pool, as kvmem serve's
+ * do, their rounds interleaved: each one's logits are the bits of the same
+ * conversation alone over a pool of its own. Their block numbers overlap
+ * (both start at 0): a backend that kept pages of the shared region by
+ * block alone would hand one the other's. On a backend with a device page
+ * pool (cuda), pages that come back into a shared view are served from it
+ * (before, a shared region's pages were never kept there: every follow-up
+ * read its pages from host memory again).
+ */
+static void test_shared_pool_owners(void **state)
+{
+	uint64_t rng = g_seed ^ 0x5a;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const int B = 16, n0 = 24 * B, rounds = 8;
+	kvmem_backend *e = test_backend(m, 32);
+	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_BF16 };
+	kvmem_page_geom g;
+	kvmem_pager_pool *pool;
+	kvmem_workspace *probe;
+	kvmem_place_stats p0 = { 0 }, p1 = { 0 };
+	struct conv sh[2], alone[2];
+	char tmp[256], dir[300];
+
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "ws-shared"), 0);
+	snprintf(dir, sizeof(dir), "%s/probe", tmp);
+	if (kvmem_workspace_open(dir, m, &wo, &probe) < 0)
+		fail_msg("%s", kvmem_last_error());
+	g = *kvmem_pager_geom(kvmem_workspace_pager(probe));
+	assert_int_equal(kvmem_workspace_close(probe), 0);
+	/* Room for both conversations' pages, twice over (blocks being made
+	 * take at most half of a pool). */
+	assert_int_equal(kvmem_pager_pool_create(&g, (uint64_t)4 * (n0 / B + rounds + 4) *
+					       c->n_layers * kvmem_page_stride(&g), -1, &pool), 0);
+	memset(sh, 0, sizeof(sh));
+	memset(alone, 0, sizeof(alone));
+	for (int k = 0; k < 2; k++) {
+		sh[k].tok = alone[k].tok = random_tokens(&rng, n0 + 8 * rounds, c->vocab);
+		sh[k].r.vocab = alone[k].r.vocab = c->vocab;
+	}
+	if (e->ops->place_stats)
+		e->ops->place_stats(e->ctx, &p0);
+	for (int k = 0; k < 2; k++) {
+		snprintf(dir, sizeof(dir), "%s/shared%d", tmp, k);
+		conv_open(&sh[k], e, dir, pool, B);
+	}
+	for (int i = 0; i <= rounds; i++)
+		for (int k = 0; k < 2; k++)
+			conv_round(&sh[k], i, n0);
+	if (e->ops->place_stats)
+		e->ops->place_stats(e->ctx, &p1);
+	for (int k = 0; k < 2; k++)
+		conv_close(&sh[k]);
+	for (int k = 0; k < 2; k++) {	/* each alone, over a pool of its own */
+		snprintf(dir, sizeof(dir), "%s/alone%d", tmp, k);
+		conv_open(&alone[k], e, dir, NULL, B);
+		for (int i = 0; i <= rounds; i++)
+			conv_round(&alone[k], i, n0);
+		conv_close(&alone[k]);
+		assert_int_equal(sh[k].r.n, alone[k].r.n);
+		assert_memory_equal(sh[k].r.buf, alone[k].r.buf, sh[k].r.n * sizeof(float));
+	}
+	print_message("shared pool, %d rounds of 2 conversations: %llu items placed, %llu from "
+		      "the device page pool, %.1f MB of pages read from host memory\n", rounds,
+		      (unsigned long long)(p1.items - p0.items),
+		      (unsigned long long)(p1.pool_hits - p0.pool_hits),
+		      (double)(p1.bytes_in - p0.bytes_in) / 1e6);
+	if (e->ops->page_cached && p1.pool_cap)
+		assert_true(p1.pool_hits > p0.pool_hits);
+	for (int k = 0; k < 2; k++) {
+		free(sh[k].tok);
+		free(sh[k].r.buf);
+		free(alone[k].r.buf);
+	}
+	assert_int_equal(kvmem_pager_pool_free(pool), 0);
+	test_tmpdir_remove(tmp);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 /*
  * What a step reads from the page source is the pages of the blocks that
  * entered the view, whatever else shifted: a step entering N blocks gets at
@@ -1307,6 +1442,7 @@ int main(void)
 		cmocka_unit_test(test_moves_equal_pages),
 		cmocka_unit_test(test_step_reads_what_entered),
 		cmocka_unit_test(test_pages_equal_rows),
+		cmocka_unit_test(test_shared_pool_owners),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_session");

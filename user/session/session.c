@@ -162,6 +162,7 @@ kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *
 	}
 	s->be = b;
 	s->cfg = b->model->cfg;
+	s->owner = ws_new_owner();
 	if (resolve(s, o) || !(s->pol = kvmem_policy_find(o->policy)))
 		goto fail;
 	if (b->ops->view_create(b->ctx, &s->view))

@@ -74,6 +74,7 @@ struct kvmem_session {
 	int move_ok, moving;
 	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
 	void *reg_base;			/* the source's region, registered on the backend */
+	uint32_t owner;			/* this session's tag in place items (kvmem_place.owner) */
 	int reg_tried;			/* registration asked for (done or refused) */
 	/* The backend's copy of the index for scoring on its device (NULL:
 	 * not made yet); off: refused once (no score op, no room), the host
@@ -101,6 +102,9 @@ int ws_view_reserve(kvmem_session *s, int64_t need);
 /* Let the backend read the source's pages where they live (view.c); undone
  * by ws_unregister when the session is freed. */
 void ws_register(kvmem_session *s);
+/* A session's owner tag (kvmem_place.owner): a new one each call, never 0,
+ * not reused in the process (until 2^32 sessions). */
+uint32_t ws_new_owner(void);
 void ws_unregister(kvmem_session *s);
 int ws_select(kvmem_session *s, int forced);
 /* The same for kvmem_session_select_ahead: the query text is ahead[n_ahead],
