@@ -10,6 +10,9 @@
 #   2. test_ws_session's pages_equal_rows on cuda: a session over bf16
 #      workspaces with pages written by the GPU and made from rows on the
 #      host (KVMEM_PAGE_ROWS=0): every logit, every page, verify;
+#   2b. test_ws_session's shared_pool_owners on cuda: two sessions over one
+#      shared host pool, interleaved, each exact against itself alone, and
+#      the device page pool serves them (keyed by each session's owner);
 #   3. kvmem bench step --only ceilings,stageout --prefill 16384 (the
 #      plain forward pass, the pinned copy rate and the rows path are its
 #      peers in the same run);
@@ -68,6 +71,9 @@ ws_case() { # log, seconds, filter or empty
 	fi
 }
 ws_case ws_pages 25 test_pages_equal_rows
+# the device page pool over a host pool two sessions share (part b)
+ws_case ws_shared 25 test_shared_pool_owners
+grep -h 'shared pool,' "$out/ws_shared.log"
 
 # 3. prefill: the figure and its peers
 mkdir -p "$tmp/b"
