@@ -1235,6 +1235,69 @@ static void test_pages_equal_rows(void **state)
 	test_tmpdir_remove(tmp);
 }
 
+/* The backend's reserve, counting the calls that grow a view. */
+static const kvmem_backend_ops *g_inner;
+static int g_grows;
+
+static int counting_reserve(void *ctx, kvmem_view *v, int64_t slots)
+{
+	if (slots > g_inner->capacity(ctx, v))
+		g_grows++;
+	return g_inner->reserve(ctx, v, slots);
+}
+
+/*
+ * An append of many chunks makes room for all of them at once: the view
+ * grows once (it used to double chunk by chunk, each growth a device
+ * allocation and a copy of the view), and no further when the budget
+ * bounds it; the logits are those of the append made chunk by chunk.
+ */
+static void test_append_reserves_once(void **state)
+{
+	uint64_t rng = g_seed ^ 0x2e;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	kvmem_backend *e = test_backend(m, 32);
+	kvmem_backend_ops ops = *e->ops;
+	const int n = test_rng_int(&rng, 12, 30) * 32 + test_rng_int(&rng, 0, 31);
+	int32_t *tok = random_tokens(&rng, n, c->vocab);
+	kvmem_session_opts o;
+	kvmem_session *s;
+	struct rec a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
+
+	g_inner = e->ops;
+	ops.reserve = counting_reserve;
+	e->ops = &ops;
+	kvmem_session_opts_default(&o);
+	o.block = 16;
+	o.chunk = 32;
+	o.on_forward = rec_forward;
+	o.arg = &a;
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	g_grows = 0;
+	assert_int_equal(kvmem_session_append(s, tok, n, 0), 0);
+	assert_int_equal(g_grows, 1);
+	kvmem_session_free(s);
+	/* The same tokens a chunk per call: the same logits. */
+	o.arg = &b;
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	g_grows = 0;
+	for (int i = 0; i < n; i += 32)
+		assert_int_equal(kvmem_session_append(s, tok + i, n - i < 32 ? n - i : 32, 0), 0);
+	assert_true(g_grows > 1);	/* the test's premise: growing in steps */
+	kvmem_session_free(s);
+	assert_int_equal(a.n, b.n);
+	assert_memory_equal(a.buf, b.buf, a.n * sizeof(float));
+	e->ops = g_inner;
+	free(a.buf);
+	free(b.buf);
+	free(tok);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 /* One of the shared-pool test's sessions: its workspace and its logits. */
 struct conv {
 	kvmem_workspace *w;
@@ -1443,6 +1506,7 @@ int main(void)
 		cmocka_unit_test(test_step_reads_what_entered),
 		cmocka_unit_test(test_pages_equal_rows),
 		cmocka_unit_test(test_shared_pool_owners),
+		cmocka_unit_test(test_append_reserves_once),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_session");

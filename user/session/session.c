@@ -499,6 +499,16 @@ int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int
 		return kvmem_error(EINVAL, "session: cannot append %lld tokens", (long long)n);
 	if (pin && n && pin_checked(s, p0, p0 + n))
 		return kvmem_fail();
+	/* Room for the whole append at once, as far as the view may grow:
+	 * reserved chunk by chunk, the view was reallocated and copied at
+	 * every doubling on the way (five times in a 16K prefill from empty,
+	 * each a device allocation, copy and free while the pipeline waits). */
+	if (n > s->o.chunk) {
+		int64_t want = ws_view_len(s) + n;
+
+		if (ws_view_reserve(s, want < s->cap_limit ? want : s->cap_limit))
+			return kvmem_fail();
+	}
 	for (int64_t i = 0; i < n;) {
 		int c = n - i < s->o.chunk ? (int)(n - i) : s->o.chunk;
 
