@@ -107,6 +107,7 @@ fi
 
 echo
 echo "== figures (H200; peers from the same run) =="
+grep -h 'rows to pages, one layer' "$out/pages_check.log"
 grep -hE 'pinned|copy|GEMM' "$out/bench_stageout.log" | head -4
 grep -hE 'plain forward|pool used before|plain / session|the commit|peer:|the pool \(|writer thread' \
 	"$out/bench_stageout.log"
