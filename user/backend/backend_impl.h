@@ -150,6 +150,10 @@ typedef struct kvmem_backend_ops {
 	 * is unmapped. -ENOTSUP (or any failure): place() stages instead. */
 	int (*host_register)(void *ctx, void *base, size_t len);
 	void (*host_unregister)(void *ctx, void *base);
+	/* Optional: 1 when host memory at base is registered already (by
+	 * any holder: a further host_register of it is only a count), else 0.
+	 * Pinning costs (cuda: 0.43 s for a 2.7 GB pool on the H200 host). */
+	int (*host_pinned)(void *ctx, const void *base);
 	/* Optional: 1 when the backend holds page (block, layer) of owner's
 	 * pages in `region` (a base given to host_register; owner as in
 	 * kvmem_place) in its own memory (the device page pool). The session may then queue a place item for it

@@ -435,6 +435,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.mem_used = cuda_mem_used,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
+	.host_pinned = cuda_host_pinned,
 	.page_cached = cuda_page_cached,
 	.place_stats = cuda_place_stats,
 	.set = cuda_set,

@@ -415,6 +415,17 @@ void cuda_host_unregister(void *ctx, void *base)
 	}
 }
 
+int cuda_host_pinned(void *ctx, const void *base)
+{
+	const struct cuda *b = ctx;
+	const struct cuda_pages *pg = b->pages;
+
+	for (int i = 0; pg && i < MAX_REGIONS; i++)
+		if (pg->reg[i].refs && pg->reg[i].base == base)
+			return 1;
+	return 0;
+}
+
 static int has_region(const struct cuda_pages *pg)
 {
 	for (int i = 0; i < MAX_REGIONS; i++)
