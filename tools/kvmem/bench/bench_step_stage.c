@@ -141,11 +141,14 @@ int ph_stageout(struct ctx *x)
 	       "(+%.1f%% over plain, %+.1f%% over host memory: the store)\n  then the commit "
 	       "(durable)     %.3f s (%.2f GB/s of pages from the first append)\n  plain / session "
 	       "over the workspace: %.3f (%.3f with the commit); first use of the pool %.3f (%.3f)\n"
-	       "  the session's forward passes took %.3f s of its %.3f s (rows in line %.3f s)\n",
+	       "  the session's forward passes took %.3f s of its %.3f s (rows in line %.3f s; "
+	       "its own work after each forward %.3f s, waiting for the writer included; the "
+	       "rest, before each forward and at the append's ends, %.3f s)\n",
 	       n, x->o.chunk, pages / 1e9, plain, mem, 100 * (mem / plain - 1), cold, c_cold, warm,
 	       100 * (warm / plain - 1), 100 * (warm / mem - 1), commit, pages / (warm + commit) / 1e9,
 	       plain / warm, plain / (warm + commit), plain / cold, plain / (cold + c_cold),
-	       sw.forward_ns / 1e9, warm, sw.store_ns / 1e9);
+	       sw.forward_ns / 1e9, warm, sw.store_ns / 1e9, sw.own_ns / 1e9,
+	       warm - (sw.forward_ns + sw.store_ns + sw.own_ns) / 1e9);
 	printf("  writer thread: over host memory %.3f s busy, waited for %.3f s; over the "
 	       "workspace %.3f s busy, waited for %.3f s (first use of the pool: %.3f s busy); "
 	       "stage-out: %" PRIu64 " of %" PRId64 " blocks written by the end of the appends, "
