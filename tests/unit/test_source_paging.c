@@ -558,8 +558,10 @@ static int keeping_place(void *ctx, kvmem_view *v, const kvmem_place *items, int
 	return rc;
 }
 
+/* Four steps of a session over src; w: its workspace, committed at the
+ * end (NULL: none). */
 static void run_logged(kvmem_backend *be, const kvmem_page_source *src, uint64_t seed,
-		       float *logits, int32_t *out)
+		       float *logits, int32_t *out, kvmem_workspace *w)
 {
 	kvmem_session_opts so;
 	kvmem_session *s;
@@ -585,6 +587,8 @@ static void run_logged(kvmem_backend *be, const kvmem_page_source *src, uint64_t
 			fail_msg("step %d: %s", step, kvmem_last_error());
 		memcpy(logits + (size_t)step * V, kvmem_session_logits(s), sizeof(float) * V);
 	}
+	if (w && kvmem_workspace_commit(w, s) < 0)
+		fail_msg("%s", kvmem_last_error());
 	kvmem_session_free(s);
 }
 
@@ -609,7 +613,7 @@ static void test_backend_cache(void **state)
 	assert_non_null(got);
 	/* The reference: the same session over host memory. */
 	assert_int_equal(kvmem_page_source_mem(&mem, c.n_layers, c.n_kv_heads, c.head_dim, 16), 0);
-	run_logged(be, &mem, seed, want, out_want);
+	run_logged(be, &mem, seed, want, out_want, NULL);
 	kvmem_page_source_destroy(&mem);
 
 	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "backend-cache"), 0);
@@ -631,7 +635,7 @@ static void test_backend_cache(void **state)
 	ops.place = keeping_place;
 	be->ops = &ops;
 	g_reg = g_unreg = 0;
-	run_logged(be, &wrapped, seed, got, out_got);
+	run_logged(be, &wrapped, seed, got, out_got, NULL);
 	be->ops = g_cpu;
 	/* Every page the backend said it keeps came from it, not the source,
 	 * and the results are those of host memory, bit for bit. */
@@ -648,6 +652,205 @@ static void test_backend_cache(void **state)
 	test_model_free(m);
 }
 
+/* ---- a GPU's rows and pages, played by the cpu backend ----------------- */
+static kvmem_config g_cfg;
+static int g_pinned, g_page_calls;
+
+static int heap_alloc(void *ctx, size_t bytes, void **p)
+{
+	*p = malloc(bytes);
+	return *p ? 0 : -ENOMEM;
+}
+
+static void heap_free(void *ctx, void *p)
+{
+	free(p);
+}
+
+/* Registering pins: host_pinned says so from then on. */
+static int pin_register(void *ctx, void *base, size_t len)
+{
+	g_pinned = 1;
+	g_base = base;
+	return 0;
+}
+
+static void pin_unregister(void *ctx, void *base)
+{
+}
+
+static int fake_pinned(void *ctx, const void *base)
+{
+	return g_pinned;
+}
+
+/* The cpu forward, its rows handed over as the cuda backend hands them:
+ * bf16 rows, and the pages written by the backend (through the twin of its
+ * copy) when the session gives them. */
+static int gpu_like_forward(void *ctx, kvmem_view *v, const int32_t *tok, int n, float *logits,
+			    int all, const kvmem_fwd_out *out)
+{
+	const int L = g_cfg.n_layers, H = g_cfg.n_kv_heads, D = g_cfg.head_dim;
+	const size_t m = (size_t)L * n * H * D;
+	float *k = malloc(4 * m), *vv = malloc(4 * m);
+	uint16_t *kb = malloc(2 * m), *vb = malloc(2 * m);
+	kvmem_fwd_out o = { .raw_k = k, .v = vv };
+	int rc;
+
+	assert_true(k && vv && kb && vb);
+	if (out) {
+		o.q_raw = out->q_raw;
+		o.q_last = out->q_last;
+	}
+	rc = g_cpu->forward(ctx, v, tok, n, logits, all, out ? &o : NULL);
+	if (!rc && out) {
+		kvmem_f32_to_bf16_n(kb, k, m);
+		kvmem_f32_to_bf16_n(vb, vv, m);
+		if (out->raw_k_bf16)
+			memcpy(out->raw_k_bf16, kb, 2 * m);
+		if (out->v_bf16)
+			memcpy(out->v_bf16, vb, 2 * m);
+		if (out->pages) {
+			const int nb = (out->page_t0 + n - 1) / out->page_block + 1;
+
+			for (int l = 0; l < L; l++)
+				kvmem_rows_to_pages_bf16(out->pages + (size_t)l * nb, out->page_t0, n,
+							 kb + (size_t)l * n * H * D, vb + (size_t)l * n * H * D,
+							 H, out->page_block, D);
+			g_page_calls++;
+		}
+	}
+	free(k);
+	free(vv);
+	free(kb);
+	free(vb);
+	return rc;
+}
+
+/*
+ * The whole way of pages written by the backend, on the CPU: a backend
+ * that hands over bf16 rows and writes pages (the cpu one, its rows
+ * rounded as a GPU's are, its pages through kvmem_rows_to_pages_bf16),
+ * sessions over bf16 workspaces, the writer thread taking every job (as
+ * with a GPU: row_pages runs while it puts the forward before away).
+ * With the pool pinned, appends go through pages, and the logits, the
+ * greedy tokens and every page equal those of the same session with
+ * KVMEM_PAGE_ROWS=0 (rows copied on the host); the workspace verifies.
+ * With the pool not pinned, a first append makes no pages (pinning is
+ * not worth a chunk's pages); after a selection pinned it, they do.
+ */
+static void test_gpu_like_pages(void **state)
+{
+	uint64_t rng = g_seed ^ 0x6a7e;
+	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
+	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
+	kvmem_backend *be = kvmem_backend_cpu(m, 32);
+	kvmem_backend_ops ops;
+	kvmem_workspace_opts wo = { .block = 16, .dtype = KVMEM_DTYPE_BF16 };
+	kvmem_workspace *w[2];
+	char tmp[256], dir[2][300];
+	float *lg[2];
+	int32_t out[2][16], tok[100];
+	uint64_t seed = test_rng_next(&rng);
+	int calls;
+
+	assert_non_null(be);
+	g_cfg = c;
+	g_cpu = be->ops;
+	ops = *be->ops;
+	ops.rows_dtype = KVMEM_DTYPE_BF16;
+	ops.page_rows = 1;
+	ops.host_alloc = heap_alloc;
+	ops.host_free = heap_free;
+	ops.host_register = pin_register;
+	ops.host_unregister = pin_unregister;
+	ops.host_pinned = fake_pinned;
+	ops.forward = gpu_like_forward;
+	be->ops = &ops;
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "gpu-like-pages"), 0);
+	for (int k = 0; k < 2; k++) {
+		lg[k] = malloc(sizeof(float) * 4 * c.vocab);
+		assert_non_null(lg[k]);
+		snprintf(dir[k], sizeof(dir[k]), "%s/%s", tmp, k ? "rows" : "pages");
+		if (kvmem_workspace_open(dir[k], m, &wo, &w[k]) < 0)
+			fail_msg("%s", kvmem_last_error());
+		g_pinned = 1;	/* as a server's pool */
+		g_page_calls = 0;
+		if (k)
+			setenv("KVMEM_PAGE_ROWS", "0", 1);
+		run_logged(be, kvmem_workspace_source(w[k]), seed, lg[k], out[k], w[k]);
+		unsetenv("KVMEM_PAGE_ROWS");
+		if (k)
+			assert_int_equal(g_page_calls, 0);
+		else
+			assert_true(g_page_calls > 0);
+		assert_int_equal(kvmem_workspace_close(w[k]), 0);
+		assert_int_equal(kvmem_workspace_verify(dir[k], NULL, 0), 0);
+	}
+	assert_memory_equal(lg[0], lg[1], sizeof(float) * 4 * c.vocab);
+	assert_memory_equal(out[0], out[1], sizeof(out[0]));
+	for (int k = 0; k < 2; k++)
+		if (kvmem_workspace_open(dir[k], m, &wo, &w[k]) < 0)
+			fail_msg("%s", kvmem_last_error());
+	{
+		const kvmem_page_source *a = kvmem_workspace_source(w[0]),
+					*b = kvmem_workspace_source(w[1]);
+		const uint64_t blocks = kvmem_pager_blocks(kvmem_workspace_pager(w[0]));
+
+		assert_int_equal(blocks, kvmem_pager_blocks(kvmem_workspace_pager(w[1])));
+		assert_true(blocks > 0);
+		for (uint64_t bl = 0; bl < blocks; bl++)
+			for (int l = 0; l < c.n_layers; l++) {
+				kvmem_page pa, pb;
+
+				assert_int_equal(a->ops->get(a->ctx, (int64_t)bl, l, &pa), 0);
+				assert_int_equal(b->ops->get(b->ctx, (int64_t)bl, l, &pb), 0);
+				assert_memory_equal(pa.k, pb.k, (size_t)c.n_kv_heads * 16 * c.head_dim * 2);
+				assert_memory_equal(pa.v, pb.v, (size_t)c.n_kv_heads * 16 * c.head_dim * 2);
+				a->ops->put(a->ctx, (int64_t)bl, l);
+				b->ops->put(b->ctx, (int64_t)bl, l);
+			}
+	}
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(kvmem_workspace_close(w[k]), 0);
+	/* Not pinned: the first append keeps its rows; a selection pins. */
+	{
+		kvmem_session_opts so;
+		kvmem_session *s;
+		char d[300];
+
+		snprintf(d, sizeof(d), "%s/unpinned", tmp);
+		if (kvmem_workspace_open(d, m, &wo, &w[0]) < 0)
+			fail_msg("%s", kvmem_last_error());
+		kvmem_session_opts_default(&so);
+		so.block = 16;
+		so.budget = 64;
+		so.chunk = 32;
+		so.source = kvmem_workspace_source(w[0]);
+		g_pinned = 0;
+		g_page_calls = 0;
+		s = kvmem_session_create(be, &so);
+		assert_non_null(s);
+		for (int i = 0; i < 100; i++)
+			tok[i] = test_rng_int(&rng, 0, c.vocab - 1);
+		assert_int_equal(kvmem_session_append(s, tok, 100, 0), 0);
+		assert_int_equal(g_page_calls, 0);
+		assert_int_equal(kvmem_session_select(s), 0);
+		assert_int_equal(g_pinned, 1);
+		calls = g_page_calls;
+		assert_int_equal(kvmem_session_append(s, tok, 100, 0), 0);
+		assert_true(g_page_calls > calls);
+		kvmem_session_free(s);
+		assert_int_equal(kvmem_workspace_close(w[0]), 0);
+	}
+	be->ops = g_cpu;
+	test_tmpdir_remove(tmp);
+	free(lg[0]);
+	free(lg[1]);
+	kvmem_backend_close(be);
+	test_model_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -657,6 +860,7 @@ int main(void)
 		cmocka_unit_test(test_one_format),
 		cmocka_unit_test(test_registration),
 		cmocka_unit_test(test_backend_cache),
+		cmocka_unit_test(test_gpu_like_pages),
 	};
 
 	g_seed = test_rng_fresh_seed("test_source_paging");
