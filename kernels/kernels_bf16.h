@@ -319,6 +319,14 @@ int kvmem_index_append_bf16(void *meank, void *kmin, void *kmax, void *sub, floa
 			    float *open_sub, const uint16_t *raw_k, int64_t first, int n,
 			    const kvmem_score_geom *g);
 
+/* ---- rows into pages (kernels/cpu/pages.c) ------------------------------ */
+/* One layer's n rows of a forward pass, k and v [n][H][D] bf16, into the
+ * pages of the blocks they belong to: token j goes to pages[(t0 + j) / B]
+ * ([2][H][B][D]: K then V) at token (t0 + j) % B. t0 is where the first row
+ * falls in pages[0] (0 <= t0 < B); nothing else in the pages changes. */
+void kvmem_rows_to_pages_bf16(void *const *pages, int t0, int n, const uint16_t *k,
+			      const uint16_t *v, int H, int B, int D);
+
 /* ---- fills (kernels/cpu/fill.c) ---------------------------------------- */
 /* dst[i] = bf16 of a value uniform on [-sqrt(3) scale, sqrt(3) scale), a pure
  * function of (seed, i) (variance scale^2): random weights for a model that

@@ -281,6 +281,16 @@ int kvmem_cuda_index_append(kvmem_cuda_ctx *c, void *meank, void *kmin, void *km
 			    float *open_sum, float *open_sub, const uint16_t *raw_k, int64_t first,
 			    int n, const kvmem_score_geom *g);
 
+/* Rows into pages in host memory (kernels/cuda/pages.cu), twin
+ * kvmem_rows_to_pages_bf16: k and v [n][H][D] on the device; pages[] host
+ * memory (pinned or registered, else each copy waits), written by copies
+ * queued on `stream` (a cudaStream_t; NULL: the context's); stage device
+ * memory of at least ((t0 + n - 1) / B + 1) pages of 2 H B D bf16, which
+ * the copies read until they are done. */
+int kvmem_cuda_rows_to_pages_bf16(kvmem_cuda_ctx *c, void *stream, uint16_t *stage,
+				  void *const *pages, int t0, int n, const uint16_t *k,
+				  const uint16_t *v, int H, int B, int D);
+
 /* Fills (kernels/cuda/fill.cu), twins kvmem_random_bf16 / kvmem_fill_bf16. */
 int kvmem_cuda_random_bf16(kvmem_cuda_ctx *c, uint16_t *dst, size_t n, uint64_t seed,
 			   float scale);

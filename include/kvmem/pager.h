@@ -119,6 +119,9 @@ typedef struct kvmem_pager_pool kvmem_pager_pool;
 int kvmem_pager_pool_create(const kvmem_page_geom *g, uint64_t bytes, int numa_node,
 			    kvmem_pager_pool **out);
 int kvmem_pager_pool_free(kvmem_pager_pool *pool);
+/* The pool's memory, [*base, *base + *len): what a backend pins once
+ * (host_register) for every session over the pool, before the first. */
+void kvmem_pager_pool_region(const kvmem_pager_pool *pool, void **base, size_t *len);
 
 #define KVMEM_PAGER_CREATE	0x01	/* create the directory when it has no manifest */
 #define KVMEM_PAGER_RDONLY	0x02	/* read committed data only; nothing is written */

@@ -92,6 +92,17 @@ typedef struct kvmem_page_source_ops {
 	 * written: the caller then writes fp32 through write. */
 	int (*write_rows)(void *ctx, int64_t p0, int n, const void *k, const void *v,
 			  uint32_t dtype);
+	/* Optional: the pages tokens p0..p0+n-1 of every layer are to be
+	 * written in, so that a backend writes a forward pass's rows there
+	 * itself (a GPU copying straight into pinned host memory): pages
+	 * [l * nb + i] gets layer l's page of the i-th block from p0's, nb =
+	 * (p0 % block + n - 1) / block + 1, bf16 pages of the workspace layout
+	 * in the source's region. The rows then come as write_rows(p0, n,
+	 * NULL, NULL, KVMEM_DTYPE_BF16), which counts them in (the rules of
+	 * write hold). It is the one call that may run while an earlier
+	 * write_rows is under way on another thread. -ENOTSUP (pages of
+	 * another dtype, or not in the region): write the rows instead. */
+	int (*row_pages)(void *ctx, int64_t p0, int n, void **pages);
 } kvmem_page_source_ops;
 
 typedef struct kvmem_page_source {

@@ -32,6 +32,8 @@
  *     --attn-batch  the batched attention alone: against the twin and
  *               itself alone, then its time beside a decode call per
  *               sequence (check_attn_batch.c)
+ *     --pages   a forward's rows into pages in host memory alone, against
+ *               the twin (check_pages.c; tests/gpu/gpu24c.sh)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -49,6 +51,7 @@
 #include "check_fp8.h"
 #include "check_fuse.h"
 #include "check_gather.h"
+#include "check_pages.h"
 #include "check_gemv.h"
 #include "check_perf.h"
 #include "check_util.h"
@@ -1010,6 +1013,7 @@ int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
 	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0, only_fp8 = 0;
+	int only_pages = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1033,10 +1037,12 @@ int main(int argc, char **argv)
 			only_attn_prefill = 1;	/* prefill attention alone (check_attn_prefill.c) */
 		else if (!strcmp(argv[i], "--fp8"))
 			only_fp8 = 1;		/* fp8 KV alone (check_fp8.c) */
+		else if (!strcmp(argv[i], "--pages"))
+			only_pages = 1;		/* rows into pages alone (check_pages.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--fp8] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--fp8] [--pages] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1058,6 +1064,8 @@ int main(int argc, char **argv)
 		die("context");
 	if (only_fp8) {
 		check_fp8(do_bench);
+	} else if (only_pages) {
+		check_pages();
 	} else if (only_gather) {
 		check_gather();
 	} else if (only_gemv) {
@@ -1084,6 +1092,7 @@ int main(int argc, char **argv)
 		check_rope();
 		check_scatter();
 		check_gather();
+		check_pages();
 		check_fp8(0);
 		check_attention();
 		check_attn_decode();

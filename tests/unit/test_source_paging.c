@@ -9,6 +9,9 @@
  *     source's region is the host pool and holds every fetched page;
  *   - typed rows: a forward pass's rows of every layer in one write_rows
  *     call (bf16, or f32) give the pages fp32 rows give through write;
+ *   - rows a backend writes into the pages itself (row_pages, then
+ *     write_rows with no rows), the pages asked a chunk ahead of the
+ *     rows' count as the session's writer thread lags: the same pages;
  *   - one format: a workspace keeps the dtype it was created with whatever
  *     a later open asks (f32 from the CPU opens as f32 when bf16 is asked,
  *     bf16 opens as bf16 by default), and a session adopts it either way;
@@ -28,6 +31,7 @@
 
 #include "backend/backend_impl.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "session/inspect.h"
@@ -280,6 +284,109 @@ static void test_typed_rows(void **state)
 	free(v32);
 }
 
+/*
+ * Pages a backend writes itself: row_pages gives every layer's page of a
+ * chunk's blocks (in the host pool), the chunk's rows go there (by
+ * kvmem_rows_to_pages_bf16, the twin of the cuda backend's copy), then
+ * write_rows(NULL, NULL) counts them in. Asked as a session asks them: a
+ * chunk's pages before the rows of the chunk before are counted in (the
+ * writer thread lags a forward behind), chunks of any size over block
+ * boundaries. The pages equal those of write_rows with the rows; the
+ * staged-out blocks sit in the pool with their checksums (verify reads
+ * them). An f32 workspace refuses (-ENOTSUP); no rows in an f32 one too.
+ */
+static void test_row_pages(void **state)
+{
+	uint64_t rng = g_seed ^ 0x9a6e;
+	const int L = test_rng_int(&rng, 1, 3), H = test_rng_int(&rng, 1, 3), D = 32, B = 16;
+	const int n = test_rng_int(&rng, 5 * B + 1, 9 * B - 1), w = H * D;
+	const kvmem_page_geom g = { .fingerprint = 0x9a6e, .n_layers = L, .n_heads = H,
+				    .n_kv_heads = H, .head_dim = D, .block_tokens = B };
+	uint16_t *k16 = malloc(2 * (size_t)L * n * w), *v16 = malloc(2 * (size_t)L * n * w);
+	void **pages = malloc(sizeof(void *) * (size_t)L * 4);	/* a chunk spans <= 4 blocks */
+	kvmem_page_source src[3];
+	kvmem_pager *p[3];
+	char tmp[256], dir[300];
+	int64_t pend_t = -1;
+	int pend_m = 0;
+
+	assert_true(k16 && v16 && pages);
+	for (size_t i = 0; i < (size_t)L * n * w; i++) {
+		k16[i] = kvmem_f32_to_bf16((float)test_rng_range(&rng, -4, 4));
+		v16[i] = kvmem_f32_to_bf16((float)test_rng_range(&rng, -4, 4));
+	}
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "row-pages"), 0);
+	/* 0: write_rows of the rows (the reference); 1: row_pages; 2: f32. */
+	for (int k = 0; k < 3; k++) {
+		snprintf(dir, sizeof(dir), "%s/%d", tmp, k);
+		p[k] = rows_pager(dir, &g, k == 2 ? KVMEM_DTYPE_F32 : KVMEM_DTYPE_BF16, &src[k]);
+	}
+	assert_non_null(src[1].ops->row_pages);
+	assert_int_equal(src[2].ops->row_pages(src[2].ctx, 0, B, pages), -ENOTSUP);
+	assert_int_equal(src[2].ops->write_rows(src[2].ctx, 0, B, NULL, NULL, KVMEM_DTYPE_BF16),
+			 -EINVAL);
+	for (int t = 0; t < n;) {
+		int m = test_rng_int(&rng, 1, 2 * B + 3);
+		int nb;
+		uint16_t *ck, *cv;
+
+		m = m < n - t ? m : n - t;
+		nb = (t % B + m - 1) / B + 1;
+		ck = malloc(2 * (size_t)L * m * w);
+		cv = malloc(2 * (size_t)L * m * w);
+		assert_true(ck && cv);
+		for (int l = 0; l < L; l++) {
+			memcpy(ck + (size_t)l * m * w, k16 + ((size_t)l * n + t) * w, 2 * (size_t)m * w);
+			memcpy(cv + (size_t)l * m * w, v16 + ((size_t)l * n + t) * w, 2 * (size_t)m * w);
+		}
+		assert_int_equal(src[0].ops->write_rows(src[0].ctx, t, m, ck, cv, KVMEM_DTYPE_BF16), 0);
+		/* This chunk's pages, then the chunk before is counted in. */
+		assert_int_equal(src[1].ops->row_pages(src[1].ctx, t, m, pages), 0);
+		for (int l = 0; l < L; l++)
+			kvmem_rows_to_pages_bf16(pages + (size_t)l * nb, t % B, m,
+						 ck + (size_t)l * m * w, cv + (size_t)l * m * w, H, B, D);
+		if (pend_m)
+			assert_int_equal(src[1].ops->write_rows(src[1].ctx, pend_t, pend_m, NULL, NULL,
+								 KVMEM_DTYPE_BF16), 0);
+		pend_t = t;
+		pend_m = m;
+		free(ck);
+		free(cv);
+		t += m;
+	}
+	assert_int_equal(src[1].ops->write_rows(src[1].ctx, pend_t, pend_m, NULL, NULL,
+						 KVMEM_DTYPE_BF16), 0);
+	/* Every full block staged out, as with the rows. */
+	assert_int_equal(kvmem_pager_blocks(p[1]), n / B);
+	assert_int_equal(kvmem_pager_blocks(p[0]), n / B);
+	for (int b = 0; b * B < n; b++)
+		for (int l = 0; l < L; l++) {
+			const int len = n - b * B < B ? n - b * B : B;
+			kvmem_page ref, got;
+
+			assert_int_equal(src[0].ops->get(src[0].ctx, b, l, &ref), 0);
+			assert_int_equal(src[1].ops->get(src[1].ctx, b, l, &got), 0);
+			for (int h = 0; h < H; h++) {
+				size_t o = (size_t)h * B * D * 2;
+
+				assert_memory_equal((const char *)got.k + o, (const char *)ref.k + o,
+						    len * D * 2);
+				assert_memory_equal((const char *)got.v + o, (const char *)ref.v + o,
+						    len * D * 2);
+			}
+			src[1].ops->put(src[1].ctx, b, l);
+			src[0].ops->put(src[0].ctx, b, l);
+		}
+	for (int k = 0; k < 3; k++) {
+		kvmem_page_source_destroy(&src[k]);
+		assert_int_equal(kvmem_pager_close(p[k]), 0);
+	}
+	test_tmpdir_remove(tmp);
+	free(k16);
+	free(v16);
+	free(pages);
+}
+
 static void test_one_format(void **state)
 {
 	uint64_t rng = g_seed ^ 0xf0;
@@ -420,9 +527,10 @@ static void counting_put(void *ctx, int64_t b, int layer)
 	g_real->put(ctx, b, layer);
 }
 
-static int fake_cached(void *ctx, const void *region, int64_t block, int layer)
+static int fake_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer)
 {
 	assert_ptr_equal(region, g_base);
+	assert_int_not_equal(owner, 0);	/* the session names itself */
 	return cached(block, layer);
 }
 
@@ -450,8 +558,10 @@ static int keeping_place(void *ctx, kvmem_view *v, const kvmem_place *items, int
 	return rc;
 }
 
+/* Four steps of a session over src; w: its workspace, committed at the
+ * end (NULL: none). */
 static void run_logged(kvmem_backend *be, const kvmem_page_source *src, uint64_t seed,
-		       float *logits, int32_t *out)
+		       float *logits, int32_t *out, kvmem_workspace *w)
 {
 	kvmem_session_opts so;
 	kvmem_session *s;
@@ -477,6 +587,8 @@ static void run_logged(kvmem_backend *be, const kvmem_page_source *src, uint64_t
 			fail_msg("step %d: %s", step, kvmem_last_error());
 		memcpy(logits + (size_t)step * V, kvmem_session_logits(s), sizeof(float) * V);
 	}
+	if (w && kvmem_workspace_commit(w, s) < 0)
+		fail_msg("%s", kvmem_last_error());
 	kvmem_session_free(s);
 }
 
@@ -501,7 +613,7 @@ static void test_backend_cache(void **state)
 	assert_non_null(got);
 	/* The reference: the same session over host memory. */
 	assert_int_equal(kvmem_page_source_mem(&mem, c.n_layers, c.n_kv_heads, c.head_dim, 16), 0);
-	run_logged(be, &mem, seed, want, out_want);
+	run_logged(be, &mem, seed, want, out_want, NULL);
 	kvmem_page_source_destroy(&mem);
 
 	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "backend-cache"), 0);
@@ -523,7 +635,7 @@ static void test_backend_cache(void **state)
 	ops.place = keeping_place;
 	be->ops = &ops;
 	g_reg = g_unreg = 0;
-	run_logged(be, &wrapped, seed, got, out_got);
+	run_logged(be, &wrapped, seed, got, out_got, NULL);
 	be->ops = g_cpu;
 	/* Every page the backend said it keeps came from it, not the source,
 	 * and the results are those of host memory, bit for bit. */
@@ -540,14 +652,215 @@ static void test_backend_cache(void **state)
 	test_model_free(m);
 }
 
+/* ---- a GPU's rows and pages, played by the cpu backend ----------------- */
+static kvmem_config g_cfg;
+static int g_pinned, g_page_calls;
+
+static int heap_alloc(void *ctx, size_t bytes, void **p)
+{
+	*p = malloc(bytes);
+	return *p ? 0 : -ENOMEM;
+}
+
+static void heap_free(void *ctx, void *p)
+{
+	free(p);
+}
+
+/* Registering pins: host_pinned says so from then on. */
+static int pin_register(void *ctx, void *base, size_t len)
+{
+	g_pinned = 1;
+	g_base = base;
+	return 0;
+}
+
+static void pin_unregister(void *ctx, void *base)
+{
+}
+
+static int fake_pinned(void *ctx, const void *base)
+{
+	return g_pinned;
+}
+
+/* The cpu forward, its rows handed over as the cuda backend hands them:
+ * bf16 rows, and the pages written by the backend (through the twin of its
+ * copy) when the session gives them. */
+static int gpu_like_forward(void *ctx, kvmem_view *v, const int32_t *tok, int n, float *logits,
+			    int all, const kvmem_fwd_out *out)
+{
+	const int L = g_cfg.n_layers, H = g_cfg.n_kv_heads, D = g_cfg.head_dim;
+	const size_t m = (size_t)L * n * H * D;
+	float *k = malloc(4 * m), *vv = malloc(4 * m);
+	uint16_t *kb = malloc(2 * m), *vb = malloc(2 * m);
+	kvmem_fwd_out o = { .raw_k = k, .v = vv };
+	int rc;
+
+	assert_true(k && vv && kb && vb);
+	if (out) {
+		o.q_raw = out->q_raw;
+		o.q_last = out->q_last;
+	}
+	rc = g_cpu->forward(ctx, v, tok, n, logits, all, out ? &o : NULL);
+	if (!rc && out) {
+		kvmem_f32_to_bf16_n(kb, k, m);
+		kvmem_f32_to_bf16_n(vb, vv, m);
+		if (out->raw_k_bf16)
+			memcpy(out->raw_k_bf16, kb, 2 * m);
+		if (out->v_bf16)
+			memcpy(out->v_bf16, vb, 2 * m);
+		if (out->pages) {
+			const int nb = (out->page_t0 + n - 1) / out->page_block + 1;
+
+			for (int l = 0; l < L; l++)
+				kvmem_rows_to_pages_bf16(out->pages + (size_t)l * nb, out->page_t0, n,
+							 kb + (size_t)l * n * H * D, vb + (size_t)l * n * H * D,
+							 H, out->page_block, D);
+			g_page_calls++;
+		}
+	}
+	free(k);
+	free(vv);
+	free(kb);
+	free(vb);
+	return rc;
+}
+
+/*
+ * The whole way of pages written by the backend, on the CPU: a backend
+ * that hands over bf16 rows and writes pages (the cpu one, its rows
+ * rounded as a GPU's are, its pages through kvmem_rows_to_pages_bf16),
+ * sessions over bf16 workspaces, the writer thread taking every job (as
+ * with a GPU: row_pages runs while it puts the forward before away).
+ * With the pool pinned, appends go through pages, and the logits, the
+ * greedy tokens and every page equal those of the same session with
+ * KVMEM_PAGE_ROWS=0 (rows copied on the host); the workspace verifies.
+ * With the pool not pinned, a first append makes no pages (pinning is
+ * not worth a chunk's pages); after a selection pinned it, they do.
+ */
+static void test_gpu_like_pages(void **state)
+{
+	uint64_t rng = g_seed ^ 0x6a7e;
+	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
+	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
+	kvmem_backend *be = kvmem_backend_cpu(m, 32);
+	kvmem_backend_ops ops;
+	kvmem_workspace_opts wo = { .block = 16, .dtype = KVMEM_DTYPE_BF16 };
+	kvmem_workspace *w[2];
+	char tmp[256], dir[2][300];
+	float *lg[2];
+	int32_t out[2][16], tok[100];
+	uint64_t seed = test_rng_next(&rng);
+	int calls;
+
+	assert_non_null(be);
+	g_cfg = c;
+	g_cpu = be->ops;
+	ops = *be->ops;
+	ops.rows_dtype = KVMEM_DTYPE_BF16;
+	ops.page_rows = 1;
+	ops.host_alloc = heap_alloc;
+	ops.host_free = heap_free;
+	ops.host_register = pin_register;
+	ops.host_unregister = pin_unregister;
+	ops.host_pinned = fake_pinned;
+	ops.forward = gpu_like_forward;
+	be->ops = &ops;
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "gpu-like-pages"), 0);
+	for (int k = 0; k < 2; k++) {
+		lg[k] = malloc(sizeof(float) * 4 * c.vocab);
+		assert_non_null(lg[k]);
+		snprintf(dir[k], sizeof(dir[k]), "%s/%s", tmp, k ? "rows" : "pages");
+		if (kvmem_workspace_open(dir[k], m, &wo, &w[k]) < 0)
+			fail_msg("%s", kvmem_last_error());
+		g_pinned = 1;	/* as a server's pool */
+		g_page_calls = 0;
+		if (k)
+			setenv("KVMEM_PAGE_ROWS", "0", 1);
+		run_logged(be, kvmem_workspace_source(w[k]), seed, lg[k], out[k], w[k]);
+		unsetenv("KVMEM_PAGE_ROWS");
+		if (k)
+			assert_int_equal(g_page_calls, 0);
+		else
+			assert_true(g_page_calls > 0);
+		assert_int_equal(kvmem_workspace_close(w[k]), 0);
+		assert_int_equal(kvmem_workspace_verify(dir[k], NULL, 0), 0);
+	}
+	assert_memory_equal(lg[0], lg[1], sizeof(float) * 4 * c.vocab);
+	assert_memory_equal(out[0], out[1], sizeof(out[0]));
+	for (int k = 0; k < 2; k++)
+		if (kvmem_workspace_open(dir[k], m, &wo, &w[k]) < 0)
+			fail_msg("%s", kvmem_last_error());
+	{
+		const kvmem_page_source *a = kvmem_workspace_source(w[0]),
+					*b = kvmem_workspace_source(w[1]);
+		const uint64_t blocks = kvmem_pager_blocks(kvmem_workspace_pager(w[0]));
+
+		assert_int_equal(blocks, kvmem_pager_blocks(kvmem_workspace_pager(w[1])));
+		assert_true(blocks > 0);
+		for (uint64_t bl = 0; bl < blocks; bl++)
+			for (int l = 0; l < c.n_layers; l++) {
+				kvmem_page pa, pb;
+
+				assert_int_equal(a->ops->get(a->ctx, (int64_t)bl, l, &pa), 0);
+				assert_int_equal(b->ops->get(b->ctx, (int64_t)bl, l, &pb), 0);
+				assert_memory_equal(pa.k, pb.k, (size_t)c.n_kv_heads * 16 * c.head_dim * 2);
+				assert_memory_equal(pa.v, pb.v, (size_t)c.n_kv_heads * 16 * c.head_dim * 2);
+				a->ops->put(a->ctx, (int64_t)bl, l);
+				b->ops->put(b->ctx, (int64_t)bl, l);
+			}
+	}
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(kvmem_workspace_close(w[k]), 0);
+	/* Not pinned: the first append keeps its rows; a selection pins. */
+	{
+		kvmem_session_opts so;
+		kvmem_session *s;
+		char d[300];
+
+		snprintf(d, sizeof(d), "%s/unpinned", tmp);
+		if (kvmem_workspace_open(d, m, &wo, &w[0]) < 0)
+			fail_msg("%s", kvmem_last_error());
+		kvmem_session_opts_default(&so);
+		so.block = 16;
+		so.budget = 64;
+		so.chunk = 32;
+		so.source = kvmem_workspace_source(w[0]);
+		g_pinned = 0;
+		g_page_calls = 0;
+		s = kvmem_session_create(be, &so);
+		assert_non_null(s);
+		for (int i = 0; i < 100; i++)
+			tok[i] = test_rng_int(&rng, 0, c.vocab - 1);
+		assert_int_equal(kvmem_session_append(s, tok, 100, 0), 0);
+		assert_int_equal(g_page_calls, 0);
+		assert_int_equal(kvmem_session_select(s), 0);
+		assert_int_equal(g_pinned, 1);
+		calls = g_page_calls;
+		assert_int_equal(kvmem_session_append(s, tok, 100, 0), 0);
+		assert_true(g_page_calls > calls);
+		kvmem_session_free(s);
+		assert_int_equal(kvmem_workspace_close(w[0]), 0);
+	}
+	be->ops = g_cpu;
+	test_tmpdir_remove(tmp);
+	free(lg[0]);
+	free(lg[1]);
+	kvmem_backend_close(be);
+	test_model_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bf16_pages),
 		cmocka_unit_test(test_typed_rows),
+		cmocka_unit_test(test_row_pages),
 		cmocka_unit_test(test_one_format),
 		cmocka_unit_test(test_registration),
 		cmocka_unit_test(test_backend_cache),
+		cmocka_unit_test(test_gpu_like_pages),
 	};
 
 	g_seed = test_rng_fresh_seed("test_source_paging");

@@ -16,6 +16,14 @@
  *  - Tokens moved inside the view on the backend (from the raw K it keeps)
  *    give the bits of placing them from their pages; a step reads from the
  *    page source only the pages of the blocks that entered.
+ *  - Over a bf16 workspace, pages a backend writes itself (page_rows: the
+ *    cuda backend's copies into the pinned pool) are the pages made from
+ *    its rows on the host (KVMEM_PAGE_ROWS=0): every logit, every page,
+ *    the checksums verify.
+ *  - Sessions over workspaces that share one host pool (a server's
+ *    conversations), steps interleaved: each one's logits are those of it
+ *    alone; a backend with a device page pool serves them pages from it
+ *    (each session's pages keyed by its owner tag).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -27,8 +35,10 @@
 #include <cmocka.h>
 
 #include "kvmem/kvmem.h"
+#include "kvmem/store.h"
 #include "session/inspect.h"
 #include "helpers/test_model.h"
+#include "helpers/test_tmpdir.h"
 
 static uint64_t g_seed;
 
@@ -1093,6 +1103,332 @@ static void test_moves_equal_pages(void **state)
 	}
 }
 
+/* One scripted session over a new bf16 workspace in dir, committed; rows
+ * 0: KVMEM_PAGE_ROWS=0 (pages made from rows on the host). Its tokens. */
+static int64_t pages_run(kvmem_backend *e, const kvmem_config *c, const struct op *ops, int n_ops,
+		      int32_t *const *tok, const struct run_cfg *rc, const char *dir, int rows,
+		      struct rec *r)
+{
+	int64_t n;
+	kvmem_workspace_opts wo = { .block = rc->block, .dtype = KVMEM_DTYPE_BF16 };
+	kvmem_session_opts o;
+	kvmem_workspace *w;
+	kvmem_session *s;
+	int32_t out[64];
+
+	if (kvmem_workspace_open(dir, e->model, &wo, &w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	kvmem_session_opts_default(&o);
+	o.block = rc->block;
+	o.chunk = rc->chunk;
+	o.policy = rc->policy;
+	o.budget = rc->budget;
+	o.source = kvmem_workspace_source(w);
+	o.on_forward = rec_forward;
+	o.arg = r;
+	if (!rows)
+		setenv("KVMEM_PAGE_ROWS", "0", 1);
+	s = kvmem_session_create(e, &o);
+	unsetenv("KVMEM_PAGE_ROWS");
+	assert_non_null(s);
+	for (int i = 0; i < n_ops; i++) {
+		if (ops[i].kind == 0)
+			assert_int_equal(kvmem_session_append(s, tok[i], ops[i].n, 0), 0);
+		else if (ops[i].kind == 1)
+			assert_int_equal(kvmem_session_select(s) ||
+					 kvmem_session_decode(s, ops[i].n < 64 ? ops[i].n : 64, NULL, out),
+					 0);
+	}
+	assert_int_equal(kvmem_session_select(s), 0);
+	if (kvmem_workspace_commit(w, s) < 0)
+		fail_msg("%s", kvmem_last_error());
+	n = kvmem_session_tokens(s);
+	kvmem_session_free(s);
+	assert_int_equal(kvmem_workspace_close(w), 0);
+	return n;
+}
+
+/* Every page of two committed workspaces of n tokens: the same tokens. */
+static void pages_equal(const char *a, const char *b, const kvmem_model *m, int B, int64_t n)
+{
+	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_BF16 };
+	const kvmem_config *c = &m->cfg;
+	kvmem_workspace *w[2];
+	const kvmem_page_source *src[2];
+
+	for (int i = 0; i < 2; i++) {
+		if (kvmem_workspace_open(i ? b : a, m, &wo, &w[i]) < 0)
+			fail_msg("%s", kvmem_last_error());
+		src[i] = kvmem_workspace_source(w[i]);
+	}
+	for (int64_t blk = 0; blk * B < n; blk++)
+		for (int l = 0; l < c->n_layers; l++) {
+			const int len = n - blk * B < B ? (int)(n - blk * B) : B;
+			kvmem_page pg[2];
+
+			for (int i = 0; i < 2; i++)
+				assert_int_equal(src[i]->ops->get(src[i]->ctx, blk, l, &pg[i]), 0);
+			for (int h = 0; h < c->n_kv_heads; h++) {
+				const size_t o = (size_t)h * B * c->head_dim * 2, len_b = (size_t)len * c->head_dim * 2;
+
+				if (memcmp((const char *)pg[0].k + o, (const char *)pg[1].k + o, len_b) ||
+				    memcmp((const char *)pg[0].v + o, (const char *)pg[1].v + o, len_b))
+					fail_msg("block %lld layer %d head %d: the pages differ", (long long)blk,
+						 l, h);
+			}
+			for (int i = 0; i < 2; i++)
+				src[i]->ops->put(src[i]->ctx, blk, l);
+		}
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(kvmem_workspace_close(w[i]), 0);
+}
+
+/*
+ * Pages the backend writes itself (kvmem_fwd_out.pages: on cuda, each
+ * layer laid out as pages on the device and copied into the pinned pool
+ * slots) against pages made from its rows on the host (KVMEM_PAGE_ROWS=0):
+ * a scripted session over a bf16 workspace, chunks that start and end
+ * inside blocks, a budget that makes steps read pages back; every logit
+ * the same bits, every page the same, both workspaces verify (the
+ * checksums were taken of what the GPU wrote). The cpu backend writes rows
+ * either way: there the check holds trivially.
+ */
+static void test_pages_equal_rows(void **state)
+{
+	uint64_t rng = g_seed ^ 0x9a;
+	char tmp[256], a_dir[300], b_dir[300];
+
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "ws-pages"), 0);
+	for (int k = 0; k < 3; k++) {
+		kvmem_model *m = small_model(&rng);
+		const kvmem_config *c = &m->cfg;
+		struct run_cfg rc = { .policy = k % 2 ? "meank" : "subblock", .block = 16,
+				      .chunk = test_rng_int(&rng, 16, 56) };
+		kvmem_backend *e = test_backend(m, rc.chunk);
+		struct op ops[128];
+		int32_t *tok[128];
+		int64_t total;
+		int n_ops = make_script(&rng, ops, 128, 8, 120, &total);
+		struct rec a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
+		int64_t na, nb;
+
+		rc.budget = total / 4 > 2 * rc.block ? total / 4 : 2 * rc.block;
+		for (int i = 0; i < n_ops; i++)
+			tok[i] = random_tokens(&rng, ops[i].n, c->vocab);
+		snprintf(a_dir, sizeof(a_dir), "%s/pages%d", tmp, k);
+		snprintf(b_dir, sizeof(b_dir), "%s/rows%d", tmp, k);
+		na = pages_run(e, c, ops, n_ops, tok, &rc, a_dir, 1, &a);
+		nb = pages_run(e, c, ops, n_ops, tok, &rc, b_dir, 0, &b);
+		assert_int_equal(a.n, b.n);
+		assert_memory_equal(a.buf, b.buf, a.n * sizeof(float));
+		assert_int_equal(na, nb);
+		pages_equal(a_dir, b_dir, m, rc.block, na);
+		assert_int_equal(kvmem_workspace_verify(a_dir, NULL, 0), 0);
+		assert_int_equal(kvmem_workspace_verify(b_dir, NULL, 0), 0);
+		for (int i = 0; i < n_ops; i++)
+			free(tok[i]);
+		free(a.buf);
+		free(b.buf);
+		kvmem_backend_close(e);
+		test_model_free(m);
+	}
+	test_tmpdir_remove(tmp);
+}
+
+/* The backend's reserve, counting the calls that grow a view. */
+static const kvmem_backend_ops *g_inner;
+static int g_grows;
+
+static int counting_reserve(void *ctx, kvmem_view *v, int64_t slots)
+{
+	if (slots > g_inner->capacity(ctx, v))
+		g_grows++;
+	return g_inner->reserve(ctx, v, slots);
+}
+
+/*
+ * An append of many chunks makes room for all of them at once: the view
+ * grows once (it used to double chunk by chunk, each growth a device
+ * allocation and a copy of the view), and no further when the budget
+ * bounds it; the logits are those of the append made chunk by chunk.
+ */
+static void test_append_reserves_once(void **state)
+{
+	uint64_t rng = g_seed ^ 0x2e;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	kvmem_backend *e = test_backend(m, 32);
+	kvmem_backend_ops ops = *e->ops;
+	const int n = test_rng_int(&rng, 12, 30) * 32 + test_rng_int(&rng, 0, 31);
+	int32_t *tok = random_tokens(&rng, n, c->vocab);
+	kvmem_session_opts o;
+	kvmem_session *s;
+	struct rec a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
+
+	g_inner = e->ops;
+	ops.reserve = counting_reserve;
+	e->ops = &ops;
+	kvmem_session_opts_default(&o);
+	o.block = 16;
+	o.chunk = 32;
+	o.on_forward = rec_forward;
+	o.arg = &a;
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	g_grows = 0;
+	assert_int_equal(kvmem_session_append(s, tok, n, 0), 0);
+	assert_int_equal(g_grows, 1);
+	kvmem_session_free(s);
+	/* The same tokens a chunk per call: the same logits. */
+	o.arg = &b;
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	g_grows = 0;
+	for (int i = 0; i < n; i += 32)
+		assert_int_equal(kvmem_session_append(s, tok + i, n - i < 32 ? n - i : 32, 0), 0);
+	assert_true(g_grows > 1);	/* the test's premise: growing in steps */
+	kvmem_session_free(s);
+	assert_int_equal(a.n, b.n);
+	assert_memory_equal(a.buf, b.buf, a.n * sizeof(float));
+	e->ops = g_inner;
+	free(a.buf);
+	free(b.buf);
+	free(tok);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
+/* One of the shared-pool test's sessions: its workspace and its logits. */
+struct conv {
+	kvmem_workspace *w;
+	kvmem_session *s;
+	struct rec r;
+	int32_t *tok;
+};
+
+static void conv_open(struct conv *v, kvmem_backend *e, const char *dir, kvmem_pager_pool *pool,
+		      int B)
+{
+	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_BF16, .pool = pool };
+	kvmem_session_opts o;
+
+	if (kvmem_workspace_open(dir, e->model, &wo, &v->w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	kvmem_session_opts_default(&o);
+	o.block = B;
+	o.chunk = 32;
+	o.budget = 6 * B;
+	o.sink = 0;
+	o.recent = B;
+	o.policy = "random";	/* blocks enter everywhere: pages come back */
+	o.source = kvmem_workspace_source(v->w);
+	o.on_forward = rec_forward;
+	o.arg = &v->r;
+	v->s = kvmem_session_create(e, &o);
+	assert_non_null(v->s);
+}
+
+/* Conversation v's part of round i (0: its long first append). */
+static void conv_round(struct conv *v, int i, int n0)
+{
+	int32_t out[2];
+
+	if (!i) {
+		assert_int_equal(kvmem_session_append(v->s, v->tok, n0, 0), 0);
+		return;
+	}
+	assert_int_equal(kvmem_session_append(v->s, v->tok + n0 + 8 * (i - 1), 8, 0), 0);
+	assert_int_equal(kvmem_session_select(v->s), 0);
+	assert_int_equal(kvmem_session_decode(v->s, 2, NULL, out), 0);
+}
+
+static void conv_close(struct conv *v)
+{
+	kvmem_session_free(v->s);
+	assert_int_equal(kvmem_workspace_close(v->w), 0);
+}
+
+/*
+ * Two conversations over workspaces sharing one host pool, as kvmem serve's
+ * do, their rounds interleaved: each one's logits are the bits of the same
+ * conversation alone over a pool of its own. Their block numbers overlap
+ * (both start at 0): a backend that kept pages of the shared region by
+ * block alone would hand one the other's. On a backend with a device page
+ * pool (cuda), pages that come back into a shared view are served from it
+ * (before, a shared region's pages were never kept there: every follow-up
+ * read its pages from host memory again).
+ */
+static void test_shared_pool_owners(void **state)
+{
+	uint64_t rng = g_seed ^ 0x5a;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const int B = 16, n0 = 24 * B, rounds = 8;
+	kvmem_backend *e = test_backend(m, 32);
+	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_BF16 };
+	kvmem_page_geom g;
+	kvmem_pager_pool *pool;
+	kvmem_workspace *probe;
+	kvmem_place_stats p0 = { 0 }, p1 = { 0 };
+	struct conv sh[2], alone[2];
+	char tmp[256], dir[300];
+
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "ws-shared"), 0);
+	snprintf(dir, sizeof(dir), "%s/probe", tmp);
+	if (kvmem_workspace_open(dir, m, &wo, &probe) < 0)
+		fail_msg("%s", kvmem_last_error());
+	g = *kvmem_pager_geom(kvmem_workspace_pager(probe));
+	assert_int_equal(kvmem_workspace_close(probe), 0);
+	/* Room for both conversations' pages, twice over (blocks being made
+	 * take at most half of a pool). */
+	assert_int_equal(kvmem_pager_pool_create(&g, (uint64_t)4 * (n0 / B + rounds + 4) *
+					       c->n_layers * kvmem_page_stride(&g), -1, &pool), 0);
+	memset(sh, 0, sizeof(sh));
+	memset(alone, 0, sizeof(alone));
+	for (int k = 0; k < 2; k++) {
+		sh[k].tok = alone[k].tok = random_tokens(&rng, n0 + 8 * rounds, c->vocab);
+		sh[k].r.vocab = alone[k].r.vocab = c->vocab;
+	}
+	if (e->ops->place_stats)
+		e->ops->place_stats(e->ctx, &p0);
+	for (int k = 0; k < 2; k++) {
+		snprintf(dir, sizeof(dir), "%s/shared%d", tmp, k);
+		conv_open(&sh[k], e, dir, pool, B);
+	}
+	for (int i = 0; i <= rounds; i++)
+		for (int k = 0; k < 2; k++)
+			conv_round(&sh[k], i, n0);
+	if (e->ops->place_stats)
+		e->ops->place_stats(e->ctx, &p1);
+	for (int k = 0; k < 2; k++)
+		conv_close(&sh[k]);
+	for (int k = 0; k < 2; k++) {	/* each alone, over a pool of its own */
+		snprintf(dir, sizeof(dir), "%s/alone%d", tmp, k);
+		conv_open(&alone[k], e, dir, NULL, B);
+		for (int i = 0; i <= rounds; i++)
+			conv_round(&alone[k], i, n0);
+		conv_close(&alone[k]);
+		assert_int_equal(sh[k].r.n, alone[k].r.n);
+		assert_memory_equal(sh[k].r.buf, alone[k].r.buf, sh[k].r.n * sizeof(float));
+	}
+	print_message("shared pool, %d rounds of 2 conversations: %llu items placed, %llu from "
+		      "the device page pool, %.1f MB of pages read from host memory\n", rounds,
+		      (unsigned long long)(p1.items - p0.items),
+		      (unsigned long long)(p1.pool_hits - p0.pool_hits),
+		      (double)(p1.bytes_in - p0.bytes_in) / 1e6);
+	if (e->ops->page_cached && p1.pool_cap)
+		assert_true(p1.pool_hits > p0.pool_hits);
+	for (int k = 0; k < 2; k++) {
+		free(sh[k].tok);
+		free(sh[k].r.buf);
+		free(alone[k].r.buf);
+	}
+	assert_int_equal(kvmem_pager_pool_free(pool), 0);
+	test_tmpdir_remove(tmp);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 /*
  * What a step reads from the page source is the pages of the blocks that
  * entered the view, whatever else shifted: a step entering N blocks gets at
@@ -1168,6 +1504,9 @@ int main(void)
 		cmocka_unit_test(test_select_ctx_text),
 		cmocka_unit_test(test_moves_equal_pages),
 		cmocka_unit_test(test_step_reads_what_entered),
+		cmocka_unit_test(test_pages_equal_rows),
+		cmocka_unit_test(test_shared_pool_owners),
+		cmocka_unit_test(test_append_reserves_once),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_session");

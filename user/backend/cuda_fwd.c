@@ -88,6 +88,11 @@ struct cuda_fwd {
 	 * them (ev[l]), while the later layers compute. */
 	cudaStream_t down;
 	cudaEvent_t *ev;	/* [L] */
+	/* Pages (kvmem_fwd_out.pages): one layer's pages laid out on the
+	 * device, then copied down from there on the rows' stream, which
+	 * reuses it layer after layer in order. */
+	uint16_t *stage;
+	size_t cap_stage;	/* bytes */
 	int mode;		/* 0 off, 1 on, 2 on and failures are errors */
 	int broken;		/* mode 1 after a failed capture: plain launches */
 	struct graph g[GRAPHS];
@@ -102,6 +107,8 @@ struct fwd_ptrs {
 	uint16_t *oq, *ok, *ov;
 	size_t sq, sk;
 	uint16_t *hk, *hv;	/* typed rows: host [L][n][kw] bf16, or NULL */
+	void *const *pages;	/* kvmem_fwd_out.pages ([L][nb]), or NULL */
+	int pt0, pb, pnb;	/* its page_t0, page_block, blocks */
 };
 
 int cuda_fwd_create(struct cuda *b)
@@ -164,6 +171,7 @@ void cuda_fwd_destroy(struct cuda *b)
 	kvmem_cuda_free(f->qkv);
 	kvmem_cuda_free(f->dout);
 	kvmem_cuda_free(f->ang);
+	kvmem_cuda_free(f->stage);
 	kvmem_cuda_free(f->in);
 	cudaFreeHost(f->host_in);
 	cudaFreeHost(f->host_logits);
@@ -191,23 +199,32 @@ static int decode_ok(const struct cuda *b)
 }
 
 /* Layer l's raw K and V rows ([n][kw] bf16 at p->ok / p->ov) to the host
- * rows, on the rows' stream once the compute stream has written them. The
- * next call's q/k kernel may overwrite them only after cuda_forward waited
- * for this stream, which it does before it returns. */
+ * rows, and into the host pages when asked (laid out as pages on the
+ * device first: kernels/cuda/pages.cu), on the rows' stream once the
+ * compute stream has written them. The next call's q/k kernel may
+ * overwrite them only after cuda_forward waited for this stream, which it
+ * does before it returns. */
 static int rows_down(struct cuda *b, int l, int n, const struct fwd_ptrs *p)
 {
 	struct cuda_fwd *f = b->fwd;
 	const size_t bytes = (size_t)n * b->kw * 2;
+	int rc;
 
 	if (cudaEventRecord(f->ev[l], kvmem_cuda_stream(b->ctx)) != cudaSuccess ||
 	    cudaStreamWaitEvent(f->down, f->ev[l], 0) != cudaSuccess ||
-	    cudaMemcpyAsync(p->hk + (size_t)l * n * b->kw, p->ok + l * p->sk, bytes,
-			    cudaMemcpyDeviceToHost, f->down) != cudaSuccess ||
-	    cudaMemcpyAsync(p->hv + (size_t)l * n * b->kw, p->ov + l * p->sk, bytes,
-			    cudaMemcpyDeviceToHost, f->down) != cudaSuccess) {
+	    (p->hk && cudaMemcpyAsync(p->hk + (size_t)l * n * b->kw, p->ok + l * p->sk, bytes,
+				      cudaMemcpyDeviceToHost, f->down) != cudaSuccess) ||
+	    (p->hv && cudaMemcpyAsync(p->hv + (size_t)l * n * b->kw, p->ov + l * p->sk, bytes,
+				      cudaMemcpyDeviceToHost, f->down) != cudaSuccess)) {
 		cudaGetLastError();
 		return kvmem_error(EIO, "cuda forward: copying layer %d's rows down", l);
 	}
+	if (p->pages &&
+	    (rc = kvmem_cuda_rows_to_pages_bf16(b->ctx, f->down, f->stage,
+						p->pages + (size_t)l * p->pnb, p->pt0, n,
+						p->ok + l * p->sk, p->ov + l * p->sk,
+						b->c->n_kv_heads, p->pb, b->c->head_dim)) < 0)
+		return kvmem_error_prefix("cuda forward: layer %d's pages", l);
 	return 0;
 }
 
@@ -236,7 +253,7 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 		     c->rms_eps, p->pos, c->rope_theta, b->q, want_out ? p->oq + l * p->sq : NULL,
 		     want_out ? p->ok + l * p->sk : NULL, want_out ? p->ov + l * p->sk : NULL, v->k, v->v,
 		     v->rk, p->items + l, c->n_layers, (int)v->cap, b->fwd->ang)) ||
-	    (p->hk && (rc = rows_down(b, l, n, p)) < 0))
+	    ((p->hk || p->hv || p->pages) && (rc = rows_down(b, l, n, p)) < 0))
 		return rc;
 	if (n == 1 && decode_ok(b))
 		rc = kvmem_cuda_attention_decode_bf16(b->ctx, 0, b->att, b->q, p->pos, 1, v->k + l * vl,
@@ -278,6 +295,10 @@ static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows,
 		.sq = (size_t)n * b->qw, .sk = (size_t)n * b->kw,
 		.hk = in_graph || !out ? NULL : out->raw_k_bf16,
 		.hv = in_graph || !out ? NULL : out->v_bf16,
+		.pages = in_graph || !out ? NULL : out->pages,
+		.pt0 = out ? out->page_t0 : 0,
+		.pb = out ? out->page_block : 0,
+		.pnb = out && out->pages ? (out->page_t0 + n - 1) / out->page_block + 1 : 0,
 	};
 	cudaStream_t st = kvmem_cuda_stream(b->ctx);
 	int rc;
@@ -430,6 +451,31 @@ static int download_f32(struct cuda *b, float *dst, const uint16_t *src, int L, 
 	return 0;
 }
 
+/* Check a call's pages and grow the staging they are laid out in. */
+static int pages_ready(struct cuda *b, const kvmem_fwd_out *out, int n)
+{
+	struct cuda_fwd *f = b->fwd;
+	const int B = out->page_block;
+	size_t need;
+	int rc;
+
+	if (B < 1 || out->page_t0 < 0 || out->page_t0 >= B)
+		return kvmem_error(EINVAL, "cuda forward: pages of %d tokens, the first row at token "
+				   "%d", B, out->page_t0);
+	need = (size_t)((out->page_t0 + n - 1) / B + 1) * 2 * b->kw * B * 2;
+	if (need <= f->cap_stage)
+		return 0;
+	/* Nothing reads the old one: every call waits for the rows' stream. */
+	kvmem_cuda_free(f->stage);
+	b->scratch_bytes -= f->cap_stage;
+	f->stage = NULL;
+	f->cap_stage = 0;
+	if ((rc = cuda_dev_alloc(&f->stage, need, &b->scratch_bytes)) < 0)
+		return rc;
+	f->cap_stage = need;
+	return 0;
+}
+
 int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
 		 int all_logits, const kvmem_fwd_out *out)
 {
@@ -438,7 +484,8 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	const kvmem_config *c = b->c;
 	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
 	const int want_out = out && (out->raw_k || out->v || out->q_raw || out->raw_k_bf16 ||
-				     out->v_bf16);
+				     out->v_bf16 || out->pages);
+	const int typed = out && (out->raw_k_bf16 || out->v_bf16 || out->pages);
 	const int rows = logits ? (all_logits ? n : 1) : 0;
 	kvmem_scatter_item *items = (kvmem_scatter_item *)(f->host_in + f->items_off);
 	int32_t *ids = (int32_t *)(f->host_in + f->ids_off);
@@ -450,8 +497,10 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	if (out && out->q_last < 0)
 		return kvmem_error(EINVAL, "cuda forward: q_last %d is negative (0: every token's "
 				   "queries)", out->q_last);
-	if (out && !out->raw_k_bf16 != !out->v_bf16)
+	if (out && !out->pages && !out->raw_k_bf16 != !out->v_bf16)
 		return kvmem_error(EINVAL, "cuda forward: typed rows need both raw K and V");
+	if (out && out->pages && (rc = pages_ready(b, out, n)) < 0)
+		return rc;
 	if (v->len + n > v->cap)
 		return kvmem_error(EINVAL, "cuda forward: the view holds %lld of %lld slots, no room for "
 				   "%d more", (long long)v->len, (long long)v->cap, n);
@@ -483,7 +532,8 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	if (cudaMemcpyAsync(f->in, f->host_in, f->ids_off + (size_t)n * 8, cudaMemcpyHostToDevice,
 			    kvmem_cuda_stream(b->ctx)) != cudaSuccess)
 		return kvmem_error(EIO, "cuda forward: copying the inputs up");
-	if (n == 1 && f->mode && !f->broken && decode_ok(b)) {
+	/* Pages are written by plain launches (a prefill chunk's). */
+	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && out->pages)) {
 		if ((rc = graph_run(b, v, want_out, rows > 0)) == 0)
 			graphed = 1;
 		else if (f->mode == 2)
@@ -522,7 +572,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	rc = kvmem_cuda_sync(b->ctx);
 	/* The typed rows went down layer by layer meanwhile: only the last
 	 * layer's copy is left to wait for. */
-	if (out && out->raw_k_bf16 && cudaStreamSynchronize(f->down) != cudaSuccess && !rc)
+	if (typed && cudaStreamSynchronize(f->down) != cudaSuccess && !rc)
 		rc = kvmem_error(EIO, "cuda forward: copying the rows down: %s",
 				 cudaGetErrorString(cudaGetLastError()));
 	if (rc < 0)

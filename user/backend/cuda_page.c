@@ -12,9 +12,14 @@
  *                           no conversion) into a pinned staging buffer.
  *   device memory           pages already on the GPU, read in place.
  *   the device page pool    recently placed pages of registered memory kept
- *                           on the GPU as bf16, keyed by (region, block,
- *                           layer): a page that enters the view again comes
- *                           from HBM. Only whole pages of registered memory
+ *                           on the GPU as bf16, keyed by (region, owner,
+ *                           block, layer): a page that enters the view again
+ *                           comes from HBM. The owner (kvmem_place.owner) is
+ *                           the session whose block numbers they are: the
+ *                           sessions of a server share one host pool (one
+ *                           region) and each numbers its blocks from 0, so
+ *                           without it the pool could keep nothing of a
+ *                           shared region. Only whole pages of registered memory
  *                           are kept (a pager's staged-out blocks, which
  *                           never change); filled by the gather kernel on
  *                           its way (copy_k / copy_v), evicted by a clock.
@@ -43,6 +48,9 @@
 #include "util/clock.h"
 
 #define MAX_REGIONS 16
+/* (region, owner) pairs the pool keeps pages of at once; a key's top 8
+ * bits name one (1..255). */
+#define MAX_OWNERS 255
 
 struct region {
 	char *base, *dev;	/* host address, the device's address of it */
@@ -76,6 +84,12 @@ struct cuda_pages {
 	size_t *c_len;
 	int cap_copies;
 	/* the device page pool */
+	struct owner {
+		uint32_t region;	/* the region's id; 0: a free entry */
+		uint32_t owner;
+		uint64_t used;		/* tick of the last use, for reuse */
+	} own[MAX_OWNERS];
+	uint64_t own_tick;
 	uint16_t *pool;			/* [slots][2][H][B][D] bf16 */
 	uint64_t pool_want;		/* bytes asked for (0: default) */
 	size_t slot_elems;		/* elements of one half (K or V) */
@@ -209,9 +223,9 @@ static void pool_make(struct cuda *b, struct cuda_pages *pg, int stride, int64_t
 	pg->st.pool_cap = n;
 }
 
-static uint64_t pool_key(uint32_t region, int64_t block, int layer)
+static uint64_t pool_key(uint32_t oid, int64_t block, int layer)
 {
-	return (uint64_t)region << 56 | ((uint64_t)block & ((1ull << 40) - 1)) << 16 |
+	return (uint64_t)oid << 56 | ((uint64_t)block & ((1ull << 40) - 1)) << 16 |
 	       (uint64_t)(layer & 0xffff);
 }
 
@@ -276,12 +290,61 @@ static uint32_t pool_take(struct cuda_pages *pg, uint64_t k)
 	return s;
 }
 
-/* Forget every pooled page of a region (its memory is going away). */
-static void pool_forget(struct cuda_pages *pg, uint32_t id)
+/* Forget every pooled page of owner entry oid (1..MAX_OWNERS). */
+static void pool_forget(struct cuda_pages *pg, uint32_t oid)
 {
 	for (uint32_t s = 0; s < pg->slots; s++)
-		if (pg->key[s] && (uint32_t)(pg->key[s] >> 56) == id)
+		if (pg->key[s] && (uint32_t)(pg->key[s] >> 56) == oid)
 			pool_unlink(pg, s);
+}
+
+/* Forget the pages of region id's owner `owner`, or of all its owners
+ * (all: its memory is going away), and free their entries. */
+static void owner_forget(struct cuda_pages *pg, uint32_t id, uint32_t owner, int all)
+{
+	for (uint32_t i = 0; i < MAX_OWNERS; i++)
+		if (pg->own[i].region == id && (all || pg->own[i].owner == owner)) {
+			pool_forget(pg, i + 1);
+			memset(&pg->own[i], 0, sizeof(pg->own[i]));
+		}
+}
+
+/*
+ * The pool's name (1..MAX_OWNERS) for the pages of (region r, owner); 0:
+ * none. Owner 0 (a caller that names none) gets one only while the region
+ * has one user. make: a new entry when there is none, the least recently
+ * used one's pages forgotten when all are taken (owners are never reused,
+ * so no entry can name pages of another's).
+ */
+static uint32_t owner_id(struct cuda_pages *pg, const struct region *r, uint32_t owner, int make)
+{
+	uint32_t free_i = 0, lru = 0;
+
+	if (!owner && r->refs != 1)
+		return 0;
+	for (uint32_t i = 0; i < MAX_OWNERS; i++) {
+		struct owner *o = &pg->own[i];
+
+		if (o->region == r->id && o->owner == owner) {
+			o->used = ++pg->own_tick;
+			return i + 1;
+		}
+		if (!o->region) {
+			if (!free_i)
+				free_i = i + 1;
+		} else if (!lru || o->used < pg->own[lru - 1].used) {
+			lru = i + 1;
+		}
+	}
+	if (!make)
+		return 0;
+	if (!free_i) {
+		pool_forget(pg, lru);
+		free_i = lru;
+	}
+	pg->own[free_i - 1] = (struct owner){ .region = r->id, .owner = owner,
+					      .used = ++pg->own_tick };
+	return free_i;
 }
 
 /* ---- registered host memory -------------------------------------------- */
@@ -301,11 +364,12 @@ int cuda_host_register(void *ctx, void *base, size_t len)
 				return kvmem_error(EINVAL, "cuda: host region %p registered with %zu bytes, "
 						   "now %zu", base, pg->reg[i].len, len);
 			/* Two sessions on one region (a host pool pagers share):
-			 * the pool's keys (region, block, layer) no longer name
-			 * one page, so it keeps none of the region's from now
-			 * until one session is left. */
+			 * pages of a caller that names no owner no longer name
+			 * one page, so the pool keeps none of those from now
+			 * until one session is left; sessions' pages are keyed
+			 * by their owner and stay. */
 			if (pg->reg[i].refs++ == 1)
-				pool_forget(pg, pg->reg[i].id);
+				owner_forget(pg, pg->reg[i].id, 0, 0);
 			return 0;
 		}
 	for (int i = 0; i < MAX_REGIONS && !r; i++)
@@ -346,9 +410,20 @@ void cuda_host_unregister(void *ctx, void *base)
 		kvmem_cuda_sync(b->ctx);
 		cudaHostUnregister(base);
 		cudaGetLastError();
-		pool_forget(pg, r->id);
+		owner_forget(pg, r->id, 0, 1);
 		memset(r, 0, sizeof(*r));
 	}
+}
+
+int cuda_host_pinned(void *ctx, const void *base)
+{
+	const struct cuda *b = ctx;
+	const struct cuda_pages *pg = b->pages;
+
+	for (int i = 0; pg && i < MAX_REGIONS; i++)
+		if (pg->reg[i].refs && pg->reg[i].base == base)
+			return 1;
+	return 0;
 }
 
 static int has_region(const struct cuda_pages *pg)
@@ -367,15 +442,16 @@ static struct region *region_at(struct cuda_pages *pg, const void *base)
 	return NULL;
 }
 
-int cuda_page_cached(void *ctx, const void *region, int64_t block, int layer)
+int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer)
 {
 	struct cuda *b = ctx;
 	struct cuda_pages *pg = b->pages;
 	struct region *r;
+	uint32_t oid;
 
-	if (!pg || !pg->pool || !(r = region_at(pg, region)) || r->refs != 1)
+	if (!pg || !pg->pool || !(r = region_at(pg, region)) || !(oid = owner_id(pg, r, owner, 0)))
 		return 0;
-	return pool_find(pg, pool_key(r->id, block, layer)) != UINT32_MAX;
+	return pool_find(pg, pool_key(oid, block, layer)) != UINT32_MAX;
 }
 
 static struct region *region_of(struct cuda_pages *pg, const void *p, size_t len)
@@ -530,13 +606,14 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 		const kvmem_place *it = &items[i];
 		const size_t half = (size_t)H * it->stride * D * elem_size(it->page.dtype);
 		struct region *rk = NULL;
+		uint32_t oid;
 
 		pg->keys[i] = 0;
 		pg->hit[i] = UINT32_MAX;
 		if (it->page.mem == KVMEM_MEM_BACKEND) {
 			/* The session asked page_cached() for it: it must be here. */
-			if (!(rk = region_at(pg, it->page.k)) || !pg->pool || rk->refs != 1 ||
-			    it->stride != pg->pool_stride)
+			if (!(rk = region_at(pg, it->page.k)) || !pg->pool ||
+			    !owner_id(pg, rk, it->owner, 0) || it->stride != pg->pool_stride)
 				return kvmem_error(ESTALE, "cuda place: block %lld layer %d is not in the "
 						   "device page pool", (long long)it->block, it->layer);
 		} else if (it->page.mem == KVMEM_MEM_HOST && pg->pool && it->stride == pg->pool_stride &&
@@ -544,9 +621,10 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 			   region_of(pg, it->page.v, half) != rk) {
 			rk = NULL;
 		}
-		if (!rk || !pg->pool || rk->refs != 1)	/* a shared region: see cuda_host_register */
+		/* A shared region's pages of no owner: see cuda_host_register. */
+		if (!rk || !pg->pool || !(oid = owner_id(pg, rk, it->owner, 1)))
 			continue;
-		pg->keys[i] = pool_key(rk->id, it->block, it->layer);
+		pg->keys[i] = pool_key(oid, it->block, it->layer);
 		pg->hit[i] = pool_find(pg, pg->keys[i]);
 		if (pg->hit[i] != UINT32_MAX) {
 			pg->stamp[pg->hit[i]] = pg->call;

@@ -61,6 +61,16 @@ typedef struct kvmem_fwd_out {
 	 * from the backend's host_alloc, so the device copies straight into
 	 * it; nothing is widened. The cpu engine takes only raw_k / v. */
 	uint16_t *raw_k_bf16, *v_bf16;
+	/* Pages (a backend whose ops have page_rows: cuda): every layer's raw
+	 * K and V written, bf16, straight into the pages of the blocks the n
+	 * tokens fall in, host memory (pinned: a pager's host pool slots):
+	 * pages[l * page_blocks + i] is layer l's page of the i-th of those
+	 * blocks ([2][n_kv_heads][page_block][head_dim], formats.md), the
+	 * first token at page_t0 of block 0; page_blocks = (page_t0 + n - 1)
+	 * / page_block + 1. Nothing else of a page changes. v_bf16 may then be
+	 * NULL (V is not wanted as rows), raw_k_bf16 too. NULL: no pages. */
+	void *const *pages;
+	int page_t0, page_block;
 } kvmem_fwd_out;
 
 /* Rows of q_raw per layer that a forward pass of n tokens writes. */

@@ -282,6 +282,11 @@ void kvmem_hostpool_region(const kvmem_hostpool *hp, void **base, size_t *len)
 	*len = hp->len;
 }
 
+void kvmem_pager_pool_region(const kvmem_pager_pool *pool, void **base, size_t *len)
+{
+	kvmem_hostpool_region(pool, base, len);
+}
+
 static int used(const kvmem_hostpool *hp, uint32_t s)
 {
 	return (hp->used[s / 64] >> (s % 64)) & 1;

@@ -38,6 +38,12 @@ struct kvmem_session {
 	 * pinned memory from its host_alloc), the queries fp32. */
 	void *raw_k, *v;
 	uint32_t rows_dtype;
+	/* Pages a forward writes itself (kvmem_fwd_out.pages, from the
+	 * source's row_pages): [L][nb], room for a chunk's blocks; in_pages:
+	 * the forward just run wrote its rows there (V did not come down as
+	 * rows). pages_off: refused (KVMEM_PAGE_ROWS=0, or no room for it). */
+	void **pages;
+	int in_pages, pages_off;
 	float *rows_f32;		/* one piece of rows widened for a source
 					 * without write_rows: [2][block][kw] */
 	float *q_raw, *logits, *last_logits;
@@ -68,6 +74,7 @@ struct kvmem_session {
 	int move_ok, moving;
 	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
 	void *reg_base;			/* the source's region, registered on the backend */
+	uint32_t owner;			/* this session's tag in place items (kvmem_place.owner) */
 	int reg_tried;			/* registration asked for (done or refused) */
 	/* The backend's copy of the index for scoring on its device (NULL:
 	 * not made yet); off: refused once (no score op, no room), the host
@@ -95,6 +102,9 @@ int ws_view_reserve(kvmem_session *s, int64_t need);
 /* Let the backend read the source's pages where they live (view.c); undone
  * by ws_unregister when the session is freed. */
 void ws_register(kvmem_session *s);
+/* A session's owner tag (kvmem_place.owner): a new one each call, never 0,
+ * not reused in the process (until 2^32 sessions). */
+uint32_t ws_new_owner(void);
 void ws_unregister(kvmem_session *s);
 int ws_select(kvmem_session *s, int forced);
 /* The same for kvmem_session_select_ahead: the query text is ahead[n_ahead],
@@ -121,6 +131,7 @@ int ws_view_restore(kvmem_session *s);
 struct ws_rows {
 	int64_t p0;
 	int n, q_rows;
+	int in_pages;		/* the pages hold the rows already: v unused */
 	const void *k, *v;	/* rows of the session's rows_dtype */
 	const float *q;
 };

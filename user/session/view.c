@@ -19,6 +19,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +55,17 @@ int ws_view_reserve(kvmem_session *s, int64_t need)
  * make few large transfers: on a GPU one place() call is one kernel over
  * all its pages (1024 pages of Qwen3-8B are 128 MiB of bf16). */
 #define PLACE_BATCH 1024
+
+uint32_t ws_new_owner(void)
+{
+	static atomic_uint next;
+	uint32_t o;
+
+	do	/* 0 names no owner: skipped when the count wraps */
+		o = (uint32_t)atomic_fetch_add(&next, 1) + 1;
+	while (!o);
+	return o;
+}
 
 void ws_register(kvmem_session *s)
 {
@@ -124,7 +136,7 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 	/* A page the backend keeps itself (a GPU's page pool) is not asked
 	 * of the source: no host fetch, no pin. */
 	if (s->reg_base && s->be->ops->page_cached &&
-	    s->be->ops->page_cached(s->be->ctx, s->reg_base, b, l) == 1) {
+	    s->be->ops->page_cached(s->be->ctx, s->reg_base, s->owner, b, l) == 1) {
 		it->page = (kvmem_page){ .k = s->reg_base, .dtype = KVMEM_DTYPE_BF16,
 					 .mem = KVMEM_MEM_BACKEND };
 		rc = 0;
@@ -146,6 +158,7 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 	it->stride = s->blocks.block;
 	it->slot = slot0;
 	it->block = b;
+	it->owner = s->owner;
 	s->n_items++;
 	s->st.rebuilt_tokens += u1 - u0;
 	s->st.source_pages += it->page.mem != KVMEM_MEM_BACKEND;

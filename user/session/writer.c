@@ -180,9 +180,10 @@ void ws_writer_drain(kvmem_session *s)
 int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 {
 	struct ws_rows r = { .p0 = p0, .n = n, .q_rows = q_rows, .k = s->raw_k, .v = s->v,
-			     .q = s->q_raw };
+			     .q = s->q_raw, .in_pages = s->in_pages };
 	struct ws_writer *g;
 
+	s->in_pages = 0;	/* the job has it */
 	if (!s->writer && n >= writer_min(s) && !s->src->ops->sync && writer_start(s))
 		s->writer_min = INT_MAX;	/* no thread or no room: in line from now on */
 	if (n < writer_min(s) || s->src->ops->sync || !s->writer)

@@ -22,8 +22,19 @@
  * row quantised once, here, from the forward pass's rows; the index was
  * built from those rows before). The host pool is the source's region: a
  * backend pins it once and reads pages where the pager put them.
+ *
+ * A bf16 workspace's open blocks in pool slots can be written by the
+ * backend itself (row_pages: a GPU copies a forward pass's rows, laid out
+ * as pages on the device, straight into the pinned slots; write_rows with
+ * no rows then only counts them in). row_pages runs on the session's
+ * thread while the writer thread may be in write_rows for the forward
+ * before: mu guards the open blocks between the two, and a full block is
+ * taken off them under it but appended (its checksums read, its writes
+ * queued) after it is let go, so the next forward's row_pages does not wait
+ * for that.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +73,7 @@ struct psrc {
 	 * the copies into it. */
 	char *spare[SPARE_MAX];
 	int n_spare;
+	pthread_mutex_t mu;	/* the above, between row_pages and write_rows */
 };
 
 static void oblk_free(struct psrc *s, struct oblk *o)
@@ -124,23 +136,59 @@ static int open_block(struct psrc *s, int64_t b, char ***layer, int **fill)
 	return 0;
 }
 
-/* Stage out every leading open block whose layers are all full. */
-static int flush_full(struct psrc *s)
+/* Take the leading open blocks whose layers are all full off the open
+ * ones (into *out, at most max; the first is block *b0): under mu. */
+static int take_full(struct psrc *s, struct oblk *out, int max, int64_t *b0)
 {
-	while (s->n_open && s->ob[0].layer) {
+	int n = 0;
+
+	*b0 = s->first;
+	while (n < max && s->n_open && s->ob[0].layer) {
 		struct oblk *o = &s->ob[0];
 
 		for (int l = 0; l < s->L; l++)
 			if (o->fill[l] < s->B)
-				return 0;
-		if (kvmem_pager_append_block(s->p, s->first, (const void *const *)o->layer, NULL) < 0)
-			return kvmem_fail();
-		oblk_free(s, o);
+				return n;
+		out[n++] = *o;
 		memmove(s->ob, s->ob + 1, (s->cap_open - 1) * sizeof(*s->ob));
 		memset(&s->ob[s->cap_open - 1], 0, sizeof(*s->ob));
 		s->n_open--;
 		s->first++;
 	}
+	return n;
+}
+
+/* Stage out the n blocks take_full took, in order, then free them (the
+ * spares under mu). A failure leaves the rest unstaged: the session is
+ * broken then (its history lacks them). */
+static int stage_taken(struct psrc *s, struct oblk *t, int n, int64_t b0, int locked)
+{
+	int rc = 0;
+
+	for (int i = 0; i < n; i++)
+		if (!rc && kvmem_pager_append_block(s->p, b0 + i, (const void *const *)t[i].layer,
+						    NULL) < 0)
+			rc = kvmem_fail();
+	if (!locked)
+		pthread_mutex_lock(&s->mu);
+	for (int i = 0; i < n; i++)
+		oblk_free(s, &t[i]);
+	if (!locked)
+		pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+/* Stage out every leading open block whose layers are all full (one
+ * thread: the per-layer write path). */
+static int flush_full(struct psrc *s)
+{
+	struct oblk t[16];
+	int64_t b0;
+	int n;
+
+	while ((n = take_full(s, t, 16, &b0)) > 0)
+		if (stage_taken(s, t, n, b0, 1) < 0)
+			return kvmem_fail();
 	return 0;
 }
 
@@ -208,21 +256,25 @@ static void put_at(const struct psrc *s, char *pg, int is_v, int h, int t, const
  * blocks are made first (on this thread), then the layers are copied on
  * the OpenMP threads (each layer's rows and page bytes are its own; a
  * 1024-token chunk at Qwen3-8B is 151 MB of bf16), then full blocks are
- * staged out in order.
+ * staged out in order. No rows (k and v NULL): a backend wrote them into
+ * the pages row_pages gave (bf16), and they are only counted in.
  */
 static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void *v,
 			 uint32_t dtype)
 {
 	struct psrc *s = ctx;
 	const size_t kw = (size_t)s->H * s->D, es_in = dtype == KVMEM_DTYPE_F32 ? 4 : 2;
+	const int placed = !k && !v;
 	int64_t b0, nb;
 	char ***pages = NULL;
 	int **fill = NULL, rc = -1;
 
 	if (dtype != KVMEM_DTYPE_F32 && dtype != KVMEM_DTYPE_BF16)
 		return kvmem_error(ENOTSUP, "%s: rows of dtype %u (f32 or bf16 only)", s->dir, dtype);
-	if (p0 < 0 || n < 0)
-		return kvmem_error(EINVAL, "%s: bad rows write: tokens %" PRId64 "+%d", s->dir, p0, n);
+	if (p0 < 0 || n < 0 || (!k != !v) ||
+	    (placed && (dtype != KVMEM_DTYPE_BF16 || s->g->dtype != KVMEM_DTYPE_BF16)))
+		return kvmem_error(EINVAL, "%s: bad rows write: tokens %" PRId64 "+%d%s", s->dir, p0, n,
+				   placed ? ", rows already in bf16 pages" : "");
 	if (!n)
 		return 0;
 	b0 = p0 / s->B;
@@ -233,13 +285,19 @@ static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void
 		kvmem_error(ENOMEM, "%s: out of memory", s->dir);
 		goto out;
 	}
+	/* The blocks' pages and fill counts stay where they are until this
+	 * thread stages them out: the copy needs no lock. */
+	pthread_mutex_lock(&s->mu);
 	for (int64_t i = 0; i < nb; i++) {
-		if (open_block(s, b0 + i, &pages[i], &fill[i]) < 0)
+		if (open_block(s, b0 + i, &pages[i], &fill[i]) < 0) {
+			pthread_mutex_unlock(&s->mu);
 			goto out;
+		}
 		for (int l = 0; l < s->L; l++) {
 			int t0 = i ? 0 : (int)(p0 % s->B);
 
 			if (fill[i][l] != t0) {
+				pthread_mutex_unlock(&s->mu);
 				kvmem_error(EINVAL, "%s: block %" PRId64 " layer %d written at token %d, "
 					    "%d are there: tokens must come in order", s->dir, b0 + i,
 					    l, t0, fill[i][l]);
@@ -247,8 +305,9 @@ static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void
 			}
 		}
 	}
-	#pragma omp parallel for schedule(static) if ((size_t)n * s->L * kw >= ((size_t)1 << 16))
-	for (int l = 0; l < s->L; l++)
+	pthread_mutex_unlock(&s->mu);
+	#pragma omp parallel for schedule(static) if (!placed && (size_t)n * s->L * kw >= ((size_t)1 << 16))
+	for (int l = 0; l < (placed ? 0 : s->L); l++)
 		for (int j = 0; j < n; j++) {
 			const int64_t p = p0 + j;
 			const int t = (int)(p % s->B);
@@ -262,17 +321,68 @@ static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void
 				       dtype);
 			}
 		}
-	for (int64_t i = 0; i < nb; i++) {
-		int64_t end = p0 + n - (b0 + i) * s->B;
+	rc = 0;
+	for (;;) {
+		struct oblk t[64];
+		int64_t first;
+		int m;
 
-		for (int l = 0; l < s->L; l++)
-			fill[i][l] = end < s->B ? (int)end : s->B;
+		pthread_mutex_lock(&s->mu);
+		for (int64_t i = 0; i < nb && fill; i++) {
+			int64_t end = p0 + n - (b0 + i) * s->B;
+
+			for (int l = 0; l < s->L; l++)
+				fill[i][l] = end < s->B ? (int)end : s->B;
+		}
+		free(fill);	/* the counts are in; the blocks may go now */
+		fill = NULL;
+		m = take_full(s, t, 64, &first);
+		pthread_mutex_unlock(&s->mu);
+		if (!m)
+			break;
+		if (stage_taken(s, t, m, first, 0) < 0) {
+			rc = -1;
+			break;
+		}
 	}
-	rc = flush_full(s);
 out:
 	free(pages);
 	free(fill);
 	return rc < 0 ? kvmem_fail() : 0;
+}
+
+/* The pages tokens p0..p0+n-1 go into, for the backend to write them:
+ * pages[l * nb + i], nb blocks from p0's. Only a bf16 workspace's blocks
+ * in pool slots (pinned with the pool: a backend's copies go there
+ * directly); -ENOTSUP otherwise, when the rows must come as rows. */
+static int ps_row_pages(void *ctx, int64_t p0, int n, void **pages)
+{
+	struct psrc *s = ctx;
+	const int64_t b0 = p0 / s->B, nb = n > 0 ? (p0 % s->B + n - 1) / s->B + 1 : 0;
+	int rc = 0;
+
+	if (s->g->dtype != KVMEM_DTYPE_BF16)
+		return kvmem_error(ENOTSUP, "%s: pages of dtype %u are made from rows", s->dir,
+				   s->g->dtype);
+	if (p0 < 0 || n <= 0)
+		return kvmem_error(EINVAL, "%s: bad pages request: tokens %" PRId64 "+%d", s->dir, p0,
+				   n);
+	pthread_mutex_lock(&s->mu);
+	for (int64_t i = 0; i < nb && !rc; i++) {
+		char **layer;
+		int *fill;
+
+		if (open_block(s, b0 + i, &layer, &fill) < 0)
+			rc = kvmem_fail();
+		else if (s->ob[b0 + i - s->first].own)
+			rc = kvmem_error(ENOTSUP, "%s: block %" PRId64 " is made outside the host pool",
+					 s->dir, b0 + i);
+		else
+			for (int l = 0; l < s->L; l++)
+				pages[(size_t)l * nb + i] = layer[l];
+	}
+	pthread_mutex_unlock(&s->mu);
+	return rc;
 }
 
 static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
@@ -379,6 +489,7 @@ static void ps_destroy(void *ctx)
 	for (int i = 0; i < s->n_spare; i++)
 		free(s->spare[i]);
 	free(s->ob);
+	pthread_mutex_destroy(&s->mu);
 	free(s);
 }
 
@@ -395,6 +506,7 @@ static const kvmem_page_source_ops pager_source_ops = {
 	.region = ps_region,
 	.commit = ps_commit,
 	.write_rows = ps_write_rows,
+	.row_pages = ps_row_pages,
 };
 
 int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
@@ -413,6 +525,10 @@ int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return kvmem_error(ENOMEM, "%s: out of memory", dir);
+	if (pthread_mutex_init(&s->mu, NULL)) {
+		free(s);
+		return kvmem_error(ENOMEM, "%s: cannot make a lock", dir);
+	}
 	s->p = p;
 	s->dir = dir;
 	s->g = g;

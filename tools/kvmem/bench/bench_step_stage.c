@@ -70,11 +70,17 @@ int ph_stageout(struct ctx *x)
 	float *logits = malloc(sizeof(float) * x->geo.cfg.vocab);
 	kvmem_view *v = NULL;
 	kvmem_pager_pool *pool = NULL;
+	void *pbase = NULL;
+	size_t plen = 0;
+	double t_pin = 0;
+	int pinned = 0;
 	kvmem_page_geom g;
 	char dir[4200];
-	double plain, mem, cold, warm, c_cold, commit, dummy;
-	kvmem_session_stats sm, sc, sw;
-	kvmem_pager_stats pm, pc, pw;
+	double plain, mem, cold, warm, c_cold, commit, dummy, rows = 0, c_rows;
+	kvmem_session_stats sm, sc, sw, sr;
+	kvmem_pager_stats pm, pc, pw, pr;
+	const char *pr_env = getenv("KVMEM_PAGE_ROWS");
+	const int pages_on = !(pr_env && !strcmp(pr_env, "0"));
 	int rc = -1;
 
 	if (!ids || !logits) {
@@ -89,6 +95,15 @@ int ph_stageout(struct ctx *x)
 	if (kvmem_pager_pool_create(&g, (uint64_t)((n + 2 * x->o.chunk) / BLOCK + 2) *
 				    x->geo.cfg.n_layers * kvmem_page_stride(&g), -1, &pool) < 0)
 		goto out;
+	/* Pinned on the backend once, as a server pins its shared pool: each
+	 * session's own registration of it is then a count (cuda_page.c), and
+	 * a GPU writes a chunk's pages straight into its slots (session.c's
+	 * ask_pages; KVMEM_PAGE_ROWS=0 for the rows copied on the host). */
+	kvmem_pager_pool_region(pool, &pbase, &plen);
+	t_pin = cli_now_s();
+	pinned = x->b->ops->host_register && pbase &&
+		 x->b->ops->host_register(x->b->ctx, pbase, plen) == 0;
+	t_pin = cli_now_s() - t_pin;
 	if (x->b->ops->view_create(x->b->ctx, &v) < 0 ||
 	    prefill_view(x, v, x->o.chunk, x->o.chunk, logits) < 0 ||	/* warm-up */
 	    (plain = prefill_view(x, v, n, x->o.chunk, logits)) < 0)
@@ -104,6 +119,17 @@ int ph_stageout(struct ctx *x)
 	    stage_run(x, ids, n, dir, pool, &cold, &c_cold, &sc, &pc) < 0 ||
 	    stage_run(x, ids, n, dir, pool, &warm, &commit, &sw, &pw) < 0)
 		goto out;
+	/* The peer in the same run: the same again with the rows copied into
+	 * the pages on the host (round two's path), when the backend wrote
+	 * them itself above. */
+	if (pages_on && x->b->ops->page_rows) {
+		setenv("KVMEM_PAGE_ROWS", "0", 1);
+		rc = stage_run(x, ids, n, dir, pool, &rows, &c_rows, &sr, &pr);
+		unsetenv("KVMEM_PAGE_ROWS");
+		if (rc < 0)
+			goto out;
+		rc = -1;
+	}
 	/* The figure is the session over the workspace against the plain
 	 * forward pass: what a user waits for when a long tool output is
 	 * appended, against the engine alone. */
@@ -115,11 +141,14 @@ int ph_stageout(struct ctx *x)
 	       "(+%.1f%% over plain, %+.1f%% over host memory: the store)\n  then the commit "
 	       "(durable)     %.3f s (%.2f GB/s of pages from the first append)\n  plain / session "
 	       "over the workspace: %.3f (%.3f with the commit); first use of the pool %.3f (%.3f)\n"
-	       "  the session's forward passes took %.3f s of its %.3f s (rows in line %.3f s)\n",
+	       "  the session's forward passes took %.3f s of its %.3f s (rows in line %.3f s; "
+	       "its own work after each forward %.3f s, waiting for the writer included; the "
+	       "rest, before each forward and at the append's ends, %.3f s)\n",
 	       n, x->o.chunk, pages / 1e9, plain, mem, 100 * (mem / plain - 1), cold, c_cold, warm,
 	       100 * (warm / plain - 1), 100 * (warm / mem - 1), commit, pages / (warm + commit) / 1e9,
 	       plain / warm, plain / (warm + commit), plain / cold, plain / (cold + c_cold),
-	       sw.forward_ns / 1e9, warm, sw.store_ns / 1e9);
+	       sw.forward_ns / 1e9, warm, sw.store_ns / 1e9, sw.own_ns / 1e9,
+	       warm - (sw.forward_ns + sw.store_ns + sw.own_ns) / 1e9);
 	printf("  writer thread: over host memory %.3f s busy, waited for %.3f s; over the "
 	       "workspace %.3f s busy, waited for %.3f s (first use of the pool: %.3f s busy); "
 	       "stage-out: %" PRIu64 " of %" PRId64 " blocks written by the end of the appends, "
@@ -127,10 +156,22 @@ int ph_stageout(struct ctx *x)
 	       sm.writer_ns / 1e9, sm.writer_wait_ns / 1e9, sw.writer_ns / 1e9,
 	       sw.writer_wait_ns / 1e9, sc.writer_ns / 1e9, pw.blocks_out, n / BLOCK,
 	       pw.backpressure_waits, pw.backpressure_ns / 1e9);
+	printf("  the pool (%.2f GB) %s on the backend once, before the runs: %.3f s; "
+	       "pages %s\n", plen / 1e9, pinned ? "pinned" : "not pinned", t_pin,
+	       !pages_on ? "made from rows on the host (KVMEM_PAGE_ROWS=0)" :
+	       x->b->ops->page_rows ? "written by the backend into the pool (page_rows)" :
+	       "made from rows on the host (the backend writes no pages)");
+	if (rows > 0)
+		printf("  peer: the same with pages made from rows on the host (KVMEM_PAGE_ROWS=0) "
+		       "%.3f s, plain / it %.3f; writer thread %.3f s busy, waited for %.3f s "
+		       "(with pages from the backend: %.3f s busy)\n", rows, plain / rows,
+		       sr.writer_ns / 1e9, sr.writer_wait_ns / 1e9, sw.writer_ns / 1e9);
 	rc = 0;
 out:
 	if (v)
 		x->b->ops->view_destroy(x->b->ctx, v);
+	if (pinned)
+		x->b->ops->host_unregister(x->b->ctx, pbase);
 	if (kvmem_pager_pool_free(pool) < 0)
 		rc = -1;
 	if (!x->o.keep)
