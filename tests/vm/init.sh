@@ -52,23 +52,32 @@ step() {	# name command...: a shell step, ok when it exits 0
 # stock one, more on a loaded machine: its programs get three times the time.
 slow=1
 grep -q 'kmemleak=on' /proc/cmdline && slow=3
-# A program past its time: the kernel stacks of its processes' threads and
-# of every task blocked in the kernel (sysrq w; KVMEM_VM_SYSRQ=t for all)
-# go to the console, then its whole process group is killed (a kselftest
-# runs each case in a child: killing the parent alone would leave a hung
-# case behind to stall the programs after it).
-watchdog() {	# seconds pgid name
+# A program past its time: the kernel stacks of every thread of its session
+# (a kselftest runs each case in a child of its own process group), of
+# every task blocked in the kernel (sysrq w; KVMEM_VM_SYSRQ=t for all) and
+# of the CPUs (sysrq l: where a running task spins) go to the console, then
+# every process of the session is killed (killing the parent alone would
+# leave a hung case behind to stall the programs after it).
+in_session() {	# sid: the pids of the processes of session sid
+	for p in /proc/[0-9]*; do
+		[ "$(cut -d' ' -f6 "$p"/stat 2>/dev/null)" = "$1" ] && echo "${p#/proc/}"
+	done
+}
+watchdog() {	# seconds sid name
 	sleep "$1"
 	kill -0 "$2" 2>/dev/null || return
 	echo "# ---- $3 still running after $1 s: kernel stacks of its threads"
-	for task in /proc/[0-9]*/task/[0-9]*; do
-		[ "$(cut -d' ' -f5 "$task"/stat 2>/dev/null)" = "$2" ] || continue
-		echo "# task ${task##*/} ($(cut -d' ' -f2,3 "$task"/stat), $(cat "$task"/wchan)):"
-		sed 's/^/#   /' "$task"/stack 2>/dev/null
+	for p in $(in_session "$2"); do
+		for task in /proc/"$p"/task/[0-9]*; do
+			echo "# task ${task##*/} ($(cut -d' ' -f2,3 "$task"/stat), $(cat "$task"/wchan)):"
+			sed 's/^/#   /' "$task"/stack 2>/dev/null
+		done
 	done
 	echo "${KVMEM_VM_SYSRQ:-w}" >/proc/sysrq-trigger
+	echo l >/proc/sysrq-trigger
+	sleep 1
 	dmesg -c | grep -v '^\[.*\]  *? ' | sed 's/^/# /'
-	kill -KILL -- "-$2"
+	kill -KILL $(in_session "$2")
 }
 selftest() {	# seconds program args...: a kselftest program
 	t=$((${KVMEM_VM_STEP_TIMEOUT:-$1} * slow))
