@@ -332,8 +332,11 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	if (cmd == KVMEM_IOC_PREFETCH)
 		allowed = KVMEM_PAGES_WAIT;
 	else if (cmd == KVMEM_IOC_FILLED)
-		allowed = KVMEM_PAGES_VERIFY;
+		allowed = KVMEM_PAGES_VERIFY | KVMEM_PAGES_FAILED;
 	if ((a.flags & ~allowed) || a.reserved)
+		return -EINVAL;
+	/* A failed fill has no bytes to verify: one or the other. */
+	if ((a.flags & KVMEM_PAGES_VERIFY) && (a.flags & KVMEM_PAGES_FAILED))
 		return -EINVAL;
 	if (!a.n_pages || a.n_pages > KVMEM_IOC_PAGES_MAX)
 		return -EINVAL;
@@ -385,7 +388,7 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 		if (cmd == KVMEM_IOC_CLAIM)
 			r = kvmem_claim_page(ws, ids[i]);
 		else if (cmd == KVMEM_IOC_FILLED)
-			r = kvmem_filled_page(ws, ids[i], a.flags & KVMEM_PAGES_VERIFY);
+			r = kvmem_filled_page(ws, ids[i], a.flags);
 		else
 			r = kvmem_evict_page(ws, ids[i]);
 		if (status)

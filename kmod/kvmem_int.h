@@ -219,7 +219,7 @@ void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
 int kvmem_fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch);
 int kvmem_claim_page(struct kvmem_ws *ws, u64 id);
 void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id);
-int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify);
+int kvmem_filled_page(struct kvmem_ws *ws, u64 id, u32 flags);
 
 /* kvmem_prefetch.c: the prefetch queue, its worker and the prefetch hook */
 int kvmem_prefetch_list(struct kvmem_ws *ws, struct kvmem_prefetch_batch *b, bool wait);

@@ -402,11 +402,14 @@ void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id)
 }
 
 /* FILLED: a claimed page is complete. Its ptes (writable, untracked while
- * claimed) are zapped so later writes are tracked; with verify the bytes
+ * claimed) are zapped so later writes are tracked; with VERIFY the bytes
  * are checked against the sums file and a mismatch drops the page (BAD,
- * but not a failed fill: the file may be fine, a fault reads it).
+ * a checksum error: the file may be fine, a fault reads it). With FAILED
+ * userspace says its fill failed (its read's error, a short read): the
+ * page is dropped as a read error, whatever its bytes, so the counters
+ * tell a disk that failed from bytes that were wrong.
  */
-int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
+int kvmem_filled_page(struct kvmem_ws *ws, u64 id, u32 flags)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	struct kvmem_slot *s;
@@ -423,7 +426,9 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
 	kvmem_zap_page(ws, id, s);
-	if (verify)
+	if (flags & KVMEM_PAGES_FAILED)
+		err = -EIO;
+	else if (flags & KVMEM_PAGES_VERIFY)
 		err = kvmem_verify_page(ws, id, s);
 	if (err)
 		kvmem_slot_release(ws, s);

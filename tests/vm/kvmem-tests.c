@@ -482,6 +482,45 @@ TEST_F(kv, claim_and_filled)
 	ASSERT_EQ(0, vt_stats(self->k).writebacks);
 }
 
+static int filled_raw(kvmem_kmod *k, uint64_t id, uint32_t flags, int32_t *st)
+{
+	struct kvmem_ioc_pages a = { .pages = (uintptr_t)&id, .status = (uintptr_t)st,
+				     .n_pages = 1, .flags = flags };
+
+	return ioctl(kvmem_kmod_fd(k), KVMEM_IOC_FILLED, &a) < 0 ? -errno : 0;
+}
+
+/* FILLED with FAILED: userspace's fill failed (its read's error), so the
+ * page is dropped and counted as a read error, not a checksum error,
+ * whatever bytes it holds; FAILED with VERIFY is refused with nothing
+ * done. */
+TEST_F(kv, filled_failed_is_a_read_error)
+{
+	uint64_t id = 5;
+	int32_t st = 7;
+	uint32_t stride = self->w.page_stride;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_EQ(1, kvmem_kmod_claim(self->k, &id, 1, &st));
+	/* Good bytes, but the fill says it failed: dropped all the same. */
+	ASSERT_EQ((ssize_t)stride, pread(self->w.pages_fd, kvmem_kmod_page_addr(self->k, id),
+					 stride, id * stride));
+	ASSERT_EQ(-EINVAL, filled_raw(self->k, id, KVMEM_PAGES_FAILED | KVMEM_PAGES_VERIFY, &st));
+	ASSERT_EQ(KVMEM_PTE_IN_FLIGHT, kvmem_kmod_pte(self->k, id)->flags & KVMEM_PTE_IN_FLIGHT);
+	ASSERT_EQ(-EIO, filled_raw(self->k, id, KVMEM_PAGES_FAILED, &st));
+	ASSERT_EQ(-EIO, st);
+	ASSERT_FALSE(kvmem_kmod_resident(self->k, id));
+	ASSERT_EQ(KVMEM_PTE_BAD, kvmem_kmod_pte(self->k, id)->flags & KVMEM_PTE_BAD);
+	ASSERT_EQ(1, vt_stats(self->k).read_errors);
+	ASSERT_EQ(0, vt_stats(self->k).checksum_errors);
+	ASSERT_EQ(0, vt_stats(self->k).user_fills);
+	/* The module reads it itself now. */
+	ASSERT_TRUE(page_ok(&self->w, self->k, id));
+	ASSERT_EQ(1, vt_stats(self->k).fills);
+	ASSERT_EQ(-EINVAL, filled_raw(self->k, id, KVMEM_PAGES_FAILED, &st));	/* not claimed */
+}
+
 /* EVICT drops pages (absent ones are fine), writing dirty ones back. */
 TEST_F(kv, evict_ioctl)
 {
@@ -995,6 +1034,27 @@ TEST(client_fills_with_odirect)
 	ASSERT_EQ(1, pwrite(w.pages_fd, &c, 1, 30 * w.page_stride + 7));
 	ASSERT_EQ(1, kvmem_kmod_fill(k, ids, 1, st));
 	ASSERT_TRUE(page_ok(&w, k, 30));
+	ASSERT_EQ(1, vt_stats(k).fills);
+	/* A read that comes back short (the file cut under the last page):
+	 * -EIO, counted by the module as a read error, not a checksum error;
+	 * the page absent and BAD, its neighbour fine. */
+	ASSERT_EQ(1, vt_stats(k).checksum_errors);
+	ASSERT_EQ(0, vt_stats(k).read_errors);
+	ASSERT_EQ(0, ftruncate(w.pages_fd, (w.pages - 1) * w.page_stride));
+	ids[0] = w.pages - 2;
+	ids[1] = w.pages - 1;
+	ASSERT_EQ(-EIO, kvmem_kmod_fill(k, ids, 2, st));
+	ASSERT_EQ(1, st[0]);
+	ASSERT_EQ(-EIO, st[1]);
+	ASSERT_FALSE(kvmem_kmod_resident(k, w.pages - 1));
+	ASSERT_TRUE(kvmem_kmod_pte(k, w.pages - 1)->flags & KVMEM_PTE_BAD);
+	ASSERT_EQ(1, vt_stats(k).read_errors);
+	ASSERT_EQ(1, vt_stats(k).checksum_errors);
+	ASSERT_TRUE(page_ok(&w, k, w.pages - 2));
+	ASSERT_EQ((ssize_t)w.page_stride, pwrite(w.pages_fd, page_ref(&w, w.pages - 1), w.page_stride,
+						 (w.pages - 1) * w.page_stride));
+	ASSERT_EQ(1, kvmem_kmod_fill(k, ids + 1, 1, st));
+	ASSERT_TRUE(page_ok(&w, k, w.pages - 1));
 	ASSERT_EQ(1, vt_stats(k).fills);
 	kvmem_kmod_close(k);
 

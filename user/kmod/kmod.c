@@ -355,6 +355,12 @@ int kvmem_kmod_filled(kvmem_kmod *k, const uint64_t *pages, size_t n, int verify
 	return err;
 }
 
+int kmod_filled_failed(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status)
+{
+	return n ? pages_ioctl(k, KVMEM_IOC_FILLED, "filled", pages, n, KVMEM_PAGES_FAILED,
+			       status) : 0;
+}
+
 int kvmem_kmod_evict(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status)
 {
 	if (!n)

@@ -133,6 +133,9 @@ struct kvmem_ioc_pages {
 #define KVMEM_IOC_PAGES_MAX	65536u
 #define KVMEM_PAGES_WAIT	0x1u	/* PREFETCH: return when every fill has ended */
 #define KVMEM_PAGES_VERIFY	0x2u	/* FILLED: check each page against its checksum */
+#define KVMEM_PAGES_FAILED	0x4u	/* FILLED: the fill failed (a read's error, a short
+					 * read): drop each page as a read error; not
+					 * with VERIFY */
 
 /* Counters of one workspace since setup. */
 struct kvmem_ioc_stats {
@@ -164,7 +167,9 @@ struct kvmem_ioc_stats {
  *		was claimed (zeroed, mapped without a fill until FILLED), 0 when
  *		it was resident or being filled already
  * FILLED	userspace finished filling claimed pages; flags VERIFY;
- *		status[i] = 0 or -EBADMSG (page dropped, marked BAD)
+ *		status[i] = 0 or -EBADMSG (page dropped, marked BAD); flag
+ *		FAILED instead: its fill failed, status[i] = -EIO, each page
+ *		dropped and marked BAD, counted in read_errors
  * EVICT	drop pages now (dirty ones are written back first); status[i] =
  *		0, -EBUSY (pinned by get_user_pages or in use) or -errno
  * SYNC		write back every dirty page, then fsync the pages and sums files
