@@ -521,6 +521,70 @@ TEST_F(kv, filled_failed_is_a_read_error)
 	ASSERT_EQ(-EINVAL, filled_raw(self->k, id, KVMEM_PAGES_FAILED, &st));	/* not claimed */
 }
 
+static int hint_raw(kvmem_kmod *k, struct kvmem_ioc_hint *h)
+{
+	return ioctl(kvmem_kmod_fd(k), KVMEM_IOC_HINT, h) < 0 ? -errno : 0;
+}
+
+/* The step's selection (HINT): reclaim lets the selected pages go last,
+ * then the runners-up, so a full window gives up a page the next view does
+ * not need (the clock alone evicts page 0 here); with PREFETCH the absent
+ * selected pages come in. A malformed HINT is refused. */
+TEST_F(kv, hint_keeps_the_selection)
+{
+	uint64_t sel[3] = { 1, 0, 2 }, ids[2] = { 6, 7 }, bad = self->w.pages;
+	struct kvmem_ioc_hint h;
+	unsigned char b;
+
+	self->k = vt_kmod(&self->w, 4);
+	ASSERT_NE(NULL, self->k);
+	memset(&h, 0, sizeof(h));
+	h.pages = (uintptr_t)sel;
+	h.n_pages = 1;
+	h.n_selected = 2;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));	/* more selected than pages */
+	h.n_selected = 1;
+	h.flags = 2;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));
+	h.flags = 0;
+	h.reserved[1] = 1;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));
+	h.reserved[1] = 0;
+	h.n_pages = KVMEM_IOC_PAGES_MAX + 1;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));
+	h.pages = (uintptr_t)&bad;
+	h.n_pages = 1;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));	/* past the last page */
+	h.pages = 8;
+	ASSERT_EQ(-EFAULT, hint_raw(self->k, &h));
+	h.n_pages = h.n_selected = 0;
+	ASSERT_EQ(0, hint_raw(self->k, &h));		/* no hint at all */
+
+	for (uint64_t p = 0; p < 4; p++)
+		ASSERT_TRUE(page_ok(&self->w, self->k, p));
+	ASSERT_EQ(0, kvmem_kmod_hint(self->k, 9, sel, 3, 2, 0));	/* 1, 0 view; 2 runner-up */
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(self->k, 4), &b, 1));
+	ASSERT_EQ(1, vt_stats(self->k).evictions);
+	ASSERT_FALSE(kvmem_kmod_resident(self->k, 3));
+	for (uint64_t p = 0; p < 3; p++) {
+		ASSERT_TRUE(kvmem_kmod_resident(self->k, p)) TH_LOG("page %d", (int)p);
+	}
+	ASSERT_EQ(9, kvmem_kmod_pte(self->k, 4)->last_step);	/* the hint's step is the step */
+	/* Again: a page not in the view leaves, never 0 or 1. */
+	ASSERT_TRUE(page_ok(&self->w, self->k, 3));
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 0));
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 1));
+	/* PREFETCH: the absent selected pages are read by the module. */
+	ASSERT_EQ(0, kvmem_kmod_hint(self->k, 10, ids, 2, 2, KVMEM_KMOD_HINT_PREFETCH));
+	for (int i = 0; i < 400 && !(kvmem_kmod_resident(self->k, 6) &&
+				     kvmem_kmod_resident(self->k, 7)); i++)
+		usleep(5000);
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 6));
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 7));
+	ASSERT_EQ(2, vt_stats(self->k).prefetches);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 6));
+}
+
 /* EVICT drops pages (absent ones are fine), writing dirty ones back. */
 TEST_F(kv, evict_ioctl)
 {

@@ -132,12 +132,16 @@ if [ -s $d/kmod.trace ]; then
 	fills=$(grep -c 'kvmem_fill_done' $d/kmod.trace)
 	pref=$(grep -c 'kvmem_prefetch:' $d/kmod.trace)
 	faults=$(grep -c 'kvmem_fault' $d/kmod.trace)
+	hints=$(grep -c 'kvmem_hint:' $d/kmod.trace)
 	# A fill by userspace (CLAIM, O_DIRECT, FILLED) reports no time of
 	# the module's: ns=0. The others are the module's buffered reads.
 	direct=$(grep 'kvmem_fill_done' $d/kmod.trace | grep -c ' ns=0 err=0')
-	echo "# session: tracepoints during the kmod run: $fills fill_done ($direct by O_DIRECT into the window, $((fills - direct)) by the module), $pref prefetch, $faults fault"
+	echo "# session: tracepoints during the kmod run: $fills fill_done ($direct by O_DIRECT into the window, $((fills - direct)) by the module), $pref prefetch, $faults fault, $hints hint"
 	[ "$fills" -gt 0 ]
 	check $? "the module's tracepoints fired during the kmod session"
+	# The selection's committed pages reach the module with the step.
+	[ "$hints" -gt 0 ]
+	check $? "the session's selections reached the module as hints ($hints KVMEM_IOC_HINT)"
 	if [ "$base" = /mnt/ext ]; then
 		# On a file system with O_DIRECT the kmod source reads pages
 		# into the window without a copy (kvmem_kmod_fill).

@@ -384,6 +384,32 @@ int kvmem_kmod_step(kvmem_kmod *k, uint64_t step)
 	return 0;
 }
 
+int kvmem_kmod_hint(kvmem_kmod *k, uint64_t step, const uint64_t *pages, size_t n,
+		    size_t n_selected, int flags)
+{
+	struct kvmem_ioc_hint a;
+
+	if (n_selected > n)
+		return kvmem_error(EINVAL, "%s: hint for step %llu: %zu selected of %zu pages",
+				   k->dev, (unsigned long long)step, n_selected, n);
+	/* One list: the view's pages first, so a cut keeps them. */
+	if (n > KVMEM_IOC_PAGES_MAX)
+		n = KVMEM_IOC_PAGES_MAX;
+	if (n_selected > n)
+		n_selected = n;
+	memset(&a, 0, sizeof(a));
+	a.step = step;
+	a.pages = (uintptr_t)pages;
+	a.n_pages = (uint32_t)n;
+	a.n_selected = (uint32_t)n_selected;
+	a.flags = flags & KVMEM_KMOD_HINT_PREFETCH ? KVMEM_HINT_PREFETCH : 0;
+	if (ioctl(k->fd, KVMEM_IOC_HINT, &a) < 0)
+		return kvmem_error(errno, "%s: hint for step %llu (%zu pages, %zu selected): %s",
+				   k->dev, (unsigned long long)step, n, n_selected,
+				   strerror(errno));
+	return 0;
+}
+
 int kvmem_kmod_set_count(kvmem_kmod *k, uint64_t pages)
 {
 	if (ioctl(k->fd, KVMEM_IOC_SET_COUNT, &pages) < 0)

@@ -18,6 +18,9 @@
  *                              way, the reads going on until the next get
  *                              (kvmem_kmod_fill_start), or the module's
  *                              PREFETCH; others to the pager
+ *   hint                       the selection's committed pages (view,
+ *                              then runners-up) to the module with the
+ *                              step (KVMEM_IOC_HINT), and to the pager
  *   commit                     then the module's page count follows the
  *                              pager's committed pages, and its step
  *
@@ -230,12 +233,31 @@ static void ks_prefetch(void *ctx, const int64_t *blocks, int n)
 	}
 }
 
+/*
+ * The selector's view of the step: the module gets the committed blocks'
+ * pages, those of the view (score 1) first and the runners-up (lower
+ * scores) after, with the step (KVMEM_IOC_HINT), so its reclaim lets them
+ * go last and BPF policies see them; the pager's replacement policy gets
+ * all of them (it keeps staged blocks by them).
+ */
 static void ks_hint(void *ctx, const int64_t *blocks, const float *scores, int n)
 {
 	struct ksrc *s = ctx;
+	size_t m = 0, n_sel = 0;
 
-	/* The pager's replacement policy keeps staged blocks by them; the
-	 * module's reclaim has its own clock (and a BPF program). */
+	if (n > 0 && !kvmem_grow(&s->list, sizeof(*s->list), (size_t)n * s->L, &s->list_cap, 64)) {
+		for (int pass = 0; pass < 2; pass++) {
+			for (int i = 0; i < n; i++)
+				if ((scores[i] >= 1.0f) == !pass && via_module(s, blocks[i], 0))
+					for (uint64_t l = 0; l < s->L; l++)
+						s->list[m++] = (uint64_t)blocks[i] * s->L + l;
+			if (!pass)
+				n_sel = m;
+		}
+		/* Only a hint: a refusal changes nothing that matters. */
+		if (m)
+			kvmem_kmod_hint(s->k, s->step, s->list, m, n_sel, 0);
+	}
 	if (s->inner.ops->hint)
 		s->inner.ops->hint(s->inner.ctx, blocks, scores, n);
 }

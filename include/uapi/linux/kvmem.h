@@ -161,6 +161,33 @@ struct kvmem_ioc_stats {
 };
 
 /*
+ * The engine's selection of a step (HINT): the pages of the blocks the next
+ * view holds, then their runners-up (the best of the rest), with the step
+ * they are for. They hold while the workspace's step is that step: reclaim
+ * lets a selected page go last (then a runner-up), the BPF hooks see them
+ * (kvmem_reclaim_ctx.hint[], the prefetch hook with reason HINT), and with
+ * KVMEM_HINT_PREFETCH the absent selected pages are prefetched by the
+ * module. A new HINT replaces the last one.
+ */
+struct kvmem_ioc_hint {
+	__u64 step;		/* the step: the workspace's step from now on (as STEP) */
+	__u64 pages;		/* user pointer to n_pages __u64 page ids, each < page_count */
+	__u32 n_pages;		/* 0 .. KVMEM_IOC_PAGES_MAX (0: no hint for this step) */
+	__u32 n_selected;	/* the first n_selected ids are the view's; <= n_pages */
+	__u32 flags;		/* KVMEM_HINT_* */
+	__u32 reserved0;	/* zero */
+	__u64 reserved[2];	/* zero */
+};
+
+#define KVMEM_HINT_PREFETCH	0x1u	/* prefetch the absent selected pages */
+#define KVMEM_HINT_FLAGS	KVMEM_HINT_PREFETCH
+
+/* A page's hint for the workspace's step (kvmem_reclaim_ctx.hint[]). */
+#define KVMEM_HINTED_NONE	0u
+#define KVMEM_HINTED_RUNNER_UP	1u	/* a runner-up of the step's selection */
+#define KVMEM_HINTED_SELECTED	2u	/* in the step's view */
+
+/*
  * SETUP	set up (EBUSY when done before; EINVAL on any bad field)
  * PREFETCH	fill pages asynchronously; status unused; flags WAIT
  * CLAIM	take absent pages for userspace to fill: status[i] = 1 when page i
@@ -178,6 +205,7 @@ struct kvmem_ioc_stats {
  *		the tracepoint kvmem_step (argument: __u64)
  * SET_COUNT	grow page_count (argument: __u64, a multiple of L, <= page_max)
  * STATS	read struct kvmem_ioc_stats
+ * HINT		the step's selection (struct kvmem_ioc_hint, above): sets the step
  */
 #define KVMEM_IOC_MAGIC		0xE7
 #define KVMEM_IOC_SETUP		_IOW(KVMEM_IOC_MAGIC, 1, struct kvmem_ioc_setup)
@@ -189,6 +217,7 @@ struct kvmem_ioc_stats {
 #define KVMEM_IOC_STEP		_IOW(KVMEM_IOC_MAGIC, 7, __u64)
 #define KVMEM_IOC_SET_COUNT	_IOW(KVMEM_IOC_MAGIC, 8, __u64)
 #define KVMEM_IOC_STATS		_IOR(KVMEM_IOC_MAGIC, 9, struct kvmem_ioc_stats)
+#define KVMEM_IOC_HINT		_IOW(KVMEM_IOC_MAGIC, 10, struct kvmem_ioc_hint)
 
 /*
  * mmap offsets of the two mappings (MAP_SHARED only).
@@ -206,7 +235,9 @@ struct kvmem_ioc_stats {
  * the candidates in its own order (clock order: candidate 0 is its choice)
  * and sets verdict to KVMEM_VERDICT_DEFAULT; a program may set verdict to the
  * index of the candidate to evict. Anything else but DEFAULT is refused and
- * the module evicts candidate 0 (counted in bad_verdicts).
+ * the module evicts candidate 0 (counted in bad_verdicts). Candidates the
+ * step's selection names (HINT) come after the others, runners-up before
+ * selected pages, each group in clock order.
  */
 #define KVMEM_RECLAIM_MAX	8
 #define KVMEM_VERDICT_DEFAULT	0xffffffffu
@@ -219,6 +250,7 @@ struct kvmem_reclaim_ctx {
 	__u64 last_step[KVMEM_RECLAIM_MAX];	/* step of the page's last fault */
 	__u32 access_count[KVMEM_RECLAIM_MAX];	/* the page's faults */
 	__u32 dirty[KVMEM_RECLAIM_MAX];		/* 1: evicting it writes it back first */
+	__u32 hint[KVMEM_RECLAIM_MAX];		/* KVMEM_HINTED_* for the step */
 };
 
 /*
@@ -237,11 +269,12 @@ struct kvmem_reclaim_ctx {
 #define KVMEM_PREFETCH_ADD_MAX	16
 #define KVMEM_PREFETCH_LIST	0u	/* a PREFETCH list */
 #define KVMEM_PREFETCH_FAULT	1u	/* a fault that fills page[0] */
+#define KVMEM_PREFETCH_HINT	2u	/* a HINT's selected pages (KVMEM_HINT_PREFETCH) */
 struct kvmem_prefetch_ctx {
 	__u64 ws_id;		/* inode number of the workspace's pages file */
 	__u64 step;		/* the workspace's step (KVMEM_IOC_STEP) */
 	__u64 page_count;	/* valid page ids are below it */
-	__u32 reason;		/* KVMEM_PREFETCH_LIST or _FAULT */
+	__u32 reason;		/* KVMEM_PREFETCH_LIST, _FAULT or _HINT */
 	__u32 n_pages;		/* ids in the list (1 for a fault) */
 	__u64 page[KVMEM_PREFETCH_SEEN];	/* its first min(n_pages, 8) ids */
 	__u32 n_add;		/* in: 0; out: entries of add[] to prefetch too */
