@@ -452,6 +452,7 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case KVMEM_IOC_STEP:
 	case KVMEM_IOC_SET_COUNT:
 	case KVMEM_IOC_HINT:
+	case KVMEM_IOC_GPU:
 		/* Everything but STATS changes the workspace: not through a
 		 * descriptor opened for reading only.
 		 */
@@ -494,6 +495,8 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		return kvmem_set_count(ws, v);
 	case KVMEM_IOC_HINT:
 		return kvmem_hint(ws, uarg);
+	case KVMEM_IOC_GPU:
+		return kvmem_gpu(ws, uarg);
 	default:	/* KVMEM_IOC_STATS */
 		mutex_lock(&ws->lock);
 		st = ws->stats;

@@ -217,6 +217,10 @@ int kvmem_ws_init_memory(struct kvmem_ws *ws, u64 host_cap);
 void kvmem_ws_free_memory(struct kvmem_ws *ws);
 void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end);
 void kvmem_pte_update(struct kvmem_ws *ws, u64 id);
+/* The entry with this GPU slot (KVMEM_SLOT_NONE: not on the GPU). */
+void kvmem_pte_set_gpu(struct kvmem_ws *ws, u64 id, u32 gpu_slot);
+/* kvmem_gpu.c: the GPU ioctl. */
+long kvmem_gpu(struct kvmem_ws *ws, void __user *uarg);
 void kvmem_ws_changed(struct kvmem_ws *ws);
 int kvmem_ws_wait(struct kvmem_ws *ws);
 void kvmem_slot_release(struct kvmem_ws *ws, struct kvmem_slot *s);

@@ -130,6 +130,22 @@ TRACE_EVENT(kvmem_hint,
 		  __entry->ws_id, __entry->step, __entry->n_pages, __entry->n_selected)
 );
 
+TRACE_EVENT(kvmem_gpu,
+	TP_PROTO(u64 ws_id, u64 page, u32 slot),
+	TP_ARGS(ws_id, page, slot),
+	TP_STRUCT__entry(
+		__field(u64, ws_id)
+		__field(u64, page)
+		__field(u32, slot)
+	),
+	TP_fast_assign(
+		__entry->ws_id = ws_id;
+		__entry->page = page;
+		__entry->slot = slot;
+	),
+	TP_printk("ws=%llu page=%llu slot=%u", __entry->ws_id, __entry->page, __entry->slot)
+);
+
 /* kvmem_evict reason */
 #define KVMEM_EVICT_RECLAIM	0	/* over the cap, the module's choice */
 #define KVMEM_EVICT_VERDICT	1	/* over the cap, a BPF program's choice */

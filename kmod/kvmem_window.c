@@ -59,12 +59,17 @@ static void pte_end(struct kvmem_pte *e)
 	WRITE_ONCE(e->seq, e->seq + 1);
 }
 
-void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
+/* The entry from the page's state, with gpu_slot (the GPU tier is the
+ * engine's word, GPU ioctl: kept as it is by every other update). */
+static void kvmem_pte_write(struct kvmem_ws *ws, u64 id, u32 gpu_slot)
 {
 	struct kvmem_pte *e = &ws->pte[id];
 	struct kvmem_pg *pg = &ws->pg[id];
 	u8 tiers = id < ws->page_count ? KVMEM_TIER_NVME : 0;
 	u8 flags = 0;
+
+	if (gpu_slot != KVMEM_SLOT_NONE)
+		tiers |= KVMEM_TIER_GPU;
 
 	switch (pg->state) {
 	case KVMEM_RESIDENT:
@@ -85,9 +90,20 @@ void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
 		flags |= KVMEM_PTE_PREFETCHED;
 	pte_begin(e);
 	WRITE_ONCE(e->host_slot, pg->slot);
+	WRITE_ONCE(e->gpu_slot, gpu_slot);
 	WRITE_ONCE(e->flags, flags);
 	WRITE_ONCE(e->tiers, tiers);
 	pte_end(e);
+}
+
+void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
+{
+	kvmem_pte_write(ws, id, READ_ONCE(ws->pte[id].gpu_slot));
+}
+
+void kvmem_pte_set_gpu(struct kvmem_ws *ws, u64 id, u32 gpu_slot)
+{
+	kvmem_pte_write(ws, id, gpu_slot);
 }
 
 /* Entries [first, end): fresh pages of the file (SETUP, SET_COUNT). */

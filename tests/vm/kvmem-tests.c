@@ -585,6 +585,70 @@ TEST_F(kv, hint_keeps_the_selection)
 	ASSERT_TRUE(page_ok(&self->w, self->k, 6));
 }
 
+static int gpu_raw(kvmem_kmod *k, struct kvmem_ioc_gpu *g)
+{
+	return ioctl(kvmem_kmod_fd(k), KVMEM_IOC_GPU, g) < 0 ? -errno : 0;
+}
+
+/* The GPU tier: the engine's GPU slots of pages reach the table (gpu_slot,
+ * KVMEM_TIER_GPU, one consistent entry), stay while the host copy comes and
+ * goes, and leave with KVMEM_SLOT_NONE; a malformed call changes nothing. */
+TEST_F(kv, gpu_tier_in_the_table)
+{
+	uint64_t ids[2] = { 2, 5 }, bad[2] = { 2, self->w.pages };
+	uint32_t slots[2] = { 7, 0 }, none[2] = { KVMEM_SLOT_NONE, KVMEM_SLOT_NONE };
+	struct kvmem_ioc_gpu g;
+	struct kvmem_pte e;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 2));
+	ASSERT_EQ(0, kvmem_kmod_gpu(self->k, ids, slots, 2));
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 2, &e));
+	ASSERT_EQ(7, e.gpu_slot);
+	ASSERT_EQ(KVMEM_TIER_GPU | KVMEM_TIER_HOST | KVMEM_TIER_NVME, e.tiers);
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 5, &e));
+	ASSERT_EQ(0, e.gpu_slot);
+	ASSERT_EQ(KVMEM_TIER_GPU | KVMEM_TIER_NVME, e.tiers);	/* on the GPU, not in the window */
+	/* The host copy leaves and comes back: the GPU tier stays. */
+	ASSERT_EQ(0, kvmem_kmod_evict(self->k, ids, 1, NULL));
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 2, &e));
+	ASSERT_EQ(KVMEM_TIER_GPU | KVMEM_TIER_NVME, e.tiers);
+	ASSERT_EQ(KVMEM_SLOT_NONE, e.host_slot);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 5));
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 5, &e));
+	ASSERT_EQ(KVMEM_TIER_GPU | KVMEM_TIER_HOST | KVMEM_TIER_NVME, e.tiers);
+	ASSERT_EQ(0, e.gpu_slot);
+	/* Refused, nothing recorded: an id past the end (after a good one),
+	 * flags, reserved, no pages, an unreadable slot array. */
+	memset(&g, 0, sizeof(g));
+	g.pages = (uintptr_t)bad;
+	g.slots = (uintptr_t)none;
+	g.n_pages = 2;
+	ASSERT_EQ(-EINVAL, gpu_raw(self->k, &g));
+	ASSERT_EQ(7, kvmem_kmod_pte(self->k, 2)->gpu_slot);
+	g.pages = (uintptr_t)ids;
+	g.flags = 1;
+	ASSERT_EQ(-EINVAL, gpu_raw(self->k, &g));
+	g.flags = 0;
+	g.reserved = 1;
+	ASSERT_EQ(-EINVAL, gpu_raw(self->k, &g));
+	g.reserved = 0;
+	g.n_pages = 0;
+	ASSERT_EQ(-EINVAL, gpu_raw(self->k, &g));
+	g.n_pages = 2;
+	g.slots = 8;
+	ASSERT_EQ(-EFAULT, gpu_raw(self->k, &g));
+	ASSERT_EQ(7, kvmem_kmod_pte(self->k, 2)->gpu_slot);
+	/* Both leave the GPU. */
+	ASSERT_EQ(0, kvmem_kmod_gpu(self->k, ids, none, 2));
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 2, &e));
+	ASSERT_EQ(KVMEM_SLOT_NONE, e.gpu_slot);
+	ASSERT_EQ(KVMEM_TIER_NVME, e.tiers);
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 5, &e));
+	ASSERT_EQ(KVMEM_TIER_HOST | KVMEM_TIER_NVME, e.tiers);
+}
+
 /* EVICT drops pages (absent ones are fine), writing dirty ones back. */
 TEST_F(kv, evict_ioctl)
 {
@@ -1322,7 +1386,7 @@ TEST_F(kv, tracepoints_listed_and_fire)
 {
 	static const char *const ev[] = { "kvmem_fault", "kvmem_hit", "kvmem_fill_done",
 					  "kvmem_prefetch", "kvmem_evict", "kvmem_writeback",
-					  "kvmem_error" };
+					  "kvmem_error", "kvmem_step", "kvmem_hint", "kvmem_gpu" };
 	char path[160], buf[8192];
 	struct stat sb;
 	ssize_t n;
@@ -1353,6 +1417,26 @@ TEST_F(kv, tracepoints_listed_and_fire)
 	fd = open("/sys/kernel/tracing/events/kvmem/kvmem_fill_done/enable", O_WRONLY);
 	ASSERT_EQ(1, write(fd, "0", 1));
 	close(fd);
+	/* The GPU tier's event names the page and its slot. */
+	{
+		uint64_t id = 6;
+		uint32_t slot = 41;
+
+		fd = open("/sys/kernel/tracing/events/kvmem/kvmem_gpu/enable", O_WRONLY);
+		ASSERT_LE(0, fd);
+		ASSERT_EQ(1, write(fd, "1", 1));
+		close(fd);
+		ASSERT_EQ(0, kvmem_kmod_gpu(self->k, &id, &slot, 1));
+		fd = open("/sys/kernel/tracing/trace", O_RDONLY);
+		n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		ASSERT_GT(n, 0);
+		buf[n] = 0;
+		ASSERT_NE(NULL, strstr(buf, "page=6 slot=41")) TH_LOG("%s", buf);
+		fd = open("/sys/kernel/tracing/events/kvmem/kvmem_gpu/enable", O_WRONLY);
+		ASSERT_EQ(1, write(fd, "0", 1));
+		close(fd);
+	}
 }
 
 TEST_HARNESS_MAIN

@@ -410,6 +410,25 @@ int kvmem_kmod_hint(kvmem_kmod *k, uint64_t step, const uint64_t *pages, size_t 
 	return 0;
 }
 
+int kvmem_kmod_gpu(kvmem_kmod *k, const uint64_t *pages, const uint32_t *slots, size_t n)
+{
+	for (size_t done = 0; done < n;) {
+		struct kvmem_ioc_gpu a;
+		size_t m = n - done < KVMEM_IOC_PAGES_MAX ? n - done : KVMEM_IOC_PAGES_MAX;
+
+		memset(&a, 0, sizeof(a));
+		a.pages = (uintptr_t)(pages + done);
+		a.slots = (uintptr_t)(slots + done);
+		a.n_pages = (uint32_t)m;
+		if (ioctl(k->fd, KVMEM_IOC_GPU, &a) < 0)
+			return kvmem_error(errno, "%s: recording the GPU slots of %zu pages (from page "
+					   "%llu): %s", k->dev, m, (unsigned long long)pages[done],
+					   strerror(errno));
+		done += m;
+	}
+	return 0;
+}
+
 int kvmem_kmod_set_count(kvmem_kmod *k, uint64_t pages)
 {
 	if (ioctl(k->fd, KVMEM_IOC_SET_COUNT, &pages) < 0)

@@ -188,6 +188,21 @@ struct kvmem_ioc_hint {
 #define KVMEM_HINTED_SELECTED	2u	/* in the step's view */
 
 /*
+ * The GPU tier (GPU): where the engine's GPU pool holds copies of pages, so
+ * the table shows three tiers. For each page id, slots[i] is its GPU slot
+ * (written to kvmem_pte.gpu_slot, KVMEM_TIER_GPU set) or KVMEM_SLOT_NONE
+ * (it left the GPU: both cleared). The module only records it: its reclaim
+ * and fills are about the host copy, which may come and go meanwhile.
+ */
+struct kvmem_ioc_gpu {
+	__u64 pages;		/* user pointer to n_pages __u64 page ids, each < page_count */
+	__u64 slots;		/* user pointer to n_pages __u32 GPU slots or KVMEM_SLOT_NONE */
+	__u32 n_pages;		/* 1 .. KVMEM_IOC_PAGES_MAX */
+	__u32 flags;		/* zero */
+	__u64 reserved;		/* zero */
+};
+
+/*
  * SETUP	set up (EBUSY when done before; EINVAL on any bad field)
  * PREFETCH	fill pages asynchronously; status unused; flags WAIT
  * CLAIM	take absent pages for userspace to fill: status[i] = 1 when page i
@@ -206,6 +221,7 @@ struct kvmem_ioc_hint {
  * SET_COUNT	grow page_count (argument: __u64, a multiple of L, <= page_max)
  * STATS	read struct kvmem_ioc_stats
  * HINT		the step's selection (struct kvmem_ioc_hint, above): sets the step
+ * GPU		record pages' GPU slots in the table (struct kvmem_ioc_gpu, above)
  */
 #define KVMEM_IOC_MAGIC		0xE7
 #define KVMEM_IOC_SETUP		_IOW(KVMEM_IOC_MAGIC, 1, struct kvmem_ioc_setup)
@@ -218,6 +234,7 @@ struct kvmem_ioc_hint {
 #define KVMEM_IOC_SET_COUNT	_IOW(KVMEM_IOC_MAGIC, 8, __u64)
 #define KVMEM_IOC_STATS		_IOR(KVMEM_IOC_MAGIC, 9, struct kvmem_ioc_stats)
 #define KVMEM_IOC_HINT		_IOW(KVMEM_IOC_MAGIC, 10, struct kvmem_ioc_hint)
+#define KVMEM_IOC_GPU		_IOW(KVMEM_IOC_MAGIC, 11, struct kvmem_ioc_gpu)
 
 /*
  * mmap offsets of the two mappings (MAP_SHARED only).
