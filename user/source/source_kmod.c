@@ -21,6 +21,9 @@
  *   hint                       the selection's committed pages (view,
  *                              then runners-up) to the module with the
  *                              step (KVMEM_IOC_HINT), and to the pager
+ *   region                     the window over the committed pages, when
+ *                              it fits the host cap (a backend pins it);
+ *                              then the window never moves
  *   commit                     then the module's page count follows the
  *                              pager's committed pages, and its step
  *
@@ -60,6 +63,7 @@ struct ksrc {
 	uint64_t out;			/* pages got and not yet put, from either reader */
 	struct kvmem_ioc_stats before;	/* counters of the windows closed by growing */
 	size_t fill_max;		/* pages a prefetch reads at most: half the slots */
+	int region_out;			/* the window was handed out (region): it never moves */
 	uint64_t *list;			/* prefetch scratch */
 	size_t list_cap;
 };
@@ -102,11 +106,16 @@ static int window_open(struct ksrc *s, uint64_t page_max)
  */
 static int follow(struct ksrc *s)
 {
-	uint64_t want = s->target * s->L, have = kvmem_kmod_pages(s->k);
+	uint64_t want = s->target * s->L, have = kvmem_kmod_pages(s->k), room;
 	size_t len;
 
 	kvmem_kmod_window(s->k, &len);
-	if (want > len / kvmem_kmod_page_stride(s->k)) {
+	room = len / kvmem_kmod_page_stride(s->k) / s->L * s->L;
+	/* A window handed out as the region (a backend registered it) must
+	 * stay where it is: blocks past it stay the pager's. */
+	if (s->region_out && want > room)
+		want = room;
+	if (want > room) {
 		kvmem_kmod *old = s->k;
 		uint64_t max = 2 * want;
 
@@ -131,7 +140,7 @@ static int follow(struct ksrc *s)
 					  kvmem_pager_dir(s->p), s->target);
 	}
 	if (!s->out)
-		s->served = s->target;
+		s->served = want / s->L;
 	return 0;
 }
 
@@ -262,6 +271,41 @@ static void ks_hint(void *ctx, const int64_t *blocks, const float *scores, int n
 		s->inner.ops->hint(s->inner.ctx, blocks, scores, n);
 }
 
+/*
+ * The region a backend may register (cudaHostRegister on a GPU host,
+ * host_register in kvmem/backend.h): the module's window over the
+ * committed pages, so a GPU reads them where the O_DIRECT reads put them.
+ * Registering pins every page it covers (the module never evicts a held
+ * page), so it is offered only when the whole window fits under the host
+ * cap: a larger one could not page at all (-ENOTSUP). Once handed out the
+ * window never moves (follow: blocks committed past it stay the pager's).
+ * -ENOENT before anything is committed.
+ */
+static int ks_region(void *ctx, void **base, size_t *len)
+{
+	struct ksrc *s = ctx;
+	struct kvmem_ioc_stats st;
+	uint64_t stride = kvmem_kmod_page_stride(s->k), pages = kvmem_kmod_pages(s->k);
+	size_t wlen;
+	void *w = kvmem_kmod_window(s->k, &wlen);
+
+	if (kvmem_kmod_stats(s->k, &st) < 0)
+		return kvmem_fail();
+	if (wlen / stride > st.slots)
+		return kvmem_error(ENOTSUP, "%s: the module's window (%" PRIu64 " pages) is larger "
+				   "than its host cap (%" PRIu64 " pages): registering it would pin "
+				   "every page, so it is not offered as a region",
+				   kvmem_pager_dir(s->p), (uint64_t)(wlen / stride),
+				   (uint64_t)st.slots);
+	if (!pages)
+		return kvmem_error(ENOENT, "%s: nothing committed yet: no region",
+				   kvmem_pager_dir(s->p));
+	s->region_out = 1;
+	*base = w;
+	*len = pages * stride;
+	return 0;
+}
+
 static void ks_destroy(void *ctx)
 {
 	struct ksrc *s = ctx;
@@ -281,6 +325,7 @@ static const kvmem_page_source_ops kmod_source_ops = {
 	.put = ks_put,
 	.prefetch = ks_prefetch,
 	.hint = ks_hint,
+	.region = ks_region,
 	.destroy = ks_destroy,
 	.commit = ks_commit,
 	.write_rows = ks_write_rows,
