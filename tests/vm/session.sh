@@ -119,9 +119,10 @@ check $same "the two workspaces hold the same bytes (writes and commits are the 
 kvmem verify $d/ws-kmod >$d/verify.out 2>&1
 check $? "kvmem verify of the kmod run's workspace"
 
-# "kernel module /dev/kvmem: F faults, H hits, R pages read (B bytes), U
-# filled by O_DIRECT, ..." per part: R counts the module's own (buffered)
-# reads, copies out of the page cache; U the source's O_DIRECT fills.
+# "kernel module /dev/kvmem: F faults, H hits, R pages read (B bytes), P
+# prefetched, E evictions, U filled by O_DIRECT, ..." per part: R counts the
+# module's own (buffered) reads, copies out of the page cache; U the
+# source's O_DIRECT fills.
 read_pages=$(sed -n 's/^kernel module .* \([0-9]*\) pages read.*/\1/p' $d/kmod.err $d/kmod.json |
 	awk '{ s += $1 } END { print s + 0 }')
 user_fills=$(sed -n 's/^kernel module .* \([0-9]*\) filled by O_DIRECT.*/\1/p' $d/kmod.err $d/kmod.json |

@@ -85,13 +85,15 @@ int run_ws_close(struct run_ws *r, FILE *f)
 		/* "pages read" are the module's own (buffered: page-cache
 		 * copies); "filled by O_DIRECT" the source's reads straight
 		 * into the window (no copy). */
+		/* (The first six numbers keep their places: bpf/vm-observe.sh
+		 * reads them by position.) */
 		fprintf(f, "kernel module %s: %llu faults, %llu hits, %llu pages read (%llu bytes), "
-			"%llu filled by O_DIRECT, %llu prefetched, %llu evictions, %llu read "
+			"%llu prefetched, %llu evictions, %llu filled by O_DIRECT, %llu read "
 			"errors, %llu checksum errors\n",
 			"/dev/kvmem", (unsigned long long)ks.faults, (unsigned long long)ks.hits,
 			(unsigned long long)ks.fills, (unsigned long long)ks.fill_bytes,
-			(unsigned long long)ks.user_fills, (unsigned long long)ks.prefetches,
-			(unsigned long long)ks.evictions, (unsigned long long)ks.read_errors,
+			(unsigned long long)ks.prefetches, (unsigned long long)ks.evictions,
+			(unsigned long long)ks.user_fills, (unsigned long long)ks.read_errors,
 			(unsigned long long)ks.checksum_errors);
 	rc = kvmem_workspace_close(r->w);
 	r->w = NULL;
