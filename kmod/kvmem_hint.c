@@ -47,7 +47,8 @@ long kvmem_hint(struct kvmem_ws *ws, void __user *uarg)
 		ids = kvmalloc_array(a.n_pages, sizeof(u64), GFP_KERNEL_ACCOUNT);
 		if (!ids)
 			return -ENOMEM;
-		if (copy_from_user(ids, u64_to_user_ptr(a.pages), (size_t)a.n_pages * sizeof(u64))) {
+		if (copy_from_user(ids, u64_to_user_ptr(a.pages),
+				   (size_t)a.n_pages * sizeof(u64))) {
 			kvfree(ids);
 			return -EFAULT;
 		}

@@ -60,7 +60,8 @@ static void pte_end(struct kvmem_pte *e)
 }
 
 /* The entry from the page's state, with gpu_slot (the GPU tier is the
- * engine's word, GPU ioctl: kept as it is by every other update). */
+ * engine's word, GPU ioctl: kept as it is by every other update).
+ */
 static void kvmem_pte_write(struct kvmem_ws *ws, u64 id, u32 gpu_slot)
 {
 	struct kvmem_pte *e = &ws->pte[id];

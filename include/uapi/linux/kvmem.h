@@ -133,9 +133,10 @@ struct kvmem_ioc_pages {
 #define KVMEM_IOC_PAGES_MAX	65536u
 #define KVMEM_PAGES_WAIT	0x1u	/* PREFETCH: return when every fill has ended */
 #define KVMEM_PAGES_VERIFY	0x2u	/* FILLED: check each page against its checksum */
-#define KVMEM_PAGES_FAILED	0x4u	/* FILLED: the fill failed (a read's error, a short
-					 * read): drop each page as a read error; not
-					 * with VERIFY */
+/* FILLED: the fill failed (a read's error, a short read): drop each page as
+ * a read error; not with VERIFY.
+ */
+#define KVMEM_PAGES_FAILED	0x4u
 
 /* Counters of one workspace since setup. */
 struct kvmem_ioc_stats {
