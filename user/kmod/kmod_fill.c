@@ -338,7 +338,8 @@ static int claim_into(kvmem_kmod *k, struct kmod_batch *b, const uint64_t *pages
 	for (size_t i = 0; i < n; i++)
 		if (claimed[i] == 1 && batch_add(b, &pages[i], 1) < 0) {
 			/* No room to track it: hand it back now, unread
-			 * (the module reads it). */
+			 * (a read error in the counters: it never was
+			 * read; the module reads it later). */
 			kmod_filled_failed(k, &pages[i], 1, NULL);
 			claimed[i] = -ENOMEM;
 		}
