@@ -52,13 +52,36 @@ step() {	# name command...: a shell step, ok when it exits 0
 # stock one, more on a loaded machine: its programs get three times the time.
 slow=1
 grep -q 'kmemleak=on' /proc/cmdline && slow=3
+# A program past its time: the kernel stacks of its processes' threads and
+# of every task blocked in the kernel (sysrq w; KVMEM_VM_SYSRQ=t for all)
+# go to the console, then its whole process group is killed (a kselftest
+# runs each case in a child: killing the parent alone would leave a hung
+# case behind to stall the programs after it).
+watchdog() {	# seconds pgid name
+	sleep "$1"
+	kill -0 "$2" 2>/dev/null || return
+	echo "# ---- $3 still running after $1 s: kernel stacks of its threads"
+	for task in /proc/[0-9]*/task/[0-9]*; do
+		[ "$(cut -d' ' -f5 "$task"/stat 2>/dev/null)" = "$2" ] || continue
+		echo "# task ${task##*/} ($(cut -d' ' -f2,3 "$task"/stat), $(cat "$task"/wchan)):"
+		sed 's/^/#   /' "$task"/stack 2>/dev/null
+	done
+	echo "${KVMEM_VM_SYSRQ:-w}" >/proc/sysrq-trigger
+	dmesg -c | grep -v '^\[.*\]  *? ' | sed 's/^/# /'
+	kill -KILL -- "-$2"
+}
 selftest() {	# seconds program args...: a kselftest program
-	t=$(($1 * slow))
+	t=$((${KVMEM_VM_STEP_TIMEOUT:-$1} * slow))
 	shift
 	echo "# ---- $*"
 	start=$(cut -d' ' -f1 /proc/uptime)
-	timeout -s KILL "$t" "$@"
+	setsid "$@" &
+	pid=$!
+	watchdog "$t" "$pid" "$1" &
+	wd=$!
+	wait "$pid"
 	rc=$?
+	kill "$wd" 2>/dev/null
 	echo "# ---- $1 exit $rc after $start .. $(cut -d' ' -f1 /proc/uptime) s"
 	# 0 all passed, 1 some failed (each reported): anything else (a signal,
 	# the timeout) means cases may be missing from the count.

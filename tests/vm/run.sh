@@ -20,10 +20,12 @@ limit=${KVMEM_VM_TIMEOUT:-1500}
 [ -f "$kernel" ] || { echo "kvmem vmtest: $kernel missing" >&2; exit 1; }
 # The kernel hands unknown name=value parameters to /init as environment:
 # KVMEM_TEST_SEED replays the selftests' random choices.
-# So do KVMEM_VM_ONLY (only the selftests whose name holds it) and
-# KVMEM_FUZZ_SECONDS (kvmem-fuzz's time).
+# So do KVMEM_VM_ONLY (only the selftests whose name holds it),
+# KVMEM_FUZZ_SECONDS (kvmem-fuzz's time) and KVMEM_VM_STEP_TIMEOUT (seconds
+# a selftest program may run before its stacks are printed and it is
+# killed; 600 by default).
 seed=""
-for v in KVMEM_TEST_SEED KVMEM_VM_ONLY KVMEM_FUZZ_SECONDS; do
+for v in KVMEM_TEST_SEED KVMEM_VM_ONLY KVMEM_FUZZ_SECONDS KVMEM_VM_STEP_TIMEOUT KVMEM_VM_SYSRQ; do
 	eval "val=\${$v:-}"
 	[ -n "$val" ] && seed="$seed $v=$val"
 done
@@ -35,7 +37,7 @@ timeout --foreground -k 10 "$limit" qemu-system-x86_64 -accel tcg -cpu max -m 10
 	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1 \
 	-nographic -no-reboot -kernel "$kernel" -initrd "$vm/initramfs.cpio" \
 	-append "console=ttyS0 panic=-1 quiet loglevel=1$extra$seed" </dev/null 2>&1 |
-	tr -d '\r' | tee "$log"
+	stdbuf -oL tr -d '\r' | tee "$log"
 qrc=${PIPESTATUS[0]}
 end=$(date +%s.%N)
 
