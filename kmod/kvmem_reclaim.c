@@ -130,6 +130,16 @@ static bool evictable(struct kvmem_ws *ws, struct kvmem_slot *s)
 	       !kvmem_slot_maybe_held(ws, s, 0);
 }
 
+static bool taken(const u32 *slot_of, u32 n, u32 slot)
+{
+	u32 i;
+
+	for (i = 0; i < n; i++)
+		if (slot_of[i] == slot)
+			return true;
+	return false;
+}
+
 /*
  * Put the candidates the step's selection names last (runners-up, then
  * selected pages; each group keeps its clock order), so the module's
@@ -198,6 +208,13 @@ static int reclaim_one(struct kvmem_ws *ws)
 			s->ref = false;
 			continue;
 		}
+		/* The second round passes slots taken in the first: a page
+		 * is a candidate once (a window of fewer than
+		 * KVMEM_RECLAIM_MAX slots gave the same pages twice), while
+		 * those whose second chance the first round used up join.
+		 */
+		if (taken(slot_of, n, slot))
+			continue;
 		pg = &ws->pg[s->page];
 		slot_of[n] = slot;
 		ctx.page[n] = s->page;

@@ -170,11 +170,15 @@ TEST_F(bpf, victim_hook_sees_the_hints)
 	ASSERT_EQ(KVMEM_HINTED_RUNNER_UP << 8 | KVMEM_HINTED_SELECTED << 12,
 		  cfg_get(self->cfg_fd, 8));
 	ASSERT_FALSE(kvmem_kmod_resident(k, 0));
-	/* The next step: no hint counts any more. */
+	/* The next step: no hint counts any more. The scan passes page 4
+	 * (just filled: its second chance) and comes round to pages 1-3
+	 * again: each page is a candidate once. */
 	ASSERT_EQ(0, kvmem_kmod_step(k, 4));
 	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, 5), &b, 1));
 	ASSERT_EQ(2, cfg_get(self->cfg_fd, 1));
 	ASSERT_EQ(0, cfg_get(self->cfg_fd, 8));
+	ASSERT_EQ(4, cfg_get(self->cfg_fd, 2));
+	ASSERT_EQ(0x4321, cfg_get(self->cfg_fd, 9));
 	/* A HINT that prefetches: the hook is told why. */
 	ASSERT_EQ(0, kvmem_kmod_hint(k, 5, more, 2, 2, KVMEM_KMOD_HINT_PREFETCH));
 	ASSERT_TRUE(wait_resident(k, 8));
