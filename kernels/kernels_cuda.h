@@ -98,6 +98,12 @@ int kvmem_cuda_add(kvmem_cuda_ctx *c, float *y, const float *x, size_t n);
  * algorithm for each shape is chosen once and kept in the context. */
 int kvmem_cuda_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
 			 const uint16_t *w, int n, int in, int out);
+/* n rows (a batched decode step), row b with the bits kvmem_cuda_gemm_bf16
+ * gives x[b] alone (n == 1: the GEMV), read once for up to 8 rows
+ * (gemv.cu); -ENOTSUP where the lone row would not take the GEMV (in % 8,
+ * alignment, "gemv" off). */
+int kvmem_cuda_gemv_rows_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
+			      const uint16_t *w, int n, int in, int out);
 int kvmem_cuda_logits_bf16(kvmem_cuda_ctx *c, float *logits, const float *x,
 			   const uint16_t *norm_w, const uint16_t *lm_head, uint16_t *tmp, int n,
 			   int hidden, int vocab, float eps);
@@ -212,6 +218,22 @@ int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const flo
  * raw_view (NULL: none) gets the normalised K unrotated at the same slots:
  * the raw K a view keeps beside them (kvmem_cuda_view_scatter_raw_bf16).
  */
+/* One row's view for kvmem_cuda_qk_norm_rope_scatter_rows_bf16 (device
+ * memory): its K, V and raw K (NULL: none) as the lone call's view_k,
+ * view_v, raw_view, its item (device) and capacity. */
+typedef struct kvmem_qk_view {
+	uint16_t *k, *v, *rk;
+	const kvmem_scatter_item *item;
+	int cap;
+} kvmem_qk_view;
+/* The same over n rows of n views (a batched decode step: token t its own
+ * view, at its item's slot), one launch; row t gets the bits the entry
+ * below gives it alone. "fuse" on only (-ENOTSUP otherwise). */
+int kvmem_cuda_qk_norm_rope_scatter_rows_bf16(
+	kvmem_cuda_ctx *c, uint16_t *qkv, int ld, const uint16_t *q_norm, const uint16_t *k_norm,
+	int n, int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos,
+	double theta, uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out,
+	const kvmem_qk_view *views, int n_layers, const double *ang);
 int kvmem_cuda_qk_norm_rope_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld,
 					 const uint16_t *q_norm, const uint16_t *k_norm, int n,
 					 int n_heads, int n_kv_heads, int head_dim, float eps,

@@ -15,8 +15,8 @@
  * in order. tests/gpu/check_attn_batch.c checks it bit for bit (a sequence
  * alone against the same in a batch) and against the twin.
  *
- * Not yet wired: the cuda backend has no forward_batch and runs a batch
- * one session after another (Documentation/architecture.md).
+ * The cuda backend's batched forward (user/backend/cuda_fwd_batch.c) runs
+ * its decode items' attention through it, a launch per layer.
  */
 #ifndef KVMEM_KERNELS_CUDA_BATCH_H
 #define KVMEM_KERNELS_CUDA_BATCH_H
@@ -52,6 +52,21 @@ typedef struct kvmem_cuda_att_seq {
 int kvmem_cuda_attention_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
 			       const kvmem_cuda_att_seq *seqs, int n_seqs, int n_heads,
 			       int n_kv_heads, int head_dim, float scale);
+
+/*
+ * The main path's decode kernel (attention.cu, v5) over n sequences in
+ * one launch (per DEC_CNT / n_kv_heads sequences), each with n_q * group
+ * <= 16 and n_q > 0; seqs: n host pointers; head_dim 64 or 128
+ * (-ENOTSUP otherwise). Each sequence's bits are those of
+ * kvmem_cuda_attention_bf16_v(c, 5, ...) on it alone. Called by
+ * kvmem_cuda_attention_batch, which checks the shapes.
+ */
+int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+			     const kvmem_cuda_att_seq *const *seqs, int n, int n_heads,
+			     int n_kv_heads, int head_dim, float scale);
+/* 1 when the main path's decode attention is v5 (not overridden by
+ * KVMEM_CUDA_DECODE): a batched decode then has a lone decode's bits. */
+int kvmem_cuda_att_decode_is_v5(const kvmem_cuda_ctx *c);
 
 #ifdef __cplusplus
 }

@@ -63,9 +63,11 @@
 #include <string.h>
 
 #include "cuda_int.h"
+#include "attention_warp.cuh"
+#include "kernels/kernels_cuda_batch.h"
 
 /* ---- version 1 ------------------------------------------------------------ */
-#define V1_MAX_HD 256
+#define V1_MAX_HD WARP_ATT_MAX_HD
 
 __global__ void attn_v1_kernel(uint16_t *out, const uint16_t *q, const int32_t *q_pos,
 			       const uint16_t *k, const uint16_t *v, const int32_t *kv_pos, int n_kv,
@@ -82,44 +84,7 @@ __global__ void attn_v1_kernel(uint16_t *out, const uint16_t *q, const int32_t *
 	for (int c = 0; c < V1_MAX_HD / 32; c++)
 		o[c] = 0.0f;
 	__syncwarp();
-	for (int j0 = 0; j0 < n_kv; j0 += 32) {
-		const int j = j0 + lane;
-		float s = -INFINITY, mc, mn, alpha, p, ps;
-
-		if (j < n_kv && (kv_pos ? kv_pos[j] : j) <= qp) {
-			const uint16_t *kj = kh + (size_t)j * hd;
-			float acc = 0.0f;
-
-			for (int d = 0; d < hd; d++)
-				acc += qs[d] * bf2f(kj[d]);
-			s = acc * scale;
-		}
-		mc = s;
-		for (int o2 = 16; o2 > 0; o2 >>= 1)
-			mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, o2));
-		mn = fmaxf(m, mc);
-		if (mn == -INFINITY)
-			continue;	/* nothing visible yet: uniform over the warp */
-		alpha = expf(m - mn);
-		p = s == -INFINITY ? 0.0f : expf(s - mn);
-		ps = p;
-		for (int o2 = 16; o2 > 0; o2 >>= 1)
-			ps += __shfl_xor_sync(0xffffffffu, ps, o2);
-		l = l * alpha + ps;
-		for (int c = 0; c < per; c++)
-			o[c] *= alpha;
-		for (int jj = 0; jj < 32 && j0 + jj < n_kv; jj++) {
-			float pj = __shfl_sync(0xffffffffu, p, jj);
-
-			if (pj == 0.0f)
-				continue;
-			const uint16_t *vj = vh + (size_t)(j0 + jj) * hd;
-
-			for (int c = 0; c < per; c++)
-				o[c] += pj * bf2f(vj[lane + 32 * c]);
-		}
-		m = mn;
-	}
+	warp_attend(qs, kh, vh, kv_pos, qp, 0, n_kv, hd, scale, lane, o, &m, &l);
 	const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 
 	for (int c = 0; c < per; c++)
@@ -699,8 +664,12 @@ __device__ __forceinline__ void store_bf4(uint16_t *dst, float4 x, float f)
 	*(uint2 *)dst = u;
 }
 
+/* One block's work: split `split` of KV head kvh of the sequence in a.
+ * Shared by the one-sequence kernel (dec_kernel) and the batched one
+ * (dec_batch_kernel, a sequence per blockIdx.z), so a sequence gets the
+ * same bits from either. */
 template <int HD>
-__global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_kernel(const dec_args a)
+__device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const int split)
 {
 	typedef dec_cfg<HD> C;
 	extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -710,7 +679,7 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_kernel(const dec_args a
 	__shared__ int s_last;
 
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
-	const int G = a.group, R = a.n_q * G, kvh = blockIdx.y, split = blockIdx.x;
+	const int G = a.group, R = a.n_q * G;
 	const int n_kv = max(0, a.n_kv_dev ? min(*a.n_kv_dev, a.n_kv) : a.n_kv);
 	int kps, splits;
 
@@ -1043,6 +1012,52 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_kernel(const dec_args a
 	}
 }
 
+template <int HD>
+__global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_kernel(const dec_args a)
+{
+	dec_body<HD>(a, blockIdx.y, blockIdx.x);
+}
+
+/*
+ * The batched form (kvmem_cuda_att_dec_batch): blockIdx.z picks a
+ * sequence, whose own arguments replace the shared ones; each sequence has
+ * its own partials and counters, its split count from its own key count
+ * (decode_split at the one-sequence target), so its bits are those of
+ * dec_kernel on it alone, whatever else is in the launch.
+ */
+struct dec_seq {
+	uint16_t *out;		/* its first query row's output */
+	const uint16_t *q, *k, *v;
+	const int32_t *q_pos, *kv_pos;
+	int n_q, n_kv;
+	long long kv_stride;
+	float *part_o, *part_m, *part_l;
+	unsigned *cnt;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_batch_kernel(const dec_args base,
+								      const dec_seq *seqs)
+{
+	const dec_seq s = seqs[blockIdx.z];
+	dec_args a = base;
+
+	a.out = s.out;
+	a.q = s.q;
+	a.k = s.k;
+	a.v = s.v;
+	a.q_pos = s.q_pos;
+	a.kv_pos = s.kv_pos;
+	a.n_q = s.n_q;
+	a.n_kv = s.n_kv;
+	a.kv_stride = s.kv_stride;
+	a.part_o = s.part_o;
+	a.part_m = s.part_m;
+	a.part_l = s.part_l;
+	a.cnt = s.cnt;
+	dec_body<HD>(a, blockIdx.y, blockIdx.x);
+}
+
 /* Raise the kernel's dynamic shared memory limit, once per device. Done
  * for every configuration when a context is made (kvmem_cuda_attention_
  * setup), so that no launch inside a stream capture has to. */
@@ -1080,6 +1095,16 @@ template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
 							 cudaFuncAttributePreferredSharedMemoryCarveout,
 							 (int)cudaSharedmemCarveoutMaxShared),
 				    "attention v5: shared memory carveout"))
+		return rc;
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec_batch_kernel<HD>,
+							 cudaFuncAttributeMaxDynamicSharedMemorySize,
+							 (int)dec_cfg<HD>::SMEM),
+				    "attention v5, batched: shared memory"))
+		return rc;
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec_batch_kernel<HD>,
+							 cudaFuncAttributePreferredSharedMemoryCarveout,
+							 (int)cudaSharedmemCarveoutMaxShared),
+				    "attention v5, batched: shared memory carveout"))
 		return rc;
 	if (c->device < 64)
 		attr_set[c->device] = 1;
@@ -1310,6 +1335,96 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	return kvmem_cuda_launched("attention v5");
 }
 
+/*
+ * Version 5 over many sequences in one launch (attention_batch.cu calls it
+ * for the sequences whose rows n_q * group fit one 16-row tile): grid
+ * (most splits, KV heads, sequences), each sequence split as decode5 splits
+ * it alone (decode_split at dec_target: its own key count and the SM count,
+ * never the batch), with its own partials and counters; so each gets
+ * decode5's bits. Sequences go DEC_CNT / n_kv_heads to a launch (the
+ * counters). seqs: host array; its device copy and the partials take the
+ * context's scratch.
+ */
+extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+					const kvmem_cuda_att_seq *const *seqs, int n, int n_heads,
+					int n_kv_heads, int head_dim, float scale)
+{
+	const int G = n_heads / n_kv_heads, target = dec_target(c, n_kv_heads);
+	const int per_launch = DEC_CNT / n_kv_heads;
+	dec_seq *h = NULL;
+	dec_args base;
+	int rc = 0;
+
+	if (head_dim != 64 && head_dim != 128)
+		return kvmem_error(ENOTSUP, "attention v5, batched: head_dim %d (64 or 128)", head_dim);
+	if (n_kv_heads > DEC_CNT || !c->att_cnt)
+		return kvmem_error(ENOTSUP, "attention v5, batched: %d KV heads or no counters",
+				   n_kv_heads);
+	if ((rc = head_dim == 128 ? dec_attr<128>(c) : dec_attr<64>(c)))
+		return rc;
+	if (!(h = (dec_seq *)malloc(sizeof(*h) * (size_t)(n < per_launch ? n : per_launch))))
+		return kvmem_error(ENOMEM, "attention v5, batched: %d sequences", n);
+	memset(&base, 0, sizeof(base));
+	base.n_heads = n_heads;
+	base.n_kv_heads = n_kv_heads;
+	base.group = G;
+	base.target = target;
+	base.scale_log2 = scale * 1.4426950408889634f;
+	for (int s0 = 0; s0 < n && !rc; s0 += per_launch) {
+		const int m = n - s0 < per_launch ? n - s0 : per_launch;
+		const size_t meta = kvmem_align_up(sizeof(*h) * (size_t)m, 256);
+		size_t bytes = meta;
+		int grid = 1;
+		char *scr;
+
+		for (int i = 0; i < m; i++) {
+			const size_t rows = (size_t)target * n_kv_heads * seqs[s0 + i]->n_q * G;
+
+			bytes += kvmem_align_up(rows * (head_dim + 2) * sizeof(float), 256);
+		}
+		if ((rc = kvmem_cuda_scratch(c, bytes, (void **)&scr)))
+			break;
+		bytes = meta;
+		for (int i = 0; i < m; i++) {
+			const kvmem_cuda_att_seq *x = seqs[s0 + i];
+			const size_t rows = (size_t)target * n_kv_heads * x->n_q * G;
+			int kps, splits;
+
+			decode_split(x->n_kv, DEC_BN, target, &kps, &splits);
+			grid = splits > grid ? splits : grid;
+			h[i].out = out + (size_t)x->q0 * n_heads * head_dim;
+			h[i].q = q + (size_t)x->q0 * n_heads * head_dim;
+			h[i].k = x->k;
+			h[i].v = x->v;
+			h[i].q_pos = x->q_pos;
+			h[i].kv_pos = x->kv_pos;
+			h[i].n_q = x->n_q;
+			h[i].n_kv = x->n_kv;
+			h[i].kv_stride = x->kv_stride;
+			h[i].part_o = (float *)(scr + bytes);
+			h[i].part_m = h[i].part_o + rows * head_dim;
+			h[i].part_l = h[i].part_m + rows;
+			h[i].cnt = c->att_cnt + (size_t)i * n_kv_heads;
+			bytes += kvmem_align_up(rows * (head_dim + 2) * sizeof(float), 256);
+		}
+		/* Pageable source: staged before the call returns; ordered on the
+		 * stream after the work that used the scratch before. */
+		if ((rc = kvmem_cuda_err(cudaMemcpyAsync(scr, h, sizeof(*h) * (size_t)m,
+							 cudaMemcpyHostToDevice, c->stream),
+					 "attention v5, batched: sequences")))
+			break;
+		if (head_dim == 128)
+			dec_batch_kernel<128><<<dim3(grid, n_kv_heads, m), dec_cfg<128>::THREADS,
+						dec_cfg<128>::SMEM, c->stream>>>(base, (const dec_seq *)scr);
+		else
+			dec_batch_kernel<64><<<dim3(grid, n_kv_heads, m), dec_cfg<64>::THREADS,
+					       dec_cfg<64>::SMEM, c->stream>>>(base, (const dec_seq *)scr);
+		rc = kvmem_cuda_launched("attention v5, batched");
+	}
+	free(h);
+	return rc;
+}
+
 /* The flash arguments after the shape checks (versions 2 and 3). */
 static int flash_args_for(flash_args *a, int version, uint16_t *out, const uint16_t *q,
 			  const int32_t *q_pos, int n_q, const uint16_t *k, const uint16_t *v,
@@ -1483,4 +1598,11 @@ extern "C" int kvmem_cuda_attention_decode_bf16(kvmem_cuda_ctx *c, int version, 
 	if (version == 5)
 		return decode5(c, a, head_dim, n_kv_dev);
 	return flash(c, a, head_dim, version, n_kv_dev);
+}
+
+/* Whether the main path's decode is v5 (the batched decode's bits are
+ * then a lone call's). */
+extern "C" int kvmem_cuda_att_decode_is_v5(const kvmem_cuda_ctx *c)
+{
+	return main_decode(c) == 5;
 }

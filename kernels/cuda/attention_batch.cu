@@ -7,29 +7,41 @@
  *     s_j = scale * q_i . k_j  for keys j of s with kv_pos[j] <= q_pos[i]
  *     out = sum_j softmax(s)_j v_j
  *
- * Version 1 (the only one so far; kept simple to be checked first): work
- * items are (sequence, query, head, split), a split being a run of
- * KVMEM_CUDA_ATT_BATCH_KEYS keys of that sequence. One warp per item, 32
- * keys per step (a lane per key, 16-byte loads of its K row), online
- * softmax in fp32, V accumulated lane-per-dimension, the partial (o, max,
- * sum) written to scratch; a second kernel, one warp per (sequence, query,
- * head), combines the splits in split order and writes bf16. A sequence's
- * split count and every sum's order depend on its own key count only, so
- * its bits are the same alone or in any batch. Items of all sequences are
- * numbered in one list (a prefix per sequence, found by binary search), so
- * short and long views share one launch without padding.
+ * Version 2 (the main one): the sequences whose rows (queries x the GQA
+ * group) fit one 16-row tile, head_dim 64 or 128, run the main path's
+ * decode kernel (attention.cu, v5) in one launch, a sequence per
+ * blockIdx.z (kvmem_cuda_att_dec_batch): a CTA per (split, KV head,
+ * sequence), the group's query heads packed into the tile's rows so each
+ * K/V tile is loaded once into shared memory (cp.async ring) for all of
+ * them, S and P.V on the tensor cores, online softmax in fp32, the splits
+ * combined in order by the last CTA of each (sequence, KV head). A
+ * sequence's split count comes from its own key count and the SM count
+ * (as the one-sequence decode splits it), so long views split and short
+ * ones do not, and its bits are those of the one-sequence decode call:
+ * alone, beside others and in any order.
  *
- * Not tuned: K is read once per query head (the group's heads share it
- * through L2, not shared memory), no tensor cores. The checks time it
- * against the main path's one-sequence decode called once per sequence
- * (tests/gpu/check_attn_batch.c).
+ * Version 1 (the rest: more rows per KV head, other head sizes): work
+ * items are (sequence, query, head, split), a split being a run of
+ * KVMEM_CUDA_ATT_BATCH_KEYS keys of that sequence. One warp per item
+ * running attention v1's loop over its keys (attention_warp.cuh), the
+ * partial (o, max, sum) written to scratch; a second kernel, one warp per
+ * (sequence, query, head), combines the splits in split order and writes
+ * bf16. A sequence's split count and every sum's order depend on its own
+ * key count only. Items of all sequences are numbered in one list (a
+ * prefix per sequence, found by binary search), so short and long views
+ * share one launch without padding. Which version a sequence takes depends
+ * on its own shape only.
+ *
+ * tests/gpu/check_attn_batch.c checks both against the twin and times the
+ * batch against one main-path decode call per sequence.
  */
 #include <string.h>
 
 #include "cuda_int.h"
+#include "attention_warp.cuh"
 #include "kernels/kernels_cuda_batch.h"
 
-#define AB_MAX_HD 256
+#define AB_MAX_HD WARP_ATT_MAX_HD
 #define AB_WARPS 4	/* warps (items) per block */
 
 /* What the kernels read per sequence, made on the host. */
@@ -83,51 +95,8 @@ ab_split_kernel(const ab_seq *sq, int n_seqs, long long n_items, const uint16_t 
 	for (int c = 0; c < AB_MAX_HD / 32; c++)
 		o[c] = 0.0f;
 	__syncwarp();
-	for (int j0 = sp * KVMEM_CUDA_ATT_BATCH_KEYS; j0 < j_end; j0 += 32) {
-		const int j = j0 + lane;
-		float s = -INFINITY, mc, mn, alpha, p, ps;
-
-		if (j < j_end && (a->s.kv_pos ? a->s.kv_pos[j] : j) <= qp) {
-			const uint4 *kj = (const uint4 *)(kh + (size_t)j * hd);
-			float acc = 0.0f;
-
-			for (int d8 = 0; d8 < hd / 8; d8++) {
-				const uint4 w = kj[d8];
-				const uint32_t u[4] = { w.x, w.y, w.z, w.w };
-
-				for (int t = 0; t < 4; t++) {
-					acc += qs[d8 * 8 + 2 * t] * __uint_as_float(u[t] << 16);
-					acc += qs[d8 * 8 + 2 * t + 1] * __uint_as_float(u[t] & 0xffff0000u);
-				}
-			}
-			s = acc * scale;
-		}
-		mc = s;
-		for (int o2 = 16; o2 > 0; o2 >>= 1)
-			mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, o2));
-		mn = fmaxf(m, mc);
-		if (mn == -INFINITY)
-			continue;	/* nothing visible yet: uniform over the warp */
-		alpha = expf(m - mn);
-		p = s == -INFINITY ? 0.0f : expf(s - mn);
-		ps = p;
-		for (int o2 = 16; o2 > 0; o2 >>= 1)
-			ps += __shfl_xor_sync(0xffffffffu, ps, o2);
-		l = l * alpha + ps;
-		for (int c = 0; c < per; c++)
-			o[c] *= alpha;
-		for (int jj = 0; jj < 32 && j0 + jj < j_end; jj++) {
-			const float pj = __shfl_sync(0xffffffffu, p, jj);
-
-			if (pj == 0.0f)
-				continue;
-			const uint16_t *vj = vh + (size_t)(j0 + jj) * hd;
-
-			for (int c = 0; c < per; c++)
-				o[c] += pj * bf2f(vj[lane + 32 * c]);
-		}
-		m = mn;
-	}
+	warp_attend(qs, kh, vh, a->s.kv_pos, qp, sp * KVMEM_CUDA_ATT_BATCH_KEYS, j_end, hd, scale,
+		    lane, o, &m, &l);
 	for (int c = 0; c < per; c++)
 		part_o[prow * hd + lane + 32 * c] = o[c];
 	if (lane == 0) {
@@ -181,9 +150,9 @@ ab_combine_kernel(const ab_seq *sq, int n_seqs, long long n_rows_all, const long
 		dst[lane + 32 * c] = f2bf(o[c] * inv);
 }
 
-extern "C" int kvmem_cuda_attention_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
-					  const kvmem_cuda_att_seq *seqs, int n_seqs, int n_heads,
-					  int n_kv_heads, int head_dim, float scale)
+static int batch_v1(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+		    const kvmem_cuda_att_seq *seqs, int n_seqs, int n_heads, int n_kv_heads,
+		    int head_dim, float scale)
 {
 	const int K = KVMEM_CUDA_ATT_BATCH_KEYS;
 	long long items = 0, rows = 0;
@@ -260,5 +229,62 @@ extern "C" int kvmem_cuda_attention_batch(kvmem_cuda_ctx *c, uint16_t *out, cons
 out:
 	free(h);
 	free(row0);
+	return rc;
+}
+
+/* Version 2's sequences: rows per KV head within one tile, head_dim 64 or
+ * 128, and keys to attend. */
+static int takes_v2(const kvmem_cuda_att_seq *x, int group, int head_dim)
+{
+	return (head_dim == 64 || head_dim == 128) && (long long)x->n_q * group <= 16;
+}
+
+extern "C" int kvmem_cuda_attention_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+					  const kvmem_cuda_att_seq *seqs, int n_seqs, int n_heads,
+					  int n_kv_heads, int head_dim, float scale)
+{
+	const kvmem_cuda_att_seq **two = NULL;
+	kvmem_cuda_att_seq *one = NULL;
+	int n1 = 0, n2 = 0, rc = 0, group;
+
+	if (n_seqs < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads ||
+	    head_dim <= 0 || head_dim % 32 || head_dim > AB_MAX_HD || (n_seqs && !seqs))
+		return kvmem_error(EINVAL, "cuda attention batch: bad shape (%d sequences, %d/%d "
+				   "heads, head_dim %d: a multiple of 32 up to %d)", n_seqs, n_heads,
+				   n_kv_heads, head_dim, AB_MAX_HD);
+	if (!n_seqs)
+		return 0;
+	group = n_heads / n_kv_heads;
+	for (int s = 0; s < n_seqs; s++) {
+		const kvmem_cuda_att_seq *x = &seqs[s];
+
+		if (x->n_q < 0 || x->q0 < 0 || x->n_kv < 0 || x->kv_stride < x->n_kv ||
+		    (x->n_kv && (!x->k || !x->v)) || (x->n_q && !x->q_pos))
+			return kvmem_error(EINVAL, "cuda attention batch: sequence %d: bad shape (%d "
+					   "queries at row %d, %d keys of stride %lld)", s, x->n_q,
+					   x->q0, x->n_kv, x->kv_stride);
+	}
+	one = (kvmem_cuda_att_seq *)malloc(sizeof(*one) * (size_t)n_seqs);
+	two = (const kvmem_cuda_att_seq **)malloc(sizeof(*two) * (size_t)n_seqs);
+	if (!one || !two) {
+		rc = kvmem_error(ENOMEM, "cuda attention batch: out of memory for %d sequences",
+				 n_seqs);
+		goto out;
+	}
+	for (int s = 0; s < n_seqs; s++)
+		if (!seqs[s].n_q)
+			continue;	/* nothing to compute */
+		else if (takes_v2(&seqs[s], group, head_dim))
+			two[n2++] = &seqs[s];
+		else
+			one[n1++] = seqs[s];
+	if (n2 && (rc = kvmem_cuda_att_dec_batch(c, out, q, two, n2, n_heads, n_kv_heads, head_dim,
+						 scale)))
+		goto out;
+	if (n1)
+		rc = batch_v1(c, out, q, one, n1, n_heads, n_kv_heads, head_dim, scale);
+out:
+	free(one);
+	free(two);
 	return rc;
 }

@@ -364,3 +364,162 @@ int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const flo
 						     inter, ks);
 	return kvmem_cuda_launched("rmsnorm + gemv + swiglu");
 }
+
+/* ---- many rows, each with a one-row call's bits -------------------------------- */
+
+/*
+ * A batched decode step's GEMMs (one row per conversation): y[b] (mode)
+ * x[b] . w^T for b < n, where row b gets exactly the bits of the one-row
+ * GEMV on x[b] alone (gemv_split_kernel at the same ks, or gemv_kernel
+ * when the split is off, which equals ks 1): every lane sums its chunks
+ * lo + lane, + 32, ... in order with dot8, the same shuffle tree, the ks
+ * warps' partials added in order. The rounds of loads in flight do not
+ * change a lane's order, so this kernel loads one chunk per row at a time
+ * and applies it to NB rows of x: a weight chunk is read from memory once
+ * per NB rows, and the block's weight rows again for each next NB rows
+ * (from the L2 mostly: the block walks its row groups back to back).
+ * CUDA cores, fp32: the price of the same bits as the lone decode (tensor
+ * cores sum in another order), Documentation/benchmarks.md (#26).
+ */
+/* A chunk's 8 bf16 as fp32, in dot8's order: element 2t of word t (its
+ * low half), then 2t + 1 (its high half). */
+__device__ __forceinline__ void unpack8(float *f, uint4 a)
+{
+	const uint32_t x[4] = { a.x, a.y, a.z, a.w };
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		f[2 * i] = __uint_as_float(x[i] << 16);
+		f[2 * i + 1] = __uint_as_float(x[i] & 0xffff0000u);
+	}
+}
+
+/* dot8 on widened chunks: the same fmaf sequence, so the same bits. */
+__device__ __forceinline__ float dot8f(const float *w, const float *x, float acc)
+{
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		acc = fmaf(w[i], x[i], acc);
+	return acc;
+}
+
+template <int NB>
+__global__ void __launch_bounds__(32 * GEMV_WARPS)
+gemv_rows_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out, int ks,
+		 int n)
+{
+	__shared__ float part[GEMV_WARPS][NB][GEMV_ROWS];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int groups = GEMV_WARPS / ks, g = warp / ks, j = warp % ks;
+	const int o0 = (blockIdx.x * groups + g) * GEMV_ROWS;
+	const int chunks = in / 8;
+	const int per = ((chunks + ks - 1) / ks + 31) & ~31;
+	const int lo = min(j * per, chunks), hi = min(lo + per, chunks);
+	const int row0 = min(o0, out - 1);
+	const uint4 *w0 = (const uint4 *)(w + (size_t)row0 * in);
+	const uint4 *xv = (const uint4 *)x;
+	int roff[GEMV_ROWS];
+
+#pragma unroll
+	for (int r = 0; r < GEMV_ROWS; r++)
+		roff[r] = (min(o0 + r, out - 1) - row0) * chunks;
+	for (int b0 = 0; b0 < n; b0 += NB) {
+		float acc[NB][GEMV_ROWS];
+		const uint4 *xb[NB];
+
+#pragma unroll
+		for (int bb = 0; bb < NB; bb++) {
+			xb[bb] = xv + (size_t)min(b0 + bb, n - 1) * chunks;	/* past n: row n - 1, not stored */
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				acc[bb][r] = 0.0f;
+		}
+#pragma unroll 2
+		for (int c = lo + lane; c < hi; c += 32) {
+			float wf[GEMV_ROWS][8];
+
+			/* Widened once per chunk and row, not once per x row:
+			 * dot8's fused multiply-adds in dot8's order (dot8f). */
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				unpack8(wf[r], __ldg(w0 + roff[r] + c));
+#pragma unroll
+			for (int bb = 0; bb < NB; bb++) {
+				float xf[8];
+
+				unpack8(xf, __ldg(xb[bb] + c));
+#pragma unroll
+				for (int r = 0; r < GEMV_ROWS; r++)
+					acc[bb][r] = dot8f(wf[r], xf, acc[bb][r]);
+			}
+		}
+#pragma unroll
+		for (int bb = 0; bb < NB; bb++)
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				for (int o = 16; o > 0; o >>= 1)
+					acc[bb][r] += __shfl_xor_sync(0xffffffffu, acc[bb][r], o);
+		if (ks == 1) {	/* uniform over the launch */
+#pragma unroll
+			for (int bb = 0; bb < NB; bb++)
+				if (b0 + bb < n)
+					gemv_put(mode == KVMEM_GEMM_BF16
+							 ? (void *)((uint16_t *)y + (size_t)(b0 + bb) * out)
+							 : (void *)((float *)y + (size_t)(b0 + bb) * out),
+						 mode, lane, o0, out, acc[bb]);
+			continue;
+		}
+		if (lane == 0)
+#pragma unroll
+			for (int bb = 0; bb < NB; bb++)
+#pragma unroll
+				for (int r = 0; r < GEMV_ROWS; r++)
+					part[warp][bb][r] = acc[bb][r];
+		__syncthreads();
+		if (threadIdx.x < groups * GEMV_ROWS) {
+			const int gg = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS;
+			const int o = (blockIdx.x * groups + gg) * GEMV_ROWS + r;
+
+			for (int bb = 0; bb < NB && b0 + bb < n; bb++) {
+				float v = part[gg * ks][bb][r];
+
+				for (int jj = 1; jj < ks; jj++)	/* in order: gemv_split_kernel's bits */
+					v += part[gg * ks + jj][bb][r];
+				if (o < out)
+					gemv_store(mode == KVMEM_GEMM_BF16
+							   ? (void *)((uint16_t *)y + (size_t)(b0 + bb) * out)
+							   : (void *)((float *)y + (size_t)(b0 + bb) * out),
+						   mode, o, v);
+			}
+		}
+		__syncthreads();	/* part is read before the next rows overwrite it */
+	}
+}
+
+int kvmem_cuda_gemv_rows_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
+			      const uint16_t *w, int n, int in, int out)
+{
+	if (n < 0 || in <= 0 || out <= 0 || mode < KVMEM_GEMM_BF16 || mode > KVMEM_GEMM_F32_ADD)
+		return kvmem_error(EINVAL, "gemv rows: bad shape %d x %d -> %d or mode %d", n, in,
+				   out, mode);
+	/* The one-row GEMM this must equal is the GEMV only under these
+	 * conditions (kvmem_cuda_gemm_bf16). */
+	if (c->no_gemv || in % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w & 15))
+		return kvmem_error(ENOTSUP, "gemv rows: %d inputs, or the GEMV is off or the "
+				   "buffers are not 16-byte aligned: a lone row would not take the "
+				   "GEMV", in);
+	if (!n)
+		return 0;
+	if (n == 1)	/* the lone row's own GEMV (more loads in flight) */
+		return kvmem_cuda_gemv_bf16(c, y, mode, x, w, in, out);
+	const int ks = c->gemv_split ? gemv_splits(c, in, out) : 1;
+	const int rows = GEMV_WARPS / ks * GEMV_ROWS, blocks = (out + rows - 1) / rows;
+
+	if (n <= 2)
+		gemv_rows_kernel<2><<<blocks, 32 * GEMV_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+	else if (n <= 4)
+		gemv_rows_kernel<4><<<blocks, 32 * GEMV_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+	else
+		gemv_rows_kernel<8><<<blocks, 32 * GEMV_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+	return kvmem_cuda_launched("gemv rows");
+}

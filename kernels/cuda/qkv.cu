@@ -77,7 +77,7 @@ qk_norm_rope_kernel(uint16_t *qkv, int ld, const uint16_t *qw, const uint16_t *k
 		    int n_kv, int hd_arg, float eps, const int32_t *pos, double theta,
 		    uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out, uint16_t *vk,
 		    uint16_t *vv, uint16_t *rk, const kvmem_scatter_item *item, int n_layers, int cap,
-		    const double2 *ang, bool vec_arg)
+		    const double2 *ang, bool vec_arg, const kvmem_qk_view *tv)
 {
 	__shared__ double cs[HD ? HD / 2 : ROPE_HALF_MAX], sn[HD ? HD / 2 : ROPE_HALF_MAX];
 	extern __shared__ __align__(16) uint16_t qkn_buf[];	/* [QKN_WARPS][2][hd] */
@@ -97,13 +97,21 @@ qk_norm_rope_kernel(uint16_t *qkv, int ld, const uint16_t *qw, const uint16_t *k
 	 * the view. */
 	kvmem_scatter_item m = { 0 };
 	bool put = false;
-	int slot = 0;
+	int slot = 0, ti = t;	/* ti: the token's index in its item */
 
+	if (tv) {		/* rows of many views: token t's own view and item */
+		vk = tv[t].k;
+		vv = tv[t].v;
+		rk = tv[t].rk;
+		item = tv[t].item;
+		cap = tv[t].cap;
+		ti = 0;
+	}
 	if (vk) {
 		m = *item;
 		put = m.layer >= 0 && m.layer < n_layers && m.slot >= 0 && m.n >= 1 &&
-		      m.slot <= cap - m.n && t < m.n;
-		slot = m.slot + t;
+		      m.slot <= cap - m.n && ti < m.n;
+		slot = m.slot + ti;
 	}
 	if (ang)	/* the forward's table: the same rope_angle values */
 		for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -200,7 +208,7 @@ static void qk_norm_rope_launch(cudaStream_t st, int n, int heads, uint16_t *qkv
 				float eps, const int32_t *pos, double theta, uint16_t *q_out,
 				uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out, uint16_t *vk,
 				uint16_t *vv, uint16_t *rk, const kvmem_scatter_item *item, int n_layers,
-				int cap, const double2 *ang, bool vec)
+				int cap, const double2 *ang, bool vec, const kvmem_qk_view *tv)
 {
 	const dim3 grid(n, (heads + QKN_WARPS - 1) / QKN_WARPS);
 	const size_t smem = (size_t)QKN_WARPS * 2 * hd * sizeof(uint16_t);
@@ -208,11 +216,11 @@ static void qk_norm_rope_launch(cudaStream_t st, int n, int heads, uint16_t *qkv
 	if (hd == 128 && vec)
 		qk_norm_rope_kernel<128, true><<<grid, 32 * QKN_WARPS, smem, st>>>(
 			qkv, ld, qw, kw, n_heads, n_kv, hd, eps, pos, theta, q_out, q_raw, k_raw, v_out,
-			vk, vv, rk, item, n_layers, cap, ang, vec);
+			vk, vv, rk, item, n_layers, cap, ang, vec, tv);
 	else
 		qk_norm_rope_kernel<0, false><<<grid, 32 * QKN_WARPS, smem, st>>>(
 			qkv, ld, qw, kw, n_heads, n_kv, hd, eps, pos, theta, q_out, q_raw, k_raw, v_out,
-			vk, vv, rk, item, n_layers, cap, ang, vec);
+			vk, vv, rk, item, n_layers, cap, ang, vec, tv);
 }
 
 extern "C" int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int ld,
@@ -233,7 +241,7 @@ extern "C" int kvmem_cuda_qk_norm_rope_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, in
 
 	qk_norm_rope_launch(c->stream, n, heads, qkv, ld, q_norm, k_norm, n_heads, n_kv_heads,
 			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, NULL, NULL, NULL, NULL,
-			    0, 0, NULL, qkn_vec(ld, head_dim, p, 5));
+			    0, 0, NULL, qkn_vec(ld, head_dim, p, 5), NULL);
 	return kvmem_cuda_launched("q/k norm + rope");
 }
 
@@ -270,6 +278,37 @@ extern "C" int kvmem_cuda_qk_norm_rope_scatter_bf16(
 	qk_norm_rope_launch(c->stream, n, heads, qkv, ld, q_norm, k_norm, n_heads, n_kv_heads,
 			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, view_k, view_v,
 			    raw_view, item, n_layers, cap, (const double2 *)ang,
-			    qkn_vec(ld, head_dim, p, 8));
+			    qkn_vec(ld, head_dim, p, 8), NULL);
 	return kvmem_cuda_launched("q/k norm + rope + scatter");
+}
+
+/* Rows of many views (a batched decode step), fused only: the kernel of
+ * the entry above with token t's view, item and capacity from views[t]
+ * and its slot the item's own (token 0 of it). 16-byte moves when the
+ * rows allow them; the views' K, V and raw K are cudaMalloc'd, and a
+ * view's offsets are multiples of head_dim (the lone call's check). */
+extern "C" int kvmem_cuda_qk_norm_rope_scatter_rows_bf16(
+	kvmem_cuda_ctx *c, uint16_t *qkv, int ld, const uint16_t *q_norm, const uint16_t *k_norm,
+	int n, int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos,
+	double theta, uint16_t *q_out, uint16_t *q_raw, uint16_t *k_raw, uint16_t *v_out,
+	const kvmem_qk_view *views, int n_layers, const double *ang)
+{
+	const int heads = n_heads + 2 * n_kv_heads;
+
+	if (!c->fuse)
+		return kvmem_error(ENOTSUP, "q/k norm + rope + scatter over rows: \"fuse\" is off");
+	if (n < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
+	    head_dim > 2 * ROPE_HALF_MAX || ld < heads * head_dim || n_layers <= 0 || !views || !ang)
+		return kvmem_error(EINVAL, "q/k norm + rope + scatter over rows: %d tokens of %d/%d "
+				   "heads x %d, row %d, %d layers", n, n_heads, n_kv_heads, head_dim,
+				   ld, n_layers);
+	if (!n)
+		return 0;
+	const void *p[] = { qkv, q_out, q_raw, k_raw, v_out };
+
+	qk_norm_rope_launch(c->stream, n, heads, qkv, ld, q_norm, k_norm, n_heads, n_kv_heads,
+			    head_dim, eps, pos, theta, q_out, q_raw, k_raw, v_out, NULL, NULL, NULL,
+			    NULL, n_layers, 0, (const double2 *)ang, qkn_vec(ld, head_dim, p, 5),
+			    views);
+	return kvmem_cuda_launched("q/k norm + rope + scatter over rows");
 }

@@ -29,11 +29,14 @@ assert r["sessions"] == 2 and r["same_tokens"] is True, r
 assert all(r[k] > 0 for k in r if k.endswith("_per_s")), r
 ' || fail "bad JSON: $out"
 
-for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset 8b" "--nope"; do
+for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset nosuch" "--nope"; do
 	# shellcheck disable=SC2086
 	"$KVMEM" bench batch $bad >/dev/null 2>"$tmp/err"
 	rc=$?
 	[ $rc -eq 2 ] || fail "'$bad' exited $rc, not 2: $(cat "$tmp/err")"
 	grep -q "kvmem bench batch" "$tmp/err" || fail "'$bad': no message naming the command"
 done
+# A preset has no weights: the cpu backend says so (cuda makes random ones).
+"$KVMEM" bench batch --backend cpu --preset 8b >/dev/null 2>"$tmp/err" && fail "--preset 8b ran on cpu"
+grep -q "kvmem bench batch: .*no weights" "$tmp/err" || fail "--preset 8b on cpu: $(cat "$tmp/err")"
 echo "bench batch test: ok"

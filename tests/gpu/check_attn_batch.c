@@ -16,6 +16,7 @@
 #include "kernels/kernels_cuda_batch.h"
 #include "kvmem/kvmem.h"
 #include "check_attn_batch.h"
+#include "check_gemv_rows.h"
 #include "check_util.h"
 
 #define RELL2_MAX 1e-2
@@ -206,6 +207,8 @@ void check_attn_batch(void)
 	       kvmem_cuda_attention_batch(g_c, &dummy, &dummy, NULL, 0, 8, 2, 48, 1.0f) == -EINVAL &&
 	       kvmem_cuda_attention_batch(g_c, &dummy, &dummy, NULL, 0, 8, 2, 64, 1.0f) == 0,
 	       "bad shapes refused (heads 8/3, head_dim 48); no sequences: nothing to do");
+	check_gemv_rows();
+	check_qk_rows();
 }
 
 /* ---- timing --------------------------------------------------------------- */
@@ -244,7 +247,8 @@ static int run_loop(void *arg)
 
 void attn_batch_sweep(void)
 {
-	static const int counts[] = { 1, 8, 64 };
+	static const int counts[] = { 1, 8, 16, 64 };
+	static const char *const keys[] = { "4096", "1024..8192", "32768" };
 	const int heads = 32, kvh = 8, hd = 128;
 
 	check_attn_batch();
@@ -255,8 +259,8 @@ void attn_batch_sweep(void)
 	       "sequence (median of 20, CUDA events)\n");
 	printf("%-9s %-12s %10s %10s %8s %10s\n", "sequences", "keys", "batch ms", "loop ms",
 	       "loop/b", "batch GB/s");
-	for (int mixed = 0; mixed < 2; mixed++)
-		for (int ci = 0; ci < 3; ci++) {
+	for (int mixed = 0; mixed < 3; mixed++)
+		for (int ci = 0; ci < 4; ci++) {
 			struct tb t = { .n = counts[ci], .heads = heads, .kvh = kvh, .hd = hd };
 			double bytes = 0, mb, ml;
 			uint16_t *qh;
@@ -266,7 +270,7 @@ void attn_batch_sweep(void)
 			if (!t.s || !t.a)
 				die("timing: out of memory");
 			for (int i = 0; i < t.n; i++) {
-				int n_kv = mixed ? 1024 + (i * 2531) % 7169 : 4096;
+				int n_kv = mixed == 1 ? 1024 + (i * 2531) % 7169 : mixed ? 32768 : 4096;
 
 				bseq_dev(&t.s[i], n_kv, i, kvh, hd);
 				t.a[i] = as_arg(&t.s[i]);
@@ -278,7 +282,7 @@ void attn_batch_sweep(void)
 			mb = time_ms(run_batch, &t, 3, 20);
 			ml = time_ms(run_loop, &t, 3, 20);
 			printf("%-9d %-12s %10.4f %10.4f %7.2fx %10.1f\n", t.n,
-			       mixed ? "1024..8192" : "4096", mb, ml, ml / mb, bytes / (mb * 1e6));
+			       keys[mixed], mb, ml, ml / mb, bytes / (mb * 1e6));
 			free(qh);
 			kvmem_cuda_free(t.dq);
 			kvmem_cuda_free(t.o);
@@ -287,4 +291,5 @@ void attn_batch_sweep(void)
 			free(t.s);
 			free(t.a);
 		}
+	gemv_rows_sweep();
 }

@@ -205,7 +205,8 @@ typedef struct kvmem_backend_ops {
 	 * every item's view, rows and logits have the bits forward() gives
 	 * it alone. Fails with nothing changed (any item's error); the
 	 * caller may then run the items one by one to learn whose it was.
-	 * Absent (cuda for now): the caller runs them one by one.
+	 * Absent, or -ENOTSUP (cuda: another decode attention, or turned
+	 * off): the caller runs them one by one.
 	 */
 	int (*forward_batch)(void *ctx, const kvmem_fwd_item *items, int n);
 } kvmem_backend_ops;

@@ -429,6 +429,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.length = cuda_length,
 	.set_length = cuda_set_length,
 	.forward = cuda_forward,
+	.forward_batch = cuda_forward_batch,
 	.place = cuda_place,
 	.ceilings = cuda_ceilings,
 	.mem_used = cuda_mem_used,

@@ -3,6 +3,7 @@
  * The cuda backend's private state, shared by its three files:
  *   cuda.c       weights, create/destroy, ceilings, the ops table
  *   cuda_fwd.c   the forward pass and its decode graphs
+ *   cuda_fwd_batch.c  the batched forward (decode steps of many views)
  *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
  *   cuda_page.c  the paging path: registered host memory, the gather, the
  *                device page pool, place()'s counters, the copy ceilings
@@ -61,6 +62,8 @@ struct cuda {
 	uint64_t scratch_bytes;		/* the forward pass's scratch */
 	struct cuda_fwd *fwd;		/* cuda_fwd.c: the forward pass's inputs,
 					 * q/k/v scratch and decode graphs */
+	struct cuda_fwdb *fwdb;		/* cuda_fwd_batch.c: the batched forward's
+					 * buffers (made at its first call) */
 };
 
 /* place() methods (the "place" setting) */
@@ -101,6 +104,10 @@ void cuda_fwd_destroy(struct cuda *b);
 void cuda_fwd_forget(struct cuda *b, const void *dev);
 int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
 		 int all_logits, const kvmem_fwd_out *out);
+
+/* cuda_fwd_batch.c: forward_batch (decode items; -ENOTSUP otherwise) */
+int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n);
+void cuda_fwdb_destroy(struct cuda *b);
 
 /* cuda_page.c */
 int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);

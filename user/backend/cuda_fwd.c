@@ -150,6 +150,7 @@ void cuda_fwd_destroy(struct cuda *b)
 {
 	struct cuda_fwd *f = b->fwd;
 
+	cuda_fwdb_destroy(b);
 	if (!f)
 		return;
 	for (int i = 0; i < GRAPHS; i++)

@@ -56,8 +56,10 @@ static void usage(FILE *f)
 		"same tokens (they must: batch invariance).\n"
 		"\n"
 		"  --model DIR        model directory (default: the embedded agentlang model)\n"
-		"  --backend NAME     cpu, cuda or auto (default auto; cuda has no batched\n"
-		"                     forward yet and runs the batch one by one)\n"
+		"  --preset NAME      a published geometry (8b, ...) with random weights the\n"
+		"                     backend makes (cuda only): the figures of a real size\n"
+		"  --backend NAME     cpu, cuda or auto (default auto; cuda batches decode\n"
+		"                     steps, prefill chunks go one by one)\n"
 		"  --sessions LIST    session counts (default 1,8,32,64)\n"
 		"  --context N        history tokens per session, spread over 0.5..1.4 x N\n"
 		"                     (default 256)\n"
@@ -72,7 +74,8 @@ static void usage(FILE *f)
 		"\n"
 		"examples:\n"
 		"  kvmem bench batch\n"
-		"  kvmem bench batch --sessions 1,8 --context 1k --tokens 32\n");
+		"  kvmem bench batch --sessions 1,8 --context 1k --tokens 32\n"
+		"  kvmem bench batch --backend cuda --preset 8b --sessions 1,16,64 --context 1k\n");
 }
 
 static int parse_list(const char *s, int *out, int max)
@@ -118,11 +121,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		const char *name = cli_optname;
 		int bad = 0;
 
-		if (c == BENCH_OPT_PRESET) {
-			fprintf(stderr, "%s: --preset: the sessions compute with real weights: give "
-				"--model DIR (or nothing: the embedded model)\n", WHO);
-			return -1;
-		}
 		if (bench_model_opt(&o->bm, c, optarg))
 			continue;
 		switch (c) {
@@ -281,7 +279,7 @@ int bench_batch(int argc, char **argv)
 	case -1:
 		return EXIT_USAGE;
 	}
-	if (!o.bm.dir) {
+	if (!o.bm.dir && !o.bm.preset) {
 		if (embedded_model_install(model_path, sizeof(model_path)) < 0) {
 			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 			return 1;

@@ -1,0 +1,408 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The cuda backend's batched forward (forward_batch): one decode token of
+ * each of n conversations, each on its own view, in one pass. Per layer:
+ *
+ *   h = rmsnorm(x[0..n))          qkv = h.[Wq;Wk;Wv]      one GEMM, n rows
+ *   q/k norm + rope, each row's K and V into its own view: the lone
+ *             forward's fused kernel, one launch, a view and item per row
+ *             (kvmem_cuda_qk_norm_rope_scatter_rows_bf16; a launch per
+ *             item when "fuse" is off)
+ *   att = attention of every item over its own view   one launch
+ *             (kvmem_cuda_attention_batch: the v5 decode kernel, a CTA
+ *             per split, KV head and item)
+ *   x += att.Wo; h = rmsnorm(x); gu = h.[Wgate;Wup]; act = swiglu(gu);
+ *   x += act.Wdown                                    one GEMM each
+ *
+ * then the logits of the n rows in one GEMM.
+ *
+ * Batch invariance: every item gets the bits of cuda_forward() on it alone
+ * (a one-token step, graph or not). The GEMMs are the project's own
+ * (kvmem_cuda_gemv_rows_bf16): each row summed exactly as the one-row GEMV
+ * of a lone decode step sums it, each weight chunk read once for up to 8
+ * rows. cuBLASLt is not used here: it picks its kernel by M, and even with
+ * the algorithm pinned its tensor-core sums would not be the GEMV's, so an
+ * item would differ from the same conversation decoding alone. The norms,
+ * SwiGLU and the attention split per row or per item, never by n. So the
+ * price is CUDA-core GEMMs (Documentation/benchmarks.md, #26).
+ *
+ * Taken only when it can give those bits: the main decode attention v5,
+ * the GEMV on (decode items go in passes of at most the chunk size);
+ * otherwise -ENOTSUP and the session runs the items one by one
+ * (user/session/batch.c). Prefill chunks in a batch run through the lone
+ * forward, one after another, and the decode items beside them batched. KVMEM_CUDA_BATCH=0 (read at the first call)
+ * turns it off, for comparisons.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend_impl.h"
+#include "kernels/kernels_cuda.h"
+#include "kernels/kernels_cuda_batch.h"
+#include "kernels/kernels.h"
+#include "kvmem/kvmem.h"
+#include "backend/cuda_backend.h"
+
+struct cuda_fwdb {
+	int rows;		/* room for this many items */
+	int off;		/* KVMEM_CUDA_BATCH=0 */
+	int per_item;		/* the q/k kernel a launch per item ("fuse" off) */
+	uint16_t *qkv;		/* [rows][qw + 2 kw] */
+	double *ang;		/* [rows][head_dim / 2] (cos, sin) */
+	/* inputs: [ids: rows][pos: rows][items: rows][L][views: L][rows],
+	 * device and pinned */
+	char *in, *host_in;
+	float *logits, *host_logits;	/* [rows][vocab] */
+	kvmem_cuda_att_seq *seqs;	/* host [rows] */
+};
+
+static size_t items_off(int rows)
+{
+	return (size_t)rows * 8;
+}
+
+static size_t views_off(const struct cuda *b, int rows)
+{
+	size_t at = items_off(rows) + (size_t)rows * b->c->n_layers * sizeof(kvmem_scatter_item);
+
+	return (at + 15) & ~(size_t)15;
+}
+
+static size_t in_bytes(const struct cuda *b, int rows)
+{
+	return views_off(b, rows) + (size_t)rows * b->c->n_layers * sizeof(kvmem_qk_view);
+}
+
+void cuda_fwdb_destroy(struct cuda *b)
+{
+	struct cuda_fwdb *f = b->fwdb;
+
+	if (!f)
+		return;
+	kvmem_cuda_free(f->qkv);
+	kvmem_cuda_free(f->ang);
+	kvmem_cuda_free(f->in);
+	kvmem_cuda_free(f->logits);
+	cudaFreeHost(f->host_in);
+	cudaFreeHost(f->host_logits);
+	free(f->seqs);
+	free(f);
+	b->fwdb = NULL;
+}
+
+/* Room for n items (buffers grow, never shrink). */
+static int room(struct cuda *b, int n)
+{
+	const kvmem_config *c = b->c;
+	struct cuda_fwdb *f = b->fwdb;
+	const size_t ld = (size_t)b->qw + 2 * b->kw;
+	int rc;
+
+	if (!f) {
+		const char *e = getenv("KVMEM_CUDA_BATCH");
+
+		if (!(f = b->fwdb = calloc(1, sizeof(*f))))
+			return kvmem_error(ENOMEM, "cuda batched forward: out of memory");
+		f->off = e && !strcmp(e, "0");
+	}
+	if (n <= f->rows)
+		return 0;
+	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)	/* queued work may use the old ones */
+		return rc;
+	kvmem_cuda_free(f->qkv);
+	kvmem_cuda_free(f->ang);
+	kvmem_cuda_free(f->in);
+	kvmem_cuda_free(f->logits);
+	cudaFreeHost(f->host_in);
+	cudaFreeHost(f->host_logits);
+	free(f->seqs);
+	f->qkv = NULL;
+	f->ang = NULL;
+	f->in = f->host_in = NULL;
+	f->logits = f->host_logits = NULL;
+	f->seqs = NULL;
+	f->rows = 0;
+	if ((rc = cuda_dev_alloc(&f->qkv, (size_t)n * ld * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&f->ang, (size_t)n * c->head_dim * sizeof(double), NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&f->in, in_bytes(b, n), NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&f->logits, (size_t)n * c->vocab * 4, NULL)) < 0 ||
+	    (rc = cuda_pinned(&f->host_in, in_bytes(b, n))) < 0 ||
+	    (rc = cuda_pinned(&f->host_logits, (size_t)n * c->vocab * 4)) < 0)
+		return rc;
+	if (!(f->seqs = calloc((size_t)n, sizeof(*f->seqs))))
+		return kvmem_error(ENOMEM, "cuda batched forward: out of memory for %d items", n);
+	f->rows = n;
+	return 0;
+}
+
+static int wants_out(const kvmem_fwd_out *o)
+{
+	return o && (o->raw_k || o->v || o->q_raw || o->raw_k_bf16 || o->v_bf16);
+}
+
+/* Whether the pass can give every item a lone step's bits; the reason
+ * otherwise (-ENOTSUP: the caller goes one by one; -EINVAL: an item is
+ * wrong, as the lone forward would say). */
+static int check(struct cuda *b, const kvmem_fwd_item *items, int n)
+{
+	const kvmem_config *c = b->c;
+
+	if (b->fwdb->off)
+		return kvmem_error(ENOTSUP, "cuda batched forward: off (KVMEM_CUDA_BATCH=0)");
+	if (!kvmem_cuda_att_decode_is_v5(b->ctx) || c->n_heads / c->n_kv_heads > 16)
+		return kvmem_error(ENOTSUP, "cuda batched forward: the decode attention is not v5 "
+				   "or the GQA group is over 16");
+	for (int i = 0; i < n; i++) {
+		const kvmem_fwd_item *it = &items[i];
+
+		/* What cuda_forward() would refuse, refused before anything
+		 * runs (its items run through it: see cuda_forward_batch). */
+		if (it->n <= 0 || it->n > b->max_chunk)
+			return kvmem_error(EINVAL, "cuda forward: item %d runs %d tokens; the backend "
+					   "takes 1..%d", i, it->n, b->max_chunk);
+		for (int t = 0; t < it->n; t++)
+			if (it->tokens[t] < 0 || it->tokens[t] >= c->vocab)
+				return kvmem_error(EINVAL, "cuda forward: token %d at index %d of item %d "
+						   "is outside the vocabulary (0..%d)", it->tokens[t], t,
+						   i, c->vocab - 1);
+		if (it->v->len + it->n > it->v->cap)
+			return kvmem_error(EINVAL, "cuda forward: item %d's view holds %lld of %lld "
+					   "slots, no room for %d more", i, (long long)it->v->len,
+					   (long long)it->v->cap, it->n);
+		if (it->out && it->out->q_last < 0)
+			return kvmem_error(EINVAL, "cuda forward: item %d: q_last %d is negative", i,
+					   it->out->q_last);
+		if (it->n > 1 && it->out && !it->out->raw_k_bf16 != !it->out->v_bf16)
+			return kvmem_error(ENOTSUP, "cuda batched forward: item %d: typed rows of "
+					   "raw K or V alone", i);
+	}
+	return 0;
+}
+
+/* One layer over the n rows. */
+static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int want_out)
+{
+	const kvmem_config *c = b->c;
+	const struct layer_w *w = &b->L[l];
+	struct cuda_fwdb *f = b->fwdb;
+	const int H = c->hidden, I = c->intermediate, D = c->head_dim, L = c->n_layers;
+	const int ld = b->qw + 2 * b->kw;
+	const float scale = (float)(1.0 / sqrt((double)D));
+	const int32_t *pos = (const int32_t *)f->in + n;
+	const kvmem_scatter_item *sc = (const kvmem_scatter_item *)(f->in + items_off(n));
+	const kvmem_qk_view *views = (const kvmem_qk_view *)(f->in + views_off(b, n));
+	uint16_t *oq = b->oq + (size_t)l * n * b->qw, *ok = b->ok + (size_t)l * n * b->kw;
+	uint16_t *ov = b->ov + (size_t)l * n * b->kw;
+	int rc;
+
+	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)) ||
+	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->qkv, KVMEM_GEMM_BF16, b->h, w->wq, n, H, ld)))
+		return rc;
+	/* The q/k kernel over every row, each into its own view: one launch
+	 * (the fused kernel), else one per item (the lone call's path). */
+	if (!f->per_item) {
+		rc = kvmem_cuda_qk_norm_rope_scatter_rows_bf16(
+			b->ctx, f->qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
+			c->rms_eps, pos, c->rope_theta, b->q, want_out ? oq : NULL,
+			want_out ? ok : NULL, want_out ? ov : NULL, views + (size_t)l * n, L, f->ang);
+		if (rc == -ENOTSUP)
+			f->per_item = 1;
+		else if (rc)
+			return rc;
+	}
+	for (int i = 0; i < n; i++) {
+		kvmem_view *v = items[i].v;
+		const size_t vl = (size_t)c->n_kv_heads * v->cap * D;
+
+		if (f->per_item && (rc = kvmem_cuda_qk_norm_rope_scatter_bf16(
+			     b->ctx, f->qkv + (size_t)i * ld, ld, w->q_norm, w->k_norm, 1, c->n_heads,
+			     c->n_kv_heads, D, c->rms_eps, pos + i, c->rope_theta,
+			     b->q + (size_t)i * b->qw, want_out ? oq + (size_t)i * b->qw : NULL,
+			     want_out ? ok + (size_t)i * b->kw : NULL,
+			     want_out ? ov + (size_t)i * b->kw : NULL, v->k, v->v, v->rk,
+			     sc + (size_t)i * L + l, L, (int)v->cap, f->ang + (size_t)i * D)))
+			return rc;
+		f->seqs[i] = (kvmem_cuda_att_seq){ .q0 = i, .n_q = 1, .q_pos = pos + i,
+						   .k = v->k + l * vl, .v = v->v + l * vl,
+						   .kv_pos = NULL, .n_kv = (int)(v->len + 1),
+						   .kv_stride = (long long)v->cap };
+	}
+	if ((rc = kvmem_cuda_attention_batch(b->ctx, b->att, b->q, f->seqs, n, c->n_heads,
+					     c->n_kv_heads, D, scale)) ||
+	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n,
+					    b->qw, H)) ||
+	    (rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->mlp_norm, n, H, c->rms_eps)) ||
+	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->gu, KVMEM_GEMM_BF16, b->h, w->w_gateup, n,
+					    H, 2 * I)) ||
+	    (rc = kvmem_cuda_swiglu_bf16(b->ctx, b->act, b->gu, b->gu + I, n, I, 2 * I)) ||
+	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->act, w->w_down, n,
+					    I, H)))
+		return rc;
+	return 0;
+}
+
+/* Copy one of [L][n][w] bf16 (device) down to the pinned host_o. */
+static int down_rows(struct cuda *b, const uint16_t *src, int L, int n, size_t w)
+{
+	if (cudaMemcpyAsync(b->host_o, src, (size_t)L * n * w * 2, cudaMemcpyDeviceToHost,
+			    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda batched forward: copying the rows down");
+	}
+	return kvmem_cuda_sync(b->ctx);
+}
+
+/* Item i's rows ([L][w] at dst) from host_o's [L][n][w], as bf16 or fp32. */
+static void item_rows(const struct cuda *b, void *dst, int bf16, int L, int n, int i, size_t w)
+{
+	for (int l = 0; l < L; l++) {
+		const uint16_t *s = b->host_o + ((size_t)l * n + i) * w;
+
+		if (bf16)
+			memcpy((uint16_t *)dst + (size_t)l * w, s, w * 2);
+		else
+			kvmem_bf16_to_f32_n((float *)dst + (size_t)l * w, s, w);
+	}
+}
+
+/* The items' raw q, raw K and V, as each asked. */
+static int outputs(struct cuda *b, const kvmem_fwd_item *items, int n)
+{
+	const int L = b->c->n_layers;
+	int rc;
+
+	if ((rc = down_rows(b, b->oq, L, n, b->qw)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++)
+		if (items[i].out && items[i].out->q_raw && kvmem_fwd_q_rows(items[i].out, 1) > 0)
+			item_rows(b, items[i].out->q_raw, 0, L, n, i, b->qw);
+	if ((rc = down_rows(b, b->ok, L, n, b->kw)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		const kvmem_fwd_out *o = items[i].out;
+
+		if (o && o->raw_k)
+			item_rows(b, o->raw_k, 0, L, n, i, b->kw);
+		if (o && o->raw_k_bf16)
+			item_rows(b, o->raw_k_bf16, 1, L, n, i, b->kw);
+	}
+	if ((rc = down_rows(b, b->ov, L, n, b->kw)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		const kvmem_fwd_out *o = items[i].out;
+
+		if (o && o->v)
+			item_rows(b, o->v, 0, L, n, i, b->kw);
+		if (o && o->v_bf16)
+			item_rows(b, o->v_bf16, 1, L, n, i, b->kw);
+	}
+	return 0;
+}
+
+/* One pass over n <= max_chunk checked items. */
+static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
+{
+	const kvmem_config *c = b->c;
+	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
+	struct cuda_fwdb *f = b->fwdb;
+	int32_t *ids;
+	kvmem_scatter_item *sc;
+	kvmem_qk_view *qv;
+	int rc, want_out = 0, any_logits = 0;
+
+	for (int i = 0; i < n; i++) {
+		want_out |= wants_out(items[i].out);
+		any_logits |= items[i].logits != NULL;
+	}
+	/* The inputs: ids, positions, one scatter item per item and layer (the
+	 * lone forward's: its token at slot len, from its qkv row). The
+	 * previous call synchronised: the pinned buffer is free. */
+	ids = (int32_t *)f->host_in;
+	sc = (kvmem_scatter_item *)(f->host_in + items_off(n));
+	qv = (kvmem_qk_view *)(f->host_in + views_off(b, n));
+	for (int i = 0; i < n; i++) {
+		ids[i] = items[i].tokens[0];
+		ids[n + i] = (int32_t)items[i].v->len;
+		for (int l = 0; l < L; l++)
+			sc[(size_t)i * L + l] = (kvmem_scatter_item){
+				.layer = l, .slot = (int32_t)items[i].v->len, .n = 1,
+				.tok_stride = ld, .src = 0, .head_stride = c->head_dim };
+		for (int l = 0; l < L; l++)	/* the device's items, above */
+			qv[(size_t)l * n + i] = (kvmem_qk_view){
+				.k = items[i].v->k, .v = items[i].v->v, .rk = items[i].v->rk,
+				.item = (const kvmem_scatter_item *)(f->in + items_off(n)) +
+					(size_t)i * L + l,
+				.cap = (int)items[i].v->cap };
+	}
+	if (cudaMemcpyAsync(f->in, f->host_in, in_bytes(b, n), cudaMemcpyHostToDevice,
+			    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda batched forward: copying the inputs up");
+	}
+	if ((rc = kvmem_cuda_embedding_bf16(b->ctx, b->x, b->embed, (const int32_t *)f->in, n,
+					    c->hidden)) < 0 ||
+	    (rc = kvmem_cuda_rope_angles(b->ctx, f->ang, (const int32_t *)f->in + n, n,
+					 c->head_dim, c->rope_theta)) < 0)
+		return kvmem_error_prefix("cuda batched forward");
+	for (int l = 0; l < L; l++)
+		if ((rc = layer(b, items, n, l, want_out)) < 0)
+			return kvmem_error_prefix("cuda batched forward, layer %d", l);
+	if (any_logits &&
+	    ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->tmp, b->x, b->final_norm, n, c->hidden,
+					   c->rms_eps)) < 0 ||
+	     (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->logits, KVMEM_GEMM_F32, b->tmp, b->lm_head,
+					     n, c->hidden, c->vocab)) < 0))
+		return kvmem_error_prefix("cuda batched forward: logits");
+	if (any_logits && cudaMemcpyAsync(f->host_logits, f->logits, (size_t)n * c->vocab * 4,
+					  cudaMemcpyDeviceToHost,
+					  kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda batched forward: copying the logits down");
+	}
+	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+		return kvmem_error_prefix("cuda batched forward");
+	if (want_out && (rc = outputs(b, items, n)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		if (items[i].logits)
+			memcpy(items[i].logits, f->host_logits + (size_t)i * c->vocab,
+			       (size_t)c->vocab * sizeof(float));
+		items[i].v->len += 1;
+	}
+	return 0;
+}
+
+/*
+ * Items of more than one token (prefill chunks) run through cuda_forward()
+ * one after another; the decode items then go in passes of at most
+ * max_chunk items (an item's bits depend on neither). Every item is
+ * checked first, so a wrong one fails the call with nothing changed.
+ */
+int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
+{
+	struct cuda *b = ctx;
+	const int C = b->max_chunk;
+	kvmem_fwd_item *dec;
+	int rc = 0, m = 0;
+
+	if (n <= 0)
+		return kvmem_error(EINVAL, "cuda batched forward: %d items", n);
+	if ((rc = room(b, n < C ? n : C)) < 0 || (rc = check(b, items, n)) < 0)
+		return rc;
+	if (!(dec = malloc(sizeof(*dec) * (size_t)n)))
+		return kvmem_error(ENOMEM, "cuda batched forward: out of memory for %d items", n);
+	for (int i = 0; i < n; i++)
+		if (items[i].n == 1)
+			dec[m++] = items[i];
+	for (int i = 0; i < n && !rc; i++)
+		if (items[i].n > 1)
+			rc = cuda_forward(ctx, items[i].v, items[i].tokens, items[i].n, items[i].logits,
+					  items[i].all_logits, items[i].out);
+	for (int s = 0; s < m && !rc; s += C)
+		rc = pass(b, dec + s, m - s < C ? m - s : C);
+	free(dec);
+	return rc < 0 ? rc : 0;
+}
