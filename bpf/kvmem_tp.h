@@ -55,11 +55,15 @@
  * include/uapi/linux/kvmem.h, mirrored here because BPF C includes
  * vmlinux.h and not the uapi headers (kvmempolicy.c checks the two agree).
  * The module fills up to KT_RECLAIM_MAX candidates in clock order
- * (candidate 0 is its own choice) and verdict = KT_VERDICT_DEFAULT; a
+ * (candidate 0 is its own choice; those the step's selection names come
+ * last, hint[] says how: KT_HINTED_*) and verdict = KT_VERDICT_DEFAULT; a
  * program may set verdict to the index of the candidate to evict.
  */
 #define KT_RECLAIM_MAX		8
 #define KT_VERDICT_DEFAULT	0xffffffffu
+#define KT_HINTED_NONE		0u
+#define KT_HINTED_RUNNER_UP	1u
+#define KT_HINTED_SELECTED	2u
 struct kt_reclaim_ctx {
 	__u64 ws_id;
 	__u64 step;
@@ -69,6 +73,7 @@ struct kt_reclaim_ctx {
 	__u64 last_step[KT_RECLAIM_MAX];
 	__u32 access_count[KT_RECLAIM_MAX];
 	__u32 dirty[KT_RECLAIM_MAX];
+	__u32 hint[KT_RECLAIM_MAX];
 };
 
 /*

@@ -39,7 +39,11 @@
 _Static_assert(sizeof(struct kt_reclaim_ctx) == sizeof(struct kvmem_reclaim_ctx) &&
 	       KT_RECLAIM_MAX == KVMEM_RECLAIM_MAX && KT_VERDICT_DEFAULT == KVMEM_VERDICT_DEFAULT &&
 	       __builtin_offsetof(struct kt_reclaim_ctx, dirty) ==
-	       __builtin_offsetof(struct kvmem_reclaim_ctx, dirty),
+	       __builtin_offsetof(struct kvmem_reclaim_ctx, dirty) &&
+	       __builtin_offsetof(struct kt_reclaim_ctx, hint) ==
+	       __builtin_offsetof(struct kvmem_reclaim_ctx, hint) &&
+	       KT_HINTED_SELECTED == KVMEM_HINTED_SELECTED &&
+	       KT_HINTED_RUNNER_UP == KVMEM_HINTED_RUNNER_UP,
 	       "kvmem_tp.h's reclaim buffer differs from the uapi's");
 _Static_assert(sizeof(struct kt_prefetch_ctx) == sizeof(struct kvmem_prefetch_ctx) &&
 	       KT_PREFETCH_ADD_MAX == KVMEM_PREFETCH_ADD_MAX &&

@@ -144,6 +144,7 @@ static int kvmem_release(struct inode *inode, struct file *filp)
 	if (ws->set_up) {
 		kvmem_writeback_all(ws);
 		kvmem_ws_free_memory(ws);
+		kvmem_hint_free(ws);
 		fput(ws->pages);
 		fput(ws->sums);
 		atomic_long_sub(ws->reserved, &kvmem_reserved);
@@ -332,8 +333,11 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	if (cmd == KVMEM_IOC_PREFETCH)
 		allowed = KVMEM_PAGES_WAIT;
 	else if (cmd == KVMEM_IOC_FILLED)
-		allowed = KVMEM_PAGES_VERIFY;
+		allowed = KVMEM_PAGES_VERIFY | KVMEM_PAGES_FAILED;
 	if ((a.flags & ~allowed) || a.reserved)
+		return -EINVAL;
+	/* A failed fill has no bytes to verify: one or the other. */
+	if ((a.flags & KVMEM_PAGES_VERIFY) && (a.flags & KVMEM_PAGES_FAILED))
 		return -EINVAL;
 	if (!a.n_pages || a.n_pages > KVMEM_IOC_PAGES_MAX)
 		return -EINVAL;
@@ -368,7 +372,7 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 	}
 
 	if (cmd == KVMEM_IOC_PREFETCH) {
-		ret = kvmem_prefetch_list(ws, b, a.flags & KVMEM_PAGES_WAIT);
+		ret = kvmem_prefetch_list(ws, b, a.flags & KVMEM_PAGES_WAIT, KVMEM_PREFETCH_LIST);
 		if (ret)
 			goto out;
 		return 0;	/* the batch belongs to the work now */
@@ -385,7 +389,7 @@ static long kvmem_pages_ioctl(struct kvmem_ws *ws, unsigned int cmd, void __user
 		if (cmd == KVMEM_IOC_CLAIM)
 			r = kvmem_claim_page(ws, ids[i]);
 		else if (cmd == KVMEM_IOC_FILLED)
-			r = kvmem_filled_page(ws, ids[i], a.flags & KVMEM_PAGES_VERIFY);
+			r = kvmem_filled_page(ws, ids[i], a.flags);
 		else
 			r = kvmem_evict_page(ws, ids[i]);
 		if (status)
@@ -447,6 +451,8 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case KVMEM_IOC_SYNC:
 	case KVMEM_IOC_STEP:
 	case KVMEM_IOC_SET_COUNT:
+	case KVMEM_IOC_HINT:
+	case KVMEM_IOC_GPU:
 		/* Everything but STATS changes the workspace: not through a
 		 * descriptor opened for reading only.
 		 */
@@ -487,6 +493,10 @@ static long kvmem_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		if (copy_from_user(&v, uarg, sizeof(v)))
 			return -EFAULT;
 		return kvmem_set_count(ws, v);
+	case KVMEM_IOC_HINT:
+		return kvmem_hint(ws, uarg);
+	case KVMEM_IOC_GPU:
+		return kvmem_gpu(ws, uarg);
 	default:	/* KVMEM_IOC_STATS */
 		mutex_lock(&ws->lock);
 		st = ws->stats;

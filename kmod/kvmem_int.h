@@ -57,6 +57,8 @@ enum kvmem_state {
 #define KVMEM_PG_DIRTY		0x01	/* written through the window since the last write-back */
 #define KVMEM_PG_BAD		0x02	/* the last fill failed */
 #define KVMEM_PG_PREFETCHED	0x04	/* filled by prefetch, not faulted since */
+#define KVMEM_PG_HINT_SEL	0x08	/* in the selection of step hint_step (HINT) */
+#define KVMEM_PG_HINT_RUN	0x10	/* a runner-up of that selection */
 
 struct kvmem_pg {
 	u32 slot;		/* KVMEM_SLOT_NONE when absent */
@@ -127,6 +129,12 @@ struct kvmem_ws {
 	u64 gen;		/* [lock] bumped at every state change (ws->wq) */
 
 	u64 step;		/* [lock] KVMEM_IOC_STEP */
+	/* [lock] The last HINT: its step and its pages (whose flags carry
+	 * the hint; they count while step == hint_step).
+	 */
+	u64 hint_step;
+	u64 *hint_ids;
+	u32 n_hint;
 	struct kvmem_ioc_stats stats;	/* [lock] */
 
 	/* Faults whose fill failed after they let go of the mmap lock, for
@@ -209,6 +217,10 @@ int kvmem_ws_init_memory(struct kvmem_ws *ws, u64 host_cap);
 void kvmem_ws_free_memory(struct kvmem_ws *ws);
 void kvmem_pte_init(struct kvmem_ws *ws, u64 first, u64 end);
 void kvmem_pte_update(struct kvmem_ws *ws, u64 id);
+/* The entry with this GPU slot (KVMEM_SLOT_NONE: not on the GPU). */
+void kvmem_pte_set_gpu(struct kvmem_ws *ws, u64 id, u32 gpu_slot);
+/* kvmem_gpu.c: the GPU ioctl. */
+long kvmem_gpu(struct kvmem_ws *ws, void __user *uarg);
 void kvmem_ws_changed(struct kvmem_ws *ws);
 int kvmem_ws_wait(struct kvmem_ws *ws);
 void kvmem_slot_release(struct kvmem_ws *ws, struct kvmem_slot *s);
@@ -219,10 +231,15 @@ void kvmem_zap_page(struct kvmem_ws *ws, u64 id, struct kvmem_slot *s);
 int kvmem_fill_locked(struct kvmem_ws *ws, u64 id, bool prefetch);
 int kvmem_claim_page(struct kvmem_ws *ws, u64 id);
 void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id);
-int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify);
+int kvmem_filled_page(struct kvmem_ws *ws, u64 id, u32 flags);
+/* kvmem_hint.c: HINT; a page's KVMEM_HINTED_* for the step (ws->lock held). */
+long kvmem_hint(struct kvmem_ws *ws, void __user *uarg);
+u32 kvmem_hinted(const struct kvmem_ws *ws, u64 id);
+void kvmem_hint_free(struct kvmem_ws *ws);
 
 /* kvmem_prefetch.c: the prefetch queue, its worker and the prefetch hook */
-int kvmem_prefetch_list(struct kvmem_ws *ws, struct kvmem_prefetch_batch *b, bool wait);
+int kvmem_prefetch_list(struct kvmem_ws *ws, struct kvmem_prefetch_batch *b, bool wait,
+			u32 reason);
 void kvmem_prefetch_on_fault(struct kvmem_ws *ws, u64 id);
 void kvmem_prefetch_work(struct work_struct *work);
 

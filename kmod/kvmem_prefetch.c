@@ -48,11 +48,13 @@ static u32 run_hook(struct kvmem_ws *ws, u32 reason, const u64 *ids, u32 n, u64 
 
 /*
  * PREFETCH, once the list b (n ids, room for KVMEM_PREFETCH_ADD_MAX more)
- * was checked: the hook may extend it, then it joins the queue; with wait,
- * return when the queue is done. The batch belongs to the worker once
+ * was checked: the hook may extend it (told why: a PREFETCH list, or a
+ * HINT's selected pages), then it joins the queue; with wait, return when
+ * the queue is done. The batch belongs to the worker once
  * queued (it frees it), so nothing here reads it after that.
  */
-int kvmem_prefetch_list(struct kvmem_ws *ws, struct kvmem_prefetch_batch *b, bool wait)
+int kvmem_prefetch_list(struct kvmem_ws *ws, struct kvmem_prefetch_batch *b, bool wait,
+			u32 reason)
 {
 	u64 first = b->ids[0];
 	u32 n;
@@ -62,7 +64,7 @@ int kvmem_prefetch_list(struct kvmem_ws *ws, struct kvmem_prefetch_batch *b, boo
 		mutex_unlock(&ws->lock);
 		return -EAGAIN;	/* the queue is full: wait for it (WAIT) */
 	}
-	b->n += run_hook(ws, KVMEM_PREFETCH_LIST, b->ids, b->n, b->ids + b->n);
+	b->n += run_hook(ws, reason, b->ids, b->n, b->ids + b->n);
 	n = b->n;
 	ws->prefetch_queued += b->n;
 	list_add_tail(&b->node, &ws->prefetch_list);

@@ -130,11 +130,49 @@ static bool evictable(struct kvmem_ws *ws, struct kvmem_slot *s)
 	       !kvmem_slot_maybe_held(ws, s, 0);
 }
 
+static bool taken(const u32 *slot_of, u32 n, u32 slot)
+{
+	u32 i;
+
+	for (i = 0; i < n; i++)
+		if (slot_of[i] == slot)
+			return true;
+	return false;
+}
+
+/*
+ * Put the candidates the step's selection names last (runners-up, then
+ * selected pages; each group keeps its clock order), so the module's
+ * choice, candidate 0, is a page the next view does not need when there is
+ * one.
+ */
+static void order_by_hint(struct kvmem_reclaim_ctx *c, u32 *slot_of, u32 n)
+{
+	struct kvmem_reclaim_ctx in = *c;
+	u32 slots[KVMEM_RECLAIM_MAX], h, i, j = 0;
+
+	memcpy(slots, slot_of, n * sizeof(*slots));
+	for (h = KVMEM_HINTED_NONE; h <= KVMEM_HINTED_SELECTED; h++) {
+		for (i = 0; i < n; i++) {
+			if (in.hint[i] != h)
+				continue;
+			slot_of[j] = slots[i];
+			c->page[j] = in.page[i];
+			c->last_step[j] = in.last_step[i];
+			c->access_count[j] = in.access_count[i];
+			c->dirty[j] = in.dirty[i];
+			c->hint[j] = in.hint[i];
+			j++;
+		}
+	}
+}
+
 /*
  * Choose a victim and evict it. The clock hand passes slots, clearing the
  * referenced bit of those touched since its last pass (second chance) and
  * collecting up to KVMEM_RECLAIM_MAX unreferenced evictable ones, in clock
- * order; candidate 0 is the module's choice. A BPF program on kvmem_reclaim
+ * order, those the step's selection names (HINT) last; candidate 0 is the
+ * module's choice. A BPF program on kvmem_reclaim
  * may name another by index; an index out of range is refused.
  * -EAGAIN: nothing can leave now; 0: a page left, or a slot came free
  * while the scan let go of the lock.
@@ -170,16 +208,25 @@ static int reclaim_one(struct kvmem_ws *ws)
 			s->ref = false;
 			continue;
 		}
+		/* The second round passes slots taken in the first: a page
+		 * is a candidate once (a window of fewer than
+		 * KVMEM_RECLAIM_MAX slots gave the same pages twice), while
+		 * those whose second chance the first round used up join.
+		 */
+		if (taken(slot_of, n, slot))
+			continue;
 		pg = &ws->pg[s->page];
 		slot_of[n] = slot;
 		ctx.page[n] = s->page;
 		ctx.last_step[n] = ws->pte[s->page].last_step;
 		ctx.access_count[n] = ws->pte[s->page].access_count;
 		ctx.dirty[n] = !!(pg->flags & KVMEM_PG_DIRTY);
+		ctx.hint[n] = kvmem_hinted(ws, s->page);
 		n++;
 	}
 	if (!n)
 		return -EAGAIN;
+	order_by_hint(&ctx, slot_of, n);
 	ctx.ws_id = ws->ws_id;
 	ctx.step = ws->step;
 	ctx.n_candidates = n;

@@ -111,6 +111,41 @@ TRACE_EVENT(kvmem_step,
 		  __entry->ws_id, __entry->step, __entry->n_layers)
 );
 
+TRACE_EVENT(kvmem_hint,
+	TP_PROTO(u64 ws_id, u64 step, u32 n_pages, u32 n_selected),
+	TP_ARGS(ws_id, step, n_pages, n_selected),
+	TP_STRUCT__entry(
+		__field(u64, ws_id)
+		__field(u64, step)
+		__field(u32, n_pages)
+		__field(u32, n_selected)
+	),
+	TP_fast_assign(
+		__entry->ws_id = ws_id;
+		__entry->step = step;
+		__entry->n_pages = n_pages;
+		__entry->n_selected = n_selected;
+	),
+	TP_printk("ws=%llu step=%llu pages=%u selected=%u",
+		  __entry->ws_id, __entry->step, __entry->n_pages, __entry->n_selected)
+);
+
+TRACE_EVENT(kvmem_gpu,
+	TP_PROTO(u64 ws_id, u64 page, u32 slot),
+	TP_ARGS(ws_id, page, slot),
+	TP_STRUCT__entry(
+		__field(u64, ws_id)
+		__field(u64, page)
+		__field(u32, slot)
+	),
+	TP_fast_assign(
+		__entry->ws_id = ws_id;
+		__entry->page = page;
+		__entry->slot = slot;
+	),
+	TP_printk("ws=%llu page=%llu slot=%u", __entry->ws_id, __entry->page, __entry->slot)
+);
+
 /* kvmem_evict reason */
 #define KVMEM_EVICT_RECLAIM	0	/* over the cap, the module's choice */
 #define KVMEM_EVICT_VERDICT	1	/* over the cap, a BPF program's choice */

@@ -59,12 +59,18 @@ static void pte_end(struct kvmem_pte *e)
 	WRITE_ONCE(e->seq, e->seq + 1);
 }
 
-void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
+/* The entry from the page's state, with gpu_slot (the GPU tier is the
+ * engine's word, GPU ioctl: kept as it is by every other update).
+ */
+static void kvmem_pte_write(struct kvmem_ws *ws, u64 id, u32 gpu_slot)
 {
 	struct kvmem_pte *e = &ws->pte[id];
 	struct kvmem_pg *pg = &ws->pg[id];
 	u8 tiers = id < ws->page_count ? KVMEM_TIER_NVME : 0;
 	u8 flags = 0;
+
+	if (gpu_slot != KVMEM_SLOT_NONE)
+		tiers |= KVMEM_TIER_GPU;
 
 	switch (pg->state) {
 	case KVMEM_RESIDENT:
@@ -85,9 +91,20 @@ void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
 		flags |= KVMEM_PTE_PREFETCHED;
 	pte_begin(e);
 	WRITE_ONCE(e->host_slot, pg->slot);
+	WRITE_ONCE(e->gpu_slot, gpu_slot);
 	WRITE_ONCE(e->flags, flags);
 	WRITE_ONCE(e->tiers, tiers);
 	pte_end(e);
+}
+
+void kvmem_pte_update(struct kvmem_ws *ws, u64 id)
+{
+	kvmem_pte_write(ws, id, READ_ONCE(ws->pte[id].gpu_slot));
+}
+
+void kvmem_pte_set_gpu(struct kvmem_ws *ws, u64 id, u32 gpu_slot)
+{
+	kvmem_pte_write(ws, id, gpu_slot);
 }
 
 /* Entries [first, end): fresh pages of the file (SETUP, SET_COUNT). */
@@ -402,11 +419,14 @@ void kvmem_unclaim_page(struct kvmem_ws *ws, u64 id)
 }
 
 /* FILLED: a claimed page is complete. Its ptes (writable, untracked while
- * claimed) are zapped so later writes are tracked; with verify the bytes
+ * claimed) are zapped so later writes are tracked; with VERIFY the bytes
  * are checked against the sums file and a mismatch drops the page (BAD,
- * but not a failed fill: the file may be fine, a fault reads it).
+ * a checksum error: the file may be fine, a fault reads it). With FAILED
+ * userspace says its fill failed (its read's error, a short read): the
+ * page is dropped as a read error, whatever its bytes, so the counters
+ * tell a disk that failed from bytes that were wrong.
  */
-int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
+int kvmem_filled_page(struct kvmem_ws *ws, u64 id, u32 flags)
 {
 	struct kvmem_pg *pg = &ws->pg[id];
 	struct kvmem_slot *s;
@@ -423,7 +443,9 @@ int kvmem_filled_page(struct kvmem_ws *ws, u64 id, bool verify)
 	kvmem_pte_update(ws, id);
 	mutex_unlock(&ws->lock);
 	kvmem_zap_page(ws, id, s);
-	if (verify)
+	if (flags & KVMEM_PAGES_FAILED)
+		err = -EIO;
+	else if (flags & KVMEM_PAGES_VERIFY)
 		err = kvmem_verify_page(ws, id, s);
 	if (err)
 		kvmem_slot_release(ws, s);

@@ -168,6 +168,27 @@ int kvmem_kmod_evict(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *st
 int kvmem_kmod_sync(kvmem_kmod *k);
 /* The agent step recorded in each entry's last_step from now on. */
 int kvmem_kmod_step(kvmem_kmod *k, uint64_t step);
+/*
+ * The step's selection (KVMEM_IOC_HINT): pages[0 .. n_selected) are the
+ * next view's, the rest their runners-up; the module's step becomes step.
+ * Until the step changes, reclaim lets selected pages go last (then the
+ * runners-up) and the BPF hooks see them; KVMEM_KMOD_HINT_PREFETCH: the
+ * module prefetches the absent selected pages. At most
+ * KVMEM_IOC_PAGES_MAX pages are passed (the first ones). A new hint
+ * replaces the last.
+ */
+#define KVMEM_KMOD_HINT_PREFETCH 0x1
+int kvmem_kmod_hint(kvmem_kmod *k, uint64_t step, const uint64_t *pages, size_t n,
+		    size_t n_selected, int flags);
+/*
+ * The GPU tier (KVMEM_IOC_GPU): page pages[i] is in the engine's GPU pool at
+ * slots[i], or left it (KVMEM_SLOT_NONE). The module writes it into the
+ * table (gpu_slot, KVMEM_TIER_GPU) for the table's readers and the
+ * tracepoint kvmem_gpu; nothing else changes. Lists longer than
+ * KVMEM_IOC_PAGES_MAX go in several ioctls; an error stops at that ioctl
+ * (the earlier ones are recorded).
+ */
+int kvmem_kmod_gpu(kvmem_kmod *k, const uint64_t *pages, const uint32_t *slots, size_t n);
 /* The file grew (appended blocks): pages [old count, pages) become valid. */
 int kvmem_kmod_set_count(kvmem_kmod *k, uint64_t pages);
 int kvmem_kmod_stats(kvmem_kmod *k, struct kvmem_ioc_stats *st);

@@ -7,6 +7,9 @@
 #  - --pager with another name is a usage error (exit 2) naming both;
 #  - --pager uring is the default: the same steps as without the option;
 #  - --pager without --workspace: a note that it changes nothing.
+#  - kvmem bench pager --pager kmod is refused the same way (exit 1) before
+#    it makes its directory; --pager nvme and --pager kmod with --store are
+#    usage errors (exit 2).
 # Skipped (77) where /dev/kvmem exists: the refusal cannot be seen there.
 . "$(dirname "$0")/lib.sh"
 cli_setup pager-kmod
@@ -36,4 +39,19 @@ grep -q '"tokens":\[[0-9]' <<<"$a" || bad "default pager run: no decoded tokens"
 out=$(run --pager uring 2>&1 >/dev/null)
 grep -q "note: --pager sets a workspace's pager; without --workspace it changes nothing" \
 	<<<"$out" || bad "--pager without --workspace: no note: $out"
+mkdir -p "$tmp/bench"
+out=$("$KVMEM" bench pager --dir "$tmp/bench" --size 16M --pager kmod 2>&1)
+rc=$?
+[ $rc -eq 1 ] || bad "bench pager --pager kmod without the module: exit $rc, not 1"
+grep -q "/dev/kvmem: no such device: the kernel module is not loaded" <<<"$out" ||
+	bad "bench pager --pager kmod: no clear refusal: $out"
+[ -z "$(ls "$tmp/bench")" ] || bad "bench pager --pager kmod made a directory before refusing"
+out=$("$KVMEM" bench pager --dir "$tmp/bench" --pager nvme 2>&1)
+rc=$?
+[ $rc -eq 2 ] && grep -q "uring or kmod, not 'nvme'" <<<"$out" ||
+	bad "bench pager --pager nvme: exit $rc: $out"
+out=$("$KVMEM" bench pager --store rados://p --pager kmod 2>&1)
+rc=$?
+[ $rc -eq 2 ] && grep -q "kmod reads a workspace directory, not --store" <<<"$out" ||
+	bad "bench pager --pager kmod --store: exit $rc: $out"
 cli_done test_pager_kmod

@@ -385,6 +385,79 @@ static void test_hints_take_anything(void **state)
 	var->close(&f);
 }
 
+/* A kmod source over a fresh workspace: a window of 2L pages (two blocks)
+ * and a host cap of `slots` pages. */
+static void kmod_open_sized(struct fx *f, uint64_t slots)
+{
+	kvmem_page_geom g = fx_geom(f);
+	kvmem_kmod_opts ko;
+
+	workspace_open(f);
+	kvmem_kmod_opts_default(&ko);
+	ko.page_max = 2 * f->L;
+	ko.host_cap = kvmem_page_stride(&g) * slots;
+	if (kvmem_page_source_kmod(&f->src, f->p, &ko) < 0)
+		fail_msg("kmod source: %s", kvmem_last_error());
+}
+
+/* The kmod source's region (what a GPU backend would cudaHostRegister):
+ * refused (-ENOTSUP) while the window is larger than its host cap; where it
+ * fits, the window over the committed pages, every committed page got
+ * inside it; after that the window never moves: blocks committed past it
+ * are read through the pager, and every page still reads right. Other
+ * variants: nothing (mem has no region, the pager's is its host pool). */
+static void test_kmod_region(void **state)
+{
+	const struct variant *var = *state;
+
+	announce(var);
+	uint64_t rng = g_seed ^ 0x77;
+	struct fx f;
+	kvmem_kmod *k;
+	kvmem_page_geom g;
+	void *base = NULL;
+	size_t len = 0, wlen;
+	int64_t n;
+
+	if (strcmp(var->name, "kmod"))
+		return;
+	fx_geometry(&f, &rng);
+	uint64_t seed = test_rng_next(&rng);
+
+	n = 2 * f.B + 3;
+	kmod_open_sized(&f, 2 * f.L - 1);	/* one slot short of the window */
+	write_tokens(&f, seed, n, &rng);
+	commit(var, &f, n);
+	assert_int_equal(f.src.ops->region(f.src.ctx, &base, &len), -ENOTSUP);
+	pager_close(&f);
+
+	kmod_open_sized(&f, 2 * f.L);
+	g = fx_geom(&f);
+	assert_int_equal(f.src.ops->region(f.src.ctx, &base, &len), -ENOENT);
+	write_tokens(&f, seed, n, &rng);
+	commit(var, &f, n);
+	k = kvmem_page_source_kmod_client(&f.src);
+	assert_int_equal(f.src.ops->region(f.src.ctx, &base, &len), 0);
+	assert_ptr_equal(base, kvmem_kmod_window(k, &wlen));
+	assert_int_equal(len, 2 * f.L * kvmem_page_stride(&g));
+	for (int64_t b = 0; b < 2; b++)
+		for (int l = 0; l < f.L; l++) {
+			kvmem_page pg;
+
+			assert_int_equal(f.src.ops->get(f.src.ctx, b, l, &pg), 0);
+			assert_true((const char *)pg.k >= (const char *)base &&
+				    (const char *)pg.k < (const char *)base + len);
+			f.src.ops->put(f.src.ctx, b, l);
+		}
+	/* Past the window: it stays, the pager serves the rest. */
+	write_range(&f, seed, n, 5 * f.B + 1, &rng);
+	commit(var, &f, 5 * f.B + 1);
+	check_tokens(&f, seed, 5 * f.B + 1);
+	assert_ptr_equal(k, kvmem_page_source_kmod_client(&f.src));
+	assert_int_equal(kvmem_kmod_pages(k), 2 * f.L);
+	pager_close(&f);
+}
+
 /* A flipped byte in a committed page on disk: get refuses that page with
  * -EBADMSG (a checksum mismatch), never returns its bytes; the others read. */
 static void test_corrupt_page_refused(void **state)
@@ -571,6 +644,7 @@ int main(void)
 		PER_VARIANT(test_bad_calls_refused),
 		PER_VARIANT(test_hints_take_anything),
 		PER_VARIANT(test_corrupt_page_refused),
+		PER_VARIANT(test_kmod_region),
 		PER_VARIANT(test_session_matches_memory),
 	};
 

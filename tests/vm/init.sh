@@ -120,9 +120,10 @@ else
 	result fail "/dev/kvmem is a 0600 character device ($(ls -l /dev/kvmem 2>&1))"
 fi
 # KVMEM_VM_ONLY (kernel command line, from run.sh): only the selftest
-# programs whose name contains it (and the page-source suite, the session
-# and the policy check when their names, kvmem-vm-source, kvmem-vm-session
-# and kvmem-vm-policy, do), none of the other steps after them.
+# programs whose name contains it (and the page-source suite, the session,
+# the policy check and the bench when their names, kvmem-vm-source,
+# kvmem-vm-session, kvmem-vm-policy and kvmem-vm-bench, do), none of the
+# other steps after them.
 for t in /tests/kvmem-*; do
 	case $t in
 	*.o) ;;
@@ -156,16 +157,26 @@ session() {
 	[ $? -lt 128 ] || result fail "kvmem-vm-session ended abnormally"
 	kernel_log_clean kvmem-vm-session
 }
+# kvmem bench pager over --pager uring and --pager kmod, same run (TCG:
+# relative figures only).
+bench() {
+	echo "# ---- kvmem-vm-bench"
+	timeout -s KILL 600 kvmem-vm-bench
+	[ $? -lt 128 ] || result fail "kvmem-vm-bench ended abnormally"
+	kernel_log_clean kvmem-vm-bench
+}
 if [ -n "${KVMEM_VM_ONLY:-}" ]; then
 	case kvmem-vm-source in *$KVMEM_VM_ONLY*) page_source ;; esac
 	case kvmem-vm-session in *$KVMEM_VM_ONLY*) session ;; esac
 	case kvmem-vm-policy in *$KVMEM_VM_ONLY*) policy ;; esac
+	case kvmem-vm-bench in *$KVMEM_VM_ONLY*) bench ;; esac
 	echo "KVMEM-VM-DONE $n steps, $fails failed, at $(cut -d' ' -f1 /proc/uptime) s (only $KVMEM_VM_ONLY)"
 	poweroff -f
 fi
 page_source
 session
 policy
+bench
 # The debug kernel's kmemleak (booted with kmemleak=on; the stock kernel
 # has none): objects allocated by kvmem.ko and never freed. Checked while
 # the module is loaded, so its frames have names in the backtraces.

@@ -144,6 +144,50 @@ static int wait_resident(kvmem_kmod *k, uint64_t p)
 	return kvmem_kmod_resident(k, p);
 }
 
+/* The step's selection (HINT) reaches the victim hook: candidates it names
+ * come last, runners-up before selected pages, each with its hint; the
+ * hints end when the step moves on; a HINT's prefetch passes the prefetch
+ * hook with reason HINT. */
+TEST_F(bpf, victim_hook_sees_the_hints)
+{
+	uint64_t hint[2] = { 1, 2 }, more[2] = { 8, 9 };
+	kvmem_kmod *k;
+	unsigned char b;
+
+	cfg_set(self->cfg_fd, 0, 0);
+	cfg_set(self->cfg_fd, 4, 0);
+	k = vt_kmod(&self->w, 4);
+	ASSERT_NE(NULL, k);
+	for (uint64_t p = 0; p < 4; p++)
+		ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, p), &b, 1));
+	ASSERT_EQ(0, kvmem_kmod_hint(k, 3, hint, 2, 1, 0));	/* 1 selected, 2 runner-up */
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, 4), &b, 1));
+	ASSERT_EQ(1, cfg_get(self->cfg_fd, 1));
+	ASSERT_EQ(4, cfg_get(self->cfg_fd, 2));
+	ASSERT_EQ(3, cfg_get(self->cfg_fd, 3));	/* the hint's step is the step */
+	/* Clock order 0 1 2 3, hinted ones last: 0 3 2 1. */
+	ASSERT_EQ(0x1230, cfg_get(self->cfg_fd, 9));
+	ASSERT_EQ(KVMEM_HINTED_RUNNER_UP << 8 | KVMEM_HINTED_SELECTED << 12,
+		  cfg_get(self->cfg_fd, 8));
+	ASSERT_FALSE(kvmem_kmod_resident(k, 0));
+	/* The next step: no hint counts any more. The scan passes page 4
+	 * (just filled: its second chance) and comes round to pages 1-3
+	 * again: each page is a candidate once. */
+	ASSERT_EQ(0, kvmem_kmod_step(k, 4));
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(k, 5), &b, 1));
+	ASSERT_EQ(2, cfg_get(self->cfg_fd, 1));
+	ASSERT_EQ(0, cfg_get(self->cfg_fd, 8));
+	ASSERT_EQ(4, cfg_get(self->cfg_fd, 2));
+	ASSERT_EQ(0x4321, cfg_get(self->cfg_fd, 9));
+	/* A HINT that prefetches: the hook is told why. */
+	ASSERT_EQ(0, kvmem_kmod_hint(k, 5, more, 2, 2, KVMEM_KMOD_HINT_PREFETCH));
+	ASSERT_TRUE(wait_resident(k, 8));
+	ASSERT_TRUE(wait_resident(k, 9));
+	ASSERT_EQ(KVMEM_PREFETCH_HINT, cfg_get(self->cfg_fd, 7));
+	ASSERT_EQ(5, cfg_get(self->cfg_fd, 6));
+	kvmem_kmod_close(k);
+}
+
 /* A program on the prefetch hook adds pages to a fault's fill and to a
  * PREFETCH list; ids past the end and too long a list are refused and
  * counted; it sees the step and why it was called. */

@@ -140,10 +140,50 @@ static void mk_pages(struct fz *z, struct kvmem_ioc_pages *a, uint64_t *ids, int
 		a->reserved = r64(z);
 }
 
+/* HINT: the step's selection, mostly good ids, one field broken now and
+ * then. */
+static void mk_hint(struct fz *z, struct kvmem_ioc_hint *h, uint64_t *ids, size_t cap)
+{
+	size_t n = below(z, cap + 1);
+
+	for (size_t i = 0; i < n; i++)
+		ids[i] = below(z, 5) ? below(z, z->w.pages) : r64(z) >> below(z, 64);
+	memset(h, 0, sizeof(*h));
+	h->step = r64(z) >> below(z, 64);
+	h->pages = below(z, 6) ? (uintptr_t)ids : ptr(z, ids, n * 8);
+	h->n_pages = below(z, 12) ? n : (uint32_t)r64(z);
+	h->n_selected = below(z, 8) ? below(z, n + 1) : (uint32_t)r64(z);
+	h->flags = below(z, 4) ? (uint32_t)below(z, 2) : (uint32_t)r64(z);
+	if (!below(z, 12))
+		h->reserved[below(z, 2)] = r64(z);
+}
+
+/* GPU: pages' GPU slots (or none), the same way. */
+static void mk_gpu(struct fz *z, struct kvmem_ioc_gpu *g, uint64_t *ids, uint32_t *slots,
+		   size_t cap)
+{
+	size_t n = 1 + below(z, cap);
+
+	for (size_t i = 0; i < n; i++) {
+		ids[i] = below(z, 5) ? below(z, z->w.pages) : r64(z) >> below(z, 64);
+		slots[i] = below(z, 3) ? (uint32_t)below(z, 64) : KVMEM_SLOT_NONE;
+	}
+	memset(g, 0, sizeof(*g));
+	g->pages = below(z, 6) ? (uintptr_t)ids : ptr(z, ids, n * 8);
+	g->slots = below(z, 6) ? (uintptr_t)slots : ptr(z, slots, n * 4);
+	g->n_pages = below(z, 12) ? n : (uint32_t)r64(z);
+	if (!below(z, 12))
+		g->flags = (uint32_t)r64(z);
+	if (!below(z, 12))
+		g->reserved = r64(z);
+}
+
 static const unsigned long cmds[] = {
 	KVMEM_IOC_SETUP, KVMEM_IOC_PREFETCH, KVMEM_IOC_CLAIM, KVMEM_IOC_FILLED,
 	KVMEM_IOC_EVICT, KVMEM_IOC_SYNC, KVMEM_IOC_STEP, KVMEM_IOC_SET_COUNT, KVMEM_IOC_STATS,
+	KVMEM_IOC_HINT, KVMEM_IOC_GPU,
 };
+#define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))
 
 static unsigned long pick_cmd(struct fz *z)
 {
@@ -153,10 +193,10 @@ static unsigned long pick_cmd(struct fz *z)
 	case 1:
 		return (unsigned long)r64(z);
 	case 2:	/* a real command with another size */
-		return (cmds[below(z, 9)] & ~(_IOC_SIZEMASK << _IOC_SIZESHIFT)) |
+		return (cmds[below(z, N_CMDS)] & ~(_IOC_SIZEMASK << _IOC_SIZESHIFT)) |
 		       ((below(z, 256) & _IOC_SIZEMASK) << _IOC_SIZESHIFT);
 	default:
-		return cmds[below(z, 9)];
+		return cmds[below(z, N_CMDS)];
 	}
 }
 
@@ -206,6 +246,8 @@ TEST_F_TIMEOUT(fuzz, random_and_malformed_calls, 300)
 	union {
 		struct kvmem_ioc_setup s;
 		struct kvmem_ioc_pages p;
+		struct kvmem_ioc_hint h;
+		struct kvmem_ioc_gpu g;
 		struct kvmem_ioc_stats st;
 		uint64_t v;
 		unsigned char raw[512];
@@ -253,6 +295,10 @@ TEST_F_TIMEOUT(fuzz, random_and_malformed_calls, 300)
 		else if (cmd == KVMEM_IOC_PREFETCH || cmd == KVMEM_IOC_CLAIM ||
 			 cmd == KVMEM_IOC_FILLED || cmd == KVMEM_IOC_EVICT)
 			mk_pages(&z, &arg.p, ids, st, 96);
+		else if (cmd == KVMEM_IOC_HINT)
+			mk_hint(&z, &arg.h, ids, 96);
+		else if (cmd == KVMEM_IOC_GPU)
+			mk_gpu(&z, &arg.g, ids, (uint32_t *)st, 96);
 		else if (cmd == KVMEM_IOC_SET_COUNT)
 			arg.v = below(&z, 3) ? z.w.pages - z.w.n_layers * below(&z, 3) : r64(&z);
 		a = (void *)(uintptr_t)ptr(&z, &arg, sizeof(arg));

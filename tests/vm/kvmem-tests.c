@@ -482,6 +482,173 @@ TEST_F(kv, claim_and_filled)
 	ASSERT_EQ(0, vt_stats(self->k).writebacks);
 }
 
+static int filled_raw(kvmem_kmod *k, uint64_t id, uint32_t flags, int32_t *st)
+{
+	struct kvmem_ioc_pages a = { .pages = (uintptr_t)&id, .status = (uintptr_t)st,
+				     .n_pages = 1, .flags = flags };
+
+	return ioctl(kvmem_kmod_fd(k), KVMEM_IOC_FILLED, &a) < 0 ? -errno : 0;
+}
+
+/* FILLED with FAILED: userspace's fill failed (its read's error), so the
+ * page is dropped and counted as a read error, not a checksum error,
+ * whatever bytes it holds; FAILED with VERIFY is refused with nothing
+ * done. */
+TEST_F(kv, filled_failed_is_a_read_error)
+{
+	uint64_t id = 5;
+	int32_t st = 7;
+	uint32_t stride = self->w.page_stride;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_EQ(1, kvmem_kmod_claim(self->k, &id, 1, &st));
+	/* Good bytes, but the fill says it failed: dropped all the same. */
+	ASSERT_EQ((ssize_t)stride, pread(self->w.pages_fd, kvmem_kmod_page_addr(self->k, id),
+					 stride, id * stride));
+	ASSERT_EQ(-EINVAL, filled_raw(self->k, id, KVMEM_PAGES_FAILED | KVMEM_PAGES_VERIFY, &st));
+	ASSERT_EQ(KVMEM_PTE_IN_FLIGHT, kvmem_kmod_pte(self->k, id)->flags & KVMEM_PTE_IN_FLIGHT);
+	ASSERT_EQ(-EIO, filled_raw(self->k, id, KVMEM_PAGES_FAILED, &st));
+	ASSERT_EQ(-EIO, st);
+	ASSERT_FALSE(kvmem_kmod_resident(self->k, id));
+	ASSERT_EQ(KVMEM_PTE_BAD, kvmem_kmod_pte(self->k, id)->flags & KVMEM_PTE_BAD);
+	ASSERT_EQ(1, vt_stats(self->k).read_errors);
+	ASSERT_EQ(0, vt_stats(self->k).checksum_errors);
+	ASSERT_EQ(0, vt_stats(self->k).user_fills);
+	/* The module reads it itself now. */
+	ASSERT_TRUE(page_ok(&self->w, self->k, id));
+	ASSERT_EQ(1, vt_stats(self->k).fills);
+	ASSERT_EQ(-EINVAL, filled_raw(self->k, id, KVMEM_PAGES_FAILED, &st));	/* not claimed */
+}
+
+static int hint_raw(kvmem_kmod *k, struct kvmem_ioc_hint *h)
+{
+	return ioctl(kvmem_kmod_fd(k), KVMEM_IOC_HINT, h) < 0 ? -errno : 0;
+}
+
+/* The step's selection (HINT): reclaim lets the selected pages go last,
+ * then the runners-up, so a full window gives up a page the next view does
+ * not need (the clock alone evicts page 0 here); with PREFETCH the absent
+ * selected pages come in. A malformed HINT is refused. */
+TEST_F(kv, hint_keeps_the_selection)
+{
+	uint64_t sel[3] = { 1, 0, 2 }, ids[2] = { 6, 7 }, bad = self->w.pages;
+	struct kvmem_ioc_hint h;
+	unsigned char b;
+
+	self->k = vt_kmod(&self->w, 4);
+	ASSERT_NE(NULL, self->k);
+	memset(&h, 0, sizeof(h));
+	h.pages = (uintptr_t)sel;
+	h.n_pages = 1;
+	h.n_selected = 2;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));	/* more selected than pages */
+	h.n_selected = 1;
+	h.flags = 2;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));
+	h.flags = 0;
+	h.reserved[1] = 1;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));
+	h.reserved[1] = 0;
+	h.n_pages = KVMEM_IOC_PAGES_MAX + 1;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));
+	h.pages = (uintptr_t)&bad;
+	h.n_pages = 1;
+	ASSERT_EQ(-EINVAL, hint_raw(self->k, &h));	/* past the last page */
+	h.pages = 8;
+	ASSERT_EQ(-EFAULT, hint_raw(self->k, &h));
+	h.n_pages = h.n_selected = 0;
+	ASSERT_EQ(0, hint_raw(self->k, &h));		/* no hint at all */
+
+	for (uint64_t p = 0; p < 4; p++)
+		ASSERT_TRUE(page_ok(&self->w, self->k, p));
+	ASSERT_EQ(0, kvmem_kmod_hint(self->k, 9, sel, 3, 2, 0));	/* 1, 0 view; 2 runner-up */
+	ASSERT_EQ(0, vt_read(kvmem_kmod_page_addr(self->k, 4), &b, 1));
+	ASSERT_EQ(1, vt_stats(self->k).evictions);
+	ASSERT_FALSE(kvmem_kmod_resident(self->k, 3));
+	for (uint64_t p = 0; p < 3; p++) {
+		ASSERT_TRUE(kvmem_kmod_resident(self->k, p)) TH_LOG("page %d", (int)p);
+	}
+	ASSERT_EQ(9, kvmem_kmod_pte(self->k, 4)->last_step);	/* the hint's step is the step */
+	/* Again: a page not in the view leaves, never 0 or 1. */
+	ASSERT_TRUE(page_ok(&self->w, self->k, 3));
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 0));
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 1));
+	/* PREFETCH: the absent selected pages are read by the module. */
+	ASSERT_EQ(0, kvmem_kmod_hint(self->k, 10, ids, 2, 2, KVMEM_KMOD_HINT_PREFETCH));
+	for (int i = 0; i < 400 && !(kvmem_kmod_resident(self->k, 6) &&
+				     kvmem_kmod_resident(self->k, 7)); i++)
+		usleep(5000);
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 6));
+	ASSERT_TRUE(kvmem_kmod_resident(self->k, 7));
+	ASSERT_EQ(2, vt_stats(self->k).prefetches);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 6));
+}
+
+static int gpu_raw(kvmem_kmod *k, struct kvmem_ioc_gpu *g)
+{
+	return ioctl(kvmem_kmod_fd(k), KVMEM_IOC_GPU, g) < 0 ? -errno : 0;
+}
+
+/* The GPU tier: the engine's GPU slots of pages reach the table (gpu_slot,
+ * KVMEM_TIER_GPU, one consistent entry), stay while the host copy comes and
+ * goes, and leave with KVMEM_SLOT_NONE; a malformed call changes nothing. */
+TEST_F(kv, gpu_tier_in_the_table)
+{
+	uint64_t ids[2] = { 2, 5 }, bad[2] = { 2, self->w.pages };
+	uint32_t slots[2] = { 7, 0 }, none[2] = { KVMEM_SLOT_NONE, KVMEM_SLOT_NONE };
+	struct kvmem_ioc_gpu g;
+	struct kvmem_pte e;
+
+	self->k = vt_kmod(&self->w, 8);
+	ASSERT_NE(NULL, self->k);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 2));
+	ASSERT_EQ(0, kvmem_kmod_gpu(self->k, ids, slots, 2));
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 2, &e));
+	ASSERT_EQ(7, e.gpu_slot);
+	ASSERT_EQ(KVMEM_TIER_GPU | KVMEM_TIER_HOST | KVMEM_TIER_NVME, e.tiers);
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 5, &e));
+	ASSERT_EQ(0, e.gpu_slot);
+	ASSERT_EQ(KVMEM_TIER_GPU | KVMEM_TIER_NVME, e.tiers);	/* on the GPU, not in the window */
+	/* The host copy leaves and comes back: the GPU tier stays. */
+	ASSERT_EQ(0, kvmem_kmod_evict(self->k, ids, 1, NULL));
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 2, &e));
+	ASSERT_EQ(KVMEM_TIER_GPU | KVMEM_TIER_NVME, e.tiers);
+	ASSERT_EQ(KVMEM_SLOT_NONE, e.host_slot);
+	ASSERT_TRUE(page_ok(&self->w, self->k, 5));
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 5, &e));
+	ASSERT_EQ(KVMEM_TIER_GPU | KVMEM_TIER_HOST | KVMEM_TIER_NVME, e.tiers);
+	ASSERT_EQ(0, e.gpu_slot);
+	/* Refused, nothing recorded: an id past the end (after a good one),
+	 * flags, reserved, no pages, an unreadable slot array. */
+	memset(&g, 0, sizeof(g));
+	g.pages = (uintptr_t)bad;
+	g.slots = (uintptr_t)none;
+	g.n_pages = 2;
+	ASSERT_EQ(-EINVAL, gpu_raw(self->k, &g));
+	ASSERT_EQ(7, kvmem_kmod_pte(self->k, 2)->gpu_slot);
+	g.pages = (uintptr_t)ids;
+	g.flags = 1;
+	ASSERT_EQ(-EINVAL, gpu_raw(self->k, &g));
+	g.flags = 0;
+	g.reserved = 1;
+	ASSERT_EQ(-EINVAL, gpu_raw(self->k, &g));
+	g.reserved = 0;
+	g.n_pages = 0;
+	ASSERT_EQ(-EINVAL, gpu_raw(self->k, &g));
+	g.n_pages = 2;
+	g.slots = 8;
+	ASSERT_EQ(-EFAULT, gpu_raw(self->k, &g));
+	ASSERT_EQ(7, kvmem_kmod_pte(self->k, 2)->gpu_slot);
+	/* Both leave the GPU. */
+	ASSERT_EQ(0, kvmem_kmod_gpu(self->k, ids, none, 2));
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 2, &e));
+	ASSERT_EQ(KVMEM_SLOT_NONE, e.gpu_slot);
+	ASSERT_EQ(KVMEM_TIER_NVME, e.tiers);
+	ASSERT_EQ(0, kvmem_kmod_pte_read(self->k, 5, &e));
+	ASSERT_EQ(KVMEM_TIER_HOST | KVMEM_TIER_NVME, e.tiers);
+}
+
 /* EVICT drops pages (absent ones are fine), writing dirty ones back. */
 TEST_F(kv, evict_ioctl)
 {
@@ -996,6 +1163,27 @@ TEST(client_fills_with_odirect)
 	ASSERT_EQ(1, kvmem_kmod_fill(k, ids, 1, st));
 	ASSERT_TRUE(page_ok(&w, k, 30));
 	ASSERT_EQ(1, vt_stats(k).fills);
+	/* A read that comes back short (the file cut under the last page):
+	 * -EIO, counted by the module as a read error, not a checksum error;
+	 * the page absent and BAD, its neighbour fine. */
+	ASSERT_EQ(1, vt_stats(k).checksum_errors);
+	ASSERT_EQ(0, vt_stats(k).read_errors);
+	ASSERT_EQ(0, ftruncate(w.pages_fd, (w.pages - 1) * w.page_stride));
+	ids[0] = w.pages - 2;
+	ids[1] = w.pages - 1;
+	ASSERT_EQ(-EIO, kvmem_kmod_fill(k, ids, 2, st));
+	ASSERT_EQ(1, st[0]);
+	ASSERT_EQ(-EIO, st[1]);
+	ASSERT_FALSE(kvmem_kmod_resident(k, w.pages - 1));
+	ASSERT_TRUE(kvmem_kmod_pte(k, w.pages - 1)->flags & KVMEM_PTE_BAD);
+	ASSERT_EQ(1, vt_stats(k).read_errors);
+	ASSERT_EQ(1, vt_stats(k).checksum_errors);
+	ASSERT_TRUE(page_ok(&w, k, w.pages - 2));
+	ASSERT_EQ((ssize_t)w.page_stride, pwrite(w.pages_fd, page_ref(&w, w.pages - 1), w.page_stride,
+						 (w.pages - 1) * w.page_stride));
+	ASSERT_EQ(1, kvmem_kmod_fill(k, ids + 1, 1, st));
+	ASSERT_TRUE(page_ok(&w, k, w.pages - 1));
+	ASSERT_EQ(1, vt_stats(k).fills);
 	kvmem_kmod_close(k);
 
 	/* Read-only, and the caller's descriptor closed after the open. */
@@ -1198,7 +1386,7 @@ TEST_F(kv, tracepoints_listed_and_fire)
 {
 	static const char *const ev[] = { "kvmem_fault", "kvmem_hit", "kvmem_fill_done",
 					  "kvmem_prefetch", "kvmem_evict", "kvmem_writeback",
-					  "kvmem_error" };
+					  "kvmem_error", "kvmem_step", "kvmem_hint", "kvmem_gpu" };
 	char path[160], buf[8192];
 	struct stat sb;
 	ssize_t n;
@@ -1229,6 +1417,26 @@ TEST_F(kv, tracepoints_listed_and_fire)
 	fd = open("/sys/kernel/tracing/events/kvmem/kvmem_fill_done/enable", O_WRONLY);
 	ASSERT_EQ(1, write(fd, "0", 1));
 	close(fd);
+	/* The GPU tier's event names the page and its slot. */
+	{
+		uint64_t id = 6;
+		uint32_t slot = 41;
+
+		fd = open("/sys/kernel/tracing/events/kvmem/kvmem_gpu/enable", O_WRONLY);
+		ASSERT_LE(0, fd);
+		ASSERT_EQ(1, write(fd, "1", 1));
+		close(fd);
+		ASSERT_EQ(0, kvmem_kmod_gpu(self->k, &id, &slot, 1));
+		fd = open("/sys/kernel/tracing/trace", O_RDONLY);
+		n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		ASSERT_GT(n, 0);
+		buf[n] = 0;
+		ASSERT_NE(NULL, strstr(buf, "page=6 slot=41")) TH_LOG("%s", buf);
+		fd = open("/sys/kernel/tracing/events/kvmem/kvmem_gpu/enable", O_WRONLY);
+		ASSERT_EQ(1, write(fd, "0", 1));
+		close(fd);
+	}
 }
 
 TEST_HARNESS_MAIN

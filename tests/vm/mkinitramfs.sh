@@ -21,9 +21,11 @@ cp "$vm"/usr/* "$root/usr/bin/"
 rm -f "$root"/usr/bin/*.d	# the compiler's dependency files
 cp "$here/session.sh" "$root/usr/bin/kvmem-vm-session"
 cp "$here/policy.sh" "$root/usr/bin/kvmem-vm-policy"
+cp "$here/bench.sh" "$root/usr/bin/kvmem-vm-bench"
 # An optional observer of the session's kmod run (tests/vm/session.sh).
 [ -d "$vm/observe" ] && cp "$vm"/observe/* "$root/usr/bin/"
-chmod 755 "$root/usr/bin/kvmem-vm-session" "$root/usr/bin/kvmem-vm-policy"
+chmod 755 "$root/usr/bin/kvmem-vm-session" "$root/usr/bin/kvmem-vm-policy" \
+	"$root/usr/bin/kvmem-vm-bench"
 cp -r "$vm"/data/ws-* "$root/data/"
 # A few of the image's own modules, for an ext2 file system on a loop
 # device (the O_DIRECT test; tmpfs has no O_DIRECT in 6.1). Optional.
@@ -36,7 +38,7 @@ for m in lib/crc16.ko crypto/crc32c_generic.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/
 done
 # Shared libraries of every program, at the paths the loader looks for.
 for b in "$root"/tests/* "$root"/usr/bin/*; do
-	case $b in *.o | */kvmem-vm-session | */kvmem-vm-policy | */kvmem-vm-observe) continue ;; esac
+	case $b in *.o | */kvmem-vm-session | */kvmem-vm-policy | */kvmem-vm-bench | */kvmem-vm-observe) continue ;; esac
 	ldd "$b" | sed -n 's/.*=> \(\/[^ ]*\).*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (.*/\1/p'
 done | sort -u | while read -r lib; do
 	mkdir -p "$root$(dirname "$lib")"

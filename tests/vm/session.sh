@@ -119,9 +119,13 @@ check $same "the two workspaces hold the same bytes (writes and commits are the 
 kvmem verify $d/ws-kmod >$d/verify.out 2>&1
 check $? "kvmem verify of the kmod run's workspace"
 
-# "kernel module /dev/kvmem: F faults, H hits, R pages read (...)" per part:
-# R counts the module's own (buffered) reads, copies out of the page cache.
+# "kernel module /dev/kvmem: F faults, H hits, R pages read (B bytes), P
+# prefetched, E evictions, U filled by O_DIRECT, ..." per part: R counts the
+# module's own (buffered) reads, copies out of the page cache; U the
+# source's O_DIRECT fills.
 read_pages=$(sed -n 's/^kernel module .* \([0-9]*\) pages read.*/\1/p' $d/kmod.err $d/kmod.json |
+	awk '{ s += $1 } END { print s + 0 }')
+user_fills=$(sed -n 's/^kernel module .* \([0-9]*\) filled by O_DIRECT.*/\1/p' $d/kmod.err $d/kmod.json |
 	awk '{ s += $1 } END { print s + 0 }')
 grep -q '^kernel module' $d/kmod.err $d/kmod.json && ! grep -q '^kernel module' $d/uring.err $d/uring.json
 check $? "the kmod run went through the module ($read_pages pages read by it), the uring run did not"
@@ -129,20 +133,25 @@ if [ -s $d/kmod.trace ]; then
 	fills=$(grep -c 'kvmem_fill_done' $d/kmod.trace)
 	pref=$(grep -c 'kvmem_prefetch:' $d/kmod.trace)
 	faults=$(grep -c 'kvmem_fault' $d/kmod.trace)
+	hints=$(grep -c 'kvmem_hint:' $d/kmod.trace)
 	# A fill by userspace (CLAIM, O_DIRECT, FILLED) reports no time of
 	# the module's: ns=0. The others are the module's buffered reads.
 	direct=$(grep 'kvmem_fill_done' $d/kmod.trace | grep -c ' ns=0 err=0')
-	echo "# session: tracepoints during the kmod run: $fills fill_done ($direct by O_DIRECT into the window, $((fills - direct)) by the module), $pref prefetch, $faults fault"
+	echo "# session: tracepoints during the kmod run: $fills fill_done ($direct by O_DIRECT into the window, $((fills - direct)) by the module), $pref prefetch, $faults fault, $hints hint"
 	[ "$fills" -gt 0 ]
 	check $? "the module's tracepoints fired during the kmod session"
+	# The selection's committed pages reach the module with the step.
+	[ "$hints" -gt 0 ]
+	check $? "the session's selections reached the module as hints ($hints KVMEM_IOC_HINT)"
 	if [ "$base" = /mnt/ext ]; then
 		# On a file system with O_DIRECT the kmod source reads pages
 		# into the window without a copy (kvmem_kmod_fill).
 		# The module's own reads (page-cache copies) would be a get
 		# that could not claim, a failed read, or a page reclaimed
 		# between its get and its use: none in a session.
-		[ "$direct" -gt 0 ] && [ "$fills" -eq "$direct" ] && [ "$read_pages" -eq 0 ]
-		check $? "the kmod source filled $direct pages by O_DIRECT into the window, the module $((fills - direct)) by buffered reads (copies; stats: $read_pages)"
+		[ "$direct" -gt 0 ] && [ "$fills" -eq "$direct" ] && [ "$read_pages" -eq 0 ] &&
+			[ "$user_fills" -eq "$direct" ]
+		check $? "the kmod source filled $direct pages by O_DIRECT into the window, the module $((fills - direct)) by buffered reads (copies; kvmem run's counters: $user_fills and $read_pages)"
 	fi
 else
 	notok "the module's tracepoints fired during the kmod session (no trace)"

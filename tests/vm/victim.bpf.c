@@ -6,7 +6,8 @@
  * nothing, 1 evict the candidate with the largest page id (the newest
  * block's pages), 2 give a verdict out of range (the module must refuse it).
  * cfg[1] counts calls, cfg[2] holds the last call's candidate count, cfg[3]
- * its step.
+ * its step, cfg[8] its candidates' hints (KVMEM_HINTED_*, candidate i in
+ * bits 4i..4i+3) and cfg[9] their page ids' low 4 bits, packed the same.
  *
  * And a program for the prefetch hook kvmem_prefetch_hook. Mode (cfg[4]):
  * 0 add nothing, 1 add the two pages after the first one seen (read-ahead),
@@ -21,7 +22,7 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 8);
+	__uint(max_entries, 10);
 	__type(key, __u32);
 	__type(value, __u64);
 } kvmem_victim_cfg SEC(".maps");
@@ -34,18 +35,46 @@ static __u64 *cfg(__u32 k)
 SEC("raw_tp.w/kvmem_reclaim")
 int kvmem_victim(__u64 *ctx)
 {
-	struct kvmem_reclaim_ctx *c = (struct kvmem_reclaim_ctx *)ctx[0];
 	__u64 *mode = cfg(0), *calls = cfg(1), *ncand = cfg(2), *last_step = cfg(3);
-	__u64 best_page = 0;
+	__u64 *hints = cfg(8), *pages = cfg(9);
+	__u64 best_page = 0, h = 0, p = 0;
+	struct kvmem_reclaim_ctx *c;
 	__u32 n, best = 0;
 
 	if (!mode || !calls || !ncand)
 		return 0;
+	/* Taken after the lookups: 6.1's verifier loses the buffer
+	 * pointer's type when it is spilled across their calls. */
+	c = (struct kvmem_reclaim_ctx *)ctx[0];
 	__sync_fetch_and_add(calls, 1);
 	n = c->n_candidates;
 	*ncand = n;
 	if (last_step)
 		*last_step = c->step;
+	/* Straight-line: few registers live, so the buffer pointer is never
+	 * spilled (the module zeroes the entries past n_candidates). */
+	if (hints) {
+		h = c->hint[0] & 15;
+		h |= (__u64)(c->hint[1] & 15) << 4;
+		h |= (__u64)(c->hint[2] & 15) << 8;
+		h |= (__u64)(c->hint[3] & 15) << 12;
+		h |= (__u64)(c->hint[4] & 15) << 16;
+		h |= (__u64)(c->hint[5] & 15) << 20;
+		h |= (__u64)(c->hint[6] & 15) << 24;
+		h |= (__u64)(c->hint[7] & 15) << 28;
+		*hints = h;
+	}
+	if (pages) {
+		p = c->page[0] & 15;
+		p |= (c->page[1] & 15) << 4;
+		p |= (c->page[2] & 15) << 8;
+		p |= (c->page[3] & 15) << 12;
+		p |= (c->page[4] & 15) << 16;
+		p |= (c->page[5] & 15) << 20;
+		p |= (c->page[6] & 15) << 24;
+		p |= (c->page[7] & 15) << 28;
+		*pages = p;
+	}
 	if (*mode == 1) {
 		/* Constant offsets only: the tracepoint buffer takes no
 		 * variable index, so the loop is unrolled. */

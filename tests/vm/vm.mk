@@ -99,6 +99,7 @@ $(VM_KERNEL):
 
 $(VM_DIR)/initramfs.cpio: $(KMOD_DIR)/kvmem.ko $(VM_PROGS) $(VM_BPF) $(VM_DATA) $(VM_USR) \
 		$(wildcard $(VM_DIR)/observe/*) tests/vm/init.sh tests/vm/session.sh tests/vm/policy.sh \
+		tests/vm/bench.sh \
 		tests/vm/mkinitramfs.sh $(VM_KERNEL)
 	tests/vm/mkinitramfs.sh $(VM_DIR) $(KMOD_DIR)/kvmem.ko $(KVER)
 

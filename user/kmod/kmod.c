@@ -355,6 +355,12 @@ int kvmem_kmod_filled(kvmem_kmod *k, const uint64_t *pages, size_t n, int verify
 	return err;
 }
 
+int kmod_filled_failed(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status)
+{
+	return n ? pages_ioctl(k, KVMEM_IOC_FILLED, "filled", pages, n, KVMEM_PAGES_FAILED,
+			       status) : 0;
+}
+
 int kvmem_kmod_evict(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status)
 {
 	if (!n)
@@ -375,6 +381,51 @@ int kvmem_kmod_step(kvmem_kmod *k, uint64_t step)
 	if (ioctl(k->fd, KVMEM_IOC_STEP, &step) < 0)
 		return kvmem_error(errno, "%s: step %llu: %s", k->dev, (unsigned long long)step,
 				   strerror(errno));
+	return 0;
+}
+
+int kvmem_kmod_hint(kvmem_kmod *k, uint64_t step, const uint64_t *pages, size_t n,
+		    size_t n_selected, int flags)
+{
+	struct kvmem_ioc_hint a;
+
+	if (n_selected > n)
+		return kvmem_error(EINVAL, "%s: hint for step %llu: %zu selected of %zu pages",
+				   k->dev, (unsigned long long)step, n_selected, n);
+	/* One list: the view's pages first, so a cut keeps them. */
+	if (n > KVMEM_IOC_PAGES_MAX)
+		n = KVMEM_IOC_PAGES_MAX;
+	if (n_selected > n)
+		n_selected = n;
+	memset(&a, 0, sizeof(a));
+	a.step = step;
+	a.pages = (uintptr_t)pages;
+	a.n_pages = (uint32_t)n;
+	a.n_selected = (uint32_t)n_selected;
+	a.flags = flags & KVMEM_KMOD_HINT_PREFETCH ? KVMEM_HINT_PREFETCH : 0;
+	if (ioctl(k->fd, KVMEM_IOC_HINT, &a) < 0)
+		return kvmem_error(errno, "%s: hint for step %llu (%zu pages, %zu selected): %s",
+				   k->dev, (unsigned long long)step, n, n_selected,
+				   strerror(errno));
+	return 0;
+}
+
+int kvmem_kmod_gpu(kvmem_kmod *k, const uint64_t *pages, const uint32_t *slots, size_t n)
+{
+	for (size_t done = 0; done < n;) {
+		struct kvmem_ioc_gpu a;
+		size_t m = n - done < KVMEM_IOC_PAGES_MAX ? n - done : KVMEM_IOC_PAGES_MAX;
+
+		memset(&a, 0, sizeof(a));
+		a.pages = (uintptr_t)(pages + done);
+		a.slots = (uintptr_t)(slots + done);
+		a.n_pages = (uint32_t)m;
+		if (ioctl(k->fd, KVMEM_IOC_GPU, &a) < 0)
+			return kvmem_error(errno, "%s: recording the GPU slots of %zu pages (from page "
+					   "%llu): %s", k->dev, m, (unsigned long long)pages[done],
+					   strerror(errno));
+		done += m;
+	}
 	return 0;
 }
 

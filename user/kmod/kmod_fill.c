@@ -15,9 +15,10 @@
  * next kvmem_kmod_fill or kvmem_kmod_get, or close. Until then a claimed
  * page is mapped zeroed and nobody else may fill it: kvmem_kmod_get waits
  * for the started fills before it hands out a page. A read that failed or came back
- * short is handed back too, and the check drops it (the module counts it
- * as a checksum error); the caller then lets the module read it
- * (kvmem_kmod_get), which says what is wrong with the page.
+ * short is handed back too, with FILLED's FAILED flag: the module drops it
+ * and counts a read error (not a checksum error: the bytes were never
+ * there); the caller then lets the module read it (kvmem_kmod_get), which
+ * says what is wrong with the page.
  *
  * A read-only workspace's window is mapped a second time, writable, for
  * the reads: the module lets only claimed pages take writes.
@@ -180,44 +181,60 @@ static void batch_pump(kvmem_kmod *k, struct kmod_batch *b, int wait)
 	}
 }
 
+/* A read that brought the whole page (its checksum still to be checked). */
+static int read_whole(const kvmem_kmod *k, int r)
+{
+	return r >= 0 && (uint32_t)r >= k->page_bytes;
+}
+
 /*
- * Hand b's pages back with FILLED and VERIFY, but those whose reads may
- * still land, and empty b. st[j] (b->n of them): 1 filled, or -errno (the
- * read's error, -EIO for a short or lost read, -EBADMSG). Returns the
- * number filled, or -ENOMEM with nothing handed back.
+ * Hand b's pages back, but those whose reads may still land, and empty b:
+ * whole reads with FILLED and VERIFY, failed or short ones with FILLED and
+ * FAILED (a read error in the module's counters). st[j] (b->n of them): 1
+ * filled, or -errno (the read's error, -EIO for a short or lost read,
+ * -EBADMSG). Returns the number filled, or -ENOMEM with nothing handed
+ * back.
  */
 static int batch_finish(kvmem_kmod *k, struct kmod_batch *b, int32_t *st)
 {
 	int32_t *fst = calloc(b->n + 1, sizeof(*fst));
-	uint64_t *back = calloc(b->n + 1, sizeof(*back));
-	size_t nb = 0;
+	uint64_t *good = calloc(b->n + 1, sizeof(*good)), *bad = calloc(b->n + 1, sizeof(*bad));
+	size_t ng = 0, nf = 0;
 	int count = 0;
 
-	if (!fst || !back) {
+	if (!fst || !good || !bad) {
 		free(fst);
-		free(back);
+		free(good);
+		free(bad);
 		return -ENOMEM;
 	}
-	for (size_t j = 0; j < b->n; j++)
-		if (b->res[j] != -EINPROGRESS)
-			back[nb++] = b->ids[j];
-	kvmem_kmod_filled(k, back, nb, 1, fst);
+	for (size_t j = 0; j < b->n; j++) {
+		if (b->res[j] == -EINPROGRESS)
+			continue;
+		if (read_whole(k, b->res[j]))
+			good[ng++] = b->ids[j];
+		else
+			bad[nf++] = b->ids[j];
+	}
+	kvmem_kmod_filled(k, good, ng, 1, fst);
+	kmod_filled_failed(k, bad, nf, NULL);
 	for (size_t j = 0, i = 0; j < b->n; j++) {
 		int r = b->res[j];
 
 		if (r == -EINPROGRESS)
 			st[j] = -EIO;
 		else if (r < 0)
-			st[j] = r, i++;
-		else if ((uint32_t)r < k->page_bytes)
-			st[j] = -EIO, i++;	/* short: past the end of the file */
+			st[j] = r;
+		else if (!read_whole(k, r))
+			st[j] = -EIO;	/* short: past the end of the file */
 		else
 			st[j] = fst[i] < 0 ? fst[i] : 1, i++;
 		count += st[j] == 1;
 	}
 	b->n = b->sub = b->done = 0;
 	free(fst);
-	free(back);
+	free(good);
+	free(bad);
 	return count;
 }
 
@@ -257,8 +274,10 @@ static int wait_locked(kvmem_kmod *k)
 		int32_t one;
 
 		for (size_t j = 0; j < b->n; j++)
-			if (b->res[j] != -EINPROGRESS)
+			if (read_whole(k, b->res[j]))
 				kvmem_kmod_filled(k, &b->ids[j], 1, 1, &one);
+			else if (b->res[j] != -EINPROGRESS)
+				kmod_filled_failed(k, &b->ids[j], 1, NULL);
 		b->n = b->sub = b->done = 0;
 		return kvmem_error(ENOMEM, "%s: ending started fills: out of memory", k->dev);
 	}
@@ -318,11 +337,10 @@ static int claim_into(kvmem_kmod *k, struct kmod_batch *b, const uint64_t *pages
 
 	for (size_t i = 0; i < n; i++)
 		if (claimed[i] == 1 && batch_add(b, &pages[i], 1) < 0) {
-			/* No room to track it: hand it back now (its check
-			 * fails on the zeroed bytes; the module reads it). */
-			int32_t one;
-
-			kvmem_kmod_filled(k, &pages[i], 1, 1, &one);
+			/* No room to track it: hand it back now, unread
+			 * (a read error in the counters: it never was
+			 * read; the module reads it later). */
+			kmod_filled_failed(k, &pages[i], 1, NULL);
 			claimed[i] = -ENOMEM;
 		}
 	return rc < 0 ? rc : 0;
@@ -381,8 +399,10 @@ int kvmem_kmod_fill(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *sta
 		int32_t one;
 
 		for (size_t j = 0; j < b.n; j++)
-			if (b.res[j] != -EINPROGRESS)
+			if (read_whole(k, b.res[j]))
 				kvmem_kmod_filled(k, &b.ids[j], 1, 1, &one);
+			else if (b.res[j] != -EINPROGRESS)
+				kmod_filled_failed(k, &b.ids[j], 1, NULL);
 		count = kvmem_error(ENOMEM, "%s: filling %zu pages: out of memory", k->dev, n);
 		goto out;
 	}

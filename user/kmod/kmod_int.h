@@ -49,5 +49,8 @@ void kmod_fill_setup(kvmem_kmod *k, int pages_fd, int rdonly);
 void kmod_fill_close(kvmem_kmod *k);
 /* Before a page of the window is handed out: end the started fills. */
 void kmod_fill_drain(kvmem_kmod *k);
+/* Hand back claimed pages whose fill failed (FILLED with FAILED): each is
+ * dropped and counted as a read error; status[i] = -EIO (may be NULL). */
+int kmod_filled_failed(kvmem_kmod *k, const uint64_t *pages, size_t n, int32_t *status);
 
 #endif

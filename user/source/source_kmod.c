@@ -18,6 +18,12 @@
  *                              way, the reads going on until the next get
  *                              (kvmem_kmod_fill_start), or the module's
  *                              PREFETCH; others to the pager
+ *   hint                       the selection's committed pages (view,
+ *                              then runners-up) to the module with the
+ *                              step (KVMEM_IOC_HINT), and to the pager
+ *   region                     the window over the committed pages, when
+ *                              it fits the host cap (a backend pins it);
+ *                              then the window never moves
  *   commit                     then the module's page count follows the
  *                              pager's committed pages, and its step
  *
@@ -57,6 +63,7 @@ struct ksrc {
 	uint64_t out;			/* pages got and not yet put, from either reader */
 	struct kvmem_ioc_stats before;	/* counters of the windows closed by growing */
 	size_t fill_max;		/* pages a prefetch reads at most: half the slots */
+	int region_out;			/* the window was handed out (region): it never moves */
 	uint64_t *list;			/* prefetch scratch */
 	size_t list_cap;
 };
@@ -99,11 +106,16 @@ static int window_open(struct ksrc *s, uint64_t page_max)
  */
 static int follow(struct ksrc *s)
 {
-	uint64_t want = s->target * s->L, have = kvmem_kmod_pages(s->k);
+	uint64_t want = s->target * s->L, have = kvmem_kmod_pages(s->k), room;
 	size_t len;
 
 	kvmem_kmod_window(s->k, &len);
-	if (want > len / kvmem_kmod_page_stride(s->k)) {
+	room = len / kvmem_kmod_page_stride(s->k) / s->L * s->L;
+	/* A window handed out as the region (a backend registered it) must
+	 * stay where it is: blocks past it stay the pager's. */
+	if (s->region_out && want > room)
+		want = room;
+	if (want > room) {
 		kvmem_kmod *old = s->k;
 		uint64_t max = 2 * want;
 
@@ -128,7 +140,7 @@ static int follow(struct ksrc *s)
 					  kvmem_pager_dir(s->p), s->target);
 	}
 	if (!s->out)
-		s->served = s->target;
+		s->served = want / s->L;
 	return 0;
 }
 
@@ -230,14 +242,68 @@ static void ks_prefetch(void *ctx, const int64_t *blocks, int n)
 	}
 }
 
+/*
+ * The selector's view of the step: the module gets the committed blocks'
+ * pages, those of the view (score 1) first and the runners-up (lower
+ * scores) after, with the step (KVMEM_IOC_HINT), so its reclaim lets them
+ * go last and BPF policies see them; the pager's replacement policy gets
+ * all of them (it keeps staged blocks by them).
+ */
 static void ks_hint(void *ctx, const int64_t *blocks, const float *scores, int n)
 {
 	struct ksrc *s = ctx;
+	size_t m = 0, n_sel = 0;
 
-	/* The pager's replacement policy keeps staged blocks by them; the
-	 * module's reclaim has its own clock (and a BPF program). */
+	if (n > 0 && !kvmem_grow(&s->list, sizeof(*s->list), (size_t)n * s->L, &s->list_cap, 64)) {
+		for (int pass = 0; pass < 2; pass++) {
+			for (int i = 0; i < n; i++)
+				if ((scores[i] >= 1.0f) == !pass && via_module(s, blocks[i], 0))
+					for (uint64_t l = 0; l < s->L; l++)
+						s->list[m++] = (uint64_t)blocks[i] * s->L + l;
+			if (!pass)
+				n_sel = m;
+		}
+		/* Only a hint: a refusal changes nothing that matters. */
+		if (m)
+			kvmem_kmod_hint(s->k, s->step, s->list, m, n_sel, 0);
+	}
 	if (s->inner.ops->hint)
 		s->inner.ops->hint(s->inner.ctx, blocks, scores, n);
+}
+
+/*
+ * The region a backend may register (cudaHostRegister on a GPU host,
+ * host_register in kvmem/backend.h): the module's window over the
+ * committed pages, so a GPU reads them where the O_DIRECT reads put them.
+ * Registering pins every page it covers (the module never evicts a held
+ * page), so it is offered only when the whole window fits under the host
+ * cap: a larger one could not page at all (-ENOTSUP). Once handed out the
+ * window never moves (follow: blocks committed past it stay the pager's).
+ * -ENOENT before anything is committed.
+ */
+static int ks_region(void *ctx, void **base, size_t *len)
+{
+	struct ksrc *s = ctx;
+	struct kvmem_ioc_stats st;
+	uint64_t stride = kvmem_kmod_page_stride(s->k), pages = kvmem_kmod_pages(s->k);
+	size_t wlen;
+	void *w = kvmem_kmod_window(s->k, &wlen);
+
+	if (kvmem_kmod_stats(s->k, &st) < 0)
+		return kvmem_fail();
+	if (wlen / stride > st.slots)
+		return kvmem_error(ENOTSUP, "%s: the module's window (%" PRIu64 " pages) is larger "
+				   "than its host cap (%" PRIu64 " pages): registering it would pin "
+				   "every page, so it is not offered as a region",
+				   kvmem_pager_dir(s->p), (uint64_t)(wlen / stride),
+				   (uint64_t)st.slots);
+	if (!pages)
+		return kvmem_error(ENOENT, "%s: nothing committed yet: no region",
+				   kvmem_pager_dir(s->p));
+	s->region_out = 1;
+	*base = w;
+	*len = pages * stride;
+	return 0;
 }
 
 static void ks_destroy(void *ctx)
@@ -259,6 +325,7 @@ static const kvmem_page_source_ops kmod_source_ops = {
 	.put = ks_put,
 	.prefetch = ks_prefetch,
 	.hint = ks_hint,
+	.region = ks_region,
 	.destroy = ks_destroy,
 	.commit = ks_commit,
 	.write_rows = ks_write_rows,

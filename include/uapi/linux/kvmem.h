@@ -133,6 +133,10 @@ struct kvmem_ioc_pages {
 #define KVMEM_IOC_PAGES_MAX	65536u
 #define KVMEM_PAGES_WAIT	0x1u	/* PREFETCH: return when every fill has ended */
 #define KVMEM_PAGES_VERIFY	0x2u	/* FILLED: check each page against its checksum */
+/* FILLED: the fill failed (a read's error, a short read): drop each page as
+ * a read error; not with VERIFY.
+ */
+#define KVMEM_PAGES_FAILED	0x4u
 
 /* Counters of one workspace since setup. */
 struct kvmem_ioc_stats {
@@ -158,13 +162,57 @@ struct kvmem_ioc_stats {
 };
 
 /*
+ * The engine's selection of a step (HINT): the pages of the blocks the next
+ * view holds, then their runners-up (the best of the rest), with the step
+ * they are for. They hold while the workspace's step is that step: reclaim
+ * lets a selected page go last (then a runner-up), the BPF hooks see them
+ * (kvmem_reclaim_ctx.hint[], the prefetch hook with reason HINT), and with
+ * KVMEM_HINT_PREFETCH the absent selected pages are prefetched by the
+ * module. A new HINT replaces the last one.
+ */
+struct kvmem_ioc_hint {
+	__u64 step;		/* the step: the workspace's step from now on (as STEP) */
+	__u64 pages;		/* user pointer to n_pages __u64 page ids, each < page_count */
+	__u32 n_pages;		/* 0 .. KVMEM_IOC_PAGES_MAX (0: no hint for this step) */
+	__u32 n_selected;	/* the first n_selected ids are the view's; <= n_pages */
+	__u32 flags;		/* KVMEM_HINT_* */
+	__u32 reserved0;	/* zero */
+	__u64 reserved[2];	/* zero */
+};
+
+#define KVMEM_HINT_PREFETCH	0x1u	/* prefetch the absent selected pages */
+#define KVMEM_HINT_FLAGS	KVMEM_HINT_PREFETCH
+
+/* A page's hint for the workspace's step (kvmem_reclaim_ctx.hint[]). */
+#define KVMEM_HINTED_NONE	0u
+#define KVMEM_HINTED_RUNNER_UP	1u	/* a runner-up of the step's selection */
+#define KVMEM_HINTED_SELECTED	2u	/* in the step's view */
+
+/*
+ * The GPU tier (GPU): where the engine's GPU pool holds copies of pages, so
+ * the table shows three tiers. For each page id, slots[i] is its GPU slot
+ * (written to kvmem_pte.gpu_slot, KVMEM_TIER_GPU set) or KVMEM_SLOT_NONE
+ * (it left the GPU: both cleared). The module only records it: its reclaim
+ * and fills are about the host copy, which may come and go meanwhile.
+ */
+struct kvmem_ioc_gpu {
+	__u64 pages;		/* user pointer to n_pages __u64 page ids, each < page_count */
+	__u64 slots;		/* user pointer to n_pages __u32 GPU slots or KVMEM_SLOT_NONE */
+	__u32 n_pages;		/* 1 .. KVMEM_IOC_PAGES_MAX */
+	__u32 flags;		/* zero */
+	__u64 reserved;		/* zero */
+};
+
+/*
  * SETUP	set up (EBUSY when done before; EINVAL on any bad field)
  * PREFETCH	fill pages asynchronously; status unused; flags WAIT
  * CLAIM	take absent pages for userspace to fill: status[i] = 1 when page i
  *		was claimed (zeroed, mapped without a fill until FILLED), 0 when
  *		it was resident or being filled already
  * FILLED	userspace finished filling claimed pages; flags VERIFY;
- *		status[i] = 0 or -EBADMSG (page dropped, marked BAD)
+ *		status[i] = 0 or -EBADMSG (page dropped, marked BAD); flag
+ *		FAILED instead: its fill failed, status[i] = -EIO, each page
+ *		dropped and marked BAD, counted in read_errors
  * EVICT	drop pages now (dirty ones are written back first); status[i] =
  *		0, -EBUSY (pinned by get_user_pages or in use) or -errno
  * SYNC		write back every dirty page, then fsync the pages and sums files
@@ -173,6 +221,8 @@ struct kvmem_ioc_stats {
  *		the tracepoint kvmem_step (argument: __u64)
  * SET_COUNT	grow page_count (argument: __u64, a multiple of L, <= page_max)
  * STATS	read struct kvmem_ioc_stats
+ * HINT		the step's selection (struct kvmem_ioc_hint, above): sets the step
+ * GPU		record pages' GPU slots in the table (struct kvmem_ioc_gpu, above)
  */
 #define KVMEM_IOC_MAGIC		0xE7
 #define KVMEM_IOC_SETUP		_IOW(KVMEM_IOC_MAGIC, 1, struct kvmem_ioc_setup)
@@ -184,6 +234,8 @@ struct kvmem_ioc_stats {
 #define KVMEM_IOC_STEP		_IOW(KVMEM_IOC_MAGIC, 7, __u64)
 #define KVMEM_IOC_SET_COUNT	_IOW(KVMEM_IOC_MAGIC, 8, __u64)
 #define KVMEM_IOC_STATS		_IOR(KVMEM_IOC_MAGIC, 9, struct kvmem_ioc_stats)
+#define KVMEM_IOC_HINT		_IOW(KVMEM_IOC_MAGIC, 10, struct kvmem_ioc_hint)
+#define KVMEM_IOC_GPU		_IOW(KVMEM_IOC_MAGIC, 11, struct kvmem_ioc_gpu)
 
 /*
  * mmap offsets of the two mappings (MAP_SHARED only).
@@ -201,7 +253,9 @@ struct kvmem_ioc_stats {
  * the candidates in its own order (clock order: candidate 0 is its choice)
  * and sets verdict to KVMEM_VERDICT_DEFAULT; a program may set verdict to the
  * index of the candidate to evict. Anything else but DEFAULT is refused and
- * the module evicts candidate 0 (counted in bad_verdicts).
+ * the module evicts candidate 0 (counted in bad_verdicts). Candidates the
+ * step's selection names (HINT) come after the others, runners-up before
+ * selected pages, each group in clock order.
  */
 #define KVMEM_RECLAIM_MAX	8
 #define KVMEM_VERDICT_DEFAULT	0xffffffffu
@@ -214,6 +268,7 @@ struct kvmem_reclaim_ctx {
 	__u64 last_step[KVMEM_RECLAIM_MAX];	/* step of the page's last fault */
 	__u32 access_count[KVMEM_RECLAIM_MAX];	/* the page's faults */
 	__u32 dirty[KVMEM_RECLAIM_MAX];		/* 1: evicting it writes it back first */
+	__u32 hint[KVMEM_RECLAIM_MAX];		/* KVMEM_HINTED_* for the step */
 };
 
 /*
@@ -232,11 +287,12 @@ struct kvmem_reclaim_ctx {
 #define KVMEM_PREFETCH_ADD_MAX	16
 #define KVMEM_PREFETCH_LIST	0u	/* a PREFETCH list */
 #define KVMEM_PREFETCH_FAULT	1u	/* a fault that fills page[0] */
+#define KVMEM_PREFETCH_HINT	2u	/* a HINT's selected pages (KVMEM_HINT_PREFETCH) */
 struct kvmem_prefetch_ctx {
 	__u64 ws_id;		/* inode number of the workspace's pages file */
 	__u64 step;		/* the workspace's step (KVMEM_IOC_STEP) */
 	__u64 page_count;	/* valid page ids are below it */
-	__u32 reason;		/* KVMEM_PREFETCH_LIST or _FAULT */
+	__u32 reason;		/* KVMEM_PREFETCH_LIST, _FAULT or _HINT */
 	__u32 n_pages;		/* ids in the list (1 for a fault) */
 	__u64 page[KVMEM_PREFETCH_SEEN];	/* its first min(n_pages, 8) ids */
 	__u32 n_add;		/* in: 0; out: entries of add[] to prefetch too */

@@ -17,6 +17,9 @@
  *     partial block rewritten) committed 100 times.
  *  4. Host hit rate per replacement policy on a synthetic agent step
  *     sequence (drifting topics, sink and recent blocks, selector hints).
+ *
+ * --pager kmod pages in through the kernel module instead (the stage-out
+ * is the pager's either way): bench_pager_kmod.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,8 +35,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvmem/kmod.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/pager.h"
+#include "bench_pager_kmod.h"
 #include "cli_util.h"
 #include "cmd.h"
 #include "pager/repl_int.h"
@@ -50,7 +55,8 @@ static int rm_one(const char *path, const struct stat *sb, int type, struct FTW 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvmem bench pager [--dir D | --store rados://POOL] [--size SIZE]\n"
-		   "                         [--pages LIST] [--batch N] [--rounds N]\n\n"
+		   "                         [--pages LIST] [--batch N] [--rounds N]\n"
+		   "                         [--pager uring|kmod] [--no-hit-rates]\n\n"
 		   "Page-in and stage-out throughput of the NVMe store as ratios to O_DIRECT\n"
 		   "sequential read/write of the same file system (of a RADOS store: to rados\n"
 		   "bench seq and write on the same pool), commit latency, and host hit rates\n"
@@ -68,6 +74,12 @@ static void usage(FILE *f)
 		   "                 (default 64k,128k,256k,1M,2M)\n"
 		   "  --batch N      pages per fetch in the page-in test, 1..4096 (default 64)\n"
 		   "  --rounds N     rounds per figure, 1..16; the median is shown (default 3)\n"
+		   "  --pager P      who pages in: uring (the userspace pager, default) or kmod\n"
+		   "                 (the kernel module: O_DIRECT reads into its window, as\n"
+		   "                 kvmem run --pager kmod does; needs kvmem.ko loaded); the\n"
+		   "                 stage-out is the pager's either way\n"
+		   "  --no-hit-rates skip the replacement policies' hit rates (a simulation:\n"
+		   "                 seconds of CPU, minutes in an emulated VM)\n"
 		   "  --dtype T      page dtype: f32 (default), bf16 or fp8; a page of SIZE is\n"
 		   "                 SIZE / (2 x 32 x 128 x element bytes) KV heads, so 128k of\n"
 		   "                 bf16 and 64k of fp8 are both Qwen3-8B's page (fp8 adds its\n"
@@ -81,7 +93,8 @@ static void usage(FILE *f)
 		   "examples:\n"
 		   "  kvmem bench pager --size 512M --rounds 5\n"
 		   "  kvmem bench pager --store rados://kvmem --pages 128k,1M --size 1G\n"
-		   "  kvmem bench pager --dir /mnt/nvme --size 1G --pages 128k,1M\n");
+		   "  kvmem bench pager --dir /mnt/nvme --size 1G --pages 128k,1M\n"
+		   "  kvmem bench pager --dir /mnt/nvme --pager kmod --pages 128k,1M\n");
 }
 
 /* ---- machine and file system ---------------------------------------------- */
@@ -280,7 +293,7 @@ static int stage_out(kvmem_pager *p, uint64_t page, uint64_t blocks, struct page
 static int page_in(kvmem_pager *p, uint64_t page, uint64_t n_pages, int batch, int pipelined,
 		   struct pager_result *res)
 {
-	uint64_t *order = malloc(n_pages * sizeof(*order)), r = 88172645463325252ull;
+	uint64_t *order = bench_pager_order(n_pages);
 	const void **ptr = malloc(batch * sizeof(*ptr));
 	double t0;
 	int rc = 0;
@@ -289,19 +302,6 @@ static int page_in(kvmem_pager *p, uint64_t page, uint64_t n_pages, int batch, i
 		free(order);
 		free(ptr);
 		return -1;
-	}
-	for (uint64_t i = 0; i < n_pages; i++)
-		order[i] = i;
-	for (uint64_t i = n_pages - 1; i > 0; i--) {
-		uint64_t j, t;
-
-		r ^= r << 13;
-		r ^= r >> 7;
-		r ^= r << 17;
-		j = r % (i + 1);
-		t = order[i];
-		order[i] = order[j];
-		order[j] = t;
 	}
 	t0 = cli_now_s();
 	for (uint64_t i = 0; i < n_pages && !rc; i += batch) {
@@ -320,8 +320,36 @@ static int page_in(kvmem_pager *p, uint64_t page, uint64_t n_pages, int batch, i
 	return rc;
 }
 
-/* phase 0: create the workspace in dir and stage out; 1: reopen, page in;
- * 2: the same, pipelined. */
+/* --pager kmod: page in through the module; its counters, summed. */
+static int g_kmod;
+static struct kvmem_ioc_stats g_kst;
+
+/* The page-in of phase 1 through the module (the pager is not open). */
+static int run_kmod(const char *dir, uint64_t page, uint64_t n_pages, int batch,
+		    struct pager_result *res)
+{
+	uint64_t *order = bench_pager_order(n_pages);
+	struct kvmem_ioc_stats st;
+	int rc;
+
+	if (!order)
+		return -1;
+	rc = bench_kmod_page_in(dir, page, order, n_pages, batch, &res->in_bps, &st);
+	free(order);
+	if (rc < 0) {
+		fprintf(stderr, "kvmem bench pager: --pager kmod: %s\n", kvmem_last_error());
+		return -1;
+	}
+	g_kst.user_fills += st.user_fills;
+	g_kst.fills += st.fills;
+	g_kst.evictions += st.evictions;
+	g_kst.read_errors += st.read_errors;
+	g_kst.checksum_errors += st.checksum_errors;
+	return 0;
+}
+
+/* phase 0: create the workspace in dir and stage out; 1: reopen, page in
+ * (through the module with --pager kmod); 2: the same, pipelined. */
 static int run_pager(const char *dir, uint64_t page, uint64_t size, int batch,
 		     struct pager_result *res, int phase)
 {
@@ -336,6 +364,8 @@ static int run_pager(const char *dir, uint64_t page, uint64_t size, int batch,
 			page);
 		return -1;
 	}
+	if (phase == 1 && g_kmod)
+		return run_kmod(dir, page, blocks * g.n_layers, batch, res);
 	pager_opts(&o, page, batch, phase ? 0 : KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP);
 	/* Pipelined, a third fetch's room: LRU would take the prefetched
 	 * pages, landed but not yet used, before the ones just released. */
@@ -606,6 +636,8 @@ int bench_pager(int argc, char **argv)
 		{ "store", required_argument, NULL, 'S' }, { "ceph-conf", required_argument, NULL, 'c' },
 		{ "rados-seconds", required_argument, NULL, 'R' },
 		{ "dtype", required_argument, NULL, 'D' },
+		{ "pager", required_argument, NULL, 'P' },
+		{ "no-hit-rates", no_argument, NULL, 'H' },
 		{ 0 },
 	};
 	const char *store = NULL;
@@ -616,7 +648,7 @@ int bench_pager(int argc, char **argv)
 	char pages_arg[256] = "64k,128k,256k,1M,2M", dir[4096], *tok, *save;
 	uint64_t size = 512ull << 20, pages[16];
 	int batch = 64, rc = 0, n_pages = 0, c;
-	int rounds = 3;
+	int rounds = 3, no_hit = 0;
 
 	cli_getopt_reset();
 	while ((c = cli_getopt(w, argc, argv, opts)) != -1) {
@@ -645,6 +677,14 @@ int bench_pager(int argc, char **argv)
 				fprintf(stderr, "%s: --dtype wants f32, bf16 or fp8, not '%s'\n", w, optarg);
 				return EXIT_USAGE;
 			}
+			break;
+		case 'H': no_hit = 1; break;
+		case 'P':
+			if (strcmp(optarg, "uring") && strcmp(optarg, "kmod")) {
+				fprintf(stderr, "%s: --pager wants uring or kmod, not '%s'\n", w, optarg);
+				return EXIT_USAGE;
+			}
+			g_kmod = !strcmp(optarg, "kmod");
 			break;
 		case 'S':
 			if (strncmp(optarg, "rados://", 8) || !optarg[8] || strchr(optarg + 8, '/')) {
@@ -690,6 +730,14 @@ int bench_pager(int argc, char **argv)
 		}
 	}
 	size = size / SEQ_REQ * SEQ_REQ;
+	if (store && g_kmod) {
+		fprintf(stderr, "%s: --pager kmod reads a workspace directory, not --store\n", w);
+		return EXIT_USAGE;
+	}
+	if (g_kmod && (rc = kvmem_kmod_probe(NULL)) < 0) {
+		fprintf(stderr, "%s: --pager kmod: %s\n", w, kvmem_last_error());
+		return 1;
+	}
 	if (store) {
 		char ws[512];
 
@@ -703,7 +751,8 @@ int bench_pager(int argc, char **argv)
 		else
 			rc = 1;
 		ws_rados_destroy(ws);
-		hit_rates();
+		if (!no_hit)
+			hit_rates();
 		return rc;
 	}
 	snprintf(dir, sizeof(dir), "%s/kvmem-bench.XXXXXX", base);
@@ -718,12 +767,14 @@ int bench_pager(int argc, char **argv)
 		print_machine(realpath(dir, real) ? real : dir);
 	}
 	printf("command: kvmem bench pager --size %" PRIu64 "M --pages %s --batch %d --rounds %d "
-	       "--dtype %s\n", size >> 20, pages_arg, batch, rounds, kvmem_dtype_name(g_dtype));
+	       "--dtype %s --pager %s\n", size >> 20, pages_arg, batch, rounds,
+	       kvmem_dtype_name(g_dtype), g_kmod ? "kmod" : "uring");
 
 	printf("\nEach figure is the median of %d rounds; a round runs, back to back, an O_DIRECT\n"
 	       "sequential write of a new file (%u KiB requests, %d in flight), the stage-out,\n"
-	       "an O_DIRECT sequential read of that file (same requests), and the page-in.\n"
-	       "%" PRIu64 " MiB per measurement.\n\n", rounds, SEQ_REQ >> 10, SEQ_QD, size >> 20);
+	       "an O_DIRECT sequential read of that file (same requests), and the page-in%s.\n"
+	       "%" PRIu64 " MiB per measurement.\n\n", rounds, SEQ_REQ >> 10, SEQ_QD,
+	       g_kmod ? "\nthrough the kernel module (kvmem.ko)" : "", size >> 20);
 	printf("  %-8s  %9s %9s %6s    %9s %9s %6s   %s\n", "page", "seq write", "stage-out",
 	       "ratio", "seq read", "page-in", "ratio", "MB/s");
 	for (int pg = 0; pg < n_pages; pg++) {
@@ -760,6 +811,13 @@ int bench_pager(int argc, char **argv)
 		       page < (128u << 10) || mi >= 0.9 * mr ? "" : "LOW");
 	}
 	printf("  (targets: ratio >= 0.9; for page-in with pages of 128 KiB and more)\n");
+	if (g_kmod)
+		printf("kernel module: %llu pages filled by O_DIRECT into its window, %llu read by "
+		       "the module (page-cache copies), %llu evictions, %llu read errors, %llu "
+		       "checksum errors\n", (unsigned long long)g_kst.user_fills,
+		       (unsigned long long)g_kst.fills, (unsigned long long)g_kst.evictions,
+		       (unsigned long long)g_kst.read_errors,
+		       (unsigned long long)g_kst.checksum_errors);
 	{
 		char ws[4200];
 
@@ -773,6 +831,7 @@ int bench_pager(int argc, char **argv)
 		nftw(ws, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 	}
 	rmdir(dir);
-	hit_rates();
+	if (!no_hit)
+		hit_rates();
 	return rc;
 }

@@ -82,11 +82,18 @@ int run_ws_close(struct run_ws *r, FILE *f)
 		st.evictions, st.blocks_out);
 	if (kvmem_page_source_kmod_client(kvmem_workspace_source(r->w)) &&
 	    kvmem_page_source_kmod_stats(kvmem_workspace_source(r->w), &ks) == 0)
+		/* "pages read" are the module's own (buffered: page-cache
+		 * copies); "filled by O_DIRECT" the source's reads straight
+		 * into the window (no copy). */
+		/* (The first six numbers keep their places: bpf/vm-observe.sh
+		 * reads them by position.) */
 		fprintf(f, "kernel module %s: %llu faults, %llu hits, %llu pages read (%llu bytes), "
-			"%llu prefetched, %llu evictions, %llu checksum errors\n",
+			"%llu prefetched, %llu evictions, %llu filled by O_DIRECT, %llu read "
+			"errors, %llu checksum errors\n",
 			"/dev/kvmem", (unsigned long long)ks.faults, (unsigned long long)ks.hits,
 			(unsigned long long)ks.fills, (unsigned long long)ks.fill_bytes,
 			(unsigned long long)ks.prefetches, (unsigned long long)ks.evictions,
+			(unsigned long long)ks.user_fills, (unsigned long long)ks.read_errors,
 			(unsigned long long)ks.checksum_errors);
 	rc = kvmem_workspace_close(r->w);
 	r->w = NULL;
