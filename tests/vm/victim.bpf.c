@@ -117,4 +117,20 @@ int kvmem_readahead(__u64 *ctx)
 	return 0;
 }
 
+/* No-ops that kvmem-fuzz keeps attached for its whole run, so that
+ * attaching and detaching the two programs above never turns a
+ * tracepoint's static key on or off (kvmem-fuzz.c, bpf_flipper, says why).
+ */
+SEC("raw_tp.w/kvmem_reclaim")
+int kvmem_anchor_reclaim(__u64 *ctx)
+{
+	return 0;
+}
+
+SEC("raw_tp.w/kvmem_prefetch_hook")
+int kvmem_anchor_prefetch(__u64 *ctx)
+{
+	return 0;
+}
+
 char LICENSE[] SEC("license") = "GPL";
