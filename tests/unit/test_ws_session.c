@@ -1017,6 +1017,23 @@ static void rec_forward(void *arg, const int32_t *tok, int n, const float *logit
 	r->n += r->vocab;
 }
 
+/* The script's appends and greedy decodes (64 tokens at most each), then
+ * a last selection: moves_run and pages_run play it the same way. */
+static void play_ops(kvmem_session *s, const struct op *ops, int n_ops, int32_t *const *tok)
+{
+	int32_t out[64];
+
+	for (int i = 0; i < n_ops; i++) {
+		if (ops[i].kind == 0)
+			assert_int_equal(kvmem_session_append(s, tok[i], ops[i].n, 0), 0);
+		else if (ops[i].kind == 1)
+			assert_int_equal(kvmem_session_select(s) ||
+					 kvmem_session_decode(s, ops[i].n < 64 ? ops[i].n : 64, NULL, out),
+					 0);
+	}
+	assert_int_equal(kvmem_session_select(s), 0);
+}
+
 /* One scripted session over a fresh memory source; move 0 places every
  * token that changes slots from its page (KVMEM_MOVE=0, the path before
  * moves). Greedy decoding: the tokens follow the logits. */
@@ -1027,7 +1044,6 @@ static void moves_run(kvmem_backend *e, const kvmem_config *c, const struct op *
 	kvmem_page_source src;
 	kvmem_session_opts o;
 	kvmem_session *s;
-	int32_t out[64];
 
 	assert_int_equal(kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim,
 					     rc->block), 0);
@@ -1044,15 +1060,7 @@ static void moves_run(kvmem_backend *e, const kvmem_config *c, const struct op *
 	s = kvmem_session_create(e, &o);
 	unsetenv("KVMEM_MOVE");
 	assert_non_null(s);
-	for (int i = 0; i < n_ops; i++) {
-		if (ops[i].kind == 0)
-			assert_int_equal(kvmem_session_append(s, tok[i], ops[i].n, 0), 0);
-		else if (ops[i].kind == 1)
-			assert_int_equal(kvmem_session_select(s) ||
-					 kvmem_session_decode(s, ops[i].n < 64 ? ops[i].n : 64, NULL, out),
-					 0);
-	}
-	assert_int_equal(kvmem_session_select(s), 0);
+	play_ops(s, ops, n_ops, tok);
 	kvmem_session_get_stats(s, st);
 	kvmem_session_free(s);
 	kvmem_page_source_destroy(&src);
@@ -1114,7 +1122,6 @@ static int64_t pages_run(kvmem_backend *e, const kvmem_config *c, const struct o
 	kvmem_session_opts o;
 	kvmem_workspace *w;
 	kvmem_session *s;
-	int32_t out[64];
 
 	if (kvmem_workspace_open(dir, e->model, &wo, &w) < 0)
 		fail_msg("%s", kvmem_last_error());
@@ -1131,15 +1138,7 @@ static int64_t pages_run(kvmem_backend *e, const kvmem_config *c, const struct o
 	s = kvmem_session_create(e, &o);
 	unsetenv("KVMEM_PAGE_ROWS");
 	assert_non_null(s);
-	for (int i = 0; i < n_ops; i++) {
-		if (ops[i].kind == 0)
-			assert_int_equal(kvmem_session_append(s, tok[i], ops[i].n, 0), 0);
-		else if (ops[i].kind == 1)
-			assert_int_equal(kvmem_session_select(s) ||
-					 kvmem_session_decode(s, ops[i].n < 64 ? ops[i].n : 64, NULL, out),
-					 0);
-	}
-	assert_int_equal(kvmem_session_select(s), 0);
+	play_ops(s, ops, n_ops, tok);
 	if (kvmem_workspace_commit(w, s) < 0)
 		fail_msg("%s", kvmem_last_error());
 	n = kvmem_session_tokens(s);
