@@ -76,7 +76,9 @@ done
 grep -q '"replayed":true' "$tmp/A2.json" || bad "A2 did not replay A1: $(cat "$tmp/A2.json")"
 # Round-robin: after A1, the next lanes (qb, then the two of no
 # conversation) come before qa's second request, which came before them.
-# The answers' ids count up as they are made (their last 6 hex digits).
+# The answers' ids count up in the order their turns were admitted (their
+# last 6 hex digits; numbered at admission, not when the HTTP thread wrote
+# the answer: a replayed A2 answered before C2's thread woke once here).
 ends=$(for r in A1 B1 C1 C2 A2; do echo "$(sed -n 's/.*"id":"chatcmpl-[0-9a-f]*\([0-9a-f]\{6\}\)".*/\1/p' "$tmp/$r.json") $r"; done |
 	sort | cut -d' ' -f2 | tr '\n' ' ')
 [ "$ends" = "A1 B1 C1 C2 A2 " ] || bad "the order turns ended in: $ends(want A1 B1 C1 C2 A2: round-robin across lanes)"

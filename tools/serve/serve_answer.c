@@ -119,7 +119,10 @@ static enum MHD_Result answer_whole(struct MHD_Connection *con, struct job **js,
 	json_t *choices = json_array(), *doc;
 	char id[64];
 
-	serve_new_id(sv, id, sizeof(id), js[0]->kind == JOB_CHAT ? "chatcmpl" : "cmpl");
+	/* Numbered at admission, so ids count up in the order turns were
+	 * admitted, not in the order the HTTP threads got to answer. */
+	serve_new_id(sv, id, sizeof(id), js[0]->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
+		     js[0]->seq);
 	for (int i = 0; i < n; i++) {
 		struct job *j = js[i];
 		const char *finish = j->finish_length ? "length" : "stop";
@@ -381,7 +384,7 @@ static enum MHD_Result answer_stream(struct MHD_Connection *con, struct job **js
 	st->until = js[0]->t_submit + sv->cfg.request_timeout;
 	st->last = serve_now();
 	st->created = time(NULL);
-	serve_new_id(sv, st->id, sizeof(st->id), js[0]->kind == JOB_CHAT ? "chatcmpl" : "cmpl");
+	serve_new_id(sv, st->id, sizeof(st->id), js[0]->kind == JOB_CHAT ? "chatcmpl" : "cmpl", 0);
 	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st,
 					      stream_free);
 	if (!r) {

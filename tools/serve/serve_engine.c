@@ -198,6 +198,7 @@ static struct job *admit(struct serve *sv, int64_t *conv_inflight)
 		l->n--;
 		sv->waiting--;
 		l->running = j;
+		j->seq = ++sv->id_counter;
 		sv->inflight++;
 		*conv_inflight += j->conv[0] != 0;
 		j->next = NULL;

@@ -140,13 +140,15 @@ int serve_id_ok(const char *s, size_t n)
 	return 1;
 }
 
-void serve_new_id(struct serve *sv, char *buf, size_t len, const char *prefix)
+void serve_new_id(struct serve *sv, char *buf, size_t len, const char *prefix, uint64_t seq)
 {
-	uint64_t n;
+	uint64_t n = seq;
 
-	pthread_mutex_lock(&sv->mu);
-	n = ++sv->id_counter;
-	pthread_mutex_unlock(&sv->mu);
+	if (!n) {
+		pthread_mutex_lock(&sv->mu);
+		n = ++sv->id_counter;
+		pthread_mutex_unlock(&sv->mu);
+	}
 	snprintf(buf, len, "%s-%" PRIx64 "%06" PRIx64, prefix, (uint64_t)time(NULL), n);
 }
 

@@ -113,6 +113,7 @@ struct job {
 
 	/* ---- mu-guarded ------------------------------------------------ */
 	int done, cancelled;
+	uint64_t seq;			/* mu: taken at admission; a whole answer's id counts with it */
 	int http;			/* 0 while fine; else the HTTP error status */
 	char code[48], msg[640];
 	int retry_after;		/* seconds, with a 429 or a 503 */
@@ -307,7 +308,7 @@ void serve_http_stop(struct serve *sv);
  * [A-Za-z0-9._-], at most SERVE_ID_MAX bytes, no "..". */
 int serve_id_ok(const char *s, size_t len);
 /* "chatcmpl-..." ids. */
-void serve_new_id(struct serve *sv, char *buf, size_t len, const char *prefix);
+void serve_new_id(struct serve *sv, char *buf, size_t len, const char *prefix, uint64_t seq);
 
 /* A request's field refused: where and why. */
 struct bad {
