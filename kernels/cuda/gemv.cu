@@ -273,6 +273,8 @@ static int gemv_splits(const kvmem_cuda_ctx *c, int in, int out)
 int kvmem_cuda_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
 			 const uint16_t *w, int in, int out)
 {
+	if (c->gemm_tc)	/* the batched step's GEMM, so a row alone gets its bits */
+		return kvmem_cuda_gemm_tc_bf16(c, y, mode, x, w, 1, in, out);
 	if (!c->gemv_split) {
 		const int per_block = GEMV_WARPS * GEMV_ROWS;
 
@@ -310,7 +312,7 @@ static_assert(GEMV_ROWS == 2, "the fused SwiGLU pairs a gate row with an up row"
 static int fused_ok(const kvmem_cuda_ctx *c, int n, int in, int rows, const uint16_t *w,
 		    const uint16_t *h)
 {
-	return c->fuse && n == 1 && !c->no_gemv && c->gemv_split && in % 8 == 0 &&
+	return c->fuse && n == 1 && !c->no_gemv && !c->gemm_tc && c->gemv_split && in % 8 == 0 &&
 	       !((uintptr_t)w & 15) && !((uintptr_t)h & 15) && (size_t)in * 2 <= GEMV_H_MAX &&
 	       (size_t)rows * (in / 8) <= INT_MAX;
 }
@@ -510,6 +512,8 @@ int kvmem_cuda_gemv_rows_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16
 				   "GEMV", in);
 	if (!n)
 		return 0;
+	if (c->gemm_tc)	/* what the lone row runs too (kvmem_cuda_gemv_bf16) */
+		return kvmem_cuda_gemm_tc_bf16(c, y, mode, x, w, n, in, out);
 	if (n == 1)	/* the lone row's own GEMV (more loads in flight) */
 		return kvmem_cuda_gemv_bf16(c, y, mode, x, w, in, out);
 	const int ks = c->gemv_split ? gemv_splits(c, in, out) : 1;

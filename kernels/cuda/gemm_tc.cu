@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A tensor-core GEMM for few rows (decode: 1 row alone, up to 64 and more
+ * in a batched step; twin: kvmem_gemm_bf16 within a tolerance, since the
+ * order of the sums inside an mma is the hardware's): y[m] (mode) x[m] .
+ * w^T for m < n, bf16 in, fp32 sums. Its point is batch invariance with
+ * tensor cores: row m gets the same bits whatever n is and wherever the
+ * row sits in the batch, so the lone decode step (n == 1) and a batched
+ * one give a conversation the same logits. Why each row's sum cannot
+ * depend on n here:
+ *
+ *  - mma.sync m16n8k16 with A = 16 weight rows (outputs) and B = 8 rows of
+ *    x (the batch): an output element of the tile is the dot of one weight
+ *    row and one x row plus its accumulator, and no other column of the
+ *    tile enters it; rows past n are zeros in registers, never loaded.
+ *  - The input is cut into 32-element blocks; a lane's 16-byte chunk of a
+ *    weight row (8 elements) and its chunk of the x row hold the same k,
+ *    laid into the fragments' k slots by one fixed permutation (below), so
+ *    the sum's order is fixed by the shape alone.
+ *  - Split-K over the ks warps of a block that share a tile: ks comes from
+ *    the shape and the SM count (tc_splits), never from n; warp j sums its
+ *    blocks in order from zero, and the partials are added in the order
+ *    j = 0 .. ks - 1, as the GEMV does.
+ *  - More than 64 rows: the same tile code on each next 64 rows.
+ *
+ * A warp owns 16 outputs; 8 warps a block; each lane keeps TC_U blocks of
+ * weight loads in flight (16-byte __ldcs: read once), so one row (the
+ * lone decode) still streams the weights; with 64 rows the weight tile is
+ * applied to 8 x tiles per load, on tensor cores (gemv.cu's rows kernel
+ * did that with CUDA-core fp32 multiply-adds and was bound by them).
+ *
+ * Fragment layout (PTX ISA, mma.m16n8k16 .bf16, lane = 4 g + t):
+ *   A: reg0 = A[g][2t, 2t+1], reg1 = A[g+8][2t, 2t+1], reg2 = A[g][2t+8,
+ *      2t+9], reg3 = A[g+8][2t+8, 2t+9];
+ *   B: reg0 = B[2t, 2t+1][g], reg1 = B[2t+8, 2t+9][g];
+ *   C: c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1].
+ * Lane (g, t) loads weight rows g and g + 8 and x row g at k = base + 8t
+ * .. + 7 (one uint4 each): words 0, 1 feed the block's first mma (logical
+ * k 2t, 2t+1 <- k + 0, 1; 2t+8, 2t+9 <- k + 2, 3), words 2, 3 its second.
+ * The same lane t holds the same k in A and in B, so the permutation is
+ * one and the same on both sides.
+ */
+#include <limits.h>
+
+#include "cuda_int.h"
+
+#define TC_WARPS 8		/* warps per block */
+#define TC_U 4			/* 32-element blocks of loads in flight per lane */
+#define TC_MAX_KS 8		/* warps splitting one tile's input */
+#define TC_BLOCKS_PER_SM 2	/* resident blocks the split aims for */
+#define TC_ROWS 64		/* x rows per pass: 8 tiles of 8 */
+
+__device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void tc_store(void *y, int mode, size_t at, float v)
+{
+	if (mode == KVMEM_GEMM_BF16)
+		((uint16_t *)y)[at] = f2bf(v);
+	else if (mode == KVMEM_GEMM_F32)
+		((float *)y)[at] = v;
+	else
+		((float *)y)[at] = __fadd_rn(((float *)y)[at], v);
+}
+
+/*
+ * NT tiles of 8 x rows (rows b0 .. b0 + 8 NT - 1 of n) against the warp's
+ * 16 weight rows over 32-element blocks [lo, hi): acc[i][0..3] as C above.
+ */
+template <int NT>
+__device__ __forceinline__ void tc_sum(float (*acc)[4], const uint16_t *wa, const uint16_t *wb,
+				       const uint16_t *x, int in, int n, int b0, int lane, int lo,
+				       int hi)
+{
+	const int g = lane >> 2, t = lane & 3;
+	const uint4 zero = make_uint4(0, 0, 0, 0);
+	const uint16_t *xr[NT];
+
+#pragma unroll
+	for (int i = 0; i < NT; i++) {
+		const int r = b0 + 8 * i + g;
+
+		xr[i] = r < n ? x + (size_t)r * in : NULL;	/* past n: zeros */
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			acc[i][e] = 0.0f;
+	}
+	for (int b = lo; b < hi; b += TC_U) {
+		uint4 va[TC_U], vb[TC_U];
+
+#pragma unroll
+		for (int u = 0; u < TC_U; u++) {
+			const int k = (b + u) * 32 + 8 * t;
+			const bool in_k = b + u < hi && k < in;
+
+			va[u] = in_k ? __ldcs((const uint4 *)(wa + k)) : zero;	/* streamed once */
+			vb[u] = in_k ? __ldcs((const uint4 *)(wb + k)) : zero;
+		}
+#pragma unroll
+		for (int u = 0; u < TC_U; u++) {
+			const int k = (b + u) * 32 + 8 * t;
+
+			if (b + u >= hi)	/* uniform over the warp */
+				break;
+#pragma unroll
+			for (int i = 0; i < NT; i++) {
+				const uint4 xv = xr[i] && k < in ? __ldg((const uint4 *)(xr[i] + k)) : zero;
+
+				mma_bf16(acc[i], va[u].x, vb[u].x, va[u].y, vb[u].y, xv.x, xv.y);
+				mma_bf16(acc[i], va[u].z, vb[u].z, va[u].w, vb[u].w, xv.z, xv.w);
+			}
+		}
+	}
+}
+
+/*
+ * Block: groups = TC_WARPS / ks tiles of 16 outputs; warp (gw, j) = (warp /
+ * ks, warp % ks) takes tile blockIdx.x * groups + gw over blocks [lo, hi)
+ * of the input. Rows past `out` read row out - 1 and are not stored.
+ */
+template <int NT>
+__global__ void __launch_bounds__(32 * TC_WARPS)
+gemm_tc_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out, int ks,
+	       int n)
+{
+	__shared__ float part[TC_WARPS][NT][4][32];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int groups = TC_WARPS / ks, gw = warp / ks, j = warp % ks;
+	const int o0 = (blockIdx.x * groups + gw) * 16, g = lane >> 2, t = lane & 3;
+	const int blocks = (in + 31) / 32, per = (blocks + ks - 1) / ks;
+	const int lo = min(j * per, blocks), hi = min(lo + per, blocks);
+	const uint16_t *wa = w + (size_t)min(o0 + g, out - 1) * in;
+	const uint16_t *wb = w + (size_t)min(o0 + g + 8, out - 1) * in;
+
+	for (int b0 = 0; b0 < n; b0 += 8 * NT) {
+		float acc[NT][4];
+
+		tc_sum<NT>(acc, wa, wb, x, in, n, b0, lane, lo, hi);
+		if (ks > 1) {	/* uniform over the launch */
+			if (j)
+#pragma unroll
+				for (int i = 0; i < NT; i++)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						part[warp][i][e][lane] = acc[i][e];
+			__syncthreads();
+			if (!j)
+				for (int jj = 1; jj < ks; jj++)	/* in order: fixed bits */
+#pragma unroll
+					for (int i = 0; i < NT; i++)
+#pragma unroll
+						for (int e = 0; e < 4; e++)
+							acc[i][e] += part[warp + jj][i][e][lane];
+			__syncthreads();	/* part read before the next rows overwrite it */
+		}
+		if (j || o0 >= out)
+			continue;
+#pragma unroll
+		for (int i = 0; i < NT; i++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int o = o0 + g + 8 * (e >> 1), r = b0 + 8 * i + 2 * t + (e & 1);
+
+				if (o < out && r < n)
+					tc_store(y, mode, (size_t)r * out + o, acc[i][e]);
+			}
+	}
+}
+
+/* The split for a shape: the smallest power of two giving at least
+ * TC_BLOCKS_PER_SM blocks per multiprocessor while each warp keeps
+ * 2 TC_U blocks of the input; never a function of the rows. */
+static int tc_splits(const kvmem_cuda_ctx *c, int in, int out)
+{
+	const int tiles = (out + 15) / 16, blocks = (in + 31) / 32;
+	const int target = TC_BLOCKS_PER_SM * c->sms;
+	int ks = 1;
+
+	if (c->gemm_tc_ks)
+		return c->gemm_tc_ks;
+	while (ks < TC_MAX_KS) {
+		const int per = TC_WARPS / ks;
+
+		if ((tiles + per - 1) / per >= target || blocks / (2 * ks) < 2 * TC_U)
+			break;
+		ks *= 2;
+	}
+	return ks;
+}
+
+int kvmem_cuda_gemm_tc_check_ks(int ks)
+{
+	return ks == 0 || ks == 1 || ks == 2 || ks == 4 || ks == TC_MAX_KS;
+}
+
+int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
+			    const uint16_t *w, int n, int in, int out)
+{
+	if (n < 0 || in <= 0 || out <= 0 || mode < KVMEM_GEMM_BF16 || mode > KVMEM_GEMM_F32_ADD)
+		return kvmem_error(EINVAL, "gemm tc: bad shape %d x %d -> %d or mode %d", n, in, out,
+				   mode);
+	if (in % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w & 15))
+		return kvmem_error(ENOTSUP, "gemm tc: %d inputs (not a multiple of 8) or x, w not "
+				   "16-byte aligned", in);
+	if (!n)
+		return 0;
+	const int ks = tc_splits(c, in, out), per = TC_WARPS / ks;
+	const int tiles = (out + 15) / 16, grid = (tiles + per - 1) / per;
+	const int nt = n > 32 ? 8 : n > 16 ? 4 : n > 8 ? 2 : 1;
+
+	if (nt == 1)
+		gemm_tc_kernel<1><<<grid, 32 * TC_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+	else if (nt == 2)
+		gemm_tc_kernel<2><<<grid, 32 * TC_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+	else if (nt == 4)
+		gemm_tc_kernel<4><<<grid, 32 * TC_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+	else
+		gemm_tc_kernel<8><<<grid, 32 * TC_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+	return kvmem_cuda_launched("gemm tc");
+}

@@ -1,0 +1,123 @@
+#!/bin/bash
+# Issue #26 on the GPU, the tensor-core GEMM for decode's rows (gemm_tc.cu):
+# checked, then the batched decode measured with it beside its peers.
+#
+#   tests/gpu/batch26h.sh OUTDIR
+#
+# Run from the repository root after the bundle of tools/gpu/bundle.sh is
+# unpacked (it is unpacked again here if present). Logs in OUTDIR/batch26h.
+#
+# 1. kvmem_gpu_check --gemm-tc: kvmem_cuda_gemm_tc_bf16 against its CPU
+#    twin (1e-4 of sum |x w|) at the 8B layer shapes and odd ones; each row
+#    bit for bit the same for n = 1, 7, 16, 64, 72 and reversed; with
+#    "gemm_tc" on, the rows GEMM bit for bit each lone row; then a layer's
+#    four GEMMs at 1/16/64 rows with "gemm_tc" off and on.
+# 2. compute-sanitizer memcheck over 1 (--quick: the checks, not the
+#    timings).
+# 3. KVMEM_CUDA_GEMM_TC=1: test_ws_batch on cuda (batched sessions get
+#    their twins' bits alone, 72 sessions in one step) and kvmem run
+#    --check-exact (the lone decode on the new GEMM stays exact).
+# 4. kvmem bench batch --backend cuda --preset 8b at 1/16/64 sessions with
+#    KVMEM_CUDA_GEMM_TC=1, then at 1 session with it off (the lone decode's
+#    cost, same run).
+# 5. tools/bench/torch_batch_decode.py, the PyTorch peer (a figure).
+# Ends with the figures side by side and "N passed, N failed".
+set -u
+OUTDIR=${1:?usage: tests/gpu/batch26h.sh OUTDIR}
+mkdir -p "$OUTDIR"
+OUT=$(cd "$OUTDIR" && pwd)
+cd "$(dirname "$0")/../.." || exit 1
+. tests/gpu/lib.sh
+gpu_setup batch26h build-gpu
+gpu_need "$K" "$B/tests/test_ws_batch"
+CTX=512	# history tokens per session (0.5..1.4 x): what fits the 100 s
+# Each step's time limit: its own, or what is left of 96 s.
+cap() { local left=$((96 - ($(date +%s) - t0))); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
+
+# 1.
+gpu_check "$(cap 30)" gemm_tc.log --gemm-tc
+
+# 2.
+if command -v compute-sanitizer >/dev/null; then
+	echo "== compute-sanitizer --tool memcheck kvmem_gpu_check --gemm-tc --quick"
+	timeout "$(cap 20)" compute-sanitizer --tool memcheck --error-exitcode 99 "$G" --gemm-tc \
+		--quick >"$log/memcheck.log" 2>&1
+	rc=$?
+	grep -E '^FAIL|^========= (ERROR|Invalid)|SUMMARY' "$log/memcheck.log" | head -8
+	[ $rc -eq 0 ] && ok "compute-sanitizer memcheck: gemm tc clean" ||
+		bad "compute-sanitizer memcheck (exit $rc)"
+fi
+
+# 3.
+export KVMEM_CUDA_GEMM_TC=1
+echo "== KVMEM_CUDA_GEMM_TC=1 KVMEM_TEST_BACKEND=cuda test_ws_batch"
+if KVMEM_TEST_BACKEND=cuda timeout "$(cap 30)" "$B/tests/test_ws_batch" >"$log/ws_batch.log" 2>&1; then
+	grep -E 'batched forwards|PASSED|seed' "$log/ws_batch.log" | head -8
+	ok "test_ws_batch on cuda, gemm_tc: batched sessions equal their twins alone"
+else
+	grep -E 'FAIL|differ|Error|error|seed' "$log/ws_batch.log" | head -12
+	bad "test_ws_batch on cuda, gemm_tc (see $log/ws_batch.log)"
+fi
+tmp=$(mktemp -d)
+"$K" generate --preset tiny --out "$tmp/m" >/dev/null
+printf '%s\n' '{"append_random": 700, "seed": 1}' '{"decode": 8}' \
+	'{"append_random": 300, "seed": 2}' '{"decode": 8}' >"$tmp/s.jsonl"
+if timeout "$(cap 20)" "$K" run --backend cuda --model "$tmp/m" --script "$tmp/s.jsonl" \
+	--check-exact >"$log/check_exact.log" 2>&1 && grep -q 'check-exact ok' "$log/check_exact.log"; then
+	ok "kvmem run --backend cuda --check-exact, gemm_tc"
+else
+	tail -5 "$log/check_exact.log"
+	bad "kvmem run --backend cuda --check-exact, gemm_tc"
+fi
+rm -rf "$tmp"
+
+# 4.
+echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --backend cuda --preset 8b --sessions 1,16,64 --context $CTX --tokens 8 --chunk 256"
+timeout "$(cap 40)" "$K" bench batch --backend cuda --preset 8b --sessions 1,16,64 \
+	--context $CTX --tokens 8 --chunk 256 --json >"$log/bench_batch.json" \
+	2>"$log/bench_batch.err"
+rc=$?
+if [ $rc -eq 0 ]; then
+	ok "bench batch at 8B, gemm_tc: the batch drew the loop's tokens at 1, 16, 64 sessions"
+else
+	tail -5 "$log/bench_batch.err"
+	bad "bench batch at 8B, gemm_tc (exit $rc; see $log/bench_batch.err)"
+fi
+echo "== KVMEM_CUDA_GEMM_TC=0 kvmem bench batch --backend cuda --preset 8b --sessions 1 (the lone decode before)"
+KVMEM_CUDA_GEMM_TC=0 timeout "$(cap 20)" "$K" bench batch --backend cuda --preset 8b --sessions 1 \
+	--context $CTX --tokens 8 --chunk 256 --json >"$log/bench_off.json" 2>"$log/bench_off.err" ||
+	{ echo "(the gemm_tc=0 bench failed or ran out of time:"; tail -3 "$log/bench_off.err"; echo ")"; }
+unset KVMEM_CUDA_GEMM_TC
+
+# 5. The peer (a figure: its failure is reported, not counted).
+echo "== python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --context $CTX"
+timeout "$(cap 60)" python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --context $CTX \
+	>"$log/torch.json" 2>"$log/torch.err" || { echo "(the PyTorch peer failed:"; tail -3 "$log/torch.err"; echo ")"; }
+
+echo
+echo "== figures (same run; the GEMM timings are in the check's lines above)"
+python3 - "$log/bench_batch.json" "$log/torch.json" "$log/bench_off.json" <<'PY'
+import json, sys
+def rows(p):
+    try:
+        return [json.loads(l) for l in open(p) if l.startswith("{")]
+    except OSError:
+        return []
+kv, th, off = rows(sys.argv[1]), {r["batch"]: r for r in rows(sys.argv[2])}, rows(sys.argv[3])
+print("\n8B geometry, random weights, decode tokens/s in all, gemm_tc on (kvmem: median step; "
+      "histories 256-716 tokens; torch: every sequence 512 keys)")
+print("%-9s %10s %10s %10s %9s %9s | %11s %11s %9s" % ("sessions", "batch", "loop",
+      "alone", "batch/1", "loop/1", "torch eager", "torch graph", "kvmem/tg"))
+for r in kv:
+    b, t = r["sessions"], th.get(r["sessions"], {})
+    one = r["median_alone_tokens_per_s"]
+    tg = t.get("graph_tokens_per_s", 0)
+    print("%-9d %10.1f %10.1f %10.1f %8.2fx %8.2fx | %11.1f %11.1f %8.2fx" % (
+        b, r["median_batch_tokens_per_s"], r["median_loop_tokens_per_s"], one,
+        r["median_batch_tokens_per_s"] / one, r["median_loop_tokens_per_s"] / one,
+        t.get("eager_tokens_per_s", 0), tg, r["median_batch_tokens_per_s"] / tg if tg else 0))
+if off and kv:
+    a0, a1 = off[0]["median_alone_tokens_per_s"], kv[0]["median_alone_tokens_per_s"]
+    print("one session alone: gemm_tc off %.1f, on %.1f tokens/s (%.3fx)" % (a0, a1, a1 / a0))
+PY
+gpu_done
