@@ -69,6 +69,16 @@ int kvmem_cuda_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x
 int kvmem_cuda_gemv_check_ks(int ks);
 /* gemm_tc.cu: whether `ks` is a split the tensor-core GEMM takes. */
 int kvmem_cuda_gemm_tc_check_ks(int ks);
+/* gemm_tc.cu: a lone decode step's fused norm + GEMM (+ SwiGLU) on it, for
+ * gemv.cu's fused entries when "gemm_tc" is on (one row, in % 8 == 0, w
+ * and the row 16-byte aligned, in * 2 bytes of shared memory): the bits of
+ * rmsnorm then kvmem_cuda_gemm_tc_bf16 (then swiglu). */
+int kvmem_cuda_tc_norm_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const float *x,
+				 const uint16_t *norm_w, float eps, const uint16_t *w, int in,
+				 int out);
+int kvmem_cuda_tc_norm_gemm_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const float *x,
+					const uint16_t *norm_w, float eps, const uint16_t *w,
+					int in, int inter);
 /* Scratch of at least `bytes` (grows outside a capture only). */
 int kvmem_cuda_scratch(kvmem_cuda_ctx *c, size_t bytes, void **p);
 /* Per-device kernel attributes of the attention, set when a context is

@@ -42,7 +42,7 @@
  */
 #include <limits.h>
 
-#include "cuda_int.h"
+#include "dense.cuh"
 
 #define TC_WARPS 8		/* warps per block */
 #define TC_U 4			/* 32-element blocks of loads in flight per lane */
@@ -73,7 +73,7 @@ __device__ __forceinline__ void tc_store(void *y, int mode, size_t at, float v)
  * NT tiles of 8 x rows (rows b0 .. b0 + 8 NT - 1 of n) against the warp's
  * 16 weight rows over 32-element blocks [lo, hi): acc[i][0..3] as C above.
  */
-template <int NT>
+template <int NT, bool X_SMEM>
 __device__ __forceinline__ void tc_sum(float (*acc)[4], const uint16_t *wa, const uint16_t *wb,
 				       const uint16_t *x, int in, int n, int b0, int lane, int lo,
 				       int hi)
@@ -110,7 +110,9 @@ __device__ __forceinline__ void tc_sum(float (*acc)[4], const uint16_t *wa, cons
 				break;
 #pragma unroll
 			for (int i = 0; i < NT; i++) {
-				const uint4 xv = xr[i] && k < in ? __ldg((const uint4 *)(xr[i] + k)) : zero;
+				const uint4 xv = !xr[i] || k >= in ? zero
+						 : X_SMEM ? *(const uint4 *)(xr[i] + k)
+							  : __ldg((const uint4 *)(xr[i] + k));
 
 				mma_bf16(acc[i], va[u].x, vb[u].x, va[u].y, vb[u].y, xv.x, xv.y);
 				mma_bf16(acc[i], va[u].z, vb[u].z, va[u].w, vb[u].w, xv.z, xv.w);
@@ -123,25 +125,57 @@ __device__ __forceinline__ void tc_sum(float (*acc)[4], const uint16_t *wa, cons
  * Block: groups = TC_WARPS / ks tiles of 16 outputs; warp (gw, j) = (warp /
  * ks, warp % ks) takes tile blockIdx.x * groups + gw over blocks [lo, hi)
  * of the input. Rows past `out` read row out - 1 and are not stored.
+ *
+ * The fused forms of a lone decode step (n == 1; the arithmetic of each
+ * sum is the same code, so the bits are the unfused ops'):
+ *   NORM:   x is the fp32 residual row; the block first computes its
+ *           RMSNorm (dense.cuh: kvmem_cuda_rmsnorm_bf16's sum and rounding)
+ *           into shared memory and reads its input there.
+ *   SWIGLU: w is [gate; up], 2 * out rows; a tile is 8 gate rows q0.. (A
+ *           rows 0-7) and the same 8 up rows (A rows 8-15), so a lane holds
+ *           gate and up of one output: y[q] = bf16(silu(g) * u) of their
+ *           bf16-rounded sums, exactly swiglu_kernel on the unfused gu. ks
+ *           is the unfused GEMM's (2 * out rows).
  */
-template <int NT>
+template <int NT, bool NORM, bool SWIGLU>
 __global__ void __launch_bounds__(32 * TC_WARPS)
-gemm_tc_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, int out, int ks,
-	       int n)
+gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float eps,
+	       const uint16_t *w, int in, int out, int ks, int n)
 {
 	__shared__ float part[TC_WARPS][NT][4][32];
+	extern __shared__ uint4 tc_h[];	/* NORM: the normalised row, [in] bf16 */
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int groups = TC_WARPS / ks, gw = warp / ks, j = warp % ks;
-	const int o0 = (blockIdx.x * groups + gw) * 16, g = lane >> 2, t = lane & 3;
+	const int tile = blockIdx.x * groups + gw, g = lane >> 2, t = lane & 3;
+	const int o0 = tile * (SWIGLU ? 8 : 16);
 	const int blocks = (in + 31) / 32, per = (blocks + ks - 1) / ks;
 	const int lo = min(j * per, blocks), hi = min(lo + per, blocks);
-	const uint16_t *wa = w + (size_t)min(o0 + g, out - 1) * in;
-	const uint16_t *wb = w + (size_t)min(o0 + g + 8, out - 1) * in;
+	const int ra = min(o0 + g, out - 1);
+	const int rb = SWIGLU ? out + min(o0 + g, out - 1) : min(o0 + g + 8, out - 1);
+	const uint16_t *wa = w + (size_t)ra * in, *wb = w + (size_t)rb * in;
+	const uint16_t *xb = NORM ? (const uint16_t *)tc_h : (const uint16_t *)x;
 
+	if (NORM) {
+		const float *xf = (const float *)x;
+		uint16_t *h = (uint16_t *)tc_h;
+
+		/* The first weights into the L2 while the norm is computed. */
+#pragma unroll
+		for (int u = 0; u < TC_U; u++)
+			if (lo + u < hi && (lo + u) * 32 + 8 * t < in) {
+				asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + (lo + u) * 32 + 8 * t));
+				asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + (lo + u) * 32 + 8 * t));
+			}
+		const float rs = rms_block(xf, in, eps);
+
+		for (int d = threadIdx.x; d < in; d += RMS_THREADS)
+			h[d] = rms_apply(xf[d], rs, norm_w[d]);
+		__syncthreads();
+	}
 	for (int b0 = 0; b0 < n; b0 += 8 * NT) {
 		float acc[NT][4];
 
-		tc_sum<NT>(acc, wa, wb, x, in, n, b0, lane, lo, hi);
+		tc_sum<NT, NORM>(acc, wa, wb, xb, in, n, b0, lane, lo, hi);
 		if (ks > 1) {	/* uniform over the launch */
 			if (j)
 #pragma unroll
@@ -161,15 +195,29 @@ gemm_tc_kernel(void *y, int mode, const uint16_t *x, const uint16_t *w, int in, 
 		}
 		if (j || o0 >= out)
 			continue;
+		if (SWIGLU) {	/* c0, c1: gate of x rows 2t, 2t + 1; c2, c3: their up */
 #pragma unroll
-		for (int i = 0; i < NT; i++)
+			for (int i = 0; i < NT; i++)
 #pragma unroll
-			for (int e = 0; e < 4; e++) {
-				const int o = o0 + g + 8 * (e >> 1), r = b0 + 8 * i + 2 * t + (e & 1);
+				for (int e = 0; e < 2; e++) {
+					const int q = o0 + g, r = b0 + 8 * i + 2 * t + e;
 
-				if (o < out && r < n)
-					tc_store(y, mode, (size_t)r * out + o, acc[i][e]);
-			}
+					if (q < out && r < n)
+						((uint16_t *)y)[(size_t)r * out + q] =
+							swiglu_one(f2bf(acc[i][e]), f2bf(acc[i][2 + e]));
+				}
+		} else {
+#pragma unroll
+			for (int i = 0; i < NT; i++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int o = o0 + g + 8 * (e >> 1);
+					const int r = b0 + 8 * i + 2 * t + (e & 1);
+
+					if (o < out && r < n)
+						tc_store(y, mode, (size_t)r * out + o, acc[i][e]);
+				}
+		}
 	}
 }
 
@@ -215,12 +263,45 @@ int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t
 	const int nt = n > 32 ? 8 : n > 16 ? 4 : n > 8 ? 2 : 1;
 
 	if (nt == 1)
-		gemm_tc_kernel<1><<<grid, 32 * TC_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+		gemm_tc_kernel<1, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(
+			y, mode, x, NULL, 0.0f, w, in, out, ks, n);
 	else if (nt == 2)
-		gemm_tc_kernel<2><<<grid, 32 * TC_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+		gemm_tc_kernel<2, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(
+			y, mode, x, NULL, 0.0f, w, in, out, ks, n);
 	else if (nt == 4)
-		gemm_tc_kernel<4><<<grid, 32 * TC_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+		gemm_tc_kernel<4, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(
+			y, mode, x, NULL, 0.0f, w, in, out, ks, n);
 	else
-		gemm_tc_kernel<8><<<grid, 32 * TC_WARPS, 0, c->stream>>>(y, mode, x, w, in, out, ks, n);
+		gemm_tc_kernel<8, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(
+			y, mode, x, NULL, 0.0f, w, in, out, ks, n);
 	return kvmem_cuda_launched("gemm tc");
+}
+
+/* ---- the fused ops of a lone decode step (gemv.cu's entries call these) -- */
+
+static_assert(32 * TC_WARPS == RMS_THREADS, "the fused norm runs on the GEMM's block");
+
+int kvmem_cuda_tc_norm_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const float *x,
+				 const uint16_t *norm_w, float eps, const uint16_t *w, int in,
+				 int out)
+{
+	const int ks = tc_splits(c, in, out), per = TC_WARPS / ks;
+	const int tiles = (out + 15) / 16, grid = (tiles + per - 1) / per;
+
+	gemm_tc_kernel<1, true, false><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
+		y, mode, x, norm_w, eps, w, in, out, ks, 1);
+	return kvmem_cuda_launched("rmsnorm + gemm tc");
+}
+
+int kvmem_cuda_tc_norm_gemm_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const float *x,
+					const uint16_t *norm_w, float eps, const uint16_t *w,
+					int in, int inter)
+{
+	/* The split of the unfused GEMM's shape (2 * inter rows). */
+	const int ks = tc_splits(c, in, 2 * inter), per = TC_WARPS / ks;
+	const int tiles = (inter + 7) / 8, grid = (tiles + per - 1) / per;
+
+	gemm_tc_kernel<1, true, true><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
+		act, KVMEM_GEMM_BF16, x, norm_w, eps, w, in, inter, ks, 1);
+	return kvmem_cuda_launched("rmsnorm + gemm tc + swiglu");
 }

@@ -23,6 +23,7 @@
 
 #define TC_RTOL 1e-4	/* of sum |x w| */
 
+
 static size_t ysize(int mode)
 {
 	return mode == KVMEM_GEMM_BF16 ? 2 : 4;
@@ -93,6 +94,7 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 	const size_t rb = (size_t)out * ysize(mode);
 	uint16_t *x = rand_bf16((size_t)N * in, -1, 1), *xr = hmalloc((size_t)N * in * 2);
 	void *dx = dput(x, (size_t)N * in * 2), *dxr, *dy;
+	void *zeros = memset(hmalloc(N * rb), 0, N * rb);
 	unsigned char *all, *g;
 	size_t differ = 0, rows = 0;
 
@@ -100,7 +102,7 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 		memcpy(xr + (size_t)r * in, x + (size_t)(63 - r) * in, (size_t)in * 2);
 	dxr = dput(xr, (size_t)64 * in * 2);
 	/* The add mode starts from zeros here: the bits compared are the sums'. */
-	dy = dput(memset(hmalloc(N * rb), 0, N * rb), N * rb);
+	dy = dput(zeros, N * rb);
 	if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, dx, dw, N, in, out))
 		die("gemm tc, 72 rows");
 	all = dget(dy, N * rb);
@@ -108,7 +110,7 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 		const int n = s < 5 ? ns[s] : 64;
 
 		kvmem_cuda_free(dy);
-		dy = dput(memset(hmalloc(n * rb), 0, n * rb), n * rb);
+		dy = dput(zeros, n * rb);
 		if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, s < 5 ? dx : dxr, dw, n, in, out))
 			die("gemm tc, n rows");
 		g = dget(dy, n * rb);
@@ -124,6 +126,7 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 	       "16, 64, 72 and reversed", in, out, mode, differ, rows);
 	free(x);
 	free(xr);
+	free(zeros);
 	free(all);
 	kvmem_cuda_free(dx);
 	kvmem_cuda_free(dxr);
@@ -173,6 +176,7 @@ void check_gemm_tc(void)
 	printf("(with \"gemm_tc\" on:)");
 	check_gemv_rows();
 	kvmem_cuda_tune(g_c, "gemm_tc", was);
+	check_gemm_tc_fused();
 }
 
 void gemm_tc_sweep(void)
@@ -187,4 +191,90 @@ void gemm_tc_sweep(void)
 	printf("\n\"gemm_tc\" on: gemm_tc.cu (tensor cores)");
 	gemv_rows_sweep();
 	kvmem_cuda_tune(g_c, "gemm_tc", was);
+}
+
+/*
+ * A lone decode step's fused ops with "gemm_tc" on (gemv.cu's fused entries
+ * send them to gemm_tc.cu): bit for bit the unfused rmsnorm, GEMM (and
+ * SwiGLU) at every split, and the poisoned scratch h / gu left untouched
+ * (the fused kernel ran, not the fallback).
+ */
+static void fused_case(int in, int out, int swiglu, int mode)
+{
+	static const int kss[] = { 0, 1, 2, 4, 8 };
+	const int rows = swiglu ? 2 * out : out;
+	const size_t yb = (size_t)out * (swiglu || mode == KVMEM_GEMM_BF16 ? 2 : 4);
+	float *x = rand_f32(in, -4, 4), *y0 = rand_f32(out, -3, 3);
+	uint16_t *nrm = rand_bf16(in, 0.5, 1.5), *w = rand_bf16((size_t)rows * in, -1, 1);
+	void *dx = dput(x, 4 * (size_t)in), *dnw = dput(nrm, 2 * (size_t)in);
+	void *dw = dput(w, 2 * (size_t)rows * in);
+	size_t differ = 0;
+	int ran = 1;
+
+	for (size_t k = 0; k < sizeof(kss) / sizeof(kss[0]); k++) {
+		unsigned char *got[2];
+		int untouched[2];
+
+		if (kvmem_cuda_tune(g_c, "gemm_tc_ks", kss[k]) < 0)
+			die("tune gemm_tc_ks");
+		for (int fz = 0; fz < 2; fz++) {
+			void *dy = mode == KVMEM_GEMM_F32_ADD && !swiglu ? dput(y0, yb) : dpoison(yb);
+			void *dh = dpoison(2 * (size_t)in), *dgu = dpoison(2 * (size_t)rows);
+			uint16_t *hh, *hgu;
+			int rc;
+
+			kvmem_cuda_tune(g_c, "fuse", fz);
+			rc = swiglu ? kvmem_cuda_norm_gemv_swiglu_bf16(g_c, dy, dx, dnw, 1e-6f, dw, dh,
+								       dgu, 1, in, out)
+				    : kvmem_cuda_norm_gemv_bf16(g_c, dy, mode, dx, dnw, 1e-6f, dw, dh, 1,
+								in, out);
+			if (rc)
+				die("fused op, gemm_tc");
+			got[fz] = dget(dy, yb);
+			hh = dget(dh, 2 * (size_t)in);
+			hgu = dget(dgu, 2 * (size_t)rows);
+			untouched[fz] = 1;
+			for (int i = 0; i < in; i++)
+				untouched[fz] &= hh[i] == 0xffff;
+			for (int i = 0; swiglu && i < rows; i++)
+				untouched[fz] &= hgu[i] == 0xffff;
+			free(hh);
+			free(hgu);
+			kvmem_cuda_free(dy);
+			kvmem_cuda_free(dh);
+			kvmem_cuda_free(dgu);
+		}
+		differ += memcmp(got[0], got[1], yb) != 0;
+		ran &= untouched[1] && !untouched[0];
+		free(got[0]);
+		free(got[1]);
+	}
+	kvmem_cuda_tune(g_c, "gemm_tc_ks", 0);
+	report(!differ && ran, "gemm tc fused rmsnorm + %d -> %d%s (mode %d) == unfused bits at ks "
+	       "0,1,2,4,8: %zu of 5 differ; fused kernel ran: %s", in, out, swiglu ? " + swiglu" : "",
+	       mode, differ, ran ? "yes" : "NO");
+	free(x);
+	free(y0);
+	free(nrm);
+	free(w);
+	kvmem_cuda_free(dx);
+	kvmem_cuda_free(dnw);
+	kvmem_cuda_free(dw);
+}
+
+void check_gemm_tc_fused(void)
+{
+	int was_tc = kvmem_cuda_tune(g_c, "gemm_tc", 1), was_fuse = kvmem_cuda_tune(g_c, "fuse", 1);
+
+	if (was_tc < 0 || was_fuse < 0)
+		die("tune gemm_tc / fuse");
+	fused_case(4096, 6144, 0, KVMEM_GEMM_BF16);
+	fused_case(4096, 12288, 1, KVMEM_GEMM_BF16);
+	fused_case(1000, 333, 0, KVMEM_GEMM_F32);
+	fused_case(1000, 333, 0, KVMEM_GEMM_F32_ADD);
+	fused_case(4104, 37, 0, KVMEM_GEMM_BF16);
+	fused_case(1000, 333, 1, KVMEM_GEMM_BF16);
+	fused_case(64, 3, 1, KVMEM_GEMM_BF16);
+	kvmem_cuda_tune(g_c, "gemm_tc", was_tc);
+	kvmem_cuda_tune(g_c, "fuse", was_fuse);
 }
