@@ -116,6 +116,15 @@ for r in kv:
         b, r["median_batch_tokens_per_s"], r["median_loop_tokens_per_s"], one,
         r["median_batch_tokens_per_s"] / one, r["median_loop_tokens_per_s"] / one,
         t.get("eager_tokens_per_s", 0), tg, r["median_batch_tokens_per_s"] / tg if tg else 0))
+print("\nwhere a batched step goes (ms, means over the steps): the forward's wall, the host "
+      "work around it (per item), of it the rows stored on the step's thread and the writer waits")
+print("%-9s %9s %9s %9s %9s %9s %9s" % ("sessions", "step", "forward", "host", "host/item",
+      "store", "wr wait"))
+for r in kv:
+    if "batch_step_ms" in r:
+        print("%-9d %9.2f %9.2f %9.2f %9.3f %9.2f %9.2f" % (r["sessions"], r["batch_step_ms"],
+              r["batch_forward_ms"], r["batch_host_ms"], r["batch_host_ms"] / r["sessions"],
+              r["batch_store_ms"], r["batch_writer_wait_ms"]))
 if off and kv:
     a0, a1 = off[0]["median_alone_tokens_per_s"], kv[0]["median_alone_tokens_per_s"]
     print("one session alone: gemm_tc off %.1f, on %.1f tokens/s (%.3fx)" % (a0, a1, a1 / a0))
