@@ -35,7 +35,7 @@ CTX=512	# history tokens per session (0.5..1.4 x): what fits the 100 s
 cap() { local left=$((96 - ($(date +%s) - t0))); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
 
 # 1.
-gpu_check "$(cap 30)" gemm_tc.log --gemm-tc
+gpu_check "$(cap 35)" gemm_tc.log --gemm-tc
 
 # 2.
 if command -v compute-sanitizer >/dev/null; then
