@@ -1108,7 +1108,6 @@ int main(int argc, char **argv)
 		check_attn_decode();
 		check_attn_prefill();
 		check_attn_batch();
-		check_gemm_tc();
 		check_perf();
 		check_sample();
 		check_scores();
