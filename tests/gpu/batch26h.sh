@@ -21,6 +21,8 @@
 #    KVMEM_CUDA_GEMM_TC=1, then at 1 session with it off (the lone decode's
 #    cost, same run).
 # 5. tools/bench/torch_batch_decode.py, the PyTorch peer (a figure).
+# 6. When perf is there and time is left: a flat profile of the host at
+#    64 sessions (a figure).
 # Ends with the figures side by side and "N passed, N failed".
 set -u
 OUTDIR=${1:?usage: tests/gpu/batch26h.sh OUTDIR}
@@ -93,6 +95,21 @@ unset KVMEM_CUDA_GEMM_TC
 echo "== python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --context $CTX"
 timeout "$(cap 60)" python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --context $CTX \
 	>"$log/torch.json" 2>"$log/torch.err" || { echo "(the PyTorch peer failed:"; tail -3 "$log/torch.err"; echo ")"; }
+
+# 6. Where the host's time goes at 64 sessions (a figure, when perf is there
+# and time is left): a flat profile of bench batch, loop and batch steps.
+left=$((96 - ($(date +%s) - t0)))
+if command -v perf >/dev/null && [ "$left" -ge 25 ]; then
+	echo "== perf record -e cpu-clock kvmem bench batch --sessions 64 --tokens 4 (gemm_tc on)"
+	KVMEM_CUDA_GEMM_TC=1 timeout $((left - 4)) perf record -e cpu-clock -F 499 -o "$log/perf.data" \
+		-- "$K" bench batch --backend cuda --preset 8b --sessions 64 --context $CTX --tokens 4 \
+		--chunk 256 --json >"$log/perf_bench.json" 2>"$log/perf.err"
+	perf report -i "$log/perf.data" --stdio --sort dso,symbol 2>/dev/null |
+		grep -v '^#' | grep -v '^$' | head -40 >"$log/perf.txt"
+	head -25 "$log/perf.txt"
+else
+	echo "(no perf profile: perf $(command -v perf >/dev/null && echo found || echo missing), ${left} s left)"
+fi
 
 echo
 echo "== figures (same run; the GEMM timings are in the check's lines above)"
