@@ -64,7 +64,8 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * the kernels it holds), "gemm_tc" (decode's GEMMs, the lone row's and a
  * batched step's, on the tensor-core GEMM, kvmem_cuda_gemm_tc_bf16, which
  * also turns the fused ops off; KVMEM_CUDA_GEMM_TC=0/1, default in
- * cuda_int.h), "gemm_tc_ks" (its split forced, 1, 2, 4 or 8; 0 by shape).
+ * cuda_int.h), "gemm_tc_ks" (its split forced, 1, 2, 4 or 8; 0 by shape),
+ * "gemm_tc_mt" (its 16-row weight tiles a warp forced, 1 or 2; 0 by n).
  * Returns the previous
  * setting, or -EINVAL for an unknown name or value. Results stay within the
  * ops' tolerances either way; the bits of a GEMM may differ. */

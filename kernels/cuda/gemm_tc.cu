@@ -23,11 +23,14 @@
  *    j = 0 .. ks - 1, as the GEMV does.
  *  - More than 64 rows: the same tile code on each next 64 rows.
  *
- * A warp owns 16 outputs; 8 warps a block; each lane keeps TC_U blocks of
- * weight loads in flight (16-byte __ldcs: read once), so one row (the
- * lone decode) still streams the weights; with 64 rows the weight tile is
- * applied to 8 x tiles per load, on tensor cores (gemv.cu's rows kernel
- * did that with CUDA-core fp32 multiply-adds and was bound by them).
+ * A warp owns MT tiles of 16 outputs (1 for a lone row, whose launch
+ * wants many warps; 2 from 9 rows on, so each x fragment serves two
+ * weight tiles); 8 warps a block; each lane keeps TC_U / MT blocks of
+ * each tile's weight loads in flight (16-byte __ldcs: read once), so one
+ * row (the lone decode) still streams the weights; with 64 rows the
+ * weight tile is applied to 8 x tiles per load, on tensor cores (gemv.cu's
+ * rows kernel did that with CUDA-core fp32 multiply-adds and was bound by
+ * them). MT and the x tiles change which lane holds a sum, not its order.
  *
  * Fragment layout (PTX ISA, mma.m16n8k16 .bf16, lane = 4 g + t):
  *   A: reg0 = A[g][2t, 2t+1], reg1 = A[g+8][2t, 2t+1], reg2 = A[g][2t+8,
@@ -71,13 +74,19 @@ __device__ __forceinline__ void tc_store(void *y, int mode, size_t at, float v)
 
 /*
  * NT tiles of 8 x rows (rows b0 .. b0 + 8 NT - 1 of n) against the warp's
- * 16 weight rows over 32-element blocks [lo, hi): acc[i][0..3] as C above.
+ * MT tiles of 16 weight rows (tile m: rows at wr[2m] for A rows 0-7 and
+ * wr[2m + 1] for 8-15, this lane's g) over 32-element blocks [lo, hi):
+ * acc[m][i][0..3] as C above. MT tiles share each x fragment (half the x
+ * loads at MT 2); U = TC_U / MT blocks in flight keep the bytes in flight
+ * per warp the same. Neither changes a sum: block b's two mma steps are
+ * applied in order b = lo .. hi - 1 whatever MT, NT and U are.
  */
-template <int NT, bool X_SMEM>
-__device__ __forceinline__ void tc_sum(float (*acc)[4], const uint16_t *wa, const uint16_t *wb,
+template <int NT, int MT, bool X_SMEM>
+__device__ __forceinline__ void tc_sum(float (*acc)[NT][4], const uint16_t *const *wr,
 				       const uint16_t *x, int in, int n, int b0, int lane, int lo,
 				       int hi)
 {
+	constexpr int U = TC_U / MT;
 	const int g = lane >> 2, t = lane & 3;
 	const uint4 zero = make_uint4(0, 0, 0, 0);
 	const uint16_t *xr[NT];
@@ -88,22 +97,27 @@ __device__ __forceinline__ void tc_sum(float (*acc)[4], const uint16_t *wa, cons
 
 		xr[i] = r < n ? x + (size_t)r * in : NULL;	/* past n: zeros */
 #pragma unroll
-		for (int e = 0; e < 4; e++)
-			acc[i][e] = 0.0f;
+		for (int m = 0; m < MT; m++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[m][i][e] = 0.0f;
 	}
-	for (int b = lo; b < hi; b += TC_U) {
-		uint4 va[TC_U], vb[TC_U];
+	for (int b = lo; b < hi; b += U) {
+		uint4 va[MT][U], vb[MT][U];
 
 #pragma unroll
-		for (int u = 0; u < TC_U; u++) {
+		for (int u = 0; u < U; u++) {
 			const int k = (b + u) * 32 + 8 * t;
 			const bool in_k = b + u < hi && k < in;
 
-			va[u] = in_k ? __ldcs((const uint4 *)(wa + k)) : zero;	/* streamed once */
-			vb[u] = in_k ? __ldcs((const uint4 *)(wb + k)) : zero;
+#pragma unroll
+			for (int m = 0; m < MT; m++) {	/* streamed once */
+				va[m][u] = in_k ? __ldcs((const uint4 *)(wr[2 * m] + k)) : zero;
+				vb[m][u] = in_k ? __ldcs((const uint4 *)(wr[2 * m + 1] + k)) : zero;
+			}
 		}
 #pragma unroll
-		for (int u = 0; u < TC_U; u++) {
+		for (int u = 0; u < U; u++) {
 			const int k = (b + u) * 32 + 8 * t;
 
 			if (b + u >= hi)	/* uniform over the warp */
@@ -114,20 +128,26 @@ __device__ __forceinline__ void tc_sum(float (*acc)[4], const uint16_t *wa, cons
 						 : X_SMEM ? *(const uint4 *)(xr[i] + k)
 							  : __ldg((const uint4 *)(xr[i] + k));
 
-				mma_bf16(acc[i], va[u].x, vb[u].x, va[u].y, vb[u].y, xv.x, xv.y);
-				mma_bf16(acc[i], va[u].z, vb[u].z, va[u].w, vb[u].w, xv.z, xv.w);
+#pragma unroll
+				for (int m = 0; m < MT; m++) {
+					mma_bf16(acc[m][i], va[m][u].x, vb[m][u].x, va[m][u].y,
+						 vb[m][u].y, xv.x, xv.y);
+					mma_bf16(acc[m][i], va[m][u].z, vb[m][u].z, va[m][u].w,
+						 vb[m][u].w, xv.z, xv.w);
+				}
 			}
 		}
 	}
 }
 
 /*
- * Block: groups = TC_WARPS / ks tiles of 16 outputs; warp (gw, j) = (warp /
- * ks, warp % ks) takes tile blockIdx.x * groups + gw over blocks [lo, hi)
- * of the input. Rows past `out` read row out - 1 and are not stored.
+ * Block: groups = TC_WARPS / ks warp groups of MT tiles (16 MT outputs);
+ * warp (gw, j) = (warp / ks, warp % ks) takes group blockIdx.x * groups +
+ * gw over blocks [lo, hi) of the input. Rows past `out` read row out - 1
+ * and are not stored.
  *
- * The fused forms of a lone decode step (n == 1; the arithmetic of each
- * sum is the same code, so the bits are the unfused ops'):
+ * The fused forms of a lone decode step (n == 1, MT 1; the arithmetic of
+ * each sum is the same code, so the bits are the unfused ops'):
  *   NORM:   x is the fp32 residual row; the block first computes its
  *           RMSNorm (dense.cuh: kvmem_cuda_rmsnorm_bf16's sum and rounding)
  *           into shared memory and reads its input there.
@@ -137,24 +157,33 @@ __device__ __forceinline__ void tc_sum(float (*acc)[4], const uint16_t *wa, cons
  *           bf16-rounded sums, exactly swiglu_kernel on the unfused gu. ks
  *           is the unfused GEMM's (2 * out rows).
  */
-template <int NT, bool NORM, bool SWIGLU>
+template <int NT, int MT, bool NORM, bool SWIGLU>
 __global__ void __launch_bounds__(32 * TC_WARPS)
 gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float eps,
 	       const uint16_t *w, int in, int out, int ks, int n)
 {
+	static_assert(MT == 1 || (!NORM && !SWIGLU), "the fused forms take one tile");
 	__shared__ float part[TC_WARPS][NT][4][32];
 	extern __shared__ uint4 tc_h[];	/* NORM: the normalised row, [in] bf16 */
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int groups = TC_WARPS / ks, gw = warp / ks, j = warp % ks;
 	const int tile = blockIdx.x * groups + gw, g = lane >> 2, t = lane & 3;
-	const int o0 = tile * (SWIGLU ? 8 : 16);
+	const int o0 = tile * (SWIGLU ? 8 : 16 * MT);
 	const int blocks = (in + 31) / 32, per = (blocks + ks - 1) / ks;
 	const int lo = min(j * per, blocks), hi = min(lo + per, blocks);
-	const int ra = min(o0 + g, out - 1);
-	const int rb = SWIGLU ? out + min(o0 + g, out - 1) : min(o0 + g + 8, out - 1);
-	const uint16_t *wa = w + (size_t)ra * in, *wb = w + (size_t)rb * in;
 	const uint16_t *xb = NORM ? (const uint16_t *)tc_h : (const uint16_t *)x;
+	const uint16_t *wr[2 * MT];
 
+	if (SWIGLU) {
+		wr[0] = w + (size_t)min(o0 + g, out - 1) * in;
+		wr[1] = w + (size_t)(out + min(o0 + g, out - 1)) * in;
+	} else {
+#pragma unroll
+		for (int m = 0; m < MT; m++) {
+			wr[2 * m] = w + (size_t)min(o0 + 16 * m + g, out - 1) * in;
+			wr[2 * m + 1] = w + (size_t)min(o0 + 16 * m + 8 + g, out - 1) * in;
+		}
+	}
 	if (NORM) {
 		const float *xf = (const float *)x;
 		uint16_t *h = (uint16_t *)tc_h;
@@ -163,8 +192,8 @@ gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float e
 #pragma unroll
 		for (int u = 0; u < TC_U; u++)
 			if (lo + u < hi && (lo + u) * 32 + 8 * t < in) {
-				asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + (lo + u) * 32 + 8 * t));
-				asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + (lo + u) * 32 + 8 * t));
+				asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[0] + (lo + u) * 32 + 8 * t));
+				asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[1] + (lo + u) * 32 + 8 * t));
 			}
 		const float rs = rms_block(xf, in, eps);
 
@@ -173,25 +202,28 @@ gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float e
 		__syncthreads();
 	}
 	for (int b0 = 0; b0 < n; b0 += 8 * NT) {
-		float acc[NT][4];
+		float acc[MT][NT][4];
 
-		tc_sum<NT, NORM>(acc, wa, wb, xb, in, n, b0, lane, lo, hi);
+		tc_sum<NT, MT, NORM>(acc, wr, xb, in, n, b0, lane, lo, hi);
 		if (ks > 1) {	/* uniform over the launch */
-			if (j)
 #pragma unroll
-				for (int i = 0; i < NT; i++)
-#pragma unroll
-					for (int e = 0; e < 4; e++)
-						part[warp][i][e][lane] = acc[i][e];
-			__syncthreads();
-			if (!j)
-				for (int jj = 1; jj < ks; jj++)	/* in order: fixed bits */
+			for (int m = 0; m < MT; m++) {
+				if (j)
 #pragma unroll
 					for (int i = 0; i < NT; i++)
 #pragma unroll
 						for (int e = 0; e < 4; e++)
-							acc[i][e] += part[warp + jj][i][e][lane];
-			__syncthreads();	/* part read before the next rows overwrite it */
+							part[warp][i][e][lane] = acc[m][i][e];
+				__syncthreads();
+				if (!j)
+					for (int jj = 1; jj < ks; jj++)	/* in order: fixed bits */
+#pragma unroll
+						for (int i = 0; i < NT; i++)
+#pragma unroll
+							for (int e = 0; e < 4; e++)
+								acc[m][i][e] += part[warp + jj][i][e][lane];
+				__syncthreads();	/* read before it is written again */
+			}
 		}
 		if (j || o0 >= out)
 			continue;
@@ -204,19 +236,21 @@ gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float e
 
 					if (q < out && r < n)
 						((uint16_t *)y)[(size_t)r * out + q] =
-							swiglu_one(f2bf(acc[i][e]), f2bf(acc[i][2 + e]));
+							swiglu_one(f2bf(acc[0][i][e]), f2bf(acc[0][i][2 + e]));
 				}
 		} else {
 #pragma unroll
-			for (int i = 0; i < NT; i++)
+			for (int m = 0; m < MT; m++)
 #pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int o = o0 + g + 8 * (e >> 1);
-					const int r = b0 + 8 * i + 2 * t + (e & 1);
+				for (int i = 0; i < NT; i++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						const int o = o0 + 16 * m + g + 8 * (e >> 1);
+						const int r = b0 + 8 * i + 2 * t + (e & 1);
 
-					if (o < out && r < n)
-						tc_store(y, mode, (size_t)r * out + o, acc[i][e]);
-				}
+						if (o < out && r < n)
+							tc_store(y, mode, (size_t)r * out + o, acc[m][i][e]);
+					}
 		}
 	}
 }
@@ -259,21 +293,35 @@ int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t
 	if (!n)
 		return 0;
 	const int ks = tc_splits(c, in, out), per = TC_WARPS / ks;
-	const int tiles = (out + 15) / 16, grid = (tiles + per - 1) / per;
 	const int nt = n > 32 ? 8 : n > 16 ? 4 : n > 8 ? 2 : 1;
+	/* Two weight tiles a warp once x is more than one tile (its loads
+	 * halved); one for a lone row, whose launch wants the warps. */
+	const int mt = c->gemm_tc_mt ? c->gemm_tc_mt : nt > 1 ? 2 : 1;
+	const int tiles = (out + 16 * mt - 1) / (16 * mt), grid = (tiles + per - 1) / per;
 
-	if (nt == 1)
-		gemm_tc_kernel<1, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(
-			y, mode, x, NULL, 0.0f, w, in, out, ks, n);
-	else if (nt == 2)
-		gemm_tc_kernel<2, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(
-			y, mode, x, NULL, 0.0f, w, in, out, ks, n);
-	else if (nt == 4)
-		gemm_tc_kernel<4, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(
-			y, mode, x, NULL, 0.0f, w, in, out, ks, n);
-	else
-		gemm_tc_kernel<8, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(
-			y, mode, x, NULL, 0.0f, w, in, out, ks, n);
+#define TC_LAUNCH(NT_, MT_)                                                                     \
+	gemm_tc_kernel<NT_, MT_, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(           \
+		y, mode, x, NULL, 0.0f, w, in, out, ks, n)
+	if (mt == 1) {
+		if (nt == 1)
+			TC_LAUNCH(1, 1);
+		else if (nt == 2)
+			TC_LAUNCH(2, 1);
+		else if (nt == 4)
+			TC_LAUNCH(4, 1);
+		else
+			TC_LAUNCH(8, 1);
+	} else {
+		if (nt == 1)
+			TC_LAUNCH(1, 2);
+		else if (nt == 2)
+			TC_LAUNCH(2, 2);
+		else if (nt == 4)
+			TC_LAUNCH(4, 2);
+		else
+			TC_LAUNCH(8, 2);
+	}
+#undef TC_LAUNCH
 	return kvmem_cuda_launched("gemm tc");
 }
 
@@ -288,7 +336,7 @@ int kvmem_cuda_tc_norm_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const flo
 	const int ks = tc_splits(c, in, out), per = TC_WARPS / ks;
 	const int tiles = (out + 15) / 16, grid = (tiles + per - 1) / per;
 
-	gemm_tc_kernel<1, true, false><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
+	gemm_tc_kernel<1, 1, true, false><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
 		y, mode, x, norm_w, eps, w, in, out, ks, 1);
 	return kvmem_cuda_launched("rmsnorm + gemm tc");
 }
@@ -301,7 +349,7 @@ int kvmem_cuda_tc_norm_gemm_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const 
 	const int ks = tc_splits(c, in, 2 * inter), per = TC_WARPS / ks;
 	const int tiles = (inter + 7) / 8, grid = (tiles + per - 1) / per;
 
-	gemm_tc_kernel<1, true, true><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
+	gemm_tc_kernel<1, 1, true, true><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
 		act, KVMEM_GEMM_BF16, x, norm_w, eps, w, in, inter, ks, 1);
 	return kvmem_cuda_launched("rmsnorm + gemm tc + swiglu");
 }

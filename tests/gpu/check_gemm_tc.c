@@ -86,7 +86,8 @@ static void twin_case(int n, int in, int out, int mode, const uint16_t *hw, cons
 }
 
 /* Row r's bits for n = 1, 7, 16, 64 and 72 (the first n rows of one x),
- * and at 64 with the rows reversed (row r at place 63 - r). */
+ * at 64 with the rows reversed (row r at place 63 - r), and at 64 with one
+ * weight tile a warp forced ("gemm_tc_mt" 1; by n, 9 rows on take two). */
 static void invariance_case(int in, int out, int mode, const void *dw)
 {
 	static const int ns[] = { 1, 7, 16, 64, 72 };
@@ -106,16 +107,19 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 	if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, dx, dw, N, in, out))
 		die("gemm tc, 72 rows");
 	all = dget(dy, N * rb);
-	for (int s = 0; s < 6; s++) {
+	for (int s = 0; s < 7; s++) {
 		const int n = s < 5 ? ns[s] : 64;
 
 		kvmem_cuda_free(dy);
 		dy = dput(zeros, n * rb);
-		if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, s < 5 ? dx : dxr, dw, n, in, out))
+		if (s == 6 && kvmem_cuda_tune(g_c, "gemm_tc_mt", 1) < 0)
+			die("tune gemm_tc_mt");
+		if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, s != 5 ? dx : dxr, dw, n, in, out))
 			die("gemm tc, n rows");
+		kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
 		g = dget(dy, n * rb);
 		for (int r = 0; r < n; r++) {
-			const int src = s < 5 ? r : 63 - r;
+			const int src = s != 5 ? r : 63 - r;
 
 			differ += memcmp(g + (size_t)r * rb, all + (size_t)src * rb, rb) != 0;
 			rows++;
@@ -123,7 +127,7 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 		free(g);
 	}
 	report(!differ, "gemm tc %5d -> %5d (mode %d): %zu of %zu rows differ between n = 1, 7, "
-	       "16, 64, 72 and reversed", in, out, mode, differ, rows);
+	       "16, 64, 72, reversed and one tile a warp", in, out, mode, differ, rows);
 	free(x);
 	free(xr);
 	free(zeros);
@@ -188,7 +192,11 @@ void gemm_tc_sweep(void)
 	printf("\n\"gemm_tc\" off: gemv.cu (CUDA cores)");
 	gemv_rows_sweep();
 	kvmem_cuda_tune(g_c, "gemm_tc", 1);
-	printf("\n\"gemm_tc\" on: gemm_tc.cu (tensor cores)");
+	kvmem_cuda_tune(g_c, "gemm_tc_mt", 1);
+	printf("\n\"gemm_tc\" on, one weight tile a warp (gemm_tc_mt 1)");
+	gemv_rows_sweep();
+	kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
+	printf("\n\"gemm_tc\" on: gemm_tc.cu (tensor cores; two tiles a warp from 9 rows on)");
 	gemv_rows_sweep();
 	kvmem_cuda_tune(g_c, "gemm_tc", was);
 }

@@ -12,15 +12,15 @@
  * odd ones (inputs not a multiple of 32, outputs not of 16), 1-72 rows,
  * the three modes: every element within |d| <= 1e-4 sum|x w| (+ one bf16
  * ulp in the bf16 mode) of kvmem_gemm_bf16 (the CPU twin: OpenBLAS fp32);
- * row r bit for bit the same for n = 1, 7, 16, 64, 72 and with the rows
- * reversed; with "gemm_tc" on, kvmem_cuda_gemv_rows_bf16's rows bit for bit
+ * row r bit for bit the same for n = 1, 7, 16, 64, 72, with the rows
+ * reversed and with one weight tile a warp forced; with "gemm_tc" on, kvmem_cuda_gemv_rows_bf16's rows bit for bit
  * the lone one-row GEMM's (check_gemv_rows); bad arguments refused; the
  * fused norm + GEMM (+ SwiGLU) of a lone step on it bit for bit the unfused
  * ops at every split (check_gemm_tc_fused). */
 void check_gemm_tc(void);
 void check_gemm_tc_fused(void);
-/* A layer's four 8B GEMMs at 1/16/64 rows, "gemm_tc" off then on
- * (gemv_rows_sweep twice). */
+/* A layer's four 8B GEMMs at 1/16/64 rows, "gemm_tc" off, on with one
+ * weight tile a warp, on by n (gemv_rows_sweep three times). */
 void gemm_tc_sweep(void);
 
 #endif
