@@ -18,8 +18,8 @@
 #    their twins' bits alone, 72 sessions in one step) and kvmem run
 #    --check-exact (the lone decode on the new GEMM stays exact).
 # 4. kvmem bench batch --backend cuda --preset 8b at 1/16/64 sessions with
-#    KVMEM_CUDA_GEMM_TC=1, then at 1 session with it off (the lone decode's
-#    cost, same run).
+#    KVMEM_CUDA_GEMM_TC=1; after the peer, the same with it off (a figure:
+#    the CUDA-core GEMMs in the same run, and the lone decode's cost).
 # 5. tools/bench/torch_batch_decode.py, the PyTorch peer (a figure).
 # 6. When perf is there and time is left: a flat profile of the host at
 #    64 sessions (a figure).
@@ -85,16 +85,20 @@ else
 	tail -5 "$log/bench_batch.err"
 	bad "bench batch at 8B, gemm_tc (exit $rc; see $log/bench_batch.err)"
 fi
-echo "== KVMEM_CUDA_GEMM_TC=0 kvmem bench batch --backend cuda --preset 8b --sessions 1 (the lone decode before)"
-KVMEM_CUDA_GEMM_TC=0 timeout "$(cap 20)" "$K" bench batch --backend cuda --preset 8b --sessions 1 \
-	--context $CTX --tokens 8 --chunk 256 --json >"$log/bench_off.json" 2>"$log/bench_off.err" ||
-	{ echo "(the gemm_tc=0 bench failed or ran out of time:"; tail -3 "$log/bench_off.err"; echo ")"; }
 unset KVMEM_CUDA_GEMM_TC
 
 # 5. The peer (a figure: its failure is reported, not counted).
 echo "== python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --context $CTX"
 timeout "$(cap 60)" python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --context $CTX \
 	>"$log/torch.json" 2>"$log/torch.err" || { echo "(the PyTorch peer failed:"; tail -3 "$log/torch.err"; echo ")"; }
+
+# 4b. The same bench with the CUDA-core GEMMs, same run (a figure; rows
+# print as they finish, so a cut run still gives its first ones).
+echo "== KVMEM_CUDA_GEMM_TC=0 kvmem bench batch --backend cuda --preset 8b --sessions 1,16,64 (before)"
+KVMEM_CUDA_GEMM_TC=0 timeout "$(cap 40)" "$K" bench batch --backend cuda --preset 8b \
+	--sessions 1,16,64 --context $CTX --tokens 8 --chunk 256 --json >"$log/bench_off.json" \
+	2>"$log/bench_off.err" ||
+	{ echo "(the gemm_tc=0 bench failed or ran out of time:"; tail -3 "$log/bench_off.err"; echo ")"; }
 
 # 6. Where the host's time goes at 64 sessions (a figure, when perf is there
 # and time is left): a flat profile of bench batch, loop and batch steps.
@@ -142,8 +146,19 @@ for r in kv:
         print("%-9d %9.2f %9.2f %9.2f %9.3f %9.2f %9.2f" % (r["sessions"], r["batch_step_ms"],
               r["batch_forward_ms"], r["batch_host_ms"], r["batch_host_ms"] / r["sessions"],
               r["batch_store_ms"], r["batch_writer_wait_ms"]))
-if off and kv:
-    a0, a1 = off[0]["median_alone_tokens_per_s"], kv[0]["median_alone_tokens_per_s"]
-    print("one session alone: gemm_tc off %.1f, on %.1f tokens/s (%.3fx)" % (a0, a1, a1 / a0))
+offb = {r["sessions"]: r for r in off}
+if off:
+    print("\nthe same with gemm_tc off (CUDA-core GEMMs), same run:")
+    for r in kv:
+        o = offb.get(r["sessions"])
+        if o:
+            print("%-9d batch %8.1f -> %8.1f tok/s (%.2fx); alone %6.1f -> %6.1f (%.3fx); "
+                  "step %7.2f -> %7.2f ms, forward %7.2f -> %7.2f ms" % (
+                  r["sessions"], o["median_batch_tokens_per_s"], r["median_batch_tokens_per_s"],
+                  r["median_batch_tokens_per_s"] / o["median_batch_tokens_per_s"],
+                  o["median_alone_tokens_per_s"], r["median_alone_tokens_per_s"],
+                  r["median_alone_tokens_per_s"] / o["median_alone_tokens_per_s"],
+                  o.get("batch_step_ms", 0), r.get("batch_step_ms", 0),
+                  o.get("batch_forward_ms", 0), r.get("batch_forward_ms", 0)))
 PY
 gpu_done
