@@ -21,8 +21,9 @@
 #    KVMEM_CUDA_GEMM_TC=1; after the peer, the same with it off (a figure:
 #    the CUDA-core GEMMs in the same run, and the lone decode's cost).
 # 5. tools/bench/torch_batch_decode.py, the PyTorch peer (a figure).
-# 6. When perf is there and time is left: a flat profile of the host at
-#    64 sessions (a figure).
+# 6. Time allowing (figures): the bench at 64 sessions with the per-item
+#    host work on one thread (OMP_NUM_THREADS=1), and a flat perf profile
+#    of the host at 64 sessions when perf is there.
 # Ends with the figures side by side and "N passed, N failed".
 set -u
 OUTDIR=${1:?usage: tests/gpu/batch26h.sh OUTDIR}
@@ -100,7 +101,19 @@ KVMEM_CUDA_GEMM_TC=0 timeout "$(cap 40)" "$K" bench batch --backend cuda --prese
 	2>"$log/bench_off.err" ||
 	{ echo "(the gemm_tc=0 bench failed or ran out of time:"; tail -3 "$log/bench_off.err"; echo ")"; }
 
-# 6. Where the host's time goes at 64 sessions (a figure, when perf is there
+# 6a. The per-item host work on one thread (OMP_NUM_THREADS=1: the draws
+# and the items' copies of batch.c / cuda_fwd_batch.c serial again), 64
+# sessions, time allowing (a figure).
+left=$((96 - ($(date +%s) - t0)))
+if [ "$left" -ge 20 ]; then
+	echo "== OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --sessions 64 --tokens 4"
+	OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 timeout $((left - 4)) "$K" bench batch --backend cuda \
+		--preset 8b --sessions 64 --context $CTX --tokens 4 --chunk 256 --json \
+		>"$log/bench_omp1.json" 2>"$log/bench_omp1.err" || tail -3 "$log/bench_omp1.err"
+	cat "$log/bench_omp1.json"
+fi
+
+# 6b. Where the host's time goes at 64 sessions (a figure, when perf is there
 # and time is left): a flat profile of bench batch, loop and batch steps.
 left=$((96 - ($(date +%s) - t0)))
 if command -v perf >/dev/null && [ "$left" -ge 25 ]; then
