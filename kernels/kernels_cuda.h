@@ -65,7 +65,9 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * batched step's, on the tensor-core GEMM, kvmem_cuda_gemm_tc_bf16, which
  * also turns the fused ops off; KVMEM_CUDA_GEMM_TC=0/1, default in
  * cuda_int.h), "gemm_tc_ks" (its split forced, 1, 2, 4 or 8; 0 by shape),
- * "gemm_tc_mt" (its 16-row weight tiles a warp forced, 1 or 2; 0 by n).
+ * "gemm_tc_mt" (its 16-row weight tiles a warp forced, 1 or 2; 0 by n),
+ * "gemm_tc_u" (its 32-element blocks of loads in flight for a lone row, 4
+ * or 8; 0: 4).
  * Returns the previous
  * setting, or -EINVAL for an unknown name or value. Results stay within the
  * ops' tolerances either way; the bits of a GEMM may differ. */

@@ -233,13 +233,20 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		c->gemm_tc_mt = on;
 		return was;
 	}
+	if (!strcmp(what, "gemm_tc_u")) {	/* a value: 0 (the default), 4 or 8 */
+		if (on != 0 && on != 4 && on != 8)
+			return kvmem_error(EINVAL, "cuda: gemm_tc_u %d (0, 4 or 8)", on);
+		was = c->gemm_tc_u;
+		c->gemm_tc_u = on;
+		return was;
+	}
 	if (!strcmp(what, "gemv"))
 		flag = &c->no_gemv;
 	else if (!strcmp(what, "fast_scores"))
 		flag = &c->slow_scores;
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
-				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, fast_scores, fuse)", what);
+				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

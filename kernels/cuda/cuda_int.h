@@ -50,6 +50,7 @@ struct kvmem_cuda_ctx {
 	int gemm_tc;		/* "gemm_tc": decode's GEMMs (1..n rows) on gemm_tc.cu (KVMEM_CUDA_GEMM_TC) */
 	int gemm_tc_ks;		/* "gemm_tc_ks": its split forced (1, 2, 4, 8); 0: by shape */
 	int gemm_tc_mt;		/* "gemm_tc_mt": its weight tiles a warp forced (1, 2); 0: by n */
+	int gemm_tc_u;		/* "gemm_tc_u": its loads in flight for a lone row (4, 8); 0: 4 */
 	int slow_scores;	/* kvmem_cuda_tune "fast_scores" off: the 2-byte-load scorer */
 	int att_prefill, att_decode;	/* the main path's attention versions (attention.cu;
 					 * KVMEM_CUDA_PREFILL / KVMEM_CUDA_DECODE override) */

@@ -49,6 +49,7 @@
 
 #define TC_WARPS 8		/* warps per block */
 #define TC_U 4			/* 32-element blocks of loads in flight per lane */
+#define TC_U1 4			/* the same for one x tile and one weight tile (a lone row) */
 #define TC_MAX_KS 8		/* warps splitting one tile's input */
 #define TC_BLOCKS_PER_SM 2	/* resident blocks the split aims for */
 #define TC_ROWS 64		/* x rows per pass: 8 tiles of 8 */
@@ -77,16 +78,15 @@ __device__ __forceinline__ void tc_store(void *y, int mode, size_t at, float v)
  * MT tiles of 16 weight rows (tile m: rows at wr[2m] for A rows 0-7 and
  * wr[2m + 1] for 8-15, this lane's g) over 32-element blocks [lo, hi):
  * acc[m][i][0..3] as C above. MT tiles share each x fragment (half the x
- * loads at MT 2); U = TC_U / MT blocks in flight keep the bytes in flight
- * per warp the same. Neither changes a sum: block b's two mma steps are
+ * loads at MT 2); U blocks in flight per tile (TC_U / MT, or "gemm_tc_u"
+ * for a lone row) set the bytes in flight per warp. Neither changes a sum: block b's two mma steps are
  * applied in order b = lo .. hi - 1 whatever MT, NT and U are.
  */
-template <int NT, int MT, bool X_SMEM>
+template <int NT, int MT, int U, bool X_SMEM>
 __device__ __forceinline__ void tc_sum(float (*acc)[NT][4], const uint16_t *const *wr,
 				       const uint16_t *x, int in, int n, int b0, int lane, int lo,
 				       int hi)
 {
-	constexpr int U = TC_U / MT;
 	const int g = lane >> 2, t = lane & 3;
 	const uint4 zero = make_uint4(0, 0, 0, 0);
 	const uint16_t *xr[NT];
@@ -157,7 +157,7 @@ __device__ __forceinline__ void tc_sum(float (*acc)[NT][4], const uint16_t *cons
  *           bf16-rounded sums, exactly swiglu_kernel on the unfused gu. ks
  *           is the unfused GEMM's (2 * out rows).
  */
-template <int NT, int MT, bool NORM, bool SWIGLU>
+template <int NT, int MT, int U, bool NORM, bool SWIGLU>
 __global__ void __launch_bounds__(32 * TC_WARPS)
 gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float eps,
 	       const uint16_t *w, int in, int out, int ks, int n)
@@ -190,7 +190,7 @@ gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float e
 
 		/* The first weights into the L2 while the norm is computed. */
 #pragma unroll
-		for (int u = 0; u < TC_U; u++)
+		for (int u = 0; u < U; u++)
 			if (lo + u < hi && (lo + u) * 32 + 8 * t < in) {
 				asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[0] + (lo + u) * 32 + 8 * t));
 				asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[1] + (lo + u) * 32 + 8 * t));
@@ -204,7 +204,7 @@ gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float e
 	for (int b0 = 0; b0 < n; b0 += 8 * NT) {
 		float acc[MT][NT][4];
 
-		tc_sum<NT, MT, NORM>(acc, wr, xb, in, n, b0, lane, lo, hi);
+		tc_sum<NT, MT, U, NORM>(acc, wr, xb, in, n, b0, lane, lo, hi);
 		if (ks > 1) {	/* uniform over the launch */
 #pragma unroll
 			for (int m = 0; m < MT; m++) {
@@ -276,6 +276,18 @@ static int tc_splits(const kvmem_cuda_ctx *c, int in, int out)
 	return ks;
 }
 
+/* Blocks in flight per lane for a lone row: "gemm_tc_u" (4 or 8), else
+ * TC_U1. The one-row layer ran at 0.81x the GEMV's weight rate with 4
+ * (2026-12-02, H200: 2970 against 3674 GB/s), with fewer bytes in flight
+ * per multiprocessor than the GEMV keeps (its blocks are smaller); 8
+ * doubles them per warp but takes 116 registers (two blocks a
+ * multiprocessor, not three): measured side by side before either is the
+ * default. The sums do not change with it. */
+static int tc_u1(const kvmem_cuda_ctx *c)
+{
+	return c->gemm_tc_u ? c->gemm_tc_u : TC_U1;
+}
+
 int kvmem_cuda_gemm_tc_check_ks(int ks)
 {
 	return ks == 0 || ks == 1 || ks == 2 || ks == 4 || ks == TC_MAX_KS;
@@ -299,27 +311,29 @@ int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t
 	const int mt = c->gemm_tc_mt ? c->gemm_tc_mt : nt > 1 ? 2 : 1;
 	const int tiles = (out + 16 * mt - 1) / (16 * mt), grid = (tiles + per - 1) / per;
 
-#define TC_LAUNCH(NT_, MT_)                                                                     \
-	gemm_tc_kernel<NT_, MT_, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(           \
+#define TC_LAUNCH(NT_, MT_, U_)                                                                 \
+	gemm_tc_kernel<NT_, MT_, U_, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(       \
 		y, mode, x, NULL, 0.0f, w, in, out, ks, n)
 	if (mt == 1) {
-		if (nt == 1)
-			TC_LAUNCH(1, 1);
+		if (nt == 1 && tc_u1(c) == 8)
+			TC_LAUNCH(1, 1, 8);
+		else if (nt == 1)
+			TC_LAUNCH(1, 1, 4);
 		else if (nt == 2)
-			TC_LAUNCH(2, 1);
+			TC_LAUNCH(2, 1, 4);
 		else if (nt == 4)
-			TC_LAUNCH(4, 1);
+			TC_LAUNCH(4, 1, 4);
 		else
-			TC_LAUNCH(8, 1);
+			TC_LAUNCH(8, 1, 4);
 	} else {
 		if (nt == 1)
-			TC_LAUNCH(1, 2);
+			TC_LAUNCH(1, 2, 2);
 		else if (nt == 2)
-			TC_LAUNCH(2, 2);
+			TC_LAUNCH(2, 2, 2);
 		else if (nt == 4)
-			TC_LAUNCH(4, 2);
+			TC_LAUNCH(4, 2, 2);
 		else
-			TC_LAUNCH(8, 2);
+			TC_LAUNCH(8, 2, 2);
 	}
 #undef TC_LAUNCH
 	return kvmem_cuda_launched("gemm tc");
@@ -336,8 +350,12 @@ int kvmem_cuda_tc_norm_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const flo
 	const int ks = tc_splits(c, in, out), per = TC_WARPS / ks;
 	const int tiles = (out + 15) / 16, grid = (tiles + per - 1) / per;
 
-	gemm_tc_kernel<1, 1, true, false><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
-		y, mode, x, norm_w, eps, w, in, out, ks, 1);
+	if (tc_u1(c) == 8)
+		gemm_tc_kernel<1, 1, 8, true, false><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
+			y, mode, x, norm_w, eps, w, in, out, ks, 1);
+	else
+		gemm_tc_kernel<1, 1, 4, true, false><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
+			y, mode, x, norm_w, eps, w, in, out, ks, 1);
 	return kvmem_cuda_launched("rmsnorm + gemm tc");
 }
 
@@ -349,7 +367,11 @@ int kvmem_cuda_tc_norm_gemm_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const 
 	const int ks = tc_splits(c, in, 2 * inter), per = TC_WARPS / ks;
 	const int tiles = (inter + 7) / 8, grid = (tiles + per - 1) / per;
 
-	gemm_tc_kernel<1, 1, true, true><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
-		act, KVMEM_GEMM_BF16, x, norm_w, eps, w, in, inter, ks, 1);
+	if (tc_u1(c) == 8)
+		gemm_tc_kernel<1, 1, 8, true, true><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
+			act, KVMEM_GEMM_BF16, x, norm_w, eps, w, in, inter, ks, 1);
+	else
+		gemm_tc_kernel<1, 1, 4, true, true><<<grid, 32 * TC_WARPS, in * 2, c->stream>>>(
+			act, KVMEM_GEMM_BF16, x, norm_w, eps, w, in, inter, ks, 1);
 	return kvmem_cuda_launched("rmsnorm + gemm tc + swiglu");
 }

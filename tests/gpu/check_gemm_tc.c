@@ -86,8 +86,9 @@ static void twin_case(int n, int in, int out, int mode, const uint16_t *hw, cons
 }
 
 /* Row r's bits for n = 1, 7, 16, 64 and 72 (the first n rows of one x),
- * at 64 with the rows reversed (row r at place 63 - r), and at 64 with one
- * weight tile a warp forced ("gemm_tc_mt" 1; by n, 9 rows on take two). */
+ * at 64 with the rows reversed (row r at place 63 - r), at 64 with one
+ * weight tile a warp forced ("gemm_tc_mt" 1; by n, 9 rows on take two),
+ * and at 1 with 8 blocks of loads in flight ("gemm_tc_u" 8). */
 static void invariance_case(int in, int out, int mode, const void *dw)
 {
 	static const int ns[] = { 1, 7, 16, 64, 72 };
@@ -107,16 +108,18 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 	if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, dx, dw, N, in, out))
 		die("gemm tc, 72 rows");
 	all = dget(dy, N * rb);
-	for (int s = 0; s < 7; s++) {
-		const int n = s < 5 ? ns[s] : 64;
+	for (int s = 0; s < 8; s++) {
+		const int n = s < 5 ? ns[s] : s < 7 ? 64 : 1;
 
 		kvmem_cuda_free(dy);
 		dy = dput(zeros, n * rb);
-		if (s == 6 && kvmem_cuda_tune(g_c, "gemm_tc_mt", 1) < 0)
-			die("tune gemm_tc_mt");
+		if ((s == 6 && kvmem_cuda_tune(g_c, "gemm_tc_mt", 1) < 0) ||
+		    (s == 7 && kvmem_cuda_tune(g_c, "gemm_tc_u", 8) < 0))
+			die("tune gemm_tc_mt / gemm_tc_u");
 		if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, s != 5 ? dx : dxr, dw, n, in, out))
 			die("gemm tc, n rows");
 		kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
+		kvmem_cuda_tune(g_c, "gemm_tc_u", 0);
 		g = dget(dy, n * rb);
 		for (int r = 0; r < n; r++) {
 			const int src = s != 5 ? r : 63 - r;
@@ -127,7 +130,8 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 		free(g);
 	}
 	report(!differ, "gemm tc %5d -> %5d (mode %d): %zu of %zu rows differ between n = 1, 7, "
-	       "16, 64, 72, reversed and one tile a warp", in, out, mode, differ, rows);
+	       "16, 64, 72, reversed, one tile a warp and 8 blocks in flight", in, out, mode, differ,
+	       rows);
 	free(x);
 	free(xr);
 	free(zeros);
@@ -198,6 +202,10 @@ void gemm_tc_sweep(void)
 	kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
 	printf("\n\"gemm_tc\" on: gemm_tc.cu (tensor cores; two tiles a warp from 9 rows on)");
 	gemv_rows_sweep();
+	kvmem_cuda_tune(g_c, "gemm_tc_u", 8);
+	printf("\n\"gemm_tc\" on, a lone row with 8 blocks of loads in flight (gemm_tc_u 8)");
+	gemv_rows_sweep();
+	kvmem_cuda_tune(g_c, "gemm_tc_u", 0);
 	kvmem_cuda_tune(g_c, "gemm_tc", was);
 }
 
@@ -254,13 +262,32 @@ static void fused_case(int in, int out, int swiglu, int mode)
 		}
 		differ += memcmp(got[0], got[1], yb) != 0;
 		ran &= untouched[1] && !untouched[0];
+		{	/* the fused kernel with 8 blocks in flight: the same bits */
+			void *dy = mode == KVMEM_GEMM_F32_ADD && !swiglu ? dput(y0, yb) : dpoison(yb);
+			void *dh = dpoison(2 * (size_t)in), *dgu = dpoison(2 * (size_t)rows);
+			unsigned char *g8;
+
+			kvmem_cuda_tune(g_c, "gemm_tc_u", 8);
+			if (swiglu ? kvmem_cuda_norm_gemv_swiglu_bf16(g_c, dy, dx, dnw, 1e-6f, dw, dh,
+								      dgu, 1, in, out)
+				   : kvmem_cuda_norm_gemv_bf16(g_c, dy, mode, dx, dnw, 1e-6f, dw, dh, 1, in,
+							       out))
+				die("fused op, gemm_tc_u 8");
+			kvmem_cuda_tune(g_c, "gemm_tc_u", 0);
+			g8 = dget(dy, yb);
+			differ += memcmp(got[0], g8, yb) != 0;
+			free(g8);
+			kvmem_cuda_free(dy);
+			kvmem_cuda_free(dh);
+			kvmem_cuda_free(dgu);
+		}
 		free(got[0]);
 		free(got[1]);
 	}
 	kvmem_cuda_tune(g_c, "gemm_tc_ks", 0);
 	report(!differ && ran, "gemm tc fused rmsnorm + %d -> %d%s (mode %d) == unfused bits at ks "
-	       "0,1,2,4,8: %zu of 5 differ; fused kernel ran: %s", in, out, swiglu ? " + swiglu" : "",
-	       mode, differ, ran ? "yes" : "NO");
+	       "0,1,2,4,8 (and 8 blocks in flight): %zu of 10 differ; fused kernel ran: %s", in,
+	       out, swiglu ? " + swiglu" : "", mode, differ, ran ? "yes" : "NO");
 	free(x);
 	free(y0);
 	free(nrm);
