@@ -18,12 +18,12 @@
 #    their twins' bits alone, 72 sessions in one step) and kvmem run
 #    --check-exact (the lone decode on the new GEMM stays exact).
 # 4. kvmem bench batch --backend cuda --preset 8b at 1/16/64 sessions with
-#    KVMEM_CUDA_GEMM_TC=1; after the peer, the same with it off (a figure:
-#    the CUDA-core GEMMs in the same run, and the lone decode's cost).
+#    KVMEM_CUDA_GEMM_TC=1 (call 1 ran it with it off beside: 738 / 788
+#    tok/s at 16 / 64 against 876 / 2051 on).
 # 5. tools/bench/torch_batch_decode.py, the PyTorch peer (a figure).
-# 6. Time allowing (figures): the bench at 64 sessions with the per-item
-#    host work on one thread (OMP_NUM_THREADS=1), and a flat perf profile
-#    of the host at 64 sessions when perf is there.
+# 6. Time allowing (figures): the bench at 16 and 64 sessions with the
+#    per-item host work on one thread (OMP_NUM_THREADS=1); then histories
+#    of 2K tokens at 1 and 16 sessions beside the peer at 2048 keys.
 # Ends with the figures side by side and "N passed, N failed".
 set -u
 OUTDIR=${1:?usage: tests/gpu/batch26h.sh OUTDIR}
@@ -93,44 +93,34 @@ echo "== python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --context $CT
 timeout "$(cap 60)" python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --context $CTX \
 	>"$log/torch.json" 2>"$log/torch.err" || { echo "(the PyTorch peer failed:"; tail -3 "$log/torch.err"; echo ")"; }
 
-# 4b. The same bench with the CUDA-core GEMMs, same run (a figure; rows
-# print as they finish, so a cut run still gives its first ones).
-echo "== KVMEM_CUDA_GEMM_TC=0 kvmem bench batch --backend cuda --preset 8b --sessions 1,16,64 (before)"
-KVMEM_CUDA_GEMM_TC=0 timeout "$(cap 40)" "$K" bench batch --backend cuda --preset 8b \
-	--sessions 1,16,64 --context $CTX --tokens 8 --chunk 256 --json >"$log/bench_off.json" \
-	2>"$log/bench_off.err" ||
-	{ echo "(the gemm_tc=0 bench failed or ran out of time:"; tail -3 "$log/bench_off.err"; echo ")"; }
-
-# 6a. The per-item host work on one thread (OMP_NUM_THREADS=1: the draws
-# and the items' copies of batch.c / cuda_fwd_batch.c serial again), 64
-# sessions, time allowing (a figure).
+# 6. The per-item host work on one thread (OMP_NUM_THREADS=1: the draws
+# and the items' copies of batch.c / cuda_fwd_batch.c serial again), time
+# allowing (a figure; the bench with gemm_tc off was run in call 1).
 left=$((96 - ($(date +%s) - t0)))
-if [ "$left" -ge 20 ]; then
-	echo "== OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --sessions 64 --tokens 4"
-	OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 timeout $((left - 4)) "$K" bench batch --backend cuda \
-		--preset 8b --sessions 64 --context $CTX --tokens 4 --chunk 256 --json \
+if [ "$left" -ge 16 ]; then
+	echo "== OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --sessions 16,64 --tokens 4"
+	OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 timeout $((left - 2)) "$K" bench batch --backend cuda \
+		--preset 8b --sessions 16,64 --context $CTX --tokens 4 --chunk 256 --json \
 		>"$log/bench_omp1.json" 2>"$log/bench_omp1.err" || tail -3 "$log/bench_omp1.err"
-	cat "$log/bench_omp1.json"
 fi
 
-# 6b. Where the host's time goes at 64 sessions (a figure, when perf is there
-# and time is left): a flat profile of bench batch, loop and batch steps.
+# 7. Longer histories (2K tokens a session, 1 and 16 sessions) with the
+# peer at 2048 keys, time allowing (figures).
 left=$((96 - ($(date +%s) - t0)))
-if command -v perf >/dev/null && [ "$left" -ge 25 ]; then
-	echo "== perf record -e cpu-clock kvmem bench batch --sessions 64 --tokens 4 (gemm_tc on)"
-	KVMEM_CUDA_GEMM_TC=1 timeout $((left - 4)) perf record -e cpu-clock -F 499 -o "$log/perf.data" \
-		-- "$K" bench batch --backend cuda --preset 8b --sessions 64 --context $CTX --tokens 4 \
-		--chunk 256 --json >"$log/perf_bench.json" 2>"$log/perf.err"
-	perf report -i "$log/perf.data" --stdio --sort dso,symbol 2>/dev/null |
-		grep -v '^#' | grep -v '^$' | head -40 >"$log/perf.txt"
-	head -25 "$log/perf.txt"
-else
-	echo "(no perf profile: perf $(command -v perf >/dev/null && echo found || echo missing), ${left} s left)"
+if [ "$left" -ge 20 ]; then
+	echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --sessions 1,16 --context 2048 --tokens 4; torch --context 2048"
+	KVMEM_CUDA_GEMM_TC=1 timeout $((left * 2 / 3)) "$K" bench batch --backend cuda --preset 8b \
+		--sessions 1,16 --context 2048 --tokens 4 --chunk 512 --json >"$log/bench_2k.json" \
+		2>"$log/bench_2k.err" || tail -3 "$log/bench_2k.err"
+	left=$((96 - ($(date +%s) - t0)))
+	[ "$left" -ge 5 ] && timeout $((left - 2)) python3 tools/bench/torch_batch_decode.py \
+		--batch 1,16 --context 2048 >"$log/torch_2k.json" 2>"$log/torch_2k.err"
 fi
 
 echo
 echo "== figures (same run; the GEMM timings are in the check's lines above)"
-python3 - "$log/bench_batch.json" "$log/torch.json" "$log/bench_off.json" <<'PY'
+python3 - "$log/bench_batch.json" "$log/torch.json" "$log/bench_omp1.json" "$log/bench_2k.json" \
+	"$log/torch_2k.json" <<'PY'
 import json, sys
 def rows(p):
     try:
@@ -159,19 +149,28 @@ for r in kv:
         print("%-9d %9.2f %9.2f %9.2f %9.3f %9.2f %9.2f" % (r["sessions"], r["batch_step_ms"],
               r["batch_forward_ms"], r["batch_host_ms"], r["batch_host_ms"] / r["sessions"],
               r["batch_store_ms"], r["batch_writer_wait_ms"]))
-offb = {r["sessions"]: r for r in off}
-if off:
-    print("\nthe same with gemm_tc off (CUDA-core GEMMs), same run:")
+omp1 = {r["sessions"]: r for r in off}
+if omp1:
+    print("\nthe per-item host work on one thread (OMP_NUM_THREADS=1), same run, 4 steps:")
     for r in kv:
-        o = offb.get(r["sessions"])
+        o = omp1.get(r["sessions"])
         if o:
-            print("%-9d batch %8.1f -> %8.1f tok/s (%.2fx); alone %6.1f -> %6.1f (%.3fx); "
-                  "step %7.2f -> %7.2f ms, forward %7.2f -> %7.2f ms" % (
-                  r["sessions"], o["median_batch_tokens_per_s"], r["median_batch_tokens_per_s"],
-                  r["median_batch_tokens_per_s"] / o["median_batch_tokens_per_s"],
-                  o["median_alone_tokens_per_s"], r["median_alone_tokens_per_s"],
-                  r["median_alone_tokens_per_s"] / o["median_alone_tokens_per_s"],
-                  o.get("batch_step_ms", 0), r.get("batch_step_ms", 0),
-                  o.get("batch_forward_ms", 0), r.get("batch_forward_ms", 0)))
+            print("%-9d batch %8.1f tok/s threaded, %8.1f on one thread; step %7.2f / %7.2f ms, "
+                  "forward %7.2f / %7.2f, host %7.2f / %7.2f" % (
+                  r["sessions"], r["median_batch_tokens_per_s"], o["median_batch_tokens_per_s"],
+                  r["batch_step_ms"], o["batch_step_ms"], r["batch_forward_ms"],
+                  o["batch_forward_ms"], r["batch_host_ms"], o["batch_host_ms"]))
+k2, t2 = rows(sys.argv[4]), {r["batch"]: r for r in rows(sys.argv[5])}
+if k2:
+    print("\nhistories of 1-2.9K tokens (--context 2048), 4 steps; torch every sequence 2048 keys:")
+    for r in k2:
+        t = t2.get(r["sessions"], {})
+        tg = t.get("graph_tokens_per_s", 0)
+        print("%-9d batch %8.1f alone %7.1f (%.2fx) step %7.2f ms (forward %7.2f, host %6.2f) | "
+              "torch graph %8.1f (kvmem/tg %.2fx)" % (
+              r["sessions"], r["median_batch_tokens_per_s"], r["median_alone_tokens_per_s"],
+              r["median_batch_tokens_per_s"] / r["median_alone_tokens_per_s"],
+              r["batch_step_ms"], r["batch_forward_ms"], r["batch_host_ms"], tg,
+              r["median_batch_tokens_per_s"] / tg if tg else 0))
 PY
 gpu_done
