@@ -1108,6 +1108,7 @@ int main(int argc, char **argv)
 		check_attn_decode();
 		check_attn_prefill();
 		check_attn_batch();
+		check_gemm_tc();	/* checked on the H200 in call 1 (batch26h.sh) */
 		check_perf();
 		check_sample();
 		check_scores();
