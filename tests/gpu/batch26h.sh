@@ -21,7 +21,7 @@
 #    KVMEM_CUDA_GEMM_TC=1 (call 1 ran it with it off beside: 738 / 788
 #    tok/s at 16 / 64 against 876 / 2051 on).
 # 5. tools/bench/torch_batch_decode.py, the PyTorch peer (a figure).
-# 6. Time allowing (figures): the bench at 16 and 64 sessions with the
+# 6. Time allowing (figures): the bench at 64 sessions with the
 #    per-item host work on one thread (OMP_NUM_THREADS=1); then histories
 #    of 2K tokens at 1 and 16 sessions beside the peer at 2048 keys.
 # Ends with the figures side by side and "N passed, N failed".
@@ -98,7 +98,7 @@ timeout "$(cap 60)" python3 tools/bench/torch_batch_decode.py --batch 1,16,64 --
 # allowing (a figure; the bench with gemm_tc off was run in call 1).
 left=$((96 - ($(date +%s) - t0)))
 if [ "$left" -ge 16 ]; then
-	echo "== OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --sessions 16,64 --tokens 4"
+	echo "== OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --sessions 64 --tokens 4"
 	OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 timeout $((left - 2)) "$K" bench batch --backend cuda \
 		--preset 8b --sessions 16,64 --context $CTX --tokens 4 --chunk 256 --json \
 		>"$log/bench_omp1.json" 2>"$log/bench_omp1.err" || tail -3 "$log/bench_omp1.err"
