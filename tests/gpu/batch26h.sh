@@ -100,7 +100,7 @@ left=$((96 - ($(date +%s) - t0)))
 if [ "$left" -ge 16 ]; then
 	echo "== OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --sessions 64 --tokens 4"
 	OMP_NUM_THREADS=1 KVMEM_CUDA_GEMM_TC=1 timeout $((left - 2)) "$K" bench batch --backend cuda \
-		--preset 8b --sessions 16,64 --context $CTX --tokens 4 --chunk 256 --json \
+		--preset 8b --sessions 64 --context $CTX --tokens 4 --chunk 256 --json \
 		>"$log/bench_omp1.json" 2>"$log/bench_omp1.err" || tail -3 "$log/bench_omp1.err"
 fi
 
