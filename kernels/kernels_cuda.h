@@ -61,7 +61,14 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * 16-byte-load bf16 Mean-K scorer; default on), "fuse" (decode's fused
  * norm + GEMV ops, kvmem_cuda_norm_gemv_bf16; KVMEM_CUDA_FUSE=0/1, default
  * in kernels/cuda/cuda_int.h; a CUDA graph captured before a change keeps
- * the kernels it holds). Returns the previous
+ * the kernels it holds), "gemm_tc" (decode's GEMMs, the lone row's and a
+ * batched step's, on the tensor-core GEMM, kvmem_cuda_gemm_tc_bf16, which
+ * also turns the fused ops off; KVMEM_CUDA_GEMM_TC=0/1, default in
+ * cuda_int.h), "gemm_tc_ks" (its split forced, 1, 2, 4 or 8; 0 by shape),
+ * "gemm_tc_mt" (its 16-row weight tiles a warp forced, 1 or 2; 0 by n),
+ * "gemm_tc_u" (its 32-element blocks of loads in flight for a lone row, 4
+ * or 8; 0: 4).
+ * Returns the previous
  * setting, or -EINVAL for an unknown name or value. Results stay within the
  * ops' tolerances either way; the bits of a GEMM may differ. */
 int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on);
@@ -104,6 +111,13 @@ int kvmem_cuda_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x
  * alignment, "gemv" off). */
 int kvmem_cuda_gemv_rows_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
 			      const uint16_t *w, int n, int in, int out);
+/* The tensor-core GEMM for few rows (gemm_tc.cu): y[m] (mode) x[m] . w^T,
+ * row m's bits independent of n and of its place among the rows (fixed K
+ * order, split by shape); within kvmem_gemm_bf16's tolerance, not its bits.
+ * -ENOTSUP when in % 8 or x, w are not 16-byte aligned. With "gemm_tc" on,
+ * the one-row GEMM and kvmem_cuda_gemv_rows_bf16 both run it. */
+int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
+			    const uint16_t *w, int n, int in, int out);
 int kvmem_cuda_logits_bf16(kvmem_cuda_ctx *c, float *logits, const float *x,
 			   const uint16_t *norm_w, const uint16_t *lm_head, uint16_t *tmp, int n,
 			   int hidden, int vocab, float eps);

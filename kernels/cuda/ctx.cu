@@ -68,6 +68,11 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		 * KVMEM_CUDA_FUSE=0/1, else KVMEM_CUDA_FUSE_DEFAULT. */
 		e = getenv("KVMEM_CUDA_FUSE");
 		c->fuse = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : KVMEM_CUDA_FUSE_DEFAULT;
+		/* Decode's GEMMs on tensor cores (gemm_tc.cu): KVMEM_CUDA_GEMM_TC=0/1,
+		 * else KVMEM_CUDA_GEMM_TC_DEFAULT. */
+		e = getenv("KVMEM_CUDA_GEMM_TC");
+		c->gemm_tc = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1'
+							       : KVMEM_CUDA_GEMM_TC_DEFAULT;
 		/* The main path's attention versions, for comparisons: prefill 2,
 		 * 3, 4 or 6 (wgmma), decode 2, 3 or 5 (0: attention.cu's choice). */
 		e = getenv("KVMEM_CUDA_PREFILL");
@@ -209,13 +214,39 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		c->gemv_ks = on;
 		return was;
 	}
+	if (!strcmp(what, "gemm_tc")) {
+		was = c->gemm_tc;
+		c->gemm_tc = !!on;
+		return was;
+	}
+	if (!strcmp(what, "gemm_tc_ks")) {	/* a value, not a switch */
+		if (!kvmem_cuda_gemm_tc_check_ks(on))
+			return kvmem_error(EINVAL, "cuda: gemm_tc_ks %d (0, 1, 2, 4 or 8)", on);
+		was = c->gemm_tc_ks;
+		c->gemm_tc_ks = on;
+		return was;
+	}
+	if (!strcmp(what, "gemm_tc_mt")) {	/* a value: 0 (by n), 1 or 2 */
+		if (on < 0 || on > 2)
+			return kvmem_error(EINVAL, "cuda: gemm_tc_mt %d (0, 1 or 2)", on);
+		was = c->gemm_tc_mt;
+		c->gemm_tc_mt = on;
+		return was;
+	}
+	if (!strcmp(what, "gemm_tc_u")) {	/* a value: 0 (the default), 4 or 8 */
+		if (on != 0 && on != 4 && on != 8)
+			return kvmem_error(EINVAL, "cuda: gemm_tc_u %d (0, 4 or 8)", on);
+		was = c->gemm_tc_u;
+		c->gemm_tc_u = on;
+		return was;
+	}
 	if (!strcmp(what, "gemv"))
 		flag = &c->no_gemv;
 	else if (!strcmp(what, "fast_scores"))
 		flag = &c->slow_scores;
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
-				   "fast_scores, fuse)", what);
+				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

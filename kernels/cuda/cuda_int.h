@@ -21,6 +21,9 @@ const char *kvmem_cuda_lt_load(void);
 /* Decode's fused ops on (1) or off (0) when KVMEM_CUDA_FUSE is not set:
  * off until measured on the GPU (tests/gpu/decode_fuse.sh). */
 #define KVMEM_CUDA_FUSE_DEFAULT 1	/* measured: decode 1.09x at 4K, 1.06x at 32K */
+/* The tensor-core GEMM for decode's rows (gemm_tc.cu) when KVMEM_CUDA_GEMM_TC
+ * is not set: off until measured on the GPU (tests/gpu/batch26h.sh). */
+#define KVMEM_CUDA_GEMM_TC_DEFAULT 0
 
 struct gemm_plan {
 	int n, in, out, mode, align;	/* key; n == 0: empty slot */
@@ -44,6 +47,10 @@ struct kvmem_cuda_ctx {
 	int gemv_split;		/* "gemv_split" on: gemv.cu's split-K kernel (KVMEM_CUDA_GEMV_SPLIT) */
 	int gemv_ks;		/* "gemv_ks": its split forced (1, 2, 4, 8); 0: by shape */
 	int fuse;		/* "fuse": decode's fused norm + GEMV (+ SwiGLU) (KVMEM_CUDA_FUSE) */
+	int gemm_tc;		/* "gemm_tc": decode's GEMMs (1..n rows) on gemm_tc.cu (KVMEM_CUDA_GEMM_TC) */
+	int gemm_tc_ks;		/* "gemm_tc_ks": its split forced (1, 2, 4, 8); 0: by shape */
+	int gemm_tc_mt;		/* "gemm_tc_mt": its weight tiles a warp forced (1, 2); 0: by n */
+	int gemm_tc_u;		/* "gemm_tc_u": its loads in flight for a lone row (4, 8); 0: 4 */
 	int slow_scores;	/* kvmem_cuda_tune "fast_scores" off: the 2-byte-load scorer */
 	int att_prefill, att_decode;	/* the main path's attention versions (attention.cu;
 					 * KVMEM_CUDA_PREFILL / KVMEM_CUDA_DECODE override) */
@@ -62,6 +69,18 @@ int kvmem_cuda_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x
 			 const uint16_t *w, int in, int out);
 /* Whether `ks` is a split the split GEMV takes (0: by shape). */
 int kvmem_cuda_gemv_check_ks(int ks);
+/* gemm_tc.cu: whether `ks` is a split the tensor-core GEMM takes. */
+int kvmem_cuda_gemm_tc_check_ks(int ks);
+/* gemm_tc.cu: a lone decode step's fused norm + GEMM (+ SwiGLU) on it, for
+ * gemv.cu's fused entries when "gemm_tc" is on (one row, in % 8 == 0, w
+ * and the row 16-byte aligned, in * 2 bytes of shared memory): the bits of
+ * rmsnorm then kvmem_cuda_gemm_tc_bf16 (then swiglu). */
+int kvmem_cuda_tc_norm_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const float *x,
+				 const uint16_t *norm_w, float eps, const uint16_t *w, int in,
+				 int out);
+int kvmem_cuda_tc_norm_gemm_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const float *x,
+					const uint16_t *norm_w, float eps, const uint16_t *w,
+					int in, int inter);
 /* Scratch of at least `bytes` (grows outside a capture only). */
 int kvmem_cuda_scratch(kvmem_cuda_ctx *c, size_t bytes, void **p);
 /* Per-device kernel attributes of the attention, set when a context is

@@ -273,6 +273,8 @@ static int gemv_splits(const kvmem_cuda_ctx *c, int in, int out)
 int kvmem_cuda_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
 			 const uint16_t *w, int in, int out)
 {
+	if (c->gemm_tc)	/* the batched step's GEMM, so a row alone gets its bits */
+		return kvmem_cuda_gemm_tc_bf16(c, y, mode, x, w, 1, in, out);
 	if (!c->gemv_split) {
 		const int per_block = GEMV_WARPS * GEMV_ROWS;
 
@@ -295,6 +297,7 @@ int kvmem_cuda_gemv_check_ks(int ks)
 /* ---- the fused ops of a decode step ----------------------------------------- */
 
 #define GEMV_H_MAX (48 << 10)	/* the normalised row in shared memory: bytes at most */
+#define GEMV_TC_H_MAX (40 << 10)	/* the same beside gemm_tc.cu's own shared memory */
 
 static_assert(32 * GEMV_WARPS == RMS_THREADS, "the fused norm runs on the GEMV's block");
 static_assert(GEMV_ROWS == 2, "the fused SwiGLU pairs a gate row with an up row");
@@ -310,8 +313,9 @@ static_assert(GEMV_ROWS == 2, "the fused SwiGLU pairs a gate row with an up row"
 static int fused_ok(const kvmem_cuda_ctx *c, int n, int in, int rows, const uint16_t *w,
 		    const uint16_t *h)
 {
-	return c->fuse && n == 1 && !c->no_gemv && c->gemv_split && in % 8 == 0 &&
-	       !((uintptr_t)w & 15) && !((uintptr_t)h & 15) && (size_t)in * 2 <= GEMV_H_MAX &&
+	return c->fuse && n == 1 && !c->no_gemv && (c->gemm_tc || c->gemv_split) && in % 8 == 0 &&
+	       !((uintptr_t)w & 15) && !((uintptr_t)h & 15) &&
+	       (size_t)in * 2 <= (c->gemm_tc ? GEMV_TC_H_MAX : GEMV_H_MAX) &&
 	       (size_t)rows * (in / 8) <= INT_MAX;
 }
 
@@ -331,6 +335,8 @@ int kvmem_cuda_norm_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const float 
 			return rc;
 		return kvmem_cuda_gemm_bf16(c, y, mode, h, w, n, in, out);
 	}
+	if (c->gemm_tc)	/* the unfused ops would run gemm_tc.cu */
+		return kvmem_cuda_tc_norm_gemm_bf16(c, y, mode, x, norm_w, eps, w, in, out);
 	const int ks = gemv_splits(c, in, out), rows = GEMV_WARPS / ks * GEMV_ROWS;
 
 	gemv_split_kernel<true, false><<<(out + rows - 1) / rows, 32 * GEMV_WARPS, in * 2,
@@ -355,6 +361,8 @@ int kvmem_cuda_norm_gemv_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const flo
 			return rc;
 		return kvmem_cuda_swiglu_bf16(c, act, gu, gu + inter, n, inter, 2 * inter);
 	}
+	if (c->gemm_tc)	/* the unfused ops would run gemm_tc.cu */
+		return kvmem_cuda_tc_norm_gemm_swiglu_bf16(c, act, x, norm_w, eps, w, in, inter);
 	/* The split of the unfused GEMM's shape (2 * inter rows), one gate
 	 * and one up row per warp group. */
 	const int ks = gemv_splits(c, in, 2 * inter), groups = GEMV_WARPS / ks;
@@ -510,6 +518,8 @@ int kvmem_cuda_gemv_rows_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16
 				   "GEMV", in);
 	if (!n)
 		return 0;
+	if (c->gemm_tc)	/* what the lone row runs too (kvmem_cuda_gemv_bf16) */
+		return kvmem_cuda_gemm_tc_bf16(c, y, mode, x, w, n, in, out);
 	if (n == 1)	/* the lone row's own GEMV (more loads in flight) */
 		return kvmem_cuda_gemv_bf16(c, y, mode, x, w, in, out);
 	const int ks = c->gemv_split ? gemv_splits(c, in, out) : 1;

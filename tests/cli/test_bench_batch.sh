@@ -2,7 +2,8 @@
 # kvmem bench batch, small: 1 and 3 sessions of the embedded model, a few
 # greedy steps. Every row says the batch drew the loop's tokens (batch
 # invariance; the command fails when it does not), the rates are positive,
-# --json gives one object per session count, bad options are refused.
+# --json gives one object per session count with the batched step split
+# into forward and host time, bad options are refused.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no $KVMEM"; exit 77; }
@@ -27,6 +28,13 @@ assert len(rows) == 1, rows
 r = rows[0]
 assert r["sessions"] == 2 and r["same_tokens"] is True, r
 assert all(r[k] > 0 for k in r if k.endswith("_per_s")), r
+# The step split: forward + host make the step; store and waits are in host.
+ms = ("batch_step_ms", "batch_forward_ms", "batch_host_ms", "batch_store_ms",
+      "batch_writer_wait_ms")
+assert all(k in r and r[k] >= 0 for k in ms), r
+assert r["batch_forward_ms"] > 0 and r["batch_forward_ms"] <= r["batch_step_ms"], r
+assert abs(r["batch_forward_ms"] + r["batch_host_ms"] - r["batch_step_ms"]) < 0.01, r
+assert r["batch_store_ms"] + r["batch_writer_wait_ms"] <= r["batch_host_ms"] + 0.01, r
 ' || fail "bad JSON: $out"
 
 for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset nosuch" "--nope"; do

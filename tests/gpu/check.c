@@ -32,6 +32,9 @@
  *     --attn-batch  the batched attention alone: against the twin and
  *               itself alone, then its time beside a decode call per
  *               sequence (check_attn_batch.c)
+ *     --gemm-tc  the tensor-core GEMM for few rows alone: against its twin,
+ *               bit for bit whatever the batch, then a layer's GEMMs with it
+ *               and without (check_gemm_tc.c; tests/gpu/batch26h.sh)
  *     --pages   a forward's rows into pages in host memory alone, against
  *               the twin (check_pages.c; tests/gpu/gpu24c.sh)
  */
@@ -46,6 +49,7 @@
 #include "kernels/kernels_cuda.h"
 #include "kvmem/kvmem.h"
 #include "check_attn_batch.h"
+#include "check_gemm_tc.h"
 #include "check_attn_decode.h"
 #include "check_attn_prefill.h"
 #include "check_fp8.h"
@@ -1013,7 +1017,7 @@ int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
 	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0, only_fp8 = 0;
-	int only_pages = 0;
+	int only_pages = 0, only_gemm_tc = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1037,12 +1041,14 @@ int main(int argc, char **argv)
 			only_attn_prefill = 1;	/* prefill attention alone (check_attn_prefill.c) */
 		else if (!strcmp(argv[i], "--fp8"))
 			only_fp8 = 1;		/* fp8 KV alone (check_fp8.c) */
+		else if (!strcmp(argv[i], "--gemm-tc"))
+			only_gemm_tc = 1;	/* the tensor-core GEMM alone (check_gemm_tc.c) */
 		else if (!strcmp(argv[i], "--pages"))
 			only_pages = 1;		/* rows into pages alone (check_pages.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--fp8] [--pages] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--gemm-tc] [--fp8] [--pages] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1066,6 +1072,10 @@ int main(int argc, char **argv)
 		check_fp8(do_bench);
 	} else if (only_pages) {
 		check_pages();
+	} else if (only_gemm_tc) {
+		check_gemm_tc();
+		if (!g_quick)	/* --quick: the checks alone (for compute-sanitizer) */
+			gemm_tc_sweep();
 	} else if (only_gather) {
 		check_gather();
 	} else if (only_gemv) {
@@ -1098,6 +1108,7 @@ int main(int argc, char **argv)
 		check_attn_decode();
 		check_attn_prefill();
 		check_attn_batch();
+		check_gemm_tc();	/* checked on the H200 in call 1 (batch26h.sh) */
 		check_perf();
 		check_sample();
 		check_scores();

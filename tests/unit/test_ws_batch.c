@@ -507,6 +507,34 @@ static void test_batch_failures(void **state)
 	expect_same(&ps[3], 3, 2);
 	assert_int_equal(kvmem_session_decode_batch(ds, -1, NULL, out, rc), -EINVAL);
 	assert_int_equal(kvmem_session_decode_batch(ds, 0, NULL, out, rc), 0);
+	/* Enough sessions that the draws run on several threads (batch.c's
+	 * PAR_DRAWS): the failures (the last four, never the calling thread's
+	 * share alone) still fail alone, each with its code, and the message
+	 * is a failing draw's, not lost with its thread. */
+	{
+		kvmem_session *d9[9];
+		int32_t o9[9];
+		int r9[9];
+
+		for (int i = 0; i < 9; i++) {
+			d9[i] = i < 4 ? ps[i].s : kvmem_session_create(bb, &o);
+			assert_non_null(d9[i]);
+		}
+		assert_int_equal(kvmem_session_append(d9[4], ps[0].script, 5, 0), 0);
+		kvmem_error(EIO, "a message from before");
+		assert_int_equal(kvmem_session_decode_batch(d9, 9, NULL, o9, r9), 4);
+		for (int i = 0; i < 9; i++)
+			assert_int_equal(r9[i], i < 5 ? 0 : -EINVAL);
+		assert_non_null(strstr(kvmem_last_error(), "nothing to decode"));
+		assert_int_equal(kvmem_session_decode(ps[0].t, 1, NULL, &tok[0]), 0);
+		assert_int_equal(kvmem_session_decode(ps[3].t, 1, NULL, &tok[1]), 0);
+		assert_int_equal(o9[0], tok[0]);
+		assert_int_equal(o9[3], tok[1]);
+		expect_same(&ps[0], 0, 3);
+		expect_same(&ps[3], 3, 3);
+		for (int i = 4; i < 9; i++)
+			kvmem_session_free(d9[i]);
+	}
 
 	for (int i = 0; i < 4; i++)
 		pair_close(&ps[i]);

@@ -16,6 +16,14 @@
  * both), and whether the two sets drew the very same tokens (batch
  * invariance: they must). The histories go in batched for set B
  * (kvmem_session_append_batch): prefill's rates, loop against batch.
+ *
+ * Where a batched step's time goes (the JSON's "batch_*_ms" fields, means
+ * over the steps, from the sessions' own stats): the batched forward's
+ * wall time (the sessions' forward_ns summed: each is charged its share);
+ * the rest of the step, the host work around it per item (drawing each
+ * token, room in each view, the rows handed to each writer, the waits),
+ * of which the rows put away on the step's thread (store) and the waits
+ * for the writers. Issue #26 read its ~0.7 ms per item from these.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -256,6 +264,20 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* The sums of a set's sessions' stats: forward, store, writer wait (ns). */
+static void set_ns(const struct set *x, int64_t *ns)
+{
+	ns[0] = ns[1] = ns[2] = 0;
+	for (int i = 0; i < x->b; i++) {
+		kvmem_session_stats st;
+
+		kvmem_session_get_stats(x->s[i], &st);
+		ns[0] += st.forward_ns;
+		ns[1] += st.store_ns;
+		ns[2] += st.writer_wait_ns;
+	}
+}
+
 /* The median of n values (sorts them). */
 static double median(double *v, int n)
 {
@@ -325,7 +347,8 @@ int bench_batch(int argc, char **argv)
 		int b = o.sessions[k], same;
 		struct set a, x, solo;
 		int64_t pt, p1;
-		double pa, pb, to = 1e30, ta = 1e30, tb = 1e30, mo, ma, mb;
+		double pa, pb, to = 1e30, ta = 1e30, tb = 1e30, mo, ma, mb, sum_b = 0;
+		int64_t ns0[3], ns1[3];
 
 		if ((pa = set_make(&a, &o, be, b, ids, 0, &pt)) < 0)
 			goto err;
@@ -338,6 +361,7 @@ int bench_batch(int argc, char **argv)
 			set_free(&x);
 			goto err;
 		}
+		set_ns(&x, ns0);
 		for (int step = 0; step < o.tokens; step++) {
 			double t0, t1, t2;
 
@@ -354,7 +378,9 @@ int bench_batch(int argc, char **argv)
 			lo[step] = t0;
 			la[step] = t1;
 			lb[step] = t2;
+			sum_b += t2;
 		}
+		set_ns(&x, ns1);
 		mo = median(lo, o.tokens);
 		ma = median(la, o.tokens);
 		mb = median(lb, o.tokens);
@@ -365,8 +391,15 @@ int bench_batch(int argc, char **argv)
 			       "\"batch_tokens_per_s\":%.1f,\"median_alone_tokens_per_s\":%.1f,"
 			       "\"median_loop_tokens_per_s\":%.1f,\"median_batch_tokens_per_s\":%.1f,"
 			       "\"prefill_loop_tokens_per_s\":%.1f,\"prefill_batch_tokens_per_s\":%.1f,"
+			       "\"batch_step_ms\":%.3f,\"batch_forward_ms\":%.3f,"
+			       "\"batch_host_ms\":%.3f,\"batch_store_ms\":%.3f,"
+			       "\"batch_writer_wait_ms\":%.3f,"
 			       "\"same_tokens\":%s}\n", kvmem_backend_name(be), b, 1 / to, b / ta,
-			       b / tb, 1 / mo, b / ma, b / mb, pt / pa, pt / pb, same ? "true" : "false");
+			       b / tb, 1 / mo, b / ma, b / mb, pt / pa, pt / pb,
+			       1e3 * sum_b / o.tokens, (ns1[0] - ns0[0]) / 1e6 / o.tokens,
+			       1e3 * sum_b / o.tokens - (ns1[0] - ns0[0]) / 1e6 / o.tokens,
+			       (ns1[1] - ns0[1]) / 1e6 / o.tokens, (ns1[2] - ns0[2]) / 1e6 / o.tokens,
+			       same ? "true" : "false");
 		else
 			printf("%-8d %9.1f %9.1f %9.1f %6.2fx %6.2fx | %9.1f %6.2fx %6.2fx | %8.0f %8.0f "
 			       "%5s\n", b, 1 / to, b / ta, b / tb, ta / tb, b * to / tb, b / mb, ma / mb,
