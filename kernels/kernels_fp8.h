@@ -52,6 +52,17 @@ void kvmem_fp8_dequant_row(float *x, const uint8_t *q, float scale, int n);
  * calls above. */
 void kvmem_fp8_roundtrip_rows(float *x, size_t rows, int n);
 
+/*
+ * The K row an fp8 view holds at slot pos (kernels/cuda/fp8_view.cu, the
+ * cuda backend's fp8 views): the raw row (e4m3 bytes raw[head_dim], scale
+ * raw_scale) dequantised, rotated at pos in double and rounded to fp32, then
+ * quantised with scale 2 * raw_scale (rotation lifts a component to at most
+ * sqrt(2) of the row's largest, so it never saturates): q[head_dim] and
+ * *scale. The V row is the raw one as it is.
+ */
+void kvmem_fp8_view_k_row(uint8_t *q, float *scale, const uint8_t *raw, float raw_scale,
+			  int32_t pos, int head_dim, double theta);
+
 /* ---- twins of kernels/cuda/fp8.cu (kernels/kernels_cuda_fp8.h) ---------- */
 /* rows rows of n values of x (x_dtype KVMEM_DTYPE_F32, or _BF16: a GPU's
  * rows, widened exactly) to q[rows][n] and scale[rows]. -EINVAL on another

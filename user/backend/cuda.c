@@ -198,6 +198,7 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_items);
 	cuda_pages_destroy(b);
 	cuda_fwd_destroy(b);
+	cuda_fp8_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
 	free(b);
 }
@@ -223,6 +224,7 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	b->mem_cap = o->mem_cap;
 	b->page_pool = o->page_pool;
 	b->index_mem = o->index_mem;
+	b->fp8 = o->kv_dtype == KVMEM_DTYPE_FP8;	/* views: cuda_view_fp8.c */
 	b->qw = c->n_heads * c->head_dim;
 	b->kw = c->n_kv_heads * c->head_dim;
 	C = (size_t)o->max_chunk, H = c->hidden, I = c->intermediate, V = c->vocab;
@@ -415,10 +417,32 @@ static void cuda_host_free(void *ctx, void *p)
 		cudaFreeHost(p);
 }
 
+/* fp8 views: no batched forward yet (the caller runs the items one by
+ * one) and no device page pool (place() reads every page). */
+static int cuda_forward_batch_any(void *ctx, const kvmem_fwd_item *items, int n)
+{
+	if (((struct cuda *)ctx)->fp8)
+		return kvmem_error(ENOTSUP, "cuda: no batched forward over fp8 views yet");
+	return cuda_forward_batch(ctx, items, n);
+}
+
+static int cuda_page_cached_any(void *ctx, const void *region, uint32_t owner, int64_t block,
+				int layer)
+{
+	return ((struct cuda *)ctx)->fp8 ? 0 : cuda_page_cached(ctx, region, owner, block, layer);
+}
+
+/* fp8 views only: a bf16 view has no host copy to give. */
+static const kvmem_kvcache *cuda_host_view(void *ctx, const kvmem_view *v)
+{
+	return v->fp8 ? cuda_fp8_host_view(ctx, (kvmem_view *)v) : NULL;
+}
+
 const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.name = "cuda",
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
 	.rows_dtype = KVMEM_DTYPE_BF16,
+	.fp8 = 1,
 	.page_rows = 1,
 	.available = cuda_available,
 	.create = cuda_create,
@@ -430,14 +454,15 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.length = cuda_length,
 	.set_length = cuda_set_length,
 	.forward = cuda_forward,
-	.forward_batch = cuda_forward_batch,
+	.forward_batch = cuda_forward_batch_any,
 	.place = cuda_place,
+	.host_view = cuda_host_view,
 	.ceilings = cuda_ceilings,
 	.mem_used = cuda_mem_used,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
 	.host_pinned = cuda_host_pinned,
-	.page_cached = cuda_page_cached,
+	.page_cached = cuda_page_cached_any,
 	.place_stats = cuda_place_stats,
 	.set = cuda_set,
 	.mirror_create = cuda_mirror_create,

@@ -8,6 +8,8 @@
  *   cuda_page.c  the paging path: registered host memory, the gather, the
  *                device page pool, place()'s counters, the copy ceilings
  *   cuda_score.c selection scoring on the device over a mirror of the index
+ *   cuda_view_fp8.c  fp8 views (kv_dtype fp8): their memory, place(), and
+ *                the forward pass's K/V and attention over them
  * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
  */
 #ifndef KVMEM_BACKEND_CUDA_INT_H
@@ -30,6 +32,13 @@ struct kvmem_view {
 	uint16_t *rk;		/* raw K [L][Hk][cap][D] when kept (keep_raw) */
 	int keep;		/* keep_raw asked and not given up */
 	int64_t cap, len;
+	/* fp8 views (the backend's kv_dtype; cuda_view_fp8.c): k and v stay
+	 * NULL, these hold e4m3 K (rotated) and V [L][Hk][cap][D] and their
+	 * row scales [L][Hk][cap] (kernels/kernels_cuda_fp8.h). */
+	int fp8;
+	uint8_t *k8, *v8;
+	float *ks, *vs;
+	kvmem_kvcache *host;	/* fp8: the view dequantised for host_view, or NULL */
 };
 
 struct cuda {
@@ -64,6 +73,8 @@ struct cuda {
 					 * q/k/v scratch and decode graphs */
 	struct cuda_fwdb *fwdb;		/* cuda_fwd_batch.c: the batched forward's
 					 * buffers (made at its first call) */
+	int fp8;			/* views hold fp8 KV (kvmem_backend_opts.kv_dtype) */
+	struct cuda_fp8 *f8;		/* cuda_view_fp8.c: its scratch and staging */
 };
 
 /* place() methods (the "place" setting) */
@@ -123,6 +134,25 @@ int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t bloc
 void cuda_place_stats(void *ctx, kvmem_place_stats *st);
 int cuda_set(void *ctx, const char *key, const char *value);
 int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);
+
+/* cuda_view_fp8.c: fp8 views. view_bytes: device bytes of cap slots. */
+uint64_t cuda_fp8_view_bytes(const struct cuda *b, int64_t cap);
+int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots);
+void cuda_fp8_view_free(struct cuda *b, kvmem_view *v);	/* its memory: cap 0 */
+void cuda_fp8_view_destroy(struct cuda *b, kvmem_view *v);	/* and the view */
+/* The view's slots 0..len-1 dequantised into host fp32 (host_view: tests
+ * that look inside), kept with the view until the next call; NULL with a
+ * message on failure. */
+const kvmem_kvcache *cuda_fp8_host_view(struct cuda *b, kvmem_view *v);
+int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);
+/* Layer l's attention input over an fp8 view: the n new tokens' K and V
+ * (normalised K and raw V columns of qkv, rows ld apart) into the view at
+ * the device item's slot, then attention of the rotated queries q
+ * (positions pos, device) over slots 0..len+n-1 into att. n_kv: the key
+ * count on the device (decode). */
+int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *qkv, int ld,
+		   const kvmem_scatter_item *item, const int32_t *pos, const int32_t *n_kv);
+void cuda_fp8_destroy(struct cuda *b);
 
 /* cuda_score.c: the score op and its mirrors */
 int cuda_mirror_create(void *ctx, void **out);

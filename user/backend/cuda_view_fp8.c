@@ -1,0 +1,398 @@
+// SPDX-License-Identifier: MIT
+/*
+ * fp8 views of the cuda backend (kv_dtype fp8, issue #27): per layer and KV
+ * head, `cap` slots of e4m3 K (rotated at the slot) and V with one fp32
+ * scale per row (kernels/cuda/fp8_view.cu says how a view row is made from
+ * its page's raw fp8 K and V). 2 * Hk * D + 8 * Hk bytes a slot and layer:
+ * 0.52 of bf16's at Qwen3-8B's geometry.
+ *
+ * Exactness: a token's view rows are a function of its page's bytes and
+ * scales and its slot alone, whichever path writes them. The forward pass
+ * quantises its bf16 K and V exactly as the host quantises the rows it
+ * writes into the token's page (kvmem_fp8_quant_row of the widened bf16:
+ * the twin of kvmem_cuda_fp8_quant_rows), and place() reads those pages.
+ * Pages of another dtype (a session over host f32 pages) are quantised on
+ * the host the same way first. So with a budget over the workspace, a
+ * paged session equals a full-context run over the same fp8 KV bit for bit
+ * (tests/unit/test_fp8_session.c with KVMEM_TEST_BACKEND=cuda).
+ *
+ * First steps, said as such (Documentation/kernels.md, "fp8 views"):
+ *  - attention reads a layer of the view dequantised into a bf16 scratch
+ *    (exact: e4m3 x 2^e fits bf16), then the bf16 kernels run unchanged,
+ *    the main decode kernel (v5) among them;
+ *  - place() packs the pages' token ranges into pinned staging on the
+ *    host and one kernel rotates them into the view (no device page pool,
+ *    no reads of mapped host pages yet);
+ *  - no raw K kept beside the view (keep_raw says -ENOTSUP: a selection
+ *    places moved tokens from their pages), no CUDA graph for decode, no
+ *    batched forward (-ENOTSUP: the caller runs items one by one).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda_backend.h"
+#include "kernels/kernels_cuda_fp8.h"
+#include "kernels/kernels_fp8.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/source.h"
+
+struct cuda_fp8 {
+	uint16_t *dk, *dv;	/* one layer as bf16: [Hk][rows][D] each */
+	int64_t rows;
+	char *st, *host_st;	/* place()'s staging, device and pinned host */
+	size_t cap_st;
+	kvmem_gather_item *items, *host_items;
+	int cap_items;
+};
+
+static struct cuda_fp8 *f8_of(struct cuda *b)
+{
+	if (!b->f8 && !(b->f8 = calloc(1, sizeof(*b->f8))))
+		kvmem_error(ENOMEM, "cuda fp8 view: out of memory");
+	return b->f8;
+}
+
+void cuda_fp8_destroy(struct cuda *b)
+{
+	struct cuda_fp8 *f = b->f8;
+
+	if (!f)
+		return;
+	kvmem_cuda_free(f->dk);
+	kvmem_cuda_free(f->dv);
+	kvmem_cuda_free(f->st);
+	kvmem_cuda_free(f->items);
+	cudaFreeHost(f->host_st);
+	cudaFreeHost(f->host_items);
+	free(f);
+	b->f8 = NULL;
+}
+
+uint64_t cuda_fp8_view_bytes(const struct cuda *b, int64_t cap)
+{
+	return (uint64_t)cap * b->c->n_layers * (2ull * b->kw + 8ull * b->c->n_kv_heads);
+}
+
+/* The bf16 scratch attention reads: one layer of `rows` slots, K and V. */
+static uint64_t scratch_bytes(const struct cuda *b, int64_t rows)
+{
+	return (uint64_t)rows * b->kw * 2 * 2;
+}
+
+static int scratch_room(struct cuda *b, int64_t rows)
+{
+	struct cuda_fp8 *f = f8_of(b);
+	int rc;
+
+	if (!f)
+		return kvmem_fail();
+	if (rows <= f->rows)
+		return 0;
+	/* Nothing reads the old one: the stream is in order and the free
+	 * waits for the device. */
+	kvmem_cuda_free(f->dk);
+	kvmem_cuda_free(f->dv);
+	b->scratch_bytes -= scratch_bytes(b, f->rows);
+	f->dk = f->dv = NULL;
+	f->rows = 0;
+	if ((rc = cuda_dev_alloc(&f->dk, (size_t)rows * b->kw * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&f->dv, (size_t)rows * b->kw * 2, NULL)) < 0) {
+		kvmem_cuda_free(f->dk);
+		f->dk = NULL;
+		return rc;
+	}
+	f->rows = rows;
+	b->scratch_bytes += scratch_bytes(b, rows);
+	return 0;
+}
+
+void cuda_fp8_view_free(struct cuda *b, kvmem_view *v)
+{
+	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap);
+	kvmem_cuda_free(v->k8);
+	kvmem_cuda_free(v->v8);
+	kvmem_cuda_free(v->ks);
+	kvmem_cuda_free(v->vs);
+	v->k8 = v->v8 = NULL;
+	v->ks = v->vs = NULL;
+	v->cap = 0;
+}
+
+void cuda_fp8_view_destroy(struct cuda *b, kvmem_view *v)
+{
+	cuda_fp8_view_free(b, v);
+	if (v->host) {
+		kvmem_kvcache_free(v->host);
+		free(v->host);
+	}
+	free(v);
+}
+
+const kvmem_kvcache *cuda_fp8_host_view(struct cuda *b, kvmem_view *v)
+{
+	const kvmem_config *c = b->c;
+	const size_t D = c->head_dim, rows = (size_t)c->n_layers * c->n_kv_heads;
+	const size_t n = rows * v->cap;
+	uint8_t *q = malloc(2 * n * D + 1);
+	float *s = malloc(2 * n * sizeof(float) + 1);
+
+	if (!q || !s)
+		goto nomem;
+	if (!v->host && !(v->host = calloc(1, sizeof(*v->host))))
+		goto nomem;
+	kvmem_kvcache_free(v->host);
+	if (kvmem_kvcache_init(v->host, c, v->cap > 0 ? (int)v->cap : 1) < 0)
+		goto fail;
+	if (v->cap && (kvmem_cuda_download(b->ctx, q, v->k8, n * D) < 0 ||
+		       kvmem_cuda_download(b->ctx, q + n * D, v->v8, n * D) < 0 ||
+		       kvmem_cuda_download(b->ctx, s, v->ks, n * sizeof(float)) < 0 ||
+		       kvmem_cuda_download(b->ctx, s + n, v->vs, n * sizeof(float)) < 0))
+		goto fail;
+	/* [L][Hk][cap] rows in both layouts */
+	for (size_t r = 0; r < rows; r++)
+		for (int64_t t = 0; t < v->len; t++) {
+			const size_t i = r * v->cap + t;
+
+			kvmem_fp8_dequant_row(v->host->k + i * D, q + i * D, s[i], (int)D);
+			kvmem_fp8_dequant_row(v->host->v + i * D, q + (n + i) * D, s[n + i], (int)D);
+		}
+	v->host->len = (int)v->len;
+	free(q);
+	free(s);
+	return v->host;
+nomem:
+	kvmem_error(ENOMEM, "cuda fp8 view: out of memory");
+fail:
+	free(q);
+	free(s);
+	return NULL;
+}
+
+/* dst[l][h][0..len) = src[l][h][0..len), rows of `row` bytes. */
+static int copy_runs(struct cuda *b, void *dst, int64_t cd, const void *src, int64_t cs,
+		     int64_t len, size_t row)
+{
+	cudaError_t e = cudaMemcpy2DAsync(dst, cd * row, src, cs * row, len * row,
+					  (size_t)b->c->n_layers * b->c->n_kv_heads,
+					  cudaMemcpyDeviceToDevice, kvmem_cuda_stream(b->ctx));
+
+	return e == cudaSuccess ? 0 : kvmem_error(EIO, "cuda fp8 view: copy: %s",
+						  cudaGetErrorString(e));
+}
+
+int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
+{
+	const size_t D = b->c->head_dim, rows = (size_t)b->c->n_layers * b->c->n_kv_heads;
+	const uint64_t grow = cuda_fp8_view_bytes(b, slots) +
+			      (b->f8 && b->f8->rows >= slots ? 0 : scratch_bytes(b, slots));
+	uint8_t *nk = NULL, *nv = NULL;
+	float *nks = NULL, *nvs = NULL;
+	int rc;
+
+	if (slots <= v->cap)
+		return 0;
+	if (slots > INT32_MAX)
+		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
+				   INT32_MAX);
+	/* Under the cap: while the view grows it holds the old and the new
+	 * copy at once; the bf16 scratch of one layer grows with it. */
+	if (b->mem_cap && cuda_dev_used(b) + grow + CUDA_CAP_MARGIN > b->mem_cap) {
+		cuda_pages_drop_pool(b);
+		if (cuda_dev_used(b) + grow + CUDA_CAP_MARGIN > b->mem_cap)
+			return kvmem_error(ENOMEM, "cuda view (fp8): %lld slots take %" PRIu64
+					   " MiB with their bf16 layer; the %" PRIu64 " MiB GPU cap "
+					   "holds %" PRIu64 " MiB (weights %" PRIu64 ", views %" PRIu64
+					   ", index %" PRIu64 ", scratch and staging %" PRIu64
+					   ", margin %llu)", (long long)slots, grow >> 20,
+					   b->mem_cap >> 20, cuda_dev_used(b) >> 20,
+					   b->weight_bytes >> 20, b->view_bytes >> 20,
+					   b->index_bytes >> 20,
+					   (b->scratch_bytes + cuda_pages_dev_bytes(b)) >> 20,
+					   CUDA_CAP_MARGIN >> 20);
+	}
+	if ((rc = scratch_room(b, slots)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nk, rows * slots * D)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nv, rows * slots * D)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nks, rows * slots * 4)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nvs, rows * slots * 4)) < 0)
+		goto fail;
+	if (v->len && ((rc = copy_runs(b, nk, slots, v->k8, v->cap, v->len, D)) < 0 ||
+		       (rc = copy_runs(b, nv, slots, v->v8, v->cap, v->len, D)) < 0 ||
+		       (rc = copy_runs(b, nks, slots, v->ks, v->cap, v->len, 4)) < 0 ||
+		       (rc = copy_runs(b, nvs, slots, v->vs, v->cap, v->len, 4)) < 0 ||
+		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
+		goto fail;
+	{
+		const int64_t len = v->len;
+
+		cuda_fp8_view_free(b, v);
+		v->len = len;
+	}
+	b->view_bytes += cuda_fp8_view_bytes(b, slots);
+	v->k8 = nk;
+	v->v8 = nv;
+	v->ks = nks;
+	v->vs = nvs;
+	v->cap = slots;
+	return 0;
+fail:
+	kvmem_cuda_free(nk);
+	kvmem_cuda_free(nv);
+	kvmem_cuda_free(nks);
+	kvmem_cuda_free(nvs);
+	return rc;
+}
+
+/* ---- place ------------------------------------------------------------------ */
+static int staging_room(struct cuda *b, size_t bytes, int n)
+{
+	struct cuda_fp8 *f = f8_of(b);
+	int rc;
+
+	if (!f)
+		return kvmem_fail();
+	if (bytes > f->cap_st) {
+		kvmem_cuda_free(f->st);
+		cudaFreeHost(f->host_st);
+		f->st = f->host_st = NULL;
+		f->cap_st = 0;
+		bytes = bytes < (4u << 20) ? (4u << 20) : bytes;
+		if ((rc = kvmem_cuda_malloc((void **)&f->st, bytes)) < 0 ||
+		    (rc = cuda_pinned(&f->host_st, bytes)) < 0)
+			return rc;
+		f->cap_st = bytes;
+	}
+	if (n > f->cap_items) {
+		kvmem_cuda_free(f->items);
+		cudaFreeHost(f->host_items);
+		f->items = f->host_items = NULL;
+		f->cap_items = 0;
+		if ((rc = kvmem_cuda_malloc((void **)&f->items, (size_t)n * sizeof(*f->items))) < 0 ||
+		    (rc = cuda_pinned(&f->host_items, (size_t)n * sizeof(*f->host_items))) < 0)
+			return rc;
+		f->cap_items = n;
+	}
+	return 0;
+}
+
+/* Bytes one item takes in the staging: K and V bytes [Hk][n][D], then
+ * their scales [Hk][n], 16-byte aligned. */
+static size_t item_bytes(const struct cuda *b, int n)
+{
+	return ((size_t)2 * b->kw * n + (size_t)8 * b->c->n_kv_heads * n + 15) & ~(size_t)15;
+}
+
+/* One item's token range into the staging at dst, as fp8: an fp8 page's
+ * bytes and scales as they are, another page's rows quantised (the host's
+ * kvmem_fp8_quant_row, as the rows of a forward pass are). */
+static int pack(const struct cuda *b, const kvmem_place *it, char *dst)
+{
+	const kvmem_page *pg = &it->page;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim, n = it->n;
+	uint8_t *q = (uint8_t *)dst;
+	float *sc = (float *)(dst + (size_t)2 * H * n * D), row[1024];
+
+	for (int is_v = 0; is_v < 2; is_v++)
+		for (int h = 0; h < H; h++) {
+			uint8_t *o = q + ((size_t)is_v * H + h) * n * D;
+			float *os = sc + ((size_t)is_v * H + h) * n;
+			const size_t first = (size_t)h * it->stride + it->u0;
+
+			if (pg->dtype == KVMEM_DTYPE_FP8) {
+				const float *s = is_v ? pg->v_scale : pg->k_scale;
+
+				memcpy(o, (const uint8_t *)(is_v ? pg->v : pg->k) + first * D,
+				       (size_t)n * D);
+				memcpy(os, s + first, (size_t)n * sizeof(float));
+				continue;
+			}
+			for (int t = 0; t < n; t++) {
+				if (kvmem_page_copy_f32(pg, is_v, (first + t) * D, D, row) < 0)
+					return kvmem_fail();
+				kvmem_fp8_quant_row(o + (size_t)t * D, &os[t], row, D);
+			}
+		}
+	return 0;
+}
+
+int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
+{
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	size_t total = 0, at = 0;
+	struct cuda_fp8 *f;
+	int rc;
+
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+
+		if (it->page.mem != KVMEM_MEM_HOST)
+			return kvmem_error(ENOTSUP, "cuda place (fp8 view): pages in host memory only");
+		if (it->page.dtype == KVMEM_DTYPE_FP8 &&
+		    (!it->page.k_scale || !it->page.v_scale ||
+		     (it->page.scale_run && it->page.scale_run != (uint32_t)D)))
+			return kvmem_error(EINVAL, "cuda place: an fp8 page without its row scales");
+		total += item_bytes(b, it->n);
+	}
+	if (!n)
+		return 0;
+	if ((rc = staging_room(b, total, n)) < 0)
+		return rc;
+	f = b->f8;
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		char *dev = f->st + at;
+
+		if ((rc = pack(b, it, f->host_st + at)) < 0)
+			return rc;
+		f->host_items[i] = (kvmem_gather_item){
+			.k = dev, .v = dev + (size_t)H * it->n * D,
+			.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
+			.head_stride = it->n * D, .dtype = KVMEM_DTYPE_FP8,
+			.k_scale = (const float *)(dev + (size_t)2 * H * it->n * D),
+			.v_scale = (const float *)(dev + (size_t)2 * H * it->n * D) + (size_t)H * it->n,
+			.scale_stride = it->n,
+		};
+		at += item_bytes(b, it->n);
+	}
+	if ((rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, total)) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, f->items, f->host_items, (size_t)n * sizeof(*f->items))) < 0 ||
+	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, f->items, n,
+					     b->c->n_layers, H, D, (int)v->cap,
+					     b->c->rope_theta)) < 0)
+		return rc;
+	return kvmem_cuda_sync(b->ctx);
+}
+
+/* ---- the forward pass --------------------------------------------------------- */
+int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *qkv, int ld,
+		   const kvmem_scatter_item *item, const int32_t *pos, const int32_t *n_kv)
+{
+	const kvmem_config *c = b->c;
+	const int H = c->n_kv_heads, D = c->head_dim;
+	const size_t vl = (size_t)H * v->cap * D, sl = (size_t)H * v->cap;
+	const int64_t len = v->len + n;
+	const float scale = (float)(1.0 / sqrt((double)D));
+	const uint16_t *rk = qkv + (size_t)c->n_heads * D;
+	struct cuda_fp8 *f;
+	int rc;
+
+	if ((rc = scratch_room(b, v->cap)) < 0)
+		return rc;
+	f = b->f8;
+	if ((rc = kvmem_cuda_fp8_view_put(b->ctx, v->k8, v->v8, v->ks, v->vs, rk, rk + (size_t)H * D,
+					  ld, item, n, H, D, (int)v->cap, c->rope_theta)) < 0 ||
+	    (rc = kvmem_cuda_fp8_view_bf16(b->ctx, f->dk, f->dv, (int)f->rows, v->k8 + l * vl,
+					   v->v8 + l * vl, v->ks + l * sl, v->vs + l * sl, H,
+					   (int)len, (int)v->cap, D)) < 0)
+		return rc;
+	if (n == 1 && c->n_heads / H <= 16)
+		return kvmem_cuda_attention_decode_bf16(b->ctx, 0, b->att, b->q, pos, 1, f->dk, f->dv,
+							n_kv, (int)len, (size_t)f->rows, c->n_heads,
+							H, D, scale);
+	return kvmem_cuda_attention_bf16(b->ctx, b->att, b->q, pos, n, f->dk, f->dv, NULL, (int)len,
+					 (size_t)f->rows, c->n_heads, H, D, scale);
+}
