@@ -60,6 +60,19 @@ int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view
 int kvmem_cuda_fp8_view_bf16(kvmem_cuda_ctx *c, uint16_t *out_k, uint16_t *out_v, int out_stride,
 			     const uint8_t *view_k, const uint8_t *view_v, const float *k_scale,
 			     const float *v_scale, int n_kv_heads, int len, int cap, int head_dim);
+/*
+ * Decode attention (attention.cu, v5) over an fp8 view's layer: k, v e4m3
+ * [n_kv_heads][kv_stride][head_dim], k_scale / v_scale [n_kv_heads]
+ * [kv_stride], the key count on the device, arguments otherwise as
+ * kvmem_cuda_attention_decode_bf16's, and its bits over the same rows
+ * dequantised to bf16 (kvmem_cuda_fp8_view_bf16). -ENOTSUP when the main
+ * path's decode is not v5 (KVMEM_CUDA_DECODE).
+ */
+int kvmem_cuda_attention_decode_fp8(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+				    const int32_t *q_pos, int n_q, const uint8_t *k,
+				    const uint8_t *v, const float *k_scale, const float *v_scale,
+				    const int32_t *n_kv_dev, int max_kv, size_t kv_stride,
+				    int n_heads, int n_kv_heads, int head_dim, float scale);
 
 #ifdef __cplusplus
 }

@@ -112,39 +112,71 @@ extern "C" int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8
 }
 
 /* ---- rematerialisation from fp8 pages ------------------------------------ */
-/* Grid (items, FG_Y); a warp per (token, KV head, K or V) row of an item. */
+/*
+ * Grid (items, FG_Y), 256 threads; a thread moves 16 bytes: a V chunk (16
+ * dims), or a K chunk pair (dims c..c+15 and their rotary partners
+ * c+half..: one 16-byte load each). 12 threads a token and KV head at
+ * head_dim 128. Pages read over PCIe (mapped pinned host memory) move in
+ * 16-byte requests, as a bf16 page's do: half the requests of bf16 for the
+ * same tokens, where 8-byte ones made as many requests as bf16's (the
+ * 1.27 of benchmarks.md, "fp8 KV"). Addresses not 16-byte aligned take
+ * byte loads, the same arithmetic.
+ */
 #define FG_Y 8
 
-__global__ void f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs,
-				 const kvmem_gather_item *items, int n_layers, int n_kv, int hd,
-				 int cap, double theta)
+__device__ __forceinline__ void load16(uint8_t *o, const uint8_t *p, bool vec)
+{
+	if (vec) {
+		*(uint4 *)o = *(const uint4 *)p;
+	} else {
+		for (int j = 0; j < 16; j++)
+			o[j] = p[j];
+	}
+}
+
+__global__ void __launch_bounds__(256)
+f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, const kvmem_gather_item *items,
+		 int n_layers, int n_kv, int hd, int cap, double theta)
 {
 	const kvmem_gather_item m = items[blockIdx.x];
-	const int warps = blockDim.x / 32, lane = threadIdx.x & 31, half = hd / 2;
+	const int half = hd / 2, tk = half / 16, tt = tk + hd / 16;
 
 	if (m.layer < 0 || m.layer >= n_layers || m.slot < 0 || m.n < 0 || m.slot > cap - m.n ||
 	    m.dtype != KVMEM_DTYPE_FP8 || !m.k_scale || !m.v_scale)
 		return;		/* the whole block: uniform (the host checked them) */
-	for (int r = blockIdx.y * warps + threadIdx.x / 32; r < 2 * m.n * n_kv;
-	     r += gridDim.y * warps) {
-		const int isv = r & 1, t = (r >> 1) / n_kv, h = (r >> 1) % n_kv;
-		const uint8_t *src = (const uint8_t *)(isv ? m.v : m.k) + (size_t)t * hd +
-				     (size_t)h * m.head_stride;
-		const float s = (isv ? m.v_scale : m.k_scale)[(size_t)h * m.scale_stride + t];
+	const bool vec = ((uintptr_t)m.k & 15) == 0 && ((uintptr_t)m.v & 15) == 0 &&
+			 m.head_stride % 16 == 0;
+	const int total = m.n * n_kv * tt;
+
+	for (int task = blockIdx.y * blockDim.x + threadIdx.x; task < total;
+	     task += gridDim.y * blockDim.x) {
+		const int c = task % tt, r = task / tt, t = r / n_kv, h = r % n_kv;
+		const size_t off = (size_t)t * hd + (size_t)h * m.head_stride;
+		const size_t srow = (size_t)h * m.scale_stride + t;
 		const size_t d = ((size_t)m.layer * n_kv + h) * cap + m.slot + t;
 
-		if (isv) {
-			for (int i = lane; i < hd; i += 32)
-				v8[d * hd + i] = src[i];
-			if (!lane)
-				vs[d] = s;
+		if (c >= tk) {	/* V: the bytes and the scale as they are */
+			const int i0 = (c - tk) * 16;
+			__align__(16) uint8_t b[16];
+
+			load16(b, (const uint8_t *)m.v + off + i0, vec);
+			*(uint4 *)(v8 + d * hd + i0) = *(const uint4 *)b;
+			if (c == tk)
+				vs[d] = m.v_scale[srow];
 			continue;
 		}
-		for (int i = lane; i < half; i += 32)
-			f8_rot_pair(k8 + d * hd + i, k8 + d * hd + i + half, e4m3_to_f32(src[i]) * s,
-				    e4m3_to_f32(src[i + half]) * s, m.slot + t, i, hd, theta,
-				    0.5f / s);
-		if (!lane)
+		const int i0 = c * 16;
+		const float s = m.k_scale[srow], inv2s = 0.5f / s;
+		__align__(16) uint8_t a[16], b[16], x[16], y[16];
+
+		load16(a, (const uint8_t *)m.k + off + i0, vec);
+		load16(b, (const uint8_t *)m.k + off + half + i0, vec);
+		for (int j = 0; j < 16; j++)
+			f8_rot_pair(&x[j], &y[j], e4m3_to_f32(a[j]) * s, e4m3_to_f32(b[j]) * s,
+				    m.slot + t, i0 + j, hd, theta, inv2s);
+		*(uint4 *)(k8 + d * hd + i0) = *(const uint4 *)x;
+		*(uint4 *)(k8 + d * hd + half + i0) = *(const uint4 *)y;
+		if (c == 0)
 			ks[d] = 2.0f * s;
 	}
 }
@@ -154,10 +186,13 @@ extern "C" int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, ui
 					  const kvmem_gather_item *items, int n_items, int n_layers,
 					  int n_kv_heads, int head_dim, int cap, double theta)
 {
-	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
+	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
 	    head_dim > 2 * ROPE_HALF_MAX || cap < 0)
 		return kvmem_error(EINVAL, "fp8 view gather: %d items into %d layers x %d heads x %d",
 				   n_items, n_layers, n_kv_heads, head_dim);
+	if (head_dim % 32)
+		return kvmem_error(ENOTSUP, "fp8 view gather: head_dim %d (a multiple of 32)",
+				   head_dim);
 	if (!n_items)
 		return 0;
 	f8_gather_kernel<<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(

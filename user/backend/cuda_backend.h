@@ -122,6 +122,8 @@ void cuda_fwdb_destroy(struct cuda *b);
 
 /* cuda_page.c */
 int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);
+/* The device's address of [p, p + len) in registered host memory, or NULL. */
+const void *cuda_pages_dev_addr(struct cuda *b, const void *p, size_t len);
 int cuda_pages_method(struct cuda *b);
 void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns);
 uint64_t cuda_pages_dev_bytes(const struct cuda *b);

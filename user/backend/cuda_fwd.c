@@ -51,6 +51,7 @@
 
 #include "backend/backend_impl.h"
 #include "kernels/kernels_cuda.h"
+#include "kernels/kernels_cuda_batch.h"
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
@@ -391,8 +392,8 @@ static int graph_run(struct cuda *b, kvmem_view *v, int want_out, int has_logits
 									 c->head_dim))) < 0)
 		return rc;
 	memset(&k, 0, sizeof(k));	/* compared with memcmp */
-	k.vk = v->k;
-	k.vv = v->v;
+	k.vk = v->fp8 ? (const uint16_t *)v->k8 : v->k;	/* fp8: its bytes, freed with its scales */
+	k.vv = v->fp8 ? (const uint16_t *)v->v8 : v->v;
 	k.cap = v->cap;
 	k.scratch_gen = kvmem_cuda_scratch_gen(b->ctx);
 	k.logits = b->logits;
@@ -549,8 +550,10 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 			    kvmem_cuda_stream(b->ctx)) != cudaSuccess)
 		return kvmem_error(EIO, "cuda forward: copying the inputs up");
 	/* Pages are written by plain launches (a prefill chunk's). */
-	/* fp8 views: plain launches (cuda_view_fp8.c's first step). */
-	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && out->pages) && !v->fp8) {
+	/* fp8 views: a graph only over v5's fp8 decode (another version reads
+	 * a bf16 scratch that may move: plain launches). */
+	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && out->pages) &&
+	    (!v->fp8 || kvmem_cuda_att_decode_is_v5(b->ctx))) {
 		if ((rc = graph_run(b, v, want_out, rows > 0)) == 0)
 			graphed = 1;
 		else if (f->mode == 2)

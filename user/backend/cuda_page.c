@@ -465,6 +465,17 @@ static struct region *region_of(struct cuda_pages *pg, const void *p, size_t len
 	return NULL;
 }
 
+/* fp8 views (cuda_view_fp8.c): the device's address of [p, p + len) when it
+ * lies in registered host memory, else NULL. */
+const void *cuda_pages_dev_addr(struct cuda *b, const void *p, size_t len)
+{
+	struct region *r;
+
+	if (!b->pages || !(r = region_of(b->pages, p, len)))
+		return NULL;
+	return r->dev + ((const char *)p - r->base);
+}
+
 /* ---- room ----------------------------------------------------------------- */
 static int room_items(struct cuda *b, struct cuda_pages *pg, int n)
 {

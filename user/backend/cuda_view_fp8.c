@@ -17,15 +17,20 @@
  * (tests/unit/test_fp8_session.c with KVMEM_TEST_BACKEND=cuda).
  *
  * First steps, said as such (Documentation/kernels.md, "fp8 views"):
- *  - attention reads a layer of the view dequantised into a bf16 scratch
- *    (exact: e4m3 x 2^e fits bf16), then the bf16 kernels run unchanged,
- *    the main decode kernel (v5) among them;
- *  - place() packs the pages' token ranges into pinned staging on the
- *    host and one kernel rotates them into the view (no device page pool,
- *    no reads of mapped host pages yet);
+ *  - decode attention is the main path's kernel (v5) reading the e4m3
+ *    rows and dequantising each tile into shared memory; a prefill chunk
+ *    reads the layer dequantised into a bf16 scratch (exact: e4m3 x 2^e
+ *    fits bf16), then the bf16 flash kernels, unchanged: the same bits as
+ *    v5 over those bf16 rows, so decode and prefill agree as on bf16;
+ *  - place(): one kernel reads fp8 pages in registered host memory (a
+ *    pager's pinned pool) where they are, 16 bytes a thread, and rotates
+ *    them into the view; other pages are packed into pinned staging on
+ *    the host first (quantised when not fp8). No device page pool;
  *  - no raw K kept beside the view (keep_raw says -ENOTSUP: a selection
- *    places moved tokens from their pages), no CUDA graph for decode, no
- *    batched forward (-ENOTSUP: the caller runs items one by one).
+ *    places moved tokens from their pages), no batched forward (-ENOTSUP:
+ *    the caller runs items one by one). A decode step is a CUDA graph as
+ *    on bf16 (the put kernel reads its slot, v5 its key count, on the
+ *    device) while the main decode is v5; otherwise plain launches.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -113,6 +118,7 @@ static int scratch_room(struct cuda *b, int64_t rows)
 void cuda_fp8_view_free(struct cuda *b, kvmem_view *v)
 {
 	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap);
+	cuda_fwd_forget(b, v->k8);	/* decode graphs that hold it (cuda_fwd.c) */
 	kvmem_cuda_free(v->k8);
 	kvmem_cuda_free(v->v8);
 	kvmem_cuda_free(v->ks);
@@ -319,6 +325,31 @@ static int pack(const struct cuda *b, const kvmem_place *it, char *dst)
 	return 0;
 }
 
+/* An fp8 page in registered host memory (a pager's pinned pool): the
+ * item reads it where it is, its tokens u0.. of every head; 0 when it is
+ * elsewhere (then packed). */
+static int direct(struct cuda *b, const kvmem_place *it, kvmem_gather_item *g)
+{
+	const kvmem_page *pg = &it->page;
+	const size_t D = b->c->head_dim, rows = (size_t)b->c->n_kv_heads * it->stride;
+	const char *k, *v, *ks, *vs;
+
+	if (pg->dtype != KVMEM_DTYPE_FP8 ||
+	    !(k = cuda_pages_dev_addr(b, pg->k, rows * D)) ||
+	    !(v = cuda_pages_dev_addr(b, pg->v, rows * D)) ||
+	    !(ks = cuda_pages_dev_addr(b, pg->k_scale, rows * 4)) ||
+	    !(vs = cuda_pages_dev_addr(b, pg->v_scale, rows * 4)))
+		return 0;
+	*g = (kvmem_gather_item){
+		.k = k + it->u0 * D, .v = v + it->u0 * D,
+		.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
+		.head_stride = (int32_t)(it->stride * D), .dtype = KVMEM_DTYPE_FP8,
+		.k_scale = (const float *)ks + it->u0, .v_scale = (const float *)vs + it->u0,
+		.scale_stride = it->stride,
+	};
+	return 1;
+}
+
 int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
@@ -346,6 +377,8 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 		const kvmem_place *it = &items[i];
 		char *dev = f->st + at;
 
+		if (direct(b, it, &f->host_items[i]))
+			continue;
 		if ((rc = pack(b, it, f->host_st + at)) < 0)
 			return rc;
 		f->host_items[i] = (kvmem_gather_item){
@@ -358,7 +391,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 		};
 		at += item_bytes(b, it->n);
 	}
-	if ((rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, total)) < 0 ||
+	if ((at && (rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, at)) < 0) ||
 	    (rc = kvmem_cuda_upload(b->ctx, f->items, f->host_items, (size_t)n * sizeof(*f->items))) < 0 ||
 	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, f->items, n,
 					     b->c->n_layers, H, D, (int)v->cap,
@@ -380,12 +413,23 @@ int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *
 	struct cuda_fp8 *f;
 	int rc;
 
+	if ((rc = kvmem_cuda_fp8_view_put(b->ctx, v->k8, v->v8, v->ks, v->vs, rk, rk + (size_t)H * D,
+					  ld, item, n, H, D, (int)v->cap, c->rope_theta)) < 0)
+		return rc;
+	/* Decode: v5 reads the e4m3 rows itself (-ENOTSUP: another decode
+	 * version is chosen; then as a prefill chunk, through bf16). */
+	if (n == 1 && c->n_heads / H <= 16) {
+		rc = kvmem_cuda_attention_decode_fp8(b->ctx, b->att, b->q, pos, 1, v->k8 + l * vl,
+						     v->v8 + l * vl, v->ks + l * sl, v->vs + l * sl,
+						     n_kv, (int)v->cap, (size_t)v->cap, c->n_heads, H,
+						     D, scale);	/* the count: n_kv's (graphs) */
+		if (rc != -ENOTSUP)
+			return rc;
+	}
 	if ((rc = scratch_room(b, v->cap)) < 0)
 		return rc;
 	f = b->f8;
-	if ((rc = kvmem_cuda_fp8_view_put(b->ctx, v->k8, v->v8, v->ks, v->vs, rk, rk + (size_t)H * D,
-					  ld, item, n, H, D, (int)v->cap, c->rope_theta)) < 0 ||
-	    (rc = kvmem_cuda_fp8_view_bf16(b->ctx, f->dk, f->dv, (int)f->rows, v->k8 + l * vl,
+	if ((rc = kvmem_cuda_fp8_view_bf16(b->ctx, f->dk, f->dv, (int)f->rows, v->k8 + l * vl,
 					   v->v8 + l * vl, v->ks + l * sl, v->vs + l * sl, H,
 					   (int)len, (int)v->cap, D)) < 0)
 		return rc;
