@@ -46,15 +46,31 @@ int kvmem_cuda_decode_kv_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *
  * h * head_dim: the forward pass's normalised K and V columns), quantised
  * as kvmem_cuda_fp8_quant_rows does, at the device item's layer and slot.
  * gather: items of fp8 pages (dtype KVMEM_DTYPE_FP8 with scales) the device
- * can address. view_bf16: one layer's slots 0..len-1 as bf16 [n_kv_heads]
- * [out_stride][head_dim] (head_dim % 8 == 0): what attention reads.
+ * can address. Both also write the raw K bytes and scale (the page's) at
+ * the same slots of raw_k / raw_scale, the view's layout, when set (NULL:
+ * the view keeps none). view_bf16: one layer's slots 0..len-1 as bf16
+ * [n_kv_heads][out_stride][head_dim] (head_dim % 8 == 0): what attention
+ * reads. snap: a move's sources copied aside (below), so the gather can
+ * read them as pages while it writes the view.
  */
+typedef struct kvmem_fp8_snap {
+	int32_t layer, n;	/* slots from..from+n-1 of layer */
+	int64_t from;
+	int64_t off;		/* bytes into st: raw K then V [n_kv_heads][n][head_dim],
+				 * their scales [n_kv_heads][n]; 16-byte aligned */
+} kvmem_fp8_snap;
+int kvmem_cuda_fp8_view_snap(kvmem_cuda_ctx *c, char *st, const kvmem_fp8_snap *items,
+			     int n_items, const uint8_t *raw_k, const uint8_t *view_v,
+			     const float *raw_scale, const float *v_scale, int n_kv_heads,
+			     int head_dim, int cap);
 int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v, float *k_scale,
-			    float *v_scale, const uint16_t *rows_k, const uint16_t *rows_v, int ld,
+			    float *v_scale, uint8_t *raw_k, float *raw_scale,
+			    const uint16_t *rows_k, const uint16_t *rows_v, int ld,
 			    const kvmem_scatter_item *item, int n, int n_kv_heads, int head_dim,
 			    int cap, double theta);
 int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
-			       float *k_scale, float *v_scale, const kvmem_gather_item *items,
+			       float *k_scale, float *v_scale, uint8_t *raw_k, float *raw_scale,
+			       const kvmem_gather_item *items,
 			       int n_items, int n_layers, int n_kv_heads, int head_dim, int cap,
 			       double theta);
 int kvmem_cuda_fp8_view_bf16(kvmem_cuda_ctx *c, uint16_t *out_k, uint16_t *out_v, int out_stride,

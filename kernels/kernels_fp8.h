@@ -65,13 +65,14 @@ void kvmem_fp8_roundtrip_rows(float *x, size_t rows, int n);
 void kvmem_fp8_view_k_row(uint8_t *q, float *scale, const uint8_t *raw, float raw_scale,
 			  int32_t pos, int head_dim, double theta);
 /* Twins of kvmem_cuda_fp8_view_put and kvmem_cuda_fp8_view_gather
- * (kernels/kernels_cuda_fp8.h), host pointers, item in host memory. */
+ * (kernels/kernels_cuda_fp8.h), host pointers, item in host memory; raw_k /
+ * raw_scale (NULL: none) get the raw K bytes and scale at the same slots. */
 void kvmem_fp8_view_put(uint8_t *view_k, uint8_t *view_v, float *k_scale, float *v_scale,
-			const uint16_t *rows_k, const uint16_t *rows_v, int ld,
+			uint8_t *raw_k, float *raw_scale, const uint16_t *rows_k, const uint16_t *rows_v, int ld,
 			const kvmem_scatter_item *item, int n, int n_kv_heads, int head_dim, int cap,
 			double theta);
 void kvmem_fp8_view_gather(uint8_t *view_k, uint8_t *view_v, float *k_scale, float *v_scale,
-			   const kvmem_gather_item *items, int n_items, int n_layers,
+			   uint8_t *raw_k, float *raw_scale, const kvmem_gather_item *items, int n_items, int n_layers,
 			   int n_kv_heads, int head_dim, int cap, double theta);
 
 /* ---- twins of kernels/cuda/fp8.cu (kernels/kernels_cuda_fp8.h) ---------- */

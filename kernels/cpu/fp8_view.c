@@ -36,7 +36,7 @@ void kvmem_fp8_view_k_row(uint8_t *q, float *scale, const uint8_t *raw, float ra
 /* Twin of kvmem_cuda_fp8_view_put: the n new tokens' bf16 K and V rows
  * into the view at the item's layer and slot. */
 void kvmem_fp8_view_put(uint8_t *view_k, uint8_t *view_v, float *k_scale, float *v_scale,
-			const uint16_t *rows_k, const uint16_t *rows_v, int ld,
+			uint8_t *raw_k, float *raw_scale, const uint16_t *rows_k, const uint16_t *rows_v, int ld,
 			const kvmem_scatter_item *item, int n, int n_kv_heads, int head_dim, int cap,
 			double theta)
 {
@@ -55,13 +55,17 @@ void kvmem_fp8_view_put(uint8_t *view_k, uint8_t *view_v, float *k_scale, float 
 			kvmem_fp8_quant_row(raw, &s, x, head_dim);
 			kvmem_fp8_view_k_row(view_k + d * head_dim, &k_scale[d], raw, s,
 					     item->slot + t, head_dim, theta);
+			if (raw_k) {
+				memcpy(raw_k + d * head_dim, raw, head_dim);
+				raw_scale[d] = s;
+			}
 		}
 }
 
 /* Twin of kvmem_cuda_fp8_view_gather: fp8 pages into the view. Items of
  * another dtype, or out of the view, are skipped as the kernel skips them. */
 void kvmem_fp8_view_gather(uint8_t *view_k, uint8_t *view_v, float *k_scale, float *v_scale,
-			   const kvmem_gather_item *items, int n_items, int n_layers,
+			   uint8_t *raw_k, float *raw_scale, const kvmem_gather_item *items, int n_items, int n_layers,
 			   int n_kv_heads, int head_dim, int cap, double theta)
 {
 	for (int i = 0; i < n_items; i++) {
@@ -81,6 +85,10 @@ void kvmem_fp8_view_gather(uint8_t *view_k, uint8_t *view_v, float *k_scale, flo
 				kvmem_fp8_view_k_row(view_k + d * head_dim, &k_scale[d],
 						     (const uint8_t *)m->k + off, m->k_scale[sr],
 						     m->slot + t, head_dim, theta);
+				if (raw_k) {
+					memcpy(raw_k + d * head_dim, (const uint8_t *)m->k + off, head_dim);
+					raw_scale[d] = m->k_scale[sr];
+				}
 			}
 	}
 }

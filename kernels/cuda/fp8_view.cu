@@ -48,9 +48,10 @@ __device__ __forceinline__ void f8_rot_pair(uint8_t *x8, uint8_t *y8, float a, f
 /* ---- the forward pass's new rows ----------------------------------------- */
 /* A warp per (token, KV head, K or V) row of bf16 values (row t of head h
  * at x + t * ld + h * hd). */
-__global__ void f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, const uint16_t *rk,
-			      const uint16_t *rv, int ld, const kvmem_scatter_item *item, int n,
-			      int n_kv, int hd, int cap, double theta)
+__global__ void f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8,
+			      float *raws, const uint16_t *rk, const uint16_t *rv, int ld,
+			      const kvmem_scatter_item *item, int n, int n_kv, int hd, int cap,
+			      double theta)
 {
 	const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
 
@@ -82,18 +83,25 @@ __global__ void f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, co
 		return;
 	}
 	for (int i = lane; i < half; i += 32) {
-		const float a = e4m3_to_f32(f32_to_e4m3(bf2f(x[i]) * inv)) * s;
-		const float b = e4m3_to_f32(f32_to_e4m3(bf2f(x[i + half]) * inv)) * s;
+		const uint8_t qa = f32_to_e4m3(bf2f(x[i]) * inv), qb = f32_to_e4m3(bf2f(x[i + half]) * inv);
 
-		f8_rot_pair(k8 + d * hd + i, k8 + d * hd + i + half, a, b, it.slot + t, i, hd, theta,
-			    0.5f * inv);
+		f8_rot_pair(k8 + d * hd + i, k8 + d * hd + i + half, e4m3_to_f32(qa) * s,
+			    e4m3_to_f32(qb) * s, it.slot + t, i, hd, theta, 0.5f * inv);
+		if (raw8) {	/* the raw K kept beside the view: the page's bytes */
+			raw8[d * hd + i] = qa;
+			raw8[d * hd + i + half] = qb;
+		}
 	}
-	if (!lane)
+	if (!lane) {
 		ks[d] = 2.0f * s;
+		if (raws)
+			raws[d] = s;
+	}
 }
 
 extern "C" int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
-				       float *k_scale, float *v_scale, const uint16_t *rows_k,
+				       float *k_scale, float *v_scale, uint8_t *raw_k,
+				       float *raw_scale, const uint16_t *rows_k,
 				       const uint16_t *rows_v, int ld, const kvmem_scatter_item *item,
 				       int n, int n_kv_heads, int head_dim, int cap, double theta)
 {
@@ -106,7 +114,8 @@ extern "C" int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8
 	const unsigned rows = 2u * n * n_kv_heads;
 
 	f8_put_kernel<<<(rows + 7) / 8, 256, 0, c->stream>>>(view_k, view_v, k_scale, v_scale,
-							      rows_k, rows_v, ld, item, n,
+							      raw_k, raw_scale, rows_k, rows_v, ld,
+							      item, n,
 							      n_kv_heads, head_dim, cap, theta);
 	return kvmem_cuda_launched("fp8 view put");
 }
@@ -135,8 +144,9 @@ __device__ __forceinline__ void load16(uint8_t *o, const uint8_t *p, bool vec)
 }
 
 __global__ void __launch_bounds__(256)
-f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, const kvmem_gather_item *items,
-		 int n_layers, int n_kv, int hd, int cap, double theta)
+f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, float *raws,
+		 const kvmem_gather_item *items, int n_layers, int n_kv, int hd, int cap,
+		 double theta)
 {
 	const kvmem_gather_item m = items[blockIdx.x];
 	const int half = hd / 2, tk = half / 16, tt = tk + hd / 16;
@@ -176,14 +186,21 @@ f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, const kvmem_gat
 				    m.slot + t, i0 + j, hd, theta, inv2s);
 		*(uint4 *)(k8 + d * hd + i0) = *(const uint4 *)x;
 		*(uint4 *)(k8 + d * hd + half + i0) = *(const uint4 *)y;
-		if (c == 0)
+		if (raw8) {	/* the raw K kept beside the view */
+			*(uint4 *)(raw8 + d * hd + i0) = *(const uint4 *)a;
+			*(uint4 *)(raw8 + d * hd + half + i0) = *(const uint4 *)b;
+		}
+		if (c == 0) {
 			ks[d] = 2.0f * s;
+			if (raws)
+				raws[d] = s;
+		}
 	}
 }
 
 extern "C" int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
-					  float *k_scale, float *v_scale,
-					  const kvmem_gather_item *items, int n_items, int n_layers,
+					  float *k_scale, float *v_scale, uint8_t *raw_k,
+					  float *raw_scale, const kvmem_gather_item *items, int n_items, int n_layers,
 					  int n_kv_heads, int head_dim, int cap, double theta)
 {
 	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
@@ -196,8 +213,49 @@ extern "C" int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, ui
 	if (!n_items)
 		return 0;
 	f8_gather_kernel<<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(
-		view_k, view_v, k_scale, v_scale, items, n_layers, n_kv_heads, head_dim, cap, theta);
+		view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_layers, n_kv_heads,
+		head_dim, cap, theta);
 	return kvmem_cuda_launched("fp8 view gather");
+}
+
+/* ---- moves: the sources copied aside ---------------------------------------- */
+/* Grid (items, FG_Y): item i's raw K and V bytes [Hk][n][D], then their
+ * scales [Hk][n], at st + off; a thread moves 16 bytes. */
+__global__ void __launch_bounds__(256)
+f8_snap_kernel(char *st, const kvmem_fp8_snap *items, const uint8_t *raw8, const uint8_t *v8,
+	       const float *raws, const float *vs, int n_kv, int hd, int cap)
+{
+	const kvmem_fp8_snap m = items[blockIdx.x];
+	const int per = hd / 16, rows = m.n * n_kv, total = 2 * rows * per;
+	char *o = st + m.off;
+
+	for (int task = blockIdx.y * blockDim.x + threadIdx.x; task < total;
+	     task += gridDim.y * blockDim.x) {
+		const int c = task % per, r = task / per, isv = r >= rows, rr = r % rows;
+		const size_t src = ((size_t)m.layer * n_kv + rr / m.n) * cap + m.from + rr % m.n;
+
+		*(uint4 *)(o + ((size_t)isv * rows + rr) * hd + c * 16) =
+			*(const uint4 *)((isv ? v8 : raw8) + src * hd + c * 16);
+		if (!c)
+			((float *)(o + (size_t)2 * rows * hd))[(size_t)isv * rows + rr] =
+				(isv ? vs : raws)[src];
+	}
+}
+
+extern "C" int kvmem_cuda_fp8_view_snap(kvmem_cuda_ctx *c, char *st, const kvmem_fp8_snap *items,
+					int n_items, const uint8_t *raw_k, const uint8_t *view_v,
+					const float *raw_scale, const float *v_scale, int n_kv_heads,
+					int head_dim, int cap)
+{
+	if (n_items < 0 || n_kv_heads <= 0 || head_dim % 16 || cap < 0)
+		return kvmem_error(EINVAL, "fp8 view snapshot: %d items, %d heads x %d", n_items,
+				   n_kv_heads, head_dim);
+	if (!n_items)
+		return 0;
+	f8_snap_kernel<<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(st, items, raw_k, view_v,
+								    raw_scale, v_scale, n_kv_heads,
+								    head_dim, cap);
+	return kvmem_cuda_launched("fp8 view snapshot");
 }
 
 /* ---- a layer of the view as bf16 ------------------------------------------ */

@@ -35,39 +35,41 @@
 struct fview {
 	int L, H, D, cap;
 	size_t n;		/* rows: L * H * cap */
-	uint8_t *k8, *v8;	/* host twin */
-	float *ks, *vs;
-	void *dk8, *dv8, *dks, *dvs;
+	uint8_t *k8, *v8, *r8;	/* host twin; r8, rs: the raw K kept beside */
+	float *ks, *vs, *rs;
+	void *dk8, *dv8, *dks, *dvs, *dr8, *drs;
 };
 
 static void fview_make(struct fview *v, int L, int H, int D, int cap)
 {
 	*v = (struct fview){ .L = L, .H = H, .D = D, .cap = cap, .n = (size_t)L * H * cap };
-	v->k8 = hmalloc(v->n * D), v->v8 = hmalloc(v->n * D);
-	v->ks = hmalloc(4 * v->n), v->vs = hmalloc(4 * v->n);
-	memset(v->k8, 0xff, v->n * D), memset(v->v8, 0xff, v->n * D);
-	memset(v->ks, 0xff, 4 * v->n), memset(v->vs, 0xff, 4 * v->n);
-	v->dk8 = dpoison(v->n * D), v->dv8 = dpoison(v->n * D);
-	v->dks = dpoison(4 * v->n), v->dvs = dpoison(4 * v->n);
+	v->k8 = hmalloc(v->n * D), v->v8 = hmalloc(v->n * D), v->r8 = hmalloc(v->n * D);
+	v->ks = hmalloc(4 * v->n), v->vs = hmalloc(4 * v->n), v->rs = hmalloc(4 * v->n);
+	memset(v->k8, 0xff, v->n * D), memset(v->v8, 0xff, v->n * D), memset(v->r8, 0xff, v->n * D);
+	memset(v->ks, 0xff, 4 * v->n), memset(v->vs, 0xff, 4 * v->n), memset(v->rs, 0xff, 4 * v->n);
+	v->dk8 = dpoison(v->n * D), v->dv8 = dpoison(v->n * D), v->dr8 = dpoison(v->n * D);
+	v->dks = dpoison(4 * v->n), v->dvs = dpoison(4 * v->n), v->drs = dpoison(4 * v->n);
 }
 
 /* The device view equals the twin's, byte for byte. */
 static int fview_same(const struct fview *v)
 {
 	uint8_t *k = dget(v->dk8, v->n * v->D), *vv = dget(v->dv8, v->n * v->D);
-	float *ks = dget(v->dks, 4 * v->n), *vs = dget(v->dvs, 4 * v->n);
+	uint8_t *r = dget(v->dr8, v->n * v->D);
+	float *ks = dget(v->dks, 4 * v->n), *vs = dget(v->dvs, 4 * v->n), *rs = dget(v->drs, 4 * v->n);
 	int ok = !memcmp(k, v->k8, v->n * v->D) && !memcmp(vv, v->v8, v->n * v->D) &&
-		 !memcmp(ks, v->ks, 4 * v->n) && !memcmp(vs, v->vs, 4 * v->n);
+		 !memcmp(ks, v->ks, 4 * v->n) && !memcmp(vs, v->vs, 4 * v->n) &&
+		 !memcmp(r, v->r8, v->n * v->D) && !memcmp(rs, v->rs, 4 * v->n);
 
-	free(k), free(vv), free(ks), free(vs);
+	free(k), free(vv), free(ks), free(vs), free(r), free(rs);
 	return ok;
 }
 
 static void fview_free(struct fview *v)
 {
-	free(v->k8), free(v->v8), free(v->ks), free(v->vs);
-	kvmem_cuda_free(v->dk8), kvmem_cuda_free(v->dv8);
-	kvmem_cuda_free(v->dks), kvmem_cuda_free(v->dvs);
+	free(v->k8), free(v->v8), free(v->ks), free(v->vs), free(v->r8), free(v->rs);
+	kvmem_cuda_free(v->dk8), kvmem_cuda_free(v->dv8), kvmem_cuda_free(v->dr8);
+	kvmem_cuda_free(v->dks), kvmem_cuda_free(v->dvs), kvmem_cuda_free(v->drs);
 }
 
 /* n tokens' rows as a forward pass leaves them: [n][ld] bf16 with K at
@@ -92,10 +94,11 @@ static void check_put(int n, int H, int D, int slot)
 	fview_make(&v, L, H, D, cap);
 	drows = dput(rows, 2 * (size_t)n * ld);
 	ditem = dput(&it, sizeof(it));
-	kvmem_fp8_view_put(v.k8, v.v8, v.ks, v.vs, rows + k0, rows + k0 + H * D, ld, &it, n, H, D,
+	kvmem_fp8_view_put(v.k8, v.v8, v.ks, v.vs, v.r8, v.rs, rows + k0, rows + k0 + H * D, ld, &it, n, H, D,
 			   cap, THETA);
 	/* the untouched slots keep the poison on both sides */
-	ok = kvmem_cuda_fp8_view_put(g_c, v.dk8, v.dv8, v.dks, v.dvs, (uint16_t *)drows + k0,
+	ok = kvmem_cuda_fp8_view_put(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs,
+				     (uint16_t *)drows + k0,
 				     (uint16_t *)drows + k0 + H * D, ld, ditem, n, H, D, cap,
 				     THETA) == 0 && kvmem_cuda_sync(g_c) == 0;
 	report(ok && fview_same(&v), "fp8 view put: %d tokens x %d heads x %d at slot %d, K "
@@ -132,9 +135,10 @@ static void check_gather(int in_device)
 			dit[n] = in_device ? page_item(&p, dev, l, b, u0, len, it[n].slot) : it[n];
 			n++;
 		}
-	kvmem_fp8_view_gather(v.k8, v.v8, v.ks, v.vs, it, n, L, H, D, cap, THETA);
+	kvmem_fp8_view_gather(v.k8, v.v8, v.ks, v.vs, v.r8, v.rs, it, n, L, H, D, cap, THETA);
 	ditems = dput(dit, sizeof(dit[0]) * n);
-	ok = kvmem_cuda_fp8_view_gather(g_c, v.dk8, v.dv8, v.dks, v.dvs, ditems, n, L, H, D, cap,
+	ok = kvmem_cuda_fp8_view_gather(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs, ditems, n, L,
+					H, D, cap,
 					THETA) == 0 && kvmem_cuda_sync(g_c) == 0;
 	report(ok && fview_same(&v), "fp8 view gather: %d items of pages %s, K (rotated) and V "
 	       "bytes and scales bit for bit", n, in_device ? "in device memory" :
@@ -288,7 +292,8 @@ static int run_view_gather(void *a)
 {
 	struct vg_arg *g = a;
 
-	return kvmem_cuda_fp8_view_gather(g_c, g->v->dk8, g->v->dv8, g->v->dks, g->v->dvs, g->items,
+	return kvmem_cuda_fp8_view_gather(g_c, g->v->dk8, g->v->dv8, g->v->dks, g->v->dvs, NULL, NULL,
+					  g->items,
 					  g->n, g->v->L, g->v->H, g->v->D, g->v->cap, THETA);
 }
 

@@ -374,7 +374,7 @@ static void test_view_rows(void **state)
 			for (int i = 0; i < 2 * 64; i++)
 				rows[t][i] = kvmem_f32_to_bf16((float)test_rng_range(&r, -3, 3));
 		memset(vk, 0, sizeof(vk));
-		kvmem_fp8_view_put(vk, vv, ks, vs, rows[0], rows[0] + 64, 2 * 64, &item, 2, 2, 32, 7,
+		kvmem_fp8_view_put(vk, vv, ks, vs, NULL, NULL, rows[0], rows[0] + 64, 2 * 64, &item, 2, 2, 32, 7,
 				   theta);
 		for (int t = 0; t < 2; t++)
 			for (int h = 0; h < 2; h++) {

@@ -426,6 +426,11 @@ static int cuda_forward_batch_any(void *ctx, const kvmem_fwd_item *items, int n)
 	return cuda_forward_batch(ctx, items, n);
 }
 
+static int cuda_move_any(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
+{
+	return v->fp8 ? cuda_fp8_move(ctx, v, items, n) : cuda_move(ctx, v, items, n);
+}
+
 static int cuda_page_cached_any(void *ctx, const void *region, uint32_t owner, int64_t block,
 				int layer)
 {
@@ -472,6 +477,6 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
 	.keep_raw = cuda_keep_raw,
-	.move = cuda_move,
+	.move = cuda_move_any,
 	.devices = kvmem_cuda_device_count,
 };

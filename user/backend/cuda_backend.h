@@ -38,6 +38,8 @@ struct kvmem_view {
 	int fp8;
 	uint8_t *k8, *v8;
 	float *ks, *vs;
+	uint8_t *rk8;		/* fp8, keep_raw: raw K bytes and scales, the pages' */
+	float *rks;
 	kvmem_kvcache *host;	/* fp8: the view dequantised for host_view, or NULL */
 };
 
@@ -138,7 +140,10 @@ int cuda_set(void *ctx, const char *key, const char *value);
 int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);
 
 /* cuda_view_fp8.c: fp8 views. view_bytes: device bytes of cap slots. */
-uint64_t cuda_fp8_view_bytes(const struct cuda *b, int64_t cap);
+uint64_t cuda_fp8_view_bytes(const struct cuda *b, int64_t cap, int keep);
+int cuda_fp8_keep_raw(struct cuda *b, kvmem_view *v);
+/* move() over the raw K kept beside the view (-ENOTSUP without it). */
+int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n);
 int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots);
 void cuda_fp8_view_free(struct cuda *b, kvmem_view *v);	/* its memory: cap 0 */
 void cuda_fp8_view_destroy(struct cuda *b, kvmem_view *v);	/* and the view */

@@ -89,8 +89,8 @@ int cuda_keep_raw(void *ctx, kvmem_view *v)
 {
 	struct cuda *b = ctx;
 
-	if (v->fp8)	/* the session places moved tokens from their pages */
-		return kvmem_error(ENOTSUP, "cuda view: an fp8 view keeps no raw K yet");
+	if (v->fp8)
+		return cuda_fp8_keep_raw(b, v);
 	if (v->len)
 		return kvmem_error(EINVAL, "cuda view: raw K asked for after %lld tokens",
 				   (long long)v->len);

@@ -26,8 +26,10 @@
  *    pager's pinned pool) where they are, 16 bytes a thread, and rotates
  *    them into the view; other pages are packed into pinned staging on
  *    the host first (quantised when not fp8). No device page pool;
- *  - no raw K kept beside the view (keep_raw says -ENOTSUP: a selection
- *    places moved tokens from their pages), no batched forward (-ENOTSUP:
+ *  - the raw K kept beside the view (keep_raw): e4m3 bytes and scales as
+ *    the pages hold them, written by the forward pass, place() and move();
+ *    move() re-rotates from them (it is dropped first under the cap);
+ *  - no batched forward (-ENOTSUP:
  *    the caller runs items one by one). A decode step is a CUDA graph as
  *    on bf16 (the put kernel reads its slot, v5 its key count, on the
  *    device) while the main decode is v5; otherwise plain launches.
@@ -51,6 +53,7 @@ struct cuda_fp8 {
 	char *st, *host_st;	/* place()'s staging, device and pinned host */
 	size_t cap_st;
 	kvmem_gather_item *items, *host_items;
+	kvmem_fp8_snap *snaps, *host_snaps;	/* move(): the sources' copies */
 	int cap_items;
 };
 
@@ -71,15 +74,18 @@ void cuda_fp8_destroy(struct cuda *b)
 	kvmem_cuda_free(f->dv);
 	kvmem_cuda_free(f->st);
 	kvmem_cuda_free(f->items);
+	kvmem_cuda_free(f->snaps);
 	cudaFreeHost(f->host_st);
 	cudaFreeHost(f->host_items);
+	cudaFreeHost(f->host_snaps);
 	free(f);
 	b->f8 = NULL;
 }
 
-uint64_t cuda_fp8_view_bytes(const struct cuda *b, int64_t cap)
+uint64_t cuda_fp8_view_bytes(const struct cuda *b, int64_t cap, int keep)
 {
-	return (uint64_t)cap * b->c->n_layers * (2ull * b->kw + 8ull * b->c->n_kv_heads);
+	/* K, V and their scales; the raw K and its scales when kept */
+	return (uint64_t)cap * b->c->n_layers * (keep ? 3 : 2) * (b->kw + 4ull * b->c->n_kv_heads);
 }
 
 /* The bf16 scratch attention reads: one layer of `rows` slots, K and V. */
@@ -117,15 +123,51 @@ static int scratch_room(struct cuda *b, int64_t rows)
 
 void cuda_fp8_view_free(struct cuda *b, kvmem_view *v)
 {
-	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap);
+	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap, v->keep);
 	cuda_fwd_forget(b, v->k8);	/* decode graphs that hold it (cuda_fwd.c) */
 	kvmem_cuda_free(v->k8);
 	kvmem_cuda_free(v->v8);
 	kvmem_cuda_free(v->ks);
 	kvmem_cuda_free(v->vs);
-	v->k8 = v->v8 = NULL;
-	v->ks = v->vs = NULL;
+	kvmem_cuda_free(v->rk8);
+	kvmem_cuda_free(v->rks);
+	v->k8 = v->v8 = v->rk8 = NULL;
+	v->ks = v->vs = v->rks = NULL;
 	v->cap = 0;
+}
+
+/* Give the raw K up (under the cap): moves then say -ENOTSUP. */
+static void drop_raw(struct cuda *b, kvmem_view *v)
+{
+	if (!v->keep)
+		return;
+	cuda_fwd_forget(b, v->k8);	/* its decode graphs write the raw K */
+	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap, 1) - cuda_fp8_view_bytes(b, v->cap, 0);
+	kvmem_cuda_free(v->rk8);
+	kvmem_cuda_free(v->rks);
+	v->rk8 = NULL;
+	v->rks = NULL;
+	v->keep = 0;
+}
+
+int cuda_fp8_keep_raw(struct cuda *b, kvmem_view *v)
+{
+	int64_t cap = v->cap;
+	int rc;
+
+	if (v->len)
+		return kvmem_error(EINVAL, "cuda view: raw K asked for after %lld tokens",
+				   (long long)v->len);
+	if (v->keep)
+		return 0;
+	/* Nothing to keep yet: the view is made again with room for it. */
+	cuda_fp8_view_free(b, v);
+	v->keep = 1;
+	if (cap && (rc = cuda_fp8_reserve(b, v, cap)) < 0) {
+		v->keep = 0;
+		return rc;
+	}
+	return 0;
 }
 
 void cuda_fp8_view_destroy(struct cuda *b, kvmem_view *v)
@@ -193,10 +235,10 @@ static int copy_runs(struct cuda *b, void *dst, int64_t cd, const void *src, int
 int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
 {
 	const size_t D = b->c->head_dim, rows = (size_t)b->c->n_layers * b->c->n_kv_heads;
-	const uint64_t grow = cuda_fp8_view_bytes(b, slots) +
-			      (b->f8 && b->f8->rows >= slots ? 0 : scratch_bytes(b, slots));
-	uint8_t *nk = NULL, *nv = NULL;
-	float *nks = NULL, *nvs = NULL;
+	const uint64_t sgrow = b->f8 && b->f8->rows >= slots ? 0 : scratch_bytes(b, slots);
+	uint64_t grow;
+	uint8_t *nk = NULL, *nv = NULL, *nr = NULL;
+	float *nks = NULL, *nvs = NULL, *nrs = NULL;
 	int rc;
 
 	if (slots <= v->cap)
@@ -205,7 +247,12 @@ int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
 		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
 				   INT32_MAX);
 	/* Under the cap: while the view grows it holds the old and the new
-	 * copy at once; the bf16 scratch of one layer grows with it. */
+	 * copy at once; the bf16 scratch of one layer grows with it. The raw
+	 * K kept beside it goes first (a selection then places from pages). */
+	if (v->keep && b->mem_cap &&
+	    cuda_dev_used(b) + cuda_fp8_view_bytes(b, slots, 1) + sgrow + CUDA_CAP_MARGIN > b->mem_cap)
+		drop_raw(b, v);
+	grow = cuda_fp8_view_bytes(b, slots, v->keep) + sgrow;
 	if (b->mem_cap && cuda_dev_used(b) + grow + CUDA_CAP_MARGIN > b->mem_cap) {
 		cuda_pages_drop_pool(b);
 		if (cuda_dev_used(b) + grow + CUDA_CAP_MARGIN > b->mem_cap)
@@ -224,12 +271,16 @@ int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
 	    (rc = kvmem_cuda_malloc((void **)&nk, rows * slots * D)) < 0 ||
 	    (rc = kvmem_cuda_malloc((void **)&nv, rows * slots * D)) < 0 ||
 	    (rc = kvmem_cuda_malloc((void **)&nks, rows * slots * 4)) < 0 ||
-	    (rc = kvmem_cuda_malloc((void **)&nvs, rows * slots * 4)) < 0)
+	    (rc = kvmem_cuda_malloc((void **)&nvs, rows * slots * 4)) < 0 ||
+	    (v->keep && ((rc = kvmem_cuda_malloc((void **)&nr, rows * slots * D)) < 0 ||
+			 (rc = kvmem_cuda_malloc((void **)&nrs, rows * slots * 4)) < 0)))
 		goto fail;
 	if (v->len && ((rc = copy_runs(b, nk, slots, v->k8, v->cap, v->len, D)) < 0 ||
 		       (rc = copy_runs(b, nv, slots, v->v8, v->cap, v->len, D)) < 0 ||
 		       (rc = copy_runs(b, nks, slots, v->ks, v->cap, v->len, 4)) < 0 ||
 		       (rc = copy_runs(b, nvs, slots, v->vs, v->cap, v->len, 4)) < 0 ||
+		       (nr && (rc = copy_runs(b, nr, slots, v->rk8, v->cap, v->len, D)) < 0) ||
+		       (nrs && (rc = copy_runs(b, nrs, slots, v->rks, v->cap, v->len, 4)) < 0) ||
 		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
 		goto fail;
 	{
@@ -238,11 +289,13 @@ int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
 		cuda_fp8_view_free(b, v);
 		v->len = len;
 	}
-	b->view_bytes += cuda_fp8_view_bytes(b, slots);
+	b->view_bytes += cuda_fp8_view_bytes(b, slots, v->keep);
 	v->k8 = nk;
 	v->v8 = nv;
 	v->ks = nks;
 	v->vs = nvs;
+	v->rk8 = nr;
+	v->rks = nrs;
 	v->cap = slots;
 	return 0;
 fail:
@@ -250,6 +303,8 @@ fail:
 	kvmem_cuda_free(nv);
 	kvmem_cuda_free(nks);
 	kvmem_cuda_free(nvs);
+	kvmem_cuda_free(nr);
+	kvmem_cuda_free(nrs);
 	return rc;
 }
 
@@ -266,19 +321,27 @@ static int staging_room(struct cuda *b, size_t bytes, int n)
 		cudaFreeHost(f->host_st);
 		f->st = f->host_st = NULL;
 		f->cap_st = 0;
+		b->scratch_bytes -= f->cap_st;
+		f->cap_st = 0;
 		bytes = bytes < (4u << 20) ? (4u << 20) : bytes;
 		if ((rc = kvmem_cuda_malloc((void **)&f->st, bytes)) < 0 ||
 		    (rc = cuda_pinned(&f->host_st, bytes)) < 0)
 			return rc;
 		f->cap_st = bytes;
+		b->scratch_bytes += bytes;	/* counted under the cap */
 	}
 	if (n > f->cap_items) {
 		kvmem_cuda_free(f->items);
+		kvmem_cuda_free(f->snaps);
 		cudaFreeHost(f->host_items);
+		cudaFreeHost(f->host_snaps);
 		f->items = f->host_items = NULL;
+		f->snaps = f->host_snaps = NULL;
 		f->cap_items = 0;
 		if ((rc = kvmem_cuda_malloc((void **)&f->items, (size_t)n * sizeof(*f->items))) < 0 ||
-		    (rc = cuda_pinned(&f->host_items, (size_t)n * sizeof(*f->host_items))) < 0)
+		    (rc = cuda_pinned(&f->host_items, (size_t)n * sizeof(*f->host_items))) < 0 ||
+		    (rc = kvmem_cuda_malloc((void **)&f->snaps, (size_t)n * sizeof(*f->snaps))) < 0 ||
+		    (rc = cuda_pinned(&f->host_snaps, (size_t)n * sizeof(*f->host_snaps))) < 0)
 			return rc;
 		f->cap_items = n;
 	}
@@ -393,11 +456,109 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	}
 	if ((at && (rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, at)) < 0) ||
 	    (rc = kvmem_cuda_upload(b->ctx, f->items, f->host_items, (size_t)n * sizeof(*f->items))) < 0 ||
-	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, f->items, n,
+	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks,
+					     f->items, n,
 					     b->c->n_layers, H, D, (int)v->cap,
 					     b->c->rope_theta)) < 0)
 		return rc;
 	return kvmem_cuda_sync(b->ctx);
+}
+
+/* ---- move ------------------------------------------------------------------ */
+/*
+ * Tokens already in the view to other slots: per layer, the items' raw K
+ * and V runs (with their scales) are copied aside into the staging (one
+ * kernel), then the gather reads them there as it reads pages and writes
+ * K rotated at the new slot, V and the raw K: the bits a place() from the
+ * token's page at that slot gives. Layers one after another through the
+ * same staging (the stream keeps them in order), so it holds one layer's
+ * items. Every item reads the view as it was: its copy is taken before
+ * anything of its layer is written.
+ */
+int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
+{
+	const int H = b->c->n_kv_heads, D = b->c->head_dim, L = b->c->n_layers;
+	int *start = calloc((size_t)L + 1, sizeof(int)), *at = calloc((size_t)L, sizeof(int));
+	size_t *used = calloc((size_t)L, sizeof(size_t)), most = 0;
+	struct cuda_fp8 *f;
+	int rc = 0;
+
+	if (!start || !at || !used) {
+		rc = kvmem_error(ENOMEM, "cuda move (fp8): out of memory");
+		goto out;
+	}
+	if (!v->rk8) {
+		rc = kvmem_error(ENOTSUP, "cuda move: the fp8 view keeps no raw K");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		const kvmem_move *m = &items[i];
+
+		if (m->layer < 0 || m->layer >= L || m->n <= 0 || m->from < 0 || m->to < 0 ||
+		    m->from + m->n > v->cap || m->to + m->n > v->cap) {
+			rc = kvmem_error(EINVAL, "cuda move: bad move (layer %d, %d tokens from slot "
+					 "%lld to %lld of %lld)", m->layer, m->n, (long long)m->from,
+					 (long long)m->to, (long long)v->cap);
+			goto out;
+		}
+		start[m->layer + 1]++;
+		used[m->layer] += item_bytes(b, m->n);
+	}
+	if (!n)
+		goto out;
+	for (int l = 0; l < L; l++) {
+		start[l + 1] += start[l];
+		most = used[l] > most ? used[l] : most;
+		used[l] = 0;
+	}
+	/* Under the cap the staging may not fit: the session then places
+	 * these tokens from their pages. */
+	if (b->mem_cap && most > (b->f8 ? b->f8->cap_st : 0) &&
+	    cuda_dev_used(b) + most + CUDA_CAP_MARGIN > b->mem_cap) {
+		rc = kvmem_error(ENOTSUP, "cuda move (fp8): %zu MiB of staging over the GPU cap",
+				 most >> 20);
+		goto out;
+	}
+	if ((rc = staging_room(b, most, n)) < 0)
+		goto out;
+	f = b->f8;
+	for (int i = 0; i < n; i++) {	/* in layer order, each layer's from 0 */
+		const kvmem_move *m = &items[i];
+		const int k = start[m->layer] + at[m->layer]++;
+		const size_t off = used[m->layer];
+		char *dev = f->st + off;
+
+		used[m->layer] += item_bytes(b, m->n);
+		f->host_snaps[k] = (kvmem_fp8_snap){ .layer = m->layer, .n = m->n, .from = m->from,
+						     .off = (int64_t)off };
+		f->host_items[k] = (kvmem_gather_item){
+			.k = dev, .v = dev + (size_t)H * m->n * D,
+			.layer = m->layer, .slot = (int32_t)m->to, .n = m->n,
+			.head_stride = m->n * D, .dtype = KVMEM_DTYPE_FP8,
+			.k_scale = (const float *)(dev + (size_t)2 * H * m->n * D),
+			.v_scale = (const float *)(dev + (size_t)2 * H * m->n * D) + (size_t)H * m->n,
+			.scale_stride = m->n,
+		};
+	}
+	if ((rc = kvmem_cuda_upload(b->ctx, f->snaps, f->host_snaps, (size_t)n * sizeof(*f->snaps))) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, f->items, f->host_items, (size_t)n * sizeof(*f->items))) < 0)
+		goto out;
+	for (int l = 0; l < L; l++) {
+		const int c = start[l + 1] - start[l];
+
+		if (c && ((rc = kvmem_cuda_fp8_view_snap(b->ctx, f->st, f->snaps + start[l], c, v->rk8,
+							 v->v8, v->rks, v->vs, H, D, (int)v->cap)) < 0 ||
+			  (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8,
+							   v->rks, f->items + start[l], c, L, H, D,
+							   (int)v->cap, b->c->rope_theta)) < 0))
+			goto out;
+	}
+	rc = kvmem_cuda_sync(b->ctx);
+out:
+	free(start);
+	free(at);
+	free(used);
+	return rc;
 }
 
 /* ---- the forward pass --------------------------------------------------------- */
@@ -413,7 +574,8 @@ int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *
 	struct cuda_fp8 *f;
 	int rc;
 
-	if ((rc = kvmem_cuda_fp8_view_put(b->ctx, v->k8, v->v8, v->ks, v->vs, rk, rk + (size_t)H * D,
+	if ((rc = kvmem_cuda_fp8_view_put(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks, rk,
+					  rk + (size_t)H * D,
 					  ld, item, n, H, D, (int)v->cap, c->rope_theta)) < 0)
 		return rc;
 	/* Decode: v5 reads the e4m3 rows itself (-ENOTSUP: another decode
