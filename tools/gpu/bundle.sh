@@ -14,13 +14,15 @@ cd "$(dirname "$0")/../.."
 B=${BUILD:-build-gpu}
 # The CLI, the backend-parametrised unit tests (test_ws_batch: the batch
 # invariance, KVMEM_TEST_BACKEND=cuda in tests/gpu/batch26g.sh), the tensor-parallel ones
-# (tests/gpu/tp.sh), test_fp8_session (fp8 views on cuda: tests/gpu/fp827b.sh),
-# and the ops' check program when tests/gpu/ has one.
-targets="cli $B/tests/test_ws_session $B/tests/test_fp8_session $B/tests/test_ws_batch $B/tests/test_fwd_qlast $B/tests/test_tp_nccl $B/tests/test_tp"
+# (tests/gpu/tp.sh), and the ops' check program when tests/gpu/ has one.
+targets="cli $B/tests/test_ws_session $B/tests/test_ws_batch $B/tests/test_fwd_qlast $B/tests/test_tp_nccl $B/tests/test_tp"
 ls tests/gpu/*.c >/dev/null 2>&1 && targets="$targets gpu-check"
 make --no-print-directory BUILD=$B -j"$(nproc)" $targets >/dev/null
+# test_fp8_session: fp8 views on cuda (tests/gpu/fp827b.sh); the libraries
+# of test_ws_session's (added to what travels below)
+make --no-print-directory BUILD=$B -j"$(nproc)" $B/tests/test_fp8_session >/dev/null
 mkdir -p $B/lib
-bins=($B/kvmem $B/tests/test_ws_session $B/tests/test_fp8_session $B/tests/test_ws_batch $B/tests/test_fwd_qlast $B/tests/test_tp_nccl $B/tests/test_tp)
+bins=($B/kvmem $B/tests/test_ws_session $B/tests/test_ws_batch $B/tests/test_fwd_qlast $B/tests/test_tp_nccl $B/tests/test_tp)
 [ -x $B/gpu/kvmem_gpu_check ] && bins+=($B/gpu/kvmem_gpu_check)
 for b in "${bins[@]}"; do
 	[ -x "$b" ] && [ -f "$b" ] || continue
@@ -37,6 +39,7 @@ done
 
 # What travels: the binaries and their libraries, compressed (OpenBLAS alone
 # is 36 MB). On the GPU machine: tar xJf $B/bundle.tar.xz
+bins+=($B/tests/test_fp8_session)
 files=($B/lib "${bins[@]}")
 tar cJf $B/bundle.tar.xz "${files[@]}"
 du -sh $B/bundle.tar.xz | sed 's/^/bundle: /'

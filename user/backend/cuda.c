@@ -196,9 +196,9 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_i);
 	cudaFreeHost(b->host_st);
 	cudaFreeHost(b->host_items);
+	cuda_fp8_destroy(b);
 	cuda_pages_destroy(b);
 	cuda_fwd_destroy(b);
-	cuda_fp8_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
 	free(b);
 }
@@ -397,6 +397,26 @@ out:
 	return rc;
 }
 
+/* fp8 views: no batched forward yet (the caller runs the items one by
+ * one); moves over their raw K (cuda_view_fp8.c). */
+static int cuda_forward_batch_any(void *ctx, const kvmem_fwd_item *items, int n)
+{
+	if (((struct cuda *)ctx)->fp8)
+		return kvmem_error(ENOTSUP, "cuda: no batched forward over fp8 views yet");
+	return cuda_forward_batch(ctx, items, n);
+}
+
+static int cuda_move_any(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
+{
+	return v->fp8 ? cuda_fp8_move(ctx, v, items, n) : cuda_move(ctx, v, items, n);
+}
+
+/* fp8 views only: a bf16 view has no host copy to give. */
+static const kvmem_kvcache *cuda_host_view(void *ctx, const kvmem_view *v)
+{
+	return v->fp8 ? cuda_fp8_host_view(ctx, (kvmem_view *)v) : NULL;
+}
+
 static uint64_t cuda_mem_used(void *ctx)
 {
 	const struct cuda *b = ctx;
@@ -417,37 +437,11 @@ static void cuda_host_free(void *ctx, void *p)
 		cudaFreeHost(p);
 }
 
-/* fp8 views: no batched forward yet (the caller runs the items one by
- * one) and no device page pool (place() reads every page). */
-static int cuda_forward_batch_any(void *ctx, const kvmem_fwd_item *items, int n)
-{
-	if (((struct cuda *)ctx)->fp8)
-		return kvmem_error(ENOTSUP, "cuda: no batched forward over fp8 views yet");
-	return cuda_forward_batch(ctx, items, n);
-}
-
-static int cuda_move_any(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
-{
-	return v->fp8 ? cuda_fp8_move(ctx, v, items, n) : cuda_move(ctx, v, items, n);
-}
-
-static int cuda_page_cached_any(void *ctx, const void *region, uint32_t owner, int64_t block,
-				int layer)
-{
-	return ((struct cuda *)ctx)->fp8 ? 0 : cuda_page_cached(ctx, region, owner, block, layer);
-}
-
-/* fp8 views only: a bf16 view has no host copy to give. */
-static const kvmem_kvcache *cuda_host_view(void *ctx, const kvmem_view *v)
-{
-	return v->fp8 ? cuda_fp8_host_view(ctx, (kvmem_view *)v) : NULL;
-}
-
 const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.name = "cuda",
+	.fp8 = 1,	/* views: cuda_view_fp8.c */
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
 	.rows_dtype = KVMEM_DTYPE_BF16,
-	.fp8 = 1,
 	.page_rows = 1,
 	.available = cuda_available,
 	.create = cuda_create,
@@ -467,7 +461,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
 	.host_pinned = cuda_host_pinned,
-	.page_cached = cuda_page_cached_any,
+	.page_cached = cuda_page_cached,
 	.place_stats = cuda_place_stats,
 	.set = cuda_set,
 	.mirror_create = cuda_mirror_create,

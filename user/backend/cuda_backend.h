@@ -4,12 +4,12 @@
  *   cuda.c       weights, create/destroy, ceilings, the ops table
  *   cuda_fwd.c   the forward pass and its decode graphs
  *   cuda_fwd_batch.c  the batched forward (decode steps of many views)
+ *   cuda_view_fp8.c  fp8 views (kv_dtype fp8): their memory, place(), move(),
+ *                the forward pass's K/V and attention over them
  *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
  *   cuda_page.c  the paging path: registered host memory, the gather, the
  *                device page pool, place()'s counters, the copy ceilings
  *   cuda_score.c selection scoring on the device over a mirror of the index
- *   cuda_view_fp8.c  fp8 views (kv_dtype fp8): their memory, place(), and
- *                the forward pass's K/V and attention over them
  * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
  */
 #ifndef KVMEM_BACKEND_CUDA_INT_H
@@ -47,6 +47,8 @@ struct cuda {
 	const kvmem_config *c;
 	kvmem_cuda_ctx *ctx;
 	int max_chunk, qw, kw;
+	int fp8;			/* views hold fp8 KV (kvmem_backend_opts.kv_dtype) */
+	struct cuda_fp8 *f8;		/* cuda_view_fp8.c: its scratch and staging */
 	uint16_t *embed, *final_norm, *lm_head;	/* lm_head == embed when tied */
 	struct layer_w *L;
 	uint64_t weight_bytes;
@@ -75,8 +77,6 @@ struct cuda {
 					 * q/k/v scratch and decode graphs */
 	struct cuda_fwdb *fwdb;		/* cuda_fwd_batch.c: the batched forward's
 					 * buffers (made at its first call) */
-	int fp8;			/* views hold fp8 KV (kvmem_backend_opts.kv_dtype) */
-	struct cuda_fp8 *f8;		/* cuda_view_fp8.c: its scratch and staging */
 };
 
 /* place() methods (the "place" setting) */

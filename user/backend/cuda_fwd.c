@@ -51,7 +51,6 @@
 
 #include "backend/backend_impl.h"
 #include "kernels/kernels_cuda.h"
-#include "kernels/kernels_cuda_batch.h"
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
@@ -550,10 +549,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 			    kvmem_cuda_stream(b->ctx)) != cudaSuccess)
 		return kvmem_error(EIO, "cuda forward: copying the inputs up");
 	/* Pages are written by plain launches (a prefill chunk's). */
-	/* fp8 views: a graph only over v5's fp8 decode (another version reads
-	 * a bf16 scratch that may move: plain launches). */
-	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && out->pages) &&
-	    (!v->fp8 || kvmem_cuda_att_decode_is_v5(b->ctx))) {
+	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && out->pages)) {
 		if ((rc = graph_run(b, v, want_out, rows > 0)) == 0)
 			graphed = 1;
 		else if (f->mode == 2)

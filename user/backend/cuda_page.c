@@ -449,6 +449,8 @@ int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t bloc
 	struct region *r;
 	uint32_t oid;
 
+	if (b->fp8)	/* fp8 views keep no device page pool (cuda_view_fp8.c) */
+		return 0;
 	if (!pg || !pg->pool || !(r = region_at(pg, region)) || !(oid = owner_id(pg, r, owner, 0)))
 		return 0;
 	return pool_find(pg, pool_key(oid, block, layer)) != UINT32_MAX;

@@ -32,7 +32,9 @@
  *  - no batched forward (-ENOTSUP:
  *    the caller runs items one by one). A decode step is a CUDA graph as
  *    on bf16 (the put kernel reads its slot, v5 its key count, on the
- *    device) while the main decode is v5; otherwise plain launches.
+ *    device) while the main decode is v5; with another decode version
+ *    (KVMEM_CUDA_DECODE) the capture is refused and the backend decodes
+ *    with plain launches from then on (KVMEM_CUDA_GRAPH=2: an error).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -562,6 +564,15 @@ out:
 }
 
 /* ---- the forward pass --------------------------------------------------------- */
+/* Whether the compute stream is being captured into a graph. */
+static int capturing(struct cuda *b)
+{
+	enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+
+	return cudaStreamIsCapturing(kvmem_cuda_stream(b->ctx), &st) == cudaSuccess &&
+	       st != cudaStreamCaptureStatusNone;
+}
+
 int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *qkv, int ld,
 		   const kvmem_scatter_item *item, const int32_t *pos, const int32_t *n_kv)
 {
@@ -587,6 +598,11 @@ int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *
 						     D, scale);	/* the count: n_kv's (graphs) */
 		if (rc != -ENOTSUP)
 			return rc;
+		/* The way below bakes the key count into a decode graph being
+		 * captured: refuse it (the backend then decodes with plain
+		 * launches) rather than replay a stale count. */
+		if (capturing(b))
+			return kvmem_error(ENOTSUP, "cuda fp8 view: a decode graph needs decode v5");
 	}
 	if ((rc = scratch_room(b, v->cap)) < 0)
 		return rc;
