@@ -23,7 +23,10 @@
 #      48K-token workspace (Qwen3-8B geometry, random weights), bf16 then
 #      fp8: the warm step and decode in the session (each run's plain
 #      decode and prefill are its peers);
-#   5. test_ws_session on cuda (bf16 views unchanged), when time is left.
+#   5. the oracle (tests/oracle/oracle.py: transformers in fp32 on random
+#      Qwen3 models) against --backend cuda with --kv-dtype bf16, then fp8,
+#      the same seed, when time is left;
+#   6. test_ws_session on cuda (bf16 views unchanged), when time is left.
 #
 # Everything within 95 s of wall time (each step's timeout is cut to what
 # is left). Logs in OUTDIR; a short summary; "N passed, N failed"; exit 0
@@ -107,7 +110,23 @@ for dt in bf16 fp8; do
 	rm -rf "$tmp/b"
 done
 
-# 5. bf16 views unchanged, if time is left
+# 5. the oracle, bf16 then fp8 KV, if time is left
+if [ $((end - SECONDS)) -ge 30 ] && python3 -c 'import torch, transformers' 2>/dev/null; then
+	seed=$((RANDOM * 32768 + RANDOM))
+	for dt in bf16 fp8; do
+		if timeout "$(left 20)" python3 tests/oracle/oracle.py --kvmem "$K" --backend cuda \
+			--kv-dtype $dt --seed $seed --decode 4 >"$out/oracle_$dt.log" 2>&1; then
+			ok "oracle, cuda $dt KV"
+		else
+			bad "oracle, cuda $dt KV"
+			tail -4 "$out/oracle_$dt.log"
+		fi
+	done
+else
+	echo "NOT RUN: the oracle ($((end - SECONDS)) s left, or no torch)"
+fi
+
+# 6. bf16 views unchanged, if time is left
 if [ $((end - SECONDS)) -ge 15 ]; then
 	unit "$T" ws_session $((end - SECONDS))
 else
@@ -123,6 +142,7 @@ for dt in bf16 fp8; do
 	grep -h 'a view of up to' "$out/fits_$dt.log" | sed 's/; the device page pool.*//'
 	grep -hE 'median step|decode in a|per token:|prefilling' "$out/step_$dt.log" | head -6
 done
+grep -hE '^(PASS|FAIL) cuda' "$out"/oracle_*.log 2>/dev/null | sed 's/; vs torch.*//'
 awk '/decode in a/ { for (i = 1; i <= NF; i++) if ($i == "tokens/s;") { v[FILENAME] = $(i - 1); break } }
      END { b = v[ARGV[1]]; f = v[ARGV[2]]; if (b && f) printf "decode in the session, fp8 / bf16: %.2f (target >= 1.08 at 32K)\n", f / b }' \
 	"$out/step_bf16.log" "$out/step_fp8.log" 2>/dev/null
