@@ -419,6 +419,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
 	size_t total = 0, at = 0;
+	kvmem_gather_item g;
 	struct cuda_fp8 *f;
 	int rc;
 
@@ -431,7 +432,8 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 		    (!it->page.k_scale || !it->page.v_scale ||
 		     (it->page.scale_run && it->page.scale_run != (uint32_t)D)))
 			return kvmem_error(EINVAL, "cuda place: an fp8 page without its row scales");
-		total += item_bytes(b, it->n);
+		if (!direct(b, it, &g))	/* staging only for what is packed */
+			total += item_bytes(b, it->n);
 	}
 	if (!n)
 		return 0;
