@@ -1238,7 +1238,8 @@ extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 	    (rc = flash_attr<128, 4, 64, 2>(c)) || (rc = flash_attr<64, 1, 32, 1>(c)) ||
 	    (rc = flash_attr<64, 1, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 1>(c)) ||
 	    (rc = flash_attr<64, 8, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 2>(c)) ||
-	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)) || (rc = kvmem_cuda_attention_v6_setup(c)))
+	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)) || (rc = dec8_attr<128>(c)) ||
+	    (rc = dec8_attr<64>(c)) || (rc = kvmem_cuda_attention_v6_setup(c)))
 		return rc;
 	if (!c->att_cnt) {
 		void *p = NULL;
