@@ -54,7 +54,7 @@ git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$out/gpu.txt"
 
 # 1. the kernels against their twins
 if [ -x "$G" ]; then
-	timeout "$(left 35)" "$G" --fp8 --bench >"$out/fp8_check.log" 2>&1
+	timeout "$(left 30)" "$G" --fp8 --bench >"$out/fp8_check.log" 2>&1
 	rc=$?
 	n_ok=$(grep -c '^ok ' "$out/fp8_check.log")
 	n_bad=$(grep -c '^FAIL' "$out/fp8_check.log")
@@ -83,11 +83,11 @@ unit() { # binary, log, seconds
 		grep -E 'ERROR|FAILED|LINE|seed|differ|Assert|error' "$out/$2.log" | head -12
 	fi
 }
-unit "$F" fp8_session 30
+unit "$F" fp8_session 40
 
 # 3. the largest view under a 24 GiB cap
 for dt in bf16 fp8; do
-	if timeout "$(left 15)" "$K" bench step --backend cuda --kv-dtype $dt --only fits \
+	if timeout "$(left 12)" "$K" bench step --backend cuda --kv-dtype $dt --only fits \
 		--gpu-mem 24G --dir "$tmp/fits" >"$out/fits_$dt.log" 2>&1; then
 		ok "bench step fits, $dt"
 	else
@@ -99,7 +99,7 @@ done
 # 4. the warm step and decode in the session, bf16 then fp8
 for dt in bf16 fp8; do
 	mkdir -p "$tmp/b"
-	if timeout "$(left 30)" "$K" bench step --backend cuda --kv-dtype $dt --only step,decode \
+	if timeout "$(left 28)" "$K" bench step --backend cuda --kv-dtype $dt --only step,decode \
 		--tokens 49152 --view 32768 --steps 2 --decode 32 --tiers warm --dir "$tmp/b" \
 		>"$out/step_$dt.log" 2>&1; then
 		ok "bench step step,decode, $dt"
