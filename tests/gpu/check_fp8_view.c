@@ -6,6 +6,8 @@
  *    for bit (the page bytes the host makes of the same rows, K rotated);
  *  - gather: fp8 pages in pinned host memory and in device memory into the
  *    view at shuffled slots, bit for bit;
+ *  - a move (the sources copied aside, then gathered at new slots),
+ *    overlapping runs: view and raw K bit for bit against the twin;
  *  - a layer as bf16: bit for bit against kvmem_fp8_dequant_rows_bf16;
  *  - decode (v5 reading e4m3): bit for bit the bf16 v5 over the layer
  *    dequantised, at 1 to 32768 keys.
@@ -146,6 +148,83 @@ static void check_gather(int in_device)
 	fview_free(&v);
 	kvmem_cuda_free(ditems);
 	kvmem_cuda_free(dev);
+	cudaFreeHost(p.host);
+}
+
+/* A move inside the view: each layer's runs copied aside (snap), then
+ * gathered at their new slots from the copy (K re-rotated from the raw K
+ * there, V and the raw K moved); twin: the same gather from a host copy. */
+static void check_move(void)
+{
+	struct pages p;
+	const int L = 2, H = 8, D = 128, B = 32, NB = 6, cap = NB * B + 40;
+	kvmem_gather_item it[16], hit[16], dit[16];
+	kvmem_fp8_snap sn[16];
+	struct fview v;
+	const size_t ib = ((size_t)2 * H * B * D + (size_t)8 * H * B + 15) & ~(size_t)15;
+	char *host = hmalloc(16 * ib), *st = dpoison(16 * ib);
+	void *ditems, *dsnaps, *dit2;
+	int n = 0, m = 0, ok;
+
+	if (pages_make(&p, L, H, D, B, NB, KVMEM_DTYPE_FP8)) {
+		report(0, "fp8 view move: no pinned memory");
+		return;
+	}
+	fview_make(&v, L, H, D, cap);
+	for (int l = 0; l < L; l++)
+		for (int b = 0; b < NB; b++)
+			it[n++] = page_item(&p, p.host, l, b, 0, B, b * B);
+	kvmem_fp8_view_gather(v.k8, v.v8, v.ks, v.vs, v.r8, v.rs, it, n, L, H, D, cap, THETA);
+	ditems = dput(it, sizeof(it[0]) * n);
+	ok = kvmem_cuda_fp8_view_gather(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs, ditems, n, L,
+					H, D, cap, THETA) == 0;
+	/* Per layer: slots 10..49 to 30..69 (overlapping), 100..119 to 0..19. */
+	for (int l = 0; l < L; l++)
+		for (int k = 0; k < 2; k++) {
+			const int from = k ? 100 : 10, to = k ? 0 : 30, cnt = k ? 20 : 40;
+			const size_t off = (size_t)m * ib;
+			char *h = host + off, *d = st + off;
+
+			sn[m] = (kvmem_fp8_snap){ .layer = l, .n = cnt, .from = from, .off = (int64_t)off };
+			/* the host copy: raw K and V runs, then their scales */
+			for (int hh = 0; hh < H; hh++) {
+				const size_t r0 = ((size_t)l * H + hh) * cap + from;
+
+				memcpy(h + (size_t)hh * cnt * D, v.r8 + r0 * D, (size_t)cnt * D);
+				memcpy(h + ((size_t)H + hh) * cnt * D, v.v8 + r0 * D, (size_t)cnt * D);
+				memcpy(h + (size_t)2 * H * cnt * D + (size_t)hh * cnt * 4, v.rs + r0,
+				       (size_t)cnt * 4);
+				memcpy(h + (size_t)2 * H * cnt * D + ((size_t)H + hh) * cnt * 4, v.vs + r0,
+				       (size_t)cnt * 4);
+			}
+			for (int side = 0; side < 2; side++) {
+				char *base = side ? d : h;
+
+				(side ? dit : hit)[m] = (kvmem_gather_item){
+					.k = base, .v = base + (size_t)H * cnt * D, .layer = l, .slot = to,
+					.n = cnt, .head_stride = cnt * D, .dtype = KVMEM_DTYPE_FP8,
+					.k_scale = (const float *)(base + (size_t)2 * H * cnt * D),
+					.v_scale = (const float *)(base + (size_t)2 * H * cnt * D) + (size_t)H * cnt,
+					.scale_stride = cnt,
+				};
+			}
+			m++;
+		}
+	kvmem_fp8_view_gather(v.k8, v.v8, v.ks, v.vs, v.r8, v.rs, hit, m, L, H, D, cap, THETA);
+	dsnaps = dput(sn, sizeof(sn[0]) * m);
+	dit2 = dput(dit, sizeof(dit[0]) * m);
+	for (int l = 0; l < L && ok; l++)	/* a layer at a time, as cuda_fp8_move */
+		ok = kvmem_cuda_fp8_view_snap(g_c, st, (kvmem_fp8_snap *)dsnaps + 2 * l, 2, v.dr8,
+					      v.dv8, v.drs, v.dvs, H, D, cap) == 0 &&
+		     kvmem_cuda_fp8_view_gather(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs,
+						(kvmem_gather_item *)dit2 + 2 * l, 2, L, H, D, cap,
+						THETA) == 0;
+	ok = ok && kvmem_cuda_sync(g_c) == 0;
+	report(ok && fview_same(&v), "fp8 view move: %d runs over 2 layers (overlapping), K "
+	       "re-rotated from the raw K, V and raw K moved, bit for bit", m);
+	fview_free(&v);
+	free(host);
+	kvmem_cuda_free(st), kvmem_cuda_free(ditems), kvmem_cuda_free(dsnaps), kvmem_cuda_free(dit2);
 	cudaFreeHost(p.host);
 }
 
@@ -369,6 +448,7 @@ void check_fp8_view(int bench)
 	check_put(20, 2, 64, 3);
 	check_gather(0);
 	check_gather(1);
+	check_move();
 	check_layer_bf16(8, 300, 257, 128);
 	check_layer_bf16(3, 70, 70, 64);
 	check_dec8(1, 32, 8, 128);
