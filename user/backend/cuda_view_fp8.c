@@ -237,7 +237,9 @@ static int copy_runs(struct cuda *b, void *dst, int64_t cd, const void *src, int
 int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
 {
 	const size_t D = b->c->head_dim, rows = (size_t)b->c->n_layers * b->c->n_kv_heads;
-	const uint64_t sgrow = b->f8 && b->f8->rows >= slots ? 0 : scratch_bytes(b, slots);
+	/* the scratch grows in place: the old one is freed first */
+	const int64_t had = b->f8 ? b->f8->rows : 0;
+	const uint64_t sgrow = had >= slots ? 0 : scratch_bytes(b, slots) - scratch_bytes(b, had);
 	uint64_t grow;
 	uint8_t *nk = NULL, *nv = NULL, *nr = NULL;
 	float *nks = NULL, *nvs = NULL, *nrs = NULL;
