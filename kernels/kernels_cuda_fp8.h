@@ -36,6 +36,60 @@ int kvmem_cuda_decode_kv_bf16(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *
 			      const float *v_scale, int kv_dtype, int n_kv, size_t kv_stride,
 			      int n_heads, int n_kv_heads, int head_dim, float scale);
 
+/*
+ * fp8 views (fp8_view.cu; twins in kernels/kernels_fp8.h): [n_layers]
+ * [n_kv_heads][cap][head_dim] e4m3 K (rotated) and V, scales [n_layers]
+ * [n_kv_heads][cap] fp32. A view K row is its raw K's bytes (scale s)
+ * dequantised, rotated at the slot, quantised with scale 2s; V the raw
+ * bytes and scale.
+ * put: the n new tokens' rows from bf16 (row t of head h at rows + t * ld +
+ * h * head_dim: the forward pass's normalised K and V columns), quantised
+ * as kvmem_cuda_fp8_quant_rows does, at the device item's layer and slot.
+ * gather: items of fp8 pages (dtype KVMEM_DTYPE_FP8 with scales) the device
+ * can address. Both also write the raw K bytes and scale (the page's) at
+ * the same slots of raw_k / raw_scale, the view's layout, when set (NULL:
+ * the view keeps none). view_bf16: one layer's slots 0..len-1 as bf16
+ * [n_kv_heads][out_stride][head_dim] (head_dim % 8 == 0): what attention
+ * reads. snap: a move's sources copied aside (below), so the gather can
+ * read them as pages while it writes the view.
+ */
+typedef struct kvmem_fp8_snap {
+	int32_t layer, n;	/* slots from..from+n-1 of layer */
+	int64_t from;
+	int64_t off;		/* bytes into st: raw K then V [n_kv_heads][n][head_dim],
+				 * their scales [n_kv_heads][n]; 16-byte aligned */
+} kvmem_fp8_snap;
+int kvmem_cuda_fp8_view_snap(kvmem_cuda_ctx *c, char *st, const kvmem_fp8_snap *items,
+			     int n_items, const uint8_t *raw_k, const uint8_t *view_v,
+			     const float *raw_scale, const float *v_scale, int n_kv_heads,
+			     int head_dim, int cap);
+int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v, float *k_scale,
+			    float *v_scale, uint8_t *raw_k, float *raw_scale,
+			    const uint16_t *rows_k, const uint16_t *rows_v, int ld,
+			    const kvmem_scatter_item *item, int n, int n_kv_heads, int head_dim,
+			    int cap, double theta);
+int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
+			       float *k_scale, float *v_scale, uint8_t *raw_k, float *raw_scale,
+			       const kvmem_gather_item *items,
+			       int n_items, int n_layers, int n_kv_heads, int head_dim, int cap,
+			       double theta);
+int kvmem_cuda_fp8_view_bf16(kvmem_cuda_ctx *c, uint16_t *out_k, uint16_t *out_v, int out_stride,
+			     const uint8_t *view_k, const uint8_t *view_v, const float *k_scale,
+			     const float *v_scale, int n_kv_heads, int len, int cap, int head_dim);
+/*
+ * Decode attention (attention.cu, v5) over an fp8 view's layer: k, v e4m3
+ * [n_kv_heads][kv_stride][head_dim], k_scale / v_scale [n_kv_heads]
+ * [kv_stride], the key count on the device, arguments otherwise as
+ * kvmem_cuda_attention_decode_bf16's, and its bits over the same rows
+ * dequantised to bf16 (kvmem_cuda_fp8_view_bf16). -ENOTSUP when the main
+ * path's decode is not v5 (KVMEM_CUDA_DECODE).
+ */
+int kvmem_cuda_attention_decode_fp8(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+				    const int32_t *q_pos, int n_q, const uint8_t *k,
+				    const uint8_t *v, const float *k_scale, const float *v_scale,
+				    const int32_t *n_kv_dev, int max_kv, size_t kv_stride,
+				    int n_heads, int n_kv_heads, int head_dim, float scale);
+
 #ifdef __cplusplus
 }
 #endif

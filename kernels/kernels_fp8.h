@@ -31,6 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kernels_bf16.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -51,6 +53,27 @@ void kvmem_fp8_dequant_row(float *x, const uint8_t *q, float scale, int n);
  * them gives (the values an fp8 view holds), the same bits as the two
  * calls above. */
 void kvmem_fp8_roundtrip_rows(float *x, size_t rows, int n);
+
+/*
+ * The K row an fp8 view holds at slot pos (kernels/cuda/fp8_view.cu, the
+ * cuda backend's fp8 views): the raw row (e4m3 bytes raw[head_dim], scale
+ * raw_scale) dequantised, rotated at pos in double and rounded to fp32, then
+ * quantised with scale 2 * raw_scale (rotation lifts a component to at most
+ * sqrt(2) of the row's largest, so it never saturates): q[head_dim] and
+ * *scale. The V row is the raw one as it is.
+ */
+void kvmem_fp8_view_k_row(uint8_t *q, float *scale, const uint8_t *raw, float raw_scale,
+			  int32_t pos, int head_dim, double theta);
+/* Twins of kvmem_cuda_fp8_view_put and kvmem_cuda_fp8_view_gather
+ * (kernels/kernels_cuda_fp8.h), host pointers, item in host memory; raw_k /
+ * raw_scale (NULL: none) get the raw K bytes and scale at the same slots. */
+void kvmem_fp8_view_put(uint8_t *view_k, uint8_t *view_v, float *k_scale, float *v_scale,
+			uint8_t *raw_k, float *raw_scale, const uint16_t *rows_k, const uint16_t *rows_v, int ld,
+			const kvmem_scatter_item *item, int n, int n_kv_heads, int head_dim, int cap,
+			double theta);
+void kvmem_fp8_view_gather(uint8_t *view_k, uint8_t *view_v, float *k_scale, float *v_scale,
+			   uint8_t *raw_k, float *raw_scale, const kvmem_gather_item *items, int n_items, int n_layers,
+			   int n_kv_heads, int head_dim, int cap, double theta);
 
 /* ---- twins of kernels/cuda/fp8.cu (kernels/kernels_cuda_fp8.h) ---------- */
 /* rows rows of n values of x (x_dtype KVMEM_DTYPE_F32, or _BF16: a GPU's

@@ -45,8 +45,9 @@ typedef struct kvmem_backend_opts {
 	 * KVMEM_DTYPE_FP8: every new token's raw K and V are quantised to
 	 * e4m3 (a scale per token and KV head) before they are rotated,
 	 * stored and attended to, and pages are placed from fp8, so a full
-	 * context run and a paged session read the same fp8 KV (cpu only so
-	 * far: -ENOTSUP elsewhere). */
+	 * context run and a paged session read the same fp8 KV (cpu: fp32
+	 * views of the fp8 values; cuda: e4m3 views with row scales;
+	 * -ENOTSUP with --tp). */
 	uint32_t kv_dtype;
 	int tp;			/* tensor parallel ranks (GPUs), the model split by
 				 * KV heads (Documentation/architecture.md, "Tensor

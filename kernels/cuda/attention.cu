@@ -64,6 +64,7 @@
 
 #include "cuda_int.h"
 #include "attention_warp.cuh"
+#include "fp8.cuh"
 #include "kernels/kernels_cuda_batch.h"
 
 /* ---- version 1 ------------------------------------------------------------ */
@@ -613,6 +614,15 @@ combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
  * next launch. One split writes the output directly. Two blocks per SM
  * (107 KB of shared memory each at head_dim 128); the split target is two
  * blocks per SM over the KV heads, the split rule decode_split()'s.
+ *
+ * fp8 K/V (F8, the cuda backend's fp8 views: e4m3 rows with an fp32 scale
+ * each, kernels/cuda/fp8_view.cu): the ring holds the stages' raw bytes and
+ * scales (16-byte cp.async of 16 keys' dims, half a bf16 row's traffic),
+ * and each tile is dequantised by all 128 threads into one bf16 K/V tile
+ * (e4m3_bf16: exact, the bits kvmem_cuda_fp8_view_bf16 writes) between two
+ * barriers, then used as above: a decode over an fp8 view has the bits of
+ * this kernel over the view dequantised to bf16. 91 KB of shared memory
+ * at head_dim 128: still two blocks per SM.
  */
 #define DEC_BN 64	/* keys per stage, 16 per warp */
 #define DEC_WARPS 4
@@ -621,7 +631,8 @@ combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
 
 struct dec_args {
 	uint16_t *out;
-	const uint16_t *q, *k, *v;
+	const uint16_t *q, *k, *v;	/* F8: k and v are e4m3 bytes */
+	const float *ks, *vs;		/* F8: their row scales, kv_stride apart per KV head */
 	const int32_t *q_pos, *kv_pos;
 	const int *n_kv_dev;	/* the key count on the device (capped at n_kv), or NULL */
 	int n_q, n_kv, n_heads, n_kv_heads, group, target;
@@ -644,6 +655,13 @@ template <int HD> struct dec_cfg {
 	static constexpr size_t MERGE_BYTES =
 		((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16 + 16 * COMBINE_MAX + 16) * 4;
 	static_assert(MERGE_BYTES <= DEC_STAGES * STAGE_BYTES, "merge area over the stages");
+	/* fp8: one bf16 tile (a stage's size), then the ring of raw stages (K
+	 * bytes, V bytes [BN][HD], K scales, V scales [BN]), then the kv_pos
+	 * ring; the merge area over the tile and the raw ring. */
+	static constexpr size_t RAW_STAGE = (size_t)2 * DEC_BN * HD + (size_t)2 * DEC_BN * 4;
+	static constexpr size_t KV8_BYTES = STAGE_BYTES + DEC_STAGES * RAW_STAGE;
+	static constexpr size_t SMEM8 = Q_BYTES + KV8_BYTES + DEC_STAGES * DEC_BN * 4;
+	static_assert(MERGE_BYTES <= KV8_BYTES, "fp8: merge area over the tile and the ring");
 };
 
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid)
@@ -668,14 +686,18 @@ __device__ __forceinline__ void store_bf4(uint16_t *dst, float4 x, float f)
  * Shared by the one-sequence kernel (dec_kernel) and the batched one
  * (dec_batch_kernel, a sequence per blockIdx.z), so a sequence gets the
  * same bits from either. */
-template <int HD>
+template <int HD, int F8 = 0>
 __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const int split)
 {
 	typedef dec_cfg<HD> C;
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	uint16_t *sQ = (uint16_t *)smem_raw;
-	uint16_t *sKV = (uint16_t *)(smem_raw + C::Q_BYTES);	/* [STAGES][K, V][BN][LD] */
-	int *sP = (int *)(smem_raw + C::Q_BYTES + DEC_STAGES * C::STAGE_BYTES);	/* [STAGES][BN] */
+	/* [STAGES][K, V][BN][LD]; fp8: one [K, V][BN][LD] tile */
+	uint16_t *sKV = (uint16_t *)(smem_raw + C::Q_BYTES);
+	/* fp8: [STAGES] of (K bytes, V bytes [BN][HD], K scales, V scales [BN]) */
+	unsigned char *sRaw = smem_raw + C::Q_BYTES + C::STAGE_BYTES;
+	int *sP = (int *)(smem_raw + C::Q_BYTES +
+			  (F8 ? C::KV8_BYTES : DEC_STAGES * C::STAGE_BYTES));	/* [STAGES][BN] */
 	__shared__ int s_last;
 
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
@@ -723,6 +745,30 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 		const int j0 = ks + i * DEC_BN;
 		uint16_t *dk = sKV + (size_t)st * 2 * DEC_BN * C::LD, *dv = dk + DEC_BN * C::LD;
 
+		if (F8) {
+			const unsigned char *k8 = (const unsigned char *)a.k + (size_t)kvh * a.kv_stride * HD;
+			const unsigned char *v8 = (const unsigned char *)a.v + (size_t)kvh * a.kv_stride * HD;
+			const float *ksh = a.ks + (size_t)kvh * a.kv_stride;
+			const float *vsh = a.vs + (size_t)kvh * a.kv_stride;
+			unsigned char *rk = sRaw + (size_t)st * C::RAW_STAGE, *rv = rk + DEC_BN * HD;
+			float *rks = (float *)(rv + DEC_BN * HD), *rvs = rks + DEC_BN;
+
+#pragma unroll 2
+			for (int c = tid; c < DEC_BN * (HD / 16); c += C::THREADS) {
+				const int r = c / (HD / 16), cc = c % (HD / 16);
+				const bool ok = j0 + r < ke;
+				const size_t off = (size_t)(j0 + r) * HD + cc * 16;
+
+				cp_async16(rk + r * HD + cc * 16, ok ? k8 + off : (const void *)a.k, ok);
+				cp_async16(rv + r * HD + cc * 16, ok ? v8 + off : (const void *)a.v, ok);
+			}
+			for (int r = tid; r < DEC_BN; r += C::THREADS) {
+				const bool ok = j0 + r < ke;
+
+				cp_async4(rks + r, ok ? ksh + j0 + r : a.ks, ok);
+				cp_async4(rvs + r, ok ? vsh + j0 + r : a.vs, ok);
+			}
+		} else
 #pragma unroll 4
 		for (int c = tid; c < DEC_BN * C::CH; c += C::THREADS) {
 			const int r = c / C::CH, cc = c % C::CH;
@@ -761,13 +807,44 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 
 	for (int i = 0; i < n_tiles; i++) {
 		const int st = i % DEC_STAGES, j0 = ks + i * DEC_BN;
-		const uint32_t soff = (uint32_t)(st * C::STAGE_BYTES);
+		const uint32_t soff = F8 ? 0u : (uint32_t)(st * C::STAGE_BYTES);
 
 		cp_async_wait<DEC_STAGES - 2>();	/* stage i (and Q) have landed */
 		__syncthreads();	/* ... for every thread; stage i - 1 is free */
 		if (i + DEC_STAGES - 1 < n_tiles)
 			load_stage(i + DEC_STAGES - 1, (i + DEC_STAGES - 1) % DEC_STAGES);
 		cp_async_commit();
+		if (F8) {
+			/* Stage i's bytes into the tile as bf16, 8 values a thread
+			 * and round (the tile was last read before the barrier
+			 * above; the ring slot is refilled only after the next). */
+			const unsigned char *rk = sRaw + (size_t)st * C::RAW_STAGE, *rv = rk + DEC_BN * HD;
+			const float *rks = (const float *)(rv + DEC_BN * HD), *rvs = rks + DEC_BN;
+
+#pragma unroll 4
+			for (int c = tid; c < 2 * DEC_BN * (HD / 8); c += C::THREADS) {
+				const int isv = c >= DEC_BN * (HD / 8), cc = c % (DEC_BN * (HD / 8));
+				const int r = cc / (HD / 8), c8 = cc % (HD / 8);
+				const uint2 u = *(const uint2 *)((isv ? rv : rk) + r * HD + c8 * 8);
+				const float sc = (isv ? rvs : rks)[r];
+				const uint32_t w[2] = { u.x, u.y };
+				uint16_t o[8];
+
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					const uint16_t two = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
+					float lo, hi;
+
+					e4m3x2_to_f32(two, &lo, &hi);
+					o[2 * j] = e4m3_bf16((uint8_t)two, lo, sc);
+					o[2 * j + 1] = e4m3_bf16((uint8_t)(two >> 8), hi, sc);
+				}
+				*(uint4 *)(sKV + (size_t)isv * DEC_BN * C::LD + r * C::LD + c8 * 8) =
+					make_uint4(o[0] | (uint32_t)o[1] << 16, o[2] | (uint32_t)o[3] << 16,
+						   o[4] | (uint32_t)o[5] << 16, o[6] | (uint32_t)o[7] << 16);
+			}
+			__syncthreads();
+		}
 		if (i == 0) {
 #pragma unroll
 			for (int kk = 0; kk < HD / 16; kk++) {
@@ -1018,6 +1095,12 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_kernel(const dec_args a
 	dec_body<HD>(a, blockIdx.y, blockIdx.x);
 }
 
+template <int HD>
+__global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8_kernel(const dec_args a)
+{
+	dec_body<HD, 1>(a, blockIdx.y, blockIdx.x);
+}
+
 /*
  * The batched form (kvmem_cuda_att_dec_batch): blockIdx.z picks a
  * sequence, whose own arguments replace the shared ones; each sequence has
@@ -1111,6 +1194,27 @@ template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
 	return 0;
 }
 
+template <int HD> static int dec8_attr(kvmem_cuda_ctx *c)
+{
+	static int attr_set[64];
+
+	if (c->device < 64 && attr_set[c->device])
+		return 0;
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec8_kernel<HD>,
+							 cudaFuncAttributeMaxDynamicSharedMemorySize,
+							 (int)dec_cfg<HD>::SMEM8),
+				    "attention v5 (fp8): shared memory"))
+		return rc;
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec8_kernel<HD>,
+							 cudaFuncAttributePreferredSharedMemoryCarveout,
+							 (int)cudaSharedmemCarveoutMaxShared),
+				    "attention v5 (fp8): shared memory carveout"))
+		return rc;
+	if (c->device < 64)
+		attr_set[c->device] = 1;
+	return 0;
+}
+
 /* Version 6 (attention_wgmma.cu, sm_90a): 0 done or -errno; 1 when the
  * device or the shape is not its own (the caller runs v4). Its setup is
  * called with the others'. */
@@ -1134,7 +1238,8 @@ extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 	    (rc = flash_attr<128, 4, 64, 2>(c)) || (rc = flash_attr<64, 1, 32, 1>(c)) ||
 	    (rc = flash_attr<64, 1, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 1>(c)) ||
 	    (rc = flash_attr<64, 8, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 2>(c)) ||
-	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)) || (rc = kvmem_cuda_attention_v6_setup(c)))
+	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)) || (rc = dec8_attr<128>(c)) ||
+	    (rc = dec8_attr<64>(c)) || (rc = kvmem_cuda_attention_v6_setup(c)))
 		return rc;
 	if (!c->att_cnt) {
 		void *p = NULL;
@@ -1282,7 +1387,8 @@ static int dec_target(const kvmem_cuda_ctx *c, int n_kv_heads)
  * the key count return at once; without it, the splits the key count
  * needs. Scratch: the partials of `target` splits.
  */
-static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const int *n_kv_dev)
+static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const int *n_kv_dev,
+		   const float *ks = NULL, const float *vs = NULL)
 {
 	const int R = f.n_q * f.group;
 	dec_args a;
@@ -1300,6 +1406,8 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.q = f.q;
 	a.k = f.k;
 	a.v = f.v;
+	a.ks = ks;	/* set: fp8 K/V (dec8_kernel) */
+	a.vs = vs;
 	a.q_pos = f.q_pos;
 	a.kv_pos = f.kv_pos;
 	a.n_kv_dev = n_kv_dev;
@@ -1321,7 +1429,17 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.part_o = (float *)p;
 	a.part_m = (float *)((char *)p + rows_all * head_dim * sizeof(float));
 	a.part_l = (float *)((char *)a.part_m + kvmem_align_up(rows_all * sizeof(float), 256));
-	if (head_dim == 128) {
+	if (ks && head_dim == 128) {
+		if ((rc = dec8_attr<128>(c)))
+			return rc;
+		dec8_kernel<128><<<dim3(grid, f.n_kv_heads), dec_cfg<128>::THREADS, dec_cfg<128>::SMEM8,
+				   c->stream>>>(a);
+	} else if (ks) {
+		if ((rc = dec8_attr<64>(c)))
+			return rc;
+		dec8_kernel<64><<<dim3(grid, f.n_kv_heads), dec_cfg<64>::THREADS, dec_cfg<64>::SMEM8,
+				  c->stream>>>(a);
+	} else if (head_dim == 128) {
 		if ((rc = dec_attr<128>(c)))
 			return rc;
 		dec_kernel<128><<<dim3(grid, f.n_kv_heads), dec_cfg<128>::THREADS, dec_cfg<128>::SMEM,
@@ -1598,6 +1716,39 @@ extern "C" int kvmem_cuda_attention_decode_bf16(kvmem_cuda_ctx *c, int version, 
 	if (version == 5)
 		return decode5(c, a, head_dim, n_kv_dev);
 	return flash(c, a, head_dim, version, n_kv_dev);
+}
+
+/* Decode over fp8 K/V (e4m3 rows, k_scale / v_scale per row, kv_stride
+ * apart per KV head: an fp8 view's layer) by v5 (dec8_kernel): the bits of
+ * kvmem_cuda_attention_decode_bf16 over the same rows dequantised to bf16.
+ * -ENOTSUP when the main path's decode is not v5 (KVMEM_CUDA_DECODE): the
+ * caller dequantises and takes the bf16 path. */
+extern "C" int kvmem_cuda_attention_decode_fp8(kvmem_cuda_ctx *c, uint16_t *out,
+					       const uint16_t *q, const int32_t *q_pos, int n_q,
+					       const uint8_t *k, const uint8_t *v,
+					       const float *k_scale, const float *v_scale,
+					       const int32_t *n_kv_dev, int max_kv, size_t kv_stride,
+					       int n_heads, int n_kv_heads, int head_dim, float scale)
+{
+	flash_args a;
+	int rc;
+
+	if ((rc = bad_shape(n_q, max_kv, kv_stride, n_heads, n_kv_heads, head_dim)))
+		return rc;
+	if (!is_decode(n_q, n_heads, n_kv_heads) || !n_kv_dev || !k_scale || !v_scale)
+		return kvmem_error(EINVAL, "attention decode (fp8): %d queries of %d heads per KV "
+				   "head (at most 16 rows), a device key count and the scales", n_q,
+				   n_heads / n_kv_heads);
+	if (main_decode(c) != 5)
+		return kvmem_error(ENOTSUP, "attention decode (fp8): the main decode is v%d, not v5",
+				   main_decode(c));
+	if (!n_q)
+		return 0;
+	if ((rc = flash_args_for(&a, 5, out, q, q_pos, n_q, (const uint16_t *)k,
+				 (const uint16_t *)v, NULL, max_kv, kv_stride, n_heads, n_kv_heads,
+				 head_dim, scale)))
+		return rc;
+	return decode5(c, a, head_dim, n_kv_dev, k_scale, v_scale);
 }
 
 /* Whether the main path's decode is v5 (the batched decode's bits are

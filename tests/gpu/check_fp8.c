@@ -108,15 +108,7 @@ static void check_quant(int n, int x_dtype)
 	kvmem_cuda_free(ds);
 }
 
-/* Pages of L x NB blocks, fp8 (with scales) or bf16, made from the same
- * random rows; in pinned host memory. */
-struct pages {
-	int L, H, D, B, NB, dtype;
-	size_t page;		/* bytes of one page */
-	char *host;		/* pinned */
-};
-
-static int pages_make(struct pages *p, int L, int H, int D, int B, int NB, int dtype)
+int pages_make(struct pages *p, int L, int H, int D, int B, int NB, int dtype)
 {
 	const size_t rows = (size_t)H * B;
 
@@ -150,8 +142,7 @@ static int pages_make(struct pages *p, int L, int H, int D, int B, int NB, int d
 	return 0;
 }
 
-/* Item i: block b's page of layer l, tokens u0..u0+n-1, to slot. */
-static kvmem_gather_item page_item(const struct pages *p, const char *base, int l, int b, int u0,
+kvmem_gather_item page_item(const struct pages *p, const char *base, int l, int b, int u0,
 				   int n, int slot)
 {
 	const char *pg = base + ((size_t)b * p->L + l) * p->page;
@@ -422,4 +413,5 @@ void check_fp8(int bench)
 		check_decode(32768, 32, 8, 128);
 	if (bench)
 		bench_fp8();
+	check_fp8_view(bench);	/* the cuda backend's fp8 views: check_fp8_view.c */
 }

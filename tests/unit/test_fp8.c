@@ -15,7 +15,9 @@
  *  - the GPU kernels' twins: quantising bf16 rows is quantising their
  *    fp32 widening; gathering an fp8 page into a bf16 view, and decode
  *    attention over fp8 K/V, give the bits of the same over the bf16 page
- *    of the dequantised values (which bf16 holds exactly).
+ *    of the dequantised values (which bf16 holds exactly);
+ *  - an fp8 view's K row (the cuda backend's): the rotation within half a
+ *    step at twice the raw scale, never saturated; the put twin.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -321,6 +323,78 @@ static void test_twins(void **state)
 	free(vv2);
 }
 
+/* The K row of an fp8 view (the cuda backend's; kvmem_fp8_view_k_row):
+ * the raw row dequantised and rotated at the slot, within half an e4m3
+ * step of the exact rotation at scale 2s, and never saturated; the same
+ * rows at scale s would saturate (why the view doubles it). The put twin
+ * is the host's page quantisation, then that row. */
+static void test_view_rows(void **state)
+{
+	uint64_t r = g_seed ^ 0xf8e3;
+	const int D = 128;
+	const double theta = 1e6;
+	int saturated_at_s = 0;
+
+	for (int it = 0; it < 400; it++) {
+		float x[128], rot[128], back[128], sk, s2;
+		uint8_t raw[128], q[128];
+		const int32_t pos = test_rng_int(&r, 0, 1 << 20);
+		const int e = test_rng_int(&r, -30, 30);
+
+		for (int i = 0; i < D; i++)
+			x[i] = (float)ldexp(test_rng_range(&r, -1, 1), e);
+		if (it % 4 == 0)	/* rows whose largest values share a rotary pair */
+			x[3] = x[3 + D / 2] = (float)ldexp(1.75, e);	/* 448 s each */
+		kvmem_fp8_quant_row(raw, &sk, x, D);
+		kvmem_fp8_dequant_row(rot, raw, sk, D);
+		kvmem_rope(rot, &pos, 1, 1, D, theta);
+		kvmem_fp8_view_k_row(q, &s2, raw, sk, pos, D, theta);
+		assert_true(s2 == 2 * sk);
+		kvmem_fp8_dequant_row(back, q, s2, D);
+		for (int i = 0; i < D; i++) {
+			const double y = rot[i], err = fabs((double)back[i] - y);
+
+			/* the fp32 rotation (cpu) against the double one (the twin):
+			 * a few fp32 ulps beside half an e4m3 step */
+			if (err > 0x1p-4 * fabs(y) + 0x1p-10 * s2 + 0x1p-20 * sk * 448)
+				fail_msg("view K row %d dim %d: %g against %g (scale %g)", it, i,
+					 back[i], y, s2);
+			assert_true((q[i] & 0x7f) != 0x7e);	/* 448: saturated */
+			saturated_at_s |= fabs(y) / sk > 448;
+		}
+	}
+	assert_true(saturated_at_s);
+	{
+		uint16_t rows[2][2 * 64];	/* [token][K heads | V heads], 2 heads of 32 */
+		uint8_t vk[2 * 7 * 32], vv[2 * 7 * 32], q[32];	/* 2 heads x 7 slots */
+		float ks[2 * 7], vs[2 * 7], x[32], sc;
+		const kvmem_scatter_item item = { .layer = 0, .slot = 5, .n = 2 };
+
+		for (int t = 0; t < 2; t++)
+			for (int i = 0; i < 2 * 64; i++)
+				rows[t][i] = kvmem_f32_to_bf16((float)test_rng_range(&r, -3, 3));
+		memset(vk, 0, sizeof(vk));
+		kvmem_fp8_view_put(vk, vv, ks, vs, NULL, NULL, rows[0], rows[0] + 64, 2 * 64, &item, 2, 2, 32, 7,
+				   theta);
+		for (int t = 0; t < 2; t++)
+			for (int h = 0; h < 2; h++) {
+				const size_t d = (size_t)h * 7 + 5 + t;
+				uint8_t raw[32], kq[32];
+				float kss, k2;
+
+				kvmem_bf16_to_f32_n(x, rows[t] + 64 + h * 32, 32);
+				kvmem_fp8_quant_row(q, &sc, x, 32);
+				assert_memory_equal(vv + d * 32, q, 32);
+				assert_true(vs[d] == sc);
+				kvmem_bf16_to_f32_n(x, rows[t] + h * 32, 32);
+				kvmem_fp8_quant_row(raw, &kss, x, 32);
+				kvmem_fp8_view_k_row(kq, &k2, raw, kss, 5 + t, 32, theta);
+				assert_memory_equal(vk + d * 32, kq, 32);
+				assert_true(ks[d] == k2);
+			}
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -331,6 +405,7 @@ int main(void)
 		cmocka_unit_test(test_row_scales),
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_twins),
+		cmocka_unit_test(test_view_rows),
 	};
 
 	g_seed = test_rng_fresh_seed("test_fp8");

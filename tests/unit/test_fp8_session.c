@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * fp8 KV end to end on a backend opened with kv_dtype fp8
- * (KVMEM_TEST_BACKEND, cpu when unset):
+ * (KVMEM_TEST_BACKEND, cpu when unset; on cuda the views hold e4m3, read
+ * through host_view dequantised):
  *  - the restated exactness invariant: with a budget that holds the
  *    workspace, every logit of a paged session over an fp8 workspace (and
  *    over host-memory f32 pages) equals (memcmp) a plain full-context run
@@ -53,10 +54,17 @@ static kvmem_backend *open_backend(const kvmem_model *m, int chunk, uint32_t kv)
 	return b;
 }
 
+static int on_cuda(void)
+{
+	return !strcmp(test_backend_name(), "cuda");
+}
+
 static kvmem_model *small_model(uint64_t *rng)
 {
 	static const int geo[][4] = { { 2, 4, 2, 16 }, { 1, 2, 1, 8 }, { 3, 4, 1, 12 } };
-	const int *g = geo[test_rng_int(rng, 0, 2)];
+	/* The CUDA attention takes head_dim 64 or 128 only. */
+	static const int gpu_geo[][4] = { { 2, 4, 2, 64 }, { 1, 2, 1, 128 }, { 3, 4, 1, 64 } };
+	const int *g = (on_cuda() ? gpu_geo : geo)[test_rng_int(rng, 0, 2)];
 	kvmem_config c = test_model_config(g[0], 24, g[1], g[2], g[3], 40, 53, test_rng_int(rng, 0, 1));
 
 	return test_model_random(&c, (uint64_t)test_rng_int(rng, 1, 1 << 30));
@@ -81,7 +89,9 @@ static void twin_forward(void *arg, const int32_t *tok, int n, const float *logi
 }
 
 /* Every slot of the view: raw K of its token from the page, dequantised,
- * rotated at the slot; V dequantised. The slot -> token map is the plan's. */
+ * rotated at the slot (on cuda, whose views hold e4m3, quantised again as
+ * its twin kvmem_fp8_view_k_row says); V dequantised. The slot -> token
+ * map is the plan's. */
 static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvmem_config *c)
 {
 	const kvmem_plan *p = kvmem_session_plan(s);
@@ -115,7 +125,17 @@ static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvm
 			for (int h = 0; h < H; h++) {
 				float *rk = k + ((size_t)h * B + pos % B) * d;
 
-				kvmem_rope(rk, &s32, 1, 1, d, c->rope_theta);
+				if (on_cuda()) {
+					const size_t row = (size_t)h * B + pos % B;
+					uint8_t q[1024];
+					float sc;
+
+					kvmem_fp8_view_k_row(q, &sc, (const uint8_t *)pg.k + row * d,
+							     pg.k_scale[row], s32, d, c->rope_theta);
+					kvmem_fp8_dequant_row(rk, q, sc, d);
+				} else {
+					kvmem_rope(rk, &s32, 1, 1, d, c->rope_theta);
+				}
 				assert_memory_equal(kvmem_kv_k(kv, l, h, (int)slot), rk, sizeof(float) * d);
 				assert_memory_equal(kvmem_kv_v(kv, l, h, (int)slot),
 						    v + ((size_t)h * B + pos % B) * d, sizeof(float) * d);

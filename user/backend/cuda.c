@@ -196,6 +196,7 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_i);
 	cudaFreeHost(b->host_st);
 	cudaFreeHost(b->host_items);
+	cuda_fp8_destroy(b);
 	cuda_pages_destroy(b);
 	cuda_fwd_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
@@ -223,6 +224,7 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	b->mem_cap = o->mem_cap;
 	b->page_pool = o->page_pool;
 	b->index_mem = o->index_mem;
+	b->fp8 = o->kv_dtype == KVMEM_DTYPE_FP8;	/* views: cuda_view_fp8.c */
 	b->qw = c->n_heads * c->head_dim;
 	b->kw = c->n_kv_heads * c->head_dim;
 	C = (size_t)o->max_chunk, H = c->hidden, I = c->intermediate, V = c->vocab;
@@ -395,6 +397,26 @@ out:
 	return rc;
 }
 
+/* fp8 views: no batched forward yet (the caller runs the items one by
+ * one); moves over their raw K (cuda_view_fp8.c). */
+static int cuda_forward_batch_any(void *ctx, const kvmem_fwd_item *items, int n)
+{
+	if (((struct cuda *)ctx)->fp8)
+		return kvmem_error(ENOTSUP, "cuda: no batched forward over fp8 views yet");
+	return cuda_forward_batch(ctx, items, n);
+}
+
+static int cuda_move_any(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
+{
+	return v->fp8 ? cuda_fp8_move(ctx, v, items, n) : cuda_move(ctx, v, items, n);
+}
+
+/* fp8 views only: a bf16 view has no host copy to give. */
+static const kvmem_kvcache *cuda_host_view(void *ctx, const kvmem_view *v)
+{
+	return v->fp8 ? cuda_fp8_host_view(ctx, (kvmem_view *)v) : NULL;
+}
+
 static uint64_t cuda_mem_used(void *ctx)
 {
 	const struct cuda *b = ctx;
@@ -417,6 +439,7 @@ static void cuda_host_free(void *ctx, void *p)
 
 const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.name = "cuda",
+	.fp8 = 1,	/* views: cuda_view_fp8.c */
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
 	.rows_dtype = KVMEM_DTYPE_BF16,
 	.page_rows = 1,
@@ -430,8 +453,9 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.length = cuda_length,
 	.set_length = cuda_set_length,
 	.forward = cuda_forward,
-	.forward_batch = cuda_forward_batch,
+	.forward_batch = cuda_forward_batch_any,
 	.place = cuda_place,
+	.host_view = cuda_host_view,
 	.ceilings = cuda_ceilings,
 	.mem_used = cuda_mem_used,
 	.host_register = cuda_host_register,
@@ -447,6 +471,6 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
 	.keep_raw = cuda_keep_raw,
-	.move = cuda_move,
+	.move = cuda_move_any,
 	.devices = kvmem_cuda_device_count,
 };

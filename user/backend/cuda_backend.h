@@ -4,6 +4,8 @@
  *   cuda.c       weights, create/destroy, ceilings, the ops table
  *   cuda_fwd.c   the forward pass and its decode graphs
  *   cuda_fwd_batch.c  the batched forward (decode steps of many views)
+ *   cuda_view_fp8.c  fp8 views (kv_dtype fp8): their memory, place(), move(),
+ *                the forward pass's K/V and attention over them
  *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
  *   cuda_page.c  the paging path: registered host memory, the gather, the
  *                device page pool, place()'s counters, the copy ceilings
@@ -30,12 +32,23 @@ struct kvmem_view {
 	uint16_t *rk;		/* raw K [L][Hk][cap][D] when kept (keep_raw) */
 	int keep;		/* keep_raw asked and not given up */
 	int64_t cap, len;
+	/* fp8 views (the backend's kv_dtype; cuda_view_fp8.c): k and v stay
+	 * NULL, these hold e4m3 K (rotated) and V [L][Hk][cap][D] and their
+	 * row scales [L][Hk][cap] (kernels/kernels_cuda_fp8.h). */
+	int fp8;
+	uint8_t *k8, *v8;
+	float *ks, *vs;
+	uint8_t *rk8;		/* fp8, keep_raw: raw K bytes and scales, the pages' */
+	float *rks;
+	kvmem_kvcache *host;	/* fp8: the view dequantised for host_view, or NULL */
 };
 
 struct cuda {
 	const kvmem_config *c;
 	kvmem_cuda_ctx *ctx;
 	int max_chunk, qw, kw;
+	int fp8;			/* views hold fp8 KV (kvmem_backend_opts.kv_dtype) */
+	struct cuda_fp8 *f8;		/* cuda_view_fp8.c: its scratch and staging */
 	uint16_t *embed, *final_norm, *lm_head;	/* lm_head == embed when tied */
 	struct layer_w *L;
 	uint64_t weight_bytes;
@@ -111,6 +124,8 @@ void cuda_fwdb_destroy(struct cuda *b);
 
 /* cuda_page.c */
 int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);
+/* The device's address of [p, p + len) in registered host memory, or NULL. */
+const void *cuda_pages_dev_addr(struct cuda *b, const void *p, size_t len);
 int cuda_pages_method(struct cuda *b);
 void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns);
 uint64_t cuda_pages_dev_bytes(const struct cuda *b);
@@ -123,6 +138,28 @@ int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t bloc
 void cuda_place_stats(void *ctx, kvmem_place_stats *st);
 int cuda_set(void *ctx, const char *key, const char *value);
 int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);
+
+/* cuda_view_fp8.c: fp8 views. view_bytes: device bytes of cap slots. */
+uint64_t cuda_fp8_view_bytes(const struct cuda *b, int64_t cap, int keep);
+int cuda_fp8_keep_raw(struct cuda *b, kvmem_view *v);
+/* move() over the raw K kept beside the view (-ENOTSUP without it). */
+int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n);
+int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots);
+void cuda_fp8_view_free(struct cuda *b, kvmem_view *v);	/* its memory: cap 0 */
+void cuda_fp8_view_destroy(struct cuda *b, kvmem_view *v);	/* and the view */
+/* The view's slots 0..len-1 dequantised into host fp32 (host_view: tests
+ * that look inside), kept with the view until the next call; NULL with a
+ * message on failure. */
+const kvmem_kvcache *cuda_fp8_host_view(struct cuda *b, kvmem_view *v);
+int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);
+/* Layer l's attention input over an fp8 view: the n new tokens' K and V
+ * (normalised K and raw V columns of qkv, rows ld apart) into the view at
+ * the device item's slot, then attention of the rotated queries q
+ * (positions pos, device) over slots 0..len+n-1 into att. n_kv: the key
+ * count on the device (decode). */
+int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *qkv, int ld,
+		   const kvmem_scatter_item *item, const int32_t *pos, const int32_t *n_kv);
+void cuda_fp8_destroy(struct cuda *b);
 
 /* cuda_score.c: the score op and its mirrors */
 int cuda_mirror_create(void *ctx, void **out);

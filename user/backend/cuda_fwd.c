@@ -241,6 +241,20 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 	/* The norms go through the fused ops: one kernel for a decode step when
 	 * "fuse" is on, else rmsnorm then GEMM (then SwiGLU), with the same bits
 	 * either way (kernels/cuda/gemv.cu). */
+	if (v->fp8) {	/* K and V into the view as fp8, then attention: cuda_view_fp8.c */
+		if ((rc = kvmem_cuda_norm_gemv_bf16(b->ctx, qkv, KVMEM_GEMM_BF16, b->x,
+						    w->attn_norm, c->rms_eps, w->wq, b->h, n, H,
+						    ld)) ||
+		    (rc = kvmem_cuda_qk_norm_rope_bf16(
+			     b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
+			     c->rms_eps, p->pos, c->rope_theta, b->q,
+			     want_out ? p->oq + l * p->sq : NULL, want_out ? p->ok + l * p->sk : NULL,
+			     want_out ? p->ov + l * p->sk : NULL)) ||
+		    ((p->hk || p->hv || p->pages) && (rc = rows_down(b, l, n, p)) < 0) ||
+		    (rc = cuda_fp8_layer(b, v, l, n, qkv, ld, p->items + l, p->pos, p->n_kv)) < 0)
+			return rc;
+		goto mlp;
+	}
 	if ((rc = kvmem_cuda_norm_gemv_bf16(b->ctx, qkv, KVMEM_GEMM_BF16, b->x, w->attn_norm,
 					    c->rms_eps, w->wq, b->h, n, H, ld)) ||
 	    /* The new tokens' K and V go into the view through the very
@@ -264,8 +278,10 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 		rc = kvmem_cuda_attention_bf16(b->ctx, b->att, b->q, p->pos, n, v->k + l * vl,
 					       v->v + l * vl, NULL, (int)(v->len + n),
 					       (size_t)v->cap, c->n_heads, c->n_kv_heads, D, scale);
-	if (rc ||
-	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n, b->qw,
+	if (rc)
+		return rc;
+mlp:
+	if ((rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n, b->qw,
 				       H)) ||
 	    (rc = kvmem_cuda_norm_gemv_swiglu_bf16(b->ctx, b->act, b->x, w->mlp_norm, c->rms_eps,
 						   w->w_gateup, b->h, b->gu, n, H, I)) ||
@@ -375,8 +391,8 @@ static int graph_run(struct cuda *b, kvmem_view *v, int want_out, int has_logits
 									 c->head_dim))) < 0)
 		return rc;
 	memset(&k, 0, sizeof(k));	/* compared with memcmp */
-	k.vk = v->k;
-	k.vv = v->v;
+	k.vk = v->fp8 ? (const uint16_t *)v->k8 : v->k;	/* fp8: its bytes, freed with its scales */
+	k.vv = v->fp8 ? (const uint16_t *)v->v8 : v->v;
 	k.cap = v->cap;
 	k.scratch_gen = kvmem_cuda_scratch_gen(b->ctx);
 	k.logits = b->logits;

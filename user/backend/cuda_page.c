@@ -449,6 +449,8 @@ int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t bloc
 	struct region *r;
 	uint32_t oid;
 
+	if (b->fp8)	/* fp8 views keep no device page pool (cuda_view_fp8.c) */
+		return 0;
 	if (!pg || !pg->pool || !(r = region_at(pg, region)) || !(oid = owner_id(pg, r, owner, 0)))
 		return 0;
 	return pool_find(pg, pool_key(oid, block, layer)) != UINT32_MAX;
@@ -463,6 +465,17 @@ static struct region *region_of(struct cuda_pages *pg, const void *p, size_t len
 			return r;
 	}
 	return NULL;
+}
+
+/* fp8 views (cuda_view_fp8.c): the device's address of [p, p + len) when it
+ * lies in registered host memory, else NULL. */
+const void *cuda_pages_dev_addr(struct cuda *b, const void *p, size_t len)
+{
+	struct region *r;
+
+	if (!b->pages || !(r = region_of(b->pages, p, len)))
+		return NULL;
+	return r->dev + ((const char *)p - r->base);
 }
 
 /* ---- room ----------------------------------------------------------------- */

@@ -35,6 +35,7 @@ int cuda_view_create(void *ctx, kvmem_view **v)
 {
 	if (!(*v = calloc(1, sizeof(**v))))
 		return kvmem_error(ENOMEM, "cuda view: out of memory");
+	(*v)->fp8 = ((struct cuda *)ctx)->fp8;	/* cuda_view_fp8.c */
 	return 0;
 }
 
@@ -42,6 +43,10 @@ void cuda_view_destroy(void *ctx, kvmem_view *v)
 {
 	if (!v)
 		return;
+	if (v->fp8) {
+		cuda_fp8_view_destroy(ctx, v);
+		return;
+	}
 	((struct cuda *)ctx)->view_bytes -= view_bytes(ctx, v, v->cap);
 	cuda_fwd_forget(ctx, v->k);
 	kvmem_cuda_free(v->k);
@@ -84,6 +89,8 @@ int cuda_keep_raw(void *ctx, kvmem_view *v)
 {
 	struct cuda *b = ctx;
 
+	if (v->fp8)
+		return cuda_fp8_keep_raw(b, v);
 	if (v->len)
 		return kvmem_error(EINVAL, "cuda view: raw K asked for after %lld tokens",
 				   (long long)v->len);
@@ -117,6 +124,8 @@ int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 	uint16_t *nk = NULL, *nv = NULL, *nr = NULL;
 	int rc;
 
+	if (v->fp8)
+		return cuda_fp8_reserve(b, v, slots);
 	if (slots <= v->cap)
 		return 0;
 	if (slots > INT32_MAX)
@@ -279,6 +288,8 @@ int cuda_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 	double t0 = (double)kvmem_now_ns();
 	int rc, device = 0;
 
+	if (v->fp8)
+		return cuda_fp8_place(b, v, items, n);
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
 

@@ -71,6 +71,7 @@ struct cell {
 
 struct opts {
 	const char *model, *json, *csv, *backend;
+	uint32_t kv_dtype;	/* --kv-dtype fp8: KVMEM_DTYPE_FP8; 0: the backend's own */
 	double sizes[MAX_LIST], depths[MAX_LIST];
 	int n_sizes, n_depths;
 	const char *pol[MAX_POL];
@@ -126,6 +127,8 @@ static void usage(FILE *f)
 		"  --block N          tokens per block, a power of two 16..256 (default 32)\n"
 		"  --backend NAME     compute backend: cpu (default: the published figures),\n"
 		"                     cuda, or auto (cuda when there is a GPU)\n"
+		"  --kv-dtype T       the KV attention reads: the backend's own (default) or\n"
+		"                     fp8 (as kvmem run --kv-dtype)\n"
 		"  --query-tokens N   query tokens that drive selection (default: 1 with\n"
 		"                     ahead, the marker's; else the question's tokens)\n"
 		"  --select-at WHERE  ahead (default): take the question's queries over the\n"
@@ -192,6 +195,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "lab", required_argument, NULL, 'L' },	{ "trace", required_argument, NULL, 't' },	{ "seed", required_argument, NULL, 's' },
 		{ "quick", no_argument, NULL, 'K' },		{ "quiet", no_argument, NULL, 'z' },
 		{ "backend", required_argument, NULL, 'x' },	{ "help", no_argument, NULL, 'h' },
+		{ "kv-dtype", required_argument, NULL, 'V' },
 		{ 0 },
 	};
 	static const double sizes[] = { 1, 4, 16, 64 }, depths[] = { 0.1, 0.3, 0.5, 0.7, 0.9 };
@@ -224,6 +228,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'z': o->quiet = 1; break;
 		case 'm': o->model = optarg; break;
 		case 'x': o->backend = optarg; break;
+		case 'V':
+			if (strcmp(optarg, "fp8") && strcmp(optarg, "bf16")) {
+				fprintf(stderr, "%s: --kv-dtype wants bf16 or fp8, not '%s'\n", w,
+					optarg);
+				return -1;
+			}
+			o->kv_dtype = strcmp(optarg, "fp8") ? 0 : KVMEM_DTYPE_FP8;
+			break;
 		case 'J': o->json = optarg; break;
 		case 'c': o->csv = optarg; break;
 		case 'p': pols = optarg; break;
@@ -874,7 +886,8 @@ int bench_recall(int argc, char **argv)
 	}
 	if (kvmem_model_load(b.o.model, &b.m) || check_vocab(b.o.model, &b.m->cfg) ||
 	    kvmem_backend_open(b.o.backend ? b.o.backend : "cpu", b.m,
-			       &(kvmem_backend_opts){ .max_chunk = b.o.chunk }, &b.e) < 0) {
+			       &(kvmem_backend_opts){ .max_chunk = b.o.chunk,
+						      .kv_dtype = b.o.kv_dtype }, &b.e) < 0) {
 		fprintf(stderr, "kvmem bench recall: %s\n", kvmem_last_error());
 		if (b.m && !b.e && kvmem_last_errno() == EINVAL && b.o.backend)
 			rc = EXIT_USAGE;	/* an unknown backend name */

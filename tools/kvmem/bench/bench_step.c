@@ -101,6 +101,9 @@ static void usage(FILE *f)
 		"                     phase); past it the device reads the host's index\n"
 		"  --host-scoring     score selections on the host (the comparison)\n"
 		"  --tp N             tensor parallel over N GPUs (as kvmem run --tp)\n"
+		"  --kv-dtype T       bf16 (default) or fp8: the workspace's pages and the\n"
+		"                     backend's views (as kvmem run --kv-dtype); fp8 runs the\n"
+		"                     phases step, decode and fits\n"
 		"  --seed S           random pages and tokens (default 1)\n"
 		"  --keep             keep the scratch workspaces\n"
 		"  --help             this text\n"
@@ -109,7 +112,8 @@ static void usage(FILE *f)
 		"examples:\n"
 		"  kvmem bench step --only ceilings,remat,coldin\n"
 		"  kvmem bench step --layers 4 --only step,decode --tokens 256k --view 64k\n"
-		"  kvmem bench step --layers 1 --only memory --memory 256k,4M\n",
+		"  kvmem bench step --layers 1 --only memory --memory 256k,4M\n"
+		"  kvmem bench step --kv-dtype fp8 --only step,decode --tiers warm --view 32k\n",
 		CLI_COUNT_HELP, CLI_SIZE_HELP);
 }
 
@@ -198,6 +202,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "queue-depth", required_argument, NULL, 'Q' },
 		{ "tiers", required_argument, NULL, 'i' },
 		{ "tp", required_argument, NULL, 'T' },
+		{ "kv-dtype", required_argument, NULL, 'K' },
 		{ "help", no_argument, NULL, 'h' },	     { 0 },
 	};
 	int c;
@@ -218,6 +223,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->memory[0] = 256 * 1024, o->memory[1] = 4 * 1024 * 1024, o->n_memory = 2;
 	o->mem_layers = 1;
 	o->seed = 1;
+	o->kv_dtype = KVMEM_DTYPE_BF16;
 	cli_getopt_reset();
 	while ((c = cli_getopt(WHO, argc, argv, opts)) != -1) {
 		const char *name = cli_optname;
@@ -251,6 +257,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'g': bad = cli_parse_size(WHO, name, optarg, 1 << 20, 1ull << 50, &o->gpu_mem); break;
 		case 'H': bad = cli_parse_size(WHO, name, optarg, 1 << 20, 1ull << 50, &o->host_cap); break;
 		case 's': bad = cli_parse_u64(WHO, name, optarg, &o->seed); break;
+		case 'K':
+			if (!strcmp(optarg, "bf16"))
+				o->kv_dtype = KVMEM_DTYPE_BF16;
+			else if (!strcmp(optarg, "fp8"))
+				o->kv_dtype = KVMEM_DTYPE_FP8;
+			else {
+				fprintf(stderr, "%s: --kv-dtype: '%s' (bf16 or fp8)\n", WHO, optarg);
+				bad = 1;
+			}
+			break;
 		default: return -1;
 		}
 		if (bad)
@@ -258,6 +274,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (cli_no_operands(WHO, argc, argv))
 		return -1;
+	/* The other phases lay out bf16 pages themselves. */
+	if (o->kv_dtype == KVMEM_DTYPE_FP8 && (o->only & ~(PH_CEIL | PH_STEP | PH_DECODE | PH_FITS))) {
+		fprintf(stderr, "%s: --kv-dtype fp8 runs the phases step, decode and fits only "
+			"(--only)\n", WHO);
+		return -1;
+	}
 	return 0;
 }
 
@@ -279,7 +301,12 @@ int bench_step(int argc, char **argv)
 		return usage_err ? EXIT_USAGE : 1;
 	x.geo = *m;
 	x.half = (size_t)x.geo.cfg.n_kv_heads * BLOCK * x.geo.cfg.head_dim * 2;
-	x.page_bytes = 2 * x.half;
+	{
+		kvmem_page_geom g;
+
+		geom_of(&x, &x.geo, &g);
+		x.page_bytes = kvmem_page_bytes(&g);
+	}
 	if (mkdir(x.o.dir, 0755) < 0 && errno != EEXIST) {
 		fprintf(stderr, "%s: %s: %s\n", WHO, x.o.dir, strerror(errno));
 		return 1;
@@ -287,12 +314,15 @@ int bench_step(int argc, char **argv)
 	if (kvmem_backend_open(x.o.bm.backend, &x.geo,
 			       &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x.o.gpu_mem,
 						      .index_mem = x.o.index_mem,
-						      .tp = x.o.tp }, &x.b) < 0)
+						      .tp = x.o.tp,
+						      .kv_dtype = x.o.kv_dtype == KVMEM_DTYPE_FP8 ?
+								  KVMEM_DTYPE_FP8 : 0 }, &x.b) < 0)
 		goto err;
 	printf("kvmem bench step: backend %s, model %s with %d layers (hidden %d, %d/%d heads, "
-	       "head_dim %d), blocks of %d, pages bf16 of %zu KiB, scratch %s\n", x.b->ops->name,
+	       "head_dim %d), blocks of %d, pages %s of %zu bytes, scratch %s\n", x.b->ops->name,
 	       x.geo.dir, x.geo.cfg.n_layers, x.geo.cfg.hidden, x.geo.cfg.n_heads,
-	       x.geo.cfg.n_kv_heads, x.geo.cfg.head_dim, BLOCK, x.page_bytes >> 10, x.o.dir);
+	       x.geo.cfg.n_kv_heads, x.geo.cfg.head_dim, BLOCK, kvmem_dtype_name(x.o.kv_dtype),
+	       x.page_bytes, x.o.dir);
 	if (x.o.gpu_mem)
 		printf("device memory cap %s\n", cli_fmt_bytes(buf, sizeof(buf), (double)x.o.gpu_mem));
 	fflush(stdout);

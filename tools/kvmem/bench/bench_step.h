@@ -43,6 +43,7 @@ struct opts {
 	uint64_t coldin, gpu_mem, host_cap, seed, index_mem, read_size;
 	int queue_depth;
 	int tp;			/* --tp: tensor parallel ranks; 0: off */
+	uint32_t kv_dtype;	/* --kv-dtype: KVMEM_DTYPE_BF16, or _FP8 (pages and views) */
 };
 
 struct ctx {
@@ -50,7 +51,8 @@ struct ctx {
 	kvmem_model geo;	/* a geometry: the backend makes random weights */
 	kvmem_backend *b;
 	kvmem_ceilings ce;
-	size_t half, page_bytes;	/* bf16: one K (or V) half, a page */
+	size_t half, page_bytes;	/* one K (or V) half (bf16 only), a page (with its
+					 * scales in fp8) */
 	double prefill_view_s;		/* the step's peer */
 	double plain_decode_tps;
 	kvmem_view *peer;		/* the view prefilled with --view tokens */

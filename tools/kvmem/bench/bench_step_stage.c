@@ -248,7 +248,9 @@ int ph_fits(struct ctx *x)
 	if (!x->o.gpu_mem)
 		return kvmem_error(EINVAL, "the fits phase needs --gpu-mem");
 	if (kvmem_backend_open(x->b->ops->name, &x->geo,
-			       &(kvmem_backend_opts){ .max_chunk = 512, .mem_cap = x->o.gpu_mem }, &b) < 0)
+			       &(kvmem_backend_opts){ .max_chunk = 512, .mem_cap = x->o.gpu_mem,
+						      .kv_dtype = x->o.kv_dtype == KVMEM_DTYPE_FP8 ?
+								  KVMEM_DTYPE_FP8 : 0 }, &b) < 0)
 		return -1;
 	/* Binary search in steps of 1024 slots; a refused reserve takes
 	 * nothing. */
@@ -272,7 +274,7 @@ int ph_fits(struct ctx *x)
 	       cli_fmt_bytes(buf[1], sizeof(buf[1]), (double)(b->ops->mem_used ?
 							      b->ops->mem_used(b->ctx) : 0)),
 	       lo, cli_fmt_bytes(buf[2], sizeof(buf[2]), (double)lo * x->geo.cfg.n_layers *
-			 x->geo.cfg.n_kv_heads * x->geo.cfg.head_dim * 4), lo * 8 / 9 / 1024 * 1024);
+			 x->page_bytes / BLOCK), lo * 8 / 9 / 1024 * 1024);
 	rc = 0;
 out:
 	kvmem_backend_close(b);

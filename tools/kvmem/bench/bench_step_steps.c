@@ -25,7 +25,7 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 	     uint64_t host_cap, int steps, int do_decode, int move, struct step_result *r)
 {
 	kvmem_workspace_opts wo = { .block = BLOCK, .host_cap = host_cap,
-				    .dtype = KVMEM_DTYPE_BF16 };
+				    .dtype = x->o.kv_dtype };
 	kvmem_session_opts so;
 	kvmem_workspace *w = NULL;
 	kvmem_session *s = NULL;
@@ -201,9 +201,9 @@ int ph_step(struct ctx *x, int phases)
 		return -1;
 	if (make_workspace(x, &x->geo, dir, x->o.tokens / BLOCK * BLOCK, &made) < 0)
 		return -1;
-	printf("\nagent step: workspace %" PRId64 " tokens (%.2f GB of bf16 pages, written in %.1f s), "
+	printf("\nagent step: workspace %" PRId64 " tokens (%.2f GB of %s pages, written in %.1f s), "
 	       "view %" PRId64 " tokens, question %d tokens, meank\n", x->o.tokens, ws_bytes / 1e9,
-	       made, x->o.view, x->o.question);
+	       kvmem_dtype_name(x->o.kv_dtype), made, x->o.view, x->o.question);
 	if (small < (256ull << 20))
 		small = 256ull << 20;
 	if ((x->o.tiers & TIER_WARM) &&

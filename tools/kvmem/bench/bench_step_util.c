@@ -139,7 +139,7 @@ double prefill_view(struct ctx *x, kvmem_view *v, int64_t n, int chunk, float *l
 void geom_of(const struct ctx *x, const kvmem_model *m, kvmem_page_geom *g)
 {
 	kvmem_page_geom_model(g, m, BLOCK);
-	g->dtype = KVMEM_DTYPE_BF16;
+	g->dtype = x->o.kv_dtype;
 }
 
 /* tokens (a multiple of BLOCK) of random pages and ids, committed. */
@@ -164,6 +164,12 @@ int make_workspace(struct ctx *x, const kvmem_model *m, const char *dir, int64_t
 		goto out;
 	}
 	fill_bf16(src, src_bytes + pb, x->o.seed ^ (uint64_t)tokens);
+	/* fp8 pages (bytes, then scales, at any 4096-byte offset of src): every
+	 * byte 0x3N or 0xbN, N < 8, is an e4m3 value of magnitude 0.5..0.94, and
+	 * every 4 of them a finite fp32 scale; no NaN anywhere. */
+	if (g.dtype == KVMEM_DTYPE_FP8)
+		for (size_t i = 0; i < src_bytes + pb; i++)
+			src[i] = (char)((src[i] & 0x87) | 0x30);
 	rm_rf(dir);
 	kvmem_pager_opts_default(&po);
 	po.flags = KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP;

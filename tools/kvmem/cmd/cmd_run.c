@@ -56,7 +56,7 @@ static void usage(FILE *f)
 		"                      device page pool, staging (default: no cap)\n"
 		"  --kv-dtype T        the KV attention reads: bf16 (default: the backend's\n"
 		"                      own, fp32 on cpu) or fp8 (e4m3 with a scale per token\n"
-		"                      and KV head; cpu backend so far); a workspace keeps\n"
+		"                      and KV head; cpu and cuda); a workspace keeps\n"
 		"                      the one it was created with and refuses the other\n"
 		"  --tp N              tensor parallel over N GPUs, the model split by KV\n"
 		"                      heads (default: off); 1 runs the split code on one\n"

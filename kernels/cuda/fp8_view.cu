@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: MIT
+/*
+ * fp8 views on the GPU (the cuda backend's kv_dtype fp8; CPU twins in
+ * kernels/cpu/fp8_view.c, kernels/kernels_fp8.h).
+ *
+ * A view slot of an fp8 view holds, per KV head, K rotated at the slot and
+ * V, as e4m3 bytes with one fp32 scale per row:
+ *   V: the page's bytes and scale as they are (the token's V quantised by
+ *      kvmem_fp8_quant_row);
+ *   K: the page's raw K (pre-RoPE, e4m3 with scale s) dequantised exactly,
+ *      rotated at the slot in double (rope.cuh's angles, explicit
+ *      round-to-nearest products, one rounding to fp32), then quantised
+ *      again with scale 2s. Rotation can lift a component to sqrt(2) times
+ *      the row's largest raw magnitude (448 s at most), so 2s never
+ *      saturates; a power of two keeps the division exact, and e4m3's
+ *      relative step is the same at any scale (only the subnormal edge
+ *      moves by one binade). A key is always rotated from the raw fp8
+ *      bytes, never from a rotated copy.
+ * The forward pass makes a new token's rows the same way from its bf16 K
+ * and V (quantised as kvmem_fp8_quant_rows does: the bytes and scales the
+ * host writes into the token's page), so a token placed from its page at
+ * the slot the forward pass gave it gets the same bits.
+ *
+ * Attention reads the view through kvmem_cuda_fp8_view_bf16 (a layer's
+ * rows dequantised to bf16: e4m3 x 2^e is exact in bf16), then the bf16
+ * kernels: the first step, which keeps the bf16 path's bits over the
+ * dequantised keys.
+ */
+#include "fp8.cuh"
+#include "rope.cuh"
+#include "kernels/kernels_cuda_fp8.h"
+
+/* One rotary pair (a, b) of raw K (dequantised) at position pos, i of
+ * half, as e4m3 bytes of the view at scale 1 / inv2s. */
+__device__ __forceinline__ void f8_rot_pair(uint8_t *x8, uint8_t *y8, float a, float b, int pos,
+					    int i, int hd, double theta, float inv2s)
+{
+	double sn, cs;
+
+	rope_angle(pos, i, hd, theta, &sn, &cs);
+	const float x = (float)__dsub_rn(__dmul_rn((double)a, cs), __dmul_rn((double)b, sn));
+	const float y = (float)__dadd_rn(__dmul_rn((double)b, cs), __dmul_rn((double)a, sn));
+
+	*x8 = f32_to_e4m3(x * inv2s);
+	*y8 = f32_to_e4m3(y * inv2s);
+}
+
+/* ---- the forward pass's new rows ----------------------------------------- */
+/* A warp per (token, KV head, K or V) row of bf16 values (row t of head h
+ * at x + t * ld + h * hd). */
+__global__ void f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8,
+			      float *raws, const uint16_t *rk, const uint16_t *rv, int ld,
+			      const kvmem_scatter_item *item, int n, int n_kv, int hd, int cap,
+			      double theta)
+{
+	const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+
+	if (row >= 2 * n * n_kv)
+		return;
+	const kvmem_scatter_item it = *item;	/* the slot from the device: graphs */
+	const int isv = row & 1, t = (row >> 1) / n_kv, h = (row >> 1) % n_kv, half = hd / 2;
+	const uint16_t *x = (isv ? rv : rk) + (size_t)t * ld + (size_t)h * hd;
+	const size_t d = ((size_t)it.layer * n_kv + h) * cap + it.slot + t;
+	float amax = 0.0f;
+
+	if (it.slot + t >= cap)
+		return;
+	for (int i = lane; i < hd; i += 32) {
+		const float a = fabsf(bf2f(x[i]));
+
+		if (isfinite(a) && a > amax)
+			amax = a;
+	}
+	for (int o = 16; o; o >>= 1)
+		amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+	const float s = fp8_scale_of(amax), inv = 1.0f / s;	/* exact: s = 2^e */
+
+	if (isv) {
+		for (int i = lane; i < hd; i += 32)
+			v8[d * hd + i] = f32_to_e4m3(bf2f(x[i]) * inv);
+		if (!lane)
+			vs[d] = s;
+		return;
+	}
+	for (int i = lane; i < half; i += 32) {
+		const uint8_t qa = f32_to_e4m3(bf2f(x[i]) * inv), qb = f32_to_e4m3(bf2f(x[i + half]) * inv);
+
+		f8_rot_pair(k8 + d * hd + i, k8 + d * hd + i + half, e4m3_to_f32(qa) * s,
+			    e4m3_to_f32(qb) * s, it.slot + t, i, hd, theta, 0.5f * inv);
+		if (raw8) {	/* the raw K kept beside the view: the page's bytes */
+			raw8[d * hd + i] = qa;
+			raw8[d * hd + i + half] = qb;
+		}
+	}
+	if (!lane) {
+		ks[d] = 2.0f * s;
+		if (raws)
+			raws[d] = s;
+	}
+}
+
+extern "C" int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
+				       float *k_scale, float *v_scale, uint8_t *raw_k,
+				       float *raw_scale, const uint16_t *rows_k,
+				       const uint16_t *rows_v, int ld, const kvmem_scatter_item *item,
+				       int n, int n_kv_heads, int head_dim, int cap, double theta)
+{
+	if (n < 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
+	    head_dim > 2 * ROPE_HALF_MAX || cap < 0)
+		return kvmem_error(EINVAL, "fp8 view put: %d tokens of %d KV heads x %d", n,
+				   n_kv_heads, head_dim);
+	if (!n)
+		return 0;
+	const unsigned rows = 2u * n * n_kv_heads;
+
+	f8_put_kernel<<<(rows + 7) / 8, 256, 0, c->stream>>>(view_k, view_v, k_scale, v_scale,
+							      raw_k, raw_scale, rows_k, rows_v, ld,
+							      item, n,
+							      n_kv_heads, head_dim, cap, theta);
+	return kvmem_cuda_launched("fp8 view put");
+}
+
+/* ---- rematerialisation from fp8 pages ------------------------------------ */
+/*
+ * Grid (items, FG_Y), 256 threads; a thread moves 16 bytes: a V chunk (16
+ * dims), or a K chunk pair (dims c..c+15 and their rotary partners
+ * c+half..: one 16-byte load each). 12 threads a token and KV head at
+ * head_dim 128. Pages read over PCIe (mapped pinned host memory) move in
+ * 16-byte requests, as a bf16 page's do: half the requests of bf16 for the
+ * same tokens, where 8-byte ones made as many requests as bf16's (the
+ * 1.27 of benchmarks.md, "fp8 KV"). Addresses not 16-byte aligned take
+ * byte loads, the same arithmetic.
+ */
+#define FG_Y 8
+
+__device__ __forceinline__ void load16(uint8_t *o, const uint8_t *p, bool vec)
+{
+	if (vec) {
+		*(uint4 *)o = *(const uint4 *)p;
+	} else {
+		for (int j = 0; j < 16; j++)
+			o[j] = p[j];
+	}
+}
+
+__global__ void __launch_bounds__(256)
+f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, float *raws,
+		 const kvmem_gather_item *items, int n_layers, int n_kv, int hd, int cap,
+		 double theta)
+{
+	const kvmem_gather_item m = items[blockIdx.x];
+	const int half = hd / 2, tk = half / 16, tt = tk + hd / 16;
+
+	if (m.layer < 0 || m.layer >= n_layers || m.slot < 0 || m.n < 0 || m.slot > cap - m.n ||
+	    m.dtype != KVMEM_DTYPE_FP8 || !m.k_scale || !m.v_scale)
+		return;		/* the whole block: uniform (the host checked them) */
+	const bool vec = ((uintptr_t)m.k & 15) == 0 && ((uintptr_t)m.v & 15) == 0 &&
+			 m.head_stride % 16 == 0;
+	const int total = m.n * n_kv * tt;
+
+	for (int task = blockIdx.y * blockDim.x + threadIdx.x; task < total;
+	     task += gridDim.y * blockDim.x) {
+		const int c = task % tt, r = task / tt, t = r / n_kv, h = r % n_kv;
+		const size_t off = (size_t)t * hd + (size_t)h * m.head_stride;
+		const size_t srow = (size_t)h * m.scale_stride + t;
+		const size_t d = ((size_t)m.layer * n_kv + h) * cap + m.slot + t;
+
+		if (c >= tk) {	/* V: the bytes and the scale as they are */
+			const int i0 = (c - tk) * 16;
+			__align__(16) uint8_t b[16];
+
+			load16(b, (const uint8_t *)m.v + off + i0, vec);
+			*(uint4 *)(v8 + d * hd + i0) = *(const uint4 *)b;
+			if (c == tk)
+				vs[d] = m.v_scale[srow];
+			continue;
+		}
+		const int i0 = c * 16;
+		const float s = m.k_scale[srow], inv2s = 0.5f / s;
+		__align__(16) uint8_t a[16], b[16], x[16], y[16];
+
+		load16(a, (const uint8_t *)m.k + off + i0, vec);
+		load16(b, (const uint8_t *)m.k + off + half + i0, vec);
+		for (int j = 0; j < 16; j++)
+			f8_rot_pair(&x[j], &y[j], e4m3_to_f32(a[j]) * s, e4m3_to_f32(b[j]) * s,
+				    m.slot + t, i0 + j, hd, theta, inv2s);
+		*(uint4 *)(k8 + d * hd + i0) = *(const uint4 *)x;
+		*(uint4 *)(k8 + d * hd + half + i0) = *(const uint4 *)y;
+		if (raw8) {	/* the raw K kept beside the view */
+			*(uint4 *)(raw8 + d * hd + i0) = *(const uint4 *)a;
+			*(uint4 *)(raw8 + d * hd + half + i0) = *(const uint4 *)b;
+		}
+		if (c == 0) {
+			ks[d] = 2.0f * s;
+			if (raws)
+				raws[d] = s;
+		}
+	}
+}
+
+extern "C" int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
+					  float *k_scale, float *v_scale, uint8_t *raw_k,
+					  float *raw_scale, const kvmem_gather_item *items, int n_items, int n_layers,
+					  int n_kv_heads, int head_dim, int cap, double theta)
+{
+	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
+	    head_dim > 2 * ROPE_HALF_MAX || cap < 0)
+		return kvmem_error(EINVAL, "fp8 view gather: %d items into %d layers x %d heads x %d",
+				   n_items, n_layers, n_kv_heads, head_dim);
+	if (head_dim % 32)
+		return kvmem_error(ENOTSUP, "fp8 view gather: head_dim %d (a multiple of 32)",
+				   head_dim);
+	if (!n_items)
+		return 0;
+	f8_gather_kernel<<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(
+		view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_layers, n_kv_heads,
+		head_dim, cap, theta);
+	return kvmem_cuda_launched("fp8 view gather");
+}
+
+/* ---- moves: the sources copied aside ---------------------------------------- */
+/* Grid (items, FG_Y): item i's raw K and V bytes [Hk][n][D], then their
+ * scales [Hk][n], at st + off; a thread moves 16 bytes. */
+__global__ void __launch_bounds__(256)
+f8_snap_kernel(char *st, const kvmem_fp8_snap *items, const uint8_t *raw8, const uint8_t *v8,
+	       const float *raws, const float *vs, int n_kv, int hd, int cap)
+{
+	const kvmem_fp8_snap m = items[blockIdx.x];
+	const int per = hd / 16, rows = m.n * n_kv, total = 2 * rows * per;
+	char *o = st + m.off;
+
+	for (int task = blockIdx.y * blockDim.x + threadIdx.x; task < total;
+	     task += gridDim.y * blockDim.x) {
+		const int c = task % per, r = task / per, isv = r >= rows, rr = r % rows;
+		const size_t src = ((size_t)m.layer * n_kv + rr / m.n) * cap + m.from + rr % m.n;
+
+		*(uint4 *)(o + ((size_t)isv * rows + rr) * hd + c * 16) =
+			*(const uint4 *)((isv ? v8 : raw8) + src * hd + c * 16);
+		if (!c)
+			((float *)(o + (size_t)2 * rows * hd))[(size_t)isv * rows + rr] =
+				(isv ? vs : raws)[src];
+	}
+}
+
+extern "C" int kvmem_cuda_fp8_view_snap(kvmem_cuda_ctx *c, char *st, const kvmem_fp8_snap *items,
+					int n_items, const uint8_t *raw_k, const uint8_t *view_v,
+					const float *raw_scale, const float *v_scale, int n_kv_heads,
+					int head_dim, int cap)
+{
+	if (n_items < 0 || n_kv_heads <= 0 || head_dim % 16 || cap < 0)
+		return kvmem_error(EINVAL, "fp8 view snapshot: %d items, %d heads x %d", n_items,
+				   n_kv_heads, head_dim);
+	if (!n_items)
+		return 0;
+	f8_snap_kernel<<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(st, items, raw_k, view_v,
+								    raw_scale, v_scale, n_kv_heads,
+								    head_dim, cap);
+	return kvmem_cuda_launched("fp8 view snapshot");
+}
+
+/* ---- a layer of the view as bf16 ------------------------------------------ */
+/* A thread per 8 values: one 8-byte load, one 16-byte store. */
+__global__ void f8_layer_kernel(uint16_t *ok, uint16_t *ov, const uint8_t *k8, const uint8_t *v8,
+				const float *ks, const float *vs, int n_kv, int len, int cap,
+				int ostride, int hd)
+{
+	const int per = hd / 8;
+	const size_t total = (size_t)2 * n_kv * len * per;
+
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int c8 = (int)(i % per);
+		const size_t r = i / per;	/* (isv, h, t) */
+		const int t = (int)(r % len), h = (int)((r / len) % n_kv), isv = (int)(r / len / n_kv);
+		const size_t src = ((size_t)h * cap + t) * hd + c8 * 8;
+		const float s = (isv ? vs : ks)[(size_t)h * cap + t];
+		const uint2 u = *(const uint2 *)((isv ? v8 : k8) + src);
+		const uint32_t w[2] = { u.x, u.y };
+		uint16_t o[8];
+		uint4 out;
+
+		for (int j = 0; j < 4; j++) {
+			const uint16_t two = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
+			float lo, hi;
+
+			e4m3x2_to_f32(two, &lo, &hi);
+			o[2 * j] = e4m3_bf16((uint8_t)two, lo, s);
+			o[2 * j + 1] = e4m3_bf16((uint8_t)(two >> 8), hi, s);
+		}
+		out.x = o[0] | (uint32_t)o[1] << 16;
+		out.y = o[2] | (uint32_t)o[3] << 16;
+		out.z = o[4] | (uint32_t)o[5] << 16;
+		out.w = o[6] | (uint32_t)o[7] << 16;
+		*(uint4 *)((isv ? ov : ok) + ((size_t)h * ostride + t) * hd + c8 * 8) = out;
+	}
+}
+
+extern "C" int kvmem_cuda_fp8_view_bf16(kvmem_cuda_ctx *c, uint16_t *out_k, uint16_t *out_v,
+					int out_stride, const uint8_t *view_k, const uint8_t *view_v,
+					const float *k_scale, const float *v_scale, int n_kv_heads,
+					int len, int cap, int head_dim)
+{
+	if (len < 0 || len > cap || len > out_stride || n_kv_heads <= 0 || head_dim % 8)
+		return kvmem_error(EINVAL, "fp8 view as bf16: %d of %d slots into %d, %d heads x %d",
+				   len, cap, out_stride, n_kv_heads, head_dim);
+	if (!len)
+		return 0;
+	f8_layer_kernel<<<4 * c->sms, 256, 0, c->stream>>>(out_k, out_v, view_k, view_v, k_scale,
+							    v_scale, n_kv_heads, len, cap,
+							    out_stride, head_dim);
+	return kvmem_cuda_launched("fp8 view as bf16");
+}

@@ -1,0 +1,463 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The cuda backend's fp8 views (kernels/cuda/fp8_view.cu, attention.cu's v5
+ * over fp8) against their twins (kernels/cpu/fp8_view.c):
+ *  - put: a forward pass's bf16 K/V rows into the view, bytes and scales bit
+ *    for bit (the page bytes the host makes of the same rows, K rotated);
+ *  - gather: fp8 pages in pinned host memory and in device memory into the
+ *    view at shuffled slots, bit for bit;
+ *  - a move (the sources copied aside, then gathered at new slots),
+ *    overlapping runs: view and raw K bit for bit against the twin;
+ *  - a layer as bf16: bit for bit against kvmem_fp8_dequant_rows_bf16;
+ *  - decode (v5 reading e4m3): bit for bit the bf16 v5 over the layer
+ *    dequantised, at 1 to 32768 keys.
+ * With --bench, at Qwen3-8B's geometry in the same run: decode attention of
+ * one layer at 32K and 128K keys, v5 over fp8 against v5 over bf16; the
+ * fp8 view's rematerialisation from pinned fp8 pages against the bf16
+ * view's from bf16 pages (tokens/s).
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"
+#include "kernels/kernels_cuda.h"
+#include "kernels/kernels_cuda_fp8.h"
+#include "kernels/kernels_fp8.h"
+#include "kvmem/kvmem.h"
+#include "check_fp8.h"
+#include "check_util.h"
+
+#define THETA 1e6
+
+/* A view of L layers x H heads x cap slots x D, on both sides. */
+struct fview {
+	int L, H, D, cap;
+	size_t n;		/* rows: L * H * cap */
+	uint8_t *k8, *v8, *r8;	/* host twin; r8, rs: the raw K kept beside */
+	float *ks, *vs, *rs;
+	void *dk8, *dv8, *dks, *dvs, *dr8, *drs;
+};
+
+static void fview_make(struct fview *v, int L, int H, int D, int cap)
+{
+	*v = (struct fview){ .L = L, .H = H, .D = D, .cap = cap, .n = (size_t)L * H * cap };
+	v->k8 = hmalloc(v->n * D), v->v8 = hmalloc(v->n * D), v->r8 = hmalloc(v->n * D);
+	v->ks = hmalloc(4 * v->n), v->vs = hmalloc(4 * v->n), v->rs = hmalloc(4 * v->n);
+	memset(v->k8, 0xff, v->n * D), memset(v->v8, 0xff, v->n * D), memset(v->r8, 0xff, v->n * D);
+	memset(v->ks, 0xff, 4 * v->n), memset(v->vs, 0xff, 4 * v->n), memset(v->rs, 0xff, 4 * v->n);
+	v->dk8 = dpoison(v->n * D), v->dv8 = dpoison(v->n * D), v->dr8 = dpoison(v->n * D);
+	v->dks = dpoison(4 * v->n), v->dvs = dpoison(4 * v->n), v->drs = dpoison(4 * v->n);
+}
+
+/* The device view equals the twin's, byte for byte. */
+static int fview_same(const struct fview *v)
+{
+	uint8_t *k = dget(v->dk8, v->n * v->D), *vv = dget(v->dv8, v->n * v->D);
+	uint8_t *r = dget(v->dr8, v->n * v->D);
+	float *ks = dget(v->dks, 4 * v->n), *vs = dget(v->dvs, 4 * v->n), *rs = dget(v->drs, 4 * v->n);
+	int ok = !memcmp(k, v->k8, v->n * v->D) && !memcmp(vv, v->v8, v->n * v->D) &&
+		 !memcmp(ks, v->ks, 4 * v->n) && !memcmp(vs, v->vs, 4 * v->n) &&
+		 !memcmp(r, v->r8, v->n * v->D) && !memcmp(rs, v->rs, 4 * v->n);
+
+	free(k), free(vv), free(ks), free(vs), free(r), free(rs);
+	return ok;
+}
+
+static void fview_free(struct fview *v)
+{
+	free(v->k8), free(v->v8), free(v->ks), free(v->vs), free(v->r8), free(v->rs);
+	kvmem_cuda_free(v->dk8), kvmem_cuda_free(v->dv8), kvmem_cuda_free(v->dr8);
+	kvmem_cuda_free(v->dks), kvmem_cuda_free(v->dvs), kvmem_cuda_free(v->drs);
+}
+
+/* n tokens' rows as a forward pass leaves them: [n][ld] bf16 with K at
+ * column k0 and V at k0 + H * D, rows of mixed magnitudes. */
+static void check_put(int n, int H, int D, int slot)
+{
+	const int L = 2, ld = 3 * H * D + 8, k0 = H * D, cap = slot + n + 5;
+	struct fview v;
+	uint16_t *rows = hmalloc(2 * (size_t)n * ld);
+	void *drows, *ditem;
+	kvmem_scatter_item it = { .layer = 1, .slot = slot, .n = n, .tok_stride = ld,
+				  .head_stride = D };
+	int ok;
+
+	for (int t = 0; t < n; t++)
+		for (int h = 0; h < 3 * H; h++) {
+			const double m = ldexp(1.0, rint_in(-20, 20));
+
+			for (int i = 0; i < D; i++)
+				rows[(size_t)t * ld + h * D + i] = kvmem_f32_to_bf16((float)(runi(-1, 1) * m));
+		}
+	fview_make(&v, L, H, D, cap);
+	drows = dput(rows, 2 * (size_t)n * ld);
+	ditem = dput(&it, sizeof(it));
+	kvmem_fp8_view_put(v.k8, v.v8, v.ks, v.vs, v.r8, v.rs, rows + k0, rows + k0 + H * D, ld, &it, n, H, D,
+			   cap, THETA);
+	/* the untouched slots keep the poison on both sides */
+	ok = kvmem_cuda_fp8_view_put(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs,
+				     (uint16_t *)drows + k0,
+				     (uint16_t *)drows + k0 + H * D, ld, ditem, n, H, D, cap,
+				     THETA) == 0 && kvmem_cuda_sync(g_c) == 0;
+	report(ok && fview_same(&v), "fp8 view put: %d tokens x %d heads x %d at slot %d, K "
+	       "(rotated) and V bytes and scales bit for bit", n, H, D, slot);
+	fview_free(&v);
+	free(rows);
+	kvmem_cuda_free(drows);
+	kvmem_cuda_free(ditem);
+}
+
+static void check_gather(int in_device)
+{
+	struct pages p;
+	const int L = 3, H = 8, D = 128, B = 32, NB = 12, cap = NB * B + 16;
+	kvmem_gather_item it[64], dit[64];
+	struct fview v;
+	char *dev = NULL;
+	void *ditems;
+	int n = 0, ok;
+
+	if (pages_make(&p, L, H, D, B, NB, KVMEM_DTYPE_FP8)) {
+		report(0, "fp8 view gather: no pinned memory");
+		return;
+	}
+	if (in_device && (kvmem_cuda_malloc((void **)&dev, p.page * L * NB) ||
+			  kvmem_cuda_upload(g_c, dev, p.host, p.page * L * NB)))
+		die("fp8 view gather: device pages");
+	fview_make(&v, L, H, D, cap);
+	for (int l = 0; l < L; l++)
+		for (int b = 0; b < NB; b++) {
+			int u0 = b % 3 ? 0 : rint_in(0, B / 2), len = B - u0;
+
+			it[n] = page_item(&p, p.host, l, b, u0, len, ((b * 5) % NB) * B + u0 + 7);
+			dit[n] = in_device ? page_item(&p, dev, l, b, u0, len, it[n].slot) : it[n];
+			n++;
+		}
+	kvmem_fp8_view_gather(v.k8, v.v8, v.ks, v.vs, v.r8, v.rs, it, n, L, H, D, cap, THETA);
+	ditems = dput(dit, sizeof(dit[0]) * n);
+	ok = kvmem_cuda_fp8_view_gather(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs, ditems, n, L,
+					H, D, cap,
+					THETA) == 0 && kvmem_cuda_sync(g_c) == 0;
+	report(ok && fview_same(&v), "fp8 view gather: %d items of pages %s, K (rotated) and V "
+	       "bytes and scales bit for bit", n, in_device ? "in device memory" :
+	       "in pinned host memory");
+	fview_free(&v);
+	kvmem_cuda_free(ditems);
+	kvmem_cuda_free(dev);
+	cudaFreeHost(p.host);
+}
+
+/* A move inside the view: each layer's runs copied aside (snap), then
+ * gathered at their new slots from the copy (K re-rotated from the raw K
+ * there, V and the raw K moved); twin: the same gather from a host copy. */
+static void check_move(void)
+{
+	struct pages p;
+	const int L = 2, H = 8, D = 128, B = 32, NB = 6, cap = NB * B + 40;
+	kvmem_gather_item it[16], hit[16], dit[16];
+	kvmem_fp8_snap sn[16];
+	struct fview v;
+	const size_t ib = ((size_t)2 * H * B * D + (size_t)8 * H * B + 15) & ~(size_t)15;
+	char *host = hmalloc(16 * ib), *st = dpoison(16 * ib);
+	void *ditems, *dsnaps, *dit2;
+	int n = 0, m = 0, ok;
+
+	if (pages_make(&p, L, H, D, B, NB, KVMEM_DTYPE_FP8)) {
+		report(0, "fp8 view move: no pinned memory");
+		return;
+	}
+	fview_make(&v, L, H, D, cap);
+	for (int l = 0; l < L; l++)
+		for (int b = 0; b < NB; b++)
+			it[n++] = page_item(&p, p.host, l, b, 0, B, b * B);
+	kvmem_fp8_view_gather(v.k8, v.v8, v.ks, v.vs, v.r8, v.rs, it, n, L, H, D, cap, THETA);
+	ditems = dput(it, sizeof(it[0]) * n);
+	ok = kvmem_cuda_fp8_view_gather(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs, ditems, n, L,
+					H, D, cap, THETA) == 0;
+	/* Per layer: slots 10..49 to 30..69 (overlapping), 100..119 to 0..19. */
+	for (int l = 0; l < L; l++)
+		for (int k = 0; k < 2; k++) {
+			const int from = k ? 100 : 10, to = k ? 0 : 30, cnt = k ? 20 : 40;
+			const size_t off = (size_t)m * ib;
+			char *h = host + off, *d = st + off;
+
+			sn[m] = (kvmem_fp8_snap){ .layer = l, .n = cnt, .from = from, .off = (int64_t)off };
+			/* the host copy: raw K and V runs, then their scales */
+			for (int hh = 0; hh < H; hh++) {
+				const size_t r0 = ((size_t)l * H + hh) * cap + from;
+
+				memcpy(h + (size_t)hh * cnt * D, v.r8 + r0 * D, (size_t)cnt * D);
+				memcpy(h + ((size_t)H + hh) * cnt * D, v.v8 + r0 * D, (size_t)cnt * D);
+				memcpy(h + (size_t)2 * H * cnt * D + (size_t)hh * cnt * 4, v.rs + r0,
+				       (size_t)cnt * 4);
+				memcpy(h + (size_t)2 * H * cnt * D + ((size_t)H + hh) * cnt * 4, v.vs + r0,
+				       (size_t)cnt * 4);
+			}
+			for (int side = 0; side < 2; side++) {
+				char *base = side ? d : h;
+
+				(side ? dit : hit)[m] = (kvmem_gather_item){
+					.k = base, .v = base + (size_t)H * cnt * D, .layer = l, .slot = to,
+					.n = cnt, .head_stride = cnt * D, .dtype = KVMEM_DTYPE_FP8,
+					.k_scale = (const float *)(base + (size_t)2 * H * cnt * D),
+					.v_scale = (const float *)(base + (size_t)2 * H * cnt * D) + (size_t)H * cnt,
+					.scale_stride = cnt,
+				};
+			}
+			m++;
+		}
+	kvmem_fp8_view_gather(v.k8, v.v8, v.ks, v.vs, v.r8, v.rs, hit, m, L, H, D, cap, THETA);
+	dsnaps = dput(sn, sizeof(sn[0]) * m);
+	dit2 = dput(dit, sizeof(dit[0]) * m);
+	for (int l = 0; l < L && ok; l++)	/* a layer at a time, as cuda_fp8_move */
+		ok = kvmem_cuda_fp8_view_snap(g_c, st, (kvmem_fp8_snap *)dsnaps + 2 * l, 2, v.dr8,
+					      v.dv8, v.drs, v.dvs, H, D, cap) == 0 &&
+		     kvmem_cuda_fp8_view_gather(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs,
+						(kvmem_gather_item *)dit2 + 2 * l, 2, L, H, D, cap,
+						THETA) == 0;
+	ok = ok && kvmem_cuda_sync(g_c) == 0;
+	report(ok && fview_same(&v), "fp8 view move: %d runs over 2 layers (overlapping), K "
+	       "re-rotated from the raw K, V and raw K moved, bit for bit", m);
+	fview_free(&v);
+	free(host);
+	kvmem_cuda_free(st), kvmem_cuda_free(ditems), kvmem_cuda_free(dsnaps), kvmem_cuda_free(dit2);
+	cudaFreeHost(p.host);
+}
+
+/* One random fp8 layer [H][cap][D] with its scales, on the device. */
+struct flayer {
+	void *k8, *v8, *ks, *vs;
+	uint8_t *hk8, *hv8;
+	float *hks, *hvs;
+};
+
+static void flayer_make(struct flayer *f, int H, int cap, int D)
+{
+	const size_t rows = (size_t)H * cap;
+	float x[1024];
+
+	f->hk8 = hmalloc(rows * D), f->hv8 = hmalloc(rows * D);
+	f->hks = hmalloc(4 * rows), f->hvs = hmalloc(4 * rows);
+	for (size_t r = 0; r < rows; r++)
+		for (int kv = 0; kv < 2; kv++) {
+			const double m = ldexp(1.0, rint_in(-4, 4));
+
+			for (int i = 0; i < D; i++)
+				x[i] = (float)(runi(-1, 1) * m);
+			kvmem_fp8_quant_row((kv ? f->hv8 : f->hk8) + r * D, (kv ? f->hvs : f->hks) + r,
+					    x, D);
+		}
+	f->k8 = dput(f->hk8, rows * D), f->v8 = dput(f->hv8, rows * D);
+	f->ks = dput(f->hks, 4 * rows), f->vs = dput(f->hvs, 4 * rows);
+}
+
+static void flayer_free(struct flayer *f)
+{
+	free(f->hk8), free(f->hv8), free(f->hks), free(f->hvs);
+	kvmem_cuda_free(f->k8), kvmem_cuda_free(f->v8);
+	kvmem_cuda_free(f->ks), kvmem_cuda_free(f->vs);
+}
+
+static void check_layer_bf16(int H, int cap, int len, int D)
+{
+	struct flayer f;
+	const int stride = len + 3;
+	uint16_t *ref = hmalloc(2 * (size_t)H * stride * D), *gk, *gv, *rk = hmalloc(2 * (size_t)H * stride * D);
+	void *ok16 = dpoison(2 * (size_t)H * stride * D), *ov16 = dpoison(2 * (size_t)H * stride * D);
+	int ok = 1;
+
+	flayer_make(&f, H, cap, D);
+	ok = kvmem_cuda_fp8_view_bf16(g_c, ok16, ov16, stride, f.k8, f.v8, f.ks, f.vs, H, len, cap,
+				      D) == 0 && kvmem_cuda_sync(g_c) == 0;
+	gk = dget(ok16, 2 * (size_t)H * stride * D);
+	gv = dget(ov16, 2 * (size_t)H * stride * D);
+	for (int h = 0; h < H && ok; h++) {
+		kvmem_fp8_dequant_rows_bf16(rk, f.hk8 + (size_t)h * cap * D, f.hks + (size_t)h * cap,
+					    len, D);
+		kvmem_fp8_dequant_rows_bf16(ref, f.hv8 + (size_t)h * cap * D, f.hvs + (size_t)h * cap,
+					    len, D);
+		ok = !memcmp(gk + (size_t)h * stride * D, rk, 2 * (size_t)len * D) &&
+		     !memcmp(gv + (size_t)h * stride * D, ref, 2 * (size_t)len * D);
+	}
+	report(ok, "fp8 view layer as bf16: %d of %d slots x %d heads x %d, bit for bit", len, cap,
+	       H, D);
+	free(ref), free(rk), free(gk), free(gv);
+	kvmem_cuda_free(ok16), kvmem_cuda_free(ov16);
+	flayer_free(&f);
+}
+
+/* v5 over fp8 = v5 over the same rows dequantised, bit for bit. */
+struct dec8 {
+	struct flayer f;
+	void *q, *out, *k16, *v16, *nkv, *qp;
+	int n_kv, cap, heads, H, D;
+};
+
+static void dec8_make(struct dec8 *d, int n_kv, int heads, int H, int D)
+{
+	uint16_t *q = rand_bf16((size_t)heads * D, -2, 2);
+	int32_t pos = n_kv - 1;
+
+	d->n_kv = n_kv, d->cap = n_kv + 9, d->heads = heads, d->H = H, d->D = D;
+	flayer_make(&d->f, H, d->cap, D);
+	d->q = dput(q, 2 * (size_t)heads * D);
+	d->out = dpoison(2 * (size_t)heads * D);
+	d->k16 = dpoison(2 * (size_t)H * d->cap * D), d->v16 = dpoison(2 * (size_t)H * d->cap * D);
+	d->nkv = dput(&n_kv, sizeof(n_kv));
+	d->qp = dput(&pos, sizeof(pos));
+	free(q);
+	if (kvmem_cuda_fp8_view_bf16(g_c, d->k16, d->v16, d->cap, d->f.k8, d->f.v8, d->f.ks,
+				     d->f.vs, H, n_kv, d->cap, D))
+		die("fp8 view as bf16");
+}
+
+static void dec8_free(struct dec8 *d)
+{
+	flayer_free(&d->f);
+	kvmem_cuda_free(d->q), kvmem_cuda_free(d->out), kvmem_cuda_free(d->k16);
+	kvmem_cuda_free(d->v16), kvmem_cuda_free(d->nkv), kvmem_cuda_free(d->qp);
+}
+
+static int run_dec8(void *a)
+{
+	struct dec8 *d = a;
+
+	return kvmem_cuda_attention_decode_fp8(g_c, d->out, d->q, d->qp, 1, d->f.k8, d->f.v8,
+					       d->f.ks, d->f.vs, d->nkv, d->n_kv, d->cap, d->heads,
+					       d->H, d->D, 1.0f / sqrtf((float)d->D));
+}
+
+static int run_dec16(void *a)
+{
+	struct dec8 *d = a;
+
+	return kvmem_cuda_attention_decode_bf16(g_c, 0, d->out, d->q, d->qp, 1, d->k16, d->v16,
+						d->nkv, d->n_kv, d->cap, d->heads, d->H, d->D,
+						1.0f / sqrtf((float)d->D));
+}
+
+static void check_dec8(int n_kv, int heads, int H, int D)
+{
+	struct dec8 d;
+	uint16_t *a, *b;
+	int rc;
+
+	dec8_make(&d, n_kv, heads, H, D);
+	rc = run_dec16(&d);
+	a = dget(d.out, 2 * (size_t)heads * D);
+	rc = rc || run_dec8(&d);
+	b = dget(d.out, 2 * (size_t)heads * D);
+	if (rc)
+		report(0, "decode v5 over fp8: %s", kvmem_last_error());
+	else
+		report(!memcmp(a, b, 2 * (size_t)heads * D), "decode v5 over fp8 K/V: %d keys, %d/%d "
+		       "heads x %d, bit for bit v5 over the rows dequantised", n_kv, heads, H, D);
+	free(a), free(b);
+	dec8_free(&d);
+}
+
+/* ---- timings ---------------------------------------------------------------- */
+struct vg_arg {
+	struct fview *v;
+	void *items;
+	int n;
+};
+
+static int run_view_gather(void *a)
+{
+	struct vg_arg *g = a;
+
+	return kvmem_cuda_fp8_view_gather(g_c, g->v->dk8, g->v->dv8, g->v->dks, g->v->dvs, NULL, NULL,
+					  g->items,
+					  g->n, g->v->L, g->v->H, g->v->D, g->v->cap, THETA);
+}
+
+struct bg_arg {
+	void *vk, *vv, *items;
+	int n, L, H, D, cap;
+};
+
+static int run_bf16_gather(void *a)
+{
+	struct bg_arg *g = a;
+
+	return kvmem_cuda_view_gather_bf16(g_c, g->vk, g->vv, g->items, g->n, g->L, g->H, g->D,
+					   g->cap, THETA);
+}
+
+static void bench_view(void)
+{
+	const int L = 36, H = 8, D = 128, B = 32, NB = 256, heads = 32;
+	double t8, t16;
+
+	printf("\n== fp8 views / bf16 views at Qwen3-8B's geometry\n");
+	for (int k = 0; k < 2; k++) {
+		struct dec8 d;
+
+		dec8_make(&d, k ? 131072 : 32768, heads, H, D);
+		t16 = time_ms(run_dec16, &d, 3, 21);
+		t8 = time_ms(run_dec8, &d, 3, 21);
+		printf("decode attention v5, %dK keys, one layer: bf16 view %.1f us, fp8 view %.1f us; "
+		       "fp8 / bf16 speed %.2f\n", d.n_kv / 1024, t16 * 1e3, t8 * 1e3, t16 / t8);
+		dec8_free(&d);
+	}
+	/* Rematerialisation of NB blocks x L layers from pinned host pages. */
+	{
+		struct pages p8, p16;
+		kvmem_gather_item *i8 = hmalloc(sizeof(*i8) * L * NB), *i16 = hmalloc(sizeof(*i16) * L * NB);
+		struct fview v;
+		struct vg_arg g8;
+		struct bg_arg g16 = { .n = L * NB, .L = L, .H = H, .D = D, .cap = NB * B };
+
+		if (pages_make(&p8, L, H, D, B, NB, KVMEM_DTYPE_FP8) ||
+		    pages_make(&p16, L, H, D, B, NB, KVMEM_DTYPE_BF16))
+			die("pinned pages");
+		for (int l = 0; l < L; l++)
+			for (int b = 0; b < NB; b++) {
+				i8[l * NB + b] = page_item(&p8, p8.host, l, b, 0, B, b * B);
+				i16[l * NB + b] = page_item(&p16, p16.host, l, b, 0, B, b * B);
+			}
+		fview_make(&v, L, H, D, NB * B);
+		g8 = (struct vg_arg){ .v = &v, .items = dput(i8, sizeof(*i8) * L * NB), .n = L * NB };
+		g16.items = dput(i16, sizeof(*i16) * L * NB);
+		g16.vk = dpoison((size_t)L * H * NB * B * D * 2);
+		g16.vv = dpoison((size_t)L * H * NB * B * D * 2);
+		t16 = time_ms(run_bf16_gather, &g16, 2, 9);
+		t8 = time_ms(run_view_gather, &g8, 2, 9);
+		printf("rematerialise %d blocks x %d layers from pinned pages: bf16 pages into a bf16 "
+		       "view %.3f ms (%.0f tokens/s, %.1f GB/s), fp8 pages into an fp8 view %.3f ms "
+		       "(%.0f tokens/s, %.1f GB/s); fp8 / bf16 tokens/s %.2f (target >= 1.9)\n", NB, L,
+		       t16, NB * B / (t16 / 1e3), p16.page * L * NB / (t16 / 1e3) / 1e9, t8,
+		       NB * B / (t8 / 1e3), p8.page * L * NB / (t8 / 1e3) / 1e9, t16 / t8);
+		fview_free(&v);
+		kvmem_cuda_free(g8.items), kvmem_cuda_free(g16.items);
+		kvmem_cuda_free(g16.vk), kvmem_cuda_free(g16.vv);
+		cudaFreeHost(p8.host), cudaFreeHost(p16.host);
+		free(i8), free(i16);
+	}
+}
+
+void check_fp8_view(int bench)
+{
+	check_put(1, 8, 128, 0);
+	check_put(37, 8, 128, 100);
+	check_put(20, 2, 64, 3);
+	check_gather(0);
+	check_gather(1);
+	check_move();
+	check_layer_bf16(8, 300, 257, 128);
+	check_layer_bf16(3, 70, 70, 64);
+	check_dec8(1, 32, 8, 128);
+	check_dec8(33, 32, 8, 128);
+	check_dec8(700, 8, 8, 128);
+	check_dec8(4097, 16, 8, 64);
+	check_dec8(2000, 16, 2, 128);
+	if (!g_quick)
+		check_dec8(32768, 32, 8, 128);
+	if (bench)
+		bench_view();
+}

@@ -1,0 +1,624 @@
+// SPDX-License-Identifier: MIT
+/*
+ * fp8 views of the cuda backend (kv_dtype fp8, issue #27): per layer and KV
+ * head, `cap` slots of e4m3 K (rotated at the slot) and V with one fp32
+ * scale per row (kernels/cuda/fp8_view.cu says how a view row is made from
+ * its page's raw fp8 K and V). 2 * Hk * D + 8 * Hk bytes a slot and layer:
+ * 0.52 of bf16's at Qwen3-8B's geometry.
+ *
+ * Exactness: a token's view rows are a function of its page's bytes and
+ * scales and its slot alone, whichever path writes them. The forward pass
+ * quantises its bf16 K and V exactly as the host quantises the rows it
+ * writes into the token's page (kvmem_fp8_quant_row of the widened bf16:
+ * the twin of kvmem_cuda_fp8_quant_rows), and place() reads those pages.
+ * Pages of another dtype (a session over host f32 pages) are quantised on
+ * the host the same way first. So with a budget over the workspace, a
+ * paged session equals a full-context run over the same fp8 KV bit for bit
+ * (tests/unit/test_fp8_session.c with KVMEM_TEST_BACKEND=cuda).
+ *
+ * First steps, said as such (Documentation/kernels.md, "fp8 views"):
+ *  - decode attention is the main path's kernel (v5) reading the e4m3
+ *    rows and dequantising each tile into shared memory; a prefill chunk
+ *    reads the layer dequantised into a bf16 scratch (exact: e4m3 x 2^e
+ *    fits bf16), then the bf16 flash kernels, unchanged: the same bits as
+ *    v5 over those bf16 rows, so decode and prefill agree as on bf16;
+ *  - place(): one kernel reads fp8 pages in registered host memory (a
+ *    pager's pinned pool) where they are, 16 bytes a thread, and rotates
+ *    them into the view; other pages are packed into pinned staging on
+ *    the host first (quantised when not fp8). No device page pool;
+ *  - the raw K kept beside the view (keep_raw): e4m3 bytes and scales as
+ *    the pages hold them, written by the forward pass, place() and move();
+ *    move() re-rotates from them (it is dropped first under the cap);
+ *  - no batched forward (-ENOTSUP:
+ *    the caller runs items one by one). A decode step is a CUDA graph as
+ *    on bf16 (the put kernel reads its slot, v5 its key count, on the
+ *    device) while the main decode is v5; with another decode version
+ *    (KVMEM_CUDA_DECODE) the capture is refused and the backend decodes
+ *    with plain launches from then on (KVMEM_CUDA_GRAPH=2: an error).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda_backend.h"
+#include "kernels/kernels_cuda_fp8.h"
+#include "kernels/kernels_fp8.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/source.h"
+
+struct cuda_fp8 {
+	uint16_t *dk, *dv;	/* one layer as bf16: [Hk][rows][D] each */
+	int64_t rows;
+	char *st, *host_st;	/* place()'s staging, device and pinned host */
+	size_t cap_st;
+	kvmem_gather_item *items, *host_items;
+	kvmem_fp8_snap *snaps, *host_snaps;	/* move(): the sources' copies */
+	int cap_items;
+};
+
+static struct cuda_fp8 *f8_of(struct cuda *b)
+{
+	if (!b->f8 && !(b->f8 = calloc(1, sizeof(*b->f8))))
+		kvmem_error(ENOMEM, "cuda fp8 view: out of memory");
+	return b->f8;
+}
+
+void cuda_fp8_destroy(struct cuda *b)
+{
+	struct cuda_fp8 *f = b->f8;
+
+	if (!f)
+		return;
+	kvmem_cuda_free(f->dk);
+	kvmem_cuda_free(f->dv);
+	kvmem_cuda_free(f->st);
+	kvmem_cuda_free(f->items);
+	kvmem_cuda_free(f->snaps);
+	cudaFreeHost(f->host_st);
+	cudaFreeHost(f->host_items);
+	cudaFreeHost(f->host_snaps);
+	free(f);
+	b->f8 = NULL;
+}
+
+uint64_t cuda_fp8_view_bytes(const struct cuda *b, int64_t cap, int keep)
+{
+	/* K, V and their scales; the raw K and its scales when kept */
+	return (uint64_t)cap * b->c->n_layers * (keep ? 3 : 2) * (b->kw + 4ull * b->c->n_kv_heads);
+}
+
+/* The bf16 scratch attention reads: one layer of `rows` slots, K and V. */
+static uint64_t scratch_bytes(const struct cuda *b, int64_t rows)
+{
+	return (uint64_t)rows * b->kw * 2 * 2;
+}
+
+static int scratch_room(struct cuda *b, int64_t rows)
+{
+	struct cuda_fp8 *f = f8_of(b);
+	int rc;
+
+	if (!f)
+		return kvmem_fail();
+	if (rows <= f->rows)
+		return 0;
+	/* Nothing reads the old one: the stream is in order and the free
+	 * waits for the device. */
+	kvmem_cuda_free(f->dk);
+	kvmem_cuda_free(f->dv);
+	b->scratch_bytes -= scratch_bytes(b, f->rows);
+	f->dk = f->dv = NULL;
+	f->rows = 0;
+	if ((rc = cuda_dev_alloc(&f->dk, (size_t)rows * b->kw * 2, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&f->dv, (size_t)rows * b->kw * 2, NULL)) < 0) {
+		kvmem_cuda_free(f->dk);
+		f->dk = NULL;
+		return rc;
+	}
+	f->rows = rows;
+	b->scratch_bytes += scratch_bytes(b, rows);
+	return 0;
+}
+
+void cuda_fp8_view_free(struct cuda *b, kvmem_view *v)
+{
+	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap, v->keep);
+	cuda_fwd_forget(b, v->k8);	/* decode graphs that hold it (cuda_fwd.c) */
+	kvmem_cuda_free(v->k8);
+	kvmem_cuda_free(v->v8);
+	kvmem_cuda_free(v->ks);
+	kvmem_cuda_free(v->vs);
+	kvmem_cuda_free(v->rk8);
+	kvmem_cuda_free(v->rks);
+	v->k8 = v->v8 = v->rk8 = NULL;
+	v->ks = v->vs = v->rks = NULL;
+	v->cap = 0;
+}
+
+/* Give the raw K up (under the cap): moves then say -ENOTSUP. */
+static void drop_raw(struct cuda *b, kvmem_view *v)
+{
+	if (!v->keep)
+		return;
+	cuda_fwd_forget(b, v->k8);	/* its decode graphs write the raw K */
+	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap, 1) - cuda_fp8_view_bytes(b, v->cap, 0);
+	kvmem_cuda_free(v->rk8);
+	kvmem_cuda_free(v->rks);
+	v->rk8 = NULL;
+	v->rks = NULL;
+	v->keep = 0;
+}
+
+int cuda_fp8_keep_raw(struct cuda *b, kvmem_view *v)
+{
+	int64_t cap = v->cap;
+	int rc;
+
+	if (v->len)
+		return kvmem_error(EINVAL, "cuda view: raw K asked for after %lld tokens",
+				   (long long)v->len);
+	if (v->keep)
+		return 0;
+	/* Nothing to keep yet: the view is made again with room for it. */
+	cuda_fp8_view_free(b, v);
+	v->keep = 1;
+	if (cap && (rc = cuda_fp8_reserve(b, v, cap)) < 0) {
+		v->keep = 0;
+		return rc;
+	}
+	return 0;
+}
+
+void cuda_fp8_view_destroy(struct cuda *b, kvmem_view *v)
+{
+	cuda_fp8_view_free(b, v);
+	if (v->host) {
+		kvmem_kvcache_free(v->host);
+		free(v->host);
+	}
+	free(v);
+}
+
+const kvmem_kvcache *cuda_fp8_host_view(struct cuda *b, kvmem_view *v)
+{
+	const kvmem_config *c = b->c;
+	const size_t D = c->head_dim, rows = (size_t)c->n_layers * c->n_kv_heads;
+	const size_t n = rows * v->cap;
+	uint8_t *q = malloc(2 * n * D + 1);
+	float *s = malloc(2 * n * sizeof(float) + 1);
+
+	if (!q || !s)
+		goto nomem;
+	if (!v->host && !(v->host = calloc(1, sizeof(*v->host))))
+		goto nomem;
+	kvmem_kvcache_free(v->host);
+	if (kvmem_kvcache_init(v->host, c, v->cap > 0 ? (int)v->cap : 1) < 0)
+		goto fail;
+	if (v->cap && (kvmem_cuda_download(b->ctx, q, v->k8, n * D) < 0 ||
+		       kvmem_cuda_download(b->ctx, q + n * D, v->v8, n * D) < 0 ||
+		       kvmem_cuda_download(b->ctx, s, v->ks, n * sizeof(float)) < 0 ||
+		       kvmem_cuda_download(b->ctx, s + n, v->vs, n * sizeof(float)) < 0))
+		goto fail;
+	/* [L][Hk][cap] rows in both layouts */
+	for (size_t r = 0; r < rows; r++)
+		for (int64_t t = 0; t < v->len; t++) {
+			const size_t i = r * v->cap + t;
+
+			kvmem_fp8_dequant_row(v->host->k + i * D, q + i * D, s[i], (int)D);
+			kvmem_fp8_dequant_row(v->host->v + i * D, q + (n + i) * D, s[n + i], (int)D);
+		}
+	v->host->len = (int)v->len;
+	free(q);
+	free(s);
+	return v->host;
+nomem:
+	kvmem_error(ENOMEM, "cuda fp8 view: out of memory");
+fail:
+	free(q);
+	free(s);
+	return NULL;
+}
+
+/* dst[l][h][0..len) = src[l][h][0..len), rows of `row` bytes. */
+static int copy_runs(struct cuda *b, void *dst, int64_t cd, const void *src, int64_t cs,
+		     int64_t len, size_t row)
+{
+	cudaError_t e = cudaMemcpy2DAsync(dst, cd * row, src, cs * row, len * row,
+					  (size_t)b->c->n_layers * b->c->n_kv_heads,
+					  cudaMemcpyDeviceToDevice, kvmem_cuda_stream(b->ctx));
+
+	return e == cudaSuccess ? 0 : kvmem_error(EIO, "cuda fp8 view: copy: %s",
+						  cudaGetErrorString(e));
+}
+
+int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
+{
+	const size_t D = b->c->head_dim, rows = (size_t)b->c->n_layers * b->c->n_kv_heads;
+	/* the scratch grows in place: the old one is freed first */
+	const int64_t had = b->f8 ? b->f8->rows : 0;
+	const uint64_t sgrow = had >= slots ? 0 : scratch_bytes(b, slots) - scratch_bytes(b, had);
+	uint64_t grow;
+	uint8_t *nk = NULL, *nv = NULL, *nr = NULL;
+	float *nks = NULL, *nvs = NULL, *nrs = NULL;
+	int rc;
+
+	if (slots <= v->cap)
+		return 0;
+	if (slots > INT32_MAX)
+		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
+				   INT32_MAX);
+	/* Under the cap: while the view grows it holds the old and the new
+	 * copy at once; the bf16 scratch of one layer grows with it. The raw
+	 * K kept beside it goes first (a selection then places from pages). */
+	if (v->keep && b->mem_cap &&
+	    cuda_dev_used(b) + cuda_fp8_view_bytes(b, slots, 1) + sgrow + CUDA_CAP_MARGIN > b->mem_cap)
+		drop_raw(b, v);
+	grow = cuda_fp8_view_bytes(b, slots, v->keep) + sgrow;
+	if (b->mem_cap && cuda_dev_used(b) + grow + CUDA_CAP_MARGIN > b->mem_cap) {
+		cuda_pages_drop_pool(b);
+		if (cuda_dev_used(b) + grow + CUDA_CAP_MARGIN > b->mem_cap)
+			return kvmem_error(ENOMEM, "cuda view (fp8): %lld slots take %" PRIu64
+					   " MiB with their bf16 layer; the %" PRIu64 " MiB GPU cap "
+					   "holds %" PRIu64 " MiB (weights %" PRIu64 ", views %" PRIu64
+					   ", index %" PRIu64 ", scratch and staging %" PRIu64
+					   ", margin %llu)", (long long)slots, grow >> 20,
+					   b->mem_cap >> 20, cuda_dev_used(b) >> 20,
+					   b->weight_bytes >> 20, b->view_bytes >> 20,
+					   b->index_bytes >> 20,
+					   (b->scratch_bytes + cuda_pages_dev_bytes(b)) >> 20,
+					   CUDA_CAP_MARGIN >> 20);
+	}
+	if ((rc = scratch_room(b, slots)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nk, rows * slots * D)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nv, rows * slots * D)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nks, rows * slots * 4)) < 0 ||
+	    (rc = kvmem_cuda_malloc((void **)&nvs, rows * slots * 4)) < 0 ||
+	    (v->keep && ((rc = kvmem_cuda_malloc((void **)&nr, rows * slots * D)) < 0 ||
+			 (rc = kvmem_cuda_malloc((void **)&nrs, rows * slots * 4)) < 0)))
+		goto fail;
+	if (v->len && ((rc = copy_runs(b, nk, slots, v->k8, v->cap, v->len, D)) < 0 ||
+		       (rc = copy_runs(b, nv, slots, v->v8, v->cap, v->len, D)) < 0 ||
+		       (rc = copy_runs(b, nks, slots, v->ks, v->cap, v->len, 4)) < 0 ||
+		       (rc = copy_runs(b, nvs, slots, v->vs, v->cap, v->len, 4)) < 0 ||
+		       (nr && (rc = copy_runs(b, nr, slots, v->rk8, v->cap, v->len, D)) < 0) ||
+		       (nrs && (rc = copy_runs(b, nrs, slots, v->rks, v->cap, v->len, 4)) < 0) ||
+		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
+		goto fail;
+	{
+		const int64_t len = v->len;
+
+		cuda_fp8_view_free(b, v);
+		v->len = len;
+	}
+	b->view_bytes += cuda_fp8_view_bytes(b, slots, v->keep);
+	v->k8 = nk;
+	v->v8 = nv;
+	v->ks = nks;
+	v->vs = nvs;
+	v->rk8 = nr;
+	v->rks = nrs;
+	v->cap = slots;
+	return 0;
+fail:
+	kvmem_cuda_free(nk);
+	kvmem_cuda_free(nv);
+	kvmem_cuda_free(nks);
+	kvmem_cuda_free(nvs);
+	kvmem_cuda_free(nr);
+	kvmem_cuda_free(nrs);
+	return rc;
+}
+
+/* ---- place ------------------------------------------------------------------ */
+static int staging_room(struct cuda *b, size_t bytes, int n)
+{
+	struct cuda_fp8 *f = f8_of(b);
+	int rc;
+
+	if (!f)
+		return kvmem_fail();
+	if (bytes > f->cap_st) {
+		kvmem_cuda_free(f->st);
+		cudaFreeHost(f->host_st);
+		f->st = f->host_st = NULL;
+		f->cap_st = 0;
+		b->scratch_bytes -= f->cap_st;
+		f->cap_st = 0;
+		bytes = bytes < (4u << 20) ? (4u << 20) : bytes;
+		if ((rc = kvmem_cuda_malloc((void **)&f->st, bytes)) < 0 ||
+		    (rc = cuda_pinned(&f->host_st, bytes)) < 0)
+			return rc;
+		f->cap_st = bytes;
+		b->scratch_bytes += bytes;	/* counted under the cap */
+	}
+	if (n > f->cap_items) {
+		kvmem_cuda_free(f->items);
+		kvmem_cuda_free(f->snaps);
+		cudaFreeHost(f->host_items);
+		cudaFreeHost(f->host_snaps);
+		f->items = f->host_items = NULL;
+		f->snaps = f->host_snaps = NULL;
+		f->cap_items = 0;
+		if ((rc = kvmem_cuda_malloc((void **)&f->items, (size_t)n * sizeof(*f->items))) < 0 ||
+		    (rc = cuda_pinned(&f->host_items, (size_t)n * sizeof(*f->host_items))) < 0 ||
+		    (rc = kvmem_cuda_malloc((void **)&f->snaps, (size_t)n * sizeof(*f->snaps))) < 0 ||
+		    (rc = cuda_pinned(&f->host_snaps, (size_t)n * sizeof(*f->host_snaps))) < 0)
+			return rc;
+		f->cap_items = n;
+	}
+	return 0;
+}
+
+/* Bytes one item takes in the staging: K and V bytes [Hk][n][D], then
+ * their scales [Hk][n], 16-byte aligned. */
+static size_t item_bytes(const struct cuda *b, int n)
+{
+	return ((size_t)2 * b->kw * n + (size_t)8 * b->c->n_kv_heads * n + 15) & ~(size_t)15;
+}
+
+/* One item's token range into the staging at dst, as fp8: an fp8 page's
+ * bytes and scales as they are, another page's rows quantised (the host's
+ * kvmem_fp8_quant_row, as the rows of a forward pass are). */
+static int pack(const struct cuda *b, const kvmem_place *it, char *dst)
+{
+	const kvmem_page *pg = &it->page;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim, n = it->n;
+	uint8_t *q = (uint8_t *)dst;
+	float *sc = (float *)(dst + (size_t)2 * H * n * D), row[1024];
+
+	for (int is_v = 0; is_v < 2; is_v++)
+		for (int h = 0; h < H; h++) {
+			uint8_t *o = q + ((size_t)is_v * H + h) * n * D;
+			float *os = sc + ((size_t)is_v * H + h) * n;
+			const size_t first = (size_t)h * it->stride + it->u0;
+
+			if (pg->dtype == KVMEM_DTYPE_FP8) {
+				const float *s = is_v ? pg->v_scale : pg->k_scale;
+
+				memcpy(o, (const uint8_t *)(is_v ? pg->v : pg->k) + first * D,
+				       (size_t)n * D);
+				memcpy(os, s + first, (size_t)n * sizeof(float));
+				continue;
+			}
+			for (int t = 0; t < n; t++) {
+				if (kvmem_page_copy_f32(pg, is_v, (first + t) * D, D, row) < 0)
+					return kvmem_fail();
+				kvmem_fp8_quant_row(o + (size_t)t * D, &os[t], row, D);
+			}
+		}
+	return 0;
+}
+
+/* An fp8 page in registered host memory (a pager's pinned pool): the
+ * item reads it where it is, its tokens u0.. of every head; 0 when it is
+ * elsewhere (then packed). */
+static int direct(struct cuda *b, const kvmem_place *it, kvmem_gather_item *g)
+{
+	const kvmem_page *pg = &it->page;
+	const size_t D = b->c->head_dim, rows = (size_t)b->c->n_kv_heads * it->stride;
+	const char *k, *v, *ks, *vs;
+
+	if (pg->dtype != KVMEM_DTYPE_FP8 ||
+	    !(k = cuda_pages_dev_addr(b, pg->k, rows * D)) ||
+	    !(v = cuda_pages_dev_addr(b, pg->v, rows * D)) ||
+	    !(ks = cuda_pages_dev_addr(b, pg->k_scale, rows * 4)) ||
+	    !(vs = cuda_pages_dev_addr(b, pg->v_scale, rows * 4)))
+		return 0;
+	*g = (kvmem_gather_item){
+		.k = k + it->u0 * D, .v = v + it->u0 * D,
+		.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
+		.head_stride = (int32_t)(it->stride * D), .dtype = KVMEM_DTYPE_FP8,
+		.k_scale = (const float *)ks + it->u0, .v_scale = (const float *)vs + it->u0,
+		.scale_stride = it->stride,
+	};
+	return 1;
+}
+
+int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
+{
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	size_t total = 0, at = 0;
+	kvmem_gather_item g;
+	struct cuda_fp8 *f;
+	int rc;
+
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+
+		if (it->page.mem != KVMEM_MEM_HOST)
+			return kvmem_error(ENOTSUP, "cuda place (fp8 view): pages in host memory only");
+		if (it->page.dtype == KVMEM_DTYPE_FP8 &&
+		    (!it->page.k_scale || !it->page.v_scale ||
+		     (it->page.scale_run && it->page.scale_run != (uint32_t)D)))
+			return kvmem_error(EINVAL, "cuda place: an fp8 page without its row scales");
+		if (!direct(b, it, &g))	/* staging only for what is packed */
+			total += item_bytes(b, it->n);
+	}
+	if (!n)
+		return 0;
+	if ((rc = staging_room(b, total, n)) < 0)
+		return rc;
+	f = b->f8;
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		char *dev = f->st + at;
+
+		if (direct(b, it, &f->host_items[i]))
+			continue;
+		if ((rc = pack(b, it, f->host_st + at)) < 0)
+			return rc;
+		f->host_items[i] = (kvmem_gather_item){
+			.k = dev, .v = dev + (size_t)H * it->n * D,
+			.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
+			.head_stride = it->n * D, .dtype = KVMEM_DTYPE_FP8,
+			.k_scale = (const float *)(dev + (size_t)2 * H * it->n * D),
+			.v_scale = (const float *)(dev + (size_t)2 * H * it->n * D) + (size_t)H * it->n,
+			.scale_stride = it->n,
+		};
+		at += item_bytes(b, it->n);
+	}
+	if ((at && (rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, at)) < 0) ||
+	    (rc = kvmem_cuda_upload(b->ctx, f->items, f->host_items, (size_t)n * sizeof(*f->items))) < 0 ||
+	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks,
+					     f->items, n,
+					     b->c->n_layers, H, D, (int)v->cap,
+					     b->c->rope_theta)) < 0)
+		return rc;
+	return kvmem_cuda_sync(b->ctx);
+}
+
+/* ---- move ------------------------------------------------------------------ */
+/*
+ * Tokens already in the view to other slots: per layer, the items' raw K
+ * and V runs (with their scales) are copied aside into the staging (one
+ * kernel), then the gather reads them there as it reads pages and writes
+ * K rotated at the new slot, V and the raw K: the bits a place() from the
+ * token's page at that slot gives. Layers one after another through the
+ * same staging (the stream keeps them in order), so it holds one layer's
+ * items. Every item reads the view as it was: its copy is taken before
+ * anything of its layer is written.
+ */
+int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
+{
+	const int H = b->c->n_kv_heads, D = b->c->head_dim, L = b->c->n_layers;
+	int *start = calloc((size_t)L + 1, sizeof(int)), *at = calloc((size_t)L, sizeof(int));
+	size_t *used = calloc((size_t)L, sizeof(size_t)), most = 0;
+	struct cuda_fp8 *f;
+	int rc = 0;
+
+	if (!start || !at || !used) {
+		rc = kvmem_error(ENOMEM, "cuda move (fp8): out of memory");
+		goto out;
+	}
+	if (!v->rk8) {
+		rc = kvmem_error(ENOTSUP, "cuda move: the fp8 view keeps no raw K");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		const kvmem_move *m = &items[i];
+
+		if (m->layer < 0 || m->layer >= L || m->n <= 0 || m->from < 0 || m->to < 0 ||
+		    m->from + m->n > v->cap || m->to + m->n > v->cap) {
+			rc = kvmem_error(EINVAL, "cuda move: bad move (layer %d, %d tokens from slot "
+					 "%lld to %lld of %lld)", m->layer, m->n, (long long)m->from,
+					 (long long)m->to, (long long)v->cap);
+			goto out;
+		}
+		start[m->layer + 1]++;
+		used[m->layer] += item_bytes(b, m->n);
+	}
+	if (!n)
+		goto out;
+	for (int l = 0; l < L; l++) {
+		start[l + 1] += start[l];
+		most = used[l] > most ? used[l] : most;
+		used[l] = 0;
+	}
+	/* Under the cap the staging may not fit: the session then places
+	 * these tokens from their pages. */
+	if (b->mem_cap && most > (b->f8 ? b->f8->cap_st : 0) &&
+	    cuda_dev_used(b) + most + CUDA_CAP_MARGIN > b->mem_cap) {
+		rc = kvmem_error(ENOTSUP, "cuda move (fp8): %zu MiB of staging over the GPU cap",
+				 most >> 20);
+		goto out;
+	}
+	if ((rc = staging_room(b, most, n)) < 0)
+		goto out;
+	f = b->f8;
+	for (int i = 0; i < n; i++) {	/* in layer order, each layer's from 0 */
+		const kvmem_move *m = &items[i];
+		const int k = start[m->layer] + at[m->layer]++;
+		const size_t off = used[m->layer];
+		char *dev = f->st + off;
+
+		used[m->layer] += item_bytes(b, m->n);
+		f->host_snaps[k] = (kvmem_fp8_snap){ .layer = m->layer, .n = m->n, .from = m->from,
+						     .off = (int64_t)off };
+		f->host_items[k] = (kvmem_gather_item){
+			.k = dev, .v = dev + (size_t)H * m->n * D,
+			.layer = m->layer, .slot = (int32_t)m->to, .n = m->n,
+			.head_stride = m->n * D, .dtype = KVMEM_DTYPE_FP8,
+			.k_scale = (const float *)(dev + (size_t)2 * H * m->n * D),
+			.v_scale = (const float *)(dev + (size_t)2 * H * m->n * D) + (size_t)H * m->n,
+			.scale_stride = m->n,
+		};
+	}
+	if ((rc = kvmem_cuda_upload(b->ctx, f->snaps, f->host_snaps, (size_t)n * sizeof(*f->snaps))) < 0 ||
+	    (rc = kvmem_cuda_upload(b->ctx, f->items, f->host_items, (size_t)n * sizeof(*f->items))) < 0)
+		goto out;
+	for (int l = 0; l < L; l++) {
+		const int c = start[l + 1] - start[l];
+
+		if (c && ((rc = kvmem_cuda_fp8_view_snap(b->ctx, f->st, f->snaps + start[l], c, v->rk8,
+							 v->v8, v->rks, v->vs, H, D, (int)v->cap)) < 0 ||
+			  (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8,
+							   v->rks, f->items + start[l], c, L, H, D,
+							   (int)v->cap, b->c->rope_theta)) < 0))
+			goto out;
+	}
+	rc = kvmem_cuda_sync(b->ctx);
+out:
+	free(start);
+	free(at);
+	free(used);
+	return rc;
+}
+
+/* ---- the forward pass --------------------------------------------------------- */
+/* Whether the compute stream is being captured into a graph. */
+static int capturing(struct cuda *b)
+{
+	enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+
+	return cudaStreamIsCapturing(kvmem_cuda_stream(b->ctx), &st) == cudaSuccess &&
+	       st != cudaStreamCaptureStatusNone;
+}
+
+int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *qkv, int ld,
+		   const kvmem_scatter_item *item, const int32_t *pos, const int32_t *n_kv)
+{
+	const kvmem_config *c = b->c;
+	const int H = c->n_kv_heads, D = c->head_dim;
+	const size_t vl = (size_t)H * v->cap * D, sl = (size_t)H * v->cap;
+	const int64_t len = v->len + n;
+	const float scale = (float)(1.0 / sqrt((double)D));
+	const uint16_t *rk = qkv + (size_t)c->n_heads * D;
+	struct cuda_fp8 *f;
+	int rc;
+
+	if ((rc = kvmem_cuda_fp8_view_put(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks, rk,
+					  rk + (size_t)H * D,
+					  ld, item, n, H, D, (int)v->cap, c->rope_theta)) < 0)
+		return rc;
+	/* Decode: v5 reads the e4m3 rows itself (-ENOTSUP: another decode
+	 * version is chosen; then as a prefill chunk, through bf16). */
+	if (n == 1 && c->n_heads / H <= 16) {
+		rc = kvmem_cuda_attention_decode_fp8(b->ctx, b->att, b->q, pos, 1, v->k8 + l * vl,
+						     v->v8 + l * vl, v->ks + l * sl, v->vs + l * sl,
+						     n_kv, (int)v->cap, (size_t)v->cap, c->n_heads, H,
+						     D, scale);	/* the count: n_kv's (graphs) */
+		if (rc != -ENOTSUP)
+			return rc;
+		/* The way below bakes the key count into a decode graph being
+		 * captured: refuse it (the backend then decodes with plain
+		 * launches) rather than replay a stale count. */
+		if (capturing(b))
+			return kvmem_error(ENOTSUP, "cuda fp8 view: a decode graph needs decode v5");
+	}
+	if ((rc = scratch_room(b, v->cap)) < 0)
+		return rc;
+	f = b->f8;
+	if ((rc = kvmem_cuda_fp8_view_bf16(b->ctx, f->dk, f->dv, (int)f->rows, v->k8 + l * vl,
+					   v->v8 + l * vl, v->ks + l * sl, v->vs + l * sl, H,
+					   (int)len, (int)v->cap, D)) < 0)
+		return rc;
+	if (n == 1 && c->n_heads / H <= 16)
+		return kvmem_cuda_attention_decode_bf16(b->ctx, 0, b->att, b->q, pos, 1, f->dk, f->dv,
+							n_kv, (int)len, (size_t)f->rows, c->n_heads,
+							H, D, scale);
+	return kvmem_cuda_attention_bf16(b->ctx, b->att, b->q, pos, n, f->dk, f->dv, NULL, (int)len,
+					 (size_t)f->rows, c->n_heads, H, D, scale);
+}
