@@ -48,6 +48,11 @@ struct kvmem_session {
 					 * without write_rows: [2][block][kw] */
 	float *q_raw, *logits, *last_logits;
 	int have_logits;
+	/* The forward about to end computed no logits (an append's inner
+	 * chunk, nobody asking for them): ws_run_end leaves last_logits. */
+	int run_no_logits;
+	/* During an append: its last token + 1 (ws_rows.upto), else 0. */
+	int64_t append_upto;
 
 	/* Raw queries of the last n_q tokens: a ring of query_tokens (T) slots,
 	 * [L][T][n_heads][D], the oldest at slot q_head, and their positions
@@ -132,13 +137,16 @@ struct ws_rows {
 	int64_t p0;
 	int n, q_rows;
 	int in_pages;		/* the pages hold the rows already: v unused */
+	int64_t upto;		/* the append's last token + 1: the index made
+				 * room for it at once (0: only these rows) */
 	const void *k, *v;	/* rows of the session's rows_dtype */
 	const float *q;
 };
 
 /* session.c: put them away: the index appended, the pages written, the
- * queries kept in the ring. */
-int ws_put_rows(kvmem_session *s, const struct ws_rows *r);
+ * queries kept in the ring. ns (may be NULL): the time the index and the
+ * pages took, added to ns[0] and ns[1]. */
+int ws_put_rows(kvmem_session *s, const struct ws_rows *r, int64_t ns[2]);
 
 /* writer.c: ws_put_rows for the forward just run (s->raw_k, s->v,
  * s->q_raw), on the writer thread (the session then holds the other
