@@ -198,6 +198,7 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_items);
 	cuda_pages_destroy(b);
 	cuda_fwd_destroy(b);
+	cuda_host_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
 	free(b);
 }
@@ -258,7 +259,7 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	    (rc = cuda_dev_alloc(&b->ok, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_dev_alloc(&b->ov, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_pinned(&b->host_o, maxo * 2)) < 0 || (rc = cuda_pinned(&b->host_i, 2 * C * 4)) < 0 ||
-	    (rc = cuda_fwd_create(b)) < 0)
+	    (rc = cuda_fwd_create(b)) < 0 || (rc = cuda_host_create(b)) < 0)
 		goto fail;
 	b->logit_rows = 1;
 	*out = b;
@@ -400,19 +401,6 @@ static uint64_t cuda_mem_used(void *ctx)
 	const struct cuda *b = ctx;
 
 	return cuda_dev_used(b);
-}
-
-/* Pinned host memory for the session's typed rows: the forward pass copies
- * straight into it. */
-static int cuda_host_alloc(void *ctx, size_t bytes, void **p)
-{
-	return cuda_pinned(p, bytes);
-}
-
-static void cuda_host_free(void *ctx, void *p)
-{
-	if (p)
-		cudaFreeHost(p);
 }
 
 const kvmem_backend_ops kvmem_backend_cuda_ops = {

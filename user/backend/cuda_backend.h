@@ -8,6 +8,7 @@
  *   cuda_page.c  the paging path: registered host memory, the gather, the
  *                device page pool, place()'s counters, the copy ceilings
  *   cuda_score.c selection scoring on the device over a mirror of the index
+ *   cuda_host.c  pinned host memory for the sessions' rows, kept for reuse
  * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
  */
 #ifndef KVMEM_BACKEND_CUDA_INT_H
@@ -64,6 +65,7 @@ struct cuda {
 					 * q/k/v scratch and decode graphs */
 	struct cuda_fwdb *fwdb;		/* cuda_fwd_batch.c: the batched forward's
 					 * buffers (made at its first call) */
+	struct cuda_host *host;		/* cuda_host.c: pinned rows kept for reuse */
 };
 
 /* place() methods (the "place" setting) */
@@ -78,6 +80,15 @@ int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count);
 int cuda_pinned(void *p, size_t bytes);
 /* Room for n scatter items on both sides. */
 int cuda_items_room(struct cuda *b, int n);
+
+/* cuda_host.c: pinned host memory for the sessions' rows (host_alloc /
+ * host_free), kept when freed for the next session of the same sizes;
+ * cuda_host_counts: allocations pinned anew and handed out again. */
+int cuda_host_create(struct cuda *b);
+void cuda_host_destroy(struct cuda *b);
+int cuda_host_alloc(void *ctx, size_t bytes, void **p);
+void cuda_host_free(void *ctx, void *p);
+void cuda_host_counts(const struct cuda *b, uint64_t *pinned, uint64_t *reused);
 
 /* cuda_view.c: the view half of the ops table. */
 int cuda_view_create(void *ctx, kvmem_view **v);
