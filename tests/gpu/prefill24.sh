@@ -1,0 +1,108 @@
+#!/bin/bash
+# On the GPU machine (issue 24, the session's prefill): the checks first,
+# then the figure beside its peers. From the repo root, after
+# `tar xJf build-gpu/bundle.tar.xz`:
+#
+#   tests/gpu/prefill24.sh OUTDIR
+#
+#   1. kvmem_gpu_check --host-keep: the cuda backend's pinned rows kept for
+#      the next session (user/backend/cuda_host.c), and the same with
+#      KVMEM_CUDA_HOST_KEEP=0, where its reuse cases must FAIL (the check
+#      can fail);
+#   2. the whole test_ws_session on cuda (the exactness invariant; an
+#      append's inner chunks now compute no logits);
+#   3. kvmem bench step --only ceilings,stageout --prefill 16384: session
+#      prefill over the workspace against the plain forward pass in the same
+#      run, and where the rest of its time went (the split);
+#   4. when time is left, the same with KVMEM_CUDA_HOST_KEEP=0 (every
+#      session pins its rows anew: the peer of 1).
+#
+# Everything within 95 s of wall time (each step's timeout is cut to what
+# is left). Logs in OUTDIR; a short summary; "N passed, N failed"; exit 0
+# only when every check passed.
+set -u
+cd "$(dirname "$0")/../.."
+out=${1:?usage: tests/gpu/prefill24.sh OUTDIR}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/build-gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMP_WAIT_POLICY=passive
+K=build-gpu/kvmem G=build-gpu/gpu/kvmem_gpu_check T=build-gpu/tests/test_ws_session
+pass=0 fail=0
+ok() { echo "PASS: $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+end=$((SECONDS + 95))
+# The timeout for a step: at most $1 seconds, and what is left.
+left() { local l=$((end - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
+git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$out/gpu.txt"
+
+# 1. pinned rows kept for reuse; and the check failing without it
+if [ -x "$G" ]; then
+	timeout "$(left 20)" "$G" --host-keep >"$out/host_keep.log" 2>&1
+	rc=$?
+	n_ok=$(grep -c '^ok ' "$out/host_keep.log")
+	n_bad=$(grep -c '^FAIL' "$out/host_keep.log")
+	if [ "$rc" -eq 0 ] && [ "$n_bad" -eq 0 ] && [ "$n_ok" -ge 5 ]; then
+		ok "kvmem_gpu_check --host-keep ($n_ok cases)"
+	else
+		bad "kvmem_gpu_check --host-keep (rc $rc, $n_ok ok, $n_bad FAIL)"
+		grep -E '^FAIL|seed' "$out/host_keep.log" | head -8
+	fi
+	KVMEM_CUDA_HOST_KEEP=0 timeout "$(left 20)" "$G" --host-keep >"$out/host_keep_off.log" 2>&1
+	n_bad=$(grep -c '^FAIL' "$out/host_keep_off.log")
+	if [ "$n_bad" -ge 1 ]; then
+		ok "kvmem_gpu_check --host-keep fails with KVMEM_CUDA_HOST_KEEP=0 ($n_bad FAIL lines)"
+	else
+		bad "kvmem_gpu_check --host-keep passed with KVMEM_CUDA_HOST_KEEP=0: it cannot fail"
+	fi
+else
+	bad "no $G"
+fi
+
+# 2. the exactness invariant on cuda, every case
+if KVMEM_TEST_BACKEND=cuda timeout "$(left 40)" "$T" >"$out/ws_session.log" 2>&1; then
+	ok "test_ws_session on cuda: $(grep -c '^\[       OK' "$out/ws_session.log") cases"
+else
+	bad "test_ws_session on cuda:"
+	grep -E 'ERROR|FAILED|LINE|seed|differ' "$out/ws_session.log" | head -12
+fi
+
+# 3. prefill: the figure, its peers, the split
+stage() { # log, env...
+	local log=$1
+
+	shift
+	mkdir -p "$tmp/b"
+	if env "$@" timeout "$(left 35)" "$K" bench step --backend cuda --only ceilings,stageout \
+		--prefill 16384 --dir "$tmp/b" >"$out/$log" 2>&1; then
+		ok "bench step stageout${*:+ ($*)}"
+	else
+		bad "bench step stageout${*:+ ($*)} (rc $?)"
+		tail -5 "$out/$log"
+	fi
+	rm -rf "$tmp/b"
+}
+stage bench_stageout.log
+# 4. the peer without kept rows, when time is left
+if [ $((end - SECONDS)) -ge 25 ]; then
+	stage bench_stageout_nokeep.log KVMEM_CUDA_HOST_KEEP=0
+else
+	echo "NOT RUN: the stage-out with KVMEM_CUDA_HOST_KEEP=0 ($((end - SECONDS)) s left)"
+fi
+
+echo
+echo "== figures (H200; peers from the same run) =="
+grep -h 'host keep' "$out/host_keep.log"
+for f in bench_stageout.log bench_stageout_nokeep.log; do
+	[ -f "$out/$f" ] || continue
+	echo "-- $f"
+	grep -hE 'pinned|copy|GEMM' "$out/$f" | head -3
+	grep -hE 'plain forward|pool used before|plain / session|the commit|peer:|the pool \(|writer thread|split of' \
+		"$out/$f"
+done
+echo
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
