@@ -273,10 +273,14 @@ typedef struct kvmem_session_stats {
 	 * the writer thread and its second set of buffers (writer_start_ns).
 	 * Of writer_ns: the index sums and the pages (writer_index_ns,
 	 * writer_pages_ns). Forwards whose K and V the backend wrote into
-	 * their pages itself (page_forwards). */
+	 * their pages itself (page_forwards), whose index summaries it made
+	 * (index_forwards). */
 	int64_t begin_ns, reserve_ns, last_wait_ns, writer_start_ns;
 	int64_t writer_index_ns, writer_pages_ns;
 	int64_t page_forwards;
+	/* Forwards whose index summaries the backend made (on the device),
+	 * not the host from raw K. */
+	int64_t index_forwards;
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;

@@ -9,11 +9,17 @@
 #      the next session (user/backend/cuda_host.c), and the same with
 #      KVMEM_CUDA_HOST_KEEP=0, where its reuse cases must FAIL (the check
 #      can fail);
-#   2. the whole test_ws_session on cuda (the exactness invariant; an
-#      append's inner chunks now compute no logits);
+#   2. test_ws_append on cuda: the index's summaries made on the GPU
+#      (kernels/cuda/index.cu through user/backend/cuda_fwd_index.c) give
+#      the index, plans, logits and tokens of the host summing the same
+#      rows, bit for bit; then the whole test_ws_session on cuda (the
+#      exactness invariant; an append's inner chunks compute no logits);
 #   3. kvmem bench step --only ceilings,stageout --prefill 16384: session
 #      prefill over the workspace against the plain forward pass in the same
 #      run, and where the rest of its time went (the split);
+#      The bench runs its own peers: the index summed on the host
+#      (KVMEM_DEVICE_INDEX=0) and the rows copied on the host
+#      (KVMEM_PAGE_ROWS=0), each in the same process;
 #   4. when time is left, the same with KVMEM_CUDA_HOST_KEEP=0 (every
 #      session pins its rows anew: the peer of 1).
 #
@@ -62,7 +68,16 @@ else
 	bad "no $G"
 fi
 
-# 2. the exactness invariant on cuda, every case
+# 2. the index made on the GPU against the host's, then the exactness
+# invariant on cuda, every case
+A=build-gpu/tests/test_ws_append
+if KVMEM_TEST_BACKEND=cuda timeout "$(left 20)" "$A" >"$out/ws_append.log" 2>&1 &&
+	grep -q '^\[       OK \] test_device_index_backend' "$out/ws_append.log"; then
+	ok "test_ws_append on cuda: $(grep -c '^\[       OK' "$out/ws_append.log") cases (the device index among them)"
+else
+	bad "test_ws_append on cuda:"
+	grep -E 'ERROR|FAILED|SKIPPED|LINE|seed|differ' "$out/ws_append.log" | head -12
+fi
 if KVMEM_TEST_BACKEND=cuda timeout "$(left 40)" "$T" >"$out/ws_session.log" 2>&1; then
 	ok "test_ws_session on cuda: $(grep -c '^\[       OK' "$out/ws_session.log") cases"
 else

@@ -199,6 +199,7 @@ static void cuda_destroy(void *ctx)
 	cuda_pages_destroy(b);
 	cuda_fwd_destroy(b);
 	cuda_host_destroy(b);
+	cuda_fwd_index_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
 	free(b);
 }
@@ -408,6 +409,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
 	.rows_dtype = KVMEM_DTYPE_BF16,
 	.page_rows = 1,
+	.index_rows = 1,
 	.available = cuda_available,
 	.create = cuda_create,
 	.destroy = cuda_destroy,

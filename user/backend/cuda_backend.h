@@ -9,6 +9,7 @@
  *                device page pool, place()'s counters, the copy ceilings
  *   cuda_score.c selection scoring on the device over a mirror of the index
  *   cuda_host.c  pinned host memory for the sessions' rows, kept for reuse
+ *   cuda_fwd_index.c  a forward's index summaries made on the device
  * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
  */
 #ifndef KVMEM_BACKEND_CUDA_INT_H
@@ -66,6 +67,8 @@ struct cuda {
 	struct cuda_fwdb *fwdb;		/* cuda_fwd_batch.c: the batched forward's
 					 * buffers (made at its first call) */
 	struct cuda_host *host;		/* cuda_host.c: pinned rows kept for reuse */
+	struct cuda_fwd_index *fix;	/* cuda_fwd_index.c: the index's window and
+					 * running state (made at first use) */
 };
 
 /* place() methods (the "place" setting) */
@@ -89,6 +92,11 @@ void cuda_host_destroy(struct cuda *b);
 int cuda_host_alloc(void *ctx, size_t bytes, void **p);
 void cuda_host_free(void *ctx, void *p);
 void cuda_host_counts(const struct cuda *b, uint64_t *pinned, uint64_t *reused);
+/* cuda_fwd_index.c: queue the index's summaries of the n tokens whose raw
+ * K ([L][n][H][D] bf16) is at raw_k on the device, and their copies into
+ * ix's host buffers, on the compute stream (kvmem_fwd_index). */
+int cuda_fwd_index(struct cuda *b, const uint16_t *raw_k, int n, const kvmem_fwd_index *ix);
+void cuda_fwd_index_destroy(struct cuda *b);
 
 /* cuda_view.c: the view half of the ops table. */
 int cuda_view_create(void *ctx, kvmem_view **v);

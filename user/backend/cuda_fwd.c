@@ -309,6 +309,9 @@ static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows,
 	for (int l = 0; l < c->n_layers; l++)
 		if ((rc = layer(b, v, l, n, want_out, &p)) < 0)
 			return kvmem_error_prefix("cuda forward, layer %d", l);
+	/* The index's summaries from raw K, on the device (cuda_fwd_index.c). */
+	if (!in_graph && out && out->index && (rc = cuda_fwd_index(b, p.ok, n, out->index)) < 0)
+		return rc;
 	/* Logits of every row only when asked: [C][vocab] is 2.5 GB for a
 	 * 4K chunk of a 152K vocabulary. */
 	if (rows && (rc = kvmem_cuda_logits_bf16(b->ctx, b->logits,
@@ -484,7 +487,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	const kvmem_config *c = b->c;
 	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
 	const int want_out = out && (out->raw_k || out->v || out->q_raw || out->raw_k_bf16 ||
-				     out->v_bf16 || out->pages);
+				     out->v_bf16 || out->pages || out->index);
 	const int typed = out && (out->raw_k_bf16 || out->v_bf16 || out->pages);
 	const int rows = logits ? (all_logits ? n : 1) : 0;
 	kvmem_scatter_item *items = (kvmem_scatter_item *)(f->host_in + f->items_off);
@@ -533,7 +536,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 			    kvmem_cuda_stream(b->ctx)) != cudaSuccess)
 		return kvmem_error(EIO, "cuda forward: copying the inputs up");
 	/* Pages are written by plain launches (a prefill chunk's). */
-	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && out->pages)) {
+	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && (out->pages || out->index))) {
 		if ((rc = graph_run(b, v, want_out, rows > 0)) == 0)
 			graphed = 1;
 		else if (f->mode == 2)

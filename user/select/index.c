@@ -242,6 +242,66 @@ int kvmem_index_append_rows(kvmem_index *ix, const void *raw_k, uint32_t dtype, 
 	return 0;
 }
 
+int kvmem_index_put(kvmem_index *ix, const float *meank, const float *kmin, const float *kmax,
+		    const float *sub, const float *open_sum, const float *open_sub, int n)
+{
+	const int64_t first = ix->n_tokens, b0 = first / ix->block;
+	const int B = ix->block, t0 = (int)(first % B), runs = ix->n_layers * ix->n_kv_heads;
+	const size_t D = (size_t)ix->head_dim;
+	int64_t nb;
+	/* The quarter-block means those tokens wrote: [s0, s1) of the run's
+	 * first block's four. */
+	int s0, s1;
+
+	if (n <= 0)
+		return n ? kvmem_error(EINVAL, "index: negative token count %d", n) : 0;
+	if (!meank || !open_sum || ((ix->sums & KVMEM_SUM_MINMAX) && (!kmin || !kmax)) ||
+	    ((ix->sums & KVMEM_SUM_SUBBLOCK) && (!sub || !open_sub)))
+		return kvmem_error(EINVAL, "index: summaries of %d tokens without the arrays the "
+				   "index keeps", n);
+	nb = (t0 + n - 1) / B + 1;
+	s0 = t0 / ix->sub_len;
+	s1 = (t0 + n - 1) / ix->sub_len + 1;
+	if (kvmem_index_reserve(ix, b0 + nb))
+		return kvmem_fail();
+	#pragma omp parallel for schedule(static) if ((size_t)runs * nb * D >= ((size_t)1 << 16))
+	for (int r = 0; r < runs; r++) {
+		const size_t w = (size_t)r * nb * D, at = ((size_t)r * ix->cap_blocks + b0) * D;
+
+		memcpy(ix->meank + at, meank + w, nb * D * sizeof(float));
+		if (ix->sums & KVMEM_SUM_MINMAX) {
+			memcpy(ix->kmin + at, kmin + w, nb * D * sizeof(float));
+			memcpy(ix->kmax + at, kmax + w, nb * D * sizeof(float));
+		}
+		if (ix->sums & KVMEM_SUM_SUBBLOCK)
+			memcpy(ix->sub + at * KVMEM_SUBBLOCKS + s0 * D,
+			       sub + w * KVMEM_SUBBLOCKS + s0 * D, (size_t)(s1 - s0) * D * sizeof(float));
+	}
+	memcpy(ix->open_sum, open_sum, (size_t)runs * D * sizeof(float));
+	if (ix->sums & KVMEM_SUM_SUBBLOCK)
+		memcpy(ix->open_sub, open_sub, (size_t)runs * D * sizeof(float));
+	ix->n_tokens = first + n;
+	ix->n_blocks = (ix->n_tokens + B - 1) / B;
+	return 0;
+}
+
+void kvmem_index_state(const kvmem_index *ix, float *sum, float *sub, float *lo, float *hi)
+{
+	const int runs = ix->n_layers * ix->n_kv_heads;
+	const size_t D = (size_t)ix->head_dim;
+	const int64_t b = ix->n_tokens / ix->block;
+
+	memcpy(sum, ix->open_sum, runs * D * sizeof(float));
+	if (sub)
+		memcpy(sub, ix->open_sub, runs * D * sizeof(float));
+	if (!lo || !hi || !(ix->sums & KVMEM_SUM_MINMAX) || !(ix->n_tokens % ix->block))
+		return;
+	for (int r = 0; r < runs; r++) {
+		memcpy(lo + r * D, ix->kmin + ((size_t)r * ix->cap_blocks + b) * D, D * sizeof(float));
+		memcpy(hi + r * D, ix->kmax + ((size_t)r * ix->cap_blocks + b) * D, D * sizeof(float));
+	}
+}
+
 /* ---- the public accessors (kvmem/session.h: the index is opaque there) ---- */
 static size_t run_at(const kvmem_index *ix, int l, int h, int64_t b)
 {

@@ -120,6 +120,63 @@ kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last)
 	return o;
 }
 
+/* The blocks a chunk's tokens fall in, at most. */
+static int64_t chunk_blocks(const kvmem_session *s)
+{
+	return (s->o.block - 1 + s->o.chunk) / s->o.block + 1;
+}
+
+/* A set of the index's summary buffers: meank, kmin, kmax (when kept),
+ * sub (when kept), [runs][nb][D] ([..][4][D]) for nb up to chunk_blocks;
+ * then open_sum, open_sub, in_sum, in_sub, in_min, in_max, [runs][D]. */
+static size_t ix_floats(const kvmem_session *s)
+{
+	const size_t runs = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads, D = s->cfg.head_dim;
+	const size_t win = runs * (size_t)chunk_blocks(s) * D;
+
+	return win * (1 + (s->index.sums & KVMEM_SUM_MINMAX ? 2 : 0) +
+		      (s->index.sums & KVMEM_SUM_SUBBLOCK ? KVMEM_SUBBLOCKS : 0)) + 6 * runs * D;
+}
+
+float *ws_ix_alloc(kvmem_session *s)
+{
+	void *p = NULL;
+
+	return s->be->ops->host_alloc(s->be->ctx, s->ix_floats * sizeof(float), &p) < 0 ? NULL : p;
+}
+
+void ws_ix_free(kvmem_session *s, float *p)
+{
+	if (p)
+		s->be->ops->host_free(s->be->ctx, p);
+}
+
+void ws_ix_parts(const kvmem_session *s, float *set, kvmem_fwd_index *f)
+{
+	const size_t runs = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads, D = s->cfg.head_dim;
+	const size_t win = runs * (size_t)chunk_blocks(s) * D;
+	float *p = set;
+
+	memset(f, 0, sizeof(*f));
+	f->meank = p;
+	p += win;
+	if (s->index.sums & KVMEM_SUM_MINMAX) {
+		f->kmin = p;
+		f->kmax = p + win;
+		p += 2 * win;
+	}
+	if (s->index.sums & KVMEM_SUM_SUBBLOCK) {
+		f->sub = p;
+		p += KVMEM_SUBBLOCKS * win;
+	}
+	f->open_sum = p;
+	f->open_sub = s->index.sums & KVMEM_SUM_SUBBLOCK ? p + runs * D : NULL;
+	f->in_sum = p + 2 * runs * D;
+	f->in_sub = f->open_sub ? p + 3 * runs * D : NULL;
+	f->in_min = f->kmin ? p + 4 * runs * D : NULL;
+	f->in_max = f->kmin ? p + 5 * runs * D : NULL;
+}
+
 static int alloc_buffers(kvmem_session *s)
 {
 	const kvmem_config *c = &s->cfg;
@@ -132,6 +189,21 @@ static int alloc_buffers(kvmem_session *s)
 			KVMEM_DTYPE_BF16 : KVMEM_DTYPE_F32;
 	s->raw_k = ws_rows_alloc(s);
 	s->v = ws_rows_alloc(s);
+	/* The index summed by the backend (index_rows) into pinned buffers,
+	 * unless KVMEM_DEVICE_INDEX=0 (a measurement's peer); without the
+	 * buffers (no memory) the host sums raw K as before. */
+	{
+		const char *e = getenv("KVMEM_DEVICE_INDEX");
+
+		s->ix_upto = -1;
+		s->dev_index = s->be->ops->index_rows && s->rows_dtype == KVMEM_DTYPE_BF16 &&
+			       !(e && !strcmp(e, "0"));
+		if (s->dev_index) {
+			s->ix_floats = ix_floats(s);
+			if (!(s->ixw = ws_ix_alloc(s)))
+				s->dev_index = 0;
+		}
+	}
 	s->rows_f32 = malloc(sizeof(float) * 2 * (size_t)s->o.block * kw);
 	s->q_raw = malloc(sizeof(float) * c->n_layers * C * qw);
 	s->logits = malloc(sizeof(float) * (s->o.all_logits ? C : 1) * c->vocab);
@@ -226,6 +298,7 @@ void kvmem_session_free(kvmem_session *s)
 	free(s->tokens);
 	ws_rows_free(s, s->raw_k);
 	ws_rows_free(s, s->v);
+	ws_ix_free(s, s->ixw);
 	free(s->rows_f32);
 	free(s->q_raw);
 	free(s->logits);
@@ -332,13 +405,22 @@ int ws_put_rows(kvmem_session *s, const struct ws_rows *r, int64_t ns[2])
 	const int64_t t0 = (int64_t)kvmem_now_ns();
 	int64_t t1;
 
+	kvmem_fwd_index f;
+
 	/* Room in the index for the whole append at its first job: one
 	 * re-lay instead of one at every doubling on the way (a 16K prefill
 	 * from empty re-laid it four times). */
-	if ((r->upto > r->p0 + r->n &&
-	     kvmem_index_reserve(&s->index, (r->upto + s->o.block - 1) / s->o.block)) ||
-	    kvmem_index_append_rows(&s->index, r->k, s->rows_dtype, r->n))
+	if (r->upto > r->p0 + r->n &&
+	    kvmem_index_reserve(&s->index, (r->upto + s->o.block - 1) / s->o.block))
 		return kvmem_fail();
+	if (r->ixw) {	/* summed by the backend: copied in */
+		ws_ix_parts(s, (float *)r->ixw, &f);
+		if (kvmem_index_put(&s->index, f.meank, f.kmin, f.kmax, f.sub, f.open_sum,
+				    f.open_sub, r->n))
+			return kvmem_fail();
+	} else if (kvmem_index_append_rows(&s->index, r->k, s->rows_dtype, r->n)) {
+		return kvmem_fail();
+	}
 	t1 = (int64_t)kvmem_now_ns();
 	if (store_pages(s, r->p0, r->n, r->k, r->v, r->in_pages))
 		return kvmem_fail();
@@ -381,6 +463,10 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
 
 	s->st.forward_ns += forward_ns;
 	s->st.forwards++;
+	/* The backend's index state follows its summaries only. */
+	s->in_index = out->index != NULL;
+	s->ix_upto = out->index ? p0 + n : -1;
+	s->st.index_forwards += out->index != NULL;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
 	if (ws_writer_rows(s, p0, n, kvmem_fwd_q_rows(out, n))) {
 		/* The view holds tokens the history lacks. */
@@ -462,6 +548,38 @@ static void ask_pages(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out)
 }
 
 /*
+ * The index's summaries of a forward over tokens p0..p0+n-1 made by the
+ * backend (kvmem_fwd_out.index), a prefill chunk's (a decode step's token
+ * is summed on the host: its rows come down anyway, in a CUDA graph). The
+ * backend goes on from its own running state when its last summaries
+ * ended at p0; else it takes the host index's, which the writer must have
+ * finished first. Raw K then stays on the device when the pages are
+ * written there too.
+ */
+static int ask_index(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out)
+{
+	kvmem_fwd_index *f = &s->fix;
+
+	if (!s->dev_index || n < s->blocks.block)
+		return 0;
+	ws_ix_parts(s, s->ixw, f);
+	f->first = p0;
+	f->block = s->blocks.block;
+	f->key = s->owner;
+	f->fresh = s->ix_upto != p0;
+	if (f->fresh) {
+		if (ws_writer_wait(s))
+			return kvmem_fail();
+		kvmem_index_state(&s->index, (float *)f->in_sum, (float *)f->in_sub,
+				  (float *)f->in_min, (float *)f->in_max);
+	}
+	out->index = f;
+	if (out->pages)
+		out->raw_k_bf16 = NULL;
+	return 0;
+}
+
+/*
  * One engine call over n tokens at the end of the view, then the history.
  * logits 0: nobody reads this call's logits (an append's inner chunk with
  * no on_forward and no all_logits), so the backend computes none: on a
@@ -478,11 +596,16 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n, int logits)
 		return kvmem_fail();
 	ask_pages(s, s->blocks.n_tokens, n, &out);
 	s->st.page_forwards += out.pages != NULL;
+	if (ask_index(s, s->blocks.n_tokens, n, &out)) {
+		s->in_pages = 0;
+		return kvmem_fail();
+	}
 	t0 = (int64_t)kvmem_now_ns();
 	s->st.begin_ns += t0 - tb;
 	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, logits ? s->logits : NULL,
 				s->o.all_logits, &out)) {
 		s->in_pages = 0;
+		s->ix_upto = -1;	/* its state may have moved */
 		return kvmem_error_prefix("session");
 	}
 	s->run_no_logits = !logits;

@@ -53,6 +53,17 @@ struct kvmem_session {
 	int run_no_logits;
 	/* During an append: its last token + 1 (ws_rows.upto), else 0. */
 	int64_t append_upto;
+	/* The index's summaries made by the backend (index_rows; dev_index:
+	 * it does, unless KVMEM_DEVICE_INDEX=0): ixw is a set of pinned
+	 * buffers the forward writes them into (index_set lays it out),
+	 * ix_floats its size; in_index: the forward just run did; ix_upto:
+	 * the backend's running state covers tokens up to there (-1: none,
+	 * the next call hands it the host index's). */
+	int dev_index, in_index;
+	float *ixw;
+	size_t ix_floats;
+	int64_t ix_upto;
+	kvmem_fwd_index fix;
 
 	/* Raw queries of the last n_q tokens: a ring of query_tokens (T) slots,
 	 * [L][T][n_heads][D], the oldest at slot q_head, and their positions
@@ -139,6 +150,9 @@ struct ws_rows {
 	int in_pages;		/* the pages hold the rows already: v unused */
 	int64_t upto;		/* the append's last token + 1: the index made
 				 * room for it at once (0: only these rows) */
+	const float *ixw;	/* the index's summaries of these rows, made by
+				 * the backend (a set like kvmem_session.ixw), or
+				 * NULL: k is summed here */
 	const void *k, *v;	/* rows of the session's rows_dtype */
 	const float *q;
 };
@@ -169,6 +183,11 @@ void *ws_rows_alloc(kvmem_session *s);
 void ws_rows_free(kvmem_session *s, void *p);
 /* The forward's outputs into the rows and queries the session holds now. */
 kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last);
+/* session.c: a set of the index's summary buffers (pinned through the
+ * backend), and where each array of set lies (f's pointers). */
+float *ws_ix_alloc(kvmem_session *s);
+void ws_ix_free(kvmem_session *s, float *p);
+void ws_ix_parts(const kvmem_session *s, float *set, kvmem_fwd_index *f);
 
 /* session.c: 0, or -EINVAL when an earlier failure broke the session. */
 int ws_usable(const kvmem_session *s);

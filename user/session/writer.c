@@ -73,7 +73,7 @@ struct ws_writer {
 	kvmem_session *s;
 	struct ws_rows job;	/* its rows: one of the two sets */
 	void *spare_k, *spare_v;	/* the set the session does not hold */
-	float *spare_q;
+	float *spare_q, *spare_ix;
 	int rc, err;
 	char msg[512];
 	int64_t ns;		/* time spent on jobs */
@@ -115,6 +115,7 @@ static void spares_free(struct ws_writer *g)
 {
 	ws_rows_free(g->s, g->spare_k);
 	ws_rows_free(g->s, g->spare_v);
+	ws_ix_free(g->s, g->spare_ix);
 	free(g->spare_q);
 	free(g);
 }
@@ -132,7 +133,9 @@ static int writer_start(kvmem_session *s)
 	g->spare_k = ws_rows_alloc(s);
 	g->spare_v = ws_rows_alloc(s);
 	g->spare_q = malloc(rows * s->cfg.n_heads * sizeof(float));
-	if (!g->spare_k || !g->spare_v || !g->spare_q || pthread_mutex_init(&g->mu, NULL)) {
+	g->spare_ix = s->ixw ? ws_ix_alloc(s) : NULL;
+	if (!g->spare_k || !g->spare_v || !g->spare_q || (s->ixw && !g->spare_ix) ||
+	    pthread_mutex_init(&g->mu, NULL)) {
 		spares_free(g);
 		return -ENOMEM;
 	}
@@ -186,10 +189,12 @@ void ws_writer_drain(kvmem_session *s)
 int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 {
 	struct ws_rows r = { .p0 = p0, .n = n, .q_rows = q_rows, .k = s->raw_k, .v = s->v,
-			     .q = s->q_raw, .in_pages = s->in_pages, .upto = s->append_upto };
+			     .q = s->q_raw, .in_pages = s->in_pages, .upto = s->append_upto,
+			     .ixw = s->in_index ? s->ixw : NULL };
 	struct ws_writer *g;
 
 	s->in_pages = 0;	/* the job has it */
+	s->in_index = 0;
 	if (!s->writer && n >= writer_min(s) && !s->src->ops->sync) {
 		int64_t t0 = (int64_t)kvmem_now_ns();
 
@@ -206,6 +211,12 @@ int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 	 * the other set. */
 	s->raw_k = g->spare_k, s->v = g->spare_v, s->q_raw = g->spare_q;
 	g->spare_k = (void *)r.k, g->spare_v = (void *)r.v, g->spare_q = (float *)r.q;
+	if (s->ixw) {	/* the index's summaries likewise */
+		float *t = s->ixw;
+
+		s->ixw = g->spare_ix;
+		g->spare_ix = t;
+	}
 	pthread_mutex_lock(&g->mu);
 	g->job = r;
 	g->state = POSTED;

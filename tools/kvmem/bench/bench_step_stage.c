@@ -76,12 +76,13 @@ static void stage_split(const kvmem_session_stats *st, double total,
 			      st->reserve_ns + st->last_wait_ns) / 1e9;
 
 	printf("  split of the session over the workspace (%.3f s): forwards %.3f s (%" PRId64
-	       " of %" PRId64 " wrote their pages into the pool themselves); before each "
+	       " of %" PRId64 " wrote their pages into the pool themselves, %" PRId64 " made "
+	       "their index summaries); before each "
 	       "forward (view room, pages asked) %.3f s; the view reserved for the append %.3f s; "
 	       "after each forward: waiting for the writer %.3f s, starting the writer %.3f s, "
 	       "the hand-off %.3f s; rows in line %.3f s; the last job's wait %.3f s; not "
 	       "accounted %.3f s\n", total, st->forward_ns / 1e9, st->page_forwards,
-	       st->forwards, st->begin_ns / 1e9, st->reserve_ns / 1e9, wait,
+	       st->forwards, st->index_forwards, st->begin_ns / 1e9, st->reserve_ns / 1e9, wait,
 	       st->writer_start_ns / 1e9, own, st->store_ns / 1e9, st->last_wait_ns / 1e9,
 	       total - known);
 	printf("  the writer thread's %.3f s: the index %.3f s, the pages (checksums, writes "
@@ -104,9 +105,9 @@ int ph_stageout(struct ctx *x)
 	int pinned = 0;
 	kvmem_page_geom g;
 	char dir[4200];
-	double plain, mem, cold, warm, c_cold, commit, dummy, rows = 0, c_rows;
-	kvmem_session_stats s0, sm, sc, sw, sr;
-	kvmem_pager_stats pm, pc, pw, pr;
+	double plain, mem, cold, warm, c_cold, commit, dummy, rows = 0, c_rows, hidx = 0, c_hidx;
+	kvmem_session_stats s0, sm, sc, sw, sr, sh;
+	kvmem_pager_stats pm, pc, pw, pr, ph;
 	const char *pr_env = getenv("KVMEM_PAGE_ROWS");
 	const int pages_on = !(pr_env && !strcmp(pr_env, "0"));
 	int rc = -1;
@@ -158,6 +159,16 @@ int ph_stageout(struct ctx *x)
 			goto out;
 		rc = -1;
 	}
+	/* And with the index summed on the host from raw K (KVMEM_DEVICE_INDEX
+	 * =0), when the backend made it above. */
+	if (x->b->ops->index_rows) {
+		setenv("KVMEM_DEVICE_INDEX", "0", 1);
+		rc = stage_run(x, ids, n, dir, pool, &hidx, &c_hidx, &sh, &ph);
+		unsetenv("KVMEM_DEVICE_INDEX");
+		if (rc < 0)
+			goto out;
+		rc = -1;
+	}
 	/* The figure is the session over the workspace against the plain
 	 * forward pass: what a user waits for when a long tool output is
 	 * appended, against the engine alone. */
@@ -195,6 +206,14 @@ int ph_stageout(struct ctx *x)
 		       "%.3f s, plain / it %.3f; writer thread %.3f s busy, waited for %.3f s "
 		       "(with pages from the backend: %.3f s busy)\n", rows, plain / rows,
 		       sr.writer_ns / 1e9, sr.writer_wait_ns / 1e9, sw.writer_ns / 1e9);
+	if (hidx > 0) {
+		printf("  peer: the same with the index summed on the host from raw K "
+		       "(KVMEM_DEVICE_INDEX=0) %.3f s, plain / it %.3f; writer thread %.3f s busy "
+		       "(the index %.3f s), waited for %.3f s (the last job %.3f s)\n", hidx,
+		       plain / hidx, sh.writer_ns / 1e9, sh.writer_index_ns / 1e9,
+		       sh.writer_wait_ns / 1e9, sh.last_wait_ns / 1e9);
+		stage_split(&sh, hidx, &s0);
+	}
 	rc = 0;
 out:
 	if (v)
