@@ -34,8 +34,6 @@
  *               sequence (check_attn_batch.c)
  *     --pages   a forward's rows into pages in host memory alone, against
  *               the twin (check_pages.c; tests/gpu/gpu24c.sh)
- *     --host-keep  the cuda backend's pinned rows kept for reuse alone
- *               (check_host.c; tests/gpu/prefill24.sh)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -53,7 +51,6 @@
 #include "check_fp8.h"
 #include "check_fuse.h"
 #include "check_gather.h"
-#include "check_host.h"
 #include "check_pages.h"
 #include "check_gemv.h"
 #include "check_perf.h"
@@ -1016,7 +1013,7 @@ int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
 	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0, only_fp8 = 0;
-	int only_pages = 0, only_host = 0;
+	int only_pages = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1042,12 +1039,10 @@ int main(int argc, char **argv)
 			only_fp8 = 1;		/* fp8 KV alone (check_fp8.c) */
 		else if (!strcmp(argv[i], "--pages"))
 			only_pages = 1;		/* rows into pages alone (check_pages.c) */
-		else if (!strcmp(argv[i], "--host-keep"))
-			only_host = 1;		/* pinned rows kept alone (check_host.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--fp8] [--pages] [--host-keep] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--fp8] [--pages] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1071,8 +1066,6 @@ int main(int argc, char **argv)
 		check_fp8(do_bench);
 	} else if (only_pages) {
 		check_pages();
-	} else if (only_host) {
-		check_host();
 	} else if (only_gather) {
 		check_gather();
 	} else if (only_gemv) {
@@ -1100,7 +1093,6 @@ int main(int argc, char **argv)
 		check_scatter();
 		check_gather();
 		check_pages();
-		check_host();
 		check_fp8(0);
 		check_attention();
 		check_attn_decode();

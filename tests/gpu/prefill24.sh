@@ -5,15 +5,14 @@
 #
 #   tests/gpu/prefill24.sh OUTDIR
 #
-#   1. kvmem_gpu_check --host-keep: the cuda backend's pinned rows kept for
-#      the next session (user/backend/cuda_host.c), and the same with
-#      KVMEM_CUDA_HOST_KEEP=0, where its reuse cases must FAIL (the check
-#      can fail);
-#   2. test_ws_append on cuda: the index's summaries made on the GPU
+#   1. test_ws_append on cuda: the index's summaries made on the GPU
 #      (kernels/cuda/index.cu through user/backend/cuda_fwd_index.c) give
 #      the index, plans, logits and tokens of the host summing the same
-#      rows, bit for bit; then the whole test_ws_session on cuda (the
-#      exactness invariant; an append's inner chunks compute no logits);
+#      rows, bit for bit; the cuda backend's pinned rows are kept for the
+#      next session (user/backend/cuda_host.c), and that case FAILS with
+#      KVMEM_CUDA_HOST_KEEP=0 (it can fail);
+#   2. the whole test_ws_session on cuda (the exactness invariant; an
+#      append's inner chunks compute no logits);
 #   3. kvmem bench step --only ceilings,stageout --prefill 16384: session
 #      prefill over the workspace against the plain forward pass in the same
 #      run, and where the rest of its time went (the split);
@@ -32,7 +31,7 @@ out=${1:?usage: tests/gpu/prefill24.sh OUTDIR}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/build-gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMP_WAIT_POLICY=passive
-K=build-gpu/kvmem G=build-gpu/gpu/kvmem_gpu_check T=build-gpu/tests/test_ws_session
+K=build-gpu/kvmem T=build-gpu/tests/test_ws_session
 pass=0 fail=0
 ok() { echo "PASS: $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
@@ -45,39 +44,27 @@ trap 'rm -rf "$tmp"' EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$out/gpu.txt"
 
-# 1. pinned rows kept for reuse; and the check failing without it
-if [ -x "$G" ]; then
-	timeout "$(left 20)" "$G" --host-keep >"$out/host_keep.log" 2>&1
-	rc=$?
-	n_ok=$(grep -c '^ok ' "$out/host_keep.log")
-	n_bad=$(grep -c '^FAIL' "$out/host_keep.log")
-	if [ "$rc" -eq 0 ] && [ "$n_bad" -eq 0 ] && [ "$n_ok" -ge 5 ]; then
-		ok "kvmem_gpu_check --host-keep ($n_ok cases)"
-	else
-		bad "kvmem_gpu_check --host-keep (rc $rc, $n_ok ok, $n_bad FAIL)"
-		grep -E '^FAIL|seed' "$out/host_keep.log" | head -8
-	fi
-	KVMEM_CUDA_HOST_KEEP=0 timeout "$(left 20)" "$G" --host-keep >"$out/host_keep_off.log" 2>&1
-	n_bad=$(grep -c '^FAIL' "$out/host_keep_off.log")
-	if [ "$n_bad" -ge 1 ]; then
-		ok "kvmem_gpu_check --host-keep fails with KVMEM_CUDA_HOST_KEEP=0 ($n_bad FAIL lines)"
-	else
-		bad "kvmem_gpu_check --host-keep passed with KVMEM_CUDA_HOST_KEEP=0: it cannot fail"
-	fi
-else
-	bad "no $G"
-fi
-
-# 2. the index made on the GPU against the host's, then the exactness
-# invariant on cuda, every case
+# 1. test_ws_append on cuda: the index made on the GPU against the host's
+# (device_index_backend) and the pinned rows kept (rows_kept), then
+# rows_kept again with KVMEM_CUDA_HOST_KEEP=0, where it must fail
 A=build-gpu/tests/test_ws_append
-if KVMEM_TEST_BACKEND=cuda timeout "$(left 20)" "$A" >"$out/ws_append.log" 2>&1 &&
-	grep -q '^\[       OK \] test_device_index_backend' "$out/ws_append.log"; then
-	ok "test_ws_append on cuda: $(grep -c '^\[       OK' "$out/ws_append.log") cases (the device index among them)"
+if KVMEM_TEST_BACKEND=cuda timeout "$(left 25)" "$A" >"$out/ws_append.log" 2>&1 &&
+	grep -q '^\[       OK \] test_device_index_backend' "$out/ws_append.log" &&
+	grep -q '^\[       OK \] test_rows_kept' "$out/ws_append.log"; then
+	ok "test_ws_append on cuda: $(grep -c '^\[       OK' "$out/ws_append.log") cases (device index, rows kept among them)"
 else
 	bad "test_ws_append on cuda:"
 	grep -E 'ERROR|FAILED|SKIPPED|LINE|seed|differ' "$out/ws_append.log" | head -12
 fi
+KVMEM_CUDA_HOST_KEEP=0 KVMEM_TEST_FILTER=test_rows_kept KVMEM_TEST_BACKEND=cuda \
+	timeout "$(left 15)" "$A" >"$out/ws_append_nokeep.log" 2>&1
+if grep -q '^\[  FAILED  \] test_rows_kept' "$out/ws_append_nokeep.log"; then
+	ok "test_rows_kept fails with KVMEM_CUDA_HOST_KEEP=0 (it can fail)"
+else
+	bad "test_rows_kept did not fail with KVMEM_CUDA_HOST_KEEP=0"
+fi
+
+# 2. the exactness invariant on cuda, every case
 if KVMEM_TEST_BACKEND=cuda timeout "$(left 40)" "$T" >"$out/ws_session.log" 2>&1; then
 	ok "test_ws_session on cuda: $(grep -c '^\[       OK' "$out/ws_session.log") cases"
 else
@@ -110,7 +97,7 @@ fi
 
 echo
 echo "== figures (H200; peers from the same run) =="
-grep -h 'host keep' "$out/host_keep.log"
+grep -h 'rows kept:' "$out/ws_append.log"
 for f in bench_stageout.log bench_stageout_nokeep.log; do
 	[ -f "$out/$f" ] || continue
 	echo "-- $f"

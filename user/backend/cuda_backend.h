@@ -85,13 +85,11 @@ int cuda_pinned(void *p, size_t bytes);
 int cuda_items_room(struct cuda *b, int n);
 
 /* cuda_host.c: pinned host memory for the sessions' rows (host_alloc /
- * host_free), kept when freed for the next session of the same sizes;
- * cuda_host_counts: allocations pinned anew and handed out again. */
+ * host_free), kept when freed for the next session of the same sizes. */
 int cuda_host_create(struct cuda *b);
 void cuda_host_destroy(struct cuda *b);
 int cuda_host_alloc(void *ctx, size_t bytes, void **p);
 void cuda_host_free(void *ctx, void *p);
-void cuda_host_counts(const struct cuda *b, uint64_t *pinned, uint64_t *reused);
 /* cuda_fwd_index.c: queue the index's summaries of the n tokens whose raw
  * K ([L][n][H][D] bf16) is at raw_k on the device, and their copies into
  * ix's host buffers, on the compute stream (kvmem_fwd_index). */

@@ -15,6 +15,7 @@
  * Up to KEEP_MAX buffers are tracked and at most KEEP_BYTES of them kept
  * idle; beyond that a freed buffer is unpinned at once. Freed with the
  * backend. KVMEM_CUDA_HOST_KEEP=0 keeps nothing (a measurement's peer).
+ * test_ws_append's rows_kept checks it on a GPU (tests/gpu/prefill24.sh).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -39,7 +40,6 @@ struct cuda_host {
 		size_t bytes;
 		int used;
 	} e[KEEP_MAX];
-	uint64_t pinned, reused;	/* allocations: pinned anew, handed again */
 };
 
 int cuda_host_create(struct cuda *b)
@@ -83,7 +83,6 @@ int cuda_host_alloc(void *ctx, size_t bytes, void **p)
 		if (!h->e[i].used && h->e[i].bytes == bytes) {
 			h->e[i].used = 1;
 			h->idle -= bytes;
-			h->reused++;
 			*p = h->e[i].p;
 			break;
 		}
@@ -93,7 +92,6 @@ int cuda_host_alloc(void *ctx, size_t bytes, void **p)
 	if ((rc = cuda_pinned(p, bytes)) < 0)
 		return rc;
 	pthread_mutex_lock(&h->mu);
-	h->pinned++;
 	if (h->keep && h->n < KEEP_MAX)
 		h->e[h->n++] = (struct host_buf){ .p = *p, .bytes = bytes, .used = 1 };
 	pthread_mutex_unlock(&h->mu);
@@ -121,14 +119,4 @@ void cuda_host_free(void *ctx, void *p)
 		h->e[i] = h->e[--h->n];
 	pthread_mutex_unlock(&h->mu);
 	cudaFreeHost(p);
-}
-
-void cuda_host_counts(const struct cuda *b, uint64_t *pinned, uint64_t *reused)
-{
-	struct cuda_host *h = b->host;
-
-	pthread_mutex_lock(&h->mu);
-	*pinned = h->pinned;
-	*reused = h->reused;
-	pthread_mutex_unlock(&h->mu);
 }
