@@ -196,10 +196,10 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_i);
 	cudaFreeHost(b->host_st);
 	cudaFreeHost(b->host_items);
+	cuda_rows_destroy(b);	/* cuda_host.c */
+	cuda_fwd_index_destroy(b);
 	cuda_pages_destroy(b);
 	cuda_fwd_destroy(b);
-	cuda_host_destroy(b);
-	cuda_fwd_index_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
 	free(b);
 }
@@ -260,7 +260,7 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	    (rc = cuda_dev_alloc(&b->ok, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_dev_alloc(&b->ov, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_pinned(&b->host_o, maxo * 2)) < 0 || (rc = cuda_pinned(&b->host_i, 2 * C * 4)) < 0 ||
-	    (rc = cuda_fwd_create(b)) < 0 || (rc = cuda_host_create(b)) < 0)
+	    (rc = cuda_fwd_create(b)) < 0 || (rc = cuda_rows_create(b)) < 0)
 		goto fail;
 	b->logit_rows = 1;
 	*out = b;
@@ -404,12 +404,23 @@ static uint64_t cuda_mem_used(void *ctx)
 	return cuda_dev_used(b);
 }
 
+/* Pinned host memory for the session's typed rows: the forward pass copies
+ * straight into it. Kept when freed, for the next session (cuda_host.c). */
+static int cuda_host_alloc(void *ctx, size_t bytes, void **p)
+{
+	return cuda_rows_alloc(ctx, bytes, p);
+}
+
+static void cuda_host_free(void *ctx, void *p)
+{
+	cuda_rows_free(ctx, p);
+}
+
 const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.name = "cuda",
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
 	.rows_dtype = KVMEM_DTYPE_BF16,
 	.page_rows = 1,
-	.index_rows = 1,
 	.available = cuda_available,
 	.create = cuda_create,
 	.destroy = cuda_destroy,
@@ -425,6 +436,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.ceilings = cuda_ceilings,
 	.mem_used = cuda_mem_used,
 	.host_register = cuda_host_register,
+	.index_rows = 1,	/* cuda_fwd_index.c */
 	.host_unregister = cuda_host_unregister,
 	.host_pinned = cuda_host_pinned,
 	.page_cached = cuda_page_cached,

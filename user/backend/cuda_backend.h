@@ -3,13 +3,13 @@
  * The cuda backend's private state, shared by its three files:
  *   cuda.c       weights, create/destroy, ceilings, the ops table
  *   cuda_fwd.c   the forward pass and its decode graphs
+ *   cuda_fwd_index.c  a forward's index summaries, made on the device
+ *   cuda_host.c  pinned host memory for the sessions' rows, kept for reuse
  *   cuda_fwd_batch.c  the batched forward (decode steps of many views)
  *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
  *   cuda_page.c  the paging path: registered host memory, the gather, the
  *                device page pool, place()'s counters, the copy ceilings
  *   cuda_score.c selection scoring on the device over a mirror of the index
- *   cuda_host.c  pinned host memory for the sessions' rows, kept for reuse
- *   cuda_fwd_index.c  a forward's index summaries made on the device
  * Built into libkvmem_cuda.a only (kernels/cuda/cuda.mk).
  */
 #ifndef KVMEM_BACKEND_CUDA_INT_H
@@ -62,13 +62,13 @@ struct cuda {
 	uint64_t index_mem;		/* from kvmem_backend_opts: the mirrors' share */
 	uint64_t index_bytes;		/* held by index mirrors now (cuda_score.c) */
 	uint64_t scratch_bytes;		/* the forward pass's scratch */
+	struct cuda_rows *rows;		/* cuda_host.c: pinned rows kept for reuse */
+	struct cuda_fwd_index *fix;	/* cuda_fwd_index.c: the index's window and
+					 * running state (made at first use) */
 	struct cuda_fwd *fwd;		/* cuda_fwd.c: the forward pass's inputs,
 					 * q/k/v scratch and decode graphs */
 	struct cuda_fwdb *fwdb;		/* cuda_fwd_batch.c: the batched forward's
 					 * buffers (made at its first call) */
-	struct cuda_host *host;		/* cuda_host.c: pinned rows kept for reuse */
-	struct cuda_fwd_index *fix;	/* cuda_fwd_index.c: the index's window and
-					 * running state (made at first use) */
 };
 
 /* place() methods (the "place" setting) */
@@ -83,13 +83,12 @@ int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count);
 int cuda_pinned(void *p, size_t bytes);
 /* Room for n scatter items on both sides. */
 int cuda_items_room(struct cuda *b, int n);
-
 /* cuda_host.c: pinned host memory for the sessions' rows (host_alloc /
- * host_free), kept when freed for the next session of the same sizes. */
-int cuda_host_create(struct cuda *b);
-void cuda_host_destroy(struct cuda *b);
-int cuda_host_alloc(void *ctx, size_t bytes, void **p);
-void cuda_host_free(void *ctx, void *p);
+ * host_free), kept when freed for the next session of the same size. */
+int cuda_rows_create(struct cuda *b);
+void cuda_rows_destroy(struct cuda *b);
+int cuda_rows_alloc(struct cuda *b, size_t bytes, void **p);
+void cuda_rows_free(struct cuda *b, void *p);
 /* cuda_fwd_index.c: queue the index's summaries of the n tokens whose raw
  * K ([L][n][H][D] bf16) is at raw_k on the device, and their copies into
  * ix's host buffers, on the compute stream (kvmem_fwd_index). */

@@ -309,9 +309,6 @@ static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows,
 	for (int l = 0; l < c->n_layers; l++)
 		if ((rc = layer(b, v, l, n, want_out, &p)) < 0)
 			return kvmem_error_prefix("cuda forward, layer %d", l);
-	/* The index's summaries from raw K, on the device (cuda_fwd_index.c). */
-	if (!in_graph && out && out->index && (rc = cuda_fwd_index(b, p.ok, n, out->index)) < 0)
-		return rc;
 	/* Logits of every row only when asked: [C][vocab] is 2.5 GB for a
 	 * 4K chunk of a 152K vocabulary. */
 	if (rows && (rc = kvmem_cuda_logits_bf16(b->ctx, b->logits,
@@ -536,7 +533,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 			    kvmem_cuda_stream(b->ctx)) != cudaSuccess)
 		return kvmem_error(EIO, "cuda forward: copying the inputs up");
 	/* Pages are written by plain launches (a prefill chunk's). */
-	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && (out->pages || out->index))) {
+	if (n == 1 && f->mode && !f->broken && decode_ok(b) && !(out && out->pages)) {
 		if ((rc = graph_run(b, v, want_out, rows > 0)) == 0)
 			graphed = 1;
 		else if (f->mode == 2)
@@ -546,6 +543,15 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	}
 	if (!graphed && (rc = enqueue(b, v, n, want_out, rows, 0, out)) < 0) {
 		cudaStreamSynchronize(f->down);	/* nothing left writing into the rows */
+		return rc;
+	}
+	/* The index's summaries from the raw K just written (a graph's in
+	 * dout), on the device: cuda_fwd_index.c. */
+	if (out && out->index &&
+	    (rc = cuda_fwd_index(b, graphed ? f->dout + (size_t)L * b->qw : b->ok, n,
+				 out->index)) < 0) {
+		kvmem_cuda_sync(b->ctx);
+		cudaStreamSynchronize(f->down);
 		return rc;
 	}
 	if (graphed) {

@@ -30,7 +30,7 @@
 #define KEEP_MAX 16
 #define KEEP_BYTES (1ull << 30)
 
-struct cuda_host {
+struct cuda_rows {
 	pthread_mutex_t mu;
 	int keep;		/* 0: KVMEM_CUDA_HOST_KEEP=0 */
 	int n;
@@ -42,10 +42,10 @@ struct cuda_host {
 	} e[KEEP_MAX];
 };
 
-int cuda_host_create(struct cuda *b)
+int cuda_rows_create(struct cuda *b)
 {
 	const char *e = getenv("KVMEM_CUDA_HOST_KEEP");
-	struct cuda_host *h = calloc(1, sizeof(*h));
+	struct cuda_rows *h = calloc(1, sizeof(*h));
 
 	if (!h)
 		return kvmem_error(ENOMEM, "out of memory");
@@ -54,13 +54,13 @@ int cuda_host_create(struct cuda *b)
 		return kvmem_error(ENOMEM, "cuda host memory: cannot make a mutex");
 	}
 	h->keep = !(e && !strcmp(e, "0"));
-	b->host = h;
+	b->rows = h;
 	return 0;
 }
 
-void cuda_host_destroy(struct cuda *b)
+void cuda_rows_destroy(struct cuda *b)
 {
-	struct cuda_host *h = b->host;
+	struct cuda_rows *h = b->rows;
 
 	if (!h)
 		return;
@@ -68,13 +68,12 @@ void cuda_host_destroy(struct cuda *b)
 		cudaFreeHost(h->e[i].p);
 	pthread_mutex_destroy(&h->mu);
 	free(h);
-	b->host = NULL;
+	b->rows = NULL;
 }
 
-int cuda_host_alloc(void *ctx, size_t bytes, void **p)
+int cuda_rows_alloc(struct cuda *b, size_t bytes, void **p)
 {
-	struct cuda *b = ctx;
-	struct cuda_host *h = b->host;
+	struct cuda_rows *h = b->rows;
 	int rc;
 
 	*p = NULL;
@@ -98,10 +97,9 @@ int cuda_host_alloc(void *ctx, size_t bytes, void **p)
 	return 0;
 }
 
-void cuda_host_free(void *ctx, void *p)
+void cuda_rows_free(struct cuda *b, void *p)
 {
-	struct cuda *b = ctx;
-	struct cuda_host *h = b->host;
+	struct cuda_rows *h = b->rows;
 	int i;
 
 	if (!p)

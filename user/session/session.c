@@ -189,21 +189,6 @@ static int alloc_buffers(kvmem_session *s)
 			KVMEM_DTYPE_BF16 : KVMEM_DTYPE_F32;
 	s->raw_k = ws_rows_alloc(s);
 	s->v = ws_rows_alloc(s);
-	/* The index summed by the backend (index_rows) into pinned buffers,
-	 * unless KVMEM_DEVICE_INDEX=0 (a measurement's peer); without the
-	 * buffers (no memory) the host sums raw K as before. */
-	{
-		const char *e = getenv("KVMEM_DEVICE_INDEX");
-
-		s->ix_upto = -1;
-		s->dev_index = s->be->ops->index_rows && s->rows_dtype == KVMEM_DTYPE_BF16 &&
-			       !(e && !strcmp(e, "0"));
-		if (s->dev_index) {
-			s->ix_floats = ix_floats(s);
-			if (!(s->ixw = ws_ix_alloc(s)))
-				s->dev_index = 0;
-		}
-	}
 	s->rows_f32 = malloc(sizeof(float) * 2 * (size_t)s->o.block * kw);
 	s->q_raw = malloc(sizeof(float) * c->n_layers * C * qw);
 	s->logits = malloc(sizeof(float) * (s->o.all_logits ? C : 1) * c->vocab);
@@ -252,6 +237,10 @@ kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *
 		 * KVMEM_PAGE_ROWS=0 (a measurement's peer: rows copied on the host). */
 		e = getenv("KVMEM_PAGE_ROWS");
 		s->pages_off = e && !strcmp(e, "0");
+		/* The index summed by the backend (ask_index) unless
+		 * KVMEM_DEVICE_INDEX=0 (the peer: the host sums raw K). */
+		e = getenv("KVMEM_DEVICE_INDEX");
+		s->dev_index = e && !strcmp(e, "0") ? -1 : 0;
 	}
 	s->o.policy = s->pol->name;
 	s->n_sets = s->pol->per_layer ? s->cfg.n_layers : 1;
@@ -298,7 +287,6 @@ void kvmem_session_free(kvmem_session *s)
 	free(s->tokens);
 	ws_rows_free(s, s->raw_k);
 	ws_rows_free(s, s->v);
-	ws_ix_free(s, s->ixw);
 	free(s->rows_f32);
 	free(s->q_raw);
 	free(s->logits);
@@ -312,6 +300,7 @@ void kvmem_session_free(kvmem_session *s)
 	free(s->moves);
 	free(s->page_f32);
 	free(s->pages);
+	ws_ix_free(s, s->ixw);
 	free(s);
 }
 
@@ -465,7 +454,7 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
 	s->st.forwards++;
 	/* The backend's index state follows its summaries only. */
 	s->in_index = out->index != NULL;
-	s->ix_upto = out->index ? p0 + n : -1;
+	s->ix_next = out->index ? p0 + n + 1 : 0;
 	s->st.index_forwards += out->index != NULL;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
 	if (ws_writer_rows(s, p0, n, kvmem_fwd_q_rows(out, n))) {
@@ -560,13 +549,22 @@ static int ask_index(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out)
 {
 	kvmem_fwd_index *f = &s->fix;
 
-	if (!s->dev_index || n < s->blocks.block)
+	if (s->dev_index < 0 || n < s->blocks.block)
 		return 0;
+	if (!s->dev_index) {	/* decided at the first chunk */
+		s->dev_index = -1;
+		if (!s->be->ops->index_rows || s->rows_dtype != KVMEM_DTYPE_BF16)
+			return 0;
+		s->ix_floats = ix_floats(s);
+		if (!(s->ixw = ws_ix_alloc(s)))
+			return 0;	/* no memory for it: the host sums, as before */
+		s->dev_index = 1;
+	}
 	ws_ix_parts(s, s->ixw, f);
 	f->first = p0;
 	f->block = s->blocks.block;
 	f->key = s->owner;
-	f->fresh = s->ix_upto != p0;
+	f->fresh = s->ix_next != p0 + 1;
 	if (f->fresh) {
 		if (ws_writer_wait(s))
 			return kvmem_fail();
@@ -605,7 +603,7 @@ static int run_tokens(kvmem_session *s, const int32_t *tok, int n, int logits)
 	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, logits ? s->logits : NULL,
 				s->o.all_logits, &out)) {
 		s->in_pages = 0;
-		s->ix_upto = -1;	/* its state may have moved */
+		s->ix_next = 0;	/* its state may have moved */
 		return kvmem_error_prefix("session");
 	}
 	s->run_no_logits = !logits;

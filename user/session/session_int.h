@@ -53,16 +53,17 @@ struct kvmem_session {
 	int run_no_logits;
 	/* During an append: its last token + 1 (ws_rows.upto), else 0. */
 	int64_t append_upto;
-	/* The index's summaries made by the backend (index_rows; dev_index:
-	 * it does, unless KVMEM_DEVICE_INDEX=0): ixw is a set of pinned
-	 * buffers the forward writes them into (index_set lays it out),
-	 * ix_floats its size; in_index: the forward just run did; ix_upto:
-	 * the backend's running state covers tokens up to there (-1: none,
-	 * the next call hands it the host index's). */
+	/* The index's summaries made by the backend (index_rows; dev_index,
+	 * decided at the first prefill chunk: 1 it does, -1 not, as with
+	 * KVMEM_DEVICE_INDEX=0): ixw is a set of pinned buffers the forward
+	 * writes them into (ws_ix_parts lays it out), ix_floats its size;
+	 * in_index: the forward just run did; ix_next: 1 + the token after
+	 * those the backend's running state covers (0: none; the next call
+	 * hands it the host index's). */
 	int dev_index, in_index;
 	float *ixw;
 	size_t ix_floats;
-	int64_t ix_upto;
+	int64_t ix_next;
 	kvmem_fwd_index fix;
 
 	/* Raw queries of the last n_q tokens: a ring of query_tokens (T) slots,

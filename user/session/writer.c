@@ -133,9 +133,7 @@ static int writer_start(kvmem_session *s)
 	g->spare_k = ws_rows_alloc(s);
 	g->spare_v = ws_rows_alloc(s);
 	g->spare_q = malloc(rows * s->cfg.n_heads * sizeof(float));
-	g->spare_ix = s->ixw ? ws_ix_alloc(s) : NULL;
-	if (!g->spare_k || !g->spare_v || !g->spare_q || (s->ixw && !g->spare_ix) ||
-	    pthread_mutex_init(&g->mu, NULL)) {
+	if (!g->spare_k || !g->spare_v || !g->spare_q || pthread_mutex_init(&g->mu, NULL)) {
 		spares_free(g);
 		return -ENOMEM;
 	}
@@ -207,15 +205,17 @@ int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 	if (ws_writer_wait(s))
 		return kvmem_fail();
 	g = s->writer;
+	/* The index's summaries have a second set too, made at the first
+	 * job that brings them; without it, this job is put away in line. */
+	if (r.ixw && !g->spare_ix && !(g->spare_ix = ws_ix_alloc(s)))
+		return put_inline(s, &r) ? kvmem_fail() : 0;
 	/* The job takes the rows just computed; the next forward writes into
 	 * the other set. */
 	s->raw_k = g->spare_k, s->v = g->spare_v, s->q_raw = g->spare_q;
 	g->spare_k = (void *)r.k, g->spare_v = (void *)r.v, g->spare_q = (float *)r.q;
-	if (s->ixw) {	/* the index's summaries likewise */
-		float *t = s->ixw;
-
+	if (r.ixw) {	/* the index's summaries likewise */
 		s->ixw = g->spare_ix;
-		g->spare_ix = t;
+		g->spare_ix = (float *)r.ixw;
 	}
 	pthread_mutex_lock(&g->mu);
 	g->job = r;
