@@ -184,11 +184,14 @@ void *ws_rows_alloc(kvmem_session *s);
 void ws_rows_free(kvmem_session *s, void *p);
 /* The forward's outputs into the rows and queries the session holds now. */
 kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last);
-/* session.c: a set of the index's summary buffers (pinned through the
- * backend), and where each array of set lies (f's pointers). */
+/* dev_index.c: a set of the index's summary buffers (pinned through the
+ * backend), and where each array of set lies (f's pointers); the
+ * summaries of a forward over tokens p0..p0+n-1 asked of the backend in
+ * *out when it makes them (0, or the writer's error). */
 float *ws_ix_alloc(kvmem_session *s);
 void ws_ix_free(kvmem_session *s, float *p);
 void ws_ix_parts(const kvmem_session *s, float *set, kvmem_fwd_index *f);
+int ws_ask_index(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out);
 
 /* session.c: 0, or -EINVAL when an earlier failure broke the session. */
 int ws_usable(const kvmem_session *s);
