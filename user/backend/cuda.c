@@ -184,6 +184,8 @@ static void cuda_destroy(void *ctx)
 		kvmem_cuda_free(b->lm_head);
 	kvmem_cuda_free(b->embed);
 	kvmem_cuda_free(b->final_norm);
+	cuda_rows_destroy(b);		/* cuda_host.c */
+	cuda_fwd_index_destroy(b);	/* cuda_fwd_index.c */
 	{
 		void *dev[] = { b->x, b->h, b->q, b->k, b->v, b->att, b->gu, b->act, b->tmp,
 				b->ids, b->pos, b->logits, b->oq, b->ok, b->ov, b->st_k, b->st_v,
@@ -196,8 +198,6 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_i);
 	cudaFreeHost(b->host_st);
 	cudaFreeHost(b->host_items);
-	cuda_rows_destroy(b);	/* cuda_host.c */
-	cuda_fwd_index_destroy(b);
 	cuda_pages_destroy(b);
 	cuda_fwd_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
