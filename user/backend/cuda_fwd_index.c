@@ -32,7 +32,7 @@
 struct cuda_fwd_index {
 	float *win;		/* meank, kmin, kmax, sub windows for nb_max blocks */
 	float *st;		/* open_sum, open_sub, the partial block's min, max */
-	int nb_max;
+	int nb_max;		/* blocks the window holds */
 	uint32_t key;		/* whose state st holds (0: nobody's) */
 	int64_t upto;		/* the token after the last one it covers */
 };
@@ -89,17 +89,23 @@ int cuda_fwd_index(struct cuda *b, const uint16_t *raw_k, int n, const kvmem_fwd
 		if (!(x = calloc(1, sizeof(*x))))
 			return kvmem_error(ENOMEM, "out of memory");
 		b->fix = x;
-		x->nb_max = (B - 1 + b->max_chunk) / B + 1;
-		win = runs * x->nb_max * D;
-		if ((rc = cuda_dev_alloc(&x->win, win * 7 * sizeof(float), &b->scratch_bytes)) < 0 ||
-		    (rc = cuda_dev_alloc(&x->st, runs * D * 4 * sizeof(float), &b->scratch_bytes)) < 0) {
+		if ((rc = cuda_dev_alloc(&x->st, runs * D * 4 * sizeof(float), &b->scratch_bytes)) < 0) {
 			cuda_fwd_index_destroy(b);
 			return rc;
 		}
 	}
-	if (nb > x->nb_max)
-		return kvmem_error(EINVAL, "cuda index: %d blocks of %d in one call, room for %d", nb,
-				   B, x->nb_max);
+	if (nb > x->nb_max) {	/* the window for the largest chunk of this block size */
+		const int want = (B - 1 + b->max_chunk) / B + 1;
+
+		kvmem_cuda_free(x->win);
+		b->scratch_bytes -= runs * (size_t)x->nb_max * D * 7 * sizeof(float);
+		x->win = NULL;
+		x->nb_max = 0;
+		if ((rc = cuda_dev_alloc(&x->win, runs * (size_t)(want > nb ? want : nb) * D * 7 *
+					 sizeof(float), &b->scratch_bytes)) < 0)
+			return rc;
+		x->nb_max = want > nb ? want : nb;
+	}
 	if (!ix->fresh && (x->key != ix->key || x->upto != ix->first))
 		return kvmem_error(EINVAL, "cuda index: tokens from %lld continue no summaries kept "
 				   "here (key %u, up to %lld)", (long long)ix->first, x->key,
