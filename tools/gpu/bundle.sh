@@ -20,6 +20,7 @@ B=${BUILD:-build-gpu}
 unit_tests=(
 	test_ws_session
 	test_ws_batch
+	test_ws_append
 	test_fwd_qlast
 	test_tp_nccl
 	test_tp
@@ -30,14 +31,10 @@ for t in "${unit_tests[@]}"; do
 done
 targets="cli ${have[*]}"
 ls tests/gpu/*.c >/dev/null 2>&1 && targets="$targets gpu-check"
-# test_ws_append: the index made on the GPU, the pinned rows kept
-# (KVMEM_TEST_BACKEND=cuda in tests/gpu/prefill24.sh).
-targets="$targets $B/tests/test_ws_append"
 make --no-print-directory BUILD=$B -j"$(nproc)" $targets >/dev/null
 mkdir -p $B/lib
 bins=($B/kvmem "${have[@]}")
 [ -x $B/gpu/kvmem_gpu_check ] && bins+=($B/gpu/kvmem_gpu_check)
-bins+=($B/tests/test_ws_append)
 for b in "${bins[@]}"; do
 	[ -x "$b" ] && [ -f "$b" ] || continue
 	ldd "$b" | awk '/=> \// { print $3 }'
