@@ -265,6 +265,22 @@ typedef struct kvmem_session_stats {
 	 * away, and time the session waited for it (the next forward was
 	 * done first: the rows are what bounds the pace). */
 	int64_t writer_ns, writer_wait_ns;
+	/* The rest of a token run's time, split (not saved either): before
+	 * each forward (room in the view, the pages asked for: begin_ns); the
+	 * view reserved for a whole append at its start (reserve_ns); the
+	 * wait for the last job at the end of an append or a decode, which
+	 * nothing overlaps (last_wait_ns, also in writer_wait_ns); starting
+	 * the writer thread and its second set of buffers (writer_start_ns).
+	 * Of writer_ns: the index sums and the pages (writer_index_ns,
+	 * writer_pages_ns). Forwards whose K and V the backend wrote into
+	 * their pages itself (page_forwards), whose index summaries it made
+	 * (index_forwards). */
+	int64_t begin_ns, reserve_ns, last_wait_ns, writer_start_ns;
+	int64_t writer_index_ns, writer_pages_ns;
+	int64_t page_forwards;
+	/* Forwards whose index summaries the backend made (on the device),
+	 * not the host from raw K. */
+	int64_t index_forwards;
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;

@@ -20,6 +20,7 @@ B=${BUILD:-build-gpu}
 unit_tests=(
 	test_ws_session
 	test_ws_batch
+	test_ws_append
 	test_fwd_qlast
 	test_tp_nccl
 	test_tp

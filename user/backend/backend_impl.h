@@ -114,6 +114,8 @@ typedef struct kvmem_backend_ops {
 	int fp8;
 	/* 1: forward() writes bf16 pages for the session (kvmem_fwd_out.pages). */
 	int page_rows;
+	/* 1: forward() makes the index's summaries (kvmem_fwd_out.index). */
+	int index_rows;
 	/* 0 when the backend can run here, else -errno with a message (no
 	 * GPU, no driver). May be NULL: always available. */
 	int (*available)(void);

@@ -184,6 +184,8 @@ static void cuda_destroy(void *ctx)
 		kvmem_cuda_free(b->lm_head);
 	kvmem_cuda_free(b->embed);
 	kvmem_cuda_free(b->final_norm);
+	cuda_rows_destroy(b);		/* cuda_host.c */
+	cuda_fwd_index_destroy(b);	/* cuda_fwd_index.c */
 	{
 		void *dev[] = { b->x, b->h, b->q, b->k, b->v, b->att, b->gu, b->act, b->tmp,
 				b->ids, b->pos, b->logits, b->oq, b->ok, b->ov, b->st_k, b->st_v,
@@ -260,7 +262,7 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	    (rc = cuda_dev_alloc(&b->ok, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_dev_alloc(&b->ov, L * C * b->kw * 2, &b->scratch_bytes)) < 0 ||
 	    (rc = cuda_pinned(&b->host_o, maxo * 2)) < 0 || (rc = cuda_pinned(&b->host_i, 2 * C * 4)) < 0 ||
-	    (rc = cuda_fwd_create(b)) < 0)
+	    (rc = cuda_fwd_create(b)) < 0 || (rc = cuda_rows_create(b)) < 0)
 		goto fail;
 	b->logit_rows = 1;
 	*out = b;
@@ -425,16 +427,15 @@ static uint64_t cuda_mem_used(void *ctx)
 }
 
 /* Pinned host memory for the session's typed rows: the forward pass copies
- * straight into it. */
+ * straight into it. Kept when freed, for the next session (cuda_host.c). */
 static int cuda_host_alloc(void *ctx, size_t bytes, void **p)
 {
-	return cuda_pinned(p, bytes);
+	return cuda_rows_alloc(ctx, bytes, p);
 }
 
 static void cuda_host_free(void *ctx, void *p)
 {
-	if (p)
-		cudaFreeHost(p);
+	cuda_rows_free(ctx, p);
 }
 
 const kvmem_backend_ops kvmem_backend_cuda_ops = {
@@ -459,6 +460,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.ceilings = cuda_ceilings,
 	.mem_used = cuda_mem_used,
 	.host_register = cuda_host_register,
+	.index_rows = 1,	/* cuda_fwd_index.c */
 	.host_unregister = cuda_host_unregister,
 	.host_pinned = cuda_host_pinned,
 	.page_cached = cuda_page_cached,

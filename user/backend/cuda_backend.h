@@ -3,6 +3,8 @@
  * The cuda backend's private state, shared by its three files:
  *   cuda.c       weights, create/destroy, ceilings, the ops table
  *   cuda_fwd.c   the forward pass and its decode graphs
+ *   cuda_fwd_index.c  a forward's index summaries, made on the device
+ *   cuda_host.c  pinned host memory for the sessions' rows, kept for reuse
  *   cuda_fwd_batch.c  the batched forward (decode steps of many views)
  *   cuda_view_fp8.c  fp8 views (kv_dtype fp8): their memory, place(), move(),
  *                the forward pass's K/V and attention over them
@@ -73,6 +75,9 @@ struct cuda {
 	uint64_t index_mem;		/* from kvmem_backend_opts: the mirrors' share */
 	uint64_t index_bytes;		/* held by index mirrors now (cuda_score.c) */
 	uint64_t scratch_bytes;		/* the forward pass's scratch */
+	struct cuda_rows *rows;		/* cuda_host.c: pinned rows kept for reuse */
+	struct cuda_fwd_index *fix;	/* cuda_fwd_index.c: the index's window and
+					 * running state (made at first use) */
 	struct cuda_fwd *fwd;		/* cuda_fwd.c: the forward pass's inputs,
 					 * q/k/v scratch and decode graphs */
 	struct cuda_fwdb *fwdb;		/* cuda_fwd_batch.c: the batched forward's
@@ -91,6 +96,17 @@ int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count);
 int cuda_pinned(void *p, size_t bytes);
 /* Room for n scatter items on both sides. */
 int cuda_items_room(struct cuda *b, int n);
+/* cuda_host.c: pinned host memory for the sessions' rows (host_alloc /
+ * host_free), kept when freed for the next session of the same size. */
+int cuda_rows_create(struct cuda *b);
+void cuda_rows_destroy(struct cuda *b);
+int cuda_rows_alloc(struct cuda *b, size_t bytes, void **p);
+void cuda_rows_free(struct cuda *b, void *p);
+/* cuda_fwd_index.c: queue the index's summaries of the n tokens whose raw
+ * K ([L][n][H][D] bf16) is at raw_k on the device, and their copies into
+ * ix's host buffers, on the compute stream (kvmem_fwd_index). */
+int cuda_fwd_index(struct cuda *b, const uint16_t *raw_k, int n, const kvmem_fwd_index *ix);
+void cuda_fwd_index_destroy(struct cuda *b);
 
 /* cuda_view.c: the view half of the ops table. */
 int cuda_view_create(void *ctx, kvmem_view **v);

@@ -500,7 +500,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	const kvmem_config *c = b->c;
 	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
 	const int want_out = out && (out->raw_k || out->v || out->q_raw || out->raw_k_bf16 ||
-				     out->v_bf16 || out->pages);
+				     out->v_bf16 || out->pages || out->index);
 	const int typed = out && (out->raw_k_bf16 || out->v_bf16 || out->pages);
 	const int rows = logits ? (all_logits ? n : 1) : 0;
 	kvmem_scatter_item *items = (kvmem_scatter_item *)(f->host_in + f->items_off);
@@ -559,6 +559,15 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	}
 	if (!graphed && (rc = enqueue(b, v, n, want_out, rows, 0, out)) < 0) {
 		cudaStreamSynchronize(f->down);	/* nothing left writing into the rows */
+		return rc;
+	}
+	/* The index's summaries from the raw K just written (a graph's in
+	 * dout), on the device: cuda_fwd_index.c. */
+	if (out && out->index &&
+	    (rc = cuda_fwd_index(b, graphed ? f->dout + (size_t)L * b->qw : b->ok, n,
+				 out->index)) < 0) {
+		kvmem_cuda_sync(b->ctx);
+		cudaStreamSynchronize(f->down);
 		return rc;
 	}
 	if (graphed) {

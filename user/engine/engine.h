@@ -45,6 +45,29 @@ static inline float *kvmem_kv_v(const kvmem_kvcache *kv, int l, int h, int t)
 }
 
 /* Optional outputs of a forward pass; any pointer may be NULL. */
+/*
+ * Where a forward pass puts the index's summaries of its n tokens
+ * (kvmem_fwd_out.index; a backend whose ops have index_rows: cuda, the
+ * sums made on the device from its own raw K by kernels/cuda/index.cu, the
+ * twin of the host index's arithmetic, so the same bits). Host memory
+ * (pinned: the backend's host_alloc), for the nb = (first % block + n - 1)
+ * / block + 1 blocks from first's: meank, and kmin / kmax and sub when not
+ * NULL, laid out as the index's arrays with nb blocks a run ([L][H][nb][D];
+ * sub [L][H][nb][4][D]); and the running sums after the last token
+ * (open_sum; open_sub with sub; [L][H][D]). The backend keeps the running
+ * state (the sums, the partial block's min/max) from one call to the next
+ * of one key (the caller: a session's owner); a call with fresh set takes
+ * it from in_sum, in_sub and, when first % block, in_min / in_max ([L][H][D]
+ * each) instead. A call that is not fresh must follow the key's last call.
+ */
+typedef struct kvmem_fwd_index {
+	float *meank, *kmin, *kmax, *sub, *open_sum, *open_sub;
+	const float *in_sum, *in_sub, *in_min, *in_max;
+	int64_t first;
+	int block, fresh;
+	uint32_t key;
+} kvmem_fwd_index;
+
 typedef struct kvmem_fwd_out {
 	float *raw_k;	/* [n_layers][n][n_kv_heads][head_dim]: after k-norm, before RoPE */
 	float *v;	/* [n_layers][n][n_kv_heads][head_dim] */
@@ -71,6 +94,10 @@ typedef struct kvmem_fwd_out {
 	 * NULL (V is not wanted as rows), raw_k_bf16 too. NULL: no pages. */
 	void *const *pages;
 	int page_t0, page_block;
+	/* The index's summaries, made by the backend (see kvmem_fwd_index):
+	 * raw K need not come down for them (raw_k_bf16 may then be NULL when
+	 * pages are written too). NULL: none. */
+	const kvmem_fwd_index *index;
 } kvmem_fwd_out;
 
 /* Rows of q_raw per layer that a forward pass of n tokens writes. */

@@ -96,6 +96,17 @@ int kvmem_index_append(kvmem_index *ix, const float *raw_k, int n);
  * KVMEM_DTYPE_BF16 (a GPU's rows, widened one head row at a time, which
  * is exact: the bits of kvmem_index_append over the widened rows). */
 int kvmem_index_append_rows(kvmem_index *ix, const void *raw_k, uint32_t dtype, int n);
+/* Account n new tokens whose summaries were made elsewhere (a GPU's, the
+ * same arithmetic: kvmem_fwd_index), laid out as the arrays with nb blocks
+ * a run from the first new token's block; kmin / kmax and sub are read only
+ * when the index keeps them. Only what those tokens wrote is copied (a
+ * partial first block's earlier quarter-block means stay). */
+int kvmem_index_put(kvmem_index *ix, const float *meank, const float *kmin, const float *kmax,
+		    const float *sub, const float *open_sum, const float *open_sub, int n);
+/* The running state before the next token, for a backend that goes on
+ * summing: the open sums ([L][H][D]) and, when the last block is partial
+ * and min/max are kept, its min / max so far (lo, hi may be NULL). */
+void kvmem_index_state(const kvmem_index *ix, float *sum, float *sub, float *lo, float *hi);
 
 /* ---- policies ---------------------------------------------------------- */
 /* A device that scores with the host scorers' arithmetic (the session's

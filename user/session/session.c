@@ -180,6 +180,10 @@ kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *
 		 * KVMEM_PAGE_ROWS=0 (a measurement's peer: rows copied on the host). */
 		e = getenv("KVMEM_PAGE_ROWS");
 		s->pages_off = e && !strcmp(e, "0");
+		/* The index summed by the backend (ask_index) unless
+		 * KVMEM_DEVICE_INDEX=0 (the peer: the host sums raw K). */
+		e = getenv("KVMEM_DEVICE_INDEX");
+		s->dev_index = e && !strcmp(e, "0") ? -1 : 0;
 	}
 	s->o.policy = s->pol->name;
 	s->n_sets = s->pol->per_layer ? s->cfg.n_layers : 1;
@@ -239,6 +243,7 @@ void kvmem_session_free(kvmem_session *s)
 	free(s->moves);
 	free(s->page_f32);
 	free(s->pages);
+	ws_ix_free(s, s->ixw);
 	free(s);
 }
 
@@ -327,11 +332,34 @@ static int store_pages(kvmem_session *s, int64_t p0, int n, const void *k, const
 	return 0;
 }
 
-int ws_put_rows(kvmem_session *s, const struct ws_rows *r)
+int ws_put_rows(kvmem_session *s, const struct ws_rows *r, int64_t ns[2])
 {
-	if (kvmem_index_append_rows(&s->index, r->k, s->rows_dtype, r->n) ||
-	    store_pages(s, r->p0, r->n, r->k, r->v, r->in_pages))
+	const int64_t t0 = (int64_t)kvmem_now_ns();
+	int64_t t1;
+
+	kvmem_fwd_index f;
+
+	/* Room in the index for the whole append at its first job: one
+	 * re-lay instead of one at every doubling on the way (a 16K prefill
+	 * from empty re-laid it four times). */
+	if (r->upto > r->p0 + r->n &&
+	    kvmem_index_reserve(&s->index, (r->upto + s->o.block - 1) / s->o.block))
 		return kvmem_fail();
+	if (r->ixw) {	/* summed by the backend: copied in */
+		ws_ix_parts(s, (float *)r->ixw, &f);
+		if (kvmem_index_put(&s->index, f.meank, f.kmin, f.kmax, f.sub, f.open_sum,
+				    f.open_sub, r->n))
+			return kvmem_fail();
+	} else if (kvmem_index_append_rows(&s->index, r->k, s->rows_dtype, r->n)) {
+		return kvmem_fail();
+	}
+	t1 = (int64_t)kvmem_now_ns();
+	if (store_pages(s, r->p0, r->n, r->k, r->v, r->in_pages))
+		return kvmem_fail();
+	if (ns) {
+		ns[0] += t1 - t0;
+		ns[1] += (int64_t)kvmem_now_ns() - t1;
+	}
 	keep_queries(s, r->q, r->p0, r->n, r->q_rows);
 	return 0;
 }
@@ -367,6 +395,10 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
 
 	s->st.forward_ns += forward_ns;
 	s->st.forwards++;
+	/* The backend's index state follows its summaries only. */
+	s->in_index = out->index != NULL;
+	s->ix_next = out->index ? p0 + n + 1 : 0;
+	s->st.index_forwards += out->index != NULL;
 	memcpy(s->tokens + p0, tok, (size_t)n * sizeof(int32_t));
 	if (ws_writer_rows(s, p0, n, kvmem_fwd_q_rows(out, n))) {
 		/* The view holds tokens the history lacks. */
@@ -374,16 +406,19 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
 		return kvmem_fail();
 	}
 	s->blocks.n_tokens = p0 + n;
-	if (s->o.all_logits) {
-		memcpy(s->last_logits, s->logits + (size_t)(n - 1) * s->cfg.vocab,
-		       (size_t)s->cfg.vocab * sizeof(float));
-	} else {	/* one row each: swapped, not copied (a decode step) */
-		float *t = s->last_logits;
+	if (!s->run_no_logits) {
+		if (s->o.all_logits) {
+			memcpy(s->last_logits, s->logits + (size_t)(n - 1) * s->cfg.vocab,
+			       (size_t)s->cfg.vocab * sizeof(float));
+		} else {	/* one row each: swapped, not copied (a decode step) */
+			float *t = s->last_logits;
 
-		s->last_logits = s->logits;
-		s->logits = t;
+			s->last_logits = s->logits;
+			s->logits = t;
+		}
+		s->have_logits = 1;
 	}
-	s->have_logits = 1;
+	s->run_no_logits = 0;
 	if (s->src->ops->sync && s->src->ops->sync(s->src->ctx, s->blocks.n_tokens))
 		return kvmem_error_prefix("session: committing %lld tokens",
 					(long long)s->blocks.n_tokens);
@@ -444,21 +479,48 @@ static void ask_pages(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out)
 	s->in_pages = 1;
 }
 
-/* One engine call over n tokens at the end of the view, then the history. */
-static int run_tokens(kvmem_session *s, const int32_t *tok, int n)
+/*
+ * One engine call over n tokens at the end of the view, then the history.
+ * logits 0: nobody reads this call's logits (an append's inner chunk with
+ * no on_forward and no all_logits), so the backend computes none: on a
+ * GPU at Qwen3-8B the final norm and the 152K-row head read 1.2 GB of
+ * weights a chunk, 5 ms of a 16K prefill on the H200.
+ */
+static int run_tokens(kvmem_session *s, const int32_t *tok, int n, int logits)
 {
+	const int64_t tb = (int64_t)kvmem_now_ns();
 	kvmem_fwd_out out;
 	int64_t t0;
 
 	if (ws_run_begin(s, n, &out))
 		return kvmem_fail();
 	ask_pages(s, s->blocks.n_tokens, n, &out);
-	t0 = (int64_t)kvmem_now_ns();
-	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, s->logits, s->o.all_logits, &out)) {
+	s->st.page_forwards += out.pages != NULL;
+	if (ws_ask_index(s, s->blocks.n_tokens, n, &out)) {
 		s->in_pages = 0;
+		return kvmem_fail();
+	}
+	t0 = (int64_t)kvmem_now_ns();
+	s->st.begin_ns += t0 - tb;
+	if (s->be->ops->forward(s->be->ctx, s->view, tok, n, logits ? s->logits : NULL,
+				s->o.all_logits, &out)) {
+		s->in_pages = 0;
+		s->ix_next = 0;	/* its state may have moved */
 		return kvmem_error_prefix("session");
 	}
+	s->run_no_logits = !logits;
 	return ws_run_end(s, tok, n, &out, (int64_t)kvmem_now_ns() - t0);
+}
+
+/* The wait for the writer at the end of an append or a decode (timed
+ * apart: the last job is the one nothing overlaps). */
+static int last_wait(kvmem_session *s)
+{
+	const int64_t t0 = (int64_t)kvmem_now_ns();
+	int rc = ws_writer_wait(s);
+
+	s->st.last_wait_ns += (int64_t)kvmem_now_ns() - t0;
+	return rc;
 }
 
 /* Pins may never need more than the budget; on refusal they stay as they were. */
@@ -518,22 +580,34 @@ int kvmem_session_append(kvmem_session *s, const int32_t *tokens, int64_t n, int
 	 * every doubling on the way (five times in a 16K prefill from empty,
 	 * each a device allocation, copy and free while the pipeline waits). */
 	if (n > s->o.chunk) {
+		const int64_t t0 = (int64_t)kvmem_now_ns();
 		int64_t want = ws_view_len(s) + n;
 
 		if (ws_view_reserve(s, want < s->cap_limit ? want : s->cap_limit))
 			return kvmem_fail();
+		s->st.reserve_ns += (int64_t)kvmem_now_ns() - t0;
 	}
+	s->append_upto = p0 + n;
 	for (int64_t i = 0; i < n;) {
 		int c = n - i < s->o.chunk ? (int)(n - i) : s->o.chunk;
+		/* Only the last chunk's logits are read, unless every forward's
+		 * are (on_forward, all_logits). */
+		int logits = i + c == n || s->o.on_forward || s->o.all_logits;
 
-		if (run_tokens(s, tokens + i, c)) {
+		if (run_tokens(s, tokens + i, c, logits)) {
+			s->append_upto = 0;
+			/* The last logits are not the history's last token's
+			 * when the chunks before skipped theirs. */
+			if (i && !s->o.on_forward && !s->o.all_logits)
+				s->have_logits = 0;
 			ws_writer_drain(s);
 			return kvmem_fail();
 		}
 		i += c;
 	}
+	s->append_upto = 0;
 	/* The caller may read or commit the source now. */
-	return ws_writer_wait(s);
+	return last_wait(s);
 }
 
 int kvmem_session_select(kvmem_session *s)
@@ -603,13 +677,13 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 		}
 		if (out)
 			out[i] = tok;
-		if (run_tokens(s, &tok, 1)) {
+		if (run_tokens(s, &tok, 1, 1)) {
 			ws_writer_drain(s);
 			return kvmem_fail();
 		}
 	}
 	/* The caller may read or commit the source now. */
-	return ws_writer_wait(s);
+	return last_wait(s);
 }
 
 int64_t kvmem_session_tokens(const kvmem_session *s)

@@ -48,6 +48,23 @@ struct kvmem_session {
 					 * without write_rows: [2][block][kw] */
 	float *q_raw, *logits, *last_logits;
 	int have_logits;
+	/* The forward about to end computed no logits (an append's inner
+	 * chunk, nobody asking for them): ws_run_end leaves last_logits. */
+	int run_no_logits;
+	/* During an append: its last token + 1 (ws_rows.upto), else 0. */
+	int64_t append_upto;
+	/* The index's summaries made by the backend (index_rows; dev_index,
+	 * decided at the first prefill chunk: 1 it does, -1 not, as with
+	 * KVMEM_DEVICE_INDEX=0): ixw is a set of pinned buffers the forward
+	 * writes them into (ws_ix_parts lays it out), ix_floats its size;
+	 * in_index: the forward just run did; ix_next: 1 + the token after
+	 * those the backend's running state covers (0: none; the next call
+	 * hands it the host index's). */
+	int dev_index, in_index;
+	float *ixw;
+	size_t ix_floats;
+	int64_t ix_next;
+	kvmem_fwd_index fix;
 
 	/* Raw queries of the last n_q tokens: a ring of query_tokens (T) slots,
 	 * [L][T][n_heads][D], the oldest at slot q_head, and their positions
@@ -132,13 +149,19 @@ struct ws_rows {
 	int64_t p0;
 	int n, q_rows;
 	int in_pages;		/* the pages hold the rows already: v unused */
+	int64_t upto;		/* the append's last token + 1: the index made
+				 * room for it at once (0: only these rows) */
+	const float *ixw;	/* the index's summaries of these rows, made by
+				 * the backend (a set like kvmem_session.ixw), or
+				 * NULL: k is summed here */
 	const void *k, *v;	/* rows of the session's rows_dtype */
 	const float *q;
 };
 
 /* session.c: put them away: the index appended, the pages written, the
- * queries kept in the ring. */
-int ws_put_rows(kvmem_session *s, const struct ws_rows *r);
+ * queries kept in the ring. ns (may be NULL): the time the index and the
+ * pages took, added to ns[0] and ns[1]. */
+int ws_put_rows(kvmem_session *s, const struct ws_rows *r, int64_t ns[2]);
 
 /* writer.c: ws_put_rows for the forward just run (s->raw_k, s->v,
  * s->q_raw), on the writer thread (the session then holds the other
@@ -161,6 +184,14 @@ void *ws_rows_alloc(kvmem_session *s);
 void ws_rows_free(kvmem_session *s, void *p);
 /* The forward's outputs into the rows and queries the session holds now. */
 kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last);
+/* dev_index.c: a set of the index's summary buffers (pinned through the
+ * backend), and where each array of set lies (f's pointers); the
+ * summaries of a forward over tokens p0..p0+n-1 asked of the backend in
+ * *out when it makes them (0, or the writer's error). */
+float *ws_ix_alloc(kvmem_session *s);
+void ws_ix_free(kvmem_session *s, float *p);
+void ws_ix_parts(const kvmem_session *s, float *set, kvmem_fwd_index *f);
+int ws_ask_index(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out);
 
 /* session.c: 0, or -EINVAL when an earlier failure broke the session. */
 int ws_usable(const kvmem_session *s);

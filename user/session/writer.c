@@ -57,7 +57,7 @@ static int writer_min(kvmem_session *s)
 static int put_inline(kvmem_session *s, const struct ws_rows *r)
 {
 	int64_t t0 = (int64_t)kvmem_now_ns();
-	int rc = ws_put_rows(s, r);
+	int rc = ws_put_rows(s, r, NULL);
 
 	s->st.store_ns += (int64_t)kvmem_now_ns() - t0;
 	return rc;
@@ -73,10 +73,11 @@ struct ws_writer {
 	kvmem_session *s;
 	struct ws_rows job;	/* its rows: one of the two sets */
 	void *spare_k, *spare_v;	/* the set the session does not hold */
-	float *spare_q;
+	float *spare_q, *spare_ix;
 	int rc, err;
 	char msg[512];
 	int64_t ns;		/* time spent on jobs */
+	int64_t part_ns[2];	/* of which the index, the pages */
 };
 
 static void *worker(void *arg)
@@ -91,10 +92,13 @@ static void *worker(void *arg)
 			break;
 		pthread_mutex_unlock(&g->mu);
 		int64_t t0 = (int64_t)kvmem_now_ns();
-		int rc = ws_put_rows(g->s, &g->job);
+		int64_t part[2] = { 0, 0 };
+		int rc = ws_put_rows(g->s, &g->job, part);
 
 		pthread_mutex_lock(&g->mu);
 		g->ns += (int64_t)kvmem_now_ns() - t0;
+		g->part_ns[0] += part[0];
+		g->part_ns[1] += part[1];
 		g->rc = rc;
 		if (rc) {
 			g->err = kvmem_last_errno() ? kvmem_last_errno() : EIO;
@@ -111,6 +115,7 @@ static void spares_free(struct ws_writer *g)
 {
 	ws_rows_free(g->s, g->spare_k);
 	ws_rows_free(g->s, g->spare_v);
+	ws_ix_free(g->s, g->spare_ix);
 	free(g->spare_q);
 	free(g);
 }
@@ -158,6 +163,8 @@ static int drain(kvmem_session *s)
 	rc = g->state == DONE ? g->rc : 0;
 	g->state = IDLE;
 	s->st.writer_ns = g->ns;
+	s->st.writer_index_ns = g->part_ns[0];
+	s->st.writer_pages_ns = g->part_ns[1];
 	pthread_mutex_unlock(&g->mu);
 	s->st.writer_wait_ns += (int64_t)kvmem_now_ns() - t0;
 	if (rc)
@@ -180,21 +187,36 @@ void ws_writer_drain(kvmem_session *s)
 int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows)
 {
 	struct ws_rows r = { .p0 = p0, .n = n, .q_rows = q_rows, .k = s->raw_k, .v = s->v,
-			     .q = s->q_raw, .in_pages = s->in_pages };
+			     .q = s->q_raw, .in_pages = s->in_pages, .upto = s->append_upto,
+			     .ixw = s->in_index ? s->ixw : NULL };
 	struct ws_writer *g;
 
 	s->in_pages = 0;	/* the job has it */
-	if (!s->writer && n >= writer_min(s) && !s->src->ops->sync && writer_start(s))
-		s->writer_min = INT_MAX;	/* no thread or no room: in line from now on */
+	s->in_index = 0;
+	if (!s->writer && n >= writer_min(s) && !s->src->ops->sync) {
+		int64_t t0 = (int64_t)kvmem_now_ns();
+
+		if (writer_start(s))
+			s->writer_min = INT_MAX;	/* no thread or no room: in line from now on */
+		s->st.writer_start_ns += (int64_t)kvmem_now_ns() - t0;
+	}
 	if (n < writer_min(s) || s->src->ops->sync || !s->writer)
 		return ws_writer_wait(s) || put_inline(s, &r) ? kvmem_fail() : 0;
 	if (ws_writer_wait(s))
 		return kvmem_fail();
 	g = s->writer;
+	/* The index's summaries have a second set too, made at the first
+	 * job that brings them; without it, this job is put away in line. */
+	if (r.ixw && !g->spare_ix && !(g->spare_ix = ws_ix_alloc(s)))
+		return put_inline(s, &r) ? kvmem_fail() : 0;
 	/* The job takes the rows just computed; the next forward writes into
 	 * the other set. */
 	s->raw_k = g->spare_k, s->v = g->spare_v, s->q_raw = g->spare_q;
 	g->spare_k = (void *)r.k, g->spare_v = (void *)r.v, g->spare_q = (float *)r.q;
+	if (r.ixw) {	/* the index's summaries likewise */
+		s->ixw = g->spare_ix;
+		g->spare_ix = (float *)r.ixw;
+	}
 	pthread_mutex_lock(&g->mu);
 	g->job = r;
 	g->state = POSTED;

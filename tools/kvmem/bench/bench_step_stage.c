@@ -62,6 +62,35 @@ out:
 	return rc;
 }
 
+/* Where a session's prefill spent what its forward passes did not take
+ * (kvmem_session_stats), and the writer thread's share of index and
+ * pages; first: the process's first session (the warm-up), which pinned
+ * its rows' buffers anew. */
+static void stage_split(const kvmem_session_stats *st, double total,
+			const kvmem_session_stats *first)
+{
+	const double wait = (st->writer_wait_ns - st->last_wait_ns) / 1e9,
+		     own = (st->own_ns - (st->writer_wait_ns - st->last_wait_ns) -
+			    st->writer_start_ns) / 1e9;
+	const double known = (st->forward_ns + st->store_ns + st->own_ns + st->begin_ns +
+			      st->reserve_ns + st->last_wait_ns) / 1e9;
+
+	printf("  split of the session over the workspace (%.3f s): forwards %.3f s (%" PRId64
+	       " of %" PRId64 " wrote their pages into the pool themselves, %" PRId64 " made "
+	       "their index summaries); before each "
+	       "forward (view room, pages asked) %.3f s; the view reserved for the append %.3f s; "
+	       "after each forward: waiting for the writer %.3f s, starting the writer %.3f s, "
+	       "the hand-off %.3f s; rows in line %.3f s; the last job's wait %.3f s; not "
+	       "accounted %.3f s\n", total, st->forward_ns / 1e9, st->page_forwards,
+	       st->forwards, st->index_forwards, st->begin_ns / 1e9, st->reserve_ns / 1e9, wait,
+	       st->writer_start_ns / 1e9, own, st->store_ns / 1e9, st->last_wait_ns / 1e9,
+	       total - known);
+	printf("  the writer thread's %.3f s: the index %.3f s, the pages (checksums, writes "
+	       "queued) %.3f s; starting it in the process's first session (buffers pinned "
+	       "anew) %.3f s\n", st->writer_ns / 1e9, st->writer_index_ns / 1e9,
+	       st->writer_pages_ns / 1e9, first->writer_start_ns / 1e9);
+}
+
 int ph_stageout(struct ctx *x)
 {
 	const int64_t n = x->o.prefill;
@@ -76,9 +105,9 @@ int ph_stageout(struct ctx *x)
 	int pinned = 0;
 	kvmem_page_geom g;
 	char dir[4200];
-	double plain, mem, cold, warm, c_cold, commit, dummy, rows = 0, c_rows;
-	kvmem_session_stats sm, sc, sw, sr;
-	kvmem_pager_stats pm, pc, pw, pr;
+	double plain, mem, cold, warm, c_cold, commit, dummy, rows = 0, c_rows, hidx = 0, c_hidx;
+	kvmem_session_stats s0, sm, sc, sw, sr, sh;
+	kvmem_pager_stats pm, pc, pw, pr, ph;
 	const char *pr_env = getenv("KVMEM_PAGE_ROWS");
 	const int pages_on = !(pr_env && !strcmp(pr_env, "0"));
 	int rc = -1;
@@ -114,7 +143,7 @@ int ph_stageout(struct ctx *x)
 	 * faulted in as pages arrive: the first prefill of a process), then
 	 * into a new workspace on the same pool (a server's conversations, a
 	 * session's later appends). */
-	if (stage_run(x, ids, x->o.chunk, NULL, NULL, &dummy, &commit, &sm, &pm) < 0 ||	/* warm-up */
+	if (stage_run(x, ids, x->o.chunk, NULL, NULL, &dummy, &commit, &s0, &pm) < 0 ||	/* warm-up */
 	    stage_run(x, ids, n, NULL, NULL, &mem, &commit, &sm, &pm) < 0 ||
 	    stage_run(x, ids, n, dir, pool, &cold, &c_cold, &sc, &pc) < 0 ||
 	    stage_run(x, ids, n, dir, pool, &warm, &commit, &sw, &pw) < 0)
@@ -126,6 +155,16 @@ int ph_stageout(struct ctx *x)
 		setenv("KVMEM_PAGE_ROWS", "0", 1);
 		rc = stage_run(x, ids, n, dir, pool, &rows, &c_rows, &sr, &pr);
 		unsetenv("KVMEM_PAGE_ROWS");
+		if (rc < 0)
+			goto out;
+		rc = -1;
+	}
+	/* And with the index summed on the host from raw K (KVMEM_DEVICE_INDEX
+	 * =0), when the backend made it above. */
+	if (x->b->ops->index_rows) {
+		setenv("KVMEM_DEVICE_INDEX", "0", 1);
+		rc = stage_run(x, ids, n, dir, pool, &hidx, &c_hidx, &sh, &ph);
+		unsetenv("KVMEM_DEVICE_INDEX");
 		if (rc < 0)
 			goto out;
 		rc = -1;
@@ -149,6 +188,7 @@ int ph_stageout(struct ctx *x)
 	       plain / warm, plain / (warm + commit), plain / cold, plain / (cold + c_cold),
 	       sw.forward_ns / 1e9, warm, sw.store_ns / 1e9, sw.own_ns / 1e9,
 	       warm - (sw.forward_ns + sw.store_ns + sw.own_ns) / 1e9);
+	stage_split(&sw, warm, &s0);
 	printf("  writer thread: over host memory %.3f s busy, waited for %.3f s; over the "
 	       "workspace %.3f s busy, waited for %.3f s (first use of the pool: %.3f s busy); "
 	       "stage-out: %" PRIu64 " of %" PRId64 " blocks written by the end of the appends, "
@@ -166,6 +206,14 @@ int ph_stageout(struct ctx *x)
 		       "%.3f s, plain / it %.3f; writer thread %.3f s busy, waited for %.3f s "
 		       "(with pages from the backend: %.3f s busy)\n", rows, plain / rows,
 		       sr.writer_ns / 1e9, sr.writer_wait_ns / 1e9, sw.writer_ns / 1e9);
+	if (hidx > 0) {
+		printf("  peer: the same with the index summed on the host from raw K "
+		       "(KVMEM_DEVICE_INDEX=0) %.3f s, plain / it %.3f; writer thread %.3f s busy "
+		       "(the index %.3f s), waited for %.3f s (the last job %.3f s)\n", hidx,
+		       plain / hidx, sh.writer_ns / 1e9, sh.writer_index_ns / 1e9,
+		       sh.writer_wait_ns / 1e9, sh.last_wait_ns / 1e9);
+		stage_split(&sh, hidx, &s0);
+	}
 	rc = 0;
 out:
 	if (v)
