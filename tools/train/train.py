@@ -137,6 +137,7 @@ def question_ids(x, c):
 # fact line whose file and key are the question's (a question line is
 # "? file key =", the fact "file key = value").
 MEANK_BLOCK = 32
+MEANK_BROKEN = []  # why the Mean-K loss was switched off, if it was
 
 
 def rope_mean_coeffs(head_dim, theta, span, device):
@@ -329,7 +330,13 @@ def losses(model, x, c, answer_weight, meank=None):
     if meank is None:
         return total, lm_loss, ans_loss, logits, ans
     weight, base, rope_cs = meank
-    mk = meank_loss(base, out.hidden_states, inp, c, rope_cs)
+    mk = None
+    if not MEANK_BROKEN:
+        try:
+            mk = meank_loss(base, out.hidden_states, inp, c, rope_cs)
+        except Exception as e:  # noqa: BLE001 - one run on the GPU: train on without it
+            MEANK_BROKEN.append(f"{type(e).__name__}: {e}")
+            log(f"meank loss: failed ({MEANK_BROKEN[0]}); off for the rest of the run")
     if mk is not None and weight > 0:
         total = total + weight * mk[0]
     return total, lm_loss, ans_loss, logits, ans, mk
@@ -743,6 +750,7 @@ def main(argv):
                   "weight_decay": args.weight_decay, "answer_weight": args.answer_weight,
                   "curriculum": args.curriculum, "compile": fwd is not model,
                   "meank_weight": args.meank_weight,
+                  "meank_failed": MEANK_BROKEN[0] if MEANK_BROKEN else None,
                   "meank_span": (args.meank_span or L - 32) if args.meank_weight > 0 else None,
                   "final_meank_loss": mk_avg[0].item() if mk_avg[0] is not None else None,
                   "final_meank_top1": mk_avg[1].item() if mk_avg[1] is not None else None,
