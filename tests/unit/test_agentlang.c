@@ -580,6 +580,34 @@ static void test_view_policy_plan(void **state)
 	test_model_free(m);
 }
 
+/* With drops a question's file and key may be cut off; its value, and the
+ * newline that ends its line, must still be in view before the questions.
+ * Returns the questions checked. */
+static int check_values_in_view(const int32_t *t, int n)
+{
+	int asked = 0, first_q = n;
+
+	for (int p = 0; p < n; p++)
+		if (t[p] == AGENTLANG_Q && p < first_q)
+			first_q = p;
+	for (int p = first_q; p < n; p++) {
+		if (t[p] != AGENTLANG_Q)
+			continue;
+		int a = p + 1, e, found = 0;
+		while (t[a] != AGENTLANG_A)
+			a++;
+		for (e = a + 1; t[e] != AGENTLANG_END; e++)
+			;
+		for (int s = 0; s + (e - a - 1) < first_q && !found; s++)
+			found = !memcmp(&t[s], &t[a + 1], (size_t)(e - a - 1) * sizeof(*t)) &&
+				t[s + e - a - 1] == AGENTLANG_NL;
+		if (!found)
+			fail_msg("question at %d: its value is not in the view", p);
+		asked++;
+	}
+	return asked;
+}
+
 /* Policy views (lexical, workspaces up to 64x): every question asked is
  * answered by the latest value in view, the default options give the
  * generator's own mix bit for bit, and policies that need a model are
@@ -613,6 +641,19 @@ static void test_view_policy_sequences(void **state)
 	}
 	assert_int_equal(asked, q);
 	assert_true(q >= views);	/* about 4 a view; the needle nearly always in view */
+	/* Drops on every cut line: the values stay in view. */
+	agentlang_view_opts drop = lex;
+	int dropped_q = 0;
+	drop.drop = 1.0;
+	drop.max_ratio = 16;	/* smaller workspaces: needles share blocks more often */
+	for (int r = 0; r < 400; r++) {
+		agentlang_seq_info info;
+
+		assert_int_equal(agentlang_train_seq_opts(rnd() % 1000000, rnd() % 100000, L, 1.0, &drop,
+							 b, &info), 0);
+		dropped_q += check_values_in_view(b, info.n_tokens);
+	}
+	assert_true(dropped_q > 0);
 	assert_true(differ > views / 2);
 	if (glued * 50 > asked)
 		fail_msg("%d of %d questions have a later false fact glued at a cut", glued, asked);

@@ -321,12 +321,16 @@ static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang
 			agentlang_transcript_free(&ws);
 			return kvmem_fail();
 		}
+		uint8_t cut[8] = { 0 };
+
+		/* Every drop first: one may take another question's line. */
+		for (int i = 0; i < ws.n_q; i++)
+			cut[i] = vo->drop > 0 && al_chance(r, vo->drop) &&
+				 drop_head(&ws.q[i], ws.n_ids, recent_from, keep);
 		for (int i = 0; i < ws.n_q; i++) {
 			const agentlang_question *q = &ws.q[i];
-			int cut = vo->drop > 0 && al_chance(r, vo->drop) &&
-				  drop_head(q, ws.n_ids, recent_from, keep);
 
-			if (all_kept(keep, cut ? q->value_pos : q->needle_pos, q->needle_end))
+			if (all_kept(keep, cut[i] ? q->value_pos : q->needle_pos, q->needle_end))
 				asked[n_asked++] = i;
 		}
 		for (int64_t i = 0; i < ws.n_ids; i++)
