@@ -12,7 +12,9 @@
 # training uses seeds < 1e6), 8 look-alikes a needle (the targets),
 # depths 0.1, 0.5, 0.9, budget 1760 + reserve 256, blocks of 32, chunk 256:
 #
-#   near  sizes 1 and 64: full, meank, neighbour, lexical; 20 questions a
+#   near  sizes 1 and 64: full, meank, neighbour, lexical, rag (the
+#         retrieved lines prefilled again: the same text with its own K/V,
+#         recall.md); 20 questions a
 #         depth (60 a figure)
 #   far   size 512 (1M tokens): meank, neighbour, lexical; 10 a depth
 #
@@ -56,13 +58,13 @@ for m in "$OLD" "$NEW"; do
 	[ -f "$m/config.json" ] || { bad "no model at $m"; }
 done
 echo "== kvmem bench recall --backend $BE: $OLD (shipped) and $NEW (candidate)"
-echo "   near: --sizes $NEAR --questions ${RECALL29B_Q:-20} --policies full,meank,neighbour,lexical"
+echo "   near: --sizes $NEAR --questions ${RECALL29B_Q:-20} --policies full,meank,neighbour,lexical,rag"
 echo "   far:  --sizes $FAR --questions ${RECALL29B_QFAR:-10} --policies meank,neighbour,lexical"
 # The rows that matter most first, then 512x with what is left.
 run old_near "$OLD" "$(cap 45)" --sizes "$NEAR" --questions "${RECALL29B_Q:-20}" \
-	--policies full,meank,neighbour,lexical &
+	--policies full,meank,neighbour,lexical,rag &
 run new_near "$NEW" "$(cap 45)" --sizes "$NEAR" --questions "${RECALL29B_Q:-20}" \
-	--policies full,meank,neighbour,lexical &
+	--policies full,meank,neighbour,lexical,rag &
 wait
 echo "   near done at $(($(date +%s) - t0)) s"
 run old_far "$OLD" "$(cap 90)" --sizes "$FAR" --questions "${RECALL29B_QFAR:-10}" \
@@ -109,7 +111,7 @@ def cell(model, size, pol):
         return "-"
     return f"{100 * v[0] / v[1]:.1f}% ({100 * v[2] / v[1]:.0f}%) n={v[1]}"
 sizes = sorted({k[1] for k in acc})
-pols = ["full", "meank", "neighbour", "lexical"]
+pols = ["full", "meank", "neighbour", "lexical", "rag"]
 print(f"{'size':>6} {'policy':<10} {'shipped':>24} {'candidate':>24}")
 for s in sizes:
     for p in pols:
@@ -130,6 +132,11 @@ for model, name in (("old", "shipped"), ("new", "candidate")):
     print(f"  {name}: full@1x {100 * full:.1f}%; meank@64x {ratio(64.0, ['meank'])} (>= 0.75); "
           f"best@64x {ratio(64.0, ['meank', 'neighbour', 'lexical'])} (>= 0.9); "
           f"best@512x {ratio(512.0, ['meank', 'neighbour', 'lexical'])} (>= 0.7)")
+for s in sizes:
+    if s > 1 and ("new", s, "rag") in acc:
+        print(f"  {s:g}x, kvmem's pages (lexical) against the same lines prefilled again (rag): "
+              + "; ".join(f"{name} {cell(m, s, 'lexical')} vs {cell(m, s, 'rag')}"
+                          for m, name in (("old", "shipped"), ("new", "candidate"))))
 fo, fn = a("old", 1.0, "full"), a("new", 1.0, "full")
 if fo is not None and fn is not None:
     print(f"  full@1x candidate - shipped: {100 * (fn - fo):+.1f} points (target: not lower)")
