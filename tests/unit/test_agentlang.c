@@ -18,8 +18,11 @@
 #include <cmocka.h>
 
 #include "agentlang/agentlang.h"
+#include "backend/backend_impl.h"
+#include "helpers/test_model.h"
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
+#include "kvmem/session.h"
 
 static uint64_t seed0;
 
@@ -501,6 +504,169 @@ static void test_train_sequences(void **state)
 	assert_true(agentlang_train_seq(1, 0, 200, 0.5, NULL, NULL) < 0);
 }
 
+/*
+ * Views chosen at corpus time are the views inference builds: for one
+ * question, the tokens agentlang_view_select keeps are exactly the blocks
+ * of the plan a real session makes with kvmem_session_select_ahead over
+ * the same workspace, budget and policy (a random model: lexical reads
+ * token ids only, so the model's weights cannot matter).
+ */
+static void test_view_policy_plan(void **state)
+{
+	kvmem_config c = test_model_config(1, 32, 2, 1, 16, 32, agentlang_vocab_size(), 1);
+	kvmem_model *m = test_model_random(&c, rnd());
+	kvmem_backend *e = kvmem_backend_cpu(m, 64);
+	int partial = 0;
+
+	assert_non_null(e);
+	for (int round = 0; round < 3; round++) {
+		static const int64_t budgets[] = { 416, 800, 1760 };
+		int64_t budget = budgets[round], N = 2048 + (int64_t)(rnd() % 3000);
+		agentlang_params p;
+		agentlang_transcript ws;
+		kvmem_session_opts o;
+
+		agentlang_params_default(&p);
+		p.seed = rnd();
+		p.n_tokens = N;
+		p.n_questions = 3;
+		p.lookalikes = 8;
+		p.stale = 0.6;
+		assert_int_equal(agentlang_transcript_build(&p, &ws), 0);
+		uint8_t *keep = malloc((size_t)ws.n_ids);
+		assert_non_null(keep);
+		for (int i = 0; i < ws.n_q; i++) {
+			const agentlang_question *q = &ws.q[i];
+			int64_t kept = agentlang_view_select(&ws, &i, 1, budget, "lexical", keep);
+
+			assert_true(kept > 0 && kept <= budget);
+			kvmem_session_opts_default(&o);
+			o.budget = budget;
+			o.block = 32;
+			o.chunk = 64;
+			o.query_tokens = 1;
+			o.policy = "lexical";
+			kvmem_session *s = kvmem_session_create(e, &o);
+			assert_non_null(s);
+			assert_int_equal(kvmem_session_append(s, ws.ids, ws.n_ids, 0), 0);
+			assert_int_equal(kvmem_session_select_ahead(s, q->ids, q->n_ids), 0);
+			const kvmem_plan *pl = kvmem_session_plan(s);
+			int64_t nb = (ws.n_ids + 31) / 32, in_plan = 0;
+			uint8_t *want = calloc((size_t)nb, 1);
+			assert_non_null(want);
+			for (int j = 0; j < pl->n_view; j++)
+				want[pl->blocks[j]] = 1;
+			for (int64_t b = 0; b < nb; b++) {
+				int64_t e0 = (b + 1) * 32 < ws.n_ids ? (b + 1) * 32 : ws.n_ids;
+
+				for (int64_t t = b * 32; t < e0; t++)
+					if (keep[t] != want[b])
+						fail_msg("round %d question %d: token %lld (block %lld) %s the "
+							 "corpus view, %s the session's plan", round, i,
+							 (long long)t, (long long)b, keep[t] ? "in" : "not in",
+							 want[b] ? "in" : "not in");
+				in_plan += want[b] ? e0 - b * 32 : 0;
+			}
+			assert_int_equal(in_plan, kept);
+			partial += kept < ws.n_ids;
+			free(want);
+			kvmem_session_free(s);
+		}
+		free(keep);
+		agentlang_transcript_free(&ws);
+	}
+	assert_true(partial > 0);	/* views that leave something out were compared */
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
+/* With drops a question's file and key may be cut off; its value, and the
+ * newline that ends its line, must still be in view before the questions.
+ * Returns the questions checked. */
+static int check_values_in_view(const int32_t *t, int n)
+{
+	int asked = 0, first_q = n;
+
+	for (int p = 0; p < n; p++)
+		if (t[p] == AGENTLANG_Q && p < first_q)
+			first_q = p;
+	for (int p = first_q; p < n; p++) {
+		if (t[p] != AGENTLANG_Q)
+			continue;
+		int a = p + 1, e, found = 0;
+		while (t[a] != AGENTLANG_A)
+			a++;
+		for (e = a + 1; t[e] != AGENTLANG_END; e++)
+			;
+		for (int s = 0; s + (e - a - 1) < first_q && !found; s++)
+			found = !memcmp(&t[s], &t[a + 1], (size_t)(e - a - 1) * sizeof(*t)) &&
+				t[s + e - a - 1] == AGENTLANG_NL;
+		if (!found)
+			fail_msg("question at %d: its value is not in the view", p);
+		asked++;
+	}
+	return asked;
+}
+
+/* Policy views (lexical, workspaces up to 64x): every question asked is
+ * answered by the latest value in view, the default options give the
+ * generator's own mix bit for bit, and policies that need a model are
+ * refused. */
+static void test_view_policy_sequences(void **state)
+{
+	const int L = 2048;
+	int32_t *a = malloc(sizeof(*a) * L), *b = malloc(sizeof(*b) * L);
+	agentlang_view_opts lex = { .policy = "lexical", .max_ratio = 64, .stale = 0.6 };
+	agentlang_view_opts zero = { 0 };
+	int asked = 0, glued = 0, views = 0, differ = 0, q = 0;
+
+	assert_true(a && b);
+	for (int r = 0; r < 24; r++) {
+		uint64_t s = rnd() % 1000000, i = rnd() % 100000;
+		agentlang_seq_info info;
+
+		assert_int_equal(agentlang_train_seq(s, i, L, 0.5, a, NULL), 0);
+		assert_int_equal(agentlang_train_seq_opts(s, i, L, 0.5, &zero, b, NULL), 0);
+		assert_memory_equal(a, b, sizeof(*a) * L);
+		assert_int_equal(agentlang_train_seq_opts(s, i, L, 1.0, &lex, b, &info), 0);
+		assert_int_equal(info.kind, AGENTLANG_SEQ_VIEW);
+		assert_true(info.n_tokens <= L);
+		for (int t = info.n_tokens; t < L; t++)
+			assert_int_equal(b[t], AGENTLANG_PAD);
+		glued += check_view_answers(b, info.n_tokens, &asked);
+		q += info.n_questions;
+		views++;
+		assert_int_equal(agentlang_train_seq(s, i, L, 1.0, a, NULL), 0);
+		differ += memcmp(a, b, sizeof(*a) * L) != 0;
+	}
+	assert_int_equal(asked, q);
+	assert_true(q >= views);	/* about 4 a view; the needle nearly always in view */
+	/* Drops on every cut line: the values stay in view. */
+	agentlang_view_opts drop = lex;
+	int dropped_q = 0;
+	drop.drop = 1.0;
+	drop.max_ratio = 16;	/* smaller workspaces: needles share blocks more often */
+	for (int r = 0; r < 400; r++) {
+		agentlang_seq_info info;
+
+		assert_int_equal(agentlang_train_seq_opts(rnd() % 1000000, rnd() % 100000, L, 1.0, &drop,
+							 b, &info), 0);
+		dropped_q += check_values_in_view(b, info.n_tokens);
+	}
+	assert_true(dropped_q > 0);
+	assert_true(differ > views / 2);
+	if (glued * 50 > asked)
+		fail_msg("%d of %d questions have a later false fact glued at a cut", glued, asked);
+	assert_int_equal(agentlang_view_policy_check("lexical"), 0);
+	assert_true(agentlang_view_policy_check("meank") < 0);
+	assert_non_null(strstr(kvmem_last_error(), "meank"));
+	assert_true(agentlang_view_policy_check("no-such-policy") < 0);
+	lex.policy = "refine";
+	assert_true(agentlang_train_seq_opts(1, 0, L, 1.0, &lex, a, NULL) < 0);
+	free(a);
+	free(b);
+}
+
 static void test_corpus_file(void **state)
 {
 	char p1[] = "/tmp/kvmem-corpus-XXXXXX", p2[] = "/tmp/kvmem-corpus-XXXXXX";
@@ -523,6 +689,9 @@ static void test_corpus_file(void **state)
 	assert_int_equal(h.vocab_hash, agentlang_vocab_hash());
 	assert_int_equal(h.seed, o.seed);
 	assert_int_equal(h.view_permille, 500);
+	assert_int_equal(h.version, 2);
+	assert_string_equal(h.view_policy, "");
+	assert_int_equal(h.max_ratio, 16);
 	assert_true(h.pad == AGENTLANG_PAD && h.bos == AGENTLANG_BOS && h.q == AGENTLANG_Q &&
 		    h.a == AGENTLANG_A && h.end == AGENTLANG_END && h.eos == AGENTLANG_EOS);
 
@@ -547,6 +716,20 @@ static void test_corpus_file(void **state)
 	free(b);
 	unlink(p1);
 	unlink(p2);
+	/* The view policy and its knobs travel in the header. */
+	o.view = (agentlang_view_opts){ .policy = "lexical", .max_ratio = 64, .stale = 0.6,
+					.drop = 0.1 };
+	assert_int_equal(agentlang_corpus_write(p1, &o), 0);
+	assert_int_equal(agentlang_corpus_read_header(p1, &h), 0);
+	assert_string_equal(h.view_policy, "lexical");
+	assert_int_equal(h.max_ratio, 64);
+	assert_int_equal(h.stale_permille, 600);
+	assert_int_equal(h.drop_permille, 100);
+	o.view.policy = "meank";
+	unlink(p1);
+	assert_true(agentlang_corpus_write(p1, &o) < 0);
+	assert_int_equal(access(p1, F_OK), -1);	/* refused before the file is made */
+	o.view = (agentlang_view_opts){ 0 };
 	o.seq_len = 100;
 	assert_true(agentlang_corpus_write(p1, &o) < 0);
 	assert_int_equal(access(p1, F_OK), -1);
@@ -612,6 +795,8 @@ int main(void)
 		cmocka_unit_test(test_lookalikes),
 		cmocka_unit_test(test_depth),
 		cmocka_unit_test(test_train_sequences),
+		cmocka_unit_test(test_view_policy_plan),
+		cmocka_unit_test(test_view_policy_sequences),
 		cmocka_unit_test(test_corpus_file),
 		cmocka_unit_test(test_exact_match),
 		cmocka_unit_test(test_bad_params),

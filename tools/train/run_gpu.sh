@@ -18,6 +18,13 @@
 # evaluation corpora use 999001/999002, kvmem bench recall uses >= 1e9),
 # WORK (scratch folder, default /tmp/kvmem-train), TRAIN_ARGS (more flags
 # for train.py), TRAIN_DEVICE (cuda; cpu only to try the script elsewhere).
+# How the view sequences are made (kvmem synth corpus; defaults: the recipe
+# of models/agentlang): VIEWS (their share, 0.5), VIEW_POLICY (the policy
+# that chooses each view, e.g. lexical; empty: the generator's own mix),
+# MAX_RATIO (largest workspace in windows: 16, 32, 64), STALE (chance of an
+# older value of a needle; 0: the generator's 0.3), DROP (with VIEW_POLICY:
+# chance a cut needle line keeps only its value's block). MEANK_WEIGHT: the
+# weight of train.py's Mean-K loss (0: off).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -34,6 +41,8 @@ full) : "${MINUTES:=6.5}" "${TOKENS:=300M}" "${EVAL_TOKENS:=2M}" ;;
 esac
 : "${SEED:=1}" "${SEQ_LEN:=2048}" "${WORK:=/tmp/kvmem-train}" "${TRAIN_ARGS:=}"
 : "${TRAIN_DEVICE:=cuda}"
+: "${VIEWS:=0.5}" "${VIEW_POLICY:=}" "${MAX_RATIO:=16}" "${STALE:=0}" "${DROP:=0}"
+: "${MEANK_WEIGHT:=0}"
 KVMEM=${KVMEM:-build/static/kvmem}
 
 [ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
@@ -62,13 +71,24 @@ FREE_KB=$(df -Pk "$WORK" | awk 'NR==2 {print $4}')
 [ "${FREE_KB:-0}" -gt 4000000 ] || fail "$WORK has less than 4 GB free"
 
 t0=$(date +%s)
-echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED"
+VIEW_OPTS=(--max-ratio "$MAX_RATIO" --stale "$STALE")
+[ -n "$VIEW_POLICY" ] && VIEW_OPTS+=(--view-policy "$VIEW_POLICY" --drop "$DROP")
+echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED, views $VIEWS ${VIEW_OPTS[*]}"
 "$KVMEM" synth corpus --tokens "$TOKENS" --seq-len "$SEQ_LEN" --seed "$SEED" \
-	--views 0.5 --out "$WORK/train.bin" --quiet || fail "corpus generation failed"
+	--views "$VIEWS" "${VIEW_OPTS[@]}" --out "$WORK/train.bin" --quiet ||
+	fail "corpus generation failed"
 "$KVMEM" synth corpus --tokens "$EVAL_TOKENS" --seq-len "$SEQ_LEN" --seed 999001 \
 	--views 0 --out "$WORK/eval_stream.bin" --quiet || fail "eval corpus (stream) failed"
 "$KVMEM" synth corpus --tokens "$EVAL_TOKENS" --seq-len "$SEQ_LEN" --seed 999002 \
 	--views 1 --out "$WORK/eval_view.bin" --quiet || fail "eval corpus (view) failed"
+# Held-out views the way this run's training makes them (seed 999003).
+EVAL_POLICY=()
+if [ -n "$VIEW_POLICY" ]; then
+	"$KVMEM" synth corpus --tokens "$EVAL_TOKENS" --seq-len "$SEQ_LEN" --seed 999003 \
+		--views 1 "${VIEW_OPTS[@]}" --out "$WORK/eval_policy.bin" --quiet ||
+		fail "eval corpus ($VIEW_POLICY views) failed"
+	EVAL_POLICY=(--eval "$VIEW_POLICY=$WORK/eval_policy.bin")
+fi
 "$KVMEM" synth vocab >"$WORK/vocab.tsv"
 echo "== corpus ready in $(($(date +%s) - t0)) s"
 
@@ -78,6 +98,7 @@ rm -rf "$WORK/model"
 # shellcheck disable=SC2086
 python3 tools/train/train.py --data "$WORK/train.bin" \
 	--eval stream="$WORK/eval_stream.bin" --eval view="$WORK/eval_view.bin" \
+	"${EVAL_POLICY[@]}" --meank-weight "$MEANK_WEIGHT" \
 	--vocab "$WORK/vocab.tsv" --out "$WORK/model" --minutes "$MINUTES" \
 	--device "$TRAIN_DEVICE" $SMOKE $TRAIN_ARGS ||
 	fail "train.py failed (see above)"

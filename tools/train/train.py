@@ -22,7 +22,7 @@ import struct
 import sys
 import time
 
-HEADER = 64
+HEADERS = {1: 64, 2: 128}  # corpus version -> header bytes (agentlang.h)
 MAGIC = b"KVMSYN1\0"
 
 
@@ -55,25 +55,32 @@ class Corpus:
         try:
             size = os.path.getsize(path)
             with open(path, "rb") as f:
-                h = f.read(HEADER)
+                h = f.read(max(HEADERS.values()))
         except OSError as e:
             die(f"{path}: cannot read: {e}")
-        if len(h) < HEADER or h[:8] != MAGIC:
+        if len(h) < HEADERS[1] or h[:8] != MAGIC:
             die(f"{path}: not a kvmem synth corpus (bad magic)")
         version, hdr, self.vocab, self.seq_len = struct.unpack_from("<IIII", h, 8)
-        if version != 1 or hdr != HEADER:
-            die(f"{path}: corpus version {version} header {hdr}: this script reads 1 / {HEADER}")
+        if HEADERS.get(version) != hdr or len(h) < hdr:
+            die(f"{path}: corpus version {version} header {hdr}: this script reads "
+                + ", ".join(f"{v} / {b}" for v, b in HEADERS.items()))
+        self.header = hdr
+        # Version 2: how the view sequences were made (agentlang.h).
+        self.view_policy, self.max_ratio, self.stale_permille, self.drop_permille = "", 16, 0, 0
+        if version >= 2:
+            self.view_policy = h[64:96].split(b"\0")[0].decode("ascii", "replace")
+            self.max_ratio, self.stale_permille, self.drop_permille = struct.unpack_from("<III", h, 96)
         self.n_seqs, self.seed = struct.unpack_from("<QQ", h, 24)
         (self.id_bytes,) = struct.unpack_from("<I", h, 40)
         (self.pad, self.bos, self.eos, self.q, self.a, self.end) = struct.unpack_from("<6H", h, 44)
         self.view_permille, self.vocab_hash = struct.unpack_from("<II", h, 56)
         if self.id_bytes not in (2, 4):
             die(f"{path}: ids of {self.id_bytes} bytes")
-        want = HEADER + self.n_seqs * self.seq_len * self.id_bytes
+        want = hdr + self.n_seqs * self.seq_len * self.id_bytes
         if size != want:
             die(f"{path}: {size} bytes, the header promises {want} (truncated or still being written?)")
         dtype = np.uint16 if self.id_bytes == 2 else np.uint32
-        self.ids = np.memmap(path, dtype=dtype, mode="r", offset=HEADER,
+        self.ids = np.memmap(path, dtype=dtype, mode="r", offset=hdr,
                              shape=(self.n_seqs, self.seq_len))
 
     @property
@@ -111,6 +118,122 @@ def question_ids(x, c):
     """[B, T-1]: for each target position, the number of question markers
     among the inputs up to it: with the row, a question's identity."""
     return torch.cumsum((x[:, :-1] == c.q).to(torch.int64), dim=1)
+
+
+# ---- Mean-K: the block summaries kvmem's meank policy scores -------------------
+# kvmem's meank (user/select/policy_meank.c, kernels/cpu/score.c) scores a
+# 32-token block, per (layer, KV head), by the share
+#     exp(s q.mu_b) / sum_c exp(s q.mu_c),   s = 1 / sqrt(head_dim),
+# where mu_b is the mean of the block's raw keys (after k-norm, before RoPE)
+# and q the mean raw query of the head's group at the question's answer
+# marker, RoPE-averaged over the view's distances 0..span-1
+# (kvmem_rope_mean); the shares add up over layers and KV heads. A model
+# trained only to answer puts the fact in one key of a line that the
+# block's other 31 keys drown out: at 64x meank finds the needle for about a
+# quarter of the questions (recall.md). The auxiliary loss below trains the
+# keys for that score: -log of the needle block's mean share, at every
+# question of every sequence, against the other whole blocks before it.
+# The needle block needs no label: it holds the '=' of the latest earlier
+# fact line whose file and key are the question's (a question line is
+# "? file key =", the fact "file key = value").
+MEANK_BLOCK = 32
+MEANK_BROKEN = []  # why the Mean-K loss was switched off, if it was
+
+
+def rope_mean_coeffs(head_dim, theta, span, device):
+    """kvmem_rope_mean's C and S per frequency pair: the mean over distances
+    0..span-1 of cos and sin of the pair's angle."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    w = theta ** (-2.0 * i / head_dim)
+    n = float(span)
+    h = torch.sin(w / 2)
+    tiny = h.abs() < 1e-12
+    hs = torch.where(tiny, torch.ones_like(h), h)
+    cs = torch.where(tiny, torch.full_like(h, n), torch.sin(n * w / 2) / hs * torch.cos((n - 1) * w / 2))
+    sn = torch.where(tiny, torch.zeros_like(h), torch.sin(n * w / 2) / hs * torch.sin((n - 1) * w / 2))
+    return (cs / n).float().to(device), (sn / n).float().to(device)
+
+
+def meank_targets(x, c):
+    """Question markers of x [B, T] with a needle block: rows, positions,
+    needle blocks, and how many whole blocks precede each question."""
+    B, T = x.shape
+    x = x.long()
+    pos = torch.arange(T, device=x.device).expand(B, T)
+    is_q, is_a = x == c.q, x == c.a
+    inq = torch.cumsum(is_q.int() - (x == c.end).int(), dim=1) == 1
+    ca = torch.cumsum((is_a & inq).int(), dim=1)
+    ca_q = torch.cummax(torch.where(is_q, ca, torch.zeros_like(ca)), dim=1).values
+    qpos = torch.cummax(torch.where(is_q, pos, torch.full_like(pos, -1)), dim=1).values
+    marker = is_a & inq & (ca == ca_q + 1) & (qpos >= 0)
+    span = pos - qpos - 1  # tokens of "file key"
+    # Exact 10-bit packing of up to 6 tokens (ids < 1024): H[n][j] is the
+    # n tokens before j. 1023 pads the left edge: no agentlang id.
+    if c.vocab > 1023:
+        return None
+    pad = torch.full((B, 7), 1023, dtype=torch.long, device=x.device)
+    xp = torch.cat([pad, x], dim=1)
+    rows_all, pos_all, blk_all, nb_all = [], [], [], []
+    H = torch.zeros_like(x)
+    for n in range(1, 7):
+        H = H + (xp[:, 7 - n:7 - n + T] << (10 * (n - 1)))  # adds x[j - n]
+        if n < 2:
+            continue
+        # H so far packs x[j-1] in the low bits .. x[j-n] high: the same
+        # packing for a question's marker and a fact's '='.
+        mk = marker & (span == n)
+        if not mk.any():
+            continue
+        r, m = mk.nonzero(as_tuple=True)
+        before = xp[:, 7 - n - 1:7 - n - 1 + T]  # x[j - n - 1]: '?' for question lines
+        fact_eq = is_a & (before != c.q)
+        cand = (H[r] == H[r, m].unsqueeze(1)) & fact_eq[r] & (pos[r] < qpos[r, m].unsqueeze(1))
+        j = torch.where(cand, pos[r], torch.full_like(pos[r], -1)).max(dim=1).values
+        nb = qpos[r, m] // MEANK_BLOCK
+        ok = (j >= 0) & (j // MEANK_BLOCK < nb) & (nb >= 2)
+        rows_all.append(r[ok])
+        pos_all.append(m[ok])
+        blk_all.append((j // MEANK_BLOCK)[ok])
+        nb_all.append(nb[ok])
+    if not rows_all:
+        return None
+    out = tuple(torch.cat(v) for v in (rows_all, pos_all, blk_all, nb_all))
+    return out if out[0].numel() else None
+
+
+def meank_loss(model, hidden, x, c, rope_cs):
+    """The auxiliary loss (mean over questions) and the share of questions
+    whose needle block has the largest mean share, from the hidden states
+    entering each layer (hidden[l], [B, T, hidden]). None without questions."""
+    t = meank_targets(x, c)
+    if t is None:
+        return None
+    rows, pos, blk, nb = t
+    layers = model.model.layers
+    B, T = x.shape
+    nbT = T // MEANK_BLOCK
+    cs, sn = rope_cs
+    shares = 0
+    for l, layer in enumerate(layers):
+        at = layer.self_attn
+        h = layer.input_layernorm(hidden[l])
+        D = cs.numel() * 2
+        k = at.k_norm(at.k_proj(h).view(B, T, -1, D)).float()
+        hkv = k.shape[2]
+        mu = k[:, :nbT * MEANK_BLOCK].reshape(B, nbT, MEANK_BLOCK, hkv, D).mean(2)
+        q = at.q_norm(at.q_proj(h[rows, pos]).view(rows.numel(), -1, D)).float()
+        q = q.view(rows.numel(), hkv, -1, D).mean(2)  # the group's mean query
+        a, b = q[..., :D // 2], q[..., D // 2:]
+        q = torch.cat([cs * a - sn * b, cs * b + sn * a], dim=-1)
+        z = torch.einsum("mhd,mbhd->mhb", q, mu[rows]) / math.sqrt(D)
+        valid = torch.arange(nbT, device=x.device).unsqueeze(0) < nb.unsqueeze(1)
+        z = z.masked_fill(~valid.unsqueeze(1), float("-inf"))
+        shares = shares + torch.softmax(z, dim=-1).sum(1)
+    p = shares / (hkv * len(layers))  # [M, nbT]: the mean share, what meank ranks by
+    pt = p.gather(1, blk.unsqueeze(1)).squeeze(1)
+    loss = -torch.log(pt.clamp(min=1e-9)).mean()
+    hit = (p.argmax(1) == blk).float().mean()
+    return loss, hit, rows.numel()
 
 
 # ---- model ------------------------------------------------------------------
@@ -186,33 +309,59 @@ def lr_at(args, step, progress):
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def losses(model, x, c, answer_weight):
+def losses(model, x, c, answer_weight, meank=None):
     """Mean CE over non-pad targets, mean CE over answer targets, their sum,
-    and what accuracy needs."""
+    and what accuracy needs. meank: (weight, the model's modules, RoPE-mean
+    coefficients) adds the Mean-K loss; it is then returned last, with its
+    hit rate, as (loss, hit, questions) or None."""
     inp, tgt = x[:, :-1], x[:, 1:]
-    logits = model(input_ids=inp, use_cache=False).logits
+    if meank is not None:
+        out = model(input_ids=inp, use_cache=False, output_hidden_states=True)
+        logits = out.logits
+    else:
+        logits = model(input_ids=inp, use_cache=False).logits
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                          reduction="none").view(tgt.shape)
     lm = tgt != c.pad
     ans = answer_mask(x, c)
     lm_loss = (ce * lm).sum() / lm.sum().clamp(min=1)
     ans_loss = (ce * ans).sum() / ans.sum().clamp(min=1)
-    return lm_loss + answer_weight * ans_loss, lm_loss, ans_loss, logits, ans
+    total = lm_loss + answer_weight * ans_loss
+    if meank is None:
+        return total, lm_loss, ans_loss, logits, ans
+    weight, base, rope_cs = meank
+    mk = None
+    if not MEANK_BROKEN:
+        try:
+            mk = meank_loss(base, out.hidden_states, inp, c, rope_cs)
+        except Exception as e:  # noqa: BLE001 - one run on the GPU: train on without it
+            MEANK_BROKEN.append(f"{type(e).__name__}: {e}")
+            log(f"meank loss: failed ({MEANK_BROKEN[0]}); off for the rest of the run")
+    if mk is not None and weight > 0:
+        total = total + weight * mk[0]
+    return total, lm_loss, ans_loss, logits, ans, mk
 
 
 @torch.no_grad()
-def evaluate(model, data, c, batch, device, amp):
+def evaluate(model, data, c, batch, device, amp, rope_cs=None):
     """Loss and exact match of every question: all its answer tokens (the
     value and <end>) are the argmax given the true prefix — exactly when
-    greedy decoding would produce the answer."""
+    greedy decoding would produce the answer. With rope_cs, also how often
+    Mean-K ranks the needle block first (inside the sequence's window)."""
     model.eval()
     n_q = n_ok = 0
     lm_sum = ans_sum = 0.0
     n_batches = 0
+    mk_n, mk_hit, mk_loss = 0, 0.0, 0.0
     for s in range(0, data.shape[0], batch):
         x = data[s:s + batch].long()
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            _, lm_loss, ans_loss, logits, ans = losses(model, x, c, 1.0)
+            r = losses(model, x, c, 1.0, None if rope_cs is None else (0.0, model, rope_cs))
+        _, lm_loss, ans_loss, logits, ans = r[:5]
+        if rope_cs is not None and r[5] is not None:
+            mk_n += r[5][2]
+            mk_hit += r[5][1].item() * r[5][2]
+            mk_loss += r[5][0].item() * r[5][2]
         pred = logits.argmax(-1)
         wrong = (pred != x[:, 1:]) & ans
         qid = question_ids(x, c)
@@ -227,13 +376,20 @@ def evaluate(model, data, c, batch, device, amp):
         ans_sum += ans_loss.item()
         n_batches += 1
     model.train()
-    return {"questions": n_q, "accuracy": n_ok / max(1, n_q),
-            "lm_loss": lm_sum / max(1, n_batches), "answer_loss": ans_sum / max(1, n_batches)}
+    r = {"questions": n_q, "accuracy": n_ok / max(1, n_q),
+         "lm_loss": lm_sum / max(1, n_batches), "answer_loss": ans_sum / max(1, n_batches)}
+    if rope_cs is not None:
+        r["meank_questions"] = mk_n
+        r["meank_top1"] = mk_hit / max(1, mk_n)
+        r["meank_loss"] = mk_loss / max(1, mk_n)
+    return r
 
 
 def eval_line(name, r):
+    mk = (f", meank top-1 {100 * r['meank_top1']:.1f}% of {r['meank_questions']}"
+          if "meank_top1" in r else "")
     return (f"{name}: acc {100 * r['accuracy']:.1f}% of {r['questions']} "
-            f"(lm {r['lm_loss']:.3f}, answer {r['answer_loss']:.3f})")
+            f"(lm {r['lm_loss']:.3f}, answer {r['answer_loss']:.3f}{mk})")
 
 
 def load_vocab(path):
@@ -365,6 +521,13 @@ def parse_args(argv):
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--answer-weight", type=float, default=1.0,
                     help="loss = mean CE of all tokens + this * mean CE of answer tokens")
+    ap.add_argument("--meank-weight", type=float, default=0.0,
+                    help="weight of the Mean-K loss: -log of the needle block's mean share as "
+                         "kvmem's meank scores it (0: off; the evaluations still report "
+                         "meank's top-1 when set)")
+    ap.add_argument("--meank-span", type=int, default=0,
+                    help="distances the Mean-K query's RoPE is averaged over (0: seq_len - 32, "
+                         "kvmem bench recall's budget + reserve)")
     ap.add_argument("--curriculum", type=float, default=0.15,
                     help="share of the budget trained on the first quarter of each sequence")
     ap.add_argument("--eval-every", type=float, default=45.0, help="seconds between evaluations")
@@ -409,7 +572,10 @@ def main(argv):
         evals.append((name or os.path.basename(path), e))
     L = c.seq_len
     log(f"data: {args.data}: {c.n_seqs} sequences x {L} tokens = {c.tokens / 1e6:.1f}M tokens, "
-        f"seed {c.seed}, views {c.view_permille / 10:.0f}%, vocab {c.vocab} (hash {c.vocab_hash:08x})")
+        f"seed {c.seed}, views {c.view_permille / 10:.0f}% "
+        f"(by {c.view_policy or 'the generator mix'}, up to {c.max_ratio}x, "
+        f"stale {c.stale_permille / 1000:g}, drop {c.drop_permille / 1000:g}), "
+        f"vocab {c.vocab} (hash {c.vocab_hash:08x})")
     t0 = time.time()
     data = c.to_device(device)
     eval_data = [(n, e.to_device(device, args.final_eval_seqs)) for n, e in evals]
@@ -445,10 +611,20 @@ def main(argv):
         except Exception as e:  # noqa: BLE001
             log(f"compile: not used ({e})")
 
+    rope_cs = None
+    if args.meank_weight > 0:
+        rope_cs = rope_mean_coeffs(args.head_dim, args.rope_theta,
+                                   args.meank_span or L - 32, device)
+    mk_avg = [None, None]  # smoothed Mean-K loss and top-1 of the training batches
+
     def train_step(x):
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            loss, lm_loss, ans_loss, _, _ = losses(fwd, x, c, args.answer_weight)
+            r = losses(fwd, x, c, args.answer_weight,
+                       None if rope_cs is None else (args.meank_weight, model, rope_cs))
+        loss, lm_loss, ans_loss = r[0], r[1], r[2]
         loss.backward()
+        if rope_cs is not None and r[5] is not None:
+            mk_avg[0], mk_avg[1] = r[5][0].detach(), r[5][1].detach()
         return loss.detach(), lm_loss.detach(), ans_loss.detach()
 
     shapes_ok = set()
@@ -509,13 +685,16 @@ def main(argv):
             el = time.time() - t_loop
             mem = (f"  {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
                    if device.type == "cuda" and step <= 3 else "")
+            mk = (f", meank {mk_avg[0].item():.3f} top-1 {100 * mk_avg[1].item():.0f}%"
+                  if mk_avg[0] is not None else "")
             log(f"step {step:5d}  {el:6.1f}s  len {cur}  lr {lr:.2e}  loss {lv:.3f} "
-                f"(lm {lmv:.3f}, answer {av:.3f})  {seen_tokens / el / 1e6:.2f}M tok/s{mem}")
+                f"(lm {lmv:.3f}, answer {av:.3f}{mk})  {seen_tokens / el / 1e6:.2f}M tok/s{mem}")
         if evals and time.time() - last_eval >= args.eval_every:
             line = [f"eval @ step {step}:"]
             rec = {"step": step, "seconds": round(time.time() - t_loop, 1)}
             for name, d in eval_data:
-                r = evaluate(model, d[:args.eval_seqs], c, max(1, args.batch // 2), device, amp)
+                r = evaluate(model, d[:args.eval_seqs], c, max(1, args.batch // 2), device, amp,
+                             rope_cs)
                 line.append(eval_line(name, r))
                 rec[name] = r
             history.append(rec)
@@ -527,7 +706,7 @@ def main(argv):
 
     final = {}
     for name, d in eval_data:
-        final[name] = evaluate(model, d, c, max(1, args.batch // 2), device, amp)
+        final[name] = evaluate(model, d, c, max(1, args.batch // 2), device, amp, rope_cs)
         log("final " + eval_line(name, final[name]))
     pieces = load_vocab(args.vocab)
     for name, d in eval_data:
@@ -555,9 +734,12 @@ def main(argv):
         "command": " ".join([os.path.basename(sys.argv[0])] + argv),
         "data": {"path": os.path.basename(args.data), "seed": c.seed, "sequences": c.n_seqs,
                  "seq_len": L, "tokens": c.tokens, "view_share": c.view_permille / 1000.0,
+                 "view_policy": c.view_policy, "max_ratio": c.max_ratio,
+                 "stale": c.stale_permille / 1000.0, "drop": c.drop_permille / 1000.0,
                  "vocab": c.vocab, "vocab_hash": f"{c.vocab_hash:08x}"},
         "eval_data": {n: {"path": os.path.basename(e.path), "seed": e.seed, "sequences": e.n_seqs,
-                          "view_share": e.view_permille / 1000.0} for n, e in evals},
+                          "view_share": e.view_permille / 1000.0,
+                          "view_policy": e.view_policy} for n, e in evals},
         "model": {"layers": args.layers, "hidden": args.hidden, "intermediate": args.intermediate,
                   "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
                   "window": L, "rope_theta": args.rope_theta, "parameters": n_params,
@@ -567,6 +749,11 @@ def main(argv):
                   "warmup": args.warmup, "min_lr_frac": args.min_lr_frac,
                   "weight_decay": args.weight_decay, "answer_weight": args.answer_weight,
                   "curriculum": args.curriculum, "compile": fwd is not model,
+                  "meank_weight": args.meank_weight,
+                  "meank_failed": MEANK_BROKEN[0] if MEANK_BROKEN else None,
+                  "meank_span": (args.meank_span or L - 32) if args.meank_weight > 0 else None,
+                  "final_meank_loss": mk_avg[0].item() if mk_avg[0] is not None else None,
+                  "final_meank_top1": mk_avg[1].item() if mk_avg[1] is not None else None,
                   "torch_seed": args.seed,
                   "final_loss": loss_avg, "final_lm_loss": lm_avg, "final_answer_loss": ans_avg},
         "eval": final,

@@ -176,22 +176,77 @@ typedef struct agentlang_seq_info {
 int agentlang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
 		       int32_t *out, agentlang_seq_info *info);
 
+/*
+ * How view sequences are made. All zero: the generator's own mix (above),
+ * the sequences agentlang_train_seq gives.
+ *
+ * policy: a selection policy that reads only token ids (KVMEM_NEED_TEXT,
+ * no keys or summaries beyond Mean-K: "lexical") chooses each view, the
+ * way kvmem_session_select_ahead does at inference (agentlang_view_select):
+ * 1-4 questions a view, the budget of kvmem bench recall for a window of
+ * seq_len (seq_len - 32 - seq_len / 8, in blocks of 32). A question whose
+ * needle line the view does not hold is not asked.
+ * max_ratio: the largest workspace in windows, 16 (0), 32 or 64.
+ * stale: the chance a needle has an older value earlier (0: the default,
+ * 0.3); an older printing in view beside the newest is what a policy's
+ * view brings, and what the model must learn to pass over.
+ * drop: with a policy, the chance that a needle line cut by a block
+ * boundary keeps only the block(s) of its value (the file and key cut off,
+ * as views at inference sometimes do); the question is asked anyway.
+ */
+typedef struct agentlang_view_opts {
+	const char *policy;
+	int max_ratio;
+	double stale;
+	double drop;
+} agentlang_view_opts;
+
+/* agentlang_train_seq with view options (NULL: all zero). */
+int agentlang_train_seq_opts(uint64_t seed, uint64_t index, int seq_len, double view_share,
+			    const agentlang_view_opts *vo, int32_t *out, agentlang_seq_info *info);
+
+/*
+ * The view a policy keeps of workspace ws for the questions asked[n_asked]
+ * (indices into ws->q): for each, the policy scores ws's 32-token blocks
+ * with the question's ids as the select-ahead text, and the planner
+ * (sink max(1, budget / 100), recent max(1, budget / 12)) plans a view of
+ * sink + recent + an even share of the rest of budget; keep[ws->n_ids]
+ * gets 1 for every token of the union. With one question this is exactly
+ * the plan kvmem_session_select_ahead makes over ws with that budget.
+ * Returns the kept count or -errno (an unknown policy, one that needs the
+ * model's keys, no memory).
+ */
+/* 0 when `policy` can choose views at corpus time (it reads only token
+ * ids), else -EINVAL (unknown, or it scores the model's keys). */
+int agentlang_view_policy_check(const char *policy);
+int64_t agentlang_view_select(const agentlang_transcript *ws, const int *asked, int n_asked,
+			      int64_t budget, const char *policy, uint8_t *keep);
+
 /* ---- corpus files (kvmem synth corpus -> tools/train/train.py) ---------- */
 /*
- * Little endian. A 64-byte header, then n_seqs * seq_len ids (uint16 or
+ * Little endian. A 128-byte header, then n_seqs * seq_len ids (uint16 or
  * uint32). Offsets:
- *   0 "KVMSYN1\0"  8 u32 version (1)  12 u32 header bytes (64)
+ *   0 "KVMSYN1\0"  8 u32 version (2)  12 u32 header bytes (128)
  *  16 u32 vocab size  20 u32 seq_len  24 u64 n_seqs  32 u64 seed
  *  40 u32 id bytes (2|4)  44 u16 pad, bos, eos, q, a, end
  *  56 u32 view share in 1/1000  60 u32 vocabulary hash
+ * Version 2 adds (version 1 had a 64-byte header and the generator's own
+ * views; it is still read):
+ *  64 char[32] view policy, NUL-padded ("" for the generator's own mix)
+ *  96 u32 largest workspace in windows  100 u32 stale chance in 1/1000
+ *     (0: the default)  104 u32 drop chance in 1/1000  108.. zero
  */
 #define AGENTLANG_CORPUS_MAGIC "KVMSYN1"
-#define AGENTLANG_CORPUS_HEADER 64
+#define AGENTLANG_CORPUS_HEADER 128
+#define AGENTLANG_CORPUS_HEADER_V1 64
+#define AGENTLANG_CORPUS_POLICY 32
 
 typedef struct agentlang_corpus_header {
-	uint32_t version, vocab, seq_len, id_bytes, view_permille, vocab_hash;
+	uint32_t version, header_bytes, vocab, seq_len, id_bytes, view_permille, vocab_hash;
 	uint64_t n_seqs, seed;
 	uint16_t pad, bos, eos, q, a, end;
+	char view_policy[AGENTLANG_CORPUS_POLICY];	/* "" for version 1 */
+	uint32_t max_ratio, stale_permille, drop_permille;
 } agentlang_corpus_header;
 
 typedef struct agentlang_corpus_opts {
@@ -199,6 +254,7 @@ typedef struct agentlang_corpus_opts {
 	int64_t n_tokens;	/* at least this many: ceil(n_tokens / seq_len) sequences */
 	int seq_len;
 	double view_share;
+	agentlang_view_opts view;	/* how view sequences are made */
 	int id_bytes;		/* 2 or 4; 0: 2 */
 	int threads;		/* 0: OpenMP's default */
 	void (*progress)(int64_t done_tokens, int64_t total_tokens, void *arg);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Corpus files for tools/train/train.py: a 64-byte header and fixed-length
+ * Corpus files for tools/train/train.py: a 128-byte header and fixed-length
  * sequences of little-endian ids (layout in user/agentlang/agentlang.h).
  * Sequences are generated in parallel, a chunk at a time; each depends only
  * on (seed, index), so the file is the same whatever the thread count.
@@ -54,7 +54,7 @@ static void header_bytes(uint8_t *h, const agentlang_corpus_opts *o, uint64_t n_
 {
 	memset(h, 0, AGENTLANG_CORPUS_HEADER);
 	memcpy(h, AGENTLANG_CORPUS_MAGIC, 8);
-	put32(h + 8, 1);
+	put32(h + 8, 2);
 	put32(h + 12, AGENTLANG_CORPUS_HEADER);
 	put32(h + 16, (uint32_t)agentlang_vocab_size());
 	put32(h + 20, (uint32_t)o->seq_len);
@@ -69,6 +69,11 @@ static void header_bytes(uint8_t *h, const agentlang_corpus_opts *o, uint64_t n_
 	put16(h + 54, AGENTLANG_END);
 	put32(h + 56, (uint32_t)(o->view_share * 1000.0 + 0.5));
 	put32(h + 60, agentlang_vocab_hash());
+	if (o->view.policy)
+		memcpy(h + 64, o->view.policy, strlen(o->view.policy));
+	put32(h + 96, (uint32_t)(o->view.max_ratio ? o->view.max_ratio : 16));
+	put32(h + 100, (uint32_t)(o->view.stale * 1000.0 + 0.5));
+	put32(h + 104, (uint32_t)(o->view.drop * 1000.0 + 0.5));
 }
 
 /* Generate sequences [s0, s0 + n) into ids; 0 or -1 with the first error. */
@@ -81,8 +86,8 @@ static int gen_chunk(const agentlang_corpus_opts *o, uint64_t s0, int n, int32_t
 	for (int i = 0; i < n; i++) {
 		if (failed)
 			continue;
-		if (agentlang_train_seq(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
-				       ids + (size_t)i * o->seq_len, NULL)) {
+		if (agentlang_train_seq_opts(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
+					    &o->view, ids + (size_t)i * o->seq_len, NULL)) {
 #pragma omp critical
 			{
 				if (!failed)
@@ -116,6 +121,16 @@ int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 		return kvmem_error(EINVAL, "%s: ids of %d bytes: need 2 or 4", path, idb);
 	if (!(o->view_share >= 0 && o->view_share <= 1))
 		return kvmem_error(EINVAL, "%s: view share %g is not in 0..1", path, o->view_share);
+	if (!(o->view.stale >= 0 && o->view.stale <= 1) || !(o->view.drop >= 0 && o->view.drop <= 1))
+		return kvmem_error(EINVAL, "%s: stale %g / drop %g: chances in 0..1", path, o->view.stale,
+				   o->view.drop);
+	if (o->view.policy && strlen(o->view.policy) >= AGENTLANG_CORPUS_POLICY)
+		return kvmem_error(EINVAL, "%s: view policy name '%s' is longer than %d bytes", path,
+				   o->view.policy, AGENTLANG_CORPUS_POLICY - 1);
+	/* An unknown policy, or one that needs a model, fails here and not in
+	 * the middle of the file. */
+	if (o->view.policy && o->view.policy[0] && agentlang_view_policy_check(o->view.policy))
+		return kvmem_error_prefix("%s", path);
 
 	uint64_t n_seqs = ((uint64_t)o->n_tokens + (uint64_t)o->seq_len - 1) / (uint64_t)o->seq_len;
 	int chunk = n_seqs < CHUNK_SEQS ? (int)n_seqs : CHUNK_SEQS;
@@ -167,16 +182,22 @@ int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *hd)
 		return kvmem_error(errno, "%s: cannot open: %s", path, strerror(errno));
 	size_t got = fread(h, 1, sizeof(h), f);
 	fclose(f);
-	if (got != sizeof(h))
+	/* A version-1 file of one tiny sequence may be shorter than 128 bytes. */
+	if (got < AGENTLANG_CORPUS_HEADER_V1 ||
+	    (got < sizeof(h) && get32(h + 8) != 1))
 		return kvmem_error(EINVAL, "%s: shorter than the %d-byte corpus header", path,
-				 AGENTLANG_CORPUS_HEADER);
+				 got < AGENTLANG_CORPUS_HEADER_V1 ? AGENTLANG_CORPUS_HEADER_V1
+								  : AGENTLANG_CORPUS_HEADER);
 	if (memcmp(h, AGENTLANG_CORPUS_MAGIC, 8))
 		return kvmem_error(EINVAL, "%s: not a kvmem synth corpus (bad magic)", path);
 	memset(hd, 0, sizeof(*hd));
 	hd->version = get32(h + 8);
-	if (hd->version != 1 || get32(h + 12) != AGENTLANG_CORPUS_HEADER)
-		return kvmem_error(EINVAL, "%s: corpus version %u / header %u: this kvmem reads 1 / %d", path,
-				 hd->version, get32(h + 12), AGENTLANG_CORPUS_HEADER);
+	hd->header_bytes = get32(h + 12);
+	if (!(hd->version == 1 && hd->header_bytes == AGENTLANG_CORPUS_HEADER_V1) &&
+	    !(hd->version == 2 && hd->header_bytes == AGENTLANG_CORPUS_HEADER))
+		return kvmem_error(EINVAL, "%s: corpus version %u / header %u: this kvmem reads "
+				 "1 / %d and 2 / %d", path, hd->version, hd->header_bytes,
+				 AGENTLANG_CORPUS_HEADER_V1, AGENTLANG_CORPUS_HEADER);
 	hd->vocab = get32(h + 16);
 	hd->seq_len = get32(h + 20);
 	hd->n_seqs = get64(h + 24);
@@ -190,5 +211,13 @@ int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *hd)
 	hd->end = (uint16_t)get16(h + 54);
 	hd->view_permille = get32(h + 56);
 	hd->vocab_hash = get32(h + 60);
+	hd->max_ratio = 16;
+	if (hd->version == 2) {
+		memcpy(hd->view_policy, h + 64, AGENTLANG_CORPUS_POLICY);
+		hd->view_policy[AGENTLANG_CORPUS_POLICY - 1] = 0;
+		hd->max_ratio = get32(h + 96);
+		hd->stale_permille = get32(h + 100);
+		hd->drop_permille = get32(h + 104);
+	}
 	return 0;
 }

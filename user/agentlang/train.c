@@ -13,6 +13,7 @@
  * needles' are half those richest in the questions' key tokens (what a
  * scoring policy tends to pick by mistake) and half random.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,11 +142,38 @@ static int64_t choose_view(const agentlang_transcript *ws, int64_t H, int L, str
 	return count;
 }
 
-static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int32_t *out,
-		    agentlang_seq_info *info)
+/* The questions asked[n] after the view's n_view tokens, in random order;
+ * returns the sequence's length before padding. */
+static int64_t put_questions(const agentlang_transcript *ws, const int *asked, int n,
+			     struct al_rng *r, int32_t *out, int64_t n_view)
 {
-	static const int ratios[] = { 1, 2, 4, 8, 16 };
-	int ratio = ratios[al_below(r, 5)];
+	int order[64];
+
+	for (int i = 0; i < n; i++)
+		order[i] = asked[i];
+	for (int i = n - 1; i > 0; i--) {
+		int j = (int)al_below(r, (uint32_t)i + 1), t = order[i];
+
+		order[i] = order[j];
+		order[j] = t;
+	}
+	for (int i = 0; i < n; i++) {
+		const agentlang_question *q = &ws->q[order[i]];
+
+		memcpy(out + n_view, q->ids, (size_t)q->n_ids * sizeof(*out));
+		n_view += q->n_ids;
+		memcpy(out + n_view, q->answer, (size_t)q->n_answer * sizeof(*out));
+		n_view += q->n_answer;
+		out[n_view++] = AGENTLANG_NL;
+	}
+	return n_view;
+}
+
+static int view_seq(uint64_t seed, uint64_t index, int L, const agentlang_view_opts *vo,
+		    struct al_rng *r, int32_t *out, agentlang_seq_info *info)
+{
+	int max_ratio = vo ? vo->max_ratio : 0;
+	int ratio = 1 << al_below(r, max_ratio >= 64 ? 7 : max_ratio >= 32 ? 6 : 5);
 	int mmax = L / 160 < 1 ? 1 : L / 160;
 	int M = (mmax + 1) / 2 + (int)al_below(r, (uint32_t)mmax / 2 + 1);
 	agentlang_params p;
@@ -157,6 +185,8 @@ static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int3
 	/* No questions inside: theirs facts may fall in dropped blocks, and a
 	 * question whose answer is not in view would teach guessing. */
 	p.bg_questions = 0;
+	if (vo && vo->stale > 0)
+		p.stale = vo->stale;
 	p.n_tokens = ratio == 1 ? L - (int64_t)M * Q_LINE_MAX : (int64_t)L * ratio;
 	int fit = (int)(p.n_tokens / (2 * (AL_EP_MAX + 16 * (p.lookalikes + 1))));
 	M = M < fit ? M : fit < 1 ? 1 : fit;
@@ -195,24 +225,10 @@ static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int3
 		free(cand);
 	}
 	/* The questions, in random order. */
-	int order[64];
+	int all[64];
 	for (int i = 0; i < ws.n_q; i++)
-		order[i] = i;
-	for (int i = ws.n_q - 1; i > 0; i--) {
-		int j = (int)al_below(r, (uint32_t)i + 1), t = order[i];
-
-		order[i] = order[j];
-		order[j] = t;
-	}
-	for (int i = 0; i < ws.n_q; i++) {
-		const agentlang_question *q = &ws.q[order[i]];
-
-		memcpy(out + n, q->ids, (size_t)q->n_ids * sizeof(*out));
-		n += q->n_ids;
-		memcpy(out + n, q->answer, (size_t)q->n_answer * sizeof(*out));
-		n += q->n_answer;
-		out[n++] = AGENTLANG_NL;
-	}
+		all[i] = i;
+	n = put_questions(&ws, all, ws.n_q, r, out, n);
 	for (int64_t i = n; i < L; i++)
 		out[i] = AGENTLANG_PAD;
 	info->kind = AGENTLANG_SEQ_VIEW;
@@ -222,8 +238,132 @@ static int view_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int3
 	return 0;
 }
 
+/*
+ * Drop the blocks before a needle's value (the file and key of its line)
+ * where a block boundary cuts the line, but never the sink's or the recent
+ * tokens' blocks: what a view at inference sometimes holds of a line.
+ * Returns 1 when something was dropped.
+ */
+static int drop_head(const agentlang_question *q, int64_t N, int64_t recent_from, uint8_t *keep)
+{
+	int64_t a = q->needle_pos / VIEW_BLOCK, v = q->value_pos / VIEW_BLOCK;
+	int dropped = 0;
+
+	for (int64_t b = a > 0 ? a : 1; b < v; b++) {
+		int64_t e = (b + 1) * VIEW_BLOCK < N ? (b + 1) * VIEW_BLOCK : N;
+
+		if (e > recent_from)
+			break;
+		memset(keep + b * VIEW_BLOCK, 0, (size_t)(e - b * VIEW_BLOCK));
+		dropped = 1;
+	}
+	return dropped;
+}
+
+static int all_kept(const uint8_t *keep, int64_t a, int64_t e)
+{
+	for (int64_t i = a; i < e; i++)
+		if (!keep[i])
+			return 0;
+	return 1;
+}
+
+/*
+ * A view sequence whose view the policy vo->policy chose, as at inference
+ * (agentlang_view_select): 1-8 questions, 0-8 look-alikes a needle (the
+ * benchmark's targets use 8), a workspace 1..max_ratio windows long. A
+ * question is asked when its needle line is in view, or, dropped on
+ * purpose, its value is.
+ */
+static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang_view_opts *vo,
+			   struct al_rng *r, int32_t *out, agentlang_seq_info *info)
+{
+	int n_ratios = vo->max_ratio >= 64 ? 7 : vo->max_ratio >= 32 ? 6 : 5;
+	int ratio = 1 << al_below(r, (uint32_t)n_ratios);
+	int M = 1 + (int)al_below(r, 8), asked[64], n_asked = 0;
+	/* kvmem bench recall's budget for a window of L (without the chunk). */
+	int64_t budget = (L - 32 - L / 8) / VIEW_BLOCK * VIEW_BLOCK, n = 0;
+	agentlang_params p;
+	agentlang_transcript ws;
+	double depths[8];
+
+	agentlang_params_default(&p);
+	p.seed = al_mix64(seed ^ al_mix64(index ^ 0x6a09e667f3bcc909ull));
+	p.lookalikes = (int)al_below(r, 9);
+	p.bg_questions = 0;	/* see view_seq */
+	if (vo->stale > 0)
+		p.stale = vo->stale;
+	p.n_tokens = ratio == 1 ? L - (int64_t)M * Q_LINE_MAX : (int64_t)L * ratio;
+	int fit = (int)(p.n_tokens / (2 * (AL_EP_MAX + 16 * (p.lookalikes + 1))));
+	M = M < fit ? M : fit < 1 ? 1 : fit;
+	p.n_questions = M;
+	if (ratio == 1)
+		p.n_tokens = L - (int64_t)M * Q_LINE_MAX;
+	for (int i = 0; i < M; i++)
+		depths[i] = al_unit(r);
+	p.depths = depths;
+	if (agentlang_transcript_build(&p, &ws))
+		return kvmem_fail();
+	for (int i = 0; i < ws.n_q; i++)
+		asked[i] = i;
+	if (ratio == 1) {
+		memcpy(out, ws.ids, (size_t)ws.n_ids * sizeof(*out));
+		n = ws.n_ids;
+		n_asked = ws.n_q;
+	} else {
+		uint8_t *keep = malloc((size_t)ws.n_ids);
+		int64_t recent_from = ws.n_ids - (budget / 12 > 1 ? budget / 12 : 1);
+
+		if (!keep || agentlang_view_select(&ws, asked, ws.n_q, budget, vo->policy, keep) < 0) {
+			if (!keep)
+				kvmem_error(ENOMEM, "agentlang: out of memory for a view");
+			free(keep);
+			agentlang_transcript_free(&ws);
+			return kvmem_fail();
+		}
+		uint8_t cut[8] = { 0 };
+
+		/* Every drop first: one may take another question's line. */
+		for (int i = 0; i < ws.n_q; i++)
+			cut[i] = vo->drop > 0 && al_chance(r, vo->drop) &&
+				 drop_head(&ws.q[i], ws.n_ids, recent_from, keep);
+		for (int i = 0; i < ws.n_q; i++) {
+			const agentlang_question *q = &ws.q[i];
+
+			if (all_kept(keep, cut[i] ? q->value_pos : q->needle_pos, q->needle_end))
+				asked[n_asked++] = i;
+		}
+		for (int64_t i = 0; i < ws.n_ids; i++)
+			if (keep[i])
+				out[n++] = ws.ids[i];
+		free(keep);
+	}
+	int64_t tail = 0;
+	for (int i = 0; i < n_asked; i++)
+		tail += ws.q[asked[i]].n_ids + ws.q[asked[i]].n_answer + 1;
+	if (n + tail > L) {
+		agentlang_transcript_free(&ws);
+		return kvmem_error(EINVAL, "agentlang: a view of %lld tokens and %lld of questions "
+				   "pass the sequence's %d", (long long)n, (long long)tail, L);
+	}
+	n = put_questions(&ws, asked, n_asked, r, out, n);
+	for (int64_t i = n; i < L; i++)
+		out[i] = AGENTLANG_PAD;
+	info->kind = AGENTLANG_SEQ_VIEW;
+	info->n_tokens = (int)n;
+	info->n_questions = n_asked;
+	agentlang_transcript_free(&ws);
+	return 0;
+}
+
 int agentlang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
 		       int32_t *out, agentlang_seq_info *info)
+{
+	return agentlang_train_seq_opts(seed, index, seq_len, view_share, NULL, out, info);
+}
+
+int agentlang_train_seq_opts(uint64_t seed, uint64_t index, int seq_len, double view_share,
+			    const agentlang_view_opts *vo, int32_t *out, agentlang_seq_info *info)
 {
 	struct al_rng r;
 	agentlang_seq_info dummy;
@@ -237,6 +377,8 @@ int agentlang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_
 	al_rng_seed(&r, seed, index);
 	/* Views need room for a few needles and their blocks. */
 	if (seq_len >= 512 && al_chance(&r, view_share))
-		return view_seq(seed, index, seq_len, &r, out, info);
+		return vo && vo->policy && vo->policy[0] ?
+			policy_view_seq(seed, index, seq_len, vo, &r, out, info) :
+			view_seq(seed, index, seq_len, vo, &r, out, info);
 	return stream_seq(seed, index, seq_len, &r, out, info);
 }

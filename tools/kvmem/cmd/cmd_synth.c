@@ -65,27 +65,38 @@ static void corpus_usage(FILE *f)
 {
 	fprintf(f,
 		"usage: kvmem synth corpus --tokens N --seq-len L --seed S --out FILE\n"
-		"                          [--views F] [--threads T] [--u32] [--quiet]\n\n"
+		"                          [--views F] [--view-policy P] [--max-ratio R]\n"
+		"                          [--stale P] [--drop P] [--threads T] [--u32] [--quiet]\n\n"
 		"Writes ceil(N / L) training sequences of exactly L tokens (padded with\n"
 		"<pad>), each with questions whose answers lie inside it. A share F of them\n"
 		"(default 0.5) are view sequences: a workspace 1..16x L long cut the way\n"
-		"kvmem's view cuts it. Ids are uint16 (--u32 for uint32) after a 64-byte\n"
-		"header (user/agentlang/agentlang.h). The file does not depend on the thread\n"
-		"count. Seeds: training uses seeds below 1e6, evaluation (kvmem bench recall)\n"
-		"1e9 and up.\n\n"
+		"kvmem's view cuts it: by the generator's own mix, or, with --view-policy,\n"
+		"by a selection policy that reads token ids only (lexical), exactly as\n"
+		"kvmem_session_select_ahead plans it for each question. Ids are uint16\n"
+		"(--u32 for uint32) after a 128-byte header (user/agentlang/agentlang.h).\n"
+		"The file does not depend on the thread count. Seeds: training uses seeds\n"
+		"below 1e6, evaluation (kvmem bench recall) 1e9 and up.\n\n"
 		"options:\n"
 		"  --tokens N     tokens to write (k, M, G: powers of 1000, 300M = 3e8)\n"
 		"  --seq-len L    tokens per sequence, 256..1048576 (default 2048)\n"
 		"  --seed S       corpus seed (default 1)\n"
 		"  --out FILE     where to write\n"
 		"  --views F      share of view sequences, 0..1 (default 0.5)\n"
+		"  --view-policy P  the policy that chooses each view (lexical; default:\n"
+		"                 the generator's own mix)\n"
+		"  --max-ratio R  largest workspace of a view, in windows: 16, 32 or 64\n"
+		"  --stale P      chance a needle has an older value earlier (default 0.3)\n"
+		"  --drop P       with --view-policy: chance a needle line cut by a block\n"
+		"                 boundary keeps only its value's block (default 0)\n"
 		"  --threads T    writer threads, 1..1024 (default: all cores)\n"
 		"  --u32          uint32 ids instead of uint16\n"
 		"  --quiet        no progress on stderr\n"
 		"  --help         this text\n\n"
 		"examples:\n"
 		"  kvmem synth corpus --tokens 300M --seq-len 2048 --seed 1 --out train.bin\n"
-		"  kvmem synth corpus --tokens 64k --seq-len 512 --seed 999001 --views 0 --out e.bin\n");
+		"  kvmem synth corpus --tokens 64k --seq-len 512 --seed 999001 --views 0 --out e.bin\n"
+		"  kvmem synth corpus --tokens 300M --seed 1 --view-policy lexical --max-ratio 64 \\\n"
+		"      --drop 0.1 --out train.bin\n");
 }
 
 static int synth_corpus(int argc, char **argv)
@@ -95,6 +106,9 @@ static int synth_corpus(int argc, char **argv)
 		{ "seed", required_argument, NULL, 's' },   { "out", required_argument, NULL, 'o' },
 		{ "views", required_argument, NULL, 'v' },  { "threads", required_argument, NULL, 't' },
 		{ "u32", no_argument, NULL, 'u' },	    { "quiet", no_argument, NULL, 'q' },
+		{ "view-policy", required_argument, NULL, 'p' },
+		{ "max-ratio", required_argument, NULL, 'r' }, { "stale", required_argument, NULL, 'S' },
+		{ "drop", required_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },	    { 0 },
 	};
 	agentlang_corpus_opts o = { .seed = 1, .seq_len = 2048, .view_share = 0.5, .id_bytes = 2 };
@@ -124,6 +138,17 @@ static int synth_corpus(int argc, char **argv)
 		case 's': bad = cli_parse_u64(w, name, optarg, &o.seed); break;
 		case 'v': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view_share); break;
 		case 't': bad = cli_parse_int(w, name, optarg, 1, 1024, &o.threads); break;
+		case 'p': o.view.policy = optarg; break;
+		case 'r':
+			bad = cli_parse_int(w, name, optarg, 16, 64, &o.view.max_ratio);
+			if (!bad && o.view.max_ratio != 16 && o.view.max_ratio != 32 &&
+			    o.view.max_ratio != 64) {
+				fprintf(stderr, "%s: --max-ratio %d: 16, 32 or 64\n", w, o.view.max_ratio);
+				bad = 1;
+			}
+			break;
+		case 'S': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.stale); break;
+		case 'd': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.drop); break;
 		default: return EXIT_USAGE;
 		}
 		if (bad)
@@ -131,6 +156,10 @@ static int synth_corpus(int argc, char **argv)
 	}
 	if (cli_no_operands(WHO_CORPUS, argc, argv))
 		return EXIT_USAGE;
+	if (o.view.drop > 0 && !o.view.policy) {
+		fprintf(stderr, "%s: --drop needs --view-policy\n", WHO_CORPUS);
+		return EXIT_USAGE;
+	}
 	if (!out || !have_tokens) {
 		fprintf(stderr, "%s: --tokens N and --out FILE are required (%s --help)\n", WHO_CORPUS,
 			WHO_CORPUS);
@@ -148,8 +177,10 @@ static int synth_corpus(int argc, char **argv)
 	}
 	uint64_t n_seqs = ((uint64_t)o.n_tokens + (uint64_t)o.seq_len - 1) / (uint64_t)o.seq_len;
 	fprintf(stderr, "kvmem synth corpus: wrote %s: %llu sequences of %d tokens, seed %llu, "
-		"views %.2f, vocab %d (hash %08x), %.1f s\n", out, (unsigned long long)n_seqs,
-		o.seq_len, (unsigned long long)o.seed, o.view_share, agentlang_vocab_size(),
+		"views %.2f (by %s, up to %dx), vocab %d (hash %08x), %.1f s\n", out,
+		(unsigned long long)n_seqs, o.seq_len, (unsigned long long)o.seed, o.view_share,
+		o.view.policy ? o.view.policy : "the generator's mix",
+		o.view.max_ratio ? o.view.max_ratio : 16, agentlang_vocab_size(),
 		agentlang_vocab_hash(), since(&pr.t0));
 	return 0;
 }
@@ -160,7 +191,8 @@ static void sample_usage(FILE *f)
 	fprintf(f,
 		"usage: kvmem synth sample [--seed S] [--tokens N] [--questions M]\n"
 		"                          [--depth D] [--lookalikes K] [--stale P]\n"
-		"                          [--kind workspace|stream|view] [--seq-len L] [--ids]\n\n"
+		"                          [--kind workspace|stream|view] [--seq-len L] [--ids]\n"
+		"                          [--view-policy P]\n\n"
 		"workspace (default): a workspace of N tokens (default 1024) with M needles\n"
 		"(default 3) at depth D (default: spread evenly), then each question, its\n"
 		"expected answer and where its needle lies. stream / view: training\n"
@@ -174,6 +206,7 @@ static void sample_usage(FILE *f)
 		"  --stale P         share of needles with a stale earlier value, 0..1\n"
 		"  --kind K          workspace (default), stream or view\n"
 		"  --seq-len L       training sequence length, 256..1048576\n"
+		"  --view-policy P   --kind view: the view a policy chose (lexical)\n"
 		"  --ids             print the ids after the text\n"
 		"  --help            this text\n\n"
 		"examples:\n"
@@ -228,7 +261,8 @@ static int sample_workspace(const agentlang_params *p, int with_ids)
 	return rc ? 1 : 0;
 }
 
-static int sample_train(uint64_t index, int seq_len, double views, int with_ids)
+static int sample_train(uint64_t index, int seq_len, double views,
+			const agentlang_view_opts *vo, int with_ids)
 {
 	int32_t *ids = malloc((size_t)seq_len * sizeof(*ids));
 	agentlang_seq_info info;
@@ -236,7 +270,7 @@ static int sample_train(uint64_t index, int seq_len, double views, int with_ids)
 
 	if (!ids)
 		return 1;
-	if (agentlang_train_seq(1, index, seq_len, views, ids, &info)) {
+	if (agentlang_train_seq_opts(1, index, seq_len, views, vo, ids, &info)) {
 		fprintf(stderr, "kvmem synth sample: %s\n", kvmem_last_error());
 	} else if (!print_ids(ids, info.n_tokens)) {
 		printf("---- %s sequence: %d tokens + %d padding, %d questions\n",
@@ -258,8 +292,10 @@ static int synth_sample(int argc, char **argv)
 		{ "questions", required_argument, NULL, 'q' }, { "lookalikes", required_argument, NULL, 'a' },
 		{ "depth", required_argument, NULL, 'd' },	{ "stale", required_argument, NULL, 't' },
 		{ "ids", no_argument, NULL, 'i' },		{ "help", no_argument, NULL, 'h' },
+		{ "view-policy", required_argument, NULL, 'p' },
 		{ 0 },
 	};
+	agentlang_view_opts vo = { 0 };
 	agentlang_params p;
 	double depth = -1;
 	int with_ids = 0, seq_len = 1024, c;
@@ -291,6 +327,7 @@ static int synth_sample(int argc, char **argv)
 		case 'a': bad = cli_parse_int(w, name, optarg, 0, 16, &p.lookalikes); break;
 		case 'd': bad = cli_parse_double(w, name, optarg, 0, 1, &depth); break;
 		case 't': bad = cli_parse_double(w, name, optarg, 0, 1, &p.stale); break;
+		case 'p': vo.policy = optarg; break;
 		default: return EXIT_USAGE;
 		}
 		if (bad)
@@ -299,9 +336,9 @@ static int synth_sample(int argc, char **argv)
 	if (cli_no_operands(WHO_SAMPLE, argc, argv))
 		return EXIT_USAGE;
 	if (!strcmp(kind, "stream"))
-		return sample_train(p.seed, seq_len, 0.0, with_ids);
+		return sample_train(p.seed, seq_len, 0.0, NULL, with_ids);
 	if (!strcmp(kind, "view"))
-		return sample_train(p.seed, seq_len, 1.0, with_ids);
+		return sample_train(p.seed, seq_len, 1.0, &vo, with_ids);
 	double *depths = NULL;
 	if (depth >= 0 && p.n_questions > 0) {
 		if (!(depths = malloc((size_t)p.n_questions * sizeof(*depths))))
