@@ -34,6 +34,8 @@ void serve_cfg_default(struct serve_cfg *c)
 	c->max_conv_queue = 4;
 	c->max_n = 16;
 	c->idle_close = 300;
+	c->idle_release = 30;
+	c->max_views = 64;
 	c->request_timeout = 600;
 	c->budget = -1;
 	c->block = 32;

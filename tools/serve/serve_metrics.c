@@ -197,6 +197,18 @@ char *serve_metrics(struct serve *sv)
 	       "conversations closed after --idle-close seconds idle", (double)c->idle_closes);
 	metric(&o, "kvmem_conversation_deletes_total", "counter", "conversations deleted",
 	       (double)c->deletes);
+	metric(&o, "kvmem_views_released_total", "counter",
+	       "views given up by idle open conversations (--idle-release, --max-views)",
+	       (double)c->view_releases);
+	metric(&o, "kvmem_views_restored_total", "counter",
+	       "views laid out again from their pages for a turn (no prefill)",
+	       (double)c->view_restores);
+	metric(&o, "kvmem_view_restore_tokens_total", "counter", "tokens of the views laid out again",
+	       (double)c->view_restore_tokens);
+	metric(&o, "kvmem_view_restore_seconds_total", "counter", "time laying views out again",
+	       c->view_restore_s);
+	metric(&o, "kvmem_conversations_without_view", "gauge",
+	       "open conversations whose view is given up now", (double)c->views_away);
 #define PAGER_METRIC(name, what) {                                                   \
 		char n[96];                                                          \
 		snprintf(n, sizeof(n), "kvmem_pager_%s_total", #name);               \
