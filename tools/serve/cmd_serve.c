@@ -338,6 +338,15 @@ int cmd_serve(int argc, char **argv)
 	printf("kvmem serve: model %s (%s, %s backend), budget %lld, conversations in %s\n",
 	       serve_model_name(sv), c.model_dir, serve_backend_name(sv), (long long)serve_budget(sv),
 	       c.store ? c.store : c.data_dir);
+	{
+		double pin_s;
+		uint64_t pinned = serve_pinned(sv, &pin_s);
+
+		/* Start-up's one large cost on a GPU (Documentation/serve.md). */
+		if (pinned)
+			printf("kvmem serve: host pool of %.1f MiB pinned for the %s backend in %.3f s\n",
+			       pinned / 1048576.0, serve_backend_name(sv), pin_s);
+	}
 	printf("kvmem serve: listening on http://%s%s%s:%d/v1\n", strchr(c.host, ':') ? "[" : "",
 	       c.host, strchr(c.host, ':') ? "]" : "", serve_port(sv));
 	fflush(stdout);

@@ -64,6 +64,9 @@ const char *serve_model_name(const struct serve *sv);
 const char *serve_backend_name(const struct serve *sv);
 /* The view budget in force (from the window when the options gave -1). */
 int64_t serve_budget(const struct serve *sv);
+/* Bytes of the shared host pool pinned for the backend at start (0: none,
+ * the cpu backend) and the seconds that took. */
+uint64_t serve_pinned(const struct serve *sv, double *seconds);
 /* Stop listening, finish or fail what runs, close every conversation. */
 void serve_stop(struct serve *sv);
 

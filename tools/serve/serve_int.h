@@ -205,6 +205,11 @@ struct serve {
 	 * pool of its own. NULL where it could not be made: each has its own. */
 	kvmem_pager_pool *pool;
 	kvmem_page_geom pool_geom;	/* what fits in it */
+	/* The pool pinned for the backend at start (host_register; NULL: it
+	 * has no device or refused), and what that took. */
+	void *pinned;
+	uint64_t pinned_bytes;
+	double pin_s;
 	struct tok_cli tok;
 	char name[256];
 	/* the engine */

@@ -184,6 +184,11 @@ char *serve_metrics(struct serve *sv)
 	metric(&o, "kvmem_tier_host_bytes", "gauge", "host pool bytes (the pool the conversations "
 	       "share, and any of their own)",
 	       (double)host);
+	metric(&o, "kvmem_host_pool_pinned_bytes", "gauge",
+	       "shared host pool bytes pinned for the backend at start (0: cpu)",
+	       (double)sv->pinned_bytes);
+	metric(&o, "kvmem_host_pool_pin_seconds", "gauge", "seconds pinning it took at start",
+	       sv->pin_s);
 	metric(&o, "kvmem_tier_disk_bytes", "gauge", "bytes the conversations take on disk (at most "
 	       "10 s old)", (double)sv->disk_bytes);
 	metric(&o, "kvmem_conversations_open", "gauge", "conversations held open", (double)sv->n_open);

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
 #include "serve_int.h"
 #include "util/fs.h"
@@ -121,6 +122,7 @@ static void release_view(struct serve *sv, struct conv *c)
 	pthread_mutex_lock(&sv->mu);
 	sv->c.view_releases++;
 	sv->c.views_away++;
+	sv->c.device_bytes = kvmem_backend_mem_used(sv->be);	/* what left the device */
 	pthread_mutex_unlock(&sv->mu);
 }
 
