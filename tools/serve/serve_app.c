@@ -51,16 +51,18 @@ void serve_cfg_default(struct serve_cfg *c)
  * first session to lay pages out pinned it inside its request and the
  * last to close unpinned it, so a later request paid again (a 2.73 GB
  * pool: 0.434 s on the H200's host). The cpu backend has nothing to pin;
- * a refusal only means pages are staged.
+ * a refusal only means pages are staged. KVMEM_SERVE_PIN=0 leaves it to
+ * the sessions as before (a measurement's peer, tests/serve/release_py.py).
  */
 static void pin_pool(struct serve *sv)
 {
 	const kvmem_backend_ops *ops = sv->be->ops;
+	const char *e = getenv("KVMEM_SERVE_PIN");
 	void *base = NULL;
 	size_t len = 0;
 	double t0;
 
-	if (!sv->pool || !ops->host_register)
+	if (!sv->pool || !ops->host_register || (e && !strcmp(e, "0")))
 		return;
 	kvmem_pager_pool_region(sv->pool, &base, &len);
 	if (!base || !len)
