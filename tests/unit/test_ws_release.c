@@ -11,7 +11,8 @@
  *    and every decoded token are equal, bit for bit (memcmp), and so are
  *    the final plan and (cpu) every slot of the view. Over the memory
  *    source and over the pager with a host pool of a few pages, so the
- *    layout reads pages back from disk.
+ *    layout reads pages back from disk; on cpu a third of the sessions
+ *    with fp8 views (kv_dtype).
  *  - The view really goes: its length is 0 and (cpu) its capacity too; no
  *    forward runs while it is away (on_forward counts passes); a run call
  *    is refused (EINVAL) naming kvmem_session_restore_view; reading
@@ -284,7 +285,8 @@ static kvmem_model *small_model(uint64_t *r)
 static void cases(int pager)
 {
 	uint64_t r = test_rng_named(g_seed, pager ? "pager" : "memory");
-	int released = 0;
+	const int cpu = !strcmp(test_backend_name(), "cpu");
+	int released = 0, fp8 = 0;
 
 	for (int i = 0; i < 6; i++) {
 		kvmem_model *m = small_model(&r);
@@ -292,8 +294,13 @@ static void cases(int pager)
 		struct script sc;
 		struct kase k = { .m = m, .sc = &sc, .pager = pager };
 
-		if (kvmem_backend_open(test_backend_name(), m, &(kvmem_backend_opts){ .max_chunk = 32 },
-				       &b) < 0)
+		/* Now and then an fp8 view (cpu): a placed page is rounded as
+		 * the engine rounds a new token. */
+		uint32_t kv = cpu && test_rng_int(&r, 0, 2) == 0 ? KVMEM_DTYPE_FP8 : 0;
+
+		fp8 += kv != 0;
+		if (kvmem_backend_open(test_backend_name(), m,
+				       &(kvmem_backend_opts){ .max_chunk = 32, .kv_dtype = kv }, &b) < 0)
 			fail_msg("backend %s: %s", test_backend_name(), kvmem_last_error());
 		k.b = b;
 		make_script(&r, m->cfg.vocab, &sc);
@@ -308,8 +315,9 @@ static void cases(int pager)
 		kvmem_backend_close(b);
 		test_model_free(m);
 	}
-	print_message("%s source, %s backend: 6 sessions, %d views given up and laid out again\n",
-		      pager ? "pager" : "memory", test_backend_name(), released);
+	print_message("%s source, %s backend: 6 sessions (%d with fp8 views), %d views given up "
+		      "and laid out again\n", pager ? "pager" : "memory", test_backend_name(), fp8,
+		      released);
 	assert_true(released > 0);
 }
 
