@@ -12,7 +12,11 @@
 # (restored false) and prefilled only each turn's new tokens; /metrics
 # counts the views given up and laid out again, and their tokens. Then
 # --max-views 1 with two conversations: the idle one gives its view up as
-# soon as the other's turn needs room, and still answers as its twin.
+# soon as the other's turn needs room, and still answers as its twin. Last,
+# the load test's conversations (tests/serve/load.mjs: 8 at once, 8 turns,
+# SIGKILL after 40 requests) with --max-views 2 --idle-release 0.05, so
+# views go and come back between most turns: every conversation equals an
+# uninterrupted twin.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/../serve/lib.sh"
 command -v node >/dev/null || { echo "skip: node is not installed"; exit 77; }
@@ -92,4 +96,12 @@ turn qa 2
 [ "$(metric kvmem_views_restored_total)" = 1 ] || bad "qa's view was not laid out again"
 for i in 1 2; do cmp -s "$tmp/twin.$i.out" "$tmp/qa.$i.out" || bad "--max-views 1: qa's turn $i differs from its twin's"; done
 serve_stop
+
+# ---- under load: views given up and laid out again between turns -------------------------------
+serve_node
+export KVMEM_HOME="$tmp/load"
+timeout 300 node "$NODEDIR/load.mjs" "$KVMEM" "$tmp/corpus.txt" "$seed" 8 8 40 "$tmp/load.json" \
+	--max-open 64 --max-views 2 --idle-release 0.05 >"$tmp/load.out" 2>&1 ||
+	bad "load with --max-views 2: $(tail -3 "$tmp/load.out")"
+grep '^load:' "$tmp/load.out"
 cli_done serve_release
