@@ -327,6 +327,25 @@ int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n);
 int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len);
 int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n,
 			    const void *state, size_t len);
+/*
+ * An idle session's view given up and laid out again (kvmem serve's idle
+ * conversations). kvmem_session_release_view frees the view on the
+ * backend (its device or host memory) and the session's buffers of one
+ * forward pass; the pages stay in the page source (host pool, disk) and
+ * the session keeps where every token of the view sat. Until
+ * kvmem_session_restore_view, a call that runs the session (append,
+ * select, decode, the batched calls) fails with -EINVAL; reading it
+ * (tokens, plan, logits, save_state) works, and kvmem_session_view_len is
+ * 0. kvmem_session_restore_view rebuilds every slot from the pages (K
+ * rotated from raw K at its slot, V copied), as kvmem_session_adopt_state
+ * does, never by running the model: the session then goes on bit for bit
+ * as one that kept its view. Both are no-ops when there is nothing to do;
+ * a page that cannot be read leaves the session broken.
+ */
+int kvmem_session_release_view(kvmem_session *s);
+int kvmem_session_restore_view(kvmem_session *s);
+/* 1 while the view is given up. */
+int kvmem_session_view_released(const kvmem_session *s);
 /* Step boundary: score with the last query tokens, plan, rematerialise. */
 int kvmem_session_select(kvmem_session *s);
 /*

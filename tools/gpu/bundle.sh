@@ -14,7 +14,8 @@ cd "$(dirname "$0")/../.."
 B=${BUILD:-build-gpu}
 # The CLI, the backend-parametrised unit tests the scripts in tests/gpu run
 # with KVMEM_TEST_BACKEND=cuda (test_ws_session, test_ws_batch: the batch
-# invariance), the tensor-parallel ones (tests/gpu/tp.sh), and the ops' check
+# invariance; test_serve_batch, test_ws_release: tests/gpu/serve24.sh), the
+# tensor-parallel ones (tests/gpu/tp.sh), and the ops' check
 # program when tests/gpu/ has one. One test a line: several engineers add to
 # this list; a name whose tests/unit/NAME.c is absent is left out.
 unit_tests=(
@@ -24,6 +25,8 @@ unit_tests=(
 	test_fwd_qlast
 	test_tp_nccl
 	test_tp
+	test_serve_batch
+	test_ws_release
 )
 have=()
 for t in "${unit_tests[@]}"; do

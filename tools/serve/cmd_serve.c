@@ -75,6 +75,12 @@ static void usage(FILE *f)
 		"  --max-open N              conversations held open at once (default 64)\n"
 		"  --idle-close S            close a conversation idle S seconds (default 300;\n"
 		"                            0: never); it reopens from its stored state\n"
+		"  --idle-release S          an open conversation idle S seconds gives its view\n"
+		"                            up (default 30; decimals; 0: never); its next turn\n"
+		"                            lays the view out again from its pages\n"
+		"  --max-views N             open conversations holding a view at once (default\n"
+		"                            64); past it the least recently used idle ones give\n"
+		"                            theirs up\n"
 		"  --max-queue N             requests waiting or running (default 256); past it\n"
 		"                            429 with Retry-After\n"
 		"  --max-inflight N          turns running at once (default 64); the rest wait\n"
@@ -109,7 +115,7 @@ enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
 	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
-	O_CEPHCONF,
+	O_CEPHCONF, O_RELEASE, O_VIEWS,
 };
 
 static const struct option opts[] = {
@@ -139,6 +145,8 @@ static const struct option opts[] = {
 	{ "max-conversation-tokens", required_argument, NULL, O_CONVTOK },
 	{ "max-n", required_argument, NULL, O_MAXN },
 	{ "idle-close", required_argument, NULL, O_IDLE },
+	{ "idle-release", required_argument, NULL, O_RELEASE },
+	{ "max-views", required_argument, NULL, O_VIEWS },
 	{ "cors", required_argument, NULL, O_CORS },
 	{ "store", required_argument, NULL, O_STORE },
 	{ "ceph-conf", required_argument, NULL, O_CEPHCONF },
@@ -216,6 +224,11 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 				return -1;
 			c->idle_close = (int)v;
 			break;
+		case O_RELEASE:
+			if (cli_parse_double(w, n, a, 0, 86400.0 * 365, &c->idle_release))
+				return -1;
+			break;
+		case O_VIEWS: if (cli_parse_count(w, n, a, 1, 1 << 20, &c->max_views)) return -1; break;
 		case O_INFLIGHT: if (cli_parse_count(w, n, a, 1, 1 << 16, &c->max_inflight)) return -1; break;
 		case O_BATCH: if (cli_parse_count(w, n, a, 1, 1 << 16, &c->max_batch)) return -1; break;
 		case O_PREFILL:
@@ -325,6 +338,15 @@ int cmd_serve(int argc, char **argv)
 	printf("kvmem serve: model %s (%s, %s backend), budget %lld, conversations in %s\n",
 	       serve_model_name(sv), c.model_dir, serve_backend_name(sv), (long long)serve_budget(sv),
 	       c.store ? c.store : c.data_dir);
+	{
+		double pin_s;
+		uint64_t pinned = serve_pinned(sv, &pin_s);
+
+		/* Start-up's one large cost on a GPU (Documentation/serve.md). */
+		if (pinned)
+			printf("kvmem serve: host pool of %.1f MiB pinned for the %s backend in %.3f s\n",
+			       pinned / 1048576.0, serve_backend_name(sv), pin_s);
+	}
 	printf("kvmem serve: listening on http://%s%s%s:%d/v1\n", strchr(c.host, ':') ? "[" : "",
 	       c.host, strchr(c.host, ':') ? "]" : "", serve_port(sv));
 	fflush(stdout);

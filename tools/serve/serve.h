@@ -37,6 +37,10 @@ struct serve_cfg {
 	int64_t max_conv_tokens;	/* tokens a conversation may hold (0: no limit) */
 	int64_t max_n;			/* choices of one request */
 	int idle_close;			/* seconds before an idle conversation closes (0: never) */
+	/* An open conversation idle this many seconds gives its view up (0:
+	 * never); its next turn lays it out again from its pages. */
+	double idle_release;
+	int64_t max_views;		/* open conversations holding a view at once */
 	int64_t budget;			/* view budget of a session (0: unlimited; -1: from the window) */
 	int block, chunk, threads;
 	uint64_t host_cap;		/* the host pool the conversations share */
@@ -60,6 +64,9 @@ const char *serve_model_name(const struct serve *sv);
 const char *serve_backend_name(const struct serve *sv);
 /* The view budget in force (from the window when the options gave -1). */
 int64_t serve_budget(const struct serve *sv);
+/* Bytes of the shared host pool pinned for the backend at start (0: none,
+ * the cpu backend) and the seconds that took. */
+uint64_t serve_pinned(const struct serve *sv, double *seconds);
 /* Stop listening, finish or fail what runs, close every conversation. */
 void serve_stop(struct serve *sv);
 

@@ -162,6 +162,7 @@ struct conv {
 	json_t *turns;			/* [{"messages"|"text": n, "tokens": t, ...}] */
 	int busy, restored;
 	double last_used;
+	int view_away;			/* its view given up (pool_views) */
 	struct conv *next;
 };
 
@@ -179,6 +180,11 @@ struct serve_counters {
 	uint64_t requests, failed, rejected, cancelled, replays, turns, deletes;
 	uint64_t prompt_tokens, completion_tokens, selections;
 	uint64_t restores, fresh_views, evictions, idle_closes;
+	/* Views given up by idle conversations and laid out again
+	 * (serve_pool.c); views_away: open conversations without one now. */
+	uint64_t view_releases, view_restores, view_restore_tokens;
+	int64_t views_away;
+	double view_restore_s;
 	double prefill_s, decode_s, select_s, commit_s, ttft_s, ttft_n, turn_s;
 	uint64_t rounds, units, batch_max;
 	int64_t batch_last;
@@ -199,6 +205,11 @@ struct serve {
 	 * pool of its own. NULL where it could not be made: each has its own. */
 	kvmem_pager_pool *pool;
 	kvmem_page_geom pool_geom;	/* what fits in it */
+	/* The pool pinned for the backend at start (host_register; NULL: it
+	 * has no device or refused), and what that took. */
+	void *pinned;
+	uint64_t pinned_bytes;
+	double pin_s;
 	struct tok_cli tok;
 	char name[256];
 	/* the engine */
@@ -282,8 +293,17 @@ uint64_t serve_random_seed(void);
  * after job_fail. */
 struct conv *pool_get(struct serve *sv, struct job *j);
 void pool_close(struct serve *sv, struct conv *c);
-/* Close idle conversations past --idle-close. */
+/* Close idle conversations past --idle-close; idle ones past
+ * --idle-release give their views up. */
 void pool_idle(struct serve *sv);
+/* Views: idle conversations past --idle-release, and the least recently
+ * used idle ones while more than --max-views would hold one (counting
+ * `extra` views about to be laid out), give theirs up. */
+void pool_views(struct serve *sv, int extra);
+/* Before c's turn (c busy): room for its view under --max-views, and its
+ * view laid out again from its pages when it was given up (never a
+ * prefill). 0, or -1 with the session broken. */
+int pool_view_back(struct serve *sv, struct conv *c);
 /* JOB_DELETE: remove the conversation's directory (closing it first). */
 void pool_delete(struct serve *sv, struct job *j);
 void pool_close_all(struct serve *sv);

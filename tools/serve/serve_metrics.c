@@ -184,6 +184,11 @@ char *serve_metrics(struct serve *sv)
 	metric(&o, "kvmem_tier_host_bytes", "gauge", "host pool bytes (the pool the conversations "
 	       "share, and any of their own)",
 	       (double)host);
+	metric(&o, "kvmem_host_pool_pinned_bytes", "gauge",
+	       "shared host pool bytes pinned for the backend at start (0: cpu)",
+	       (double)sv->pinned_bytes);
+	metric(&o, "kvmem_host_pool_pin_seconds", "gauge", "seconds pinning it took at start",
+	       sv->pin_s);
 	metric(&o, "kvmem_tier_disk_bytes", "gauge", "bytes the conversations take on disk (at most "
 	       "10 s old)", (double)sv->disk_bytes);
 	metric(&o, "kvmem_conversations_open", "gauge", "conversations held open", (double)sv->n_open);
@@ -197,6 +202,18 @@ char *serve_metrics(struct serve *sv)
 	       "conversations closed after --idle-close seconds idle", (double)c->idle_closes);
 	metric(&o, "kvmem_conversation_deletes_total", "counter", "conversations deleted",
 	       (double)c->deletes);
+	metric(&o, "kvmem_views_released_total", "counter",
+	       "views given up by idle open conversations (--idle-release, --max-views)",
+	       (double)c->view_releases);
+	metric(&o, "kvmem_views_restored_total", "counter",
+	       "views laid out again from their pages for a turn (no prefill)",
+	       (double)c->view_restores);
+	metric(&o, "kvmem_view_restore_tokens_total", "counter", "tokens of the views laid out again",
+	       (double)c->view_restore_tokens);
+	metric(&o, "kvmem_view_restore_seconds_total", "counter", "time laying views out again",
+	       c->view_restore_s);
+	metric(&o, "kvmem_conversations_without_view", "gauge",
+	       "open conversations whose view is given up now", (double)c->views_away);
 #define PAGER_METRIC(name, what) {                                                   \
 		char n[96];                                                          \
 		snprintf(n, sizeof(n), "kvmem_pager_%s_total", #name);               \

@@ -8,17 +8,29 @@
  * host pool is given back. A closed conversation comes back by adopting its
  * stored session state (kvmem_workspace_adopt): its history is never
  * prefilled again.
+ *
+ * Before that, an open conversation idle --idle-release seconds gives its
+ * view up (kvmem_session_release_view: the view's memory, host or device,
+ * and the session's forward buffers; its pages stay in the shared pool and
+ * on disk), and so do the least recently used idle ones while more than
+ * --max-views would hold one. Its next turn lays the view out again from
+ * the pages, slot for slot (kvmem_session_restore_view), and goes on bit
+ * for bit as if it had kept it.
  */
 #ifndef KVMEM_NO_SERVE
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvmem/backend.h"
 #include "kvmem/kvmem.h"
 #include "serve_int.h"
 #include "util/fs.h"
@@ -62,6 +74,7 @@ void pool_close(struct serve *sv, struct conv *c)
 		kvmem_pager_stats_get(kvmem_workspace_pager(c->ws), &st);
 		pager_add(&sv->closed, &st);
 	}
+	sv->c.views_away -= c->view_away;
 	pthread_mutex_unlock(&sv->mu);
 	kvmem_session_free(c->s);
 	if (c->ws && kvmem_workspace_close(c->ws) < 0 && !sv->cfg.quiet)
@@ -80,6 +93,7 @@ void pool_idle(struct serve *sv)
 {
 	double now = serve_now();
 
+	pool_views(sv, 0);
 	if (!sv->cfg.idle_close)
 		return;
 	for (struct conv *c = sv->convs, *next; c; c = next) {
@@ -91,6 +105,83 @@ void pool_idle(struct serve *sv)
 		sv->c.idle_closes++;
 		pthread_mutex_unlock(&sv->mu);
 	}
+}
+
+/* c gives its view up; a session that cannot (broken) is closed: it
+ * reopens at its last commit. */
+static void release_view(struct serve *sv, struct conv *c)
+{
+	if (kvmem_session_release_view(c->s)) {
+		if (!sv->cfg.quiet)
+			fprintf(stderr, "%s: conversation %s: %s; closed\n", SERVE_WHO, c->id,
+				kvmem_last_error());
+		pool_close(sv, c);
+		return;
+	}
+	c->view_away = 1;
+	pthread_mutex_lock(&sv->mu);
+	sv->c.view_releases++;
+	sv->c.views_away++;
+	sv->c.device_bytes = kvmem_backend_mem_used(sv->be);	/* what left the device */
+	pthread_mutex_unlock(&sv->mu);
+}
+
+void pool_views(struct serve *sv, int extra)
+{
+	const double now = serve_now(), after = sv->cfg.idle_release;
+	int64_t held = 0;
+	int released = 0;
+
+	for (struct conv *c = sv->convs, *next; c; c = next) {
+		next = c->next;
+		if (!c->busy && !c->view_away && after > 0 && now - c->last_used >= after) {
+			release_view(sv, c);
+			released = 1;
+		}
+	}
+	for (struct conv *c = sv->convs; c; c = c->next)
+		held += !c->view_away;
+	while (held + extra > sv->cfg.max_views) {
+		struct conv *lru = NULL;
+
+		for (struct conv *x = sv->convs; x; x = x->next)
+			if (!x->busy && !x->view_away && (!lru || x->last_used < lru->last_used))
+				lru = x;
+		if (!lru)
+			break;
+		release_view(sv, lru);
+		released = 1;
+		held--;
+	}
+#ifdef __GLIBC__
+	/* glibc keeps what a view freed in the engine thread's arena: without
+	 * this an idle 1.2K-token conversation whose view was given up still
+	 * held 7.75 MB resident (0.55-1.1 MB with it; test_serve_memory.sh). */
+	if (released)
+		malloc_trim(0);
+#endif
+}
+
+int pool_view_back(struct serve *sv, struct conv *c)
+{
+	double t0;
+	int64_t n;
+
+	pool_views(sv, c->view_away);	/* room for c's under --max-views */
+	if (!c->view_away)
+		return 0;
+	t0 = serve_now();
+	if (kvmem_session_restore_view(c->s))
+		return -1;
+	n = kvmem_session_view_len(c->s);
+	c->view_away = 0;
+	pthread_mutex_lock(&sv->mu);
+	sv->c.view_restores++;
+	sv->c.view_restore_tokens += (uint64_t)n;
+	sv->c.view_restore_s += serve_now() - t0;
+	sv->c.views_away--;
+	pthread_mutex_unlock(&sv->mu);
+	return 0;
 }
 
 /* Room for one more: close the least recently used idle conversation. */

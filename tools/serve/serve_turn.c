@@ -344,7 +344,20 @@ static int start(struct job *j, struct conv **cv)
 			return 1;
 		}
 	} else {
+		/* An idle conversation's view comes back from its pages
+		 * (serve_pool.c), never by a prefill of its history; busy
+		 * first, so that room under --max-views is made elsewhere. */
 		c->busy = 1;
+		if (pool_view_back(sv, c)) {
+			c->busy = 0;
+			job_fail(j, 500, "conversation_unavailable", "conversation '%s': %s", j->conv,
+				 kvmem_last_error());
+			j->cv = NULL;
+			j->s = NULL;
+			*cv = NULL;
+			pool_close(sv, c);
+			return 1;
+		}
 	}
 	j->rng = kvmem_rng_seed(j->samp.seed);
 	pthread_mutex_lock(&sv->mu);

@@ -120,6 +120,30 @@ kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last)
 	return o;
 }
 
+int ws_scratch_alloc(kvmem_session *s)
+{
+	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
+
+	if (!s->raw_k)
+		s->raw_k = ws_rows_alloc(s);
+	if (!s->v)
+		s->v = ws_rows_alloc(s);
+	if (!s->q_raw)
+		s->q_raw = malloc(sizeof(float) * s->cfg.n_layers * (size_t)s->o.chunk * qw);
+	if (!s->raw_k || !s->v || !s->q_raw)
+		return kvmem_error(ENOMEM, "session: out of memory for chunks of %d tokens", s->o.chunk);
+	return 0;
+}
+
+void ws_scratch_free(kvmem_session *s)
+{
+	ws_rows_free(s, s->raw_k);
+	ws_rows_free(s, s->v);
+	free(s->q_raw);
+	s->raw_k = s->v = NULL;
+	s->q_raw = NULL;
+}
+
 static int alloc_buffers(kvmem_session *s)
 {
 	const kvmem_config *c = &s->cfg;
@@ -130,10 +154,9 @@ static int alloc_buffers(kvmem_session *s)
 	 * them over as they are (its host_alloc); else fp32. */
 	s->rows_dtype = s->be->ops->rows_dtype == KVMEM_DTYPE_BF16 && s->be->ops->host_alloc ?
 			KVMEM_DTYPE_BF16 : KVMEM_DTYPE_F32;
-	s->raw_k = ws_rows_alloc(s);
-	s->v = ws_rows_alloc(s);
+	if (ws_scratch_alloc(s))
+		return kvmem_fail();
 	s->rows_f32 = malloc(sizeof(float) * 2 * (size_t)s->o.block * kw);
-	s->q_raw = malloc(sizeof(float) * c->n_layers * C * qw);
 	s->logits = malloc(sizeof(float) * (s->o.all_logits ? C : 1) * c->vocab);
 	s->last_logits = malloc(sizeof(float) * c->vocab);
 	s->qring = malloc(sizeof(float) * c->n_layers * T * qw);
@@ -228,10 +251,8 @@ void kvmem_session_free(kvmem_session *s)
 	if (s->view)
 		s->be->ops->view_destroy(s->be->ctx, s->view);
 	free(s->tokens);
-	ws_rows_free(s, s->raw_k);
-	ws_rows_free(s, s->v);
+	ws_scratch_free(s);
 	free(s->rows_f32);
-	free(s->q_raw);
 	free(s->logits);
 	free(s->last_logits);
 	free(s->qring);
@@ -368,6 +389,9 @@ int ws_usable(const kvmem_session *s)
 {
 	if (s->broken)
 		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
+	if (s->released)
+		return kvmem_error(EINVAL, "session: its view was given up (kvmem_session_release_view); "
+				   "kvmem_session_restore_view lays it out again");
 	return 0;
 }
 

@@ -106,6 +106,9 @@ struct kvmem_session {
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
+	/* The view was given up (release.c): s->view is an empty one and
+	 * raw_k, v, q_raw are NULL until kvmem_session_restore_view. */
+	int released;
 };
 
 /* The view's length on the backend. */
@@ -182,6 +185,11 @@ void ws_writer_free(kvmem_session *s);
  * bf16); ws_rows_free undoes. */
 void *ws_rows_alloc(kvmem_session *s);
 void ws_rows_free(kvmem_session *s, void *p);
+/* session.c: raw_k, v and q_raw, one forward pass's rows, made where they
+ * are NULL; ws_scratch_free frees them (an idle session's view given up,
+ * release.c). */
+int ws_scratch_alloc(kvmem_session *s);
+void ws_scratch_free(kvmem_session *s);
 /* The forward's outputs into the rows and queries the session holds now. */
 kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last);
 /* dev_index.c: a set of the index's summary buffers (pinned through the
