@@ -94,7 +94,7 @@ struct cuda_pages {
 	uint64_t pool_want;		/* bytes asked for (0: default) */
 	size_t slot_elems;		/* elements of one half (K or V) */
 	int pool_stride;		/* B the pool was laid out for */
-	uint32_t slots, used, hand;
+	uint32_t slots, used, hand, free_hand;
 	uint64_t *key;			/* [slots]: 0 free */
 	uint32_t *chain, *head;		/* hash chains, UINT32_MAX ends */
 	uint32_t n_head;
@@ -145,7 +145,7 @@ static void pool_free(struct cuda *b, struct cuda_pages *pg)
 	pg->ref = NULL;
 	pg->stamp = NULL;
 	pg->filled = NULL;
-	pg->slots = pg->used = pg->hand = pg->n_head = 0;
+	pg->slots = pg->used = pg->hand = pg->free_hand = pg->n_head = 0;
 	pg->st.pool_pages = pg->st.pool_cap = 0;
 }
 
@@ -157,10 +157,15 @@ void cuda_pages_drop_pool(struct cuda *b)
 
 /* Bytes the pool may take now: what was asked (or the default), within
  * what the cap leaves. */
-/* The default: twice the raw pages of the view being placed into (a step
- * re-places most of its view: the pages it keeps are then all in HBM),
- * at least 64 MiB, within a quarter of the device's free memory and
- * 32 GiB, or half of what a cap leaves. */
+/* The default under a cap: twice the raw pages of the view being placed
+ * into, within half of what the cap leaves (the 1M demo under --gpu-mem
+ * 24G). Without a cap: half of the device's free memory when the pool is
+ * made (after the view's first reservation), at least twice the view's
+ * pages within that: an agent's step enters pages of blocks anywhere in
+ * the history (a new subject 1400 blocks, 6.6 GB, at Qwen3-8B), which
+ * cross PCIe at 55 GB/s unless the pool holds them; on an H200 half the
+ * free memory (about 50 GB with the model and a 64K view) holds a 256K
+ * workspace's 38.65 GB of pages. pool_fill() fills it ahead of use. */
 static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg, int64_t view_cap)
 {
 	uint64_t want = pg->pool_want, used = cuda_dev_used(b), margin = CUDA_CAP_MARGIN;
@@ -181,7 +186,9 @@ static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg, int64_t view_
 			cudaGetLastError();
 			free_b = 1ull << 30;
 		}
-		limit = free_b / 4 < (32ull << 30) ? free_b / 4 : (32ull << 30);
+		limit = free_b / 2;
+		if (!pg->pool_want)
+			want = limit;
 	}
 	if (pg->pool_want)	/* asked for (the "pool" setting): as asked, within the cap */
 		return cap && want > cap - used - margin ? cap - used - margin : want;
@@ -256,11 +263,45 @@ static void pool_unlink(struct cuda_pages *pg, uint32_t s)
 	pg->used--;
 }
 
+static void pool_link(struct cuda_pages *pg, uint32_t s, uint64_t k)
+{
+	uint32_t h;
+
+	if (pg->key[s])
+		pool_unlink(pg, s);
+	h = hash_of(pg, k);
+	pg->key[s] = k;
+	pg->chain[s] = pg->head[h];
+	pg->head[h] = s;
+	pg->ref[s] = 0;
+	pg->stamp[s] = pg->call;
+	pg->filled[s] = pg->call;
+	pg->used++;
+}
+
+/* A free slot for key k, evicting nothing (pool_fill's pages must not push
+ * out pages a view has used); UINT32_MAX when the pool is full. */
+static uint32_t pool_take_free(struct cuda_pages *pg, uint64_t k)
+{
+	if (pg->used >= pg->slots)
+		return UINT32_MAX;
+	for (uint32_t i = 0; i < pg->slots; i++) {
+		uint32_t c = (pg->free_hand + i) % pg->slots;
+
+		if (!pg->key[c]) {
+			pg->free_hand = (c + 1) % pg->slots;
+			pool_link(pg, c, k);
+			return c;
+		}
+	}
+	return UINT32_MAX;
+}
+
 /* A slot for key k: a free one, else the clock's victim (never one this
  * call uses). UINT32_MAX when every slot is in use by this call. */
 static uint32_t pool_take(struct cuda_pages *pg, uint64_t k)
 {
-	uint32_t s = UINT32_MAX, h;
+	uint32_t s = UINT32_MAX;
 
 	for (uint64_t tries = 0; tries < 2ull * pg->slots + 1; tries++) {
 		uint32_t c = pg->hand;
@@ -277,16 +318,7 @@ static uint32_t pool_take(struct cuda_pages *pg, uint64_t k)
 	}
 	if (s == UINT32_MAX)
 		return s;
-	if (pg->key[s])
-		pool_unlink(pg, s);
-	h = hash_of(pg, k);
-	pg->key[s] = k;
-	pg->chain[s] = pg->head[h];
-	pg->head[h] = s;
-	pg->ref[s] = 0;
-	pg->stamp[s] = pg->call;
-	pg->filled[s] = pg->call;
-	pg->used++;
+	pool_link(pg, s, k);
 	return s;
 }
 
@@ -663,6 +695,7 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 			g->v = pk + pg->slot_elems + (size_t)it->u0 * D;
 			g->dtype = KVMEM_DTYPE_BF16;
 			pg->st.pool_hits++;
+			pg->st.pool_bytes += 2 * (uint64_t)H * it->n * D * 2;
 			continue;
 		}
 		if (key)
@@ -779,6 +812,92 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 	pg->st.pool_pages = pg->used;
 	pg->st.ns += (uint64_t)((double)kvmem_now_ns() - t0);
 	return 0;
+}
+
+/*
+ * pool_fill(): pages into free pool slots ahead of their use, over the copy
+ * engines (cudaMemcpyBatchAsync, runs merged where both the host pages and
+ * the slots are adjacent: a block's layers sit side by side in a pager's
+ * pool, and free slots are taken in order), then one wait. Nothing is
+ * evicted; the pool is made here when nothing was placed yet.
+ */
+int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
+{
+	struct cuda *b = ctx;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	struct cuda_pages *pg = pages_of(b);
+	double t0 = (double)kvmem_now_ns();
+	int runs = 0, have = 0, rc;
+
+	if (!pg)
+		return kvmem_fail();
+	if (n <= 0 || !has_region(pg))
+		return 0;
+	if ((rc = room_items(b, pg, n)) < 0)
+		return rc;
+	/* Under a cap the pool is sized by the view's first place(). */
+	if (!pg->pool && !b->mem_cap)
+		pool_make(b, pg, items[0].stride, 0);
+	if (!pg->pool)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		const size_t half = (size_t)H * it->stride * D * 2;
+		struct region *r;
+		uint32_t oid, slot;
+		uint64_t key;
+		char *dst;
+
+		if (it->page.mem != KVMEM_MEM_HOST || it->page.dtype != KVMEM_DTYPE_BF16 ||
+		    it->u0 || it->n != it->stride || it->stride != pg->pool_stride ||
+		    !(r = region_of(pg, it->page.k, half)) || region_of(pg, it->page.v, half) != r ||
+		    !(oid = owner_id(pg, r, it->owner, 1)))
+			continue;
+		key = pool_key(oid, it->block, it->layer);
+		if (pool_find(pg, key) != UINT32_MAX) {
+			have++;
+			continue;
+		}
+		if ((slot = pool_take_free(pg, key)) == UINT32_MAX)
+			break;
+		have++;
+		dst = (char *)(pg->pool + (size_t)slot * 2 * pg->slot_elems);
+		for (int h = 0; h < 2; h++) {
+			const char *src = h ? it->page.v : it->page.k;
+			char *d = dst + h * half;
+
+			if (runs && (const char *)pg->c_src[runs - 1] + pg->c_len[runs - 1] == src &&
+			    (char *)pg->c_dst[runs - 1] + pg->c_len[runs - 1] == d) {
+				pg->c_len[runs - 1] += half;
+				continue;
+			}
+			pg->c_src[runs] = src;
+			pg->c_dst[runs] = d;
+			pg->c_len[runs] = half;
+			runs++;
+		}
+		pg->st.filled_pages++;
+		pg->st.filled_bytes += 2 * half;
+	}
+	if (runs) {
+		struct cudaMemcpyAttributes attr = { 0 };
+		size_t idx = 0;
+
+		attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+		attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+		if (cudaMemcpyBatchAsync((void *const *)pg->c_dst, (const void *const *)pg->c_src,
+					 pg->c_len, (size_t)runs, &attr, &idx, 1,
+					 kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+			cudaGetLastError();
+			return kvmem_error(EIO, "cuda pool fill: batched copy of %d runs", runs);
+		}
+		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+			return rc;
+	}
+	pg->st.pool_pages = pg->used;
+	pg->st.pool_cap = pg->slots;
+	pg->st.fill_ns += (uint64_t)((double)kvmem_now_ns() - t0);
+	return have;
 }
 
 /*
