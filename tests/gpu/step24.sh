@@ -11,14 +11,17 @@
 #      from it that the run without it read from host memory;
 #   2. the same with KVMEM_POOL_FILL=0 from outside: it must FAIL (the
 #      check bites);
-#   3. test_ws_session on cuda, moves_equal_pages (the exactness of tokens
-#      moved inside the view) and step_reads_what_entered;
-#   4. kvmem bench step --backend cuda --only step,decode --tokens 262144
-#      --view 65536 --steps 4 --decode 32 --tiers warm (decode cut from
-#      128 to 32 tokens and the held GEMM ceiling skipped to stay within
-#      100 s; the ceilings, the view's prefill and plain decode are its
-#      peers in the same run);
-#   5. the whole test_ws_session on cuda, when time is left.
+#   3. kvmem_gpu_check --gather with KVMEM_GATHER_THREADS 512, 768, 1024:
+#      the gather kernel's other block sizes bit for bit against its twin;
+#   4. kvmem bench step --backend cuda --only remat,step,decode --remat
+#      16384 --tokens 262144 --view 65536 --steps 4 --decode 32 --tiers
+#      warm: the gather kernel from the device page pool at each block
+#      size (the fastest kept), then the steps (decode cut from 128 to 32
+#      tokens and the held GEMM ceiling skipped to stay within 100 s; the
+#      ceilings, the view's prefill and plain decode are its peers in the
+#      same run);
+#   5. test_ws_session on cuda (whole, or moves_equal_pages: the exactness
+#      of tokens moved inside the view) with the time left.
 #
 # Everything within 99 s of wall time (each step's timeout is cut to what
 # is left). Logs in OUTDIR; a short summary; "N passed, N failed"; exit 0
@@ -57,6 +60,19 @@ else
 	bad "test_ws_pool_fill with KVMEM_POOL_FILL=0: rc $rc, not a failed check: it does not bite"
 fi
 
+# 2b. the gather kernel at its other block sizes, bit for bit against its
+# twin (the bench below keeps the fastest of 256..1024 for its steps)
+for t in 512 768 1024; do
+	[ $((end - SECONDS)) -lt 84 ] && { echo "NOT RUN: --gather at $t threads"; continue; }
+	if env KVMEM_GATHER_THREADS=$t timeout "$(left 8)" build-gpu/gpu/kvmem_gpu_check --gather \
+		>"$out/gather_$t.log" 2>&1 && ! grep -q '^FAIL' "$out/gather_$t.log"; then
+		ok "kvmem_gpu_check --gather, $t threads ($(grep -c '^ok ' "$out/gather_$t.log") cases)"
+	else
+		bad "kvmem_gpu_check --gather, $t threads:"
+		grep -E '^FAIL|seed|rror' "$out/gather_$t.log" | head -6
+	fi
+done
+
 # 3. the session's exactness with moves, and what a step reads
 ws_case() { # log, seconds, filter or empty
 	local what="test_ws_session on cuda${3:+ ($3)}"
@@ -69,28 +85,29 @@ ws_case() { # log, seconds, filter or empty
 		grep -E 'ERROR|FAILED|LINE|seed|differ' "$out/$1.log" | head -12
 	fi
 }
-ws_case ws_moves 12 test_moves_equal_pages
-
-# 4. the step figures
-if KVMEM_CEILINGS_HELD=0 timeout "$(left 90)" "$K" bench step --backend cuda --only step,decode \
-	--tokens 262144 --view 65536 --steps 4 --decode 32 --tiers warm \
-	>"$out/bench_step.log" 2>&1; then
+# 4. the step figures (remat first: the gather kernel from the device page
+# pool at each block size, the fastest kept for the steps)
+if KVMEM_CEILINGS_HELD=0 timeout "$(left 90)" stdbuf -oL "$K" bench step --backend cuda \
+	--only remat,step,decode --remat 16384 --tokens 262144 --view 65536 --steps 4 --decode 32 \
+	--tiers warm >"$out/bench_step.log" 2>&1; then
 	ok "bench step step,decode"
 else
 	bad "bench step step,decode (rc $?)"
 	tail -5 "$out/bench_step.log"
 fi
 
-# 5. the rest of the session suite, when time is left
-if [ $((end - SECONDS)) -ge 25 ]; then
+# 5. the session suite's moves (then the whole suite) when time is left
+if [ $((end - SECONDS)) -ge 30 ]; then
 	ws_case ws_full 40 ""
+elif [ $((end - SECONDS)) -ge 6 ]; then
+	ws_case ws_moves 10 test_moves_equal_pages
 else
-	echo "NOT RUN: the whole test_ws_session on cuda ($((end - SECONDS)) s left)"
+	echo "NOT RUN: test_ws_session on cuda ($((end - SECONDS)) s left)"
 fi
 
 echo
 echo "== figures (H200; peers from the same run) =="
-grep -E '^ceilings|^peers|^agent step|first view|device page pool|step [0-9]|bytes:|median|^decode|per token|device memory held' \
+grep -E '^ceilings|^rematerial|^  (gather|batch|pack|staged|pool|kept)|^peers|^agent step|first view|device page pool|step [0-9]|bytes:|median|^decode|per token|device memory held' \
 	"$out/bench_step.log"
 echo
 echo "$pass passed, $fail failed"

@@ -174,7 +174,8 @@ typedef struct kvmem_backend_ops {
 	/* Optional: place()'s counters. */
 	void (*place_stats)(void *ctx, kvmem_place_stats *st);
 	/* Optional: a named knob for tools and benchmarks (cuda: "place" =
-	 * "gather" | "batch" | "stage"; "pool" = device page pool bytes).
+	 * "gather" | "batch" | "stage"; "pool" = device page pool bytes, or
+	 * "default"; "gather_threads" = 256, 512, 768 or 1024).
 	 * -EINVAL for an unknown key or value. */
 	int (*set)(void *ctx, const char *key, const char *value);
 	/*

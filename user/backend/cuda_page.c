@@ -1055,7 +1055,14 @@ int cuda_set(void *ctx, const char *key, const char *value)
 	}
 	if (!strcmp(key, "pool")) {
 		char *end;
-		unsigned long long v = strtoull(value, &end, 10);
+		unsigned long long v;
+
+		if (!strcmp(value, "default")) {	/* as the backend was opened */
+			pool_free(b, pg);
+			pg->pool_want = b->page_pool;
+			return 0;
+		}
+		v = strtoull(value, &end, 10);
 
 		if (end == value || *end)
 			return kvmem_error(EINVAL, "cuda: pool bytes '%s'", value);
@@ -1065,7 +1072,15 @@ int cuda_set(void *ctx, const char *key, const char *value)
 			pg->pool_want = 1;	/* no pool (below one slot) */
 		return 0;
 	}
-	return kvmem_error(EINVAL, "cuda: no setting '%s' (place, pool)", key);
+	if (!strcmp(key, "gather_threads")) {
+		char *end;
+		long v = strtol(value, &end, 10);
+
+		if (end == value || *end)
+			return kvmem_error(EINVAL, "cuda: gather threads '%s'", value);
+		return kvmem_cuda_gather_set_threads((int)v);
+	}
+	return kvmem_error(EINVAL, "cuda: no setting '%s' (place, pool, gather_threads)", key);
 }
 
 void cuda_pages_destroy(struct cuda *b)
