@@ -15,12 +15,15 @@ B=${BUILD:-build-gpu}
 # The CLI, the backend-parametrised unit tests (test_ws_batch: the batch
 # invariance, KVMEM_TEST_BACKEND=cuda in tests/gpu/batch26g.sh), the tensor-parallel ones
 # (tests/gpu/tp.sh), and the ops' check program when tests/gpu/ has one.
-targets="cli $B/tests/test_ws_session $B/tests/test_ws_pool_fill $B/tests/test_ws_batch $B/tests/test_fwd_qlast $B/tests/test_tp_nccl $B/tests/test_tp"
+targets="cli $B/tests/test_ws_session $B/tests/test_ws_batch $B/tests/test_fwd_qlast $B/tests/test_tp_nccl $B/tests/test_tp"
 ls tests/gpu/*.c >/dev/null 2>&1 && targets="$targets gpu-check"
+# The device page pool's fill (tests/gpu/step24.sh).
+targets="$targets $B/tests/test_ws_pool_fill"
 make --no-print-directory BUILD=$B -j"$(nproc)" $targets >/dev/null
 mkdir -p $B/lib
-bins=($B/kvmem $B/tests/test_ws_session $B/tests/test_ws_pool_fill $B/tests/test_ws_batch $B/tests/test_fwd_qlast $B/tests/test_tp_nccl $B/tests/test_tp)
+bins=($B/kvmem $B/tests/test_ws_session $B/tests/test_ws_batch $B/tests/test_fwd_qlast $B/tests/test_tp_nccl $B/tests/test_tp)
 [ -x $B/gpu/kvmem_gpu_check ] && bins+=($B/gpu/kvmem_gpu_check)
+bins+=($B/tests/test_ws_pool_fill)
 for b in "${bins[@]}"; do
 	[ -x "$b" ] && [ -f "$b" ] || continue
 	ldd "$b" | awk '/=> \// { print $3 }'

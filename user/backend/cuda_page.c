@@ -835,11 +835,6 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 		return 0;
 	if ((rc = room_items(b, pg, n)) < 0)
 		return rc;
-	/* Under a cap the pool is sized by the view's first place(). */
-	if (!pg->pool && !b->mem_cap)
-		pool_make(b, pg, items[0].stride, 0);
-	if (!pg->pool)
-		return 0;
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
 		const size_t half = (size_t)H * it->stride * D * 2;
@@ -849,9 +844,17 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 		char *dst;
 
 		if (it->page.mem != KVMEM_MEM_HOST || it->page.dtype != KVMEM_DTYPE_BF16 ||
-		    it->u0 || it->n != it->stride || it->stride != pg->pool_stride ||
-		    !(r = region_of(pg, it->page.k, half)) || region_of(pg, it->page.v, half) != r ||
-		    !(oid = owner_id(pg, r, it->owner, 1)))
+		    it->u0 || it->n != it->stride || !(r = region_of(pg, it->page.k, half)) ||
+		    region_of(pg, it->page.v, half) != r)
+			continue;
+		/* Made for the first page it can keep (none for pages of
+		 * another dtype); under a cap the pool is sized by the view's
+		 * first place(). */
+		if (!pg->pool && !b->mem_cap)
+			pool_make(b, pg, it->stride, 0);
+		if (!pg->pool)
+			break;
+		if (it->stride != pg->pool_stride || !(oid = owner_id(pg, r, it->owner, 1)))
 			continue;
 		key = pool_key(oid, it->block, it->layer);
 		if (pool_find(pg, key) != UINT32_MAX) {
