@@ -157,15 +157,15 @@ void cuda_pages_drop_pool(struct cuda *b)
 
 /* Bytes the pool may take now: what was asked (or the default), within
  * what the cap leaves. */
-/* The default under a cap: twice the raw pages of the view being placed
- * into, within half of what the cap leaves (the 1M demo under --gpu-mem
- * 24G). Without a cap: half of the device's free memory when the pool is
- * made (after the view's first reservation), at least twice the view's
- * pages within that: an agent's step enters pages of blocks anywhere in
- * the history (a new subject 1400 blocks, 6.6 GB, at Qwen3-8B), which
- * cross PCIe at 55 GB/s unless the pool holds them; on an H200 half the
- * free memory (about 50 GB with the model and a 64K view) holds a 256K
- * workspace's 38.65 GB of pages. pool_fill() fills it ahead of use. */
+/* The default: twice the raw pages of the view being placed into, at
+ * least 64 MiB, within half of what a cap leaves (the 1M demo under
+ * --gpu-mem 24G) or, without a cap, half of the device's free memory. One
+ * pool per backend: the sessions of a server share it (keyed by owner), and
+ * a small conversation's backend holds a small one. Without a cap
+ * pool_fill() grows it (pool_grow) while it has pages to keep: an agent's
+ * step enters pages of blocks anywhere in the history (a new subject 1400
+ * blocks, 6.6 GB, at Qwen3-8B), which cross PCIe at 55 GB/s unless the
+ * pool holds them; on an H200 a 256K workspace's 38.65 GB of pages fit. */
 static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg, int64_t view_cap)
 {
 	uint64_t want = pg->pool_want, used = cuda_dev_used(b), margin = CUDA_CAP_MARGIN;
@@ -187,8 +187,6 @@ static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg, int64_t view_
 			free_b = 1ull << 30;
 		}
 		limit = free_b / 2;
-		if (!pg->pool_want)
-			want = limit;
 	}
 	if (pg->pool_want)	/* asked for (the "pool" setting): as asked, within the cap */
 		return cap && want > cap - used - margin ? cap - used - margin : want;
@@ -228,6 +226,103 @@ static void pool_make(struct cuda *b, struct cuda_pages *pg, int stride, int64_t
 	pg->pool_stride = stride;
 	pg->dev_bytes += (uint64_t)n * 2 * half * 2;
 	pg->st.pool_cap = n;
+}
+
+static uint32_t hash_of(const struct cuda_pages *pg, uint64_t k);
+
+/*
+ * The default pool (none asked for, no cap) to twice its slots, within
+ * half of the device memory free now (counting the pool's own) and what
+ * is free beside the old pool while both exist; its pages kept (copied on
+ * the device), the hash chains rebuilt. 0, or -1 when it cannot grow (it
+ * stays as it was).
+ */
+static int pool_grow(struct cuda *b, struct cuda_pages *pg)
+{
+	const size_t slot_bytes = 2 * pg->slot_elems * 2;
+	uint64_t *key = NULL, *stamp = NULL, *filled = NULL, want, room;
+	uint32_t *chain = NULL, *head = NULL, n, n_head = 1;
+	size_t free_b = 0, total_b = 0;
+	uint8_t *ref = NULL;
+	uint16_t *np = NULL;
+
+	if (!pg->pool || pg->pool_want || b->mem_cap || pg->slots >= (1u << 24))
+		return -1;
+	if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+		cudaGetLastError();
+		return -1;
+	}
+	want = 2 * (uint64_t)pg->slots;
+	room = ((uint64_t)pg->slots * slot_bytes + free_b / 2) / slot_bytes;
+	if (free_b > CUDA_CAP_MARGIN && (free_b - CUDA_CAP_MARGIN) / slot_bytes < room)
+		room = (free_b - CUDA_CAP_MARGIN) / slot_bytes;
+	if (want > room)
+		want = room;
+	if (want > (1u << 24))
+		want = 1u << 24;
+	if (want <= pg->slots + pg->slots / 8)
+		return -1;	/* not worth a copy */
+	n = (uint32_t)want;
+	while (n_head < 2 * n)
+		n_head *= 2;
+	key = calloc(n, sizeof(*key));
+	chain = malloc(n * sizeof(*chain));
+	head = malloc(n_head * sizeof(*head));
+	ref = calloc(n, 1);
+	stamp = calloc(n, sizeof(*stamp));
+	filled = calloc(n, sizeof(*filled));
+	if (!key || !chain || !head || !ref || !stamp || !filled ||
+	    kvmem_cuda_malloc((void **)&np, (size_t)n * slot_bytes) < 0) {
+		cudaGetLastError();
+		goto fail;
+	}
+	if (cudaMemcpyAsync(np, pg->pool, (size_t)pg->slots * slot_bytes, cudaMemcpyDeviceToDevice,
+			    kvmem_cuda_stream(b->ctx)) != cudaSuccess ||
+	    kvmem_cuda_sync(b->ctx) < 0) {
+		cudaGetLastError();
+		kvmem_cuda_free(np);
+		goto fail;
+	}
+	memcpy(key, pg->key, pg->slots * sizeof(*key));
+	memcpy(ref, pg->ref, pg->slots);
+	memcpy(stamp, pg->stamp, pg->slots * sizeof(*stamp));
+	memcpy(filled, pg->filled, pg->slots * sizeof(*filled));
+	memset(head, 0xff, n_head * sizeof(*head));
+	free(pg->key);
+	free(pg->chain);
+	free(pg->head);
+	free(pg->ref);
+	free(pg->stamp);
+	free(pg->filled);
+	kvmem_cuda_free(pg->pool);
+	pg->dev_bytes += (uint64_t)(n - pg->slots) * slot_bytes;
+	pg->free_hand = pg->slots;
+	pg->key = key;
+	pg->chain = chain;
+	pg->head = head;
+	pg->n_head = n_head;
+	pg->ref = ref;
+	pg->stamp = stamp;
+	pg->filled = filled;
+	pg->pool = np;
+	pg->slots = n;
+	for (uint32_t s = 0; s < n; s++)
+		if (key[s]) {
+			uint32_t h = hash_of(pg, key[s]);
+
+			chain[s] = head[h];
+			head[h] = s;
+		}
+	pg->st.pool_cap = n;
+	return 0;
+fail:
+	free(key);
+	free(chain);
+	free(head);
+	free(ref);
+	free(stamp);
+	free(filled);
+	return -1;
 }
 
 static uint64_t pool_key(uint32_t oid, int64_t block, int layer)
@@ -819,8 +914,27 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
  * engines (cudaMemcpyBatchAsync, runs merged where both the host pages and
  * the slots are adjacent: a block's layers sit side by side in a pager's
  * pool, and free slots are taken in order), then one wait. Nothing is
- * evicted; the pool is made here when nothing was placed yet.
+ * evicted; the default pool grows (pool_grow) when it is full; it is made
+ * here when nothing was placed yet.
  */
+/* pool_fill's runs (c_src -> c_dst, c_len): one batched copy, one wait. */
+static int fill_copies(struct cuda *b, struct cuda_pages *pg, int runs)
+{
+	struct cudaMemcpyAttributes attr = { 0 };
+	size_t idx = 0;
+
+	if (!runs)
+		return 0;
+	attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+	attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+	if (cudaMemcpyBatchAsync((void *const *)pg->c_dst, (const void *const *)pg->c_src, pg->c_len,
+				 (size_t)runs, &attr, &idx, 1, kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda pool fill: batched copy of %d runs", runs);
+	}
+	return kvmem_cuda_sync(b->ctx);
+}
+
 int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 {
 	struct cuda *b = ctx;
@@ -861,8 +975,15 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 			have++;
 			continue;
 		}
-		if ((slot = pool_take_free(pg, key)) == UINT32_MAX)
-			break;
+		if ((slot = pool_take_free(pg, key)) == UINT32_MAX) {
+			/* Full: the copies so far first (they name the old
+			 * buffer), then a larger pool, if it may grow. */
+			if ((rc = fill_copies(b, pg, runs)) < 0)
+				return rc;
+			runs = 0;
+			if (pool_grow(b, pg) < 0 || (slot = pool_take_free(pg, key)) == UINT32_MAX)
+				break;
+		}
 		have++;
 		dst = (char *)(pg->pool + (size_t)slot * 2 * pg->slot_elems);
 		for (int h = 0; h < 2; h++) {
@@ -882,21 +1003,8 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 		pg->st.filled_pages++;
 		pg->st.filled_bytes += 2 * half;
 	}
-	if (runs) {
-		struct cudaMemcpyAttributes attr = { 0 };
-		size_t idx = 0;
-
-		attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-		attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-		if (cudaMemcpyBatchAsync((void *const *)pg->c_dst, (const void *const *)pg->c_src,
-					 pg->c_len, (size_t)runs, &attr, &idx, 1,
-					 kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
-			cudaGetLastError();
-			return kvmem_error(EIO, "cuda pool fill: batched copy of %d runs", runs);
-		}
-		if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
-			return rc;
-	}
+	if ((rc = fill_copies(b, pg, runs)) < 0)
+		return rc;
 	pg->st.pool_pages = pg->used;
 	pg->st.pool_cap = pg->slots;
 	pg->st.fill_ns += (uint64_t)((double)kvmem_now_ns() - t0);
