@@ -147,6 +147,9 @@ int kvmem_cuda_view_scatter_raw_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16
 int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
 				const kvmem_gather_item *items, int n_items, int n_layers,
 				int n_kv_heads, int head_dim, int cap, double theta);
+/* Threads a gather block takes from now on (256, the default, 512, 768 or
+ * 1024; the same bits): a measurement's knob. -EINVAL otherwise. */
+int kvmem_cuda_gather_set_threads(int threads);
 /*
  * Attention: the flash kernel (tensor cores, 64-key tiles, GQA heads packed
  * into the rows of one tile so each K/V tile is read once per KV head) with

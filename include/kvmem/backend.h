@@ -35,8 +35,10 @@ typedef struct kvmem_backend_opts {
 	int device;		/* GPU ordinal (cuda); ignored by cpu */
 	uint64_t mem_cap;	/* device bytes the backend may take; 0: no cap */
 	uint64_t page_pool;	/* device page pool bytes (cuda); 0: the default
-				 * (what the cap leaves, at most 1/8 of it; 256 MiB
-				 * without a cap) */
+				 * (under a cap: twice the view's pages, within half
+				 * of what the cap leaves; without one: half of the
+				 * device memory free when it is made, so that an
+				 * H200 keeps a 256K workspace of Qwen3-8B pages) */
 	uint64_t index_mem;	/* device bytes a session's index copy may take
 				 * (cuda, see score below); 0: the default (1/8
 				 * of the cap; 4 GiB without a cap); past it the
@@ -94,6 +96,11 @@ typedef struct kvmem_place_stats {
 	/* Tokens moved inside a view (re-rotated on the device from the raw
 	 * K it keeps beside the view: no page read) and the time it took. */
 	uint64_t moved_tokens, move_ns;
+	/* Page bytes read from the device page pool (pool_hits' tokens). */
+	uint64_t pool_bytes;
+	/* Pages copied into the pool ahead of their use (pool_fill: the
+	 * runners-up of a session's first view), their bytes, the time. */
+	uint64_t filled_pages, filled_bytes, fill_ns;
 } kvmem_place_stats;
 
 typedef struct kvmem_backend kvmem_backend;

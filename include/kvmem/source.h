@@ -103,6 +103,11 @@ typedef struct kvmem_page_source_ops {
 	 * write_rows is under way on another thread. -ENOTSUP (pages of
 	 * another dtype, or not in the region): write the rows instead. */
 	int (*row_pages)(void *ctx, int64_t p0, int n, void **pages);
+	/* Optional: 1 when get(b, layer) would find the page in host memory
+	 * and it never changes again (no read from a slower tier; not a
+	 * block still filling), else 0. A hint: it may be stale by the time
+	 * get runs. A session fills a device page pool only with such pages. */
+	int (*resident)(void *ctx, int64_t b, int layer);
 } kvmem_page_source_ops;
 
 typedef struct kvmem_page_source {

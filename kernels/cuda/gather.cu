@@ -12,10 +12,11 @@
  * with copy_k set the raw K and V also go to a device page (the GPU page
  * pool is filled on the way, no second read).
  *
- * Grid (items, GATHER_Y), GATHER_THREADS threads. A thread moves W = 8
- * elements (one 16-byte vector of bf16) of one K rotary pair group or one V
- * row part; a block handles P tokens per round (P = threads / tasks of a
- * token: 1 for Qwen3-8B, 10 for the agentlang model). Loads are issued
+ * Grid (items, GATHER_Y), 256 threads (or 512, 768, 1024: set_threads; the
+ * same bits). A thread moves W = 8 elements (one 16-byte vector of bf16) of
+ * one K rotary pair group or one V row part; a block handles P tokens per
+ * round (P = threads / tasks of a token: 1 for Qwen3-8B at 256 threads,
+ * with 64 of them idle and two barriers a token; 4 at 768). Loads are issued
  * before the round's angles are computed, so their latency (a microsecond
  * or two over PCIe) overlaps the double-precision sincos. Pointers that are
  * not 16-byte aligned, or head_dim not a multiple of 16, take scalar loads
@@ -25,12 +26,14 @@
  * scale, decoded exactly in fp32 (fp8.cuh) and rounded once to bf16: half
  * the bytes over PCIe of a bf16 page.
  */
+#include <stdlib.h>
+
 #include <cuda_fp16.h>
 
 #include "fp8.cuh"
 #include "rope.cuh"
 
-#define GATHER_THREADS 256
+#define GATHER_THREADS 256	/* the default; at most 1024 */
 #define GATHER_Y 8
 #define GATHER_ANGLES 1024	/* P * half, at most (see kvmem_cuda_view_gather_bf16) */
 
@@ -114,7 +117,8 @@ __device__ __forceinline__ void store_w(uint16_t *dst, const uint16_t *v, int W,
 	}
 }
 
-__global__ void __launch_bounds__(GATHER_THREADS)
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS)
 gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_layers, int n_kv,
 	      int hd, int cap, double theta, int W, int P)
 {
@@ -198,12 +202,35 @@ gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_
 	}
 }
 
+/* Threads a block (256, 512, 768 or 1024): a knob for the measurement in
+ * `kvmem bench step --only remat` (the cuda backend's "gather_threads"),
+ * and KVMEM_GATHER_THREADS for checks of the other widths' bits. 0: not
+ * yet read. */
+static int g_threads;
+
+extern "C" int kvmem_cuda_gather_set_threads(int threads)
+{
+	if (threads != 256 && threads != 512 && threads != 768 && threads != 1024)
+		return kvmem_error(EINVAL, "view gather: %d threads (256, 512, 768, 1024)", threads);
+	g_threads = threads;
+	return 0;
+}
+
 extern "C" int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
 					   const kvmem_gather_item *items, int n_items,
 					   int n_layers, int n_kv_heads, int head_dim, int cap,
 					   double theta)
 {
-	int W, TT, P;
+	int W, TT, P, threads;
+
+	if (!g_threads) {
+		const char *e = getenv("KVMEM_GATHER_THREADS");
+
+		g_threads = GATHER_THREADS;
+		if (e && kvmem_cuda_gather_set_threads(atoi(e)) < 0)
+			return kvmem_fail();
+	}
+	threads = g_threads;
 
 	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
 	    head_dim > 2 * ROPE_HALF_MAX || cap < 0)
@@ -213,15 +240,23 @@ extern "C" int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, 
 		return 0;
 	W = head_dim % 16 == 0 ? 8 : 1;
 	TT = n_kv_heads * (head_dim / 2 + head_dim) / W;
-	if (TT > GATHER_THREADS)
+	if (TT > threads)
 		return kvmem_error(ENOTSUP, "view gather: %d KV heads of %d take %d threads a token, "
-				   "more than %d", n_kv_heads, head_dim, TT, GATHER_THREADS);
-	P = GATHER_THREADS / TT;
+				   "more than %d", n_kv_heads, head_dim, TT, threads);
+	P = threads / TT;
 	while (P > 1 && P * (head_dim / 2) > GATHER_ANGLES)
 		P--;
 	if (head_dim / 2 > GATHER_ANGLES)
 		return kvmem_error(ENOTSUP, "view gather: head_dim %d", head_dim);
-	gather_kernel<<<dim3(n_items, GATHER_Y), GATHER_THREADS, 0, c->stream>>>(
-		view_k, view_v, items, n_layers, n_kv_heads, head_dim, cap, theta, W, P);
+#define GATHER_LAUNCH(T)                                                                       \
+	gather_kernel<T><<<dim3(n_items, GATHER_Y), T, 0, c->stream>>>(                        \
+		view_k, view_v, items, n_layers, n_kv_heads, head_dim, cap, theta, W, P)
+	switch (threads) {
+	case 512: GATHER_LAUNCH(512); break;
+	case 768: GATHER_LAUNCH(768); break;
+	case 1024: GATHER_LAUNCH(1024); break;
+	default: GATHER_LAUNCH(256); break;
+	}
+#undef GATHER_LAUNCH
 	return kvmem_cuda_launched("view gather");
 }

@@ -164,10 +164,20 @@ typedef struct kvmem_backend_ops {
 	 * place() call, which takes such items before anything is evicted. */
 	int (*page_cached)(void *ctx, const void *region, uint32_t owner, int64_t block,
 			   int layer);
+	/* Optional: keep these pages in the device page pool without placing
+	 * them (whole bf16 pages of a registered region: u0 0, n = stride;
+	 * block, layer, owner as in place(); slot unused), so that a later
+	 * place() reads them from device memory. Only free slots are taken:
+	 * nothing the pool holds is evicted for them. Synchronous: the pages
+	 * may be put when it returns. Returns how many of the n are in the
+	 * pool now (there already, or copied); fewer than n when it is full
+	 * or an item is not one it keeps. */
+	int (*pool_fill)(void *ctx, const kvmem_place *items, int n);
 	/* Optional: place()'s counters. */
 	void (*place_stats)(void *ctx, kvmem_place_stats *st);
 	/* Optional: a named knob for tools and benchmarks (cuda: "place" =
-	 * "gather" | "batch" | "stage"; "pool" = device page pool bytes).
+	 * "gather" | "batch" | "stage"; "pool" = device page pool bytes, or
+	 * "default"; "gather_threads" = 256, 512, 768 or 1024).
 	 * -EINVAL for an unknown key or value. */
 	int (*set)(void *ctx, const char *key, const char *value);
 	/*

@@ -467,6 +467,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.place_stats = cuda_place_stats,
 	.set = cuda_set,
 	.mirror_create = cuda_mirror_create,
+	.pool_fill = cuda_pool_fill,
 	.mirror_destroy = cuda_mirror_destroy,
 	.score = cuda_score,
 	.mirror_bytes = cuda_mirror_bytes,

@@ -94,7 +94,7 @@ struct cuda_pages {
 	uint64_t pool_want;		/* bytes asked for (0: default) */
 	size_t slot_elems;		/* elements of one half (K or V) */
 	int pool_stride;		/* B the pool was laid out for */
-	uint32_t slots, used, hand;
+	uint32_t slots, used, hand, free_hand;
 	uint64_t *key;			/* [slots]: 0 free */
 	uint32_t *chain, *head;		/* hash chains, UINT32_MAX ends */
 	uint32_t n_head;
@@ -145,7 +145,7 @@ static void pool_free(struct cuda *b, struct cuda_pages *pg)
 	pg->ref = NULL;
 	pg->stamp = NULL;
 	pg->filled = NULL;
-	pg->slots = pg->used = pg->hand = pg->n_head = 0;
+	pg->slots = pg->used = pg->hand = pg->free_hand = pg->n_head = 0;
 	pg->st.pool_pages = pg->st.pool_cap = 0;
 }
 
@@ -157,10 +157,15 @@ void cuda_pages_drop_pool(struct cuda *b)
 
 /* Bytes the pool may take now: what was asked (or the default), within
  * what the cap leaves. */
-/* The default: twice the raw pages of the view being placed into (a step
- * re-places most of its view: the pages it keeps are then all in HBM),
- * at least 64 MiB, within a quarter of the device's free memory and
- * 32 GiB, or half of what a cap leaves. */
+/* The default: twice the raw pages of the view being placed into, at
+ * least 64 MiB, within half of what a cap leaves (the 1M demo under
+ * --gpu-mem 24G) or, without a cap, half of the device's free memory. One
+ * pool per backend: the sessions of a server share it (keyed by owner), and
+ * a small conversation's backend holds a small one. Without a cap
+ * pool_fill() grows it (pool_grow) while it has pages to keep: an agent's
+ * step enters pages of blocks anywhere in the history (a new subject 1400
+ * blocks, 6.6 GB, at Qwen3-8B), which cross PCIe at 55 GB/s unless the
+ * pool holds them; on an H200 a 256K workspace's 38.65 GB of pages fit. */
 static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg, int64_t view_cap)
 {
 	uint64_t want = pg->pool_want, used = cuda_dev_used(b), margin = CUDA_CAP_MARGIN;
@@ -181,7 +186,7 @@ static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg, int64_t view_
 			cudaGetLastError();
 			free_b = 1ull << 30;
 		}
-		limit = free_b / 4 < (32ull << 30) ? free_b / 4 : (32ull << 30);
+		limit = free_b / 2;
 	}
 	if (pg->pool_want)	/* asked for (the "pool" setting): as asked, within the cap */
 		return cap && want > cap - used - margin ? cap - used - margin : want;
@@ -223,6 +228,103 @@ static void pool_make(struct cuda *b, struct cuda_pages *pg, int stride, int64_t
 	pg->st.pool_cap = n;
 }
 
+static uint32_t hash_of(const struct cuda_pages *pg, uint64_t k);
+
+/*
+ * The default pool (none asked for, no cap) to twice its slots, within
+ * half of the device memory free now (counting the pool's own) and what
+ * is free beside the old pool while both exist; its pages kept (copied on
+ * the device), the hash chains rebuilt. 0, or -1 when it cannot grow (it
+ * stays as it was).
+ */
+static int pool_grow(struct cuda *b, struct cuda_pages *pg)
+{
+	const size_t slot_bytes = 2 * pg->slot_elems * 2;
+	uint64_t *key = NULL, *stamp = NULL, *filled = NULL, want, room;
+	uint32_t *chain = NULL, *head = NULL, n, n_head = 1;
+	size_t free_b = 0, total_b = 0;
+	uint8_t *ref = NULL;
+	uint16_t *np = NULL;
+
+	if (!pg->pool || pg->pool_want || b->mem_cap || pg->slots >= (1u << 24))
+		return -1;
+	if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+		cudaGetLastError();
+		return -1;
+	}
+	want = 2 * (uint64_t)pg->slots;
+	room = ((uint64_t)pg->slots * slot_bytes + free_b / 2) / slot_bytes;
+	if (free_b > CUDA_CAP_MARGIN && (free_b - CUDA_CAP_MARGIN) / slot_bytes < room)
+		room = (free_b - CUDA_CAP_MARGIN) / slot_bytes;
+	if (want > room)
+		want = room;
+	if (want > (1u << 24))
+		want = 1u << 24;
+	if (want <= pg->slots + pg->slots / 8)
+		return -1;	/* not worth a copy */
+	n = (uint32_t)want;
+	while (n_head < 2 * n)
+		n_head *= 2;
+	key = calloc(n, sizeof(*key));
+	chain = malloc(n * sizeof(*chain));
+	head = malloc(n_head * sizeof(*head));
+	ref = calloc(n, 1);
+	stamp = calloc(n, sizeof(*stamp));
+	filled = calloc(n, sizeof(*filled));
+	if (!key || !chain || !head || !ref || !stamp || !filled ||
+	    kvmem_cuda_malloc((void **)&np, (size_t)n * slot_bytes) < 0) {
+		cudaGetLastError();
+		goto fail;
+	}
+	if (cudaMemcpyAsync(np, pg->pool, (size_t)pg->slots * slot_bytes, cudaMemcpyDeviceToDevice,
+			    kvmem_cuda_stream(b->ctx)) != cudaSuccess ||
+	    kvmem_cuda_sync(b->ctx) < 0) {
+		cudaGetLastError();
+		kvmem_cuda_free(np);
+		goto fail;
+	}
+	memcpy(key, pg->key, pg->slots * sizeof(*key));
+	memcpy(ref, pg->ref, pg->slots);
+	memcpy(stamp, pg->stamp, pg->slots * sizeof(*stamp));
+	memcpy(filled, pg->filled, pg->slots * sizeof(*filled));
+	memset(head, 0xff, n_head * sizeof(*head));
+	free(pg->key);
+	free(pg->chain);
+	free(pg->head);
+	free(pg->ref);
+	free(pg->stamp);
+	free(pg->filled);
+	kvmem_cuda_free(pg->pool);
+	pg->dev_bytes += (uint64_t)(n - pg->slots) * slot_bytes;
+	pg->free_hand = pg->slots;
+	pg->key = key;
+	pg->chain = chain;
+	pg->head = head;
+	pg->n_head = n_head;
+	pg->ref = ref;
+	pg->stamp = stamp;
+	pg->filled = filled;
+	pg->pool = np;
+	pg->slots = n;
+	for (uint32_t s = 0; s < n; s++)
+		if (key[s]) {
+			uint32_t h = hash_of(pg, key[s]);
+
+			chain[s] = head[h];
+			head[h] = s;
+		}
+	pg->st.pool_cap = n;
+	return 0;
+fail:
+	free(key);
+	free(chain);
+	free(head);
+	free(ref);
+	free(stamp);
+	free(filled);
+	return -1;
+}
+
 static uint64_t pool_key(uint32_t oid, int64_t block, int layer)
 {
 	return (uint64_t)oid << 56 | ((uint64_t)block & ((1ull << 40) - 1)) << 16 |
@@ -256,11 +358,45 @@ static void pool_unlink(struct cuda_pages *pg, uint32_t s)
 	pg->used--;
 }
 
+static void pool_link(struct cuda_pages *pg, uint32_t s, uint64_t k)
+{
+	uint32_t h;
+
+	if (pg->key[s])
+		pool_unlink(pg, s);
+	h = hash_of(pg, k);
+	pg->key[s] = k;
+	pg->chain[s] = pg->head[h];
+	pg->head[h] = s;
+	pg->ref[s] = 0;
+	pg->stamp[s] = pg->call;
+	pg->filled[s] = pg->call;
+	pg->used++;
+}
+
+/* A free slot for key k, evicting nothing (pool_fill's pages must not push
+ * out pages a view has used); UINT32_MAX when the pool is full. */
+static uint32_t pool_take_free(struct cuda_pages *pg, uint64_t k)
+{
+	if (pg->used >= pg->slots)
+		return UINT32_MAX;
+	for (uint32_t i = 0; i < pg->slots; i++) {
+		uint32_t c = (pg->free_hand + i) % pg->slots;
+
+		if (!pg->key[c]) {
+			pg->free_hand = (c + 1) % pg->slots;
+			pool_link(pg, c, k);
+			return c;
+		}
+	}
+	return UINT32_MAX;
+}
+
 /* A slot for key k: a free one, else the clock's victim (never one this
  * call uses). UINT32_MAX when every slot is in use by this call. */
 static uint32_t pool_take(struct cuda_pages *pg, uint64_t k)
 {
-	uint32_t s = UINT32_MAX, h;
+	uint32_t s = UINT32_MAX;
 
 	for (uint64_t tries = 0; tries < 2ull * pg->slots + 1; tries++) {
 		uint32_t c = pg->hand;
@@ -277,16 +413,7 @@ static uint32_t pool_take(struct cuda_pages *pg, uint64_t k)
 	}
 	if (s == UINT32_MAX)
 		return s;
-	if (pg->key[s])
-		pool_unlink(pg, s);
-	h = hash_of(pg, k);
-	pg->key[s] = k;
-	pg->chain[s] = pg->head[h];
-	pg->head[h] = s;
-	pg->ref[s] = 0;
-	pg->stamp[s] = pg->call;
-	pg->filled[s] = pg->call;
-	pg->used++;
+	pool_link(pg, s, k);
 	return s;
 }
 
@@ -676,6 +803,7 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 			g->v = pk + pg->slot_elems + (size_t)it->u0 * D;
 			g->dtype = KVMEM_DTYPE_BF16;
 			pg->st.pool_hits++;
+			pg->st.pool_bytes += 2 * (uint64_t)H * it->n * D * 2;
 			continue;
 		}
 		if (key)
@@ -792,6 +920,108 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 	pg->st.pool_pages = pg->used;
 	pg->st.ns += (uint64_t)((double)kvmem_now_ns() - t0);
 	return 0;
+}
+
+/*
+ * pool_fill(): pages into free pool slots ahead of their use, over the copy
+ * engines (cudaMemcpyBatchAsync, runs merged where both the host pages and
+ * the slots are adjacent: a block's layers sit side by side in a pager's
+ * pool, and free slots are taken in order), then one wait. Nothing is
+ * evicted; the default pool grows (pool_grow) when it is full; it is made
+ * here when nothing was placed yet.
+ */
+/* pool_fill's runs (c_src -> c_dst, c_len): one batched copy, one wait. */
+static int fill_copies(struct cuda *b, struct cuda_pages *pg, int runs)
+{
+	struct cudaMemcpyAttributes attr = { 0 };
+	size_t idx = 0;
+
+	if (!runs)
+		return 0;
+	attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+	attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+	if (cudaMemcpyBatchAsync((void *const *)pg->c_dst, (const void *const *)pg->c_src, pg->c_len,
+				 (size_t)runs, &attr, &idx, 1, kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda pool fill: batched copy of %d runs", runs);
+	}
+	return kvmem_cuda_sync(b->ctx);
+}
+
+int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
+{
+	struct cuda *b = ctx;
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	struct cuda_pages *pg = pages_of(b);
+	double t0 = (double)kvmem_now_ns();
+	int runs = 0, have = 0, rc;
+
+	if (!pg)
+		return kvmem_fail();
+	if (n <= 0 || !has_region(pg))
+		return 0;
+	if ((rc = room_items(b, pg, n)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		const size_t half = (size_t)H * it->stride * D * 2;
+		struct region *r;
+		uint32_t oid, slot;
+		uint64_t key;
+		char *dst;
+
+		if (it->page.mem != KVMEM_MEM_HOST || it->page.dtype != KVMEM_DTYPE_BF16 ||
+		    it->u0 || it->n != it->stride || !(r = region_of(pg, it->page.k, half)) ||
+		    region_of(pg, it->page.v, half) != r)
+			continue;
+		/* Made for the first page it can keep (none for pages of
+		 * another dtype); under a cap the pool is sized by the view's
+		 * first place(). */
+		if (!pg->pool && !b->mem_cap)
+			pool_make(b, pg, it->stride, 0);
+		if (!pg->pool)
+			break;
+		if (it->stride != pg->pool_stride || !(oid = owner_id(pg, r, it->owner, 1)))
+			continue;
+		key = pool_key(oid, it->block, it->layer);
+		if (pool_find(pg, key) != UINT32_MAX) {
+			have++;
+			continue;
+		}
+		if ((slot = pool_take_free(pg, key)) == UINT32_MAX) {
+			/* Full: the copies so far first (they name the old
+			 * buffer), then a larger pool, if it may grow. */
+			if ((rc = fill_copies(b, pg, runs)) < 0)
+				return rc;
+			runs = 0;
+			if (pool_grow(b, pg) < 0 || (slot = pool_take_free(pg, key)) == UINT32_MAX)
+				break;
+		}
+		have++;
+		dst = (char *)(pg->pool + (size_t)slot * 2 * pg->slot_elems);
+		for (int h = 0; h < 2; h++) {
+			const char *src = h ? it->page.v : it->page.k;
+			char *d = dst + h * half;
+
+			if (runs && (const char *)pg->c_src[runs - 1] + pg->c_len[runs - 1] == src &&
+			    (char *)pg->c_dst[runs - 1] + pg->c_len[runs - 1] == d) {
+				pg->c_len[runs - 1] += half;
+				continue;
+			}
+			pg->c_src[runs] = src;
+			pg->c_dst[runs] = d;
+			pg->c_len[runs] = half;
+			runs++;
+		}
+		pg->st.filled_pages++;
+		pg->st.filled_bytes += 2 * half;
+	}
+	if ((rc = fill_copies(b, pg, runs)) < 0)
+		return rc;
+	pg->st.pool_pages = pg->used;
+	pg->st.pool_cap = pg->slots;
+	pg->st.fill_ns += (uint64_t)((double)kvmem_now_ns() - t0);
+	return have;
 }
 
 /*
@@ -949,7 +1179,14 @@ int cuda_set(void *ctx, const char *key, const char *value)
 	}
 	if (!strcmp(key, "pool")) {
 		char *end;
-		unsigned long long v = strtoull(value, &end, 10);
+		unsigned long long v;
+
+		if (!strcmp(value, "default")) {	/* as the backend was opened */
+			pool_free(b, pg);
+			pg->pool_want = b->page_pool;
+			return 0;
+		}
+		v = strtoull(value, &end, 10);
 
 		if (end == value || *end)
 			return kvmem_error(EINVAL, "cuda: pool bytes '%s'", value);
@@ -959,7 +1196,15 @@ int cuda_set(void *ctx, const char *key, const char *value)
 			pg->pool_want = 1;	/* no pool (below one slot) */
 		return 0;
 	}
-	return kvmem_error(EINVAL, "cuda: no setting '%s' (place, pool)", key);
+	if (!strcmp(key, "gather_threads")) {
+		char *end;
+		long v = strtol(value, &end, 10);
+
+		if (end == value || *end)
+			return kvmem_error(EINVAL, "cuda: gather threads '%s'", value);
+		return kvmem_cuda_gather_set_threads((int)v);
+	}
+	return kvmem_error(EINVAL, "cuda: no setting '%s' (place, pool, gather_threads)", key);
 }
 
 void cuda_pages_destroy(struct cuda *b)

@@ -153,10 +153,21 @@ int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 					   b->index_bytes >> 20, (b->scratch_bytes + cuda_pages_dev_bytes(b)) >> 20,
 					   CUDA_CAP_MARGIN >> 20);
 	}
-	if ((rc = kvmem_cuda_malloc((void **)&nk, bytes)) < 0 ||
-	    (rc = kvmem_cuda_malloc((void **)&nv, bytes)) < 0 ||
-	    (v->keep && (rc = kvmem_cuda_malloc((void **)&nr, bytes)) < 0))
-		goto fail;
+	for (int tries = 0;; tries++) {
+		if ((rc = kvmem_cuda_malloc((void **)&nk, bytes)) == 0 &&
+		    (rc = kvmem_cuda_malloc((void **)&nv, bytes)) == 0 &&
+		    (!v->keep || (rc = kvmem_cuda_malloc((void **)&nr, bytes)) == 0))
+			break;
+		kvmem_cuda_free(nk);
+		kvmem_cuda_free(nv);
+		nk = nv = NULL;
+		/* No cap: the page pool took half of what was free; a view
+		 * comes first. */
+		if (tries || !cuda_pages_dev_bytes(b))
+			goto fail;
+		cudaGetLastError();
+		cuda_pages_drop_pool(b);
+	}
 	if (v->len && ((rc = copy_runs(b, nk, slots, v->k, v->cap, v->len)) < 0 ||
 		       (rc = copy_runs(b, nv, slots, v->v, v->cap, v->len)) < 0 ||
 		       (nr && (rc = copy_runs(b, nr, slots, v->rk, v->cap, v->len)) < 0) ||

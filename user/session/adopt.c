@@ -166,7 +166,11 @@ int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n)
 	s->plan.ws_blocks = kvmem_blocks_count(&s->blocks);
 	s->plan.n_sets = 1;
 	s->plan.n_tokens = n;
-	return ws_select(s, 0);
+	if (ws_select(s, 0))
+		return kvmem_fail();
+	/* The history's pages are in host memory now (the index was just
+	 * rebuilt from them): the device keeps what it has room for. */
+	return ws_pool_fill(s);
 }
 
 /* The group's rows into the index. Its rows were laid out for g->rows

@@ -122,6 +122,9 @@ int ws_view_reserve(kvmem_session *s, int64_t need);
 /* Let the backend read the source's pages where they live (view.c); undone
  * by ws_unregister when the session is freed. */
 void ws_register(kvmem_session *s);
+/* After the first view: the device page pool takes the best of the rest
+ * (pool_fill.c). */
+int ws_pool_fill(kvmem_session *s);
 /* A session's owner tag (kvmem_place.owner): a new one each call, never 0,
  * not reused in the process (until 2^32 sessions). */
 uint32_t ws_new_owner(void);

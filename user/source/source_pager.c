@@ -445,6 +445,18 @@ static void ps_put(void *ctx, int64_t b, int layer)
 	kvmem_pager_release(s->p, &pg, 1);
 }
 
+static int ps_resident(void *ctx, int64_t b, int layer)
+{
+	struct psrc *s = ctx;
+	const struct kvmem_pte *e;
+
+	/* Open blocks (b >= first) still fill: not pages to keep. */
+	if (b < 0 || b >= s->first || layer < 0 || layer >= s->L)
+		return 0;
+	e = kvmem_pager_pte(s->p, kvmem_page_id(s->g, b, layer));
+	return e && (e->tiers & KVMEM_TIER_HOST) && !(e->flags & KVMEM_PTE_IN_FLIGHT);
+}
+
 static void ps_prefetch(void *ctx, const int64_t *blocks, int n)
 {
 	struct psrc *s = ctx;
@@ -507,6 +519,7 @@ static const kvmem_page_source_ops pager_source_ops = {
 	.commit = ps_commit,
 	.write_rows = ps_write_rows,
 	.row_pages = ps_row_pages,
+	.resident = ps_resident,
 };
 
 int kvmem_page_source_pager(kvmem_page_source *src, kvmem_pager *p)

@@ -61,7 +61,12 @@ struct ctx {
 struct step_result {
 	double adopt_s, step_s[64], select_s[64], decode_s[64];
 	uint64_t bytes[64], nvme_pages[64], pool_hits[64], tokens[64], moved[64], src_pages[64];
-	double move_ms[64];
+	double move_ms[64], place_ms[64];
+	uint64_t pool_bytes[64];	/* page bytes read from the device page pool */
+	/* Pages the device page pool took at adopt (pool_fill), their bytes,
+	 * the time, the pool's pages then and its slots. */
+	uint64_t filled_pages, filled_bytes, pool_pages, pool_cap;
+	double fill_s;
 	double decode_tps;
 	/* The timed decode: its per-token split (kvmem_session_stats), the
 	 * view's length when it began, and selections it forced. */

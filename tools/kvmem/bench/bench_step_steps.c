@@ -51,10 +51,21 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 	unsetenv("KVMEM_MOVE");
 	if (!s)
 		goto out;
-	t0 = cli_now_s();
-	if (kvmem_workspace_adopt(w, s) < 0)
-		goto out;
-	r->adopt_s = cli_now_s() - t0;
+	{
+		kvmem_place_stats a, d;
+
+		place_now(x, &a);
+		t0 = cli_now_s();
+		if (kvmem_workspace_adopt(w, s) < 0)
+			goto out;
+		r->adopt_s = cli_now_s() - t0;
+		place_delta(x, &a, &d);
+		r->filled_pages = d.filled_pages;
+		r->filled_bytes = d.filled_bytes;
+		r->fill_s = d.fill_ns / 1e9;
+		r->pool_pages = d.pool_pages;
+		r->pool_cap = d.pool_cap;
+	}
 	for (int i = 0; i < steps && i < 64; i++) {
 		kvmem_place_stats a, d;
 		kvmem_session_stats s0, s1;
@@ -86,6 +97,8 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 		r->bytes[i] = d.bytes_in;
 		r->tokens[i] = d.tokens;
 		r->pool_hits[i] = d.pool_hits;
+		r->pool_bytes[i] = d.pool_bytes;
+		r->place_ms[i] = d.ns / 1e6;
 		/* The session's counters: every backend keeps them. */
 		r->moved[i] = (uint64_t)(s1.moved_tokens - s0.moved_tokens);
 		r->src_pages[i] = (uint64_t)(s1.source_pages - s0.source_pages);
@@ -146,6 +159,46 @@ const char *scored_where(const struct step_result *r)
 	return "on the device, reading the host's index over PCIe";
 }
 
+/* A ratio against a ceiling, and "slower" below 1. */
+static const char *below(double ratio)
+{
+	return ratio < 1 ? " (slower)" : "";
+}
+
+/*
+ * Bytes entered against bytes moved, by where they came from, each held
+ * against the same run's ceiling: pages from host memory at the pinned
+ * copy rate, pages from the device pool and tokens moved inside the view
+ * at the device copy rate (which counts bytes read plus written: a page
+ * from the pool or a moved token has its K and V read and K, V and raw K
+ * written, 2.5 times its bytes). Ratio: the time at the ceilings over the
+ * time taken (place(), move()), "slower" below 1.
+ */
+static void print_moved(const struct ctx *x, const struct step_result *r, int i, double in)
+{
+	const double kv = 2.0 * x->geo.cfg.n_kv_heads * x->geo.cfg.head_dim * 2;	/* K+V bf16 */
+	const double host = (double)r->bytes[i], pool = (double)r->pool_bytes[i];
+	const double moved = (double)r->moved[i] * kv;
+	double place_floor = 0, move_floor = 0, pr = 0, mr = 0;
+
+	if (x->ce.h2d_gbps > 0)
+		place_floor += host / (x->ce.h2d_gbps * 1e9);
+	if (x->ce.copy_gbps > 0) {
+		place_floor += 2.5 * pool / (x->ce.copy_gbps * 1e9);
+		move_floor = 2.5 * moved / (x->ce.copy_gbps * 1e9);
+	}
+	if (r->place_ms[i] > 0)
+		pr = place_floor * 1e3 / r->place_ms[i];
+	if (r->move_ms[i] > 0)
+		mr = move_floor * 1e3 / r->move_ms[i];
+	printf("      bytes: %.2f GB entered; moved %.2f GB from host memory + %.2f GB from the "
+	       "device page pool (%.2f of what entered) in %.1f ms, %.2f of the ceilings' %.1f ms%s; "
+	       "%.2f GB moved inside the view in %.1f ms, %.2f of the device copy rate's %.1f ms%s\n",
+	       in / 1e9, host / 1e9, pool / 1e9, in > 0 ? (host + pool) / in : 0.0, r->place_ms[i],
+	       pr, place_floor * 1e3, r->place_ms[i] > 0 ? below(pr) : "", moved / 1e9,
+	       r->move_ms[i], mr, move_floor * 1e3, r->move_ms[i] > 0 ? below(mr) : "");
+}
+
 static void print_steps(struct ctx *x, const char *tier, const struct step_result *r, int steps,
 			double peer)
 {
@@ -157,6 +210,13 @@ static void print_steps(struct ctx *x, const char *tier, const struct step_resul
 	printf("  %s (first view laid out in %.2f s; a selection that moves nothing "
 	       "takes %.1f ms: scoring every block %s, and planning):\n", tier, r->adopt_s,
 	       r->select_only_s * 1e3, scored_where(r));
+	if (r->pool_cap)
+		printf("    device page pool: %" PRIu64 " slots (%.2f GB); after the first view "
+		       "%" PRIu64 " pages in it, %" PRIu64 " of them (%.2f GB) filled ahead from host "
+		       "memory in %.3f s (%.1f GB/s; pinned peak %.1f GB/s)\n", r->pool_cap,
+		       r->pool_cap * (double)x->page_bytes / 1e9, r->pool_pages, r->filled_pages,
+		       r->filled_bytes / 1e9, r->fill_s, r->fill_s > 0 ? r->filled_bytes / r->fill_s / 1e9 : 0,
+		       x->ce.h2d_gbps);
 	for (int i = 0; i < steps; i++) {
 		/* What entered against what moved: the pages of the blocks new
 		 * to the view, against the bytes the step read from host memory
@@ -174,6 +234,7 @@ static void print_steps(struct ctx *x, const char *tier, const struct step_resul
 		       r->pool_hits[i], r->src_pages[i],
 		       r->entered[i] ? r->src_pages[i] / (r->entered[i] * L) : 0.0, r->tokens[i],
 		       r->moved[i], r->move_ms[i]);
+		print_moved(x, r, i, in);
 		if (i % 2)
 			follow[nf++] = r->step_s[i];
 		else

@@ -95,6 +95,11 @@ void place_delta(struct ctx *x, const kvmem_place_stats *a, kvmem_place_stats *d
 	d->ns = b.ns - a->ns;
 	d->moved_tokens = b.moved_tokens - a->moved_tokens;
 	d->move_ns = b.move_ns - a->move_ns;
+	d->pool_bytes = b.pool_bytes - a->pool_bytes;
+	d->pool_cap = b.pool_cap;
+	d->filled_pages = b.filled_pages - a->filled_pages;
+	d->filled_bytes = b.filled_bytes - a->filled_bytes;
+	d->fill_ns = b.fill_ns - a->fill_ns;
 }
 
 void place_now(struct ctx *x, kvmem_place_stats *s)
