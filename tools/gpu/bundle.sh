@@ -20,6 +20,7 @@ B=${BUILD:-build-gpu}
 # this list; a name whose tests/unit/NAME.c is absent is left out.
 unit_tests=(
 	test_ws_session
+	test_ws_pool_fill
 	test_ws_batch
 	test_ws_append
 	test_fwd_qlast
@@ -34,8 +35,6 @@ for t in "${unit_tests[@]}"; do
 done
 targets="cli ${have[*]}"
 ls tests/gpu/*.c >/dev/null 2>&1 && targets="$targets gpu-check"
-# The device page pool's fill (tests/gpu/step24.sh).
-targets="$targets $B/tests/test_ws_pool_fill"
 make --no-print-directory BUILD=$B -j"$(nproc)" $targets >/dev/null
 # test_fp8_session: fp8 views on cuda (tests/gpu/fp827b.sh); the libraries
 # of test_ws_session's (added to what travels below)
@@ -43,7 +42,6 @@ make --no-print-directory BUILD=$B -j"$(nproc)" $B/tests/test_fp8_session >/dev/
 mkdir -p $B/lib
 bins=($B/kvmem "${have[@]}")
 [ -x $B/gpu/kvmem_gpu_check ] && bins+=($B/gpu/kvmem_gpu_check)
-bins+=($B/tests/test_ws_pool_fill)
 for b in "${bins[@]}"; do
 	[ -x "$b" ] && [ -f "$b" ] || continue
 	ldd "$b" | awk '/=> \// { print $3 }'
