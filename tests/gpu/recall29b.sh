@@ -6,8 +6,8 @@
 #   tests/gpu/recall29b.sh OUTDIR
 #
 # Run from the repository root after the bundle of tools/gpu/bundle.sh is
-# unpacked (it is unpacked again here if present). Logs and CSVs in
-# OUTDIR/recall29b. `kvmem bench recall --backend cuda`, seeds from
+# unpacked (it is unpacked again here if present). Two files in OUTDIR:
+# recall29b.txt (what it prints) and recall29b.tgz (every log and CSV). `kvmem bench recall --backend cuda`, seeds from
 # 1003000000 (no choice of lexical's or of the training was made on them;
 # training uses seeds < 1e6), 8 look-alikes a needle (the targets),
 # depths 0.1, 0.5, 0.9, budget 1760 + reserve 256, blocks of 32, chunk 256:
@@ -16,7 +16,8 @@
 #         retrieved lines prefilled again: the same text with its own K/V,
 #         recall.md); 20 questions a
 #         depth (60 a figure)
-#   far   size 512 (1M tokens): meank, neighbour, lexical; 10 a depth
+#   far   size 512 (1M tokens): meank, neighbour, lexical; 10 a depth, in
+#         the time left of 84 s
 #
 # The two models run side by side (two processes: the model is small and the
 # work launch-bound), near first, then far with the time left. Checks (each
@@ -37,14 +38,20 @@ cd "$(dirname "$0")/../.." || exit 1
 . tests/gpu/lib.sh
 gpu_setup recall29b "${RECALL29B_BUILD:-build-gpu}" nosan
 gpu_need "$K"
+# Few files come back from the GPU machine: the logs go to a scratch folder
+# and travel as one tar beside the summary (OUTDIR/recall29b.tgz, .txt).
+rmdir "$log" 2>/dev/null
+log=$(mktemp -d /tmp/recall29b.XXXXXX)
+exec > >(tee "$OUT/recall29b.txt") 2>&1
+tee_pid=$!
 NEW=${RECALL29B_MODEL:-models/agentlang-views}
 OLD=models/agentlang
 BE=${RECALL29B_BACKEND:-cuda}
 NEAR=${RECALL29B_NEAR:-1,64}
 FAR=${RECALL29B_FAR:-512}
 COMMON=(--backend "$BE" --lookalikes 8 --seed 1003000000 --depths 0.1,0.5,0.9 --chunk 256)
-# What is left of 95 s, at most $1.
-cap() { local left=$((95 - ($(date +%s) - t0))); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
+# What is left of 84 s (the call allows 90), at most $1.
+cap() { local left=$((84 - ($(date +%s) - t0))); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
 
 run() { # tag, model, seconds, bench arguments
 	local tag=$1 model=$2 secs=$3
@@ -61,17 +68,22 @@ echo "== kvmem bench recall --backend $BE: $OLD (shipped) and $NEW (candidate)"
 echo "   near: --sizes $NEAR --questions ${RECALL29B_Q:-20} --policies full,meank,neighbour,lexical,rag"
 echo "   far:  --sizes $FAR --questions ${RECALL29B_QFAR:-10} --policies meank,neighbour,lexical"
 # The rows that matter most first, then 512x with what is left.
-run old_near "$OLD" "$(cap 45)" --sizes "$NEAR" --questions "${RECALL29B_Q:-20}" \
+# (wait names its jobs: a bare wait would wait for the tee above too.)
+run old_near "$OLD" "$(cap 40)" --sizes "$NEAR" --questions "${RECALL29B_Q:-20}" \
 	--policies full,meank,neighbour,lexical,rag &
-run new_near "$NEW" "$(cap 45)" --sizes "$NEAR" --questions "${RECALL29B_Q:-20}" \
+p1=$!
+run new_near "$NEW" "$(cap 40)" --sizes "$NEAR" --questions "${RECALL29B_Q:-20}" \
 	--policies full,meank,neighbour,lexical,rag &
-wait
+p2=$!
+wait $p1 $p2
 echo "   near done at $(($(date +%s) - t0)) s"
 run old_far "$OLD" "$(cap 90)" --sizes "$FAR" --questions "${RECALL29B_QFAR:-10}" \
 	--policies meank,neighbour,lexical &
+p1=$!
 run new_far "$NEW" "$(cap 90)" --sizes "$FAR" --questions "${RECALL29B_QFAR:-10}" \
 	--policies meank,neighbour,lexical &
-wait
+p2=$!
+wait $p1 $p2
 echo "   far done at $(($(date +%s) - t0)) s"
 
 for tag in old_near new_near old_far new_far; do
@@ -141,4 +153,10 @@ fo, fn = a("old", 1.0, "full"), a("new", 1.0, "full")
 if fo is not None and fn is not None:
     print(f"  full@1x candidate - shipped: {100 * (fn - fo):+.1f} points (target: not lower)")
 EOF
+tar czf "$OUT/recall29b.tgz" -C "$log" . 2>/dev/null
 gpu_done
+rc=$?
+# The summary file is whole before the script ends.
+exec >&- 2>&-
+wait "$tee_pid"
+exit $rc
