@@ -24,6 +24,7 @@ unit_tests=(
 	test_ws_batch
 	test_ws_append
 	test_fwd_qlast
+	test_fp8_session
 	test_tp_nccl
 	test_tp
 	test_serve_batch
@@ -36,9 +37,6 @@ done
 targets="cli ${have[*]}"
 ls tests/gpu/*.c >/dev/null 2>&1 && targets="$targets gpu-check"
 make --no-print-directory BUILD=$B -j"$(nproc)" $targets >/dev/null
-# test_fp8_session: fp8 views on cuda (tests/gpu/fp827b.sh); the libraries
-# of test_ws_session's (added to what travels below)
-make --no-print-directory BUILD=$B -j"$(nproc)" $B/tests/test_fp8_session >/dev/null
 mkdir -p $B/lib
 bins=($B/kvmem "${have[@]}")
 [ -x $B/gpu/kvmem_gpu_check ] && bins+=($B/gpu/kvmem_gpu_check)
@@ -57,7 +55,6 @@ done
 
 # What travels: the binaries and their libraries, compressed (OpenBLAS alone
 # is 36 MB). On the GPU machine: tar xJf $B/bundle.tar.xz
-bins+=($B/tests/test_fp8_session)
 files=($B/lib "${bins[@]}")
 tar cJf $B/bundle.tar.xz "${files[@]}"
 du -sh $B/bundle.tar.xz | sed 's/^/bundle: /'
