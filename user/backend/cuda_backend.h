@@ -120,6 +120,8 @@ int cuda_host_register(void *ctx, void *base, size_t len);
 void cuda_host_unregister(void *ctx, void *base);
 int cuda_host_pinned(void *ctx, const void *base);
 int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer);
+int cuda_pool_watch(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
+		    void *arg);
 void cuda_place_stats(void *ctx, kvmem_place_stats *st);
 int cuda_set(void *ctx, const char *key, const char *value);
 int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);

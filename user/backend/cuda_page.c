@@ -23,6 +23,10 @@
  *                           are kept (a pager's staged-out blocks, which
  *                           never change); filled by the gather kernel on
  *                           its way (copy_k / copy_v), evicted by a clock.
+ *                           Pages entering and leaving it are reported
+ *                           to a watcher (pool_watch: the session, which
+ *                           tells its source, so the module's page table
+ *                           shows the GPU tier).
  *
  * One place() call is one gather kernel (kernels/cuda/gather.cu) over all
  * its items: each reads its tokens from wherever they are, rounds f32 to
@@ -45,6 +49,7 @@
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
+#include "backend/pool_watch.h"
 #include "util/clock.h"
 
 #define MAX_REGIONS 16
@@ -103,6 +108,7 @@ struct cuda_pages {
 	uint64_t *filled;		/* the place() call that filled it */
 	uint64_t call;
 	uint64_t dev_bytes;		/* device memory held here */
+	kvmem_pool_watches watch;	/* who hears of pages entering and leaving */
 	kvmem_place_stats st;
 };
 
@@ -127,8 +133,14 @@ uint64_t cuda_pages_dev_bytes(const struct cuda *b)
 }
 
 /* ---- the device page pool ---------------------------------------------- */
+static void pool_note(struct cuda_pages *pg, uint32_t s, uint32_t slot);
+
 static void pool_free(struct cuda *b, struct cuda_pages *pg)
 {
+	for (uint32_t s = 0; pg->key && s < pg->slots; s++)
+		if (pg->key[s])
+			pool_note(pg, s, KVMEM_DEVICE_NONE);
+	kvmem_pool_flush(&pg->watch);
 	if (pg->pool) {
 		pg->dev_bytes -= (uint64_t)pg->slots * 2 * pg->slot_elems * 2;
 		kvmem_cuda_free(pg->pool);
@@ -245,9 +257,30 @@ static uint32_t pool_find(const struct cuda_pages *pg, uint64_t k)
 	return UINT32_MAX;
 }
 
+/* Tell the watcher of slot s's page (if any) that it entered the pool at
+ * `slot` or left it (KVMEM_DEVICE_NONE). */
+static void pool_note(struct cuda_pages *pg, uint32_t s, uint32_t slot)
+{
+	uint64_t k = pg->key[s];
+	const struct owner *o;
+
+	if (!pg->watch.n || !k)
+		return;
+	o = &pg->own[(k >> 56) - 1];
+	for (int i = 0; i < MAX_REGIONS; i++)
+		if (pg->reg[i].refs && pg->reg[i].id == o->region) {
+			kvmem_pool_note(&pg->watch, pg->reg[i].base, o->owner,
+					(int64_t)(k >> 16 & ((1ull << 40) - 1)), (int)(k & 0xffff),
+					slot);
+			return;
+		}
+}
+
 static void pool_unlink(struct cuda_pages *pg, uint32_t s)
 {
 	uint32_t *p = &pg->head[hash_of(pg, pg->key[s])];
+
+	pool_note(pg, s, KVMEM_DEVICE_NONE);
 
 	while (*p != s)
 		p = &pg->chain[*p];
@@ -287,6 +320,7 @@ static uint32_t pool_take(struct cuda_pages *pg, uint64_t k)
 	pg->stamp[s] = pg->call;
 	pg->filled[s] = pg->call;
 	pg->used++;
+	pool_note(pg, s, s);
 	return s;
 }
 
@@ -370,6 +404,7 @@ int cuda_host_register(void *ctx, void *base, size_t len)
 			 * by their owner and stay. */
 			if (pg->reg[i].refs++ == 1)
 				owner_forget(pg, pg->reg[i].id, 0, 0);
+			kvmem_pool_flush(&pg->watch);
 			return 0;
 		}
 	for (int i = 0; i < MAX_REGIONS && !r; i++)
@@ -413,6 +448,15 @@ void cuda_host_unregister(void *ctx, void *base)
 		owner_forget(pg, r->id, 0, 1);
 		memset(r, 0, sizeof(*r));
 	}
+	kvmem_pool_flush(&pg->watch);
+}
+
+int cuda_pool_watch(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
+		    void *arg)
+{
+	struct cuda_pages *pg = pages_of(ctx);
+
+	return pg ? kvmem_pool_watch_set(&pg->watch, region, owner, fn, arg) : kvmem_fail();
 }
 
 int cuda_host_pinned(void *ctx, const void *base)
@@ -573,7 +617,7 @@ int cuda_pages_method(struct cuda *b)
  * pages; any method: pages in memory the device cannot address) are copied
  * before the kernel runs.
  */
-int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
+static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
 	struct cuda_pages *pg = pages_of(b);
@@ -781,6 +825,16 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 	return 0;
 }
 
+/* place(), then the pool's watchers hear what entered and left it. */
+int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
+{
+	int rc = place_pages(b, v, items, n);
+
+	if (b->pages)
+		kvmem_pool_flush(&b->pages->watch);
+	return rc;
+}
+
 /*
  * move(): tokens already in the view to other slots, on the device. Per
  * layer with items, that layer's raw K and V (slots up to the furthest
@@ -961,6 +1015,7 @@ void cuda_pages_destroy(struct cuda *b)
 			cudaGetLastError();
 		}
 	pool_free(b, pg);
+	kvmem_pool_watches_free(&pg->watch);
 	kvmem_cuda_free(pg->items);
 	cudaFreeHost(pg->host_items);
 	cudaFreeHost(pg->host_st);
