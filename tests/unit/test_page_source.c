@@ -41,6 +41,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "session/inspect.h"
+#include "util/hostmem.h"
 #include "helpers/test_devpool.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
@@ -408,8 +409,9 @@ static void kmod_open_sized(struct fx *f, uint64_t slots)
 /* The kmod source's region (what a GPU backend would cudaHostRegister):
  * refused (-ENOTSUP) while the window is larger than its host cap; where it
  * fits, the window over the committed pages, every committed page got
- * inside it; after that the window never moves: blocks committed past it
- * are read through the pager, and every page still reads right. Other
+ * inside it, mapped read-only; after that the window never moves: blocks
+ * committed past it are read through the pager, and every page still
+ * reads right. Other
  * variants: nothing (mem has no region, the pager's is its host pool). */
 static void test_kmod_region(void **state)
 {
@@ -445,6 +447,9 @@ static void test_kmod_region(void **state)
 	assert_int_equal(f.src.ops->region(f.src.ctx, &base, &len), 0);
 	assert_ptr_equal(base, kvmem_kmod_window(k, &wlen));
 	assert_int_equal(len, 2 * f.L * kvmem_page_stride(&g));
+	/* Mapped read-only: what makes the cuda backend pin it with
+	 * cudaHostRegisterReadOnly (cuda_host_register). */
+	assert_int_equal(kvmem_host_writable(base, len), 0);
 	for (int64_t b = 0; b < 2; b++)
 		for (int l = 0; l < f.L; l++) {
 			kvmem_page pg;

@@ -50,6 +50,7 @@
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
 #include "backend/pool_watch.h"
+#include "util/hostmem.h"
 #include "util/clock.h"
 
 #define MAX_REGIONS 16
@@ -387,6 +388,7 @@ int cuda_host_register(void *ctx, void *base, size_t len)
 	struct cuda *b = ctx;
 	struct cuda_pages *pg = pages_of(b);
 	struct region *r = NULL;
+	unsigned int flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
 	void *dev = NULL;
 	cudaError_t e;
 
@@ -412,7 +414,23 @@ int cuda_host_register(void *ctx, void *base, size_t len)
 			r = &pg->reg[i];
 	if (!r)
 		return kvmem_error(ENOSPC, "cuda: %d host regions registered already", MAX_REGIONS);
-	e = cudaHostRegister(base, len, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	/* A read-only mapping (the kernel module's window: the kmod source's
+	 * region) cannot be pinned for writing: the device maps it read-only,
+	 * which place() needs (it only reads registered pages). */
+	if (kvmem_host_writable(base, len) == 0) {
+		int gpu = 0, ro = 0;
+
+		if (cudaGetDevice(&gpu) != cudaSuccess ||
+		    cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, gpu) !=
+			    cudaSuccess || !ro) {
+			cudaGetLastError();
+			return kvmem_error(ENOTSUP, "cuda: host memory at %p (%zu bytes) is mapped "
+					   "read-only and the device cannot map read-only host "
+					   "memory", base, len);
+		}
+		flags |= cudaHostRegisterReadOnly;
+	}
+	e = cudaHostRegister(base, len, flags);
 	if (e != cudaSuccess) {
 		cudaGetLastError();
 		return kvmem_error(ENOTSUP, "cuda: cannot pin %zu bytes of host memory at %p: %s", len,
