@@ -268,8 +268,10 @@ static void pool_note(struct cuda_pages *pg, uint32_t s, uint32_t slot)
 	if (!pg->watch.n || !k)
 		return;
 	o = &pg->own[(k >> 56) - 1];
+	/* By base, not refs: cuda_host_unregister forgets a region's pages
+	 * after its count went to 0, and those leaving must be told too. */
 	for (int i = 0; i < MAX_REGIONS; i++)
-		if (pg->reg[i].refs && pg->reg[i].id == o->region) {
+		if (pg->reg[i].base && pg->reg[i].id == o->region) {
 			kvmem_pool_note(&pg->watch, pg->reg[i].base, o->owner,
 					(int64_t)(k >> 16 & ((1ull << 40) - 1)), (int)(k & 0xffff),
 					slot);
