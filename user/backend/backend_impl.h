@@ -158,14 +158,6 @@ typedef struct kvmem_backend_ops {
 	 * any holder: a further host_register of it is only a count), else 0.
 	 * Pinning costs (cuda: 0.43 s for a 2.7 GB pool on the H200 host). */
 	int (*host_pinned)(void *ctx, const void *base);
-	/* Optional: 1 when the backend holds page (block, layer) of owner's
-	 * pages in `region` (a base given to host_register; owner as in
-	 * kvmem_place) in its own memory (the device page pool). The session may then queue a place item for it
-	 * without getting the page from its source: page.mem
-	 * KVMEM_MEM_BACKEND, page.k = region. The answer holds until the next
-	 * place() call, which takes such items before anything is evicted. */
-	int (*page_cached)(void *ctx, const void *region, uint32_t owner, int64_t block,
-			   int layer);
 	/* Optional, with page_cached: from now on call fn(arg, pages, n)
 	 * with the pages of (region, owner) that enter the device page pool
 	 * (a slot: page_cached says yes from then on) and leave it
@@ -175,6 +167,14 @@ typedef struct kvmem_backend_ops {
 	 * session hands it to its source's device op): 0, or -ENOMEM. */
 	int (*pool_watch)(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
 			  void *arg);
+	/* Optional: 1 when the backend holds page (block, layer) of owner's
+	 * pages in `region` (a base given to host_register; owner as in
+	 * kvmem_place) in its own memory (the device page pool). The session may then queue a place item for it
+	 * without getting the page from its source: page.mem
+	 * KVMEM_MEM_BACKEND, page.k = region. The answer holds until the next
+	 * place() call, which takes such items before anything is evicted. */
+	int (*page_cached)(void *ctx, const void *region, uint32_t owner, int64_t block,
+			   int layer);
 	/* Optional: place()'s counters. */
 	void (*place_stats)(void *ctx, kvmem_place_stats *st);
 	/* Optional: a named knob for tools and benchmarks (cuda: "place" =

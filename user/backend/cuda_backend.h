@@ -111,6 +111,8 @@ void cuda_fwdb_destroy(struct cuda *b);
 
 /* cuda_page.c */
 int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n);
+int cuda_pool_watch(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
+		    void *arg);
 int cuda_pages_method(struct cuda *b);
 void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns);
 uint64_t cuda_pages_dev_bytes(const struct cuda *b);
@@ -120,8 +122,6 @@ int cuda_host_register(void *ctx, void *base, size_t len);
 void cuda_host_unregister(void *ctx, void *base);
 int cuda_host_pinned(void *ctx, const void *base);
 int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer);
-int cuda_pool_watch(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
-		    void *arg);
 void cuda_place_stats(void *ctx, kvmem_place_stats *st);
 int cuda_set(void *ctx, const char *key, const char *value);
 int cuda_copy_ceilings(struct cuda *b, kvmem_ceilings *out);

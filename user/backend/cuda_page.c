@@ -323,7 +323,6 @@ static uint32_t pool_take(struct cuda_pages *pg, uint64_t k)
 	pg->stamp[s] = pg->call;
 	pg->filled[s] = pg->call;
 	pg->used++;
-	pool_note(pg, s, s);
 	return s;
 }
 
@@ -762,6 +761,9 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 		 * same page may come twice, for two token ranges). */
 		if (key && it->u0 == 0 && it->n == it->stride && pool_find(pg, key) == UINT32_MAX &&
 		    (slot = pool_take(pg, key)) != UINT32_MAX) {
+			/* Reported as entered (one it pushed out was, as leaving,
+			 * in pool_unlink). */
+			pool_note(pg, slot, slot);
 			g->copy_k = pg->pool + (size_t)slot * 2 * pg->slot_elems;
 			g->copy_v = g->copy_k + pg->slot_elems;
 			pg->ref[slot] = 1;
