@@ -51,6 +51,16 @@ typedef struct kvmem_page {
 	uint32_t scale_run;
 } kvmem_page;
 
+/* One page of a source in a backend's device page pool (a GPU's memory:
+ * the third tier, above host memory and disk): it entered the pool at
+ * `slot`, or left it (slot KVMEM_DEVICE_NONE). */
+#define KVMEM_DEVICE_NONE UINT32_MAX
+typedef struct kvmem_device_page {
+	int64_t block;
+	int32_t layer;
+	uint32_t slot;
+} kvmem_device_page;
+
 typedef struct kvmem_page_source_ops {
 	const char *name;	/* "mem", "pager", "kmod" */
 	/* Store tokens t0..t0+n-1 of block b, layer l; k and v are fp32,
@@ -78,6 +88,12 @@ typedef struct kvmem_page_source_ops {
 	 * kvmem/backend.h) so it reads them where they are. It stays mapped
 	 * until the source is destroyed. 0, or -ENOENT when there is none. */
 	int (*region)(void *ctx, void **base, size_t *len);
+	/* Optional: pages of this source entered or left the backend's
+	 * device page pool, in the order they did (the session forwards what
+	 * the backend reports while the source's region is registered on it),
+	 * so a store can record which of its pages a GPU holds (the module:
+	 * KVMEM_IOC_GPU). Only a report: the pages stay the source's. */
+	void (*device)(void *ctx, const kvmem_device_page *pages, int n);
 	/* Optional: persist the history at a step boundary: token ids [0, n)
 	 * (n the tokens written through the source), their pages, and `app`
 	 * (opaque bytes stored with the commit: the session's state), made

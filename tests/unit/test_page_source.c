@@ -15,7 +15,11 @@
  *     never returned, and the other pages still read;
  *   - a session over the source at a budget far below the workspace,
  *     committing each step, decodes what the same session over host memory
- *     decodes, logit for logit.
+ *     decodes, logit for logit;
+ *   - the same on a backend with a device page pool (a GPU's, modelled by
+ *     helpers/test_devpool.h), and where the source records tiers (the
+ *     module's page table) the pool's pages are its GPU tier, at their
+ *     slots, until the session ends.
  *
  * The kmod variant (the kernel module's source) runs where /dev/kvmem opens
  * (in the VM: make vmtest) and skips elsewhere, saying why; it also checks
@@ -37,6 +41,8 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "session/inspect.h"
+#include "util/hostmem.h"
+#include "helpers/test_devpool.h"
 #include "helpers/test_model.h"
 #include "helpers/test_tmpdir.h"
 
@@ -403,8 +409,9 @@ static void kmod_open_sized(struct fx *f, uint64_t slots)
 /* The kmod source's region (what a GPU backend would cudaHostRegister):
  * refused (-ENOTSUP) while the window is larger than its host cap; where it
  * fits, the window over the committed pages, every committed page got
- * inside it; after that the window never moves: blocks committed past it
- * are read through the pager, and every page still reads right. Other
+ * inside it, mapped read-only; after that the window never moves: blocks
+ * committed past it are read through the pager, and every page still
+ * reads right. Other
  * variants: nothing (mem has no region, the pager's is its host pool). */
 static void test_kmod_region(void **state)
 {
@@ -440,6 +447,9 @@ static void test_kmod_region(void **state)
 	assert_int_equal(f.src.ops->region(f.src.ctx, &base, &len), 0);
 	assert_ptr_equal(base, kvmem_kmod_window(k, &wlen));
 	assert_int_equal(len, 2 * f.L * kvmem_page_stride(&g));
+	/* Mapped read-only: what makes the cuda backend pin it with
+	 * cudaHostRegisterReadOnly (cuda_host_register). */
+	assert_int_equal(kvmem_host_writable(base, len), 0);
 	for (int64_t b = 0; b < 2; b++)
 		for (int l = 0; l < f.L; l++) {
 			kvmem_page pg;
@@ -554,11 +564,11 @@ static void log_forward(void *arg, const int32_t *tok, int n, const float *logit
 }
 
 /* Three steps of append + select + decode at a budget of an eighth of the
- * workspace, each committed where the variant commits (var may be NULL);
- * returns the logits and the decoded tokens. */
+ * workspace, each committed where the variant commits (var may be NULL),
+ * then each(f) when given; returns the logits and the decoded tokens. */
 static void session_run(kvmem_backend *be, const kvmem_page_source *src, int block,
 			uint64_t seed, struct logs *lg, int32_t *out, const struct variant *var,
-			struct fx *f)
+			struct fx *f, void (*each)(struct fx *f))
 {
 	kvmem_session_opts o;
 	kvmem_session *s;
@@ -586,6 +596,8 @@ static void session_run(kvmem_backend *be, const kvmem_page_source *src, int blo
 			fail_msg("step %d: %s", step, kvmem_last_error());
 		if (var && var->commit)
 			var->commit(f, kvmem_session_token_ids(s), kvmem_session_tokens(s));
+		if (each)
+			each(f);
 	}
 	kvmem_session_free(s);
 }
@@ -607,10 +619,10 @@ static void test_session_matches_memory(void **state)
 
 	assert_non_null(be);
 	assert_int_equal(kvmem_page_source_mem(&mem, f.L, f.H, f.D, f.B), 0);
-	session_run(be, &mem, f.B, seed, &want, out_want, NULL, NULL);
+	session_run(be, &mem, f.B, seed, &want, out_want, NULL, NULL, NULL);
 	kvmem_page_source_destroy(&mem);
 	var->open(&f);
-	session_run(be, &f.src, f.B, seed, &got, out_got, var, &f);
+	session_run(be, &f.src, f.B, seed, &got, out_got, var, &f, NULL);
 	if (kvmem_page_source_kmod_client(&f.src)) {
 		/* The selections re-read committed pages through the module
 		 * (counted over every window: commits grew it). */
@@ -622,6 +634,107 @@ static void test_session_matches_memory(void **state)
 			      (unsigned long long)st.evictions);
 		assert_true(st.fills > 0);
 	}
+	var->close(&f);
+	assert_int_equal(got.n, want.n);
+	assert_memory_equal(got.buf, want.buf, want.n * sizeof(float));
+	assert_memory_equal(out_got, out_want, sizeof(out_want));
+	free(want.buf);
+	free(got.buf);
+	kvmem_backend_close(be);
+	test_model_free(m);
+}
+
+/* The kmod source with a window the backend may register (it fits the
+ * host cap: ks_region), 128 blocks of pages. */
+static void kmod_open_region(struct fx *f)
+{
+	kmod_open_sized(f, 128 * (uint64_t)f->L);
+}
+
+/* Pages on the GPU tier in the module's table, the most seen after a step. */
+static uint64_t g_gpu_pages;
+
+/* The module's table against the device pool: a page has the GPU tier, at
+ * its pool slot, exactly when the pool holds it; every page the pool
+ * holds is in the table. Other sources keep no tiers: nothing to check. */
+static void gpu_tier_check(struct fx *f)
+{
+	kvmem_kmod *k = kvmem_page_source_kmod_client(&f->src);
+	uint64_t pages, gpu = 0, host = 0, disk = 0;
+	test_devpool_stats st;
+
+	if (!k)
+		return;
+	pages = kvmem_kmod_pages(k);
+	test_devpool_stats_get(&st);
+	for (uint64_t p = 0; p < pages; p++) {
+		uint32_t want = test_devpool_slot((int64_t)(p / f->L), (int)(p % f->L));
+		struct kvmem_pte e;
+
+		assert_int_equal(kvmem_kmod_pte_read(k, p, &e), 0);
+		if (e.gpu_slot != want || !(e.tiers & KVMEM_TIER_GPU) != (want == UINT32_MAX))
+			fail_msg("page %llu: gpu_slot %u, tiers 0x%x; the device pool has it at %u",
+				 (unsigned long long)p, e.gpu_slot, e.tiers, want);
+		gpu += !!(e.tiers & KVMEM_TIER_GPU);
+		host += !!(e.tiers & KVMEM_TIER_HOST);
+		disk += !!(e.tiers & KVMEM_TIER_NVME);
+	}
+	print_message("module's table, %llu pages: %llu on the GPU, %llu in host memory, "
+		      "%llu on disk (pool: %llu in, %llu out, %llu hits)\n",
+		      (unsigned long long)pages, (unsigned long long)gpu, (unsigned long long)host,
+		      (unsigned long long)disk, (unsigned long long)st.fills,
+		      (unsigned long long)st.drops, (unsigned long long)st.hits);
+	assert_int_equal(gpu, (uint64_t)st.held);
+	assert_int_equal(disk, pages);
+	if (gpu > g_gpu_pages)
+		g_gpu_pages = gpu;
+}
+
+/* The GPU tier: the session of test_session_matches_memory on the cpu
+ * backend with a device page pool of 6 pages (fewer than a view's, so
+ * pages leave it too) decodes what the session over host memory on the
+ * plain backend decodes; after each step the source's tiers follow the
+ * pool (gpu_tier_check), and once the session is freed (the region
+ * unregistered, the pool emptied) no page is left on the GPU tier. */
+static void test_session_device_tier(void **state)
+{
+	const struct variant *var = *state;
+
+	announce(var);
+	uint64_t rng = g_seed ^ 0x91;
+	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
+	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
+	kvmem_backend *be = kvmem_backend_cpu(m, 32), pooled;
+	struct logs want = { .vocab = c.vocab }, got = { .vocab = c.vocab };
+	int32_t out_want[15], out_got[15];
+	kvmem_page_source mem;
+	struct fx f = { .L = c.n_layers, .H = c.n_kv_heads, .D = c.head_dim, .B = 16 };
+	uint64_t seed = test_rng_next(&rng);
+	test_devpool_stats st;
+
+	assert_non_null(be);
+	assert_int_equal(kvmem_page_source_mem(&mem, f.L, f.H, f.D, f.B), 0);
+	session_run(be, &mem, f.B, seed, &want, out_want, NULL, NULL, NULL);
+	kvmem_page_source_destroy(&mem);
+	if (strcmp(var->name, "kmod"))
+		var->open(&f);
+	else
+		kmod_open_region(&f);
+	assert_int_equal(test_devpool_wrap(&pooled, be, 6), 0);
+	g_gpu_pages = 0;
+	session_run(&pooled, &f.src, f.B, seed, &got, out_got, var, &f, gpu_tier_check);
+	test_devpool_stats_get(&st);
+	print_message("device pool: %llu pages in, %llu out, %llu placed from it\n",
+		      (unsigned long long)st.fills, (unsigned long long)st.drops,
+		      (unsigned long long)st.hits);
+	assert_int_equal(st.held, 0);
+	if (var->commit)	/* sources with a region: the pager's pool, the window */
+		assert_true(st.fills > 0);
+	if (kvmem_page_source_kmod_client(&f.src)) {
+		assert_true(g_gpu_pages > 0);
+		gpu_tier_check(&f);	/* the pool is empty: so is the GPU tier */
+	}
+	test_devpool_unwrap();
 	var->close(&f);
 	assert_int_equal(got.n, want.n);
 	assert_memory_equal(got.buf, want.buf, want.n * sizeof(float));
@@ -646,6 +759,7 @@ int main(void)
 		PER_VARIANT(test_corrupt_page_refused),
 		PER_VARIANT(test_kmod_region),
 		PER_VARIANT(test_session_matches_memory),
+		PER_VARIANT(test_session_device_tier),
 	};
 
 	_Static_assert(sizeof(variants) / sizeof(variants[0]) == 3,

@@ -333,7 +333,7 @@ struct live {
 	kvmem_kmod *k;
 	int fd;
 	volatile int stop;
-	long ops[6], bad[6];
+	long ops[7], bad[7];
 	int prefetch_hook;	/* the BPF object has the prefetch hook */
 };
 
@@ -491,6 +491,66 @@ static void *ioctler(void *arg)
 	return NULL;
 }
 
+/*
+ * The step's selection (HINT; half of them with KVMEM_HINT_PREFETCH, so the
+ * prefetch hook runs beside the flipper's attaches) and the GPU tier (GPU)
+ * on the live workspace, while reclaim orders its candidates by the hints
+ * and faults refill the pages. Lists of at most 32 ids; one call in 16 is
+ * malformed (an id past the end, n_selected past n_pages). A good call
+ * succeeds (or ENOMEM), a malformed one is EINVAL, nothing else. About a
+ * call a millisecond.
+ */
+static void *hinter(void *arg)
+{
+	struct role *r = arg;
+	struct live *l = r->l;
+	uint64_t ids[32], step = 0;
+	uint32_t slots[32];
+
+	while (!l->stop) {
+		uint32_t n = 1 + rrand(r, 32), sel = rrand(r, n + 1);
+		int good = 1, ret;
+
+		for (uint32_t i = 0; i < n; i++) {
+			ids[i] = rrand(r, l->w->pages);
+			slots[i] = rrand(r, 3) ? rrand(r, 64) : KVMEM_SLOT_NONE;
+		}
+		if (!rrand(r, 16)) {
+			good = 0;
+			if (rrand(r, 2))
+				ids[rrand(r, n)] = l->w->pages + rrand(r, 1000);
+			else
+				sel = n + 1;
+		}
+		if (rrand(r, 2)) {
+			struct kvmem_ioc_hint h = {
+				.step = ++step, .pages = (uintptr_t)ids, .n_pages = n,
+				.n_selected = sel, .flags = rrand(r, 2) ? KVMEM_HINT_PREFETCH : 0,
+			};
+
+			ret = ioctl(l->fd, KVMEM_IOC_HINT, &h);
+		} else {
+			struct kvmem_ioc_gpu g = {
+				.pages = (uintptr_t)ids, .slots = (uintptr_t)slots, .n_pages = n,
+			};
+
+			if (sel == n + 1)	/* no n_selected here: that one is good */
+				good = 1;
+			ret = ioctl(l->fd, KVMEM_IOC_GPU, &g);
+		}
+		if (good ? (ret < 0 && errno != ENOMEM) : (ret == 0 || errno != EINVAL)) {
+			fprintf(stderr, "# hinter: a %s call gave %d (errno %d)\n",
+				good ? "good" : "malformed", ret, ret < 0 ? errno : 0);
+			l->bad[r->id]++;
+		}
+		l->ops[r->id]++;
+		/* Paced: unpaced, its prefetches held the workspace's lock so
+		 * often that the ioctl thread made 13 calls in 30 s. */
+		usleep(rrand(r, 2000));
+	}
+	return NULL;
+}
+
 /* Children that fault pages in a loop, killed at a random moment. */
 static void *forker(void *arg)
 {
@@ -528,19 +588,28 @@ static void *forker(void *arg)
  * (victim: none, newest, out of range; prefetch: none, read-ahead, past the
  * end, too many).
  *
- * Two no-op programs stay attached to the same tracepoints meanwhile
+ * Four no-op programs, two on each tracepoint, stay attached meanwhile
  * (attached before the threads start, detached after they end), so
- * the tracepoints' static keys stay on: the first attach and the last
- * detach would patch kernel text (int3, then the new bytes) under threads
- * running through run_hook with the workspace lock held, and qemu's TCG
- * can keep running its translation of the int3 after the bytes changed.
+ * attaching and detaching never patches kernel text: with one probe on a
+ * tracepoint its static key would go on and off (0 <-> 1), with one
+ * anchor its static call (1 <-> 2 probes: the module's call sites are
+ * rewritten from the one probe to the iterator and back); from 2 up
+ * neither changes. A patch (int3, then the new bytes) under threads
+ * running through run_hook with the workspace lock held is what qemu's
+ * TCG gets wrong: it can keep running its translation of the int3 after
+ * the bytes changed.
  * The kernel's answer to an int3 that is gone (kprobe_int3_handler: go
  * back and run the instruction again) then loops forever on that CPU,
  * lock held, and every other thread waits for the lock: seen in CI and 3
  * times in 32 local runs (sysrq l: RIP asm_exc_int3 from run_hook, no text
- * patch in progress); none in 40 runs with the anchors. A CPU refetches
- * after the iret, so this is the emulator's, not the module's; the
- * attach and detach paths (RCU updates of the probe list) stay fuzzed.
+ * patch in progress); none in 40 runs with one anchor each. Then the
+ * HINT thread's prefetches ran reclaim far more often, and with one
+ * anchor the debug kernel (no kprobes to swallow a stray int3) died of
+ * it in the first minute of a 120 s run: "int3: 0000 [#1]" in reclaim_one from the
+ * prefetch worker, the RIP one byte into the call of the reclaim
+ * tracepoint's static call (2026-12-02). A CPU refetches after the iret,
+ * so this is the emulator's, not the module's; the attach and detach
+ * paths (RCU updates of the probe list) stay fuzzed.
  */
 static void *bpf_flipper(void *arg)
 {
@@ -589,18 +658,19 @@ static void *bpf_flipper(void *arg)
  * threads run (bpf_flipper says why); the object is returned to be closed
  * after their links are destroyed.
  */
-static struct bpf_object *anchors_attach(struct bpf_link *link[2])
+static struct bpf_object *anchors_attach(struct bpf_link *link[4])
 {
-	static const char *const names[2] = { "kvmem_anchor_reclaim", "kvmem_anchor_prefetch" };
+	static const char *const names[4] = { "kvmem_anchor_reclaim", "kvmem_anchor_prefetch",
+					      "kvmem_anchor_reclaim2", "kvmem_anchor_prefetch2" };
 	struct bpf_object *obj = bpf_object__open_file(VICTIM_OBJ, NULL);
 
 	if (!obj || bpf_object__load(obj))
 		return NULL;
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 4; i++) {
 		link[i] = bpf_program__attach(bpf_object__find_program_by_name(obj, names[i]));
 		if (!link[i]) {
-			if (i)
-				bpf_link__destroy(link[0]);
+			while (i--)
+				bpf_link__destroy(link[i]);
 			bpf_object__close(obj);
 			return NULL;
 		}
@@ -610,25 +680,28 @@ static struct bpf_object *anchors_attach(struct bpf_link *link[2])
 
 /*
  * KVMEM_FUZZ_SECONDS (default 30) of two faulting threads, a remapper, an
- * ioctl thread, a forker whose children die mid-fault and a thread
- * attaching and detaching BPF programs, all on one workspace with a window
- * of 16 pages. Then everything is closed: no page, workspace or
- * reservation may be left (the VM's /init fails the step on a BUG:,
- * WARNING: or Oops in the kernel log, and unloads the module after).
+ * ioctl thread, a forker whose children die mid-fault, a thread attaching
+ * and detaching BPF programs and one sending HINT and GPU calls, all on one
+ * workspace with a window of 16 pages. Then every table entry is whole
+ * (the GPU bit set exactly when a GPU slot is), and everything is closed:
+ * no page, workspace or reservation may be left (the VM's /init fails the
+ * step on a BUG:, WARNING: or Oops in the kernel log, and unloads the
+ * module after; kmemleak on the debug kernel).
  */
 TEST_F_TIMEOUT(fuzz, threads_maps_forks_and_bpf, 3600)
 {
-	void *(*const fn[6])(void *) = { faulter, faulter, remapper, ioctler, forker,
-					  bpf_flipper };
-	static const char *const names[6] = { "faulter", "faulter", "remapper", "ioctls",
-					      "forker", "bpf" };
+	void *(*const fn[7])(void *) = { faulter, faulter, remapper, ioctler, forker,
+					  bpf_flipper, hinter };
+	static const char *const names[7] = { "faulter", "faulter", "remapper", "ioctls",
+					      "forker", "bpf", "hint+gpu" };
 	const char *env = getenv("KVMEM_FUZZ_SECONDS");
 	int seconds = env && *env ? atoi(env) : 30;
 	uint64_t seed = vt_seed("kvmem-fuzz threads");
 	struct bpf_object *anchors;
-	struct bpf_link *anchor[2];
-	struct role roles[6];
-	pthread_t tid[6];
+	struct bpf_link *anchor[4];
+	struct role roles[7];
+	pthread_t tid[7];
+	uint64_t on_gpu = 0;
 	struct live l;
 	struct vt_ws w;
 	long bad = 0;
@@ -642,19 +715,19 @@ TEST_F_TIMEOUT(fuzz, threads_maps_forks_and_bpf, 3600)
 	libbpf_set_print(NULL);
 	anchors = anchors_attach(anchor);
 	ASSERT_NE(NULL, anchors) TH_LOG("%s: the anchor programs would not attach", VICTIM_OBJ);
-	for (int i = 0; i < 6; i++) {
+	for (int i = 0; i < 7; i++) {
 		roles[i] = (struct role){ .l = &l, .id = i, .rng = seed + 7919 * i };
 		ASSERT_EQ(0, pthread_create(&tid[i], NULL, fn[i], &roles[i]));
 	}
 	sleep(seconds);
 	l.stop = 1;
-	for (int i = 0; i < 6; i++) {
+	for (int i = 0; i < 7; i++) {
 		pthread_join(tid[i], NULL);
 		TH_LOG("%s: %ld operations, %ld unexpected results", names[i], l.ops[i], l.bad[i]);
 		bad += l.bad[i];
 	}
-	bpf_link__destroy(anchor[1]);
-	bpf_link__destroy(anchor[0]);
+	for (int i = 3; i >= 0; i--)
+		bpf_link__destroy(anchor[i]);
 	bpf_object__close(anchors);
 	TH_LOG("module: %llu faults, %llu fills, %llu evictions, %llu verdicts, %llu prefetch adds",
 	       (unsigned long long)vt_stats(l.k).faults, (unsigned long long)vt_stats(l.k).fills,
@@ -662,9 +735,21 @@ TEST_F_TIMEOUT(fuzz, threads_maps_forks_and_bpf, 3600)
 	       (unsigned long long)vt_stats(l.k).verdicts,
 	       (unsigned long long)vt_stats(l.k).prefetch_adds);
 	ASSERT_EQ(0, bad);
-	for (int i = 0; i < 6; i++) {
+	for (int i = 0; i < 7; i++) {
 		ASSERT_GT(l.ops[i], 0) TH_LOG("%s did nothing", names[i]);
 	}
+	for (uint64_t p = 0; p < w.pages; p++) {
+		struct kvmem_pte e;
+
+		ASSERT_EQ(0, kvmem_kmod_pte_read(l.k, p, &e));
+		ASSERT_EQ(e.gpu_slot != KVMEM_SLOT_NONE, !!(e.tiers & KVMEM_TIER_GPU))
+			TH_LOG("page %llu: gpu_slot %u, tiers 0x%x", (unsigned long long)p,
+			       e.gpu_slot, e.tiers);
+		ASSERT_TRUE(e.gpu_slot == KVMEM_SLOT_NONE || e.gpu_slot < 64);
+		on_gpu += e.gpu_slot != KVMEM_SLOT_NONE;
+	}
+	TH_LOG("%llu of %llu pages on the GPU tier at the end", (unsigned long long)on_gpu,
+	       (unsigned long long)w.pages);
 	kvmem_kmod_close(l.k);
 	vt_ws_close(&w);
 	ASSERT_EQ(0, vt_param("workspaces"));

@@ -117,9 +117,12 @@ int kvmem_readahead(__u64 *ctx)
 	return 0;
 }
 
-/* No-ops that kvmem-fuzz keeps attached for its whole run, so that
- * attaching and detaching the two programs above never turns a
- * tracepoint's static key on or off (kvmem-fuzz.c, bpf_flipper, says why).
+/* No-ops that kvmem-fuzz keeps attached for its whole run, two on each
+ * tracepoint, so that attaching and detaching the two programs above never
+ * patches kernel text: neither the tracepoint's static key (0 <-> 1
+ * probes) nor its static call (1 <-> 2 probes: the call sites in the
+ * module go from the one probe to the iterator; 2 <-> 3 changes neither).
+ * kvmem-fuzz.c, bpf_flipper, says why.
  */
 SEC("raw_tp.w/kvmem_reclaim")
 int kvmem_anchor_reclaim(__u64 *ctx)
@@ -129,6 +132,20 @@ int kvmem_anchor_reclaim(__u64 *ctx)
 
 SEC("raw_tp.w/kvmem_prefetch_hook")
 int kvmem_anchor_prefetch(__u64 *ctx)
+{
+	return 0;
+}
+
+/* The second of each pair: a program is one probe however often it is
+ * attached (a second attach of the same one is EEXIST). */
+SEC("raw_tp.w/kvmem_reclaim")
+int kvmem_anchor_reclaim2(__u64 *ctx)
+{
+	return 0;
+}
+
+SEC("raw_tp.w/kvmem_prefetch_hook")
+int kvmem_anchor_prefetch2(__u64 *ctx)
 {
 	return 0;
 }

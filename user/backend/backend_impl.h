@@ -103,6 +103,10 @@ typedef struct kvmem_fwd_item {
 	const kvmem_fwd_out *out;
 } kvmem_fwd_item;
 
+/* What a backend tells a watcher of its device page pool (pool_watch):
+ * n pages that entered or left it, in order. */
+typedef void (*kvmem_pool_report_fn)(void *arg, const kvmem_device_page *pages, int n);
+
 typedef struct kvmem_backend_ops {
 	const char *name;
 	const char *what;	/* one line for --help */
@@ -156,6 +160,15 @@ typedef struct kvmem_backend_ops {
 	 * any holder: a further host_register of it is only a count), else 0.
 	 * Pinning costs (cuda: 0.43 s for a 2.7 GB pool on the H200 host). */
 	int (*host_pinned)(void *ctx, const void *base);
+	/* Optional, with page_cached: from now on call fn(arg, pages, n)
+	 * with the pages of (region, owner) that enter the device page pool
+	 * (a slot: page_cached says yes from then on) and leave it
+	 * (KVMEM_DEVICE_NONE: evicted, the pool dropped or remade, the region
+	 * unregistered), at the latest when the call that changed them
+	 * returns, on its thread. fn NULL ends the watch. Only a report (the
+	 * session hands it to its source's device op): 0, or -ENOMEM. */
+	int (*pool_watch)(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
+			  void *arg);
 	/* Optional: 1 when the backend holds page (block, layer) of owner's
 	 * pages in `region` (a base given to host_register; owner as in
 	 * kvmem_place) in its own memory (the device page pool). The session may then queue a place item for it

@@ -464,6 +464,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.host_unregister = cuda_host_unregister,
 	.host_pinned = cuda_host_pinned,
 	.page_cached = cuda_page_cached,
+	.pool_watch = cuda_pool_watch,
 	.place_stats = cuda_place_stats,
 	.set = cuda_set,
 	.mirror_create = cuda_mirror_create,

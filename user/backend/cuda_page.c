@@ -23,6 +23,10 @@
  *                           are kept (a pager's staged-out blocks, which
  *                           never change); filled by the gather kernel on
  *                           its way (copy_k / copy_v), evicted by a clock.
+ *                           Pages entering and leaving it are reported
+ *                           to a watcher (pool_watch: the session, which
+ *                           tells its source, so the module's page table
+ *                           shows the GPU tier).
  *
  * One place() call is one gather kernel (kernels/cuda/gather.cu) over all
  * its items: each reads its tokens from wherever they are, rounds f32 to
@@ -45,6 +49,8 @@
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
+#include "backend/pool_watch.h"
+#include "util/hostmem.h"
 #include "util/clock.h"
 
 #define MAX_REGIONS 16
@@ -103,6 +109,7 @@ struct cuda_pages {
 	uint64_t *filled;		/* the place() call that filled it */
 	uint64_t call;
 	uint64_t dev_bytes;		/* device memory held here */
+	kvmem_pool_watches watch;	/* who hears of pages entering and leaving */
 	kvmem_place_stats st;
 };
 
@@ -127,8 +134,14 @@ uint64_t cuda_pages_dev_bytes(const struct cuda *b)
 }
 
 /* ---- the device page pool ---------------------------------------------- */
+static void pool_note(struct cuda_pages *pg, uint32_t s, uint32_t slot);
+
 static void pool_free(struct cuda *b, struct cuda_pages *pg)
 {
+	for (uint32_t s = 0; pg->key && s < pg->slots; s++)
+		if (pg->key[s])
+			pool_note(pg, s, KVMEM_DEVICE_NONE);
+	kvmem_pool_flush(&pg->watch);
 	if (pg->pool) {
 		pg->dev_bytes -= (uint64_t)pg->slots * 2 * pg->slot_elems * 2;
 		kvmem_cuda_free(pg->pool);
@@ -347,9 +360,32 @@ static uint32_t pool_find(const struct cuda_pages *pg, uint64_t k)
 	return UINT32_MAX;
 }
 
+/* Tell the watcher of slot s's page (if any) that it entered the pool at
+ * `slot` or left it (KVMEM_DEVICE_NONE). */
+static void pool_note(struct cuda_pages *pg, uint32_t s, uint32_t slot)
+{
+	uint64_t k = pg->key[s];
+	const struct owner *o;
+
+	if (!pg->watch.n || !k)
+		return;
+	o = &pg->own[(k >> 56) - 1];
+	/* By base, not refs: cuda_host_unregister forgets a region's pages
+	 * after its count went to 0, and those leaving must be told too. */
+	for (int i = 0; i < MAX_REGIONS; i++)
+		if (pg->reg[i].base && pg->reg[i].id == o->region) {
+			kvmem_pool_note(&pg->watch, pg->reg[i].base, o->owner,
+					(int64_t)(k >> 16 & ((1ull << 40) - 1)), (int)(k & 0xffff),
+					slot);
+			return;
+		}
+}
+
 static void pool_unlink(struct cuda_pages *pg, uint32_t s)
 {
 	uint32_t *p = &pg->head[hash_of(pg, pg->key[s])];
+
+	pool_note(pg, s, KVMEM_DEVICE_NONE);
 
 	while (*p != s)
 		p = &pg->chain[*p];
@@ -480,6 +516,7 @@ int cuda_host_register(void *ctx, void *base, size_t len)
 	struct cuda *b = ctx;
 	struct cuda_pages *pg = pages_of(b);
 	struct region *r = NULL;
+	unsigned int flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
 	void *dev = NULL;
 	cudaError_t e;
 
@@ -497,6 +534,7 @@ int cuda_host_register(void *ctx, void *base, size_t len)
 			 * by their owner and stay. */
 			if (pg->reg[i].refs++ == 1)
 				owner_forget(pg, pg->reg[i].id, 0, 0);
+			kvmem_pool_flush(&pg->watch);
 			return 0;
 		}
 	for (int i = 0; i < MAX_REGIONS && !r; i++)
@@ -504,7 +542,23 @@ int cuda_host_register(void *ctx, void *base, size_t len)
 			r = &pg->reg[i];
 	if (!r)
 		return kvmem_error(ENOSPC, "cuda: %d host regions registered already", MAX_REGIONS);
-	e = cudaHostRegister(base, len, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	/* A read-only mapping (the kernel module's window: the kmod source's
+	 * region) cannot be pinned for writing: the device maps it read-only,
+	 * which place() needs (it only reads registered pages). */
+	if (kvmem_host_writable(base, len) == 0) {
+		int gpu = 0, ro = 0;
+
+		if (cudaGetDevice(&gpu) != cudaSuccess ||
+		    cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, gpu) !=
+			    cudaSuccess || !ro) {
+			cudaGetLastError();
+			return kvmem_error(ENOTSUP, "cuda: host memory at %p (%zu bytes) is mapped "
+					   "read-only and the device cannot map read-only host "
+					   "memory", base, len);
+		}
+		flags |= cudaHostRegisterReadOnly;
+	}
+	e = cudaHostRegister(base, len, flags);
 	if (e != cudaSuccess) {
 		cudaGetLastError();
 		return kvmem_error(ENOTSUP, "cuda: cannot pin %zu bytes of host memory at %p: %s", len,
@@ -540,6 +594,15 @@ void cuda_host_unregister(void *ctx, void *base)
 		owner_forget(pg, r->id, 0, 1);
 		memset(r, 0, sizeof(*r));
 	}
+	kvmem_pool_flush(&pg->watch);
+}
+
+int cuda_pool_watch(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
+		    void *arg)
+{
+	struct cuda_pages *pg = pages_of(ctx);
+
+	return pg ? kvmem_pool_watch_set(&pg->watch, region, owner, fn, arg) : kvmem_fail();
 }
 
 int cuda_host_pinned(void *ctx, const void *base)
@@ -713,7 +776,7 @@ int cuda_pages_method(struct cuda *b)
  * pages; any method: pages in memory the device cannot address) are copied
  * before the kernel runs.
  */
-int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
+static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
 	struct cuda_pages *pg = pages_of(b);
@@ -839,6 +902,9 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 		 * same page may come twice, for two token ranges). */
 		if (key && it->u0 == 0 && it->n == it->stride && pool_find(pg, key) == UINT32_MAX &&
 		    (slot = pool_take(pg, key)) != UINT32_MAX) {
+			/* Reported as entered (one it pushed out was, as leaving,
+			 * in pool_unlink). */
+			pool_note(pg, slot, slot);
 			g->copy_k = pg->pool + (size_t)slot * 2 * pg->slot_elems;
 			g->copy_v = g->copy_k + pg->slot_elems;
 			pg->ref[slot] = 1;
@@ -920,6 +986,16 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 	pg->st.pool_pages = pg->used;
 	pg->st.ns += (uint64_t)((double)kvmem_now_ns() - t0);
 	return 0;
+}
+
+/* place(), then the pool's watchers hear what entered and left it. */
+int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
+{
+	int rc = place_pages(b, v, items, n);
+
+	if (b->pages)
+		kvmem_pool_flush(&b->pages->watch);
+	return rc;
 }
 
 /*
@@ -1219,6 +1295,7 @@ void cuda_pages_destroy(struct cuda *b)
 			cudaGetLastError();
 		}
 	pool_free(b, pg);
+	kvmem_pool_watches_free(&pg->watch);
 	kvmem_cuda_free(pg->items);
 	cudaFreeHost(pg->host_items);
 	cudaFreeHost(pg->host_st);

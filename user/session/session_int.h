@@ -92,7 +92,8 @@ struct kvmem_session {
 	float *page_f32;		/* one page's K as f32 (adopt, a non-f32 source) */
 	void *reg_base;			/* the source's region, registered on the backend */
 	uint32_t owner;			/* this session's tag in place items (kvmem_place.owner) */
-	int reg_tried;			/* registration asked for (done or refused) */
+	int reg_tried;			/* registration asked for (done or refused; not
+					 * while the source has no region yet) */
 	/* The backend's copy of the index for scoring on its device (NULL:
 	 * not made yet); off: refused once (no score op, no room), the host
 	 * scores from then on. */

@@ -67,26 +67,47 @@ uint32_t ws_new_owner(void)
 	return o;
 }
 
+/* The backend's device page pool took or dropped pages of this session's:
+ * the source hears of it (a store records its GPU tier). */
+static void device_report(void *arg, const kvmem_device_page *pages, int n)
+{
+	kvmem_session *s = arg;
+
+	s->src->ops->device(s->src->ctx, pages, n);
+}
+
 void ws_register(kvmem_session *s)
 {
 	void *base = NULL;
 	size_t len = 0;
+	int rc;
 
-	if (s->reg_tried)
+	if (s->reg_tried || !s->src->ops->region || !s->be->ops->host_register)
+		return;
+	rc = s->src->ops->region(s->src->ctx, &base, &len);
+	/* -ENOENT: no region yet (the module's window before the first
+	 * commit): asked again at the next selection. */
+	if (rc == -ENOENT)
 		return;
 	s->reg_tried = 1;
-	if (!s->src->ops->region || !s->be->ops->host_register ||
-	    s->src->ops->region(s->src->ctx, &base, &len) < 0 || !base || !len)
+	if (rc < 0 || !base || !len)
 		return;
 	/* A refusal only means pages are staged: not an error. */
 	if (s->be->ops->host_register(s->be->ctx, base, len) == 0)
 		s->reg_base = base;
+	/* Without a watch the store only misses the GPU tier: not an error. */
+	if (s->reg_base && s->be->ops->pool_watch && s->src->ops->device)
+		s->be->ops->pool_watch(s->be->ctx, base, s->owner, device_report, s);
 }
 
 void ws_unregister(kvmem_session *s)
 {
+	/* Unregistered first: the pages the pool drops with it are still
+	 * reported to the source. */
 	if (s->reg_base && s->be->ops->host_unregister)
 		s->be->ops->host_unregister(s->be->ctx, s->reg_base);
+	if (s->reg_base && s->be->ops->pool_watch)
+		s->be->ops->pool_watch(s->be->ctx, s->reg_base, s->owner, NULL, NULL);
 	s->reg_base = NULL;
 }
 

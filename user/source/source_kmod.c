@@ -26,6 +26,10 @@
  *                              then the window never moves
  *   commit                     then the module's page count follows the
  *                              pager's committed pages, and its step
+ *   device                     pages of the window a backend's device
+ *                              pool took or dropped (a GPU's copies) go
+ *                              to the module's table as its GPU tier
+ *                              (KVMEM_IOC_GPU)
  *
  * The module's client is a reader of committed pages (kvmem_kmod_open_pager:
  * files read-only, no lock; the pager holds the writer's lock). Which reader
@@ -66,6 +70,8 @@ struct ksrc {
 	int region_out;			/* the window was handed out (region): it never moves */
 	uint64_t *list;			/* prefetch scratch */
 	size_t list_cap;
+	uint32_t *slots;		/* device scratch, beside list */
+	size_t slots_cap;
 };
 
 static const kvmem_page_source_ops kmod_source_ops;
@@ -306,6 +312,34 @@ static int ks_region(void *ctx, void **base, size_t *len)
 	return 0;
 }
 
+/*
+ * A backend's device page pool (a GPU's) took pages at slots or dropped
+ * them (KVMEM_DEVICE_NONE): the module's table records them as the GPU
+ * tier (KVMEM_IOC_GPU), so its readers and tools see three tiers. Only
+ * pages read through the module have an entry there; a GPU keeps only
+ * pages of the region (the window), so those are all it reports.
+ */
+static void ks_device(void *ctx, const kvmem_device_page *pages, int n)
+{
+	struct ksrc *s = ctx;
+	size_t m = 0;
+
+	if (n <= 0 || kvmem_grow(&s->list, sizeof(*s->list), (size_t)n, &s->list_cap, 64) ||
+	    kvmem_grow(&s->slots, sizeof(*s->slots), (size_t)n, &s->slots_cap, 64))
+		return;	/* only a report */
+	for (int i = 0; i < n; i++)
+		if (via_module(s, pages[i].block, pages[i].layer)) {
+			s->list[m] = kvmem_page_id(s->g, (uint64_t)pages[i].block,
+						   (uint32_t)pages[i].layer);
+			s->slots[m++] = pages[i].slot == KVMEM_DEVICE_NONE ? KVMEM_SLOT_NONE
+									     : pages[i].slot;
+		}
+	/* Checked whole before anything is done (ids under the page count,
+	 * which only grows): nothing here can be refused but memory. */
+	if (m)
+		kvmem_kmod_gpu(s->k, s->list, s->slots, m);
+}
+
 static void ks_destroy(void *ctx)
 {
 	struct ksrc *s = ctx;
@@ -313,6 +347,7 @@ static void ks_destroy(void *ctx)
 	kvmem_kmod_close(s->k);
 	kvmem_page_source_destroy(&s->inner);
 	free(s->list);
+	free(s->slots);
 	free(s);
 }
 
@@ -329,6 +364,7 @@ static const kvmem_page_source_ops kmod_source_ops = {
 	.destroy = ks_destroy,
 	.commit = ks_commit,
 	.write_rows = ks_write_rows,
+	.device = ks_device,
 };
 
 int kvmem_page_source_kmod(kvmem_page_source *src, kvmem_pager *p, const kvmem_kmod_opts *o)

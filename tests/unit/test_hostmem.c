@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmem_host_writable: what a backend asks before it pins host memory (the
+ * cuda backend pins a read-only mapping, such as the kernel module's
+ * window, with cudaHostRegisterReadOnly). Writable, read-only, partly
+ * read-only, not mapped, and ranges over several mappings.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "util/hostmem.h"
+
+static void test_writable_and_read_only(void **state)
+{
+	const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	char *m = mmap(NULL, 4 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	int on_heap;
+
+	(void)state;
+	assert_true(m != MAP_FAILED);
+	assert_int_equal(kvmem_host_writable(m, 4 * pg), 1);
+	assert_int_equal(kvmem_host_writable(m + 10, 1), 1);
+	assert_int_equal(kvmem_host_writable(m, 0), 1);
+	/* The second page read-only: the kernel splits the mapping in three;
+	 * any range touching that page is not writable. */
+	assert_int_equal(mprotect(m + pg, pg, PROT_READ), 0);
+	assert_int_equal(kvmem_host_writable(m, pg), 1);
+	assert_int_equal(kvmem_host_writable(m + pg, pg), 0);
+	assert_int_equal(kvmem_host_writable(m + pg - 1, 2), 0);
+	assert_int_equal(kvmem_host_writable(m, 4 * pg), 0);
+	assert_int_equal(kvmem_host_writable(m + 2 * pg, 2 * pg), 1);
+	/* The last page unmapped: a range reaching it is not all mapped. */
+	assert_int_equal(munmap(m + 3 * pg, pg), 0);
+	assert_int_equal(kvmem_host_writable(m + 2 * pg, 2 * pg), -ENOENT);
+	assert_int_equal(kvmem_host_writable(m + 3 * pg, 1), -ENOENT);
+	assert_int_equal(munmap(m, 3 * pg), 0);
+	assert_int_equal(kvmem_host_writable(m, 1), -ENOENT);
+	/* Ordinary memory of the process. */
+	on_heap = kvmem_host_writable(&on_heap, sizeof(on_heap));
+	assert_int_equal(on_heap, 1);
+	/* The program's text is mapped read-only (and executable). */
+	assert_int_equal(kvmem_host_writable((const void *)(uintptr_t)test_writable_and_read_only,
+					     1), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_writable_and_read_only),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
