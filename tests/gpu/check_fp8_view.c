@@ -161,7 +161,13 @@ static void check_move(void)
 	kvmem_gather_item it[16], hit[16], dit[16];
 	kvmem_fp8_snap sn[16];
 	struct fview v;
-	const size_t ib = ((size_t)2 * H * B * D + (size_t)8 * H * B + 15) & ~(size_t)15;
+	/* A run's copy: raw K and V bytes, then their fp32 scales, for the
+	 * longest run (40 slots); shorter runs leave the rest unused. Sized
+	 * by a page (32) the copies overlapped, and the device's two blocks
+	 * of a layer wrote the overlap in either order: a race in the check,
+	 * not in the move. */
+	const int most = 40;
+	const size_t ib = ((size_t)2 * H * most * D + (size_t)8 * H * most + 15) & ~(size_t)15;
 	char *host = hmalloc(16 * ib), *st = dpoison(16 * ib);
 	void *ditems, *dsnaps, *dit2;
 	int n = 0, m = 0, ok;
@@ -181,7 +187,7 @@ static void check_move(void)
 	/* Per layer: slots 10..49 to 30..69 (overlapping), 100..119 to 0..19. */
 	for (int l = 0; l < L; l++)
 		for (int k = 0; k < 2; k++) {
-			const int from = k ? 100 : 10, to = k ? 0 : 30, cnt = k ? 20 : 40;
+			const int from = k ? 100 : 10, to = k ? 0 : 30, cnt = k ? 20 : most;
 			const size_t off = (size_t)m * ib;
 			char *h = host + off, *d = st + off;
 
