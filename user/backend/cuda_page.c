@@ -1074,6 +1074,9 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 				break;
 		}
 		have++;
+		/* Reported as entered, as place() reports its pages: the
+		 * session's source then records the GPU tier for it. */
+		pool_note(pg, slot, slot);
 		dst = (char *)(pg->pool + (size_t)slot * 2 * pg->slot_elems);
 		for (int h = 0; h < 2; h++) {
 			const char *src = h ? it->page.v : it->page.k;
@@ -1092,6 +1095,7 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 		pg->st.filled_pages++;
 		pg->st.filled_bytes += 2 * half;
 	}
+	kvmem_pool_flush(&pg->watch);
 	if ((rc = fill_copies(b, pg, runs)) < 0)
 		return rc;
 	pg->st.pool_pages = pg->used;
