@@ -115,7 +115,7 @@ start_server() { # name CEPH_ARGS args...: PID_<name>, PORT_<name>
 	CEPH_ARGS="$who" "$KVMEM" serve --port 0 --quiet "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
 	eval "PID_$name=$!"
 	for _ in $(seq 600); do
-		port=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)/v1$|\1|p' "$tmp/$name.out")
+		port=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)/v1$|\1|p' "$tmp/$name.out" 2>/dev/null)
 		[ -n "$port" ] && { eval "PORT_$name=$port"; return 0; }
 		sleep 0.1
 	done
