@@ -25,6 +25,14 @@
 #                           find some); false when there is no CLI
 #   gpu_engine_join ROWS OLD NEW
 #                           the two runs' rows joined on their first field
+#   gpu_left N              the seconds a step may take: N, or what is left
+#                           before $gpu_end (seconds since the epoch; unset:
+#                           no end), 1 once nothing is (never 0:
+#                           "timeout 0" would mean no limit)
+#   gpu_unit TEST N [VAR=V] build-gpu's unit test TEST with the cuda backend
+#                           (and VAR=V), at most gpu_left N seconds, into
+#                           $log/TEST.log: one pass or failure (a skip when
+#                           under 5 s are left)
 #   gpu_done                the "N passed, N failed" line and the exit code
 pass=0 fail=0
 
@@ -130,6 +138,31 @@ gpu_engine_ab() { # variable, old value, new value, seconds, rows function, benc
 
 gpu_engine_join() { # rows function, old value, new value
 	join <($1 "$log/engine_v$2.log" | sort) <($1 "$log/engine_v$3.log" | sort) | sort -n
+}
+
+gpu_left() { # seconds wanted
+	local l
+	[ -z "${gpu_end:-}" ] && { echo "$1"; return; }
+	l=$((gpu_end - $(date +%s)))
+	[ "$l" -lt 1 ] && l=1
+	[ "$l" -lt "$1" ] && echo "$l" || echo "$1"
+}
+
+gpu_unit() { # test name, seconds, [VAR=VALUE]
+	local t rc
+	t=$(gpu_left "$2")
+	if [ "$t" -lt 5 ]; then
+		echo "skip $1 on cuda (no time left)"
+		return 0
+	fi
+	env KVMEM_TEST_BACKEND=cuda ${3:-} timeout "$t" "$B/tests/$1" >"$log/$1.log" 2>&1
+	rc=$?
+	if [ $rc -eq 0 ]; then
+		ok "$1 on cuda${3:+, $3} ($(grep -c '^\[       OK' "$log/$1.log") cases)"
+	else
+		bad "$1 on cuda${3:+, $3} (exit $rc)"
+		grep -E 'ERROR|FAILED|LINE|seed|differ|error' "$log/$1.log" | head -10
+	fi
 }
 
 gpu_done() {
