@@ -35,10 +35,12 @@ typedef struct kvmem_backend_opts {
 	int device;		/* GPU ordinal (cuda); ignored by cpu */
 	uint64_t mem_cap;	/* device bytes the backend may take; 0: no cap */
 	uint64_t page_pool;	/* device page pool bytes (cuda); 0: the default
-				 * (under a cap: twice the view's pages, within half
-				 * of what the cap leaves; without one: half of the
-				 * device memory free when it is made, so that an
-				 * H200 keeps a 256K workspace of Qwen3-8B pages) */
+				 * (twice the view's pages at the first placement, at
+				 * least 64 MiB; under a cap within half of what the
+				 * cap leaves; without a cap or a size, a session's
+				 * pool_fill grows it within half of the device
+				 * memory free, so that an H200 keeps a 256K
+				 * workspace of Qwen3-8B pages) */
 	uint64_t index_mem;	/* device bytes a session's index copy may take
 				 * (cuda, see score below); 0: the default (1/8
 				 * of the cap; 4 GiB without a cap); past it the

@@ -88,12 +88,6 @@ typedef struct kvmem_page_source_ops {
 	 * kvmem/backend.h) so it reads them where they are. It stays mapped
 	 * until the source is destroyed. 0, or -ENOENT when there is none. */
 	int (*region)(void *ctx, void **base, size_t *len);
-	/* Optional: pages of this source entered or left the backend's
-	 * device page pool, in the order they did (the session forwards what
-	 * the backend reports while the source's region is registered on it),
-	 * so a store can record which of its pages a GPU holds (the module:
-	 * KVMEM_IOC_GPU). Only a report: the pages stay the source's. */
-	void (*device)(void *ctx, const kvmem_device_page *pages, int n);
 	/* Optional: persist the history at a step boundary: token ids [0, n)
 	 * (n the tokens written through the source), their pages, and `app`
 	 * (opaque bytes stored with the commit: the session's state), made
@@ -124,6 +118,12 @@ typedef struct kvmem_page_source_ops {
 	 * block still filling), else 0. A hint: it may be stale by the time
 	 * get runs. A session fills a device page pool only with such pages. */
 	int (*resident)(void *ctx, int64_t b, int layer);
+	/* Optional: pages of this source entered or left the backend's
+	 * device page pool, in the order they did (the session forwards what
+	 * the backend reports while the source's region is registered on it),
+	 * so a store can record which of its pages a GPU holds (the module:
+	 * KVMEM_IOC_GPU). Only a report: the pages stay the source's. */
+	void (*device)(void *ctx, const kvmem_device_page *pages, int n);
 } kvmem_page_source_ops;
 
 typedef struct kvmem_page_source {
