@@ -540,12 +540,25 @@ static void print_json(const kvmem_lab_result *r)
 	       (long long)r->live_equal);
 }
 
-/* One layout's counts summed over steps [from, n_steps). */
-static kvmem_lab_layout_count layout_sum(const kvmem_lab_layout_count *c, int64_t from, int64_t n)
+/* A steady step: not the first (which lays out a history found in the
+ * tail), and over a history the view could not hold whole. */
+static int layout_steady(const kvmem_lab_result *r, int64_t k)
+{
+	return k > 0 && r->steps[k].n_tokens > r->steps[k].view_tokens;
+}
+
+/* One layout's counts summed over every step (steady 0) or the steady
+ * ones; *n: how many. */
+static kvmem_lab_layout_count layout_sum(const kvmem_lab_result *r, const kvmem_lab_layout_count *c,
+					 int steady, int64_t *n)
 {
 	kvmem_lab_layout_count t = { 0 };
 
-	for (int64_t k = from; k < n; k++) {
+	*n = 0;
+	for (int64_t k = 0; k < r->n_steps; k++) {
+		if (steady && !layout_steady(r, k))
+			continue;
+		(*n)++;
 		t.moved += c[k].moved;
 		t.entered += c[k].entered;
 		t.kept += c[k].kept;
@@ -559,7 +572,8 @@ static void layout_row(const char *name, const char *which, kvmem_lab_layout_cou
 {
 	double d = n ? (double)n : 1;
 
-	printf("  %-12s %-6s %12.0f %12.0f %9.2f %8.3f %8.3f %7lld\n", name, which, t.moved / d,
+	printf("  %-12s %-6s %6lld %12.0f %12.0f %9.2f %8.3f %8.3f %7lld\n", name, which,
+	       (long long)n, t.moved / d,
 	       t.entered / d, t.entered ? (double)t.moved / t.entered : NAN,
 	       t.view ? (double)t.moved / t.view : NAN, t.view ? (double)t.entered / t.view : NAN,
 	       (long long)t.span);
@@ -568,7 +582,8 @@ static void layout_row(const char *name, const char *which, kvmem_lab_layout_cou
 /*
  * --layout: the replayed plans under each layout (kvmem_lab_layout_replay).
  * The first selection lays out a history that sat in the tail at 0..n-1
- * (a session's first), so the totals are given with and without it.
+ * (a session's first), and a history the view holds whole moves nothing,
+ * so the totals are given over every step and over the steady ones.
  */
 static int print_layouts(const struct opts *o, const kvmem_lab *lab, const kvmem_lab_result *r)
 {
@@ -583,26 +598,32 @@ static int print_layouts(const struct opts *o, const kvmem_lab *lab, const kvmem
 			free(c);
 			return kvmem_fail();
 		}
-	printf("layouts over %lld selections (token-layers: %d layers; per selection, and after "
-	       "the first):\n  %-12s %-6s %12s %12s %9s %8s %8s %7s\n", (long long)r->n_steps, L,
-	       "layout", "steps", "moved", "entered", "mv/ent", "mv/view", "ent/view", "span");
+	printf("layouts, token-layers (%d layers) per selection: over all of them, and over the "
+	       "steady ones\n(not the first, history past the view):\n"
+	       "  %-12s %-6s %6s %12s %12s %9s %8s %8s %7s\n", L, "layout", "steps", "n", "moved",
+	       "entered", "mv/ent", "mv/view", "ent/view", "span");
 	for (int i = 0; i < o->n_lay; i++) {
 		const kvmem_lab_layout_count *ci = c + (size_t)i * r->n_steps;
 
-		layout_row(o->lay[i].name, "all", layout_sum(ci, 0, r->n_steps), r->n_steps);
-		if (r->n_steps > 1)
-			layout_row(o->lay[i].name, "2..", layout_sum(ci, 1, r->n_steps),
-				   r->n_steps - 1);
+		kvmem_lab_layout_count t;
+		int64_t n;
+
+		t = layout_sum(r, ci, 0, &n);
+		layout_row(o->lay[i].name, "all", t, n);
+		t = layout_sum(r, ci, 1, &n);
+		layout_row(o->lay[i].name, "steady", t, n);
 	}
 	if (o->per_step) {
-		printf("per selection: moved/entered token-layers, per layout\n%6s %9s %9s", "step",
-		       "tokens", "view");
+		printf("per selection (f: forced, the tail full mid-append or mid-decode): moved/"
+		       "entered token-layers, per layout\n%6s %1s %9s %9s", "step", "f", "tokens",
+		       "view");
 		for (int i = 0; i < o->n_lay; i++)
 			printf(" %21s", o->lay[i].name);
 		printf("\n");
 		for (int64_t k = 0; k < r->n_steps; k++) {
-			printf("%6lld %9lld %9lld", (long long)r->steps[k].step,
-			       (long long)r->steps[k].n_tokens, (long long)c[k].view);
+			printf("%6lld %1s %9lld %9lld", (long long)r->steps[k].step,
+			       r->steps[k].forced ? "f" : "", (long long)r->steps[k].n_tokens,
+			       (long long)c[k].view);
 			for (int i = 0; i < o->n_lay; i++)
 				printf(" %10lld/%-10lld", (long long)c[(size_t)i * r->n_steps + k].moved,
 				       (long long)c[(size_t)i * r->n_steps + k].entered);
