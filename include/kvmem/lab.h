@@ -279,8 +279,10 @@ int64_t kvmem_lab_needle_rank(const float *scores, int n_sets, int64_t n_blocks,
  *            the most tokens that can keep their positions (a kept set
  *            whose neighbours' entering blocks fit between them: the
  *            heaviest non-decreasing run of old minus compact position,
- *            exact per step), the others spread evenly over the free room
- *            between the kept ones. F = 1 is compact.
+ *            exact per step), the others where a straight map of their
+ *            tokens onto the free room between their kept neighbours puts
+ *            them (the room after the last kept block left to the tail).
+ *            F = 1 is compact.
  *
  * Positions are what count: a layout other than compact needs view slots
  * apart from positions (gaps) or positions out of order (stable).

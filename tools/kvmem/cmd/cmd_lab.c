@@ -5,6 +5,7 @@
  *
  *   kvmem lab info --trace FILE
  *   kvmem lab replay --workspace DIR --trace FILE [selection and pool options]
+ *       [--layout LIST]  (what the plans would move under other view layouts)
  *   kvmem lab compare (--workspace DIR --trace FILE)... --policies LIST
  *       [--budgets LIST] [--blocks LIST] [--cache-policies LIST] [--host-caps LIST]
  *       [--md FILE] [--csv FILE] [--plot FILE.png]
