@@ -350,16 +350,24 @@ static void spread(kvmem_lab_layout_sim *s, const int64_t *nb, int i0, int i1, i
 	}
 }
 
-/* Gaps: the kept set stays, the rest spread between. Returns the end. */
+/*
+ * Gaps: the kept set stays, the rest spread between. The first layout
+ * (fresh: the history is all in the tail, at 0..n-1) keeps nothing where
+ * it was: kept at their tokens' positions, the oldest blocks would take
+ * all the spare room for themselves and leave none between the others.
+ * Returns the end.
+ */
 static int64_t lay_gaps(kvmem_lab_layout_sim *s, const int64_t *nb, int n, int64_t n_tokens,
-			int64_t total)
+			int64_t total, int fresh)
 {
 	const double base = (double)(s->budget ? s->budget : total);
 	const int64_t S = total + (int64_t)llround((s->lay.span - 1) * base);
 	int64_t lo = 0, t0 = 0;
 	int i0 = 0;
 
-	if (gaps_keep(s, n, S, total))
+	if (fresh)
+		memset(s->keep, 0, (size_t)n);
+	else if (gaps_keep(s, n, S, total))
 		return -1;
 	for (int i = 0; i <= n; i++) {
 		if (i < n && !s->keep[i])
@@ -405,7 +413,7 @@ static int check_plan(const kvmem_lab_layout_sim *s, const int64_t *blocks, int 
 /* The layout's positions for one set's blocks (s->np); the history's end,
  * or -1 out of memory. */
 static int64_t lay_out(kvmem_lab_layout_sim *s, const int64_t *nb, int n, int64_t n_tokens,
-		       int64_t total)
+		       int64_t total, int fresh)
 {
 	if (s->lay.kind == KVMEM_LAB_COMPACT) {
 		lay_compact(s, n);
@@ -413,7 +421,7 @@ static int64_t lay_out(kvmem_lab_layout_sim *s, const int64_t *nb, int n, int64_
 	}
 	if (s->lay.kind == KVMEM_LAB_STABLE)
 		return lay_stable(s, nb, n, n_tokens, total);
-	return lay_gaps(s, nb, n, n_tokens, total);
+	return lay_gaps(s, nb, n, n_tokens, total, fresh);
 }
 
 /* Count one set's tokens (per: layers the set stands for), then make its
@@ -429,7 +437,7 @@ static int count_set(kvmem_lab_layout_sim *s, struct lay_set *o, const int64_t *
 		s->vp[i] = where_now(s, o, s->old[i], nb[i], s->len[i], &s->t[i]);
 		total += s->len[i];
 	}
-	if ((end = lay_out(s, nb, n, n_tokens, total)) < 0)
+	if ((end = lay_out(s, nb, n, n_tokens, total, !o->n && !o->end)) < 0)
 		return kvmem_error(ENOMEM, "layout %s: out of memory, or no room for %d blocks of "
 				   "%lld tokens", s->lay.name, n, (long long)total);
 	for (int i = 0; i < n; i++) {
