@@ -258,6 +258,84 @@ void kvmem_lab_result_free(kvmem_lab_result *r);
 int64_t kvmem_lab_needle_rank(const float *scores, int n_sets, int64_t n_blocks, int block,
 			      int64_t start, int64_t end);
 
+/* ---- view layouts: what a step would move (issue 24) ----------------------- */
+/*
+ * How a view could lay out the blocks a plan selects, and what each layout
+ * costs per selection: the token-layers already in the view (its history or
+ * its tail) whose RoPE position changes, which a backend must move and
+ * rotate again, against those placed from pages. Documentation/lab.md says
+ * what each layout does and what the traces measured.
+ *
+ *   compact  today: positions 0..n-1 in chronological order, slot ==
+ *            position (user/select/plan.c); a block entering or leaving
+ *            shifts every later one.
+ *   stable   a kept block keeps its position; entering blocks (and kept
+ *            blocks that can not stay) take freed block-aligned holes, in
+ *            no order; the recent blocks (the plan's run of blocks in the
+ *            last `recent` tokens, the newest with them) are laid last,
+ *            chronologically, so the tail follows them. Positions in
+ *            [0, budget).
+ *   gaps     chronological positions in a span of view + (F - 1) x budget:
+ *            the most tokens that can keep their positions (a kept set
+ *            whose neighbours' entering blocks fit between them: the
+ *            heaviest non-decreasing run of old minus compact position,
+ *            exact per step), the others where a straight map of their
+ *            tokens onto the free room between their kept neighbours puts
+ *            them (the room after the last kept block left to the tail).
+ *            F = 1 is compact.
+ *
+ * Positions are what count: a layout other than compact needs view slots
+ * apart from positions (gaps) or positions out of order (stable).
+ */
+enum kvmem_lab_layout_kind {
+	KVMEM_LAB_COMPACT = 0,
+	KVMEM_LAB_STABLE = 1,
+	KVMEM_LAB_GAPS = 2,
+};
+
+typedef struct kvmem_lab_layout {
+	int kind;
+	double span;		/* gaps: F >= 1 */
+	char name[32];		/* as parsed: "compact", "stable", "gaps:1.5" */
+} kvmem_lab_layout;
+
+/* "compact", "stable" or "gaps:F" (F >= 1, a number); -EINVAL naming s. */
+int kvmem_lab_layout_parse(const char *s, kvmem_lab_layout *out);
+
+/* One selection under one layout, in token-layers (a token of one layer). */
+typedef struct kvmem_lab_layout_count {
+	int64_t moved;		/* in the view before, at another position now */
+	int64_t entered;	/* not in the view before: placed from its pages */
+	int64_t kept;		/* left where it was */
+	int64_t view;		/* the new view's history: moved + entered + kept */
+	int64_t span;		/* positions the history spans (largest over sets) */
+} kvmem_lab_layout_count;
+
+typedef struct kvmem_lab_layout_sim kvmem_lab_layout_sim;
+
+/*
+ * A view laid out with lay, starting empty (the first selection finds its
+ * history in the view's tail at positions 0..n-1, as a session's first
+ * does). block: tokens per block; budget: the plan's budget in tokens (0:
+ * unlimited); recent: the plan's recent tokens; n_layers: the model's.
+ */
+int kvmem_lab_layout_open(const kvmem_lab_layout *lay, int block, int64_t budget, int64_t recent,
+			  int n_layers, kvmem_lab_layout_sim **out);
+/*
+ * The next selection: its plan's blocks ([n_sets][n_view], chronological
+ * per set, as kvmem_plan.blocks) over n_tokens history tokens. Tokens
+ * appended since the previous selection are in the view's tail, after the
+ * previous history. n_sets is 1 (every layer alike) or n_layers, the same
+ * at every step. -EINVAL when the plan is not one (naming what is wrong).
+ */
+int kvmem_lab_layout_step(kvmem_lab_layout_sim *s, const int64_t *blocks, int n_sets, int n_view,
+			  int64_t n_tokens, kvmem_lab_layout_count *c);
+void kvmem_lab_layout_close(kvmem_lab_layout_sim *s);
+
+/* Every step of a replay kept with keep_plans, under lay: out[r->n_steps]. */
+int kvmem_lab_layout_replay(const kvmem_lab_result *r, int n_layers, const kvmem_lab_layout *lay,
+			    kvmem_lab_layout_count *out);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

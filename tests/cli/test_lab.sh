@@ -103,10 +103,24 @@ done
 err=$("$KVMEM" lab replay --workspace "$tmp/ws2" --trace "$tr" $bw 2>&1)
 [ $? -eq 1 ] && grep -q "tokens" <<<"$err" || bad "a trace of another workspace not refused: $err"
 
+# --layout: a row per layout, over all selections and the steady ones;
+# gaps:1 is compact (no room to spare), stable moves no more than compact.
+lay=$("$KVMEM" lab replay --workspace "$ws" --trace "$tr" $bw --no-oracle \
+	--layout compact,stable,gaps:1,gaps:2 --per-step 2>&1) || bad "replay --layout failed: $lay"
+row() { awk -v n="$1" '$1 == n && $2 == "all" {print $4, $5, $6}' <<<"$lay"; }
+[ -n "$(row compact)" ] && [ -n "$(row gaps:2)" ] || bad "replay --layout: rows missing: $lay"
+[ "$(row compact)" = "$(row gaps:1)" ] || bad "gaps:1 is not compact: $lay"
+read -r cm _ <<<"$(row compact)"; read -r sm _ <<<"$(row stable)"
+awk -v s="$sm" -v c="$cm" 'BEGIN { exit !(s <= c) }' || bad "stable moves more than compact: $lay"
+grep -q "^per selection" <<<"$lay" || bad "replay --layout --per-step: no per-step table: $lay"
+
 # Usage errors exit 2.
 for args in "replay --trace $tr" "replay --workspace $ws" "replay --workspace $ws --trace $tr --budgets 1,2" \
 	"replay --workspace $ws --trace $tr --policy nosuch" "replay --workspace $ws --trace $tr --block 48" \
-	"compare --workspace $ws --trace $tr --bw 1,2" "nosuch"; do
+	"compare --workspace $ws --trace $tr --bw 1,2" "nosuch" \
+	"replay --workspace $ws --trace $tr --layout gaps:0.5" \
+	"replay --workspace $ws --trace $tr --layout ring" \
+	"compare --workspace $ws --trace $tr --layout compact"; do
 	"$KVMEM" lab $args >/dev/null 2>&1
 	[ $? -eq 2 ] || bad "kvmem lab $args: not a usage error"
 done

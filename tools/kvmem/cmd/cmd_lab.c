@@ -5,6 +5,7 @@
  *
  *   kvmem lab info --trace FILE
  *   kvmem lab replay --workspace DIR --trace FILE [selection and pool options]
+ *       [--layout LIST]  (what the plans would move under other view layouts)
  *   kvmem lab compare (--workspace DIR --trace FILE)... --policies LIST
  *       [--budgets LIST] [--blocks LIST] [--cache-policies LIST] [--host-caps LIST]
  *       [--md FILE] [--csv FILE] [--plot FILE.png]
@@ -75,6 +76,11 @@ static void usage(FILE *f)
 		"  --why N             (replay) for each needle not in view, the N best blocks\n"
 		"                      (as text for an agentlang model)\n"
 		"  --json              (replay) one JSON object, the overall figures\n"
+		"  --layout LIST       (replay) what the replayed plans would move under each\n"
+		"                      view layout: compact (today's), stable (kept blocks stay,\n"
+		"                      entering ones fill the holes), gaps:F (chronological in\n"
+		"                      a span of the view + (F-1) x budget); per selection with\n"
+		"                      --per-step; token-layers moved and entered\n"
 		"  --md FILE, --csv FILE\n"
 		"                      (compare) the table as Markdown / CSV ('-': stdout)\n"
 		"  --plot FILE.png     (compare) recall proxy vs budget, hit rate vs pool size,\n"
@@ -86,6 +92,8 @@ static void usage(FILE *f)
 		"  kvmem run --model M --script s.jsonl --workspace ws --budget 1024 --trace t\n"
 		"  kvmem lab replay --workspace ws --trace t\n"
 		"  kvmem lab replay --workspace ws --trace t --policy refine --block 16 --per-step\n"
+		"  kvmem lab replay --workspace ws --trace t --no-oracle \\\n"
+		"      --layout compact,stable,gaps:1.25,gaps:1.5,gaps:2\n"
 		"  kvmem lab compare --workspace ws --trace t --policies meank,refine \\\n"
 		"      --budgets 512,1024,2048 --host-caps 1M,4M,16M --md - --plot lab.png\n",
 		CLI_SIZE_HELP, CLI_COUNT_HELP);
@@ -107,6 +115,8 @@ struct opts {
 	int query_span, no_oracle, per_step, why, json, have_bw;
 	kvmem_lab_bw bw;
 	const char *md, *csv, *plot;
+	kvmem_lab_layout lay[MAX_LIST];
+	int n_lay;
 	char *lists[8];		/* strdup'd option values, freed at the end */
 	int n_lists;
 };
@@ -222,9 +232,21 @@ static int parse_bw(struct opts *o, const char *opt, const char *s)
 	return 0;
 }
 
+static int parse_layouts(struct opts *o, const char *opt, const char *s)
+{
+	char *v[MAX_LIST];
+	int n = split(o, opt, s, v, MAX_LIST);
+
+	for (int i = 0; i < n; i++)
+		if (kvmem_lab_layout_parse(v[i], &o->lay[i]))
+			return fprintf(stderr, "%s: %s: %s\n", WHO, opt, kvmem_last_error()), -1;
+	return (o->n_lay = n) < 0 ? -1 : 0;
+}
+
 enum {
 	O_WS = 1000, O_TRACE, O_POLICY, O_BUDGET, O_BLOCK, O_SINK, O_RECENT, O_RESERVE, O_QTOK,
 	O_QSPAN, O_CACHE, O_HOST, O_BW, O_NOORACLE, O_PERSTEP, O_WHY, O_JSON, O_MD, O_CSV, O_PLOT,
+	O_LAYOUT,
 };
 
 /* mode: 'i' info, 'r' replay, 'c' compare. Returns 0, 1 after --help, -1. */
@@ -256,6 +278,7 @@ static int parse(int argc, char **argv, int mode, struct opts *o)
 		{ "md", required_argument, NULL, O_MD },
 		{ "csv", required_argument, NULL, O_CSV },
 		{ "plot", required_argument, NULL, O_PLOT },
+		{ "layout", required_argument, NULL, O_LAYOUT },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -303,6 +326,7 @@ static int parse(int argc, char **argv, int mode, struct opts *o)
 		case O_MD: o->md = optarg; break;
 		case O_CSV: o->csv = optarg; break;
 		case O_PLOT: o->plot = optarg; break;
+		case O_LAYOUT: bad = parse_layouts(o, name, optarg); break;
 		default: return -1;
 		}
 		if (bad)
@@ -329,8 +353,11 @@ static int parse(int argc, char **argv, int mode, struct opts *o)
 			       "per trace in the same order\n", WHO, o->n_ws, o->n_trace), -1;
 	if (mode == 'r' && (o->md || o->csv || o->plot))
 		return fprintf(stderr, "%s: --md, --csv and --plot go with compare\n", WHO), -1;
-	if (mode == 'c' && (o->per_step || o->why || o->json))
-		return fprintf(stderr, "%s: --per-step, --why and --json go with replay\n", WHO), -1;
+	if (mode == 'c' && (o->per_step || o->why || o->json || o->n_lay))
+		return fprintf(stderr, "%s: --per-step, --why, --json and --layout go with replay\n",
+			       WHO), -1;
+	if (o->n_lay && o->json)
+		return fprintf(stderr, "%s: --layout prints a table; leave out --json\n", WHO), -1;
 	return 0;
 }
 
@@ -514,6 +541,100 @@ static void print_json(const kvmem_lab_result *r)
 	       (long long)r->live_equal);
 }
 
+/* A steady step: not the first (which lays out a history found in the
+ * tail), and over a history the view could not hold whole. */
+static int layout_steady(const kvmem_lab_result *r, int64_t k)
+{
+	return k > 0 && r->steps[k].n_tokens > r->steps[k].view_tokens;
+}
+
+/* One layout's counts summed over every step (steady 0) or the steady
+ * ones; *n: how many. */
+static kvmem_lab_layout_count layout_sum(const kvmem_lab_result *r, const kvmem_lab_layout_count *c,
+					 int steady, int64_t *n)
+{
+	kvmem_lab_layout_count t = { 0 };
+
+	*n = 0;
+	for (int64_t k = 0; k < r->n_steps; k++) {
+		if (steady && !layout_steady(r, k))
+			continue;
+		(*n)++;
+		t.moved += c[k].moved;
+		t.entered += c[k].entered;
+		t.kept += c[k].kept;
+		t.view += c[k].view;
+		t.span = c[k].span > t.span ? c[k].span : t.span;
+	}
+	return t;
+}
+
+static void layout_row(const char *name, const char *which, kvmem_lab_layout_count t, int64_t n)
+{
+	double d = n ? (double)n : 1;
+
+	printf("  %-12s %-6s %6lld %12.0f %12.0f %9.2f %8.3f %8.3f %7lld\n", name, which,
+	       (long long)n, t.moved / d,
+	       t.entered / d, t.entered ? (double)t.moved / t.entered : NAN,
+	       t.view ? (double)t.moved / t.view : NAN, t.view ? (double)t.entered / t.view : NAN,
+	       (long long)t.span);
+}
+
+/*
+ * --layout: the replayed plans under each layout (kvmem_lab_layout_replay).
+ * The first selection lays out a history that sat in the tail at 0..n-1
+ * (a session's first), and a history the view holds whole moves nothing,
+ * so the totals are given over every step and over the steady ones.
+ */
+static int print_layouts(const struct opts *o, const kvmem_lab *lab, const kvmem_lab_result *r)
+{
+	const int L = kvmem_lab_info(lab)->n_layers;
+	kvmem_lab_layout_count *c = calloc((size_t)o->n_lay * (r->n_steps ? r->n_steps : 1),
+					   sizeof(*c));
+
+	if (!c)
+		return kvmem_error(ENOMEM, "out of memory");
+	for (int i = 0; i < o->n_lay; i++)
+		if (kvmem_lab_layout_replay(r, L, &o->lay[i], c + (size_t)i * r->n_steps)) {
+			free(c);
+			return kvmem_fail();
+		}
+	printf("layouts, token-layers (%d layers) per selection: over all of them, and over the "
+	       "steady ones\n(not the first, history past the view):\n"
+	       "  %-12s %-6s %6s %12s %12s %9s %8s %8s %7s\n", L, "layout", "steps", "n", "moved",
+	       "entered", "mv/ent", "mv/view", "ent/view", "span");
+	for (int i = 0; i < o->n_lay; i++) {
+		const kvmem_lab_layout_count *ci = c + (size_t)i * r->n_steps;
+
+		kvmem_lab_layout_count t;
+		int64_t n;
+
+		t = layout_sum(r, ci, 0, &n);
+		layout_row(o->lay[i].name, "all", t, n);
+		t = layout_sum(r, ci, 1, &n);
+		layout_row(o->lay[i].name, "steady", t, n);
+	}
+	if (o->per_step) {
+		printf("per selection (f: forced, the tail full mid-append or mid-decode): moved/"
+		       "entered token-layers, per layout\n%6s %1s %9s %9s", "step", "f", "tokens",
+		       "view");
+		for (int i = 0; i < o->n_lay; i++)
+			printf(" %21s", o->lay[i].name);
+		printf("\n");
+		for (int64_t k = 0; k < r->n_steps; k++) {
+			printf("%6lld %1s %9lld %9lld", (long long)r->steps[k].step,
+			       r->steps[k].forced ? "f" : "", (long long)r->steps[k].n_tokens,
+			       (long long)c[k].view);
+			for (int i = 0; i < o->n_lay; i++)
+				printf(" %10lld/%-10lld", (long long)c[(size_t)i * r->n_steps + k].moved,
+				       (long long)c[(size_t)i * r->n_steps + k].entered);
+			printf("\n");
+		}
+	}
+	free(c);
+	return 0;
+}
+
 static int lab_replay(int argc, char **argv)
 {
 	struct opts o = { 0 };
@@ -538,6 +659,7 @@ static int lab_replay(int argc, char **argv)
 	p.cache_policy = o.n_cache ? o.cache[0] : NULL;
 	p.host_cap = o.n_host ? o.host[0] : 0;
 	p.rank_top = o.why;
+	p.keep_plans = o.n_lay > 0;
 	if (kvmem_lab_replay(lab, &p, &r)) {
 		fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 		kvmem_lab_close(lab);
@@ -573,6 +695,13 @@ static int lab_replay(int argc, char **argv)
 		print_json(&r);
 	else
 		print_summary(lab, &r, o.trace[0]);
+	if (o.n_lay && print_layouts(&o, lab, &r)) {
+		fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
+		kvmem_lab_result_free(&r);
+		kvmem_lab_close(lab);
+		free_opts(&o);
+		return 1;
+	}
 	kvmem_lab_result_free(&r);
 	kvmem_lab_close(lab);
 	free_opts(&o);
