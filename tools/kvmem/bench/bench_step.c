@@ -18,7 +18,10 @@
  *             pager (prefetch everything, then fetch + place 1024 pages at a
  *             time, O_DIRECT into the registered pool) over an O_DIRECT
  *             sequential read of the same pages file, the two alternated
- *             three times (medians: a virtual disk's rate drifts).
+ *             three times (medians: a virtual disk's rate drifts), then the
+ *             pager alone (no place); tokens/s beside the read's. In bf16
+ *             or fp8 pages (--kv-dtype), or both over the same tokens, each
+ *             pass every dtype in turn: fp8 / bf16 tokens/s (issue #27).
  *   step      a workspace of --tokens (random pages written through the
  *             pager: no prefill) with a --view budget: per agent step, the
  *             time from the end of a question's append to the first decoded
@@ -101,9 +104,12 @@ static void usage(FILE *f)
 		"                     phase); past it the device reads the host's index\n"
 		"  --host-scoring     score selections on the host (the comparison)\n"
 		"  --tp N             tensor parallel over N GPUs (as kvmem run --tp)\n"
-		"  --kv-dtype T       bf16 (default) or fp8: the workspace's pages and the\n"
+		"  --kv-dtype T       bf16 (default), fp8 or both: the workspace's pages and the\n"
 		"                     backend's views (as kvmem run --kv-dtype); fp8 runs the\n"
-		"                     phases step, decode and fits\n"
+		"                     phases coldin, step, decode and fits; both runs coldin\n"
+		"                     (with ceilings) in bf16 and in fp8 over the same tokens\n"
+		"                     (those of --coldin bytes of bf16 pages), each pass\n"
+		"                     every dtype in turn, and prints fp8 / bf16 tokens/s\n"
 		"  --seed S           random pages and tokens (default 1)\n"
 		"  --keep             keep the scratch workspaces\n"
 		"  --help             this text\n"
@@ -113,7 +119,9 @@ static void usage(FILE *f)
 		"  kvmem bench step --only ceilings,remat,coldin\n"
 		"  kvmem bench step --layers 4 --only step,decode --tokens 256k --view 64k\n"
 		"  kvmem bench step --layers 1 --only memory --memory 256k,4M\n"
-		"  kvmem bench step --kv-dtype fp8 --only step,decode --tiers warm --view 32k\n",
+		"  kvmem bench step --kv-dtype fp8 --only step,decode --tiers warm --view 32k\n"
+		"  kvmem bench step --kv-dtype both --only coldin --coldin 2G\n"
+		"  kvmem bench step --backend cpu --model DIR --kv-dtype both --only coldin\n",
 		CLI_COUNT_HELP, CLI_SIZE_HELP);
 }
 
@@ -258,12 +266,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'H': bad = cli_parse_size(WHO, name, optarg, 1 << 20, 1ull << 50, &o->host_cap); break;
 		case 's': bad = cli_parse_u64(WHO, name, optarg, &o->seed); break;
 		case 'K':
+			o->both = 0;
 			if (!strcmp(optarg, "bf16"))
 				o->kv_dtype = KVMEM_DTYPE_BF16;
 			else if (!strcmp(optarg, "fp8"))
 				o->kv_dtype = KVMEM_DTYPE_FP8;
+			else if (!strcmp(optarg, "both"))
+				o->kv_dtype = KVMEM_DTYPE_BF16, o->both = 1;
 			else {
-				fprintf(stderr, "%s: --kv-dtype: '%s' (bf16 or fp8)\n", WHO, optarg);
+				fprintf(stderr, "%s: --kv-dtype: '%s' (bf16, fp8 or both)\n", WHO,
+					optarg);
 				bad = 1;
 			}
 			break;
@@ -275,17 +287,41 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	if (cli_no_operands(WHO, argc, argv))
 		return -1;
 	/* The other phases lay out bf16 pages themselves. */
-	if (o->kv_dtype == KVMEM_DTYPE_FP8 && (o->only & ~(PH_CEIL | PH_STEP | PH_DECODE | PH_FITS))) {
-		fprintf(stderr, "%s: --kv-dtype fp8 runs the phases step, decode and fits only "
-			"(--only)\n", WHO);
+	if (o->kv_dtype == KVMEM_DTYPE_FP8 &&
+	    (o->only & ~(PH_CEIL | PH_COLDIN | PH_STEP | PH_DECODE | PH_FITS))) {
+		fprintf(stderr, "%s: --kv-dtype fp8 runs the phases coldin, step, decode and fits "
+			"only (--only)\n", WHO);
+		return -1;
+	}
+	if (o->both && (o->only & ~PH_CEIL) != PH_COLDIN) {
+		fprintf(stderr, "%s: --kv-dtype both runs the coldin phase only (--only coldin)\n",
+			WHO);
 		return -1;
 	}
 	return 0;
 }
 
+/* The coldin phase's fp8 arm of --kv-dtype both: x's run with fp8 pages, on
+ * a backend of its own opened with fp8 views. */
+static int open_fp8(const struct ctx *x, struct ctx *y)
+{
+	kvmem_page_geom g;
+
+	*y = *x;
+	y->b = NULL;
+	y->peer = NULL;
+	y->o.kv_dtype = KVMEM_DTYPE_FP8;
+	geom_of(y, &y->geo, &g);
+	y->page_bytes = kvmem_page_bytes(&g);
+	return kvmem_backend_open(x->o.bm.backend, &y->geo,
+				  &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x->o.gpu_mem,
+							 .index_mem = x->o.index_mem, .tp = x->o.tp,
+							 .kv_dtype = KVMEM_DTYPE_FP8 }, &y->b);
+}
+
 int bench_step(int argc, char **argv)
 {
-	struct ctx x = { 0 };
+	struct ctx x = { 0 }, y = { 0 };
 	const kvmem_model *m;
 	char buf[64];
 	int rc = 1, usage_err;
@@ -323,6 +359,12 @@ int bench_step(int argc, char **argv)
 	       x.geo.dir, x.geo.cfg.n_layers, x.geo.cfg.hidden, x.geo.cfg.n_heads,
 	       x.geo.cfg.n_kv_heads, x.geo.cfg.head_dim, BLOCK, kvmem_dtype_name(x.o.kv_dtype),
 	       x.page_bytes, x.o.dir);
+	if (x.o.both) {
+		if (open_fp8(&x, &y) < 0)
+			goto err;
+		printf("--kv-dtype both: fp8 pages of %zu bytes into fp8 views on a second %s "
+		       "backend\n", y.page_bytes, y.b->ops->name);
+	}
 	if (x.o.gpu_mem)
 		printf("device memory cap %s\n", cli_fmt_bytes(buf, sizeof(buf), (double)x.o.gpu_mem));
 	fflush(stdout);
@@ -331,7 +373,7 @@ int bench_step(int argc, char **argv)
 	if ((x.o.only & PH_REMAT) && ph_remat(&x) < 0)
 		goto err;
 	fflush(stdout);
-	if ((x.o.only & PH_COLDIN) && ph_coldin(&x) < 0)
+	if ((x.o.only & PH_COLDIN) && (x.o.both ? ph_coldin_both(&x, &y) : ph_coldin(&x)) < 0)
 		goto err;
 	fflush(stdout);
 	if ((x.o.only & (PH_STEP | PH_DECODE)) && ph_step(&x, x.o.only) < 0)
@@ -355,6 +397,7 @@ err:
 out:
 	if (x.peer)
 		x.b->ops->view_destroy(x.b->ctx, x.peer);
+	kvmem_backend_close(y.b);
 	kvmem_backend_close(x.b);
 	bench_model_close(&x.o.bm);
 	if (!x.o.keep)

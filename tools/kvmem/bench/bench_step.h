@@ -44,6 +44,8 @@ struct opts {
 	int queue_depth;
 	int tp;			/* --tp: tensor parallel ranks; 0: off */
 	uint32_t kv_dtype;	/* --kv-dtype: KVMEM_DTYPE_BF16, or _FP8 (pages and views) */
+	int both;		/* --kv-dtype both: the coldin phase in bf16 and in fp8, kv_dtype
+				 * bf16 for the rest */
 };
 
 struct ctx {
@@ -100,6 +102,7 @@ int ph_ceilings(struct ctx *x);
 int ph_remat(struct ctx *x);
 double seq_read(const char *path, uint64_t size, size_t req, int qd);
 int ph_coldin(struct ctx *x);
+int ph_coldin_both(struct ctx *bf16, struct ctx *fp8);
 int peers(struct ctx *x);
 
 /* bench_step_steps.c */

@@ -12,6 +12,8 @@
 #include <liburing.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "bench_step.h"
@@ -222,17 +224,23 @@ double seq_read(const char *path, uint64_t size, size_t req, int qd)
 {
 	struct io_uring ring;
 	struct io_uring_cqe *cqe;
-	uint8_t *buf;
+	uint8_t *buf = NULL;
 	uint64_t off = 0, done = 0;
 	int fd = open(path, O_RDONLY | O_DIRECT), inflight = 0;
 	double t0;
 
 	if (fd < 0)
 		return -1;
-	if (posix_memalign((void **)&buf, 4096, req * qd) || io_uring_queue_init(qd * 2, &ring, 0) < 0) {
+	if (posix_memalign((void **)&buf, 2u << 20, req * qd) ||
+	    io_uring_queue_init(qd * 2, &ring, 0) < 0) {
+		free(buf);
 		close(fd);
 		return -1;
 	}
+	/* As the pager's pool: huge pages where the system gives them (fewer
+	 * to pin per request), touched first (no page faults in the reads). */
+	madvise(buf, req * qd, MADV_HUGEPAGE);
+	memset(buf, 0, req * qd);
 	size -= size % req;
 	t0 = cli_now_s();
 	while (done < size) {
@@ -257,13 +265,26 @@ double seq_read(const char *path, uint64_t size, size_t req, int qd)
 	return done == size ? size / t0 : -1;
 }
 
+/* A fresh pool's memory touched before the clock starts, as registering
+ * it (cuda) does and as a long-lived pool is: the reads then pay no page
+ * faults. */
+static void touch(void *base, size_t len)
+{
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(base, len, MADV_POPULATE_WRITE) == 0)
+		return;
+#endif
+	memset(base, 0, len);
+}
+
 /* One cold pass: a fresh pager (an empty host pool) over the workspace in
  * dir, everything prefetched, then fetched and placed BATCH pages at a
- * time as a step does. Its seconds, or -1. */
+ * time as a step does; with v NULL only fetched and released (the pager
+ * alone). Its seconds, those in place() calls in *place_s, or -1. */
 static double coldin_once(struct ctx *x, const char *dir, int64_t np, kvmem_view *v,
-			  kvmem_pager_opts *po, int *registered)
+			  kvmem_pager_opts *po, int *registered, double *place_s)
 {
-	const int L = x->geo.cfg.n_layers;
+	const int L = x->geo.cfg.n_layers, H = x->geo.cfg.n_kv_heads, D = x->geo.cfg.head_dim;
 	kvmem_page_geom g;
 	kvmem_pager *p = NULL;
 	uint64_t *ids = NULL;
@@ -271,16 +292,19 @@ static double coldin_once(struct ctx *x, const char *dir, int64_t np, kvmem_view
 	kvmem_place *it = NULL;
 	void *base = NULL;
 	size_t len = 0;
-	double t0, t = -1;
+	double t0, t = -1, tp = 0;
 	int reg = 0;
 
 	geom_of(x, &x->geo, &g);
 	if (kvmem_pager_open(dir, &g, po, &p) < 0)
 		goto out;
 	kvmem_pager_region(p, &base, &len);
-	if (x->b->ops->host_register && x->b->ops->host_register(x->b->ctx, base, len) == 0)
+	if (v && x->b->ops->host_register && x->b->ops->host_register(x->b->ctx, base, len) == 0)
 		reg = 1;
-	*registered = reg;
+	else if (base && len)
+		touch(base, len);
+	if (v)
+		*registered = reg;
 	if (!(ids = malloc(sizeof(*ids) * np)) || !(data = malloc(sizeof(*data) * BATCH)) ||
 	    !(it = calloc(BATCH, sizeof(*it)))) {
 		kvmem_error(ENOMEM, "out of memory");
@@ -293,25 +317,28 @@ static double coldin_once(struct ctx *x, const char *dir, int64_t np, kvmem_view
 	 * placed batch by batch as the pages land. */
 	kvmem_pager_prefetch(p, ids, (size_t)np);
 	for (int64_t i = 0; i < np; i += BATCH) {
-		int n = np - i < BATCH ? (int)(np - i) : BATCH, rc;
+		int n = np - i < BATCH ? (int)(np - i) : BATCH, rc = 0;
+		double t1;
 
 		if (kvmem_pager_fetch(p, ids + i, n, data) < 0)
 			goto out;
-		for (int k = 0; k < n; k++) {
+		for (int k = 0; v && k < n; k++) {
 			int64_t id = i + k, b = id / L;
 
 			it[k] = (kvmem_place){ .block = b, .layer = (int)(id % L), .u0 = 0, .n = BLOCK,
-					       .stride = BLOCK, .slot = b * BLOCK,
-					       .page = { .k = data[k], .v = (const char *)data[k] + x->half,
-							 .dtype = KVMEM_DTYPE_BF16,
-							 .mem = KVMEM_MEM_HOST } };
+					       .stride = BLOCK, .slot = b * BLOCK };
+			kvmem_page_at(&it[k].page, data[k], x->o.kv_dtype, H, BLOCK, D);
 		}
-		rc = x->b->ops->place(x->b->ctx, v, it, n);
+		t1 = cli_now_s();
+		if (v)
+			rc = x->b->ops->place(x->b->ctx, v, it, n);
+		tp += cli_now_s() - t1;
 		kvmem_pager_release(p, ids + i, n);
 		if (rc < 0)
 			goto out;
 	}
 	t = cli_now_s() - t0;
+	*place_s = tp;
 out:
 	if (reg)
 		x->b->ops->host_unregister(x->b->ctx, base);
@@ -325,75 +352,180 @@ out:
 
 #define COLDIN_REPS 3
 
-int ph_coldin(struct ctx *x)
-{
-	const int L = x->geo.cfg.n_layers;
-	int64_t nb = (int64_t)(x->o.coldin / ((uint64_t)L * x->page_bytes)), np;
+/* One dtype of the coldin phase: its workspace, view and figures. */
+struct coldin_arm {
+	struct ctx *x;
+	const char *dt;			/* "bf16", "fp8" */
 	char dir[4200], path[4300];
-	kvmem_page_geom g;
-	kvmem_pager_opts po;
-	kvmem_view *v = NULL;
-	kvmem_place_stats a, d;
+	int64_t np;
 	size_t stride;
-	double made, seq[COLDIN_REPS], seqp[COLDIN_REPS], pin[COLDIN_REPS], bytes;
-	int reg = 0, rc = -1;
+	double bytes, made;		/* page bytes a pass reads (strides); writing them */
+	kvmem_pager_opts po;
+	kvmem_view *v;
+	kvmem_place_stats a;
+	int reg;
+	double seq[COLDIN_REPS], seqp[COLDIN_REPS], pin[COLDIN_REPS], alone[COLDIN_REPS];
+	double place_s[COLDIN_REPS];
+	double tps, alone_tps, ceil;	/* medians: tokens/s, tokens/s, bytes/s */
+};
 
-	if (nb < 1)
-		nb = 1;
-	np = nb * L;
-	snprintf(dir, sizeof(dir), "%s/coldin", x->o.dir);
-	if (make_workspace(x, &x->geo, dir, nb * BLOCK, &made) < 0)
+static int arm_open(struct coldin_arm *c, struct ctx *x, int64_t nb)
+{
+	kvmem_page_geom g;
+
+	c->x = x;
+	c->dt = kvmem_dtype_name(x->o.kv_dtype);
+	c->np = nb * x->geo.cfg.n_layers;
+	snprintf(c->dir, sizeof(c->dir), "%s/coldin-%s", x->o.dir, c->dt);
+	snprintf(c->path, sizeof(c->path), "%s/pages", c->dir);
+	if (make_workspace(x, &x->geo, c->dir, nb * BLOCK, &c->made) < 0)
 		return -1;
 	geom_of(x, &x->geo, &g);
-	stride = kvmem_page_stride(&g);
-	bytes = (double)np * stride;
-	kvmem_pager_opts_default(&po);
-	po.host_cap = (uint64_t)np * stride + (64ull << 20);
+	c->stride = kvmem_page_stride(&g);
+	c->bytes = (double)c->np * c->stride;
+	kvmem_pager_opts_default(&c->po);
+	c->po.host_cap = (uint64_t)c->np * c->stride + (64ull << 20);
 	if (x->o.read_size)
-		po.max_read = (uint32_t)x->o.read_size;
+		c->po.max_read = (uint32_t)x->o.read_size;
 	if (x->o.queue_depth)
-		po.queue_depth = (uint32_t)x->o.queue_depth;
-	if (x->b->ops->view_create(x->b->ctx, &v) < 0 || x->b->ops->reserve(x->b->ctx, v, nb * BLOCK) < 0)
-		goto out;
-	snprintf(path, sizeof(path), "%s/pages", dir);
-	printf("\ncold page-in, NVMe -> view slots: %" PRId64 " pages (%.2f GB, workspace written in "
-	       "%.1f s) through the pager (O_DIRECT reads of up to %u KiB, %u entries, then the "
-	       "backend's place), alternated %d times with O_DIRECT sequential reads of the same "
-	       "file in 1 MiB requests 32 deep and in the pager's (a virtual disk's rate drifts "
-	       "between runs; the ceiling is the better median)\n", np,
-	       bytes / 1e9, made, po.max_read >> 10, po.queue_depth, COLDIN_REPS);
-	place_now(x, &a);
-	for (int r = 0; r < COLDIN_REPS; r++) {
-		seq[r] = seq_read(path, (uint64_t)np * stride, 1u << 20, 32);
-		seqp[r] = seq_read(path, (uint64_t)np * stride, po.max_read,
-				   po.queue_depth < 64 ? (int)po.queue_depth : 64);
-		if ((pin[r] = coldin_once(x, dir, np, v, &po, &reg)) < 0)
-			goto out;
-		printf("  pass %d: sequential read %.2f GB/s (1 MiB) / %.2f GB/s (the pager's requests), "
-		       "page-in %.2f GB/s (host pool %s)\n", r + 1, seq[r] > 0 ? seq[r] / 1e9 : 0,
-		       seqp[r] > 0 ? seqp[r] / 1e9 : 0, gbps(bytes, pin[r]),
-		       reg ? "registered: the gather reads it" : "not registered: a staging copy");
+		c->po.queue_depth = (uint32_t)x->o.queue_depth;
+	if (x->b->ops->view_create(x->b->ctx, &c->v) < 0)
+		return -1;
+	return x->b->ops->reserve(x->b->ctx, c->v, nb * BLOCK);
+}
+
+static void arm_close(struct coldin_arm *c)
+{
+	if (c->v)
+		c->x->b->ops->view_destroy(c->x->b->ctx, c->v);
+	c->v = NULL;
+	if (c->x && !c->x->o.keep)
+		rm_rf(c->dir);
+}
+
+/* Pass r of arm c: the two sequential reads of its file, the page-in into
+ * its view, the pager alone. */
+static int arm_pass(struct coldin_arm *c, int r, int64_t tokens)
+{
+	const uint64_t size = (uint64_t)c->np * c->stride;
+	double unused;
+
+	c->seq[r] = seq_read(c->path, size, 1u << 20, 32);
+	c->seqp[r] = seq_read(c->path, size, c->po.max_read,
+			      c->po.queue_depth < 64 ? (int)c->po.queue_depth : 64);
+	if ((c->pin[r] = coldin_once(c->x, c->dir, c->np, c->v, &c->po, &c->reg,
+				     &c->place_s[r])) < 0 ||
+	    (c->alone[r] = coldin_once(c->x, c->dir, c->np, NULL, &c->po, &c->reg, &unused)) < 0)
+		return -1;
+	printf("  pass %d, %-4s: sequential read %.2f GB/s (1 MiB) / %.2f GB/s (the pager's "
+	       "requests); page-in %.2f GB/s, %.0f tokens/s (place() %.0f of %.0f ms); pager "
+	       "alone %.2f GB/s, %.0f tokens/s\n", r + 1, c->dt,
+	       c->seq[r] > 0 ? c->seq[r] / 1e9 : 0, c->seqp[r] > 0 ? c->seqp[r] / 1e9 : 0,
+	       gbps(c->bytes, c->pin[r]), tokens / c->pin[r], c->place_s[r] * 1e3, c->pin[r] * 1e3,
+	       gbps(c->bytes, c->alone[r]), tokens / c->alone[r]);
+	fflush(stdout);
+	return 0;
+}
+
+static void arm_summary(struct coldin_arm *c, int64_t tokens)
+{
+	const double per_tok = c->bytes / (double)tokens;	/* bytes a token, all layers */
+	double m1 = median(c->seq, COLDIN_REPS), m2 = median(c->seqp, COLDIN_REPS);
+	double mp = median(c->pin, COLDIN_REPS), ma = median(c->alone, COLDIN_REPS);
+	double all = 0, pl = 0;
+	kvmem_place_stats d;
+
+	c->ceil = m1 > m2 ? m1 : m2;
+	c->tps = tokens / mp;
+	c->alone_tps = tokens / ma;
+	for (int r = 0; r < COLDIN_REPS; r++)
+		all += c->pin[r], pl += c->place_s[r];
+	printf("  %s: median page-in %.2f GB/s = %.0f tokens/s; best median sequential read %.2f "
+	       "GB/s = %.0f tokens/s at %.0f bytes a token; ratio %.2f\n", c->dt,
+	       gbps(c->bytes, mp), c->tps, c->ceil / 1e9, c->ceil / per_tok, per_tok,
+	       c->ceil > 0 ? c->bytes / mp / c->ceil : 0);
+	printf("  %*s  pager alone (fetch and release, no place) %.2f GB/s = %.0f tokens/s, ratio "
+	       "%.2f; place() calls %.0f ms of the %.0f ms of %d passes\n", (int)strlen(c->dt), "",
+	       gbps(c->bytes, ma), c->alone_tps, c->ceil > 0 ? c->bytes / ma / c->ceil : 0,
+	       pl * 1e3, all * 1e3, COLDIN_REPS);
+	if (c->x->b->ops->place_stats) {
+		place_delta(c->x, &c->a, &d);
+		printf("  %*s  (the backend's place stats: %.0f ms in %" PRIu64 " calls)\n",
+		       (int)strlen(c->dt), "", d.ns / 1e6, d.calls);
 	}
-	place_delta(x, &a, &d);
-	{
-		double m1 = median(seq, COLDIN_REPS), m2 = median(seqp, COLDIN_REPS);
-		double ms = m1 > m2 ? m1 : m2, mp = median(pin, COLDIN_REPS), all = 0;
+}
 
-		for (int r = 0; r < COLDIN_REPS; r++)
-			all += pin[r];
+/*
+ * The phase over n arms (dtypes) of nb blocks each, the same tokens: each
+ * pass runs every arm in turn, so a virtual disk's drift falls on all of
+ * them alike. With two, fp8 against bf16.
+ */
+static int coldin_run(struct ctx **xs, int n, int64_t nb)
+{
+	const int L = xs[0]->geo.cfg.n_layers;
+	const int64_t tokens = nb * BLOCK;
+	struct coldin_arm c[2];
+	char buf[64];
+	int rc = -1;
 
-		printf("  median page-in %.2f GB/s   best median sequential read %.2f GB/s   ratio %.2f\n"
-		       "  (place() %.0f ms of the %.0f ms of %d passes, %" PRIu64 " calls)\n",
-		       gbps(bytes, mp), ms > 0 ? ms / 1e9 : 0, ms > 0 ? bytes / mp / ms : 0,
-		       d.ns / 1e6, all * 1e3, COLDIN_REPS, d.calls);
+	memset(c, 0, sizeof(c));
+	for (int i = 0; i < n; i++)
+		if (arm_open(&c[i], xs[i], nb) < 0)
+			goto out;
+	printf("\ncold page-in, NVMe -> view slots: %" PRId64 " tokens (%" PRId64 " blocks x %d "
+	       "layers) read through the pager (O_DIRECT reads of up to %u KiB, %u entries, the "
+	       "host pool touched before the clock, then the backend's place), alternated %d "
+	       "times with O_DIRECT sequential reads of the same file in 1 MiB requests 32 deep "
+	       "and in the pager's (a virtual disk's rate drifts between runs; the ceiling is the "
+	       "better median)%s; then the pager alone (no place)\n", tokens, nb, L,
+	       c[0].po.max_read >> 10, c[0].po.queue_depth, COLDIN_REPS,
+	       n > 1 ? ", each pass every dtype in turn" : "");
+	for (int i = 0; i < n; i++)
+		printf("  %s: %" PRId64 " pages of %zu bytes on a %zu-byte stride, %.2f GB "
+		       "(workspace written in %.1f s)\n", c[i].dt, c[i].np, c[i].x->page_bytes,
+		       c[i].stride, c[i].bytes / 1e9, c[i].made);
+	for (int i = 0; i < n; i++)
+		place_now(c[i].x, &c[i].a);
+	for (int r = 0; r < COLDIN_REPS; r++)
+		for (int i = 0; i < n; i++)
+			if (arm_pass(&c[i], r, tokens) < 0)
+				goto out;
+	for (int i = 0; i < n; i++) {
+		arm_summary(&c[i], tokens);
+		printf("  %*s  host pool %s\n", (int)strlen(c[i].dt), "", c[i].reg ?
+		       "registered: the backend reads it where it is" :
+		       "not registered: the backend copies from it");
+	}
+	if (n == 2) {
+		double r = c[1].tps / c[0].tps, ra = c[1].alone_tps / c[0].alone_tps;
+
+		printf("  %s / %s tokens/s = %.2f, %s (target >= 1.9: %s); pager alone %.2f; the "
+		       "pages' strides on disk give %.2f\n", c[1].dt, c[0].dt, r,
+		       vs(buf, sizeof(buf), 1 / c[0].tps, 1 / c[1].tps),
+		       r >= 1.9 ? "met" : "missed", ra, (double)c[0].stride / c[1].stride);
 	}
 	rc = 0;
 out:
-	if (v)
-		x->b->ops->view_destroy(x->b->ctx, v);
-	if (!x->o.keep)
-		rm_rf(dir);
+	for (int i = 0; i < n; i++)
+		arm_close(&c[i]);
 	return rc;
+}
+
+int ph_coldin(struct ctx *x)
+{
+	int64_t nb = (int64_t)(x->o.coldin / ((uint64_t)x->geo.cfg.n_layers * x->page_bytes));
+
+	return coldin_run(&x, 1, nb < 1 ? 1 : nb);
+}
+
+/* --kv-dtype both: the tokens of --coldin bytes of bf16 pages, in each. */
+int ph_coldin_both(struct ctx *bf16, struct ctx *fp8)
+{
+	struct ctx *xs[2] = { bf16, fp8 };
+	int64_t nb = (int64_t)(bf16->o.coldin / ((uint64_t)bf16->geo.cfg.n_layers *
+						  bf16->page_bytes));
+
+	return coldin_run(xs, 2, nb < 1 ? 1 : nb);
 }
 
 /* The view's own prefill and plain decode, once: the step's and decode's
