@@ -147,8 +147,12 @@ enum kvmem_view_state {
 
 /*
  * One plan: per set (1 for all layers, or one per layer) n_view blocks in
- * chronological order. Block i of set s starts at compact position
- * start[s * n_view + i]; every set holds view_tokens tokens.
+ * chronological order. Block i of set s starts at view slot (its position)
+ * start[s * n_view + i]; every set holds view_tokens tokens, and the
+ * blocks tile slots [0, view_tokens) without a hole. The compact layout
+ * puts them there in chronological order; the stable layout
+ * (KVMEM_LAYOUT_STABLE) keeps a block at the slot it had, so its starts
+ * are not in order, but the newest block is always last.
  */
 typedef struct kvmem_plan {
 	int n_sets;
@@ -197,6 +201,15 @@ typedef struct kvmem_session_tap {
 	void *arg;
 } kvmem_session_tap;
 
+/* How a plan lays its blocks out in the view (kvmem_session_opts.layout). */
+enum kvmem_layout {
+	KVMEM_LAYOUT_DEFAULT = 0,	/* compact, or the KVMEM_LAYOUT environment variable */
+	KVMEM_LAYOUT_COMPACT = 1,	/* chronological: every block after one that enters
+					 * or leaves shifts */
+	KVMEM_LAYOUT_STABLE = 2,	/* a kept block keeps its slot; entering blocks take
+					 * freed ones; the recent run last, in order */
+};
+
 typedef struct kvmem_session_opts {
 	int block;		/* B: power of two 16..256; 0: 32 */
 	int64_t budget;		/* history tokens in the view; 0: unlimited */
@@ -217,6 +230,10 @@ typedef struct kvmem_session_opts {
 	 * its device (the cuda backend scores meank and subblock there): for
 	 * comparisons. */
 	int host_scoring;
+	/* enum kvmem_layout. Stable moves fewer tokens per step; the body's
+	 * positions are then no longer chronological. With a budget that
+	 * holds the workspace both are the identity layout. */
+	int layout;
 	/* NULL: pages in host memory. The session does not destroy it. */
 	const kvmem_page_source *source;
 	/* Called after every forward pass with the tokens run and their

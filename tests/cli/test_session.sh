@@ -4,6 +4,8 @@
 #    block sizes 16..256 (logits bit-identical to full context);
 #  - a budget ten times smaller: every policy runs, each step's view stays
 #    within the budget and every decode step's view holds the pinned blocks;
+#  - the stable layout (--layout stable) the same: exact over the workspace,
+#    within budget and pins kept at a tenth; a bad layout exits 2;
 #  - script errors name the line and exit 2.
 # Needs $KVMEM (the kvmem binary); skipped (77) when the model generator is
 # not built yet.
@@ -55,17 +57,33 @@ for r in $runs; do
 	n=$(echo "$out" | grep -c '"max_logit_diff":0,')
 	[ "$n" -eq 10 ] || bad "policy $p block $b: only $n of 10 steps with logit difference 0"
 done
+# The stable layout over the workspace: no block leaves, the identity view.
+for r in meank:16 random:32 subblock:64; do
+	p=${r%%:*} b=${r##*:}
+	if ! out=$("$KVMEM" run --model "$tmp/model" --script "$tmp/script" --policy "$p" \
+		--block "$b" --budget $((total + 17)) --chunk 48 --check-exact --json \
+		--layout stable 2>&1); then
+		bad "exact stable run, policy $p block $b:"
+		echo "$out" | tail -5
+		continue
+	fi
+	n=$(echo "$out" | grep -c '"max_logit_diff":0,')
+	[ "$n" -eq 10 ] || bad "stable, policy $p block $b: only $n of 10 steps with difference 0"
+done
 
 # Budget ten times smaller than the workspace: within budget, pins kept.
 budget=$((total / 10))
-for p in $policies; do
+for r in $policies meank:stable random:stable quest:stable; do
+	p=${r%%:*} lay=compact
+	[ "$p" != "$r" ] && lay=${r##*:}
 	for b in 16 32; do
 		if ! out=$("$KVMEM" run --model "$tmp/model" --script "$tmp/script" --policy "$p" \
-			--block "$b" --budget $budget --chunk 32 --json 2>"$tmp/err"); then
-			bad "small budget, policy $p block $b: $(tail -3 "$tmp/err")"
+			--block "$b" --budget $budget --chunk 32 --json --layout $lay \
+			2>"$tmp/err"); then
+			bad "small budget, policy $p block $b layout $lay: $(tail -3 "$tmp/err")"
 			continue
 		fi
-		echo "$out" | awk -v budget=$budget -v B=$b -v what="policy $p block $b" '
+		echo "$out" | awk -v budget=$budget -v B=$b -v what="policy $p block $b $lay" '
 		function num(key,   m) {
 			if (!match($0, "\"" key "\":[0-9]+"))
 				return -1
@@ -121,6 +139,15 @@ for t in bad1:2 bad2:3 bad3:1 bad4:1; do
 done
 "$KVMEM" run --model "$tmp/model" --script "$tmp/script" --policy nosuch >"$tmp/out" 2>&1
 [ $? -eq 2 ] && grep -q "unknown policy" "$tmp/out" || bad "unknown policy not refused"
+"$KVMEM" run --model "$tmp/model" --script "$tmp/script" --layout gaps >"$tmp/out" 2>&1
+[ $? -eq 2 ] && grep -q "layout wants compact .* or stable" "$tmp/out" ||
+	bad "--layout gaps not refused: $(cat "$tmp/out")"
+KVMEM_LAYOUT=gaps "$KVMEM" run --model "$tmp/model" --script "$tmp/script" >"$tmp/out" 2>&1
+[ $? -eq 1 ] && grep -q "KVMEM_LAYOUT=gaps is not a layout" "$tmp/out" ||
+	bad "KVMEM_LAYOUT=gaps not refused: $(cat "$tmp/out")"
+KVMEM_LAYOUT=stable "$KVMEM" run --model "$tmp/model" --script "$tmp/script" --budget 200 \
+	>"$tmp/out" 2>&1 && grep -q "layout stable" "$tmp/out" ||
+	bad "KVMEM_LAYOUT=stable did not choose it: $(cat "$tmp/out")"
 # Pins over the budget are a clear error.
 printf '{"append_random": 200, "pin": true}\n{"decode": 1}\n' >"$tmp/pins"
 "$KVMEM" run --model "$tmp/model" --script "$tmp/pins" --budget 64 --block 16 >"$tmp/out" 2>&1

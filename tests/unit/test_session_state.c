@@ -160,6 +160,7 @@ struct kase {
 	int split;		/* the last op of part 1 */
 	int pager;		/* 1: the pager on a directory, else memory */
 	int fresh;		/* part 2 adopts with a fresh selection (the control) */
+	int layout;		/* enum kvmem_layout */
 };
 
 /* A session (and its source) of either kind. */
@@ -181,6 +182,7 @@ static void opts_of(const struct kase *k, struct side *d, kvmem_session_opts *o)
 	o->policy = k->policy;
 	o->seed = k->seed;
 	o->all_logits = k->all_logits;
+	o->layout = k->layout;
 	o->source = &d->src;
 	o->on_forward = log_forward;
 	o->arg = &d->lg;
@@ -425,6 +427,33 @@ static void test_two_parts_memory(void **state)
 	assert_true(differ > 0);
 }
 
+/* The stable layout: its plans (starts out of order) travel in the state
+ * and the view is rebuilt slot for slot: two parts compute what one go
+ * does, every policy, every kind of split point. */
+static void test_two_parts_stable(void **state)
+{
+	uint64_t rng = g_seed ^ 0x57;
+
+	(void)state;
+	for (int p = 0; kvmem_policy_at(p); p++) {
+		kvmem_model *m = small_model(&rng);
+		kvmem_backend *e = kvmem_backend_cpu(m, 32);
+
+		assert_non_null(e);
+		for (int k = 0; k < 3; k++) {
+			struct script sc;
+			struct kase kc;
+
+			setup_case(&rng, &kc, m, e, &sc, POLICY(p), split_kinds[k], 0);
+			kc.layout = KVMEM_LAYOUT_STABLE;
+			assert_true(run_case(&kc));
+			free_script(&sc);
+		}
+		kvmem_backend_close(e);
+		test_model_free(m);
+	}
+}
+
 /* The pager on a real directory: the state travels in the commit. */
 static void test_two_parts_pager(void **state)
 {
@@ -508,6 +537,42 @@ static void expect_refused(kvmem_backend *e, const kvmem_session_opts *o, struct
 	kvmem_session_free(s);
 }
 
+/* A stable state: read back by a stable session only (its version says so;
+ * a compact one keeps version 1's bytes). */
+static void test_stable_state_refused(void **state)
+{
+	uint64_t rng = g_seed ^ 0x58;
+	kvmem_model *m = small_model(&rng);
+	kvmem_backend *e = kvmem_backend_cpu(m, 32);
+	kvmem_session_opts o, x;
+	struct saved_run sr = { 0 };
+	kvmem_session *s;
+	uint32_t version;
+
+	(void)state;
+	kvmem_session_opts_default(&o);
+	o.block = 16;
+	o.budget = 64;
+	o.chunk = 16;
+	o.layout = KVMEM_LAYOUT_STABLE;
+	save_one(e, &o, &rng, &sr);
+	memcpy(&version, (const char *)sr.state + 4, 4);
+	assert_int_equal(version, 2);
+	x = o, x.layout = KVMEM_LAYOUT_COMPACT;
+	expect_refused(e, &x, &sr, sr.ids, sr.n, sr.state, sr.len,
+		       "layout stable (this session: compact)");
+	x = o, x.source = &sr.src;
+	s = kvmem_session_create(e, &x);
+	assert_non_null(s);
+	assert_int_equal(kvmem_session_adopt_state(s, sr.ids, sr.n, sr.state, sr.len), 0);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&sr.src);
+	free(sr.ids);
+	free(sr.state);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 static void test_other_options_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 0x53;
@@ -537,6 +602,9 @@ static void test_other_options_refused(void **state)
 	expect_refused(e, &x, &sr, sr.ids, sr.n, sr.state, sr.len, "seed 5");
 	x = o, x.recent = 40;
 	expect_refused(e, &x, &sr, sr.ids, sr.n, sr.state, sr.len, "recent");
+	x = o, x.layout = KVMEM_LAYOUT_STABLE;
+	expect_refused(e, &x, &sr, sr.ids, sr.n, sr.state, sr.len,
+		       "layout compact (this session: stable)");
 	/* Another history: one token fewer, one token changed. */
 	expect_refused(e, &o, &sr, sr.ids, sr.n - 1, sr.state, sr.len, "saved at 308 tokens");
 	sr.ids[7] = (sr.ids[7] + 1) % m->cfg.vocab;
@@ -702,6 +770,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_two_parts_memory),
 		cmocka_unit_test(test_two_parts_pager),
+		cmocka_unit_test(test_two_parts_stable),
+		cmocka_unit_test(test_stable_state_refused),
 		cmocka_unit_test(test_other_options_refused),
 		cmocka_unit_test(test_corrupt_state_refused),
 		cmocka_unit_test(test_query_ring_travels),

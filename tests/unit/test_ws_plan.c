@@ -3,7 +3,10 @@
  * The view planner over random step sequences: plans are chronological, at
  * compact positions, within budget, hold every pin, the newest block, sink
  * and recent when they fit, the best-scored of the rest (checked against a
- * plain sort), the same token count in every set, and a right diff.
+ * plain sort), the same token count in every set, and a right diff. The
+ * stable layout: the same blocks, tiling the view; a kept block keeps its
+ * slot, entering ones take freed slots, the recent run last (hand-made
+ * cases, and the rule over the random sequences).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -81,6 +84,64 @@ static int ref_plan(const kvmem_blocks *r, const float *sc, const kvmem_plan_par
 	return 0;
 }
 
+/* Where block b's tokens are now (the planner's rule, written out): its
+ * old start when it was whole then, its tail slot when appended since,
+ * else -1. */
+static int64_t now_at(const kvmem_plan *prev, int set, const kvmem_blocks *r, int64_t b)
+{
+	const int64_t B = r->block, sel = prev ? prev->n_tokens : 0;
+	const int64_t end = prev ? prev->view_tokens : 0;
+
+	if (b * B >= sel)
+		return end + b * B - sel;
+	if (b * B + B > sel || !prev)
+		return -1;	/* partial then: only the session's walk knows */
+	for (int j = 0; j < prev->n_view; j++)
+		if (prev->blocks[(size_t)set * prev->n_view + j] == b)
+			return prev->start[(size_t)set * prev->n_view + j];
+	return -1;
+}
+
+/*
+ * Stable starts of set s: the recent run (the newest block and those
+ * before it, consecutive, holding tokens of the last `recent`) in order
+ * from A, the body's tokens; every body block full, at its own aligned
+ * slot below A, and at its old one when that was aligned and below A.
+ */
+static void check_stable(const kvmem_plan *p, int s, const kvmem_plan *prev,
+			 const kvmem_blocks *r, const kvmem_plan_params *pp)
+{
+	const int64_t *b = p->blocks + (size_t)s * p->n_view;
+	const int64_t *st = p->start + (size_t)s * p->n_view;
+	const int64_t B = r->block, N = r->n_tokens, nb = kvmem_blocks_count(r);
+	int ps = prev && prev->n_sets == p->n_sets ? s : 0, run = p->n_view;
+	int64_t A = 0, at;
+	unsigned char *used = calloc((size_t)p->n_view + 1, 1);
+
+	while (run > 0 && b[run - 1] == (run == p->n_view ? nb - 1 : b[run] - 1) &&
+	       (run == p->n_view || b[run - 1] * B + B > N - pp->recent))
+		run--;
+	for (int i = 0; i < run; i++)
+		A += kvmem_block_len(r, b[i]);
+	for (int i = 0; i < run; i++) {
+		int64_t v = prev && prev->n_view ? now_at(prev, ps, r, b[i]) : b[i] * B;
+
+		assert_int_equal(kvmem_block_len(r, b[i]), B);
+		assert_true(st[i] % B == 0 && st[i] + B <= A);
+		assert_false(used[st[i] / B]);
+		used[st[i] / B] = 1;
+		if (v >= 0 && v % B == 0 && v + B <= A)
+			assert_int_equal(st[i], v);
+	}
+	at = A;
+	for (int i = run; i < p->n_view; i++) {
+		assert_int_equal(st[i], at);
+		at += kvmem_block_len(r, b[i]);
+	}
+	assert_int_equal(at, p->view_tokens);
+	free(used);
+}
+
 static void check_plan(const kvmem_plan *p, const kvmem_plan *prev, const kvmem_blocks *r,
 		       const float *scores, const kvmem_plan_params *pp)
 {
@@ -102,7 +163,8 @@ static void check_plan(const kvmem_plan *p, const kvmem_plan *prev, const kvmem_
 			assert_true(b[i] >= 0 && b[i] < nb);
 			if (i)
 				assert_true(b[i - 1] < b[i]);
-			assert_int_equal(st[i], pos);
+			if (pp->layout != KVMEM_LAYOUT_STABLE)
+				assert_int_equal(st[i], pos);
 			assert_true(want[b[i]]);
 			want[b[i]] = 0;
 			pos += kvmem_block_len(r, b[i]);
@@ -110,6 +172,8 @@ static void check_plan(const kvmem_plan *p, const kvmem_plan *prev, const kvmem_
 		for (int64_t x = 0; x < nb; x++)
 			assert_false(want[x]);
 		assert_int_equal(pos, p->view_tokens);
+		if (pp->layout == KVMEM_LAYOUT_STABLE)
+			check_stable(p, s, prev, r, pp);
 		/* Pins are all there. */
 		for (int i = 0; i < r->n_pins && r->pins[i].start < r->n_tokens; i++) {
 			int64_t e = r->pins[i].end < r->n_tokens ? r->pins[i].end : r->n_tokens;
@@ -195,6 +259,7 @@ static void test_plan_sequences(void **state)
 			.budget = B * test_rng_int(&rng, 1, 40) + test_rng_int(&rng, 0, B - 1),
 			.sink = test_rng_int(&rng, 0, 3) * test_rng_int(&rng, 0, 70),
 			.recent = test_rng_int(&rng, 0, 3) * test_rng_int(&rng, 0, 200),
+			.layout = it % 2 ? KVMEM_LAYOUT_STABLE : KVMEM_LAYOUT_COMPACT,
 		};
 		kvmem_blocks r;
 		kvmem_plan prev = { 0 }, p = { 0 };
@@ -239,7 +304,9 @@ static void test_plan_identity(void **state)
 
 		assert_int_equal(kvmem_blocks_init(&r, B), 0);
 		r.n_tokens = test_rng_int(&rng, 1, 3000);
-		kvmem_plan_params pp = { r.n_tokens + test_rng_int(&rng, 0, 100), 4, 10 };
+		/* either layout: with every block in, stable is compact */
+		kvmem_plan_params pp = { r.n_tokens + test_rng_int(&rng, 0, 100), 4, 10,
+					  it % 2 ? KVMEM_LAYOUT_STABLE : KVMEM_LAYOUT_COMPACT };
 		int64_t nb = kvmem_blocks_count(&r);
 		float *sc = malloc(sizeof(float) * nb);
 
@@ -263,7 +330,7 @@ static void test_plan_pins_over_budget(void **state)
 {
 	kvmem_blocks r;
 	kvmem_plan p = { 0 }, keep;
-	kvmem_plan_params pp = { 100, 0, 1 };
+	kvmem_plan_params pp = { 100, 0, 1, KVMEM_LAYOUT_COMPACT };
 	float sc[20] = { 0 };
 
 	assert_int_equal(kvmem_blocks_init(&r, 16), 0);
@@ -288,13 +355,83 @@ static void test_plan_pins_over_budget(void **state)
 	kvmem_blocks_free(&r);
 }
 
+/* Plan with the given blocks scored 1, the rest 0. */
+static void plan_these(kvmem_plan *p, const kvmem_plan *prev, const kvmem_blocks *r,
+		       const kvmem_plan_params *pp, const int64_t *want, int n)
+{
+	float sc[64] = { 0 };
+
+	assert_true(kvmem_blocks_count(r) <= 64);
+	for (int i = 0; i < n; i++)
+		sc[want[i]] = 1;
+	assert_int_equal(kvmem_plan_build(p, r, sc, 1, prev, pp), 0);
+	check_plan(p, prev, r, sc, pp);
+}
+
+static void expect(const kvmem_plan *p, const int64_t *blocks, const int64_t *start, int n)
+{
+	assert_int_equal(p->n_view, n);
+	for (int i = 0; i < n; i++) {
+		assert_int_equal(p->blocks[i], blocks[i]);
+		assert_int_equal(p->start[i], start[i]);
+	}
+}
+
+/*
+ * Stable by hand (B 16, a budget of 6 blocks, the last 16 tokens recent):
+ * the first plan keeps the blocks the tail holds where they fit; a block
+ * swapped for another leaves its slot to it and nothing else moves; an
+ * append grows the recent run, which moves with the block it pushes out of
+ * the body, and the rest stays.
+ */
+static void test_plan_stable_by_hand(void **state)
+{
+	const kvmem_plan_params pp = { 96, 0, 16, KVMEM_LAYOUT_STABLE };
+	kvmem_blocks r;
+	kvmem_plan a = { 0 }, b = { 0 }, c = { 0 };
+
+	(void)state;
+	assert_int_equal(kvmem_blocks_init(&r, 16), 0);
+	r.n_tokens = 160;
+	/* All in the tail at slot = position: 1 and 3 fit below the body's
+	 * end (80) and stay, 5, 7, 8 take the free slots, 9 (the run) last. */
+	plan_these(&a, NULL, &r, &pp, (int64_t[]){ 1, 3, 5, 7, 8 }, 5);
+	expect(&a, (int64_t[]){ 1, 3, 5, 7, 8, 9 }, (int64_t[]){ 16, 48, 0, 32, 64, 80 }, 6);
+	/* 3 leaves, 2 enters: 2 takes 3's slot, everything else stays. */
+	plan_these(&b, &a, &r, &pp, (int64_t[]){ 1, 2, 5, 7, 8 }, 5);
+	expect(&b, (int64_t[]){ 1, 2, 5, 7, 8, 9 }, (int64_t[]){ 16, 48, 0, 32, 64, 80 }, 6);
+	assert_int_equal(b.entering, 1);
+	assert_int_equal(b.n_left_total, 1);
+	/* 8 tokens appended (block 10, in the tail at 96): the run is 9, 10
+	 * from 64; 8 sat there and takes the slot 2 left; 1, 5, 7 stay. */
+	r.n_tokens = 168;
+	plan_these(&c, &b, &r, &pp, (int64_t[]){ 1, 5, 7, 8 }, 4);
+	expect(&c, (int64_t[]){ 1, 5, 7, 8, 9, 10 }, (int64_t[]){ 16, 0, 32, 48, 64, 80 }, 6);
+	assert_int_equal(c.view_tokens, 88);
+	/* The same plan laid compact moves every block but 7. */
+	{
+		kvmem_plan_params cp = pp;
+		kvmem_plan d = { 0 };
+
+		cp.layout = KVMEM_LAYOUT_COMPACT;
+		plan_these(&d, &b, &r, &cp, (int64_t[]){ 1, 5, 7, 8 }, 4);
+		expect(&d, (int64_t[]){ 1, 5, 7, 8, 9, 10 },
+		       (int64_t[]){ 0, 16, 32, 48, 64, 80 }, 6);
+		kvmem_plan_free(&d);
+	}
+	kvmem_plan_free(&a);
+	kvmem_plan_free(&b);
+	kvmem_plan_free(&c);
+	kvmem_blocks_free(&r);
+}
+
 /* Large history: the selection path stays right at many blocks. */
 static void test_plan_many_blocks(void **state)
 {
 	uint64_t rng = g_seed ^ 0x999;
 	kvmem_blocks r;
 	kvmem_plan p = { 0 };
-	kvmem_plan_params pp = { 32 * 3000, 32 * 10, 32 * 40 };
+	kvmem_plan_params pp = { 32 * 3000, 32 * 10, 32 * 40, KVMEM_LAYOUT_COMPACT };
 	int64_t nb;
 	float *sc;
 
@@ -332,6 +469,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_plan_sequences),
 		cmocka_unit_test(test_plan_identity),
+		cmocka_unit_test(test_plan_stable_by_hand),
 		cmocka_unit_test(test_plan_pins_over_budget),
 		cmocka_unit_test(test_plan_many_blocks),
 		cmocka_unit_test(test_plan_holds_span),

@@ -170,22 +170,37 @@ static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvm
 	}
 	assert_true(tail >= 0);
 	assert_int_equal(p->n_tokens + tail, kvmem_session_tokens(s));
+	int64_t *at = malloc(sizeof(int64_t) * (p->view_tokens ? p->view_tokens : 1));
+
+	assert_non_null(at);
 	for (int l = 0; l < c->n_layers; l++) {
 		int set = p->n_sets == 1 ? 0 : l;
 		const int64_t *blk = p->blocks + (size_t)set * p->n_view;
 		const int64_t *st = p->start + (size_t)set * p->n_view;
 
+		/* The position each history slot holds: the blocks, chronological,
+		 * tile the slots (in order when compact, anywhere when stable). */
+		for (int64_t slot = 0; slot < p->view_tokens; slot++)
+			at[slot] = -1;
+		for (int i = 0; i < p->n_view; i++) {
+			int64_t len = p->n_tokens - blk[i] * B < B ? p->n_tokens - blk[i] * B : B;
+
+			if (i)
+				assert_true(blk[i - 1] < blk[i]);
+			if (o->layout != KVMEM_LAYOUT_STABLE)
+				assert_int_equal(st[i], i ? st[i - 1] + B : 0);
+			assert_true(st[i] >= 0 && st[i] + len <= p->view_tokens);
+			for (int64_t u = 0; u < len; u++) {
+				assert_int_equal(at[st[i] + u], -1);
+				at[st[i] + u] = blk[i] * B + u;
+			}
+		}
 		for (int64_t slot = 0; slot < kv->len; slot++) {
 			int64_t pos;
-			int i;
 
 			if (slot < p->view_tokens) {
-				for (i = p->n_view - 1; st[i] > slot; i--)
-					;
-				if (i)
-					assert_true(blk[i - 1] < blk[i]);
-				pos = blk[i] * B + (slot - st[i]);
-				assert_true(pos < blk[i] * B + kvmem_block_len(r, blk[i]));
+				pos = at[slot];
+				assert_true(pos >= 0);	/* no hole */
 			} else {
 				pos = p->n_tokens + (slot - p->view_tokens);
 			}
@@ -221,6 +236,7 @@ static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvm
 			}
 		}
 	}
+	free(at);
 	free(rot);
 }
 
@@ -228,6 +244,7 @@ static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvm
 struct run_cfg {
 	const char *policy;
 	int block, chunk, rebuild_all, all_logits;
+	int layout;		/* enum kvmem_layout */
 	int64_t budget;		/* < 0: the whole workspace plus -budget-1 */
 	int budget_div;		/* > 0: budget = max(2 blocks, workspace / budget_div) */
 	int steps, max_append;
@@ -274,6 +291,7 @@ static void run_session(uint64_t *rng, const struct run_cfg *rc, struct run_out 
 	ro->budget = o.budget;
 	o.rebuild_all = rc->rebuild_all;
 	o.all_logits = rc->all_logits;
+	o.layout = rc->layout;
 	o.seed = (uint64_t)test_rng_int(rng, 0, 1 << 30);
 	o.source = &src;
 	o.on_forward = twin_forward;
@@ -1052,6 +1070,7 @@ static void moves_run(kvmem_backend *e, const kvmem_config *c, const struct op *
 	o.chunk = rc->chunk;
 	o.policy = rc->policy;
 	o.budget = rc->budget;
+	o.layout = rc->layout;
 	o.source = &src;
 	o.on_forward = rec_forward;
 	o.arg = r;
@@ -1081,7 +1100,10 @@ static void test_moves_equal_pages(void **state)
 		const kvmem_config *c = &m->cfg;
 		struct run_cfg rc = { .policy = k % 2 ? "meank" : "subblock",
 				      .block = 16 << test_rng_int(&rng, 0, 1),
-				      .chunk = test_rng_int(&rng, 1, 24) };
+				      .chunk = test_rng_int(&rng, 1, 24),
+				      /* stable's moves are a permutation, not a shift */
+				      .layout = k < 2 ? KVMEM_LAYOUT_COMPACT :
+					      KVMEM_LAYOUT_STABLE };
 		kvmem_backend *e = test_backend(m, rc.chunk);
 		struct op ops[128];
 		int32_t *tok[128];
@@ -1487,6 +1509,130 @@ static void test_step_reads_what_entered(void **state)
 	test_model_free(m);
 }
 
+/*
+ * The stable layout, exactness: with a budget that holds the workspace no
+ * block ever leaves, so stable lays out the identity view too, and every
+ * forward pass's logits are the full-context twin's bits (as compact's
+ * are: test_exact_every_policy), for every policy, block and chunk.
+ */
+static void test_stable_exact(void **state)
+{
+	static const int chunks[] = { 1, 3, 8, 17, 32, 64 };
+	uint64_t rng = g_seed ^ 0x57ab1e;
+
+	(void)state;
+	for (int p = 0; kvmem_policy_at(p); p++)
+		for (int bi = 0; bi < 3; bi++) {
+			struct run_cfg rc = {
+				.policy = POLICY(p), .block = 16 << bi,
+				.chunk = chunks[test_rng_int(&rng, 0, 5)], .all_logits = 1,
+				.layout = KVMEM_LAYOUT_STABLE,
+				.budget = -1 - test_rng_int(&rng, 0, 1) *
+					       test_rng_int(&rng, 0, 300),
+				.steps = 6, .max_append = 56, .check_every = bi == 0,
+			};
+			struct run_out ro;
+
+			run_session(&rng, &rc, &ro);
+			if (ro.mismatches)
+				fail_msg("stable, policy %s block %d chunk %d: %lld of %lld "
+					 "forward passes differ from full context (max |diff| "
+					 "%g)", rc.policy, rc.block, rc.chunk,
+					 (long long)ro.mismatches, (long long)ro.calls,
+					 ro.max_diff);
+			assert_true(ro.calls > 8);
+		}
+}
+
+/* The stable layout at a tenth of the workspace: after every op the view
+ * tiles its slots with no hole, every slot's K is raw K rotated at that
+ * slot, V copied, pins in (check_view), for every policy. */
+static void test_stable_small_budget(void **state)
+{
+	uint64_t rng = g_seed ^ 0x5b5b;
+
+	(void)state;
+	for (int p = 0; kvmem_policy_at(p); p++) {
+		struct run_cfg rc = {
+			.policy = POLICY(p), .block = 16 << test_rng_int(&rng, 0, 2),
+			.chunk = test_rng_int(&rng, 1, 40), .rebuild_all = p % 2,
+			.layout = KVMEM_LAYOUT_STABLE, .budget_div = 10, .steps = 8,
+			.max_append = 90, .check_every = 1,
+		};
+		struct run_out ro;
+
+		run_session(&rng, &rc, &ro);
+		assert_true(ro.budget == 2 * rc.block || ro.tokens >= 10 * ro.budget);
+	}
+}
+
+/* Token-layers moved inside the view over 8 follow-up steps (a short
+ * question, a selection, one decoded token) at a quarter of the history,
+ * with blocks entering everywhere (random policy); the view checked after. */
+static int64_t followups_moved(kvmem_backend *e, const kvmem_config *c, const int32_t *tok, int n,
+			       int B, int layout)
+{
+	kvmem_page_source src;
+	kvmem_session_opts o;
+	kvmem_session_stats a, b;
+	kvmem_session *s;
+	int32_t out[1];
+
+	kvmem_page_source_mem(&src, c->n_layers, c->n_kv_heads, c->head_dim, B);
+	kvmem_session_opts_default(&o);
+	o.block = B;
+	o.chunk = 32;
+	o.budget = n / 4;
+	o.policy = "random";
+	o.layout = layout;
+	o.source = &src;
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	assert_int_equal(kvmem_session_append(s, tok, n, 0), 0);
+	assert_int_equal(kvmem_session_select(s), 0);
+	kvmem_session_get_stats(s, &a);
+	for (int step = 0; step < 8; step++) {
+		assert_int_equal(kvmem_session_append(s, tok + n + 8 * step, 8, 0), 0);
+		assert_int_equal(kvmem_session_select(s), 0);
+		assert_int_equal(kvmem_session_decode(s, 1, NULL, out), 0);
+	}
+	kvmem_session_get_stats(s, &b);
+	check_view(s, &src, c);
+	kvmem_session_free(s);
+	kvmem_page_source_destroy(&src);
+	return b.moved_tokens - a.moved_tokens;
+}
+
+/* What the stable layout is for: the same follow-up steps move fewer
+ * tokens inside the view (kvmem_session_stats.moved_tokens) than compact. */
+static void test_stable_moves_less(void **state)
+{
+	uint64_t rng = g_seed ^ 0x3e;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const int B = 16, n = 120 * B;
+	kvmem_backend *e = test_backend(m, 32);
+	int32_t *tok = random_tokens(&rng, n + 64, c->vocab);
+	int64_t compact, stable;
+
+	(void)state;
+	if (!e->ops->keep_raw) {	/* no moves on this backend: nothing to count */
+		kvmem_backend_close(e);
+		test_model_free(m);
+		free(tok);
+		skip();
+	}
+	compact = followups_moved(e, c, tok, n, B, KVMEM_LAYOUT_COMPACT);
+	stable = followups_moved(e, c, tok, n, B, KVMEM_LAYOUT_STABLE);
+	print_message("moved token-layers over 8 follow-ups: compact %lld, stable %lld\n",
+		      (long long)compact, (long long)stable);
+	assert_true(compact > 0);
+	assert_true(2 * stable < compact);
+	free(tok);
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1506,6 +1652,9 @@ int main(void)
 		cmocka_unit_test(test_pages_equal_rows),
 		cmocka_unit_test(test_shared_pool_owners),
 		cmocka_unit_test(test_append_reserves_once),
+		cmocka_unit_test(test_stable_exact),
+		cmocka_unit_test(test_stable_small_budget),
+		cmocka_unit_test(test_stable_moves_less),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_session");

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "kvmem/model.h"
+#include "kvmem/session.h"
 #include "cli_util.h"
 
 const char *cli_fmt_sci(char *buf, size_t len, double v)
@@ -152,6 +153,17 @@ int cli_parse_int(const char *who, const char *opt, const char *s, int lo, int h
 		return -1;
 	*out = (int)v;
 	return 0;
+}
+
+int cli_parse_layout(const char *who, const char *opt, const char *s, int *out)
+{
+	if (!strcmp(s, "compact") || !strcmp(s, "stable")) {
+		*out = strcmp(s, "stable") ? KVMEM_LAYOUT_COMPACT : KVMEM_LAYOUT_STABLE;
+		return 0;
+	}
+	fprintf(stderr, "%s: %s wants compact (chronological) or stable (a kept block keeps "
+		"its slot), not '%s'\n", who, opt, s);
+	return -1;
 }
 
 int cli_parse_long(const char *who, const char *opt, const char *s, long lo, long hi,

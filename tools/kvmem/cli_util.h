@@ -72,6 +72,8 @@ int cli_parse_i64(const char *who, const char *opt, const char *s, int64_t lo, i
 int cli_parse_int(const char *who, const char *opt, const char *s, int lo, int hi, int *out);
 int cli_parse_long(const char *who, const char *opt, const char *s, long lo, long hi,
 		   long *out);
+/* A view layout (--layout): compact or stable, as enum kvmem_layout. */
+int cli_parse_layout(const char *who, const char *opt, const char *s, int *out);
 /* A seed: decimal or 0x hex, 0..2^64-1. */
 int cli_parse_u64(const char *who, const char *opt, const char *s, uint64_t *out);
 /*

@@ -110,7 +110,7 @@ int64_t agentlang_view_select(const agentlang_transcript *ws, const int *asked, 
 	 * (the recent tokens need not end a block): then the union passes the
 	 * budget, and each share shrinks by a block until it fits. */
 	for (;;) {
-		const kvmem_plan_params pp = { each, sink, recent };
+		const kvmem_plan_params pp = { each, sink, recent, KVMEM_LAYOUT_COMPACT };
 
 		memset(keep, 0, (size_t)ws->n_ids);
 		count = 0;

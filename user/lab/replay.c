@@ -610,13 +610,14 @@ static int replay_step(struct rp *x, int64_t k, kvmem_lab_step *st)
 	reserve = p->reserve >= 0 ? p->reserve : s->h.reserve;
 	if (!x->budget) {
 		sink = recent = reserve = 0;
-		pp = (kvmem_plan_params){ UNLIMITED, p->sink > 0 ? p->sink : 0, p->recent > 0 ? p->recent : 0 };
+		pp = (kvmem_plan_params){ UNLIMITED, p->sink > 0 ? p->sink : 0,
+					  p->recent > 0 ? p->recent : 0, KVMEM_LAYOUT_COMPACT };
 	} else {
 		sink = p->sink >= 0 ? p->sink : live_budget ? s->h.sink :
 		       (x->budget / 100 > 1 ? x->budget / 100 : 1);
 		recent = p->recent >= 0 ? p->recent : live_budget ? s->h.recent :
 			 (x->budget / 12 > 1 ? x->budget / 12 : 1);
-		pp = (kvmem_plan_params){ x->budget, sink, recent };
+		pp = (kvmem_plan_params){ x->budget, sink, recent, KVMEM_LAYOUT_COMPACT };
 	}
 	if (k == 0) {
 		x->r->sink = pp.sink;

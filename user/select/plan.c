@@ -13,6 +13,12 @@
  * 1-4 are the same for every layer; 5 is per set. Every candidate in 5 is a
  * full block (the only partial block is the newest), so each set holds the
  * same number of tokens.
+ *
+ * Layouts (where each block starts in the view; the list stays
+ * chronological either way): compact lays the blocks out in order, so a
+ * block that enters or leaves shifts every later one; stable (issue 24,
+ * Documentation/lab.md "View layouts") keeps a block at the slot it has
+ * now and lays only the recent run at the end, in order.
  */
 #include <errno.h>
 #include <math.h>
@@ -128,6 +134,110 @@ static void diff_set(kvmem_plan *p, int s, const kvmem_plan *prev, int ps, int n
 	p->n_left_total += p->n_left[s];
 }
 
+/* Where block b's tokens are in the view now (prev: the plan in force, or
+ * NULL: the whole history in the tail at its positions): the slot they all
+ * start from when the block sits whole at one place (in prev's view, in
+ * the tail, or its start in prev's view continued by the tail), else -1.
+ * old: b's start in prev (-1: not there). The session's walk
+ * (ws_plan_walk) puts them at the same slots. */
+static int64_t where_now(const kvmem_plan *prev, const kvmem_blocks *r, int64_t b, int64_t old)
+{
+	const int64_t sel = prev ? prev->n_tokens : 0, end = prev ? prev->view_tokens : 0;
+	const int64_t first = kvmem_block_start(r, b), tail0 = end + first - sel;
+	int64_t t = sel - first, len = kvmem_block_len(r, b);
+
+	t = t < 0 ? 0 : t > len ? len : t;
+	if (t == 0)
+		return tail0;	/* all of it appended since prev */
+	if (old < 0)
+		return -1;	/* partly out of the view */
+	return t == len || old == tail0 ? old : -1;
+}
+
+/*
+ * Stable starts for the n chronological blocks nb of one set (pb, pn: the
+ * same set of prev, chronological, or NULL, 0). The recent run (the newest
+ * block, and the ones before it while consecutive and holding tokens of
+ * the last pp->recent) is laid last, in order, so that new tokens append
+ * after the newest; the body, all full blocks, fills [0, A) exactly: a
+ * block keeps its slot when it lies block-aligned in [0, A), the others
+ * take the lowest free slots. So no hole is ever left, and with the whole
+ * history in view every block keeps its position (the identity layout).
+ * Returns 0, 1 when the body is not whole blocks (the caller lays compact;
+ * cannot be for a plan of this planner), -1 out of memory.
+ */
+static int lay_stable(const kvmem_plan *prev, const int64_t *pb, const int64_t *ps, int pn,
+		      const kvmem_blocks *r, const kvmem_plan_params *pp, const int64_t *nb, int n,
+		      int64_t *start)
+{
+	const int64_t B = r->block, N = r->n_tokens, newest = kvmem_blocks_count(r) - 1;
+	int64_t A = 0, at, holes;
+	int run = n;
+	uint8_t *used;
+
+	while (run > 0 && nb[run - 1] == (run == n ? newest : nb[run] - 1) &&
+	       (run == n || kvmem_block_start(r, nb[run - 1]) + B > N - pp->recent))
+		run--;
+	for (int i = 0; i < run; i++) {
+		if (kvmem_block_len(r, nb[i]) != B)
+			return 1;
+		A += B;
+	}
+	holes = A / B;
+	if (!(used = calloc((size_t)(holes ? holes : 1), 1)))
+		return -1;
+	for (int i = 0, j = 0; i < run; i++) {
+		int64_t v;
+
+		while (j < pn && pb[j] < nb[i])
+			j++;
+		v = where_now(prev, r, nb[i], j < pn && pb[j] == nb[i] ? ps[j] : -1);
+		start[i] = -1;
+		if (v >= 0 && v % B == 0 && v + B <= A && !used[v / B]) {
+			used[v / B] = 1;
+			start[i] = v;
+		}
+	}
+	at = 0;
+	for (int i = 0; i < run; i++) {
+		if (start[i] >= 0)
+			continue;
+		while (used[at])	/* a free slot is left: as many slots as blocks */
+			at++;
+		used[at] = 1;
+		start[i] = at * B;
+	}
+	free(used);
+	for (int i = run; i < n; i++) {
+		start[i] = A;
+		A += kvmem_block_len(r, nb[i]);
+	}
+	return 0;
+}
+
+/* Set s's starts: compact, or stable when asked (and possible). */
+static int lay_out(kvmem_plan *p, int s, const kvmem_plan *prev, const kvmem_blocks *r,
+		   const kvmem_plan_params *pp)
+{
+	const int64_t *nb = p->blocks + (size_t)s * p->n_view;
+	int64_t *st = p->start + (size_t)s * p->n_view, pos = 0;
+	int ps = prev && prev->n_sets == p->n_sets ? s : 0, pn = prev ? prev->n_view : 0;
+
+	if (pp->layout == KVMEM_LAYOUT_STABLE) {
+		int rc = lay_stable(prev, pn ? prev->blocks + (size_t)ps * pn : NULL,
+				    pn ? prev->start + (size_t)ps * pn : NULL, pn, r, pp, nb,
+				    p->n_view, st);
+
+		if (rc <= 0)
+			return rc;
+	}
+	for (int i = 0; i < p->n_view; i++) {
+		st[i] = pos;
+		pos += kvmem_block_len(r, nb[i]);
+	}
+	return 0;
+}
+
 int kvmem_plan_build(kvmem_plan *out, const kvmem_blocks *r, const float *scores, int n_sets,
 		   const kvmem_plan *prev, const kvmem_plan_params *pp)
 {
@@ -179,12 +289,12 @@ int kvmem_plan_build(kvmem_plan *out, const kvmem_blocks *r, const float *scores
 		for (int64_t b = 0; b < nb; b++) {
 			if (mark[b] != TAKEN)
 				continue;
-			p.blocks[(size_t)s * p.n_view + at] = b;
-			p.start[(size_t)s * p.n_view + at] = pos;
+			p.blocks[(size_t)s * p.n_view + at++] = b;
 			pos += kvmem_block_len(r, b);
-			at++;
 		}
 		p.view_tokens = pos;
+		if (lay_out(&p, s, prev, r, pp))
+			goto oom;
 		diff_set(&p, s, prev, prev && prev->n_sets == n_sets ? s : 0, n_left_max);
 	}
 	free(base);

@@ -129,10 +129,15 @@ typedef struct kvmem_plan_params {
 	int64_t sink;		/* the first `sink` tokens' blocks */
 	int64_t recent;		/* the last `recent` tokens' blocks (the newest
 				 * block is claimed first in any case) */
+	int layout;		/* enum kvmem_layout: KVMEM_LAYOUT_STABLE, else compact */
 } kvmem_plan_params;
 
 /* scores: [n_sets][kvmem_blocks_count(r)]; prev may be NULL or an empty plan.
- * Fails (plan untouched) when the pinned blocks alone pass the budget. */
+ * Fails (plan untouched) when the pinned blocks alone pass the budget.
+ * The stable layout reads where the view's tokens are now from prev, as a
+ * session keeps them: prev's blocks at their starts, the tokens appended
+ * since (from prev->n_tokens on) in the tail at prev->view_tokens +
+ * (position - prev->n_tokens); prev NULL: all of them in the tail. */
 int kvmem_plan_build(kvmem_plan *p, const kvmem_blocks *r, const float *scores, int n_sets,
 		   const kvmem_plan *prev, const kvmem_plan_params *pp);
 void kvmem_plan_free(kvmem_plan *p);

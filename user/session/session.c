@@ -33,12 +33,35 @@ static int64_t round_up(int64_t x, int64_t m)
 	return (x + m - 1) / m * m;
 }
 
+/* The view layout: the option, else KVMEM_LAYOUT (compact or stable; a
+ * measurement's switch for programs that have no flag), else compact. */
+static int resolve_layout(kvmem_session_opts *o)
+{
+	const char *e = getenv("KVMEM_LAYOUT");
+
+	if (o->layout == KVMEM_LAYOUT_DEFAULT) {
+		if (!e || !*e || !strcmp(e, "compact"))
+			o->layout = KVMEM_LAYOUT_COMPACT;
+		else if (!strcmp(e, "stable"))
+			o->layout = KVMEM_LAYOUT_STABLE;
+		else
+			return kvmem_error(EINVAL, "session: KVMEM_LAYOUT=%s is not a layout "
+					   "(compact or stable)", e);
+	}
+	if (o->layout != KVMEM_LAYOUT_COMPACT && o->layout != KVMEM_LAYOUT_STABLE)
+		return kvmem_error(EINVAL, "session: layout %d is not a layout "
+				   "(KVMEM_LAYOUT_COMPACT or KVMEM_LAYOUT_STABLE)", o->layout);
+	return 0;
+}
+
 /* Fill in defaults and check the options against each other. */
 static int resolve(kvmem_session *s, const kvmem_session_opts *in)
 {
 	kvmem_session_opts *o = &s->o;
 
 	*o = *in;
+	if (resolve_layout(o))
+		return kvmem_fail();
 	if (!o->block)
 		o->block = KVMEM_BLOCK_DEFAULT;
 	if (!o->chunk)

@@ -31,7 +31,8 @@
 #include "util/grow.h"
 
 #define STATE_MAGIC 0x5353564bu		/* "KVSS" in little-endian bytes */
-#define STATE_VERSION 1u
+#define STATE_VERSION 1u		/* the compact view layout */
+#define STATE_VERSION_LAYOUT 2u	/* 1 + the layout after the seed (a stable view) */
 #define STATE_HEADER 24
 #define POLICY_NAME 32
 
@@ -164,6 +165,15 @@ static void save_identity(struct wbuf *w, const kvmem_session *s)
 	snprintf(pol, sizeof(pol), "%s", o->policy);
 	put(w, pol, sizeof(pol));
 	put_u64(w, o->seed);
+	/* Compact states keep version 1's bytes: older kvmems read them. */
+	if (o->layout != KVMEM_LAYOUT_COMPACT)
+		put_u32(w, (uint32_t)o->layout);
+}
+
+static const char *layout_name(uint32_t layout)
+{
+	return layout == KVMEM_LAYOUT_COMPACT ? "compact" :
+	       layout == KVMEM_LAYOUT_STABLE ? "stable" : "unknown";
 }
 
 /* Append "name saved / here" to msg when they differ. */
@@ -176,8 +186,9 @@ static void differs(char *msg, size_t cap, const char *name, long long saved, lo
 			 name, saved, here);
 }
 
-/* The model and the options must be this session's. */
-static int check_identity(struct rbuf *r, const kvmem_session *s)
+/* The model and the options must be this session's (the layout too: it
+ * decides the positions the next steps run at). */
+static int check_identity(struct rbuf *r, const kvmem_session *s, uint32_t version)
 {
 	const kvmem_config *c = &s->cfg;
 	const kvmem_session_opts *o = &s->o;
@@ -189,9 +200,12 @@ static int check_identity(struct rbuf *r, const kvmem_session *s)
 	int64_t budget = get_i64(r), sink = get_i64(r), recent = get_i64(r), reserve = get_i64(r);
 	uint32_t chunk = get_u32(r), qt = get_u32(r);
 	uint64_t seed;
+	uint32_t layout = KVMEM_LAYOUT_COMPACT;
 
 	get(r, pol, sizeof(pol));
 	seed = get_u64(r);
+	if (version == STATE_VERSION_LAYOUT)
+		layout = get_u32(r);
 	if (r->bad)
 		return kvmem_error(ESTALE, "session state: truncated");
 	pol[POLICY_NAME - 1] = 0;
@@ -223,6 +237,12 @@ static int check_identity(struct rbuf *r, const kvmem_session *s)
 
 		snprintf(msg + at, sizeof(msg) - at, "%sseed %llu (this session: %llu)",
 			 at ? ", " : "", (unsigned long long)seed, (unsigned long long)o->seed);
+	}
+	if (layout != (uint32_t)o->layout) {
+		size_t at = strlen(msg);
+
+		snprintf(msg + at, sizeof(msg) - at, "%slayout %s (this session: %s)",
+			 at ? ", " : "", layout_name(layout), layout_name((uint32_t)o->layout));
 	}
 	if (*msg)
 		return kvmem_error(ESTALE, "session state: saved with other options: %s", msg);
@@ -273,7 +293,7 @@ int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len)
 	if (s->broken)
 		return kvmem_error(ESTALE, "session state: the session is unusable after an earlier failure");
 	put_u32(&w, STATE_MAGIC);
-	put_u32(&w, STATE_VERSION);
+	put_u32(&w, s->o.layout == KVMEM_LAYOUT_COMPACT ? STATE_VERSION : STATE_VERSION_LAYOUT);
 	put_u64(&w, 0);		/* total bytes, filled in below */
 	put_u64(&w, 0);		/* checksum */
 	save_identity(&w, s);
@@ -398,8 +418,37 @@ static int read_plan(struct rbuf *r, const kvmem_session *s, int64_t n, kvmem_pl
 	return 0;
 }
 
+/* Set `set` of p tiles [0, view_tokens) (either layout): each block starts
+ * at its own block-aligned slot, and one shorter than a block (the newest
+ * when planned) ends the view. With the lengths summing to view_tokens,
+ * the slots are then all taken. */
+static int check_tiles(const kvmem_plan *p, int set, int64_t sel, int64_t B)
+{
+	const int64_t *b = p->blocks + (size_t)set * p->n_view;
+	const int64_t *st = p->start + (size_t)set * p->n_view;
+	const int64_t slots = (p->view_tokens + B - 1) / B;
+	uint8_t *used = calloc((size_t)(slots ? slots : 1), 1);
+	int rc = 0;
+
+	if (!used)
+		return kvmem_error(ENOMEM, "session state: out of memory");
+	for (int i = 0; i < p->n_view && !rc; i++) {
+		int64_t have = sel - b[i] * B, len = have < B ? have : B;
+
+		if (st[i] < 0 || st[i] % B || st[i] + len > p->view_tokens || used[st[i] / B] ||
+		    (len < B && st[i] + len != p->view_tokens))
+			rc = kvmem_error(ESTALE, "session state: plan set %d, block %d at slot "
+					 "%lld overlaps another or leaves a hole", set, i,
+					 (long long)st[i]);
+		else
+			used[st[i] / B] = 1;
+	}
+	free(used);
+	return rc;
+}
+
 /* The plan must lay out a view of this history: sets of blocks in
- * chronological order at consecutive slots, as long as when planned. */
+ * chronological order tiling the view's slots, as long as when planned. */
 static int check_plan(const kvmem_session *s, const struct saved *v)
 {
 	const kvmem_plan *p = &v->plan;
@@ -422,13 +471,12 @@ static int check_plan(const kvmem_session *s, const struct saved *v)
 				 (long long)p->n_tokens, (long long)v->sel_tokens);
 	for (int set = 0; set < p->n_sets; set++) {
 		const int64_t *b = p->blocks + (size_t)set * p->n_view;
-		const int64_t *st = p->start + (size_t)set * p->n_view;
 		int64_t at = 0;
 
 		for (int i = 0; i < p->n_view; i++) {
 			int64_t have = v->sel_tokens - b[i] * B;
 
-			if (b[i] < 0 || b[i] >= p->ws_blocks || (i && b[i] <= b[i - 1]) || st[i] != at)
+			if (b[i] < 0 || b[i] >= p->ws_blocks || (i && b[i] <= b[i - 1]))
 				return kvmem_error(ESTALE, "session state: plan set %d, block %d is out of order",
 						 set, i);
 			at += have < B ? have : B;
@@ -436,6 +484,8 @@ static int check_plan(const kvmem_session *s, const struct saved *v)
 		if (at != p->view_tokens)
 			return kvmem_error(ESTALE, "session state: plan set %d holds %lld tokens, not %lld", set,
 					 (long long)at, (long long)p->view_tokens);
+		if (check_tiles(p, set, v->sel_tokens, B))
+			return kvmem_fail();
 	}
 	return 0;
 }
@@ -515,8 +565,9 @@ static int check_saved(const kvmem_session *s, const struct saved *v, const int3
 	return check_plan(s, v);
 }
 
-/* Header and checksum: a state at all, of this version, not torn. */
-static int check_header(const void *state, size_t len)
+/* Header and checksum: a state at all, of a version read here (*version),
+ * not torn. */
+static int check_header(const void *state, size_t len, uint32_t *version_out)
 {
 	uint32_t magic, version;
 	uint64_t total, sum;
@@ -530,9 +581,11 @@ static int check_header(const void *state, size_t len)
 	if (magic != STATE_MAGIC)
 		return kvmem_error(ESTALE, "session state: not a session state (magic %08x, want %08x)", magic,
 				 STATE_MAGIC);
-	if (version != STATE_VERSION)
-		return kvmem_error(ESTALE, "session state: version %u, this kvmem reads version %u", version,
-				 STATE_VERSION);
+	if (version != STATE_VERSION && version != STATE_VERSION_LAYOUT)
+		return kvmem_error(ESTALE, "session state: version %u, this kvmem reads "
+				   "versions %u and %u", version, STATE_VERSION,
+				   STATE_VERSION_LAYOUT);
+	*version_out = version;
 	if (total != len)
 		return kvmem_error(ESTALE, "session state: says %llu bytes, %zu are there (torn)",
 				 (unsigned long long)total, len);
@@ -546,8 +599,10 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 {
 	struct rbuf r = { state, len, STATE_HEADER, 0 };
 	struct saved v = { 0 };
+	uint32_t version = 0;
 
-	if (ws_adopt_check(s, tokens, n) || check_header(state, len) || check_identity(&r, s) ||
+	if (ws_adopt_check(s, tokens, n) || check_header(state, len, &version) ||
+	    check_identity(&r, s, version) ||
 	    read_saved(&r, s, n, &v) || check_saved(s, &v, tokens, n)) {
 		saved_free(&v);
 		return kvmem_fail();

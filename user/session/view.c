@@ -3,7 +3,8 @@
  * Selection and rematerialisation: score every block with the step's last
  * queries, plan the next view, and rebuild the execution view from raw K.
  *
- * Every token of the new view lands at its compact slot. Its K there is
+ * Every token of the new view lands at its slot (compact, or where the
+ * stable layout keeps it: the plan's start, user/select/plan.c). Its K there is
  * kvmem_rope(raw K, slot), computed from the page source's raw K. A token that
  * already sits at that very slot (a block kept in place, or the tail that
  * the engine rotated at that slot) is left alone: the engine rotates a copy
@@ -335,7 +336,7 @@ int ws_select(kvmem_session *s, int forced)
 int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahead)
 {
 	const int64_t nb = kvmem_blocks_count(&s->blocks);
-	kvmem_plan_params pp = { s->budget, s->o.sink, s->o.recent };
+	kvmem_plan_params pp = { s->budget, s->o.sink, s->o.recent, s->o.layout };
 	kvmem_plan np = { 0 };
 	kvmem_select_ctx c;
 	kvmem_score_device dev;

@@ -65,6 +65,8 @@ struct cell {
 				 * (layers, for a per-layer policy) holding the needle */
 	double secs, bytes;
 	double first_secs;	/* question in to first answer token out, summed */
+	int64_t moved, sels;	/* token-layers moved inside the view by the
+				 * questions' selections, and those selections */
 	int64_t *rank;		/* [questions]: the needle's rank among the scored
 				 * blocks (0: the best), for the median */
 };
@@ -79,6 +81,7 @@ struct opts {
 	int questions, lookalikes, chunk, block, query_tokens, quiet, trace;
 	const char *lab;		/* --lab DIR: record for kvmem lab */
 	int select_at;			/* SELECT_AHEAD, SELECT_KEY, SELECT_MARKER */
+	int layout;			/* --layout: enum kvmem_layout (0: the default) */
 	int64_t budget;
 	uint64_t seed;
 };
@@ -129,6 +132,9 @@ static void usage(FILE *f)
 		"                     cuda, or auto (cuda when there is a GPU)\n"
 		"  --kv-dtype T       the KV attention reads: the backend's own (default) or\n"
 		"                     fp8 (as kvmem run --kv-dtype)\n"
+		"  --layout L         the view's layout in every budgeted session (the\n"
+		"                     prefill's too): compact (default) or stable (kvmem run\n"
+		"                     --help)\n"
 		"  --query-tokens N   query tokens that drive selection (default: 1 with\n"
 		"                     ahead, the marker's; else the question's tokens)\n"
 		"  --select-at WHERE  ahead (default): take the question's queries over the\n"
@@ -153,7 +159,8 @@ static void usage(FILE *f)
 		"(0: first, whatever the budget); ms/q = a question's time, answer included;\n"
 		"1st ms = question in to first answer token out (what an agent waits for);\n"
 		"MB/q = pages read from the page source per question (view and key reads,\n"
-		"bf16 K+V pages).\n\n"
+		"bf16 K+V pages); mv/sel = tokens moved inside the view per selection (one\n"
+		"layer's; the session's moved_tokens over layers and selections).\n\n"
 		"examples:\n"
 		"  kvmem bench recall --model models/agentlang --quick\n"
 		"  kvmem bench recall --model models/agentlang --sizes 1,16 --policies full,refine \\\n"
@@ -196,6 +203,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "quick", no_argument, NULL, 'K' },		{ "quiet", no_argument, NULL, 'z' },
 		{ "backend", required_argument, NULL, 'x' },	{ "help", no_argument, NULL, 'h' },
 		{ "kv-dtype", required_argument, NULL, 'V' },
+		{ "layout", required_argument, NULL, 'Y' },
 		{ 0 },
 	};
 	static const double sizes[] = { 1, 4, 16, 64 }, depths[] = { 0.1, 0.3, 0.5, 0.7, 0.9 };
@@ -227,6 +235,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case 'z': o->quiet = 1; break;
 		case 'm': o->model = optarg; break;
+		case 'Y': bad = cli_parse_layout(w, name, optarg, &o->layout); break;
 		case 'x': o->backend = optarg; break;
 		case 'V':
 			if (strcmp(optarg, "fp8") && strcmp(optarg, "bf16")) {
@@ -347,6 +356,7 @@ static kvmem_session *session(struct bench *b, const char *policy, int64_t budge
 	so.query_tokens = qtok;
 	so.policy = policy;
 	so.seed = b->o.seed;
+	so.layout = b->o.layout;
 	so.source = src;
 	if (b->rec && kvmem_lab_record_attach(b->rec, &so))
 		return NULL;
@@ -517,6 +527,7 @@ static int ask(struct bench *b, kvmem_session *s, const agentlang_question *q, i
 	int n = 0;
 	double t0 = cli_now_s(), seen = 1.0;
 	int64_t pages0 = b->pages_read;
+	kvmem_session_stats st0, st1;
 
 	cl->rank[cl->n] = -1;
 
@@ -535,8 +546,12 @@ static int ask(struct bench *b, kvmem_session *s, const agentlang_question *q, i
 			       kvmem_lab_record_span(b->rec, KVMEM_LAB_SPAN_QUERY, at + 1,
 						     at + q->n_ids - 1, "key")))
 			return -1;
+		kvmem_session_get_stats(s, &st0);
 		if (ahead ? kvmem_session_select_ahead(s, q->ids, q->n_ids) : kvmem_session_select(s))
 			return -1;
+		kvmem_session_get_stats(s, &st1);
+		cl->moved += st1.moved_tokens - st0.moved_tokens;
+		cl->sels += st1.selections - st0.selections;
 		const kvmem_plan *p = kvmem_session_plan(s);
 		seen = kvmem_plan_holds_span(p, b->o.block, q->needle_pos, q->needle_end);
 		cl->rank[cl->n] = needle_rank(s, b->o.block, q);
@@ -759,19 +774,20 @@ static void report_cell(struct bench *b, int si, int di, int pi)
 	double acc = 100.0 * c->ok / c->n, ms = 1e3 * c->secs / c->n, mb = c->bytes / c->n / 1e6;
 	double first = 1e3 * c->first_secs / c->n;
 	int64_t rank = median_rank(c);
+	double mv = c->sels ? (double)c->moved / c->sels / b->m->cfg.n_layers : 0;
 
-	printf("%-14s %5.2f  %-9s %6.1f%% %5lld  %6.1f%%  %6lld  %7.1f  %7.1f  %7.3f\n", name,
-	       b->o.depths[di], pol, acc, (long long)c->n, 100.0 * c->inview / c->n,
-	       (long long)rank, ms, first, mb);
+	printf("%-14s %5.2f  %-9s %6.1f%% %5lld  %6.1f%%  %6lld  %7.1f  %7.1f  %7.3f  %7.1f\n",
+	       name, b->o.depths[di], pol, acc, (long long)c->n, 100.0 * c->inview / c->n,
+	       (long long)rank, ms, first, mb, mv);
 	if (b->json)
 		fprintf(b->json, "{\"tokens\": %lld, \"size\": %g, \"depth\": %g, \"policy\": \"%s\", "
 			"\"accuracy\": %.4f, \"questions\": %lld, \"needle_in_view\": %.4f, "
 			"\"needle_rank_median\": %lld, "
 			"\"ms_per_question\": %.3f, \"first_token_ms\": %.3f, "
-			"\"mb_paged_per_question\": %.4f, "
+			"\"mb_paged_per_question\": %.4f, \"moved_tokens_per_selection\": %.2f, "
 			"\"budget\": %lld, \"window\": %d}\n", (long long)n, b->o.sizes[si],
 			b->o.depths[di], pol, acc / 100, (long long)c->n,
-			(double)c->inview / c->n, (long long)rank, ms, first, mb,
+			(double)c->inview / c->n, (long long)rank, ms, first, mb, mv,
 			!strcmp(pol, FULL) ? 0LL : (long long)b->budget, b->W);
 	if (b->csv)
 		fprintf(b->csv, "%lld,%g,%g,%s,%.4f,%lld,%.4f,%.3f,%.4f,%lld,%.3f\n", (long long)n,
@@ -931,12 +947,13 @@ int bench_recall(int argc, char **argv)
 			"ms_per_question,mb_paged_per_question,needle_rank_median,first_token_ms\n");
 	printf("kvmem bench recall: %s (window %d, %.2fM parameters, %s backend), budget %lld + "
 	       "reserve %lld, block %d, %d look-alikes per needle, %d questions per cell, seeds from "
-	       "%llu\n", b.o.model, b.W, kvmem_config_params(c) / 1e6, kvmem_backend_name(b.e),
+	       "%llu%s\n", b.o.model, b.W, kvmem_config_params(c) / 1e6, kvmem_backend_name(b.e),
 	       (long long)b.budget,
 	       (long long)b.reserve, b.o.block, b.o.lookalikes, b.o.questions,
-	       (unsigned long long)b.o.seed);
-	printf("%-14s %5s  %-9s %7s %5s  %7s  %6s  %7s  %7s  %7s\n", "workspace", "depth", "policy",
-	       "acc", "n", "in-view", "rank", "ms/q", "1st ms", "MB/q");
+	       (unsigned long long)b.o.seed,
+	       b.o.layout == KVMEM_LAYOUT_STABLE ? ", layout stable" : "");
+	printf("%-14s %5s  %-9s %7s %5s  %7s  %6s  %7s  %7s  %7s  %7s\n", "workspace", "depth",
+	       "policy", "acc", "n", "in-view", "rank", "ms/q", "1st ms", "MB/q", "mv/sel");
 	rc = 0;
 	for (int si = 0; si < b.o.n_sizes && !rc; si++)
 		if (run_size(&b, si)) {

@@ -331,7 +331,8 @@ static int run_size(const struct bench_opts *o, const kvmem_policy_ops *pol, int
 	kvmem_blocks r;
 	kvmem_plan plan = { 0 };
 	kvmem_select_ctx c;
-	kvmem_plan_params pp = { o->budget, o->budget / 100, o->budget / 12 };
+	kvmem_plan_params pp = { o->budget, o->budget / 100, o->budget / 12,
+				  KVMEM_LAYOUT_COMPACT };
 	int sets = pol->per_layer ? layers : 1, rc = -1;
 	size_t qn = (size_t)layers * o->query_tokens * GEO_HEADS * GEO_HEAD_DIM;
 	float *q = malloc(qn * sizeof(float)), *scores = malloc(sizeof(float) * sets * nb);
@@ -524,7 +525,8 @@ static int run_size_cuda(const struct bench_opts *o, kvmem_cuda_ctx *c, int sub,
 		float *hs = malloc(4 * (size_t)nb);
 		kvmem_blocks r;
 		kvmem_plan plan = { 0 };
-		kvmem_plan_params pp = { o->budget, o->budget / 100, o->budget / 12 };
+		kvmem_plan_params pp = { o->budget, o->budget / 100, o->budget / 12,
+				  KVMEM_LAYOUT_COMPACT };
 		int same;
 
 		if (!hs || kvmem_blocks_init(&r, o->block)) {

@@ -89,6 +89,11 @@ static void usage(FILE *f)
 		"  --recent N          last tokens always in the view (default budget/12)\n"
 		"  --reserve N         tail slots between selections (default max(chunk, budget/8))\n"
 		"  --query-tokens N    last tokens whose queries drive selection (default 4)\n"
+		"  --layout L          where the view keeps its blocks: compact (default:\n"
+		"                      chronological, a block entering or leaving shifts every\n"
+		"                      later one) or stable (a kept block keeps its slot,\n"
+		"                      entering blocks take the freed ones: far fewer moves,\n"
+		"                      positions out of order); KVMEM_LAYOUT sets the default\n"
 		"  --json              one JSON object per step on stdout\n"
 		"  --check-exact       run a full-context twin alongside; report the largest logit\n"
 		"                      difference per step; exit 1 if it is not 0 while the\n"
@@ -129,7 +134,7 @@ enum {
 	O_MODEL = 256, O_PROMPT, O_RANDOM, O_DECODE, O_LOGITS, O_SCRIPT, O_BUDGET, O_BLOCK,
 	O_POLICY, O_SINK, O_RECENT, O_RESERVE, O_QUERY, O_JSON, O_CHECK, O_WORKSPACE, O_HOSTCAP,
 	O_CACHEPOL, O_BACKEND, O_CHUNK, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_SSEED, O_GPUMEM,
-	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF, O_KVDTYPE, O_TP,
+	O_TRACE, O_PAGER, O_PTEXT, O_CHAT, O_CEPHCONF, O_KVDTYPE, O_TP, O_LAYOUT,
 };
 
 static const struct option opts[] = {
@@ -149,6 +154,7 @@ static const struct option opts[] = {
 	{ "recent", required_argument, NULL, O_RECENT },
 	{ "reserve", required_argument, NULL, O_RESERVE },
 	{ "query-tokens", required_argument, NULL, O_QUERY },
+	{ "layout", required_argument, NULL, O_LAYOUT },
 	{ "json", no_argument, NULL, O_JSON },
 	{ "check-exact", no_argument, NULL, O_CHECK },
 	{ "workspace", required_argument, NULL, O_WORKSPACE },
@@ -179,7 +185,7 @@ static int mode_of(int c)
 		return 'p';
 	case O_SCRIPT: case O_BUDGET: case O_BLOCK: case O_POLICY: case O_SINK: case O_RECENT:
 	case O_RESERVE: case O_QUERY: case O_JSON: case O_CHECK: case O_WORKSPACE: case O_HOSTCAP:
-	case O_CACHEPOL:
+	case O_CACHEPOL: case O_LAYOUT:
 	case O_TRACE:
 	case O_PAGER:
 	case O_CEPHCONF:
@@ -231,6 +237,7 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 	case O_RESERVE: return cli_parse_count(w, name, v, 0, INT32_MAX / 2, &o->reserve);
 	case O_BLOCK: return cli_parse_int(w, name, v, KVMEM_BLOCK_MIN, KVMEM_BLOCK_MAX, &o->block);
 	case O_QUERY: return cli_parse_int(w, name, v, 1, 4096, &o->query_tokens);
+	case O_LAYOUT: return cli_parse_layout(w, name, v, &o->layout);
 	case O_CHUNK: return cli_parse_int(w, name, v, 1, 1 << 20, &o->chunk);
 	case O_SEED: return cli_parse_u64(w, name, v, &o->seed);
 	case O_GPUMEM:

@@ -31,6 +31,7 @@ struct run_opts {
 	int tp;				/* --tp: tensor parallel ranks; 0: off */
 	int64_t budget, sink, recent, reserve;	/* -1: the session's default */
 	int block, query_tokens;	/* 0: the session's default */
+	int layout;			/* --layout: enum kvmem_layout; 0: the default */
 	int json, check_exact;
 	/* both */
 	int chunk;			/* 0: the mode's default */

@@ -315,6 +315,7 @@ int session_main(const struct run_opts *opts)
 	so.reserve = o.reserve;
 	so.chunk = (int)o.chunk;
 	so.query_tokens = (int)o.query_tokens;
+	so.layout = o.layout;
 	so.policy = o.policy;
 	so.seed = o.seed;
 	so.all_logits = o.check_exact;
@@ -362,18 +363,21 @@ int session_main(const struct run_opts *opts)
 
 		fprintf(o.json ? stderr : stdout,
 			"session: model %s (%d layers, %d/%d heads, head_dim %d), policy %s, block %d, "
-			"budget %s%lld, sink %lld, recent %lld, reserve %lld, chunk %d\n",
+			"budget %s%lld, sink %lld, recent %lld, reserve %lld, chunk %d%s\n",
 			o.model, m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim,
 			ro->policy, ro->block, ro->budget ? "" : "unlimited ", (long long)ro->budget,
-			(long long)ro->sink, (long long)ro->recent, (long long)ro->reserve, ro->chunk);
+			(long long)ro->sink, (long long)ro->recent, (long long)ro->reserve,
+			ro->chunk, ro->layout == KVMEM_LAYOUT_STABLE ? ", layout stable" : "");
 	}
 	rc = run_script(&r, s, o.workspace != NULL, sc, m->cfg.vocab);
 	kvmem_session_get_stats(s, &ss);
 	fprintf(o.json ? stderr : stdout,
 		"done: %lld tokens, %lld forward passes, %lld selections (%lld forced), "
-		"%lld token-layers re-rotated from raw K, %lld kept in place%s\n",
+		"%lld token-layers re-rotated from raw K (%lld moved inside the view), "
+		"%lld kept in place%s\n",
 		(long long)kvmem_session_tokens(s), (long long)ss.forwards, (long long)ss.selections,
-		(long long)ss.forced, (long long)ss.rebuilt_tokens, (long long)ss.kept_tokens,
+		(long long)ss.forced, (long long)ss.rebuilt_tokens, (long long)ss.moved_tokens,
+		(long long)ss.kept_tokens,
 		o.check_exact ? (rc ? "; check-exact FAILED" : "; check-exact ok") : "");
 	goto out;
 err:
