@@ -230,10 +230,6 @@ typedef struct kvmem_session_opts {
 	 * its device (the cuda backend scores meank and subblock there): for
 	 * comparisons. */
 	int host_scoring;
-	/* enum kvmem_layout. Stable moves fewer tokens per step; the body's
-	 * positions are then no longer chronological. With a budget that
-	 * holds the workspace both are the identity layout. */
-	int layout;
 	/* NULL: pages in host memory. The session does not destroy it. */
 	const kvmem_page_source *source;
 	/* Called after every forward pass with the tokens run and their
@@ -251,6 +247,11 @@ typedef struct kvmem_session_opts {
 	/* Optional research hooks (kvmem_session_tap); not part of the session
 	 * state: they change no result. */
 	const kvmem_session_tap *tap;
+	/* enum kvmem_layout. Stable moves fewer tokens per step; the body's
+	 * positions are then no longer chronological. With a budget that
+	 * holds the workspace both are the identity layout. (Last: before
+	 * 1.0 the public structs grow at their end.) */
+	int layout;
 } kvmem_session_opts;
 
 void kvmem_session_opts_default(kvmem_session_opts *o);
