@@ -1161,54 +1161,35 @@ template <int HD, int WM, int BN, int MT> static int flash_attr(kvmem_cuda_ctx *
 	return 0;
 }
 
-/* The same for the decode kernel (v5), with the most shared memory per
- * SM preferred: two blocks of 107 KB at head_dim 128. */
+/* A decode kernel's dynamic shared memory limit raised to `bytes`, with
+ * the most shared memory per SM preferred (two blocks of 107 KB at
+ * head_dim 128); `what` names it in an error. */
+static int dec_smem(const void *kernel, int bytes, const char *what)
+{
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(kernel,
+							 cudaFuncAttributeMaxDynamicSharedMemorySize,
+							 bytes), what))
+		return rc;
+	return kvmem_cuda_err(cudaFuncSetAttribute(kernel,
+						   cudaFuncAttributePreferredSharedMemoryCarveout,
+						   (int)cudaSharedmemCarveoutMaxShared), what);
+}
+
+/* The same for the decode kernels (v5: bf16, batched, fp8), once per
+ * device. */
 template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
 {
 	static int attr_set[64];
+	int rc;
 
 	if (c->device < 64 && attr_set[c->device])
 		return 0;
-	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec_kernel<HD>,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)dec_cfg<HD>::SMEM),
-				    "attention v5: shared memory"))
-		return rc;
-	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec_kernel<HD>,
-							 cudaFuncAttributePreferredSharedMemoryCarveout,
-							 (int)cudaSharedmemCarveoutMaxShared),
-				    "attention v5: shared memory carveout"))
-		return rc;
-	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec_batch_kernel<HD>,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)dec_cfg<HD>::SMEM),
-				    "attention v5, batched: shared memory"))
-		return rc;
-	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec_batch_kernel<HD>,
-							 cudaFuncAttributePreferredSharedMemoryCarveout,
-							 (int)cudaSharedmemCarveoutMaxShared),
-				    "attention v5, batched: shared memory carveout"))
-		return rc;
-	if (c->device < 64)
-		attr_set[c->device] = 1;
-	return 0;
-}
-
-template <int HD> static int dec8_attr(kvmem_cuda_ctx *c)
-{
-	static int attr_set[64];
-
-	if (c->device < 64 && attr_set[c->device])
-		return 0;
-	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec8_kernel<HD>,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)dec_cfg<HD>::SMEM8),
-				    "attention v5 (fp8): shared memory"))
-		return rc;
-	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(dec8_kernel<HD>,
-							 cudaFuncAttributePreferredSharedMemoryCarveout,
-							 (int)cudaSharedmemCarveoutMaxShared),
-				    "attention v5 (fp8): shared memory carveout"))
+	if ((rc = dec_smem((const void *)dec_kernel<HD>, (int)dec_cfg<HD>::SMEM,
+			   "attention v5: shared memory")) ||
+	    (rc = dec_smem((const void *)dec_batch_kernel<HD>, (int)dec_cfg<HD>::SMEM,
+			   "attention v5, batched: shared memory")) ||
+	    (rc = dec_smem((const void *)dec8_kernel<HD>, (int)dec_cfg<HD>::SMEM8,
+			   "attention v5 (fp8): shared memory")))
 		return rc;
 	if (c->device < 64)
 		attr_set[c->device] = 1;
@@ -1238,8 +1219,8 @@ extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 	    (rc = flash_attr<128, 4, 64, 2>(c)) || (rc = flash_attr<64, 1, 32, 1>(c)) ||
 	    (rc = flash_attr<64, 1, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 1>(c)) ||
 	    (rc = flash_attr<64, 8, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 2>(c)) ||
-	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)) || (rc = dec8_attr<128>(c)) ||
-	    (rc = dec8_attr<64>(c)) || (rc = kvmem_cuda_attention_v6_setup(c)))
+	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)) ||
+	    (rc = kvmem_cuda_attention_v6_setup(c)))
 		return rc;
 	if (!c->att_cnt) {
 		void *p = NULL;
@@ -1430,12 +1411,12 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.part_m = (float *)((char *)p + rows_all * head_dim * sizeof(float));
 	a.part_l = (float *)((char *)a.part_m + kvmem_align_up(rows_all * sizeof(float), 256));
 	if (ks && head_dim == 128) {
-		if ((rc = dec8_attr<128>(c)))
+		if ((rc = dec_attr<128>(c)))
 			return rc;
 		dec8_kernel<128><<<dim3(grid, f.n_kv_heads), dec_cfg<128>::THREADS, dec_cfg<128>::SMEM8,
 				   c->stream>>>(a);
 	} else if (ks) {
-		if ((rc = dec8_attr<64>(c)))
+		if ((rc = dec_attr<64>(c)))
 			return rc;
 		dec8_kernel<64><<<dim3(grid, f.n_kv_heads), dec_cfg<64>::THREADS, dec_cfg<64>::SMEM8,
 				  c->stream>>>(a);
