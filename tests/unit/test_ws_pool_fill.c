@@ -28,6 +28,7 @@
 #include "kvmem/store.h"
 #include "backend/backend_impl.h"
 #include "helpers/test_model.h"
+#include "helpers/test_logits.h"
 #include "helpers/test_tmpdir.h"
 
 static uint64_t g_seed;
@@ -42,29 +43,9 @@ static kvmem_model *small_model(uint64_t *rng)
 	return test_model_random(&c, (uint64_t)test_rng_int(rng, 1, 1 << 30));
 }
 
-/* Every forward pass's last logits, in order. */
-struct rec {
-	float *buf;
-	size_t n, cap;
-	int vocab;
-};
-
-static void rec_forward(void *arg, const int32_t *tok, int n, const float *logits)
-{
-	struct rec *r = arg;
-
-	if (r->n + r->vocab > r->cap) {
-		r->cap = 2 * (r->n + r->vocab);
-		r->buf = realloc(r->buf, r->cap * sizeof(float));
-		assert_non_null(r->buf);
-	}
-	memcpy(r->buf + r->n, logits, (size_t)r->vocab * sizeof(float));
-	r->n += r->vocab;
-}
-
 enum { B = 16, N0 = 48 * B, ROUNDS = 6 };
 
-static void opts(kvmem_session_opts *o, kvmem_workspace *w, struct rec *r)
+static void opts(kvmem_session_opts *o, kvmem_workspace *w, struct test_logits *r)
 {
 	kvmem_session_opts_default(o);
 	o->block = B;
@@ -75,7 +56,7 @@ static void opts(kvmem_session_opts *o, kvmem_workspace *w, struct rec *r)
 	o->policy = "random";	/* blocks enter from everywhere, steps alike in both runs */
 	o->source = kvmem_workspace_source(w);
 	if (r) {
-		o->on_forward = rec_forward;
+		o->on_forward = test_logits_record;
 		o->arg = r;
 	}
 }
@@ -101,7 +82,7 @@ static void write_history(kvmem_backend *e, const char *dir, const int32_t *tok)
 
 /* Reopened, adopted (fresh selection), ROUNDS steps; place() counters
  * over the adopt (at) and over the steps (st). */
-static void run(kvmem_backend *e, const char *dir, const int32_t *tok, int fill, struct rec *r,
+static void run(kvmem_backend *e, const char *dir, const int32_t *tok, int fill, struct test_logits *r,
 		kvmem_place_stats *at, kvmem_place_stats *st)
 {
 	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_BF16 };
@@ -155,7 +136,7 @@ static void test_pool_fill_equal(void **state)
 	kvmem_model *m = small_model(&rng);
 	kvmem_backend *e;
 	kvmem_place_stats at0, st0, at1, st1;
-	struct rec r0 = { .vocab = m->cfg.vocab }, r1 = { .vocab = m->cfg.vocab };
+	struct test_logits r0 = { .vocab = m->cfg.vocab }, r1 = { .vocab = m->cfg.vocab };
 	int32_t *tok = malloc(sizeof(int32_t) * (N0 + 8 * ROUNDS));
 	char tmp[256], dir[300];
 

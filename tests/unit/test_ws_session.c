@@ -38,6 +38,7 @@
 #include "kvmem/store.h"
 #include "session/inspect.h"
 #include "helpers/test_model.h"
+#include "helpers/test_logits.h"
 #include "helpers/test_tmpdir.h"
 
 static uint64_t g_seed;
@@ -1015,26 +1016,6 @@ static void test_select_ctx_text(void **state)
 }
 
 /* ---- moves inside the view ------------------------------------------------ */
-/* Every forward pass's last logits, in order. */
-struct rec {
-	float *buf;
-	size_t n, cap;
-	int vocab;
-};
-
-static void rec_forward(void *arg, const int32_t *tok, int n, const float *logits)
-{
-	struct rec *r = arg;
-
-	if (r->n + r->vocab > r->cap) {
-		r->cap = 2 * (r->n + r->vocab);
-		r->buf = realloc(r->buf, r->cap * sizeof(float));
-		assert_non_null(r->buf);
-	}
-	memcpy(r->buf + r->n, logits, (size_t)r->vocab * sizeof(float));
-	r->n += r->vocab;
-}
-
 /* The script's appends and greedy decodes (64 tokens at most each), then
  * a last selection: moves_run and pages_run play it the same way. */
 static void play_ops(kvmem_session *s, const struct op *ops, int n_ops, int32_t *const *tok)
@@ -1056,7 +1037,7 @@ static void play_ops(kvmem_session *s, const struct op *ops, int n_ops, int32_t 
  * token that changes slots from its page (KVMEM_MOVE=0, the path before
  * moves). Greedy decoding: the tokens follow the logits. */
 static void moves_run(kvmem_backend *e, const kvmem_config *c, const struct op *ops, int n_ops,
-		      int32_t *const *tok, const struct run_cfg *rc, int move, struct rec *r,
+		      int32_t *const *tok, const struct run_cfg *rc, int move, struct test_logits *r,
 		      kvmem_session_stats *st)
 {
 	kvmem_page_source src;
@@ -1072,7 +1053,7 @@ static void moves_run(kvmem_backend *e, const kvmem_config *c, const struct op *
 	o.budget = rc->budget;
 	o.layout = rc->layout;
 	o.source = &src;
-	o.on_forward = rec_forward;
+	o.on_forward = test_logits_record;
 	o.arg = r;
 	if (!move)
 		setenv("KVMEM_MOVE", "0", 1);
@@ -1109,7 +1090,7 @@ static void test_moves_equal_pages(void **state)
 		int32_t *tok[128];
 		int64_t total;
 		int n_ops = make_script(&rng, ops, 128, 10, 90, &total);
-		struct rec a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
+		struct test_logits a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
 		kvmem_session_stats sa, sb;
 
 		rc.budget = total / 6 > 2 * rc.block ? total / 6 : 2 * rc.block;
@@ -1137,7 +1118,7 @@ static void test_moves_equal_pages(void **state)
  * 0: KVMEM_PAGE_ROWS=0 (pages made from rows on the host). Its tokens. */
 static int64_t pages_run(kvmem_backend *e, const kvmem_config *c, const struct op *ops, int n_ops,
 		      int32_t *const *tok, const struct run_cfg *rc, const char *dir, int rows,
-		      struct rec *r)
+		      struct test_logits *r)
 {
 	int64_t n;
 	kvmem_workspace_opts wo = { .block = rc->block, .dtype = KVMEM_DTYPE_BF16 };
@@ -1153,7 +1134,7 @@ static int64_t pages_run(kvmem_backend *e, const kvmem_config *c, const struct o
 	o.policy = rc->policy;
 	o.budget = rc->budget;
 	o.source = kvmem_workspace_source(w);
-	o.on_forward = rec_forward;
+	o.on_forward = test_logits_record;
 	o.arg = r;
 	if (!rows)
 		setenv("KVMEM_PAGE_ROWS", "0", 1);
@@ -1230,7 +1211,7 @@ static void test_pages_equal_rows(void **state)
 		int32_t *tok[128];
 		int64_t total;
 		int n_ops = make_script(&rng, ops, 128, 8, 120, &total);
-		struct rec a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
+		struct test_logits a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
 		int64_t na, nb;
 
 		rc.budget = total / 4 > 2 * rc.block ? total / 4 : 2 * rc.block;
@@ -1284,7 +1265,7 @@ static void test_append_reserves_once(void **state)
 	int32_t *tok = random_tokens(&rng, n, c->vocab);
 	kvmem_session_opts o;
 	kvmem_session *s;
-	struct rec a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
+	struct test_logits a = { .vocab = c->vocab }, b = { .vocab = c->vocab };
 
 	g_inner = e->ops;
 	ops.reserve = counting_reserve;
@@ -1292,7 +1273,7 @@ static void test_append_reserves_once(void **state)
 	kvmem_session_opts_default(&o);
 	o.block = 16;
 	o.chunk = 32;
-	o.on_forward = rec_forward;
+	o.on_forward = test_logits_record;
 	o.arg = &a;
 	s = kvmem_session_create(e, &o);
 	assert_non_null(s);
@@ -1323,7 +1304,7 @@ static void test_append_reserves_once(void **state)
 struct conv {
 	kvmem_workspace *w;
 	kvmem_session *s;
-	struct rec r;
+	struct test_logits r;
 	int32_t *tok;
 };
 
@@ -1343,7 +1324,7 @@ static void conv_open(struct conv *v, kvmem_backend *e, const char *dir, kvmem_p
 	o.recent = B;
 	o.policy = "random";	/* blocks enter everywhere: pages come back */
 	o.source = kvmem_workspace_source(v->w);
-	o.on_forward = rec_forward;
+	o.on_forward = test_logits_record;
 	o.arg = &v->r;
 	v->s = kvmem_session_create(e, &o);
 	assert_non_null(v->s);
