@@ -103,6 +103,9 @@ typedef struct kvmem_place_stats {
 	/* Pages copied into the pool ahead of their use (pool_fill: the
 	 * runners-up of a session's first view), their bytes, the time. */
 	uint64_t filled_pages, filled_bytes, fill_ns;
+	/* Token-layers of the view copied aside by moves (their sources'
+	 * slot ranges, read before anything is written over them). */
+	uint64_t move_staged_tokens;
 } kvmem_place_stats;
 
 typedef struct kvmem_backend kvmem_backend;

@@ -1106,23 +1106,55 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 
 /*
  * move(): tokens already in the view to other slots, on the device. Per
- * layer with items, that layer's raw K and V (slots up to the furthest
- * source) are copied aside first (device to device), then one gather
- * kernel reads the layer's items from the copy, as it reads bf16 pages,
- * and writes K rotated at the new slot (the rotation place() and the
- * forward pass use: the same bits), V and the raw K. At Qwen3-8B a layer
- * of a 64K view is 268 MB of raw K and V: the copy costs about as much as
- * moving every token once more through HBM, and needs one layer's room.
+ * layer with items, the raw K and V of the slots its items read are copied
+ * aside first (device to device), then one gather kernel reads the layer's
+ * items from the copy, as it reads bf16 pages, and writes K rotated at the
+ * new slot (the rotation place() and the forward pass use: the same bits),
+ * V and the raw K. The copy takes only the sources' slot ranges, packed
+ * (ranges closer than MOVE_GAP tokens in one copy): what a step moves
+ * costs twice its bytes through HBM, not twice the view's. A compact
+ * layout's follow-up moves nearly every slot after the first change; a
+ * stable one (kept blocks keep their slots) moves a few runs.
  */
+#define MOVE_GAP 1024	/* a gap this short is copied: ~4 MB at 8B, less than a call */
+
+/* The gap, or KVMEM_CUDA_MOVE_GAP's (tests set 0: a copy per run of
+ * adjacent sources, so small views take the many-run path too). */
+static int64_t move_gap(void)
+{
+	const char *e = getenv("KVMEM_CUDA_MOVE_GAP");
+
+	return e && *e ? strtoll(e, NULL, 10) : MOVE_GAP;
+}
+
+struct move_src {
+	int64_t from, end;	/* the item's source slots */
+	int item;
+};
+
+struct move_run {
+	int64_t from, end, off;	/* slots from..end-1, at token `off` of the copy */
+};
+
+static int by_from(const void *a, const void *b)
+{
+	const struct move_src *x = a, *y = b;
+
+	return x->from < y->from ? -1 : x->from > y->from;
+}
+
 int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 {
 	struct cuda *b = ctx;
 	const int H = b->c->n_kv_heads, D = b->c->head_dim, L = b->c->n_layers;
 	struct cuda_pages *pg = pages_of(b);
 	double t0 = (double)kvmem_now_ns();
-	int64_t *span = NULL, most = 0;
-	int *count = NULL, *at = NULL, rc = 0;
+	int64_t *staged = NULL, *off = NULL, most = 0;
+	int *at = NULL, *fill = NULL, *run_at = NULL, rc = 0;
+	struct move_src *src = NULL;
+	struct move_run *runs = NULL;
 	uint64_t tokens = 0;
+	const int64_t gap = move_gap();
 
 	if (!pg)
 		return kvmem_fail();
@@ -1140,41 +1172,70 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 	}
 	if (!n)
 		return 0;
-	span = calloc((size_t)L, sizeof(*span));
-	count = calloc((size_t)L, sizeof(*count));
+	staged = calloc((size_t)L, sizeof(*staged));
+	off = calloc((size_t)n, sizeof(*off));
 	at = calloc((size_t)L + 1, sizeof(*at));
-	if (!span || !count || !at) {
+	fill = calloc((size_t)L, sizeof(*fill));
+	run_at = calloc((size_t)L + 1, sizeof(*run_at));
+	src = calloc((size_t)n, sizeof(*src));
+	runs = calloc((size_t)n, sizeof(*runs));
+	if (!staged || !off || !at || !fill || !run_at || !src || !runs) {
 		rc = kvmem_error(ENOMEM, "cuda move: out of memory");
 		goto out;
 	}
+	/* The items by layer, each layer's by source slot; then each layer's
+	 * sources merged into runs, packed one after another in the copy. */
+	for (int i = 0; i < n; i++)
+		at[items[i].layer + 1]++;
+	for (int l = 0; l < L; l++)
+		at[l + 1] += at[l];
 	for (int i = 0; i < n; i++) {
 		const kvmem_move *m = &items[i];
 
-		count[m->layer]++;
-		if (m->from + m->n > span[m->layer])
-			span[m->layer] = m->from + m->n;
+		src[at[m->layer] + fill[m->layer]++] = (struct move_src){
+			.from = m->from, .end = m->from + m->n, .item = i };
 	}
-	for (int l = 0; l < L; l++) {
-		at[l + 1] = at[l] + count[l];
-		most = span[l] > most ? span[l] : most;
+	for (int l = 0, r = 0; l < L; l++) {
+		struct move_run *cur = NULL;
+
+		qsort(src + at[l], (size_t)(at[l + 1] - at[l]), sizeof(*src), by_from);
+		run_at[l] = r;
+		for (int j = at[l]; j < at[l + 1]; j++) {
+			const struct move_src *s = &src[j];
+
+			if (!cur || s->from > cur->end + gap) {
+				if (cur)
+					staged[l] += cur->end - cur->from;
+				cur = &runs[r++];
+				*cur = (struct move_run){ .from = s->from, .end = s->end,
+							  .off = staged[l] };
+			} else if (s->end > cur->end) {
+				cur->end = s->end;
+			}
+			off[s->item] = cur->off + (s->from - cur->from);
+		}
+		if (cur)
+			staged[l] += cur->end - cur->from;
+		run_at[l + 1] = r;
+		most = staged[l] > most ? staged[l] : most;
 	}
 	/* Room first (items, the copy of one layer): a failure here has moved
 	 * nothing, and the session places from pages instead. */
 	if ((rc = room_items(b, pg, n)) < 0 ||
 	    (rc = room_dev_st(b, pg, 2 * (size_t)H * most * D * 2)) < 0)
 		goto out;
-	memset(count, 0, (size_t)L * sizeof(*count));
+	memset(fill, 0, (size_t)L * sizeof(*fill));
 	for (int i = 0; i < n; i++) {
 		const kvmem_move *m = &items[i];
-		const int64_t sp = span[m->layer];
+		const int64_t T = staged[m->layer];
 		const uint16_t *base = (const uint16_t *)pg->dev_st;
 
-		pg->host_items[at[m->layer] + count[m->layer]++] = (kvmem_gather_item){
-			.k = base + m->from * D,
-			.v = base + (size_t)H * sp * D + m->from * D,
+		pg->host_items[at[m->layer] + fill[m->layer]++] = (kvmem_gather_item){
+			.k = base + off[i] * D,
+			.v = base + (size_t)H * T * D + off[i] * D,
 			.raw_k = v->rk + ((size_t)m->layer * H * v->cap + m->to) * D,
 			.layer = m->layer, .slot = (int32_t)m->to, .n = m->n,
-			.head_stride = (int32_t)(sp * D), .dtype = KVMEM_DTYPE_BF16,
+			.head_stride = (int32_t)(T * D), .dtype = KVMEM_DTYPE_BF16,
 			.raw_stride = (int32_t)(v->cap * D),
 		};
 	}
@@ -1185,21 +1246,31 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 	}
 	for (int l = 0; l < L; l++) {
 		const size_t row = (size_t)D * 2, lay = (size_t)l * H * v->cap * D;
-		uint16_t *ck = (uint16_t *)pg->dev_st, *cv = ck + (size_t)H * span[l] * D;
+		const int64_t T = staged[l];
+		uint16_t *ck = (uint16_t *)pg->dev_st, *cv = ck + (size_t)H * T * D;
 		cudaStream_t st = kvmem_cuda_stream(b->ctx);
 
-		if (!count[l])
+		if (at[l + 1] == at[l])
 			continue;
-		if (cudaMemcpy2DAsync(ck, span[l] * row, v->rk + lay, v->cap * row, span[l] * row, H,
-				      cudaMemcpyDeviceToDevice, st) != cudaSuccess ||
-		    cudaMemcpy2DAsync(cv, span[l] * row, v->v + lay, v->cap * row, span[l] * row, H,
-				      cudaMemcpyDeviceToDevice, st) != cudaSuccess) {
-			cudaGetLastError();
-			rc = kvmem_error(EIO, "cuda move: copying layer %d aside", l);
-			goto out;
+		for (int r = run_at[l]; r < run_at[l + 1]; r++) {
+			const struct move_run *u = &runs[r];
+			const size_t w = (size_t)(u->end - u->from) * row;
+
+			if (cudaMemcpy2DAsync(ck + u->off * D, T * row, v->rk + lay + u->from * D,
+					      v->cap * row, w, H, cudaMemcpyDeviceToDevice,
+					      st) != cudaSuccess ||
+			    cudaMemcpy2DAsync(cv + u->off * D, T * row, v->v + lay + u->from * D,
+					      v->cap * row, w, H, cudaMemcpyDeviceToDevice,
+					      st) != cudaSuccess) {
+				cudaGetLastError();
+				rc = kvmem_error(EIO, "cuda move: copying layer %d aside", l);
+				goto out;
+			}
 		}
-		if ((rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, pg->items + at[l], count[l],
-						      L, H, D, (int)v->cap, b->c->rope_theta)) < 0)
+		pg->st.move_staged_tokens += (uint64_t)T;
+		if ((rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, pg->items + at[l],
+						      at[l + 1] - at[l], L, H, D, (int)v->cap,
+						      b->c->rope_theta)) < 0)
 			goto out;
 	}
 	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
@@ -1207,9 +1278,13 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 	pg->st.moved_tokens += tokens;
 	pg->st.move_ns += (uint64_t)((double)kvmem_now_ns() - t0);
 out:
-	free(span);
-	free(count);
+	free(staged);
+	free(off);
 	free(at);
+	free(fill);
+	free(run_at);
+	free(src);
+	free(runs);
 	return rc < 0 ? rc : 0;
 }
 

@@ -103,6 +103,7 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 		r->moved[i] = (uint64_t)(s1.moved_tokens - s0.moved_tokens);
 		r->src_pages[i] = (uint64_t)(s1.source_pages - s0.source_pages);
 		r->move_ms[i] = d.move_ns / 1e6;
+		r->staged[i] = d.move_staged_tokens;
 		r->nvme_pages[i] = ps1.pages_in - ps0.pages_in;
 	}
 	r->mem_used = x->b->ops->mem_used ? x->b->ops->mem_used(x->b->ctx) : 0;
@@ -178,7 +179,7 @@ static void print_moved(const struct ctx *x, const struct step_result *r, int i,
 {
 	const double kv = 2.0 * x->geo.cfg.n_kv_heads * x->geo.cfg.head_dim * 2;	/* K+V bf16 */
 	const double host = (double)r->bytes[i], pool = (double)r->pool_bytes[i];
-	const double moved = (double)r->moved[i] * kv;
+	const double moved = (double)r->moved[i] * kv, staged = (double)r->staged[i] * kv;
 	double place_floor = 0, move_floor = 0, pr = 0, mr = 0;
 
 	if (x->ce.h2d_gbps > 0)
@@ -193,10 +194,11 @@ static void print_moved(const struct ctx *x, const struct step_result *r, int i,
 		mr = move_floor * 1e3 / r->move_ms[i];
 	printf("      bytes: %.2f GB entered; moved %.2f GB from host memory + %.2f GB from the "
 	       "device page pool (%.2f of what entered) in %.1f ms, %.2f of the ceilings' %.1f ms%s; "
-	       "%.2f GB moved inside the view in %.1f ms, %.2f of the device copy rate's %.1f ms%s\n",
+	       "%.2f GB moved inside the view (%.2f GB of sources copied aside first) in %.1f ms, "
+	       "%.2f of the device copy rate's %.1f ms%s\n",
 	       in / 1e9, host / 1e9, pool / 1e9, in > 0 ? (host + pool) / in : 0.0, r->place_ms[i],
 	       pr, place_floor * 1e3, r->place_ms[i] > 0 ? below(pr) : "", moved / 1e9,
-	       r->move_ms[i], mr, move_floor * 1e3, r->move_ms[i] > 0 ? below(mr) : "");
+	       staged / 1e9, r->move_ms[i], mr, move_floor * 1e3, r->move_ms[i] > 0 ? below(mr) : "");
 }
 
 static void print_steps(struct ctx *x, const char *tier, const struct step_result *r, int steps,

@@ -100,6 +100,7 @@ void place_delta(struct ctx *x, const kvmem_place_stats *a, kvmem_place_stats *d
 	d->filled_pages = b.filled_pages - a->filled_pages;
 	d->filled_bytes = b.filled_bytes - a->filled_bytes;
 	d->fill_ns = b.fill_ns - a->fill_ns;
+	d->move_staged_tokens = b.move_staged_tokens - a->move_staged_tokens;
 }
 
 void place_now(struct ctx *x, kvmem_place_stats *s)
