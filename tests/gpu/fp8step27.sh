@@ -1,0 +1,58 @@
+#!/bin/bash
+# On the GPU machine (issue 27): fp8 beside bf16 in a session, each run
+# with its peers. From the repo root (gpu_setup unpacks the bundle):
+#
+#   tests/gpu/fp8step27.sh OUTDIR [SECONDS]
+#
+#   1. kvmem_gpu_check --fp8 --bench: the fp8 kernels against their twins,
+#      then decode attention of one layer at 32K / 128K keys over an fp8
+#      view and a bf16 one (v5), and rematerialisation into each;
+#   2. kvmem bench step --only step,decode --tokens 49152 --view 32768
+#      --steps 2 --decode 32 --tiers warm, --kv-dtype bf16 then fp8: the
+#      warm step and decode in the session, with the per-token split
+#      (forward, rows put away, own) that says where an fp8 token goes;
+#   3. kvmem bench step --only ceilings,coldin --coldin 2G --kv-dtype both:
+#      cold page-in from the disk, fp8 beside bf16 over the same tokens,
+#      against the disk's sequential read in the same run.
+#
+# SECONDS (default 250) bounds the whole. Logs in OUTDIR/fp8step27.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: tests/gpu/fp8step27.sh OUTDIR [SECONDS]}
+. tests/gpu/lib.sh
+gpu_end=$(($(date +%s) + ${2:-250}))
+gpu_setup fp8step27 build-gpu
+gpu_need "$K"
+export KVMEM_CEILINGS_HELD=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+gpu_check "$(gpu_left 35)" fp8_check.log --fp8 --bench 2>/dev/null |
+	grep -E '^(rematerial|decode attention|FAIL)'
+
+for dt in bf16 fp8; do
+	mkdir -p "$tmp/b"
+	echo "== kvmem bench step --kv-dtype $dt --only step,decode (32K view)"
+	if timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype $dt \
+		--only step,decode --tokens 49152 --view 32768 --steps 2 --decode 32 \
+		--tiers warm --dir "$tmp/b" >"$log/step_$dt.log" 2>&1; then
+		ok "bench step step,decode, $dt"
+	else
+		bad "bench step step,decode, $dt (exit $?)"
+		tail -5 "$log/step_$dt.log"
+	fi
+	rm -rf "$tmp/b"
+	grep -E 'median step|decode in a|per token:|prefilling' "$log/step_$dt.log" | cut -c1-400
+done
+
+mkdir -p "$tmp/c"
+echo "== kvmem bench step --only ceilings,coldin --coldin 2G --kv-dtype both"
+if timeout "$(gpu_left 150)" "$K" bench step --backend cuda --only ceilings,coldin \
+	--coldin 2G --kv-dtype both --dir "$tmp/c" >"$log/coldin.log" 2>&1; then
+	ok "bench step coldin, bf16 and fp8"
+else
+	bad "bench step coldin, bf16 and fp8 (exit $?)"
+fi
+rm -rf "$tmp/c"
+grep -vE '^\s*$' "$log/coldin.log" | tail -30 | cut -c1-300
+gpu_done
