@@ -144,6 +144,7 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 const void *cuda_pages_dev_addr(struct cuda *b, const void *p, size_t len);
 int cuda_pages_method(struct cuda *b);
 void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns);
+void cuda_pages_count_move(struct cuda *b, uint64_t tokens, uint64_t staged, double ns);
 int cuda_pool_watch(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
 		    void *arg);
 uint64_t cuda_pages_dev_bytes(const struct cuda *b);

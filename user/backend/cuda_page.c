@@ -1296,13 +1296,29 @@ void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, doub
 	if (!pg)
 		return;
 	for (int i = 0; i < n; i++) {
+		const uint64_t rows = 2 * (uint64_t)b->c->n_kv_heads * items[i].n;
+
 		pg->st.tokens += items[i].n;
-		pg->st.bytes_in += 2 * (uint64_t)b->c->n_kv_heads * items[i].n * b->c->head_dim *
-				   elem_size(items[i].page.dtype);
+		/* an fp8 page's bytes: one a value, and a row's fp32 scale */
+		pg->st.bytes_in += items[i].page.dtype == KVMEM_DTYPE_FP8 ?
+				   rows * ((uint64_t)b->c->head_dim + 4) :
+				   rows * b->c->head_dim * elem_size(items[i].page.dtype);
 	}
 	pg->st.calls++;
 	pg->st.items += n;
 	pg->st.ns += (uint64_t)ns;
+}
+
+/* Counters of a move done elsewhere (cuda_view_fp8.c), as cuda_move keeps. */
+void cuda_pages_count_move(struct cuda *b, uint64_t tokens, uint64_t staged, double ns)
+{
+	struct cuda_pages *pg = pages_of(b);
+
+	if (!pg)
+		return;
+	pg->st.moved_tokens += tokens;
+	pg->st.move_staged_tokens += staged;
+	pg->st.move_ns += (uint64_t)ns;
 }
 
 void cuda_place_stats(void *ctx, kvmem_place_stats *st)

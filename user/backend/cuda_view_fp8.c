@@ -48,12 +48,14 @@
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/source.h"
+#include "util/clock.h"
 
 struct cuda_fp8 {
 	uint16_t *dk, *dv;	/* one layer as bf16: [Hk][rows][D] each */
 	int64_t rows;
-	char *st, *host_st;	/* place()'s staging, device and pinned host */
-	size_t cap_st;
+	char *st, *host_st;	/* staging on the device (place, move) and pinned
+				 * on the host (what place() packs) */
+	size_t cap_st, cap_host_st;
 	kvmem_gather_item *items, *host_items;
 	kvmem_fp8_snap *snaps, *host_snaps;	/* move(): the sources' copies */
 	int cap_items;
@@ -313,26 +315,38 @@ fail:
 }
 
 /* ---- place ------------------------------------------------------------------ */
-static int staging_room(struct cuda *b, size_t bytes, int n)
+/*
+ * Room for a call's staging: dev bytes on the device, host bytes pinned
+ * (place() packs there; a move needs none), n items. Grown with room to
+ * spare: pinning costs about a millisecond per few MB, and a step's calls
+ * vary in size.
+ */
+static int staging_room(struct cuda *b, size_t dev, size_t host, int n)
 {
 	struct cuda_fp8 *f = f8_of(b);
 	int rc;
 
 	if (!f)
 		return kvmem_fail();
-	if (bytes > f->cap_st) {
+	if (dev > f->cap_st) {
 		kvmem_cuda_free(f->st);
-		cudaFreeHost(f->host_st);
-		f->st = f->host_st = NULL;
+		f->st = NULL;
+		b->scratch_bytes -= f->cap_st;	/* counted under the cap */
 		f->cap_st = 0;
-		b->scratch_bytes -= f->cap_st;
-		f->cap_st = 0;
-		bytes = bytes < (4u << 20) ? (4u << 20) : bytes;
-		if ((rc = kvmem_cuda_malloc((void **)&f->st, bytes)) < 0 ||
-		    (rc = cuda_pinned(&f->host_st, bytes)) < 0)
+		dev = dev < (4u << 20) ? (4u << 20) : dev + dev / 4;
+		if ((rc = kvmem_cuda_malloc((void **)&f->st, dev)) < 0)
 			return rc;
-		f->cap_st = bytes;
-		b->scratch_bytes += bytes;	/* counted under the cap */
+		f->cap_st = dev;
+		b->scratch_bytes += dev;
+	}
+	if (host > f->cap_host_st) {
+		cudaFreeHost(f->host_st);
+		f->host_st = NULL;
+		f->cap_host_st = 0;
+		host = host < (4u << 20) ? (4u << 20) : host + host / 4;
+		if ((rc = cuda_pinned(&f->host_st, host)) < 0)
+			return rc;
+		f->cap_host_st = host;
 	}
 	if (n > f->cap_items) {
 		kvmem_cuda_free(f->items);
@@ -342,6 +356,7 @@ static int staging_room(struct cuda *b, size_t bytes, int n)
 		f->items = f->host_items = NULL;
 		f->snaps = f->host_snaps = NULL;
 		f->cap_items = 0;
+		n = n < 1024 ? 1024 : n + n / 4;
 		if ((rc = kvmem_cuda_malloc((void **)&f->items, (size_t)n * sizeof(*f->items))) < 0 ||
 		    (rc = cuda_pinned(&f->host_items, (size_t)n * sizeof(*f->host_items))) < 0 ||
 		    (rc = kvmem_cuda_malloc((void **)&f->snaps, (size_t)n * sizeof(*f->snaps))) < 0 ||
@@ -420,6 +435,7 @@ static int direct(struct cuda *b, const kvmem_place *it, kvmem_gather_item *g)
 int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	const double t0 = (double)kvmem_now_ns();
 	size_t total = 0, at = 0;
 	kvmem_gather_item g;
 	struct cuda_fp8 *f;
@@ -439,7 +455,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	}
 	if (!n)
 		return 0;
-	if ((rc = staging_room(b, total, n)) < 0)
+	if ((rc = staging_room(b, total, total, n)) < 0)
 		return rc;
 	f = b->f8;
 	for (int i = 0; i < n; i++) {
@@ -465,9 +481,12 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks,
 					     f->items, n,
 					     b->c->n_layers, H, D, (int)v->cap,
-					     b->c->rope_theta)) < 0)
+					     b->c->rope_theta)) < 0 ||
+	    (rc = kvmem_cuda_sync(b->ctx)) < 0)
 		return rc;
-	return kvmem_cuda_sync(b->ctx);
+	/* counted as the bf16 view's place() counts (kvmem_place_stats) */
+	cuda_pages_count_pack(b, items, n, (double)kvmem_now_ns() - t0);
+	return 0;
 }
 
 /* ---- move ------------------------------------------------------------------ */
@@ -484,6 +503,8 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim, L = b->c->n_layers;
+	const double t0 = (double)kvmem_now_ns();
+	uint64_t tokens = 0;
 	int *start = calloc((size_t)L + 1, sizeof(int)), *at = calloc((size_t)L, sizeof(int));
 	size_t *used = calloc((size_t)L, sizeof(size_t)), most = 0;
 	struct cuda_fp8 *f;
@@ -509,6 +530,7 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 		}
 		start[m->layer + 1]++;
 		used[m->layer] += item_bytes(b, m->n);
+		tokens += (uint64_t)m->n;
 	}
 	if (!n)
 		goto out;
@@ -525,7 +547,7 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 				 most >> 20);
 		goto out;
 	}
-	if ((rc = staging_room(b, most, n)) < 0)
+	if ((rc = staging_room(b, most, 0, n)) < 0)
 		goto out;
 	f = b->f8;
 	for (int i = 0; i < n; i++) {	/* in layer order, each layer's from 0 */
@@ -559,7 +581,9 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 							   (int)v->cap, b->c->rope_theta)) < 0))
 			goto out;
 	}
-	rc = kvmem_cuda_sync(b->ctx);
+	/* Each item's own tokens copied aside: as many as move. */
+	if ((rc = kvmem_cuda_sync(b->ctx)) == 0)
+		cuda_pages_count_move(b, tokens, tokens, (double)kvmem_now_ns() - t0);
 out:
 	free(start);
 	free(at);
