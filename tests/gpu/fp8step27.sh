@@ -15,7 +15,11 @@
 #      cold page-in from the disk, fp8 beside bf16 over the same tokens,
 #      against the disk's sequential read in the same run.
 #
-# SECONDS (default 250) bounds the whole. Logs in OUTDIR/fp8step27.
+#   4. KVMEM_CUDA_GRAPH=2 (a decode graph that cannot be captured is an
+#      error, not a quiet fall back to plain launches): fp8 decode again.
+#
+# SECONDS (default 250) bounds the whole; COLDIN=0 leaves out 3. Logs in
+# OUTDIR/fp8step27.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/fp8step27.sh OUTDIR [SECONDS]}
@@ -27,8 +31,11 @@ export KVMEM_CEILINGS_HELD=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-gpu_check "$(gpu_left 35)" fp8_check.log --fp8 --bench 2>/dev/null |
-	grep -E '^(rematerial|decode attention|FAIL)'
+echo "== kvmem_gpu_check --fp8 --bench"
+timeout "$(gpu_left 35)" "$G" --fp8 --bench >"$log/fp8_check.log" 2>&1
+rc=$?
+grep -E '^(rematerial|decode attention|FAIL)|passed' "$log/fp8_check.log"
+count "$log/fp8_check.log" $rc
 
 for dt in bf16 fp8; do
 	mkdir -p "$tmp/b"
@@ -44,6 +51,20 @@ for dt in bf16 fp8; do
 	rm -rf "$tmp/b"
 	grep -E 'median step|decode in a|per token:|prefilling' "$log/step_$dt.log" | cut -c1-400
 done
+
+mkdir -p "$tmp/b"
+echo "== KVMEM_CUDA_GRAPH=2 kvmem bench step --kv-dtype fp8 --only decode (graphs or an error)"
+if KVMEM_CUDA_GRAPH=2 timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype fp8 \
+	--only step,decode --tokens 49152 --view 32768 --steps 2 --decode 32 --tiers warm \
+	--dir "$tmp/b" >"$log/graph_fp8.log" 2>&1; then
+	ok "fp8 decode with graphs required"
+else
+	bad "fp8 decode with graphs required (exit $?)"
+	tail -5 "$log/graph_fp8.log"
+fi
+rm -rf "$tmp/b"
+grep -E 'decode in a|per token:' "$log/graph_fp8.log" | cut -c1-300
+[ "${COLDIN:-1}" = 0 ] && { gpu_done; exit; }
 
 mkdir -p "$tmp/c"
 echo "== kvmem bench step --only ceilings,coldin --coldin 2G --kv-dtype both"

@@ -15,7 +15,8 @@
 #      plain decode are its peers);
 #   3. the two runs' steps side by side.
 #
-# SECONDS (default 280) bounds the whole. Logs in OUTDIR/layout24.
+# SECONDS (default 280) bounds the whole; LAYOUTS="stable" runs one layout
+# (default "compact stable"). Logs in OUTDIR/layout24.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/layout24.sh OUTDIR [SECONDS]}
@@ -29,7 +30,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 gpu_unit test_ws_session 45 KVMEM_CUDA_MOVE_GAP=0
 
-for lay in compact stable; do
+for lay in ${LAYOUTS:-compact stable}; do
 	t=$(gpu_left 110)
 	echo "== KVMEM_LAYOUT=$lay kvmem bench step (at most $t s)"
 	mkdir -p "$tmp/ws"

@@ -1117,6 +1117,11 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
  * stable one (kept blocks keep their slots) moves a few runs.
  */
 #define MOVE_GAP 1024	/* a gap this short is copied: ~4 MB at 8B, less than a call */
+/* Layers whose copies together take at most this many bytes share one
+ * gather launch (a stable layout's follow-up moves ~22 MB a layer at 8B: a
+ * launch a layer left most of the device idle); a larger layer goes alone,
+ * as a compact layout's do. */
+#define MOVE_GROUP_BYTES (256ull << 20)
 
 /* The gap, or KVMEM_CUDA_MOVE_GAP's (tests set 0: a copy per run of
  * adjacent sources, so small views take the many-run path too). */
@@ -1149,7 +1154,7 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 	const int H = b->c->n_kv_heads, D = b->c->head_dim, L = b->c->n_layers;
 	struct cuda_pages *pg = pages_of(b);
 	double t0 = (double)kvmem_now_ns();
-	int64_t *staged = NULL, *off = NULL, most = 0;
+	int64_t *staged = NULL, *off = NULL, *base = NULL, most = 0, group = 0;
 	int *at = NULL, *fill = NULL, *run_at = NULL, rc = 0;
 	struct move_src *src = NULL;
 	struct move_run *runs = NULL;
@@ -1174,12 +1179,13 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 		return 0;
 	staged = calloc((size_t)L, sizeof(*staged));
 	off = calloc((size_t)n, sizeof(*off));
+	base = calloc((size_t)L, sizeof(*base));
 	at = calloc((size_t)L + 1, sizeof(*at));
 	fill = calloc((size_t)L, sizeof(*fill));
 	run_at = calloc((size_t)L + 1, sizeof(*run_at));
 	src = calloc((size_t)n, sizeof(*src));
 	runs = calloc((size_t)n, sizeof(*runs));
-	if (!staged || !off || !at || !fill || !run_at || !src || !runs) {
+	if (!staged || !off || !base || !at || !fill || !run_at || !src || !runs) {
 		rc = kvmem_error(ENOMEM, "cuda move: out of memory");
 		goto out;
 	}
@@ -1217,22 +1223,33 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 		if (cur)
 			staged[l] += cur->end - cur->from;
 		run_at[l + 1] = r;
-		most = staged[l] > most ? staged[l] : most;
 	}
-	/* Room first (items, the copy of one layer): a failure here has moved
-	 * nothing, and the session places from pages instead. */
+	/* Layers in groups (MOVE_GROUP_BYTES): each layer's copy at base[l]
+	 * (elements), K [H][T][D] then V; a group's copies all land before its
+	 * gather writes any of its layers. `most`: the largest group's size. */
+	for (int l = 0; l < L; l++) {
+		const int64_t elems = 2 * (int64_t)H * staged[l] * D;
+
+		if (group && (uint64_t)(group + elems) * 2 > MOVE_GROUP_BYTES)
+			group = 0;	/* a new group from this layer */
+		base[l] = group;
+		group += elems;
+		most = group > most ? group : most;
+	}
+	/* Room first (items, the copies of one group): a failure here has
+	 * moved nothing, and the session places from pages instead. */
 	if ((rc = room_items(b, pg, n)) < 0 ||
-	    (rc = room_dev_st(b, pg, 2 * (size_t)H * most * D * 2)) < 0)
+	    (rc = room_dev_st(b, pg, (size_t)most * 2)) < 0)
 		goto out;
 	memset(fill, 0, (size_t)L * sizeof(*fill));
 	for (int i = 0; i < n; i++) {
 		const kvmem_move *m = &items[i];
 		const int64_t T = staged[m->layer];
-		const uint16_t *base = (const uint16_t *)pg->dev_st;
+		const uint16_t *copy = (const uint16_t *)pg->dev_st + base[m->layer];
 
 		pg->host_items[at[m->layer] + fill[m->layer]++] = (kvmem_gather_item){
-			.k = base + off[i] * D,
-			.v = base + (size_t)H * T * D + off[i] * D,
+			.k = copy + off[i] * D,
+			.v = copy + (size_t)H * T * D + off[i] * D,
 			.raw_k = v->rk + ((size_t)m->layer * H * v->cap + m->to) * D,
 			.layer = m->layer, .slot = (int32_t)m->to, .n = m->n,
 			.head_stride = (int32_t)(T * D), .dtype = KVMEM_DTYPE_BF16,
@@ -1244,14 +1261,12 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 		rc = kvmem_error(EIO, "cuda move: uploading %d items", n);
 		goto out;
 	}
-	for (int l = 0; l < L; l++) {
+	for (int l = 0, first = 0; l < L; l++) {
 		const size_t row = (size_t)D * 2, lay = (size_t)l * H * v->cap * D;
 		const int64_t T = staged[l];
-		uint16_t *ck = (uint16_t *)pg->dev_st, *cv = ck + (size_t)H * T * D;
+		uint16_t *ck = (uint16_t *)pg->dev_st + base[l], *cv = ck + (size_t)H * T * D;
 		cudaStream_t st = kvmem_cuda_stream(b->ctx);
 
-		if (at[l + 1] == at[l])
-			continue;
 		for (int r = run_at[l]; r < run_at[l + 1]; r++) {
 			const struct move_run *u = &runs[r];
 			const size_t w = (size_t)(u->end - u->from) * row;
@@ -1268,10 +1283,16 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 			}
 		}
 		pg->st.move_staged_tokens += (uint64_t)T;
-		if ((rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, pg->items + at[l],
-						      at[l + 1] - at[l], L, H, D, (int)v->cap,
+		/* The group ends here (the next layer starts another, or none
+		 * is left): its items, layers first..l, in one gather. */
+		if (l + 1 < L && base[l + 1])
+			continue;
+		if (at[l + 1] > at[first] &&
+		    (rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, pg->items + at[first],
+						      at[l + 1] - at[first], L, H, D, (int)v->cap,
 						      b->c->rope_theta)) < 0)
 			goto out;
+		first = l + 1;
 	}
 	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 		goto out;
@@ -1280,6 +1301,7 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 out:
 	free(staged);
 	free(off);
+	free(base);
 	free(at);
 	free(fill);
 	free(run_at);
