@@ -378,7 +378,10 @@ static void test_fp8_changes_logits(void **state)
 	printf("fp8 KV against %s KV, %d tokens: relative L2 logit error %.3g\n",
 	       kvmem_backend_name(a), n, sqrt(e2 / x2));
 	assert_true(e2 > 0);
-	assert_true(sqrt(e2 / x2) < 0.05);
+	/* e4m3 keeps 3 mantissa bits (a value's rounding error up to 1/16):
+	 * seeds gave 0.019-0.038 on cpu and 0.028-0.052 on cuda (H200,
+	 * 2026-12-02); scales gone wrong give errors of order 1. */
+	assert_true(sqrt(e2 / x2) < 0.08);
 	kvmem_backend_view_free(a, va);
 	kvmem_backend_view_free(b, vb);
 	kvmem_backend_close(a);
