@@ -299,6 +299,12 @@ typedef struct kvmem_session_stats {
 	/* Forwards whose index summaries the backend made (on the device),
 	 * not the host from raw K. */
 	int64_t index_forwards;
+	/* Where selections spent their time (not saved either): scoring every
+	 * block, planning the view, moving kept tokens inside it, placing the
+	 * rest from pages (the session's walk, the source's pages, the
+	 * backend's place calls), and what follows (the view's length, the
+	 * source's hints). */
+	int64_t score_ns, plan_ns, move_ns, place_ns, select_after_ns;
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;

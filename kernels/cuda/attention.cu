@@ -618,10 +618,13 @@ combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
  * fp8 K/V (F8, the cuda backend's fp8 views: e4m3 rows with an fp32 scale
  * each, kernels/cuda/fp8_view.cu): the ring holds the stages' raw bytes and
  * scales (16-byte cp.async of 16 keys' dims, half a bf16 row's traffic),
- * and each tile is dequantised by all 128 threads into one bf16 K/V tile
- * (e4m3_bf16: exact, the bits kvmem_cuda_fp8_view_bf16 writes) between two
- * barriers, then used as above: a decode over an fp8 view has the bits of
- * this kernel over the view dequantised to bf16. 91 KB of shared memory
+ * and each tile's bytes become one bf16 K/V tile, unscaled (e4m3x4_bf16:
+ * exact, two instructions a value), between two barriers; the row scales,
+ * powers of two, go on the scores (K's) and on P before its rounding
+ * (V's), which gives the products of the tile dequantised with them: a
+ * decode over an fp8 view has the bits of this kernel over the view
+ * dequantised to bf16 (kvmem_cuda_fp8_view_bf16). (The first form scaled
+ * and rounded every value in the tile: 2.7x bf16's time at 32K keys.) 91 KB of shared memory
  * at head_dim 128: still two blocks per SM.
  */
 #define DEC_BN 64	/* keys per stage, 16 per warp */
@@ -815,33 +818,34 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 			load_stage(i + DEC_STAGES - 1, (i + DEC_STAGES - 1) % DEC_STAGES);
 		cp_async_commit();
 		if (F8) {
-			/* Stage i's bytes into the tile as bf16, 8 values a thread
-			 * and round (the tile was last read before the barrier
-			 * above; the ring slot is refilled only after the next). */
+			/* Stage i's bytes into the tile as bf16, unscaled (exact:
+			 * e4m3x4_bf16), 8 values a thread and round; the rows' scales
+			 * are applied to the scores and to P below (the tile was last
+			 * read before the barrier above; the ring slot is refilled
+			 * only after the next). */
 			const unsigned char *rk = sRaw + (size_t)st * C::RAW_STAGE, *rv = rk + DEC_BN * HD;
-			const float *rks = (const float *)(rv + DEC_BN * HD), *rvs = rks + DEC_BN;
 
 #pragma unroll 4
 			for (int c = tid; c < 2 * DEC_BN * (HD / 8); c += C::THREADS) {
 				const int isv = c >= DEC_BN * (HD / 8), cc = c % (DEC_BN * (HD / 8));
 				const int r = cc / (HD / 8), c8 = cc % (HD / 8);
 				const uint2 u = *(const uint2 *)((isv ? rv : rk) + r * HD + c8 * 8);
-				const float sc = (isv ? rvs : rks)[r];
-				const uint32_t w[2] = { u.x, u.y };
-				uint16_t o[8];
+				uint4 o;
+
+				if (!e4m3x4_bf16(u.x, &o.x, &o.y) || !e4m3x4_bf16(u.y, &o.z, &o.w)) {
+					const uint32_t w[2] = { u.x, u.y };	/* a NaN code: the twin's bits */
+					uint16_t h[8];
 
 #pragma unroll
-				for (int j = 0; j < 4; j++) {
-					const uint16_t two = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
-					float lo, hi;
+					for (int j = 0; j < 8; j++) {
+						const uint8_t q = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
 
-					e4m3x2_to_f32(two, &lo, &hi);
-					o[2 * j] = e4m3_bf16((uint8_t)two, lo, sc);
-					o[2 * j + 1] = e4m3_bf16((uint8_t)(two >> 8), hi, sc);
+						h[j] = e4m3_bf16(q, e4m3_to_f32(q), 1.0f);
+					}
+					o = make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16,
+						       h[4] | (uint32_t)h[5] << 16, h[6] | (uint32_t)h[7] << 16);
 				}
-				*(uint4 *)(sKV + (size_t)isv * DEC_BN * C::LD + r * C::LD + c8 * 8) =
-					make_uint4(o[0] | (uint32_t)o[1] << 16, o[2] | (uint32_t)o[3] << 16,
-						   o[4] | (uint32_t)o[5] << 16, o[6] | (uint32_t)o[7] << 16);
+				*(uint4 *)(sKV + (size_t)isv * DEC_BN * C::LD + r * C::LD + c8 * 8) = o;
 			}
 			__syncthreads();
 		}
@@ -871,13 +875,21 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 			mma16816(s[1], qf[kk], b[2], b[3]);
 		}
 
+		/* fp8: this stage's row scales (K's on the scores, V's on P): a
+		 * power of two each, so Q (K8 s)^T = (Q K8^T) s and bf16(p s) V8 =
+		 * bf16(p) (V8 s), the bits of the tile dequantised with them. */
+		const float *rks = (const float *)(sRaw + (size_t)st * C::RAW_STAGE + 2 * DEC_BN * HD);
+		const float *rvs = rks + DEC_BN;
+
 		/* Scale (log2 units) and mask. */
 		const bool full = !a.kv_pos && j0 + DEC_BN <= ke && j0 + DEC_BN - 1 <= qmin;
 #pragma unroll
 		for (int nt = 0; nt < 2; nt++)
 #pragma unroll
 			for (int e = 0; e < 2; e++) {
-				float x_lo = s[nt][e] * a.scale_log2, x_hi = s[nt][2 + e] * a.scale_log2;
+				const float kscale = F8 ? rks[warp * 16 + nt * 8 + 2 * t4 + e] : 1.0f;
+				float x_lo = (F8 ? s[nt][e] * kscale : s[nt][e]) * a.scale_log2;
+				float x_hi = (F8 ? s[nt][2 + e] * kscale : s[nt][2 + e]) * a.scale_log2;
 
 				if (!full) {
 					const int jl = warp * 16 + nt * 8 + 2 * t4 + e, j = j0 + jl;
@@ -936,6 +948,16 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 		{
 			uint32_t pa[4];
 
+			if (F8)
+#pragma unroll
+				for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						const float vscale = rvs[warp * 16 + nt * 8 + 2 * t4 + e];
+
+						s[nt][e] *= vscale;
+						s[nt][2 + e] *= vscale;
+					}
 			pa[0] = pack_bf2(s[0][0], s[0][1]);
 			pa[1] = pack_bf2(s[0][2], s[0][3]);
 			pa[2] = pack_bf2(s[1][0], s[1][1]);

@@ -11,6 +11,7 @@
 #ifndef KVMEM_CUDA_FP8_CUH
 #define KVMEM_CUDA_FP8_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include "cuda_int.h"
@@ -41,6 +42,37 @@ __device__ __forceinline__ void e4m3x2_to_f32(uint16_t two, float *lo, float *hi
 __device__ __forceinline__ uint16_t e4m3_bf16(uint8_t q, float x, float s)
 {
 	return (q & 0x7f) == 0x7f ? (uint16_t)0x7fc0 : f2bf(x * s);
+}
+
+/*
+ * Four e4m3 bytes (w, the lowest first) as four bf16 (two words, the low
+ * byte's value in each word's low half), unscaled and exact: Hopper's
+ * cvt.rn.f16x2.e4m3x2 gives fp16 values that are all normal or zero
+ * (e4m3's smallest, 2^-9, is above fp16's 2^-14), so each fp16's exponent
+ * and top three mantissa bits, moved down three places, are a bf16 whose
+ * exponent is 112 short; one bf16x2 multiply by 2^112 puts it right (zero
+ * stays zero). 0 when a byte is a NaN code (its caller decodes the word
+ * the slow way, to the twin's 0x7fc0). The decode kernel's inner loop:
+ * about two instructions a value where the field decode took ten.
+ */
+__device__ __forceinline__ int e4m3x4_bf16(uint32_t w, uint32_t *lo, uint32_t *hi)
+{
+	const uint32_t t = w & 0x7f7f7f7fu;
+	const __nv_bfloat162 two112 = __halves2bfloat162(__ushort_as_bfloat16(0x7780),
+							 __ushort_as_bfloat16(0x7780));
+
+	if ((t + 0x01010101u) & 0x80808080u)	/* a byte's low 7 bits all set */
+		return 0;
+	for (int i = 0; i < 2; i++) {
+		const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (16 * i)),
+								 __NV_E4M3);
+		const uint32_t h = (uint32_t)r.x | (uint32_t)r.y << 16;
+		const uint32_t b = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
+		__nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&b, two112);
+
+		*(i ? hi : lo) = *(const uint32_t *)&v;
+	}
+	return 1;
 }
 
 __device__ __forceinline__ uint8_t f32_to_e4m3(float x)

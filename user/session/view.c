@@ -286,6 +286,7 @@ static void hint_entering(kvmem_session *s, const kvmem_plan *np)
 
 static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 {
+	int64_t t0, t1;
 	int rc;
 
 	if (ws_view_reserve(s, np->view_tokens))
@@ -294,14 +295,19 @@ static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 	hint_entering(s, np);
 	/* Moves first: every one reads the view as it was, before a page
 	 * lands on a slot a moved token leaves. */
+	t0 = (int64_t)kvmem_now_ns();
 	if ((s->moving = move_kept(s, np)) < 0) {
 		s->moving = 0;
 		return kvmem_fail();
 	}
+	t1 = (int64_t)kvmem_now_ns();
+	s->st.move_ns += t1 - t0;
 	rc = ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens, s->view_len,
 			  place, s);
 	s->moving = 0;
-	return rc ? kvmem_fail() : flush(s);
+	rc = rc ? kvmem_fail() : flush(s);
+	s->st.place_ns += (int64_t)kvmem_now_ns() - t1;
+	return rc;
 }
 
 /*
@@ -343,6 +349,7 @@ int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahe
 	const int64_t *q_pos;
 	const float *q;
 	size_t need = (size_t)s->n_sets * (nb ? nb : 1);
+	int64_t t0, t1;
 
 	/* The source is read below: the rows in flight first. */
 	if (ws_writer_wait(s))
@@ -392,13 +399,18 @@ int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahe
 		c.n_text = q_pos[s->n_q - 1] - q_pos[0] + 1;
 	}
 	s->scored_blocks = 0;
+	t0 = (int64_t)kvmem_now_ns();
 	if (s->pol->score(&c, s->scores))
 		return kvmem_error_prefix("session: policy %s", s->pol->name);
 	s->scored_blocks = nb;
+	t1 = (int64_t)kvmem_now_ns();
+	s->st.score_ns += t1 - t0;
 	if (s->o.tap && s->o.tap->scored)
 		s->o.tap->scored(s->o.tap->arg, s, &c, s->scores, forced);
+	t0 = (int64_t)kvmem_now_ns();
 	if (kvmem_plan_build(&np, &s->blocks, s->scores, s->n_sets, &s->plan, &pp))
 		return kvmem_error_prefix("session");
+	s->st.plan_ns += (int64_t)kvmem_now_ns() - t0;
 	if (rematerialise(s, &np)) {
 		/* The view is half rebuilt: nothing can run on it any more. */
 		flush_or_drop(s, 1);
@@ -410,11 +422,13 @@ int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahe
 	s->plan = np;
 	s->view_len = np.view_tokens;
 	s->sel_tokens = s->blocks.n_tokens;
+	t0 = (int64_t)kvmem_now_ns();
 	if (s->be->ops->set_length(s->be->ctx, s->view, s->view_len)) {
 		s->broken = 1;
 		return kvmem_error_prefix("session");
 	}
 	hint_selected(s, &s->plan);
+	s->st.select_after_ns += (int64_t)kvmem_now_ns() - t0;
 	s->st.selections++;
 	s->st.forced += forced;
 	if (s->o.on_select)

@@ -64,6 +64,8 @@ struct step_result {
 	double adopt_s, step_s[64], select_s[64], decode_s[64];
 	uint64_t bytes[64], nvme_pages[64], pool_hits[64], tokens[64], moved[64], src_pages[64];
 	uint64_t staged[64];	/* token-layers moves copied aside (their sources) */
+	/* The selection's split (kvmem_session_stats): ms a step */
+	double score_ms[64], plan_ms[64], smove_ms[64], splace_ms[64], after_ms[64];
 	double move_ms[64], place_ms[64];
 	uint64_t pool_bytes[64];	/* page bytes read from the device page pool */
 	/* Pages the device page pool took at adopt (pool_fill), their bytes,

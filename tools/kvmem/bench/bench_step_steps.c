@@ -104,6 +104,11 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 		r->src_pages[i] = (uint64_t)(s1.source_pages - s0.source_pages);
 		r->move_ms[i] = d.move_ns / 1e6;
 		r->staged[i] = d.move_staged_tokens;
+		r->score_ms[i] = (s1.score_ns - s0.score_ns) / 1e6;
+		r->plan_ms[i] = (s1.plan_ns - s0.plan_ns) / 1e6;
+		r->smove_ms[i] = (s1.move_ns - s0.move_ns) / 1e6;
+		r->splace_ms[i] = (s1.place_ns - s0.place_ns) / 1e6;
+		r->after_ms[i] = (s1.select_after_ns - s0.select_after_ns) / 1e6;
 		r->nvme_pages[i] = ps1.pages_in - ps0.pages_in;
 	}
 	r->mem_used = x->b->ops->mem_used ? x->b->ops->mem_used(x->b->ctx) : 0;
@@ -237,6 +242,11 @@ static void print_steps(struct ctx *x, const char *tier, const struct step_resul
 		       r->entered[i] ? r->src_pages[i] / (r->entered[i] * L) : 0.0, r->tokens[i],
 		       r->moved[i], r->move_ms[i]);
 		print_moved(x, r, i, in);
+		printf("      selection's split: scoring %.1f ms, planning %.1f, moves %.1f, placements "
+		       "%.1f (of which the backend's place() %.1f), after %.1f; the rest %.1f\n",
+		       r->score_ms[i], r->plan_ms[i], r->smove_ms[i], r->splace_ms[i], r->place_ms[i],
+		       r->after_ms[i], r->select_s[i] * 1e3 - r->score_ms[i] - r->plan_ms[i] -
+		       r->smove_ms[i] - r->splace_ms[i] - r->after_ms[i]);
 		if (i % 2)
 			follow[nf++] = r->step_s[i];
 		else
