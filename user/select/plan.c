@@ -345,6 +345,69 @@ int ws_plan_walk(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks 
 	return 0;
 }
 
+/* ws_plan_walk_changed's runs of one layer, kept for the others. */
+struct walk_runs {
+	struct walk_run {
+		int64_t b, have, want;
+		int u0, u1;
+	} *run;
+	size_t n, cap;
+	int64_t kept;
+	ws_place_fn place;	/* the caller's, for a layer walked alone */
+	void *arg;
+};
+
+static int keep_run(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
+{
+	struct walk_runs *w = arg;
+
+	if (u1 <= u0)
+		return 0;
+	if (have == want) {
+		w->kept += u1 - u0;
+		return 0;
+	}
+	if (w->place)	/* a layer of its own: straight to the caller */
+		return w->place(w->arg, l, b, u0, u1, have, want);
+	if (w->n == w->cap) {
+		size_t cap = w->cap ? 2 * w->cap : 256;
+		struct walk_run *r = realloc(w->run, cap * sizeof(*r));
+
+		if (!r)
+			return kvmem_error(ENOMEM, "plan walk: out of memory for %zu runs", cap);
+		w->run = r;
+		w->cap = cap;
+	}
+	w->run[w->n++] = (struct walk_run){ .b = b, .have = have, .want = want, .u0 = u0, .u1 = u1 };
+	return 0;
+}
+
+int ws_plan_walk_changed(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks *bl,
+			 int n_layers, int64_t sel_tokens, int64_t view_len, ws_place_fn place,
+			 void *arg, int64_t *kept)
+{
+	struct walk_runs w = { 0 };
+	int rc = 0;
+
+	if (np->n_sets == 1 && op->n_sets <= 1 && n_layers > 0) {
+		/* Every layer has the same runs: found once, replayed. */
+		if ((rc = ws_plan_walk(op, np, bl, 1, sel_tokens, view_len, keep_run, &w)) == 0)
+			for (int l = 0; l < n_layers && !rc; l++)
+				for (size_t i = 0; i < w.n && !rc; i++)
+					rc = place(arg, l, w.run[i].b, w.run[i].u0, w.run[i].u1,
+						   w.run[i].have, w.run[i].want);
+		w.kept *= n_layers;
+	} else {
+		w.place = place;
+		w.arg = arg;
+		rc = ws_plan_walk(op, np, bl, n_layers, sel_tokens, view_len, keep_run, &w);
+	}
+	free(w.run);
+	if (kept)
+		*kept = w.kept;
+	return rc;
+}
+
 int64_t ws_plan_hints(const kvmem_plan *np, const float *sc, int n_sets, int64_t nb, int64_t *idx,
 		      int64_t *n_in)
 {

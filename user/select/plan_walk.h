@@ -26,6 +26,18 @@ int ws_plan_walk(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks 
 		 int64_t sel_tokens, int64_t view_len, ws_place_fn place, void *arg);
 
 /*
+ * The same placements without the runs that stay where they are (have ==
+ * want): their token-layers are counted into *kept (may be NULL). Where
+ * every layer has the same plan (one set, old and new), the runs are found
+ * for one layer and replayed for each: a step over a 64K view then calls
+ * place for the few hundred runs that change, not for the view's 147K
+ * (block, layer) runs. Same order as ws_plan_walk.
+ */
+int ws_plan_walk_changed(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks *bl,
+			 int n_layers, int64_t sel_tokens, int64_t view_len, ws_place_fn place,
+			 void *arg, int64_t *kept);
+
+/*
  * What a session tells its page source after planning np (view.c,
  * hint_selected; the lab replays it): into idx (nb entries), the blocks of
  * the view first (*n_in of them, score hint 1), then as many runners-up,

@@ -224,8 +224,8 @@ static int move_kept(kvmem_session *s, const kvmem_plan *np)
 	if (!s->move_ok || s->o.rebuild_all)
 		return 0;
 	s->n_moves = 0;
-	if (ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens, s->view_len,
-			 queue_move, s))
+	if (ws_plan_walk_changed(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens,
+				 s->view_len, queue_move, s, NULL))
 		return kvmem_fail();
 	if (!s->n_moves)
 		return 1;
@@ -302,8 +302,16 @@ static int rematerialise(kvmem_session *s, const kvmem_plan *np)
 	}
 	t1 = (int64_t)kvmem_now_ns();
 	s->st.move_ns += t1 - t0;
-	rc = ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens, s->view_len,
-			  place, s);
+	if (s->o.rebuild_all) {
+		rc = ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens,
+				  s->view_len, place, s);
+	} else {	/* what stays put is only counted */
+		int64_t kept = 0;
+
+		rc = ws_plan_walk_changed(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens,
+					  s->view_len, place, s, &kept);
+		s->st.kept_tokens += kept;
+	}
 	s->moving = 0;
 	rc = rc ? kvmem_fail() : flush(s);
 	s->st.place_ns += (int64_t)kvmem_now_ns() - t1;
