@@ -377,7 +377,9 @@ static int arm_open(struct coldin_arm *c, struct ctx *x, int64_t nb)
 	c->dt = kvmem_dtype_name(x->o.kv_dtype);
 	c->np = nb * x->geo.cfg.n_layers;
 	snprintf(c->dir, sizeof(c->dir), "%s/coldin-%s", x->o.dir, c->dt);
-	snprintf(c->path, sizeof(c->path), "%s/pages", c->dir);
+	/* from the same parts, not from c->dir: gcc's -Wrestrict cannot tell
+	 * two members of one struct apart */
+	snprintf(c->path, sizeof(c->path), "%s/coldin-%s/pages", x->o.dir, c->dt);
 	if (make_workspace(x, &x->geo, c->dir, nb * BLOCK, &c->made) < 0)
 		return -1;
 	geom_of(x, &x->geo, &g);
