@@ -156,6 +156,9 @@ int kvmem_session_append_batch(kvmem_batch_item *items, int n)
 			item_fail(it);
 		}
 	}
+	for (int k = 0; k < m; k++)	/* no wait, unless KVMEM_WRITER_DEFER=0 */
+		if (!items[live[k]].rc && ws_step_end(items[live[k]].s))
+			item_fail(&items[live[k]]);
 	for (int i = 0; i < n; i++)
 		failed += items[i].rc != 0;
 	if (fwd != fwd_stack) {

@@ -735,7 +735,7 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 	/* The last token's rows may still be on the writer: the next step
 	 * waits for them after its forward, and everything that reads the
 	 * history before (writer.c) waits first. */
-	return 0;
+	return ws_step_end(s);
 }
 
 int kvmem_session_sync(kvmem_session *s)

@@ -104,6 +104,9 @@ struct kvmem_session {
 	 * spare set swap. */
 	struct ws_writer *writer;
 	int writer_min;			/* the smallest job it takes (0: not decided) */
+	int defer;			/* a decode step returns with its rows in flight:
+					 * 1, or -1 with KVMEM_WRITER_DEFER=0 (0: not
+					 * decided; writer.c) */
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
@@ -187,6 +190,10 @@ int ws_writer_settle(const kvmem_session *s);
 /* The error of a job that broke the session and no call has reported yet
  * (kvmem_error: its code, the worker's message; reported once), or 0. */
 int ws_writer_failed(const kvmem_session *s);
+/* The end of a decode step (kvmem_session_decode, the batched calls): 0 at
+ * once, the rows left in flight; or, with KVMEM_WRITER_DEFER=0 (a
+ * measurement's peer), ws_writer_wait as before issue #26. */
+int ws_step_end(kvmem_session *s);
 /* Wait, stop the thread, free its buffers. */
 void ws_writer_free(kvmem_session *s);
 

@@ -31,6 +31,8 @@
  * that wait; the call that finds it reports the writer's message
  * (ws_usable). An append still waits at its end: what follows a prompt
  * is often a commit, and its last chunk is one wait a turn, not a token.
+ * KVMEM_WRITER_DEFER=0 makes a decode step wait at its end again (the
+ * peer of a measurement).
  *
  * Small jobs (a decode step's one token) go to the worker only when the
  * backend computes on a device of its own (it has host_register): there
@@ -199,6 +201,16 @@ int ws_writer_wait(kvmem_session *s)
 void ws_writer_drain(kvmem_session *s)
 {
 	drain(s);
+}
+
+int ws_step_end(kvmem_session *s)
+{
+	if (!s->defer) {
+		const char *e = getenv("KVMEM_WRITER_DEFER");
+
+		s->defer = e && !strcmp(e, "0") ? -1 : 1;
+	}
+	return s->defer > 0 ? 0 : ws_writer_wait(s);
 }
 
 /* For the readers of a const session (save_state, kvmem_session_index):
