@@ -11,7 +11,9 @@
 # Under 120 s:
 #
 # 1. test_ws_batch on cuda (batched sessions get their twins' bits alone,
-#    72 sessions in one step), then test_ws_session on cuda, time allowing.
+#    72 sessions in one step, each step returning with its rows in flight).
+#    (test_ws_defer, the deferral's own test, runs on the cpu backend only:
+#    make test.)
 # 2. KVMEM_CUDA_GEMM_TC=1 kvmem bench batch --backend cuda --preset 8b
 #    --sessions 1,16,64 --context 512 --tokens 8 --chunk 256 --json.
 # 3. The same at 16 and 64 sessions with KVMEM_WRITER_DEFER=0 (each step
@@ -35,7 +37,6 @@ BENCH="bench batch --backend cuda --preset 8b --context 512 --tokens 8 --chunk 2
 
 # 1.
 gpu_unit test_ws_batch 30
-gpu_unit test_ws_session 15
 
 # 2.
 echo "== KVMEM_CUDA_GEMM_TC=1 kvmem $BENCH --sessions 1,16,64"
