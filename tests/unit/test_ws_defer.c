@@ -75,7 +75,7 @@ static struct {
 static int pass_gate(void)
 {
 	struct timespec until;
-	int rc = 0;
+	int rc = 0, delay;
 
 	clock_gettime(CLOCK_REALTIME, &until);
 	until.tv_sec += GATE_S;
@@ -87,9 +87,10 @@ static int pass_gate(void)
 	g.gave_up += rc != 0;
 	g.blocked--;
 	rc = g.fail;
+	delay = g.delay_us;
 	pthread_mutex_unlock(&g.mu);
-	if (g.delay_us)
-		usleep((useconds_t)g.delay_us);
+	if (delay)
+		usleep((useconds_t)delay);
 	return rc ? kvmem_error(EIO, "injected write failure after the step") : 0;
 }
 
@@ -111,6 +112,25 @@ static void gate_set(int closed, int fail)
 	g.closed = closed;
 	g.fail = fail;
 	pthread_cond_broadcast(&g.cv);
+	pthread_mutex_unlock(&g.mu);
+}
+
+/* Writes held longer than GATE_S so far. */
+static int gave_up(void)
+{
+	int n;
+
+	pthread_mutex_lock(&g.mu);
+	n = g.gave_up;
+	pthread_mutex_unlock(&g.mu);
+	return n;
+}
+
+/* Every write slowed by us microseconds (0: not). */
+static void slow_writes(int us)
+{
+	pthread_mutex_lock(&g.mu);
+	g.delay_us = us;
 	pthread_mutex_unlock(&g.mu);
 }
 
@@ -256,7 +276,10 @@ static int setup(void **state)
 	g_writer_min = e ? strdup(e) : NULL;
 	setenv("KVMEM_WRITER_MIN", "1", 1);
 	gate_set(0, 0);
-	g.gave_up = g.delay_us = 0;
+	slow_writes(0);
+	pthread_mutex_lock(&g.mu);
+	g.gave_up = 0;
+	pthread_mutex_unlock(&g.mu);
 	return 0;
 }
 
@@ -342,7 +365,7 @@ static void test_step_returns_first(void **state)
 		gate_set(1, 0);
 		assert_int_equal(kvmem_session_decode_batch(f.s, N, NULL, f.out, f.rc), 0);
 		assert_true(gate_await(N));	/* each writer at the gate, after the call */
-		assert_int_equal(g.gave_up, 0);
+		assert_int_equal(gave_up(), 0);
 		twins_step(&f);
 		/* Read while the rows are held: the reader waits for them. */
 		assert_int_equal(pthread_create(&th, NULL, open_later, NULL), 0);
@@ -351,7 +374,7 @@ static void test_step_returns_first(void **state)
 		else
 			assert_int_equal(kvmem_session_sync(f.s[step % N]), 0);
 		pthread_join(th, NULL);
-		assert_int_equal(g.gave_up, 0);
+		assert_int_equal(gave_up(), 0);
 		for (int i = 0; i < N; i++)	/* all through before the gate closes again */
 			assert_int_equal(kvmem_session_sync(f.s[i]), 0);
 	}
@@ -391,7 +414,7 @@ static void test_step_returns_first(void **state)
 		same_pages(&f.src[i], &f.tsrc[i], c, n);
 	}
 	pthread_join(th, NULL);
-	assert_int_equal(g.gave_up, 0);
+	assert_int_equal(gave_up(), 0);
 	fx_close(&f);
 }
 
@@ -403,7 +426,7 @@ static void test_selections_between(void **state)
 
 	fx_open(&f, g_seed ^ 0xd2, 2 * B);
 	for (int step = 0; step < 80; step++) {
-		g.delay_us = step % 3 ? 0 : 300;	/* rows slow now and then */
+		slow_writes(step % 3 ? 0 : 300);	/* rows slow now and then */
 		assert_int_equal(kvmem_session_decode_batch(f.s, N, NULL, f.out, f.rc), 0);
 		twins_step(&f);
 		if (step % 29 == 5) {	/* one each, far apart: forced ones between */
@@ -411,7 +434,7 @@ static void test_selections_between(void **state)
 			assert_int_equal(kvmem_session_select(f.t[step % N]), 0);
 		}
 	}
-	g.delay_us = 0;
+	slow_writes(0);
 	for (int i = 0; i < N; i++) {
 		kvmem_session_stats st;
 
@@ -494,7 +517,7 @@ static void commit_run(const char *const *dirs, uint64_t seed, int rounds, int r
 		feed(s[i], seed, i, m->cfg.vocab);
 		NEED(kvmem_workspace_commit(w[i], s[i]) == 0);
 	}
-	g.delay_us = 200;
+	slow_writes(200);
 	for (int r = 0; r < rounds; r++) {
 		NEED(kvmem_session_decode_batch(s, N, NULL, out, rc) == 0);
 		for (int i = 0; i < N; i++) {
@@ -505,7 +528,7 @@ static void commit_run(const char *const *dirs, uint64_t seed, int rounds, int r
 				_exit(3);
 		}
 	}
-	g.delay_us = 0;
+	slow_writes(0);
 	for (int i = 0; i < N; i++) {
 		kvmem_session_free(s[i]);
 		NEED(kvmem_workspace_close(w[i]) == 0);
