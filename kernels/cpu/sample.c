@@ -77,8 +77,11 @@ static int argmax(const float *logits, int vocab)
 		const __m128 t = _mm_set1_ps(top);
 		int hit = 0;
 
-		for (int j = 0; j < 4; j++)
-			hit |= _mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(logits + i + 4 * j), t)) << 4 * j;
+		for (int j = 0; j < 4; j++) {
+			const __m128 x = _mm_loadu_ps(logits + i + 4 * j);
+
+			hit |= _mm_movemask_ps(_mm_cmpeq_ps(x, t)) << 4 * j;
+		}
 		if (hit)
 			return i + __builtin_ctz((unsigned)hit);
 	}
