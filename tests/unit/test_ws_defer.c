@@ -86,6 +86,7 @@ static int pass_gate(void)
 		rc = pthread_cond_timedwait(&g.cv, &g.mu, &until);
 	g.gave_up += rc != 0;
 	g.blocked--;
+	pthread_cond_broadcast(&g.cv);	/* gate_cleared */
 	rc = g.fail;
 	delay = g.delay_us;
 	pthread_mutex_unlock(&g.mu);
@@ -150,11 +151,31 @@ static int gate_await(int want)
 	return rc;
 }
 
+/* Until no writer waits at the gate (each has read fail): 0 when GATE_S
+ * passed first. The writers are woken by a broadcast of gate_set. */
+static int gate_cleared(void)
+{
+	struct timespec until;
+	int rc = 0;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += GATE_S;
+	pthread_mutex_lock(&g.mu);
+	while (g.blocked && !rc)
+		rc = pthread_cond_timedwait(&g.cv, &g.mu, &until);
+	rc = !g.blocked;
+	pthread_mutex_unlock(&g.mu);
+	return rc;
+}
+
 /* Opens the gate after 100 ms, from another thread. */
 static void *open_later(void *arg)
 {
 	usleep(100 * 1000);
-	gate_set(0, g.fail);
+	pthread_mutex_lock(&g.mu);
+	g.closed = 0;
+	pthread_cond_broadcast(&g.cv);
+	pthread_mutex_unlock(&g.mu);
 	return NULL;
 }
 
@@ -466,6 +487,7 @@ static void test_failure_after_return(void **state)
 	assert_non_null(strstr(kvmem_last_error(), "injected write failure"));
 	assert_int_equal(kvmem_session_save_state(f.s[2], &st, &len), -EIO);
 	assert_null(st);
+	assert_true(gate_cleared());	/* session 1's writer failed too */
 	gate_set(0, 0);
 	assert_int_equal(kvmem_session_decode_batch(f.s, N, NULL, f.out, f.rc), N);
 	assert_int_equal(f.rc[0], -EINVAL);
