@@ -237,8 +237,8 @@ typedef struct kvmem_session_opts {
 	 * how a caller runs a full-context twin with the same chunking. The
 	 * session's writer thread may still be putting this forward's rows
 	 * away: the callback must not call into the session (its index, pages
-	 * and query window are the thread's until the append or decode
-	 * returns). */
+	 * and query window are the thread's until the session waits for it:
+	 * kvmem_session_sync). */
 	void (*on_forward)(void *arg, const int32_t *tokens, int n, const float *logits);
 	/* Called after every selection with the new plan (forced: the tail was
 	 * full mid-append or mid-decode). */
@@ -382,8 +382,25 @@ int kvmem_session_select(kvmem_session *s);
 int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n);
 /* Generate n tokens into out (sampler NULL: greedy) with the view frozen;
  * when the tail is full, select again and go on. Logits holding NaN or an
- * infinity are refused (-ERANGE), never sampled. */
+ * infinity are refused (-ERANGE), never sampled. The last token's rows may
+ * still be on their way to the history (the session's writer thread) when
+ * it returns: see kvmem_session_sync. */
 int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out);
+/*
+ * A decode step (kvmem_session_decode, and the batched calls below) returns
+ * while its last rows may still be on their way to the history (page
+ * source, index, query window) on the session's writer thread, so that
+ * they are put away while the next step's forward computes. The session
+ * waits for them itself wherever it reads the history: the next step,
+ * kvmem_session_select, kvmem_session_save_state (so
+ * kvmem_workspace_commit: nothing is committed before its rows are
+ * written), kvmem_session_index, kvmem_session_release_view,
+ * kvmem_session_free. kvmem_session_append waits at its end. A caller
+ * that reads or commits the page source itself calls this first: 0, or
+ * the error that broke the session (a write that failed after the step
+ * returned is reported here, or by the next call).
+ */
+int kvmem_session_sync(kvmem_session *s);
 
 /*
  * Batched steps: many sessions on one backend run their next tokens in one
@@ -400,8 +417,9 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
  *
  * Each session's state machine stays its own: a session whose tail is
  * full selects first (its own cost, in the call), its rows go to its own
- * writer, a failure is its item's alone (rc, err) and leaves the others'
- * results standing. A backend without a batched forward (cuda for now)
+ * writer (and may still be on their way when the call returns:
+ * kvmem_session_sync), a failure is its item's alone (rc, err) and leaves
+ * the others' results standing. A backend without a batched forward (cuda for now)
  * runs the items one after another: the same results, no speed-up.
  */
 typedef struct kvmem_batch_item {

@@ -134,7 +134,9 @@ typedef struct kvmem_page_source {
 /* Pages in host memory (f32), allocated a block (all layers) at a time. */
 int kvmem_page_source_mem(kvmem_page_source *src, int n_layers, int n_kv_heads, int head_dim,
 			  int block);
-/* The source's commit op; -ENOTSUP for a source that keeps nothing (memory). */
+/* The source's commit op; -ENOTSUP for a source that keeps nothing (memory).
+ * A session's decode step may return before its rows reach the source:
+ * kvmem_session_sync first (kvmem_workspace_commit does it itself). */
 int kvmem_page_source_commit(kvmem_page_source *src, const int32_t *ids, int64_t n,
 			     const void *app, uint32_t app_len);
 /* Destroy through the ops and clear *src (a cleared source is a no-op). */

@@ -631,6 +631,51 @@ static void test_sample_greedy(void **state)
 	free(l);
 }
 
+/* The running best, as greedy drew before it was vectorised: the first of
+ * the highest logits, NaN never winning (index 0 when nothing beats it). */
+static int argmax_ref(const float *l, int vocab)
+{
+	float top = isnan(l[0]) ? -INFINITY : l[0];
+	int best = 0;
+
+	for (int i = 1; i < vocab; i++)
+		if (l[i] > top) {
+			top = l[i];
+			best = i;
+		}
+	return best;
+}
+
+/* Greedy against the reference on awkward logits: sizes around the
+ * 16-lane groups, few distinct values (ties), NaN, both infinities, both
+ * zeros, all NaN or -inf. */
+static void test_sample_greedy_ref(void **state)
+{
+	uint64_t r = rng_for("greedy_ref");
+	const float odd[] = { NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f, 3.5f };
+	const kvmem_sampler s = { 0 };
+	float *l = malloc(sizeof(float) * 4100);
+
+	for (int t = 0; t < 4000; t++) {
+		int vocab = t < 100 ? 1 + t : test_rng_int(&r, 1, 4100);
+		int mode = test_rng_int(&r, 0, 3);
+		uint64_t st = 0;
+
+		for (int i = 0; i < vocab; i++) {
+			double u = test_rng_uniform(&r);
+
+			l[i] = mode == 0 ? (float)test_rng_range(&r, -5, 5) :
+			       mode == 1 ? (float)test_rng_int(&r, -2, 2) :	/* ties */
+			       mode == 2 ? (u < 0.5 ? NAN : -INFINITY) :	/* nothing wins */
+			       u < 0.7 ? (float)test_rng_int(&r, -1, 1) : odd[test_rng_int(&r, 0, 7)];
+		}
+		if (kvmem_sample(l, vocab, &s, &st) != argmax_ref(l, vocab))
+			fail_msg("case %d (vocab %d, mode %d): greedy drew %d, the reference %d", t,
+				 vocab, mode, kvmem_sample(l, vocab, &s, &st), argmax_ref(l, vocab));
+	}
+	free(l);
+}
+
 static void test_sample_deterministic(void **state)
 {
 	uint64_t r = rng_for("sample-det");
@@ -833,6 +878,7 @@ int main(void)
 		cmocka_unit_test(test_attention_causal),
 		cmocka_unit_test(test_attention_deterministic),
 		cmocka_unit_test(test_sample_greedy),
+		cmocka_unit_test(test_sample_greedy_ref),
 		cmocka_unit_test(test_sample_deterministic),
 		cmocka_unit_test(test_sample_distribution),
 		cmocka_unit_test(test_sample_large_topk),

@@ -591,8 +591,10 @@ static void session_run(kvmem_backend *be, const kvmem_page_source *src, int blo
 
 		for (int i = 0; i < n; i++)
 			tok[i] = test_rng_int(&rng, 0, vocab - 1);
+		/* A decode step returns with its rows in flight: synced before
+		 * the source is committed (or read) here, past the session. */
 		if (kvmem_session_append(s, tok, n, 0) || kvmem_session_select(s) ||
-		    kvmem_session_decode(s, 5, NULL, out + 5 * step))
+		    kvmem_session_decode(s, 5, NULL, out + 5 * step) || kvmem_session_sync(s))
 			fail_msg("step %d: %s", step, kvmem_last_error());
 		if (var && var->commit)
 			var->commit(f, kvmem_session_token_ids(s), kvmem_session_tokens(s));

@@ -162,6 +162,9 @@ static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvm
 
 	if (!kv)
 		return;	/* the backend's view is not in host memory */
+	/* The source is read here, past the session: a decode step's last
+	 * rows may still be on the writer (KVMEM_WRITER_MIN=1, a GPU). */
+	assert_int_equal(kvmem_session_sync(s), 0);
 	rot = malloc(sizeof(float) * d);
 	tail = kv->len - p->view_tokens;
 

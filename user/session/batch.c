@@ -8,8 +8,11 @@
  * (the tokens and rows put away, the logits kept). A batch runs every
  * item's first part one session after another, one forward_batch over all
  * the views, then every item's last part; the writer threads of sessions
- * that hand their rows to one work side by side, and the call waits for
- * each before it returns, as kvmem_session_append does.
+ * that hand their rows to one work side by side. The call returns without
+ * waiting for them, as kvmem_session_decode does (writer.c): each
+ * session's next ws_run_end waits for its rows after the next forward,
+ * which they overlap, and whatever reads a history before that waits
+ * first. A failed item waits (its writer drained) before it is reported.
  *
  * The batched forward fails only as a whole, with nothing changed (a token
  * outside the vocabulary, no memory): the items then run one by one with
@@ -140,23 +143,22 @@ int kvmem_session_append_batch(kvmem_batch_item *items, int n)
 	}
 	if (m)
 		forward_all(items[live[0]].s->be, items, live, m, fwd, ns);
-	/* Last parts: the rows to each session's history, then the waits. */
+	/* Last parts: the rows to each session's history (each waits for its
+	 * previous step's first, done during the forward by now). A failed
+	 * item's writer is drained; the others' rows stay in flight. */
 	for (int k = 0; k < m; k++) {
 		kvmem_batch_item *it = &items[live[k]];
 
-		if (!it->rc && ws_run_end(it->s, it->tokens, it->n, &outs[k], ns[k])) {
+		if (it->rc) {
+			ws_writer_drain(it->s);
+		} else if (ws_run_end(it->s, it->tokens, it->n, &outs[k], ns[k])) {
 			ws_writer_drain(it->s);
 			item_fail(it);
 		}
 	}
-	for (int k = 0; k < m; k++) {
-		kvmem_batch_item *it = &items[live[k]];
-
-		if (it->rc)
-			ws_writer_drain(it->s);
-		else if (ws_writer_wait(it->s))
-			item_fail(it);
-	}
+	for (int k = 0; k < m; k++)	/* no wait, unless KVMEM_WRITER_DEFER=0 */
+		if (!items[live[k]].rc && ws_step_end(items[live[k]].s))
+			item_fail(&items[live[k]]);
 	for (int i = 0; i < n; i++)
 		failed += items[i].rc != 0;
 	if (fwd != fwd_stack) {

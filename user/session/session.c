@@ -410,8 +410,11 @@ int ws_put_rows(kvmem_session *s, const struct ws_rows *r, int64_t ns[2])
 
 int ws_usable(const kvmem_session *s)
 {
+	/* A step's rows that failed on the writer after its call returned:
+	 * nobody was told yet, so the writer's own message. */
 	if (s->broken)
-		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
+		return ws_writer_failed(s) ? kvmem_fail() :
+		       kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
 	if (s->released)
 		return kvmem_error(EINVAL, "session: its view was given up (kvmem_session_release_view); "
 				   "kvmem_session_restore_view lays it out again");
@@ -729,8 +732,17 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 			return kvmem_fail();
 		}
 	}
-	/* The caller may read or commit the source now. */
-	return last_wait(s);
+	/* The last token's rows may still be on the writer: the next step
+	 * waits for them after its forward, and everything that reads the
+	 * history before (writer.c) waits first. */
+	return ws_step_end(s);
+}
+
+int kvmem_session_sync(kvmem_session *s)
+{
+	if (s->broken)
+		return ws_usable(s);
+	return ws_writer_wait(s);
 }
 
 int64_t kvmem_session_tokens(const kvmem_session *s)
@@ -779,6 +791,7 @@ const float *kvmem_session_logits(const kvmem_session *s)
 
 const kvmem_index *kvmem_session_index(const kvmem_session *s)
 {
+	ws_writer_settle(s);	/* a failure breaks the session: its next call says so */
 	return &s->index;
 }
 

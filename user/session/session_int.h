@@ -104,6 +104,9 @@ struct kvmem_session {
 	 * spare set swap. */
 	struct ws_writer *writer;
 	int writer_min;			/* the smallest job it takes (0: not decided) */
+	int defer;			/* a decode step returns with its rows in flight:
+					 * 1, or -1 with KVMEM_WRITER_DEFER=0 (0: not
+					 * decided; writer.c) */
 	uint64_t rng;
 	kvmem_session_stats st;
 	int broken;			/* a failure left the view inconsistent */
@@ -181,6 +184,16 @@ int ws_writer_rows(kvmem_session *s, int64_t p0, int n, int q_rows);
 int ws_writer_wait(kvmem_session *s);
 /* The same, leaving the error state alone (after another failure). */
 void ws_writer_drain(kvmem_session *s);
+/* ws_writer_wait for the readers of a const session (save_state,
+ * kvmem_session_index): a decode step returns with its rows in flight. */
+int ws_writer_settle(const kvmem_session *s);
+/* The error of a job that broke the session and no call has reported yet
+ * (kvmem_error: its code, the worker's message; reported once), or 0. */
+int ws_writer_failed(const kvmem_session *s);
+/* The end of a decode step (kvmem_session_decode, the batched calls): 0 at
+ * once, the rows left in flight; or, with KVMEM_WRITER_DEFER=0 (a
+ * measurement's peer), ws_writer_wait as before issue #26. */
+int ws_step_end(kvmem_session *s);
 /* Wait, stop the thread, free its buffers. */
 void ws_writer_free(kvmem_session *s);
 
@@ -213,8 +226,10 @@ int ws_usable(const kvmem_session *s);
  * last. ws_run_begin makes room for n tokens (selecting first when the
  * tail is full) and fills in the forward's outputs; the caller runs the
  * forward over s->view into s->logits; ws_run_end puts the tokens and the
- * rows away (the writer thread may take them: ws_writer_wait before the
- * caller reads the source) and keeps the last logits.
+ * rows away (the writer thread may take them: ws_writer_wait before
+ * anything reads the source, the index or the query ring; the next
+ * ws_run_end waits for them before it hands its own rows over) and keeps
+ * the last logits.
  */
 int ws_run_begin(kvmem_session *s, int n, kvmem_fwd_out *out);
 int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out *out,

@@ -290,6 +290,10 @@ int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len)
 
 	*buf = NULL;
 	*len = 0;
+	/* The last step's rows first: the state holds the query ring, and a
+	 * commit that follows must find every row written. */
+	if (ws_writer_settle(s) || ws_writer_failed(s))
+		return kvmem_fail();
 	if (s->broken)
 		return kvmem_error(ESTALE, "session state: the session is unusable after an earlier failure");
 	put_u32(&w, STATE_MAGIC);
