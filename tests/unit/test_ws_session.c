@@ -1434,6 +1434,88 @@ static void test_shared_pool_owners(void **state)
 	test_model_free(m);
 }
 
+/* One of test_interleaved_chunks' sessions: in host memory, meank (so the
+ * index's summaries choose what a step places). */
+static kvmem_session *chunked_session(kvmem_backend *e, struct test_logits *r, int B)
+{
+	kvmem_session_opts o;
+	kvmem_session *s;
+
+	kvmem_session_opts_default(&o);
+	o.block = B;
+	o.chunk = 2 * B;
+	o.budget = 6 * B;
+	o.sink = 0;
+	o.recent = B;
+	o.policy = "meank";
+	o.on_forward = test_logits_record;
+	o.arg = r;
+	s = kvmem_session_create(e, &o);
+	assert_non_null(s);
+	return s;
+}
+
+/*
+ * Two sessions on one backend, their prefill chunks interleaved (as kvmem
+ * bench batch and a server's conversations run): each gets the logits it
+ * gets alone, bit for bit, selections included. A backend that makes the
+ * index's summaries itself (cuda) keeps one running state: a chunk whose
+ * session last ran there but whose state another's chunk replaced must go
+ * fresh (the host's state up), not fail ("continue no summaries kept
+ * here", seen at 16 sessions of bench batch on the H200).
+ */
+static void test_interleaved_chunks(void **state)
+{
+	uint64_t rng = g_seed ^ 0x1c;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const int B = 16, parts = 6, n = parts * 2 * B;
+	kvmem_backend *e = test_backend(m, 2 * B);
+	struct test_logits both[2], alone[2];
+	kvmem_session *s[2];
+	int32_t *tok[2], out[2];
+
+	(void)state;
+	memset(both, 0, sizeof(both));
+	memset(alone, 0, sizeof(alone));
+	for (int k = 0; k < 2; k++) {
+		tok[k] = random_tokens(&rng, n, c->vocab);
+		both[k].vocab = alone[k].vocab = c->vocab;
+		s[k] = chunked_session(e, &both[k], B);
+	}
+	for (int i = 0; i < parts; i++)
+		for (int k = 0; k < 2; k++) {
+			if (kvmem_session_append(s[k], tok[k] + i * 2 * B, 2 * B, 0) < 0)
+				fail_msg("session %d, part %d: %s", k, i, kvmem_last_error());
+			if (i == parts / 2)	/* a step between: the index chooses */
+				assert_int_equal(kvmem_session_select(s[k]), 0);
+		}
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(kvmem_session_select(s[k]), 0);
+		assert_int_equal(kvmem_session_decode(s[k], 2, NULL, out), 0);
+		kvmem_session_free(s[k]);
+	}
+	for (int k = 0; k < 2; k++) {
+		kvmem_session *a = chunked_session(e, &alone[k], B);
+
+		for (int i = 0; i < parts; i++) {
+			assert_int_equal(kvmem_session_append(a, tok[k] + i * 2 * B, 2 * B, 0), 0);
+			if (i == parts / 2)
+				assert_int_equal(kvmem_session_select(a), 0);
+		}
+		assert_int_equal(kvmem_session_select(a), 0);
+		assert_int_equal(kvmem_session_decode(a, 2, NULL, out), 0);
+		kvmem_session_free(a);
+		assert_int_equal(both[k].n, alone[k].n);
+		assert_memory_equal(both[k].buf, alone[k].buf, both[k].n * sizeof(float));
+		free(both[k].buf);
+		free(alone[k].buf);
+		free(tok[k]);
+	}
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 /*
  * What a step reads from the page source is the pages of the blocks that
  * entered the view, whatever else shifted: a step entering N blocks gets at
@@ -1636,6 +1718,7 @@ int main(void)
 		cmocka_unit_test(test_pages_equal_rows),
 		cmocka_unit_test(test_shared_pool_owners),
 		cmocka_unit_test(test_append_reserves_once),
+		cmocka_unit_test(test_interleaved_chunks),
 		cmocka_unit_test(test_stable_exact),
 		cmocka_unit_test(test_stable_small_budget),
 		cmocka_unit_test(test_stable_moves_less),

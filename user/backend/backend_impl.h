@@ -247,6 +247,11 @@ typedef struct kvmem_backend_ops {
 	 * off): the caller runs them one by one.
 	 */
 	int (*forward_batch)(void *ctx, const kvmem_fwd_item *items, int n);
+	/* With index_rows: 1 when the backend's running summaries are key's
+	 * and end at token upto (a forward may then go on from them: not
+	 * fresh), else 0. One backend serves many sessions, so a session's
+	 * own bookkeeping cannot know whether another's chunk came between. */
+	int (*index_holds)(void *ctx, uint32_t key, int64_t upto);
 } kvmem_backend_ops;
 
 struct kvmem_backend {

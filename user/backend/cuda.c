@@ -461,6 +461,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.mem_used = cuda_mem_used,
 	.host_register = cuda_host_register,
 	.index_rows = 1,	/* cuda_fwd_index.c */
+	.index_holds = cuda_fwd_index_holds,
 	.host_unregister = cuda_host_unregister,
 	.host_pinned = cuda_host_pinned,
 	.page_cached = cuda_page_cached,

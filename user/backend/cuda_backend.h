@@ -106,6 +106,7 @@ void cuda_rows_free(struct cuda *b, void *p);
  * K ([L][n][H][D] bf16) is at raw_k on the device, and their copies into
  * ix's host buffers, on the compute stream (kvmem_fwd_index). */
 int cuda_fwd_index(struct cuda *b, const uint16_t *raw_k, int n, const kvmem_fwd_index *ix);
+int cuda_fwd_index_holds(void *ctx, uint32_t key, int64_t upto);
 void cuda_fwd_index_destroy(struct cuda *b);
 
 /* cuda_view.c: the view half of the ops table. */

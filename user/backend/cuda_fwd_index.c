@@ -66,6 +66,13 @@ static int copy1d(struct cuda *b, float *dst, const float *src, size_t n, enum c
 	return copy2d(b, dst, n, src, n, n, 1, kind);
 }
 
+int cuda_fwd_index_holds(void *ctx, uint32_t key, int64_t upto)
+{
+	const struct cuda *b = ctx;
+
+	return b->fix && key && b->fix->key == key && b->fix->upto == upto;
+}
+
 int cuda_fwd_index(struct cuda *b, const uint16_t *raw_k, int n, const kvmem_fwd_index *ix)
 {
 	const kvmem_config *c = b->c;

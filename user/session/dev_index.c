@@ -102,7 +102,12 @@ int ws_ask_index(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out)
 	f->first = p0;
 	f->block = s->blocks.block;
 	f->key = s->owner;
-	f->fresh = s->ix_next != p0 + 1;
+	/* Fresh (the host index's state goes up) unless the backend's running
+	 * state is still this session's, ending here: another session's chunk
+	 * on the same backend may have come between (kvmem bench batch, a
+	 * server's conversations). */
+	f->fresh = s->ix_next != p0 + 1 ||
+		   (s->be->ops->index_holds && !s->be->ops->index_holds(s->be->ctx, s->owner, p0));
 	if (f->fresh) {
 		if (ws_writer_wait(s))
 			return kvmem_fail();
