@@ -203,7 +203,9 @@ typedef struct kvmem_session_tap {
 
 /* How a plan lays its blocks out in the view (kvmem_session_opts.layout). */
 enum kvmem_layout {
-	KVMEM_LAYOUT_DEFAULT = 0,	/* compact, or the KVMEM_LAYOUT environment variable */
+	KVMEM_LAYOUT_DEFAULT = 0,	/* the KVMEM_LAYOUT environment variable, else
+					 * stable; a saved state's own when one is
+					 * adopted (kvmem_session_adopt_state) */
 	KVMEM_LAYOUT_COMPACT = 1,	/* chronological: every block after one that enters
 					 * or leaves shifts */
 	KVMEM_LAYOUT_STABLE = 2,	/* a kept block keeps its slot; entering blocks take

@@ -112,8 +112,16 @@ static void check_view(kvmem_session *s, const kvmem_page_source *src, const kvm
 			int i;
 
 			if (slot < p->view_tokens) {
-				for (i = p->n_view - 1; st[i] > slot; i--)
-					;
+				/* the block whose run holds the slot (stable: not
+				 * in history order) */
+				for (i = 0; i < p->n_view; i++) {
+					const int64_t len = p->n_tokens - blk[i] * B < B ?
+							    p->n_tokens - blk[i] * B : B;
+
+					if (st[i] <= slot && slot < st[i] + len)
+						break;
+				}
+				assert_true(i < p->n_view);
 				pos = blk[i] * B + (slot - st[i]);
 			} else {
 				pos = p->n_tokens + (slot - p->view_tokens);

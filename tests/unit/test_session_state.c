@@ -573,6 +573,61 @@ static void test_stable_state_refused(void **state)
 	test_model_free(m);
 }
 
+/*
+ * A session that leaves the layout to the default adopts a saved state of
+ * either layout, taking the saved one (states saved compact before stable
+ * became the default reopen), and goes on as the saving session would: its
+ * next step's logits are the bits of a session opened with that layout
+ * explicitly. An explicit layout still has to match (above).
+ */
+static void test_default_layout_adopts_saved(void **state)
+{
+	uint64_t rng = g_seed ^ 0x5d;
+	kvmem_model *m = small_model(&rng);
+	kvmem_backend *e = kvmem_backend_cpu(m, 32);
+	const int vocab = m->cfg.vocab;
+
+	(void)state;
+	for (int k = 0; k < 2; k++) {
+		const int layout = k ? KVMEM_LAYOUT_STABLE : KVMEM_LAYOUT_COMPACT;
+		kvmem_session_opts o, x;
+		struct saved_run sr = { 0 };
+		float *la = malloc(sizeof(float) * vocab), *lb = malloc(sizeof(float) * vocab);
+		int32_t next[4] = { 1, 2, 3, 4 }, out[2];
+		kvmem_session *s[2];
+
+		kvmem_session_opts_default(&o);
+		o.block = 16;
+		o.budget = 64;
+		o.chunk = 16;
+		o.layout = layout;
+		save_one(e, &o, &rng, &sr);
+		for (int j = 0; j < 2; j++) {	/* 0: the default's, 1: explicit */
+			x = o, x.source = &sr.src, x.layout = j ? layout : KVMEM_LAYOUT_DEFAULT;
+			s[j] = kvmem_session_create(e, &x);
+			assert_non_null(s[j]);
+			if (kvmem_session_adopt_state(s[j], sr.ids, sr.n, sr.state, sr.len) < 0)
+				fail_msg("layout %d, %s: %s", layout, j ? "explicit" : "default",
+					 kvmem_last_error());
+			assert_int_equal(kvmem_session_options(s[j])->layout, layout);
+			assert_int_equal(kvmem_session_append(s[j], next, 4, 0), 0);
+			assert_int_equal(kvmem_session_select(s[j]), 0);
+			assert_int_equal(kvmem_session_decode(s[j], 2, NULL, out), 0);
+			memcpy(j ? lb : la, kvmem_session_logits(s[j]), sizeof(float) * vocab);
+		}
+		assert_memory_equal(la, lb, sizeof(float) * vocab);
+		for (int j = 0; j < 2; j++)
+			kvmem_session_free(s[j]);
+		kvmem_page_source_destroy(&sr.src);
+		free(sr.ids);
+		free(sr.state);
+		free(la);
+		free(lb);
+	}
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 static void test_other_options_refused(void **state)
 {
 	uint64_t rng = g_seed ^ 0x53;
@@ -588,6 +643,7 @@ static void test_other_options_refused(void **state)
 	o.chunk = 16;
 	o.policy = "meank";
 	o.seed = 5;
+	o.layout = KVMEM_LAYOUT_COMPACT;	/* a stable session is refused it */
 	save_one(e, &o, &rng, &sr);
 
 	x = o, x.budget = 96;
@@ -772,6 +828,7 @@ int main(void)
 		cmocka_unit_test(test_two_parts_pager),
 		cmocka_unit_test(test_two_parts_stable),
 		cmocka_unit_test(test_stable_state_refused),
+		cmocka_unit_test(test_default_layout_adopts_saved),
 		cmocka_unit_test(test_other_options_refused),
 		cmocka_unit_test(test_corrupt_state_refused),
 		cmocka_unit_test(test_query_ring_travels),

@@ -14,6 +14,8 @@ struct kvmem_session {
 	kvmem_view *view;		/* this session's view on the backend */
 	kvmem_config cfg;
 	kvmem_session_opts o;		/* defaults resolved */
+	int layout_auto;		/* o.layout was left to the default: a saved
+					 * state's layout is taken (state.c) */
 	const kvmem_policy_ops *pol;
 	int n_sets;			/* 1, or n_layers for a per-layer policy */
 	int64_t budget;			/* resolved: huge when unlimited */

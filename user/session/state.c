@@ -187,8 +187,10 @@ static void differs(char *msg, size_t cap, const char *name, long long saved, lo
 }
 
 /* The model and the options must be this session's (the layout too: it
- * decides the positions the next steps run at). */
-static int check_identity(struct rbuf *r, const kvmem_session *s, uint32_t version)
+ * decides the positions the next steps run at; a session that left it to
+ * the default takes the saved one, into *layout_out). */
+static int check_identity(struct rbuf *r, const kvmem_session *s, uint32_t version,
+			  uint32_t *layout_out)
 {
 	const kvmem_config *c = &s->cfg;
 	const kvmem_session_opts *o = &s->o;
@@ -238,7 +240,8 @@ static int check_identity(struct rbuf *r, const kvmem_session *s, uint32_t versi
 		snprintf(msg + at, sizeof(msg) - at, "%sseed %llu (this session: %llu)",
 			 at ? ", " : "", (unsigned long long)seed, (unsigned long long)o->seed);
 	}
-	if (layout != (uint32_t)o->layout) {
+	*layout_out = layout;
+	if (layout != (uint32_t)o->layout && !s->layout_auto) {
 		size_t at = strlen(msg);
 
 		snprintf(msg + at, sizeof(msg) - at, "%slayout %s (this session: %s)",
@@ -603,14 +606,15 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 {
 	struct rbuf r = { state, len, STATE_HEADER, 0 };
 	struct saved v = { 0 };
-	uint32_t version = 0;
+	uint32_t version = 0, layout = 0;
 
 	if (ws_adopt_check(s, tokens, n) || check_header(state, len, &version) ||
-	    check_identity(&r, s, version) ||
+	    check_identity(&r, s, version, &layout) ||
 	    read_saved(&r, s, n, &v) || check_saved(s, &v, tokens, n)) {
 		saved_free(&v);
 		return kvmem_fail();
 	}
+	s->o.layout = (int)layout;	/* this session's, or the default's choice of it */
 	if (ws_adopt_history(s, tokens, n))
 		goto broken;
 	s->blocks.n_pins = 0;	/* the saved pins, not any made before */
