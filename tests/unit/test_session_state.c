@@ -487,6 +487,17 @@ struct saved_run {
 	int block;		/* of the pages */
 };
 
+/* The refusal tests' options: blocks of 16, a 64-token budget, chunks of
+ * 16, in the given layout. */
+static void small_opts(kvmem_session_opts *o, int layout)
+{
+	kvmem_session_opts_default(o);
+	o->block = 16;
+	o->budget = 64;
+	o->chunk = 16;
+	o->layout = layout;
+}
+
 /* A short small-budget session over memory, saved. */
 static void save_one(kvmem_backend *e, const kvmem_session_opts *base, uint64_t *rng,
 		     struct saved_run *sr)
@@ -550,11 +561,7 @@ static void test_stable_state_refused(void **state)
 	uint32_t version;
 
 	(void)state;
-	kvmem_session_opts_default(&o);
-	o.block = 16;
-	o.budget = 64;
-	o.chunk = 16;
-	o.layout = KVMEM_LAYOUT_STABLE;
+	small_opts(&o, KVMEM_LAYOUT_STABLE);
 	save_one(e, &o, &rng, &sr);
 	memcpy(&version, (const char *)sr.state + 4, 4);
 	assert_int_equal(version, 2);
@@ -596,11 +603,7 @@ static void test_default_layout_adopts_saved(void **state)
 		int32_t next[4] = { 1, 2, 3, 4 }, out[2];
 		kvmem_session *s[2];
 
-		kvmem_session_opts_default(&o);
-		o.block = 16;
-		o.budget = 64;
-		o.chunk = 16;
-		o.layout = layout;
+		small_opts(&o, layout);
 		save_one(e, &o, &rng, &sr);
 		for (int j = 0; j < 2; j++) {	/* 0: the default's, 1: explicit */
 			x = o, x.source = &sr.src, x.layout = j ? layout : KVMEM_LAYOUT_DEFAULT;
@@ -637,13 +640,9 @@ static void test_other_options_refused(void **state)
 	struct saved_run sr = { 0 };
 	kvmem_session *s;
 
-	kvmem_session_opts_default(&o);
-	o.block = 16;
-	o.budget = 64;
-	o.chunk = 16;
+	small_opts(&o, KVMEM_LAYOUT_COMPACT);	/* a stable session is refused it */
 	o.policy = "meank";
 	o.seed = 5;
-	o.layout = KVMEM_LAYOUT_COMPACT;	/* a stable session is refused it */
 	save_one(e, &o, &rng, &sr);
 
 	x = o, x.budget = 96;
