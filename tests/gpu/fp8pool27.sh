@@ -47,7 +47,7 @@ unit_both test_fp8_session 20
 step32k() {
 	local name=$1 dt=$2 knob=$3 rc
 	mkdir -p "$tmp/b"
-	echo "== KVMEM_CUDA_FP8_POOL=$knob kvmem bench step --kv-dtype $dt --only step,decode (32K view)"
+	echo "== KVMEM_CUDA_FP8_POOL=$knob kvmem bench step --kv-dtype $dt (32K view)"
 	KVMEM_CUDA_FP8_POOL=$knob timeout "$(gpu_left 35)" "$K" bench step --backend cuda \
 		--kv-dtype "$dt" --only step,decode --tokens 49152 --view 32768 --steps 2 \
 		--decode 32 --tiers warm --dir "$tmp/b" >"$log/$name.log" 2>&1

@@ -253,8 +253,9 @@ static void pool_make(struct cuda *b, struct cuda_pages *pg, int stride, int64_t
 {
 	/* fp8: a slot of the page's bytes rounded up to 256 (aligned for the
 	 * gather's 16-byte loads), counted in quarters */
-	const size_t half = pg->fp8_pool == 1 ? ((fp8_page_bytes(b, stride) + 255) & ~(size_t)255) / 4 :
-				(size_t)b->c->n_kv_heads * stride * b->c->head_dim;
+	const size_t half = pg->fp8_pool == 1 ?
+				    ((fp8_page_bytes(b, stride) + 255) & ~(size_t)255) / 4 :
+				    (size_t)b->c->n_kv_heads * stride * b->c->head_dim;
 	uint64_t bytes = pool_budget(b, pg, view_cap);
 	uint32_t n = (uint32_t)(bytes / (2 * half * 2) < (1u << 24) ? bytes / (2 * half * 2) : (1u << 24));
 
@@ -1110,7 +1111,8 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 		uint64_t key;
 		char *dst;
 
-		if (f8 ? !half : (it->page.mem != KVMEM_MEM_HOST || it->page.dtype != KVMEM_DTYPE_BF16))
+		if (f8 ? !half :
+			 (it->page.mem != KVMEM_MEM_HOST || it->page.dtype != KVMEM_DTYPE_BF16))
 			continue;
 		if (it->u0 || it->n != it->stride || !(r = region_of(pg, it->page.k, half)) ||
 		    (!f8 && region_of(pg, it->page.v, half) != r))
@@ -1169,6 +1171,23 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 	return have;
 }
 
+/* A copy of len bytes from src to dst, joined to the last of pool_fill's
+ * runs when it continues it on both sides; the runs now. */
+static int add_run(struct cuda_pages *pg, int runs, const void *src, void *dst, size_t len)
+{
+	const int l = runs - 1;
+
+	if (runs && (const char *)pg->c_src[l] + pg->c_len[l] == (const char *)src &&
+	    (char *)pg->c_dst[l] + pg->c_len[l] == (char *)dst) {
+		pg->c_len[l] += len;
+		return runs;
+	}
+	pg->c_src[runs] = src;
+	pg->c_dst[runs] = dst;
+	pg->c_len[runs] = len;
+	return runs + 1;
+}
+
 /*
  * fp8 views' place() with the pool (KVMEM_CUDA_FP8_POOL=1): at[i], the
  * device's address of the slot holding item i's page, or NULL (then read
@@ -1204,9 +1223,11 @@ int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items
 		at[i] = NULL;
 		pg->keys[i] = 0;
 		pg->hit[i] = UINT32_MAX;
-		if (pg->pool && it->stride == pg->pool_stride)
-			r = cached ? region_at(pg, it->page.k) :
-			    fp8_run(pg, b, &it->page, it->stride) ? region_of(pg, it->page.k, 1) : NULL;
+		if (pg->pool && it->stride == pg->pool_stride && cached)
+			r = region_at(pg, it->page.k);
+		else if (pg->pool && it->stride == pg->pool_stride &&
+			 fp8_run(pg, b, &it->page, it->stride))
+			r = region_of(pg, it->page.k, 1);
 		if (r && (oid = owner_id(pg, r, it->owner, !cached))) {
 			pg->keys[i] = pool_key(oid, it->block, it->layer);
 			pg->hit[i] = pool_find(pg, pg->keys[i]);
@@ -1215,8 +1236,9 @@ int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items
 			pg->stamp[pg->hit[i]] = pg->call;
 			pg->ref[pg->hit[i]] = 1;
 		} else if (cached) {
-			return kvmem_error(ESTALE, "cuda place (fp8): block %lld layer %d is not in the "
-					   "device page pool", (long long)it->block, it->layer);
+			return kvmem_error(ESTALE, "cuda place (fp8): block %lld layer %d is not "
+					   "in the device page pool", (long long)it->block,
+					   it->layer);
 		}
 	}
 	for (int i = 0; i < n; i++) {
@@ -1236,21 +1258,11 @@ int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items
 			slot = pool_find(pg, pg->keys[i]);
 			if (slot == UINT32_MAX && it->u0 == 0 && it->n == it->stride &&
 			    (slot = pool_take(pg, pg->keys[i])) != UINT32_MAX) {
-				const char *src = it->page.k;
-				char *d = (char *)(pg->pool + (size_t)slot * 2 * pg->slot_elems);
-
 				pool_note(pg, slot, slot);	/* entered (as place_pages) */
 				pg->ref[slot] = 1;
 				pg->st.bytes_in += bytes;
-				if (runs && (const char *)pg->c_src[runs - 1] + pg->c_len[runs - 1] == src &&
-				    (char *)pg->c_dst[runs - 1] + pg->c_len[runs - 1] == d) {
-					pg->c_len[runs - 1] += bytes;
-				} else {
-					pg->c_src[runs] = src;
-					pg->c_dst[runs] = d;
-					pg->c_len[runs] = bytes;
-					runs++;
-				}
+				runs = add_run(pg, runs, it->page.k,
+					       pg->pool + (size_t)slot * 2 * pg->slot_elems, bytes);
 			}
 		}
 		if (slot != UINT32_MAX)

@@ -505,7 +505,8 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	if (pool) {
 		if (!(f = f8_of(b)))
 			return kvmem_fail();
-		if ((rc = at_room(f, n)) < 0 || (rc = cuda_pages_fp8_at(b, v->cap, items, n, f->at)) < 0)
+		if ((rc = at_room(f, n)) < 0 ||
+		    (rc = cuda_pages_fp8_at(b, v->cap, items, n, f->at)) < 0)
 			return rc;
 		slot = f->at;
 	}
