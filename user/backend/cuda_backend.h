@@ -145,6 +145,18 @@ int cuda_pages_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, in
 const void *cuda_pages_dev_addr(struct cuda *b, const void *p, size_t len);
 int cuda_pages_method(struct cuda *b);
 void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns);
+/* fp8 views and the device page pool (KVMEM_CUDA_FP8_POOL): 1 when the
+ * pool keeps fp8 pages, 0 when not, an error for a bad value. */
+int cuda_pages_fp8_pool(struct cuda *b);
+/* With it on: at[i] the device's address of a pool slot holding item i's
+ * page as the page holds it (K, V, their scales: kvmem_page_at's layout),
+ * or NULL; whole pages of registered memory enter it on their way. */
+int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items, int n,
+		      const char **at);
+/* count_pack's counters for fp8 place(); the items of at[i] set came
+ * from the pool (no bytes in now). */
+void cuda_pages_count_fp8(struct cuda *b, const kvmem_place *items, int n,
+			  const char *const *at, double ns);
 void cuda_pages_count_move(struct cuda *b, uint64_t tokens, uint64_t staged, double ns);
 int cuda_pool_watch(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
 		    void *arg);

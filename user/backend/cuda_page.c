@@ -27,6 +27,14 @@
  *                           to a watcher (pool_watch: the session, which
  *                           tells its source, so the module's page table
  *                           shows the GPU tier).
+ *                           An fp8 backend's pool (KVMEM_CUDA_FP8_POOL=1;
+ *                           off by default, not yet run on a GPU) keeps
+ *                           fp8 pages instead, each slot the page's bytes
+ *                           as the pager lays them out (K, V, their row
+ *                           scales: kvmem_page_at), so a slot is the
+ *                           page's size (0.52 of bf16's at Qwen3-8B):
+ *                           cuda_view_fp8.c's place() reads a slot as it
+ *                           reads the page, the same bytes.
  *
  * One place() call is one gather kernel (kernels/cuda/gather.cu) over all
  * its items: each reads its tokens from wherever they are, rounds f32 to
@@ -96,9 +104,11 @@ struct cuda_pages {
 		uint64_t used;		/* tick of the last use, for reuse */
 	} own[MAX_OWNERS];
 	uint64_t own_tick;
-	uint16_t *pool;			/* [slots][2][H][B][D] bf16 */
+	uint16_t *pool;			/* [slots][2][H][B][D] bf16; fp8: [slots] of
+					 * 4 * slot_elems bytes, each a page as is */
 	uint64_t pool_want;		/* bytes asked for (0: default) */
-	size_t slot_elems;		/* elements of one half (K or V) */
+	size_t slot_elems;		/* elements of one half (K or V); fp8: a
+					 * quarter of the slot's bytes */
 	int pool_stride;		/* B the pool was laid out for */
 	uint32_t slots, used, hand, free_hand;
 	uint64_t *key;			/* [slots]: 0 free */
@@ -111,7 +121,20 @@ struct cuda_pages {
 	uint64_t dev_bytes;		/* device memory held here */
 	kvmem_pool_watches watch;	/* who hears of pages entering and leaving */
 	kvmem_place_stats st;
+	int fp8_pool;			/* an fp8 backend's KVMEM_CUDA_FP8_POOL: 1 the
+					 * pool keeps fp8 pages, 0 none, -1 a bad value */
 };
+
+/* KVMEM_CUDA_FP8_POOL: unset, empty or 0: no pool for fp8 pages (the
+ * default until it has run on a GPU); 1: one; else -1 (place() says so). */
+static int fp8_pool_knob(void)
+{
+	const char *e = getenv("KVMEM_CUDA_FP8_POOL");
+
+	if (!e || !*e || !strcmp(e, "0"))
+		return 0;
+	return strcmp(e, "1") ? -1 : 1;
+}
 
 static struct cuda_pages *pages_of(struct cuda *b)
 {
@@ -124,8 +147,27 @@ static struct cuda_pages *pages_of(struct cuda *b)
 		b->pages->method = CUDA_PLACE_GATHER;
 		b->pages->pool_want = b->page_pool;
 		b->pages->next_id = 1;
+		b->pages->fp8_pool = b->fp8 ? fp8_pool_knob() : 0;
 	}
 	return b->pages;
+}
+
+int cuda_pages_fp8_pool(struct cuda *b)
+{
+	struct cuda_pages *pg = pages_of(b);
+
+	if (!pg)
+		return kvmem_fail();
+	if (pg->fp8_pool < 0)
+		return kvmem_error(EINVAL, "cuda: KVMEM_CUDA_FP8_POOL='%s' (0: no device page pool "
+				   "for fp8 pages, 1: one)", getenv("KVMEM_CUDA_FP8_POOL"));
+	return pg->fp8_pool;
+}
+
+/* An fp8 page's bytes: K and V, then a 4-byte scale per row of each. */
+static size_t fp8_page_bytes(const struct cuda *b, int stride)
+{
+	return (size_t)2 * b->c->n_kv_heads * stride * (b->c->head_dim + 4);
 }
 
 uint64_t cuda_pages_dev_bytes(const struct cuda *b)
@@ -209,7 +251,11 @@ static uint64_t pool_budget(struct cuda *b, struct cuda_pages *pg, int64_t view_
 /* A pool for pages of `stride` tokens, made on first use. */
 static void pool_make(struct cuda *b, struct cuda_pages *pg, int stride, int64_t view_cap)
 {
-	const size_t half = (size_t)b->c->n_kv_heads * stride * b->c->head_dim;
+	/* fp8: a slot of the page's bytes rounded up to 256 (aligned for the
+	 * gather's 16-byte loads), counted in quarters */
+	const size_t half = pg->fp8_pool == 1 ?
+				    ((fp8_page_bytes(b, stride) + 255) & ~(size_t)255) / 4 :
+				    (size_t)b->c->n_kv_heads * stride * b->c->head_dim;
 	uint64_t bytes = pool_budget(b, pg, view_cap);
 	uint32_t n = (uint32_t)(bytes / (2 * half * 2) < (1u << 24) ? bytes / (2 * half * 2) : (1u << 24));
 
@@ -639,7 +685,8 @@ int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t bloc
 	struct region *r;
 	uint32_t oid;
 
-	if (b->fp8)	/* fp8 views keep no device page pool (cuda_view_fp8.c) */
+	/* fp8 views keep no device page pool unless KVMEM_CUDA_FP8_POOL=1 */
+	if (b->fp8 && (!pg || pg->fp8_pool != 1))
 		return 0;
 	if (!pg || !pg->pool || !(r = region_at(pg, region)) || !(oid = owner_id(pg, r, owner, 0)))
 		return 0;
@@ -655,6 +702,21 @@ static struct region *region_of(struct cuda_pages *pg, const void *p, size_t len
 			return r;
 	}
 	return NULL;
+}
+
+/* fp8 pools: the bytes of a page that a slot keeps, one run from p->k (K,
+ * V, their scales, laid out as kvmem_page_at does) in registered host
+ * memory; 0 when the page is not such a one (it is then not kept). */
+static size_t fp8_run(struct cuda_pages *pg, const struct cuda *b, const kvmem_page *p, int stride)
+{
+	const size_t rows = (size_t)b->c->n_kv_heads * stride, half = rows * b->c->head_dim;
+	const char *k = p->k;
+
+	if (p->mem != KVMEM_MEM_HOST || p->dtype != KVMEM_DTYPE_FP8 ||
+	    (const char *)p->v != k + half || (const char *)p->k_scale != k + 2 * half ||
+	    p->v_scale != p->k_scale + rows || !region_of(pg, k, fp8_page_bytes(b, stride)))
+		return 0;
+	return fp8_page_bytes(b, stride);
 }
 
 /* fp8 views (cuda_view_fp8.c): the device's address of [p, p + len) when it
@@ -1040,15 +1102,20 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 		return rc;
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
-		const size_t half = (size_t)H * it->stride * D * 2;
+		/* fp8 (KVMEM_CUDA_FP8_POOL=1): the page whole, one run */
+		const int f8 = pg->fp8_pool == 1;
+		const size_t half = f8 ? fp8_run(pg, b, &it->page, it->stride) :
+					 (size_t)H * it->stride * D * 2;
 		struct region *r;
 		uint32_t oid, slot;
 		uint64_t key;
 		char *dst;
 
-		if (it->page.mem != KVMEM_MEM_HOST || it->page.dtype != KVMEM_DTYPE_BF16 ||
-		    it->u0 || it->n != it->stride || !(r = region_of(pg, it->page.k, half)) ||
-		    region_of(pg, it->page.v, half) != r)
+		if (f8 ? !half :
+			 (it->page.mem != KVMEM_MEM_HOST || it->page.dtype != KVMEM_DTYPE_BF16))
+			continue;
+		if (it->u0 || it->n != it->stride || !(r = region_of(pg, it->page.k, half)) ||
+		    (!f8 && region_of(pg, it->page.v, half) != r))
 			continue;
 		/* Made for the first page it can keep (none for pages of
 		 * another dtype); under a cap the pool is sized by the view's
@@ -1078,7 +1145,7 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 		 * session's source then records the GPU tier for it. */
 		pool_note(pg, slot, slot);
 		dst = (char *)(pg->pool + (size_t)slot * 2 * pg->slot_elems);
-		for (int h = 0; h < 2; h++) {
+		for (int h = 0; h < 2 - f8; h++) {
 			const char *src = h ? it->page.v : it->page.k;
 			char *d = dst + h * half;
 
@@ -1093,7 +1160,7 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 			runs++;
 		}
 		pg->st.filled_pages++;
-		pg->st.filled_bytes += 2 * half;
+		pg->st.filled_bytes += (2 - f8) * half;
 	}
 	kvmem_pool_flush(&pg->watch);
 	if ((rc = fill_copies(b, pg, runs)) < 0)
@@ -1102,6 +1169,109 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 	pg->st.pool_cap = pg->slots;
 	pg->st.fill_ns += (uint64_t)((double)kvmem_now_ns() - t0);
 	return have;
+}
+
+/* A copy of len bytes from src to dst, joined to the last of pool_fill's
+ * runs when it continues it on both sides; the runs now. */
+static int add_run(struct cuda_pages *pg, int runs, const void *src, void *dst, size_t len)
+{
+	const int l = runs - 1;
+
+	if (runs && (const char *)pg->c_src[l] + pg->c_len[l] == (const char *)src &&
+	    (char *)pg->c_dst[l] + pg->c_len[l] == (char *)dst) {
+		pg->c_len[l] += len;
+		return runs;
+	}
+	pg->c_src[runs] = src;
+	pg->c_dst[runs] = dst;
+	pg->c_len[runs] = len;
+	return runs + 1;
+}
+
+/*
+ * fp8 views' place() with the pool (KVMEM_CUDA_FP8_POOL=1): at[i], the
+ * device's address of the slot holding item i's page, or NULL (then read
+ * where it is, or packed). A slot holds the page's own bytes, so a view
+ * row made from it is the row made from the page. As place_pages: every
+ * hit first, stamped with this call so that no miss evicts a page another
+ * item reads; then a whole page of registered memory not there takes a
+ * slot (a free one, else the clock's victim) and its bytes are copied in
+ * (runs merged, one batched copy, one wait) before the gather reads them.
+ * An item the session made after page_cached() said yes (mem
+ * KVMEM_MEM_BACKEND, page.k the region) must be there: -ESTALE.
+ */
+int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items, int n,
+		      const char **at)
+{
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	struct cuda_pages *pg = pages_of(b);
+	int runs = 0, rc;
+
+	if (!pg)
+		return kvmem_fail();
+	if ((rc = room_items(b, pg, n)) < 0)
+		return rc;
+	pg->call++;
+	if (!pg->pool && n && has_region(pg))
+		pool_make(b, pg, items[0].stride, view_cap);
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		const int cached = it->page.mem == KVMEM_MEM_BACKEND;
+		struct region *r = NULL;
+		uint32_t oid;
+
+		at[i] = NULL;
+		pg->keys[i] = 0;
+		pg->hit[i] = UINT32_MAX;
+		if (pg->pool && it->stride == pg->pool_stride && cached)
+			r = region_at(pg, it->page.k);
+		else if (pg->pool && it->stride == pg->pool_stride &&
+			 fp8_run(pg, b, &it->page, it->stride))
+			r = region_of(pg, it->page.k, 1);
+		if (r && (oid = owner_id(pg, r, it->owner, !cached))) {
+			pg->keys[i] = pool_key(oid, it->block, it->layer);
+			pg->hit[i] = pool_find(pg, pg->keys[i]);
+		}
+		if (pg->hit[i] != UINT32_MAX) {
+			pg->stamp[pg->hit[i]] = pg->call;
+			pg->ref[pg->hit[i]] = 1;
+		} else if (cached) {
+			return kvmem_error(ESTALE, "cuda place (fp8): block %lld layer %d is not "
+					   "in the device page pool", (long long)it->block,
+					   it->layer);
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		const kvmem_place *it = &items[i];
+		const size_t bytes = fp8_page_bytes(b, it->stride);
+		uint32_t slot = pg->hit[i];
+
+		if (!pg->keys[i])
+			continue;
+		if (slot != UINT32_MAX) {
+			pg->st.pool_hits++;
+			pg->st.pool_bytes += 2 * (uint64_t)H * it->n * (D + 4);
+		} else {
+			pg->st.pool_misses++;
+			/* Taken by an earlier item of this call (the same page
+			 * again, another token range), or a whole page enters. */
+			slot = pool_find(pg, pg->keys[i]);
+			if (slot == UINT32_MAX && it->u0 == 0 && it->n == it->stride &&
+			    (slot = pool_take(pg, pg->keys[i])) != UINT32_MAX) {
+				pool_note(pg, slot, slot);	/* entered (as place_pages) */
+				pg->ref[slot] = 1;
+				pg->st.bytes_in += bytes;
+				runs = add_run(pg, runs, it->page.k,
+					       pg->pool + (size_t)slot * 2 * pg->slot_elems, bytes);
+			}
+		}
+		if (slot != UINT32_MAX)
+			at[i] = (const char *)(pg->pool + (size_t)slot * 2 * pg->slot_elems);
+	}
+	rc = fill_copies(b, pg, runs);
+	pg->st.pool_pages = pg->used;
+	kvmem_pool_flush(&pg->watch);
+	return rc;
 }
 
 /*
@@ -1313,6 +1483,14 @@ out:
 /* Counters of the pack path (cuda_view.c), so every method reports. */
 void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns)
 {
+	cuda_pages_count_fp8(b, items, n, NULL, ns);
+}
+
+/* And of fp8 views' place(): at (NULL: none), the items read from the
+ * pool, whose bytes crossed into it before (counted then) or never. */
+void cuda_pages_count_fp8(struct cuda *b, const kvmem_place *items, int n,
+			  const char *const *at, double ns)
+{
 	struct cuda_pages *pg = pages_of(b);
 
 	if (!pg)
@@ -1321,6 +1499,8 @@ void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, doub
 		const uint64_t rows = 2 * (uint64_t)b->c->n_kv_heads * items[i].n;
 
 		pg->st.tokens += items[i].n;
+		if (at && at[i])
+			continue;
 		/* an fp8 page's bytes: one a value, and a row's fp32 scale */
 		pg->st.bytes_in += items[i].page.dtype == KVMEM_DTYPE_FP8 ?
 				   rows * ((uint64_t)b->c->head_dim + 4) :

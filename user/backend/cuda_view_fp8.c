@@ -25,7 +25,17 @@
  *  - place(): one kernel reads fp8 pages in registered host memory (a
  *    pager's pinned pool) where they are, 16 bytes a thread, and rotates
  *    them into the view; other pages are packed into pinned staging on
- *    the host first (quantised when not fp8). No device page pool;
+ *    the host first (quantised when not fp8). By default no device page
+ *    pool: KVMEM_CUDA_FP8_POOL=1 gives fp8 pages one (cuda_page.c), as
+ *    bf16 pages have: each slot a page's bytes and scales as the page
+ *    holds them (kvmem_page_at's layout, 0.52 of a bf16 slot at
+ *    Qwen3-8B), filled ahead by pool_fill and by place()'s whole pages of
+ *    registered memory (copied in before the gather), and read by the
+ *    same kernel as the page would be, so no bit changes; page_cached()
+ *    then says yes for its pages, which the session no longer gets from
+ *    its source. Not yet run on a GPU (tests/gpu/fp8pool27.sh: the
+ *    tests with it 0 and 1, and the 8B warm step); 0 stays the default
+ *    until that has run;
  *  - the raw K kept beside the view (keep_raw): e4m3 bytes and scales as
  *    the pages hold them, written by the forward pass, place() and move();
  *    move() re-rotates from them (it is dropped first under the cap);
@@ -59,6 +69,8 @@ struct cuda_fp8 {
 	kvmem_gather_item *items, *host_items;
 	kvmem_fp8_snap *snaps, *host_snaps;	/* move(): the sources' copies */
 	int cap_items;
+	const char **at;	/* place() with the pool: the items' slots */
+	int cap_at;
 };
 
 static struct cuda_fp8 *f8_of(struct cuda *b)
@@ -82,6 +94,7 @@ void cuda_fp8_destroy(struct cuda *b)
 	cudaFreeHost(f->host_st);
 	cudaFreeHost(f->host_items);
 	cudaFreeHost(f->host_snaps);
+	free(f->at);
 	free(f);
 	b->f8 = NULL;
 }
@@ -407,9 +420,24 @@ static int pack(const struct cuda *b, const kvmem_place *it, char *dst)
 	return 0;
 }
 
+/* The item's tokens u0.. of every head, read from a page's K, V and
+ * scales at these device addresses. */
+static kvmem_gather_item page_item(const struct cuda *b, const kvmem_place *it, const char *k,
+				   const char *v, const char *ks, const char *vs)
+{
+	const size_t D = b->c->head_dim;
+
+	return (kvmem_gather_item){
+		.k = k + it->u0 * D, .v = v + it->u0 * D,
+		.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
+		.head_stride = (int32_t)(it->stride * D), .dtype = KVMEM_DTYPE_FP8,
+		.k_scale = (const float *)ks + it->u0, .v_scale = (const float *)vs + it->u0,
+		.scale_stride = it->stride,
+	};
+}
+
 /* An fp8 page in registered host memory (a pager's pinned pool): the
- * item reads it where it is, its tokens u0.. of every head; 0 when it is
- * elsewhere (then packed). */
+ * item reads it where it is; 0 when it is elsewhere (then packed). */
 static int direct(struct cuda *b, const kvmem_place *it, kvmem_gather_item *g)
 {
 	const kvmem_page *pg = &it->page;
@@ -422,39 +450,69 @@ static int direct(struct cuda *b, const kvmem_place *it, kvmem_gather_item *g)
 	    !(ks = cuda_pages_dev_addr(b, pg->k_scale, rows * 4)) ||
 	    !(vs = cuda_pages_dev_addr(b, pg->v_scale, rows * 4)))
 		return 0;
-	*g = (kvmem_gather_item){
-		.k = k + it->u0 * D, .v = v + it->u0 * D,
-		.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
-		.head_stride = (int32_t)(it->stride * D), .dtype = KVMEM_DTYPE_FP8,
-		.k_scale = (const float *)ks + it->u0, .v_scale = (const float *)vs + it->u0,
-		.scale_stride = it->stride,
-	};
+	*g = page_item(b, it, k, v, ks, vs);
 	return 1;
+}
+
+/* A page in a slot of the device page pool (KVMEM_CUDA_FP8_POOL=1): its
+ * bytes as kvmem_page_at lays them out, K, V, K's scales, V's. */
+static kvmem_gather_item pooled(const struct cuda *b, const kvmem_place *it, const char *slot)
+{
+	const size_t rows = (size_t)b->c->n_kv_heads * it->stride, half = rows * b->c->head_dim;
+
+	return page_item(b, it, slot, slot + half, slot + 2 * half, slot + 2 * half + 4 * rows);
+}
+
+/* Room for the items' pool slots (place() with the pool). */
+static int at_room(struct cuda_fp8 *f, int n)
+{
+	const char **p;
+
+	if (n <= f->cap_at)
+		return 0;
+	if (!(p = realloc(f->at, (size_t)n * sizeof(*p))))
+		return kvmem_error(ENOMEM, "cuda place (fp8): out of memory");
+	f->at = p;
+	f->cap_at = n;
+	return 0;
 }
 
 int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
 	const double t0 = (double)kvmem_now_ns();
+	const char **slot = NULL;	/* the items' pool slots (KVMEM_CUDA_FP8_POOL=1) */
 	size_t total = 0, at = 0;
 	kvmem_gather_item g;
 	struct cuda_fp8 *f;
-	int rc;
+	int rc, pool = cuda_pages_fp8_pool(b);
 
+	if (pool < 0)
+		return pool;
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
 
-		if (it->page.mem != KVMEM_MEM_HOST)
+		/* KVMEM_MEM_BACKEND: page_cached() said the pool holds it */
+		if (it->page.mem != KVMEM_MEM_HOST && !(pool && it->page.mem == KVMEM_MEM_BACKEND))
 			return kvmem_error(ENOTSUP, "cuda place (fp8 view): pages in host memory only");
-		if (it->page.dtype == KVMEM_DTYPE_FP8 &&
+		if (it->page.mem == KVMEM_MEM_HOST && it->page.dtype == KVMEM_DTYPE_FP8 &&
 		    (!it->page.k_scale || !it->page.v_scale ||
 		     (it->page.scale_run && it->page.scale_run != (uint32_t)D)))
 			return kvmem_error(EINVAL, "cuda place: an fp8 page without its row scales");
-		if (!direct(b, it, &g))	/* staging only for what is packed */
-			total += item_bytes(b, it->n);
 	}
 	if (!n)
 		return 0;
+	if (pool) {
+		if (!(f = f8_of(b)))
+			return kvmem_fail();
+		if ((rc = at_room(f, n)) < 0 ||
+		    (rc = cuda_pages_fp8_at(b, v->cap, items, n, f->at)) < 0)
+			return rc;
+		slot = f->at;
+	}
+	for (int i = 0; i < n; i++)	/* staging only for what is packed */
+		if (!(slot && slot[i]) && !direct(b, &items[i], &g))
+			total += item_bytes(b, items[i].n);
 	if ((rc = staging_room(b, total, total, n)) < 0)
 		return rc;
 	f = b->f8;
@@ -462,6 +520,10 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 		const kvmem_place *it = &items[i];
 		char *dev = f->st + at;
 
+		if (slot && slot[i]) {
+			f->host_items[i] = pooled(b, it, slot[i]);
+			continue;
+		}
 		if (direct(b, it, &f->host_items[i]))
 			continue;
 		if ((rc = pack(b, it, f->host_st + at)) < 0)
@@ -485,7 +547,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	    (rc = kvmem_cuda_sync(b->ctx)) < 0)
 		return rc;
 	/* counted as the bf16 view's place() counts (kvmem_place_stats) */
-	cuda_pages_count_pack(b, items, n, (double)kvmem_now_ns() - t0);
+	cuda_pages_count_fp8(b, items, n, slot, (double)kvmem_now_ns() - t0);
 	return 0;
 }
 

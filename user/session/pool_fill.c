@@ -14,7 +14,8 @@
  * kept. Nothing is evicted for them (pool_fill takes free slots only).
  *
  * It changes where a page is read from, never its bits: the pool holds
- * the page's own bf16 bytes, and a place() reads them as it would read the
+ * the page's own bf16 bytes (on cuda with KVMEM_CUDA_FP8_POOL=1, an fp8
+ * page's bytes and scales), and a place() reads them as it would read the
  * page (test_ws_session's pool_fill_equal, on a backend with a pool).
  * KVMEM_POOL_FILL=0 turns it off (a measurement's peer).
  */
