@@ -15,6 +15,7 @@
  * A query that sees no key gets a zero output. If the score buffer cannot
  * be allocated the scores are computed twice instead: same bits, no crash.
  */
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,13 +58,92 @@ struct att_args {
 	int n_kv, n_heads, group, head_dim;
 	size_t kv_stride;
 	float scale;
+	int avx2;	/* scores8_avx2 may run here */
 };
+
+/* The scores of one query's `grp` heads against the 8 keys at kj (rows of
+ * d floats, d a multiple of 8), times scale, into dst[h * stride + r]: the
+ * bits of dot() * scale for each, eight keys at a time. Lane e of key r's
+ * running sums is dot()'s acc[e] (the same multiplies and adds in the same
+ * order: products rounded, then added, no FMA); the two rounds of hadd and
+ * the halves' add are dot()'s tree ((a0 + a1) + (a2 + a3)) + ((a4 + a5) +
+ * (a6 + a7)) for all eight keys at once, in place of eight horizontal sums. */
+__attribute__((target("avx2")))
+static void scores8_avx2(const float *qv, const float *kj, int d, int grp, float scale,
+			 float *dst, size_t stride)
+{
+	const __m256 sc = _mm256_set1_ps(scale);
+
+	for (int h = 0; h < grp; h++) {
+		const float *qh = qv + (size_t)h * d;
+		__m256 acc[8];
+
+		for (int r = 0; r < 8; r++)
+			acc[r] = _mm256_setzero_ps();
+		for (int e = 0; e < d; e += 8) {
+			__m256 qe = _mm256_loadu_ps(qh + e);
+
+			for (int r = 0; r < 8; r++)
+				acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(qe,
+						_mm256_loadu_ps(kj + (size_t)r * d + e)));
+		}
+		/* lanes: keys 0-3 pairs (low half sums, then high half sums) */
+		__m256 q03 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]),
+					    _mm256_hadd_ps(acc[2], acc[3]));
+		__m256 q47 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]),
+					    _mm256_hadd_ps(acc[6], acc[7]));
+		__m256 lo = _mm256_permute2f128_ps(q03, q47, 0x20);
+		__m256 hi = _mm256_permute2f128_ps(q03, q47, 0x31);
+
+		_mm256_storeu_ps(dst + (size_t)h * stride,
+				 _mm256_mul_ps(_mm256_add_ps(lo, hi), sc));
+	}
+}
+
+/* out[e] = sum over the visible keys j, in order, of p[j] * v[j][e], for
+ * d a multiple of 8: axpy()'s bits (from zero, each product rounded, then
+ * added, key after key) with 64 outputs held in registers across the keys
+ * instead of loaded and stored for every key. */
+__attribute__((target("avx2")))
+static void weighted_v_avx2(float *out, const float *p, const float *vh, const int32_t *kv_pos,
+			    int32_t qp, int n_kv, int d)
+{
+	for (int e0 = 0; e0 < d; e0 += 64) {
+		const int nv = d - e0 < 64 ? (d - e0) / 8 : 8;
+		__m256 acc[8];
+
+		for (int r = 0; r < 8; r++)
+			acc[r] = _mm256_setzero_ps();
+		for (int j = 0; j < n_kv; j++) {
+			if (kv_pos[j] > qp)
+				continue;
+			const float *vj = vh + (size_t)j * d + e0;
+			const __m256 pj = _mm256_set1_ps(p[j]);
+
+			if (nv == 8) {	/* the common case, unrolled */
+				for (int r = 0; r < 8; r++)
+					acc[r] = _mm256_add_ps(acc[r],
+							       _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 8 * r)));
+			} else {
+				for (int r = 0; r < nv; r++)
+					acc[r] = _mm256_add_ps(acc[r],
+							       _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 8 * r)));
+			}
+		}
+		for (int r = 0; r < nv; r++)
+			_mm256_storeu_ps(out + e0 + 8 * r, acc[r]);
+	}
+}
 
 /* Query token i against KV head g, for the `group` heads reading g.
  * scores: [group][n_kv] or NULL. Also built for AVX2: the eight running
  * sums of dot() fill one 256-bit register, and with the multiply and the
  * add kept apart (no FMA: ISO C's -ffp-contract=off) every result has the
- * bits of the plain build. */
+ * bits of the plain build. With a score buffer, the scores of eight
+ * visible keys at a time come from scores8_avx2 (same bits), and the
+ * exponentials are taken in one run before the weighted sum of V: each
+ * head's denominator and each output element still add their terms in the
+ * order of the keys, so the order of the loops changes no bit. */
 __attribute__((target_clones("avx2", "default")))
 static void attend_group(const struct att_args *a, int i, int g, float *scores)
 {
@@ -73,6 +153,7 @@ static void attend_group(const struct att_args *a, int i, int g, float *scores)
 	const float *qv = a->q + qo;
 	const float *kh = a->k + (size_t)g * a->kv_stride * d;
 	const float *vh = a->v + (size_t)g * a->kv_stride * d;
+	const int wide = scores && d % 8 == 0 && a->avx2;
 	float *out = a->out + qo;
 	float max[grp];
 	double sum[grp];
@@ -83,10 +164,29 @@ static void attend_group(const struct att_args *a, int i, int g, float *scores)
 		sum[h] = 0.0;
 	}
 	for (int j = 0; j < n_kv; j++) {
-		if (a->kv_pos[j] > qp)
-			continue;
 		const float *kj = kh + (size_t)j * d;
 
+		if (wide && j + 8 <= n_kv) {
+			int r = 0;
+
+			while (r < 8 && a->kv_pos[j + r] <= qp)
+				r++;
+			if (r == 8) {	/* eight visible keys */
+				scores8_avx2(qv, kj, d, grp, a->scale, scores + j, (size_t)n_kv);
+				for (int h = 0; h < grp; h++)
+					for (r = 0; r < 8; r++) {
+						float s = scores[(size_t)h * n_kv + j + r];
+
+						if (s > max[h])
+							max[h] = s;
+					}
+				seen = 1;
+				j += 7;
+				continue;
+			}
+		}
+		if (a->kv_pos[j] > qp)
+			continue;
 		for (int h = 0; h < grp; h++) {
 			float s = dot(qv + (size_t)h * d, kj, d) * a->scale;
 
@@ -100,18 +200,46 @@ static void attend_group(const struct att_args *a, int i, int g, float *scores)
 	memset(out, 0, sizeof(float) * grp * d);
 	if (!seen)
 		return;
-	for (int j = 0; j < n_kv; j++) {
-		if (a->kv_pos[j] > qp)
-			continue;
-		const float *kj = kh + (size_t)j * d, *vj = vh + (size_t)j * d;
-
+	if (scores) {	/* the weights first, then the weighted sum */
 		for (int h = 0; h < grp; h++) {
-			float s = scores ? scores[(size_t)h * n_kv + j]
-					 : dot(qv + (size_t)h * d, kj, d) * a->scale;
-			float p = expf(s - max[h]);
+			float *sh = scores + (size_t)h * n_kv;
+			double sh_sum = 0.0;
 
-			sum[h] += p;
-			axpy(out + (size_t)h * d, p, vj, d);
+			for (int j = 0; j < n_kv; j++) {
+				if (a->kv_pos[j] > qp)
+					continue;
+				sh[j] = expf(sh[j] - max[h]);
+				sh_sum += sh[j];
+			}
+			sum[h] = sh_sum;
+		}
+		if (wide) {
+			for (int h = 0; h < grp; h++)
+				weighted_v_avx2(out + (size_t)h * d, scores + (size_t)h * n_kv, vh,
+						a->kv_pos, qp, n_kv, d);
+		} else {
+			for (int j = 0; j < n_kv; j++) {
+				if (a->kv_pos[j] > qp)
+					continue;
+				const float *vj = vh + (size_t)j * d;
+
+				for (int h = 0; h < grp; h++)
+					axpy(out + (size_t)h * d, scores[(size_t)h * n_kv + j], vj,
+					     d);
+			}
+		}
+	} else {
+		for (int j = 0; j < n_kv; j++) {
+			if (a->kv_pos[j] > qp)
+				continue;
+			const float *kj = kh + (size_t)j * d, *vj = vh + (size_t)j * d;
+
+			for (int h = 0; h < grp; h++) {
+				float p = expf(dot(qv + (size_t)h * d, kj, d) * a->scale - max[h]);
+
+				sum[h] += p;
+				axpy(out + (size_t)h * d, p, vj, d);
+			}
 		}
 	}
 	for (int h = 0; h < grp; h++) {
@@ -169,15 +297,23 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 	}
 	const long items = first[n_seqs];
 	const int group = n_heads / n_kv_heads;
+	int avx2;
+
+	__builtin_cpu_init();
+	avx2 = __builtin_cpu_supports("avx2");
 
 	/* Threads only pay off for real work: a small decode step stays on
 	 * this thread (idle OpenMP workers would spin against BLAS threads).
-	 * Items differ in cost (views differ in length): dynamic. */
+	 * Items differ in cost (views differ in length, a query sees more of
+	 * its view than the one before it): dynamic, one at a time, since a
+	 * decode batch has few items (n_kv_heads a session: 16 for 8 sessions
+	 * of the embedded model, where chunks of 4 left one thread idle at the
+	 * end) and an item (hundreds of keys) is long next to taking it. */
 	#pragma omp parallel if (items > 1 && work > (1 << 20))
 	{
 		float *scores = malloc(sizeof(float) * group * max_kv);
 
-		#pragma omp for schedule(dynamic, 4)
+		#pragma omp for schedule(dynamic, 1)
 		for (long w = 0; w < items; w++) {
 			int s, i, g;
 
@@ -189,6 +325,7 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 				.out = out + (size_t)a->q0 * n_heads * head_dim,
 				.n_kv = a->n_kv, .n_heads = n_heads, .group = group,
 				.head_dim = head_dim, .kv_stride = a->kv_stride, .scale = scale,
+				.avx2 = avx2,
 			};
 
 			attend_group(&args, i, g, scores);

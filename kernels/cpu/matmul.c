@@ -202,6 +202,15 @@ static void cols8(float *y, const float *x, const float *w, int n, int in, int o
 			for (; r + 3 <= r1; r += 3, next = NULL)
 				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
 				      w + (size_t)c * in, in, 3, 4, next);
+			/* Two rows left (8 sessions' decode rows: 3 + 3 + 2): one
+			 * tile of 2 keeps eight sums in flight where two tiles of
+			 * one row wait on the FMA's latency with four. */
+			if (r + 2 <= r1) {
+				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
+				      w + (size_t)c * in, in, 2, 4, next);
+				r += 2;
+				next = NULL;
+			}
 			for (; r < r1; r++, next = NULL)
 				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
 				      w + (size_t)c * in, in, 1, 4, next);

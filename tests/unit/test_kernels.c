@@ -12,7 +12,8 @@
  *   meank      |err| <= 1e-5 * sum |k|
  * Exact (bitwise): embedding, add, conversions of representable values,
  * RoPE of the same values at the same position in any batch, attention
- * independent of thread count, kv_stride and its batch.
+ * independent of thread count, kv_stride and its batch, and attention
+ * against its own arithmetic spelled out in fp32.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -596,6 +597,105 @@ static void test_attention_deterministic(void **state)
 	att_case_free(&a);
 }
 
+/* The kernel's own arithmetic spelled out in fp32 (attention.c's file
+ * header): eight running sums per dot product in a fixed tree, times
+ * scale; the max; expf; the denominator in double; the weighted sum of V
+ * key after key from zero; times the float inverse. A faster kernel must
+ * keep these bits (a lone session's results), whatever path it takes. */
+static float exact_dot(const float *a, const float *b, int n)
+{
+	float acc[8] = { 0 };
+	int e = 0;
+
+	for (; e + 8 <= n; e += 8)
+		for (int k = 0; k < 8; k++)
+			acc[k] += a[e + k] * b[e + k];
+	float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+
+	for (; e < n; e++)
+		s += a[e] * b[e];
+	return s;
+}
+
+static void exact_attention(float *out, const struct att_case *a, float scale)
+{
+	int grp = a->heads / a->kv_heads, d = a->d;
+	float *sc = malloc(sizeof(float) * (a->n_kv ? a->n_kv : 1));
+
+	for (int i = 0; i < a->n_q; i++)
+		for (int h = 0; h < a->heads; h++) {
+			const float *qh = a->q + ((size_t)i * a->heads + h) * d;
+			const float *k = a->k + (size_t)(h / grp) * a->stride * d;
+			const float *v = a->v + (size_t)(h / grp) * a->stride * d;
+			float *o = out + ((size_t)i * a->heads + h) * d, max = -INFINITY;
+			double sum = 0;
+			int seen = 0;
+
+			for (int e = 0; e < d; e++)
+				o[e] = 0;
+			for (int j = 0; j < a->n_kv; j++)
+				if (a->kv_pos[j] <= a->q_pos[i]) {
+					sc[j] = exact_dot(qh, k + (size_t)j * d, d) * scale;
+					max = sc[j] > max ? sc[j] : max;
+					seen = 1;
+				}
+			if (!seen)
+				continue;
+			for (int j = 0; j < a->n_kv; j++)
+				if (a->kv_pos[j] <= a->q_pos[i]) {
+					float p = expf(sc[j] - max);
+
+					sum += p;
+					for (int e = 0; e < d; e++)
+						o[e] += p * v[(size_t)j * d + e];
+				}
+			float inv = (float)(1.0 / sum);
+
+			for (int e = 0; e < d; e++)
+				o[e] *= inv;
+		}
+	free(sc);
+}
+
+/* Bit for bit the arithmetic above: head sizes with and without a tail
+ * of 8, over 64 and not a multiple of it; causal views (runs of eight
+ * visible keys) and scattered positions (keys one at a time). */
+static void test_attention_exact(void **state)
+{
+	uint64_t r = rng_for("attention-exact");
+	static const int geo[][3] = { { 8, 2, 64 }, { 4, 1, 72 }, { 4, 2, 136 }, { 6, 3, 10 },
+				      { 16, 8, 128 }, { 2, 2, 16 } };
+
+	for (int c = 0; c < 6; c++)
+		for (int causal = 0; causal < 2; causal++) {
+			struct att_case a;
+			int n_kv = test_rng_int(&r, 1, 300), n_q = test_rng_int(&r, 1, 12);
+
+			att_case_make(&a, &r, n_q, n_kv, geo[c][0], geo[c][1], geo[c][2],
+				      n_kv + test_rng_int(&r, 0, 20));
+			if (causal) {
+				for (int j = 0; j < n_kv; j++)
+					a.kv_pos[j] = j;
+				for (int i = 0; i < n_q; i++)
+					a.q_pos[i] = test_rng_int(&r, 0, n_kv - 1);
+			}
+			size_t on = (size_t)n_q * a.heads * a.d;
+			float *out = malloc(sizeof(float) * on), *ref = malloc(sizeof(float) * on);
+			float scale = 1.0f / sqrtf((float)a.d);
+
+			att_run(&a, out);
+			exact_attention(ref, &a, scale);
+			for (size_t i = 0; i < on; i++)
+				if (memcmp(&out[i], &ref[i], sizeof(float)))
+					fail_msg("attention heads %d/%d d=%d n_kv=%d causal %d [%zu]: "
+						 "%a vs %a", a.heads, a.kv_heads, a.d, n_kv, causal, i,
+						 out[i], ref[i]);
+			free(out);
+			free(ref);
+			att_case_free(&a);
+		}
+}
+
 /* ---- sampling --------------------------------------------------------- */
 
 static void test_sample_greedy(void **state)
@@ -877,6 +977,7 @@ int main(void)
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_attention_causal),
 		cmocka_unit_test(test_attention_deterministic),
+		cmocka_unit_test(test_attention_exact),
 		cmocka_unit_test(test_sample_greedy),
 		cmocka_unit_test(test_sample_greedy_ref),
 		cmocka_unit_test(test_sample_deterministic),

@@ -15,7 +15,10 @@
  * (measured in the same steps, so the machine's load of the moment is in
  * both), and whether the two sets drew the very same tokens (batch
  * invariance: they must). The histories go in batched for set B
- * (kvmem_session_append_batch): prefill's rates, loop against batch.
+ * (kvmem_session_append_batch), round by round in turn with set A's
+ * loop of appends: prefill's rates, loop against batch, each round of
+ * the two timed back to back (on shared cores one set made after the
+ * other met another load).
  *
  * Where a batched step's time goes (the JSON's "batch_*_ms" fields, means
  * over the steps, from the sessions' own stats): the batched forward's
@@ -164,6 +167,8 @@ struct set {
 	kvmem_session **s;
 	int32_t *out;		/* [tokens][B]: what each step drew */
 	int b;
+	int64_t *at;		/* [B]: history tokens in so far */
+	kvmem_batch_item *it;	/* [B]: a round's items */
 };
 
 static void set_free(struct set *x)
@@ -172,6 +177,8 @@ static void set_free(struct set *x)
 		kvmem_session_free(x->s[i]);
 	free(x->s);
 	free(x->out);
+	free(x->at);
+	free(x->it);
 	memset(x, 0, sizeof(*x));
 }
 
@@ -181,66 +188,104 @@ static int64_t history_len(const struct opts *o, int i)
 	return (int64_t)o->context * (8 + (i * 5) % 15) / 16;	/* 0.5 .. 1.4 x */
 }
 
-/* Sessions with their histories: appended a chunk a session at a time
- * (batched: one forward per round of chunks, every session's next chunk).
- * Seconds, or < 0. */
-static double set_make(struct set *x, const struct opts *o, kvmem_backend *be, int b,
-		       const int32_t *ids, int batched, int64_t *tokens)
+/* A set of b sessions, with no history yet. */
+static int set_open(struct set *x, const struct opts *o, kvmem_backend *be, int b)
 {
 	kvmem_session_opts so;
-	kvmem_batch_item *it = calloc((size_t)b, sizeof(*it));
-	int64_t *at = calloc((size_t)b, sizeof(*at));
-	double t0;
 
 	memset(x, 0, sizeof(*x));
 	x->b = b;
 	x->s = calloc((size_t)b, sizeof(*x->s));
 	x->out = calloc((size_t)b * o->tokens * 2, sizeof(*x->out));	/* and the run's */
-	if (!it || !at || !x->s || !x->out) {
-		kvmem_error(ENOMEM, "out of memory for %d sessions", b);
-		goto fail;
+	x->at = calloc((size_t)b, sizeof(*x->at));
+	x->it = calloc((size_t)b, sizeof(*x->it));
+	if (!x->s || !x->out || !x->at || !x->it) {
+		set_free(x);
+		return kvmem_error(ENOMEM, "out of memory for %d sessions", b);
 	}
 	kvmem_session_opts_default(&so);
 	so.budget = o->budget;
 	so.chunk = o->chunk;
 	for (int i = 0; i < b; i++)
-		if (!(x->s[i] = kvmem_session_create(be, &so)))
-			goto fail;
-	*tokens = 0;
-	t0 = cli_now_s();
-	for (int more = 1; more;) {
-		int m = 0;
-
-		more = 0;
-		for (int i = 0; i < b; i++) {
-			int64_t left = history_len(o, i) - at[i];
-			int k = left < o->chunk ? (int)left : o->chunk;
-
-			if (k <= 0)
-				continue;
-			if (!batched && kvmem_session_append(x->s[i], ids + at[i], k, 0) < 0)
-				goto fail;
-			it[m++] = (kvmem_batch_item){ .s = x->s[i], .tokens = ids + at[i], .n = k };
-			at[i] += k;
-			*tokens += k;
-			more = 1;
+		if (!(x->s[i] = kvmem_session_create(be, &so))) {
+			set_free(x);
+			return -1;
 		}
-		if (batched && m && kvmem_session_append_batch(it, m) != 0) {
-			for (int k = 0; k < m; k++)
-				if (it[k].rc) {
-					kvmem_error(-it[k].rc, "%s", it[k].err);
-					break;
-				}
-			goto fail;
-		}
+	return 0;
+}
+
+/* One round of a set's histories: every session's next chunk, one session
+ * after another, or batched (one forward for the round). Seconds, 0 when
+ * every history is in, or < 0. *tokens grows by the round's. */
+static double set_round(struct set *x, const struct opts *o, const int32_t *ids, int batched,
+			int64_t *tokens)
+{
+	double t0 = cli_now_s();
+	int m = 0;
+
+	for (int i = 0; i < x->b; i++) {
+		int64_t left = history_len(o, i) - x->at[i];
+		int k = left < o->chunk ? (int)left : o->chunk;
+
+		if (k <= 0)
+			continue;
+		if (!batched && kvmem_session_append(x->s[i], ids + x->at[i], k, 0) < 0)
+			return -1;
+		x->it[m++] = (kvmem_batch_item){ .s = x->s[i], .tokens = ids + x->at[i], .n = k };
+		x->at[i] += k;
+		*tokens += k;
 	}
-	free(it);
-	free(at);
-	return cli_now_s() - t0;
+	if (!m)
+		return 0;
+	if (batched && kvmem_session_append_batch(x->it, m) != 0) {
+		for (int k = 0; k < m; k++)
+			if (x->it[k].rc) {
+				kvmem_error(-x->it[k].rc, "%s", x->it[k].err);
+				break;
+			}
+		return -1;
+	}
+	t0 = cli_now_s() - t0;
+	return t0 > 0 ? t0 : 1e-9;	/* > 0: a round ran */
+}
+
+/* The loop's set a and the batch's set x get their histories round by
+ * round in turn (each round timed, so the two rates meet the machine's
+ * same moments), then the lone session its own. Seconds of a and x in
+ * pa, pb; the tokens of one set in *tokens; 0 or -1. */
+static int sets_make(struct set *a, struct set *x, struct set *solo, const struct opts *o,
+		     kvmem_backend *be, int b, const int32_t *ids, double *pa, double *pb,
+		     int64_t *tokens)
+{
+	int64_t t1 = 0, ts = 0;
+	double ra, rb, rs;
+
+	*pa = *pb = 0;
+	*tokens = 0;
+	if (set_open(a, o, be, b))
+		return -1;
+	if (set_open(x, o, be, b)) {
+		set_free(a);
+		return -1;
+	}
+	if (set_open(solo, o, be, 1))
+		goto fail;
+	do {
+		if ((ra = set_round(a, o, ids, 0, tokens)) < 0 ||
+		    (rb = set_round(x, o, ids, 1, &t1)) < 0)
+			goto fail;
+		*pa += ra;
+		*pb += rb;
+	} while (ra > 0);
+	while ((rs = set_round(solo, o, ids, 0, &ts)) > 0)
+		;
+	if (rs < 0)
+		goto fail;
+	return 0;
 fail:
-	free(it);
-	free(at);
+	set_free(a);
 	set_free(x);
+	set_free(solo);
 	return -1;
 }
 
@@ -368,22 +413,13 @@ int bench_batch(int argc, char **argv)
 	for (int k = 0; k < o.n_sessions; k++) {
 		int b = o.sessions[k], same;
 		struct set a, x, solo;
-		int64_t pt, p1;
+		int64_t pt;
 		double pa, pb, to = 1e30, ta = 1e30, tb = 1e30, mo, ma, mb, sum_b = 0;
 		int64_t ns0[3], ns1[3], ns2[3];
 		double ro, rb;
 
-		if ((pa = set_make(&a, &o, be, b, ids, 0, &pt)) < 0)
+		if (sets_make(&a, &x, &solo, &o, be, b, ids, &pa, &pb, &pt))
 			goto err;
-		if ((pb = set_make(&x, &o, be, b, ids, 1, &pt)) < 0) {
-			set_free(&a);
-			goto err;
-		}
-		if (set_make(&solo, &o, be, 1, ids, 0, &p1) < 0) {
-			set_free(&a);
-			set_free(&x);
-			goto err;
-		}
 		set_ns(&x, ns0);
 		for (int step = 0; step < o.tokens; step++) {
 			double t0, t1, t2;
