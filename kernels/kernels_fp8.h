@@ -88,6 +88,9 @@ enum kvmem_kv_round {
 	KVMEM_KV_ROUND_FP8_V,	/* V as fp8, K kept fp32 */
 	KVMEM_KV_ROUND_FP8_G32,	/* K and V through e4m3, a scale per 32 channels */
 	KVMEM_KV_ROUND_FP8_G16,	/* ... per 16 channels */
+	/* K and V as int8 with an fp32 scale a row (largest magnitude / 127):
+	 * the bytes of fp8, a uniform grid instead of a 3-bit mantissa */
+	KVMEM_KV_ROUND_INT8,
 };
 /* The mode a value of the knob names ("" or NULL: none), or -EINVAL with
  * a message that lists the values. */
@@ -99,6 +102,9 @@ void kvmem_kv_round_rows(float *x, size_t rows, int n, int mode, int is_v);
 /* kvmem_fp8_roundtrip_rows on every run of `group` values of each row (the
  * last run shorter when group does not divide n): a scale per group. */
 void kvmem_fp8_roundtrip_groups(float *x, size_t rows, int n, int group);
+/* rows rows of n values, in place: q = rint(x / s) in -127..127 times s,
+ * s = the row's largest finite magnitude / 127 (a row of zeros kept). */
+void kvmem_int8_roundtrip_rows(float *x, size_t rows, int n);
 
 /* ---- twins of kernels/cuda/fp8.cu (kernels/kernels_cuda_fp8.h) ---------- */
 /* rows rows of n values of x (x_dtype KVMEM_DTYPE_F32, or _BF16: a GPU's

@@ -9,6 +9,7 @@
  * scale a row (fp8.c).
  */
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -23,6 +24,7 @@ static const char *const names[] = {
 	[KVMEM_KV_ROUND_FP8_V] = "fp8-v",
 	[KVMEM_KV_ROUND_FP8_G32] = "fp8-g32",
 	[KVMEM_KV_ROUND_FP8_G16] = "fp8-g16",
+	[KVMEM_KV_ROUND_INT8] = "int8",
 };
 #define N_MODES ((int)(sizeof(names) / sizeof(names[0])))
 
@@ -34,7 +36,7 @@ int kvmem_kv_round_parse(const char *s)
 		if (!strcmp(s, names[m]))
 			return m;
 	return kvmem_error(EINVAL, "KVMEM_CPU_KV_ROUND=%s: not a rounding; one of none, bf16, "
-			   "fp8, fp8-k, fp8-v, fp8-g32, fp8-g16", s);
+			   "fp8, fp8-k, fp8-v, fp8-g32, fp8-g16, int8", s);
 }
 
 const char *kvmem_kv_round_name(int mode)
@@ -49,6 +51,25 @@ void kvmem_fp8_roundtrip_groups(float *x, size_t rows, int n, int group)
 		for (int g0 = 0; g0 < n; g0 += group)
 			kvmem_fp8_roundtrip_rows(x + r * (size_t)n + g0, 1,
 						 n - g0 < group ? n - g0 : group);
+}
+
+void kvmem_int8_roundtrip_rows(float *x, size_t rows, int n)
+{
+	for (size_t r = 0; r < rows; r++) {
+		float *row = x + r * (size_t)n, amax = 0.0f, s;
+
+		for (int i = 0; i < n; i++)
+			if (isfinite(row[i]) && fabsf(row[i]) > amax)
+				amax = fabsf(row[i]);
+		if (amax == 0.0f)
+			continue;
+		s = amax / 127.0f;
+		for (int i = 0; i < n; i++) {
+			float q = rintf(row[i] / s);
+
+			row[i] = (q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q) * s;
+		}
+	}
 }
 
 void kvmem_kv_round_rows(float *x, size_t rows, int n, int mode, int is_v)
@@ -71,6 +92,9 @@ void kvmem_kv_round_rows(float *x, size_t rows, int n, int mode, int is_v)
 		break;
 	case KVMEM_KV_ROUND_FP8_G16:
 		kvmem_fp8_roundtrip_groups(x, rows, n, 16);
+		break;
+	case KVMEM_KV_ROUND_INT8:
+		kvmem_int8_roundtrip_rows(x, rows, n);
 		break;
 	default:	/* none */
 		break;

@@ -8,7 +8,8 @@
  *  - each mode rounds as it says: bf16 is kvmem_f32_to_bf16 per value, fp8
  *    is kvmem_fp8_roundtrip_rows, fp8-k / fp8-v round K / V alone and leave
  *    the other's bits, fp8-g32 / -g16 are the row round trip per run of 32 /
- *    16 channels;
+ *    16 channels, int8 is a uniform grid of the row's largest magnitude / 127
+ *    (within half a step of each value, the largest kept);
  *  - a finer scale never errs more, value by value, than a coarser one
  *    (g16 <= g32 <= a scale a row), and errs strictly less in all on rows
  *    with an outlier channel 10^4-10^5 times the rest;
@@ -40,8 +41,8 @@
 static uint64_t g_seed;
 
 static const char *const mode_names[] = { "none", "bf16", "fp8", "fp8-k", "fp8-v", "fp8-g32",
-					  "fp8-g16" };
-#define N_MODES 7
+					  "fp8-g16", "int8" };
+#define N_MODES 8
 
 /* n values of a row: magnitudes over a few binades, and with outlier 1 a
  * channel 10-100 times the rest, with 2 one 10^4-10^5 times (the rest of
@@ -71,6 +72,7 @@ static void test_parse(void **state)
 		assert_non_null(strstr(kvmem_last_error(), "KVMEM_CPU_KV_ROUND"));
 		assert_non_null(strstr(kvmem_last_error(), bad[i]));
 		assert_non_null(strstr(kvmem_last_error(), "fp8-g16"));
+		assert_non_null(strstr(kvmem_last_error(), "int8"));
 	}
 }
 
@@ -119,6 +121,23 @@ static void test_modes_round_as_said(void **state)
 										 n - c < g ? n - c : g);
 					break;
 				}
+				case KVMEM_KV_ROUND_INT8:
+					for (int r = 0; r < rows; r++) {
+						float amax = 0.0f;
+
+						for (int i = 0; i < n; i++)
+							amax = fmaxf(amax, fabsf(x[r * n + i]));
+						for (int i = 0; i < n; i++) {
+							const float s = amax / 127.0f;
+							float *w = want + r * n + i;
+
+							*w = rintf(x[r * n + i] / s) * s;
+							assert_true(fabsf(*w - x[r * n + i]) <= 0.5f * s * 1.0001f);
+							if (fabsf(x[r * n + i]) == amax)
+								assert_true(fabsf(*w) == 127.0f * s);
+						}
+					}
+					break;
 				default:
 					break;
 				}
