@@ -75,6 +75,37 @@ void kvmem_fp8_view_gather(uint8_t *view_k, uint8_t *view_v, float *k_scale, flo
 			   uint8_t *raw_k, float *raw_scale, const kvmem_gather_item *items, int n_items, int n_layers,
 			   int n_kv_heads, int head_dim, int cap, double theta);
 
+/*
+ * A research knob, not a page format (kernels/cpu/fp8_round.c): how the cpu
+ * backend rounds each new token's raw K and V (KVMEM_CPU_KV_ROUND, over
+ * its own fp32 KV). K is rounded before RoPE, as --kv-dtype fp8 rounds it.
+ */
+enum kvmem_kv_round {
+	KVMEM_KV_ROUND_NONE,	/* fp32 as computed */
+	KVMEM_KV_ROUND_BF16,	/* K and V to bf16: the cuda backend's own KV */
+	KVMEM_KV_ROUND_FP8,	/* K and V through e4m3, a scale a row (--kv-dtype fp8) */
+	KVMEM_KV_ROUND_FP8_K,	/* K as fp8, V kept fp32 */
+	KVMEM_KV_ROUND_FP8_V,	/* V as fp8, K kept fp32 */
+	KVMEM_KV_ROUND_FP8_G32,	/* K and V through e4m3, a scale per 32 channels */
+	KVMEM_KV_ROUND_FP8_G16,	/* ... per 16 channels */
+	/* K and V as int8 with an fp32 scale a row (largest magnitude / 127):
+	 * the bytes of fp8, a uniform grid instead of a 3-bit mantissa */
+	KVMEM_KV_ROUND_INT8,
+};
+/* The mode a value of the knob names ("" or NULL: none), or -EINVAL with
+ * a message that lists the values. */
+int kvmem_kv_round_parse(const char *s);
+const char *kvmem_kv_round_name(int mode);
+/* rows rows of n values of K (is_v 0) or V (is_v 1), in place, as mode
+ * rounds them. */
+void kvmem_kv_round_rows(float *x, size_t rows, int n, int mode, int is_v);
+/* kvmem_fp8_roundtrip_rows on every run of `group` values of each row (the
+ * last run shorter when group does not divide n): a scale per group. */
+void kvmem_fp8_roundtrip_groups(float *x, size_t rows, int n, int group);
+/* rows rows of n values, in place: q = rint(x / s) in -127..127 times s,
+ * s = the row's largest finite magnitude / 127 (a row of zeros kept). */
+void kvmem_int8_roundtrip_rows(float *x, size_t rows, int n);
+
 /* ---- twins of kernels/cuda/fp8.cu (kernels/kernels_cuda_fp8.h) ---------- */
 /* rows rows of n values of x (x_dtype KVMEM_DTYPE_F32, or _BF16: a GPU's
  * rows, widened exactly) to q[rows][n] and scale[rows]. -EINVAL on another

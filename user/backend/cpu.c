@@ -13,6 +13,12 @@
  * so the view holds the same values either way; the raw K kept beside
  * the view (keep_raw) is the rounded one, so move() keeps the bits too.
  *
+ * KVMEM_CPU_KV_ROUND (a research knob, Documentation/cli.md): the same
+ * emulation over the backend's own fp32 KV with another rounding (bf16,
+ * fp8 on K or V alone, fp8 with a scale per group of channels;
+ * kernels_fp8.h, enum kvmem_kv_round), to tell where fp8 loses recall. The
+ * pages stay f32 and place() rounds their rows as the engine does.
+ *
  * With --tp 1 (opts.tp == 1) the forward pass is the tensor-parallel one
  * (user/tp/) with its one rank over the same kvcache: the split code,
  * bit-identical to the engine's (tests/cli/test_tp.sh holds it to that).
@@ -48,12 +54,30 @@ struct cpu {
 				 * that keep it when the caller asks for none */
 	size_t rows_n;
 	int fp8;		/* views hold fp8 KV */
+	int round;		/* how new K/V rows are rounded (enum kvmem_kv_round) */
 };
 
 /* Raw K of layer l, KV head h, slot t of a view that keeps it. */
 static float *raw_at(const struct cpu *b, const kvmem_view *v, int l, int h, int64_t t)
 {
 	return v->rk + (((size_t)l * b->c->n_kv_heads + h) * v->kv.cap + t) * b->c->head_dim;
+}
+
+/* b->round: fp8's for fp8 KV, else what KVMEM_CPU_KV_ROUND names. The
+ * knob rounds the backend's own fp32 KV only: fp8 KV rounds already, and
+ * the split forward (--tp 1) rounds nothing. */
+static int kv_round_knob(struct cpu *b, const kvmem_backend_opts *o)
+{
+	const char *e = getenv("KVMEM_CPU_KV_ROUND");
+	int mode = kvmem_kv_round_parse(e);
+
+	if (mode < 0)
+		return mode;
+	if (mode != KVMEM_KV_ROUND_NONE && (b->fp8 || o->tp == 1))
+		return kvmem_error(EINVAL, "KVMEM_CPU_KV_ROUND=%s rounds the cpu backend's own fp32 "
+				   "KV: not with %s", e, b->fp8 ? "--kv-dtype fp8" : "--tp 1");
+	b->round = b->fp8 ? KVMEM_KV_ROUND_FP8 : mode;
+	return 0;
 }
 
 static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **ctx)
@@ -73,7 +97,12 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 		return kvmem_fail();
 	}
 	b->fp8 = o->kv_dtype == KVMEM_DTYPE_FP8;
-	kvmem_engine_set_kv_fp8(b->e, b->fp8);
+	if (kv_round_knob(b, o) < 0) {
+		kvmem_engine_free(b->e);
+		free(b);
+		return kvmem_fail();
+	}
+	kvmem_engine_set_kv_round(b->e, b->round);
 	if (o->tp == 1 && !(b->tp = kvmem_tp_engine_create(m, 1, o->max_chunk))) {
 		kvmem_engine_free(b->e);
 		free(b);
@@ -201,8 +230,8 @@ static void keep_rows(struct cpu *b, kvmem_view *v, const float *raw_k, int at, 
 				float *rk = raw_at(b, v, l, h, at + j);
 
 				memcpy(rk, raw_k + (((size_t)l * n + j) * H + h) * D, sizeof(float) * D);
-				if (b->fp8)	/* the K the view was rotated from */
-					kvmem_fp8_roundtrip_rows(rk, 1, D);
+				/* the K the view was rotated from */
+				kvmem_kv_round_rows(rk, 1, D, b->round, 0);
 			}
 }
 
@@ -336,16 +365,17 @@ static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
 	/* K first, through the scratch page when it needs widening; then V. */
 	if (!(pk = kvmem_page_f32(&it->page, 0, page_elems, b->scratch)))
 		return kvmem_fail();
-	/* An fp8 view from a page of another dtype: its rows rounded as the
-	 * engine rounds a new token's (an fp8 page is exact already). */
-	const int round = b->fp8 && it->page.dtype != KVMEM_DTYPE_FP8;
+	/* An fp8 view from a page of another dtype, or a knob's rounding: its
+	 * rows rounded as the engine rounds a new token's (an fp8 page is
+	 * exact already). */
+	const int round = b->round && it->page.dtype != KVMEM_DTYPE_FP8;
 
 	for (int h = 0; h < H; h++) {
 		float *dk = kvmem_kv_k(&v->kv, it->layer, h, (int)it->slot);
 
 		memcpy(dk, pk + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
 		if (round)
-			kvmem_fp8_roundtrip_rows(dk, (size_t)it->n, d);
+			kvmem_kv_round_rows(dk, (size_t)it->n, d, b->round, 0);
 		if (v->keep)
 			memcpy(raw_at(b, v, it->layer, h, it->slot), dk, run * sizeof(float));
 		kvmem_rope(dk, b->pos, it->n, 1, d, b->c->rope_theta);
@@ -357,7 +387,7 @@ static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
 
 		memcpy(dv, pv + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
 		if (round)
-			kvmem_fp8_roundtrip_rows(dv, (size_t)it->n, d);
+			kvmem_kv_round_rows(dv, (size_t)it->n, d, b->round, 1);
 	}
 	return 0;
 }

@@ -38,7 +38,8 @@ struct kvmem_engine {
 	int32_t *q_pos;	/* [rows] each row's slot in its own view */
 	int32_t *kv_pos;/* [kv_pos_cap] = 0, 1, 2, ... */
 	int kv_pos_cap;
-	int kv_fp8;	/* the view holds fp8 KV: K and V rounded through e4m3 */
+	int kv_round;	/* how new K and V are rounded (enum kvmem_kv_round):
+			 * fp8 KV, or the cpu backend's research knob */
 	/* A batch's per-sequence scratch: its first row and its attention. */
 	int *r0;
 	kvmem_att_seq *att_seqs;
@@ -144,7 +145,12 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e)
 
 void kvmem_engine_set_kv_fp8(kvmem_engine *e, int on)
 {
-	e->kv_fp8 = on;
+	e->kv_round = on ? KVMEM_KV_ROUND_FP8 : KVMEM_KV_ROUND_NONE;
+}
+
+void kvmem_engine_set_kv_round(kvmem_engine *e, int mode)
+{
+	e->kv_round = mode;
 }
 
 /* kv_pos[t] = t for every slot the attention may read. */
@@ -200,10 +206,9 @@ static void store_kv(kvmem_engine *e, const struct batch *b, int l)
 	const kvmem_config *c = &e->m->cfg;
 	int hk = c->n_kv_heads, d = c->head_dim;
 
-	if (e->kv_fp8) {	/* the values a page of fp8 gives back */
-		kvmem_fp8_roundtrip_rows(e->k, (size_t)b->T * hk, d);
-		kvmem_fp8_roundtrip_rows(e->v, (size_t)b->T * hk, d);
-	}
+	/* fp8: the values a page of fp8 gives back */
+	kvmem_kv_round_rows(e->k, (size_t)b->T * hk, d, e->kv_round, 0);
+	kvmem_kv_round_rows(e->v, (size_t)b->T * hk, d, e->kv_round, 1);
 	kvmem_rope(e->k, e->q_pos, b->T, hk, d, c->rope_theta);
 	for (int i = 0; i < b->n_seqs; i++) {
 		kvmem_kvcache *kv = b->seqs[i].kv;

@@ -118,6 +118,9 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
  * back in kvmem_fwd_out stay unquantised (the index is built from them,
  * the page source quantises them into the same bytes). */
 void kvmem_engine_set_kv_fp8(kvmem_engine *e, int on);
+/* The same with another rounding (enum kvmem_kv_round, kernels_fp8.h):
+ * the cpu backend's research knob KVMEM_CPU_KV_ROUND. */
+void kvmem_engine_set_kv_round(kvmem_engine *e, int mode);
 
 /*
  * Run n (<= max_chunk) tokens through the model. They take slots

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: MIT
+/*
+ * How far each KV rounding of KVMEM_CPU_KV_ROUND (kernels/kernels_fp8.h)
+ * moves the agentlang model's raw K and V: one 1x `bench recall`
+ * workspace (2032 tokens, seed 1010000000, the needles at depths 0.1, 0.5,
+ * 0.9, 8 look-alikes) prefilled on the cpu backend in chunks of 128; per
+ * layer, K and V apart, the relative rms error (sqrt(sum (r - x)^2 / sum
+ * x^2)) of bf16, fp8 (a scale a row), fp8-g16 and int8; the share of
+ * values below e4m3's normal range at the row's scale (the only ones a
+ * finer power-of-two scale rounds differently); a row's largest magnitude
+ * over its rms, mean over rows. Documentation/recall.md, "Where fp8 KV
+ * loses recall".
+ *
+ *   cc -O2 -std=c11 -D_GNU_SOURCE -I. -Iinclude -Iuser tools/bench/kv_round_err.c \
+ *      build/libkvmem_agentlang.a build/libkvmem.a -lopenblas -luring -lnuma -lxxhash \
+ *      -lpcre2-8 -lunistring -ljansson -lm -lpthread -fopenmp -o /tmp/kv_round_err
+ *   /tmp/kv_round_err [MODEL_DIR]     (default models/agentlang)
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agentlang/agentlang.h"
+#include "backend/backend_impl.h"
+#include "engine/engine.h"
+#include "kernels/kernels_fp8.h"
+#include "kvmem/kvmem.h"
+#include "kvmem/model.h"
+
+#define MAX_LAYERS 64
+#define MAX_DIM 256
+#define CHUNK 128
+
+static const int modes[] = { KVMEM_KV_ROUND_BF16, KVMEM_KV_ROUND_FP8, KVMEM_KV_ROUND_FP8_G16,
+			     KVMEM_KV_ROUND_INT8 };
+#define N_MODES 4
+
+/* Sums over the rows of one layer, K or V. */
+struct sums {
+	double err[N_MODES], signal, below_normal, values, crest, rows;
+};
+
+static void add_row(struct sums *s, const float *x, int d, int is_v)
+{
+	const float below = 0x1p-6f * kvmem_fp8_row_scale(x, d);	/* e4m3's least normal */
+	double amax = 0, ss = 0;
+	float y[MAX_DIM];
+
+	for (int i = 0; i < d; i++) {
+		ss += (double)x[i] * x[i];
+		amax = fmax(amax, fabs(x[i]));
+		s->below_normal += fabsf(x[i]) < below;
+	}
+	s->signal += ss;
+	s->values += d;
+	s->crest += amax / sqrt(ss / d);
+	s->rows++;
+	for (int m = 0; m < N_MODES; m++) {
+		memcpy(y, x, sizeof(float) * d);
+		kvmem_kv_round_rows(y, 1, d, modes[m], is_v);
+		for (int i = 0; i < d; i++)
+			s->err[m] += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+	}
+}
+
+static int fail(const char *what)
+{
+	fprintf(stderr, "kv_round_err: %s: %s\n", what, kvmem_last_error());
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	static struct sums sums[2][MAX_LAYERS];
+	const double depths[3] = { 0.1, 0.5, 0.9 };
+	kvmem_model *m;
+	kvmem_backend *b;
+	kvmem_view *v;
+	agentlang_params p;
+	agentlang_transcript ws;
+
+	if (kvmem_model_load(argc > 1 ? argv[1] : "models/agentlang", &m) < 0)
+		return fail("model");
+	const kvmem_config *c = &m->cfg;
+	const int L = c->n_layers, H = c->n_kv_heads, D = c->head_dim;
+
+	if (L > MAX_LAYERS || D > MAX_DIM) {
+		fprintf(stderr, "kv_round_err: %d layers of head_dim %d: at most %d, %d\n", L, D,
+			MAX_LAYERS, MAX_DIM);
+		return 1;
+	}
+	agentlang_params_default(&p);
+	p.seed = 1010000000;
+	p.n_tokens = 2032;
+	p.n_questions = 3;
+	p.depths = depths;
+	p.lookalikes = 8;
+	if (agentlang_transcript_build(&p, &ws) < 0)
+		return fail("workspace");
+	if (kvmem_backend_open("cpu", m, &(kvmem_backend_opts){ .max_chunk = CHUNK }, &b) < 0 ||
+	    b->ops->view_create(b->ctx, &v) < 0 || b->ops->reserve(b->ctx, v, ws.n_ids) < 0)
+		return fail("cpu backend");
+
+	float *rk = malloc(sizeof(float) * L * CHUNK * H * D), *rv = malloc(sizeof(float) * L * CHUNK * H * D);
+	float *logits = malloc(sizeof(float) * c->vocab);
+
+	if (!rk || !rv || !logits)
+		return 1;
+	for (int64_t t0 = 0; t0 < ws.n_ids; t0 += CHUNK) {
+		const int n = ws.n_ids - t0 < CHUNK ? (int)(ws.n_ids - t0) : CHUNK;
+		kvmem_fwd_out out = { .raw_k = rk, .v = rv };
+
+		if (kvmem_backend_append_out(b, v, ws.ids + t0, n, logits, 0, &out) < 0)
+			return fail("prefill");
+		for (int kv = 0; kv < 2; kv++)
+			for (int l = 0; l < L; l++)
+				for (int r = 0; r < n * H; r++)
+					add_row(&sums[kv][l], (kv ? rv : rk) + ((size_t)l * n * H + r) * D, D, kv);
+	}
+	printf("tokens %lld, layers %d, kv heads %d, head_dim %d\n", (long long)ws.n_ids, L, H, D);
+	printf("kv layer | rel rms err bf16 fp8 fp8-g16 int8 | subnormal share at row scale | "
+	       "mean max/rms of a row\n");
+	for (int kv = 0; kv < 2; kv++)
+		for (int l = 0; l < L; l++) {
+			const struct sums *s = &sums[kv][l];
+
+			printf("%s %d |", kv ? "V" : "K", l);
+			for (int i = 0; i < N_MODES; i++)
+				printf(" %.4f", sqrt(s->err[i] / s->signal));
+			printf(" | %.4f | %.2f\n", s->below_normal / s->values, s->crest / s->rows);
+		}
+	b->ops->view_destroy(b->ctx, v);
+	kvmem_backend_close(b);
+	agentlang_transcript_free(&ws);
+	kvmem_model_free(m);
+	free(rk);
+	free(rv);
+	free(logits);
+	return 0;
+}
