@@ -832,6 +832,23 @@ int cuda_pages_method(struct cuda *b)
 	return pg ? pg->method : CUDA_PLACE_PACK;
 }
 
+/* A place() call begins (bf16's place_pages, fp8's cuda_pages_fp8_at):
+ * room for its n items, the call's stamp, and the pool, which keeps pages
+ * of registered memory only: made when there is some, sized for the view
+ * being placed into. */
+static int place_begin(struct cuda *b, struct cuda_pages *pg, const kvmem_place *items, int n,
+		       int64_t view_cap)
+{
+	int rc;
+
+	if ((rc = room_items(b, pg, n)) < 0)
+		return rc;
+	pg->call++;
+	if (!pg->pool && n && has_region(pg))
+		pool_make(b, pg, items[0].stride, view_cap);
+	return 0;
+}
+
 /*
  * Items are checked by the caller (cuda_place). Every item becomes one
  * gather item; the pages that must travel first (method batch: registered
@@ -848,13 +865,8 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 
 	if (!pg)
 		return kvmem_fail();
-	if ((rc = room_items(b, pg, n)) < 0)
+	if ((rc = place_begin(b, pg, items, n, v->cap)) < 0)
 		return rc;
-	pg->call++;
-	/* The pool keeps pages of registered memory only: made when there is
-	 * some, sized for the view being placed into. */
-	if (!pg->pool && n && has_region(pg))
-		pool_make(b, pg, items[0].stride, v->cap);
 	/* Room for the pages of unregistered memory. */
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
@@ -1209,11 +1221,8 @@ int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items
 
 	if (!pg)
 		return kvmem_fail();
-	if ((rc = room_items(b, pg, n)) < 0)
+	if ((rc = place_begin(b, pg, items, n, view_cap)) < 0)
 		return rc;
-	pg->call++;
-	if (!pg->pool && n && has_region(pg))
-		pool_make(b, pg, items[0].stride, view_cap);
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
 		const int cached = it->page.mem == KVMEM_MEM_BACKEND;
