@@ -143,11 +143,6 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e)
 	return e->m;
 }
 
-void kvmem_engine_set_kv_fp8(kvmem_engine *e, int on)
-{
-	e->kv_round = on ? KVMEM_KV_ROUND_FP8 : KVMEM_KV_ROUND_NONE;
-}
-
 void kvmem_engine_set_kv_round(kvmem_engine *e, int mode)
 {
 	e->kv_round = mode;

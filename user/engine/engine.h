@@ -112,14 +112,13 @@ typedef struct kvmem_engine kvmem_engine;
 kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk);
 void kvmem_engine_free(kvmem_engine *e);
 const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
-/* on: the view holds fp8 KV. Each new token's raw K and V are rounded
- * through e4m3 with their row scales (kvmem_fp8_roundtrip_rows) before K
- * is rotated and both are stored and attended to; the raw rows handed
- * back in kvmem_fwd_out stay unquantised (the index is built from them,
- * the page source quantises them into the same bytes). */
-void kvmem_engine_set_kv_fp8(kvmem_engine *e, int on);
-/* The same with another rounding (enum kvmem_kv_round, kernels_fp8.h):
- * the cpu backend's research knob KVMEM_CPU_KV_ROUND. */
+/* How each new token's raw K and V are rounded (enum kvmem_kv_round,
+ * kernels_fp8.h) before K is rotated and both are stored and attended to.
+ * KVMEM_KV_ROUND_FP8: the view holds fp8 KV, rounded through e4m3 with
+ * their row scales (kvmem_fp8_roundtrip_rows); the others are the cpu
+ * backend's research knob KVMEM_CPU_KV_ROUND. The raw rows handed back in
+ * kvmem_fwd_out stay unrounded (the index is built from them, the page
+ * source quantises them into the same bytes). */
 void kvmem_engine_set_kv_round(kvmem_engine *e, int mode);
 
 /*
