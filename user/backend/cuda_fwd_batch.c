@@ -32,8 +32,16 @@
  * (user/session/batch.c). Prefill chunks in a batch run through the lone
  * forward, one after another, and the decode items beside them batched. KVMEM_CUDA_BATCH=0 (read at the first call)
  * turns it off, for comparisons.
+ *
+ * KVMEM_CUDA_BATCH_PROFILE=1 (read at the first call) says where a pass's
+ * time goes, for issue #26's levers (nsys does not run on the GPU machine):
+ * events between the ops on the stream, the host's time to queue a pass
+ * and its wait in the sync, summed over passes and printed to stderr when
+ * the backend closes. An event interval holds the GPU's idle time too, so
+ * a queueing time near the GPU's span says the launches are the bound.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +53,24 @@
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
+#include "util/clock.h"
+
+/* KVMEM_CUDA_BATCH_PROFILE's parts of a pass, in the order they run. */
+enum { P_START, P_IN, P_NORM1, P_QKV, P_QK, P_ATT, P_WO, P_NORM2, P_GU, P_SWIGLU, P_DOWN,
+       P_ROWS, P_LOGITS, P_COPY, P_PARTS };
+static const char *const part_name[P_PARTS] = {
+	"", "inputs up, embedding, angles", "attention rmsnorm", "qkv GEMM",
+	"q/k norm, rope, scatter", "attention", "o GEMM", "mlp rmsnorm", "gate|up GEMM",
+	"swiglu", "down GEMM", "rows down", "final norm, lm_head", "logits down" };
+#define PROF_EVENTS 1024
+
+struct fwdb_prof {
+	cudaEvent_t ev[PROF_EVENTS];
+	unsigned char part[PROF_EVENTS];
+	int n_ev, made;
+	long passes, items;
+	double ms[P_PARTS], queue_ms, sync_ms, out_ms, span_ms;
+};
 
 struct cuda_fwdb {
 	int rows;		/* room for this many items */
@@ -58,7 +84,61 @@ struct cuda_fwdb {
 	float *logits, *host_logits;	/* [rows][vocab] */
 	uint16_t *host_rows;	/* pinned: raw q [L][rows][qw], raw K and V [L][rows][kw] */
 	kvmem_cuda_att_seq *seqs;	/* host [rows] */
+	struct fwdb_prof *prof;		/* KVMEM_CUDA_BATCH_PROFILE=1 */
 };
+
+/* An event on the stream closing `part` (when profiling). */
+static void mark(struct cuda_fwdb *f, const struct cuda *b, int part)
+{
+	struct fwdb_prof *p = f->prof;
+
+	if (!p || p->n_ev >= PROF_EVENTS)
+		return;
+	if (p->n_ev >= p->made) {
+		if (cudaEventCreate(&p->ev[p->n_ev]) != cudaSuccess) {
+			cudaGetLastError();
+			return;
+		}
+		p->made++;
+	}
+	p->part[p->n_ev] = (unsigned char)part;
+	cudaEventRecord(p->ev[p->n_ev++], (cudaStream_t)kvmem_cuda_stream(b->ctx));
+}
+
+/* After the pass's sync: the intervals between its events to their parts. */
+static void prof_pass(struct fwdb_prof *p, int n, double queue_ms, double sync_ms,
+		      double out_ms)
+{
+	float t;
+
+	for (int i = 1; i < p->n_ev; i++)
+		if (cudaEventElapsedTime(&t, p->ev[i - 1], p->ev[i]) == cudaSuccess)
+			p->ms[p->part[i]] += t;
+	if (p->n_ev > 1 && cudaEventElapsedTime(&t, p->ev[0], p->ev[p->n_ev - 1]) == cudaSuccess)
+		p->span_ms += t;
+	cudaGetLastError();
+	p->n_ev = 0;
+	p->passes++;
+	p->items += n;
+	p->queue_ms += queue_ms;
+	p->sync_ms += sync_ms;
+	p->out_ms += out_ms;
+}
+
+static void prof_print(struct fwdb_prof *p)
+{
+	const double k = p->passes ? 1.0 / (double)p->passes : 0.0;
+
+	if (!p->passes)
+		return;
+	fprintf(stderr, "cuda batched forward profile: %ld passes, %.1f items a pass; "
+		"ms a pass: host queueing %.3f, waiting in the sync %.3f, items' outputs %.3f; "
+		"GPU span %.3f:\n", p->passes, (double)p->items * k, p->queue_ms * k,
+		p->sync_ms * k, p->out_ms * k, p->span_ms * k);
+	for (int i = 1; i < P_PARTS; i++)
+		fprintf(stderr, "  %-30s %8.3f ms\n", part_name[i], p->ms[i] * k);
+}
+
 
 static size_t items_off(int rows)
 {
@@ -83,6 +163,12 @@ void cuda_fwdb_destroy(struct cuda *b)
 
 	if (!f)
 		return;
+	if (f->prof) {
+		prof_print(f->prof);
+		for (int i = 0; i < f->prof->made; i++)
+			cudaEventDestroy(f->prof->ev[i]);
+		free(f->prof);
+	}
 	kvmem_cuda_free(f->qkv);
 	kvmem_cuda_free(f->ang);
 	kvmem_cuda_free(f->in);
@@ -109,6 +195,9 @@ static int room(struct cuda *b, int n)
 		if (!(f = b->fwdb = calloc(1, sizeof(*f))))
 			return kvmem_error(ENOMEM, "cuda batched forward: out of memory");
 		f->off = e && !strcmp(e, "0");
+		e = getenv("KVMEM_CUDA_BATCH_PROFILE");
+		if (e && !strcmp(e, "1") && !(f->prof = calloc(1, sizeof(*f->prof))))
+			return kvmem_error(ENOMEM, "cuda batched forward: out of memory");
 	}
 	if (n <= f->rows)
 		return 0;
@@ -203,9 +292,12 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 	uint16_t *ov = b->ov + (size_t)l * n * b->kw;
 	int rc;
 
-	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)) ||
-	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->qkv, KVMEM_GEMM_BF16, b->h, w->wq, n, H, ld)))
+	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)))
 		return rc;
+	mark(f, b, P_NORM1);
+	if ((rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->qkv, KVMEM_GEMM_BF16, b->h, w->wq, n, H, ld)))
+		return rc;
+	mark(f, b, P_QKV);
 	/* The q/k kernel over every row, each into its own view: one launch
 	 * (the fused kernel), else one per item (the lone call's path). */
 	if (!f->per_item) {
@@ -235,17 +327,29 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 						   .kv_pos = NULL, .n_kv = (int)(v->len + 1),
 						   .kv_stride = (long long)v->cap };
 	}
+	mark(f, b, P_QK);
 	if ((rc = kvmem_cuda_attention_batch(b->ctx, b->att, b->q, f->seqs, n, c->n_heads,
-					     c->n_kv_heads, D, scale)) ||
-	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n,
-					    b->qw, H)) ||
-	    (rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->mlp_norm, n, H, c->rms_eps)) ||
-	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->gu, KVMEM_GEMM_BF16, b->h, w->w_gateup, n,
-					    H, 2 * I)) ||
-	    (rc = kvmem_cuda_swiglu_bf16(b->ctx, b->act, b->gu, b->gu + I, n, I, 2 * I)) ||
-	    (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->act, w->w_down, n,
+					     c->n_kv_heads, D, scale)))
+		return rc;
+	mark(f, b, P_ATT);
+	if ((rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n,
+					    b->qw, H)))
+		return rc;
+	mark(f, b, P_WO);
+	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->mlp_norm, n, H, c->rms_eps)))
+		return rc;
+	mark(f, b, P_NORM2);
+	if ((rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->gu, KVMEM_GEMM_BF16, b->h, w->w_gateup, n,
+					    H, 2 * I)))
+		return rc;
+	mark(f, b, P_GU);
+	if ((rc = kvmem_cuda_swiglu_bf16(b->ctx, b->act, b->gu, b->gu + I, n, I, 2 * I)))
+		return rc;
+	mark(f, b, P_SWIGLU);
+	if ((rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->act, w->w_down, n,
 					    I, H)))
 		return rc;
+	mark(f, b, P_DOWN);
 	return 0;
 }
 
@@ -323,7 +427,9 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	kvmem_scatter_item *sc;
 	kvmem_qk_view *qv;
 	int rc, want_out = 0, any_logits = 0;
+	uint64_t t0 = kvmem_now_ns(), t1, t2;
 
+	mark(f, b, P_START);
 	for (int i = 0; i < n; i++) {
 		want_out |= wants_out(items[i].out);
 		any_logits |= items[i].logits != NULL;
@@ -358,6 +464,7 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	    (rc = kvmem_cuda_rope_angles(b->ctx, f->ang, (const int32_t *)f->in + n, n,
 					 c->head_dim, c->rope_theta)) < 0)
 		return kvmem_error_prefix("cuda batched forward");
+	mark(f, b, P_IN);
 	for (int l = 0; l < L; l++)
 		if ((rc = layer(b, items, n, l, want_out)) < 0)
 			return kvmem_error_prefix("cuda batched forward, layer %d", l);
@@ -365,23 +472,31 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	 * (three copies and three syncs before). */
 	if (want_out && (rc = down_rows(b, n)) < 0)
 		return rc;
+	mark(f, b, P_ROWS);
 	if (any_logits &&
 	    ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->tmp, b->x, b->final_norm, n, c->hidden,
 					   c->rms_eps)) < 0 ||
 	     (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->logits, KVMEM_GEMM_F32, b->tmp, b->lm_head,
 					     n, c->hidden, c->vocab)) < 0))
 		return kvmem_error_prefix("cuda batched forward: logits");
+	mark(f, b, P_LOGITS);
 	if (any_logits && cudaMemcpyAsync(f->host_logits, f->logits, (size_t)n * c->vocab * 4,
 					  cudaMemcpyDeviceToHost,
 					  kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
 		cudaGetLastError();
 		return kvmem_error(EIO, "cuda batched forward: copying the logits down");
 	}
+	mark(f, b, P_COPY);
+	t1 = kvmem_now_ns();
 	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 		return kvmem_error_prefix("cuda batched forward");
+	t2 = kvmem_now_ns();
 	#pragma omp parallel for schedule(static) if (n >= PAR_ITEMS)
 	for (int i = 0; i < n; i++)
 		item_out(b, &items[i], n, i, want_out);
+	if (f->prof)
+		prof_pass(f->prof, n, (double)(t1 - t0) * 1e-6, (double)(t2 - t1) * 1e-6,
+			  (double)(kvmem_now_ns() - t2) * 1e-6);
 	for (int i = 0; i < n; i++)
 		items[i].v->len += 1;
 	return 0;
