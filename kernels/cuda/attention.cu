@@ -111,13 +111,15 @@ struct flash_args {
 };
 
 /* The decode split rule, shared by the kernels and the host: tiles of bn
- * keys, at most `target` splits, each a whole number of tiles, the last
- * one shorter. Depends on the key count and the target only. */
-__host__ __device__ __forceinline__ void decode_split(int n_kv, int bn, int target, int *kps,
-						      int *splits)
+ * keys, at most `target` splits, each a whole number of tiles and at
+ * least min_per of them (but for the last, which is shorter). Depends on
+ * the key count, the target and min_per only, never on a batch. */
+__host__ __device__ __forceinline__ void decode_split(int n_kv, int bn, int target, int min_per,
+						      int *kps, int *splits)
 {
 	const int tiles = (n_kv + bn - 1) / bn;
-	const int per = tiles ? (tiles + target - 1) / target : 1;
+	const int want = (tiles + target - 1) / target;
+	const int per = tiles ? (want > min_per ? want : min_per) : 1;
 
 	*kps = per * bn;
 	*splits = tiles ? (tiles + per - 1) / per : 0;
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(32 * WM) flash_kernel(const flash_args a)
 	if (a.split_target) {
 		int splits;
 
-		decode_split(n_kv, BN, a.split_target, &kps, &splits);
+		decode_split(n_kv, BN, a.split_target, 1, &kps, &splits);
 		if (split >= splits)
 			return;	/* the whole block: the grid was sized for the most splits */
 	}
@@ -539,7 +541,7 @@ combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
 	if (target) {
 		int kps;
 
-		decode_split(n_kv_dev ? min(*n_kv_dev, n_kv) : n_kv, bn, target, &kps, &splits);
+		decode_split(n_kv_dev ? min(*n_kv_dev, n_kv) : n_kv, bn, target, 1, &kps, &splits);
 	}
 	if (tid < 32) {
 		float m[COMBINE_MAX / 32], M = -INFINITY, L = 0.0f;
@@ -628,6 +630,17 @@ combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
  * at head_dim 128: still two blocks per SM.
  */
 #define DEC_BN 64	/* keys per stage, 16 per warp */
+/* Stages a split takes at least. With one (as before 2026-12-02) a batched
+ * decode over 64 views of ~500 keys ran 4096 blocks of a single stage each
+ * (64 x 8 KV heads x 8 splits): 3.2 ms of a 23 ms step went to their
+ * set-up and combine, not to reading keys (tests/gpu/prof26.sh). Four
+ * stages a split keep the ring busy and cut those blocks to a quarter; a
+ * lone decode changes only below target x 4 stages (8448 keys at 8 KV
+ * heads on 132 SMs), where attention is a small part of a step. The rule
+ * is the lone decode's too, so a batched item keeps its lone bits.
+ * KVMEM_CUDA_DEC_MIN_TILES=N (read when a context is made) sets it for
+ * comparisons in the same run: 1 is the rule before. */
+#define DEC_MIN_TILES 4
 #define DEC_WARPS 4
 #define DEC_STAGES 3
 #define DEC_CNT 1024	/* KV heads the context's counters cover */
@@ -639,6 +652,7 @@ struct dec_args {
 	const int32_t *q_pos, *kv_pos;
 	const int *n_kv_dev;	/* the key count on the device (capped at n_kv), or NULL */
 	int n_q, n_kv, n_heads, n_kv_heads, group, target;
+	int min_tiles;		/* the split's least stages (dec_min_tiles) */
 	long long kv_stride;
 	float scale_log2;	/* scale * log2(e) */
 	float *part_o, *part_m, *part_l;	/* [target][n_kv_heads][R] (x head_dim) */
@@ -708,7 +722,7 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 	const int n_kv = max(0, a.n_kv_dev ? min(*a.n_kv_dev, a.n_kv) : a.n_kv);
 	int kps, splits;
 
-	decode_split(n_kv, DEC_BN, a.target, &kps, &splits);
+	decode_split(n_kv, DEC_BN, a.target, a.min_tiles, &kps, &splits);
 	if (splits < 1)
 		splits = 1;	/* no keys: one block writes the zeros */
 	if (split >= splits)
@@ -1321,7 +1335,7 @@ static int flash(kvmem_cuda_ctx *c, flash_args a, int head_dim, int version, con
 	a.split_target = 0;
 	if (few) {
 		a.split_target = decode_target(c, bn, a.n_kv_heads);
-		decode_split(a.n_kv, bn, a.split_target, &a.keys_per_split, &splits);
+		decode_split(a.n_kv, bn, a.split_target, 1, &a.keys_per_split, &splits);
 		grid_z = n_kv_dev ? a.split_target : (splits > 0 ? splits : 1);
 		alloc = a.split_target;
 	} else {
@@ -1375,6 +1389,12 @@ static int flash(kvmem_cuda_ctx *c, flash_args a, int head_dim, int version, con
 }
 
 /* The decode kernel's split target: two blocks per SM over the KV heads. */
+/* The split's least stages: KVMEM_CUDA_DEC_MIN_TILES, else DEC_MIN_TILES. */
+static int dec_min_tiles(const kvmem_cuda_ctx *c)
+{
+	return c->dec_min_tiles > 0 ? c->dec_min_tiles : DEC_MIN_TILES;
+}
+
 static int dec_target(const kvmem_cuda_ctx *c, int n_kv_heads)
 {
 	const long long want = (long long)c->sms * 2;
@@ -1423,7 +1443,8 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.scale_log2 = f.scale_log2;
 	a.cnt = c->att_cnt;
 	a.target = dec_target(c, f.n_kv_heads);
-	decode_split(f.n_kv, DEC_BN, a.target, &kps, &splits);
+	a.min_tiles = dec_min_tiles(c);
+	decode_split(f.n_kv, DEC_BN, a.target, a.min_tiles, &kps, &splits);
 	grid = n_kv_dev ? a.target : (splits > 0 ? splits : 1);
 	rows_all = (size_t)a.target * f.n_kv_heads * R;
 	bytes = rows_all * head_dim * sizeof(float) + 2 * kvmem_align_up(rows_all * sizeof(float), 256);
@@ -1490,6 +1511,7 @@ extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const 
 	base.n_kv_heads = n_kv_heads;
 	base.group = G;
 	base.target = target;
+	base.min_tiles = dec_min_tiles(c);
 	base.scale_log2 = scale * 1.4426950408889634f;
 	for (int s0 = 0; s0 < n && !rc; s0 += per_launch) {
 		const int m = n - s0 < per_launch ? n - s0 : per_launch;
@@ -1511,7 +1533,7 @@ extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const 
 			const size_t rows = (size_t)target * n_kv_heads * x->n_q * G;
 			int kps, splits;
 
-			decode_split(x->n_kv, DEC_BN, target, &kps, &splits);
+			decode_split(x->n_kv, DEC_BN, target, base.min_tiles, &kps, &splits);
 			grid = splits > grid ? splits : grid;
 			h[i].out = out + (size_t)x->q0 * n_heads * head_dim;
 			h[i].q = q + (size_t)x->q0 * n_heads * head_dim;

@@ -80,6 +80,12 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 				       !strcmp(e, "6")) ? e[0] - '0' : 0;
 		e = getenv("KVMEM_CUDA_DECODE");
 		c->att_decode = e && (!strcmp(e, "2") || !strcmp(e, "3") || !strcmp(e, "5")) ? e[0] - '0' : 0;
+		/* Decode attention v5's least stages a split, for comparisons
+		 * (1: the rule before 2026-12-02); 0: attention.cu's default. */
+		e = getenv("KVMEM_CUDA_DEC_MIN_TILES");
+		c->dec_min_tiles = e ? atoi(e) : 0;
+		if (c->dec_min_tiles < 0 || c->dec_min_tiles > 64)
+			c->dec_min_tiles = 0;
 	}
 	if ((rc = kvmem_cuda_err(cudaSetDevice(device), "selecting the device")) ||
 	    (rc = kvmem_cuda_err(cudaGetDeviceProperties(&p, device), "reading the device")))

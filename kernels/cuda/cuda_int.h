@@ -55,6 +55,8 @@ struct kvmem_cuda_ctx {
 	int att_prefill, att_decode;	/* the main path's attention versions (attention.cu;
 					 * KVMEM_CUDA_PREFILL / KVMEM_CUDA_DECODE override) */
 	unsigned *att_cnt;	/* decode attention v5's per-KV-head counters (device, zero) */
+	int dec_min_tiles;	/* v5's least stages a split (KVMEM_CUDA_DEC_MIN_TILES, 1..64;
+				 * attention.cu's DEC_MIN_TILES when unset) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];
 	int next_plan;		/* round-robin replacement */
 };
