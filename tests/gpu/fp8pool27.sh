@@ -1,6 +1,6 @@
 #!/bin/bash
 # On the GPU machine (issue 27): the device page pool for fp8 pages
-# (KVMEM_CUDA_FP8_POOL=1, off by default until this has run). From the
+# (KVMEM_CUDA_FP8_POOL=1, the default since this ran on 2026-12-02; 0 is the peer). From the
 # repo root (gpu_setup unpacks the bundle):
 #
 #   tests/gpu/fp8pool27.sh OUTDIR [SECONDS]

@@ -25,9 +25,9 @@
  *  - place(): one kernel reads fp8 pages in registered host memory (a
  *    pager's pinned pool) where they are, 16 bytes a thread, and rotates
  *    them into the view; other pages are packed into pinned staging on
- *    the host first (quantised when not fp8). By default no device page
- *    pool: KVMEM_CUDA_FP8_POOL=1 gives fp8 pages one (cuda_page.c), as
- *    bf16 pages have: each slot a page's bytes and scales as the page
+ *    the host first (quantised when not fp8). fp8 pages have a device
+ *    page pool (cuda_page.c; KVMEM_CUDA_FP8_POOL=0: none), as bf16
+ *    pages have: each slot a page's bytes and scales as the page
  *    holds them (kvmem_page_at's layout, 0.52 of a bf16 slot at
  *    Qwen3-8B), filled ahead by pool_fill and by place()'s whole pages of
  *    registered memory (copied in before the gather), and read by the
