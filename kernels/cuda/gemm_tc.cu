@@ -24,8 +24,8 @@
  *  - More than 64 rows: the same tile code on each next 64 rows.
  *
  * A warp owns MT tiles of 16 outputs (1 for a lone row, whose launch
- * wants many warps; 2 from 9 rows on, so each x fragment serves two
- * weight tiles); 8 warps a block; each lane keeps TC_U / MT blocks of
+ * wants many warps; 2 for wide outputs at 9-32 rows, so each x fragment
+ * serves two weight tiles: see the launch); 8 warps a block; each lane keeps TC_U / MT blocks of
  * each tile's weight loads in flight (16-byte __ldcs: read once), so one
  * row (the lone decode) still streams the weights; with 64 rows the
  * weight tile is applied to 8 x tiles per load, on tensor cores (gemv.cu's
@@ -51,7 +51,12 @@
 #define TC_U 4			/* 32-element blocks of loads in flight per lane */
 #define TC_U1 4			/* the same for one x tile and one weight tile (a lone row) */
 #define TC_MAX_KS 8		/* warps splitting one tile's input */
-#define TC_BLOCKS_PER_SM 2	/* resident blocks the split aims for */
+/* Blocks per multiprocessor the split aims for. 8 (2 before 2026-12-02)
+ * gives every Qwen3-8B layer shape the most split, ks 8: measured shape by
+ * shape (kvmem_gpu_check --gemm-tc-shapes, H200), ks 8 was the fastest or
+ * within 2% at 1 and 16 rows, and gate|up (ks 2 by the old target) went
+ * from 2907 to 3202 GB/s at 16 rows and 3102 to 3304 alone. */
+#define TC_BLOCKS_PER_SM 8
 #define TC_ROWS 64		/* x rows per pass: 8 tiles of 8 */
 
 __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
@@ -306,9 +311,12 @@ int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t
 		return 0;
 	const int ks = tc_splits(c, in, out), per = TC_WARPS / ks;
 	const int nt = n > 32 ? 8 : n > 16 ? 4 : n > 8 ? 2 : 1;
-	/* Two weight tiles a warp once x is more than one tile (its loads
-	 * halved); one for a lone row, whose launch wants the warps. */
-	const int mt = c->gemm_tc_mt ? c->gemm_tc_mt : nt > 1 ? 2 : 1;
+	/* Two weight tiles a warp (each x fragment serves both) where that
+	 * measured faster: wide outputs (gate|up) at 9-32 rows, 3202 against
+	 * 2997 GB/s at 16; elsewhere one, whose launch has twice the warps
+	 * (o and down at 16 rows 7-9% faster, gate|up at 64 8%;
+	 * kvmem_gpu_check --gemm-tc-shapes, 2026-12-02). Never a sum's order. */
+	const int mt = c->gemm_tc_mt ? c->gemm_tc_mt : nt > 1 && nt <= 4 && out >= 16384 ? 2 : 1;
 	const int tiles = (out + 16 * mt - 1) / (16 * mt), grid = (tiles + per - 1) / per;
 
 #define TC_LAUNCH(NT_, MT_, U_)                                                                 \

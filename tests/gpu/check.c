@@ -57,6 +57,7 @@
 #include "check_gather.h"
 #include "check_pages.h"
 #include "check_gemv.h"
+#include "check_gemv_rows.h"
 #include "check_perf.h"
 #include "check_util.h"
 
@@ -1017,7 +1018,7 @@ int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
 	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0, only_fp8 = 0;
-	int only_pages = 0, only_gemm_tc = 0;
+	int only_pages = 0, only_gemm_tc = 0, gemm_tc_shapes = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1043,12 +1044,14 @@ int main(int argc, char **argv)
 			only_fp8 = 1;		/* fp8 KV alone (check_fp8.c) */
 		else if (!strcmp(argv[i], "--gemm-tc"))
 			only_gemm_tc = 1;	/* the tensor-core GEMM alone (check_gemm_tc.c) */
+		else if (!strcmp(argv[i], "--gemm-tc-shapes"))
+			gemm_tc_shapes = 1;	/* its split and tiles shape by shape, timed */
 		else if (!strcmp(argv[i], "--pages"))
 			only_pages = 1;		/* rows into pages alone (check_pages.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--gemm-tc] [--fp8] [--pages] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--gemm-tc] [--gemm-tc-shapes] [--fp8] [--pages] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1072,6 +1075,8 @@ int main(int argc, char **argv)
 		check_fp8(do_bench);
 	} else if (only_pages) {
 		check_pages();
+	} else if (gemm_tc_shapes) {
+		gemm_tc_shape_sweep();
 	} else if (only_gemm_tc) {
 		check_gemm_tc();
 		if (!g_quick)	/* --quick: the checks alone (for compute-sanitizer) */

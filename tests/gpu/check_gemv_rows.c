@@ -156,3 +156,69 @@ void gemv_rows_sweep(void)
 	for (int k = 0; k < 4; k++)
 		kvmem_cuda_free(t.w[k]);
 }
+
+/* ---- the tensor-core GEMM's split and tiles, shape by shape ----------------- */
+struct tshape {
+	int n, in, out;
+	void *x, *y, *w;
+};
+
+static int run_shape(void *arg)
+{
+	struct tshape *t = arg;
+
+	return kvmem_cuda_gemm_tc_bf16(g_c, t->y, KVMEM_GEMM_BF16, t->x, t->w, t->n, t->in, t->out);
+}
+
+/* The lone decode's GEMV ("gemm_tc" off): the peer of a row alone. */
+static int run_gemv(void *arg)
+{
+	struct tshape *t = arg;
+
+	return kvmem_cuda_gemm_bf16(g_c, t->y, KVMEM_GEMM_BF16, t->x, t->w, 1, t->in, t->out);
+}
+
+void gemm_tc_shape_sweep(void)
+{
+	static const int counts[] = { 1, 16, 64 }, kss[] = { 0, 1, 2, 4, 8 }, mts[] = { 1, 2 };
+	static const char *const names[4] = { "qkv", "o", "gate|up", "down" };
+	struct tshape t;
+
+	printf("\nthe tensor-core GEMM (gemm_tc.cu) at each 8B layer shape: weights GB/s by the split "
+	       "ks (0: the rule) and weight tiles a warp mt (median of 20, CUDA events; ks changes "
+	       "the sums, mt does not)\n");
+	printf("%-8s %5s %3s %9s %9s %9s %9s %9s\n", "shape", "rows", "mt", "ks rule", "ks 1", "ks 2",
+	       "ks 4", "ks 8");
+	int was = kvmem_cuda_tune(g_c, "gemm_tc", 0);
+	for (int k = 0; k < 4; k++) {
+		const size_t e = (size_t)g_sh[k][0] * g_sh[k][1];
+
+		t.in = g_sh[k][0];
+		t.out = g_sh[k][1];
+		if (kvmem_cuda_malloc(&t.w, 2 * e) || kvmem_cuda_malloc(&t.x, (size_t)64 * t.in * 2) ||
+		    kvmem_cuda_malloc(&t.y, (size_t)64 * t.out * 2))
+			die("timing: device memory");
+		dfill_bf16(t.w, e, 1);
+		dfill_bf16(t.x, (size_t)64 * t.in, 1);
+		t.n = 1;
+		printf("%-8s %5d GEMV (gemv.cu, the lone decode's default) %9.1f\n", names[k], 1,
+		       2.0 * e / (time_ms(run_gemv, &t, 3, 20) * 1e6));
+		for (int ci = 0; ci < 3; ci++)
+			for (int mi = 0; mi < 2; mi++) {
+				t.n = counts[ci];
+				printf("%-8s %5d %3d", names[k], t.n, mts[mi]);
+				kvmem_cuda_tune(g_c, "gemm_tc_mt", mts[mi]);
+				for (int ki = 0; ki < 5; ki++) {
+					kvmem_cuda_tune(g_c, "gemm_tc_ks", kss[ki]);
+					printf(" %9.1f", 2.0 * e / (time_ms(run_shape, &t, 3, 20) * 1e6));
+				}
+				printf("\n");
+			}
+		kvmem_cuda_tune(g_c, "gemm_tc_ks", 0);
+		kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
+		kvmem_cuda_free(t.w);
+		kvmem_cuda_free(t.x);
+		kvmem_cuda_free(t.y);
+	}
+	kvmem_cuda_tune(g_c, "gemm_tc", was);
+}

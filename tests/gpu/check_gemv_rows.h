@@ -14,6 +14,10 @@ void check_gemv_rows(void);
 /* A layer's four GEMMs at the 8B geometry for 1, 16 and 64 rows: the rows
  * kernel against one lone call per row, and the weight bytes per second. */
 void gemv_rows_sweep(void);
+/* The tensor-core GEMM alone at each 8B layer shape, 1/16/64 rows, every
+ * split ks and tiles a warp mt forced in turn: weights GB/s (a rule's
+ * measurement, kvmem_gpu_check --gemm-tc-shapes). */
+void gemm_tc_shape_sweep(void);
 /* The batched decode's q/k norm + RoPE + scatter over rows of many views
  * (1-24 rows, 32/8 x 128, 8/2 x 64, 4/4 x 128, random slots and
  * capacities, raw K kept or not): bit for bit the one-row entry per row
