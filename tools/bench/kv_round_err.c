@@ -8,8 +8,10 @@
  * x^2)) of bf16, fp8 (a scale a row), fp8-g16 and int8; the share of
  * values below e4m3's normal range at the row's scale (the only ones a
  * finer power-of-two scale rounds differently); a row's largest magnitude
- * over its rms, mean over rows. Documentation/recall.md, "Where fp8 KV
- * loses recall".
+ * over its rms, mean over rows; for K, fp8-kc's error (a block of 32
+ * tokens' mean per head kept in fp32, the rest e4m3) and the share of K's
+ * energy (sum x^2) its block means carry: what centring can take from the
+ * mantissa's error. Documentation/recall.md, "Where fp8 KV loses recall".
  *
  *   cc -O2 -std=c11 -D_GNU_SOURCE -I. -Iinclude -Iuser tools/bench/kv_round_err.c \
  *      build/libkvmem_agentlang.a build/libkvmem.a -lopenblas -luring -lnuma -lxxhash \
@@ -27,6 +29,7 @@
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
+#include "kvmem/session.h"
 
 #define MAX_LAYERS 64
 #define MAX_DIM 256
@@ -39,6 +42,8 @@ static const int modes[] = { KVMEM_KV_ROUND_BF16, KVMEM_KV_ROUND_FP8, KVMEM_KV_R
 /* Sums over the rows of one layer, K or V. */
 struct sums {
 	double err[N_MODES], signal, below_normal, values, crest, rows;
+	double err_kc;		/* K: fp8-kc, a block's mean kept (kvmem_kv_round_k_run) */
+	double offset;		/* K: sum over rows of |their block's mean|^2 */
 };
 
 static void add_row(struct sums *s, const float *x, int d, int is_v)
@@ -62,6 +67,31 @@ static void add_row(struct sums *s, const float *x, int d, int is_v)
 		for (int i = 0; i < d; i++)
 			s->err[m] += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
 	}
+}
+
+/* K of one layer, a chunk's rows [n][H][D] at slots t0..: fp8-kc's error
+ * (blocks of KVMEM_BLOCK_DEFAULT, a part block as fp8 a row) and the share
+ * of the rows' energy their block's mean carries. */
+static void add_centred(struct sums *s, const float *x, int n, int H, int D, int64_t t0,
+			float *y)
+{
+	const int B = KVMEM_BLOCK_DEFAULT;
+
+	memcpy(y, x, sizeof(float) * n * H * D);
+	kvmem_kv_round_k_run(y, n, H, D, t0, B, KVMEM_KV_ROUND_FP8_KC);
+	for (size_t i = 0; i < (size_t)n * H * D; i++)
+		s->err_kc += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+	for (int b0 = 0; b0 < n; b0 += B)
+		for (int h = 0; h < H; h++)
+			for (int i = 0; i < D; i++) {
+				const int len = n - b0 < B ? n - b0 : B;
+				double m = 0;
+
+				for (int t = b0; t < b0 + len; t++)
+					m += x[((size_t)t * H + h) * D + i];
+				m /= len;
+				s->offset += m * m * len;
+			}
 }
 
 static int fail(const char *what)
@@ -103,9 +133,9 @@ int main(int argc, char **argv)
 		return fail("cpu backend");
 
 	float *rk = malloc(sizeof(float) * L * CHUNK * H * D), *rv = malloc(sizeof(float) * L * CHUNK * H * D);
-	float *logits = malloc(sizeof(float) * c->vocab);
+	float *logits = malloc(sizeof(float) * c->vocab), *y = malloc(sizeof(float) * CHUNK * H * D);
 
-	if (!rk || !rv || !logits)
+	if (!rk || !rv || !logits || !y)
 		return 1;
 	for (int64_t t0 = 0; t0 < ws.n_ids; t0 += CHUNK) {
 		const int n = ws.n_ids - t0 < CHUNK ? (int)(ws.n_ids - t0) : CHUNK;
@@ -117,10 +147,12 @@ int main(int argc, char **argv)
 			for (int l = 0; l < L; l++)
 				for (int r = 0; r < n * H; r++)
 					add_row(&sums[kv][l], (kv ? rv : rk) + ((size_t)l * n * H + r) * D, D, kv);
+		for (int l = 0; l < L; l++)
+			add_centred(&sums[0][l], rk + (size_t)l * n * H * D, n, H, D, t0, y);
 	}
 	printf("tokens %lld, layers %d, kv heads %d, head_dim %d\n", (long long)ws.n_ids, L, H, D);
 	printf("kv layer | rel rms err bf16 fp8 fp8-g16 int8 | subnormal share at row scale | "
-	       "mean max/rms of a row\n");
+	       "mean max/rms of a row | K: fp8-kc err, block mean's share of energy\n");
 	for (int kv = 0; kv < 2; kv++)
 		for (int l = 0; l < L; l++) {
 			const struct sums *s = &sums[kv][l];
@@ -128,7 +160,10 @@ int main(int argc, char **argv)
 			printf("%s %d |", kv ? "V" : "K", l);
 			for (int i = 0; i < N_MODES; i++)
 				printf(" %.4f", sqrt(s->err[i] / s->signal));
-			printf(" | %.4f | %.2f\n", s->below_normal / s->values, s->crest / s->rows);
+			printf(" | %.4f | %.2f", s->below_normal / s->values, s->crest / s->rows);
+			if (!kv)
+				printf(" | %.4f %.4f", sqrt(s->err_kc / s->signal), s->offset / s->signal);
+			printf("\n");
 		}
 	b->ops->view_destroy(b->ctx, v);
 	kvmem_backend_close(b);
@@ -137,5 +172,6 @@ int main(int argc, char **argv)
 	free(rk);
 	free(rv);
 	free(logits);
+	free(y);
 	return 0;
 }
