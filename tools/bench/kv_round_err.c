@@ -11,12 +11,15 @@
  * over its rms, mean over rows; for K, fp8-kc's error (a block of 32
  * tokens' mean per head kept in fp32, the rest e4m3) and the share of K's
  * energy (sum x^2) its block means carry: what centring can take from the
- * mantissa's error. Documentation/recall.md, "Where fp8 KV loses recall".
+ * mantissa's error; the same for one mean a head over the workspace (or
+ * over another workspace: CAL_SEED). Documentation/recall.md, "Where fp8 KV
+ * loses recall".
  *
  *   cc -O2 -std=c11 -D_GNU_SOURCE -I. -Iinclude -Iuser tools/bench/kv_round_err.c \
  *      build/libkvmem_agentlang.a build/libkvmem.a -lopenblas -luring -lnuma -lxxhash \
  *      -lpcre2-8 -lunistring -ljansson -lm -lpthread -fopenmp -o /tmp/kv_round_err
- *   /tmp/kv_round_err [MODEL_DIR]     (default models/agentlang)
+ *   /tmp/kv_round_err [MODEL_DIR [CAL_SEED]]  (default models/agentlang; CAL_SEED:
+ *       the one mean a head from that seed's workspace, not the measured one's)
  */
 #include <math.h>
 #include <stdio.h>
@@ -44,7 +47,52 @@ struct sums {
 	double err[N_MODES], signal, below_normal, values, crest, rows;
 	double err_kc;		/* K: fp8-kc, a block's mean kept (kvmem_kv_round_k_run) */
 	double offset;		/* K: sum over rows of |their block's mean|^2 */
+	double err_kg, offset_g;	/* the same for the workspace's one mean per head */
 };
+
+/* K of one layer over the whole workspace ([T][H][D]): the error of e4m3
+ * a row around one mean per head (the workspace's: an oracle for a mean
+ * calibrated ahead), and the share of energy that mean carries. A mean
+ * shared by every key shifts a query's scores by one constant, which
+ * softmax ignores: such a format would need no mean in its pages. */
+static void head_mean(double *m, const float *x, int64_t T, int H, int D, int h)
+{
+	for (int i = 0; i < D; i++)
+		m[i] = 0;
+	for (int64_t t = 0; t < T; t++)
+		for (int i = 0; i < D; i++)
+			m[i] += x[((size_t)t * H + h) * D + i];
+	for (int i = 0; i < D; i++)
+		m[i] /= (double)T;
+}
+
+/* cal (NULL: x itself): K of the same layer from another workspace, whose
+ * mean is used instead (a mean calibrated ahead, not the oracle). */
+static void add_global(struct sums *s, const float *x, int64_t T, const float *cal,
+		       int64_t cal_T, int H, int D)
+{
+	float y[MAX_DIM];
+
+	for (int h = 0; h < H; h++) {
+		double m[MAX_DIM];
+
+		head_mean(m, cal ? cal : x, cal ? cal_T : T, H, D, h);
+		for (int i = 0; i < D; i++)
+			s->offset_g += m[i] * m[i] * (double)T;
+		for (int64_t t = 0; t < T; t++) {
+			const float *row = x + ((size_t)t * H + h) * D;
+
+			for (int i = 0; i < D; i++)
+				y[i] = row[i] - (float)m[i];
+			kvmem_fp8_roundtrip_rows(y, 1, D);
+			for (int i = 0; i < D; i++) {
+				const double e = (double)((float)m[i] + y[i]) - row[i];
+
+				s->err_kg += e * e;
+			}
+		}
+	}
+}
 
 static void add_row(struct sums *s, const float *x, int d, int is_v)
 {
@@ -100,10 +148,74 @@ static int fail(const char *what)
 	return 1;
 }
 
+static void ws_params(agentlang_params *p, uint64_t seed)
+{
+	static const double depths[3] = { 0.1, 0.5, 0.9 };
+
+	agentlang_params_default(p);
+	p->seed = seed;
+	p->n_tokens = 2032;
+	p->n_questions = 3;
+	p->depths = depths;
+	p->lookalikes = 8;
+}
+
+/* The raw K [L][T][H][D] of workspace `seed` prefilled on a fresh cpu
+ * backend (NULL on failure, with a message). */
+static float *workspace_k(kvmem_model *m, uint64_t seed, int64_t *T)
+{
+	const kvmem_config *c = &m->cfg;
+	const size_t kw = (size_t)c->n_kv_heads * c->head_dim;
+	agentlang_params p;
+	agentlang_transcript ws;
+	kvmem_backend *b;
+	kvmem_view *v;
+	float *all = NULL, *rk = NULL, *logits = NULL;
+
+	ws_params(&p, seed);
+	if (agentlang_transcript_build(&p, &ws) < 0)
+		return NULL;
+	if (kvmem_backend_open("cpu", m, &(kvmem_backend_opts){ .max_chunk = CHUNK }, &b) < 0)
+		goto out_ws;
+	all = malloc(sizeof(float) * c->n_layers * ws.n_ids * kw);
+	rk = malloc(sizeof(float) * c->n_layers * CHUNK * kw);
+	logits = malloc(sizeof(float) * c->vocab);
+	if (!all || !rk || !logits || b->ops->view_create(b->ctx, &v) < 0)
+		goto fail;
+	if (b->ops->reserve(b->ctx, v, ws.n_ids) < 0)
+		goto fail_view;
+	for (int64_t t0 = 0; t0 < ws.n_ids; t0 += CHUNK) {
+		const int n = ws.n_ids - t0 < CHUNK ? (int)(ws.n_ids - t0) : CHUNK;
+		kvmem_fwd_out out = { .raw_k = rk };
+
+		if (kvmem_backend_append_out(b, v, ws.ids + t0, n, logits, 0, &out) < 0)
+			goto fail_view;
+		for (int l = 0; l < c->n_layers; l++)
+			memcpy(all + ((size_t)l * ws.n_ids + t0) * kw, rk + (size_t)l * n * kw,
+			       sizeof(float) * n * kw);
+	}
+	*T = ws.n_ids;
+	b->ops->view_destroy(b->ctx, v);
+	goto done;
+fail_view:
+	b->ops->view_destroy(b->ctx, v);
+fail:
+	free(all);
+	all = NULL;
+done:
+	free(rk);
+	free(logits);
+	kvmem_backend_close(b);
+out_ws:
+	agentlang_transcript_free(&ws);
+	return all;
+}
+
 int main(int argc, char **argv)
 {
 	static struct sums sums[2][MAX_LAYERS];
-	const double depths[3] = { 0.1, 0.5, 0.9 };
+	float *cal = NULL;
+	int64_t cal_T = 0;
 	kvmem_model *m;
 	kvmem_backend *b;
 	kvmem_view *v;
@@ -120,12 +232,9 @@ int main(int argc, char **argv)
 			MAX_LAYERS, MAX_DIM);
 		return 1;
 	}
-	agentlang_params_default(&p);
-	p.seed = 1010000000;
-	p.n_tokens = 2032;
-	p.n_questions = 3;
-	p.depths = depths;
-	p.lookalikes = 8;
+	if (argc > 2 && !(cal = workspace_k(m, strtoull(argv[2], NULL, 10), &cal_T)))
+		return fail("calibration workspace");
+	ws_params(&p, 1010000000);
 	if (agentlang_transcript_build(&p, &ws) < 0)
 		return fail("workspace");
 	if (kvmem_backend_open("cpu", m, &(kvmem_backend_opts){ .max_chunk = CHUNK }, &b) < 0 ||
@@ -134,8 +243,9 @@ int main(int argc, char **argv)
 
 	float *rk = malloc(sizeof(float) * L * CHUNK * H * D), *rv = malloc(sizeof(float) * L * CHUNK * H * D);
 	float *logits = malloc(sizeof(float) * c->vocab), *y = malloc(sizeof(float) * CHUNK * H * D);
+	float *all_k = malloc(sizeof(float) * L * ws.n_ids * H * D);	/* [L][T][H][D] */
 
-	if (!rk || !rv || !logits || !y)
+	if (!rk || !rv || !logits || !y || !all_k)
 		return 1;
 	for (int64_t t0 = 0; t0 < ws.n_ids; t0 += CHUNK) {
 		const int n = ws.n_ids - t0 < CHUNK ? (int)(ws.n_ids - t0) : CHUNK;
@@ -147,12 +257,19 @@ int main(int argc, char **argv)
 			for (int l = 0; l < L; l++)
 				for (int r = 0; r < n * H; r++)
 					add_row(&sums[kv][l], (kv ? rv : rk) + ((size_t)l * n * H + r) * D, D, kv);
-		for (int l = 0; l < L; l++)
+		for (int l = 0; l < L; l++) {
 			add_centred(&sums[0][l], rk + (size_t)l * n * H * D, n, H, D, t0, y);
+			memcpy(all_k + ((size_t)l * ws.n_ids + t0) * H * D, rk + (size_t)l * n * H * D,
+			       sizeof(float) * n * H * D);
+		}
 	}
+	for (int l = 0; l < L; l++)
+		add_global(&sums[0][l], all_k + (size_t)l * ws.n_ids * H * D, ws.n_ids,
+			   cal ? cal + (size_t)l * cal_T * H * D : NULL, cal_T, H, D);
 	printf("tokens %lld, layers %d, kv heads %d, head_dim %d\n", (long long)ws.n_ids, L, H, D);
 	printf("kv layer | rel rms err bf16 fp8 fp8-g16 int8 | subnormal share at row scale | "
-	       "mean max/rms of a row | K: fp8-kc err, block mean's share of energy\n");
+	       "mean max/rms of a row | K: fp8-kc err, block mean's share of energy, "
+	       "one mean a head: err, share\n");
 	for (int kv = 0; kv < 2; kv++)
 		for (int l = 0; l < L; l++) {
 			const struct sums *s = &sums[kv][l];
@@ -162,7 +279,9 @@ int main(int argc, char **argv)
 				printf(" %.4f", sqrt(s->err[i] / s->signal));
 			printf(" | %.4f | %.2f", s->below_normal / s->values, s->crest / s->rows);
 			if (!kv)
-				printf(" | %.4f %.4f", sqrt(s->err_kc / s->signal), s->offset / s->signal);
+				printf(" | %.4f %.4f | %.4f %.4f", sqrt(s->err_kc / s->signal),
+				       s->offset / s->signal, sqrt(s->err_kg / s->signal),
+				       s->offset_g / s->signal);
 			printf("\n");
 		}
 	b->ops->view_destroy(b->ctx, v);
@@ -173,5 +292,7 @@ int main(int argc, char **argv)
 	free(rv);
 	free(logits);
 	free(y);
+	free(all_k);
+	free(cal);
 	return 0;
 }
