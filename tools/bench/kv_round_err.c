@@ -13,7 +13,8 @@
  * energy (sum x^2) its block means carry: what centring can take from the
  * mantissa's error; the same for one mean a head over the workspace (or
  * over another workspace: CAL_SEED). Documentation/recall.md, "Where fp8 KV
- * loses recall".
+ * loses recall". Then, per layer, what the roundings do to attention
+ * (attention_err).
  *
  *   cc -O2 -std=c11 -D_GNU_SOURCE -I. -Iinclude -Iuser tools/bench/kv_round_err.c \
  *      build/libkvmem_agentlang.a build/libkvmem.a -lopenblas -luring -lnuma -lxxhash \
@@ -33,6 +34,7 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/model.h"
 #include "kvmem/session.h"
+#include "kernels/kernels.h"
 
 #define MAX_LAYERS 64
 #define MAX_DIM 256
@@ -142,6 +144,96 @@ static void add_centred(struct sums *s, const float *x, int n, int H, int D, int
 			}
 }
 
+/*
+ * What the roundings do to attention, layer l: queries at every 16th
+ * token from 64 on, each of its heads over keys 0..t (K rotated, as the
+ * view holds it), exact against K rounded as fp8, fp8-kc and int8: the
+ * mean KL divergence of the rounded attention from the exact one, and the
+ * rms error of the scores over their spread (rms over keys of score - its
+ * mean), means over queries and heads.
+ */
+#define N_ATT 3
+static const int att_modes[N_ATT] = { KVMEM_KV_ROUND_FP8, KVMEM_KV_ROUND_FP8_KC,
+				      KVMEM_KV_ROUND_INT8 };
+
+static void attention_err(const kvmem_config *c, const float *q_raw, const float *k_raw,
+			  int64_t T, double *kl, double *serr)
+{
+	const int H = c->n_kv_heads, NH = c->n_heads, D = c->head_dim;
+	const size_t kw = (size_t)H * D;
+	float *k[N_ATT + 1], *q = malloc(sizeof(float) * T * NH * D);
+	int32_t *pos = malloc(sizeof(int32_t) * T);
+	double *s0 = malloc(sizeof(double) * T), *s1 = malloc(sizeof(double) * T), nq = 0;
+
+	for (int64_t t = 0; t < T; t++)
+		pos[t] = (int32_t)t;
+	memcpy(q, q_raw, sizeof(float) * T * NH * D);
+	kvmem_rope(q, pos, (int)T, NH, D, c->rope_theta);
+	for (int m = 0; m <= N_ATT; m++) {
+		k[m] = malloc(sizeof(float) * T * kw);
+		memcpy(k[m], k_raw, sizeof(float) * T * kw);
+		if (m)	/* rounded as the engine would in chunks of CHUNK */
+			for (int64_t t0 = 0; t0 < T; t0 += CHUNK)
+				kvmem_kv_round_k_run(k[m] + t0 * kw, T - t0 < CHUNK ? (int)(T - t0) : CHUNK,
+						     H, D, t0, KVMEM_BLOCK_DEFAULT, att_modes[m - 1]);
+		kvmem_rope(k[m], pos, (int)T, H, D, c->rope_theta);
+	}
+	for (int m = 0; m < N_ATT; m++)
+		kl[m] = serr[m] = 0;
+	for (int64_t t = 64; t < T; t += 16)
+		for (int hq = 0; hq < NH; hq++, nq++) {
+			const float *qv = q + ((size_t)t * NH + hq) * D;
+			const int h = hq / (NH / H);
+
+			for (int m = 0; m <= N_ATT; m++) {
+				double *sc = m ? s1 : s0, mx = -1e300, z = 0, mean = 0, var = 0, e2 = 0,
+				       d = 0;
+
+				for (int64_t u = 0; u <= t; u++) {
+					const float *kv = k[m] + ((size_t)u * H + h) * D;
+					double dot = 0;
+
+					for (int i = 0; i < D; i++)
+						dot += (double)qv[i] * kv[i];
+					sc[u] = dot / sqrt((double)D);
+					mx = fmax(mx, sc[u]);
+				}
+				if (!m)
+					continue;
+				/* KL(p0 || p1) from the two logit vectors */
+				double mx0 = -1e300, z0 = 0;
+
+				for (int64_t u = 0; u <= t; u++)
+					mx0 = fmax(mx0, s0[u]);
+				for (int64_t u = 0; u <= t; u++) {
+					z0 += exp(s0[u] - mx0);
+					z += exp(s1[u] - mx);
+					mean += s0[u];
+				}
+				mean /= (double)(t + 1);
+				for (int64_t u = 0; u <= t; u++) {
+					const double p0 = exp(s0[u] - mx0) / z0;
+
+					d += p0 * ((s0[u] - mx0 - log(z0)) - (s1[u] - mx - log(z)));
+					var += (s0[u] - mean) * (s0[u] - mean);
+					e2 += (s1[u] - s0[u]) * (s1[u] - s0[u]);
+				}
+				kl[m - 1] += d;
+				serr[m - 1] += sqrt(e2 / var);
+			}
+		}
+	for (int m = 0; m < N_ATT; m++) {
+		kl[m] /= nq;
+		serr[m] /= nq;
+	}
+	for (int m = 0; m <= N_ATT; m++)
+		free(k[m]);
+	free(q);
+	free(pos);
+	free(s0);
+	free(s1);
+}
+
 static int fail(const char *what)
 {
 	fprintf(stderr, "kv_round_err: %s: %s\n", what, kvmem_last_error());
@@ -244,15 +336,20 @@ int main(int argc, char **argv)
 	float *rk = malloc(sizeof(float) * L * CHUNK * H * D), *rv = malloc(sizeof(float) * L * CHUNK * H * D);
 	float *logits = malloc(sizeof(float) * c->vocab), *y = malloc(sizeof(float) * CHUNK * H * D);
 	float *all_k = malloc(sizeof(float) * L * ws.n_ids * H * D);	/* [L][T][H][D] */
+	const size_t qw = (size_t)c->n_heads * D;
+	float *rq = malloc(sizeof(float) * L * CHUNK * qw), *all_q = malloc(sizeof(float) * L * ws.n_ids * qw);
 
-	if (!rk || !rv || !logits || !y || !all_k)
+	if (!rk || !rv || !logits || !y || !all_k || !rq || !all_q)
 		return 1;
 	for (int64_t t0 = 0; t0 < ws.n_ids; t0 += CHUNK) {
 		const int n = ws.n_ids - t0 < CHUNK ? (int)(ws.n_ids - t0) : CHUNK;
-		kvmem_fwd_out out = { .raw_k = rk, .v = rv };
+		kvmem_fwd_out out = { .raw_k = rk, .v = rv, .q_raw = rq };
 
 		if (kvmem_backend_append_out(b, v, ws.ids + t0, n, logits, 0, &out) < 0)
 			return fail("prefill");
+		for (int l = 0; l < L; l++)
+			memcpy(all_q + ((size_t)l * ws.n_ids + t0) * qw, rq + (size_t)l * n * qw,
+			       sizeof(float) * n * qw);
 		for (int kv = 0; kv < 2; kv++)
 			for (int l = 0; l < L; l++)
 				for (int r = 0; r < n * H; r++)
@@ -284,10 +381,22 @@ int main(int argc, char **argv)
 				       s->offset_g / s->signal);
 			printf("\n");
 		}
+	printf("layer | attention KL(exact || rounded K), nats: fp8 fp8-kc int8 | score rms error "
+	       "/ score spread: fp8 fp8-kc int8\n");
+	for (int l = 0; l < L; l++) {
+		double kl[N_ATT], se[N_ATT];
+
+		attention_err(c, all_q + (size_t)l * ws.n_ids * qw, all_k + (size_t)l * ws.n_ids * H * D,
+			      ws.n_ids, kl, se);
+		printf("A %d | %.2e %.2e %.2e | %.4f %.4f %.4f\n", l, kl[0], kl[1], kl[2], se[0], se[1],
+		       se[2]);
+	}
 	b->ops->view_destroy(b->ctx, v);
 	kvmem_backend_close(b);
 	agentlang_transcript_free(&ws);
 	kvmem_model_free(m);
+	free(rq);
+	free(all_q);
 	free(rk);
 	free(rv);
 	free(logits);
