@@ -91,14 +91,32 @@ enum kvmem_kv_round {
 	/* K and V as int8 with an fp32 scale a row (largest magnitude / 127):
 	 * the bytes of fp8, a uniform grid instead of a 3-bit mantissa */
 	KVMEM_KV_ROUND_INT8,
+	/* K centred (kvmem_fp8_centred_roundtrip): a block's fp32 mean per
+	 * KV head plus e4m3 of each row less it, a scale a row; V as fp8 */
+	KVMEM_KV_ROUND_FP8_KC,
+	KVMEM_KV_ROUND_FP8_KC_K,	/* K centred as fp8-kc, V kept fp32 */
 };
 /* The mode a value of the knob names ("" or NULL: none), or -EINVAL with
  * a message that lists the values. */
 int kvmem_kv_round_parse(const char *s);
 const char *kvmem_kv_round_name(int mode);
 /* rows rows of n values of K (is_v 0) or V (is_v 1), in place, as mode
- * rounds them. */
+ * rounds them. The centred modes take K's rows as one block of one head. */
 void kvmem_kv_round_rows(float *x, size_t rows, int n, int mode, int is_v);
+/* n_tok tokens' K rows [n_tok][heads][n] at slots pos0.. (blocks of `block`
+ * slots from slot 0), in place: a centred mode centres each block the run
+ * holds whole, per head, and rounds the rows of a block it holds in part as
+ * fp8 a row (their block's mean is not known yet: the conservative choice;
+ * a real page would keep them in a full-precision tail); any other mode is
+ * kvmem_kv_round_rows. */
+void kvmem_kv_round_k_run(float *k, int n_tok, int heads, int n, int64_t pos0, int block,
+			  int mode);
+/* rows rows of n values (n <= 1024), row r at x + r * ld, in place, as one
+ * centred block: m = their mean per channel (summed in double, kept fp32),
+ * each row m + e4m3((row - m) / s) * s in fp32, s the residual's row scale.
+ * Attention's q.k' = q.m + q.(k' - m): a channel's shared offset is kept
+ * exactly and the 3-bit mantissa errs only on what varies. */
+void kvmem_fp8_centred_roundtrip(float *x, size_t rows, size_t ld, int n);
 /* kvmem_fp8_roundtrip_rows on every run of `group` values of each row (the
  * last run shorter when group does not divide n): a scale per group. */
 void kvmem_fp8_roundtrip_groups(float *x, size_t rows, int n, int group);

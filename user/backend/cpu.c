@@ -17,7 +17,10 @@
  * emulation over the backend's own fp32 KV with another rounding (bf16,
  * fp8 on K or V alone, fp8 with a scale per group of channels;
  * kernels_fp8.h, enum kvmem_kv_round), to tell where fp8 loses recall. The
- * pages stay f32 and place() rounds their rows as the engine does.
+ * pages stay f32 and place() rounds their rows as the engine does. The
+ * centred modes (fp8-kc, fp8-kc-k) round K by blocks: the engine centres
+ * the blocks of KVMEM_BLOCK_DEFAULT slots a forward holds whole, place()
+ * a page placed whole; a part of either is rounded as fp8 a row.
  *
  * With --tp 1 (opts.tp == 1) the forward pass is the tensor-parallel one
  * (user/tp/) with its one rank over the same kvcache: the split code,
@@ -33,6 +36,7 @@
 #include "kernels/kernels.h"
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
+#include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
 #include "tp/tp.h"
 #include "util/clock.h"
 
@@ -230,9 +234,12 @@ static void keep_rows(struct cpu *b, kvmem_view *v, const float *raw_k, int at, 
 				float *rk = raw_at(b, v, l, h, at + j);
 
 				memcpy(rk, raw_k + (((size_t)l * n + j) * H + h) * D, sizeof(float) * D);
-				/* the K the view was rotated from */
-				kvmem_kv_round_rows(rk, 1, D, b->round, 0);
 			}
+	/* the K the view was rotated from: the engine's rounding of the run */
+	for (int l = 0; l < b->c->n_layers; l++)
+		for (int h = 0; h < H; h++)
+			kvmem_kv_round_k_run(raw_at(b, v, l, h, at), n, 1, D, at, KVMEM_BLOCK_DEFAULT,
+					     b->round);
 }
 
 /* Room for a forward's raw K rows of `tokens` tokens when the caller asks
@@ -374,8 +381,9 @@ static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
 		float *dk = kvmem_kv_k(&v->kv, it->layer, h, (int)it->slot);
 
 		memcpy(dk, pk + ((size_t)h * it->stride + it->u0) * d, run * sizeof(float));
+		/* a centred mode: the page is the block (centred when placed whole) */
 		if (round)
-			kvmem_kv_round_rows(dk, (size_t)it->n, d, b->round, 0);
+			kvmem_kv_round_k_run(dk, it->n, 1, d, it->u0, it->stride, b->round);
 		if (v->keep)
 			memcpy(raw_at(b, v, it->layer, h, it->slot), dk, run * sizeof(float));
 		kvmem_rope(dk, b->pos, it->n, 1, d, b->c->rope_theta);

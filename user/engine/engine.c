@@ -21,6 +21,7 @@
 #include "kernels/kernels.h"
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
+#include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
 
 struct kvmem_engine {
 	const kvmem_model *m;
@@ -201,8 +202,11 @@ static void store_kv(kvmem_engine *e, const struct batch *b, int l)
 	const kvmem_config *c = &e->m->cfg;
 	int hk = c->n_kv_heads, d = c->head_dim;
 
-	/* fp8: the values a page of fp8 gives back */
-	kvmem_kv_round_rows(e->k, (size_t)b->T * hk, d, e->kv_round, 0);
+	/* fp8: the values a page of fp8 gives back. K a sequence at a time:
+	 * a centred mode's blocks are the view's slots. */
+	for (int i = 0; i < b->n_seqs; i++)
+		kvmem_kv_round_k_run(e->k + (size_t)b->r0[i] * hk * d, b->seqs[i].n, hk, d,
+				     b->seqs[i].kv->len, KVMEM_BLOCK_DEFAULT, e->kv_round);
 	kvmem_kv_round_rows(e->v, (size_t)b->T * hk, d, e->kv_round, 1);
 	kvmem_rope(e->k, e->q_pos, b->T, hk, d, c->rope_theta);
 	for (int i = 0; i < b->n_seqs; i++) {
