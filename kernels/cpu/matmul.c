@@ -144,10 +144,12 @@ static void cols16(float *y, const float *x, const float *w, int n, int in, int 
  * registers and which keep more sums in flight than 1-2 x 3 would. */
 #define T256 __attribute__((target("avx2,fma"), always_inline)) static inline
 
-/* Tiles of 4 x 3 ask for the weights this many tiles ahead. The embedded
- * model's decode step at 8 rows, 1 thread (its matmuls, 22.8 MB of
- * weights from memory): 1.42-1.45 ms at four, 1.45-1.75 at two, 2.6-2.7
- * asking for none. */
+/* Tiles of 4 x 3 ask for the weights this many tiles ahead, at every step
+ * of 8. The embedded model's decode step at 8 rows, 1 thread (its
+ * matmuls, 22.8 MB of weights from memory): 1.42-1.45 ms at four,
+ * 1.45-1.75 at two, 2.6-2.7 asking for none; asking once a line (every
+ * other step) was 1-3 % quicker with the weights in L2 and up to 40 %
+ * slower from memory. */
 #define AHEAD_R4 4
 
 /* in - k lanes of ones, then zeros: masked loads read nothing past the row. */
@@ -202,25 +204,6 @@ T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const
 			y[(size_t)r * ldy + c] = hsum8(acc[r][c]);
 }
 
-/* One step of 8 lanes of tile8w. */
-T256 void step8w(__m256 acc[4][3], const float *x, const float *w, int in, int k, const int MR,
-		 const int NC, const float *pf)
-{
-	__m256 wv[3];
-
-	LOOP (int c = 0; c < NC; c++) {
-		wv[c] = _mm256_loadu_ps(w + (size_t)c * in + k);
-		if (pf)
-			_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
-	}
-	LOOP (int r = 0; r < MR; r++) {
-		__m256 xv = _mm256_loadu_ps(x + (size_t)r * in + k);
-
-		LOOP (int c = 0; c < NC; c++)
-			acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
-	}
-}
-
 /* Weight vectors in registers, the rows' vectors streaming past (MR <= 4,
  * NC <= 3): per step of 8, 3 + 4 loads feed 12 FMAs in 12 chains, where
  * the 3 + 3 + 2 rows of tile8 fed the 2-row pass's 8 FMAs with 6 loads
@@ -234,15 +217,18 @@ T256 void tile8w(float *y, int ldy, const float *x, const float *w, int in, cons
 	LOOP (int r = 0; r < MR; r++)
 		LOOP (int c = 0; c < NC; c++)
 			acc[r][c] = _mm256_setzero_ps();
-	/* Steps of 8 in order, two at a time so that a line (16 floats) is
-	 * asked for once, not twice (1-3 % on weights already in L2). */
-	for (; k + 16 <= in; k += 16) {
-		step8w(acc, x, w, in, k, MR, NC, pf);
-		step8w(acc, x, w, in, k + 8, MR, NC, NULL);
-	}
-	if (k + 8 <= in) {
-		step8w(acc, x, w, in, k, MR, NC, pf);
-		k += 8;
+	for (; k + 8 <= in; k += 8) {
+		LOOP (int c = 0; c < NC; c++) {
+			wv[c] = _mm256_loadu_ps(w + (size_t)c * in + k);
+			if (pf)
+				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
+		}
+		LOOP (int r = 0; r < MR; r++) {
+			__m256 xv = _mm256_loadu_ps(x + (size_t)r * in + k);
+
+			LOOP (int c = 0; c < NC; c++)
+				acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+		}
 	}
 	if (k < in) {
 		__m256i m = _mm256_loadu_si256((const __m256i *)(lane_ones + 8 - (in - k)));
