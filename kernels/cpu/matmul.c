@@ -13,12 +13,13 @@
  * of running sums over in (lane j takes k = j, j + V, ...; fused
  * multiply-adds, in order of k; the last partial vector's missing lanes
  * are zeros), then a fixed tree over the lanes. Tiles of MR rows x NC
- * columns only decide which elements share a loaded vector, never how an
- * element is summed, so the tile shape, the row blocking, the thread that
- * owns a column and the thread count change no bit. Threads split the
- * output columns (OpenMP, static); a weight tile is read once for all the
- * rows of a row block, which is where batching saves time: decode reads
- * every weight once per step for all its sessions.
+ * columns (two shapes for AVX2, chosen by the row count) only decide
+ * which elements share a loaded vector, never how an element is summed,
+ * so the tile shape, the row blocking, the thread that owns a column
+ * and the thread count change no bit. Threads split the output columns
+ * (OpenMP, static); a weight tile is read once for all the rows of a row
+ * block, which is where batching saves time: decode reads every weight
+ * once per step for all its sessions.
  *
  * V depends on the instruction set, chosen once per process: 16 (AVX-512),
  * 8 (AVX2 with FMA), 8 (plain C: multiply, then add). So bits differ
@@ -135,8 +136,24 @@ static void cols16(float *y, const float *x, const float *w, int n, int in, int 
 	}
 }
 
-/* ---- AVX2 + FMA: 8 lanes, tiles of 3 rows x 4 columns ----------------- */
+/* ---- AVX2 + FMA: 8 lanes ------------------------------------------------
+ * Two tile shapes, one arithmetic per element. Three or more rows (a
+ * batched decode step, a prefill chunk) take tiles of 4 rows x 3 columns
+ * with the weights in registers (12 sums + 3 + 1 = all 16 registers); one
+ * or two rows take tiles of 1-2 rows x 4 columns, whose x rows sit in
+ * registers and which keep more sums in flight than 1-2 x 3 would. */
 #define T256 __attribute__((target("avx2,fma"), always_inline)) static inline
+
+/* Tiles of 4 x 3 ask for the weights this many tiles ahead, at every step
+ * of 8. The embedded model's decode step at 8 rows, 1 thread (its
+ * matmuls, 22.8 MB of weights from memory): 1.42-1.45 ms at four,
+ * 1.45-1.75 at two, 2.6-2.7 asking for none; asking once a line (every
+ * other step) was 1-3 % quicker with the weights in L2 and up to 40 %
+ * slower from memory. */
+#define AHEAD_R4 4
+
+/* in - k lanes of ones, then zeros: masked loads read nothing past the row. */
+static const int32_t lane_ones[16] = { -1, -1, -1, -1, -1, -1, -1, -1 };
 
 T256 float hsum8(__m256 v)
 {
@@ -147,11 +164,11 @@ T256 float hsum8(__m256 v)
 	return _mm_cvtss_f32(b);
 }
 
+/* x rows in registers, each weight vector loaded once for them (MR <= 2). */
 T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const int MR,
 		const int NC, const float *pf)
 {
-	static const int32_t ones[16] = { -1, -1, -1, -1, -1, -1, -1, -1 };
-	__m256 acc[3][4], xv[3];
+	__m256 acc[2][4], xv[2];
 	int k = 0;
 
 	LOOP (int r = 0; r < MR; r++)
@@ -171,8 +188,7 @@ T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const
 		}
 	}
 	if (k < in) {
-		/* in - k lanes of ones, then zeros: masked loads read nothing past. */
-		__m256i m = _mm256_loadu_si256((const __m256i *)(ones + 8 - (in - k)));
+		__m256i m = _mm256_loadu_si256((const __m256i *)(lane_ones + 8 - (in - k)));
 
 		LOOP (int r = 0; r < MR; r++)
 			xv[r] = _mm256_maskload_ps(x + (size_t)r * in + k, m);
@@ -188,43 +204,127 @@ T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const
 			y[(size_t)r * ldy + c] = hsum8(acc[r][c]);
 }
 
+/* Weight vectors in registers, the rows' vectors streaming past (MR <= 4,
+ * NC <= 3): per step of 8, 3 + 4 loads feed 12 FMAs in 12 chains, where
+ * the 3 + 3 + 2 rows of tile8 fed the 2-row pass's 8 FMAs with 6 loads
+ * and left its 8 chains no slack on the FMA's latency. */
+T256 void tile8w(float *y, int ldy, const float *x, const float *w, int in, const int MR,
+		 const int NC, const float *pf)
+{
+	__m256 acc[4][3], wv[3];
+	int k = 0;
+
+	LOOP (int r = 0; r < MR; r++)
+		LOOP (int c = 0; c < NC; c++)
+			acc[r][c] = _mm256_setzero_ps();
+	for (; k + 8 <= in; k += 8) {
+		LOOP (int c = 0; c < NC; c++) {
+			wv[c] = _mm256_loadu_ps(w + (size_t)c * in + k);
+			if (pf)
+				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
+		}
+		LOOP (int r = 0; r < MR; r++) {
+			__m256 xv = _mm256_loadu_ps(x + (size_t)r * in + k);
+
+			LOOP (int c = 0; c < NC; c++)
+				acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+		}
+	}
+	if (k < in) {
+		__m256i m = _mm256_loadu_si256((const __m256i *)(lane_ones + 8 - (in - k)));
+
+		LOOP (int c = 0; c < NC; c++)
+			wv[c] = _mm256_maskload_ps(w + (size_t)c * in + k, m);
+		LOOP (int r = 0; r < MR; r++) {
+			__m256 xv = _mm256_maskload_ps(x + (size_t)r * in + k, m);
+
+			LOOP (int c = 0; c < NC; c++)
+				acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+		}
+	}
+	LOOP (int r = 0; r < MR; r++)
+		LOOP (int c = 0; c < NC; c++)
+			y[(size_t)r * ldy + c] = hsum8(acc[r][c]);
+}
+
+/* Rows r0..r1 (one or two) against columns c0..c1 in tiles of 4 columns. */
 __attribute__((target("avx2,fma")))
+static void cols8_few(float *y, const float *x, const float *w, int in, int out, int r0, int r1,
+		      int c0, int c1)
+{
+	float *yr = y + (size_t)r0 * out;
+	const float *xr = x + (size_t)r0 * in;
+	int c = c0;
+
+	for (; c + 4 <= c1; c += 4) {
+		/* As cols16: the tile after next is asked for meanwhile. */
+		const float *next = c + 12 <= c1 ? w + (size_t)(c + 8) * in : NULL;
+
+		if (r1 - r0 == 2)
+			tile8(yr + c, out, xr, w + (size_t)c * in, in, 2, 4, next);
+		else
+			tile8(yr + c, out, xr, w + (size_t)c * in, in, 1, 4, next);
+	}
+	for (; c < c1; c++)
+		for (int r = 0; r < r1 - r0; r++)
+			tile8(yr + (size_t)r * out + c, out, xr + (size_t)r * in, w + (size_t)c * in,
+			      in, 1, 1, NULL);
+}
+
+/* Rows r .. r + left (0 < left < 4) against one tile of NC columns. */
+T256 void rest8w(float *y, int ldy, const float *x, const float *w, int in, int left,
+		 const int NC, const float *pf)
+{
+	if (left == 3)
+		tile8w(y, ldy, x, w, in, 3, NC, pf);
+	else if (left == 2)
+		tile8w(y, ldy, x, w, in, 2, NC, pf);
+	else
+		tile8w(y, ldy, x, w, in, 1, NC, pf);
+}
+
+/* Three or more rows against columns c0..c1 in tiles of 4 x 3. */
+__attribute__((target("avx2,fma")))
+static void cols8_rows(float *y, const float *x, const float *w, int in, int out, int r0, int r1,
+		       int c0, int c1)
+{
+	int c = c0;
+
+	for (; c + 3 <= c1; c += 3) {
+		/* The first row group reads the weight tile from memory and asks
+		 * for the tile AHEAD_R4 on meanwhile. */
+		const float *next = c + 3 * (AHEAD_R4 + 1) <= c1 ? w + (size_t)(c + 3 * AHEAD_R4) * in
+								 : NULL;
+		int r = r0;
+
+		for (; r + 4 <= r1; r += 4, next = NULL)
+			tile8w(y + (size_t)r * out + c, out, x + (size_t)r * in, w + (size_t)c * in,
+			       in, 4, 3, next);
+		if (r < r1)
+			rest8w(y + (size_t)r * out + c, out, x + (size_t)r * in, w + (size_t)c * in,
+			       in, r1 - r, 3, next);
+	}
+	for (; c < c1; c++) {
+		int r = r0;
+
+		for (; r + 4 <= r1; r += 4)
+			tile8w(y + (size_t)r * out + c, out, x + (size_t)r * in, w + (size_t)c * in,
+			       in, 4, 1, NULL);
+		if (r < r1)
+			rest8w(y + (size_t)r * out + c, out, x + (size_t)r * in, w + (size_t)c * in,
+			       in, r1 - r, 1, NULL);
+	}
+}
+
 static void cols8(float *y, const float *x, const float *w, int n, int in, int out, int c0, int c1)
 {
 	for (int r0 = 0; r0 < n; r0 += ROW_BLOCK) {
-		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK, c = c0;
+		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK;
 
-		for (; c + 4 <= c1; c += 4) {
-			/* As cols16: the tile after next is asked for meanwhile. */
-			const float *next = c + 12 <= c1 ? w + (size_t)(c + 8) * in : NULL;
-			int r = r0;
-
-			for (; r + 3 <= r1; r += 3, next = NULL)
-				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 3, 4, next);
-			/* Two rows left (8 sessions' decode rows: 3 + 3 + 2): one
-			 * tile of 2 keeps eight sums in flight where two tiles of
-			 * one row wait on the FMA's latency with four. */
-			if (r + 2 <= r1) {
-				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 2, 4, next);
-				r += 2;
-				next = NULL;
-			}
-			for (; r < r1; r++, next = NULL)
-				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 1, 4, next);
-		}
-		for (; c < c1; c++) {
-			int r = r0;
-
-			for (; r + 3 <= r1; r += 3)
-				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 3, 1, NULL);
-			for (; r < r1; r++)
-				tile8(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				      w + (size_t)c * in, in, 1, 1, NULL);
-		}
+		if (r1 - r0 >= 3)
+			cols8_rows(y, x, w, in, out, r0, r1, c0, c1);
+		else
+			cols8_few(y, x, w, in, out, r0, r1, c0, c1);
 	}
 }
 
@@ -311,8 +411,9 @@ void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int o
 	}
 	pthread_once(&isa_once, choose);
 	isa = isa_chosen;
-	/* Threads own whole column tiles: the split follows the tile width. */
-	step = isa == ISA_AVX512 ? 6 : isa == ISA_AVX2 ? 4 : 1;
+	/* Threads own whole column tiles: the split follows the tile width
+	 * (AVX2's is 3 from three rows on, else 4). */
+	step = isa == ISA_AVX512 ? 6 : isa == ISA_AVX2 ? (n >= 3 ? 3 : 4) : 1;
 	#pragma omp parallel if ((long)n * in * out >= THREADED_MACS)
 	{
 		int nt = omp_get_num_threads(), t = omp_get_thread_num();

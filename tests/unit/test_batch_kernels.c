@@ -6,7 +6,8 @@
  *
  *  - kvmem_matmul: a row of y is the same whether computed alone, in any
  *    group of rows, or in the whole batch; for every instruction set the
- *    CPU has; and within 1e-5 * sum |x w| of a double reference.
+ *    CPU has; within 1e-5 * sum |x w| of a double reference; and every
+ *    element bit for bit the lanes and tree the kernel's comment promises.
  *  - kvmem_attention_batch: each sequence (its own view, length, stride)
  *    equals kvmem_attention over it alone.
  *  - kvmem_forward_batch: sequences of different view lengths, prefill
@@ -114,6 +115,77 @@ static void test_matmul_rows_invariant(void **state)
 	}
 	assert_true(tried >= 1);
 	assert_int_equal(kvmem_matmul_use("nonsense"), -EINVAL);
+	assert_int_equal(kvmem_matmul_use(best), 0);
+}
+
+/* One element as the kernels promise to sum it: V lanes of running sums
+ * (lane j takes k = j, j + V, ...), fused multiply-adds unless `fused` is
+ * 0 (then a rounded product, then the add), and the lanes halved pairwise
+ * (lane j + lane j + V/2) down to one. */
+static float dot_as_promised(const float *x, const float *w, int in, int V, int fused)
+{
+	float lane[16] = { 0 };
+
+	for (int k = 0; k < in; k++) {
+		if (fused) {
+			lane[k % V] = fmaf(x[k], w[k], lane[k % V]);
+		} else {
+			volatile float p = x[k] * w[k];	/* no contraction into an FMA */
+
+			lane[k % V] += p;
+		}
+	}
+	for (int h = V / 2; h >= 1; h /= 2)
+		for (int j = 0; j < h; j++)
+			lane[j] += lane[j + h];
+	return lane[0];
+}
+
+/* Every element of one product of n rows, bit for bit against
+ * dot_as_promised: any tile shape that regroups a sum fails here. */
+static void matmul_exact_case(uint64_t *r, int n, int in, int out, const char *isa)
+{
+	int V = !strcmp(isa, "avx512") ? 16 : 8, fused = strcmp(isa, "c") != 0;
+	float *x = test_rand_floats(r, (size_t)n * in, -2, 2);
+	float *w = test_rand_floats(r, (size_t)out * in, -1, 1);
+	float *y = test_rand_floats(r, (size_t)n * out, -9, 9);
+
+	kvmem_matmul(y, x, w, n, in, out);
+	for (int i = 0; i < n; i++)
+		for (int o = 0; o < out; o++) {
+			float want = dot_as_promised(x + (size_t)i * in, w + (size_t)o * in, in, V,
+						     fused);
+			float got = y[(size_t)i * out + o];
+
+			if (memcmp(&got, &want, sizeof(float)))
+				fail_msg("matmul %s n=%d in=%d out=%d [%d][%d]: %a, promised %a", isa,
+					 n, in, out, i, o, got, want);
+		}
+	free(x);
+	free(w);
+	free(y);
+}
+
+static void test_matmul_arithmetic_exact(void **state)
+{
+	static const char *const isas[] = { "avx512", "avx2", "c" };
+	/* Row counts at and around each tile's height (1-2 rows, 3, 4, the 8
+	 * of a batched decode step, 4k + 1 .. 4k + 3, a row block's 64 + 1). */
+	static const int rows[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 65 };
+	const char *best = kvmem_matmul_isa();
+	uint64_t r = rng_for("matmul-exact");
+
+	(void)state;
+	for (int v = 0; v < 3; v++) {
+		if (kvmem_matmul_use(isas[v]) == -ENOTSUP)
+			continue;
+		for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+			matmul_exact_case(&r, rows[i], test_rng_int(&r, 1, 300),
+					  test_rng_int(&r, 1, 40), isas[v]);
+		/* The decode step's shapes at 8 rows, with a column tail. */
+		matmul_exact_case(&r, 8, 256, 130, isas[v]);
+		matmul_exact_case(&r, 8, 768, 257, isas[v]);
+	}
 	assert_int_equal(kvmem_matmul_use(best), 0);
 }
 
@@ -342,6 +414,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_matmul_rows_invariant),
+		cmocka_unit_test(test_matmul_arithmetic_exact),
 		cmocka_unit_test(test_attention_batch_equals_alone),
 		cmocka_unit_test(test_forward_batch_equals_alone),
 	};
