@@ -275,9 +275,34 @@ static void test_runner_equals_loop(void **state)
 	test_model_free(m);
 }
 
+/* A batching server asks the cuda backend for the tensor-core GEMM unless
+ * the environment already says; one that does not batch leaves it be. */
+static void test_gemm_tc_default(void **state)
+{
+	const char *e = getenv("KVMEM_CUDA_GEMM_TC");
+	char *was = e ? strdup(e) : NULL;	/* the caller's, put back at the end */
+
+	(void)state;
+	unsetenv("KVMEM_CUDA_GEMM_TC");
+	serve_gemm_tc_default(1);
+	assert_null(getenv("KVMEM_CUDA_GEMM_TC"));
+	serve_gemm_tc_default(64);
+	assert_non_null(getenv("KVMEM_CUDA_GEMM_TC"));
+	assert_string_equal(getenv("KVMEM_CUDA_GEMM_TC"), "1");
+	setenv("KVMEM_CUDA_GEMM_TC", "0", 1);	/* the user's word stands */
+	serve_gemm_tc_default(64);
+	assert_string_equal(getenv("KVMEM_CUDA_GEMM_TC"), "0");
+	if (was)
+		setenv("KVMEM_CUDA_GEMM_TC", was, 1);
+	else
+		unsetenv("KVMEM_CUDA_GEMM_TC");
+	free(was);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_gemm_tc_default),
 		cmocka_unit_test(test_runner_equals_loop),
 	};
 

@@ -338,6 +338,10 @@ int cmd_serve(int argc, char **argv)
 	printf("kvmem serve: model %s (%s, %s backend), budget %lld, conversations in %s\n",
 	       serve_model_name(sv), c.model_dir, serve_backend_name(sv), (long long)serve_budget(sv),
 	       c.store ? c.store : c.data_dir);
+	if (!strcmp(serve_backend_name(sv), "cuda") && c.max_batch > 1 &&
+	    getenv("KVMEM_CUDA_GEMM_TC") && !strcmp(getenv("KVMEM_CUDA_GEMM_TC"), "1"))
+		printf("kvmem serve: decode's GEMMs on tensor cores, for batches of up to %lld "
+		       "(KVMEM_CUDA_GEMM_TC=0: the lone decode's GEMV)\n", (long long)c.max_batch);
 	{
 		double pin_s;
 		uint64_t pinned = serve_pinned(sv, &pin_s);

@@ -99,6 +99,7 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 	snprintf(sv->data_dir, sizeof(sv->data_dir), "%s", cfg->data_dir);
 	sv->cfg.model_dir = sv->model_dir;
 	sv->cfg.data_dir = sv->data_dir;
+	serve_gemm_tc_default(cfg->max_batch);
 	if (kvmem_model_load(sv->model_dir, &sv->m) || tok_cli_open(sv->model_dir, &sv->m->cfg, &sv->tok) ||
 	    kvmem_backend_open(cfg->backend, sv->m, &(kvmem_backend_opts){ .max_chunk = cfg->chunk },
 			       &sv->be) < 0 ||

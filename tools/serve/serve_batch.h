@@ -58,4 +58,9 @@ struct serve_batch_stats {
 int serve_batch_run(kvmem_backend *be, struct serve_unit *units, int n,
 		    struct serve_batch_stats *st);
 
+/* Before the backend opens: a server that batches (max_batch above 1)
+ * puts decode's GEMMs on tensor cores (KVMEM_CUDA_GEMM_TC=1) unless the
+ * environment already says; the cuda backend reads it, others ignore it. */
+void serve_gemm_tc_default(int64_t max_batch);
+
 #endif
