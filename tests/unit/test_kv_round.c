@@ -243,6 +243,20 @@ static int open_cpu(const kvmem_model *m, int chunk, uint32_t kv, kvmem_backend 
 								   .kv_dtype = kv }, b);
 }
 
+/* Layer l of the forward's raw rows ([L][n][H][D] f32) as a page's K and V
+ * ([H][n][D]), the layout place() takes. */
+static void rows_to_page(float *pk, float *pv, const float *rk, const float *rv, int l, int n,
+			 int H, int D)
+{
+	for (int h = 0; h < H; h++)
+		for (int t = 0; t < n; t++) {
+			size_t src = (((size_t)l * n + t) * H + h) * D;
+
+			memcpy(pk + ((size_t)h * n + t) * D, rk + src, sizeof(float) * D);
+			memcpy(pv + ((size_t)h * n + t) * D, rv + src, sizeof(float) * D);
+		}
+}
+
 /* Each mode end to end: the view a forward pass fills, and a page placed. */
 static void test_backend_rounds(void **state)
 {
@@ -277,13 +291,7 @@ static void test_backend_rounds(void **state)
 
 		for (int l = 0; l < L; l++) {
 			/* the raw rows as an f32 page [H][n][D], placed at slot 0 */
-			for (int h = 0; h < H; h++)
-				for (int t = 0; t < n; t++) {
-					size_t src = (((size_t)l * n + t) * H + h) * D;
-
-					memcpy(pk + ((size_t)h * n + t) * D, rk + src, sizeof(float) * D);
-					memcpy(pv + ((size_t)h * n + t) * D, rv + src, sizeof(float) * D);
-				}
+			rows_to_page(pk, pv, rk, rv, l, n, H, D);
 			kvmem_place it = { .block = l, .layer = l, .u0 = 0, .n = n, .stride = n,
 					   .slot = 0,
 					   .page = { .k = pk, .v = pv, .dtype = KVMEM_DTYPE_F32,
@@ -470,13 +478,7 @@ static void test_backend_centred(void **state)
 				    *vq = b->ops->host_view(b->ctx, q);
 
 		for (int l = 0; l < L; l++) {
-			for (int h = 0; h < H; h++)
-				for (int t = 0; t < n; t++) {
-					size_t src = (((size_t)l * n + t) * H + h) * D;
-
-					memcpy(pk + ((size_t)h * n + t) * D, rk + src, sizeof(float) * D);
-					memcpy(pv + ((size_t)h * n + t) * D, rv + src, sizeof(float) * D);
-				}
+			rows_to_page(pk, pv, rk, rv, l, n, H, D);
 			kvmem_place whole = { .block = l, .layer = l, .u0 = 0, .n = n, .stride = n,
 					      .slot = 0,
 					      .page = { .k = pk, .v = pv, .dtype = KVMEM_DTYPE_F32,
