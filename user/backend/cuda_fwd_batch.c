@@ -57,11 +57,11 @@
 
 /* KVMEM_CUDA_BATCH_PROFILE's parts of a pass, in the order they run. */
 enum { P_START, P_IN, P_NORM1, P_QKV, P_QK, P_ATT, P_WO, P_NORM2, P_GU, P_SWIGLU, P_DOWN,
-       P_ROWS, P_LOGITS, P_COPY, P_PARTS };
+       P_LOGITS, P_COPY, P_PARTS };
 static const char *const part_name[P_PARTS] = {
 	"", "inputs up, embedding, angles", "attention rmsnorm", "qkv GEMM",
 	"q/k norm, rope, scatter", "attention", "o GEMM", "mlp rmsnorm", "gate|up GEMM",
-	"swiglu", "down GEMM", "rows down", "final norm, lm_head", "logits down" };
+	"swiglu", "down GEMM", "final norm, lm_head", "logits down" };
 #define PROF_EVENTS 1024
 
 struct fwdb_prof {
@@ -69,7 +69,7 @@ struct fwdb_prof {
 	unsigned char part[PROF_EVENTS];
 	int n_ev, made;
 	long passes, items;
-	double ms[P_PARTS], queue_ms, sync_ms, out_ms, span_ms;
+	double ms[P_PARTS], queue_ms, rows_ms, sync_ms, out_ms, span_ms;
 };
 
 struct cuda_fwdb {
@@ -83,6 +83,12 @@ struct cuda_fwdb {
 	char *in, *host_in;
 	float *logits, *host_logits;	/* [rows][vocab] */
 	uint16_t *host_rows;	/* pinned: raw q [L][rows][qw], raw K and V [L][rows][kw] */
+	/* A layer's rows go down on their own stream as soon as its q/k
+	 * kernel has made them (ev_qk), and the host copies them out to the
+	 * items while later layers run (ev_rows): the items' outputs were
+	 * 2.1 ms after a 64-item pass's sync, most of it q widened to fp32. */
+	cudaStream_t down;
+	cudaEvent_t *ev_qk, *ev_rows;	/* [n_layers] */
 	kvmem_cuda_att_seq *seqs;	/* host [rows] */
 	struct fwdb_prof *prof;		/* KVMEM_CUDA_BATCH_PROFILE=1 */
 };
@@ -106,8 +112,8 @@ static void mark(struct cuda_fwdb *f, const struct cuda *b, int part)
 }
 
 /* After the pass's sync: the intervals between its events to their parts. */
-static void prof_pass(struct fwdb_prof *p, int n, double queue_ms, double sync_ms,
-		      double out_ms)
+static void prof_pass(struct fwdb_prof *p, int n, double queue_ms, double rows_ms,
+		      double sync_ms, double out_ms)
 {
 	float t;
 
@@ -121,6 +127,7 @@ static void prof_pass(struct fwdb_prof *p, int n, double queue_ms, double sync_m
 	p->passes++;
 	p->items += n;
 	p->queue_ms += queue_ms;
+	p->rows_ms += rows_ms;
 	p->sync_ms += sync_ms;
 	p->out_ms += out_ms;
 }
@@ -132,9 +139,10 @@ static void prof_print(struct fwdb_prof *p)
 	if (!p->passes)
 		return;
 	fprintf(stderr, "cuda batched forward profile: %ld passes, %.1f items a pass; "
-		"ms a pass: host queueing %.3f, waiting in the sync %.3f, items' outputs %.3f; "
-		"GPU span %.3f:\n", p->passes, (double)p->items * k, p->queue_ms * k,
-		p->sync_ms * k, p->out_ms * k, p->span_ms * k);
+		"ms a pass: host queueing %.3f, rows out as layers finish %.3f, then waiting in "
+		"the sync %.3f, logits out %.3f; GPU span %.3f:\n", p->passes,
+		(double)p->items * k, p->queue_ms * k, p->rows_ms * k, p->sync_ms * k,
+		p->out_ms * k, p->span_ms * k);
 	for (int i = 1; i < P_PARTS; i++)
 		fprintf(stderr, "  %-30s %8.3f ms\n", part_name[i], p->ms[i] * k);
 }
@@ -176,6 +184,16 @@ void cuda_fwdb_destroy(struct cuda *b)
 	cudaFreeHost(f->host_in);
 	cudaFreeHost(f->host_logits);
 	cudaFreeHost(f->host_rows);
+	for (int l = 0; l < b->c->n_layers; l++) {
+		if (f->ev_qk && f->ev_qk[l])
+			cudaEventDestroy(f->ev_qk[l]);
+		if (f->ev_rows && f->ev_rows[l])
+			cudaEventDestroy(f->ev_rows[l]);
+	}
+	free(f->ev_qk);
+	free(f->ev_rows);
+	if (f->down)
+		cudaStreamDestroy(f->down);
 	free(f->seqs);
 	free(f);
 	b->fwdb = NULL;
@@ -198,6 +216,21 @@ static int room(struct cuda *b, int n)
 		e = getenv("KVMEM_CUDA_BATCH_PROFILE");
 		if (e && !strcmp(e, "1") && !(f->prof = calloc(1, sizeof(*f->prof))))
 			return kvmem_error(ENOMEM, "cuda batched forward: out of memory");
+		if (!(f->ev_qk = calloc((size_t)c->n_layers, sizeof(*f->ev_qk))) ||
+		    !(f->ev_rows = calloc((size_t)c->n_layers, sizeof(*f->ev_rows))))
+			return kvmem_error(ENOMEM, "cuda batched forward: out of memory");
+		if (cudaStreamCreateWithFlags(&f->down, cudaStreamNonBlocking) != cudaSuccess) {
+			f->down = NULL;
+			cudaGetLastError();
+			return kvmem_error(EIO, "cuda batched forward: cannot create the rows' stream");
+		}
+		for (int l = 0; l < c->n_layers; l++)
+			if (cudaEventCreateWithFlags(&f->ev_qk[l], cudaEventDisableTiming) != cudaSuccess ||
+			    cudaEventCreateWithFlags(&f->ev_rows[l], cudaEventDisableTiming) !=
+				    cudaSuccess) {
+				cudaGetLastError();
+				return kvmem_error(EIO, "cuda batched forward: cannot create an event");
+			}
 	}
 	if (n <= f->rows)
 		return 0;
@@ -276,6 +309,32 @@ static int check(struct cuda *b, const kvmem_fwd_item *items, int n)
 	return 0;
 }
 
+/* Layer l's raw q, raw K and V of the n items ([L][n][w] each, device)
+ * down to host_rows on the rows' stream, after the layer's q/k kernel
+ * (which wrote them) and beside the layers after it; ev_rows[l] says when
+ * they are there. */
+static int layer_rows_down(struct cuda *b, int n, int l)
+{
+	struct cuda_fwdb *f = b->fwdb;
+	const size_t L = b->c->n_layers, q = L * n * b->qw, k = L * n * b->kw;
+	const size_t lq = (size_t)l * n * b->qw, lk = (size_t)l * n * b->kw;
+	uint16_t *h = f->host_rows;
+
+	if (cudaEventRecord(f->ev_qk[l], kvmem_cuda_stream(b->ctx)) != cudaSuccess ||
+	    cudaStreamWaitEvent(f->down, f->ev_qk[l], 0) != cudaSuccess ||
+	    cudaMemcpyAsync(h + lq, b->oq + lq, (size_t)n * b->qw * 2, cudaMemcpyDeviceToHost,
+			    f->down) != cudaSuccess ||
+	    cudaMemcpyAsync(h + q + lk, b->ok + lk, (size_t)n * b->kw * 2, cudaMemcpyDeviceToHost,
+			    f->down) != cudaSuccess ||
+	    cudaMemcpyAsync(h + q + k + lk, b->ov + lk, (size_t)n * b->kw * 2,
+			    cudaMemcpyDeviceToHost, f->down) != cudaSuccess ||
+	    cudaEventRecord(f->ev_rows[l], f->down) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda batched forward: copying layer %d's rows down", l);
+	}
+	return 0;
+}
+
 /* One layer over the n rows. */
 static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int want_out)
 {
@@ -328,6 +387,8 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 						   .kv_stride = (long long)v->cap };
 	}
 	mark(f, b, P_QK);
+	if (want_out && (rc = layer_rows_down(b, n, l)) < 0)
+		return rc;
 	if ((rc = kvmem_cuda_attention_batch(b->ctx, b->att, b->q, f->seqs, n, c->n_heads,
 					     c->n_kv_heads, D, scale)))
 		return rc;
@@ -353,72 +414,78 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 	return 0;
 }
 
-/* The n items' raw q, raw K and V ([L][n][w] each, device) down to
- * host_rows, queued on the stream (the caller's sync waits for them). */
-static int down_rows(struct cuda *b, int n)
+/* One row of w values out of host_rows: copied as bf16, or widened. */
+static void row_out(const uint16_t *src, void *dst, int bf16, int l, size_t w)
 {
-	const size_t L = b->c->n_layers, q = L * n * b->qw, k = L * n * b->kw;
-	uint16_t *h = b->fwdb->host_rows;
-	cudaStream_t st = kvmem_cuda_stream(b->ctx);
-
-	if (cudaMemcpyAsync(h, b->oq, q * 2, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
-	    cudaMemcpyAsync(h + q, b->ok, k * 2, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
-	    cudaMemcpyAsync(h + q + k, b->ov, k * 2, cudaMemcpyDeviceToHost, st) != cudaSuccess) {
-		cudaGetLastError();
-		return kvmem_error(EIO, "cuda batched forward: copying the rows down");
-	}
-	return 0;
-}
-
-/* Item i's rows ([L][w] at dst) from src's [L][n][w], as bf16 or fp32. */
-static void item_rows(const uint16_t *src, void *dst, int bf16, int L, int n, int i, size_t w)
-{
-	for (int l = 0; l < L; l++) {
-		const uint16_t *s = src + ((size_t)l * n + i) * w;
-
-		if (bf16)
-			memcpy((uint16_t *)dst + (size_t)l * w, s, w * 2);
-		else
-			kvmem_bf16_to_f32_n((float *)dst + (size_t)l * w, s, w);
-	}
+	if (bf16)
+		memcpy((uint16_t *)dst + (size_t)l * w, src, w * 2);
+	else
+		kvmem_bf16_to_f32_n((float *)dst + (size_t)l * w, src, w);
 }
 
 /*
- * Item i's raw q, raw K and V, as it asked, and its logits, out of the
- * pinned buffers (after the sync). About 1.4 MB an item at the 8B
- * geometry (0.6 MB of logits, 0.6 MB of q widened to fp32, 0.15 MB of K
- * and V): 0.12-0.13 ms an item on one core of the build machine, so the
- * items are spread over the OpenMP threads from PAR_ITEMS on (the same
- * bytes either way).
+ * Layer l of item i's raw q, raw K and V, as it asked, out of host_rows
+ * ([L][n][w] each) once the layer's rows are down: about 40 KB an item and
+ * layer at the 8B geometry, mostly q widened to fp32, copied while the
+ * later layers run on the GPU.
  */
-#define PAR_ITEMS 4
-
-static void item_out(struct cuda *b, const kvmem_fwd_item *it, int n, int i, int want_out)
+static void item_layer(struct cuda *b, const kvmem_fwd_item *it, int n, int i, int l)
 {
 	const int L = b->c->n_layers;
 	const size_t q = (size_t)L * n * b->qw, k = (size_t)L * n * b->kw;
 	const uint16_t *h = b->fwdb->host_rows;
+	const uint16_t *hq = h + ((size_t)l * n + i) * b->qw;
+	const uint16_t *hk = h + q + ((size_t)l * n + i) * b->kw, *hv = hk + k;
 	const kvmem_fwd_out *o = it->out;
 
+	if (!o)
+		return;
+	if (o->q_raw && kvmem_fwd_q_rows(o, 1) > 0)
+		row_out(hq, o->q_raw, 0, l, b->qw);
+	if (o->raw_k)
+		row_out(hk, o->raw_k, 0, l, b->kw);
+	if (o->raw_k_bf16)
+		row_out(hk, o->raw_k_bf16, 1, l, b->kw);
+	if (o->v)
+		row_out(hv, o->v, 0, l, b->kw);
+	if (o->v_bf16)
+		row_out(hv, o->v_bf16, 1, l, b->kw);
+}
+
+/* The items' rows, layer by layer as each comes down (on this thread: a
+ * layer's copies are shorter than the GPU's layer after it). */
+static int rows_out(struct cuda *b, const kvmem_fwd_item *items, int n)
+{
+	struct cuda_fwdb *f = b->fwdb;
+
+	for (int l = 0; l < b->c->n_layers; l++) {
+		if (cudaEventSynchronize(f->ev_rows[l]) != cudaSuccess) {
+			cudaGetLastError();
+			return kvmem_error(EIO, "cuda batched forward: layer %d's rows did not come "
+					   "down", l);
+		}
+		for (int i = 0; i < n; i++)
+			item_layer(b, &items[i], n, i, l);
+	}
+	return 0;
+}
+
+/*
+ * Item i's logits out of the pinned buffer after the sync: 0.6 MB an item
+ * at the 8B geometry, so the items are spread over the OpenMP threads
+ * from PAR_ITEMS on.
+ */
+#define PAR_ITEMS 4
+
+static void item_logits(struct cuda *b, const kvmem_fwd_item *it, int i)
+{
 	if (it->logits)
 		memcpy(it->logits, b->fwdb->host_logits + (size_t)i * b->c->vocab,
 		       (size_t)b->c->vocab * sizeof(float));
-	if (!want_out || !o)
-		return;
-	if (o->q_raw && kvmem_fwd_q_rows(o, 1) > 0)
-		item_rows(h, o->q_raw, 0, L, n, i, b->qw);
-	if (o->raw_k)
-		item_rows(h + q, o->raw_k, 0, L, n, i, b->kw);
-	if (o->raw_k_bf16)
-		item_rows(h + q, o->raw_k_bf16, 1, L, n, i, b->kw);
-	if (o->v)
-		item_rows(h + q + k, o->v, 0, L, n, i, b->kw);
-	if (o->v_bf16)
-		item_rows(h + q + k, o->v_bf16, 1, L, n, i, b->kw);
 }
 
 /* One pass over n <= max_chunk checked items. */
-static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
+static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 {
 	const kvmem_config *c = b->c;
 	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
@@ -427,7 +494,7 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	kvmem_scatter_item *sc;
 	kvmem_qk_view *qv;
 	int rc, want_out = 0, any_logits = 0;
-	uint64_t t0 = kvmem_now_ns(), t1, t2;
+	uint64_t t0 = kvmem_now_ns(), t1, t2, t3;
 
 	mark(f, b, P_START);
 	for (int i = 0; i < n; i++) {
@@ -468,11 +535,6 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	for (int l = 0; l < L; l++)
 		if ((rc = layer(b, items, n, l, want_out)) < 0)
 			return kvmem_error_prefix("cuda batched forward, layer %d", l);
-	/* The rows queued down first, the logits after them: one sync for all
-	 * (three copies and three syncs before). */
-	if (want_out && (rc = down_rows(b, n)) < 0)
-		return rc;
-	mark(f, b, P_ROWS);
 	if (any_logits &&
 	    ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->tmp, b->x, b->final_norm, n, c->hidden,
 					   c->rms_eps)) < 0 ||
@@ -488,18 +550,32 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 	}
 	mark(f, b, P_COPY);
 	t1 = kvmem_now_ns();
+	if (want_out && (rc = rows_out(b, items, n)) < 0)
+		return rc;
+	t2 = kvmem_now_ns();
 	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 		return kvmem_error_prefix("cuda batched forward");
-	t2 = kvmem_now_ns();
+	t3 = kvmem_now_ns();
 	#pragma omp parallel for schedule(static) if (n >= PAR_ITEMS)
 	for (int i = 0; i < n; i++)
-		item_out(b, &items[i], n, i, want_out);
+		item_logits(b, &items[i], i);
 	if (f->prof)
 		prof_pass(f->prof, n, (double)(t1 - t0) * 1e-6, (double)(t2 - t1) * 1e-6,
-			  (double)(kvmem_now_ns() - t2) * 1e-6);
+			  (double)(t3 - t2) * 1e-6, (double)(kvmem_now_ns() - t3) * 1e-6);
 	for (int i = 0; i < n; i++)
 		items[i].v->len += 1;
 	return 0;
+}
+
+/* A pass; one that failed midway waits for the rows it had sent down, so
+ * that no copy still reads the backend's row buffers after it returns. */
+static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
+{
+	const int rc = pass_run(b, items, n);
+
+	if (rc < 0 && cudaStreamSynchronize(b->fwdb->down) != cudaSuccess)
+		cudaGetLastError();
+	return rc;
 }
 
 /*
