@@ -86,7 +86,8 @@ struct cuda_fwdb {
 	/* A layer's rows go down on their own stream as soon as its q/k
 	 * kernel has made them (ev_qk), and the host copies them out to the
 	 * items while later layers run (ev_rows): the items' outputs were
-	 * 2.1 ms after a 64-item pass's sync, most of it q widened to fp32. */
+	 * 2.1 ms after a 64-item pass's sync, half of it q widened to fp32.
+	 * The events are made before the stream: down set means all are. */
 	cudaStream_t down;
 	cudaEvent_t *ev_qk, *ev_rows;	/* [n_layers] */
 	kvmem_cuda_att_seq *seqs;	/* host [rows] */
@@ -147,7 +148,6 @@ static void prof_print(struct fwdb_prof *p)
 		fprintf(stderr, "  %-30s %8.3f ms\n", part_name[i], p->ms[i] * k);
 }
 
-
 static size_t items_off(int rows)
 {
 	return (size_t)rows * 8;
@@ -199,6 +199,32 @@ void cuda_fwdb_destroy(struct cuda *b)
 	b->fwdb = NULL;
 }
 
+/* The rows' stream and its per-layer events, what of them is not made
+ * yet (a call after a failure here tries again). */
+static int rows_stream(struct cuda *b)
+{
+	struct cuda_fwdb *f = b->fwdb;
+	const int L = b->c->n_layers;
+
+	if ((!f->ev_qk && !(f->ev_qk = calloc((size_t)L, sizeof(*f->ev_qk)))) ||
+	    (!f->ev_rows && !(f->ev_rows = calloc((size_t)L, sizeof(*f->ev_rows)))))
+		return kvmem_error(ENOMEM, "cuda batched forward: out of memory");
+	for (int l = 0; l < L; l++)
+		if ((!f->ev_qk[l] &&
+		     cudaEventCreateWithFlags(&f->ev_qk[l], cudaEventDisableTiming) != cudaSuccess) ||
+		    (!f->ev_rows[l] &&
+		     cudaEventCreateWithFlags(&f->ev_rows[l], cudaEventDisableTiming) != cudaSuccess)) {
+			cudaGetLastError();
+			return kvmem_error(EIO, "cuda batched forward: cannot create an event");
+		}
+	if (cudaStreamCreateWithFlags(&f->down, cudaStreamNonBlocking) != cudaSuccess) {
+		f->down = NULL;
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda batched forward: cannot create the rows' stream");
+	}
+	return 0;
+}
+
 /* Room for n items (buffers grow, never shrink). */
 static int room(struct cuda *b, int n)
 {
@@ -216,22 +242,9 @@ static int room(struct cuda *b, int n)
 		e = getenv("KVMEM_CUDA_BATCH_PROFILE");
 		if (e && !strcmp(e, "1") && !(f->prof = calloc(1, sizeof(*f->prof))))
 			return kvmem_error(ENOMEM, "cuda batched forward: out of memory");
-		if (!(f->ev_qk = calloc((size_t)c->n_layers, sizeof(*f->ev_qk))) ||
-		    !(f->ev_rows = calloc((size_t)c->n_layers, sizeof(*f->ev_rows))))
-			return kvmem_error(ENOMEM, "cuda batched forward: out of memory");
-		if (cudaStreamCreateWithFlags(&f->down, cudaStreamNonBlocking) != cudaSuccess) {
-			f->down = NULL;
-			cudaGetLastError();
-			return kvmem_error(EIO, "cuda batched forward: cannot create the rows' stream");
-		}
-		for (int l = 0; l < c->n_layers; l++)
-			if (cudaEventCreateWithFlags(&f->ev_qk[l], cudaEventDisableTiming) != cudaSuccess ||
-			    cudaEventCreateWithFlags(&f->ev_rows[l], cudaEventDisableTiming) !=
-				    cudaSuccess) {
-				cudaGetLastError();
-				return kvmem_error(EIO, "cuda batched forward: cannot create an event");
-			}
 	}
+	if (!f->down && (rc = rows_stream(b)) < 0)	/* until it is made */
+		return rc;
 	if (n <= f->rows)
 		return 0;
 	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)	/* queued work may use the old ones */
