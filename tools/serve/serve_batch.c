@@ -40,7 +40,8 @@ static void count(struct serve_batch_stats *st, struct serve_unit *u, int *faile
  * batch invariance needs the lone step and the batched one on the same
  * GEMM, and the CUDA-core rows kernel the default would give a batch is
  * 4x slower at 64 conversations (788 against 3364 tok/s at the 8B
- * geometry, benchmarks.md), where a lone stream gives up about 8%. Only
+ * geometry, benchmarks.md), where a lone stream gives up about 5% (0.957x
+ * the GEMV's decode in the run that measured it). Only
  * the cuda backend reads it, when its context is made (so before the
  * backend opens); set here, not in the library, so that `kvmem run`
  * keeps the lone decode's GEMV.
@@ -50,7 +51,6 @@ void serve_gemm_tc_default(int64_t max_batch)
 	if (max_batch > 1)
 		setenv("KVMEM_CUDA_GEMM_TC", "1", 0);
 }
-
 
 /* A unit alone, with the per-session calls. */
 static void run_one(struct serve_unit *u)
