@@ -26,8 +26,9 @@
  * A warp owns MT tiles of 16 outputs (1 for a lone row, whose launch
  * wants many warps; 2 for wide outputs at 9-32 rows, so each x fragment
  * serves two weight tiles: see the launch); 8 warps a block; each lane
- * keeps TC_U / MT blocks of each tile's weight loads in flight (16-byte __ldcs: read once), so one
- * row (the lone decode) still streams the weights; with 64 rows the
+ * keeps TC_U / MT blocks of each tile's weight loads in flight (16-byte
+ * __ldcs: read once), so one row (the lone decode) still streams the
+ * weights; with 64 rows the
  * weight tile is applied to 8 x tiles per load, on tensor cores (gemv.cu's
  * rows kernel did that with CUDA-core fp32 multiply-adds and was bound by
  * them). MT and the x tiles change which lane holds a sum, not its order.
