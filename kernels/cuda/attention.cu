@@ -1388,13 +1388,13 @@ static int flash(kvmem_cuda_ctx *c, flash_args a, int head_dim, int version, con
 		       : flash_launch<64, 4, 64, 1>(c, a, grid_z, splits);
 }
 
-/* The decode kernel's split target: two blocks per SM over the KV heads. */
 /* The split's least stages: KVMEM_CUDA_DEC_MIN_TILES, else DEC_MIN_TILES. */
 static int dec_min_tiles(const kvmem_cuda_ctx *c)
 {
 	return c->dec_min_tiles > 0 ? c->dec_min_tiles : DEC_MIN_TILES;
 }
 
+/* The decode kernel's split target: two blocks per SM over the KV heads. */
 static int dec_target(const kvmem_cuda_ctx *c, int n_kv_heads)
 {
 	const long long want = (long long)c->sms * 2;
