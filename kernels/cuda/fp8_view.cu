@@ -42,67 +42,71 @@ __device__ __forceinline__ void f8_rot_cs(uint8_t *x8, uint8_t *y8, float a, flo
 	*y8 = f32_to_e4m3(y * inv2s);
 }
 
-/* The same with the angle of pair i at pos computed here. */
-__device__ __forceinline__ void f8_rot_pair(uint8_t *x8, uint8_t *y8, float a, float b, int pos,
-					    int i, int hd, double theta, float inv2s)
-{
-	double sn, cs;
-
-	rope_angle(pos, i, hd, theta, &sn, &cs);
-	f8_rot_cs(x8, y8, a, b, cs, sn, inv2s);
-}
-
 /* ---- the forward pass's new rows ----------------------------------------- */
-/* A warp per (token, KV head, K or V) row of bf16 values (row t of head h
- * at x + t * ld + h * hd). */
-__global__ void f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8,
-			      float *raws, const uint16_t *rk, const uint16_t *rv, int ld,
-			      const kvmem_scatter_item *item, int n, int n_kv, int hd, int cap,
-			      double theta)
+/* Tokens a block of f8_put_kernel takes: their rotary angles are computed
+ * once into shared memory for every KV head's warp (as the gather does,
+ * below). Computed per (token, head, pair), a prefill chunk paid the
+ * double-precision pow and sincos n_kv times over. */
+#define FP_TOK 4
+
+/* A block per FP_TOK tokens; a warp per (token, KV head, K or V) row of
+ * bf16 values (row t of head h at x + t * ld + h * hd), the block's warps
+ * taking its rows in turn. */
+__global__ void __launch_bounds__(256)
+f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, float *raws,
+	      const uint16_t *rk, const uint16_t *rv, int ld, const kvmem_scatter_item *item,
+	      int n, int n_kv, int hd, int cap, double theta)
 {
-	const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-
-	if (row >= 2 * n * n_kv)
-		return;
+	const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, half = hd / 2;
+	const int t0 = blockIdx.x * FP_TOK, nt = min(FP_TOK, n - t0);
 	const kvmem_scatter_item it = *item;	/* the slot from the device: graphs */
-	const int isv = row & 1, t = (row >> 1) / n_kv, h = (row >> 1) % n_kv, half = hd / 2;
-	const uint16_t *x = (isv ? rv : rk) + (size_t)t * ld + (size_t)h * hd;
-	const size_t d = ((size_t)it.layer * n_kv + h) * cap + it.slot + t;
-	float amax = 0.0f;
+	__shared__ double cs_s[FP_TOK * ROPE_HALF_MAX], sn_s[FP_TOK * ROPE_HALF_MAX];
 
-	if (it.slot + t >= cap)
-		return;
-	for (int i = lane; i < hd; i += 32) {
-		const float a = fabsf(bf2f(x[i]));
+	for (int x = threadIdx.x; x < nt * half; x += blockDim.x)
+		rope_angle(it.slot + t0 + x / half, x % half, hd, theta, &sn_s[x], &cs_s[x]);
+	__syncthreads();
+	for (int row = warp; row < 2 * nt * n_kv; row += blockDim.x / 32) {
+		const int isv = row & 1, tl = (row >> 1) / n_kv, t = t0 + tl, h = (row >> 1) % n_kv;
+		const uint16_t *x = (isv ? rv : rk) + (size_t)t * ld + (size_t)h * hd;
+		const size_t d = ((size_t)it.layer * n_kv + h) * cap + it.slot + t;
+		float amax = 0.0f;
 
-		if (isfinite(a) && a > amax)
-			amax = a;
-	}
-	for (int o = 16; o; o >>= 1)
-		amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-	const float s = fp8_scale_of(amax), inv = 1.0f / s;	/* exact: s = 2^e */
+		if (it.slot + t >= cap)
+			continue;	/* the warp's whole row */
+		for (int i = lane; i < hd; i += 32) {
+			const float a = fabsf(bf2f(x[i]));
 
-	if (isv) {
-		for (int i = lane; i < hd; i += 32)
-			v8[d * hd + i] = f32_to_e4m3(bf2f(x[i]) * inv);
-		if (!lane)
-			vs[d] = s;
-		return;
-	}
-	for (int i = lane; i < half; i += 32) {
-		const uint8_t qa = f32_to_e4m3(bf2f(x[i]) * inv), qb = f32_to_e4m3(bf2f(x[i + half]) * inv);
-
-		f8_rot_pair(k8 + d * hd + i, k8 + d * hd + i + half, e4m3_to_f32(qa) * s,
-			    e4m3_to_f32(qb) * s, it.slot + t, i, hd, theta, 0.5f * inv);
-		if (raw8) {	/* the raw K kept beside the view: the page's bytes */
-			raw8[d * hd + i] = qa;
-			raw8[d * hd + i + half] = qb;
+			if (isfinite(a) && a > amax)
+				amax = a;
 		}
-	}
-	if (!lane) {
-		ks[d] = 2.0f * s;
-		if (raws)
-			raws[d] = s;
+		for (int o = 16; o; o >>= 1)
+			amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+		const float s = fp8_scale_of(amax), inv = 1.0f / s;	/* exact: s = 2^e */
+
+		if (isv) {
+			for (int i = lane; i < hd; i += 32)
+				v8[d * hd + i] = f32_to_e4m3(bf2f(x[i]) * inv);
+			if (!lane)
+				vs[d] = s;
+			continue;
+		}
+		for (int i = lane; i < half; i += 32) {
+			const uint8_t qa = f32_to_e4m3(bf2f(x[i]) * inv);
+			const uint8_t qb = f32_to_e4m3(bf2f(x[i + half]) * inv);
+
+			f8_rot_cs(k8 + d * hd + i, k8 + d * hd + i + half, e4m3_to_f32(qa) * s,
+				  e4m3_to_f32(qb) * s, cs_s[tl * half + i], sn_s[tl * half + i],
+				  0.5f * inv);
+			if (raw8) {	/* the raw K kept beside the view: the page's bytes */
+				raw8[d * hd + i] = qa;
+				raw8[d * hd + i + half] = qb;
+			}
+		}
+		if (!lane) {
+			ks[d] = 2.0f * s;
+			if (raws)
+				raws[d] = s;
+		}
 	}
 }
 
@@ -118,12 +122,9 @@ extern "C" int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8
 				   n_kv_heads, head_dim);
 	if (!n)
 		return 0;
-	const unsigned rows = 2u * n * n_kv_heads;
-
-	f8_put_kernel<<<(rows + 7) / 8, 256, 0, c->stream>>>(view_k, view_v, k_scale, v_scale,
-							      raw_k, raw_scale, rows_k, rows_v, ld,
-							      item, n,
-							      n_kv_heads, head_dim, cap, theta);
+	f8_put_kernel<<<(n + FP_TOK - 1) / FP_TOK, 256, 0, c->stream>>>(
+		view_k, view_v, k_scale, v_scale, raw_k, raw_scale, rows_k, rows_v, ld, item, n,
+		n_kv_heads, head_dim, cap, theta);
 	return kvmem_cuda_launched("fp8 view put");
 }
 
