@@ -770,21 +770,29 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 			unsigned char *rk = sRaw + (size_t)st * C::RAW_STAGE, *rv = rk + DEC_BN * HD;
 			float *rks = (float *)(rv + DEC_BN * HD), *rvs = rks + DEC_BN;
 
-#pragma unroll 2
-			for (int c = tid; c < DEC_BN * (HD / 16); c += C::THREADS) {
-				const int r = c / (HD / 16), cc = c % (HD / 16);
+			/* Each warp loads its own 16 keys (the only ones it reads):
+			 * no block barrier between the stages. */
+#pragma unroll
+			for (int c = lane; c < 16 * (HD / 16); c += 32) {
+				const int r = warp * 16 + c / (HD / 16), cc = c % (HD / 16);
 				const bool ok = j0 + r < ke;
 				const size_t off = (size_t)(j0 + r) * HD + cc * 16;
 
 				cp_async16(rk + r * HD + cc * 16, ok ? k8 + off : (const void *)a.k, ok);
 				cp_async16(rv + r * HD + cc * 16, ok ? v8 + off : (const void *)a.v, ok);
 			}
-			for (int r = tid; r < DEC_BN; r += C::THREADS) {
+			{
+				const int r = warp * 16 + (lane & 15);
 				const bool ok = j0 + r < ke;
 
-				cp_async4(rks + r, ok ? ksh + j0 + r : a.ks, ok);
-				cp_async4(rvs + r, ok ? vsh + j0 + r : a.vs, ok);
+				if (lane < 16)
+					cp_async4(rks + r, ok ? ksh + j0 + r : a.ks, ok);
+				else
+					cp_async4(rvs + r, ok ? vsh + j0 + r : a.vs, ok);
+				if (a.kv_pos && lane < 16)
+					cp_async4(sP + st * DEC_BN + r, ok ? a.kv_pos + j0 + r : a.kv_pos, ok);
 			}
+			return;
 		} else
 #pragma unroll 4
 		for (int c = tid; c < DEC_BN * C::CH; c += C::THREADS) {
@@ -827,22 +835,28 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 		const uint32_t soff = F8 ? 0u : (uint32_t)(st * C::STAGE_BYTES);
 
 		cp_async_wait<DEC_STAGES - 2>();	/* stage i (and Q) have landed */
-		__syncthreads();	/* ... for every thread; stage i - 1 is free */
+		/* ... for every thread; stage i - 1 is free. fp8: a warp's own
+		 * keys, so its own lanes (the block once, for Q). */
+		if (!F8 || i == 0)
+			__syncthreads();
+		else
+			__syncwarp();
 		if (i + DEC_STAGES - 1 < n_tiles)
 			load_stage(i + DEC_STAGES - 1, (i + DEC_STAGES - 1) % DEC_STAGES);
 		cp_async_commit();
 		if (F8) {
-			/* Stage i's bytes into the tile as bf16, unscaled (exact:
-			 * e4m3x4_bf16), 8 values a thread and round; the rows' scales
-			 * are applied to the scores and to P below (the tile was last
-			 * read before the barrier above; the ring slot is refilled
-			 * only after the next). */
+			/* Stage i's bytes of the warp's 16 keys into its rows of the
+			 * tile as bf16, unscaled (exact: e4m3x4_bf16), 8 values a
+			 * lane and round; the rows' scales are applied to the scores
+			 * and to P below (the warp last read these rows before the
+			 * barrier above; its ring slot is refilled only after the
+			 * next). */
 			const unsigned char *rk = sRaw + (size_t)st * C::RAW_STAGE, *rv = rk + DEC_BN * HD;
 
 #pragma unroll 4
-			for (int c = tid; c < 2 * DEC_BN * (HD / 8); c += C::THREADS) {
-				const int isv = c >= DEC_BN * (HD / 8), cc = c % (DEC_BN * (HD / 8));
-				const int r = cc / (HD / 8), c8 = cc % (HD / 8);
+			for (int c = lane; c < 2 * 16 * (HD / 8); c += 32) {
+				const int isv = c >= 16 * (HD / 8), cc = c % (16 * (HD / 8));
+				const int r = warp * 16 + cc / (HD / 8), c8 = cc % (HD / 8);
 				const uint2 u = *(const uint2 *)((isv ? rv : rk) + r * HD + c8 * 8);
 				uint4 o;
 
@@ -861,7 +875,7 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 				}
 				*(uint4 *)(sKV + (size_t)isv * DEC_BN * C::LD + r * C::LD + c8 * 8) = o;
 			}
-			__syncthreads();
+			__syncwarp();
 		}
 		if (i == 0) {
 #pragma unroll
