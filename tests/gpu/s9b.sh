@@ -1,0 +1,76 @@
+#!/bin/bash
+# On the GPU machine (issues #27 and #26, 2026-12-03):
+#
+#   1. decode attention over fp8 K/V reading its mma operands from the raw
+#      bytes into registers (no bf16 tile, five stages): --fp8 --bench (the
+#      twins, the fp8 decode's bits against bf16 over the dequantised view,
+#      decode at 32K / 128K keys fp8 beside bf16), --attn-decode and
+#      --attn-batch (the bf16 kernels share the code), test_fp8_session and
+#      test_ws_batch on cuda, the session's warm step and decode at a 32K
+#      view, bf16 then fp8;
+#   2. the issue's 32K-token conversations: kvmem bench batch with
+#      histories of 16K-45K tokens (--context 32k) and a 4096-token view
+#      budget, 16 conversations beside one; and 64 beside one at --context
+#      8k (64 x 32K tokens of bf16 KV, 302 GB, do not fit the GPU and the
+#      host together).
+#
+#   tests/gpu/s9b.sh OUTDIR [SECONDS]      (default 500; logs in OUTDIR/s9b)
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: tests/gpu/s9b.sh OUTDIR [SECONDS]}
+. tests/gpu/lib.sh
+gpu_end=$(($(date +%s) + ${2:-500}))
+gpu_setup s9b build-gpu
+gpu_need "$K"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+echo "== kvmem_gpu_check --fp8 --bench"
+timeout "$(gpu_left 40)" "$G" --fp8 --bench >"$log/fp8_check.log" 2>&1
+rc=$?
+grep -E '^(rematerial|decode attention|FAIL)|passed' "$log/fp8_check.log"
+count "$log/fp8_check.log" $rc
+for opt in attn-decode attn-batch; do
+	timeout "$(gpu_left 40)" "$G" "--$opt" >"$log/$opt.log" 2>&1
+	rc=$?
+	grep -E '^FAIL|passed' "$log/$opt.log"
+	count "$log/$opt.log" $rc
+done
+gpu_unit test_fp8_session 25
+gpu_unit test_ws_batch 40 KVMEM_CUDA_GEMM_TC=1
+
+step32k() {	# log name, dtype
+	mkdir -p "$tmp/b"
+	echo "== kvmem bench step --kv-dtype $2 --only step,decode (32K view)"
+	if timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype "$2" \
+		--only step,decode --tokens 49152 --view 32768 --steps 2 --decode 32 \
+		--tiers warm --dir "$tmp/b" >"$log/$1.log" 2>&1; then
+		ok "bench step step,decode, $2"
+	else
+		bad "bench step step,decode, $2"
+		tail -5 "$log/$1.log"
+	fi
+	rm -rf "$tmp/b"
+	grep -E 'median step|decode in a|per token:' "$log/$1.log" | cut -c1-300
+}
+step32k step_bf16 bf16
+step32k step_fp8 fp8
+
+batch() {	# log name, seconds, bench batch arguments
+	local name=$1 secs=$2
+	shift 2
+	echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench batch $*"
+	if KVMEM_CUDA_GEMM_TC=1 timeout "$(gpu_left "$secs")" "$K" bench batch --backend cuda \
+		--preset 8b --json "$@" >"$log/$name.json" 2>"$log/$name.err"; then
+		ok "bench batch $*"
+	else
+		bad "bench batch $* (exit $?)"
+		tail -3 "$log/$name.err"
+	fi
+	grep -o '"sessions": *[0-9]*\|"median_batch_tokens_per_s": *[0-9.]*\|"median_alone_tokens_per_s": *[0-9.]*\|"batch_over_alone[a-z_]*": *[0-9.]*' \
+		"$log/$name.json" | tr '\n' ' '
+	echo
+}
+batch batch32k 200 --context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16
+batch batch8k64 150 --context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64
+gpu_done
