@@ -198,10 +198,10 @@ static int synth_corpus(int argc, char **argv)
 	}
 	uint64_t n_seqs = ((uint64_t)o.n_tokens + (uint64_t)o.seq_len - 1) / (uint64_t)o.seq_len;
 	fprintf(stderr, "kvmem synth corpus: wrote %s: %llu sequences of %d tokens, seed %llu, "
-		"views %.2f (by %s, up to %dx), vocab %d (hash %08x), %.1f s\n", out,
+		"views %.2f (by %s, up to %dx, paged %.2f), vocab %d (hash %08x), %.1f s\n", out,
 		(unsigned long long)n_seqs, o.seq_len, (unsigned long long)o.seed, o.view_share,
 		o.view.policy ? o.view.policy : "the generator's mix",
-		o.view.max_ratio ? o.view.max_ratio : 16, agentlang_vocab_size(),
+		o.view.max_ratio ? o.view.max_ratio : 16, o.view.paged, agentlang_vocab_size(),
 		agentlang_vocab_hash(), since(&pr.t0));
 	return 0;
 }
