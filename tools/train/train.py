@@ -986,6 +986,7 @@ def parse_args(argv):
         args.eval_seqs = min(args.eval_seqs, 32)
         args.final_eval_seqs = min(args.final_eval_seqs, 64)
         args.warmup = min(args.warmup, 20)
+        args.paged_eval = min(args.paged_eval, 32)
     return args
 
 
