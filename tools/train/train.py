@@ -171,6 +171,7 @@ def question_ids(x, c):
 # "? file key =", the fact "file key = value").
 MEANK_BLOCK = 32
 MEANK_BROKEN = []  # why the Mean-K loss was switched off, if it was
+PAGED_BROKEN = []  # why the paged batches were switched off, if they were
 
 
 def rope_mean_coeffs(head_dim, theta, span, device):
@@ -799,6 +800,18 @@ def evaluate_paged(model, corpus, c, args, device, amp, limit):
             "fresh_accuracy": fok / max(1, fq)}
 
 
+def safe_evaluate_paged(model, corpus, c, args, device, amp, limit):
+    """evaluate_paged, or None (and the paged path off) when it fails: one
+    bounded run ends with its model whatever the paged path does."""
+    try:
+        return evaluate_paged(model, corpus, c, args, device, amp, limit)
+    except Exception as e:  # noqa: BLE001
+        PAGED_BROKEN.append(f"evaluation: {type(e).__name__}: {e}")
+        log(f"paged: evaluation failed ({PAGED_BROKEN[-1]}); the paged path is off")
+        model.train()
+        return None
+
+
 def paged_eval_line(name, r):
     return (f"{name}-paged: acc {100 * r['accuracy']:.1f}% of {r['questions']} from pages "
             f"(answer {r['answer_loss']:.3f}), {100 * r['fresh_accuracy']:.1f}% of "
@@ -1129,27 +1142,35 @@ def main(argv):
             loss, lm_loss, ans_loss = train_step(x)
         shapes_ok.add(tuple(x.shape))
         if paged and progress >= paged_from:
-            if pperm_at + args.paged_batch > c.n_paged:
-                pperm, pperm_at, pepochs = prng.permutation(c.n_paged), 0, pepochs + 1
-            ks = pperm[pperm_at:pperm_at + args.paged_batch]
-            pperm_at += len(ks)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            tp = time.time()
-            pb = PagedBatch(c, ks, c.pad, device)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-                pl, _, pa, _, _ = paged_losses(model, pb, c, args.answer_weight, args.head_dim,
-                                               args.rope_theta, args.paged_chunk)
-            (args.paged_weight * pl).backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            pst["seconds"] += time.time() - tp
-            pst["steps"] += 1
-            pst["seqs"] += pb.P
-            pst["windows"] += pb.n_windows
-            pst["window_tokens"] += pb.window_tokens
-            pst["q_tokens"] += int((pb.q != c.pad).sum().item())
-            pst["loss"], pst["answer"] = pl.detach(), pa.detach()
+            try:
+                if pperm_at + args.paged_batch > c.n_paged:
+                    pperm, pperm_at, pepochs = prng.permutation(c.n_paged), 0, pepochs + 1
+                ks = pperm[pperm_at:pperm_at + args.paged_batch]
+                pperm_at += len(ks)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                tp = time.time()
+                pb = PagedBatch(c, ks, c.pad, device)
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                    pl, _, pa, _, _ = paged_losses(model, pb, c, args.answer_weight, args.head_dim,
+                                                   args.rope_theta, args.paged_chunk)
+                (args.paged_weight * pl).backward()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                pst["seconds"] += time.time() - tp
+                pst["steps"] += 1
+                pst["seqs"] += pb.P
+                pst["windows"] += pb.n_windows
+                pst["window_tokens"] += pb.window_tokens
+                pst["q_tokens"] += int((pb.q != c.pad).sum().item())
+                pst["loss"], pst["answer"] = pl.detach(), pa.detach()
+            except Exception as e:  # noqa: BLE001 - one bounded run: train on without it
+                PAGED_BROKEN.append(f"step {step}: {type(e).__name__}: {e}")
+                log(f"paged: failed ({PAGED_BROKEN[0]}); off for the rest of the run, "
+                    f"this step's gradients dropped")
+                paged = False
+                opt.zero_grad(set_to_none=True)
+                continue
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -1186,10 +1207,12 @@ def main(argv):
                              rope_cs)
                 line.append(eval_line(name, r))
                 rec[name] = r
-                if e.n_paged and args.paged_batch > 0:
-                    r = evaluate_paged(model, e, c, args, device, amp, max(1, args.paged_eval // 4))
-                    line.append(paged_eval_line(name, r))
-                    rec[name + "-paged"] = r
+                if e.n_paged and args.paged_batch > 0 and not PAGED_BROKEN:
+                    r = safe_evaluate_paged(model, e, c, args, device, amp,
+                                            max(1, args.paged_eval // 4))
+                    if r is not None:
+                        line.append(paged_eval_line(name, r))
+                        rec[name + "-paged"] = r
             history.append(rec)
             log("  ".join(line))
             last_eval = time.time()
@@ -1208,9 +1231,11 @@ def main(argv):
     for (name, d), (_, e) in zip(eval_data, evals):
         final[name] = evaluate(model, d, c, max(1, args.batch // 2), device, amp, rope_cs)
         log("final " + eval_line(name, final[name]))
-        if e.n_paged and args.paged_batch > 0:
-            final[name + "-paged"] = evaluate_paged(model, e, c, args, device, amp, args.paged_eval)
-            log("final " + paged_eval_line(name, final[name + "-paged"]))
+        if e.n_paged and args.paged_batch > 0 and not PAGED_BROKEN:
+            r = safe_evaluate_paged(model, e, c, args, device, amp, args.paged_eval)
+            if r is not None:
+                final[name + "-paged"] = r
+                log("final " + paged_eval_line(name, r))
     pieces = load_vocab(args.vocab)
     for name, d in eval_data:
         log(f"examples from {name}:")
@@ -1261,6 +1286,7 @@ def main(argv):
                   "final_meank_top1": mk_avg[1].item() if mk_avg[1] is not None else None,
                   "paged_batch": args.paged_batch if paged else 0,
                   "paged_weight": args.paged_weight, "paged_from": paged_from,
+                  "paged_failed": PAGED_BROKEN[0] if PAGED_BROKEN else None,
                   "paged_stats": {k: (v.item() if torch.is_tensor(v) else v) for k, v in pst.items()},
                   "torch_seed": args.seed,
                   "final_loss": loss_avg, "final_lm_loss": lm_avg, "final_answer_loss": ans_avg},
