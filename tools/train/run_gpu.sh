@@ -90,7 +90,10 @@ if [ "$PAGED" != 0 ]; then
 fi
 # The paged path's parts (re-rotation, cache assembly, masks; a tiny model's
 # logits from pages against a plain forward) before anything long.
-python3 tools/train/train.py --self-test || fail "train.py --self-test failed (see above)"
+if ! python3 tools/train/train.py --self-test; then
+	[ "$PAGING" = 1 ] && fail "train.py --self-test failed (see above)"
+	echo "run_gpu.sh: warning: train.py --self-test failed; PAGED=0, so the run goes on"
+fi
 
 t0=$(date +%s)
 VIEW_OPTS=(--max-ratio "$MAX_RATIO" --stale "$STALE")
