@@ -689,7 +689,9 @@ static void test_corpus_file(void **state)
 	assert_int_equal(h.vocab_hash, agentlang_vocab_hash());
 	assert_int_equal(h.seed, o.seed);
 	assert_int_equal(h.view_permille, 500);
-	assert_int_equal(h.version, 2);
+	assert_int_equal(h.version, 3);
+	assert_int_equal(h.n_paged, 0);
+	assert_int_equal(h.paged_index, 0);
 	assert_string_equal(h.view_policy, "");
 	assert_int_equal(h.max_ratio, 16);
 	assert_true(h.pad == AGENTLANG_PAD && h.bos == AGENTLANG_BOS && h.q == AGENTLANG_Q &&
@@ -735,6 +737,215 @@ static void test_corpus_file(void **state)
 	assert_int_equal(access(p1, F_OK), -1);
 	assert_true(agentlang_corpus_read_header("/nonexistent/corpus", &h) < 0);
 	assert_non_null(strstr(kvmem_last_error(), "/nonexistent/corpus"));
+}
+
+/*
+ * Paged view sequences: the same ids as without paging; the kept tokens are
+ * the plan's (lexical, no drops) and the windows' tokens at (win, off);
+ * every window ends on a kept token and holds at least half a window of
+ * workspace before each kept token it serves.
+ */
+static void check_pages(const int32_t *seq, const agentlang_pages *pg, int L)
+{
+	const agentlang_transcript *ws = pg->ws;
+	const int W = pg->window;
+	int asked[64];
+
+	assert_non_null(ws);
+	assert_int_equal(pg->ws_tokens, ws->n_ids);
+	for (int i = 0; i < pg->n_view; i++) {
+		int w = pg->win[i];
+
+		assert_true(w < pg->n_windows);
+		assert_true(i == 0 || (pg->pos[i] > pg->pos[i - 1] && w >= pg->win[i - 1]));
+		assert_int_equal(pg->win_start[w] + pg->off[i], pg->pos[i]);
+		assert_true(pg->pos[i] < pg->win_end[w]);
+		assert_int_equal(seq[i], pg->ids[(size_t)w * W + pg->off[i]]);
+		assert_int_equal(seq[i], ws->ids[pg->pos[i]]);
+		if (pg->win_start[w] > 0 && pg->off[i] < W / 2)
+			fail_msg("kept token %d (workspace %lld) has %d tokens of context in window %d",
+				 i, (long long)pg->pos[i], pg->off[i], w);
+	}
+	for (int w = 0; w < pg->n_windows; w++) {
+		int64_t a = pg->win_start[w], e = pg->win_end[w], last = -1;
+
+		assert_true(a >= 0 && e > a && e - a <= W && e <= ws->n_ids);
+		assert_true(w == 0 || e > pg->win_end[w - 1]);
+		for (int i = 0; i < pg->n_view; i++)
+			if (pg->win[i] == w)
+				last = pg->pos[i];
+		if (last != e - 1)
+			fail_msg("window %d ends at %lld, its last kept token is at %lld", w, (long long)e,
+				 (long long)last);
+		assert_memory_equal(pg->ids + (size_t)w * W, ws->ids + a, (size_t)(e - a) * sizeof(int32_t));
+		for (int64_t i = e - a; i < W; i++)
+			assert_int_equal(pg->ids[(size_t)w * W + i], AGENTLANG_PAD);
+	}
+	/* The kept tokens are the lexical plan for all the workspace's questions. */
+	int64_t budget = (L - 32 - L / 8) / 32 * 32, k = 0;
+	uint8_t *keep = malloc((size_t)ws->n_ids);
+
+	assert_non_null(keep);
+	for (int i = 0; i < ws->n_q; i++)
+		asked[i] = i;
+	assert_int_equal(agentlang_view_select(ws, asked, ws->n_q, budget, "lexical", keep),
+			 pg->n_view);
+	for (int64_t t = 0; t < ws->n_ids; t++) {
+		if (!keep[t])
+			continue;
+		assert_true(k < pg->n_view);
+		assert_int_equal(pg->pos[k++], t);
+	}
+	assert_int_equal(k, pg->n_view);
+	free(keep);
+}
+
+static void test_paged_sequences(void **state)
+{
+	const int L = 1024;
+	int32_t *a = malloc(sizeof(*a) * L), *b = malloc(sizeof(*b) * L);
+	agentlang_view_opts plain = { .policy = "lexical", .max_ratio = 16, .stale = 0.6 };
+	agentlang_view_opts paged = plain;
+	agentlang_pages pg = { .want_workspace = 1 };
+	int n_paged = 0, n_views = 0, multi = 0;
+
+	assert_true(a && b);
+	paged.paged = 1.0;
+	for (int r = 0; r < 40; r++) {
+		uint64_t s = rnd() % 1000000, i = rnd() % 100000;
+		agentlang_seq_info info;
+
+		paged.window = r % 2 ? 256 : 0;	/* 0: the sequence's length */
+		assert_int_equal(agentlang_train_seq_opts(s, i, L, 0.8, &plain, a, NULL), 0);
+		assert_int_equal(agentlang_train_seq_paged(s, i, L, 0.8, &paged, b, &info, &pg), 0);
+		assert_memory_equal(a, b, sizeof(*a) * L);	/* paging leaves the ids alone */
+		n_views += info.kind == AGENTLANG_SEQ_VIEW;
+		if (pg.n_view) {
+			assert_int_equal(info.kind, AGENTLANG_SEQ_VIEW);
+			assert_int_equal(pg.window, paged.window ? paged.window : L);
+			check_pages(b, &pg, L);
+			n_paged++;
+			multi += pg.n_windows > 1;
+		}
+		agentlang_pages_free(&pg);
+	}
+	/* Every view of a workspace longer than the window is paged (4 of 5). */
+	assert_true(n_paged > 0 && n_paged <= n_views);
+	assert_true(multi > 0);
+	/* The paged share draws apart from the sequence's stream. */
+	paged.paged = 0.5;
+	int some = 0;
+	for (uint64_t i = 0; i < 60; i++) {
+		agentlang_seq_info info;
+
+		assert_int_equal(agentlang_train_seq_paged(7, i, L, 1.0, &paged, b, &info, &pg), 0);
+		some += pg.n_view > 0;
+		agentlang_pages_free(&pg);
+	}
+	assert_true(some > 5 && some < 55);
+	paged.window = 100 + 1;
+	assert_true(agentlang_train_seq_paged(7, 0, L, 1.0, &paged, b, NULL, &pg) < 0);
+	agentlang_pages_free(&pg);
+	free(a);
+	free(b);
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+	return p[0] | p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+	return rd32(p) | (uint64_t)rd32(p + 4) << 32;
+}
+
+/* A paged corpus: the same ids as without paging, then a record per paged
+ * sequence, found through the index, that says what the generator says. */
+static void test_paged_corpus(void **state)
+{
+	char p1[] = "/tmp/kvmem-corpus-XXXXXX", p2[] = "/tmp/kvmem-corpus-XXXXXX";
+	int fd1 = mkstemp(p1), fd2 = mkstemp(p2);
+	const int L = 512, W = 256;
+	agentlang_corpus_opts o = { .seed = rnd() % 1000000, .n_tokens = 40 * 512, .seq_len = L,
+				   .view_share = 0.7, .threads = 2 };
+	agentlang_corpus_header h;
+	agentlang_pages pg = { 0 };
+	int32_t seq[512];
+
+	assert_true(fd1 >= 0 && fd2 >= 0);
+	close(fd1);
+	close(fd2);
+	o.view = (agentlang_view_opts){ .policy = "lexical", .max_ratio = 16 };
+	assert_int_equal(agentlang_corpus_write(p2, &o), 0);
+	o.view.paged = 0.6;
+	o.view.window = W;
+	assert_int_equal(agentlang_corpus_write(p1, &o), 0);
+	assert_int_equal(agentlang_corpus_read_header(p1, &h), 0);
+	assert_int_equal(h.version, 3);
+	assert_int_equal(h.paged_permille, 600);
+	assert_int_equal(h.window, W);
+	assert_true(h.n_paged > 0 && h.n_paged < 40);
+	assert_true(h.paged_index > AGENTLANG_CORPUS_HEADER + 40 * 512 * 2);
+
+	FILE *f1 = fopen(p1, "rb"), *f2 = fopen(p2, "rb");
+	size_t ids = 40 * 512 * 2, size;
+	assert_true(f1 && f2);
+	fseek(f1, 0, SEEK_END);
+	size = (size_t)ftell(f1);
+	rewind(f1);
+	uint8_t *a = malloc(size), *b = malloc(AGENTLANG_CORPUS_HEADER + ids + 1);
+	assert_true(a && b);
+	assert_int_equal(fread(a, 1, size, f1), size);
+	assert_int_equal(fread(b, 1, AGENTLANG_CORPUS_HEADER + ids + 1, f2),
+			 AGENTLANG_CORPUS_HEADER + ids);
+	fclose(f1);
+	fclose(f2);
+	assert_memory_equal(a + AGENTLANG_CORPUS_HEADER, b + AGENTLANG_CORPUS_HEADER, ids);
+	assert_int_equal(size, h.paged_index + 16 * (uint64_t)h.n_paged);
+	uint64_t prev = 0, next = AGENTLANG_CORPUS_HEADER + ids;
+	for (uint32_t k = 0; k < h.n_paged; k++) {
+		uint64_t s = rd64(a + h.paged_index + 16 * k), off = rd64(a + h.paged_index + 16 * k + 8);
+		const uint8_t *r = a + off;
+
+		assert_true(s < 40 && (k == 0 || s > prev));
+		assert_int_equal(off, next);	/* records follow one another */
+		prev = s;
+		assert_int_equal(agentlang_train_seq_paged(o.seed, s, L, o.view_share, &o.view, seq,
+							   NULL, &pg), 0);
+		uint32_t nv = rd32(r), nw = rd32(r + 4), nve = (nv + 1) / 2 * 2;
+
+		assert_int_equal(nv, pg.n_view);
+		assert_int_equal(nw, pg.n_windows);
+		assert_int_equal(rd32(r + 8), pg.ws_tokens);
+		assert_int_equal(rd32(r + 12), W);
+		r += 16;
+		for (uint32_t w = 0; w < nw; w++) {
+			assert_int_equal(rd32(r + 4 * w), pg.win_start[w]);
+			assert_int_equal(rd32(r + 4 * (nw + w)), pg.win_end[w]);
+		}
+		r += 8 * nw;
+		for (uint32_t i = 0; i < nv; i++) {
+			assert_int_equal(r[2 * i] | r[2 * i + 1] << 8, pg.win[i]);
+			assert_int_equal(r[2 * (nve + i)] | r[2 * (nve + i) + 1] << 8, pg.off[i]);
+		}
+		r += 4 * nve;
+		for (size_t i = 0; i < (size_t)nw * W; i++)
+			assert_int_equal(r[2 * i] | r[2 * i + 1] << 8, pg.ids[i]);
+		next = off + 16 + 8 * nw + 4 * nve + 2 * (uint64_t)nw * W;
+		agentlang_pages_free(&pg);
+	}
+	assert_int_equal(next, h.paged_index);
+	free(a);
+	free(b);
+	unlink(p1);
+	unlink(p2);
+	o.id_bytes = 4;	/* windows are u16 */
+	assert_true(agentlang_corpus_write(p1, &o) < 0);
+	o.id_bytes = 2;
+	o.view.policy = NULL;
+	assert_true(agentlang_corpus_write(p1, &o) < 0);
+	assert_int_equal(access(p1, F_OK), -1);
 }
 
 static void test_exact_match(void **state)
@@ -798,6 +1009,8 @@ int main(void)
 		cmocka_unit_test(test_view_policy_plan),
 		cmocka_unit_test(test_view_policy_sequences),
 		cmocka_unit_test(test_corpus_file),
+		cmocka_unit_test(test_paged_sequences),
+		cmocka_unit_test(test_paged_corpus),
 		cmocka_unit_test(test_exact_match),
 		cmocka_unit_test(test_bad_params),
 	};

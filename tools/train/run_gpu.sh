@@ -25,6 +25,16 @@
 # older value of a needle; 0: the generator's 0.3), DROP (with VIEW_POLICY:
 # chance a cut needle line keeps only its value's block). MEANK_WEIGHT: the
 # weight of train.py's Mean-K loss (0: off).
+# Paged view sequences (issue 29's fourth run: the view's K/V computed as
+# kvmem makes them, from windows of the workspace, then re-rotated at the
+# view's compact positions): PAGED (with VIEW_POLICY: the chance a view of
+# a workspace past the window is paged; 0: none), PAGE_WINDOW (tokens of a
+# page window; default SEQ_LEN), PAGED_BATCH (paged sequences a step,
+# default 8), PAGED_FROM (share of the budget before paged batches start;
+# default: the curriculum's end). The held-out policy corpus is then paged
+# throughout and evaluated from pages too. smoke defaults to
+# VIEW_POLICY=lexical PAGED=0.3, so that it runs the paged path; set them
+# (empty, 0) to smoke the older recipe.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -35,7 +45,10 @@ fail() {
 
 MODE=${1:-}
 case "$MODE" in
-smoke) : "${MINUTES:=0.5}" "${TOKENS:=24M}" "${EVAL_TOKENS:=256k}" ;;
+smoke)
+	: "${MINUTES:=0.5}" "${TOKENS:=24M}" "${EVAL_TOKENS:=256k}"
+	: "${VIEW_POLICY=lexical}" "${PAGED=0.3}" "${MAX_RATIO=64}"
+	;;
 full) : "${MINUTES:=6.5}" "${TOKENS:=300M}" "${EVAL_TOKENS:=2M}" ;;
 *) fail "usage: tools/train/run_gpu.sh smoke|full" ;;
 esac
@@ -43,6 +56,7 @@ esac
 : "${TRAIN_DEVICE:=cuda}"
 : "${VIEWS:=0.5}" "${VIEW_POLICY:=}" "${MAX_RATIO:=16}" "${STALE:=0}" "${DROP:=0}"
 : "${MEANK_WEIGHT:=0}"
+: "${PAGED:=0}" "${PAGE_WINDOW:=$SEQ_LEN}" "${PAGED_BATCH:=8}" "${PAGED_FROM:=-1}"
 KVMEM=${KVMEM:-build/static/kvmem}
 
 [ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
@@ -68,14 +82,31 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
 EOF
 if command -v nvidia-smi >/dev/null; then nvidia-smi -L || true; fi
 FREE_KB=$(df -Pk "$WORK" | awk 'NR==2 {print $4}')
-[ "${FREE_KB:-0}" -gt 4000000 ] || fail "$WORK has less than 4 GB free"
+[ "${FREE_KB:-0}" -gt 8000000 ] || fail "$WORK has less than 8 GB free"
+PAGING=0
+if [ "$PAGED" != 0 ]; then
+	[ -n "$VIEW_POLICY" ] || fail "PAGED=$PAGED needs VIEW_POLICY (e.g. lexical)"
+	PAGING=1
+fi
+# The paged path's parts (re-rotation, cache assembly, masks; a tiny model's
+# logits from pages against a plain forward) before anything long.
+if ! python3 tools/train/train.py --self-test; then
+	[ "$PAGING" = 1 ] && fail "train.py --self-test failed (see above)"
+	echo "run_gpu.sh: warning: train.py --self-test failed; PAGED=0, so the run goes on"
+fi
 
 t0=$(date +%s)
 VIEW_OPTS=(--max-ratio "$MAX_RATIO" --stale "$STALE")
 [ -n "$VIEW_POLICY" ] && VIEW_OPTS+=(--view-policy "$VIEW_POLICY" --drop "$DROP")
-echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED, views $VIEWS ${VIEW_OPTS[*]}"
+PAGE_OPTS=() EVAL_PAGE_OPTS=()
+if [ "$PAGING" = 1 ]; then
+	PAGE_OPTS=(--page-window "$PAGE_WINDOW" --paged "$PAGED")
+	EVAL_PAGE_OPTS=(--page-window "$PAGE_WINDOW" --paged 1)
+fi
+echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED, views $VIEWS ${VIEW_OPTS[*]} ${PAGE_OPTS[*]+${PAGE_OPTS[*]}}"
 "$KVMEM" synth corpus --tokens "$TOKENS" --seq-len "$SEQ_LEN" --seed "$SEED" \
-	--views "$VIEWS" "${VIEW_OPTS[@]}" --out "$WORK/train.bin" --quiet ||
+	--views "$VIEWS" "${VIEW_OPTS[@]}" ${PAGE_OPTS[@]+"${PAGE_OPTS[@]}"} \
+	--out "$WORK/train.bin" --quiet ||
 	fail "corpus generation failed"
 "$KVMEM" synth corpus --tokens "$EVAL_TOKENS" --seq-len "$SEQ_LEN" --seed 999001 \
 	--views 0 --out "$WORK/eval_stream.bin" --quiet || fail "eval corpus (stream) failed"
@@ -85,12 +116,17 @@ echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED, views $VIEWS ${VI
 EVAL_POLICY=()
 if [ -n "$VIEW_POLICY" ]; then
 	"$KVMEM" synth corpus --tokens "$EVAL_TOKENS" --seq-len "$SEQ_LEN" --seed 999003 \
-		--views 1 "${VIEW_OPTS[@]}" --out "$WORK/eval_policy.bin" --quiet ||
+		--views 1 "${VIEW_OPTS[@]}" ${EVAL_PAGE_OPTS[@]+"${EVAL_PAGE_OPTS[@]}"} \
+		--out "$WORK/eval_policy.bin" --quiet ||
 		fail "eval corpus ($VIEW_POLICY views) failed"
 	EVAL_POLICY=(--eval "$VIEW_POLICY=$WORK/eval_policy.bin")
 fi
 "$KVMEM" synth vocab >"$WORK/vocab.tsv"
-echo "== corpus ready in $(($(date +%s) - t0)) s"
+echo "== corpus ready in $(($(date +%s) - t0)) s: $(du -h "$WORK/train.bin" | cut -f1) training corpus"
+if [ "$PAGING" = 1 ]; then
+	python3 tools/train/train.py --self-test --data "$WORK/train.bin" ||
+		fail "the paged records of $WORK/train.bin failed the self-test"
+fi
 
 SMOKE=
 [ "$MODE" = smoke ] && SMOKE=--smoke
@@ -98,7 +134,8 @@ rm -rf "$WORK/model"
 # shellcheck disable=SC2086
 python3 tools/train/train.py --data "$WORK/train.bin" \
 	--eval stream="$WORK/eval_stream.bin" --eval view="$WORK/eval_view.bin" \
-	"${EVAL_POLICY[@]}" --meank-weight "$MEANK_WEIGHT" \
+	${EVAL_POLICY[@]+"${EVAL_POLICY[@]}"} --meank-weight "$MEANK_WEIGHT" \
+	--paged-batch "$PAGED_BATCH" --paged-from "$PAGED_FROM" \
 	--vocab "$WORK/vocab.tsv" --out "$WORK/model" --minutes "$MINUTES" \
 	--device "$TRAIN_DEVICE" $SMOKE $TRAIN_ARGS ||
 	fail "train.py failed (see above)"

@@ -22,7 +22,7 @@ import struct
 import sys
 import time
 
-HEADERS = {1: 64, 2: 128}  # corpus version -> header bytes (agentlang.h)
+HEADERS = {1: 64, 2: 128, 3: 128}  # corpus version -> header bytes (agentlang.h)
 MAGIC = b"KVMSYN1\0"
 
 
@@ -76,12 +76,45 @@ class Corpus:
         self.view_permille, self.vocab_hash = struct.unpack_from("<II", h, 56)
         if self.id_bytes not in (2, 4):
             die(f"{path}: ids of {self.id_bytes} bytes")
+        # Version 3: paged view sequences, their records after the ids.
+        self.paged_permille, self.window, self.n_paged, index_at = 0, 0, 0, 0
+        if version >= 3:
+            self.paged_permille, self.window, self.n_paged = struct.unpack_from("<III", h, 108)
+            (index_at,) = struct.unpack_from("<Q", h, 120)
         want = hdr + self.n_seqs * self.seq_len * self.id_bytes
-        if size != want:
+        if self.n_paged:
+            if index_at < want or index_at + 16 * self.n_paged != size:
+                die(f"{path}: paged index at {index_at} for {self.n_paged} sequences does not "
+                    f"fit a file of {size} bytes (truncated or still being written?)")
+        elif size != want:
             die(f"{path}: {size} bytes, the header promises {want} (truncated or still being written?)")
         dtype = np.uint16 if self.id_bytes == 2 else np.uint32
         self.ids = np.memmap(path, dtype=dtype, mode="r", offset=hdr,
                              shape=(self.n_seqs, self.seq_len))
+        self.paged_seqs = np.zeros(0, dtype=np.int64)
+        if self.n_paged:
+            self.raw = np.memmap(path, dtype=np.uint8, mode="r")
+            ix = np.frombuffer(self.raw[index_at:index_at + 16 * self.n_paged], dtype="<u8")
+            ix = ix.reshape(-1, 2).astype(np.int64)
+            self.paged_seqs, self.paged_offsets = ix[:, 0], ix[:, 1]
+            if (np.diff(self.paged_seqs) <= 0).any() or self.paged_seqs[-1] >= self.n_seqs:
+                die(f"{path}: the paged index is not in sequence order")
+
+    def page_record(self, k):
+        """Paged sequence k (its place in the index): (sequence number, the
+        view's length, window ids [n_windows, window] int64, each view
+        token's window and place in it [n_view] int64)."""
+        off = int(self.paged_offsets[k])
+        nv, nw, _, W = struct.unpack_from("<IIII", bytes(self.raw[off:off + 16]))
+        if W != self.window:
+            die(f"{self.path}: paged record {k} has windows of {W} tokens, the header {self.window}")
+        nve = (nv + 1) // 2 * 2
+        at = off + 16 + 8 * nw
+        win = np.frombuffer(self.raw[at:at + 2 * nv], dtype="<u2").astype(np.int64)
+        pos = np.frombuffer(self.raw[at + 2 * nve:at + 2 * nve + 2 * nv], dtype="<u2").astype(np.int64)
+        at += 4 * nve
+        ids = np.frombuffer(self.raw[at:at + 2 * nw * W], dtype="<u2").astype(np.int64).reshape(nw, W)
+        return int(self.paged_seqs[k]), nv, ids, win, pos
 
     @property
     def tokens(self):
@@ -138,6 +171,7 @@ def question_ids(x, c):
 # "? file key =", the fact "file key = value").
 MEANK_BLOCK = 32
 MEANK_BROKEN = []  # why the Mean-K loss was switched off, if it was
+PAGED_BROKEN = []  # why the paged batches were switched off, if they were
 
 
 def rope_mean_coeffs(head_dim, theta, span, device):
@@ -234,6 +268,366 @@ def meank_loss(model, hidden, x, c, rope_cs):
     loss = -torch.log(pt.clamp(min=1e-9)).mean()
     hit = (p.argmax(1) == blk).float().mean()
     return loss, hit, rows.numel()
+
+
+# ---- paged view sequences: K/V as kvmem makes them ---------------------------
+# kvmem answers from a view whose keys and values were computed when the
+# workspace was prefilled, in the workspace's own context, and rotated again
+# at the view's compact positions 0..n_view-1. A paged view sequence of the
+# corpus (version 3) carries windows of workspace tokens that end at its kept
+# blocks; the paged path runs each window through the model (no gradients),
+# takes each kept token's K and V from its window, turns its key from its
+# place in the window to its compact place (RoPE is a rotation: rotating an
+# already rotated key by the difference is the key rotated at the new place),
+# and runs the questions, with gradients, over that cache at the positions
+# after the view. Qwen3 in transformers rotates after q/k-norm with the
+# rotate_half convention: the cache's keys are normed and rotated.
+
+def rope_inv_freq(head_dim, theta, device=None):
+    """The default RoPE frequencies: theta^(-2i/head_dim), i < head_dim/2."""
+    i = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device)
+    return (1.0 / theta ** (i / head_dim)).float()
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def rope_apply(x, positions, head_dim, theta):
+    """x [..., T, D] rotated at positions [..., T] (transformers' convention:
+    cos/sin of cat(freqs, freqs), x * cos + rotate_half(x) * sin)."""
+    ang = positions.to(torch.float64).unsqueeze(-1) * rope_inv_freq(head_dim, theta, x.device).double()
+    ang = torch.cat([ang, ang], dim=-1)
+    xf = x.float()
+    return (xf * ang.cos().float() + rotate_half(xf) * ang.sin().float()).to(x.dtype)
+
+
+def rerotate(k, delta, head_dim, theta):
+    """Keys k [..., T, D] already rotated at some positions, rotated by delta
+    [..., T] more: equal to the raw keys rotated at (position + delta)."""
+    return rope_apply(k, delta, head_dim, theta)
+
+
+class PagedBatch:
+    """What the paged path needs for a batch of paged sequences, built on the
+    host: the windows [NW, W], each view slot's flat index into the windows'
+    tokens (window * W + place) and its rotation delta (compact place minus
+    place in the window), which slots hold a view token, and the questions
+    [P, Lq] at positions n_view.. (right-padded with <pad>)."""
+
+    def __init__(self, corpus, ks, pad, device, window_pos0=0):
+        recs = [corpus.page_record(k) for k in ks]
+        self.P = len(recs)
+        self.W = corpus.window
+        self.n_view = [r[1] for r in recs]
+        S = max(self.n_view)
+        tails = []
+        for seq, nv, _, _, _ in recs:
+            row = np.asarray(corpus.ids[seq]).astype(np.int64)
+            n = int((row != pad).nonzero()[0].max()) + 1 if (row != pad).any() else nv
+            tails.append(row[nv:max(n, nv + 1)])
+        Lq = max(len(t) for t in tails)
+        windows, flat, delta, valid = [], np.zeros((self.P, S), np.int64), \
+            np.zeros((self.P, S), np.int64), np.zeros((self.P, S), bool)
+        q = np.full((self.P, Lq), pad, np.int64)
+        nw0 = 0
+        for b, (seq, nv, ids, win, off) in enumerate(recs):
+            windows.append(ids)
+            flat[b, :nv] = (nw0 + win) * self.W + off
+            delta[b, :nv] = np.arange(nv) - (off + window_pos0)
+            valid[b, :nv] = True
+            q[b, :len(tails[b])] = tails[b]
+            nw0 += ids.shape[0]
+        self.n_windows = nw0
+        t = lambda a: torch.from_numpy(a).to(device, non_blocking=True)
+        self.windows = t(np.concatenate(windows, axis=0))
+        self.flat, self.delta, self.valid = t(flat), t(delta), t(valid)
+        self.q = t(q)
+        nv_t = torch.tensor(self.n_view, device=device, dtype=torch.int64)
+        self.positions = nv_t.unsqueeze(1) + torch.arange(Lq, device=device).unsqueeze(0)
+        # 1 for every cache slot holding a view token and every question slot
+        self.mask = torch.cat([self.valid, torch.ones((self.P, Lq), dtype=torch.bool,
+                                                      device=device)], dim=1).long()
+        self.window_tokens = nw0 * self.W
+
+
+def assemble_pages(kw, vw, pb, head_dim, theta):
+    """One layer's view cache from its windows' K/V ([NW, H, W, D]): [P, H, S, D]
+    each, keys rotated at their compact places, zeros in the unused slots."""
+    NW, H, W, D = kw.shape
+    P, S = pb.flat.shape
+    k = kw.permute(0, 2, 1, 3).reshape(NW * W, H, D)[pb.flat.reshape(-1)].view(P, S, H, D)
+    v = vw.permute(0, 2, 1, 3).reshape(NW * W, H, D)[pb.flat.reshape(-1)].view(P, S, H, D)
+    k = rerotate(k.permute(0, 2, 1, 3), pb.delta.unsqueeze(1).expand(P, H, S), head_dim, theta)
+    v = v.permute(0, 2, 1, 3)
+    keep = pb.valid.view(P, 1, S, 1)
+    return k * keep, v * keep
+
+
+def cache_kv(cache, layer):
+    """A layer's (keys, values) from a transformers cache, 4.5x or 5.x."""
+    if hasattr(cache, "layers") and len(getattr(cache, "layers")) > layer \
+            and hasattr(cache.layers[layer], "keys"):
+        return cache.layers[layer].keys, cache.layers[layer].values
+    if hasattr(cache, "key_cache"):
+        return cache.key_cache[layer], cache.value_cache[layer]
+    return cache[layer][0], cache[layer][1]
+
+
+def new_cache(config=None):
+    from transformers import DynamicCache
+    try:
+        return DynamicCache()
+    except TypeError:  # a transformers that wants the config
+        return DynamicCache(config=config)
+
+
+@torch.no_grad()
+def window_kv(model, windows, chunk, window_pos0=0):
+    """Every window's K and V per layer ([NW, H, W, D]), no gradients: the
+    pages as the workspace's prefill made them."""
+    base = model.model
+    n_layers = len(base.layers)
+    ks, vs = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)]
+    for s in range(0, windows.shape[0], chunk):
+        x = windows[s:s + chunk]
+        cache = new_cache(model.config)
+        kw = {}
+        if window_pos0:
+            kw["position_ids"] = (torch.arange(x.shape[1], device=x.device) + window_pos0) \
+                .unsqueeze(0).expand(x.shape[0], -1)
+        base(input_ids=x, past_key_values=cache, use_cache=True, **kw)
+        for l in range(n_layers):
+            k, v = cache_kv(cache, l)
+            ks[l].append(k)
+            vs[l].append(v)
+    return [torch.cat(k, 0) for k in ks], [torch.cat(v, 0) for v in vs]
+
+
+def paged_forward(model, pb, head_dim, theta, chunk, window_pos0=0):
+    """The questions' logits [P, Lq, vocab] over the view's pages."""
+    ks, vs = window_kv(model, pb.windows, chunk, window_pos0)
+    cache = new_cache(model.config)
+    for l in range(len(ks)):
+        k, v = assemble_pages(ks[l], vs[l], pb, head_dim, theta)
+        cache.update(k, v, l)
+    return model(input_ids=pb.q, past_key_values=cache, position_ids=pb.positions,
+                 attention_mask=pb.mask, use_cache=True).logits
+
+
+def paged_losses(model, pb, c, answer_weight, head_dim, theta, chunk):
+    """As losses(), over the question tokens of a paged batch: the first
+    question token is predicted from the cache's last slot, which has no
+    logits here, so the targets are q[:, 1:]."""
+    logits = paged_forward(model, pb, head_dim, theta, chunk)[:, :-1]
+    x = pb.q
+    tgt = x[:, 1:]
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                         reduction="none").view(tgt.shape)
+    lm = tgt != c.pad
+    ans = answer_mask(x, c)
+    lm_loss = (ce * lm).sum() / lm.sum().clamp(min=1)
+    ans_loss = (ce * ans).sum() / ans.sum().clamp(min=1)
+    return lm_loss + answer_weight * ans_loss, lm_loss, ans_loss, logits, ans
+
+
+def exact_counts(logits, x, ans, c):
+    """Questions with answers, and those whose every answer token is the
+    argmax (targets x[:, 1:], answer mask ans)."""
+    pred = logits.argmax(-1)
+    wrong = (pred != x[:, 1:]) & ans
+    qid = question_ids(x, c)
+    rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1).expand_as(qid)
+    key = (rows * (qid.max() + 1) + qid)[ans]
+    size = int(x.shape[0] * (qid.max().item() + 1))
+    has = torch.zeros(size, device=x.device).index_add_(0, key, torch.ones_like(key, dtype=torch.float))
+    bad = torch.zeros(size, device=x.device).index_add_(0, key, wrong[ans].float())
+    return int((has > 0).sum().item()), int(((has > 0) & (bad == 0)).sum().item())
+
+
+# ---- self-test of the paged path --------------------------------------------
+class _ToyCorpus:
+    """The part of Corpus that PagedBatch reads, built in memory."""
+
+    def __init__(self, seqs, records, window):
+        self.ids, self.window, self.recs = np.asarray(seqs), window, records
+        self.paged_seqs = np.array([r[0] for r in records])
+        self.n_paged = len(records)
+
+    def page_record(self, k):
+        return self.recs[k]
+
+
+def self_test(data=None):
+    """Pure-torch checks of the re-rotation, the cache assembly, the masks and
+    positions; with a corpus (data), that its paged records give back each
+    paged sequence's view; with transformers, a tiny Qwen3's question logits
+    from pages (windows at shifted positions, so the re-rotation matters)
+    against a plain forward of the same sequence. 0 when every check passes."""
+    torch.manual_seed(0)
+    D, theta, bad = 64, 10000.0, []
+
+    def check(name, ok, detail=""):
+        log(f"self-test: {'ok  ' if ok else 'FAIL'} {name}{' (' + detail + ')' if detail else ''}")
+        if not ok:
+            bad.append(name)
+
+    if data:
+        cor = Corpus(data)
+        check(f"{data} has paged sequences", cor.n_paged > 0, f"{cor.n_paged}")
+        ok, n_win = True, 0
+        for k in range(min(cor.n_paged, 64)):
+            seq, nv, ids, win, off = cor.page_record(k)
+            row = np.asarray(cor.ids[seq]).astype(np.int64)
+            ok &= bool((ids[win, off] == row[:nv]).all()) and row[nv] == cor.q
+            n_win += ids.shape[0]
+        check("paged records give back each view's tokens, questions after them", ok,
+              f"{min(cor.n_paged, 64)} sequences, {n_win} windows")
+        pb = PagedBatch(cor, list(range(min(cor.n_paged, 4))), cor.pad, torch.device("cpu"))
+        flat = pb.windows.reshape(-1)[pb.flat]
+        ok = True
+        for b in range(pb.P):
+            seq = int(cor.paged_seqs[b])
+            row = torch.from_numpy(np.asarray(cor.ids[seq]).astype(np.int64))
+            ok &= bool((flat[b, :pb.n_view[b]] == row[:pb.n_view[b]]).all())
+            ok &= bool((pb.q[b, :8] == row[pb.n_view[b]:pb.n_view[b] + 8]).all())
+        check("a paged batch's slots hold the view's tokens", ok)
+
+    # 1. Re-rotating a key rotated at p by (c - p) gives the key rotated at c.
+    k = torch.randn(3, 2, 40, D)
+    p = torch.randint(0, 4096, (3, 2, 40))
+    cpos = torch.randint(0, 2048, (3, 2, 40))
+    got = rerotate(rope_apply(k, p, D, theta), cpos - p, D, theta)
+    want = rope_apply(k, cpos, D, theta)
+    err = (got - want).abs().max().item()
+    check("re-rotation p -> c equals rotation at c", err < 1e-4, f"max err {err:.2e}")
+    # transformers' convention: the first half pairs with the second half
+    x = torch.zeros(1, D)
+    x[0, 0] = 1.0
+    r = rope_apply(x, torch.tensor([1]), D, theta)
+    check("rotate_half pairs i with i + D/2", abs(r[0, 0].item() - math.cos(1.0)) < 1e-6 and
+          abs(r[0, D // 2].item() - math.sin(1.0)) < 1e-6)
+    # 2. Scores depend on distances only.
+    q = torch.randn(5, D)
+    a, b, s = torch.randint(0, 1000, (5,)), torch.randint(0, 1000, (5,)), torch.randint(0, 1000, (5,))
+    s1 = (rope_apply(q, a, D, theta) * rope_apply(k[0, 0, :5], b, D, theta)).sum(-1)
+    s2 = (rope_apply(q, a + s, D, theta) * rope_apply(k[0, 0, :5], b + s, D, theta)).sum(-1)
+    check("q.k depends on the distance only", (s1 - s2).abs().max().item() < 1e-3)
+
+    # 3. Assembly: window K encodes (window, place); the view takes the right
+    # ones, rotated by compact - place, zeros in the unused slots; masks and
+    # positions put the questions after each row's view.
+    W, pad, Q = 16, 0, 5
+    seqs = np.zeros((3, 32), np.int64)
+    recs = []
+    rng = np.random.default_rng(1)
+    for seq, nv, nw in ((0, 7, 2), (2, 11, 3)):
+        ids = rng.integers(10, 700, (nw, W))
+        win = np.sort(rng.integers(0, nw, nv))
+        off = np.sort(rng.integers(0, W, nv))
+        seqs[seq, :nv] = ids[win, off]
+        seqs[seq, nv:nv + 4] = [Q, 11, 12, 13]
+        recs.append((seq, nv, ids, win, off))
+    toy = _ToyCorpus(seqs, recs, W)
+    pb = PagedBatch(toy, [0, 1], pad, torch.device("cpu"))
+    S = 11
+    check("batch shapes", tuple(pb.flat.shape) == (2, S) and tuple(pb.q.shape) == (2, 4)
+          and pb.n_windows == 5 and tuple(pb.mask.shape) == (2, S + 4))
+    check("questions at positions after the view",
+          pb.positions[0].tolist() == [7, 8, 9, 10] and pb.positions[1].tolist() == [11, 12, 13, 14])
+    check("mask: view slots, not the padding, then the questions",
+          pb.mask[0].tolist() == [1] * 7 + [0] * 4 + [1] * 4 and pb.mask[1].tolist() == [1] * 15)
+    check("questions are the tokens after the view", pb.q[0].tolist() == [Q, 11, 12, 13])
+    H = 2
+    kw = torch.zeros(5, H, W, D)
+    kw[..., 0] = torch.arange(5).view(5, 1, 1).float()  # window number
+    kw[..., 1] = torch.arange(W).view(1, 1, W).float()  # place
+    kw[..., D // 2:] = 0
+    vw = kw.clone()
+    kv, vv = assemble_pages(kw, vw, pb, D, theta)
+    ok = True
+    for b, (seq, nv, ids, win, off) in enumerate(recs):
+        base = 0 if b == 0 else recs[0][2].shape[0]
+        for i in range(S):
+            if i >= nv:
+                ok &= bool((kv[b, :, i] == 0).all() and (vv[b, :, i] == 0).all())
+                continue
+            ok &= vv[b, 0, i, 0].item() == base + win[i] and vv[b, 0, i, 1].item() == off[i]
+            # the key: the raw (window, place) pair rotated by i - off[i]
+            raw = torch.zeros(1, D)
+            raw[0, 0], raw[0, 1] = base + win[i], off[i]
+            want = rope_apply(raw, torch.tensor([i - off[i]]), D, theta)[0]
+            ok &= bool((kv[b, 1, i] - want).abs().max() < 1e-4)
+    check("the view's K/V come from the right window and place, keys re-rotated", ok)
+
+    # 4. With transformers: a tiny model's question logits from pages equal a
+    # plain forward's when the pages hold the view's own context (windows
+    # that start at the workspace's start: the kept tokens are a prefix),
+    # computed 37 positions further on, then rotated back.
+    try:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+    except ImportError:
+        log("self-test: skip the model check (no transformers here)")
+        return 1 if bad else 0
+    cfg = dict(vocab_size=768, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=True,
+               use_cache=False, pad_token_id=0)
+    config = None
+    for kwr in ({"rope_parameters": {"rope_type": "default", "rope_theta": theta}},
+                {"rope_theta": theta}):
+        try:
+            cand = Qwen3Config(**kwr, **cfg)
+        except TypeError:
+            continue
+        if effective_theta(cand) == theta:
+            config = cand
+            break
+    if config is None:
+        check("tiny Qwen3 config", False)
+        return 1
+    try:
+        model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa")
+    except Exception:  # noqa: BLE001
+        config._attn_implementation = "sdpa"
+        model = Qwen3ForCausalLM(config)
+    model.eval()
+
+    class C:
+        pass
+    cc = C()
+    cc.pad, cc.q, cc.a, cc.end = 0, Q, 6, 7
+    W = 64
+    recs, seqs = [], np.zeros((2, 96), np.int64)
+    for b, nv in enumerate((40, 29)):
+        ws = rng.integers(10, 700, W)
+        tail = [Q, 100 + b, 101, 6, 300 + b, 301, 7, 9]
+        seqs[b, :nv] = ws[:nv]
+        seqs[b, nv:nv + len(tail)] = tail
+        recs.append((b, nv, ws.reshape(1, W), np.zeros(nv, np.int64), np.arange(nv)))
+    toy = _ToyCorpus(seqs, recs, W)
+    dev = torch.device("cpu")
+    pb = PagedBatch(toy, [0, 1], 0, dev, window_pos0=37)
+    with torch.no_grad():
+        lp = paged_forward(model, pb, 16, theta, 8, window_pos0=37).float()
+        for b, (_, nv, _, _, _) in enumerate(recs):
+            x = torch.from_numpy(seqs[b:b + 1, :nv + 8])
+            lf = model(input_ids=x, use_cache=False).logits.float()[0, nv:nv + 8]
+            err = (lp[b, :8] - lf).abs().max().item()
+            check(f"tiny model, row {b} (view {nv}): logits from pages = plain forward",
+                  err < 2e-4, f"max |diff| {err:.2e}")
+        # and the shift matters: without rotating back the logits differ
+        pb0 = PagedBatch(toy, [0, 1], 0, dev, window_pos0=0)
+        l0 = paged_forward(model, pb0, 16, theta, 8, window_pos0=37).float()
+        check("a wrong rotation shows", (l0[0, :8] - lp[0, :8]).abs().max().item() > 1e-3)
+    # gradients flow into the weights through the question tokens only
+    model.train()
+    pl, _, _, _, _ = paged_losses(model, pb, cc, 1.0, 16, theta, 8)
+    pl.backward()
+    g = model.model.layers[0].self_attn.q_proj.weight.grad
+    check("the paged loss trains the weights", g is not None and g.abs().sum().item() > 0)
+    return 1 if bad else 0
 
 
 # ---- model ------------------------------------------------------------------
@@ -362,16 +756,9 @@ def evaluate(model, data, c, batch, device, amp, rope_cs=None):
             mk_n += r[5][2]
             mk_hit += r[5][1].item() * r[5][2]
             mk_loss += r[5][0].item() * r[5][2]
-        pred = logits.argmax(-1)
-        wrong = (pred != x[:, 1:]) & ans
-        qid = question_ids(x, c)
-        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1).expand_as(qid)
-        key = (rows * (qid.max() + 1) + qid)[ans]
-        size = int(x.shape[0] * (qid.max().item() + 1))
-        has = torch.zeros(size, device=x.device).index_add_(0, key, torch.ones_like(key, dtype=torch.float))
-        bad = torch.zeros(size, device=x.device).index_add_(0, key, wrong[ans].float())
-        n_q += int((has > 0).sum().item())
-        n_ok += int(((has > 0) & (bad == 0)).sum().item())
+        nq, nok = exact_counts(logits, x, ans, c)
+        n_q += nq
+        n_ok += nok
         lm_sum += lm_loss.item()
         ans_sum += ans_loss.item()
         n_batches += 1
@@ -383,6 +770,52 @@ def evaluate(model, data, c, batch, device, amp, rope_cs=None):
         r["meank_top1"] = mk_hit / max(1, mk_n)
         r["meank_loss"] = mk_loss / max(1, mk_n)
     return r
+
+
+@torch.no_grad()
+def evaluate_paged(model, corpus, c, args, device, amp, limit):
+    """Exact match of the questions of (at most `limit`) paged sequences of
+    a held-out corpus, read from pages as kvmem makes them, beside the same
+    questions read from the view computed afresh (the ordinary path)."""
+    model.eval()
+    n = min(limit, corpus.n_paged)
+    n_q = n_ok = fq = fok = 0
+    ans_sum, nb = 0.0, 0
+    for s in range(0, n, args.paged_batch):
+        ks = list(range(s, min(n, s + args.paged_batch)))
+        pb = PagedBatch(corpus, ks, c.pad, device)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            _, _, ans_loss, logits, ans = paged_losses(model, pb, c, 1.0, args.head_dim,
+                                                       args.rope_theta, args.paged_chunk)
+            q, ok = exact_counts(logits, pb.q, ans, c)
+            x = torch.from_numpy(np.asarray(corpus.ids[corpus.paged_seqs[ks]]).astype(np.int64)).to(device)
+            _, _, _, flog, fans = losses(model, x, c, 1.0)
+            a, b = exact_counts(flog, x, fans, c)
+        n_q, n_ok, fq, fok = n_q + q, n_ok + ok, fq + a, fok + b
+        ans_sum += ans_loss.item()
+        nb += 1
+    model.train()
+    return {"sequences": n, "questions": n_q, "accuracy": n_ok / max(1, n_q),
+            "answer_loss": ans_sum / max(1, nb), "fresh_questions": fq,
+            "fresh_accuracy": fok / max(1, fq)}
+
+
+def safe_evaluate_paged(model, corpus, c, args, device, amp, limit):
+    """evaluate_paged, or None (and the paged path off) when it fails: one
+    bounded run ends with its model whatever the paged path does."""
+    try:
+        return evaluate_paged(model, corpus, c, args, device, amp, limit)
+    except Exception as e:  # noqa: BLE001
+        PAGED_BROKEN.append(f"evaluation: {type(e).__name__}: {e}")
+        log(f"paged: evaluation failed ({PAGED_BROKEN[-1]}); the paged path is off")
+        model.train()
+        return None
+
+
+def paged_eval_line(name, r):
+    return (f"{name}-paged: acc {100 * r['accuracy']:.1f}% of {r['questions']} from pages "
+            f"(answer {r['answer_loss']:.3f}), {100 * r['fresh_accuracy']:.1f}% of "
+            f"{r['fresh_questions']} from the same views afresh")
 
 
 def eval_line(name, r):
@@ -497,10 +930,10 @@ def check_export(model, out_dir, batch, c, device):
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--data", required=True, help="training corpus (kvmem synth corpus)")
+    ap.add_argument("--data", help="training corpus (kvmem synth corpus)")
     ap.add_argument("--eval", action="append", default=[], metavar="NAME=FILE",
                     help="held-out corpus, repeatable (e.g. stream=eval_stream.bin)")
-    ap.add_argument("--out", required=True, help="model directory to write")
+    ap.add_argument("--out", help="model directory to write")
     ap.add_argument("--record", help="record JSON path (default: OUT/record.json)")
     ap.add_argument("--vocab", help="`kvmem synth vocab` output, to print examples as text")
     ap.add_argument("--minutes", type=float, default=6.5, help="wall-clock budget of the loop")
@@ -528,6 +961,23 @@ def parse_args(argv):
     ap.add_argument("--meank-span", type=int, default=0,
                     help="distances the Mean-K query's RoPE is averaged over (0: seq_len - 32, "
                          "kvmem bench recall's budget + reserve)")
+    ap.add_argument("--paged-batch", type=int, default=8,
+                    help="paged view sequences per step (corpus version 3 with --paged): their "
+                         "view's K/V computed as kvmem makes them, the questions trained over them")
+    ap.add_argument("--paged-weight", type=float, default=1.0,
+                    help="weight of the paged sequences' loss (their LM and answer terms)")
+    ap.add_argument("--paged-from", type=float, default=-1.0,
+                    help="share of the budget after which paged batches start (-1: the "
+                         "curriculum's end)")
+    ap.add_argument("--paged-chunk", type=int, default=64,
+                    help="page windows per no-grad forward")
+    ap.add_argument("--paged-eval", type=int, default=256,
+                    help="paged sequences of each held-out corpus read from pages at the end "
+                         "(a quarter of them at the periodic evaluations)")
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the paged path's parts (re-rotation, cache assembly, masks and "
+                         "positions; with transformers, a tiny model's logits from pages against "
+                         "a plain forward) and exit")
     ap.add_argument("--curriculum", type=float, default=0.15,
                     help="share of the budget trained on the first quarter of each sequence")
     ap.add_argument("--eval-every", type=float, default=45.0, help="seconds between evaluations")
@@ -541,17 +991,22 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=1234, help="torch seed (init, batch order)")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args(argv)
+    if not args.self_test and (not args.data or not args.out):
+        ap.error("--data and --out are needed (or --self-test)")
     if args.smoke:
         args.minutes = min(args.minutes, 0.5)
         args.eval_every = 10.0
         args.eval_seqs = min(args.eval_seqs, 32)
         args.final_eval_seqs = min(args.final_eval_seqs, 64)
         args.warmup = min(args.warmup, 20)
+        args.paged_eval = min(args.paged_eval, 32)
     return args
 
 
 def main(argv):
     args = parse_args(argv)
+    if args.self_test:
+        return self_test(args.data)
     t_start = time.time()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -576,6 +1031,11 @@ def main(argv):
         f"(by {c.view_policy or 'the generator mix'}, up to {c.max_ratio}x, "
         f"stale {c.stale_permille / 1000:g}, drop {c.drop_permille / 1000:g}), "
         f"vocab {c.vocab} (hash {c.vocab_hash:08x})")
+    paged = c.n_paged > 0 and args.paged_batch > 0
+    if c.n_paged:
+        log(f"data: {c.n_paged} paged view sequences ({c.paged_permille / 10:g}% of the policy's "
+            f"views of workspaces past the window), page windows of {c.window} tokens"
+            f"{'' if paged else '; not used (--paged-batch 0)'}")
     t0 = time.time()
     data = c.to_device(device)
     eval_data = [(n, e.to_device(device, args.final_eval_seqs)) for n, e in evals]
@@ -632,7 +1092,20 @@ def main(argv):
     budget = args.minutes * 60.0
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
-    perm, perm_at, epochs = torch.randperm(c.n_seqs, device=device, generator=gen), 0, 0
+    # Paged sequences train on the paged path only: the regular batches draw
+    # from the others.
+    if paged:
+        pool = torch.from_numpy(np.setdiff1d(np.arange(c.n_seqs), c.paged_seqs)).to(device)
+    else:
+        pool = torch.arange(c.n_seqs, device=device)
+    n_pool = pool.numel()
+    new_perm = lambda: pool[torch.randperm(n_pool, device=device, generator=gen)]
+    perm, perm_at, epochs = new_perm(), 0, 0
+    prng = np.random.default_rng(args.seed)
+    pperm, pperm_at, pepochs = prng.permutation(c.n_paged), 0, 0
+    paged_from = args.curriculum if args.paged_from < 0 else args.paged_from
+    pst = {"steps": 0, "seqs": 0, "windows": 0, "window_tokens": 0, "q_tokens": 0,
+           "seconds": 0.0, "loss": None, "answer": None}
     step, seen_tokens = 0, 0
     last_eval = last_log = time.time()
     t_loop = time.time()
@@ -649,10 +1122,10 @@ def main(argv):
             break
         cur = L // 4 if progress < args.curriculum else L
         nseq = args.batch * (L // cur)
-        if perm_at + nseq > c.n_seqs:
-            perm, perm_at, epochs = torch.randperm(c.n_seqs, device=device, generator=gen), 0, epochs + 1
-            if nseq > c.n_seqs:
-                nseq = c.n_seqs
+        if perm_at + nseq > n_pool:
+            perm, perm_at, epochs = new_perm(), 0, epochs + 1
+            if nseq > n_pool:
+                nseq = n_pool
         x = data[perm[perm_at:perm_at + nseq]][:, :cur].long()
         perm_at += nseq
         lr = lr_at(args, step, progress)
@@ -668,6 +1141,36 @@ def main(argv):
             fwd = model
             loss, lm_loss, ans_loss = train_step(x)
         shapes_ok.add(tuple(x.shape))
+        if paged and progress >= paged_from:
+            try:
+                if pperm_at + args.paged_batch > c.n_paged:
+                    pperm, pperm_at, pepochs = prng.permutation(c.n_paged), 0, pepochs + 1
+                ks = pperm[pperm_at:pperm_at + args.paged_batch]
+                pperm_at += len(ks)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                tp = time.time()
+                pb = PagedBatch(c, ks, c.pad, device)
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                    pl, _, pa, _, _ = paged_losses(model, pb, c, args.answer_weight, args.head_dim,
+                                                   args.rope_theta, args.paged_chunk)
+                (args.paged_weight * pl).backward()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                pst["seconds"] += time.time() - tp
+                pst["steps"] += 1
+                pst["seqs"] += pb.P
+                pst["windows"] += pb.n_windows
+                pst["window_tokens"] += pb.window_tokens
+                pst["q_tokens"] += int((pb.q != c.pad).sum().item())
+                pst["loss"], pst["answer"] = pl.detach(), pa.detach()
+            except Exception as e:  # noqa: BLE001 - one bounded run: train on without it
+                PAGED_BROKEN.append(f"step {step}: {type(e).__name__}: {e}")
+                log(f"paged: failed ({PAGED_BROKEN[0]}); off for the rest of the run, "
+                    f"this step's gradients dropped")
+                paged = False
+                opt.zero_grad(set_to_none=True)
+                continue
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -688,26 +1191,51 @@ def main(argv):
             mk = (f", meank {mk_avg[0].item():.3f} top-1 {100 * mk_avg[1].item():.0f}%"
                   if mk_avg[0] is not None else "")
             log(f"step {step:5d}  {el:6.1f}s  len {cur}  lr {lr:.2e}  loss {lv:.3f} "
-                f"(lm {lmv:.3f}, answer {av:.3f}{mk})  {seen_tokens / el / 1e6:.2f}M tok/s{mem}")
+                f"(lm {lmv:.3f}, answer {av:.3f}{mk})  "
+                f"{seen_tokens / max(el - pst['seconds'], 1e-9) / 1e6:.2f}M tok/s{mem}")
+            if pst["loss"] is not None:
+                log(f"      paged: loss {pst['loss'].item():.3f} (answer {pst['answer'].item():.3f}), "
+                    f"{pst['seqs']} sequences in {pst['steps']} steps, "
+                    f"{pst['windows'] / max(1, pst['seqs']):.1f} windows a sequence, "
+                    f"{pst['window_tokens'] / max(pst['seconds'], 1e-9) / 1e6:.2f}M window tok/s, "
+                    f"{100 * pst['seconds'] / max(el, 1e-9):.0f}% of the time")
         if evals and time.time() - last_eval >= args.eval_every:
             line = [f"eval @ step {step}:"]
             rec = {"step": step, "seconds": round(time.time() - t_loop, 1)}
-            for name, d in eval_data:
+            for (name, d), (_, e) in zip(eval_data, evals):
                 r = evaluate(model, d[:args.eval_seqs], c, max(1, args.batch // 2), device, amp,
                              rope_cs)
                 line.append(eval_line(name, r))
                 rec[name] = r
+                if e.n_paged and args.paged_batch > 0 and not PAGED_BROKEN:
+                    r = safe_evaluate_paged(model, e, c, args, device, amp,
+                                            max(1, args.paged_eval // 4))
+                    if r is not None:
+                        line.append(paged_eval_line(name, r))
+                        rec[name + "-paged"] = r
             history.append(rec)
             log("  ".join(line))
             last_eval = time.time()
     train_s = time.time() - t_loop
     log(f"train: {step} steps, {seen_tokens / 1e6:.1f}M tokens ({epochs} full passes), "
-        f"{train_s:.1f} s, {seen_tokens / max(train_s, 1e-9) / 1e6:.2f}M tok/s")
+        f"{train_s:.1f} s, {seen_tokens / max(train_s - pst['seconds'], 1e-9) / 1e6:.2f}M tok/s "
+        f"outside the paged batches")
+    if pst["steps"]:
+        log(f"train: paged {pst['seqs']} sequences in {pst['steps']} steps ({pepochs} full passes), "
+            f"{pst['windows']} windows, {pst['window_tokens'] / 1e6:.1f}M window tokens (no grad) "
+            f"and {pst['q_tokens'] / 1e3:.1f}k question tokens, {pst['seconds']:.1f} s "
+            f"({100 * pst['seconds'] / max(train_s, 1e-9):.0f}% of the loop), "
+            f"{pst['window_tokens'] / max(pst['seconds'], 1e-9) / 1e6:.2f}M window tok/s")
 
     final = {}
-    for name, d in eval_data:
+    for (name, d), (_, e) in zip(eval_data, evals):
         final[name] = evaluate(model, d, c, max(1, args.batch // 2), device, amp, rope_cs)
         log("final " + eval_line(name, final[name]))
+        if e.n_paged and args.paged_batch > 0 and not PAGED_BROKEN:
+            r = safe_evaluate_paged(model, e, c, args, device, amp, args.paged_eval)
+            if r is not None:
+                final[name + "-paged"] = r
+                log("final " + paged_eval_line(name, r))
     pieces = load_vocab(args.vocab)
     for name, d in eval_data:
         log(f"examples from {name}:")
@@ -736,6 +1264,8 @@ def main(argv):
                  "seq_len": L, "tokens": c.tokens, "view_share": c.view_permille / 1000.0,
                  "view_policy": c.view_policy, "max_ratio": c.max_ratio,
                  "stale": c.stale_permille / 1000.0, "drop": c.drop_permille / 1000.0,
+                 "paged": c.paged_permille / 1000.0, "page_window": c.window,
+                 "paged_sequences": c.n_paged,
                  "vocab": c.vocab, "vocab_hash": f"{c.vocab_hash:08x}"},
         "eval_data": {n: {"path": os.path.basename(e.path), "seed": e.seed, "sequences": e.n_seqs,
                           "view_share": e.view_permille / 1000.0,
@@ -754,6 +1284,10 @@ def main(argv):
                   "meank_span": (args.meank_span or L - 32) if args.meank_weight > 0 else None,
                   "final_meank_loss": mk_avg[0].item() if mk_avg[0] is not None else None,
                   "final_meank_top1": mk_avg[1].item() if mk_avg[1] is not None else None,
+                  "paged_batch": args.paged_batch if paged else 0,
+                  "paged_weight": args.paged_weight, "paged_from": paged_from,
+                  "paged_failed": PAGED_BROKEN[0] if PAGED_BROKEN else None,
+                  "paged_stats": {k: (v.item() if torch.is_tensor(v) else v) for k, v in pst.items()},
                   "torch_seed": args.seed,
                   "final_loss": loss_avg, "final_lm_loss": lm_avg, "final_answer_loss": ans_avg},
         "eval": final,

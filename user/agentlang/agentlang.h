@@ -199,11 +199,54 @@ typedef struct agentlang_view_opts {
 	int max_ratio;
 	double stale;
 	double drop;
+	/* With a policy: the chance that a view sequence whose workspace is
+	 * longer than the window is "paged" (agentlang_pages, below). Drawn
+	 * apart from the sequence's own random stream: the ids are the same
+	 * whatever paged is. */
+	double paged;
+	int window;	/* a page window's length in tokens; 0: seq_len */
 } agentlang_view_opts;
 
 /* agentlang_train_seq with view options (NULL: all zero). */
 int agentlang_train_seq_opts(uint64_t seed, uint64_t index, int seq_len, double view_share,
 			    const agentlang_view_opts *vo, int32_t *out, agentlang_seq_info *info);
+
+/*
+ * What a paged view sequence needs to compute its view's K/V the way kvmem
+ * does: kvmem re-uses the K/V computed when the workspace was prefilled, in
+ * the workspace's own context, rotated again at the view's compact positions
+ * 0..n_view-1. The cheap form of that context: windows of at most `window`
+ * workspace tokens, each ending where a run of kept tokens ends; a window
+ * serves every run that starts at least window / 2 tokens after the window's
+ * start (or in a window that starts at the workspace's start), and runs
+ * longer than window / 2 are cut into pieces of window / 2, so every kept
+ * token has at least window / 2 tokens of its workspace before it in its
+ * window (or all of them). The sequence's first n_view ids are the kept
+ * tokens in order: token i is ids[win[i] * window + off[i]], workspace
+ * position pos[i].
+ */
+typedef struct agentlang_pages {
+	int n_view;		/* 0: the sequence is not paged */
+	int n_windows;
+	int window;
+	int64_t ws_tokens;	/* the workspace's length */
+	int64_t *win_start, *win_end;	/* [n_windows]: workspace offsets, end - start <= window */
+	int32_t *ids;		/* [n_windows * window]: each window's tokens, <pad> after its end */
+	uint16_t *win, *off;	/* [n_view]: the window of each kept token, its place there */
+	int64_t *pos;		/* [n_view]: its workspace position */
+	/* Only when want_workspace was set before the call: the workspace
+	 * itself (tests compare the kept tokens with a plan of their own). */
+	int want_workspace;
+	agentlang_transcript *ws;
+} agentlang_pages;
+
+/* agentlang_train_seq_opts that also fills pg (n_view 0 when the sequence
+ * is not paged). pg->want_workspace is read; free with agentlang_pages_free
+ * (also after an error). */
+int agentlang_train_seq_paged(uint64_t seed, uint64_t index, int seq_len, double view_share,
+			      const agentlang_view_opts *vo, int32_t *out, agentlang_seq_info *info,
+			      agentlang_pages *pg);
+void agentlang_pages_free(agentlang_pages *pg);
 
 /*
  * The view a policy keeps of workspace ws for the questions asked[n_asked]
@@ -235,6 +278,19 @@ int64_t agentlang_view_select(const agentlang_transcript *ws, const int *asked, 
  *  64 char[32] view policy, NUL-padded ("" for the generator's own mix)
  *  96 u32 largest workspace in windows  100 u32 stale chance in 1/1000
  *     (0: the default)  104 u32 drop chance in 1/1000  108.. zero
+ * Version 3 adds paged view sequences (agentlang_pages; versions 1 and 2
+ * are still read):
+ * 108 u32 paged chance in 1/1000  112 u32 page window length
+ * 116 u32 paged sequences  120 u64 offset of the paged index (0: none)
+ * After the ids, one record per paged sequence, in sequence order, each
+ * 4-byte aligned:
+ *   u32 n_view, n_windows, workspace tokens (saturated at 2^32 - 1), window
+ *   u32 win_start[n_windows], win_end[n_windows]
+ *   u16 win[n_view], off[n_view]   (each with a u16 0 after it when n_view
+ *                                   is odd)
+ *   u16 ids[n_windows * window]    (<pad> after each window's end)
+ * then the index: per paged sequence, u64 its sequence number, u64 the
+ * offset of its record. Paged corpora need 2-byte ids.
  */
 #define AGENTLANG_CORPUS_MAGIC "KVMSYN1"
 #define AGENTLANG_CORPUS_HEADER 128
@@ -247,6 +303,8 @@ typedef struct agentlang_corpus_header {
 	uint16_t pad, bos, eos, q, a, end;
 	char view_policy[AGENTLANG_CORPUS_POLICY];	/* "" for version 1 */
 	uint32_t max_ratio, stale_permille, drop_permille;
+	uint32_t paged_permille, window, n_paged;	/* version 3; 0 before */
+	uint64_t paged_index;
 } agentlang_corpus_header;
 
 typedef struct agentlang_corpus_opts {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * Corpus files for tools/train/train.py: a 128-byte header and fixed-length
- * sequences of little-endian ids (layout in user/agentlang/agentlang.h).
+ * sequences of little-endian ids (layout in user/agentlang/agentlang.h),
+ * then, for paged view sequences, their page windows and an index.
  * Sequences are generated in parallel, a chunk at a time; each depends only
  * on (seed, index), so the file is the same whatever the thread count.
  */
@@ -54,7 +55,7 @@ static void header_bytes(uint8_t *h, const agentlang_corpus_opts *o, uint64_t n_
 {
 	memset(h, 0, AGENTLANG_CORPUS_HEADER);
 	memcpy(h, AGENTLANG_CORPUS_MAGIC, 8);
-	put32(h + 8, 2);
+	put32(h + 8, 3);
 	put32(h + 12, AGENTLANG_CORPUS_HEADER);
 	put32(h + 16, (uint32_t)agentlang_vocab_size());
 	put32(h + 20, (uint32_t)o->seq_len);
@@ -74,11 +75,15 @@ static void header_bytes(uint8_t *h, const agentlang_corpus_opts *o, uint64_t n_
 	put32(h + 96, (uint32_t)(o->view.max_ratio ? o->view.max_ratio : 16));
 	put32(h + 100, (uint32_t)(o->view.stale * 1000.0 + 0.5));
 	put32(h + 104, (uint32_t)(o->view.drop * 1000.0 + 0.5));
+	put32(h + 108, (uint32_t)(o->view.paged * 1000.0 + 0.5));
+	put32(h + 112, o->view.paged > 0 ? (uint32_t)(o->view.window ? o->view.window : o->seq_len) : 0);
+	/* 116: paged sequences, 120: the index's offset; patched at the end. */
 }
 
-/* Generate sequences [s0, s0 + n) into ids; 0 or -1 with the first error. */
+/* Generate sequences [s0, s0 + n) into ids (and pages, when paged views
+ * are asked for); 0 or -1 with the first error. */
 static int gen_chunk(const agentlang_corpus_opts *o, uint64_t s0, int n, int32_t *ids,
-		     char *err, size_t errlen)
+		     agentlang_pages *pages, char *err, size_t errlen)
 {
 	int failed = 0;
 
@@ -86,8 +91,9 @@ static int gen_chunk(const agentlang_corpus_opts *o, uint64_t s0, int n, int32_t
 	for (int i = 0; i < n; i++) {
 		if (failed)
 			continue;
-		if (agentlang_train_seq_opts(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
-					    &o->view, ids + (size_t)i * o->seq_len, NULL)) {
+		if (agentlang_train_seq_paged(o->seed, s0 + (uint64_t)i, o->seq_len, o->view_share,
+					      &o->view, ids + (size_t)i * o->seq_len, NULL,
+					      pages ? &pages[i] : NULL)) {
 #pragma omp critical
 			{
 				if (!failed)
@@ -104,6 +110,39 @@ static int write_all(FILE *f, const void *p, size_t n, const char *path)
 	if (fwrite(p, 1, n, f) != n)
 		return kvmem_error(errno, "%s: write failed: %s", path, strerror(errno));
 	return 0;
+}
+
+/* One paged sequence's record (agentlang.h); 0 or -errno. */
+static int write_record(FILE *f, const agentlang_pages *pg, const char *path)
+{
+	size_t nv = (size_t)pg->n_view, nw = (size_t)pg->n_windows, W = (size_t)pg->window;
+	size_t nve = (nv + 1) / 2 * 2;	/* each u16 array padded to keep 4-byte alignment */
+	size_t size = 16 + 8 * nw + 4 * nve + 2 * nw * W;
+	uint8_t *b = calloc(1, size), *p = b;
+	int rc;
+
+	if (!b)
+		return kvmem_error(ENOMEM, "%s: out of memory for a page record", path);
+	put32(p, (uint32_t)nv);
+	put32(p + 4, (uint32_t)nw);
+	put32(p + 8, pg->ws_tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)pg->ws_tokens);
+	put32(p + 12, (uint32_t)W);
+	p += 16;
+	for (size_t w = 0; w < nw; w++) {
+		put32(p + 4 * w, (uint32_t)pg->win_start[w]);
+		put32(p + 4 * (nw + w), (uint32_t)pg->win_end[w]);
+	}
+	p += 8 * nw;
+	for (size_t i = 0; i < nv; i++) {
+		put16(p + 2 * i, pg->win[i]);
+		put16(p + 2 * (nve + i), pg->off[i]);
+	}
+	p += 4 * nve;
+	for (size_t i = 0; i < nw * W; i++)
+		put16(p + 2 * i, (uint32_t)pg->ids[i]);
+	rc = write_all(f, b, size, path);
+	free(b);
+	return rc;
 }
 
 int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
@@ -132,13 +171,27 @@ int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 	if (o->view.policy && o->view.policy[0] && agentlang_view_policy_check(o->view.policy))
 		return kvmem_error_prefix("%s", path);
 
+	const int paged = o->view.paged > 0;
+
+	if (!(o->view.paged >= 0 && o->view.paged <= 1))
+		return kvmem_error(EINVAL, "%s: paged share %g is not in 0..1", path, o->view.paged);
+	if (paged && (!o->view.policy || !o->view.policy[0] || idb != 2))
+		return kvmem_error(EINVAL, "%s: paged view sequences need a view policy and 2-byte ids",
+				   path);
+
 	uint64_t n_seqs = ((uint64_t)o->n_tokens + (uint64_t)o->seq_len - 1) / (uint64_t)o->seq_len;
 	int chunk = n_seqs < CHUNK_SEQS ? (int)n_seqs : CHUNK_SEQS;
 	int32_t *ids = malloc((size_t)chunk * o->seq_len * sizeof(*ids));
 	uint8_t *bytes = malloc((size_t)chunk * o->seq_len * (size_t)idb);
+	agentlang_pages *pages = paged ? calloc((size_t)chunk, sizeof(*pages)) : NULL;
+	uint8_t *index = NULL;
+	uint64_t n_paged = 0, index_cap = 0;
+	/* The ids of every sequence first, the page records after them: a
+	 * chunk's ids are written in their place, its records at rec_at. */
+	off_t rec_at = (off_t)AGENTLANG_CORPUS_HEADER + (off_t)(n_seqs * (uint64_t)o->seq_len * (uint64_t)idb);
 	FILE *f = fopen(path, "wb");
 
-	if (!ids || !bytes || !f) {
+	if (!ids || !bytes || !f || (paged && !pages)) {
 		rc = !f ? kvmem_error(errno, "%s: cannot create: %s", path, strerror(errno))
 			: kvmem_error(ENOMEM, "%s: out of memory for %d sequences", path, chunk);
 		goto out;
@@ -150,24 +203,65 @@ int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 		int n = n_seqs - s0 < (uint64_t)chunk ? (int)(n_seqs - s0) : chunk;
 		size_t cnt = (size_t)n * o->seq_len;
 
-		if (gen_chunk(o, s0, n, ids, err, sizeof(err))) {
+		if (gen_chunk(o, s0, n, ids, pages, err, sizeof(err))) {
 			rc = kvmem_error(EINVAL, "%s: sequence generation failed: %s", path, err);
 			goto out;
 		}
 		for (size_t i = 0; i < cnt; i++)
 			idb == 2 ? put16(bytes + 2 * i, (uint32_t)ids[i])
 				 : put32(bytes + 4 * i, (uint32_t)ids[i]);
-		if ((rc = write_all(f, bytes, cnt * (size_t)idb, path)))
+		if (paged && fseeko(f, (off_t)AGENTLANG_CORPUS_HEADER +
+				     (off_t)(s0 * (uint64_t)o->seq_len * (uint64_t)idb), SEEK_SET))
+			rc = kvmem_error(errno, "%s: seek failed: %s", path, strerror(errno));
+		if (rc || (rc = write_all(f, bytes, cnt * (size_t)idb, path)))
 			goto out;
+		for (int i = 0; paged && i < n; i++) {
+			if (!pages[i].n_view)
+				continue;
+			if (n_paged == index_cap) {
+				uint8_t *t = realloc(index, (size_t)(index_cap = index_cap * 2 + 256) * 16);
+
+				if (!t) {
+					rc = kvmem_error(ENOMEM, "%s: out of memory for the paged index", path);
+					goto out;
+				}
+				index = t;
+			}
+			put64(index + 16 * n_paged, s0 + (uint64_t)i);
+			put64(index + 16 * n_paged + 8, (uint64_t)rec_at);
+			n_paged++;
+			if (fseeko(f, rec_at, SEEK_SET))
+				rc = kvmem_error(errno, "%s: seek failed: %s", path, strerror(errno));
+			if (rc || (rc = write_record(f, &pages[i], path)))
+				goto out;
+			rec_at = ftello(f);
+		}
+		for (int i = 0; paged && i < n; i++)
+			agentlang_pages_free(&pages[i]);
 		if (o->progress)
 			o->progress((int64_t)((s0 + (uint64_t)n) * (uint64_t)o->seq_len),
 				    (int64_t)(n_seqs * (uint64_t)o->seq_len), o->arg);
+	}
+	if (paged) {
+		/* The index after the last record, then the header's pointer to it. */
+		uint8_t tail[12];
+
+		put32(tail, (uint32_t)n_paged);
+		put64(tail + 4, n_paged ? (uint64_t)rec_at : 0);
+		if (fseeko(f, rec_at, SEEK_SET) || (n_paged && fwrite(index, 16, n_paged, f) != n_paged) ||
+		    fseeko(f, 116, SEEK_SET) || fwrite(tail, 1, 12, f) != 12)
+			rc = kvmem_error(errno ? errno : EIO, "%s: writing the paged index failed: %s",
+					 path, strerror(errno));
 	}
 out:
 	if (f && fclose(f) && !rc)
 		rc = kvmem_error(errno, "%s: close failed: %s", path, strerror(errno));
 	if (rc && f)
 		unlink(path);
+	for (int i = 0; pages && i < chunk; i++)
+		agentlang_pages_free(&pages[i]);
+	free(pages);
+	free(index);
 	free(ids);
 	free(bytes);
 	return rc;
@@ -194,10 +288,11 @@ int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *hd)
 	hd->version = get32(h + 8);
 	hd->header_bytes = get32(h + 12);
 	if (!(hd->version == 1 && hd->header_bytes == AGENTLANG_CORPUS_HEADER_V1) &&
-	    !(hd->version == 2 && hd->header_bytes == AGENTLANG_CORPUS_HEADER))
+	    !((hd->version == 2 || hd->version == 3) && hd->header_bytes == AGENTLANG_CORPUS_HEADER))
 		return kvmem_error(EINVAL, "%s: corpus version %u / header %u: this kvmem reads "
-				 "1 / %d and 2 / %d", path, hd->version, hd->header_bytes,
-				 AGENTLANG_CORPUS_HEADER_V1, AGENTLANG_CORPUS_HEADER);
+				 "1 / %d, 2 / %d and 3 / %d", path, hd->version, hd->header_bytes,
+				 AGENTLANG_CORPUS_HEADER_V1, AGENTLANG_CORPUS_HEADER,
+				 AGENTLANG_CORPUS_HEADER);
 	hd->vocab = get32(h + 16);
 	hd->seq_len = get32(h + 20);
 	hd->n_seqs = get64(h + 24);
@@ -212,12 +307,18 @@ int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *hd)
 	hd->view_permille = get32(h + 56);
 	hd->vocab_hash = get32(h + 60);
 	hd->max_ratio = 16;
-	if (hd->version == 2) {
+	if (hd->version >= 2) {
 		memcpy(hd->view_policy, h + 64, AGENTLANG_CORPUS_POLICY);
 		hd->view_policy[AGENTLANG_CORPUS_POLICY - 1] = 0;
 		hd->max_ratio = get32(h + 96);
 		hd->stale_permille = get32(h + 100);
 		hd->drop_permille = get32(h + 104);
+	}
+	if (hd->version >= 3) {
+		hd->paged_permille = get32(h + 108);
+		hd->window = get32(h + 112);
+		hd->n_paged = get32(h + 116);
+		hd->paged_index = get64(h + 120);
 	}
 	return 0;
 }

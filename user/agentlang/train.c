@@ -269,6 +269,86 @@ static int all_kept(const uint8_t *keep, int64_t a, int64_t e)
 }
 
 /*
+ * The page windows of a paged view sequence (agentlang_pages in
+ * agentlang.h): for each run of kept tokens, in order, a window of at most
+ * W workspace tokens that ends where a run ends; one window serves the
+ * following runs too while it can still start W / 2 tokens before the
+ * first one's start (or at the workspace's start). Runs are cut into
+ * pieces of W / 2 so that the first run always fits its window.
+ */
+static int build_pages(const agentlang_transcript *ws, const uint8_t *keep, int W,
+		       agentlang_pages *pg)
+{
+	int64_t N = ws->n_ids, half = W / 2, nv = 0, k = 0;
+	int nw = 0;
+
+	for (int64_t i = 0; i < N; i++)
+		nv += keep[i];
+	pg->window = W;
+	pg->ws_tokens = N;
+	pg->pos = malloc(sizeof(*pg->pos) * (size_t)(nv + 1));
+	pg->win = malloc(sizeof(*pg->win) * (size_t)(nv + 1));
+	pg->off = malloc(sizeof(*pg->off) * (size_t)(nv + 1));
+	pg->win_start = malloc(sizeof(*pg->win_start) * (size_t)(nv + 1));
+	pg->win_end = malloc(sizeof(*pg->win_end) * (size_t)(nv + 1));
+	if (!pg->pos || !pg->win || !pg->off || !pg->win_start || !pg->win_end)
+		return kvmem_error(ENOMEM, "agentlang: out of memory for the pages of a view");
+	for (int64_t i = 0, j = 0; i < N; i++)
+		if (keep[i])
+			pg->pos[j++] = i;
+	while (k < nv) {
+		const int64_t *pos = pg->pos;
+		int64_t smax = pos[k] > half ? pos[k] - half : 0, end = -1, last = k;
+
+		for (int64_t t = k; t < nv;) {
+			int64_t u = t;
+
+			while (u + 1 < nv && pos[u + 1] == pos[u] + 1 && pos[u + 1] - pos[t] < half)
+				u++;
+			if (pos[u] + 1 > smax + W)
+				break;
+			end = pos[u] + 1;
+			last = t = u + 1;
+		}
+		if (end < 0 || nw >= 65535)	/* cannot be: the first piece always fits */
+			return kvmem_error(EINVAL, "agentlang: no page window for token %lld",
+					   (long long)pos[k]);
+		int64_t start = end > W ? end - W : 0;
+
+		for (int64_t m = k; m < last; m++) {
+			pg->win[m] = (uint16_t)nw;
+			pg->off[m] = (uint16_t)(pos[m] - start);
+		}
+		pg->win_start[nw] = start;
+		pg->win_end[nw++] = end;
+		k = last;
+	}
+	pg->ids = malloc(sizeof(*pg->ids) * (size_t)nw * (size_t)W);
+	if (!pg->ids)
+		return kvmem_error(ENOMEM, "agentlang: out of memory for %d page windows", nw);
+	for (int w = 0; w < nw; w++) {
+		int64_t a = pg->win_start[w], e = pg->win_end[w];
+		int32_t *d = pg->ids + (size_t)w * W;
+
+		memcpy(d, ws->ids + a, (size_t)(e - a) * sizeof(*d));
+		for (int64_t i = e - a; i < W; i++)
+			d[i] = AGENTLANG_PAD;
+	}
+	pg->n_windows = nw;
+	pg->n_view = (int)nv;
+	return 0;
+}
+
+/* Whether sequence `index` is paged: its own draw, apart from the
+ * sequence's random stream, so that the ids do not depend on the share. */
+static int is_paged(uint64_t seed, uint64_t index, double share)
+{
+	uint64_t h = al_mix64(al_mix64(seed ^ 0x9e3779b97f4a7c15ull) ^ index);
+
+	return share > 0 && (double)(h >> 11) * 0x1p-53 < share;
+}
+
+/*
  * A view sequence whose view the policy vo->policy chose, as at inference
  * (agentlang_view_select): 1-8 questions, 0-8 look-alikes a needle (the
  * benchmark's targets use 8), a workspace 1..max_ratio windows long. A
@@ -276,7 +356,8 @@ static int all_kept(const uint8_t *keep, int64_t a, int64_t e)
  * purpose, its value is.
  */
 static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang_view_opts *vo,
-			   struct al_rng *r, int32_t *out, agentlang_seq_info *info)
+			   struct al_rng *r, int32_t *out, agentlang_seq_info *info,
+			   agentlang_pages *pg)
 {
 	int n_ratios = vo->max_ratio >= 64 ? 7 : vo->max_ratio >= 32 ? 6 : 5;
 	int ratio = 1 << al_below(r, (uint32_t)n_ratios);
@@ -336,6 +417,12 @@ static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang
 		for (int64_t i = 0; i < ws.n_ids; i++)
 			if (keep[i])
 				out[n++] = ws.ids[i];
+		if (pg && is_paged(seed, index, vo->paged) &&
+		    build_pages(&ws, keep, vo->window > 0 ? vo->window : L, pg)) {
+			free(keep);
+			agentlang_transcript_free(&ws);
+			return kvmem_fail();
+		}
 		free(keep);
 	}
 	int64_t tail = 0;
@@ -352,8 +439,37 @@ static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang
 	info->kind = AGENTLANG_SEQ_VIEW;
 	info->n_tokens = (int)n;
 	info->n_questions = n_asked;
+	if (pg && pg->n_view && pg->want_workspace) {
+		pg->ws = malloc(sizeof(*pg->ws));
+		if (!pg->ws) {
+			agentlang_transcript_free(&ws);
+			return kvmem_error(ENOMEM, "agentlang: out of memory");
+		}
+		*pg->ws = ws;	/* handed over: agentlang_pages_free frees it */
+		return 0;
+	}
 	agentlang_transcript_free(&ws);
 	return 0;
+}
+
+void agentlang_pages_free(agentlang_pages *pg)
+{
+	if (!pg)
+		return;
+	free(pg->win_start);
+	free(pg->win_end);
+	free(pg->ids);
+	free(pg->win);
+	free(pg->off);
+	free(pg->pos);
+	if (pg->ws) {
+		agentlang_transcript_free(pg->ws);
+		free(pg->ws);
+	}
+	int want = pg->want_workspace;
+
+	memset(pg, 0, sizeof(*pg));
+	pg->want_workspace = want;
 }
 
 int agentlang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_share,
@@ -365,6 +481,13 @@ int agentlang_train_seq(uint64_t seed, uint64_t index, int seq_len, double view_
 int agentlang_train_seq_opts(uint64_t seed, uint64_t index, int seq_len, double view_share,
 			    const agentlang_view_opts *vo, int32_t *out, agentlang_seq_info *info)
 {
+	return agentlang_train_seq_paged(seed, index, seq_len, view_share, vo, out, info, NULL);
+}
+
+int agentlang_train_seq_paged(uint64_t seed, uint64_t index, int seq_len, double view_share,
+			      const agentlang_view_opts *vo, int32_t *out, agentlang_seq_info *info,
+			      agentlang_pages *pg)
+{
 	struct al_rng r;
 	agentlang_seq_info dummy;
 
@@ -374,11 +497,21 @@ int agentlang_train_seq_opts(uint64_t seed, uint64_t index, int seq_len, double 
 		return kvmem_error(EINVAL, "agentlang: view share %g is not in 0..1", view_share);
 	if (!info)
 		info = &dummy;
+	if (pg) {
+		int want = pg->want_workspace;
+
+		memset(pg, 0, sizeof(*pg));
+		pg->want_workspace = want;
+	}
+	if (pg && vo && vo->paged > 0 &&
+	    (vo->window < 0 || vo->window % 2 || (vo->window && vo->window < 64) || vo->window > 32768))
+		return kvmem_error(EINVAL, "agentlang: page window %d: an even count in 64..32768",
+				   vo->window);
 	al_rng_seed(&r, seed, index);
 	/* Views need room for a few needles and their blocks. */
 	if (seq_len >= 512 && al_chance(&r, view_share))
 		return vo && vo->policy && vo->policy[0] ?
-			policy_view_seq(seed, index, seq_len, vo, &r, out, info) :
+			policy_view_seq(seed, index, seq_len, vo, &r, out, info, pg) :
 			view_seq(seed, index, seq_len, vo, &r, out, info);
 	return stream_seq(seed, index, seq_len, &r, out, info);
 }

@@ -66,7 +66,8 @@ static void corpus_usage(FILE *f)
 	fprintf(f,
 		"usage: kvmem synth corpus --tokens N --seq-len L --seed S --out FILE\n"
 		"                          [--views F] [--view-policy P] [--max-ratio R]\n"
-		"                          [--stale P] [--drop P] [--threads T] [--u32] [--quiet]\n\n"
+		"                          [--stale P] [--drop P] [--paged P] [--page-window W]\n"
+		"                          [--threads T] [--u32] [--quiet]\n\n"
 		"Writes ceil(N / L) training sequences of exactly L tokens (padded with\n"
 		"<pad>), each with questions whose answers lie inside it. A share F of them\n"
 		"(default 0.5) are view sequences: a workspace 1..16x L long cut the way\n"
@@ -88,6 +89,12 @@ static void corpus_usage(FILE *f)
 		"  --stale P      chance a needle has an older value earlier (default 0.3)\n"
 		"  --drop P       with --view-policy: chance a needle line cut by a block\n"
 		"                 boundary keeps only its value's block (default 0)\n"
+		"  --paged P      with --view-policy: chance a view sequence of a workspace\n"
+		"                 longer than L is paged: the file then also holds, after\n"
+		"                 the ids, windows of workspace tokens that end at its kept\n"
+		"                 blocks, from which train.py computes the view's K/V as\n"
+		"                 kvmem does (default 0; version 3 of the format)\n"
+		"  --page-window W  tokens of a page window, even, 64..32768 (default L)\n"
 		"  --threads T    writer threads, 1..1024 (default: all cores)\n"
 		"  --u32          uint32 ids instead of uint16\n"
 		"  --quiet        no progress on stderr\n"
@@ -109,6 +116,8 @@ static int synth_corpus(int argc, char **argv)
 		{ "view-policy", required_argument, NULL, 'p' },
 		{ "max-ratio", required_argument, NULL, 'r' }, { "stale", required_argument, NULL, 'S' },
 		{ "drop", required_argument, NULL, 'd' },
+		{ "paged", required_argument, NULL, 'P' },
+		{ "page-window", required_argument, NULL, 'W' },
 		{ "help", no_argument, NULL, 'h' },	    { 0 },
 	};
 	agentlang_corpus_opts o = { .seed = 1, .seq_len = 2048, .view_share = 0.5, .id_bytes = 2 };
@@ -149,6 +158,14 @@ static int synth_corpus(int argc, char **argv)
 			break;
 		case 'S': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.stale); break;
 		case 'd': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.drop); break;
+		case 'P': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.paged); break;
+		case 'W':
+			bad = cli_parse_int(w, name, optarg, 64, 32768, &o.view.window);
+			if (!bad && o.view.window % 2) {
+				fprintf(stderr, "%s: --page-window %d: an even count\n", w, o.view.window);
+				bad = 1;
+			}
+			break;
 		default: return EXIT_USAGE;
 		}
 		if (bad)
@@ -158,6 +175,10 @@ static int synth_corpus(int argc, char **argv)
 		return EXIT_USAGE;
 	if (o.view.drop > 0 && !o.view.policy) {
 		fprintf(stderr, "%s: --drop needs --view-policy\n", WHO_CORPUS);
+		return EXIT_USAGE;
+	}
+	if (o.view.paged > 0 && (!o.view.policy || o.id_bytes != 2)) {
+		fprintf(stderr, "%s: --paged needs --view-policy and 2-byte ids\n", WHO_CORPUS);
 		return EXIT_USAGE;
 	}
 	if (!out || !have_tokens) {
@@ -177,10 +198,10 @@ static int synth_corpus(int argc, char **argv)
 	}
 	uint64_t n_seqs = ((uint64_t)o.n_tokens + (uint64_t)o.seq_len - 1) / (uint64_t)o.seq_len;
 	fprintf(stderr, "kvmem synth corpus: wrote %s: %llu sequences of %d tokens, seed %llu, "
-		"views %.2f (by %s, up to %dx), vocab %d (hash %08x), %.1f s\n", out,
+		"views %.2f (by %s, up to %dx, paged %.2f), vocab %d (hash %08x), %.1f s\n", out,
 		(unsigned long long)n_seqs, o.seq_len, (unsigned long long)o.seed, o.view_share,
 		o.view.policy ? o.view.policy : "the generator's mix",
-		o.view.max_ratio ? o.view.max_ratio : 16, agentlang_vocab_size(),
+		o.view.max_ratio ? o.view.max_ratio : 16, o.view.paged, agentlang_vocab_size(),
 		agentlang_vocab_hash(), since(&pr.t0));
 	return 0;
 }

@@ -1,0 +1,30 @@
+#!/bin/bash
+# Issue 29, the fourth run's recipe: tools/train/train.py --self-test on a
+# paged corpus made by this kvmem (the records give back each view; the
+# re-rotation, the cache assembly, masks and positions; with transformers,
+# a tiny Qwen3's logits from pages against a plain forward). Skipped (77)
+# where no python3 has torch and numpy (apt-get install python3-torch
+# python3-numpy gives them).
+. "$(dirname "$0")/lib.sh"
+[ -x "$KVMEM" ] || { echo "no kvmem binary at $KVMEM"; exit 77; }
+PY=
+for p in python3 /usr/bin/python3; do
+	if command -v "$p" >/dev/null && "$p" -c 'import numpy, torch' 2>/dev/null; then
+		PY=$p
+		break
+	fi
+done
+[ -n "$PY" ] || { echo "train_paged: no python3 with torch and numpy: skipped"; exit 77; }
+tmp=$(mktemp -d /tmp/kvmem-train-paged.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+seed=${KVMEM_TEST_SEED:-$(od -An -tu4 -N4 /dev/urandom | tr -d ' ')}
+seed=$((seed % 1000000))
+echo "train_paged: seed $seed (replay with KVMEM_TEST_SEED=$seed)"
+"$KVMEM" synth corpus --tokens 200k --seq-len 512 --seed "$seed" --views 0.7 \
+	--view-policy lexical --max-ratio 16 --paged 0.5 --page-window 256 \
+	--out "$tmp/c.bin" --quiet || bad "kvmem synth corpus --paged failed"
+OMP_NUM_THREADS=1 "$PY" tools/train/train.py --self-test --data "$tmp/c.bin" >"$tmp/log" 2>&1 ||
+	bad "train.py --self-test failed: $(grep -v 'self-test: ok' "$tmp/log")"
+grep -q "self-test: ok   paged records give back each view" "$tmp/log" ||
+	bad "the corpus check did not run: $(cat "$tmp/log")"
+cli_done train_paged
