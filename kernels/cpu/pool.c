@@ -43,12 +43,15 @@
 
 #define MAX_WORKERS 15
 /* A caller that waited longer than this for a worker's chunk (the worker
- * was descheduled mid-chunk: another process holds its core) runs its
- * jobs alone for a while, from 0.5 ms up to 64 ms while it keeps
- * happening: at worst one slow wait in every 64 ms. */
+ * was descheduled mid-chunk: another process took its core, for a time
+ * slice of milliseconds) runs its jobs alone for a while: 8 ms, doubling
+ * up to 256 ms while it keeps happening, back to 8 ms after a second
+ * without. Against a busy neighbour a pooled job saves tens of
+ * microseconds and one such wait costs milliseconds. */
 #define SLOW_WAIT_NS 100000L
-#define BACKOFF_MIN_NS 500000L
-#define BACKOFF_MAX_NS 64000000L
+#define BACKOFF_MIN_NS 8000000L
+#define BACKOFF_MAX_NS 256000000L
+#define BACKOFF_RESET_NS 1000000000L
 
 static struct {
 	pthread_mutex_t mu;
@@ -62,7 +65,7 @@ static struct {
 	int workers;
 	long spin_ns;
 	atomic_int busy;	/* a caller owns the pool */
-	long alone_until, backoff;	/* run alone until then; the next such while (under busy) */
+	long alone_until, backoff, last_slow;	/* under busy */
 } P = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
@@ -187,10 +190,10 @@ void kvmem_pool_run(int n, kvmem_pool_fn fn, void *arg)
 	if (now_ns() - t0 > SLOW_WAIT_NS) {
 		P.backoff = P.backoff ? P.backoff * 2 : BACKOFF_MIN_NS;
 		P.backoff = P.backoff < BACKOFF_MAX_NS ? P.backoff : BACKOFF_MAX_NS;
-		P.alone_until = now_ns() + P.backoff;
-	} else {
-		P.backoff = P.backoff > BACKOFF_MIN_NS ? P.backoff / 2 : 0;
-		P.alone_until = 0;
+		P.last_slow = now_ns();
+		P.alone_until = P.last_slow + P.backoff;
+	} else if (P.backoff && now_ns() - P.last_slow > BACKOFF_RESET_NS) {
+		P.backoff = 0;
 	}
 	atomic_store_explicit(&P.busy, 0, memory_order_release);
 }
