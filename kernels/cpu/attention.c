@@ -173,6 +173,11 @@ static void attend_group(const struct att_args *a, int i, int g, float *scores)
 				r++;
 			if (r == 8) {	/* eight visible keys */
 				scores8_avx2(qv, kj, d, grp, a->scale, scores + j, (size_t)n_kv);
+				/* their V rows into the cache meanwhile: the weighted
+				 * sum below reads them (a hint, no result changes) */
+				for (const char *pv = (const char *)(vh + (size_t)j * d),
+						*pe = pv + sizeof(float) * 8 * d; pv < pe; pv += 64)
+					_mm_prefetch(pv, _MM_HINT_T1);
 				for (int h = 0; h < grp; h++)
 					for (r = 0; r < 8; r++) {
 						float s = scores[(size_t)h * n_kv + j + r];
