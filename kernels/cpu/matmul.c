@@ -17,7 +17,8 @@
  * which elements share a loaded vector, never how an element is summed,
  * so the tile shape, the row blocking, the thread that owns a column
  * and the thread count change no bit. Threads split the output columns
- * (OpenMP, static); a weight tile is read once for all the rows of a row
+ * (OpenMP, static; the kernels' pool for mid-sized products, in chunks
+ * of POOL_COLS); a weight tile is read once for all the rows of a row
  * block, which is where batching saves time: decode reads every weight
  * once per step for all its sessions.
  *
