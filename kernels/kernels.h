@@ -41,6 +41,14 @@ void kvmem_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 void kvmem_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 void kvmem_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 
+/* The kernels' pool for work of tens of microseconds (kernels/cpu/pool.c):
+ * fn(arg, c) for every c in 0..n-1, on this thread and the pool's workers
+ * (OpenMP's thread count less one), returning when all have run. The
+ * caller takes chunks itself and never waits for a worker that has not
+ * started one. Chunks must write disjoint outputs. */
+typedef void (*kvmem_pool_fn)(void *arg, int chunk);
+void kvmem_pool_run(int n, kvmem_pool_fn fn, void *arg);
+
 /* ---- dense ------------------------------------------------------------ */
 /*
  * y[n][out] = x[n][in] · w[out][in]^T, threaded over the output columns.

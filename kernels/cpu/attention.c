@@ -173,6 +173,11 @@ static void attend_group(const struct att_args *a, int i, int g, float *scores)
 				r++;
 			if (r == 8) {	/* eight visible keys */
 				scores8_avx2(qv, kj, d, grp, a->scale, scores + j, (size_t)n_kv);
+				/* their V rows into the cache meanwhile: the weighted
+				 * sum below reads them (a hint, no result changes) */
+				for (const char *pv = (const char *)(vh + (size_t)j * d),
+						*pe = pv + sizeof(float) * 8 * d; pv < pe; pv += 64)
+					_mm_prefetch(pv, _MM_HINT_T1);
 				for (int h = 0; h < grp; h++)
 					for (r = 0; r < 8; r++) {
 						float s = scores[(size_t)h * n_kv + j + r];
@@ -272,6 +277,50 @@ static void batch_item(const kvmem_att_seq *seqs, const long *first, int n_seqs,
 	*g = (int)(w / seqs[lo].n_q);
 }
 
+/* Multiply-adds of a batch (queries x heads x visible keys x head_dim)
+ * from which the kernels' pool, and from which OpenMP, runs its items. */
+#define POOL_WORK (1 << 18)
+#define OMP_WORK (1 << 22)
+
+struct batch_args {
+	float *out;
+	const float *q;
+	const kvmem_att_seq *seqs;
+	const long *first;
+	int n_seqs, n_heads, head_dim, group, max_kv;
+	float scale;
+	int avx2;
+};
+
+static void run_item(const struct batch_args *b, long w, float *scores)
+{
+	int s, i, g;
+
+	batch_item(b->seqs, b->first, b->n_seqs, w, &s, &i, &g);
+	const kvmem_att_seq *a = &b->seqs[s];
+	const struct att_args args = {
+		.q = b->q + (size_t)a->q0 * b->n_heads * b->head_dim, .k = a->k, .v = a->v,
+		.q_pos = a->q_pos, .kv_pos = a->kv_pos,
+		.out = b->out + (size_t)a->q0 * b->n_heads * b->head_dim,
+		.n_kv = a->n_kv, .n_heads = b->n_heads, .group = b->group,
+		.head_dim = b->head_dim, .kv_stride = a->kv_stride, .scale = b->scale,
+		.avx2 = b->avx2,
+	};
+
+	attend_group(&args, i, g, scores);
+}
+
+/* One item on whichever thread took it, with its own score buffer
+ * (none if it cannot be had: the same bits, computed twice). */
+static void pool_item(void *arg, int w)
+{
+	const struct batch_args *b = arg;
+	float *scores = malloc(sizeof(float) * b->group * b->max_kv);
+
+	run_item(b, w, scores);
+	free(scores);
+}
+
 void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs, int n_seqs,
 			   int n_heads, int n_kv_heads, int head_dim, float scale)
 {
@@ -302,35 +351,32 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 	__builtin_cpu_init();
 	avx2 = __builtin_cpu_supports("avx2");
 
-	/* Threads only pay off for real work: a small decode step stays on
-	 * this thread (idle OpenMP workers would spin against BLAS threads).
-	 * Items differ in cost (views differ in length, a query sees more of
-	 * its view than the one before it): dynamic, one at a time, since a
-	 * decode batch has few items (n_kv_heads a session: 16 for 8 sessions
-	 * of the embedded model, where chunks of 4 left one thread idle at the
-	 * end) and an item (hundreds of keys) is long next to taking it. */
-	#pragma omp parallel if (items > 1 && work > (1 << 20))
-	{
-		float *scores = malloc(sizeof(float) * group * max_kv);
+	const struct batch_args ba = {
+		.out = out, .q = q, .seqs = seqs, .first = first, .n_seqs = n_seqs,
+		.n_heads = n_heads, .head_dim = head_dim, .group = group, .max_kv = max_kv,
+		.scale = scale, .avx2 = avx2,
+	};
 
-		#pragma omp for schedule(dynamic, 1)
-		for (long w = 0; w < items; w++) {
-			int s, i, g;
+	/* A decode batch's items (a few hundred keys each, n_kv_heads a
+	 * session: 16 for 8 sessions of the embedded model) go to the
+	 * kernels' pool: each takes tens of microseconds, less than an
+	 * OpenMP worker under passive waits takes to wake (at 2 threads such
+	 * a step took the time of 1). A lone decode step of a short view
+	 * stays on this thread. Large work (prefill chunks) keeps OpenMP,
+	 * dynamic one item at a time: items differ in cost (views differ in
+	 * length, a query sees more of its view than the one before it). */
+	if (items > 1 && work >= POOL_WORK && work < OMP_WORK) {
+		kvmem_pool_run((int)items, pool_item, (void *)&ba);
+	} else {
+		#pragma omp parallel if (items > 1 && work >= OMP_WORK)
+		{
+			float *scores = malloc(sizeof(float) * group * max_kv);
 
-			batch_item(seqs, first, n_seqs, w, &s, &i, &g);
-			const kvmem_att_seq *a = &seqs[s];
-			const struct att_args args = {
-				.q = q + (size_t)a->q0 * n_heads * head_dim, .k = a->k, .v = a->v,
-				.q_pos = a->q_pos, .kv_pos = a->kv_pos,
-				.out = out + (size_t)a->q0 * n_heads * head_dim,
-				.n_kv = a->n_kv, .n_heads = n_heads, .group = group,
-				.head_dim = head_dim, .kv_stride = a->kv_stride, .scale = scale,
-				.avx2 = avx2,
-			};
-
-			attend_group(&args, i, g, scores);
+			#pragma omp for schedule(dynamic, 1)
+			for (long w = 0; w < items; w++)
+				run_item(&ba, w, scores);
+			free(scores);
 		}
-		free(scores);
 	}
 	if (first != stack)
 		free(first);

@@ -17,7 +17,8 @@
  * which elements share a loaded vector, never how an element is summed,
  * so the tile shape, the row blocking, the thread that owns a column
  * and the thread count change no bit. Threads split the output columns
- * (OpenMP, static); a weight tile is read once for all the rows of a row
+ * (OpenMP, static; the kernels' pool for mid-sized products, in chunks
+ * of POOL_COLS); a weight tile is read once for all the rows of a row
  * block, which is where batching saves time: decode reads every weight
  * once per step for all its sessions.
  *
@@ -44,8 +45,16 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 /* Rows per block: the block's x rows stay in L2 while every column tile
  * of the thread passes over them. */
 #define ROW_BLOCK 64
-/* Below this many multiply-adds one thread is quicker than waking more. */
+/* Below this many multiply-adds one thread is quicker than waking
+ * OpenMP's sleeping workers; from POOL_MACS (a batched decode step's
+ * projections: 8 rows x 256 x 128 and up) the kernels' pool runs the
+ * columns instead, whose caller does not wait for a worker to wake. A
+ * lone decode step's matmuls (one row, at most 196K here) stay on one
+ * thread. */
 #define THREADED_MACS (1L << 21)
+#define POOL_MACS (1L << 18)
+/* Columns a pool chunk takes (a multiple of every tile width: 3, 4, 6). */
+#define POOL_COLS 24
 
 #define LOOP _Pragma("GCC unroll 16") for
 
@@ -399,9 +408,35 @@ const char *kvmem_matmul_isa(void)
 	return isa_names[isa_chosen];
 }
 
+static void cols_isa(int isa, float *y, const float *x, const float *w, int n, int in, int out,
+		     int c0, int c1)
+{
+	if (isa == ISA_AVX512)
+		cols16(y, x, w, n, in, out, c0, c1);
+	else if (isa == ISA_AVX2)
+		cols8(y, x, w, n, in, out, c0, c1);
+	else
+		cols_c(y, x, w, n, in, out, c0, c1);
+}
+
+struct pool_mm {
+	float *y;
+	const float *x, *w;
+	int n, in, out, isa;
+};
+
+static void pool_cols(void *arg, int chunk)
+{
+	const struct pool_mm *a = arg;
+	int c0 = chunk * POOL_COLS, c1 = c0 + POOL_COLS < a->out ? c0 + POOL_COLS : a->out;
+
+	cols_isa(a->isa, a->y, a->x, a->w, a->n, a->in, a->out, c0, c1);
+}
+
 void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out)
 {
 	int isa, step;
+	long macs = (long)n * in * out;
 
 	if (n <= 0 || out <= 0)
 		return;
@@ -414,20 +449,20 @@ void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int o
 	/* Threads own whole column tiles: the split follows the tile width
 	 * (AVX2's is 3 from three rows on, else 4). */
 	step = isa == ISA_AVX512 ? 6 : isa == ISA_AVX2 ? (n >= 3 ? 3 : 4) : 1;
-	#pragma omp parallel if ((long)n * in * out >= THREADED_MACS)
+	if (macs >= POOL_MACS && macs < THREADED_MACS) {
+		struct pool_mm a = { y, x, w, n, in, out, isa };
+
+		kvmem_pool_run((out + POOL_COLS - 1) / POOL_COLS, pool_cols, &a);
+		return;
+	}
+	#pragma omp parallel if (macs >= THREADED_MACS)
 	{
 		int nt = omp_get_num_threads(), t = omp_get_thread_num();
 		int tiles = (out + step - 1) / step;
 		int c0 = (int)((long)tiles * t / nt) * step, c1 = (int)((long)tiles * (t + 1) / nt) * step;
 
 		c1 = c1 < out ? c1 : out;
-		if (c0 < c1) {
-			if (isa == ISA_AVX512)
-				cols16(y, x, w, n, in, out, c0, c1);
-			else if (isa == ISA_AVX2)
-				cols8(y, x, w, n, in, out, c0, c1);
-			else
-				cols_c(y, x, w, n, in, out, c0, c1);
-		}
+		if (c0 < c1)
+			cols_isa(isa, y, x, w, n, in, out, c0, c1);
 	}
 }

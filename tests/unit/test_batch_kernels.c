@@ -10,6 +10,10 @@
  *    element bit for bit the lanes and tree the kernel's comment promises.
  *  - kvmem_attention_batch: each sequence (its own view, length, stride)
  *    equals kvmem_attention over it alone.
+ *  - kvmem_pool_run, which runs a batched decode step's matmuls and
+ *    attention: every chunk exactly once (also with callers on several
+ *    threads at once and inside OpenMP regions), on a worker as well as
+ *    the caller at 2 threads, on the caller alone at 1.
  *  - kvmem_forward_batch: sequences of different view lengths, prefill
  *    chunks beside one-token steps, some wanting every row's logits and
  *    queries: logits, raw rows, queries and the views themselves equal
@@ -24,9 +28,12 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
@@ -252,6 +259,115 @@ static void test_attention_batch_equals_alone(void **state)
 	}
 }
 
+/* ---- the kernels' pool ---------------------------------------------------- */
+
+struct pool_count {
+	atomic_int *ran;	/* [n] times chunk c ran */
+	atomic_int off_caller;	/* chunks run on another thread than the caller */
+	pthread_t caller;
+	int wait_for_peer;	/* chunk 0 waits (up to 20 ms) for a chunk run elsewhere */
+};
+
+static void count_chunk(void *arg, int c)
+{
+	struct pool_count *p = arg;
+
+	atomic_fetch_add(&p->ran[c], 1);
+	if (!pthread_equal(pthread_self(), p->caller))
+		atomic_fetch_add(&p->off_caller, 1);
+	if (c == 0 && p->wait_for_peer)
+		for (int i = 0; i < 200 && !atomic_load(&p->off_caller); i++)
+			nanosleep(&(struct timespec){ .tv_nsec = 100000 }, NULL);
+}
+
+/* kvmem_pool_run(n) on this thread: each chunk ran once; returns how many
+ * ran on other threads. */
+static int pool_once_each(int n, int wait_for_peer)
+{
+	struct pool_count p = { .caller = pthread_self(), .wait_for_peer = wait_for_peer };
+	int off;
+
+	p.ran = calloc((size_t)(n > 0 ? n : 1), sizeof(*p.ran));
+	assert_non_null(p.ran);
+	kvmem_pool_run(n, count_chunk, &p);
+	for (int c = 0; c < n; c++)
+		if (atomic_load(&p.ran[c]) != 1)
+			fail_msg("pool job of %d chunks: chunk %d ran %d times", n, c,
+				 atomic_load(&p.ran[c]));
+	off = atomic_load(&p.off_caller);
+	free(p.ran);
+	return off;
+}
+
+static void *pool_caller(void *arg)
+{
+	uint64_t r = *(uint64_t *)arg;
+
+	for (int i = 0; i < 300; i++)
+		pool_once_each(test_rng_int(&r, 0, 200), 0);
+	return NULL;
+}
+
+static void test_pool_each_chunk_once(void **state)
+{
+	static const int sizes[] = { 0, 1, 2, 3, 7, 64, 1000, 5000 };
+	uint64_t r = rng_for("pool"), seeds[3];
+	int saved = omp_get_max_threads();
+	pthread_t t[3];
+
+	(void)state;
+	for (int threads = 1; threads <= 3; threads++) {
+		omp_set_num_threads(threads);
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+			for (int k = 0; k < 20; k++) {
+				int off = pool_once_each(sizes[i], 0);
+
+				if (threads == 1 && off)
+					fail_msg("1 thread: %d chunks of %d ran off the caller", off,
+						 sizes[i]);
+			}
+	}
+	omp_set_num_threads(saved > 1 ? saved : 2);
+	/* Callers on several threads at once: one has the pool, the others
+	 * run their own chunks; nothing is lost or run twice. */
+	for (int i = 0; i < 3; i++) {
+		seeds[i] = test_rng_next(&r);
+		assert_int_equal(pthread_create(&t[i], NULL, pool_caller, &seeds[i]), 0);
+	}
+	pool_caller(&(uint64_t){ test_rng_next(&r) });
+	for (int i = 0; i < 3; i++)
+		pthread_join(t[i], NULL);
+	/* Inside an OpenMP region each thread's job stays on that thread. */
+	#pragma omp parallel num_threads(2)
+	{
+		int off = pool_once_each(100, 0);
+
+		if (off)
+			fail_msg("inside an OpenMP region %d chunks ran off their caller", off);
+	}
+	omp_set_num_threads(saved);
+}
+
+/* At 2 threads a worker takes chunks: the caller's first chunk waits for
+ * one to run elsewhere. Tried again for up to 10 s, since a caller that
+ * found its worker descheduled runs alone for a while (up to 64 ms). */
+static void test_pool_worker_takes_chunks(void **state)
+{
+	int saved = omp_get_max_threads(), off = 0;
+	struct timespec t0, t;
+
+	(void)state;
+	omp_set_num_threads(2);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		off = pool_once_each(64, 1);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while (!off && t.tv_sec - t0.tv_sec < 10);
+	omp_set_num_threads(saved);
+	if (!off)
+		fail_msg("no pool worker took a chunk in 10 s at 2 threads");
+}
+
 /* ---- the engine's batched forward ---------------------------------------- */
 
 struct seq_case {
@@ -416,6 +532,8 @@ int main(void)
 		cmocka_unit_test(test_matmul_rows_invariant),
 		cmocka_unit_test(test_matmul_arithmetic_exact),
 		cmocka_unit_test(test_attention_batch_equals_alone),
+		cmocka_unit_test(test_pool_each_chunk_once),
+		cmocka_unit_test(test_pool_worker_takes_chunks),
 		cmocka_unit_test(test_forward_batch_equals_alone),
 	};
 
