@@ -3,7 +3,8 @@
 # greedy steps. Every row says the batch drew the loop's tokens (batch
 # invariance; the command fails when it does not), the rates are positive,
 # --json gives one object per session count with the batched step split
-# into forward and host time, bad options are refused.
+# into forward and host time, --no-loop leaves the loop out, bad options
+# are refused.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no $KVMEM"; exit 77; }
@@ -36,6 +37,24 @@ assert r["batch_forward_ms"] > 0 and r["batch_forward_ms"] <= r["batch_step_ms"]
 assert abs(r["batch_forward_ms"] + r["batch_host_ms"] - r["batch_step_ms"]) < 0.01, r
 assert r["batch_store_ms"] + r["batch_writer_wait_ms"] <= r["batch_host_ms"] + 0.01, r
 ' || fail "bad JSON: $out"
+
+# --no-loop: the batch and the lone session only; the loop's figures are
+# null, the batch's first session drew the lone session's tokens.
+out=$("$KVMEM" bench batch --backend cpu --sessions 3 --context 40 --tokens 3 --chunk 16 \
+	--budget 48 --no-loop --json 2>"$tmp/err")
+rc=$?
+[ $rc -eq 0 ] || fail "--no-loop run failed (exit $rc): $(cat "$tmp/err")"
+echo "$out" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.readline())
+assert r["sessions"] == 3 and r["same_tokens"] is True, r
+assert r["loop_tokens_per_s"] is None and r["median_loop_tokens_per_s"] is None, r
+assert r["prefill_loop_tokens_per_s"] is None, r
+assert r["batch_tokens_per_s"] > 0 and r["median_alone_tokens_per_s"] > 0, r
+' || fail "bad --no-loop JSON: $out"
+out=$("$KVMEM" bench batch --backend cpu --sessions 2 --context 24 --tokens 2 --no-loop 2>&1) ||
+	fail "--no-loop table run failed: $out"
+echo "$out" | grep -qE '^2 +[0-9.]+ +- ' || fail "--no-loop table has a loop rate: $out"
 
 for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset nosuch" "--nope"; do
 	# shellcheck disable=SC2086
