@@ -674,6 +674,24 @@ def build_model(args, vocab, window, c):
     return model, transformers.__version__
 
 
+def init_from(model, path):
+    """Start from a trained model's weights (a directory train.py exported:
+    config.json + model.safetensors), for fine-tuning; its shape must be
+    the one the flags build."""
+    from transformers import Qwen3ForCausalLM
+    try:
+        src = Qwen3ForCausalLM.from_pretrained(path)  # copied into the fp32 parameters below
+    except Exception as e:  # noqa: BLE001 - say which directory and why
+        die(f"--init {path}: cannot load a Qwen3 model: {e}")
+    want, have = model.state_dict(), src.state_dict()
+    bad = [k for k in want if k not in have or have[k].shape != want[k].shape]
+    if bad:
+        die(f"--init {path}: not the model these flags build ({len(bad)} tensors differ, "
+            f"first {bad[0]}): pass its --layers/--hidden/... ")
+    model.load_state_dict({k: have[k] for k in want})
+    log(f"model: weights from {path} ({len(want)} tensors)")
+
+
 def effective_theta(cfg):
     rp = getattr(cfg, "rope_parameters", None)
     if isinstance(rp, dict):
@@ -989,6 +1007,8 @@ def parse_args(argv):
     ap.add_argument("--attn", default="sdpa")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
     ap.add_argument("--seed", type=int, default=1234, help="torch seed (init, batch order)")
+    ap.add_argument("--init", metavar="DIR",
+                    help="start from this exported model's weights (fine-tuning) instead of random ones")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args(argv)
     if not args.self_test and (not args.data or not args.out):
@@ -1042,6 +1062,8 @@ def main(argv):
     log(f"data: on {device} in {time.time() - t0:.1f} s")
 
     model, tf_version = build_model(args, c.vocab, L, c)
+    if args.init:
+        init_from(model, args.init)
     model.to(device)
     n_params = count_params(model)
     log(f"model: Qwen3 {args.layers} layers, hidden {args.hidden}, {args.heads} heads / "
