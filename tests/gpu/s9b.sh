@@ -1,18 +1,20 @@
 #!/bin/bash
 # On the GPU machine (issues #27 and #26, 2026-12-03):
 #
-#   1. decode attention over fp8 K/V reading its mma operands from the raw
-#      bytes into registers (no bf16 tile, five stages): --fp8 --bench (the
+#   1. decode attention over fp8 K/V (measured with a form that read its mma
+#      operands from the raw bytes into registers, five stages and no bf16
+#      tile: slower, 0.57 of bf16 at 32K keys, and not kept): --fp8 --bench (the
 #      twins, the fp8 decode's bits against bf16 over the dequantised view,
 #      decode at 32K / 128K keys fp8 beside bf16), --attn-decode and
 #      --attn-batch (the bf16 kernels share the code), test_fp8_session and
 #      test_ws_batch on cuda, the session's warm step and decode at a 32K
 #      view, bf16 then fp8;
 #   2. the issue's 32K-token conversations: kvmem bench batch with
-#      histories of 16K-45K tokens (--context 32k) and a 4096-token view
+#      histories of 16K-36K tokens (--context 32k) and a 4096-token view
 #      budget, 16 conversations beside one; and 64 beside one at --context
 #      8k (64 x 32K tokens of bf16 KV, 302 GB, do not fit the GPU and the
-#      host together).
+#      host together). Both were killed with the loop's second set of
+#      sessions (twice the memory); bench batch --no-loop came after.
 #
 #   tests/gpu/s9b.sh OUTDIR [SECONDS]      (default 500; logs in OUTDIR/s9b)
 set -u
