@@ -421,14 +421,7 @@ def paged_losses(model, pb, c, answer_weight, head_dim, theta, chunk):
     question token is predicted from the cache's last slot, which has no
     logits here, so the targets are q[:, 1:]."""
     logits = paged_forward(model, pb, head_dim, theta, chunk)[:, :-1]
-    x = pb.q
-    tgt = x[:, 1:]
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                         reduction="none").view(tgt.shape)
-    lm = tgt != c.pad
-    ans = answer_mask(x, c)
-    lm_loss = (ce * lm).sum() / lm.sum().clamp(min=1)
-    ans_loss = (ce * ans).sum() / ans.sum().clamp(min=1)
+    lm_loss, ans_loss, ans = lm_answer_losses(logits, pb.q, c)
     return lm_loss + answer_weight * ans_loss, lm_loss, ans_loss, logits, ans
 
 
@@ -721,23 +714,31 @@ def lr_at(args, step, progress):
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def losses(model, x, c, answer_weight, meank=None):
-    """Mean CE over non-pad targets, mean CE over answer targets, their sum,
-    and what accuracy needs. meank: (weight, the model's modules, RoPE-mean
-    coefficients) adds the Mean-K loss; it is then returned last, with its
-    hit rate, as (loss, hit, questions) or None."""
-    inp, tgt = x[:, :-1], x[:, 1:]
-    if meank is not None:
-        out = model(input_ids=inp, use_cache=False, output_hidden_states=True)
-        logits = out.logits
-    else:
-        logits = model(input_ids=inp, use_cache=False).logits
+def lm_answer_losses(logits, x, c):
+    """The mean cross-entropy of logits [B, T-1, V] against x[:, 1:] over the
+    non-pad targets and over the answer tokens, and the answer mask."""
+    tgt = x[:, 1:]
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                          reduction="none").view(tgt.shape)
     lm = tgt != c.pad
     ans = answer_mask(x, c)
     lm_loss = (ce * lm).sum() / lm.sum().clamp(min=1)
     ans_loss = (ce * ans).sum() / ans.sum().clamp(min=1)
+    return lm_loss, ans_loss, ans
+
+
+def losses(model, x, c, answer_weight, meank=None):
+    """Mean CE over non-pad targets, mean CE over answer targets, their sum,
+    and what accuracy needs. meank: (weight, the model's modules, RoPE-mean
+    coefficients) adds the Mean-K loss; it is then returned last, with its
+    hit rate, as (loss, hit, questions) or None."""
+    inp = x[:, :-1]
+    if meank is not None:
+        out = model(input_ids=inp, use_cache=False, output_hidden_states=True)
+        logits = out.logits
+    else:
+        logits = model(input_ids=inp, use_cache=False).logits
+    lm_loss, ans_loss, ans = lm_answer_losses(logits, x, c)
     total = lm_loss + answer_weight * ans_loss
     if meank is None:
         return total, lm_loss, ans_loss, logits, ans
