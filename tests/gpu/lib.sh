@@ -165,6 +165,21 @@ gpu_unit() { # test name, seconds, [VAR=VALUE]
 	fi
 }
 
+gpu_step32k() { # log name, dtype: the session's warm step and decode at a 32K view (needs $tmp)
+	mkdir -p "$tmp/b"
+	echo "== kvmem bench step --kv-dtype $2 --only step,decode (32K view)"
+	if timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype "$2" \
+		--only step,decode --tokens 49152 --view 32768 --steps 2 --decode 32 \
+		--tiers warm --dir "$tmp/b" >"$log/$1.log" 2>&1; then
+		ok "bench step step,decode, $2"
+	else
+		bad "bench step step,decode, $2"
+		tail -5 "$log/$1.log"
+	fi
+	rm -rf "$tmp/b"
+	grep -E 'median step|decode in a|per token:' "$log/$1.log" | cut -c1-300
+}
+
 gpu_done() {
 	echo "logs: $log; $(($(date +%s) - t0)) s"
 	echo "$pass passed, $fail failed"

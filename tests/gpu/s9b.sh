@@ -41,22 +41,8 @@ done
 gpu_unit test_fp8_session 25
 gpu_unit test_ws_batch 40 KVMEM_CUDA_GEMM_TC=1
 
-step32k() {	# log name, dtype
-	mkdir -p "$tmp/b"
-	echo "== kvmem bench step --kv-dtype $2 --only step,decode (32K view)"
-	if timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype "$2" \
-		--only step,decode --tokens 49152 --view 32768 --steps 2 --decode 32 \
-		--tiers warm --dir "$tmp/b" >"$log/$1.log" 2>&1; then
-		ok "bench step step,decode, $2"
-	else
-		bad "bench step step,decode, $2"
-		tail -5 "$log/$1.log"
-	fi
-	rm -rf "$tmp/b"
-	grep -E 'median step|decode in a|per token:' "$log/$1.log" | cut -c1-300
-}
-step32k step_bf16 bf16
-step32k step_fp8 fp8
+gpu_step32k step_bf16 bf16
+gpu_step32k step_fp8 fp8
 
 batch() {	# log name, seconds, bench batch arguments
 	local name=$1 secs=$2
