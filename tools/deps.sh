@@ -34,6 +34,9 @@ command -v npm >/dev/null 2>&1 || PKGS="$PKGS npm"
 # library itself is opened at first use), a monitor and an OSD (Ceph 16),
 # uuidgen. Best effort: without them the RADOS tests say "skipped".
 CEPH_PKGS="librados-dev ceph-mon ceph-osd uuid-runtime"
+# train.py's self-test of the paged training path (tests/cli/test_train_paged.sh):
+# Debian's CPU PyTorch. Best effort as well: without it that test says "skipped".
+CEPH_PKGS="$CEPH_PKGS python3-torch python3-numpy"
 missing_of() {
 	for p in "$@"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
@@ -54,5 +57,5 @@ fi
 if [ -n "$missing_ceph" ]; then
 	echo "kvmem: installing missing Debian packages:$missing_ceph"
 	$SUDO apt-get install -y -qq --no-install-recommends $missing_ceph ||
-		echo "kvmem: warning: could not install$missing_ceph: the RADOS tests will be skipped"
+		echo "kvmem: warning: could not install$missing_ceph: the RADOS (or train.py) tests will be skipped"
 fi
