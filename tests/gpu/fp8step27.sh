@@ -37,30 +37,10 @@ rc=$?
 grep -E '^(rematerial|decode attention|FAIL)|passed' "$log/fp8_check.log"
 count "$log/fp8_check.log" $rc
 
-# The session's warm step and decode at a 32K view, one dtype: log name,
-# dtype, then env assignments for the run (may be none).
-step32k() {
-	local name=$1 dt=$2 rc
-	shift 2
-	mkdir -p "$tmp/b"
-	echo "== ${*:+$* }kvmem bench step --kv-dtype $dt --only step,decode (32K view)"
-	env "$@" timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype "$dt" \
-		--only step,decode --tokens 49152 --view 32768 --steps 2 --decode 32 \
-		--tiers warm --dir "$tmp/b" >"$log/$name.log" 2>&1
-	rc=$?
-	if [ $rc -eq 0 ]; then
-		ok "bench step step,decode, $dt${*:+, $*}"
-	else
-		bad "bench step step,decode, $dt${*:+, $*} (exit $rc)"
-		tail -5 "$log/$name.log"
-	fi
-	rm -rf "$tmp/b"
-	grep -E 'median step|decode in a|per token:|prefilling' "$log/$name.log" | cut -c1-400
-}
-step32k step_bf16 bf16
-step32k step_fp8 fp8
+gpu_step32k step_bf16 bf16
+gpu_step32k step_fp8 fp8
 # a decode graph that cannot be captured is then an error, not plain launches
-step32k graph_fp8 fp8 KVMEM_CUDA_GRAPH=2
+gpu_step32k graph_fp8 fp8 KVMEM_CUDA_GRAPH=2
 [ "${COLDIN:-1}" = 0 ] && { gpu_done; exit; }
 
 mkdir -p "$tmp/c"

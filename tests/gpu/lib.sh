@@ -165,19 +165,26 @@ gpu_unit() { # test name, seconds, [VAR=VALUE]
 	fi
 }
 
-gpu_step32k() { # log name, dtype: the session's warm step and decode at a 32K view (needs $tmp)
+# The session's warm step and decode at a 32K view, one dtype: log name,
+# dtype, then env assignments for the run (may be none). Needs $tmp.
+gpu_step32k() {
+	local name=$1 dt=$2 rc
+	shift 2
 	mkdir -p "$tmp/b"
-	echo "== kvmem bench step --kv-dtype $2 --only step,decode (32K view)"
-	if timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype "$2" \
+	echo "== ${*:+$* }kvmem bench step --kv-dtype $dt --only step,decode (32K view)"
+	env "$@" timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype "$dt" \
 		--only step,decode --tokens 49152 --view 32768 --steps 2 --decode 32 \
-		--tiers warm --dir "$tmp/b" >"$log/$1.log" 2>&1; then
-		ok "bench step step,decode, $2"
+		--tiers warm --dir "$tmp/b" >"$log/$name.log" 2>&1
+	rc=$?
+	if [ $rc -eq 0 ]; then
+		ok "bench step step,decode, $dt${*:+, $*}"
 	else
-		bad "bench step step,decode, $2"
-		tail -5 "$log/$1.log"
+		bad "bench step step,decode, $dt${*:+, $*} (exit $rc)"
+		tail -5 "$log/$name.log"
 	fi
 	rm -rf "$tmp/b"
-	grep -E 'median step|decode in a|per token:' "$log/$1.log" | cut -c1-300
+	grep -E 'median step|decode in a|per token:|prefilling' "$log/$name.log" | cut -c1-400
+	return $rc
 }
 
 gpu_done() {
