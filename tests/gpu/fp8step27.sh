@@ -31,11 +31,7 @@ export KVMEM_CEILINGS_HELD=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-echo "== kvmem_gpu_check --fp8 --bench"
-timeout "$(gpu_left 35)" "$G" --fp8 --bench >"$log/fp8_check.log" 2>&1
-rc=$?
-grep -E '^(rematerial|decode attention|FAIL)|passed' "$log/fp8_check.log"
-count "$log/fp8_check.log" $rc
+gpu_fp8_bench 35
 
 gpu_step32k step_bf16 bf16
 gpu_step32k step_fp8 fp8

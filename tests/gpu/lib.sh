@@ -187,6 +187,35 @@ gpu_step32k() {
 	return $rc
 }
 
+# kvmem_gpu_check --fp8 --bench within SECONDS: the fp8 kernels against
+# their twins, then fp8 beside bf16 (decode attention, rematerialisation).
+gpu_fp8_bench() { # seconds
+	local rc
+	echo "== kvmem_gpu_check --fp8 --bench"
+	timeout "$(gpu_left "$1")" "$G" --fp8 --bench >"$log/fp8_check.log" 2>&1
+	rc=$?
+	grep -E '^(rematerial|decode attention|FAIL)|passed' "$log/fp8_check.log"
+	count "$log/fp8_check.log" $rc
+}
+
+# kvmem bench batch on cuda at the 8B geometry with the tensor-core GEMM, its
+# JSON in LOG.json: log name, seconds, then bench batch's arguments.
+gpu_batch() {
+	local name=$1 secs=$2
+	shift 2
+	echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench batch $*"
+	if KVMEM_CUDA_GEMM_TC=1 timeout "$(gpu_left "$secs")" "$K" bench batch --backend cuda \
+		--preset 8b --json "$@" >"$log/$name.json" 2>"$log/$name.err"; then
+		ok "bench batch $*"
+	else
+		bad "bench batch $* (exit $?)"
+		tail -3 "$log/$name.err"
+	fi
+	grep -o '"sessions": *[0-9]*\|"median_batch_tokens_per_s": *[0-9.]*\|"median_alone_tokens_per_s": *[0-9.]*' \
+		"$log/$name.json" | tr '\n' ' '
+	echo
+}
+
 gpu_done() {
 	echo "logs: $log; $(($(date +%s) - t0)) s"
 	echo "$pass passed, $fail failed"

@@ -27,11 +27,7 @@ gpu_need "$K"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-echo "== kvmem_gpu_check --fp8 --bench"
-timeout "$(gpu_left 40)" "$G" --fp8 --bench >"$log/fp8_check.log" 2>&1
-rc=$?
-grep -E '^(rematerial|decode attention|FAIL)|passed' "$log/fp8_check.log"
-count "$log/fp8_check.log" $rc
+gpu_fp8_bench 40
 for opt in attn-decode attn-batch; do
 	timeout "$(gpu_left 40)" "$G" "--$opt" >"$log/$opt.log" 2>&1
 	rc=$?
@@ -44,21 +40,6 @@ gpu_unit test_ws_batch 40 KVMEM_CUDA_GEMM_TC=1
 gpu_step32k step_bf16 bf16
 gpu_step32k step_fp8 fp8
 
-batch() {	# log name, seconds, bench batch arguments
-	local name=$1 secs=$2
-	shift 2
-	echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench batch $*"
-	if KVMEM_CUDA_GEMM_TC=1 timeout "$(gpu_left "$secs")" "$K" bench batch --backend cuda \
-		--preset 8b --json "$@" >"$log/$name.json" 2>"$log/$name.err"; then
-		ok "bench batch $*"
-	else
-		bad "bench batch $* (exit $?)"
-		tail -3 "$log/$name.err"
-	fi
-	grep -o '"sessions": *[0-9]*\|"median_batch_tokens_per_s": *[0-9.]*\|"median_alone_tokens_per_s": *[0-9.]*\|"batch_over_alone[a-z_]*": *[0-9.]*' \
-		"$log/$name.json" | tr '\n' ' '
-	echo
-}
-batch batch32k 200 --context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16
-batch batch8k64 150 --context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64
+gpu_batch batch32k 200 --context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16
+gpu_batch batch8k64 150 --context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64
 gpu_done
