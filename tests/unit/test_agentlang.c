@@ -753,6 +753,8 @@ static void check_pages(const int32_t *seq, const agentlang_pages *pg, int L)
 
 	assert_non_null(ws);
 	assert_int_equal(pg->ws_tokens, ws->n_ids);
+	assert_true(pg->n_view > 0 && pg->n_view < L);
+	assert_int_equal(seq[pg->n_view], AGENTLANG_Q);	/* a question follows the view */
 	for (int i = 0; i < pg->n_view; i++) {
 		int w = pg->win[i];
 

@@ -417,7 +417,10 @@ static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang
 		for (int64_t i = 0; i < ws.n_ids; i++)
 			if (keep[i])
 				out[n++] = ws.ids[i];
-		if (pg && is_paged(seed, index, vo->paged) &&
+		/* A view that kept no question's needle asks nothing: its pages
+		 * would teach nothing and its record would have no question after
+		 * the view, so it stays a plain view sequence. */
+		if (pg && n_asked > 0 && is_paged(seed, index, vo->paged) &&
 		    build_pages(&ws, keep, vo->window > 0 ? vo->window : L, pg)) {
 			free(keep);
 			agentlang_transcript_free(&ws);
