@@ -706,6 +706,23 @@ static void test_corpus_file(void **state)
 	fclose(f1);
 	fclose(f2);
 	assert_memory_equal(a, b, bytes);	/* thread count does not matter */
+	/* A version-3 header (128 bytes) still reads; version 4 needs its 160. */
+	uint8_t v3[AGENTLANG_CORPUS_HEADER_V3];
+	memcpy(v3, a, sizeof(v3));
+	v3[8] = 3;
+	v3[12] = AGENTLANG_CORPUS_HEADER_V3;
+	f1 = fopen(p2, "wb");
+	assert_non_null(f1);
+	assert_int_equal(fwrite(v3, 1, sizeof(v3), f1), sizeof(v3));
+	fclose(f1);
+	assert_int_equal(agentlang_corpus_read_header(p2, &h), 0);
+	assert_true(h.version == 3 && h.n_seqs == 18 && h.n_whole == 0 && h.whole_permille == 0);
+	v3[8] = 4;
+	f1 = fopen(p2, "wb");
+	assert_non_null(f1);
+	assert_int_equal(fwrite(v3, 1, sizeof(v3), f1), sizeof(v3));
+	fclose(f1);
+	assert_true(agentlang_corpus_read_header(p2, &h) < 0);
 	int32_t seq[512];
 	for (int s = 0; s < 18; s += 5) {
 		assert_int_equal(agentlang_train_seq(o.seed, (uint64_t)s, 512, 0.5, seq, NULL), 0);

@@ -802,6 +802,16 @@ def self_test(data=None):
         check("a paged batch's slots hold the view's tokens", ok)
         if cor.version >= 4:
             check(f"{data} has whole paged sequences", cor.n_whole > 0, f"{cor.n_whole}")
+            # version 3 is still read: the same corpus written as version 3
+            import tempfile
+            with tempfile.TemporaryDirectory() as td:
+                old = Corpus(_write_v3(cor, os.path.join(td, "v3.bin")))
+                ok = old.version == 3 and old.n_paged == cor.n_paged and old.n_whole == 0
+                for k in range(min(cor.n_paged, 16)):
+                    a, b = cor.page_record(k), old.page_record(k)
+                    ok &= a[:2] == b[:2] and all((x == y).all() for x, y in zip(a[2:], b[2:]))
+                    ok &= old.page_info(k)[1] is None
+                check("a version-3 corpus reads as before (no needles, nothing whole)", ok)
         whole_self_test(check, cor)
     else:
         whole_self_test(check)
@@ -980,6 +990,29 @@ def _tile(N, W):
         ends.append(min(N, W + k * half))
     ends = np.array(ends, dtype=np.int64)
     return np.maximum(ends - W, 0), ends
+
+
+def _write_v3(cor, path):
+    """cor (version 4, paged) written as version 3: a 128-byte header,
+    records without flags and needles."""
+    raw = bytes(cor.raw)
+    ids_end = cor.header + cor.n_seqs * cor.seq_len * cor.id_bytes
+    h = bytearray(raw[:128])
+    struct.pack_into("<II", h, 8, 3, 128)
+    body, index = bytearray(), []
+    at = 128 + cor.n_seqs * cor.seq_len * cor.id_bytes
+    for k in range(cor.n_paged):
+        off = int(cor.paged_offsets[k])
+        end = int(cor.paged_offsets[k + 1]) if k + 1 < cor.n_paged else int(
+            struct.unpack_from("<Q", raw, 120)[0])
+        nq = struct.unpack_from("<I", raw, off + 20)[0]
+        rec = raw[off:off + 16] + raw[off + 32 + 4 * nq:end]
+        index.append(struct.pack("<QQ", int(cor.paged_seqs[k]), at + len(body)))
+        body += rec
+    struct.pack_into("<Q", h, 120, at + len(body))
+    with open(path, "wb") as f:
+        f.write(bytes(h) + raw[cor.header:ids_end] + bytes(body) + b"".join(index))
+    return path
 
 
 class _ToyWhole:
