@@ -689,7 +689,7 @@ static void test_corpus_file(void **state)
 	assert_int_equal(h.vocab_hash, agentlang_vocab_hash());
 	assert_int_equal(h.seed, o.seed);
 	assert_int_equal(h.view_permille, 500);
-	assert_int_equal(h.version, 3);
+	assert_int_equal(h.version, 4);
 	assert_int_equal(h.n_paged, 0);
 	assert_int_equal(h.paged_index, 0);
 	assert_string_equal(h.view_policy, "");
@@ -706,6 +706,23 @@ static void test_corpus_file(void **state)
 	fclose(f1);
 	fclose(f2);
 	assert_memory_equal(a, b, bytes);	/* thread count does not matter */
+	/* A version-3 header (128 bytes) still reads; version 4 needs its 160. */
+	uint8_t v3[AGENTLANG_CORPUS_HEADER_V3];
+	memcpy(v3, a, sizeof(v3));
+	v3[8] = 3;
+	v3[12] = AGENTLANG_CORPUS_HEADER_V3;
+	f1 = fopen(p2, "wb");
+	assert_non_null(f1);
+	assert_int_equal(fwrite(v3, 1, sizeof(v3), f1), sizeof(v3));
+	fclose(f1);
+	assert_int_equal(agentlang_corpus_read_header(p2, &h), 0);
+	assert_true(h.version == 3 && h.n_seqs == 18 && h.n_whole == 0 && h.whole_permille == 0);
+	v3[8] = 4;
+	f1 = fopen(p2, "wb");
+	assert_non_null(f1);
+	assert_int_equal(fwrite(v3, 1, sizeof(v3), f1), sizeof(v3));
+	fclose(f1);
+	assert_true(agentlang_corpus_read_header(p2, &h) < 0);
 	int32_t seq[512];
 	for (int s = 0; s < 18; s += 5) {
 		assert_int_equal(agentlang_train_seq(o.seed, (uint64_t)s, 512, 0.5, seq, NULL), 0);
@@ -755,6 +772,25 @@ static void check_pages(const int32_t *seq, const agentlang_pages *pg, int L)
 	assert_int_equal(pg->ws_tokens, ws->n_ids);
 	assert_true(pg->n_view > 0 && pg->n_view < L);
 	assert_int_equal(seq[pg->n_view], AGENTLANG_Q);	/* a question follows the view */
+	/* The i-th question after the view asks about the fact line whose '='
+	 * is at needle[i]: the same file and key before it. */
+	int at = pg->n_view;
+	assert_true(pg->n_q > 0 && pg->n_q <= 64);
+	for (int i = 0; i < pg->n_q; i++) {
+		int eq = at;
+
+		assert_true(at < L && seq[at] == AGENTLANG_Q);
+		while (seq[eq] != AGENTLANG_A)
+			eq++;
+		assert_true(pg->needle[i] >= eq - at && pg->needle[i] < ws->n_ids);
+		assert_int_equal(ws->ids[pg->needle[i]], AGENTLANG_A);
+		for (int j = 1; j < eq - at; j++)
+			assert_int_equal(ws->ids[pg->needle[i] - (eq - at) + j], seq[at + j]);
+		while (seq[at] != AGENTLANG_NL)
+			at++;
+		at++;
+	}
+	assert_true(at >= L || seq[at] != AGENTLANG_Q);	/* no question left unlabelled */
 	for (int i = 0; i < pg->n_view; i++) {
 		int w = pg->win[i];
 
@@ -770,15 +806,28 @@ static void check_pages(const int32_t *seq, const agentlang_pages *pg, int L)
 	}
 	for (int w = 0; w < pg->n_windows; w++) {
 		int64_t a = pg->win_start[w], e = pg->win_end[w], last = -1;
+		int64_t owned = w ? pg->win_end[w - 1] : 0;
 
 		assert_true(a >= 0 && e > a && e - a <= W && e <= ws->n_ids);
 		assert_true(w == 0 || e > pg->win_end[w - 1]);
 		for (int i = 0; i < pg->n_view; i++)
 			if (pg->win[i] == w)
 				last = pg->pos[i];
-		if (last != e - 1)
+		if (pg->whole) {
+			/* The windows tile the workspace: each owns [owned, e), with at
+			 * least half a window of context for each token it owns, and a
+			 * kept token sits in its owner. */
+			assert_true(a <= owned && (a == 0 || owned - a >= W / 2));
+			assert_true(w + 1 < pg->n_windows || e == ws->n_ids);
+			assert_true(w > 0 || (a == 0 && e == (ws->n_ids < W ? ws->n_ids : W)));
+			assert_true(w == 0 || e - owned == W / 2 || e == ws->n_ids);
+			for (int i = 0; i < pg->n_view; i++)
+				if (pg->pos[i] >= owned && pg->pos[i] < e)
+					assert_int_equal(pg->win[i], w);
+		} else if (last != e - 1) {
 			fail_msg("window %d ends at %lld, its last kept token is at %lld", w, (long long)e,
 				 (long long)last);
+		}
 		assert_memory_equal(pg->ids + (size_t)w * W, ws->ids + a, (size_t)(e - a) * sizeof(int32_t));
 		for (int64_t i = e - a; i < W; i++)
 			assert_int_equal(pg->ids[(size_t)w * W + i], AGENTLANG_PAD);
@@ -852,6 +901,58 @@ static void test_paged_sequences(void **state)
 	free(b);
 }
 
+/*
+ * Whole paged sequences: the same ids and the same kept tokens as paged
+ * ones; their windows tile the workspace (check_pages); only workspaces of
+ * at least whole_min_ratio windows are whole; a window not divisible by 64
+ * is refused.
+ */
+static void test_whole_pages(void **state)
+{
+	const int L = 512;
+	int32_t *a = malloc(sizeof(*a) * L), *b = malloc(sizeof(*b) * L);
+	agentlang_view_opts paged = { .policy = "lexical", .max_ratio = 64, .stale = 0.6,
+				      .paged = 1.0, .window = 256 };
+	agentlang_view_opts whole = paged;
+	agentlang_pages p1 = { .want_workspace = 1 }, p2 = { .want_workspace = 1 };
+	int n_whole = 0, n_part = 0;
+
+	assert_true(a && b);
+	whole.whole = 1.0;
+	for (int r = 0; r < 120 && n_whole < 6; r++) {
+		uint64_t s = rnd() % 1000000, i = rnd() % 100000;
+
+		whole.whole_min_ratio = r % 3 ? 16 : 32;
+		assert_int_equal(agentlang_train_seq_paged(s, i, L, 1.0, &paged, a, NULL, &p1), 0);
+		assert_int_equal(agentlang_train_seq_paged(s, i, L, 1.0, &whole, b, NULL, &p2), 0);
+		assert_memory_equal(a, b, sizeof(*a) * L);
+		assert_int_equal(p1.n_view, p2.n_view);
+		assert_int_equal(p1.n_q, p2.n_q);
+		if (p2.n_view) {
+			assert_memory_equal(p1.pos, p2.pos, sizeof(*p1.pos) * (size_t)p1.n_view);
+			assert_memory_equal(p1.needle, p2.needle, sizeof(*p1.needle) * (size_t)p1.n_q);
+			/* a workspace of ratio r windows is about r * L tokens */
+			assert_int_equal(p2.whole,
+					 p2.ws_tokens >= (int64_t)L * whole.whole_min_ratio * 3 / 4);
+			assert_int_equal(p1.whole, 0);
+			check_pages(b, &p2, L);
+			n_whole += p2.whole;
+			n_part += !p2.whole;
+			/* 2N / W windows, not one a run of kept blocks */
+			if (p2.whole)
+				assert_int_equal(p2.n_windows, 1 + (p2.ws_tokens - 256 + 127) / 128);
+		}
+		agentlang_pages_free(&p1);
+		agentlang_pages_free(&p2);
+	}
+	assert_true(n_whole > 0 && n_part > 0);
+	whole.window = 288;	/* even, but halves of 144 cut blocks */
+	assert_true(agentlang_train_seq_paged(7, 0, L, 1.0, &whole, b, NULL, &p2) < 0);
+	agentlang_pages_free(&p2);
+	free(a);
+	free(b);
+}
+
 static uint32_t rd32(const uint8_t *p)
 {
 	return p[0] | p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -874,6 +975,7 @@ static void test_paged_corpus(void **state)
 	agentlang_corpus_header h;
 	agentlang_pages pg = { 0 };
 	int32_t seq[512];
+	uint32_t n_whole = 0;
 
 	assert_true(fd1 >= 0 && fd2 >= 0);
 	close(fd1);
@@ -882,9 +984,13 @@ static void test_paged_corpus(void **state)
 	assert_int_equal(agentlang_corpus_write(p2, &o), 0);
 	o.view.paged = 0.6;
 	o.view.window = W;
+	o.view.whole = 0.5;
+	o.view.whole_min_ratio = 2;	/* the API takes any ratio; the CLI 16, 32, 64 */
 	assert_int_equal(agentlang_corpus_write(p1, &o), 0);
 	assert_int_equal(agentlang_corpus_read_header(p1, &h), 0);
-	assert_int_equal(h.version, 3);
+	assert_int_equal(h.whole_permille, 500);
+	assert_int_equal(h.whole_min_ratio, 2);
+	assert_int_equal(h.version, 4);
 	assert_int_equal(h.paged_permille, 600);
 	assert_int_equal(h.window, W);
 	assert_true(h.n_paged > 0 && h.n_paged < 40);
@@ -921,7 +1027,14 @@ static void test_paged_corpus(void **state)
 		assert_int_equal(nw, pg.n_windows);
 		assert_int_equal(rd32(r + 8), pg.ws_tokens);
 		assert_int_equal(rd32(r + 12), W);
-		r += 16;
+		assert_int_equal(rd32(r + 16), pg.whole);
+		assert_int_equal(rd32(r + 20), pg.n_q);
+		assert_true(rd32(r + 24) == 0 && rd32(r + 28) == 0);
+		n_whole += pg.whole;
+		r += 32;
+		for (int i = 0; i < pg.n_q; i++)
+			assert_int_equal(rd32(r + 4 * i), pg.needle[i]);
+		r += 4 * pg.n_q;
 		for (uint32_t w = 0; w < nw; w++) {
 			assert_int_equal(rd32(r + 4 * w), pg.win_start[w]);
 			assert_int_equal(rd32(r + 4 * (nw + w)), pg.win_end[w]);
@@ -934,10 +1047,12 @@ static void test_paged_corpus(void **state)
 		r += 4 * nve;
 		for (size_t i = 0; i < (size_t)nw * W; i++)
 			assert_int_equal(r[2 * i] | r[2 * i + 1] << 8, pg.ids[i]);
-		next = off + 16 + 8 * nw + 4 * nve + 2 * (uint64_t)nw * W;
+		next = off + 32 + 4 * (uint64_t)pg.n_q + 8 * nw + 4 * nve + 2 * (uint64_t)nw * W;
 		agentlang_pages_free(&pg);
 	}
 	assert_int_equal(next, h.paged_index);
+	assert_int_equal(n_whole, h.n_whole);
+	assert_true(n_whole > 0 && n_whole < h.n_paged);
 	free(a);
 	free(b);
 	unlink(p1);
@@ -1012,6 +1127,7 @@ int main(void)
 		cmocka_unit_test(test_view_policy_sequences),
 		cmocka_unit_test(test_corpus_file),
 		cmocka_unit_test(test_paged_sequences),
+		cmocka_unit_test(test_whole_pages),
 		cmocka_unit_test(test_paged_corpus),
 		cmocka_unit_test(test_exact_match),
 		cmocka_unit_test(test_bad_params),

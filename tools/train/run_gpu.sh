@@ -35,6 +35,16 @@
 # throughout and evaluated from pages too. smoke defaults to
 # VIEW_POLICY=lexical PAGED=0.3, so that it runs the paged path; set them
 # (empty, 0) to smoke the older recipe.
+# The Mean-K loss over a whole workspace's blocks (issue 29, item 2):
+# MEANK_WHOLE (with PAGED: the chance a paged sequence of a workspace of
+# WHOLE_MIN_RATIO windows or more, default 16, is whole: its page windows
+# tile the workspace; 0: none), MEANK_WHOLE_WEIGHT (train.py's
+# --meank-whole-weight; 0: off), MEANK_WHOLE_BATCH (whole workspaces a
+# step, default 2), MEANK_WHOLE_HARD (competing blocks a question whose
+# windows run again with gradients, default 4). With PAGED the held-out
+# policy corpus's workspaces of 16x and more are whole (MEANK_WHOLE_EVAL=0:
+# not), and each evaluation ranks their needle blocks among all their
+# blocks. smoke defaults to MEANK_WHOLE=0.5 MEANK_WHOLE_WEIGHT=0.2.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -48,6 +58,7 @@ case "$MODE" in
 smoke)
 	: "${MINUTES:=0.5}" "${TOKENS:=24M}" "${EVAL_TOKENS:=256k}"
 	: "${VIEW_POLICY=lexical}" "${PAGED=0.3}" "${MAX_RATIO=64}"
+	: "${MEANK_WHOLE=0.5}" "${MEANK_WHOLE_WEIGHT=0.2}"
 	;;
 full) : "${MINUTES:=6.5}" "${TOKENS:=300M}" "${EVAL_TOKENS:=2M}" ;;
 *) fail "usage: tools/train/run_gpu.sh smoke|full" ;;
@@ -57,6 +68,8 @@ esac
 : "${VIEWS:=0.5}" "${VIEW_POLICY:=}" "${MAX_RATIO:=16}" "${STALE:=0}" "${DROP:=0}"
 : "${MEANK_WEIGHT:=0}"
 : "${PAGED:=0}" "${PAGE_WINDOW:=$SEQ_LEN}" "${PAGED_BATCH:=8}" "${PAGED_FROM:=-1}"
+: "${MEANK_WHOLE:=0}" "${WHOLE_MIN_RATIO:=16}" "${MEANK_WHOLE_WEIGHT:=0}"
+: "${MEANK_WHOLE_BATCH:=2}" "${MEANK_WHOLE_HARD:=4}" "${MEANK_WHOLE_EVAL:=1}"
 KVMEM=${KVMEM:-build/static/kvmem}
 
 [ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
@@ -102,6 +115,12 @@ PAGE_OPTS=() EVAL_PAGE_OPTS=()
 if [ "$PAGING" = 1 ]; then
 	PAGE_OPTS=(--page-window "$PAGE_WINDOW" --paged "$PAGED")
 	EVAL_PAGE_OPTS=(--page-window "$PAGE_WINDOW" --paged 1)
+	[ "$MEANK_WHOLE" != 0 ] &&
+		PAGE_OPTS+=(--paged-whole "$MEANK_WHOLE" --whole-min-ratio "$WHOLE_MIN_RATIO")
+	[ "$MEANK_WHOLE_EVAL" != 0 ] && [ $((PAGE_WINDOW % 64)) = 0 ] &&
+		EVAL_PAGE_OPTS+=(--paged-whole 1 --whole-min-ratio 16)
+elif [ "$MEANK_WHOLE" != 0 ]; then
+	fail "MEANK_WHOLE=$MEANK_WHOLE needs PAGED (and VIEW_POLICY)"
 fi
 echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED, views $VIEWS ${VIEW_OPTS[*]} ${PAGE_OPTS[*]+${PAGE_OPTS[*]}}"
 "$KVMEM" synth corpus --tokens "$TOKENS" --seq-len "$SEQ_LEN" --seed "$SEED" \
@@ -136,6 +155,8 @@ python3 tools/train/train.py --data "$WORK/train.bin" \
 	--eval stream="$WORK/eval_stream.bin" --eval view="$WORK/eval_view.bin" \
 	${EVAL_POLICY[@]+"${EVAL_POLICY[@]}"} --meank-weight "$MEANK_WEIGHT" \
 	--paged-batch "$PAGED_BATCH" --paged-from "$PAGED_FROM" \
+	--meank-whole-weight "$MEANK_WHOLE_WEIGHT" --meank-whole-batch "$MEANK_WHOLE_BATCH" \
+	--meank-whole-hard "$MEANK_WHOLE_HARD" \
 	--vocab "$WORK/vocab.tsv" --out "$WORK/model" --minutes "$MINUTES" \
 	--device "$TRAIN_DEVICE" $SMOKE $TRAIN_ARGS ||
 	fail "train.py failed (see above)"

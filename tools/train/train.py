@@ -22,7 +22,7 @@ import struct
 import sys
 import time
 
-HEADERS = {1: 64, 2: 128, 3: 128}  # corpus version -> header bytes (agentlang.h)
+HEADERS = {1: 64, 2: 128, 3: 128, 4: 160}  # corpus version -> header bytes (agentlang.h)
 MAGIC = b"KVMSYN1\0"
 
 
@@ -81,6 +81,12 @@ class Corpus:
         if version >= 3:
             self.paged_permille, self.window, self.n_paged = struct.unpack_from("<III", h, 108)
             (index_at,) = struct.unpack_from("<Q", h, 120)
+        # Version 4: whole paged sequences (their windows tile the workspace)
+        # and each paged question's needle; a record's header is 32 bytes.
+        self.version = version
+        self.whole_permille, self.whole_min_ratio, self.n_whole = 0, 0, 0
+        if version >= 4:
+            self.whole_permille, self.whole_min_ratio, self.n_whole = struct.unpack_from("<III", h, 128)
         want = hdr + self.n_seqs * self.seq_len * self.id_bytes
         if self.n_paged:
             if index_at < want or index_at + 16 * self.n_paged != size:
@@ -99,17 +105,40 @@ class Corpus:
             self.paged_seqs, self.paged_offsets = ix[:, 0], ix[:, 1]
             if (np.diff(self.paged_seqs) <= 0).any() or self.paged_seqs[-1] >= self.n_seqs:
                 die(f"{path}: the paged index is not in sequence order")
+        self.whole_ks = np.zeros(0, dtype=np.int64)  # index places of the whole records
+        if self.n_paged and version >= 4:
+            flags = np.array([self.raw[o + 16] for o in self.paged_offsets])
+            self.whole_ks = np.nonzero(flags & 1)[0].astype(np.int64)
+            if len(self.whole_ks) != self.n_whole:
+                die(f"{path}: {len(self.whole_ks)} whole records, the header says {self.n_whole}")
+
+    def _record_head(self, k):
+        """A record's fields before its windows' places: (offset of win_start,
+        n_view, n_windows, workspace tokens, window, whole, needles)."""
+        off = int(self.paged_offsets[k])
+        nv, nw, ws, W = struct.unpack_from("<IIII", bytes(self.raw[off:off + 16]))
+        if self.version < 4:
+            return off + 16, nv, nw, ws, W, False, None
+        flags, nq = struct.unpack_from("<II", bytes(self.raw[off + 16:off + 24]))
+        needles = np.frombuffer(self.raw[off + 32:off + 32 + 4 * nq], dtype="<u4").astype(np.int64)
+        return off + 32 + 4 * nq, nv, nw, ws, W, bool(flags & 1), needles
+
+    def page_info(self, k):
+        """Paged sequence k's workspace side: (whole, needles [n_q] (None
+        before version 4), win_start, win_end [n_windows], workspace tokens)."""
+        at, _, nw, ws, _, whole, needles = self._record_head(k)
+        se = np.frombuffer(self.raw[at:at + 8 * nw], dtype="<u4").astype(np.int64)
+        return whole, needles, se[:nw], se[nw:], ws
 
     def page_record(self, k):
         """Paged sequence k (its place in the index): (sequence number, the
         view's length, window ids [n_windows, window] int64, each view
         token's window and place in it [n_view] int64)."""
-        off = int(self.paged_offsets[k])
-        nv, nw, _, W = struct.unpack_from("<IIII", bytes(self.raw[off:off + 16]))
+        at, nv, nw, _, W, _, _ = self._record_head(k)
         if W != self.window:
             die(f"{self.path}: paged record {k} has windows of {W} tokens, the header {self.window}")
         nve = (nv + 1) // 2 * 2
-        at = off + 16 + 8 * nw
+        at += 8 * nw
         win = np.frombuffer(self.raw[at:at + 2 * nv], dtype="<u2").astype(np.int64)
         pos = np.frombuffer(self.raw[at + 2 * nve:at + 2 * nve + 2 * nv], dtype="<u2").astype(np.int64)
         at += 4 * nve
@@ -172,6 +201,7 @@ def question_ids(x, c):
 MEANK_BLOCK = 32
 MEANK_BROKEN = []  # why the Mean-K loss was switched off, if it was
 PAGED_BROKEN = []  # why the paged batches were switched off, if they were
+WHOLE_BROKEN = []  # why the whole-workspace Mean-K loss was switched off, if it was
 
 
 def rope_mean_coeffs(head_dim, theta, span, device):
@@ -317,7 +347,15 @@ class PagedBatch:
     [P, Lq] at positions n_view.. (right-padded with <pad>)."""
 
     def __init__(self, corpus, ks, pad, device, window_pos0=0):
-        recs = [corpus.page_record(k) for k in ks]
+        recs = []
+        for k in ks:
+            seq, nv, ids, win, off = corpus.page_record(k)
+            # Only the windows the view uses: a whole record's windows tile
+            # the workspace, most of them without a kept token.
+            used = np.unique(win)
+            if len(used) < ids.shape[0]:
+                ids, win = ids[used], np.searchsorted(used, win)
+            recs.append((seq, nv, ids, win, off))
         self.P = len(recs)
         self.W = corpus.window
         self.n_view = [r[1] for r in recs]
@@ -425,6 +463,282 @@ def paged_losses(model, pb, c, answer_weight, head_dim, theta, chunk):
     return lm_loss + answer_weight * ans_loss, lm_loss, ans_loss, logits, ans
 
 
+# ---- Mean-K over a whole workspace's blocks (issue 29, item 2) ---------------
+# At 64x kvmem's meank ranks ~4096 blocks of a 128K-token workspace; the loss
+# above ranks the <= 64 blocks of one 2K sequence, where the real competitors
+# (look-alike lines of the same file and key, older values of the key) are
+# mostly absent. A whole paged record (corpus version 4) carries windows that
+# tile its workspace: every block's mean key is computed from the window that
+# owns it, with at least W/2 tokens of workspace before it, as kvmem's prefill
+# computes its summaries in the workspace's context; the question's query is
+# the one kvmem scores with, from the question read over the view's pages;
+# the loss is -log of the needle block's mean share among ALL the
+# workspace's whole blocks. Gradients: through the query, and through the
+# keys of the windows that own the needle block and each question's
+# `hard` highest-scored other blocks (those windows run again with
+# gradients); every other block is a detached constant in the denominator.
+
+class WholeRecord:
+    """A whole paged sequence's workspace side, on device: its windows
+    [NW, W], each whole block's owner window, each whole-block token's flat
+    index (owner * W + place), and each question's needle block."""
+
+    def __init__(self, corpus, k, device):
+        seq, nv, ids, win, off = corpus.page_record(k)
+        whole, needles, start, end, ws = corpus.page_info(k)
+        if not whole or needles is None:
+            raise ValueError(f"paged record {k} is not whole")
+        W = ids.shape[1]
+        self.k, self.seq, self.n_view, self.W, self.ws_tokens = k, seq, nv, W, ws
+        self.nb = ws // MEANK_BLOCK
+        t = np.arange(self.nb * MEANK_BLOCK)
+        owner = np.searchsorted(end, t, side="right")  # window k owns [end[k-1], end[k])
+        if (start[owner] > t).any() or owner.max(initial=0) >= len(end):
+            raise ValueError(f"paged record {k}: its windows do not tile the workspace")
+        self.start = start
+        self.block_win_np = owner[::MEANK_BLOCK].copy()
+        tt = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
+        self.windows = tt(ids)
+        self.tok_win = tt(owner)
+        self.tok_flat = tt(owner * W + t - start[owner])
+        self.block_win = tt(self.block_win_np)
+        self.needle_blk = tt(needles // MEANK_BLOCK)
+        self.n_q = len(needles)
+        self.used = np.unique(win)  # the view's windows, as PagedBatch keeps them
+
+    def block_tokens(self, blocks, wins):
+        """Flat indices of blocks' tokens into the keys of windows `wins`
+        (sorted, holding every block's owner) run as one batch: [nb, 32]."""
+        b = blocks.cpu().numpy()
+        w = self.block_win_np[b]
+        place = np.searchsorted(wins, w)
+        tok = b[:, None] * MEANK_BLOCK + np.arange(MEANK_BLOCK)[None, :]
+        return torch.from_numpy(place[:, None] * self.W + tok - self.start[w][:, None]).to(
+            self.windows.device)
+
+
+def model_keys_fn(model, head_dim):
+    """keys_fn for a transformers Qwen3: (windows [n, W], grad, want_kv) ->
+    (per layer the raw keys [n, W, H, D] after k-norm, before RoPE: what
+    kvmem's meank averages; per layer (K, V) as the cache holds them, or
+    None)."""
+    base = model.model
+
+    def fn(windows, grad, want_kv=False):
+        with torch.set_grad_enabled(grad):
+            cache = new_cache(model.config) if want_kv else None
+            kw = {"past_key_values": cache} if want_kv else {}
+            hs = base(input_ids=windows, use_cache=want_kv, output_hidden_states=True,
+                      **kw).hidden_states
+            keys = []
+            for l, layer in enumerate(base.layers):
+                at = layer.self_attn
+                h = layer.input_layernorm(hs[l])
+                keys.append(at.k_norm(at.k_proj(h).view(h.shape[0], h.shape[1], -1, head_dim)))
+            kv = [cache_kv(cache, l) for l in range(len(keys))] if want_kv else None
+        return keys, kv
+    return fn
+
+
+@torch.no_grad()
+def whole_block_means(keys_fn, rec, chunk, want_kv=False):
+    """Every whole block's mean raw key, [layers, nb, H, D] fp32, from the
+    windows that own the blocks, no gradients; with want_kv, also the K and
+    V of the view's windows (rec.used, in that order) per layer."""
+    NW = rec.windows.shape[0]
+    mu, kvs = None, None
+    blocks = torch.arange(rec.nb * MEANK_BLOCK, device=rec.windows.device) // MEANK_BLOCK
+    used = torch.from_numpy(rec.used).to(rec.windows.device)
+    for s in range(0, NW, chunk):
+        n = min(chunk, NW - s)
+        keys, kv = keys_fn(rec.windows[s:s + n], False, want_kv)
+        if mu is None:
+            L, H, D = len(keys), keys[0].shape[2], keys[0].shape[3]
+            mu = torch.zeros(L, rec.nb, H, D, device=rec.windows.device)
+            kvs = [([], []) for _ in range(L)]
+        sel = (rec.tok_win >= s) & (rec.tok_win < s + n)
+        idx, bl = rec.tok_flat[sel] - s * rec.W, blocks[sel]
+        for l in range(len(keys)):
+            flat = keys[l].reshape(n * rec.W, H, D)
+            mu[l].index_add_(0, bl, flat[idx].float())
+        if want_kv:
+            pick = used[(used >= s) & (used < s + n)] - s
+            for l in range(len(kv)):
+                kvs[l][0].append(kv[l][0][pick])
+                kvs[l][1].append(kv[l][1][pick])
+    mu /= MEANK_BLOCK
+    if want_kv:
+        kvs = [(torch.cat(k, 0), torch.cat(v, 0)) for k, v in kvs]
+    return mu, kvs
+
+
+def meank_shares(q, mu):
+    """Mean-K's mean share of each block, [M, nb], for queries q [layers, M,
+    H, D] (RoPE-averaged) against block means mu [layers, nb, H, D]: the
+    softmax over the blocks per layer and KV head, averaged."""
+    # fp32 even under autocast: the needle's rank among thousands of blocks
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        z = torch.einsum("lmhd,lbhd->lmhb", q.float(), mu.float()) / math.sqrt(q.shape[-1])
+        return torch.softmax(z, dim=-1).mean(dim=(0, 2))
+
+
+def whole_meank_loss(keys_fn, q, rec, mu, hard, grad=True):
+    """-log of each question's needle block's mean share among all the
+    workspace's whole blocks (mean over questions), its rank (0: first),
+    and the windows run again with gradients. q [layers, M, H, D]: the
+    questions' queries (M = rec.n_q, in order), with or without grad; mu:
+    whole_block_means. With grad and hard > 0, the blocks of the needles and
+    of each question's `hard` best-scored other blocks get their means from
+    their windows run again with gradients; the rest of mu stays detached."""
+    needle = rec.needle_blk[:q.shape[1]]
+    ok = needle < rec.nb  # a needle in the workspace's last partial block: no whole block
+    if not bool(ok.all()):
+        q, needle = q[:, ok], needle[ok]
+    M = q.shape[1]
+    wins = np.zeros(0, dtype=np.int64)
+    if M == 0 or rec.nb < 2:
+        return None
+    if grad and hard > 0:
+        with torch.no_grad():
+            p0 = meank_shares(q.detach(), mu)
+            p0[torch.arange(M, device=p0.device), needle] = -1.0
+            top = p0.topk(min(hard, rec.nb - 1), dim=1).indices if rec.nb > 1 else needle[:, None]
+            sel = torch.unique(torch.cat([needle, top.reshape(-1)]))
+        wins = np.unique(rec.block_win_np[sel.cpu().numpy()])
+        keys, _ = keys_fn(rec.windows[torch.from_numpy(wins).to(rec.windows.device)], True, False)
+        tok = rec.block_tokens(sel, wins)  # [S, 32]
+        L, H, D = len(keys), keys[0].shape[2], keys[0].shape[3]
+        mu_sel = torch.stack([keys[l].reshape(-1, H, D)[tok.reshape(-1)].view(
+            sel.numel(), MEANK_BLOCK, H, D).float().mean(1) for l in range(L)])
+        mu = mu.index_copy(1, sel, mu_sel)
+    p = meank_shares(q, mu)
+    pt = p.gather(1, needle[:, None])[:, 0]
+    loss = -torch.log(pt.clamp(min=1e-9)).mean()
+    rank = (p.detach() > pt.detach()[:, None]).sum(1)
+    return loss, rank, wins
+
+
+def question_queries(model, hidden, qrow, c, rope_cs):
+    """The Mean-K query of every question in qrow ([Lq] ids after the view):
+    at its answer marker (the first '=' after its '?'), the mean raw query of
+    each KV head's group (q-norm, before RoPE), RoPE-averaged as
+    kvmem_rope_mean: [layers, M, H, D]. hidden: the question forward's
+    hidden states ([1, Lq, hidden] entering each layer)."""
+    row = qrow.tolist()
+    marks, inq = [], False
+    for i, t in enumerate(row):
+        if t == c.q:
+            inq = True
+        elif t == c.a and inq:
+            marks.append(i)
+            inq = False
+    pos = torch.tensor(marks, device=qrow.device, dtype=torch.long)
+    cs, sn = rope_cs
+    D = cs.numel() * 2
+    out = []
+    for l, layer in enumerate(model.model.layers):
+        at = layer.self_attn
+        h = layer.input_layernorm(hidden[l][0, pos])
+        hkv = at.k_proj.out_features // D
+        qq = at.q_norm(at.q_proj(h).view(len(marks), -1, D)).float()
+        qq = qq.view(len(marks), hkv, -1, D).mean(2)
+        a, b = qq[..., :D // 2], qq[..., D // 2:]
+        out.append(torch.cat([cs * a - sn * b, cs * b + sn * a], dim=-1))
+    return torch.stack(out)
+
+
+class _OneRecord:
+    """A corpus seen as its record k alone (for PagedBatch)."""
+
+    def __init__(self, corpus, k):
+        self.c, self.k = corpus, k
+        self.ids, self.window = corpus.ids, corpus.window
+
+    def page_record(self, _):
+        return self.c.page_record(self.k)
+
+
+def whole_step(model, corpus, k, c, args, device, rope_cs, grad=True):
+    """One whole record's Mean-K loss over its workspace: (loss, ranks [M],
+    blocks, windows run, windows run again with gradients). The view's K/V
+    come from the same no-grad pass as the block means; the questions run
+    over them (with gradients when grad) to give the queries."""
+    rec = WholeRecord(corpus, k, device)
+    fn = model_keys_fn(model, args.head_dim)
+    mu, kvs = whole_block_means(fn, rec, args.paged_chunk, want_kv=True)
+    pb = PagedBatch(_OneRecord(corpus, k), [0], c.pad, device)
+    cache = new_cache(model.config)
+    for l, (kw, vw) in enumerate(kvs):
+        kk, vv = assemble_pages(kw, vw, pb, args.head_dim, args.rope_theta)
+        cache.update(kk, vv, l)
+    with torch.set_grad_enabled(grad):
+        out = model(input_ids=pb.q, past_key_values=cache, position_ids=pb.positions,
+                    attention_mask=pb.mask, use_cache=True, output_hidden_states=True)
+        q = question_queries(model, out.hidden_states, pb.q[0], c, rope_cs)
+        if q.shape[1] != rec.n_q:
+            raise ValueError(f"paged record {k}: {q.shape[1]} questions after the view, "
+                             f"{rec.n_q} needles")
+        r = whole_meank_loss(fn, q, rec, mu, args.meank_whole_hard if grad else 0, grad)
+    if r is None:
+        return None
+    loss, rank, wins = r
+    return loss, rank, rec.nb, rec.windows.shape[0], len(wins), rec.ws_tokens
+
+
+@torch.no_grad()
+def evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
+    """Mean-K over the whole workspace of (at most `limit`) whole records of
+    a held-out corpus: how often the needle block ranks first, and within
+    the bench's budget (args.meank_budget blocks: what decides meank's
+    in-view rate), overall and by workspace size in windows."""
+    model.eval()
+    n = min(limit, len(corpus.whole_ks))
+    nq, top1, inb, frac, loss_sum = 0, 0, 0, 0.0, 0.0
+    by = {}
+    for k in corpus.whole_ks[:n]:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            out = whole_step(model, corpus, int(k), c, args, device, rope_cs, grad=False)
+        if out is None:
+            continue
+        loss, rank, nb, _, _, ws = out
+        r = rank.cpu().numpy()
+        ratio = max(1, int(round(ws / corpus.seq_len)))
+        ratio = 1 << (ratio.bit_length() - 1)
+        b = by.setdefault(ratio, [0, 0])
+        b[0] += len(r)
+        b[1] += int((r < args.meank_budget).sum())
+        nq += len(r)
+        top1 += int((r == 0).sum())
+        inb += int((r < args.meank_budget).sum())
+        frac += float((r / max(1, nb)).sum())
+        loss_sum += loss.item() * len(r)
+    model.train()
+    return {"sequences": n, "questions": nq, "top1": top1 / max(1, nq),
+            "in_budget": inb / max(1, nq), "budget_blocks": args.meank_budget,
+            "rank_fraction": frac / max(1, nq), "loss": loss_sum / max(1, nq),
+            "in_budget_by_ratio": {str(r): v[1] / max(1, v[0]) for r, v in sorted(by.items())},
+            "questions_by_ratio": {str(r): v[0] for r, v in sorted(by.items())}}
+
+
+def safe_evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
+    """evaluate_whole, or None (and the whole path off) when it fails."""
+    try:
+        return evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit)
+    except Exception as e:  # noqa: BLE001
+        WHOLE_BROKEN.append(f"evaluation: {type(e).__name__}: {e}")
+        log(f"meank-whole: evaluation failed ({WHOLE_BROKEN[-1]}); the whole path is off")
+        model.train()
+        return None
+
+
+def whole_eval_line(name, r):
+    by = ", ".join(f"{k}x {100 * v:.0f}%" for k, v in r["in_budget_by_ratio"].items())
+    return (f"{name}-whole: meank over the workspace: top-1 {100 * r['top1']:.1f}%, in budget "
+            f"({r['budget_blocks']} blocks) {100 * r['in_budget']:.1f}% of {r['questions']} "
+            f"({by}), mean rank {100 * r['rank_fraction']:.2f}% of the blocks, "
+            f"loss {r['loss']:.3f}")
+
+
 def exact_counts(logits, x, ans, c):
     """Questions with answers, and those whose every answer token is the
     argmax (targets x[:, 1:], answer mask ans)."""
@@ -486,6 +800,21 @@ def self_test(data=None):
             ok &= bool((flat[b, :pb.n_view[b]] == row[:pb.n_view[b]]).all())
             ok &= bool((pb.q[b, :8] == row[pb.n_view[b]:pb.n_view[b] + 8]).all())
         check("a paged batch's slots hold the view's tokens", ok)
+        if cor.version >= 4:
+            check(f"{data} has whole paged sequences", cor.n_whole > 0, f"{cor.n_whole}")
+            # version 3 is still read: the same corpus written as version 3
+            import tempfile
+            with tempfile.TemporaryDirectory() as td:
+                old = Corpus(_write_v3(cor, os.path.join(td, "v3.bin")))
+                ok = old.version == 3 and old.n_paged == cor.n_paged and old.n_whole == 0
+                for k in range(min(cor.n_paged, 16)):
+                    a, b = cor.page_record(k), old.page_record(k)
+                    ok &= a[:2] == b[:2] and all((x == y).all() for x, y in zip(a[2:], b[2:]))
+                    ok &= old.page_info(k)[1] is None
+                check("a version-3 corpus reads as before (no needles, nothing whole)", ok)
+        whole_self_test(check, cor)
+    else:
+        whole_self_test(check)
 
     # 1. Re-rotating a key rotated at p by (c - p) gives the key rotated at c.
     k = torch.randn(3, 2, 40, D)
@@ -620,7 +949,248 @@ def self_test(data=None):
     pl.backward()
     g = model.model.layers[0].self_attn.q_proj.weight.grad
     check("the paged loss trains the weights", g is not None and g.abs().sum().item() > 0)
+
+    # 5. The whole-workspace Mean-K path on the tiny model: a whole record of
+    # 9 windows of 64; the loss is finite and trains k_proj (through the
+    # windows run again) and q_proj (through the query); the held-out ranks.
+    Ww, Nw = 64, 300
+    ws = rng.integers(10, 700, Nw)
+    kept = np.sort(rng.choice(Nw, 40, replace=False))
+    tail = np.array([Q, 101, 102, 6, 300, 301, 7, 9, Q, 103, 6, 302, 7, 9])
+    toyw = _ToyWhole([(ws, kept, [100, 201], tail)], Ww)
+
+    class A:
+        pass
+    aa = A()
+    aa.head_dim, aa.rope_theta, aa.paged_chunk, aa.meank_whole_hard, aa.meank_budget = \
+        16, theta, 4, 2, 3
+    rc16 = rope_mean_coeffs(16, theta, 64, dev)
+    model.zero_grad(set_to_none=True)
+    r = whole_step(model, toyw, 0, cc, aa, dev, rc16)
+    r[0].backward()
+    gk = model.model.layers[0].self_attn.k_proj.weight.grad
+    gq = model.model.layers[1].self_attn.q_proj.weight.grad
+    check("whole: the tiny model's workspace Mean-K loss trains k_proj and q_proj",
+          math.isfinite(r[0].item()) and gk is not None and gk.abs().sum().item() > 0
+          and gq is not None and gq.abs().sum().item() > 0 and r[3] == 9 and 0 < r[4] < 9,
+          f"loss {r[0].item():.3f}, ranks {r[1].tolist()} of {r[2]} blocks, {r[4]} windows again")
+    ev = evaluate_whole(model, toyw, cc, aa, dev, False, rc16, 4)
+    check("whole: the held-out ranks", ev["questions"] == 2 and 0 <= ev["in_budget"] <= 1,
+          whole_eval_line("toy", ev))
     return 1 if bad else 0
+
+
+# ---- self-test of the whole-workspace Mean-K path ---------------------------
+def _tile(N, W):
+    """The windows of a whole record (agentlang.h): window 0 is [0, min(N, W)),
+    window k ends at min(N, W + k W/2) and starts W before its end."""
+    half, ends = W // 2, []
+    nw = 1 if N <= W else 1 + (N - W + half - 1) // half
+    for k in range(nw):
+        ends.append(min(N, W + k * half))
+    ends = np.array(ends, dtype=np.int64)
+    return np.maximum(ends - W, 0), ends
+
+
+def _write_v3(cor, path):
+    """cor (version 4, paged) written as version 3: a 128-byte header,
+    records without flags and needles."""
+    raw = bytes(cor.raw)
+    ids_end = cor.header + cor.n_seqs * cor.seq_len * cor.id_bytes
+    h = bytearray(raw[:128])
+    struct.pack_into("<II", h, 8, 3, 128)
+    body, index = bytearray(), []
+    at = 128 + cor.n_seqs * cor.seq_len * cor.id_bytes
+    for k in range(cor.n_paged):
+        off = int(cor.paged_offsets[k])
+        end = int(cor.paged_offsets[k + 1]) if k + 1 < cor.n_paged else int(
+            struct.unpack_from("<Q", raw, 120)[0])
+        nq = struct.unpack_from("<I", raw, off + 20)[0]
+        rec = raw[off:off + 16] + raw[off + 32 + 4 * nq:end]
+        index.append(struct.pack("<QQ", int(cor.paged_seqs[k]), at + len(body)))
+        body += rec
+    struct.pack_into("<Q", h, 120, at + len(body))
+    with open(path, "wb") as f:
+        f.write(bytes(h) + raw[cor.header:ids_end] + bytes(body) + b"".join(index))
+    return path
+
+
+class _ToyWhole:
+    """Whole records built in memory: each a workspace ws (ids), its tiling,
+    kept positions and needles; what WholeRecord and PagedBatch read."""
+
+    def __init__(self, items, W, pad=0):
+        self.window, self.recs, self.pad = W, [], pad
+        rows = []
+        for ws, kept, needles, tail in items:
+            start, end = _tile(len(ws), W)
+            ids = np.full((len(end), W), pad, np.int64)
+            for w in range(len(end)):
+                ids[w, :end[w] - start[w]] = ws[start[w]:end[w]]
+            win = np.searchsorted(end, kept, side="right")
+            row = np.concatenate([ws[kept], tail])
+            self.recs.append((len(rows), len(kept), ids, win, kept - start[win],
+                              (True, np.asarray(needles, np.int64), start, end, len(ws))))
+            rows.append(row)
+        self.whole_ks = np.arange(len(rows))
+        L = max(len(r) for r in rows)
+        self.ids = np.full((len(rows), L), pad, np.int64)
+        for i, r in enumerate(rows):
+            self.ids[i, :len(r)] = r
+        self.seq_len = W
+
+    def page_record(self, k):
+        return self.recs[k][:5]
+
+    def page_info(self, k):
+        return self.recs[k][5]
+
+
+class _ToyKeys:
+    """A keys_fn whose raw key at t sees the R tokens up to t in its window
+    (a causal convolution of embeddings E): where a window gives a token at
+    least R - 1 tokens of context, its key equals a long forward's."""
+
+    def __init__(self, vocab, L=2, H=2, D=8, R=5, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.E = torch.randn(vocab, L * H * D, generator=g).requires_grad_(True)
+        self.a = torch.randn(R, generator=g)
+        self.L, self.H, self.D, self.R = L, H, D, R
+        self.calls = []
+
+    def __call__(self, windows, grad, want_kv=False):
+        self.calls.append((windows.shape[0], grad))
+        with torch.set_grad_enabled(grad):
+            e = self.E[windows]  # [n, W, L*H*D]
+            k = sum(self.a[j] * F.pad(e, (0, 0, j, 0))[:, :e.shape[1]] for j in range(self.R))
+            k = k.view(windows.shape[0], windows.shape[1], self.L, self.H, self.D)
+            return [k[:, :, l] for l in range(self.L)], None
+
+
+def whole_self_test(check, cor=None, c=None):
+    """The checks of the whole-workspace Mean-K path that need no model."""
+    dev = torch.device("cpu")
+    if cor is not None and cor.n_whole:
+        ok, okn, okt, n_q, n_win = True, True, True, 0, 0
+        for k in cor.whole_ks[:16]:
+            seq, nv, ids, win, off = cor.page_record(int(k))
+            whole, needles, start, end, N = cor.page_info(int(k))
+            ws = np.zeros(N, np.int64)
+            for w in range(len(end)):  # the owners' tokens make the workspace
+                a = end[w - 1] if w else 0
+                ws[a:end[w]] = ids[w, a - start[w]:end[w] - start[w]]
+            for w in range(len(end)):  # and every window agrees with it
+                ok &= bool((ids[w, :end[w] - start[w]] == ws[start[w]:end[w]]).all())
+                ok &= w == 0 or (start[w] <= end[w - 1] and (start[w] == 0 or end[w - 1] - start[w] >= cor.window // 2))
+            row = np.asarray(cor.ids[seq]).astype(np.int64)
+            ok &= bool((ws[start[win] + off] == row[:nv]).all())
+            # each question's needle: a '=' with the question's file and key before it
+            qs = [i for i in range(nv, len(row)) if row[i] == cor.q]
+            okn &= len(qs) == len(needles)
+            for qi, nd in zip(qs, needles):
+                e = qi
+                while row[e] != cor.a:
+                    e += 1
+                key = row[qi + 1:e]
+                okn &= ws[nd] == cor.a and bool((ws[nd - len(key):nd] == key).all())
+                n_q += 1
+            rec = WholeRecord(cor, int(k), dev)
+            okt &= bool((rec.windows.reshape(-1)[rec.tok_flat] ==
+                         torch.from_numpy(ws[:rec.nb * MEANK_BLOCK])).all())
+            allb = torch.arange(rec.nb)
+            tok = rec.block_tokens(allb, np.arange(len(end)))
+            okt &= bool((rec.windows.reshape(-1)[tok.reshape(-1)] ==
+                         torch.from_numpy(ws[:rec.nb * MEANK_BLOCK])).all())
+            n_win += len(end)
+        n = min(16, cor.n_whole)
+        check("whole records: the windows tile the workspace, W/2 of context, the view's "
+              "tokens where they say", ok, f"{n} records, {n_win} windows")
+        check("whole records: each question's needle is a '=' after the question's file and key",
+              okn, f"{n_q} questions")
+        check("whole records: each block's tokens are taken from the window that owns it", okt)
+        # block means from the windows = a long forward's (the toy's context
+        # R <= W/2 is what every owned token has)
+        rec = WholeRecord(cor, int(cor.whole_ks[0]), dev)
+        whole_, _, start, end, N = cor.page_info(int(cor.whole_ks[0]))
+        toy = _ToyKeys(max(cor.vocab, 1024), R=min(9, cor.window // 2))
+        mu, _ = whole_block_means(toy, rec, 7)
+        ws = np.zeros(N, np.int64)
+        for w in range(len(end)):
+            a = end[w - 1] if w else 0
+            ws[a:end[w]] = rec.windows[w, a - start[w]:end[w] - start[w]].numpy()
+        with torch.no_grad():
+            keys, _ = toy(torch.from_numpy(ws[None, :rec.nb * MEANK_BLOCK]), False)
+        want = torch.stack([k[0].view(rec.nb, MEANK_BLOCK, k.shape[2], k.shape[3]).mean(1)
+                            for k in keys])
+        err = (mu - want).abs().max().item()
+        check("whole records: block means from the windows = one long forward's", err < 1e-4,
+              f"{rec.nb} blocks, max err {err:.1e}")
+
+    # Synthetic workspaces: distinct token ids, so that a token's gradient
+    # says which window's forward it came from.
+    W, N, R = 128, 1500, 6
+    rng = np.random.default_rng(3)
+    ws = np.arange(N) + 1
+    kept = np.sort(rng.choice(N, 200, replace=False))
+    needles = [700, 1201, 64]
+    toyc = _ToyWhole([(ws, kept, needles, np.array([2, 3, 4]))], W)
+    rec = WholeRecord(toyc, 0, dev)
+    toy = _ToyKeys(N + 8, R=R, seed=1)
+    mu, _ = whole_block_means(toy, rec, 5)
+    check("whole: block means over the windows = one long forward's (synthetic)",
+          (mu - torch.stack([k[0, :rec.nb * 32].reshape(rec.nb, 32, 2, 8).mean(1) for k in
+                             toy(torch.from_numpy(ws[None]), False)[0]])).abs().max().item() < 1e-4)
+    q = torch.randn(2, 3, 2, 8, requires_grad=True)
+    toy.E.grad = None
+    loss, rank, wins = whole_meank_loss(toy, q, rec, mu, hard=2)
+    loss.backward()
+    with torch.no_grad():
+        p = meank_shares(q, mu)
+        nb = torch.tensor(needles) // 32
+        p[torch.arange(3), nb] = -1
+        sel = torch.unique(torch.cat([nb, p.topk(2, dim=1).indices.reshape(-1)])).numpy()
+    owners = np.unique(rec.block_win_np[sel])
+    check("whole: the windows run again are the owners of the needle blocks and the 2 hardest",
+          list(wins) == list(owners), f"{list(wins)}")
+    g = toy.E.grad[1:N + 1].abs().sum(1) > 0  # token t's row is t + 1 - 1 = ws[t]
+    reach = np.zeros(N, bool)
+    for b in sel:
+        reach[max(0, b * 32 - R + 1):b * 32 + 32] = True  # a block's keys see R - 1 before it
+    check("whole: gradients reach the selected blocks' tokens and nothing else",
+          bool((g.numpy() == reach).all()), f"{int(g.sum())} tokens")
+    check("whole: gradients reach the query", q.grad is not None and q.grad.abs().sum().item() > 0)
+
+    # The loss trains the needle block to the top: a toy whose embeddings
+    # and queries learn, many look-alike tokens (a vocabulary of 40).
+    ws2 = rng.integers(1, 40, 3000)
+    kept2 = np.sort(rng.choice(3000, 300, replace=False))
+    needles2 = [1000, 2500, 333, 2990]
+    toyc2 = _ToyWhole([(ws2, kept2, needles2, np.array([2]))], W)
+    rec2 = WholeRecord(toyc2, 0, dev)
+    toy2 = _ToyKeys(48, R=R, seed=2)
+    q2 = torch.randn(2, 4, 2, 8, requires_grad=True)
+    opt = torch.optim.Adam([toy2.E, q2], lr=0.05)
+    first = None
+    for it in range(80):
+        mu2, _ = whole_block_means(toy2, rec2, 8)
+        loss, rank, _ = whole_meank_loss(toy2, q2, rec2, mu2, hard=4)
+        first = loss.item() if first is None else first
+        if int(rank.max()) == 0 and loss.item() < 0.5 * first:
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    check("whole: the loss brings each needle block to rank 0 among all the blocks",
+          int(rank.max()) == 0 and loss.item() < first and rank.numel() == 3,
+          f"{rec2.nb} blocks, loss {first:.2f} -> {loss.item():.2f} in {it} steps, ranks "
+          f"{rank.tolist()}; the needle in the last partial block left out")
+    # ranks: the blocks scored above the needle's, counted directly
+    with torch.no_grad():
+        _, rank, _ = whole_meank_loss(toy, q, rec, mu, hard=0, grad=False)
+        p = meank_shares(q, mu)
+        want = [int((p[m] > p[m, needles[m] // 32]).sum()) for m in range(3)]
+    check("whole: a needle's rank is the count of blocks scored above it",
+          rank.tolist() == want and max(want) > 0, f"{want}")
 
 
 # ---- model ------------------------------------------------------------------
@@ -993,6 +1563,25 @@ def parse_args(argv):
     ap.add_argument("--paged-eval", type=int, default=256,
                     help="paged sequences of each held-out corpus read from pages at the end "
                          "(a quarter of them at the periodic evaluations)")
+    ap.add_argument("--meank-whole-weight", type=float, default=0.0,
+                    help="weight of the Mean-K loss over a whole workspace's blocks (corpus "
+                         "version 4 with --paged-whole): -log of the needle block's mean share "
+                         "among all the workspace's blocks (0: off; held-out whole records are "
+                         "still ranked at each evaluation)")
+    ap.add_argument("--meank-whole-batch", type=int, default=2,
+                    help="whole records a step for that loss (each: a no-grad forward of every "
+                         "window of its workspace)")
+    ap.add_argument("--meank-whole-hard", type=int, default=4,
+                    help="per question, the best-scored other blocks whose windows run again "
+                         "with gradients, beside the needle block's (0: gradients through the "
+                         "query only)")
+    ap.add_argument("--meank-budget", type=int, default=0,
+                    help="blocks meank may pick besides the sink and recent tokens, for the "
+                         "'in budget' rate (0: kvmem bench recall's for the window: budget "
+                         "L - 32 - L/8 less sink budget/100 and recent budget/12, in blocks)")
+    ap.add_argument("--meank-whole-eval", type=int, default=64,
+                    help="whole records of each held-out corpus ranked at the end (a quarter at "
+                         "the periodic evaluations)")
     ap.add_argument("--self-test", action="store_true",
                     help="check the paged path's parts (re-rotation, cache assembly, masks and "
                          "positions; with transformers, a tiny model's logits from pages against "
@@ -1021,7 +1610,16 @@ def parse_args(argv):
         args.final_eval_seqs = min(args.final_eval_seqs, 64)
         args.warmup = min(args.warmup, 20)
         args.paged_eval = min(args.paged_eval, 32)
+        args.meank_whole_eval = min(args.meank_whole_eval, 8)
     return args
+
+
+def bench_budget_blocks(L):
+    """The blocks kvmem bench recall's meank may choose in a window of L:
+    its budget (L - 32 - L/8, whole blocks) less the planner's sink
+    (budget / 100) and recent tokens (budget / 12)."""
+    budget = (L - 32 - L // 8) // MEANK_BLOCK * MEANK_BLOCK
+    return max(1, (budget - max(1, budget // 100) - max(1, budget // 12)) // MEANK_BLOCK)
 
 
 def main(argv):
@@ -1057,6 +1655,13 @@ def main(argv):
         log(f"data: {c.n_paged} paged view sequences ({c.paged_permille / 10:g}% of the policy's "
             f"views of workspaces past the window), page windows of {c.window} tokens"
             f"{'' if paged else '; not used (--paged-batch 0)'}")
+    whole = c.n_whole > 0 and args.meank_whole_weight > 0 and args.meank_whole_batch > 0
+    if c.n_whole or args.meank_whole_weight > 0:
+        log(f"data: {c.n_whole} whole paged sequences ({c.whole_permille / 10:g}% of the paged "
+            f"ones of workspaces of {c.whole_min_ratio}x and more): their windows tile the "
+            f"workspace{'' if whole else '; the whole-workspace Mean-K loss is off'}")
+    if not args.meank_budget:
+        args.meank_budget = bench_budget_blocks(L)
     t0 = time.time()
     data = c.to_device(device)
     eval_data = [(n, e.to_device(device, args.final_eval_seqs)) for n, e in evals]
@@ -1099,6 +1704,13 @@ def main(argv):
         rope_cs = rope_mean_coeffs(args.head_dim, args.rope_theta,
                                    args.meank_span or L - 32, device)
     mk_avg = [None, None]  # smoothed Mean-K loss and top-1 of the training batches
+    rope_cs_w = None  # the whole-workspace Mean-K's (training and held-out ranks)
+    if whole or any(e.n_whole for _, e in evals):
+        rope_cs_w = rope_mean_coeffs(args.head_dim, args.rope_theta,
+                                     args.meank_span or L - 32, device)
+    wst = {"steps": 0, "seqs": 0, "questions": 0, "top1": 0, "in_budget": 0, "windows": 0,
+           "window_tokens": 0, "grad_windows": 0, "seconds": 0.0, "loss": None}
+    wperm, wperm_at = np.random.default_rng(args.seed + 1).permutation(c.whole_ks), 0
 
     def train_step(x):
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
@@ -1194,6 +1806,45 @@ def main(argv):
                 paged = False
                 opt.zero_grad(set_to_none=True)
                 continue
+        if whole and progress >= paged_from:
+            try:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                tw = time.time()
+                losses_w = []
+                for _ in range(args.meank_whole_batch):
+                    if wperm_at >= len(wperm):
+                        wperm, wperm_at = np.random.default_rng(args.seed + step).permutation(
+                            c.whole_ks), 0
+                    k = int(wperm[wperm_at])
+                    wperm_at += 1
+                    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                        out = whole_step(model, c, k, c, args, device, rope_cs_w)
+                    if out is None:
+                        continue
+                    wl, rank, nb, nw, ngw, _ = out
+                    (args.meank_whole_weight * wl / args.meank_whole_batch).backward()
+                    losses_w.append(wl.detach())
+                    wst["seqs"] += 1
+                    wst["questions"] += rank.numel()
+                    wst["top1"] += int((rank == 0).sum().item())
+                    wst["in_budget"] += int((rank < args.meank_budget).sum().item())
+                    wst["windows"] += nw
+                    wst["window_tokens"] += nw * c.window
+                    wst["grad_windows"] += ngw
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                wst["seconds"] += time.time() - tw
+                wst["steps"] += 1
+                if losses_w:
+                    wst["loss"] = torch.stack(losses_w).mean()
+            except Exception as e:  # noqa: BLE001 - one bounded run: train on without it
+                WHOLE_BROKEN.append(f"step {step}: {type(e).__name__}: {e}")
+                log(f"meank-whole: failed ({WHOLE_BROKEN[0]}); off for the rest of the run, "
+                    f"this step's gradients dropped")
+                whole = False
+                opt.zero_grad(set_to_none=True)
+                continue
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -1215,7 +1866,16 @@ def main(argv):
                   if mk_avg[0] is not None else "")
             log(f"step {step:5d}  {el:6.1f}s  len {cur}  lr {lr:.2e}  loss {lv:.3f} "
                 f"(lm {lmv:.3f}, answer {av:.3f}{mk})  "
-                f"{seen_tokens / max(el - pst['seconds'], 1e-9) / 1e6:.2f}M tok/s{mem}")
+                f"{seen_tokens / max(el - pst['seconds'] - wst['seconds'], 1e-9) / 1e6:.2f}M tok/s{mem}")
+            if wst["loss"] is not None:
+                log(f"      meank-whole: loss {wst['loss'].item():.3f}, top-1 "
+                    f"{100 * wst['top1'] / max(1, wst['questions']):.0f}%, in budget "
+                    f"{100 * wst['in_budget'] / max(1, wst['questions']):.0f}% of "
+                    f"{wst['questions']} questions in {wst['seqs']} workspaces, "
+                    f"{wst['windows'] / max(1, wst['seqs']):.1f} windows "
+                    f"({wst['grad_windows'] / max(1, wst['seqs']):.1f} with gradients) a workspace, "
+                    f"{wst['window_tokens'] / max(wst['seconds'], 1e-9) / 1e6:.2f}M window tok/s, "
+                    f"{100 * wst['seconds'] / max(el, 1e-9):.0f}% of the time")
             if pst["loss"] is not None:
                 log(f"      paged: loss {pst['loss'].item():.3f} (answer {pst['answer'].item():.3f}), "
                     f"{pst['seqs']} sequences in {pst['steps']} steps, "
@@ -1236,13 +1896,26 @@ def main(argv):
                     if r is not None:
                         line.append(paged_eval_line(name, r))
                         rec[name + "-paged"] = r
+                if e.n_whole and rope_cs_w is not None and not WHOLE_BROKEN:
+                    r = safe_evaluate_whole(model, e, c, args, device, amp, rope_cs_w,
+                                            max(1, args.meank_whole_eval // 4))
+                    if r is not None:
+                        line.append(whole_eval_line(name, r))
+                        rec[name + "-whole"] = r
             history.append(rec)
             log("  ".join(line))
             last_eval = time.time()
     train_s = time.time() - t_loop
     log(f"train: {step} steps, {seen_tokens / 1e6:.1f}M tokens ({epochs} full passes), "
-        f"{train_s:.1f} s, {seen_tokens / max(train_s - pst['seconds'], 1e-9) / 1e6:.2f}M tok/s "
-        f"outside the paged batches")
+        f"{train_s:.1f} s, {seen_tokens / max(train_s - pst['seconds'] - wst['seconds'], 1e-9) / 1e6:.2f}M "
+        f"tok/s outside the paged and whole batches")
+    if wst["steps"]:
+        log(f"train: meank-whole {wst['seqs']} workspaces in {wst['steps']} steps, "
+            f"{wst['questions']} questions, {wst['windows']} windows "
+            f"({wst['window_tokens'] / 1e6:.1f}M window tokens, no grad), {wst['grad_windows']} "
+            f"windows again with gradients, {wst['seconds']:.1f} s "
+            f"({100 * wst['seconds'] / max(train_s, 1e-9):.0f}% of the loop), "
+            f"{wst['window_tokens'] / max(wst['seconds'], 1e-9) / 1e6:.2f}M window tok/s")
     if pst["steps"]:
         log(f"train: paged {pst['seqs']} sequences in {pst['steps']} steps ({pepochs} full passes), "
             f"{pst['windows']} windows, {pst['window_tokens'] / 1e6:.1f}M window tokens (no grad) "
@@ -1259,6 +1932,11 @@ def main(argv):
             if r is not None:
                 final[name + "-paged"] = r
                 log("final " + paged_eval_line(name, r))
+        if e.n_whole and rope_cs_w is not None and not WHOLE_BROKEN:
+            r = safe_evaluate_whole(model, e, c, args, device, amp, rope_cs_w, args.meank_whole_eval)
+            if r is not None:
+                final[name + "-whole"] = r
+                log("final " + whole_eval_line(name, r))
     pieces = load_vocab(args.vocab)
     for name, d in eval_data:
         log(f"examples from {name}:")
@@ -1288,7 +1966,8 @@ def main(argv):
                  "view_policy": c.view_policy, "max_ratio": c.max_ratio,
                  "stale": c.stale_permille / 1000.0, "drop": c.drop_permille / 1000.0,
                  "paged": c.paged_permille / 1000.0, "page_window": c.window,
-                 "paged_sequences": c.n_paged,
+                 "paged_sequences": c.n_paged, "whole": c.whole_permille / 1000.0,
+                 "whole_min_ratio": c.whole_min_ratio, "whole_sequences": c.n_whole,
                  "vocab": c.vocab, "vocab_hash": f"{c.vocab_hash:08x}"},
         "eval_data": {n: {"path": os.path.basename(e.path), "seed": e.seed, "sequences": e.n_seqs,
                           "view_share": e.view_permille / 1000.0,
@@ -1311,6 +1990,12 @@ def main(argv):
                   "paged_weight": args.paged_weight, "paged_from": paged_from,
                   "paged_failed": PAGED_BROKEN[0] if PAGED_BROKEN else None,
                   "paged_stats": {k: (v.item() if torch.is_tensor(v) else v) for k, v in pst.items()},
+                  "meank_whole_weight": args.meank_whole_weight if whole else 0,
+                  "meank_whole_batch": args.meank_whole_batch,
+                  "meank_whole_hard": args.meank_whole_hard, "meank_budget": args.meank_budget,
+                  "meank_whole_failed": WHOLE_BROKEN[0] if WHOLE_BROKEN else None,
+                  "meank_whole_stats": {k: (v.item() if torch.is_tensor(v) else v)
+                                        for k, v in wst.items()},
                   "torch_seed": args.seed,
                   "final_loss": loss_avg, "final_lm_loss": lm_avg, "final_answer_loss": ans_avg},
         "eval": final,

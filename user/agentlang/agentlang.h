@@ -205,6 +205,13 @@ typedef struct agentlang_view_opts {
 	 * whatever paged is. */
 	double paged;
 	int window;	/* a page window's length in tokens; 0: seq_len */
+	/* The chance that a paged sequence of a workspace of at least
+	 * whole_min_ratio windows (0: 16) is "whole": its page windows tile
+	 * the whole workspace (agentlang_pages), so that train.py can compute
+	 * every block's Mean-K summary as kvmem's prefill would. Drawn apart
+	 * from the sequence's stream and from the paged draw. */
+	double whole;
+	int whole_min_ratio;
 } agentlang_view_opts;
 
 /* agentlang_train_seq with view options (NULL: all zero). */
@@ -224,6 +231,15 @@ int agentlang_train_seq_opts(uint64_t seed, uint64_t index, int seq_len, double 
  * window (or all of them). The sequence's first n_view ids are the kept
  * tokens in order: token i is ids[win[i] * window + off[i]], workspace
  * position pos[i].
+ *
+ * A whole paged sequence (whole = 1) has windows that tile the workspace
+ * instead: window 0 is [0, min(N, W)), window k ends at min(N, W + k W/2)
+ * and starts W before its end (at 0 at most), and owns the tokens from the
+ * previous window's end to its own: every workspace token is owned by one
+ * window, with at least W/2 tokens of its workspace before it there (or
+ * all of them); a kept token's win and off are its owner's. needle[i] is
+ * the workspace position of the '=' of the fact line that the i-th
+ * question after the view asks about (every paged sequence has them).
  */
 typedef struct agentlang_pages {
 	int n_view;		/* 0: the sequence is not paged */
@@ -234,6 +250,9 @@ typedef struct agentlang_pages {
 	int32_t *ids;		/* [n_windows * window]: each window's tokens, <pad> after its end */
 	uint16_t *win, *off;	/* [n_view]: the window of each kept token, its place there */
 	int64_t *pos;		/* [n_view]: its workspace position */
+	int whole;		/* the windows tile the workspace (above) */
+	int n_q;		/* questions after the view */
+	int64_t needle[64];	/* [n_q]: each one's fact line's '=' in the workspace */
 	/* Only when want_workspace was set before the call: the workspace
 	 * itself (tests compare the kept tokens with a plan of their own). */
 	int want_workspace;
@@ -267,9 +286,9 @@ int64_t agentlang_view_select(const agentlang_transcript *ws, const int *asked, 
 
 /* ---- corpus files (kvmem synth corpus -> tools/train/train.py) ---------- */
 /*
- * Little endian. A 128-byte header, then n_seqs * seq_len ids (uint16 or
- * uint32). Offsets:
- *   0 "KVMSYN1\0"  8 u32 version (2)  12 u32 header bytes (128)
+ * Little endian. A 160-byte header (128 before version 4), then
+ * n_seqs * seq_len ids (uint16 or uint32). Offsets:
+ *   0 "KVMSYN1\0"  8 u32 version (4)  12 u32 header bytes (160)
  *  16 u32 vocab size  20 u32 seq_len  24 u64 n_seqs  32 u64 seed
  *  40 u32 id bytes (2|4)  44 u16 pad, bos, eos, q, a, end
  *  56 u32 view share in 1/1000  60 u32 vocabulary hash
@@ -282,9 +301,15 @@ int64_t agentlang_view_select(const agentlang_transcript *ws, const int *asked, 
  * are still read):
  * 108 u32 paged chance in 1/1000  112 u32 page window length
  * 116 u32 paged sequences  120 u64 offset of the paged index (0: none)
+ * Version 4 (a 160-byte header; version 3 is still read) adds whole paged
+ * sequences (agentlang_pages.whole) and each question's needle:
+ * 128 u32 whole chance in 1/1000  132 u32 whole_min_ratio
+ * 136 u32 whole sequences  140.. zero
  * After the ids, one record per paged sequence, in sequence order, each
  * 4-byte aligned:
  *   u32 n_view, n_windows, workspace tokens (saturated at 2^32 - 1), window
+ *   u32 flags (bit 0: whole), n_q, 0, 0          (version 4 only)
+ *   u32 needle[n_q]                              (version 4 only)
  *   u32 win_start[n_windows], win_end[n_windows]
  *   u16 win[n_view], off[n_view]   (each with a u16 0 after it when n_view
  *                                   is odd)
@@ -293,7 +318,8 @@ int64_t agentlang_view_select(const agentlang_transcript *ws, const int *asked, 
  * offset of its record. Paged corpora need 2-byte ids.
  */
 #define AGENTLANG_CORPUS_MAGIC "KVMSYN1"
-#define AGENTLANG_CORPUS_HEADER 128
+#define AGENTLANG_CORPUS_HEADER 160
+#define AGENTLANG_CORPUS_HEADER_V3 128	/* versions 2 and 3 */
 #define AGENTLANG_CORPUS_HEADER_V1 64
 #define AGENTLANG_CORPUS_POLICY 32
 
@@ -305,6 +331,7 @@ typedef struct agentlang_corpus_header {
 	uint32_t max_ratio, stale_permille, drop_permille;
 	uint32_t paged_permille, window, n_paged;	/* version 3; 0 before */
 	uint64_t paged_index;
+	uint32_t whole_permille, whole_min_ratio, n_whole;	/* version 4; 0 before */
 } agentlang_corpus_header;
 
 typedef struct agentlang_corpus_opts {

@@ -55,7 +55,7 @@ static void header_bytes(uint8_t *h, const agentlang_corpus_opts *o, uint64_t n_
 {
 	memset(h, 0, AGENTLANG_CORPUS_HEADER);
 	memcpy(h, AGENTLANG_CORPUS_MAGIC, 8);
-	put32(h + 8, 3);
+	put32(h + 8, 4);
 	put32(h + 12, AGENTLANG_CORPUS_HEADER);
 	put32(h + 16, (uint32_t)agentlang_vocab_size());
 	put32(h + 20, (uint32_t)o->seq_len);
@@ -77,7 +77,11 @@ static void header_bytes(uint8_t *h, const agentlang_corpus_opts *o, uint64_t n_
 	put32(h + 104, (uint32_t)(o->view.drop * 1000.0 + 0.5));
 	put32(h + 108, (uint32_t)(o->view.paged * 1000.0 + 0.5));
 	put32(h + 112, o->view.paged > 0 ? (uint32_t)(o->view.window ? o->view.window : o->seq_len) : 0);
-	/* 116: paged sequences, 120: the index's offset; patched at the end. */
+	put32(h + 128, o->view.paged > 0 ? (uint32_t)(o->view.whole * 1000.0 + 0.5) : 0);
+	put32(h + 132, o->view.paged > 0 && o->view.whole > 0 ?
+		       (uint32_t)(o->view.whole_min_ratio ? o->view.whole_min_ratio : 16) : 0);
+	/* 116: paged sequences, 120: the index's offset, 136: whole ones;
+	 * patched at the end. */
 }
 
 /* Generate sequences [s0, s0 + n) into ids (and pages, when paged views
@@ -117,7 +121,8 @@ static int write_record(FILE *f, const agentlang_pages *pg, const char *path)
 {
 	size_t nv = (size_t)pg->n_view, nw = (size_t)pg->n_windows, W = (size_t)pg->window;
 	size_t nve = (nv + 1) / 2 * 2;	/* each u16 array padded to keep 4-byte alignment */
-	size_t size = 16 + 8 * nw + 4 * nve + 2 * nw * W;
+	size_t nq = (size_t)pg->n_q;
+	size_t size = 32 + 4 * nq + 8 * nw + 4 * nve + 2 * nw * W;
 	uint8_t *b = calloc(1, size), *p = b;
 	int rc;
 
@@ -127,7 +132,12 @@ static int write_record(FILE *f, const agentlang_pages *pg, const char *path)
 	put32(p + 4, (uint32_t)nw);
 	put32(p + 8, pg->ws_tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)pg->ws_tokens);
 	put32(p + 12, (uint32_t)W);
-	p += 16;
+	put32(p + 16, pg->whole ? 1 : 0);
+	put32(p + 20, (uint32_t)nq);
+	p += 32;
+	for (size_t i = 0; i < nq; i++)
+		put32(p + 4 * i, (uint32_t)pg->needle[i]);
+	p += 4 * nq;
 	for (size_t w = 0; w < nw; w++) {
 		put32(p + 4 * w, (uint32_t)pg->win_start[w]);
 		put32(p + 4 * (nw + w), (uint32_t)pg->win_end[w]);
@@ -175,6 +185,9 @@ int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 
 	if (!(o->view.paged >= 0 && o->view.paged <= 1))
 		return kvmem_error(EINVAL, "%s: paged share %g is not in 0..1", path, o->view.paged);
+	if (!(o->view.whole >= 0 && o->view.whole <= 1) || o->view.whole_min_ratio < 0)
+		return kvmem_error(EINVAL, "%s: whole share %g / min ratio %d: a chance in 0..1, a "
+				   "ratio >= 0", path, o->view.whole, o->view.whole_min_ratio);
 	if (paged && (!o->view.policy || !o->view.policy[0] || idb != 2))
 		return kvmem_error(EINVAL, "%s: paged view sequences need a view policy and 2-byte ids",
 				   path);
@@ -185,7 +198,7 @@ int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 	uint8_t *bytes = malloc((size_t)chunk * o->seq_len * (size_t)idb);
 	agentlang_pages *pages = paged ? calloc((size_t)chunk, sizeof(*pages)) : NULL;
 	uint8_t *index = NULL;
-	uint64_t n_paged = 0, index_cap = 0;
+	uint64_t n_paged = 0, n_whole = 0, index_cap = 0;
 	/* The ids of every sequence first, the page records after them: a
 	 * chunk's ids are written in their place, its records at rec_at. */
 	off_t rec_at = (off_t)AGENTLANG_CORPUS_HEADER + (off_t)(n_seqs * (uint64_t)o->seq_len * (uint64_t)idb);
@@ -230,6 +243,7 @@ int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 			put64(index + 16 * n_paged, s0 + (uint64_t)i);
 			put64(index + 16 * n_paged + 8, (uint64_t)rec_at);
 			n_paged++;
+			n_whole += pages[i].whole;
 			if (fseeko(f, rec_at, SEEK_SET))
 				rc = kvmem_error(errno, "%s: seek failed: %s", path, strerror(errno));
 			if (rc || (rc = write_record(f, &pages[i], path)))
@@ -246,10 +260,14 @@ int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 		/* The index after the last record, then the header's pointer to it. */
 		uint8_t tail[12];
 
+		uint8_t whole[4];
+
 		put32(tail, (uint32_t)n_paged);
 		put64(tail + 4, n_paged ? (uint64_t)rec_at : 0);
+		put32(whole, (uint32_t)n_whole);
 		if (fseeko(f, rec_at, SEEK_SET) || (n_paged && fwrite(index, 16, n_paged, f) != n_paged) ||
-		    fseeko(f, 116, SEEK_SET) || fwrite(tail, 1, 12, f) != 12)
+		    fseeko(f, 116, SEEK_SET) || fwrite(tail, 1, 12, f) != 12 ||
+		    fseeko(f, 136, SEEK_SET) || fwrite(whole, 1, 4, f) != 4)
 			rc = kvmem_error(errno ? errno : EIO, "%s: writing the paged index failed: %s",
 					 path, strerror(errno));
 	}
@@ -277,22 +295,24 @@ int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *hd)
 	size_t got = fread(h, 1, sizeof(h), f);
 	fclose(f);
 	/* A version-1 file of one tiny sequence may be shorter than 128 bytes. */
-	if (got < AGENTLANG_CORPUS_HEADER_V1 ||
-	    (got < sizeof(h) && get32(h + 8) != 1))
+	if (got < AGENTLANG_CORPUS_HEADER_V1)
 		return kvmem_error(EINVAL, "%s: shorter than the %d-byte corpus header", path,
-				 got < AGENTLANG_CORPUS_HEADER_V1 ? AGENTLANG_CORPUS_HEADER_V1
-								  : AGENTLANG_CORPUS_HEADER);
+				 AGENTLANG_CORPUS_HEADER_V1);
 	if (memcmp(h, AGENTLANG_CORPUS_MAGIC, 8))
 		return kvmem_error(EINVAL, "%s: not a kvmem synth corpus (bad magic)", path);
 	memset(hd, 0, sizeof(*hd));
 	hd->version = get32(h + 8);
 	hd->header_bytes = get32(h + 12);
 	if (!(hd->version == 1 && hd->header_bytes == AGENTLANG_CORPUS_HEADER_V1) &&
-	    !((hd->version == 2 || hd->version == 3) && hd->header_bytes == AGENTLANG_CORPUS_HEADER))
+	    !((hd->version == 2 || hd->version == 3) && hd->header_bytes == AGENTLANG_CORPUS_HEADER_V3) &&
+	    !(hd->version == 4 && hd->header_bytes == AGENTLANG_CORPUS_HEADER))
 		return kvmem_error(EINVAL, "%s: corpus version %u / header %u: this kvmem reads "
-				 "1 / %d, 2 / %d and 3 / %d", path, hd->version, hd->header_bytes,
-				 AGENTLANG_CORPUS_HEADER_V1, AGENTLANG_CORPUS_HEADER,
-				 AGENTLANG_CORPUS_HEADER);
+				 "1 / %d, 2 / %d, 3 / %d and 4 / %d", path, hd->version,
+				 hd->header_bytes, AGENTLANG_CORPUS_HEADER_V1, AGENTLANG_CORPUS_HEADER_V3,
+				 AGENTLANG_CORPUS_HEADER_V3, AGENTLANG_CORPUS_HEADER);
+	if (got < hd->header_bytes)
+		return kvmem_error(EINVAL, "%s: shorter than its %u-byte corpus header", path,
+				 hd->header_bytes);
 	hd->vocab = get32(h + 16);
 	hd->seq_len = get32(h + 20);
 	hd->n_seqs = get64(h + 24);
@@ -319,6 +339,11 @@ int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *hd)
 		hd->window = get32(h + 112);
 		hd->n_paged = get32(h + 116);
 		hd->paged_index = get64(h + 120);
+	}
+	if (hd->version >= 4) {
+		hd->whole_permille = get32(h + 128);
+		hd->whole_min_ratio = get32(h + 132);
+		hd->n_whole = get32(h + 136);
 	}
 	return 0;
 }

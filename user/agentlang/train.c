@@ -142,10 +142,11 @@ static int64_t choose_view(const agentlang_transcript *ws, int64_t H, int L, str
 	return count;
 }
 
-/* The questions asked[n] after the view's n_view tokens, in random order;
+/* The questions asked[n] after the view's n_view tokens, in random order
+ * (put[i]: the i-th one's index into ws->q, when put is not NULL);
  * returns the sequence's length before padding. */
 static int64_t put_questions(const agentlang_transcript *ws, const int *asked, int n,
-			     struct al_rng *r, int32_t *out, int64_t n_view)
+			     struct al_rng *r, int32_t *out, int64_t n_view, int *put)
 {
 	int order[64];
 
@@ -160,6 +161,8 @@ static int64_t put_questions(const agentlang_transcript *ws, const int *asked, i
 	for (int i = 0; i < n; i++) {
 		const agentlang_question *q = &ws->q[order[i]];
 
+		if (put)
+			put[i] = order[i];
 		memcpy(out + n_view, q->ids, (size_t)q->n_ids * sizeof(*out));
 		n_view += q->n_ids;
 		memcpy(out + n_view, q->answer, (size_t)q->n_answer * sizeof(*out));
@@ -228,7 +231,7 @@ static int view_seq(uint64_t seed, uint64_t index, int L, const agentlang_view_o
 	int all[64];
 	for (int i = 0; i < ws.n_q; i++)
 		all[i] = i;
-	n = put_questions(&ws, all, ws.n_q, r, out, n);
+	n = put_questions(&ws, all, ws.n_q, r, out, n, NULL);
 	for (int64_t i = n; i < L; i++)
 		out[i] = AGENTLANG_PAD;
 	info->kind = AGENTLANG_SEQ_VIEW;
@@ -268,6 +271,52 @@ static int all_kept(const uint8_t *keep, int64_t a, int64_t e)
 	return 1;
 }
 
+/* The kept tokens' arrays and room for max_windows windows (< 0: one a
+ * kept token). */
+static int pages_alloc(agentlang_pages *pg, const uint8_t *keep, int64_t N, int W,
+		       int64_t max_windows)
+{
+	int64_t nv = 0;
+
+	for (int64_t i = 0; i < N; i++)
+		nv += keep[i];
+	pg->window = W;
+	pg->ws_tokens = N;
+	pg->n_view = (int)nv;
+	if (max_windows < 0)
+		max_windows = nv;
+	pg->pos = malloc(sizeof(*pg->pos) * (size_t)(nv + 1));
+	pg->win = malloc(sizeof(*pg->win) * (size_t)(nv + 1));
+	pg->off = malloc(sizeof(*pg->off) * (size_t)(nv + 1));
+	pg->win_start = malloc(sizeof(*pg->win_start) * (size_t)(max_windows + 1));
+	pg->win_end = malloc(sizeof(*pg->win_end) * (size_t)(max_windows + 1));
+	if (!pg->pos || !pg->win || !pg->off || !pg->win_start || !pg->win_end)
+		return kvmem_error(ENOMEM, "agentlang: out of memory for the pages of a view");
+	for (int64_t i = 0, j = 0; i < N; i++)
+		if (keep[i])
+			pg->pos[j++] = i;
+	return 0;
+}
+
+static int pages_fill_ids(const agentlang_transcript *ws, agentlang_pages *pg, int nw)
+{
+	int W = pg->window;
+
+	pg->ids = malloc(sizeof(*pg->ids) * (size_t)nw * (size_t)W);
+	if (!pg->ids)
+		return kvmem_error(ENOMEM, "agentlang: out of memory for %d page windows", nw);
+	for (int w = 0; w < nw; w++) {
+		int64_t a = pg->win_start[w], e = pg->win_end[w];
+		int32_t *d = pg->ids + (size_t)w * W;
+
+		memcpy(d, ws->ids + a, (size_t)(e - a) * sizeof(*d));
+		for (int64_t i = e - a; i < W; i++)
+			d[i] = AGENTLANG_PAD;
+	}
+	pg->n_windows = nw;
+	return 0;
+}
+
 /*
  * The page windows of a paged view sequence (agentlang_pages in
  * agentlang.h): for each run of kept tokens, in order, a window of at most
@@ -279,23 +328,13 @@ static int all_kept(const uint8_t *keep, int64_t a, int64_t e)
 static int build_pages(const agentlang_transcript *ws, const uint8_t *keep, int W,
 		       agentlang_pages *pg)
 {
-	int64_t N = ws->n_ids, half = W / 2, nv = 0, k = 0;
+	int64_t N = ws->n_ids, half = W / 2, nv, k = 0;
 	int nw = 0;
 
-	for (int64_t i = 0; i < N; i++)
-		nv += keep[i];
-	pg->window = W;
-	pg->ws_tokens = N;
-	pg->pos = malloc(sizeof(*pg->pos) * (size_t)(nv + 1));
-	pg->win = malloc(sizeof(*pg->win) * (size_t)(nv + 1));
-	pg->off = malloc(sizeof(*pg->off) * (size_t)(nv + 1));
-	pg->win_start = malloc(sizeof(*pg->win_start) * (size_t)(nv + 1));
-	pg->win_end = malloc(sizeof(*pg->win_end) * (size_t)(nv + 1));
-	if (!pg->pos || !pg->win || !pg->off || !pg->win_start || !pg->win_end)
-		return kvmem_error(ENOMEM, "agentlang: out of memory for the pages of a view");
-	for (int64_t i = 0, j = 0; i < N; i++)
-		if (keep[i])
-			pg->pos[j++] = i;
+	/* At most a window per kept token. */
+	if (pages_alloc(pg, keep, N, W, -1))
+		return kvmem_fail();
+	nv = pg->n_view;
 	while (k < nv) {
 		const int64_t *pos = pg->pos;
 		int64_t smax = pos[k] > half ? pos[k] - half : 0, end = -1, last = k;
@@ -323,20 +362,43 @@ static int build_pages(const agentlang_transcript *ws, const uint8_t *keep, int 
 		pg->win_end[nw++] = end;
 		k = last;
 	}
-	pg->ids = malloc(sizeof(*pg->ids) * (size_t)nw * (size_t)W);
-	if (!pg->ids)
-		return kvmem_error(ENOMEM, "agentlang: out of memory for %d page windows", nw);
-	for (int w = 0; w < nw; w++) {
-		int64_t a = pg->win_start[w], e = pg->win_end[w];
-		int32_t *d = pg->ids + (size_t)w * W;
+	return pages_fill_ids(ws, pg, nw);
+}
 
-		memcpy(d, ws->ids + a, (size_t)(e - a) * sizeof(*d));
-		for (int64_t i = e - a; i < W; i++)
-			d[i] = AGENTLANG_PAD;
+/*
+ * The page windows of a whole paged sequence (agentlang.h): windows of W
+ * that tile the workspace, a new one every W / 2 tokens after the first,
+ * each owning the tokens after its predecessor's end, so that train.py
+ * computes every block of the workspace (for Mean-K's softmax over all of
+ * them, as kvmem's prefill computes their summaries) from a window that
+ * gives it at least W / 2 tokens of context. The kept tokens map to their
+ * owners. About 2N / W windows: a 64x workspace of W = 2048 costs 127.
+ */
+static int build_whole_pages(const agentlang_transcript *ws, const uint8_t *keep, int W,
+			     agentlang_pages *pg)
+{
+	int64_t N = ws->n_ids, half = W / 2;
+	int64_t nw = N <= W ? 1 : 1 + (N - W + half - 1) / half;
+
+	if (nw > 65535)
+		return kvmem_error(EINVAL, "agentlang: %lld page windows for a workspace of %lld",
+				   (long long)nw, (long long)N);
+	if (pages_alloc(pg, keep, N, W, nw))
+		return kvmem_fail();
+	for (int64_t k = 0; k < nw; k++) {
+		int64_t e = W + k * half < N ? W + k * half : N;
+
+		pg->win_end[k] = e;
+		pg->win_start[k] = e > W ? e - W : 0;
 	}
-	pg->n_windows = nw;
-	pg->n_view = (int)nv;
-	return 0;
+	for (int64_t i = 0, k = 0; i < pg->n_view; i++) {
+		while (pg->pos[i] >= pg->win_end[k])
+			k++;
+		pg->win[i] = (uint16_t)k;
+		pg->off[i] = (uint16_t)(pg->pos[i] - pg->win_start[k]);
+	}
+	pg->whole = 1;
+	return pages_fill_ids(ws, pg, (int)nw);
 }
 
 /* Whether sequence `index` is paged: its own draw, apart from the
@@ -344,6 +406,14 @@ static int build_pages(const agentlang_transcript *ws, const uint8_t *keep, int 
 static int is_paged(uint64_t seed, uint64_t index, double share)
 {
 	uint64_t h = al_mix64(al_mix64(seed ^ 0x9e3779b97f4a7c15ull) ^ index);
+
+	return share > 0 && (double)(h >> 11) * 0x1p-53 < share;
+}
+
+/* Whether a paged sequence is whole: a draw of its own, like is_paged's. */
+static int is_whole(uint64_t seed, uint64_t index, double share)
+{
+	uint64_t h = al_mix64(al_mix64(seed ^ 0x3c6ef372fe94f82bull) ^ index);
 
 	return share > 0 && (double)(h >> 11) * 0x1p-53 < share;
 }
@@ -420,8 +490,12 @@ static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang
 		/* A view that kept no question's needle asks nothing: its pages
 		 * would teach nothing and its record would have no question after
 		 * the view, so it stays a plain view sequence. */
+		int W = vo->window > 0 ? vo->window : L;
+		int whole = ratio >= (vo->whole_min_ratio > 0 ? vo->whole_min_ratio : 16) &&
+			    is_whole(seed, index, vo->whole);
+
 		if (pg && n_asked > 0 && is_paged(seed, index, vo->paged) &&
-		    build_pages(&ws, keep, vo->window > 0 ? vo->window : L, pg)) {
+		    (whole ? build_whole_pages(&ws, keep, W, pg) : build_pages(&ws, keep, W, pg))) {
 			free(keep);
 			agentlang_transcript_free(&ws);
 			return kvmem_fail();
@@ -436,7 +510,14 @@ static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang
 		return kvmem_error(EINVAL, "agentlang: a view of %lld tokens and %lld of questions "
 				   "pass the sequence's %d", (long long)n, (long long)tail, L);
 	}
-	n = put_questions(&ws, asked, n_asked, r, out, n);
+	int put[64];
+
+	n = put_questions(&ws, asked, n_asked, r, out, n, put);
+	if (pg && pg->n_view) {
+		pg->n_q = n_asked;
+		for (int i = 0; i < n_asked; i++)
+			pg->needle[i] = ws.q[put[i]].value_pos - 1;	/* the fact line's '=' */
+	}
 	for (int64_t i = n; i < L; i++)
 		out[i] = AGENTLANG_PAD;
 	info->kind = AGENTLANG_SEQ_VIEW;
@@ -510,6 +591,10 @@ int agentlang_train_seq_paged(uint64_t seed, uint64_t index, int seq_len, double
 	    (vo->window < 0 || vo->window % 2 || (vo->window && vo->window < 64) || vo->window > 32768))
 		return kvmem_error(EINVAL, "agentlang: page window %d: an even count in 64..32768",
 				   vo->window);
+	if (pg && vo && vo->paged > 0 && vo->whole > 0 && (vo->window ? vo->window : seq_len) % 64)
+		return kvmem_error(EINVAL, "agentlang: whole paged sequences need a page window "
+				   "divisible by 64 (whole blocks of 32 in each half), not %d",
+				   vo->window ? vo->window : seq_len);
 	al_rng_seed(&r, seed, index);
 	/* Views need room for a few needles and their blocks. */
 	if (seq_len >= 512 && al_chance(&r, view_share))

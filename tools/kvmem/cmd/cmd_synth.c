@@ -67,6 +67,7 @@ static void corpus_usage(FILE *f)
 		"usage: kvmem synth corpus --tokens N --seq-len L --seed S --out FILE\n"
 		"                          [--views F] [--view-policy P] [--max-ratio R]\n"
 		"                          [--stale P] [--drop P] [--paged P] [--page-window W]\n"
+		"                          [--paged-whole P] [--whole-min-ratio R]\n"
 		"                          [--threads T] [--u32] [--quiet]\n\n"
 		"Writes ceil(N / L) training sequences of exactly L tokens (padded with\n"
 		"<pad>), each with questions whose answers lie inside it. A share F of them\n"
@@ -74,7 +75,7 @@ static void corpus_usage(FILE *f)
 		"kvmem's view cuts it: by the generator's own mix, or, with --view-policy,\n"
 		"by a selection policy that reads token ids only (lexical), exactly as\n"
 		"kvmem_session_select_ahead plans it for each question. Ids are uint16\n"
-		"(--u32 for uint32) after a 128-byte header (user/agentlang/agentlang.h).\n"
+		"(--u32 for uint32) after a 160-byte header (user/agentlang/agentlang.h).\n"
 		"The file does not depend on the thread count. Seeds: training uses seeds\n"
 		"below 1e6, evaluation (kvmem bench recall) 1e9 and up.\n\n"
 		"options:\n"
@@ -95,6 +96,12 @@ static void corpus_usage(FILE *f)
 		"                 blocks, from which train.py computes the view's K/V as\n"
 		"                 kvmem does (default 0; version 3 of the format)\n"
 		"  --page-window W  tokens of a page window, even, 64..32768 (default L)\n"
+		"  --paged-whole P  chance a paged sequence of a workspace of at least R\n"
+		"                 windows is whole: its page windows tile the whole\n"
+		"                 workspace (every block computed with W/2 tokens of\n"
+		"                 context), for train.py's Mean-K loss over all its\n"
+		"                 blocks; W divisible by 64 (default 0; version 4)\n"
+		"  --whole-min-ratio R  16, 32 or 64 (default 16)\n"
 		"  --threads T    writer threads, 1..1024 (default: all cores)\n"
 		"  --u32          uint32 ids instead of uint16\n"
 		"  --quiet        no progress on stderr\n"
@@ -118,6 +125,8 @@ static int synth_corpus(int argc, char **argv)
 		{ "drop", required_argument, NULL, 'd' },
 		{ "paged", required_argument, NULL, 'P' },
 		{ "page-window", required_argument, NULL, 'W' },
+		{ "paged-whole", required_argument, NULL, 'H' },
+		{ "whole-min-ratio", required_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },	    { 0 },
 	};
 	agentlang_corpus_opts o = { .seed = 1, .seq_len = 2048, .view_share = 0.5, .id_bytes = 2 };
@@ -159,6 +168,16 @@ static int synth_corpus(int argc, char **argv)
 		case 'S': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.stale); break;
 		case 'd': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.drop); break;
 		case 'P': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.paged); break;
+		case 'H': bad = cli_parse_double(w, name, optarg, 0, 1, &o.view.whole); break;
+		case 'R':
+			bad = cli_parse_int(w, name, optarg, 16, 64, &o.view.whole_min_ratio);
+			if (!bad && o.view.whole_min_ratio != 16 && o.view.whole_min_ratio != 32 &&
+			    o.view.whole_min_ratio != 64) {
+				fprintf(stderr, "%s: --whole-min-ratio %d: 16, 32 or 64\n", w,
+					o.view.whole_min_ratio);
+				bad = 1;
+			}
+			break;
 		case 'W':
 			bad = cli_parse_int(w, name, optarg, 64, 32768, &o.view.window);
 			if (!bad && o.view.window % 2) {
@@ -181,6 +200,15 @@ static int synth_corpus(int argc, char **argv)
 		fprintf(stderr, "%s: --paged needs --view-policy and 2-byte ids\n", WHO_CORPUS);
 		return EXIT_USAGE;
 	}
+	if (o.view.whole > 0 && !(o.view.paged > 0)) {
+		fprintf(stderr, "%s: --paged-whole needs --paged\n", WHO_CORPUS);
+		return EXIT_USAGE;
+	}
+	if (o.view.whole > 0 && (o.view.window ? o.view.window : o.seq_len) % 64) {
+		fprintf(stderr, "%s: --paged-whole needs a page window divisible by 64, not %d\n",
+			WHO_CORPUS, o.view.window ? o.view.window : o.seq_len);
+		return EXIT_USAGE;
+	}
 	if (!out || !have_tokens) {
 		fprintf(stderr, "%s: --tokens N and --out FILE are required (%s --help)\n", WHO_CORPUS,
 			WHO_CORPUS);
@@ -198,10 +226,10 @@ static int synth_corpus(int argc, char **argv)
 	}
 	uint64_t n_seqs = ((uint64_t)o.n_tokens + (uint64_t)o.seq_len - 1) / (uint64_t)o.seq_len;
 	fprintf(stderr, "kvmem synth corpus: wrote %s: %llu sequences of %d tokens, seed %llu, "
-		"views %.2f (by %s, up to %dx, paged %.2f), vocab %d (hash %08x), %.1f s\n", out,
+		"views %.2f (by %s, up to %dx, paged %.2f, whole %.2f), vocab %d (hash %08x), %.1f s\n", out,
 		(unsigned long long)n_seqs, o.seq_len, (unsigned long long)o.seed, o.view_share,
 		o.view.policy ? o.view.policy : "the generator's mix",
-		o.view.max_ratio ? o.view.max_ratio : 16, o.view.paged, agentlang_vocab_size(),
+		o.view.max_ratio ? o.view.max_ratio : 16, o.view.paged, o.view.whole, agentlang_vocab_size(),
 		agentlang_vocab_hash(), since(&pr.t0));
 	return 0;
 }
