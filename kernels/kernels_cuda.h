@@ -67,7 +67,10 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * cuda_int.h), "gemm_tc_ks" (its split forced, 1, 2, 4 or 8; 0 by shape),
  * "gemm_tc_mt" (its 16-row weight tiles a warp forced, 1 or 2; 0 by n),
  * "gemm_tc_u" (its 32-element blocks of loads in flight for a lone row, 4
- * or 8; 0: 4).
+ * or 8; 0: 4), "fp8_f16k" (decode attention v5 over fp8 K/V computes Q K^T
+ * on the f16 MMA when the block's Q converts to f16 exactly, else as
+ * before; KVMEM_CUDA_FP8_F16K=1; off by default: an experiment whose bits
+ * tests/gpu/check_fp8_view.c compares with the bf16 path's).
  * Returns the previous
  * setting, or -EINVAL for an unknown name or value. Results stay within the
  * ops' tolerances either way; the bits of a GEMM may differ. */

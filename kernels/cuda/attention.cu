@@ -152,6 +152,16 @@ __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* The same with f16 in (v5 over fp8 with KVMEM_CUDA_FP8_F16K: Q and the
+ * e4m3 keys, both exact in f16). */
+__device__ __forceinline__ void mma16816_h(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* Two fp32 as bf16x2, lo in the low half (the lower column of a fragment):
  * one cvt.rn.bf16x2.f32, the bits of f2bf for every value but NaN (P and
  * the outputs are never NaN for finite inputs). */
@@ -655,6 +665,7 @@ struct dec_args {
 	const int *n_kv_dev;	/* the key count on the device (capped at n_kv), or NULL */
 	int n_q, n_kv, n_heads, n_kv_heads, group, target;
 	int min_tiles;		/* the split's least stages (dec_min_tiles) */
+	int f16k;		/* F8: scores on the f16 MMA when Q converts exactly (fp8_f16k) */
 	long long kv_stride;
 	float scale_log2;	/* scale * log2(e) */
 	float *part_o, *part_m, *part_l;	/* [target][n_kv_heads][R] (x head_dim) */
@@ -827,6 +838,9 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 	float o[HD / 8][4];
 	uint32_t qf[HD / 16][4];
+	/* fp8 with a.f16k: the block's Q K^T on the f16 MMA, decided once Q
+	 * has landed (every Q value exact in f16; else the bf16 path). */
+	bool kh16 = false;
 
 #pragma unroll
 	for (int dt = 0; dt < HD / 8; dt++)
@@ -846,6 +860,20 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 		if (i + DEC_STAGES - 1 < n_tiles)
 			load_stage(i + DEC_STAGES - 1, (i + DEC_STAGES - 1) % DEC_STAGES);
 		cp_async_commit();
+		if (F8 && i == 0 && a.f16k) {
+			/* Q (landed, the block barrier above) converts to f16
+			 * exactly when every value is in f16's range and its
+			 * bits fit: then the f16 products are the bf16 ones. */
+			int exact = 1;
+
+			for (int c = tid; c < 16 * HD; c += C::THREADS) {
+				const float x = __bfloat162float(
+					__ushort_as_bfloat16(sQ[(c / HD) * C::LD + c % HD]));
+
+				exact &= __half2float(__float2half_rn(x)) == x;
+			}
+			kh16 = __syncthreads_and(exact);
+		}
 		if (F8) {
 			/* Stage i's bytes of the warp's 16 keys into its rows of the
 			 * tile as bf16, unscaled (exact: e4m3x4_bf16), 8 values a
@@ -862,7 +890,23 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 				const uint2 u = *(const uint2 *)((isv ? rv : rk) + r * HD + c8 * 8);
 				uint4 o;
 
-				if (!e4m3x4_bf16(u.x, &o.x, &o.y) || !e4m3x4_bf16(u.y, &o.z, &o.w)) {
+				if (!isv && kh16) {
+					/* K as f16: one cvt for two values, exact
+					 * (a NaN code gives an f16 NaN: NaN scores
+					 * either way). */
+					uint32_t h[4];
+
+#pragma unroll
+					for (int j = 0; j < 4; j++) {
+						const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
+							(__nv_fp8x2_storage_t)((j < 2 ? u.x : u.y) >>
+										(16 * (j & 1))),
+							__NV_E4M3);
+
+						h[j] = (uint32_t)hr.x | (uint32_t)hr.y << 16;
+					}
+					o = make_uint4(h[0], h[1], h[2], h[3]);
+				} else if (!e4m3x4_bf16(u.x, &o.x, &o.y) || !e4m3x4_bf16(u.y, &o.z, &o.w)) {
 					const uint32_t w[2] = { u.x, u.y };	/* a NaN code: the twin's bits */
 					uint16_t h[8];
 
@@ -888,6 +932,15 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 				qf[kk][1] = *(const uint32_t *)(b + 8 * C::LD);
 				qf[kk][2] = *(const uint32_t *)(b + 8);
 				qf[kk][3] = *(const uint32_t *)(b + 8 * C::LD + 8);
+				if (kh16)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						const float2 x = __bfloat1622float2(
+							*(const __nv_bfloat162 *)&qf[kk][e]);
+						const __half2 h = __floats2half2_rn(x.x, x.y);
+
+						qf[kk][e] = *(const uint32_t *)&h;
+					}
 			}
 		}
 
@@ -901,8 +954,13 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 			uint32_t b[4];
 
 			ldsm_x4_u(b, kA + soff + kk * 16 * 2);
-			mma16816(s[0], qf[kk], b[0], b[1]);
-			mma16816(s[1], qf[kk], b[2], b[3]);
+			if (F8 && kh16) {
+				mma16816_h(s[0], qf[kk], b[0], b[1]);
+				mma16816_h(s[1], qf[kk], b[2], b[3]);
+			} else {
+				mma16816(s[0], qf[kk], b[0], b[1]);
+				mma16816(s[1], qf[kk], b[2], b[3]);
+			}
 		}
 
 		/* fp8: this stage's row scales (K's on the scores, V's on P): a
@@ -1447,6 +1505,7 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.v = f.v;
 	a.ks = ks;	/* set: fp8 K/V (dec8_kernel) */
 	a.vs = vs;
+	a.f16k = ks && c->fp8_f16k;
 	a.q_pos = f.q_pos;
 	a.kv_pos = f.kv_pos;
 	a.n_kv_dev = n_kv_dev;

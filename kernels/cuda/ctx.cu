@@ -86,6 +86,11 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		c->dec_min_tiles = e ? atoi(e) : 0;
 		if (c->dec_min_tiles < 0 || c->dec_min_tiles > 64)
 			c->dec_min_tiles = 0;
+		/* v5 over fp8 K: the scores on the f16 MMA (e4m3 -> f16 is one
+		 * instruction for two values and exact; Q goes to f16 when every
+		 * value of the block's Q converts exactly, else the bf16 path). */
+		e = getenv("KVMEM_CUDA_FP8_F16K");
+		c->fp8_f16k = e && !strcmp(e, "1");
 	}
 	if ((rc = kvmem_cuda_err(cudaSetDevice(device), "selecting the device")) ||
 	    (rc = kvmem_cuda_err(cudaGetDeviceProperties(&p, device), "reading the device")))
@@ -246,13 +251,19 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		c->gemm_tc_u = on;
 		return was;
 	}
+	if (!strcmp(what, "fp8_f16k")) {
+		was = c->fp8_f16k;
+		c->fp8_f16k = !!on;
+		return was;
+	}
 	if (!strcmp(what, "gemv"))
 		flag = &c->no_gemv;
 	else if (!strcmp(what, "fast_scores"))
 		flag = &c->slow_scores;
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
-				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse)", what);
+				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse, fp8_f16k)",
+				   what);
 	was = !*flag;
 	*flag = !on;
 	return was;

@@ -57,6 +57,8 @@ struct kvmem_cuda_ctx {
 	unsigned *att_cnt;	/* decode attention v5's per-KV-head counters (device, zero) */
 	int dec_min_tiles;	/* v5's least stages a split (KVMEM_CUDA_DEC_MIN_TILES, 1..64;
 				 * attention.cu's DEC_MIN_TILES when unset) */
+	int fp8_f16k;		/* v5 over fp8: Q K^T on the f16 MMA (KVMEM_CUDA_FP8_F16K=1; an
+				 * experiment, attention.cu's dec_body) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];
 	int next_plan;		/* round-robin replacement */
 };

@@ -303,10 +303,16 @@ struct dec8 {
 	int n_kv, cap, heads, H, D;
 };
 
-static void dec8_make(struct dec8 *d, int n_kv, int heads, int H, int D)
+/* odd_q: one Q value (of the first KV head's group) is (1 + 2^-7) 2^-20,
+ * which f16 cannot hold exactly (its step there is 2^-24): the f16-K form
+ * (fp8_f16k) falls back in that KV head's blocks. */
+static void dec8_make_q(struct dec8 *d, int n_kv, int heads, int H, int D, int odd_q)
 {
 	uint16_t *q = rand_bf16((size_t)heads * D, -2, 2);
 	int32_t pos = n_kv - 1;
+
+	if (odd_q)
+		q[D / 2 + 3] = 0x3581;	/* (1 + 2^-7) 2^-20 as bf16 */
 
 	d->n_kv = n_kv, d->cap = n_kv + 9, d->heads = heads, d->H = H, d->D = D;
 	flayer_make(&d->f, H, d->cap, D);
@@ -319,6 +325,11 @@ static void dec8_make(struct dec8 *d, int n_kv, int heads, int H, int D)
 	if (kvmem_cuda_fp8_view_bf16(g_c, d->k16, d->v16, d->cap, d->f.k8, d->f.v8, d->f.ks,
 				     d->f.vs, H, n_kv, d->cap, D))
 		die("fp8 view as bf16");
+}
+
+static void dec8_make(struct dec8 *d, int n_kv, int heads, int H, int D)
+{
+	dec8_make_q(d, n_kv, heads, H, D, 0);
 }
 
 static void dec8_free(struct dec8 *d)
@@ -346,24 +357,43 @@ static int run_dec16(void *a)
 						1.0f / sqrtf((float)d->D));
 }
 
-static void check_dec8(int n_kv, int heads, int H, int D)
+/* Bit for bit v5 over the rows dequantised; then the same with the f16-K
+ * form (fp8_f16k), with a Q that f16 holds and (odd_q) one it does not:
+ * that form must give the same bits either way, or it is not kept. */
+static void check_dec8_q(int n_kv, int heads, int H, int D, int odd_q)
 {
 	struct dec8 d;
-	uint16_t *a, *b;
-	int rc;
+	uint16_t *a, *b, *c;
+	int rc, was = kvmem_cuda_tune(g_c, "fp8_f16k", 0);
 
-	dec8_make(&d, n_kv, heads, H, D);
+	dec8_make_q(&d, n_kv, heads, H, D, odd_q);
 	rc = run_dec16(&d);
 	a = dget(d.out, 2 * (size_t)heads * D);
 	rc = rc || run_dec8(&d);
 	b = dget(d.out, 2 * (size_t)heads * D);
-	if (rc)
+	kvmem_cuda_tune(g_c, "fp8_f16k", 1);
+	rc = rc || run_dec8(&d);
+	c = dget(d.out, 2 * (size_t)heads * D);
+	kvmem_cuda_tune(g_c, "fp8_f16k", was);
+	if (rc) {
 		report(0, "decode v5 over fp8: %s", kvmem_last_error());
-	else
-		report(!memcmp(a, b, 2 * (size_t)heads * D), "decode v5 over fp8 K/V: %d keys, %d/%d "
-		       "heads x %d, bit for bit v5 over the rows dequantised", n_kv, heads, H, D);
-	free(a), free(b);
+	} else {
+		if (!odd_q)
+			report(!memcmp(a, b, 2 * (size_t)heads * D), "decode v5 over fp8 K/V: %d keys, "
+			       "%d/%d heads x %d, bit for bit v5 over the rows dequantised", n_kv,
+			       heads, H, D);
+		report(!memcmp(a, c, 2 * (size_t)heads * D), "decode v5 over fp8 K/V, Q K^T on the "
+		       "f16 MMA (fp8_f16k%s): %d keys, %d/%d heads x %d, bit for bit the same",
+		       odd_q ? ", a Q value f16 cannot hold: its KV head falls back" : "", n_kv, heads,
+		       H, D);
+	}
+	free(a), free(b), free(c);
 	dec8_free(&d);
+}
+
+static void check_dec8(int n_kv, int heads, int H, int D)
+{
+	check_dec8_q(n_kv, heads, H, D, 0);
 }
 
 /* ---- timings ---------------------------------------------------------------- */
@@ -405,10 +435,17 @@ static void bench_view(void)
 		struct dec8 d;
 
 		dec8_make(&d, k ? 131072 : 32768, heads, H, D);
+		double th;
+		int was;
+
 		t16 = time_ms(run_dec16, &d, 3, 21);
 		t8 = time_ms(run_dec8, &d, 3, 21);
+		was = kvmem_cuda_tune(g_c, "fp8_f16k", 1);
+		th = time_ms(run_dec8, &d, 3, 21);
+		kvmem_cuda_tune(g_c, "fp8_f16k", was);
 		printf("decode attention v5, %dK keys, one layer: bf16 view %.1f us, fp8 view %.1f us; "
-		       "fp8 / bf16 speed %.2f\n", d.n_kv / 1024, t16 * 1e3, t8 * 1e3, t16 / t8);
+		       "fp8 / bf16 speed %.2f; with Q K^T on the f16 MMA (fp8_f16k) %.1f us, %.2f\n",
+		       d.n_kv / 1024, t16 * 1e3, t8 * 1e3, t16 / t8, th * 1e3, t16 / th);
 		dec8_free(&d);
 	}
 	/* Rematerialisation of NB blocks x L layers from pinned host pages. */
@@ -462,6 +499,7 @@ void check_fp8_view(int bench)
 	check_dec8(700, 8, 8, 128);
 	check_dec8(4097, 16, 8, 64);
 	check_dec8(2000, 16, 2, 128);
+	check_dec8_q(700, 8, 8, 128, 1);
 	if (!g_quick)
 		check_dec8(32768, 32, 8, 128);
 	if (bench)
