@@ -1202,6 +1202,29 @@ def self_test(data=None):
     ev = evaluate_whole(model, toyw, cc, aa, dev, False, rc16, 4)
     check("whole: the held-out ranks", ev["questions"] == 2 and 0 <= ev["in_budget"] <= 1,
           whole_eval_line("toy", ev))
+
+    # 6. fp8 K/V (--kv-fp8) on the tiny model: the hooks find both layers;
+    # off they change nothing; on, layer 0's cached V (its input is the
+    # embeddings either way) is its fp8 round trip, and the logits move.
+    model.eval()
+    x = torch.from_numpy(seqs[:1, :48])
+    with torch.no_grad():
+        def run():
+            cache = new_cache(model.config)
+            lg = model(input_ids=x, past_key_values=cache, use_cache=True).logits.float()
+            return lg, cache_kv(cache, 0)[1].clone()
+        l0, v0 = run()
+        kvq = KVFP8(model, 16)
+        l1, _ = run()
+        kvq.on = True
+        l2, v2 = run()
+        kvq.on = False
+        kvq.remove()
+    check("fp8 hooks on a tiny Qwen3: both layers found; off, the same logits",
+          kvq.layers == 2 and _same_f32(l0, l1))
+    check("fp8 hooks on a tiny Qwen3: on, layer 0's cached V is its fp8 round trip; the "
+          "logits move", _same_f32(v2.float(), fp8_roundtrip(v0).float())
+          and not _same_f32(l2, l0), f"max |logit diff| {(l2 - l0).abs().max().item():.2e}")
     return 1 if bad else 0
 
 
@@ -2039,6 +2062,7 @@ def main(argv):
     # A fine-tune for fp8 starts with where the model stands, both ways.
     if evals and kvq is not None and args.init:
         run_evals(0)
+        last_eval = time.time()
     while True:
         elapsed = time.time() - t_loop
         progress = max(elapsed / budget, step / args.steps if args.steps else 0.0)
@@ -2059,16 +2083,18 @@ def main(argv):
             # the whole step (its paged and whole batches too) reads fp8 K/V, or none of it
             kvq.on = args.kv_fp8 > 0 and fp8_rng.random() < args.kv_fp8
             fp8_steps += kvq.on
+        # a compiled graph per shape and fp8 state
+        shape = (tuple(x.shape), kvq is not None and kvq.on)
         try:
             loss, lm_loss, ans_loss = train_step(x)
         except Exception as e:  # noqa: BLE001 - a compile failure must not end the run
-            if fwd is model or tuple(x.shape) in shapes_ok:
+            if fwd is model or shape in shapes_ok:
                 raise
             log(f"compile: failed on shape {tuple(x.shape)} ({type(e).__name__}: {e}); eager from now on")
             opt.zero_grad(set_to_none=True)
             fwd = model
             loss, lm_loss, ans_loss = train_step(x)
-        shapes_ok.add(tuple(x.shape))
+        shapes_ok.add(shape)
         if paged and progress >= paged_from:
             try:
                 if pperm_at + args.paged_batch > c.n_paged:
