@@ -5,7 +5,10 @@
 # a tiny Qwen3's logits from pages against a plain forward), with whole
 # paged sequences (--paged-whole: windows that tile the workspace, each
 # block's Mean-K summary from the window that owns it, the needles, the
-# workspace Mean-K loss's gradients). Skipped (77)
+# workspace Mean-K loss's gradients), and --kv-fp8's fake quantisation (the
+# e4m3 rounding against tools/train/e4m3_fixture.txt, kernels/cpu/fp8.c's
+# bits, which test_fp8 checks; the straight-through gradient; the hooks on
+# k_norm and v_proj). Skipped (77)
 # where no python3 has torch and numpy (apt-get install python3-torch
 # python3-numpy gives them).
 . "$(dirname "$0")/lib.sh"
@@ -35,6 +38,17 @@ for want in "has whole paged sequences" "whole records: the windows tile the wor
 	"gradients reach the selected blocks' tokens and nothing else"; do
 	grep -q "self-test: ok   .*$want" "$tmp/log" || bad "no whole check '$want': $(cat "$tmp/log")"
 done
+for want in "fp8: e4m3 rounding = kvmem_f32_to_e4m3 bit for bit" \
+	"fp8: the fixture tells ties-away from ties-to-even" \
+	"fp8: row scales = kvmem_fp8_row_scale" "fp8: row round trips = kvmem_fp8_roundtrip_rows" \
+	"fp8: the gradient passes through unchanged" \
+	"fp8 hooks: on, each layer's K and V rows are read back as fp8"; do
+	grep -q "self-test: ok   $want" "$tmp/log" || bad "no fp8 check '$want': $(cat "$tmp/log")"
+done
+# --kv-fp8 is a share of the steps
+"$PY" tools/train/train.py --data "$tmp/c.bin" --out "$tmp/m" --kv-fp8 1.5 2>"$tmp/err" &&
+	bad "--kv-fp8 1.5 was taken"
+grep -q "kv-fp8 1.5: a share of the steps" "$tmp/err" || bad "--kv-fp8 1.5: $(cat "$tmp/err")"
 # --paged-whole needs --paged, and page windows of whole blocks in each half
 "$KVMEM" synth corpus --tokens 10k --seq-len 512 --view-policy lexical --paged-whole 0.5 \
 	--out "$tmp/x.bin" --quiet 2>/dev/null && bad "--paged-whole without --paged was taken"

@@ -17,7 +17,9 @@
  *    attention over fp8 K/V, give the bits of the same over the bf16 page
  *    of the dequantised values (which bf16 holds exactly);
  *  - an fp8 view's K row (the cuda backend's): the rotation within half a
- *    step at twice the raw scale, never saturated; the put twin.
+ *    step at twice the raw scale, never saturated; the put twin;
+ *  - tools/train/e4m3_fixture.txt, which train.py's fake quantisation is
+ *    checked against, holds what these functions give.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -395,6 +397,186 @@ static void test_view_rows(void **state)
 	}
 }
 
+/*
+ * tools/train/e4m3_fixture.txt: what kvmem_e4m3_to_f32, kvmem_f32_to_e4m3,
+ * kvmem_fp8_row_scale and kvmem_fp8_roundtrip_rows give for fixed inputs
+ * (every code; every code's value, the midpoints after it and a hair either
+ * side; the special values; deterministic pseudo-random values; rows with
+ * the scale's edge cases). train.py's fake quantisation (--kv-fp8) checks
+ * itself against the same file in its --self-test, so the two agree bit for
+ * bit through it. Run from the repository root; KVMEM_FP8_FIXTURE_WRITE=1
+ * writes the file instead of comparing (only after a deliberate change to
+ * the format or to the inputs below).
+ */
+#define FIXTURE_PATH "tools/train/e4m3_fixture.txt"
+
+struct fixbuf {
+	char *s;
+	size_t n, cap;
+};
+
+static void fix_printf(struct fixbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (b->cap - b->n < 4096) {
+		b->cap = b->cap * 2 + 65536;
+		b->s = realloc(b->s, b->cap);
+		assert_non_null(b->s);
+	}
+	va_start(ap, fmt);
+	n = vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
+	va_end(ap);
+	assert_true(n >= 0 && (size_t)n < b->cap - b->n);
+	b->n += (size_t)n;
+}
+
+static uint32_t fbits(float x)
+{
+	uint32_t u;
+
+	memcpy(&u, &x, sizeof(u));
+	return u;
+}
+
+static float bitsf(uint32_t u)
+{
+	float x;
+
+	memcpy(&x, &u, sizeof(x));
+	return x;
+}
+
+static void fix_encode(struct fixbuf *b, float x)
+{
+	fix_printf(b, "encode %08x %02x\n", fbits(x), kvmem_f32_to_e4m3(x));
+}
+
+static void fix_row(struct fixbuf *b, const float *x, int n)
+{
+	float y[64];
+
+	assert_true(n <= 64);
+	memcpy(y, x, sizeof(float) * (size_t)n);
+	kvmem_fp8_roundtrip_rows(y, 1, n);
+	fix_printf(b, "row %08x", fbits(kvmem_fp8_row_scale(x, n)));
+	for (int i = 0; i < n; i++)
+		fix_printf(b, "%c%08x", i ? ',' : ' ', fbits(x[i]));
+	for (int i = 0; i < n; i++)
+		fix_printf(b, "%c%08x", i ? ',' : ' ', fbits(y[i]));
+	fix_printf(b, "\n");
+}
+
+/* A fixed generator (not the run's seed: the file is fixed). */
+static uint32_t fix_rand(uint64_t *r)
+{
+	*r = *r * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(*r >> 33);
+}
+
+static float fix_value(uint64_t *r, int lo, int hi)
+{
+	const float m = 1.0f + (float)(fix_rand(r) & 0xfffff) / 0x100000;
+	const int neg = fix_rand(r) & 1, e = lo + (int)(fix_rand(r) % (uint32_t)(hi - lo + 1));
+
+	return ldexpf(neg ? -m : m, e);
+}
+
+static void test_train_fixture(void **state)
+{
+	static const uint32_t special[] = {
+		0x00000000, 0x80000000, 0x7fc00000, 0xffc00000, 0x7f800000, 0xff800000,
+		0x7f7fffff, 0xff7fffff, 0x00000001, 0x80000001, 0x00800000, 0x3a800000,
+	};
+	static const float edges[] = {
+		448.0f, -448.0f, 449.0f, 464.0f, 480.0f, 1e30f, -3e38f, 447.99997f,
+		0x1p-6f, 0x1.fffffep-7f, 0x1p-9f, 0x1p-10f, 0x3p-10f, 0x5p-10f, 0x7p-10f,
+		0xfp-10f, 0x1.000002p-10f, 0x1.fffffep-11f, 0x1p-140f, -0x1p-140f,
+	};
+	struct fixbuf b = { 0 };
+	uint64_t r = 0x6b766d656d;	/* "kvmem" */
+	float row[64];
+	FILE *f;
+
+	fix_printf(&b, "# e4m3 fixture: kernels/cpu/fp8.c's answers, written by build/tests/test_fp8\n"
+		   "# (test_train_fixture) and read by tools/train/train.py --self-test.\n"
+		   "# decode CODE F32 | encode F32 CODE | row SCALE IN,... OUT,... (roundtrip);\n"
+		   "# F32 as its bits in hex.\n");
+	for (int c = 0; c < 256; c++)
+		fix_printf(&b, "decode %02x %08x\n", c, fbits(kvmem_e4m3_to_f32((uint8_t)c)));
+	for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++)
+		fix_encode(&b, bitsf(special[i]));
+	for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++)
+		fix_encode(&b, edges[i]);
+	for (int c = 0; c < 0x7e; c++) {
+		float lo = kvmem_e4m3_to_f32((uint8_t)c), hi = kvmem_e4m3_to_f32((uint8_t)(c + 1));
+		float mid = (lo + hi) / 2;	/* exact */
+
+		fix_encode(&b, lo);
+		fix_encode(&b, mid);
+		fix_encode(&b, -mid);
+		fix_encode(&b, nextafterf(mid, 0));
+		fix_encode(&b, nextafterf(mid, INFINITY));
+	}
+	for (int i = 0; i < 300; i++)
+		fix_encode(&b, fix_value(&r, -14, 9));
+
+	/* Rows: amax at the scale's edges, zeros, -0, NaN and infinity among
+	 * finite values, all NaN, fp32 subnormals (the clamp at 2^-126), near
+	 * fp32's largest (the clamp at 2^120, then saturation), and random
+	 * rows of 8 and 64 at K's and V's magnitudes. */
+	static const float rows8[][8] = {
+		{ 448.0f, 1.0f, -3.5f, 0.1f, 200.0f, -0.0f, 7.0f, 0.01f },
+		{ 448.00003f, 1.0f, -3.5f, 0.1f, 200.0f, 0.0f, 7.0f, 0.01f },
+		{ 224.0f, -1.0f, 3.5f, 0.1f, 2e-3f, 0.0f, -7.0f, 0.01f },
+		{ -224.00002f, -1.0f, 3.5f, 0.1f, 2e-3f, 0.0f, -7.0f, 0.01f },
+		{ 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f },
+		{ -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f },
+		{ NAN, 0.5f, -0.25f, INFINITY, 0.125f, -INFINITY, 3.0f, -NAN },
+		{ NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN },
+		{ INFINITY, -INFINITY, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f },
+		{ 0x1p-140f, -0x1p-149f, 0x1p-130f, 0.0f, -0x1.8p-127f, 0x1p-126f, 0x1p-145f, 0.0f },
+		{ 3e38f, -1e38f, 1e36f, 1.0f, -5e37f, 0.0f, 2.5e38f, 1e30f },
+		{ 3.4028235e38f, -3.4028235e38f, 1e38f, -1.0f, 0.0f, 1e37f, 2e38f, 3e38f },
+		{ 0.875f, 0.4375f, -0.21875f, 0.1f, 0.05f, -0.9f, 0.3f, 1e-6f },
+	};
+	for (size_t i = 0; i < sizeof(rows8) / sizeof(rows8[0]); i++)
+		fix_row(&b, rows8[i], 8);
+	for (int i = 0; i < 12; i++) {
+		const int n = i & 1 ? 64 : 8, lo = -8 + 3 * (i / 2);
+
+		for (int j = 0; j < n; j++)
+			row[j] = fix_value(&r, lo - 10, lo);
+		fix_row(&b, row, n);
+	}
+
+	if (getenv("KVMEM_FP8_FIXTURE_WRITE")) {
+		f = fopen(FIXTURE_PATH, "w");
+		assert_non_null(f);
+		assert_int_equal(fwrite(b.s, 1, b.n, f), b.n);
+		assert_int_equal(fclose(f), 0);
+		print_message("wrote %s (%zu bytes)\n", FIXTURE_PATH, b.n);
+	} else {
+		char *have = malloc(b.n + 2);
+		size_t got, line = 1, at = 0;
+
+		assert_non_null(have);
+		f = fopen(FIXTURE_PATH, "r");
+		if (!f)
+			fail_msg("%s: %s (run from the repository root)", FIXTURE_PATH, strerror(errno));
+		got = fread(have, 1, b.n + 1, f);
+		fclose(f);
+		while (at < got && at < b.n && have[at] == b.s[at])
+			line += b.s[at++] == '\n';
+		if (got != b.n || at != b.n)
+			fail_msg("%s differs from what kernels/cpu/fp8.c gives at line %zu (%zu bytes, "
+				 "want %zu)", FIXTURE_PATH, line, got, b.n);
+		free(have);
+	}
+	free(b.s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -406,6 +588,7 @@ int main(void)
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_twins),
 		cmocka_unit_test(test_view_rows),
+		cmocka_unit_test(test_train_fixture),
 	};
 
 	g_seed = test_rng_fresh_seed("test_fp8");

@@ -45,6 +45,10 @@
 # policy corpus's workspaces of 16x and more are whole (MEANK_WHOLE_EVAL=0:
 # not), and each evaluation ranks their needle blocks among all their
 # blocks. smoke defaults to MEANK_WHOLE=0.5 MEANK_WHOLE_WEIGHT=0.2.
+# fp8 K/V in the loop (issue 27): KV_FP8 (train.py's --kv-fp8: the share of
+# steps whose attention reads raw K and V through kvmem's fp8 round trip,
+# straight-through gradients; 0: off, and the held-out corpora are then
+# evaluated as before, without their NAME-fp8 twins). smoke defaults to 0.5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -58,7 +62,7 @@ case "$MODE" in
 smoke)
 	: "${MINUTES:=0.5}" "${TOKENS:=24M}" "${EVAL_TOKENS:=256k}"
 	: "${VIEW_POLICY=lexical}" "${PAGED=0.3}" "${MAX_RATIO=64}"
-	: "${MEANK_WHOLE=0.5}" "${MEANK_WHOLE_WEIGHT=0.2}"
+	: "${MEANK_WHOLE=0.5}" "${MEANK_WHOLE_WEIGHT=0.2}" "${KV_FP8=0.5}"
 	;;
 full) : "${MINUTES:=6.5}" "${TOKENS:=300M}" "${EVAL_TOKENS:=2M}" ;;
 *) fail "usage: tools/train/run_gpu.sh smoke|full" ;;
@@ -70,6 +74,7 @@ esac
 : "${PAGED:=0}" "${PAGE_WINDOW:=$SEQ_LEN}" "${PAGED_BATCH:=8}" "${PAGED_FROM:=-1}"
 : "${MEANK_WHOLE:=0}" "${WHOLE_MIN_RATIO:=16}" "${MEANK_WHOLE_WEIGHT:=0}"
 : "${MEANK_WHOLE_BATCH:=2}" "${MEANK_WHOLE_HARD:=4}" "${MEANK_WHOLE_EVAL:=1}"
+: "${KV_FP8:=0}"
 KVMEM=${KVMEM:-build/static/kvmem}
 
 [ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
@@ -105,6 +110,7 @@ fi
 # logits from pages against a plain forward) before anything long.
 if ! python3 tools/train/train.py --self-test; then
 	[ "$PAGING" = 1 ] && fail "train.py --self-test failed (see above)"
+	[ "$KV_FP8" != 0 ] && fail "train.py --self-test failed (see above); KV_FP8 needs its fp8 checks"
 	echo "run_gpu.sh: warning: train.py --self-test failed; PAGED=0, so the run goes on"
 fi
 
@@ -156,7 +162,7 @@ python3 tools/train/train.py --data "$WORK/train.bin" \
 	${EVAL_POLICY[@]+"${EVAL_POLICY[@]}"} --meank-weight "$MEANK_WEIGHT" \
 	--paged-batch "$PAGED_BATCH" --paged-from "$PAGED_FROM" \
 	--meank-whole-weight "$MEANK_WHOLE_WEIGHT" --meank-whole-batch "$MEANK_WHOLE_BATCH" \
-	--meank-whole-hard "$MEANK_WHOLE_HARD" \
+	--meank-whole-hard "$MEANK_WHOLE_HARD" --kv-fp8 "$KV_FP8" \
 	--vocab "$WORK/vocab.tsv" --out "$WORK/model" --minutes "$MINUTES" \
 	--device "$TRAIN_DEVICE" $SMOKE $TRAIN_ARGS ||
 	fail "train.py failed (see above)"

@@ -753,6 +753,230 @@ def exact_counts(logits, x, ans, c):
     return int((has > 0).sum().item()), int(((has > 0) & (bad == 0)).sum().item())
 
 
+# ---- fp8 K/V in the loop (issue 27) -----------------------------------------
+# kvmem's --kv-dtype fp8 keeps each token's raw K (after k-norm, before RoPE)
+# and V as e4m3 with one power-of-two scale per row of head_dim values (a
+# token in a KV head): kernels/kernels_fp8.h. --kv-fp8 trains with that round
+# trip in the attention (fake quantisation): forward hooks on every layer's
+# self_attn.k_norm and self_attn.v_proj give back the values kvmem would read,
+# and pass the gradients through unchanged (straight-through). The rounding
+# below gives kernels/cpu/fp8.c's bits (--self-test checks it against
+# e4m3_fixture.txt, which test_fp8 checks against the C).
+E4M3_FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e4m3_fixture.txt")
+
+
+def _pow2(e):
+    """2^e (fp32) for int32 e in fp32's normal range, exact on any device."""
+    return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def e4m3_round(y, ties_away=False):
+    """fp32 y to the nearest e4m3 value, as fp32: ties to even, +-448 past
+    it (infinity too), NaN kept, the sign of zero kept; the value
+    kvmem_e4m3_to_f32(kvmem_f32_to_e4m3(y)) gives. (ties_away: the wrong
+    tie rule, for the self-test to show the fixture tells them apart.)"""
+    a = y.abs()
+    _, k = torch.frexp(a)
+    # A step of 2^(k - 4) in the binade [2^(k-1), 2^k); below 2^-6 the
+    # subnormals' 2^-9 (k clamped to -5); k capped where the value saturates.
+    step = _pow2(k.clamp(-5, 10) - 4)
+    v = (torch.floor(a / step + 0.5) if ties_away else torch.round(a / step)) * step
+    v = v.masked_fill(a >= 448.0, 448.0)
+    v = torch.where(torch.isnan(y), y, v)
+    return torch.copysign(v, y)
+
+
+def fp8_row_exp(x):
+    """The exponent of each row's scale (the last axis, fp32): the power of two
+    that brings the row's largest finite magnitude into (224, 448], clamped
+    to [-126, 120]; 0 for a row with nothing finite but zeros."""
+    a = x.abs().masked_fill(~torch.isfinite(x), 0.0).amax(-1, keepdim=True)
+    f, k = torch.frexp(a)
+    e = (k - 9 + (f > 0.875).to(k.dtype)).clamp(-126, 120)
+    return e.masked_fill(a == 0, 0)
+
+
+def fp8_roundtrip(x):
+    """Rows (the last axis) through kvmem's fp8: e4m3(x / scale) * scale, the
+    bits of kvmem_fp8_roundtrip_rows; computed in fp32, returned in x's
+    dtype (exact in bf16 but for values under 2^-133)."""
+    xf = x.float()
+    e = fp8_row_exp(xf)
+    return (e4m3_round(xf * _pow2(-e)) * _pow2(e)).to(x.dtype)
+
+
+def fake_fp8(x, head_dim):
+    """x [..., n * head_dim] with each run of head_dim values (a token in a KV
+    head) through fp8_roundtrip; the gradient passes straight through. For
+    finite x the forward is the rounded values themselves (q + 0)."""
+    shape = x.shape
+    if shape[-1] % head_dim:
+        raise ValueError(f"fp8: a last axis of {shape[-1]} is not rows of {head_dim}")
+    q = fp8_roundtrip(x.detach().reshape(*shape[:-1], -1, head_dim)).reshape(shape)
+    return q + (x - x.detach())
+
+
+class KVFP8:
+    """Forward hooks on a model's self_attn.k_norm (raw K: after k-norm,
+    before RoPE) and self_attn.v_proj (V) modules, found by name: while .on,
+    their outputs are what kvmem's fp8 pages give back (fake_fp8). Installed
+    once, before torch.compile, and left in place; .on is read at each call."""
+
+    def __init__(self, model, head_dim):
+        self.on, self.head_dim, self.handles = False, head_dim, []
+        k = v = 0
+        for name, mod in model.named_modules():
+            if name.endswith("self_attn.k_norm") or name.endswith("self_attn.v_proj"):
+                self.handles.append(mod.register_forward_hook(self._hook))
+                k += name.endswith("k_norm")
+                v += name.endswith("v_proj")
+        if not k or k != v:
+            raise ValueError(f"fp8: found {k} self_attn.k_norm and {v} self_attn.v_proj modules")
+        self.layers = k
+
+    def _hook(self, mod, inp, out):
+        return fake_fp8(out, self.head_dim) if self.on else None
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def read_e4m3_fixture(path=E4M3_FIXTURE):
+    """test_fp8's fixture: (decode {code: f32 bits}, encode [(x bits, code)],
+    rows [(scale bits, in bits [n], out bits [n])])."""
+    dec, enc, rows = {}, [], []
+    with open(path) as f:
+        for line in f:
+            w = line.split()
+            if not w or w[0].startswith("#"):
+                continue
+            if w[0] == "decode":
+                dec[int(w[1], 16)] = int(w[2], 16)
+            elif w[0] == "encode":
+                enc.append((int(w[1], 16), int(w[2], 16)))
+            elif w[0] == "row":
+                rows.append((int(w[1], 16), [int(t, 16) for t in w[2].split(",")],
+                             [int(t, 16) for t in w[3].split(",")]))
+    return dec, enc, rows
+
+
+def _f32(bits):
+    return torch.tensor(np.array(bits, dtype=np.uint32).view(np.float32))
+
+
+def _same_f32(a, b):
+    """Bit for bit, every NaN alike (kvmem's one NaN code decodes to one)."""
+    ia = a.contiguous().view(torch.int32)
+    ib = b.contiguous().view(torch.int32)
+    return bool(((ia == ib) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def fp8_self_test(check):
+    """The fake quantisation against kernels/cpu/fp8.c's bits (e4m3_fixture.txt),
+    its straight-through gradient, and the hooks on a toy module tree that
+    names its modules as Qwen3 does."""
+    try:
+        dec, enc, rows = read_e4m3_fixture()
+    except OSError as e:
+        check(f"fp8: read {E4M3_FIXTURE}", False, str(e))
+        return
+    check("fp8: the fixture has every code, the encodings and the rows",
+          len(dec) == 256 and len(enc) > 600 and len(rows) > 20,
+          f"{len(enc)} values, {len(rows)} rows")
+    x = _f32([b for b, _ in enc])
+    want = _f32([dec[c] for _, c in enc])
+    check("fp8: e4m3 rounding = kvmem_f32_to_e4m3 bit for bit (ties, subnormals, "
+          "saturation, -0, NaN)", _same_f32(e4m3_round(x), want), f"{len(enc)} values")
+    check("fp8: the fixture tells ties-away from ties-to-even",
+          not _same_f32(e4m3_round(x, ties_away=True), want))
+    ok_s = ok_r = True
+    for s, xin, xout in rows:
+        xi = _f32(xin).view(1, -1)
+        ok_s &= _same_f32(_pow2(fp8_row_exp(xi)).view(1), _f32([s]))
+        ok_r &= _same_f32(fp8_roundtrip(xi).view(-1), _f32(xout))
+    check("fp8: row scales = kvmem_fp8_row_scale (zeros, NaN, infinity, the clamps)", ok_s,
+          f"{len(rows)} rows")
+    check("fp8: row round trips = kvmem_fp8_roundtrip_rows bit for bit", ok_r)
+    # bf16 input: rounding its fp32 widening, the result exact in bf16
+    xb = torch.randn(16, 64).mul(3.0).to(torch.bfloat16)
+    qb = fp8_roundtrip(xb)
+    check("fp8: bf16 rows round as their fp32 widening, exactly",
+          qb.dtype == torch.bfloat16 and _same_f32(qb.float(), fp8_roundtrip(xb.float())))
+    # straight-through: forward = the rounded rows, backward = identity
+    xs = torch.randn(3, 5, 2 * 64, requires_grad=True)
+    g = torch.randn(3, 5, 2 * 64)
+    y = fake_fp8(xs, 64)
+    (y * g).sum().backward()
+    check("fp8: fake quantisation's forward = each (token, head) row's round trip",
+          _same_f32(y.detach(), fp8_roundtrip(xs.detach().view(3, 5, 2, 64)).view(3, 5, 128))
+          and not _same_f32(y.detach(), xs.detach()))
+    check("fp8: the gradient passes through unchanged (straight-through)",
+          xs.grad is not None and _same_f32(xs.grad, g))
+
+    # The hooks on a toy attention that names its modules as Qwen3 does
+    # (model.layers.N.self_attn.k_norm / v_proj) and uses them as it does:
+    # K = k_norm(k_proj(h) viewed [B, T, H, D]), V = v_proj(h).
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k_proj, self.v_proj = torch.nn.Linear(16, 32), torch.nn.Linear(16, 32)
+            self.k_norm, self.o_proj = torch.nn.LayerNorm(8), torch.nn.Linear(32, 16)
+            self.seen = None
+
+        def forward(self, h):
+            k = self.k_norm(self.k_proj(h).view(h.shape[0], h.shape[1], 4, 8))
+            v = self.v_proj(h)
+            self.seen = (k.detach(), v.detach())
+            return h + self.o_proj(torch.tanh(k.reshape(v.shape) * v))
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn = Attn()
+
+        def forward(self, h):
+            return self.self_attn(h)
+
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+        def forward(self, h):
+            for layer in self.model.layers:
+                h = layer(h)
+            return h
+
+    toy = Toy()
+    h = torch.randn(2, 3, 16)
+    plain = toy(h)
+    plain_seen = [l.self_attn.seen for l in toy.model.layers]
+    kvq = KVFP8(toy, 8)
+    off = toy(h)
+    check("fp8 hooks: every layer's k_norm and v_proj found; off, the same bits",
+          kvq.layers == 2 and len(kvq.handles) == 4 and _same_f32(off, plain))
+    kvq.on = True
+    on = toy(h)
+    ok = True
+    for l, (k0, v0) in zip(toy.model.layers, plain_seen):
+        k1, v1 = l.self_attn.seen
+        ok &= _same_f32(k1, fp8_roundtrip(k0)) if l is toy.model.layers[0] else True
+        ok &= not _same_f32(k1, k0) and not _same_f32(v1, v0)
+    k1, v1 = toy.model.layers[0].self_attn.seen
+    ok &= _same_f32(v1, fp8_roundtrip(plain_seen[0][1].view(2, 3, 4, 8)).view(2, 3, 32))
+    check("fp8 hooks: on, each layer's K and V rows are read back as fp8", ok and
+          not _same_f32(on, plain))
+    on.sum().backward()
+    gk = toy.model.layers[0].self_attn.k_proj.weight.grad
+    check("fp8 hooks: on, the gradients reach k_proj through the rounding",
+          gk is not None and gk.abs().sum().item() > 0)
+    kvq.remove()
+    check("fp8 hooks: removed, the same bits as before", _same_f32(toy(h), plain))
+
+
 # ---- self-test of the paged path --------------------------------------------
 class _ToyCorpus:
     """The part of Corpus that PagedBatch reads, built in memory."""
@@ -882,6 +1106,7 @@ def self_test(data=None):
             want = rope_apply(raw, torch.tensor([i - off[i]]), D, theta)[0]
             ok &= bool((kv[b, 1, i] - want).abs().max() < 1e-4)
     check("the view's K/V come from the right window and place, keys re-rotated", ok)
+    fp8_self_test(check)
 
     # 4. With transformers: a tiny model's question logits from pages equal a
     # plain forward's when the pages hold the view's own context (windows
@@ -977,6 +1202,29 @@ def self_test(data=None):
     ev = evaluate_whole(model, toyw, cc, aa, dev, False, rc16, 4)
     check("whole: the held-out ranks", ev["questions"] == 2 and 0 <= ev["in_budget"] <= 1,
           whole_eval_line("toy", ev))
+
+    # 6. fp8 K/V (--kv-fp8) on the tiny model: the hooks find both layers;
+    # off they change nothing; on, layer 0's cached V (its input is the
+    # embeddings either way) is its fp8 round trip, and the logits move.
+    model.eval()
+    x = torch.from_numpy(seqs[:1, :48])
+    with torch.no_grad():
+        def run():
+            cache = new_cache(model.config)
+            lg = model(input_ids=x, past_key_values=cache, use_cache=True).logits.float()
+            return lg, cache_kv(cache, 0)[1].clone()
+        l0, v0 = run()
+        kvq = KVFP8(model, 16)
+        l1, _ = run()
+        kvq.on = True
+        l2, v2 = run()
+        kvq.on = False
+        kvq.remove()
+    check("fp8 hooks on a tiny Qwen3: both layers found; off, the same logits",
+          kvq.layers == 2 and _same_f32(l0, l1))
+    check("fp8 hooks on a tiny Qwen3: on, layer 0's cached V is its fp8 round trip; the "
+          "logits move", _same_f32(v2.float(), fp8_roundtrip(v0).float())
+          and not _same_f32(l2, l0), f"max |logit diff| {(l2 - l0).abs().max().item():.2e}")
     return 1 if bad else 0
 
 
@@ -1582,6 +1830,15 @@ def parse_args(argv):
     ap.add_argument("--meank-whole-eval", type=int, default=64,
                     help="whole records of each held-out corpus ranked at the end (a quarter at "
                          "the periodic evaluations)")
+    ap.add_argument("--kv-fp8", type=float, default=0.0, metavar="P",
+                    help="share of the training steps whose attention reads each layer's raw K "
+                         "(after k-norm, before RoPE) and V through kvmem's fp8 round trip (e4m3, a "
+                         "power-of-two scale per token and KV head; straight-through gradients), "
+                         "drawn step by step; held-out corpora are then evaluated both ways "
+                         "(NAME and NAME-fp8). 0: off")
+    ap.add_argument("--kv-fp8-eval", action="store_true",
+                    help="evaluate the held-out corpora with fp8 K/V too (NAME-fp8) whatever "
+                         "--kv-fp8 is: a control run's gap")
     ap.add_argument("--self-test", action="store_true",
                     help="check the paged path's parts (re-rotation, cache assembly, masks and "
                          "positions; with transformers, a tiny model's logits from pages against "
@@ -1603,6 +1860,8 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if not args.self_test and (not args.data or not args.out):
         ap.error("--data and --out are needed (or --self-test)")
+    if not 0.0 <= args.kv_fp8 <= 1.0:
+        ap.error(f"--kv-fp8 {args.kv_fp8:g}: a share of the steps, 0 to 1")
     if args.smoke:
         args.minutes = min(args.minutes, 0.5)
         args.eval_every = 10.0
@@ -1691,6 +1950,18 @@ def main(argv):
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}], **opt_kw)
 
+    # fp8 K/V (--kv-fp8): the hooks go in before torch.compile and stay; each
+    # step sets kvq.on (the compiled step guards on it: one graph a state).
+    kvq = None
+    if args.kv_fp8 > 0 or args.kv_fp8_eval:
+        try:
+            kvq = KVFP8(model, args.head_dim)
+        except ValueError as e:
+            die(f"--kv-fp8: {e}")
+        log(f"fp8: raw K and V of {kvq.layers} layers through e4m3 (a scale a token and KV "
+            f"head) on {100 * args.kv_fp8:g}% of the steps; held-out corpora evaluated both ways")
+    fp8_rng = np.random.default_rng(args.seed + 27)
+    fp8_steps = 0
     fwd = model  # what the training step runs: the model, or its compiled twin
     if args.compile == "on" and hasattr(torch, "compile") and device.type == "cuda":
         try:
@@ -1750,6 +2021,48 @@ def main(argv):
         f"{args.min_lr_frac:g}x), curriculum {args.curriculum:g} at {L // 4}, "
         f"answer weight {args.answer_weight:g}, compile {'on' if fwd is not model else 'off'}")
     loss_avg = lm_avg = ans_avg = None
+
+    def fp8_on(fn):
+        """fn() with the attention reading fp8 K/V."""
+        kvq.on = True
+        try:
+            return fn()
+        finally:
+            kvq.on = False
+
+    def run_evals(step):
+        line = [f"eval @ step {step}:"]
+        rec = {"step": step, "seconds": round(time.time() - t_loop, 1)}
+        for (name, d), (_, e) in zip(eval_data, evals):
+            ev = lambda: evaluate(model, d[:args.eval_seqs], c, max(1, args.batch // 2), device,
+                                  amp, rope_cs)
+            r = ev()
+            line.append(eval_line(name, r))
+            rec[name] = r
+            if kvq is not None:
+                r = fp8_on(ev)
+                line.append(eval_line(name + "-fp8", r))
+                rec[name + "-fp8"] = r
+            if e.n_paged and args.paged_batch > 0 and not PAGED_BROKEN:
+                evp = lambda: safe_evaluate_paged(model, e, c, args, device, amp,
+                                                  max(1, args.paged_eval // 4))
+                for tag, r in ((name, evp()), (name + "-fp8", fp8_on(evp) if kvq else None)):
+                    if r is not None:
+                        line.append(paged_eval_line(tag, r))
+                        rec[tag + "-paged"] = r
+            if e.n_whole and rope_cs_w is not None and not WHOLE_BROKEN:
+                r = safe_evaluate_whole(model, e, c, args, device, amp, rope_cs_w,
+                                        max(1, args.meank_whole_eval // 4))
+                if r is not None:
+                    line.append(whole_eval_line(name, r))
+                    rec[name + "-whole"] = r
+        history.append(rec)
+        log("  ".join(line))
+
+    # A fine-tune for fp8 starts with where the model stands, both ways.
+    if evals and kvq is not None and args.init:
+        run_evals(0)
+        last_eval = time.time()
     while True:
         elapsed = time.time() - t_loop
         progress = max(elapsed / budget, step / args.steps if args.steps else 0.0)
@@ -1766,16 +2079,22 @@ def main(argv):
         lr = lr_at(args, step, progress)
         for g in opt.param_groups:
             g["lr"] = lr
+        if kvq is not None:
+            # the whole step (its paged and whole batches too) reads fp8 K/V, or none of it
+            kvq.on = args.kv_fp8 > 0 and fp8_rng.random() < args.kv_fp8
+            fp8_steps += kvq.on
+        # a compiled graph per shape and fp8 state
+        shape = (tuple(x.shape), kvq is not None and kvq.on)
         try:
             loss, lm_loss, ans_loss = train_step(x)
         except Exception as e:  # noqa: BLE001 - a compile failure must not end the run
-            if fwd is model or tuple(x.shape) in shapes_ok:
+            if fwd is model or shape in shapes_ok:
                 raise
             log(f"compile: failed on shape {tuple(x.shape)} ({type(e).__name__}: {e}); eager from now on")
             opt.zero_grad(set_to_none=True)
             fwd = model
             loss, lm_loss, ans_loss = train_step(x)
-        shapes_ok.add(tuple(x.shape))
+        shapes_ok.add(shape)
         if paged and progress >= paged_from:
             try:
                 if pperm_at + args.paged_batch > c.n_paged:
@@ -1845,6 +2164,8 @@ def main(argv):
                 whole = False
                 opt.zero_grad(set_to_none=True)
                 continue
+        if kvq is not None:
+            kvq.on = False
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -1883,29 +2204,12 @@ def main(argv):
                     f"{pst['window_tokens'] / max(pst['seconds'], 1e-9) / 1e6:.2f}M window tok/s, "
                     f"{100 * pst['seconds'] / max(el, 1e-9):.0f}% of the time")
         if evals and time.time() - last_eval >= args.eval_every:
-            line = [f"eval @ step {step}:"]
-            rec = {"step": step, "seconds": round(time.time() - t_loop, 1)}
-            for (name, d), (_, e) in zip(eval_data, evals):
-                r = evaluate(model, d[:args.eval_seqs], c, max(1, args.batch // 2), device, amp,
-                             rope_cs)
-                line.append(eval_line(name, r))
-                rec[name] = r
-                if e.n_paged and args.paged_batch > 0 and not PAGED_BROKEN:
-                    r = safe_evaluate_paged(model, e, c, args, device, amp,
-                                            max(1, args.paged_eval // 4))
-                    if r is not None:
-                        line.append(paged_eval_line(name, r))
-                        rec[name + "-paged"] = r
-                if e.n_whole and rope_cs_w is not None and not WHOLE_BROKEN:
-                    r = safe_evaluate_whole(model, e, c, args, device, amp, rope_cs_w,
-                                            max(1, args.meank_whole_eval // 4))
-                    if r is not None:
-                        line.append(whole_eval_line(name, r))
-                        rec[name + "-whole"] = r
-            history.append(rec)
-            log("  ".join(line))
+            run_evals(step)
             last_eval = time.time()
     train_s = time.time() - t_loop
+    if kvq is not None:
+        kvq.on = False
+        log(f"train: {fp8_steps} of {step} steps read fp8 K/V")
     log(f"train: {step} steps, {seen_tokens / 1e6:.1f}M tokens ({epochs} full passes), "
         f"{train_s:.1f} s, {seen_tokens / max(train_s - pst['seconds'] - wst['seconds'], 1e-9) / 1e6:.2f}M "
         f"tok/s outside the paged and whole batches")
@@ -1927,11 +2231,16 @@ def main(argv):
     for (name, d), (_, e) in zip(eval_data, evals):
         final[name] = evaluate(model, d, c, max(1, args.batch // 2), device, amp, rope_cs)
         log("final " + eval_line(name, final[name]))
+        if kvq is not None:
+            final[name + "-fp8"] = fp8_on(lambda: evaluate(model, d, c, max(1, args.batch // 2),
+                                                           device, amp, rope_cs))
+            log("final " + eval_line(name + "-fp8", final[name + "-fp8"]))
         if e.n_paged and args.paged_batch > 0 and not PAGED_BROKEN:
-            r = safe_evaluate_paged(model, e, c, args, device, amp, args.paged_eval)
-            if r is not None:
-                final[name + "-paged"] = r
-                log("final " + paged_eval_line(name, r))
+            evp = lambda: safe_evaluate_paged(model, e, c, args, device, amp, args.paged_eval)
+            for tag, r in ((name, evp()), (name + "-fp8", fp8_on(evp) if kvq else None)):
+                if r is not None:
+                    final[tag + "-paged"] = r
+                    log("final " + paged_eval_line(tag, r))
         if e.n_whole and rope_cs_w is not None and not WHOLE_BROKEN:
             r = safe_evaluate_whole(model, e, c, args, device, amp, rope_cs_w, args.meank_whole_eval)
             if r is not None:
@@ -1996,6 +2305,8 @@ def main(argv):
                   "meank_whole_failed": WHOLE_BROKEN[0] if WHOLE_BROKEN else None,
                   "meank_whole_stats": {k: (v.item() if torch.is_tensor(v) else v)
                                         for k, v in wst.items()},
+                  "kv_fp8": args.kv_fp8, "kv_fp8_steps": fp8_steps,
+                  "kv_fp8_eval": kvq is not None,
                   "torch_seed": args.seed,
                   "final_loss": loss_avg, "final_lm_loss": lm_avg, "final_answer_loss": ans_avg},
         "eval": final,
