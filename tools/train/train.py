@@ -720,15 +720,23 @@ def evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
             "questions_by_ratio": {str(r): v[0] for r, v in sorted(by.items())}}
 
 
-def safe_evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
-    """evaluate_whole, or None (and the whole path off) when it fails."""
+def safe_evaluation(fn, broken, what, model, *a):
+    """fn(model, *a), or None when it fails: the reason goes to `broken`
+    (which switches that path off) and the log, so that one bounded run
+    ends with its model whatever an optional path's evaluation does."""
     try:
-        return evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit)
+        return fn(model, *a)
     except Exception as e:  # noqa: BLE001
-        WHOLE_BROKEN.append(f"evaluation: {type(e).__name__}: {e}")
-        log(f"meank-whole: evaluation failed ({WHOLE_BROKEN[-1]}); the whole path is off")
+        broken.append(f"evaluation: {type(e).__name__}: {e}")
+        log(f"{what}: evaluation failed ({broken[-1]}); the {what} path is off")
         model.train()
         return None
+
+
+def safe_evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
+    """evaluate_whole, or None (and the whole path off) when it fails."""
+    return safe_evaluation(evaluate_whole, WHOLE_BROKEN, "meank-whole", model, corpus, c, args,
+                           device, amp, rope_cs, limit)
 
 
 def whole_eval_line(name, r):
@@ -1638,15 +1646,9 @@ def evaluate_paged(model, corpus, c, args, device, amp, limit):
 
 
 def safe_evaluate_paged(model, corpus, c, args, device, amp, limit):
-    """evaluate_paged, or None (and the paged path off) when it fails: one
-    bounded run ends with its model whatever the paged path does."""
-    try:
-        return evaluate_paged(model, corpus, c, args, device, amp, limit)
-    except Exception as e:  # noqa: BLE001
-        PAGED_BROKEN.append(f"evaluation: {type(e).__name__}: {e}")
-        log(f"paged: evaluation failed ({PAGED_BROKEN[-1]}); the paged path is off")
-        model.train()
-        return None
+    """evaluate_paged, or None (and the paged path off) when it fails."""
+    return safe_evaluation(evaluate_paged, PAGED_BROKEN, "paged", model, corpus, c, args,
+                           device, amp, limit)
 
 
 def paged_eval_line(name, r):
