@@ -666,6 +666,7 @@ struct dec_args {
 	int n_q, n_kv, n_heads, n_kv_heads, group, target;
 	int min_tiles;		/* the split's least stages (dec_min_tiles) */
 	int f16k;		/* F8: scores on the f16 MMA when Q converts exactly (fp8_f16k) */
+	int fp8_int;		/* F8: e4m3 -> bf16 by integer ops, not cvt (e4m3x4_bf16_int) */
 	long long kv_stride;
 	float scale_log2;	/* scale * log2(e) */
 	float *part_o, *part_m, *part_l;	/* [target][n_kv_heads][R] (x head_dim) */
@@ -906,7 +907,10 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 						h[j] = (uint32_t)hr.x | (uint32_t)hr.y << 16;
 					}
 					o = make_uint4(h[0], h[1], h[2], h[3]);
-				} else if (!e4m3x4_bf16(u.x, &o.x, &o.y) || !e4m3x4_bf16(u.y, &o.z, &o.w)) {
+				} else if (a.fp8_int ? !e4m3x4_bf16_int(u.x, &o.x, &o.y) ||
+							 !e4m3x4_bf16_int(u.y, &o.z, &o.w)
+						    : !e4m3x4_bf16(u.x, &o.x, &o.y) ||
+							 !e4m3x4_bf16(u.y, &o.z, &o.w)) {
 					const uint32_t w[2] = { u.x, u.y };	/* a NaN code: the twin's bits */
 					uint16_t h[8];
 
@@ -1506,6 +1510,7 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.ks = ks;	/* set: fp8 K/V (dec8_kernel) */
 	a.vs = vs;
 	a.f16k = ks && c->fp8_f16k;
+	a.fp8_int = ks && c->fp8_int;
 	a.q_pos = f.q_pos;
 	a.kv_pos = f.kv_pos;
 	a.n_kv_dev = n_kv_dev;

@@ -91,6 +91,10 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		 * value of the block's Q converts exactly, else the bf16 path). */
 		e = getenv("KVMEM_CUDA_FP8_F16K");
 		c->fp8_f16k = e && !strcmp(e, "1");
+		/* ... and its e4m3 -> bf16 by byte permutes, shifts and one
+		 * multiply instead of cvt (e4m3x4_bf16_int). */
+		e = getenv("KVMEM_CUDA_FP8_INT");
+		c->fp8_int = e && !strcmp(e, "1");
 	}
 	if ((rc = kvmem_cuda_err(cudaSetDevice(device), "selecting the device")) ||
 	    (rc = kvmem_cuda_err(cudaGetDeviceProperties(&p, device), "reading the device")))
@@ -256,14 +260,19 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		c->fp8_f16k = !!on;
 		return was;
 	}
+	if (!strcmp(what, "fp8_int")) {
+		was = c->fp8_int;
+		c->fp8_int = !!on;
+		return was;
+	}
 	if (!strcmp(what, "gemv"))
 		flag = &c->no_gemv;
 	else if (!strcmp(what, "fast_scores"))
 		flag = &c->slow_scores;
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
-				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse, fp8_f16k)",
-				   what);
+				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse, "
+				   "fp8_f16k, fp8_int)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

@@ -59,6 +59,8 @@ struct kvmem_cuda_ctx {
 				 * attention.cu's DEC_MIN_TILES when unset) */
 	int fp8_f16k;		/* v5 over fp8: Q K^T on the f16 MMA (KVMEM_CUDA_FP8_F16K=1; an
 				 * experiment, attention.cu's dec_body) */
+	int fp8_int;		/* v5 over fp8: e4m3 -> bf16 by integer ops (KVMEM_CUDA_FP8_INT=1;
+				 * an experiment, fp8.cuh's e4m3x4_bf16_int) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];
 	int next_plan;		/* round-robin replacement */
 };

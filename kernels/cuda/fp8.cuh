@@ -75,6 +75,35 @@ __device__ __forceinline__ int e4m3x4_bf16(uint32_t w, uint32_t *lo, uint32_t *h
 	return 1;
 }
 
+/*
+ * The same without the conversion unit (an experiment: fp8_int, off by
+ * default): a byte's exponent and mantissa (its low 7 bits) moved up four
+ * places and its sign up eight are a bf16 worth the e4m3 value times
+ * 2^-120 (a normal's exponent field lands 120 short; a subnormal m 2^-9
+ * becomes the bf16 subnormal m 2^-129), and one bf16x2 multiply by 2^120
+ * makes it exact, if bf16 arithmetic keeps subnormals (kvmem_gpu_check
+ * --fp8 compares the bits). Byte permutes, shifts and logic ops: whether
+ * that beats cvt's throughput is what --bench says.
+ */
+__device__ __forceinline__ int e4m3x4_bf16_int(uint32_t w, uint32_t *lo, uint32_t *hi)
+{
+	const uint32_t t = w & 0x7f7f7f7fu;
+	const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
+							 __ushort_as_bfloat16(0x7b80));
+
+	if ((t + 0x01010101u) & 0x80808080u)	/* a byte's low 7 bits all set */
+		return 0;
+	for (int i = 0; i < 2; i++) {
+		/* bytes 2i and 2i + 1 in the low bytes of the two halves */
+		const uint32_t u = __byte_perm(w, 0, i ? 0x4342 : 0x4140);
+		const uint32_t b = ((u << 4) & 0x07f007f0u) | ((u << 8) & 0x80008000u);
+		__nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&b, two120);
+
+		*(i ? hi : lo) = *(const uint32_t *)&v;
+	}
+	return 1;
+}
+
 __device__ __forceinline__ uint8_t f32_to_e4m3(float x)
 {
 	/* NaN: one code whatever its sign, as the twin gives */
