@@ -56,7 +56,22 @@ out=$("$KVMEM" bench batch --backend cpu --sessions 2 --context 24 --tokens 2 --
 	fail "--no-loop table run failed: $out"
 echo "$out" | grep -qE '^2 +[0-9.]+ +- ' || fail "--no-loop table has a loop rate: $out"
 
-for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset nosuch" "--nope"; do
+# Progress on stderr while the histories go in (--progress S; every 10 s by
+# default, so none in a run this short), none with --quiet.
+"$KVMEM" bench batch --backend cpu --sessions 2 --context 64 --tokens 1 --chunk 16 --no-loop \
+	--progress 0.000001 >/dev/null 2>"$tmp/err" || fail "--progress run failed: $(cat "$tmp/err")"
+grep -qE '^kvmem bench batch: 2 sessions: prefilled [0-9]+ of 84 history tokens' "$tmp/err" ||
+	fail "--progress: no progress line for the batch: $(cat "$tmp/err")"
+grep -qE '^kvmem bench batch: 1 session: the lone session prefilled [0-9]+ of 32 ' "$tmp/err" ||
+	fail "--progress: no progress line for the lone session: $(cat "$tmp/err")"
+"$KVMEM" bench batch --backend cpu --sessions 2 --context 64 --tokens 1 --chunk 16 --no-loop \
+	--progress 0.000001 --quiet >/dev/null 2>"$tmp/err" || fail "--quiet run failed"
+[ -s "$tmp/err" ] && fail "--quiet printed: $(cat "$tmp/err")"
+"$KVMEM" bench batch --backend cpu --sessions 2 --context 64 --tokens 1 --chunk 16 --no-loop \
+	>/dev/null 2>"$tmp/err" || fail "default run failed"
+[ -s "$tmp/err" ] && fail "a short run printed progress: $(cat "$tmp/err")"
+
+for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset nosuch" "--nope" "--progress -1"; do
 	# shellcheck disable=SC2086
 	"$KVMEM" bench batch $bad >/dev/null 2>"$tmp/err"
 	rc=$?

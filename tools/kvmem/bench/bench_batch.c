@@ -59,6 +59,7 @@ struct opts {
 	int sessions[MAX_LIST], n_sessions;
 	int context, tokens, chunk, json;
 	int no_loop;		/* --no-loop: no set A (half the memory) */
+	double progress;	/* --progress: seconds between progress lines (0: none) */
 	int64_t budget;
 	uint64_t seed;
 };
@@ -93,6 +94,9 @@ static void usage(FILE *f)
 		"                     lone session only: half the memory, for long\n"
 		"                     histories); batch invariance is then checked on the\n"
 		"                     batch's first session against the lone one\n"
+		"  --progress S       a line on stderr every S seconds while the histories\n"
+		"                     go in (default 10; 0: none)\n"
+		"  --quiet            no progress lines (--progress 0)\n"
 		"  --json             one JSON object per row on stdout\n"
 		"  --help             this text\n"
 		"\n"
@@ -131,6 +135,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "budget", required_argument, NULL, 'b' },   { "chunk", required_argument, NULL, 'c' },
 		{ "seed", required_argument, NULL, 's' },     { "json", no_argument, NULL, 'j' },
 		{ "no-loop", no_argument, NULL, 'L' },	      { "help", no_argument, NULL, 'h' },
+		{ "progress", required_argument, NULL, 'P' }, { "quiet", no_argument, NULL, 'q' },
 		{ 0 },
 	};
 	int c;
@@ -143,6 +148,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->tokens = 32;
 	o->chunk = 128;
 	o->seed = 1;
+	o->progress = 10;
 	cli_getopt_reset();
 	while ((c = cli_getopt(WHO, argc, argv, opts)) != -1) {
 		const char *name = cli_optname;
@@ -163,6 +169,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 's': bad = cli_parse_u64(WHO, name, optarg, &o->seed); break;
 		case 'j': o->json = 1; break;
 		case 'L': o->no_loop = 1; break;
+		case 'P': bad = cli_parse_double(WHO, name, optarg, 0, 86400, &o->progress); break;
+		case 'q': o->progress = 0; break;
 		default: return -1;
 		}
 		if (bad)
@@ -258,6 +266,27 @@ static double set_round(struct set *x, const struct opts *o, const int32_t *ids,
 	return t0 > 0 ? t0 : 1e-9;	/* > 0: a round ran */
 }
 
+/* Long histories take minutes (16 of 16K-36K tokens on the H200): a line
+ * on stderr every `every` seconds (--progress) while they go in, none for
+ * a run shorter than that. */
+struct progress {
+	double t0, last, every;
+	int64_t total;
+	int b;
+};
+
+static void progress_note(struct progress *p, int64_t done, const char *what)
+{
+	double now = cli_now_s();
+
+	if (p->every <= 0 || now - p->last < p->every)
+		return;
+	p->last = now;
+	fprintf(stderr, "%s: %d session%s: %s %lld of %lld history tokens (%.0f%%), %.0f s\n", WHO,
+		p->b, p->b == 1 ? "" : "s", what, (long long)done, (long long)p->total,
+		p->total ? 100.0 * (double)done / (double)p->total : 100.0, now - p->t0);
+}
+
 /* The loop's set a and the batch's set x get their histories round by
  * round in turn (each round timed, so the two rates meet the machine's
  * same moments), then the lone session its own. Seconds of a and x in
@@ -268,6 +297,11 @@ static int sets_make(struct set *a, struct set *x, struct set *solo, const struc
 {
 	int64_t t1 = 0, ts = 0;
 	double ra, rb, rs;
+	struct progress pr = { .t0 = cli_now_s(), .every = o->progress, .b = b };
+
+	pr.last = pr.t0;
+	for (int i = 0; i < b; i++)
+		pr.total += history_len(o, i);
 
 	*pa = *pb = 0;
 	*tokens = 0;
@@ -287,11 +321,15 @@ static int sets_make(struct set *a, struct set *x, struct set *solo, const struc
 			goto fail;
 		*pa += ra;
 		*pb += rb;
+		progress_note(&pr, t1, o->no_loop ? "prefilled"
+						  : "prefilled (the loop's set and the batch's each)");
 	} while (o->no_loop ? rb > 0 : ra > 0);
 	if (o->no_loop)
 		*tokens = t1;
+	pr.b = 1;
+	pr.total = history_len(o, 0);
 	while ((rs = set_round(solo, o, ids, 0, &ts)) > 0)
-		;
+		progress_note(&pr, ts, "the lone session prefilled");
 	if (rs < 0)
 		goto fail;
 	return 0;
