@@ -1391,8 +1391,9 @@ TEST_F(kv, tracepoints_listed_and_fire)
 					  "kvmem_error", "kvmem_step", "kvmem_hint", "kvmem_gpu" };
 	char path[160], buf[8192];
 	struct stat sb;
+	uint64_t id = 6;	/* the GPU tier's page and slot, at the end */
+	uint32_t slot = 41;
 	ssize_t n;
-	int fd;
 
 	for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++) {
 		snprintf(path, sizeof(path), "/sys/kernel/tracing/events/kvmem/%s/format", ev[i]);
@@ -1400,45 +1401,23 @@ TEST_F(kv, tracepoints_listed_and_fire)
 	}
 	/* A bare tracepoint has no event directory. */
 	ASSERT_NE(0, stat("/sys/kernel/tracing/events/kvmem/kvmem_reclaim", &sb));
-	fd = open("/sys/kernel/tracing/events/kvmem/kvmem_fill_done/enable", O_WRONLY);
-	ASSERT_LE(0, fd);
-	ASSERT_EQ(1, write(fd, "1", 1));
-	close(fd);
-	fd = open("/sys/kernel/tracing/trace", O_WRONLY | O_TRUNC);
-	close(fd);
+	ASSERT_EQ(0, vt_event_enable("kvmem_fill_done", 1));
+	vt_trace_clear();
 	self->k = vt_kmod(&self->w, 8);
 	ASSERT_NE(NULL, self->k);
 	ASSERT_TRUE(page_ok(&self->w, self->k, 3));
-	fd = open("/sys/kernel/tracing/trace", O_RDONLY);
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
+	n = vt_trace_read(buf, sizeof(buf));
 	ASSERT_GT(n, 0);
-	buf[n] = 0;
 	ASSERT_NE(NULL, strstr(buf, "kvmem_fill_done")) TH_LOG("%s", buf);
 	ASSERT_NE(NULL, strstr(buf, "page=3 n=1"));
-	fd = open("/sys/kernel/tracing/events/kvmem/kvmem_fill_done/enable", O_WRONLY);
-	ASSERT_EQ(1, write(fd, "0", 1));
-	close(fd);
+	ASSERT_EQ(0, vt_event_enable("kvmem_fill_done", 0));
 	/* The GPU tier's event names the page and its slot. */
-	{
-		uint64_t id = 6;
-		uint32_t slot = 41;
-
-		fd = open("/sys/kernel/tracing/events/kvmem/kvmem_gpu/enable", O_WRONLY);
-		ASSERT_LE(0, fd);
-		ASSERT_EQ(1, write(fd, "1", 1));
-		close(fd);
-		ASSERT_EQ(0, kvmem_kmod_gpu(self->k, &id, &slot, 1));
-		fd = open("/sys/kernel/tracing/trace", O_RDONLY);
-		n = read(fd, buf, sizeof(buf) - 1);
-		close(fd);
-		ASSERT_GT(n, 0);
-		buf[n] = 0;
-		ASSERT_NE(NULL, strstr(buf, "page=6 slot=41")) TH_LOG("%s", buf);
-		fd = open("/sys/kernel/tracing/events/kvmem/kvmem_gpu/enable", O_WRONLY);
-		ASSERT_EQ(1, write(fd, "0", 1));
-		close(fd);
-	}
+	ASSERT_EQ(0, vt_event_enable("kvmem_gpu", 1));
+	ASSERT_EQ(0, kvmem_kmod_gpu(self->k, &id, &slot, 1));
+	n = vt_trace_read(buf, sizeof(buf));
+	ASSERT_GT(n, 0);
+	ASSERT_NE(NULL, strstr(buf, "page=6 slot=41")) TH_LOG("%s", buf);
+	ASSERT_EQ(0, vt_event_enable("kvmem_gpu", 0));
 }
 
 TEST_HARNESS_MAIN

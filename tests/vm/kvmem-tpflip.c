@@ -53,20 +53,6 @@ static void *reader_main(void *arg)
 	return NULL;
 }
 
-static int event_enable(const char *ev, int on)
-{
-	char path[160];
-	int fd, ok;
-
-	snprintf(path, sizeof(path), "/sys/kernel/tracing/events/kvmem/%s/enable", ev);
-	fd = open(path, O_WRONLY);
-	if (fd < 0)
-		return -1;
-	ok = write(fd, on ? "1" : "0", 1) == 1;
-	close(fd);
-	return ok ? 0 : -1;
-}
-
 /* How many lines of the trace buffer name the event. */
 static long trace_count(const char *ev)
 {
@@ -89,10 +75,7 @@ FIXTURE(flip) {
 
 FIXTURE_SETUP(flip)
 {
-	int fd = open("/sys/kernel/tracing/trace", O_WRONLY | O_TRUNC);
-
-	if (fd >= 0)
-		close(fd);
+	vt_trace_clear();
 	ASSERT_EQ(0, vt_ws_open(&self->w, VT_WS_SMALL));
 	self->k = vt_kmod(&self->w, 4);
 	ASSERT_NE(NULL, self->k);
@@ -101,7 +84,7 @@ FIXTURE_SETUP(flip)
 FIXTURE_TEARDOWN(flip)
 {
 	for (size_t i = 0; i < sizeof(flip_events) / sizeof(flip_events[0]); i++)
-		event_enable(flip_events[i], 0);
+		vt_event_enable(flip_events[i], 0);
 	kvmem_kmod_close(self->k);
 	vt_ws_close(&self->w);
 }
@@ -122,13 +105,13 @@ TEST_F_TIMEOUT(flip, events_flip_while_pages_fault, FLIP_SECONDS + 60)
 	}
 	while (time(NULL) < end) {
 		for (size_t i = 0; i < sizeof(flip_events) / sizeof(flip_events[0]); i++)
-			ASSERT_EQ(0, event_enable(flip_events[i], !(flips % 2)));
+			ASSERT_EQ(0, vt_event_enable(flip_events[i], !(flips % 2)));
 		flips++;
 	}
-	/* The last round left them on: what follows is recorded. */
-	if (flips % 2 == 0)
-		for (size_t i = 0; i < sizeof(flip_events) / sizeof(flip_events[0]); i++)
-			ASSERT_EQ(0, event_enable(flip_events[i], 1));
+	/* All on at the end (a no-op for those the last round left on): what
+	 * follows is recorded. */
+	for (size_t i = 0; i < sizeof(flip_events) / sizeof(flip_events[0]); i++)
+		ASSERT_EQ(0, vt_event_enable(flip_events[i], 1));
 	usleep(200 * 1000);
 	atomic_store(&stop, 1);
 	for (int i = 0; i < READERS; i++) {

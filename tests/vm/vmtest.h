@@ -285,6 +285,46 @@ static inline struct kvmem_ioc_stats vt_stats(kvmem_kmod *k)
 	return st;
 }
 
+/* ---- tracefs ------------------------------------------------------------- */
+/* Switch the kvmem trace event ev on or off; 0, or -1 when the write fails. */
+static inline int vt_event_enable(const char *ev, int on)
+{
+	char path[160];
+	int fd, ok;
+
+	snprintf(path, sizeof(path), "/sys/kernel/tracing/events/kvmem/%s/enable", ev);
+	fd = open(path, O_WRONLY);
+	if (fd < 0)
+		return -1;
+	ok = write(fd, on ? "1" : "0", 1) == 1;
+	close(fd);
+	return ok ? 0 : -1;
+}
+
+/* Empty the trace buffer. */
+static inline void vt_trace_clear(void)
+{
+	int fd = open("/sys/kernel/tracing/trace", O_WRONLY | O_TRUNC);
+
+	if (fd >= 0)
+		close(fd);
+}
+
+/* The trace buffer's first cap - 1 bytes, NUL-terminated; their count,
+ * or -1. */
+static inline ssize_t vt_trace_read(char *buf, size_t cap)
+{
+	int fd = open("/sys/kernel/tracing/trace", O_RDONLY);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, cap - 1);
+	close(fd);
+	buf[n > 0 ? n : 0] = 0;
+	return n;
+}
+
 /* A module parameter (read-only counters live there too); -1 if absent. */
 static inline long vt_param(const char *name)
 {
