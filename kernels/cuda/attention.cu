@@ -892,21 +892,9 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 				uint4 o;
 
 				if (!isv && kh16) {
-					/* K as f16: one cvt for two values, exact
-					 * (a NaN code gives an f16 NaN: NaN scores
-					 * either way). */
-					uint32_t h[4];
-
-#pragma unroll
-					for (int j = 0; j < 4; j++) {
-						const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-							(__nv_fp8x2_storage_t)((j < 2 ? u.x : u.y) >>
-										(16 * (j & 1))),
-							__NV_E4M3);
-
-						h[j] = (uint32_t)hr.x | (uint32_t)hr.y << 16;
-					}
-					o = make_uint4(h[0], h[1], h[2], h[3]);
+					/* K as f16 (NaN scores either way) */
+					e4m3x4_f16(u.x, &o.x, &o.y);
+					e4m3x4_f16(u.y, &o.z, &o.w);
 				} else if (a.fp8_int ? !e4m3x4_bf16_int(u.x, &o.x, &o.y) ||
 							 !e4m3x4_bf16_int(u.y, &o.z, &o.w)
 						    : !e4m3x4_bf16(u.x, &o.x, &o.y) ||

@@ -208,18 +208,24 @@ uint64_t kvmem_cuda_scratch_gen(const kvmem_cuda_ctx *c)
 	return c->scratch_gen;
 }
 
+/* The settings that are plain switches, on when set (kvmem_cuda_tune). */
+static int *tune_switch(kvmem_cuda_ctx *c, const char *what)
+{
+	return !strcmp(what, "gemv_split") ? &c->gemv_split
+	     : !strcmp(what, "fuse")	   ? &c->fuse
+	     : !strcmp(what, "gemm_tc")	   ? &c->gemm_tc
+	     : !strcmp(what, "fp8_f16k")   ? &c->fp8_f16k
+	     : !strcmp(what, "fp8_int")	   ? &c->fp8_int
+					   : NULL;
+}
+
 int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 {
-	int *flag, was;
+	int *flag = tune_switch(c, what), was;
 
-	if (!strcmp(what, "gemv_split")) {
-		was = c->gemv_split;
-		c->gemv_split = !!on;
-		return was;
-	}
-	if (!strcmp(what, "fuse")) {
-		was = c->fuse;
-		c->fuse = !!on;
+	if (flag) {
+		was = *flag;
+		*flag = !!on;
 		return was;
 	}
 	if (!strcmp(what, "gemv_ks")) {	/* a value, not a switch */
@@ -227,11 +233,6 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 			return kvmem_error(EINVAL, "cuda: gemv_ks %d (0, 1, 2, 4 or 8)", on);
 		was = c->gemv_ks;
 		c->gemv_ks = on;
-		return was;
-	}
-	if (!strcmp(what, "gemm_tc")) {
-		was = c->gemm_tc;
-		c->gemm_tc = !!on;
 		return was;
 	}
 	if (!strcmp(what, "gemm_tc_ks")) {	/* a value, not a switch */
@@ -253,16 +254,6 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 			return kvmem_error(EINVAL, "cuda: gemm_tc_u %d (0, 4 or 8)", on);
 		was = c->gemm_tc_u;
 		c->gemm_tc_u = on;
-		return was;
-	}
-	if (!strcmp(what, "fp8_f16k")) {
-		was = c->fp8_f16k;
-		c->fp8_f16k = !!on;
-		return was;
-	}
-	if (!strcmp(what, "fp8_int")) {
-		was = c->fp8_int;
-		c->fp8_int = !!on;
 		return was;
 	}
 	if (!strcmp(what, "gemv"))

@@ -44,6 +44,25 @@ __device__ __forceinline__ uint16_t e4m3_bf16(uint8_t q, float x, float s)
 	return (q & 0x7f) == 0x7f ? (uint16_t)0x7fc0 : f2bf(x * s);
 }
 
+/* 1 when one of w's four e4m3 bytes is a NaN code (its low 7 bits all set). */
+__device__ __forceinline__ int e4m3x4_nan(uint32_t w)
+{
+	return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u ? 1 : 0;
+}
+
+/* Four e4m3 bytes as four f16 (two words, the low byte's value in each
+ * word's low half): cvt alone, exact (a NaN code gives an f16 NaN). The
+ * f16-K form of decode attention v5 (fp8_f16k) uses it as it is. */
+__device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t *lo, uint32_t *hi)
+{
+	for (int i = 0; i < 2; i++) {
+		const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (16 * i)),
+								 __NV_E4M3);
+
+		*(i ? hi : lo) = (uint32_t)r.x | (uint32_t)r.y << 16;
+	}
+}
+
 /*
  * Four e4m3 bytes (w, the lowest first) as four bf16 (two words, the low
  * byte's value in each word's low half), unscaled and exact: Hopper's
@@ -55,23 +74,17 @@ __device__ __forceinline__ uint16_t e4m3_bf16(uint8_t q, float x, float s)
  * the slow way, to the twin's 0x7fc0). The decode kernel's inner loop:
  * about two instructions a value where the field decode took ten.
  */
-/* 1 when one of w's four e4m3 bytes is a NaN code (its low 7 bits all set). */
-__device__ __forceinline__ int e4m3x4_nan(uint32_t w)
-{
-	return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u ? 1 : 0;
-}
-
 __device__ __forceinline__ int e4m3x4_bf16(uint32_t w, uint32_t *lo, uint32_t *hi)
 {
 	const __nv_bfloat162 two112 = __halves2bfloat162(__ushort_as_bfloat16(0x7780),
 							 __ushort_as_bfloat16(0x7780));
+	uint32_t hw[2];
 
 	if (e4m3x4_nan(w))
 		return 0;
+	e4m3x4_f16(w, &hw[0], &hw[1]);
 	for (int i = 0; i < 2; i++) {
-		const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (16 * i)),
-								 __NV_E4M3);
-		const uint32_t h = (uint32_t)r.x | (uint32_t)r.y << 16;
+		const uint32_t h = hw[i];
 		const uint32_t b = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
 		__nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&b, two112);
 
