@@ -134,6 +134,12 @@ typedef struct kvmem_page_source {
 /* Pages in host memory (f32), allocated a block (all layers) at a time. */
 int kvmem_page_source_mem(kvmem_page_source *src, int n_layers, int n_kv_heads, int head_dim,
 			  int block);
+/* The same with pages of dtype KVMEM_DTYPE_F32 or KVMEM_DTYPE_BF16 (half the
+ * bytes; fp32 rows written to it round to the nearest even bf16, so it is
+ * for rows that are bf16 values: a session on a backend whose rows are
+ * bf16 keeps its history in one). -EINVAL for another dtype. */
+int kvmem_page_source_mem_dtype(kvmem_page_source *src, int n_layers, int n_kv_heads,
+				int head_dim, int block, uint32_t dtype);
 /* The source's commit op; -ENOTSUP for a source that keeps nothing (memory).
  * A session's decode step may return before its rows reach the source:
  * kvmem_session_sync first (kvmem_workspace_commit does it itself). */

@@ -255,8 +255,10 @@ kvmem_session *kvmem_session_create(kvmem_backend *b, const kvmem_session_opts *
 	if (s->o.source) {
 		s->src = s->o.source;
 	} else {
-		if (kvmem_page_source_mem(&s->own_src, s->cfg.n_layers, s->cfg.n_kv_heads,
-					s->cfg.head_dim, s->o.block))
+		/* In the rows' own dtype: a bf16 backend's history in bf16
+		 * pages, the same values in half the host memory. */
+		if (kvmem_page_source_mem_dtype(&s->own_src, s->cfg.n_layers, s->cfg.n_kv_heads,
+						s->cfg.head_dim, s->o.block, s->rows_dtype))
 			goto fail;
 		s->src = &s->own_src;
 	}
