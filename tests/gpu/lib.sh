@@ -211,7 +211,7 @@ gpu_batch() {
 		bad "bench batch $* (exit $?)"
 		tail -3 "$log/$name.err"
 	fi
-	grep -o '"sessions": *[0-9]*\|"median_batch_tokens_per_s": *[0-9.]*\|"median_alone_tokens_per_s": *[0-9.]*' \
+	grep -o '"sessions": *[0-9]*\|"host_peak_rss_gb": *[0-9.]*\|"median_batch_tokens_per_s": *[0-9.]*\|"median_alone_tokens_per_s": *[0-9.]*' \
 		"$log/$name.json" | tr '\n' ' '
 	echo
 }

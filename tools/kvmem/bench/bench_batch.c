@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
@@ -527,6 +528,11 @@ int bench_batch(int argc, char **argv)
 		loop_fig(l_pre, sizeof(l_pre), !o.no_loop, o.json ? "%.1f" : "%8.0f", pt / pa, o.json);
 		loop_fig(l_x[0], sizeof(l_x[0]), !o.no_loop, "%6.2fx", ta / tb, 0);
 		loop_fig(l_x[1], sizeof(l_x[1]), !o.no_loop, "%6.2fx", ma / mb, 0);
+		/* The process's peak resident memory so far (the histories'
+		 * pages live in host memory): what bounds B x --context. */
+		struct rusage ru;
+		double rss_gb = getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss / 1048576.0;
+
 		if (o.json)
 			printf("{\"bench\":\"batch\",\"backend\":\"%s\",\"sessions\":%d,"
 			       "\"alone_tokens_per_s\":%.1f,\"loop_tokens_per_s\":%s,"
@@ -538,7 +544,7 @@ int bench_batch(int argc, char **argv)
 			       "\"batch_writer_wait_ms\":%.3f,"
 			       "\"run_alone_tokens_per_s\":%.1f,\"run_batch_tokens_per_s\":%.1f,"
 			       "\"run_batch_step_ms\":%.3f,\"run_batch_forward_ms\":%.3f,"
-			       "\"run_batch_writer_wait_ms\":%.3f,"
+			       "\"run_batch_writer_wait_ms\":%.3f,\"host_peak_rss_gb\":%.2f,"
 			       "\"same_tokens\":%s}\n", kvmem_backend_name(be), b, 1 / to, l_fast,
 			       b / tb, 1 / mo, l_med, b / mb, l_pre, pt / pb,
 			       1e3 * sum_b / o.tokens, (ns1[0] - ns0[0]) / 1e6 / o.tokens,
@@ -546,13 +552,14 @@ int bench_batch(int argc, char **argv)
 			       (ns1[1] - ns0[1]) / 1e6 / o.tokens, (ns1[2] - ns0[2]) / 1e6 / o.tokens,
 			       o.tokens / ro, (double)b * o.tokens / rb, 1e3 * rb / o.tokens,
 			       (ns2[0] - ns1[0]) / 1e6 / o.tokens, (ns2[2] - ns1[2]) / 1e6 / o.tokens,
-			       same ? "true" : "false");
+			       rss_gb, same ? "true" : "false");
 		else
 			printf("%-8d %9.1f %9s %9.1f %7s %6.2fx | %9.1f %7s %6.2fx | %8s %8.0f "
-			       "%5s\n%-8s back to back: alone %.1f tok/s, batch %.1f tok/s (%.2fx)\n",
+			       "%5s\n%-8s back to back: alone %.1f tok/s, batch %.1f tok/s (%.2fx); "
+			       "host peak RSS %.2f GB\n",
 			       b, 1 / to, l_fast, b / tb, l_x[0], b * to / tb, b / mb, l_x[1],
 			       b * mo / mb, l_pre, pt / pb, same ? "yes" : "NO", "",
-			       o.tokens / ro, (double)b * o.tokens / rb, b * ro / rb);
+			       o.tokens / ro, (double)b * o.tokens / rb, b * ro / rb, rss_gb);
 		fflush(stdout);
 		set_free(&a);
 		set_free(&x);
