@@ -69,10 +69,10 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * "gemm_tc_u" (its 32-element blocks of loads in flight for a lone row, 4
  * or 8; 0: 4), "fp8_f16k" (decode attention v5 over fp8 K/V computes Q K^T
  * on the f16 MMA when the block's Q converts to f16 exactly, else as
- * before; KVMEM_CUDA_FP8_F16K=1; off by default: an experiment whose bits
- * tests/gpu/check_fp8_view.c compares with the bf16 path's), "fp8_int"
+ * before; on by default, KVMEM_CUDA_FP8_F16K=0 turns it off; the same bits,
+ * tests/gpu/check_fp8_view.c compares them with the bf16 path's), "fp8_int"
  * (the same kernel's e4m3 -> bf16 by byte permutes, shifts and a multiply
- * instead of cvt; KVMEM_CUDA_FP8_INT=1; an experiment, off by default).
+ * instead of cvt; on by default, KVMEM_CUDA_FP8_INT=0 off).
  * Returns the previous
  * setting, or -EINVAL for an unknown name or value. Results stay within the
  * ops' tolerances either way; the bits of a GEMM may differ. */

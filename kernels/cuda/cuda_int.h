@@ -57,10 +57,10 @@ struct kvmem_cuda_ctx {
 	unsigned *att_cnt;	/* decode attention v5's per-KV-head counters (device, zero) */
 	int dec_min_tiles;	/* v5's least stages a split (KVMEM_CUDA_DEC_MIN_TILES, 1..64;
 				 * attention.cu's DEC_MIN_TILES when unset) */
-	int fp8_f16k;		/* v5 over fp8: Q K^T on the f16 MMA (KVMEM_CUDA_FP8_F16K=1; an
-				 * experiment, attention.cu's dec_body) */
-	int fp8_int;		/* v5 over fp8: e4m3 -> bf16 by integer ops (KVMEM_CUDA_FP8_INT=1;
-				 * an experiment, fp8.cuh's e4m3x4_bf16_int) */
+	int fp8_f16k;		/* v5 over fp8: Q K^T on the f16 MMA (on; KVMEM_CUDA_FP8_F16K=0:
+				 * off; attention.cu's dec_body) */
+	int fp8_int;		/* v5 over fp8: e4m3 -> bf16 by integer ops (on;
+				 * KVMEM_CUDA_FP8_INT=0: off; fp8.cuh's e4m3x4_bf16_int) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];
 	int next_plan;		/* round-robin replacement */
 };
