@@ -114,6 +114,13 @@ int kvmem_tokenizer_load_file(const char *path, kvmem_tokenizer **out);
 /* A tokenizer of one's own; ctx is freed by ops->free. NULL + kvmem_error
  * when out of memory or the ops lack encode or decode. */
 kvmem_tokenizer *kvmem_tokenizer_custom(const kvmem_tokenizer_ops *ops, void *ctx);
+/* A tokenizer for timing a model that has none (random weights, a
+ * generated model): each byte of a text is its id; an id decodes to its
+ * byte when that is printable ASCII other than '<', a newline or a tab,
+ * else to "<|N|>", which encodes back to N (for N below vocab), so decode
+ * then encode gives the ids back. Named "bytes"; no chat template. NULL +
+ * kvmem_error (-EINVAL) when vocab < 256. */
+kvmem_tokenizer *kvmem_tokenizer_bytes(int vocab);
 void kvmem_tokenizer_free(kvmem_tokenizer *t);
 
 const char *kvmem_tokenizer_name(const kvmem_tokenizer *t);	/* "bpe", "agentlang" */

@@ -392,6 +392,66 @@ static void test_qwen3_tool_turns(void **state)
 	free(text);
 }
 
+/* The bytes tokenizer (kvmem_tokenizer_bytes): random ids (all of a small
+ * vocabulary's range, the printable ones and '<' among them) decode to a
+ * text that encodes back to the same ids; a text's bytes are its ids, an
+ * escape is one id, and an escape past the vocabulary, a torn one or a
+ * bare "<|" stay text; an id outside the vocabulary and a vocabulary
+ * below 256 are refused with a message. */
+static void test_bytes(void **state)
+{
+	uint64_t seed = test_rng_fresh_seed("test_tokenizer bytes");
+	kvmem_tokenizer *t = kvmem_tokenizer_bytes(300);
+	kvmem_ids ids = { 0 };
+	char *text;
+	size_t len;
+
+	(void)state;
+	assert_non_null(t);
+	assert_string_equal(kvmem_tokenizer_name(t), "bytes");
+	assert_int_equal(kvmem_tokenizer_vocab(t), 300);
+	assert_false(kvmem_tokenizer_has_chat(t));
+	for (int round = 0; round < 200; round++) {
+		int32_t want[64];
+		int n = test_rng_int(&seed, 0, 64);
+
+		for (int i = 0; i < n; i++)
+			want[i] = test_rng_int(&seed, 0, 3) ? test_rng_int(&seed, 0x20, 0x7e)
+							    : test_rng_int(&seed, 0, 299);
+		assert_int_equal(kvmem_tokenizer_decode(t, want, (size_t)n, 0, &text, &len), 0);
+		assert_int_equal(strlen(text), len);
+		ids.n = 0;
+		assert_int_equal(kvmem_tokenizer_encode(t, text, len, 0, &ids), 0);
+		assert_int_equal(ids.n, (size_t)n);
+		if (n)
+			assert_memory_equal(ids.v, want, sizeof(int32_t) * (size_t)n);
+		free(text);
+	}
+	{
+		static const char in[] = "a<|7|>\xc3\xa9<|300|><|12<|>";
+		static const int32_t want[] = { 'a', 7, 0xc3, 0xa9, '<', '|', '3', '0', '0', '|',
+						'>', '<', '|', '1', '2', '<', '|', '>' };
+
+		ids.n = 0;
+		assert_int_equal(kvmem_tokenizer_encode(t, in, strlen(in), 0, &ids), 0);
+		assert_int_equal(ids.n, sizeof(want) / sizeof(want[0]));
+		assert_memory_equal(ids.v, want, sizeof(want));
+		assert_int_equal(kvmem_tokenizer_decode(t, want, 4, 0, &text, NULL), 0);
+		assert_string_equal(text, "a<|7|><|195|><|169|>");
+		free(text);
+	}
+	{
+		const int32_t bad[] = { 'x', 300 };
+
+		assert_int_equal(kvmem_tokenizer_decode(t, bad, 2, 0, &text, &len), -EINVAL);
+		assert_non_null(strstr(kvmem_last_error(), "id 300 is outside the vocabulary of 300"));
+	}
+	kvmem_ids_free(&ids);
+	kvmem_tokenizer_free(t);
+	assert_null(kvmem_tokenizer_bytes(255));
+	assert_non_null(strstr(kvmem_last_error(), "at least 256"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -403,6 +463,7 @@ int main(void)
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_qwen3_text),
 		cmocka_unit_test(test_qwen3_tool_turns),
+		cmocka_unit_test(test_bytes),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
