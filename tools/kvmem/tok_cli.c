@@ -197,6 +197,16 @@ int tok_cli_open(const char *dir, const kvmem_config *c, struct tok_cli *t)
 	return 0;
 }
 
+int tok_cli_open_bytes(const kvmem_config *c, struct tok_cli *t)
+{
+	memset(t, 0, sizeof(*t));
+	if (!(t->tok = kvmem_tokenizer_bytes(c->vocab)))
+		return kvmem_fail();
+	if (c->eos_id >= 0)
+		t->stop[t->n_stop++] = c->eos_id;
+	return 0;
+}
+
 void tok_cli_close(struct tok_cli *t)
 {
 	kvmem_tokenizer_free(t->tok);

@@ -34,6 +34,10 @@ struct tok_cli {
 /* Open the tokenizer of model directory dir (config c). -ENOENT (with a
  * message) when it has none: no tokenizer.json and not an agentlang model. */
 int tok_cli_open(const char *dir, const kvmem_config *c, struct tok_cli *t);
+/* The bytes tokenizer (kvmem_tokenizer_bytes) for a model of config c,
+ * whatever its directory holds: --tokenizer bytes, --preset. It stops at
+ * the model's eos id, if it has one; no chat template. */
+int tok_cli_open_bytes(const kvmem_config *c, struct tok_cli *t);
 void tok_cli_close(struct tok_cli *t);
 /* 1 when id ends an assistant's turn. */
 int tok_cli_is_stop(const struct tok_cli *t, int32_t id);

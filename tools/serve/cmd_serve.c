@@ -46,8 +46,14 @@ static void usage(FILE *f)
 		"  --model DIR               model directory (default: the embedded agentlang\n"
 		"                            model, installed under the data directory); text\n"
 		"                            needs its tokenizer.json or an agentlang model\n"
+		"  --preset NAME             serve a published geometry (8b, 0.6b, ...: kvmem\n"
+		"                            generate --help) with random weights instead, to\n"
+		"                            time it under load (cuda backend; answers are\n"
+		"                            noise); its text goes through --tokenizer bytes\n"
+		"  --tokenizer bytes         text as bytes, an id as its byte or \"<|N|>\", for\n"
+		"                            a model with no tokenizer (kvmem generate's)\n"
 		"  --name NAME               the model's name in the API (default: the\n"
-		"                            directory's last component)\n"
+		"                            directory's last component, or preset-NAME)\n"
 		"  --host ADDR               address to listen on (default 127.0.0.1); any\n"
 		"                            other than loopback needs --api-key\n"
 		"  --port N                  port (default 8000; 0: any free one, printed)\n"
@@ -115,11 +121,13 @@ enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
 	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
-	O_CEPHCONF, O_RELEASE, O_VIEWS,
+	O_CEPHCONF, O_RELEASE, O_VIEWS, O_PRESET, O_TOKENIZER,
 };
 
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
+	{ "preset", required_argument, NULL, O_PRESET },
+	{ "tokenizer", required_argument, NULL, O_TOKENIZER },
 	{ "name", required_argument, NULL, O_NAME },
 	{ "host", required_argument, NULL, O_HOST },
 	{ "port", required_argument, NULL, O_PORT },
@@ -178,6 +186,15 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case 'h': usage(stdout); return 1;
 		case '?': return -1;
 		case O_MODEL: c->model_dir = a; break;
+		case O_PRESET: c->preset = a; break;
+		case O_TOKENIZER:
+			if (strcmp(a, "bytes")) {
+				fprintf(stderr, "%s: --tokenizer '%s': the one there is is 'bytes' "
+					"(without it: the model's own)\n", w, a);
+				return -1;
+			}
+			c->tokenizer = a;
+			break;
 		case O_NAME: c->model_name = a; break;
 		case O_HOST: c->host = a; break;
 		case O_KEY: c->api_key = a; break;
@@ -306,7 +323,11 @@ int cmd_serve(int argc, char **argv)
 	r = parse(argc, argv, &c);
 	if (r)
 		return r > 0 ? 0 : EXIT_USAGE;
-	if (!c.model_dir) {
+	if (c.preset && c.model_dir) {
+		fprintf(stderr, "%s: --model or --preset, not both\n", SERVE_WHO);
+		return EXIT_USAGE;
+	}
+	if (!c.model_dir && !c.preset) {
 		if (embedded_model_install(model_path, sizeof(model_path)) < 0) {
 			fprintf(stderr, "%s: %s\n", SERVE_WHO, kvmem_last_error());
 			return 1;
@@ -335,8 +356,9 @@ int cmd_serve(int argc, char **argv)
 		fprintf(stderr, "%s: %s\n", SERVE_WHO, kvmem_last_error());
 		return 1;
 	}
-	printf("kvmem serve: model %s (%s, %s backend), budget %lld, conversations in %s\n",
-	       serve_model_name(sv), c.model_dir, serve_backend_name(sv), (long long)serve_budget(sv),
+	printf("kvmem serve: model %s (%s%s, %s backend), budget %lld, conversations in %s\n",
+	       serve_model_name(sv), c.preset ? "random weights of preset " : "",
+	       c.preset ? c.preset : c.model_dir, serve_backend_name(sv), (long long)serve_budget(sv),
 	       c.store ? c.store : c.data_dir);
 	if (!strcmp(serve_backend_name(sv), "cuda") && c.max_batch > 1 &&
 	    getenv("KVMEM_CUDA_GEMM_TC") && !strcmp(getenv("KVMEM_CUDA_GEMM_TC"), "1"))

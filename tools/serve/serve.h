@@ -23,6 +23,11 @@ struct serve_cfg {
 	const char *model_dir, *model_name, *data_dir, *host, *api_key, *backend, *policy;
 	const char *cors;		/* Access-Control-Allow-Origin; NULL: no CORS */
 	const char *store;		/* rados://POOL: conversations shared there */
+	/* A published geometry with random weights instead of model_dir (the
+	 * cuda backend makes them), for timing it under load; its text goes
+	 * through the bytes tokenizer. */
+	const char *preset;
+	const char *tokenizer;		/* "bytes": kvmem_tokenizer_bytes; NULL: the model's */
 	int port;
 	uint64_t max_body;		/* bytes of a request body */
 	int64_t max_request_tokens;	/* new prompt tokens + max_tokens of one request */

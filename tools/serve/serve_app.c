@@ -78,6 +78,31 @@ static void pin_pool(struct serve *sv)
 	sv->pin_s = serve_now() - t0;
 }
 
+/*
+ * A preset's geometry with no weights (--preset): the cuda backend makes
+ * random ones on the GPU, as the benchmarks' --preset does; the cpu backend
+ * refuses it (it computes with real weights: kvmem generate makes some).
+ * Its fingerprint is the configuration's with a mark, so its
+ * conversations never open under a real model of that geometry.
+ */
+static int preset_model(const char *name, kvmem_model **out)
+{
+	const kvmem_preset *p = kvmem_preset_find(name);
+	kvmem_model *m;
+
+	if (!p)
+		return kvmem_error(EINVAL, "unknown preset '%s' (kvmem generate --help lists them)",
+				   name);
+	if (!(m = calloc(1, sizeof(*m))))
+		return kvmem_error(ENOMEM, "out of memory");
+	m->cfg = p->cfg;
+	m->fingerprint = kvmem_config_fingerprint(&p->cfg) ^ 0x72616e646f6d2121ull; /* "random!!" */
+	snprintf(m->dir, sizeof(m->dir), "preset %s", p->name);
+	snprintf(m->weight_dtype, sizeof(m->weight_dtype), "BF16");
+	*out = m;
+	return 0;
+}
+
 int serve_start(const struct serve_cfg *cfg, struct serve **out)
 {
 	struct serve *sv = calloc(1, sizeof(*sv));
@@ -95,15 +120,27 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 	pthread_cond_init(&sv->work, &ca);
 	pthread_condattr_destroy(&ca);
 	sv->cfg = *cfg;
-	snprintf(sv->model_dir, sizeof(sv->model_dir), "%s", cfg->model_dir);
+	snprintf(sv->model_dir, sizeof(sv->model_dir), "%s",
+		 cfg->preset ? "" : cfg->model_dir);
 	snprintf(sv->data_dir, sizeof(sv->data_dir), "%s", cfg->data_dir);
 	sv->cfg.model_dir = sv->model_dir;
 	sv->cfg.data_dir = sv->data_dir;
 	serve_gemm_tc_default(cfg->max_batch);
-	if (kvmem_model_load(sv->model_dir, &sv->m) || tok_cli_open(sv->model_dir, &sv->m->cfg, &sv->tok) ||
-	    kvmem_backend_open(cfg->backend, sv->m, &(kvmem_backend_opts){ .max_chunk = cfg->chunk },
-			       &sv->be) < 0 ||
-	    kvmem_mkdir_p(sv->data_dir))
+	if ((cfg->preset ? preset_model(cfg->preset, &sv->m) : kvmem_model_load(sv->model_dir, &sv->m)) ||
+	    (cfg->preset || cfg->tokenizer ? tok_cli_open_bytes(&sv->m->cfg, &sv->tok)
+					   : tok_cli_open(sv->model_dir, &sv->m->cfg, &sv->tok)))
+		goto fail;
+	if (kvmem_backend_open(cfg->backend, sv->m, &(kvmem_backend_opts){ .max_chunk = cfg->chunk },
+			       &sv->be) < 0) {
+		if (cfg->preset) {	/* the cpu backend wants weights: say how to make them */
+			snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
+			kvmem_error(kvmem_last_errno(), "%s (the cpu backend: kvmem generate --preset "
+				    "%s --out DIR makes weights, then serve --model DIR --tokenizer "
+				    "bytes)", msg, cfg->preset);
+		}
+		goto fail;
+	}
+	if (kvmem_mkdir_p(sv->data_dir))
 		goto fail;
 	/* The pages of new conversations (the workspace's default dtype);
 	 * an older one of another dtype opens with a pool of its own. */
@@ -120,7 +157,12 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 	}
 	base = strrchr(sv->model_dir, '/');
 	base = base && base[1] ? base + 1 : sv->model_dir;
-	snprintf(sv->name, sizeof(sv->name), "%.255s", cfg->model_name ? cfg->model_name : base);
+	if (cfg->model_name)
+		snprintf(sv->name, sizeof(sv->name), "%.255s", cfg->model_name);
+	else if (cfg->preset)
+		snprintf(sv->name, sizeof(sv->name), "preset-%.200s", cfg->preset);
+	else
+		snprintf(sv->name, sizeof(sv->name), "%.255s", base);
 	if (serve_engine_start(sv) || serve_http_start(sv))
 		goto fail;
 	*out = sv;

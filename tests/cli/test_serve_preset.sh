@@ -1,0 +1,75 @@
+#!/bin/bash
+# kvmem serve for timing a geometry: a model with no tokenizer served with
+# --tokenizer bytes (text in as bytes, ids out as their byte or "<|N|>"),
+# and the refusals around --preset (a published geometry's random weights;
+# the cpu backend has none to give, so the message says how to make them).
+# A completion's prompt and answer, sent back as the next turn's start,
+# go on in the conversation (decode then encode gives the server's ids
+# back); /tokenize reads an escape as one id; chat has no template here.
+# Then bench serve on the same model: its rows, and the first token's p99
+# against the unloaded one. --preset on the cuda backend: tests/gpu/ttft26.sh.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../serve/lib.sh"
+cli_setup serve_preset
+command -v python3 >/dev/null || { echo "skip: python3 is not installed"; exit 77; }
+
+# refuse WANT_TEXT ARGS...: the command fails and says WANT_TEXT.
+refuse() {
+	local want=$1
+	shift
+	if timeout 60 "$KVMEM" "$@" >"$tmp/out" 2>&1; then
+		bad "$* succeeded"
+	elif ! grep -qF -- "$want" "$tmp/out"; then
+		bad "$*: $(head -c 400 "$tmp/out") (want: $want)"
+	fi
+}
+refuse "kvmem generate --preset tiny --out DIR" serve --preset tiny --backend cpu --port 0 \
+	--data-dir "$tmp/d0"
+refuse "unknown preset 'nope'" serve --preset nope --port 0 --data-dir "$tmp/d0"
+refuse "--model or --preset, not both" serve --preset tiny --model "$M"
+refuse "the one there is is 'bytes'" serve --model "$M" --tokenizer words
+refuse "no tokenizer.json" serve --model "$M" --port 0 --data-dir "$tmp/d0"
+refuse "its model is its own" bench serve --url http://127.0.0.1:1 --preset 8b
+refuse "--model or --preset, not both" bench serve --preset tiny --model "$M"
+
+serve_start --model "$M" --tokenizer bytes --data-dir "$tmp/data" || exit 1
+grep -q "kvmem serve: model model (" "$tmp/serve.out" || bad "banner: $(head -2 "$tmp/serve.out")"
+# post PATH JSON: the body in $tmp/body, the status echoed.
+post() { curl -s -o "$tmp/body" -w '%{http_code}' "$BASE$1" -d "$2"; }
+field() { python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' \
+	"$tmp/body" "$1"; }
+
+[ "$(post /tokenize '{"prompt": "hi<|7|>é"}')" = 200 ] || bad "tokenize: $(cat "$tmp/body")"
+[ "$(field 'b["tokens"]')" = "[104, 105, 7, 195, 169]" ] || bad "tokenize: $(cat "$tmp/body")"
+[ "$(post /v1/detokenize '{"tokens": [104, 60, 10, 1000, 33]}')" = 200 ] ||
+	bad "detokenize: $(cat "$tmp/body")"
+[ "$(field 'repr(b["prompt"])')" = "'h<|60|>\\n<|1000|>!'" ] || bad "detokenize: $(cat "$tmp/body")"
+
+prompt="\$ cat api.conf
+api.conf db.port = 5432 <|9|>
+? api.conf db.port ="
+body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "max_tokens": 12,
+	"temperature": 0, "conversation": "c1"}))' "$prompt")
+[ "$(post /v1/completions "$body")" = 200 ] || bad "completion: $(cat "$tmp/body")"
+answer=$(field 'b["choices"][0]["text"]')
+[ "$(field 'b["usage"]["prompt_tokens"]')" = $((${#prompt} - 4)) ] ||
+	bad "prompt tokens: $(cat "$tmp/body") (the prompt has ${#prompt} bytes, <|9|> one id)"
+# The next turn: the first turn's prompt and answer, then more text.
+body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1] + sys.argv[2] + "\n? x =",
+	"max_tokens": 4, "temperature": 0, "conversation": "c1"}))' "$prompt" "$answer")
+[ "$(post /v1/completions "$body")" = 200 ] ||
+	bad "the conversation's next turn (answer '$answer'): $(cat "$tmp/body")"
+[ "$(field 'b["usage"]["prompt_tokens"]')" -lt 10 ] ||
+	bad "the next turn prefilled the history again: $(cat "$tmp/body")"
+[ "$(post /v1/chat/completions '{"messages": [{"role": "user", "content": "hi"}]}')" = 400 ] ||
+	bad "chat without a template: $(cat "$tmp/body")"
+grep -q "no chat template" "$tmp/body" || bad "chat without a template: $(cat "$tmp/body")"
+serve_stop
+
+timeout 300 "$KVMEM" bench serve --model "$M" --tokenizer bytes --clients 1,2 --requests 2 \
+	--tokens 4 --lines 4 >"$tmp/bench.out" 2>&1 || bad "bench serve: $(tail -5 "$tmp/bench.out")"
+grep -q "^poisson  *2 " "$tmp/bench.out" || bad "bench serve rows: $(cat "$tmp/bench.out")"
+grep -q "first token p99 against the first load's (unloaded): .* = [0-9.]*x$" "$tmp/bench.out" ||
+	bad "bench serve's ratio: $(cat "$tmp/bench.out")"
+cat "$tmp/bench.out"
+cli_done serve_preset
