@@ -53,9 +53,11 @@ int bench_serve(int argc, char **argv)
 #define MAX_LIST 16
 
 struct opts {
-	const char *model, *backend, *url, *api_key, *mode;
+	const char *model, *backend, *url, *api_key, *mode, *preset, *tokenizer;
 	int clients[MAX_LIST], n_clients;
 	int tokens, requests, lines, conversations, json;
+	int chunk;			/* the server's --chunk (0: its default) */
+	int64_t prefill_budget;		/* its --prefill-budget (0: its default) */
 	double rate;
 	uint64_t seed;
 };
@@ -72,6 +74,11 @@ static void usage(FILE *f)
 		"runs in this process (a scratch data directory) unless --url names one.\n"
 		"\n"
 		"  --model DIR         model directory (default: the embedded agentlang model)\n"
+		"  --preset NAME       a published geometry with random weights instead (8b,\n"
+		"                      ...; cuda backend; text as bytes): its timings\n"
+		"  --tokenizer bytes   text as bytes, for a model with no tokenizer\n"
+		"  --chunk N           the server's prefill chunk (default: kvmem serve's)\n"
+		"  --prefill-budget N  the server's prefill tokens a round (default: serve's)\n"
 		"  --backend NAME      cpu, cuda or auto (default auto)\n"
 		"  --url http://H:P    a running server instead (its model and backend are\n"
 		"                      those /health names)\n"
@@ -302,10 +309,14 @@ static int parse_list(const char *s, int *out, int max)
 }
 
 enum { O_MODEL = 256, O_BACKEND, O_URL, O_KEY, O_CLIENTS, O_MODE, O_REQ, O_TOK, O_LINES, O_RATE,
-       O_CONV, O_SEED, O_JSON };
+       O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL };
 
 static const struct option lopts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
+	{ "preset", required_argument, NULL, O_PRESET },
+	{ "tokenizer", required_argument, NULL, O_TOKENIZER },
+	{ "chunk", required_argument, NULL, O_CHUNK },
+	{ "prefill-budget", required_argument, NULL, O_PREFILL },
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "url", required_argument, NULL, O_URL },
 	{ "api-key", required_argument, NULL, O_KEY },
@@ -334,6 +345,15 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'h': usage(stdout); return 1;
 		case '?': return -1;
 		case O_MODEL: o->model = a; break;
+		case O_PRESET: o->preset = a; break;
+		case O_TOKENIZER:
+			if (strcmp(a, "bytes")) {
+				fprintf(stderr, "%s: --tokenizer '%s': the one there is is 'bytes'\n",
+					WHO, a);
+				return -1;
+			}
+			o->tokenizer = a;
+			break;
 		case O_BACKEND: o->backend = a; break;
 		case O_URL: o->url = a; break;
 		case O_KEY: o->api_key = a; break;
@@ -353,6 +373,11 @@ static int parse(int argc, char **argv, struct opts *o)
 			o->mode = a;
 			break;
 		case O_REQ: if (cli_parse_int(WHO, n, a, 1, 100000, &o->requests)) return -1; break;
+		case O_CHUNK: if (cli_parse_int(WHO, n, a, 1, 4096, &o->chunk)) return -1; break;
+		case O_PREFILL:
+			if (cli_parse_count(WHO, n, a, 1, 1 << 20, &o->prefill_budget))
+				return -1;
+			break;
 		case O_TOK: if (cli_parse_int(WHO, n, a, 1, 1 << 20, &o->tokens)) return -1; break;
 		case O_LINES: if (cli_parse_int(WHO, n, a, 1, 10000, &o->lines)) return -1; break;
 		case O_RATE: if (cli_parse_double(WHO, n, a, 1e-3, 1e6, &o->rate)) return -1; break;
@@ -375,7 +400,9 @@ static char *prompt_for(const struct opts *o, int c)
 
 	agentlang_params_default(&p);
 	p.seed = o->seed * 1000 + (uint64_t)c;
-	p.n_tokens = 256 + 16 * o->lines;
+	/* At least 384: a transcript of fewer tokens has no room for its
+	 * question (--lines 4 failed); the text is cut at --lines anyway. */
+	p.n_tokens = 256 + 16 * (o->lines > 8 ? o->lines : 8);
 	p.n_questions = 1;
 	if (agentlang_transcript_build(&p, &ws))
 		return NULL;
@@ -399,9 +426,13 @@ static int rm_one(const char *path, const struct stat *st, int flag, struct FTW 
 	return flag == FTW_DP ? rmdir(path) : unlink(path);
 }
 
+/* one: the first load's decode rate ("vs 1"); unloaded: its first token
+ * p99, which a Poisson row's p99 is put against (0: none). */
 static void report(const struct opts *o, const char *mode, int n, double rate,
-		   const struct result *r, double one)
+		   const struct result *r, double one, double unloaded)
 {
+	const double vs_unloaded = unloaded > 0 && !isnan(r->ttft99) ? r->ttft99 / unloaded : 0;
+
 	if (o->json) {
 		/* No answer: no percentile (JSON has no NaN). */
 		double v[4] = { r->ttft50, r->ttft99, r->lat50, r->lat99 };
@@ -411,9 +442,11 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		printf("{\"mode\":\"%s\",\"clients\":%d,\"rate\":%.3f,\"requests\":%d,\"failed\":%d,"
 		       "\"wall_s\":%.3f,\"decode_tok_s\":%.1f,\"vs_one\":%.2f,\"requests_s\":%.2f,"
 		       "\"ttft_ms_p50\":%.1f,\"ttft_ms_p99\":%.1f,\"latency_ms_p50\":%.1f,"
-		       "\"latency_ms_p99\":%.1f%s%s%s}\n", mode, n, rate, r->ok, r->failed, r->wall,
-		       r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s, v[0], v[1], v[2], v[3],
-		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
+		       "\"latency_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
+		       "\"prompt_tokens_mean\":%.1f%s%s%s}\n", mode, n, rate,
+		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
+		       v[0], v[1], v[2], v[3], vs_unloaded, r->ok ? (double)r->prompt / r->ok : 0, r->failed ? ",\"error\":" : "",
+		       r->failed ? "\"see stderr\"" : "", "");
 		if (r->failed)
 			fprintf(stderr, "%s: %d requests failed; the first: %s\n", WHO, r->failed, r->err);
 		return;
@@ -424,9 +457,13 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 	 * no ratio. */
 	if (one > 0)
 		snprintf(vs, sizeof(vs), "%6.2fx", r->tok_s / one);
-	printf("%-8s %7d %8.2f %8d %8.2f %9.1f %s %9.1f %9.1f %9.1f %9.1f%s%s\n", mode, n, rate,
-	       r->ok, r->wall, r->tok_s, vs, r->ttft50, r->ttft99, r->lat50, r->lat99,
-	       r->failed ? "  FAILED: " : "", r->failed ? r->err : "");
+	printf("%-8s %7d %8.2f %8d %8.2f %9.1f %s %9.1f %9.1f %9.1f %9.1f %8.0f%s%s\n", mode, n,
+	       rate, r->ok, r->wall, r->tok_s, vs, r->ttft50, r->ttft99, r->lat50, r->lat99,
+	       r->ok ? (double)r->prompt / r->ok : 0, r->failed ? "  FAILED: " : "",
+	       r->failed ? r->err : "");
+	if (vs_unloaded > 0)
+		printf("%-8s %7s first token p99 against the first load's (unloaded): %.1f / %.1f ms "
+		       "= %.2fx\n", "", "", r->ttft99, unloaded, vs_unloaded);
 }
 
 int bench_serve(int argc, char **argv)
@@ -438,11 +475,20 @@ int bench_serve(int argc, char **argv)
 	struct load L = { 0 };
 	char model_path[4096], data[] = "/tmp/kvmem-bench-serve.XXXXXX", machine[128] = "";
 	char backend[32] = "", model[256] = "";
-	double one = 0;
+	double one = 0, unloaded = 0;
 	int r = parse(argc, argv, &o), rc = 0, maxc = 0;
 
 	if (r)
 		return r > 0 ? 0 : EXIT_USAGE;
+	if (o.preset && o.model) {
+		fprintf(stderr, "%s: --model or --preset, not both\n", WHO);
+		return EXIT_USAGE;
+	}
+	if (o.url && (o.preset || o.model || o.tokenizer || o.chunk || o.prefill_budget)) {
+		fprintf(stderr, "%s: --url names a running server: its model and settings are its "
+			"own (no --model, --preset, --tokenizer, --chunk or --prefill-budget)\n", WHO);
+		return EXIT_USAGE;
+	}
 	if (o.url) {
 		if (bench_target_parse(o.url, &L.t)) {
 			fprintf(stderr, "%s: --url '%s': want http://HOST:PORT\n", WHO, o.url);
@@ -450,7 +496,7 @@ int bench_serve(int argc, char **argv)
 		}
 	} else {
 		serve_cfg_default(&c);
-		if (!o.model) {
+		if (!o.model && !o.preset) {
 			if (embedded_model_install(model_path, sizeof(model_path)) < 0) {
 				fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 				return 1;
@@ -464,6 +510,8 @@ int bench_serve(int argc, char **argv)
 		for (int i = 0; i < o.n_clients; i++)
 			maxc = o.clients[i] > maxc ? o.clients[i] : maxc;
 		c.model_dir = o.model;
+		c.preset = o.preset;
+		c.tokenizer = o.tokenizer;
 		c.data_dir = data;
 		c.backend = o.backend;
 		c.port = 0;
@@ -471,6 +519,10 @@ int bench_serve(int argc, char **argv)
 		c.max_queue = (int64_t)maxc * o.requests + 16;
 		c.max_inflight = c.max_batch = c.max_open = maxc > 64 ? maxc : 64;
 		c.max_request_tokens = 1 << 20;
+		if (o.chunk)
+			c.chunk = o.chunk;
+		if (o.prefill_budget)
+			c.prefill_budget = o.prefill_budget;
 		if (serve_start(&c, &sv)) {
 			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 			nftw(data, rm_one, 16, FTW_DEPTH | FTW_PHYS);
@@ -506,8 +558,13 @@ int bench_serve(int argc, char **argv)
 		       sysconf(_SC_NPROCESSORS_ONLN), machine);
 		printf("each request: %d workspace lines, %d tokens decoded (ignore_eos), streamed%s\n",
 		       o.lines, o.tokens, o.conversations ? ", turns of one conversation per client" : "");
-		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s\n", "load", "clients", "rate/s",
-		       "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99", "lat p50", "lat p99");
+		if (o.chunk || o.prefill_budget)
+			printf("the server's prefill: chunk %d, %lld tokens a round\n",
+			       o.chunk ? o.chunk : c.chunk,
+			       (long long)(o.prefill_budget ? o.prefill_budget : c.prefill_budget));
+		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s %8s\n", "load", "clients", "rate/s",
+		       "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99", "lat p50", "lat p99",
+		       "prompt");
 	}
 	for (int k = 0; k < o.n_clients && !rc; k++) {
 		int n = o.clients[k];
@@ -523,16 +580,21 @@ int bench_serve(int argc, char **argv)
 			rc = 1;
 			break;
 		}
-		for (int i = 0; i < n; i++)
-			if (!(L.prompts[i] = prompt_for(&o, i)))
+		for (int i = 0; i < n && !rc; i++)
+			if (!(L.prompts[i] = prompt_for(&o, i))) {
+				fprintf(stderr, "%s: client %d's prompt: %s\n", WHO, i,
+					kvmem_last_error());
 				rc = 1;
+			}
 		if (!rc && strcmp(o.mode, "poisson")) {
 			run_load(&L, 0, 0, &res);
 			/* The first load's rate (one client's, by default) is
 			 * what "vs 1" divides by. */
-			if (!one)
+			if (!one) {
 				one = res.tok_s;
-			report(&o, "closed", n, 0, &res, one);
+				unloaded = res.ttft99;
+			}
+			report(&o, "closed", n, 0, &res, one, 0);
 			sustained = res.req_s;
 			rc = res.failed > 0;
 		}
@@ -540,7 +602,7 @@ int bench_serve(int argc, char **argv)
 			double rate = o.rate ? o.rate : 0.8 * (sustained ? sustained : 1.0);
 
 			run_load(&L, 1, rate, &res);
-			report(&o, "poisson", n, rate, &res, 0);
+			report(&o, "poisson", n, rate, &res, 0, isnan(unloaded) ? 0 : unloaded);
 			rc = res.failed > 0;
 		}
 		for (int i = 0; i < n; i++)
