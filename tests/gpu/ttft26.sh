@@ -1,0 +1,50 @@
+#!/bin/bash
+# On the GPU machine (issue #26): the first token under Poisson arrivals
+# against an unloaded server, at the 8B geometry. kvmem bench serve runs
+# kvmem serve in its process with --preset 8b (random weights made on the
+# GPU, text through the bytes tokenizer: tests/cli/test_serve_preset.sh
+# checks that path on the CPU), closed loop then Poisson arrivals at 1 and
+# 16 clients; each row's first-token p99 is put against the first load's
+# (one client, closed: unloaded). LINES workspace lines a prompt (300:
+# about 8K tokens as bytes; 1200: about 32K), REQ requests a client.
+# PREFILL lists the server's prefill settings to run, CHUNK:BUDGET each
+# (default "default 2048:4096": kvmem serve's own, 128-token chunks and
+# 512 tokens a round, then GPU-sized ones; 2026-12-03 measured the first
+# alone: unloaded first token 0.68-0.79 s for 8K tokens, where the
+# engine prefills 32K in 1.29 s).
+#
+#   tests/gpu/ttft26.sh OUTDIR [SECONDS]    (default 150; logs in OUTDIR/ttft26)
+#   (the 2026-12-03 call: PREFILL=default, 68 s)
+#
+# Needs build-gpu's CLI (tools/gpu/bundle.sh; only build-gpu/kvmem and
+# build-gpu/lib are read).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: tests/gpu/ttft26.sh OUTDIR [SECONDS]}
+. tests/gpu/lib.sh
+gpu_end=$(($(date +%s) + ${2:-150}))
+B=build-gpu
+[ -f "$B/bundle.tar.xz" ] && tar xJf "$B/bundle.tar.xz"
+K=$B/kvmem
+log=$OUT/ttft26
+mkdir -p "$log"
+export LD_LIBRARY_PATH=$PWD/$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMP_WAIT_POLICY=passive
+t0=$(date +%s)
+gpu_need "$K"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+for pf in ${PREFILL:-default 2048:4096}; do
+	args=(--preset 8b --backend cuda --clients 1,16 --mode both --requests "${REQ:-2}"
+		--tokens 16 --lines "${LINES:-300}")
+	[ "$pf" = default ] || args+=(--chunk "${pf%:*}" --prefill-budget "${pf#*:}")
+	echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench serve ${args[*]}"
+	if KVMEM_CUDA_GEMM_TC=1 timeout "$(gpu_left 140)" "$K" bench serve "${args[@]}" \
+		>"$log/bench_serve_$pf.txt" 2>"$log/bench_serve_$pf.err"; then
+		ok "bench serve ${args[*]}"
+	else
+		bad "bench serve ${args[*]} (exit $?)"
+		tail -5 "$log/bench_serve_$pf.err"
+	fi
+	cat "$log/bench_serve_$pf.txt"
+done
+gpu_done
