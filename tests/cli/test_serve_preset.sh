@@ -29,7 +29,7 @@ refuse "unknown preset 'nope'" serve --preset nope --port 0 --data-dir "$tmp/d0"
 refuse "--model or --preset, not both" serve --preset tiny --model "$M"
 refuse "the one there is is 'bytes'" serve --model "$M" --tokenizer words
 refuse "no tokenizer.json" serve --model "$M" --port 0 --data-dir "$tmp/d0"
-refuse "its model is its own" bench serve --url http://127.0.0.1:1 --preset 8b
+refuse "its model and settings are its own" bench serve --url http://127.0.0.1:1 --preset 8b
 refuse "--model or --preset, not both" bench serve --preset tiny --model "$M"
 
 serve_start --model "$M" --tokenizer bytes --data-dir "$tmp/data" || exit 1
