@@ -27,7 +27,7 @@ refuse "kvmem generate --preset tiny --out DIR" serve --preset tiny --backend cp
 	--data-dir "$tmp/d0"
 refuse "unknown preset 'nope'" serve --preset nope --port 0 --data-dir "$tmp/d0"
 refuse "--model or --preset, not both" serve --preset tiny --model "$M"
-refuse "the one there is is 'bytes'" serve --model "$M" --tokenizer words
+refuse "the one to choose is 'bytes'" serve --model "$M" --tokenizer words
 refuse "no tokenizer.json" serve --model "$M" --port 0 --data-dir "$tmp/d0"
 refuse "its model and settings are its own" bench serve --url http://127.0.0.1:1 --preset 8b
 refuse "--model or --preset, not both" bench serve --preset tiny --model "$M"

@@ -348,7 +348,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case O_PRESET: o->preset = a; break;
 		case O_TOKENIZER:
 			if (strcmp(a, "bytes")) {
-				fprintf(stderr, "%s: --tokenizer '%s': the one there is is 'bytes'\n",
+				fprintf(stderr, "%s: --tokenizer '%s': the one to choose is 'bytes'\n",
 					WHO, a);
 				return -1;
 			}
@@ -445,8 +445,8 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       "\"latency_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
 		       "\"prompt_tokens_mean\":%.1f%s%s%s}\n", mode, n, rate,
 		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
-		       v[0], v[1], v[2], v[3], vs_unloaded, r->ok ? (double)r->prompt / r->ok : 0, r->failed ? ",\"error\":" : "",
-		       r->failed ? "\"see stderr\"" : "", "");
+		       v[0], v[1], v[2], v[3], vs_unloaded, r->ok ? (double)r->prompt / r->ok : 0,
+		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
 		if (r->failed)
 			fprintf(stderr, "%s: %d requests failed; the first: %s\n", WHO, r->failed, r->err);
 		return;

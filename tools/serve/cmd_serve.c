@@ -189,8 +189,8 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case O_PRESET: c->preset = a; break;
 		case O_TOKENIZER:
 			if (strcmp(a, "bytes")) {
-				fprintf(stderr, "%s: --tokenizer '%s': the one there is is 'bytes' "
-					"(without it: the model's own)\n", w, a);
+				fprintf(stderr, "%s: --tokenizer '%s': the one to choose is 'bytes' "
+					"(without the option: the model's own)\n", w, a);
 				return -1;
 			}
 			c->tokenizer = a;
