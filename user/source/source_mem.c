@@ -20,8 +20,7 @@
 struct mem_source {
 	int n_layers, n_kv_heads, head_dim, block;
 	uint32_t dtype;		/* KVMEM_DTYPE_F32 or KVMEM_DTYPE_BF16 */
-	size_t esize;		/* bytes a value: 4 or 2 */
-	size_t page_floats;	/* values in one K (or V) page: H * B * D */
+	size_t page_bytes;	/* one K (or V) page: H * B * D values of dtype */
 	char **blocks;		/* [cap] -> [L][2][H][B][D] of dtype */
 	int **fill;		/* [cap] -> [L] tokens written */
 	size_t cap;
@@ -29,7 +28,7 @@ struct mem_source {
 
 static char *page(struct mem_source *m, int64_t b, int layer, int is_v)
 {
-	return m->blocks[b] + ((size_t)layer * 2 + is_v) * m->page_floats * m->esize;
+	return m->blocks[b] + ((size_t)layer * 2 + is_v) * m->page_bytes;
 }
 
 /* Value i of a page, d of them, from fp32 (rounded to the nearest even
@@ -65,7 +64,7 @@ static int have_block(struct mem_source *m, int64_t b)
 		m->cap = c1;
 	}
 	if (!m->blocks[b]) {
-		m->blocks[b] = malloc((size_t)m->n_layers * 2 * m->page_floats * m->esize);
+		m->blocks[b] = malloc((size_t)m->n_layers * 2 * m->page_bytes);
 		m->fill[b] = calloc((size_t)m->n_layers, sizeof(int));
 		if (!m->blocks[b] || !m->fill[b]) {
 			free(m->blocks[b]);
@@ -216,12 +215,11 @@ int kvmem_page_source_mem_dtype(kvmem_page_source *src, int n_layers, int n_kv_h
 	if (!(m = calloc(1, sizeof(*m))))
 		return kvmem_error(ENOMEM, "page source: out of memory");
 	m->dtype = dtype;
-	m->esize = dtype == KVMEM_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
 	m->n_layers = n_layers;
 	m->n_kv_heads = n_kv_heads;
 	m->head_dim = head_dim;
 	m->block = block;
-	m->page_floats = (size_t)n_kv_heads * block * head_dim;
+	m->page_bytes = (size_t)n_kv_heads * block * head_dim * kvmem_dtype_bytes(dtype);
 	src->ops = &mem_ops;
 	src->ctx = m;
 	return 0;
