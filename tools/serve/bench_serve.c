@@ -347,11 +347,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		case O_MODEL: o->model = a; break;
 		case O_PRESET: o->preset = a; break;
 		case O_TOKENIZER:
-			if (strcmp(a, "bytes")) {
-				fprintf(stderr, "%s: --tokenizer '%s': the one to choose is 'bytes'\n",
-					WHO, a);
+			if (serve_tokenizer_opt(WHO, a))
 				return -1;
-			}
 			o->tokenizer = a;
 			break;
 		case O_BACKEND: o->backend = a; break;

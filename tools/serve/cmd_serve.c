@@ -188,11 +188,8 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case O_MODEL: c->model_dir = a; break;
 		case O_PRESET: c->preset = a; break;
 		case O_TOKENIZER:
-			if (strcmp(a, "bytes")) {
-				fprintf(stderr, "%s: --tokenizer '%s': the one to choose is 'bytes' "
-					"(without the option: the model's own)\n", w, a);
+			if (serve_tokenizer_opt(w, a))
 				return -1;
-			}
 			c->tokenizer = a;
 			break;
 		case O_NAME: c->model_name = a; break;

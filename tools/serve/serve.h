@@ -60,6 +60,9 @@ struct serve;
 
 /* The defaults `kvmem serve` documents (budget -1: from the window). */
 void serve_cfg_default(struct serve_cfg *c);
+/* --tokenizer NAME of kvmem serve and kvmem bench serve: 0 for the one
+ * there is ("bytes"), else -1 after a message on stderr naming `who`. */
+int serve_tokenizer_opt(const char *who, const char *name);
 /* Load the model, open the backend, start the engine thread and the HTTP
  * listener. cfg is copied. -errno with kvmem_error, nothing left running. */
 int serve_start(const struct serve_cfg *cfg, struct serve **out);

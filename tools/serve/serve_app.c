@@ -78,6 +78,15 @@ static void pin_pool(struct serve *sv)
 	sv->pin_s = serve_now() - t0;
 }
 
+int serve_tokenizer_opt(const char *who, const char *name)
+{
+	if (!strcmp(name, "bytes"))
+		return 0;
+	fprintf(stderr, "%s: --tokenizer '%s': the one to choose is 'bytes' (without the option: "
+		"the model's own)\n", who, name);
+	return -1;
+}
+
 /*
  * A preset's geometry with no weights (--preset): the cuda backend makes
  * random ones on the GPU, as the benchmarks' --preset does; the cpu backend
