@@ -452,8 +452,9 @@ static void bench_view(void)
 
 		t16 = time_ms(run_dec16, &d, 3, 21);
 		t8 = time_ms(run_dec8, &d, 3, 21);
-		printf("decode attention v5, %dK keys, one layer: bf16 view %.1f us, fp8 view (cvt) %.1f us; "
-		       "fp8 / bf16 speed %.2f\n", d.n_kv / 1024, t16 * 1e3, t8 * 1e3, t16 / t8);
+		printf("decode attention v5, %dK keys, one layer: bf16 view %.1f us, "
+		       "fp8 view (cvt) %.1f us; fp8 / bf16 speed %.2f\n", d.n_kv / 1024, t16 * 1e3,
+		       t8 * 1e3, t16 / t8);
 		for (int mode = 1; mode < 4; mode++) {
 			double tm;
 
