@@ -284,34 +284,65 @@ static void test_failed_write(void **state)
 	test_model_free(m);
 }
 
-/* The same in a decode whose tokens go to the worker: the decode reports
- * the worker's error, and nothing runs after it. */
-static void test_failed_write_in_decode(void **state)
+/* The same in a decode whose tokens go to the worker. A write of a token
+ * before the last fails the decode itself; the last token's rows are put
+ * away after the decode returned (writer.c: the wait falls in the next
+ * step), so their failure is reported by the next call that waits, here
+ * kvmem_session_sync, with the worker's message, unless
+ * KVMEM_WRITER_DEFER=0 makes the decode wait at its end. Either way
+ * nothing runs after it. */
+static void failed_write_in_decode(uint64_t rng, int in_last, int defer)
 {
-	uint64_t rng = g_seed ^ 0xdead;
-	kvmem_config c = test_model_config(2, 32, 4, 2, 16, 48, 61, 1);
+	enum { N = 40, LAYERS = 2 };
+	kvmem_config c = test_model_config(LAYERS, 32, 4, 2, 16, 48, 61, 1);
 	kvmem_model *m = test_model_random(&c, (uint64_t)test_rng_int(&rng, 1, 1 << 30));
 	kvmem_backend *e = kvmem_backend_cpu(m, 128);
-	int32_t tok[64], out[40];
+	int32_t tok[64], out[N];
 	struct run a;
 
 	for (int i = 0; i < 64; i++)
 		tok[i] = test_rng_int(&rng, 0, c.vocab - 1);
 	setenv("KVMEM_WRITER_MIN", "1", 1);
+	if (!defer)
+		setenv("KVMEM_WRITER_DEFER", "0", 1);
 	run_open(&a, e, &c, 0, 0);
 	assert_int_equal(kvmem_session_append(a.s, tok, 64, 0), 0);
 	g_src.writes = 0;
-	/* one of the decode's writes (2 layers a token) */
-	g_src.fail_at = test_rng_int(&rng, 1, 2 * 40);
-	assert_int_equal(kvmem_session_decode(a.s, 40, NULL, out), -EIO);
+	/* one of the decode's writes (a job a token, LAYERS writes a job) */
+	g_src.fail_at = in_last ? test_rng_int(&rng, LAYERS * (N - 1) + 1, LAYERS * N)
+				: test_rng_int(&rng, 1, LAYERS * (N - 1));
+	if (in_last && defer) {
+		assert_int_equal(kvmem_session_decode(a.s, N, NULL, out), 0);
+		assert_int_equal(kvmem_session_sync(a.s), -EIO);
+	} else {
+		assert_int_equal(kvmem_session_decode(a.s, N, NULL, out), -EIO);
+	}
 	assert_non_null(strstr(kvmem_last_error(), "injected write failure"));
+	assert_true(g_src.writes >= g_src.fail_at);
 	g_src.fail_at = 0;
 	assert_int_equal(kvmem_session_decode(a.s, 1, NULL, out), -EINVAL);
 	assert_non_null(strstr(kvmem_last_error(), "unusable"));
+	assert_int_equal(kvmem_session_sync(a.s), -EINVAL);
 	run_close(&a);
 	unsetenv("KVMEM_WRITER_MIN");
+	unsetenv("KVMEM_WRITER_DEFER");
 	kvmem_backend_close(e);
 	test_model_free(m);
+}
+
+static void test_failed_write_in_decode(void **state)
+{
+	failed_write_in_decode(g_seed ^ 0xdead, 0, 1);
+}
+
+static void test_failed_write_of_last_token(void **state)
+{
+	failed_write_in_decode(g_seed ^ 0x1a57, 1, 1);
+}
+
+static void test_failed_write_of_last_token_no_defer(void **state)
+{
+	failed_write_in_decode(g_seed ^ 0xde7e, 1, 0);
 }
 
 int main(void)
@@ -321,6 +352,8 @@ int main(void)
 		cmocka_unit_test(test_failed_write),
 		cmocka_unit_test(test_decode_on_worker),
 		cmocka_unit_test(test_failed_write_in_decode),
+		cmocka_unit_test(test_failed_write_of_last_token),
+		cmocka_unit_test(test_failed_write_of_last_token_no_defer),
 	};
 
 	g_seed = test_rng_fresh_seed("test_ws_writer");
