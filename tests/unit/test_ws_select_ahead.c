@@ -4,7 +4,7 @@
  * appended. It must leave the history untouched, keep the exactness
  * invariant (a budget over the workspace gives the same logits as never
  * selecting ahead), choose what a plain selection would choose from the same
- * queries, and refuse bad calls.
+ * queries, hand a tap every token's queries, and refuse bad calls.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -162,6 +162,101 @@ static void test_same_choice_as_plain_select(void **state)
 	assert_true(agree * 10 >= sets * 9);
 }
 
+/* The tap's ahead hook gets every token's queries, [L][n][qw]; the session
+ * itself keeps only the last query_tokens (session.c, ws_q_rows). With and
+ * without the tap the selection reads the same queries: the same scores and
+ * plan, bit for bit. The tap's last rows are the rows the selection read,
+ * so a third session fed them through a tap-less select ahead agrees. */
+struct ahead_rec {
+	float *q;
+	int n, calls;
+	int64_t pos0;
+	size_t qw;
+	int layers;
+};
+
+static void rec_ahead(void *arg, const kvmem_session *s, const float *q, int n, int64_t pos0)
+{
+	struct ahead_rec *r = arg;
+
+	free(r->q);
+	r->q = malloc(sizeof(float) * r->layers * (size_t)n * r->qw);
+	memcpy(r->q, q, sizeof(float) * r->layers * (size_t)n * r->qw);
+	r->n = n;
+	r->pos0 = pos0;
+	r->calls++;
+}
+
+static void test_tap_gets_every_query(void **state)
+{
+	uint64_t rng = g_seed ^ 0x7a9;
+
+	for (int round = 0; round < 4; round++) {
+		kvmem_model *m = model(&rng);
+		kvmem_backend *e = kvmem_backend_cpu(m, 16);
+		const kvmem_config *c = &m->cfg;
+		int V = c->vocab, nh = 16 * test_rng_int(&rng, 12, 20), nq = test_rng_int(&rng, 2, 16);
+		int qtok = test_rng_int(&rng, 1, 4);
+		struct ahead_rec rec = { .qw = (size_t)c->n_heads * c->head_dim, .layers = c->n_layers };
+		kvmem_session_tap tap = { .ahead = rec_ahead, .arg = &rec };
+		kvmem_session_opts o;
+		kvmem_session *a, *b;
+		int32_t hist[320], q[16];
+		const float *sa, *sb;
+		int sets_a, sets_b;
+		int64_t nb_a, nb_b;
+
+		kvmem_session_opts_default(&o);
+		o.budget = 96;
+		o.block = 16;
+		o.chunk = 16;
+		o.query_tokens = qtok;
+		o.policy = "quest";
+		a = kvmem_session_create(e, &o);
+		o.tap = &tap;
+		b = kvmem_session_create(e, &o);
+		assert_non_null(a);
+		assert_non_null(b);
+		random_ids(&rng, hist, nh, V);
+		random_ids(&rng, q, nq, V);
+		assert_int_equal(kvmem_session_append(a, hist, nh, 0), 0);
+		assert_int_equal(kvmem_session_append(b, hist, nh, 0), 0);
+		assert_int_equal(kvmem_session_select_ahead(a, q, nq), 0);
+		assert_int_equal(kvmem_session_select_ahead(b, q, nq), 0);
+		assert_int_equal(rec.calls, 1);
+		assert_int_equal(rec.n, nq);
+		assert_int_equal(rec.pos0, nh);
+		/* every row a token's own: in the last layer (past attention;
+		 * the first layer's, before RoPE, are alike for equal ids) no
+		 * two tokens' queries alike */
+		for (int i = 1; i < nq; i++) {
+			const float *last = rec.q + (size_t)(c->n_layers - 1) * nq * rec.qw;
+
+			assert_memory_not_equal(last + (size_t)(i - 1) * rec.qw,
+						last + (size_t)i * rec.qw, sizeof(float) * rec.qw);
+		}
+		sa = kvmem_session_scores(a, &sets_a, &nb_a);
+		sb = kvmem_session_scores(b, &sets_b, &nb_b);
+		assert_non_null(sa);
+		assert_int_equal(sets_a, sets_b);
+		assert_int_equal(nb_a, nb_b);
+		assert_memory_equal(sa, sb, sizeof(float) * (size_t)sets_a * nb_a);
+		assert_int_equal(kvmem_session_plan(a)->n_view, kvmem_session_plan(b)->n_view);
+		assert_memory_equal(kvmem_session_plan(a)->blocks, kvmem_session_plan(b)->blocks,
+				    sizeof(int64_t) * kvmem_session_plan(a)->n_sets *
+				    kvmem_session_plan(a)->n_view);
+		/* and the append after it is the same in both */
+		assert_int_equal(kvmem_session_append(a, q, nq, 0), 0);
+		assert_int_equal(kvmem_session_append(b, q, nq, 0), 0);
+		assert_memory_equal(kvmem_session_logits(a), kvmem_session_logits(b), sizeof(float) * V);
+		free(rec.q);
+		kvmem_session_free(a);
+		kvmem_session_free(b);
+		kvmem_backend_close(e);
+		test_model_free(m);
+	}
+}
+
 static void test_bad_calls(void **state)
 {
 	uint64_t rng = g_seed + 7;
@@ -184,6 +279,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_exact_with_select_ahead),
 		cmocka_unit_test(test_same_choice_as_plain_select),
+		cmocka_unit_test(test_tap_gets_every_query),
 		cmocka_unit_test(test_bad_calls),
 	};
 

@@ -10,6 +10,8 @@
  * dropped: the view's length is put back), the session selects with those
  * queries, and the caller then appends the tokens for real over the new view.
  */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvmem/kvmem.h"
@@ -17,10 +19,11 @@
 
 int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 {
-	const kvmem_fwd_out out = ws_fwd_out(s, 0);
 	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
-	const int T = s->o.query_tokens;
-	int keep;
+	const int T = s->o.query_tokens, want_all = s->o.tap && s->o.tap->ahead;
+	kvmem_fwd_out out;
+	float *q_all = NULL;
+	int keep, rc = 0;
 	int64_t len;
 
 	if (s->broken)
@@ -36,24 +39,44 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
 		return kvmem_fail();
 	len = ws_view_len(s);
+	/* The selection sees only the last keep tokens' queries, the rows the
+	 * session keeps; a tap that wants all n gets a buffer for them. */
+	keep = n < T ? n : T;
+	out = ws_fwd_out(s, keep);
+	if (want_all) {
+		q_all = malloc(sizeof(float) * s->cfg.n_layers * (size_t)n * qw);
+		if (!q_all)
+			return kvmem_error(ENOMEM, "session: select ahead: out of memory for the "
+					   "tap's queries of %d tokens", n);
+		out.q_raw = q_all;
+		out.q_last = 0;
+	}
 	if (s->be->ops->forward(s->be->ctx, s->view, tokens, n, NULL, 0, &out))
-		return kvmem_error_prefix("session: select ahead");
+		rc = kvmem_error_prefix("session: select ahead");
 	/* The slots past len are scratch again. */
-	if (s->be->ops->set_length(s->be->ctx, s->view, len)) {
+	else if (s->be->ops->set_length(s->be->ctx, s->view, len)) {
 		s->broken = 1;
-		return kvmem_error_prefix("session: select ahead");
+		rc = kvmem_error_prefix("session: select ahead");
+	}
+	if (rc) {
+		free(q_all);
+		return rc;
 	}
 	s->st.forwards++;
-	if (s->o.tap && s->o.tap->ahead)
-		s->o.tap->ahead(s->o.tap->arg, s, s->q_raw, n, s->blocks.n_tokens);
+	if (want_all)
+		s->o.tap->ahead(s->o.tap->arg, s, q_all, n, s->blocks.n_tokens);
 
-	/* The selection sees only these queries, at the positions the tokens
-	 * will take. */
-	keep = n < T ? n : T;
-	for (int l = 0; l < s->cfg.n_layers; l++)
+	/* At the positions the tokens will take; the rows are [L][rows][qw],
+	 * the last rows of each layer (rows: keep, or n for the tap). */
+	for (int l = 0; l < s->cfg.n_layers; l++) {
+		const int rows = want_all ? n : keep;
+		const float *src = want_all ? q_all : s->q_raw;
+
 		for (int i = 0; i < keep; i++)
-			memcpy(ws_qrow(s, l, i), s->q_raw + ((size_t)l * n + (n - keep + i)) * qw,
+			memcpy(ws_qrow(s, l, i), src + ((size_t)l * rows + (rows - keep + i)) * qw,
 			       qw * sizeof(float));
+	}
+	free(q_all);
 	for (int i = 0; i < keep; i++)
 		s->qpos[i] = s->blocks.n_tokens + (n - keep) + i;
 	s->q_head = 0;

@@ -137,6 +137,22 @@ void ws_rows_free(kvmem_session *s, void *p)
 		s->be->ops->host_free(s->be->ctx, p);
 }
 
+/*
+ * Rows of queries a forward pass brings back per layer: the last
+ * query_tokens (all the selection reads; ws_fwd_out's q_last), so the
+ * buffer holds that many, not a chunk's. A chunk's worth at the 8B
+ * geometry is 590 KB a token in fp32 (36 layers x 32 heads x 128): 75 MB
+ * at 128 tokens, 302 MB at 512, and again for the writer's second set.
+ * Only the rows written become resident (malloc'd, not pinned), so an
+ * append cost the few it wrote; kvmem_session_select_ahead wrote all n of
+ * its tokens' rows, and now writes the last query_tokens too unless a tap
+ * wants them all (a buffer of its own, for that call).
+ */
+int ws_q_rows(const kvmem_session *s)
+{
+	return s->o.query_tokens < s->o.chunk ? s->o.query_tokens : s->o.chunk;
+}
+
 kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last)
 {
 	kvmem_fwd_out o = { .q_raw = s->q_raw, .q_last = q_last };
@@ -160,7 +176,7 @@ int ws_scratch_alloc(kvmem_session *s)
 	if (!s->v)
 		s->v = ws_rows_alloc(s);
 	if (!s->q_raw)
-		s->q_raw = malloc(sizeof(float) * s->cfg.n_layers * (size_t)s->o.chunk * qw);
+		s->q_raw = malloc(sizeof(float) * s->cfg.n_layers * (size_t)ws_q_rows(s) * qw);
 	if (!s->raw_k || !s->v || !s->q_raw)
 		return kvmem_error(ENOMEM, "session: out of memory for chunks of %d tokens", s->o.chunk);
 	return 0;

@@ -141,7 +141,7 @@ static void spares_free(struct ws_writer *g)
  * made at the first job it takes. */
 static int writer_start(kvmem_session *s)
 {
-	const size_t rows = (size_t)s->cfg.n_layers * s->o.chunk * s->cfg.head_dim;
+	const size_t rows = (size_t)s->cfg.n_layers * ws_q_rows(s) * s->cfg.head_dim;
 	struct ws_writer *g = calloc(1, sizeof(*g));
 
 	if (!g)
