@@ -34,6 +34,9 @@ refuse "--model or --preset, not both" bench serve --preset tiny --model "$M"
 
 serve_start --model "$M" --tokenizer bytes --data-dir "$tmp/data" || exit 1
 grep -q "kvmem serve: model model (" "$tmp/serve.out" || bad "banner: $(head -2 "$tmp/serve.out")"
+# The prefill's shape follows the backend when not given (cpu: 128, 4 a round).
+grep -q "kvmem serve: prefill in chunks of 128 tokens, 512 tokens a round" "$tmp/serve.out" ||
+	bad "prefill defaults: $(head -4 "$tmp/serve.out")"
 # post PATH JSON: the body in $tmp/body, the status echoed.
 post() { curl -s -o "$tmp/body" -w '%{http_code}' "$BASE$1" -d "$2"; }
 field() { python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' \
@@ -71,5 +74,13 @@ timeout 300 "$KVMEM" bench serve --model "$M" --tokenizer bytes --clients 1,2 --
 grep -q "^poisson  *2 " "$tmp/bench.out" || bad "bench serve rows: $(cat "$tmp/bench.out")"
 grep -q "first token p99 against the first load's (unloaded): .* = [0-9.]*x$" "$tmp/bench.out" ||
 	bad "bench serve's ratio: $(cat "$tmp/bench.out")"
+grep -q "^the server's prefill: chunk 128, 512 tokens a round (the backend's defaults)$" \
+	"$tmp/bench.out" || bad "bench serve's prefill line: $(head -4 "$tmp/bench.out")"
 cat "$tmp/bench.out"
+# Given, they are the server's, a round's tokens 4 chunks unless given too.
+timeout 300 "$KVMEM" bench serve --model "$M" --tokenizer bytes --clients 1 --requests 1 \
+	--tokens 2 --lines 4 --chunk 64 --json >"$tmp/bench.json" 2>&1 ||
+	bad "bench serve --chunk 64: $(tail -5 "$tmp/bench.json")"
+grep -q '"chunk":64,"prefill_round":256' "$tmp/bench.json" ||
+	bad "bench serve --chunk 64 --json: $(cat "$tmp/bench.json")"
 cli_done serve_preset

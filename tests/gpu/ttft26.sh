@@ -8,10 +8,11 @@
 # (one client, closed: unloaded). LINES workspace lines a prompt (300:
 # about 8K tokens as bytes; 1200: about 32K), REQ requests a client.
 # PREFILL lists the server's prefill settings to run, CHUNK:BUDGET each
-# (default "default 2048:4096": kvmem serve's own, 128-token chunks and
-# 512 tokens a round, then GPU-sized ones; 2026-12-03 measured the first
-# alone: unloaded first token 0.68-0.79 s for 8K tokens, where the
-# engine prefills 32K in 1.29 s).
+# (default "128:512 default 1024:4096": the server's shape before it
+# followed the backend, then kvmem serve's own on a GPU (512-token chunks,
+# four a round), then larger; 2026-12-03 measured the first alone:
+# unloaded first token 0.68-0.79 s for 8K tokens, where the engine
+# prefills 32K in 1.29 s).
 #
 #   tests/gpu/ttft26.sh OUTDIR [SECONDS]    (default 150; logs in OUTDIR/ttft26)
 #   (the 2026-12-03 call: PREFILL=default, 68 s)
@@ -33,7 +34,7 @@ export OMP_WAIT_POLICY=passive
 t0=$(date +%s)
 gpu_need "$K"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-for pf in ${PREFILL:-default 2048:4096}; do
+for pf in ${PREFILL:-128:512 default 1024:4096}; do
 	args=(--preset 8b --backend cuda --clients 1,16 --mode both --requests "${REQ:-2}"
 		--tokens 16 --lines "${LINES:-300}")
 	[ "$pf" = default ] || args+=(--chunk "${pf%:*}" --prefill-budget "${pf#*:}")

@@ -58,6 +58,8 @@ struct opts {
 	int tokens, requests, lines, conversations, json;
 	int chunk;			/* the server's --chunk (0: its default) */
 	int64_t prefill_budget;		/* its --prefill-budget (0: its default) */
+	int used_chunk;			/* what its server ran with (0: a --url server) */
+	int64_t used_round;
 	double rate;
 	uint64_t seed;
 };
@@ -440,9 +442,11 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       "\"wall_s\":%.3f,\"decode_tok_s\":%.1f,\"vs_one\":%.2f,\"requests_s\":%.2f,"
 		       "\"ttft_ms_p50\":%.1f,\"ttft_ms_p99\":%.1f,\"latency_ms_p50\":%.1f,"
 		       "\"latency_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
-		       "\"prompt_tokens_mean\":%.1f%s%s%s}\n", mode, n, rate,
+		       "\"prompt_tokens_mean\":%.1f,\"chunk\":%d,\"prefill_round\":%lld%s%s%s}\n",
+		       mode, n, rate,
 		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
 		       v[0], v[1], v[2], v[3], vs_unloaded, r->ok ? (double)r->prompt / r->ok : 0,
+		       o->used_chunk, (long long)o->used_round,
 		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
 		if (r->failed)
 			fprintf(stderr, "%s: %d requests failed; the first: %s\n", WHO, r->failed, r->err);
@@ -529,6 +533,7 @@ int bench_serve(int argc, char **argv)
 		L.t.port = serve_port(sv);
 		snprintf(model, sizeof(model), "%s", serve_model_name(sv));
 		snprintf(backend, sizeof(backend), "%s", serve_backend_name(sv));
+		serve_prefill(sv, &o.used_chunk, &o.used_round);
 	}
 	L.t.api_key = o.api_key;
 	if (!model[0]) {
@@ -555,10 +560,10 @@ int bench_serve(int argc, char **argv)
 		       sysconf(_SC_NPROCESSORS_ONLN), machine);
 		printf("each request: %d workspace lines, %d tokens decoded (ignore_eos), streamed%s\n",
 		       o.lines, o.tokens, o.conversations ? ", turns of one conversation per client" : "");
-		if (o.chunk || o.prefill_budget)
-			printf("the server's prefill: chunk %d, %lld tokens a round\n",
-			       o.chunk ? o.chunk : c.chunk,
-			       (long long)(o.prefill_budget ? o.prefill_budget : c.prefill_budget));
+		if (sv)
+			printf("the server's prefill: chunk %d, %lld tokens a round%s\n", o.used_chunk,
+			       (long long)o.used_round,
+			       o.chunk || o.prefill_budget ? "" : " (the backend's defaults)");
 		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s %8s\n", "load", "clients", "rate/s",
 		       "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99", "lat p50", "lat p99",
 		       "prompt");

@@ -71,7 +71,8 @@ static void usage(FILE *f)
 		"  --budget N                history tokens in a view (default: 3/4 of the\n"
 		"                            model's window; 0: unlimited)\n"
 		"  --block N                 tokens per block (default 32)\n"
-		"  --chunk N                 prefill chunk (default 128)\n"
+		"  --chunk N                 prefill chunk (default 128 on the cpu backend, 512\n"
+		"                            on a GPU)\n"
 		"  --host-cap SIZE           host pool the conversations share (default 256M)\n"
 		"  --max-body SIZE           largest request body (default 1M)\n"
 		"  --max-request-tokens N    new prompt tokens + max_tokens of a request\n"
@@ -94,7 +95,7 @@ static void usage(FILE *f)
 		"  --max-batch N             units (decode steps, prefill chunks, selections) in\n"
 		"                            one round of the engine (default 64)\n"
 		"  --prefill-budget N        prefill tokens in one round, whole chunks, at least\n"
-		"                            one (default 512)\n"
+		"                            one (default 4 chunks)\n"
 		"  --max-conversation-queue N  requests of one conversation waiting (default 4)\n"
 		"  --max-conversation-tokens N tokens one conversation may hold (default: no\n"
 		"                            limit)\n"
@@ -364,6 +365,12 @@ int cmd_serve(int argc, char **argv)
 	{
 		double pin_s;
 		uint64_t pinned = serve_pinned(sv, &pin_s);
+		int64_t round;
+		int chunk;
+
+		serve_prefill(sv, &chunk, &round);
+		printf("kvmem serve: prefill in chunks of %d tokens, %lld tokens a round\n", chunk,
+		       (long long)round);
 
 		/* Start-up's one large cost on a GPU (Documentation/serve.md). */
 		if (pinned)

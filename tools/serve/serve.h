@@ -37,7 +37,8 @@ struct serve_cfg {
 	int64_t max_queue;		/* requests waiting or running */
 	int64_t max_inflight;		/* turns running at once (admitted) */
 	int64_t max_batch;		/* units in one round of the engine */
-	int64_t prefill_budget;		/* prefill tokens in one round (whole chunks) */
+	int64_t prefill_budget;		/* prefill tokens in one round (whole chunks; 0:
+					 * 4 chunks) */
 	int64_t max_conv_queue;		/* requests of one conversation waiting */
 	int64_t max_conv_tokens;	/* tokens a conversation may hold (0: no limit) */
 	int64_t max_n;			/* choices of one request */
@@ -47,7 +48,7 @@ struct serve_cfg {
 	double idle_release;
 	int64_t max_views;		/* open conversations holding a view at once */
 	int64_t budget;			/* view budget of a session (0: unlimited; -1: from the window) */
-	int block, chunk, threads;
+	int block, chunk, threads;	/* chunk 0: the backend's (128 cpu, 512 a GPU) */
 	uint64_t host_cap;		/* the host pool the conversations share */
 	int request_timeout;		/* seconds a request may wait or run */
 	int quiet;
@@ -72,6 +73,9 @@ const char *serve_model_name(const struct serve *sv);
 const char *serve_backend_name(const struct serve *sv);
 /* The view budget in force (from the window when the options gave -1). */
 int64_t serve_budget(const struct serve *sv);
+/* The prefill chunk and the prefill tokens of a round in force (the
+ * backend's defaults when the options gave 0). */
+void serve_prefill(const struct serve *sv, int *chunk, int64_t *round_tokens);
 /* Bytes of the shared host pool pinned for the backend at start (0: none,
  * the cpu backend) and the seconds that took. */
 uint64_t serve_pinned(const struct serve *sv, double *seconds);

@@ -31,7 +31,7 @@ void serve_cfg_default(struct serve_cfg *c)
 	c->max_queue = 256;
 	c->max_inflight = 64;
 	c->max_batch = 64;
-	c->prefill_budget = 512;
+	c->prefill_budget = 0;		/* the backend's: serve_prefill_defaults */
 	c->max_conv_queue = 4;
 	c->max_n = 16;
 	c->idle_close = 300;
@@ -40,8 +40,37 @@ void serve_cfg_default(struct serve_cfg *c)
 	c->request_timeout = 600;
 	c->budget = -1;
 	c->block = 32;
-	c->chunk = 128;
+	c->chunk = 0;			/* likewise */
 	c->host_cap = 256 << 20;
+}
+
+/*
+ * The prefill's shape when the options leave it: a chunk (a conversation's
+ * tokens in one forward pass) and the tokens of every chunk in a round.
+ * A round runs its prefill chunks one after another, then the decode
+ * steps, so a prompt of P tokens takes P / chunk rounds however idle the
+ * server is. On the cpu backend a 128-token chunk is already compute-bound
+ * and a round of 512 keeps the others' decode moving. On a GPU a forward
+ * pass reads all the weights whatever its rows (16 GB at the 8B geometry,
+ * about 4 ms on the H200), so 128-token chunks left an 8K-token prompt at
+ * 0.68 s where the engine prefills 16K in 0.5 s in chunks of 1024
+ * (benchmarks.md, "first token under load"); 512 rows make the chunk's
+ * GEMMs compute-bound. The session's buffers grow with the chunk (its K
+ * and V rows, twice: 151 MB at 512 on the 8B geometry, pinned), hence not
+ * larger by default. The largest default opens the backend (its scratch
+ * is sized by it); the chunk then follows the backend it turned out to be
+ * (auto picks at open).
+ */
+enum { SERVE_CHUNK_CPU = 128, SERVE_CHUNK_DEVICE = 512, SERVE_ROUND_CHUNKS = 4 };
+
+static void serve_prefill_defaults(struct serve *sv)
+{
+	const int device = sv->be->ops->host_register != NULL;	/* its own memory */
+
+	if (!sv->cfg.chunk)
+		sv->cfg.chunk = device ? SERVE_CHUNK_DEVICE : SERVE_CHUNK_CPU;
+	if (!sv->cfg.prefill_budget)
+		sv->cfg.prefill_budget = (int64_t)SERVE_ROUND_CHUNKS * sv->cfg.chunk;
 }
 
 /*
@@ -139,7 +168,9 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 	    (cfg->preset || cfg->tokenizer ? tok_cli_open_bytes(&sv->m->cfg, &sv->tok)
 					   : tok_cli_open(sv->model_dir, &sv->m->cfg, &sv->tok)))
 		goto fail;
-	if (kvmem_backend_open(cfg->backend, sv->m, &(kvmem_backend_opts){ .max_chunk = cfg->chunk },
+	if (kvmem_backend_open(cfg->backend, sv->m,
+			       &(kvmem_backend_opts){ .max_chunk = cfg->chunk ? cfg->chunk
+										 : SERVE_CHUNK_DEVICE },
 			       &sv->be) < 0) {
 		if (cfg->preset) {	/* the cpu backend wants weights: say how to make them */
 			snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
@@ -149,6 +180,7 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 		}
 		goto fail;
 	}
+	serve_prefill_defaults(sv);
 	if (kvmem_mkdir_p(sv->data_dir))
 		goto fail;
 	/* The pages of new conversations (the workspace's default dtype);
@@ -202,6 +234,12 @@ const char *serve_backend_name(const struct serve *sv)
 int64_t serve_budget(const struct serve *sv)
 {
 	return sv->cfg.budget;
+}
+
+void serve_prefill(const struct serve *sv, int *chunk, int64_t *round_tokens)
+{
+	*chunk = sv->cfg.chunk;
+	*round_tokens = sv->cfg.prefill_budget;
 }
 
 uint64_t serve_pinned(const struct serve *sv, double *seconds)
