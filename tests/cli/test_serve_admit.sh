@@ -2,7 +2,8 @@
 # kvmem serve's admission and quotas (issue 26): a fair queue (FIFO in a
 # conversation, round-robin across), 429 with Retry-After past
 # --max-queue and --max-conversation-queue, rounds that batch the units of
-# several conversations, idle conversations closed and reopened from their
+# several conversations, a prompt's chunks taking the round's prefill budget
+# (with the same answer as one chunk a round), idle conversations closed and reopened from their
 # stored state with no re-prefill (equal to a twin that never closed), and
 # a full disk (a small tmpfs) that is an error for the conversation that
 # needed the space while the others go on.
@@ -99,6 +100,36 @@ done
 rounds=$(metric kvmem_batch_rounds_total)
 units=$(metric kvmem_batch_decode_units_total)
 [ "$rounds" -lt "$units" ] || bad "rounds $rounds, decode units $units: no round ran two decodes"
+
+# ---- a prompt takes what the round's prefill budget leaves ----------------------------------
+# Chunks of 16, 64 prefill tokens a round: a lone prompt's chunks run four a
+# round (serve_engine.c, more_prefill), and the answer is the one a server
+# giving it one chunk a round gives (the same chunks, so the same bits).
+LONG=$(node -e 'console.log(JSON.stringify(JSON.parse(process.argv[1]).repeat(4) + "? payments.props pool.workers ="))' "$LINES")
+serve_stop
+for pb in 64 16; do
+	serve_start --chunk 16 --prefill-budget $pb || exit 1
+	grep -q "prefill in chunks of 16 tokens, $pb tokens a round" "$tmp/serve.out" ||
+		bad "--chunk 16 --prefill-budget $pb: $(grep prefill "$tmp/serve.out" | tail -1)"
+	curl -s -o "$tmp/long$pb.json" "$BASE/v1/completions" -d "{\"prompt\":$LONG,\"max_tokens\":6,\"temperature\":0}"
+	pre=$(metric kvmem_batch_prefill_units_total)
+	rounds=$(metric kvmem_batch_rounds_total)
+	echo "prefill budget $pb: $pre prefill units in $rounds rounds"
+	if [ "$pb" = 64 ]; then
+		[ "$pre" -ge 8 ] || bad "the long prompt took $pre prefill units (want 8 or more chunks of 16)"
+		# the prefill's rounds, then the selection, 6 decode steps, the close
+		[ "$rounds" -le $(((pre + 3) / 4 + 9)) ] ||
+			bad "$pre prefill chunks in $rounds rounds: not four a round"
+	else
+		[ "$rounds" -ge "$pre" ] || bad "one chunk a round: $pre chunks in $rounds rounds"
+	fi
+	serve_stop
+done
+a=$(sed 's/"id":"[^"]*"//; s/"created":[0-9]*//' "$tmp/long64.json")
+b=$(sed 's/"id":"[^"]*"//; s/"created":[0-9]*//' "$tmp/long16.json")
+grep -q '"text"' "$tmp/long64.json" || bad "the long prompt's answer: $(head -c 300 "$tmp/long64.json")"
+[ "$a" = "$b" ] || bad "four chunks a round answered otherwise: $(head -c 300 "$tmp/long64.json") vs $(head -c 300 "$tmp/long16.json")"
+serve_start --idle-close 1 || exit 1
 
 # ---- idle conversations close, and come back from their stored state ------------------------
 curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: idle' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"

@@ -15,7 +15,8 @@
  * starting where the last round stopped, up to --max-batch units and
  * --prefill-budget prefill tokens (whole chunks; at least one chunk when any
  * waits): a decode step, a prefill chunk, a selection, the tokens that close
- * a turn. The units go to the batch runner in one call (serve_batch.h);
+ * a turn. What the budget leaves goes to the same prompts' next chunks in
+ * the same round (more_prefill). The units go to the batch runner in one call (serve_batch.h);
  * then each turn takes its result, and turns whose units are done are
  * recorded and committed. A selection is a unit like the others: one
  * conversation's step boundary costs the others one round's share, never
@@ -271,11 +272,52 @@ static void take_in(struct serve *sv, struct round *r, struct job *in)
 	}
 }
 
+/*
+ * The prefill budget a round's first pass left goes to the prompts that
+ * pass served: their next whole chunks run in the same round, in passes of
+ * prefill alone, while they fit. So a prompt of P tokens takes about P /
+ * --prefill-budget rounds, not P / --chunk, and the others' decode steps
+ * between its chunks go with them: on a GPU, where each round's decode
+ * pass of 16 conversations costs about what a 512-token chunk does, the
+ * first token under load had paid one per chunk. The first pass's units
+ * are r->units[0..n) of r->owner; the units run here count with the round.
+ */
+static int more_prefill(struct serve *sv, struct round *r, int n, int64_t budget)
+{
+	struct job **pre = r->owner + n;	/* owner has 2 max_batch slots; n used */
+	int n_pre = 0, ran = 0;
+
+	for (int i = 0; i < n; i++)
+		if (r->units[i].kind == SERVE_UNIT_PREFILL && !r->owner[i]->done &&
+		    turn_prefill_next(r->owner[i]) > 0)
+			pre[n_pre++] = r->owner[i];
+	while (n_pre && budget > 0) {
+		int m = 0;
+
+		for (int i = 0; i < n_pre; i++) {
+			struct job *j = pre[i];
+			int want = j->done ? 0 : turn_prefill_next(j);
+
+			if (want <= 0 || want > budget || turn_unit(j, &r->units[m]))
+				continue;
+			budget -= want;
+			r->owner[m++] = j;
+		}
+		if (!m)
+			break;
+		serve_batch_run(sv->be, r->units, m, &sv->bs);
+		for (int i = 0; i < m; i++)
+			turn_after(r->owner[i], &r->units[i]);
+		ran += m;
+	}
+	return ran;
+}
+
 static void round_once(struct serve *sv, struct round *r)
 {
 	const int64_t max = sv->cfg.max_batch;
 	int64_t budget = sv->cfg.prefill_budget;
-	int n = 0, prefilled = 0, k;
+	int n = 0, prefilled = 0, k, units = 0;
 
 	for (k = 0; k < r->n_run && n < max; k++) {
 		struct job *j = r->run[(r->first + k) % r->n_run];
@@ -300,6 +342,7 @@ static void round_once(struct serve *sv, struct round *r)
 		serve_batch_run(sv->be, r->units, n, &sv->bs);
 		for (int i = 0; i < n; i++)
 			turn_after(r->owner[i], &r->units[i]);
+		units = n + more_prefill(sv, r, n, budget);
 	}
 	/* Turns whose units are done: record, commit, answer. */
 	for (int i = 0; i < r->n_run;) {
@@ -317,7 +360,7 @@ static void round_once(struct serve *sv, struct round *r)
 	}
 	pthread_mutex_lock(&sv->mu);
 	sv->c.rounds += n > 0;
-	sv->c.units += (uint64_t)n;
+	sv->c.units += (uint64_t)units;
 	sv->c.batch_last = n;
 	if ((uint64_t)n > sv->c.batch_max)
 		sv->c.batch_max = (uint64_t)n;
@@ -334,7 +377,7 @@ static void *engine_main(void *arg)
 
 	r.run = calloc((size_t)r.cap_run, sizeof(*r.run));
 	r.units = calloc((size_t)sv->cfg.max_batch, sizeof(*r.units));
-	r.owner = calloc((size_t)sv->cfg.max_batch, sizeof(*r.owner));
+	r.owner = calloc(2 * (size_t)sv->cfg.max_batch, sizeof(*r.owner));	/* more_prefill */
 	pthread_mutex_lock(&sv->mu);
 	for (;;) {
 		struct job *in = admit(sv, &r.conv_inflight);
