@@ -6,8 +6,9 @@
 # A completion's prompt and answer, sent back as the next turn's start,
 # go on in the conversation (decode then encode gives the server's ids
 # back); /tokenize reads an escape as one id; chat has no template here.
-# Then bench serve on the same model: its rows, and the first token's p99
-# against the unloaded one. --preset on the cuda backend: tests/gpu/ttft26.sh.
+# Then bench serve on the same model: its rows, the first token's p99
+# against the unloaded one, the time per token after it and a stream's
+# longest wait, the prefill's shape in force. --preset on the cuda backend: tests/gpu/ttft26.sh.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/../serve/lib.sh"
 cli_setup serve_preset
@@ -79,8 +80,19 @@ grep -q "^the server's prefill: chunk 128, 512 tokens a round (the backend's def
 cat "$tmp/bench.out"
 # Given, they are the server's, a round's tokens 4 chunks unless given too.
 timeout 300 "$KVMEM" bench serve --model "$M" --tokenizer bytes --clients 1 --requests 1 \
-	--tokens 2 --lines 4 --chunk 64 --json >"$tmp/bench.json" 2>&1 ||
+	--tokens 6 --lines 4 --chunk 64 --json >"$tmp/bench.json" 2>&1 ||
 	bad "bench serve --chunk 64: $(tail -5 "$tmp/bench.json")"
 grep -q '"chunk":64,"prefill_round":256' "$tmp/bench.json" ||
 	bad "bench serve --chunk 64 --json: $(cat "$tmp/bench.json")"
+# After the first token: its time per token and the longest wait, both
+# measured; one request a row, so the longest wait is at least the mean.
+python3 - "$tmp/bench.json" <<'PY' || bad "bench serve's tpot / gap: $(cat "$tmp/bench.json")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert rows, "no rows"
+for r in rows:
+    assert 0 < r["tpot_ms_p50"] == r["tpot_ms_p99"] < r["latency_ms_p99"], r
+    assert r["tpot_ms_p50"] <= r["gap_ms_p99"] + 0.01 < r["latency_ms_p99"], r
+PY
+grep -q "tpot p50  gap p99" "$tmp/bench.out" || bad "bench serve's header: $(grep load "$tmp/bench.out")"
 cli_done serve_preset

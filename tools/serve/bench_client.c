@@ -96,8 +96,15 @@ static int on_event(const char *data, struct bench_sample *s, double t0)
 	if (!text)
 		text = json_string_value(json_object_get(json_object_get(json_array_get(choices, 0),
 									"delta"), "content"));
-	if (text && *text && s->ttft < 0)
-		s->ttft = bench_now() - t0;
+	if (text && *text) {
+		const double t = bench_now() - t0;
+
+		if (s->ttft < 0)
+			s->ttft = t;
+		else if (t - s->t_last > s->gap_max)
+			s->gap_max = t - s->t_last;
+		s->t_last = t;
+	}
 	if (text && *text) {
 		size_t have = s->text ? strlen(s->text) : 0;
 		char *p = realloc(s->text, have + strlen(text) + 1);

@@ -13,9 +13,11 @@
  * every answer is that long) after a prompt of workspace lines; with
  * --conversations each client's requests are the turns of one
  * conversation. Printed per load: aggregate decode tokens/s (all answers'
- * tokens over the wall time), its ratio to one client's, and the time to
- * first token and the latency at p50 and p99, with the backend, the model
- * and the machine named. The server is started in this process (a
+ * tokens over the wall time), its ratio to one client's, the time to
+ * first token and the latency at p50 and p99, the time per output token
+ * after the first (tpot p50) and a stream's longest wait between two
+ * tokens (gap p99: what another's prefill costs a decoding stream), with
+ * the backend, the model and the machine named. The server is started in this process (a
  * scratch data directory) unless --url names one.
  */
 #include <errno.h>
@@ -71,9 +73,11 @@ static void usage(FILE *f)
 		"\n"
 		"kvmem serve under load: closed-loop clients and Poisson arrivals at 1..N in\n"
 		"flight, each request a streamed completion of --tokens tokens. Prints the\n"
-		"aggregate decode tokens/s, its ratio to one client's, and time to first token\n"
-		"and latency at p50 and p99, with the backend and the model named. The server\n"
-		"runs in this process (a scratch data directory) unless --url names one.\n"
+		"aggregate decode tokens/s, its ratio to one client's, time to first token and\n"
+		"latency at p50 and p99, time per output token after the first (tpot p50) and\n"
+		"a stream's longest wait between two tokens (gap p99), with the backend and\n"
+		"the model named. The server runs in this process (a scratch data directory)\n"
+		"unless --url names one.\n"
 		"\n"
 		"  --model DIR         model directory (default: the embedded agentlang model)\n"
 		"  --preset NAME       a published geometry with random weights instead (8b,\n"
@@ -213,6 +217,10 @@ static double pct(double *v, int n, double p)
 
 struct result {
 	double wall, tok_s, req_s, ttft50, ttft99, lat50, lat99;
+	/* after the first token: time per output token (a request's mean)
+	 * and a request's longest wait between two, percentiles over the
+	 * requests (NAN: none with two tokens) */
+	double tpot50, tpot99, gap99;
 	int64_t tokens, prompt;
 	int ok, failed;
 	char err[160];
@@ -222,7 +230,9 @@ static void summarise(struct load *L, double wall, struct result *r)
 {
 	double *tt = calloc((size_t)L->n_req + 1, sizeof(double));
 	double *lat = calloc((size_t)L->n_req + 1, sizeof(double));
-	int nt = 0, nl = 0;
+	double *tpot = calloc((size_t)L->n_req + 1, sizeof(double));
+	double *gap = calloc((size_t)L->n_req + 1, sizeof(double));
+	int nt = 0, nl = 0, ng = 0;
 
 	memset(r, 0, sizeof(*r));
 	r->wall = wall;
@@ -241,6 +251,12 @@ static void summarise(struct load *L, double wall, struct result *r)
 			tt[nt++] = s->ttft;
 		if (lat)
 			lat[nl++] = s->latency;
+		/* Streams of two contents or more: one token a content here
+		 * (the server streams each decoded token). */
+		if (tpot && gap && s->ttft >= 0 && s->t_last > s->ttft && s->completion_tokens > 1) {
+			tpot[ng] = (s->t_last - s->ttft) / (double)(s->completion_tokens - 1);
+			gap[ng++] = s->gap_max;
+		}
 	}
 	r->tok_s = r->tokens / wall;
 	r->req_s = r->ok / wall;
@@ -248,8 +264,13 @@ static void summarise(struct load *L, double wall, struct result *r)
 	r->ttft99 = pct(tt, nt, 99) * 1e3;
 	r->lat50 = pct(lat, nl, 50) * 1e3;
 	r->lat99 = pct(lat, nl, 99) * 1e3;
+	r->tpot50 = pct(tpot, ng, 50) * 1e3;
+	r->tpot99 = pct(tpot, ng, 99) * 1e3;
+	r->gap99 = pct(gap, ng, 99) * 1e3;
 	free(tt);
 	free(lat);
+	free(tpot);
+	free(gap);
 }
 
 static int run_load(struct load *L, int poisson, double rate, struct result *r)
@@ -434,18 +455,20 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 
 	if (o->json) {
 		/* No answer: no percentile (JSON has no NaN). */
-		double v[4] = { r->ttft50, r->ttft99, r->lat50, r->lat99 };
+		double v[7] = { r->ttft50, r->ttft99, r->lat50, r->lat99, r->tpot50, r->tpot99,
+				r->gap99 };
 
-		for (int i = 0; i < 4; i++)
+		for (int i = 0; i < 7; i++)
 			v[i] = isnan(v[i]) ? -1 : v[i];
 		printf("{\"mode\":\"%s\",\"clients\":%d,\"rate\":%.3f,\"requests\":%d,\"failed\":%d,"
 		       "\"wall_s\":%.3f,\"decode_tok_s\":%.1f,\"vs_one\":%.2f,\"requests_s\":%.2f,"
 		       "\"ttft_ms_p50\":%.1f,\"ttft_ms_p99\":%.1f,\"latency_ms_p50\":%.1f,"
-		       "\"latency_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
+		       "\"latency_ms_p99\":%.1f,\"tpot_ms_p50\":%.2f,\"tpot_ms_p99\":%.2f,"
+		       "\"gap_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
 		       "\"prompt_tokens_mean\":%.1f,\"chunk\":%d,\"prefill_round\":%lld%s%s%s}\n",
 		       mode, n, rate,
 		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
-		       v[0], v[1], v[2], v[3], vs_unloaded, r->ok ? (double)r->prompt / r->ok : 0,
+		       v[0], v[1], v[2], v[3], v[4], v[5], v[6], vs_unloaded, r->ok ? (double)r->prompt / r->ok : 0,
 		       o->used_chunk, (long long)o->used_round,
 		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
 		if (r->failed)
@@ -458,9 +481,10 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 	 * no ratio. */
 	if (one > 0)
 		snprintf(vs, sizeof(vs), "%6.2fx", r->tok_s / one);
-	printf("%-8s %7d %8.2f %8d %8.2f %9.1f %s %9.1f %9.1f %9.1f %9.1f %8.0f%s%s\n", mode, n,
-	       rate, r->ok, r->wall, r->tok_s, vs, r->ttft50, r->ttft99, r->lat50, r->lat99,
-	       r->ok ? (double)r->prompt / r->ok : 0, r->failed ? "  FAILED: " : "",
+	printf("%-8s %7d %8.2f %8d %8.2f %9.1f %s %9.1f %9.1f %9.1f %9.1f %9.2f %8.1f %8.0f%s%s\n",
+	       mode, n, rate, r->ok, r->wall, r->tok_s, vs, r->ttft50, r->ttft99, r->lat50, r->lat99,
+	       r->tpot50, r->gap99, r->ok ? (double)r->prompt / r->ok : 0,
+	       r->failed ? "  FAILED: " : "",
 	       r->failed ? r->err : "");
 	if (vs_unloaded > 0)
 		printf("%-8s %7s first token p99 against the first load's (unloaded): %.1f / %.1f ms "
@@ -564,9 +588,9 @@ int bench_serve(int argc, char **argv)
 			printf("the server's prefill: chunk %d, %lld tokens a round%s\n", o.used_chunk,
 			       (long long)o.used_round,
 			       o.chunk || o.prefill_budget ? "" : " (the backend's defaults)");
-		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s %8s\n", "load", "clients", "rate/s",
-		       "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99", "lat p50", "lat p99",
-		       "prompt");
+		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s %9s %8s %8s\n", "load", "clients",
+		       "rate/s", "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99",
+		       "lat p50", "lat p99", "tpot p50", "gap p99", "prompt");
 	}
 	for (int k = 0; k < o.n_clients && !rc; k++) {
 		int n = o.clients[k];
