@@ -105,13 +105,15 @@ units=$(metric kvmem_batch_decode_units_total)
 # Chunks of 16, 64 prefill tokens a round: a lone prompt's chunks run four a
 # round (serve_engine.c, more_prefill), and the answer is the one a server
 # giving it one chunk a round gives (the same chunks, so the same bits).
-LONG=$(node -e 'console.log(JSON.stringify(JSON.parse(process.argv[1]).repeat(4) + "? payments.props pool.workers ="))' "$LINES")
+LONG=$(node -e 'const l = JSON.parse(process.argv[1]);
+	console.log(JSON.stringify(l.repeat(4) + "? payments.props pool.workers ="))' "$LINES")
 serve_stop
 for pb in 64 16; do
 	serve_start --chunk 16 --prefill-budget $pb || exit 1
 	grep -q "prefill in chunks of 16 tokens, $pb tokens a round" "$tmp/serve.out" ||
 		bad "--chunk 16 --prefill-budget $pb: $(grep prefill "$tmp/serve.out" | tail -1)"
-	curl -s -o "$tmp/long$pb.json" "$BASE/v1/completions" -d "{\"prompt\":$LONG,\"max_tokens\":6,\"temperature\":0}"
+	curl -s -o "$tmp/long$pb.json" "$BASE/v1/completions" \
+		-d "{\"prompt\":$LONG,\"max_tokens\":6,\"temperature\":0}"
 	pre=$(metric kvmem_batch_prefill_units_total)
 	rounds=$(metric kvmem_batch_rounds_total)
 	echo "prefill budget $pb: $pre prefill units in $rounds rounds"
@@ -127,8 +129,10 @@ for pb in 64 16; do
 done
 a=$(sed 's/"id":"[^"]*"//; s/"created":[0-9]*//' "$tmp/long64.json")
 b=$(sed 's/"id":"[^"]*"//; s/"created":[0-9]*//' "$tmp/long16.json")
-grep -q '"text"' "$tmp/long64.json" || bad "the long prompt's answer: $(head -c 300 "$tmp/long64.json")"
-[ "$a" = "$b" ] || bad "four chunks a round answered otherwise: $(head -c 300 "$tmp/long64.json") vs $(head -c 300 "$tmp/long16.json")"
+grep -q '"text"' "$tmp/long64.json" ||
+	bad "the long prompt's answer: $(head -c 300 "$tmp/long64.json")"
+[ "$a" = "$b" ] || bad "four chunks a round answered otherwise: $(head -c 300 "$tmp/long64.json")" \
+	"vs $(head -c 300 "$tmp/long16.json")"
 serve_start --idle-close 1 || exit 1
 
 # ---- idle conversations close, and come back from their stored state ------------------------

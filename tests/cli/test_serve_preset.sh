@@ -94,5 +94,6 @@ for r in rows:
     assert 0 < r["tpot_ms_p50"] == r["tpot_ms_p99"] < r["latency_ms_p99"], r
     assert r["tpot_ms_p50"] <= r["gap_ms_p99"] + 0.01 < r["latency_ms_p99"], r
 PY
-grep -q "tpot p50  gap p99" "$tmp/bench.out" || bad "bench serve's header: $(grep load "$tmp/bench.out")"
+grep -q "tpot p50  gap p99" "$tmp/bench.out" ||
+	bad "bench serve's header: $(grep load "$tmp/bench.out")"
 cli_done serve_preset

@@ -17,8 +17,8 @@
  * first token and the latency at p50 and p99, the time per output token
  * after the first (tpot p50) and a stream's longest wait between two
  * tokens (gap p99: what another's prefill costs a decoding stream), with
- * the backend, the model and the machine named. The server is started in this process (a
- * scratch data directory) unless --url names one.
+ * the backend, the model and the machine named. The server is started in
+ * this process (a scratch data directory) unless --url names one.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -468,7 +468,8 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       "\"prompt_tokens_mean\":%.1f,\"chunk\":%d,\"prefill_round\":%lld%s%s%s}\n",
 		       mode, n, rate,
 		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
-		       v[0], v[1], v[2], v[3], v[4], v[5], v[6], vs_unloaded, r->ok ? (double)r->prompt / r->ok : 0,
+		       v[0], v[1], v[2], v[3], v[4], v[5], v[6], vs_unloaded,
+		       r->ok ? (double)r->prompt / r->ok : 0,
 		       o->used_chunk, (long long)o->used_round,
 		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
 		if (r->failed)

@@ -47,17 +47,15 @@ void serve_cfg_default(struct serve_cfg *c)
 /*
  * The prefill's shape when the options leave it: a chunk (a conversation's
  * tokens in one forward pass) and the tokens of every chunk in a round.
- * A round runs its prefill chunks one after another, then the decode
- * steps, so a prompt of P tokens takes P / chunk rounds however idle the
- * server is. On the cpu backend a 128-token chunk is already compute-bound
- * and a round of 512 keeps the others' decode moving. On a GPU a forward
- * pass reads all the weights whatever its rows (16 GB at the 8B geometry,
- * about 4 ms on the H200), so 128-token chunks left an 8K-token prompt at
- * 0.68 s where the engine prefills 16K in 0.5 s in chunks of 1024
- * (benchmarks.md, "first token under load"); 512 rows make the chunk's
- * GEMMs compute-bound. The session's buffers grow with the chunk (its K
- * and V rows, twice: 151 MB at 512 on the 8B geometry, pinned), hence not
- * larger by default. The largest default opens the backend (its scratch
+ * Each chunk is a forward pass of its own. On the cpu backend a 128-token
+ * chunk is already compute-bound and a round of 512 keeps the others'
+ * decode moving. On a GPU a forward pass reads all the weights whatever
+ * its rows (16 GB at the 8B geometry, about 4 ms on the H200), so
+ * 128-token chunks left an 8K-token prompt at 0.68 s where the engine
+ * prefills 16K in 0.5-0.6 s in chunks of 1024 (benchmarks.md, "first
+ * token under load"); 512 rows make the chunk's GEMMs compute-bound. The
+ * session's buffers grow with the chunk (its K and V rows, twice: 151 MB
+ * at 512 on the 8B geometry, pinned), hence not larger by default. The largest default opens the backend (its scratch
  * is sized by it); the chunk then follows the backend it turned out to be
  * (auto picks at open).
  */
