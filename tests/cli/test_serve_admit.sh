@@ -3,8 +3,9 @@
 # conversation, round-robin across), 429 with Retry-After past
 # --max-queue and --max-conversation-queue, rounds that batch the units of
 # several conversations, a prompt's chunks taking the round's prefill budget
-# (with the same answer as one chunk a round), idle conversations closed and reopened from their
-# stored state with no re-prefill (equal to a twin that never closed), and
+# (with the same answer as one chunk a round), idle conversations closed
+# and reopened from their stored state with no re-prefill (equal to a twin
+# that never closed), and
 # a full disk (a small tmpfs) that is an error for the conversation that
 # needed the space while the others go on.
 . "$(dirname "$0")/lib.sh"
