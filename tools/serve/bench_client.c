@@ -98,17 +98,14 @@ static int on_event(const char *data, struct bench_sample *s, double t0)
 									"delta"), "content"));
 	if (text && *text) {
 		const double t = bench_now() - t0;
+		size_t have = s->text ? strlen(s->text) : 0;
+		char *p = realloc(s->text, have + strlen(text) + 1);
 
 		if (s->ttft < 0)
 			s->ttft = t;
 		else if (t - s->t_last > s->gap_max)
 			s->gap_max = t - s->t_last;
 		s->t_last = t;
-	}
-	if (text && *text) {
-		size_t have = s->text ? strlen(s->text) : 0;
-		char *p = realloc(s->text, have + strlen(text) + 1);
-
 		if (p) {
 			memcpy(p + have, text, strlen(text) + 1);
 			s->text = p;

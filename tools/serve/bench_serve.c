@@ -545,10 +545,8 @@ int bench_serve(int argc, char **argv)
 		c.max_queue = (int64_t)maxc * o.requests + 16;
 		c.max_inflight = c.max_batch = c.max_open = maxc > 64 ? maxc : 64;
 		c.max_request_tokens = 1 << 20;
-		if (o.chunk)
-			c.chunk = o.chunk;
-		if (o.prefill_budget)
-			c.prefill_budget = o.prefill_budget;
+		c.chunk = o.chunk;			/* 0: the backend's, as serve's */
+		c.prefill_budget = o.prefill_budget;
 		if (serve_start(&c, &sv)) {
 			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 			nftw(data, rm_one, 16, FTW_DEPTH | FTW_PHYS);

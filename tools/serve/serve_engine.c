@@ -18,9 +18,9 @@
  * a turn. What the budget leaves goes to the same prompts' next chunks in
  * the same round (more_prefill). The units go to the batch runner in one
  * call (serve_batch.h); then each turn takes its result, and turns whose
- * units are done are recorded and committed. A selection is a unit like the others: one
- * conversation's step boundary costs the others one round's share, never
- * its whole turn.
+ * units are done are recorded and committed. A selection is a unit like
+ * the others: one conversation's step boundary costs the others one
+ * round's share, never its whole turn.
  */
 #ifndef KVMEM_NO_SERVE
 #include <errno.h>

@@ -148,9 +148,11 @@ void ws_rows_free(kvmem_session *s, void *p)
  * its tokens' rows, and now writes the last query_tokens too unless a tap
  * wants them all (a buffer of its own, for that call).
  */
-int ws_q_rows(const kvmem_session *s)
+float *ws_q_alloc(const kvmem_session *s)
 {
-	return s->o.query_tokens < s->o.chunk ? s->o.query_tokens : s->o.chunk;
+	const size_t rows = s->o.query_tokens < s->o.chunk ? s->o.query_tokens : s->o.chunk;
+
+	return malloc(sizeof(float) * s->cfg.n_layers * rows * s->cfg.n_heads * s->cfg.head_dim);
 }
 
 kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last)
@@ -169,14 +171,12 @@ kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last)
 
 int ws_scratch_alloc(kvmem_session *s)
 {
-	const size_t qw = (size_t)s->cfg.n_heads * s->cfg.head_dim;
-
 	if (!s->raw_k)
 		s->raw_k = ws_rows_alloc(s);
 	if (!s->v)
 		s->v = ws_rows_alloc(s);
 	if (!s->q_raw)
-		s->q_raw = malloc(sizeof(float) * s->cfg.n_layers * (size_t)ws_q_rows(s) * qw);
+		s->q_raw = ws_q_alloc(s);
 	if (!s->raw_k || !s->v || !s->q_raw)
 		return kvmem_error(ENOMEM, "session: out of memory for chunks of %d tokens", s->o.chunk);
 	return 0;

@@ -209,12 +209,13 @@ void ws_rows_free(kvmem_session *s, void *p);
  * release.c). */
 int ws_scratch_alloc(kvmem_session *s);
 void ws_scratch_free(kvmem_session *s);
-/* The forward's outputs into the rows and queries the session holds now. */
-/* The forward's outputs into the session's rows, the queries of the last
- * q_last tokens (1..ws_q_rows; 0: all of them, into a buffer the caller
- * sets). */
+/* The forward's outputs into the rows and queries the session holds now,
+ * the queries of the last q_last tokens (1 .. query_tokens; 0: all of
+ * them, into a buffer the caller sets). */
 kvmem_fwd_out ws_fwd_out(const kvmem_session *s, int q_last);
-int ws_q_rows(const kvmem_session *s);
+/* A buffer for those queries, [L][query_tokens][n_heads * head_dim]: the
+ * session's q_raw and the writer's second one (they swap). */
+float *ws_q_alloc(const kvmem_session *s);
 /* dev_index.c: a set of the index's summary buffers (pinned through the
  * backend), and where each array of set lies (f's pointers); the
  * summaries of a forward over tokens p0..p0+n-1 asked of the backend in

@@ -141,7 +141,6 @@ static void spares_free(struct ws_writer *g)
  * made at the first job it takes. */
 static int writer_start(kvmem_session *s)
 {
-	const size_t rows = (size_t)s->cfg.n_layers * ws_q_rows(s) * s->cfg.head_dim;
 	struct ws_writer *g = calloc(1, sizeof(*g));
 
 	if (!g)
@@ -149,7 +148,7 @@ static int writer_start(kvmem_session *s)
 	g->s = s;
 	g->spare_k = ws_rows_alloc(s);
 	g->spare_v = ws_rows_alloc(s);
-	g->spare_q = malloc(rows * s->cfg.n_heads * sizeof(float));
+	g->spare_q = ws_q_alloc(s);
 	if (!g->spare_k || !g->spare_v || !g->spare_q || pthread_mutex_init(&g->mu, NULL)) {
 		spares_free(g);
 		return -ENOMEM;
