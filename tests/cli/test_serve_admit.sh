@@ -5,9 +5,9 @@
 # several conversations, a prompt's chunks taking the round's prefill budget
 # (with the same answer as one chunk a round), idle conversations closed
 # and reopened from their stored state with no re-prefill (equal to a twin
-# that never closed), and
-# a full disk (a small tmpfs) that is an error for the conversation that
-# needed the space while the others go on.
+# that never closed), a turn short of memory waiting for a running one to
+# end (--gpu-mem), and a full disk (a small tmpfs) that is an error for the
+# conversation that needed the space while the others go on.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/../serve/lib.sh"
 cli_setup serve_admit
@@ -151,6 +151,59 @@ curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: twi
 curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: twin' -d "{\"messages\":$second}"
 [ "$(js 'b.kvmem.restored')" = false ] && [ "$(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])')" = "$idle" ] ||
 	bad "closed and reopened: $idle; its twin: $(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])') (the usage's prompt tokens are the new turn's alone: no re-prefill)"
+serve_stop
+
+# ---- a turn short of memory waits for one to end ---------------------------------------------
+# Under --gpu-mem (on the cpu backend the views' memory) six ~1.2K-token
+# prompts at once do not all fit: the turns whose view cannot grow before
+# their first token are undone and run again as others end (parked), and
+# every answer is the one an uncapped server gives. One of them is a
+# conversation's turn, which reopens at its last commit and goes on. A turn
+# that cannot fit alone gets 503 insufficient_memory, naming the cap.
+MID=$(node -e 'const l = JSON.parse(process.argv[1]);
+	console.log(JSON.stringify(l.repeat(20) + "? payments.props pool.workers ="))' "$LINES")
+complete() {	# complete NAME [CONV]: a completion of MID in the background
+	(curl -s -o "$tmp/$1.json" "$BASE/v1/completions" ${2:+-H "X-Kvmem-Conversation: $2"} \
+		-d "{\"prompt\":$MID,\"max_tokens\":6,\"temperature\":0}") &
+	pids="$pids $!"
+}
+answer() {	# answer NAME: the completion's text and usage
+	node -e 'const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+		console.log(b.choices ? JSON.stringify([b.choices[0].text, b.usage]) : JSON.stringify(b))' "$tmp/$1.json"
+}
+serve_start || exit 1
+pids=""; complete alone; wait $pids
+want=$(answer alone)
+serve_stop
+serve_start --gpu-mem 40M || exit 1
+pids=""
+for i in 1 2 3 4 5; do complete mem$i; done
+complete mem6 memconv
+wait $pids
+for i in 1 2 3 4 5 6; do
+	[ "$(answer mem$i)" = "$want" ] || bad "under --gpu-mem 40M, request $i: $(answer mem$i) (alone: $want)"
+done
+parked=$(metric kvmem_turns_parked_total)
+[ "${parked:-0}" -ge 1 ] || bad "six 1.2K-token prompts under --gpu-mem 40M: none waited for memory"
+echo "six prompts under --gpu-mem 40M: $parked turns waited for memory, every answer the same"
+[ "$(metric kvmem_memory_short)" = 0 ] || bad "memory still short with nothing running"
+grep -q "waits for memory (session: cpu view: .* cap (--gpu-mem" "$tmp/serve.err" ||
+	bad "no log line for a turn that waited: $(tail -3 "$tmp/serve.err")"
+# The conversation's next turn: its text so far, then a new question.
+next=$(node -e 'const a = JSON.parse(process.argv[1]);
+	const b = JSON.parse(require("fs").readFileSync(process.argv[2], "utf8"));
+	console.log(JSON.stringify(a + b.choices[0].text + "\n? payments.props dns.cluster ="))' \
+	"$MID" "$tmp/mem6.json")
+rm -f "$tmp/body"
+curl -s -o "$tmp/body" "$BASE/v1/completions" -H 'X-Kvmem-Conversation: memconv' \
+	-d "{\"prompt\":$next,\"max_tokens\":6,\"temperature\":0}"
+grep -q '"finish_reason"' "$tmp/body" && [ "$(js 'b.usage.prompt_tokens < 40')" = true ] ||
+	bad "the conversation that waited did not go on from its commit: $(head -c 400 "$tmp/body")"
+serve_stop
+serve_start --gpu-mem 4M || exit 1
+got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/completions" -d "{\"prompt\":$MID,\"max_tokens\":6}")
+[ "$got" = 503 ] && grep -q '"code":"insufficient_memory"' "$tmp/body" && grep -q 'gpu-mem' "$tmp/body" ||
+	bad "a turn too large alone for --gpu-mem 4M: $got $(head -c 400 "$tmp/body")"
 serve_stop
 
 # ---- a full disk --------------------------------------------------------------------------------

@@ -74,6 +74,10 @@ static void usage(FILE *f)
 		"  --chunk N                 prefill chunk (default 128 on the cpu backend, 512\n"
 		"                            on a GPU)\n"
 		"  --host-cap SIZE           host pool the conversations share (default 256M)\n"
+		"  --gpu-mem SIZE            device memory the backend may take: weights, views,\n"
+		"                            scratch, page pool (on the cpu backend: the views);\n"
+		"                            a turn whose view does not fit beside the others'\n"
+		"                            waits for one to end (default: no cap)\n"
 		"  --max-body SIZE           largest request body (default 1M)\n"
 		"  --max-request-tokens N    new prompt tokens + max_tokens of a request\n"
 		"                            (default 16k)\n"
@@ -122,7 +126,7 @@ enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
 	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
-	O_CEPHCONF, O_RELEASE, O_VIEWS, O_PRESET, O_TOKENIZER,
+	O_CEPHCONF, O_RELEASE, O_VIEWS, O_PRESET, O_TOKENIZER, O_GPUMEM,
 };
 
 static const struct option opts[] = {
@@ -140,6 +144,7 @@ static const struct option opts[] = {
 	{ "block", required_argument, NULL, O_BLOCK },
 	{ "chunk", required_argument, NULL, O_CHUNK },
 	{ "host-cap", required_argument, NULL, O_HOSTCAP },
+	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
 	{ "max-body", required_argument, NULL, O_BODY },
 	{ "max-request-tokens", required_argument, NULL, O_REQTOK },
 	{ "max-tokens", required_argument, NULL, O_MAXTOK },
@@ -212,6 +217,10 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case O_CHUNK: if (cli_parse_int(w, n, a, 1, 4096, &c->chunk)) return -1; break;
 		case O_HOSTCAP:
 			if (cli_parse_size(w, n, a, 1 << 20, 1ull << 50, &c->host_cap))
+				return -1;
+			break;
+		case O_GPUMEM:
+			if (cli_parse_size(w, n, a, 1 << 20, 1ull << 50, &c->gpu_mem))
 				return -1;
 			break;
 		case O_BODY: if (cli_parse_size(w, n, a, 1024, 1ull << 32, &c->max_body)) return -1; break;

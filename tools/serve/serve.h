@@ -50,6 +50,8 @@ struct serve_cfg {
 	int64_t budget;			/* view budget of a session (0: unlimited; -1: from the window) */
 	int block, chunk, threads;	/* chunk 0: the backend's (128 cpu, 512 a GPU) */
 	uint64_t host_cap;		/* the host pool the conversations share */
+	uint64_t gpu_mem;		/* the backend's memory cap (kvmem_backend_opts.mem_cap;
+					 * 0: none) */
 	int request_timeout;		/* seconds a request may wait or run */
 	int quiet;
 	/* Test only (KVMEM_SERVE_FAULT=record:N): end the process at the N-th

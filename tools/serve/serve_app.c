@@ -167,8 +167,9 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 					   : tok_cli_open(sv->model_dir, &sv->m->cfg, &sv->tok)))
 		goto fail;
 	if (kvmem_backend_open(cfg->backend, sv->m,
-			       &(kvmem_backend_opts){ .max_chunk = cfg->chunk ? cfg->chunk
-										 : SERVE_CHUNK_DEVICE },
+			       &(kvmem_backend_opts){
+				       .max_chunk = cfg->chunk ? cfg->chunk : SERVE_CHUNK_DEVICE,
+				       .mem_cap = cfg->gpu_mem },
 			       &sv->be) < 0) {
 		if (cfg->preset) {	/* the cpu backend wants weights: say how to make them */
 			snprintf(msg, sizeof(msg), "%s", kvmem_last_error());

@@ -181,6 +181,12 @@ static struct job *admit(struct serve *sv, int64_t *conv_inflight)
 
 	for (struct lane *x = sv->lanes; x; x = x->next)
 		lanes++;
+	/* Memory was short: the episode ends when nobody waits; with nothing
+	 * running, one turn goes in. */
+	if (sv->mem_short && !sv->waiting)
+		sv->mem_short = 0;
+	if (sv->mem_short && !sv->inflight && sv->mem_slots <= 0)
+		sv->mem_slots = 1;
 	for (int64_t k = 0; k < lanes && l; k++, l = l->next ? l->next : sv->lanes) {
 		struct job *j = l->head;
 
@@ -190,9 +196,13 @@ static struct job *admit(struct serve *sv, int64_t *conv_inflight)
 			/* Nobody waits for it. */
 		} else if (sv->running && j->kind != JOB_DELETE &&
 			   (sv->inflight >= sv->cfg.max_inflight ||
+			    (sv->mem_short && sv->mem_slots <= 0) ||
 			    (j->conv[0] && !conv_open(sv, j->conv) && *conv_inflight >= sv->cfg.max_open))) {
 			continue;
 		}
+		if (sv->mem_short && j->kind != JOB_DELETE)
+			sv->mem_slots--;
+		l->parked = 0;
 		l->head = j->next;
 		if (!l->head)
 			l->tail = NULL;
@@ -221,6 +231,11 @@ static void finish(struct serve *sv, struct job *j, int64_t *conv_inflight)
 	if (j->http == 499)
 		sv->c.cancelled++;
 	l->running = NULL;
+	/* Memory short: room for the next turn, and for one more when no
+	 * turn was parked since the last one ended. */
+	if (sv->mem_short)
+		sv->mem_slots += sv->mem_parked ? 1 : 2;
+	sv->mem_parked = 0;
 	if (!l->head) {
 		struct lane **p = &sv->lanes, *prev = NULL;
 
@@ -238,6 +253,51 @@ static void finish(struct serve *sv, struct job *j, int64_t *conv_inflight)
 	pthread_cond_signal(&sv->work);
 	pthread_mutex_unlock(&sv->mu);
 	job_put(j);
+}
+
+/*
+ * A turn short of memory before its first token (turn_after: a view that
+ * could not grow, under --gpu-mem or on a full device). While other turns
+ * run it is undone and waits again at the head of its lane, the idle
+ * conversations give their views up, and from then on a new turn is
+ * admitted only as a running one ends (mem_short; one more each time a turn
+ * ends with none parked since), so that the turns in flight keep to what
+ * the memory holds instead of failing with it. What it costs is the prefill
+ * it had done. others: the turns that ran beside it in its round. Alone,
+ * with no idle view to give up, it could never fit: 503.
+ */
+static void park(struct serve *sv, int64_t *conv_inflight, int others, struct job *j)
+{
+	struct lane *l = j->lane;
+
+	turn_undo(j);
+	if (!pool_views_idle(sv) && !others) {
+		job_fail(j, 503, "insufficient_memory", "the turn does not fit in the backend's "
+			 "memory with nothing else running (%s): a smaller --budget, a shorter "
+			 "prompt or a larger --gpu-mem", j->short_of);
+		finish(sv, j, conv_inflight);
+		return;
+	}
+	if (!sv->cfg.quiet)
+		fprintf(stderr, "%s: request %llu waits for memory (%s): it runs again when a "
+			"running turn ends\n", SERVE_WHO, (unsigned long long)j->seq, j->short_of);
+	pthread_mutex_lock(&sv->mu);
+	sv->inflight--;
+	*conv_inflight -= j->conv[0] != 0;
+	l->running = NULL;
+	j->next = l->head;
+	l->head = j;
+	if (!l->tail)
+		l->tail = j;
+	l->n++;
+	l->parked = 1;
+	sv->waiting++;
+	sv->cursor = l;		/* first in when room comes */
+	sv->mem_short = 1;
+	sv->mem_slots = 0;
+	sv->mem_parked = 1;
+	sv->c.parked++;
+	pthread_mutex_unlock(&sv->mu);
 }
 
 /* ---- rounds ----------------------------------------------------------------------- */
@@ -317,7 +377,7 @@ static void round_once(struct serve *sv, struct round *r)
 {
 	const int64_t max = sv->cfg.max_batch;
 	int64_t budget = sv->cfg.prefill_budget;
-	int n = 0, prefilled = 0, k, units = 0;
+	int n = 0, prefilled = 0, k, units = 0, ran;
 
 	for (k = 0; k < r->n_run && n < max; k++) {
 		struct job *j = r->run[(r->first + k) % r->n_run];
@@ -345,9 +405,15 @@ static void round_once(struct serve *sv, struct round *r)
 		units = n + more_prefill(sv, r, n, budget);
 	}
 	/* Turns whose units are done: record, commit, answer. */
+	ran = r->n_run;
 	for (int i = 0; i < r->n_run;) {
 		struct job *j = r->run[i];
 
+		if (!j->done && turn_parked(j)) {
+			r->run[i] = r->run[--r->n_run];
+			park(sv, &r->conv_inflight, ran > 1, j);
+			continue;
+		}
 		if (!j->done && turn_prefill_next(j) < 0)
 			turn_close(j);
 		if (!j->done) {

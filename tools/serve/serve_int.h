@@ -142,6 +142,7 @@ struct job {
 	int32_t stop_id;
 	int32_t tok;			/* this round's decode token */
 	int phase;
+	char short_of[512];		/* a parked turn: what ran out (turn_after) */
 	int64_t msgs_total;		/* chat: messages after this turn (without the answer) */
 	uint64_t rng;			/* the request's sampler state */
 	struct json_prefix jp;
@@ -173,6 +174,7 @@ struct lane {
 	struct job *head, *tail;	/* waiting */
 	int64_t n;			/* waiting */
 	struct job *running;		/* admitted, not finished */
+	int parked;			/* its head was parked (short of memory) */
 	struct lane *next;
 };
 
@@ -186,6 +188,8 @@ struct serve_counters {
 	int64_t views_away;
 	double view_restore_s;
 	double prefill_s, decode_s, select_s, commit_s, ttft_s, ttft_n, turn_s;
+	/* Turns undone short of memory to wait again (serve_engine.c, park). */
+	uint64_t parked;
 	uint64_t rounds, units, batch_max;
 	int64_t batch_last;
 	uint64_t device_bytes;		/* the backend's, after the last round */
@@ -219,6 +223,11 @@ struct serve {
 	int running, started;
 	struct lane *lanes, *lanes_tail, *cursor;	/* mu: admission */
 	int64_t waiting, inflight;			/* mu: jobs in lanes / admitted */
+	/* mu: while memory is short (a turn was parked and others run), a new
+	 * turn is admitted only for one that ended: mem_slots counts them;
+	 * mem_parked: a turn was parked since the last one ended. */
+	int mem_short, mem_parked;
+	int64_t mem_slots;
 	struct conv *convs;		/* open (engine; the list under mu for /metrics) */
 	int64_t n_open;
 	struct serve_counters c;	/* mu */
@@ -272,6 +281,13 @@ int turn_after(struct job *j, struct serve_unit *u);
 int turn_close(struct job *j);
 /* After a turn: release its session or its conversation. */
 void turn_end(struct job *j);
+/* 1 when the turn's last unit ran out of memory before its first token
+ * (turn_after parked it; short_of says what ran out). */
+int turn_parked(const struct job *j);
+/* Undo a parked turn: its session goes (a conversation's closes, to reopen
+ * at its last commit, as after a failed turn) and the job is as it was
+ * before turn_start: nothing of it reached the client. */
+void turn_undo(struct job *j);
 
 /* ---- sampling (serve_sample.c) ------------------------------------------------ */
 /* Draw a token from logits[vocab]: the request's settings, its rng; fills
@@ -300,6 +316,9 @@ void pool_idle(struct serve *sv);
  * used idle ones while more than --max-views would hold one (counting
  * `extra` views about to be laid out), give theirs up. */
 void pool_views(struct serve *sv, int extra);
+/* Memory is short (a turn was parked): every idle conversation gives its
+ * view up. How many did. */
+int pool_views_idle(struct serve *sv);
 /* Before c's turn (c busy): room for its view under --max-views, and its
  * view laid out again from its pages when it was given up (never a
  * prefill). 0, or -1 with the session broken. */

@@ -167,6 +167,10 @@ char *serve_metrics(struct serve *sv)
 	metric(&o, "kvmem_queue_waiting", "gauge", "requests waiting for admission", (double)sv->waiting);
 	metric(&o, "kvmem_requests_running", "gauge", "requests admitted and running",
 	       (double)sv->inflight);
+	metric(&o, "kvmem_turns_parked_total", "counter", "turns undone short of memory before "
+	       "their first token, to wait for a running one to end", (double)c->parked);
+	metric(&o, "kvmem_memory_short", "gauge", "1 while turns are admitted only as others end "
+	       "(a turn was parked short of memory)", (double)sv->mem_short);
 	metric(&o, "kvmem_batch_rounds_total", "counter", "engine rounds that ran units",
 	       (double)c->rounds);
 	metric(&o, "kvmem_batch_units_total", "counter", "units run in those rounds", (double)c->units);

@@ -162,6 +162,24 @@ void pool_views(struct serve *sv, int extra)
 #endif
 }
 
+int pool_views_idle(struct serve *sv)
+{
+	int released = 0;
+
+	for (struct conv *c = sv->convs, *next; c; c = next) {
+		next = c->next;
+		if (!c->busy && !c->view_away) {
+			release_view(sv, c);
+			released++;
+		}
+	}
+#ifdef __GLIBC__
+	if (released)
+		malloc_trim(0);
+#endif
+	return released;
+}
+
 int pool_view_back(struct serve *sv, struct conv *c)
 {
 	double t0;

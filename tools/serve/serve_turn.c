@@ -31,7 +31,7 @@
 #include "kvmem/kvmem.h"
 #include "serve_int.h"
 
-enum { PH_PREFILL = 0, PH_SELECT, PH_DECODE, PH_CLOSE, PH_COMMIT };
+enum { PH_PREFILL = 0, PH_SELECT, PH_DECODE, PH_CLOSE, PH_COMMIT, PH_PARKED };
 
 /* ---- matching ------------------------------------------------------------------- */
 /* json_equal() says 0 when either side is absent. */
@@ -502,6 +502,14 @@ int turn_after(struct job *j, struct serve_unit *u)
 	struct serve *sv = j->sv;
 
 	if (u->rc) {
+		/* Out of memory before the first token: nothing has reached
+		 * the client, so the turn can wait and run again (the engine
+		 * parks it, or fails it when nothing else runs). */
+		if (-u->rc == ENOMEM && (j->phase == PH_PREFILL || j->phase == PH_SELECT)) {
+			snprintf(j->short_of, sizeof(j->short_of), "%s", u->err);
+			j->phase = PH_PARKED;
+			return 1;
+		}
 		job_fail_errno(j, -u->rc, u->err);
 		return 1;
 	}
@@ -659,5 +667,30 @@ void turn_end(struct job *j)
 	}
 	j->s = NULL;
 	j->cv = NULL;
+}
+int turn_parked(const struct job *j)
+{
+	return j->phase == PH_PARKED;
+}
+
+void turn_undo(struct job *j)
+{
+	struct serve *sv = j->sv;
+
+	if (j->cv) {
+		j->cv->busy = 0;
+		pool_close(sv, j->cv);
+	} else {
+		kvmem_session_free(j->s);
+	}
+	j->cv = NULL;
+	j->s = NULL;
+	kvmem_ids_free(&j->ids);
+	j->appended = 0;
+	j->restored = 0;
+	j->phase = PH_PREFILL;
+	pthread_mutex_lock(&sv->mu);
+	j->prompt_tokens = 0;
+	pthread_mutex_unlock(&sv->mu);
 }
 #endif

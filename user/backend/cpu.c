@@ -59,7 +59,20 @@ struct cpu {
 	size_t rows_n;
 	int fp8;		/* views hold fp8 KV */
 	int round;		/* how new K/V rows are rounded (enum kvmem_kv_round) */
+	uint64_t mem_cap;	/* bytes the views may take (opts.mem_cap); 0: no cap */
+	uint64_t view_bytes;	/* what the views hold now */
 };
+
+/* Host bytes of a view of cap slots: fp32 K and V, and the raw K when
+ * kept, every layer. Under a cap (kvmem_backend_opts.mem_cap: on this
+ * backend the views' memory, the weights being the model's) a view grows
+ * only while all views stay under it, so that a server can tell a turn
+ * that does not fit beside the others (ENOMEM) as it can on a GPU. */
+static uint64_t view_bytes(const struct cpu *b, int64_t cap, int keep)
+{
+	return (uint64_t)cap * b->c->n_layers * b->c->n_kv_heads * b->c->head_dim *
+	       sizeof(float) * (keep ? 3 : 2);
+}
 
 /* Raw K of layer l, KV head h, slot t of a view that keeps it. */
 static float *raw_at(const struct cpu *b, const kvmem_view *v, int l, int h, int64_t t)
@@ -101,6 +114,7 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 		return kvmem_fail();
 	}
 	b->fp8 = o->kv_dtype == KVMEM_DTYPE_FP8;
+	b->mem_cap = o->mem_cap;
 	if (kv_round_knob(b, o) < 0) {
 		kvmem_engine_free(b->e);
 		free(b);
@@ -139,6 +153,7 @@ static void cpu_view_destroy(void *ctx, kvmem_view *v)
 {
 	if (!v)
 		return;
+	((struct cpu *)ctx)->view_bytes -= view_bytes(ctx, v->kv.cap, v->keep);
 	kvmem_kvcache_free(&v->kv);
 	free(v->rk);
 	free(v);
@@ -155,6 +170,14 @@ static int cpu_reserve(void *ctx, kvmem_view *v, int64_t slots)
 	if (slots > INT_MAX)
 		return kvmem_error(EINVAL, "cpu view: %lld slots, at most %d", (long long)slots,
 				   INT_MAX);
+	/* While it grows the view holds the old and the new copy at once. */
+	if (b->mem_cap && b->view_bytes + view_bytes(b, slots, v->keep) > b->mem_cap)
+		return kvmem_error(ENOMEM, "cpu view: %lld slots take %.1f MiB; the %.1f MiB cap "
+				   "(--gpu-mem: the views' memory on this backend) leaves %.1f MiB "
+				   "beside the views held (%.1f MiB)", (long long)slots,
+				   view_bytes(b, slots, v->keep) / 1048576.0, b->mem_cap / 1048576.0,
+				   (b->mem_cap > b->view_bytes ? b->mem_cap - b->view_bytes : 0) / 1048576.0,
+				   b->view_bytes / 1048576.0);
 	if (kvmem_kvcache_init(&nk, b->c, (int)slots))
 		return kvmem_fail();
 	if (v->keep) {
@@ -178,6 +201,7 @@ static int cpu_reserve(void *ctx, kvmem_view *v, int64_t slots)
 			memcpy(kvmem_kv_v(&nk, l, h, 0), kvmem_kv_v(&v->kv, l, h, 0), v->kv.len * row);
 		}
 	nk.len = v->kv.len;
+	b->view_bytes += view_bytes(b, slots, v->keep) - view_bytes(b, v->kv.cap, v->keep);
 	kvmem_kvcache_free(&v->kv);
 	v->kv = nk;
 	return 0;
@@ -194,6 +218,7 @@ static int cpu_keep_raw(void *ctx, kvmem_view *v)
 		return 0;
 	v->keep = 1;
 	if (cap) {	/* room made already: made again, with the raw K */
+		b->view_bytes -= view_bytes(b, cap, 0);
 		kvmem_kvcache_free(&v->kv);
 		if (cpu_reserve(b, v, cap)) {
 			v->keep = 0;
