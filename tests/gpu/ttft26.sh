@@ -5,17 +5,18 @@
 # GPU, text through the bytes tokenizer: tests/cli/test_serve_preset.sh
 # checks that path on the CPU), closed loop then Poisson arrivals at 1 and
 # 16 clients; each row's first-token p99 is put against the first load's
-# (one client, closed: unloaded). LINES workspace lines a prompt (300:
+# (one client, closed: unloaded, after a warm-up request) and beside an
+# ideal server's at the same arrivals. LINES workspace lines a prompt (300:
 # about 8K tokens as bytes; 1200: about 32K), REQ requests a client.
 # PREFILL lists the server's prefill settings to run, CHUNK:BUDGET each
 # (default "128:512 default 1024:4096": the server's shape before it
 # followed the backend, then kvmem serve's own on a GPU (512-token chunks,
-# four a round), then larger; 2026-12-03 measured the first alone:
-# unloaded first token 0.68-0.79 s for 8K tokens, where the engine
-# prefills 32K in 1.29 s).
+# four a round), then larger). STEP_S: seconds a setting may take (140),
+# GPU_MEM: the server's --gpu-mem. Figures: benchmarks.md ("The server's
+# prefill sized for the backend", "The first token under load, against an
+# ideal server").
 #
 #   tests/gpu/ttft26.sh OUTDIR [SECONDS]    (default 150; logs in OUTDIR/ttft26)
-#   (the 2026-12-03 call: PREFILL=default, 68 s)
 #
 # Needs build-gpu's CLI (tools/gpu/bundle.sh; only build-gpu/kvmem and
 # build-gpu/lib are read).
@@ -38,14 +39,16 @@ for pf in ${PREFILL:-128:512 default 1024:4096}; do
 	args=(--preset 8b --backend cuda --clients 1,16 --mode both --requests "${REQ:-2}"
 		--tokens 16 --lines "${LINES:-300}")
 	[ "$pf" = default ] || args+=(--chunk "${pf%:*}" --prefill-budget "${pf#*:}")
+	[ -z "${GPU_MEM:-}" ] || args+=(--gpu-mem "$GPU_MEM")
+	name=${pf/:/x}	# no ':' in a name the run tool brings back
 	echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench serve ${args[*]}"
-	if KVMEM_CUDA_GEMM_TC=1 timeout "$(gpu_left 140)" "$K" bench serve "${args[@]}" \
-		>"$log/bench_serve_$pf.txt" 2>"$log/bench_serve_$pf.err"; then
+	if KVMEM_CUDA_GEMM_TC=1 timeout "$(gpu_left "${STEP_S:-140}")" "$K" bench serve "${args[@]}" \
+		>"$log/bench_serve_$name.txt" 2>"$log/bench_serve_$name.err"; then
 		ok "bench serve ${args[*]}"
 	else
 		bad "bench serve ${args[*]} (exit $?)"
-		tail -5 "$log/bench_serve_$pf.err"
+		tail -5 "$log/bench_serve_$name.err"
 	fi
-	cat "$log/bench_serve_$pf.txt"
+	cat "$log/bench_serve_$name.txt"
 done
 gpu_done

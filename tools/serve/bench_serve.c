@@ -60,6 +60,7 @@ struct opts {
 	int tokens, requests, lines, conversations, json;
 	int chunk;			/* the server's --chunk (0: its default) */
 	int64_t prefill_budget;		/* its --prefill-budget (0: its default) */
+	uint64_t gpu_mem;		/* its --gpu-mem (0: no cap) */
 	int used_chunk;			/* what its server ran with (0: a --url server) */
 	int64_t used_round;
 	double rate;
@@ -85,6 +86,7 @@ static void usage(FILE *f)
 		"  --tokenizer bytes   text as bytes, for a model with no tokenizer\n"
 		"  --chunk N           the server's prefill chunk (default: kvmem serve's)\n"
 		"  --prefill-budget N  the server's prefill tokens a round (default: serve's)\n"
+		"  --gpu-mem SIZE      the server's memory cap (default: none)\n"
 		"  --backend NAME      cpu, cuda or auto (default auto)\n"
 		"  --url http://H:P    a running server instead (its model and backend are\n"
 		"                      those /health names)\n"
@@ -358,13 +360,14 @@ static int parse_list(const char *s, int *out, int max)
 }
 
 enum { O_MODEL = 256, O_BACKEND, O_URL, O_KEY, O_CLIENTS, O_MODE, O_REQ, O_TOK, O_LINES, O_RATE,
-       O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL };
+       O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL, O_GPUMEM };
 
 static const struct option lopts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
 	{ "preset", required_argument, NULL, O_PRESET },
 	{ "tokenizer", required_argument, NULL, O_TOKENIZER },
 	{ "chunk", required_argument, NULL, O_CHUNK },
+	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
 	{ "prefill-budget", required_argument, NULL, O_PREFILL },
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "url", required_argument, NULL, O_URL },
@@ -420,6 +423,10 @@ static int parse(int argc, char **argv, struct opts *o)
 			break;
 		case O_REQ: if (cli_parse_int(WHO, n, a, 1, 100000, &o->requests)) return -1; break;
 		case O_CHUNK: if (cli_parse_int(WHO, n, a, 1, 4096, &o->chunk)) return -1; break;
+		case O_GPUMEM:
+			if (cli_parse_size(WHO, n, a, 1 << 20, 1ull << 50, &o->gpu_mem))
+				return -1;
+			break;
 		case O_PREFILL:
 			if (cli_parse_count(WHO, n, a, 1, 1 << 20, &o->prefill_budget))
 				return -1;
@@ -542,9 +549,10 @@ int bench_serve(int argc, char **argv)
 		fprintf(stderr, "%s: --model or --preset, not both\n", WHO);
 		return EXIT_USAGE;
 	}
-	if (o.url && (o.preset || o.model || o.tokenizer || o.chunk || o.prefill_budget)) {
+	if (o.url && (o.preset || o.model || o.tokenizer || o.chunk || o.prefill_budget || o.gpu_mem)) {
 		fprintf(stderr, "%s: --url names a running server: its model and settings are its "
-			"own (no --model, --preset, --tokenizer, --chunk or --prefill-budget)\n", WHO);
+			"own (no --model, --preset, --tokenizer, --chunk, --prefill-budget or "
+			"--gpu-mem)\n", WHO);
 		return EXIT_USAGE;
 	}
 	if (o.url) {
@@ -579,6 +587,7 @@ int bench_serve(int argc, char **argv)
 		c.max_request_tokens = 1 << 20;
 		c.chunk = o.chunk;			/* 0: the backend's, as serve's */
 		c.prefill_budget = o.prefill_budget;
+		c.gpu_mem = o.gpu_mem;
 		if (serve_start(&c, &sv)) {
 			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 			nftw(data, rm_one, 16, FTW_DEPTH | FTW_PHYS);
