@@ -9,9 +9,9 @@
 # ideal server's at the same arrivals. LINES workspace lines a prompt (300:
 # about 8K tokens as bytes; 1200: about 32K), REQ requests a client.
 # PREFILL lists the server's prefill settings to run, CHUNK:BUDGET each
-# (default "128:512 default 1024:4096": the server's shape before it
-# followed the backend, then kvmem serve's own on a GPU (512-token chunks,
-# four a round), then larger). STEP_S: seconds a setting may take (140),
+# (default "512:2048 default 2048:8192": the server's GPU shape of the
+# twelfth session, then kvmem serve's own (1024-token chunks, four a
+# round), then larger). STEP_S: seconds a setting may take (140),
 # GPU_MEM: the server's --gpu-mem. Figures: benchmarks.md ("The server's
 # prefill sized for the backend", "The first token under load, against an
 # ideal server").
@@ -35,7 +35,7 @@ export OMP_WAIT_POLICY=passive
 t0=$(date +%s)
 gpu_need "$K"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-for pf in ${PREFILL:-128:512 default 1024:4096}; do
+for pf in ${PREFILL:-512:2048 default 2048:8192}; do
 	args=(--preset 8b --backend cuda --clients 1,16 --mode both --requests "${REQ:-2}"
 		--tokens 16 --lines "${LINES:-300}")
 	[ "$pf" = default ] || args+=(--chunk "${pf%:*}" --prefill-budget "${pf#*:}")

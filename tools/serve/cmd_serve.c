@@ -71,7 +71,7 @@ static void usage(FILE *f)
 		"  --budget N                history tokens in a view (default: 3/4 of the\n"
 		"                            model's window; 0: unlimited)\n"
 		"  --block N                 tokens per block (default 32)\n"
-		"  --chunk N                 prefill chunk (default 128 on the cpu backend, 512\n"
+		"  --chunk N                 prefill chunk (default 128 on the cpu backend, 1024\n"
 		"                            on a GPU)\n"
 		"  --host-cap SIZE           host pool the conversations share (default 256M)\n"
 		"  --gpu-mem SIZE            device memory the backend may take: weights, views,\n"

@@ -50,16 +50,19 @@ void serve_cfg_default(struct serve_cfg *c)
  * Each chunk is a forward pass of its own. On the cpu backend a 128-token
  * chunk is already compute-bound and a round of 512 keeps the others'
  * decode moving. On a GPU a forward pass reads all the weights whatever
- * its rows (16 GB at the 8B geometry, about 4 ms on the H200), so
- * 128-token chunks left an 8K-token prompt at 0.68 s where the engine
- * prefills 16K in 0.5-0.6 s in chunks of 1024 (benchmarks.md, "first
- * token under load"); 512 rows make the chunk's GEMMs compute-bound. The
- * session's buffers grow with the chunk (its K and V rows, twice: 151 MB
- * at 512 on the 8B geometry, pinned), hence not larger by default. The largest default opens the backend (its scratch
- * is sized by it); the chunk then follows the backend it turned out to be
- * (auto picks at open).
+ * its rows (16 GB at the 8B geometry, about 4 ms on the H200), and the
+ * session's work around each chunk is paid per chunk: on the H200 at the
+ * 8B geometry an 8K-token prompt's first token took 0.68 s in 128-token
+ * chunks, 0.42 s in 512 and 0.37 s in 1024, and at 16 Poisson clients the
+ * p99 was 4.01x the unloaded one in 512-token chunks (4.09x with 4096
+ * tokens a round: the chunk, not the round) and 2.72x in 1024
+ * (benchmarks.md, "The first token under load, against an ideal server").
+ * The session's buffers grow with the chunk (its K and V rows, twice:
+ * about 300 MB pinned a running turn at 1024 on the 8B geometry). The
+ * largest default opens the backend (its scratch is sized by it); the
+ * chunk then follows the backend it turned out to be (auto picks at open).
  */
-enum { SERVE_CHUNK_CPU = 128, SERVE_CHUNK_DEVICE = 512, SERVE_ROUND_CHUNKS = 4 };
+enum { SERVE_CHUNK_CPU = 128, SERVE_CHUNK_DEVICE = 1024, SERVE_ROUND_CHUNKS = 4 };
 
 static void serve_prefill_defaults(struct serve *sv)
 {
