@@ -17,8 +17,12 @@
  * first token and the latency at p50 and p99, the time per output token
  * after the first (tpot p50) and a stream's longest wait between two
  * tokens (gap p99: what another's prefill costs a decoding stream), with
- * the backend, the model and the machine named. The server is started in
- * this process (a scratch data directory) unless --url names one.
+ * the backend, the model and the machine named. A warm-up request goes
+ * first, not counted; each Poisson row's first-token p99 is put against the
+ * unloaded one and beside an ideal server's at the same arrivals
+ * (ideal_ttft99). The server is started in this process (a scratch data
+ * directory; each row counts the turns it parked short of memory) unless
+ * --url names one.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -77,8 +81,11 @@ static void usage(FILE *f)
 		"aggregate decode tokens/s, its ratio to one client's, time to first token and\n"
 		"latency at p50 and p99, time per output token after the first (tpot p50) and\n"
 		"a stream's longest wait between two tokens (gap p99), with the backend and\n"
-		"the model named. The server runs in this process (a scratch data directory)\n"
-		"unless --url names one.\n"
+		"the model named. One warm-up request goes first, not counted. A Poisson row's\n"
+		"first-token p99 is put against the first load's (unloaded) and beside an\n"
+		"ideal server's at the same arrivals (one prompt at a time in the unloaded\n"
+		"p50, no decode). The server runs in this process (a scratch data directory;\n"
+		"the rows count its turns that waited for memory) unless --url names one.\n"
 		"\n"
 		"  --model DIR         model directory (default: the embedded agentlang model)\n"
 		"  --preset NAME       a published geometry with random weights instead (8b,\n"
@@ -220,6 +227,7 @@ static double pct(double *v, int n, double p)
 
 struct result {
 	double wall, tok_s, req_s, ttft50, ttft99, lat50, lat99;
+	int64_t parked;			/* the server's turns parked in the load (-1: unknown) */
 	/* after the first token: time per output token (a request's mean)
 	 * and a request's longest wait between two, percentiles over the
 	 * requests (NAN: none with two tokens) */
@@ -499,12 +507,12 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       "\"ttft_ms_p50\":%.1f,\"ttft_ms_p99\":%.1f,\"latency_ms_p50\":%.1f,"
 		       "\"latency_ms_p99\":%.1f,\"tpot_ms_p50\":%.2f,\"tpot_ms_p99\":%.2f,"
 		       "\"gap_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
-		       "\"ideal_ttft_ms_p99\":%.1f,\"ideal_vs_unloaded\":%.2f,"
+		       "\"ideal_ttft_ms_p99\":%.1f,\"ideal_vs_unloaded\":%.2f,\"parked\":%lld,"
 		       "\"prompt_tokens_mean\":%.1f,\"chunk\":%d,\"prefill_round\":%lld%s%s%s}\n",
 		       mode, n, rate,
 		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
 		       v[0], v[1], v[2], v[3], v[4], v[5], v[6], vs_unloaded,
-		       ideal_vs > 0 ? ideal : 0, ideal_vs,
+		       ideal_vs > 0 ? ideal : 0, ideal_vs, (long long)r->parked,
 		       r->ok ? (double)r->prompt / r->ok : 0,
 		       o->used_chunk, (long long)o->used_round,
 		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
@@ -526,6 +534,9 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 	if (vs_unloaded > 0)
 		printf("%-8s %7s first token p99 against the first load's (unloaded): %.1f / %.1f ms "
 		       "= %.2fx\n", "", "", r->ttft99, unloaded, vs_unloaded);
+	if (r->parked > 0)
+		printf("%-8s %7s %lld turns waited for memory (parked: their prefill ran again)\n", "",
+		       "", (long long)r->parked);
 	if (ideal_vs > 0)
 		printf("%-8s %7s an ideal server at the same arrivals (one prompt at a time, each in "
 		       "the unloaded p50): %.1f ms = %.2fx\n", "", "", ideal, ideal_vs);
@@ -668,7 +679,10 @@ int bench_serve(int argc, char **argv)
 			}
 		}
 		if (!rc && strcmp(o.mode, "poisson")) {
+			uint64_t p0 = sv ? serve_parked(sv) : 0;
+
 			run_load(&L, 0, 0, &res);
+			res.parked = sv ? (int64_t)(serve_parked(sv) - p0) : -1;
 			/* The first load's rate (one client's, by default) is
 			 * what "vs 1" divides by. */
 			if (!one) {
@@ -682,8 +696,10 @@ int bench_serve(int argc, char **argv)
 		}
 		if (!rc && strcmp(o.mode, "closed")) {
 			double rate = o.rate ? o.rate : 0.8 * (sustained ? sustained : 1.0);
+			uint64_t p0 = sv ? serve_parked(sv) : 0;
 
 			run_load(&L, 1, rate, &res);
+			res.parked = sv ? (int64_t)(serve_parked(sv) - p0) : -1;
 			report(&o, "poisson", n, rate, &res, 0, isnan(unloaded) ? 0 : unloaded,
 			       service > 0 ? ideal_ttft99(L.arrive, L.n_req, service) * 1e3 : 0);
 			rc = res.failed > 0;

@@ -81,6 +81,9 @@ void serve_prefill(const struct serve *sv, int *chunk, int64_t *round_tokens);
 /* Bytes of the shared host pool pinned for the backend at start (0: none,
  * the cpu backend) and the seconds that took. */
 uint64_t serve_pinned(const struct serve *sv, double *seconds);
+/* Turns undone short of memory so far, to run again (serve.md, "Device
+ * memory"). */
+uint64_t serve_parked(struct serve *sv);
 /* Stop listening, finish or fail what runs, close every conversation. */
 void serve_stop(struct serve *sv);
 

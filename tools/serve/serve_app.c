@@ -250,6 +250,16 @@ uint64_t serve_pinned(const struct serve *sv, double *seconds)
 	return sv->pinned_bytes;
 }
 
+uint64_t serve_parked(struct serve *sv)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&sv->mu);
+	n = sv->c.parked;
+	pthread_mutex_unlock(&sv->mu);
+	return n;
+}
+
 void serve_stop(struct serve *sv)
 {
 	if (!sv)
