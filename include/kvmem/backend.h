@@ -33,7 +33,9 @@ extern "C" {
 typedef struct kvmem_backend_opts {
 	int max_chunk;		/* most tokens in one forward call; 0: 128 */
 	int device;		/* GPU ordinal (cuda); ignored by cpu */
-	uint64_t mem_cap;	/* device bytes the backend may take; 0: no cap */
+	uint64_t mem_cap;	/* device bytes the backend may take (cpu: its views'
+				 * bytes); past it a view does not grow (ENOMEM);
+				 * 0: no cap */
 	uint64_t page_pool;	/* device page pool bytes (cuda); 0: the default
 				 * (twice the view's pages at the first placement, at
 				 * least 64 MiB; under a cap within half of what the
