@@ -372,6 +372,14 @@ int kvmem_session_release_view(kvmem_session *s);
 int kvmem_session_restore_view(kvmem_session *s);
 /* 1 while the view is given up. */
 int kvmem_session_view_released(const kvmem_session *s);
+/*
+ * Room in the view for `more` tokens beyond those it holds, as far as the
+ * view may grow (budget + reserve), made now: a server claims a turn's
+ * memory before it runs the turn, where appends in chunks grow the view
+ * chunk by chunk. -ENOMEM when the backend cannot (its memory cap, or the
+ * device full); the session is then as it was.
+ */
+int kvmem_session_reserve(kvmem_session *s, int64_t more);
 /* Step boundary: score with the last query tokens, plan, rematerialise. */
 int kvmem_session_select(kvmem_session *s);
 /*

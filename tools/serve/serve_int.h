@@ -281,8 +281,9 @@ int turn_after(struct job *j, struct serve_unit *u);
 int turn_close(struct job *j);
 /* After a turn: release its session or its conversation. */
 void turn_end(struct job *j);
-/* 1 when the turn's last unit ran out of memory before its first token
- * (turn_after parked it; short_of says what ran out). */
+/* 1 when the turn ran out of memory before its first token: its start
+ * found no room for its view, or a prefill or selection unit ran out
+ * (turn_after); short_of says what. */
 int turn_parked(const struct job *j);
 /* Undo a parked turn: its session goes (a conversation's closes, to reopen
  * at its last commit, as after a failed turn) and the job is as it was

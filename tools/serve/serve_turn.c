@@ -364,6 +364,26 @@ static int start(struct job *j, struct conv **cv)
 	j->prompt_tokens = (int64_t)j->ids.n;
 	pthread_mutex_unlock(&sv->mu);
 	j->phase = PH_PREFILL;
+	/* The turn's view memory now, before any of its work: short of it,
+	 * the turn waits (parked) having done nothing, and its decode never
+	 * grows the view (a failure there could not wait: tokens are out). */
+	if (kvmem_session_reserve(j->s, (int64_t)j->ids.n + j->max_tokens + 2)) {
+		if (kvmem_last_errno() != ENOMEM) {
+			job_fail(j, 500, "server_error", "%s", kvmem_last_error());
+			if (c) {
+				c->busy = 0;
+				*cv = NULL;
+				pool_close(sv, c);	/* reopens at its last commit */
+			} else {
+				kvmem_session_free(j->s);
+			}
+			j->cv = NULL;
+			j->s = NULL;
+			return 1;
+		}
+		snprintf(j->short_of, sizeof(j->short_of), "%s", kvmem_last_error());
+		j->phase = PH_PARKED;
+	}
 	return 0;
 }
 

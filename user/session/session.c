@@ -800,6 +800,18 @@ const kvmem_kvcache *kvmem_session_view(const kvmem_session *s)
 	return s->be->ops->host_view ? s->be->ops->host_view(s->be->ctx, s->view) : NULL;
 }
 
+int kvmem_session_reserve(kvmem_session *s, int64_t more)
+{
+	int64_t want;
+
+	if (more < 0)
+		return kvmem_error(EINVAL, "session: room for %lld more tokens", (long long)more);
+	if (ws_usable(s))
+		return kvmem_fail();
+	want = ws_view_len(s) + (more < s->cap_limit ? more : s->cap_limit);
+	return ws_view_reserve(s, want < s->cap_limit ? want : s->cap_limit) ? kvmem_fail() : 0;
+}
+
 int64_t kvmem_session_view_len(const kvmem_session *s)
 {
 	return ws_view_len(s);
