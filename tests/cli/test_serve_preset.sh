@@ -77,7 +77,7 @@ grep -q "^poisson  *2 " "$tmp/bench.out" || bad "bench serve rows: $(cat "$tmp/b
 grep -q "first token p99 against the first load's (unloaded): .* = [0-9.]*x$" "$tmp/bench.out" ||
 	bad "bench serve's ratio: $(cat "$tmp/bench.out")"
 # Beside it, what an ideal server gives the same arrivals (one prompt at a
-# time at the unloaded speed, no decode): the floor the offered load sets.
+# time at the unloaded speed, no decode): what the offered load costs.
 grep -q "an ideal server at the same arrivals (one prompt at a time, each in the unloaded p50): .* = [0-9.]*x$" \
 	"$tmp/bench.out" || bad "bench serve's ideal server: $(cat "$tmp/bench.out")"
 grep -q "^warm-up: one request before the loads, not counted (first token [0-9.]* ms)$" \

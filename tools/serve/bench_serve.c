@@ -327,9 +327,11 @@ static int run_load(struct load *L, int poisson, double rate, struct result *r)
 /*
  * The first token p99 an ideal server gives the same arrivals: one prompt
  * at a time, in order of arrival, each in `service` seconds (the unloaded
- * first token), and nothing else (no decode). No server that prefills at
- * the unloaded speed does better for prompts of one size, so a Poisson
- * row's ratio is put beside this one: what the offered load alone costs.
+ * first token), and nothing else (no decode). For prompts of one size no
+ * server that prefills them one at a time at the unloaded speed does
+ * better, so a Poisson row's ratio is put beside this one: what the offered
+ * load alone costs. A server that batches several prompts' chunks in one
+ * forward pass can (kvmem serve's 1024-token chunks did on the H200).
  */
 static double ideal_ttft99(const double *arrive, int n, double service)
 {

@@ -256,15 +256,16 @@ static void finish(struct serve *sv, struct job *j, int64_t *conv_inflight)
 }
 
 /*
- * A turn short of memory before its first token (turn_after: a view that
- * could not grow, under --gpu-mem or on a full device). While other turns
- * run it is undone and waits again at the head of its lane, the idle
- * conversations give their views up, and from then on a new turn is
- * admitted only as a running one ends (mem_short; one more each time a turn
- * ends with none parked since), so that the turns in flight keep to what
- * the memory holds instead of failing with it. What it costs is the prefill
- * it had done. others: the turns that ran beside it in its round. Alone,
- * with no idle view to give up, it could never fit: 503.
+ * A turn short of memory before its first token (turn_parked: no room for
+ * its view at its start, or a prefill or selection unit that ran out; under
+ * --gpu-mem or on a full device). It is undone and waits again at the head
+ * of its lane, the idle conversations give their views up, and from then
+ * on a new turn is admitted only as a running one ends (mem_short; one more
+ * each time a turn ends with none parked since), so that the turns in
+ * flight keep to what the memory holds instead of failing with it. Parked
+ * at its start it cost nothing; after a unit, the prefill it had done.
+ * others: the turns that ran beside it in its round. Alone, with no idle
+ * view to give up, it could never fit: 503.
  */
 static void park(struct serve *sv, int64_t *conv_inflight, int others, struct job *j)
 {

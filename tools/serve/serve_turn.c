@@ -688,6 +688,7 @@ void turn_end(struct job *j)
 	j->s = NULL;
 	j->cv = NULL;
 }
+
 int turn_parked(const struct job *j)
 {
 	return j->phase == PH_PARKED;
