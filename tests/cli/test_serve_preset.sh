@@ -87,7 +87,7 @@ grep -q "^the server's prefill: chunk 128, 512 tokens a round (the backend's def
 cat "$tmp/bench.out"
 # Given, they are the server's, a round's tokens 4 chunks unless given too.
 timeout 300 "$KVMEM" bench serve --model "$M" --tokenizer bytes --clients 1 --requests 1 \
-	--tokens 32 --lines 4 --chunk 64 --json >"$tmp/bench.json" 2>&1 ||
+	--tokens 32 --lines 4 --chunk 64 --load 0.5 --json >"$tmp/bench.json" 2>&1 ||
 	bad "bench serve --chunk 64: $(tail -5 "$tmp/bench.json")"
 grep -q '"chunk":64,"prefill_round":256' "$tmp/bench.json" ||
 	bad "bench serve --chunk 64 --json: $(cat "$tmp/bench.json")"
@@ -100,6 +100,9 @@ python3 - "$tmp/bench.json" <<'PY' || bad "bench serve's tpot / gap: $(cat "$tmp
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 assert len(rows) == 2, "rows: %d" % len(rows)
+# --load 0.5: Poisson arrives at half the closed loop's request rate.
+closed, poisson = rows
+assert abs(poisson["rate"] - 0.5 * closed["requests_s"]) <= 0.01 * poisson["rate"] + 0.01, (closed, poisson)
 timed = [r for r in rows if r["tpot_ms_p50"] != -1]
 assert timed, "no row timed a token after the first"
 for r in timed:

@@ -12,9 +12,10 @@
 # (default "512:2048 default 2048:8192": the server's GPU shape of the
 # twelfth session, then kvmem serve's own (1024-token chunks, four a
 # round), then larger). STEP_S: seconds a setting may take (140),
-# GPU_MEM: the server's --gpu-mem. Figures: benchmarks.md ("The server's
-# prefill sized for the backend", "The first token under load, against an
-# ideal server").
+# GPU_MEM: the server's --gpu-mem, LOAD: the Poisson rows' --load (0.8 of
+# the closed loop's rate). Figures: benchmarks.md ("The server's prefill
+# sized for the backend", "The first token under load, against an ideal
+# server").
 #
 #   tests/gpu/ttft26.sh OUTDIR [SECONDS]    (default 150; logs in OUTDIR/ttft26)
 #
@@ -40,6 +41,7 @@ for pf in ${PREFILL:-512:2048 default 2048:8192}; do
 		--tokens 16 --lines "${LINES:-300}")
 	[ "$pf" = default ] || args+=(--chunk "${pf%:*}" --prefill-budget "${pf#*:}")
 	[ -z "${GPU_MEM:-}" ] || args+=(--gpu-mem "$GPU_MEM")
+	[ -z "${LOAD:-}" ] || args+=(--load "$LOAD")
 	name=${pf/:/x}	# no ':' in a name the run tool brings back
 	echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench serve ${args[*]}"
 	if KVMEM_CUDA_GEMM_TC=1 timeout "$(gpu_left "${STEP_S:-140}")" "$K" bench serve "${args[@]}" \
