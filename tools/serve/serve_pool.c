@@ -126,19 +126,40 @@ static void release_view(struct serve *sv, struct conv *c)
 	pthread_mutex_unlock(&sv->mu);
 }
 
-void pool_views(struct serve *sv, int extra)
+/* Every idle conversation's view given up when it has been idle `idle_for`
+ * seconds or more (0: every idle one). How many were. */
+static int release_idle(struct serve *sv, double idle_for)
 {
-	const double now = serve_now(), after = sv->cfg.idle_release;
-	int64_t held = 0;
+	const double now = serve_now();
 	int released = 0;
 
 	for (struct conv *c = sv->convs, *next; c; c = next) {
 		next = c->next;
-		if (!c->busy && !c->view_away && after > 0 && now - c->last_used >= after) {
+		if (!c->busy && !c->view_away && now - c->last_used >= idle_for) {
 			release_view(sv, c);
-			released = 1;
+			released++;
 		}
 	}
+	return released;
+}
+
+/* glibc keeps what a view freed in the engine thread's arena: without this
+ * an idle 1.2K-token conversation whose view was given up still held 7.75
+ * MB resident (0.55-1.1 MB with it; test_serve_memory.sh). */
+static void trim(int released)
+{
+#ifdef __GLIBC__
+	if (released)
+		malloc_trim(0);
+#endif
+}
+
+void pool_views(struct serve *sv, int extra)
+{
+	const double after = sv->cfg.idle_release;
+	int64_t held = 0;
+	int released = after > 0 ? release_idle(sv, after) : 0;
+
 	for (struct conv *c = sv->convs; c; c = c->next)
 		held += !c->view_away;
 	while (held + extra > sv->cfg.max_views) {
@@ -153,30 +174,14 @@ void pool_views(struct serve *sv, int extra)
 		released = 1;
 		held--;
 	}
-#ifdef __GLIBC__
-	/* glibc keeps what a view freed in the engine thread's arena: without
-	 * this an idle 1.2K-token conversation whose view was given up still
-	 * held 7.75 MB resident (0.55-1.1 MB with it; test_serve_memory.sh). */
-	if (released)
-		malloc_trim(0);
-#endif
+	trim(released);
 }
 
 int pool_views_idle(struct serve *sv)
 {
-	int released = 0;
+	int released = release_idle(sv, 0);
 
-	for (struct conv *c = sv->convs, *next; c; c = next) {
-		next = c->next;
-		if (!c->busy && !c->view_away) {
-			release_view(sv, c);
-			released++;
-		}
-	}
-#ifdef __GLIBC__
-	if (released)
-		malloc_trim(0);
-#endif
+	trim(released);
 	return released;
 }
 
