@@ -370,15 +370,8 @@ static int start(struct job *j, struct conv **cv)
 	if (kvmem_session_reserve(j->s, (int64_t)j->ids.n + j->max_tokens + 2)) {
 		if (kvmem_last_errno() != ENOMEM) {
 			job_fail(j, 500, "server_error", "%s", kvmem_last_error());
-			if (c) {
-				c->busy = 0;
-				*cv = NULL;
-				pool_close(sv, c);	/* reopens at its last commit */
-			} else {
-				kvmem_session_free(j->s);
-			}
-			j->cv = NULL;
-			j->s = NULL;
+			*cv = NULL;	/* turn_undo closes it: it reopens at its last commit */
+			turn_undo(j);
 			return 1;
 		}
 		snprintf(j->short_of, sizeof(j->short_of), "%s", kvmem_last_error());
