@@ -67,9 +67,7 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * cuda_int.h), "gemm_tc_ks" (its split forced, 1, 2, 4 or 8; 0 by shape),
  * "gemm_tc_mt" (its 16-row weight tiles a warp forced, 1 or 2; 0 by n),
  * "gemm_tc_u" (its 32-element blocks of loads in flight for a lone row, 4
- * or 8; 0: 4), "gemm_tcc" (its batched rows, 2 and more, on gemm_tcc.cu: the
- * same bits with the split across a thread-block cluster and the rows in
- * shared memory; KVMEM_CUDA_GEMM_TCC=0/1, default in cuda_int.h), "fp8_f16k" (decode attention v5 over fp8 K/V computes Q K^T
+ * or 8; 0: 4), "fp8_f16k" (decode attention v5 over fp8 K/V computes Q K^T
  * on the f16 MMA when the block's Q converts to f16 exactly, else as
  * before; on by default, KVMEM_CUDA_FP8_F16K=0 turns it off; the same bits,
  * tests/gpu/check_fp8_view.c compares them with the bf16 path's), "fp8_int"

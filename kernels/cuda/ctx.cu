@@ -73,11 +73,6 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		e = getenv("KVMEM_CUDA_GEMM_TC");
 		c->gemm_tc = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1'
 							       : KVMEM_CUDA_GEMM_TC_DEFAULT;
-		/* Its batched rows with x in shared memory (gemm_tcc.cu):
-		 * KVMEM_CUDA_GEMM_TCC=0/1, else KVMEM_CUDA_GEMM_TCC_DEFAULT. */
-		e = getenv("KVMEM_CUDA_GEMM_TCC");
-		c->gemm_tcc = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1'
-								 : KVMEM_CUDA_GEMM_TCC_DEFAULT;
 		/* The main path's attention versions, for comparisons: prefill 2,
 		 * 3, 4 or 6 (wgmma), decode 2, 3 or 5 (0: attention.cu's choice). */
 		e = getenv("KVMEM_CUDA_PREFILL");
@@ -222,7 +217,6 @@ static int *tune_switch(kvmem_cuda_ctx *c, const char *what)
 	return !strcmp(what, "gemv_split") ? &c->gemv_split
 	     : !strcmp(what, "fuse")	   ? &c->fuse
 	     : !strcmp(what, "gemm_tc")	   ? &c->gemm_tc
-	     : !strcmp(what, "gemm_tcc")   ? &c->gemm_tcc
 	     : !strcmp(what, "fp8_f16k")   ? &c->fp8_f16k
 	     : !strcmp(what, "fp8_int")	   ? &c->fp8_int
 					   : NULL;
@@ -271,7 +265,7 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		flag = &c->slow_scores;
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
-				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, gemm_tcc, fast_scores, fuse, "
+				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse, "
 				   "fp8_f16k, fp8_int)", what);
 	was = !*flag;
 	*flag = !on;

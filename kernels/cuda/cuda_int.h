@@ -24,10 +24,6 @@ const char *kvmem_cuda_lt_load(void);
 /* The tensor-core GEMM for decode's rows (gemm_tc.cu) when KVMEM_CUDA_GEMM_TC
  * is not set: off until measured on the GPU (tests/gpu/batch26h.sh). */
 #define KVMEM_CUDA_GEMM_TC_DEFAULT 0
-/* Its rows of a batched step (2 and more) on gemm_tcc.cu, the same bits with
- * x in shared memory, when KVMEM_CUDA_GEMM_TCC is not set: off until
- * measured on the GPU (kvmem_gpu_check --gemm-tc-shapes). */
-#define KVMEM_CUDA_GEMM_TCC_DEFAULT 0
 
 struct gemm_plan {
 	int n, in, out, mode, align;	/* key; n == 0: empty slot */
@@ -55,7 +51,6 @@ struct kvmem_cuda_ctx {
 	int gemm_tc_ks;		/* "gemm_tc_ks": its split forced (1, 2, 4, 8); 0: by shape */
 	int gemm_tc_mt;		/* "gemm_tc_mt": its weight tiles a warp forced (1, 2); 0: by n */
 	int gemm_tc_u;		/* "gemm_tc_u": its loads in flight for a lone row (4, 8); 0: 4 */
-	int gemm_tcc;		/* "gemm_tcc": its 2..n rows on gemm_tcc.cu (KVMEM_CUDA_GEMM_TCC) */
 	int slow_scores;	/* kvmem_cuda_tune "fast_scores" off: the 2-byte-load scorer */
 	int att_prefill, att_decode;	/* the main path's attention versions (attention.cu;
 					 * KVMEM_CUDA_PREFILL / KVMEM_CUDA_DECODE override) */
@@ -80,11 +75,6 @@ int kvmem_cuda_gemv_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x
 			 const uint16_t *w, int in, int out);
 /* Whether `ks` is a split the split GEMV takes (0: by shape). */
 int kvmem_cuda_gemv_check_ks(int ks);
-/* gemm_tcc.cu: kvmem_cuda_gemm_tc_bf16's bits for n rows, the split across
- * a cluster's blocks and x in shared memory (its entry calls it for n > 1
- * with "gemm_tcc" on). */
-int kvmem_cuda_gemm_tcc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
-			     const uint16_t *w, int n, int in, int out);
 /* gemm_tc.cu: whether `ks` is a split the tensor-core GEMM takes. */
 int kvmem_cuda_gemm_tc_check_ks(int ks);
 /* gemm_tc.cu: a lone decode step's fused norm + GEMM (+ SwiGLU) on it, for

@@ -18,10 +18,9 @@
  *    laid into the fragments' k slots by one fixed permutation (below), so
  *    the sum's order is fixed by the shape alone.
  *  - Split-K over the ks warps of a block that share a tile: ks comes from
- *    the shape and the SM count (kvmem_cuda_gemm_tc_splits), never from
- *    n; warp j sums its blocks in order from zero, and the partials are
- *    added in the order j = 0 .. ks - 1, as the GEMV does. (gemm_tcc.cu
- *    splits across a cluster's blocks instead, with the same sums.)
+ *    the shape and the SM count (tc_splits), never from n; warp j sums its
+ *    blocks in order from zero, and the partials are added in the order
+ *    j = 0 .. ks - 1, as the GEMV does.
  *  - More than 64 rows: the same tile code on each next 64 rows.
  *
  * A warp owns MT tiles of 16 outputs (1 for a lone row, whose launch
@@ -49,7 +48,36 @@
 
 #include "dense.cuh"
 
-#include "gemm_tc.cuh"
+#define TC_WARPS 8		/* warps per block */
+#define TC_U 4			/* 32-element blocks of loads in flight per lane */
+#define TC_U1 4			/* the same for one x tile and one weight tile (a lone row) */
+#define TC_MAX_KS 8		/* warps splitting one tile's input */
+/* Blocks per multiprocessor the split aims for. 8 (2 before 2026-12-02)
+ * gives every Qwen3-8B layer shape the most split, ks 8: measured shape by
+ * shape (kvmem_gpu_check --gemm-tc-shapes, H200), ks 8 was the fastest or
+ * within 2% at 1 and 16 rows, and gate|up (ks 2 by the old target) went
+ * from 2907 to 3202 GB/s at 16 rows and 3102 to 3304 alone. */
+#define TC_BLOCKS_PER_SM 8
+#define TC_ROWS 64		/* x rows per pass: 8 tiles of 8 */
+
+__device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void tc_store(void *y, int mode, size_t at, float v)
+{
+	if (mode == KVMEM_GEMM_BF16)
+		((uint16_t *)y)[at] = f2bf(v);
+	else if (mode == KVMEM_GEMM_F32)
+		((float *)y)[at] = v;
+	else
+		((float *)y)[at] = __fadd_rn(((float *)y)[at], v);
+}
 
 /*
  * NT tiles of 8 x rows (rows b0 .. b0 + 8 NT - 1 of n) against the warp's
@@ -236,7 +264,7 @@ gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float e
 /* The split for a shape: the smallest power of two giving at least
  * TC_BLOCKS_PER_SM blocks per multiprocessor while each warp keeps
  * 2 TC_U blocks of the input; never a function of the rows. */
-int kvmem_cuda_gemm_tc_splits(const kvmem_cuda_ctx *c, int in, int out)
+static int tc_splits(const kvmem_cuda_ctx *c, int in, int out)
 {
 	const int tiles = (out + 15) / 16, blocks = (in + 31) / 32;
 	const int target = TC_BLOCKS_PER_SM * c->sms;
@@ -282,9 +310,7 @@ int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t
 				   "16-byte aligned", in);
 	if (!n)
 		return 0;
-	if (n > 1 && c->gemm_tcc)	/* the same bits, x through shared memory */
-		return kvmem_cuda_gemm_tcc_bf16(c, y, mode, x, w, n, in, out);
-	const int ks = kvmem_cuda_gemm_tc_splits(c, in, out), per = TC_WARPS / ks;
+	const int ks = tc_splits(c, in, out), per = TC_WARPS / ks;
 	const int nt = n > 32 ? 8 : n > 16 ? 4 : n > 8 ? 2 : 1;
 	/* Two weight tiles a warp (each x fragment serves both) where that
 	 * measured faster: wide outputs (gate|up) at 9-32 rows, 3202 against
@@ -330,7 +356,7 @@ int kvmem_cuda_tc_norm_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const flo
 				 const uint16_t *norm_w, float eps, const uint16_t *w, int in,
 				 int out)
 {
-	const int ks = kvmem_cuda_gemm_tc_splits(c, in, out), per = TC_WARPS / ks;
+	const int ks = tc_splits(c, in, out), per = TC_WARPS / ks;
 	const int tiles = (out + 15) / 16, grid = (tiles + per - 1) / per;
 
 	if (tc_u1(c) == 8)
@@ -347,7 +373,7 @@ int kvmem_cuda_tc_norm_gemm_swiglu_bf16(kvmem_cuda_ctx *c, uint16_t *act, const 
 					int in, int inter)
 {
 	/* The split of the unfused GEMM's shape (2 * inter rows). */
-	const int ks = kvmem_cuda_gemm_tc_splits(c, in, 2 * inter), per = TC_WARPS / ks;
+	const int ks = tc_splits(c, in, 2 * inter), per = TC_WARPS / ks;
 	const int tiles = (inter + 7) / 8, grid = (tiles + per - 1) / per;
 
 	if (tc_u1(c) == 8)

@@ -141,53 +141,6 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 	kvmem_cuda_free(dy);
 }
 
-/* gemm_tcc.cu against gemm_tc.cu, byte for byte: n = 2, 9, 16, 64 and 72
- * rows (NT 1, 2, 2, 8 and a second pass) at every split ks (forced with
- * "gemm_tc_ks"; 0, the shape's rule), each from poisoned outputs (the add
- * mode from the same random y). */
-static void tcc_case(int in, int out, int mode, const void *dw)
-{
-	static const int ns[] = { 2, 9, 16, 64, 72 }, kss[] = { 0, 1, 2, 4, 8 };
-	const int N = 72;
-	const size_t rb = (size_t)out * ysize(mode);
-	uint16_t *x = rand_bf16((size_t)N * in, -1, 1);
-	float *y0 = rand_f32((size_t)N * out, -2, 2);
-	void *dx = dput(x, (size_t)N * in * 2);
-	size_t differ = 0, cases = 0;
-	int was = kvmem_cuda_tune(g_c, "gemm_tcc", 0);
-
-	if (was < 0)
-		die("tune gemm_tcc");
-	for (int ki = 0; ki < 5; ki++)
-		for (int ni = 0; ni < 5; ni++) {
-			const int n = ns[ni];
-			unsigned char *r[2];
-
-			kvmem_cuda_tune(g_c, "gemm_tc_ks", kss[ki]);
-			for (int v = 0; v < 2; v++) {
-				void *dy = mode == KVMEM_GEMM_F32_ADD ? dput(y0, n * rb)
-								      : dpoison(n * rb);
-
-				kvmem_cuda_tune(g_c, "gemm_tcc", v);
-				if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, dx, dw, n, in, out))
-					die("gemm tc / tcc");
-				r[v] = dget(dy, n * rb);
-				kvmem_cuda_free(dy);
-			}
-			differ += memcmp(r[0], r[1], n * rb) != 0;
-			cases++;
-			free(r[0]);
-			free(r[1]);
-		}
-	kvmem_cuda_tune(g_c, "gemm_tc_ks", 0);
-	kvmem_cuda_tune(g_c, "gemm_tcc", was);
-	report(!differ, "gemm tcc %5d -> %5d (mode %d) == gemm tc byte for byte: %zu of %zu cases "
-	       "(n 2, 9, 16, 64, 72 x ks rule, 1, 2, 4, 8) differ", in, out, mode, differ, cases);
-	free(x);
-	free(y0);
-	kvmem_cuda_free(dx);
-}
-
 void check_gemm_tc(void)
 {
 	static const int shapes[][2] = { { 4096, 6144 }, { 4096, 4096 }, { 12288, 4096 },
@@ -210,7 +163,6 @@ void check_gemm_tc(void)
 		twin_case(big ? counts[rint_in(0, 2)] : counts[rint_in(0, 5)], in, out, (s + 1) % 3,
 			  w, dw);
 		invariance_case(in, out, (s + 2) % 3, dw);
-		tcc_case(in, out, s % 3, dw);
 		free(w);
 		kvmem_cuda_free(dw);
 	}
@@ -231,10 +183,6 @@ void check_gemm_tc(void)
 		die("tune gemm_tc");
 	printf("(with \"gemm_tc\" on:)");
 	check_gemv_rows();
-	kvmem_cuda_tune(g_c, "gemm_tcc", 1);
-	printf("(with \"gemm_tc\" and \"gemm_tcc\" on:)");
-	check_gemv_rows();
-	kvmem_cuda_tune(g_c, "gemm_tcc", 0);
 	kvmem_cuda_tune(g_c, "gemm_tc", was);
 	check_gemm_tc_fused();
 }
@@ -254,10 +202,6 @@ void gemm_tc_sweep(void)
 	kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
 	printf("\n\"gemm_tc\" on: gemm_tc.cu (tensor cores; two tiles a warp from 9 rows on)");
 	gemv_rows_sweep();
-	kvmem_cuda_tune(g_c, "gemm_tcc", 1);
-	printf("\n\"gemm_tc\" and \"gemm_tcc\" on: gemm_tcc.cu's rows (x in shared memory)");
-	gemv_rows_sweep();
-	kvmem_cuda_tune(g_c, "gemm_tcc", 0);
 	kvmem_cuda_tune(g_c, "gemm_tc_u", 8);
 	printf("\n\"gemm_tc\" on, a lone row with 8 blocks of loads in flight (gemm_tc_u 8)");
 	gemv_rows_sweep();

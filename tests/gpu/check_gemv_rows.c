@@ -214,19 +214,6 @@ void gemm_tc_shape_sweep(void)
 				}
 				printf("\n");
 			}
-		/* gemm_tcc.cu (the same sums as mt 1, x in shared memory) */
-		kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
-		kvmem_cuda_tune(g_c, "gemm_tcc", 1);
-		for (int ci = 1; ci < 3; ci++) {
-			t.n = counts[ci];
-			printf("%-8s %5d tcc", names[k], t.n);
-			for (int ki = 0; ki < 5; ki++) {
-				kvmem_cuda_tune(g_c, "gemm_tc_ks", kss[ki]);
-				printf(" %9.1f", 2.0 * e / (time_ms(run_shape, &t, 3, 20) * 1e6));
-			}
-			printf("\n");
-		}
-		kvmem_cuda_tune(g_c, "gemm_tcc", 0);
 		kvmem_cuda_tune(g_c, "gemm_tc_ks", 0);
 		kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
 		kvmem_cuda_free(t.w);
