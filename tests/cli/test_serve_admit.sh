@@ -128,12 +128,56 @@ for pb in 64 16; do
 	fi
 	serve_stop
 done
-a=$(sed 's/"id":"[^"]*"//; s/"created":[0-9]*//' "$tmp/long64.json")
-b=$(sed 's/"id":"[^"]*"//; s/"created":[0-9]*//' "$tmp/long16.json")
+a=$(sed 's/"id":"[^"]*"//; s/"created":[0-9]*//; s/"prefill_rounds":[0-9]*//' "$tmp/long64.json")
+b=$(sed 's/"id":"[^"]*"//; s/"created":[0-9]*//; s/"prefill_rounds":[0-9]*//' "$tmp/long16.json")
 grep -q '"text"' "$tmp/long64.json" ||
 	bad "the long prompt's answer: $(head -c 300 "$tmp/long64.json")"
 [ "$a" = "$b" ] || bad "four chunks a round answered otherwise: $(head -c 300 "$tmp/long64.json")" \
 	"vs $(head -c 300 "$tmp/long16.json")"
+
+# ---- the oldest prompt takes the round's prefill budget first (--prefill-order) -------------
+# Two prompts of about 2K tokens, B sent 50 ms after A, chunks of 16 and 32
+# prefill tokens a round. fcfs (the default): A takes both chunks of every
+# round until its prompt is in, then B does: each prompt's prefill spans
+# ceil(P / 32) rounds (kvmem.prefill_rounds), as if it were alone. shared:
+# they take a chunk each in turn, and both span about twice as many. The
+# answers are the same either way.
+BIG=$(node -e 'const l = JSON.parse(process.argv[1]);
+	console.log(JSON.stringify(l.repeat(40) + "? payments.props pool.workers ="))' "$LINES")
+for order in fcfs shared; do
+	serve_start --chunk 16 --prefill-budget 32 $([ "$order" = shared ] && echo --prefill-order shared) || exit 1
+	pids=""
+	(curl -s -o "$tmp/A.$order" "$BASE/v1/completions" \
+		-d "{\"prompt\":$BIG,\"max_tokens\":4,\"temperature\":0}") &
+	pids=$!
+	sleep 0.05
+	curl -s -o "$tmp/B.$order" "$BASE/v1/completions" \
+		-d "{\"prompt\":$BIG,\"max_tokens\":4,\"temperature\":0}"
+	wait $pids
+	serve_stop
+	for r in A B; do
+		node -e 'const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+			console.log(b.usage ? [b.usage.prompt_tokens, b.kvmem.prefill_rounds,
+				JSON.stringify(b.choices[0].text)].join(" ") : JSON.stringify(b))' \
+			"$tmp/$r.$order" >"$tmp/$r.$order.got"
+	done
+	echo "$order: A $(cat "$tmp/A.$order.got"), B $(cat "$tmp/B.$order.got") (prompt tokens, prefill rounds, answer)"
+done
+read -r pa ra ta <"$tmp/A.fcfs.got"
+read -r pb rb tb <"$tmp/B.fcfs.got"
+want=$(((pa + 31) / 32))
+[ "$ra" = "$want" ] && [ "$rb" = "$want" ] ||
+	bad "fcfs: prefill rounds A $ra, B $rb for $pa prompt tokens (want $want each: 32 tokens a round, one prompt at a time)"
+read -r _ sa sta <"$tmp/A.shared.got"
+read -r _ sb stb <"$tmp/B.shared.got"
+[ "$sa" -gt "$want" ] && [ "$sb" -gt "$want" ] ||
+	bad "shared: prefill rounds A $sa, B $sb (want more than $want each: the prompts took chunks in turn)"
+[ "$ta" = "$tb" ] && [ "$ta" = "$sta" ] && [ "$ta" = "$stb" ] ||
+	bad "the answers differ between the orders: $ta $tb $sta $stb"
+grep -q "tokens a round, oldest prompt first" "$tmp/serve.out" ||
+	bad "serve did not say its prefill order: $(grep prefill "$tmp/serve.out" | tail -2)"
+"$KVMEM" serve --prefill-order lifo >/dev/null 2>"$tmp/err" && bad "--prefill-order lifo was taken"
+grep -q -- "--prefill-order lifo: not fcfs" "$tmp/err" || bad "--prefill-order lifo: $(cat "$tmp/err")"
 serve_start --idle-close 1 || exit 1
 
 # ---- idle conversations close, and come back from their stored state ------------------------

@@ -82,7 +82,7 @@ grep -q "an ideal server at the same arrivals (one prompt at a time, each in the
 	"$tmp/bench.out" || bad "bench serve's ideal server: $(cat "$tmp/bench.out")"
 grep -q "^warm-up: one request before the loads, not counted (first token [0-9.]* ms)$" \
 	"$tmp/bench.out" || bad "bench serve's warm-up: $(head -5 "$tmp/bench.out")"
-grep -q "^the server's prefill: chunk 128, 512 tokens a round (the backend's defaults)$" \
+grep -q "^the server's prefill: chunk 128, 512 tokens a round (the backend's defaults), the oldest prompt first (fcfs)$" \
 	"$tmp/bench.out" || bad "bench serve's prefill line: $(head -4 "$tmp/bench.out")"
 cat "$tmp/bench.out"
 # Given, they are the server's, a round's tokens 4 chunks unless given too.

@@ -13,7 +13,9 @@
 # twelfth session, then kvmem serve's own (1024-token chunks, four a
 # round), then larger). STEP_S: seconds a setting may take (140),
 # GPU_MEM: the server's --gpu-mem, LOAD: the Poisson rows' --load (0.8 of
-# the closed loop's rate). Figures: benchmarks.md ("The server's prefill
+# the closed loop's rate; LOADS: several, a run each), ORDERS: the server's
+# --prefill-order values to run, a run each (default: its own, fcfs).
+# Figures: benchmarks.md ("The server's prefill
 # sized for the backend", "The first token under load, against an ideal
 # server").
 #
@@ -37,12 +39,17 @@ t0=$(date +%s)
 gpu_need "$K"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for pf in ${PREFILL:-512:2048 default 2048:8192}; do
+for load in ${LOADS:-${LOAD:-default}}; do
+for order in ${ORDERS:-default}; do
 	args=(--preset 8b --backend cuda --clients 1,16 --mode both --requests "${REQ:-2}"
 		--tokens 16 --lines "${LINES:-300}")
 	[ "$pf" = default ] || args+=(--chunk "${pf%:*}" --prefill-budget "${pf#*:}")
 	[ -z "${GPU_MEM:-}" ] || args+=(--gpu-mem "$GPU_MEM")
-	[ -z "${LOAD:-}" ] || args+=(--load "$LOAD")
+	[ "$load" = default ] || args+=(--load "$load")
+	[ "$order" = default ] || args+=(--prefill-order "$order")
 	name=${pf/:/x}	# no ':' in a name the run tool brings back
+	[ "$load" = default ] || name=${name}_load$load
+	[ "$order" = default ] || name=${name}_$order
 	echo "== KVMEM_CUDA_GEMM_TC=1 kvmem bench serve ${args[*]}"
 	if KVMEM_CUDA_GEMM_TC=1 timeout "$(gpu_left "${STEP_S:-140}")" "$K" bench serve "${args[@]}" \
 		>"$log/bench_serve_$name.txt" 2>"$log/bench_serve_$name.err"; then
@@ -52,5 +59,7 @@ for pf in ${PREFILL:-512:2048 default 2048:8192}; do
 		tail -5 "$log/bench_serve_$name.err"
 	fi
 	cat "$log/bench_serve_$name.txt"
+done
+done
 done
 gpu_done

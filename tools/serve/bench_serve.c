@@ -64,6 +64,8 @@ struct opts {
 	int tokens, requests, lines, conversations, json;
 	int chunk;			/* the server's --chunk (0: its default) */
 	int64_t prefill_budget;		/* its --prefill-budget (0: its default) */
+	int prefill_order;		/* its --prefill-order; set_order: given */
+	int set_order;
 	uint64_t gpu_mem;		/* its --gpu-mem (0: no cap) */
 	int used_chunk;			/* what its server ran with (0: a --url server) */
 	int64_t used_round;
@@ -94,6 +96,7 @@ static void usage(FILE *f)
 		"  --tokenizer bytes   text as bytes, for a model with no tokenizer\n"
 		"  --chunk N           the server's prefill chunk (default: kvmem serve's)\n"
 		"  --prefill-budget N  the server's prefill tokens a round (default: serve's)\n"
+		"  --prefill-order fcfs|shared  who takes them (default: serve's, fcfs)\n"
 		"  --gpu-mem SIZE      the server's memory cap (default: none)\n"
 		"  --backend NAME      cpu, cuda or auto (default auto)\n"
 		"  --url http://H:P    a running server instead (its model and backend are\n"
@@ -372,7 +375,8 @@ static int parse_list(const char *s, int *out, int max)
 }
 
 enum { O_MODEL = 256, O_BACKEND, O_URL, O_KEY, O_CLIENTS, O_MODE, O_REQ, O_TOK, O_LINES, O_RATE,
-       O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL, O_GPUMEM, O_LOAD };
+       O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL, O_GPUMEM, O_LOAD,
+       O_ORDER };
 
 static const struct option lopts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
@@ -381,6 +385,7 @@ static const struct option lopts[] = {
 	{ "chunk", required_argument, NULL, O_CHUNK },
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
 	{ "prefill-budget", required_argument, NULL, O_PREFILL },
+	{ "prefill-order", required_argument, NULL, O_ORDER },
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "url", required_argument, NULL, O_URL },
 	{ "api-key", required_argument, NULL, O_KEY },
@@ -443,6 +448,11 @@ static int parse(int argc, char **argv, struct opts *o)
 		case O_PREFILL:
 			if (cli_parse_count(WHO, n, a, 1, 1 << 20, &o->prefill_budget))
 				return -1;
+			break;
+		case O_ORDER:
+			if (serve_parse_prefill_order(WHO, a, &o->prefill_order))
+				return -1;
+			o->set_order = 1;
 			break;
 		case O_TOK: if (cli_parse_int(WHO, n, a, 1, 1 << 20, &o->tokens)) return -1; break;
 		case O_LINES: if (cli_parse_int(WHO, n, a, 1, 10000, &o->lines)) return -1; break;
@@ -514,13 +524,15 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       "\"latency_ms_p99\":%.1f,\"tpot_ms_p50\":%.2f,\"tpot_ms_p99\":%.2f,"
 		       "\"gap_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
 		       "\"ideal_ttft_ms_p99\":%.1f,\"ideal_vs_unloaded\":%.2f,\"parked\":%lld,"
-		       "\"prompt_tokens_mean\":%.1f,\"chunk\":%d,\"prefill_round\":%lld%s%s%s}\n",
+		       "\"prompt_tokens_mean\":%.1f,\"chunk\":%d,\"prefill_round\":%lld,"
+		       "\"prefill_order\":\"%s\"%s%s%s}\n",
 		       mode, n, rate,
 		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
 		       v[0], v[1], v[2], v[3], v[4], v[5], v[6], vs_unloaded,
 		       ideal_vs > 0 ? ideal : 0, ideal_vs, (long long)r->parked,
 		       r->ok ? (double)r->prompt / r->ok : 0,
 		       o->used_chunk, (long long)o->used_round,
+		       o->used_chunk ? serve_prefill_order_name(o->prefill_order) : "",
 		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
 		if (r->failed)
 			fprintf(stderr, "%s: %d requests failed; the first: %s\n", WHO, r->failed, r->err);
@@ -566,10 +578,11 @@ int bench_serve(int argc, char **argv)
 		fprintf(stderr, "%s: --model or --preset, not both\n", WHO);
 		return EXIT_USAGE;
 	}
-	if (o.url && (o.preset || o.model || o.tokenizer || o.chunk || o.prefill_budget || o.gpu_mem)) {
+	if (o.url && (o.preset || o.model || o.tokenizer || o.chunk || o.prefill_budget || o.gpu_mem ||
+		      o.set_order)) {
 		fprintf(stderr, "%s: --url names a running server: its model and settings are its "
-			"own (no --model, --preset, --tokenizer, --chunk, --prefill-budget or "
-			"--gpu-mem)\n", WHO);
+			"own (no --model, --preset, --tokenizer, --chunk, --prefill-budget, "
+			"--prefill-order or --gpu-mem)\n", WHO);
 		return EXIT_USAGE;
 	}
 	if (o.url) {
@@ -604,6 +617,9 @@ int bench_serve(int argc, char **argv)
 		c.max_request_tokens = 1 << 20;
 		c.chunk = o.chunk;			/* 0: the backend's, as serve's */
 		c.prefill_budget = o.prefill_budget;
+		if (o.set_order)
+			c.prefill_order = o.prefill_order;
+		o.prefill_order = c.prefill_order;
 		c.gpu_mem = o.gpu_mem;
 		if (serve_start(&c, &sv)) {
 			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
@@ -642,9 +658,11 @@ int bench_serve(int argc, char **argv)
 		printf("each request: %d workspace lines, %d tokens decoded (ignore_eos), streamed%s\n",
 		       o.lines, o.tokens, o.conversations ? ", turns of one conversation per client" : "");
 		if (sv)
-			printf("the server's prefill: chunk %d, %lld tokens a round%s\n", o.used_chunk,
-			       (long long)o.used_round,
-			       o.chunk || o.prefill_budget ? "" : " (the backend's defaults)");
+			printf("the server's prefill: chunk %d, %lld tokens a round%s, %s\n",
+			       o.used_chunk, (long long)o.used_round,
+			       o.chunk || o.prefill_budget ? "" : " (the backend's defaults)",
+			       o.prefill_order == SERVE_PREFILL_FCFS ? "the oldest prompt first (fcfs)"
+								      : "shared in turn");
 		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s %9s %8s %8s\n", "load", "clients",
 		       "rate/s", "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99",
 		       "lat p50", "lat p99", "tpot p50", "gap p99", "prompt");

@@ -100,6 +100,11 @@ static void usage(FILE *f)
 		"                            one round of the engine (default 64)\n"
 		"  --prefill-budget N        prefill tokens in one round, whole chunks, at least\n"
 		"                            one (default 4 chunks)\n"
+		"  --prefill-order fcfs|shared  who takes that budget: the oldest prompts first\n"
+		"                            (fcfs, the default: the first token waits for the\n"
+		"                            prompts before it only) or every prompt a chunk in\n"
+		"                            turn (shared: a short prompt behind a long one\n"
+		"                            does not wait for it)\n"
 		"  --max-conversation-queue N  requests of one conversation waiting (default 4)\n"
 		"  --max-conversation-tokens N tokens one conversation may hold (default: no\n"
 		"                            limit)\n"
@@ -126,7 +131,7 @@ enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
 	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
-	O_CEPHCONF, O_RELEASE, O_VIEWS, O_PRESET, O_TOKENIZER, O_GPUMEM,
+	O_CEPHCONF, O_RELEASE, O_VIEWS, O_PRESET, O_TOKENIZER, O_GPUMEM, O_ORDER,
 };
 
 static const struct option opts[] = {
@@ -155,6 +160,7 @@ static const struct option opts[] = {
 	{ "max-inflight", required_argument, NULL, O_INFLIGHT },
 	{ "max-batch", required_argument, NULL, O_BATCH },
 	{ "prefill-budget", required_argument, NULL, O_PREFILL },
+	{ "prefill-order", required_argument, NULL, O_ORDER },
 	{ "max-conversation-queue", required_argument, NULL, O_CONVQ },
 	{ "max-conversation-tokens", required_argument, NULL, O_CONVTOK },
 	{ "max-n", required_argument, NULL, O_MAXN },
@@ -257,6 +263,10 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case O_BATCH: if (cli_parse_count(w, n, a, 1, 1 << 16, &c->max_batch)) return -1; break;
 		case O_PREFILL:
 			if (cli_parse_count(w, n, a, 1, 1 << 24, &c->prefill_budget))
+				return -1;
+			break;
+		case O_ORDER:
+			if (serve_parse_prefill_order(w, a, &c->prefill_order))
 				return -1;
 			break;
 		case O_CONVQ: if (cli_parse_count(w, n, a, 1, 1 << 20, &c->max_conv_queue)) return -1; break;
@@ -378,8 +388,10 @@ int cmd_serve(int argc, char **argv)
 		int chunk;
 
 		serve_prefill(sv, &chunk, &round);
-		printf("kvmem serve: prefill in chunks of %d tokens, %lld tokens a round\n", chunk,
-		       (long long)round);
+		printf("kvmem serve: prefill in chunks of %d tokens, %lld tokens a round, %s\n",
+		       chunk, (long long)round,
+		       c.prefill_order == SERVE_PREFILL_FCFS ? "oldest prompt first"
+							     : "shared by the prompts in turn");
 
 		/* Start-up's one large cost on a GPU (Documentation/serve.md). */
 		if (pinned)

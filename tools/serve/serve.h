@@ -19,6 +19,9 @@
 #define SERVE_WHO "kvmem serve"
 #define SERVE_ID_MAX 128	/* bytes of a conversation id */
 
+/* The order prompts take a round's prefill budget in (--prefill-order). */
+enum { SERVE_PREFILL_FCFS, SERVE_PREFILL_SHARED };
+
 struct serve_cfg {
 	const char *model_dir, *model_name, *data_dir, *host, *api_key, *backend, *policy;
 	const char *cors;		/* Access-Control-Allow-Origin; NULL: no CORS */
@@ -39,6 +42,7 @@ struct serve_cfg {
 	int64_t max_batch;		/* units in one round of the engine */
 	int64_t prefill_budget;		/* prefill tokens in one round (whole chunks; 0:
 					 * 4 chunks) */
+	int prefill_order;		/* who takes it: SERVE_PREFILL_FCFS (0) or _SHARED */
 	int64_t max_conv_queue;		/* requests of one conversation waiting */
 	int64_t max_conv_tokens;	/* tokens a conversation may hold (0: no limit) */
 	int64_t max_n;			/* choices of one request */
@@ -78,6 +82,11 @@ int64_t serve_budget(const struct serve *sv);
 /* The prefill chunk and the prefill tokens of a round in force (the
  * backend's defaults when the options gave 0). */
 void serve_prefill(const struct serve *sv, int *chunk, int64_t *round_tokens);
+/* --prefill-order's word (fcfs, shared) into *order; -1 with a message
+ * naming `who` and the words it takes. */
+int serve_parse_prefill_order(const char *who, const char *word, int *order);
+/* Its word for *order. */
+const char *serve_prefill_order_name(int order);
 /* Bytes of the shared host pool pinned for the backend at start (0: none,
  * the cpu backend) and the seconds that took. */
 uint64_t serve_pinned(const struct serve *sv, double *seconds);

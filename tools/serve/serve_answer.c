@@ -34,9 +34,10 @@ static json_t *usage_doc(struct job *const *js, int n)
 
 static json_t *kvmem_doc(const struct job *j)
 {
-	return json_pack("{sosIsbsb}", "conversation", j->conv[0] ? json_string(j->conv) : json_null(),
-			 "workspace_tokens", (json_int_t)j->ws_tokens, "replayed", j->replayed,
-			 "restored", j->restored);
+	return json_pack("{sosIsbsbsI}", "conversation",
+			 j->conv[0] ? json_string(j->conv) : json_null(), "workspace_tokens",
+			 (json_int_t)j->ws_tokens, "replayed", j->replayed, "restored", j->restored,
+			 "prefill_rounds", (json_int_t)j->prefill_rounds);
 }
 
 static json_t *bytes_of(const char *s, size_t n)

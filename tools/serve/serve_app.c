@@ -32,6 +32,7 @@ void serve_cfg_default(struct serve_cfg *c)
 	c->max_inflight = 64;
 	c->max_batch = 64;
 	c->prefill_budget = 0;		/* the backend's: serve_prefill_defaults */
+	c->prefill_order = SERVE_PREFILL_FCFS;	/* the oldest prompt first */
 	c->max_conv_queue = 4;
 	c->max_n = 16;
 	c->idle_close = 300;
@@ -242,6 +243,26 @@ void serve_prefill(const struct serve *sv, int *chunk, int64_t *round_tokens)
 {
 	*chunk = sv->cfg.chunk;
 	*round_tokens = sv->cfg.prefill_budget;
+}
+
+static const char *const prefill_orders[] = { [SERVE_PREFILL_FCFS] = "fcfs",
+					       [SERVE_PREFILL_SHARED] = "shared" };
+
+int serve_parse_prefill_order(const char *who, const char *word, int *order)
+{
+	for (int i = 0; i < 2; i++)
+		if (!strcmp(word, prefill_orders[i])) {
+			*order = i;
+			return 0;
+		}
+	fprintf(stderr, "%s: --prefill-order %s: not fcfs (the oldest prompt first) or shared "
+		"(every prompt a chunk in turn)\n", who, word);
+	return -1;
+}
+
+const char *serve_prefill_order_name(int order)
+{
+	return order == SERVE_PREFILL_SHARED ? "shared" : "fcfs";
 }
 
 uint64_t serve_pinned(const struct serve *sv, double *seconds)

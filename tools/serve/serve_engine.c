@@ -15,8 +15,12 @@
  * starting where the last round stopped, up to --max-batch units and
  * --prefill-budget prefill tokens (whole chunks; at least one chunk when any
  * waits): a decode step, a prefill chunk, a selection, the tokens that close
- * a turn. What the budget leaves goes to the same prompts' next chunks in
- * the same round (more_prefill). The units go to the batch runner in one
+ * a turn. The budget goes to the prompts oldest first (--prefill-order fcfs,
+ * the default: a prompt's first token then waits for the prompts before it,
+ * not for a share beside every later one, as a server taking prompts one at
+ * a time would have it), or in turn with the round (shared). What a prompt's
+ * first chunk leaves of its share goes to its next chunks in the same round
+ * (more_prefill). The units go to the batch runner in one
  * call (serve_batch.h); then each turn takes its result, and turns whose
  * units are done are recorded and committed. A selection is a unit like
  * the others: one conversation's step boundary costs the others one
@@ -306,10 +310,24 @@ struct round {
 	struct job **run;		/* running turns */
 	int n_run, cap_run;
 	int first;			/* where the next round starts */
+	uint64_t id;			/* rounds run (a prompt's prefill_rounds) */
 	struct serve_unit *units;
 	struct job **owner;
+	int64_t *share;			/* with owner: prefill tokens a unit's turn may
+					 * still take this round (fcfs) */
+	struct job **wait;		/* fcfs: the turns whose prompt wants a chunk */
 	int64_t conv_inflight;		/* conversations with a turn running */
 };
+
+/* A unit ran for j in round r: count the rounds of its prompt's prefill. */
+static void ran_unit(struct round *r, struct job *j, struct serve_unit *u)
+{
+	if (u->kind == SERVE_UNIT_PREFILL && j->prefill_round != r->id) {
+		j->prefill_round = r->id;
+		j->prefill_rounds++;
+	}
+	turn_after(j, u);
+}
 
 static void take_in(struct serve *sv, struct round *r, struct job *in)
 {
@@ -334,62 +352,114 @@ static void take_in(struct serve *sv, struct round *r, struct job *in)
 }
 
 /*
- * The prefill budget a round's first pass left goes to the prompts that
- * pass served: their next whole chunks run in the same round, in passes of
- * prefill alone, while they fit. So a prompt of P tokens takes about P /
- * --prefill-budget rounds, not P / --chunk, and the others' decode steps
- * between its chunks go with them: on a GPU, where each round's decode
- * pass of 16 conversations costs about what a 512-token chunk does, the
- * first token under load had paid one per chunk. The first pass's units
- * are r->units[0..n) of r->owner; the units run here count with the round.
+ * What a round's first pass left of the prefill budget goes to the prompts
+ * that pass served: their next whole chunks run in the same round, in
+ * passes of prefill alone, while they fit. So a prompt of P tokens takes
+ * about P / --prefill-budget rounds, not P / --chunk, and the others'
+ * decode steps between its chunks go with them: on a GPU, where each
+ * round's decode pass of 16 conversations costs about what a 512-token
+ * chunk does, the first token under load had paid one per chunk. The
+ * first pass's units are r->units[0..n) of r->owner; shared: they take
+ * `budget` in turn; fcfs: each takes what r->share gave it (the oldest
+ * prompt's whole share before the next's). The units run here count with
+ * the round.
  */
-static int more_prefill(struct serve *sv, struct round *r, int n, int64_t budget)
+static int more_prefill(struct serve *sv, struct round *r, int n, int64_t budget, int fcfs)
 {
-	struct job **pre = r->owner + n;	/* owner has 2 max_batch slots; n used */
+	struct job **pre = r->owner + n;	/* owner, share: 2 max_batch slots; n used */
+	int64_t *left = r->share + n;
 	int n_pre = 0, ran = 0;
 
 	for (int i = 0; i < n; i++)
 		if (r->units[i].kind == SERVE_UNIT_PREFILL && !r->owner[i]->done &&
-		    turn_prefill_next(r->owner[i]) > 0)
+		    turn_prefill_next(r->owner[i]) > 0) {
+			left[n_pre] = r->share[i];
 			pre[n_pre++] = r->owner[i];
-	while (n_pre && budget > 0) {
+		}
+	while (n_pre && (fcfs || budget > 0)) {
 		int m = 0;
 
 		for (int i = 0; i < n_pre; i++) {
 			struct job *j = pre[i];
+			int64_t *b = fcfs ? &left[i] : &budget;
 			int want = j->done ? 0 : turn_prefill_next(j);
 
-			if (want <= 0 || want > budget || turn_unit(j, &r->units[m]))
+			if (want <= 0 || want > *b || turn_unit(j, &r->units[m]))
 				continue;
-			budget -= want;
+			*b -= want;
 			r->owner[m++] = j;
 		}
 		if (!m)
 			break;
 		serve_batch_run(sv->be, r->units, m, &sv->bs);
 		for (int i = 0; i < m; i++)
-			turn_after(r->owner[i], &r->units[i]);
+			ran_unit(r, r->owner[i], &r->units[i]);
 		ran += m;
 	}
 	return ran;
 }
 
+/* fcfs: the oldest request first (submitted earlier; then admitted earlier). */
+static int older_first(const void *a, const void *b)
+{
+	const struct job *x = *(struct job *const *)a, *y = *(struct job *const *)b;
+
+	if (x->t_submit != y->t_submit)
+		return x->t_submit < y->t_submit ? -1 : 1;
+	return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/*
+ * fcfs: the prompts in r->wait[0..n_wait) take the round's prefill budget
+ * oldest first, each as many whole chunks as it has and the budget holds
+ * (the oldest at least one); a prompt whose first chunk does not fit waits
+ * for the next round, and so do the younger ones. Their first chunks join
+ * the round's units from n; returns the new count.
+ */
+static int fcfs_prefill(struct round *r, int n, int n_wait, int64_t max, int64_t budget)
+{
+	qsort(r->wait, (size_t)n_wait, sizeof(*r->wait), older_first);
+	for (int i = 0; i < n_wait && n < max; i++) {
+		struct job *j = r->wait[i];
+		const int64_t want = turn_prefill_next(j), has = turn_prefill_left(j);
+		int64_t share = has <= budget ? has : budget / want * want;
+
+		if (!i && share < want)
+			share = want;	/* at least one chunk a round */
+		if (share < want)
+			break;
+		if (turn_unit(j, &r->units[n]))
+			continue;
+		budget -= share;
+		r->share[n] = share - want;
+		r->owner[n++] = j;
+	}
+	return n;
+}
+
 static void round_once(struct serve *sv, struct round *r)
 {
 	const int64_t max = sv->cfg.max_batch;
+	const int fcfs = sv->cfg.prefill_order == SERVE_PREFILL_FCFS;
 	int64_t budget = sv->cfg.prefill_budget;
-	int n = 0, prefilled = 0, k, units = 0, ran;
+	int n = 0, prefilled = 0, k, units = 0, ran, n_wait = 0;
 
+	r->id++;
 	for (k = 0; k < r->n_run && n < max; k++) {
 		struct job *j = r->run[(r->first + k) % r->n_run];
 		int want = turn_prefill_next(j);
 
 		if (j->done)
 			continue;
+		if (want > 0 && fcfs) {	/* after the others' units, oldest first */
+			r->wait[n_wait++] = j;
+			continue;
+		}
 		/* Whole chunks up to the budget; at least one a round. */
 		if (want && prefilled && want > budget)
 			continue;
 		if (turn_unit(j, &r->units[n]) == 0) {
+			r->share[n] = 0;
 			r->owner[n++] = j;
 			if (want) {
 				budget -= want;
@@ -399,11 +469,13 @@ static void round_once(struct serve *sv, struct round *r)
 	}
 	/* The next round begins where this one stopped. */
 	r->first = r->n_run ? (r->first + (k < r->n_run ? k : 1)) % r->n_run : 0;
+	if (n_wait)
+		n = fcfs_prefill(r, n, n_wait, max, budget);
 	if (n) {
 		serve_batch_run(sv->be, r->units, n, &sv->bs);
 		for (int i = 0; i < n; i++)
-			turn_after(r->owner[i], &r->units[i]);
-		units = n + more_prefill(sv, r, n, budget);
+			ran_unit(r, r->owner[i], &r->units[i]);
+		units = n + more_prefill(sv, r, n, budget, fcfs);
 	}
 	/* Turns whose units are done: record, commit, answer. */
 	ran = r->n_run;
@@ -445,6 +517,8 @@ static void *engine_main(void *arg)
 	r.run = calloc((size_t)r.cap_run, sizeof(*r.run));
 	r.units = calloc((size_t)sv->cfg.max_batch, sizeof(*r.units));
 	r.owner = calloc(2 * (size_t)sv->cfg.max_batch, sizeof(*r.owner));	/* more_prefill */
+	r.share = calloc(2 * (size_t)sv->cfg.max_batch, sizeof(*r.share));
+	r.wait = calloc((size_t)r.cap_run, sizeof(*r.wait));
 	pthread_mutex_lock(&sv->mu);
 	for (;;) {
 		struct job *in = admit(sv, &r.conv_inflight);
@@ -460,7 +534,7 @@ static void *engine_main(void *arg)
 			pthread_cond_timedwait(&sv->work, &sv->mu, &ts);
 		}
 		pthread_mutex_unlock(&sv->mu);
-		if (!r.run || !r.units || !r.owner) {
+		if (!r.run || !r.units || !r.owner || !r.share || !r.wait) {
 			/* Out of memory at start: every job fails. */
 			for (struct job *j = in, *next; j; j = next) {
 				next = j->next;
@@ -482,6 +556,8 @@ static void *engine_main(void *arg)
 	free(r.run);
 	free(r.units);
 	free(r.owner);
+	free(r.share);
+	free(r.wait);
 	return NULL;
 }
 

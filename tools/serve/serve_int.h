@@ -135,6 +135,8 @@ struct job {
 	kvmem_session *s;		/* the conversation's, or one of its own */
 	kvmem_ids ids;			/* to append */
 	size_t appended;
+	uint64_t prefill_round;		/* the last round that ran a chunk of its prompt */
+	int64_t prefill_rounds;		/* rounds that did (the answer's kvmem.prefill_rounds) */
 	kvmem_ids gen;			/* generated (the content's ids) */
 	char *text;			/* gen decoded, cut at a stop string */
 	size_t text_len;
@@ -272,6 +274,8 @@ int turn_start(struct job *j);
  * budget), 0 when it is another kind of unit, -1 when its units are done
  * (turn_close is next). */
 int turn_prefill_next(const struct job *j);
+/* Prompt tokens the turn has still to prefill (0 past its prefill). */
+int64_t turn_prefill_left(const struct job *j);
 /* The next unit of a running turn into u (0); 1 when it has none (its units
  * are done: turn_close is next); -1 when it failed (the job is done). */
 int turn_unit(struct job *j, struct serve_unit *u);

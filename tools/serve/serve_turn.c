@@ -450,6 +450,11 @@ int turn_prefill_next(const struct job *j)
 	return (int)(k < per ? k : per);
 }
 
+int64_t turn_prefill_left(const struct job *j)
+{
+	return j->phase == PH_PREFILL ? (int64_t)(j->ids.n - j->appended) : 0;
+}
+
 int turn_unit(struct job *j, struct serve_unit *u)
 {
 	struct serve *sv = j->sv;
