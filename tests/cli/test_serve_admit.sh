@@ -174,7 +174,8 @@ read -r _ sb stb <"$tmp/B.shared.got"
 	bad "shared: prefill rounds A $sa, B $sb (want more than $want each: the prompts took chunks in turn)"
 [ "$ta" = "$tb" ] && [ "$ta" = "$sta" ] && [ "$ta" = "$stb" ] ||
 	bad "the answers differ between the orders: $ta $tb $sta $stb"
-grep -q "tokens a round, oldest prompt first" "$tmp/serve.out" ||
+grep -q "tokens a round, the oldest prompt first (fcfs)$" "$tmp/serve.out" &&
+	grep -q "tokens a round, a chunk to each prompt in turn (shared)$" "$tmp/serve.out" ||
 	bad "serve did not say its prefill order: $(grep prefill "$tmp/serve.out" | tail -2)"
 "$KVMEM" serve --prefill-order lifo >/dev/null 2>"$tmp/err" && bad "--prefill-order lifo was taken"
 grep -q -- "--prefill-order lifo: not fcfs" "$tmp/err" || bad "--prefill-order lifo: $(cat "$tmp/err")"

@@ -661,8 +661,7 @@ int bench_serve(int argc, char **argv)
 			printf("the server's prefill: chunk %d, %lld tokens a round%s, %s\n",
 			       o.used_chunk, (long long)o.used_round,
 			       o.chunk || o.prefill_budget ? "" : " (the backend's defaults)",
-			       o.prefill_order == SERVE_PREFILL_FCFS ? "the oldest prompt first (fcfs)"
-								      : "shared in turn");
+			       serve_prefill_order_says(o.prefill_order));
 		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s %9s %8s %8s\n", "load", "clients",
 		       "rate/s", "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99",
 		       "lat p50", "lat p99", "tpot p50", "gap p99", "prompt");

@@ -389,9 +389,7 @@ int cmd_serve(int argc, char **argv)
 
 		serve_prefill(sv, &chunk, &round);
 		printf("kvmem serve: prefill in chunks of %d tokens, %lld tokens a round, %s\n",
-		       chunk, (long long)round,
-		       c.prefill_order == SERVE_PREFILL_FCFS ? "oldest prompt first"
-							     : "shared by the prompts in turn");
+		       chunk, (long long)round, serve_prefill_order_says(c.prefill_order));
 
 		/* Start-up's one large cost on a GPU (Documentation/serve.md). */
 		if (pinned)

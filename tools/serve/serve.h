@@ -85,8 +85,9 @@ void serve_prefill(const struct serve *sv, int *chunk, int64_t *round_tokens);
 /* --prefill-order's word (fcfs, shared) into *order; -1 with a message
  * naming `who` and the words it takes. */
 int serve_parse_prefill_order(const char *who, const char *word, int *order);
-/* Its word for *order. */
+/* Its word for order, and what it means as the start-up lines say it. */
 const char *serve_prefill_order_name(int order);
+const char *serve_prefill_order_says(int order);
 /* Bytes of the shared host pool pinned for the backend at start (0: none,
  * the cpu backend) and the seconds that took. */
 uint64_t serve_pinned(const struct serve *sv, double *seconds);

@@ -265,6 +265,12 @@ const char *serve_prefill_order_name(int order)
 	return order == SERVE_PREFILL_SHARED ? "shared" : "fcfs";
 }
 
+const char *serve_prefill_order_says(int order)
+{
+	return order == SERVE_PREFILL_SHARED ? "a chunk to each prompt in turn (shared)"
+					     : "the oldest prompt first (fcfs)";
+}
+
 uint64_t serve_pinned(const struct serve *sv, double *seconds)
 {
 	*seconds = sv->pin_s;
