@@ -125,6 +125,7 @@ static void usage(FILE *f)
 /* ---- the load ---------------------------------------------------------------------- */
 struct load {
 	struct bench_target t;
+	struct serve *sv;		/* the server in this process (NULL: --url) */
 	const char *model;
 	const struct opts *o;
 	char **prompts;			/* text, one per client */
@@ -295,6 +296,7 @@ static int run_load(struct load *L, int poisson, double rate, struct result *r)
 	pthread_t *th = calloc((size_t)n, sizeof(*th));
 	struct client_arg *args = calloc((size_t)n, sizeof(*args));
 	uint64_t rng = kvmem_rng_seed(L->o->seed ^ (uint64_t)L->clients << 20);
+	const uint64_t parked0 = L->sv ? serve_parked(L->sv) : 0;
 	double t0, at = 0;
 	int started = 0;
 
@@ -324,6 +326,7 @@ static int run_load(struct load *L, int poisson, double rate, struct result *r)
 	for (int i = 0; i < started; i++)
 		pthread_join(th[i], NULL);
 	summarise(L, bench_now() - t0, r);
+	r->parked = L->sv ? (int64_t)(serve_parked(L->sv) - parked0) : -1;
 	free(th);
 	free(args);
 	return started == n ? 0 : -1;
@@ -628,6 +631,7 @@ int bench_serve(int argc, char **argv)
 		}
 		snprintf(L.t.host, sizeof(L.t.host), "127.0.0.1");
 		L.t.port = serve_port(sv);
+		L.sv = sv;
 		snprintf(model, sizeof(model), "%s", serve_model_name(sv));
 		snprintf(backend, sizeof(backend), "%s", serve_backend_name(sv));
 		serve_prefill(sv, &o.used_chunk, &o.used_round);
@@ -702,10 +706,7 @@ int bench_serve(int argc, char **argv)
 			}
 		}
 		if (!rc && strcmp(o.mode, "poisson")) {
-			uint64_t p0 = sv ? serve_parked(sv) : 0;
-
 			run_load(&L, 0, 0, &res);
-			res.parked = sv ? (int64_t)(serve_parked(sv) - p0) : -1;
 			/* The first load's rate (one client's, by default) is
 			 * what "vs 1" divides by. */
 			if (!one) {
@@ -721,10 +722,8 @@ int bench_serve(int argc, char **argv)
 		}
 		if (!rc && strcmp(o.mode, "closed")) {
 			double rate = o.rate ? o.rate : o.load * (sustained ? sustained : 1.0);
-			uint64_t p0 = sv ? serve_parked(sv) : 0;
 
 			run_load(&L, 1, rate, &res);
-			res.parked = sv ? (int64_t)(serve_parked(sv) - p0) : -1;
 			report(&o, "poisson", n, rate, &res, 0, isnan(unloaded) ? 0 : unloaded,
 			       service > 0 ? ideal_ttft99(L.arrive, L.n_req, service) * 1e3 : 0);
 			rc = res.failed > 0;

@@ -206,7 +206,6 @@ static struct job *admit(struct serve *sv, int64_t *conv_inflight)
 		}
 		if (sv->mem_short && j->kind != JOB_DELETE)
 			sv->mem_slots--;
-		l->parked = 0;
 		l->head = j->next;
 		if (!l->head)
 			l->tail = NULL;
@@ -295,7 +294,6 @@ static void park(struct serve *sv, int64_t *conv_inflight, int others, struct jo
 	if (!l->tail)
 		l->tail = j;
 	l->n++;
-	l->parked = 1;
 	sv->waiting++;
 	sv->cursor = l;		/* first in when room comes */
 	sv->mem_short = 1;

@@ -176,7 +176,6 @@ struct lane {
 	struct job *head, *tail;	/* waiting */
 	int64_t n;			/* waiting */
 	struct job *running;		/* admitted, not finished */
-	int parked;			/* its head was parked (short of memory) */
 	struct lane *next;
 };
 
