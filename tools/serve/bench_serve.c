@@ -339,7 +339,9 @@ static int run_load(struct load *L, int poisson, double rate, struct result *r)
  * server that prefills them one at a time at the unloaded speed does
  * better, so a Poisson row's ratio is put beside this one: what the offered
  * load alone costs. A server that batches several prompts' chunks in one
- * forward pass can (kvmem serve's 1024-token chunks did on the H200).
+ * forward pass can (kvmem serve's 1024-token chunks did once on the H200,
+ * 32 requests at 0.8 of the closed loop's rate, and not at 48:
+ * benchmarks.md).
  */
 static double ideal_ttft99(const double *arrive, int n, double service)
 {
@@ -556,7 +558,8 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		printf("%-8s %7s first token p99 against the first load's (unloaded): %.1f / %.1f ms "
 		       "= %.2fx\n", "", "", r->ttft99, unloaded, vs_unloaded);
 	if (r->parked > 0)
-		printf("%-8s %7s %lld turns waited for memory (parked: their prefill ran again)\n", "",
+		printf("%-8s %7s %lld turns waited for memory (parked: undone before their first "
+		       "token, run again)\n", "",
 		       "", (long long)r->parked);
 	if (ideal_vs > 0)
 		printf("%-8s %7s an ideal server at the same arrivals (one prompt at a time, each in "
