@@ -201,6 +201,8 @@ void gemm_tc_shape_sweep(void)
 		dfill_bf16(t.w, e, 1);
 		dfill_bf16(t.x, (size_t)64 * t.in, 1);
 		t.n = 1;
+		if (!k)
+			prof_once(run_gemv, &t);	/* ncu: tests/gpu/prof27.sh */
 		printf("%-8s %5d GEMV (gemv.cu, the lone decode's default) %9.1f\n", names[k], 1,
 		       2.0 * e / (time_ms(run_gemv, &t, 3, 20) * 1e6));
 		for (int ci = 0; ci < 3; ci++)
@@ -210,6 +212,8 @@ void gemm_tc_shape_sweep(void)
 				kvmem_cuda_tune(g_c, "gemm_tc_mt", mts[mi]);
 				for (int ki = 0; ki < 5; ki++) {
 					kvmem_cuda_tune(g_c, "gemm_tc_ks", kss[ki]);
+					if (!k && ci && !mi && !ki)
+						prof_once(run_shape, &t);	/* qkv, the rule */
 					printf(" %9.1f", 2.0 * e / (time_ms(run_shape, &t, 3, 20) * 1e6));
 				}
 				printf("\n");

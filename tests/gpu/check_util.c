@@ -3,6 +3,7 @@
  * kvmem_gpu_check's shared pieces (check_util.h): counts, random numbers,
  * buffers, the comparison and the timer, for check.c and check_perf.c.
  */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdarg.h>
@@ -181,6 +182,15 @@ static int cmp_dbl(const void *a, const void *b)
 	double x = *(const double *)a, y = *(const double *)b;
 
 	return (x > y) - (x < y);
+}
+
+void prof_once(bench_fn fn, void *arg)
+{
+	if (!getenv("KVMEM_GPU_PROF"))
+		return;
+	if (kvmem_cuda_sync(g_c) || cudaProfilerStart() != cudaSuccess || fn(arg) ||
+	    kvmem_cuda_sync(g_c) || cudaProfilerStop() != cudaSuccess)
+		die("profiled run");
 }
 
 /* Median milliseconds of `reps` runs after `warm` warm-ups, by CUDA events

@@ -71,5 +71,9 @@ double time_ms(bench_fn fn, void *arg, int warm, int reps);
  * `warm_s` seconds of them: the rate the GPU holds at its power limit (a
  * short burst of time_ms runs at a clock a long prefill does not keep). */
 double held_ms(bench_fn fn, void *arg, double warm_s, double held_s);
+/* With KVMEM_GPU_PROF set (to anything): one run of fn inside a profiler
+ * range (cudaProfilerStart/Stop), so that `ncu --profile-from-start off`
+ * sees that call alone (tests/gpu/prof27.sh); without it, nothing. */
+void prof_once(bench_fn fn, void *arg);
 
 #endif

@@ -1,0 +1,41 @@
+#!/bin/bash
+# On the GPU machine (issues #27, #26): Nsight Compute on the kernels whose
+# speed the issues' tables turn on, each call alone (prof_once in
+# check_util.c brackets it with cudaProfilerStart/Stop when KVMEM_GPU_PROF
+# is set). From the repo root (gpu_setup unpacks the bundle):
+#
+#   tests/gpu/prof27.sh OUTDIR [SECONDS]
+#
+#  - decode attention v5 over one layer of 32K keys, 8 KV heads, 32 query
+#    heads: the bf16 view (dec_kernel) and the fp8 view (dec8_kernel, its
+#    default form) from `kvmem_gpu_check --fp8 --quick --bench`;
+#  - the qkv GEMM (4096 -> 6144) as the lone decode's GEMV and as the
+#    tensor-core GEMM at 16 and 64 rows from `--gemm-tc-shapes`.
+# ncu --set full, the clocks left alone (H200.md); the reports as text in
+# OUTDIR/prof27/{dec,gemm}.txt, the sections that say where a kernel
+# waits (speed of light, memory, occupancy, warp states) printed.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: tests/gpu/prof27.sh OUTDIR [SECONDS]}
+. tests/gpu/lib.sh
+gpu_end=$(($(date +%s) + ${2:-240}))
+gpu_setup prof27 build-gpu
+NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+[ -x "$NCU" ] || { bad "no ncu on this machine"; gpu_done; }
+export KVMEM_GPU_PROF=1
+prof() {	# NAME ARGS...: ncu over the check program's profiled calls
+	local name=$1
+	shift
+	if timeout "$(gpu_left 120)" "$NCU" --clock-control none --profile-from-start off \
+		--set full --import-source no "$G" "$@" >"$log/$name.txt" 2>"$log/$name.err"; then
+		ok "ncu $name: $(grep -c '^  [a-z_]*kernel\|^  [a-z_0-9<>, ]*(' "$log/$name.txt") kernels"
+	else
+		bad "ncu $name (exit $?)"
+		tail -5 "$log/$name.err"
+	fi
+	grep -E '^  [A-Za-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Executed Ipc A|L1/TEX Hit|L2 Hit' \
+		"$log/$name.txt"
+}
+prof dec --fp8 --quick --bench
+prof gemm --gemm-tc-shapes
+gpu_done
