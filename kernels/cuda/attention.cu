@@ -713,6 +713,10 @@ __device__ __forceinline__ void store_bf4(uint16_t *dst, float4 x, float f)
 	*(uint2 *)dst = u;
 }
 
+template <int HD>
+__device__ __forceinline__ void dec_finish(const dec_args &a, int kvh, int split, int splits,
+					   float *mo);
+
 /* One block's work: split `split` of KV head kvh of the sequence in a.
  * Shared by the one-sequence kernel (dec_kernel) and the batched one
  * (dec_batch_kernel, a sequence per blockIdx.z), so a sequence gets the
@@ -729,7 +733,6 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 	unsigned char *sRaw = smem_raw + C::Q_BYTES + C::STAGE_BYTES;
 	int *sP = (int *)(smem_raw + C::Q_BYTES +
 			  (F8 ? C::KV8_BYTES : DEC_STAGES * C::STAGE_BYTES));	/* [STAGES][BN] */
-	__shared__ int s_last;
 
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
 	const int G = a.group, R = a.n_q * G;
@@ -1058,8 +1061,6 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 	float *mo = (float *)(smem_raw + C::Q_BYTES);	/* [WARPS][16][HD] */
 	float *mm = mo + DEC_WARPS * 16 * HD;	/* [WARPS][16] */
 	float *ml = mm + DEC_WARPS * 16;	/* [WARPS][16] */
-	float *sw = ml + DEC_WARPS * 16;	/* [16][COMBINE_MAX] */
-	float *sinv = sw + 16 * COMBINE_MAX;	/* [16] */
 
 	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
 	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
@@ -1077,6 +1078,26 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 		ml[warp * 16 + r_hi] = l_hi;
 	}
 	__syncthreads();
+	dec_finish<HD>(a, kvh, split, splits, mo);
+}
+
+/* The end of a decode block (v5 and the fp8 register form): the warps'
+ * states are in shared memory at mo ([WARPS][16][HD] o, then [WARPS][16]
+ * max and sum, then the combine's room: dec_cfg's MERGE_BYTES), after a
+ * block barrier. Merges them in warp order into the block's partial,
+ * and the last split of the KV head to arrive combines every split. */
+template <int HD>
+__device__ __forceinline__ void dec_finish(const dec_args &a, const int kvh, const int split,
+					   const int splits, float *mo)
+{
+	typedef dec_cfg<HD> C;
+	__shared__ int s_last;
+	float *mm = mo + DEC_WARPS * 16 * HD;	/* [WARPS][16] */
+	float *ml = mm + DEC_WARPS * 16;	/* [WARPS][16] */
+	float *sw = ml + DEC_WARPS * 16;	/* [16][COMBINE_MAX] */
+	float *sinv = sw + 16 * COMBINE_MAX;	/* [16] */
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+	const int G = a.group, R = a.n_q * G;
 
 	/* The block's partial: the warps' states in warp order, four columns
 	 * per thread. */
@@ -1204,6 +1225,325 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8_kernel(const dec_args 
 }
 
 /*
+ * ---- v5 over fp8, the register form (fp8_reg; KVMEM_CUDA_FP8_REG) ------
+ *
+ * dec8_kernel's blocks, splits, warps' keys, softmax and combine, without
+ * K/V in shared memory: each lane loads the raw bytes its own mma
+ * fragments need straight from global memory into registers (the warp's
+ * next 16-key tile in flight while this one is used) and turns them into
+ * bf16 there (four integer ops and a bf16x2 multiply a pair of values, as
+ * e4m3x4_bf16_int). For that the head dimensions are taken in another
+ * order on the two sides of each mma:
+ *  - S = Q K^T: lane (g, t)'s B fragment of k-step kk holds K[key g][dims
+ *    HD/4 t + 4 kk .. + 3] (word kk of the lane's quarter of the row), and
+ *    its Q fragment the same dims of Q's rows: one permutation of the
+ *    summed index on both sides;
+ *  - O += P V: n-tile nt's column j is dim HD/8 j + nt, so lane g reads
+ *    V[key][HD/8 g .. + HD/8 - 1] (one load a key) and holds outputs at
+ *    dims HD/8 (2t) + nt and HD/8 (2t + 1) + nt.
+ * So not v5's bits (the sums run in another order): kvmem_gpu_check --fp8
+ * compares it with v5 over the rows dequantised within a tolerance, and a
+ * conversation's paged and full-context decode use the same kernel. A NaN
+ * code in any key a warp reads makes the block's partial NaN (v5: the rows
+ * or dims the NaN reaches). 33 KB of shared memory (the merge) at head_dim
+ * 128.
+ */
+template <int HD> struct dec8r_tile {
+	uint32_t k[2][HD / 16];	/* keys g, g + 8: the lane's HD/4 bytes of each */
+	uint32_t v[4][HD / 32];	/* keys 2t, 2t + 1, 2t + 8, 2t + 9: its HD/8 bytes */
+	float ks[2][2], vs[2][2];	/* keys 8 nt + 2t + e: the C fragment's */
+	int kp[2][2];		/* their positions (kv_pos) */
+};
+
+/* n bytes (16 or 8) at p into w, zeros when !ok; L2 only (read once a step). */
+template <int N> __device__ __forceinline__ void dec8r_ld(uint32_t *w, const unsigned char *p, bool ok)
+{
+	if (N == 16) {
+		const uint4 u = ok ? __ldcg((const uint4 *)p) : make_uint4(0, 0, 0, 0);
+
+		w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+	} else {
+		const uint2 u = ok ? __ldcg((const uint2 *)p) : make_uint2(0, 0);
+
+		w[0] = u.x, w[1] = u.y;
+	}
+}
+
+/* The e4m3 codes in bytes 0 and 2 of u (bytes 1 and 3 ignored) as bf16x2,
+ * exact (see e4m3x4_bf16_int: the exponent lands 120 short, one multiply
+ * by 2^120 puts it right, subnormals too). */
+__device__ __forceinline__ uint32_t e4m3_pair_bf16(uint32_t u)
+{
+	const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
+							 __ushort_as_bfloat16(0x7b80));
+	const uint32_t b = ((u << 4) & 0x07f007f0u) | ((u << 8) & 0x80008000u);
+	const __nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&b, two120);
+
+	return *(const uint32_t *)&v;
+}
+
+/* Bit 7 of a byte of the result set when that byte of w is a NaN code
+ * (0x7f, 0xff); the other bits are noise. */
+__device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w)
+{
+	return (w & 0x7f7f7f7fu) + 0x01010101u;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8r_kernel(const dec_args a)
+{
+	constexpr int KQ = HD / 4, VQ = HD / 8, KW = HD / 16;
+	extern __shared__ __align__(16) unsigned char smem_raw[];
+	float *mo = (float *)smem_raw;	/* the merge (dec_finish) */
+	float *mm = mo + DEC_WARPS * 16 * HD, *ml = mm + DEC_WARPS * 16;
+	const int kvh = blockIdx.y, split = blockIdx.x;
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+	const int G = a.group, R = a.n_q * G;
+	const int n_kv = max(0, a.n_kv_dev ? min(*a.n_kv_dev, a.n_kv) : a.n_kv);
+	int kps, splits;
+
+	decode_split(n_kv, DEC_BN, a.target, a.min_tiles, &kps, &splits);
+	if (splits < 1)
+		splits = 1;	/* no keys: one block writes the zeros */
+	if (split >= splits)
+		return;
+
+	int qmax = INT_MIN, qmin = INT_MAX;
+
+	for (int t = 0; t < a.n_q; t++) {
+		const int p = a.q_pos[t];
+
+		qmax = max(qmax, p);
+		qmin = min(qmin, p);
+	}
+	const int r_lo = gq, r_hi = gq + 8;
+	const int qp_lo = r_lo < R ? a.q_pos[r_lo / G] : INT_MIN;
+	const int qp_hi = r_hi < R ? a.q_pos[r_hi / G] : INT_MIN;
+	const int ks = split * kps;
+	int ke = min(n_kv, ks + kps);
+
+	if (!a.kv_pos)
+		ke = min(ke, qmax == INT_MAX ? qmax : qmax + 1);
+	const int n_tiles = ke > ks ? (ke - ks + 15) / 16 : 0;	/* of 16 keys */
+	const unsigned char *k8 = (const unsigned char *)a.k + (size_t)kvh * a.kv_stride * HD;
+	const unsigned char *v8 = (const unsigned char *)a.v + (size_t)kvh * a.kv_stride * HD;
+	const float *ksh = a.ks + (size_t)kvh * a.kv_stride;
+	const float *vsh = a.vs + (size_t)kvh * a.kv_stride;
+
+	/* Q's A fragments: rows r_lo, r_hi (zero past R), dims KQ t4 + 4 kk ..
+	 * + 3 in k-step kk (regs 0, 1: dims + 0, 1 of each row; 2, 3: + 2, 3). */
+	uint32_t qf[KW][4];
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		const int r = h ? r_hi : r_lo;
+		uint32_t w[KQ / 2];
+
+		if (r < R) {
+			const uint16_t *qr = a.q + ((size_t)(r / G) * a.n_heads + kvh * G + r % G) * HD +
+					     KQ * t4;
+#pragma unroll
+			for (int c = 0; c < KQ / 8; c++) {
+				const uint4 u = *(const uint4 *)(qr + 8 * c);
+
+				w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
+			}
+		} else {
+#pragma unroll
+			for (int c = 0; c < KQ / 2; c++)
+				w[c] = 0;
+		}
+#pragma unroll
+		for (int kk = 0; kk < KW; kk++) {
+			qf[kk][h] = w[2 * kk];
+			qf[kk][2 + h] = w[2 * kk + 1];
+		}
+	}
+
+	auto load = [&](dec8r_tile<HD> &t, int i) {
+		const int j0 = ks + i * 16;
+
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++) {
+			const int j = j0 + nt * 8 + gq;
+
+#pragma unroll
+			for (int c = 0; c < KQ / 16; c++)
+				dec8r_ld<16>(t.k[nt] + 4 * c, k8 + (size_t)j * HD + KQ * t4 + 16 * c, j < ke);
+		}
+#pragma unroll
+		for (int r = 0; r < 4; r++) {
+			const int j = j0 + (r >> 1) * 8 + 2 * t4 + (r & 1);
+
+			dec8r_ld<VQ>(t.v[r], v8 + (size_t)j * HD + VQ * gq, j < ke);
+		}
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int j = j0 + nt * 8 + 2 * t4 + e;
+				const bool ok = j < ke;
+
+				t.ks[nt][e] = ok ? __ldcg(ksh + j) : 0.0f;
+				t.vs[nt][e] = ok ? __ldcg(vsh + j) : 0.0f;
+				t.kp[nt][e] = a.kv_pos && ok ? __ldcg(a.kv_pos + j) : j;
+			}
+	};
+
+	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+	float o[HD / 8][4];
+	uint32_t nan = 0;
+	dec8r_tile<HD> cur, nxt;
+
+#pragma unroll
+	for (int dt = 0; dt < HD / 8; dt++)
+		o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+	if (warp < n_tiles)
+		load(cur, warp);
+	for (int i = warp; i < n_tiles; i += DEC_WARPS) {
+		const int j0 = ks + i * 16;
+
+		if (i + DEC_WARPS < n_tiles)
+			load(nxt, i + DEC_WARPS);
+
+		/* S = Q K^T: 16 rows x the tile's 16 keys (n-tile nt: keys 8 nt + g). */
+		float s[2][4];
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+			s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+		for (int kk = 0; kk < KW; kk++)
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) {
+				const uint32_t w = cur.k[nt][kk];
+
+				nan |= e4m3_nan_bits(w);
+				mma16816(s[nt], qf[kk], e4m3_pair_bf16(__byte_perm(w, 0, 0x0100)),
+					 e4m3_pair_bf16(__byte_perm(w, 0, 0x0302)));
+			}
+
+		/* K's row scales on the scores (powers of two), scale, mask. */
+		const bool full = !a.kv_pos && j0 + 16 <= ke && j0 + 15 <= qmin;
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				float x_lo = s[nt][e] * cur.ks[nt][e] * a.scale_log2;
+				float x_hi = s[nt][2 + e] * cur.ks[nt][e] * a.scale_log2;
+
+				if (!full) {
+					const int j = j0 + nt * 8 + 2 * t4 + e, kp = cur.kp[nt][e];
+					const bool ok = j < ke;
+
+					if (!ok || kp > qp_lo)
+						x_lo = -INFINITY;
+					if (!ok || kp > qp_hi)
+						x_hi = -INFINITY;
+				}
+				s[nt][e] = x_lo;
+				s[nt][2 + e] = x_hi;
+			}
+
+		/* Online softmax, as v5: rows gq (lo) and gq + 8 (hi). */
+		{
+			float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+			float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+
+			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+			const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+			const float b_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
+			const float b_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+			const float al_lo = exp2f(m_lo - b_lo), al_hi = exp2f(m_hi - b_hi);
+			float rs_lo = 0.0f, rs_hi = 0.0f;
+
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) {
+				s[nt][0] = exp2f(s[nt][0] - b_lo);
+				s[nt][1] = exp2f(s[nt][1] - b_lo);
+				s[nt][2] = exp2f(s[nt][2] - b_hi);
+				s[nt][3] = exp2f(s[nt][3] - b_hi);
+				rs_lo += s[nt][0] + s[nt][1];
+				rs_hi += s[nt][2] + s[nt][3];
+			}
+			l_lo = l_lo * al_lo + rs_lo;
+			l_hi = l_hi * al_hi + rs_hi;
+			m_lo = mn_lo;
+			m_hi = mn_hi;
+#pragma unroll
+			for (int dt = 0; dt < HD / 8; dt++) {
+				o[dt][0] *= al_lo;
+				o[dt][1] *= al_lo;
+				o[dt][2] *= al_hi;
+				o[dt][3] *= al_hi;
+			}
+		}
+
+		/* O += P V: P (V's row scales on it) from the S registers; V's
+		 * B fragments from the raw words, byte nt of keys 2t, 2t + 1
+		 * (b0) and 2t + 8, 2t + 9 (b1). */
+		{
+			uint32_t pa[4];
+
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					s[nt][e] *= cur.vs[nt][e];
+					s[nt][2 + e] *= cur.vs[nt][e];
+				}
+			pa[0] = pack_bf2(s[0][0], s[0][1]);
+			pa[1] = pack_bf2(s[0][2], s[0][3]);
+			pa[2] = pack_bf2(s[1][0], s[1][1]);
+			pa[3] = pack_bf2(s[1][2], s[1][3]);
+#pragma unroll
+			for (int r = 0; r < 4; r++)
+#pragma unroll
+				for (int c = 0; c < VQ / 4; c++)
+					nan |= e4m3_nan_bits(cur.v[r][c]);
+#pragma unroll
+			for (int nt = 0; nt < HD / 8; nt++) {
+				const int c = nt >> 2, sel = (nt & 3) | ((4 + (nt & 3)) << 8);
+
+				mma16816(o[nt], pa, e4m3_pair_bf16(__byte_perm(cur.v[0][c], cur.v[1][c], sel)),
+					 e4m3_pair_bf16(__byte_perm(cur.v[2][c], cur.v[3][c], sel)));
+			}
+		}
+		cur = nxt;
+	}
+
+	/* A NaN code read: this warp's rows NaN, so the block's partial is. */
+	if (__any_sync(0xffffffffu, (nan & 0x80808080u) != 0)) {
+		l_lo = l_hi = __int_as_float(0x7fc00000);
+#pragma unroll
+		for (int dt = 0; dt < HD / 8; dt++)
+			o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = l_lo;
+	}
+	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+#pragma unroll
+	for (int nt = 0; nt < HD / 8; nt++)
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			const int d = VQ * (2 * t4 + e) + nt;
+
+			mo[(warp * 16 + r_lo) * HD + d] = o[nt][e];
+			mo[(warp * 16 + r_hi) * HD + d] = o[nt][2 + e];
+		}
+	if (t4 == 0) {
+		mm[warp * 16 + r_lo] = m_lo;
+		mm[warp * 16 + r_hi] = m_hi;
+		ml[warp * 16 + r_lo] = l_lo;
+		ml[warp * 16 + r_hi] = l_hi;
+	}
+	__syncthreads();
+	dec_finish<HD>(a, kvh, split, splits, mo);
+}
+
+/*
  * The batched form (kvmem_cuda_att_dec_batch): blockIdx.z picks a
  * sequence, whose own arguments replace the shared ones; each sequence has
  * its own partials and counters, its split count from its own key count
@@ -1291,7 +1631,9 @@ template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
 	    (rc = dec_smem((const void *)dec_batch_kernel<HD>, (int)dec_cfg<HD>::SMEM,
 			   "attention v5, batched: shared memory")) ||
 	    (rc = dec_smem((const void *)dec8_kernel<HD>, (int)dec_cfg<HD>::SMEM8,
-			   "attention v5 (fp8): shared memory")))
+			   "attention v5 (fp8): shared memory")) ||
+	    (rc = dec_smem((const void *)dec8r_kernel<HD>, (int)dec_cfg<HD>::MERGE_BYTES,
+			   "attention v5 (fp8, registers): shared memory")))
 		return rc;
 	if (c->device < 64)
 		attr_set[c->device] = 1;
@@ -1521,7 +1863,17 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.part_o = (float *)p;
 	a.part_m = (float *)((char *)p + rows_all * head_dim * sizeof(float));
 	a.part_l = (float *)((char *)a.part_m + kvmem_align_up(rows_all * sizeof(float), 256));
-	if (ks && head_dim == 128) {
+	if (ks && c->fp8_reg && head_dim == 128) {
+		if ((rc = dec_attr<128>(c)))
+			return rc;
+		dec8r_kernel<128><<<dim3(grid, f.n_kv_heads), dec_cfg<128>::THREADS,
+				    dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);
+	} else if (ks && c->fp8_reg) {
+		if ((rc = dec_attr<64>(c)))
+			return rc;
+		dec8r_kernel<64><<<dim3(grid, f.n_kv_heads), dec_cfg<64>::THREADS,
+				   dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
+	} else if (ks && head_dim == 128) {
 		if ((rc = dec_attr<128>(c)))
 			return rc;
 		dec8_kernel<128><<<dim3(grid, f.n_kv_heads), dec_cfg<128>::THREADS, dec_cfg<128>::SMEM8,

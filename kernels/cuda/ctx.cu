@@ -98,6 +98,10 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		 * multiply instead of cvt (e4m3x4_bf16_int). */
 		e = getenv("KVMEM_CUDA_FP8_INT");
 		c->fp8_int = !(e && !strcmp(e, "0"));
+		/* ... or the register form (dec8r_kernel: no K/V tiles in
+		 * shared memory, not v5's bits; KVMEM_CUDA_FP8_REG=1: on). */
+		e = getenv("KVMEM_CUDA_FP8_REG");
+		c->fp8_reg = e && !strcmp(e, "1");
 	}
 	if ((rc = kvmem_cuda_err(cudaSetDevice(device), "selecting the device")) ||
 	    (rc = kvmem_cuda_err(cudaGetDeviceProperties(&p, device), "reading the device")))
@@ -219,6 +223,7 @@ static int *tune_switch(kvmem_cuda_ctx *c, const char *what)
 	     : !strcmp(what, "gemm_tc")	   ? &c->gemm_tc
 	     : !strcmp(what, "fp8_f16k")   ? &c->fp8_f16k
 	     : !strcmp(what, "fp8_int")	   ? &c->fp8_int
+	     : !strcmp(what, "fp8_reg")	   ? &c->fp8_reg
 					   : NULL;
 }
 
@@ -266,7 +271,7 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
 				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse, "
-				   "fp8_f16k, fp8_int)", what);
+				   "fp8_f16k, fp8_int, fp8_reg)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

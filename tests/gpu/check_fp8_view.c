@@ -359,15 +359,18 @@ static int run_dec16(void *a)
 
 /* The experiments of v5 over fp8 (kvmem_cuda_tune): mode bit 0 Q K^T on
  * the f16 MMA (fp8_f16k), bit 1 e4m3 -> bf16 by integer ops (fp8_int). */
-static const char *const dec8_mode_name[4] = { "", ", Q K^T on the f16 MMA (fp8_f16k)",
+static const char *const dec8_mode_name[5] = { "", ", Q K^T on the f16 MMA (fp8_f16k)",
 					       ", e4m3 by integer ops (fp8_int)",
-					       ", fp8_f16k and fp8_int" };
+					       ", fp8_f16k and fp8_int",
+					       ", in registers (fp8_reg)" };
+#define DEC8_REG 4	/* mode bit 2: the register form (dec8r_kernel), not v5's bits */
 
 static int dec8_mode(int mode)
 {
 	int was = kvmem_cuda_tune(g_c, "fp8_f16k", mode & 1);
 
-	return was | kvmem_cuda_tune(g_c, "fp8_int", (mode >> 1) & 1) << 1;
+	was |= kvmem_cuda_tune(g_c, "fp8_int", (mode >> 1) & 1) << 1;
+	return was | kvmem_cuda_tune(g_c, "fp8_reg", (mode >> 2) & 1) << 2;
 }
 
 /* Bit for bit v5 over the rows dequantised, in each mode: an experiment
@@ -395,6 +398,20 @@ static void check_dec8_q(int n_kv, int heads, int H, int D, int odd_q)
 			       "%d keys, %d/%d heads x %d, bit for bit v5 over the rows dequantised",
 			       dec8_mode_name[mode], odd_q ? " (a Q value f16 cannot hold)" : "",
 			       n_kv, heads, H, D);
+		free(b);
+	}
+	if (!rc && !odd_q) {
+		/* The register form sums in another order: within a bf16 ulp
+		 * or two of v5 over the rows dequantised. */
+		char what[96];
+		uint16_t *b;
+
+		dec8_mode(DEC8_REG);
+		rc = run_dec8(&d);
+		b = dget(d.out, 2 * (size_t)heads * D);
+		snprintf(what, sizeof(what), "dec fp8_reg %d keys %d/%dx%d", n_kv, heads, H, D);
+		if (!rc)
+			cmp_bf16(what, b, a, (size_t)heads * D, 1e-3, 1e-2);
 		free(b);
 	}
 	dec8_mode(was);
@@ -457,11 +474,11 @@ static void bench_view(void)
 		printf("decode attention v5, %dK keys, one layer: bf16 view %.1f us, "
 		       "fp8 view (cvt) %.1f us; fp8 / bf16 speed %.2f\n", d.n_kv / 1024, t16 * 1e3,
 		       t8 * 1e3, t16 / t8);
-		for (int mode = 1; mode < 4; mode++) {
+		for (int mode = 1; mode <= DEC8_REG; mode++) {
 			double tm;
 
 			dec8_mode(mode);
-			if (!k && mode == 3)
+			if (!k && mode >= 3)
 				prof_once(run_dec8, &d);
 			tm = time_ms(run_dec8, &d, 3, 21);
 			printf("  fp8 view%s: %.1f us, fp8 / bf16 speed %.2f\n", dec8_mode_name[mode],

@@ -12,7 +12,8 @@
 #  - the qkv GEMM (4096 -> 6144) as the lone decode's GEMV and as the
 #    tensor-core GEMM at 16 and 64 rows from `--gemm-tc-shapes`.
 # ncu --set full, the clocks left alone (H200.md); the reports as text in
-# OUTDIR/prof27/{dec,gemm}.txt, the sections that say where a kernel
+# OUTDIR/prof27/{dec,gemm}.txt (and the dec kernels' SASS with stall
+# samples, sass_*.csv), the sections that say where a kernel
 # waits (speed of light, memory, occupancy, warp states) printed.
 set -u
 cd "$(dirname "$0")/../.."
@@ -27,7 +28,8 @@ prof() {	# NAME ARGS...: ncu over the check program's profiled calls
 	local name=$1
 	shift
 	if timeout "$(gpu_left 120)" "$NCU" --clock-control none --profile-from-start off \
-		--set full --import-source no "$G" "$@" >"$log/$name.txt" 2>"$log/$name.err"; then
+		--set full --import-source no -f -o "$log/$name" "$G" "$@" >"$log/$name.run" \
+		2>"$log/$name.err" && "$NCU" -i "$log/$name.ncu-rep" >"$log/$name.txt" 2>>"$log/$name.err"; then
 		ok "ncu $name: $(grep -c '^  [a-z_]*kernel\|^  [a-z_0-9<>, ]*(' "$log/$name.txt") kernels"
 	else
 		bad "ncu $name (exit $?)"
@@ -37,5 +39,15 @@ prof() {	# NAME ARGS...: ncu over the check program's profiled calls
 		"$log/$name.txt"
 }
 prof dec --fp8 --quick --bench
+# Where each kernel's warps wait, instruction by instruction (SASS with
+# the sampled stall reasons), the kernels' lines of the bench beside.
+for k in dec8_kernel dec8r_kernel dec_kernel; do
+	"$NCU" -i "$log/dec.ncu-rep" -k "regex:^$k" --page source --print-source sass --csv \
+		>"$log/sass_$k.csv" 2>>"$log/dec.err" && ok "sass of $k: $(wc -l <"$log/sass_$k.csv") lines"
+done
+grep 'decode attention v5\|fp8 view' "$log/dec.run" | head -8
 prof gemm --gemm-tc-shapes
+# The run tool brings back eight files a call: the text as one tar.
+[ -n "${OUT:-}" ] && tar cf "$OUT/prof27.tar" -C "$OUT" --exclude='*.ncu-rep' prof27 &&
+	rm -rf "${OUT:?}/prof27"
 gpu_done
