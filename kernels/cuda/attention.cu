@@ -1227,32 +1227,37 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8_kernel(const dec_args 
 /*
  * ---- v5 over fp8, the register form (fp8_reg; KVMEM_CUDA_FP8_REG) ------
  *
- * dec8_kernel's blocks, splits, warps' keys, softmax and combine, without
- * K/V in shared memory: each lane loads the raw bytes its own mma
- * fragments need straight from global memory into registers (the warp's
- * next 16-key tile in flight while this one is used) and turns them into
- * bf16 there (four integer ops and a bf16x2 multiply a pair of values, as
- * e4m3x4_bf16_int). For that the head dimensions are taken in another
- * order on the two sides of each mma:
- *  - S = Q K^T: lane (g, t)'s B fragment of k-step kk holds K[key g][dims
- *    HD/4 t + 4 kk .. + 3] (word kk of the lane's quarter of the row), and
- *    its Q fragment the same dims of Q's rows: one permutation of the
- *    summed index on both sides;
- *  - O += P V: n-tile nt's column j is dim HD/8 j + nt, so lane g reads
- *    V[key][HD/8 g .. + HD/8 - 1] (one load a key) and holds outputs at
- *    dims HD/8 (2t) + nt and HD/8 (2t + 1) + nt.
- * So not v5's bits (the sums run in another order): kvmem_gpu_check --fp8
- * compares it with v5 over the rows dequantised within a tolerance, and a
- * conversation's paged and full-context decode use the same kernel. A NaN
- * code in any key a warp reads makes the block's partial NaN (v5: the rows
- * or dims the NaN reaches). 33 KB of shared memory (the merge) at head_dim
- * 128.
+ * dec8_kernel's blocks, splits, warps' keys and combine, for up to 8 rows
+ * (queries x group), without K/V in shared memory: each lane loads the
+ * raw bytes its own mma fragments need straight from global memory into
+ * registers (the warp's next 16-key tile in flight while this one is
+ * used) and turns them into bf16 there: a byte permute that also copies
+ * each byte's sign over its neighbour, a shift, a mask and a bf16x2
+ * multiply by 2^120 for a pair of values (exact, subnormals too: see
+ * e4m3x4_bf16_int). The keys are the mma's 16 rows, the 8 query rows its
+ * columns, so no mma works on rows of zeros:
+ *  - S^T = K Q^T: lane (g, t)'s A fragment of k-step kk holds keys g and
+ *    g + 8 at dims HD/4 t + 4 kk .. + 3 (word kk of the lane's quarter of
+ *    each row), its Q^T fragment the same dims of query row g: one
+ *    permutation of the summed index on both sides;
+ *  - P^T moves from the S^T layout (lane: keys g, g + 8 of rows 2t, 2t + 1)
+ *    to the B layout of O^T += V^T P^T (lane: rows g of keys 2t, 2t + 1,
+ *    2t + 8, 2t + 9) by four shuffles of packed bf16 pairs;
+ *  - O^T's m-tile mt holds dims HD/8 g + mt (rows g) and HD/8 g + HD/16 +
+ *    mt (rows g + 8), so lane g reads V[key][HD/8 g .. + HD/8 - 1] (one
+ *    load a key) and owns those HD/8 dims of query rows 2t and 2t + 1.
+ * Not v5's bits (the sums run in another order): kvmem_gpu_check --fp8
+ * compares it with v5 over the rows dequantised within a tolerance; a
+ * conversation's paged and full-context decode use the same kernel. A
+ * NaN code in any key a warp reads makes the block's partial NaN (v5: the
+ * rows or dims the NaN reaches). Shared memory: the merge only.
+ * MINB: blocks a multiprocessor holds (registers), as its split target.
  */
 template <int HD> struct dec8r_tile {
 	uint32_t k[2][HD / 16];	/* keys g, g + 8: the lane's HD/4 bytes of each */
 	uint32_t v[4][HD / 32];	/* keys 2t, 2t + 1, 2t + 8, 2t + 9: its HD/8 bytes */
-	float ks[2][2], vs[2][2];	/* keys 8 nt + 2t + e: the C fragment's */
-	int kp[2][2];		/* their positions (kv_pos) */
+	float ks[2], vs[2];	/* keys g, g + 8: their row scales */
+	int kp[2];		/* and positions (kv_pos) */
 };
 
 /* n bytes (16 or 8) at p into w, zeros when !ok; L2 only (read once a step). */
@@ -1269,36 +1274,48 @@ template <int N> __device__ __forceinline__ void dec8r_ld(uint32_t *w, const uns
 	}
 }
 
-/* The e4m3 codes in bytes 0 and 2 of u (bytes 1 and 3 ignored) as bf16x2,
- * exact (see e4m3x4_bf16_int: the exponent lands 120 short, one multiply
- * by 2^120 puts it right, subnormals too). */
-__device__ __forceinline__ uint32_t e4m3_pair_bf16(uint32_t u)
+/* Two e4m3 codes of (a, b) as bf16x2, exact. sel (prmt's default mode)
+ * puts code 0 in byte 0, its sign replicated in byte 1, code 1 in byte 2,
+ * its sign in byte 3: shifted up four, each code's exponent and mantissa
+ * sit where a bf16's low exponent bits and top mantissa bits do and its
+ * sign byte covers bit 15 (31); the mask keeps those. The exponent lands
+ * 120 short: one multiply by 2^120 puts it right (subnormals too). */
+template <unsigned SEL> __device__ __forceinline__ uint32_t e4m3_pair_bf16(uint32_t a, uint32_t b)
 {
 	const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
 							 __ushort_as_bfloat16(0x7b80));
-	const uint32_t b = ((u << 4) & 0x07f007f0u) | ((u << 8) & 0x80008000u);
-	const __nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&b, two120);
+	uint32_t u;
+
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(u) : "r"(a), "r"(b), "n"(SEL));
+	u = (u * 16u) & 0x87f087f0u;	/* a multiply: the integer pipe has the permutes */
+	const __nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&u, two120);
 
 	return *(const uint32_t *)&v;
 }
+/* prmt selectors: source bytes lo and hi (0-7: a's bytes, then b's), each
+ * followed by its sign; bytes 0, 1 / 2, 3 of one word; byte j of two. */
+#define E4_SEL(lo, hi) ((lo) | (8u | (lo)) << 4 | (hi) << 8 | (8u | (hi)) << 12)
+#define E4_LO E4_SEL(0u, 1u)
+#define E4_HI E4_SEL(2u, 3u)
+#define E4_J(j) E4_SEL((j), 4u + (j))
 
-/* Bit 7 of a byte of the result set when that byte of w is a NaN code
- * (0x7f, 0xff); the other bits are noise. */
-__device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w)
+/* acc's bit 7 of a byte set when a byte of w0 or w1 is a NaN code (0x7f,
+ * 0xff); the other bits are noise. */
+__device__ __forceinline__ uint32_t e4m3_nan_acc(uint32_t acc, uint32_t w0, uint32_t w1)
 {
-	return (w & 0x7f7f7f7fu) + 0x01010101u;
+	return acc | ((w0 & 0x7f7f7f7fu) + 0x01010101u) | ((w1 & 0x7f7f7f7fu) + 0x01010101u);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8r_kernel(const dec_args a)
+template <int HD, int MINB>
+__global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_args a)
 {
-	constexpr int KQ = HD / 4, VQ = HD / 8, KW = HD / 16;
+	constexpr int KQ = HD / 4, VQ = HD / 8, KW = HD / 16, MT = HD / 16;
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	float *mo = (float *)smem_raw;	/* the merge (dec_finish) */
 	float *mm = mo + DEC_WARPS * 16 * HD, *ml = mm + DEC_WARPS * 16;
 	const int kvh = blockIdx.y, split = blockIdx.x;
-	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
-	const int G = a.group, R = a.n_q * G;
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+	const int G = a.group, R = a.n_q * G;	/* <= 8 */
 	const int n_kv = max(0, a.n_kv_dev ? min(*a.n_kv_dev, a.n_kv) : a.n_kv);
 	int kps, splits;
 
@@ -1310,15 +1327,15 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8r_kernel(const dec_args
 
 	int qmax = INT_MIN, qmin = INT_MAX;
 
-	for (int t = 0; t < a.n_q; t++) {
-		const int p = a.q_pos[t];
+	for (int i = 0; i < a.n_q; i++) {
+		const int p = a.q_pos[i];
 
 		qmax = max(qmax, p);
 		qmin = min(qmin, p);
 	}
-	const int r_lo = gq, r_hi = gq + 8;
-	const int qp_lo = r_lo < R ? a.q_pos[r_lo / G] : INT_MIN;
-	const int qp_hi = r_hi < R ? a.q_pos[r_hi / G] : INT_MIN;
+	/* this lane's score columns: query rows 2t, 2t + 1 */
+	const int qp0 = 2 * t < R ? a.q_pos[2 * t / G] : INT_MIN;
+	const int qp1 = 2 * t + 1 < R ? a.q_pos[(2 * t + 1) / G] : INT_MIN;
 	const int ks = split * kps;
 	int ke = min(n_kv, ks + kps);
 
@@ -1330,17 +1347,15 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8r_kernel(const dec_args
 	const float *ksh = a.ks + (size_t)kvh * a.kv_stride;
 	const float *vsh = a.vs + (size_t)kvh * a.kv_stride;
 
-	/* Q's A fragments: rows r_lo, r_hi (zero past R), dims KQ t4 + 4 kk ..
-	 * + 3 in k-step kk (regs 0, 1: dims + 0, 1 of each row; 2, 3: + 2, 3). */
-	uint32_t qf[KW][4];
-#pragma unroll
-	for (int h = 0; h < 2; h++) {
-		const int r = h ? r_hi : r_lo;
+	/* Q^T's B fragments: query row g (zero past R), dims KQ t + 4 kk + 0, 1
+	 * (reg 0) and + 2, 3 (reg 1) in k-step kk. */
+	uint32_t qf[KW][2];
+	{
 		uint32_t w[KQ / 2];
 
-		if (r < R) {
-			const uint16_t *qr = a.q + ((size_t)(r / G) * a.n_heads + kvh * G + r % G) * HD +
-					     KQ * t4;
+		if (g < R) {
+			const uint16_t *qr = a.q + ((size_t)(g / G) * a.n_heads + kvh * G + g % G) * HD +
+					     KQ * t;
 #pragma unroll
 			for (int c = 0; c < KQ / 8; c++) {
 				const uint4 u = *(const uint4 *)(qr + 8 * c);
@@ -1354,190 +1369,212 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8r_kernel(const dec_args
 		}
 #pragma unroll
 		for (int kk = 0; kk < KW; kk++) {
-			qf[kk][h] = w[2 * kk];
-			qf[kk][2 + h] = w[2 * kk + 1];
+			qf[kk][0] = w[2 * kk];
+			qf[kk][1] = w[2 * kk + 1];
 		}
 	}
 
-	auto load = [&](dec8r_tile<HD> &t, int i) {
+	auto load = [&](dec8r_tile<HD> &T, int i) {
 		const int j0 = ks + i * 16;
 
 #pragma unroll
-		for (int nt = 0; nt < 2; nt++) {
-			const int j = j0 + nt * 8 + gq;
+		for (int h = 0; h < 2; h++) {
+			const int j = j0 + 8 * h + g;
+			const bool ok = j < ke;
 
 #pragma unroll
 			for (int c = 0; c < KQ / 16; c++)
-				dec8r_ld<16>(t.k[nt] + 4 * c, k8 + (size_t)j * HD + KQ * t4 + 16 * c, j < ke);
+				dec8r_ld<16>(T.k[h] + 4 * c, k8 + (size_t)j * HD + KQ * t + 16 * c, ok);
+			T.ks[h] = ok ? __ldcg(ksh + j) : 0.0f;
+			T.vs[h] = ok ? __ldcg(vsh + j) : 0.0f;
+			T.kp[h] = a.kv_pos && ok ? __ldcg(a.kv_pos + j) : j;
 		}
 #pragma unroll
 		for (int r = 0; r < 4; r++) {
-			const int j = j0 + (r >> 1) * 8 + 2 * t4 + (r & 1);
+			const int j = j0 + (r >> 1) * 8 + 2 * t + (r & 1);
 
-			dec8r_ld<VQ>(t.v[r], v8 + (size_t)j * HD + VQ * gq, j < ke);
+			dec8r_ld<VQ>(T.v[r], v8 + (size_t)j * HD + VQ * g, j < ke);
 		}
-#pragma unroll
-		for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-			for (int e = 0; e < 2; e++) {
-				const int j = j0 + nt * 8 + 2 * t4 + e;
-				const bool ok = j < ke;
-
-				t.ks[nt][e] = ok ? __ldcg(ksh + j) : 0.0f;
-				t.vs[nt][e] = ok ? __ldcg(vsh + j) : 0.0f;
-				t.kp[nt][e] = a.kv_pos && ok ? __ldcg(a.kv_pos + j) : j;
-			}
 	};
 
-	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-	float o[HD / 8][4];
+	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;	/* rows 2t, 2t + 1 */
+	float o[MT][4];
 	uint32_t nan = 0;
-	dec8r_tile<HD> cur, nxt;
+	/* P^T's sources: lanes (2t + e, g / 2) hold keys 2t + e (and + 8) of row g */
+	const int src0 = 4 * (2 * t) + (g >> 1), src1 = src0 + 4;
+	const bool odd = g & 1;
 
 #pragma unroll
-	for (int dt = 0; dt < HD / 8; dt++)
-		o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-	if (warp < n_tiles)
-		load(cur, warp);
-	for (int i = warp; i < n_tiles; i += DEC_WARPS) {
+	for (int mt = 0; mt < MT; mt++)
+		o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+
+	auto tile = [&](const dec8r_tile<HD> &T, int i) {
 		const int j0 = ks + i * 16;
+		float s[4] = { 0.0f, 0.0f, 0.0f, 0.0f };	/* rows 2t, 2t + 1 of key g; of key g + 8 */
 
-		if (i + DEC_WARPS < n_tiles)
-			load(nxt, i + DEC_WARPS);
-
-		/* S = Q K^T: 16 rows x the tile's 16 keys (n-tile nt: keys 8 nt + g). */
-		float s[2][4];
+		/* S^T = K Q^T over the tile's 16 keys */
 #pragma unroll
-		for (int nt = 0; nt < 2; nt++)
-			s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-		for (int kk = 0; kk < KW; kk++)
-#pragma unroll
-			for (int nt = 0; nt < 2; nt++) {
-				const uint32_t w = cur.k[nt][kk];
+		for (int kk = 0; kk < KW; kk++) {
+			const uint32_t w0 = T.k[0][kk], w1 = T.k[1][kk];
+			const uint32_t ka[4] = { e4m3_pair_bf16<E4_LO>(w0, 0), e4m3_pair_bf16<E4_LO>(w1, 0),
+						 e4m3_pair_bf16<E4_HI>(w0, 0), e4m3_pair_bf16<E4_HI>(w1, 0) };
 
-				nan |= e4m3_nan_bits(w);
-				mma16816(s[nt], qf[kk], e4m3_pair_bf16(__byte_perm(w, 0, 0x0100)),
-					 e4m3_pair_bf16(__byte_perm(w, 0, 0x0302)));
-			}
+			nan = e4m3_nan_acc(nan, w0, w1);
+			mma16816(s, ka, qf[kk][0], qf[kk][1]);
+		}
 
-		/* K's row scales on the scores (powers of two), scale, mask. */
+		/* K's row scales (powers of two), the scale, the mask */
 		const bool full = !a.kv_pos && j0 + 16 <= ke && j0 + 15 <= qmin;
 #pragma unroll
-		for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-			for (int e = 0; e < 2; e++) {
-				float x_lo = s[nt][e] * cur.ks[nt][e] * a.scale_log2;
-				float x_hi = s[nt][2 + e] * cur.ks[nt][e] * a.scale_log2;
+		for (int h = 0; h < 2; h++) {
+			const float f = T.ks[h] * a.scale_log2;
+			float x0 = s[2 * h] * f, x1 = s[2 * h + 1] * f;
 
-				if (!full) {
-					const int j = j0 + nt * 8 + 2 * t4 + e, kp = cur.kp[nt][e];
-					const bool ok = j < ke;
+			if (!full) {
+				const int j = j0 + 8 * h + g, kp = T.kp[h];
+				const bool ok = j < ke;
 
-					if (!ok || kp > qp_lo)
-						x_lo = -INFINITY;
-					if (!ok || kp > qp_hi)
-						x_hi = -INFINITY;
-				}
-				s[nt][e] = x_lo;
-				s[nt][2 + e] = x_hi;
+				if (!ok || kp > qp0)
+					x0 = -INFINITY;
+				if (!ok || kp > qp1)
+					x1 = -INFINITY;
 			}
-
-		/* Online softmax, as v5: rows gq (lo) and gq + 8 (hi). */
-		{
-			float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-			float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-
-			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-			const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-			const float b_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
-			const float b_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-			const float al_lo = exp2f(m_lo - b_lo), al_hi = exp2f(m_hi - b_hi);
-			float rs_lo = 0.0f, rs_hi = 0.0f;
-
-#pragma unroll
-			for (int nt = 0; nt < 2; nt++) {
-				s[nt][0] = exp2f(s[nt][0] - b_lo);
-				s[nt][1] = exp2f(s[nt][1] - b_lo);
-				s[nt][2] = exp2f(s[nt][2] - b_hi);
-				s[nt][3] = exp2f(s[nt][3] - b_hi);
-				rs_lo += s[nt][0] + s[nt][1];
-				rs_hi += s[nt][2] + s[nt][3];
-			}
-			l_lo = l_lo * al_lo + rs_lo;
-			l_hi = l_hi * al_hi + rs_hi;
-			m_lo = mn_lo;
-			m_hi = mn_hi;
-#pragma unroll
-			for (int dt = 0; dt < HD / 8; dt++) {
-				o[dt][0] *= al_lo;
-				o[dt][1] *= al_lo;
-				o[dt][2] *= al_hi;
-				o[dt][3] *= al_hi;
-			}
+			s[2 * h] = x0;
+			s[2 * h + 1] = x1;
 		}
 
-		/* O += P V: P (V's row scales on it) from the S registers; V's
-		 * B fragments from the raw words, byte nt of keys 2t, 2t + 1
-		 * (b0) and 2t + 8, 2t + 9 (b1). */
-		{
-			uint32_t pa[4];
+		/* online softmax of rows 2t, 2t + 1: a column's 16 keys are on
+		 * the 8 lanes of this t */
+		float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
 
 #pragma unroll
-			for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					s[nt][e] *= cur.vs[nt][e];
-					s[nt][2 + e] *= cur.vs[nt][e];
-				}
-			pa[0] = pack_bf2(s[0][0], s[0][1]);
-			pa[1] = pack_bf2(s[0][2], s[0][3]);
-			pa[2] = pack_bf2(s[1][0], s[1][1]);
-			pa[3] = pack_bf2(s[1][2], s[1][3]);
-#pragma unroll
-			for (int r = 0; r < 4; r++)
-#pragma unroll
-				for (int c = 0; c < VQ / 4; c++)
-					nan |= e4m3_nan_bits(cur.v[r][c]);
-#pragma unroll
-			for (int nt = 0; nt < HD / 8; nt++) {
-				const int c = nt >> 2, sel = (nt & 3) | ((4 + (nt & 3)) << 8);
-
-				mma16816(o[nt], pa, e4m3_pair_bf16(__byte_perm(cur.v[0][c], cur.v[1][c], sel)),
-					 e4m3_pair_bf16(__byte_perm(cur.v[2][c], cur.v[3][c], sel)));
-			}
+		for (int x = 4; x < 32; x <<= 1) {
+			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
 		}
-		cur = nxt;
+		const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+		const float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
+		const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
+
+		s[0] = exp2f(s[0] - b0);
+		s[1] = exp2f(s[1] - b1);
+		s[2] = exp2f(s[2] - b0);
+		s[3] = exp2f(s[3] - b1);
+		l0 = l0 * al0 + (s[0] + s[2]);
+		l1 = l1 * al1 + (s[1] + s[3]);
+		m0 = mn0;
+		m1 = mn1;
+		/* the same alphas on the lanes of a t; 1 (a max that held) changes nothing */
+		if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f))
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++) {
+				o[mt][0] *= al0;
+				o[mt][1] *= al1;
+				o[mt][2] *= al0;
+				o[mt][3] *= al1;
+			}
+
+		/* P (V's row scales on it, rounded to bf16) into P^T's B layout */
+		const uint32_t pk0 = pack_bf2(s[0] * T.vs[0], s[1] * T.vs[0]);	/* key g */
+		const uint32_t pk1 = pack_bf2(s[2] * T.vs[1], s[3] * T.vs[1]);	/* key g + 8 */
+		const uint32_t x0 = __shfl_sync(0xffffffffu, pk0, src0);	/* key 2t */
+		const uint32_t x1 = __shfl_sync(0xffffffffu, pk0, src1);	/* key 2t + 1 */
+		const uint32_t y0 = __shfl_sync(0xffffffffu, pk1, src0);	/* key 2t + 8 */
+		const uint32_t y1 = __shfl_sync(0xffffffffu, pk1, src1);	/* key 2t + 9 */
+		const uint32_t pb0 = __byte_perm(x0, x1, odd ? 0x7632 : 0x5410);
+		const uint32_t pb1 = __byte_perm(y0, y1, odd ? 0x7632 : 0x5410);
+
+		/* O^T += V^T P^T: m-tile mt's rows g, g + 8 are dims VQ g + mt and
+		 * VQ g + MT + mt, byte mt and MT + mt of the lane's V bytes */
+#pragma unroll
+		for (int r = 0; r < 4; r += 2)
+#pragma unroll
+			for (int c = 0; c < VQ / 4; c++)
+				nan = e4m3_nan_acc(nan, T.v[r][c], T.v[r + 1][c]);
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			constexpr unsigned J[4] = { E4_J(0), E4_J(1), E4_J(2), E4_J(3) };
+			const int c0 = mt >> 2, c1 = (MT + mt) >> 2;
+			uint32_t va[4];
+
+			switch (mt & 3) {	/* unrolled: mt is a constant */
+			case 0:
+				va[0] = e4m3_pair_bf16<J[0]>(T.v[0][c0], T.v[1][c0]);
+				va[1] = e4m3_pair_bf16<J[0]>(T.v[0][c1], T.v[1][c1]);
+				va[2] = e4m3_pair_bf16<J[0]>(T.v[2][c0], T.v[3][c0]);
+				va[3] = e4m3_pair_bf16<J[0]>(T.v[2][c1], T.v[3][c1]);
+				break;
+			case 1:
+				va[0] = e4m3_pair_bf16<J[1]>(T.v[0][c0], T.v[1][c0]);
+				va[1] = e4m3_pair_bf16<J[1]>(T.v[0][c1], T.v[1][c1]);
+				va[2] = e4m3_pair_bf16<J[1]>(T.v[2][c0], T.v[3][c0]);
+				va[3] = e4m3_pair_bf16<J[1]>(T.v[2][c1], T.v[3][c1]);
+				break;
+			case 2:
+				va[0] = e4m3_pair_bf16<J[2]>(T.v[0][c0], T.v[1][c0]);
+				va[1] = e4m3_pair_bf16<J[2]>(T.v[0][c1], T.v[1][c1]);
+				va[2] = e4m3_pair_bf16<J[2]>(T.v[2][c0], T.v[3][c0]);
+				va[3] = e4m3_pair_bf16<J[2]>(T.v[2][c1], T.v[3][c1]);
+				break;
+			default:
+				va[0] = e4m3_pair_bf16<J[3]>(T.v[0][c0], T.v[1][c0]);
+				va[1] = e4m3_pair_bf16<J[3]>(T.v[0][c1], T.v[1][c1]);
+				va[2] = e4m3_pair_bf16<J[3]>(T.v[2][c0], T.v[3][c0]);
+				va[3] = e4m3_pair_bf16<J[3]>(T.v[2][c1], T.v[3][c1]);
+			}
+			mma16816(o[mt], va, pb0, pb1);
+		}
+	};
+
+	/* Two tiles' registers in turn: the next tile's loads in flight while
+	 * this one is used. */
+	dec8r_tile<HD> ta, tb;
+
+	if (warp < n_tiles)
+		load(ta, warp);
+	for (int i = warp; i < n_tiles; i += 2 * DEC_WARPS) {
+		if (i + DEC_WARPS < n_tiles)
+			load(tb, i + DEC_WARPS);
+		tile(ta, i);
+		if (i + DEC_WARPS >= n_tiles)
+			break;
+		if (i + 2 * DEC_WARPS < n_tiles)
+			load(ta, i + 2 * DEC_WARPS);
+		tile(tb, i + DEC_WARPS);
 	}
 
 	/* A NaN code read: this warp's rows NaN, so the block's partial is. */
 	if (__any_sync(0xffffffffu, (nan & 0x80808080u) != 0)) {
-		l_lo = l_hi = __int_as_float(0x7fc00000);
+		l0 = l1 = __int_as_float(0x7fc00000);
 #pragma unroll
-		for (int dt = 0; dt < HD / 8; dt++)
-			o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = l_lo;
+		for (int mt = 0; mt < MT; mt++)
+			o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = l0;
 	}
-	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
 #pragma unroll
-	for (int nt = 0; nt < HD / 8; nt++)
+	for (int x = 4; x < 32; x <<= 1) {
+		l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+		l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+	}
+	/* The warp's state, v5's merge layout: rows 2t + e, the lane's dims
+	 * VQ g .. + VQ - 1 (o[mt][e]: + mt; o[mt][2 + e]: + MT + mt). */
 #pragma unroll
-		for (int e = 0; e < 2; e++) {
-			const int d = VQ * (2 * t4 + e) + nt;
+	for (int e = 0; e < 2; e++) {
+		float *row = mo + (warp * 16 + 2 * t + e) * HD + VQ * g;
 
-			mo[(warp * 16 + r_lo) * HD + d] = o[nt][e];
-			mo[(warp * 16 + r_hi) * HD + d] = o[nt][2 + e];
+#pragma unroll
+		for (int c = 0; c < MT / 4; c++) {
+			*(float4 *)(row + 4 * c) = make_float4(o[4 * c][e], o[4 * c + 1][e],
+							       o[4 * c + 2][e], o[4 * c + 3][e]);
+			*(float4 *)(row + MT + 4 * c) = make_float4(o[4 * c][2 + e], o[4 * c + 1][2 + e],
+								    o[4 * c + 2][2 + e],
+								    o[4 * c + 3][2 + e]);
 		}
-	if (t4 == 0) {
-		mm[warp * 16 + r_lo] = m_lo;
-		mm[warp * 16 + r_hi] = m_hi;
-		ml[warp * 16 + r_lo] = l_lo;
-		ml[warp * 16 + r_hi] = l_hi;
+	}
+	if (g == 0) {
+		mm[warp * 16 + 2 * t] = m0;
+		mm[warp * 16 + 2 * t + 1] = m1;
+		ml[warp * 16 + 2 * t] = l0;
+		ml[warp * 16 + 2 * t + 1] = l1;
 	}
 	__syncthreads();
 	dec_finish<HD>(a, kvh, split, splits, mo);
@@ -1632,7 +1669,9 @@ template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
 			   "attention v5, batched: shared memory")) ||
 	    (rc = dec_smem((const void *)dec8_kernel<HD>, (int)dec_cfg<HD>::SMEM8,
 			   "attention v5 (fp8): shared memory")) ||
-	    (rc = dec_smem((const void *)dec8r_kernel<HD>, (int)dec_cfg<HD>::MERGE_BYTES,
+	    (rc = dec_smem((const void *)dec8r_kernel<HD, 2>, (int)dec_cfg<HD>::MERGE_BYTES,
+			   "attention v5 (fp8, registers): shared memory")) ||
+	    (rc = dec_smem((const void *)dec8r_kernel<HD, 3>, (int)dec_cfg<HD>::MERGE_BYTES,
 			   "attention v5 (fp8, registers): shared memory")))
 		return rc;
 	if (c->device < 64)
@@ -1853,6 +1892,13 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.scale_log2 = f.scale_log2;
 	a.cnt = c->att_cnt;
 	a.target = dec_target(c, f.n_kv_heads);
+	/* fp8 in registers (up to 8 rows): its own blocks per SM, the target */
+	const bool reg = ks && c->fp8_reg && R <= 8;
+	const int minb = c->fp8_reg_blocks == 3 ? 3 : 2;
+
+	if (reg && minb != 2)
+		a.target = (int)std::min<long long>(COMBINE_MAX, ((long long)c->sms * minb +
+								 f.n_kv_heads - 1) / f.n_kv_heads);
 	a.min_tiles = dec_min_tiles(c);
 	decode_split(f.n_kv, DEC_BN, a.target, a.min_tiles, &kps, &splits);
 	grid = n_kv_dev ? a.target : (splits > 0 ? splits : 1);
@@ -1863,16 +1909,20 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.part_o = (float *)p;
 	a.part_m = (float *)((char *)p + rows_all * head_dim * sizeof(float));
 	a.part_l = (float *)((char *)a.part_m + kvmem_align_up(rows_all * sizeof(float), 256));
-	if (ks && c->fp8_reg && head_dim == 128) {
-		if ((rc = dec_attr<128>(c)))
+	if (reg) {
+		const dim3 gr(grid, f.n_kv_heads);
+		const int th = dec_cfg<128>::THREADS;
+
+		if ((rc = head_dim == 128 ? dec_attr<128>(c) : dec_attr<64>(c)))
 			return rc;
-		dec8r_kernel<128><<<dim3(grid, f.n_kv_heads), dec_cfg<128>::THREADS,
-				    dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);
-	} else if (ks && c->fp8_reg) {
-		if ((rc = dec_attr<64>(c)))
-			return rc;
-		dec8r_kernel<64><<<dim3(grid, f.n_kv_heads), dec_cfg<64>::THREADS,
-				   dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
+		if (head_dim == 128 && minb == 3)
+			dec8r_kernel<128, 3><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);
+		else if (head_dim == 128)
+			dec8r_kernel<128, 2><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);
+		else if (minb == 3)
+			dec8r_kernel<64, 3><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
+		else
+			dec8r_kernel<64, 2><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
 	} else if (ks && head_dim == 128) {
 		if ((rc = dec_attr<128>(c)))
 			return rc;

@@ -98,10 +98,15 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		 * multiply instead of cvt (e4m3x4_bf16_int). */
 		e = getenv("KVMEM_CUDA_FP8_INT");
 		c->fp8_int = !(e && !strcmp(e, "0"));
-		/* ... or the register form (dec8r_kernel: no K/V tiles in
-		 * shared memory, not v5's bits; KVMEM_CUDA_FP8_REG=1: on). */
+		/* ... or, by default since 2026-12-04, the register form
+		 * (dec8r_kernel: no K/V tiles in shared memory, not v5's bits;
+		 * 1.3-1.4x bf16's speed at 32K-128K keys where the tile form
+		 * ran at 0.76 / 0.72; up to 8 rows). KVMEM_CUDA_FP8_REG=0: the
+		 * tile form, v5's bits. */
 		e = getenv("KVMEM_CUDA_FP8_REG");
-		c->fp8_reg = e && !strcmp(e, "1");
+		c->fp8_reg = !(e && !strcmp(e, "0"));
+		e = getenv("KVMEM_CUDA_FP8_REG_BLOCKS");	/* 2 (default) or 3 a multiprocessor */
+		c->fp8_reg_blocks = e && atoi(e) == 3 ? 3 : 2;
 	}
 	if ((rc = kvmem_cuda_err(cudaSetDevice(device), "selecting the device")) ||
 	    (rc = kvmem_cuda_err(cudaGetDeviceProperties(&p, device), "reading the device")))
@@ -264,6 +269,13 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		c->gemm_tc_u = on;
 		return was;
 	}
+	if (!strcmp(what, "fp8_reg_blocks")) {	/* a value: 2 or 3 */
+		if (on != 2 && on != 3)
+			return kvmem_error(EINVAL, "cuda: fp8_reg_blocks %d (2 or 3)", on);
+		was = c->fp8_reg_blocks;
+		c->fp8_reg_blocks = on;
+		return was;
+	}
 	if (!strcmp(what, "gemv"))
 		flag = &c->no_gemv;
 	else if (!strcmp(what, "fast_scores"))
@@ -271,7 +283,7 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
 				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse, "
-				   "fp8_f16k, fp8_int, fp8_reg)", what);
+				   "fp8_f16k, fp8_int, fp8_reg, fp8_reg_blocks)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

@@ -426,6 +426,48 @@ static void check_dec8(int n_kv, int heads, int H, int D)
 	check_dec8_q(n_kv, heads, H, D, 0);
 }
 
+/* The register form and a NaN code (what an fp8 row of a NaN holds): a
+ * code in K of KV head 1, then in V of KV head 2, makes that head's
+ * group NaN and leaves the other groups' numbers. */
+static void check_dec8r_nan(int n_kv, int heads, int H, int D)
+{
+	const int G = heads / H;
+	const uint8_t nan_code[2] = { 0x7f, 0xff };
+	int was = dec8_mode(DEC8_REG), ok = 1, rc = 0;
+	struct dec8 d;
+
+	dec8_make(&d, n_kv, heads, H, D);
+	for (int kv = 0; kv < 2 && !rc; kv++) {
+		const int h = 1 + kv, key = kv ? 3 : n_kv / 2;
+		uint8_t *dev = (uint8_t *)(kv ? d.f.v8 : d.f.k8) + ((size_t)h * d.cap + key) * D + 7;
+		uint8_t was_b;
+		uint16_t *out;
+
+		if (cudaMemcpy(&was_b, dev, 1, cudaMemcpyDeviceToHost) ||
+		    cudaMemcpy(dev, &nan_code[kv], 1, cudaMemcpyHostToDevice))
+			die("nan code");
+		rc = run_dec8(&d);
+		out = dget(d.out, 2 * (size_t)heads * D);
+		for (int q = 0; q < heads && !rc; q++)
+			for (int i = 0; i < D; i++) {
+				const uint16_t x = out[(size_t)q * D + i];
+				const int is_nan = (x & 0x7f80) == 0x7f80 && (x & 0x7f);
+
+				ok &= is_nan == (q / G == h);
+			}
+		free(out);
+		if (cudaMemcpy(dev, &was_b, 1, cudaMemcpyHostToDevice))
+			die("nan code");
+	}
+	if (rc)
+		report(0, "decode v5 over fp8 in registers, a NaN code: %s", kvmem_last_error());
+	else
+		report(ok, "decode v5 over fp8 in registers: a NaN code in K (head 1), then in V "
+		       "(head 2): that group's rows NaN, the others numbers (%d keys)", n_kv);
+	dec8_mode(was);
+	dec8_free(&d);
+}
+
 /* ---- timings ---------------------------------------------------------------- */
 struct vg_arg {
 	struct fview *v;
@@ -484,6 +526,16 @@ static void bench_view(void)
 			printf("  fp8 view%s: %.1f us, fp8 / bf16 speed %.2f\n", dec8_mode_name[mode],
 			       tm * 1e3, t16 / tm);
 		}
+		{	/* the register form at 3 blocks a multiprocessor */
+			int wb = kvmem_cuda_tune(g_c, "fp8_reg_blocks", 3);
+			double tm;
+
+			dec8_mode(DEC8_REG);
+			tm = time_ms(run_dec8, &d, 3, 21);
+			printf("  fp8 view, in registers, 3 blocks an SM: %.1f us, fp8 / bf16 speed %.2f\n",
+			       tm * 1e3, t16 / tm);
+			kvmem_cuda_tune(g_c, "fp8_reg_blocks", wb);
+		}
 		dec8_mode(was);
 		dec8_free(&d);
 	}
@@ -539,6 +591,7 @@ void check_fp8_view(int bench)
 	check_dec8(4097, 16, 8, 64);
 	check_dec8(2000, 16, 2, 128);
 	check_dec8_q(700, 8, 8, 128, 1);
+	check_dec8r_nan(700, 32, 8, 128);
 	if (!g_quick)
 		check_dec8(32768, 32, 8, 128);
 	if (bench)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # On the GPU machine (issue 27): v5 over fp8 in registers (dec8r_kernel,
-# KVMEM_CUDA_FP8_REG=1) beside the tile form and bf16, each with its peers
+# the default; KVMEM_CUDA_FP8_REG=0: the tile form) beside the tile form and bf16, each with its peers
 # in the same run. From the repo root (gpu_setup unpacks the bundle):
 #
 #   tests/gpu/fp8reg27.sh OUTDIR [SECONDS]
@@ -9,10 +9,12 @@
 #      (the register form within a tolerance of v5 over the rows
 #      dequantised), then one layer's decode attention at 32K / 128K keys,
 #      every form beside the bf16 view's;
-#   2. test_fp8_session on cuda with the register form (the restated
-#      exactness invariant: the paged and the full-context session);
+#   2. test_fp8_session on cuda (the register form, the default: the
+#      restated exactness invariant, paged and full-context session);
 #   3. kvmem bench step --only step,decode (32K view over 49K tokens):
-#      bf16, fp8 (tile form), fp8 in registers.
+#      bf16, fp8 in registers (the default), fp8's tile form;
+#   4. the same --only decode in a 128K view over 144K tokens: bf16, fp8
+#      in registers.
 #
 # SECONDS (default 250) bounds the whole; logs in OUTDIR/fp8reg27.tar.
 set -u
@@ -28,10 +30,25 @@ trap 'rm -rf "$tmp"' EXIT
 
 gpu_fp8_bench 40
 grep -E "^  fp8 view|fp8_reg" "$log/fp8_check.log"
-gpu_unit test_fp8_session 60 KVMEM_CUDA_FP8_REG=1
+gpu_unit test_fp8_session 60
 gpu_step32k step_bf16 bf16
 gpu_step32k step_fp8 fp8
-gpu_step32k step_fp8reg fp8 KVMEM_CUDA_FP8_REG=1
+gpu_step32k step_fp8tile fp8 KVMEM_CUDA_FP8_REG=0
+# decode in a 128K view (the issue's second decode row), bf16 then fp8 in registers
+for dt in bf16 fp8; do
+	mkdir -p "$tmp/b"
+	echo "== kvmem bench step --kv-dtype $dt --only decode --tokens 147456 --view 131072"
+	if timeout "$(gpu_left 60)" "$K" bench step --backend cuda \
+		--kv-dtype $dt --only decode --tokens 147456 --view 131072 --decode 32 \
+		--tiers warm --dir "$tmp/b" >"$log/step128k_$dt.log" 2>&1; then
+		ok "bench step decode at a 128K view, $dt"
+	else
+		bad "bench step decode at a 128K view, $dt (exit $?)"
+		tail -5 "$log/step128k_$dt.log"
+	fi
+	rm -rf "$tmp/b"
+	grep -E 'decode in a|per token:|peers:' "$log/step128k_$dt.log" | cut -c1-300
+done
 # The run tool brings back eight files a call: the logs as one tar.
 [ -n "${OUT:-}" ] && tar cf "$OUT/fp8reg27.tar" -C "$OUT" fp8reg27 && rm -rf "${OUT:?}/fp8reg27"
 gpu_done

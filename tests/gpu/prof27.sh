@@ -4,7 +4,7 @@
 # check_util.c brackets it with cudaProfilerStart/Stop when KVMEM_GPU_PROF
 # is set). From the repo root (gpu_setup unpacks the bundle):
 #
-#   tests/gpu/prof27.sh OUTDIR [SECONDS]
+#   tests/gpu/prof27.sh OUTDIR [SECONDS]     (GEMM=0: the decode kernels alone)
 #
 #  - decode attention v5 over one layer of 32K keys, 8 KV heads, 32 query
 #    heads: the bf16 view (dec_kernel) and the fp8 view (dec8_kernel, its
@@ -46,7 +46,7 @@ for k in dec8_kernel dec8r_kernel dec_kernel; do
 		>"$log/sass_$k.csv" 2>>"$log/dec.err" && ok "sass of $k: $(wc -l <"$log/sass_$k.csv") lines"
 done
 grep 'decode attention v5\|fp8 view' "$log/dec.run" | head -8
-prof gemm --gemm-tc-shapes
+[ "${GEMM:-1}" = 0 ] || prof gemm --gemm-tc-shapes
 # The run tool brings back eight files a call: the text as one tar.
 [ -n "${OUT:-}" ] && tar cf "$OUT/prof27.tar" -C "$OUT" --exclude='*.ncu-rep' prof27 &&
 	rm -rf "${OUT:?}/prof27"
