@@ -13,7 +13,7 @@
  *  - the pages hold e4m3 bytes and row scales of the rows the forward pass
  *    returned (before quantisation, which the index was built from);
  *  - fp8 changes the logits, by a bounded amount, against the same run
- *    without it;
+ *    without it (a prefill; decode steps);
  *  - the KV dtype is fixed when a workspace is made: reopening it as the
  *    other refuses (-ESTALE) naming both; a backend without fp8 refuses it;
  *  - the lab saves a history as an fp8 workspace: the rows quantised, with
@@ -399,6 +399,51 @@ static void test_fp8_changes_logits(void **state)
 	test_model_free(m);
 }
 
+/* The same through decode steps (one token a forward: on cuda the decode
+ * kernel reading e4m3, dec8r_kernel, not the prefill's bf16 copy): each
+ * step's logits within the prefill's bound of the backend's own KV. A
+ * decode kernel that gets K or V wrong gives errors of order 1. */
+static void test_fp8_decode_changes_logits(void **state)
+{
+	uint64_t rng = g_seed ^ 0x11;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const int n = 96, steps = 8;
+	kvmem_backend *a = open_backend(m, n, 0), *b = open_backend(m, n, KVMEM_DTYPE_FP8);
+	kvmem_view *va, *vb;
+	float *la = malloc(sizeof(float) * steps * c->vocab), *lb = malloc(sizeof(float) * steps * c->vocab);
+	int32_t tok[96];
+	double e2 = 0, x2 = 0;
+
+	for (int i = 0; i < n; i++)
+		tok[i] = test_rng_int(&rng, 0, c->vocab - 1);
+	assert_int_equal(kvmem_backend_view_new(a, 0, &va), 0);
+	assert_int_equal(kvmem_backend_view_new(b, 0, &vb), 0);
+	assert_int_equal(kvmem_backend_append(a, va, tok, n - steps, NULL, 0), 0);
+	assert_int_equal(kvmem_backend_append(b, vb, tok, n - steps, NULL, 0), 0);
+	for (int i = 0; i < steps; i++) {
+		const int32_t *t = tok + n - steps + i;
+
+		assert_int_equal(kvmem_backend_append(a, va, t, 1, la + (size_t)i * c->vocab, 0), 0);
+		assert_int_equal(kvmem_backend_append(b, vb, t, 1, lb + (size_t)i * c->vocab, 0), 0);
+	}
+	for (size_t i = 0; i < (size_t)steps * c->vocab; i++) {
+		e2 += ((double)la[i] - lb[i]) * ((double)la[i] - lb[i]);
+		x2 += (double)la[i] * la[i];
+	}
+	printf("fp8 KV against %s KV, %d decode steps after %d tokens: relative L2 logit error "
+	       "%.3g\n", kvmem_backend_name(a), steps, n - steps, sqrt(e2 / x2));
+	assert_true(e2 > 0);
+	assert_true(sqrt(e2 / x2) < 0.1);
+	kvmem_backend_view_free(a, va);
+	kvmem_backend_view_free(b, vb);
+	kvmem_backend_close(a);
+	kvmem_backend_close(b);
+	free(la);
+	free(lb);
+	test_model_free(m);
+}
+
 /* Grow dir by a few tokens in a session with pages of `dtype`, commit. */
 static int grow(const char *dir, kvmem_model *m, uint32_t dtype, int n)
 {
@@ -566,6 +611,7 @@ int main(void)
 		cmocka_unit_test(test_small_budget_views),
 		cmocka_unit_test(test_page_bytes),
 		cmocka_unit_test(test_fp8_changes_logits),
+		cmocka_unit_test(test_fp8_decode_changes_logits),
 		cmocka_unit_test(test_reopen_other_dtype_refused),
 		cmocka_unit_test(test_backend_refusals),
 		cmocka_unit_test(test_lab_saves_fp8),
