@@ -1299,6 +1299,21 @@ template <unsigned SEL> __device__ __forceinline__ uint32_t e4m3_pair_bf16(uint3
 #define E4_HI E4_SEL(2u, 3u)
 #define E4_J(j) E4_SEL((j), 4u + (j))
 
+/* One m-tile of O^T += V^T P^T: V^T's A fragment from byte SEL picks of
+ * the words of keys 2t, 2t + 1 (rows g: word c0; rows g + 8: word c1) and
+ * of keys 2t + 8, 2t + 9. */
+template <unsigned SEL, int W>
+__device__ __forceinline__ void dec8r_pv(float *acc, const uint32_t (*v)[W], int c0, int c1,
+					 uint32_t pb0, uint32_t pb1)
+{
+	const uint32_t va[4] = { e4m3_pair_bf16<SEL>(v[0][c0], v[1][c0]),
+				 e4m3_pair_bf16<SEL>(v[0][c1], v[1][c1]),
+				 e4m3_pair_bf16<SEL>(v[2][c0], v[3][c0]),
+				 e4m3_pair_bf16<SEL>(v[2][c1], v[3][c1]) };
+
+	mma16816(acc, va, pb0, pb1);
+}
+
 /* acc's bit 7 of a byte set when a byte of w0 or w1 is a NaN code (0x7f,
  * 0xff); the other bits are noise. */
 __device__ __forceinline__ uint32_t e4m3_nan_acc(uint32_t acc, uint32_t w0, uint32_t w1)
@@ -1492,37 +1507,13 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_a
 			for (int c = 0; c < VQ / 4; c++)
 				nan = e4m3_nan_acc(nan, T.v[r][c], T.v[r + 1][c]);
 #pragma unroll
-		for (int mt = 0; mt < MT; mt++) {
-			constexpr unsigned J[4] = { E4_J(0), E4_J(1), E4_J(2), E4_J(3) };
-			const int c0 = mt >> 2, c1 = (MT + mt) >> 2;
-			uint32_t va[4];
+		for (int q = 0; q < MT; q += 4) {	/* m-tiles q + j: byte j of words q/4, (MT+q)/4 */
+			const int c0 = q >> 2, c1 = (MT + q) >> 2;
 
-			switch (mt & 3) {	/* unrolled: mt is a constant */
-			case 0:
-				va[0] = e4m3_pair_bf16<J[0]>(T.v[0][c0], T.v[1][c0]);
-				va[1] = e4m3_pair_bf16<J[0]>(T.v[0][c1], T.v[1][c1]);
-				va[2] = e4m3_pair_bf16<J[0]>(T.v[2][c0], T.v[3][c0]);
-				va[3] = e4m3_pair_bf16<J[0]>(T.v[2][c1], T.v[3][c1]);
-				break;
-			case 1:
-				va[0] = e4m3_pair_bf16<J[1]>(T.v[0][c0], T.v[1][c0]);
-				va[1] = e4m3_pair_bf16<J[1]>(T.v[0][c1], T.v[1][c1]);
-				va[2] = e4m3_pair_bf16<J[1]>(T.v[2][c0], T.v[3][c0]);
-				va[3] = e4m3_pair_bf16<J[1]>(T.v[2][c1], T.v[3][c1]);
-				break;
-			case 2:
-				va[0] = e4m3_pair_bf16<J[2]>(T.v[0][c0], T.v[1][c0]);
-				va[1] = e4m3_pair_bf16<J[2]>(T.v[0][c1], T.v[1][c1]);
-				va[2] = e4m3_pair_bf16<J[2]>(T.v[2][c0], T.v[3][c0]);
-				va[3] = e4m3_pair_bf16<J[2]>(T.v[2][c1], T.v[3][c1]);
-				break;
-			default:
-				va[0] = e4m3_pair_bf16<J[3]>(T.v[0][c0], T.v[1][c0]);
-				va[1] = e4m3_pair_bf16<J[3]>(T.v[0][c1], T.v[1][c1]);
-				va[2] = e4m3_pair_bf16<J[3]>(T.v[2][c0], T.v[3][c0]);
-				va[3] = e4m3_pair_bf16<J[3]>(T.v[2][c1], T.v[3][c1]);
-			}
-			mma16816(o[mt], va, pb0, pb1);
+			dec8r_pv<E4_J(0)>(o[q], T.v, c0, c1, pb0, pb1);
+			dec8r_pv<E4_J(1)>(o[q + 1], T.v, c0, c1, pb0, pb1);
+			dec8r_pv<E4_J(2)>(o[q + 2], T.v, c0, c1, pb0, pb1);
+			dec8r_pv<E4_J(3)>(o[q + 3], T.v, c0, c1, pb0, pb1);
 		}
 	};
 
