@@ -51,7 +51,9 @@
  *    each warp 16 keys of a stage for all the group's rows, the warps
  *    merged in the block and the splits combined by the last block of each
  *    KV head to finish, in split order (one launch, no combine kernel): see
- *    dec_kernel().
+ *    dec_kernel(). Over an fp8 view: the tile form here (dec8_kernel) or
+ *    the register form, attention_fp8.cu (the default up to 8 rows); the
+ *    pieces they share are in attention_dec.cuh and attention_mma.cuh.
  *
  * 6  (the main path's prefill on sm_90) the flash kernel on wgmma, a
  *    producer warpgroup feeding two consumer warpgroups through an mbarrier
@@ -63,6 +65,7 @@
 #include <string.h>
 
 #include "cuda_int.h"
+#include "attention_dec.cuh"
 #include "attention_warp.cuh"
 #include "fp8.cuh"
 #include "kernels/kernels_cuda_batch.h"
@@ -109,82 +112,6 @@ struct flash_args {
 	const int *n_kv_dev;
 	int split_target;
 };
-
-/* The decode split rule, shared by the kernels and the host: tiles of bn
- * keys, at most `target` splits, each a whole number of tiles and at
- * least min_per of them (but for the last, which is shorter). Depends on
- * the key count, the target and min_per only, never on a batch. */
-__host__ __device__ __forceinline__ void decode_split(int n_kv, int bn, int target, int min_per,
-						      int *kps, int *splits)
-{
-	const int tiles = (n_kv + bn - 1) / bn;
-	const int want = (tiles + target - 1) / target;
-	const int per = tiles ? (want > min_per ? want : min_per) : 1;
-
-	*kps = per * bn;
-	*splits = tiles ? (tiles + per - 1) / per : 0;
-}
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
-{
-	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-	int n = valid ? 16 : 0;	/* 0: write zeros, read nothing */
-
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-
-__device__ __forceinline__ void cp_async_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* d += a . b, one m16n8k16 tile: bf16 in, fp32 accumulate. */
-__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* The same with f16 in (v5 over fp8 with KVMEM_CUDA_FP8_F16K: Q and the
- * e4m3 keys, both exact in f16). */
-__device__ __forceinline__ void mma16816_h(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two fp32 as bf16x2, lo in the low half (the lower column of a fragment):
- * one cvt.rn.bf16x2.f32, the bits of f2bf for every value but NaN (P and
- * the outputs are never NaN for finite inputs). */
-__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
-{
-	__nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-
-	return *(uint32_t *)&h;
-}
-
-__device__ __forceinline__ void ldsm_x4_u(uint32_t *r, uint32_t s)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-		     : "r"(s));
-}
-
-__device__ __forceinline__ void ldsm_x4_tu(uint32_t *r, uint32_t s)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-		     : "r"(s));
-}
 
 /*
  * WM warps, each owning MT m-tiles of 16 rows (ROWS = 16 WM MT rows per
@@ -535,8 +462,6 @@ __global__ void __launch_bounds__(32 * WM) flash_kernel(const flash_args a)
  * target > 0 the split count follows from the key count (*n_kv_dev when
  * set, capped at n_kv) by decode_split(), as in the kernel.
  */
-#define COMBINE_MAX 128
-
 template <int HD>
 __global__ void __launch_bounds__(4 * HD)
 combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
@@ -641,82 +566,6 @@ combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
  * and rounded every value in the tile: 2.7x bf16's time at 32K keys.) 91 KB of shared memory
  * at head_dim 128: still two blocks per SM.
  */
-#define DEC_BN 64	/* keys per stage, 16 per warp */
-/* Stages a split takes at least. With one (as before 2026-12-02) a batched
- * decode over 64 views of ~500 keys ran 4096 blocks of a single stage each
- * (64 x 8 KV heads x 8 splits): 3.2 ms of a 23 ms step went to their
- * set-up and combine, not to reading keys (tests/gpu/prof26.sh). Four
- * stages a split keep the ring busy and cut those blocks to a quarter; a
- * lone decode changes only below target x 4 stages (8448 keys at 8 KV
- * heads on 132 SMs), where attention is a small part of a step. The rule
- * is the lone decode's too, so a batched item keeps its lone bits.
- * KVMEM_CUDA_DEC_MIN_TILES=N (read when a context is made) sets it for
- * comparisons in the same run: 1 is the rule before. */
-#define DEC_MIN_TILES 4
-#define DEC_WARPS 4
-#define DEC_STAGES 3
-#define DEC_CNT 1024	/* KV heads the context's counters cover */
-
-struct dec_args {
-	uint16_t *out;
-	const uint16_t *q, *k, *v;	/* F8: k and v are e4m3 bytes */
-	const float *ks, *vs;		/* F8: their row scales, kv_stride apart per KV head */
-	const int32_t *q_pos, *kv_pos;
-	const int *n_kv_dev;	/* the key count on the device (capped at n_kv), or NULL */
-	int n_q, n_kv, n_heads, n_kv_heads, group, target;
-	int min_tiles;		/* the split's least stages (dec_min_tiles) */
-	int f16k;		/* F8: scores on the f16 MMA when Q converts exactly (fp8_f16k) */
-	int fp8_int;		/* F8: e4m3 -> bf16 by integer ops, not cvt (e4m3x4_bf16_int) */
-	long long kv_stride;
-	float scale_log2;	/* scale * log2(e) */
-	float *part_o, *part_m, *part_l;	/* [target][n_kv_heads][R] (x head_dim) */
-	unsigned *cnt;		/* [n_kv_heads] splits done; 0 between launches */
-};
-
-template <int HD> struct dec_cfg {
-	static constexpr int LD = HD + 8;	/* smem row stride (bf16): ldmatrix without bank conflicts */
-	static constexpr int CH = HD / 8;	/* 16-byte chunks per row */
-	static constexpr int THREADS = 32 * DEC_WARPS;
-	static constexpr size_t Q_BYTES = (size_t)16 * LD * 2;
-	static constexpr size_t STAGE_BYTES = (size_t)2 * DEC_BN * LD * 2;	/* K then V */
-	static constexpr size_t SMEM = Q_BYTES + DEC_STAGES * STAGE_BYTES + DEC_STAGES * DEC_BN * 4;
-	/* After the key loop, over the stages: the warps' o [WARPS][16][HD],
-	 * max and sum [WARPS][16], the combine's weights [16][COMBINE_MAX]
-	 * and 1 / sum [16] (floats). */
-	static constexpr size_t MERGE_BYTES =
-		((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16 + 16 * COMBINE_MAX + 16) * 4;
-	static_assert(MERGE_BYTES <= DEC_STAGES * STAGE_BYTES, "merge area over the stages");
-	/* fp8: one bf16 tile (a stage's size), then the ring of raw stages (K
-	 * bytes, V bytes [BN][HD], K scales, V scales [BN]), then the kv_pos
-	 * ring; the merge area over the tile and the raw ring. */
-	static constexpr size_t RAW_STAGE = (size_t)2 * DEC_BN * HD + (size_t)2 * DEC_BN * 4;
-	static constexpr size_t KV8_BYTES = STAGE_BYTES + DEC_STAGES * RAW_STAGE;
-	static constexpr size_t SMEM8 = Q_BYTES + KV8_BYTES + DEC_STAGES * DEC_BN * 4;
-	static_assert(MERGE_BYTES <= KV8_BYTES, "fp8: merge area over the tile and the ring");
-};
-
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid)
-{
-	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-	int n = valid ? 4 : 0;
-
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-
-/* Four fp32 as four bf16 at dst (8-byte aligned). */
-__device__ __forceinline__ void store_bf4(uint16_t *dst, float4 x, float f)
-{
-	uint2 u;
-
-	u.x = pack_bf2(x.x * f, x.y * f);
-	u.y = pack_bf2(x.z * f, x.w * f);
-	*(uint2 *)dst = u;
-}
-
-template <int HD>
-__device__ __forceinline__ void dec_finish(const dec_args &a, int kvh, int split, int splits,
-					   float *mo);
-
 /* One block's work: split `split` of KV head kvh of the sequence in a.
  * Shared by the one-sequence kernel (dec_kernel) and the batched one
  * (dec_batch_kernel, a sequence per blockIdx.z), so a sequence gets the
@@ -1081,137 +930,6 @@ __device__ __forceinline__ void dec_body(const dec_args &a, const int kvh, const
 	dec_finish<HD>(a, kvh, split, splits, mo);
 }
 
-/* The end of a decode block (v5 and the fp8 register form): the warps'
- * states are in shared memory at mo ([WARPS][16][HD] o, then [WARPS][16]
- * max and sum, then the combine's room: dec_cfg's MERGE_BYTES), after a
- * block barrier. Merges them in warp order into the block's partial,
- * and the last split of the KV head to arrive combines every split. */
-template <int HD>
-__device__ __forceinline__ void dec_finish(const dec_args &a, const int kvh, const int split,
-					   const int splits, float *mo)
-{
-	typedef dec_cfg<HD> C;
-	__shared__ int s_last;
-	float *mm = mo + DEC_WARPS * 16 * HD;	/* [WARPS][16] */
-	float *ml = mm + DEC_WARPS * 16;	/* [WARPS][16] */
-	float *sw = ml + DEC_WARPS * 16;	/* [16][COMBINE_MAX] */
-	float *sinv = sw + 16 * COMBINE_MAX;	/* [16] */
-	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-	const int G = a.group, R = a.n_q * G;
-
-	/* The block's partial: the warps' states in warp order, four columns
-	 * per thread. */
-	const size_t rows_per_split = (size_t)a.n_kv_heads * R;
-	const size_t base = ((size_t)split * a.n_kv_heads + kvh) * R;
-
-	for (int e4 = tid; e4 < R * (HD / 4); e4 += C::THREADS) {
-		const int r = e4 / (HD / 4), d = (e4 % (HD / 4)) * 4;
-		float M = -INFINITY, L = 0.0f;
-		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-
-#pragma unroll
-		for (int w = 0; w < DEC_WARPS; w++)
-			M = fmaxf(M, mm[w * 16 + r]);
-#pragma unroll
-		for (int w = 0; w < DEC_WARPS; w++) {
-			const float mw = mm[w * 16 + r];
-			const float ws = mw == -INFINITY ? 0.0f : exp2f(mw - M);
-			const float4 x = *(const float4 *)(mo + (w * 16 + r) * HD + d);
-
-			L += ws * ml[w * 16 + r];
-			acc.x += ws * x.x;
-			acc.y += ws * x.y;
-			acc.z += ws * x.z;
-			acc.w += ws * x.w;
-		}
-		if (splits == 1) {
-			store_bf4(a.out + ((size_t)(r / G) * a.n_heads + kvh * G + r % G) * HD + d, acc,
-				  L > 0.0f ? 1.0f / L : 0.0f);
-			continue;
-		}
-		*(float4 *)(a.part_o + (base + r) * HD + d) = acc;
-		if (d == 0) {
-			a.part_m[base + r] = M;
-			a.part_l[base + r] = L;
-		}
-	}
-	if (splits == 1)
-		return;
-
-	/* Publish the partial; the last of the head's splits to arrive combines. */
-	__threadfence();
-	__syncthreads();
-	if (tid == 0) {
-		const unsigned prev = atomicAdd(a.cnt + kvh, 1u);
-
-		s_last = prev == (unsigned)splits - 1;
-	}
-	__syncthreads();
-	if (!s_last)
-		return;
-	__threadfence();
-	if (tid == 0)
-		a.cnt[kvh] = 0;	/* every split has counted: ready for the next launch */
-
-	/* Each row's split weights 2^(m_s - M) and 1 / sum (a warp per row:
-	 * lanes over splits, then a fixed shuffle tree). */
-	for (int r = warp; r < R; r += DEC_WARPS) {
-		float mv[COMBINE_MAX / 32], M = -INFINITY, L = 0.0f;
-
-#pragma unroll
-		for (int i = 0; i < COMBINE_MAX / 32; i++) {
-			const int s = lane + 32 * i;
-
-			mv[i] = s < splits ? __ldcg(a.part_m + s * rows_per_split + kvh * R + r) : -INFINITY;
-			M = fmaxf(M, mv[i]);
-		}
-		for (int off = 16; off > 0; off >>= 1)
-			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-#pragma unroll
-		for (int i = 0; i < COMBINE_MAX / 32; i++) {
-			const int s = lane + 32 * i;
-			const float ws = mv[i] == -INFINITY ? 0.0f : exp2f(mv[i] - M);
-
-			sw[r * COMBINE_MAX + s] = ws;
-			if (ws != 0.0f)
-				L += ws * __ldcg(a.part_l + s * rows_per_split + kvh * R + r);
-		}
-		for (int off = 16; off > 0; off >>= 1)
-			L += __shfl_xor_sync(0xffffffffu, L, off);
-		if (lane == 0)
-			sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
-	}
-	__syncthreads();
-
-	/* The weighted sum over the splits in split order, 16 loads in flight. */
-	for (int e4 = tid; e4 < R * (HD / 4); e4 += C::THREADS) {
-		const int r = e4 / (HD / 4), d = (e4 % (HD / 4)) * 4;
-		const float *wr = sw + r * COMBINE_MAX;
-		const float4 *src = (const float4 *)(a.part_o + ((size_t)kvh * R + r) * HD + d);
-		const size_t step = rows_per_split * HD / 4;	/* float4s from one split to the next */
-		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-
-		for (int s0 = 0; s0 < splits; s0 += 16) {
-			float4 x[16];
-
-#pragma unroll
-			for (int j = 0; j < 16; j++)
-				x[j] = s0 + j < splits ? __ldcg(src + (size_t)(s0 + j) * step)
-						       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-			for (int j = 0; j < 16; j++) {
-				const float ws = s0 + j < splits ? wr[s0 + j] : 0.0f;
-
-				acc.x += ws * x[j].x;
-				acc.y += ws * x[j].y;
-				acc.z += ws * x[j].z;
-				acc.w += ws * x[j].w;
-			}
-		}
-		store_bf4(a.out + ((size_t)(r / G) * a.n_heads + kvh * G + r % G) * HD + d, acc, sinv[r]);
-	}
-}
-
 template <int HD>
 __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_kernel(const dec_args a)
 {
@@ -1222,353 +940,6 @@ template <int HD>
 __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8_kernel(const dec_args a)
 {
 	dec_body<HD, 1>(a, blockIdx.y, blockIdx.x);
-}
-
-/*
- * ---- v5 over fp8, the register form (fp8_reg; KVMEM_CUDA_FP8_REG) ------
- *
- * dec8_kernel's blocks, splits, warps' keys and combine, for up to 8 rows
- * (queries x group), without K/V in shared memory: each lane loads the
- * raw bytes its own mma fragments need straight from global memory into
- * registers (the warp's next 16-key tile in flight while this one is
- * used) and turns them into bf16 there: a byte permute that also copies
- * each byte's sign over its neighbour, a shift, a mask and a bf16x2
- * multiply by 2^120 for a pair of values (exact, subnormals too: see
- * e4m3x4_bf16_int). The keys are the mma's 16 rows, the 8 query rows its
- * columns, so no mma works on rows of zeros:
- *  - S^T = K Q^T: lane (g, t)'s A fragment of k-step kk holds keys g and
- *    g + 8 at dims HD/4 t + 4 kk .. + 3 (word kk of the lane's quarter of
- *    each row), its Q^T fragment the same dims of query row g: one
- *    permutation of the summed index on both sides;
- *  - P^T moves from the S^T layout (lane: keys g, g + 8 of rows 2t, 2t + 1)
- *    to the B layout of O^T += V^T P^T (lane: rows g of keys 2t, 2t + 1,
- *    2t + 8, 2t + 9) by four shuffles of packed bf16 pairs;
- *  - O^T's m-tile mt holds dims HD/8 g + mt (rows g) and HD/8 g + HD/16 +
- *    mt (rows g + 8), so lane g reads V[key][HD/8 g .. + HD/8 - 1] (one
- *    load a key) and owns those HD/8 dims of query rows 2t and 2t + 1.
- * Not v5's bits (the sums run in another order): kvmem_gpu_check --fp8
- * compares it with v5 over the rows dequantised within a tolerance; a
- * conversation's paged and full-context decode use the same kernel. A
- * NaN code in any key a warp reads makes the block's partial NaN (v5: the
- * rows or dims the NaN reaches). Shared memory: the merge only.
- * MINB: blocks a multiprocessor holds (registers), as its split target.
- */
-template <int HD> struct dec8r_tile {
-	uint32_t k[2][HD / 16];	/* keys g, g + 8: the lane's HD/4 bytes of each */
-	uint32_t v[4][HD / 32];	/* keys 2t, 2t + 1, 2t + 8, 2t + 9: its HD/8 bytes */
-	float ks[2], vs[2];	/* keys g, g + 8: their row scales */
-	int kp[2];		/* and positions (kv_pos) */
-};
-
-/* n bytes (16 or 8) at p into w, zeros when !ok; L2 only (read once a step). */
-template <int N> __device__ __forceinline__ void dec8r_ld(uint32_t *w, const unsigned char *p, bool ok)
-{
-	if (N == 16) {
-		const uint4 u = ok ? __ldcg((const uint4 *)p) : make_uint4(0, 0, 0, 0);
-
-		w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-	} else {
-		const uint2 u = ok ? __ldcg((const uint2 *)p) : make_uint2(0, 0);
-
-		w[0] = u.x, w[1] = u.y;
-	}
-}
-
-/* Two e4m3 codes of (a, b) as bf16x2, exact. sel (prmt's default mode)
- * puts code 0 in byte 0, its sign replicated in byte 1, code 1 in byte 2,
- * its sign in byte 3: shifted up four, each code's exponent and mantissa
- * sit where a bf16's low exponent bits and top mantissa bits do and its
- * sign byte covers bit 15 (31); the mask keeps those. The exponent lands
- * 120 short: one multiply by 2^120 puts it right (subnormals too). */
-template <unsigned SEL> __device__ __forceinline__ uint32_t e4m3_pair_bf16(uint32_t a, uint32_t b)
-{
-	const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
-							 __ushort_as_bfloat16(0x7b80));
-	uint32_t u;
-
-	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(u) : "r"(a), "r"(b), "n"(SEL));
-	u = (u * 16u) & 0x87f087f0u;	/* a multiply: the integer pipe has the permutes */
-	const __nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&u, two120);
-
-	return *(const uint32_t *)&v;
-}
-/* prmt selectors: source bytes lo and hi (0-7: a's bytes, then b's), each
- * followed by its sign; bytes 0, 1 / 2, 3 of one word; byte j of two. */
-#define E4_SEL(lo, hi) ((lo) | (8u | (lo)) << 4 | (hi) << 8 | (8u | (hi)) << 12)
-#define E4_LO E4_SEL(0u, 1u)
-#define E4_HI E4_SEL(2u, 3u)
-#define E4_J(j) E4_SEL((j), 4u + (j))
-
-/* One m-tile of O^T += V^T P^T: V^T's A fragment from byte SEL picks of
- * the words of keys 2t, 2t + 1 (rows g: word c0; rows g + 8: word c1) and
- * of keys 2t + 8, 2t + 9. */
-template <unsigned SEL, int W>
-__device__ __forceinline__ void dec8r_pv(float *acc, const uint32_t (*v)[W], int c0, int c1,
-					 uint32_t pb0, uint32_t pb1)
-{
-	const uint32_t va[4] = { e4m3_pair_bf16<SEL>(v[0][c0], v[1][c0]),
-				 e4m3_pair_bf16<SEL>(v[0][c1], v[1][c1]),
-				 e4m3_pair_bf16<SEL>(v[2][c0], v[3][c0]),
-				 e4m3_pair_bf16<SEL>(v[2][c1], v[3][c1]) };
-
-	mma16816(acc, va, pb0, pb1);
-}
-
-/* acc's bit 7 of a byte set when a byte of w0 or w1 is a NaN code (0x7f,
- * 0xff); the other bits are noise. */
-__device__ __forceinline__ uint32_t e4m3_nan_acc(uint32_t acc, uint32_t w0, uint32_t w1)
-{
-	return acc | ((w0 & 0x7f7f7f7fu) + 0x01010101u) | ((w1 & 0x7f7f7f7fu) + 0x01010101u);
-}
-
-template <int HD, int MINB>
-__global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_args a)
-{
-	constexpr int KQ = HD / 4, VQ = HD / 8, KW = HD / 16, MT = HD / 16;
-	extern __shared__ __align__(16) unsigned char smem_raw[];
-	float *mo = (float *)smem_raw;	/* the merge (dec_finish) */
-	float *mm = mo + DEC_WARPS * 16 * HD, *ml = mm + DEC_WARPS * 16;
-	const int kvh = blockIdx.y, split = blockIdx.x;
-	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-	const int G = a.group, R = a.n_q * G;	/* <= 8 */
-	const int n_kv = max(0, a.n_kv_dev ? min(*a.n_kv_dev, a.n_kv) : a.n_kv);
-	int kps, splits;
-
-	decode_split(n_kv, DEC_BN, a.target, a.min_tiles, &kps, &splits);
-	if (splits < 1)
-		splits = 1;	/* no keys: one block writes the zeros */
-	if (split >= splits)
-		return;
-
-	int qmax = INT_MIN, qmin = INT_MAX;
-
-	for (int i = 0; i < a.n_q; i++) {
-		const int p = a.q_pos[i];
-
-		qmax = max(qmax, p);
-		qmin = min(qmin, p);
-	}
-	/* this lane's score columns: query rows 2t, 2t + 1 */
-	const int qp0 = 2 * t < R ? a.q_pos[2 * t / G] : INT_MIN;
-	const int qp1 = 2 * t + 1 < R ? a.q_pos[(2 * t + 1) / G] : INT_MIN;
-	const int ks = split * kps;
-	int ke = min(n_kv, ks + kps);
-
-	if (!a.kv_pos)
-		ke = min(ke, qmax == INT_MAX ? qmax : qmax + 1);
-	const int n_tiles = ke > ks ? (ke - ks + 15) / 16 : 0;	/* of 16 keys */
-	const unsigned char *k8 = (const unsigned char *)a.k + (size_t)kvh * a.kv_stride * HD;
-	const unsigned char *v8 = (const unsigned char *)a.v + (size_t)kvh * a.kv_stride * HD;
-	const float *ksh = a.ks + (size_t)kvh * a.kv_stride;
-	const float *vsh = a.vs + (size_t)kvh * a.kv_stride;
-
-	/* Q^T's B fragments: query row g (zero past R), dims KQ t + 4 kk + 0, 1
-	 * (reg 0) and + 2, 3 (reg 1) in k-step kk. */
-	uint32_t qf[KW][2];
-	{
-		uint32_t w[KQ / 2];
-
-		if (g < R) {
-			const uint16_t *qr = a.q + ((size_t)(g / G) * a.n_heads + kvh * G + g % G) * HD +
-					     KQ * t;
-#pragma unroll
-			for (int c = 0; c < KQ / 8; c++) {
-				const uint4 u = *(const uint4 *)(qr + 8 * c);
-
-				w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
-			}
-		} else {
-#pragma unroll
-			for (int c = 0; c < KQ / 2; c++)
-				w[c] = 0;
-		}
-#pragma unroll
-		for (int kk = 0; kk < KW; kk++) {
-			qf[kk][0] = w[2 * kk];
-			qf[kk][1] = w[2 * kk + 1];
-		}
-	}
-
-	auto load = [&](dec8r_tile<HD> &T, int i) {
-		const int j0 = ks + i * 16;
-
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const int j = j0 + 8 * h + g;
-			const bool ok = j < ke;
-
-#pragma unroll
-			for (int c = 0; c < KQ / 16; c++)
-				dec8r_ld<16>(T.k[h] + 4 * c, k8 + (size_t)j * HD + KQ * t + 16 * c, ok);
-			T.ks[h] = ok ? __ldcg(ksh + j) : 0.0f;
-			T.vs[h] = ok ? __ldcg(vsh + j) : 0.0f;
-			T.kp[h] = a.kv_pos && ok ? __ldcg(a.kv_pos + j) : j;
-		}
-#pragma unroll
-		for (int r = 0; r < 4; r++) {
-			const int j = j0 + (r >> 1) * 8 + 2 * t + (r & 1);
-
-			dec8r_ld<VQ>(T.v[r], v8 + (size_t)j * HD + VQ * g, j < ke);
-		}
-	};
-
-	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;	/* rows 2t, 2t + 1 */
-	float o[MT][4];
-	uint32_t nan = 0;
-	/* P^T's sources: lanes (2t + e, g / 2) hold keys 2t + e (and + 8) of row g */
-	const int src0 = 4 * (2 * t) + (g >> 1), src1 = src0 + 4;
-	const bool odd = g & 1;
-
-#pragma unroll
-	for (int mt = 0; mt < MT; mt++)
-		o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
-
-	auto tile = [&](const dec8r_tile<HD> &T, int i) {
-		const int j0 = ks + i * 16;
-		float s[4] = { 0.0f, 0.0f, 0.0f, 0.0f };	/* rows 2t, 2t + 1 of key g; of key g + 8 */
-
-		/* S^T = K Q^T over the tile's 16 keys */
-#pragma unroll
-		for (int kk = 0; kk < KW; kk++) {
-			const uint32_t w0 = T.k[0][kk], w1 = T.k[1][kk];
-			const uint32_t ka[4] = { e4m3_pair_bf16<E4_LO>(w0, 0), e4m3_pair_bf16<E4_LO>(w1, 0),
-						 e4m3_pair_bf16<E4_HI>(w0, 0), e4m3_pair_bf16<E4_HI>(w1, 0) };
-
-			nan = e4m3_nan_acc(nan, w0, w1);
-			mma16816(s, ka, qf[kk][0], qf[kk][1]);
-		}
-
-		/* K's row scales (powers of two), the scale, the mask */
-		const bool full = !a.kv_pos && j0 + 16 <= ke && j0 + 15 <= qmin;
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const float f = T.ks[h] * a.scale_log2;
-			float x0 = s[2 * h] * f, x1 = s[2 * h + 1] * f;
-
-			if (!full) {
-				const int j = j0 + 8 * h + g, kp = T.kp[h];
-				const bool ok = j < ke;
-
-				if (!ok || kp > qp0)
-					x0 = -INFINITY;
-				if (!ok || kp > qp1)
-					x1 = -INFINITY;
-			}
-			s[2 * h] = x0;
-			s[2 * h + 1] = x1;
-		}
-
-		/* online softmax of rows 2t, 2t + 1: a column's 16 keys are on
-		 * the 8 lanes of this t */
-		float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
-
-#pragma unroll
-		for (int x = 4; x < 32; x <<= 1) {
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-		}
-		const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-		const float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
-		const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
-
-		s[0] = exp2f(s[0] - b0);
-		s[1] = exp2f(s[1] - b1);
-		s[2] = exp2f(s[2] - b0);
-		s[3] = exp2f(s[3] - b1);
-		l0 = l0 * al0 + (s[0] + s[2]);
-		l1 = l1 * al1 + (s[1] + s[3]);
-		m0 = mn0;
-		m1 = mn1;
-		/* the same alphas on the lanes of a t; 1 (a max that held) changes nothing */
-		if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f))
-#pragma unroll
-			for (int mt = 0; mt < MT; mt++) {
-				o[mt][0] *= al0;
-				o[mt][1] *= al1;
-				o[mt][2] *= al0;
-				o[mt][3] *= al1;
-			}
-
-		/* P (V's row scales on it, rounded to bf16) into P^T's B layout */
-		const uint32_t pk0 = pack_bf2(s[0] * T.vs[0], s[1] * T.vs[0]);	/* key g */
-		const uint32_t pk1 = pack_bf2(s[2] * T.vs[1], s[3] * T.vs[1]);	/* key g + 8 */
-		const uint32_t x0 = __shfl_sync(0xffffffffu, pk0, src0);	/* key 2t */
-		const uint32_t x1 = __shfl_sync(0xffffffffu, pk0, src1);	/* key 2t + 1 */
-		const uint32_t y0 = __shfl_sync(0xffffffffu, pk1, src0);	/* key 2t + 8 */
-		const uint32_t y1 = __shfl_sync(0xffffffffu, pk1, src1);	/* key 2t + 9 */
-		const uint32_t pb0 = __byte_perm(x0, x1, odd ? 0x7632 : 0x5410);
-		const uint32_t pb1 = __byte_perm(y0, y1, odd ? 0x7632 : 0x5410);
-
-		/* O^T += V^T P^T: m-tile mt's rows g, g + 8 are dims VQ g + mt and
-		 * VQ g + MT + mt, byte mt and MT + mt of the lane's V bytes */
-#pragma unroll
-		for (int r = 0; r < 4; r += 2)
-#pragma unroll
-			for (int c = 0; c < VQ / 4; c++)
-				nan = e4m3_nan_acc(nan, T.v[r][c], T.v[r + 1][c]);
-#pragma unroll
-		for (int q = 0; q < MT; q += 4) {	/* m-tiles q + j: byte j of words q/4, (MT+q)/4 */
-			const int c0 = q >> 2, c1 = (MT + q) >> 2;
-
-			dec8r_pv<E4_J(0)>(o[q], T.v, c0, c1, pb0, pb1);
-			dec8r_pv<E4_J(1)>(o[q + 1], T.v, c0, c1, pb0, pb1);
-			dec8r_pv<E4_J(2)>(o[q + 2], T.v, c0, c1, pb0, pb1);
-			dec8r_pv<E4_J(3)>(o[q + 3], T.v, c0, c1, pb0, pb1);
-		}
-	};
-
-	/* Two tiles' registers in turn: the next tile's loads in flight while
-	 * this one is used. */
-	dec8r_tile<HD> ta, tb;
-
-	if (warp < n_tiles)
-		load(ta, warp);
-	for (int i = warp; i < n_tiles; i += 2 * DEC_WARPS) {
-		if (i + DEC_WARPS < n_tiles)
-			load(tb, i + DEC_WARPS);
-		tile(ta, i);
-		if (i + DEC_WARPS >= n_tiles)
-			break;
-		if (i + 2 * DEC_WARPS < n_tiles)
-			load(ta, i + 2 * DEC_WARPS);
-		tile(tb, i + DEC_WARPS);
-	}
-
-	/* A NaN code read: this warp's rows NaN, so the block's partial is. */
-	if (__any_sync(0xffffffffu, (nan & 0x80808080u) != 0)) {
-		l0 = l1 = __int_as_float(0x7fc00000);
-#pragma unroll
-		for (int mt = 0; mt < MT; mt++)
-			o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = l0;
-	}
-#pragma unroll
-	for (int x = 4; x < 32; x <<= 1) {
-		l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-		l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-	}
-	/* The warp's state, v5's merge layout: rows 2t + e, the lane's dims
-	 * VQ g .. + VQ - 1 (o[mt][e]: + mt; o[mt][2 + e]: + MT + mt). */
-#pragma unroll
-	for (int e = 0; e < 2; e++) {
-		float *row = mo + (warp * 16 + 2 * t + e) * HD + VQ * g;
-
-#pragma unroll
-		for (int c = 0; c < MT / 4; c++) {
-			*(float4 *)(row + 4 * c) = make_float4(o[4 * c][e], o[4 * c + 1][e],
-							       o[4 * c + 2][e], o[4 * c + 3][e]);
-			*(float4 *)(row + MT + 4 * c) = make_float4(o[4 * c][2 + e], o[4 * c + 1][2 + e],
-								    o[4 * c + 2][2 + e],
-								    o[4 * c + 3][2 + e]);
-		}
-	}
-	if (g == 0) {
-		mm[warp * 16 + 2 * t] = m0;
-		mm[warp * 16 + 2 * t + 1] = m1;
-		ml[warp * 16 + 2 * t] = l0;
-		ml[warp * 16 + 2 * t + 1] = l1;
-	}
-	__syncthreads();
-	dec_finish<HD>(a, kvh, split, splits, mo);
 }
 
 /*
@@ -1631,10 +1002,8 @@ template <int HD, int WM, int BN, int MT> static int flash_attr(kvmem_cuda_ctx *
 	return 0;
 }
 
-/* A decode kernel's dynamic shared memory limit raised to `bytes`, with
- * the most shared memory per SM preferred (two blocks of 107 KB at
- * head_dim 128); `what` names it in an error. */
-static int dec_smem(const void *kernel, int bytes, const char *what)
+/* (attention_dec.cuh) Two blocks of 107 KB an SM at head_dim 128 for v5. */
+int kvmem_cuda_dec_smem(const void *kernel, int bytes, const char *what)
 {
 	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(kernel,
 							 cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1645,8 +1014,8 @@ static int dec_smem(const void *kernel, int bytes, const char *what)
 						   (int)cudaSharedmemCarveoutMaxShared), what);
 }
 
-/* The same for the decode kernels (v5: bf16, batched, fp8), once per
- * device. */
+/* The same for the decode kernels (v5: bf16, batched, fp8's tile form
+ * here and its register form in attention_fp8.cu), once per device. */
 template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
 {
 	static int attr_set[64];
@@ -1654,16 +1023,13 @@ template <int HD> static int dec_attr(kvmem_cuda_ctx *c)
 
 	if (c->device < 64 && attr_set[c->device])
 		return 0;
-	if ((rc = dec_smem((const void *)dec_kernel<HD>, (int)dec_cfg<HD>::SMEM,
-			   "attention v5: shared memory")) ||
-	    (rc = dec_smem((const void *)dec_batch_kernel<HD>, (int)dec_cfg<HD>::SMEM,
-			   "attention v5, batched: shared memory")) ||
-	    (rc = dec_smem((const void *)dec8_kernel<HD>, (int)dec_cfg<HD>::SMEM8,
-			   "attention v5 (fp8): shared memory")) ||
-	    (rc = dec_smem((const void *)dec8r_kernel<HD, 2>, (int)dec_cfg<HD>::MERGE_BYTES,
-			   "attention v5 (fp8, registers): shared memory")) ||
-	    (rc = dec_smem((const void *)dec8r_kernel<HD, 3>, (int)dec_cfg<HD>::MERGE_BYTES,
-			   "attention v5 (fp8, registers): shared memory")))
+	if ((rc = kvmem_cuda_dec_smem((const void *)dec_kernel<HD>, (int)dec_cfg<HD>::SMEM,
+				      "attention v5: shared memory")) ||
+	    (rc = kvmem_cuda_dec_smem((const void *)dec_batch_kernel<HD>, (int)dec_cfg<HD>::SMEM,
+				      "attention v5, batched: shared memory")) ||
+	    (rc = kvmem_cuda_dec_smem((const void *)dec8_kernel<HD>, (int)dec_cfg<HD>::SMEM8,
+				      "attention v5 (fp8): shared memory")) ||
+	    (rc = kvmem_cuda_dec8r_attr(HD)))
 		return rc;
 	if (c->device < 64)
 		attr_set[c->device] = 1;
@@ -1901,19 +1267,9 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.part_m = (float *)((char *)p + rows_all * head_dim * sizeof(float));
 	a.part_l = (float *)((char *)a.part_m + kvmem_align_up(rows_all * sizeof(float), 256));
 	if (reg) {
-		const dim3 gr(grid, f.n_kv_heads);
-		const int th = dec_cfg<128>::THREADS;
-
 		if ((rc = head_dim == 128 ? dec_attr<128>(c) : dec_attr<64>(c)))
 			return rc;
-		if (head_dim == 128 && minb == 3)
-			dec8r_kernel<128, 3><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);
-		else if (head_dim == 128)
-			dec8r_kernel<128, 2><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);
-		else if (minb == 3)
-			dec8r_kernel<64, 3><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
-		else
-			dec8r_kernel<64, 2><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
+		kvmem_cuda_dec8r_launch(c, a, grid, head_dim, minb);
 	} else if (ks && head_dim == 128) {
 		if ((rc = dec_attr<128>(c)))
 			return rc;

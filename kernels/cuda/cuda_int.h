@@ -62,7 +62,7 @@ struct kvmem_cuda_ctx {
 	int fp8_int;		/* v5 over fp8: e4m3 -> bf16 by integer ops (on;
 				 * KVMEM_CUDA_FP8_INT=0: off; fp8.cuh's e4m3x4_bf16_int) */
 	int fp8_reg;		/* v5 over fp8 in registers, no K/V tiles (on;
-				 * KVMEM_CUDA_FP8_REG=0: off; attention.cu's dec8r_kernel) */
+				 * KVMEM_CUDA_FP8_REG=0: off; attention_fp8.cu) */
 	int fp8_reg_blocks;	/* its blocks a multiprocessor and split target: 2 or 3
 				 * (KVMEM_CUDA_FP8_REG_BLOCKS; 2 when unset) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];
