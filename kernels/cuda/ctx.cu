@@ -100,7 +100,7 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		c->fp8_int = !(e && !strcmp(e, "0"));
 		/* ... or, by default since 2026-12-04, the register form
 		 * (attention_fp8.cu: no K/V tiles in shared memory, not v5's bits;
-		 * 1.3-1.4x bf16's speed at 32K-128K keys where the tile form
+		 * 1.32x / 1.47x bf16's speed at 32K / 128K keys where the tile form
 		 * ran at 0.76 / 0.72; up to 8 rows). KVMEM_CUDA_FP8_REG=0: the
 		 * tile form, v5's bits. */
 		e = getenv("KVMEM_CUDA_FP8_REG");
