@@ -6,8 +6,12 @@
 #  - --kv-dtype both runs bf16 and fp8 over the same tokens in one run and
 #    prints "fp8 / bf16 tokens/s = X", said "slower" below 1, "faster"
 #    above; the scratch workspaces are gone after it (no --keep);
+#  - --kv-dtype both --only step,decode runs the phases over bf16, then over
+#    fp8 on a second backend, and prints the warm step's bf16 time / fp8
+#    time and decode's fp8 / bf16 tokens/s with the issue's targets;
 #  - bad combinations are usage errors (exit 2) naming the command and why:
-#    both with a phase other than coldin, fp8 with remat, an unknown dtype.
+#    both with remat or with no dtype phase, fp8 with remat, an unknown
+#    dtype.
 . "$(dirname "$0")/lib.sh"
 cli_setup bench-step-coldin
 tps="= [1-9][0-9]* tokens/s"
@@ -63,9 +67,30 @@ refuse() {
 	[ $rc -eq 2 ] || bad "'$*' exited $rc, not 2: $(cat "$tmp/err")"
 	grep -q "kvmem bench step: .*$want" "$tmp/err" || bad "'$*': not '$want': $(cat "$tmp/err")"
 }
-refuse "kv-dtype both runs the coldin phase only" --kv-dtype both
-refuse "kv-dtype both runs the coldin phase only" --kv-dtype both --only coldin,step
-refuse "kv-dtype both runs the coldin phase only" --kv-dtype both --only ceilings
+# step and decode: bf16, then fp8 on a second backend, then the ratios
+out=$(bs --only step,decode --kv-dtype both --tokens 4096 --view 1024 --steps 2 --decode 8 \
+	--tiers warm 2>&1)
+rc=$?
+if [ $rc -ne 0 ]; then
+	bad "--kv-dtype both, step and decode, exited $rc: $(echo "$out" | tail -3)"
+else
+	[ "$(echo "$out" | grep -c "^agent step: workspace 4096 tokens")" -eq 2 ] ||
+		bad "both: not two step phases: $(echo "$out" | grep '^agent step')"
+	echo "$out" | grep -q "^agent step: .* of fp8 pages" || bad "both: no fp8 workspace"
+	[ "$(echo "$out" | grep -c "^decode in a 1024-token view over 4096 tokens: [1-9]")" -eq 2 ] ||
+		bad "both: not two decodes"
+	echo "$out" | grep -qE "^fp8 against bf16, the same run: warm step [0-9.]+ / [0-9.]+ ms, \
+bf16 time / fp8 time [0-9]+\.[0-9]{2} \(target >= 1\.6\); decode in the 1024-token view \
+[0-9.]+ / [0-9.]+ tokens/s, fp8 / bf16 [0-9]+\.[0-9]{2} \(target" ||
+		bad "both: no fp8 against bf16 line: $(echo "$out" | tail -3)"
+	[ -e "$tmp/scratch" ] && bad "both, step: the scratch is left"
+fi
+
+refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both
+refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both \
+	--only coldin,remat
+refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both \
+	--only ceilings
 refuse "kv-dtype fp8 runs the phases coldin, step, decode and fits" --kv-dtype fp8 --only remat
 refuse "(bf16, fp8 or both)" --kv-dtype fp16 --only coldin
 cli_done bench-step-coldin

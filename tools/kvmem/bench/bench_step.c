@@ -22,6 +22,8 @@
  *             pager alone (no place); tokens/s beside the read's. In bf16
  *             or fp8 pages (--kv-dtype), or both over the same tokens, each
  *             pass every dtype in turn: fp8 / bf16 tokens/s (issue #27).
+ *             With both, step, decode and fits also run in each dtype, one
+ *             after the other, and print fp8 against bf16.
  *   step      a workspace of --tokens (random pages written through the
  *             pager: no prefill) with a --view budget: per agent step, the
  *             time from the end of a question's append to the first decoded
@@ -53,6 +55,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,10 +109,11 @@ static void usage(FILE *f)
 		"  --tp N             tensor parallel over N GPUs (as kvmem run --tp)\n"
 		"  --kv-dtype T       bf16 (default), fp8 or both: the workspace's pages and the\n"
 		"                     backend's views (as kvmem run --kv-dtype); fp8 runs the\n"
-		"                     phases coldin, step, decode and fits; both runs coldin\n"
-		"                     (with ceilings) in bf16 and in fp8 over the same tokens\n"
-		"                     (those of --coldin bytes of bf16 pages), each pass\n"
-		"                     every dtype in turn, and prints fp8 / bf16 tokens/s\n"
+		"                     phases coldin, step, decode and fits; both runs them in\n"
+		"                     bf16 and in fp8 (a second backend) and prints fp8 against\n"
+		"                     bf16: coldin over the same tokens (those of --coldin\n"
+		"                     bytes of bf16 pages), each pass every dtype in turn;\n"
+		"                     step, decode and fits one dtype after the other\n"
 		"  --seed S           random pages and tokens (default 1)\n"
 		"  --keep             keep the scratch workspaces\n"
 		"  --help             this text\n"
@@ -121,6 +125,8 @@ static void usage(FILE *f)
 		"  kvmem bench step --layers 1 --only memory --memory 256k,4M\n"
 		"  kvmem bench step --kv-dtype fp8 --only step,decode --tiers warm --view 32k\n"
 		"  kvmem bench step --kv-dtype both --only coldin --coldin 2G\n"
+		"  kvmem bench step --kv-dtype both --only step,decode --tiers warm --tokens 48k \\\n"
+		"      --view 32k        (issue #27's warm step and decode rows in one run)\n"
 		"  kvmem bench step --backend cpu --model DIR --kv-dtype both --only coldin\n",
 		CLI_COUNT_HELP, CLI_SIZE_HELP);
 }
@@ -293,9 +299,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			"only (--only)\n", WHO);
 		return -1;
 	}
-	if (o->both && (o->only & ~PH_CEIL) != PH_COLDIN) {
-		fprintf(stderr, "%s: --kv-dtype both runs the coldin phase only (--only coldin)\n",
-			WHO);
+	if (o->both && (!(o->only & ~PH_CEIL) ||
+			(o->only & ~(PH_CEIL | PH_COLDIN | PH_STEP | PH_DECODE | PH_FITS)))) {
+		fprintf(stderr, "%s: --kv-dtype both runs the phases coldin, step, decode and fits "
+			"(--only, one of them at least)\n", WHO);
 		return -1;
 	}
 	return 0;
@@ -317,6 +324,39 @@ static int open_fp8(const struct ctx *x, struct ctx *y)
 				  &(kvmem_backend_opts){ .max_chunk = 4096, .mem_cap = x->o.gpu_mem,
 							 .index_mem = x->o.index_mem, .tp = x->o.tp,
 							 .kv_dtype = KVMEM_DTYPE_FP8 }, &y->b);
+}
+
+/* --kv-dtype both, phases step and decode: the fp8 arm after the bf16 one
+ * (x's figures), then fp8 against bf16 with the issue's targets. */
+static int step_both(struct ctx *x, struct ctx *y)
+{
+	printf("\n--kv-dtype both: the same phases over fp8 pages and views (%s backend)\n",
+	       y->b->ops->name);
+	y->ce = x->ce;
+	if (ph_step(y, y->o.only) < 0)
+		return -1;
+	if (!(x->o.tiers & TIER_WARM))
+		return 0;
+	printf("\nfp8 against bf16, the same run: warm step %.1f / %.1f ms, bf16 time / fp8 time "
+	       "%.2f (target >= 1.6)", x->warm_step_s * 1e3, y->warm_step_s * 1e3,
+	       y->warm_step_s > 0 ? x->warm_step_s / y->warm_step_s : 0);
+	if (x->warm_decode_tps > 0 && y->warm_decode_tps > 0)
+		printf("; decode in the %" PRId64 "-token view %.1f / %.1f tokens/s, fp8 / bf16 %.2f "
+		       "(target >= 1.08 at a 32K view, >= 1.3 at 128K)", x->o.view, y->warm_decode_tps,
+		       x->warm_decode_tps, y->warm_decode_tps / x->warm_decode_tps);
+	printf("\n");
+	return 0;
+}
+
+/* --kv-dtype both, phase fits: the fp8 arm's largest view against bf16's. */
+static int fits_both(struct ctx *x, struct ctx *y)
+{
+	if (ph_fits(y) < 0)
+		return -1;
+	printf("fp8 against bf16, the same cap: the largest view %" PRId64 " / %" PRId64
+	       " slots, fp8 / bf16 %.2f (target 2)\n", y->fits_slots, x->fits_slots,
+	       x->fits_slots ? (double)y->fits_slots / x->fits_slots : 0);
+	return 0;
 }
 
 int bench_step(int argc, char **argv)
@@ -376,7 +416,8 @@ int bench_step(int argc, char **argv)
 	if ((x.o.only & PH_COLDIN) && (x.o.both ? ph_coldin_both(&x, &y) : ph_coldin(&x)) < 0)
 		goto err;
 	fflush(stdout);
-	if ((x.o.only & (PH_STEP | PH_DECODE)) && ph_step(&x, x.o.only) < 0)
+	if ((x.o.only & (PH_STEP | PH_DECODE)) &&
+	    (ph_step(&x, x.o.only) < 0 || (x.o.both && step_both(&x, &y) < 0)))
 		goto err;
 	fflush(stdout);
 	if ((x.o.only & PH_STAGE) && ph_stageout(&x) < 0)
@@ -385,7 +426,8 @@ int bench_step(int argc, char **argv)
 	if ((x.o.only & PH_MEM) && ph_memory(&x) < 0)
 		goto err;
 	fflush(stdout);
-	if ((x.o.only & PH_FITS) && x.o.gpu_mem && ph_fits(&x) < 0)
+	if ((x.o.only & PH_FITS) && x.o.gpu_mem &&
+	    (ph_fits(&x) < 0 || (x.o.both && fits_both(&x, &y) < 0)))
 		goto err;
 	if (x.b->ops->mem_used)
 		printf("\ndevice memory held by the backend at the end: %s\n",
@@ -397,6 +439,8 @@ err:
 out:
 	if (x.peer)
 		x.b->ops->view_destroy(x.b->ctx, x.peer);
+	if (y.peer)
+		y.b->ops->view_destroy(y.b->ctx, y.peer);
 	kvmem_backend_close(y.b);
 	kvmem_backend_close(x.b);
 	bench_model_close(&x.o.bm);

@@ -58,6 +58,11 @@ struct ctx {
 	double prefill_view_s;		/* the step's peer */
 	double plain_decode_tps;
 	kvmem_view *peer;		/* the view prefilled with --view tokens */
+	/* The last phases' figures, for --kv-dtype both's ratios: the warm
+	 * tier's median step (s) and decode (tokens/s; 0: not run), the
+	 * largest view that fits (slots). */
+	double warm_step_s, warm_decode_tps;
+	int64_t fits_slots;
 };
 
 struct step_result {

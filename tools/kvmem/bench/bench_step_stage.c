@@ -323,6 +323,7 @@ int ph_fits(struct ctx *x)
 							      b->ops->mem_used(b->ctx) : 0)),
 	       lo, cli_fmt_bytes(buf[2], sizeof(buf[2]), (double)lo * x->geo.cfg.n_layers *
 			 x->page_bytes / BLOCK), lo * 8 / 9 / 1024 * 1024);
+	x->fits_slots = lo;
 	rc = 0;
 out:
 	kvmem_backend_close(b);

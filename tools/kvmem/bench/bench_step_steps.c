@@ -284,8 +284,11 @@ int ph_step(struct ctx *x, int phases)
 		     ws_bytes + (ws_bytes >> 3) + (256ull << 20), steps, phases & PH_DECODE, 1,
 		     &warm) < 0)
 		goto out;
-	if (x->o.tiers & TIER_WARM)
+	if (x->o.tiers & TIER_WARM) {
 		print_steps(x, "warm host tier", &warm, steps, x->prefill_view_s);
+		x->warm_step_s = median(warm.step_s, steps);
+		x->warm_decode_tps = phases & PH_DECODE ? warm.decode_tps : 0;
+	}
 	if (x->o.tiers & TIER_PAGES) {
 		struct step_result pages;
 
