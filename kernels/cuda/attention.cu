@@ -1198,13 +1198,27 @@ static int dec_min_tiles(const kvmem_cuda_ctx *c)
 	return c->dec_min_tiles > 0 ? c->dec_min_tiles : DEC_MIN_TILES;
 }
 
-/* The decode kernel's split target: two blocks per SM over the KV heads. */
-static int dec_target(const kvmem_cuda_ctx *c, int n_kv_heads)
+/* A decode kernel's split target: `blocks` blocks per SM over the KV
+ * heads, at most COMBINE_MAX. */
+static int sm_target(const kvmem_cuda_ctx *c, int blocks, int n_kv_heads)
 {
-	const long long want = (long long)c->sms * 2;
+	const long long want = (long long)c->sms * blocks;
 	long long t = (want + n_kv_heads - 1) / n_kv_heads;
 
 	return (int)(t < 1 ? 1 : (t > COMBINE_MAX ? COMBINE_MAX : t));
+}
+
+/* v5's: two blocks per SM. */
+static int dec_target(const kvmem_cuda_ctx *c, int n_kv_heads)
+{
+	return sm_target(c, 2, n_kv_heads);
+}
+
+/* The register form's over fp8 (attention_fp8.cu): fp8_reg_blocks (2 by
+ * default: then v5's). */
+static int dec8r_target(const kvmem_cuda_ctx *c, int n_kv_heads)
+{
+	return sm_target(c, c->fp8_reg_blocks == 3 ? 3 : 2, n_kv_heads);
 }
 
 /*
@@ -1253,9 +1267,8 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	const bool reg = ks && c->fp8_reg && R <= 8;
 	const int minb = c->fp8_reg_blocks == 3 ? 3 : 2;
 
-	if (reg && minb != 2)
-		a.target = (int)std::min<long long>(COMBINE_MAX, ((long long)c->sms * minb +
-								 f.n_kv_heads - 1) / f.n_kv_heads);
+	if (reg)
+		a.target = dec8r_target(c, f.n_kv_heads);
 	a.min_tiles = dec_min_tiles(c);
 	decode_split(f.n_kv, DEC_BN, a.target, a.min_tiles, &kps, &splits);
 	grid = n_kv_dev ? a.target : (splits > 0 ? splits : 1);
@@ -1529,6 +1542,8 @@ extern "C" size_t kvmem_cuda_attention_scratch(const kvmem_cuda_ctx *c, int n_q,
 		t = decode_target(c, 64, n_kv_heads);
 	if (dec_target(c, n_kv_heads) > t)
 		t = dec_target(c, n_kv_heads);
+	if (dec8r_target(c, n_kv_heads) > t)	/* fp8 in registers at 3 blocks an SM */
+		t = dec8r_target(c, n_kv_heads);
 	rows = (size_t)t * n_kv_heads * n_q * (n_heads / n_kv_heads);
 	return rows * head_dim * sizeof(float) + 2 * kvmem_align_up(rows * sizeof(float), 256);
 }
