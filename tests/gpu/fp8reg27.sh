@@ -1,7 +1,8 @@
 #!/bin/bash
-# On the GPU machine (issue 27): v5 over fp8 in registers (dec8r_kernel,
-# the default; KVMEM_CUDA_FP8_REG=0: the tile form) beside the tile form and bf16, each with its peers
-# in the same run. From the repo root (gpu_setup unpacks the bundle):
+# On the GPU machine (issue 27): decode attention over fp8 in registers
+# (attention_fp8.cu, the default) beside the tile form (KVMEM_CUDA_FP8_REG=0)
+# and bf16, each with its peers in the same run. From the repo root
+# (gpu_setup unpacks the bundle):
 #
 #   tests/gpu/fp8reg27.sh OUTDIR [SECONDS]
 #
