@@ -357,8 +357,10 @@ static int run_dec16(void *a)
 						1.0f / sqrtf((float)d->D));
 }
 
-/* The experiments of v5 over fp8 (kvmem_cuda_tune): mode bit 0 Q K^T on
- * the f16 MMA (fp8_f16k), bit 1 e4m3 -> bf16 by integer ops (fp8_int). */
+/* The forms of decode over fp8 (kvmem_cuda_tune): mode bit 0 Q K^T on the
+ * f16 MMA (fp8_f16k), bit 1 e4m3 -> bf16 by integer ops (fp8_int), both
+ * of the tile form; bit 2 the register form (fp8_reg, attention_fp8.cu,
+ * which the other bits leave alone). */
 static const char *const dec8_mode_name[5] = { "", ", Q K^T on the f16 MMA (fp8_f16k)",
 					       ", e4m3 by integer ops (fp8_int)",
 					       ", fp8_f16k and fp8_int",
