@@ -251,7 +251,10 @@ static void test_replay_equals_live(void **state)
 		record(m, e, ws, trace, &rc, &lv);
 		if (kvmem_lab_open(ws, trace, &lab))
 			fail_msg("lab open: %s", kvmem_last_error());
-		assert_true(lv.n > rc.steps);	/* adopt's, forced ones and the questions' */
+		/* each question's (select ahead), and those the view forced when
+		 * it filled: none when the random appends never overfill it (seed
+		 * 12175395094459062076, infllm: 6 of 6 steps) */
+		assert_true(lv.n >= rc.steps);
 		assert_int_equal(kvmem_lab_info(lab)->steps, lv.n);
 		assert_string_equal(kvmem_lab_info(lab)->policy, pol->name);
 		check_equal_live(lab, &lv);
