@@ -36,20 +36,8 @@ gpu_step32k step_bf16 bf16
 gpu_step32k step_fp8 fp8
 gpu_step32k step_fp8tile fp8 KVMEM_CUDA_FP8_REG=0
 # decode in a 128K view (the second decode row), bf16 then fp8 in registers
-for dt in bf16 fp8; do
-	mkdir -p "$tmp/b"
-	echo "== kvmem bench step --kv-dtype $dt --only decode --tokens 147456 --view 131072"
-	if timeout "$(gpu_left 60)" "$K" bench step --backend cuda \
-		--kv-dtype $dt --only decode --tokens 147456 --view 131072 --decode 32 \
-		--tiers warm --dir "$tmp/b" >"$log/step128k_$dt.log" 2>&1; then
-		ok "bench step decode at a 128K view, $dt"
-	else
-		bad "bench step decode at a 128K view, $dt (exit $?)"
-		tail -5 "$log/step128k_$dt.log"
-	fi
-	rm -rf "$tmp/b"
-	grep -E 'decode in a|per token:|peers:' "$log/step128k_$dt.log" | cut -c1-300
-done
+gpu_step step128k_bf16 bf16 147456 131072 decode 60
+gpu_step step128k_fp8 fp8 147456 131072 decode 60
 # The run tool brings back eight files a call: the logs as one tar.
 [ -n "${OUT:-}" ] && tar cf "$OUT/fp8reg27.tar" -C "$OUT" fp8reg27 && rm -rf "${OUT:?}/fp8reg27"
 gpu_done

@@ -165,26 +165,35 @@ gpu_unit() { # test name, seconds, [VAR=VALUE]
 	fi
 }
 
-# The session's warm step and decode at a 32K view, one dtype: log name,
-# dtype, then env assignments for the run (may be none). Needs $tmp.
-gpu_step32k() {
-	local name=$1 dt=$2 rc
-	shift 2
+# kvmem bench step on cuda, one dtype, the warm tier: log name, dtype,
+# workspace tokens, view, phases (--only), seconds at most, then env
+# assignments for the run (may be none). Needs $tmp.
+gpu_step() {
+	local name=$1 dt=$2 tokens=$3 view=$4 only=$5 secs=$6 rc
+	shift 6
 	mkdir -p "$tmp/b"
-	echo "== ${*:+$* }kvmem bench step --kv-dtype $dt --only step,decode (32K view)"
-	env "$@" timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype "$dt" \
-		--only step,decode --tokens 49152 --view 32768 --steps 2 --decode 32 \
+	echo "== ${*:+$* }kvmem bench step --kv-dtype $dt --only $only ($view-token view over $tokens)"
+	env "$@" timeout "$(gpu_left "$secs")" "$K" bench step --backend cuda --kv-dtype "$dt" \
+		--only "$only" --tokens "$tokens" --view "$view" --steps 2 --decode 32 \
 		--tiers warm --dir "$tmp/b" >"$log/$name.log" 2>&1
 	rc=$?
 	if [ $rc -eq 0 ]; then
-		ok "bench step step,decode, $dt${*:+, $*}"
+		ok "bench step $only, $dt, $view-token view${*:+, $*}"
 	else
-		bad "bench step step,decode, $dt${*:+, $*} (exit $rc)"
+		bad "bench step $only, $dt, $view-token view${*:+, $*} (exit $rc)"
 		tail -5 "$log/$name.log"
 	fi
 	rm -rf "$tmp/b"
-	grep -E 'median step|decode in a|per token:|prefilling' "$log/$name.log" | cut -c1-400
+	grep -E 'median step|decode in a|per token:|prefilling|peers:' "$log/$name.log" | cut -c1-400
 	return $rc
+}
+
+# The session's warm step and decode at a 32K view over 49K tokens, one
+# dtype: log name, dtype, then env assignments for the run (may be none).
+gpu_step32k() {
+	local name=$1 dt=$2
+	shift 2
+	gpu_step "$name" "$dt" 49152 32768 step,decode 40 "$@"
 }
 
 # kvmem_gpu_check --fp8 --bench within SECONDS: the fp8 kernels against
