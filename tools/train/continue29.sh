@@ -10,6 +10,11 @@
 #
 #   INIT=DIR OUT=DIR tools/train/continue29.sh   (build/static/kvmem carried)
 #
+# TEACHER=DIR (e.g. models/agentlang) adds train.py's --teacher with
+# --teacher-weight TEACHER_WEIGHT (0.5): the reading of the model the runs
+# started from kept (tools/train/README.md, "Keeping the starting model's
+# reading"; not run yet).
+#
 # Leaves OUT/model.tar (model, record, log) and the run's output in
 # OUT/run.txt. 2026-12-03 (fourteenth session): recall.md ("a longer run").
 set -u
@@ -18,7 +23,8 @@ cd "$(dirname "$0")/../.."
 INIT=${INIT:-build/init-hard0}
 [ -f "$INIT/model.safetensors" ] || { echo "continue29.sh: no model in $INIT" >&2; exit 1; }
 mkdir -p "$OUT"
-env TRAIN_ARGS="--init $INIT --lr 3e-4 --warmup 30 --curriculum 0" \
+TEACHER_ARGS=${TEACHER:+ --teacher $TEACHER --teacher-weight ${TEACHER_WEIGHT:-0.5}}
+env TRAIN_ARGS="--init $INIT --lr 3e-4 --warmup 30 --curriculum 0$TEACHER_ARGS" \
 	PAGED=0.5 PAGED_FROM=0 MINUTES=${MINUTES:-7} TOKENS=80M VIEWS=0.6 \
 	VIEW_POLICY=lexical MAX_RATIO=64 STALE=0.6 DROP=0.1 MEANK_WEIGHT=0.2 \
 	MEANK_WHOLE=0.5 MEANK_WHOLE_BATCH=2 MEANK_WHOLE_WEIGHT=0.5 MEANK_WHOLE_HARD=0 \

@@ -1115,6 +1115,7 @@ def self_test(data=None):
             ok &= bool((kv[b, 1, i] - want).abs().max() < 1e-4)
     check("the view's K/V come from the right window and place, keys re-rotated", ok)
     fp8_self_test(check)
+    distill_self_test(check)
 
     # 4. With transformers: a tiny model's question logits from pages equal a
     # plain forward's when the pages hold the view's own context (windows
@@ -1493,22 +1494,22 @@ def build_model(args, vocab, window, c):
     return model, transformers.__version__
 
 
-def init_from(model, path):
+def init_from(model, path, flag="--init"):
     """Start from a trained model's weights (a directory train.py exported:
-    config.json + model.safetensors), for fine-tuning; its shape must be
-    the one the flags build."""
+    config.json + model.safetensors), for fine-tuning (--init) or as the
+    teacher (--teacher); its shape must be the one the flags build."""
     from transformers import Qwen3ForCausalLM
     try:
         src = Qwen3ForCausalLM.from_pretrained(path)  # copied into the fp32 parameters below
     except Exception as e:  # noqa: BLE001 - say which directory and why
-        die(f"--init {path}: cannot load a Qwen3 model: {e}")
+        die(f"{flag} {path}: cannot load a Qwen3 model: {e}")
     want, have = model.state_dict(), src.state_dict()
     bad = [k for k in want if k not in have or have[k].shape != want[k].shape]
     if bad:
-        die(f"--init {path}: not the model these flags build ({len(bad)} tensors differ, "
+        die(f"{flag} {path}: not the model these flags build ({len(bad)} tensors differ, "
             f"first {bad[0]}): pass its --layers/--hidden/... ")
     model.load_state_dict({k: have[k] for k in want})
-    log(f"model: weights from {path} ({len(want)} tensors)")
+    log(f"model: weights from {path} ({len(want)} tensors){'' if flag == '--init' else ', ' + flag}")
 
 
 def effective_theta(cfg):
@@ -1551,6 +1552,40 @@ def lm_answer_losses(logits, x, c):
     lm_loss = (ce * lm).sum() / lm.sum().clamp(min=1)
     ans_loss = (ce * ans).sum() / ans.sum().clamp(min=1)
     return lm_loss, ans_loss, ans
+
+
+def distill_kl(logits, teacher_logits, x, pad):
+    """KL(teacher || student) of each next-token distribution, averaged over
+    the non-pad targets of x (logits [B, T-1, V] for x[:, 1:]): what keeps a
+    fine-tuned model reading as the model it started from (--teacher)."""
+    lp = F.log_softmax(logits.float(), dim=-1)
+    lt = F.log_softmax(teacher_logits.float(), dim=-1)
+    kl = (lt.exp() * (lt - lp)).sum(-1)
+    m = (x[:, 1:] != pad).to(kl.dtype)
+    return (kl * m).sum() / m.sum().clamp(min=1)
+
+
+def distill_self_test(check):
+    """distill_kl: 0 for the teacher's own logits, above 0 otherwise, blind to
+    pad targets, and its gradient reaches the student's logits."""
+    torch.manual_seed(5)
+    pad = 0
+    x = torch.randint(1, 50, (2, 9))
+    x[1, 6:] = pad
+    t = torch.randn(2, 8, 50)
+    s = (t + 0.5 * torch.randn(2, 8, 50)).requires_grad_(True)
+    same = distill_kl(t, t, x, pad).item()
+    kl = distill_kl(s, t, x, pad)
+    kl.backward()
+    check("teacher KL: 0 for the teacher's own logits, above 0 for others",
+          abs(same) < 1e-6 and kl.item() > 0, f"{same:.1e}, {kl.item():.3f}")
+    s2 = s.detach().clone()
+    s2[1, 5:] += 3.0 * torch.randn(3, 50)  # targets x[1, 6:] are pad
+    check("teacher KL: pad targets do not count",
+          abs(distill_kl(s2, t, x, pad).item() - kl.item()) < 1e-6)
+    check("teacher KL: the gradient reaches the student's logits, not the pad rows",
+          s.grad is not None and s.grad[0].abs().sum().item() > 0 and
+          s.grad[1, 5:].abs().sum().item() == 0)
 
 
 def losses(model, x, c, answer_weight, meank=None):
@@ -1793,6 +1828,13 @@ def parse_args(argv):
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--answer-weight", type=float, default=1.0,
                     help="loss = mean CE of all tokens + this * mean CE of answer tokens")
+    ap.add_argument("--teacher", metavar="DIR",
+                    help="a frozen exported model (e.g. models/agentlang) whose next-token "
+                         "distributions the regular batches are pulled towards "
+                         "(--teacher-weight): reading kept while other losses move the model")
+    ap.add_argument("--teacher-weight", type=float, default=0.0,
+                    help="weight of KL(teacher || model) over the regular batches' targets "
+                         "(0: off)")
     ap.add_argument("--meank-weight", type=float, default=0.0,
                     help="weight of the Mean-K loss: -log of the needle block's mean share as "
                          "kvmem's meank scores it (0: off; the evaluations still report "
@@ -1864,6 +1906,8 @@ def parse_args(argv):
         ap.error("--data and --out are needed (or --self-test)")
     if not 0.0 <= args.kv_fp8 <= 1.0:
         ap.error(f"--kv-fp8 {args.kv_fp8:g}: a share of the steps, 0 to 1")
+    if args.teacher_weight < 0 or (args.teacher_weight > 0) != bool(args.teacher):
+        ap.error("--teacher DIR and a --teacher-weight above 0 go together")
     if args.smoke:
         args.minutes = min(args.minutes, 0.5)
         args.eval_every = 10.0
@@ -1932,6 +1976,13 @@ def main(argv):
     if args.init:
         init_from(model, args.init)
     model.to(device)
+    teacher = None
+    if args.teacher_weight > 0:
+        teacher, _ = build_model(args, c.vocab, L, c)
+        init_from(teacher, args.teacher, "--teacher")
+        teacher.to(device).eval().requires_grad_(False)
+        log(f"teacher: KL to {args.teacher}'s next-token distributions on the regular "
+            f"batches, weight {args.teacher_weight:g}")
     n_params = count_params(model)
     log(f"model: Qwen3 {args.layers} layers, hidden {args.hidden}, {args.heads} heads / "
         f"{args.kv_heads} KV heads x {args.head_dim}, mlp {args.intermediate}, window {L}, "
@@ -1977,6 +2028,7 @@ def main(argv):
         rope_cs = rope_mean_coeffs(args.head_dim, args.rope_theta,
                                    args.meank_span or L - 32, device)
     mk_avg = [None, None]  # smoothed Mean-K loss and top-1 of the training batches
+    tkl = [None]  # the last regular batch's KL to the teacher
     rope_cs_w = None  # the whole-workspace Mean-K's (training and held-out ranks)
     if whole or any(e.n_whole for _, e in evals):
         rope_cs_w = rope_mean_coeffs(args.head_dim, args.rope_theta,
@@ -1989,7 +2041,13 @@ def main(argv):
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             r = losses(fwd, x, c, args.answer_weight,
                        None if rope_cs is None else (args.meank_weight, model, rope_cs))
-        loss, lm_loss, ans_loss = r[0], r[1], r[2]
+            loss, lm_loss, ans_loss = r[0], r[1], r[2]
+            if teacher is not None:
+                with torch.no_grad():
+                    tl = teacher(input_ids=x[:, :-1], use_cache=False).logits
+                kl = distill_kl(r[3], tl, x, c.pad)
+                tkl[0] = kl.detach()
+                loss = loss + args.teacher_weight * kl
         loss.backward()
         if rope_cs is not None and r[5] is not None:
             mk_avg[0], mk_avg[1] = r[5][0].detach(), r[5][1].detach()
@@ -2187,6 +2245,7 @@ def main(argv):
                    if device.type == "cuda" and step <= 3 else "")
             mk = (f", meank {mk_avg[0].item():.3f} top-1 {100 * mk_avg[1].item():.0f}%"
                   if mk_avg[0] is not None else "")
+            mk += f", teacher KL {tkl[0].item():.4f}" if tkl[0] is not None else ""
             log(f"step {step:5d}  {el:6.1f}s  len {cur}  lr {lr:.2e}  loss {lv:.3f} "
                 f"(lm {lmv:.3f}, answer {av:.3f}{mk})  "
                 f"{seen_tokens / max(el - pst['seconds'] - wst['seconds'], 1e-9) / 1e6:.2f}M tok/s{mem}")
@@ -2307,6 +2366,9 @@ def main(argv):
                   "meank_whole_failed": WHOLE_BROKEN[0] if WHOLE_BROKEN else None,
                   "meank_whole_stats": {k: (v.item() if torch.is_tensor(v) else v)
                                         for k, v in wst.items()},
+                  "teacher": args.teacher if teacher is not None else None,
+                  "teacher_weight": args.teacher_weight,
+                  "final_teacher_kl": tkl[0].item() if tkl[0] is not None else None,
                   "kv_fp8": args.kv_fp8, "kv_fp8_steps": fp8_steps,
                   "kv_fp8_eval": kvq is not None,
                   "torch_seed": args.seed,
