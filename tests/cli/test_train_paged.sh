@@ -8,7 +8,8 @@
 # workspace Mean-K loss's gradients), and --kv-fp8's fake quantisation (the
 # e4m3 rounding against tools/train/e4m3_fixture.txt, kernels/cpu/fp8.c's
 # bits, which test_fp8 checks; the straight-through gradient; the hooks on
-# k_norm and v_proj). Skipped (77)
+# k_norm and v_proj), and --teacher's KL (0 against the teacher itself, pad
+# targets left out, the gradient to the model only). Skipped (77)
 # where no python3 has torch and numpy (apt-get install python3-torch
 # python3-numpy gives them).
 . "$(dirname "$0")/lib.sh"
