@@ -1214,11 +1214,11 @@ static int dec_target(const kvmem_cuda_ctx *c, int n_kv_heads)
 	return sm_target(c, 2, n_kv_heads);
 }
 
-/* The register form's over fp8 (attention_fp8.cu): fp8_reg_blocks (2 by
- * default: then v5's). */
+/* The register form's over fp8 (attention_fp8.cu): fp8_reg_blocks, 2 or 3
+ * (ctx.cu keeps it so; 2 by default: then v5's). */
 static int dec8r_target(const kvmem_cuda_ctx *c, int n_kv_heads)
 {
-	return sm_target(c, c->fp8_reg_blocks == 3 ? 3 : 2, n_kv_heads);
+	return sm_target(c, c->fp8_reg_blocks, n_kv_heads);
 }
 
 /*
@@ -1265,7 +1265,6 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.target = dec_target(c, f.n_kv_heads);
 	/* fp8 in registers (up to 8 rows): its own blocks per SM, the target */
 	const bool reg = ks && c->fp8_reg && R <= 8;
-	const int minb = c->fp8_reg_blocks == 3 ? 3 : 2;
 
 	if (reg)
 		a.target = dec8r_target(c, f.n_kv_heads);
@@ -1282,7 +1281,7 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	if (reg) {
 		if ((rc = head_dim == 128 ? dec_attr<128>(c) : dec_attr<64>(c)))
 			return rc;
-		kvmem_cuda_dec8r_launch(c, a, grid, head_dim, minb);
+		kvmem_cuda_dec8r_launch(c, a, grid, head_dim, c->fp8_reg_blocks);
 	} else if (ks && head_dim == 128) {
 		if ((rc = dec_attr<128>(c)))
 			return rc;
