@@ -89,6 +89,22 @@ int kvmem_cuda_attention_decode_fp8(kvmem_cuda_ctx *c, uint16_t *out, const uint
 				    const uint8_t *v, const float *k_scale, const float *v_scale,
 				    const int32_t *n_kv_dev, int max_kv, size_t kv_stride,
 				    int n_heads, int n_kv_heads, int head_dim, float scale);
+/*
+ * Prefill attention (attention.cu, v4's flash kernel reading e4m3 tiles)
+ * over an fp8 view's layer: k, v, k_scale, v_scale as above, keys at slot
+ * = position, the key count from the host, arguments otherwise as
+ * kvmem_cuda_attention_bf16_v's; the bits of v4 over the same rows
+ * dequantised to bf16 (twin: kvmem_attention_kv_bf16). -ENOTSUP for a
+ * decode shape (at most 16 rows a KV head: kvmem_cuda_attention_decode_fp8).
+ */
+int kvmem_cuda_attention_fp8(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+			     const int32_t *q_pos, int n_q, const uint8_t *k, const uint8_t *v,
+			     const float *k_scale, const float *v_scale, int n_kv, size_t kv_stride,
+			     int n_heads, int n_kv_heads, int head_dim, float scale);
+/* 1 when kvmem_cuda_attention_bf16 runs v4 for this prefill shape (the
+ * bits kvmem_cuda_attention_fp8 gives); 0 for v6 and the others. */
+int kvmem_cuda_attention_fp8_same(const kvmem_cuda_ctx *c, int n_q, int n_heads, int n_kv_heads,
+				  int head_dim);
 
 #ifdef __cplusplus
 }

@@ -146,6 +146,16 @@ void kvmem_fp8_dequant_rows_bf16(uint16_t *out, const uint8_t *q, const float *s
 int kvmem_decode_kv_bf16(uint16_t *out, const uint16_t *q, const void *k, const void *v,
 			 const float *k_scale, const float *v_scale, int kv_dtype, int n_kv,
 			 size_t kv_stride, int n_heads, int n_kv_heads, int head_dim, float scale);
+/*
+ * The same for n_q query tokens at positions q_pos (q, out [n_q][n_heads]
+ * [head_dim]), causal with keys at slot = position: the twin of a prefill
+ * chunk over a view layer, kvmem_cuda_attention_fp8 (fp8) and
+ * kvmem_cuda_attention_bf16 (bf16).
+ */
+int kvmem_attention_kv_bf16(uint16_t *out, const uint16_t *q, const int32_t *q_pos, int n_q,
+			    const void *k, const void *v, const float *k_scale,
+			    const float *v_scale, int kv_dtype, int n_kv, size_t kv_stride,
+			    int n_heads, int n_kv_heads, int head_dim, float scale);
 
 #ifdef __cplusplus
 }

@@ -66,6 +66,7 @@
 
 #include "cuda_int.h"
 #include "attention_dec.cuh"
+#include "attention_flash.cuh"
 #include "attention_warp.cuh"
 #include "fp8.cuh"
 #include "kernels/kernels_cuda_batch.h"
@@ -95,361 +96,7 @@ __global__ void attn_v1_kernel(uint16_t *out, const uint16_t *q, const int32_t *
 		out[((size_t)i * n_heads + h) * hd + lane + 32 * c] = f2bf(o[c] * inv);
 }
 
-/* ---- version 2: flash --------------------------------------------------- */
-struct flash_args {
-	uint16_t *out;
-	const uint16_t *q, *k, *v;
-	const int32_t *q_pos, *kv_pos;
-	int n_q, n_kv, n_heads, n_kv_heads, group;
-	long long kv_stride;
-	float scale_log2;	/* scale * log2(e) */
-	int keys_per_split;
-	float *part_o, *part_m, *part_l;	/* split-K partials, or NULL */
-	/* Decode (split_target > 0): the key count is *n_kv_dev when set (a
-	 * CUDA graph replays the launch as the view grows), else n_kv; the
-	 * keys per split follow from it and split_target alone (see
-	 * decode_split), never from the grid or the view's capacity. */
-	const int *n_kv_dev;
-	int split_target;
-};
-
-/*
- * WM warps, each owning MT m-tiles of 16 rows (ROWS = 16 WM MT rows per
- * block), BN-key tiles. MT = 1 keeps the warp's Q fragments in registers
- * (v2, v3); MT = 2 (v4) reads them from shared memory by ldmatrix at each
- * step instead (registers go to the second m-tile's accumulators), so each
- * K and V fragment read from shared memory feeds two MMAs per m-tile pair:
- * half the shared-memory traffic per MMA, which bounds v2.
- */
-template <int HD, int WM, int BN, int MT> struct flash_cfg {
-	static constexpr int ROWS = 16 * WM * MT;
-	static constexpr int LD = HD + 8;	/* smem row stride (bf16): ldmatrix without bank conflicts */
-	static constexpr int THREADS = 32 * WM;
-	static constexpr int CH = HD / 8;	/* 16-byte chunks per row */
-	static constexpr size_t SMEM = (size_t)(ROWS * LD + 4 * BN * LD) * 2 + 2 * BN * sizeof(int);
-};
-
-template <int HD, int WM, int BN, int MT>
-__global__ void __launch_bounds__(32 * WM) flash_kernel(const flash_args a)
-{
-	typedef flash_cfg<HD, WM, BN, MT> C;
-	extern __shared__ __align__(16) unsigned char smem_raw[];
-	uint16_t *sQ = (uint16_t *)smem_raw;
-	uint16_t *sK = sQ + C::ROWS * C::LD;	/* [2][BN][LD] */
-	uint16_t *sV = sK + 2 * BN * C::LD;	/* [2][BN][LD] */
-	int *sP = (int *)(sV + 2 * BN * C::LD);	/* [2][BN] key positions (kv_pos given) */
-	__shared__ int s_qmax, s_qmin;
-
-	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
-	const int G = a.group, R = a.n_q * G;
-	const int mt = gridDim.x - 1 - blockIdx.x;	/* heavy (late) tiles first */
-	const int kvh = blockIdx.y, split = blockIdx.z;
-	const int n_kv = a.n_kv_dev ? min(*a.n_kv_dev, a.n_kv) : a.n_kv;
-	int kps = a.keys_per_split;
-
-	if (a.split_target) {
-		int splits;
-
-		decode_split(n_kv, BN, a.split_target, 1, &kps, &splits);
-		if (split >= splits)
-			return;	/* the whole block: the grid was sized for the most splits */
-	}
-	const int row0 = mt * C::ROWS;
-	int r_lo[MT], r_hi[MT], qp_lo[MT], qp_hi[MT];
-
-#pragma unroll
-	for (int m = 0; m < MT; m++) {
-		r_lo[m] = row0 + (warp * MT + m) * 16 + gq;
-		r_hi[m] = r_lo[m] + 8;
-		qp_lo[m] = r_lo[m] < R ? a.q_pos[r_lo[m] / G] : INT_MIN;
-		qp_hi[m] = r_hi[m] < R ? a.q_pos[r_hi[m] / G] : INT_MIN;
-	}
-	if (tid == 0) {
-		s_qmax = INT_MIN;
-		s_qmin = INT_MAX;
-	}
-	__syncthreads();
-	for (int r = tid; r < C::ROWS; r += C::THREADS)
-		if (row0 + r < R) {
-			int p = a.q_pos[(row0 + r) / G];
-
-			atomicMax(&s_qmax, p);
-			atomicMin(&s_qmin, p);
-		}
-	__syncthreads();
-	const int qmax = s_qmax, qmin = s_qmin;
-	const int ks = split * kps;
-	int ke = min(n_kv, ks + kps);
-
-	if (!a.kv_pos)
-		ke = min(ke, qmax == INT_MAX ? qmax : qmax + 1);
-	const int n_tiles = ke > ks ? (ke - ks + BN - 1) / BN : 0;
-
-	/* Q tile and the first K/V tile: group 0. */
-	if (n_tiles > 0) {
-		for (int c = tid; c < C::ROWS * C::CH; c += C::THREADS) {
-			int r = c / C::CH, cc = c % C::CH, rr = row0 + r;
-			bool ok = rr < R;
-			const uint16_t *src = ok ? a.q + ((size_t)(rr / G) * a.n_heads + kvh * G + rr % G) * HD +
-						      cc * 8 : a.q;
-
-			cp_async16(sQ + r * C::LD + cc * 8, src, ok);
-		}
-	}
-	auto load_tile = [&](int i, int buf) {
-		const int j0 = ks + i * BN;
-		const uint16_t *kb = a.k + ((size_t)kvh * a.kv_stride + j0) * HD;
-		const uint16_t *vb = a.v + ((size_t)kvh * a.kv_stride + j0) * HD;
-
-		for (int c = tid; c < BN * C::CH; c += C::THREADS) {
-			int r = c / C::CH, cc = c % C::CH;
-			bool ok = j0 + r < ke;
-			size_t off = (size_t)r * HD + cc * 8;
-
-			cp_async16(sK + (buf * BN + r) * C::LD + cc * 8, ok ? kb + off : a.k, ok);
-			cp_async16(sV + (buf * BN + r) * C::LD + cc * 8, ok ? vb + off : a.v, ok);
-		}
-		if (a.kv_pos)
-			for (int r = tid; r < BN; r += C::THREADS)
-				sP[buf * BN + r] = j0 + r < ke ? a.kv_pos[j0 + r] : INT_MAX;
-	};
-	if (n_tiles > 0)
-		load_tile(0, 0);
-	cp_async_commit();
-
-	/* Per-lane ldmatrix addresses (bytes in shared memory). An x4 load
-	 * takes row addresses from lanes 8i..8i+7 for matrix i. K (B of Q K^T,
-	 * "col" layout = K rows): matrices (keys 0-7, d 0-7), (0-7, 8-15),
-	 * (8-15, 0-7), (8-15, 8-15). V (B of P V, transposed) and Q (A):
-	 * (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15). */
-	const int mi = lane >> 3, rr8 = lane & 7;
-	const uint32_t sQa = (uint32_t)__cvta_generic_to_shared(sQ);
-	const uint32_t sKa = (uint32_t)__cvta_generic_to_shared(sK) +
-			     (((mi >> 1) * 8 + rr8) * C::LD + (mi & 1) * 8) * 2;
-	const uint32_t sVa = (uint32_t)__cvta_generic_to_shared(sV) +
-			     (((mi & 1) * 8 + rr8) * C::LD + (mi >> 1) * 8) * 2;
-	const uint32_t qA = sQa + ((warp * MT * 16 + (mi & 1) * 8 + rr8) * C::LD + (mi >> 1) * 8) * 2;
-
-	float m_lo[MT], m_hi[MT], l_lo[MT], l_hi[MT];
-	float o[MT][HD / 8][4];
-	uint32_t qf[MT == 1 ? HD / 16 : 1][4];
-
-#pragma unroll
-	for (int m = 0; m < MT; m++) {
-		m_lo[m] = m_hi[m] = -INFINITY;
-		l_lo[m] = l_hi[m] = 0.0f;
-#pragma unroll
-		for (int dt = 0; dt < HD / 8; dt++)
-			o[m][dt][0] = o[m][dt][1] = o[m][dt][2] = o[m][dt][3] = 0.0f;
-	}
-
-	for (int i = 0; i < n_tiles; i++) {
-		const int buf = i & 1, j0 = ks + i * BN;
-		const uint32_t kbuf = sKa + buf * BN * C::LD * 2, vbuf = sVa + buf * BN * C::LD * 2;
-
-		if (i + 1 < n_tiles)
-			load_tile(i + 1, buf ^ 1);
-		cp_async_commit();	/* possibly empty: keeps the group count uniform */
-		cp_async_wait<1>();	/* tile i (and Q) have landed */
-		__syncthreads();
-		if (MT == 1 && i == 0) {
-#pragma unroll
-			for (int kk = 0; kk < HD / 16; kk++) {
-				const uint16_t *b = sQ + (warp * 16 + gq) * C::LD + kk * 16 + 2 * t4;
-
-				qf[MT == 1 ? kk : 0][0] = *(const uint32_t *)b;
-				qf[MT == 1 ? kk : 0][1] = *(const uint32_t *)(b + 8 * C::LD);
-				qf[MT == 1 ? kk : 0][2] = *(const uint32_t *)(b + 8);
-				qf[MT == 1 ? kk : 0][3] = *(const uint32_t *)(b + 8 * C::LD + 8);
-			}
-		}
-
-		/* S = Q K^T: per m-tile 16 rows x BN keys. */
-		float s[MT][BN / 8][4];
-#pragma unroll
-		for (int m = 0; m < MT; m++)
-#pragma unroll
-			for (int nt = 0; nt < BN / 8; nt++)
-				s[m][nt][0] = s[m][nt][1] = s[m][nt][2] = s[m][nt][3] = 0.0f;
-#pragma unroll
-		for (int kk = 0; kk < HD / 16; kk++) {
-			uint32_t qa[MT][4];
-
-#pragma unroll
-			for (int m = 0; m < MT; m++) {
-				if (MT == 1) {
-					qa[m][0] = qf[MT == 1 ? kk : 0][0];
-					qa[m][1] = qf[MT == 1 ? kk : 0][1];
-					qa[m][2] = qf[MT == 1 ? kk : 0][2];
-					qa[m][3] = qf[MT == 1 ? kk : 0][3];
-				} else {
-					ldsm_x4_u(qa[m], qA + (m * 16 * C::LD + kk * 16) * 2);
-				}
-			}
-#pragma unroll
-			for (int np = 0; np < BN / 16; np++) {
-				uint32_t b[4];
-
-				ldsm_x4_u(b, kbuf + (np * 16 * C::LD + kk * 16) * 2);
-#pragma unroll
-				for (int m = 0; m < MT; m++) {
-					mma16816(s[m][2 * np], qa[m], b[0], b[1]);
-					mma16816(s[m][2 * np + 1], qa[m], b[2], b[3]);
-				}
-			}
-		}
-
-		/* Scale (log2 units) and mask. */
-		const bool full = !a.kv_pos && j0 + BN <= ke && j0 + BN - 1 <= qmin;
-#pragma unroll
-		for (int m = 0; m < MT; m++)
-#pragma unroll
-			for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					float x_lo = s[m][nt][e] * a.scale_log2;
-					float x_hi = s[m][nt][2 + e] * a.scale_log2;
-
-					if (!full) {
-						const int jl = nt * 8 + 2 * t4 + e, j = j0 + jl;
-						const int kp = a.kv_pos ? sP[buf * BN + jl] : j;
-						const bool ok = j < ke;
-
-						if (!ok || kp > qp_lo[m])
-							x_lo = -INFINITY;
-						if (!ok || kp > qp_hi[m])
-							x_hi = -INFINITY;
-					}
-					s[m][nt][e] = x_lo;
-					s[m][nt][2 + e] = x_hi;
-				}
-
-		/* Online softmax: rows gq (lo) and gq + 8 (hi) of each m-tile;
-		 * the 4 threads of a quad share a row. */
-#pragma unroll
-		for (int m = 0; m < MT; m++) {
-			float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-			for (int nt = 0; nt < BN / 8; nt++) {
-				mx_lo = fmaxf(mx_lo, fmaxf(s[m][nt][0], s[m][nt][1]));
-				mx_hi = fmaxf(mx_hi, fmaxf(s[m][nt][2], s[m][nt][3]));
-			}
-			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-			const float mn_lo = fmaxf(m_lo[m], mx_lo), mn_hi = fmaxf(m_hi[m], mx_hi);
-			/* A row that has seen nothing yet subtracts 0: every p is 0. */
-			const float b_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
-			const float b_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-			const float al_lo = exp2f(m_lo[m] - b_lo), al_hi = exp2f(m_hi[m] - b_hi);
-			float rs_lo = 0.0f, rs_hi = 0.0f;
-
-#pragma unroll
-			for (int nt = 0; nt < BN / 8; nt++) {
-				s[m][nt][0] = exp2f(s[m][nt][0] - b_lo);
-				s[m][nt][1] = exp2f(s[m][nt][1] - b_lo);
-				s[m][nt][2] = exp2f(s[m][nt][2] - b_hi);
-				s[m][nt][3] = exp2f(s[m][nt][3] - b_hi);
-				rs_lo += s[m][nt][0] + s[m][nt][1];
-				rs_hi += s[m][nt][2] + s[m][nt][3];
-			}
-			l_lo[m] = l_lo[m] * al_lo + rs_lo;
-			l_hi[m] = l_hi[m] * al_hi + rs_hi;
-			m_lo[m] = mn_lo;
-			m_hi[m] = mn_hi;
-#pragma unroll
-			for (int dt = 0; dt < HD / 8; dt++) {
-				o[m][dt][0] *= al_lo;
-				o[m][dt][1] *= al_lo;
-				o[m][dt][2] *= al_hi;
-				o[m][dt][3] *= al_hi;
-			}
-		}
-
-		/* O += P V: P from the S registers (the C layout of two n-tiles is
-		 * the A layout of one 16-key step), V by ldmatrix.trans. */
-#pragma unroll
-		for (int kk = 0; kk < BN / 16; kk++) {
-			uint32_t pa[MT][4];
-
-#pragma unroll
-			for (int m = 0; m < MT; m++) {
-				pa[m][0] = pack_bf2(s[m][2 * kk][0], s[m][2 * kk][1]);
-				pa[m][1] = pack_bf2(s[m][2 * kk][2], s[m][2 * kk][3]);
-				pa[m][2] = pack_bf2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-				pa[m][3] = pack_bf2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-			}
-#pragma unroll
-			for (int dp = 0; dp < HD / 16; dp++) {
-				uint32_t b[4];
-
-				ldsm_x4_tu(b, vbuf + (kk * 16 * C::LD + dp * 16) * 2);
-#pragma unroll
-				for (int m = 0; m < MT; m++) {
-					mma16816(o[m][2 * dp], pa[m], b[0], b[1]);
-					mma16816(o[m][2 * dp + 1], pa[m], b[2], b[3]);
-				}
-			}
-		}
-		__syncthreads();	/* buf is refilled at iteration i + 1 */
-	}
-	cp_async_wait<0>();
-
-	const size_t base = ((size_t)split * a.n_kv_heads + kvh) * R;
-
-#pragma unroll
-	for (int m = 0; m < MT; m++) {
-		float lo = l_lo[m], hi = l_hi[m];
-
-		lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-		lo += __shfl_xor_sync(0xffffffffu, lo, 2);
-		hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-		hi += __shfl_xor_sync(0xffffffffu, hi, 2);
-		if (!a.part_o) {
-			const float i_lo = lo > 0.0f ? 1.0f / lo : 0.0f;
-			const float i_hi = hi > 0.0f ? 1.0f / hi : 0.0f;
-
-			if (r_lo[m] < R) {
-				uint16_t *dst = a.out + ((size_t)(r_lo[m] / G) * a.n_heads + kvh * G +
-							 r_lo[m] % G) * HD;
-#pragma unroll
-				for (int dt = 0; dt < HD / 8; dt++)
-					*(uint32_t *)(dst + dt * 8 + 2 * t4) =
-						pack_bf2(o[m][dt][0] * i_lo, o[m][dt][1] * i_lo);
-			}
-			if (r_hi[m] < R) {
-				uint16_t *dst = a.out + ((size_t)(r_hi[m] / G) * a.n_heads + kvh * G +
-							 r_hi[m] % G) * HD;
-#pragma unroll
-				for (int dt = 0; dt < HD / 8; dt++)
-					*(uint32_t *)(dst + dt * 8 + 2 * t4) =
-						pack_bf2(o[m][dt][2] * i_hi, o[m][dt][3] * i_hi);
-			}
-			continue;
-		}
-		if (r_lo[m] < R) {
-			float *po = a.part_o + (base + r_lo[m]) * HD;
-#pragma unroll
-			for (int dt = 0; dt < HD / 8; dt++)
-				*(float2 *)(po + dt * 8 + 2 * t4) = make_float2(o[m][dt][0], o[m][dt][1]);
-			if (t4 == 0) {
-				a.part_m[base + r_lo[m]] = m_lo[m];
-				a.part_l[base + r_lo[m]] = lo;
-			}
-		}
-		if (r_hi[m] < R) {
-			float *po = a.part_o + (base + r_hi[m]) * HD;
-#pragma unroll
-			for (int dt = 0; dt < HD / 8; dt++)
-				*(float2 *)(po + dt * 8 + 2 * t4) = make_float2(o[m][dt][2], o[m][dt][3]);
-			if (t4 == 0) {
-				a.part_m[base + r_hi[m]] = m_hi[m];
-				a.part_l[base + r_hi[m]] = hi;
-			}
-		}
-	}
-}
+/* ---- versions 2-4: the flash kernel (attention_flash.cuh) ----------------- */
 
 /*
  * Combine split-K partials: row blockIdx.x of KV head blockIdx.y. Warp 0
@@ -985,16 +632,16 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_batch_kernel(const dec_
 /* Raise the kernel's dynamic shared memory limit, once per device. Done
  * for every configuration when a context is made (kvmem_cuda_attention_
  * setup), so that no launch inside a stream capture has to. */
-template <int HD, int WM, int BN, int MT> static int flash_attr(kvmem_cuda_ctx *c)
+template <int HD, int WM, int BN, int MT, int F8 = 0> static int flash_attr(kvmem_cuda_ctx *c)
 {
 	typedef flash_cfg<HD, WM, BN, MT> C;
 	static int attr_set[64];
 
 	if (c->device < 64 && attr_set[c->device])
 		return 0;
-	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(flash_kernel<HD, WM, BN, MT>,
+	if (int rc = kvmem_cuda_err(cudaFuncSetAttribute(flash_kernel<HD, WM, BN, MT, F8>,
 							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)C::SMEM),
+							 (int)(F8 ? C::SMEM8 : C::SMEM)),
 				    "attention: shared memory"))
 		return rc;
 	if (c->device < 64)
@@ -1047,6 +694,7 @@ extern "C" int kvmem_cuda_attention_v6(kvmem_cuda_ctx *c, uint16_t *out, const u
 extern "C" int kvmem_cuda_attention_v6_setup(kvmem_cuda_ctx *c);
 extern "C" int kvmem_cuda_attention_v6_fills(const kvmem_cuda_ctx *c, int n_q, int n_heads,
 					     int n_kv_heads);
+extern "C" int kvmem_cuda_attention_v6_takes(const kvmem_cuda_ctx *c, int head_dim);
 
 /* Also the decode kernel's per-KV-head counters (zero; each launch leaves
  * them zero), the context's own: two contexts' streams never share them. */
@@ -1059,6 +707,7 @@ extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 	    (rc = flash_attr<128, 4, 64, 2>(c)) || (rc = flash_attr<64, 1, 32, 1>(c)) ||
 	    (rc = flash_attr<64, 1, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 1>(c)) ||
 	    (rc = flash_attr<64, 8, 64, 1>(c)) || (rc = flash_attr<64, 4, 64, 2>(c)) ||
+	    (rc = flash_attr<128, 4, 64, 2, 1>(c)) || (rc = flash_attr<64, 4, 64, 2, 1>(c)) ||
 	    (rc = dec_attr<128>(c)) || (rc = dec_attr<64>(c)) ||
 	    (rc = kvmem_cuda_attention_v6_setup(c)))
 		return rc;
@@ -1076,16 +725,17 @@ extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 	return 0;
 }
 
-template <int HD, int WM, int BN, int MT>
+template <int HD, int WM, int BN, int MT, int F8 = 0>
 static int flash_launch(kvmem_cuda_ctx *c, const flash_args &a, int grid_z, int splits)
 {
 	typedef flash_cfg<HD, WM, BN, MT> C;
 	const int R = a.n_q * a.group, mt = (R + C::ROWS - 1) / C::ROWS;
 	int rc;
 
-	if ((rc = flash_attr<HD, WM, BN, MT>(c)))
+	if ((rc = flash_attr<HD, WM, BN, MT, F8>(c)))
 		return rc;
-	flash_kernel<HD, WM, BN, MT><<<dim3(mt, a.n_kv_heads, grid_z), C::THREADS, C::SMEM, c->stream>>>(a);
+	flash_kernel<HD, WM, BN, MT, F8><<<dim3(mt, a.n_kv_heads, grid_z), C::THREADS,
+					   F8 ? C::SMEM8 : C::SMEM, c->stream>>>(a);
 	if ((rc = kvmem_cuda_launched("attention")))
 		return rc;
 	if (a.part_o) {
@@ -1174,6 +824,9 @@ static int flash(kvmem_cuda_ctx *c, flash_args a, int head_dim, int version, con
 	} else {
 		a.part_o = a.part_m = a.part_l = NULL;
 	}
+	if (a.ks)	/* fp8 (kvmem_cuda_attention_fp8): v4's tiles only */
+		return head_dim == 128 ? flash_launch<128, 4, 64, 2, 1>(c, a, grid_z, splits)
+				       : flash_launch<64, 4, 64, 2, 1>(c, a, grid_z, splits);
 	if (head_dim == 128) {
 		if (wm == 1)
 			return bn == 32 ? flash_launch<128, 1, 32, 1>(c, a, grid_z, splits)
@@ -1605,6 +1258,56 @@ extern "C" int kvmem_cuda_attention_decode_fp8(kvmem_cuda_ctx *c, uint16_t *out,
 				 head_dim, scale)))
 		return rc;
 	return decode5(c, a, head_dim, n_kv_dev, k_scale, v_scale);
+}
+
+/* Prefill over fp8 K/V (an fp8 view's layer, as for decode above; slot =
+ * position) by v4's flash kernel reading e4m3 tiles: the bits of
+ * kvmem_cuda_attention_bf16_v(4) over the same rows dequantised to bf16.
+ * -ENOTSUP for decode shapes (at most 16 rows a KV head: v5's, above). */
+extern "C" int kvmem_cuda_attention_fp8(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
+					const int32_t *q_pos, int n_q, const uint8_t *k,
+					const uint8_t *v, const float *k_scale, const float *v_scale,
+					int n_kv, size_t kv_stride, int n_heads, int n_kv_heads,
+					int head_dim, float scale)
+{
+	flash_args a;
+	int rc;
+
+	if ((rc = bad_shape(n_q, n_kv, kv_stride, n_heads, n_kv_heads, head_dim)))
+		return rc;
+	if (!k_scale || !v_scale)
+		return kvmem_error(EINVAL, "attention (fp8): no row scales");
+	if (!n_q)
+		return 0;
+	if (is_decode(n_q, n_heads, n_kv_heads))
+		return kvmem_error(ENOTSUP, "attention (fp8): %d queries of %d heads per KV head "
+				   "is a decode shape (v5's)", n_q, n_heads / n_kv_heads);
+	if ((rc = flash_args_for(&a, 4, out, q, q_pos, n_q, (const uint16_t *)k,
+				 (const uint16_t *)v, NULL, n_kv, kv_stride, n_heads, n_kv_heads,
+				 head_dim, scale)))
+		return rc;
+	a.ks = k_scale;
+	a.vs = v_scale;
+	return flash(c, a, head_dim, 4, NULL);
+}
+
+/* 1 when the main path's prefill of this shape (kvmem_cuda_attention_bf16)
+ * runs v4, whose bits kvmem_cuda_attention_fp8 gives over the rows
+ * dequantised; 0 for another version (v6 where its rows fill the GPU, one
+ * that KVMEM_CUDA_PREFILL names) and for decode shapes. */
+extern "C" int kvmem_cuda_attention_fp8_same(const kvmem_cuda_ctx *c, int n_q, int n_heads,
+					     int n_kv_heads, int head_dim)
+{
+	int ver;
+
+	if (n_kv_heads <= 0 || n_heads % n_kv_heads || is_decode(n_q, n_heads, n_kv_heads) ||
+	    (head_dim != 64 && head_dim != 128))
+		return 0;
+	ver = main_prefill(c);
+	if (ver == 6 && (!kvmem_cuda_attention_v6_fills(c, n_q, n_heads, n_kv_heads) ||
+			 !kvmem_cuda_attention_v6_takes(c, head_dim)))
+		ver = 4;	/* kvmem_cuda_attention_bf16 and v6's own refusal */
+	return ver == 4 || ver == 5;
 }
 
 /* Whether the main path's decode is v5 (the batched decode's bits are

@@ -738,6 +738,13 @@ extern "C" int kvmem_cuda_attention_v6_fills(const kvmem_cuda_ctx *c, int n_q, i
 	return (R + V6_ROWS - 1) / V6_ROWS * n_kv_heads >= c->sms;
 }
 
+/* Whether v6 runs on this device at this head_dim (other refusals below
+ * are shapes: key positions given, decode rows). */
+extern "C" int kvmem_cuda_attention_v6_takes(const kvmem_cuda_ctx *c, int head_dim)
+{
+	return c->device < 64 && v6_ok[c->device] == 1 && head_dim == V6_HD;
+}
+
 /* 0 done (or a negative errno), 1 not taken here: the caller runs v4. */
 extern "C" int kvmem_cuda_attention_v6(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
 				       const int32_t *q_pos, int n_q, const uint16_t *k,

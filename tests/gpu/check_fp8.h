@@ -14,6 +14,20 @@ void check_fp8(int bench);
  * view's decode and rematerialisation against bf16's. */
 void check_fp8_view(int bench);
 
+/* Prefill attention over an fp8 layer (check_fp8_prefill.c): checks, then
+ * with bench a warm step's question over 32K and 128K keys against bf16. */
+void check_fp8_prefill(int bench);
+
+/* One random fp8 layer [H][cap][D] with its scales (the rows' magnitudes
+ * 2^-4..2^4), on the device and on the host. */
+struct flayer {
+	void *k8, *v8, *ks, *vs;
+	uint8_t *hk8, *hv8;
+	float *hks, *hvs;
+};
+void flayer_make(struct flayer *f, int H, int cap, int D);
+void flayer_free(struct flayer *f);
+
 /* Pages of L x NB blocks, fp8 (with scales) or bf16, made from the same
  * random rows; in pinned host memory. */
 struct pages {

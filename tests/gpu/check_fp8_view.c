@@ -10,7 +10,7 @@
  *    overlapping runs: view and raw K bit for bit against the twin;
  *  - a layer as bf16: bit for bit against kvmem_fp8_dequant_rows_bf16;
  *  - decode (v5 reading e4m3): bit for bit the bf16 v5 over the layer
- *    dequantised, at 1 to 32768 keys.
+ *    dequantised, at 1 to 32768 keys (prefill chunks: check_fp8_prefill.c).
  * With --bench, at Qwen3-8B's geometry in the same run: decode attention of
  * one layer at 32K and 128K keys, v5 over fp8 against v5 over bf16; the
  * fp8 view's rematerialisation from pinned fp8 pages against the bf16
@@ -234,14 +234,7 @@ static void check_move(void)
 	cudaFreeHost(p.host);
 }
 
-/* One random fp8 layer [H][cap][D] with its scales, on the device. */
-struct flayer {
-	void *k8, *v8, *ks, *vs;
-	uint8_t *hk8, *hv8;
-	float *hks, *hvs;
-};
-
-static void flayer_make(struct flayer *f, int H, int cap, int D)
+void flayer_make(struct flayer *f, int H, int cap, int D)
 {
 	const size_t rows = (size_t)H * cap;
 	float x[1024];
@@ -261,7 +254,7 @@ static void flayer_make(struct flayer *f, int H, int cap, int D)
 	f->ks = dput(f->hks, 4 * rows), f->vs = dput(f->hvs, 4 * rows);
 }
 
-static void flayer_free(struct flayer *f)
+void flayer_free(struct flayer *f)
 {
 	free(f->hk8), free(f->hv8), free(f->hks), free(f->hvs);
 	kvmem_cuda_free(f->k8), kvmem_cuda_free(f->v8);
@@ -596,6 +589,7 @@ void check_fp8_view(int bench)
 	check_dec8r_nan(700, 32, 8, 128);
 	if (!g_quick)
 		check_dec8(32768, 32, 8, 128);
+	check_fp8_prefill(bench);	/* check_fp8_prefill.c */
 	if (bench)
 		bench_view();
 }

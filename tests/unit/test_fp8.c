@@ -261,6 +261,36 @@ static void test_round_trip(void **state)
 	free(z);
 }
 
+/* The prefill twin (kvmem_attention_kv_bf16), 3 tokens of 4 query heads
+ * at positions 2, 9 and B - 1 over a page's H KV heads: fp8 gives the
+ * output of its rows dequantised to bf16, and causally: a key after a
+ * token's position (a NaN code put there) changes nothing before it. */
+static void test_prefill_twin(uint8_t *pg, const uint16_t *deq, const float *sc, int B, int H,
+			      int D, uint64_t *r)
+{
+	const size_t rows = (size_t)H * B, half = rows * D, n = (size_t)3 * 4 * D;
+	const int32_t qp[3] = { 2, 9, B - 1 };
+	uint16_t *q = malloc(2 * n), *o1 = malloc(2 * n), *o2 = malloc(2 * n);
+
+	for (size_t i = 0; i < n; i++)
+		q[i] = kvmem_f32_to_bf16((float)test_rng_range(r, -2, 2));
+	assert_int_equal(kvmem_attention_kv_bf16(o1, q, qp, 3, pg, pg + half, sc, sc + rows,
+						 KVMEM_DTYPE_FP8, B, B, 4, H, D, 0.125f), 0);
+	assert_int_equal(kvmem_attention_kv_bf16(o2, q, qp, 3, deq, deq + half, NULL, NULL,
+						 KVMEM_DTYPE_BF16, B, B, 4, H, D, 0.125f), 0);
+	assert_memory_equal(o1, o2, 2 * n);
+	pg[(size_t)10 * D + 5] = 0x7f;	/* key 10 of KV head 0: after token 9 */
+	assert_int_equal(kvmem_attention_kv_bf16(o2, q, qp, 3, pg, pg + half, sc, sc + rows,
+						 KVMEM_DTYPE_FP8, B, B, 4, H, D, 0.125f), 0);
+	assert_memory_equal(o1, o2, 2 * 2 * 4 * D);	/* tokens at 2 and 9 */
+	assert_true(kvmem_bf16_to_f32(o2[2 * 4 * D]) != kvmem_bf16_to_f32(o2[2 * 4 * D]));
+	assert_int_equal(kvmem_attention_kv_bf16(o2, q, qp, 0, pg, pg + half, sc, sc + rows,
+						 KVMEM_DTYPE_FP8, B, B, 4, H, D, 0.125f), -EINVAL);
+	free(q);
+	free(o1);
+	free(o2);
+}
+
 static void test_twins(void **state)
 {
 	enum { H = 2, B = 16, D = 64, L = 2, CAP = 64 };
@@ -316,6 +346,15 @@ static void test_twins(void **state)
 	assert_int_equal(kvmem_decode_kv_bf16(o2, q, deq, deq + half, NULL, NULL, KVMEM_DTYPE_BF16,
 					      B, B, 4, H, D, 0.125f), 0);
 	assert_memory_equal(o1, o2, sizeof(o1));
+	/* and decode is the prefill twin's last token */
+	{
+		const int32_t qp = B - 1;
+
+		assert_int_equal(kvmem_attention_kv_bf16(o2, q, &qp, 1, pg, pg + half, sc, sc + rows,
+							 KVMEM_DTYPE_FP8, B, B, 4, H, D, 0.125f), 0);
+		assert_memory_equal(o1, o2, sizeof(o1));
+	}
+	test_prefill_twin(pg, deq, sc, B, H, D, &r);
 	free(x);
 	free(xb);
 	free(deq);
