@@ -17,11 +17,17 @@
  * (tests/unit/test_fp8_session.c with KVMEM_TEST_BACKEND=cuda).
  *
  * First steps, said as such (Documentation/kernels.md, "fp8 views"):
- *  - decode attention is the main path's kernel (v5) reading the e4m3
- *    rows and dequantising each tile into shared memory; a prefill chunk
- *    reads the layer dequantised into a bf16 scratch (exact: e4m3 x 2^e
- *    fits bf16), then the bf16 flash kernels, unchanged: the same bits as
- *    v5 over those bf16 rows, so decode and prefill agree as on bf16;
+ *  - attention reads the e4m3 rows itself where the main path's bf16
+ *    kernel for the shape has an fp8 form: decode (v5: in registers up
+ *    to 8 rows a KV head, else dequantising each tile into shared memory)
+ *    and the prefill chunks v4 takes (its flash kernel with e4m3 tiles,
+ *    kvmem_cuda_attention_fp8: a warm step's question); each gives the
+ *    bits of its bf16 kernel over the rows dequantised. The chunks v6
+ *    takes (rows enough to fill the GPU) read the layer dequantised into a
+ *    bf16 scratch (exact: e4m3 x 2^e fits bf16), then v6, unchanged. The
+ *    scratch is made when such a chunk comes, not with the view: where the
+ *    GPU cap leaves no room for it, v4 reads the e4m3 rows instead (its
+ *    own bits, not v6's; each is exact over the same fp8 KV);
  *  - place(): one kernel reads fp8 pages in registered host memory (a
  *    pager's pinned pool) where they are, 16 bytes a thread, and rotates
  *    them into the view; other pages are packed into pinned staging on
@@ -33,9 +39,8 @@
  *    registered memory (copied in before the gather), and read by the
  *    same kernel as the page would be, so no bit changes; page_cached()
  *    then says yes for its pages, which the session no longer gets from
- *    its source. Not yet run on a GPU (tests/gpu/fp8pool27.sh: the
- *    tests with it 0 and 1, and the 8B warm step); 0 stays the default
- *    until that has run;
+ *    its source (on by default since tests/gpu/fp8pool27.sh ran:
+ *    Documentation/benchmarks.md);
  *  - the raw K kept beside the view (keep_raw): e4m3 bytes and scales as
  *    the pages hold them, written by the forward pass, place() and move();
  *    move() re-rotates from them (it is dropped first under the cap);
@@ -111,6 +116,7 @@ static uint64_t scratch_bytes(const struct cuda *b, int64_t rows)
 	return (uint64_t)rows * b->kw * 2 * 2;
 }
 
+/* -ENOMEM (the caller may take another way) when the GPU cap has no room. */
 static int scratch_room(struct cuda *b, int64_t rows)
 {
 	struct cuda_fp8 *f = f8_of(b);
@@ -120,6 +126,11 @@ static int scratch_room(struct cuda *b, int64_t rows)
 		return kvmem_fail();
 	if (rows <= f->rows)
 		return 0;
+	if (b->mem_cap && cuda_dev_used(b) - scratch_bytes(b, f->rows) + scratch_bytes(b, rows) +
+			  CUDA_CAP_MARGIN > b->mem_cap)
+		return kvmem_error(ENOMEM, "cuda fp8 view: no room under the %" PRIu64 " MiB GPU cap "
+				   "for a %" PRIu64 " MiB bf16 layer", b->mem_cap >> 20,
+				   scratch_bytes(b, rows) >> 20);
 	/* Nothing reads the old one: the stream is in order and the free
 	 * waits for the device. */
 	kvmem_cuda_free(f->dk);
@@ -252,9 +263,6 @@ static int copy_runs(struct cuda *b, void *dst, int64_t cd, const void *src, int
 int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
 {
 	const size_t D = b->c->head_dim, rows = (size_t)b->c->n_layers * b->c->n_kv_heads;
-	/* the scratch grows in place: the old one is freed first */
-	const int64_t had = b->f8 ? b->f8->rows : 0;
-	const uint64_t sgrow = had >= slots ? 0 : scratch_bytes(b, slots) - scratch_bytes(b, had);
 	uint64_t grow;
 	uint8_t *nk = NULL, *nv = NULL, *nr = NULL;
 	float *nks = NULL, *nvs = NULL, *nrs = NULL;
@@ -266,17 +274,18 @@ int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
 		return kvmem_error(EINVAL, "cuda view: %lld slots, at most %d", (long long)slots,
 				   INT32_MAX);
 	/* Under the cap: while the view grows it holds the old and the new
-	 * copy at once; the bf16 scratch of one layer grows with it. The raw
-	 * K kept beside it goes first (a selection then places from pages). */
+	 * copy at once (the bf16 scratch is not the view's: cuda_fp8_layer
+	 * makes it when a chunk needs it and there is room). The raw K kept
+	 * beside it goes first (a selection then places from pages). */
 	if (v->keep && b->mem_cap &&
-	    cuda_dev_used(b) + cuda_fp8_view_bytes(b, slots, 1) + sgrow + CUDA_CAP_MARGIN > b->mem_cap)
+	    cuda_dev_used(b) + cuda_fp8_view_bytes(b, slots, 1) + CUDA_CAP_MARGIN > b->mem_cap)
 		drop_raw(b, v);
-	grow = cuda_fp8_view_bytes(b, slots, v->keep) + sgrow;
+	grow = cuda_fp8_view_bytes(b, slots, v->keep);
 	if (b->mem_cap && cuda_dev_used(b) + grow + CUDA_CAP_MARGIN > b->mem_cap) {
 		cuda_pages_drop_pool(b);
 		if (cuda_dev_used(b) + grow + CUDA_CAP_MARGIN > b->mem_cap)
 			return kvmem_error(ENOMEM, "cuda view (fp8): %lld slots take %" PRIu64
-					   " MiB with their bf16 layer; the %" PRIu64 " MiB GPU cap "
+					    " MiB; the %" PRIu64 " MiB GPU cap "
 					   "holds %" PRIu64 " MiB (weights %" PRIu64 ", views %" PRIu64
 					   ", index %" PRIu64 ", scratch and staging %" PRIu64
 					   ", margin %llu)", (long long)slots, grow >> 20,
@@ -286,8 +295,7 @@ int cuda_fp8_reserve(struct cuda *b, kvmem_view *v, int64_t slots)
 					   (b->scratch_bytes + cuda_pages_dev_bytes(b)) >> 20,
 					   CUDA_CAP_MARGIN >> 20);
 	}
-	if ((rc = scratch_room(b, slots)) < 0 ||
-	    (rc = kvmem_cuda_malloc((void **)&nk, rows * slots * D)) < 0 ||
+	if ((rc = kvmem_cuda_malloc((void **)&nk, rows * slots * D)) < 0 ||
 	    (rc = kvmem_cuda_malloc((void **)&nv, rows * slots * D)) < 0 ||
 	    (rc = kvmem_cuda_malloc((void **)&nks, rows * slots * 4)) < 0 ||
 	    (rc = kvmem_cuda_malloc((void **)&nvs, rows * slots * 4)) < 0 ||
@@ -663,6 +671,19 @@ static int capturing(struct cuda *b)
 	       st != cudaStreamCaptureStatusNone;
 }
 
+/* Prefill attention over layer l's e4m3 rows (kvmem_cuda_attention_fp8). */
+static int attend_e4m3(struct cuda *b, kvmem_view *v, int l, int n, const int32_t *pos,
+		       int64_t len, float scale)
+{
+	const kvmem_config *c = b->c;
+	const int H = c->n_kv_heads, D = c->head_dim;
+	const size_t vl = (size_t)H * v->cap * D, sl = (size_t)H * v->cap;
+
+	return kvmem_cuda_attention_fp8(b->ctx, b->att, b->q, pos, n, v->k8 + l * vl,
+					v->v8 + l * vl, v->ks + l * sl, v->vs + l * sl, (int)len,
+					(size_t)v->cap, c->n_heads, H, D, scale);
+}
+
 int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *qkv, int ld,
 		   const kvmem_scatter_item *item, const int32_t *pos, const int32_t *n_kv)
 {
@@ -694,8 +715,15 @@ int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *
 		if (capturing(b))
 			return kvmem_error(ENOTSUP, "cuda fp8 view: a decode graph needs decode v5");
 	}
-	if ((rc = scratch_room(b, v->cap)) < 0)
+	/* A prefill chunk the main path gives to v4: v4 over the e4m3 rows. */
+	if (n > 1 && kvmem_cuda_attention_fp8_same(b->ctx, n, c->n_heads, H, D))
+		return attend_e4m3(b, v, l, n, pos, len, scale);
+	if ((rc = scratch_room(b, v->cap)) < 0) {
+		/* No room under the cap for v6's scratch: v4 over the e4m3 rows. */
+		if (rc == -ENOMEM && n * (c->n_heads / H) > 16)
+			return attend_e4m3(b, v, l, n, pos, len, scale);
 		return rc;
+	}
 	f = b->f8;
 	if ((rc = kvmem_cuda_fp8_view_bf16(b->ctx, f->dk, f->dv, (int)f->rows, v->k8 + l * vl,
 					   v->v8 + l * vl, v->ks + l * sl, v->vs + l * sl, H,
