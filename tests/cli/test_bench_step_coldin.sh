@@ -8,7 +8,8 @@
 #    above; the scratch workspaces are gone after it (no --keep);
 #  - --kv-dtype both --only step,decode runs the phases over bf16, then over
 #    fp8 on a second backend, and prints the warm step's bf16 time / fp8
-#    time and decode's fp8 / bf16 tokens/s with the issue's targets;
+#    time and decode's fp8 / bf16 tokens/s with the issue's targets, and
+#    each arm's step floor (the question over an empty view) among its peers;
 #  - bad combinations are usage errors (exit 2) naming the command and why:
 #    both with remat or with no dtype phase, fp8 with remat, an unknown
 #    dtype.
@@ -83,6 +84,9 @@ else
 bf16 time / fp8 time [0-9]+\.[0-9]{2} \(target >= 1\.6\); decode in the 1024-token view \
 [0-9.]+ / [0-9.]+ tokens/s, fp8 / bf16 [0-9]+\.[0-9]{2} \(target" ||
 		bad "both: no fp8 against bf16 line: $(echo "$out" | tail -3)"
+	[ "$(echo "$out" | grep -cE "^peers: .* the step's floor \(the question's 32 tokens and \
+one more over an empty view: no KV read\) [0-9]+\.[0-9] ms$")" -eq 2 ] ||
+		bad "both: not two step floors: $(echo "$out" | grep '^peers')"
 	[ -e "$tmp/scratch" ] && bad "both, step: the scratch is left"
 fi
 

@@ -57,6 +57,9 @@ struct ctx {
 					 * scales in fp8) */
 	double prefill_view_s;		/* the step's peer */
 	double plain_decode_tps;
+	/* The step's floor: the question's forward and one decoded token over
+	 * an empty view (no KV to read: what no KV format can shrink). */
+	double floor_step_s;
 	kvmem_view *peer;		/* the view prefilled with --view tokens */
 	/* The last phases' figures, for --kv-dtype both's ratios: the warm
 	 * tier's median step (s) and decode (tokens/s; 0: not run), the

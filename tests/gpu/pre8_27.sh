@@ -1,0 +1,50 @@
+#!/bin/bash
+# On the GPU machine (issue 27): prefill attention over fp8 (v4's flash
+# kernel reading e4m3 tiles: a warm step's question no longer dequantises
+# the view into a bf16 scratch) and the warm step with its floor. From the
+# repo root (gpu_setup unpacks the bundle):
+#
+#   tests/gpu/pre8_27.sh OUTDIR [SECONDS]
+#
+#   1. kvmem_gpu_check --fp8 --bench: the fp8 kernels against their twins
+#      (prefill over fp8 bit for bit v4 over the rows dequantised), one
+#      layer's question at 32K / 128K keys beside bf16 and the old way;
+#   2. test_fp8_session on cuda (the exactness invariant on fp8 views);
+#   3. kvmem bench step --kv-dtype both --only step,decode at a 32K view
+#      over 48K tokens: the warm step's bf16 / fp8 time and its floor;
+#   4. --kv-dtype both --only fits --gpu-mem 24G (the scratch no longer
+#      reserved with the view);
+#   5. the issue's warm step shape, a 64K view over 256K tokens, both
+#      dtypes, while time is left.
+#
+# SECONDS (default 400) bounds the whole; logs in OUTDIR/pre8_27.tar.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: tests/gpu/pre8_27.sh OUTDIR [SECONDS]}
+. tests/gpu/lib.sh
+gpu_end=$(($(date +%s) + ${2:-400}))
+gpu_setup pre8_27 build-gpu
+gpu_need "$K"
+export KVMEM_CEILINGS_HELD=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+gpu_fp8_bench 60
+grep -E "^prefill|tokens over|over fp8" "$log/fp8_check.log" | grep -v "^ok" | head -20
+gpu_unit test_fp8_session 60
+gpu_step step32k_both both 49152 32768 step,decode 90
+grep -E "^fp8 against|^what bounds|^peers" "$log/step32k_both.log"
+echo "== kvmem bench step --kv-dtype both --only fits --gpu-mem 24G"
+if timeout "$(gpu_left 40)" "$K" bench step --backend cuda --kv-dtype both --only fits \
+	--gpu-mem 24G --dir "$tmp/fits" >"$log/fits_both.log" 2>&1; then
+	ok "bench step fits, both"
+else
+	bad "bench step fits, both (rc $?)"
+	tail -3 "$log/fits_both.log"
+fi
+grep -E "largest view" "$log/fits_both.log"
+gpu_step step256k_both both 262144 65536 step 240
+grep -E "^fp8 against|^what bounds|^peers" "$log/step256k_both.log"
+# The run tool brings back eight files a call: the logs as one tar.
+[ -n "${OUT:-}" ] && tar cf "$OUT/pre8_27.tar" -C "$OUT" pre8_27 && rm -rf "${OUT:?}/pre8_27"
+gpu_done
