@@ -218,30 +218,42 @@ __global__ void __launch_bounds__(32 * WM) flash_kernel(const flash_args a)
 		if (F8) {
 			/* Stage buf's bytes into the bf16 tile, unscaled (exact);
 			 * every thread read the tile last before the barrier
-			 * that ended iteration i - 1. */
+			 * that ended iteration i - 1. The NaN codes first, for
+			 * the thread's whole share: the loop that converts has
+			 * no slow path in it (its registers are v4's). */
 			const unsigned char *rk = sRaw + (size_t)buf * C::RAW_STAGE, *rv = rk + BN * HD;
+			constexpr int CH8 = 2 * BN * (HD / 8);	/* 8-byte chunks, K's then V's */
+			uint32_t nan = 0;
 
 #pragma unroll 4
-			for (int c = tid; c < 2 * BN * (HD / 8); c += C::THREADS) {
-				const int isv = c >= BN * (HD / 8), cc = c % (BN * (HD / 8));
-				const int r = cc / (HD / 8), c8 = cc % (HD / 8);
-				const uint2 u = *(const uint2 *)((isv ? rv : rk) + r * HD + c8 * 8);
-				uint4 o;
+			for (int c = tid; c < CH8; c += C::THREADS) {
+				const int isv = c >= CH8 / 2, cc = c % (CH8 / 2);
+				const uint2 u = *(const uint2 *)((isv ? rv : rk) + cc * 8);
 
-				if (!e4m3x4_bf16(u.x, &o.x, &o.y) || !e4m3x4_bf16(u.y, &o.z, &o.w)) {
-					const uint32_t w[2] = { u.x, u.y };	/* a NaN code: the twin's bits */
-					uint16_t h[8];
+				nan |= ((u.x & 0x7f7f7f7fu) + 0x01010101u) | ((u.y & 0x7f7f7f7fu) + 0x01010101u);
+			}
+			if (!(nan & 0x80808080u)) {
+#pragma unroll 4
+				for (int c = tid; c < CH8; c += C::THREADS) {
+					const int isv = c >= CH8 / 2, cc = c % (CH8 / 2);
+					const int r = cc / (HD / 8), c8 = cc % (HD / 8);
+					const uint2 u = *(const uint2 *)((isv ? rv : rk) + cc * 8);
+					uint4 o;
 
-#pragma unroll
-					for (int j = 0; j < 8; j++) {
-						const uint8_t q = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
-
-						h[j] = e4m3_bf16(q, e4m3_to_f32(q), 1.0f);
-					}
-					o = make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16,
-						       h[4] | (uint32_t)h[5] << 16, h[6] | (uint32_t)h[7] << 16);
+					e4m3x4_bf16(u.x, &o.x, &o.y);
+					e4m3x4_bf16(u.y, &o.z, &o.w);
+					*(uint4 *)((isv ? sV : sK) + r * C::LD + c8 * 8) = o;
 				}
-				*(uint4 *)((isv ? sV : sK) + r * C::LD + c8 * 8) = o;
+			} else {	/* a NaN code: byte by byte, the twin's bits */
+				for (int c = tid; c < CH8; c += C::THREADS) {
+					const int isv = c >= CH8 / 2, cc = c % (CH8 / 2);
+					const int r = cc / (HD / 8), c8 = cc % (HD / 8);
+					const unsigned char *src = (isv ? rv : rk) + cc * 8;
+					uint16_t *dst = (isv ? sV : sK) + r * C::LD + c8 * 8;
+
+					for (int j = 0; j < 8; j++)
+						dst[j] = e4m3_bf16(src[j], e4m3_to_f32(src[j]), 1.0f);
+				}
 			}
 			__syncthreads();
 		}

@@ -20,14 +20,15 @@
  *  - attention reads the e4m3 rows itself where the main path's bf16
  *    kernel for the shape has an fp8 form: decode (v5: in registers up
  *    to 8 rows a KV head, else dequantising each tile into shared memory)
- *    and the prefill chunks v4 takes (its flash kernel with e4m3 tiles,
- *    kvmem_cuda_attention_fp8: a warm step's question); each gives the
- *    bits of its bf16 kernel over the rows dequantised. The chunks v6
- *    takes (rows enough to fill the GPU) read the layer dequantised into a
- *    bf16 scratch (exact: e4m3 x 2^e fits bf16), then v6, unchanged. The
- *    scratch is made when such a chunk comes, not with the view: where the
- *    GPU cap leaves no room for it, v4 reads the e4m3 rows instead (its
- *    own bits, not v6's; each is exact over the same fp8 KV);
+ *    and the prefill chunks v4 takes of up to 128 rows a KV head (its
+ *    flash kernel with e4m3 tiles, kvmem_cuda_attention_fp8: a warm step's
+ *    question; e4m3_rows_of); each gives the bits of its bf16 kernel over
+ *    the rows dequantised. Other chunks read the layer dequantised into a
+ *    bf16 scratch (exact: e4m3 x 2^e fits bf16), then the bf16 kernel (v4,
+ *    or v6 where the rows fill the GPU). The scratch is made when such a
+ *    chunk comes, not with the view: where the GPU cap leaves no room for
+ *    it, v4 reads the e4m3 rows instead (v4's bits; a chunk v6 would have
+ *    taken gets other bits, each exact over the same fp8 KV);
  *  - place(): one kernel reads fp8 pages in registered host memory (a
  *    pager's pinned pool) where they are, 16 bytes a thread, and rotates
  *    them into the view; other pages are packed into pinned staging on
@@ -76,6 +77,7 @@ struct cuda_fp8 {
 	int cap_items;
 	const char **at;	/* place() with the pool: the items' slots */
 	int cap_at;
+	int e4m3_rows;		/* e4m3_rows_of() */
 };
 
 static struct cuda_fp8 *f8_of(struct cuda *b)
@@ -83,6 +85,28 @@ static struct cuda_fp8 *f8_of(struct cuda *b)
 	if (!b->f8 && !(b->f8 = calloc(1, sizeof(*b->f8))))
 		kvmem_error(ENOMEM, "cuda fp8 view: out of memory");
 	return b->f8;
+}
+
+/*
+ * The most rows a KV head (tokens x the group's heads) for which a prefill
+ * chunk that v4 takes reads the e4m3 rows (kvmem_cuda_attention_fp8) where
+ * the bf16 scratch has room; above, the scratch and v4 over it. The bits
+ * are the same either way (v4 over the rows dequantised); the time is not:
+ * the e4m3 tiles cost each 128-row tile of v4 their conversion, the scratch
+ * costs the layer once (Documentation/benchmarks.md, "Prefill attention
+ * over fp8"). KVMEM_CUDA_FP8_PREFILL_ROWS sets it (0: never while there is
+ * room); 128 (one of v4's row tiles: a warm step's question) when unset.
+ */
+static int e4m3_rows_of(struct cuda_fp8 *f)
+{
+	if (!f->e4m3_rows) {
+		const char *e = getenv("KVMEM_CUDA_FP8_PREFILL_ROWS");
+
+		f->e4m3_rows = e && *e ? atoi(e) : 128;
+		f->e4m3_rows = f->e4m3_rows < 0 ? 0 : f->e4m3_rows;
+		f->e4m3_rows++;	/* kept + 1: 0 stays "not read yet" */
+	}
+	return f->e4m3_rows - 1;
 }
 
 void cuda_fp8_destroy(struct cuda *b)
@@ -715,11 +739,15 @@ int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *
 		if (capturing(b))
 			return kvmem_error(ENOTSUP, "cuda fp8 view: a decode graph needs decode v5");
 	}
-	/* A prefill chunk the main path gives to v4: v4 over the e4m3 rows. */
-	if (n > 1 && kvmem_cuda_attention_fp8_same(b->ctx, n, c->n_heads, H, D))
+	/* A prefill chunk the main path gives to v4, of few rows: v4 over
+	 * the e4m3 rows. */
+	if (!(f = f8_of(b)))
+		return kvmem_fail();
+	if (n > 1 && (int64_t)n * (c->n_heads / H) <= e4m3_rows_of(f) &&
+	    kvmem_cuda_attention_fp8_same(b->ctx, n, c->n_heads, H, D))
 		return attend_e4m3(b, v, l, n, pos, len, scale);
 	if ((rc = scratch_room(b, v->cap)) < 0) {
-		/* No room under the cap for v6's scratch: v4 over the e4m3 rows. */
+		/* No room under the cap for the scratch: v4 over the e4m3 rows. */
 		if (rc == -ENOMEM && n * (c->n_heads / H) > 16)
 			return attend_e4m3(b, v, l, n, pos, len, scale);
 		return rc;

@@ -349,6 +349,13 @@ static int step_both(struct ctx *x, struct ctx *y)
 		       "(target >= 1.08 at a 32K view, >= 1.3 at 128K)", x->o.view, y->warm_decode_tps,
 		       x->warm_decode_tps, y->warm_decode_tps / x->warm_decode_tps);
 	printf("\n");
+	if (x->warm_first_s > 0 && y->warm_first_s > 0)
+		printf("the warm steps' parts, like for like (the two dtypes' selections differ): "
+		       "first token %.1f / %.1f ms, bf16 / fp8 %.2f; selection and rematerialisation "
+		       "%.1f / %.1f us a block entered, bf16 / fp8 %.2f\n", x->warm_first_s * 1e3,
+		       y->warm_first_s * 1e3, x->warm_first_s / y->warm_first_s,
+		       x->warm_sel_per_block_s * 1e6, y->warm_sel_per_block_s * 1e6,
+		       y->warm_sel_per_block_s > 0 ? x->warm_sel_per_block_s / y->warm_sel_per_block_s : 0);
 	if (x->floor_step_s > 0 && x->warm_step_s > x->floor_step_s)
 		printf("what bounds the warm step's ratio: bf16's step floor %.1f ms (the question and "
 		       "a token over an empty view, no KV read) is fp8's too: bf16 time / fp8 time is "

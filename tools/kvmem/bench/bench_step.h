@@ -65,6 +65,10 @@ struct ctx {
 	 * tier's median step (s) and decode (tokens/s; 0: not run), the
 	 * largest view that fits (slots). */
 	double warm_step_s, warm_decode_tps;
+	/* the warm steps' parts, like for like across dtypes whose selections
+	 * differ: the median first token, and the selections' time per block
+	 * entered (all steps) */
+	double warm_first_s, warm_sel_per_block_s;
 	int64_t fits_slots;
 };
 

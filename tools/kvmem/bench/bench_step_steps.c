@@ -287,6 +287,14 @@ int ph_step(struct ctx *x, int phases)
 	if (x->o.tiers & TIER_WARM) {
 		print_steps(x, "warm host tier", &warm, steps, x->prefill_view_s);
 		x->warm_step_s = median(warm.step_s, steps);
+		x->warm_first_s = median(warm.decode_s, steps);
+		{
+			double sel = 0, blocks = 0;
+
+			for (int i = 0; i < steps; i++)
+				sel += warm.select_s[i], blocks += (double)warm.entered[i];
+			x->warm_sel_per_block_s = blocks > 0 ? sel / blocks : 0;
+		}
 		x->warm_decode_tps = phases & PH_DECODE ? warm.decode_tps : 0;
 	}
 	if (x->o.tiers & TIER_PAGES) {
