@@ -9,6 +9,11 @@
 #  - decode attention v5 over one layer of 32K keys, 8 KV heads, 32 query
 #    heads: the bf16 view (dec_kernel) and the fp8 view (dec8_kernel, its
 #    default form) from `kvmem_gpu_check --fp8 --quick --bench`;
+#  - with it (the same run, since 2026-12-04): prefill attention v4 over
+#    32 tokens and 32K keys, bf16 and over fp8 (flash_kernel), and a
+#    rematerialisation from pages in device memory, bf16 (gather_kernel)
+#    and fp8 (f8_gather_kernel); SASS="k1 k2 ..." names the kernels whose
+#    SASS with stall samples comes back (default: the decode forms);
 #  - the qkv GEMM (4096 -> 6144) as the lone decode's GEMV and as the
 #    tensor-core GEMM at 16 and 64 rows from `--gemm-tc-shapes`.
 # ncu --set full, the clocks left alone (H200.md); the reports as text in
@@ -41,7 +46,7 @@ prof() {	# NAME ARGS...: ncu over the check program's profiled calls
 prof dec --fp8 --quick --bench
 # Where each kernel's warps wait, instruction by instruction (SASS with
 # the sampled stall reasons), the kernels' lines of the bench beside.
-for k in dec8_kernel dec8r_kernel dec_kernel; do
+for k in ${SASS:-dec8_kernel dec8r_kernel dec_kernel}; do
 	"$NCU" -i "$log/dec.ncu-rep" -k "regex:^$k" --page source --print-source sass --csv \
 		>"$log/sass_$k.csv" 2>>"$log/dec.err" && ok "sass of $k: $(wc -l <"$log/sass_$k.csv") lines"
 done
