@@ -754,7 +754,12 @@ static int flash_launch(kvmem_cuda_ctx *c, const flash_args &a, int grid_z, int 
  * tiles (half the shared memory: more blocks per multiprocessor); v4
  * 128-row prefill tiles of 4 warps with two m-tiles each (decode as v2).
  * `per_sm` sets the split-K target for prefill chunks (as measured for v2
- * and v3; v4 as v3) and the decode split target.
+ * and v3) and the decode split target. v4 targets two blocks an SM, what
+ * its 255 registers let reside: with one (as v3, until 2026-12-04) a warm
+ * step's question (32 tokens x 4 heads = one row tile a KV head, 8 KV
+ * heads) ran 136 blocks of 4 warps, ncu saw 6% occupancy and 26% of the
+ * issue slots busy (Documentation/benchmarks.md, "Prefill attention over
+ * fp8").
  *
  * Decode (rows <= 16) always splits the keys by decode_split() with a
  * target of enough blocks to fill the GPU (from the SM count and the KV
@@ -779,7 +784,7 @@ static int flash(kvmem_cuda_ctx *c, flash_args a, int head_dim, int version, con
 	const int wm = few ? 1 : (version == 3 ? 8 : 4), bn = few && version == 3 ? 32 : 64;
 	const int mtw = !few && version == 4 ? 2 : 1;	/* m-tiles per warp */
 	const int rows = 16 * wm * mtw;
-	const int per_sm = few ? (bn == 32 ? 5 : 3) : (wm == 8 || mtw == 2 ? 1 : 2);
+	const int per_sm = few ? (bn == 32 ? 5 : 3) : (wm == 8 ? 1 : 2);
 	const long long blocks0 = (long long)((R + rows - 1) / rows) * a.n_kv_heads;
 	const int tiles = (a.n_kv + bn - 1) / bn;
 	const long long target = (long long)c->sms * per_sm;
