@@ -755,11 +755,12 @@ static int flash_launch(kvmem_cuda_ctx *c, const flash_args &a, int grid_z, int 
  * 128-row prefill tiles of 4 warps with two m-tiles each (decode as v2).
  * `per_sm` sets the split-K target for prefill chunks (as measured for v2
  * and v3) and the decode split target. v4 targets two blocks an SM, what
- * its 255 registers let reside: with one (as v3, until 2026-12-04) a warm
- * step's question (32 tokens x 4 heads = one row tile a KV head, 8 KV
- * heads) ran 136 blocks of 4 warps, ncu saw 6% occupancy and 26% of the
- * issue slots busy (Documentation/benchmarks.md, "Prefill attention over
- * fp8").
+ * its 255 registers let reside, and no more (splits rounded down): with
+ * one (as v3, until 2026-12-04) a warm step's question (32 tokens x 4
+ * heads = one row tile a KV head, 8 KV heads) ran 136 blocks of 4 warps,
+ * ncu saw 6% occupancy and 26% of the issue slots busy; with 33 splits
+ * it ran 1.37x faster (Documentation/benchmarks.md, "Prefill attention
+ * over fp8").
  *
  * Decode (rows <= 16) always splits the keys by decode_split() with a
  * target of enough blocks to fill the GPU (from the SM count and the KV
@@ -799,7 +800,10 @@ static int flash(kvmem_cuda_ctx *c, flash_args a, int head_dim, int version, con
 		alloc = a.split_target;
 	} else {
 		if (blocks0 < target && tiles > 1) {
-			long long want = (target + blocks0 - 1) / blocks0;
+			/* v4: the splits one wave of two blocks an SM holds (one
+			 * more starts a second wave: 512 tokens at 8 KV heads, 128
+			 * row tiles, ran 1.33x slower in 3 splits than in 2) */
+			long long want = mtw == 2 ? target / blocks0 : (target + blocks0 - 1) / blocks0;
 			int most = tiles / 2 > 1 ? tiles / 2 : 1;	/* >= 2 tiles per split */
 
 			splits = (int)(want < most ? want : most);
