@@ -13,7 +13,7 @@
 # TEACHER=DIR (e.g. models/agentlang) adds train.py's --teacher with
 # --teacher-weight TEACHER_WEIGHT (0.5): the reading of the model the runs
 # started from kept (tools/train/README.md, "Keeping the starting model's
-# reading"; not run yet).
+# reading"; run once, c31: Documentation/recall.md, "Mean-K with a teacher").
 #
 # Leaves OUT/model.tar (model, record, log) and the run's output in
 # OUT/run.txt. 2026-12-03 (fourteenth session): recall.md ("a longer run").
