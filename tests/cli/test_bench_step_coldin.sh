@@ -10,6 +10,7 @@
 #    fp8 on a second backend, and prints the warm step's bf16 time / fp8
 #    time and decode's fp8 / bf16 tokens/s with the issue's targets, and
 #    each arm's step floor (the question over an empty view) among its peers;
+#  - --policy random enters the same blocks in both dtypes (like for like);
 #  - bad combinations are usage errors (exit 2) naming the command and why:
 #    both with remat or with no dtype phase, fp8 with remat, an unknown
 #    dtype.
@@ -53,6 +54,8 @@ else
 	"" | 0.00) bad "both: ratio '$r' in: $line" ;;
 	0.*) grep -q "x slower (target >= 1.9: missed)" <<<"$line" ||
 		bad "both: below 1 not slower: $line" ;;
+	1.00) grep -qE "1\.0x (slower|faster) \(target >= 1\.9: missed\)" <<<"$line" ||
+		bad "both: at 1.00 neither 1.0x slower nor faster: $line" ;;	# rounded either way
 	*) grep -q "x faster (target >= 1.9: " <<<"$line" ||
 		bad "both: above 1 not faster: $line" ;;
 	esac
@@ -92,6 +95,26 @@ one more over an empty view: no KV read\) [0-9]+\.[0-9] ms$")" -eq 2 ] ||
 block entered" || bad "both: no like-for-like parts: $(echo "$out" | tail -4)"
 	[ -e "$tmp/scratch" ] && bad "both, step: the scratch is left"
 fi
+
+# --policy random: the selection does not read the KV, so both dtypes enter
+# the same blocks at each step (meank's differ: fp8 K moves its query)
+out=$(bs --only step --kv-dtype both --tokens 4096 --view 1024 --steps 3 --tiers warm \
+	--policy random 2>&1)
+rc=$?
+if [ $rc -ne 0 ]; then
+	bad "--policy random exited $rc: $(echo "$out" | tail -3)"
+else
+	[ "$(echo "$out" | grep -c "^agent step: .*, question 32 tokens, random$")" -eq 2 ] ||
+		bad "random: the header does not name the policy twice"
+	entered=$(echo "$out" | grep -oE "^    step [0-9] \([a-z -]+\): .* [0-9]+ blocks entered" |
+		grep -oE "[0-9]+ blocks entered" | tr '\n' ' ')
+	n=$(echo "$entered" | grep -o "[0-9]* blocks" | wc -l)
+	half=$(echo "$entered" | grep -o "[0-9]* blocks" | head -3 | tr '\n' ' ')
+	rest=$(echo "$entered" | grep -o "[0-9]* blocks" | tail -3 | tr '\n' ' ')
+	[ "$n" -eq 6 ] && [ "$half" = "$rest" ] ||
+		bad "random: bf16 and fp8 did not enter the same blocks: $entered"
+fi
+refuse "--policy: no policy 'nope'" --only step --policy nope
 
 refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both
 refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both \

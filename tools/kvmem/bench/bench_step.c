@@ -114,6 +114,9 @@ static void usage(FILE *f)
 		"                     bf16: coldin over the same tokens (those of --coldin\n"
 		"                     bytes of bf16 pages), each pass every dtype in turn;\n"
 		"                     step, decode and fits one dtype after the other\n"
+		"  --policy NAME      the step phase's selection policy (default meank);\n"
+		"                     random (seeded by --seed) enters the same blocks\n"
+		"                     whatever the KV dtype: --kv-dtype both like for like\n"
 		"  --seed S           random pages and tokens (default 1)\n"
 		"  --keep             keep the scratch workspaces\n"
 		"  --help             this text\n"
@@ -217,6 +220,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "tiers", required_argument, NULL, 'i' },
 		{ "tp", required_argument, NULL, 'T' },
 		{ "kv-dtype", required_argument, NULL, 'K' },
+		{ "policy", required_argument, NULL, 'p' },
 		{ "help", no_argument, NULL, 'h' },	     { 0 },
 	};
 	int c;
@@ -238,6 +242,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->mem_layers = 1;
 	o->seed = 1;
 	o->kv_dtype = KVMEM_DTYPE_BF16;
+	o->policy = "meank";
 	cli_getopt_reset();
 	while ((c = cli_getopt(WHO, argc, argv, opts)) != -1) {
 		const char *name = cli_optname;
@@ -249,6 +254,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'h': usage(stdout); return 1;
 		case 'd': o->dir = optarg; break;
 		case 'k': o->keep = 1; break;
+		case 'p':
+			if (!kvmem_policy_find(optarg)) {
+				fprintf(stderr, "%s: --policy: no policy '%s' (kvmem run --help lists "
+					"them)\n", WHO, optarg);
+				bad = 1;
+			}
+			o->policy = optarg;
+			break;
 		case 'A': o->host_scoring = 1; break;
 		case 'R': bad = cli_parse_size(WHO, name, optarg, 4096, 1ull << 30, &o->read_size); break;
 		case 'Q': bad = cli_parse_int(WHO, name, optarg, 1, 4096, &o->queue_depth); break;
@@ -350,7 +363,8 @@ static int step_both(struct ctx *x, struct ctx *y)
 		       x->warm_decode_tps, y->warm_decode_tps / x->warm_decode_tps);
 	printf("\n");
 	if (x->warm_first_s > 0 && y->warm_first_s > 0)
-		printf("the warm steps' parts, like for like (the two dtypes' selections differ): "
+		printf("the warm steps' parts, like for like (a selection that depends on the KV, as "
+		       "meank does, enters other blocks in each dtype): "
 		       "first token %.1f / %.1f ms, bf16 / fp8 %.2f; selection and rematerialisation "
 		       "%.1f / %.1f us a block entered, bf16 / fp8 %.2f\n", x->warm_first_s * 1e3,
 		       y->warm_first_s * 1e3, x->warm_first_s / y->warm_first_s,

@@ -46,6 +46,7 @@ struct opts {
 	uint32_t kv_dtype;	/* --kv-dtype: KVMEM_DTYPE_BF16, or _FP8 (pages and views) */
 	int both;		/* --kv-dtype both: the coldin phase in bf16 and in fp8, kv_dtype
 				 * bf16 for the rest */
+	const char *policy;	/* --policy: the step phase's selection (meank) */
 };
 
 struct ctx {

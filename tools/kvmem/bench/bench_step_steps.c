@@ -45,6 +45,8 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 	so.on_select = count_select;
 	so.arg = r;
 	so.host_scoring = x->o.host_scoring;
+	so.policy = x->o.policy;
+	so.seed = x->o.seed;
 	if (!move)	/* the peer: shifted tokens placed again from their pages */
 		setenv("KVMEM_MOVE", "0", 1);
 	s = kvmem_session_create(x->b, &so);
@@ -275,8 +277,8 @@ int ph_step(struct ctx *x, int phases)
 	if (make_workspace(x, &x->geo, dir, x->o.tokens / BLOCK * BLOCK, &made) < 0)
 		return -1;
 	printf("\nagent step: workspace %" PRId64 " tokens (%.2f GB of %s pages, written in %.1f s), "
-	       "view %" PRId64 " tokens, question %d tokens, meank\n", x->o.tokens, ws_bytes / 1e9,
-	       kvmem_dtype_name(x->o.kv_dtype), made, x->o.view, x->o.question);
+	       "view %" PRId64 " tokens, question %d tokens, %s\n", x->o.tokens, ws_bytes / 1e9,
+	       kvmem_dtype_name(x->o.kv_dtype), made, x->o.view, x->o.question, x->o.policy);
 	if (small < (256ull << 20))
 		small = 256ull << 20;
 	if ((x->o.tiers & TIER_WARM) &&
