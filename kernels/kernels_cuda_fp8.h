@@ -94,8 +94,9 @@ int kvmem_cuda_attention_decode_fp8(kvmem_cuda_ctx *c, uint16_t *out, const uint
  * over an fp8 view's layer: k, v, k_scale, v_scale as above, keys at slot
  * = position, the key count from the host, arguments otherwise as
  * kvmem_cuda_attention_bf16_v's; the bits of v4 over the same rows
- * dequantised to bf16 (twin: kvmem_attention_kv_bf16). -ENOTSUP for a
- * decode shape (at most 16 rows a KV head: kvmem_cuda_attention_decode_fp8).
+ * dequantised to bf16 (twin: kvmem_attention_kv_bf16), decode shapes (at
+ * most 16 rows a KV head, which the main path gives to v5 and fp8 views to
+ * kvmem_cuda_attention_decode_fp8) included.
  */
 int kvmem_cuda_attention_fp8(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
 			     const int32_t *q_pos, int n_q, const uint8_t *k, const uint8_t *v,

@@ -1272,7 +1272,9 @@ extern "C" int kvmem_cuda_attention_decode_fp8(kvmem_cuda_ctx *c, uint16_t *out,
 /* Prefill over fp8 K/V (an fp8 view's layer, as for decode above; slot =
  * position) by v4's flash kernel reading e4m3 tiles: the bits of
  * kvmem_cuda_attention_bf16_v(4) over the same rows dequantised to bf16.
- * -ENOTSUP for decode shapes (at most 16 rows a KV head: v5's, above). */
+ * Decode shapes (at most 16 rows a KV head, which the main path gives to
+ * v5) run too, in v4's 128-row tiles with v4's decode splits: the fp8
+ * views take them only where the bf16 scratch has no room. */
 extern "C" int kvmem_cuda_attention_fp8(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
 					const int32_t *q_pos, int n_q, const uint8_t *k,
 					const uint8_t *v, const float *k_scale, const float *v_scale,
@@ -1288,9 +1290,6 @@ extern "C" int kvmem_cuda_attention_fp8(kvmem_cuda_ctx *c, uint16_t *out, const 
 		return kvmem_error(EINVAL, "attention (fp8): no row scales");
 	if (!n_q)
 		return 0;
-	if (is_decode(n_q, n_heads, n_kv_heads))
-		return kvmem_error(ENOTSUP, "attention (fp8): %d queries of %d heads per KV head "
-				   "is a decode shape (v5's)", n_q, n_heads / n_kv_heads);
 	if ((rc = flash_args_for(&a, 4, out, q, q_pos, n_q, (const uint16_t *)k,
 				 (const uint16_t *)v, NULL, n_kv, kv_stride, n_heads, n_kv_heads,
 				 head_dim, scale)))
