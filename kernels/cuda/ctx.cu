@@ -107,6 +107,10 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		c->fp8_reg = !(e && !strcmp(e, "0"));
 		e = getenv("KVMEM_CUDA_FP8_REG_BLOCKS");	/* 2 (default) or 3 a multiprocessor */
 		c->fp8_reg_blocks = e && atoi(e) == 3 ? 3 : 2;
+		/* The fp8 gather's conversions by cvt (the same bits; not yet
+		 * run on a GPU: off until kvmem_gpu_check --fp8 has said so). */
+		e = getenv("KVMEM_CUDA_FP8_GATHER_CVT");
+		c->fp8_gather_cvt = e && !strcmp(e, "1");
 	}
 	if ((rc = kvmem_cuda_err(cudaSetDevice(device), "selecting the device")) ||
 	    (rc = kvmem_cuda_err(cudaGetDeviceProperties(&p, device), "reading the device")))
@@ -229,6 +233,7 @@ static int *tune_switch(kvmem_cuda_ctx *c, const char *what)
 	     : !strcmp(what, "fp8_f16k")   ? &c->fp8_f16k
 	     : !strcmp(what, "fp8_int")	   ? &c->fp8_int
 	     : !strcmp(what, "fp8_reg")	   ? &c->fp8_reg
+	     : !strcmp(what, "fp8_gather_cvt") ? &c->fp8_gather_cvt
 					   : NULL;
 }
 
@@ -283,7 +288,7 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
 				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse, "
-				   "fp8_f16k, fp8_int, fp8_reg, fp8_reg_blocks)", what);
+				   "fp8_f16k, fp8_int, fp8_reg, fp8_reg_blocks, fp8_gather_cvt)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

@@ -121,6 +121,20 @@ __device__ __forceinline__ int e4m3x4_bf16_int(uint32_t w, uint32_t *lo, uint32_
 	return 1;
 }
 
+/* Two floats as e4m3 codes (lo in the low byte): one cvt for both, the
+ * bits of f32_to_e4m3 on each (a NaN made 0x7f whatever its sign). */
+__device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float lo, float hi)
+{
+	uint16_t r = (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE,
+							__NV_E4M3);
+
+	if (isnan(lo))
+		r = (uint16_t)((r & 0xff00u) | 0x7fu);
+	if (isnan(hi))
+		r = (uint16_t)((r & 0x00ffu) | 0x7f00u);
+	return r;
+}
+
 __device__ __forceinline__ uint8_t f32_to_e4m3(float x)
 {
 	/* NaN: one code whatever its sign, as the twin gives */

@@ -42,6 +42,14 @@ __device__ __forceinline__ void f8_rot_cs(uint8_t *x8, uint8_t *y8, float a, flo
 	*y8 = f32_to_e4m3(y * inv2s);
 }
 
+/* The same rotation, its two fp32 results (f8_rot_cs before the encode). */
+__device__ __forceinline__ void f8_rot_f32(float *x, float *y, float a, float b, double cs,
+					   double sn)
+{
+	*x = (float)__dsub_rn(__dmul_rn((double)a, cs), __dmul_rn((double)b, sn));
+	*y = (float)__dadd_rn(__dmul_rn((double)b, cs), __dmul_rn((double)a, sn));
+}
+
 /* ---- the forward pass's new rows ----------------------------------------- */
 /* Tokens a block of f8_put_kernel takes: their rotary angles are computed
  * once into shared memory for every KV head's warp (as the gather does,
@@ -157,6 +165,12 @@ __device__ __forceinline__ void load16(uint8_t *o, const uint8_t *p, bool vec)
 	}
 }
 
+/* CVT: the e4m3 decode and encode of a K chunk by cvt, two values an
+ * instruction (fp8_gather_cvt), where the field decode and one cvt a value
+ * were most of the kernel's instructions (ncu: 74% of issue slots busy,
+ * 15% of DRAM; benchmarks.md, "Prefill attention over fp8"). Both exact,
+ * so the same bits; the rotation is the twin's, in double, either way. */
+template <int CVT>
 __global__ void __launch_bounds__(256)
 f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, float *raws,
 		 const kvmem_gather_item *items, int n_layers, int n_kv, int hd, int cap,
@@ -202,9 +216,29 @@ f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, 
 
 			load16(a, (const uint8_t *)m.k + off + i0, vec);
 			load16(b, (const uint8_t *)m.k + off + half + i0, vec);
-			for (int j = 0; j < 16; j++)
-				f8_rot_cs(&x[j], &y[j], e4m3_to_f32(a[j]) * s, e4m3_to_f32(b[j]) * s,
-					  cs_s[tl * half + i0 + j], sn_s[tl * half + i0 + j], inv2s);
+			if (CVT) {
+#pragma unroll
+				for (int j = 0; j < 16; j += 2) {
+					float a0, a1, b0, b1, x0, x1, y0, y1;
+
+					e4m3x2_to_f32((uint16_t)(a[j] | a[j + 1] << 8), &a0, &a1);
+					e4m3x2_to_f32((uint16_t)(b[j] | b[j + 1] << 8), &b0, &b1);
+					f8_rot_f32(&x0, &y0, a0 * s, b0 * s, cs_s[tl * half + i0 + j],
+						   sn_s[tl * half + i0 + j]);
+					f8_rot_f32(&x1, &y1, a1 * s, b1 * s, cs_s[tl * half + i0 + j + 1],
+						   sn_s[tl * half + i0 + j + 1]);
+					const uint16_t xx = f32x2_to_e4m3x2(x0 * inv2s, x1 * inv2s);
+					const uint16_t yy = f32x2_to_e4m3x2(y0 * inv2s, y1 * inv2s);
+
+					x[j] = (uint8_t)xx, x[j + 1] = (uint8_t)(xx >> 8);
+					y[j] = (uint8_t)yy, y[j + 1] = (uint8_t)(yy >> 8);
+				}
+			} else {
+				for (int j = 0; j < 16; j++)
+					f8_rot_cs(&x[j], &y[j], e4m3_to_f32(a[j]) * s,
+						  e4m3_to_f32(b[j]) * s, cs_s[tl * half + i0 + j],
+						  sn_s[tl * half + i0 + j], inv2s);
+			}
 			*(uint4 *)(k8 + d * hd + i0) = *(const uint4 *)x;
 			*(uint4 *)(k8 + d * hd + half + i0) = *(const uint4 *)y;
 			if (raw8) {	/* the raw K kept beside the view */
@@ -234,9 +268,14 @@ extern "C" int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, ui
 				   head_dim);
 	if (!n_items)
 		return 0;
-	f8_gather_kernel<<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(
-		view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_layers, n_kv_heads,
-		head_dim, cap, theta);
+	if (c->fp8_gather_cvt)
+		f8_gather_kernel<1><<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(
+			view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_layers,
+			n_kv_heads, head_dim, cap, theta);
+	else
+		f8_gather_kernel<0><<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(
+			view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_layers,
+			n_kv_heads, head_dim, cap, theta);
 	return kvmem_cuda_launched("fp8 view gather");
 }
 

@@ -111,7 +111,10 @@ static void check_put(int n, int H, int D, int slot)
 	kvmem_cuda_free(ditem);
 }
 
-static void check_gather(int in_device)
+/* cvt: the gather's conversions by cvt (fp8_gather_cvt). Two NaN codes in
+ * a page's raw K (0x7f at dim 3 of its first row, 0xff at dim 70 of its
+ * sixth): the rotated pair's codes are NaN (0x7f) on both sides. */
+static void check_gather(int in_device, int cvt)
 {
 	struct pages p;
 	const int L = 3, H = 8, D = 128, B = 32, NB = 12, cap = NB * B + 16;
@@ -119,12 +122,15 @@ static void check_gather(int in_device)
 	struct fview v;
 	char *dev = NULL;
 	void *ditems;
-	int n = 0, ok;
+	int n = 0, ok, was = kvmem_cuda_tune(g_c, "fp8_gather_cvt", cvt);
 
 	if (pages_make(&p, L, H, D, B, NB, KVMEM_DTYPE_FP8)) {
 		report(0, "fp8 view gather: no pinned memory");
 		return;
 	}
+	/* block 1, layer 0: placed whole (u0 = 0, below) */
+	((uint8_t *)p.host + (size_t)(1 * L + 0) * p.page)[3] = 0x7f;
+	((uint8_t *)p.host + (size_t)(1 * L + 0) * p.page)[5 * D + 70] = 0xff;
 	if (in_device && (kvmem_cuda_malloc((void **)&dev, p.page * L * NB) ||
 			  kvmem_cuda_upload(g_c, dev, p.host, p.page * L * NB)))
 		die("fp8 view gather: device pages");
@@ -142,9 +148,10 @@ static void check_gather(int in_device)
 	ok = kvmem_cuda_fp8_view_gather(g_c, v.dk8, v.dv8, v.dks, v.dvs, v.dr8, v.drs, ditems, n, L,
 					H, D, cap,
 					THETA) == 0 && kvmem_cuda_sync(g_c) == 0;
-	report(ok && fview_same(&v), "fp8 view gather: %d items of pages %s, K (rotated) and V "
-	       "bytes and scales bit for bit", n, in_device ? "in device memory" :
-	       "in pinned host memory");
+	report(ok && fview_same(&v), "fp8 view gather%s: %d items of pages %s (two NaN codes), K "
+	       "(rotated) and V bytes and scales bit for bit", cvt ? " by cvt (fp8_gather_cvt)" : "",
+	       n, in_device ? "in device memory" : "in pinned host memory");
+	kvmem_cuda_tune(g_c, "fp8_gather_cvt", was);
 	fview_free(&v);
 	kvmem_cuda_free(ditems);
 	kvmem_cuda_free(dev);
@@ -575,16 +582,25 @@ static void bench_view(void)
 			if (kvmem_cuda_upload(g_c, g8.items, i8, sizeof(*i8) * L * NB) ||
 			    kvmem_cuda_upload(g_c, g16.items, i16, sizeof(*i16) * L * NB))
 				die("device items");
+			double tc;
+			int was;
+
 			prof_once(run_bf16_gather, &g16);	/* ncu: tests/gpu/prof27.sh */
 			prof_once(run_view_gather, &g8);
 			t16 = time_ms(run_bf16_gather, &g16, 2, 9);
 			t8 = time_ms(run_view_gather, &g8, 2, 9);
+			was = kvmem_cuda_tune(g_c, "fp8_gather_cvt", 1);
+			prof_once(run_view_gather, &g8);
+			tc = time_ms(run_view_gather, &g8, 2, 9);
+			kvmem_cuda_tune(g_c, "fp8_gather_cvt", was);
 			/* pages read, view rows written (K, V; fp8 with scales) */
 			printf("rematerialise the same from device memory (the page pool's way): bf16 "
 			       "%.3f ms (%.0f GB/s read + written), fp8 %.3f ms (%.0f GB/s); fp8 / bf16 "
 			       "tokens/s %.2f; the device copy rate %.0f GB/s\n", t16,
 			       2 * p16.page * L * NB / (t16 / 1e3) / 1e9, t8,
 			       2 * p8.page * L * NB / (t8 / 1e3) / 1e9, t16 / t8, copy);
+			printf("  fp8 by cvt (fp8_gather_cvt): %.3f ms (%.0f GB/s); fp8 / bf16 tokens/s "
+			       "%.2f\n", tc, 2 * p8.page * L * NB / (tc / 1e3) / 1e9, t16 / tc);
 			kvmem_cuda_free(d8), kvmem_cuda_free(d16);
 		}
 		fview_free(&v);
@@ -600,8 +616,10 @@ void check_fp8_view(int bench)
 	check_put(1, 8, 128, 0);
 	check_put(37, 8, 128, 100);
 	check_put(20, 2, 64, 3);
-	check_gather(0);
-	check_gather(1);
+	check_gather(0, 0);
+	check_gather(1, 0);
+	check_gather(0, 1);
+	check_gather(1, 1);
 	check_move();
 	check_layer_bf16(8, 300, 257, 128);
 	check_layer_bf16(3, 70, 70, 64);
