@@ -167,7 +167,8 @@ gpu_unit() { # test name, seconds, [VAR=VALUE]
 
 # kvmem bench step on cuda, one dtype, the warm tier: log name, dtype,
 # workspace tokens, view, phases (--only), seconds at most, then env
-# assignments for the run (may be none). Needs $tmp. STEPS: warm steps (2).
+# assignments for the run (may be none). Needs $tmp. STEPS: warm steps (2);
+# POLICY: the selection (bench step's --policy; meank when unset).
 gpu_step() {
 	local name=$1 dt=$2 tokens=$3 view=$4 only=$5 secs=$6 rc
 	shift 6
@@ -175,7 +176,7 @@ gpu_step() {
 	echo "== ${*:+$* }kvmem bench step --kv-dtype $dt --only $only ($view-token view over $tokens)"
 	env "$@" timeout "$(gpu_left "$secs")" "$K" bench step --backend cuda --kv-dtype "$dt" \
 		--only "$only" --tokens "$tokens" --view "$view" --steps "${STEPS:-2}" --decode 32 \
-		--tiers warm --dir "$tmp/b" >"$log/$name.log" 2>&1
+		--tiers warm ${POLICY:+--policy "$POLICY"} --dir "$tmp/b" >"$log/$name.log" 2>&1
 	rc=$?
 	if [ $rc -eq 0 ]; then
 		ok "bench step $only, $dt, $view-token view${*:+, $*}"

@@ -18,7 +18,8 @@
 #      dtypes, while time is left.
 #
 # SECONDS (default 400) bounds the whole; logs in OUTDIR/pre8_27.tar.
-# STEPS=N: warm steps a bench step run (2); FITS=0 leaves out 4, BIG=0 5.
+# STEPS=N: warm steps a bench step run (2); FITS=0 leaves out 4, BIG=0 5;
+# POLICY=random: both dtypes enter the same blocks (like for like).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/pre8_27.sh OUTDIR [SECONDS]}
