@@ -44,7 +44,10 @@
  *    by shared-memory traffic: ncu saw ldmatrix the largest stall).
  *    Shared-memory addresses are computed once per thread and P goes to
  *    bf16 by one cvt per pair.
- *    255 registers, 104 bytes spilled, 2 blocks (8 warps) per SM.
+ *    255 registers, 72 bytes spilled (104 before the fp8 scales joined
+ *    flash_args), 2 blocks (8 warps) per SM, its key splits sized to
+ *    that. Over an fp8 view (kvmem_cuda_attention_fp8) the same kernel
+ *    reads e4m3 tiles (attention_flash.cuh's F8 form).
  *
  * 5  a decode kernel (rows <= 16; other shapes run as v4): four warps per
  *    (split, KV head) over a three-stage cp.async ring of 64-key stages,
