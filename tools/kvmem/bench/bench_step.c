@@ -353,10 +353,6 @@ static int step_both(struct ctx *x, struct ctx *y)
 	printf("\nfp8 against bf16, the same run: warm step %.1f / %.1f ms, bf16 time / fp8 time "
 	       "%.2f (target >= 1.6)", x->warm_step_s * 1e3, y->warm_step_s * 1e3,
 	       y->warm_step_s > 0 ? x->warm_step_s / y->warm_step_s : 0);
-	/* What bounds that ratio: the step's floor (no KV read) is the same
-	 * for both dtypes; fp8 at best removes all of the rest (the ceiling)
-	 * or half of it (its bytes halved, at the same rates). */
-
 	if (x->warm_decode_tps > 0 && y->warm_decode_tps > 0)
 		printf("; decode in the %" PRId64 "-token view %.1f / %.1f tokens/s, fp8 / bf16 %.2f "
 		       "(target >= 1.08 at a 32K view, >= 1.3 at 128K)", x->o.view, y->warm_decode_tps,
@@ -370,6 +366,9 @@ static int step_both(struct ctx *x, struct ctx *y)
 		       y->warm_first_s * 1e3, x->warm_first_s / y->warm_first_s,
 		       x->warm_sel_per_block_s * 1e6, y->warm_sel_per_block_s * 1e6,
 		       y->warm_sel_per_block_s > 0 ? x->warm_sel_per_block_s / y->warm_sel_per_block_s : 0);
+	/* What bounds that ratio: the step's floor (no KV read) is the same
+	 * for both dtypes; fp8 at best removes all of the rest (the ceiling)
+	 * or half of it (its bytes halved, at the same rates). */
 	if (x->floor_step_s > 0 && x->warm_step_s > x->floor_step_s)
 		printf("what bounds the warm step's ratio: bf16's step floor %.1f ms (the question and "
 		       "a token over an empty view, no KV read) is fp8's too: bf16 time / fp8 time is "

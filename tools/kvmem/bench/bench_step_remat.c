@@ -530,8 +530,6 @@ int ph_coldin_both(struct ctx *bf16, struct ctx *fp8)
 	return coldin_run(xs, 2, nb < 1 ? 1 : nb);
 }
 
-/* The view's own prefill and plain decode, once: the step's and decode's
- * peers. */
 /* The best of three, after one to warm up (a decode graph made): the view
  * emptied, the question's tokens in one forward, one decoded token. A step
  * does this and more (it reads the view's KV and places what enters), so
@@ -572,6 +570,8 @@ static double floor_step(struct ctx *x, float *logits)
 	return rc ? -1 : best;
 }
 
+/* The view's own prefill and plain decode, once: the step's and decode's
+ * peers; then the step's floor. */
 int peers(struct ctx *x)
 {
 	float *logits = malloc(sizeof(float) * x->geo.cfg.vocab);
