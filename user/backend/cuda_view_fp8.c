@@ -22,7 +22,7 @@
  *    to 8 rows a KV head, else dequantising each tile into shared memory)
  *    and the prefill chunks v4 takes of up to 128 rows a KV head (its
  *    flash kernel with e4m3 tiles, kvmem_cuda_attention_fp8: a warm step's
- *    question; e4m3_rows_of); each gives the bits of its bf16 kernel over
+ *    question; e4m3_rows_env); each gives the bits of its bf16 kernel over
  *    the rows dequantised. Other chunks read the layer dequantised into a
  *    bf16 scratch (exact: e4m3 x 2^e fits bf16), then the bf16 kernel (v4,
  *    or v6 where the rows fill the GPU). The scratch is made when such a
@@ -77,15 +77,8 @@ struct cuda_fp8 {
 	int cap_items;
 	const char **at;	/* place() with the pool: the items' slots */
 	int cap_at;
-	int e4m3_rows;		/* e4m3_rows_of() */
+	int e4m3_rows;		/* e4m3_rows_env() */
 };
-
-static struct cuda_fp8 *f8_of(struct cuda *b)
-{
-	if (!b->f8 && !(b->f8 = calloc(1, sizeof(*b->f8))))
-		kvmem_error(ENOMEM, "cuda fp8 view: out of memory");
-	return b->f8;
-}
 
 /*
  * The most rows a KV head (tokens x the group's heads) for which a prefill
@@ -97,16 +90,23 @@ static struct cuda_fp8 *f8_of(struct cuda *b)
  * over fp8"). KVMEM_CUDA_FP8_PREFILL_ROWS sets it (0: never while there is
  * room); 128 (one of v4's row tiles: a warm step's question) when unset.
  */
-static int e4m3_rows_of(struct cuda_fp8 *f)
+static int e4m3_rows_env(void)
 {
-	if (!f->e4m3_rows) {
-		const char *e = getenv("KVMEM_CUDA_FP8_PREFILL_ROWS");
+	const char *e = getenv("KVMEM_CUDA_FP8_PREFILL_ROWS");
+	const int rows = e && *e ? atoi(e) : 128;
 
-		f->e4m3_rows = e && *e ? atoi(e) : 128;
-		f->e4m3_rows = f->e4m3_rows < 0 ? 0 : f->e4m3_rows;
-		f->e4m3_rows++;	/* kept + 1: 0 stays "not read yet" */
-	}
-	return f->e4m3_rows - 1;
+	return rows < 0 ? 0 : rows;
+}
+
+static struct cuda_fp8 *f8_of(struct cuda *b)
+{
+	if (b->f8)
+		return b->f8;
+	if (!(b->f8 = calloc(1, sizeof(*b->f8))))
+		kvmem_error(ENOMEM, "cuda fp8 view: out of memory");
+	else
+		b->f8->e4m3_rows = e4m3_rows_env();
+	return b->f8;
 }
 
 void cuda_fp8_destroy(struct cuda *b)
@@ -743,7 +743,7 @@ int cuda_fp8_layer(struct cuda *b, kvmem_view *v, int l, int n, const uint16_t *
 	 * the e4m3 rows. */
 	if (!(f = f8_of(b)))
 		return kvmem_fail();
-	if (n > 1 && (int64_t)n * (c->n_heads / H) <= e4m3_rows_of(f) &&
+	if (n > 1 && (int64_t)n * (c->n_heads / H) <= f->e4m3_rows &&
 	    kvmem_cuda_attention_fp8_same(b->ctx, n, c->n_heads, H, D))
 		return attend_e4m3(b, v, l, n, pos, len, scale);
 	if ((rc = scratch_room(b, v->cap)) < 0) {
