@@ -143,9 +143,7 @@ static void check_pre8_nan(int n_q, int n_kv, int heads, int H, int D)
 		uint8_t was;
 		uint16_t *out;
 
-		if (cudaMemcpy(&was, dev, 1, cudaMemcpyDeviceToHost) ||
-		    cudaMemcpy(dev, &nan_code[kv], 1, cudaMemcpyHostToDevice))
-			die("nan code");
+		was = dpoke(dev, nan_code[kv]);
 		rc = run_pre8(&p);
 		out = dget(p.out, 2 * (size_t)n_q * heads * D);
 		for (int t = 0; t < n_q && !rc; t++)
@@ -158,8 +156,7 @@ static void check_pre8_nan(int n_q, int n_kv, int heads, int H, int D)
 					ok &= is_nan == (qh / G == h && (kv ? i == 5 : t == n_q - 1));
 				}
 		free(out);
-		if (cudaMemcpy(dev, &was, 1, cudaMemcpyHostToDevice))
-			die("nan code");
+		dpoke(dev, was);
 	}
 	if (rc)
 		report(0, "prefill over fp8, a NaN code: %s", kvmem_last_error());

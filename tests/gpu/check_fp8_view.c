@@ -445,9 +445,7 @@ static void check_dec8r_nan(int n_kv, int heads, int H, int D)
 		uint8_t was_b;
 		uint16_t *out;
 
-		if (cudaMemcpy(&was_b, dev, 1, cudaMemcpyDeviceToHost) ||
-		    cudaMemcpy(dev, &nan_code[kv], 1, cudaMemcpyHostToDevice))
-			die("nan code");
+		was_b = dpoke(dev, nan_code[kv]);
 		rc = run_dec8(&d);
 		out = dget(d.out, 2 * (size_t)heads * D);
 		for (int q = 0; q < heads && !rc; q++)
@@ -458,8 +456,7 @@ static void check_dec8r_nan(int n_kv, int heads, int H, int D)
 				ok &= is_nan == (q / G == h);
 			}
 		free(out);
-		if (cudaMemcpy(dev, &was_b, 1, cudaMemcpyHostToDevice))
-			die("nan code");
+		dpoke(dev, was_b);
 	}
 	if (rc)
 		report(0, "decode v5 over fp8 in registers, a NaN code: %s", kvmem_last_error());

@@ -106,6 +106,16 @@ void *dget(const void *d, size_t bytes)
 	return h;
 }
 
+uint8_t dpoke(void *d, uint8_t v)
+{
+	uint8_t was;
+
+	if (kvmem_cuda_sync(g_c) || cudaMemcpy(&was, d, 1, cudaMemcpyDeviceToHost) != cudaSuccess ||
+	    cudaMemcpy(d, &v, 1, cudaMemcpyHostToDevice) != cudaSuccess)
+		die("a byte of device memory");
+	return was;
+}
+
 double bf(uint16_t h)
 {
 	return kvmem_bf16_to_f32(h);

@@ -36,6 +36,8 @@ uint16_t *rand_bf16(size_t n, double lo, double hi);
 void *dput(const void *h, size_t bytes);
 void *dpoison(size_t bytes);
 void *dget(const void *d, size_t bytes);
+/* One byte of device memory set to v (after the stream's work); its old value. */
+uint8_t dpoke(void *d, uint8_t v);
 /* Device memory filled with random values in [-a, a]. */
 void dfill_bf16(void *d, size_t n, double a);
 
