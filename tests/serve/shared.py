@@ -3,7 +3,8 @@
 # to the servers given (two servers sharing a store, or one alone: a twin),
 # made from a `kvmem synth sample` text as tests/serve/common.mjs makes them.
 # Prints one JSON line per turn: the answer and the workspace's tokens; exits
-# 1 at the first turn refused.
+# 1 at the first turn refused. The same SEED gives the same turns whatever
+# TURNS (up to 16): a longer run continues a shorter one.
 #   shared.py CORPUS SEED TURNS CONVERSATION BASE [BASE...]
 import json
 import random
@@ -20,7 +21,12 @@ with open(corpus, encoding="utf-8") as f:
 facts = [l for l in lines if fact.match(l)]
 r = random.Random(seed)
 per = 6
-start = r.randrange(max(1, len(lines) - n * per))
+# Where the turns start does not depend on how many are asked for (up to
+# REACH): a conversation replayed with more turns begins with the same
+# messages (test_rados.sh's 'held' sends 1 turn, then 2; with the start
+# drawn below len(lines) - n * per, some seeds began the second elsewhere).
+REACH = 16
+start = r.randrange(max(1, len(lines) - REACH * per))
 messages, seen = [], []
 for t in range(n):
     chunk = lines[start + t * per:start + (t + 1) * per]
