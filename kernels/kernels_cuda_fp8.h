@@ -68,11 +68,13 @@ int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
 			    const uint16_t *rows_k, const uint16_t *rows_v, int ld,
 			    const kvmem_scatter_item *item, int n, int n_kv_heads, int head_dim,
 			    int cap, double theta);
+/* run: items a block takes (>= 1). Consecutive items at the same slots
+ * (a block of tokens' layers, as the session queues them) share their
+ * rotary angles within a block: run is best their count. */
 int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
 			       float *k_scale, float *v_scale, uint8_t *raw_k, float *raw_scale,
-			       const kvmem_gather_item *items,
-			       int n_items, int n_layers, int n_kv_heads, int head_dim, int cap,
-			       double theta);
+			       const kvmem_gather_item *items, int n_items, int run, int n_layers,
+			       int n_kv_heads, int head_dim, int cap, double theta);
 int kvmem_cuda_fp8_view_bf16(kvmem_cuda_ctx *c, uint16_t *out_k, uint16_t *out_v, int out_stride,
 			     const uint8_t *view_k, const uint8_t *view_v, const float *k_scale,
 			     const float *v_scale, int n_kv_heads, int len, int cap, int head_dim);

@@ -66,8 +66,8 @@ struct kvmem_cuda_ctx {
 	int fp8_reg_blocks;	/* its blocks a multiprocessor and split target: 2 or 3
 				 * (KVMEM_CUDA_FP8_REG_BLOCKS; 2 when unset) */
 	int fp8_gather_cvt;	/* the fp8 view gather's e4m3 decode and encode by
-				 * cvt, two values an instruction (off;
-				 * KVMEM_CUDA_FP8_GATHER_CVT=1: on; fp8_view.cu) */
+				 * cvt, two values an instruction (on;
+				 * KVMEM_CUDA_FP8_GATHER_CVT=0: off; fp8_view.cu) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];
 	int next_plan;		/* round-robin replacement */
 };

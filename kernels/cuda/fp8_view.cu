@@ -138,10 +138,10 @@ extern "C" int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8
 
 /* ---- rematerialisation from fp8 pages ------------------------------------ */
 /*
- * Grid (items, FG_Y), 256 threads; a thread moves 16 bytes: a V chunk (16
- * dims), or a K chunk pair (dims c..c+15 and their rotary partners
- * c+half..: one 16-byte load each). 12 threads a token and KV head at
- * head_dim 128. Pages read over PCIe (mapped pinned host memory) move in
+ * Grid (items / run, FG_Y), 256 threads; a thread moves 16 bytes: a V
+ * chunk (16 dims), or a K chunk pair (dims c..c+15 and their rotary
+ * partners c+half..: one 16-byte load each). 12 tasks a token and KV head
+ * at head_dim 128. Pages read over PCIe (mapped pinned host memory) move in
  * 16-byte requests, as a bf16 page's do: half the requests of bf16 for the
  * same tokens, where 8-byte ones made as many requests as bf16's (the
  * 1.27 of benchmarks.md, "fp8 KV"). Addresses not 16-byte aligned take
@@ -166,89 +166,110 @@ __device__ __forceinline__ void load16(uint8_t *o, const uint8_t *p, bool vec)
 }
 
 /* CVT: the e4m3 decode and encode of a K chunk by cvt, two values an
- * instruction (fp8_gather_cvt), where the field decode and one cvt a value
- * were most of the kernel's instructions (ncu: 74% of issue slots busy,
- * 15% of DRAM; benchmarks.md, "Prefill attention over fp8"). Both exact,
- * so the same bits; the rotation is the twin's, in double, either way. */
+ * instruction (fp8_gather_cvt, the default), where the field decode and
+ * one cvt a value were most of the kernel's instructions (ncu: 74% of
+ * issue slots busy, 15% of DRAM; benchmarks.md, "Prefill attention over
+ * fp8"). Both exact, so the same bits; the rotation is the twin's, in
+ * double, either way.
+ *
+ * A block takes `run` consecutive items. The session queues a block of
+ * tokens' layers one after another (the same slots), so the angles of the
+ * block's tokens are computed once for all of them; they are computed
+ * again only where an item's slots differ from the last. A thread's tasks
+ * are K chunk pairs first, then V chunks: a warp mixing the two ran both
+ * paths, each with a third or two thirds of its lanes. */
 template <int CVT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 4)	/* 64 registers: four blocks an SM */
 f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, float *raws,
-		 const kvmem_gather_item *items, int n_layers, int n_kv, int hd, int cap,
-		 double theta)
+		 const kvmem_gather_item *items, int n_items, int run, int n_layers, int n_kv,
+		 int hd, int cap, double theta)
 {
-	const kvmem_gather_item m = items[blockIdx.x];
-	const int half = hd / 2, tk = half / 16, tt = tk + hd / 16;
-
-	if (m.layer < 0 || m.layer >= n_layers || m.slot < 0 || m.n < 0 || m.slot > cap - m.n ||
-	    m.dtype != KVMEM_DTYPE_FP8 || !m.k_scale || !m.v_scale)
-		return;		/* the whole block: uniform (the host checked them) */
-	const bool vec = ((uintptr_t)m.k & 15) == 0 && ((uintptr_t)m.v & 15) == 0 &&
-			 m.head_stride % 16 == 0;
-	const int per_tok = n_kv * tt;
+	const int half = hd / 2, tk = half / 16, tv = hd / 16;
+	const int first = blockIdx.x * run, last = min(n_items, first + run);
+	__shared__ double fr_s[ROPE_HALF_MAX];
 	__shared__ double cs_s[FG_TOK * ROPE_HALF_MAX], sn_s[FG_TOK * ROPE_HALF_MAX];
+	int have = -1;	/* the position cs_s/sn_s start at (uniform) */
 
-	for (int t0 = blockIdx.y * FG_TOK; t0 < m.n; t0 += gridDim.y * FG_TOK) {
-		const int nt = min(FG_TOK, m.n - t0);
+	for (int x = threadIdx.x; x < half; x += blockDim.x)
+		fr_s[x] = rope_freq(x, hd, theta);	/* seen after the first sync below */
+	for (int at = first; at < last; at++) {
+		const kvmem_gather_item m = items[at];
 
-		__syncthreads();	/* the previous tokens' angles are used up */
-		for (int x = threadIdx.x; x < nt * half; x += blockDim.x)
-			rope_angle(m.slot + t0 + x / half, x % half, hd, theta, &sn_s[x], &cs_s[x]);
-		__syncthreads();
-		for (int task = threadIdx.x; task < nt * per_tok; task += blockDim.x) {
-			const int c = task % tt, r = task / tt, tl = r / n_kv, t = t0 + tl, h = r % n_kv;
-			const size_t off = (size_t)t * hd + (size_t)h * m.head_stride;
-			const size_t srow = (size_t)h * m.scale_stride + t;
-			const size_t d = ((size_t)m.layer * n_kv + h) * cap + m.slot + t;
+		if (m.layer < 0 || m.layer >= n_layers || m.slot < 0 || m.n < 0 ||
+		    m.slot > cap - m.n || m.dtype != KVMEM_DTYPE_FP8 || !m.k_scale || !m.v_scale)
+			continue;	/* uniform (the host checked them) */
+		const bool vec = ((uintptr_t)m.k & 15) == 0 && ((uintptr_t)m.v & 15) == 0 &&
+				 m.head_stride % 16 == 0;
 
-			if (c >= tk) {	/* V: the bytes and the scale as they are */
-				const int i0 = (c - tk) * 16;
-				__align__(16) uint8_t b[16];
+		for (int t0 = blockIdx.y * FG_TOK; t0 < m.n; t0 += gridDim.y * FG_TOK) {
+			const int nt = min(FG_TOK, m.n - t0), nk = nt * n_kv * tk;
 
-				load16(b, (const uint8_t *)m.v + off + i0, vec);
-				*(uint4 *)(v8 + d * hd + i0) = *(const uint4 *)b;
-				if (c == tk)
-					vs[d] = m.v_scale[srow];
-				continue;
+			if (m.slot + t0 != have) {	/* every FG_TOK tokens' angles */
+				have = m.slot + t0;
+				__syncthreads();	/* the previous angles are used up */
+				for (int x = threadIdx.x; x < FG_TOK * half; x += blockDim.x)
+					rope_angle_of(have + x / half, fr_s[x % half], &sn_s[x],
+						      &cs_s[x]);
+				__syncthreads();
 			}
-			const int i0 = c * 16;
-			const float s = m.k_scale[srow], inv2s = 0.5f / s;
-			__align__(16) uint8_t a[16], b[16], x[16], y[16];
+			for (int task = threadIdx.x; task < nk + nt * n_kv * tv;
+			     task += blockDim.x) {
+				const bool is_k = task < nk;
+				const int c = is_k ? task % tk : (task - nk) % tv;
+				const int r = is_k ? task / tk : (task - nk) / tv;
+				const int tl = r / n_kv, t = t0 + tl, h = r % n_kv;
+				const size_t off = (size_t)t * hd + (size_t)h * m.head_stride;
+				const size_t srow = (size_t)h * m.scale_stride + t;
+				const size_t d = ((size_t)m.layer * n_kv + h) * cap + m.slot + t;
 
-			load16(a, (const uint8_t *)m.k + off + i0, vec);
-			load16(b, (const uint8_t *)m.k + off + half + i0, vec);
-			if (CVT) {
-#pragma unroll
-				for (int j = 0; j < 16; j += 2) {
-					float a0, a1, b0, b1, x0, x1, y0, y1;
+				if (!is_k) {	/* V: the bytes and the scale as they are */
+					const int i0 = c * 16;
+					__align__(16) uint8_t b[16];
 
-					e4m3x2_to_f32((uint16_t)(a[j] | a[j + 1] << 8), &a0, &a1);
-					e4m3x2_to_f32((uint16_t)(b[j] | b[j + 1] << 8), &b0, &b1);
-					f8_rot_f32(&x0, &y0, a0 * s, b0 * s, cs_s[tl * half + i0 + j],
-						   sn_s[tl * half + i0 + j]);
-					f8_rot_f32(&x1, &y1, a1 * s, b1 * s, cs_s[tl * half + i0 + j + 1],
-						   sn_s[tl * half + i0 + j + 1]);
-					const uint16_t xx = f32x2_to_e4m3x2(x0 * inv2s, x1 * inv2s);
-					const uint16_t yy = f32x2_to_e4m3x2(y0 * inv2s, y1 * inv2s);
-
-					x[j] = (uint8_t)xx, x[j + 1] = (uint8_t)(xx >> 8);
-					y[j] = (uint8_t)yy, y[j + 1] = (uint8_t)(yy >> 8);
+					load16(b, (const uint8_t *)m.v + off + i0, vec);
+					*(uint4 *)(v8 + d * hd + i0) = *(const uint4 *)b;
+					if (c == 0)
+						vs[d] = m.v_scale[srow];
+					continue;
 				}
-			} else {
-				for (int j = 0; j < 16; j++)
-					f8_rot_cs(&x[j], &y[j], e4m3_to_f32(a[j]) * s,
-						  e4m3_to_f32(b[j]) * s, cs_s[tl * half + i0 + j],
-						  sn_s[tl * half + i0 + j], inv2s);
-			}
-			*(uint4 *)(k8 + d * hd + i0) = *(const uint4 *)x;
-			*(uint4 *)(k8 + d * hd + half + i0) = *(const uint4 *)y;
-			if (raw8) {	/* the raw K kept beside the view */
-				*(uint4 *)(raw8 + d * hd + i0) = *(const uint4 *)a;
-				*(uint4 *)(raw8 + d * hd + half + i0) = *(const uint4 *)b;
-			}
-			if (c == 0) {
-				ks[d] = 2.0f * s;
-				if (raws)
-					raws[d] = s;
+				const int i0 = c * 16;
+				const float s = m.k_scale[srow], inv2s = 0.5f / s;
+				const double *cs = cs_s + tl * half + i0, *sn = sn_s + tl * half + i0;
+				__align__(16) uint8_t a[16], b[16], x[16], y[16];
+
+				load16(a, (const uint8_t *)m.k + off + i0, vec);
+				load16(b, (const uint8_t *)m.k + off + half + i0, vec);
+				if (CVT) {
+#pragma unroll
+					for (int j = 0; j < 16; j += 2) {
+						float a0, a1, b0, b1, x0, x1, y0, y1;
+
+						e4m3x2_to_f32((uint16_t)(a[j] | a[j + 1] << 8), &a0, &a1);
+						e4m3x2_to_f32((uint16_t)(b[j] | b[j + 1] << 8), &b0, &b1);
+						f8_rot_f32(&x0, &y0, a0 * s, b0 * s, cs[j], sn[j]);
+						f8_rot_f32(&x1, &y1, a1 * s, b1 * s, cs[j + 1], sn[j + 1]);
+						const uint16_t xx = f32x2_to_e4m3x2(x0 * inv2s, x1 * inv2s);
+						const uint16_t yy = f32x2_to_e4m3x2(y0 * inv2s, y1 * inv2s);
+
+						x[j] = (uint8_t)xx, x[j + 1] = (uint8_t)(xx >> 8);
+						y[j] = (uint8_t)yy, y[j + 1] = (uint8_t)(yy >> 8);
+					}
+				} else {
+					for (int j = 0; j < 16; j++)
+						f8_rot_cs(&x[j], &y[j], e4m3_to_f32(a[j]) * s,
+							  e4m3_to_f32(b[j]) * s, cs[j], sn[j], inv2s);
+				}
+				*(uint4 *)(k8 + d * hd + i0) = *(const uint4 *)x;
+				*(uint4 *)(k8 + d * hd + half + i0) = *(const uint4 *)y;
+				if (raw8) {	/* the raw K kept beside the view */
+					*(uint4 *)(raw8 + d * hd + i0) = *(const uint4 *)a;
+					*(uint4 *)(raw8 + d * hd + half + i0) = *(const uint4 *)b;
+				}
+				if (c == 0) {
+					ks[d] = 2.0f * s;
+					if (raws)
+						raws[d] = s;
+				}
 			}
 		}
 	}
@@ -256,26 +277,29 @@ f8_gather_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, 
 
 extern "C" int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
 					  float *k_scale, float *v_scale, uint8_t *raw_k,
-					  float *raw_scale, const kvmem_gather_item *items, int n_items, int n_layers,
-					  int n_kv_heads, int head_dim, int cap, double theta)
+					  float *raw_scale, const kvmem_gather_item *items, int n_items,
+					  int run, int n_layers, int n_kv_heads, int head_dim, int cap,
+					  double theta)
 {
-	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
+	if (n_items < 0 || run < 1 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
 	    head_dim > 2 * ROPE_HALF_MAX || cap < 0)
-		return kvmem_error(EINVAL, "fp8 view gather: %d items into %d layers x %d heads x %d",
-				   n_items, n_layers, n_kv_heads, head_dim);
+		return kvmem_error(EINVAL, "fp8 view gather: %d items (%d a block) into %d layers x "
+				   "%d heads x %d", n_items, run, n_layers, n_kv_heads, head_dim);
 	if (head_dim % 32)
 		return kvmem_error(ENOTSUP, "fp8 view gather: head_dim %d (a multiple of 32)",
 				   head_dim);
 	if (!n_items)
 		return 0;
+	const dim3 grid((n_items + run - 1) / run, FG_Y);
+
 	if (c->fp8_gather_cvt)
-		f8_gather_kernel<1><<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(
-			view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_layers,
-			n_kv_heads, head_dim, cap, theta);
+		f8_gather_kernel<1><<<grid, 256, 0, c->stream>>>(
+			view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_items, run,
+			n_layers, n_kv_heads, head_dim, cap, theta);
 	else
-		f8_gather_kernel<0><<<dim3(n_items, FG_Y), 256, 0, c->stream>>>(
-			view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_layers,
-			n_kv_heads, head_dim, cap, theta);
+		f8_gather_kernel<0><<<grid, 256, 0, c->stream>>>(
+			view_k, view_v, k_scale, v_scale, raw_k, raw_scale, items, n_items, run,
+			n_layers, n_kv_heads, head_dim, cap, theta);
 	return kvmem_cuda_launched("fp8 view gather");
 }
 

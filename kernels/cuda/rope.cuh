@@ -13,13 +13,24 @@
 
 #define ROPE_HALF_MAX 512	/* head_dim <= 1024 (kvmem_config_validate) */
 
+/* Rotary pair i's frequency, theta^(-2i/hd). */
+__device__ __forceinline__ double rope_freq(int i, int hd, double theta)
+{
+	return pow(theta, -2.0 * i / hd);
+}
+
+/* The angle at position pos of a pair of frequency f: its sine and cosine.
+ * A kernel that rotates many positions takes each pair's rope_freq once. */
+__device__ __forceinline__ void rope_angle_of(int pos, double f, double *sn, double *cs)
+{
+	sincos(__dmul_rn((double)pos, f), sn, cs);
+}
+
 /* The angle of rotary pair i at position pos: its sine and cosine. */
 __device__ __forceinline__ void rope_angle(int pos, int i, int hd, double theta, double *sn,
 					   double *cs)
 {
-	double a = __dmul_rn((double)pos, pow(theta, -2.0 * i / hd));
-
-	sincos(a, sn, cs);
+	rope_angle_of(pos, rope_freq(i, hd, theta), sn, cs);
 }
 
 /* cs/sn[i] for i < half, computed by the block's threads. */

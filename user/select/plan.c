@@ -390,10 +390,12 @@ int ws_plan_walk_changed(const kvmem_plan *op, const kvmem_plan *np, const kvmem
 	int rc = 0;
 
 	if (np->n_sets == 1 && op->n_sets <= 1 && n_layers > 0) {
-		/* Every layer has the same runs: found once, replayed. */
+		/* Every layer has the same runs: found once, replayed, a run's
+		 * layers one after another (the same slots back to back: the
+		 * cuda fp8 gather computes their rotary angles once). */
 		if ((rc = ws_plan_walk(op, np, bl, 1, sel_tokens, view_len, keep_run, &w)) == 0)
-			for (int l = 0; l < n_layers && !rc; l++)
-				for (size_t i = 0; i < w.n && !rc; i++)
+			for (size_t i = 0; i < w.n && !rc; i++)
+				for (int l = 0; l < n_layers && !rc; l++)
 					rc = place(arg, l, w.run[i].b, w.run[i].u0, w.run[i].u1,
 						   w.run[i].have, w.run[i].want);
 		w.kept *= n_layers;

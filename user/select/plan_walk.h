@@ -31,7 +31,8 @@ int ws_plan_walk(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks 
  * every layer has the same plan (one set, old and new), the runs are found
  * for one layer and replayed for each: a step over a 64K view then calls
  * place for the few hundred runs that change, not for the view's 147K
- * (block, layer) runs. Same order as ws_plan_walk.
+ * (block, layer) runs, a run's layers one after another (the same slots
+ * back to back); otherwise in ws_plan_walk's order, layer by layer.
  */
 int ws_plan_walk_changed(const kvmem_plan *op, const kvmem_plan *np, const kvmem_blocks *bl,
 			 int n_layers, int64_t sel_tokens, int64_t view_len, ws_place_fn place,
