@@ -20,8 +20,11 @@
 # SECONDS (default 400) bounds the whole; logs in OUTDIR/pre8_27.tar.
 # STEPS=N: warm steps a bench step run (2); FITS=0 leaves out 4, BIG=0 5;
 # POLICY=random: both dtypes enter the same blocks (like for like);
-# CVT=1: 5 once more in fp8 with the gather's conversions by cvt
-# (KVMEM_CUDA_FP8_GATHER_CVT=1).
+# CVT=1: 5 once more in fp8 with the gather's conversions by the field
+# decode (KVMEM_CUDA_FP8_GATHER_CVT=0); SYNC=1: 5 once more with every
+# place() waiting for its gather (KVMEM_CUDA_PLACE_SYNC=1); UNITS="t1 t2":
+# those unit tests on cuda too (test_ws_session, test_ws_pool_fill: the
+# gather left running under the session's own checks).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/pre8_27.sh OUTDIR [SECONDS]}
@@ -54,10 +57,17 @@ if [ "${BIG:-1}" = 1 ]; then
 	gpu_step step256k_both both 262144 65536 step 240
 	grep -E "^fp8 against|^what bounds|^peers|^the warm" "$log/step256k_both.log"
 	if [ "${CVT:-0}" = 1 ]; then
-		gpu_step step256k_fp8cvt fp8 262144 65536 step 150 KVMEM_CUDA_FP8_GATHER_CVT=1
-		grep -E "^the warm|place" "$log/step256k_fp8cvt.log" | head -5
+		gpu_step step256k_fp8field fp8 262144 65536 step 150 KVMEM_CUDA_FP8_GATHER_CVT=0
+		grep -E "^the warm|place" "$log/step256k_fp8field.log" | head -5
+	fi
+	if [ "${SYNC:-0}" = 1 ]; then
+		gpu_step step256k_sync both 262144 65536 step 240 KVMEM_CUDA_PLACE_SYNC=1
+		grep -E "^fp8 against|^the warm" "$log/step256k_sync.log"
 	fi
 fi
+for t in ${UNITS:-}; do
+	gpu_unit "$t" 120
+done
 # The run tool brings back eight files a call: the logs as one tar.
 [ -n "${OUT:-}" ] && tar cf "$OUT/pre8_27.tar" -C "$OUT" pre8_27 && rm -rf "${OUT:?}/pre8_27"
 gpu_done

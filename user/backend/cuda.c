@@ -227,6 +227,8 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	b->page_pool = o->page_pool;
 	b->index_mem = o->index_mem;
 	b->fp8 = o->kv_dtype == KVMEM_DTYPE_FP8;	/* views: cuda_view_fp8.c */
+	b->place_sync = getenv("KVMEM_CUDA_PLACE_SYNC") &&
+			!strcmp(getenv("KVMEM_CUDA_PLACE_SYNC"), "1");
 	b->qw = c->n_heads * c->head_dim;
 	b->kw = c->n_kv_heads * c->head_dim;
 	C = (size_t)o->max_chunk, H = c->hidden, I = c->intermediate, V = c->vocab;

@@ -50,6 +50,9 @@ struct cuda {
 	kvmem_cuda_ctx *ctx;
 	int max_chunk, qw, kw;
 	int fp8;			/* views hold fp8 KV (kvmem_backend_opts.kv_dtype) */
+	int place_sync;			/* KVMEM_CUDA_PLACE_SYNC=1: every place() waits
+					 * for its gather, as before 2026-12-04
+					 * (cuda_ring.c) */
 	struct cuda_fp8 *f8;		/* cuda_view_fp8.c: its scratch and staging */
 	uint16_t *embed, *final_norm, *lm_head;	/* lm_head == embed when tied */
 	struct layer_w *L;
@@ -96,6 +99,26 @@ int cuda_dev_alloc(void *p, size_t bytes, uint64_t *count);
 int cuda_pinned(void *p, size_t bytes);
 /* Room for n scatter items on both sides. */
 int cuda_items_room(struct cuda *b, int n);
+
+/* cuda_ring.c: gather items in two halves, each with the event of the
+ * kernel that read it, so that a place() reading only device memory need
+ * not wait for its kernel. room: cap >= n (waits for what is queued before
+ * it frees; count: device bytes, counted). host: the half to fill (waits
+ * for that half's last kernel). upload: the filled n items to the device
+ * (*dev: where the kernel reads them). queued: the kernel is queued, the
+ * next call takes the other half. quiet: wait for every armed half. */
+struct cuda_ring {
+	kvmem_gather_item *dev, *host;	/* 2 * cap each */
+	int cap, half;
+	void *ev[2];			/* cudaEvent_t */
+	int armed[2];
+};
+int cuda_ring_room(struct cuda_ring *r, kvmem_cuda_ctx *c, int n, uint64_t *count);
+kvmem_gather_item *cuda_ring_host(struct cuda_ring *r);
+int cuda_ring_upload(struct cuda_ring *r, kvmem_cuda_ctx *c, int n, kvmem_gather_item **dev);
+int cuda_ring_queued(struct cuda_ring *r, kvmem_cuda_ctx *c);
+int cuda_ring_quiet(struct cuda_ring *r, kvmem_cuda_ctx *c);
+void cuda_ring_free(struct cuda_ring *r);
 /* cuda_host.c: pinned host memory for the sessions' rows (host_alloc /
  * host_free), kept when freed for the next session of the same size. */
 int cuda_rows_create(struct cuda *b);

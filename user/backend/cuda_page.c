@@ -84,7 +84,7 @@ struct cuda_pages {
 	struct region reg[MAX_REGIONS];
 	uint32_t next_id;
 	/* item lists */
-	kvmem_gather_item *items, *host_items;	/* device / pinned host */
+	struct cuda_ring ring;	/* the gather's items (cuda_ring.c) */
 	int cap_items;
 	/* staging: pinned host (pages the device cannot address), device
 	 * (method batch) */
@@ -187,6 +187,7 @@ static void pool_free(struct cuda *b, struct cuda_pages *pg)
 			pool_note(pg, s, KVMEM_DEVICE_NONE);
 	kvmem_pool_flush(&pg->watch);
 	if (pg->pool) {
+		kvmem_cuda_sync(b->ctx);	/* a gather left running reads it */
 		pg->dev_bytes -= (uint64_t)pg->slots * 2 * pg->slot_elems * 2;
 		kvmem_cuda_free(pg->pool);
 	}
@@ -741,10 +742,8 @@ static int room_items(struct cuda *b, struct cuda_pages *pg, int n)
 		return 0;
 	while (cap < n)
 		cap *= 2;
-	if (pg->items)
-		pg->dev_bytes -= (uint64_t)pg->cap_items * sizeof(*pg->items);
-	kvmem_cuda_free(pg->items);
-	cudaFreeHost(pg->host_items);
+	if (cuda_ring_room(&pg->ring, b->ctx, cap, &pg->dev_bytes) < 0)
+		return kvmem_fail();
 	free(pg->copies);
 	free(pg->c_dst);
 	free(pg->c_src);
@@ -753,16 +752,11 @@ static int room_items(struct cuda *b, struct cuda_pages *pg, int n)
 	free(pg->hit);
 	pg->keys = NULL;
 	pg->hit = NULL;
-	pg->items = NULL;
-	pg->host_items = NULL;
 	pg->copies = NULL;
 	pg->c_dst = NULL;
 	pg->c_src = NULL;
 	pg->c_len = NULL;
 	pg->cap_items = pg->cap_copies = 0;
-	if (kvmem_cuda_malloc((void **)&pg->items, (size_t)cap * sizeof(*pg->items)) < 0 ||
-	    cuda_pinned(&pg->host_items, (size_t)cap * sizeof(*pg->host_items)) < 0)
-		return kvmem_fail();
 	/* Two copies an item at most (its K and its V). */
 	pg->copies = malloc(2 * (size_t)cap * sizeof(*pg->copies));
 	pg->c_dst = malloc(2 * (size_t)cap * sizeof(*pg->c_dst));
@@ -772,7 +766,6 @@ static int room_items(struct cuda *b, struct cuda_pages *pg, int n)
 	pg->hit = malloc((size_t)cap * sizeof(*pg->hit));
 	if (!pg->copies || !pg->c_dst || !pg->c_src || !pg->c_len || !pg->keys || !pg->hit)
 		return kvmem_error(ENOMEM, "cuda place: out of memory");
-	pg->dev_bytes += (uint64_t)cap * sizeof(*pg->items);
 	pg->cap_items = pg->cap_copies = cap;
 	return 0;
 }
@@ -863,12 +856,14 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 	struct cuda_pages *pg = pages_of(b);
 	double t0 = (double)kvmem_now_ns();
 	size_t host_at = 0, dev_at = 0, host_need = 0;
-	int n_copies = 0, rc;
+	int n_copies = 0, host = 0, rc;
+	kvmem_gather_item *hi, *di;
 
 	if (!pg)
 		return kvmem_fail();
 	if ((rc = place_begin(b, pg, items, n, v->cap)) < 0)
 		return rc;
+	hi = cuda_ring_host(&pg->ring);
 	/* Room for the pages of unregistered memory. */
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
@@ -917,7 +912,7 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 		const kvmem_place *it = &items[i];
 		const size_t es = elem_size(it->page.dtype);
 		const size_t half = (size_t)H * it->stride * D * es, skip = (size_t)it->u0 * D * es;
-		kvmem_gather_item *g = &pg->host_items[i];
+		kvmem_gather_item *g = &hi[i];
 		struct region *rk = NULL, *rv = NULL;
 		uint32_t slot = pg->hit[i];
 		uint64_t key = pg->keys[i];
@@ -947,6 +942,7 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 		}
 		if (key)
 			pg->st.pool_misses++;
+		host = 1;	/* a page of the source's: let go when this returns */
 		if (it->page.mem == KVMEM_MEM_DEVICE) {
 			g->k = (const char *)it->page.k + skip;
 			g->v = (const char *)it->page.v + skip;
@@ -1029,9 +1025,9 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 			const char *at = pg->dev_st + c->dst + (size_t)it->u0 * D * elem_size(it->page.dtype);
 
 			if (c->item >= 0)
-				pg->host_items[item].k = at;
+				hi[item].k = at;
 			else
-				pg->host_items[item].v = at;
+				hi[item].v = at;
 		}
 		{
 			struct cudaMemcpyAttributes attr = { 0 };
@@ -1050,12 +1046,12 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 			}
 		}
 	}
-	if (cudaMemcpyAsync(pg->items, pg->host_items, (size_t)n * sizeof(*pg->items),
-			    cudaMemcpyHostToDevice, kvmem_cuda_stream(b->ctx)) != cudaSuccess)
-		return kvmem_error(EIO, "cuda place: uploading %d items", n);
-	if ((rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, pg->items, n, b->c->n_layers, H, D,
+	/* Pool hits only: the gather is not waited for (cuda_ring.c). */
+	if ((rc = cuda_ring_upload(&pg->ring, b->ctx, n, &di)) < 0 ||
+	    (rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, di, n, b->c->n_layers, H, D,
 					      (int)v->cap, b->c->rope_theta)) < 0 ||
-	    (rc = kvmem_cuda_sync(b->ctx)) < 0)
+	    (rc = host || b->place_sync ? kvmem_cuda_sync(b->ctx) :
+					 cuda_ring_queued(&pg->ring, b->ctx)) < 0)
 		return rc;
 	pg->st.calls++;
 	pg->st.items += n;
@@ -1339,6 +1335,7 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 	int *at = NULL, *fill = NULL, *run_at = NULL, rc = 0;
 	struct move_src *src = NULL;
 	struct move_run *runs = NULL;
+	kvmem_gather_item *hi, *di;
 	uint64_t tokens = 0;
 	const int64_t gap = move_gap();
 
@@ -1423,12 +1420,13 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 	    (rc = room_dev_st(b, pg, (size_t)most * 2)) < 0)
 		goto out;
 	memset(fill, 0, (size_t)L * sizeof(*fill));
+	hi = cuda_ring_host(&pg->ring);
 	for (int i = 0; i < n; i++) {
 		const kvmem_move *m = &items[i];
 		const int64_t T = staged[m->layer];
 		const uint16_t *copy = (const uint16_t *)pg->dev_st + base[m->layer];
 
-		pg->host_items[at[m->layer] + fill[m->layer]++] = (kvmem_gather_item){
+		hi[at[m->layer] + fill[m->layer]++] = (kvmem_gather_item){
 			.k = copy + off[i] * D,
 			.v = copy + (size_t)H * T * D + off[i] * D,
 			.raw_k = v->rk + ((size_t)m->layer * H * v->cap + m->to) * D,
@@ -1437,11 +1435,8 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 			.raw_stride = (int32_t)(v->cap * D),
 		};
 	}
-	if (cudaMemcpyAsync(pg->items, pg->host_items, (size_t)n * sizeof(*pg->items),
-			    cudaMemcpyHostToDevice, kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
-		rc = kvmem_error(EIO, "cuda move: uploading %d items", n);
+	if ((rc = cuda_ring_upload(&pg->ring, b->ctx, n, &di)) < 0)
 		goto out;
-	}
 	for (int l = 0, first = 0; l < L; l++) {
 		const size_t row = (size_t)D * 2, lay = (size_t)l * H * v->cap * D;
 		const int64_t T = staged[l];
@@ -1469,7 +1464,7 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 		if (l + 1 < L && base[l + 1])
 			continue;
 		if (at[l + 1] > at[first] &&
-		    (rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, pg->items + at[first],
+		    (rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, di + at[first],
 						      at[l + 1] - at[first], L, H, D, (int)v->cap,
 						      b->c->rope_theta)) < 0)
 			goto out;
@@ -1597,6 +1592,7 @@ void cuda_pages_destroy(struct cuda *b)
 
 	if (!pg)
 		return;
+	kvmem_cuda_sync(b->ctx);	/* a gather left running reads the pool */
 	for (int i = 0; i < MAX_REGIONS; i++)
 		if (pg->reg[i].refs) {
 			cudaHostUnregister(pg->reg[i].base);
@@ -1604,8 +1600,7 @@ void cuda_pages_destroy(struct cuda *b)
 		}
 	pool_free(b, pg);
 	kvmem_pool_watches_free(&pg->watch);
-	kvmem_cuda_free(pg->items);
-	cudaFreeHost(pg->host_items);
+	cuda_ring_free(&pg->ring);
 	cudaFreeHost(pg->host_st);
 	kvmem_cuda_free(pg->dev_st);
 	free(pg->copies);

@@ -47,6 +47,8 @@ void cuda_view_destroy(void *ctx, kvmem_view *v)
 		cuda_fp8_view_destroy(ctx, v);
 		return;
 	}
+	/* A place() left running (cuda_ring.c) writes it. */
+	kvmem_cuda_sync(((struct cuda *)ctx)->ctx);
 	((struct cuda *)ctx)->view_bytes -= view_bytes(ctx, v, v->cap);
 	cuda_fwd_forget(ctx, v->k);
 	kvmem_cuda_free(v->k);
@@ -78,6 +80,7 @@ void cuda_view_drop_raw(struct cuda *b, kvmem_view *v)
 	if (!v->keep)
 		return;
 	cuda_fwd_forget(b, v->k);	/* its decode graphs write the raw K */
+	kvmem_cuda_sync(b->ctx);	/* and a place() left running */
 	b->view_bytes -= view_bytes(b, v, v->cap);
 	v->keep = 0;
 	b->view_bytes += view_bytes(b, v, v->cap);
@@ -101,6 +104,7 @@ int cuda_keep_raw(void *ctx, kvmem_view *v)
 		int64_t cap = v->cap;
 		int rc;
 
+		kvmem_cuda_sync(b->ctx);	/* a place() left running */
 		kvmem_cuda_free(v->k);
 		kvmem_cuda_free(v->v);
 		b->view_bytes -= view_bytes(b, v, v->cap);
@@ -170,8 +174,10 @@ int cuda_reserve(void *ctx, kvmem_view *v, int64_t slots)
 	}
 	if (v->len && ((rc = copy_runs(b, nk, slots, v->k, v->cap, v->len)) < 0 ||
 		       (rc = copy_runs(b, nv, slots, v->v, v->cap, v->len)) < 0 ||
-		       (nr && (rc = copy_runs(b, nr, slots, v->rk, v->cap, v->len)) < 0) ||
-		       (rc = kvmem_cuda_sync(b->ctx)) < 0))
+		       (nr && (rc = copy_runs(b, nr, slots, v->rk, v->cap, v->len)) < 0)))
+		goto fail;
+	/* The copies, and a place() left running (cuda_ring.c), done. */
+	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 		goto fail;
 	cuda_fwd_forget(b, v->k);
 	kvmem_cuda_free(v->k);

@@ -72,7 +72,7 @@ struct cuda_fp8 {
 	char *st, *host_st;	/* staging on the device (place, move) and pinned
 				 * on the host (what place() packs) */
 	size_t cap_st, cap_host_st;
-	kvmem_gather_item *items, *host_items;
+	struct cuda_ring ring;	/* the gather's items (cuda_ring.c) */
 	kvmem_fp8_snap *snaps, *host_snaps;	/* move(): the sources' copies */
 	int cap_items;
 	const char **at;	/* place() with the pool: the items' slots */
@@ -118,10 +118,9 @@ void cuda_fp8_destroy(struct cuda *b)
 	kvmem_cuda_free(f->dk);
 	kvmem_cuda_free(f->dv);
 	kvmem_cuda_free(f->st);
-	kvmem_cuda_free(f->items);
+	cuda_ring_free(&f->ring);
 	kvmem_cuda_free(f->snaps);
 	cudaFreeHost(f->host_st);
-	cudaFreeHost(f->host_items);
 	cudaFreeHost(f->host_snaps);
 	free(f->at);
 	free(f);
@@ -177,6 +176,7 @@ void cuda_fp8_view_free(struct cuda *b, kvmem_view *v)
 {
 	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap, v->keep);
 	cuda_fwd_forget(b, v->k8);	/* decode graphs that hold it (cuda_fwd.c) */
+	kvmem_cuda_sync(b->ctx);	/* a place() left running (cuda_ring.c) */
 	kvmem_cuda_free(v->k8);
 	kvmem_cuda_free(v->v8);
 	kvmem_cuda_free(v->ks);
@@ -194,6 +194,7 @@ static void drop_raw(struct cuda *b, kvmem_view *v)
 	if (!v->keep)
 		return;
 	cuda_fwd_forget(b, v->k8);	/* its decode graphs write the raw K */
+	kvmem_cuda_sync(b->ctx);	/* and a place() left running */
 	b->view_bytes -= cuda_fp8_view_bytes(b, v->cap, 1) - cuda_fp8_view_bytes(b, v->cap, 0);
 	kvmem_cuda_free(v->rk8);
 	kvmem_cuda_free(v->rks);
@@ -393,18 +394,15 @@ static int staging_room(struct cuda *b, size_t dev, size_t host, int n)
 			return rc;
 		f->cap_host_st = host;
 	}
+	if ((rc = cuda_ring_room(&f->ring, b->ctx, n, NULL)) < 0)
+		return rc;
 	if (n > f->cap_items) {
-		kvmem_cuda_free(f->items);
 		kvmem_cuda_free(f->snaps);
-		cudaFreeHost(f->host_items);
 		cudaFreeHost(f->host_snaps);
-		f->items = f->host_items = NULL;
 		f->snaps = f->host_snaps = NULL;
 		f->cap_items = 0;
 		n = n < 1024 ? 1024 : n + n / 4;
-		if ((rc = kvmem_cuda_malloc((void **)&f->items, (size_t)n * sizeof(*f->items))) < 0 ||
-		    (rc = cuda_pinned(&f->host_items, (size_t)n * sizeof(*f->host_items))) < 0 ||
-		    (rc = kvmem_cuda_malloc((void **)&f->snaps, (size_t)n * sizeof(*f->snaps))) < 0 ||
+		if ((rc = kvmem_cuda_malloc((void **)&f->snaps, (size_t)n * sizeof(*f->snaps))) < 0 ||
 		    (rc = cuda_pinned(&f->host_snaps, (size_t)n * sizeof(*f->host_snaps))) < 0)
 			return rc;
 		f->cap_items = n;
@@ -531,9 +529,9 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	const double t0 = (double)kvmem_now_ns();
 	const char **slot = NULL;	/* the items' pool slots (KVMEM_CUDA_FP8_POOL=1) */
 	size_t total = 0, at = 0;
-	kvmem_gather_item g;
+	kvmem_gather_item g, *hi, *di;
 	struct cuda_fp8 *f;
-	int rc, pool = cuda_pages_fp8_pool(b);
+	int rc, pool = cuda_pages_fp8_pool(b), host = 0;
 
 	if (pool < 0)
 		return pool;
@@ -564,19 +562,21 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	if ((rc = staging_room(b, total, total, n)) < 0)
 		return rc;
 	f = b->f8;
+	hi = cuda_ring_host(&f->ring);
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
 		char *dev = f->st + at;
 
 		if (slot && slot[i]) {
-			f->host_items[i] = pooled(b, it, slot[i]);
+			hi[i] = pooled(b, it, slot[i]);
 			continue;
 		}
-		if (direct(b, it, &f->host_items[i]))
+		host = 1;	/* read from host memory, or packed from it */
+		if (direct(b, it, &hi[i]))
 			continue;
 		if ((rc = pack(b, it, f->host_st + at)) < 0)
 			return rc;
-		f->host_items[i] = (kvmem_gather_item){
+		hi[i] = (kvmem_gather_item){
 			.k = dev, .v = dev + (size_t)H * it->n * D,
 			.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
 			.head_stride = it->n * D, .dtype = KVMEM_DTYPE_FP8,
@@ -586,13 +586,16 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 		};
 		at += item_bytes(b, it->n);
 	}
+	/* Pages from the device pool only: the kernel is not waited for (the
+	 * next call fills the ring's other half meanwhile); pages read from
+	 * host memory are let go when this returns, so their kernel is. */
 	if ((at && (rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, at)) < 0) ||
-	    (rc = kvmem_cuda_upload(b->ctx, f->items, f->host_items, (size_t)n * sizeof(*f->items))) < 0 ||
+	    (rc = cuda_ring_upload(&f->ring, b->ctx, n, &di)) < 0 ||
 	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks,
-					     f->items, n, slot_run(f->host_items, n),
-					     b->c->n_layers, H, D, (int)v->cap,
-					     b->c->rope_theta)) < 0 ||
-	    (rc = kvmem_cuda_sync(b->ctx)) < 0)
+					     di, n, slot_run(hi, n), b->c->n_layers, H, D,
+					     (int)v->cap, b->c->rope_theta)) < 0 ||
+	    (rc = host || b->place_sync ? kvmem_cuda_sync(b->ctx) :
+					 cuda_ring_queued(&f->ring, b->ctx)) < 0)
 		return rc;
 	/* counted as the bf16 view's place() counts (kvmem_place_stats) */
 	cuda_pages_count_fp8(b, items, n, slot, (double)kvmem_now_ns() - t0);
@@ -617,6 +620,7 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 	uint64_t tokens = 0;
 	int *start = calloc((size_t)L + 1, sizeof(int)), *at = calloc((size_t)L, sizeof(int));
 	size_t *used = calloc((size_t)L, sizeof(size_t)), most = 0;
+	kvmem_gather_item *hi, *di;
 	struct cuda_fp8 *f;
 	int rc = 0;
 
@@ -660,6 +664,7 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 	if ((rc = staging_room(b, most, 0, n)) < 0)
 		goto out;
 	f = b->f8;
+	hi = cuda_ring_host(&f->ring);
 	for (int i = 0; i < n; i++) {	/* in layer order, each layer's from 0 */
 		const kvmem_move *m = &items[i];
 		const int k = start[m->layer] + at[m->layer]++;
@@ -669,7 +674,7 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 		used[m->layer] += item_bytes(b, m->n);
 		f->host_snaps[k] = (kvmem_fp8_snap){ .layer = m->layer, .n = m->n, .from = m->from,
 						     .off = (int64_t)off };
-		f->host_items[k] = (kvmem_gather_item){
+		hi[k] = (kvmem_gather_item){
 			.k = dev, .v = dev + (size_t)H * m->n * D,
 			.layer = m->layer, .slot = (int32_t)m->to, .n = m->n,
 			.head_stride = m->n * D, .dtype = KVMEM_DTYPE_FP8,
@@ -679,7 +684,7 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 		};
 	}
 	if ((rc = kvmem_cuda_upload(b->ctx, f->snaps, f->host_snaps, (size_t)n * sizeof(*f->snaps))) < 0 ||
-	    (rc = kvmem_cuda_upload(b->ctx, f->items, f->host_items, (size_t)n * sizeof(*f->items))) < 0)
+	    (rc = cuda_ring_upload(&f->ring, b->ctx, n, &di)) < 0)
 		goto out;
 	for (int l = 0; l < L; l++) {
 		const int c = start[l + 1] - start[l];
@@ -687,7 +692,7 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 		if (c && ((rc = kvmem_cuda_fp8_view_snap(b->ctx, f->st, f->snaps + start[l], c, v->rk8,
 							 v->v8, v->rks, v->vs, H, D, (int)v->cap)) < 0 ||
 			  (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8,
-							   v->rks, f->items + start[l], c, 1, L, H, D,
+							   v->rks, di + start[l], c, 1, L, H, D,
 							   (int)v->cap, b->c->rope_theta)) < 0))
 			goto out;
 	}
