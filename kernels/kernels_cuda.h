@@ -147,10 +147,12 @@ int kvmem_cuda_view_scatter_raw_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16
 				     double theta);
 /* items: device array of n_items kvmem_gather_item whose k / v (and copy_k /
  * copy_v) the device can address: device memory, or pinned host memory
- * (cudaMallocHost, or cudaHostRegister'd and mapped). -ENOTSUP when one
+ * (cudaMallocHost, or cudaHostRegister'd and mapped). run: items a block
+ * takes (>= 1); consecutive items at the same slots share their rotary
+ * angles within a block, so run is best their count. -ENOTSUP when one
  * token takes more than 256 threads (n_kv_heads * head_dim * 3 / 16). */
 int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
-				const kvmem_gather_item *items, int n_items, int n_layers,
+				const kvmem_gather_item *items, int n_items, int run, int n_layers,
 				int n_kv_heads, int head_dim, int cap, double theta);
 /* Threads a gather block takes from now on (256, the default, 512, 768 or
  * 1024; the same bits): a measurement's knob. -EINVAL otherwise. */

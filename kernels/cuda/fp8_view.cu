@@ -290,6 +290,7 @@ extern "C" int kvmem_cuda_fp8_view_gather(kvmem_cuda_ctx *c, uint8_t *view_k, ui
 				   head_dim);
 	if (!n_items)
 		return 0;
+	run = gather_run(c, run, n_items, FG_Y);
 	const dim3 grid((n_items + run - 1) / run, FG_Y);
 
 	if (c->fp8_gather_cvt)

@@ -12,8 +12,9 @@
  * with copy_k set the raw K and V also go to a device page (the GPU page
  * pool is filled on the way, no second read).
  *
- * Grid (items, GATHER_Y), 256 threads (or 512, 768, 1024: set_threads; the
- * same bits). A thread moves W = 8 elements (one 16-byte vector of bf16) of
+ * Grid (items / run, GATHER_Y), 256 threads (or 512, 768, 1024:
+ * set_threads; the same bits). A thread moves W = 8 elements (one 16-byte
+ * vector of bf16) of
  * one K rotary pair group or one V row part; a block handles P tokens per
  * round (P = threads / tasks of a token: 1 for Qwen3-8B at 256 threads,
  * with 64 of them idle and two barriers a token; 4 at 768). Loads are issued
@@ -117,88 +118,115 @@ __device__ __forceinline__ void store_w(uint16_t *dst, const uint16_t *v, int W,
 	}
 }
 
+/* A block takes `run` consecutive items; items at the same slots (a block
+ * of tokens' layers, as the session queues them) share the rotary angles
+ * of every round, kept in cs/sn where they fit (GATHER_ANGLES) and made
+ * again only where an item's slots differ. Each pair's frequency (a double
+ * pow) is computed once a block. */
+/* At 256 threads five blocks an SM (48 registers, as before run and the
+ * frequencies' table); the other widths as the compiler had them. */
 template <int THREADS>
-__global__ void __launch_bounds__(THREADS)
-gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_layers, int n_kv,
-	      int hd, int cap, double theta, int W, int P)
+__global__ void __launch_bounds__(THREADS, THREADS == 256 ? 5 : 2048 / THREADS)
+gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_items, int run,
+	      int n_layers, int n_kv, int hd, int cap, double theta, int W, int P)
 {
-	__shared__ double cs[GATHER_ANGLES], sn[GATHER_ANGLES];
-	const kvmem_gather_item m = items[blockIdx.x];
+	__shared__ double cs[GATHER_ANGLES], sn[GATHER_ANGLES], fr[ROPE_HALF_MAX];
 	const int half = hd / 2, gk = half / W, gv = hd / W;
 	const int TK = n_kv * gk, TT = TK + n_kv * gv;
 	const int p = threadIdx.x / TT, e = threadIdx.x % TT;
-
-	if (m.layer < 0 || m.layer >= n_layers || m.slot < 0 || m.n < 0 || m.slot > cap - m.n ||
-	    (m.dtype != KVMEM_DTYPE_F32 && m.dtype != KVMEM_DTYPE_BF16 &&
-	     m.dtype != KVMEM_DTYPE_F16 &&
-	     (m.dtype != KVMEM_DTYPE_FP8 || !m.k_scale || !m.v_scale)))
-		return;		/* the whole block: uniform */
-	/* Uniform per item: 16-byte vectors where every address allows (fp8:
-	 * 8-byte ones, each load checks its own address). */
-	const bool vin = W == 8 && m.dtype != KVMEM_DTYPE_F16 &&
-			 (m.dtype == KVMEM_DTYPE_FP8 || (aligned16(m.k) && aligned16(m.v))) &&
-			 m.head_stride % 8 == 0;
-	const bool vout = W == 8 && (!m.copy_k || aligned16(m.copy_k)) &&
-			  (!m.copy_v || aligned16(m.copy_v)) && m.head_stride % 8 == 0;
-	const bool vraw = W == 8 && aligned16(m.raw_k) && m.raw_stride % 8 == 0;
 	const bool is_k = e < TK;
 	const int h = is_k ? e / gk : (e - TK) / gv;
 	const int i0 = (is_k ? e % gk : (e - TK) % gv) * W;
+	const int first = blockIdx.x * run, last = min(n_items, first + run), step = gridDim.y * P;
+	int have_slot = -1, have_n = 0;	/* the item whose rounds' angles cs/sn hold */
 
-	for (int t0 = blockIdx.y * P; t0 < m.n; t0 += gridDim.y * P) {
-		const int t = t0 + p;
-		const bool act = p < P && t < m.n;
-		const size_t off = (size_t)t * hd + (size_t)h * m.head_stride + i0;
-		uint16_t a[8], b[8];
+	for (int x = threadIdx.x; x < half; x += blockDim.x)
+		fr[x] = rope_freq(x, hd, theta);	/* seen after a round's first barrier */
+	for (int at = first; at < last; at++) {
+		const kvmem_gather_item m = items[at];
 
-		if (act) {
-			const bool f8 = m.dtype == KVMEM_DTYPE_FP8;
-			const size_t srow = (size_t)h * m.scale_stride + t;
+		if (m.layer < 0 || m.layer >= n_layers || m.slot < 0 || m.n < 0 ||
+		    m.slot > cap - m.n ||
+		    (m.dtype != KVMEM_DTYPE_F32 && m.dtype != KVMEM_DTYPE_BF16 &&
+		     m.dtype != KVMEM_DTYPE_F16 &&
+		     (m.dtype != KVMEM_DTYPE_FP8 || !m.k_scale || !m.v_scale)))
+			continue;	/* the whole block: uniform */
+		/* Uniform per item: 16-byte vectors where every address allows
+		 * (fp8: 8-byte ones, each load checks its own address). */
+		const bool vin = W == 8 && m.dtype != KVMEM_DTYPE_F16 &&
+				 (m.dtype == KVMEM_DTYPE_FP8 || (aligned16(m.k) && aligned16(m.v))) &&
+				 m.head_stride % 8 == 0;
+		const bool vout = W == 8 && (!m.copy_k || aligned16(m.copy_k)) &&
+				  (!m.copy_v || aligned16(m.copy_v)) && m.head_stride % 8 == 0;
+		const bool vraw = W == 8 && aligned16(m.raw_k) && m.raw_stride % 8 == 0;
+		const int t_first = blockIdx.y * P;
+		const int rounds = m.n > t_first ? (m.n - t_first + step - 1) / step : 0;
+		const bool keep = rounds * P * half <= GATHER_ANGLES;	/* every round's fit */
+		const bool again = keep && m.slot == have_slot && m.n <= have_n;
+
+		for (int r = 0, t0 = t_first; t0 < m.n; r++, t0 += step) {
+			const int t = t0 + p, base = keep ? r * P * half : 0;
+			const bool act = p < P && t < m.n;
+			const size_t off = (size_t)t * hd + (size_t)h * m.head_stride + i0;
+			uint16_t a[8], b[8];
+
+			if (act) {
+				const bool f8 = m.dtype == KVMEM_DTYPE_FP8;
+				const size_t srow = (size_t)h * m.scale_stride + t;
+
+				if (is_k) {
+					const float sc = f8 ? m.k_scale[srow] : 1.0f;
+
+					load_w(a, m.k, off, m.dtype, W, vin, sc);
+					load_w(b, m.k, off + half, m.dtype, W, vin, sc);
+				} else {
+					load_w(a, m.v, off, m.dtype, W, vin,
+					       f8 ? m.v_scale[srow] : 1.0f);
+				}
+			}
+			if (!again) {
+				__syncthreads();	/* the angles there are used up */
+				for (int x = threadIdx.x; x < P * half; x += blockDim.x) {
+					const int pp = x / half, i = x % half;
+
+					if (t0 + pp < m.n)
+						rope_angle_of(m.slot + t0 + pp, fr[i], &sn[base + x],
+							      &cs[base + x]);
+				}
+				__syncthreads();
+			}
+			if (!act)
+				continue;
+			const size_t d = (((size_t)m.layer * n_kv + h) * cap + m.slot + t) * hd + i0;
 
 			if (is_k) {
-				const float sc = f8 ? m.k_scale[srow] : 1.0f;
+				const double *c = cs + base + p * half + i0, *s = sn + base + p * half + i0;
+				uint16_t x[8], y[8];
 
-				load_w(a, m.k, off, m.dtype, W, vin, sc);
-				load_w(b, m.k, off + half, m.dtype, W, vin, sc);
+				for (int j = 0; j < W; j++)
+					rope_rot(a[j], b[j], c[j], s[j], &x[j], &y[j]);
+				store_w(vk + d, x, W, W == 8);
+				store_w(vk + d + half, y, W, W == 8);
+				if (m.copy_k) {
+					store_w(m.copy_k + off, a, W, vout);
+					store_w(m.copy_k + off + half, b, W, vout);
+				}
+				if (m.raw_k) {
+					const size_t rr = (size_t)t * hd + (size_t)h * m.raw_stride + i0;
+
+					store_w(m.raw_k + rr, a, W, vraw);
+					store_w(m.raw_k + rr + half, b, W, vraw);
+				}
 			} else {
-				load_w(a, m.v, off, m.dtype, W, vin, f8 ? m.v_scale[srow] : 1.0f);
+				store_w(vv + d, a, W, W == 8);
+				if (m.copy_v)
+					store_w(m.copy_v + off, a, W, vout);
 			}
 		}
-		__syncthreads();	/* the previous round's angles are used up */
-		for (int x = threadIdx.x; x < P * half; x += blockDim.x) {
-			int pp = x / half, i = x % half;
-
-			if (t0 + pp < m.n)
-				rope_angle(m.slot + t0 + pp, i, hd, theta, &sn[x], &cs[x]);
-		}
-		__syncthreads();
-		if (!act)
-			continue;
-		const size_t d = (((size_t)m.layer * n_kv + h) * cap + m.slot + t) * hd + i0;
-
-		if (is_k) {
-			uint16_t x[8], y[8];
-
-			for (int j = 0; j < W; j++)
-				rope_rot(a[j], b[j], cs[p * half + i0 + j], sn[p * half + i0 + j], &x[j],
-					 &y[j]);
-			store_w(vk + d, x, W, W == 8);
-			store_w(vk + d + half, y, W, W == 8);
-			if (m.copy_k) {
-				store_w(m.copy_k + off, a, W, vout);
-				store_w(m.copy_k + off + half, b, W, vout);
-			}
-			if (m.raw_k) {
-				const size_t r = (size_t)t * hd + (size_t)h * m.raw_stride + i0;
-
-				store_w(m.raw_k + r, a, W, vraw);
-				store_w(m.raw_k + r + half, b, W, vraw);
-			}
-		} else {
-			store_w(vv + d, a, W, W == 8);
-			if (m.copy_v)
-				store_w(m.copy_v + off, a, W, vout);
-		}
+		if (!keep)
+			have_slot = -1;	/* cs/sn hold only its last round */
+		else if (!again)
+			have_slot = m.slot, have_n = m.n;
 	}
 }
 
@@ -217,7 +245,7 @@ extern "C" int kvmem_cuda_gather_set_threads(int threads)
 }
 
 extern "C" int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, uint16_t *view_v,
-					   const kvmem_gather_item *items, int n_items,
+					   const kvmem_gather_item *items, int n_items, int run,
 					   int n_layers, int n_kv_heads, int head_dim, int cap,
 					   double theta)
 {
@@ -232,10 +260,10 @@ extern "C" int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, 
 	}
 	threads = g_threads;
 
-	if (n_items < 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
-	    head_dim > 2 * ROPE_HALF_MAX || cap < 0)
-		return kvmem_error(EINVAL, "view gather: %d items into %d layers x %d heads x %d",
-				   n_items, n_layers, n_kv_heads, head_dim);
+	if (n_items < 0 || run < 1 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
+	    head_dim % 2 || head_dim > 2 * ROPE_HALF_MAX || cap < 0)
+		return kvmem_error(EINVAL, "view gather: %d items (%d a block) into %d layers x %d "
+				   "heads x %d", n_items, run, n_layers, n_kv_heads, head_dim);
 	if (!n_items)
 		return 0;
 	W = head_dim % 16 == 0 ? 8 : 1;
@@ -248,9 +276,11 @@ extern "C" int kvmem_cuda_view_gather_bf16(kvmem_cuda_ctx *c, uint16_t *view_k, 
 		P--;
 	if (head_dim / 2 > GATHER_ANGLES)
 		return kvmem_error(ENOTSUP, "view gather: head_dim %d", head_dim);
+	run = gather_run(c, run, n_items, GATHER_Y);
 #define GATHER_LAUNCH(T)                                                                       \
-	gather_kernel<T><<<dim3(n_items, GATHER_Y), T, 0, c->stream>>>(                        \
-		view_k, view_v, items, n_layers, n_kv_heads, head_dim, cap, theta, W, P)
+	gather_kernel<T><<<dim3((n_items + run - 1) / run, GATHER_Y), T, 0, c->stream>>>(      \
+		view_k, view_v, items, n_items, run, n_layers, n_kv_heads, head_dim, cap, theta, W, \
+		P)
 	switch (threads) {
 	case 512: GATHER_LAUNCH(512); break;
 	case 768: GATHER_LAUNCH(768); break;

@@ -40,6 +40,18 @@ __device__ __forceinline__ void rope_angles(double *cs, double *sn, int pos, int
 		rope_angle(pos, i, hd, theta, &sn[i], &cs[i]);
 }
 
+/* Items a gather block takes, at most `run`: few enough that the grid
+ * (items / run x gy blocks) still fills the GPU, 8 blocks a multiprocessor.
+ * A place() call's 1024 items in blocks of 28 made 37 x 8 blocks, and the
+ * bf16 step's place() took twice as long on the H200 (the bf16 gather
+ * waits on its loads: it needs many blocks in flight). */
+static inline int gather_run(const kvmem_cuda_ctx *c, int run, int n_items, int gy)
+{
+	const int most = n_items * gy / (8 * (c->sms > 0 ? c->sms : 1));
+
+	return run < most ? run : most > 1 ? most : 1;
+}
+
 /* (x, y) = R (a, b): one rotary pair, each rounded once to bf16. */
 __device__ __forceinline__ void rope_rot(uint16_t a16, uint16_t b16, double c, double s,
 					 uint16_t *x, uint16_t *y)

@@ -198,7 +198,7 @@ static void check_gather_fp8(int in_device)
 	ok = kvmem_view_gather_bf16(rk, rv, it, n, L, H, D, cap, 1e6) == 0;
 	if (kvmem_cuda_malloc(&ditems, sizeof(dit)) || kvmem_cuda_upload(g_c, ditems, dit, sizeof(dit)))
 		die("fp8 gather: items");
-	ok = ok && kvmem_cuda_view_gather_bf16(g_c, vk, vv, ditems, n, L, H, D, cap, 1e6) == 0;
+	ok = ok && kvmem_cuda_view_gather_bf16(g_c, vk, vv, ditems, n, 1, L, H, D, cap, 1e6) == 0;
 	gk = dget(vk, 2 * vsz);
 	gv = dget(vv, 2 * vsz);
 	report(ok && !memcmp(gk, rk, 2 * vsz) && !memcmp(gv, rv, 2 * vsz),
@@ -304,7 +304,7 @@ static int run_gather(void *a)
 {
 	struct gather_arg *g = a;
 
-	return kvmem_cuda_view_gather_bf16(g_c, g->vk, g->vv, g->items, g->n, g->L, g->H, g->D,
+	return kvmem_cuda_view_gather_bf16(g_c, g->vk, g->vv, g->items, g->n, 1, g->L, g->H, g->D,
 					   g->cap, 1e6);
 }
 

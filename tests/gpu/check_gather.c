@@ -40,9 +40,14 @@ static size_t esize(int dtype)
 	return dtype == KVMEM_DTYPE_F32 ? 4 : 2;
 }
 
-/* One case: n_items items of random pages into a poisoned view. */
+/* One case: n_items items of random pages into a poisoned view. run > 1:
+ * items in groups of L at the same slots, layers 0..L-1 (the session's
+ * order: a block's layers in turn), run a kernel block (run = L: a group
+ * each, sharing its rotary angles; else blocks straddle groups); the
+ * second group's second item has one token fewer (the angles kept
+ * serve), its third one more than the first (they are made again). */
 static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B, int dtype,
-		enum where w, int misalign, int copy)
+		enum where w, int misalign, int copy, int run)
 {
 	const int cap = 24 * B, n_items = 24;	/* room: items never share a slot */
 	const size_t half = (size_t)H * B * D, es = esize(dtype), vsz = (size_t)L * H * cap * D;
@@ -121,23 +126,33 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	memset(vk_ref, 0xa5, vsz * 2);
 	memset(vv_ref, 0x5a, vsz * 2);
 	memset(raw_ref, 0x33, vsz * 2);
-	for (int i = 0; i < n_items; i++) {
-		int n = 1 + (int)(runi(0, 1) * (B - 1)), u0 = (int)(runi(0, 1) * (B - n + 1)), l, slot;
+	for (int i = 0, gn = 0, gu0 = 0, gslot = 0; i < n_items; i++) {
+		int n = 1 + (int)(runi(0, 1) * (B - 2)), u0 = (int)(runi(0, 1) * (B - n + 1)), l, slot;
 		size_t off = (size_t)i * page_bytes + (misalign ? es * (1 + i % 3) : 0);
 
 		if (copy && i % 3 == 0)
 			u0 = 0, n = B;	/* whole pages are what the pool keeps */
-		for (int tries = 0;; tries++) {
+		if (run > 1)
+			u0 = (int)(runi(0, 1) * (B - n));	/* room for one more */
+		if (run > 1 && i % L) {	/* the group's slots, the next layer */
+			l = i % L;
+			n = gn ? gn - (i == L + 1) + (i == L + 2) : 0;
+			u0 = gu0;
+			slot = gslot;
+		} else for (int tries = 0;; tries++) {
 			int free_run = 1;
 
-			l = (int)(runi(0, 1) * L);
-			slot = (int)(runi(0, 1) * (cap - n + 1));
-			for (int t = 0; t < n; t++)
-				free_run &= !used[(size_t)l * cap + slot + t];
-			if (free_run)
+			l = run > 1 ? 0 : (int)(runi(0, 1) * L);
+			slot = (int)(runi(0, 1) * (cap - n));	/* room for one more */
+			for (int k = 0; k < (run > 1 ? L : 1); k++)
+				for (int t = 0; t < n + (run > 1); t++)
+					free_run &= !used[(size_t)(l + k) * cap + slot + t];
+			if (free_run) {
+				gn = n, gu0 = u0, gslot = slot;
 				break;
+			}
 			if (tries > 1000) {
-				n = 0;	/* no room: an empty item */
+				n = gn = 0;	/* no room: an empty item (and group) */
 				break;
 			}
 		}
@@ -163,7 +178,7 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	}
 	if (kvmem_view_gather_bf16(vk_ref, vv_ref, it, n_items, L, H, D, cap, 1e6) < 0 ||
 	    kvmem_cuda_upload(c, ditems, dit, sizeof(dit)) ||
-	    kvmem_cuda_view_gather_bf16(c, vk, vv, ditems, n_items, L, H, D, cap, 1e6) ||
+	    kvmem_cuda_view_gather_bf16(c, vk, vv, ditems, n_items, run, L, H, D, cap, 1e6) ||
 	    kvmem_cuda_sync(c) || kvmem_cuda_download(c, got_k, vk, vsz * 2) ||
 	    kvmem_cuda_download(c, got_v, vv, vsz * 2)) {
 		printf("     %s\n", kvmem_last_error());
@@ -182,9 +197,11 @@ static void one(kvmem_cuda_ctx *c, const char *name, int L, int H, int D, int B,
 	{
 		char what[160];
 
-		snprintf(what, sizeof(what), "%s %s%s%s", dtype == KVMEM_DTYPE_F32 ? "f32" :
+		snprintf(what, sizeof(what), "%s %s%s%s%s", dtype == KVMEM_DTYPE_F32 ? "f32" :
 			 dtype == KVMEM_DTYPE_BF16 ? "bf16" : "f16", where_name[w],
-			 misalign ? ", misaligned" : "", copy ? ", copied to a device page" : "");
+			 misalign ? ", misaligned" : "", copy ? ", copied to a device page" : "",
+			 run > 1 ? (run == L ? ", a block's layers in turn" :
+				    ", a block's layers in turn, kernel blocks straddling them") : "");
 		result(ok, name, H, D, what);
 	}
 	/* bf16 pages: the gather equals the forward pass's scatter of the
@@ -269,12 +286,17 @@ void check_gather(void)
 		for (int w = 0; w < 3; w++) {
 			if (quick && w != IN_REGISTERED)
 				continue;
-			one(c, "8B", quick ? 2 : 4, 8, 128, 32, dtypes[d], w, 0, d == 0 && w != 0);
+			one(c, "8B", quick ? 2 : 4, 8, 128, 32, dtypes[d], w, 0, d == 0 && w != 0,
+			    1);
 		}
-	one(c, "8B", 3, 8, 128, 32, KVMEM_DTYPE_BF16, IN_REGISTERED, 1, 0);
-	one(c, "8B", 3, 8, 128, 32, KVMEM_DTYPE_F32, IN_PINNED, 1, 1);
-	one(c, "agentlang", 6, 2, 64, 32, KVMEM_DTYPE_BF16, IN_REGISTERED, 0, 1);
-	one(c, "agentlang", 6, 2, 64, 32, KVMEM_DTYPE_F32, IN_PINNED, 0, 0);
+	one(c, "8B", 3, 8, 128, 32, KVMEM_DTYPE_BF16, IN_REGISTERED, 1, 0, 1);
+	one(c, "8B", 3, 8, 128, 32, KVMEM_DTYPE_F32, IN_PINNED, 1, 1, 1);
+	one(c, "agentlang", 6, 2, 64, 32, KVMEM_DTYPE_BF16, IN_REGISTERED, 0, 1, 1);
+	one(c, "agentlang", 6, 2, 64, 32, KVMEM_DTYPE_F32, IN_PINNED, 0, 0, 1);
+	/* a block's layers in turn (the session's order), their angles shared */
+	one(c, "8B", 4, 8, 128, 32, KVMEM_DTYPE_BF16, IN_DEVICE, 0, 0, 4);
+	one(c, "8B", 4, 8, 128, 32, KVMEM_DTYPE_BF16, IN_DEVICE, 0, 0, 3);
+	one(c, "agentlang", 6, 2, 64, 32, KVMEM_DTYPE_BF16, IN_REGISTERED, 0, 0, 6);
 	if (!quick)
-		one(c, "hd64 x 16 heads", 2, 16, 64, 16, KVMEM_DTYPE_BF16, IN_DEVICE, 0, 1);
+		one(c, "hd64 x 16 heads", 2, 16, 64, 16, KVMEM_DTYPE_BF16, IN_DEVICE, 0, 1, 1);
 }

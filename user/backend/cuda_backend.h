@@ -119,6 +119,12 @@ int cuda_ring_upload(struct cuda_ring *r, kvmem_cuda_ctx *c, int n, kvmem_gather
 int cuda_ring_queued(struct cuda_ring *r, kvmem_cuda_ctx *c);
 int cuda_ring_quiet(struct cuda_ring *r, kvmem_cuda_ctx *c);
 void cuda_ring_free(struct cuda_ring *r);
+/* Items a block of a gather kernel takes (its `run`): the mean run of
+ * consecutive items at the same slots (the session queues a block of
+ * tokens' layers one after another), whose rotary angles a block then
+ * computes once. At most 64; an uneven run only costs a block its angles
+ * twice. */
+int cuda_slot_run(const kvmem_gather_item *it, int n);
 /* cuda_host.c: pinned host memory for the sessions' rows (host_alloc /
  * host_free), kept when freed for the next session of the same size. */
 int cuda_rows_create(struct cuda *b);

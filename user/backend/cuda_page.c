@@ -1048,7 +1048,8 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 	}
 	/* Pool hits only: the gather is not waited for (cuda_ring.c). */
 	if ((rc = cuda_ring_upload(&pg->ring, b->ctx, n, &di)) < 0 ||
-	    (rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, di, n, b->c->n_layers, H, D,
+	    (rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, di, n, cuda_slot_run(hi, n),
+					      b->c->n_layers, H, D,
 					      (int)v->cap, b->c->rope_theta)) < 0 ||
 	    (rc = host || b->place_sync ? kvmem_cuda_sync(b->ctx) :
 					 cuda_ring_queued(&pg->ring, b->ctx)) < 0)
@@ -1465,7 +1466,7 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 			continue;
 		if (at[l + 1] > at[first] &&
 		    (rc = kvmem_cuda_view_gather_bf16(b->ctx, v->k, v->v, di + at[first],
-						      at[l + 1] - at[first], L, H, D, (int)v->cap,
+						      at[l + 1] - at[first], 1, L, H, D, (int)v->cap,
 						      b->c->rope_theta)) < 0)
 			goto out;
 		first = l + 1;

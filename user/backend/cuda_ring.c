@@ -95,6 +95,16 @@ int cuda_ring_quiet(struct cuda_ring *r, kvmem_cuda_ctx *c)
 	return kvmem_cuda_sync(c);
 }
 
+int cuda_slot_run(const kvmem_gather_item *it, int n)
+{
+	int runs = n > 0, r;
+
+	for (int i = 1; i < n; i++)
+		runs += it[i].slot != it[i - 1].slot || it[i].n != it[i - 1].n;
+	r = runs ? n / runs : 1;
+	return r < 1 ? 1 : r > 64 ? 64 : r;
+}
+
 void cuda_ring_free(struct cuda_ring *r)
 {
 	for (int h = 0; h < 2; h++)

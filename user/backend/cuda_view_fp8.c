@@ -507,22 +507,6 @@ static int at_room(struct cuda_fp8 *f, int n)
 	return 0;
 }
 
-/*
- * Items a block of the gather takes: the mean run of consecutive items at
- * the same slots (the session queues a block of tokens' layers one after
- * another), whose rotary angles a block then computes once. At most 64;
- * an uneven run only costs a block its angles twice.
- */
-static int slot_run(const kvmem_gather_item *it, int n)
-{
-	int runs = n > 0, r;
-
-	for (int i = 1; i < n; i++)
-		runs += it[i].slot != it[i - 1].slot || it[i].n != it[i - 1].n;
-	r = runs ? n / runs : 1;
-	return r < 1 ? 1 : r > 64 ? 64 : r;
-}
-
 int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
@@ -592,7 +576,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	if ((at && (rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, at)) < 0) ||
 	    (rc = cuda_ring_upload(&f->ring, b->ctx, n, &di)) < 0 ||
 	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks,
-					     di, n, slot_run(hi, n), b->c->n_layers, H, D,
+					     di, n, cuda_slot_run(hi, n), b->c->n_layers, H, D,
 					     (int)v->cap, b->c->rope_theta)) < 0 ||
 	    (rc = host || b->place_sync ? kvmem_cuda_sync(b->ctx) :
 					 cuda_ring_queued(&f->ring, b->ctx)) < 0)
