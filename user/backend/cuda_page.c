@@ -123,6 +123,8 @@ struct cuda_pages {
 	kvmem_place_stats st;
 	int fp8_pool;			/* an fp8 backend's KVMEM_CUDA_FP8_POOL: 1 the
 					 * pool keeps fp8 pages, 0 none, -1 a bad value */
+	int hash_spread;		/* KVMEM_CUDA_POOL_HASH=spread: every key
+					 * hashed alone (hash_of) */
 };
 
 /* KVMEM_CUDA_FP8_POOL: unset, empty or 1: a pool for fp8 pages (the
@@ -150,6 +152,8 @@ static struct cuda_pages *pages_of(struct cuda *b)
 		b->pages->pool_want = b->page_pool;
 		b->pages->next_id = 1;
 		b->pages->fp8_pool = b->fp8 ? fp8_pool_knob() : 0;
+		b->pages->hash_spread = getenv("KVMEM_CUDA_POOL_HASH") &&
+					!strcmp(getenv("KVMEM_CUDA_POOL_HASH"), "spread");
 	}
 	return b->pages;
 }
@@ -393,8 +397,23 @@ static uint64_t pool_key(uint32_t oid, int64_t block, int layer)
 	       (uint64_t)(layer & 0xffff);
 }
 
+/*
+ * A key's chain head: its owner and block hashed, its layer added, so a
+ * block's layers have adjacent heads (and, taken in order, adjacent
+ * slots): the session asks for a block's layers one after another, and
+ * each lookup then finds its head's cache line warm where a hash of the
+ * whole key sent every layer to another line of a table of megabytes.
+ */
 static uint32_t hash_of(const struct cuda_pages *pg, uint64_t k)
 {
+	if (!pg->hash_spread) {
+		uint64_t b = k >> 16;
+
+		b ^= b >> 33;
+		b *= 0xff51afd7ed558ccdull;
+		b ^= b >> 33;
+		return (uint32_t)((b << 6) + (k & 0xffff)) & (pg->n_head - 1);
+	}
 	k ^= k >> 33;
 	k *= 0xff51afd7ed558ccdull;
 	k ^= k >> 33;
