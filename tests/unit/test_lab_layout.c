@@ -8,6 +8,8 @@
  * every token of the view, reads the same tokens, gaps:1 is compact, stable
  * moves nothing when nothing was appended and only blocks near the tail
  * otherwise, and gaps with a span past the history moves nothing at all.
+ * The walk without the runs that stay (ws_plan_walk_changed) asks for the
+ * same placements, a run's layers in turn where every layer plans alike.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -190,6 +192,81 @@ static int64_t near_tail(const kvmem_plan *np, int64_t n, int64_t sel)
 	return t;
 }
 
+/* Every placement a walk asks for, in its order. */
+struct walk_rec {
+	struct rec {
+		int l, u0, u1;
+		int64_t b, have, want;
+	} *r;
+	size_t n, cap;
+};
+
+static int rec_place(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
+{
+	struct walk_rec *w = arg;
+
+	if (u1 <= u0 || have == want)
+		return 0;	/* what the session leaves alone */
+	if (w->n == w->cap) {
+		w->cap = w->cap ? 2 * w->cap : 256;
+		w->r = realloc(w->r, w->cap * sizeof(*w->r));
+		assert_non_null(w->r);
+	}
+	w->r[w->n++] = (struct rec){ .l = l, .u0 = u0, .u1 = u1, .b = b, .have = have,
+				     .want = want };
+	return 0;
+}
+
+static int by_rec(const void *pa, const void *pb)
+{
+	const struct rec *a = pa, *b = pb;
+
+	if (a->l != b->l)
+		return a->l < b->l ? -1 : 1;
+	if (a->b != b->b)
+		return a->b < b->b ? -1 : 1;
+	return a->u0 < b->u0 ? -1 : a->u0 > b->u0;
+}
+
+/*
+ * ws_plan_walk_changed against ws_plan_walk: the same placements, less the
+ * runs that stay (counted into kept as the walk counts them); with one set
+ * old and new, a run's layers one after another (the same slots back to
+ * back, the order the cuda gathers share their angles in).
+ */
+static void check_changed(const kvmem_plan *prev, const kvmem_plan *np, const kvmem_blocks *bl,
+			  int64_t sel, int64_t view_len, const struct walk_count *w)
+{
+	struct walk_rec all = { 0 }, ch = { 0 };
+	int64_t kept = -1;
+
+	assert_int_equal(ws_plan_walk(prev, np, bl, L, sel, view_len, rec_place, &all), 0);
+	assert_int_equal(ws_plan_walk_changed(prev, np, bl, L, sel, view_len, rec_place, &ch,
+					      &kept), 0);
+	assert_int_equal(kept, w->kept);
+	assert_int_equal(ch.n, all.n);
+	if (np->n_sets == 1 && prev->n_sets <= 1)
+		for (size_t i = 0; i < ch.n; i++) {
+			const struct rec *r = &ch.r[i], *first = &ch.r[i - i % L];
+
+			assert_int_equal(r->l, (int)(i % L));
+			assert_true(r->b == first->b && r->u0 == first->u0 && r->u1 == first->u1 &&
+				    r->have == first->have && r->want == first->want);
+		}
+	if (all.n) {
+		qsort(all.r, all.n, sizeof(*all.r), by_rec);
+		qsort(ch.r, ch.n, sizeof(*ch.r), by_rec);
+		for (size_t i = 0; i < all.n; i++) {
+			const struct rec *a = &all.r[i], *c = &ch.r[i];
+
+			assert_true(a->l == c->l && a->b == c->b && a->u0 == c->u0 &&
+				    a->u1 == c->u1 && a->have == c->have && a->want == c->want);
+		}
+	}
+	free(all.r);
+	free(ch.r);
+}
+
 static const char *const layouts[] = { "compact", "stable", "gaps:1", "gaps:1.5", "gaps:64" };
 #define N_LAY (int)(sizeof(layouts) / sizeof(layouts[0]))
 
@@ -229,6 +306,7 @@ static void random_sequence(uint64_t *rng, int n_sets)
 			sc[i] = (float)test_rng_uniform(rng);
 		assert_int_equal(kvmem_plan_build(&np, &bl, sc, n_sets, step ? &prev : NULL, &pp), 0);
 		assert_int_equal(ws_plan_walk(&prev, &np, &bl, L, sel, view_len, count_place, &w), 0);
+		check_changed(&prev, &np, &bl, sel, view_len, &w);
 		for (int i = 0; i < N_LAY; i++) {
 			assert_int_equal(kvmem_lab_layout_step(sim[i], np.blocks, np.n_sets, np.n_view, n,
 							       &c[i]), 0);
