@@ -71,6 +71,11 @@ refused "--budget 12abc" "--budget wants a count" run --model "$M" --script "$tm
 refused "demo --tokens 4.5k" "--tokens wants a count" demo --tokens 4.5k
 refused "synth --views nan" "--views wants a number from 0 to 1" synth corpus --tokens 1k \
 	--out "$tmp/c" --views nan
+refused "synth --lookalikes 17" "--lookalikes wants an integer in 1..16, not '17'" synth corpus \
+	--tokens 1k --out "$tmp/c" --lookalikes 17
+out=$("$KVMEM" synth corpus --tokens 2k --seq-len 512 --seed 1000000001 --views 1 \
+	--lookalikes 8 --out "$tmp/c" --quiet 2>&1) || bad "synth --lookalikes 8: $out"
+grep -q "look-alikes 8)" <<<"$out" || bad "synth --lookalikes 8 not said: $out"
 # counts take k/M/G as powers of 1000
 out=$("$KVMEM" run --model "$M" --random 1k --decode 1 2>&1) || bad "--random 1k: $out"
 grep -q "^prefill: 1000 tokens" <<<"$out" || bad "--random 1k is not 1000 tokens: $out"

@@ -505,6 +505,60 @@ static void test_train_sequences(void **state)
 }
 
 /*
+ * A held-out corpus at the bench's count (view.lookalikes): every needle of
+ * every view sequence, by the generator's mix and by a policy, gets that
+ * many look-alike lines; drawn (0), the counts vary; streams have none to
+ * count (-1). The corpus header records it; 17 is refused by name.
+ */
+static void test_fixed_lookalikes(void **state)
+{
+	const int L = 1024;
+	int32_t *buf = malloc((size_t)L * sizeof(*buf));
+	int drawn_min = 99, drawn_max = -1, fixed = 0;
+	char path[] = "/tmp/kvmem-corpus-XXXXXX";
+	int fd = mkstemp(path);
+	agentlang_corpus_header h;
+
+	assert_non_null(buf);
+	assert_true(fd >= 0);
+	close(fd);
+	for (int r = 0; r < 48; r++) {
+		agentlang_view_opts vo = { .policy = r % 2 ? "lexical" : NULL, .max_ratio = 16 };
+		agentlang_seq_info info;
+		const uint64_t s = rnd(), idx = rnd() % 1000000;
+
+		vo.lookalikes = 8;
+		assert_int_equal(agentlang_train_seq_opts(s, idx, L, 1.0, &vo, buf, &info), 0);
+		assert_int_equal(info.kind, AGENTLANG_SEQ_VIEW);
+		assert_int_equal(info.lookalikes, 8);
+		fixed++;
+		vo.lookalikes = 0;
+		assert_int_equal(agentlang_train_seq_opts(s, idx, L, 1.0, &vo, buf, &info), 0);
+		drawn_min = info.lookalikes < drawn_min ? info.lookalikes : drawn_min;
+		drawn_max = info.lookalikes > drawn_max ? info.lookalikes : drawn_max;
+		assert_int_equal(agentlang_train_seq_opts(s, idx, L, 0.0, &vo, buf, &info), 0);
+		assert_int_equal(info.kind, AGENTLANG_SEQ_STREAM);
+		assert_int_equal(info.lookalikes, -1);
+	}
+	assert_int_equal(fixed, 48);
+	assert_true(drawn_min >= 0 && drawn_max <= 8 && drawn_min < drawn_max);
+	{
+		agentlang_corpus_opts o = { .seed = 1000000001, .n_tokens = 4096, .seq_len = 512,
+					   .view_share = 1.0, .threads = 1 };
+
+		o.view.lookalikes = 8;
+		assert_int_equal(agentlang_corpus_write(path, &o), 0);
+		assert_int_equal(agentlang_corpus_read_header(path, &h), 0);
+		assert_int_equal(h.lookalikes, 8);
+		o.view.lookalikes = 17;
+		assert_true(agentlang_corpus_write(path, &o) < 0);
+		assert_non_null(strstr(kvmem_last_error(), "17 look-alike"));
+	}
+	unlink(path);
+	free(buf);
+}
+
+/*
  * Views chosen at corpus time are the views inference builds: for one
  * question, the tokens agentlang_view_select keeps are exactly the blocks
  * of the plan a real session makes with kvmem_session_select_ahead over
@@ -690,6 +744,7 @@ static void test_corpus_file(void **state)
 	assert_int_equal(h.seed, o.seed);
 	assert_int_equal(h.view_permille, 500);
 	assert_int_equal(h.version, 4);
+	assert_int_equal(h.lookalikes, 0);	/* drawn a sequence */
 	assert_int_equal(h.n_paged, 0);
 	assert_int_equal(h.paged_index, 0);
 	assert_string_equal(h.view_policy, "");
@@ -1123,6 +1178,7 @@ int main(void)
 		cmocka_unit_test(test_lookalikes),
 		cmocka_unit_test(test_depth),
 		cmocka_unit_test(test_train_sequences),
+		cmocka_unit_test(test_fixed_lookalikes),
 		cmocka_unit_test(test_view_policy_plan),
 		cmocka_unit_test(test_view_policy_sequences),
 		cmocka_unit_test(test_corpus_file),

@@ -85,8 +85,10 @@ class Corpus:
         # and each paged question's needle; a record's header is 32 bytes.
         self.version = version
         self.whole_permille, self.whole_min_ratio, self.n_whole = 0, 0, 0
+        self.lookalikes = 0  # look-alike lines a needle of every view sequence; 0: drawn
         if version >= 4:
             self.whole_permille, self.whole_min_ratio, self.n_whole = struct.unpack_from("<III", h, 128)
+            self.lookalikes = struct.unpack_from("<I", h, 140)[0]
         want = hdr + self.n_seqs * self.seq_len * self.id_bytes
         if self.n_paged:
             if index_at < want or index_at + 16 * self.n_paged != size:
@@ -2341,7 +2343,8 @@ def main(argv):
                  "vocab": c.vocab, "vocab_hash": f"{c.vocab_hash:08x}"},
         "eval_data": {n: {"path": os.path.basename(e.path), "seed": e.seed, "sequences": e.n_seqs,
                           "view_share": e.view_permille / 1000.0,
-                          "view_policy": e.view_policy} for n, e in evals},
+                          "view_policy": e.view_policy,
+                          "lookalikes": e.lookalikes or "drawn"} for n, e in evals},
         "model": {"layers": args.layers, "hidden": args.hidden, "intermediate": args.intermediate,
                   "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
                   "window": L, "rope_theta": args.rope_theta, "parameters": n_params,

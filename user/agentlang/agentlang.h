@@ -168,6 +168,8 @@ typedef struct agentlang_seq_info {
 	int kind;		/* enum agentlang_seq_kind */
 	int n_questions;
 	int n_tokens;		/* before padding */
+	int lookalikes;		/* view sequences: the fewest look-alike lines a
+				 * needle of the workspace got; -1 otherwise */
 } agentlang_seq_info;
 
 /* Sequence `index` of the corpus with this seed: exactly seq_len (>= 256)
@@ -212,6 +214,11 @@ typedef struct agentlang_view_opts {
 	 * from the sequence's stream and from the paged draw. */
 	double whole;
 	int whole_min_ratio;
+	/* 1..16: every view sequence's needles get this many look-alike lines
+	 * (a held-out corpus at kvmem bench recall's count, 8 in #29's
+	 * targets); 0: drawn per sequence, 0-6 (0-8 with a policy). The draw
+	 * is made either way, so the rest of a sequence's stream is the same. */
+	int lookalikes;
 } agentlang_view_opts;
 
 /* agentlang_train_seq with view options (NULL: all zero). */
@@ -304,7 +311,9 @@ int64_t agentlang_view_select(const agentlang_transcript *ws, const int *asked, 
  * Version 4 (a 160-byte header; version 3 is still read) adds whole paged
  * sequences (agentlang_pages.whole) and each question's needle:
  * 128 u32 whole chance in 1/1000  132 u32 whole_min_ratio
- * 136 u32 whole sequences  140.. zero
+ * 136 u32 whole sequences  140 u32 look-alike lines a needle of every view
+ * sequence (0: drawn a sequence; zero in files written before it)
+ * 144.. zero
  * After the ids, one record per paged sequence, in sequence order, each
  * 4-byte aligned:
  *   u32 n_view, n_windows, workspace tokens (saturated at 2^32 - 1), window
@@ -332,6 +341,7 @@ typedef struct agentlang_corpus_header {
 	uint32_t paged_permille, window, n_paged;	/* version 3; 0 before */
 	uint64_t paged_index;
 	uint32_t whole_permille, whole_min_ratio, n_whole;	/* version 4; 0 before */
+	uint32_t lookalikes;	/* version 4: view.lookalikes (0: drawn) */
 } agentlang_corpus_header;
 
 typedef struct agentlang_corpus_opts {

@@ -80,6 +80,7 @@ static void header_bytes(uint8_t *h, const agentlang_corpus_opts *o, uint64_t n_
 	put32(h + 128, o->view.paged > 0 ? (uint32_t)(o->view.whole * 1000.0 + 0.5) : 0);
 	put32(h + 132, o->view.paged > 0 && o->view.whole > 0 ?
 		       (uint32_t)(o->view.whole_min_ratio ? o->view.whole_min_ratio : 16) : 0);
+	put32(h + 140, (uint32_t)o->view.lookalikes);	/* 0: drawn a sequence */
 	/* 116: paged sequences, 120: the index's offset, 136: whole ones;
 	 * patched at the end. */
 }
@@ -188,6 +189,9 @@ int agentlang_corpus_write(const char *path, const agentlang_corpus_opts *o)
 	if (!(o->view.whole >= 0 && o->view.whole <= 1) || o->view.whole_min_ratio < 0)
 		return kvmem_error(EINVAL, "%s: whole share %g / min ratio %d: a chance in 0..1, a "
 				   "ratio >= 0", path, o->view.whole, o->view.whole_min_ratio);
+	if (o->view.lookalikes < 0 || o->view.lookalikes > 16)
+		return kvmem_error(EINVAL, "%s: %d look-alike lines a needle: 1..16, or 0 to draw "
+				   "them a sequence", path, o->view.lookalikes);
 	if (paged && (!o->view.policy || !o->view.policy[0] || idb != 2))
 		return kvmem_error(EINVAL, "%s: paged view sequences need a view policy and 2-byte ids",
 				   path);
@@ -344,6 +348,7 @@ int agentlang_corpus_read_header(const char *path, agentlang_corpus_header *hd)
 		hd->whole_permille = get32(h + 128);
 		hd->whole_min_ratio = get32(h + 132);
 		hd->n_whole = get32(h + 136);
+		hd->lookalikes = get32(h + 140);	/* zero in files before it */
 	}
 	return 0;
 }

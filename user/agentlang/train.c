@@ -52,6 +52,7 @@ static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, in
 		for (int i = (int)g.len; i < L; i++)
 			out[i] = AGENTLANG_PAD;
 		info->kind = AGENTLANG_SEQ_STREAM;
+		info->lookalikes = -1;
 		info->n_tokens = (int)g.len;
 		info->n_questions = count_questions(out, L);
 	}
@@ -172,6 +173,16 @@ static int64_t put_questions(const agentlang_transcript *ws, const int *asked, i
 	return n_view;
 }
 
+/* The fewest look-alike lines a needle of ws got (agentlang_seq_info). */
+static int fewest_lookalikes(const agentlang_transcript *ws)
+{
+	int k = ws->n_q ? ws->q[0].lookalikes : 0;
+
+	for (int i = 1; i < ws->n_q; i++)
+		k = ws->q[i].lookalikes < k ? ws->q[i].lookalikes : k;
+	return k;
+}
+
 static int view_seq(uint64_t seed, uint64_t index, int L, const agentlang_view_opts *vo,
 		    struct al_rng *r, int32_t *out, agentlang_seq_info *info)
 {
@@ -185,6 +196,8 @@ static int view_seq(uint64_t seed, uint64_t index, int L, const agentlang_view_o
 	agentlang_params_default(&p);
 	p.seed = al_mix64(seed ^ al_mix64(index ^ 0x2545f4914f6cdd1dull));
 	p.lookalikes = (int)al_below(r, 7);
+	if (vo && vo->lookalikes > 0)
+		p.lookalikes = vo->lookalikes;
 	/* No questions inside: theirs facts may fall in dropped blocks, and a
 	 * question whose answer is not in view would teach guessing. */
 	p.bg_questions = 0;
@@ -237,6 +250,7 @@ static int view_seq(uint64_t seed, uint64_t index, int L, const agentlang_view_o
 	info->kind = AGENTLANG_SEQ_VIEW;
 	info->n_tokens = (int)n;
 	info->n_questions = ws.n_q;
+	info->lookalikes = fewest_lookalikes(&ws);
 	agentlang_transcript_free(&ws);
 	return 0;
 }
@@ -441,6 +455,8 @@ static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang
 	agentlang_params_default(&p);
 	p.seed = al_mix64(seed ^ al_mix64(index ^ 0x6a09e667f3bcc909ull));
 	p.lookalikes = (int)al_below(r, 9);
+	if (vo->lookalikes > 0)
+		p.lookalikes = vo->lookalikes;
 	p.bg_questions = 0;	/* see view_seq */
 	if (vo->stale > 0)
 		p.stale = vo->stale;
@@ -523,6 +539,7 @@ static int policy_view_seq(uint64_t seed, uint64_t index, int L, const agentlang
 	info->kind = AGENTLANG_SEQ_VIEW;
 	info->n_tokens = (int)n;
 	info->n_questions = n_asked;
+	info->lookalikes = fewest_lookalikes(&ws);
 	if (pg && pg->n_view && pg->want_workspace) {
 		pg->ws = malloc(sizeof(*pg->ws));
 		if (!pg->ws) {
