@@ -70,7 +70,6 @@ int cuda_ring_upload(struct cuda_ring *r, kvmem_cuda_ctx *c, int n, kvmem_gather
 int cuda_ring_queued(struct cuda_ring *r, kvmem_cuda_ctx *c)
 {
 	const int h = r->half;
-
 	cudaEvent_t e = (cudaEvent_t)r->ev[h];
 
 	if (!e && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
