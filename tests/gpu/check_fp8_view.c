@@ -507,6 +507,26 @@ static int run_bf16_gather(void *a)
 					   g->D, g->cap, THETA);
 }
 
+/* Both dtypes' items for NB blocks x L layers of pages at d8 / d16 into
+ * g8 / g16 (i8, i16: host room): layer by layer, a block an item (run 1),
+ * or a block's layers in turn, L items a block (the session's order). */
+static void bench_order(struct vg_arg *g8, struct bg_arg *g16, kvmem_gather_item *i8,
+			kvmem_gather_item *i16, const struct pages *p8, const struct pages *p16,
+			const char *d8, const char *d16, int L, int NB, int B, int by_block)
+{
+	for (int l = 0; l < L; l++)
+		for (int b = 0; b < NB; b++) {
+			const int at = by_block ? b * L + l : l * NB + b;
+
+			i8[at] = page_item(p8, d8, l, b, 0, B, b * B);
+			i16[at] = page_item(p16, d16, l, b, 0, B, b * B);
+		}
+	if (kvmem_cuda_upload(g_c, g8->items, i8, sizeof(*i8) * L * NB) ||
+	    kvmem_cuda_upload(g_c, g16->items, i16, sizeof(*i16) * L * NB))
+		die("device items");
+	g8->run = g16->run = by_block ? L : 1;
+}
+
 static void bench_view(void)
 {
 	const int L = 36, H = 8, D = 128, B = 32, NB = 256, heads = 32;
@@ -583,15 +603,7 @@ static void bench_view(void)
 			const double copy = kvmem_cuda_copy_gbps(g_c, 1ull << 30);
 			void *d8 = dput(p8.host, p8.page * L * NB), *d16 = dput(p16.host, p16.page * L * NB);
 
-			for (int l = 0; l < L; l++)
-				for (int b = 0; b < NB; b++) {
-					i8[l * NB + b] = page_item(&p8, d8, l, b, 0, B, b * B);
-					i16[l * NB + b] = page_item(&p16, d16, l, b, 0, B, b * B);
-				}
-			if (kvmem_cuda_upload(g_c, g8.items, i8, sizeof(*i8) * L * NB) ||
-			    kvmem_cuda_upload(g_c, g16.items, i16, sizeof(*i16) * L * NB))
-				die("device items");
-			g8.run = g16.run = 1;
+			bench_order(&g8, &g16, i8, i16, &p8, &p16, d8, d16, L, NB, B, 0);
 			double tc, tr, to, t16o;
 			int was;
 
@@ -602,16 +614,7 @@ static void bench_view(void)
 			to = time_ms(run_view_gather, &g8, 2, 9);
 			kvmem_cuda_tune(g_c, "fp8_gather_cvt", 1);
 			tc = time_ms(run_view_gather, &g8, 2, 9);
-			/* the session's order: a block's layers in turn, L a block */
-			for (int b = 0; b < NB; b++)
-				for (int l = 0; l < L; l++) {
-					i8[b * L + l] = page_item(&p8, d8, l, b, 0, B, b * B);
-					i16[b * L + l] = page_item(&p16, d16, l, b, 0, B, b * B);
-				}
-			if (kvmem_cuda_upload(g_c, g8.items, i8, sizeof(*i8) * L * NB) ||
-			    kvmem_cuda_upload(g_c, g16.items, i16, sizeof(*i16) * L * NB))
-				die("device items");
-			g8.run = g16.run = L;
+			bench_order(&g8, &g16, i8, i16, &p8, &p16, d8, d16, L, NB, B, 1);
 			prof_once(run_view_gather, &g8);
 			tr = time_ms(run_view_gather, &g8, 2, 9);
 			t16 = time_ms(run_bf16_gather, &g16, 2, 9);
