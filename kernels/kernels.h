@@ -86,6 +86,11 @@ void kvmem_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, 
 /* The exact inverse rotation (angle -pos). */
 void kvmem_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
 		      double theta);
+/* Rotate x[n][head_dim] (one head's rows) by angles ang from
+ * kvmem_rope_angles (kernels_bf16.h: [n][head_dim/2] pairs of cos, sin):
+ * kvmem_rope's bits, the angles made once for every head and layer that
+ * sits at the same positions. */
+void kvmem_rope_ang(float *x, int n, int head_dim, const double *ang);
 
 /* ---- attention -------------------------------------------------------- */
 /*

@@ -55,6 +55,23 @@ void kvmem_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, 
 	rope_apply(x, pos, n, n_heads, head_dim, theta, 1.0);
 }
 
+void kvmem_rope_ang(float *x, int n, int head_dim, const double *ang)
+{
+	const int half = head_dim / 2;
+
+	for (int t = 0; t < n; t++) {
+		float *xh = x + (size_t)t * head_dim;
+		const double *at = ang + 2 * (size_t)t * half;
+
+		for (int i = 0; i < half; i++) {
+			double a = xh[i], b = xh[i + half], cs = at[2 * i], sn = at[2 * i + 1];
+
+			xh[i] = (float)(a * cs - b * sn);
+			xh[i + half] = (float)(b * cs + a * sn);
+		}
+	}
+}
+
 void kvmem_rope_inverse(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
 		      double theta)
 {

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"	/* kvmem_rope_angles */
 #include "helpers/test_bits.h"
 #include "helpers/test_model.h"
 
@@ -386,6 +387,43 @@ static void test_rope_batch_independent(void **state)
 	}
 	free(x);
 	free(batch);
+}
+
+/* kvmem_rope_ang with kvmem_rope_angles' table (the cpu backend's place()
+ * and move(): the angles made once for every head and layer at the same
+ * positions) gives kvmem_rope's bits, and a prefix of the table serves
+ * fewer tokens. */
+static void test_rope_ang(void **state)
+{
+	uint64_t r = rng_for("rope-ang");
+	static const int dims[] = { 2, 64, 128 };
+
+	for (int c = 0; c < 6; c++) {
+		const int d = dims[c % 3], n = test_rng_int(&r, 1, 48);
+		const double theta = c % 2 ? 1e6 : 1e4;
+		const int32_t p0 = test_rng_int(&r, 0, c < 3 ? 70000 : 4000000);
+		float *x = test_rand_floats(&r, (size_t)n * d, -3, 3);
+		float *a = malloc(sizeof(float) * n * d), *b = malloc(sizeof(float) * n * d);
+		double *ang = malloc(sizeof(double) * n * d);
+		int32_t *pos = malloc(sizeof(int32_t) * n);
+
+		for (int t = 0; t < n; t++)
+			pos[t] = p0 + t;
+		memcpy(a, x, sizeof(float) * n * d);
+		memcpy(b, x, sizeof(float) * n * d);
+		kvmem_rope(a, pos, n, 1, d, theta);
+		kvmem_rope_angles(ang, pos, n, d, theta);
+		kvmem_rope_ang(b, n, d, ang);
+		assert_memory_equal(a, b, sizeof(float) * n * d);
+		memcpy(b, x, sizeof(float) * n * d);
+		kvmem_rope_ang(b, n / 2, d, ang);	/* the first n/2 positions */
+		assert_memory_equal(a, b, sizeof(float) * (n / 2) * d);
+		free(x);
+		free(a);
+		free(b);
+		free(ang);
+		free(pos);
+	}
 }
 
 /* ---- attention -------------------------------------------------------- */
@@ -959,6 +997,7 @@ int main(void)
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_rope),
 		cmocka_unit_test(test_rope_batch_independent),
+		cmocka_unit_test(test_rope_ang),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_attention_causal),
 		cmocka_unit_test(test_attention_deterministic),

@@ -4,8 +4,10 @@
  *
  * A view is a kvmem_kvcache: per layer and KV head a run of `cap` slots,
  * K rotated at the slot index. place() rotates a copy of raw K at the slot
- * with kvmem_rope, the very call the engine makes for a new token, so a
- * token placed at the slot the engine gave it holds the same bits.
+ * with kvmem_rope_ang, whose bits are kvmem_rope's (the call the engine
+ * makes for a new token) from angles made once for an item's heads and the
+ * layers after it at the same slots, so a token placed at the slot the
+ * engine gave it holds the same bits.
  *
  * fp8 KV (kv_dtype): the engine rounds each new token's raw K and V
  * through e4m3 before rotating and storing them; place() dequantises an
@@ -34,6 +36,7 @@
 
 #include "backend/backend_impl.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"	/* kvmem_rope_angles */
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
@@ -54,6 +57,9 @@ struct cpu {
 	size_t scratch_n;
 	int32_t *pos;		/* positions of one item's tokens */
 	int pos_cap;
+	double *ang;		/* their rotary angles (kvmem_rope_angles), pos_cap rows */
+	int64_t ang_slot;	/* the slots ang holds: ang_slot.. ang_n of them */
+	int ang_n;
 	float *rows;		/* raw K of a forward pass [L][tokens][H][D], for views
 				 * that keep it when the caller asks for none */
 	size_t rows_n;
@@ -138,6 +144,7 @@ static void cpu_destroy(void *ctx)
 	kvmem_tp_engine_free(b->tp);
 	free(b->scratch);
 	free(b->pos);
+	free(b->ang);
 	free(b->rows);
 	free(b);
 }
@@ -370,13 +377,34 @@ static int grow(struct cpu *b, size_t page_elems, int n)
 	}
 	if (n > b->pos_cap) {
 		int32_t *p = realloc(b->pos, (size_t)n * sizeof(int32_t));
+		double *a = p ? realloc(b->ang, (size_t)n * b->c->head_dim * sizeof(double)) : NULL;
 
-		if (!p)
+		if (p)
+			b->pos = p;
+		if (!a)
 			return kvmem_error(ENOMEM, "cpu view: out of memory");
-		b->pos = p;
+		b->ang = a;
 		b->pos_cap = n;
 	}
 	return 0;
+}
+
+/*
+ * The rotary angles of slots slot..slot+n-1 (kvmem_rope_angles; b->pos
+ * holds them), made again only when the last ones do not cover them: every
+ * head of an item shares them, and the session hands a block's layers over
+ * one after another at the same slots. Made per head and layer as before,
+ * the double sin and cos were most of a place() (a warm step's placements
+ * 87-94 of its 105 ms, the embedded model at an 8K view). grow() first.
+ */
+static const double *angles_at(struct cpu *b, int64_t slot, int n)
+{
+	if (slot != b->ang_slot || n > b->ang_n) {
+		kvmem_rope_angles(b->ang, b->pos, n, b->c->head_dim, b->c->rope_theta);
+		b->ang_slot = slot;
+		b->ang_n = n;
+	}
+	return b->ang;
 }
 
 static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
@@ -401,6 +429,7 @@ static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
 	 * rows rounded as the engine rounds a new token's (an fp8 page is
 	 * exact already). */
 	const int round = b->round && it->page.dtype != KVMEM_DTYPE_FP8;
+	const double *ang = angles_at(b, it->slot, it->n);
 
 	for (int h = 0; h < H; h++) {
 		float *dk = kvmem_kv_k(&v->kv, it->layer, h, (int)it->slot);
@@ -411,7 +440,7 @@ static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
 			kvmem_kv_round_k_run(dk, it->n, 1, d, it->u0, it->stride, b->round);
 		if (v->keep)
 			memcpy(raw_at(b, v, it->layer, h, it->slot), dk, run * sizeof(float));
-		kvmem_rope(dk, b->pos, it->n, 1, d, b->c->rope_theta);
+		kvmem_rope_ang(dk, it->n, d, ang);
 	}
 	if (!(pv = kvmem_page_f32(&it->page, 1, page_elems, b->scratch)))
 		return kvmem_fail();
@@ -434,7 +463,7 @@ static int cpu_place(void *ctx, kvmem_view *v, const kvmem_place *items, int n)
 }
 
 /* Every item's raw K and V first copied aside, then written at the new
- * slots: K from that raw K by the very kvmem_rope a place() runs. */
+ * slots: K from that raw K by the very rotation a place() runs. */
 static int cpu_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 {
 	struct cpu *b = ctx;
@@ -478,13 +507,15 @@ static int cpu_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 		}
 		for (int t = 0; t < m->n; t++)
 			b->pos[t] = (int32_t)(m->to + t);
+		const double *ang = angles_at(b, m->to, m->n);
+
 		for (int h = 0; h < H; h++) {
 			size_t len = (size_t)m->n * D;
 			float *dk = kvmem_kv_k(&v->kv, m->layer, h, (int)m->to);
 
 			memcpy(raw_at(b, v, m->layer, h, m->to), save + at, len * sizeof(float));
 			memcpy(dk, save + at, len * sizeof(float));
-			kvmem_rope(dk, b->pos, m->n, 1, D, b->c->rope_theta);
+			kvmem_rope_ang(dk, m->n, D, ang);
 			memcpy(kvmem_kv_v(&v->kv, m->layer, h, (int)m->to), save + total + at,
 			       len * sizeof(float));
 			at += len;
