@@ -57,10 +57,11 @@ bpf_cleanup() {
 	rm -rf "$tmp"
 }
 
-# session DIR [SCRIPT]: the scripted session on workspace DIR (fresh).
+# session DIR [SCRIPT]: the scripted session on workspace DIR (fresh), its
+# host pool HOST_CAP (default 128k).
 session() {
 	rm -rf "$1"
-	"$KV" run --model "$tmp/model" --chunk 48 --host-cap 128k --budget 64 --block 16 \
+	"$KV" run --model "$tmp/model" --chunk 48 --host-cap "${HOST_CAP:-128k}" --budget 64 --block 16 \
 		--policy quest --script "${2:-$tmp/script}" --workspace "$1" >"$1.out" 2>&1 ||
 		bad "session on $1: $(tail -2 "$1.out")"
 }
