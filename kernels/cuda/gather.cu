@@ -122,9 +122,9 @@ __device__ __forceinline__ void store_w(uint16_t *dst, const uint16_t *v, int W,
  * of tokens' layers, as the session queues them) share the rotary angles
  * of every round, kept in cs/sn where they fit (GATHER_ANGLES) and made
  * again only where an item's slots differ. Each pair's frequency (a double
- * pow) is computed once a block. */
-/* At 256 threads five blocks an SM (48 registers, as before run and the
- * frequencies' table); the other widths as the compiler had them. */
+ * pow) is computed once a block. At 256 threads five blocks an SM (48
+ * registers, as before run and the frequencies' table); the other widths
+ * as the compiler had them. */
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, THREADS == 256 ? 5 : 2048 / THREADS)
 gather_kernel(uint16_t *vk, uint16_t *vv, const kvmem_gather_item *items, int n_items, int run,
