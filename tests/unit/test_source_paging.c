@@ -527,8 +527,10 @@ static void counting_put(void *ctx, int64_t b, int layer)
 	g_real->put(ctx, b, layer);
 }
 
-static int fake_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer)
+static int fake_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer,
+		       uint64_t *token)
 {
+	(void)token;
 	assert_ptr_equal(region, g_base);
 	assert_int_not_equal(owner, 0);	/* the session names itself */
 	return cached(block, layer);

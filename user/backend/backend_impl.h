@@ -67,6 +67,10 @@ typedef struct kvmem_place {
 	int stride;
 	int64_t slot;
 	kvmem_page page;
+	/* page.mem KVMEM_MEM_BACKEND: the token page_cached() gave with its
+	 * yes (0: none), so the backend can find the page again without a
+	 * second lookup while its answer holds. */
+	uint64_t cached;
 } kvmem_place;
 
 /* One execution view, owned by its backend. */
@@ -174,9 +178,10 @@ typedef struct kvmem_backend_ops {
 	 * kvmem_place) in its own memory (the device page pool). The session may then queue a place item for it
 	 * without getting the page from its source: page.mem
 	 * KVMEM_MEM_BACKEND, page.k = region. The answer holds until the next
-	 * place() call, which takes such items before anything is evicted. */
+	 * place() call, which takes such items before anything is evicted.
+	 * token (may be NULL): set with a yes, for the item's `cached`. */
 	int (*page_cached)(void *ctx, const void *region, uint32_t owner, int64_t block,
-			   int layer);
+			   int layer, uint64_t *token);
 	/* Optional: keep these pages in the device page pool without placing
 	 * them (whole bf16 pages of a registered region: u0 0, n = stride;
 	 * block, layer, owner as in place(); slot unused), so that a later

@@ -195,7 +195,8 @@ void cuda_pages_destroy(struct cuda *b);
 int cuda_host_register(void *ctx, void *base, size_t len);
 void cuda_host_unregister(void *ctx, void *base);
 int cuda_host_pinned(void *ctx, const void *base);
-int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer);
+int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer,
+		     uint64_t *token);
 int cuda_pool_fill(void *ctx, const kvmem_place *items, int n);
 void cuda_place_stats(void *ctx, kvmem_place_stats *st);
 int cuda_set(void *ctx, const char *key, const char *value);

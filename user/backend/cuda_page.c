@@ -118,6 +118,9 @@ struct cuda_pages {
 	uint64_t *stamp;		/* the place() call that last used it */
 	uint64_t *filled;		/* the place() call that filled it */
 	uint64_t call;
+	/* Changes whenever a slot's page leaves it or the slots are made
+	 * anew: page_cached()'s tokens name the epoch they were given in. */
+	uint32_t epoch;
 	uint64_t dev_bytes;		/* device memory held here */
 	kvmem_pool_watches watch;	/* who hears of pages entering and leaving */
 	kvmem_place_stats st;
@@ -209,6 +212,7 @@ static void pool_free(struct cuda *b, struct cuda_pages *pg)
 	pg->filled = NULL;
 	pg->slots = pg->used = pg->hand = pg->free_hand = pg->n_head = 0;
 	pg->st.pool_pages = pg->st.pool_cap = 0;
+	pg->epoch++;
 }
 
 void cuda_pages_drop_pool(struct cuda *b)
@@ -372,6 +376,7 @@ static int pool_grow(struct cuda *b, struct cuda_pages *pg)
 	pg->filled = filled;
 	pg->pool = np;
 	pg->slots = n;
+	pg->epoch++;
 	for (uint32_t s = 0; s < n; s++)
 		if (key[s]) {
 			uint32_t h = hash_of(pg, key[s]);
@@ -460,6 +465,7 @@ static void pool_unlink(struct cuda_pages *pg, uint32_t s)
 	*p = pg->chain[s];
 	pg->key[s] = 0;
 	pg->used--;
+	pg->epoch++;
 }
 
 static void pool_link(struct cuda_pages *pg, uint32_t s, uint64_t k)
@@ -700,7 +706,8 @@ static struct region *region_at(struct cuda_pages *pg, const void *base)
 	return NULL;
 }
 
-int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer)
+int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer,
+		     uint64_t *token)
 {
 	struct cuda *b = ctx;
 	struct cuda_pages *pg = b->pages;
@@ -710,9 +717,29 @@ int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t bloc
 	/* fp8 views keep no device page pool with KVMEM_CUDA_FP8_POOL=0 */
 	if (b->fp8 && (!pg || pg->fp8_pool != 1))
 		return 0;
+	uint32_t s;
+
 	if (!pg || !pg->pool || !(r = region_at(pg, region)) || !(oid = owner_id(pg, r, owner, 0)))
 		return 0;
-	return pool_find(pg, pool_key(oid, block, layer)) != UINT32_MAX;
+	if ((s = pool_find(pg, pool_key(oid, block, layer))) == UINT32_MAX)
+		return 0;
+	if (token)
+		*token = (uint64_t)pg->epoch << 32 | (s + 1);
+	return 1;
+}
+
+/* The slot a cached item's token names while no page has left the pool
+ * since page_cached() gave it (the epoch): no lookup. UINT32_MAX when
+ * the token is stale or missing (the caller looks the page up). */
+static uint32_t token_slot(const struct cuda_pages *pg, const kvmem_place *it)
+{
+	const uint32_t s = (uint32_t)it->cached - 1;
+
+	if (it->page.mem != KVMEM_MEM_BACKEND || !it->cached ||
+	    (uint32_t)(it->cached >> 32) != pg->epoch || s >= pg->slots || !pg->key[s] ||
+	    it->stride != pg->pool_stride)
+		return UINT32_MAX;
+	return s;
 }
 
 static struct region *region_of(struct cuda_pages *pg, const void *p, size_t len)
@@ -807,6 +834,9 @@ static int room_dev_st(struct cuda *b, struct cuda_pages *pg, size_t bytes)
 {
 	if (bytes <= pg->cap_dev_st)
 		return 0;
+	/* A move not waited for may still read the copies there. */
+	if (cuda_ring_quiet(&pg->ring, b->ctx) < 0)
+		return kvmem_fail();
 	if (pg->dev_st)
 		pg->dev_bytes -= pg->cap_dev_st;
 	kvmem_cuda_free(pg->dev_st);
@@ -902,7 +932,14 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 		uint32_t oid;
 
 		pg->keys[i] = 0;
-		pg->hit[i] = UINT32_MAX;
+		pg->hit[i] = token_slot(pg, it);
+		if (pg->hit[i] != UINT32_MAX) {
+			/* page_cached()'s slot, no page having left since */
+			pg->keys[i] = pg->key[pg->hit[i]];
+			pg->stamp[pg->hit[i]] = pg->call;
+			pg->ref[pg->hit[i]] = 1;
+			continue;
+		}
 		if (it->page.mem == KVMEM_MEM_BACKEND) {
 			/* The session asked page_cached() for it: it must be here. */
 			if (!(rk = region_at(pg, it->page.k)) || !pg->pool ||
@@ -1249,8 +1286,10 @@ int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items
 
 		at[i] = NULL;
 		pg->keys[i] = 0;
-		pg->hit[i] = UINT32_MAX;
-		if (pg->pool && it->stride == pg->pool_stride && cached)
+		pg->hit[i] = token_slot(pg, it);
+		if (pg->hit[i] != UINT32_MAX)
+			pg->keys[i] = pg->key[pg->hit[i]];
+		else if (pg->pool && it->stride == pg->pool_stride && cached)
 			r = region_at(pg, it->page.k);
 		else if (pg->pool && it->stride == pg->pool_stride &&
 			 fp8_run(pg, b, &it->page, it->stride))
@@ -1490,7 +1529,10 @@ int cuda_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 			goto out;
 		first = l + 1;
 	}
-	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+	/* Not waited for, as a place() from the pool: what the move wrote is
+	 * read next by the stream's own work (placements, the forward pass),
+	 * and its staging and items are freed only after a quiet. */
+	if ((rc = b->place_sync ? kvmem_cuda_sync(b->ctx) : cuda_ring_queued(&pg->ring, b->ctx)) < 0)
 		goto out;
 	pg->st.moved_tokens += tokens;
 	pg->st.move_ns += (uint64_t)((double)kvmem_now_ns() - t0);

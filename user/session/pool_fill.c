@@ -95,7 +95,7 @@ int ws_pool_fill(kvmem_session *s)
 			kvmem_page pg;
 
 			if (s->be->ops->page_cached &&
-			    s->be->ops->page_cached(s->be->ctx, s->reg_base, s->owner, b, l) == 1)
+			    s->be->ops->page_cached(s->be->ctx, s->reg_base, s->owner, b, l, NULL) == 1)
 				continue;
 			if (s->src->ops->resident(s->src->ctx, b, l) != 1)
 				continue;

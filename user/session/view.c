@@ -157,8 +157,9 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 	it = &s->items[s->n_items];
 	/* A page the backend keeps itself (a GPU's page pool) is not asked
 	 * of the source: no host fetch, no pin. */
+	it->cached = 0;
 	if (s->reg_base && s->be->ops->page_cached &&
-	    s->be->ops->page_cached(s->be->ctx, s->reg_base, s->owner, b, l) == 1) {
+	    s->be->ops->page_cached(s->be->ctx, s->reg_base, s->owner, b, l, &it->cached) == 1) {
 		it->page = (kvmem_page){ .k = s->reg_base, .dtype = KVMEM_DTYPE_BF16,
 					 .mem = KVMEM_MEM_BACKEND };
 		rc = 0;
@@ -170,6 +171,7 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 		if (flush(s))
 			return kvmem_fail();
 		it = &s->items[0];
+		it->cached = 0;
 		rc = s->src->ops->get(s->src->ctx, b, l, &it->page);
 	}
 	if (rc)

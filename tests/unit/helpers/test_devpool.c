@@ -113,9 +113,11 @@ static int dp_host_pinned(void *ctx, const void *base)
 	return dp.refs && base == dp.region;
 }
 
-static int dp_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer)
+static int dp_page_cached(void *ctx, const void *region, uint32_t owner, int64_t block, int layer,
+			  uint64_t *token)
 {
 	(void)ctx;
+	(void)token;
 	return dp.refs && region == dp.region && find(owner, block, layer) >= 0;
 }
 
