@@ -23,7 +23,9 @@
 # CVT=1: 5 once more in fp8 with the gather's conversions by the field
 # decode (KVMEM_CUDA_FP8_GATHER_CVT=0); SYNC=1: 5 once more with every
 # place() waiting for its gather (KVMEM_CUDA_PLACE_SYNC=1); HASH=1: 5 once
-# more with the device pool's old hash (KVMEM_CUDA_POOL_HASH=spread); UNITS="t1 t2":
+# more with the device pool's old hash (KVMEM_CUDA_POOL_HASH=spread); BATCH=N:
+# 5 once more with place() batches of N pool pages (KVMEM_PLACE_BATCH_CACHED; 8,192
+# by default, 1,024 before); UNITS="t1 t2":
 # those unit tests on cuda too (test_ws_session, test_ws_pool_fill: the
 # gather left running under the session's own checks).
 set -u
@@ -64,6 +66,11 @@ if [ "${BIG:-1}" = 1 ]; then
 	if [ "${SYNC:-0}" = 1 ]; then
 		gpu_step step256k_sync both 262144 65536 step 240 KVMEM_CUDA_PLACE_SYNC=1
 		grep -E "^fp8 against|^the warm" "$log/step256k_sync.log"
+	fi
+	if [ "${BATCH:-0}" != 0 ]; then
+		gpu_step "step256k_batch$BATCH" both 262144 65536 step 240 \
+			KVMEM_PLACE_BATCH_CACHED="$BATCH"
+		grep -E "^fp8 against|^the warm" "$log/step256k_batch$BATCH.log"
 	fi
 	if [ "${HASH:-0}" = 1 ]; then
 		gpu_step step256k_spread both 262144 65536 step 240 KVMEM_CUDA_POOL_HASH=spread

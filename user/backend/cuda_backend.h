@@ -187,6 +187,10 @@ int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items
 void cuda_pages_count_fp8(struct cuda *b, const kvmem_place *items, int n,
 			  const char *const *at, double ns);
 void cuda_pages_count_move(struct cuda *b, uint64_t tokens, uint64_t staged, double ns);
+/* fp8 place() from the device pool by page_cached()'s tokens alone: 1 when
+ * every item's slot is in at (counted but for the time), else 0. */
+int cuda_pages_fp8_tokens(struct cuda *b, const kvmem_place *items, int n, const char **at);
+void cuda_pages_count_ns(struct cuda *b, double ns);
 int cuda_pool_watch(void *ctx, const void *region, uint32_t owner, kvmem_pool_report_fn fn,
 		    void *arg);
 uint64_t cuda_pages_dev_bytes(const struct cuda *b);

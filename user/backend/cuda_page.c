@@ -1548,6 +1548,48 @@ out:
 	return rc < 0 ? rc : 0;
 }
 
+/*
+ * fp8 place()'s fast way: every item a page of the device pool that the
+ * session found with page_cached() and no page has left since (its token
+ * live). One pass: the item's slot (at[i]), its stamp and clock bit, the
+ * counters. 1 when every item was such (then nothing more is looked up),
+ * 0 when one was not (the caller takes cuda_pages_fp8_at's way; what this
+ * stamped only marks pages used).
+ */
+int cuda_pages_fp8_tokens(struct cuda *b, const kvmem_place *items, int n, const char **at)
+{
+	const uint64_t row = 2 * (uint64_t)b->c->n_kv_heads * (b->c->head_dim + 4);
+	struct cuda_pages *pg = b->pages;
+	uint64_t tokens = 0;
+
+	if (!pg || !pg->pool || pg->fp8_pool != 1)
+		return 0;
+	pg->call++;
+	for (int i = 0; i < n; i++) {
+		const uint32_t s = token_slot(pg, &items[i]);
+
+		if (s == UINT32_MAX)
+			return 0;
+		pg->stamp[s] = pg->call;
+		pg->ref[s] = 1;
+		at[i] = (const char *)(pg->pool + (size_t)s * 2 * pg->slot_elems);
+		tokens += (uint64_t)items[i].n;
+	}
+	pg->st.pool_hits += (uint64_t)n;
+	pg->st.pool_bytes += row * tokens;
+	pg->st.tokens += tokens;
+	pg->st.calls++;
+	pg->st.items += (uint64_t)n;
+	return 1;
+}
+
+/* The time of a place() whose items are counted (cuda_pages_fp8_tokens). */
+void cuda_pages_count_ns(struct cuda *b, double ns)
+{
+	if (b->pages)
+		b->pages->st.ns += (uint64_t)ns;
+}
+
 /* Counters of the pack path (cuda_view.c), so every method reports. */
 void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, double ns)
 {

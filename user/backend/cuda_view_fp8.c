@@ -527,6 +527,44 @@ static int at_room(struct cuda_fp8 *f, int n)
 	return 0;
 }
 
+/*
+ * Every item a device pool page named by a live token: its gather items
+ * built, uploaded and launched PLACE_CHUNK at a time through the ring's
+ * halves, none waited for: the device starts on the first chunk while the
+ * host builds the next. A chunk of 4,096 keeps a block's 36 layers in one
+ * run of the gather (gather_run allows 31 items a block there, 15 at
+ * 2,048: the rotary angles are made once a run).
+ */
+#define PLACE_CHUNK 4096
+
+static int place_pooled(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n,
+			const char *const *slot)
+{
+	const int H = b->c->n_kv_heads, D = b->c->head_dim;
+	struct cuda_fp8 *f = b->f8;
+	kvmem_gather_item *hi, *di;
+	int rc;
+
+	for (int c0 = 0; c0 < n; c0 += PLACE_CHUNK) {
+		const int m = n - c0 < PLACE_CHUNK ? n - c0 : PLACE_CHUNK;
+
+		if ((rc = staging_room(b, 0, 0, m)) < 0)
+			return rc;
+		hi = cuda_ring_host(&f->ring);
+		for (int i = 0; i < m; i++)
+			hi[i] = pooled(b, &items[c0 + i], slot[c0 + i]);
+		if ((rc = cuda_ring_upload(&f->ring, b->ctx, m, &di)) < 0 ||
+		    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8,
+						     v->rks, di, m, cuda_slot_run(hi, m),
+						     b->c->n_layers, H, D, (int)v->cap,
+						     b->c->rope_theta)) < 0 ||
+		    (rc = b->place_sync ? kvmem_cuda_sync(b->ctx) :
+					  cuda_ring_queued(&f->ring, b->ctx)) < 0)
+			return rc;
+	}
+	return 0;
+}
+
 int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
@@ -539,6 +577,14 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 
 	if (pool < 0)
 		return pool;
+	/* The warm step's way: every page in the device pool, found again by
+	 * page_cached()'s tokens (no lookup, no check: a live token is one). */
+	if (pool && n && (f = f8_of(b)) && at_room(f, n) == 0 &&
+	    cuda_pages_fp8_tokens(b, items, n, f->at) == 1) {
+		if ((rc = place_pooled(b, v, items, n, f->at)) == 0)
+			cuda_pages_count_ns(b, (double)kvmem_now_ns() - t0);
+		return rc;
+	}
 	for (int i = 0; i < n; i++) {
 		const kvmem_place *it = &items[i];
 

@@ -84,6 +84,7 @@ struct kvmem_session {
 	 * pages are held (got from the source) until the batch is placed. */
 	kvmem_place *items;
 	int n_items, cap_items;
+	int n_held;		/* of them, pages got from the source (not cached) */
 	/* Tokens that stay in the view but change slots, moved by the
 	 * backend from the raw K it keeps (keep_raw; move_ok: it does), all
 	 * before anything is placed from pages: moving says the walk's

@@ -54,8 +54,29 @@ int ws_view_reserve(kvmem_session *s, int64_t need)
  * not put) until then, so a batch is bounded (by the host pool too: a get
  * that finds it full of held pages places the batch early). Large batches
  * make few large transfers: on a GPU one place() call is one kernel over
- * all its pages (1024 pages of Qwen3-8B are 128 MiB of bf16). */
+ * all its pages (1024 pages of Qwen3-8B are 128 MiB of bf16). Items of
+ * pages the backend keeps (page_cached) hold nothing of the source's, so a
+ * batch of them grows to PLACE_BATCH_CACHED: a warm step at 64K over 256K
+ * tokens is 51K of them, and at 1024 a call the H200's gather ran 50
+ * kernels of about 70 us each, with their starts and tails, and a block's
+ * 36 layers split over 7-item runs (one rotary angle table a run). */
 #define PLACE_BATCH 1024
+#define PLACE_BATCH_CACHED 8192
+
+/* PLACE_BATCH_CACHED, or KVMEM_PLACE_BATCH_CACHED's (PLACE_BATCH up to 1M
+ * items; benchmarks set 1024 to compare with the batches before). */
+static int cached_batch(void)
+{
+	static int n;
+
+	if (!n) {
+		const char *e = getenv("KVMEM_PLACE_BATCH_CACHED");
+		const long v = e && *e ? strtol(e, NULL, 10) : PLACE_BATCH_CACHED;
+
+		n = v < PLACE_BATCH ? PLACE_BATCH : v > (1 << 20) ? (1 << 20) : (int)v;
+	}
+	return n;
+}
 
 uint32_t ws_new_owner(void)
 {
@@ -127,6 +148,7 @@ static int flush_or_drop(kvmem_session *s, int drop)
 			s->src->ops->put(s->src->ctx, it->block, it->layer);
 	}
 	s->n_items = 0;
+	s->n_held = 0;
 	return rc ? kvmem_error_prefix("session: rematerialising") : 0;
 }
 
@@ -144,15 +166,16 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 
 	if (u1 <= u0)
 		return 0;
-	if (s->n_items == PLACE_BATCH && flush(s))
+	if ((s->n_held == PLACE_BATCH || s->n_items == cached_batch()) && flush(s))
 		return kvmem_fail();
 	if (s->n_items == s->cap_items) {
-		kvmem_place *p = realloc(s->items, PLACE_BATCH * sizeof(*p));
+		const int cap = s->cap_items ? 2 * s->cap_items : PLACE_BATCH;
+		kvmem_place *p = realloc(s->items, (size_t)cap * sizeof(*p));
 
 		if (!p)
 			return kvmem_error(ENOMEM, "session: out of memory");
 		s->items = p;
-		s->cap_items = PLACE_BATCH;
+		s->cap_items = cap;
 	}
 	it = &s->items[s->n_items];
 	/* A page the backend keeps itself (a GPU's page pool) is not asked
@@ -184,6 +207,7 @@ static int rebuild(kvmem_session *s, int l, int64_t b, int u0, int u1, int64_t s
 	it->block = b;
 	it->owner = s->owner;
 	s->n_items++;
+	s->n_held += it->page.mem != KVMEM_MEM_BACKEND;
 	s->st.rebuilt_tokens += u1 - u0;
 	s->st.source_pages += it->page.mem != KVMEM_MEM_BACKEND;
 	return 0;
