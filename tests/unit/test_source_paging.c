@@ -509,10 +509,13 @@ static const kvmem_page_source_ops *g_real;	/* the workspace source's ops */
 static void *g_real_ctx;
 static const kvmem_backend_ops *g_cpu;
 static int g_gets_cached, g_backend_items, g_puts;
+static int g_most_items, g_most_held;	/* the largest place() call, its pages got */
+
+static int g_kept_every = 2;	/* the backend keeps one page in this many */
 
 static int cached(int64_t block, int layer)
 {
-	return (block + layer) % 2 == 0;
+	return (block + layer) % g_kept_every == 0;
 }
 
 static int counting_get(void *ctx, int64_t b, int layer, kvmem_page *pg)
@@ -543,8 +546,14 @@ static int keeping_place(void *ctx, kvmem_view *v, const kvmem_place *items, int
 	kvmem_place *it = malloc(sizeof(*it) * (n ? n : 1));
 	int rc;
 
+	int held = 0;
+
 	assert_non_null(it);
 	memcpy(it, items, sizeof(*it) * n);
+	for (int i = 0; i < n; i++)
+		held += it[i].page.mem != KVMEM_MEM_BACKEND;
+	g_most_items = n > g_most_items ? n : g_most_items;
+	g_most_held = held > g_most_held ? held : g_most_held;
 	for (int i = 0; i < n; i++)
 		if (it[i].page.mem == KVMEM_MEM_BACKEND) {
 			assert_true(cached(it[i].block, it[i].layer));
@@ -646,6 +655,106 @@ static void test_backend_cache(void **state)
 	assert_true(g_puts > 0);
 	assert_memory_equal(got, want, sizeof(float) * 4 * c.vocab);
 	assert_memory_equal(out_got, out_want, sizeof(out_want));
+	assert_int_equal(kvmem_workspace_close(w), 0);
+	test_tmpdir_remove(tmp);
+	free(want);
+	free(got);
+	kvmem_backend_close(be);
+	test_model_free(m);
+}
+
+/*
+ * Batches: items of pages the backend keeps hold nothing of the source's,
+ * so a place() call takes up to 8,192 of them, while the pages got from
+ * the source stay at most 1,024 a call (held until placed). A view of 2,048
+ * tokens over 4,096 in blocks of 16 and 24 layers: a step's random view
+ * enters about 64 blocks (1,536 pages), a quarter of them kept by the
+ * backend, so the pages got fill a batch (1,024) before the step's end. The answers are those of
+ * host memory, bit for bit.
+ */
+static void run_wide(kvmem_backend *be, const kvmem_page_source *src, uint64_t seed,
+		     float *logits)
+{
+	kvmem_session_opts so;
+	kvmem_session *s;
+	uint64_t r = seed;
+	const int V = be->model->cfg.vocab, n0 = 4096;
+	int32_t *tok = malloc(sizeof(*tok) * n0);
+
+	assert_non_null(tok);
+	kvmem_session_opts_default(&so);
+	so.block = 16;
+	so.budget = 2048;
+	so.chunk = 512;
+	so.policy = "random";
+	so.source = src;
+	s = kvmem_session_create(be, &so);
+	if (!s)
+		fail_msg("%s", kvmem_last_error());
+	for (int step = 0; step < 3; step++) {
+		const int n = step ? 16 : n0;
+
+		for (int i = 0; i < n; i++)
+			tok[i] = test_rng_int(&r, 0, V - 1);
+		if (kvmem_session_append(s, tok, n, 0) || kvmem_session_select(s))
+			fail_msg("step %d: %s", step, kvmem_last_error());
+		memcpy(logits + (size_t)step * V, kvmem_session_logits(s), sizeof(float) * V);
+	}
+	kvmem_session_free(s);
+	free(tok);
+}
+
+static void test_place_batches(void **state)
+{
+	uint64_t rng = g_seed ^ 0xba7c4;
+	kvmem_config c = test_model_config(24, 32, 2, 1, 16, 48, 64, 0);
+	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
+	kvmem_backend *be = kvmem_backend_cpu(m, 512);
+	kvmem_backend_ops ops;
+	kvmem_page_source_ops sops;
+	kvmem_page_source wrapped, mem;
+	kvmem_workspace_opts wo = { .block = 16 };
+	kvmem_workspace *w;
+	char tmp[256], dir[300];
+	float *want = malloc(sizeof(float) * 3 * c.vocab), *got = malloc(sizeof(float) * 3 * c.vocab);
+	uint64_t seed = test_rng_next(&rng);
+
+	assert_non_null(be);
+	assert_non_null(want);
+	assert_non_null(got);
+	assert_int_equal(kvmem_page_source_mem(&mem, c.n_layers, c.n_kv_heads, c.head_dim, 16), 0);
+	run_wide(be, &mem, seed, want);
+	kvmem_page_source_destroy(&mem);
+
+	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "place-batches"), 0);
+	snprintf(dir, sizeof(dir), "%s/ws", tmp);
+	if (kvmem_workspace_open(dir, m, &wo, &w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	wrapped = *kvmem_workspace_source(w);
+	g_real = wrapped.ops;
+	g_real_ctx = wrapped.ctx;
+	sops = *wrapped.ops;
+	sops.get = counting_get;
+	sops.put = counting_put;
+	wrapped.ops = &sops;
+	g_cpu = be->ops;
+	ops = *be->ops;
+	ops.host_register = fake_register;
+	ops.host_unregister = fake_unregister;
+	ops.page_cached = fake_cached;
+	ops.place = keeping_place;
+	be->ops = &ops;
+	g_most_items = g_most_held = g_gets_cached = 0;
+	g_kept_every = 4;
+	run_wide(be, &wrapped, seed, got);
+	g_kept_every = 2;
+	be->ops = g_cpu;
+	print_message("largest place(): %d items, %d of them pages got from the source\n",
+		      g_most_items, g_most_held);
+	assert_int_equal(g_gets_cached, 0);
+	assert_int_equal(g_most_held, 1024);	/* a batch's pages got, at most */
+	assert_true(g_most_items > 1024);	/* the kept pages' items ride along */
+	assert_memory_equal(got, want, sizeof(float) * 3 * c.vocab);
 	assert_int_equal(kvmem_workspace_close(w), 0);
 	test_tmpdir_remove(tmp);
 	free(want);
@@ -862,6 +971,7 @@ int main(void)
 		cmocka_unit_test(test_one_format),
 		cmocka_unit_test(test_registration),
 		cmocka_unit_test(test_backend_cache),
+		cmocka_unit_test(test_place_batches),
 		cmocka_unit_test(test_gpu_like_pages),
 	};
 
