@@ -712,13 +712,11 @@ int cuda_page_cached(void *ctx, const void *region, uint32_t owner, int64_t bloc
 	struct cuda *b = ctx;
 	struct cuda_pages *pg = b->pages;
 	struct region *r;
-	uint32_t oid;
+	uint32_t oid, s;
 
 	/* fp8 views keep no device page pool with KVMEM_CUDA_FP8_POOL=0 */
 	if (b->fp8 && (!pg || pg->fp8_pool != 1))
 		return 0;
-	uint32_t s;
-
 	if (!pg || !pg->pool || !(r = region_at(pg, region)) || !(oid = owner_id(pg, r, owner, 0)))
 		return 0;
 	if ((s = pool_find(pg, pool_key(oid, block, layer))) == UINT32_MAX)
