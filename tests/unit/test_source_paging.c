@@ -603,18 +603,58 @@ static void run_logged(kvmem_backend *be, const kvmem_page_source *src, uint64_t
 	kvmem_session_free(s);
 }
 
+/* A workspace whose source counts its gets and puts, and the cpu backend
+ * dressed as one that keeps some of its pages (keeping_place): sessions
+ * run over k->wrapped with be->ops = &k->ops until the caller puts g_cpu
+ * back. */
+struct keeping {
+	char tmp[256];
+	kvmem_workspace *w;
+	kvmem_page_source wrapped;
+	kvmem_page_source_ops sops;
+	kvmem_backend_ops ops;
+};
+
+static void keeping_open(struct keeping *k, kvmem_backend *be, const kvmem_model *m,
+			 const char *name)
+{
+	kvmem_workspace_opts wo = { .block = 16 };
+	char dir[300];
+
+	assert_int_equal(test_tmpdir_make(k->tmp, sizeof(k->tmp), name), 0);
+	snprintf(dir, sizeof(dir), "%s/ws", k->tmp);
+	if (kvmem_workspace_open(dir, m, &wo, &k->w) < 0)
+		fail_msg("%s", kvmem_last_error());
+	k->wrapped = *kvmem_workspace_source(k->w);
+	g_real = k->wrapped.ops;
+	g_real_ctx = k->wrapped.ctx;
+	k->sops = *k->wrapped.ops;
+	k->sops.get = counting_get;
+	k->sops.put = counting_put;
+	k->wrapped.ops = &k->sops;
+	g_cpu = be->ops;
+	k->ops = *be->ops;
+	k->ops.host_register = fake_register;
+	k->ops.host_unregister = fake_unregister;
+	k->ops.page_cached = fake_cached;
+	k->ops.place = keeping_place;
+	be->ops = &k->ops;
+}
+
+static void keeping_close(struct keeping *k)
+{
+	assert_int_equal(kvmem_workspace_close(k->w), 0);
+	test_tmpdir_remove(k->tmp);
+}
+
 static void test_backend_cache(void **state)
 {
 	uint64_t rng = g_seed ^ 0xcac4e;
 	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
 	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
 	kvmem_backend *be = kvmem_backend_cpu(m, 32);
-	kvmem_backend_ops ops;
-	kvmem_page_source_ops sops;
-	kvmem_page_source wrapped, mem;
-	kvmem_workspace_opts wo = { .block = 16 };
-	kvmem_workspace *w;
-	char tmp[256], dir[300];
+	struct keeping k;
+	kvmem_page_source mem;
 	float *want = malloc(sizeof(float) * 4 * c.vocab), *got = malloc(sizeof(float) * 4 * c.vocab);
 	int32_t out_want[16], out_got[16];
 	uint64_t seed = test_rng_next(&rng);
@@ -627,26 +667,9 @@ static void test_backend_cache(void **state)
 	run_logged(be, &mem, seed, want, out_want, NULL);
 	kvmem_page_source_destroy(&mem);
 
-	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "backend-cache"), 0);
-	snprintf(dir, sizeof(dir), "%s/ws", tmp);
-	if (kvmem_workspace_open(dir, m, &wo, &w) < 0)
-		fail_msg("%s", kvmem_last_error());
-	wrapped = *kvmem_workspace_source(w);
-	g_real = wrapped.ops;
-	g_real_ctx = wrapped.ctx;
-	sops = *wrapped.ops;
-	sops.get = counting_get;
-	sops.put = counting_put;
-	wrapped.ops = &sops;
-	g_cpu = be->ops;
-	ops = *be->ops;
-	ops.host_register = fake_register;
-	ops.host_unregister = fake_unregister;
-	ops.page_cached = fake_cached;
-	ops.place = keeping_place;
-	be->ops = &ops;
+	keeping_open(&k, be, m, "backend-cache");
 	g_reg = g_unreg = 0;
-	run_logged(be, &wrapped, seed, got, out_got, NULL);
+	run_logged(be, &k.wrapped, seed, got, out_got, NULL);
 	be->ops = g_cpu;
 	/* Every page the backend said it keeps came from it, not the source,
 	 * and the results are those of host memory, bit for bit. */
@@ -655,8 +678,7 @@ static void test_backend_cache(void **state)
 	assert_true(g_puts > 0);
 	assert_memory_equal(got, want, sizeof(float) * 4 * c.vocab);
 	assert_memory_equal(out_got, out_want, sizeof(out_want));
-	assert_int_equal(kvmem_workspace_close(w), 0);
-	test_tmpdir_remove(tmp);
+	keeping_close(&k);
 	free(want);
 	free(got);
 	kvmem_backend_close(be);
@@ -710,12 +732,8 @@ static void test_place_batches(void **state)
 	kvmem_config c = test_model_config(24, 32, 2, 1, 16, 48, 64, 0);
 	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
 	kvmem_backend *be = kvmem_backend_cpu(m, 512);
-	kvmem_backend_ops ops;
-	kvmem_page_source_ops sops;
-	kvmem_page_source wrapped, mem;
-	kvmem_workspace_opts wo = { .block = 16 };
-	kvmem_workspace *w;
-	char tmp[256], dir[300];
+	struct keeping k;
+	kvmem_page_source mem;
 	float *want = malloc(sizeof(float) * 3 * c.vocab), *got = malloc(sizeof(float) * 3 * c.vocab);
 	uint64_t seed = test_rng_next(&rng);
 
@@ -726,27 +744,10 @@ static void test_place_batches(void **state)
 	run_wide(be, &mem, seed, want);
 	kvmem_page_source_destroy(&mem);
 
-	assert_int_equal(test_tmpdir_make(tmp, sizeof(tmp), "place-batches"), 0);
-	snprintf(dir, sizeof(dir), "%s/ws", tmp);
-	if (kvmem_workspace_open(dir, m, &wo, &w) < 0)
-		fail_msg("%s", kvmem_last_error());
-	wrapped = *kvmem_workspace_source(w);
-	g_real = wrapped.ops;
-	g_real_ctx = wrapped.ctx;
-	sops = *wrapped.ops;
-	sops.get = counting_get;
-	sops.put = counting_put;
-	wrapped.ops = &sops;
-	g_cpu = be->ops;
-	ops = *be->ops;
-	ops.host_register = fake_register;
-	ops.host_unregister = fake_unregister;
-	ops.page_cached = fake_cached;
-	ops.place = keeping_place;
-	be->ops = &ops;
+	keeping_open(&k, be, m, "place-batches");
 	g_most_items = g_most_held = g_gets_cached = 0;
 	g_kept_every = 4;
-	run_wide(be, &wrapped, seed, got);
+	run_wide(be, &k.wrapped, seed, got);
 	g_kept_every = 2;
 	be->ops = g_cpu;
 	print_message("largest place(): %d items, %d of them pages got from the source\n",
@@ -755,8 +756,7 @@ static void test_place_batches(void **state)
 	assert_int_equal(g_most_held, 1024);	/* a batch's pages got, at most */
 	assert_true(g_most_items > 1024);	/* the kept pages' items ride along */
 	assert_memory_equal(got, want, sizeof(float) * 3 * c.vocab);
-	assert_int_equal(kvmem_workspace_close(w), 0);
-	test_tmpdir_remove(tmp);
+	keeping_close(&k);
 	free(want);
 	free(got);
 	kvmem_backend_close(be);
