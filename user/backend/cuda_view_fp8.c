@@ -537,12 +537,29 @@ static int at_room(struct cuda_fp8 *f, int n)
  */
 #define PLACE_CHUNK 4096
 
+/* The ring's current half (hi, n items built) uploaded and gathered into
+ * the view; waited for when `wait`, else queued on the half's event. */
+static int gather_half(struct cuda *b, kvmem_view *v, const kvmem_gather_item *hi, int n,
+		       int wait)
+{
+	struct cuda_fp8 *f = b->f8;
+	kvmem_gather_item *di;
+	int rc;
+
+	if ((rc = cuda_ring_upload(&f->ring, b->ctx, n, &di)) < 0 ||
+	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks,
+					     di, n, cuda_slot_run(hi, n), b->c->n_layers,
+					     b->c->n_kv_heads, b->c->head_dim, (int)v->cap,
+					     b->c->rope_theta)) < 0)
+		return rc;
+	return wait ? kvmem_cuda_sync(b->ctx) : cuda_ring_queued(&f->ring, b->ctx);
+}
+
 static int place_pooled(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n,
 			const char *const *slot)
 {
-	const int H = b->c->n_kv_heads, D = b->c->head_dim;
 	struct cuda_fp8 *f = b->f8;
-	kvmem_gather_item *hi, *di;
+	kvmem_gather_item *hi;
 	int rc;
 
 	for (int c0 = 0; c0 < n; c0 += PLACE_CHUNK) {
@@ -553,13 +570,7 @@ static int place_pooled(struct cuda *b, kvmem_view *v, const kvmem_place *items,
 		hi = cuda_ring_host(&f->ring);
 		for (int i = 0; i < m; i++)
 			hi[i] = pooled(b, &items[c0 + i], slot[c0 + i]);
-		if ((rc = cuda_ring_upload(&f->ring, b->ctx, m, &di)) < 0 ||
-		    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8,
-						     v->rks, di, m, cuda_slot_run(hi, m),
-						     b->c->n_layers, H, D, (int)v->cap,
-						     b->c->rope_theta)) < 0 ||
-		    (rc = b->place_sync ? kvmem_cuda_sync(b->ctx) :
-					  cuda_ring_queued(&f->ring, b->ctx)) < 0)
+		if ((rc = gather_half(b, v, hi, m, b->place_sync)) < 0)
 			return rc;
 	}
 	return 0;
@@ -571,7 +582,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	const double t0 = (double)kvmem_now_ns();
 	const char **slot = NULL;	/* the items' pool slots (KVMEM_CUDA_FP8_POOL=1) */
 	size_t total = 0, at = 0;
-	kvmem_gather_item g, *hi, *di;
+	kvmem_gather_item g, *hi;
 	struct cuda_fp8 *f;
 	int rc, pool = cuda_pages_fp8_pool(b), host = 0;
 
@@ -640,12 +651,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	 * next call fills the ring's other half meanwhile); pages read from
 	 * host memory are let go when this returns, so their kernel is. */
 	if ((at && (rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, at)) < 0) ||
-	    (rc = cuda_ring_upload(&f->ring, b->ctx, n, &di)) < 0 ||
-	    (rc = kvmem_cuda_fp8_view_gather(b->ctx, v->k8, v->v8, v->ks, v->vs, v->rk8, v->rks,
-					     di, n, cuda_slot_run(hi, n), b->c->n_layers, H, D,
-					     (int)v->cap, b->c->rope_theta)) < 0 ||
-	    (rc = host || b->place_sync ? kvmem_cuda_sync(b->ctx) :
-					 cuda_ring_queued(&f->ring, b->ctx)) < 0)
+	    (rc = gather_half(b, v, hi, n, host || b->place_sync)) < 0)
 		return rc;
 	/* counted as the bf16 view's place() counts (kvmem_place_stats) */
 	cuda_pages_count_fp8(b, items, n, slot, (double)kvmem_now_ns() - t0);
