@@ -90,9 +90,10 @@ bf16 time / fp8 time [0-9]+\.[0-9]{2} \(target >= 1\.6\); decode in the 1024-tok
 	[ "$(echo "$out" | grep -cE "^peers: .* the step's floor \(the question's 32 tokens and \
 one more over an empty view: no KV read\) [0-9]+\.[0-9] ms$")" -eq 2 ] ||
 		bad "both: not two step floors: $(echo "$out" | grep '^peers')"
-	echo "$out" | grep -qE "^the warm steps' parts, like for like .*: first token [0-9.]+ / \
-[0-9.]+ ms, bf16 / fp8 [0-9]+\.[0-9]{2}; selection and rematerialisation [0-9.]+ / [0-9.]+ us a \
-block entered" || bad "both: no like-for-like parts: $(echo "$out" | tail -4)"
+	echo "$out" | grep -qE "^the warm steps' parts, like for like .*: the question's prefill \
+[0-9.]+ / [0-9.]+ ms, bf16 / fp8 [0-9]+\.[0-9]{2}; first token [0-9.]+ / [0-9.]+ ms, bf16 / fp8 \
+[0-9]+\.[0-9]{2}; selection and rematerialisation [0-9.]+ / [0-9.]+ us a block entered" ||
+		bad "both: no like-for-like parts: $(echo "$out" | tail -4)"
 	[ -e "$tmp/scratch" ] && bad "both, step: the scratch is left"
 fi
 

@@ -26,11 +26,14 @@
  *             after the other, and print fp8 against bf16.
  *   step      a workspace of --tokens (random pages written through the
  *             pager: no prefill) with a --view budget: per agent step, the
- *             time from the end of a question's append to the first decoded
- *             token (selection, rematerialisation of what enters, one
- *             decode), host tier warm (the pool holds the workspace) and
- *             cold (a small pool: entering pages come from NVMe); the peer
- *             is prefilling the view's tokens from scratch.
+ *             time from a question's append to the first decoded token (the
+ *             question's prefill over the view as it is, selection,
+ *             rematerialisation of what enters, one decode: what the user
+ *             waits for; until 2026-12-04 it began after the append and
+ *             left the question's prefill out), host tier warm (the pool
+ *             holds the workspace) and cold (a small pool: entering pages
+ *             come from NVMe); the peer is prefilling the view's tokens
+ *             from scratch.
  *   decode    tokens/s decoding in that session (a --view view over the
  *             workspace) over plain decode after a --view-token prefill.
  *   stageout  prefill through a session: over a bf16 workspace (raw K/V
@@ -71,7 +74,7 @@ static void usage(FILE *f)
 		"The GPU paging pipeline, each figure beside its ceiling or peer measured in\n"
 		"the same run: rematerialisation (gather, batched copies) over one large pinned\n"
 		"copy; cold page-in from NVMe into view slots over an O_DIRECT sequential read;\n"
-		"an agent step (end of an append -> first decoded token, warm and cold host\n"
+		"an agent step (a question appended -> first decoded token, warm and cold host\n"
 		"tier) over prefilling the view; decode in a paged view over plain decode;\n"
 		"stage-out under prefill; device memory against the workspace size.\n"
 		"\n"
@@ -88,7 +91,7 @@ static void usage(FILE *f)
 		"                     every shifted token placed again from its page, as\n"
 		"                     before moves inside the view: the peer), cold\n"
 		"                     (default warm,cold)\n"
-		"  --question N       tokens appended before each step (default 32)\n"
+		"  --question N       the question's tokens, appended at each step (default 32)\n"
 		"  --decode N         tokens decoded for the decode figures (default 32)\n"
 		"  --remat N          tokens of pages placed in the remat phase (default 16k)\n"
 		"  --coldin SIZE      bytes of pages read cold (default 2G)\n"
@@ -361,8 +364,11 @@ static int step_both(struct ctx *x, struct ctx *y)
 	if (x->warm_first_s > 0 && y->warm_first_s > 0)
 		printf("the warm steps' parts, like for like (a selection that depends on the KV, as "
 		       "meank does, enters other blocks in each dtype): "
+		       "the question's prefill %.1f / %.1f ms, bf16 / fp8 %.2f; "
 		       "first token %.1f / %.1f ms, bf16 / fp8 %.2f; selection and rematerialisation "
-		       "%.1f / %.1f us a block entered, bf16 / fp8 %.2f\n", x->warm_first_s * 1e3,
+		       "%.1f / %.1f us a block entered, bf16 / fp8 %.2f\n", x->warm_ask_s * 1e3,
+		       y->warm_ask_s * 1e3, y->warm_ask_s > 0 ? x->warm_ask_s / y->warm_ask_s : 0,
+		       x->warm_first_s * 1e3,
 		       y->warm_first_s * 1e3, x->warm_first_s / y->warm_first_s,
 		       x->warm_sel_per_block_s * 1e6, y->warm_sel_per_block_s * 1e6,
 		       y->warm_sel_per_block_s > 0 ? x->warm_sel_per_block_s / y->warm_sel_per_block_s : 0);

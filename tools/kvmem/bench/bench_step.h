@@ -70,11 +70,15 @@ struct ctx {
 	 * differ: the median first token, and the selections' time per block
 	 * entered (all steps) */
 	double warm_first_s, warm_sel_per_block_s;
+	double warm_ask_s;		/* the median question's prefill */
 	int64_t fits_slots;
 };
 
 struct step_result {
-	double adopt_s, step_s[64], select_s[64], decode_s[64];
+	/* A step: the question appended (its prefill over the view as it
+	 * is: ask_s), the selection (select_s), the first token (decode_s);
+	 * step_s all three, what the user waits for. */
+	double adopt_s, step_s[64], ask_s[64], select_s[64], decode_s[64];
 	uint64_t bytes[64], nvme_pages[64], pool_hits[64], tokens[64], moved[64], src_pages[64];
 	uint64_t staged[64];	/* token-layers moves copied aside (their sources) */
 	/* The selection's split (kvmem_session_stats): ms a step */
