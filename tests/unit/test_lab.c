@@ -401,6 +401,32 @@ static void test_corrupt_trace_refused(void **state)
 				 kvmem_last_error());
 		assert_non_null(strstr(kvmem_last_error(), bad));
 	}
+	/* The version field is covered by the header's checksum: a flipped
+	 * byte there is corruption (seed 11257860156330906260 drew byte 9 and
+	 * got -ESTALE); another version's intact header is -ESTALE, naming
+	 * both versions. */
+	assert_int_equal(copy_file(trace, bad, -1), 0);
+	assert_int_equal(fx_flip(bad, offsetof(struct lab_header, version) + 1), 0);
+	assert_int_equal(kvmem_lab_open(ws, bad, &lab), -EBADMSG);
+	{
+		struct lab_header h;
+		char want[64];
+		FILE *f;
+
+		assert_int_equal(copy_file(trace, bad, -1), 0);
+		f = fopen(bad, "r+b");
+		assert_non_null(f);
+		assert_int_equal(fread(&h, sizeof(h), 1, f), 1);
+		h.version = KVMEM_LAB_TRACE_VERSION + 1;
+		h.checksum = lab_header_checksum(&h);
+		assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+		assert_int_equal(fwrite(&h, sizeof(h), 1, f), 1);
+		assert_int_equal(fclose(f), 0);
+		assert_int_equal(kvmem_lab_open(ws, bad, &lab), -ESTALE);
+		snprintf(want, sizeof(want), "version %d; this kvmem reads version %d",
+			 KVMEM_LAB_TRACE_VERSION + 1, KVMEM_LAB_TRACE_VERSION);
+		assert_non_null(strstr(kvmem_last_error(), want));
+	}
 	/* And the good one opens. */
 	assert_int_equal(kvmem_lab_open(ws, trace, &lab), 0);
 	kvmem_lab_close(lab);

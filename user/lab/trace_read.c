@@ -42,10 +42,13 @@ static int check_header(struct lab_trace *t)
 	if (memcmp(h->magic, LAB_MAGIC, 8))
 		return kvmem_error(EBADMSG, "%s: not a lab trace (no %s magic; a recording cut short "
 				   "before its end has none either)", t->path, LAB_MAGIC);
-	if (h->version != KVMEM_LAB_TRACE_VERSION)
+	/* The checksum covers the version: another version's intact header is
+	 * -ESTALE, a flipped version byte is corruption like any other. */
+	if (h->version != KVMEM_LAB_TRACE_VERSION && h->checksum == lab_header_checksum(h))
 		return kvmem_error(ESTALE, "%s: lab trace format version %u; this kvmem reads version %d",
 				   t->path, h->version, KVMEM_LAB_TRACE_VERSION);
-	if (h->header_bytes != LAB_HEADER_BYTES || h->checksum != lab_header_checksum(h))
+	if (h->version != KVMEM_LAB_TRACE_VERSION || h->header_bytes != LAB_HEADER_BYTES ||
+	    h->checksum != lab_header_checksum(h))
 		return bad(t, 0, "header checksum mismatch");
 	if (!h->n_layers || h->n_layers > 1024 || !h->n_heads || h->n_heads > 1024 ||
 	    !h->n_kv_heads || h->n_kv_heads > h->n_heads || !h->head_dim || h->head_dim > 1024 ||
