@@ -136,6 +136,12 @@ static void weighted_v_avx2(float *out, const float *p, const float *vh, const i
 	}
 }
 
+/* Where query i's heads reading KV head g start in q and out. */
+static size_t q_at(const struct att_args *a, int i, int g)
+{
+	return ((size_t)i * a->n_heads + (size_t)g * a->group) * a->head_dim;
+}
+
 /* Query token i against KV head g, for the `group` heads reading g, with
  * no score buffer (none could be had): each score is computed twice, for
  * the maximum and then for the weights, with the bits attend_rows gives. */
@@ -144,7 +150,7 @@ static void attend_group(const struct att_args *a, int i, int g)
 {
 	int d = a->head_dim, grp = a->group, n_kv = a->n_kv;
 	int32_t qp = a->q_pos[i];
-	size_t qo = ((size_t)i * a->n_heads + (size_t)g * grp) * d;
+	size_t qo = q_at(a, i, g);
 	const float *qv = a->q + qo;
 	const float *kh = a->k + (size_t)g * a->kv_stride * d;
 	const float *vh = a->v + (size_t)g * a->kv_stride * d;
@@ -230,7 +236,7 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 
 		for (int r = 0; r < nr; r++) {
 			const int32_t qp = a->q_pos[i0 + r];
-			const float *qv = a->q + ((size_t)(i0 + r) * a->n_heads + (size_t)g * grp) * d;
+			const float *qv = a->q + q_at(a, i0 + r, g);
 			float *sc = scores + (size_t)r * grp * n_kv, *mx = max + (size_t)r * grp;
 
 			for (int j = j0; j < j1; j++) {
@@ -268,7 +274,7 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 	}
 	for (int r = 0; r < nr; r++) {	/* the weights, each query's keys in order */
 		const int32_t qp = a->q_pos[i0 + r];
-		float *out = a->out + ((size_t)(i0 + r) * a->n_heads + (size_t)g * grp) * d;
+		float *out = a->out + q_at(a, i0 + r, g);
 
 		memset(out, 0, sizeof(float) * grp * d);
 		for (int h = 0; seen[r] && h < grp; h++) {
@@ -290,7 +296,7 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 		for (int r = 0; r < nr; r++) {
 			const int32_t qp = a->q_pos[i0 + r];
 			const float *sc = scores + (size_t)r * grp * n_kv;
-			float *out = a->out + ((size_t)(i0 + r) * a->n_heads + (size_t)g * grp) * d;
+			float *out = a->out + q_at(a, i0 + r, g);
 
 			if (!seen[r])
 				continue;
@@ -310,7 +316,7 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 		}
 	}
 	for (int r = 0; r < nr; r++) {
-		float *out = a->out + ((size_t)(i0 + r) * a->n_heads + (size_t)g * grp) * d;
+		float *out = a->out + q_at(a, i0 + r, g);
 
 		for (int h = 0; seen[r] && h < grp; h++) {
 			float inv = (float)(1.0 / sum[r * grp + h]);
@@ -364,6 +370,7 @@ struct batch_args {
 	const kvmem_att_seq *seqs;
 	const long *first;
 	int n_seqs, n_heads, head_dim, group, max_kv;
+	int rows;	/* the most queries an item takes (a decode batch's: 1) */
 	float scale;
 	int avx2;
 };
@@ -396,7 +403,7 @@ static void run_item(const struct batch_args *b, long w, float *scores)
 static void pool_item(void *arg, int w)
 {
 	const struct batch_args *b = arg;
-	float *scores = malloc(sizeof(float) * ROW_BLOCK * b->group * b->max_kv);
+	float *scores = malloc(sizeof(float) * b->rows * b->group * b->max_kv);
 
 	run_item(b, w, scores);
 	free(scores);
@@ -406,7 +413,7 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 			   int n_heads, int n_kv_heads, int head_dim, float scale)
 {
 	long stack[65], *first = n_seqs <= 64 ? stack : malloc(sizeof(long) * ((size_t)n_seqs + 1));
-	int max_kv = 1;
+	int max_kv = 1, rows = 1;
 	double work = 0;
 
 	if (n_seqs <= 0 || n_heads <= 0 || n_kv_heads <= 0)
@@ -423,6 +430,7 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 
 		first[s + 1] = first[s] + (long)n_kv_heads * row_blocks(n_q);
 		max_kv = seqs[s].n_kv > max_kv ? seqs[s].n_kv : max_kv;
+		rows = n_q > rows ? (n_q < ROW_BLOCK ? n_q : ROW_BLOCK) : rows;
 		work += (double)n_q * n_heads * (seqs[s].n_kv > 0 ? seqs[s].n_kv : 0) * head_dim;
 	}
 	const long items = first[n_seqs];
@@ -435,6 +443,7 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 	const struct batch_args ba = {
 		.out = out, .q = q, .seqs = seqs, .first = first, .n_seqs = n_seqs,
 		.n_heads = n_heads, .head_dim = head_dim, .group = group, .max_kv = max_kv,
+		.rows = rows,
 		.scale = scale, .avx2 = avx2,
 	};
 
@@ -451,7 +460,7 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 	} else {
 		#pragma omp parallel if (items > 1 && work >= OMP_WORK)
 		{
-			float *scores = malloc(sizeof(float) * ROW_BLOCK * group * max_kv);
+			float *scores = malloc(sizeof(float) * rows * group * max_kv);
 
 			#pragma omp for schedule(dynamic, 1)
 			for (long w = 0; w < items; w++)
