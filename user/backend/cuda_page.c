@@ -740,6 +740,14 @@ static uint32_t token_slot(const struct cuda_pages *pg, const kvmem_place *it)
 	return s;
 }
 
+/* Slot s is read by this place() call: no miss of the call evicts it, and
+ * the clock passes it over once. */
+static void pool_used(struct cuda_pages *pg, uint32_t s)
+{
+	pg->stamp[s] = pg->call;
+	pg->ref[s] = 1;
+}
+
 static struct region *region_of(struct cuda_pages *pg, const void *p, size_t len)
 {
 	for (int i = 0; i < MAX_REGIONS; i++) {
@@ -934,8 +942,7 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 		if (pg->hit[i] != UINT32_MAX) {
 			/* page_cached()'s slot, no page having left since */
 			pg->keys[i] = pg->key[pg->hit[i]];
-			pg->stamp[pg->hit[i]] = pg->call;
-			pg->ref[pg->hit[i]] = 1;
+			pool_used(pg, pg->hit[i]);
 			continue;
 		}
 		if (it->page.mem == KVMEM_MEM_BACKEND) {
@@ -955,8 +962,7 @@ static int place_pages(struct cuda *b, kvmem_view *v, const kvmem_place *items, 
 		pg->keys[i] = pool_key(oid, it->block, it->layer);
 		pg->hit[i] = pool_find(pg, pg->keys[i]);
 		if (pg->hit[i] != UINT32_MAX) {
-			pg->stamp[pg->hit[i]] = pg->call;
-			pg->ref[pg->hit[i]] = 1;
+			pool_used(pg, pg->hit[i]);
 		} else if (it->page.mem == KVMEM_MEM_BACKEND) {
 			return kvmem_error(ESTALE, "cuda place: block %lld layer %d left the device page "
 					   "pool", (long long)it->block, it->layer);
@@ -1297,8 +1303,7 @@ int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items
 			pg->hit[i] = pool_find(pg, pg->keys[i]);
 		}
 		if (pg->hit[i] != UINT32_MAX) {
-			pg->stamp[pg->hit[i]] = pg->call;
-			pg->ref[pg->hit[i]] = 1;
+			pool_used(pg, pg->hit[i]);
 		} else if (cached) {
 			return kvmem_error(ESTALE, "cuda place (fp8): block %lld layer %d is not "
 					   "in the device page pool", (long long)it->block,
@@ -1568,8 +1573,7 @@ int cuda_pages_fp8_tokens(struct cuda *b, const kvmem_place *items, int n, const
 
 		if (s == UINT32_MAX)
 			return 0;
-		pg->stamp[s] = pg->call;
-		pg->ref[s] = 1;
+		pool_used(pg, s);
 		at[i] = (const char *)(pg->pool + (size_t)s * 2 * pg->slot_elems);
 		tokens += (uint64_t)items[i].n;
 	}
