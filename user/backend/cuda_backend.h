@@ -119,6 +119,10 @@ int cuda_ring_upload(struct cuda_ring *r, kvmem_cuda_ctx *c, int n, kvmem_gather
 int cuda_ring_queued(struct cuda_ring *r, kvmem_cuda_ctx *c);
 int cuda_ring_quiet(struct cuda_ring *r, kvmem_cuda_ctx *c);
 void cuda_ring_free(struct cuda_ring *r);
+/* An event marking the stream's point now (armed), its wait, its end. */
+int cuda_mark(void **ev, int *armed, kvmem_cuda_ctx *c);
+int cuda_mark_wait(void *ev, int *armed);
+void cuda_mark_free(void **ev, int *armed);
 /* Items a block of a gather kernel takes (its `run`): the mean run of
  * consecutive items at the same slots (the session queues a block of
  * tokens' layers one after another), whose rotary angles a block then

@@ -42,15 +42,52 @@ int cuda_ring_room(struct cuda_ring *r, kvmem_cuda_ctx *c, int n, uint64_t *coun
 	return 0;
 }
 
+/* An event recorded at this point of the stream (made on first use) and
+ * armed; with no event to be had, the stream is waited for instead and
+ * nothing is armed. */
+int cuda_mark(void **ev, int *armed, kvmem_cuda_ctx *c)
+{
+	cudaEvent_t e = (cudaEvent_t)*ev;
+
+	if (!e && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_cuda_sync(c);	/* no event: wait now, as before */
+	}
+	*ev = e;
+	if (cudaEventRecord(e, (cudaStream_t)kvmem_cuda_stream(c)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_cuda_sync(c);
+	}
+	*armed = 1;
+	return 0;
+}
+
+/* What came before an armed mark is done. */
+int cuda_mark_wait(void *ev, int *armed)
+{
+	if (!*armed)
+		return 0;
+	*armed = 0;
+	return cudaEventSynchronize((cudaEvent_t)ev) == cudaSuccess ? 0 :
+	       kvmem_error(EIO, "cuda: waiting for queued work");
+}
+
+/* The mark waited for (if armed) and its event given back. */
+void cuda_mark_free(void **ev, int *armed)
+{
+	if (*ev) {
+		cuda_mark_wait(*ev, armed);
+		cudaEventDestroy((cudaEvent_t)*ev);
+	}
+	*ev = NULL;
+}
+
 kvmem_gather_item *cuda_ring_host(struct cuda_ring *r)
 {
 	const int h = r->half;
 
-	if (r->armed[h]) {
-		/* The kernel two calls back: done long since, as a rule. */
-		cudaEventSynchronize((cudaEvent_t)r->ev[h]);
-		r->armed[h] = 0;
-	}
+	/* The kernel two calls back: done long since, as a rule. */
+	cuda_mark_wait(r->ev[h], &r->armed[h]);
 	return r->host + (size_t)h * r->cap;
 }
 
@@ -70,20 +107,11 @@ int cuda_ring_upload(struct cuda_ring *r, kvmem_cuda_ctx *c, int n, kvmem_gather
 int cuda_ring_queued(struct cuda_ring *r, kvmem_cuda_ctx *c)
 {
 	const int h = r->half;
-	cudaEvent_t e = (cudaEvent_t)r->ev[h];
+	int rc = cuda_mark(&r->ev[h], &r->armed[h], c);
 
-	if (!e && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
-		cudaGetLastError();
-		return kvmem_cuda_sync(c);	/* no event: wait now, as before */
-	}
-	r->ev[h] = e;
-	if (cudaEventRecord(e, (cudaStream_t)kvmem_cuda_stream(c)) != cudaSuccess) {
-		cudaGetLastError();
-		return kvmem_cuda_sync(c);
-	}
-	r->armed[h] = 1;
-	r->half = h ^ 1;
-	return 0;
+	if (r->armed[h])
+		r->half = h ^ 1;
+	return rc;
 }
 
 int cuda_ring_quiet(struct cuda_ring *r, kvmem_cuda_ctx *c)
@@ -107,11 +135,7 @@ int cuda_slot_run(const kvmem_gather_item *it, int n)
 void cuda_ring_free(struct cuda_ring *r)
 {
 	for (int h = 0; h < 2; h++)
-		if (r->ev[h]) {
-			if (r->armed[h])
-				cudaEventSynchronize((cudaEvent_t)r->ev[h]);
-			cudaEventDestroy((cudaEvent_t)r->ev[h]);
-		}
+		cuda_mark_free(&r->ev[h], &r->armed[h]);
 	kvmem_cuda_free(r->dev);
 	cudaFreeHost(r->host);
 	memset(r, 0, sizeof(*r));

@@ -115,11 +115,7 @@ static struct cuda_fp8 *f8_of(struct cuda *b)
  * read the last one. */
 static int snaps_free(struct cuda_fp8 *f)
 {
-	if (!f->snap_armed)
-		return 0;
-	f->snap_armed = 0;
-	return cudaEventSynchronize((cudaEvent_t)f->snap_ev) == cudaSuccess ? 0 :
-	       kvmem_error(EIO, "cuda move (fp8): waiting for the last move");
+	return cuda_mark_wait(f->snap_ev, &f->snap_armed);
 }
 
 void cuda_fp8_destroy(struct cuda *b)
@@ -131,9 +127,7 @@ void cuda_fp8_destroy(struct cuda *b)
 	kvmem_cuda_free(f->dk);
 	kvmem_cuda_free(f->dv);
 	cuda_ring_free(&f->ring);	/* waits for what is queued */
-	snaps_free(f);
-	if (f->snap_ev)
-		cudaEventDestroy((cudaEvent_t)f->snap_ev);
+	cuda_mark_free(&f->snap_ev, &f->snap_armed);
 	kvmem_cuda_free(f->st);
 	kvmem_cuda_free(f->snaps);
 	cudaFreeHost(f->host_st);
@@ -775,22 +769,10 @@ int cuda_fp8_move(struct cuda *b, kvmem_view *v, const kvmem_move *items, int n)
 			goto out;
 		first = l + 1;
 	}
-	if (b->place_sync) {
+	if (b->place_sync)
 		rc = kvmem_cuda_sync(b->ctx);
-	} else if ((rc = cuda_ring_queued(&f->ring, b->ctx)) == 0) {
-		if (!f->snap_ev && cudaEventCreateWithFlags((cudaEvent_t *)&f->snap_ev,
-							    cudaEventDisableTiming) != cudaSuccess) {
-			cudaGetLastError();
-			f->snap_ev = NULL;
-			rc = kvmem_cuda_sync(b->ctx);	/* no event: wait now */
-		} else if (cudaEventRecord((cudaEvent_t)f->snap_ev,
-					   kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
-			cudaGetLastError();
-			rc = kvmem_cuda_sync(b->ctx);
-		} else {
-			f->snap_armed = 1;
-		}
-	}
+	else if ((rc = cuda_ring_queued(&f->ring, b->ctx)) == 0)
+		rc = cuda_mark(&f->snap_ev, &f->snap_armed, b->ctx);
 	/* Each item's own tokens copied aside: as many as move. */
 	if (rc == 0)
 		cuda_pages_count_move(b, tokens, tokens, (double)kvmem_now_ns() - t0);
