@@ -36,6 +36,7 @@
 #include <limits.h>
 
 #include "attention_dec.cuh"
+#include "fp8.cuh"
 
 template <int HD> struct dec8r_tile {
 	uint32_t k[2][HD / 16];	/* keys g, g + 8: the lane's HD/4 bytes of each */
@@ -58,31 +59,6 @@ template <int N> __device__ __forceinline__ void dec8r_ld(uint32_t *w, const uns
 	}
 }
 
-/* Two e4m3 codes of (a, b) as bf16x2, exact. sel (prmt's default mode)
- * puts code 0 in byte 0, its sign replicated in byte 1, code 1 in byte 2,
- * its sign in byte 3: shifted up four, each code's exponent and mantissa
- * sit where a bf16's low exponent bits and top mantissa bits do and its
- * sign byte covers bit 15 (31); the mask keeps those. The exponent lands
- * 120 short: one multiply by 2^120 puts it right (subnormals too). */
-template <unsigned SEL> __device__ __forceinline__ uint32_t e4m3_pair_bf16(uint32_t a, uint32_t b)
-{
-	const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
-							 __ushort_as_bfloat16(0x7b80));
-	uint32_t u;
-
-	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(u) : "r"(a), "r"(b), "n"(SEL));
-	u = (u * 16u) & 0x87f087f0u;	/* a multiply: the integer pipe has the permutes */
-	const __nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&u, two120);
-
-	return *(const uint32_t *)&v;
-}
-/* prmt selectors: source bytes lo and hi (0-7: a's bytes, then b's), each
- * followed by its sign; bytes 0, 1 / 2, 3 of one word; byte j of two. */
-#define E4_SEL(lo, hi) ((lo) | (8u | (lo)) << 4 | (hi) << 8 | (8u | (hi)) << 12)
-#define E4_LO E4_SEL(0u, 1u)
-#define E4_HI E4_SEL(2u, 3u)
-#define E4_J(j) E4_SEL((j), 4u + (j))
-
 /* One m-tile of O^T += V^T P^T: V^T's A fragment from byte SEL picks of
  * the words of keys 2t, 2t + 1 (rows g: word c0; rows g + 8: word c1) and
  * of keys 2t + 8, 2t + 9. */
@@ -96,13 +72,6 @@ __device__ __forceinline__ void dec8r_pv(float *acc, const uint32_t (*v)[W], int
 				 e4m3_pair_bf16<SEL>(v[2][c1], v[3][c1]) };
 
 	mma16816(acc, va, pb0, pb1);
-}
-
-/* acc's bit 7 of a byte set when a byte of w0 or w1 is a NaN code (0x7f,
- * 0xff); the other bits are noise. */
-__device__ __forceinline__ uint32_t e4m3_nan_acc(uint32_t acc, uint32_t w0, uint32_t w1)
-{
-	return acc | ((w0 & 0x7f7f7f7fu) + 0x01010101u) | ((w1 & 0x7f7f7f7fu) + 0x01010101u);
 }
 
 template <int HD, int MINB>

@@ -121,6 +121,38 @@ __device__ __forceinline__ int e4m3x4_bf16_int(uint32_t w, uint32_t *lo, uint32_
 	return 1;
 }
 
+/* Two e4m3 codes of (a, b) as bf16x2, exact. sel (prmt's default mode)
+ * puts code 0 in byte 0, its sign replicated in byte 1, code 1 in byte 2,
+ * its sign in byte 3: shifted up four, each code's exponent and mantissa
+ * sit where a bf16's low exponent bits and top mantissa bits do and its
+ * sign byte covers bit 15 (31); the mask keeps those. The exponent lands
+ * 120 short: one multiply by 2^120 puts it right (subnormals too). */
+template <unsigned SEL> __device__ __forceinline__ uint32_t e4m3_pair_bf16(uint32_t a, uint32_t b)
+{
+	const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
+							 __ushort_as_bfloat16(0x7b80));
+	uint32_t u;
+
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(u) : "r"(a), "r"(b), "n"(SEL));
+	u = (u * 16u) & 0x87f087f0u;	/* a multiply: the integer pipe has the permutes */
+	const __nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&u, two120);
+
+	return *(const uint32_t *)&v;
+}
+/* prmt selectors: source bytes lo and hi (0-7: a's bytes, then b's), each
+ * followed by its sign; bytes 0, 1 / 2, 3 of one word; byte j of two. */
+#define E4_SEL(lo, hi) ((lo) | (8u | (lo)) << 4 | (hi) << 8 | (8u | (hi)) << 12)
+#define E4_LO E4_SEL(0u, 1u)
+#define E4_HI E4_SEL(2u, 3u)
+#define E4_J(j) E4_SEL((j), 4u + (j))
+
+/* acc's bit 7 of a byte set when a byte of w0 or w1 is a NaN code (0x7f,
+ * 0xff); the other bits are noise. */
+__device__ __forceinline__ uint32_t e4m3_nan_acc(uint32_t acc, uint32_t w0, uint32_t w1)
+{
+	return acc | ((w0 & 0x7f7f7f7fu) + 0x01010101u) | ((w1 & 0x7f7f7f7fu) + 0x01010101u);
+}
+
 /* Two floats as e4m3 codes (lo in the low byte): one cvt for both, the
  * bits of f32_to_e4m3 on each (a NaN made 0x7f whatever its sign). */
 __device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float lo, float hi)
