@@ -84,6 +84,11 @@ struct step_result {
 	/* The selection's split (kvmem_session_stats): ms a step */
 	double score_ms[64], plan_ms[64], smove_ms[64], splace_ms[64], after_ms[64];
 	double move_ms[64], place_ms[64];
+	/* The question's split (kvmem_session_stats over its append): its
+	 * forward, its rows put away on the session's thread, the writer's
+	 * time on them (of which the pages), the append's wait for it. */
+	double ask_fwd_ms[64], ask_store_ms[64], ask_writer_ms[64], ask_pages_ms[64];
+	double ask_wait_ms[64];
 	uint64_t pool_bytes[64];	/* page bytes read from the device page pool */
 	/* Pages the device page pool took at adopt (pool_fill), their bytes,
 	 * the time, the pool's pages then and its slots. */

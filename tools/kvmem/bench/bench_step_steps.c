@@ -70,7 +70,7 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 	}
 	for (int i = 0; i < steps && i < 64; i++) {
 		kvmem_place_stats a, d;
-		kvmem_session_stats s0, s1;
+		kvmem_session_stats s0, sa, s1;
 		double ta, t1, t2;
 
 		/* Odd steps follow up on the step before (the same question
@@ -86,6 +86,7 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 		if (kvmem_session_append(s, q, x->o.question, 0) < 0)
 			goto out;
 		ta = cli_now_s();
+		kvmem_session_get_stats(s, &sa);
 		if (kvmem_session_select(s) < 0)
 			goto out;
 		t1 = cli_now_s();
@@ -98,6 +99,11 @@ int run_tier(struct ctx *x, const kvmem_model *m, const char *dir, int64_t token
 		kvmem_pager_stats_get(kvmem_workspace_pager(w), &ps1);
 		r->step_s[i] = t2 - t0;
 		r->ask_s[i] = ta - t0;
+		r->ask_fwd_ms[i] = (sa.forward_ns - s0.forward_ns) / 1e6;
+		r->ask_store_ms[i] = (sa.store_ns - s0.store_ns) / 1e6;
+		r->ask_writer_ms[i] = (sa.writer_ns - s0.writer_ns) / 1e6;
+		r->ask_pages_ms[i] = (sa.writer_pages_ns - s0.writer_pages_ns) / 1e6;
+		r->ask_wait_ms[i] = (sa.last_wait_ns - s0.last_wait_ns) / 1e6;
 		r->select_s[i] = t1 - ta;
 		r->decode_s[i] = t2 - t1;
 		r->bytes[i] = d.bytes_in;
@@ -249,6 +255,11 @@ static void print_steps(struct ctx *x, const char *tier, const struct step_resul
 		       r->entered[i] ? r->src_pages[i] / (r->entered[i] * L) : 0.0, r->tokens[i],
 		       r->moved[i], r->move_ms[i]);
 		print_moved(x, r, i, in);
+		printf("      the question's split: forward %.1f ms, rows put away in line %.1f, on "
+		       "the writer %.1f (pages %.1f), waited for %.1f; the rest %.1f\n",
+		       r->ask_fwd_ms[i], r->ask_store_ms[i], r->ask_writer_ms[i], r->ask_pages_ms[i],
+		       r->ask_wait_ms[i], r->ask_s[i] * 1e3 - r->ask_fwd_ms[i] - r->ask_store_ms[i] -
+		       r->ask_wait_ms[i]);
 		printf("      selection's split: scoring %.1f ms, planning %.1f, moves %.1f, placements "
 		       "%.1f (of which the backend's place() %.1f), after %.1f; the rest %.1f\n",
 		       r->score_ms[i], r->plan_ms[i], r->smove_ms[i], r->splace_ms[i], r->place_ms[i],
