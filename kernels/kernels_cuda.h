@@ -314,6 +314,13 @@ int kvmem_cuda_index_append(kvmem_cuda_ctx *c, void *meank, void *kmin, void *km
 int kvmem_cuda_rows_to_pages_bf16(kvmem_cuda_ctx *c, void *stream, uint16_t *stage,
 				  void *const *pages, int t0, int n, const uint16_t *k,
 				  const uint16_t *v, int H, int B, int D);
+/* The same into fp8 pages (each row quantised: kvmem_fp8_quant_row of the
+ * widened bf16), twin kvmem_rows_to_pages_fp8; stage of at least ((t0 + n -
+ * 1) / B + 1) pages of 2 H B D + 8 H B bytes (no more than the bf16 form's
+ * for D >= 4). */
+int kvmem_cuda_rows_to_pages_fp8(kvmem_cuda_ctx *c, void *stream, void *stage,
+				 void *const *pages, int t0, int n, const uint16_t *k,
+				 const uint16_t *v, int H, int B, int D);
 
 /* Fills (kernels/cuda/fill.cu), twins kvmem_random_bf16 / kvmem_fill_bf16. */
 int kvmem_cuda_random_bf16(kvmem_cuda_ctx *c, uint16_t *dst, size_t n, uint64_t seed,

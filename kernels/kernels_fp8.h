@@ -54,6 +54,14 @@ void kvmem_fp8_dequant_row(float *x, const uint8_t *q, float scale, int n);
  * calls above. */
 void kvmem_fp8_roundtrip_rows(float *x, size_t rows, int n);
 
+/* One layer's n rows of a forward pass, k and v [n][H][D] bf16, into fp8
+ * pages (the layout above) as kvmem_rows_to_pages_bf16 puts them into bf16
+ * ones: token j at pages[(t0 + j) / B], token (t0 + j) % B, each row
+ * quantised with its own scale (kvmem_fp8_quant_row of the widened row);
+ * nothing else in the pages changes. D <= 1024. */
+void kvmem_rows_to_pages_fp8(void *const *pages, int t0, int n, const uint16_t *k,
+			     const uint16_t *v, int H, int B, int D);
+
 /*
  * The K row an fp8 view holds at slot pos (kernels/cuda/fp8_view.cu, the
  * cuda backend's fp8 views): the raw row (e4m3 bytes raw[head_dim], scale

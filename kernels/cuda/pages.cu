@@ -12,6 +12,7 @@
  * into the pages (151 MB a 1024-token chunk at Qwen3-8B).
  */
 #include "cuda_int.h"
+#include "fp8.cuh"
 
 __global__ void rows_to_stage_kernel(uint16_t *stage, const uint16_t *k, const uint16_t *v,
 				     int t0, size_t total, int H, int B, int D)
@@ -62,6 +63,95 @@ extern "C" int kvmem_cuda_rows_to_pages_bf16(kvmem_cuda_ctx *c, void *stream, ui
 			cudaGetLastError();
 			return kvmem_error(EIO, "rows to pages: copying page %d of %d down: %s", i, nb,
 					   cudaGetErrorString(e));
+		}
+	}
+	return 0;
+}
+
+/*
+ * The same into fp8 pages (formats.md: K bytes [H][B][D], V bytes, then K
+ * and V scales [H][B], fp32), twin kvmem_rows_to_pages_fp8: each row
+ * quantised as the pager's own copy does (kvmem_fp8_quant_row of the
+ * widened bf16; the fp8 views' put does the same on the device), a warp a
+ * (token, head, K or V) row. Before, the host's cores quantised a chunk's
+ * rows on the writer thread: 1.8-3.8 ms of a 32-token question at
+ * Qwen3-8B on the H200's host, which the step waited for.
+ */
+__global__ void __launch_bounds__(256)
+rows_to_stage_fp8_kernel(uint8_t *stage, const uint16_t *k, const uint16_t *v, int t0, int n,
+			 int H, int B, int D)
+{
+	const int lane = threadIdx.x & 31;
+	const size_t half = (size_t)H * B * D, page = 2 * half + (size_t)2 * H * B * 4;
+	const int rows = 2 * n * H;
+
+	for (int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < rows;
+	     row += gridDim.x * blockDim.x / 32) {
+		const int isv = row & 1, j = (row >> 1) / H, h = (row >> 1) % H;
+		const int at = t0 + j, blk = at / B, t = at % B;
+		const uint16_t *x = (isv ? v : k) + ((size_t)j * H + h) * D;
+		uint8_t *pg = stage + (size_t)blk * page;
+		float amax = 0.0f;
+
+		for (int i = lane; i < D; i += 32) {
+			const float a = fabsf(bf2f(x[i]));
+
+			if (isfinite(a) && a > amax)
+				amax = a;
+		}
+		for (int o = 16; o; o >>= 1)
+			amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+		const float s = fp8_scale_of(amax), inv = 1.0f / s;	/* exact: s = 2^e */
+		uint8_t *q = pg + (isv ? half : 0) + ((size_t)h * B + t) * D;
+
+		for (int i = lane; i < D; i += 32)
+			q[i] = f32_to_e4m3(bf2f(x[i]) * inv);
+		if (!lane)
+			((float *)(pg + 2 * half))[(isv ? (size_t)H * B : 0) + (size_t)h * B + t] = s;
+	}
+}
+
+extern "C" int kvmem_cuda_rows_to_pages_fp8(kvmem_cuda_ctx *c, void *stream, void *stage,
+					    void *const *pages, int t0, int n, const uint16_t *k,
+					    const uint16_t *v, int H, int B, int D)
+{
+	cudaStream_t st = stream ? (cudaStream_t)stream : c->stream;
+	const size_t half = (size_t)H * B * D, page = 2 * half + (size_t)2 * H * B * 4;
+	const int nb = n > 0 ? (t0 + n - 1) / B + 1 : 0;
+	const size_t warps = (size_t)2 * n * H, cap = (size_t)c->sms * 64;
+
+	if (n < 0 || t0 < 0 || t0 >= B || H < 1 || D < 1)
+		return kvmem_error(EINVAL, "rows to fp8 pages: %d rows from token %d of blocks of %d, "
+				   "%d heads of %d", n, t0, B, H, D);
+	if (!n)
+		return 0;
+	rows_to_stage_fp8_kernel<<<(unsigned)((warps + 7) / 8 > cap ? cap : (warps + 7) / 8), 256,
+				   0, st>>>((uint8_t *)stage, k, v, t0, n, H, B, D);
+	if (kvmem_cuda_launched("rows to fp8 pages") < 0)
+		return -EIO;
+	for (int i = 0; i < nb; i++) {
+		const int lo = i ? 0 : t0, hi = t0 + n - i * B < B ? t0 + n - i * B : B;
+		const char *src = (const char *)stage + (size_t)i * page;
+		char *dst = (char *)pages[i];
+		cudaError_t e;
+
+		if (lo == 0 && hi == B) {
+			e = cudaMemcpyAsync(dst, src, page, cudaMemcpyDeviceToHost, st);
+		} else {
+			/* the bytes: 2H head rows of B D; the scales: 2H of B */
+			e = cudaMemcpy2DAsync(dst + (size_t)lo * D, (size_t)B * D, src + (size_t)lo * D,
+					      (size_t)B * D, (size_t)(hi - lo) * D, (size_t)2 * H,
+					      cudaMemcpyDeviceToHost, st);
+			if (e == cudaSuccess)
+				e = cudaMemcpy2DAsync(dst + 2 * half + (size_t)lo * 4, (size_t)B * 4,
+						      src + 2 * half + (size_t)lo * 4, (size_t)B * 4,
+						      (size_t)(hi - lo) * 4, (size_t)2 * H,
+						      cudaMemcpyDeviceToHost, st);
+		}
+		if (e != cudaSuccess) {
+			cudaGetLastError();
+			return kvmem_error(EIO, "rows to fp8 pages: copying page %d of %d down: %s", i,
+					   nb, cudaGetErrorString(e));
 		}
 	}
 	return 0;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvmem_cuda_rows_to_pages_bf16 (kernels/cuda/pages.cu) against its CPU
- * twin kvmem_rows_to_pages_bf16 (kernels/cpu/pages.c), bit for bit, on
+ * kvmem_cuda_rows_to_pages_bf16 and _fp8 (kernels/cuda/pages.cu) against
+ * their CPU twins (kernels/cpu/pages.c), bit for bit, on
  * fresh random rows and pages: the pages hold random bytes first, the same
  * for both, so a byte either side writes that it should not (another
  * token, another block's page, past a partial page) shows. Rows that start
@@ -17,6 +17,7 @@
 
 #include "kernels/kernels_bf16.h"
 #include "kernels/kernels_cuda.h"
+#include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "check_pages.h"
 #include "check_util.h"
@@ -24,16 +25,25 @@
 enum where { PINNED, REGISTERED, PLAIN };
 static const char *where_name[] = { "pinned", "registered", "malloc'd" };
 
-static void one(int H, int B, int D, int t0, int n, enum where w)
+static void one(int H, int B, int D, int t0, int n, enum where w, int fp8)
 {
 	const int nb = (t0 + n - 1) / B + 1;
-	const size_t page = (size_t)2 * H * B * D, kw = (size_t)H * D;
+	/* a page's bytes: bf16 K and V, or their e4m3 bytes and fp32 scales */
+	const size_t page = fp8 ? (size_t)2 * H * B * D + (size_t)8 * H * B : (size_t)4 * H * B * D;
+	const size_t kw = (size_t)H * D;
 	/* One pool-like area: page i at slot perm[i], slots in scrambled order. */
-	const size_t slots = (size_t)nb + 3, area = slots * page * 2;
+	const size_t slots = (size_t)nb + 3, area = slots * page;
 	char *mem = NULL, *ref = malloc(area);
 	uint16_t *k = rand_bf16((size_t)n * kw, -3, 3), *v = rand_bf16((size_t)n * kw, -3, 3);
-	void *dk = dput(k, (size_t)n * kw * 2), *dv = dput(v, (size_t)n * kw * 2);
-	void *stage = dpoison((size_t)nb * page * 2);
+	void *dk, *dv, *stage = dpoison((size_t)nb * page);
+	int rc;
+
+	if (fp8) {	/* an infinity and a NaN: the scale counts neither, NaN keeps its code */
+		k[(size_t)n * kw / 2] = 0xff80;
+		v[(size_t)n * kw - 1] = 0x7fc0;
+	}
+	dk = dput(k, (size_t)n * kw * 2);
+	dv = dput(v, (size_t)n * kw * 2);
 	void **pg = malloc(nb * sizeof(void *)), **pr = malloc(nb * sizeof(void *));
 	int ok = 0;
 
@@ -57,18 +67,24 @@ static void one(int H, int B, int D, int t0, int n, enum where w)
 	for (int i = 0; i < nb; i++) {
 		size_t s = ((size_t)i * 7 + 2) % slots;	/* scattered, each its own */
 
-		pg[i] = mem + s * page * 2;
-		pr[i] = ref + s * page * 2;
+		pg[i] = mem + s * page;
+		pr[i] = ref + s * page;
 	}
-	kvmem_rows_to_pages_bf16(pr, t0, n, k, v, H, B, D);
-	if (kvmem_cuda_rows_to_pages_bf16(g_c, NULL, stage, pg, t0, n, dk, dv, H, B, D) < 0 ||
-	    kvmem_cuda_sync(g_c) < 0) {
-		report(0, "rows to pages: %d heads x %d, block %d: %s", H, D, B, kvmem_last_error());
+	if (fp8) {
+		kvmem_rows_to_pages_fp8(pr, t0, n, k, v, H, B, D);
+		rc = kvmem_cuda_rows_to_pages_fp8(g_c, NULL, stage, pg, t0, n, dk, dv, H, B, D);
+	} else {
+		kvmem_rows_to_pages_bf16(pr, t0, n, k, v, H, B, D);
+		rc = kvmem_cuda_rows_to_pages_bf16(g_c, NULL, stage, pg, t0, n, dk, dv, H, B, D);
+	}
+	if (rc < 0 || kvmem_cuda_sync(g_c) < 0) {
+		report(0, "rows to %s pages: %d heads x %d, block %d: %s", fp8 ? "fp8" : "bf16", H,
+		       D, B, kvmem_last_error());
 		goto out;
 	}
 	ok = !memcmp(mem, ref, area);
-	report(ok, "rows to pages: %d heads x %d, block %d, rows %d from token %d (%d pages), "
-	       "pages %s", H, D, B, n, t0, nb, where_name[w]);
+	report(ok, "rows to %s pages: %d heads x %d, block %d, rows %d from token %d (%d pages), "
+	       "pages %s", fp8 ? "fp8" : "bf16", H, D, B, n, t0, nb, where_name[w]);
 out:
 	if (w == PINNED)
 		cudaFreeHost(mem);
@@ -152,15 +168,16 @@ void check_pages(void)
 	/* Qwen3-8B's KV heads at kvmem's block, the agentlang model's, odd ones. */
 	static const int geo[][3] = { { 8, 32, 128 }, { 4, 16, 32 }, { 3, 7, 40 } };
 
-	for (int g = 0; g < 3; g++) {
-		const int H = geo[g][0], B = geo[g][1], D = geo[g][2];
+	for (int f = 0; f < 2; f++)	/* bf16 pages, fp8 pages */
+		for (int g = 0; g < 3; g++) {
+			const int H = geo[g][0], B = geo[g][1], D = geo[g][2];
 
-		one(H, B, D, 0, 32 * B, PINNED);			/* whole blocks */
-		one(H, B, D, rint_in(1, B - 1), rint_in(2, 5) * B, REGISTERED);	/* both ends partial */
-		one(H, B, D, rint_in(0, B - 2), 1, PLAIN);		/* one token */
-		one(H, B, D, 1, B - 2 > 0 ? B - 2 : 1, PINNED);		/* inside one block */
-		one(H, B, D, rint_in(0, B - 1), rint_in(1, 40 * B), rint_in(0, 2));
-	}
+			one(H, B, D, 0, 32 * B, PINNED, f);	/* whole blocks */
+			one(H, B, D, rint_in(1, B - 1), rint_in(2, 5) * B, REGISTERED, f);	/* both ends partial */
+			one(H, B, D, rint_in(0, B - 2), 1, PLAIN, f);	/* one token */
+			one(H, B, D, 1, B - 2 > 0 ? B - 2 : 1, PINNED, f);	/* inside one block */
+			one(H, B, D, rint_in(0, B - 1), rint_in(1, 40 * B), rint_in(0, 2), f);
+		}
 	if (!g_quick)
 		time_layer();
 }
