@@ -106,12 +106,14 @@ typedef struct kvmem_page_source_ops {
 	 * written in, so that a backend writes a forward pass's rows there
 	 * itself (a GPU copying straight into pinned host memory): pages
 	 * [l * nb + i] gets layer l's page of the i-th block from p0's, nb =
-	 * (p0 % block + n - 1) / block + 1, bf16 pages of the workspace layout
-	 * in the source's region. The rows then come as write_rows(p0, n,
-	 * NULL, NULL, KVMEM_DTYPE_BF16), which counts them in (the rules of
-	 * write hold). It is the one call that may run while an earlier
-	 * write_rows is under way on another thread. -ENOTSUP (pages of
-	 * another dtype, or not in the region): write the rows instead. */
+	 * (p0 % block + n - 1) / block + 1, pages of the workspace layout in
+	 * the source's region: bf16, or fp8 where page_dtype says so (each
+	 * row quantised as kvmem_fp8_quant_row does). The rows then come as
+	 * write_rows(p0, n, NULL, NULL, KVMEM_DTYPE_BF16), which counts them
+	 * in (the rules of write hold). It is the one call that may run
+	 * while an earlier write_rows is under way on another thread.
+	 * -ENOTSUP (pages of another dtype, or not in the region): write the
+	 * rows instead. */
 	int (*row_pages)(void *ctx, int64_t p0, int n, void **pages);
 	/* Optional: 1 when get(b, layer) would find the page in host memory
 	 * and it never changes again (no read from a slower tier; not a
@@ -124,6 +126,9 @@ typedef struct kvmem_page_source_ops {
 	 * so a store can record which of its pages a GPU holds (the module:
 	 * KVMEM_IOC_GPU). Only a report: the pages stay the source's. */
 	void (*device)(void *ctx, const kvmem_device_page *pages, int n);
+	/* Optional, with row_pages: the dtype of the pages it gives,
+	 * KVMEM_DTYPE_BF16 or KVMEM_DTYPE_FP8 (absent: bf16). */
+	uint32_t (*page_dtype)(void *ctx);
 } kvmem_page_source_ops;
 
 typedef struct kvmem_page_source {

@@ -32,6 +32,7 @@
 #include "backend/backend_impl.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_bf16.h"
+#include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/store.h"
 #include "session/inspect.h"
@@ -287,17 +288,20 @@ static void test_typed_rows(void **state)
 /*
  * Pages a backend writes itself: row_pages gives every layer's page of a
  * chunk's blocks (in the host pool), the chunk's rows go there (by
- * kvmem_rows_to_pages_bf16, the twin of the cuda backend's copy), then
+ * kvmem_rows_to_pages_bf16 or _fp8, the twins of the cuda backend's
+ * copies: page_dtype says which), then
  * write_rows(NULL, NULL) counts them in. Asked as a session asks them: a
  * chunk's pages before the rows of the chunk before are counted in (the
  * writer thread lags a forward behind), chunks of any size over block
  * boundaries. The pages equal those of write_rows with the rows; the
  * staged-out blocks sit in the pool with their checksums (verify reads
  * them). An f32 workspace refuses (-ENOTSUP); no rows in an f32 one too.
+ * For a bf16 workspace and an fp8 one (its pages' bytes and scales).
  */
-static void test_row_pages(void **state)
+static void row_pages_case(uint32_t dt)
 {
-	uint64_t rng = g_seed ^ 0x9a6e;
+	uint64_t rng = g_seed ^ 0x9a6e ^ dt;
+	const int es = dt == KVMEM_DTYPE_FP8 ? 1 : 2;	/* bytes a value */
 	const int L = test_rng_int(&rng, 1, 3), H = test_rng_int(&rng, 1, 3), D = 32, B = 16;
 	const int n = test_rng_int(&rng, 5 * B + 1, 9 * B - 1), w = H * D;
 	const kvmem_page_geom g = { .fingerprint = 0x9a6e, .n_layers = L, .n_heads = H,
@@ -319,9 +323,10 @@ static void test_row_pages(void **state)
 	/* 0: write_rows of the rows (the reference); 1: row_pages; 2: f32. */
 	for (int k = 0; k < 3; k++) {
 		snprintf(dir, sizeof(dir), "%s/%d", tmp, k);
-		p[k] = rows_pager(dir, &g, k == 2 ? KVMEM_DTYPE_F32 : KVMEM_DTYPE_BF16, &src[k]);
+		p[k] = rows_pager(dir, &g, k == 2 ? KVMEM_DTYPE_F32 : dt, &src[k]);
 	}
 	assert_non_null(src[1].ops->row_pages);
+	assert_int_equal(src[1].ops->page_dtype(src[1].ctx), dt);
 	assert_int_equal(src[2].ops->row_pages(src[2].ctx, 0, B, pages), -ENOTSUP);
 	assert_int_equal(src[2].ops->write_rows(src[2].ctx, 0, B, NULL, NULL, KVMEM_DTYPE_BF16),
 			 -EINVAL);
@@ -343,8 +348,9 @@ static void test_row_pages(void **state)
 		/* This chunk's pages, then the chunk before is counted in. */
 		assert_int_equal(src[1].ops->row_pages(src[1].ctx, t, m, pages), 0);
 		for (int l = 0; l < L; l++)
-			kvmem_rows_to_pages_bf16(pages + (size_t)l * nb, t % B, m,
-						 ck + (size_t)l * m * w, cv + (size_t)l * m * w, H, B, D);
+			(dt == KVMEM_DTYPE_FP8 ? kvmem_rows_to_pages_fp8 : kvmem_rows_to_pages_bf16)(
+				pages + (size_t)l * nb, t % B, m, ck + (size_t)l * m * w,
+				cv + (size_t)l * m * w, H, B, D);
 		if (pend_m)
 			assert_int_equal(src[1].ops->write_rows(src[1].ctx, pend_t, pend_m, NULL, NULL,
 								 KVMEM_DTYPE_BF16), 0);
@@ -366,13 +372,20 @@ static void test_row_pages(void **state)
 
 			assert_int_equal(src[0].ops->get(src[0].ctx, b, l, &ref), 0);
 			assert_int_equal(src[1].ops->get(src[1].ctx, b, l, &got), 0);
+			assert_int_equal(got.dtype, dt);
 			for (int h = 0; h < H; h++) {
-				size_t o = (size_t)h * B * D * 2;
+				size_t o = (size_t)h * B * D * es;
 
 				assert_memory_equal((const char *)got.k + o, (const char *)ref.k + o,
-						    len * D * 2);
+						    len * D * es);
 				assert_memory_equal((const char *)got.v + o, (const char *)ref.v + o,
-						    len * D * 2);
+						    len * D * es);
+				if (dt == KVMEM_DTYPE_FP8) {
+					assert_memory_equal(got.k_scale + h * B, ref.k_scale + h * B,
+							    len * sizeof(float));
+					assert_memory_equal(got.v_scale + h * B, ref.v_scale + h * B,
+							    len * sizeof(float));
+				}
 			}
 			src[1].ops->put(src[1].ctx, b, l);
 			src[0].ops->put(src[0].ctx, b, l);
@@ -385,6 +398,12 @@ static void test_row_pages(void **state)
 	free(k16);
 	free(v16);
 	free(pages);
+}
+
+static void test_row_pages(void **state)
+{
+	row_pages_case(KVMEM_DTYPE_BF16);
+	row_pages_case(KVMEM_DTYPE_FP8);
 }
 
 static void test_one_format(void **state)
@@ -825,9 +844,11 @@ static int gpu_like_forward(void *ctx, kvmem_view *v, const int32_t *tok, int n,
 			const int nb = (out->page_t0 + n - 1) / out->page_block + 1;
 
 			for (int l = 0; l < L; l++)
-				kvmem_rows_to_pages_bf16(out->pages + (size_t)l * nb, out->page_t0, n,
-							 kb + (size_t)l * n * H * D, vb + (size_t)l * n * H * D,
-							 H, out->page_block, D);
+				(out->page_dtype == KVMEM_DTYPE_FP8 ? kvmem_rows_to_pages_fp8
+								    : kvmem_rows_to_pages_bf16)(
+					out->pages + (size_t)l * nb, out->page_t0, n,
+					kb + (size_t)l * n * H * D, vb + (size_t)l * n * H * D, H,
+					out->page_block, D);
 			g_page_calls++;
 		}
 	}
@@ -848,16 +869,21 @@ static int gpu_like_forward(void *ctx, kvmem_view *v, const int32_t *tok, int n,
  * greedy tokens and every page equal those of the same session with
  * KVMEM_PAGE_ROWS=0 (rows copied on the host); the workspace verifies.
  * With the pool not pinned, a first append makes no pages (pinning is
- * not worth a chunk's pages); after a selection pinned it, they do.
+ * not worth a chunk's pages); after a selection pinned it, they do. The
+ * same over an fp8 workspace (a backend opened with kv_dtype fp8, its pages
+ * through kvmem_rows_to_pages_fp8: page_dtype), bytes and scales.
  */
-static void test_gpu_like_pages(void **state)
+static void gpu_like_case(uint32_t dt)
 {
-	uint64_t rng = g_seed ^ 0x6a7e;
+	uint64_t rng = g_seed ^ 0x6a7e ^ dt;
 	kvmem_config c = test_model_config(2, 64, 4, 2, 16, 96, 200, 0);
 	kvmem_model *m = test_model_random(&c, test_rng_next(&rng));
-	kvmem_backend *be = kvmem_backend_cpu(m, 32);
+	kvmem_backend *be = NULL;
 	kvmem_backend_ops ops;
-	kvmem_workspace_opts wo = { .block = 16, .dtype = KVMEM_DTYPE_BF16 };
+	kvmem_workspace_opts wo = { .block = 16, .dtype = dt };
+	/* a page's K (or V) bytes, and fp8's scales */
+	const size_t kb = (size_t)c.n_kv_heads * 16 * c.head_dim * (dt == KVMEM_DTYPE_FP8 ? 1 : 2);
+	const size_t sb = dt == KVMEM_DTYPE_FP8 ? (size_t)c.n_kv_heads * 16 * sizeof(float) : 0;
 	kvmem_workspace *w[2];
 	char tmp[256], dir[2][300];
 	float *lg[2];
@@ -865,12 +891,18 @@ static void test_gpu_like_pages(void **state)
 	uint64_t seed = test_rng_next(&rng);
 	int calls;
 
+	if (dt == KVMEM_DTYPE_FP8)
+		assert_int_equal(kvmem_backend_open("cpu", m, &(kvmem_backend_opts){
+							    .max_chunk = 32, .kv_dtype = dt }, &be), 0);
+	else
+		be = kvmem_backend_cpu(m, 32);
 	assert_non_null(be);
 	g_cfg = c;
 	g_cpu = be->ops;
 	ops = *be->ops;
 	ops.rows_dtype = KVMEM_DTYPE_BF16;
 	ops.page_rows = 1;
+	ops.page_rows_fp8 = 1;
 	ops.host_alloc = heap_alloc;
 	ops.host_free = heap_free;
 	ops.host_register = pin_register;
@@ -916,8 +948,13 @@ static void test_gpu_like_pages(void **state)
 
 				assert_int_equal(a->ops->get(a->ctx, (int64_t)bl, l, &pa), 0);
 				assert_int_equal(b->ops->get(b->ctx, (int64_t)bl, l, &pb), 0);
-				assert_memory_equal(pa.k, pb.k, (size_t)c.n_kv_heads * 16 * c.head_dim * 2);
-				assert_memory_equal(pa.v, pb.v, (size_t)c.n_kv_heads * 16 * c.head_dim * 2);
+				assert_int_equal(pa.dtype, dt);
+				assert_memory_equal(pa.k, pb.k, kb);
+				assert_memory_equal(pa.v, pb.v, kb);
+				if (sb) {
+					assert_memory_equal(pa.k_scale, pb.k_scale, sb);
+					assert_memory_equal(pa.v_scale, pb.v_scale, sb);
+				}
 				a->ops->put(a->ctx, (int64_t)bl, l);
 				b->ops->put(b->ctx, (int64_t)bl, l);
 			}
@@ -925,7 +962,7 @@ static void test_gpu_like_pages(void **state)
 	for (int k = 0; k < 2; k++)
 		assert_int_equal(kvmem_workspace_close(w[k]), 0);
 	/* Not pinned: the first append keeps its rows; a selection pins. */
-	{
+	if (dt == KVMEM_DTYPE_BF16) {
 		kvmem_session_opts so;
 		kvmem_session *s;
 		char d[300];
@@ -960,6 +997,12 @@ static void test_gpu_like_pages(void **state)
 	free(lg[1]);
 	kvmem_backend_close(be);
 	test_model_free(m);
+}
+
+static void test_gpu_like_pages(void **state)
+{
+	gpu_like_case(KVMEM_DTYPE_BF16);
+	gpu_like_case(KVMEM_DTYPE_FP8);
 }
 
 int main(void)

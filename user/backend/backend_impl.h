@@ -120,8 +120,9 @@ typedef struct kvmem_backend_ops {
 	uint32_t rows_dtype;
 	/* 1: views can hold fp8 KV (kvmem_backend_opts.kv_dtype). */
 	int fp8;
-	/* 1: forward() writes bf16 pages for the session (kvmem_fwd_out.pages). */
-	int page_rows;
+	/* 1: forward() writes bf16 pages for the session (kvmem_fwd_out.pages);
+	 * page_rows_fp8 1: fp8 pages too (kvmem_fwd_out.page_dtype). */
+	int page_rows, page_rows_fp8;
 	/* 1: forward() makes the index's summaries (kvmem_fwd_out.index). */
 	int index_rows;
 	/* 0 when the backend can run here, else -errno with a message (no

@@ -446,6 +446,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.what = "Qwen3 on one NVIDIA GPU (bf16 weights and view, fp32 accumulation)",
 	.rows_dtype = KVMEM_DTYPE_BF16,
 	.page_rows = 1,
+	.page_rows_fp8 = 1,	/* kernels/cuda/pages.cu quantises them */
 	.available = cuda_available,
 	.create = cuda_create,
 	.destroy = cuda_destroy,

@@ -109,6 +109,7 @@ struct fwd_ptrs {
 	uint16_t *hk, *hv;	/* typed rows: host [L][n][kw] bf16, or NULL */
 	void *const *pages;	/* kvmem_fwd_out.pages ([L][nb]), or NULL */
 	int pt0, pb, pnb;	/* its page_t0, page_block, blocks */
+	int p8;			/* its pages are fp8 (page_dtype) */
 };
 
 int cuda_fwd_create(struct cuda *b)
@@ -219,11 +220,19 @@ static int rows_down(struct cuda *b, int l, int n, const struct fwd_ptrs *p)
 		cudaGetLastError();
 		return kvmem_error(EIO, "cuda forward: copying layer %d's rows down", l);
 	}
-	if (p->pages &&
-	    (rc = kvmem_cuda_rows_to_pages_bf16(b->ctx, f->down, f->stage,
-						p->pages + (size_t)l * p->pnb, p->pt0, n,
-						p->ok + l * p->sk, p->ov + l * p->sk,
-						b->c->n_kv_heads, p->pb, b->c->head_dim)) < 0)
+	if (!p->pages)
+		return 0;
+	if (p->p8)	/* quantised on the device: the stage's bf16 room holds them */
+		rc = kvmem_cuda_rows_to_pages_fp8(b->ctx, f->down, f->stage,
+						  p->pages + (size_t)l * p->pnb, p->pt0, n,
+						  p->ok + l * p->sk, p->ov + l * p->sk,
+						  b->c->n_kv_heads, p->pb, b->c->head_dim);
+	else
+		rc = kvmem_cuda_rows_to_pages_bf16(b->ctx, f->down, f->stage,
+						   p->pages + (size_t)l * p->pnb, p->pt0, n,
+						   p->ok + l * p->sk, p->ov + l * p->sk,
+						   b->c->n_kv_heads, p->pb, b->c->head_dim);
+	if (rc < 0)
 		return kvmem_error_prefix("cuda forward: layer %d's pages", l);
 	return 0;
 }
@@ -315,6 +324,7 @@ static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows,
 		.pt0 = out ? out->page_t0 : 0,
 		.pb = out ? out->page_block : 0,
 		.pnb = out && out->pages ? (out->page_t0 + n - 1) / out->page_block + 1 : 0,
+		.p8 = out && out->page_dtype == KVMEM_DTYPE_FP8,
 	};
 	cudaStream_t st = kvmem_cuda_stream(b->ctx);
 	int rc;

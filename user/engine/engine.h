@@ -91,9 +91,13 @@ typedef struct kvmem_fwd_out {
 	 * blocks ([2][n_kv_heads][page_block][head_dim], formats.md), the
 	 * first token at page_t0 of block 0; page_blocks = (page_t0 + n - 1)
 	 * / page_block + 1. Nothing else of a page changes. v_bf16 may then be
-	 * NULL (V is not wanted as rows), raw_k_bf16 too. NULL: no pages. */
+	 * NULL (V is not wanted as rows), raw_k_bf16 too. NULL: no pages.
+	 * page_dtype KVMEM_DTYPE_FP8 (a backend whose ops have page_rows_fp8
+	 * too): fp8 pages instead (K bytes, V bytes, K and V scales: formats.md),
+	 * each row quantised as kvmem_fp8_quant_row does; else bf16. */
 	void *const *pages;
 	int page_t0, page_block;
+	uint32_t page_dtype;
 	/* The index's summaries, made by the backend (see kvmem_fwd_index):
 	 * raw K need not come down for them (raw_k_bf16 may then be NULL when
 	 * pages are written too). NULL: none. */

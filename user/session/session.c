@@ -507,8 +507,9 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
 /*
  * The pages of a forward over tokens p0..p0+n-1, for the backend to write
  * its K and V rows into directly (kvmem_fwd_out.pages): when it can
- * (page_rows, bf16 rows), the source can give them (row_pages: blocks made
- * in its pool) and that pool is pinned on the backend already. The
+ * (page_rows, bf16 rows; page_rows_fp8 for an fp8 source's pages, which it
+ * quantises), the source can give them (row_pages: blocks made in its
+ * pool) and that pool is pinned on the backend already. The
  * host then copies no rows into pages: the GPU lays them out as pages and
  * copies them into the pool slots (cuda_fwd.c). A prefill chunk's only: a
  * decode step's one token keeps its rows (and its CUDA graph). Asked while
@@ -518,11 +519,15 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
 static void ask_pages(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out)
 {
 	const int B = s->blocks.block, L = s->cfg.n_layers;
+	uint32_t dtype;
 
 	s->in_pages = 0;
 	if (s->pages_off || n < B || !s->be->ops->page_rows || s->rows_dtype != KVMEM_DTYPE_BF16 ||
 	    !s->src->ops->row_pages)
 		return;
+	dtype = s->src->ops->page_dtype ? s->src->ops->page_dtype(s->src->ctx) : KVMEM_DTYPE_BF16;
+	if (dtype != KVMEM_DTYPE_BF16 && (dtype != KVMEM_DTYPE_FP8 || !s->be->ops->page_rows_fp8))
+		return;	/* rows, as before */
 	if (!s->pages) {
 		const int most = (s->o.chunk + B - 1) / B + 1;
 
@@ -551,6 +556,7 @@ static void ask_pages(kvmem_session *s, int64_t p0, int n, kvmem_fwd_out *out)
 	out->pages = s->pages;
 	out->page_t0 = (int)(p0 % B);
 	out->page_block = B;
+	out->page_dtype = dtype;
 	out->v_bf16 = NULL;
 	s->in_pages = 1;
 }

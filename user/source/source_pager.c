@@ -257,7 +257,7 @@ static void put_at(const struct psrc *s, char *pg, int is_v, int h, int t, const
  * the OpenMP threads (each layer's rows and page bytes are its own; a
  * 1024-token chunk at Qwen3-8B is 151 MB of bf16), then full blocks are
  * staged out in order. No rows (k and v NULL): a backend wrote them into
- * the pages row_pages gave (bf16), and they are only counted in.
+ * the pages row_pages gave (bf16 or fp8), and they are only counted in.
  */
 static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void *v,
 			 uint32_t dtype)
@@ -272,7 +272,8 @@ static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void
 	if (dtype != KVMEM_DTYPE_F32 && dtype != KVMEM_DTYPE_BF16)
 		return kvmem_error(ENOTSUP, "%s: rows of dtype %u (f32 or bf16 only)", s->dir, dtype);
 	if (p0 < 0 || n < 0 || (!k != !v) ||
-	    (placed && (dtype != KVMEM_DTYPE_BF16 || s->g->dtype != KVMEM_DTYPE_BF16)))
+	    (placed && (dtype != KVMEM_DTYPE_BF16 ||
+			(s->g->dtype != KVMEM_DTYPE_BF16 && s->g->dtype != KVMEM_DTYPE_FP8))))
 		return kvmem_error(EINVAL, "%s: bad rows write: tokens %" PRId64 "+%d%s", s->dir, p0, n,
 				   placed ? ", rows already in bf16 pages" : "");
 	if (!n)
@@ -352,8 +353,8 @@ out:
 }
 
 /* The pages tokens p0..p0+n-1 go into, for the backend to write them:
- * pages[l * nb + i], nb blocks from p0's. Only a bf16 workspace's blocks
- * in pool slots (pinned with the pool: a backend's copies go there
+ * pages[l * nb + i], nb blocks from p0's. Only a bf16 or fp8 workspace's
+ * blocks in pool slots (pinned with the pool: a backend's copies go there
  * directly); -ENOTSUP otherwise, when the rows must come as rows. */
 static int ps_row_pages(void *ctx, int64_t p0, int n, void **pages)
 {
@@ -361,7 +362,7 @@ static int ps_row_pages(void *ctx, int64_t p0, int n, void **pages)
 	const int64_t b0 = p0 / s->B, nb = n > 0 ? (p0 % s->B + n - 1) / s->B + 1 : 0;
 	int rc = 0;
 
-	if (s->g->dtype != KVMEM_DTYPE_BF16)
+	if (s->g->dtype != KVMEM_DTYPE_BF16 && s->g->dtype != KVMEM_DTYPE_FP8)
 		return kvmem_error(ENOTSUP, "%s: pages of dtype %u are made from rows", s->dir,
 				   s->g->dtype);
 	if (p0 < 0 || n <= 0)
@@ -383,6 +384,11 @@ static int ps_row_pages(void *ctx, int64_t p0, int n, void **pages)
 	}
 	pthread_mutex_unlock(&s->mu);
 	return rc;
+}
+
+static uint32_t ps_page_dtype(void *ctx)
+{
+	return ((struct psrc *)ctx)->g->dtype;
 }
 
 static int ps_write(void *ctx, int64_t b, int layer, int t0, int n, const float *k,
@@ -519,6 +525,7 @@ static const kvmem_page_source_ops pager_source_ops = {
 	.commit = ps_commit,
 	.write_rows = ps_write_rows,
 	.row_pages = ps_row_pages,
+	.page_dtype = ps_page_dtype,
 	.resident = ps_resident,
 };
 
