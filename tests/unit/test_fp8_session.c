@@ -11,7 +11,8 @@
  *  - with small budgets, every view slot is the page's fp8 raw K
  *    dequantised and rotated at that slot, V dequantised;
  *  - the pages hold e4m3 bytes and row scales of the rows the forward pass
- *    returned (before quantisation, which the index was built from);
+ *    returned (before quantisation, which the index was built from); pages
+ *    a GPU writes itself are those the host makes of the same rows;
  *  - fp8 changes the logits, by a bounded amount, against the same run
  *    without it (a prefill; decode steps);
  *  - the KV dtype is fixed when a workspace is made: reopening it as the
@@ -359,6 +360,94 @@ static void test_page_bytes(void **state)
 	test_model_free(m);
 }
 
+/* One run for test_pages_by_backend: 96 tokens in chunks of 32, a
+ * selection (it pins the pool on a GPU: the chunks after it may take their
+ * pages from the forward), 96 more, a selection; the logits of the last
+ * append and the forwards whose pages the backend wrote. */
+static int64_t run_pages(kvmem_backend *e, const kvmem_page_source *src, const int32_t *tok,
+			 float *logits)
+{
+	kvmem_session_opts so;
+	kvmem_session_stats st;
+	kvmem_session *s;
+
+	kvmem_session_opts_default(&so);
+	so.block = 16;
+	so.budget = 64;
+	so.chunk = 32;
+	so.source = src;
+	if (!(s = kvmem_session_create(e, &so)))
+		fail_msg("%s", kvmem_last_error());
+	for (int r = 0; r < 2; r++)
+		if (kvmem_session_append(s, tok + 96 * r, 96, 0) || kvmem_session_select(s))
+			fail_msg("%s", kvmem_last_error());
+	memcpy(logits, kvmem_session_logits(s), sizeof(float) * e->model->cfg.vocab);
+	kvmem_session_get_stats(s, &st);
+	kvmem_session_free(s);
+	return st.page_forwards;
+}
+
+/* An fp8 workspace's pages written by the backend itself (a GPU quantises
+ * a chunk's rows into the pinned pool slots: kvmem_fwd_out.page_dtype) are
+ * the pages the host makes of the same rows (KVMEM_PAGE_ROWS=0), bytes and
+ * scales, and the logits agree; on a backend that writes fp8 pages some
+ * forwards did. */
+static void test_pages_by_backend(void **state)
+{
+	uint64_t rng = g_seed ^ 0x9a8e5;
+	kvmem_model *m = small_model(&rng);
+	const kvmem_config *c = &m->cfg;
+	const int L = c->n_layers, H = c->n_kv_heads, D = c->head_dim, B = 16;
+	kvmem_backend *e = open_backend(m, 32, KVMEM_DTYPE_FP8);
+	kvmem_workspace_opts wo = { .block = B, .dtype = KVMEM_DTYPE_FP8 };
+	kvmem_workspace *w[2];
+	float *lg[2] = { malloc(sizeof(float) * c->vocab), malloc(sizeof(float) * c->vocab) };
+	int32_t tok[192];
+	int64_t forwards[2];
+	char dir[2][300];
+
+	for (int i = 0; i < 192; i++)
+		tok[i] = test_rng_int(&rng, 0, c->vocab - 1);
+	for (int k = 0; k < 2; k++) {
+		snprintf(dir[k], sizeof(dir[k]), "%s/pages-%d", g_tmp, k);
+		if (kvmem_workspace_open(dir[k], m, &wo, &w[k]) < 0)
+			fail_msg("%s", kvmem_last_error());
+		if (k)
+			setenv("KVMEM_PAGE_ROWS", "0", 1);
+		forwards[k] = run_pages(e, kvmem_workspace_source(w[k]), tok, lg[k]);
+		unsetenv("KVMEM_PAGE_ROWS");
+	}
+	assert_int_equal(forwards[1], 0);
+	if (e->ops->page_rows_fp8 && e->ops->host_pinned)
+		assert_true(forwards[0] > 0);
+	printf("fp8 pages: %lld of the forwards wrote them on the %s backend\n",
+	       (long long)forwards[0], kvmem_backend_name(e));
+	assert_memory_equal(lg[0], lg[1], sizeof(float) * c->vocab);
+	for (int64_t b = 0; b < 192 / B; b++)
+		for (int l = 0; l < L; l++) {
+			const kvmem_page_source *a = kvmem_workspace_source(w[0]),
+						*r = kvmem_workspace_source(w[1]);
+			kvmem_page pa, pr;
+
+			assert_int_equal(a->ops->get(a->ctx, b, l, &pa), 0);
+			assert_int_equal(r->ops->get(r->ctx, b, l, &pr), 0);
+			assert_int_equal(pa.dtype, KVMEM_DTYPE_FP8);
+			assert_memory_equal(pa.k, pr.k, (size_t)H * B * D);
+			assert_memory_equal(pa.v, pr.v, (size_t)H * B * D);
+			assert_memory_equal(pa.k_scale, pr.k_scale, sizeof(float) * H * B);
+			assert_memory_equal(pa.v_scale, pr.v_scale, sizeof(float) * H * B);
+			a->ops->put(a->ctx, b, l);
+			r->ops->put(r->ctx, b, l);
+		}
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(kvmem_workspace_close(w[k]), 0);
+		assert_int_equal(kvmem_workspace_verify(dir[k], NULL, 0), 0);
+		free(lg[k]);
+	}
+	kvmem_backend_close(e);
+	test_model_free(m);
+}
+
 /* fp8 KV's logits against the backend's own KV over the same 96 random
  * tokens, the relative L2 error (printed; never 0): the tokens prefilled
  * at once (steps 0: every token's logits), or the last `steps` of them
@@ -591,6 +680,7 @@ int main(void)
 		cmocka_unit_test(test_exact_over_fp8_pages),
 		cmocka_unit_test(test_small_budget_views),
 		cmocka_unit_test(test_page_bytes),
+		cmocka_unit_test(test_pages_by_backend),
 		cmocka_unit_test(test_fp8_changes_logits),
 		cmocka_unit_test(test_fp8_decode_changes_logits),
 		cmocka_unit_test(test_reopen_other_dtype_refused),
