@@ -11,6 +11,8 @@
 #    time and decode's fp8 / bf16 tokens/s with the issue's targets, and
 #    each arm's step floor (the question over an empty view) among its peers;
 #  - --policy random enters the same blocks in both dtypes (like for like);
+#  - --kv-dtype fp8 --only stageout prefills through a session over an fp8
+#    workspace and says so, with its ratio to the plain forward;
 #  - bad combinations are usage errors (exit 2) naming the command and why:
 #    both with remat or with no dtype phase, fp8 with remat, an unknown
 #    dtype.
@@ -122,6 +124,20 @@ refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype 
 	--only coldin,remat
 refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both \
 	--only ceilings
-refuse "kv-dtype fp8 runs the phases coldin, step, decode and fits" --kv-dtype fp8 --only remat
+refuse "kv-dtype fp8 runs the phases coldin, step, decode, fits and stageout" --kv-dtype fp8 \
+	--only remat
+
+# --kv-dtype fp8 --only stageout: a prefill through a session over an fp8
+# workspace against the plain forward (the bf16 one's figures, in fp8)
+out=$(bs --only stageout --prefill 512 --chunk 256 --kv-dtype fp8 2>&1)
+rc=$?
+if [ $rc -ne 0 ]; then
+	bad "fp8 stageout exited $rc: $(echo "$out" | tail -3)"
+else
+	echo "$out" | grep -qE "^stage-out under prefill: 512 tokens in chunks of 256 \([0-9.]+ GB of \
+fp8 pages" || bad "fp8 stageout: the header does not say fp8 pages: $(echo "$out" | head -3)"
+	echo "$out" | grep -qE "^  plain / session over the workspace: [0-9.]+" ||
+		bad "fp8 stageout: no ratio to the plain forward"
+fi
 refuse "(bf16, fp8 or both)" --kv-dtype fp16 --only coldin
 cli_done bench-step-coldin

@@ -112,7 +112,8 @@ static void usage(FILE *f)
 		"  --tp N             tensor parallel over N GPUs (as kvmem run --tp)\n"
 		"  --kv-dtype T       bf16 (default), fp8 or both: the workspace's pages and the\n"
 		"                     backend's views (as kvmem run --kv-dtype); fp8 runs the\n"
-		"                     phases coldin, step, decode and fits; both runs them in\n"
+		"                     phases coldin, step, decode, fits and stageout; both runs\n"
+		"                     all but stageout in\n"
 		"                     bf16 and in fp8 (a second backend) and prints fp8 against\n"
 		"                     bf16: coldin over the same tokens (those of --coldin\n"
 		"                     bytes of bf16 pages), each pass every dtype in turn;\n"
@@ -309,10 +310,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	if (cli_no_operands(WHO, argc, argv))
 		return -1;
 	/* The other phases lay out bf16 pages themselves. */
-	if (o->kv_dtype == KVMEM_DTYPE_FP8 &&
-	    (o->only & ~(PH_CEIL | PH_COLDIN | PH_STEP | PH_DECODE | PH_FITS))) {
-		fprintf(stderr, "%s: --kv-dtype fp8 runs the phases coldin, step, decode and fits "
-			"only (--only)\n", WHO);
+	if (o->kv_dtype == KVMEM_DTYPE_FP8 && !o->both &&
+	    (o->only & ~(PH_CEIL | PH_COLDIN | PH_STEP | PH_DECODE | PH_FITS | PH_STAGE))) {
+		fprintf(stderr, "%s: --kv-dtype fp8 runs the phases coldin, step, decode, fits and "
+			"stageout only (--only)\n", WHO);
 		return -1;
 	}
 	if (o->both && (!(o->only & ~PH_CEIL) ||

@@ -21,7 +21,9 @@ static int stage_run(struct ctx *x, const int32_t *ids, int64_t n, const char *d
 		     kvmem_pager_pool *pool, double *t_app, double *t_commit, kvmem_session_stats *st,
 		     kvmem_pager_stats *ps)
 {
-	kvmem_workspace_opts wo = { .block = BLOCK, .dtype = KVMEM_DTYPE_BF16, .pool = pool };
+	kvmem_workspace_opts wo = { .block = BLOCK, .pool = pool,
+				    .dtype = x->o.kv_dtype == KVMEM_DTYPE_FP8 ? KVMEM_DTYPE_FP8 :
+										KVMEM_DTYPE_BF16 };
 	kvmem_session_opts so;
 	kvmem_workspace *w = NULL;
 	kvmem_session *s = NULL;
@@ -172,7 +174,7 @@ int ph_stageout(struct ctx *x)
 	/* The figure is the session over the workspace against the plain
 	 * forward pass: what a user waits for when a long tool output is
 	 * appended, against the engine alone. */
-	printf("\nstage-out under prefill: %" PRId64 " tokens in chunks of %d (%.2f GB of bf16 "
+	printf("\nstage-out under prefill: %" PRId64 " tokens in chunks of %d (%.2f GB of %s "
 	       "pages, made in a host pool that holds them)\n  plain forward, no outputs      %.3f s\n"
 	       "  session over host memory       %.3f s (+%.1f%% over plain: raw K/V and queries to "
 	       "the host, the index)\n  session over the workspace, the pool's first use %.3f s "
@@ -183,7 +185,8 @@ int ph_stageout(struct ctx *x)
 	       "  the session's forward passes took %.3f s of its %.3f s (rows in line %.3f s; "
 	       "its own work after each forward %.3f s, waiting for the writer included; the "
 	       "rest, before each forward and at the append's ends, %.3f s)\n",
-	       n, x->o.chunk, pages / 1e9, plain, mem, 100 * (mem / plain - 1), cold, c_cold, warm,
+	       n, x->o.chunk, pages / 1e9, x->o.kv_dtype == KVMEM_DTYPE_FP8 ? "fp8" : "bf16", plain,
+	       mem, 100 * (mem / plain - 1), cold, c_cold, warm,
 	       100 * (warm / plain - 1), 100 * (warm / mem - 1), commit, pages / (warm + commit) / 1e9,
 	       plain / warm, plain / (warm + commit), plain / cold, plain / (cold + c_cold),
 	       sw.forward_ns / 1e9, warm, sw.store_ns / 1e9, sw.own_ns / 1e9,
