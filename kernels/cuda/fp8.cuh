@@ -190,4 +190,22 @@ __device__ __forceinline__ float fp8_scale_of(float amax)
 	return __uint_as_float((uint32_t)(e + 127) << 23);
 }
 
+/* The scale of a row of n bf16 values that a warp holds (lane i reads
+ * x[i], x[i + 32], ...): the row's largest finite magnitude over the
+ * warp, as kvmem_fp8_row_scale finds it; every lane gets it. */
+__device__ __forceinline__ float fp8_warp_row_scale(const uint16_t *x, int n, int lane)
+{
+	float amax = 0.0f;
+
+	for (int i = lane; i < n; i += 32) {
+		const float a = fabsf(bf2f(x[i]));
+
+		if (isfinite(a) && a > amax)
+			amax = a;
+	}
+	for (int o = 16; o; o >>= 1)
+		amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+	return fp8_scale_of(amax);
+}
+
 #endif

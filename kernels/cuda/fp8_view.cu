@@ -77,19 +77,10 @@ f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, flo
 		const int isv = row & 1, tl = (row >> 1) / n_kv, t = t0 + tl, h = (row >> 1) % n_kv;
 		const uint16_t *x = (isv ? rv : rk) + (size_t)t * ld + (size_t)h * hd;
 		const size_t d = ((size_t)it.layer * n_kv + h) * cap + it.slot + t;
-		float amax = 0.0f;
 
 		if (it.slot + t >= cap)
 			continue;	/* the warp's whole row */
-		for (int i = lane; i < hd; i += 32) {
-			const float a = fabsf(bf2f(x[i]));
-
-			if (isfinite(a) && a > amax)
-				amax = a;
-		}
-		for (int o = 16; o; o >>= 1)
-			amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-		const float s = fp8_scale_of(amax), inv = 1.0f / s;	/* exact: s = 2^e */
+		const float s = fp8_warp_row_scale(x, hd, lane), inv = 1.0f / s;	/* exact: s = 2^e */
 
 		if (isv) {
 			for (int i = lane; i < hd; i += 32)

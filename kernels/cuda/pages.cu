@@ -91,17 +91,7 @@ rows_to_stage_fp8_kernel(uint8_t *stage, const uint16_t *k, const uint16_t *v, i
 		const int at = t0 + j, blk = at / B, t = at % B;
 		const uint16_t *x = (isv ? v : k) + ((size_t)j * H + h) * D;
 		uint8_t *pg = stage + (size_t)blk * page;
-		float amax = 0.0f;
-
-		for (int i = lane; i < D; i += 32) {
-			const float a = fabsf(bf2f(x[i]));
-
-			if (isfinite(a) && a > amax)
-				amax = a;
-		}
-		for (int o = 16; o; o >>= 1)
-			amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-		const float s = fp8_scale_of(amax), inv = 1.0f / s;	/* exact: s = 2^e */
+		const float s = fp8_warp_row_scale(x, D, lane), inv = 1.0f / s;	/* exact: s = 2^e */
 		uint8_t *q = pg + (isv ? half : 0) + ((size_t)h * B + t) * D;
 
 		for (int i = lane; i < D; i += 32)
