@@ -92,8 +92,8 @@ float kvmem_fp8_row_scale(const float *x, int n)
  * every x86-64). Pages of fp8 are written from a forward's rows by
  * kvmem_fp8_quant_row: 2.4M values for a 32-token question at Qwen3-8B,
  * which the frexpf of each value (the form before 2026-12-04) made 3.4 ms
- * of the H200 host's warm step (benchmarks.md, "The question's rows into
- * fp8 pages"). With a = |x| as bits:
+ * of the H200 host's warm step (benchmarks.md, "The warm step from the
+ * append on the H200"). With a = |x| as bits:
  *  - a NaN (a > 0x7f800000): 0x7f; a >= 448 (0x43e00000), infinity too: 0x7e;
  *  - a normal in e4m3 (a >= 2^-6, 0x3c800000): the exponent and top three
  *    mantissa bits, rounded to nearest even by adding 0x7ffff and the kept
