@@ -6,7 +6,10 @@
  *  - every one of the 256 codes decodes to the value its bits spell;
  *  - encoding picks the nearest finite value, ties to the even code, over
  *    random values in every binade, at exact midpoints, and in the
- *    subnormal range; saturation at 448 (infinity too); NaN -> 0x7f;
+ *    subnormal range; saturation at 448 (infinity too); NaN -> 0x7f; and
+ *    gives, alone and in a row's lanes, the code of the fields' arithmetic
+ *    (frexpf) for float bit patterns a stride apart (all 2^32 with
+ *    KVMEM_TEST_EXHAUSTIVE=1);
  *  - a row's scale is a power of two that brings its largest finite
  *    magnitude into (224, 448];
  *  - the round trip errs by at most half a step: 2^-4 |x| for normal
@@ -122,6 +125,61 @@ static void test_encode_random(void **state)
 			fail_msg("e4m3(%a) = 0x%02x, the nearest even code is 0x%02x", (double)x,
 				 kvmem_f32_to_e4m3(x), want);
 	}
+}
+
+/* The encoding by its fields, as kvmem_f32_to_e4m3 computed it before
+ * 2026-12-04 (frexpf and rintf): the library now works on the bits. */
+static uint8_t fields_e4m3(float x)
+{
+	const uint8_t sign = signbit(x) ? 0x80 : 0;
+	float a = fabsf(x), f;
+	int k;
+
+	if (isnan(x))
+		return KVMEM_E4M3_NAN;
+	if (a >= KVMEM_E4M3_MAX)
+		return sign | 0x7e;
+	if (a < 0x1p-6f)
+		return sign | (uint8_t)rintf(a * 0x1p9f);
+	f = frexpf(a, &k);
+	return sign | (uint8_t)(((k + 6) << 3) + (int)rintf(f * 16.0f) - 8);
+}
+
+/* Every float bit pattern a stride apart (an odd stride: every residue of
+ * the low bits over the whole range), from a random start, each as a
+ * value alone and in a row of 16 (the quantiser's lanes, scale 1: values
+ * of at most 448): the codes of the fields' form. KVMEM_TEST_EXHAUSTIVE=1
+ * takes all 2^32 (half a minute). */
+static void test_encode_every_bit_pattern(void **state)
+{
+	uint64_t r = g_seed ^ 0xb175;
+	const uint64_t step = getenv("KVMEM_TEST_EXHAUSTIVE") ? 1 : 4099;
+	uint32_t u = step == 1 ? 0 : (uint32_t)test_rng_next(&r);
+	uint64_t done = 0;
+	float row[16];
+	uint8_t q[16];
+	int fill = 0;
+
+	for (uint64_t i = 0; i < (1ull << 32); i += step, u += (uint32_t)step, done++) {
+		float x;
+
+		memcpy(&x, &u, sizeof(x));
+		if (kvmem_f32_to_e4m3(x) != fields_e4m3(x))
+			fail_msg("e4m3 of bits 0x%08x: 0x%02x, by the fields 0x%02x (seed %llu)", u,
+				 kvmem_f32_to_e4m3(x), fields_e4m3(x), (unsigned long long)g_seed);
+		if (!isnan(x) && fabsf(x) <= 448.0f)	/* a row's scale 1: its lanes as they are */
+			row[fill++] = x;
+		if (fill == 16) {
+			row[0] = 448.0f;	/* the row's largest: scale 1 */
+			kvmem_fp8_quant_row(q, &(float){ 0 }, row, 16);
+			for (int j = 0; j < 16; j++)
+				if (q[j] != fields_e4m3(row[j]))
+					fail_msg("a row's lane %d, %a: 0x%02x, by the fields 0x%02x", j,
+						 (double)row[j], q[j], fields_e4m3(row[j]));
+			fill = 0;
+		}
+	}
+	assert_true(done >= (1ull << 32) / 4099);
 }
 
 static void test_special_values(void **state)
@@ -652,6 +710,7 @@ int main(void)
 		cmocka_unit_test(test_encode_codes_and_midpoints),
 		cmocka_unit_test(test_encode_random),
 		cmocka_unit_test(test_special_values),
+		cmocka_unit_test(test_encode_every_bit_pattern),
 		cmocka_unit_test(test_row_scales),
 		cmocka_unit_test(test_quant_row_lanes),
 		cmocka_unit_test(test_round_trip),
