@@ -101,9 +101,9 @@ float kvmem_fp8_row_scale(const float *x, int n)
  *  - below: m 2^-9, m = a 2^9 rounded to nearest even by adding 2^23
  *    (exact: a 2^9 < 8), as rintf does in the default rounding mode;
  * then the sign. Every one of the 2^32 floats gives the frexpf form's code,
- * lanes and scalar alike (checked once, 2026-12-04); test_fp8 holds both to
- * the nearest even code and the lanes to the scalar. One value (a row's
- * tail, kvmem_f32_to_e4m3):
+ * lanes and scalar alike (test_fp8 with KVMEM_TEST_EXHAUSTIVE=1; a stride
+ * of them in every run, beside the nearest even code and the lanes against
+ * the scalar). One value (a row's tail, kvmem_f32_to_e4m3):
  */
 static inline uint8_t e4m3_bits(float x)
 {
