@@ -8,30 +8,14 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <string.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
 
 #include "kernels/kernels.h"
 #include "kernels/kernels_fp8.h"
+#include "kernels/cpu/bits.h"
 #include "kvmem/kvmem.h"
-
-static inline uint32_t f32_bits(float x)
-{
-	uint32_t u;
-
-	memcpy(&u, &x, sizeof(u));
-	return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-	float x;
-
-	memcpy(&x, &u, sizeof(x));
-	return x;
-}
 
 float kvmem_e4m3_to_f32(uint8_t q)
 {

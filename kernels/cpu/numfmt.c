@@ -3,25 +3,9 @@
  * bf16 and fp16 <-> fp32 conversions (bit manipulation, no hardware
  * instructions assumed), both rounding to nearest even.
  */
-#include <string.h>
 
 #include "kernels/kernels.h"
-
-static uint32_t f32_bits(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static float bits_f32(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
+#include "kernels/cpu/bits.h"
 
 float kvmem_bf16_to_f32(uint16_t h)
 {

@@ -40,7 +40,7 @@
 #include "kernels/kernels_bf16.h"
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
-#include "helpers/test_bits.h"
+#include "kernels/cpu/bits.h"
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;
@@ -575,7 +575,7 @@ static void fix_printf(struct fixbuf *b, const char *fmt, ...)
 
 static void fix_encode(struct fixbuf *b, float x)
 {
-	fix_printf(b, "encode %08x %02x\n", test_f32_bits(x), kvmem_f32_to_e4m3(x));
+	fix_printf(b, "encode %08x %02x\n", f32_bits(x), kvmem_f32_to_e4m3(x));
 }
 
 static void fix_row(struct fixbuf *b, const float *x, int n)
@@ -585,11 +585,11 @@ static void fix_row(struct fixbuf *b, const float *x, int n)
 	assert_true(n <= 64);
 	memcpy(y, x, sizeof(float) * (size_t)n);
 	kvmem_fp8_roundtrip_rows(y, 1, n);
-	fix_printf(b, "row %08x", test_f32_bits(kvmem_fp8_row_scale(x, n)));
+	fix_printf(b, "row %08x", f32_bits(kvmem_fp8_row_scale(x, n)));
 	for (int i = 0; i < n; i++)
-		fix_printf(b, "%c%08x", i ? ',' : ' ', test_f32_bits(x[i]));
+		fix_printf(b, "%c%08x", i ? ',' : ' ', f32_bits(x[i]));
 	for (int i = 0; i < n; i++)
-		fix_printf(b, "%c%08x", i ? ',' : ' ', test_f32_bits(y[i]));
+		fix_printf(b, "%c%08x", i ? ',' : ' ', f32_bits(y[i]));
 	fix_printf(b, "\n");
 }
 
@@ -630,9 +630,9 @@ static void test_train_fixture(void **state)
 		   "# F32 as its bits in hex.\n");
 	for (int c = 0; c < 256; c++)
 		fix_printf(&b, "decode %02x %08x\n", c,
-			   test_f32_bits(kvmem_e4m3_to_f32((uint8_t)c)));
+			   f32_bits(kvmem_e4m3_to_f32((uint8_t)c)));
 	for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++)
-		fix_encode(&b, test_bits_f32(special[i]));
+		fix_encode(&b, bits_f32(special[i]));
 	for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++)
 		fix_encode(&b, edges[i]);
 	for (int c = 0; c < 0x7e; c++) {

@@ -29,7 +29,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/kernels_bf16.h"	/* kvmem_rope_angles */
-#include "helpers/test_bits.h"
+#include "kernels/cpu/bits.h"
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;
@@ -45,7 +45,7 @@ static uint64_t rng_for(const char *name)
 /* The nearest bf16 by brute force: the two neighbours by truncation. */
 static uint16_t ref_bf16(float f)
 {
-	uint32_t u = test_f32_bits(f);
+	uint32_t u = f32_bits(f);
 	uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
 	double dl = fabs((double)f - kvmem_bf16_to_f32(lo));
 	double dh = fabs((double)f - (double)kvmem_bf16_to_f32(hi));
@@ -78,10 +78,10 @@ static void test_bf16(void **state)
 	assert_int_equal(kvmem_f32_to_bf16(-1.0f - 0x1p-8f), 0xbf80);
 	assert_int_equal(kvmem_f32_to_bf16(INFINITY), 0x7f80);
 	assert_int_equal(kvmem_f32_to_bf16(3.4028235e38f), 0x7f80);	/* FLT_MAX rounds up */
-	assert_true(isnan(kvmem_bf16_to_f32(kvmem_f32_to_bf16(test_bits_f32(0x7f800001u)))));
+	assert_true(isnan(kvmem_bf16_to_f32(kvmem_f32_to_bf16(bits_f32(0x7f800001u)))));
 	for (int i = 0; i < 200000; i++) {
 		uint32_t u = (uint32_t)(test_rng_uniform(&r) * 4294967296.0);
-		float f = test_bits_f32(u);
+		float f = bits_f32(u);
 
 		if (isnan(f) || isinf(f))
 			continue;
@@ -92,7 +92,7 @@ static void test_bf16(void **state)
 
 	kvmem_bf16_to_f32_n(dst, src, 5);
 	for (int i = 0; i < 5; i++)
-		assert_int_equal(test_f32_bits(dst[i]), test_f32_bits(kvmem_bf16_to_f32(src[i])));
+		assert_int_equal(f32_bits(dst[i]), f32_bits(kvmem_bf16_to_f32(src[i])));
 }
 
 /* The nearest fp16 by search over the (monotone) positive finite codes. */
@@ -163,7 +163,7 @@ static void test_f16(void **state)
 
 	kvmem_f16_to_f32_n(dst, src, 4);
 	for (int i = 0; i < 4; i++)
-		assert_int_equal(test_f32_bits(dst[i]), test_f32_bits(kvmem_f16_to_f32(src[i])));
+		assert_int_equal(f32_bits(dst[i]), f32_bits(kvmem_f16_to_f32(src[i])));
 }
 
 /* ---- dense ------------------------------------------------------------ */
