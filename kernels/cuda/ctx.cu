@@ -107,6 +107,12 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		c->fp8_reg = !(e && !strcmp(e, "0"));
 		e = getenv("KVMEM_CUDA_FP8_REG_BLOCKS");	/* 2 (default) or 3 a multiprocessor */
 		c->fp8_reg_blocks = e && atoi(e) == 3 ? 3 : 2;
+		/* The tensor-core GEMM's x loads issued with the weights': by
+		 * rows (unset), always (1) or never (0). */
+		e = getenv("KVMEM_CUDA_GEMM_TC_XPRE");
+		c->gemm_tc_xpre = !e ? 0 : e[0] == '1' ? 1 : e[0] == '0' ? 2 : 0;
+		e = getenv("KVMEM_CUDA_FP8_REG_DEPTH");	/* its tiles in registers: 2, 3, 4 */
+		c->fp8_reg_depth = e && (atoi(e) == 3 || atoi(e) == 4) ? atoi(e) : 2;
 		/* The fp8 gather's conversions by cvt, by default since
 		 * 2026-12-04 (the same bits, checked against the twin; 1.35x
 		 * the field decode's speed from device pages). =0: the field
@@ -276,11 +282,26 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		c->gemm_tc_u = on;
 		return was;
 	}
+	if (!strcmp(what, "gemm_tc_xpre")) {	/* a value: 0 (by rows), 1 (on), 2 (off) */
+		if (on < 0 || on > 2)
+			return kvmem_error(EINVAL, "cuda: gemm_tc_xpre %d (0 by rows, 1 on, 2 off)",
+					   on);
+		was = c->gemm_tc_xpre;
+		c->gemm_tc_xpre = on;
+		return was;
+	}
 	if (!strcmp(what, "fp8_reg_blocks")) {	/* a value: 2 or 3 */
 		if (on != 2 && on != 3)
 			return kvmem_error(EINVAL, "cuda: fp8_reg_blocks %d (2 or 3)", on);
 		was = c->fp8_reg_blocks;
 		c->fp8_reg_blocks = on;
+		return was;
+	}
+	if (!strcmp(what, "fp8_reg_depth")) {	/* a value: 2, 3 or 4 */
+		if (on < 2 || on > 4)
+			return kvmem_error(EINVAL, "cuda: fp8_reg_depth %d (2, 3 or 4)", on);
+		was = c->fp8_reg_depth;
+		c->fp8_reg_depth = on;
 		return was;
 	}
 	if (!strcmp(what, "gemv"))
@@ -289,8 +310,10 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		flag = &c->slow_scores;
 	else
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
-				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, fast_scores, fuse, "
-				   "fp8_f16k, fp8_int, fp8_reg, fp8_reg_blocks, fp8_gather_cvt)", what);
+				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, gemm_tc_xpre, "
+				   "fast_scores, fuse, fp8_f16k, fp8_int, fp8_reg, "
+				   "fp8_reg_blocks, fp8_reg_depth, "
+				   "fp8_gather_cvt)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

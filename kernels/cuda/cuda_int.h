@@ -51,6 +51,9 @@ struct kvmem_cuda_ctx {
 	int gemm_tc_ks;		/* "gemm_tc_ks": its split forced (1, 2, 4, 8); 0: by shape */
 	int gemm_tc_mt;		/* "gemm_tc_mt": its weight tiles a warp forced (1, 2); 0: by n */
 	int gemm_tc_u;		/* "gemm_tc_u": its loads in flight for a lone row (4, 8); 0: 4 */
+	int gemm_tc_xpre;	/* "gemm_tc_xpre": x's loads issued with the weights'
+				 * at 2+ rows: 0 by rows (9-32), 1 always, 2 never
+				 * (KVMEM_CUDA_GEMM_TC_XPRE) */
 	int slow_scores;	/* kvmem_cuda_tune "fast_scores" off: the 2-byte-load scorer */
 	int att_prefill, att_decode;	/* the main path's attention versions (attention.cu;
 					 * KVMEM_CUDA_PREFILL / KVMEM_CUDA_DECODE override) */
@@ -65,6 +68,8 @@ struct kvmem_cuda_ctx {
 				 * KVMEM_CUDA_FP8_REG=0: off; attention_fp8.cu) */
 	int fp8_reg_blocks;	/* its blocks a multiprocessor and split target: 2 or 3
 				 * (KVMEM_CUDA_FP8_REG_BLOCKS; 2 when unset) */
+	int fp8_reg_depth;	/* its 16-key tiles of registers a warp: 2, 3 or 4
+				 * (KVMEM_CUDA_FP8_REG_DEPTH; 2 when unset) */
 	int fp8_gather_cvt;	/* the fp8 view gather's e4m3 decode and encode by
 				 * cvt, two values an instruction (on;
 				 * KVMEM_CUDA_FP8_GATHER_CVT=0: off; fp8_view.cu) */

@@ -28,10 +28,12 @@
  * serves two weight tiles: see the launch); 8 warps a block; each lane
  * keeps TC_U / MT blocks of each tile's weight loads in flight (16-byte
  * __ldcs: read once), so one row (the lone decode) still streams the
- * weights; with 64 rows the
- * weight tile is applied to 8 x tiles per load, on tensor cores (gemv.cu's
- * rows kernel did that with CUDA-core fp32 multiply-adds and was bound by
- * them). MT and the x tiles change which lane holds a sum, not its order.
+ * weights; with 64 rows the weight tile is applied to 8 x tiles per load,
+ * on tensor cores (gemv.cu's rows kernel did that with CUDA-core fp32
+ * multiply-adds and was bound by them). At 9-32 rows the x fragments of
+ * those blocks are loaded with the weights (tc_group's XPRE: 2837 -> 3103
+ * GB/s of weights at 16 rows on the H200). MT, U, XPRE and the x tiles
+ * change which lane holds a sum, or when, not its order.
  *
  * Fragment layout (PTX ISA, mma.m16n8k16 .bf16, lane = 4 g + t):
  *   A: reg0 = A[g][2t, 2t+1], reg1 = A[g+8][2t, 2t+1], reg2 = A[g][2t+8,
@@ -80,21 +82,79 @@ __device__ __forceinline__ void tc_store(void *y, int mode, size_t at, float v)
 }
 
 /*
+ * U blocks of the input from block b against NT tiles of x rows: the
+ * weights' 16-byte loads (streamed once), then each block's two mma steps
+ * until hi. Without XPRE a block's x fragments are loaded in the mma loop,
+ * after the branch at hi, so each block's x loads wait until the block
+ * before has been used (the SASS shows it): U trips to the L2 in turn.
+ * XPRE issues every x fragment of the U blocks with the weights' loads, at
+ * U NT 4 more registers. Neither changes a sum: block b's two mma steps
+ * are applied in the order of b.
+ */
+template <int NT, int MT, int U, bool X_SMEM, bool XPRE>
+__device__ __forceinline__ void tc_group(float (*acc)[NT][4], const uint16_t *const *wr,
+					 const uint16_t *const *xr, int in, int t, int b, int hi)
+{
+	const uint4 zero = make_uint4(0, 0, 0, 0);
+	uint4 va[MT][U], vb[MT][U];
+	uint4 xp[XPRE ? U : 1][NT];
+
+#pragma unroll
+	for (int u = 0; u < U; u++) {
+		const int k = (b + u) * 32 + 8 * t;
+		const bool in_k = b + u < hi && k < in;
+
+#pragma unroll
+		for (int m = 0; m < MT; m++) {	/* streamed once */
+			va[m][u] = in_k ? __ldcs((const uint4 *)(wr[2 * m] + k)) : zero;
+			vb[m][u] = in_k ? __ldcs((const uint4 *)(wr[2 * m + 1] + k)) : zero;
+		}
+		if (XPRE)	/* every x fragment of the U blocks in flight too */
+#pragma unroll
+			for (int i = 0; i < NT; i++)
+				xp[XPRE ? u : 0][i] = in_k && xr[i] ? __ldg((const uint4 *)(xr[i] + k))
+								    : zero;
+	}
+#pragma unroll
+	for (int u = 0; u < U; u++) {
+		const int k = (b + u) * 32 + 8 * t;
+
+		if (b + u >= hi)	/* uniform over the warp */
+			break;
+#pragma unroll
+		for (int i = 0; i < NT; i++) {
+			const uint4 xv = XPRE ? xp[XPRE ? u : 0][i]
+					 : !xr[i] || k >= in ? zero
+					 : X_SMEM ? *(const uint4 *)(xr[i] + k)
+						  : __ldg((const uint4 *)(xr[i] + k));
+
+#pragma unroll
+			for (int m = 0; m < MT; m++) {
+				mma_bf16(acc[m][i], va[m][u].x, vb[m][u].x, va[m][u].y, vb[m][u].y,
+					 xv.x, xv.y);
+				mma_bf16(acc[m][i], va[m][u].z, vb[m][u].z, va[m][u].w, vb[m][u].w,
+					 xv.z, xv.w);
+			}
+		}
+	}
+}
+
+/*
  * NT tiles of 8 x rows (rows b0 .. b0 + 8 NT - 1 of n) against the warp's
  * MT tiles of 16 weight rows (tile m: rows at wr[2m] for A rows 0-7 and
  * wr[2m + 1] for 8-15, this lane's g) over 32-element blocks [lo, hi):
  * acc[m][i][0..3] as C above. MT tiles share each x fragment (half the x
  * loads at MT 2); U blocks in flight per tile (TC_U / MT, or "gemm_tc_u"
- * for a lone row) set the bytes in flight per warp. Neither changes a sum: block b's two mma steps are
- * applied in order b = lo .. hi - 1 whatever MT, NT and U are.
+ * for a lone row) set the bytes in flight per warp. Neither changes a sum:
+ * block b's two mma steps are applied in order b = lo .. hi - 1 whatever
+ * MT, NT, U and XPRE are.
  */
-template <int NT, int MT, int U, bool X_SMEM>
+template <int NT, int MT, int U, bool X_SMEM, bool XPRE>
 __device__ __forceinline__ void tc_sum(float (*acc)[NT][4], const uint16_t *const *wr,
 				       const uint16_t *x, int in, int n, int b0, int lane, int lo,
 				       int hi)
 {
 	const int g = lane >> 2, t = lane & 3;
-	const uint4 zero = make_uint4(0, 0, 0, 0);
 	const uint16_t *xr[NT];
 
 #pragma unroll
@@ -108,42 +168,8 @@ __device__ __forceinline__ void tc_sum(float (*acc)[NT][4], const uint16_t *cons
 			for (int e = 0; e < 4; e++)
 				acc[m][i][e] = 0.0f;
 	}
-	for (int b = lo; b < hi; b += U) {
-		uint4 va[MT][U], vb[MT][U];
-
-#pragma unroll
-		for (int u = 0; u < U; u++) {
-			const int k = (b + u) * 32 + 8 * t;
-			const bool in_k = b + u < hi && k < in;
-
-#pragma unroll
-			for (int m = 0; m < MT; m++) {	/* streamed once */
-				va[m][u] = in_k ? __ldcs((const uint4 *)(wr[2 * m] + k)) : zero;
-				vb[m][u] = in_k ? __ldcs((const uint4 *)(wr[2 * m + 1] + k)) : zero;
-			}
-		}
-#pragma unroll
-		for (int u = 0; u < U; u++) {
-			const int k = (b + u) * 32 + 8 * t;
-
-			if (b + u >= hi)	/* uniform over the warp */
-				break;
-#pragma unroll
-			for (int i = 0; i < NT; i++) {
-				const uint4 xv = !xr[i] || k >= in ? zero
-						 : X_SMEM ? *(const uint4 *)(xr[i] + k)
-							  : __ldg((const uint4 *)(xr[i] + k));
-
-#pragma unroll
-				for (int m = 0; m < MT; m++) {
-					mma_bf16(acc[m][i], va[m][u].x, vb[m][u].x, va[m][u].y,
-						 vb[m][u].y, xv.x, xv.y);
-					mma_bf16(acc[m][i], va[m][u].z, vb[m][u].z, va[m][u].w,
-						 vb[m][u].w, xv.z, xv.w);
-				}
-			}
-		}
-	}
+	for (int b = lo; b < hi; b += U)
+		tc_group<NT, MT, U, X_SMEM, XPRE>(acc, wr, xr, in, t, b, hi);
 }
 
 /*
@@ -163,7 +189,7 @@ __device__ __forceinline__ void tc_sum(float (*acc)[NT][4], const uint16_t *cons
  *           bf16-rounded sums, exactly swiglu_kernel on the unfused gu. ks
  *           is the unfused GEMM's (2 * out rows).
  */
-template <int NT, int MT, int U, bool NORM, bool SWIGLU>
+template <int NT, int MT, int U, bool NORM, bool SWIGLU, bool XPRE = false>
 __global__ void __launch_bounds__(32 * TC_WARPS)
 gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float eps,
 	       const uint16_t *w, int in, int out, int ks, int n)
@@ -210,7 +236,7 @@ gemm_tc_kernel(void *y, int mode, const void *x, const uint16_t *norm_w, float e
 	for (int b0 = 0; b0 < n; b0 += 8 * NT) {
 		float acc[MT][NT][4];
 
-		tc_sum<NT, MT, U, NORM>(acc, wr, xb, in, n, b0, lane, lo, hi);
+		tc_sum<NT, MT, U, NORM, XPRE>(acc, wr, xb, in, n, b0, lane, lo, hi);
 		if (ks > 1) {	/* uniform over the launch */
 #pragma unroll
 			for (int m = 0; m < MT; m++) {
@@ -299,6 +325,39 @@ int kvmem_cuda_gemm_tc_check_ks(int ks)
 	return ks == 0 || ks == 1 || ks == 2 || ks == 4 || ks == TC_MAX_KS;
 }
 
+/* x's loads early (XPRE) at 2+ rows: U is what the registers allow (at 8
+ * x tiles a block's x fragments are 32 of them). */
+static void tc_launch_xpre(kvmem_cuda_ctx *c, int nt, int mt, int grid, void *y, int mode,
+			   const uint16_t *x, const uint16_t *w, int in, int out, int ks, int n)
+{
+#define TC_XPRE_LAUNCH(NT_, MT_, U_)                                                            \
+	gemm_tc_kernel<NT_, MT_, U_, false, false, true><<<grid, 32 * TC_WARPS, 0, c->stream>>>( \
+		y, mode, x, NULL, 0.0f, w, in, out, ks, n)
+	if (mt == 1 && nt == 2)
+		TC_XPRE_LAUNCH(2, 1, 4);
+	else if (mt == 1 && nt == 4)
+		TC_XPRE_LAUNCH(4, 1, 2);
+	else if (mt == 1)
+		TC_XPRE_LAUNCH(8, 1, 1);
+	else if (nt == 2)
+		TC_XPRE_LAUNCH(2, 2, 2);
+	else if (nt == 4)
+		TC_XPRE_LAUNCH(4, 2, 1);
+	else
+		TC_XPRE_LAUNCH(8, 2, 1);
+#undef TC_XPRE_LAUNCH
+}
+
+/* Whether x's loads go early: "gemm_tc_xpre" 1 always, 2 never, 0 (the
+ * default) at 9-32 rows, where it measured faster (2026-12-04, H200, a
+ * layer's four GEMMs: 16 rows 0.1357 -> 0.1248 ms, 32 rows 0.1695 ->
+ * 0.1621; at 64 rows, U 1, 0.2335 -> 0.2466: benchmarks.md). Never a
+ * sum's order. */
+static int tc_xpre(const kvmem_cuda_ctx *c, int nt)
+{
+	return c->gemm_tc_xpre == 1 ? nt > 1 : c->gemm_tc_xpre == 2 ? 0 : nt == 2 || nt == 4;
+}
+
 int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
 			    const uint16_t *w, int n, int in, int out)
 {
@@ -320,6 +379,10 @@ int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t
 	const int mt = c->gemm_tc_mt ? c->gemm_tc_mt : nt > 1 && nt <= 4 && out >= 16384 ? 2 : 1;
 	const int tiles = (out + 16 * mt - 1) / (16 * mt), grid = (tiles + per - 1) / per;
 
+	if (tc_xpre(c, nt)) {
+		tc_launch_xpre(c, nt, mt, grid, y, mode, x, w, in, out, ks, n);
+		return kvmem_cuda_launched("gemm tc");
+	}
 #define TC_LAUNCH(NT_, MT_, U_)                                                                 \
 	gemm_tc_kernel<NT_, MT_, U_, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(       \
 		y, mode, x, NULL, 0.0f, w, in, out, ks, n)

@@ -88,7 +88,9 @@ static void twin_case(int n, int in, int out, int mode, const uint16_t *hw, cons
 /* Row r's bits for n = 1, 7, 16, 64 and 72 (the first n rows of one x),
  * at 64 with the rows reversed (row r at place 63 - r), at 64 with one
  * weight tile a warp forced ("gemm_tc_mt" 1; by n, 9 rows on take two),
- * and at 1 with 8 blocks of loads in flight ("gemm_tc_u" 8). */
+ * at 1 with 8 blocks of loads in flight ("gemm_tc_u" 8), and at 16 and 64
+ * with x's loads issued with the weights' always and never ("gemm_tc_xpre"
+ * 1 and 2; by rows, 9-32 take them early). */
 static void invariance_case(int in, int out, int mode, const void *dw)
 {
 	static const int ns[] = { 1, 7, 16, 64, 72 };
@@ -108,18 +110,21 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 	if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, dx, dw, N, in, out))
 		die("gemm tc, 72 rows");
 	all = dget(dy, N * rb);
-	for (int s = 0; s < 8; s++) {
-		const int n = s < 5 ? ns[s] : s < 7 ? 64 : 1;
+	for (int s = 0; s < 12; s++) {
+		/* 8-11: 16 and 64 rows with x's loads early always, then never */
+		const int n = s < 5 ? ns[s] : s < 7 ? 64 : s == 7 ? 1 : s % 2 ? 64 : 16;
 
 		kvmem_cuda_free(dy);
 		dy = dput(zeros, n * rb);
 		if ((s == 6 && kvmem_cuda_tune(g_c, "gemm_tc_mt", 1) < 0) ||
-		    (s == 7 && kvmem_cuda_tune(g_c, "gemm_tc_u", 8) < 0))
-			die("tune gemm_tc_mt / gemm_tc_u");
+		    (s == 7 && kvmem_cuda_tune(g_c, "gemm_tc_u", 8) < 0) ||
+		    (s >= 8 && kvmem_cuda_tune(g_c, "gemm_tc_xpre", s < 10 ? 1 : 2) < 0))
+			die("tune gemm_tc_mt / gemm_tc_u / gemm_tc_xpre");
 		if (kvmem_cuda_gemm_tc_bf16(g_c, dy, mode, s != 5 ? dx : dxr, dw, n, in, out))
 			die("gemm tc, n rows");
 		kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
 		kvmem_cuda_tune(g_c, "gemm_tc_u", 0);
+		kvmem_cuda_tune(g_c, "gemm_tc_xpre", 0);
 		g = dget(dy, n * rb);
 		for (int r = 0; r < n; r++) {
 			const int src = s != 5 ? r : 63 - r;
@@ -130,8 +135,8 @@ static void invariance_case(int in, int out, int mode, const void *dw)
 		free(g);
 	}
 	report(!differ, "gemm tc %5d -> %5d (mode %d): %zu of %zu rows differ between n = 1, 7, "
-	       "16, 64, 72, reversed, one tile a warp and 8 blocks in flight", in, out, mode, differ,
-	       rows);
+	       "16, 64, 72, reversed, one tile a warp, 8 blocks in flight, x's loads early or not",
+	       in, out, mode, differ, rows);
 	free(x);
 	free(xr);
 	free(zeros);
@@ -200,12 +205,22 @@ void gemm_tc_sweep(void)
 	printf("\n\"gemm_tc\" on, one weight tile a warp (gemm_tc_mt 1)");
 	gemv_rows_sweep();
 	kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
-	printf("\n\"gemm_tc\" on: gemm_tc.cu (tensor cores; two tiles a warp from 9 rows on)");
+	printf("\n\"gemm_tc\" on: gemm_tc.cu (tensor cores; two tiles a warp from 9 rows on, x's "
+	       "loads early at 9-32)");
 	gemv_rows_sweep();
 	kvmem_cuda_tune(g_c, "gemm_tc_u", 8);
 	printf("\n\"gemm_tc\" on, a lone row with 8 blocks of loads in flight (gemm_tc_u 8)");
 	gemv_rows_sweep();
 	kvmem_cuda_tune(g_c, "gemm_tc_u", 0);
+	kvmem_cuda_tune(g_c, "gemm_tc_xpre", 1);
+	printf("\n\"gemm_tc\" on, x's loads issued with the weights' at every row count "
+	       "(gemm_tc_xpre 1)");
+	gemv_rows_sweep();
+	kvmem_cuda_tune(g_c, "gemm_tc_xpre", 2);
+	printf("\n\"gemm_tc\" on, x's loads after the weights' at every row count (gemm_tc_xpre 2, "
+	       "the form before 2026-12-04)");
+	gemv_rows_sweep();
+	kvmem_cuda_tune(g_c, "gemm_tc_xpre", 0);
 	kvmem_cuda_tune(g_c, "gemm_tc", was);
 }
 

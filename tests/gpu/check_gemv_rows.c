@@ -124,7 +124,7 @@ static int run_lone(void *arg)
 
 void gemv_rows_sweep(void)
 {
-	static const int counts[] = { 1, 16, 64 };
+	static const int counts[] = { 1, 16, 32, 64 };
 	double wbytes = 0;
 	struct tg t;
 
@@ -139,7 +139,7 @@ void gemv_rows_sweep(void)
 		dfill_bf16(t.w[k], e, 1);
 		wbytes += 2.0 * e;
 	}
-	for (int ci = 0; ci < 3; ci++) {
+	for (int ci = 0; ci < 4; ci++) {
 		double mr, ml;
 
 		t.n = counts[ci];
