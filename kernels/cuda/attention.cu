@@ -946,7 +946,7 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	if (reg) {
 		if ((rc = head_dim == 128 ? dec_attr<128>(c) : dec_attr<64>(c)))
 			return rc;
-		kvmem_cuda_dec8r_launch(c, a, grid, head_dim, c->fp8_reg_blocks, c->fp8_reg_depth);
+		kvmem_cuda_dec8r_launch(c, a, grid, head_dim, c->fp8_reg_blocks);
 	} else if (ks && head_dim == 128) {
 		if ((rc = dec_attr<128>(c)))
 			return rc;

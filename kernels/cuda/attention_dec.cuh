@@ -221,10 +221,9 @@ int kvmem_cuda_dec_smem(const void *kernel, int bytes, const char *what);
 /* The register form over fp8 (attention_fp8.cu): its kernels' shared
  * memory limits (once per device, with v5's: dec_attr), and a launch of
  * grid x a.n_kv_heads blocks at head_dim 64 or 128, minb (2 or 3) blocks
- * an SM, depth (2, 3 or 4; 2 at minb 3) 16-key tiles of registers a warp;
- * a.target must be that minb's split target. */
+ * an SM; a.target must be that minb's split target. */
 int kvmem_cuda_dec8r_attr(int head_dim);
 void kvmem_cuda_dec8r_launch(kvmem_cuda_ctx *c, const dec_args &a, int grid, int head_dim,
-			     int minb, int depth);
+			     int minb);
 
 #endif

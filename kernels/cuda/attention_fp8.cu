@@ -31,8 +31,7 @@
  * 144.9, the tile form 62.8 / 200.5 (benchmarks.md). A
  * NaN code in any key a warp reads makes the block's partial NaN (v5: the
  * rows or dims the NaN reaches). Shared memory: the merge only.
- * MINB: blocks a multiprocessor holds (registers), as its split target;
- * NB: the warp's tiles of registers (loads in flight: NB - 1 tiles).
+ * MINB: blocks a multiprocessor holds (registers), as its split target.
  */
 #include <limits.h>
 
@@ -75,7 +74,7 @@ __device__ __forceinline__ void dec8r_pv(float *acc, const uint32_t (*v)[W], int
 	mma16816(acc, va, pb0, pb1);
 }
 
-template <int HD, int MINB, int NB>
+template <int HD, int MINB>
 __global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_args a)
 {
 	constexpr int KQ = HD / 4, VQ = HD / 8, KW = HD / 16, MT = HD / 16;
@@ -271,27 +270,21 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_a
 		}
 	};
 
-	/* NB tiles' registers in turn: the next NB - 1 tiles' loads in flight
-	 * while this one is used (2 before 2026-12-04; the order of the tiles,
-	 * and so every sum, is the same at any NB). The loop is unrolled NB
-	 * times so that each buffer stays in registers. */
-	dec8r_tile<HD> tb[NB];
+	/* Two tiles' registers in turn: the next tile's loads in flight while
+	 * this one is used. */
+	dec8r_tile<HD> ta, tb;
 
-#pragma unroll
-	for (int p = 0; p < NB - 1; p++)
-		if (warp + p * DEC_WARPS < n_tiles)
-			load(tb[p], warp + p * DEC_WARPS);
-	for (int i = warp; i < n_tiles; i += NB * DEC_WARPS) {
-#pragma unroll
-		for (int s = 0; s < NB; s++) {
-			const int cur = i + s * DEC_WARPS, nxt = cur + (NB - 1) * DEC_WARPS;
-
-			if (cur >= n_tiles)
-				break;
-			if (nxt < n_tiles)
-				load(tb[(s + NB - 1) % NB], nxt);
-			tile(tb[s], cur);
-		}
+	if (warp < n_tiles)
+		load(ta, warp);
+	for (int i = warp; i < n_tiles; i += 2 * DEC_WARPS) {
+		if (i + DEC_WARPS < n_tiles)
+			load(tb, i + DEC_WARPS);
+		tile(ta, i);
+		if (i + DEC_WARPS >= n_tiles)
+			break;
+		if (i + 2 * DEC_WARPS < n_tiles)
+			load(ta, i + 2 * DEC_WARPS);
+		tile(tb, i + DEC_WARPS);
 	}
 
 	/* A NaN code read: this warp's rows NaN, so the block's partial is. */
@@ -331,41 +324,33 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_a
 	dec_finish<HD>(a, kvh, split, splits, mo);
 }
 
-/* The forms a launch picks: blocks a multiprocessor (MINB) and tiles in
- * flight (NB); three blocks hold at most 170 registers, so NB 2 only. */
-#define DEC8R_FORMS(HD, X) X(HD, 2, 2) X(HD, 2, 3) X(HD, 2, 4) X(HD, 3, 2)
-
 /* Once per device with v5's (attention.cu's dec_attr). */
 int kvmem_cuda_dec8r_attr(int head_dim)
 {
+	const int b128 = (int)dec_cfg<128>::MERGE_BYTES, b64 = (int)dec_cfg<64>::MERGE_BYTES;
 	const char *what = "attention v5 (fp8, registers): shared memory";
-	int rc = 0;
 
-#define DEC8R_ATTR(HD, M, N)                                                                     \
-	if (!rc && head_dim == HD)                                                               \
-		rc = kvmem_cuda_dec_smem((const void *)dec8r_kernel<HD, M, N>,                    \
-					 (int)dec_cfg<HD>::MERGE_BYTES, what);
-	DEC8R_FORMS(128, DEC8R_ATTR)
-	DEC8R_FORMS(64, DEC8R_ATTR)
-#undef DEC8R_ATTR
-	return rc;
+	int rc;
+
+	if (head_dim == 128)
+		return (rc = kvmem_cuda_dec_smem((const void *)dec8r_kernel<128, 2>, b128, what)) ? rc
+		       : kvmem_cuda_dec_smem((const void *)dec8r_kernel<128, 3>, b128, what);
+	return (rc = kvmem_cuda_dec_smem((const void *)dec8r_kernel<64, 2>, b64, what)) ? rc
+	       : kvmem_cuda_dec_smem((const void *)dec8r_kernel<64, 3>, b64, what);
 }
 
 void kvmem_cuda_dec8r_launch(kvmem_cuda_ctx *c, const dec_args &a, int grid, int head_dim,
-			     int minb, int depth)
+			     int minb)
 {
 	const dim3 gr(grid, a.n_kv_heads);
 	const int th = dec_cfg<128>::THREADS;
 
-	if (minb == 3)
-		depth = 2;
-#define DEC8R_LAUNCH(HD, M, N)                                                                   \
-	if (head_dim == HD && minb == M && depth == N) {                                         \
-		dec8r_kernel<HD, M, N><<<gr, th, dec_cfg<HD>::MERGE_BYTES, c->stream>>>(a);       \
-		return;                                                                          \
-	}
-	DEC8R_FORMS(128, DEC8R_LAUNCH)
-	DEC8R_FORMS(64, DEC8R_LAUNCH)
-#undef DEC8R_LAUNCH
-	dec8r_kernel<128, 2, 2><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);	/* not reached */
+	if (head_dim == 128 && minb == 3)
+		dec8r_kernel<128, 3><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);
+	else if (head_dim == 128)
+		dec8r_kernel<128, 2><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(a);
+	else if (minb == 3)
+		dec8r_kernel<64, 3><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
+	else
+		dec8r_kernel<64, 2><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
 }

@@ -111,8 +111,6 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		 * rows (unset), always (1) or never (0). */
 		e = getenv("KVMEM_CUDA_GEMM_TC_XPRE");
 		c->gemm_tc_xpre = !e ? 0 : e[0] == '1' ? 1 : e[0] == '0' ? 2 : 0;
-		e = getenv("KVMEM_CUDA_FP8_REG_DEPTH");	/* its tiles in registers: 2, 3, 4 */
-		c->fp8_reg_depth = e && (atoi(e) == 3 || atoi(e) == 4) ? atoi(e) : 2;
 		/* The fp8 gather's conversions by cvt, by default since
 		 * 2026-12-04 (the same bits, checked against the twin; 1.35x
 		 * the field decode's speed from device pages). =0: the field
@@ -297,13 +295,6 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		c->fp8_reg_blocks = on;
 		return was;
 	}
-	if (!strcmp(what, "fp8_reg_depth")) {	/* a value: 2, 3 or 4 */
-		if (on < 2 || on > 4)
-			return kvmem_error(EINVAL, "cuda: fp8_reg_depth %d (2, 3 or 4)", on);
-		was = c->fp8_reg_depth;
-		c->fp8_reg_depth = on;
-		return was;
-	}
 	if (!strcmp(what, "gemv"))
 		flag = &c->no_gemv;
 	else if (!strcmp(what, "fast_scores"))
@@ -312,8 +303,7 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 		return kvmem_error(EINVAL, "cuda: no setting '%s' (gemv, gemv_split, gemv_ks, "
 				   "gemm_tc, gemm_tc_ks, gemm_tc_mt, gemm_tc_u, gemm_tc_xpre, "
 				   "fast_scores, fuse, fp8_f16k, fp8_int, fp8_reg, "
-				   "fp8_reg_blocks, fp8_reg_depth, "
-				   "fp8_gather_cvt)", what);
+				   "fp8_reg_blocks, fp8_gather_cvt)", what);
 	was = !*flag;
 	*flag = !on;
 	return was;

@@ -68,8 +68,6 @@ struct kvmem_cuda_ctx {
 				 * KVMEM_CUDA_FP8_REG=0: off; attention_fp8.cu) */
 	int fp8_reg_blocks;	/* its blocks a multiprocessor and split target: 2 or 3
 				 * (KVMEM_CUDA_FP8_REG_BLOCKS; 2 when unset) */
-	int fp8_reg_depth;	/* its 16-key tiles of registers a warp: 2, 3 or 4
-				 * (KVMEM_CUDA_FP8_REG_DEPTH; 2 when unset) */
 	int fp8_gather_cvt;	/* the fp8 view gather's e4m3 decode and encode by
 				 * cvt, two values an instruction (on;
 				 * KVMEM_CUDA_FP8_GATHER_CVT=0: off; fp8_view.cu) */

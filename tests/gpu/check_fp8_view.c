@@ -425,20 +425,6 @@ static void check_dec8_q(int n_kv, int heads, int H, int D, int odd_q)
 		snprintf(what, sizeof(what), "dec fp8_reg %d keys %d/%dx%d", n_kv, heads, H, D);
 		if (!rc)
 			cmp_bf16(what, b, a, (size_t)heads * D, 1e-3, 1e-2);
-		/* More tiles in flight change no sum: depth 3 and 4, the bits of 2. */
-		for (int depth = 3; depth <= 4 && !rc; depth++) {
-			int wd = kvmem_cuda_tune(g_c, "fp8_reg_depth", depth);
-			uint16_t *c;
-
-			rc = wd < 0 ? wd : run_dec8(&d);
-			kvmem_cuda_tune(g_c, "fp8_reg_depth", wd < 0 ? 2 : wd);
-			c = dget(d.out, 2 * (size_t)heads * D);
-			if (!rc)
-				report(!memcmp(b, c, 2 * (size_t)heads * D), "decode over fp8 in "
-				       "registers, %d tiles a warp: %d keys, %d/%d heads x %d, the bits "
-				       "of 2", depth, n_kv, heads, H, D);
-			free(c);
-		}
 		free(b);
 	}
 	dec8_mode(was);
@@ -579,16 +565,6 @@ static void bench_view(void)
 			printf("  fp8 view, in registers, 3 blocks an SM: %.1f us, fp8 / bf16 speed %.2f\n",
 			       tm * 1e3, t16 / tm);
 			kvmem_cuda_tune(g_c, "fp8_reg_blocks", wb);
-		}
-		for (int depth = 3; depth <= 4; depth++) {	/* more tiles in flight a warp */
-			int wd = kvmem_cuda_tune(g_c, "fp8_reg_depth", depth);
-			double tm;
-
-			dec8_mode(DEC8_REG);
-			tm = time_ms(run_dec8, &d, 3, 21);
-			printf("  fp8 view, in registers, %d tiles a warp: %.1f us, fp8 / bf16 speed "
-			       "%.2f\n", depth, tm * 1e3, t16 / tm);
-			kvmem_cuda_tune(g_c, "fp8_reg_depth", wd);
 		}
 		dec8_mode(was);
 		dec8_free(&d);
