@@ -325,29 +325,6 @@ int kvmem_cuda_gemm_tc_check_ks(int ks)
 	return ks == 0 || ks == 1 || ks == 2 || ks == 4 || ks == TC_MAX_KS;
 }
 
-/* x's loads early (XPRE) at 2+ rows: U is what the registers allow (at 8
- * x tiles a block's x fragments are 32 of them). */
-static void tc_launch_xpre(kvmem_cuda_ctx *c, int nt, int mt, int grid, void *y, int mode,
-			   const uint16_t *x, const uint16_t *w, int in, int out, int ks, int n)
-{
-#define TC_XPRE_LAUNCH(NT_, MT_, U_)                                                            \
-	gemm_tc_kernel<NT_, MT_, U_, false, false, true><<<grid, 32 * TC_WARPS, 0, c->stream>>>( \
-		y, mode, x, NULL, 0.0f, w, in, out, ks, n)
-	if (mt == 1 && nt == 2)
-		TC_XPRE_LAUNCH(2, 1, 4);
-	else if (mt == 1 && nt == 4)
-		TC_XPRE_LAUNCH(4, 1, 2);
-	else if (mt == 1)
-		TC_XPRE_LAUNCH(8, 1, 1);
-	else if (nt == 2)
-		TC_XPRE_LAUNCH(2, 2, 2);
-	else if (nt == 4)
-		TC_XPRE_LAUNCH(4, 2, 1);
-	else
-		TC_XPRE_LAUNCH(8, 2, 1);
-#undef TC_XPRE_LAUNCH
-}
-
 /* Whether x's loads go early: "gemm_tc_xpre" 1 always, 2 never, 0 (the
  * default) at 9-32 rows, where it measured faster (2026-12-04, H200, a
  * layer's four GEMMs: 16 rows 0.1357 -> 0.1248 ms, 32 rows 0.1695 ->
@@ -356,6 +333,41 @@ static void tc_launch_xpre(kvmem_cuda_ctx *c, int nt, int mt, int grid, void *y,
 static int tc_xpre(const kvmem_cuda_ctx *c, int nt)
 {
 	return c->gemm_tc_xpre == 1 ? nt > 1 : c->gemm_tc_xpre == 2 ? 0 : nt == 2 || nt == 4;
+}
+
+/* The kernel for a launch's tiles and loads in flight: U 4 blocks at one
+ * weight tile a warp, 2 at two; with x's loads early (XP, 2+ rows) fewer
+ * where their registers would cost a block an SM (at 8 x tiles a block's
+ * x fragments are 32 registers). */
+template <bool XP>
+static void tc_launch(kvmem_cuda_ctx *c, int nt, int mt, int grid, void *y, int mode,
+		      const uint16_t *x, const uint16_t *w, int in, int out, int ks, int n)
+{
+#define TC_LAUNCH(NT_, MT_, U_, XP_)                                                            \
+	gemm_tc_kernel<NT_, MT_, U_, false, false, XP_><<<grid, 32 * TC_WARPS, 0, c->stream>>>(  \
+		y, mode, x, NULL, 0.0f, w, in, out, ks, n)
+	if (mt == 1) {
+		if (nt == 1 && tc_u1(c) == 8)	/* one row: nothing to load early */
+			TC_LAUNCH(1, 1, 8, false);
+		else if (nt == 1)
+			TC_LAUNCH(1, 1, 4, false);
+		else if (nt == 2)
+			TC_LAUNCH(2, 1, 4, XP);
+		else if (nt == 4)
+			TC_LAUNCH(4, 1, XP ? 2 : 4, XP);
+		else
+			TC_LAUNCH(8, 1, XP ? 1 : 4, XP);
+	} else {
+		if (nt == 1)
+			TC_LAUNCH(1, 2, 2, false);
+		else if (nt == 2)
+			TC_LAUNCH(2, 2, 2, XP);
+		else if (nt == 4)
+			TC_LAUNCH(4, 2, XP ? 1 : 2, XP);
+		else
+			TC_LAUNCH(8, 2, XP ? 1 : 2, XP);
+	}
+#undef TC_LAUNCH
 }
 
 int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t *x,
@@ -379,35 +391,10 @@ int kvmem_cuda_gemm_tc_bf16(kvmem_cuda_ctx *c, void *y, int mode, const uint16_t
 	const int mt = c->gemm_tc_mt ? c->gemm_tc_mt : nt > 1 && nt <= 4 && out >= 16384 ? 2 : 1;
 	const int tiles = (out + 16 * mt - 1) / (16 * mt), grid = (tiles + per - 1) / per;
 
-	if (tc_xpre(c, nt)) {
-		tc_launch_xpre(c, nt, mt, grid, y, mode, x, w, in, out, ks, n);
-		return kvmem_cuda_launched("gemm tc");
-	}
-#define TC_LAUNCH(NT_, MT_, U_)                                                                 \
-	gemm_tc_kernel<NT_, MT_, U_, false, false><<<grid, 32 * TC_WARPS, 0, c->stream>>>(       \
-		y, mode, x, NULL, 0.0f, w, in, out, ks, n)
-	if (mt == 1) {
-		if (nt == 1 && tc_u1(c) == 8)
-			TC_LAUNCH(1, 1, 8);
-		else if (nt == 1)
-			TC_LAUNCH(1, 1, 4);
-		else if (nt == 2)
-			TC_LAUNCH(2, 1, 4);
-		else if (nt == 4)
-			TC_LAUNCH(4, 1, 4);
-		else
-			TC_LAUNCH(8, 1, 4);
-	} else {
-		if (nt == 1)
-			TC_LAUNCH(1, 2, 2);
-		else if (nt == 2)
-			TC_LAUNCH(2, 2, 2);
-		else if (nt == 4)
-			TC_LAUNCH(4, 2, 2);
-		else
-			TC_LAUNCH(8, 2, 2);
-	}
-#undef TC_LAUNCH
+	if (tc_xpre(c, nt))
+		tc_launch<true>(c, nt, mt, grid, y, mode, x, w, in, out, ks, n);
+	else
+		tc_launch<false>(c, nt, mt, grid, y, mode, x, w, in, out, ks, n);
 	return kvmem_cuda_launched("gemm tc");
 }
 

@@ -194,33 +194,38 @@ void check_gemm_tc(void)
 
 void gemm_tc_sweep(void)
 {
-	int was = kvmem_cuda_tune(g_c, "gemm_tc", 0);
+	/* Each form: its setting (the others at their defaults), and a line
+	 * naming it. "gemm_tc" 0 is the CUDA-core GEMV and rows kernels. */
+	static const struct {
+		const char *knob;
+		int value;
+		const char *what;
+	} forms[] = {
+		{ "gemm_tc", 0, "\"gemm_tc\" off: gemv.cu (CUDA cores)" },
+		{ "gemm_tc_mt", 1, "\"gemm_tc\" on, one weight tile a warp (gemm_tc_mt 1)" },
+		{ NULL, 0, "\"gemm_tc\" on: gemm_tc.cu (tensor cores; two tiles a warp from 9 rows "
+			   "on, x's loads early at 9-32)" },
+		{ "gemm_tc_u", 8, "\"gemm_tc\" on, a lone row with 8 blocks of loads in flight "
+				  "(gemm_tc_u 8)" },
+		{ "gemm_tc_xpre", 1, "\"gemm_tc\" on, x's loads issued with the weights' at every "
+				     "row count (gemm_tc_xpre 1)" },
+		{ "gemm_tc_xpre", 2, "\"gemm_tc\" on, x's loads after the weights' at every row "
+				     "count (gemm_tc_xpre 2, the form before 2026-12-04)" },
+	};
+	const int was = kvmem_cuda_tune(g_c, "gemm_tc", 1);
 
 	if (was < 0)
 		die("tune gemm_tc");
-	printf("\n\"gemm_tc\" off: gemv.cu (CUDA cores)");
-	gemv_rows_sweep();
-	kvmem_cuda_tune(g_c, "gemm_tc", 1);
-	kvmem_cuda_tune(g_c, "gemm_tc_mt", 1);
-	printf("\n\"gemm_tc\" on, one weight tile a warp (gemm_tc_mt 1)");
-	gemv_rows_sweep();
-	kvmem_cuda_tune(g_c, "gemm_tc_mt", 0);
-	printf("\n\"gemm_tc\" on: gemm_tc.cu (tensor cores; two tiles a warp from 9 rows on, x's "
-	       "loads early at 9-32)");
-	gemv_rows_sweep();
-	kvmem_cuda_tune(g_c, "gemm_tc_u", 8);
-	printf("\n\"gemm_tc\" on, a lone row with 8 blocks of loads in flight (gemm_tc_u 8)");
-	gemv_rows_sweep();
-	kvmem_cuda_tune(g_c, "gemm_tc_u", 0);
-	kvmem_cuda_tune(g_c, "gemm_tc_xpre", 1);
-	printf("\n\"gemm_tc\" on, x's loads issued with the weights' at every row count "
-	       "(gemm_tc_xpre 1)");
-	gemv_rows_sweep();
-	kvmem_cuda_tune(g_c, "gemm_tc_xpre", 2);
-	printf("\n\"gemm_tc\" on, x's loads after the weights' at every row count (gemm_tc_xpre 2, "
-	       "the form before 2026-12-04)");
-	gemv_rows_sweep();
-	kvmem_cuda_tune(g_c, "gemm_tc_xpre", 0);
+	for (size_t f = 0; f < sizeof(forms) / sizeof(forms[0]); f++) {
+		const int old = forms[f].knob ? kvmem_cuda_tune(g_c, forms[f].knob, forms[f].value) : 0;
+
+		if (old < 0)
+			die(forms[f].knob);
+		printf("\n%s", forms[f].what);
+		gemv_rows_sweep();
+		if (forms[f].knob)
+			kvmem_cuda_tune(g_c, forms[f].knob, old);
+	}
 	kvmem_cuda_tune(g_c, "gemm_tc", was);
 }
 
