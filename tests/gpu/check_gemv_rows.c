@@ -139,7 +139,7 @@ void gemv_rows_sweep(void)
 		dfill_bf16(t.w[k], e, 1);
 		wbytes += 2.0 * e;
 	}
-	for (int ci = 0; ci < 4; ci++) {
+	for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
 		double mr, ml;
 
 		t.n = counts[ci];
