@@ -251,6 +251,12 @@ static void put_at(const struct psrc *s, char *pg, int is_v, int h, int t, const
 	kvmem_fp8_quant_row((uint8_t *)dst, scale, src, s->D);
 }
 
+/* A backend writes rows into pages of these dtypes itself (row_pages). */
+static int placed_dtype(uint32_t dtype)
+{
+	return dtype == KVMEM_DTYPE_BF16 || dtype == KVMEM_DTYPE_FP8;
+}
+
 /*
  * A forward pass's rows whole: every layer's tokens p0..p0+n-1. The open
  * blocks are made first (on this thread), then the layers are copied on
@@ -272,8 +278,7 @@ static int ps_write_rows(void *ctx, int64_t p0, int n, const void *k, const void
 	if (dtype != KVMEM_DTYPE_F32 && dtype != KVMEM_DTYPE_BF16)
 		return kvmem_error(ENOTSUP, "%s: rows of dtype %u (f32 or bf16 only)", s->dir, dtype);
 	if (p0 < 0 || n < 0 || (!k != !v) ||
-	    (placed && (dtype != KVMEM_DTYPE_BF16 ||
-			(s->g->dtype != KVMEM_DTYPE_BF16 && s->g->dtype != KVMEM_DTYPE_FP8))))
+	    (placed && (dtype != KVMEM_DTYPE_BF16 || !placed_dtype(s->g->dtype))))
 		return kvmem_error(EINVAL, "%s: bad rows write: tokens %" PRId64 "+%d%s", s->dir, p0, n,
 				   placed ? ", rows already in bf16 pages" : "");
 	if (!n)
@@ -362,7 +367,7 @@ static int ps_row_pages(void *ctx, int64_t p0, int n, void **pages)
 	const int64_t b0 = p0 / s->B, nb = n > 0 ? (p0 % s->B + n - 1) / s->B + 1 : 0;
 	int rc = 0;
 
-	if (s->g->dtype != KVMEM_DTYPE_BF16 && s->g->dtype != KVMEM_DTYPE_FP8)
+	if (!placed_dtype(s->g->dtype))
 		return kvmem_error(ENOTSUP, "%s: pages of dtype %u are made from rows", s->dir,
 				   s->g->dtype);
 	if (p0 < 0 || n <= 0)
