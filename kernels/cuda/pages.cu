@@ -14,6 +14,48 @@
 #include "cuda_int.h"
 #include "fp8.cuh"
 
+/* A page's planes: 2H rows of B tokens each, tok[p] bytes a token, the
+ * first at byte off[p] of the page (bf16: one plane of K then V rows;
+ * fp8: the K and V bytes, then their scales). */
+struct page_planes {
+	int n;
+	size_t off[2], tok[2];
+};
+
+/* The stage's pages (page bytes apart) down to pages[], tokens t0..t0+n-1
+ * of them: a whole page in one copy, a part each plane's rows from token
+ * lo to hi. what names the op in an error. */
+static int pages_down(cudaStream_t st, const char *stage, void *const *pages, size_t page,
+		      int t0, int n, int H, int B, const struct page_planes *pl, const char *what)
+{
+	const int nb = (t0 + n - 1) / B + 1;
+
+	for (int i = 0; i < nb; i++) {
+		const int lo = i ? 0 : t0, hi = t0 + n - i * B < B ? t0 + n - i * B : B;
+		const char *src = stage + (size_t)i * page;
+		char *dst = (char *)pages[i];
+		cudaError_t e = cudaSuccess;
+
+		if (lo == 0 && hi == B)
+			e = cudaMemcpyAsync(dst, src, page, cudaMemcpyDeviceToHost, st);
+		else
+			for (int p = 0; p < pl->n && e == cudaSuccess; p++) {
+				const size_t w = pl->tok[p], pitch = (size_t)B * w;
+				const size_t at = pl->off[p] + (size_t)lo * w;
+
+				e = cudaMemcpy2DAsync(dst + at, pitch, src + at, pitch,
+						      (size_t)(hi - lo) * w, (size_t)2 * H,
+						      cudaMemcpyDeviceToHost, st);
+			}
+		if (e != cudaSuccess) {
+			cudaGetLastError();
+			return kvmem_error(EIO, "%s: copying page %d of %d down: %s", what, i, nb,
+					   cudaGetErrorString(e));
+		}
+	}
+	return 0;
+}
+
 __global__ void rows_to_stage_kernel(uint16_t *stage, const uint16_t *k, const uint16_t *v,
 				     int t0, size_t total, int H, int B, int D)
 {
@@ -35,8 +77,8 @@ extern "C" int kvmem_cuda_rows_to_pages_bf16(kvmem_cuda_ctx *c, void *stream, ui
 					     const uint16_t *v, int H, int B, int D)
 {
 	cudaStream_t st = stream ? (cudaStream_t)stream : c->stream;
-	const size_t half = (size_t)H * B * D, total = (size_t)n * H * D, row = (size_t)B * D * 2;
-	const int nb = n > 0 ? (t0 + n - 1) / B + 1 : 0;
+	const size_t half = (size_t)H * B * D, total = (size_t)n * H * D;
+	const struct page_planes planes = { 1, { 0 }, { (size_t)D * 2 } };
 	size_t g = (total + 255) / 256, cap = (size_t)c->sms * 32;
 
 	if (n < 0 || t0 < 0 || t0 >= B || H < 1 || D < 1)
@@ -48,24 +90,8 @@ extern "C" int kvmem_cuda_rows_to_pages_bf16(kvmem_cuda_ctx *c, void *stream, ui
 									   H, B, D);
 	if (kvmem_cuda_launched("rows to pages") < 0)
 		return -EIO;
-	for (int i = 0; i < nb; i++) {
-		const int lo = i ? 0 : t0, hi = t0 + n - i * B < B ? t0 + n - i * B : B;
-		const uint16_t *src = stage + (size_t)i * 2 * half + (size_t)lo * D;
-		char *dst = (char *)pages[i] + (size_t)lo * D * 2;
-		cudaError_t e;
-
-		if (lo == 0 && hi == B)
-			e = cudaMemcpyAsync(dst, src, 2 * half * 2, cudaMemcpyDeviceToHost, st);
-		else
-			e = cudaMemcpy2DAsync(dst, row, src, row, (size_t)(hi - lo) * D * 2,
-					      (size_t)2 * H, cudaMemcpyDeviceToHost, st);
-		if (e != cudaSuccess) {
-			cudaGetLastError();
-			return kvmem_error(EIO, "rows to pages: copying page %d of %d down: %s", i, nb,
-					   cudaGetErrorString(e));
-		}
-	}
-	return 0;
+	return pages_down(st, (const char *)stage, pages, 2 * half * 2, t0, n, H, B, &planes,
+			  "rows to pages");
 }
 
 /*
@@ -107,7 +133,7 @@ extern "C" int kvmem_cuda_rows_to_pages_fp8(kvmem_cuda_ctx *c, void *stream, voi
 {
 	cudaStream_t st = stream ? (cudaStream_t)stream : c->stream;
 	const size_t half = (size_t)H * B * D, page = 2 * half + (size_t)2 * H * B * 4;
-	const int nb = n > 0 ? (t0 + n - 1) / B + 1 : 0;
+	const struct page_planes planes = { 2, { 0, 2 * half }, { (size_t)D, 4 } };
 	const size_t warps = (size_t)2 * n * H, cap = (size_t)c->sms * 64;
 
 	if (n < 0 || t0 < 0 || t0 >= B || H < 1 || D < 1)
@@ -119,30 +145,6 @@ extern "C" int kvmem_cuda_rows_to_pages_fp8(kvmem_cuda_ctx *c, void *stream, voi
 				   0, st>>>((uint8_t *)stage, k, v, t0, n, H, B, D);
 	if (kvmem_cuda_launched("rows to fp8 pages") < 0)
 		return -EIO;
-	for (int i = 0; i < nb; i++) {
-		const int lo = i ? 0 : t0, hi = t0 + n - i * B < B ? t0 + n - i * B : B;
-		const char *src = (const char *)stage + (size_t)i * page;
-		char *dst = (char *)pages[i];
-		cudaError_t e;
-
-		if (lo == 0 && hi == B) {
-			e = cudaMemcpyAsync(dst, src, page, cudaMemcpyDeviceToHost, st);
-		} else {
-			/* the bytes: 2H head rows of B D; the scales: 2H of B */
-			e = cudaMemcpy2DAsync(dst + (size_t)lo * D, (size_t)B * D, src + (size_t)lo * D,
-					      (size_t)B * D, (size_t)(hi - lo) * D, (size_t)2 * H,
-					      cudaMemcpyDeviceToHost, st);
-			if (e == cudaSuccess)
-				e = cudaMemcpy2DAsync(dst + 2 * half + (size_t)lo * 4, (size_t)B * 4,
-						      src + 2 * half + (size_t)lo * 4, (size_t)B * 4,
-						      (size_t)(hi - lo) * 4, (size_t)2 * H,
-						      cudaMemcpyDeviceToHost, st);
-		}
-		if (e != cudaSuccess) {
-			cudaGetLastError();
-			return kvmem_error(EIO, "rows to fp8 pages: copying page %d of %d down: %s", i,
-					   nb, cudaGetErrorString(e));
-		}
-	}
-	return 0;
+	return pages_down(st, (const char *)stage, pages, page, t0, n, H, B, &planes,
+			  "rows to fp8 pages");
 }
