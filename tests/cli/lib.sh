@@ -5,6 +5,7 @@
 #   tensor_offset FILE TENSOR PERCENT   byte offset of the element PERCENT of
 #                    the way into TENSOR (4-byte aligned), from the header
 #   poke FILE OFFSET HEXBYTES           overwrite bytes in place ("c0 7f")
+#   flip_byte FILE OFFSET               invert one byte's bits (always a change)
 # Seeds: KVMEM_TEST_SEED when set, else a fresh one, printed.
 # KVMEM_TEST_KEEP=1 keeps $tmp for a look at a failure's logs.
 set -u
@@ -50,4 +51,14 @@ poke() {
 	shift 2
 	for x in "$@"; do bytes="$bytes\\x$x"; done
 	printf "$bytes" | dd of="$f" bs=1 seek="$off" conv=notrunc status=none
+}
+
+# Corrupt one byte of FILE at OFFSET by inverting its bits: writing a fixed
+# value leaves the byte as it was when it already held that value (a seed's
+# page with 0xff there passed a "corrupt" check unchanged).
+flip_byte() {
+	local b
+	b=$(od -An -tu1 -j"$2" -N1 "$1" | tr -d ' ')
+	[ -n "$b" ] || { echo "flip_byte: $1 has no byte at $2" >&2; return 1; }
+	poke "$1" "$2" "$(printf '%02x' $((b ^ 255)))"
 }

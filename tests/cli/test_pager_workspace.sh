@@ -16,6 +16,7 @@
 #  - the USDT probes are in the binary.
 # Needs $KVMEM; skipped (77) when the model generator does not work.
 set -u
+. "$(dirname "$0")/lib.sh"	# flip_byte
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no kvmem binary at $KVMEM"; exit 77; }
 tmp=$(mktemp -d /var/tmp/kvmem-pager-cli.XXXXXX)
@@ -141,7 +142,7 @@ elif [ "$(echo "$out" | grep -o 'fingerprint [0-9a-f]\{16\}' | sort -u | wc -l)"
 fi
 
 # A flipped byte: verify names it, the next run refuses to use it.
-printf '\xff' | dd of="$tmp/two/pages" bs=1 seek=40000 conv=notrunc status=none
+flip_byte "$tmp/two/pages" 40000
 if "$KVMEM" verify -q "$tmp/two" >"$tmp/v.out"; then
 	bad "verify missed a flipped byte"
 fi

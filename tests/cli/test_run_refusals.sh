@@ -35,7 +35,6 @@ prepare() {
 	echo junk >"$2/stats.tmp.99999"
 	if [ "$1" = 1 ]; then echo 99999 >"$2/lock"; else rm -f "$2/lock"; fi
 }
-flip() { printf '\xff' | dd of="$1" bs=1 seek="$2" conv=notrunc status=none; }
 
 "$KVMEM" generate --preset tiny --seed $((seed + 1)) --out "$tmp/other" >/dev/null ||
 	{ echo "FAIL: kvmem generate"; exit 1; }
@@ -55,9 +54,9 @@ for lock in 1 0; do
 		case $k in
 		model) model=$tmp/other; want="refusing to open it" ;;
 		block) extra=(--block 64); want="geometry" ;;
-		manifest) flip "$w/manifest" 40; want="manifest: checksum mismatch" ;;
-		tokens) flip "$w/tokens" 30; want="tokens: checksum of the committed part differs" ;;
-		sums) flip "$w/sums" 13; want="sums: checksum of the committed part differs" ;;
+		manifest) flip_byte "$w/manifest" 40; want="manifest: checksum mismatch" ;;
+		tokens) flip_byte "$w/tokens" 30; want="tokens: checksum of the committed part differs" ;;
+		sums) flip_byte "$w/sums" 13; want="sums: checksum of the committed part differs" ;;
 		truncated) truncate -s $((L * stride)) "$w/pages"; want="pages: .* truncated" ;;
 		esac
 		before=$(snap "$w")
@@ -96,7 +95,7 @@ ls "$w" | grep -q '\.tmp' && bad "the first run's writes left the dead writer's 
 # refuses. Nothing but lock changes.
 w="$tmp/w-adopt"
 prepare 1 "$w"
-flip "$w/pages" $((3 * L * stride + 100))
+flip_byte "$w/pages" $((3 * L * stride + 100))
 before=$(snap "$w")
 out=$(run "$M" "$w" 2>&1) && bad "a history with a bad page was adopted: $out"
 echo "$out" | grep -q "adopting block 3.*pages: page $((3 * L)) (block 3, layer 0).*checksum mismatch" ||

@@ -15,6 +15,7 @@
 #     runs on.
 # Needs $KVMEM; skipped (77) when the model generator does not work.
 set -u
+. "$(dirname "$0")/lib.sh"	# flip_byte
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no kvmem binary at $KVMEM"; exit 77; }
 tmp=$(mktemp -d /var/tmp/kvmem-trust.XXXXXX)
@@ -116,7 +117,7 @@ run --script "$tmp/b.jsonl" --workspace "$tmp/ws6" >/dev/null 2>&1 ||
 # Recovery: one page of block 5 flipped. Blocks 0-4 are kept (5 x 32
 # tokens), the rest is dropped and named; the copy verifies and runs on.
 cp -a "$tmp/ws" "$tmp/ws7"
-printf '\xff' | dd of="$tmp/ws7/pages" bs=1 seek=$((5 * 4 * 32768 + 100)) conv=notrunc status=none
+flip_byte "$tmp/ws7/pages" $((5 * 4 * 32768 + 100))
 "$KVMEM" verify -q "$tmp/ws7" >/dev/null && bad "verify missed the flipped page"
 before=$(digest "$tmp/ws7")
 "$KVMEM" verify --salvage "$tmp/ws7.saved" "$tmp/ws7" >"$tmp/salvage.out" 2>&1

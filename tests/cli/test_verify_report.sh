@@ -39,7 +39,7 @@ rc=$?
 [ -s "$tmp/out" ] && bad "verify -q printed what is not an error: $(cat "$tmp/out")"
 
 # -q with a bad page as well: the page and the summary, nothing else.
-printf '\xff' | dd of="$tmp/past/pages" bs=1 seek=$((2 * L * stride + 7)) conv=notrunc status=none
+flip_byte "$tmp/past/pages" $((2 * L * stride + 7))
 "$KVMEM" verify -q "$tmp/past" >"$tmp/out" 2>&1
 rc=$?
 [ $rc -eq 1 ] || bad "verify -q: exit $rc with a bad page (want 1): $(cat "$tmp/out")"
@@ -51,7 +51,7 @@ grep -q ": 1 bad$" "$tmp/out" || bad "verify -q: no summary of the bad item: $(c
 # Only the partial block bad: salvage keeps every full block and exits 1.
 cp -a "$tmp/ws" "$tmp/tail"
 at=$((slot * slot_bytes + 3 * stride + 11))
-printf '\xff' | dd of="$tmp/tail/tail" bs=1 seek=$at conv=notrunc status=none
+flip_byte "$tmp/tail/tail" $at
 "$KVMEM" verify --salvage "$tmp/tail.saved" "$tmp/tail" >"$tmp/out" 2>&1
 rc=$?
 [ $rc -eq 1 ] || bad "salvage that dropped the partial block: exit $rc (want 1): $(cat "$tmp/out")"
