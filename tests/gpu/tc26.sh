@@ -5,9 +5,10 @@
 #   tests/gpu/tc26.sh OUTDIR [SECONDS]
 #
 #   1. kvmem_gpu_check --gemm-tc: every form's bits against the lone row
-#      and the twin, then a layer's four GEMMs at 1, 16 and 64 rows in each
-#      form (x's loads early: gemm_tc_xpre; groups without a branch:
-#      gemm_tc_flat; both);
+#      and the twin, then a layer's four GEMMs at 1, 16, 32 and 64 rows in
+#      each form of gemm_tc_sweep (CUDA cores; one weight tile a warp; the
+#      default; 8 blocks in flight for a lone row; x's loads early always,
+#      then never: gemm_tc_xpre 1 and 2);
 #   2. UNITS=1: test_ws_batch on cuda (batch invariance, the default form);
 #   3. kvmem bench batch --preset 8b --context CONTEXT (default 512)
 #      --sessions 1,16,64 (or BATCH_ARGS) with the default form, then with
