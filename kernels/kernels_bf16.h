@@ -246,8 +246,8 @@ typedef struct kvmem_score_geom {
 	int index_dtype;	/* KVMEM_DTYPE_F32 (the workspace's) or _BF16 */
 } kvmem_score_geom;
 
-/* Distance-averaged RoPE on one head_dim vector in place (the workspace's
- * ws_rope_mean: x <- M^T x, M the mean of R(-t) over t < span; span 0: x). */
+/* Distance-averaged RoPE on one head_dim vector in place (Documentation/
+ * policies.md: x <- M^T x, M the mean of R(-t) over t < span; span 0: x). */
 void kvmem_rope_mean(float *x, int head_dim, double theta, int64_t span);
 
 /* gq[l * n_kv_heads + g][head_dim] = rope_mean(mean over the n_q tokens and

@@ -86,7 +86,7 @@ typedef struct kvmem_select_ctx {
 	 * The view's capacity in tokens (budget + reserve; 0: unlimited).
 	 * A selected key will sit somewhere in the view, at a distance from
 	 * the query the policy cannot know yet; the shipped policies score the
-	 * expected logit over distances 0..span-1 (ws_rope_mean in score.h:
+	 * expected logit over distances 0..span-1 (kvmem_rope_mean in kernels/cpu/score.c:
 	 * RoPE averaged, which keeps the slow, position-stable dimensions and
 	 * fades the fast ones). 0: raw q.k.
 	 */

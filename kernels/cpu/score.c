@@ -28,7 +28,7 @@
 #define MASS_SCRATCH (16u << 20)	/* logits kept at once, in floats (64 MiB) */
 #define SUBS 4			/* quarter blocks (KVMEM_SUBBLOCKS) */
 
-/* out = q . row in the workspace's fixed order (ws_dots), for any d. */
+/* out = q . row in the workspace's fixed order, for any d. */
 static float dot_fixed(const float *q, const float *row, int d)
 {
 	float a[4][16] = { { 0 } }, s[16];
@@ -145,7 +145,7 @@ void kvmem_head_queries(float *hq, const float *q, int layer, int n_q, int n_hea
 /* Fill z[0 .. i1-i0) with the log-weights of items i0..i1-1 of pair p. */
 typedef void (*logit_fn)(const void *arg, int p, int64_t i0, int64_t i1, float *z);
 
-/* The workspace's ws_mass: see the file comment. scores[rows][n_items/per]
+/* The softmax mass: see the file comment. scores[rows][n_items/per]
  * must hold zeros or earlier sums; row[p] (NULL: 0) picks a pair's row. */
 static int mass(float *scores, int64_t n_items, int per, int n_pairs, const int *row,
 		logit_fn fn, const void *arg)

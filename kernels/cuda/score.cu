@@ -108,7 +108,7 @@ __device__ __forceinline__ double block_sum_d(double v)
 
 /* ---- queries --------------------------------------------------------------- */
 
-/* ws_rope_mean on x[0..d) in shared memory, by the block; syncs. */
+/* kvmem_rope_mean on x[0..d) in shared memory, by the block; syncs. */
 __device__ void rope_mean_block(float *x, int d, double theta, long long span)
 {
 	const int half = d / 2;

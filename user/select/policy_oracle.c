@@ -2,7 +2,7 @@
 /*
  * oracle: every key scored on its own, no summary. For every layer, query
  * head and query token, the query (distance-averaged like every shipped
- * policy: ws_rope_mean) against every earlier key of the history, a softmax
+ * policy: kvmem_rope_mean) against every earlier key of the history, a softmax
  * over all of them, the probabilities summed per block; masses add up over
  * heads, tokens and layers: one block set for all layers.
  *
