@@ -364,18 +364,6 @@ static void cols_c(float *y, const float *x, const float *w, int n, int in, int 
 }
 
 /* ---- dispatch --------------------------------------------------------- */
-static void choose(void)
-{
-	const char *e = getenv("KVMEM_MATMUL");
-
-	__builtin_cpu_init();
-	isa_chosen = __builtin_cpu_supports("avx512f") ? ISA_AVX512 :
-		     __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? ISA_AVX2 :
-		     ISA_C;
-	if (e && *e)
-		kvmem_matmul_use(e);
-}
-
 static int supported(int isa)
 {
 	__builtin_cpu_init();
@@ -389,9 +377,10 @@ static int supported(int isa)
 	}
 }
 
-int kvmem_matmul_use(const char *isa)
+/* Make isa the chosen one: 0, -ENOTSUP (the CPU lacks it) or -EINVAL (no
+ * such name). Never calls pthread_once: choose() runs inside it. */
+static int pick(const char *isa)
 {
-	pthread_once(&isa_once, choose);
 	for (int i = 0; i < 3; i++)
 		if (isa && !strcmp(isa, isa_names[i])) {
 			if (!supported(i))
@@ -400,6 +389,23 @@ int kvmem_matmul_use(const char *isa)
 			return 0;
 		}
 	return -EINVAL;
+}
+
+/* The best the CPU has, then $KVMEM_MATMUL's if it names one it has (the
+ * cpu backend refuses a name that does not: user/backend/cpu.c). */
+static void choose(void)
+{
+	const char *e = getenv("KVMEM_MATMUL");
+
+	isa_chosen = supported(ISA_AVX512) ? ISA_AVX512 : supported(ISA_AVX2) ? ISA_AVX2 : ISA_C;
+	if (e && *e)
+		pick(e);
+}
+
+int kvmem_matmul_use(const char *isa)
+{
+	pthread_once(&isa_once, choose);
+	return pick(isa);
 }
 
 const char *kvmem_matmul_isa(void)

@@ -48,4 +48,18 @@ n=$(grep -c "File too large" <<<"$out")
 [ "$n" -eq 1 ] || bad "a commit failure printed $n times: $out"
 grep -q "b:1: .*the workspace stays at its last commit (40 tokens)" <<<"$out" ||
 	bad "the commit failure does not name the line and what is kept: $out"
+# [KVMEM_MATMUL set to anything hung the first matmul: a pthread_once
+# entered again from inside itself; an unknown or missing instruction set
+# went unsaid] The names it takes run; the rest refuse the cpu backend.
+export KVMEM_MATMUL=c
+timeout 60 "$KVMEM" run --model "$M" --backend cpu --random 8 --decode 2 >/dev/null 2>&1 ||
+	bad "KVMEM_MATMUL=c: rc $? (124: hung)"
+KVMEM_MATMUL=sse9 says "an unknown KVMEM_MATMUL" \
+	"KVMEM_MATMUL=sse9: not an instruction set of the cpu matmul (c, avx2 or avx512)" "" \
+	run --model "$M" --backend cpu --random 8 --decode 2
+if ! grep -qw avx512f /proc/cpuinfo; then
+	KVMEM_MATMUL=avx512 says "KVMEM_MATMUL past the CPU" "KVMEM_MATMUL=avx512: this CPU lacks it" "" \
+		run --model "$M" --backend cpu --random 8 --decode 2
+fi
+unset KVMEM_MATMUL
 cli_done "item 10 error messages"

@@ -103,6 +103,23 @@ static int kv_round_knob(struct cpu *b, const kvmem_backend_opts *o)
 	return 0;
 }
 
+/* KVMEM_MATMUL names the matmul's instruction set (kernels.h); a name the
+ * matmul does not know, or one this CPU lacks, refuses the backend rather
+ * than leave the best one in use unsaid. */
+static int matmul_knob(void)
+{
+	const char *e = getenv("KVMEM_MATMUL");
+	int rc;
+
+	if (!e || !*e || !(rc = kvmem_matmul_use(e)))
+		return 0;
+	if (rc == -ENOTSUP)
+		return kvmem_error(ENOTSUP, "KVMEM_MATMUL=%s: this CPU lacks it (unset it for "
+				   "the best it has, %s)", e, kvmem_matmul_isa());
+	return kvmem_error(EINVAL, "KVMEM_MATMUL=%s: not an instruction set of the cpu matmul "
+			   "(c, avx2 or avx512)", e);
+}
+
 static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **ctx)
 {
 	struct cpu *b = calloc(1, sizeof(*b));
@@ -110,6 +127,10 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 	if (!b)
 		return kvmem_error(ENOMEM, "out of memory");
 	b->c = &m->cfg;
+	if (matmul_knob() < 0) {
+		free(b);
+		return kvmem_fail();
+	}
 	if (!m->layers) {
 		free(b);
 		return kvmem_error(EINVAL, "the model has no weights (a geometry only): the cpu "
