@@ -10,7 +10,7 @@
 #     replays it, GET /v1/conversations/ID returns the text
 #   4 a NUL byte in X-Kvmem-Conversation is refused, not cut
 #   5 a stream cut by --request-timeout ends with an error event and [DONE]
-#   6 414, 431, a bad or two differing Content-Lengths: OpenAI errors (JSON)
+#   6 414, 431, a bad, too large or two differing Content-Lengths: OpenAI errors (JSON)
 #   7 "bearer" in lower case is taken; a replay reports the turn's usage; a
 #     user's content null is refused
 #   and "hello" to the embedded model: a 400 that says what it speaks, with
@@ -136,6 +136,10 @@ check_raw 431 headers_too_large "70 KB of headers" "GET /v1/models HTTP/1.1\r\nH
 check_raw 400 invalid_content_length "Content-Length: abc" "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}"
 check_raw 400 invalid_content_length "two Content-Lengths that differ" "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}xyz"
 grep -qi '^header Access-Control-Allow-Origin: \*' "$tmp/raw" || bad "6: the screen's answer has no CORS header"
+# Past 64 bits libmicrohttpd sent HTML 413, its head twice; past --max-body
+# the screen refuses before a byte of the body is read.
+check_raw 413 body_too_large "Content-Length of 20 digits" "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n{}"
+check_raw 413 body_too_large "Content-Length over --max-body" "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1048577\r\n\r\n{}"
 # Two equal ones are one length (RFC 9112): the request goes on (to 401 here).
 check_raw 401 invalid_api_key "two equal Content-Lengths" "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}"
 

@@ -327,6 +327,22 @@ static void completed(void *cls, struct MHD_Connection *con, void **con_cls,
 	*con_cls = NULL;
 }
 
+/* A connection libmicrohttpd closes gives back its place (serve_screen.c
+ * took it before the hand-over). */
+static void notify_conn(void *cls, struct MHD_Connection *con, void **socket_ctx,
+			enum MHD_ConnectionNotificationCode code)
+{
+	struct serve_http *h = ((struct serve *)cls)->http;
+
+	(void)con;
+	(void)socket_ctx;
+	if (code != MHD_CONNECTION_NOTIFY_CLOSED)
+		return;
+	pthread_mutex_lock(&h->mu);
+	h->conns--;
+	pthread_mutex_unlock(&h->mu);
+}
+
 /* ---- start and stop ----------------------------------------------------------------------------- */
 static int listen_on(struct serve *sv)
 {
@@ -378,6 +394,7 @@ int serve_http_start(struct serve *sv)
 	if (!h)
 		return kvmem_error(ENOMEM, "out of memory");
 	h->lfd = -1;
+	h->conn_limit = (int)(cfg->max_queue + 16);
 	pthread_mutex_init(&h->mu, NULL);
 	pthread_cond_init(&h->idle, NULL);
 	sv->http = h;
@@ -385,7 +402,10 @@ int serve_http_start(struct serve *sv)
 		return -1;
 	h->d = MHD_start_daemon(flags, 0, NULL, NULL, handler, sv,
 				MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-				MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_queue + 16),
+				MHD_OPTION_NOTIFY_CONNECTION, notify_conn, sv,
+				/* A backstop above the screen's count (serve_http.h):
+				 * room for every connection it hands over and more. */
+				MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * h->conn_limit + 64),
 				/* The screened head fits with room for the body's
 				 * first reads. */
 				MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(2 * HEAD_MAX),

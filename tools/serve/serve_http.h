@@ -25,6 +25,14 @@ struct serve_http {
 	pthread_mutex_t mu;
 	pthread_cond_t idle;
 	int screening;
+	/* Connections handed to libmicrohttpd and not yet closed (counted
+	 * from the hand-over to its NOTIFY_CONNECTION_CLOSED), and the most
+	 * the listener hands over: past conn_limit a connection gets 503 from
+	 * the screen. libmicrohttpd's own limit sits above it, never reached:
+	 * its 0.9.75 locks a mutex it holds when a connection added from
+	 * another thread finds the limit reached, and every request after
+	 * that hangs (and so does stopping). */
+	int conns, conn_limit;
 	_Atomic int stop;
 };
 

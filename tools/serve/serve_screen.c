@@ -11,6 +11,7 @@
  */
 #ifndef KVMEM_NO_SERVE
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,9 +45,11 @@ static void refuse(struct screen *s, unsigned status, const char *reason, const 
 
 	json_decref(doc);
 	if (body) {
+		/* A busy server (503) says when to come back, as its 429s do. */
 		n = snprintf(head, sizeof(head), "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\n"
-			     "Content-Length: %zu\r\nConnection: close\r\n%s%s%s\r\n", status, reason,
-			     strlen(body), cors ? "Access-Control-Allow-Origin: " : "", cors ? cors : "",
+			     "Content-Length: %zu\r\nConnection: close\r\n%s%s%s%s\r\n", status, reason,
+			     strlen(body), status == 503 ? "Retry-After: 1\r\n" : "",
+			     cors ? "Access-Control-Allow-Origin: " : "", cors ? cors : "",
 			     cors ? "\r\n" : "");
 		if (send(s->fd, head, (size_t)n, MSG_NOSIGNAL) == n)
 			send(s->fd, body, strlen(body), MSG_NOSIGNAL);
@@ -158,6 +161,14 @@ static int judge(struct screen *s, const char *h, size_t len)
 			have_cl = 1;
 		}
 	}
+	/* libmicrohttpd answers a length past 64 bits with HTML of its own
+	 * (and its head twice); any length over --max-body is refused here. */
+	if (have_cl && (strlen(cl) > 19 || strtoull(cl, NULL, 10) > s->sv->cfg.max_body)) {
+		snprintf(msg, sizeof(msg), "the request body is larger than %" PRIu64 " bytes "
+			 "(--max-body)", s->sv->cfg.max_body);
+		refuse(s, 413, "Content Too Large", "body_too_large", msg);
+		return -1;
+	}
 	if (have_cl && have_te) {
 		refuse(s, 400, "Bad Request", "invalid_content_length", "both Content-Length and "
 		       "Transfer-Encoding: the body's length is ambiguous");
@@ -222,13 +233,26 @@ static void *screen_main(void *arg)
 		have = n;
 	}
 	free(buf);
-	if (s->fd >= 0) {
+	if (s->fd >= 0 && verdict) {
+		close(s->fd);
+	} else if (s->fd >= 0) {
+		int full;
+
 		setsockopt(s->fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));
-		/* MHD_add_connection closes the socket itself when it fails. */
-		if (verdict)
-			close(s->fd);
-		else
-			MHD_add_connection(h->d, s->fd, (struct sockaddr *)&s->addr, s->addr_len);
+		pthread_mutex_lock(&h->mu);
+		full = h->conns >= h->conn_limit;
+		h->conns += !full;
+		pthread_mutex_unlock(&h->mu);
+		if (full) {
+			refuse(s, 503, "Service Unavailable", "server_busy", "the server holds as many "
+			       "connections as it serves (--max-queue + 16): try again shortly");
+		} else if (MHD_add_connection(h->d, s->fd, (struct sockaddr *)&s->addr,
+					      s->addr_len) != MHD_YES) {
+			/* It closed the socket, and will never say so. */
+			pthread_mutex_lock(&h->mu);
+			h->conns--;
+			pthread_mutex_unlock(&h->mu);
+		}
 	}
 	free(s);
 	pthread_mutex_lock(&h->mu);
