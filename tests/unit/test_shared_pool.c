@@ -10,6 +10,8 @@
  *     back; the pool is not freed under an open pager;
  *   - a block in scattered slots (several writes) is written whole;
  *   - the disk reserved ahead of a pager's writes is its share of the pool;
+ *   - a pager below its share of the pool takes from those above theirs
+ *     before it gives up its own pages;
  *   - pagers on one pool from two threads at once (a serve round's
  *     conversations) keep their bytes apart.
  */
@@ -257,6 +259,66 @@ static void test_reserve_is_a_share(void **state)
 	assert_int_equal(kvmem_pager_pool_free(pool), 0);
 }
 
+/* Host pool pages of p: resident or on their way in (the slots it holds). */
+static uint32_t resident(kvmem_pager *p)
+{
+	const kvmem_page_geom *g = kvmem_pager_geom(p);
+	uint32_t n = 0;
+
+	for (uint64_t pg = 0; pg < p->n_blocks * g->n_layers; pg++)
+		n += (p->pt[pg].tiers & KVMEM_TIER_HOST) != 0;
+	return n;
+}
+
+/* Each pager's share of a shared pool is its slots over its pagers: one
+ * below its share takes from those above theirs before it gives up its
+ * own pages. A pool of 8 blocks' pages, A fills it, then B writes 4
+ * blocks one commit at a time: B keeps all 4 (A gives them), where it
+ * once gave up its own last block for each next one and held 1 while A
+ * kept 7. Past its share, B's own pages go first: A keeps its 4. */
+static void test_share_of_the_pool(void **state)
+{
+	uint64_t rng = g_seed ^ 0x57, sa = fx_mix(g_seed ^ 0x57), sb = fx_mix(g_seed ^ 0x58);
+	kvmem_page_geom g = fx_geom(&rng);
+	const uint32_t L = g.n_layers, slots = 8 * L;
+	kvmem_hostpool *pool;
+	kvmem_pager *a, *b;
+	char da[256], db[256];
+
+	assert_int_equal(kvmem_pager_pool_create(&g, (uint64_t)slots * kvmem_page_stride(&g), -1,
+						 &pool), 0);
+	assert_non_null(fx_tmpdir(da, sizeof(da)));
+	assert_non_null(fx_tmpdir(db, sizeof(db)));
+	a = open_on(da, &g, pool);
+	b = open_on(db, &g, pool);
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_int_equal(append_in_pool(a, sa, 8 * g.block_tokens), 0);
+	assert_int_equal(fx_commit(a, sa, NULL, 0), 0);
+	assert_int_equal(resident(a), 8 * L);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(append_in_pool(b, sb, g.block_tokens), 0);
+		assert_int_equal(fx_commit(b, sb, NULL, 0), 0);
+	}
+	assert_int_equal(resident(b), 4 * L);
+	assert_int_equal(resident(a), 4 * L);
+	assert_int_equal(b->held, 4 * L);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(append_in_pool(b, sb, g.block_tokens), 0);
+		assert_int_equal(fx_commit(b, sb, NULL, 0), 0);
+	}
+	assert_int_equal(resident(a), 4 * L);
+	assert_int_equal(resident(b), 4 * L);
+	assert_int_equal(fx_check(a, sa, 1), 0);
+	assert_int_equal(fx_check(b, sb, 1), 0);
+	assert_int_equal(kvmem_pager_close(a), 0);
+	assert_int_equal(kvmem_pager_close(b), 0);
+	assert_int_equal(kvmem_hostpool_free_slots(pool), slots);
+	fx_rmtree(da);
+	fx_rmtree(db);
+	assert_int_equal(kvmem_pager_pool_free(pool), 0);
+}
+
 struct worker {
 	kvmem_hostpool *pool;
 	const kvmem_page_geom *g;
@@ -317,6 +379,7 @@ int main(void)
 		cmocka_unit_test(test_pagers_share_one_pool),
 		cmocka_unit_test(test_scattered_slots),
 		cmocka_unit_test(test_reserve_is_a_share),
+		cmocka_unit_test(test_share_of_the_pool),
 		cmocka_unit_test(test_pagers_on_threads),
 	};
 

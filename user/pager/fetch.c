@@ -35,7 +35,7 @@ static void evict(kvmem_pager *p, uint32_t s)
 	e->host_slot = KVMEM_SLOT_NONE;
 	p->repl->remove(p->repl_st, s);
 	p->slot_page[s] = UINT64_MAX;
-	kvmem_hostpool_release(p->pool, s, 1);
+	pager_slots_give(p, s, 1);
 	p->st.evictions++;
 }
 
@@ -59,7 +59,21 @@ static uint32_t evict_own(kvmem_pager *p, uint32_t want)
 	return (uint32_t)(p->st.evictions - ev0);
 }
 
-uint32_t pager_give_back(void *user, uint32_t want)
+uint32_t pager_slots_take(kvmem_pager *p, uint32_t want, uint32_t *first)
+{
+	uint32_t n = kvmem_hostpool_alloc_run(p->pool, want, first);
+
+	p->held += n;
+	return n;
+}
+
+void pager_slots_give(kvmem_pager *p, uint32_t first, uint32_t n)
+{
+	kvmem_hostpool_release(p->pool, first, n);
+	p->held -= n;
+}
+
+uint32_t pager_give_back(void *user, uint32_t want, uint32_t floor)
 {
 	kvmem_pager *q = user;
 	uint32_t n;
@@ -71,7 +85,7 @@ uint32_t pager_give_back(void *user, uint32_t want)
 	/* Writes of q's that finished unpin their pages: an idle pager's
 	 * completions are reaped by no one else. */
 	pager_reap(q, 0);
-	n = evict_own(q, want);
+	n = evict_own(q, q->held <= floor ? 0 : want < q->held - floor ? want : q->held - floor);
 	pthread_mutex_unlock(&q->mu);
 	return n;
 }
@@ -90,10 +104,22 @@ int make_room(kvmem_pager *p, uint32_t need)
 	if (have >= need)
 		return 0;
 	want = need - have;
-	n = evict_own(p, want);
-	/* A shared pool: the other pagers' pages next. */
-	if (n < want && p->shared)
-		n += kvmem_hostpool_reclaim(p->pool, p, want - n, pager_give_back);
+	if (!p->shared) {
+		n = evict_own(p, want);
+	} else {
+		uint32_t users = kvmem_hostpool_users(p->pool);
+		uint32_t share = kvmem_hostpool_slots(p->pool) / (users ? users : 1);
+
+		/* Below its share: the pages of the pagers above theirs first
+		 * (a long conversation does not keep a short one thrashing). */
+		n = 0;
+		if (p->held < share)
+			n = kvmem_hostpool_reclaim(p->pool, p, want, share, pager_give_back);
+		if (n < want)
+			n += evict_own(p, want - n);
+		if (n < want)
+			n += kvmem_hostpool_reclaim(p->pool, p, want - n, 0, pager_give_back);
+	}
 	if (n)
 		PROBE_RECLAIM(want, n);
 	return kvmem_hostpool_free_slots(p->pool) >= need ? 0 : -ENOBUFS;
@@ -117,7 +143,7 @@ int pool_insert_slot(kvmem_pager *p, uint64_t pg, uint32_t *slot)
 
 	if ((rc = make_room(p, 1)) < 0)
 		return rc;
-	if (kvmem_hostpool_alloc_run(p->pool, 1, &s) != 1)
+	if (pager_slots_take(p, 1, &s) != 1)
 		return -ENOBUFS;
 	set_resident(p, pg, s);
 	PROBE_TIER_MOVE(pg, 0, KVMEM_TIER_HOST, p->page_bytes, kvmem_now_ns() - t);
@@ -183,7 +209,7 @@ void read_done(kvmem_pager *p, struct io_req *r)
 		e->flags |= KVMEM_PTE_BAD;
 		e->host_slot = KVMEM_SLOT_NONE;
 		p->slot_page[s] = UINT64_MAX;
-		kvmem_hostpool_release(p->pool, s, 1);
+		pager_slots_give(p, s, 1);
 		if (!got) {
 			p->st.read_errors++;
 			PROBE_IO_ERROR(pg, r->res < 0 ? r->res : -EIO);
@@ -215,12 +241,12 @@ static size_t start_reads(kvmem_pager *p, const uint64_t *pages, size_t n, int p
 
 		while (j < n && pages[j] == pages[j - 1] + 1 && (j - i + 1) * p->page_stride <= p->max_read)
 			j++;
-		got = kvmem_hostpool_alloc_run(p->pool, j - i, &first);
+		got = pager_slots_take(p, j - i, &first);
 		if (!got)
 			break;
 		r = pager_req(p);
 		if (!r) {
-			kvmem_hostpool_release(p->pool, first, got);
+			pager_slots_give(p, first, got);
 			break;
 		}
 		r->kind = IO_READ;
@@ -242,7 +268,7 @@ static size_t start_reads(kvmem_pager *p, const uint64_t *pages, size_t n, int p
 				p->pt[pages[i] + k].host_slot = KVMEM_SLOT_NONE;
 				p->slot_page[first + k] = UINT64_MAX;
 			}
-			kvmem_hostpool_release(p->pool, first, got);
+			pager_slots_give(p, first, got);
 			io_req_put(&p->io, r);
 			break;
 		}

@@ -243,8 +243,8 @@ void kvmem_hostpool_detach(kvmem_hostpool *hp, void *user)
 	unlock(hp);
 }
 
-uint32_t kvmem_hostpool_reclaim(kvmem_hostpool *hp, void *self, uint32_t want,
-				uint32_t (*give)(void *user, uint32_t want))
+uint32_t kvmem_hostpool_reclaim(kvmem_hostpool *hp, void *self, uint32_t want, uint32_t floor,
+				uint32_t (*give)(void *user, uint32_t want, uint32_t floor))
 {
 	uint32_t got = 0;
 
@@ -255,7 +255,7 @@ uint32_t kvmem_hostpool_reclaim(kvmem_hostpool *hp, void *self, uint32_t want,
 	pthread_mutex_lock(&hp->mu);
 	for (int i = 0; i < hp->n_users && got < want; i++)
 		if (hp->users[i] != self)
-			got += give(hp->users[i], want - got);
+			got += give(hp->users[i], want - got, floor);
 	pthread_mutex_unlock(&hp->mu);
 	return got;
 }

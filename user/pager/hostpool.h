@@ -55,8 +55,10 @@ void kvmem_hostpool_lock(kvmem_hostpool *hp);
 void kvmem_hostpool_unlock(kvmem_hostpool *hp);
 int kvmem_hostpool_attach(kvmem_hostpool *hp, void *user);
 void kvmem_hostpool_detach(kvmem_hostpool *hp, void *user);
-uint32_t kvmem_hostpool_reclaim(kvmem_hostpool *hp, void *self, uint32_t want,
-				uint32_t (*give)(void *user, uint32_t want));
+/* Ask the other users for up to `want` slots, each keeping `floor` of its
+ * own (give's third argument); the slots they freed. */
+uint32_t kvmem_hostpool_reclaim(kvmem_hostpool *hp, void *self, uint32_t want, uint32_t floor,
+				uint32_t (*give)(void *user, uint32_t want, uint32_t floor));
 
 kvmem_hostpool *kvmem_pager_hostpool(kvmem_pager *p);
 

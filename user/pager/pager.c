@@ -205,7 +205,7 @@ int kvmem_pager_close(kvmem_pager *p)
 			if ((e->tiers & KVMEM_TIER_HOST) || (e->flags & KVMEM_PTE_IN_FLIGHT)) {
 				p->slot_page[e->host_slot] = UINT64_MAX;
 				p->slot_pin[e->host_slot] = 0;
-				kvmem_hostpool_release(p->pool, e->host_slot, 1);
+				pager_slots_give(p, e->host_slot, 1);
 				e->tiers &= ~KVMEM_TIER_HOST;
 			}
 		}

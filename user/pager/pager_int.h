@@ -248,6 +248,7 @@ struct kvmem_pager {
 
 	int own_pool;			/* the pool is this pager's (else shared) */
 	int shared;			/* a shared pool: mu guards every entry */
+	uint32_t held;			/* slots of the pool this pager holds (pager_slots_take) */
 	pthread_mutex_t mu;		/* recursive; used only when shared */
 
 	struct kvmem_io io;
@@ -321,15 +322,22 @@ void pool_out_done(kvmem_pager *p, struct io_req *r);
 /* Give back a block's pool slots made ahead (close, or a block appended
  * from other memory). */
 void resv_drop(kvmem_pager *p, int i);
-/* Shared pools: another pager asks this one for up to `want` slots (it
- * passes when busy); the slots it freed. */
-uint32_t pager_give_back(void *user, uint32_t want);
+/* Shared pools: another pager asks this one for up to `want` slots, as
+ * far as it keeps `floor` (it passes when busy); the slots it freed. */
+uint32_t pager_give_back(void *user, uint32_t want, uint32_t floor);
+/* Slots of the pool taken and given back by this pager, counted in
+ * p->held (its share's measure in a shared pool). */
+uint32_t pager_slots_take(kvmem_pager *p, uint32_t want, uint32_t *first);
+void pager_slots_give(kvmem_pager *p, uint32_t first, uint32_t n);
 struct io_req *pager_req(kvmem_pager *p);	/* a free request, reaping if needed */
 void read_done(kvmem_pager *p, struct io_req *r);
 void pager_fail_write(kvmem_pager *p, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Evict until `need` slots are free; -ENOBUFS when pinned pages leave too
- * few, -ENOMEM. No message: the caller says what needed the room. */
+ * few, -ENOMEM. No message: the caller says what needed the room. In a
+ * shared pool a pager below its share (the pool's slots over its pagers)
+ * takes from the pagers above theirs before its own pages go; at or above
+ * it, its own go first. Either way the rest of the pool comes last. */
 int make_room(kvmem_pager *p, uint32_t need);
 /* A shared pool short of room while its other pagers are busy in calls
  * (they give nothing back then): ask again ROOM_TRIES times, room_pause()

@@ -331,7 +331,7 @@ void resv_drop(kvmem_pager *p, int i)
 	struct pool_resv *r = &p->resv[i];
 
 	for (size_t l = 0; l < p->g.n_layers; l++)
-		kvmem_hostpool_release(p->pool, r->slot[l], 1);
+		pager_slots_give(p, r->slot[l], 1);
 	free(r->slot);
 	*r = p->resv[--p->n_resv];
 }
@@ -394,7 +394,7 @@ static int block_memory(kvmem_pager *p, uint64_t block, void **layers)
 					break;
 				continue;
 			}
-			n = kvmem_hostpool_alloc_run(p->pool, (uint32_t)(L - got), &first);
+			n = pager_slots_take(p, (uint32_t)(L - got), &first);
 			for (uint32_t k = 0; k < n; k++) {
 				sl[got + k] = first + k;
 				p->slot_page[first + k] = UINT64_MAX;	/* not a page yet: never a victim */
@@ -404,7 +404,7 @@ static int block_memory(kvmem_pager *p, uint64_t block, void **layers)
 		}
 		if (got < L) {
 			for (uint32_t k = 0; k < got; k++)
-				kvmem_hostpool_release(p->pool, sl[k], 1);
+				pager_slots_give(p, sl[k], 1);
 			free(sl);
 			return kvmem_error(ENOBUFS, "%s: no room in the host pool for block %" PRIu64
 					   "'s %zu pages", p->dir, block, L);
