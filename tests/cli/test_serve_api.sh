@@ -249,6 +249,11 @@ for m in kvmem_batch_size kvmem_batch_size_max kvmem_queue_waiting kvmem_request
 	curl -s -H "$A" "$BASE/metrics" | grep -q "^$m [0-9]" || bad "/metrics has no $m"
 done
 [ "$(curl -s -H "$A" "$BASE/metrics" | sed -n 's/^kvmem_tier_host_bytes //p')" -gt 0 ] || bad "/metrics: no host bytes with a conversation open"
+# What the pool holds, not its size: some, and less than all of it.
+used=$(curl -s -H "$A" "$BASE/metrics" | sed -n 's/^kvmem_tier_host_used_bytes //p')
+size=$(curl -s -H "$A" "$BASE/metrics" | sed -n 's/^kvmem_tier_host_bytes //p')
+[ -n "$used" ] && [ "$used" -gt 0 ] && [ "$used" -lt "$size" ] ||
+	bad "/metrics: host pool in use '$used' of $size with a conversation open"
 serve_stop
 grep -E "ERROR: AddressSanitizer|runtime error" "$tmp/serve.err" && bad "sanitizer report"
 cli_done serve_api

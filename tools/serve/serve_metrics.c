@@ -92,7 +92,7 @@ char *serve_metrics(struct serve *sv)
 {
 	struct out o = { 0 };
 	kvmem_pager_stats st;
-	uint64_t hits, misses, host = 0, disk;
+	uint64_t hits, misses, host = 0, host_used = 0, disk;
 	const struct serve_counters *c = &sv->c;
 	const struct serve_batch_stats *b = &c->batch;
 	double now = serve_now();
@@ -120,6 +120,12 @@ char *serve_metrics(struct serve *sv)
 
 		kvmem_hostpool_region(sv->pool, &base, &len);
 		host = len;
+		/* Slots in use (pages, reads in flight, blocks made ahead): a
+		 * read of two counters the pool's lock guards, so one scrape may
+		 * be a slot off. */
+		host_used = (uint64_t)(kvmem_hostpool_slots(sv->pool) -
+				       kvmem_hostpool_free_slots(sv->pool)) *
+			    kvmem_hostpool_slot_bytes(sv->pool);
 	}
 	for (struct conv *x = sv->convs; x; x = x->next) {
 		kvmem_pager_stats y;
@@ -188,6 +194,8 @@ char *serve_metrics(struct serve *sv)
 	metric(&o, "kvmem_tier_host_bytes", "gauge", "host pool bytes (the pool the conversations "
 	       "share, and any of their own)",
 	       (double)host);
+	metric(&o, "kvmem_tier_host_used_bytes", "gauge", "bytes of the shared host pool in use "
+	       "(its slots that hold pages or are being filled)", (double)host_used);
 	metric(&o, "kvmem_host_pool_pinned_bytes", "gauge",
 	       "shared host pool bytes pinned for the backend at start (0: cpu)",
 	       (double)sv->pinned_bytes);
