@@ -18,7 +18,7 @@ static const struct subcommand {
 	{ "generate", cmd_generate, "write a random Qwen3-shaped model directory (presets tiny..32b)" },
 	{ "info", cmd_info, "geometry, parameter count and KV bytes per token of a model directory" },
 	{ "run", cmd_run, "prefill tokens and decode, plainly or as an agent session over a workspace" },
-	{ "bench", cmd_bench, "benchmarks: select, pager, recall" },
+	{ "bench", cmd_bench, "benchmarks: select, pager, recall, engine, step, serve, batch" },
 	{ "verify", cmd_verify, "check every checksum of a workspace directory" },
 	{ "stat", cmd_stat, "tier counters of a workspace directory, without BPF" },
 	{ "copy", cmd_copy, "copy a workspace between a directory and a RADOS pool, either way" },

@@ -52,9 +52,11 @@ static void usage(FILE *f)
 		"An agent session on kvmem's own small model (5.7M parameters, trained here on\n"
 		"a synthetic agent-workspace language, native window 2048 tokens). The agent\n"
 		"reads a workspace 16 windows long in steps, keeping a view of under 2K tokens;\n"
-		"then it is asked about facts from far outside its window, first with Mean-K\n"
-		"selection, then with a plain sliding window. Runs on the CPU in about a minute,\n"
-		"or on a GPU (--backend).\n"
+		"then it is asked about facts from far outside its window, first with kvmem's\n"
+		"block selection (--policy, subblock by default), then with a plain sliding\n"
+		"window. Runs on the CPU in about a minute, or on a GPU (--backend). At\n"
+		"appliance scale, a workspace of N tokens over NVMe: kvmem demo --scale N\n"
+		"(kvmem demo --scale 1M --help).\n"
 		"\n"
 		"The model is built into this binary and written to the data directory\n"
 		"($KVMEM_HOME, else $XDG_DATA_HOME/kvmem, else ~/.local/share/kvmem) on first\n"
@@ -80,7 +82,8 @@ static void usage(FILE *f)
 		"  kvmem demo\n"
 		"  kvmem demo --tokens 64k --questions 12 --policy refine\n"
 		"  kvmem demo --quiet --seed 1000000123\n"
-		"  kvmem demo --backend cuda\n",
+		"  kvmem demo --backend cuda\n"
+		"  kvmem demo --scale 1M\n",
 		(unsigned long long)DEMO_SEED);
 }
 

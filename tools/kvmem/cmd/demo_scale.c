@@ -65,7 +65,12 @@ static void usage(FILE *f)
 		"  --model DIR       another agentlang model directory\n"
 		"  --keep            keep the workspace directory (default: kept only when given)\n"
 		"  --quiet           only the summary\n"
-		"%s; %s.\n", (unsigned long long)SEED, CLI_COUNT_HELP, CLI_SIZE_HELP);
+		"%s; %s.\n"
+		"\n"
+		"examples:\n"
+		"  kvmem demo --scale 1M --backend cuda\n"
+		"  kvmem demo --scale 1M --backend cuda --workspace /var/tmp/demo-1m --quiet\n",
+		(unsigned long long)SEED, CLI_COUNT_HELP, CLI_SIZE_HELP);
 }
 
 static int parse(struct scale *d, int argc, char **argv)
