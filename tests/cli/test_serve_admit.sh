@@ -6,7 +6,8 @@
 # (with the same answer as one chunk a round), idle conversations closed
 # and reopened from their stored state with no re-prefill (equal to a twin
 # that never closed), a turn short of memory waiting for a running one to
-# end (--gpu-mem), and a full disk (a small tmpfs) that is an error for the
+# end (--gpu-mem), a cap on the conversations' bytes (--max-disk) and a
+# full disk (a small tmpfs), each an error (507) for the
 # conversation that needed the space while the others go on.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/../serve/lib.sh"
@@ -258,6 +259,24 @@ got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/completions" -d "{\"pro
 serve_stop
 
 # ---- a full disk --------------------------------------------------------------------------------
+# ---- --max-disk: the same rule under a cap of the conversations' bytes (no tmpfs needed)
+serve_start --data-dir "$tmp/capped" --max-disk 10M || exit 1
+rm -f "$tmp/body"
+curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
+grep -q '"finish_reason":"stop"' "$tmp/body" || bad "--max-disk: the first turn of 'small': $(cat "$tmp/body")"
+big=$(node -e 'const l = JSON.parse(process.argv[1]); console.log(JSON.stringify(l.repeat(40) + "? payments.props pool.workers ="))' "$LINES")
+got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: big' \
+	-d "{\"messages\":[{\"role\":\"user\",\"content\":$big}]}")
+[ "$got" = 507 ] && grep -q '"code":"insufficient_storage"' "$tmp/body" && grep -q -- '--max-disk allows' "$tmp/body" ||
+	bad "--max-disk: the turn that would pass it got $got: $(head -c 400 "$tmp/body")"
+rm -f "$tmp/body"
+curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' \
+	-d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK},{\"role\":\"assistant\",\"content\":\"5432\"},{\"role\":\"user\",\"content\":$ASK2}]}"
+grep -q '"finish_reason":"stop"' "$tmp/body" || bad "--max-disk: 'small' did not go on: $(cat "$tmp/body")"
+serve_stop
+used=$(du -sk "$tmp/capped/conversations" | cut -f1)
+[ "$used" -le 10240 ] || bad "--max-disk 10M: the conversations take $used KiB"
+
 if [ "$(id -u)" != 0 ] || ! mkdir -p "$tmp/disk" || ! mount -t tmpfs -o size=6M kvmem-serve-test "$tmp/disk" 2>"$tmp/mount.err"; then
 	echo "note: no 6 MiB tmpfs to fill (not root, or: $(cat "$tmp/mount.err" 2>/dev/null)): the full-disk part is skipped"
 else

@@ -60,7 +60,8 @@ static void usage(FILE *f)
 		"  --api-key KEY             require Authorization: Bearer KEY (default:\n"
 		"                            $KVMEM_API_KEY when set)\n"
 		"  --data-dir DIR            where conversations live (default: <data dir>/serve;\n"
-		"                            the data dir is $KVMEM_HOME, else ~/.local/share/kvmem)\n"
+		"                            the data dir is $KVMEM_HOME, else\n"
+		"                            $XDG_DATA_HOME/kvmem, else ~/.local/share/kvmem)\n"
 		"  --store rados://POOL      keep conversations in a Ceph pool instead, shared\n"
 		"                            with other servers: a conversation is held for one\n"
 		"                            turn at a time (409 while another server holds it)\n"
@@ -74,6 +75,9 @@ static void usage(FILE *f)
 		"  --chunk N                 prefill chunk (default 128 on the cpu backend, 1024\n"
 		"                            on a GPU)\n"
 		"  --host-cap SIZE           host pool the conversations share (default 256M)\n"
+		"  --max-disk SIZE           bytes the conversations' files may take on disk; a\n"
+		"                            turn that would pass it gets 507 (default: no cap\n"
+		"                            but the disk's free space)\n"
 		"  --gpu-mem SIZE            device memory the backend may take: weights, views,\n"
 		"                            scratch, page pool (on the cpu backend: the views);\n"
 		"                            a turn whose view does not fit beside the others'\n"
@@ -131,7 +135,7 @@ enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
 	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
-	O_CEPHCONF, O_RELEASE, O_VIEWS, O_PRESET, O_TOKENIZER, O_GPUMEM, O_ORDER,
+	O_CEPHCONF, O_RELEASE, O_VIEWS, O_PRESET, O_TOKENIZER, O_GPUMEM, O_ORDER, O_MAXDISK,
 };
 
 static const struct option opts[] = {
@@ -149,6 +153,7 @@ static const struct option opts[] = {
 	{ "block", required_argument, NULL, O_BLOCK },
 	{ "chunk", required_argument, NULL, O_CHUNK },
 	{ "host-cap", required_argument, NULL, O_HOSTCAP },
+	{ "max-disk", required_argument, NULL, O_MAXDISK },
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
 	{ "max-body", required_argument, NULL, O_BODY },
 	{ "max-request-tokens", required_argument, NULL, O_REQTOK },
@@ -223,6 +228,10 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case O_CHUNK: if (cli_parse_int(w, n, a, 1, 4096, &c->chunk)) return -1; break;
 		case O_HOSTCAP:
 			if (cli_parse_size(w, n, a, 1 << 20, 1ull << 50, &c->host_cap))
+				return -1;
+			break;
+		case O_MAXDISK:
+			if (cli_parse_size(w, n, a, 1 << 20, 1ull << 60, &c->max_disk))
 				return -1;
 			break;
 		case O_GPUMEM:

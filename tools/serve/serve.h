@@ -54,6 +54,7 @@ struct serve_cfg {
 	int64_t budget;			/* view budget of a session (0: unlimited; -1: from the window) */
 	int block, chunk, threads;	/* chunk 0: the backend's (128 cpu, 512 a GPU) */
 	uint64_t host_cap;		/* the host pool the conversations share */
+	uint64_t max_disk;		/* bytes the conversations' files may take (0: no cap) */
 	uint64_t gpu_mem;		/* the backend's memory cap (kvmem_backend_opts.mem_cap;
 					 * 0: none) */
 	int request_timeout;		/* seconds a request may wait or run */

@@ -238,8 +238,9 @@ struct serve {
 	uint64_t id_counter;		/* mu */
 	char **piece_text;		/* the engine's: each id's text (json_object) */
 	size_t *piece_len;
-	double disk_t;			/* mu: /metrics' disk walk, cached */
+	double disk_t;			/* mu: the data directory's disk walk, cached */
 	uint64_t disk_bytes;
+	uint64_t disk_pending;		/* mu: --max-disk: turns' estimates since the walk */
 	struct serve_http *http;
 };
 
@@ -369,6 +370,9 @@ kvmem_chat_msg *serve_chat_msgs(json_t *ms, const char ***strs);
 
 /* ---- metrics (serve_metrics.c) -------------------------------------------------- */
 char *serve_metrics(struct serve *sv);
+/* Bytes the conversations take on disk, walked at most every max_age
+ * seconds (the walk is the slow part of /metrics). */
+uint64_t serve_disk_bytes(struct serve *sv, double max_age);
 
 /* v as JSON text the way transformers' tojson filter writes it (Python's
  * json.dumps with ensure_ascii=False; serve_tojson.c). malloc'd, NULL when

@@ -81,6 +81,27 @@ static uint64_t du(const char *dir, int depth)
 	return sum;
 }
 
+uint64_t serve_disk_bytes(struct serve *sv, double max_age)
+{
+	double now = serve_now();
+	char dir[4200];
+	uint64_t disk;
+
+	pthread_mutex_lock(&sv->mu);
+	disk = now - sv->disk_t < max_age && sv->disk_t ? sv->disk_bytes : UINT64_MAX;
+	pthread_mutex_unlock(&sv->mu);
+	if (disk != UINT64_MAX)
+		return disk;
+	snprintf(dir, sizeof(dir), "%s/conversations", sv->data_dir);
+	disk = du(dir, 0);
+	pthread_mutex_lock(&sv->mu);
+	sv->disk_bytes = disk;
+	sv->disk_t = now;
+	sv->disk_pending = 0;
+	pthread_mutex_unlock(&sv->mu);
+	return disk;
+}
+
 static void pager_add(kvmem_pager_stats *a, const kvmem_pager_stats *b)
 {
 #define ADD(name, what) a->name += b->name;
@@ -95,22 +116,9 @@ char *serve_metrics(struct serve *sv)
 	uint64_t hits, misses, host = 0, host_used = 0, disk;
 	const struct serve_counters *c = &sv->c;
 	const struct serve_batch_stats *b = &c->batch;
-	double now = serve_now();
-	char dir[4200];
 
-	/* The disk walk is the one slow part: at most every 10 s. */
+	disk = serve_disk_bytes(sv, 10);
 	pthread_mutex_lock(&sv->mu);
-	disk = now - sv->disk_t < 10 && sv->disk_t ? sv->disk_bytes : UINT64_MAX;
-	pthread_mutex_unlock(&sv->mu);
-	if (disk == UINT64_MAX) {
-		snprintf(dir, sizeof(dir), "%s/conversations", sv->data_dir);
-		disk = du(dir, 0);
-	}
-	pthread_mutex_lock(&sv->mu);
-	if (disk != sv->disk_bytes || !sv->disk_t || now - sv->disk_t >= 10) {
-		sv->disk_bytes = disk;
-		sv->disk_t = now;
-	}
 	st = sv->closed;
 	/* The pagers of open conversations: they leave the list under the
 	 * lock before they are closed. */
@@ -202,7 +210,7 @@ char *serve_metrics(struct serve *sv)
 	metric(&o, "kvmem_host_pool_pin_seconds", "gauge", "seconds pinning it took at start",
 	       sv->pin_s);
 	metric(&o, "kvmem_tier_disk_bytes", "gauge", "bytes the conversations take on disk (at most "
-	       "10 s old)", (double)sv->disk_bytes);
+	       "10 s old)", (double)disk);
 	metric(&o, "kvmem_conversations_open", "gauge", "conversations held open", (double)sv->n_open);
 	metric(&o, "kvmem_conversation_restores_total", "counter",
 	       "conversations reopened from their workspace", (double)c->restores);

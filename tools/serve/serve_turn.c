@@ -247,7 +247,8 @@ static int start_text(struct job *j, struct conv *c)
  * leaves its bytes until the workspace is written again, which would take
  * the room the other conversations' commits need). The estimate: the
  * turn's tokens in whole blocks of every layer, the tail's two slots and
- * the record. 1 when refused (507). */
+ * the record, against the disk's free space and --max-disk. 1 when
+ * refused (507). */
 static int disk_short(struct job *j)
 {
 	struct serve *sv = j->sv;
@@ -259,6 +260,26 @@ static int disk_short(struct job *j)
 	kvmem_page_geom_model(&g, sv->m, sv->cfg.block);
 	per_block = (uint64_t)kvmem_page_stride(&g) * g.n_layers;
 	need = ((uint64_t)toks / (uint64_t)sv->cfg.block + 3) * per_block + (1u << 20);
+	if (sv->cfg.max_disk) {
+		/* The walk is at most 10 s old; the turns started since add
+		 * their estimates, so a burst does not pass the cap by them. */
+		uint64_t used = serve_disk_bytes(sv, 10), pending;
+
+		pthread_mutex_lock(&sv->mu);
+		pending = sv->disk_pending;
+		if (used + pending + need <= sv->cfg.max_disk)
+			sv->disk_pending += need;
+		pthread_mutex_unlock(&sv->mu);
+		if (used + pending + need > sv->cfg.max_disk) {
+			job_fail(j, 507, "insufficient_storage", "conversation '%s': this turn (%zu new "
+				 "tokens, max_tokens %lld) needs about %.1f MiB on disk, and the "
+				 "conversations take %.1f MiB of the %.1f MiB --max-disk allows; the "
+				 "conversation keeps its last turn", j->conv, j->ids.n,
+				 (long long)j->max_tokens, need / 1048576.0,
+				 (used + pending) / 1048576.0, sv->cfg.max_disk / 1048576.0);
+			return 1;
+		}
+	}
 	if (statvfs(j->cv->dir, &fs))
 		return 0;
 	have = (uint64_t)fs.f_bavail * fs.f_frsize;
