@@ -255,5 +255,30 @@ size=$(curl -s -H "$A" "$BASE/metrics" | sed -n 's/^kvmem_tier_host_bytes //p')
 [ -n "$used" ] && [ "$used" -gt 0 ] && [ "$used" -lt "$size" ] ||
 	bad "/metrics: host pool in use '$used' of $size with a conversation open"
 serve_stop
+
+# ---- the limits a request meets: --max-n, --max-conversation-tokens, --max-batch ---------------
+serve_start --max-n 2 --max-conversation-tokens 60 --max-batch 2 || exit 1
+CH="$BASE/v1/chat/completions"
+CO="$BASE/v1/completions"
+expect 400 "" "$CO" -d '{"prompt":"? api.conf db.port =","max_tokens":2,"n":3}' &&
+	grep -q '"param":"n"' "$tmp/body" && grep -q '1\.\.2' "$tmp/body" || bad "n 3 under --max-n 2: $(head -c 300 "$tmp/body")"
+expect 200 "" "$CO" -d '{"prompt":"? api.conf db.port =","max_tokens":2,"n":2}' &&
+	[ "$(js 'b.choices.length')" = 2 ] || bad "n 2 under --max-n 2: $(head -c 300 "$tmp/body")"
+# A chat turn whose prompt is one chunk took one prefill round (its closing
+# tokens, prefilled after the answer, are not its prompt's).
+expect 200 "" "$CH" -H 'X-Kvmem-Conversation: cap' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}],\"max_tokens\":8}" &&
+	[ "$(js 'b.kvmem.prefill_rounds')" = 1 ] || bad "a one-chunk chat turn's prefill_rounds: $(js 'b.kvmem')"
+expect 400 conversation_full "$CH" -H 'X-Kvmem-Conversation: cap' \
+	-d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK},{\"role\":\"assistant\",\"content\":\"5432\"},{\"role\":\"user\",\"content\":$LINES}],\"max_tokens\":8}"
+# Four streams at once under --max-batch 2: no round ran more than two units.
+pids=""
+for i in 1 2 3 4; do
+	curl -s -o /dev/null "$CO" -d "{\"prompt\":$LINES,\"max_tokens\":48,\"ignore_eos\":true,\"stream\":true}" &
+	pids="$pids $!"
+done
+wait $pids
+max=$(curl -s "$BASE/metrics" | sed -n 's/^kvmem_batch_size_max //p')
+[ -n "$max" ] && [ "$max" -ge 2 ] && [ "$max" -le 2 ] || bad "--max-batch 2: the largest round ran '$max' units"
+serve_stop
 grep -E "ERROR: AddressSanitizer|runtime error" "$tmp/serve.err" && bad "sanitizer report"
 cli_done serve_api

@@ -317,10 +317,12 @@ struct round {
 	int64_t conv_inflight;		/* conversations with a turn running */
 };
 
-/* A unit ran for j in round r: count the rounds of its prompt's prefill. */
+/* A unit ran for j in round r: count the rounds of its prompt's prefill
+ * (before its first token: a chat turn's closing tokens, prefilled after
+ * the answer, are not its prompt's). */
 static void ran_unit(struct round *r, struct job *j, struct serve_unit *u)
 {
-	if (u->kind == SERVE_UNIT_PREFILL && j->prefill_round != r->id) {
+	if (u->kind == SERVE_UNIT_PREFILL && !j->t_first && j->prefill_round != r->id) {
 		j->prefill_round = r->id;
 		j->prefill_rounds++;
 	}
