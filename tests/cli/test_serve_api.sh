@@ -11,7 +11,8 @@
 #   4 a NUL byte in X-Kvmem-Conversation is refused, not cut
 #   5 a stream cut by --request-timeout ends with an error event and [DONE]
 #   6 414, 431, a bad, too large or two differing Content-Lengths: OpenAI errors (JSON)
-#   7 "bearer" in lower case is taken; a replay reports the turn's usage; a
+#   7 "bearer" in lower case is taken; a replay reports the turn's usage (and its
+#     logprobs, null where it kept none); a
 #     user's content null is refused
 #   and "hello" to the embedded model: a 400 that says what it speaks, with
 #   a prompt that works.
@@ -152,6 +153,18 @@ u1=$(js 'JSON.stringify(b.usage)')
 expect 200 "" "$CH" -H "$A" -H 'X-Kvmem-Conversation: rp' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
 [ "$(js 'b.kvmem.replayed')" = true ] && [ "$(js 'JSON.stringify(b.usage)')" = "$u1" ] && [ "$(js 'b.usage.completion_tokens > 0')" = true ] ||
 	bad "7: a replay reports usage $(js 'JSON.stringify(b.usage)'), the turn had $u1"
+# A replay asked for log probabilities: the turn's own (recorded with it),
+# never an empty list beside tokens; null where the turn kept none ('rp').
+expect 200 "" "$CH" -H "$A" -H 'X-Kvmem-Conversation: rp' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}],\"logprobs\":true}"
+[ "$(js 'b.kvmem.replayed')" = true ] && [ "$(js 'b.choices[0].logprobs')" = null ] ||
+	bad "7: a replay of a turn kept without logprobs: $(js 'JSON.stringify(b.choices[0].logprobs)')"
+expect 200 "" "$CH" -H "$A" -H 'X-Kvmem-Conversation: rl' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}],\"logprobs\":true,\"top_logprobs\":3}"
+l1=$(js 'JSON.stringify(b.choices[0].logprobs)')
+[ "$(js 'b.choices[0].logprobs.content.length > 0')" = true ] || bad "7: no logprobs in the turn: $l1"
+expect 200 "" "$CH" -H "$A" -H 'X-Kvmem-Conversation: rl' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}],\"logprobs\":true,\"top_logprobs\":3}"
+[ "$(js 'b.kvmem.replayed')" = true ] && [ "$(js 'JSON.stringify(b.choices[0].logprobs)')" = "$l1" ] ||
+	bad "7: a replay's logprobs $(js 'JSON.stringify(b.choices[0].logprobs)'), the turn had $l1"
+expect 200 "" -X DELETE "$BASE/v1/conversations/rl" -H "$A"	# the list below is of the others
 for role in user system tool; do
 	expect 400 invalid_request "$CH" -H "$A" -d "{\"messages\":[{\"role\":\"$role\",\"content\":null}]}"
 done

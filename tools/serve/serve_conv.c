@@ -15,7 +15,8 @@
  *    "turns": [{"text": 120, "answer": 8, "tokens": 40, ...}, ...]}
  *
  * A turn's usage and finish ("length": cut at max_tokens) are kept so that
- * a replay reports what the turn had; "answer" (text) is the completion's
+ * a replay reports what the turn had, and the last turn's "logprobs" when
+ * it was asked for them ([[id, lp, [top ids], [top lps]], ...]); "answer" (text) is the completion's
  * bytes at the end of "text", so that a request repeating the turn's
  * prompt gets it back. Records written before these fields have none: a
  * replay then reports 0 and a text turn cannot be replayed.
@@ -160,6 +161,28 @@ int conv_load(struct conv *c, int64_t ws_tokens)
 	return 0;
 }
 
+/* A turn's log probabilities for its replay: [[id, lp, [top ids],
+ * [top lps]], ...], as the answer had them. */
+static json_t *lps_record(const struct job *j)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; a && i < j->n_lps; i++) {
+		const struct tok_lp *lp = &j->lps[i];
+		json_t *ids = json_array(), *lps = json_array();
+
+		for (int k = 0; k < lp->n_top; k++) {
+			json_array_append_new(ids, json_integer(lp->top_id[k]));
+			json_array_append_new(lps, json_real(lp->top_lp[k]));
+		}
+		json_array_append_new(a, json_pack("[IfOO]", (json_int_t)lp->id, (double)lp->lp, ids,
+						   lps));
+		json_decref(ids);
+		json_decref(lps);
+	}
+	return a;
+}
+
 int conv_save(struct conv *c, int64_t tokens, const struct job *j)
 {
 	char path[4200], tmp[4300];
@@ -177,7 +200,13 @@ int conv_save(struct conv *c, int64_t tokens, const struct job *j)
 	if (!turn || json_object_set_new(turn, "prompt_tokens", json_integer(j->prompt_tokens)) ||
 	    json_object_set_new(turn, "completion_tokens", json_integer(j->completion_tokens)) ||
 	    json_object_set_new(turn, "length", json_boolean(j->finish_length)) ||
-	    json_array_append_new(c->turns, turn))
+	    (j->logprobs && json_object_set_new(turn, "logprobs", lps_record(j))))
+		return kvmem_error(ENOMEM, "out of memory");
+	/* Only the last turn can be replayed: the one before keeps no
+	 * log probabilities. */
+	if (json_array_size(c->turns))
+		json_object_del(json_array_get(c->turns, json_array_size(c->turns) - 1), "logprobs");
+	if (json_array_append_new(c->turns, turn))
 		return kvmem_error(ENOMEM, "out of memory");
 	doc = c->kind == JOB_CHAT
 		? json_pack("{sisssOsO}", "version", 1, "kind", "chat", "messages", c->messages,

@@ -73,11 +73,43 @@ static void publish_text(struct job *j, const char *text, size_t len)
 	pthread_mutex_unlock(&sv->mu);
 }
 
+/* A replay's log probabilities from the turn's record (conv_save): the
+ * tokens' and as many alternatives as the request asks of those kept. A
+ * turn recorded without them answers "logprobs": null (not an empty list:
+ * the answer has tokens, their log probabilities are not known). */
+static void replay_lps(struct job *j, json_t *turn)
+{
+	json_t *a = json_object_get(turn, "logprobs"), *e;
+	size_t i;
+
+	if (!j->logprobs)
+		return;
+	if (!json_is_array(a) || !(j->lps = calloc(json_array_size(a) + 1, sizeof(*j->lps)))) {
+		j->logprobs = 0;
+		return;
+	}
+	j->cap_lps = json_array_size(a) + 1;
+	json_array_foreach(a, i, e) {
+		struct tok_lp *lp = &j->lps[j->n_lps++];
+		json_t *ids = json_array_get(e, 2), *lps = json_array_get(e, 3);
+
+		lp->id = (int32_t)json_integer_value(json_array_get(e, 0));
+		lp->lp = (float)json_number_value(json_array_get(e, 1));
+		for (size_t k = 0; k < json_array_size(ids) && (int)k < j->top_logprobs &&
+				   k < SERVE_TOP_LOGPROBS_MAX; k++) {
+			lp->top_id[k] = (int32_t)json_integer_value(json_array_get(ids, k));
+			lp->top_lp[k] = (float)json_number_value(json_array_get(lps, k));
+			lp->n_top = (int)k + 1;
+		}
+	}
+}
+
 /* The turn's answer from the record: nothing runs. */
 static void replay(struct job *j, const char *text, size_t len, json_t *turn)
 {
 	struct serve *sv = j->sv;
 
+	replay_lps(j, turn);
 	publish_text(j, text, len);
 	pthread_mutex_lock(&sv->mu);
 	j->replayed = 1;
