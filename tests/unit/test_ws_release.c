@@ -9,7 +9,9 @@
  *    twice: once keeping its view, once giving it up after random ops and
  *    laying it out again before the next one. Every forward pass's logits
  *    and every decoded token are equal, bit for bit (memcmp), and so are
- *    the final plan and (cpu) every slot of the view. Over the memory
+ *    the final plan and (cpu) every slot of the view; half the layouts
+ *    are made in steps of a random number of layers
+ *    (kvmem_session_restore_view_step). Over the memory
  *    source and over the pager with a host pool of a few pages, so the
  *    layout reads pages back from disk; on cpu a third of the sessions
  *    with fp8 views (kv_dtype).
@@ -223,8 +225,23 @@ static int run_case(const struct kase *k, uint64_t *r)
 
 		if (kvmem_session_view_released(two.s)) {
 			check_released(k, &two, op);
-			if (kvmem_session_restore_view(two.s))
+			if (test_rng_int(r, 0, 1)) {
+				/* In steps of `per` layers: given up until the last. */
+				int per = (int)test_rng_int(r, 1, c->n_layers), rc, steps = 0;
+
+				assert_int_equal(kvmem_session_restore_view_step(two.s, 0), -EINVAL);
+				assert_int_equal(kvmem_last_errno(), EINVAL);
+				while ((rc = kvmem_session_restore_view_step(two.s, per)) == 1) {
+					steps++;
+					assert_int_equal(kvmem_session_view_released(two.s), 1);
+				}
+				if (rc)
+					fail_msg("restore in steps of %d before op %d: %s", per, i,
+						 kvmem_last_error());
+				assert_int_equal(steps, (c->n_layers + per - 1) / per - 1);
+			} else if (kvmem_session_restore_view(two.s)) {
 				fail_msg("restore before op %d: %s", i, kvmem_last_error());
+			}
 			assert_int_equal(kvmem_session_view_released(two.s), 0);
 			assert_int_equal(kvmem_session_view_len(two.s), kvmem_session_view_len(one.s));
 		}

@@ -59,22 +59,39 @@ int kvmem_session_release_view(kvmem_session *s)
 	return 0;
 }
 
-int kvmem_session_restore_view(kvmem_session *s)
+int kvmem_session_restore_view_step(kvmem_session *s, int layers)
 {
+	int rc;
+
 	if (!s->released)
 		return 0;
 	if (s->broken)
 		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
-	if (ws_scratch_alloc(s))
+	if (layers < 1)
+		return kvmem_error(EINVAL, "session: laying the view out %d layers at a time", layers);
+	if (s->restore_next == 0 && ws_scratch_alloc(s))
 		return kvmem_fail();
 	/* A failure here leaves a half-built view: the session is broken
 	 * (its pages and state stay; a reopened workspace goes on). */
-	if (ws_view_restore(s)) {
+	rc = ws_view_restore_layers(s, &s->restore_next, layers);
+	if (rc < 0) {
 		s->broken = 1;
 		return kvmem_error_prefix("session: laying the view out again");
 	}
+	if (rc)
+		return 1;
+	s->restore_next = 0;
 	s->released = 0;
 	return 0;
+}
+
+int kvmem_session_restore_view(kvmem_session *s)
+{
+	int rc;
+
+	while ((rc = kvmem_session_restore_view_step(s, s->cfg.n_layers)) == 1)
+		;
+	return rc;
 }
 
 int kvmem_session_view_released(const kvmem_session *s)

@@ -116,6 +116,7 @@ struct kvmem_session {
 	/* The view was given up (release.c): s->view is an empty one and
 	 * raw_k, v, q_raw are NULL until kvmem_session_restore_view. */
 	int released;
+	int restore_next;		/* layers laid out again so far (restore_view_step) */
 };
 
 /* The view's length on the backend. */
@@ -155,6 +156,9 @@ const kvmem_score_device *ws_score_device(kvmem_session *s, kvmem_score_device *
 /* Lay out the whole view from the plan in force, sel_tokens and view_len
  * (a restored state): every slot rebuilt from the pages. */
 int ws_view_restore(kvmem_session *s);
+/* Layers [*next, *next + layers) of it (the first call reserves the view,
+ * the last sets its length): 1 while layers are left, 0 when done, -errno. */
+int ws_view_restore_layers(kvmem_session *s, int *next, int layers);
 
 /* What a forward over tokens [p0, p0 + n) gave the history: raw K and V
  * ([L][n][kw]) and the queries of its last q_rows tokens ([L][q_rows][qw]). */

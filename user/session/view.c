@@ -499,15 +499,25 @@ static void hint_restore(kvmem_session *s)
 
 int ws_view_restore(kvmem_session *s)
 {
+	int next = 0;
+
+	return ws_view_restore_layers(s, &next, s->cfg.n_layers);
+}
+
+int ws_view_restore_layers(kvmem_session *s, int *next, int layers)
+{
 	const kvmem_plan *p = &s->plan;
 	const int64_t B = s->blocks.block, n = s->blocks.n_tokens, sel = s->sel_tokens;
 	const int64_t len = s->view_len + (n - sel);
+	const int end = *next + layers < s->cfg.n_layers ? *next + layers : s->cfg.n_layers;
 
-	if (ws_view_reserve(s, len))
-		return kvmem_fail();
-	ws_register(s);
-	hint_restore(s);
-	for (int l = 0; l < s->cfg.n_layers; l++) {
+	if (*next == 0) {
+		if (ws_view_reserve(s, len))
+			return kvmem_fail();
+		ws_register(s);
+		hint_restore(s);
+	}
+	for (int l = *next; l < end; l++) {
 		int set = p->n_sets <= 1 ? 0 : l;
 		/* An empty plan (nothing selected yet) has no arrays at all. */
 		const int64_t *nb = p->n_view ? p->blocks + (size_t)set * p->n_view : NULL;
@@ -531,5 +541,8 @@ int ws_view_restore(kvmem_session *s)
 	}
 	if (flush(s))
 		return kvmem_fail();
+	*next = end;
+	if (end < s->cfg.n_layers)
+		return 1;
 	return s->be->ops->set_length(s->be->ctx, s->view, len) ? kvmem_error_prefix("session") : 0;
 }
