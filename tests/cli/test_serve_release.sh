@@ -80,6 +80,9 @@ grep -q ',false\]$' "$tmp/idle.5.out" || bad "the conversation was reopened from
 [ "$(metric kvmem_views_restored_total)" = 4 ] || bad "views laid out again: $(metric kvmem_views_restored_total), want 4"
 [ "$(metric kvmem_view_restore_tokens_total)" -gt 4 ] 2>/dev/null ||
 	bad "tokens laid out again: $(metric kvmem_view_restore_tokens_total)"
+# A layer a round (the model's 6 layers in eighths, at least one each).
+[ "$(metric kvmem_view_restore_steps_total)" = 24 ] ||
+	bad "rounds that laid views out: $(metric kvmem_view_restore_steps_total), want 4 x 6"
 [ "$(metric kvmem_conversation_restores_total)" = 0 ] || bad "a conversation was reopened from its workspace"
 echo "5 turns, the view given up $(metric kvmem_views_released_total) times and laid out again" \
 	"$(metric kvmem_views_restored_total) times ($(metric kvmem_view_restore_tokens_total) tokens," \

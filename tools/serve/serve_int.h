@@ -166,6 +166,7 @@ struct conv {
 	int busy, restored;
 	double last_used;
 	int view_away;			/* its view given up (pool_views) */
+	double restore_s;		/* seconds its layout has taken so far (pool_view_back_step) */
 	struct conv *next;
 };
 
@@ -185,7 +186,7 @@ struct serve_counters {
 	uint64_t restores, fresh_views, evictions, idle_closes;
 	/* Views given up by idle conversations and laid out again
 	 * (serve_pool.c); views_away: open conversations without one now. */
-	uint64_t view_releases, view_restores, view_restore_tokens;
+	uint64_t view_releases, view_restores, view_restore_tokens, view_restore_steps;
 	int64_t views_away;
 	double view_restore_s;
 	double prefill_s, decode_s, select_s, commit_s, ttft_s, ttft_n, turn_s;
@@ -324,10 +325,14 @@ void pool_views(struct serve *sv, int extra);
 /* Memory is short (a turn was parked): every idle conversation gives its
  * view up. How many did. */
 int pool_views_idle(struct serve *sv);
-/* Before c's turn (c busy): room for its view under --max-views, and its
- * view laid out again from its pages when it was given up (never a
- * prefill). 0, or -1 with the session broken. */
-int pool_view_back(struct serve *sv, struct conv *c);
+/* Before c's turn (c busy): room for its view under --max-views; 1 when
+ * its view was given up and must be laid out again from its pages (never a
+ * prefill), by pool_view_back_step a round until it returns 0 (or -1,
+ * the session broken). A step lays out an eighth of the layers (at least
+ * one): a view comes back over up to eight rounds, and the rounds between
+ * run the other conversations' units (tools/bench/serve_stall.py). */
+int pool_view_back_begin(struct serve *sv, struct conv *c);
+int pool_view_back_step(struct serve *sv, struct conv *c);
 /* JOB_DELETE: remove the conversation's directory (closing it first). */
 void pool_delete(struct serve *sv, struct job *j);
 void pool_close_all(struct serve *sv);

@@ -232,6 +232,9 @@ char *serve_metrics(struct serve *sv)
 	       (double)c->view_restore_tokens);
 	metric(&o, "kvmem_view_restore_seconds_total", "counter", "time laying views out again",
 	       c->view_restore_s);
+	metric(&o, "kvmem_view_restore_steps_total", "counter", "rounds that laid out a slice of a "
+	       "view (an eighth of its layers, at least one), the others' units between them",
+	       (double)c->view_restore_steps);
 	metric(&o, "kvmem_conversations_without_view", "gauge",
 	       "open conversations whose view is given up now", (double)c->views_away);
 #define PAGER_METRIC(name, what) {                                                   \

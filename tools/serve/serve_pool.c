@@ -185,23 +185,33 @@ int pool_views_idle(struct serve *sv)
 	return released;
 }
 
-int pool_view_back(struct serve *sv, struct conv *c)
+int pool_view_back_begin(struct serve *sv, struct conv *c)
 {
-	double t0;
-	int64_t n;
-
 	pool_views(sv, c->view_away);	/* room for c's under --max-views */
-	if (!c->view_away)
-		return 0;
-	t0 = serve_now();
-	if (kvmem_session_restore_view(c->s))
-		return -1;
+	c->restore_s = 0;
+	return c->view_away;
+}
+
+int pool_view_back_step(struct serve *sv, struct conv *c)
+{
+	const int layers = sv->m->cfg.n_layers;
+	double t0 = serve_now();
+	int64_t n;
+	int rc;
+
+	rc = kvmem_session_restore_view_step(c->s, (layers + 7) / 8);
+	c->restore_s += serve_now() - t0;
+	pthread_mutex_lock(&sv->mu);
+	sv->c.view_restore_steps++;
+	pthread_mutex_unlock(&sv->mu);
+	if (rc)
+		return rc < 0 ? -1 : 1;
 	n = kvmem_session_view_len(c->s);
 	c->view_away = 0;
 	pthread_mutex_lock(&sv->mu);
 	sv->c.view_restores++;
 	sv->c.view_restore_tokens += (uint64_t)n;
-	sv->c.view_restore_s += serve_now() - t0;
+	sv->c.view_restore_s += c->restore_s;
 	sv->c.views_away--;
 	pthread_mutex_unlock(&sv->mu);
 	return 0;

@@ -31,7 +31,7 @@
 #include "kvmem/kvmem.h"
 #include "serve_int.h"
 
-enum { PH_PREFILL = 0, PH_SELECT, PH_DECODE, PH_CLOSE, PH_COMMIT, PH_PARKED };
+enum { PH_PREFILL = 0, PH_SELECT, PH_DECODE, PH_CLOSE, PH_COMMIT, PH_PARKED, PH_RESTORE };
 
 /* ---- matching ------------------------------------------------------------------- */
 /* json_equal() says 0 when either side is absent. */
@@ -324,6 +324,8 @@ static int disk_short(struct job *j)
 	return 1;
 }
 
+static int start_view(struct job *j);
+
 /* turn_start's work; *cv: the conversation it opened, if any. */
 static int start(struct job *j, struct conv **cv)
 {
@@ -398,20 +400,28 @@ static int start(struct job *j, struct conv **cv)
 		}
 	} else {
 		/* An idle conversation's view comes back from its pages
-		 * (serve_pool.c), never by a prefill of its history; busy
-		 * first, so that room under --max-views is made elsewhere. */
+		 * (serve_pool.c), never by a prefill of its history, a few
+		 * layers a round (turn_unit's PH_RESTORE) while the others'
+		 * units run; busy first, so that room under --max-views is made
+		 * elsewhere. The rest of the start waits for it. */
 		c->busy = 1;
-		if (pool_view_back(sv, c)) {
-			c->busy = 0;
-			job_fail(j, 500, "conversation_unavailable", "conversation '%s': %s", j->conv,
-				 kvmem_last_error());
-			j->cv = NULL;
-			j->s = NULL;
-			*cv = NULL;
-			pool_close(sv, c);
-			return 1;
+		if (pool_view_back_begin(sv, c)) {
+			j->phase = PH_RESTORE;
+			return 0;
 		}
 	}
+	rc = start_view(j);
+	if (rc && !j->cv)
+		*cv = NULL;	/* turn_undo closed it */
+	return rc;
+}
+
+/* The rest of a turn's start, its view in place: 0 (running, or parked
+ * short of memory) or 1 (failed: answered). */
+static int start_view(struct job *j)
+{
+	struct serve *sv = j->sv;
+
 	j->rng = kvmem_rng_seed(j->samp.seed);
 	pthread_mutex_lock(&sv->mu);
 	j->prompt_tokens = (int64_t)j->ids.n;
@@ -423,8 +433,7 @@ static int start(struct job *j, struct conv **cv)
 	if (kvmem_session_reserve(j->s, (int64_t)j->ids.n + j->max_tokens + 2)) {
 		if (kvmem_last_errno() != ENOMEM) {
 			job_fail(j, 500, "server_error", "%s", kvmem_last_error());
-			*cv = NULL;	/* turn_undo closes it: it reopens at its last commit */
-			turn_undo(j);
+			turn_undo(j);	/* closes it: it reopens at its last commit */
 			return 1;
 		}
 		snprintf(j->short_of, sizeof(j->short_of), "%s", kvmem_last_error());
@@ -514,6 +523,27 @@ int turn_unit(struct job *j, struct serve_unit *u)
 
 	memset(u, 0, sizeof(*u));
 	u->s = j->s;
+	if (j->phase == PH_RESTORE) {
+		/* A slice of the view's layout a round; after the last, the
+		 * turn's units from the next round on (its prompt's chunks then
+		 * take their place in the round's prefill budget). */
+		int rc = pool_view_back_step(sv, j->cv);
+
+		if (rc < 0) {
+			struct conv *c = j->cv;
+
+			c->busy = 0;
+			job_fail(j, 500, "conversation_unavailable", "conversation '%s': %s", j->conv,
+				 kvmem_last_error());
+			j->cv = NULL;
+			j->s = NULL;
+			pool_close(sv, c);
+			return -1;
+		}
+		if (rc > 0)
+			return 1;
+		return start_view(j) ? -1 : 1;	/* running, or parked short of memory */
+	}
 	switch (j->phase) {
 	case PH_PREFILL: {
 		/* Slices of whole chunks: the forward passes fall where one
