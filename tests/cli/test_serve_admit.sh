@@ -259,21 +259,33 @@ got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/completions" -d "{\"pro
 serve_stop
 
 # ---- a full disk --------------------------------------------------------------------------------
-# ---- --max-disk: the same rule under a cap of the conversations' bytes (no tmpfs needed)
-serve_start --data-dir "$tmp/capped" --max-disk 10M || exit 1
-rm -f "$tmp/body"
-curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
-grep -q '"finish_reason":"stop"' "$tmp/body" || bad "--max-disk: the first turn of 'small': $(cat "$tmp/body")"
-big=$(node -e 'const l = JSON.parse(process.argv[1]); console.log(JSON.stringify(l.repeat(40) + "? payments.props pool.workers ="))' "$LINES")
-got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: big' \
-	-d "{\"messages\":[{\"role\":\"user\",\"content\":$big}]}")
-[ "$got" = 507 ] && grep -q '"code":"insufficient_storage"' "$tmp/body" && grep -q -- '--max-disk allows' "$tmp/body" ||
-	bad "--max-disk: the turn that would pass it got $got: $(head -c 400 "$tmp/body")"
-rm -f "$tmp/body"
-curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' \
-	-d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK},{\"role\":\"assistant\",\"content\":\"5432\"},{\"role\":\"user\",\"content\":$ASK2}]}"
-grep -q '"finish_reason":"stop"' "$tmp/body" || bad "--max-disk: 'small' did not go on: $(cat "$tmp/body")"
-serve_stop
+# disk_rule WHAT WANT ARGS...: a server started with ARGS answers 'small'; a
+# prompt whose pages would pass the room ('big') gets 507 with a message
+# matching WANT; then 'small' goes on, and so does 'big' with a turn that fits.
+disk_rule() {
+	local what=$1 want=$2 big got
+	shift 2
+	serve_start "$@" || exit 1
+	rm -f "$tmp/body"
+	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
+	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "$what: the first turn of 'small': $(cat "$tmp/body")"
+	big=$(node -e 'const l = JSON.parse(process.argv[1]); console.log(JSON.stringify(l.repeat(40) + "? payments.props pool.workers ="))' "$LINES")
+	got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: big' \
+		-d "{\"messages\":[{\"role\":\"user\",\"content\":$big}]}")
+	[ "$got" = 507 ] && grep -q '"error":{"message":"conversation .big.*"type":"server_error".*"code":"insufficient_storage"' "$tmp/body" &&
+		grep -q -- "$want" "$tmp/body" || bad "$what: the turn that needed the space got $got: $(head -c 400 "$tmp/body")"
+	rm -f "$tmp/body"
+	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' \
+		-d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK},{\"role\":\"assistant\",\"content\":\"5432\"},{\"role\":\"user\",\"content\":$ASK2}]}"
+	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "$what: 'small' did not go on: $(cat "$tmp/body")"
+	rm -f "$tmp/body"
+	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: big' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
+	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "$what: 'big' with a turn that fits: $(cat "$tmp/body")"
+	serve_stop
+}
+
+# ---- --max-disk: the rule under a cap of the conversations' bytes (no tmpfs needed)
+disk_rule "--max-disk" "--max-disk allows" --data-dir "$tmp/capped" --max-disk 10M
 used=$(du -sk "$tmp/capped/conversations" | cut -f1)
 [ "$used" -le 10240 ] || bad "--max-disk 10M: the conversations take $used KiB"
 
@@ -281,25 +293,7 @@ if [ "$(id -u)" != 0 ] || ! mkdir -p "$tmp/disk" || ! mount -t tmpfs -o size=6M 
 	echo "note: no 6 MiB tmpfs to fill (not root, or: $(cat "$tmp/mount.err" 2>/dev/null)): the full-disk part is skipped"
 else
 	disk="$tmp/disk"
-	serve_start --data-dir "$disk" || exit 1
-	rm -f "$tmp/body"
-	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
-	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "full disk: the first turn of 'small': $(cat "$tmp/body")"
-	# A prompt whose pages would pass what is left.
-	big=$(node -e 'const l = JSON.parse(process.argv[1]); console.log(JSON.stringify(l.repeat(40) + "? payments.props pool.workers ="))' "$LINES")
-	got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: big' \
-		-d "{\"messages\":[{\"role\":\"user\",\"content\":$big}]}")
-	[ "$got" = 507 ] && grep -q '"error":{"message":"conversation .big.*"type":"server_error".*"code":"insufficient_storage"' "$tmp/body" ||
-		bad "full disk: the turn that needed the space got $got: $(head -c 400 "$tmp/body")"
-	# The others go on, and so does the refused one with a turn that fits.
-	rm -f "$tmp/body"
-	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: small' \
-		-d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK},{\"role\":\"assistant\",\"content\":\"5432\"},{\"role\":\"user\",\"content\":$ASK2}]}"
-	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "full disk: 'small' did not go on: $(cat "$tmp/body")"
-	rm -f "$tmp/body"
-	curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: big' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
-	grep -q '"finish_reason":"stop"' "$tmp/body" || bad "full disk: 'big' with a turn that fits: $(cat "$tmp/body")"
-	serve_stop
+	disk_rule "full disk" "free" --data-dir "$disk"
 	for ws in "$disk"/conversations/*/ws; do
 		"$KVMEM" verify -q "$ws" >/dev/null 2>&1 || bad "full disk: $ws does not verify"
 	done
