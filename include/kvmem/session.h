@@ -373,10 +373,10 @@ int kvmem_session_restore_view(kvmem_session *s);
 /*
  * The same, `layers` layers a call (every slot of a layer from its pages):
  * 1 while layers are left, 0 once the view is whole (and a no-op then),
- * or -errno (-EINVAL for layers < 1). The session stays given up until the last call, so a server lays
- * one conversation's view out over several rounds while the others
- * decode in between; the result is kvmem_session_restore_view's, bit for
- * bit.
+ * or -errno (-EINVAL for layers < 1). The session stays given up until
+ * the last call, so a server lays one conversation's view out over several
+ * rounds while the others decode in between; the result is
+ * kvmem_session_restore_view's, bit for bit.
  */
 int kvmem_session_restore_view_step(kvmem_session *s, int layers);
 /* 1 while the view is given up. */
