@@ -286,7 +286,7 @@ expect 400 conversation_full "$CH" -H 'X-Kvmem-Conversation: cap' \
 # Four streams at once under --max-batch 2: no round ran more than two units.
 pids=""
 for i in 1 2 3 4; do
-	curl -s -o /dev/null "$CO" -d "{\"prompt\":$LINES,\"max_tokens\":48,\"ignore_eos\":true,\"stream\":true}" &
+	curl -s -o /dev/null "$CO" -d "{\"prompt\":$LINES,\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true}" &
 	pids="$pids $!"
 done
 wait $pids
