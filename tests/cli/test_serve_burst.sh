@@ -16,32 +16,26 @@ serve_start --max-queue 2 --max-tokens 16 || exit 1
 # N clients at once, each one request; prints the answers' counts by status
 # ("reset", "timeout" or "nojson" for what a client should never see).
 burst() {
-	python3 - "$PORT" "$1" "$2" <<'EOF'
+	python3 - "$PORT" "$1" <<'EOF'
 import collections, json, socket, sys, threading
-port, n, half = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "half"
+port, n = int(sys.argv[1]), int(sys.argv[2])
 seen, lock = collections.Counter(), threading.Lock()
 body = b'{"prompt":"? api.conf db.port =","max_tokens":16}'
 def one():
     what = "reset"
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=90)
-        head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-        if half:	# the head and a byte of a 100-byte body: held open
-            s.sendall(head + b"Content-Length: 100\r\n\r\n{")
-        else:
-            s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
         got = b""
         while True:
             d = s.recv(65536)
             if not d:
                 break
             got += d
-            if half and b"\r\n\r\n" in got:
-                break
         status = got.split(b" ", 2)[1].decode() if got.startswith(b"HTTP/1.1 ") else "none"
         what = status
-        if not half:
-            json.loads(got.split(b"\r\n\r\n", 1)[1])
+        json.loads(got.split(b"\r\n\r\n", 1)[1])
         if status == "503" and b"\r\nRetry-After: " not in got:
             what = "503-no-retry-after"
     except socket.timeout:
@@ -61,20 +55,25 @@ print(" ".join(f"{k}={v}" for k, v in sorted(seen.items())))
 EOF
 }
 
-got=$(burst 240 whole)
+# /health answers 200 within 10 s (connections close on the server's side a
+# moment after their clients go: 503 until then), else says what it got.
+health_soon() {
+	local i code
+	for i in $(seq 1 50); do
+		code=$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$BASE/health")
+		[ "$code" = 200 ] && return 0
+		sleep 0.2
+	done
+	bad "/health $1: $code (000: the server hangs)"
+}
+
+got=$(burst 240)
 echo "240 requests at once: $got"
 grep -qE '(^| )(reset|timeout|nojson|none|503-no-retry-after)=' <<<"$got" &&
 	bad "a request of the burst got no proper answer: $got"
 grep -qE '(^| )200=' <<<"$got" || bad "no request of the burst was answered 200: $got"
 grep -qE '(^| )(429|503)=' <<<"$got" || bad "a burst past --max-queue was never refused: $got"
-# (the burst's connections close on the server's side a moment after
-# their clients go: 503 until then)
-for i in $(seq 1 50); do
-	code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$BASE/health")
-	[ "$code" = 200 ] && break
-	sleep 0.2
-done
-[ "$code" = 200 ] || bad "/health after the burst: $code (000: the server hangs)"
+health_soon "after the burst"
 
 # 19 connections that send half a body hold 18 places (the limit at
 # --max-queue 2); the 19th is answered 503 at once, and when the clients
@@ -94,12 +93,7 @@ print(s.recv(400).split(b"\r\n")[0].decode())
 EOF
 )
 grep -q "^HTTP/1.1 503 " <<<"$got" || bad "the 19th connection at --max-queue 2: '$got', not 503"
-for i in $(seq 1 50); do
-	code=$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$BASE/health")
-	[ "$code" = 200 ] && break
-	sleep 0.2
-done
-[ "$code" = 200 ] || bad "/health after the held connections closed: $code"
+health_soon "after the held connections closed"
 
 kill -TERM "$SPID"
 for i in $(seq 1 100); do
