@@ -16,10 +16,11 @@
  *
  * A turn's usage and finish ("length": cut at max_tokens) are kept so that
  * a replay reports what the turn had, and the last turn's "logprobs" when
- * it was asked for them ([[id, lp, [top ids], [top lps]], ...]); "answer" (text) is the completion's
- * bytes at the end of "text", so that a request repeating the turn's
- * prompt gets it back. Records written before these fields have none: a
- * replay then reports 0 and a text turn cannot be replayed.
+ * it was asked for them ([[id, lp, [top ids], [top lps]], ...]); "answer"
+ * (text) is the completion's bytes at the end of "text", so that a
+ * request repeating the turn's prompt gets it back. Records written before
+ * these fields have none: a replay then reports 0 and a text turn cannot
+ * be replayed.
  */
 #ifndef KVMEM_NO_SERVE
 #include <errno.h>
