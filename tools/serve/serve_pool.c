@@ -201,20 +201,18 @@ int pool_view_back_step(struct serve *sv, struct conv *c)
 
 	rc = kvmem_session_restore_view_step(c->s, (layers + 7) / 8);
 	c->restore_s += serve_now() - t0;
+	n = rc ? 0 : kvmem_session_view_len(c->s);
+	c->view_away = rc != 0;
 	pthread_mutex_lock(&sv->mu);
 	sv->c.view_restore_steps++;
+	if (!rc) {
+		sv->c.view_restores++;
+		sv->c.view_restore_tokens += (uint64_t)n;
+		sv->c.view_restore_s += c->restore_s;
+		sv->c.views_away--;
+	}
 	pthread_mutex_unlock(&sv->mu);
-	if (rc)
-		return rc < 0 ? -1 : 1;
-	n = kvmem_session_view_len(c->s);
-	c->view_away = 0;
-	pthread_mutex_lock(&sv->mu);
-	sv->c.view_restores++;
-	sv->c.view_restore_tokens += (uint64_t)n;
-	sv->c.view_restore_s += c->restore_s;
-	sv->c.views_away--;
-	pthread_mutex_unlock(&sv->mu);
-	return 0;
+	return rc < 0 ? -1 : rc;
 }
 
 /* Room for one more: close the least recently used idle conversation. */
