@@ -60,6 +60,8 @@ struct cpu {
 	double *ang;		/* their rotary angles (kvmem_rope_angles), pos_cap rows */
 	int64_t ang_slot;	/* the slots ang holds: ang_slot.. ang_n of them */
 	int ang_n;
+	double *tab;		/* every slot's angles, slots 0..tab_n-1 (angles_at) */
+	int64_t tab_n;
 	float *rows;		/* raw K of a forward pass [L][tokens][H][D], for views
 				 * that keep it when the caller asks for none */
 	size_t rows_n;
@@ -166,6 +168,7 @@ static void cpu_destroy(void *ctx)
 	free(b->scratch);
 	free(b->pos);
 	free(b->ang);
+	free(b->tab);
 	free(b->rows);
 	free(b);
 }
@@ -411,17 +414,51 @@ static int grow(struct cpu *b, size_t page_elems, int n)
 }
 
 /*
- * The rotary angles of slots slot..slot+n-1 (kvmem_rope_angles; b->pos
- * holds them), made again only when the last ones do not cover them: every
- * head of an item shares them, and the session hands a block's layers over
- * one after another at the same slots. Made per head and layer as before,
- * the double sin and cos were most of a place() (a warm step's placements
- * 87-94 of its 105 ms, the embedded model at an 8K view). grow() first.
+ * The rotary angles of slots slot..slot+n-1 (kvmem_rope_angles' bits).
+ * Made per head and layer, the double sin and cos were most of a place()
+ * (a warm step's placements 87-94 of its 105 ms, the embedded model at an
+ * 8K view); then a cache of the last item's slots, which a block's layers
+ * at the same slots one after another reuse, but a layout layer by layer
+ * (a view laid out again, a selection in steps) does not: each item made
+ * them again (a selection of 2.4K tokens a layer a call: 2.9 ms of
+ * placements against 0.9 whole). So every slot's angles are kept, made once
+ * as the views reach them: d doubles a slot, 512 KiB for the embedded
+ * model's 2K window, 32 MiB for 32K slots of head_dim 128. Past TAB_MAX
+ * slots, the last item's cache as before. b->pos holds slot.. (grow() first).
  */
+#define TAB_MAX ((int64_t)1 << 16)
+
 static const double *angles_at(struct cpu *b, int64_t slot, int n)
 {
+	const int d = b->c->head_dim;
+
+	if (slot + n <= b->tab_n)
+		return b->tab + (size_t)slot * d;
+	if (slot + n <= TAB_MAX) {
+		int64_t cap = b->tab_n ? 2 * b->tab_n : 256;
+		double *t;
+		int32_t *pos;
+
+		while (cap < slot + n)
+			cap *= 2;
+		cap = cap < TAB_MAX ? cap : TAB_MAX;
+		t = realloc(b->tab, (size_t)cap * d * sizeof(double));
+		pos = malloc((size_t)(cap - b->tab_n) * sizeof(int32_t));
+		if (t)
+			b->tab = t;
+		if (t && pos) {
+			for (int64_t i = b->tab_n; i < cap; i++)
+				pos[i - b->tab_n] = (int32_t)i;
+			kvmem_rope_angles(t + (size_t)b->tab_n * d, pos, (int)(cap - b->tab_n), d,
+					  b->c->rope_theta);
+			b->tab_n = cap;
+			free(pos);
+			return b->tab + (size_t)slot * d;
+		}
+		free(pos);	/* short of memory: the small cache does */
+	}
 	if (slot != b->ang_slot || n > b->ang_n) {
-		kvmem_rope_angles(b->ang, b->pos, n, b->c->head_dim, b->c->rope_theta);
+		kvmem_rope_angles(b->ang, b->pos, n, d, b->c->rope_theta);
 		b->ang_slot = slot;
 		b->ang_n = n;
 	}
