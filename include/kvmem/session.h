@@ -349,6 +349,13 @@ int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n);
  * what differs, beginning "session state:") before anything is touched: the
  * session is still fresh and may kvmem_session_adopt() instead. A page that
  * cannot be read (another code: -EIO, -EBADMSG) leaves it broken.
+ *
+ * A fresh session whose view was given up first (kvmem_session_release_view
+ * right after kvmem_session_create) adopts a state and stays given up: the
+ * history and the index are taken in, the view is not laid out until
+ * kvmem_session_restore_view or its steps (below), so that a server
+ * reopening a conversation spreads the layout over several rounds.
+ * kvmem_session_adopt() on such a session lays its (empty) view out first.
  */
 int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len);
 int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n,

@@ -10,7 +10,11 @@
  *  - over the pager on a real directory with a host pool of a few pages
  *    (the state stored with the commit, the pager closed and reopened);
  *  - split mid-tail (after an append), right after a selection, after a
- *    decode.
+ *    decode;
+ *  - in half the cases the new session gives its (empty) view up before it
+ *    adopts (a server reopening a conversation): it adopts with the view
+ *    still given up and lays it out in steps of a random number of layers,
+ *    with the same result.
  * The same split with kvmem_session_adopt (a fresh selection) does differ:
  * the test can fail. A state from other options or another history is
  * refused naming what differs and leaves the session fresh; a flipped byte,
@@ -161,6 +165,8 @@ struct kase {
 	int pager;		/* 1: the pager on a directory, else memory */
 	int fresh;		/* part 2 adopts with a fresh selection (the control) */
 	int layout;		/* enum kvmem_layout */
+	int released;		/* >0: part 2's session gives its view up before it
+				 * adopts, and lays it out that many layers a step */
 };
 
 /* A session (and its source) of either kind. */
@@ -258,10 +264,27 @@ static void reopen(const struct kase *k, struct side *d)
 		side_close(d, 1);
 		side_open(k, d);
 	}
+	if (k->released)
+		assert_int_equal(kvmem_session_release_view(d->s), 0);
 	if (k->fresh) {
 		assert_int_equal(kvmem_session_adopt(d->s, ids, n), 0);
+		assert_int_equal(kvmem_session_view_released(d->s), 0);
 	} else if (kvmem_session_adopt_state(d->s, ids, n, state, len)) {
 		fail_msg("adopt_state: %s", kvmem_last_error());
+	} else if (k->released) {
+		/* Adopted with the view still given up: laid out in steps. */
+		const int L = k->m->cfg.n_layers;
+		int rc, steps = 0;
+
+		assert_int_equal(kvmem_session_view_released(d->s), 1);
+		assert_int_equal(kvmem_session_view_len(d->s), 0);
+		assert_int_equal(kvmem_session_tokens(d->s), n);
+		while ((rc = kvmem_session_restore_view_step(d->s, k->released)) == 1)
+			steps++;
+		if (rc)
+			fail_msg("laying the adopted view out: %s", kvmem_last_error());
+		assert_int_equal(steps, (L + k->released - 1) / k->released - 1);
+		assert_int_equal(kvmem_session_view_released(d->s), 0);
 	}
 	free(state);
 	free(ids);
@@ -387,6 +410,7 @@ static void setup_case(uint64_t *rng, struct kase *k, kvmem_model *m, kvmem_back
 	k->seed = (uint64_t)test_rng_int(rng, 0, 1 << 30);
 	k->split = split_after(rng, sc, split_kind);
 	k->pager = pager;
+	k->released = test_rng_int(rng, 0, 1) ? test_rng_int(rng, 1, m->cfg.n_layers) : 0;
 }
 
 /* Every policy the library knows, the anchors added for the lab included:

@@ -15,7 +15,8 @@
  * on disk), and so do the least recently used idle ones while more than
  * --max-views would hold one. Its next turn lays the view out again from
  * the pages, slot for slot (kvmem_session_restore_view), and goes on bit
- * for bit as if it had kept it.
+ * for bit as if it had kept it. A reopened conversation comes back the same
+ * way: its state adopted with the view given up, laid out by its turn.
  */
 #ifndef KVMEM_NO_SERVE
 #include <dirent.h>
@@ -303,14 +304,23 @@ struct conv *pool_get(struct serve *sv, struct job *j)
 	so.source = kvmem_workspace_source(c->ws);
 	if (!(c->s = kvmem_session_create(sv->be, &so)))
 		goto fail;
+	/* A stored history's view is not laid out here, in one go, while
+	 * every other stream waits: the session adopts its state with the
+	 * view given up, and the turn lays it out a few layers a round
+	 * (PH_RESTORE), as for a view given up when idle. A fresh selection
+	 * (no usable state) still lays its view out here. */
+	if (kvmem_workspace_tokens(c->ws) && kvmem_session_release_view(c->s))
+		goto fail;
 	r = kvmem_workspace_adopt(c->ws, c->s);
 	if (r < 0)
 		goto fail;
 	if (kvmem_workspace_tokens(c->ws)) {
 		c->restored = 1;
+		c->view_away = kvmem_session_view_released(c->s);
 		pthread_mutex_lock(&sv->mu);
 		sv->c.restores++;
 		sv->c.fresh_views += r == 1;
+		sv->c.views_away += c->view_away;
 		pthread_mutex_unlock(&sv->mu);
 		if (r == 1)
 			fprintf(stderr, "%s: conversation %s: the session state was not restored (%s); "
@@ -337,6 +347,9 @@ fail:
 	else
 		job_fail(j, 500, "conversation_unavailable", "conversation '%s' (%s): %s", j->conv,
 			 c->dir, kvmem_last_error());
+	pthread_mutex_lock(&sv->mu);
+	sv->c.views_away -= c->view_away;
+	pthread_mutex_unlock(&sv->mu);
 	kvmem_session_free(c->s);
 	if (c->ws)
 		kvmem_workspace_close(c->ws);

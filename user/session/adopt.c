@@ -158,7 +158,10 @@ int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n)
 
 int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n)
 {
-	if (ws_adopt_check(s, tokens, n) || ws_adopt_history(s, tokens, n))
+	/* A fresh selection lays a view out: one given up (see
+	 * kvmem_session_adopt_state) comes back first, empty. */
+	if (ws_adopt_check(s, tokens, n) || kvmem_session_restore_view(s) ||
+	    ws_adopt_history(s, tokens, n))
 		return kvmem_fail();
 	/* The history is "before the last selection" and in no view yet. */
 	s->sel_tokens = n;

@@ -642,6 +642,11 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 	 * counted as rebuilt tokens. */
 	s->st = v.st;
 	saved_free(&v);
+	/* A session whose view was given up before (a server reopening a
+	 * conversation) keeps it so: kvmem_session_restore_view_step lays it
+	 * out, a few layers a call, where this would in one. */
+	if (s->released)
+		return 0;
 	if (ws_view_restore(s)) {
 		s->broken = 1;
 		return kvmem_error_prefix("session: restoring the view");
