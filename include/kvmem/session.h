@@ -399,6 +399,20 @@ int kvmem_session_reserve(kvmem_session *s, int64_t more);
 /* Step boundary: score with the last query tokens, plan, rematerialise. */
 int kvmem_session_select(kvmem_session *s);
 /*
+ * The same selection laid out over several calls: the first scores, plans
+ * and makes the moves inside the view, and each places `layers` layers of
+ * the blocks that enter (read from the page source, K rotated at its
+ * slot); the last puts the plan in force. 1 while layers are left, 0 once
+ * the selection is made (at once when there is nothing to select), or
+ * -errno (-EINVAL for layers < 1). Until then a call that runs the session
+ * (append, select, decode, release_view, the batched calls) fails with
+ * -EBUSY, and kvmem_session_view_len is the old view's. A server makes one
+ * conversation's selection a slice a round while the others decode in
+ * between; the result is kvmem_session_select's, bit for bit. A failure
+ * part way leaves the session broken, as kvmem_session_select's does.
+ */
+int kvmem_session_select_step(kvmem_session *s, int layers);
+/*
  * Step boundary for tokens about to be appended (a question): run them over
  * the current view only to take their queries (their K/V are dropped), select
  * with the last query_tokens of them, rematerialise. The caller then appends

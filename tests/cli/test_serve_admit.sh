@@ -189,14 +189,30 @@ sleep 2.5
 [ "$(metric kvmem_conversations_open)" = 0 ] && [ "$(metric kvmem_conversation_idle_closes_total)" -ge 1 ] ||
 	bad "an idle conversation was not closed ($(metric kvmem_conversations_open) open)"
 second="[{\"role\":\"user\",\"content\":$ASK},{\"role\":\"assistant\",\"content\":\"$first\"},{\"role\":\"user\",\"content\":$ASK2}]"
+steps0=$(metric kvmem_view_restore_steps_total)
+laid0=$(metric kvmem_views_restored_total)
 curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: idle' -d "{\"messages\":$second}"
 idle=$(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])')
 [ "$(js 'b.kvmem.restored')" = true ] || bad "the idle conversation did not come back from its workspace: $(cat "$tmp/body")"
+# The reopened view is laid out by the turn, an eighth of the layers a
+# round (the embedded model's 4 layers: one a round), not in one go.
+steps=$(( $(metric kvmem_view_restore_steps_total) - steps0 ))
+laid=$(( $(metric kvmem_views_restored_total) - laid0 ))
+[ "$laid" = 1 ] && [ "$steps" -ge 2 ] ||
+	bad "the reopened conversation's view: $laid layouts in $steps rounds (want 1 in 2 or more)"
+[ "$(metric kvmem_conversations_without_view)" = 0 ] ||
+	bad "after the reopened turn $(metric kvmem_conversations_without_view) conversations are counted without a view"
 # Its twin runs both turns back to back, never closed.
 curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: twin' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
 curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: twin' -d "{\"messages\":$second}"
 [ "$(js 'b.kvmem.restored')" = false ] && [ "$(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])')" = "$idle" ] ||
 	bad "closed and reopened: $idle; its twin: $(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])') (the usage's prompt tokens are the new turn's alone: no re-prefill)"
+# Each turn's selection is laid out a layer a round (the embedded model's 6
+# layers: 6 units a selection), and the answers above are the same.
+sel=$(metric kvmem_selections_total)
+units=$(metric kvmem_batch_select_units_total)
+[ "$sel" -ge 4 ] && [ "$units" -eq $((6 * sel)) ] ||
+	bad "$sel selections in $units units (want 6 units each: a layer a round)"
 serve_stop
 
 # ---- a turn short of memory waits for one to end ---------------------------------------------

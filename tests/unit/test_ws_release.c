@@ -15,6 +15,10 @@
  *    source and over the pager with a host pool of a few pages, so the
  *    layout reads pages back from disk; on cpu a third of the sessions
  *    with fp8 views (kv_dtype).
+ *  - The same two sides, the second making half its selections in steps of
+ *    a random number of layers (kvmem_session_select_step), the first
+ *    whole: the same bits again; while a selection is under way the
+ *    session refuses to run (EBUSY) and keeps its old view's length.
  *  - The view really goes: its length is 0 and (cpu) its capacity too; no
  *    forward runs while it is away (on_forward counts passes); a run call
  *    is refused (EINVAL) naming kvmem_session_restore_view; reading
@@ -211,8 +215,36 @@ static void check_released(const struct kase *k, struct side *d, const struct op
 	(void)k;
 }
 
+/* A selection laid out `per` layers a call: while it is under way the
+ * session runs nothing (EBUSY) and keeps its old view's length. 1 when it
+ * took more than one call. */
+static int select_in_steps(const struct kase *k, struct side *d, const struct op *op, int per, int i)
+{
+	const int L = k->m->cfg.n_layers;
+	const int64_t len = kvmem_session_view_len(d->s);
+	int rc, calls = 1;
+
+	assert_int_equal(kvmem_session_select_step(d->s, 0), -EINVAL);
+	while ((rc = kvmem_session_select_step(d->s, per)) == 1) {
+		calls++;
+		assert_int_equal(kvmem_session_view_len(d->s), len);
+		assert_true(kvmem_session_select(d->s) < 0);
+		assert_int_equal(kvmem_last_errno(), EBUSY);
+		assert_non_null(strstr(kvmem_last_error(), "kvmem_session_select_step"));
+		assert_true(kvmem_session_append(d->s, op->ids ? op->ids : (int32_t[]){ 1 }, 1, 0) < 0);
+		assert_int_equal(kvmem_last_errno(), EBUSY);
+		assert_true(kvmem_session_release_view(d->s) < 0);
+		assert_int_equal(kvmem_last_errno(), EBUSY);
+	}
+	if (rc)
+		fail_msg("selection in steps of %d, op %d: %s", per, i, kvmem_last_error());
+	/* Every slice but the last returns 1 (none when the history is empty). */
+	assert_true(calls == 1 || calls == (L + per - 1) / per);
+	return calls > 1;
+}
+
 /* Returns the times the view was given up. */
-static int run_case(const struct kase *k, uint64_t *r)
+static int run_case(const struct kase *k, uint64_t *r, int *stepped)
 {
 	const kvmem_config *c = &k->m->cfg;
 	struct side one = { 0 }, two = { 0 };
@@ -248,7 +280,10 @@ static int run_case(const struct kase *k, uint64_t *r)
 		assert_int_equal(kvmem_session_restore_view(two.s), 0);	/* in place: nothing */
 		if (run_op(one.s, op, one.toks + one.n_toks))
 			fail_msg("kept view, op %d: %s", i, kvmem_last_error());
-		if (run_op(two.s, op, two.toks + two.n_toks))
+		if (op->kind == OP_SELECT && test_rng_int(r, 0, 1))
+			*stepped += select_in_steps(k, &two, op,
+						    (int)test_rng_int(r, 1, c->n_layers > 1 ? c->n_layers - 1 : 1), i);
+		else if (run_op(two.s, op, two.toks + two.n_toks))
 			fail_msg("released view, op %d: %s", i, kvmem_last_error());
 		if (op->kind == OP_DECODE) {
 			one.n_toks += op->n;
@@ -303,7 +338,7 @@ static void cases(int pager)
 {
 	uint64_t r = test_rng_named(g_seed, pager ? "pager" : "memory");
 	const int cpu = !strcmp(test_backend_name(), "cpu");
-	int released = 0, fp8 = 0;
+	int released = 0, fp8 = 0, stepped = 0;
 
 	for (int i = 0; i < 6; i++) {
 		kvmem_model *m = small_model(&r);
@@ -327,14 +362,14 @@ static void cases(int pager)
 		k.chunk = test_rng_int(&r, 1, 32);
 		k.query_tokens = test_rng_int(&r, 1, 6);
 		k.seed = test_rng_next(&r);
-		released += run_case(&k, &r);
+		released += run_case(&k, &r, &stepped);
 		free_script(&sc);
 		kvmem_backend_close(b);
 		test_model_free(m);
 	}
 	print_message("%s source, %s backend: 6 sessions (%d with fp8 views), %d views given up "
-		      "and laid out again\n", pager ? "pager" : "memory", test_backend_name(), fp8,
-		      released);
+		      "and laid out again, %d selections in steps\n", pager ? "pager" : "memory",
+		      test_backend_name(), fp8, released, stepped);
 	assert_true(released > 0);
 }
 

@@ -57,7 +57,12 @@ static void run_one(struct serve_unit *u)
 {
 	double t0 = now_s();
 
-	if (u->kind == SERVE_UNIT_SELECT)
+	u->more = 0;
+	if (u->kind == SERVE_UNIT_SELECT && u->n > 0) {
+		u->rc = kvmem_session_select_step(u->s, u->n);
+		u->more = u->rc == 1;
+		u->rc = u->rc < 0 ? u->rc : 0;
+	} else if (u->kind == SERVE_UNIT_SELECT)
 		u->rc = kvmem_session_select(u->s);
 	else
 		u->rc = kvmem_session_append(u->s, u->tokens, u->n, 0);

@@ -11,7 +11,10 @@
  *   SERVE_UNIT_DECODE    append the one token the server sampled from the
  *                        session's last logits (so the logits of the next
  *                        position come back); sampling stays the server's
- *   SERVE_UNIT_SELECT    the step-boundary selection and rematerialisation
+ *   SERVE_UNIT_SELECT    the step-boundary selection and rematerialisation,
+ *                        n layers of its placements a unit (0: all of it,
+ *                        kvmem_session_select_step): `more` says whether
+ *                        layers are left for the next round's unit
  *
  * Each unit names its own session; two units of one round never share a
  * session. After the call every unit has its result (rc, and the message
@@ -40,9 +43,10 @@ struct serve_unit {
 	int kind;			/* enum serve_unit_kind */
 	kvmem_session *s;
 	const int32_t *tokens;		/* PREFILL: n tokens; DECODE: one */
-	int n;
+	int n;				/* SELECT: layers placed a unit (0: all) */
 	/* results */
 	int rc;				/* 0, or -errno */
+	int more;			/* SELECT: layers left (the next round goes on) */
 	char err[512];			/* kvmem_last_error() of a failed unit */
 	double seconds;			/* the unit's share of the round's time */
 };

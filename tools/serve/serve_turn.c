@@ -556,7 +556,11 @@ int turn_unit(struct job *j, struct serve_unit *u)
 		return 0;
 	}
 	case PH_SELECT:
+		/* An eighth of the layers' placements a round (at least one),
+		 * the others' units between the slices, as for a view laid
+		 * out again (PH_RESTORE). */
 		u->kind = SERVE_UNIT_SELECT;
+		u->n = (sv->m->cfg.n_layers + 7) / 8;
 		return 0;
 	case PH_DECODE: {
 		int gone;
@@ -620,7 +624,7 @@ int turn_after(struct job *j, struct serve_unit *u)
 		sv->c.prompt_tokens += (uint64_t)u->n;
 	} else if (u->kind == SERVE_UNIT_SELECT) {
 		sv->c.select_s += u->seconds;
-		sv->c.selections++;
+		sv->c.selections += !u->more;
 	} else if (u->kind == SERVE_UNIT_DECODE) {
 		sv->c.decode_s += u->seconds;
 	}
@@ -629,7 +633,7 @@ int turn_after(struct job *j, struct serve_unit *u)
 		j->appended += (size_t)u->n;
 		if (j->appended == j->ids.n)
 			j->phase = j->max_tokens ? PH_SELECT : PH_CLOSE;
-	} else if (u->kind == SERVE_UNIT_SELECT) {
+	} else if (u->kind == SERVE_UNIT_SELECT && !u->more) {
 		j->phase = PH_DECODE;
 	}
 	return 0;

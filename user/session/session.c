@@ -297,6 +297,7 @@ void kvmem_session_free(kvmem_session *s)
 		s->be->ops->mirror_destroy(s->be->ctx, s->mirror);
 	kvmem_index_free(&s->index);
 	kvmem_plan_free(&s->plan);
+	kvmem_plan_free(&s->step_plan);
 	if (s->view)
 		s->be->ops->view_destroy(s->be->ctx, s->view);
 	free(s->tokens);
@@ -444,6 +445,9 @@ int ws_usable(const kvmem_session *s)
 	if (s->released)
 		return kvmem_error(EINVAL, "session: its view was given up (kvmem_session_release_view); "
 				   "kvmem_session_restore_view lays it out again");
+	if (s->stepping)
+		return kvmem_error(EBUSY, "session: a selection is being laid out in steps: call "
+				   "kvmem_session_select_step until it returns 0");
 	return 0;
 }
 

@@ -117,6 +117,11 @@ struct kvmem_session {
 	 * raw_k, v, q_raw are NULL until kvmem_session_restore_view. */
 	int released;
 	int restore_next;		/* layers laid out again so far (restore_view_step) */
+	/* A selection laid out in steps (select_step.c): its plan, and the
+	 * layers placed so far; `stepping` while one is under way. */
+	kvmem_plan step_plan;
+	int step_next;
+	int stepping;
 };
 
 /* The view's length on the backend. */
@@ -142,6 +147,14 @@ int ws_select(kvmem_session *s, int forced);
  * the tokens about to be appended (ws_select: the history's tokens at the
  * query positions). */
 int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahead);
+/* ws_select_text in parts (select_step.c lays a selection out in steps):
+ * begin scores, plans into *np and makes the moves (1: no blocks, nothing
+ * to do); layers places layers l0..l1-1; end puts *np in force. A failure
+ * after the plan leaves the session broken and *np freed. */
+int ws_select_begin(kvmem_session *s, int forced, const int32_t *ahead, int n_ahead,
+		    kvmem_plan *np);
+int ws_select_layers(kvmem_session *s, kvmem_plan *np, int l0, int l1);
+int ws_select_end(kvmem_session *s, kvmem_plan *np, int forced);
 /* session.c: the queries packed for a selection (see qring). */
 const float *ws_queries(kvmem_session *s, const int64_t **pos);
 /* Row of ring slot `slot`, layer l. */

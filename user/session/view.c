@@ -310,37 +310,63 @@ static void hint_entering(kvmem_session *s, const kvmem_plan *np)
 	free(list);
 }
 
-static int rematerialise(kvmem_session *s, const kvmem_plan *np)
+/* A rematerialisation's start: the view's room, the source's region and
+ * prefetch hint, then the moves (every layer's at once). */
+static int remat_begin(kvmem_session *s, const kvmem_plan *np)
 {
-	int64_t t0, t1;
-	int rc;
+	int64_t t0;
 
 	if (ws_view_reserve(s, np->view_tokens))
 		return kvmem_fail();
 	ws_register(s);
 	hint_entering(s, np);
+	t0 = (int64_t)kvmem_now_ns();
 	/* Moves first: every one reads the view as it was, before a page
 	 * lands on a slot a moved token leaves. */
-	t0 = (int64_t)kvmem_now_ns();
 	if ((s->moving = move_kept(s, np)) < 0) {
 		s->moving = 0;
 		return kvmem_fail();
 	}
-	t1 = (int64_t)kvmem_now_ns();
-	s->st.move_ns += t1 - t0;
+	s->st.move_ns += (int64_t)kvmem_now_ns() - t0;
+	return 0;
+}
+
+/* place() for the layers l0..l1-1 of a walk over all of them. */
+struct layer_range {
+	kvmem_session *s;
+	int l0, l1;
+};
+
+static int place_in(void *arg, int l, int64_t b, int u0, int u1, int64_t have, int64_t want)
+{
+	const struct layer_range *r = arg;
+
+	return l < r->l0 || l >= r->l1 ? 0 : place(r->s, l, b, u0, u1, have, want);
+}
+
+/* The placements of layers l0..l1-1, made. Each walk sees every layer's
+ * runs; the kept tokens (all layers') are counted by the first. */
+static int remat_layers(kvmem_session *s, const kvmem_plan *np, int l0, int l1)
+{
+	const int L = s->cfg.n_layers, all = l0 == 0 && l1 >= L;
+	struct layer_range r = { s, l0, l1 };
+	ws_place_fn fn = all ? place : place_in;
+	void *arg = all ? (void *)s : (void *)&r;
+	int64_t t0 = (int64_t)kvmem_now_ns();
+	int rc;
+
 	if (s->o.rebuild_all) {
-		rc = ws_plan_walk(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens,
-				  s->view_len, place, s);
+		rc = ws_plan_walk(&s->plan, np, &s->blocks, L, s->sel_tokens, s->view_len, fn, arg);
 	} else {	/* what stays put is only counted */
 		int64_t kept = 0;
 
-		rc = ws_plan_walk_changed(&s->plan, np, &s->blocks, s->cfg.n_layers, s->sel_tokens,
-					  s->view_len, place, s, &kept);
-		s->st.kept_tokens += kept;
+		rc = ws_plan_walk_changed(&s->plan, np, &s->blocks, L, s->sel_tokens, s->view_len,
+					  fn, arg, &kept);
+		if (l0 == 0)
+			s->st.kept_tokens += kept;
 	}
-	s->moving = 0;
 	rc = rc ? kvmem_fail() : flush(s);
-	s->st.place_ns += (int64_t)kvmem_now_ns() - t1;
+	s->st.place_ns += (int64_t)kvmem_now_ns() - t0;
 	return rc;
 }
 
@@ -373,11 +399,21 @@ int ws_select(kvmem_session *s, int forced)
 	return ws_select_text(s, forced, NULL, 0);
 }
 
-int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahead)
+/* A failure while the view was half rebuilt: nothing can run on it any
+ * more. */
+static int remat_failed(kvmem_session *s, kvmem_plan *np)
+{
+	flush_or_drop(s, 1);
+	s->moving = 0;
+	s->broken = 1;
+	kvmem_plan_free(np);
+	return kvmem_fail();
+}
+
+int ws_select_begin(kvmem_session *s, int forced, const int32_t *ahead, int n_ahead, kvmem_plan *np)
 {
 	const int64_t nb = kvmem_blocks_count(&s->blocks);
 	kvmem_plan_params pp = { s->budget, s->o.sink, s->o.recent, s->o.layout };
-	kvmem_plan np = { 0 };
 	kvmem_select_ctx c;
 	kvmem_score_device dev;
 	const int64_t *q_pos;
@@ -385,11 +421,12 @@ int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahe
 	size_t need = (size_t)s->n_sets * (nb ? nb : 1);
 	int64_t t0, t1;
 
+	memset(np, 0, sizeof(*np));
 	/* The source is read below: the rows in flight first. */
 	if (ws_writer_wait(s))
 		return kvmem_fail();
 	if (nb == 0)
-		return 0;
+		return 1;
 	if (s->o.tap && s->o.tap->begin)
 		s->o.tap->begin(s->o.tap->arg, s);
 	if ((int64_t)need > s->cap_scores) {
@@ -442,19 +479,26 @@ int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahe
 	if (s->o.tap && s->o.tap->scored)
 		s->o.tap->scored(s->o.tap->arg, s, &c, s->scores, forced);
 	t0 = (int64_t)kvmem_now_ns();
-	if (kvmem_plan_build(&np, &s->blocks, s->scores, s->n_sets, &s->plan, &pp))
+	if (kvmem_plan_build(np, &s->blocks, s->scores, s->n_sets, &s->plan, &pp))
 		return kvmem_error_prefix("session");
 	s->st.plan_ns += (int64_t)kvmem_now_ns() - t0;
-	if (rematerialise(s, &np)) {
-		/* The view is half rebuilt: nothing can run on it any more. */
-		flush_or_drop(s, 1);
-		s->broken = 1;
-		kvmem_plan_free(&np);
-		return kvmem_fail();
-	}
+	return remat_begin(s, np) ? remat_failed(s, np) : 0;
+}
+
+int ws_select_layers(kvmem_session *s, kvmem_plan *np, int l0, int l1)
+{
+	return remat_layers(s, np, l0, l1) ? remat_failed(s, np) : 0;
+}
+
+int ws_select_end(kvmem_session *s, kvmem_plan *np, int forced)
+{
+	int64_t t0;
+
+	s->moving = 0;
 	kvmem_plan_free(&s->plan);
-	s->plan = np;
-	s->view_len = np.view_tokens;
+	s->plan = *np;
+	memset(np, 0, sizeof(*np));
+	s->view_len = s->plan.view_tokens;
 	s->sel_tokens = s->blocks.n_tokens;
 	t0 = (int64_t)kvmem_now_ns();
 	if (s->be->ops->set_length(s->be->ctx, s->view, s->view_len)) {
@@ -470,6 +514,18 @@ int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahe
 	if (s->o.tap && s->o.tap->planned)
 		s->o.tap->planned(s->o.tap->arg, s, &s->plan, forced);
 	return 0;
+}
+
+int ws_select_text(kvmem_session *s, int forced, const int32_t *ahead, int n_ahead)
+{
+	kvmem_plan np;
+	int rc = ws_select_begin(s, forced, ahead, n_ahead, &np);
+
+	if (rc)
+		return rc > 0 ? 0 : kvmem_fail();
+	if (ws_select_layers(s, &np, 0, s->cfg.n_layers))
+		return kvmem_fail();
+	return ws_select_end(s, &np, forced);
 }
 
 /* Prefetch hint for a restored view: its history blocks (set 0) and the
