@@ -352,10 +352,12 @@ int kvmem_session_adopt(kvmem_session *s, const int32_t *tokens, int64_t n);
  *
  * A fresh session whose view was given up first (kvmem_session_release_view
  * right after kvmem_session_create) adopts a state and stays given up: the
- * history and the index are taken in, the view is not laid out until
- * kvmem_session_restore_view or its steps (below), so that a server
- * reopening a conversation spreads the layout over several rounds.
- * kvmem_session_adopt() on such a session lays its (empty) view out first.
+ * token ids and the state are taken in (kvmem_session_tokens is the
+ * history's length at once), but the index (from every page's raw K) and
+ * the view wait for kvmem_session_restore_view or its steps (below), so
+ * that a server reopening a conversation spreads that work over several
+ * rounds. kvmem_session_adopt() on such a session lays its (empty) view
+ * out first.
  */
 int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len);
 int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n,
@@ -378,9 +380,10 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 int kvmem_session_release_view(kvmem_session *s);
 int kvmem_session_restore_view(kvmem_session *s);
 /*
- * The same, `layers` layers a call (every slot of a layer from its pages):
- * 1 while layers are left, 0 once the view is whole (and a no-op then),
- * or -errno (-EINVAL for layers < 1). The session stays given up until
+ * The same, `layers` layers a call (every slot of a layer from its pages;
+ * after an adoption into a released session, first its history's index,
+ * 32 blocks a call): 1 while work is left, 0 once the view is whole (and a
+ * no-op then), or -errno (-EINVAL for layers < 1). The session stays given up until
  * the last call, so a server lays one conversation's view out over several
  * rounds while the others decode in between; the result is
  * kvmem_session_restore_view's, bit for bit.

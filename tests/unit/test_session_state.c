@@ -13,8 +13,8 @@
  *    decode;
  *  - in half the cases the new session gives its (empty) view up before it
  *    adopts (a server reopening a conversation): it adopts with the view
- *    still given up and lays it out in steps of a random number of layers,
- *    with the same result.
+ *    still given up, takes the history's index in and lays the view out in
+ *    steps (of a random number of layers), with the same result.
  * The same split with kvmem_session_adopt (a fresh selection) does differ:
  * the test can fail. A state from other options or another history is
  * refused naming what differs and leaves the session fresh; a flipped byte,
@@ -272,7 +272,8 @@ static void reopen(const struct kase *k, struct side *d)
 	} else if (kvmem_session_adopt_state(d->s, ids, n, state, len)) {
 		fail_msg("adopt_state: %s", kvmem_last_error());
 	} else if (k->released) {
-		/* Adopted with the view still given up: laid out in steps. */
+		/* Adopted with the view still given up: the index taken in and
+		 * the view laid out in steps. */
 		const int L = k->m->cfg.n_layers;
 		int rc, steps = 0;
 
@@ -283,7 +284,9 @@ static void reopen(const struct kase *k, struct side *d)
 			steps++;
 		if (rc)
 			fail_msg("laying the adopted view out: %s", kvmem_last_error());
-		assert_int_equal(steps, (L + k->released - 1) / k->released - 1);
+		/* First the index, a call per 32 blocks; then the layers. */
+		assert_int_equal(steps, (((n + k->block - 1) / k->block + 31) / 32) +
+					(L + k->released - 1) / k->released - 1);
 		assert_int_equal(kvmem_session_view_released(d->s), 0);
 	}
 	free(state);
@@ -413,6 +416,25 @@ static void setup_case(uint64_t *rng, struct kase *k, kvmem_model *m, kvmem_back
 	k->released = test_rng_int(rng, 0, 1) ? test_rng_int(rng, 1, m->cfg.n_layers) : 0;
 }
 
+/* The case's first append made 600 tokens long, blocks of 16, and part 2
+ * adopting into a released session: its history (38 blocks and more) is
+ * taken into the index in two calls or more before the layers. */
+static void long_history(uint64_t *rng, struct kase *k, struct script *sc)
+{
+	struct op *op = &sc->ops[0];
+	int32_t *ids = realloc(op->ids, 600 * sizeof(int32_t));
+
+	assert_non_null(ids);
+	for (int i = op->n; i < 600; i++)
+		ids[i] = test_rng_int(rng, 0, k->m->cfg.vocab - 1);
+	sc->total += 600 - op->n;
+	op->ids = ids;
+	op->n = 600;
+	k->block = 16;
+	k->budget = sc->total / 10 > 2 * k->block ? sc->total / 10 : 2 * k->block;
+	k->released = test_rng_int(rng, 1, k->m->cfg.n_layers);
+}
+
 /* Every policy the library knows, the anchors added for the lab included:
  * a new policy gets these checks with no change here. */
 #define POLICY(p) (kvmem_policy_at(p)->name)
@@ -493,6 +515,8 @@ static void test_two_parts_pager(void **state)
 			struct kase kc;
 
 			setup_case(&rng, &kc, m, e, &sc, POLICY(p), split_kinds[k], 1);
+			if (p == 0)
+				long_history(&rng, &kc, &sc);
 			assert_true(run_case(&kc));
 			free_script(&sc);
 		}

@@ -5,6 +5,7 @@
  * caller, raw K from the pages; the index is rebuilt block by block and a
  * first selection lays out the view.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,27 +79,66 @@ static uint32_t block_dtype(kvmem_session *s, int64_t b)
 	return dt;
 }
 
-/* Token ids from the caller, the index from the pages' raw K, a group of
- * ADOPT_AHEAD blocks at a time (one index append each: the layers of a
- * group on the OpenMP threads). */
-int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
+/* An intake under way (ws_adopt_history_begin .. _step): the group being
+ * filled and the next block. */
+struct ws_adopting {
+	struct group g;
+	int64_t b, n;
+};
+
+/* Token ids from the caller, now; the index from the pages' raw K by
+ * ws_adopt_history_step, a group of ADOPT_AHEAD blocks at a time (one index
+ * append each: the layers of a group on the OpenMP threads). */
+int ws_adopt_history_begin(kvmem_session *s, const int32_t *tokens, int64_t n)
 {
-	const int B = s->blocks.block, G = ADOPT_AHEAD * B;
-	struct group g = { 0 };
-	int rc = 0;
+	const int G = ADOPT_AHEAD * s->blocks.block;
+	struct ws_adopting *a = calloc(1, sizeof(*a));
 
 	s->tokens = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
-	g.buf = malloc(sizeof(float) * s->cfg.n_layers * G * s->cfg.n_kv_heads * s->cfg.head_dim);
-	if (!s->tokens || !g.buf) {
-		free(g.buf);
+	if (a)
+		a->g.buf = malloc(sizeof(float) * s->cfg.n_layers * G * s->cfg.n_kv_heads *
+				  s->cfg.head_dim);
+	if (!s->tokens || !a || !a->g.buf) {
+		if (a)
+			free(a->g.buf);
+		free(a);
 		return kvmem_error(ENOMEM, "session: out of memory adopting %lld tokens", (long long)n);
 	}
 	s->cap_tokens = n ? n : 1;
 	memcpy(s->tokens, tokens, (size_t)n * sizeof(int32_t));
-	for (int64_t b = 0; b * B < n && !rc; b++) {
+	a->n = n;
+	s->adopting = a;
+	s->blocks.n_tokens = n;
+	return 0;
+}
+
+void ws_adopt_history_free(kvmem_session *s)
+{
+	if (s->adopting)
+		free(s->adopting->g.buf);
+	free(s->adopting);
+	s->adopting = NULL;
+}
+
+int ws_adopt_history_step(kvmem_session *s, int64_t groups)
+{
+	struct ws_adopting *a = s->adopting;
+	struct group *g;
+	const int B = s->blocks.block, G = ADOPT_AHEAD * B;
+	int64_t n, done = 0;
+	int rc = 0;
+
+	if (!a)
+		return 0;
+	g = &a->g;
+	n = a->n;
+	for (; a->b * B < n && !rc; a->b++) {
+		const int64_t b = a->b;
 		int len = n - b * B < B ? (int)(n - b * B) : B;
 
 		if (b % ADOPT_AHEAD == 0) {
+			if (done++ == groups)
+				return 1;	/* the next call goes on from here */
 			/* Read ahead: a workspace on NVMe is read in batches, the
 			 * next one while this one is taken in (a hint; a source
 			 * may ignore it). */
@@ -106,43 +146,50 @@ int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
 				int64_t ahead[2 * ADOPT_AHEAD];
 				int m = 0;
 
-				for (int64_t a = b ? b + ADOPT_AHEAD : 0;
-				     a < b + 2 * ADOPT_AHEAD && a * B < n; a++)
-					ahead[m++] = a;
+				for (int64_t x = b ? b + ADOPT_AHEAD : 0;
+				     x < b + 2 * ADOPT_AHEAD && x * B < n; x++)
+					ahead[m++] = x;
 				if (m)
 					s->src->ops->prefetch(s->src->ctx, ahead, m);
 			}
-			g.first = b * B;
-			g.rows = n - g.first < G ? (int)(n - g.first) : G;
-			g.at = 0;
-			g.dtype = block_dtype(s, b);
+			g->first = b * B;
+			g->rows = n - g->first < G ? (int)(n - g->first) : G;
+			g->at = 0;
+			g->dtype = block_dtype(s, b);
 		}
-		rc = gather_block(s, b, len, &g);
+		rc = gather_block(s, b, len, g);
 		/* The group's last block (or a page of another dtype: the rows
 		 * so far taken in, the block again in f32). */
-		if (rc && g.dtype == KVMEM_DTYPE_BF16 && kvmem_last_errno() == EINVAL) {
+		if (rc && g->dtype == KVMEM_DTYPE_BF16 && kvmem_last_errno() == EINVAL) {
 			rc = 0;
-			if (g.at && (rc = append_group(s, &g)) == 0) {
-				g.first += g.at;
-				g.rows -= g.at;
-				g.at = 0;
-				g.dtype = KVMEM_DTYPE_F32;
-				rc = gather_block(s, b, len, &g);
+			if (g->at && (rc = append_group(s, g)) == 0) {
+				g->first += g->at;
+				g->rows -= g->at;
+				g->at = 0;
+				g->dtype = KVMEM_DTYPE_F32;
+				rc = gather_block(s, b, len, g);
 			}
 		}
-		if (!rc && g.at == g.rows)
-			rc = append_group(s, &g);
+		if (!rc && g->at == g->rows)
+			rc = append_group(s, g);
 	}
-	free(g.buf);
+	ws_adopt_history_free(s);
 	if (rc) {
 		s->broken = 1;
 		return kvmem_fail();
 	}
-	s->blocks.n_tokens = n;
 	return 0;
 }
 
-/* Only a fresh session adopts, and only ids of its vocabulary. */
+int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
+{
+	if (ws_adopt_history_begin(s, tokens, n)) {
+		s->broken = 1;
+		return kvmem_fail();
+	}
+	return ws_adopt_history_step(s, INT64_MAX);
+}
+
 int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n)
 {
 	if (s->broken || s->blocks.n_tokens || s->st.forwards || s->tokens)

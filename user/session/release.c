@@ -69,6 +69,12 @@ int kvmem_session_restore_view_step(kvmem_session *s, int layers)
 		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
 	if (layers < 1)
 		return kvmem_error(EINVAL, "session: laying the view out %d layers at a time", layers);
+	/* An adopted history's index first, a group of blocks a call. */
+	if (s->adopting) {
+		if (ws_adopt_history_step(s, 1) < 0)
+			return kvmem_error_prefix("session: taking the adopted history in");
+		return 1;
+	}
 	if (s->restore_next == 0 && ws_scratch_alloc(s))
 		return kvmem_fail();
 	/* A failure here leaves a half-built view: the session is broken

@@ -298,6 +298,7 @@ void kvmem_session_free(kvmem_session *s)
 	kvmem_index_free(&s->index);
 	kvmem_plan_free(&s->plan);
 	kvmem_plan_free(&s->step_plan);
+	ws_adopt_history_free(s);
 	if (s->view)
 		s->be->ops->view_destroy(s->be->ctx, s->view);
 	free(s->tokens);

@@ -117,6 +117,9 @@ struct kvmem_session {
 	 * raw_k, v, q_raw are NULL until kvmem_session_restore_view. */
 	int released;
 	int restore_next;		/* layers laid out again so far (restore_view_step) */
+	/* A stored history's index still being taken in (adopt.c): a
+	 * released session adopting a state leaves it to restore_view_step. */
+	struct ws_adopting *adopting;
 	/* A selection laid out in steps (select_step.c): its plan, and the
 	 * layers placed so far; `stepping` while one is under way. */
 	kvmem_plan step_plan;
@@ -268,5 +271,12 @@ int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out);
 /* adopt.c */
 int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n);
 int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n);
+/* The same in parts: begin takes the token ids (the session's token count
+ * is n from then on); each step takes up to `groups` groups of blocks into
+ * the index (1 while blocks are left, 0 when done or none was under way;
+ * a failure leaves the session broken); free drops an unfinished one. */
+int ws_adopt_history_begin(kvmem_session *s, const int32_t *tokens, int64_t n);
+int ws_adopt_history_step(kvmem_session *s, int64_t groups);
+void ws_adopt_history_free(kvmem_session *s);
 
 #endif

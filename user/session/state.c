@@ -615,7 +615,9 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 		return kvmem_fail();
 	}
 	s->o.layout = (int)layout;	/* this session's, or the default's choice of it */
-	if (ws_adopt_history(s, tokens, n))
+	/* A released session takes the history's index in later, a group of
+	 * blocks a kvmem_session_restore_view_step, before its layers. */
+	if (s->released ? ws_adopt_history_begin(s, tokens, n) : ws_adopt_history(s, tokens, n))
 		goto broken;
 	s->blocks.n_pins = 0;	/* the saved pins, not any made before */
 	for (uint32_t i = 0; i < v.n_pins; i++)
@@ -643,8 +645,9 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 	s->st = v.st;
 	saved_free(&v);
 	/* A session whose view was given up before (a server reopening a
-	 * conversation) keeps it so: kvmem_session_restore_view_step lays it
-	 * out, a few layers a call, where this would in one. */
+	 * conversation) keeps it so: kvmem_session_restore_view_step takes
+	 * the index in and lays the view out, a part a call, where this
+	 * would in one. */
 	if (s->released)
 		return 0;
 	if (ws_view_restore(s)) {
