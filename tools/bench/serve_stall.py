@@ -1,24 +1,40 @@
 #!/usr/bin/env python3
-"""How long one conversation's view layout stalls the others' decode.
+"""How long one conversation's view work stalls the others' decode.
 
-kvmem serve gives an idle conversation's view up (--idle-release) and lays
-it out again from its pages when its next turn comes. This starts a server
-(KVMEM, default build/kvmem; the cpu backend unless BACKEND is set), makes
-conversation B with a long prompt, lets its view go, then streams a long
-answer A (no conversation) and, mid-stream, sends B's next turn. Printed:
-A's gaps between tokens (median, and the longest while B's turn starts),
-B's layout time (/metrics: kvmem_view_restore_seconds_total) and tokens.
+This starts a server (KVMEM, default build/kvmem; the cpu backend unless
+BACKEND is set), makes conversation B with a long prompt, then streams a
+long answer A (no conversation) and, mid-stream, sends B's next turn.
+What B's turn does first is MODE's:
 
-    tools/bench/serve_stall.py [REPEATS]          (Python's standard library only)
+  restore  (default) B's view was given up (--idle-release 0.3): its turn
+           lays it out again from its pages.
+  select   B's history is past the view's budget (--budget BUDGET, 512
+           unless set; HISTORY=N makes it N times as long): its turn ends
+           in a step-boundary selection (score, plan, place blocks).
+  reopen   B was closed (--idle-close 1): its turn opens the workspace
+           again and adopts its stored state (pages read from disk;
+           --budget BUDGET, 0 unless set: the view holds it all).
+
+Printed: A's gaps between tokens (median, and the longest while B's turn
+starts), B's work (/metrics: the view layout's, the selections', or the
+whole turn's time for a reopen) and the view's tokens.
+
+    MODE=select tools/bench/serve_stall.py [REPEATS]   (Python's standard library only)
 """
 import http.client, json, os, re, socket, statistics, subprocess, sys, tempfile, threading, time
 
 KVMEM = os.environ.get("KVMEM", "build/kvmem")
 BACKEND = os.environ.get("BACKEND", "cpu")
+MODE = os.environ.get("MODE", "restore")
+BUDGET = os.environ.get("BUDGET", "512" if MODE == "select" else "0")  # the view's (0: all of it)
+SERVE_ARGS = {"restore": ["--idle-release", "0.3", "--budget", "0"],
+              "select": ["--budget", BUDGET],
+              "reopen": ["--idle-close", "1", "--budget", BUDGET]}
 # agentlang text (tests/cli/test_serve_admit.sh's lines), about 2K tokens
 LINES = ("$ ls\nexecutor.json executor.conf payments.props executor.props\npayments.props\n"
          "$ cat payments.props\npayments.props pool.workers = 18\npayments.props dns.cluster = host14\n"
-         "payments.props pool.bucket = 0x2a97\npayments.props quota.cluster = host08\n") * 40
+         "payments.props pool.bucket = 0x2a97\npayments.props quota.cluster = host08\n") * (
+         40 * int(os.environ.get("HISTORY", "1")))
 
 
 def free_port():
@@ -62,8 +78,11 @@ def once(port, rep):
     st, body = post(port, "/v1/completions", {"prompt": first, "max_tokens": 4}, conv)
     assert st == 200, (st, body)
     first += json.loads(body)["choices"][0]["text"]
-    time.sleep(1.0)  # --idle-release 0.3: B's view goes
-    before = metric(port, "kvmem_view_restore_seconds_total")
+    time.sleep(2.5 if MODE == "reopen" else 1.0)  # --idle-release 0.3, --idle-close 1: B's view, or B, goes
+    work = {"restore": "kvmem_view_restore_seconds_total", "select": "kvmem_selection_seconds_total",
+            "reopen": "kvmem_view_restore_seconds_total"}[MODE]
+    before = metric(port, work)
+    reopens = metric(port, "kvmem_conversation_restores_total")
     toks_before = metric(port, "kvmem_view_restore_tokens_total")
     times = []
     a = threading.Thread(target=stream_times, args=(port, {"prompt": "$ cat api.conf\napi.conf db.port = 5432\n",
@@ -79,8 +98,12 @@ def once(port, rep):
     assert st == 200, st
     gaps = [b - a for a, b in zip(times, times[1:])]
     during = [g for (t0, g) in zip(times, gaps) if t_b - 0.05 <= t0 <= t_b_end]
-    restore = metric(port, "kvmem_view_restore_seconds_total") - before
+    if MODE == "reopen":
+        assert metric(port, "kvmem_conversation_restores_total") > reopens, "B was not closed and reopened"
+    restore = metric(port, work) - before
     rtoks = metric(port, "kvmem_view_restore_tokens_total") - toks_before
+    if MODE == "reopen":
+        restore = t_b_end - t_b  # the whole turn: the open and adopt are not counted apart
     return statistics.median(gaps) * 1e3, max(during) * 1e3 if during else float("nan"), restore * 1e3, rtoks
 
 
@@ -88,8 +111,9 @@ def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     port = free_port()
     home = tempfile.mkdtemp(prefix="kvmem-stall.")
-    srv = subprocess.Popen([KVMEM, "serve", "--backend", BACKEND, "--port", str(port), "--idle-release", "0.3",
-                            "--budget", "0", "--quiet"], env={**os.environ, "KVMEM_HOME": home},
+    if MODE not in SERVE_ARGS:
+        sys.exit("serve_stall.py: MODE is restore, select or reopen, not %r" % MODE)
+    srv = subprocess.Popen([KVMEM, "serve", "--backend", BACKEND, "--port", str(port), "--quiet"] + SERVE_ARGS[MODE], env={**os.environ, "KVMEM_HOME": home},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
@@ -98,9 +122,11 @@ def main():
                 break
             except OSError:
                 time.sleep(0.1)
-        print("kvmem serve (%s, backend %s), %d runs: A's gaps between tokens while B's view comes back"
-              % (KVMEM, BACKEND, reps))
-        print("%4s %14s %22s %14s %12s" % ("run", "A median ms", "A longest, B's start", "B layout ms", "B tokens"))
+        print("kvmem serve (%s, backend %s, MODE %s), %d runs: A's gaps between tokens while B's turn starts"
+              % (KVMEM, BACKEND, MODE, reps))
+        print("%4s %14s %22s %14s %12s" % ("run", "A median ms", "A longest, B's start",
+                                           {"restore": "B layout ms", "select": "B select ms",
+                                            "reopen": "B turn ms"}[MODE], "B laid tokens"))
         for rep in range(reps):
             med, worst, restore, rtoks = once(port, rep)
             print("%4d %14.2f %22.2f %14.2f %12d" % (rep + 1, med, worst, restore, rtoks))
