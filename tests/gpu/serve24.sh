@@ -24,8 +24,12 @@
 # 4. kvmem bench serve --backend cuda, closed loop then Poisson arrivals
 #    (0.8 of the closed loop's rate) at 1 and 16 clients (a figure: p99
 #    first token at 16 / at 1; its failure is reported, not counted).
+# 5. tools/bench/serve_stall.py with BACKEND=cuda, MODE restore, reopen and
+#    select (8K history, 1.5K budget): how long another stream waits for a
+#    token while one conversation's view is laid out again, reopened or
+#    selected in slices (a figure; issue #26).
 # Ends with "N passed, N failed"; every log in one file, OUTDIR/serve24.tgz.
-# About 50-70 s; at most 88.
+# About 80-110 s; at most 132.
 set -u
 OUTDIR=${1:?usage: tests/gpu/serve24.sh OUTDIR}
 mkdir -p "$OUTDIR"
@@ -34,8 +38,8 @@ cd "$(dirname "$0")/../.." || exit 1
 . tests/gpu/lib.sh
 gpu_setup serve24 build-gpu nosan
 gpu_need "$K" "$B/tests/test_serve_batch" "$B/tests/test_ws_release"
-# Each step's time limit: its own, or what is left of 86 s.
-cap() { local left=$((86 - ($(date +%s) - t0))); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
+# Each step's time limit: its own, or what is left of 130 s.
+cap() { local left=$((130 - ($(date +%s) - t0))); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
 
 # 1, 2.
 for t in test_serve_batch test_ws_release; do
@@ -66,6 +70,15 @@ summary="release_py: $(grep -c '^ok ' "$log/release.log") ok, $(grep -c '^FAIL '
 echo "== $K bench serve --backend cuda --clients 1,16 --mode both --requests 4 --tokens 32"
 timeout "$(cap 30)" "$K" bench serve --backend cuda --clients 1,16 --mode both --requests 4 \
 	--tokens 32 >"$log/bench_serve.txt" 2>&1 || echo "(bench serve failed or ran out of time)"
+
+# 5. Figures.
+for m in restore reopen select; do
+	echo "== MODE=$m BACKEND=cuda tools/bench/serve_stall.py 2"
+	extra=""
+	[ "$m" = select ] && extra="HISTORY=4 BUDGET=1536"
+	env $extra MODE=$m BACKEND=cuda KVMEM="$K" timeout "$(cap 15)" python3 tools/bench/serve_stall.py 2 \
+		>"$log/stall_$m.txt" 2>&1 || echo "(serve_stall $m failed or ran out of time)"
+done
 echo
 echo "== summary (the call brings back the console's last lines)"
 for t in test_serve_batch test_ws_release; do
@@ -74,6 +87,7 @@ done
 echo "$summary"
 grep '^{' "$log/release.log"
 cat "$log/bench_serve.txt"
+cat "$log"/stall_*.txt
 # Every log in one file (the call brings few files back); not the
 # conversations' workspaces.
 (cd "$OUT" && find serve24 -type f \( -name '*.log' -o -name '*.json' -o -name '*.err' -o \
