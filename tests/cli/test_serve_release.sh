@@ -16,7 +16,9 @@
 # the load test's conversations (tests/serve/load.mjs: 8 at once, 8 turns,
 # SIGKILL after 40 requests) with --max-views 2 --idle-release 0.05, so
 # views go and come back between most turns: every conversation equals an
-# uninterrupted twin.
+# uninterrupted twin; and again with --max-open 2 --budget 256, so most
+# turns reopen their conversation from disk and every selection places
+# blocks, both in slices of rounds.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/../serve/lib.sh"
 command -v node >/dev/null || { echo "skip: node is not installed"; exit 77; }
@@ -107,4 +109,19 @@ timeout 300 node "$NODEDIR/load.mjs" "$KVMEM" "$tmp/corpus.txt" "$seed" 8 8 40 "
 	--max-open 64 --max-views 2 --idle-release 0.05 >"$tmp/load.out" 2>&1 ||
 	bad "load with --max-views 2: $(tail -3 "$tmp/load.out")"
 grep '^load:' "$tmp/load.out"
+
+# ---- under load: conversations closed and reopened, selections over a small budget ------------
+# --max-open 2 for 8 conversations: most turns reopen theirs from disk (the
+# index and the view taken in a slice a round), and a 256-token budget
+# makes each turn's selection place blocks (a layer a round). The twins run
+# on the same server: every answer equal says a reopen or a selection in
+# slices changes no bit, whenever it falls.
+export KVMEM_HOME="$tmp/reopen"
+timeout 300 node "$NODEDIR/load.mjs" "$KVMEM" "$tmp/corpus.txt" "$seed" 8 6 30 "$tmp/reopen.json" \
+	--max-open 2 --budget 256 >"$tmp/reopen.out" 2>&1 ||
+	bad "load with --max-open 2 --budget 256: $(tail -3 "$tmp/reopen.out")"
+grep '^load:' "$tmp/reopen.out"
+node -e 'const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+	console.log(`conversations reopened ${r.restores}`); process.exit(r.restores >= 8 ? 0 : 1)' \
+	"$tmp/reopen.json" || bad "--max-open 2: fewer than 8 reopens"
 cli_done serve_release
