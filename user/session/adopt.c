@@ -3,7 +3,9 @@
  * Adopting a stored history: a session starts over pages that are already
  * in its page source (a reopened workspace). Token ids come from the
  * caller, raw K from the pages; the index is rebuilt block by block and a
- * first selection lays out the view.
+ * first selection lays out the view. A session whose view was given up
+ * takes the index in later, a group of blocks a restore step (state.c,
+ * release.c).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -190,6 +192,7 @@ int ws_adopt_history(kvmem_session *s, const int32_t *tokens, int64_t n)
 	return ws_adopt_history_step(s, INT64_MAX);
 }
 
+/* Only a fresh session adopts, and only ids of its vocabulary. */
 int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n)
 {
 	if (s->broken || s->blocks.n_tokens || s->st.forwards || s->tokens)
