@@ -267,6 +267,22 @@ used=$(curl -s -H "$A" "$BASE/metrics" | sed -n 's/^kvmem_tier_host_used_bytes /
 size=$(curl -s -H "$A" "$BASE/metrics" | sed -n 's/^kvmem_tier_host_bytes //p')
 [ -n "$used" ] && [ "$used" -gt 0 ] && [ "$used" -lt "$size" ] ||
 	bad "/metrics: host pool in use '$used' of $size with a conversation open"
+# The rounds' wall times, a Prometheus histogram: cumulative buckets up to
+# +Inf, which is the count and the rounds that ran units; a sum and the
+# longest round, the longest no more than the sum.
+curl -s -H "$A" "$BASE/metrics" >"$tmp/metrics"
+node -e '
+	const t = require("fs").readFileSync(process.argv[1], "utf8");
+	const v = (re) => { const m = re.exec(t); return m ? +m[1] : NaN; };
+	const b = [...t.matchAll(/^kvmem_round_seconds_bucket\{le="([^"]+)"\} (\d+)$/gm)].map((m) => [m[1], +m[2]]);
+	const inf = b.length ? b[b.length - 1] : ["", NaN];
+	const count = v(/^kvmem_round_seconds_count (\d+)$/m), rounds = v(/^kvmem_batch_rounds_total (\d+)$/m);
+	const sum = v(/^kvmem_round_seconds_sum (\S+)$/m), max = v(/^kvmem_round_seconds_max (\S+)$/m);
+	const ok = /# TYPE kvmem_round_seconds histogram/.test(t) && b.length === 12 && inf[0] === "+Inf" &&
+		b.every((x, i) => !i || x[1] >= b[i - 1][1]) && inf[1] === count && count === rounds &&
+		count > 0 && sum > 0 && max > 0 && max <= sum;
+	if (!ok) { console.error(JSON.stringify({ b, count, rounds, sum, max })); process.exit(1); }' "$tmp/metrics" ||
+	bad "/metrics: kvmem_round_seconds is not a histogram of the rounds"
 serve_stop
 
 # ---- the limits a request meets: --max-n, --max-conversation-tokens, --max-batch ---------------

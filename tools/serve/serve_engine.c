@@ -442,7 +442,9 @@ static void round_once(struct serve *sv, struct round *r)
 	const int64_t max = sv->cfg.max_batch;
 	const int fcfs = sv->cfg.prefill_order == SERVE_PREFILL_FCFS;
 	int64_t budget = sv->cfg.prefill_budget;
-	int n = 0, prefilled = 0, k, units = 0, ran, n_wait = 0;
+	int n = 0, prefilled = 0, k, units = 0, ran, n_wait = 0, b = 0;
+	const double t0 = serve_now();
+	double dt;
 
 	r->id++;
 	for (k = 0; k < r->n_run && n < max; k++) {
@@ -497,7 +499,16 @@ static void round_once(struct serve *sv, struct round *r)
 		r->run[i] = r->run[--r->n_run];
 		finish(sv, j, &r->conv_inflight);
 	}
+	dt = serve_now() - t0;
+	while (b < SERVE_ROUND_BUCKETS && dt > serve_round_le[b])
+		b++;
 	pthread_mutex_lock(&sv->mu);
+	if (n > 0) {	/* a round that ran units, its commits and answers too */
+		sv->c.round_hist[b]++;
+		sv->c.round_s += dt;
+		if (dt > sv->c.round_max_s)
+			sv->c.round_max_s = dt;
+	}
 	sv->c.rounds += n > 0;
 	sv->c.units += (uint64_t)units;
 	sv->c.batch_last = n;

@@ -180,6 +180,11 @@ struct lane {
 	struct lane *next;
 };
 
+/* The round-time histogram's upper bounds in seconds (serve_metrics.c);
+ * the last bucket is +Inf. */
+#define SERVE_ROUND_BUCKETS 11
+extern const double serve_round_le[SERVE_ROUND_BUCKETS];
+
 struct serve_counters {
 	uint64_t requests, failed, rejected, cancelled, replays, turns, deletes;
 	uint64_t prompt_tokens, completion_tokens, selections;
@@ -194,6 +199,11 @@ struct serve_counters {
 	uint64_t parked;
 	uint64_t rounds, units, batch_max;
 	int64_t batch_last;
+	/* Each round's wall time, what every running stream waited for a
+	 * token in it (serve_engine.c): a histogram over SERVE_ROUND_BUCKETS,
+	 * the sum and the longest. */
+	uint64_t round_hist[SERVE_ROUND_BUCKETS + 1];
+	double round_s, round_max_s;
 	uint64_t device_bytes;		/* the backend's, after the last round */
 	struct serve_batch_stats batch;	/* the runner's, after the last round */
 };

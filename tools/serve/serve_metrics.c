@@ -55,6 +55,30 @@ static void metric(struct out *o, const char *name, const char *type, const char
 	outf(o, "# HELP %s %s\n# TYPE %s %s\n%s %.9g\n", name, help, name, type, name, v);
 }
 
+const double serve_round_le[SERVE_ROUND_BUCKETS] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+						     0.1, 0.25, 0.5, 1, 2.5 };
+
+/* The rounds' wall times as a Prometheus histogram (cumulative buckets). */
+static void round_histogram(struct out *o, const struct serve_counters *c)
+{
+	uint64_t at = 0;
+
+	outf(o, "# HELP kvmem_round_seconds an engine round's wall time (its units, prefill passes, "
+		"commits and answers): what every running stream waited for its next token\n"
+		"# TYPE kvmem_round_seconds histogram\n");
+	for (int b = 0; b < SERVE_ROUND_BUCKETS; b++) {
+		at += c->round_hist[b];
+		outf(o, "kvmem_round_seconds_bucket{le=\"%g\"} %llu\n", serve_round_le[b],
+		     (unsigned long long)at);
+	}
+	at += c->round_hist[SERVE_ROUND_BUCKETS];
+	outf(o, "kvmem_round_seconds_bucket{le=\"+Inf\"} %llu\nkvmem_round_seconds_sum %.9g\n"
+		"kvmem_round_seconds_count %llu\n", (unsigned long long)at, c->round_s,
+	     (unsigned long long)at);
+	metric(o, "kvmem_round_seconds_max", "gauge", "the longest round since the server started",
+	       c->round_max_s);
+}
+
 /* Bytes a directory's files take on disk (allocated blocks). */
 static uint64_t du(const char *dir, int depth)
 {
@@ -190,6 +214,7 @@ char *serve_metrics(struct serve *sv)
 	metric(&o, "kvmem_batch_units_total", "counter", "units run in those rounds", (double)c->units);
 	metric(&o, "kvmem_batch_size", "gauge", "units in the last round", (double)c->batch_last);
 	metric(&o, "kvmem_batch_size_max", "gauge", "units in the largest round", (double)c->batch_max);
+	round_histogram(&o, c);
 	metric(&o, "kvmem_batch_decode_units_total", "counter", "decode units run",
 	       (double)b->units[SERVE_UNIT_DECODE]);
 	metric(&o, "kvmem_batch_prefill_units_total", "counter", "prefill units run",
