@@ -180,7 +180,8 @@ grep -q "tokens a round, the oldest prompt first (fcfs)$" "$tmp/serve.out" &&
 	bad "serve did not say its prefill order: $(grep prefill "$tmp/serve.out" | tail -2)"
 "$KVMEM" serve --prefill-order lifo >/dev/null 2>"$tmp/err" && bad "--prefill-order lifo was taken"
 grep -q -- "--prefill-order lifo: not fcfs" "$tmp/err" || bad "--prefill-order lifo: $(cat "$tmp/err")"
-serve_start --idle-close 1 || exit 1
+# One slice a round (--view-slice 0): the counts below are the slices'.
+serve_start --idle-close 1 --view-slice 0 || exit 1
 
 # ---- idle conversations close, and come back from their stored state ------------------------
 curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: idle' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
@@ -195,7 +196,7 @@ curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: idl
 idle=$(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])')
 [ "$(js 'b.kvmem.restored')" = true ] || bad "the idle conversation did not come back from its workspace: $(cat "$tmp/body")"
 # The reopened view is laid out by the turn, an eighth of the layers a
-# round (the embedded model's 4 layers: one a round), not in one go.
+# round (the embedded model's 6 layers: one a round), not in one go.
 steps=$(( $(metric kvmem_view_restore_steps_total) - steps0 ))
 laid=$(( $(metric kvmem_views_restored_total) - laid0 ))
 [ "$laid" = 1 ] && [ "$steps" -ge 2 ] ||
@@ -213,6 +214,19 @@ sel=$(metric kvmem_selections_total)
 units=$(metric kvmem_batch_select_units_total)
 [ "$sel" -ge 4 ] && [ "$units" -eq $((6 * sel)) ] ||
 	bad "$sel selections in $units units (want 6 units each: a layer a round)"
+serve_stop
+# A round's time for them that no selection here needs (--view-slice 60
+# s): each selection in one unit, and the same answer.
+serve_start --view-slice 60000 || exit 1
+curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: twin2' -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}]}"
+curl -s -o "$tmp/body" "$BASE/v1/chat/completions" -H 'X-Kvmem-Conversation: twin2' -d "{\"messages\":$second}"
+[ "$(js 'JSON.stringify([b.choices[0].message.content, b.usage, b.kvmem.workspace_tokens])')" = "$idle" ] ||
+	bad "--view-slice 60000: $(js 'JSON.stringify([b.choices[0].message.content, b.usage])'), want $idle"
+sel=$(metric kvmem_selections_total)
+units=$(metric kvmem_batch_select_units_total)
+[ "$sel" -ge 2 ] && [ "$units" -eq "$sel" ] || bad "--view-slice 60000: $sel selections in $units units"
+"$KVMEM" serve --view-slice -1 >/dev/null 2>"$tmp/err" && bad "--view-slice -1 was taken"
+grep -q -- "--view-slice" "$tmp/err" || bad "--view-slice -1: $(cat "$tmp/err")"
 serve_stop
 
 # ---- a turn short of memory waits for one to end ---------------------------------------------

@@ -69,7 +69,7 @@ for i in 1 2 3 4 5; do turn twin "$i"; done
 serve_stop
 
 # ---- the same conversation, its view given up between turns --------------------------------
-KVMEM_HOME="$tmp/idle" serve_start $opts --idle-release 0.3 || exit 1
+KVMEM_HOME="$tmp/idle" serve_start $opts --idle-release 0.3 --view-slice 0 || exit 1
 for i in 1 2 3 4 5; do
 	turn idle "$i"
 	until_metric kvmem_views_released_total "$i"
@@ -82,7 +82,7 @@ grep -q ',false\]$' "$tmp/idle.5.out" || bad "the conversation was reopened from
 [ "$(metric kvmem_views_restored_total)" = 4 ] || bad "views laid out again: $(metric kvmem_views_restored_total), want 4"
 [ "$(metric kvmem_view_restore_tokens_total)" -gt 4 ] 2>/dev/null ||
 	bad "tokens laid out again: $(metric kvmem_view_restore_tokens_total)"
-# A layer a round (the model's 6 layers in eighths, at least one each).
+# A layer a round (--view-slice 0; the model's 6 layers in eighths, at least one each).
 [ "$(metric kvmem_view_restore_steps_total)" = 24 ] ||
 	bad "rounds that laid views out: $(metric kvmem_view_restore_steps_total), want 4 x 6"
 [ "$(metric kvmem_conversation_restores_total)" = 0 ] || bad "a conversation was reopened from its workspace"
@@ -113,12 +113,13 @@ grep '^load:' "$tmp/load.out"
 # ---- under load: conversations closed and reopened, selections over a small budget ------------
 # --max-open 2 for 8 conversations: most turns reopen theirs from disk (the
 # index and the view taken in a slice a round), and a 256-token budget
-# makes each turn's selection place blocks (a layer a round). The twins run
+# makes each turn's selection place blocks, a layer a round (--view-slice
+# 0: the most slice boundaries). The twins run
 # on the same server: every answer equal says a reopen or a selection in
 # slices changes no bit, whenever it falls.
 export KVMEM_HOME="$tmp/reopen"
 timeout 300 node "$NODEDIR/load.mjs" "$KVMEM" "$tmp/corpus.txt" "$seed" 8 6 30 "$tmp/reopen.json" \
-	--max-open 2 --budget 256 >"$tmp/reopen.out" 2>&1 ||
+	--max-open 2 --budget 256 --view-slice 0 >"$tmp/reopen.out" 2>&1 ||
 	bad "load with --max-open 2 --budget 256: $(tail -3 "$tmp/reopen.out")"
 grep '^load:' "$tmp/reopen.out"
 node -e 'const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));

@@ -15,6 +15,8 @@ What B's turn does first is MODE's:
            again and adopts its stored state (pages read from disk;
            --budget BUDGET, 0 unless set: the view holds it all).
 
+VIEW_SLICE=MS passes --view-slice MS (the server's default: 5 ms a round).
+
 Printed: A's gaps between tokens (median, and the longest while B's turn
 starts), B's work (/metrics: the view layout's, the selections', or the
 whole turn's time for a reopen) and the view's tokens.
@@ -113,7 +115,8 @@ def main():
     home = tempfile.mkdtemp(prefix="kvmem-stall.")
     if MODE not in SERVE_ARGS:
         sys.exit("serve_stall.py: MODE is restore, select or reopen, not %r" % MODE)
-    srv = subprocess.Popen([KVMEM, "serve", "--backend", BACKEND, "--port", str(port), "--quiet"] + SERVE_ARGS[MODE], env={**os.environ, "KVMEM_HOME": home},
+    extra = ["--view-slice", os.environ["VIEW_SLICE"]] if os.environ.get("VIEW_SLICE") else []
+    srv = subprocess.Popen([KVMEM, "serve", "--backend", BACKEND, "--port", str(port), "--quiet"] + SERVE_ARGS[MODE] + extra, env={**os.environ, "KVMEM_HOME": home},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):

@@ -96,6 +96,10 @@ static void usage(FILE *f)
 		"  --max-views N             open conversations holding a view at once (default\n"
 		"                            64); past it the least recently used idle ones give\n"
 		"                            theirs up\n"
+		"  --view-slice MS           time a round gives one conversation's selection,\n"
+		"                            view layout or reopen before the others' units run:\n"
+		"                            layer slices until MS is spent, at least one\n"
+		"                            (default 5; decimals; 0: one slice a round)\n"
 		"  --max-queue N             requests waiting or running (default 256); past it\n"
 		"                            429 with Retry-After\n"
 		"  --max-inflight N          turns running at once (default 64); the rest wait\n"
@@ -135,7 +139,7 @@ enum {
 	O_MODEL = 256, O_NAME, O_HOST, O_PORT, O_KEY, O_DATA, O_BACKEND, O_POLICY, O_BUDGET, O_BLOCK,
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
 	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
-	O_CEPHCONF, O_RELEASE, O_VIEWS, O_PRESET, O_TOKENIZER, O_GPUMEM, O_ORDER, O_MAXDISK,
+	O_CEPHCONF, O_RELEASE, O_VIEWS, O_SLICE, O_PRESET, O_TOKENIZER, O_GPUMEM, O_ORDER, O_MAXDISK,
 };
 
 static const struct option opts[] = {
@@ -172,6 +176,7 @@ static const struct option opts[] = {
 	{ "idle-close", required_argument, NULL, O_IDLE },
 	{ "idle-release", required_argument, NULL, O_RELEASE },
 	{ "max-views", required_argument, NULL, O_VIEWS },
+	{ "view-slice", required_argument, NULL, O_SLICE },
 	{ "cors", required_argument, NULL, O_CORS },
 	{ "store", required_argument, NULL, O_STORE },
 	{ "ceph-conf", required_argument, NULL, O_CEPHCONF },
@@ -268,6 +273,7 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 				return -1;
 			break;
 		case O_VIEWS: if (cli_parse_count(w, n, a, 1, 1 << 20, &c->max_views)) return -1; break;
+		case O_SLICE: if (cli_parse_double(w, n, a, 0, 60000, &c->view_slice_ms)) return -1; break;
 		case O_INFLIGHT: if (cli_parse_count(w, n, a, 1, 1 << 16, &c->max_inflight)) return -1; break;
 		case O_BATCH: if (cli_parse_count(w, n, a, 1, 1 << 16, &c->max_batch)) return -1; break;
 		case O_PREFILL:

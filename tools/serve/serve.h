@@ -51,6 +51,11 @@ struct serve_cfg {
 	 * never); its next turn lays it out again from its pages. */
 	double idle_release;
 	int64_t max_views;		/* open conversations holding a view at once */
+	/* Milliseconds a round gives one conversation's view work (a
+	 * selection's placements, a view laid out again, a reopened history's
+	 * index) before the others' units run: slices until they are spent,
+	 * at least one (0: one slice a round). */
+	double view_slice_ms;
 	int64_t budget;			/* view budget of a session (0: unlimited; -1: from the window) */
 	int block, chunk, threads;	/* chunk 0: the backend's (128 cpu, 512 a GPU) */
 	uint64_t host_cap;		/* the host pool the conversations share */

@@ -38,6 +38,7 @@ void serve_cfg_default(struct serve_cfg *c)
 	c->idle_close = 300;
 	c->idle_release = 30;
 	c->max_views = 64;
+	c->view_slice_ms = 5;
 	c->request_timeout = 600;
 	c->budget = -1;
 	c->block = 32;

@@ -59,7 +59,9 @@ static void run_one(struct serve_unit *u)
 
 	u->more = 0;
 	if (u->kind == SERVE_UNIT_SELECT && u->n > 0) {
-		u->rc = kvmem_session_select_step(u->s, u->n);
+		do
+			u->rc = kvmem_session_select_step(u->s, u->n);
+		while (u->rc == 1 && now_s() - t0 < u->slice_s);
 		u->more = u->rc == 1;
 		u->rc = u->rc < 0 ? u->rc : 0;
 	} else if (u->kind == SERVE_UNIT_SELECT)

@@ -12,9 +12,11 @@
  *                        session's last logits (so the logits of the next
  *                        position come back); sampling stays the server's
  *   SERVE_UNIT_SELECT    the step-boundary selection and rematerialisation,
- *                        n layers of its placements a unit (0: all of it,
- *                        kvmem_session_select_step): `more` says whether
- *                        layers are left for the next round's unit
+ *                        slices of n layers of its placements
+ *                        (kvmem_session_select_step) until slice_s is
+ *                        spent, at least one (n 0: all of it at once):
+ *                        `more` says whether layers are left for the next
+ *                        round's unit
  *
  * Each unit names its own session; two units of one round never share a
  * session. After the call every unit has its result (rc, and the message
@@ -43,7 +45,8 @@ struct serve_unit {
 	int kind;			/* enum serve_unit_kind */
 	kvmem_session *s;
 	const int32_t *tokens;		/* PREFILL: n tokens; DECODE: one */
-	int n;				/* SELECT: layers placed a unit (0: all) */
+	int n;				/* SELECT: layers placed a slice (0: all) */
+	double slice_s;			/* SELECT: slices until this is spent (at least one) */
 	/* results */
 	int rc;				/* 0, or -errno */
 	int more;			/* SELECT: layers left (the next round goes on) */

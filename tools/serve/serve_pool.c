@@ -200,7 +200,10 @@ int pool_view_back_step(struct serve *sv, struct conv *c)
 	int64_t n;
 	int rc;
 
-	rc = kvmem_session_restore_view_step(c->s, (layers + 7) / 8);
+	/* Slices until --view-slice is spent, at least one. */
+	do
+		rc = kvmem_session_restore_view_step(c->s, (layers + 7) / 8);
+	while (rc == 1 && serve_now() - t0 < sv->cfg.view_slice_ms / 1e3);
 	c->restore_s += serve_now() - t0;
 	n = rc ? 0 : kvmem_session_view_len(c->s);
 	c->view_away = rc != 0;

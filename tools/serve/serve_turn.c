@@ -556,11 +556,12 @@ int turn_unit(struct job *j, struct serve_unit *u)
 		return 0;
 	}
 	case PH_SELECT:
-		/* An eighth of the layers' placements a round (at least one),
-		 * the others' units between the slices, as for a view laid
-		 * out again (PH_RESTORE). */
+		/* Slices of an eighth of the layers' placements (at least
+		 * one) until --view-slice is spent, the others' units between
+		 * the rounds, as for a view laid out again (PH_RESTORE). */
 		u->kind = SERVE_UNIT_SELECT;
 		u->n = (sv->m->cfg.n_layers + 7) / 8;
+		u->slice_s = sv->cfg.view_slice_ms / 1e3;
 		return 0;
 	case PH_DECODE: {
 		int gone;
