@@ -279,9 +279,10 @@ serve_stop
 # bench serve counts the parked turns of each load (its server's, in
 # process), and none of its requests fails.
 "$KVMEM" bench serve --clients 6 --requests 1 --tokens 2 --lines 160 --gpu-mem 40M --mode closed \
-	--json >"$tmp/bench.json" 2>"$tmp/bench.err" || bad "bench serve --gpu-mem 40M: $(tail -3 "$tmp/bench.err")"
+	--view-slice 2.5 --json >"$tmp/bench.json" 2>"$tmp/bench.err" || bad "bench serve --gpu-mem 40M: $(tail -3 "$tmp/bench.err")"
 grep -q '"failed":0,.*"parked":[1-9]' "$tmp/bench.json" ||
 	bad "bench serve, six clients under --gpu-mem 40M: $(cat "$tmp/bench.json")"
+grep -q '"view_slice_ms":2.5[,}]' "$tmp/bench.json" || bad "bench serve --view-slice 2.5: $(cat "$tmp/bench.json")"
 serve_start --gpu-mem 4M || exit 1
 got=$(curl -s -o "$tmp/body" -w '%{http_code}' "$BASE/v1/completions" -d "{\"prompt\":$MID,\"max_tokens\":6}")
 [ "$got" = 503 ] && grep -q '"code":"insufficient_memory"' "$tmp/body" && grep -q 'gpu-mem' "$tmp/body" ||

@@ -32,6 +32,7 @@ refuse "--model or --preset, not both" serve --preset tiny --model "$M"
 refuse "the one to choose is 'bytes'" serve --model "$M" --tokenizer words
 refuse "no tokenizer.json" serve --model "$M" --port 0 --data-dir "$tmp/d0"
 refuse "its model and settings are its own" bench serve --url http://127.0.0.1:1 --preset 8b
+refuse "its model and settings are its own" bench serve --url http://127.0.0.1:1 --view-slice 1
 refuse "--model or --preset, not both" bench serve --preset tiny --model "$M"
 
 serve_start --model "$M" --tokenizer bytes --data-dir "$tmp/data" || exit 1
@@ -82,7 +83,7 @@ grep -q "an ideal server at the same arrivals (one prompt at a time, each in the
 	"$tmp/bench.out" || bad "bench serve's ideal server: $(cat "$tmp/bench.out")"
 grep -q "^warm-up: one request before the loads, not counted (first token [0-9.]* ms)$" \
 	"$tmp/bench.out" || bad "bench serve's warm-up: $(head -5 "$tmp/bench.out")"
-grep -q "^the server's prefill: chunk 128, 512 tokens a round (the backend's defaults), the oldest prompt first (fcfs)$" \
+grep -q "^the server's prefill: chunk 128, 512 tokens a round (the backend's defaults), the oldest prompt first (fcfs); view work 5 ms a round (--view-slice)$" \
 	"$tmp/bench.out" || bad "bench serve's prefill line: $(head -4 "$tmp/bench.out")"
 cat "$tmp/bench.out"
 # Given, they are the server's, a round's tokens 4 chunks unless given too.

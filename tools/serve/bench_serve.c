@@ -67,6 +67,7 @@ struct opts {
 	int prefill_order;		/* its --prefill-order; set_order: given */
 	int set_order;
 	uint64_t gpu_mem;		/* its --gpu-mem (0: no cap) */
+	double view_slice_ms;		/* its --view-slice (< 0: serve's default) */
 	int used_chunk;			/* what its server ran with (0: a --url server) */
 	int64_t used_round;
 	double rate;
@@ -98,6 +99,8 @@ static void usage(FILE *f)
 		"  --prefill-budget N  the server's prefill tokens a round (default: serve's)\n"
 		"  --prefill-order fcfs|shared  who takes them (default: serve's, fcfs)\n"
 		"  --gpu-mem SIZE      the server's memory cap (default: none)\n"
+		"  --view-slice MS     the server's time a round for one conversation's view\n"
+		"                      work (default: serve's, 5; 0: one slice a round)\n"
 		"  --backend NAME      cpu, cuda or auto (default auto)\n"
 		"  --url http://H:P    a running server instead (its model and backend are\n"
 		"                      those /health names)\n"
@@ -381,7 +384,7 @@ static int parse_list(const char *s, int *out, int max)
 
 enum { O_MODEL = 256, O_BACKEND, O_URL, O_KEY, O_CLIENTS, O_MODE, O_REQ, O_TOK, O_LINES, O_RATE,
        O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL, O_GPUMEM, O_LOAD,
-       O_ORDER };
+       O_ORDER, O_SLICE };
 
 static const struct option lopts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
@@ -391,6 +394,7 @@ static const struct option lopts[] = {
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
 	{ "prefill-budget", required_argument, NULL, O_PREFILL },
 	{ "prefill-order", required_argument, NULL, O_ORDER },
+	{ "view-slice", required_argument, NULL, O_SLICE },
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "url", required_argument, NULL, O_URL },
 	{ "api-key", required_argument, NULL, O_KEY },
@@ -458,6 +462,10 @@ static int parse(int argc, char **argv, struct opts *o)
 			if (serve_parse_prefill_order(WHO, a, &o->prefill_order))
 				return -1;
 			o->set_order = 1;
+			break;
+		case O_SLICE:
+			if (cli_parse_double(WHO, n, a, 0, 60000, &o->view_slice_ms))
+				return -1;
 			break;
 		case O_TOK: if (cli_parse_int(WHO, n, a, 1, 1 << 20, &o->tokens)) return -1; break;
 		case O_LINES: if (cli_parse_int(WHO, n, a, 1, 10000, &o->lines)) return -1; break;
@@ -530,7 +538,7 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       "\"gap_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
 		       "\"ideal_ttft_ms_p99\":%.1f,\"ideal_vs_unloaded\":%.2f,\"parked\":%lld,"
 		       "\"prompt_tokens_mean\":%.1f,\"chunk\":%d,\"prefill_round\":%lld,"
-		       "\"prefill_order\":\"%s\"%s%s%s}\n",
+		       "\"prefill_order\":\"%s\",\"view_slice_ms\":%g%s%s%s}\n",
 		       mode, n, rate,
 		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
 		       v[0], v[1], v[2], v[3], v[4], v[5], v[6], vs_unloaded,
@@ -538,6 +546,7 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       r->ok ? (double)r->prompt / r->ok : 0,
 		       o->used_chunk, (long long)o->used_round,
 		       o->used_chunk ? serve_prefill_order_name(o->prefill_order) : "",
+		       o->used_chunk ? o->view_slice_ms : -1,
 		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
 		if (r->failed)
 			fprintf(stderr, "%s: %d requests failed; the first: %s\n", WHO, r->failed, r->err);
@@ -569,7 +578,7 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 int bench_serve(int argc, char **argv)
 {
 	struct opts o = { .mode = "both", .clients = { 1, 8, 32 }, .n_clients = 3, .tokens = 64,
-			  .requests = 4, .lines = 8, .seed = 1, .load = 0.8 };
+			  .requests = 4, .lines = 8, .seed = 1, .load = 0.8, .view_slice_ms = -1 };
 	struct serve_cfg c;
 	struct serve *sv = NULL;
 	struct load L = { 0 };
@@ -585,10 +594,10 @@ int bench_serve(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	if (o.url && (o.preset || o.model || o.tokenizer || o.chunk || o.prefill_budget || o.gpu_mem ||
-		      o.set_order)) {
+		      o.set_order || o.view_slice_ms >= 0)) {
 		fprintf(stderr, "%s: --url names a running server: its model and settings are its "
 			"own (no --model, --preset, --tokenizer, --chunk, --prefill-budget, "
-			"--prefill-order or --gpu-mem)\n", WHO);
+			"--prefill-order, --view-slice or --gpu-mem)\n", WHO);
 		return EXIT_USAGE;
 	}
 	if (o.url) {
@@ -627,6 +636,9 @@ int bench_serve(int argc, char **argv)
 			c.prefill_order = o.prefill_order;
 		o.prefill_order = c.prefill_order;
 		c.gpu_mem = o.gpu_mem;
+		if (o.view_slice_ms >= 0)
+			c.view_slice_ms = o.view_slice_ms;
+		o.view_slice_ms = c.view_slice_ms;
 		if (serve_start(&c, &sv)) {
 			fprintf(stderr, "%s: %s\n", WHO, kvmem_last_error());
 			nftw(data, rm_one, 16, FTW_DEPTH | FTW_PHYS);
@@ -665,10 +677,11 @@ int bench_serve(int argc, char **argv)
 		printf("each request: %d workspace lines, %d tokens decoded (ignore_eos), streamed%s\n",
 		       o.lines, o.tokens, o.conversations ? ", turns of one conversation per client" : "");
 		if (sv)
-			printf("the server's prefill: chunk %d, %lld tokens a round%s, %s\n",
+			printf("the server's prefill: chunk %d, %lld tokens a round%s, %s; view work "
+			       "%g ms a round (--view-slice)\n",
 			       o.used_chunk, (long long)o.used_round,
 			       o.chunk || o.prefill_budget ? "" : " (the backend's defaults)",
-			       serve_prefill_order_says(o.prefill_order));
+			       serve_prefill_order_says(o.prefill_order), o.view_slice_ms);
 		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s %9s %8s %8s\n", "load", "clients",
 		       "rate/s", "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99",
 		       "lat p50", "lat p99", "tpot p50", "gap p99", "prompt");
