@@ -144,6 +144,11 @@ struct job {
 	int32_t stop_id;
 	int32_t tok;			/* this round's decode token */
 	int phase;
+	/* The first token, sampled when the prompt's prefill ended (and sent
+	 * at once), waits for the selection to be appended: pending, and the
+	 * phase its sampling left (PH_DECODE, or PH_CLOSE when it ended the
+	 * turn). */
+	int pending, after_first;
 	char short_of[512];		/* a parked turn: what ran out (turn_after) */
 	int64_t msgs_total;		/* chat: messages after this turn (without the answer) */
 	uint64_t rng;			/* the request's sampler state */

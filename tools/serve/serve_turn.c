@@ -575,7 +575,10 @@ int turn_unit(struct job *j, struct serve_unit *u)
 			j->phase = PH_COMMIT;
 			return 1;
 		}
-		if (sample_next(j)) {
+		if (j->pending) {	/* the first token, sampled before the selection */
+			j->pending = 0;
+			j->phase = j->after_first;
+		} else if (sample_next(j)) {
 			job_fail_errno(j, kvmem_last_errno(), kvmem_last_error());
 			return -1;
 		}
@@ -610,8 +613,10 @@ int turn_after(struct job *j, struct serve_unit *u)
 	if (u->rc) {
 		/* Out of memory before the first token: nothing has reached
 		 * the client, so the turn can wait and run again (the engine
-		 * parks it, or fails it when nothing else runs). */
-		if (-u->rc == ENOMEM && (j->phase == PH_PREFILL || j->phase == PH_SELECT)) {
+		 * parks it, or fails it when nothing else runs). A selection's
+		 * comes after it (sampled at the prompt's end): the turn fails. */
+		if (-u->rc == ENOMEM && (j->phase == PH_PREFILL ||
+					 (j->phase == PH_SELECT && !j->completion_tokens))) {
 			snprintf(j->short_of, sizeof(j->short_of), "%s", u->err);
 			j->phase = PH_PARKED;
 			return 1;
@@ -632,8 +637,22 @@ int turn_after(struct job *j, struct serve_unit *u)
 	pthread_mutex_unlock(&sv->mu);
 	if (u->kind == SERVE_UNIT_PREFILL && j->phase == PH_PREFILL) {
 		j->appended += (size_t)u->n;
-		if (j->appended == j->ids.n)
-			j->phase = j->max_tokens ? PH_SELECT : PH_CLOSE;
+		if (j->appended == j->ids.n && !j->max_tokens) {
+			j->phase = PH_CLOSE;
+		} else if (j->appended == j->ids.n) {
+			/* The first token now, from the prompt's logits, which the
+			 * step-boundary selection does not change: the client has
+			 * it a selection (and a round) sooner, the same token. It
+			 * is appended after the selection, as before. */
+			j->phase = PH_DECODE;
+			if (sample_next(j)) {
+				job_fail_errno(j, kvmem_last_errno(), kvmem_last_error());
+				return 1;
+			}
+			j->after_first = j->phase;
+			j->pending = 1;
+			j->phase = PH_SELECT;
+		}
 	} else if (u->kind == SERVE_UNIT_SELECT && !u->more) {
 		j->phase = PH_DECODE;
 	}
