@@ -424,7 +424,7 @@ static int grow(struct cpu *b, size_t page_elems, int n)
  * placements against 0.9 whole). So every slot's angles are kept, made once
  * as the views reach them: d doubles a slot, 512 KiB for the embedded
  * model's 2K window, 32 MiB for 32K slots of head_dim 128. Past TAB_MAX
- * slots, the last item's cache as before. b->pos holds slot.. (grow() first).
+ * slots, the last item's cache as before, its positions in b->pos (grow() first).
  */
 #define TAB_MAX ((int64_t)1 << 16)
 
@@ -458,6 +458,8 @@ static const double *angles_at(struct cpu *b, int64_t slot, int n)
 		free(pos);	/* short of memory: the small cache does */
 	}
 	if (slot != b->ang_slot || n > b->ang_n) {
+		for (int i = 0; i < n; i++)
+			b->pos[i] = (int32_t)(slot + i);
 		kvmem_rope_angles(b->ang, b->pos, n, d, b->c->rope_theta);
 		b->ang_slot = slot;
 		b->ang_n = n;
@@ -478,8 +480,6 @@ static int place_one(struct cpu *b, kvmem_view *v, const kvmem_place *it)
 				   (long long)it->slot, v->kv.cap);
 	if (grow(b, page_elems, it->n))
 		return kvmem_fail();
-	for (int i = 0; i < it->n; i++)
-		b->pos[i] = (int32_t)(it->slot + i);
 	/* K first, through the scratch page when it needs widening; then V. */
 	if (!(pk = kvmem_page_f32(&it->page, 0, page_elems, b->scratch)))
 		return kvmem_fail();
@@ -563,8 +563,6 @@ static int cpu_move(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 			free(save);
 			return kvmem_fail();
 		}
-		for (int t = 0; t < m->n; t++)
-			b->pos[t] = (int32_t)(m->to + t);
 		const double *ang = angles_at(b, m->to, m->n);
 
 		for (int h = 0; h < H; h++) {
