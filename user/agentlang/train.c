@@ -32,15 +32,23 @@ static int count_questions(const int32_t *t, int n)
 	return q;
 }
 
-static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int32_t *out,
-		      agentlang_seq_info *info)
+/* A stream sequence asks at least this many questions (one per 150 tokens,
+ * at least one): a sequence below it teaches little, and a short one can
+ * draw none at the lower question rates. */
+static int stream_min_questions(int L)
+{
+	return L / 150 > 1 ? L / 150 : 1;
+}
+
+/* Draws of a stream sequence before one that asks enough is given up on. */
+#define STREAM_TRIES 64
+
+static int stream_draw(uint64_t seed, uint64_t index, int L, int nbg, double q_rate, int32_t *out,
+		       agentlang_seq_info *info)
 {
 	struct al_gen g;
-	int nbg = L / 128 - 4 + (int)al_below(r, 9);
-	double q_rate = (14 + al_below(r, 15)) / 1000.0;
 
-	if (al_gen_init(&g, al_mix64(seed) ^ 0x5851f42d4c957f2dull, index, L, nbg < 6 ? 6 : nbg,
-			q_rate))
+	if (al_gen_init(&g, seed, index, L, nbg < 6 ? 6 : nbg, q_rate))
 		return kvmem_fail();
 	int rc = al_push(&g, AGENTLANG_BOS);
 	while (!rc && g.limit - g.len >= AL_EP_MAX)
@@ -58,6 +66,25 @@ static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, in
 	}
 	al_gen_free(&g);
 	return rc;
+}
+
+/* The first draw is the sequence every earlier corpus held; one that asks
+ * too few questions is drawn again from another stream of the same seed
+ * and index (rare: 1 in several hundred at 256 tokens). */
+static int stream_seq(uint64_t seed, uint64_t index, int L, struct al_rng *r, int32_t *out,
+		      agentlang_seq_info *info)
+{
+	int nbg = L / 128 - 4 + (int)al_below(r, 9);
+	double q_rate = (14 + al_below(r, 15)) / 1000.0;
+	uint64_t base = al_mix64(seed) ^ 0x5851f42d4c957f2dull;
+
+	for (uint64_t t = 0; t < STREAM_TRIES; t++) {
+		if (stream_draw(t ? base ^ al_mix64(t) : base, index, L, nbg, q_rate, out, info))
+			return kvmem_fail();
+		if (info->n_questions >= stream_min_questions(L))
+			break;
+	}
+	return 0;
 }
 
 /* Keep [a, b); returns how many tokens were newly kept. */
