@@ -236,8 +236,8 @@ static void test_rmsnorm(void **state)
 {
 	uint64_t r = rng_for("rmsnorm");
 
-	for (int c = 0; c < 6; c++) {
-		int n = test_rng_int(&r, 1, 9), dim = test_rng_int(&r, 1, 500);
+	for (int c = 0; c < 24; c++) {
+		int n = test_rng_int(&r, 1, 40), dim = test_rng_int(&r, 1, 500);
 		float eps = c % 2 ? 1e-6f : 1e-5f;
 		float *x = test_rand_floats(&r, (size_t)n * dim, -3, 3);
 		float *w = test_rand_floats(&r, dim, 0.2, 2);
@@ -259,6 +259,14 @@ static void test_rmsnorm(void **state)
 						 ref);
 			}
 		}
+		/* A row alone has the bits it has among others (rows are
+		 * summed 8 side by side, the rest one by one). */
+		for (int i = 0; i < n; i++) {
+			float z[500];
+
+			kvmem_rmsnorm(z, x + (size_t)i * dim, w, 1, dim, eps);
+			assert_memory_equal(z, y + (size_t)i * dim, sizeof(float) * dim);
+		}
 		/* In place gives the same bits. */
 		kvmem_rmsnorm(x, x, w, n, dim, eps);
 		assert_memory_equal(x, y, sizeof(float) * n * dim);
@@ -271,10 +279,15 @@ static void test_rmsnorm(void **state)
 static void test_swiglu(void **state)
 {
 	uint64_t r = rng_for("swiglu");
-	size_t n = 5000;
+	size_t n = (size_t)test_rng_int(&r, 4000, 6000);	/* a tail past the vectors */
 	float *g = test_rand_floats(&r, n, -12, 12), *u = test_rand_floats(&r, n, -3, 3);
-	float *o = test_rand_floats(&r, n, -1, 1);
+	float *o = test_rand_floats(&r, n, -1, 1), *one = malloc(sizeof(float) * n);
 
+	assert_non_null(one);
+	/* The ends of e^x's range and past them: e^-g clamped at +-87, 88. */
+	for (size_t i = 0; i < n / 8; i++)
+		g[test_rng_int(&r, 0, (int)n - 1)] = (float)test_rng_int(&r, -120, 120) +
+						     (float)test_rng_int(&r, 0, 999) / 1000;
 	kvmem_swiglu(o, g, u, n);
 	for (size_t i = 0; i < n; i++) {
 		double ref = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
@@ -282,11 +295,19 @@ static void test_swiglu(void **state)
 		if (fabs(o[i] - ref) > 4e-6 * fabs(ref) + 1e-7)
 			fail_msg("swiglu [%zu]: silu(%g)*%g = %g vs %g", i, g[i], u[i], o[i], ref);
 	}
+	/* Each element has its bits whatever its place: alone (the scalar
+	 * path), or at another offset in the vectors. */
+	for (size_t i = 0; i < n; i++)
+		kvmem_swiglu(one + i, g + i, u + i, 1);
+	assert_memory_equal(one, o, sizeof(float) * n);
+	kvmem_swiglu(one + 3, g + 3, u + 3, n - 3);
+	assert_memory_equal(one, o, sizeof(float) * n);
 	kvmem_swiglu(g, g, u, n);	/* out == gate */
 	assert_memory_equal(g, o, sizeof(float) * n);
 	free(g);
 	free(u);
 	free(o);
+	free(one);
 }
 
 /* ---- RoPE ------------------------------------------------------------- */
