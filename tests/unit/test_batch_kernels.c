@@ -266,6 +266,8 @@ struct pool_count {
 	atomic_int off_caller;	/* chunks run on another thread than the caller */
 	pthread_t caller;
 	int wait_for_peer;	/* chunk 0 waits (up to 20 ms) for a chunk run elsewhere */
+	long hold_ns;		/* the first chunk run elsewhere sleeps this long */
+	atomic_int held;
 };
 
 static void count_chunk(void *arg, int c)
@@ -273,8 +275,12 @@ static void count_chunk(void *arg, int c)
 	struct pool_count *p = arg;
 
 	atomic_fetch_add(&p->ran[c], 1);
-	if (!pthread_equal(pthread_self(), p->caller))
+	if (!pthread_equal(pthread_self(), p->caller)) {
 		atomic_fetch_add(&p->off_caller, 1);
+		if (p->hold_ns && !atomic_exchange(&p->held, 1))	/* as if descheduled */
+			nanosleep(&(struct timespec){ .tv_sec = p->hold_ns / 1000000000L,
+						      .tv_nsec = p->hold_ns % 1000000000L }, NULL);
+	}
 	if (c == 0 && p->wait_for_peer)
 		for (int i = 0; i < 200 && !atomic_load(&p->off_caller); i++)
 			nanosleep(&(struct timespec){ .tv_nsec = 100000 }, NULL);
@@ -282,9 +288,10 @@ static void count_chunk(void *arg, int c)
 
 /* kvmem_pool_run(n) on this thread: each chunk ran once; returns how many
  * ran on other threads. */
-static int pool_once_each(int n, int wait_for_peer)
+static int pool_once_held(int n, int wait_for_peer, long hold_ns)
 {
-	struct pool_count p = { .caller = pthread_self(), .wait_for_peer = wait_for_peer };
+	struct pool_count p = { .caller = pthread_self(), .wait_for_peer = wait_for_peer,
+				.hold_ns = hold_ns };
 	int off;
 
 	p.ran = calloc((size_t)(n > 0 ? n : 1), sizeof(*p.ran));
@@ -297,6 +304,11 @@ static int pool_once_each(int n, int wait_for_peer)
 	off = atomic_load(&p.off_caller);
 	free(p.ran);
 	return off;
+}
+
+static int pool_once_each(int n, int wait_for_peer)
+{
+	return pool_once_held(n, wait_for_peer, 0);
 }
 
 static void *pool_caller(void *arg)
@@ -349,8 +361,8 @@ static void test_pool_each_chunk_once(void **state)
 }
 
 /* At 2 threads a worker takes chunks: the caller's first chunk waits for
- * one to run elsewhere. Tried again for up to 10 s, since a caller that
- * found its worker descheduled runs alone for a while (up to 64 ms). */
+ * one to run elsewhere. Tried again for up to 10 s, since a caller whose
+ * workers cost more than they saved runs alone for a while (up to 256 ms). */
 static void test_pool_worker_takes_chunks(void **state)
 {
 	int saved = omp_get_max_threads(), off = 0;
@@ -366,6 +378,45 @@ static void test_pool_worker_takes_chunks(void **state)
 	omp_set_num_threads(saved);
 	if (!off)
 		fail_msg("no pool worker took a chunk in 10 s at 2 threads");
+}
+
+static long mono_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* A worker that holds its chunk for 150 ms (as one descheduled by another
+ * process would) costs the caller more than the pool saved in its window
+ * (100 ms): the caller's next job, right after, runs alone (for 8 ms at
+ * least). Tried again where the worker took no chunk or this thread was
+ * away for more than 4 ms between the two jobs. */
+static void test_pool_backs_off_after_a_loss(void **state)
+{
+	int saved = omp_get_max_threads(), tries = 0, checked = 0;
+
+	(void)state;
+	omp_set_num_threads(2);
+	while (!checked && tries++ < 50) {
+		long t;
+
+		if (!pool_once_held(64, 1, 150000000L))
+			continue;
+		t = mono_ns();
+		int off = pool_once_each(64, 0);
+
+		if (mono_ns() - t > 4000000L)
+			continue;
+		if (off)
+			fail_msg("after a 150 ms wait for its worker the caller's next job ran "
+				 "%d chunks off it", off);
+		checked = 1;
+	}
+	omp_set_num_threads(saved);
+	if (!checked)
+		fail_msg("no job with a worker's chunk held in %d tries", tries - 1);
 }
 
 /* ---- the engine's batched forward ---------------------------------------- */
@@ -534,6 +585,7 @@ int main(void)
 		cmocka_unit_test(test_attention_batch_equals_alone),
 		cmocka_unit_test(test_pool_each_chunk_once),
 		cmocka_unit_test(test_pool_worker_takes_chunks),
+		cmocka_unit_test(test_pool_backs_off_after_a_loss),
 		cmocka_unit_test(test_forward_batch_equals_alone),
 	};
 
