@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/vexp.h"
 #include "kernels/kernels.h"
 
 /* This file's loops vectorise without changing a single result (no
@@ -60,6 +61,8 @@ struct att_args {
 	size_t kv_stride;
 	float scale;
 	int avx2;	/* scores8_avx2 may run here */
+	int avx512;	/* and scores8_512, weighted_v_512 (AVX-512 F and DQ) */
+	int vexp;	/* the softmax's width (vexp_width) */
 };
 
 /* The scores of one query's `grp` heads against the 8 keys at kj (rows of
@@ -136,6 +139,184 @@ static void weighted_v_avx2(float *out, const float *p, const float *vh, const i
 	}
 }
 
+/* ---- AVX-512: two heads a register -------------------------------------
+ * A zmm register holds the running sums of two heads (lanes 0-7 head 2p,
+ * lanes 8-15 head 2p + 1) against one key, or the weighted sums of V of
+ * 16 outputs: each lane does what the AVX2 code's lane does, in the same
+ * order (products rounded, then added), half the instructions for the
+ * same bits. The embedded model's decode batch of 8 spent a quarter of its
+ * step in this kernel (issue #26). */
+
+/* The query's heads as pairs for scores8_512: qp[p][e / 8][16] holds
+ * q[2p][e .. e + 7] and then q[2p + 1][e .. e + 7]. */
+static void pair_heads(float *qp, const float *qv, int d, int grp)
+{
+	for (int p = 0; p < grp / 2; p++)
+		for (int e = 0; e < d; e += 8) {
+			float *o = qp + (size_t)p * 2 * d + 2 * e;
+
+			memcpy(o, qv + (size_t)2 * p * d + e, sizeof(float) * 8);
+			memcpy(o + 8, qv + (size_t)(2 * p + 1) * d + e, sizeof(float) * 8);
+		}
+}
+
+/* dot()'s tree for eight keys' running sums at once: lane r of the result
+ * is ((a[r]0 + a[r]1) + (a[r]2 + a[r]3)) + ((a[r]4 + a[r]5) + (a[r]6 + a[r]7)). */
+__attribute__((target("avx2"), always_inline)) static inline __m256 tree8(const __m256 *a)
+{
+	__m256 q03 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+	__m256 q47 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+
+	return _mm256_add_ps(_mm256_permute2f128_ps(q03, q47, 0x20),
+			     _mm256_permute2f128_ps(q03, q47, 0x31));
+}
+
+/* scores8_avx2's bits for an even number of heads, two at a time. */
+__attribute__((target("avx512f,avx512dq,avx2")))
+static void scores8_512(const float *qp, const float *kj, int d, int grp, float scale, float *dst,
+			size_t stride)
+{
+	const __m256 sc = _mm256_set1_ps(scale);
+
+	for (int p = 0; p < grp / 2; p++) {
+		const float *qq = qp + (size_t)p * 2 * d;
+		__m512 acc[8];
+		__m256 lo[8], hi[8];
+
+		for (int r = 0; r < 8; r++)
+			acc[r] = _mm512_setzero_ps();
+		for (int e = 0; e < d; e += 8) {
+			__m512 qe = _mm512_loadu_ps(qq + 2 * e);
+
+			for (int r = 0; r < 8; r++)
+				acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(qe,
+						_mm512_broadcast_f32x8(_mm256_loadu_ps(kj + (size_t)r * d + e))));
+		}
+		for (int r = 0; r < 8; r++) {
+			lo[r] = _mm512_castps512_ps256(acc[r]);
+			hi[r] = _mm512_extractf32x8_ps(acc[r], 1);
+		}
+		_mm256_storeu_ps(dst + (size_t)2 * p * stride, _mm256_mul_ps(tree8(lo), sc));
+		_mm256_storeu_ps(dst + (size_t)(2 * p + 1) * stride, _mm256_mul_ps(tree8(hi), sc));
+	}
+}
+
+/* weighted_v_avx2's bits for NH heads x NV registers of 16 outputs, each
+ * visible key's V row read once for all NH heads. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+wv_tile512(float *out, const float *p, size_t p_stride, const float *vh, const int32_t *kv_pos,
+	   int32_t qp, int j0, int j1, int d, int e0, const int NH, const int NV)
+{
+	__m512 acc[4][4];
+
+	for (int h = 0; h < NH; h++)
+		for (int c = 0; c < NV; c++)
+			acc[h][c] = _mm512_loadu_ps(out + (size_t)h * d + e0 + 16 * c);
+	for (int j = j0; j < j1; j++) {
+		if (kv_pos[j] > qp)
+			continue;
+		const float *vj = vh + (size_t)j * d + e0;
+		__m512 vv[4];
+
+		for (int c = 0; c < NV; c++)
+			vv[c] = _mm512_loadu_ps(vj + 16 * c);
+		for (int h = 0; h < NH; h++) {
+			const __m512 pj = _mm512_set1_ps(p[(size_t)h * p_stride + j]);
+
+			for (int c = 0; c < NV; c++)
+				acc[h][c] = _mm512_add_ps(acc[h][c], _mm512_mul_ps(pj, vv[c]));
+		}
+	}
+	for (int h = 0; h < NH; h++)
+		for (int c = 0; c < NV; c++)
+			_mm512_storeu_ps(out + (size_t)h * d + e0 + 16 * c, acc[h][c]);
+}
+
+/* out[h][e] += the visible keys' p[h][j] * v[j][e], key after key, for the
+ * grp heads at once; d a multiple of 16. */
+__attribute__((target("avx512f")))
+static void weighted_v_512(float *out, const float *p, size_t p_stride, const float *vh,
+			   const int32_t *kv_pos, int32_t qp, int j0, int j1, int d, int grp)
+{
+	for (int h = 0; h < grp; h += 4) {
+		const int nh = grp - h < 4 ? grp - h : 4;
+		float *oh = out + (size_t)h * d;
+		const float *ph = p + (size_t)h * p_stride;
+
+		for (int e0 = 0; e0 < d; e0 += 64) {
+			const int nv = d - e0 < 64 ? (d - e0) / 16 : 4;
+
+			if (nh == 4 && nv == 4)	/* the common shapes, unrolled */
+				wv_tile512(oh, ph, p_stride, vh, kv_pos, qp, j0, j1, d, e0, 4, 4);
+			else if (nh == 2 && nv == 4)
+				wv_tile512(oh, ph, p_stride, vh, kv_pos, qp, j0, j1, d, e0, 2, 4);
+			else if (nh == 1 && nv == 4)
+				wv_tile512(oh, ph, p_stride, vh, kv_pos, qp, j0, j1, d, e0, 1, 4);
+			else
+				for (int x = 0; x < nh; x++)
+					for (int c = 0; c < nv; c++)
+						wv_tile512(oh + (size_t)x * d, ph + (size_t)x * p_stride,
+							   p_stride, vh, kv_pos, qp, j0, j1, d,
+							   e0 + 16 * c, 1, 1);
+		}
+	}
+}
+
+/* sh[j] = e^(sh[j] - m) for the visible keys (kv_pos[j] <= qp), sixteen
+ * or eight at a time: vexp.h's bits at every width. */
+__attribute__((target("avx512f")))
+static void softmax_exp_512(float *sh, const int32_t *kv_pos, int32_t qp, int n, float m)
+{
+	const __m512i q = _mm512_set1_epi32(qp);
+	const __m512 mv = _mm512_set1_ps(m);
+	int j = 0;
+
+	for (; j + 16 <= n; j += 16) {
+		__mmask16 vis = _mm512_cmple_epi32_mask(_mm512_loadu_si512(kv_pos + j), q);
+
+		if (vis)
+			_mm512_mask_storeu_ps(sh + j, vis, vexp16(_mm512_sub_ps(
+				_mm512_maskz_loadu_ps(vis, sh + j), mv)));
+	}
+	for (; j < n; j++)
+		if (kv_pos[j] <= qp)
+			sh[j] = vexp1(sh[j] - m);
+}
+
+__attribute__((target("avx2,fma")))
+static void softmax_exp_256(float *sh, const int32_t *kv_pos, int32_t qp, int n, float m)
+{
+	const __m256i q = _mm256_set1_epi32(qp);
+	const __m256 mv = _mm256_set1_ps(m);
+	int j = 0;
+
+	for (; j + 8 <= n; j += 8) {
+		/* lanes of ones where kv_pos <= qp */
+		__m256i vis = _mm256_xor_si256(_mm256_cmpgt_epi32(
+			_mm256_loadu_si256((const __m256i *)(kv_pos + j)), q), _mm256_set1_epi32(-1));
+
+		if (_mm256_testz_si256(vis, vis))
+			continue;
+		_mm256_maskstore_ps(sh + j, vis, vexp8(_mm256_sub_ps(_mm256_maskload_ps(sh + j, vis),
+								     mv)));
+	}
+	for (; j < n; j++)
+		if (kv_pos[j] <= qp)
+			sh[j] = vexp1(sh[j] - m);
+}
+
+static void softmax_exp(float *sh, const int32_t *kv_pos, int32_t qp, int n, float m, int width)
+{
+	if (width == 16)
+		softmax_exp_512(sh, kv_pos, qp, n, m);
+	else if (width == 8)
+		softmax_exp_256(sh, kv_pos, qp, n, m);
+	else
+		for (int j = 0; j < n; j++)
+			if (kv_pos[j] <= qp)
+				sh[j] = vexp1(sh[j] - m);
+}
+
 /* Where query i's heads reading KV head g start in q and out. */
 static size_t q_at(const struct att_args *a, int i, int g)
 {
@@ -183,7 +364,7 @@ static void attend_group(const struct att_args *a, int i, int g)
 		const float *kj = kh + (size_t)j * d, *vj = vh + (size_t)j * d;
 
 		for (int h = 0; h < grp; h++) {
-			float p = expf(dot(qv + (size_t)h * d, kj, d) * a->scale - max[h]);
+			float p = vexp1(dot(qv + (size_t)h * d, kj, d) * a->scale - max[h]);
 
 			sum[h] += p;
 			axpy(out + (size_t)h * d, p, vj, d);
@@ -225,6 +406,8 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 	const float *kh = a->k + (size_t)g * a->kv_stride * d;
 	const float *vh = a->v + (size_t)g * a->kv_stride * d;
 	const int wide = d % 8 == 0 && a->avx2;
+	const int pairs = wide && a->avx512 && grp % 2 == 0, wide_v = a->avx512 && d % 16 == 0;
+	float qpair[pairs ? grp * d : 1];
 	float max[nr * grp];
 	double sum[nr * grp];
 	int seen[ROW_BLOCK] = { 0 };
@@ -239,6 +422,8 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 			const float *qv = a->q + q_at(a, i0 + r, g);
 			float *sc = scores + (size_t)r * grp * n_kv, *mx = max + (size_t)r * grp;
 
+			if (pairs)
+				pair_heads(qpair, qv, d, grp);
 			for (int j = j0; j < j1; j++) {
 				const float *kj = kh + (size_t)j * d;
 
@@ -248,8 +433,12 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 					while (e < 8 && a->kv_pos[j + e] <= qp)
 						e++;
 					if (e == 8) {	/* eight visible keys */
-						scores8_avx2(qv, kj, d, grp, a->scale, sc + j,
-							     (size_t)n_kv);
+						if (pairs)
+							scores8_512(qpair, kj, d, grp, a->scale,
+								    sc + j, (size_t)n_kv);
+						else
+							scores8_avx2(qv, kj, d, grp, a->scale,
+								     sc + j, (size_t)n_kv);
 						for (int h = 0; h < grp; h++)
 							for (e = 0; e < 8; e++)
 								if (sc[(size_t)h * n_kv + j + e] > mx[h])
@@ -281,12 +470,10 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 			float *sh = scores + ((size_t)r * grp + h) * n_kv;
 			double sh_sum = 0.0;
 
-			for (int j = 0; j < n_kv; j++) {
-				if (a->kv_pos[j] > qp)
-					continue;
-				sh[j] = expf(sh[j] - max[r * grp + h]);
-				sh_sum += sh[j];
-			}
+			softmax_exp(sh, a->kv_pos, qp, n_kv, max[r * grp + h], a->vexp);
+			for (int j = 0; j < n_kv; j++)
+				if (a->kv_pos[j] <= qp)
+					sh_sum += sh[j];
 			sum[r * grp + h] = sh_sum;
 		}
 	}
@@ -300,6 +487,11 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 
 			if (!seen[r])
 				continue;
+			if (wide_v) {
+				weighted_v_512(out, sc, (size_t)n_kv, vh, a->kv_pos, qp, j0, j1, d,
+					       grp);
+				continue;
+			}
 			if (wide) {
 				for (int h = 0; h < grp; h++)
 					weighted_v_avx2(out + (size_t)h * d, sc + (size_t)h * n_kv, vh,
@@ -372,7 +564,7 @@ struct batch_args {
 	int n_seqs, n_heads, head_dim, group, max_kv;
 	int rows;	/* the most queries an item takes (a decode batch's: 1) */
 	float scale;
-	int avx2;
+	int avx2, avx512, vexp;
 };
 
 static void run_item(const struct batch_args *b, long w, float *scores)
@@ -387,7 +579,7 @@ static void run_item(const struct batch_args *b, long w, float *scores)
 		.out = b->out + (size_t)a->q0 * b->n_heads * b->head_dim,
 		.n_kv = a->n_kv, .n_heads = b->n_heads, .group = b->group,
 		.head_dim = b->head_dim, .kv_stride = a->kv_stride, .scale = b->scale,
-		.avx2 = b->avx2,
+		.avx2 = b->avx2, .avx512 = b->avx512, .vexp = b->vexp,
 	};
 
 	if (scores) {
@@ -435,16 +627,18 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 	}
 	const long items = first[n_seqs];
 	const int group = n_heads / n_kv_heads;
-	int avx2;
+	int avx2, avx512;
 
 	__builtin_cpu_init();
 	avx2 = __builtin_cpu_supports("avx2");
+	avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+		 !getenv("KVMEM_ATTENTION_NO_AVX512");
 
 	const struct batch_args ba = {
 		.out = out, .q = q, .seqs = seqs, .first = first, .n_seqs = n_seqs,
 		.n_heads = n_heads, .head_dim = head_dim, .group = group, .max_kv = max_kv,
 		.rows = rows,
-		.scale = scale, .avx2 = avx2,
+		.scale = scale, .avx2 = avx2, .avx512 = avx512, .vexp = vexp_width(),
 	};
 
 	/* A decode batch's items (a few hundred keys each, n_kv_heads a

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -274,6 +275,62 @@ static void test_rmsnorm(void **state)
 		free(w);
 		free(y);
 	}
+}
+
+/* Back to the widest e^x the CPU has. */
+static void vexp_best(void)
+{
+	if (kvmem_vexp_use(16) && kvmem_vexp_use(8))
+		assert_int_equal(kvmem_vexp_use(1), 0);
+}
+
+/* e^x at each width the CPU has, against the scalar reference bit for bit
+ * and against exp in double within 2 ulp on [-87, 88]; the ends, the
+ * clamped range past them, zeros, infinities and a NaN. */
+static void test_expf_widths(void **state)
+{
+	uint64_t r = rng_for("expf");
+	enum { N = 4096 };
+	static float x[N];
+	static const float special[] = { 0.0f, -0.0f, 87.0f, 88.0f, -87.0f, 88.5f, -87.5f,
+					 1e-30f, -1e-30f, 0.34657359f, -0.34657359f };
+
+	(void)state;
+	for (int i = 0; i < N; i++)
+		x[i] = (float)test_rng_range(&r, -120, 120);
+	memcpy(x, special, sizeof(special));
+	x[20] = INFINITY;
+	x[21] = -INFINITY;
+	x[22] = NAN;
+	for (int i = 0; i < N; i++) {
+		float e = kvmem_expf(x[i]);
+		double want = exp((double)fminf(fmaxf(x[i], -87.0f), 88.0f));
+
+		if (fabs(e - want) > 2 * (nextafterf((float)want, INFINITY) - (float)want))
+			fail_msg("kvmem_expf(%a) = %a, e^x = %a", x[i], e, want);
+	}
+	if (kvmem_vexp_use(3) != -EINVAL)
+		fail_msg("kvmem_vexp_use(3) did not say -EINVAL");
+	for (int w = 16; w >= 1; w /= 2) {
+		static float g[N], u[N], o[N];
+
+		if (w == 4 || w == 2 || kvmem_vexp_use(w))
+			continue;
+		/* silu(g) * 1 = g / (1 + e^-g): e^-g's bits show through */
+		for (int i = 0; i < N; i++) {
+			g[i] = -x[i];
+			u[i] = 1.0f;
+		}
+		kvmem_swiglu(o, g, u, N);
+		for (int i = 0; i < N; i++) {
+			float want = g[i] / (1.0f + kvmem_expf(x[i]));
+
+			if (memcmp(&o[i], &want, sizeof(float)) && !(isnan(o[i]) && isnan(want)))
+				fail_msg("width %d: silu(%a) = %a, from kvmem_expf %a", w, g[i],
+					 o[i], want);
+		}
+	}
+	vexp_best();
 }
 
 static void test_swiglu(void **state)
@@ -643,7 +700,7 @@ static void test_attention_deterministic(void **state)
 
 /* The kernel's own arithmetic spelled out in fp32 (attention.c's file
  * header): eight running sums per dot product in a fixed tree, times
- * scale; the max; expf; the denominator in double; the weighted sum of V
+ * scale; the max; kvmem_expf; the denominator in double; the weighted sum of V
  * key after key from zero; times the float inverse. A faster kernel must
  * keep these bits (a lone session's results), whatever path it takes. */
 static float exact_dot(const float *a, const float *b, int n)
@@ -687,7 +744,7 @@ static void exact_attention(float *out, const struct att_case *a, float scale)
 				continue;
 			for (int j = 0; j < a->n_kv; j++)
 				if (a->kv_pos[j] <= a->q_pos[i]) {
-					float p = expf(sc[j] - max);
+					float p = kvmem_expf(sc[j] - max);
 
 					sum += p;
 					for (int e = 0; e < d; e++)
@@ -703,7 +760,8 @@ static void exact_attention(float *out, const struct att_case *a, float scale)
 
 /* Bit for bit the arithmetic above: head sizes with and without a tail
  * of 8, over 64 and not a multiple of it; causal views (runs of eight
- * visible keys) and scattered positions (keys one at a time). */
+ * visible keys) and scattered positions (keys one at a time); the
+ * softmax's e^x at each width the CPU has. */
 static void test_attention_exact(void **state)
 {
 	uint64_t r = rng_for("attention-exact");
@@ -727,13 +785,18 @@ static void test_attention_exact(void **state)
 			float *out = malloc(sizeof(float) * on), *ref = malloc(sizeof(float) * on);
 			float scale = 1.0f / sqrtf((float)a.d);
 
-			att_run(&a, out);
 			exact_attention(ref, &a, scale);
-			for (size_t i = 0; i < on; i++)
-				if (memcmp(&out[i], &ref[i], sizeof(float)))
-					fail_msg("attention heads %d/%d d=%d n_kv=%d causal %d [%zu]: "
-						 "%a vs %a", a.heads, a.kv_heads, a.d, n_kv, causal, i,
-						 out[i], ref[i]);
+			for (int w = 16; w >= 1; w /= 2) {	/* the softmax at each width */
+				if (w == 4 || w == 2 || kvmem_vexp_use(w))
+					continue;
+				att_run(&a, out);
+				for (size_t i = 0; i < on; i++)
+					if (memcmp(&out[i], &ref[i], sizeof(float)))
+						fail_msg("attention heads %d/%d d=%d n_kv=%d causal %d "
+							 "width %d [%zu]: %a vs %a", a.heads, a.kv_heads,
+							 a.d, n_kv, causal, w, i, out[i], ref[i]);
+			}
+			vexp_best();
 			free(out);
 			free(ref);
 			att_case_free(&a);
@@ -1015,6 +1078,7 @@ int main(void)
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_embedding_add),
 		cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_expf_widths),
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_rope),
 		cmocka_unit_test(test_rope_batch_independent),
