@@ -80,8 +80,9 @@ void kvmem_add(float *y, const float *x, size_t n);
 /* out[i] = silu(gate[i]) * up[i]; out may equal gate or up. e^x is
  * kvmem_expf's at every width: an element's bits depend on its inputs only. */
 void kvmem_swiglu(float *out, const float *gate, const float *up, size_t n);
-/* e^x within 2 ulp for x in [-87, 88] (clamped there first), the bits the
- * vectorised forms in SwiGLU and attention's softmax give (vexp.h). */
+/* e^x within 2 ulp for x in [-87, 88] (clamped there first; NaN gives NaN),
+ * the bits the vectorised forms in SwiGLU and attention's softmax give
+ * (vexp.h). */
 float kvmem_expf(float x);
 /* Run those forms at width 16, 8 or 1 from now on (tests): 0, -ENOTSUP when
  * the CPU lacks it, -EINVAL for another width. The bits do not change. */

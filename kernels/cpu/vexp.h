@@ -5,7 +5,8 @@
  * ulp), a degree-7 Taylor polynomial for e^r on |r| <= ln2/2 (truncation
  * 5e-9 relative) and 2^k from the exponent bits; x clamped to [-87, 88]
  * first, so k stays in [-126, 127] and 2^k is a normal float. Within 2 ulp
- * of e^x there. Every width does the same IEEE operations in the same
+ * of e^x there. A NaN gives a NaN (a corrupt key must show in attention's
+ * output, not vanish into the clamp: test_fp8's twins). Every width does the same IEEE operations in the same
  * order (fused multiply-adds, round to nearest even), so a value's bits do
  * not depend on the instruction set or on its place in a vector: the
  * scalar form is the reference (kvmem_expf, kernels.h).
@@ -39,7 +40,9 @@ static inline float vexp1(float x)
 	float k, r, p, scale;
 	uint32_t bits;
 
-	x = fminf(fmaxf(x, VEXP_LO), VEXP_HI);	/* fmaxf(NaN, lo) is lo */
+	if (x != x)
+		return x;
+	x = fminf(fmaxf(x, VEXP_LO), VEXP_HI);
 	k = nearbyintf(x * VEXP_LOG2E);
 	r = fmaf(-k, VEXP_LN2_HI, x);
 	r = fmaf(-k, VEXP_LN2_LO, r);
@@ -64,8 +67,8 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 vexp_neg1
 
 __attribute__((target("avx512f"), always_inline)) static inline __m512 vexp16(__m512 x)
 {
-	/* max(x, lo) gives lo for a NaN x, as fmaxf does */
-	x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(VEXP_LO)), _mm512_set1_ps(VEXP_HI));
+	/* max(lo, x) and min(hi, x) give a NaN x back: NaN in, NaN out */
+	x = _mm512_min_ps(_mm512_set1_ps(VEXP_HI), _mm512_max_ps(_mm512_set1_ps(VEXP_LO), x));
 	__m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(VEXP_LOG2E)),
 					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 	__m512 nk = vexp_neg16(k);
@@ -92,7 +95,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 vexp_neg
 
 __attribute__((target("avx2,fma"), always_inline)) static inline __m256 vexp8(__m256 x)
 {
-	x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(VEXP_LO)), _mm256_set1_ps(VEXP_HI));
+	x = _mm256_min_ps(_mm256_set1_ps(VEXP_HI), _mm256_max_ps(_mm256_set1_ps(VEXP_LO), x));
 	__m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(VEXP_LOG2E)),
 				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 	__m256 nk = vexp_neg8(k);

@@ -302,6 +302,7 @@ static void test_expf_widths(void **state)
 	x[20] = INFINITY;
 	x[21] = -INFINITY;
 	x[22] = NAN;
+	assert_true(isnan(kvmem_expf(NAN)));
 	for (int i = 0; i < N; i++) {
 		float e = kvmem_expf(x[i]);
 		double want = exp((double)fminf(fmaxf(x[i], -87.0f), 88.0f));
@@ -320,6 +321,25 @@ static void test_expf_widths(void **state)
 		for (int i = 0; i < N; i++) {
 			g[i] = -x[i];
 			u[i] = 1.0f;
+		}
+		/* A NaN score makes attention's output NaN: it is not clamped away. */
+		{
+			float q[2 * 16], k[16 * 16], v[16 * 16], out[2 * 16];
+			int32_t qp = 15, kp[16];
+
+			for (int j = 0; j < 16 * 16; j++) {
+				k[j] = (float)test_rng_range(&r, -1, 1);
+				v[j] = (float)test_rng_range(&r, -1, 1);
+			}
+			for (int j = 0; j < 2 * 16; j++)
+				q[j] = (float)test_rng_range(&r, -1, 1);
+			for (int j = 0; j < 16; j++)
+				kp[j] = j;
+			k[5 * 16 + 3] = NAN;
+			kvmem_attention(out, q, &qp, 1, k, v, kp, 16, 16, 2, 1, 16, 0.25f);
+			for (int j = 0; j < 2 * 16; j++)
+				if (!isnan(out[j]))
+					fail_msg("width %d: a NaN key gave output %d = %g", w, j, out[j]);
 		}
 		kvmem_swiglu(o, g, u, N);
 		for (int i = 0; i < N; i++) {
