@@ -19,6 +19,7 @@
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_bf16.h"	/* kvmem_rope_angles */
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
@@ -37,6 +38,8 @@ struct kvmem_engine {
 	float *up;	/* [rows][intermediate] */
 	float *last;	/* [rows][hidden]: the normed rows whose logits are wanted */
 	int32_t *q_pos;	/* [rows] each row's slot in its own view */
+	double *ang;	/* [rows][head_dim / 2][2] their RoPE cos, sin: made once a
+			 * pass for q and K of every layer (kvmem_rope's bits) */
 	int32_t *kv_pos;/* [kv_pos_cap] = 0, 1, 2, ... */
 	int kv_pos_cap;
 	int kv_round;	/* how new K and V are rounded (enum kvmem_kv_round):
@@ -78,6 +81,7 @@ void kvmem_engine_free(kvmem_engine *e)
 	free(e->up);
 	free(e->last);
 	free(e->q_pos);
+	free(e->ang);
 	free(e->kv_pos);
 	free(e->r0);
 	free(e->att_seqs);
@@ -96,6 +100,7 @@ static int grow_rows(kvmem_engine *e, int rows)
 		{ &e->up, (size_t)c->intermediate }, { &e->last, (size_t)c->hidden },
 	};
 	int32_t *qp;
+	double *ang;
 
 	if (rows <= e->rows_cap)
 		return 0;
@@ -109,6 +114,9 @@ static int grow_rows(kvmem_engine *e, int rows)
 	if (!(qp = realloc(e->q_pos, sizeof(int32_t) * (size_t)rows)))
 		return kvmem_error(ENOMEM, "engine: out of memory for %d rows", rows);
 	e->q_pos = qp;
+	if (!(ang = realloc(e->ang, sizeof(double) * (size_t)c->head_dim * (size_t)rows)))
+		return kvmem_error(ENOMEM, "engine: out of memory for %d rows", rows);
+	e->ang = ang;
 	e->rows_cap = rows;
 	return 0;
 }
@@ -196,6 +204,16 @@ struct batch {
 	const int *r0;
 };
 
+/* Rotate x[T][heads][head_dim] by the rows' angles: kvmem_rope's bits,
+ * without its sines and cosines again for every layer, q and K (a 58-token
+ * prefill of the embedded model made 22K of them). */
+static void rope_rows(float *x, const double *ang, int T, int heads, int d)
+{
+	for (int t = 0; t < T; t++)
+		for (int h = 0; h < heads; h++)
+			kvmem_rope_ang(x + ((size_t)t * heads + h) * d, 1, d, ang + (size_t)t * d);
+}
+
 /* Rotate K at the new tokens' slots and write K and V into each view. */
 static void store_kv(kvmem_engine *e, const struct batch *b, int l)
 {
@@ -208,7 +226,7 @@ static void store_kv(kvmem_engine *e, const struct batch *b, int l)
 		kvmem_kv_round_k_run(e->k + (size_t)b->r0[i] * hk * d, b->seqs[i].n, hk, d,
 				     b->seqs[i].kv->len, KVMEM_BLOCK_DEFAULT, e->kv_round);
 	kvmem_kv_round_rows(e->v, (size_t)b->T * hk, d, e->kv_round, 1);
-	kvmem_rope(e->k, e->q_pos, b->T, hk, d, c->rope_theta);
+	rope_rows(e->k, e->ang, b->T, hk, d);
 	for (int i = 0; i < b->n_seqs; i++) {
 		kvmem_kvcache *kv = b->seqs[i].kv;
 
@@ -263,7 +281,7 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 	kvmem_rmsnorm(e->k, e->k, L->k_norm, T * c->n_kv_heads, d, c->rms_eps);
 	give_rows(e, b, l);
 
-	kvmem_rope(e->q, e->q_pos, T, c->n_heads, d, c->rope_theta);
+	rope_rows(e->q, e->ang, T, c->n_heads, d);
 	store_kv(e, b, l);
 	for (int i = 0; i < b->n_seqs; i++) {
 		const kvmem_kvcache *kv = b->seqs[i].kv;
@@ -413,6 +431,7 @@ int kvmem_forward_batch(kvmem_engine *e, const kvmem_fwd_seq *seqs, int n_seqs)
 		kvmem_embedding(e->x + (size_t)r * c->hidden, e->m->embed, seqs[i].tokens, seqs[i].n,
 				c->hidden);
 	}
+	kvmem_rope_angles(e->ang, e->q_pos, b.T, c->head_dim, c->rope_theta);
 	for (int l = 0; l < c->n_layers; l++) {
 		attention_block(e, &b, l);
 		mlp_block(e, l, b.T);
