@@ -57,6 +57,9 @@ void kvmem_pool_run(int n, kvmem_pool_fn fn, void *arg);
  * so a session's logits are the same alone or in a batched forward.
  */
 void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out);
+/* The same with w[out][in] as bf16 bits, widened in registers: kvmem_matmul's
+ * bits over the widened weights, half the bytes read (decode's time). */
+void kvmem_matmul_bf16w(float *y, const float *x, const uint16_t *w, int n, int in, int out);
 /* Its instruction set, chosen once per process: "avx512", "avx2" or "c"
  * (the best the CPU has, or $KVMEM_MATMUL's). kvmem_matmul_use() picks
  * another (tests, benchmarks): -ENOTSUP when the CPU lacks it, -EINVAL for

@@ -25,11 +25,20 @@
  * V depends on the instruction set, chosen once per process: 16 (AVX-512),
  * 8 (AVX2 with FMA), 8 (plain C: multiply, then add). So bits differ
  * between machines, never between calls of one process.
+ *
+ * kvmem_matmul_bf16w takes the weights as bf16 and widens each vector in
+ * registers before the same multiply-adds: a bf16 value widened is exact, so
+ * its bits are kvmem_matmul's over the fp32 copy of the same weights, for
+ * half the bytes read. Decode reads every weight once a step, so the bytes
+ * are its time (the embedded model's 22.8 MB as fp32, 11.4 as bf16). Every
+ * tile below takes the weights' element type as a constant (B16), so each
+ * form is compiled twice, once per type.
  */
 #include <errno.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,6 +70,29 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 /* ---- AVX-512: 16 lanes, tiles of 4 rows x 6 columns ------------------- */
 #define T512 __attribute__((target("avx512f,fma"), always_inline)) static inline
 
+/* Weight element at index i of w (fp32, or bf16 when B16), as bytes. */
+#define W_AT(w, i, B16) ((const char *)(w) + (size_t)(i) * ((B16) ? 2 : 4))
+
+/* 16 weights from w at index i, widened from bf16 when B16. */
+T512 __m512 wload16(const void *w, size_t i, const int B16)
+{
+	if (!B16)
+		return _mm512_loadu_ps((const float *)w + i);
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+		_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i))), 16));
+}
+
+/* The last n < 16 weights from index i, zeros after them. */
+T512 __m512 wtail16(const void *w, size_t i, int n, const int B16)
+{
+	if (!B16)
+		return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), (const float *)w + i);
+	uint16_t t[16] = { 0 };
+
+	memcpy(t, (const uint16_t *)w + i, sizeof(uint16_t) * (size_t)n);
+	return wload16(t, 0, 1);
+}
+
 T512 float hsum16(__m512 v)
 {
 	__m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
@@ -72,8 +104,8 @@ T512 float hsum16(__m512 v)
 	return _mm_cvtss_f32(b);
 }
 
-T512 void tile16(float *y, int ldy, const float *x, const float *w, int in, const int MR,
-		 const int NC, const float *pf)
+T512 void tile16(float *y, int ldy, const float *x, const void *w, int in, const int MR,
+		 const int NC, const void *pf, const int B16)
 {
 	__m512 acc[4][6], xv[4];
 	int k = 0;
@@ -85,10 +117,10 @@ T512 void tile16(float *y, int ldy, const float *x, const float *w, int in, cons
 		LOOP (int r = 0; r < MR; r++)
 			xv[r] = _mm512_loadu_ps(x + (size_t)r * in + k);
 		LOOP (int c = 0; c < NC; c++) {
-			__m512 wv = _mm512_loadu_ps(w + (size_t)c * in + k);
+			__m512 wv = wload16(w, (size_t)c * in + k, B16);
 
 			if (pf)
-				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
+				_mm_prefetch(W_AT(pf, (size_t)c * in + k, B16), _MM_HINT_T0);
 			LOOP (int r = 0; r < MR; r++)
 				acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
 		}
@@ -99,7 +131,7 @@ T512 void tile16(float *y, int ldy, const float *x, const float *w, int in, cons
 		LOOP (int r = 0; r < MR; r++)
 			xv[r] = _mm512_maskz_loadu_ps(m, x + (size_t)r * in + k);
 		LOOP (int c = 0; c < NC; c++) {
-			__m512 wv = _mm512_maskz_loadu_ps(m, w + (size_t)c * in + k);
+			__m512 wv = wtail16(w, (size_t)c * in + k, in - k, B16);
 
 			LOOP (int r = 0; r < MR; r++)
 				acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
@@ -110,9 +142,8 @@ T512 void tile16(float *y, int ldy, const float *x, const float *w, int in, cons
 			y[(size_t)r * ldy + c] = hsum16(acc[r][c]);
 }
 
-__attribute__((target("avx512f,fma")))
-static void cols16(float *y, const float *x, const float *w, int n, int in, int out, int c0,
-		   int c1)
+T512 void cols16_t(float *y, const float *x, const void *w, int n, int in, int out, int c0,
+		  int c1, const int B16)
 {
 	for (int r0 = 0; r0 < n; r0 += ROW_BLOCK) {
 		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK, c = c0;
@@ -122,27 +153,39 @@ static void cols16(float *y, const float *x, const float *w, int n, int in, int 
 			 * it asks for the lines of the tile after next meanwhile
 			 * (decode streams every weight once a step; the
 			 * multiply-adds then overlap the reads). */
-			const float *next = c + 18 <= c1 ? w + (size_t)(c + 12) * in : NULL;
+			const void *next = c + 18 <= c1 ? W_AT(w, (size_t)(c + 12) * in, B16) : NULL;
+			const void *wc = W_AT(w, (size_t)c * in, B16);
 			int r = r0;
 
 			for (; r + 4 <= r1; r += 4, next = NULL)
-				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				       w + (size_t)c * in, in, 4, 6, next);
+				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in, wc, in, 4, 6,
+				       next, B16);
 			for (; r < r1; r++, next = NULL)
-				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				       w + (size_t)c * in, in, 1, 6, next);
+				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in, wc, in, 1, 6,
+				       next, B16);
 		}
 		for (; c < c1; c++) {
+			const void *wc = W_AT(w, (size_t)c * in, B16);
 			int r = r0;
 
 			for (; r + 4 <= r1; r += 4)
-				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				       w + (size_t)c * in, in, 4, 1, NULL);
+				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in, wc, in, 4, 1,
+				       NULL, B16);
 			for (; r < r1; r++)
-				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in,
-				       w + (size_t)c * in, in, 1, 1, NULL);
+				tile16(y + (size_t)r * out + c, out, x + (size_t)r * in, wc, in, 1, 1,
+				       NULL, B16);
 		}
 	}
+}
+
+__attribute__((target("avx512f,fma")))
+static void cols16(float *y, const float *x, const void *w, int n, int in, int out, int c0,
+		   int c1, int b16)
+{
+	if (b16)
+		cols16_t(y, x, w, n, in, out, c0, c1, 1);
+	else
+		cols16_t(y, x, w, n, in, out, c0, c1, 0);
 }
 
 /* ---- AVX2 + FMA: 8 lanes ------------------------------------------------
@@ -164,6 +207,26 @@ static void cols16(float *y, const float *x, const float *w, int n, int in, int 
 /* in - k lanes of ones, then zeros: masked loads read nothing past the row. */
 static const int32_t lane_ones[16] = { -1, -1, -1, -1, -1, -1, -1, -1 };
 
+/* 8 weights from w at index i, widened from bf16 when B16. */
+T256 __m256 wload8(const void *w, size_t i, const int B16)
+{
+	if (!B16)
+		return _mm256_loadu_ps((const float *)w + i);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+		_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i))), 16));
+}
+
+/* The last n < 8 weights from index i (lanes m), zeros after them. */
+T256 __m256 wtail8(const void *w, size_t i, int n, __m256i m, const int B16)
+{
+	if (!B16)
+		return _mm256_maskload_ps((const float *)w + i, m);
+	uint16_t t[8] = { 0 };
+
+	memcpy(t, (const uint16_t *)w + i, sizeof(uint16_t) * (size_t)n);
+	return wload8(t, 0, 1);
+}
+
 T256 float hsum8(__m256 v)
 {
 	__m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -174,8 +237,8 @@ T256 float hsum8(__m256 v)
 }
 
 /* x rows in registers, each weight vector loaded once for them (MR <= 2). */
-T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const int MR,
-		const int NC, const float *pf)
+T256 void tile8(float *y, int ldy, const float *x, const void *w, int in, const int MR,
+		const int NC, const void *pf, const int B16)
 {
 	__m256 acc[2][4], xv[2];
 	int k = 0;
@@ -187,11 +250,11 @@ T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const
 		LOOP (int r = 0; r < MR; r++)
 			xv[r] = _mm256_loadu_ps(x + (size_t)r * in + k);
 		LOOP (int c = 0; c < NC; c++) {
-			__m256 wv = _mm256_loadu_ps(w + (size_t)c * in + k);
+			__m256 wv = wload8(w, (size_t)c * in + k, B16);
 
 			/* One line per two steps of 8; asking twice costs little. */
 			if (pf)
-				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
+				_mm_prefetch(W_AT(pf, (size_t)c * in + k, B16), _MM_HINT_T0);
 			LOOP (int r = 0; r < MR; r++)
 				acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
 		}
@@ -202,7 +265,7 @@ T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const
 		LOOP (int r = 0; r < MR; r++)
 			xv[r] = _mm256_maskload_ps(x + (size_t)r * in + k, m);
 		LOOP (int c = 0; c < NC; c++) {
-			__m256 wv = _mm256_maskload_ps(w + (size_t)c * in + k, m);
+			__m256 wv = wtail8(w, (size_t)c * in + k, in - k, m, B16);
 
 			LOOP (int r = 0; r < MR; r++)
 				acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
@@ -217,8 +280,8 @@ T256 void tile8(float *y, int ldy, const float *x, const float *w, int in, const
  * NC <= 3): per step of 8, 3 + 4 loads feed 12 FMAs in 12 chains, where
  * the 3 + 3 + 2 rows of tile8 fed the 2-row pass's 8 FMAs with 6 loads
  * and left its 8 chains no slack on the FMA's latency. */
-T256 void tile8w(float *y, int ldy, const float *x, const float *w, int in, const int MR,
-		 const int NC, const float *pf)
+T256 void tile8w(float *y, int ldy, const float *x, const void *w, int in, const int MR,
+		 const int NC, const void *pf, const int B16)
 {
 	__m256 acc[4][3], wv[3];
 	int k = 0;
@@ -228,9 +291,9 @@ T256 void tile8w(float *y, int ldy, const float *x, const float *w, int in, cons
 			acc[r][c] = _mm256_setzero_ps();
 	for (; k + 8 <= in; k += 8) {
 		LOOP (int c = 0; c < NC; c++) {
-			wv[c] = _mm256_loadu_ps(w + (size_t)c * in + k);
+			wv[c] = wload8(w, (size_t)c * in + k, B16);
 			if (pf)
-				_mm_prefetch((const char *)(pf + (size_t)c * in + k), _MM_HINT_T0);
+				_mm_prefetch(W_AT(pf, (size_t)c * in + k, B16), _MM_HINT_T0);
 		}
 		LOOP (int r = 0; r < MR; r++) {
 			__m256 xv = _mm256_loadu_ps(x + (size_t)r * in + k);
@@ -243,7 +306,7 @@ T256 void tile8w(float *y, int ldy, const float *x, const float *w, int in, cons
 		__m256i m = _mm256_loadu_si256((const __m256i *)(lane_ones + 8 - (in - k)));
 
 		LOOP (int c = 0; c < NC; c++)
-			wv[c] = _mm256_maskload_ps(w + (size_t)c * in + k, m);
+			wv[c] = wtail8(w, (size_t)c * in + k, in - k, m, B16);
 		LOOP (int r = 0; r < MR; r++) {
 			__m256 xv = _mm256_maskload_ps(x + (size_t)r * in + k, m);
 
@@ -257,9 +320,8 @@ T256 void tile8w(float *y, int ldy, const float *x, const float *w, int in, cons
 }
 
 /* Rows r0..r1 (one or two) against columns c0..c1 in tiles of 4 columns. */
-__attribute__((target("avx2,fma")))
-static void cols8_few(float *y, const float *x, const float *w, int in, int out, int r0, int r1,
-		      int c0, int c1)
+T256 void cols8_few(float *y, const float *x, const void *w, int in, int out, int r0, int r1,
+		    int c0, int c1, const int B16)
 {
 	float *yr = y + (size_t)r0 * out;
 	const float *xr = x + (size_t)r0 * in;
@@ -267,74 +329,87 @@ static void cols8_few(float *y, const float *x, const float *w, int in, int out,
 
 	for (; c + 4 <= c1; c += 4) {
 		/* As cols16: the tile after next is asked for meanwhile. */
-		const float *next = c + 12 <= c1 ? w + (size_t)(c + 8) * in : NULL;
+		const void *next = c + 12 <= c1 ? W_AT(w, (size_t)(c + 8) * in, B16) : NULL;
+		const void *wc = W_AT(w, (size_t)c * in, B16);
 
 		if (r1 - r0 == 2)
-			tile8(yr + c, out, xr, w + (size_t)c * in, in, 2, 4, next);
+			tile8(yr + c, out, xr, wc, in, 2, 4, next, B16);
 		else
-			tile8(yr + c, out, xr, w + (size_t)c * in, in, 1, 4, next);
+			tile8(yr + c, out, xr, wc, in, 1, 4, next, B16);
 	}
 	for (; c < c1; c++)
 		for (int r = 0; r < r1 - r0; r++)
-			tile8(yr + (size_t)r * out + c, out, xr + (size_t)r * in, w + (size_t)c * in,
-			      in, 1, 1, NULL);
+			tile8(yr + (size_t)r * out + c, out, xr + (size_t)r * in,
+			      W_AT(w, (size_t)c * in, B16), in, 1, 1, NULL, B16);
 }
 
 /* Rows r .. r + left (0 < left < 4) against one tile of NC columns. */
-T256 void rest8w(float *y, int ldy, const float *x, const float *w, int in, int left,
-		 const int NC, const float *pf)
+T256 void rest8w(float *y, int ldy, const float *x, const void *w, int in, int left,
+		 const int NC, const void *pf, const int B16)
 {
 	if (left == 3)
-		tile8w(y, ldy, x, w, in, 3, NC, pf);
+		tile8w(y, ldy, x, w, in, 3, NC, pf, B16);
 	else if (left == 2)
-		tile8w(y, ldy, x, w, in, 2, NC, pf);
+		tile8w(y, ldy, x, w, in, 2, NC, pf, B16);
 	else
-		tile8w(y, ldy, x, w, in, 1, NC, pf);
+		tile8w(y, ldy, x, w, in, 1, NC, pf, B16);
 }
 
 /* Three or more rows against columns c0..c1 in tiles of 4 x 3. */
-__attribute__((target("avx2,fma")))
-static void cols8_rows(float *y, const float *x, const float *w, int in, int out, int r0, int r1,
-		       int c0, int c1)
+T256 void cols8_rows(float *y, const float *x, const void *w, int in, int out, int r0, int r1,
+		     int c0, int c1, const int B16)
 {
 	int c = c0;
 
 	for (; c + 3 <= c1; c += 3) {
 		/* The first row group reads the weight tile from memory and asks
 		 * for the tile AHEAD_R4 on meanwhile. */
-		const float *next = c + 3 * (AHEAD_R4 + 1) <= c1 ? w + (size_t)(c + 3 * AHEAD_R4) * in
-								 : NULL;
+		const void *next = c + 3 * (AHEAD_R4 + 1) <= c1
+					   ? W_AT(w, (size_t)(c + 3 * AHEAD_R4) * in, B16) : NULL;
+		const void *wc = W_AT(w, (size_t)c * in, B16);
 		int r = r0;
 
 		for (; r + 4 <= r1; r += 4, next = NULL)
-			tile8w(y + (size_t)r * out + c, out, x + (size_t)r * in, w + (size_t)c * in,
-			       in, 4, 3, next);
+			tile8w(y + (size_t)r * out + c, out, x + (size_t)r * in, wc, in, 4, 3, next,
+			       B16);
 		if (r < r1)
-			rest8w(y + (size_t)r * out + c, out, x + (size_t)r * in, w + (size_t)c * in,
-			       in, r1 - r, 3, next);
+			rest8w(y + (size_t)r * out + c, out, x + (size_t)r * in, wc, in, r1 - r, 3,
+			       next, B16);
 	}
 	for (; c < c1; c++) {
+		const void *wc = W_AT(w, (size_t)c * in, B16);
 		int r = r0;
 
 		for (; r + 4 <= r1; r += 4)
-			tile8w(y + (size_t)r * out + c, out, x + (size_t)r * in, w + (size_t)c * in,
-			       in, 4, 1, NULL);
+			tile8w(y + (size_t)r * out + c, out, x + (size_t)r * in, wc, in, 4, 1, NULL,
+			       B16);
 		if (r < r1)
-			rest8w(y + (size_t)r * out + c, out, x + (size_t)r * in, w + (size_t)c * in,
-			       in, r1 - r, 1, NULL);
+			rest8w(y + (size_t)r * out + c, out, x + (size_t)r * in, wc, in, r1 - r, 1,
+			       NULL, B16);
 	}
 }
 
-static void cols8(float *y, const float *x, const float *w, int n, int in, int out, int c0, int c1)
+T256 void cols8_t(float *y, const float *x, const void *w, int n, int in, int out, int c0,
+		  int c1, const int B16)
 {
 	for (int r0 = 0; r0 < n; r0 += ROW_BLOCK) {
 		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK;
 
 		if (r1 - r0 >= 3)
-			cols8_rows(y, x, w, in, out, r0, r1, c0, c1);
+			cols8_rows(y, x, w, in, out, r0, r1, c0, c1, B16);
 		else
-			cols8_few(y, x, w, in, out, r0, r1, c0, c1);
+			cols8_few(y, x, w, in, out, r0, r1, c0, c1, B16);
 	}
+}
+
+__attribute__((target("avx2,fma")))
+static void cols8(float *y, const float *x, const void *w, int n, int in, int out, int c0, int c1,
+		  int b16)
+{
+	if (b16)
+		cols8_t(y, x, w, n, in, out, c0, c1, 1);
+	else
+		cols8_t(y, x, w, n, in, out, c0, c1, 0);
 }
 
 /* ---- plain C: 8 running sums (multiply, then add), the same tree ------- */
@@ -351,15 +426,43 @@ static float dot8(const float *restrict a, const float *restrict b, int n)
 	return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-static void cols_c(float *y, const float *x, const float *w, int n, int in, int out, int c0,
-		   int c1)
+/* A bf16 value as the fp32 it is the top half of: exact. */
+static inline float widen(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* dot8 with b as bf16, widened one by one: the same products and sums. */
+static float dot8_bf16(const float *restrict a, const uint16_t *restrict b, int n)
+{
+	float acc[8] = { 0 };
+	int k = 0;
+
+	for (; k + 8 <= n; k += 8)
+		for (int j = 0; j < 8; j++)
+			acc[j] += a[k + j] * widen(b[k + j]);
+	for (int j = 0; k + j < n; j++)
+		acc[j] += a[k + j] * widen(b[k + j]);
+	return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+static void cols_c(float *y, const float *x, const void *w, int n, int in, int out, int c0,
+		   int c1, int b16)
 {
 	for (int r0 = 0; r0 < n; r0 += ROW_BLOCK) {
 		int r1 = n - r0 < ROW_BLOCK ? n : r0 + ROW_BLOCK;
 
 		for (int c = c0; c < c1; c++)
 			for (int r = r0; r < r1; r++)
-				y[(size_t)r * out + c] = dot8(x + (size_t)r * in, w + (size_t)c * in, in);
+				y[(size_t)r * out + c] =
+					b16 ? dot8_bf16(x + (size_t)r * in,
+							(const uint16_t *)w + (size_t)c * in, in)
+					    : dot8(x + (size_t)r * in, (const float *)w + (size_t)c * in,
+						   in);
 	}
 }
 
@@ -414,21 +517,22 @@ const char *kvmem_matmul_isa(void)
 	return isa_names[isa_chosen];
 }
 
-static void cols_isa(int isa, float *y, const float *x, const float *w, int n, int in, int out,
-		     int c0, int c1)
+static void cols_isa(int isa, float *y, const float *x, const void *w, int b16, int n, int in,
+		     int out, int c0, int c1)
 {
 	if (isa == ISA_AVX512)
-		cols16(y, x, w, n, in, out, c0, c1);
+		cols16(y, x, w, n, in, out, c0, c1, b16);
 	else if (isa == ISA_AVX2)
-		cols8(y, x, w, n, in, out, c0, c1);
+		cols8(y, x, w, n, in, out, c0, c1, b16);
 	else
-		cols_c(y, x, w, n, in, out, c0, c1);
+		cols_c(y, x, w, n, in, out, c0, c1, b16);
 }
 
 struct pool_mm {
 	float *y;
-	const float *x, *w;
-	int n, in, out, isa;
+	const float *x;
+	const void *w;
+	int b16, n, in, out, isa;
 };
 
 static void pool_cols(void *arg, int chunk)
@@ -436,10 +540,10 @@ static void pool_cols(void *arg, int chunk)
 	const struct pool_mm *a = arg;
 	int c0 = chunk * POOL_COLS, c1 = c0 + POOL_COLS < a->out ? c0 + POOL_COLS : a->out;
 
-	cols_isa(a->isa, a->y, a->x, a->w, a->n, a->in, a->out, c0, c1);
+	cols_isa(a->isa, a->y, a->x, a->w, a->b16, a->n, a->in, a->out, c0, c1);
 }
 
-void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out)
+static void matmul(float *y, const float *x, const void *w, int b16, int n, int in, int out)
 {
 	int isa, step;
 	long macs = (long)n * in * out;
@@ -456,7 +560,7 @@ void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int o
 	 * (AVX2's is 3 from three rows on, else 4). */
 	step = isa == ISA_AVX512 ? 6 : isa == ISA_AVX2 ? (n >= 3 ? 3 : 4) : 1;
 	if (macs >= POOL_MACS && macs < THREADED_MACS) {
-		struct pool_mm a = { y, x, w, n, in, out, isa };
+		struct pool_mm a = { y, x, w, b16, n, in, out, isa };
 
 		kvmem_pool_run((out + POOL_COLS - 1) / POOL_COLS, pool_cols, &a);
 		return;
@@ -469,6 +573,16 @@ void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int o
 
 		c1 = c1 < out ? c1 : out;
 		if (c0 < c1)
-			cols_isa(isa, y, x, w, n, in, out, c0, c1);
+			cols_isa(isa, y, x, w, b16, n, in, out, c0, c1);
 	}
+}
+
+void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out)
+{
+	matmul(y, x, w, 0, n, in, out);
+}
+
+void kvmem_matmul_bf16w(float *y, const float *x, const uint16_t *w, int n, int in, int out)
+{
+	matmul(y, x, w, 1, n, in, out);
 }

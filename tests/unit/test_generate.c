@@ -442,6 +442,86 @@ static void test_activations_sane(void **state)
 	free(x); free(h); free(v); free(a); free(o); free(g); free(u);
 }
 
+/* One prefill of n tokens and `steps` greedy decode steps, the last logits
+ * of each call into out[(1 + steps)][vocab]; bf16: the engine's weights. */
+static void run_engine(const kvmem_model *m, int bf16, const int32_t *tok, int n, int steps,
+		       float *out)
+{
+	kvmem_engine *e = kvmem_engine_create(m, 64);
+	kvmem_kvcache kv;
+	kvmem_sampler greedy = { 0 };
+	uint64_t st = 0;
+	int V = m->cfg.vocab;
+
+	assert_non_null(e);
+	assert_int_equal(kvmem_engine_use_bf16_weights(e, bf16), bf16);
+	assert_int_equal(kvmem_kvcache_init(&kv, &m->cfg, n + steps), 0);
+	assert_int_equal(kvmem_forward(e, &kv, tok, n, out, 0, NULL), 0);
+	for (int s = 0; s < steps; s++) {
+		int32_t t = kvmem_sample(out + (size_t)s * V, V, &greedy, &st);
+
+		assert_int_equal(kvmem_forward(e, &kv, &t, 1, out + (size_t)(s + 1) * V, 0, NULL), 0);
+	}
+	kvmem_kvcache_free(&kv);
+	kvmem_engine_free(e);
+}
+
+/* A model stored as bf16 is multiplied by its weights as stored (widened in
+ * registers): the logits are the fp32 copies' bit for bit, tied and untied,
+ * in one file or in shards, at each instruction set the CPU has. A model
+ * stored as f32 has no bf16 weights. */
+static void test_bf16_weights(void **state)
+{
+	kvmem_config c = { .arch = "Qwen3ForCausalLM", .n_layers = 3, .hidden = 96, .n_heads = 4,
+			 .n_kv_heads = 2, .head_dim = 24, .intermediate = 204, .vocab = 301,
+			 .max_position = 1024, .rope_theta = 1e6, .rms_eps = 1e-6f,
+			 .tie_embeddings = 1, .bos_id = -1, .eos_id = -1, .dtype = "bfloat16" };
+	static const char *const isas[] = { "avx512", "avx2", "c" };
+	const char *best = kvmem_matmul_isa();
+	uint64_t r = seed0 ^ 0xb16;
+	int n = 40, steps = 6;
+	int32_t tok[40];
+	float *a = malloc(sizeof(float) * (size_t)(1 + steps) * c.vocab);
+	float *b = malloc(sizeof(float) * (size_t)(1 + steps) * c.vocab);
+
+	assert_non_null(a);
+	assert_non_null(b);
+	for (int i = 0; i < n; i++)
+		tok[i] = (int32_t)(test_rng_next(&r) % (uint64_t)c.vocab);
+	for (int k = 0; k < 4; k++) {
+		kvmem_gen_opts o = { .seed = seed0 + k, .dtype = k == 3 ? "f32" : "bf16",
+				     .shard_bytes = k == 2 ? 100000 : 0 };
+		char dir[160];
+		kvmem_model *m;
+
+		c.tie_embeddings = k != 1;
+		snprintf(dir, sizeof(dir), "%s/bf16w-%d", root, k);
+		assert_int_equal(kvmem_model_generate_opts(&c, dir, &o), 0);
+		assert_int_equal(kvmem_model_load(dir, &m), 0);
+		if (k == 3) {
+			kvmem_engine *e = kvmem_engine_create(m, 64);
+
+			assert_int_equal(kvmem_engine_use_bf16_weights(e, 1), 0);
+			kvmem_engine_free(e);
+			kvmem_model_free(m);
+			continue;
+		}
+		for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+			if (kvmem_matmul_use(isas[i]))
+				continue;
+			run_engine(m, 1, tok, n, steps, a);
+			run_engine(m, 0, tok, n, steps, b);
+			if (memcmp(a, b, sizeof(float) * (size_t)(1 + steps) * c.vocab))
+				fail_msg("model %d (%s), matmul %s: logits differ with bf16 weights",
+					 k, k == 1 ? "untied" : k == 2 ? "sharded" : "tied", isas[i]);
+		}
+		assert_int_equal(kvmem_matmul_use(best), 0);
+		kvmem_model_free(m);
+	}
+	free(a);
+	free(b);
+}
+
 struct prog {
 	uint64_t last, total;
 	int calls;
@@ -607,6 +687,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_presets),
+		cmocka_unit_test(test_bf16_weights),
 		cmocka_unit_test(test_fingerprint_definition),
 		cmocka_unit_test(test_model_fingerprint_definition),
 		cmocka_unit_test(test_deterministic),

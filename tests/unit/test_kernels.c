@@ -203,6 +203,47 @@ static void test_matmul(void **state)
 	}
 }
 
+/* kvmem_matmul_bf16w: kvmem_matmul's bits over the widened weights, at each
+ * instruction set the CPU has, at row counts on one thread, the pool and
+ * OpenMP, and sizes with tails of 16 and 8. */
+static void test_matmul_bf16w(void **state)
+{
+	uint64_t r = rng_for("matmul-bf16w");
+	static const char *const isas[] = { "avx512", "avx2", "c" };
+	static const int ns[] = { 1, 2, 3, 8, 33, 70 };
+	const char *best = kvmem_matmul_isa();
+
+	(void)state;
+	for (int c = 0; c < 6; c++) {
+		int n = ns[c], in = test_rng_int(&r, 1, 700), out = test_rng_int(&r, 1, 900);
+		float *x = test_rand_floats(&r, (size_t)n * in, -2, 2);
+		float *w = malloc(sizeof(float) * (size_t)out * in);
+		uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)out * in);
+		float *y = malloc(sizeof(float) * (size_t)n * out), *z = malloc(sizeof(float) * n * out);
+
+		assert_true(w && w16 && y && z);
+		for (size_t i = 0; i < (size_t)out * in; i++) {
+			w16[i] = kvmem_f32_to_bf16((float)test_rng_range(&r, -1, 1));
+			w[i] = kvmem_bf16_to_f32(w16[i]);
+		}
+		for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+			if (kvmem_matmul_use(isas[i]))
+				continue;
+			kvmem_matmul(y, x, w, n, in, out);
+			kvmem_matmul_bf16w(z, x, w16, n, in, out);
+			if (memcmp(y, z, sizeof(float) * n * out))
+				fail_msg("matmul %s n=%d in=%d out=%d: bf16 weights give other bits",
+					 isas[i], n, in, out);
+		}
+		assert_int_equal(kvmem_matmul_use(best), 0);
+		free(x);
+		free(w);
+		free(w16);
+		free(y);
+		free(z);
+	}
+}
+
 static void test_embedding_add(void **state)
 {
 	uint64_t r = rng_for("embedding");
@@ -1096,6 +1137,7 @@ int main(void)
 		cmocka_unit_test(test_bf16),
 		cmocka_unit_test(test_f16),
 		cmocka_unit_test(test_matmul),
+		cmocka_unit_test(test_matmul_bf16w),
 		cmocka_unit_test(test_embedding_add),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_expf_widths),

@@ -122,6 +122,22 @@ static int matmul_knob(void)
 			   "(c, avx2 or avx512)", e);
 }
 
+/* KVMEM_CPU_WEIGHTS=fp32 multiplies by the fp32 copies of a bf16 model's
+ * weights (the same bits, twice the bytes: the engine before 2026-12-05,
+ * for a benchmark); bf16 or unset: by the weights as stored, where every
+ * matmul weight is bf16. */
+static int weights_knob(kvmem_engine *e)
+{
+	const char *v = getenv("KVMEM_CPU_WEIGHTS");
+
+	if (!v || !*v || !strcmp(v, "bf16"))
+		return 0;
+	if (strcmp(v, "fp32"))
+		return kvmem_error(EINVAL, "KVMEM_CPU_WEIGHTS=%s: not fp32 or bf16", v);
+	kvmem_engine_use_bf16_weights(e, 0);
+	return 0;
+}
+
 static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **ctx)
 {
 	struct cpu *b = calloc(1, sizeof(*b));
@@ -144,7 +160,7 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 	}
 	b->fp8 = o->kv_dtype == KVMEM_DTYPE_FP8;
 	b->mem_cap = o->mem_cap;
-	if (kv_round_knob(b, o) < 0) {
+	if (weights_knob(b->e) < 0 || kv_round_knob(b, o) < 0) {
 		kvmem_engine_free(b->e);
 		free(b);
 		return kvmem_fail();

@@ -23,6 +23,7 @@
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
+#include "model/weights_bf16.h"
 
 struct kvmem_engine {
 	const kvmem_model *m;
@@ -42,6 +43,9 @@ struct kvmem_engine {
 			 * pass for q and K of every layer (kvmem_rope's bits) */
 	int32_t *kv_pos;/* [kv_pos_cap] = 0, 1, 2, ... */
 	int kv_pos_cap;
+	/* the model's matmul weights as bf16 (NULL: the fp32 copies) */
+	const kvmem_layer_bf16 *l16;
+	const uint16_t *lm16;
 	int kv_round;	/* how new K and V are rounded (enum kvmem_kv_round):
 			 * fp8 KV, or the cpu backend's research knob */
 	/* A batch's per-sequence scratch: its first row and its attention. */
@@ -139,6 +143,7 @@ kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk)
 	}
 	e->m = m;
 	e->max_chunk = max_chunk;
+	kvmem_engine_use_bf16_weights(e, 1);
 	if (grow_rows(e, max_chunk)) {
 		kvmem_engine_free(e);
 		kvmem_error(ENOMEM, "engine: out of memory for chunks of %d tokens", max_chunk);
@@ -150,6 +155,23 @@ kvmem_engine *kvmem_engine_create(const kvmem_model *m, int max_chunk)
 const kvmem_model *kvmem_engine_model(const kvmem_engine *e)
 {
 	return e->m;
+}
+
+int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on)
+{
+	e->l16 = on ? kvmem_model_layers_bf16(e->m) : NULL;
+	e->lm16 = e->l16 ? kvmem_model_lm_head_bf16(e->m) : NULL;
+	return e->l16 != NULL;
+}
+
+/* y[n][out] = x[n][in] . w^T, by the bf16 weights where the engine has them. */
+static void proj(float *y, const float *x, const float *w, const uint16_t *w16, int n, int in,
+		 int out)
+{
+	if (w16)
+		kvmem_matmul_bf16w(y, x, w16, n, in, out);
+	else
+		kvmem_matmul(y, x, w, n, in, out);
 }
 
 void kvmem_engine_set_kv_round(kvmem_engine *e, int mode)
@@ -271,12 +293,13 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const kvmem_layer *L = &e->m->layers[l];
+	const kvmem_layer_bf16 *B = e->l16 ? &e->l16[l] : NULL;
 	int d = c->head_dim, qw = c->n_heads * d, kw = c->n_kv_heads * d, T = b->T;
 
 	kvmem_rmsnorm(e->h, e->x, L->attn_norm, T, c->hidden, c->rms_eps);
-	kvmem_matmul(e->q, e->h, L->wq, T, c->hidden, qw);
-	kvmem_matmul(e->k, e->h, L->wk, T, c->hidden, kw);
-	kvmem_matmul(e->v, e->h, L->wv, T, c->hidden, kw);
+	proj(e->q, e->h, L->wq, B ? B->wq : NULL, T, c->hidden, qw);
+	proj(e->k, e->h, L->wk, B ? B->wk : NULL, T, c->hidden, kw);
+	proj(e->v, e->h, L->wv, B ? B->wv : NULL, T, c->hidden, kw);
 	kvmem_rmsnorm(e->q, e->q, L->q_norm, T * c->n_heads, d, c->rms_eps);
 	kvmem_rmsnorm(e->k, e->k, L->k_norm, T * c->n_kv_heads, d, c->rms_eps);
 	give_rows(e, b, l);
@@ -294,7 +317,7 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 	}
 	kvmem_attention_batch(e->att, e->q, e->att_seqs, b->n_seqs, c->n_heads, c->n_kv_heads, d,
 			      (float)(1.0 / sqrt((double)d)));
-	kvmem_matmul(e->h, e->att, L->wo, T, qw, c->hidden);
+	proj(e->h, e->att, L->wo, B ? B->wo : NULL, T, qw, c->hidden);
 	kvmem_add(e->x, e->h, (size_t)T * c->hidden);
 }
 
@@ -302,12 +325,13 @@ static void mlp_block(kvmem_engine *e, int l, int n)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const kvmem_layer *L = &e->m->layers[l];
+	const kvmem_layer_bf16 *B = e->l16 ? &e->l16[l] : NULL;
 
 	kvmem_rmsnorm(e->h, e->x, L->mlp_norm, n, c->hidden, c->rms_eps);
-	kvmem_matmul(e->gate, e->h, L->w_gate, n, c->hidden, c->intermediate);
-	kvmem_matmul(e->up, e->h, L->w_up, n, c->hidden, c->intermediate);
+	proj(e->gate, e->h, L->w_gate, B ? B->w_gate : NULL, n, c->hidden, c->intermediate);
+	proj(e->up, e->h, L->w_up, B ? B->w_up : NULL, n, c->hidden, c->intermediate);
 	kvmem_swiglu(e->gate, e->gate, e->up, (size_t)n * c->intermediate);
-	kvmem_matmul(e->h, e->gate, L->w_down, n, c->intermediate, c->hidden);
+	proj(e->h, e->gate, L->w_down, B ? B->w_down : NULL, n, c->intermediate, c->hidden);
 	kvmem_add(e->x, e->h, (size_t)n * c->hidden);
 }
 
@@ -347,7 +371,7 @@ static void logits_out(kvmem_engine *e, const struct batch *b)
 		if (q->all_logits) {
 			kvmem_rmsnorm(e->h, e->x + (size_t)b->r0[i] * H, e->m->final_norm, q->n,
 				      c->hidden, c->rms_eps);
-			kvmem_matmul(q->logits, e->h, e->m->lm_head, q->n, c->hidden, c->vocab);
+			proj(q->logits, e->h, e->m->lm_head, e->lm16, q->n, c->hidden, c->vocab);
 			continue;
 		}
 		kvmem_rmsnorm(e->last + (size_t)R * H, e->x + (size_t)(b->r0[i] + q->n - 1) * H,
@@ -356,12 +380,12 @@ static void logits_out(kvmem_engine *e, const struct batch *b)
 		R++;
 	}
 	if (R == 1) {	/* one sequence: straight into its buffer */
-		kvmem_matmul(b->seqs[only].logits, e->last, e->m->lm_head, 1, c->hidden, c->vocab);
+		proj(b->seqs[only].logits, e->last, e->m->lm_head, e->lm16, 1, c->hidden, c->vocab);
 		return;
 	}
 	if (!R)
 		return;
-	kvmem_matmul(e->lbuf, e->last, e->m->lm_head, R, c->hidden, c->vocab);
+	proj(e->lbuf, e->last, e->m->lm_head, e->lm16, R, c->hidden, c->vocab);
 	R = 0;
 	for (int i = 0; i < b->n_seqs; i++)
 		if (b->seqs[i].logits && !b->seqs[i].all_logits)
