@@ -466,10 +466,10 @@ static void run_engine(const kvmem_model *m, int bf16, const int32_t *tok, int n
 	kvmem_engine_free(e);
 }
 
-/* A model stored as bf16 is multiplied by its weights as stored (widened in
- * registers): the logits are the fp32 copies' bit for bit, tied and untied,
- * in one file or in shards, at each instruction set the CPU has. A model
- * stored as f32 has no bf16 weights. */
+/* A model stored as bf16 is multiplied by the engine's bf16 copies of its
+ * weights (widened in registers): the logits are the fp32 weights' bit for
+ * bit, tied and untied, in one file or in shards, at each instruction set
+ * the CPU has. A model stored as f32 (weights no bf16 holds) gets none. */
 static void test_bf16_weights(void **state)
 {
 	kvmem_config c = { .arch = "Qwen3ForCausalLM", .n_layers = 3, .hidden = 96, .n_heads = 4,

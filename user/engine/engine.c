@@ -13,9 +13,12 @@
  * workspace layer does) gives the very same bits.
  */
 #include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
@@ -23,7 +26,10 @@
 #include "kernels/kernels_fp8.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
-#include "model/weights_bf16.h"
+
+struct layer_bf16 {
+	const uint16_t *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+};
 
 struct kvmem_engine {
 	const kvmem_model *m;
@@ -43,9 +49,13 @@ struct kvmem_engine {
 			 * pass for q and K of every layer (kvmem_rope's bits) */
 	int32_t *kv_pos;/* [kv_pos_cap] = 0, 1, 2, ... */
 	int kv_pos_cap;
-	/* the model's matmul weights as bf16 (NULL: the fp32 copies) */
-	const kvmem_layer_bf16 *l16;
+	/* The model's matmul weights as bf16 (make_bf16), l16 and lm16
+	 * pointing into w16. */
+	struct layer_bf16 *l16;
 	const uint16_t *lm16;
+	uint16_t *w16;
+	int w16_state;	/* 0: not tried, 1: made, -1: the weights are not bf16 */
+	int bf16;	/* the matmuls read w16 */
 	int kv_round;	/* how new K and V are rounded (enum kvmem_kv_round):
 			 * fp8 KV, or the cpu backend's research knob */
 	/* A batch's per-sequence scratch: its first row and its attention. */
@@ -90,6 +100,8 @@ void kvmem_engine_free(kvmem_engine *e)
 	free(e->r0);
 	free(e->att_seqs);
 	free(e->lbuf);
+	free(e->w16);
+	free(e->l16);
 	free(e);
 }
 
@@ -157,11 +169,75 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e)
 	return e->m;
 }
 
+/* w as bf16 into dst, if every value is a bf16 widened (its low 16 bits
+ * zero): then the bf16 matmul has the fp32 one's bits. */
+static bool narrow_exact(uint16_t *dst, const float *w, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+
+		memcpy(&u, &w[i], sizeof(u));
+		if (u & 0xffff)
+			return false;
+		dst[i] = (uint16_t)(u >> 16);
+	}
+	return true;
+}
+
+/* Copies of the matmul weights as bf16, where every one is a bf16 value
+ * (a bf16 checkpoint's fp32 copies are): decode reads every weight once a
+ * step, and half the bytes is most of its time (the embedded model's 22.8
+ * MB as fp32, 11.4 MB as bf16). Left out when the copies would take more
+ * than an eighth of the machine's memory. */
+static int make_bf16(kvmem_engine *e)
+{
+	const kvmem_config *c = &e->m->cfg;
+	const size_t H = (size_t)c->hidden, Q = (size_t)c->n_heads * c->head_dim;
+	const size_t K = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->intermediate;
+	const size_t per_layer = Q * H + 2 * K * H + H * Q + 3 * I * H, lm = (size_t)c->vocab * H;
+	const size_t total = per_layer * (size_t)c->n_layers + lm;
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	uint16_t *p;
+	bool ok = true;
+
+	if (pages > 0 && page > 0 && total * 2 > (size_t)pages * (size_t)page / 8)
+		return -1;
+	e->w16 = malloc(total * sizeof(uint16_t));
+	e->l16 = calloc((size_t)c->n_layers, sizeof(*e->l16));
+	if (!e->w16 || !e->l16)
+		return -1;
+	p = e->w16;
+	for (int l = 0; ok && l < c->n_layers; l++) {
+		const kvmem_layer *L = &e->m->layers[l];
+		struct layer_bf16 *B = &e->l16[l];
+		const struct { const uint16_t **dst; const float *src; size_t n; } t[] = {
+			{ &B->wq, L->wq, Q * H }, { &B->wk, L->wk, K * H }, { &B->wv, L->wv, K * H },
+			{ &B->wo, L->wo, H * Q }, { &B->w_gate, L->w_gate, I * H },
+			{ &B->w_up, L->w_up, I * H }, { &B->w_down, L->w_down, H * I },
+		};
+
+		for (size_t i = 0; ok && i < sizeof(t) / sizeof(t[0]); i++) {
+			ok = narrow_exact(p, t[i].src, t[i].n);
+			*t[i].dst = p;
+			p += t[i].n;
+		}
+	}
+	if (ok && (ok = narrow_exact(p, e->m->lm_head, lm)))
+		e->lm16 = p;
+	return ok ? 1 : -1;
+}
+
 int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on)
 {
-	e->l16 = on ? kvmem_model_layers_bf16(e->m) : NULL;
-	e->lm16 = e->l16 ? kvmem_model_lm_head_bf16(e->m) : NULL;
-	return e->l16 != NULL;
+	if (on && !e->w16_state && (e->w16_state = make_bf16(e)) < 0) {
+		free(e->w16);
+		free(e->l16);
+		e->w16 = NULL;
+		e->l16 = NULL;
+		e->lm16 = NULL;
+	}
+	e->bf16 = on && e->w16_state > 0;
+	return e->bf16;
 }
 
 /* y[n][out] = x[n][in] . w^T, by the bf16 weights where the engine has them. */
@@ -293,7 +369,7 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const kvmem_layer *L = &e->m->layers[l];
-	const kvmem_layer_bf16 *B = e->l16 ? &e->l16[l] : NULL;
+	const struct layer_bf16 *B = e->bf16 ? &e->l16[l] : NULL;
 	int d = c->head_dim, qw = c->n_heads * d, kw = c->n_kv_heads * d, T = b->T;
 
 	kvmem_rmsnorm(e->h, e->x, L->attn_norm, T, c->hidden, c->rms_eps);
@@ -325,7 +401,7 @@ static void mlp_block(kvmem_engine *e, int l, int n)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const kvmem_layer *L = &e->m->layers[l];
-	const kvmem_layer_bf16 *B = e->l16 ? &e->l16[l] : NULL;
+	const struct layer_bf16 *B = e->bf16 ? &e->l16[l] : NULL;
 
 	kvmem_rmsnorm(e->h, e->x, L->mlp_norm, n, c->hidden, c->rms_eps);
 	proj(e->gate, e->h, L->w_gate, B ? B->w_gate : NULL, n, c->hidden, c->intermediate);
@@ -361,6 +437,7 @@ static void logits_out(kvmem_engine *e, const struct batch *b)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const size_t H = (size_t)c->hidden, V = (size_t)c->vocab;
+	const uint16_t *lm16 = e->bf16 ? e->lm16 : NULL;
 	int R = 0, only = -1;
 
 	for (int i = 0; i < b->n_seqs; i++) {
@@ -371,7 +448,7 @@ static void logits_out(kvmem_engine *e, const struct batch *b)
 		if (q->all_logits) {
 			kvmem_rmsnorm(e->h, e->x + (size_t)b->r0[i] * H, e->m->final_norm, q->n,
 				      c->hidden, c->rms_eps);
-			proj(q->logits, e->h, e->m->lm_head, e->lm16, q->n, c->hidden, c->vocab);
+			proj(q->logits, e->h, e->m->lm_head, lm16, q->n, c->hidden, c->vocab);
 			continue;
 		}
 		kvmem_rmsnorm(e->last + (size_t)R * H, e->x + (size_t)(b->r0[i] + q->n - 1) * H,
@@ -380,12 +457,12 @@ static void logits_out(kvmem_engine *e, const struct batch *b)
 		R++;
 	}
 	if (R == 1) {	/* one sequence: straight into its buffer */
-		proj(b->seqs[only].logits, e->last, e->m->lm_head, e->lm16, 1, c->hidden, c->vocab);
+		proj(b->seqs[only].logits, e->last, e->m->lm_head, lm16, 1, c->hidden, c->vocab);
 		return;
 	}
 	if (!R)
 		return;
-	proj(e->lbuf, e->last, e->m->lm_head, e->lm16, R, c->hidden, c->vocab);
+	proj(e->lbuf, e->last, e->m->lm_head, lm16, R, c->hidden, c->vocab);
 	R = 0;
 	for (int i = 0; i < b->n_seqs; i++)
 		if (b->seqs[i].logits && !b->seqs[i].all_logits)

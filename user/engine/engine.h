@@ -124,10 +124,11 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
  * kvmem_fwd_out stay unrounded (the index is built from them, the page
  * source quantises them into the same bytes). */
 void kvmem_engine_set_kv_round(kvmem_engine *e, int mode);
-/* Multiply by the model's bf16 weights as stored (on: the default where
- * every matmul weight is bf16, model/weights_bf16.h) or by the fp32 copies
- * (off). The same bits either way; bf16 reads half the bytes. Returns
- * whether bf16 weights are used now. */
+/* Multiply by bf16 copies of the model's matmul weights (on, the default:
+ * made once, where every such weight is a bf16 value, as a bf16
+ * checkpoint's fp32 copies are, and the copies take at most an eighth of
+ * the machine's memory) or by the fp32 weights (off). The same bits either
+ * way; bf16 reads half the bytes. Returns whether bf16 copies are used. */
 int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on);
 
 /*

@@ -23,7 +23,6 @@
 #include "model/modelfile.h"
 #include "model/safetensors.h"
 #include "model/tensors.h"
-#include "model/weights_bf16.h"
 #include "util/json.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
@@ -38,10 +37,6 @@ struct priv {
 	char index_path[4200];
 	void **bufs;		/* converted tensors */
 	size_t nbufs;
-	/* The matmul weights as stored, where every one is bf16 (all16). */
-	kvmem_layer_bf16 *l16;
-	const uint16_t *lm16;
-	bool all16;
 };
 
 /* The tensor for `name` and the file holding it: via the index's
@@ -375,41 +370,6 @@ static int check_memory(const kvmem_model *m, const struct priv *p)
 	return 0;
 }
 
-static bool is_matmul(int role)
-{
-	return role == KVMEM_T_WQ || role == KVMEM_T_WK || role == KVMEM_T_WV ||
-	       role == KVMEM_T_WO || role == KVMEM_T_GATE || role == KVMEM_T_UP ||
-	       role == KVMEM_T_DOWN || role == KVMEM_T_LM_HEAD;
-}
-
-/* A matmul weight stored as bf16 (2-byte aligned) is also kept as stored,
- * its file mapped: the cpu engine reads it widened, half the bytes of the
- * fp32 copy (kvmem_matmul_bf16w, the same bits). One stored otherwise
- * leaves the model without bf16 weights. */
-static void keep_bf16(struct priv *p, const struct kvmem_tensor_spec *s,
-		      const kvmem_st_tensor *t, int f)
-{
-	const uint16_t *b = t->data;
-	kvmem_layer_bf16 *l = s->layer >= 0 ? &p->l16[s->layer] : NULL;
-
-	if (t->dtype != KVMEM_ST_BF16 || ((uintptr_t)t->data & 1)) {
-		p->all16 = false;
-		return;
-	}
-	p->keep[f] = true;
-	switch (s->role) {
-	case KVMEM_T_EMBED: case KVMEM_T_LM_HEAD: p->lm16 = b; break;
-	case KVMEM_T_WQ: l->wq = b; break;
-	case KVMEM_T_WK: l->wk = b; break;
-	case KVMEM_T_WV: l->wv = b; break;
-	case KVMEM_T_WO: l->wo = b; break;
-	case KVMEM_T_GATE: l->w_gate = b; break;
-	case KVMEM_T_UP: l->w_up = b; break;
-	case KVMEM_T_DOWN: l->w_down = b; break;
-	default: break;	/* norms: fp32 only */
-	}
-}
-
 static int materialise(kvmem_model *m, struct priv *p)
 {
 	const kvmem_config *c = &m->cfg;
@@ -420,10 +380,8 @@ static int materialise(kvmem_model *m, struct priv *p)
 		return rc;
 	m->layers = calloc((size_t)c->n_layers, sizeof(*m->layers));
 	p->bufs = calloc(kvmem_tensor_count(c), sizeof(*p->bufs));
-	p->l16 = calloc((size_t)c->n_layers, sizeof(*p->l16));
-	if (!m->layers || !p->bufs || !p->l16)
+	if (!m->layers || !p->bufs)
 		return kvmem_error(ENOMEM, "%s: out of memory", m->dir);
-	p->all16 = true;
 	for (size_t i = 0; i < kvmem_tensor_count(c); i++) {
 		const kvmem_st_tensor *t;
 		const float *w;
@@ -442,8 +400,6 @@ static int materialise(kvmem_model *m, struct priv *p)
 			p->bufs[p->nbufs++] = buf;
 			w = buf;
 		}
-		if (is_matmul(s.role) || (s.role == KVMEM_T_EMBED && c->tie_embeddings))
-			keep_bf16(p, &s, t, f);
 		switch (s.role) {
 		case KVMEM_T_EMBED: m->embed = w; break;
 		case KVMEM_T_FINAL_NORM: m->final_norm = w; break;
@@ -464,20 +420,6 @@ static int materialise(kvmem_model *m, struct priv *p)
 	if (c->tie_embeddings)
 		m->lm_head = m->embed;
 	return 0;
-}
-
-const kvmem_layer_bf16 *kvmem_model_layers_bf16(const kvmem_model *m)
-{
-	const struct priv *p = m->priv;
-
-	return p && p->all16 && p->lm16 ? p->l16 : NULL;
-}
-
-const uint16_t *kvmem_model_lm_head_bf16(const kvmem_model *m)
-{
-	const struct priv *p = m->priv;
-
-	return p && p->all16 ? p->lm16 : NULL;
 }
 
 int kvmem_model_open(const char *dir, int flags, kvmem_model **out)
@@ -552,7 +494,6 @@ void kvmem_model_free(kvmem_model *m)
 		free(p->files);
 		free(p->keep);
 		free(p->bufs);
-		free(p->l16);
 		free(p);
 	}
 	free(m->layers);
