@@ -104,6 +104,54 @@ T512 float hsum16(__m512 v)
 	return _mm_cvtss_f32(b);
 }
 
+/* Two vectors' halves summed, u's in lanes 0-7, v's in 8-15 (a block is
+ * 128 bits; the imm picks blocks of u, u, v, v). */
+#define HALVES(u, v, lo, hi) _mm512_add_ps(_mm512_shuffle_f32x4(u, v, lo), \
+					   _mm512_shuffle_f32x4(u, v, hi))
+#define PAIRS(u, v, lo, hi) _mm512_add_ps(_mm512_shuffle_ps(u, v, lo), _mm512_shuffle_ps(u, v, hi))
+
+/*
+ * A 4 x 6 tile's 24 sums stored with hsum16's bits, reduced side by side:
+ * hsum16 adds lanes i and i + 8, then i and i + 4, then i and i + 2, then 0
+ * and 1; here each level does that for several sums in one add (their
+ * lanes moved beside each other first), so the adds and their operands are
+ * the same, in a tenth of the instructions. At 256 inputs a sum of the
+ * prefill's tiles took 16 multiply-adds and as many instructions again to
+ * reduce (issue #26). Columns 0-3 (16 sums, j = 4 c + r) end with row r's
+ * four in block r; columns 4-5 (8 sums) with row r's two at the start of
+ * block r.
+ */
+T512 void store4x6(float *y, int ldy, __m512 acc[4][6])
+{
+	__m512 a[8], b[4], c[2], f;
+
+	for (int j = 0; j < 8; j++)	/* lanes i + i + 8 */
+		a[j] = HALVES(acc[(2 * j) % 4][(2 * j) / 4], acc[(2 * j + 1) % 4][(2 * j + 1) / 4],
+			      0x44, 0xEE);
+	for (int j = 0; j < 4; j++)	/* i + i + 4 */
+		b[j] = HALVES(a[2 * j], a[2 * j + 1], 0x88, 0xDD);
+	for (int j = 0; j < 2; j++)	/* i + i + 2 */
+		c[j] = PAIRS(b[2 * j], b[2 * j + 1], 0x44, 0xEE);
+	f = PAIRS(c[0], c[1], 0x88, 0xDD);	/* 0 + 1 */
+	_mm_storeu_ps(y, _mm512_extractf32x4_ps(f, 0));
+	_mm_storeu_ps(y + (size_t)ldy, _mm512_extractf32x4_ps(f, 1));
+	_mm_storeu_ps(y + (size_t)2 * ldy, _mm512_extractf32x4_ps(f, 2));
+	_mm_storeu_ps(y + (size_t)3 * ldy, _mm512_extractf32x4_ps(f, 3));
+
+	/* columns 4 and 5: sums j = 4 (c - 4) + r */
+	for (int j = 0; j < 4; j++)
+		a[j] = HALVES(acc[(2 * j) % 4][4 + (2 * j) / 4],
+			      acc[(2 * j + 1) % 4][4 + (2 * j + 1) / 4], 0x44, 0xEE);
+	for (int j = 0; j < 2; j++)
+		b[j] = HALVES(a[2 * j], a[2 * j + 1], 0x88, 0xDD);
+	c[0] = PAIRS(b[0], b[1], 0x44, 0xEE);
+	f = PAIRS(c[0], c[0], 0x88, 0xDD);
+	_mm_storel_pi((__m64 *)(y + 4), _mm512_extractf32x4_ps(f, 0));
+	_mm_storel_pi((__m64 *)(y + (size_t)ldy + 4), _mm512_extractf32x4_ps(f, 1));
+	_mm_storel_pi((__m64 *)(y + (size_t)2 * ldy + 4), _mm512_extractf32x4_ps(f, 2));
+	_mm_storel_pi((__m64 *)(y + (size_t)3 * ldy + 4), _mm512_extractf32x4_ps(f, 3));
+}
+
 T512 void tile16(float *y, int ldy, const float *x, const void *w, int in, const int MR,
 		 const int NC, const void *pf, const int B16)
 {
@@ -136,6 +184,10 @@ T512 void tile16(float *y, int ldy, const float *x, const void *w, int in, const
 			LOOP (int r = 0; r < MR; r++)
 				acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
 		}
+	}
+	if (MR == 4 && NC == 6) {
+		store4x6(y, ldy, acc);
+		return;
 	}
 	LOOP (int r = 0; r < MR; r++)
 		LOOP (int c = 0; c < NC; c++)
