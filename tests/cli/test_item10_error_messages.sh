@@ -62,4 +62,23 @@ if ! grep -qw avx512f /proc/cpuinfo; then
 		run --model "$M" --backend cpu --random 8 --decode 2
 fi
 unset KVMEM_MATMUL
+# [KVMEM_CPU_WEIGHTS: new] The cpu engine reads a bf16 model's weights as bf16 copies (2 bytes
+# a weight in bench engine's roofline) or, at fp32, as before (4): the same tokens either way
+# (the bits: test_generate's test_bf16_weights); another value refuses the cpu backend.
+gen=()
+for w in bf16 fp32; do
+	out=$(KVMEM_CPU_WEIGHTS=$w timeout 120 "$KVMEM" run --model "$M" --backend cpu --random 40 \
+		--decode 12 2>&1) || bad "KVMEM_CPU_WEIGHTS=$w: rc $?"
+	gen[${#gen[@]}]=$(grep '^generated:' <<<"$out")
+	out=$(KVMEM_CPU_WEIGHTS=$w timeout 120 "$KVMEM" bench engine --backend cpu --model "$M" \
+		--prefill 64 --decode 64 --chunk 64 --decode-tokens 4 --json 2>&1) ||
+		bad "bench engine at KVMEM_CPU_WEIGHTS=$w: rc $?"
+	want=$([ $w = bf16 ] && echo 2 || echo 4)
+	grep -q "\"weight_bytes\": $want}" <<<"$out" ||
+		bad "bench engine at KVMEM_CPU_WEIGHTS=$w does not count $want bytes a weight: $out"
+done
+[ -n "${gen[0]}" ] && [ "${gen[0]}" = "${gen[1]}" ] ||
+	bad "bf16 and fp32 weights generated other tokens: '${gen[0]}' / '${gen[1]}'"
+KVMEM_CPU_WEIGHTS=half says "an unknown KVMEM_CPU_WEIGHTS" "KVMEM_CPU_WEIGHTS=half: not fp32 or bf16" \
+	"" run --model "$M" --backend cpu --random 8 --decode 2
 cli_done "item 10 error messages"

@@ -258,6 +258,10 @@ typedef struct kvmem_backend_ops {
 	 * fresh), else 0. One backend serves many sessions, so a session's
 	 * own bookkeeping cannot know whether another's chunk came between. */
 	int (*index_holds)(void *ctx, uint32_t key, int64_t upto);
+	/* Optional: bytes a weight element takes as the forward reads it (4:
+	 * the cpu engine's fp32 weights, 2: its bf16 copies); absent: 2 (bf16
+	 * on the device). What a benchmark's decode roofline counts. */
+	int (*weight_bytes)(void *ctx);
 } kvmem_backend_ops;
 
 struct kvmem_backend {

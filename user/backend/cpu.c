@@ -643,6 +643,13 @@ static int cpu_ceilings(void *ctx, kvmem_ceilings *out)
 	return 0;
 }
 
+static int cpu_weight_bytes(void *ctx)
+{
+	const struct cpu *b = ctx;
+
+	return kvmem_engine_bf16_weights(b->e) ? 2 : 4;
+}
+
 const kvmem_backend_ops kvmem_backend_cpu_ops = {
 	.name = "cpu",
 	.what = "the reference engine on the CPU (fp32, OpenBLAS, bit-exact)",
@@ -659,6 +666,7 @@ const kvmem_backend_ops kvmem_backend_cpu_ops = {
 	.place = cpu_place,
 	.host_view = cpu_host_view,
 	.ceilings = cpu_ceilings,
+	.weight_bytes = cpu_weight_bytes,
 	.keep_raw = cpu_keep_raw,
 	.move = cpu_move,
 	.forward_batch = cpu_forward_batch,

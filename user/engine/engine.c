@@ -240,6 +240,11 @@ int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on)
 	return e->bf16;
 }
 
+int kvmem_engine_bf16_weights(const kvmem_engine *e)
+{
+	return e->bf16;
+}
+
 /* y[n][out] = x[n][in] . w^T, by the bf16 weights where the engine has them. */
 static void proj(float *y, const float *x, const float *w, const uint16_t *w16, int n, int in,
 		 int out)

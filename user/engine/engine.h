@@ -130,6 +130,8 @@ void kvmem_engine_set_kv_round(kvmem_engine *e, int mode);
  * the machine's memory) or by the fp32 weights (off). The same bits either
  * way; bf16 reads half the bytes. Returns whether bf16 copies are used. */
 int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on);
+/* Whether the matmuls read the bf16 copies now (1) or the fp32 weights (0). */
+int kvmem_engine_bf16_weights(const kvmem_engine *e);
 
 /*
  * Run n (<= max_chunk) tokens through the model. They take slots

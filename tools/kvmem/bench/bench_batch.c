@@ -44,6 +44,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "backend/backend_impl.h"	/* the weights' bytes */
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "kvmem/session.h"
@@ -457,9 +458,12 @@ int bench_batch(int argc, char **argv)
 			ids[i] = (int32_t)(kvmem_rng_uniform(&r) * m->cfg.vocab);
 	}
 	if (!o.json) {
-		printf("%s: model %s (%d layers, hidden %d), backend %s, %d threads, matmul %s\n", WHO,
+		printf("%s: model %s (%d layers, hidden %d), backend %s, %d threads, matmul %s", WHO,
 		       m->dir, m->cfg.n_layers, m->cfg.hidden, kvmem_backend_name(be),
 		       omp_get_max_threads(), kvmem_matmul_isa());
+		if (be->ops->weight_bytes)	/* the cpu engine's bf16 copies or fp32 */
+			printf(", weights %s", be->ops->weight_bytes(be->ctx) == 2 ? "bf16" : "fp32");
+		printf("\n");
 		printf("histories %d..%d tokens (budget %s), %d greedy steps: one session alone, "
 		       "the loop, the batch, in turn\n", (int)history_len(&o, 0),
 		       (int)history_len(&o, 14), o.budget ? "set" : "unlimited", o.tokens);

@@ -165,14 +165,15 @@ static double attn_flops(const kvmem_config *c, int64_t p0, int64_t p1)
 }
 
 /* Bytes one decode step reads: every weight once (the embedding only its
- * row, the lm_head whole) and the context's K and V, at 2 bytes (bf16) or 4
- * (the cpu backend's fp32). */
-static double decode_bytes(const kvmem_config *c, int64_t ctx, int elem)
+ * row, the lm_head whole) at w_elem bytes (the backend's: 2 for bf16, 4 for
+ * the cpu engine's fp32 weights) and the context's K and V at kv_elem (2 on
+ * a GPU, 4 in the cpu backend's fp32 views). */
+static double decode_bytes(const kvmem_config *c, int64_t ctx, int w_elem, int kv_elem)
 {
 	double w = flops_per_token(c) / 2 + (double)c->vocab * c->hidden + c->hidden;
 	double kv = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * (double)ctx;
 
-	return (w + kv) * elem;
+	return w * w_elem + kv * kv_elem;
 }
 
 static void random_ids(int32_t *ids, int64_t n, int vocab, uint64_t seed)
@@ -208,7 +209,7 @@ int bench_engine(int argc, char **argv)
 	int32_t *ids = NULL;
 	float *logits = NULL;
 	int64_t most = 0;
-	int rc = 1, elem, usage_err;
+	int rc = 1, elem, w_elem, usage_err;
 	char buf[64];
 
 	switch (parse_args(argc, argv, &o)) {
@@ -230,6 +231,7 @@ int bench_engine(int argc, char **argv)
 	if (b->ops->ceilings(b->ctx, &ce) < 0)
 		goto err;
 	elem = strcmp(b->ops->name, "cpu") ? 2 : 4;
+	w_elem = b->ops->weight_bytes ? b->ops->weight_bytes(b->ctx) : 2;
 	for (int i = 0; i < o.n_prefill; i++)
 		most = o.prefill[i] > most ? o.prefill[i] : most;
 	for (int i = 0; i < o.n_decode; i++)
@@ -258,6 +260,9 @@ int bench_engine(int argc, char **argv)
 			printf("decode: %s; one-row GEMMs by %s\n",
 			       g && g[0] == '0' ? "plain launches (KVMEM_CUDA_GRAPH=0)" : "a CUDA graph per step",
 			       gv && gv[0] == '0' ? "cuBLASLt (KVMEM_CUDA_GEMV=0)" : "kvmem's GEMV");
+		} else {
+			printf("weights read as %s; the decode roofline counts %d bytes a weight, %d a "
+			       "KV value\n", w_elem == 2 ? "bf16" : "fp32", w_elem, elem);
 		}
 		printf("\n%-10s %8s %12s %10s %8s %8s\n", "prefill", "chunk", "tokens/s", "TFLOP/s",
 		       "of GEMM", "of held");
@@ -308,13 +313,14 @@ int bench_engine(int argc, char **argv)
 		}
 		t = (cli_now_s() - t0) / o.decode_tokens;
 		/* The average context over the timed tokens. */
-		roof = ce.copy_gbps * 1e9 / decode_bytes(&m->cfg, ctx + o.decode_tokens / 2, elem);
+		roof = ce.copy_gbps * 1e9 /
+		       decode_bytes(&m->cfg, ctx + o.decode_tokens / 2, w_elem, elem);
 		if (o.json)
 			printf("{\"bench\": \"engine\", \"backend\": \"%s\", \"device\": \"%s\", "
 			       "\"phase\": \"decode\", \"context\": %" PRId64 ", \"tokens\": %d, "
 			       "\"tokens_per_s\": %.1f, \"roofline_tokens_per_s\": %.1f, "
-			       "\"copy_gbps\": %.1f}\n", b->ops->name, ce.device, ctx, o.decode_tokens,
-			       1 / t, roof, ce.copy_gbps);
+			       "\"copy_gbps\": %.1f, \"weight_bytes\": %d}\n", b->ops->name, ce.device,
+			       ctx, o.decode_tokens, 1 / t, roof, ce.copy_gbps, w_elem);
 		else
 			printf("%-10" PRId64 " %8d %12.1f %12.1f %7.0f%%\n", ctx, o.decode_tokens, 1 / t,
 			       roof, 100 / t / roof);
