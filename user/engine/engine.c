@@ -13,9 +13,9 @@
  * workspace layer does) gives the very same bits.
  */
 #include <limits.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -200,6 +200,8 @@ static int make_bf16(kvmem_engine *e)
 	uint16_t *p;
 	bool ok = true;
 
+	if (!e->m->layers || !e->m->lm_head)	/* a geometry with no weights */
+		return -1;
 	if (pages > 0 && page > 0 && total * 2 > (size_t)pages * (size_t)page / 8)
 		return -1;
 	e->w16 = malloc(total * sizeof(uint16_t));
