@@ -147,6 +147,10 @@ static void weighted_v_avx2(float *out, const float *p, const float *vh, const i
  * same bits. The embedded model's decode batch of 8 spent a quarter of its
  * step in this kernel (issue #26). */
 
+/* The most query floats attend_rows pairs on its stack (16 KB: 8 heads of
+ * 512, 16 of 256); a larger group takes the AVX2 scores. */
+#define PAIR_FLOATS 4096
+
 /* The query's heads as pairs for scores8_512: qp[p][e / 8][16] holds
  * q[2p][e .. e + 7] and then q[2p + 1][e .. e + 7]. */
 static void pair_heads(float *qp, const float *qv, int d, int grp)
@@ -406,7 +410,9 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 	const float *kh = a->k + (size_t)g * a->kv_stride * d;
 	const float *vh = a->v + (size_t)g * a->kv_stride * d;
 	const int wide = d % 8 == 0 && a->avx2;
-	const int pairs = wide && a->avx512 && grp % 2 == 0, wide_v = a->avx512 && d % 16 == 0;
+	/* the query's pairs live on the stack: at most PAIR_FLOATS of them */
+	const int pairs = wide && a->avx512 && grp % 2 == 0 && grp * d <= PAIR_FLOATS;
+	const int wide_v = a->avx512 && d % 16 == 0;
 	float qpair[pairs ? grp * d : 1];
 	float max[nr * grp];
 	double sum[nr * grp];

@@ -115,9 +115,9 @@ T512 float hsum16(__m512 v)
  * hsum16 adds lanes i and i + 8, then i and i + 4, then i and i + 2, then 0
  * and 1; here each level does that for several sums in one add (their
  * lanes moved beside each other first), so the adds and their operands are
- * the same, in a tenth of the instructions. At 256 inputs a sum of the
- * prefill's tiles took 16 multiply-adds and as many instructions again to
- * reduce (issue #26). Columns 0-3 (16 sums, j = 4 c + r) end with row r's
+ * the same, in about 40 % of the instructions. At 256 inputs each sum is 16
+ * multiply-adds, and hsum16 took 9 instructions more (a 58-row product:
+ * 4.43 -> 4.17 ms, issue #26). Columns 0-3 (16 sums, j = 4 c + r) end with row r's
  * four in block r; columns 4-5 (8 sums) with row r's two at the start of
  * block r.
  */
