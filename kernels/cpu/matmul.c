@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/bits.h"
 #include "kernels/kernels.h"
 
 #pragma GCC optimize("O3")
@@ -478,16 +479,6 @@ static float dot8(const float *restrict a, const float *restrict b, int n)
 	return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-/* A bf16 value as the fp32 it is the top half of: exact. */
-static inline float widen(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
 /* dot8 with b as bf16, widened one by one: the same products and sums. */
 static float dot8_bf16(const float *restrict a, const uint16_t *restrict b, int n)
 {
@@ -496,9 +487,9 @@ static float dot8_bf16(const float *restrict a, const uint16_t *restrict b, int 
 
 	for (; k + 8 <= n; k += 8)
 		for (int j = 0; j < 8; j++)
-			acc[j] += a[k + j] * widen(b[k + j]);
+			acc[j] += a[k + j] * bits_f32((uint32_t)b[k + j] << 16);
 	for (int j = 0; k + j < n; j++)
-		acc[j] += a[k + j] * widen(b[k + j]);
+		acc[j] += a[k + j] * bits_f32((uint32_t)b[k + j] << 16);
 	return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 

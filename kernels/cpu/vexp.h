@@ -22,7 +22,8 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "kernels/cpu/bits.h"
 
 #define VEXP_LO (-87.0f)
 #define VEXP_HI 88.0f
@@ -39,8 +40,7 @@
 
 static inline float vexp1(float x)
 {
-	float k, r, p, scale;
-	uint32_t bits;
+	float k, r, p;
 
 	if (x != x)
 		return x;
@@ -55,9 +55,7 @@ static inline float vexp1(float x)
 	p = fmaf(p, r, VEXP_C2);
 	p = fmaf(p, r, 1.0f);
 	p = fmaf(p, r, 1.0f);
-	bits = (uint32_t)((int32_t)k + 127) << 23;
-	memcpy(&scale, &bits, sizeof(scale));
-	return p * scale;
+	return p * bits_f32((uint32_t)((int32_t)k + 127) << 23);	/* times 2^k */
 }
 
 /* -x as C's unary minus: the sign bit flipped (0 - x would make -0 of +0). */

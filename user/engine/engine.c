@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "kernels/cpu/bits.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_bf16.h"	/* kvmem_rope_angles */
 #include "kernels/kernels_fp8.h"
@@ -174,9 +175,8 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e)
 static bool narrow_exact(uint16_t *dst, const float *w, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		uint32_t u;
+		uint32_t u = f32_bits(w[i]);
 
-		memcpy(&u, &w[i], sizeof(u));
 		if (u & 0xffff)
 			return false;
 		dst[i] = (uint16_t)(u >> 16);
