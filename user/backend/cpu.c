@@ -124,8 +124,8 @@ static int matmul_knob(void)
 
 /* KVMEM_CPU_WEIGHTS=fp32 multiplies by the fp32 copies of a bf16 model's
  * weights (the same bits, twice the bytes: the engine before 2026-12-05,
- * for a benchmark); bf16 or unset: by the weights as stored, where every
- * matmul weight is bf16. */
+ * for a benchmark; the engine's bf16 copies are freed); bf16 or unset: by
+ * the engine's bf16 copies, where every matmul weight is a bf16 value. */
 static int weights_knob(kvmem_engine *e)
 {
 	const char *v = getenv("KVMEM_CPU_WEIGHTS");

@@ -229,14 +229,22 @@ static int make_bf16(kvmem_engine *e)
 	return ok ? 1 : -1;
 }
 
+static void drop_bf16(kvmem_engine *e)
+{
+	free(e->w16);
+	free(e->l16);
+	e->w16 = NULL;
+	e->l16 = NULL;
+	e->lm16 = NULL;
+}
+
 int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on)
 {
-	if (on && !e->w16_state && (e->w16_state = make_bf16(e)) < 0) {
-		free(e->w16);
-		free(e->l16);
-		e->w16 = NULL;
-		e->l16 = NULL;
-		e->lm16 = NULL;
+	if (on && !e->w16_state && (e->w16_state = make_bf16(e)) < 0)
+		drop_bf16(e);
+	if (!on && e->w16_state > 0) {	/* copies unused: their memory back */
+		drop_bf16(e);
+		e->w16_state = 0;
 	}
 	e->bf16 = on && e->w16_state > 0;
 	return e->bf16;
