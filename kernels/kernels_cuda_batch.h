@@ -40,6 +40,10 @@ typedef struct kvmem_cuda_att_seq {
 	const int32_t *kv_pos;		/* [n_kv], or NULL: slot j is position j */
 	int n_kv;
 	long long kv_stride;
+	/* fp8 views (kvmem_cuda_att_dec_batch only): k and v hold e4m3 bytes
+	 * [n_kv_heads][kv_stride][head_dim], these their row scales
+	 * [n_kv_heads][kv_stride]; NULL for bf16. */
+	const float *k_scale, *v_scale;
 } kvmem_cuda_att_seq;
 
 /*
@@ -60,6 +64,13 @@ int kvmem_cuda_attention_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t 
  * (-ENOTSUP otherwise). Each sequence's bits are those of
  * kvmem_cuda_attention_bf16_v(c, 5, ...) on it alone. Called by
  * kvmem_cuda_attention_batch, which checks the shapes.
+ *
+ * fp8 views (every sequence with k_scale and v_scale; a mix is -EINVAL):
+ * the register form of kvmem_cuda_attention_decode_fp8, each sequence's
+ * bits those of that call on it alone (its key count on the host here);
+ * -ENOTSUP where that call would not take the form (KVMEM_CUDA_FP8_REG=0,
+ * or n_q * group over 8). The cuda backend's batched forward over fp8
+ * views calls it directly.
  */
 int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
 			     const kvmem_cuda_att_seq *const *seqs, int n, int n_heads,
@@ -67,6 +78,10 @@ int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q
 /* 1 when the main path's decode attention is v5 (not overridden by
  * KVMEM_CUDA_DECODE): a batched decode then has a lone decode's bits. */
 int kvmem_cuda_att_decode_is_v5(const kvmem_cuda_ctx *c);
+/* 1 when a decode over fp8 views of `rows` rows a KV head (queries x
+ * group) takes the register form, as kvmem_cuda_att_dec_batch runs it for
+ * fp8 sequences. */
+int kvmem_cuda_att_decode_fp8_reg(const kvmem_cuda_ctx *c, int rows);
 
 #ifdef __cplusplus
 }

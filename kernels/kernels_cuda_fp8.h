@@ -68,6 +68,23 @@ int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
 			    const uint16_t *rows_k, const uint16_t *rows_v, int ld,
 			    const kvmem_scatter_item *item, int n, int n_kv_heads, int head_dim,
 			    int cap, double theta);
+/*
+ * put_rows: the put of a batched decode step, n rows each into its own
+ * view (views: device memory, [n]): row i's K and V at rows_k + i * ld and
+ * rows_v + i * ld, one token at views[i].item's layer and slot; each
+ * view's bytes those of kvmem_cuda_fp8_view_put of that row alone.
+ */
+typedef struct kvmem_fp8_put_view {
+	uint8_t *k8, *v8;		/* the view's K and V bytes */
+	float *ks, *vs;			/* their scales */
+	uint8_t *raw_k;			/* raw K bytes and scales, or NULL */
+	float *raw_scale;
+	const kvmem_scatter_item *item;	/* device: layer and slot (n = 1) */
+	int cap;
+} kvmem_fp8_put_view;
+int kvmem_cuda_fp8_view_put_rows(kvmem_cuda_ctx *c, const kvmem_fp8_put_view *views,
+				 const uint16_t *rows_k, const uint16_t *rows_v, int ld, int n,
+				 int n_kv_heads, int head_dim, double theta);
 /* run: items a block takes (>= 1). Consecutive items at the same slots
  * (a block of tokens' layers, as the session queues them) share their
  * rotary angles within a block: run is best their count. */

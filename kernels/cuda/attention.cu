@@ -592,43 +592,13 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec8_kernel(const dec_args 
 	dec_body<HD, 1>(a, blockIdx.y, blockIdx.x);
 }
 
-/*
- * The batched form (kvmem_cuda_att_dec_batch): blockIdx.z picks a
- * sequence, whose own arguments replace the shared ones; each sequence has
- * its own partials and counters, its split count from its own key count
- * (decode_split at the one-sequence target), so its bits are those of
- * dec_kernel on it alone, whatever else is in the launch.
- */
-struct dec_seq {
-	uint16_t *out;		/* its first query row's output */
-	const uint16_t *q, *k, *v;
-	const int32_t *q_pos, *kv_pos;
-	int n_q, n_kv;
-	long long kv_stride;
-	float *part_o, *part_m, *part_l;
-	unsigned *cnt;
-};
-
+/* The batched form (kvmem_cuda_att_dec_batch; dec_seq in attention_dec.cuh). */
 template <int HD>
 __global__ void __launch_bounds__(32 * DEC_WARPS, 2) dec_batch_kernel(const dec_args base,
 								      const dec_seq *seqs)
 {
-	const dec_seq s = seqs[blockIdx.z];
-	dec_args a = base;
+	const dec_args a = dec_seq_args(base, seqs[blockIdx.z]);
 
-	a.out = s.out;
-	a.q = s.q;
-	a.k = s.k;
-	a.v = s.v;
-	a.q_pos = s.q_pos;
-	a.kv_pos = s.kv_pos;
-	a.n_q = s.n_q;
-	a.n_kv = s.n_kv;
-	a.kv_stride = s.kv_stride;
-	a.part_o = s.part_o;
-	a.part_m = s.part_m;
-	a.part_l = s.part_l;
-	a.cnt = s.cnt;
 	dec_body<HD>(a, blockIdx.y, blockIdx.x);
 }
 
@@ -973,20 +943,24 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 
 /*
  * Version 5 over many sequences in one launch (attention_batch.cu calls it
- * for the sequences whose rows n_q * group fit one 16-row tile): grid
- * (most splits, KV heads, sequences), each sequence split as decode5 splits
- * it alone (decode_split at dec_target: its own key count and the SM count,
+ * for the sequences whose rows n_q * group fit one 16-row tile; the cuda
+ * backend's batched forward over fp8 views calls it directly): grid (most
+ * splits, KV heads, sequences), each sequence split as decode5 splits it
+ * alone (decode_split at its target: its own key count and the SM count,
  * never the batch), with its own partials and counters; so each gets
- * decode5's bits. Sequences go DEC_CNT / n_kv_heads to a launch (the
- * counters). seqs: host array; its device copy and the partials take the
- * context's scratch.
+ * decode5's bits. fp8 sequences (k_scale set: all or none) take the
+ * register form, as decode5 gives them (-ENOTSUP where it would not: the
+ * form off, or more than 8 rows). Sequences go DEC_CNT / n_kv_heads to a
+ * launch (the counters). seqs: host array; its device copy and the
+ * partials take the context's scratch.
  */
 extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
 					const kvmem_cuda_att_seq *const *seqs, int n, int n_heads,
 					int n_kv_heads, int head_dim, float scale)
 {
-	const int G = n_heads / n_kv_heads, target = dec_target(c, n_kv_heads);
-	const int per_launch = DEC_CNT / n_kv_heads;
+	const int G = n_heads / n_kv_heads, per_launch = DEC_CNT / n_kv_heads;
+	const bool fp8 = n > 0 && seqs[0]->k_scale;
+	const int target = fp8 ? dec8r_target(c, n_kv_heads) : dec_target(c, n_kv_heads);
 	dec_seq *h = NULL;
 	dec_args base;
 	int rc = 0;
@@ -996,6 +970,16 @@ extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const 
 	if (n_kv_heads > DEC_CNT || !c->att_cnt)
 		return kvmem_error(ENOTSUP, "attention v5, batched: %d KV heads or no counters",
 				   n_kv_heads);
+	for (int i = 0; i < n; i++) {
+		if (!seqs[i]->k_scale != !fp8 || !seqs[i]->k_scale != !seqs[i]->v_scale)
+			return kvmem_error(EINVAL, "attention v5, batched: sequence %d %s scales "
+					   "(fp8 and bf16 views in one call)", i,
+					   seqs[i]->k_scale ? "has" : "lacks");
+		if (fp8 && (!c->fp8_reg || seqs[i]->n_q * G > 8))
+			return kvmem_error(ENOTSUP, "attention v5, batched: fp8 takes the register "
+					   "form only (on: %d; rows %d, at most 8)", c->fp8_reg,
+					   seqs[i]->n_q * G);
+	}
 	if ((rc = head_dim == 128 ? dec_attr<128>(c) : dec_attr<64>(c)))
 		return rc;
 	if (!(h = (dec_seq *)malloc(sizeof(*h) * (size_t)(n < per_launch ? n : per_launch))))
@@ -1006,6 +990,8 @@ extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const 
 	base.group = G;
 	base.target = target;
 	base.min_tiles = dec_min_tiles(c);
+	base.f16k = fp8 && c->fp8_f16k;	/* as decode5 sets them */
+	base.fp8_int = fp8 && c->fp8_int;
 	base.scale_log2 = scale * 1.4426950408889634f;
 	for (int s0 = 0; s0 < n && !rc; s0 += per_launch) {
 		const int m = n - s0 < per_launch ? n - s0 : per_launch;
@@ -1033,6 +1019,8 @@ extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const 
 			h[i].q = q + (size_t)x->q0 * n_heads * head_dim;
 			h[i].k = x->k;
 			h[i].v = x->v;
+			h[i].ks = x->k_scale;
+			h[i].vs = x->v_scale;
 			h[i].q_pos = x->q_pos;
 			h[i].kv_pos = x->kv_pos;
 			h[i].n_q = x->n_q;
@@ -1050,7 +1038,10 @@ extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const 
 							 cudaMemcpyHostToDevice, c->stream),
 					 "attention v5, batched: sequences")))
 			break;
-		if (head_dim == 128)
+		if (fp8)
+			kvmem_cuda_dec8r_batch_launch(c, base, (const dec_seq *)scr, grid, m, head_dim,
+						      c->fp8_reg_blocks);
+		else if (head_dim == 128)
 			dec_batch_kernel<128><<<dim3(grid, n_kv_heads, m), dec_cfg<128>::THREADS,
 						dec_cfg<128>::SMEM, c->stream>>>(base, (const dec_seq *)scr);
 		else
@@ -1326,4 +1317,11 @@ extern "C" int kvmem_cuda_attention_fp8_same(const kvmem_cuda_ctx *c, int n_q, i
 extern "C" int kvmem_cuda_att_decode_is_v5(const kvmem_cuda_ctx *c)
 {
 	return main_decode(c) == 5;
+}
+
+/* Whether a decode of `rows` rows a KV head over fp8 takes the register
+ * form (decode5's rule), which the batched fp8 decode runs. */
+extern "C" int kvmem_cuda_att_decode_fp8_reg(const kvmem_cuda_ctx *c, int rows)
+{
+	return main_decode(c) == 5 && c->fp8_reg && rows >= 1 && rows <= 8;
 }

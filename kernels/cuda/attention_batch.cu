@@ -180,6 +180,9 @@ static int batch_v1(kvmem_cuda_ctx *c, uint16_t *out, const uint16_t *q,
 	for (int s = 0; s < n_seqs; s++) {
 		const kvmem_cuda_att_seq *x = &seqs[s];
 
+		if (x->k_scale || x->v_scale)
+			return kvmem_error(EINVAL, "cuda attention batch: sequence %d is fp8 (bf16 "
+					   "views only; fp8 ones: kvmem_cuda_att_dec_batch)", s);
 		if (x->n_q < 0 || x->q0 < 0 || x->n_kv < 0 || x->kv_stride < x->n_kv ||
 		    (x->n_kv && (!x->k || !x->v)) || (x->n_q && !x->q_pos)) {
 			free(h);
@@ -258,6 +261,9 @@ extern "C" int kvmem_cuda_attention_batch(kvmem_cuda_ctx *c, uint16_t *out, cons
 	for (int s = 0; s < n_seqs; s++) {
 		const kvmem_cuda_att_seq *x = &seqs[s];
 
+		if (x->k_scale || x->v_scale)
+			return kvmem_error(EINVAL, "cuda attention batch: sequence %d is fp8 (bf16 "
+					   "views only; fp8 ones: kvmem_cuda_att_dec_batch)", s);
 		if (x->n_q < 0 || x->q0 < 0 || x->n_kv < 0 || x->kv_stride < x->n_kv ||
 		    (x->n_kv && (!x->k || !x->v)) || (x->n_q && !x->q_pos))
 			return kvmem_error(EINVAL, "cuda attention batch: sequence %d: bad shape (%d "

@@ -43,6 +43,46 @@ struct dec_args {
 	unsigned *cnt;		/* [n_kv_heads] splits done; 0 between launches */
 };
 
+/*
+ * A sequence of a batched launch (kvmem_cuda_att_dec_batch): blockIdx.z
+ * picks one, whose own arguments replace the shared ones; each sequence
+ * has its own partials and counters, its split count from its own key
+ * count (decode_split at the one-sequence target), so its bits are those
+ * of the lone kernel on it alone, whatever else is in the launch.
+ */
+struct dec_seq {
+	uint16_t *out;		/* its first query row's output */
+	const uint16_t *q, *k, *v;	/* fp8: k and v are e4m3 bytes */
+	const float *ks, *vs;	/* fp8: their row scales; NULL for bf16 */
+	const int32_t *q_pos, *kv_pos;
+	int n_q, n_kv;
+	long long kv_stride;
+	float *part_o, *part_m, *part_l;
+	unsigned *cnt;
+};
+
+__device__ __forceinline__ dec_args dec_seq_args(const dec_args &base, const dec_seq &s)
+{
+	dec_args a = base;
+
+	a.out = s.out;
+	a.q = s.q;
+	a.k = s.k;
+	a.v = s.v;
+	a.ks = s.ks;
+	a.vs = s.vs;
+	a.q_pos = s.q_pos;
+	a.kv_pos = s.kv_pos;
+	a.n_q = s.n_q;
+	a.n_kv = s.n_kv;
+	a.kv_stride = s.kv_stride;
+	a.part_o = s.part_o;
+	a.part_m = s.part_m;
+	a.part_l = s.part_l;
+	a.cnt = s.cnt;
+	return a;
+}
+
 template <int HD> struct dec_cfg {
 	static constexpr int LD = HD + 8;	/* smem row stride (bf16): ldmatrix without bank conflicts */
 	static constexpr int CH = HD / 8;	/* 16-byte chunks per row */
@@ -225,5 +265,9 @@ int kvmem_cuda_dec_smem(const void *kernel, int bytes, const char *what);
 int kvmem_cuda_dec8r_attr(int head_dim);
 void kvmem_cuda_dec8r_launch(kvmem_cuda_ctx *c, const dec_args &a, int grid, int head_dim,
 			     int minb);
+/* The same over n_seqs sequences (seqs: device memory), grid x
+ * base.n_kv_heads x n_seqs blocks. */
+void kvmem_cuda_dec8r_batch_launch(kvmem_cuda_ctx *c, const dec_args &base, const dec_seq *seqs,
+				   int grid, int n_seqs, int head_dim, int minb);
 
 #endif

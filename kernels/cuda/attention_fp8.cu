@@ -74,14 +74,15 @@ __device__ __forceinline__ void dec8r_pv(float *acc, const uint32_t (*v)[W], int
 	mma16816(acc, va, pb0, pb1);
 }
 
-template <int HD, int MINB>
-__global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_args a)
+/* Split `split` of KV head kvh (the lone kernel's blockIdx.x and .y; the
+ * batched one's too, blockIdx.z picking the sequence). */
+template <int HD>
+__device__ __forceinline__ void dec8r_body(const dec_args &a, const int kvh, const int split)
 {
 	constexpr int KQ = HD / 4, VQ = HD / 8, KW = HD / 16, MT = HD / 16;
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	float *mo = (float *)smem_raw;	/* the merge (dec_finish) */
 	float *mm = mo + DEC_WARPS * 16 * HD, *ml = mm + DEC_WARPS * 16;
-	const int kvh = blockIdx.y, split = blockIdx.x;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	const int G = a.group, R = a.n_q * G;	/* <= 8 */
 	const int n_kv = max(0, a.n_kv_dev ? min(*a.n_kv_dev, a.n_kv) : a.n_kv);
@@ -324,19 +325,44 @@ __global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_a
 	dec_finish<HD>(a, kvh, split, splits, mo);
 }
 
+template <int HD, int MINB>
+__global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_kernel(const dec_args a)
+{
+	dec8r_body<HD>(a, blockIdx.y, blockIdx.x);
+}
+
+/* Many sequences' views in one launch (kvmem_cuda_att_dec_batch): each
+ * block's sequence by blockIdx.z, split as the lone call splits it, so its
+ * bits are the lone kernel's. */
+template <int HD, int MINB>
+__global__ void __launch_bounds__(32 * DEC_WARPS, MINB) dec8r_batch_kernel(const dec_args base,
+									   const dec_seq *seqs)
+{
+	dec8r_body<HD>(dec_seq_args(base, seqs[blockIdx.z]), blockIdx.y, blockIdx.x);
+}
+
+/* A kernel's shared memory limit for its merge area. */
+template <int HD> static int dec8r_smem(const void *kernel)
+{
+	return kvmem_cuda_dec_smem(kernel, (int)dec_cfg<HD>::MERGE_BYTES,
+				   "attention v5 (fp8, registers): shared memory");
+}
+
+template <int HD> static int dec8r_attr_hd(void)
+{
+	int rc;
+
+	if ((rc = dec8r_smem<HD>((const void *)dec8r_kernel<HD, 2>)) ||
+	    (rc = dec8r_smem<HD>((const void *)dec8r_kernel<HD, 3>)) ||
+	    (rc = dec8r_smem<HD>((const void *)dec8r_batch_kernel<HD, 2>)))
+		return rc;
+	return dec8r_smem<HD>((const void *)dec8r_batch_kernel<HD, 3>);
+}
+
 /* Once per device with v5's (attention.cu's dec_attr). */
 int kvmem_cuda_dec8r_attr(int head_dim)
 {
-	const int b128 = (int)dec_cfg<128>::MERGE_BYTES, b64 = (int)dec_cfg<64>::MERGE_BYTES;
-	const char *what = "attention v5 (fp8, registers): shared memory";
-
-	int rc;
-
-	if (head_dim == 128)
-		return (rc = kvmem_cuda_dec_smem((const void *)dec8r_kernel<128, 2>, b128, what)) ? rc
-		       : kvmem_cuda_dec_smem((const void *)dec8r_kernel<128, 3>, b128, what);
-	return (rc = kvmem_cuda_dec_smem((const void *)dec8r_kernel<64, 2>, b64, what)) ? rc
-	       : kvmem_cuda_dec_smem((const void *)dec8r_kernel<64, 3>, b64, what);
+	return head_dim == 128 ? dec8r_attr_hd<128>() : dec8r_attr_hd<64>();
 }
 
 void kvmem_cuda_dec8r_launch(kvmem_cuda_ctx *c, const dec_args &a, int grid, int head_dim,
@@ -353,4 +379,22 @@ void kvmem_cuda_dec8r_launch(kvmem_cuda_ctx *c, const dec_args &a, int grid, int
 		dec8r_kernel<64, 3><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
 	else
 		dec8r_kernel<64, 2><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(a);
+}
+
+void kvmem_cuda_dec8r_batch_launch(kvmem_cuda_ctx *c, const dec_args &base, const dec_seq *seqs,
+				   int grid, int n_seqs, int head_dim, int minb)
+{
+	const dim3 gr(grid, base.n_kv_heads, n_seqs);
+	const int th = dec_cfg<128>::THREADS;
+
+	if (head_dim == 128 && minb == 3)
+		dec8r_batch_kernel<128, 3><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(base,
+											      seqs);
+	else if (head_dim == 128)
+		dec8r_batch_kernel<128, 2><<<gr, th, dec_cfg<128>::MERGE_BYTES, c->stream>>>(base,
+											      seqs);
+	else if (minb == 3)
+		dec8r_batch_kernel<64, 3><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(base, seqs);
+	else
+		dec8r_batch_kernel<64, 2><<<gr, th, dec_cfg<64>::MERGE_BYTES, c->stream>>>(base, seqs);
 }

@@ -57,17 +57,15 @@ __device__ __forceinline__ void f8_rot_f32(float *x, float *y, float a, float b,
  * double-precision pow and sincos n_kv times over. */
 #define FP_TOK 4
 
-/* A block per FP_TOK tokens; a warp per (token, KV head, K or V) row of
- * bf16 values (row t of head h at x + t * ld + h * hd), the block's warps
- * taking its rows in turn. */
-__global__ void __launch_bounds__(256)
-f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, float *raws,
-	      const uint16_t *rk, const uint16_t *rv, int ld, const kvmem_scatter_item *item,
-	      int n, int n_kv, int hd, int cap, double theta)
+/* Tokens t0..t0+nt-1 of rows rk, rv (row t of head h at x + t * ld + h *
+ * hd) into the view at item it's layer and slot: a warp per (token, KV
+ * head, K or V) row, the block's warps taking its rows in turn. */
+__device__ __forceinline__ void f8_put_block(uint8_t *k8, uint8_t *v8, float *ks, float *vs,
+					     uint8_t *raw8, float *raws, const uint16_t *rk,
+					     const uint16_t *rv, int ld, const kvmem_scatter_item it,
+					     int t0, int nt, int n_kv, int hd, int cap, double theta)
 {
 	const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, half = hd / 2;
-	const int t0 = blockIdx.x * FP_TOK, nt = min(FP_TOK, n - t0);
-	const kvmem_scatter_item it = *item;	/* the slot from the device: graphs */
 	__shared__ double cs_s[FP_TOK * ROPE_HALF_MAX], sn_s[FP_TOK * ROPE_HALF_MAX];
 
 	for (int x = threadIdx.x; x < nt * half; x += blockDim.x)
@@ -109,6 +107,31 @@ f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, flo
 	}
 }
 
+/* A block per FP_TOK tokens of one view. */
+__global__ void __launch_bounds__(256)
+f8_put_kernel(uint8_t *k8, uint8_t *v8, float *ks, float *vs, uint8_t *raw8, float *raws,
+	      const uint16_t *rk, const uint16_t *rv, int ld, const kvmem_scatter_item *item,
+	      int n, int n_kv, int hd, int cap, double theta)
+{
+	const int t0 = blockIdx.x * FP_TOK;
+
+	/* the slot from the device: graphs */
+	f8_put_block(k8, v8, ks, vs, raw8, raws, rk, rv, ld, *item, t0, min(FP_TOK, n - t0), n_kv,
+		     hd, cap, theta);
+}
+
+/* A block per row, each into its own view (a batched decode step). */
+__global__ void __launch_bounds__(256)
+f8_put_rows_kernel(const kvmem_fp8_put_view *views, const uint16_t *rk, const uint16_t *rv,
+		   int ld, int n_kv, int hd, double theta)
+{
+	const kvmem_fp8_put_view w = views[blockIdx.x];
+	const size_t at = (size_t)blockIdx.x * ld;
+
+	f8_put_block(w.k8, w.v8, w.ks, w.vs, w.raw_k, w.raw_scale, rk + at, rv + at, ld, *w.item,
+		     0, 1, n_kv, hd, w.cap, theta);
+}
+
 extern "C" int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8_t *view_v,
 				       float *k_scale, float *v_scale, uint8_t *raw_k,
 				       float *raw_scale, const uint16_t *rows_k,
@@ -125,6 +148,21 @@ extern "C" int kvmem_cuda_fp8_view_put(kvmem_cuda_ctx *c, uint8_t *view_k, uint8
 		view_k, view_v, k_scale, v_scale, raw_k, raw_scale, rows_k, rows_v, ld, item, n,
 		n_kv_heads, head_dim, cap, theta);
 	return kvmem_cuda_launched("fp8 view put");
+}
+
+extern "C" int kvmem_cuda_fp8_view_put_rows(kvmem_cuda_ctx *c, const kvmem_fp8_put_view *views,
+					    const uint16_t *rows_k, const uint16_t *rows_v, int ld,
+					    int n, int n_kv_heads, int head_dim, double theta)
+{
+	if (n < 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
+	    head_dim > 2 * ROPE_HALF_MAX)
+		return kvmem_error(EINVAL, "fp8 view put (rows): %d rows of %d KV heads x %d", n,
+				   n_kv_heads, head_dim);
+	if (!n)
+		return 0;
+	f8_put_rows_kernel<<<n, 256, 0, c->stream>>>(views, rows_k, rows_v, ld, n_kv_heads,
+						      head_dim, theta);
+	return kvmem_cuda_launched("fp8 view put (rows)");
 }
 
 /* ---- rematerialisation from fp8 pages ------------------------------------ */

@@ -28,6 +28,25 @@ struct flayer {
 void flayer_make(struct flayer *f, int H, int cap, int D);
 void flayer_free(struct flayer *f);
 
+/* A view of L layers x H heads x cap slots x D, on both sides: the host
+ * twin's and the device's, every byte 0xff to begin with (check_fp8_view.c).
+ * fview_same: the device view equals the twin's, byte for byte. */
+struct fview {
+	int L, H, D, cap;
+	size_t n;		/* rows: L * H * cap */
+	uint8_t *k8, *v8, *r8;	/* host twin; r8, rs: the raw K kept beside */
+	float *ks, *vs, *rs;
+	void *dk8, *dv8, *dks, *dvs, *dr8, *drs;
+};
+void fview_make(struct fview *v, int L, int H, int D, int cap);
+int fview_same(const struct fview *v);
+void fview_free(struct fview *v);
+
+/* The batched forward's fp8 kernels (check_fp8_batch.c): the rows' put
+ * and the decode over many views against their lone calls, bit for bit;
+ * with bench, one layer's batched decode over 16 views, fp8 beside bf16. */
+void check_fp8_batch(int bench);
+
 /* Pages of L x NB blocks, fp8 (with scales) or bf16, made from the same
  * random rows; in pinned host memory. */
 struct pages {

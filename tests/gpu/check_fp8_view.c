@@ -33,16 +33,7 @@
 
 #define THETA 1e6
 
-/* A view of L layers x H heads x cap slots x D, on both sides. */
-struct fview {
-	int L, H, D, cap;
-	size_t n;		/* rows: L * H * cap */
-	uint8_t *k8, *v8, *r8;	/* host twin; r8, rs: the raw K kept beside */
-	float *ks, *vs, *rs;
-	void *dk8, *dv8, *dks, *dvs, *dr8, *drs;
-};
-
-static void fview_make(struct fview *v, int L, int H, int D, int cap)
+void fview_make(struct fview *v, int L, int H, int D, int cap)
 {
 	*v = (struct fview){ .L = L, .H = H, .D = D, .cap = cap, .n = (size_t)L * H * cap };
 	v->k8 = hmalloc(v->n * D), v->v8 = hmalloc(v->n * D), v->r8 = hmalloc(v->n * D);
@@ -53,8 +44,8 @@ static void fview_make(struct fview *v, int L, int H, int D, int cap)
 	v->dks = dpoison(4 * v->n), v->dvs = dpoison(4 * v->n), v->drs = dpoison(4 * v->n);
 }
 
-/* The device view equals the twin's, byte for byte. */
-static int fview_same(const struct fview *v)
+/* (check_fp8.h) */
+int fview_same(const struct fview *v)
 {
 	uint8_t *k = dget(v->dk8, v->n * v->D), *vv = dget(v->dv8, v->n * v->D);
 	uint8_t *r = dget(v->dr8, v->n * v->D);
@@ -67,7 +58,7 @@ static int fview_same(const struct fview *v)
 	return ok;
 }
 
-static void fview_free(struct fview *v)
+void fview_free(struct fview *v)
 {
 	free(v->k8), free(v->v8), free(v->ks), free(v->vs), free(v->r8), free(v->rs);
 	kvmem_cuda_free(v->dk8), kvmem_cuda_free(v->dv8), kvmem_cuda_free(v->dr8);
@@ -668,6 +659,7 @@ void check_fp8_view(int bench)
 	if (!g_quick)
 		check_dec8(32768, 32, 8, 128);
 	check_fp8_prefill(bench);	/* check_fp8_prefill.c */
+	check_fp8_batch(bench);		/* check_fp8_batch.c */
 	if (bench)
 		bench_view();
 }

@@ -16,6 +16,8 @@
  *    budget equals a plain full-context run, forward for forward.
  *  - The same through the one-by-one path (a backend without a batched
  *    forward), and with every row job on the sessions' writer threads.
+ *  - The same over fp8 views (kv_dtype fp8 on every backend: the
+ *    exactness invariant over fp8 KV too).
  *  - 72 sessions in one forward (B >= 64) equal their twins.
  *  - Failures are their item's: a token outside the vocabulary, a run
  *    longer than the chunk, a session with nothing to decode from; the
@@ -39,6 +41,7 @@
 #include "helpers/test_model.h"
 
 static uint64_t g_seed;
+static uint32_t g_kv_dtype;	/* the backends' kv_dtype (test_batch_fp8: fp8) */
 
 #define MAX_CHUNK 16
 
@@ -49,7 +52,8 @@ static kvmem_backend *cpu_backend(const kvmem_model *m)
 	kvmem_backend *b;
 
 	if (kvmem_backend_open(test_backend_name(), m,
-			       &(kvmem_backend_opts){ .max_chunk = MAX_CHUNK }, &b) < 0)
+			       &(kvmem_backend_opts){ .max_chunk = MAX_CHUNK, .kv_dtype = g_kv_dtype },
+			       &b) < 0)
 		fail_msg("backend: %s", kvmem_last_error());
 	return b;
 }
@@ -367,6 +371,20 @@ static void test_batch_one_by_one(void **state)
 	trial(&r, 5, 40, 1);
 }
 
+/* The same over fp8 views (every backend, the twins' and the full-context
+ * one's too: the exactness invariant over fp8 KV), with batched forwards
+ * counted: on cuda the batch's own fp8 path (put_rows, the register
+ * decode over every view), which a backend that declined would skip. */
+static void test_batch_fp8(void **state)
+{
+	uint64_t r = g_seed ^ 0xb5;
+
+	g_kv_dtype = KVMEM_DTYPE_FP8;
+	for (int t = 0; t < 2; t++)
+		trial(&r, test_rng_int(&r, 3, 9), 50, 0);
+	g_kv_dtype = 0;
+}
+
 /* Every row job on the sessions' writer threads, several at once. */
 static void test_batch_writer_threads(void **state)
 {
@@ -551,6 +569,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_batch_equals_alone),
 		cmocka_unit_test(test_batch_one_by_one),
+		cmocka_unit_test(test_batch_fp8),
 		cmocka_unit_test(test_batch_writer_threads),
 		cmocka_unit_test(test_batch_72),
 		cmocka_unit_test(test_batch_failures),

@@ -401,15 +401,6 @@ out:
 	return rc;
 }
 
-/* fp8 views: no batched forward yet (the caller runs the items one by
- * one); moves over their raw K (cuda_view_fp8.c). */
-static int cuda_forward_batch_any(void *ctx, const kvmem_fwd_item *items, int n)
-{
-	if (((struct cuda *)ctx)->fp8)
-		return kvmem_error(ENOTSUP, "cuda: no batched forward over fp8 views yet");
-	return cuda_forward_batch(ctx, items, n);
-}
-
 static int cuda_move_any(void *ctx, kvmem_view *v, const kvmem_move *items, int n)
 {
 	return v->fp8 ? cuda_fp8_move(ctx, v, items, n) : cuda_move(ctx, v, items, n);
@@ -457,7 +448,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.length = cuda_length,
 	.set_length = cuda_set_length,
 	.forward = cuda_forward,
-	.forward_batch = cuda_forward_batch_any,
+	.forward_batch = cuda_forward_batch,
 	.place = cuda_place,
 	.host_view = cuda_host_view,
 	.ceilings = cuda_ceilings,

@@ -16,6 +16,15 @@
  *
  * then the logits of the n rows in one GEMM.
  *
+ * Over fp8 views (the backend's kv_dtype) the middle of a layer is the
+ * lone fp8 forward's (cuda_view_fp8.c): q/k norm and q's rotation over
+ * every row in one launch (kvmem_cuda_qk_norm_rope_bf16), each row's K
+ * rotated from its e4m3 bytes and V into its own view, one launch
+ * (kvmem_cuda_fp8_view_put_rows), and the register form of the fp8 decode
+ * over every view in one launch (kvmem_cuda_att_dec_batch with the views'
+ * scales). A GQA group over 8 or KVMEM_CUDA_FP8_REG=0 (where a lone step
+ * takes another form): -ENOTSUP, one by one.
+ *
  * Batch invariance: every item gets the bits of cuda_forward() on it alone
  * (a one-token step, graph or not). The GEMMs are the project's own
  * (kvmem_cuda_gemv_rows_bf16): each row summed exactly as the one-row GEMV
@@ -50,6 +59,7 @@
 #include "backend/backend_impl.h"
 #include "kernels/kernels_cuda.h"
 #include "kernels/kernels_cuda_batch.h"
+#include "kernels/kernels_cuda_fp8.h"
 #include "kernels/kernels.h"
 #include "kvmem/kvmem.h"
 #include "backend/cuda_backend.h"
@@ -91,6 +101,7 @@ struct cuda_fwdb {
 	cudaStream_t down;
 	cudaEvent_t *ev_qk, *ev_rows;	/* [n_layers] */
 	kvmem_cuda_att_seq *seqs;	/* host [rows] */
+	const kvmem_cuda_att_seq **seqp;	/* host [rows]: &seqs[i] (fp8's call) */
 	struct fwdb_prof *prof;		/* KVMEM_CUDA_BATCH_PROFILE=1 */
 };
 
@@ -160,9 +171,16 @@ static size_t views_off(const struct cuda *b, int rows)
 	return (at + 15) & ~(size_t)15;
 }
 
+/* A row's view record for a layer: the q/k kernel's (bf16 views) or the
+ * fp8 put's. */
+static size_t view_rec(const struct cuda *b)
+{
+	return b->fp8 ? sizeof(kvmem_fp8_put_view) : sizeof(kvmem_qk_view);
+}
+
 static size_t in_bytes(const struct cuda *b, int rows)
 {
-	return views_off(b, rows) + (size_t)rows * b->c->n_layers * sizeof(kvmem_qk_view);
+	return views_off(b, rows) + (size_t)rows * b->c->n_layers * view_rec(b);
 }
 
 void cuda_fwdb_destroy(struct cuda *b)
@@ -195,6 +213,7 @@ void cuda_fwdb_destroy(struct cuda *b)
 	if (f->down)
 		cudaStreamDestroy(f->down);
 	free(f->seqs);
+	free(f->seqp);
 	free(f);
 	b->fwdb = NULL;
 }
@@ -257,6 +276,8 @@ static int room(struct cuda *b, int n)
 	cudaFreeHost(f->host_logits);
 	cudaFreeHost(f->host_rows);
 	free(f->seqs);
+	free(f->seqp);
+	f->seqp = NULL;
 	f->host_rows = NULL;
 	f->qkv = NULL;
 	f->ang = NULL;
@@ -272,8 +293,11 @@ static int room(struct cuda *b, int n)
 	    (rc = cuda_pinned(&f->host_logits, (size_t)n * c->vocab * 4)) < 0 ||
 	    (rc = cuda_pinned(&f->host_rows, (size_t)n * c->n_layers * ld * 2)) < 0)
 		return rc;
-	if (!(f->seqs = calloc((size_t)n, sizeof(*f->seqs))))
+	if (!(f->seqs = calloc((size_t)n, sizeof(*f->seqs))) ||
+	    !(f->seqp = calloc((size_t)n, sizeof(*f->seqp))))
 		return kvmem_error(ENOMEM, "cuda batched forward: out of memory for %d items", n);
+	for (int i = 0; i < n; i++)
+		f->seqp[i] = &f->seqs[i];
 	f->rows = n;
 	return 0;
 }
@@ -295,6 +319,9 @@ static int check(struct cuda *b, const kvmem_fwd_item *items, int n)
 	if (!kvmem_cuda_att_decode_is_v5(b->ctx) || c->n_heads / c->n_kv_heads > 16)
 		return kvmem_error(ENOTSUP, "cuda batched forward: the decode attention is not v5 "
 				   "or the GQA group is over 16");
+	if (b->fp8 && !kvmem_cuda_att_decode_fp8_reg(b->ctx, c->n_heads / c->n_kv_heads))
+		return kvmem_error(ENOTSUP, "cuda batched forward: fp8 views decode in registers "
+				   "only (KVMEM_CUDA_FP8_REG=0, or a GQA group over 8)");
 	for (int i = 0; i < n; i++) {
 		const kvmem_fwd_item *it = &items[i];
 
@@ -348,35 +375,28 @@ static int layer_rows_down(struct cuda *b, int n, int l)
 	return 0;
 }
 
-/* One layer over the n rows. */
-static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int want_out)
+/* Layer l's q rotated into b->q and each row's K and V into its own bf16
+ * view (oq, ok, ov: the raw rows' destinations, or NULL); the attention's
+ * sequences in f->seqs. */
+static int layer_kv(struct cuda *b, const kvmem_fwd_item *items, int n, int l, uint16_t *oq,
+		    uint16_t *ok, uint16_t *ov)
 {
 	const kvmem_config *c = b->c;
 	const struct layer_w *w = &b->L[l];
 	struct cuda_fwdb *f = b->fwdb;
-	const int H = c->hidden, I = c->intermediate, D = c->head_dim, L = c->n_layers;
-	const int ld = b->qw + 2 * b->kw;
-	const float scale = (float)(1.0 / sqrt((double)D));
+	const int D = c->head_dim, L = c->n_layers, ld = b->qw + 2 * b->kw;
 	const int32_t *pos = (const int32_t *)f->in + n;
 	const kvmem_scatter_item *sc = (const kvmem_scatter_item *)(f->in + items_off(n));
 	const kvmem_qk_view *views = (const kvmem_qk_view *)(f->in + views_off(b, n));
-	uint16_t *oq = b->oq + (size_t)l * n * b->qw, *ok = b->ok + (size_t)l * n * b->kw;
-	uint16_t *ov = b->ov + (size_t)l * n * b->kw;
 	int rc;
 
-	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)))
-		return rc;
-	mark(f, b, P_NORM1);
-	if ((rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->qkv, KVMEM_GEMM_BF16, b->h, w->wq, n, H, ld)))
-		return rc;
-	mark(f, b, P_QKV);
 	/* The q/k kernel over every row, each into its own view: one launch
 	 * (the fused kernel), else one per item (the lone call's path). */
 	if (!f->per_item) {
 		rc = kvmem_cuda_qk_norm_rope_scatter_rows_bf16(
 			b->ctx, f->qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
-			c->rms_eps, pos, c->rope_theta, b->q, want_out ? oq : NULL,
-			want_out ? ok : NULL, want_out ? ov : NULL, views + (size_t)l * n, L, f->ang);
+			c->rms_eps, pos, c->rope_theta, b->q, oq, ok, ov, views + (size_t)l * n, L,
+			f->ang);
 		if (rc == -ENOTSUP)
 			f->per_item = 1;
 		else if (rc)
@@ -389,21 +409,90 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 		if (f->per_item && (rc = kvmem_cuda_qk_norm_rope_scatter_bf16(
 			     b->ctx, f->qkv + (size_t)i * ld, ld, w->q_norm, w->k_norm, 1, c->n_heads,
 			     c->n_kv_heads, D, c->rms_eps, pos + i, c->rope_theta,
-			     b->q + (size_t)i * b->qw, want_out ? oq + (size_t)i * b->qw : NULL,
-			     want_out ? ok + (size_t)i * b->kw : NULL,
-			     want_out ? ov + (size_t)i * b->kw : NULL, v->k, v->v, v->rk,
-			     sc + (size_t)i * L + l, L, (int)v->cap, f->ang + (size_t)i * D)))
+			     b->q + (size_t)i * b->qw, oq ? oq + (size_t)i * b->qw : NULL,
+			     ok ? ok + (size_t)i * b->kw : NULL, ov ? ov + (size_t)i * b->kw : NULL,
+			     v->k, v->v, v->rk, sc + (size_t)i * L + l, L, (int)v->cap,
+			     f->ang + (size_t)i * D)))
 			return rc;
 		f->seqs[i] = (kvmem_cuda_att_seq){ .q0 = i, .n_q = 1, .q_pos = pos + i,
 						   .k = v->k + l * vl, .v = v->v + l * vl,
 						   .kv_pos = NULL, .n_kv = (int)(v->len + 1),
 						   .kv_stride = (long long)v->cap };
 	}
+	return 0;
+}
+
+/* The same over fp8 views, as the lone forward's fp8 layer does it
+ * (cuda_fwd.c, cuda_view_fp8.c): q and k normalised and q rotated over
+ * every row in one launch, then each row's K (rotated from its e4m3 bytes)
+ * and V into its own view's fp8 slot, one launch for all
+ * (kvmem_cuda_fp8_view_put_rows). */
+static int layer_fp8_kv(struct cuda *b, const kvmem_fwd_item *items, int n, int l,
+			uint16_t *oq, uint16_t *ok, uint16_t *ov)
+{
+	const kvmem_config *c = b->c;
+	const struct layer_w *w = &b->L[l];
+	struct cuda_fwdb *f = b->fwdb;
+	const int D = c->head_dim, ld = b->qw + 2 * b->kw;
+	const int32_t *pos = (const int32_t *)f->in + n;
+	const kvmem_fp8_put_view *views = (const kvmem_fp8_put_view *)(f->in + views_off(b, n));
+	const uint16_t *rk = f->qkv + (size_t)c->n_heads * D;
+	int rc;
+
+	if ((rc = kvmem_cuda_qk_norm_rope_bf16(b->ctx, f->qkv, ld, w->q_norm, w->k_norm, n,
+					       c->n_heads, c->n_kv_heads, D, c->rms_eps, pos,
+					       c->rope_theta, b->q, oq, ok, ov)) ||
+	    (rc = kvmem_cuda_fp8_view_put_rows(b->ctx, views + (size_t)l * n, rk, rk + b->kw, ld, n,
+					       c->n_kv_heads, D, c->rope_theta)))
+		return rc;
+	for (int i = 0; i < n; i++) {
+		kvmem_view *v = items[i].v;
+		const size_t sl = (size_t)c->n_kv_heads * v->cap, vl = sl * D;
+
+		f->seqs[i] = (kvmem_cuda_att_seq){
+			.q0 = i, .n_q = 1, .q_pos = pos + i,
+			.k = (const uint16_t *)(v->k8 + l * vl), .v = (const uint16_t *)(v->v8 + l * vl),
+			.kv_pos = NULL, .n_kv = (int)(v->len + 1), .kv_stride = (long long)v->cap,
+			.k_scale = v->ks + l * sl, .v_scale = v->vs + l * sl };
+	}
+	return 0;
+}
+
+/* One layer over the n rows. */
+static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int want_out)
+{
+	const kvmem_config *c = b->c;
+	const struct layer_w *w = &b->L[l];
+	struct cuda_fwdb *f = b->fwdb;
+	const int H = c->hidden, I = c->intermediate, D = c->head_dim;
+	const int ld = b->qw + 2 * b->kw;
+	const float scale = (float)(1.0 / sqrt((double)D));
+	uint16_t *oq = b->oq + (size_t)l * n * b->qw, *ok = b->ok + (size_t)l * n * b->kw;
+	uint16_t *ov = b->ov + (size_t)l * n * b->kw;
+	int rc;
+
+	if ((rc = kvmem_cuda_rmsnorm_bf16(b->ctx, b->h, b->x, w->attn_norm, n, H, c->rms_eps)))
+		return rc;
+	mark(f, b, P_NORM1);
+	if ((rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->qkv, KVMEM_GEMM_BF16, b->h, w->wq, n, H, ld)))
+		return rc;
+	mark(f, b, P_QKV);
+	if (b->fp8)
+		rc = layer_fp8_kv(b, items, n, l, want_out ? oq : NULL, want_out ? ok : NULL,
+				  want_out ? ov : NULL);
+	else
+		rc = layer_kv(b, items, n, l, want_out ? oq : NULL, want_out ? ok : NULL,
+			      want_out ? ov : NULL);
+	if (rc < 0)
+		return rc;
 	mark(f, b, P_QK);
 	if (want_out && (rc = layer_rows_down(b, n, l)) < 0)
 		return rc;
-	if ((rc = kvmem_cuda_attention_batch(b->ctx, b->att, b->q, f->seqs, n, c->n_heads,
-					     c->n_kv_heads, D, scale)))
+	rc = b->fp8 ? kvmem_cuda_att_dec_batch(b->ctx, b->att, b->q, f->seqp, n, c->n_heads,
+					       c->n_kv_heads, D, scale)
+		    : kvmem_cuda_attention_batch(b->ctx, b->att, b->q, f->seqs, n, c->n_heads,
+						 c->n_kv_heads, D, scale);
+	if (rc)
 		return rc;
 	mark(f, b, P_ATT);
 	if ((rc = kvmem_cuda_gemv_rows_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n,
@@ -426,7 +515,6 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 	mark(f, b, P_DOWN);
 	return 0;
 }
-
 /* One row of w values out of host_rows: copied as bf16, or widened. */
 static void row_out(const uint16_t *src, void *dst, int bf16, int l, size_t w)
 {
@@ -506,6 +594,7 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	int32_t *ids;
 	kvmem_scatter_item *sc;
 	kvmem_qk_view *qv;
+	kvmem_fp8_put_view *pv;
 	int rc, want_out = 0, any_logits = 0;
 	uint64_t t0 = kvmem_now_ns(), t1, t2, t3;
 
@@ -520,6 +609,7 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	ids = (int32_t *)f->host_in;
 	sc = (kvmem_scatter_item *)(f->host_in + items_off(n));
 	qv = (kvmem_qk_view *)(f->host_in + views_off(b, n));
+	pv = (kvmem_fp8_put_view *)(f->host_in + views_off(b, n));	/* fp8's records */
 	for (int i = 0; i < n; i++) {
 		ids[i] = items[i].tokens[0];
 		ids[n + i] = (int32_t)items[i].v->len;
@@ -527,12 +617,21 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 			sc[(size_t)i * L + l] = (kvmem_scatter_item){
 				.layer = l, .slot = (int32_t)items[i].v->len, .n = 1,
 				.tok_stride = ld, .src = 0, .head_stride = c->head_dim };
-		for (int l = 0; l < L; l++)	/* the device's items, above */
-			qv[(size_t)l * n + i] = (kvmem_qk_view){
-				.k = items[i].v->k, .v = items[i].v->v, .rk = items[i].v->rk,
-				.item = (const kvmem_scatter_item *)(f->in + items_off(n)) +
-					(size_t)i * L + l,
-				.cap = (int)items[i].v->cap };
+		for (int l = 0; l < L; l++) {	/* the device's items, above */
+			const kvmem_view *v = items[i].v;
+			const kvmem_scatter_item *it =
+				(const kvmem_scatter_item *)(f->in + items_off(n)) + (size_t)i * L + l;
+
+			if (b->fp8)
+				pv[(size_t)l * n + i] = (kvmem_fp8_put_view){
+					.k8 = v->k8, .v8 = v->v8, .ks = v->ks, .vs = v->vs,
+					.raw_k = v->rk8, .raw_scale = v->rks, .item = it,
+					.cap = (int)v->cap };
+			else
+				qv[(size_t)l * n + i] = (kvmem_qk_view){
+					.k = v->k, .v = v->v, .rk = v->rk, .item = it,
+					.cap = (int)v->cap };
+		}
 	}
 	if (cudaMemcpyAsync(f->in, f->host_in, in_bytes(b, n), cudaMemcpyHostToDevice,
 			    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {

@@ -64,6 +64,7 @@ struct opts {
 	double progress;	/* --progress: seconds between progress lines (0: none) */
 	int64_t budget;
 	uint64_t seed;
+	uint32_t kv_dtype;	/* --kv-dtype: 0 (the backend's own) or KVMEM_DTYPE_FP8 */
 };
 
 static void usage(FILE *f)
@@ -91,6 +92,9 @@ static void usage(FILE *f)
 		"  --budget N         each session's view budget in tokens (default 0:\n"
 		"                     unlimited, the view holds the whole history)\n"
 		"  --chunk N          prefill chunk (default 128)\n"
+		"  --kv-dtype T       the views' KV: bf16 (default: the backend's own) or fp8\n"
+		"                     (as kvmem run --kv-dtype); both sets and the lone\n"
+		"                     session alike\n"
 		"  --seed S           the histories' random token ids (default 1)\n"
 		"  --no-loop          leave the loop's set of sessions out (the batch and the\n"
 		"                     lone session only: half the memory, for long\n"
@@ -107,7 +111,9 @@ static void usage(FILE *f)
 		"  kvmem bench batch --sessions 1,8 --context 1k --tokens 32\n"
 		"  kvmem bench batch --backend cuda --preset 8b --sessions 1,16,64 --context 1k\n"
 		"  kvmem bench batch --backend cuda --preset 8b --sessions 1,16 --context 32k \\\n"
-		"      --budget 4096 --chunk 2048 --no-loop\n");
+		"      --budget 4096 --chunk 2048 --no-loop\n"
+		"  kvmem bench batch --backend cuda --preset 8b --sessions 1,16 --context 32k \\\n"
+		"      --budget 4096 --chunk 2048 --no-loop --kv-dtype fp8\n");
 }
 
 static int parse_list(const char *s, int *out, int max)
@@ -138,6 +144,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "seed", required_argument, NULL, 's' },     { "json", no_argument, NULL, 'j' },
 		{ "no-loop", no_argument, NULL, 'L' },	      { "help", no_argument, NULL, 'h' },
 		{ "progress", required_argument, NULL, 'P' }, { "quiet", no_argument, NULL, 'q' },
+		{ "kv-dtype", required_argument, NULL, 'K' },
 		{ 0 },
 	};
 	int c;
@@ -173,6 +180,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'L': o->no_loop = 1; break;
 		case 'P': bad = cli_parse_double(WHO, name, optarg, 0, 86400, &o->progress); break;
 		case 'q': o->progress = 0; break;
+		case 'K':
+			if (strcmp(optarg, "bf16") && strcmp(optarg, "fp8")) {
+				fprintf(stderr, "%s: --kv-dtype wants bf16 or fp8, not '%s'\n", WHO,
+					optarg);
+				return -1;
+			}
+			o->kv_dtype = strcmp(optarg, "fp8") ? 0 : KVMEM_DTYPE_FP8;
+			break;
 		default: return -1;
 		}
 		if (bad)
@@ -440,7 +455,8 @@ int bench_batch(int argc, char **argv)
 	}
 	if (!(m = bench_model_open(&o.bm, WHO, NULL, 0, &usage_err)))
 		return usage_err ? EXIT_USAGE : 1;
-	if (kvmem_backend_open(o.bm.backend, m, &(kvmem_backend_opts){ .max_chunk = o.chunk },
+	if (kvmem_backend_open(o.bm.backend, m,
+			       &(kvmem_backend_opts){ .max_chunk = o.chunk, .kv_dtype = o.kv_dtype },
 			       &be) < 0)
 		goto err;
 	ids = malloc(sizeof(int32_t) * (size_t)(o.context * 3 / 2 + 1));
@@ -463,7 +479,7 @@ int bench_batch(int argc, char **argv)
 		       omp_get_max_threads(), kvmem_matmul_isa());
 		if (be->ops->weight_bytes)	/* the cpu engine's bf16 copies or fp32 */
 			printf(", weights %s", be->ops->weight_bytes(be->ctx) == 2 ? "bf16" : "fp32");
-		printf("\n");
+		printf(", KV %s\n", o.kv_dtype == KVMEM_DTYPE_FP8 ? "fp8" : "the backend's own");
 		printf("histories %d..%d tokens (budget %s), %d greedy steps: one session alone, "
 		       "the loop, the batch, in turn\n", (int)history_len(&o, 0),
 		       (int)history_len(&o, 14), o.budget ? "set" : "unlimited", o.tokens);
@@ -538,7 +554,8 @@ int bench_batch(int argc, char **argv)
 		double rss_gb = getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss / 1048576.0;
 
 		if (o.json)
-			printf("{\"bench\":\"batch\",\"backend\":\"%s\",\"sessions\":%d,"
+			printf("{\"bench\":\"batch\",\"backend\":\"%s\",\"kv_dtype\":\"%s\","
+			       "\"sessions\":%d,"
 			       "\"alone_tokens_per_s\":%.1f,\"loop_tokens_per_s\":%s,"
 			       "\"batch_tokens_per_s\":%.1f,\"median_alone_tokens_per_s\":%.1f,"
 			       "\"median_loop_tokens_per_s\":%s,\"median_batch_tokens_per_s\":%.1f,"
@@ -549,7 +566,8 @@ int bench_batch(int argc, char **argv)
 			       "\"run_alone_tokens_per_s\":%.1f,\"run_batch_tokens_per_s\":%.1f,"
 			       "\"run_batch_step_ms\":%.3f,\"run_batch_forward_ms\":%.3f,"
 			       "\"run_batch_writer_wait_ms\":%.3f,\"host_peak_rss_gb\":%.2f,"
-			       "\"same_tokens\":%s}\n", kvmem_backend_name(be), b, 1 / to, l_fast,
+			       "\"same_tokens\":%s}\n", kvmem_backend_name(be),
+			       o.kv_dtype == KVMEM_DTYPE_FP8 ? "fp8" : "own", b, 1 / to, l_fast,
 			       b / tb, 1 / mo, l_med, b / mb, l_pre, pt / pb,
 			       1e3 * sum_b / o.tokens, (ns1[0] - ns0[0]) / 1e6 / o.tokens,
 			       1e3 * sum_b / o.tokens - (ns1[0] - ns0[0]) / 1e6 / o.tokens,
