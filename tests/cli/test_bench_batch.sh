@@ -71,7 +71,20 @@ grep -qE '^kvmem bench batch: 1 session: the lone session prefilled [0-9]+ of 32
 	>/dev/null 2>"$tmp/err" || fail "default run failed"
 [ -s "$tmp/err" ] && fail "a short run printed progress: $(cat "$tmp/err")"
 
-for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset nosuch" "--nope" "--progress -1"; do
+# --kv-dtype fp8: the views hold fp8 KV; the batch still draws the loop's
+# tokens (batch invariance over fp8 views) and the JSON names the dtype.
+out=$("$KVMEM" bench batch --backend cpu --sessions 3 --context 40 --tokens 3 --chunk 16 \
+	--budget 48 --kv-dtype fp8 --json 2>"$tmp/err")
+rc=$?
+[ $rc -eq 0 ] || fail "--kv-dtype fp8 run failed (exit $rc): $(cat "$tmp/err")"
+echo "$out" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.readline())
+assert r["kv_dtype"] == "fp8" and r["sessions"] == 3 and r["same_tokens"] is True, r
+' || fail "--kv-dtype fp8 JSON: $out"
+
+for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset nosuch" "--nope" "--progress -1" \
+	"--kv-dtype fp9"; do
 	# shellcheck disable=SC2086
 	"$KVMEM" bench batch $bad >/dev/null 2>"$tmp/err"
 	rc=$?

@@ -67,6 +67,7 @@ struct opts {
 	int prefill_order;		/* its --prefill-order; set_order: given */
 	int set_order;
 	uint64_t gpu_mem;		/* its --gpu-mem (0: no cap) */
+	uint32_t kv_dtype;		/* its --kv-dtype (0: the backend's own) */
 	double view_slice_ms;		/* its --view-slice (< 0: serve's default) */
 	int used_chunk;			/* what its server ran with (0: a --url server) */
 	int64_t used_round;
@@ -99,6 +100,8 @@ static void usage(FILE *f)
 		"  --prefill-budget N  the server's prefill tokens a round (default: serve's)\n"
 		"  --prefill-order fcfs|shared  who takes them (default: serve's, fcfs)\n"
 		"  --gpu-mem SIZE      the server's memory cap (default: none)\n"
+		"  --kv-dtype T        the server's KV: bf16 (default: the backend's own) or\n"
+		"                      fp8\n"
 		"  --view-slice MS     the server's time a round for one conversation's view\n"
 		"                      work (default: serve's, 5; 0: one slice a round)\n"
 		"  --backend NAME      cpu, cuda or auto (default auto)\n"
@@ -384,7 +387,7 @@ static int parse_list(const char *s, int *out, int max)
 
 enum { O_MODEL = 256, O_BACKEND, O_URL, O_KEY, O_CLIENTS, O_MODE, O_REQ, O_TOK, O_LINES, O_RATE,
        O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL, O_GPUMEM, O_LOAD,
-       O_ORDER, O_SLICE };
+       O_ORDER, O_SLICE, O_KVDTYPE };
 
 static const struct option lopts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
@@ -392,6 +395,7 @@ static const struct option lopts[] = {
 	{ "tokenizer", required_argument, NULL, O_TOKENIZER },
 	{ "chunk", required_argument, NULL, O_CHUNK },
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
+	{ "kv-dtype", required_argument, NULL, O_KVDTYPE },
 	{ "prefill-budget", required_argument, NULL, O_PREFILL },
 	{ "prefill-order", required_argument, NULL, O_ORDER },
 	{ "view-slice", required_argument, NULL, O_SLICE },
@@ -453,6 +457,13 @@ static int parse(int argc, char **argv, struct opts *o)
 		case O_GPUMEM:
 			if (cli_parse_size(WHO, n, a, 1 << 20, 1ull << 50, &o->gpu_mem))
 				return -1;
+			break;
+		case O_KVDTYPE:
+			if (strcmp(a, "bf16") && strcmp(a, "fp8")) {
+				fprintf(stderr, "%s: --kv-dtype wants bf16 or fp8, not '%s'\n", WHO, a);
+				return -1;
+			}
+			o->kv_dtype = strcmp(a, "fp8") ? 0 : KVMEM_DTYPE_FP8;
 			break;
 		case O_PREFILL:
 			if (cli_parse_count(WHO, n, a, 1, 1 << 20, &o->prefill_budget))
@@ -594,10 +605,10 @@ int bench_serve(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	if (o.url && (o.preset || o.model || o.tokenizer || o.chunk || o.prefill_budget || o.gpu_mem ||
-		      o.set_order || o.view_slice_ms >= 0)) {
+		      o.set_order || o.view_slice_ms >= 0 || o.kv_dtype)) {
 		fprintf(stderr, "%s: --url names a running server: its model and settings are its "
 			"own (no --model, --preset, --tokenizer, --chunk, --prefill-budget, "
-			"--prefill-order, --view-slice or --gpu-mem)\n", WHO);
+			"--prefill-order, --view-slice, --gpu-mem or --kv-dtype)\n", WHO);
 		return EXIT_USAGE;
 	}
 	if (o.url) {
@@ -636,6 +647,7 @@ int bench_serve(int argc, char **argv)
 			c.prefill_order = o.prefill_order;
 		o.prefill_order = c.prefill_order;
 		c.gpu_mem = o.gpu_mem;
+		c.kv_dtype = o.kv_dtype;
 		if (o.view_slice_ms >= 0)
 			c.view_slice_ms = o.view_slice_ms;
 		o.view_slice_ms = c.view_slice_ms;
@@ -672,8 +684,9 @@ int bench_serve(int argc, char **argv)
 			fclose(f);
 	}
 	if (!o.json) {
-		printf("kvmem bench serve: model %s, backend %s, %ld CPUs (%s)\n", model, backend,
-		       sysconf(_SC_NPROCESSORS_ONLN), machine);
+		printf("kvmem bench serve: model %s, backend %s%s, %ld CPUs (%s)\n", model, backend,
+		       o.kv_dtype == KVMEM_DTYPE_FP8 ? " (fp8 KV)" : "", sysconf(_SC_NPROCESSORS_ONLN),
+		       machine);
 		printf("each request: %d workspace lines, %d tokens decoded (ignore_eos), streamed%s\n",
 		       o.lines, o.tokens, o.conversations ? ", turns of one conversation per client" : "");
 		if (sv)

@@ -82,6 +82,11 @@ static void usage(FILE *f)
 		"                            scratch, page pool (on the cpu backend: the views);\n"
 		"                            a turn whose view does not fit beside the others'\n"
 		"                            waits for one to end (default: no cap)\n"
+		"  --kv-dtype T              the KV the views hold and new conversations keep:\n"
+		"                            bf16 (default: the backend's own) or fp8 (e4m3\n"
+		"                            with a scale a row, half the bytes on every tier;\n"
+		"                            fixed when a conversation is made: one of the\n"
+		"                            other kind gets 409)\n"
 		"  --max-body SIZE           largest request body (default 1M)\n"
 		"  --max-request-tokens N    new prompt tokens + max_tokens of a request\n"
 		"                            (default 16k)\n"
@@ -140,6 +145,7 @@ enum {
 	O_CHUNK, O_HOSTCAP, O_BODY, O_REQTOK, O_MAXTOK, O_CONVS, O_OPEN, O_QUEUE, O_TIMEOUT, O_QUIET,
 	O_INFLIGHT, O_BATCH, O_PREFILL, O_CONVQ, O_CONVTOK, O_MAXN, O_IDLE, O_CORS, O_STORE,
 	O_CEPHCONF, O_RELEASE, O_VIEWS, O_SLICE, O_PRESET, O_TOKENIZER, O_GPUMEM, O_ORDER, O_MAXDISK,
+	O_KVDTYPE,
 };
 
 static const struct option opts[] = {
@@ -159,6 +165,7 @@ static const struct option opts[] = {
 	{ "host-cap", required_argument, NULL, O_HOSTCAP },
 	{ "max-disk", required_argument, NULL, O_MAXDISK },
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
+	{ "kv-dtype", required_argument, NULL, O_KVDTYPE },
 	{ "max-body", required_argument, NULL, O_BODY },
 	{ "max-request-tokens", required_argument, NULL, O_REQTOK },
 	{ "max-tokens", required_argument, NULL, O_MAXTOK },
@@ -242,6 +249,13 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 		case O_GPUMEM:
 			if (cli_parse_size(w, n, a, 1 << 20, 1ull << 50, &c->gpu_mem))
 				return -1;
+			break;
+		case O_KVDTYPE:
+			if (strcmp(a, "bf16") && strcmp(a, "fp8")) {
+				fprintf(stderr, "%s: --kv-dtype wants bf16 or fp8, not '%s'\n", w, a);
+				return -1;
+			}
+			c->kv_dtype = strcmp(a, "fp8") ? 0 : KVMEM_DTYPE_FP8;
 			break;
 		case O_BODY: if (cli_parse_size(w, n, a, 1024, 1ull << 32, &c->max_body)) return -1; break;
 		case O_REQTOK:
@@ -388,9 +402,10 @@ int cmd_serve(int argc, char **argv)
 		fprintf(stderr, "%s: %s\n", SERVE_WHO, kvmem_last_error());
 		return 1;
 	}
-	printf("kvmem serve: model %s (%s%s, %s backend), budget %lld, conversations in %s\n",
+	printf("kvmem serve: model %s (%s%s, %s backend%s), budget %lld, conversations in %s\n",
 	       serve_model_name(sv), c.preset ? "random weights of preset " : "",
-	       c.preset ? c.preset : c.model_dir, serve_backend_name(sv), (long long)serve_budget(sv),
+	       c.preset ? c.preset : c.model_dir, serve_backend_name(sv),
+	       c.kv_dtype == KVMEM_DTYPE_FP8 ? ", fp8 KV" : "", (long long)serve_budget(sv),
 	       c.store ? c.store : c.data_dir);
 	if (!strcmp(serve_backend_name(sv), "cuda") && c.max_batch > 1 &&
 	    getenv("KVMEM_CUDA_GEMM_TC") && !strcmp(getenv("KVMEM_CUDA_GEMM_TC"), "1"))

@@ -62,6 +62,10 @@ struct serve_cfg {
 	uint64_t max_disk;		/* bytes the conversations' files may take (0: no cap) */
 	uint64_t gpu_mem;		/* the backend's memory cap (kvmem_backend_opts.mem_cap;
 					 * 0: none) */
+	/* --kv-dtype: the views' KV and new conversations' pages, 0 (the
+	 * backend's own; pages f32) or KVMEM_DTYPE_FP8 (e4m3 with scales:
+	 * conversations of the other kind are refused, 409). */
+	uint32_t kv_dtype;
 	int request_timeout;		/* seconds a request may wait or run */
 	int quiet;
 	/* Test only (KVMEM_SERVE_FAULT=record:N): end the process at the N-th

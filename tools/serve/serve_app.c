@@ -174,7 +174,7 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 	if (kvmem_backend_open(cfg->backend, sv->m,
 			       &(kvmem_backend_opts){
 				       .max_chunk = cfg->chunk ? cfg->chunk : SERVE_CHUNK_DEVICE,
-				       .mem_cap = cfg->gpu_mem },
+				       .mem_cap = cfg->gpu_mem, .kv_dtype = cfg->kv_dtype },
 			       &sv->be) < 0) {
 		if (cfg->preset) {	/* the cpu backend wants weights: say how to make them */
 			snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
@@ -190,6 +190,8 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 	/* The pages of new conversations (the workspace's default dtype);
 	 * an older one of another dtype opens with a pool of its own. */
 	kvmem_page_geom_model(&sv->pool_geom, sv->m, sv->cfg.block);
+	if (cfg->kv_dtype == KVMEM_DTYPE_FP8)
+		sv->pool_geom.dtype = KVMEM_DTYPE_FP8;
 	if (kvmem_pager_pool_create(&sv->pool_geom, sv->cfg.host_cap, -1, &sv->pool) < 0)
 		goto fail;
 	pin_pool(sv);

@@ -296,6 +296,7 @@ struct conv *pool_get(struct serve *sv, struct job *j)
 	snprintf(ws, sizeof(ws), c->shared ? "%s" : "%s/ws", c->dir);
 	wo.block = cfg->block;
 	wo.host_cap = cfg->host_cap;
+	wo.dtype = cfg->kv_dtype;	/* fp8: new ones fp8, the others refused (ESTALE) */
 	wo.pool = shared_pool_for(sv, ws);
 	if ((!c->shared && kvmem_mkdir_p(c->dir)) || kvmem_workspace_open(ws, sv->m, &wo, &c->ws) < 0)
 		goto fail;
@@ -344,6 +345,11 @@ fail:
 	if (kvmem_last_errno() == EBUSY)
 		job_fail(j, 409, "conversation_locked", "conversation '%s' is in use elsewhere: %s",
 			 j->conv, kvmem_last_error());
+	/* A conversation this server cannot open: another model's, or fp8
+	 * against --kv-dtype (the message names both). */
+	else if (kvmem_last_errno() == ESTALE)
+		job_fail(j, 409, "conversation_incompatible", "conversation '%s' (%s): %s", j->conv,
+			 c->dir, kvmem_last_error());
 	else if (kvmem_last_errno() == ENOSPC || kvmem_last_errno() == EDQUOT)
 		job_fail(j, 507, "insufficient_storage", "conversation '%s' (%s): %s", j->conv,
 			 c->dir, kvmem_last_error());
