@@ -515,6 +515,7 @@ static int layer(struct cuda *b, const kvmem_fwd_item *items, int n, int l, int 
 	mark(f, b, P_DOWN);
 	return 0;
 }
+
 /* One row of w values out of host_rows: copied as bf16, or widened. */
 static void row_out(const uint16_t *src, void *dst, int bf16, int l, size_t w)
 {
