@@ -39,6 +39,10 @@ struct fview {
 	void *dk8, *dv8, *dks, *dvs, *dr8, *drs;
 };
 void fview_make(struct fview *v, int L, int H, int D, int cap);
+/* n tokens' rows as a forward pass leaves them: [n][ld] bf16 (ld >= 3 H D)
+ * with K at column H * D and V at 2 H * D, rows of mixed magnitudes
+ * (2^-20..2^20). */
+uint16_t *fwd_rows(int n, int H, int D, int ld);
 int fview_same(const struct fview *v);
 void fview_free(struct fview *v);
 

@@ -43,17 +43,10 @@ static void check_put_rows(int n, int H, int D)
 	struct fview v[MAX_SEQS];
 	kvmem_scatter_item it[MAX_SEQS];
 	kvmem_fp8_put_view pv[MAX_SEQS];
-	uint16_t *rows = hmalloc(2 * (size_t)n * ld);
+	uint16_t *rows = fwd_rows(n, H, D, ld);
 	void *drows, *dit, *dpv;
 	int ok;
 
-	for (int t = 0; t < n; t++)
-		for (int h = 0; h < 3 * H; h++) {
-			const double m = ldexp(1.0, rint_in(-20, 20));
-
-			for (int i = 0; i < D; i++)
-				rows[(size_t)t * ld + h * D + i] = kvmem_f32_to_bf16((float)(runi(-1, 1) * m));
-		}
 	drows = dput(rows, 2 * (size_t)n * ld);
 	for (int i = 0; i < n; i++) {
 		const int cap = rint_in(1, 80);

@@ -65,18 +65,12 @@ void fview_free(struct fview *v)
 	kvmem_cuda_free(v->dks), kvmem_cuda_free(v->dvs), kvmem_cuda_free(v->drs);
 }
 
-/* n tokens' rows as a forward pass leaves them: [n][ld] bf16 with K at
- * column k0 and V at k0 + H * D, rows of mixed magnitudes. */
-static void check_put(int n, int H, int D, int slot)
+/* (check_fp8.h) */
+uint16_t *fwd_rows(int n, int H, int D, int ld)
 {
-	const int L = 2, ld = 3 * H * D + 8, k0 = H * D, cap = slot + n + 5;
-	struct fview v;
 	uint16_t *rows = hmalloc(2 * (size_t)n * ld);
-	void *drows, *ditem;
-	kvmem_scatter_item it = { .layer = 1, .slot = slot, .n = n, .tok_stride = ld,
-				  .head_stride = D };
-	int ok;
 
+	memset(rows, 0, 2 * (size_t)n * ld);
 	for (int t = 0; t < n; t++)
 		for (int h = 0; h < 3 * H; h++) {
 			const double m = ldexp(1.0, rint_in(-20, 20));
@@ -84,6 +78,19 @@ static void check_put(int n, int H, int D, int slot)
 			for (int i = 0; i < D; i++)
 				rows[(size_t)t * ld + h * D + i] = kvmem_f32_to_bf16((float)(runi(-1, 1) * m));
 		}
+	return rows;
+}
+
+static void check_put(int n, int H, int D, int slot)
+{
+	const int L = 2, ld = 3 * H * D + 8, k0 = H * D, cap = slot + n + 5;
+	struct fview v;
+	uint16_t *rows = fwd_rows(n, H, D, ld);
+	void *drows, *ditem;
+	kvmem_scatter_item it = { .layer = 1, .slot = slot, .n = n, .tok_stride = ld,
+				  .head_stride = D };
+	int ok;
+
 	fview_make(&v, L, H, D, cap);
 	drows = dput(rows, 2 * (size_t)n * ld);
 	ditem = dput(&it, sizeof(it));

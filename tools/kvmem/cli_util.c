@@ -166,6 +166,16 @@ int cli_parse_layout(const char *who, const char *opt, const char *s, int *out)
 	return -1;
 }
 
+int cli_parse_kv_dtype(const char *who, const char *opt, const char *s, uint32_t *out)
+{
+	if (!strcmp(s, "bf16") || !strcmp(s, "fp8")) {
+		*out = strcmp(s, "fp8") ? 0 : KVMEM_DTYPE_FP8;
+		return 0;
+	}
+	fprintf(stderr, "%s: %s wants bf16 or fp8, not '%s'\n", who, opt, s);
+	return -1;
+}
+
 int cli_parse_long(const char *who, const char *opt, const char *s, long lo, long hi,
 		   long *out)
 {

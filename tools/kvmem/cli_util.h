@@ -74,6 +74,9 @@ int cli_parse_long(const char *who, const char *opt, const char *s, long lo, lon
 		   long *out);
 /* A view layout (--layout): compact or stable, as enum kvmem_layout. */
 int cli_parse_layout(const char *who, const char *opt, const char *s, int *out);
+/* The KV a backend's views hold (--kv-dtype): bf16 (0: the backend's own) or
+ * fp8 (KVMEM_DTYPE_FP8). */
+int cli_parse_kv_dtype(const char *who, const char *opt, const char *s, uint32_t *out);
 /* A seed: decimal or 0x hex, 0..2^64-1. */
 int cli_parse_u64(const char *who, const char *opt, const char *s, uint64_t *out);
 /*

@@ -458,13 +458,7 @@ static int parse(int argc, char **argv, struct opts *o)
 			if (cli_parse_size(WHO, n, a, 1 << 20, 1ull << 50, &o->gpu_mem))
 				return -1;
 			break;
-		case O_KVDTYPE:
-			if (strcmp(a, "bf16") && strcmp(a, "fp8")) {
-				fprintf(stderr, "%s: --kv-dtype wants bf16 or fp8, not '%s'\n", WHO, a);
-				return -1;
-			}
-			o->kv_dtype = strcmp(a, "fp8") ? 0 : KVMEM_DTYPE_FP8;
-			break;
+		case O_KVDTYPE: if (cli_parse_kv_dtype(WHO, n, a, &o->kv_dtype)) return -1; break;
 		case O_PREFILL:
 			if (cli_parse_count(WHO, n, a, 1, 1 << 20, &o->prefill_budget))
 				return -1;

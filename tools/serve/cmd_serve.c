@@ -250,13 +250,7 @@ static int parse(int argc, char **argv, struct serve_cfg *c)
 			if (cli_parse_size(w, n, a, 1 << 20, 1ull << 50, &c->gpu_mem))
 				return -1;
 			break;
-		case O_KVDTYPE:
-			if (strcmp(a, "bf16") && strcmp(a, "fp8")) {
-				fprintf(stderr, "%s: --kv-dtype wants bf16 or fp8, not '%s'\n", w, a);
-				return -1;
-			}
-			c->kv_dtype = strcmp(a, "fp8") ? 0 : KVMEM_DTYPE_FP8;
-			break;
+		case O_KVDTYPE: if (cli_parse_kv_dtype(w, n, a, &c->kv_dtype)) return -1; break;
 		case O_BODY: if (cli_parse_size(w, n, a, 1024, 1ull << 32, &c->max_body)) return -1; break;
 		case O_REQTOK:
 			if (cli_parse_count(w, n, a, 1, 1 << 30, &c->max_request_tokens))

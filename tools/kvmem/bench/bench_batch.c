@@ -180,14 +180,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'L': o->no_loop = 1; break;
 		case 'P': bad = cli_parse_double(WHO, name, optarg, 0, 86400, &o->progress); break;
 		case 'q': o->progress = 0; break;
-		case 'K':
-			if (strcmp(optarg, "bf16") && strcmp(optarg, "fp8")) {
-				fprintf(stderr, "%s: --kv-dtype wants bf16 or fp8, not '%s'\n", WHO,
-					optarg);
-				return -1;
-			}
-			o->kv_dtype = strcmp(optarg, "fp8") ? 0 : KVMEM_DTYPE_FP8;
-			break;
+		case 'K': bad = cli_parse_kv_dtype(WHO, name, optarg, &o->kv_dtype); break;
 		default: return -1;
 		}
 		if (bad)

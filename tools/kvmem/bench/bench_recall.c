@@ -237,14 +237,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'm': o->model = optarg; break;
 		case 'Y': bad = cli_parse_layout(w, name, optarg, &o->layout); break;
 		case 'x': o->backend = optarg; break;
-		case 'V':
-			if (strcmp(optarg, "fp8") && strcmp(optarg, "bf16")) {
-				fprintf(stderr, "%s: --kv-dtype wants bf16 or fp8, not '%s'\n", w,
-					optarg);
-				return -1;
-			}
-			o->kv_dtype = strcmp(optarg, "fp8") ? 0 : KVMEM_DTYPE_FP8;
-			break;
+		case 'V': bad = cli_parse_kv_dtype(w, name, optarg, &o->kv_dtype); break;
 		case 'J': o->json = optarg; break;
 		case 'c': o->csv = optarg; break;
 		case 'p': pols = optarg; break;

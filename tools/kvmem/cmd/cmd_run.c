@@ -221,13 +221,7 @@ static int value(int c, const char *v, const char *name, struct run_opts *o)
 			"module), not '%s'\n", w, name, v);
 		return -1;
 	case O_BACKEND: o->backend = v; return 0;
-	case O_KVDTYPE:
-		if (!strcmp(v, "bf16") || !strcmp(v, "fp8")) {
-			o->kv_dtype = strcmp(v, "fp8") ? 0 : KVMEM_DTYPE_FP8;
-			return 0;
-		}
-		fprintf(stderr, "%s: %s wants bf16 or fp8, not '%s'\n", w, name, v);
-		return -1;
+	case O_KVDTYPE: return cli_parse_kv_dtype(w, name, v, &o->kv_dtype);
 	case O_JSON: o->json = 1; return 0;
 	case O_CHECK: o->check_exact = 1; return 0;
 	case O_RANDOM: return cli_parse_count(w, name, v, 1, MAX_TOKENS, &o->random_n);
