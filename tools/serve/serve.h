@@ -87,6 +87,9 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out);
 int serve_port(const struct serve *sv);
 const char *serve_model_name(const struct serve *sv);
 const char *serve_backend_name(const struct serve *sv);
+/* The form the backend multiplies its weights in ("bf16", "fp32"), or NULL
+ * where it does not say (its ops have no weight_bytes). */
+const char *serve_weights_name(const struct serve *sv);
 /* The view budget in force (from the window when the options gave -1). */
 int64_t serve_budget(const struct serve *sv);
 /* The prefill chunk and the prefill tokens of a round in force (the

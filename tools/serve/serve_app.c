@@ -237,6 +237,15 @@ const char *serve_backend_name(const struct serve *sv)
 	return kvmem_backend_name(sv->be);
 }
 
+const char *serve_weights_name(const struct serve *sv)
+{
+	const kvmem_backend_ops *o = sv->be->ops;
+
+	if (!o->weight_bytes)
+		return NULL;
+	return o->weight_bytes(sv->be->ctx) == 2 ? "bf16" : "fp32";
+}
+
 int64_t serve_budget(const struct serve *sv)
 {
 	return sv->cfg.budget;
