@@ -849,6 +849,14 @@ static int dec_target(const kvmem_cuda_ctx *c, int n_kv_heads)
 	return sm_target(c, 2, n_kv_heads);
 }
 
+/* Whether v5 reads fp8 K/V of `rows` rows a KV head (queries x group) in
+ * the register form (attention_fp8.cu): on (fp8_reg) and up to 8 rows;
+ * else the tile form. The lone decode's rule, and so the batched one's. */
+static bool dec8r_takes(const kvmem_cuda_ctx *c, int rows)
+{
+	return c->fp8_reg && rows <= 8;
+}
+
 /* The register form's over fp8 (attention_fp8.cu): fp8_reg_blocks, 2 or 3
  * (ctx.cu keeps it so; 2 by default: then v5's). */
 static int dec8r_target(const kvmem_cuda_ctx *c, int n_kv_heads)
@@ -899,7 +907,7 @@ static int decode5(kvmem_cuda_ctx *c, const flash_args &f, int head_dim, const i
 	a.cnt = c->att_cnt;
 	a.target = dec_target(c, f.n_kv_heads);
 	/* fp8 in registers (up to 8 rows): its own blocks per SM, the target */
-	const bool reg = ks && c->fp8_reg && R <= 8;
+	const bool reg = ks && dec8r_takes(c, R);
 
 	if (reg)
 		a.target = dec8r_target(c, f.n_kv_heads);
@@ -975,7 +983,7 @@ extern "C" int kvmem_cuda_att_dec_batch(kvmem_cuda_ctx *c, uint16_t *out, const 
 			return kvmem_error(EINVAL, "attention v5, batched: sequence %d %s scales "
 					   "(fp8 and bf16 views in one call)", i,
 					   seqs[i]->k_scale ? "has" : "lacks");
-		if (fp8 && (!c->fp8_reg || seqs[i]->n_q * G > 8))
+		if (fp8 && !dec8r_takes(c, seqs[i]->n_q * G))
 			return kvmem_error(ENOTSUP, "attention v5, batched: fp8 takes the register "
 					   "form only (on: %d; rows %d, at most 8)", c->fp8_reg,
 					   seqs[i]->n_q * G);
@@ -1323,5 +1331,5 @@ extern "C" int kvmem_cuda_att_decode_is_v5(const kvmem_cuda_ctx *c)
  * form (decode5's rule), which the batched fp8 decode runs. */
 extern "C" int kvmem_cuda_att_decode_fp8_reg(const kvmem_cuda_ctx *c, int rows)
 {
-	return main_decode(c) == 5 && c->fp8_reg && rows >= 1 && rows <= 8;
+	return main_decode(c) == 5 && rows >= 1 && dec8r_takes(c, rows);
 }

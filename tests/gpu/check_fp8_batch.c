@@ -87,11 +87,6 @@ struct bseq {
 	int n_kv, cap;
 };
 
-static int same_bytes(const void *a, const void *b, size_t n)
-{
-	return !memcmp(a, b, n);
-}
-
 /* n views of n_kv[i] keys; queries [n][heads][D] at position n_kv - 1. */
 static void check_dec_batch(const int *n_kv, int n, int heads, int H, int D)
 {
@@ -143,8 +138,8 @@ static void check_dec_batch(const int *n_kv, int n, int heads, int H, int D)
 	for (int i = 0; i < n; i++) {
 		struct cmp c = { 0 };
 
-		ok = ok && same_bytes(got + i * qrow, alone + i * qrow, 2 * qrow) &&
-		     same_bytes(rev + i * qrow, alone + i * qrow, 2 * qrow);
+		ok = ok && !memcmp(got + i * qrow, alone + i * qrow, 2 * qrow) &&
+		     !memcmp(rev + i * qrow, alone + i * qrow, 2 * qrow);
 		/* the twin over the same fp8 rows (all n_kv keys visible) */
 		if (kvmem_decode_kv_bf16(ref, q + i * qrow, s[i].f.hk8, s[i].f.hv8, s[i].f.hks,
 					 s[i].f.hvs, KVMEM_DTYPE_FP8, n_kv[i], s[i].cap, heads, H, D,

@@ -654,9 +654,10 @@ int bench_serve(int argc, char **argv)
 		L.t.port = serve_port(sv);
 		L.sv = sv;
 		snprintf(model, sizeof(model), "%s", serve_model_name(sv));
+		const char *wn = serve_weights_name(sv);
+
 		snprintf(backend, sizeof(backend), "%s%s%s", serve_backend_name(sv),
-			 serve_weights_name(sv) ? ", weights " : "",
-			 serve_weights_name(sv) ? serve_weights_name(sv) : "");
+			 wn ? ", weights " : "", wn ? wn : "");
 		serve_prefill(sv, &o.used_chunk, &o.used_round);
 	}
 	L.t.api_key = o.api_key;
