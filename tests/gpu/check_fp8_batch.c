@@ -10,7 +10,10 @@
  *  - the register decode over many views (kvmem_cuda_att_dec_batch with
  *    scales) against kvmem_cuda_attention_decode_fp8 on each view alone,
  *    bit for bit, the views in order and reversed, key counts from 1 to
- *    32768; and each against the CPU twin within 2e-3 + 2^-6 |ref|. A call
+ *    32768; and against the CPU twin within kernels.md's bound for
+ *    attention over fp8 rows up to 2^4 (2^-4 + 4e-3 + 2^-6 |ref| an
+ *    element, and a relative L2 error under 1e-2, as check_attn_decode.c
+ *    asks: an output of zeros passes the first). A call
  *    that mixes fp8 and bf16 views is refused.
  * With --bench, one layer at Qwen3-8B's geometry (32 query heads, 8 KV
  * heads, head_dim 128), 16 views of 4096 and of 32768 keys: the batched
@@ -35,6 +38,12 @@
 
 #define THETA 1e6
 #define MAX_SEQS 16
+/* the register decode against its twin: kernels.md's bound for attention
+ * over fp8 rows of magnitude up to 2^4 (flayer_make's): P rounded to bf16
+ * for P V costs up to 2^-9 of a V element of 16 */
+#define TWIN_ATOL (0x1p-4 + 4e-3)
+#define TWIN_RTOL 0x1p-6
+#define TWIN_RELL2 1e-2
 
 /* ---- put_rows ------------------------------------------------------------ */
 static void check_put_rows(int n, int H, int D)
@@ -100,6 +109,8 @@ static void check_dec_batch(const int *n_kv, int n, int heads, int H, int D)
 	void *dq = dput(q, 2 * n * qrow), *dpos, *dnkv, *dalone = dpoison(2 * n * qrow);
 	void *dgot = dpoison(2 * n * qrow), *drev = dpoison(2 * n * qrow);
 	int ok = 1, rc, twin_ok = 1;
+	struct cmp c = { 0 };
+	double rel;
 	char what[200];
 	int len = 0;
 
@@ -136,8 +147,6 @@ static void check_dec_batch(const int *n_kv, int n, int heads, int H, int D)
 	got = dget(dgot, 2 * n * qrow);
 	rev = dget(drev, 2 * n * qrow);
 	for (int i = 0; i < n; i++) {
-		struct cmp c = { 0 };
-
 		ok = ok && !memcmp(got + i * qrow, alone + i * qrow, 2 * qrow) &&
 		     !memcmp(rev + i * qrow, alone + i * qrow, 2 * qrow);
 		/* the twin over the same fp8 rows (all n_kv keys visible) */
@@ -148,15 +157,17 @@ static void check_dec_batch(const int *n_kv, int n, int heads, int H, int D)
 			continue;
 		}
 		for (size_t e = 0; e < qrow; e++)
-			cmp_one(&c, bf(got[i * qrow + e]), bf(ref[e]), 2e-3, 0x1p-6);
-		twin_ok = twin_ok && !c.bad && !c.unwritten;
+			cmp_one(&c, bf(got[i * qrow + e]), bf(ref[e]), TWIN_ATOL, TWIN_RTOL);
 	}
 	for (int i = 0; i < n && len < 120; i++)
 		len += snprintf(what + len, sizeof(what) - len, "%s%d", i ? "," : "", n_kv[i]);
 	report(ok, "fp8 decode, batched: %d views of %s keys, %d/%d heads x %d, each bit for bit "
 	       "its lone call, in order and reversed", n, what, heads, H, D);
-	report(twin_ok, "fp8 decode, batched: each view within 2e-3 + 2^-6 |ref| of the twin "
-	       "(%d views)", n);
+	rel = c.l2d > 0 ? sqrt(c.l2n / c.l2d) : (c.l2n > 0 ? INFINITY : 0.0);
+	report(twin_ok && !c.bad && !c.unwritten && rel <= TWIN_RELL2,
+	       "fp8 decode, batched: %d views against the twin: max|d|=%.3g relL2=%.3g bad=%zu "
+	       "unwritten=%zu (atol 2^-4 + 4e-3, rtol 2^-6, relL2 <= 1e-2)%s", n, c.max_abs, rel, c.bad,
+	       c.unwritten, twin_ok ? "" : "; the twin refused");
 	free(alone), free(got), free(rev);
 out:
 	for (int i = 0; i < n; i++)

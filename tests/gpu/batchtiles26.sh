@@ -1,0 +1,52 @@
+#!/bin/bash
+# On the GPU machine (issue #26): how many stages a split of the decode
+# attention takes, seen from a batch of 16 conversations. A batched item
+# splits its keys as the lone call does (batch invariance), by one rule
+# (KVMEM_CUDA_DEC_MIN_TILES, 4 by default): at a 4096-key view a lone decode
+# wants many short splits, 16 views in one launch want few long ones
+# (kvmem_gpu_check --fp8 --bench on an H100, 2026-12-06: one layer over 16
+# views of 4096 keys 0.083 ms at 4, 0.063 ms at 32; 16 lone calls 0.21 ms
+# at 4, 0.69 ms at 32). Each setting applies to the lone session and the
+# batch of the same run, as it must:
+#
+#   1. kvmem_gpu_check --fp8 (the kernels against their twins and the
+#      batched decode against its lone calls);
+#   2. kvmem bench batch, 16 conversations of 16K-45K tokens, 4096-token
+#      views, fp8 at 4, 16 and 8 stages, bf16 at 4 (bf16's trade was
+#      measured in the twentieth session: benchmarks.md, "Batched decode at
+#      16 rows");
+#   3. 64 conversations of 4K-11K tokens, bf16 then fp8, at the default.
+#
+#   tests/gpu/batchtiles26.sh OUTDIR [SECONDS]   (default 560; logs in OUTDIR/batchtiles26.tar)
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: tests/gpu/batchtiles26.sh OUTDIR [SECONDS]}
+. tests/gpu/lib.sh
+gpu_end=$(($(date +%s) + ${2:-560}))
+gpu_setup batchtiles26 build-gpu
+gpu_need "$K" "$G"
+export KVMEM_CEILINGS_HELD=0
+# 1.
+echo "== kvmem_gpu_check --fp8"
+timeout "$(gpu_left 60)" "$G" --fp8 >"$log/fp8_check.log" 2>&1
+rc=$?
+grep -E '^FAIL|batched|passed' "$log/fp8_check.log" | cut -c1-300
+count "$log/fp8_check.log" $rc
+# 2.
+B16="--context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16 --no-loop"
+for t in 4 16 8; do
+	KVMEM_CUDA_DEC_MIN_TILES=$t gpu_batch b32k_16_fp8_t$t 80 $B16 --kv-dtype fp8
+done
+gpu_batch b32k_16_bf16_t4 80 $B16
+# 3.
+B64="--context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 --no-loop"
+gpu_batch b8k_64_bf16 90 $B64
+gpu_batch b8k_64_fp8 90 $B64 --kv-dtype fp8
+for f in "$log"/*.json; do
+	printf '%-22s ' "$(basename "$f" .json)"
+	grep -o '"sessions":[0-9]*\|"median_alone_tokens_per_s":[0-9.]*\|"median_batch_tokens_per_s":[0-9.]*\|"batch_step_ms":[0-9.]*' "$f" |
+		sed 's/"median_//;s/_tokens_per_s//;s/"//g' | tr '\n' ' '
+	echo
+done
+[ -n "${OUT:-}" ] && tar cf "$OUT/batchtiles26.tar" -C "$OUT" batchtiles26 && rm -rf "${OUT:?}/batchtiles26"
+gpu_done
