@@ -12,10 +12,13 @@
 #   1. kvmem_gpu_check --fp8 (the kernels against their twins and the
 #      batched decode against its lone calls);
 #   2. kvmem bench batch, 16 conversations of 16K-45K tokens, 4096-token
-#      views, fp8 at 4, 16 and 8 stages, bf16 at 4 (bf16's trade was
+#      views, fp8 at 4 and 16 stages, bf16 at 4 (bf16's trade was
 #      measured in the twentieth session: benchmarks.md, "Batched decode at
 #      16 rows");
-#   3. 64 conversations of 4K-11K tokens, bf16 then fp8, at the default.
+#   3. 64 conversations of 4K-11K tokens, bf16 then fp8, at the default;
+#   4. the PyTorch peer on this card (tools/bench/torch_batch_decode.py,
+#      full caches: 1 and 16 at 32768 keys, 1 and 64 at 8192), then fp8
+#      at 8 stages while time is left.
 #
 #   tests/gpu/batchtiles26.sh OUTDIR [SECONDS]   (default 560; logs in OUTDIR/batchtiles26.tar)
 set -u
@@ -34,7 +37,7 @@ grep -E '^FAIL|batched|passed' "$log/fp8_check.log" | cut -c1-300
 count "$log/fp8_check.log" $rc
 # 2.
 B16="--context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16 --no-loop"
-for t in 4 16 8; do
+for t in 4 16; do
 	KVMEM_CUDA_DEC_MIN_TILES=$t gpu_batch b32k_16_fp8_t$t 80 $B16 --kv-dtype fp8
 done
 gpu_batch b32k_16_bf16_t4 80 $B16
@@ -42,6 +45,18 @@ gpu_batch b32k_16_bf16_t4 80 $B16
 B64="--context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 --no-loop"
 gpu_batch b8k_64_bf16 90 $B64
 gpu_batch b8k_64_fp8 90 $B64 --kv-dtype fp8
+# 4.
+for bc in 1,16:32768 1,64:8192; do
+	echo "== python3 tools/bench/torch_batch_decode.py --batch ${bc%:*} --context ${bc#*:}"
+	if timeout "$(gpu_left 100)" python3 tools/bench/torch_batch_decode.py \
+		--batch "${bc%:*}" --context "${bc#*:}" >"$log/torch_${bc#*:}.out" 2>&1; then
+		ok "PyTorch batched decode, batch ${bc%:*}, context ${bc#*:}"
+	else
+		bad "PyTorch batched decode, batch ${bc%:*}, context ${bc#*:} (exit $?)"
+	fi
+	tail -3 "$log/torch_${bc#*:}.out"
+done
+KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b32k_16_fp8_t8 80 $B16 --kv-dtype fp8
 for f in "$log"/*.json; do
 	printf '%-22s ' "$(basename "$f" .json)"
 	grep -o '"sessions":[0-9]*\|"median_alone_tokens_per_s":[0-9.]*\|"median_batch_tokens_per_s":[0-9.]*\|"batch_step_ms":[0-9.]*' "$f" |
