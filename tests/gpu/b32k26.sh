@@ -39,15 +39,6 @@ fi
 gpu_batch b32k_16 420 --context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16 --no-loop
 gpu_batch b8k_64 300 --context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 --no-loop
 if [ "${PEER:-1}" != 0 ]; then
-	for bc in 1,16:32768 1,64:8192; do
-		echo "== python3 tools/bench/torch_batch_decode.py --batch ${bc%:*} --context ${bc#*:}"
-		if timeout "$(gpu_left 150)" python3 tools/bench/torch_batch_decode.py \
-			--batch "${bc%:*}" --context "${bc#*:}" >"$log/torch_${bc#*:}.json" 2>&1; then
-			ok "PyTorch batched decode, batch ${bc%:*}, context ${bc#*:}"
-		else
-			bad "PyTorch batched decode, batch ${bc%:*}, context ${bc#*:} (exit $?)"
-		fi
-		cat "$log/torch_${bc#*:}.json" | tail -4
-	done
+	gpu_torch_peer 150 1,16:32768 1,64:8192
 fi
 gpu_done

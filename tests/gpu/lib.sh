@@ -226,6 +226,24 @@ gpu_batch() {
 	echo
 }
 
+# The PyTorch peer of gpu_batch (tools/bench/torch_batch_decode.py, graphed,
+# over full caches) within SECONDS: seconds, then BATCHES:CONTEXT pairs
+# (1,16:32768); its lines in LOG/torch_CONTEXT.out.
+gpu_torch_peer() {
+	local secs=$1 bc
+	shift
+	for bc in "$@"; do
+		echo "== python3 tools/bench/torch_batch_decode.py --batch ${bc%:*} --context ${bc#*:}"
+		if timeout "$(gpu_left "$secs")" python3 tools/bench/torch_batch_decode.py \
+			--batch "${bc%:*}" --context "${bc#*:}" >"$log/torch_${bc#*:}.out" 2>&1; then
+			ok "PyTorch batched decode, batch ${bc%:*}, context ${bc#*:}"
+		else
+			bad "PyTorch batched decode, batch ${bc%:*}, context ${bc#*:} (exit $?)"
+		fi
+		tail -4 "$log/torch_${bc#*:}.out"
+	done
+}
+
 gpu_done() {
 	echo "logs: $log; $(($(date +%s) - t0)) s"
 	echo "$pass passed, $fail failed"
