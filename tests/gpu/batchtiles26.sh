@@ -40,11 +40,11 @@ B16="--context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16 --no-lo
 for t in 4 16; do
 	KVMEM_CUDA_DEC_MIN_TILES=$t gpu_batch b32k_16_fp8_t$t 80 $B16 --kv-dtype fp8
 done
-gpu_batch b32k_16_bf16_t4 80 $B16
-# 3.
+# 3. (before bf16's 16: a short call keeps what the first call lacked)
 B64="--context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 --no-loop"
 gpu_batch b8k_64_bf16 90 $B64
 gpu_batch b8k_64_fp8 90 $B64 --kv-dtype fp8
+gpu_batch b32k_16_bf16_t4 80 $B16
 # 4.
 # 16 full caches of 32768 keys or 64 of 8192 are 77 GB of bf16 beside 16 GB
 # of weights: an H200's, not an H100's.
