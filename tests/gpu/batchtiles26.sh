@@ -25,10 +25,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/batchtiles26.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
-gpu_end=$(($(date +%s) + ${2:-560}))
-gpu_setup batchtiles26 build-gpu
-gpu_need "$K" "$G"
-export KVMEM_CEILINGS_HELD=0
+gpu_begin batchtiles26 560 "${2:-}"
 # 1.
 echo "== kvmem_gpu_check --fp8"
 timeout "$(gpu_left 60)" "$G" --fp8 >"$log/fp8_check.log" 2>&1

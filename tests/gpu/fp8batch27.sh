@@ -21,10 +21,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/fp8batch27.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
-gpu_end=$(($(date +%s) + ${2:-560}))
-gpu_setup fp8batch build-gpu
-gpu_need "$K" "$G"
-export KVMEM_CEILINGS_HELD=0
+gpu_begin fp8batch 560 "${2:-}"
 # 1.
 echo "== kvmem_gpu_check --fp8 --bench"
 timeout "$(gpu_left 90)" "$G" --fp8 --bench >"$log/fp8_check.log" 2>&1

@@ -244,6 +244,15 @@ gpu_torch_peer() {
 	done
 }
 
+# The start most scripts share: their time (SECONDS, else the default) from
+# now, logs in OUT/NAME, the binaries there, the ceilings' held rate off.
+gpu_begin() { # name, default seconds, the script's SECONDS argument
+	gpu_end=$(($(date +%s) + ${3:-$2}))
+	gpu_setup "$1" build-gpu
+	gpu_need "$K" "$G"
+	export KVMEM_CEILINGS_HELD=0
+}
+
 gpu_done() {
 	echo "logs: $log; $(($(date +%s) - t0)) s"
 	echo "$pass passed, $fail failed"

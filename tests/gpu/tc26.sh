@@ -19,10 +19,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/tc26.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
-gpu_end=$(($(date +%s) + ${2:-400}))
-gpu_setup tc26 build-gpu
-gpu_need "$K" "$G"
-export KVMEM_CEILINGS_HELD=0
+gpu_begin tc26 400 "${2:-}"
 
 [ "${CHECK:-1}" = 1 ] && gpu_check "$(gpu_left 150)" gemm_tc.log --gemm-tc
 [ "${UNITS:-0}" = 1 ] && gpu_unit test_ws_batch 150

@@ -20,10 +20,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/tiles27.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
-gpu_end=$(($(date +%s) + ${2:-500}))
-gpu_setup tiles27 build-gpu
-gpu_need "$K" "$G"
-export KVMEM_CEILINGS_HELD=0
+gpu_begin tiles27 500 "${2:-}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
