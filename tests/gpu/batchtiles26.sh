@@ -27,11 +27,7 @@ OUT=${1:?usage: tests/gpu/batchtiles26.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
 gpu_begin batchtiles26 560 "${2:-}"
 # 1.
-echo "== kvmem_gpu_check --fp8"
-timeout "$(gpu_left 60)" "$G" --fp8 >"$log/fp8_check.log" 2>&1
-rc=$?
-grep -E '^FAIL|batched|passed' "$log/fp8_check.log" | cut -c1-300
-count "$log/fp8_check.log" $rc
+gpu_fp8_check 60
 # 2.
 B16="--context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16 --no-loop"
 for t in 4 16; do

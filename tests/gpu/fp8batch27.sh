@@ -23,11 +23,7 @@ OUT=${1:?usage: tests/gpu/fp8batch27.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
 gpu_begin fp8batch 560 "${2:-}"
 # 1.
-echo "== kvmem_gpu_check --fp8 --bench"
-timeout "$(gpu_left 90)" "$G" --fp8 --bench >"$log/fp8_check.log" 2>&1
-rc=$?
-grep -E '^(decode attention|FAIL)|batched|put, rows|passed' "$log/fp8_check.log" | cut -c1-300
-count "$log/fp8_check.log" $rc
+gpu_fp8_check 90 --bench
 # 2.
 gpu_unit test_ws_batch 90
 gpu_unit test_fp8_session 90

@@ -197,15 +197,23 @@ gpu_step32k() {
 	gpu_step "$name" "$dt" 49152 32768 step,decode 40 "$@"
 }
 
-# kvmem_gpu_check --fp8 --bench within SECONDS: the fp8 kernels against
-# their twins, then fp8 beside bf16 (decode attention, rematerialisation).
-gpu_fp8_bench() { # seconds
-	local rc
-	echo "== kvmem_gpu_check --fp8 --bench"
-	timeout "$(gpu_left "$1")" "$G" --fp8 --bench >"$log/fp8_check.log" 2>&1
+# kvmem_gpu_check --fp8 [ARGS] within SECONDS: the fp8 kernels against
+# their twins (the batched ones against their lone calls), with --bench
+# then fp8 beside bf16 (decode attention, rematerialisation); the log in
+# LOG/fp8_check.log. gpu_fp8_bench SECONDS is --bench.
+gpu_fp8_check() { # seconds, then kvmem_gpu_check's arguments past --fp8
+	local secs=$1 rc
+	shift
+	echo "== kvmem_gpu_check --fp8 $*"
+	timeout "$(gpu_left "$secs")" "$G" --fp8 "$@" >"$log/fp8_check.log" 2>&1
 	rc=$?
-	grep -E '^(rematerial|decode attention|FAIL)|passed' "$log/fp8_check.log"
+	grep -E '^(rematerial|decode attention|FAIL)|batched|put, rows|passed' \
+		"$log/fp8_check.log" | cut -c1-300
 	count "$log/fp8_check.log" $rc
+}
+
+gpu_fp8_bench() { # seconds
+	gpu_fp8_check "$1" --bench
 }
 
 # kvmem bench batch on cuda at the 8B geometry with the tensor-core GEMM, its
