@@ -19,9 +19,10 @@
 
 /* The unmapped checks need holes nothing else maps while the test looks at
  * them: a mapping the kernel places for us goes at the top of the mmap area,
- * where the next small mapping of anyone in the process (ASan's own, to read
- * /proc/self/maps) lands in the hole just freed (seen: a hole mapped again
- * before the check, 1 in place of -ENOENT). Far below that area (48 TiB, above
+ * where the next mapping anyone in the process makes (the sanitizer's, most
+ * likely, while the check reads /proc/self/maps) lands in the hole just
+ * freed (seen once in an ASan run: the hole mapped again before the check,
+ * 1 in place of -ENOENT). Far below that area (48 TiB, above
  * ASan's shadow and below its allocator), the kernel's top-down search never
  * reaches the hole. A hint, not MAP_FIXED: where it is taken, the test still
  * runs. */
