@@ -3,8 +3,8 @@
 # greedy steps. Every row says the batch drew the loop's tokens (batch
 # invariance; the command fails when it does not), the rates are positive,
 # --json gives one object per session count with the batched step split
-# into forward and host time, --no-loop leaves the loop out, bad options
-# are refused.
+# into forward and host time and the step's roofline (its bytes counted
+# here by hand), --no-loop leaves the loop out, bad options are refused.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no $KVMEM"; exit 77; }
@@ -17,6 +17,11 @@ out=$("$KVMEM" bench batch --backend cpu --sessions 1,3 --context 40 --tokens 3 
 rc=$?
 [ $rc -eq 0 ] || fail "run failed (exit $rc): $out"
 [ "$(echo "$out" | grep -cE '^[13] .* yes$')" -eq 2 ] || fail "rows not 1 and 3 with the same draws: $out"
+# The ceilings measured in the run, and each row's roofline beside it.
+echo "$out" | grep -qE '^ceilings measured now on .*: copy [0-9]+ GB/s' ||
+	fail "no ceilings line: $out"
+[ "$(echo "$out" | grep -cE '^ +roofline: one alone [0-9.]+ ms a step, [13] batched .* at most [0-9.]+x')" -eq 2 ] ||
+	fail "not a roofline line for each row: $out"
 
 out=$("$KVMEM" bench batch --backend cpu --sessions 2 --context 24 --tokens 2 --budget 64 \
 	--json 2>"$tmp/err")
@@ -36,6 +41,18 @@ assert all(k in r and r[k] >= 0 for k in ms), r
 assert r["batch_forward_ms"] > 0 and r["batch_forward_ms"] <= r["batch_step_ms"], r
 assert abs(r["batch_forward_ms"] + r["batch_host_ms"] - r["batch_step_ms"]) < 0.01, r
 assert r["batch_store_ms"] + r["batch_writer_wait_ms"] <= r["batch_host_ms"] + 0.01, r
+# The roofline: a step of the two reads the weights once and each view.
+# The embedded model: 6 layers of hidden 256, 8/2 heads of 64, MLP 768,
+# vocabulary 768: L (H (Q + 2 K) + Q H + 3 I H) + V H + H = 5,701,888
+# weights (the embedding a row) of 2 bytes (bf16 copies); the views hold
+# 12 and 19 tokens at the first timed step and 14 and 21 at the last
+# (histories of 0.5 and 0.8 x 24), 13 and 20 on average, at 6 layers x 2 KV
+# heads x 64 x K and V x 4 bytes = 6144 bytes a token.
+assert r["roofline_batch_bytes"] == 5701888 * 2 + 6144 * (13 + 20), r
+assert 0 < r["roofline_alone_step_ms"] <= r["roofline_batch_step_ms"], r
+assert abs(r["roofline_batch_over_alone"] -
+           2 * r["roofline_alone_step_ms"] / r["roofline_batch_step_ms"]) < 0.01, r
+assert 1 < r["roofline_batch_over_alone"] <= 2, r
 ' || fail "bad JSON: $out"
 
 # --no-loop: the batch and the lone session only; the loop's figures are

@@ -35,6 +35,14 @@
  * fields are the honest pace of steps back to back: --tokens more steps
  * of the lone session, then of the batch, each run timed whole with a
  * last kvmem_session_sync (every row put away).
+ *
+ * Beside each row, the roofline of a step on this device, from the
+ * ceilings the backend measures at the start (kvmem_backend_ceilings): the
+ * bytes a step must read (every weight once for all its rows, each row's
+ * view of K and V) over the copy rate, or its FLOPs (each row's matrix
+ * products and attention) over the GEMM rate, whichever takes longer. B
+ * rows over one row's floor is the most batching can give here: the
+ * ceiling the measured batch / alone ratio is read against.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -77,7 +85,10 @@ static void usage(FILE *f)
 		"or all in one forward pass (kvmem_session_decode_batch), step by step beside\n"
 		"one session decoding alone. Prints the aggregate rates, the batch's against\n"
 		"the loop and against the lone session, and whether loop and batch drew the\n"
-		"same tokens (they must: batch invariance).\n"
+		"same tokens (they must: batch invariance). Beside each row, a step's\n"
+		"roofline from the ceilings measured at the start: its bytes (the weights once,\n"
+		"each view's K and V) over the copy rate or its FLOPs over the GEMM rate, and\n"
+		"so the most B sessions can give over one on this device.\n"
 		"\n"
 		"  --model DIR        model directory (default: the embedded agentlang model)\n"
 		"  --preset NAME      a published geometry (8b, ...) with random weights the\n"
@@ -423,6 +434,53 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* A step's roofline: see the head of the file. */
+struct roof {
+	kvmem_ceilings ce;
+	int ok;			/* the backend measured its ceilings */
+	int w_elem;		/* bytes a weight */
+	double kv_elem;		/* bytes a K or V value in a view */
+};
+
+static void roof_init(struct roof *r, kvmem_backend *be, const kvmem_config *c, uint32_t kv_dtype)
+{
+	memset(r, 0, sizeof(*r));
+	r->ok = kvmem_backend_ceilings(be, &r->ce) == 0;
+	r->w_elem = be->ops->weight_bytes ? be->ops->weight_bytes(be->ctx) : 2;
+	if (!strcmp(kvmem_backend_name(be), "cpu"))
+		r->kv_elem = 4;	/* fp32 views (fp8 a rounding of them) */
+	else if (kv_dtype == KVMEM_DTYPE_FP8)
+		r->kv_elem = 1 + 4.0 / c->head_dim;	/* e4m3 and a 4-byte scale a row */
+	else
+		r->kv_elem = 2;
+}
+
+/* The floor of one step over n rows whose views hold view[i] tokens, in
+ * seconds; its bytes and FLOPs in *bytes, *flops. */
+static double roof_step(const struct roof *r, const kvmem_config *c, const double *view, int n,
+			double *bytes, double *flops)
+{
+	double tb, tf;
+
+	*bytes = bench_decode_bytes(c, 0, r->w_elem, r->kv_elem);
+	*flops = 0;
+	for (int i = 0; i < n; i++) {
+		*bytes += bench_decode_bytes(c, (int64_t)view[i], 0, r->kv_elem);
+		*flops += bench_flops_per_token(c) + 2.0 * c->vocab * c->hidden +
+			  4.0 * c->n_layers * c->n_heads * c->head_dim * view[i];
+	}
+	tb = *bytes / (r->ce.copy_gbps * 1e9);
+	tf = *flops / (r->ce.matmul_tflops * 1e12);
+	return tb > tf ? tb : tf;
+}
+
+/* Each session's view length (tokens), added into v. */
+static void views_add(const struct set *x, double *v)
+{
+	for (int i = 0; i < x->b; i++)
+		v[i] += (double)kvmem_session_view_len(x->s[i]);
+}
+
 int bench_batch(int argc, char **argv)
 {
 	struct opts o;
@@ -430,8 +488,9 @@ int bench_batch(int argc, char **argv)
 	kvmem_backend *be = NULL;
 	char model_path[4096];
 	int32_t *ids = NULL;
-	double *lo = NULL, *la = NULL, *lb = NULL;
-	int rc = 1, usage_err;
+	double *lo = NULL, *la = NULL, *lb = NULL, *vb = NULL;
+	int rc = 1, usage_err, most = 0;
+	struct roof roof;
 
 	switch (parse_args(argc, argv, &o)) {
 	case 1:
@@ -452,11 +511,15 @@ int bench_batch(int argc, char **argv)
 			       &(kvmem_backend_opts){ .max_chunk = o.chunk, .kv_dtype = o.kv_dtype },
 			       &be) < 0)
 		goto err;
+	roof_init(&roof, be, &m->cfg, o.kv_dtype);
+	for (int k = 0; k < o.n_sessions; k++)
+		most = o.sessions[k] > most ? o.sessions[k] : most;
+	vb = malloc(sizeof(double) * (size_t)most);
 	ids = malloc(sizeof(int32_t) * (size_t)(o.context * 3 / 2 + 1));
 	lo = malloc(sizeof(double) * o.tokens);
 	la = malloc(sizeof(double) * o.tokens);
 	lb = malloc(sizeof(double) * o.tokens);
-	if (!ids || !lo || !la || !lb) {
+	if (!ids || !lo || !la || !lb || !vb) {
 		kvmem_error(ENOMEM, "out of memory");
 		goto err;
 	}
@@ -473,6 +536,13 @@ int bench_batch(int argc, char **argv)
 		if (be->ops->weight_bytes)	/* the cpu engine's bf16 copies or fp32 */
 			printf(", weights %s", be->ops->weight_bytes(be->ctx) == 2 ? "bf16" : "fp32");
 		printf(", KV %s\n", o.kv_dtype == KVMEM_DTYPE_FP8 ? "fp8" : "the backend's own");
+		if (roof.ok)	/* a step whose bytes the caches hold can beat it */
+			printf("ceilings measured now on %s: copy %.0f GB/s (read + written), GEMM "
+			       "%.2f TFLOP/s (%s)\na step's roofline: its bytes over the copy rate or "
+			       "its FLOPs over the GEMM rate\n", roof.ce.device, roof.ce.copy_gbps,
+			       roof.ce.matmul_tflops, roof.ce.matmul_type);
+		else
+			printf("ceilings: not measured (%s): no roofline\n", kvmem_last_error());
 		printf("histories %d..%d tokens (budget %s), %d greedy steps: one session alone, "
 		       "the loop, the batch, in turn\n", (int)history_len(&o, 0),
 		       (int)history_len(&o, 14), o.budget ? "set" : "unlimited", o.tokens);
@@ -493,8 +563,13 @@ int bench_batch(int argc, char **argv)
 		int64_t ns0[3], ns1[3], ns2[3];
 		double ro, rb;
 
+		double vs = 0, ra_ms = 0, rb_ms = 0, rbytes = 0, rflops = 0, abytes, aflops;
+
 		if (sets_make(&a, &x, &solo, &o, be, b, ids, &pa, &pb, &pt))
 			goto err;
+		memset(vb, 0, sizeof(double) * (size_t)b);
+		views_add(&x, vb);	/* the views at the first timed step and the last */
+		views_add(&solo, &vs);
 		set_ns(&x, ns0);
 		for (int step = 0; step < o.tokens; step++) {
 			double t0, t1, t2;
@@ -516,6 +591,15 @@ int bench_batch(int argc, char **argv)
 			sum_b += t2;
 		}
 		set_ns(&x, ns1);
+		views_add(&x, vb);
+		views_add(&solo, &vs);
+		for (int i = 0; i < b; i++)
+			vb[i] /= 2;
+		vs /= 2;
+		if (roof.ok) {
+			ra_ms = 1e3 * roof_step(&roof, &m->cfg, &vs, 1, &abytes, &aflops);
+			rb_ms = 1e3 * roof_step(&roof, &m->cfg, vb, b, &rbytes, &rflops);
+		}
 		if ((ro = run(&solo, o.tokens, o.tokens, 0)) < 0 ||
 		    (rb = run(&x, o.tokens, o.tokens, 1)) < 0) {
 			set_free(&a);
@@ -545,6 +629,14 @@ int bench_batch(int argc, char **argv)
 		 * pages live in host memory): what bounds B x --context. */
 		struct rusage ru;
 		double rss_gb = getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss / 1048576.0;
+		/* The roofline's figures, or JSON null where the ceilings were not
+		 * measured. */
+		char r_fig[4][32];
+
+		loop_fig(r_fig[0], sizeof(r_fig[0]), roof.ok, "%.4f", ra_ms, 1);
+		loop_fig(r_fig[1], sizeof(r_fig[1]), roof.ok, "%.4f", rb_ms, 1);
+		loop_fig(r_fig[2], sizeof(r_fig[2]), roof.ok, "%.2f", roof.ok ? b * ra_ms / rb_ms : 0, 1);
+		loop_fig(r_fig[3], sizeof(r_fig[3]), roof.ok, "%.0f", rbytes, 1);
 
 		if (o.json)
 			printf("{\"bench\":\"batch\",\"backend\":\"%s\",\"kv_dtype\":\"%s\","
@@ -559,6 +651,8 @@ int bench_batch(int argc, char **argv)
 			       "\"run_alone_tokens_per_s\":%.1f,\"run_batch_tokens_per_s\":%.1f,"
 			       "\"run_batch_step_ms\":%.3f,\"run_batch_forward_ms\":%.3f,"
 			       "\"run_batch_writer_wait_ms\":%.3f,\"host_peak_rss_gb\":%.2f,"
+			       "\"roofline_alone_step_ms\":%s,\"roofline_batch_step_ms\":%s,"
+			       "\"roofline_batch_over_alone\":%s,\"roofline_batch_bytes\":%s,"
 			       "\"same_tokens\":%s}\n", kvmem_backend_name(be),
 			       o.kv_dtype == KVMEM_DTYPE_FP8 ? "fp8" : "own", b, 1 / to, l_fast,
 			       b / tb, 1 / mo, l_med, b / mb, l_pre, pt / pb,
@@ -567,7 +661,7 @@ int bench_batch(int argc, char **argv)
 			       (ns1[1] - ns0[1]) / 1e6 / o.tokens, (ns1[2] - ns0[2]) / 1e6 / o.tokens,
 			       o.tokens / ro, (double)b * o.tokens / rb, 1e3 * rb / o.tokens,
 			       (ns2[0] - ns1[0]) / 1e6 / o.tokens, (ns2[2] - ns1[2]) / 1e6 / o.tokens,
-			       rss_gb, same ? "true" : "false");
+			       rss_gb, r_fig[0], r_fig[1], r_fig[2], r_fig[3], same ? "true" : "false");
 		else
 			printf("%-8d %9.1f %9s %9.1f %7s %6.2fx | %9.1f %7s %6.2fx | %8s %8.0f "
 			       "%5s\n%-8s back to back: alone %.1f tok/s, batch %.1f tok/s (%.2fx); "
@@ -575,6 +669,12 @@ int bench_batch(int argc, char **argv)
 			       b, 1 / to, l_fast, b / tb, l_x[0], b * to / tb, b / mb, l_x[1],
 			       b * mo / mb, l_pre, pt / pb, same ? "yes" : "NO", "",
 			       o.tokens / ro, (double)b * o.tokens / rb, b * ro / rb, rss_gb);
+		if (!o.json && roof.ok)
+			printf("%-8s roofline: one alone %.3f ms a step, %d batched %.3f ms (%.1f MB, "
+			       "%.1f MFLOP): %d / one at most %.2fx by it; the median steps reach "
+			       "%.0f%% (alone) and %.0f%% (batch) of its pace\n", "", ra_ms, b, rb_ms,
+			       rbytes / 1e6, rflops / 1e6, b, b * ra_ms / rb_ms,
+			       100 * ra_ms / (1e3 * mo), 100 * rb_ms / (1e3 * mb));
 		fflush(stdout);
 		set_free(&a);
 		set_free(&x);
@@ -597,5 +697,6 @@ out:
 	free(lo);
 	free(la);
 	free(lb);
+	free(vb);
 	return rc;
 }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-/* The model and backend options the benchmarks share (bench_common.h). */
+/* The model and backend options the benchmarks share, and their rooflines'
+ * arithmetic (bench_common.h). */
 #include <stdio.h>
 
 #include "bench_common.h"
@@ -51,4 +52,21 @@ void bench_model_close(struct bench_model *bm)
 {
 	kvmem_model_free(bm->loaded);
 	bm->loaded = NULL;
+}
+
+double bench_flops_per_token(const kvmem_config *c)
+{
+	double qw = (double)c->n_heads * c->head_dim, kw = (double)c->n_kv_heads * c->head_dim;
+	double per_layer = c->hidden * (qw + 2 * kw) + qw * c->hidden +
+			   3.0 * c->intermediate * c->hidden;
+
+	return 2.0 * c->n_layers * per_layer;
+}
+
+double bench_decode_bytes(const kvmem_config *c, int64_t ctx, int w_elem, double kv_elem)
+{
+	double w = bench_flops_per_token(c) / 2 + (double)c->vocab * c->hidden + c->hidden;
+	double kv = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * (double)ctx;
+
+	return w * w_elem + kv * kv_elem;
 }

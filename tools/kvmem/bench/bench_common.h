@@ -9,6 +9,7 @@
 #define KVMEM_TOOLS_BENCH_COMMON_H
 
 #include <getopt.h>
+#include <stdint.h>
 
 #include "kvmem/model.h"
 
@@ -45,5 +46,16 @@ int bench_model_opt(struct bench_model *bm, int c, const char *arg);
 const kvmem_model *bench_model_open(struct bench_model *bm, const char *who,
 				    const char *dflt_preset, int layers, int *usage);
 void bench_model_close(struct bench_model *bm);
+
+/* The arithmetic of the rooflines (bench engine's decode, bench batch's
+ * step). Matrix-product FLOPs of one token through every layer (no
+ * lm_head). */
+double bench_flops_per_token(const kvmem_config *c);
+/* Bytes one decode step reads: every weight once (the embedding only its
+ * row, the lm_head whole) at w_elem bytes (the backend's: 2 for bf16, 4 for
+ * the cpu engine's fp32 weights) and ctx tokens' K and V at kv_elem bytes a
+ * value (2 on a GPU, 4 in the cpu backend's fp32 views, 1 + 4 / head_dim in
+ * fp8 views with a scale a row). */
+double bench_decode_bytes(const kvmem_config *c, int64_t ctx, int w_elem, double kv_elem);
 
 #endif

@@ -145,16 +145,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	return 0;
 }
 
-/* Matrix-product FLOPs of one token through every layer (no lm_head). */
-static double flops_per_token(const kvmem_config *c)
-{
-	double qw = (double)c->n_heads * c->head_dim, kw = (double)c->n_kv_heads * c->head_dim;
-	double per_layer = c->hidden * (qw + 2 * kw) + qw * c->hidden +
-			   3.0 * c->intermediate * c->hidden;
-
-	return 2.0 * c->n_layers * per_layer;
-}
-
 /* Causal attention FLOPs of tokens p0..p1-1 (token t sees t + 1 keys):
  * q.k and p.v, 2 * head_dim each per query head and key. */
 static double attn_flops(const kvmem_config *c, int64_t p0, int64_t p1)
@@ -162,18 +152,6 @@ static double attn_flops(const kvmem_config *c, int64_t p0, int64_t p1)
 	double keys = ((double)p1 * (p1 + 1) - (double)p0 * (p0 + 1)) / 2;
 
 	return 4.0 * c->n_layers * c->n_heads * c->head_dim * keys;
-}
-
-/* Bytes one decode step reads: every weight once (the embedding only its
- * row, the lm_head whole) at w_elem bytes (the backend's: 2 for bf16, 4 for
- * the cpu engine's fp32 weights) and the context's K and V at kv_elem (2 on
- * a GPU, 4 in the cpu backend's fp32 views). */
-static double decode_bytes(const kvmem_config *c, int64_t ctx, int w_elem, int kv_elem)
-{
-	double w = flops_per_token(c) / 2 + (double)c->vocab * c->hidden + c->hidden;
-	double kv = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * (double)ctx;
-
-	return w * w_elem + kv * kv_elem;
 }
 
 static void random_ids(int32_t *ids, int64_t n, int vocab, uint64_t seed)
@@ -272,7 +250,7 @@ int bench_engine(int argc, char **argv)
 		goto err;
 	for (int i = 0; i < o.n_prefill; i++) {
 		int64_t n = o.prefill[i];
-		double t, fl = flops_per_token(&m->cfg) * n + attn_flops(&m->cfg, 0, n) +
+		double t, fl = bench_flops_per_token(&m->cfg) * n + attn_flops(&m->cfg, 0, n) +
 			       2.0 * m->cfg.vocab * m->cfg.hidden;
 
 		if (b->ops->set_length(b->ctx, v, 0) < 0 || (t = prefill(b, v, ids, n, o.chunk, logits)) < 0)
@@ -314,7 +292,7 @@ int bench_engine(int argc, char **argv)
 		t = (cli_now_s() - t0) / o.decode_tokens;
 		/* The average context over the timed tokens. */
 		roof = ce.copy_gbps * 1e9 /
-		       decode_bytes(&m->cfg, ctx + o.decode_tokens / 2, w_elem, elem);
+		       bench_decode_bytes(&m->cfg, ctx + o.decode_tokens / 2, w_elem, elem);
 		if (o.json)
 			printf("{\"bench\": \"engine\", \"backend\": \"%s\", \"device\": \"%s\", "
 			       "\"phase\": \"decode\", \"context\": %" PRId64 ", \"tokens\": %d, "
