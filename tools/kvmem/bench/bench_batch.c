@@ -562,7 +562,7 @@ int bench_batch(int argc, char **argv)
 		double pa, pb, to = 1e30, ta = 1e30, tb = 1e30, mo, ma, mb, sum_b = 0;
 		int64_t ns0[3], ns1[3], ns2[3];
 		double ro, rb;
-
+		/* the roofline: the views' mean lengths over the timed steps */
 		double vs = 0, ra_ms = 0, rb_ms = 0, rbytes = 0, rflops = 0, abytes, aflops;
 
 		if (sets_make(&a, &x, &solo, &o, be, b, ids, &pa, &pb, &pt))
