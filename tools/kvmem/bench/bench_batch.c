@@ -446,13 +446,8 @@ static void roof_init(struct roof *r, kvmem_backend *be, const kvmem_config *c, 
 {
 	memset(r, 0, sizeof(*r));
 	r->ok = kvmem_backend_ceilings(be, &r->ce) == 0;
-	r->w_elem = be->ops->weight_bytes ? be->ops->weight_bytes(be->ctx) : 2;
-	if (!strcmp(kvmem_backend_name(be), "cpu"))
-		r->kv_elem = 4;	/* fp32 views (fp8 a rounding of them) */
-	else if (kv_dtype == KVMEM_DTYPE_FP8)
-		r->kv_elem = 1 + 4.0 / c->head_dim;	/* e4m3 and a 4-byte scale a row */
-	else
-		r->kv_elem = 2;
+	r->w_elem = bench_weight_elem(be);
+	r->kv_elem = bench_kv_elem(be, kv_dtype, c->head_dim);
 }
 
 /* The floor of one step over n rows whose views hold view[i] tokens, in
@@ -534,7 +529,7 @@ int bench_batch(int argc, char **argv)
 		       m->dir, m->cfg.n_layers, m->cfg.hidden, kvmem_backend_name(be),
 		       omp_get_max_threads(), kvmem_matmul_isa());
 		if (be->ops->weight_bytes)	/* the cpu engine's bf16 copies or fp32 */
-			printf(", weights %s", be->ops->weight_bytes(be->ctx) == 2 ? "bf16" : "fp32");
+			printf(", weights %s", roof.w_elem == 2 ? "bf16" : "fp32");
 		printf(", KV %s\n", o.kv_dtype == KVMEM_DTYPE_FP8 ? "fp8" : "the backend's own");
 		if (roof.ok)	/* a step whose bytes the caches hold can beat it */
 			printf("ceilings measured now on %s: copy %.0f GB/s (read + written), GEMM "

@@ -3,6 +3,9 @@
  * arithmetic (bench_common.h). */
 #include <stdio.h>
 
+#include <string.h>
+
+#include "backend/backend_impl.h"
 #include "bench_common.h"
 #include "kvmem/kvmem.h"
 
@@ -69,4 +72,18 @@ double bench_decode_bytes(const kvmem_config *c, int64_t ctx, int w_elem, double
 	double kv = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * (double)ctx;
 
 	return w * w_elem + kv * kv_elem;
+}
+
+int bench_weight_elem(const struct kvmem_backend *b)
+{
+	return b->ops->weight_bytes ? b->ops->weight_bytes(b->ctx) : 2;
+}
+
+double bench_kv_elem(const struct kvmem_backend *b, uint32_t kv_dtype, int head_dim)
+{
+	if (!strcmp(b->ops->name, "cpu"))
+		return 4;	/* fp32 views (its fp8 a rounding of them) */
+	if (kv_dtype == KVMEM_DTYPE_FP8)
+		return 1 + 4.0 / head_dim;	/* e4m3 and a 4-byte scale a row */
+	return 2;
 }

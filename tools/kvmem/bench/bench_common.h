@@ -57,5 +57,10 @@ double bench_flops_per_token(const kvmem_config *c);
  * value (2 on a GPU, 4 in the cpu backend's fp32 views, 1 + 4 / head_dim in
  * fp8 views with a scale a row). */
 double bench_decode_bytes(const kvmem_config *c, int64_t ctx, int w_elem, double kv_elem);
+/* Those bytes for backend b: a weight's (its weight_bytes, else bf16's 2)
+ * and a K or V value's in its views of kv_dtype (0: the backend's own). */
+struct kvmem_backend;
+int bench_weight_elem(const struct kvmem_backend *b);
+double bench_kv_elem(const struct kvmem_backend *b, uint32_t kv_dtype, int head_dim);
 
 #endif

@@ -208,8 +208,8 @@ int bench_engine(int argc, char **argv)
 	}
 	if (b->ops->ceilings(b->ctx, &ce) < 0)
 		goto err;
-	elem = strcmp(b->ops->name, "cpu") ? 2 : 4;
-	w_elem = b->ops->weight_bytes ? b->ops->weight_bytes(b->ctx) : 2;
+	elem = (int)bench_kv_elem(b, 0, m->cfg.head_dim);
+	w_elem = bench_weight_elem(b);
 	for (int i = 0; i < o.n_prefill; i++)
 		most = o.prefill[i] > most ? o.prefill[i] : most;
 	for (int i = 0; i < o.n_decode; i++)
