@@ -403,6 +403,44 @@ static void attend_group(const struct att_args *a, int i, int g)
 #define ROW_BLOCK 8
 #define KEY_TILE 256
 
+/* sum[h] = the visible keys' e[h * stride + j] in key order, in double, for
+ * the grp heads. Each head's sum is one chain of dependent adds; four
+ * heads go side by side so their chains overlap (same sums, same order
+ * each): one head after another, the chains' latency was a tenth of a
+ * decode batch's attention on the build machine (issue #26). */
+static void denominators(double *sum, const float *e, size_t stride, const int32_t *kv_pos,
+			 int32_t qp, int n_kv, int grp)
+{
+	int h = 0;
+
+	for (; h + 4 <= grp; h += 4) {
+		const float *e0 = e + h * stride, *e1 = e0 + stride, *e2 = e1 + stride,
+			    *e3 = e2 + stride;
+		double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+
+		for (int j = 0; j < n_kv; j++)
+			if (kv_pos[j] <= qp) {
+				s0 += e0[j];
+				s1 += e1[j];
+				s2 += e2[j];
+				s3 += e3[j];
+			}
+		sum[h] = s0;
+		sum[h + 1] = s1;
+		sum[h + 2] = s2;
+		sum[h + 3] = s3;
+	}
+	for (; h < grp; h++) {
+		const float *eh = e + h * stride;
+		double s = 0.0;
+
+		for (int j = 0; j < n_kv; j++)
+			if (kv_pos[j] <= qp)
+				s += eh[j];
+		sum[h] = s;
+	}
+}
+
 __attribute__((target_clones("avx2", "default")))
 static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *scores)
 {
@@ -469,19 +507,16 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 	}
 	for (int r = 0; r < nr; r++) {	/* the weights, each query's keys in order */
 		const int32_t qp = a->q_pos[i0 + r];
+		const float *sr = scores + (size_t)r * grp * n_kv;
 		float *out = a->out + q_at(a, i0 + r, g);
 
 		memset(out, 0, sizeof(float) * grp * d);
-		for (int h = 0; seen[r] && h < grp; h++) {
-			float *sh = scores + ((size_t)r * grp + h) * n_kv;
-			double sh_sum = 0.0;
-
-			softmax_exp(sh, a->kv_pos, qp, n_kv, max[r * grp + h], a->vexp);
-			for (int j = 0; j < n_kv; j++)
-				if (a->kv_pos[j] <= qp)
-					sh_sum += sh[j];
-			sum[r * grp + h] = sh_sum;
-		}
+		if (!seen[r])
+			continue;
+		for (int h = 0; h < grp; h++)
+			softmax_exp(scores + ((size_t)r * grp + h) * n_kv, a->kv_pos, qp, n_kv,
+				    max[r * grp + h], a->vexp);
+		denominators(sum + (size_t)r * grp, sr, (size_t)n_kv, a->kv_pos, qp, n_kv, grp);
 	}
 	for (int j0 = 0; j0 < n_kv; j0 += KEY_TILE) {	/* the weighted sums of V */
 		const int j1 = n_kv - j0 < KEY_TILE ? n_kv : j0 + KEY_TILE;

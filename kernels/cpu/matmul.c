@@ -55,13 +55,14 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 /* Rows per block: the block's x rows stay in L2 while every column tile
  * of the thread passes over them. */
 #define ROW_BLOCK 64
-/* Below this many multiply-adds one thread is quicker than waking
- * OpenMP's sleeping workers; from POOL_MACS (a batched decode step's
- * projections: 8 rows x 256 x 128 and up) the kernels' pool runs the
- * columns instead, whose caller does not wait for a worker to wake. A
- * lone decode step's matmuls (one row, at most 196K here) stay on one
- * thread. */
-#define THREADED_MACS (1L << 21)
+/* Below POOL_MACS multiply-adds one thread is quicker than waking
+ * another; from it (a lone decode step's gate|up, 1 x 256 x 1536 for the
+ * embedded model, and a batched step's products, 8 rows x 256 x 768 to
+ * 8 x 256 x 1536) the kernels' pool runs the columns, whose caller does
+ * not wait for a worker to wake; from THREADED_MACS (prefill chunks)
+ * OpenMP. The batched step's gate|up at 8 rows, 3.1M, ran 5-15 % slower
+ * on OpenMP than in the pool here (issue #26). */
+#define THREADED_MACS (1L << 23)
 #define POOL_MACS (1L << 18)
 /* Columns a pool chunk takes (a multiple of every tile width: 3, 4, 6). */
 #define POOL_COLS 24

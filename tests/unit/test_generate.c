@@ -467,7 +467,8 @@ static void run_engine(const kvmem_model *m, int bf16, const int32_t *tok, int n
 }
 
 /* A model stored as bf16 is multiplied by the engine's bf16 copies of its
- * weights (widened in registers): the logits are the fp32 weights' bit for
+ * weights (widened in registers; q|k|v and gate|up one product each, where
+ * the fp32 weights take five): the logits are the fp32 weights' bit for
  * bit, tied and untied, in one file or in shards, at each instruction set
  * the CPU has. A model stored as f32 (weights no bf16 holds) gets none. */
 static void test_bf16_weights(void **state)

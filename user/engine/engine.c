@@ -28,6 +28,11 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
 
+/* A layer's matmul weights as bf16, laid out by make_bf16 so that wq, wk
+ * and wv follow one another, as do w_gate and w_up: each trio or pair is
+ * one [out][in] matrix, one product a step (a row's bits are the same in
+ * a product of more columns: kernels/cpu/matmul.c), one pass over its
+ * columns and one wait for the threads where there were three or two. */
 struct layer_bf16 {
 	const uint16_t *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
 };
@@ -44,6 +49,7 @@ struct kvmem_engine {
 	float *att;	/* [rows][n_heads * head_dim] attention output */
 	float *gate;	/* [rows][intermediate] */
 	float *up;	/* [rows][intermediate] */
+	float *wide;	/* [rows][qkv or gate|up]: a fused projection's output */
 	float *last;	/* [rows][hidden]: the normed rows whose logits are wanted */
 	int32_t *q_pos;	/* [rows] each row's slot in its own view */
 	double *ang;	/* [rows][head_dim / 2][2] their RoPE cos, sin: made once a
@@ -94,6 +100,7 @@ void kvmem_engine_free(kvmem_engine *e)
 	free(e->att);
 	free(e->gate);
 	free(e->up);
+	free(e->wide);
 	free(e->last);
 	free(e->q_pos);
 	free(e->ang);
@@ -111,10 +118,12 @@ static int grow_rows(kvmem_engine *e, int rows)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const size_t qw = (size_t)c->n_heads * c->head_dim, kw = (size_t)c->n_kv_heads * c->head_dim;
+	const size_t I = (size_t)c->intermediate;
 	struct { float **p; size_t width; } f[] = {
 		{ &e->x, (size_t)c->hidden }, { &e->h, (size_t)c->hidden }, { &e->q, qw },
-		{ &e->k, kw }, { &e->v, kw }, { &e->att, qw }, { &e->gate, (size_t)c->intermediate },
-		{ &e->up, (size_t)c->intermediate }, { &e->last, (size_t)c->hidden },
+		{ &e->k, kw }, { &e->v, kw }, { &e->att, qw }, { &e->gate, I }, { &e->up, I },
+		{ &e->wide, qw + 2 * kw > 2 * I ? qw + 2 * kw : 2 * I },
+		{ &e->last, (size_t)c->hidden },
 	};
 	int32_t *qp;
 	double *ang;
@@ -388,9 +397,22 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 	int d = c->head_dim, qw = c->n_heads * d, kw = c->n_kv_heads * d, T = b->T;
 
 	kvmem_rmsnorm(e->h, e->x, L->attn_norm, T, c->hidden, c->rms_eps);
-	proj(e->q, e->h, L->wq, B ? B->wq : NULL, T, c->hidden, qw);
-	proj(e->k, e->h, L->wk, B ? B->wk : NULL, T, c->hidden, kw);
-	proj(e->v, e->h, L->wv, B ? B->wv : NULL, T, c->hidden, kw);
+	if (B) {	/* q, k and v in one product over [Wq; Wk; Wv] */
+		const int w = qw + 2 * kw;
+
+		kvmem_matmul_bf16w(e->wide, e->h, B->wq, T, c->hidden, w);
+		for (int t = 0; t < T; t++) {
+			const float *r = e->wide + (size_t)t * w;
+
+			memcpy(e->q + (size_t)t * qw, r, sizeof(float) * qw);
+			memcpy(e->k + (size_t)t * kw, r + qw, sizeof(float) * kw);
+			memcpy(e->v + (size_t)t * kw, r + qw + kw, sizeof(float) * kw);
+		}
+	} else {
+		proj(e->q, e->h, L->wq, NULL, T, c->hidden, qw);
+		proj(e->k, e->h, L->wk, NULL, T, c->hidden, kw);
+		proj(e->v, e->h, L->wv, NULL, T, c->hidden, kw);
+	}
 	kvmem_rmsnorm(e->q, e->q, L->q_norm, T * c->n_heads, d, c->rms_eps);
 	kvmem_rmsnorm(e->k, e->k, L->k_norm, T * c->n_kv_heads, d, c->rms_eps);
 	give_rows(e, b, l);
@@ -419,9 +441,17 @@ static void mlp_block(kvmem_engine *e, int l, int n)
 	const struct layer_bf16 *B = e->bf16 ? &e->l16[l] : NULL;
 
 	kvmem_rmsnorm(e->h, e->x, L->mlp_norm, n, c->hidden, c->rms_eps);
-	proj(e->gate, e->h, L->w_gate, B ? B->w_gate : NULL, n, c->hidden, c->intermediate);
-	proj(e->up, e->h, L->w_up, B ? B->w_up : NULL, n, c->hidden, c->intermediate);
-	kvmem_swiglu(e->gate, e->gate, e->up, (size_t)n * c->intermediate);
+	if (B) {	/* gate and up in one product over [Wgate; Wup] */
+		const size_t I = (size_t)c->intermediate;
+
+		kvmem_matmul_bf16w(e->wide, e->h, B->w_gate, n, c->hidden, 2 * c->intermediate);
+		for (int t = 0; t < n; t++)
+			kvmem_swiglu(e->gate + t * I, e->wide + t * 2 * I, e->wide + t * 2 * I + I, I);
+	} else {
+		proj(e->gate, e->h, L->w_gate, NULL, n, c->hidden, c->intermediate);
+		proj(e->up, e->h, L->w_up, NULL, n, c->hidden, c->intermediate);
+		kvmem_swiglu(e->gate, e->gate, e->up, (size_t)n * c->intermediate);
+	}
 	proj(e->h, e->gate, L->w_down, B ? B->w_down : NULL, n, c->intermediate, c->hidden);
 	kvmem_add(e->x, e->h, (size_t)n * c->hidden);
 }
