@@ -6,7 +6,7 @@
 # the same run" row, which stood at 0.96x (bf16 views) at 64 x 8K in the
 # eleventh session, before kvmem's batched decode over fp8 views existed.
 # The peer's full caches (64 x 8192 or 16 x 32768 keys: 77 GB of bf16) and
-# the weights need more than an H100's 80 GB.
+# the weights need more than an H100's 80 GB; on an H100 the peer is left out.
 #
 #   tests/gpu/peer26.sh OUTDIR [SECONDS]   (default 540; logs in OUTDIR/peer26.tar)
 set -u
@@ -26,6 +26,9 @@ else
 fi
 gpu_batch b32k_16_fp8 80 $B16 --kv-dtype fp8
 gpu_batch b32k_16_bf16 80 $B16
+# The decode split's least stages at 8 (4 and 16 measured on an H100 on
+# 2026-12-06: benchmarks.md, "Batched steps over fp8 views on an H100").
+KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b32k_16_fp8_t8 80 $B16 --kv-dtype fp8
 for f in "$log"/*.json; do
 	printf '%-16s ' "$(basename "$f" .json)"
 	grep -o '"sessions":[0-9]*\|"alone_tokens_per_s":[0-9.]*\|"batch_tokens_per_s":[0-9.]*\|"batch_step_ms":[0-9.]*\|"batch_host_ms":[0-9.]*' "$f" |
