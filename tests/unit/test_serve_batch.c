@@ -275,34 +275,57 @@ static void test_runner_equals_loop(void **state)
 	test_model_free(m);
 }
 
-/* A batching server asks the cuda backend for the tensor-core GEMM unless
- * the environment already says; one that does not batch leaves it be. */
-static void test_gemm_tc_default(void **state)
+/* The caller's value of an environment variable, put back by env_restore. */
+static char *env_save(const char *name)
 {
-	const char *e = getenv("KVMEM_CUDA_GEMM_TC");
-	char *was = e ? strdup(e) : NULL;	/* the caller's, put back at the end */
+	const char *e = getenv(name);
+
+	return e ? strdup(e) : NULL;
+}
+
+static void env_restore(const char *name, char *was)
+{
+	if (was)
+		setenv(name, was, 1);
+	else
+		unsetenv(name);
+	free(was);
+}
+
+/* A batching server asks the cuda backend for the tensor-core GEMM, and
+ * over fp8 views for decode splits of at least 8 stages, unless the
+ * environment already says; one that does not batch leaves both be, and
+ * bf16 views keep the splits' default. */
+static void test_batch_knobs(void **state)
+{
+	char *tc = env_save("KVMEM_CUDA_GEMM_TC"), *mt = env_save("KVMEM_CUDA_DEC_MIN_TILES");
 
 	(void)state;
 	unsetenv("KVMEM_CUDA_GEMM_TC");
-	serve_gemm_tc_default(1);
+	unsetenv("KVMEM_CUDA_DEC_MIN_TILES");
+	serve_batch_knobs(1, KVMEM_DTYPE_FP8);
 	assert_null(getenv("KVMEM_CUDA_GEMM_TC"));
-	serve_gemm_tc_default(64);
+	assert_null(getenv("KVMEM_CUDA_DEC_MIN_TILES"));
+	serve_batch_knobs(64, 0);	/* the backend's own KV (bf16 on cuda) */
 	assert_non_null(getenv("KVMEM_CUDA_GEMM_TC"));
 	assert_string_equal(getenv("KVMEM_CUDA_GEMM_TC"), "1");
+	assert_null(getenv("KVMEM_CUDA_DEC_MIN_TILES"));
+	serve_batch_knobs(64, KVMEM_DTYPE_FP8);
+	assert_non_null(getenv("KVMEM_CUDA_DEC_MIN_TILES"));
+	assert_string_equal(getenv("KVMEM_CUDA_DEC_MIN_TILES"), "8");
 	setenv("KVMEM_CUDA_GEMM_TC", "0", 1);	/* the user's word stands */
-	serve_gemm_tc_default(64);
+	setenv("KVMEM_CUDA_DEC_MIN_TILES", "4", 1);
+	serve_batch_knobs(64, KVMEM_DTYPE_FP8);
 	assert_string_equal(getenv("KVMEM_CUDA_GEMM_TC"), "0");
-	if (was)
-		setenv("KVMEM_CUDA_GEMM_TC", was, 1);
-	else
-		unsetenv("KVMEM_CUDA_GEMM_TC");
-	free(was);
+	assert_string_equal(getenv("KVMEM_CUDA_DEC_MIN_TILES"), "4");
+	env_restore("KVMEM_CUDA_GEMM_TC", tc);
+	env_restore("KVMEM_CUDA_DEC_MIN_TILES", mt);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_gemm_tc_default),
+		cmocka_unit_test(test_batch_knobs),
 		cmocka_unit_test(test_runner_equals_loop),
 	};
 

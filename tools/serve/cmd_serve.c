@@ -405,6 +405,11 @@ int cmd_serve(int argc, char **argv)
 	    getenv("KVMEM_CUDA_GEMM_TC") && !strcmp(getenv("KVMEM_CUDA_GEMM_TC"), "1"))
 		printf("kvmem serve: decode's GEMMs on tensor cores, for batches of up to %lld "
 		       "(KVMEM_CUDA_GEMM_TC=0: the lone decode's GEMV)\n", (long long)c.max_batch);
+	if (!strcmp(serve_backend_name(sv), "cuda") && c.max_batch > 1 &&
+	    c.kv_dtype == KVMEM_DTYPE_FP8 && getenv("KVMEM_CUDA_DEC_MIN_TILES"))
+		printf("kvmem serve: decode attention's splits at least %s stages of 64 keys "
+		       "(KVMEM_CUDA_DEC_MIN_TILES; 4 for a server that does not batch)\n",
+		       getenv("KVMEM_CUDA_DEC_MIN_TILES"));
 	{
 		double pin_s;
 		uint64_t pinned = serve_pinned(sv, &pin_s);

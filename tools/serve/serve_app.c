@@ -166,7 +166,7 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 	snprintf(sv->data_dir, sizeof(sv->data_dir), "%s", cfg->data_dir);
 	sv->cfg.model_dir = sv->model_dir;
 	sv->cfg.data_dir = sv->data_dir;
-	serve_gemm_tc_default(cfg->max_batch);
+	serve_batch_knobs(cfg->max_batch, cfg->kv_dtype);
 	if ((cfg->preset ? preset_model(cfg->preset, &sv->m) : kvmem_model_load(sv->model_dir, &sv->m)) ||
 	    (cfg->preset || cfg->tokenizer ? tok_cli_open_bytes(&sv->m->cfg, &sv->tok)
 					   : tok_cli_open(sv->model_dir, &sv->m->cfg, &sv->tok)))

@@ -45,11 +45,22 @@ static void count(struct serve_batch_stats *st, struct serve_unit *u, int *faile
  * the cuda backend reads it, when its context is made (so before the
  * backend opens); set here, not in the library, so that `kvmem run`
  * keeps the lone decode's GEMV.
+ *
+ * Over fp8 views the same kind of trade on the decode attention: a split
+ * of at least 8 stages of 64 keys (4 by default: attention_dec.cuh), for
+ * the lone and the batched step alike, so still batch invariant, gave 16
+ * conversations of 32K tokens 2.7-4.2% more tokens and 64 of 8K 6.1%,
+ * where a stream alone over a view under ~8.4K keys gave up 1.8-3.5% (an
+ * H100, 2026-12-06, benchmarks.md "The decode split at 8 stages"); over
+ * bf16 views the batch gained nothing, so they keep the default.
  */
-void serve_gemm_tc_default(int64_t max_batch)
+void serve_batch_knobs(int64_t max_batch, uint32_t kv_dtype)
 {
-	if (max_batch > 1)
-		setenv("KVMEM_CUDA_GEMM_TC", "1", 0);
+	if (max_batch <= 1)
+		return;
+	setenv("KVMEM_CUDA_GEMM_TC", "1", 0);
+	if (kv_dtype == KVMEM_DTYPE_FP8)
+		setenv("KVMEM_CUDA_DEC_MIN_TILES", "8", 0);
 }
 
 /* A unit alone, with the per-session calls. */

@@ -66,8 +66,10 @@ int serve_batch_run(kvmem_backend *be, struct serve_unit *units, int n,
 		    struct serve_batch_stats *st);
 
 /* Before the backend opens: a server that batches (max_batch above 1)
- * puts decode's GEMMs on tensor cores (KVMEM_CUDA_GEMM_TC=1) unless the
- * environment already says; the cuda backend reads it, others ignore it. */
-void serve_gemm_tc_default(int64_t max_batch);
+ * puts decode's GEMMs on tensor cores (KVMEM_CUDA_GEMM_TC=1) and, over fp8
+ * views (kv_dtype KVMEM_DTYPE_FP8), gives the decode attention's splits at
+ * least 8 stages (KVMEM_CUDA_DEC_MIN_TILES=8), each unless the environment
+ * already says; the cuda backend reads them, others ignore them. */
+void serve_batch_knobs(int64_t max_batch, uint32_t kv_dtype);
 
 #endif
