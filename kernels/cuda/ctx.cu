@@ -360,8 +360,25 @@ int kvmem_cuda_sync(kvmem_cuda_ctx *c)
 
 int kvmem_cuda_malloc(void **p, size_t bytes)
 {
+	cudaError_t e;
+	size_t free_b = 0, total_b = 0;
+
 	*p = NULL;
-	return kvmem_cuda_err(cudaMalloc(p, bytes ? bytes : 1), "allocating device memory");
+	e = cudaMalloc(p, bytes ? bytes : 1);
+	if (e != cudaErrorMemoryAllocation)
+		return kvmem_cuda_err(e, "allocating device memory");
+	/* Out of memory: say how much was asked and how much the device has
+	 * left, so that a caller can tell a request too large from a device
+	 * filled by what it holds already. */
+	cudaGetLastError();
+	if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(ENOMEM, "cuda: allocating %.1f MiB of device memory: %s",
+				   bytes / 1048576.0, cudaGetErrorString(e));
+	}
+	return kvmem_error(ENOMEM, "cuda: allocating %.1f MiB of device memory: %s (%.1f of %.1f "
+			   "GiB free)", bytes / 1048576.0, cudaGetErrorString(e),
+			   free_b / 1073741824.0, total_b / 1073741824.0);
 }
 
 void kvmem_cuda_free(void *p)

@@ -39,6 +39,7 @@
  *               the twin (check_pages.c; tests/gpu/gpu24c.sh)
  */
 #include <cuda_runtime_api.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1014,6 +1015,23 @@ static void bench(void)
 	bench_perf(copy_gbs, gemm_tfs);
 }
 
+/* A device allocation past the device's memory: -ENOMEM, a message that
+ * names the bytes asked and what the device has free, and the context
+ * still usable (the error is not left sticky). */
+static void check_oom(void)
+{
+	const size_t huge = (size_t)1 << 50;	/* 1 PiB */
+	void *p = NULL, *q = NULL;
+	int rc = kvmem_cuda_malloc(&p, huge);
+	const char *msg = kvmem_last_error();
+
+	report(rc == -ENOMEM && !p && strstr(msg, "1073741824.0 MiB of device memory") &&
+	       strstr(msg, "GiB free"), "device allocation of 1 PiB: %d, '%s'", rc, msg);
+	rc = kvmem_cuda_malloc(&q, 1 << 20);
+	report(!rc && q, "a 1 MiB allocation after it: %d", rc);
+	kvmem_cuda_free(q);
+}
+
 int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
@@ -1098,6 +1116,7 @@ int main(int argc, char **argv)
 	} else if (do_bench) {
 		bench();
 	} else {
+		check_oom();
 		check_convert();
 		check_embedding();
 		check_norms();
