@@ -27,6 +27,59 @@
 #include "kvmem/kvmem.h"
 #include "session/session_int.h"
 
+/*
+ * KVMEM_SESSION_BATCH_PROFILE=1 (read at the first batch) says where a
+ * batched decode step's host time goes, for issue #26: the draws, the
+ * items' first parts, the forward, their last parts and the step's end,
+ * summed over the process's batched decode steps (one token an item) and
+ * printed to stderr at exit
+ * (the backend's own split of the forward: KVMEM_CUDA_BATCH_PROFILE).
+ */
+enum { PB_DRAWS, PB_BEGIN, PB_FORWARD, PB_END, PB_STEP_END, PB_PARTS };
+static const char *const pb_name[PB_PARTS] = {
+	"draws (each session's token from its logits)", "first parts (room, a selection when due)",
+	"the forward", "last parts (tokens and rows put away, logits kept)",
+	"the step's end (the writers' hand-off)" };
+static int pb_on = -1;
+static int64_t pb_ns[PB_PARTS], pb_steps, pb_items;
+
+static void pb_print(void)
+{
+	int64_t sum = 0;
+
+	for (int i = 0; i < PB_PARTS; i++)
+		sum += pb_ns[i];
+	if (!pb_steps)
+		return;
+	fprintf(stderr, "KVMEM_SESSION_BATCH_PROFILE: %lld batched steps, %.1f sessions a step, "
+		"%.3f ms a step:\n", (long long)pb_steps, (double)pb_items / pb_steps,
+		sum / 1e6 / pb_steps);
+	for (int i = 0; i < PB_PARTS; i++)
+		fprintf(stderr, "  %-50s %8.3f ms a step, %6.1f us a session\n", pb_name[i],
+			pb_ns[i] / 1e6 / pb_steps, pb_ns[i] / 1e3 / pb_items);
+}
+
+/* t: the part's start, made the next one's; returns now. */
+static int64_t pb_mark(int part, int64_t t)
+{
+	int64_t now = (int64_t)kvmem_now_ns();
+
+	__atomic_fetch_add(&pb_ns[part], now - t, __ATOMIC_RELAXED);
+	return now;
+}
+
+static int pb_enabled(void)
+{
+	if (pb_on < 0) {
+		const char *e = getenv("KVMEM_SESSION_BATCH_PROFILE");
+
+		pb_on = e && !strcmp(e, "1");
+		if (pb_on)
+			atexit(pb_print);
+	}
+	return pb_on;
+}
+
 /* Items on the stack up to this many; a larger batch allocates. */
 #define STACK_ITEMS 64
 /* Draws spread over the OpenMP threads from this many sessions on. */
@@ -96,6 +149,13 @@ int kvmem_session_append_batch(kvmem_batch_item *items, int n)
 	int live_stack[STACK_ITEMS], *live = live_stack;
 	int64_t ns_stack[STACK_ITEMS], *ns = ns_stack;
 	int m = 0, failed = 0;
+	int prof = pb_enabled();	/* decode steps only: one token an item */
+	int64_t t = 0;
+
+	for (int i = 0; prof && i < n; i++)
+		prof = items[i].n == 1;
+	if (prof)
+		t = (int64_t)kvmem_now_ns();
 
 	if (check_items(items, n))
 		return kvmem_fail();
@@ -141,8 +201,12 @@ int kvmem_session_append_batch(kvmem_batch_item *items, int n)
 			live[m++] = i;
 		}
 	}
+	if (prof)
+		t = pb_mark(PB_BEGIN, t);
 	if (m)
 		forward_all(items[live[0]].s->be, items, live, m, fwd, ns);
+	if (prof)
+		t = pb_mark(PB_FORWARD, t);
 	/* Last parts: the rows to each session's history (each waits for its
 	 * previous step's first, done during the forward by now). A failed
 	 * item's writer is drained; the others' rows stay in flight. */
@@ -156,9 +220,16 @@ int kvmem_session_append_batch(kvmem_batch_item *items, int n)
 			item_fail(it);
 		}
 	}
+	if (prof)
+		t = pb_mark(PB_END, t);
 	for (int k = 0; k < m; k++)	/* no wait, unless KVMEM_WRITER_DEFER=0 */
 		if (!items[live[k]].rc && ws_step_end(items[live[k]].s))
 			item_fail(&items[live[k]]);
+	if (prof) {
+		pb_mark(PB_STEP_END, t);
+		__atomic_fetch_add(&pb_steps, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&pb_items, m, __ATOMIC_RELAXED);
+	}
 	for (int i = 0; i < n; i++)
 		failed += items[i].rc != 0;
 	if (fwd != fwd_stack) {
@@ -189,6 +260,8 @@ int kvmem_session_decode_batch(kvmem_session *const *s, int n, const kvmem_sampl
 			return kvmem_error(ENOMEM, "session batch: out of memory for %d sessions", n);
 		}
 	}
+	const int64_t t0 = pb_enabled() ? (int64_t)kvmem_now_ns() : 0;
+
 	for (int i = 0; i < n; i++)
 		items[i] = (kvmem_batch_item){ .s = s[i] };
 	if (check_items(items, n)) {
@@ -223,6 +296,8 @@ int kvmem_session_decode_batch(kvmem_session *const *s, int n, const kvmem_sampl
 		items[m] = (kvmem_batch_item){ .s = s[i], .tokens = &out[i], .n = 1 };
 		idx[m++] = i;
 	}
+	if (t0)
+		pb_mark(PB_DRAWS, t0);
 	kvmem_session_append_batch(items, m);
 	for (int k = 0; k < m; k++) {
 		if (rc)
