@@ -139,6 +139,11 @@ typedef struct kvmem_att_seq {
 void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs, int n_seqs,
 			   int n_heads, int n_kv_heads, int head_dim, float scale);
 
+/* kvmem_sample's greedy draw (the first of the highest logits) in about one
+ * pass, or -1 when a logit is NaN or infinite, *bad then its first index
+ * (else -1): the check a session makes before it draws, in the same pass. */
+int kvmem_argmax_finite(const float *logits, int vocab, int *bad);
+
 /* splitmix64's output function: a bijective 64-bit mix. */
 uint64_t kvmem_mix64(uint64_t z);
 #define KVMEM_GOLDEN_GAMMA 0x9e3779b97f4a7c15ull

@@ -866,6 +866,79 @@ static void test_attention_exact(void **state)
 
 /* ---- sampling --------------------------------------------------------- */
 
+/* The first of the highest by a plain loop: the reference for the draws. */
+static int ref_argmax(const float *l, int vocab)
+{
+	int best = 0;
+
+	for (int i = 1; i < vocab; i++)
+		if (l[i] > l[best])
+			best = i;
+	return best;
+}
+
+/* kvmem_argmax_finite gives kvmem_sample's greedy draw (and the plain
+ * loop's) over random logits of many sizes, across chunk edges and tails,
+ * with ties far apart and in one chunk, with +0 against -0 as the highest;
+ * a NaN or an infinity anywhere gives -1 and the first one's index. */
+static void test_argmax_finite(void **state)
+{
+	uint64_t r = rng_for("argmax-finite");
+	static const int sizes[] = { 1, 5, 16, 17, 1023, 1024, 1025, 3000, 151936 };
+	kvmem_sampler greedy = { 0 };
+	uint64_t st = 0;
+	int bad;
+
+	for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+		const int vocab = sizes[z];
+		float *l = test_rand_floats(&r, vocab, -30, 30);
+		int best = ref_argmax(l, vocab);
+
+		assert_int_equal(kvmem_argmax_finite(l, vocab, &bad), best);
+		assert_int_equal(bad, -1);
+		assert_int_equal(kvmem_sample(l, vocab, &greedy, &st), best);
+		if (vocab > 1) {	/* a tie later, maybe chunks away: the first stays */
+			int at = best + 1 + (int)(test_rng_next(&r) % (uint64_t)(vocab - best));
+
+			if (at < vocab) {
+				l[at] = l[best];
+				assert_int_equal(kvmem_argmax_finite(l, vocab, &bad), best);
+			}
+			/* a tie earlier than the best: now the first */
+			if (best > 0) {
+				int before = (int)(test_rng_next(&r) % (uint64_t)best);
+
+				l[before] = l[best];
+				assert_int_equal(kvmem_argmax_finite(l, vocab, &bad), before);
+				best = before;
+			}
+		}
+		for (int k = 0; k < 3 && vocab > 2; k++) {	/* NaN, +inf, -inf anywhere */
+			const float odd[3] = { NAN, INFINITY, -INFINITY };
+			int at = (int)(test_rng_next(&r) % (uint64_t)vocab);
+			int at2 = (int)(test_rng_next(&r) % (uint64_t)vocab);
+			float keep = l[at], keep2 = l[at2];
+
+			l[at] = odd[k];
+			l[at2] = odd[(k + 1) % 3];
+			assert_int_equal(kvmem_argmax_finite(l, vocab, &bad), -1);
+			assert_int_equal(bad, at < at2 ? at : at2);
+			l[at2] = keep2;
+			l[at] = keep;
+		}
+		free(l);
+	}
+	{	/* zeros as the highest: -0 first, then +0 in a later chunk */
+		float *l = test_rand_floats(&r, 4096, -9, -1);
+
+		l[1500] = -0.0f;
+		l[3000] = 0.0f;
+		assert_int_equal(kvmem_argmax_finite(l, 4096, &bad), 1500);
+		assert_int_equal(kvmem_sample(l, 4096, &greedy, &st), 1500);
+		free(l);
+	}
+}
+
 static void test_sample_greedy(void **state)
 {
 	uint64_t r = rng_for("greedy");
@@ -1149,6 +1222,7 @@ int main(void)
 		cmocka_unit_test(test_attention_causal),
 		cmocka_unit_test(test_attention_deterministic),
 		cmocka_unit_test(test_attention_exact),
+		cmocka_unit_test(test_argmax_finite),
 		cmocka_unit_test(test_sample_greedy),
 		cmocka_unit_test(test_sample_greedy_ref),
 		cmocka_unit_test(test_sample_deterministic),

@@ -735,14 +735,21 @@ int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out)
 
 	if (!s->have_logits)
 		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
+	if (!smp)
+		smp = &greedy;
 	/* NaN would never be drawn and infinities would always win: either
 	 * way the model's arithmetic has overflowed, and a token sampled
-	 * from it is no answer. */
-	if ((v = first_nonfinite(s->last_logits, s->cfg.vocab)) >= 0)
+	 * from it is no answer. A greedy draw checks in its own pass. */
+	if (smp->temperature <= 0.0f) {
+		tok = kvmem_argmax_finite(s->last_logits, s->cfg.vocab, &v);
+	} else {
+		v = first_nonfinite(s->last_logits, s->cfg.vocab);
+		tok = v >= 0 ? -1 : kvmem_sample(s->last_logits, s->cfg.vocab, smp, &s->rng);
+	}
+	if (v >= 0)
 		return kvmem_error(ERANGE, "session: the logits hold NaN or infinite "
 				   "values (logit %d is %g): the model's arithmetic "
 				   "overflowed; nothing sampled", v, (double)s->last_logits[v]);
-	tok = kvmem_sample(s->last_logits, s->cfg.vocab, smp ? smp : &greedy, &s->rng);
 	if (tok < 0)
 		return kvmem_error(-tok, "sampling: out of memory");
 	*out = tok;
