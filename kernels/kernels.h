@@ -143,6 +143,9 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
  * pass, or -1 when a logit is NaN or infinite, *bad then its first index
  * (else -1): the check a session makes before it draws, in the same pass. */
 int kvmem_argmax_finite(const float *logits, int vocab, int *bad);
+/* Its AVX-512 form on or off (tests: both give the same index); -ENOTSUP
+ * when the CPU lacks AVX-512 F and DQ. The best the CPU has by default. */
+int kvmem_argmax_use_avx512(int on);
 
 /* splitmix64's output function: a bijective 64-bit mix. */
 uint64_t kvmem_mix64(uint64_t z);

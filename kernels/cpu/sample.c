@@ -9,8 +9,8 @@
  * one RNG value; greedy consumes none.
  */
 #include <errno.h>
+#include <immintrin.h>
 #include <math.h>
-#include <xmmintrin.h>
 #include <stdlib.h>
 
 #include "kernels/kernels.h"
@@ -106,6 +106,56 @@ static int argmax(const float *logits, int vocab)
  */
 #define ARGMAX_CHUNK 1024
 
+/* The highest of x[i0..i1) (NaN never wins; -inf if none) and whether any
+ * is NaN or infinite (*odd set), 16 at a time with AVX-512: a load, a max,
+ * a class test and a mask or, where SSE2 took twenty operations (a single
+ * draw over Qwen3's logits was ~100 us on the H100 host's cores). */
+__attribute__((target("avx512f,avx512dq")))
+static float chunk_max_512(const float *x, int i0, int i1, int *odd)
+{
+	__m512 m = _mm512_set1_ps(-INFINITY);
+	__mmask16 o = 0;
+	float top;
+	int i = i0;
+
+	for (; i + 16 <= i1; i += 16) {
+		const __m512 v = _mm512_loadu_ps(x + i);
+
+		m = _mm512_max_ps(v, m);
+		o |= _mm512_fpclass_ps_mask(v, 0x99);	/* QNaN, SNaN, +inf, -inf */
+	}
+	if (i < i1) {
+		const __mmask16 k = (__mmask16)((1u << (i1 - i)) - 1);
+		const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + i);
+
+		m = _mm512_max_ps(v, m);
+		o |= _mm512_mask_fpclass_ps_mask(k, v, 0x99);
+	}
+	top = _mm512_reduce_max_ps(m);
+	*odd |= o != 0;
+	return top;
+}
+
+static int argmax_512 = -1;	/* -1: not chosen yet */
+
+static int use_512(void)
+{
+	if (argmax_512 < 0) {
+		__builtin_cpu_init();
+		argmax_512 = __builtin_cpu_supports("avx512f") &&
+			     __builtin_cpu_supports("avx512dq");
+	}
+	return argmax_512;
+}
+
+int kvmem_argmax_use_avx512(int on)
+{
+	if (on && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")))
+		return -ENOTSUP;
+	argmax_512 = on != 0;
+	return 0;
+}
+
 int kvmem_argmax_finite(const float *logits, int vocab, int *bad)
 {
 	const __m128i exp_mask = _mm_set1_epi32(0x7f800000);
@@ -114,11 +164,19 @@ int kvmem_argmax_finite(const float *logits, int vocab, int *bad)
 	int best = -1;	/* the first chunk to reach top */
 
 	*bad = -1;
+	const int wide = use_512();
+	int odd512 = 0;
+
 	for (int c0 = 0; c0 < vocab; c0 += ARGMAX_CHUNK) {
 		const int c1 = vocab - c0 < ARGMAX_CHUNK ? vocab : c0 + ARGMAX_CHUNK;
 		__m128 m[4];
 		float lane[16], cmax = -INFINITY;
 		int i = c0;
+
+		if (wide) {
+			cmax = chunk_max_512(logits, c0, c1, &odd512);
+			goto chunk_done;
+		}
 
 		for (int j = 0; j < 4; j++)
 			m[j] = _mm_set1_ps(-INFINITY);
@@ -139,12 +197,13 @@ int kvmem_argmax_finite(const float *logits, int vocab, int *bad)
 				odd = _mm_set1_epi32(-1);
 			cmax = logits[i] > cmax ? logits[i] : cmax;
 		}
+chunk_done:
 		if (best < 0 || cmax > top) {	/* ties keep the earlier chunk */
 			top = cmax;
 			best = c0 / ARGMAX_CHUNK;
 		}
 	}
-	if (_mm_movemask_epi8(odd)) {	/* rare: the first bad logit, one by one */
+	if (odd512 || _mm_movemask_epi8(odd)) {	/* rare: the first bad logit, one by one */
 		for (int i = 0; i < vocab; i++)
 			if (!isfinite(logits[i])) {
 				*bad = i;

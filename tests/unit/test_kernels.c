@@ -881,9 +881,8 @@ static int ref_argmax(const float *l, int vocab)
  * loop's) over random logits of many sizes, across chunk edges and tails,
  * with ties far apart and in one chunk, with +0 against -0 as the highest;
  * a NaN or an infinity anywhere gives -1 and the first one's index. */
-static void test_argmax_finite(void **state)
+static void argmax_finite_cases(uint64_t r)
 {
-	uint64_t r = rng_for("argmax-finite");
 	static const int sizes[] = { 1, 5, 16, 17, 1023, 1024, 1025, 3000, 151936 };
 	kvmem_sampler greedy = { 0 };
 	uint64_t st = 0;
@@ -937,6 +936,17 @@ static void test_argmax_finite(void **state)
 		assert_int_equal(kvmem_sample(l, 4096, &greedy, &st), 1500);
 		free(l);
 	}
+}
+
+/* The cases above with the SSE2 form and, where the CPU has it, AVX-512. */
+static void test_argmax_finite(void **state)
+{
+	for (int on = 0; on < 2; on++) {
+		if (kvmem_argmax_use_avx512(on))
+			continue;
+		argmax_finite_cases(rng_for(on ? "argmax-finite-512" : "argmax-finite"));
+	}
+	kvmem_argmax_use_avx512(1);	/* back to the best (a no-op without it) */
 }
 
 static void test_sample_greedy(void **state)

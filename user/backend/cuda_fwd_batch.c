@@ -574,16 +574,26 @@ static int rows_out(struct cuda *b, const kvmem_fwd_item *items, int n)
 
 /*
  * Item i's logits out of the pinned buffer after the sync: 0.6 MB an item
- * at the 8B geometry, so the items are spread over the OpenMP threads
- * from PAR_ITEMS on.
+ * at the 8B geometry, so the items are spread over the kernels' pool from
+ * PAR_ITEMS on (its caller starts on them at once, where an OpenMP
+ * region's passive workers took ~200 us to wake on the H100 host after
+ * the pass: user/session/batch.c's draws).
  */
 #define PAR_ITEMS 4
 
-static void item_logits(struct cuda *b, const kvmem_fwd_item *it, int i)
+struct logits_out {
+	struct cuda *b;
+	const kvmem_fwd_item *items;
+};
+
+static void item_logits(void *arg, int i)
 {
+	const struct logits_out *o = arg;
+	const kvmem_fwd_item *it = &o->items[i];
+
 	if (it->logits)
-		memcpy(it->logits, b->fwdb->host_logits + (size_t)i * b->c->vocab,
-		       (size_t)b->c->vocab * sizeof(float));
+		memcpy(it->logits, o->b->fwdb->host_logits + (size_t)i * o->b->c->vocab,
+		       (size_t)o->b->c->vocab * sizeof(float));
 }
 
 /* One pass over n <= max_chunk checked items. */
@@ -669,9 +679,15 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 		return kvmem_error_prefix("cuda batched forward");
 	t3 = kvmem_now_ns();
-	#pragma omp parallel for schedule(static) if (n >= PAR_ITEMS)
-	for (int i = 0; i < n; i++)
-		item_logits(b, &items[i], i);
+	{
+		const struct logits_out o = { b, items };
+
+		if (n >= PAR_ITEMS)
+			kvmem_pool_run(n, item_logits, (void *)&o);
+		else
+			for (int i = 0; i < n; i++)
+				item_logits((void *)&o, i);
+	}
 	if (f->prof)
 		prof_pass(f->prof, n, (double)(t1 - t0) * 1e-6, (double)(t2 - t1) * 1e-6,
 			  (double)(t3 - t2) * 1e-6, (double)(kvmem_now_ns() - t3) * 1e-6);
