@@ -48,11 +48,6 @@ else
 	echo "-- the PyTorch peer left out: its full caches (77 GB) and weights do not fit ${mib} MiB"
 fi
 KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b32k_16_fp8_t8 80 $B16 --kv-dtype fp8
-for f in "$log"/*.json; do
-	printf '%-22s ' "$(basename "$f" .json)"
-	grep -o '"sessions":[0-9]*\|"median_alone_tokens_per_s":[0-9.]*\|"median_batch_tokens_per_s":[0-9.]*\|"batch_step_ms":[0-9.]*' "$f" |
-		sed 's/"median_//;s/_tokens_per_s//;s/"//g' | tr '\n' ' '
-	echo
-done
+gpu_batch_summary
 [ -n "${OUT:-}" ] && tar cf "$OUT/batchtiles26.tar" -C "$OUT" batchtiles26 && rm -rf "${OUT:?}/batchtiles26"
 gpu_done

@@ -23,11 +23,6 @@ gpu_batch b32k_16_fp8_t8 90 --context 32k --budget 4096 --chunk 2048 --tokens 8 
 	--no-loop --kv-dtype fp8
 gpu_batch b8k_64_fp8_t8 100 --context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 \
 	--no-loop --kv-dtype fp8
-for f in "$log"/*.json; do
-	printf '%-16s ' "$(basename "$f" .json)"
-	grep -o '"sessions":[0-9]*\|"alone_tokens_per_s":[0-9.]*\|"batch_tokens_per_s":[0-9.]*\|"median_alone_tokens_per_s":[0-9.]*\|"median_batch_tokens_per_s":[0-9.]*\|"batch_step_ms":[0-9.]*\|"batch_host_ms":[0-9.]*' "$f" |
-		sed 's/_tokens_per_s//;s/"//g' | tr '\n' ' '
-	echo
-done
+gpu_batch_summary
 [ -n "${OUT:-}" ] && tar cf "$OUT/draws26.tar" -C "$OUT" draws26 && rm -rf "${OUT:?}/draws26"
 gpu_done

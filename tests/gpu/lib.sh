@@ -234,6 +234,19 @@ gpu_batch() {
 	echo
 }
 
+# One line per bench batch JSON in $log: its name, then each row's sessions,
+# rates (fastest and median), step and host milliseconds.
+gpu_batch_summary() {
+	local f
+	for f in "$log"/*.json; do
+		[ -e "$f" ] || continue
+		printf '%-22s ' "$(basename "$f" .json)"
+		grep -o '"sessions":[0-9]*\|"alone_tokens_per_s":[0-9.]*\|"batch_tokens_per_s":[0-9.]*\|"median_alone_tokens_per_s":[0-9.]*\|"median_batch_tokens_per_s":[0-9.]*\|"batch_step_ms":[0-9.]*\|"batch_host_ms":[0-9.]*' "$f" |
+			sed 's/_tokens_per_s//;s/"//g' | tr '\n' ' '
+		echo
+	done
+}
+
 # The PyTorch peer of gpu_batch (tools/bench/torch_batch_decode.py, graphed,
 # over full caches) within SECONDS: seconds, then BATCHES:CONTEXT pairs
 # (1,16:32768); its lines in LOG/torch_CONTEXT.out.

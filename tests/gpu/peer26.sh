@@ -29,11 +29,6 @@ gpu_batch b32k_16_bf16 80 $B16
 # The decode split's least stages at 8 (4 and 16 measured on an H100 on
 # 2026-12-06: benchmarks.md, "Batched steps over fp8 views on an H100").
 KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b32k_16_fp8_t8 80 $B16 --kv-dtype fp8
-for f in "$log"/*.json; do
-	printf '%-16s ' "$(basename "$f" .json)"
-	grep -o '"sessions":[0-9]*\|"alone_tokens_per_s":[0-9.]*\|"batch_tokens_per_s":[0-9.]*\|"batch_step_ms":[0-9.]*\|"batch_host_ms":[0-9.]*' "$f" |
-		sed 's/_tokens_per_s//;s/"//g' | tr '\n' ' '
-	echo
-done
+gpu_batch_summary
 [ -n "${OUT:-}" ] && tar cf "$OUT/peer26.tar" -C "$OUT" peer26 && rm -rf "${OUT:?}/peer26"
 gpu_done
