@@ -95,27 +95,26 @@ static int argmax(const float *logits, int vocab)
  * argmax()'s index in about one pass, with the logits' check beside it:
  * -1 when one is NaN or infinite (*bad: the first such), which a session
  * refuses to draw from. A greedy draw was three passes over the logits (the
- * check, then argmax's two): 1.8 MB at Qwen3's vocabulary, 34-44 us a
- * session of a batched decode step on the H100 host, 5-9% of the step
- * (issue #26). Here the highest value is found chunk by chunk (SSE2, as
- * argmax), each chunk's checked as it goes, and the first chunk to reach
- * the final highest is the only one read again for its first index: the
- * highest value of a set does not depend on the order it is read in (+0
- * and -0 compare equal, as argmax's second pass has them), so the index is
- * argmax()'s.
+ * check, then argmax's two, SSE2): ~100 us a draw on one of the H100 host's
+ * cores at Qwen3's 151,936 logits, and the draws of a batched decode step
+ * were 6-11% of it there (issue #26). Here the highest value is found
+ * chunk by chunk, each chunk checked as it goes (AVX-512 where the CPU has
+ * it: a load, a max, a class test and a mask or for 16 logits; else SSE2,
+ * as argmax), and the first chunk to reach the final highest is the only
+ * one read again, for its first index: the highest value of a set does not
+ * depend on the order it is read in (+0 and -0 compare equal, as argmax's
+ * second pass has them), so the index is argmax()'s. 151,936 logits on the
+ * build machine: 28.4 us (SSE2), 6.1 us (AVX-512).
  */
 #define ARGMAX_CHUNK 1024
 
-/* The highest of x[i0..i1) (NaN never wins; -inf if none) and whether any
- * is NaN or infinite (*odd set), 16 at a time with AVX-512: a load, a max,
- * a class test and a mask or, where SSE2 took twenty operations (a single
- * draw over Qwen3's logits was ~100 us on the H100 host's cores). */
+/* The highest of x[i0..i1) (NaN never wins; -inf if none); *odd set when
+ * one is NaN or infinite. */
 __attribute__((target("avx512f,avx512dq")))
 static float chunk_max_512(const float *x, int i0, int i1, int *odd)
 {
 	__m512 m = _mm512_set1_ps(-INFINITY);
 	__mmask16 o = 0;
-	float top;
 	int i = i0;
 
 	for (; i + 16 <= i1; i += 16) {
@@ -131,26 +130,52 @@ static float chunk_max_512(const float *x, int i0, int i1, int *odd)
 		m = _mm512_max_ps(v, m);
 		o |= _mm512_mask_fpclass_ps_mask(k, v, 0x99);
 	}
-	top = _mm512_reduce_max_ps(m);
 	*odd |= o != 0;
+	return _mm512_reduce_max_ps(m);
+}
+
+/* The same with SSE2 (maxps(x, m) is x > m ? x : m, so a NaN x leaves m). */
+static float chunk_max_sse2(const float *x, int i0, int i1, int *odd)
+{
+	const __m128i exp_mask = _mm_set1_epi32(0x7f800000);
+	__m128i o = _mm_setzero_si128();	/* lanes whose exponent is all ones */
+	__m128 m[4];
+	float lane[16], top = -INFINITY;
+	int i = i0;
+
+	for (int j = 0; j < 4; j++)
+		m[j] = _mm_set1_ps(-INFINITY);
+	for (; i + 16 <= i1; i += 16)
+		for (int j = 0; j < 4; j++) {
+			const __m128 v = _mm_loadu_ps(x + i + 4 * j);
+
+			m[j] = _mm_max_ps(v, m[j]);
+			o = _mm_or_si128(o, _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(v),
+									  exp_mask), exp_mask));
+		}
+	for (int j = 0; j < 4; j++)
+		_mm_storeu_ps(lane + 4 * j, m[j]);
+	for (int j = 0; j < 16; j++)
+		top = lane[j] > top ? lane[j] : top;
+	for (; i < i1; i++) {
+		*odd |= !isfinite(x[i]);
+		top = x[i] > top ? x[i] : top;
+	}
+	*odd |= _mm_movemask_epi8(o) != 0;
 	return top;
 }
 
 static int argmax_512 = -1;	/* -1: not chosen yet */
 
-static int use_512(void)
+static int have_512(void)
 {
-	if (argmax_512 < 0) {
-		__builtin_cpu_init();
-		argmax_512 = __builtin_cpu_supports("avx512f") &&
-			     __builtin_cpu_supports("avx512dq");
-	}
-	return argmax_512;
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
 }
 
 int kvmem_argmax_use_avx512(int on)
 {
-	if (on && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")))
+	if (on && !have_512())
 		return -ENOTSUP;
 	argmax_512 = on != 0;
 	return 0;
@@ -158,52 +183,23 @@ int kvmem_argmax_use_avx512(int on)
 
 int kvmem_argmax_finite(const float *logits, int vocab, int *bad)
 {
-	const __m128i exp_mask = _mm_set1_epi32(0x7f800000);
-	__m128i odd = _mm_setzero_si128();	/* lanes whose exponent is all ones */
 	float top = -INFINITY;
-	int best = -1;	/* the first chunk to reach top */
+	int best = -1, odd = 0;	/* the first chunk to reach top; a bad logit seen */
 
+	if (argmax_512 < 0)
+		argmax_512 = have_512();
 	*bad = -1;
-	const int wide = use_512();
-	int odd512 = 0;
-
 	for (int c0 = 0; c0 < vocab; c0 += ARGMAX_CHUNK) {
 		const int c1 = vocab - c0 < ARGMAX_CHUNK ? vocab : c0 + ARGMAX_CHUNK;
-		__m128 m[4];
-		float lane[16], cmax = -INFINITY;
-		int i = c0;
+		const float cmax = argmax_512 ? chunk_max_512(logits, c0, c1, &odd)
+					      : chunk_max_sse2(logits, c0, c1, &odd);
 
-		if (wide) {
-			cmax = chunk_max_512(logits, c0, c1, &odd512);
-			goto chunk_done;
-		}
-
-		for (int j = 0; j < 4; j++)
-			m[j] = _mm_set1_ps(-INFINITY);
-		for (; i + 16 <= c1; i += 16)
-			for (int j = 0; j < 4; j++) {
-				const __m128 x = _mm_loadu_ps(logits + i + 4 * j);
-
-				m[j] = _mm_max_ps(x, m[j]);
-				odd = _mm_or_si128(odd, _mm_cmpeq_epi32(_mm_and_si128(
-					_mm_castps_si128(x), exp_mask), exp_mask));
-			}
-		for (int j = 0; j < 4; j++)
-			_mm_storeu_ps(lane + 4 * j, m[j]);
-		for (int j = 0; j < 16; j++)
-			cmax = lane[j] > cmax ? lane[j] : cmax;
-		for (; i < c1; i++) {
-			if (!isfinite(logits[i]))
-				odd = _mm_set1_epi32(-1);
-			cmax = logits[i] > cmax ? logits[i] : cmax;
-		}
-chunk_done:
 		if (best < 0 || cmax > top) {	/* ties keep the earlier chunk */
 			top = cmax;
 			best = c0 / ARGMAX_CHUNK;
 		}
 	}
-	if (odd512 || _mm_movemask_epi8(odd)) {	/* rare: the first bad logit, one by one */
+	if (odd) {	/* rare: the first bad logit, one by one */
 		for (int i = 0; i < vocab; i++)
 			if (!isfinite(logits[i])) {
 				*bad = i;
