@@ -254,12 +254,10 @@ struct draws {
 static void draw_one(void *arg, int i)
 {
 	const struct draws *d = arg;
-	kvmem_batch_item *it = &d->items[i];
 
-	it->rc = ws_usable(d->s[i]) ? kvmem_fail() :
-		 ws_sample(d->s[i], d->smp ? d->smp[i] : NULL, &d->out[i]) ? kvmem_fail() : 0;
-	if (it->rc)
-		snprintf(it->err, sizeof(it->err), "%s", kvmem_last_error());
+	d->items[i].rc = 0;
+	if (ws_usable(d->s[i]) || ws_sample(d->s[i], d->smp ? d->smp[i] : NULL, &d->out[i]))
+		item_fail(&d->items[i]);
 }
 
 int kvmem_session_decode_batch(kvmem_session *const *s, int n, const kvmem_sampler *const *smp,
