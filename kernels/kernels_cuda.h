@@ -266,6 +266,15 @@ int kvmem_cuda_qk_norm_rope_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int l
 					 uint16_t *view_k, uint16_t *view_v, uint16_t *raw_view,
 					 const kvmem_scatter_item *item, int n_layers, int cap,
 					 const double *ang);
+/*
+ * A batched decode's greedy draws beside its logits (twin: kvmem_argmax_finite,
+ * row by row): out[i] (device int32) = the first of row i's highest logits,
+ * or -1 when a logit of the row is NaN or infinite; row i is also copied to
+ * dst[i] when dst (a device array of n pointers, or NULL) has one there.
+ * logits: [n][vocab] on the device. One block a row.
+ */
+int kvmem_cuda_argmax_rows(kvmem_cuda_ctx *c, int32_t *out, float *const *dst,
+			   const float *logits, int n, int vocab);
 /* token: one int32 on the device; rng: the uint64 RNG state on the device
  * (advanced there, so a captured decode graph samples from it); s: host. */
 int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits, int vocab,

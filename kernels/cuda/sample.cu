@@ -78,6 +78,78 @@ __global__ void argmax_kernel(int32_t *token, const float *logits, int vocab)
 	}
 }
 
+/*
+ * Rows of a batched decode (kvmem_cuda_argmax_rows): block i reads row i
+ * once, copying it to dst[i] where there is one, and keeps the best rank
+ * key with the lowest id (the twin's first of the highest: -0 and +0 are
+ * one key, as they compare equal) and whether any logit is NaN or
+ * infinite, which the twin answers with -1.
+ */
+#define ROWS_THREADS 512
+
+__global__ void argmax_rows_kernel(int32_t *out, float *const *dst, const float *logits,
+				   int vocab)
+{
+	__shared__ uint32_t sk[ROWS_THREADS / 32];
+	__shared__ int si[ROWS_THREADS / 32], sbad;
+	const float *row = logits + (size_t)blockIdx.x * vocab;
+	float *copy = dst ? dst[blockIdx.x] : NULL;
+	uint32_t bk = 0;
+	int bi = INT_MAX, bad = 0;
+
+	if (threadIdx.x == 0)
+		sbad = 0;
+	for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+		const float f = row[i];
+		const uint32_t k = rank_key(f);
+
+		if (copy)
+			copy[i] = f;
+		bad |= !isfinite(f);
+		if (bi == INT_MAX || k > bk) {	/* ids ascend per thread: strict keeps the lowest */
+			bk = k;
+			bi = i;
+		}
+	}
+	for (int o = 16; o > 0; o >>= 1) {
+		uint32_t k2 = __shfl_xor_sync(0xffffffffu, bk, o);
+		int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+
+		if (i2 != INT_MAX && (bi == INT_MAX || k2 > bk || (k2 == bk && i2 < bi))) {
+			bk = k2;
+			bi = i2;
+		}
+	}
+	bad = __any_sync(0xffffffffu, bad);
+	__syncthreads();	/* sbad's zero before any warp sets it */
+	if ((threadIdx.x & 31) == 0) {
+		sk[threadIdx.x >> 5] = bk;
+		si[threadIdx.x >> 5] = bi;
+		if (bad)
+			sbad = 1;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+			if (si[w] != INT_MAX && (sk[w] > bk || (sk[w] == bk && si[w] < bi))) {
+				bk = sk[w];
+				bi = si[w];
+			}
+		out[blockIdx.x] = sbad ? -1 : bi;
+	}
+}
+
+int kvmem_cuda_argmax_rows(kvmem_cuda_ctx *c, int32_t *out, float *const *dst,
+			   const float *logits, int n, int vocab)
+{
+	if (vocab <= 0 || n < 0)
+		return kvmem_error(EINVAL, "argmax rows: %d rows of %d logits", n, vocab);
+	if (!n)
+		return 0;
+	argmax_rows_kernel<<<n, ROWS_THREADS, 0, c->stream>>>(out, dst, logits, vocab);
+	return kvmem_cuda_launched("argmax rows");
+}
+
 /* ---- the draw over ranked candidates -------------------------------------- */
 /*
  * keys[0..n): rank keys, best first; ids the token ids; p: n doubles of

@@ -11,13 +11,16 @@
  * are listed in Documentation/kernels.md. It prints one line per check and
  * closes with "N passed, N failed" (the bench prints its table instead).
  *
- *   kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--seed N]
+ *   kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--sample] [--gemv] [--fuse] [--seed N]
  *     --quick   small shapes only (the compute-sanitizer runs)
  *     --bench   the timing table instead of the checks: copy rate, GEMM
  *               rate, attention, GEMMs of Qwen3-8B, selection, sampling,
  *               each with its ratio to the ceiling measured in the run
  *     --profile two runs of each attention configuration (v2, v3; prefill
  *               4096, decode at 32768), nothing else: for ncu
+ *     --sample  the draws alone: kvmem_cuda_sample_token and a batched
+ *               decode's greedy draws (kvmem_cuda_argmax_rows) against
+ *               their twins
  *     --gemv    the one-row GEMM's decode shapes alone: each kernel and
  *               split against the twin, then their times against the copy
  *               rate (check_gemv.c; tests/gpu/gemv_sweep.sh)
@@ -534,6 +537,81 @@ static void check_sample(void)
 	kvmem_cuda_free(drng);
 }
 
+/*
+ * A batched decode's greedy draws (kvmem_cuda_argmax_rows) against the
+ * twin, kvmem_argmax_finite, row by row: rows of random logits, of few
+ * values (ties: the first must win), with -0 before +0 at the top, with a
+ * NaN or an infinity (-1), with the last id the best; each row copied
+ * where its pointer is set, nothing written where it is not.
+ */
+static void check_argmax_rows(void)
+{
+	const int vocab = g_quick ? 3001 : 151936, n = g_quick ? 10 : 64;
+	float *lg = hmalloc(4 * (size_t)n * vocab), *back = hmalloc(4 * (size_t)vocab);
+	void *dl = dpoison(4 * (size_t)n * vocab), *dout = dpoison(4 * (size_t)n);
+	void *drows = dpoison(4 * (size_t)n * vocab), *dptr;
+	float **ptr = hmalloc(sizeof(float *) * (size_t)n);
+	int32_t *got = hmalloc(4 * (size_t)n);
+	int same = 0, copies = 0, copied = 0, stray = 0, bad_rows = 0;
+
+	for (int i = 0; i < n; i++) {
+		float *row = lg + (size_t)i * vocab;
+		const int kind = i % 5;
+
+		for (int j = 0; j < vocab; j++) {
+			const double u = runi(-1, 1);
+
+			row[j] = kind == 1 ? (float)rint_in(-3, 3) : (float)(4 * u * u * u + runi(-1, 1));
+		}
+		if (kind == 2) {	/* the top is a zero: -0 first, +0 later */
+			for (int j = 0; j < vocab; j++)
+				row[j] = -fabsf(row[j]) - 0.5f;
+			row[rint_in(0, vocab / 2)] = -0.0f;
+			row[rint_in(vocab / 2 + 1, vocab - 1)] = 0.0f;
+		}
+		if (kind == 3)
+			row[rint_in(0, vocab - 1)] = i & 1 ? NAN : INFINITY;
+		if (kind == 4)
+			row[vocab - 1] = 1e30f;	/* the last id wins */
+		ptr[i] = i % 3 ? (float *)drows + (size_t)i * vocab : NULL;
+		copies += ptr[i] != NULL;
+	}
+	if (kvmem_cuda_upload(g_c, dl, lg, 4 * (size_t)n * vocab))
+		die("upload");
+	dptr = dput(ptr, sizeof(float *) * (size_t)n);
+	if (kvmem_cuda_argmax_rows(g_c, dout, (float *const *)dptr, dl, n, vocab) ||
+	    kvmem_cuda_download(g_c, got, dout, 4 * (size_t)n))
+		die("argmax rows");
+	for (int i = 0; i < n; i++) {
+		int bad, want = kvmem_argmax_finite(lg + (size_t)i * vocab, vocab, &bad);
+		uint32_t word;
+
+		same += got[i] == want;
+		bad_rows += want < 0;
+		if (got[i] != want)
+			printf("  row %d: %d, the twin %d\n", i, got[i], want);
+		if (kvmem_cuda_download(g_c, back, (float *)drows + (size_t)i * vocab, 4 * (size_t)vocab))
+			die("download");
+		memcpy(&word, back, 4);
+		if (ptr[i])
+			copied += !memcmp(back, lg + (size_t)i * vocab, 4 * (size_t)vocab);
+		else
+			stray += word != 0xffffffffu;
+	}
+	report(same == n && copied == copies && !stray && bad_rows > 0,
+	       "argmax rows %d x %d: %d of %d the twin's draw (%d rows with NaN/inf), %d of %d rows "
+	       "copied whole, %d written without a pointer", n, vocab, same, n, bad_rows, copied,
+	       copies, stray);
+	free(lg);
+	free(back);
+	free(ptr);
+	free(got);
+	kvmem_cuda_free(dl);
+	kvmem_cuda_free(dout);
+	kvmem_cuda_free(drows);
+	kvmem_cuda_free(dptr);
+}
+
 /* ---- selection scorers ------------------------------------------------------- */
 
 static void check_scores(void)
@@ -1035,6 +1113,7 @@ static void check_oom(void)
 int main(int argc, char **argv)
 {
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
+	int only_sample = 0;
 	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0, only_fp8 = 0;
 	int only_pages = 0, only_gemm_tc = 0, gemm_tc_shapes = 0;
 	uint64_t seed = 0;
@@ -1048,6 +1127,8 @@ int main(int argc, char **argv)
 			do_profile = 1;
 		else if (!strcmp(argv[i], "--gather"))
 			only_gather = 1;	/* the gather kernel's checks alone */
+		else if (!strcmp(argv[i], "--sample"))
+			only_sample = 1;	/* the draws' checks alone */
 		else if (!strcmp(argv[i], "--gemv"))
 			only_gemv = 1;		/* the one-row GEMM's decode sweep alone */
 		else if (!strcmp(argv[i], "--fuse"))
@@ -1069,7 +1150,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--gemm-tc] [--gemm-tc-shapes] [--fp8] [--pages] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--sample] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--gemm-tc] [--gemm-tc-shapes] [--fp8] [--pages] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1101,6 +1182,9 @@ int main(int argc, char **argv)
 			gemm_tc_sweep();
 	} else if (only_gather) {
 		check_gather();
+	} else if (only_sample) {
+		check_sample();
+		check_argmax_rows();
 	} else if (only_gemv) {
 		gemv_sweep();
 	} else if (only_fuse) {
@@ -1135,6 +1219,7 @@ int main(int argc, char **argv)
 		check_gemm_tc();	/* checked on the H200 in call 1 (batch26h.sh) */
 		check_perf();
 		check_sample();
+		check_argmax_rows();
 		check_scores();
 	}
 	if (kvmem_cuda_sync(g_c))
