@@ -307,6 +307,11 @@ typedef struct kvmem_session_stats {
 	 * backend's place calls), and what follows (the view's length, the
 	 * source's hints). */
 	int64_t score_ns, plan_ns, move_ns, place_ns, select_after_ns;
+	/* Batched decode steps whose logits stayed on the backend (a greedy
+	 * draw needs only their argmax, which came back), and how many of
+	 * them were fetched later (kvmem_session_logits, a sampled draw, a
+	 * saved state, the view given up). Not saved either. */
+	int64_t lazy_logits, lazy_fetches;
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;
@@ -429,6 +434,14 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n);
  * still be on their way to the history (the session's writer thread) when
  * it returns: see kvmem_session_sync. */
 int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out);
+/* The next token drawn from the last logits as kvmem_session_decode draws
+ * it (smp NULL: greedy; a sampled draw advances the session's random
+ * state), without running it: for a caller that looks at the token (a stop,
+ * a stop string) before it appends it, as a server does. Prefer it to
+ * kvmem_session_logits and a sampler of one's own: a batched step's greedy
+ * draw is made beside its logits, where they stay (see the batched steps
+ * below). -ERANGE for NaN or infinite logits, -EINVAL before any. */
+int kvmem_session_draw(kvmem_session *s, const kvmem_sampler *smp, int32_t *out);
 /*
  * A decode step (kvmem_session_decode, and the batched calls below) returns
  * while its last rows may still be on their way to the history (page
@@ -462,8 +475,19 @@ int kvmem_session_sync(kvmem_session *s);
  * full selects first (its own cost, in the call), its rows go to its own
  * writer (and may still be on their way when the call returns:
  * kvmem_session_sync), a failure is its item's alone (rc, err) and leaves
- * the others' results standing. A backend without a batched forward (cuda for now)
+ * the others' results standing. A backend without a batched forward
  * runs the items one after another: the same results, no speed-up.
+ *
+ * A session that draws greedily (kvmem_session_decode_batch, or
+ * kvmem_session_draw with no sampler) and did not ask for its last logits
+ * (kvmem_session_logits) has a batched decode step's logits left on the
+ * backend (the cuda backend: beside the view on the device), with only
+ * their greedy draw brought back; they come to the host when something
+ * asks for them (kvmem_session_logits, a sampled draw, a saved state, the
+ * view given up): the same bits, later. At 64 sessions of Qwen3's
+ * vocabulary a step then moves 256 bytes of draws instead of 39 MB of
+ * logits (issue #26). KVMEM_SESSION_LAZY_LOGITS=0 turns it off;
+ * kvmem_session_stats.lazy_logits counts it.
  */
 typedef struct kvmem_batch_item {
 	kvmem_session *s;
@@ -505,7 +529,10 @@ const float *kvmem_session_scores(const kvmem_session *s, int *n_sets, int64_t *
  * backend). */
 int64_t kvmem_session_view_len(const kvmem_session *s);
 const kvmem_backend *kvmem_session_backend(const kvmem_session *s);
-/* Logits of the last token run, [vocab]; NULL before any. */
+/* Logits of the last token run, [vocab]; NULL before any, or when they
+ * could not be fetched from the backend (a batched greedy decode step
+ * leaves them beside the view until they are asked for; kvmem_error says
+ * why). Valid until the session's next call. */
 const float *kvmem_session_logits(const kvmem_session *s);
 const kvmem_index *kvmem_session_index(const kvmem_session *s);
 const kvmem_policy_ops *kvmem_session_policy(const kvmem_session *s);

@@ -63,6 +63,7 @@ static kvmem_backend *cpu_backend(const kvmem_model *m)
  * would make the comparisons below vacuous). */
 static const kvmem_backend_ops *g_real;
 static int64_t g_batched;
+static int64_t g_lazy, g_fetched;	/* logits left on the backend, fetched later */
 
 static int counting_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 {
@@ -168,21 +169,45 @@ static void pair_close(struct pair *p)
 	free(p->script);
 }
 
-/* Logits, tokens and view length of a session and its twin. */
-static void expect_same(const struct pair *p, int i, int round)
+/* Tokens and view length of a session and its twin, and (look) their
+ * logits. Not looking leaves a batched greedy step's logits on the
+ * backend (kvmem_session_stats.lazy_logits), so that the next draw is
+ * its argmax and a later look fetches them. */
+static void expect_same(const struct pair *p, int i, int round, int look)
 {
 	const kvmem_model *m = kvmem_backend_model(kvmem_session_backend(p->s));
-	const float *a = kvmem_session_logits(p->s), *b = kvmem_session_logits(p->t);
+	const float *a, *b;
 	int64_t n = kvmem_session_tokens(p->s);
 
 	assert_int_equal(n, kvmem_session_tokens(p->t));
 	if (n && memcmp(kvmem_session_token_ids(p->s), kvmem_session_token_ids(p->t),
 			sizeof(int32_t) * (size_t)n))
 		fail_msg("session %d, round %d: tokens differ from its twin's", i, round);
+	assert_int_equal(kvmem_session_view_len(p->s), kvmem_session_view_len(p->t));
+	if (!look)
+		return;
+	a = kvmem_session_logits(p->s);
+	b = kvmem_session_logits(p->t);
 	assert_true(!a == !b);
 	if (a && memcmp(a, b, sizeof(float) * m->cfg.vocab))
 		fail_msg("session %d, round %d: logits differ from its twin's (alone)", i, round);
-	assert_int_equal(kvmem_session_view_len(p->s), kvmem_session_view_len(p->t));
+}
+
+/* The saved states of a session and its twin, byte for byte: the last
+ * logits among them, fetched from the backend when a batched step left
+ * them there. */
+static void expect_same_saved(const struct pair *p, int i)
+{
+	void *a, *b;
+	size_t na, nb;
+
+	assert_int_equal(kvmem_session_save_state(p->s, &a, &na), 0);
+	assert_int_equal(kvmem_session_save_state(p->t, &b, &nb), 0);
+	assert_int_equal(na, nb);
+	if (memcmp(a, b, na))
+		fail_msg("session %d: its saved state differs from its twin's", i);
+	free(a);
+	free(b);
 }
 
 /* The view slot for slot, the plan and the counters. */
@@ -261,7 +286,21 @@ static int64_t run_rounds(uint64_t *r, struct pair *ps, int n, int rounds)
 				ds[nd] = p->s;
 				dsmp[nd] = &p->smp;
 				who[nd++] = i;
-			} else {			/* drawn here, as the server does */
+			} else if (p->smp.temperature <= 0 && test_rng_uniform(r) < 0.5) {
+				/* drawn by the session, as the server draws greedily:
+				 * from a batched step, the argmax beside its logits */
+				uint64_t rng = 0;
+				int32_t want = kvmem_sample(kvmem_session_logits(p->t),
+							    kvmem_backend_model(kvmem_session_backend(p->t))->cfg.vocab,
+							    &p->smp, &rng);
+
+				assert_int_equal(kvmem_session_draw(p->s, NULL, &dec[i]), 0);
+				if (dec[i] != want)
+					fail_msg("session %d, round %d: kvmem_session_draw gave %d, the "
+						 "twin's logits %d", i, round, dec[i], want);
+				items[m] = (kvmem_batch_item){ .s = p->s, .tokens = &dec[i], .n = 1 };
+				who[m++] = i;
+			} else {			/* drawn here, from the logits */
 				uint64_t rng = test_rng_next(r);
 
 				dec[i] = kvmem_sample(kvmem_session_logits(p->s),
@@ -293,15 +332,20 @@ static int64_t run_rounds(uint64_t *r, struct pair *ps, int n, int rounds)
 			}
 		}
 		for (int i = 0; i < n; i++)
-			expect_same(&ps[i], i, round);
+			expect_same(&ps[i], i, round, test_rng_uniform(r) < 0.3);
 	}
 	omp_set_num_threads(saved);
 	for (int i = 0; i < n; i++) {
 		kvmem_session_stats st;
 
+		if (test_rng_uniform(r) < 0.5)
+			expect_same_saved(&ps[i], i);
+		expect_same(&ps[i], i, rounds, 1);
 		expect_same_state(&ps[i], i);
 		kvmem_session_get_stats(ps[i].s, &st);
 		forced += st.forced;
+		g_lazy += st.lazy_logits;
+		g_fetched += st.lazy_fetches;
 	}
 	free(items);
 	free(ds);
@@ -335,13 +379,16 @@ static void trial(uint64_t *r, int n, int rounds, int no_batch_op)
 	assert_int_equal(kvmem_backend_view_new(full.b, 0, &full.v), 0);
 	for (int i = 0; i < n; i++)
 		pair_open(&ps[i], r, bb, bt, m->cfg.vocab, i == 0 ? &full : NULL);
+	ps[n - 1].smp = (kvmem_sampler){ 0 };	/* one greedy at least: lazy logits */
 	forced = run_rounds(r, ps, n, rounds);
 	/* Budgets of 64..128 tokens under 260-token scripts fill tails. */
 	print_message("%d sessions, %lld forced selections\n", n, (long long)forced);
 	assert_true(full.calls > 0);
 	assert_int_equal(full.mismatches, 0);
 	if (!no_batch_op) {
-		print_message("%lld batched forwards of 2 items or more\n", (long long)g_batched);
+		print_message("%lld batched forwards of 2 items or more; %lld steps' logits so far left on "
+			      "the backend, %lld of them fetched later\n", (long long)g_batched,
+			      (long long)g_lazy, (long long)g_fetched);
 		assert_true(g_batched > 0);
 	}
 	for (int i = 0; i < n; i++)
@@ -360,8 +407,13 @@ static void test_batch_equals_alone(void **state)
 {
 	uint64_t r = g_seed ^ 0xb1;
 
+	g_lazy = g_fetched = 0;
 	for (int t = 0; t < 3; t++)
 		trial(&r, test_rng_int(&r, 3, 9), 60, 0);
+	/* Both backends leave greedy steps' logits beside the view: the
+	 * draws from their argmax and the fetches were both compared. */
+	assert_true(g_lazy > 0);
+	assert_true(g_fetched > 0);
 }
 
 static void test_batch_one_by_one(void **state)
@@ -380,9 +432,11 @@ static void test_batch_fp8(void **state)
 	uint64_t r = g_seed ^ 0xb5;
 
 	g_kv_dtype = KVMEM_DTYPE_FP8;
+	g_lazy = g_fetched = 0;
 	for (int t = 0; t < 2; t++)
 		trial(&r, test_rng_int(&r, 3, 9), 50, 0);
 	g_kv_dtype = 0;
+	assert_true(g_lazy > 0);
 }
 
 /* Every row job on the sessions' writer threads, several at once. */
@@ -426,7 +480,7 @@ static void test_batch_72(void **state)
 
 			assert_int_equal(kvmem_session_decode(ps[i].t, 1, &ps[i].smp, &t), 0);
 			assert_int_equal(t, out[i]);
-			expect_same(&ps[i], i, step);
+			expect_same(&ps[i], i, step, 1);
 		}
 	}
 	assert_int_equal(g_batched, 4);	/* each step one batched forward */
@@ -492,12 +546,12 @@ static void test_batch_failures(void **state)
 	assert_true(kvmem_session_append(ps[1].t, &bad, 1, 0) < 0);
 	assert_int_equal(kvmem_session_append(ps[3].t, ps[3].script + 5, 2, 0), 0);
 	for (int i = 0; i < 4; i++)
-		expect_same(&ps[i], i, 0);
+		expect_same(&ps[i], i, 0, 1);
 	/* The failed sessions go on. */
 	it[1] = (kvmem_batch_item){ .s = ps[1].s, .tokens = ps[1].script, .n = 1 };
 	assert_int_equal(kvmem_session_append_batch(&it[1], 1), 0);
 	assert_int_equal(kvmem_session_append(ps[1].t, ps[1].script, 1, 0), 0);
-	expect_same(&ps[1], 1, 1);
+	expect_same(&ps[1], 1, 1, 1);
 
 	/* One session twice, or sessions of two backends: nothing runs. */
 	it[0] = (kvmem_batch_item){ .s = ps[0].s, .tokens = ps[0].script, .n = 1 };
@@ -521,8 +575,8 @@ static void test_batch_failures(void **state)
 	assert_int_equal(kvmem_session_decode(ps[3].t, 1, NULL, &tok[1]), 0);
 	assert_int_equal(out[0], tok[0]);
 	assert_int_equal(out[2], tok[1]);
-	expect_same(&ps[0], 0, 2);
-	expect_same(&ps[3], 3, 2);
+	expect_same(&ps[0], 0, 2, 1);
+	expect_same(&ps[3], 3, 2, 1);
 	assert_int_equal(kvmem_session_decode_batch(ds, -1, NULL, out, rc), -EINVAL);
 	assert_int_equal(kvmem_session_decode_batch(ds, 0, NULL, out, rc), 0);
 	/* Enough sessions that the draws run on several threads (batch.c's
@@ -548,8 +602,8 @@ static void test_batch_failures(void **state)
 		assert_int_equal(kvmem_session_decode(ps[3].t, 1, NULL, &tok[1]), 0);
 		assert_int_equal(o9[0], tok[0]);
 		assert_int_equal(o9[3], tok[1]);
-		expect_same(&ps[0], 0, 3);
-		expect_same(&ps[3], 3, 3);
+		expect_same(&ps[0], 0, 3, 1);
+		expect_same(&ps[3], 3, 3, 1);
 		for (int i = 4; i < 9; i++)
 			kvmem_session_free(d9[i]);
 	}

@@ -448,17 +448,25 @@ static int start_view(struct job *j)
 static int sample_next(struct job *j)
 {
 	struct serve *sv = j->sv;
-	const float *logits = kvmem_session_logits(j->s);
+	const float *logits;
 	struct tok_lp lp;
 	int32_t id;
 	int rc;
 
-	if (!logits)
-		return kvmem_error(EINVAL, "no logits to sample from");
-	rc = serve_sample(sv, logits, sv->m->cfg.vocab, j, &j->rng, j->json_object ? &j->jp : NULL,
-			  &id, j->logprobs ? &lp : NULL);
-	if (rc)
-		return rc;
+	if (j->samp.temperature <= 0 && !j->json_object && !j->ignore_eos && !j->logprobs) {
+		/* A plain greedy draw is the session's own (kvmem_sample's
+		 * rule): a batched step's is made beside its logits, which
+		 * then stay on the device (kvmem/session.h, "Batched steps"). */
+		if ((rc = kvmem_session_draw(j->s, NULL, &id)))
+			return rc;
+	} else {
+		if (!(logits = kvmem_session_logits(j->s)))
+			return kvmem_error(EINVAL, "no logits to sample from");
+		rc = serve_sample(sv, logits, sv->m->cfg.vocab, j, &j->rng,
+				  j->json_object ? &j->jp : NULL, &id, j->logprobs ? &lp : NULL);
+		if (rc)
+			return rc;
+	}
 	j->tok = id;
 	pthread_mutex_lock(&sv->mu);
 	j->completion_tokens++;

@@ -97,7 +97,13 @@ typedef struct kvmem_score_input {
 } kvmem_score_input;
 
 /* One sequence of a batched forward: n tokens at the end of view v, the
- * other arguments as forward()'s. */
+ * other arguments as forward()'s. argmax (may be NULL; a decode item's, n
+ * 1, all_logits 0): the caller takes the logits lazily. A backend with
+ * logits_fetch may then leave them beside the view instead of in logits
+ * and write *argmax: the first of the highest logits, or -1 when one is
+ * NaN or infinite (kvmem_argmax_finite's answer); one that does not
+ * leaves *argmax as it was (the caller sets KVMEM_ARGMAX_NONE) and writes
+ * logits as usual. */
 typedef struct kvmem_fwd_item {
 	kvmem_view *v;
 	const int32_t *tokens;
@@ -105,7 +111,10 @@ typedef struct kvmem_fwd_item {
 	float *logits;
 	int all_logits;
 	const kvmem_fwd_out *out;
+	int32_t *argmax;
 } kvmem_fwd_item;
+
+#define KVMEM_ARGMAX_NONE (-2)	/* *argmax untouched: the logits came to the host */
 
 /* What a backend tells a watcher of its device page pool (pool_watch):
  * n pages that entered or left it, in order. */
@@ -253,6 +262,12 @@ typedef struct kvmem_backend_ops {
 	 * off): the caller runs them one by one.
 	 */
 	int (*forward_batch)(void *ctx, const kvmem_fwd_item *items, int n);
+	/* Optional, with forward_batch: an item whose logits stayed beside
+	 * its view (kvmem_fwd_item.argmax) gets them here, vocab floats into
+	 * dst, until the view's next forward. A batched decode step of greedy
+	 * draws then copies no logits to the host (the cuda backend: 0.6 MB
+	 * an item at Qwen3's vocabulary, 39 MB a step of 64; issue #26). */
+	int (*logits_fetch)(void *ctx, kvmem_view *v, float *dst);
 	/* With index_rows: 1 when the backend's running summaries are key's
 	 * and end at token upto (a forward may then go on from them: not
 	 * fresh), else 0. One backend serves many sessions, so a session's

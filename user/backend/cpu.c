@@ -47,6 +47,11 @@ struct kvmem_view {
 	kvmem_kvcache kv;
 	float *rk;		/* raw K [L][H][cap][D] when kept (keep_raw), else NULL */
 	int keep;
+	/* Logits a batched decode left here (kvmem_fwd_item.argmax): two
+	 * rows, lg_cur the last forward's; the other is the next one's, so
+	 * that a forward that fails leaves the last ones whole. */
+	float *lg;
+	int lg_cur, lg_have;
 };
 
 struct cpu {
@@ -203,6 +208,7 @@ static void cpu_view_destroy(void *ctx, kvmem_view *v)
 	((struct cpu *)ctx)->view_bytes -= view_bytes(ctx, v->kv.cap, v->keep);
 	kvmem_kvcache_free(&v->kv);
 	free(v->rk);
+	free(v->lg);
 	free(v);
 }
 
@@ -346,8 +352,27 @@ static int engine_forward_batch(struct cpu *b, const kvmem_fwd_seq *seqs, int n)
 	return 0;
 }
 
+/* An item whose logits stay beside its view (kvmem_fwd_item.argmax). */
+static int lazy_item(const kvmem_fwd_item *it)
+{
+	return it->argmax && it->n == 1 && !it->all_logits;
+}
+
+static int cpu_logits_fetch(void *ctx, kvmem_view *v, float *dst)
+{
+	const struct cpu *b = ctx;
+
+	if (!v || !v->lg_have)
+		return kvmem_error(EINVAL, "cpu backend: no logits were left beside this view");
+	memcpy(dst, v->lg + (size_t)v->lg_cur * b->c->vocab, sizeof(float) * (size_t)b->c->vocab);
+	return 0;
+}
+
 /* The engine's batched forward over the items' views; a view that keeps
- * raw K gets the new rows beside its slots too. */
+ * raw K gets the new rows beside its slots too. A decode item that asks
+ * (argmax) gets its logits into the view's own row and its greedy draw,
+ * as the cuda backend leaves them on the device: nothing is saved here,
+ * but sessions take the path they take on a GPU. */
 static int cpu_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 {
 	struct cpu *b = ctx;
@@ -379,15 +404,31 @@ static int cpu_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 		seqs[i] = (kvmem_fwd_seq){ .kv = &it->v->kv, .tokens = it->tokens, .n = it->n,
 					   .logits = it->logits, .all_logits = it->all_logits,
 					   .out = it->out || it->v->keep ? &outs[i] : NULL };
+		if (lazy_item(it)) {
+			if (!it->v->lg &&
+			    !(it->v->lg = malloc(2 * sizeof(float) * (size_t)b->c->vocab))) {
+				rc = kvmem_error(ENOMEM, "cpu forward: out of memory for logits");
+				goto out;
+			}
+			seqs[i].logits = it->v->lg + (size_t)(1 - it->v->lg_cur) * b->c->vocab;
+		}
 	}
 	if (engine_forward_batch(b, seqs, n)) {
 		rc = kvmem_fail();
 		goto out;
 	}
-	for (int i = 0; i < n; i++)
-		if (items[i].v->keep)
-			keep_rows(b, items[i].v, outs[i].raw_k, items[i].v->kv.len - items[i].n,
-				  items[i].n);
+	for (int i = 0; i < n; i++) {
+		kvmem_view *v = items[i].v;
+		int bad;
+
+		if (v->keep)
+			keep_rows(b, v, outs[i].raw_k, v->kv.len - items[i].n, items[i].n);
+		if (lazy_item(&items[i])) {
+			v->lg_cur = 1 - v->lg_cur;
+			v->lg_have = 1;
+			*items[i].argmax = kvmem_argmax_finite(seqs[i].logits, b->c->vocab, &bad);
+		}
+	}
 out:
 	if (seqs != stack)
 		free(seqs);
@@ -670,4 +711,5 @@ const kvmem_backend_ops kvmem_backend_cpu_ops = {
 	.keep_raw = cpu_keep_raw,
 	.move = cpu_move,
 	.forward_batch = cpu_forward_batch,
+	.logits_fetch = cpu_logits_fetch,
 };

@@ -449,6 +449,7 @@ const kvmem_backend_ops kvmem_backend_cuda_ops = {
 	.set_length = cuda_set_length,
 	.forward = cuda_forward,
 	.forward_batch = cuda_forward_batch,
+	.logits_fetch = cuda_logits_fetch,
 	.place = cuda_place,
 	.host_view = cuda_host_view,
 	.ceilings = cuda_ceilings,

@@ -43,6 +43,11 @@ struct kvmem_view {
 	uint8_t *rk8;		/* fp8, keep_raw: raw K bytes and scales, the pages' */
 	float *rks;
 	kvmem_kvcache *host;	/* fp8: the view dequantised for host_view, or NULL */
+	/* Logits a batched decode left here (kvmem_fwd_item.argmax): two
+	 * device rows, lg_cur the last forward's, the other the next one's
+	 * (a pass that fails leaves the last ones whole). cuda_fwd_batch.c */
+	float *lg;
+	int lg_cur, lg_have;
 };
 
 struct cuda {
@@ -170,6 +175,8 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 
 /* cuda_fwd_batch.c: forward_batch (decode items; -ENOTSUP otherwise) */
 int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n);
+int cuda_logits_fetch(void *ctx, kvmem_view *v, float *dst);
+void cuda_view_logits_free(struct cuda *b, kvmem_view *v);
 void cuda_fwdb_destroy(struct cuda *b);
 
 /* cuda_page.c */

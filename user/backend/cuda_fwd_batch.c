@@ -92,6 +92,7 @@ struct cuda_fwdb {
 	 * device and pinned */
 	char *in, *host_in;
 	float *logits, *host_logits;	/* [rows][vocab] */
+	int32_t *amax, *host_amax;	/* [rows]: the lazy items' greedy draws */
 	uint16_t *host_rows;	/* pinned: raw q [L][rows][qw], raw K and V [L][rows][kw] */
 	/* A layer's rows go down on their own stream as soon as its q/k
 	 * kernel has made them (ev_qk), and the host copies them out to the
@@ -178,9 +179,18 @@ static size_t view_rec(const struct cuda *b)
 	return b->fp8 ? sizeof(kvmem_fp8_put_view) : sizeof(kvmem_qk_view);
 }
 
+/* Then each row's device row for its logits (the view's, kvmem_fwd_item
+ * .argmax), or NULL. */
+static size_t dst_off(const struct cuda *b, int rows)
+{
+	size_t at = views_off(b, rows) + (size_t)rows * b->c->n_layers * view_rec(b);
+
+	return (at + 15) & ~(size_t)15;
+}
+
 static size_t in_bytes(const struct cuda *b, int rows)
 {
-	return views_off(b, rows) + (size_t)rows * b->c->n_layers * view_rec(b);
+	return dst_off(b, rows) + (size_t)rows * sizeof(float *);
 }
 
 void cuda_fwdb_destroy(struct cuda *b)
@@ -199,8 +209,10 @@ void cuda_fwdb_destroy(struct cuda *b)
 	kvmem_cuda_free(f->ang);
 	kvmem_cuda_free(f->in);
 	kvmem_cuda_free(f->logits);
+	kvmem_cuda_free(f->amax);
 	cudaFreeHost(f->host_in);
 	cudaFreeHost(f->host_logits);
+	cudaFreeHost(f->host_amax);
 	cudaFreeHost(f->host_rows);
 	for (int l = 0; l < b->c->n_layers; l++) {
 		if (f->ev_qk && f->ev_qk[l])
@@ -272,8 +284,10 @@ static int room(struct cuda *b, int n)
 	kvmem_cuda_free(f->ang);
 	kvmem_cuda_free(f->in);
 	kvmem_cuda_free(f->logits);
+	kvmem_cuda_free(f->amax);
 	cudaFreeHost(f->host_in);
 	cudaFreeHost(f->host_logits);
+	cudaFreeHost(f->host_amax);
 	cudaFreeHost(f->host_rows);
 	free(f->seqs);
 	free(f->seqp);
@@ -283,12 +297,15 @@ static int room(struct cuda *b, int n)
 	f->ang = NULL;
 	f->in = f->host_in = NULL;
 	f->logits = f->host_logits = NULL;
+	f->amax = f->host_amax = NULL;
 	f->seqs = NULL;
 	f->rows = 0;
 	if ((rc = cuda_dev_alloc(&f->qkv, (size_t)n * ld * 2, NULL)) < 0 ||
 	    (rc = cuda_dev_alloc(&f->ang, (size_t)n * c->head_dim * sizeof(double), NULL)) < 0 ||
 	    (rc = cuda_dev_alloc(&f->in, in_bytes(b, n), NULL)) < 0 ||
 	    (rc = cuda_dev_alloc(&f->logits, (size_t)n * c->vocab * 4, NULL)) < 0 ||
+	    (rc = cuda_dev_alloc(&f->amax, (size_t)n * sizeof(int32_t), NULL)) < 0 ||
+	    (rc = cuda_pinned(&f->host_amax, (size_t)n * sizeof(int32_t))) < 0 ||
 	    (rc = cuda_pinned(&f->host_in, in_bytes(b, n))) < 0 ||
 	    (rc = cuda_pinned(&f->host_logits, (size_t)n * c->vocab * 4)) < 0 ||
 	    (rc = cuda_pinned(&f->host_rows, (size_t)n * c->n_layers * ld * 2)) < 0)
@@ -586,14 +603,35 @@ struct logits_out {
 	const kvmem_fwd_item *items;
 };
 
+/* An item whose logits stay beside its view (kvmem_fwd_item.argmax). */
+static int lazy_item(const kvmem_fwd_item *it)
+{
+	return it->argmax && it->n == 1 && !it->all_logits;
+}
+
 static void item_logits(void *arg, int i)
 {
 	const struct logits_out *o = arg;
 	const kvmem_fwd_item *it = &o->items[i];
 
-	if (it->logits)
+	if (it->logits && !lazy_item(it))
 		memcpy(it->logits, o->b->fwdb->host_logits + (size_t)i * o->b->c->vocab,
 		       (size_t)o->b->c->vocab * sizeof(float));
+}
+
+/* The view's two device rows of logits, made at its first lazy item
+ * (1.2 MB at Qwen3's vocabulary, counted with the view). */
+static int view_logits(struct cuda *b, kvmem_view *v)
+{
+	const size_t bytes = 2 * sizeof(float) * (size_t)b->c->vocab;
+	int rc;
+
+	if (v->lg)
+		return 0;
+	if ((rc = kvmem_cuda_malloc((void **)&v->lg, bytes)) < 0)
+		return kvmem_error_prefix("cuda batched forward: a view's logits");
+	b->view_bytes += bytes;
+	return 0;
 }
 
 /* One pass over n <= max_chunk checked items. */
@@ -606,13 +644,24 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	kvmem_scatter_item *sc;
 	kvmem_qk_view *qv;
 	kvmem_fp8_put_view *pv;
-	int rc, want_out = 0, any_logits = 0;
+	float **dst;
+	int rc, want_out = 0, any_logits = 0, host_logits = 0, lazy = 0;
 	uint64_t t0 = kvmem_now_ns(), t1, t2, t3;
 
 	mark(f, b, P_START);
+	dst = (float **)(f->host_in + dst_off(b, n));
 	for (int i = 0; i < n; i++) {
 		want_out |= wants_out(items[i].out);
-		any_logits |= items[i].logits != NULL;
+		any_logits |= items[i].logits != NULL || lazy_item(&items[i]);
+		dst[i] = NULL;
+		if (!lazy_item(&items[i])) {
+			host_logits |= items[i].logits != NULL;
+			continue;
+		}
+		if ((rc = view_logits(b, items[i].v)) < 0)
+			return rc;
+		dst[i] = items[i].v->lg + (size_t)(1 - items[i].v->lg_cur) * c->vocab;
+		lazy++;
 	}
 	/* The inputs: ids, positions, one scatter item per item and layer (the
 	 * lone forward's: its token at slot len, from its qkv row). The
@@ -664,10 +713,22 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	     (rc = kvmem_cuda_gemv_rows_bf16(b->ctx, f->logits, KVMEM_GEMM_F32, b->tmp, b->lm_head,
 					     n, c->hidden, c->vocab)) < 0))
 		return kvmem_error_prefix("cuda batched forward: logits");
+	/* The lazy items' greedy draws, their logits kept beside their views:
+	 * only n ints go down for them (a 64-item step of Qwen3's vocabulary
+	 * brought 39 MB of logits down before, and the host read them twice). */
+	if (lazy &&
+	    ((rc = kvmem_cuda_argmax_rows(b->ctx, f->amax, (float *const *)(f->in + dst_off(b, n)),
+					  f->logits, n, c->vocab)) < 0 ||
+	     cudaMemcpyAsync(f->host_amax, f->amax, (size_t)n * sizeof(int32_t),
+			     cudaMemcpyDeviceToHost, kvmem_cuda_stream(b->ctx)) != cudaSuccess)) {
+		cudaGetLastError();
+		return rc < 0 ? kvmem_error_prefix("cuda batched forward")
+			      : kvmem_error(EIO, "cuda batched forward: copying the draws down");
+	}
 	mark(f, b, P_LOGITS);
-	if (any_logits && cudaMemcpyAsync(f->host_logits, f->logits, (size_t)n * c->vocab * 4,
-					  cudaMemcpyDeviceToHost,
-					  kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+	if (host_logits && cudaMemcpyAsync(f->host_logits, f->logits, (size_t)n * c->vocab * 4,
+					   cudaMemcpyDeviceToHost,
+					   kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
 		cudaGetLastError();
 		return kvmem_error(EIO, "cuda batched forward: copying the logits down");
 	}
@@ -691,8 +752,39 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	if (f->prof)
 		prof_pass(f->prof, n, (double)(t1 - t0) * 1e-6, (double)(t2 - t1) * 1e-6,
 			  (double)(t3 - t2) * 1e-6, (double)(kvmem_now_ns() - t3) * 1e-6);
-	for (int i = 0; i < n; i++)
-		items[i].v->len += 1;
+	for (int i = 0; i < n; i++) {
+		kvmem_view *v = items[i].v;
+
+		v->len += 1;
+		if (dst[i]) {	/* host_in is not reused before the next pass */
+			v->lg_cur = 1 - v->lg_cur;
+			v->lg_have = 1;
+			*items[i].argmax = f->host_amax[i];
+		}
+	}
+	return 0;
+}
+
+void cuda_view_logits_free(struct cuda *b, kvmem_view *v)
+{
+	if (!v->lg)
+		return;
+	kvmem_cuda_sync(b->ctx);	/* a pass may still write them */
+	kvmem_cuda_free(v->lg);
+	b->view_bytes -= 2 * sizeof(float) * (size_t)b->c->vocab;
+	v->lg = NULL;
+	v->lg_have = 0;
+}
+
+int cuda_logits_fetch(void *ctx, kvmem_view *v, float *dst)
+{
+	struct cuda *b = ctx;
+
+	if (!v || !v->lg_have)
+		return kvmem_error(EINVAL, "cuda backend: no logits were left beside this view");
+	if (kvmem_cuda_download(b->ctx, dst, v->lg + (size_t)v->lg_cur * b->c->vocab,
+				sizeof(float) * (size_t)b->c->vocab) < 0)
+		return kvmem_error_prefix("cuda backend: a view's logits");
 	return 0;
 }
 

@@ -43,6 +43,7 @@ void cuda_view_destroy(void *ctx, kvmem_view *v)
 {
 	if (!v)
 		return;
+	cuda_view_logits_free(ctx, v);
 	if (v->fp8) {
 		cuda_fp8_view_destroy(ctx, v);
 		return;

@@ -81,6 +81,26 @@ static int pb_enabled(void)
 	return pb_on;
 }
 
+/*
+ * KVMEM_SESSION_LAZY_LOGITS=0 (read at the first batch): every batched
+ * decode step brings each item's logits to the host, as before 2026-12-06,
+ * for A/B runs; by default a backend with logits_fetch keeps them and
+ * returns the greedy draw (on the H100 host 2 ms of a 64-item step went to
+ * the 39 MB of logits: their copy down, out of the pinned buffer and the
+ * draws' pass over them; issue #26).
+ */
+static int lazy_logits = -1;
+
+static int lazy_off(void)
+{
+	if (lazy_logits < 0) {
+		const char *e = getenv("KVMEM_SESSION_LAZY_LOGITS");
+
+		lazy_logits = !(e && !strcmp(e, "0"));
+	}
+	return !lazy_logits;
+}
+
 /* Items on the stack up to this many; a larger batch allocates. */
 #define STACK_ITEMS 64
 /* Draws spread over the kernels' pool from this many sessions on. */
@@ -134,6 +154,8 @@ static void forward_all(kvmem_backend *be, kvmem_batch_item *items, const int *l
 		kvmem_batch_item *it = &items[live[k]];
 
 		t0 = (int64_t)kvmem_now_ns();
+		if (fwd[k].argmax)	/* a failed batch may have set it */
+			*fwd[k].argmax = KVMEM_ARGMAX_NONE;
 		if (be->ops->forward(be->ctx, fwd[k].v, fwd[k].tokens, fwd[k].n, fwd[k].logits,
 				     fwd[k].all_logits, fwd[k].out)) {
 			kvmem_error_prefix("session");
@@ -199,6 +221,15 @@ int kvmem_session_append_batch(kvmem_batch_item *items, int n)
 			fwd[m] = (kvmem_fwd_item){ .v = s->view, .tokens = it->tokens, .n = it->n,
 						   .logits = s->logits, .all_logits = s->o.all_logits,
 						   .out = &outs[m] };
+			/* A decode step's logits may stay on the backend,
+			 * fetched when asked (ws_logits_host); its greedy
+			 * draw comes back now. Only while the session draws
+			 * greedily and its logits go unread; not when every
+			 * forward's are handed out (on_forward) or kept
+			 * (all_logits). */
+			if (it->n == 1 && s->draw_greedy && !s->logits_asked && !s->o.all_logits &&
+			    !s->o.on_forward && s->be->ops->logits_fetch && !lazy_off())
+				fwd[m].argmax = &s->dev_argmax;
 			live[m++] = i;
 		}
 	}
@@ -260,6 +291,19 @@ static void draw_one(void *arg, int i)
 		item_fail(&d->items[i]);
 }
 
+/* The draws d of sessions at[0..). */
+struct draws_of {
+	const struct draws *d;
+	const int *at;
+};
+
+static void draw_of(void *arg, int k)
+{
+	const struct draws_of *o = arg;
+
+	draw_one((void *)o->d, o->at[k]);
+}
+
 int kvmem_session_decode_batch(kvmem_session *const *s, int n, const kvmem_sampler *const *smp,
 			       int32_t *out, int *rc)
 {
@@ -298,12 +342,24 @@ int kvmem_session_decode_batch(kvmem_session *const *s, int n, const kvmem_sampl
 	 * thread's, kept in its item. */
 	{
 		const struct draws d = { s, smp, out, items };
+		int slow = 0;
 
-		if (n >= PAR_DRAWS)
-			kvmem_pool_run(n, draw_one, (void *)&d);
-		else
-			for (int i = 0; i < n; i++)
+		/* A draw made beside its logits (a greedy one after a batched
+		 * step that left them on the backend) is at hand: here. The
+		 * rest read their logits: on the pool when they are many. */
+		for (int i = 0; i < n; i++)
+			if (ws_draw_at_hand(s[i], smp ? smp[i] : NULL))
 				draw_one((void *)&d, i);
+			else
+				idx[slow++] = i;
+		if (slow >= PAR_DRAWS) {
+			const struct draws_of o = { &d, idx };
+
+			kvmem_pool_run(slow, draw_of, (void *)&o);
+		} else {
+			for (int k = 0; k < slow; k++)
+				draw_one((void *)&d, idx[k]);
+		}
 	}
 	for (int i = 0; i < n; i++) {
 		const int r = items[i].rc;

@@ -45,7 +45,9 @@ int kvmem_session_release_view(kvmem_session *s)
 {
 	if (s->released)
 		return 0;
-	if (ws_usable(s) || ws_writer_wait(s))
+	/* The last logits stay with the session (a batched step may have
+	 * left them beside the view). */
+	if (ws_usable(s) || ws_writer_wait(s) || ws_logits_host(s))
 		return kvmem_fail();
 	ws_writer_free(s);
 	ws_scratch_free(s);

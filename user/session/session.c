@@ -458,6 +458,7 @@ int ws_run_begin(kvmem_session *s, int n, kvmem_fwd_out *out)
 
 	/* Only the queries keep_queries keeps come back. */
 	*out = ws_fwd_out(s, n < s->o.query_tokens ? n : s->o.query_tokens);
+	s->dev_argmax = KVMEM_ARGMAX_NONE;
 	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
 		return kvmem_fail();
 	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
@@ -487,7 +488,17 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
 		return kvmem_fail();
 	}
 	s->blocks.n_tokens = p0 + n;
-	if (!s->run_no_logits) {
+	if (!s->run_no_logits)
+		s->logits_asked = 0;	/* new logits: nobody has asked yet */
+	if (!s->run_no_logits && s->dev_argmax != KVMEM_ARGMAX_NONE) {
+		/* A batched decode step's logits, left on the backend: the
+		 * greedy draw is here already, the rest comes when asked. */
+		s->argmax_tok = s->dev_argmax;
+		s->logits_dev = 1;
+		s->st.lazy_logits++;
+		s->have_logits = 1;
+	} else if (!s->run_no_logits) {
+		s->logits_dev = 0;
 		if (s->o.all_logits) {
 			memcpy(s->last_logits, s->logits + (size_t)(n - 1) * s->cfg.vocab,
 			       (size_t)s->cfg.vocab * sizeof(float));
@@ -737,6 +748,14 @@ int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out)
 		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
 	if (!smp)
 		smp = &greedy;
+	s->draw_greedy = smp->temperature <= 0.0f;
+	/* A batched step's greedy draw was made beside its logits. */
+	if (ws_draw_at_hand(s, smp)) {
+		*out = s->argmax_tok;
+		return 0;
+	}
+	if (ws_logits_host(s))
+		return kvmem_fail();
 	/* NaN would never be drawn and infinities would always win: either
 	 * way the model's arithmetic has overflowed, and a token sampled
 	 * from it is no answer. A greedy draw checks in its own pass. */
@@ -780,6 +799,15 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 	 * waits for them after its forward, and everything that reads the
 	 * history before (writer.c) waits first. */
 	return ws_step_end(s);
+}
+
+int kvmem_session_draw(kvmem_session *s, const kvmem_sampler *smp, int32_t *out)
+{
+	if (!out)
+		return kvmem_error(EINVAL, "session: draw: nowhere to put the token");
+	if (ws_usable(s) || ws_sample(s, smp, out))
+		return kvmem_fail();
+	return 0;
 }
 
 int kvmem_session_sync(kvmem_session *s)
@@ -840,9 +868,31 @@ const kvmem_backend *kvmem_session_backend(const kvmem_session *s)
 	return s->be;
 }
 
+int ws_draw_at_hand(const kvmem_session *s, const kvmem_sampler *smp)
+{
+	return s->logits_dev && s->argmax_tok >= 0 &&
+	       (!smp || smp->temperature <= 0.0f);
+}
+
+int ws_logits_host(kvmem_session *s)
+{
+	if (!s->logits_dev)
+		return 0;
+	if (s->be->ops->logits_fetch(s->be->ctx, s->view, s->last_logits))
+		return kvmem_error_prefix("session: the last logits from the backend");
+	s->logits_dev = 0;
+	s->st.lazy_fetches++;
+	return 0;
+}
+
 const float *kvmem_session_logits(const kvmem_session *s)
 {
-	return s->have_logits ? s->last_logits : NULL;
+	/* last_logits is a cache of what the backend may still hold: filling
+	 * it changes nothing the caller can see but this answer. */
+	((kvmem_session *)s)->logits_asked = 1;
+	if (!s->have_logits || ws_logits_host((kvmem_session *)s))
+		return NULL;
+	return s->last_logits;
 }
 
 const kvmem_index *kvmem_session_index(const kvmem_session *s)

@@ -50,6 +50,19 @@ struct kvmem_session {
 					 * without write_rows: [2][block][kw] */
 	float *q_raw, *logits, *last_logits;
 	int have_logits;
+	/* The last logits stayed beside the view (a batched decode step's:
+	 * kvmem_fwd_item.argmax): last_logits is stale until ws_logits_host
+	 * fetches them. argmax_tok: their greedy draw, or -1 (a NaN or an
+	 * infinity: the draw fetches them to say which). dev_argmax: what the
+	 * backend writes in the forward (KVMEM_ARGMAX_NONE: it did not). */
+	int logits_dev;
+	int32_t argmax_tok, dev_argmax;
+	/* Whether the next batched step may leave its logits: the last draw
+	 * was greedy (ws_sample) and nobody asked for the last logits
+	 * (kvmem_session_logits). A session whose caller reads every step's
+	 * logits (logprobs, its own sampler) keeps them on the host, rather
+	 * than fetching each one alone. */
+	int draw_greedy, logits_asked;
 	/* The forward about to end computed no logits (an append's inner
 	 * chunk, nobody asking for them): ws_run_end leaves last_logits. */
 	int run_no_logits;
@@ -267,6 +280,12 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
  * greedy) and the session's random state; -ERANGE for logits that are not
  * finite (nothing drawn). */
 int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out);
+/* 1 when smp's draw needs no pass over logits: a greedy one whose token
+ * came back with a batched step (logits_dev). */
+int ws_draw_at_hand(const kvmem_session *s, const kvmem_sampler *smp);
+/* The last logits into last_logits when they stayed on the backend
+ * (logits_dev); 0 when they are there already. */
+int ws_logits_host(kvmem_session *s);
 
 /* adopt.c */
 int ws_adopt_check(const kvmem_session *s, const int32_t *tokens, int64_t n);

@@ -299,6 +299,10 @@ int kvmem_session_save_state(const kvmem_session *s, void **buf, size_t *len)
 		return kvmem_fail();
 	if (s->broken)
 		return kvmem_error(ESTALE, "session state: the session is unusable after an earlier failure");
+	/* Logits a batched step left on the backend are saved as any others
+	 * (last_logits is only their host copy: nothing the caller sees). */
+	if (ws_logits_host((kvmem_session *)s))
+		return kvmem_fail();
 	put_u32(&w, STATE_MAGIC);
 	put_u32(&w, s->o.layout == KVMEM_LAYOUT_COMPACT ? STATE_VERSION : STATE_VERSION_LAYOUT);
 	put_u64(&w, 0);		/* total bytes, filled in below */
@@ -637,6 +641,7 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 			       v.qring + ((size_t)l * v.n_q + i) * s->cfg.n_heads * s->cfg.head_dim,
 			       (size_t)s->cfg.n_heads * s->cfg.head_dim * sizeof(float));
 	s->have_logits = (int)v.have_logits;
+	s->logits_dev = 0;
 	if (v.have_logits)
 		memcpy(s->last_logits, v.logits, (size_t)s->cfg.vocab * sizeof(float));
 	s->rng = v.rng;
