@@ -39,6 +39,36 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z)
 }
 
 /* ---- greedy --------------------------------------------------------------- */
+/*
+ * The block's best (rank key, id): the highest key, ties to the lowest id
+ * (INT_MAX: a thread that saw none). Every thread brings its own; thread 0
+ * returns the block's id. sk, si: one slot a warp in shared memory.
+ */
+__device__ int block_best(uint32_t bk, int bi, uint32_t *sk, int *si)
+{
+	for (int o = 16; o > 0; o >>= 1) {
+		uint32_t k2 = __shfl_xor_sync(0xffffffffu, bk, o);
+		int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+
+		if (i2 != INT_MAX && (bi == INT_MAX || k2 > bk || (k2 == bk && i2 < bi))) {
+			bk = k2;
+			bi = i2;
+		}
+	}
+	if ((threadIdx.x & 31) == 0) {
+		sk[threadIdx.x >> 5] = bk;
+		si[threadIdx.x >> 5] = bi;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0)
+		for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+			if (si[w] != INT_MAX && (sk[w] > bk || (sk[w] == bk && si[w] < bi))) {
+				bk = sk[w];
+				bi = si[w];
+			}
+	return bi;
+}
+
 __global__ void argmax_kernel(int32_t *token, const float *logits, int vocab)
 {
 	__shared__ uint32_t sk[32];
@@ -54,28 +84,9 @@ __global__ void argmax_kernel(int32_t *token, const float *logits, int vocab)
 			bi = i;
 		}
 	}
-	for (int o = 16; o > 0; o >>= 1) {
-		uint32_t k2 = __shfl_xor_sync(0xffffffffu, bk, o);
-		int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-
-		if (i2 != INT_MAX && (bi == INT_MAX || k2 > bk || (k2 == bk && i2 < bi))) {
-			bk = k2;
-			bi = i2;
-		}
-	}
-	if ((threadIdx.x & 31) == 0) {
-		sk[threadIdx.x >> 5] = bk;
-		si[threadIdx.x >> 5] = bi;
-	}
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-			if (si[w] != INT_MAX && (sk[w] > bk || (sk[w] == bk && si[w] < bi))) {
-				bk = sk[w];
-				bi = si[w];
-			}
+	bi = block_best(bk, bi, sk, si);
+	if (threadIdx.x == 0)
 		*token = bi;
-	}
 }
 
 /*
@@ -91,14 +102,12 @@ __global__ void argmax_rows_kernel(int32_t *out, float *const *dst, const float 
 				   int vocab)
 {
 	__shared__ uint32_t sk[ROWS_THREADS / 32];
-	__shared__ int si[ROWS_THREADS / 32], sbad;
+	__shared__ int si[ROWS_THREADS / 32];
 	const float *row = logits + (size_t)blockIdx.x * vocab;
 	float *copy = dst ? dst[blockIdx.x] : NULL;
 	uint32_t bk = 0;
 	int bi = INT_MAX, bad = 0;
 
-	if (threadIdx.x == 0)
-		sbad = 0;
 	for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
 		const float f = row[i];
 		const uint32_t k = rank_key(f);
@@ -106,37 +115,15 @@ __global__ void argmax_rows_kernel(int32_t *out, float *const *dst, const float 
 		if (copy)
 			copy[i] = f;
 		bad |= !isfinite(f);
-		if (bi == INT_MAX || k > bk) {	/* ids ascend per thread: strict keeps the lowest */
+		if (bi == INT_MAX || k > bk) {
 			bk = k;
 			bi = i;
 		}
 	}
-	for (int o = 16; o > 0; o >>= 1) {
-		uint32_t k2 = __shfl_xor_sync(0xffffffffu, bk, o);
-		int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-
-		if (i2 != INT_MAX && (bi == INT_MAX || k2 > bk || (k2 == bk && i2 < bi))) {
-			bk = k2;
-			bi = i2;
-		}
-	}
-	bad = __any_sync(0xffffffffu, bad);
-	__syncthreads();	/* sbad's zero before any warp sets it */
-	if ((threadIdx.x & 31) == 0) {
-		sk[threadIdx.x >> 5] = bk;
-		si[threadIdx.x >> 5] = bi;
-		if (bad)
-			sbad = 1;
-	}
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-			if (si[w] != INT_MAX && (sk[w] > bk || (sk[w] == bk && si[w] < bi))) {
-				bk = sk[w];
-				bi = si[w];
-			}
-		out[blockIdx.x] = sbad ? -1 : bi;
-	}
+	bad = __syncthreads_or(bad);
+	bi = block_best(bk, bi, sk, si);
+	if (threadIdx.x == 0)
+		out[blockIdx.x] = bad ? -1 : bi;
 }
 
 int kvmem_cuda_argmax_rows(kvmem_cuda_ctx *c, int32_t *out, float *const *dst,

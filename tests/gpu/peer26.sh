@@ -9,6 +9,8 @@
 # the weights need more than an H100's 80 GB; on an H100 the peer is left out.
 #
 #   tests/gpu/peer26.sh OUTDIR [SECONDS]   (default 540; logs in OUTDIR/peer26.tar)
+#   ONLY64=1: the 64 x 8K rows alone, fp8 at 8 stages a split as kvmem serve
+#   batches it (the row behind the peer; 330 s)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/peer26.sh OUTDIR [SECONDS]}
@@ -17,12 +19,26 @@ gpu_begin peer26 540 "${2:-}"
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 B64="--context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 --no-loop"
 B16="--context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16 --no-loop"
-gpu_batch b8k_64_fp8 90 $B64 --kv-dtype fp8
+if [ -n "${ONLY64:-}" ]; then
+	KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b8k_64_fp8_t8 100 $B64 --kv-dtype fp8
+else
+	gpu_batch b8k_64_fp8 90 $B64 --kv-dtype fp8
+fi
 gpu_batch b8k_64_bf16 90 $B64
 if [ "${mib:-0}" -gt 100000 ]; then
-	gpu_torch_peer 110 1,64:8192 1,16:32768
+	if [ -n "${ONLY64:-}" ]; then
+		gpu_torch_peer 110 1,64:8192
+	else
+		gpu_torch_peer 110 1,64:8192 1,16:32768
+	fi
 else
 	echo "-- the PyTorch peer left out: its full caches (77 GB) and weights do not fit ${mib} MiB"
+fi
+if [ -n "${ONLY64:-}" ]; then
+	gpu_batch_summary
+	[ -n "${OUT:-}" ] && tar cf "$OUT/peer26.tar" -C "$OUT" peer26 && rm -rf "${OUT:?}/peer26"
+	gpu_done
+	exit
 fi
 gpu_batch b32k_16_fp8 80 $B16 --kv-dtype fp8
 gpu_batch b32k_16_bf16 80 $B16
