@@ -208,6 +208,17 @@ expect 200 "" "$CO" -H "$A" -d "{\"prompt\":$ASK,\"logprobs\":1}"
 [ "$(js 'const l = b.choices[0].logprobs; l.tokens.length === l.token_logprobs.length && l.tokens.length === l.top_logprobs.length && l.tokens.length > 0')" = true ] ||
 	bad "logprobs (completions): $(head -c 600 "$tmp/body")"
 expect 400 invalid_request "$CH" -H "$A" -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}],\"top_logprobs\":2}"
+# ignore_eos: an answer that stops runs on to max_tokens; the greedy draw the
+# session makes (kvmem_session_draw: the best token, unless it is a stop) and
+# the one over the masked logits (which logprobs take) are the same tokens.
+expect 200 "" "$CO" -H "$A" -d "{\"prompt\":$ASK,\"max_tokens\":40}"
+[ "$(js 'b.choices[0].finish_reason')" = stop ] || bad "ignore_eos: without it the answer did not stop: $(head -c 300 "$tmp/body")"
+expect 200 "" "$CO" -H "$A" -d "{\"prompt\":$ASK,\"max_tokens\":40,\"ignore_eos\":true}"
+drawn=$(js 'JSON.stringify([b.choices[0].text, b.choices[0].finish_reason, b.usage.completion_tokens])')
+expect 200 "" "$CO" -H "$A" -d "{\"prompt\":$ASK,\"max_tokens\":40,\"ignore_eos\":true,\"logprobs\":1}"
+masked=$(js 'JSON.stringify([b.choices[0].text, b.choices[0].finish_reason, b.usage.completion_tokens])')
+[ "$drawn" = "$masked" ] && [ "$(js 'b.usage.completion_tokens')" = 40 ] ||
+	bad "ignore_eos: drawn by the session $drawn, over the masked logits $masked"
 # response_format: json_object is a constraint; a vocabulary with no '{'
 # cannot meet it (agentlang): 400. Others are refused.
 expect 400 invalid_request "$CH" -H "$A" -d "{\"messages\":[{\"role\":\"user\",\"content\":$ASK}],\"response_format\":{\"type\":\"json_object\"}}"

@@ -451,15 +451,22 @@ static int sample_next(struct job *j)
 	const float *logits;
 	struct tok_lp lp;
 	int32_t id;
-	int rc;
+	int rc, plain = j->samp.temperature <= 0 && !j->json_object && !j->logprobs;
 
-	if (j->samp.temperature <= 0 && !j->json_object && !j->ignore_eos && !j->logprobs) {
+	if (plain) {
 		/* A plain greedy draw is the session's own (kvmem_sample's
 		 * rule): a batched step's is made beside its logits, which
-		 * then stay on the device (kvmem/session.h, "Batched steps"). */
+		 * then stay on the device (kvmem/session.h, "Batched steps").
+		 * With ignore_eos a best token that is not a stop is also the
+		 * best of the tokens that are not (the first of the highest);
+		 * only a stop sends the draw to the masked logits below, whose
+		 * passes over 151,936 logits a token are the engine thread's
+		 * (issue #26: benchmarks.md, "kvmem serve's rounds"). */
 		if ((rc = kvmem_session_draw(j->s, NULL, &id)))
 			return rc;
-	} else {
+		plain = !(j->ignore_eos && tok_cli_is_stop(&sv->tok, id));
+	}
+	if (!plain) {
 		if (!(logits = kvmem_session_logits(j->s)))
 			return kvmem_error(EINVAL, "no logits to sample from");
 		rc = serve_sample(sv, logits, sv->m->cfg.vocab, j, &j->rng,

@@ -1,0 +1,45 @@
+#!/bin/bash
+# On the GPU machine (issue #26): where kvmem serve's time goes at the 8B
+# geometry under 16 closed-loop clients, where `bench serve` gave 2.0x one
+# client's decode rate and `bench batch` 10x. The server runs on its own
+# (fp8 views, KVMEM_SESSION_BATCH_PROFILE=1, printed at its exit), `bench
+# serve --url` loads it, and its /metrics are kept after each load: the
+# rounds, the units' time (prefill, decode, selections), the commits.
+# Loads: one-off requests of 64 and 256 tokens, then conversations.
+#
+#   tests/gpu/servesplit26.sh OUTDIR [SECONDS]   (logs in OUTDIR/servesplit26.tar)
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: tests/gpu/servesplit26.sh OUTDIR [SECONDS]}
+. tests/gpu/lib.sh
+gpu_begin servesplit26 300 "${2:-}"
+port=8391
+KVMEM_SESSION_BATCH_PROFILE=1 "$K" serve --preset 8b --backend cuda --kv-dtype fp8 --port $port \
+	--data-dir "$log/data" >"$log/serve.out" 2>"$log/serve.err" &
+srv=$!
+for _ in $(seq 120); do
+	curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+	sleep 1
+done
+head -12 "$log/serve.err"
+load() { # name, then bench serve's arguments
+	local name=$1
+	shift
+	echo "== kvmem bench serve --url ... $*"
+	timeout "$(gpu_left 100)" "$K" bench serve --url "http://127.0.0.1:$port" --mode closed "$@" \
+		>"$log/$name.out" 2>"$log/$name.err" && ok "bench serve $name" || bad "bench serve $name"
+	tail -4 "$log/$name.out"
+	curl -sf "http://127.0.0.1:$port/metrics" >"$log/$name.metrics"
+	grep -E '^kvmem_(turns_total|prompt_tokens_total|completion_tokens_total|prefill_seconds_total|decode_seconds_total|selection_seconds_total|selections_total|commit_seconds_total|batch_rounds_total|batch_units_total|batch_size_max|round_seconds_sum|round_seconds_max|batch_decode_units_total|batch_prefill_units_total|batch_select_units_total) ' \
+		"$log/$name.metrics" | tr '\n' ' '
+	echo
+}
+load t64 --clients 1,16 --requests 2 --tokens 64 --lines 8
+load t256 --clients 16 --requests 1 --tokens 256 --lines 8
+load conv --clients 16 --requests 3 --tokens 64 --lines 8 --conversations
+kill -TERM $srv
+wait $srv
+grep -A6 KVMEM_SESSION_BATCH_PROFILE "$log/serve.err"
+[ -n "${OUT:-}" ] && tar cf "$OUT/servesplit26.tar" -C "$OUT" --exclude=data servesplit26 &&
+	rm -rf "${OUT:?}/servesplit26"
+gpu_done
