@@ -294,6 +294,17 @@ node -e '
 		count > 0 && sum > 0 && max > 0 && max <= sum;
 	if (!ok) { console.error(JSON.stringify({ b, count, rounds, sum, max })); process.exit(1); }' "$tmp/metrics" ||
 	bad "/metrics: kvmem_round_seconds is not a histogram of the rounds"
+# The turns' session time by part: forwards ran, their time counted, and
+# no part more than the rounds' wall time.
+node -e '
+	const t = require("fs").readFileSync(process.argv[1], "utf8");
+	const parts = Object.fromEntries([...t.matchAll(/^kvmem_session_seconds_total\{part="(\w+)"\} (\S+)$/gm)].map((m) => [m[1], +m[2]]));
+	const v = (re) => { const m = re.exec(t); return m ? +m[1] : NaN; };
+	const rounds = v(/^kvmem_round_seconds_sum (\S+)$/m), fwds = v(/^kvmem_session_forwards_total (\d+)$/m);
+	const ok = Object.keys(parts).length === 10 && parts.forward > 0 && fwds > 0 &&
+		Object.values(parts).every((x) => x >= 0 && x <= rounds);
+	if (!ok) { console.error(JSON.stringify({ parts, rounds, fwds })); process.exit(1); }' "$tmp/metrics" ||
+	bad "/metrics: kvmem_session_seconds_total is not the turns' session time"
 serve_stop
 
 # ---- the limits a request meets: --max-n, --max-conversation-tokens, --max-batch ---------------

@@ -133,6 +133,7 @@ struct job {
 	struct lane *lane;
 	struct conv *cv;
 	kvmem_session *s;		/* the conversation's, or one of its own */
+	kvmem_session_stats st0;	/* s's counters when the turn started */
 	kvmem_ids ids;			/* to append */
 	size_t appended;
 	uint64_t prefill_round;		/* the last round that ran a chunk of its prompt */
@@ -210,6 +211,10 @@ struct serve_counters {
 	uint64_t round_hist[SERVE_ROUND_BUCKETS + 1];
 	double round_s, round_max_s;
 	uint64_t device_bytes;		/* the backend's, after the last round */
+	/* The sessions' own time, summed over turns as each ends (turn_end):
+	 * where a unit's seconds went inside the session (/metrics'
+	 * kvmem_session_seconds_total). */
+	kvmem_session_stats sess;
 	struct serve_batch_stats batch;	/* the runner's, after the last round */
 };
 

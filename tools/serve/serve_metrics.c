@@ -55,6 +55,34 @@ static void metric(struct out *o, const char *name, const char *type, const char
 	outf(o, "# HELP %s %s\n# TYPE %s %s\n%s %.9g\n", name, help, name, type, name, v);
 }
 
+/* The turns' session time by part (kvmem_session_stats, summed as turns
+ * end): inside the units' seconds, what the backend's forward took, what
+ * putting rows away on the engine thread took, room and pages before a
+ * forward, the writer threads' start and the waits for them, and a
+ * selection's scoring, planning and placing. */
+static void session_seconds(struct out *o, const kvmem_session_stats *s)
+{
+	const struct {
+		const char *part;
+		int64_t ns;
+	} p[] = {
+		{ "forward", s->forward_ns },	    { "store", s->store_ns },
+		{ "own", s->own_ns },		    { "begin", s->begin_ns },
+		{ "reserve", s->reserve_ns },	    { "writer_start", s->writer_start_ns },
+		{ "writer_wait", s->writer_wait_ns }, { "score", s->score_ns },
+		{ "plan", s->plan_ns },		    { "place", s->place_ns },
+	};
+
+	outf(o, "# HELP kvmem_session_seconds_total the turns' session time by part, summed as "
+		"each turn ends\n# TYPE kvmem_session_seconds_total counter\n");
+	for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
+		outf(o, "kvmem_session_seconds_total{part=\"%s\"} %.9g\n", p[i].part, p[i].ns / 1e9);
+	metric(o, "kvmem_session_forwards_total", "counter", "the turns' forward passes, counted "
+	       "as each turn ends", (double)s->forwards);
+	metric(o, "kvmem_session_lazy_logits_total", "counter", "batched greedy steps whose logits "
+	       "stayed on the backend, counted as each turn ends", (double)s->lazy_logits);
+}
+
 const double serve_round_le[SERVE_ROUND_BUCKETS] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 						     0.1, 0.25, 0.5, 1, 2.5 };
 
@@ -197,6 +225,7 @@ char *serve_metrics(struct serve *sv)
 	       c->select_s);
 	metric(&o, "kvmem_commit_seconds_total", "counter", "time writing records and committing",
 	       c->commit_s);
+	session_seconds(&o, &c->sess);
 	metric(&o, "kvmem_time_to_first_token_seconds_sum", "counter",
 	       "submit to first content, summed over turns", c->ttft_s);
 	metric(&o, "kvmem_time_to_first_token_seconds_count", "counter", "turns in that sum", c->ttft_n);

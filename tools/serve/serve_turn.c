@@ -778,6 +778,9 @@ int turn_start(struct job *j)
 	struct conv *c = NULL;
 	int rc = start(j, &c);
 
+	if (!rc && j->s)
+		kvmem_session_get_stats(j->s, &j->st0);
+
 	/* No turn runs (refused, or replayed from the record): a shared
 	 * conversation (--store) is let go at once, its lease with it, as
 	 * after a turn. */
@@ -789,9 +792,36 @@ int turn_start(struct job *j)
 	return rc;
 }
 
+/* What the turn's session spent, into the server's sums. */
+static void add_session_time(struct job *j)
+{
+	kvmem_session_stats now, *sum = &j->sv->c.sess;
+	const kvmem_session_stats *was = &j->st0;
+
+	kvmem_session_get_stats(j->s, &now);
+	pthread_mutex_lock(&j->sv->mu);
+	sum->forwards += now.forwards - was->forwards;
+	sum->forward_ns += now.forward_ns - was->forward_ns;
+	sum->store_ns += now.store_ns - was->store_ns;
+	sum->own_ns += now.own_ns - was->own_ns;
+	sum->begin_ns += now.begin_ns - was->begin_ns;
+	sum->reserve_ns += now.reserve_ns - was->reserve_ns;
+	sum->writer_start_ns += now.writer_start_ns - was->writer_start_ns;
+	sum->writer_wait_ns += now.writer_wait_ns - was->writer_wait_ns;
+	sum->score_ns += now.score_ns - was->score_ns;
+	sum->plan_ns += now.plan_ns - was->plan_ns;
+	sum->place_ns += now.place_ns - was->place_ns;
+	sum->lazy_logits += now.lazy_logits - was->lazy_logits;
+	sum->lazy_fetches += now.lazy_fetches - was->lazy_fetches;
+	pthread_mutex_unlock(&j->sv->mu);
+}
+
 void turn_end(struct job *j)
 {
 	struct serve *sv = j->sv;
+
+	if (j->s)
+		add_session_time(j);
 
 	if (j->cv) {
 		j->cv->busy = 0;
