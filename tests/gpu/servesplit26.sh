@@ -4,7 +4,8 @@
 # client's decode rate and `bench batch` 10x. The server runs on its own
 # (fp8 views, KVMEM_SESSION_BATCH_PROFILE=1, printed at its exit), `bench
 # serve --url` loads it, and its /metrics are kept after each load: the
-# rounds, the units' time (prefill, decode, selections), the commits.
+# rounds, the units' time (prefill, decode, selections), the commits, the
+# turns' session time by part.
 # Loads: one-off requests of 64 and 256 tokens, then conversations.
 #
 #   tests/gpu/servesplit26.sh OUTDIR [SECONDS]   (logs in OUTDIR/servesplit26.tar)
@@ -32,6 +33,9 @@ load() { # name, then bench serve's arguments
 	curl -sf "http://127.0.0.1:$port/metrics" >"$log/$name.metrics"
 	grep -E '^kvmem_(turns_total|prompt_tokens_total|completion_tokens_total|prefill_seconds_total|decode_seconds_total|selection_seconds_total|selections_total|commit_seconds_total|batch_rounds_total|batch_units_total|batch_size_max|round_seconds_sum|round_seconds_max|batch_decode_units_total|batch_prefill_units_total|batch_select_units_total) ' \
 		"$log/$name.metrics" | tr '\n' ' '
+	echo
+	grep -E '^kvmem_session_(seconds_total|forwards_total|lazy_logits_total)' "$log/$name.metrics" |
+		sed 's/kvmem_session_seconds_total//' | tr '\n' ' '
 	echo
 }
 load t64 --clients 1,16 --requests 2 --tokens 64 --lines 8
