@@ -1184,6 +1184,124 @@ static void test_sample_large_topk(void **state)
 	free(sorted);
 }
 
+/*
+ * kvmem_sample's full order (a temperature with no top-k, or top-k past
+ * 1024) against the qsort it replaced: ids by ranks_before's rule (higher
+ * logit first, NaN as -inf, ties to the lower id), then the same softmax
+ * and draw. Logits with ties, NaN, infinities and -0 beside +0; the token
+ * and the random state after it must be the same, draw after draw.
+ */
+static const float *g_ref_logits;
+
+static float ref_logit(int i)
+{
+	return isnan(g_ref_logits[i]) ? -INFINITY : g_ref_logits[i];
+}
+
+static int ref_by_rank(const void *pa, const void *pb)
+{
+	int a = *(const int *)pa, b = *(const int *)pb;
+	float la = ref_logit(a), lb = ref_logit(b);
+
+	if (a == b)
+		return 0;
+	return la > lb || (la == lb && a < b) ? -1 : 1;
+}
+
+static int sample_full_ref(const float *l, int vocab, const kvmem_sampler *s, uint64_t *rng)
+{
+	int *idx = malloc(sizeof(int) * vocab), n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab;
+	double *p = malloc(sizeof(double) * vocab), top, sum = 0, u, cum = 0;
+	int pick;
+
+	for (int i = 0; i < vocab; i++)
+		idx[i] = i;
+	g_ref_logits = l;
+	qsort(idx, vocab, sizeof(int), ref_by_rank);
+	top = ref_logit(idx[0]);
+	if (!isfinite(top)) {
+		pick = idx[0];
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		p[i] = exp(((double)ref_logit(idx[i]) - top) / s->temperature);
+		sum += p[i];
+	}
+	if (s->top_p > 0.0f && s->top_p < 1.0f) {
+		double want = s->top_p * sum;
+		int keep = 0;
+
+		for (cum = 0; keep < n && cum < want;)
+			cum += p[keep++];
+		n = keep > 0 ? keep : 1;
+		sum = cum > 0.0 ? cum : p[0];
+	}
+	u = kvmem_rng_uniform(rng) * sum;
+	pick = idx[n - 1];
+	cum = 0;
+	for (int i = 0; i < n; i++) {
+		cum += p[i];
+		if (u < cum) {
+			pick = idx[i];
+			break;
+		}
+	}
+out:
+	free(idx);
+	free(p);
+	return pick;
+}
+
+static void test_sample_full_order(void **state)
+{
+	uint64_t r = rng_for("sample-full-order");
+	static const kvmem_sampler cfg[] = {
+		{ .temperature = 1.0f }, { .temperature = 0.8f, .top_p = 0.9f },
+		{ .temperature = 1.3f, .top_k = 2000, .top_p = 0.8f }, { .temperature = 40.0f },
+	};
+	int same = 0, draws = 0;
+
+	(void)state;
+	for (int t = 0; t < 12; t++) {
+		const int vocab = t == 11 ? 151936 : test_rng_int(&r, 1, 5000);
+		float *l = test_rand_floats(&r, vocab, -6, 6);
+
+		for (int i = 0; i < vocab; i++) {
+			const double u = test_rng_uniform(&r);
+
+			if (t % 3 == 1)	/* few values: long runs of ties */
+				l[i] = (float)test_rng_int(&r, -3, 3);
+			if (u < 0.01)
+				l[i] = NAN;
+			else if (u < 0.015)
+				l[i] = -INFINITY;
+			else if (u < 0.03)
+				l[i] = i & 1 ? -0.0f : 0.0f;
+		}
+		if (t == 5)
+			l[test_rng_int(&r, 0, vocab - 1)] = INFINITY;	/* wins outright */
+		if (t == 6)
+			for (int i = 0; i < vocab; i++)
+				l[i] = NAN;	/* all as -inf: the first id */
+		for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+			uint64_t a = kvmem_rng_seed((uint64_t)t * 31 + c), b = a;
+
+			for (int d = 0; d < (vocab > 10000 ? 2 : 5); d++) {
+				const int got = kvmem_sample(l, vocab, &cfg[c], &a);
+				const int want = sample_full_ref(l, vocab, &cfg[c], &b);
+
+				if (got != want || a != b)
+					fail_msg("vocab %d, config %zu, draw %d: %d, the qsort order's %d",
+						 vocab, c, d, got, want);
+				same++;
+				draws++;
+			}
+		}
+		free(l);
+	}
+	assert_int_equal(same, draws);
+}
+
 /* ---- Mean-K ------------------------------------------------------------ */
 
 static void test_meank(void **state)
@@ -1238,6 +1356,7 @@ int main(void)
 		cmocka_unit_test(test_sample_deterministic),
 		cmocka_unit_test(test_sample_distribution),
 		cmocka_unit_test(test_sample_large_topk),
+		cmocka_unit_test(test_sample_full_order),
 		cmocka_unit_test(test_meank),
 	};
 
