@@ -93,6 +93,22 @@ for k in 1 2 3 4; do
 	[ "$a" = "$(js 'b.choices[0].text')" ] || differ=$((differ + 1))
 done
 [ "$differ" -gt 0 ] || bad "2: inside conversations the seed changed nothing (4 pairs)"
+# Seeded streams at once draw their tokens ahead of their units, beside each
+# other (turn_predraw): each gives the text it gives alone, logprobs too.
+pids=""
+for k in 1 2 3 4; do
+	lp=""; [ $((k % 2)) = 0 ] && lp=',"logprobs":2'
+	body="{\"prompt\":$LINES,\"max_tokens\":32,\"temperature\":1.2,\"seed\":$((k + 7))$lp}"
+	curl -s "$CO" -d "$body" -o "$tmp/alone$k"
+	curl -s "$CO" -d "$body" -o "$tmp/together$k" &
+	pids="$pids $!"
+done
+wait $pids
+for k in 1 2 3 4; do
+	a=$(node -e 'const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); console.log(JSON.stringify([b.choices[0].text, b.choices[0].logprobs]))' "$tmp/alone$k")
+	t=$(node -e 'const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); console.log(JSON.stringify([b.choices[0].text, b.choices[0].logprobs]))' "$tmp/together$k")
+	[ -n "$a" ] && [ "$a" = "$t" ] || bad "2: seeded stream $k beside three others: $t, alone: $a"
+done
 
 # ---- 3: a completion conversation whose answer was lost ---------------------------------
 expect 200 "" "$CO" -H 'X-Kvmem-Conversation: lost' -d "{\"prompt\":$ASK,\"max_tokens\":8}"

@@ -447,6 +447,7 @@ static void round_once(struct serve *sv, struct round *r)
 	double dt;
 
 	r->id++;
+	turn_predraw(r->run, r->n_run);
 	for (k = 0; k < r->n_run && n < max; k++) {
 		struct job *j = r->run[(r->first + k) % r->n_run];
 		int want = turn_prefill_next(j);

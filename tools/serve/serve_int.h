@@ -134,6 +134,12 @@ struct job {
 	struct conv *cv;
 	kvmem_session *s;		/* the conversation's, or one of its own */
 	kvmem_session_stats st0;	/* s's counters when the turn started */
+	/* The next token drawn ahead of its unit (turn_predraw), beside the
+	 * other turns' draws: its id and logprobs, or the failure. */
+	int drawn, drawn_rc;
+	int32_t drawn_id;
+	struct tok_lp drawn_lp;
+	char drawn_err[256];
 	kvmem_ids ids;			/* to append */
 	size_t appended;
 	uint64_t prefill_round;		/* the last round that ran a chunk of its prompt */
@@ -300,6 +306,13 @@ int64_t turn_prefill_left(const struct job *j);
 /* The next unit of a running turn into u (0); 1 when it has none (its units
  * are done: turn_close is next); -1 when it failed (the job is done). */
 int turn_unit(struct job *j, struct serve_unit *u);
+/* The next tokens of the decode turns among run[0..n) whose draw reads
+ * their logits on the host (a temperature, logprobs), drawn ahead of their
+ * units and beside each other (OpenMP): a draw at a temperature over
+ * Qwen3's 151,936 logits takes the engine thread ~4 ms, one a stream a
+ * round. turn_unit takes the token drawn; the same tokens as drawing one
+ * by one. */
+void turn_predraw(struct job *const *run, int n);
 /* After its unit ran: 1 when the turn is over. */
 int turn_after(struct job *j, struct serve_unit *u);
 /* Close and commit a turn whose units are done: 1 (always over). */

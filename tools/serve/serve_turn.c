@@ -443,13 +443,11 @@ static int start_view(struct job *j)
 }
 
 /* ---- units --------------------------------------------------------------------------- */
-/* Sample the next token; the turn's end when it is a stop, the last one or
- * completes a stop string. -1: failed. */
-static int sample_next(struct job *j)
+/* The next token from the turn's last logits (and its logprobs when asked). */
+static int draw(struct job *j, int32_t *out, struct tok_lp *lp)
 {
 	struct serve *sv = j->sv;
 	const float *logits;
-	struct tok_lp lp;
 	int32_t id;
 	int rc, plain = j->samp.temperature <= 0 && !j->json_object && !j->logprobs;
 
@@ -470,9 +468,63 @@ static int sample_next(struct job *j)
 		if (!(logits = kvmem_session_logits(j->s)))
 			return kvmem_error(EINVAL, "no logits to sample from");
 		rc = serve_sample(sv, logits, sv->m->cfg.vocab, j, &j->rng,
-				  j->json_object ? &j->jp : NULL, &id, j->logprobs ? &lp : NULL);
+				  j->json_object ? &j->jp : NULL, &id, j->logprobs ? lp : NULL);
 		if (rc)
 			return rc;
+	}
+	*out = id;
+	return 0;
+}
+
+/* A decode turn whose next draw reads its logits on the host (a
+ * temperature, logprobs, ignore_eos's stop): worth drawing ahead, beside the
+ * others'. Not json_object's (its pieces' table is made at its first use). */
+static int wants_predraw(const struct job *j)
+{
+	return !j->done && j->phase == PH_DECODE && !j->pending && !j->drawn && !j->json_object &&
+	       (j->samp.temperature > 0 || j->logprobs);
+}
+
+void turn_predraw(struct job *const *run, int n)
+{
+	struct job **w = malloc(sizeof(*w) * (size_t)(n > 0 ? n : 1));
+	int m = 0;
+
+	if (!w)
+		return;	/* each draws with its unit, as before */
+	for (int i = 0; i < n; i++)
+		if (wants_predraw(run[i]))
+			w[m++] = run[i];
+	/* Each draw touches its own turn, session and random state only. */
+#pragma omp parallel for schedule(dynamic, 1) if (m >= 2)
+	for (int k = 0; k < m; k++) {
+		struct job *j = w[k];
+
+		j->drawn_rc = draw(j, &j->drawn_id, &j->drawn_lp);
+		if (j->drawn_rc)
+			snprintf(j->drawn_err, sizeof(j->drawn_err), "%s", kvmem_last_error());
+		j->drawn = 1;
+	}
+	free(w);
+}
+
+/* Sample the next token (or take the one drawn ahead); the turn's end when
+ * it is a stop, the last one or completes a stop string. -1: failed. */
+static int sample_next(struct job *j)
+{
+	struct serve *sv = j->sv;
+	struct tok_lp lp;
+	int32_t id;
+	int rc;
+
+	if (j->drawn) {
+		j->drawn = 0;
+		if (j->drawn_rc)
+			return kvmem_error(-j->drawn_rc, "%s", j->drawn_err);
+		id = j->drawn_id;
+		lp = j->drawn_lp;
+	} else if ((rc = draw(j, &id, &lp))) {
+		return rc;
 	}
 	j->tok = id;
 	pthread_mutex_lock(&sv->mu);
