@@ -32,6 +32,7 @@
 #include "kernels/kernels_bf16.h"	/* kvmem_rope_angles */
 #include "kernels/cpu/bits.h"
 #include "helpers/test_model.h"
+#include "helpers/test_sample_ref.h"
 
 static uint64_t g_seed;
 
@@ -1186,72 +1187,10 @@ static void test_sample_large_topk(void **state)
 
 /*
  * kvmem_sample's full order (a temperature with no top-k, or top-k past
- * 1024) against the qsort it replaced: ids by ranks_before's rule (higher
- * logit first, NaN as -inf, ties to the lower id), then the same softmax
- * and draw. Logits with ties, NaN, infinities and -0 beside +0; the token
- * and the random state after it must be the same, draw after draw.
+ * 1024) against the qsort it replaced (helpers/test_sample_ref.c). Logits
+ * with ties, NaN, infinities and -0 beside +0; the token and the random
+ * state after it must be the same, draw after draw.
  */
-static const float *g_ref_logits;
-
-static float ref_logit(int i)
-{
-	return isnan(g_ref_logits[i]) ? -INFINITY : g_ref_logits[i];
-}
-
-static int ref_by_rank(const void *pa, const void *pb)
-{
-	int a = *(const int *)pa, b = *(const int *)pb;
-	float la = ref_logit(a), lb = ref_logit(b);
-
-	if (a == b)
-		return 0;
-	return la > lb || (la == lb && a < b) ? -1 : 1;
-}
-
-static int sample_full_ref(const float *l, int vocab, const kvmem_sampler *s, uint64_t *rng)
-{
-	int *idx = malloc(sizeof(int) * vocab), n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab;
-	double *p = malloc(sizeof(double) * vocab), top, sum = 0, u, cum = 0;
-	int pick;
-
-	for (int i = 0; i < vocab; i++)
-		idx[i] = i;
-	g_ref_logits = l;
-	qsort(idx, vocab, sizeof(int), ref_by_rank);
-	top = ref_logit(idx[0]);
-	if (!isfinite(top)) {
-		pick = idx[0];
-		goto out;
-	}
-	for (int i = 0; i < n; i++) {
-		p[i] = exp(((double)ref_logit(idx[i]) - top) / s->temperature);
-		sum += p[i];
-	}
-	if (s->top_p > 0.0f && s->top_p < 1.0f) {
-		double want = s->top_p * sum;
-		int keep = 0;
-
-		for (cum = 0; keep < n && cum < want;)
-			cum += p[keep++];
-		n = keep > 0 ? keep : 1;
-		sum = cum > 0.0 ? cum : p[0];
-	}
-	u = kvmem_rng_uniform(rng) * sum;
-	pick = idx[n - 1];
-	cum = 0;
-	for (int i = 0; i < n; i++) {
-		cum += p[i];
-		if (u < cum) {
-			pick = idx[i];
-			break;
-		}
-	}
-out:
-	free(idx);
-	free(p);
-	return pick;
-}
-
 static void test_sample_full_order(void **state)
 {
 	uint64_t r = rng_for("sample-full-order");
@@ -1288,7 +1227,7 @@ static void test_sample_full_order(void **state)
 
 			for (int d = 0; d < (vocab > 10000 ? 2 : 5); d++) {
 				const int got = kvmem_sample(l, vocab, &cfg[c], &a);
-				const int want = sample_full_ref(l, vocab, &cfg[c], &b);
+				const int want = test_sample_qsort(l, vocab, &cfg[c], &b);
 
 				if (got != want || a != b)
 					fail_msg("vocab %d, config %zu, draw %d: %d, the qsort order's %d",

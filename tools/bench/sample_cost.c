@@ -7,21 +7,20 @@
  * kvmem serve samples on its engine thread, a draw a running stream a round
  * (issue #26).
  *
- *   make && gcc -std=c11 -O2 -Iinclude -o /tmp/sample_cost tools/bench/sample_cost.c \
- *       build/libkvmem.a $(pkg-config --libs liburing numa libxxhash libpcre2-8 jansson) \
+ *   make && gcc -std=c11 -O2 -Iinclude -Itests/unit/helpers -o /tmp/sample_cost \
+ *       tools/bench/sample_cost.c tests/unit/helpers/test_sample_ref.c build/libkvmem.a \
+ *       $(pkg-config --libs liburing numa libxxhash libpcre2-8 jansson) \
  *       -lopenblas -lunistring -lm -lpthread -fopenmp && /tmp/sample_cost [DRAWS]
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "kvmem/sample.h"
+#include "test_sample_ref.h"	/* tests/unit/helpers: the qsort path */
 
 #define VOCAB 151936
-
-static const float *g_l;
 
 static double now_s(void)
 {
@@ -29,60 +28,6 @@ static double now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static float at(int i)
-{
-	return isnan(g_l[i]) ? -INFINITY : g_l[i];
-}
-
-static int by_rank(const void *pa, const void *pb)
-{
-	int a = *(const int *)pa, b = *(const int *)pb;
-
-	if (a == b)
-		return 0;
-	return at(a) > at(b) || (at(a) == at(b) && a < b) ? -1 : 1;
-}
-
-/* The qsort path, as kvmem_sample ran it before 2026-12-06. */
-static int sample_qsort(const float *l, const kvmem_sampler *s, uint64_t *rng)
-{
-	int *idx = malloc(sizeof(int) * VOCAB), n = s->top_k > 0 && s->top_k < VOCAB ? s->top_k : VOCAB;
-	double *p = malloc(sizeof(double) * VOCAB), top, sum = 0, u, cum = 0;
-	int pick;
-
-	for (int i = 0; i < VOCAB; i++)
-		idx[i] = i;
-	g_l = l;
-	qsort(idx, VOCAB, sizeof(int), by_rank);
-	top = at(idx[0]);
-	for (int i = 0; i < n; i++) {
-		p[i] = exp(((double)at(idx[i]) - top) / s->temperature);
-		sum += p[i];
-	}
-	if (s->top_p > 0.0f && s->top_p < 1.0f) {
-		double want = s->top_p * sum;
-		int keep = 0;
-
-		for (cum = 0; keep < n && cum < want;)
-			cum += p[keep++];
-		n = keep > 0 ? keep : 1;
-		sum = cum > 0.0 ? cum : p[0];
-	}
-	u = kvmem_rng_uniform(rng) * sum;
-	pick = idx[n - 1];
-	cum = 0;
-	for (int i = 0; i < n; i++) {
-		cum += p[i];
-		if (u < cum) {
-			pick = idx[i];
-			break;
-		}
-	}
-	free(idx);
-	free(p);
-	return pick;
 }
 
 int main(int argc, char **argv)
@@ -112,7 +57,7 @@ int main(int argc, char **argv)
 			int x, y;
 
 			t0 = now_s();
-			x = sample_qsort(l, &cfg[c], &a);
+			x = test_sample_qsort(l, VOCAB, &cfg[c], &a);
 			tq += now_s() - t0;
 			t0 = now_s();
 			y = kvmem_sample(l, VOCAB, &cfg[c], &b);
