@@ -229,20 +229,32 @@ static kvmem_backend *open_test_backend(kvmem_config *c, kvmem_model **m, uint64
  * another size, is another. With KVMEM_CUDA_HOST_KEEP=0 (every buffer
  * pinned anew, as before) it fails. Skipped on the cpu backend.
  */
+/* The test backend when it keeps pinned rows (host_alloc), else NULL with
+ * everything given back (the caller skips). */
+static kvmem_backend *rows_backend(uint64_t seed, kvmem_model **m)
+{
+	uint64_t rng = seed;
+	kvmem_config c;
+	kvmem_backend *e = open_test_backend(&c, m, &rng);
+
+	if (e && e->ops->host_alloc)
+		return e;
+	if (e)
+		kvmem_backend_close(e);
+	test_model_free(*m);
+	*m = NULL;
+	return NULL;
+}
+
 static void test_rows_kept(void **state)
 {
 	const size_t S = (size_t)64 << 20;
-	uint64_t rng = g_seed ^ 0x6e7;
-	kvmem_config c;
 	kvmem_model *m = NULL;
-	kvmem_backend *e = open_test_backend(&c, &m, &rng);
+	kvmem_backend *e = rows_backend(g_seed ^ 0x6e7, &m);
 	void *a = NULL, *b = NULL, *a2 = NULL, *d = NULL;
 	double t0, fresh, again;
 
-	if (!e || !e->ops->host_alloc) {
-		if (e)
-			kvmem_backend_close(e);
-		test_model_free(m);
+	if (!e) {
 		skip();
 		return;
 	}
@@ -275,18 +287,13 @@ static void test_rows_kept_many(void **state)
 {
 	enum { N = 40 };
 	const size_t S = (size_t)8 << 20;
-	uint64_t rng = g_seed ^ 0x6e8;
-	kvmem_config c;
 	kvmem_model *m = NULL;
-	kvmem_backend *e = open_test_backend(&c, &m, &rng);
+	kvmem_backend *e = rows_backend(g_seed ^ 0x6e8, &m);
 	void *a[N], *b[N];
 	int back = 0;
 
 	(void)state;
-	if (!e || !e->ops->host_alloc) {
-		if (e)
-			kvmem_backend_close(e);
-		test_model_free(m);
+	if (!e) {
 		skip();
 		return;
 	}

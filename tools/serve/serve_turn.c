@@ -852,19 +852,11 @@ static void add_session_time(struct job *j)
 
 	kvmem_session_get_stats(j->s, &now);
 	pthread_mutex_lock(&j->sv->mu);
-	sum->forwards += now.forwards - was->forwards;
-	sum->forward_ns += now.forward_ns - was->forward_ns;
-	sum->store_ns += now.store_ns - was->store_ns;
-	sum->own_ns += now.own_ns - was->own_ns;
-	sum->begin_ns += now.begin_ns - was->begin_ns;
-	sum->reserve_ns += now.reserve_ns - was->reserve_ns;
-	sum->writer_start_ns += now.writer_start_ns - was->writer_start_ns;
-	sum->writer_wait_ns += now.writer_wait_ns - was->writer_wait_ns;
-	sum->score_ns += now.score_ns - was->score_ns;
-	sum->plan_ns += now.plan_ns - was->plan_ns;
-	sum->place_ns += now.place_ns - was->place_ns;
-	sum->lazy_logits += now.lazy_logits - was->lazy_logits;
-	sum->lazy_fetches += now.lazy_fetches - was->lazy_fetches;
+#define ADD(f) (sum->f += now.f - was->f)
+	ADD(forwards), ADD(forward_ns), ADD(store_ns), ADD(own_ns), ADD(begin_ns);
+	ADD(reserve_ns), ADD(writer_start_ns), ADD(writer_wait_ns), ADD(score_ns);
+	ADD(plan_ns), ADD(place_ns), ADD(lazy_logits), ADD(lazy_fetches);
+#undef ADD
 	pthread_mutex_unlock(&j->sv->mu);
 }
 
