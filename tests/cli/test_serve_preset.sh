@@ -112,4 +112,12 @@ for r in timed:
 PY
 grep -q "tpot p50  gap p99" "$tmp/bench.out" ||
 	bad "bench serve's header: $(grep load "$tmp/bench.out")"
+# --temperature: sampled answers, each request seeded, every one answered;
+# a temperature out of range is refused before anything runs.
+timeout 300 "$KVMEM" bench serve --model "$M" --tokenizer bytes --clients 2 --requests 1 \
+	--tokens 8 --lines 4 --mode closed --temperature 0.9 --json >"$tmp/bench.json" 2>&1 ||
+	bad "bench serve --temperature 0.9: $(tail -5 "$tmp/bench.json")"
+grep -q '"requests":2,"failed":0,.*"temperature":0.9}' "$tmp/bench.json" ||
+	bad "bench serve --temperature 0.9 --json: $(cat "$tmp/bench.json")"
+refuse "--temperature" bench serve --model "$M" --tokenizer bytes --temperature -1
 cli_done serve_preset

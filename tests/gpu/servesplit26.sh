@@ -6,7 +6,8 @@
 # serve --url` loads it, and its /metrics are kept after each load: the
 # rounds, the units' time (prefill, decode, selections), the commits, the
 # turns' session time by part.
-# Loads: one-off requests of 64 and 256 tokens, then conversations.
+# Loads: one-off requests of 64 and 256 tokens, conversations, then 256
+# tokens sampled at a temperature (the draws the engine makes ahead).
 #
 #   tests/gpu/servesplit26.sh OUTDIR [SECONDS]   (logs in OUTDIR/servesplit26.tar)
 set -u
@@ -41,6 +42,7 @@ load() { # name, then bench serve's arguments
 load t64 --clients 1,16 --requests 2 --tokens 64 --lines 8
 load t256 --clients 16 --requests 1 --tokens 256 --lines 8
 load conv --clients 16 --requests 3 --tokens 64 --lines 8 --conversations
+load t256s --clients 16 --requests 1 --tokens 256 --lines 8 --temperature 0.8
 kill -TERM $srv
 wait $srv
 grep -A6 KVMEM_SESSION_BATCH_PROFILE "$log/serve.err"

@@ -74,6 +74,7 @@ struct opts {
 	double rate;
 	double load;			/* Poisson's rate as a share of the closed loop's */
 	uint64_t seed;
+	double temperature;		/* the requests' (0: greedy) */
 };
 
 static void usage(FILE *f)
@@ -119,6 +120,8 @@ static void usage(FILE *f)
 		"  --rate R            Poisson arrivals per second instead of --load\n"
 		"  --conversations     each client's requests are the turns of a conversation\n"
 		"  --seed S            prompts and arrival times (default 1)\n"
+		"  --temperature T     each answer sampled at T, seeded (default 0: greedy);\n"
+		"                      the server draws at a temperature on the host\n"
 		"  --json              one JSON object per row\n"
 		"  --help              this text\n"
 		"\n"
@@ -146,8 +149,8 @@ struct load {
 static char *request_body(struct load *L, int c, char *const *held)
 {
 	json_t *doc = json_pack("{sisbsbs{sb}sfsb}", "max_tokens", L->o->tokens, "ignore_eos", 1,
-				"stream", 1, "stream_options", "include_usage", 1, "temperature", 0.0,
-				"store", 0);
+				"stream", 1, "stream_options", "include_usage", 1, "temperature",
+				L->o->temperature, "store", 0);
 	char *prompt = NULL, *text;
 
 	if (!doc || asprintf(&prompt, "%s%s", held && *held ? *held : "", L->prompts[c]) < 0) {
@@ -155,6 +158,8 @@ static char *request_body(struct load *L, int c, char *const *held)
 		return NULL;
 	}
 	json_object_set_new(doc, "prompt", json_string(prompt));
+	if (L->o->temperature > 0)	/* sampled, the same draws run after run */
+		json_object_set_new(doc, "seed", json_integer((json_int_t)(L->o->seed * 1000 + c)));
 	if (L->model)
 		json_object_set_new(doc, "model", json_string(L->model));
 	if (held) {
@@ -387,7 +392,7 @@ static int parse_list(const char *s, int *out, int max)
 
 enum { O_MODEL = 256, O_BACKEND, O_URL, O_KEY, O_CLIENTS, O_MODE, O_REQ, O_TOK, O_LINES, O_RATE,
        O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL, O_GPUMEM, O_LOAD,
-       O_ORDER, O_SLICE, O_KVDTYPE };
+       O_ORDER, O_SLICE, O_KVDTYPE, O_TEMP };
 
 static const struct option lopts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
@@ -411,6 +416,7 @@ static const struct option lopts[] = {
 	{ "load", required_argument, NULL, O_LOAD },
 	{ "conversations", no_argument, NULL, O_CONV },
 	{ "seed", required_argument, NULL, O_SEED },
+	{ "temperature", required_argument, NULL, O_TEMP },
 	{ "json", no_argument, NULL, O_JSON },
 	{ "help", no_argument, NULL, 'h' },
 	{ 0 },
@@ -477,6 +483,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case O_RATE: if (cli_parse_double(WHO, n, a, 1e-3, 1e6, &o->rate)) return -1; break;
 		case O_LOAD: if (cli_parse_double(WHO, n, a, 0.01, 10, &o->load)) return -1; break;
 		case O_SEED: if (cli_parse_u64(WHO, n, a, &o->seed)) return -1; break;
+		case O_TEMP: if (cli_parse_double(WHO, n, a, 0, 100, &o->temperature)) return -1; break;
 		}
 	}
 	return cli_no_operands(WHO, argc, argv) ? -1 : 0;
@@ -543,7 +550,7 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       "\"gap_ms_p99\":%.1f,\"ttft_p99_vs_unloaded\":%.2f,"
 		       "\"ideal_ttft_ms_p99\":%.1f,\"ideal_vs_unloaded\":%.2f,\"parked\":%lld,"
 		       "\"prompt_tokens_mean\":%.1f,\"chunk\":%d,\"prefill_round\":%lld,"
-		       "\"prefill_order\":\"%s\",\"view_slice_ms\":%g%s%s%s}\n",
+		       "\"prefill_order\":\"%s\",\"view_slice_ms\":%g,\"temperature\":%g%s%s%s}\n",
 		       mode, n, rate,
 		       r->ok, r->failed, r->wall, r->tok_s, one > 0 ? r->tok_s / one : 0, r->req_s,
 		       v[0], v[1], v[2], v[3], v[4], v[5], v[6], vs_unloaded,
@@ -551,7 +558,7 @@ static void report(const struct opts *o, const char *mode, int n, double rate,
 		       r->ok ? (double)r->prompt / r->ok : 0,
 		       o->used_chunk, (long long)o->used_round,
 		       o->used_chunk ? serve_prefill_order_name(o->prefill_order) : "",
-		       o->used_chunk ? o->view_slice_ms : -1,
+		       o->used_chunk ? o->view_slice_ms : -1, o->temperature,
 		       r->failed ? ",\"error\":" : "", r->failed ? "\"see stderr\"" : "", "");
 		if (r->failed)
 			fprintf(stderr, "%s: %d requests failed; the first: %s\n", WHO, r->failed, r->err);
@@ -684,8 +691,11 @@ int bench_serve(int argc, char **argv)
 		printf("kvmem bench serve: model %s, backend %s%s, %ld CPUs (%s)\n", model, backend,
 		       o.kv_dtype == KVMEM_DTYPE_FP8 ? " (fp8 KV)" : "", sysconf(_SC_NPROCESSORS_ONLN),
 		       machine);
-		printf("each request: %d workspace lines, %d tokens decoded (ignore_eos), streamed%s\n",
-		       o.lines, o.tokens, o.conversations ? ", turns of one conversation per client" : "");
+		printf("each request: %d workspace lines, %d tokens decoded (ignore_eos, %s), streamed%s\n",
+		       o.lines, o.tokens, o.temperature > 0 ? "sampled" : "greedy",
+		       o.conversations ? ", turns of one conversation per client" : "");
+		if (o.temperature > 0)
+			printf("sampled at temperature %g, each request seeded\n", o.temperature);
 		if (sv)
 			printf("the server's prefill: chunk %d, %lld tokens a round%s, %s; view work "
 			       "%g ms a round (--view-slice)\n",
