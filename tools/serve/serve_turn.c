@@ -443,13 +443,20 @@ static int start_view(struct job *j)
 }
 
 /* ---- units --------------------------------------------------------------------------- */
+/* A turn whose tokens are the session's own greedy draws (no temperature,
+ * logprobs or json_object: nothing that reads the logits on the host). */
+static int greedy_plain(const struct job *j)
+{
+	return j->samp.temperature <= 0 && !j->json_object && !j->logprobs;
+}
+
 /* The next token from the turn's last logits (and its logprobs when asked). */
 static int draw(struct job *j, int32_t *out, struct tok_lp *lp)
 {
 	struct serve *sv = j->sv;
 	const float *logits;
 	int32_t id;
-	int rc, plain = j->samp.temperature <= 0 && !j->json_object && !j->logprobs;
+	int rc, plain = greedy_plain(j);
 
 	if (plain) {
 		/* A plain greedy draw is the session's own (kvmem_sample's
@@ -477,12 +484,12 @@ static int draw(struct job *j, int32_t *out, struct tok_lp *lp)
 }
 
 /* A decode turn whose next draw reads its logits on the host (a
- * temperature, logprobs, ignore_eos's stop): worth drawing ahead, beside the
- * others'. Not json_object's (its pieces' table is made at its first use). */
+ * temperature, logprobs): worth drawing ahead, beside the others'. Not
+ * json_object's (its pieces' table is made at its first use). */
 static int wants_predraw(const struct job *j)
 {
 	return !j->done && j->phase == PH_DECODE && !j->pending && !j->drawn && !j->json_object &&
-	       (j->samp.temperature > 0 || j->logprobs);
+	       !greedy_plain(j);
 }
 
 void turn_predraw(struct job *const *run, int n)

@@ -116,6 +116,12 @@ typedef struct kvmem_fwd_item {
 
 #define KVMEM_ARGMAX_NONE (-2)	/* *argmax untouched: the logits came to the host */
 
+/* An item whose logits a backend with logits_fetch leaves beside its view. */
+static inline int kvmem_fwd_lazy(const kvmem_fwd_item *it)
+{
+	return it->argmax && it->n == 1 && !it->all_logits;
+}
+
 /* What a backend tells a watcher of its device page pool (pool_watch):
  * n pages that entered or left it, in order. */
 typedef void (*kvmem_pool_report_fn)(void *arg, const kvmem_device_page *pages, int n);

@@ -352,12 +352,6 @@ static int engine_forward_batch(struct cpu *b, const kvmem_fwd_seq *seqs, int n)
 	return 0;
 }
 
-/* An item whose logits stay beside its view (kvmem_fwd_item.argmax). */
-static int lazy_item(const kvmem_fwd_item *it)
-{
-	return it->argmax && it->n == 1 && !it->all_logits;
-}
-
 static int cpu_logits_fetch(void *ctx, kvmem_view *v, float *dst)
 {
 	const struct cpu *b = ctx;
@@ -404,7 +398,7 @@ static int cpu_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 		seqs[i] = (kvmem_fwd_seq){ .kv = &it->v->kv, .tokens = it->tokens, .n = it->n,
 					   .logits = it->logits, .all_logits = it->all_logits,
 					   .out = it->out || it->v->keep ? &outs[i] : NULL };
-		if (lazy_item(it)) {
+		if (kvmem_fwd_lazy(it)) {
 			if (!it->v->lg &&
 			    !(it->v->lg = malloc(2 * sizeof(float) * (size_t)b->c->vocab))) {
 				rc = kvmem_error(ENOMEM, "cpu forward: out of memory for logits");
@@ -423,7 +417,7 @@ static int cpu_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 
 		if (v->keep)
 			keep_rows(b, v, outs[i].raw_k, v->kv.len - items[i].n, items[i].n);
-		if (lazy_item(&items[i])) {
+		if (kvmem_fwd_lazy(&items[i])) {
 			v->lg_cur = 1 - v->lg_cur;
 			v->lg_have = 1;
 			*items[i].argmax = kvmem_argmax_finite(seqs[i].logits, b->c->vocab, &bad);

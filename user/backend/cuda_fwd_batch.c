@@ -603,18 +603,12 @@ struct logits_out {
 	const kvmem_fwd_item *items;
 };
 
-/* An item whose logits stay beside its view (kvmem_fwd_item.argmax). */
-static int lazy_item(const kvmem_fwd_item *it)
-{
-	return it->argmax && it->n == 1 && !it->all_logits;
-}
-
 static void item_logits(void *arg, int i)
 {
 	const struct logits_out *o = arg;
 	const kvmem_fwd_item *it = &o->items[i];
 
-	if (it->logits && !lazy_item(it))
+	if (it->logits && !kvmem_fwd_lazy(it))
 		memcpy(it->logits, o->b->fwdb->host_logits + (size_t)i * o->b->c->vocab,
 		       (size_t)o->b->c->vocab * sizeof(float));
 }
@@ -652,9 +646,9 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	dst = (float **)(f->host_in + dst_off(b, n));
 	for (int i = 0; i < n; i++) {
 		want_out |= wants_out(items[i].out);
-		any_logits |= items[i].logits != NULL || lazy_item(&items[i]);
+		any_logits |= items[i].logits != NULL || kvmem_fwd_lazy(&items[i]);
 		dst[i] = NULL;
-		if (!lazy_item(&items[i])) {
+		if (!kvmem_fwd_lazy(&items[i])) {
 			host_logits |= items[i].logits != NULL;
 			continue;
 		}
