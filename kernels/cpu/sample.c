@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -244,64 +245,134 @@ static uint32_t rank_key_desc(float f)
 }
 
 /*
- * Every id in rank order (ranks_before: higher logit first, ties to the
- * lower id): a stable LSD radix sort of the ids, ascending at the start,
- * on rank_key_desc, a byte a pass. It replaced qsort with ranks_before as
- * the comparison, whose 151,936 logits at Qwen3's vocabulary took 25 ms a
- * draw at a temperature with no top-k (issue #26: kvmem serve samples on
- * its engine thread); test_sample_full_order holds it to that qsort.
+ * A thread's buffers for its draws, kept between them and grown as a
+ * vocabulary asks (freed when the thread ends). A draw over 151,936 logits
+ * needs 3.6 MB; allocated and freed a draw, glibc mmapped and unmapped them
+ * each time: page faults to touch them again, and an munmap stops every
+ * other thread of the process for its TLB, while kvmem serve makes a
+ * round's draws side by side on OpenMP's threads (issue #26).
  */
-static int rank_order(int *out, const float *logits, int vocab)
+struct scratch {
+	int cap;		/* entries each array holds */
+	uint64_t *ka, *kb;	/* rank keys over ids, the sort's two sides */
+	int *all, *idx;		/* ids: all in rank order, the kept */
+	double *p;		/* the kept ids' weights */
+};
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
+
+static void scratch_free(void *arg)
 {
-	uint32_t *ka = malloc(sizeof(uint32_t) * (size_t)vocab);
-	uint32_t *kb = malloc(sizeof(uint32_t) * (size_t)vocab);
-	int *tmp = malloc(sizeof(int) * (size_t)vocab);
-	uint32_t *ks = ka, *kd = kb;
-	int *is = out, *id = tmp;
+	struct scratch *w = arg;
 
-	if (!ka || !kb || !tmp) {
-		free(ka);
-		free(kb);
-		free(tmp);
-		return -ENOMEM;
+	if (!w)
+		return;
+	free(w->ka);
+	free(w->kb);
+	free(w->all);
+	free(w->idx);
+	free(w->p);
+	free(w);
+}
+
+static void scratch_key_make(void)
+{
+	scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
+}
+
+/* *p made `bytes` long; left as it was when memory runs out. */
+static int grow(void **p, size_t bytes)
+{
+	void *q = realloc(*p, bytes);
+
+	if (!q)
+		return -1;
+	*p = q;
+	return 0;
+}
+
+/* The calling thread's buffers, room for n entries each; NULL when memory
+ * (or a thread key) runs out. */
+static struct scratch *scratch_get(int n)
+{
+	struct scratch *w;
+
+	pthread_once(&scratch_once, scratch_key_make);
+	if (!scratch_key_ok)
+		return NULL;
+	w = pthread_getspecific(scratch_key);
+	if (!w) {
+		if (!(w = calloc(1, sizeof(*w))))
+			return NULL;
+		if (pthread_setspecific(scratch_key, w)) {
+			free(w);
+			return NULL;
+		}
 	}
+	if (w->cap < n) {
+		const size_t i4 = sizeof(int) * (size_t)n, u8 = sizeof(uint64_t) * (size_t)n;
+
+		if (grow((void **)&w->ka, u8) || grow((void **)&w->kb, u8) ||
+		    grow((void **)&w->all, i4) || grow((void **)&w->idx, i4) ||
+		    grow((void **)&w->p, sizeof(double) * (size_t)n))
+			return NULL;	/* what grew stays, for the next call */
+		w->cap = n;
+	}
+	return w;
+}
+
+/*
+ * Every id in rank order (ranks_before: higher logit first, ties to the
+ * lower id): a stable LSD radix sort on rank_key_desc, each item the key
+ * over the id in one 64-bit word (so a pass moves one word, not a key and
+ * an id from two arrays), ids ascending at the start; three passes of 11
+ * bits, their counts taken in one read before them. It replaced qsort with
+ * ranks_before as the comparison, whose 151,936 logits at Qwen3's
+ * vocabulary took 25 ms a draw at a temperature with no top-k (issue #26:
+ * kvmem serve samples on its engine thread); test_sample_full_order holds
+ * it to that qsort.
+ */
+#define RADIX_BITS 11
+#define RADIX_PASSES 3	/* 33 bits: the 32 of a key */
+
+static void rank_order(int *out, const float *logits, int vocab, struct scratch *w)
+{
+	static const int R = 1 << RADIX_BITS;
+	uint32_t count[RADIX_PASSES][1 << RADIX_BITS];
+	uint64_t *src = w->ka, *dst = w->kb;
+
+	memset(count, 0, sizeof(count));
 	for (int i = 0; i < vocab; i++) {
-		ka[i] = rank_key_desc(logits[i]);
-		out[i] = i;
-	}
-	for (int shift = 0; shift < 32; shift += 8) {
-		size_t at[256] = { 0 }, sum = 0;
+		const uint32_t key = rank_key_desc(logits[i]);
 
-		for (int i = 0; i < vocab; i++)
-			at[(ks[i] >> shift) & 255]++;
-		if (at[(ks[0] >> shift) & 255] == (size_t)vocab)
+		src[i] = (uint64_t)key << 32 | (uint32_t)i;
+		for (int d = 0; d < RADIX_PASSES; d++)
+			count[d][(key >> (RADIX_BITS * d)) & (R - 1)]++;
+	}
+	for (int d = 0; d < RADIX_PASSES; d++) {
+		const int shift = 32 + RADIX_BITS * d;
+		uint32_t *at = count[d], sum = 0;
+
+		if (at[(src[0] >> shift) & (R - 1)] == (uint32_t)vocab)
 			continue;	/* one bucket: the order stands */
-		for (int b = 0; b < 256; b++) {
-			const size_t c = at[b];
+		for (int b = 0; b < R; b++) {
+			const uint32_t c = at[b];
 
 			at[b] = sum;
 			sum += c;
 		}
-		for (int i = 0; i < vocab; i++) {
-			const size_t p = at[(ks[i] >> shift) & 255]++;
+		for (int i = 0; i < vocab; i++)
+			dst[at[(src[i] >> shift) & (R - 1)]++] = src[i];
 
-			kd[p] = ks[i];
-			id[p] = is[i];
-		}
-		uint32_t *kt = ks;
-		int *it = is;
+		uint64_t *t = src;
 
-		ks = kd;
-		kd = kt;
-		is = id;
-		id = it;
+		src = dst;
+		dst = t;
 	}
-	if (is != out)
-		memcpy(out, is, sizeof(int) * (size_t)vocab);
-	free(ka);
-	free(kb);
-	free(tmp);
-	return 0;
+	for (int i = 0; i < vocab; i++)
+		out[i] = (int)(uint32_t)src[i];
 }
 
 /* Keep the k best ids in idx[0..k-1], best first (a bounded insertion
@@ -332,51 +403,27 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 		return argmax(logits, vocab);
 
 	int k = (s->top_k > 0 && s->top_k < vocab) ? s->top_k : vocab;
-	int *idx = malloc(sizeof(int) * k);
-	double *p = malloc(sizeof(double) * k);
+	struct scratch *w = scratch_get(vocab);
+	int n, *idx;
+	double *p;
 
-	if (!idx || !p) {
-		free(idx);
-		free(p);
+	if (!w)
 		return -ENOMEM;
-	}
-	int n;
-
+	idx = w->idx;
+	p = w->p;
 	if (k < vocab && k <= 1024) {
 		n = select_top_k(idx, logits, vocab, k);
 	} else {
-		int *all = k == vocab ? idx : malloc(sizeof(int) * vocab);
-
-		if (!all) {
-			free(idx);
-			free(p);
-			return -ENOMEM;
-		}
-		if (rank_order(all, logits, vocab)) {
-			if (all != idx)
-				free(all);
-			free(idx);
-			free(p);
-			return -ENOMEM;
-		}
-		if (all != idx) {
-			for (int i = 0; i < k; i++)
-				idx[i] = all[i];
-			free(all);
-		}
+		rank_order(w->all, logits, vocab, w);
+		idx = w->all;	/* its first k, in order */
 		n = k;
 	}
 
 	/* Softmax over the kept candidates at temperature T, in double. */
 	double top = logit_at(logits, idx[0]), sum = 0.0;
 
-	if (!isfinite(top)) {	/* an inf logit wins outright; all -inf: the first */
-		int pick = idx[0];
-
-		free(idx);
-		free(p);
-		return pick;
-	}
+	if (!isfinite(top))	/* an inf logit wins outright; all -inf: the first */
+		return idx[0];
 
 	for (int i = 0; i < n; i++) {
 		p[i] = exp(((double)logit_at(logits, idx[i]) - top) / s->temperature);
@@ -394,16 +441,11 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 	}
 
 	double u = kvmem_rng_uniform(rng) * sum, cum = 0.0;
-	int pick = idx[n - 1];
 
 	for (int i = 0; i < n; i++) {
 		cum += p[i];
-		if (u < cum) {
-			pick = idx[i];
-			break;
-		}
+		if (u < cum)
+			return idx[i];
 	}
-	free(idx);
-	free(p);
-	return pick;
+	return idx[n - 1];
 }

@@ -310,6 +310,15 @@ node -e '
 		count > 0 && sum > 0 && max > 0 && max <= sum;
 	if (!ok) { console.error(JSON.stringify({ b, count, rounds, sum, max })); process.exit(1); }' "$tmp/metrics" ||
 	bad "/metrics: kvmem_round_seconds is not a histogram of the rounds"
+# The draws made ahead of the rounds' units: the sampled requests above
+# (n 3 at temperature 1) had theirs drawn so, in part of the rounds' time.
+node -e '
+	const t = require("fs").readFileSync(process.argv[1], "utf8");
+	const v = (re) => { const m = re.exec(t); return m ? +m[1] : NaN; };
+	const n = v(/^kvmem_round_predraws_total (\d+)$/m), s = v(/^kvmem_round_predraw_seconds_total (\S+)$/m);
+	const rounds = v(/^kvmem_round_seconds_sum (\S+)$/m);
+	if (!(n > 0 && s > 0 && s <= rounds)) { console.error(JSON.stringify({ n, s, rounds })); process.exit(1); }' "$tmp/metrics" ||
+	bad "/metrics: kvmem_round_predraws_total / kvmem_round_predraw_seconds_total not the draws made ahead"
 # The turns' session time by part: forwards ran, their time counted, and
 # no part more than the rounds' wall time.
 node -e '

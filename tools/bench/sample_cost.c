@@ -3,7 +3,8 @@
  * What a draw at a temperature costs over Qwen3's 151,936 logits on this
  * CPU: kvmem_sample (its full rank order by a radix sort on rank keys) beside
  * the qsort it replaced (ids by ranks_before's rule, then the same softmax and
- * draw), in the same run, on the same logits; the draws must agree.
+ * draw), in the same run, on the same logits; the draws must agree. Then
+ * a draw a thread side by side, as kvmem serve makes a round's draws.
  * kvmem serve samples on its engine thread, a draw a running stream a round
  * (issue #26).
  *
@@ -17,6 +18,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include <omp.h>
+
 #include "kvmem/sample.h"
 #include "test_sample_ref.h"	/* tests/unit/helpers: the qsort path */
 
@@ -28,6 +31,39 @@ static double now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/*
+ * kvmem serve's way (turn_predraw): one draw a stream, the streams' draws
+ * side by side on OpenMP's threads, against one draw alone in the same
+ * run; near 1.00x when the draws do not slow each other down (the
+ * allocator's mmap and munmap of each draw's buffers did: page faults,
+ * and a TLB shootdown to every thread at each munmap).
+ */
+static void side_by_side(const float *l, int draws)
+{
+	const kvmem_sampler s = { .temperature = 0.8f };
+	const int threads = omp_get_max_threads();
+	double alone = 0, t0, side = 0;
+	uint64_t r = kvmem_rng_seed(3);
+
+	for (int d = 0; d < draws; d++) {
+		t0 = now_s();
+		(void)kvmem_sample(l, VOCAB, &s, &r);
+		alone += now_s() - t0;
+	}
+	for (int d = 0; d < draws; d++) {
+		t0 = now_s();
+#pragma omp parallel for schedule(dynamic, 1)
+		for (int k = 0; k < threads; k++) {
+			uint64_t rk = kvmem_rng_seed((uint64_t)k);
+
+			(void)kvmem_sample(l, VOCAB, &s, &rk);
+		}
+		side += now_s() - t0;
+	}
+	printf("side by side: %d draws at T 0.8 on %d threads %.1f us, one alone %.1f us: %.2fx\n",
+	       threads, threads, side / draws * 1e6, alone / draws * 1e6, side / alone);
 }
 
 int main(int argc, char **argv)
@@ -70,6 +106,7 @@ int main(int argc, char **argv)
 		if (!same)
 			return 1;
 	}
+	side_by_side(l, draws);
 	free(l);
 	return 0;
 }

@@ -442,12 +442,13 @@ static void round_once(struct serve *sv, struct round *r)
 	const int64_t max = sv->cfg.max_batch;
 	const int fcfs = sv->cfg.prefill_order == SERVE_PREFILL_FCFS;
 	int64_t budget = sv->cfg.prefill_budget;
-	int n = 0, prefilled = 0, k, units = 0, ran, n_wait = 0, b = 0;
+	int n = 0, prefilled = 0, k, units = 0, ran, n_wait = 0, b = 0, drawn;
 	const double t0 = serve_now();
-	double dt;
+	double dt, t_draws;
 
 	r->id++;
-	turn_predraw(r->run, r->n_run);
+	drawn = turn_predraw(r->run, r->n_run);
+	t_draws = serve_now() - t0;
 	for (k = 0; k < r->n_run && n < max; k++) {
 		struct job *j = r->run[(r->first + k) % r->n_run];
 		int want = turn_prefill_next(j);
@@ -512,6 +513,9 @@ static void round_once(struct serve *sv, struct round *r)
 	}
 	sv->c.rounds += n > 0;
 	sv->c.units += (uint64_t)units;
+	sv->c.predraws += (uint64_t)drawn;
+	if (drawn)
+		sv->c.predraw_s += t_draws;
 	sv->c.batch_last = n;
 	if ((uint64_t)n > sv->c.batch_max)
 		sv->c.batch_max = (uint64_t)n;

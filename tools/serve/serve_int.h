@@ -138,6 +138,7 @@ struct job {
 	 * other turns' draws: its id and logprobs, or the failure. */
 	int drawn, drawn_rc;
 	int32_t drawn_id;
+	float *masked;			/* [vocab]: the logits a masked draw reads */
 	struct tok_lp drawn_lp;
 	char drawn_err[256];
 	kvmem_ids ids;			/* to append */
@@ -216,6 +217,10 @@ struct serve_counters {
 	 * the sum and the longest. */
 	uint64_t round_hist[SERVE_ROUND_BUCKETS + 1];
 	double round_s, round_max_s;
+	/* The draws made ahead of a round's units (turn_predraw): how many,
+	 * and the round's wall time they took, side by side. */
+	uint64_t predraws;
+	double predraw_s;
 	uint64_t device_bytes;		/* the backend's, after the last round */
 	/* The sessions' own time, summed over turns as each ends (turn_end):
 	 * where a unit's seconds went inside the session (/metrics'
@@ -312,7 +317,7 @@ int turn_unit(struct job *j, struct serve_unit *u);
  * Qwen3's 151,936 logits takes the engine thread ~4 ms, one a stream a
  * round. turn_unit takes the token drawn; the same tokens as drawing one
  * by one. */
-void turn_predraw(struct job *const *run, int n);
+int turn_predraw(struct job *const *run, int n);
 /* After its unit ran: 1 when the turn is over. */
 int turn_after(struct job *j, struct serve_unit *u);
 /* Close and commit a turn whose units are done: 1 (always over). */
@@ -333,7 +338,7 @@ void turn_undo(struct job *j);
  * lp (when not NULL) with the token's log probabilities and top alternatives.
  * When jp is not NULL only tokens that keep the text a prefix of one JSON
  * object are drawn (pieces: each id's text). -errno. */
-int serve_sample(struct serve *sv, const float *logits, int vocab, const struct job *j,
+int serve_sample(struct serve *sv, const float *logits, int vocab, struct job *j,
 		 uint64_t *rng, struct json_prefix *jp, int32_t *out, struct tok_lp *lp);
 /* Feed text to a JSON checker: 0 while it stays a prefix of one object,
  * -1 when it cannot. */

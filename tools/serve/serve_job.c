@@ -123,6 +123,7 @@ void job_put(struct job *j)
 	free(j->reasoning);
 	free(j->text);
 	free(j->lps);
+	free(j->masked);
 	kvmem_ids_free(&j->ids);
 	kvmem_ids_free(&j->gen);
 	pthread_cond_destroy(&j->news);

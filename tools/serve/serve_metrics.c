@@ -105,6 +105,11 @@ static void round_histogram(struct out *o, const struct serve_counters *c)
 	     (unsigned long long)at);
 	metric(o, "kvmem_round_seconds_max", "gauge", "the longest round since the server started",
 	       c->round_max_s);
+	metric(o, "kvmem_round_predraws_total", "counter", "tokens drawn at the start of a round, "
+	       "side by side, for the streams whose draw reads their logits on the host "
+	       "(a temperature, logprobs)", (double)c->predraws);
+	metric(o, "kvmem_round_predraw_seconds_total", "counter", "the rounds' wall time spent "
+	       "making those draws", c->predraw_s);
 }
 
 /* Bytes a directory's files take on disk (allocated blocks). */

@@ -492,13 +492,13 @@ static int wants_predraw(const struct job *j)
 	       !greedy_plain(j);
 }
 
-void turn_predraw(struct job *const *run, int n)
+int turn_predraw(struct job *const *run, int n)
 {
 	struct job **w = malloc(sizeof(*w) * (size_t)(n > 0 ? n : 1));
 	int m = 0;
 
 	if (!w)
-		return;	/* each draws with its unit, as before */
+		return 0;	/* each draws with its unit, as before */
 	for (int i = 0; i < n; i++)
 		if (wants_predraw(run[i]))
 			w[m++] = run[i];
@@ -513,6 +513,7 @@ void turn_predraw(struct job *const *run, int n)
 		j->drawn = 1;
 	}
 	free(w);
+	return m;
 }
 
 /* Sample the next token (or take the one drawn ahead); the turn's end when
