@@ -385,6 +385,19 @@ int kvmem_session_adopt_state(kvmem_session *s, const int32_t *tokens, int64_t n
 int kvmem_session_release_view(kvmem_session *s);
 int kvmem_session_restore_view(kvmem_session *s);
 /*
+ * A lighter rest between turns: the session's host buffers of one forward
+ * pass (its raw K, V and query rows) and its writer thread with the
+ * writer's second set go back to the backend, once the rows in flight are
+ * put away; the view stays. At the 8B geometry with chunks of 1024 that is
+ * four pinned buffers of 75 MB, which an open conversation otherwise keeps
+ * between its turns (the cuda backend hands them to the next session that
+ * asks, unpinned only past KVMEM_CUDA_HOST_KEEP). The next call that runs
+ * the session takes them again, and it goes on bit for bit as one that
+ * kept them. A no-op on a session without them (idle already, view given
+ * up); -errno when the rows in flight could not be put away.
+ */
+int kvmem_session_idle(kvmem_session *s);
+/*
  * The same, `layers` layers a call (every slot of a layer from its pages;
  * after an adoption into a released session, first its history's index,
  * 32 blocks a call): 1 while work is left, 0 once the view is whole (and a

@@ -32,7 +32,7 @@ load() { # name, then bench serve's arguments
 		>"$log/$name.out" 2>"$log/$name.err" && ok "bench serve $name" || bad "bench serve $name"
 	tail -4 "$log/$name.out"
 	curl -sf "http://127.0.0.1:$port/metrics" >"$log/$name.metrics"
-	grep -E '^kvmem_(turns_total|prompt_tokens_total|completion_tokens_total|prefill_seconds_total|decode_seconds_total|selection_seconds_total|selections_total|commit_seconds_total|batch_rounds_total|batch_units_total|batch_size_max|round_seconds_sum|round_seconds_max|batch_decode_units_total|batch_prefill_units_total|batch_select_units_total) ' \
+	grep -E '^kvmem_(turns_total|prompt_tokens_total|completion_tokens_total|prefill_seconds_total|decode_seconds_total|selection_seconds_total|selections_total|commit_seconds_total|batch_rounds_total|batch_units_total|batch_size_max|round_seconds_sum|round_seconds_max|batch_decode_units_total|batch_prefill_units_total|batch_select_units_total|round_predraws_total|round_predraw_seconds_total) ' \
 		"$log/$name.metrics" | tr '\n' ' '
 	echo
 	grep -E '^kvmem_session_(seconds_total|forwards_total|lazy_logits_total)' "$log/$name.metrics" |

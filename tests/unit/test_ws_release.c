@@ -19,6 +19,10 @@
  *    a random number of layers (kvmem_session_select_step), the first
  *    whole: the same bits again; while a selection is under way the
  *    session refuses to run (EBUSY) and keeps its old view's length.
+ *  - The second side also rests now and then between ops, its view kept
+ *    (kvmem_session_idle: its row buffers and writer given back), and
+ *    the bits stay the same; resting twice, or with the view given up, is
+ *    a no-op.
  *  - The view really goes: its length is 0 and (cpu) its capacity too; no
  *    forward runs while it is away (on_forward counts passes); a run call
  *    is refused (EINVAL) naming kvmem_session_restore_view; reading
@@ -243,8 +247,9 @@ static int select_in_steps(const struct kase *k, struct side *d, const struct op
 	return calls > 1;
 }
 
-/* Returns the times the view was given up. */
-static int run_case(const struct kase *k, uint64_t *r, int *stepped)
+/* Returns the times the view was given up (*rested: the times the session
+ * rested with its view kept). */
+static int run_case(const struct kase *k, uint64_t *r, int *stepped, int *rested)
 {
 	const kvmem_config *c = &k->m->cfg;
 	struct side one = { 0 }, two = { 0 };
@@ -292,7 +297,15 @@ static int run_case(const struct kase *k, uint64_t *r, int *stepped)
 		if (test_rng_int(r, 0, 1)) {
 			assert_int_equal(kvmem_session_release_view(two.s), 0);
 			released++;
+		} else if (test_rng_int(r, 0, 1)) {
+			if (kvmem_session_idle(two.s))
+				fail_msg("rest after op %d: %s", i, kvmem_last_error());
+			assert_int_equal(kvmem_session_idle(two.s), 0);	/* again: nothing */
+			assert_int_equal(kvmem_session_view_len(two.s), kvmem_session_view_len(one.s));
+			(*rested)++;
 		}
+		if (kvmem_session_view_released(two.s))
+			assert_int_equal(kvmem_session_idle(two.s), 0);	/* nothing to give */
 	}
 	if (kvmem_session_restore_view(two.s))
 		fail_msg("restore at the end: %s", kvmem_last_error());
@@ -338,7 +351,7 @@ static void cases(int pager)
 {
 	uint64_t r = test_rng_named(g_seed, pager ? "pager" : "memory");
 	const int cpu = !strcmp(test_backend_name(), "cpu");
-	int released = 0, fp8 = 0, stepped = 0;
+	int released = 0, fp8 = 0, stepped = 0, rested = 0;
 
 	for (int i = 0; i < 6; i++) {
 		kvmem_model *m = small_model(&r);
@@ -362,15 +375,16 @@ static void cases(int pager)
 		k.chunk = test_rng_int(&r, 1, 32);
 		k.query_tokens = test_rng_int(&r, 1, 6);
 		k.seed = test_rng_next(&r);
-		released += run_case(&k, &r, &stepped);
+		released += run_case(&k, &r, &stepped, &rested);
 		free_script(&sc);
 		kvmem_backend_close(b);
 		test_model_free(m);
 	}
 	print_message("%s source, %s backend: 6 sessions (%d with fp8 views), %d views given up "
-		      "and laid out again, %d selections in steps\n", pager ? "pager" : "memory",
-		      test_backend_name(), fp8, released, stepped);
+		      "and laid out again, %d rests with the view kept, %d selections in steps\n",
+		      pager ? "pager" : "memory", test_backend_name(), fp8, released, rested, stepped);
 	assert_true(released > 0);
+	assert_true(rested > 0);
 }
 
 static void test_release_memory(void **state)

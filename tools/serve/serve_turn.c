@@ -884,6 +884,14 @@ void turn_end(struct job *j)
 		 * server may take the next turn. */
 		if (j->http >= 500 || j->cv->shared)
 			pool_close(sv, j->cv);
+		/* Between turns a conversation keeps its view, not its row
+		 * buffers: four pinned 75 MB buffers at the 8B geometry, which
+		 * idle conversations held while every new session pinned its
+		 * own on the engine thread (issue #26: benchmarks.md, "kvmem
+		 * serve's rounds"). Rows that cannot be put away: closed, to
+		 * reopen at the last commit. */
+		else if (kvmem_session_idle(j->cv->s))
+			pool_close(sv, j->cv);
 	} else {
 		kvmem_session_free(j->s);
 	}

@@ -12,6 +12,10 @@
  * logits and the random state; the pages stay where the page source keeps
  * them (a host pool, the workspace on disk).
  *
+ * kvmem_session_idle is the lighter rest: the writer and the row buffers
+ * go, the view stays; ws_run_begin (and select ahead) take the buffers
+ * again before a forward pass writes rows.
+ *
  * Laying it out again is ws_view_restore, the rebuild a restored session
  * state makes (kvmem_session_adopt_state): every slot from the pages, K
  * rotated from raw K at the very slot it had, V copied, the tail too. The
@@ -58,6 +62,20 @@ int kvmem_session_release_view(kvmem_session *s)
 		s->broken = 1;
 		return kvmem_error_prefix("session: giving the view up");
 	}
+	return 0;
+}
+
+int kvmem_session_idle(kvmem_session *s)
+{
+	if (s->broken)
+		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
+	if (s->stepping)
+		return kvmem_error(EBUSY, "session: a selection is being laid out in steps: call "
+				   "kvmem_session_select_step until it returns 0");
+	if (ws_writer_wait(s))
+		return kvmem_fail();
+	ws_writer_free(s);
+	ws_scratch_free(s);	/* ws_run_begin takes them again */
 	return 0;
 }
 

@@ -42,6 +42,8 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 	/* The selection sees only the last keep tokens' queries, the rows the
 	 * session keeps; a tap that wants all n gets a buffer for them. */
 	keep = n < T ? n : T;
+	if (ws_scratch_alloc(s))	/* given back by kvmem_session_idle */
+		return kvmem_fail();
 	out = ws_fwd_out(s, keep);
 	if (want_all) {
 		q_all = malloc(sizeof(float) * s->cfg.n_layers * (size_t)n * qw);

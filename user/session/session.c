@@ -456,6 +456,9 @@ int ws_run_begin(kvmem_session *s, int n, kvmem_fwd_out *out)
 {
 	const int64_t p0 = s->blocks.n_tokens;
 
+	/* Buffers an idle session gave back (kvmem_session_idle). */
+	if (ws_scratch_alloc(s))
+		return kvmem_fail();
 	/* Only the queries keep_queries keeps come back. */
 	*out = ws_fwd_out(s, n < s->o.query_tokens ? n : s->o.query_tokens);
 	s->dev_argmax = KVMEM_ARGMAX_NONE;
