@@ -244,19 +244,32 @@ static uint32_t rank_key_desc(float f)
 	return ~u;
 }
 
+/* The logit a rank key stands for: the logit itself, but -inf for a NaN
+ * and +0 for -0, which weigh the same in the draw as logit_at's. */
+static float key_logit(uint32_t k)
+{
+	uint32_t u = ~k;
+	float f;
+
+	u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
 /*
  * A thread's buffers for its draws, kept between them and grown as a
  * vocabulary asks (freed when the thread ends). A draw over 151,936 logits
- * needs 3.6 MB; allocated and freed a draw, glibc mmapped and unmapped them
+ * needs 1.2 MB (the top-k path's ids and weights are touched only as far
+ * as k); allocated and freed a draw, glibc mmapped and unmapped them
  * each time: page faults to touch them again, and an munmap stops every
  * other thread of the process for its TLB, while kvmem serve makes a
  * round's draws side by side on OpenMP's threads (issue #26).
  */
 struct scratch {
 	int cap;		/* entries each array holds */
-	uint64_t *ka, *kb;	/* rank keys over ids, the sort's two sides */
-	int *all, *idx;		/* ids: all in rank order, the kept */
-	double *p;		/* the kept ids' weights */
+	uint32_t *ka, *kb;	/* rank keys, the sort's two sides */
+	int *idx;		/* top-k: the kept ids */
+	double *p;		/* top-k: their weights */
 };
 
 static pthread_key_t scratch_key;
@@ -271,7 +284,6 @@ static void scratch_free(void *arg)
 		return;
 	free(w->ka);
 	free(w->kb);
-	free(w->all);
 	free(w->idx);
 	free(w->p);
 	free(w);
@@ -312,10 +324,9 @@ static struct scratch *scratch_get(int n)
 		}
 	}
 	if (w->cap < n) {
-		const size_t i4 = sizeof(int) * (size_t)n, u8 = sizeof(uint64_t) * (size_t)n;
+		const size_t i4 = sizeof(int) * (size_t)n, u4 = sizeof(uint32_t) * (size_t)n;
 
-		if (grow((void **)&w->ka, u8) || grow((void **)&w->kb, u8) ||
-		    grow((void **)&w->all, i4) || grow((void **)&w->idx, i4) ||
+		if (grow((void **)&w->ka, u4) || grow((void **)&w->kb, u4) || grow((void **)&w->idx, i4) ||
 		    grow((void **)&w->p, sizeof(double) * (size_t)n))
 			return NULL;	/* what grew stays, for the next call */
 		w->cap = n;
@@ -324,35 +335,37 @@ static struct scratch *scratch_get(int n)
 }
 
 /*
- * Every id in rank order (ranks_before: higher logit first, ties to the
- * lower id): a stable LSD radix sort on rank_key_desc, each item the key
- * over the id in one 64-bit word (so a pass moves one word, not a key and
- * an id from two arrays), ids ascending at the start; three passes of 11
- * bits, their counts taken in one read before them. It replaced qsort with
- * ranks_before as the comparison, whose 151,936 logits at Qwen3's
- * vocabulary took 25 ms a draw at a temperature with no top-k (issue #26:
- * kvmem serve samples on its engine thread); test_sample_full_order holds
- * it to that qsort.
+ * Every logit's rank key, in rank order (best first; ties need no order:
+ * their keys are equal): an LSD radix sort of the keys alone, three passes
+ * of 11 bits, their counts taken in the one read that makes the keys.
+ * Returns the sorted array (w->ka or w->kb).
+ *
+ * The draw below needs the ids of only the one key it lands on, which a
+ * pass over the logits finds. The first radix sort here moved each key
+ * with its id (25 ms a draw with qsort before it, 4.2 ms with a radix sort
+ * of key and id, both with each draw's buffers allocated anew): kvmem serve
+ * makes a round's draws side by side, each thread on its own buffers, and
+ * 16 streams' draws were then memory-bound together (issue #26).
  */
 #define RADIX_BITS 11
 #define RADIX_PASSES 3	/* 33 bits: the 32 of a key */
 
-static void rank_order(int *out, const float *logits, int vocab, struct scratch *w)
+static uint32_t *rank_keys(const float *logits, int vocab, struct scratch *w)
 {
 	static const int R = 1 << RADIX_BITS;
 	uint32_t count[RADIX_PASSES][1 << RADIX_BITS];
-	uint64_t *src = w->ka, *dst = w->kb;
+	uint32_t *src = w->ka, *dst = w->kb;
 
 	memset(count, 0, sizeof(count));
 	for (int i = 0; i < vocab; i++) {
 		const uint32_t key = rank_key_desc(logits[i]);
 
-		src[i] = (uint64_t)key << 32 | (uint32_t)i;
+		src[i] = key;
 		for (int d = 0; d < RADIX_PASSES; d++)
 			count[d][(key >> (RADIX_BITS * d)) & (R - 1)]++;
 	}
 	for (int d = 0; d < RADIX_PASSES; d++) {
-		const int shift = 32 + RADIX_BITS * d;
+		const int shift = RADIX_BITS * d;
 		uint32_t *at = count[d], sum = 0;
 
 		if (at[(src[0] >> shift) & (R - 1)] == (uint32_t)vocab)
@@ -366,13 +379,73 @@ static void rank_order(int *out, const float *logits, int vocab, struct scratch 
 		for (int i = 0; i < vocab; i++)
 			dst[at[(src[i] >> shift) & (R - 1)]++] = src[i];
 
-		uint64_t *t = src;
+		uint32_t *t = src;
 
 		src = dst;
 		dst = t;
 	}
-	for (int i = 0; i < vocab; i++)
-		out[i] = (int)(uint32_t)src[i];
+	return src;
+}
+
+/* The id at place `at` of the rank order, keys[] that order's keys: of the
+ * ids whose key is keys[at], ascending, the one as far in as `at` is past
+ * the key's first place. */
+static int id_at(const uint32_t *keys, int at, const float *logits, int vocab)
+{
+	const uint32_t key = keys[at];
+	int first = at, i;
+
+	while (first > 0 && keys[first - 1] == key)
+		first--;
+	for (i = 0; i < vocab; i++)
+		if (rank_key_desc(logits[i]) == key && first++ == at)
+			return i;
+	return 0;	/* not reached: the key came from these logits */
+}
+
+/* A candidate's weight exp((l - top) / T), in double. */
+static double weight(float l, double top, float temperature)
+{
+	return exp(((double)l - top) / temperature);
+}
+
+/*
+ * The draw over the k best of the whole order (k past 1024 or all): the
+ * same sums, in the same order, as over their ids, the weights made again
+ * where a second pass needs them rather than kept.
+ */
+static int draw_ranked(const float *logits, int vocab, int k, const kvmem_sampler *s,
+		       uint64_t *rng, struct scratch *w)
+{
+	const uint32_t *keys = rank_keys(logits, vocab, w);
+	const double top = key_logit(keys[0]);
+	double sum = 0.0, u, cum = 0.0;
+	int n = k, at = n - 1;
+
+	if (!isfinite(top))	/* an inf logit wins outright; all -inf: the first */
+		return id_at(keys, 0, logits, vocab);
+	for (int i = 0; i < n; i++)
+		sum += weight(key_logit(keys[i]), top, s->temperature);
+	if (s->top_p > 0.0f && s->top_p < 1.0f) {
+		double want = s->top_p * sum;
+		int keep = 0;
+
+		while (keep < n && cum < want)
+			cum += weight(key_logit(keys[keep++]), top, s->temperature);
+		n = keep > 0 ? keep : 1;
+		sum = cum > 0.0 ? cum : weight(key_logit(keys[0]), top, s->temperature);
+		at = n - 1;
+		cum = 0.0;
+	}
+	u = kvmem_rng_uniform(rng) * sum;
+	for (int i = 0; i < n; i++) {
+		cum += weight(key_logit(keys[i]), top, s->temperature);
+		if (u < cum) {
+			at = i;
+			break;
+		}
+	}
+	return id_at(keys, at, logits, vocab);
 }
 
 /* Keep the k best ids in idx[0..k-1], best first (a bounded insertion
@@ -409,15 +482,11 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 
 	if (!w)
 		return -ENOMEM;
+	if (k == vocab || k > 1024)
+		return draw_ranked(logits, vocab, k, s, rng, w);
 	idx = w->idx;
 	p = w->p;
-	if (k < vocab && k <= 1024) {
-		n = select_top_k(idx, logits, vocab, k);
-	} else {
-		rank_order(w->all, logits, vocab, w);
-		idx = w->all;	/* its first k, in order */
-		n = k;
-	}
+	n = select_top_k(idx, logits, vocab, k);
 
 	/* Softmax over the kept candidates at temperature T, in double. */
 	double top = logit_at(logits, idx[0]), sum = 0.0;
@@ -426,7 +495,7 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 		return idx[0];
 
 	for (int i = 0; i < n; i++) {
-		p[i] = exp(((double)logit_at(logits, idx[i]) - top) / s->temperature);
+		p[i] = weight(logit_at(logits, idx[i]), top, s->temperature);
 		sum += p[i];
 	}
 	/* Nucleus: the shortest prefix whose mass reaches top_p. */
