@@ -77,6 +77,8 @@ int kvmem_cuda_reserve(kvmem_cuda_ctx *c, size_t bytes);
  * setting, or -EINVAL for an unknown name or value. Results stay within the
  * ops' tolerances either way; the bits of a GEMM may differ. */
 int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on);
+/* The rows GEMMs of 2+ rows are pinned to ("gemm_pin", gemm.cu), 0: none. */
+int kvmem_cuda_gemm_pin(const kvmem_cuda_ctx *c);
 /* Wait for the stream; reports a kernel fault as -EIO. */
 int kvmem_cuda_sync(kvmem_cuda_ctx *c);
 

@@ -73,6 +73,12 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		e = getenv("KVMEM_CUDA_GEMM_TC");
 		c->gemm_tc = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1'
 							       : KVMEM_CUDA_GEMM_TC_DEFAULT;
+		/* GEMMs of 2+ rows on one algorithm (gemm.cu): KVMEM_CUDA_GEMM_PIN=N
+		 * (the rows it is picked for; 0: off), else the default. */
+		e = getenv("KVMEM_CUDA_GEMM_PIN");
+		c->gemm_pin = e ? atoi(e) : KVMEM_CUDA_GEMM_PIN_DEFAULT;
+		if (c->gemm_pin < 0 || c->gemm_pin > 65536)
+			c->gemm_pin = KVMEM_CUDA_GEMM_PIN_DEFAULT;
 		/* The main path's attention versions, for comparisons: prefill 2,
 		 * 3, 4 or 6 (wgmma), decode 2, 3 or 5 (0: attention.cu's choice). */
 		e = getenv("KVMEM_CUDA_PREFILL");
@@ -152,16 +158,8 @@ void kvmem_cuda_ctx_destroy(kvmem_cuda_ctx *c)
 		return;
 	if (c->stream)
 		cudaStreamSynchronize(c->stream);
-	for (int i = 0; i < KVMEM_GEMM_CACHE; i++) {
-		struct gemm_plan *g = &c->plans[i];
-
-		if (!g->n)
-			continue;
-		cublasLtMatrixLayoutDestroy(g->a);
-		cublasLtMatrixLayoutDestroy(g->b);
-		cublasLtMatrixLayoutDestroy(g->c);
-		cublasLtMatmulDescDestroy(g->desc);
-	}
+	for (int i = 0; i < KVMEM_GEMM_CACHE; i++)
+		kvmem_cuda_gemm_plan_free(&c->plans[i]);
 	if (c->lt)
 		cublasLtDestroy(c->lt);
 	cudaFree(c->lt_ws);
@@ -243,6 +241,11 @@ static int *tune_switch(kvmem_cuda_ctx *c, const char *what)
 					   : NULL;
 }
 
+extern "C" int kvmem_cuda_gemm_pin(const kvmem_cuda_ctx *c)
+{
+	return c->gemm_pin;
+}
+
 int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 {
 	int *flag = tune_switch(c, what), was;
@@ -264,6 +267,25 @@ int kvmem_cuda_tune(kvmem_cuda_ctx *c, const char *what, int on)
 			return kvmem_error(EINVAL, "cuda: gemm_tc_ks %d (0, 1, 2, 4 or 8)", on);
 		was = c->gemm_tc_ks;
 		c->gemm_tc_ks = on;
+		return was;
+	}
+	if (!strcmp(what, "gemm_pin_all")) {	/* a switch, only with gemm_pin */
+		if (on && !c->gemm_pin)
+			return kvmem_error(EINVAL, "cuda: gemm_pin_all without gemm_pin");
+		was = c->gemm_pin_all;
+		c->gemm_pin_all = !!on;
+		return was;
+	}
+	if (!strcmp(what, "gemm_pin")) {	/* a value: the rows, 0 (off) .. 65536 */
+		if (on < 0 || on > 65536)
+			return kvmem_error(EINVAL, "cuda: gemm_pin %d (0 .. 65536 rows)", on);
+		was = c->gemm_pin;
+		if (on != was)	/* the kept algorithms were picked the other way */
+			for (int i = 0; i < KVMEM_GEMM_CACHE; i++)
+				kvmem_cuda_gemm_plan_free(&c->plans[i]);
+		c->gemm_pin = on;
+		if (!on)
+			c->gemm_pin_all = 0;
 		return was;
 	}
 	if (!strcmp(what, "gemm_tc_mt")) {	/* a value: 0 (by n), 1 or 2 */

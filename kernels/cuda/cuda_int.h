@@ -24,9 +24,12 @@ const char *kvmem_cuda_lt_load(void);
 /* The tensor-core GEMM for decode's rows (gemm_tc.cu) when KVMEM_CUDA_GEMM_TC
  * is not set: off until measured on the GPU (tests/gpu/batch26h.sh). */
 #define KVMEM_CUDA_GEMM_TC_DEFAULT 0
+/* The rows whose algorithm every GEMM of 2+ rows takes (gemm.cu) when
+ * KVMEM_CUDA_GEMM_PIN is not set; 0: each n its own. */
+#define KVMEM_CUDA_GEMM_PIN_DEFAULT 0
 
 struct gemm_plan {
-	int n, in, out, mode, align;	/* key; n == 0: empty slot */
+	int n, in, out, mode, align, pinned;	/* key; n == 0: empty slot */
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t a, b, c;
 	cublasLtMatmulAlgo_t algo;
@@ -71,10 +74,19 @@ struct kvmem_cuda_ctx {
 	int fp8_gather_cvt;	/* the fp8 view gather's e4m3 decode and encode by
 				 * cvt, two values an instruction (on;
 				 * KVMEM_CUDA_FP8_GATHER_CVT=0: off; fp8_view.cu) */
+	int gemm_pin;		/* "gemm_pin": GEMMs of 2 .. gemm_pin rows all take the
+				 * algorithm cuBLASLt picks for gemm_pin rows, split-K
+				 * off, so a row's bits do not depend on how many rows
+				 * are beside it (KVMEM_CUDA_GEMM_PIN; 0: picked for
+				 * each n) ... */
+	int gemm_pin_all;	/* ... and, while "gemm_pin_all" is on, GEMMs of any
+				 * rows (a batched prefill's, cuda_fwd_prefill.c) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];
 	int next_plan;		/* round-robin replacement */
 };
 
+/* A kept GEMM plan's cuBLASLt objects freed, the slot emptied (gemm.cu). */
+void kvmem_cuda_gemm_plan_free(struct gemm_plan *g);
 /* -EIO (or -ENOMEM) with "<what>: <CUDA's message>". */
 int kvmem_cuda_err(cudaError_t e, const char *what);
 /* The last launch's error, as kvmem_cuda_err (0 when it was accepted). */

@@ -41,7 +41,7 @@ static int ptr_align(const void *a, const void *b, const void *y)
 	return (int)(u & -u);
 }
 
-static void plan_free(struct gemm_plan *g)
+void kvmem_cuda_gemm_plan_free(struct gemm_plan *g)
 {
 	if (!g->n)
 		return;
@@ -52,8 +52,60 @@ static void plan_free(struct gemm_plan *g)
 	memset(g, 0, sizeof(*g));
 }
 
+/*
+ * Batch invariance for GEMMs of many rows (c->gemm_pin): cuBLASLt picks its
+ * kernel by the shape, n included, so a prefill chunk's row summed alone and
+ * the same row among other conversations' chunks in one GEMM could differ.
+ * Pinned, every n in 2..gemm_pin of a shape (and every n while gemm_pin_all
+ * is on: a batched prefill's GEMM) takes the algorithm picked for gemm_pin
+ * rows, with split-K off and no reduction scheme: then an output element
+ * is one tile's sum over the input in the kernel's own order, whichever
+ * rows share its tile (kvmem_gpu_check --gemm-pin holds a row's bits to
+ * the same row among others). Chunks past gemm_pin rows keep cuBLASLt's
+ * pick for their n (they are compute-bound alone: batching them gains
+ * nothing, and the pinned algorithm is 15% slower at 1024 rows).
+ */
+static cublasStatus_t pinned_algo(kvmem_cuda_ctx *c, struct gemm_plan *g,
+				  cublasLtMatmulPreference_t pref, int in, int out, cudaDataType_t yt,
+				  cublasLtMatmulAlgo_t *algo)
+{
+	cublasLtMatrixLayout_t b = NULL, y = NULL;
+	cublasLtMatmulHeuristicResult_t res;
+	cublasLtMatmulHeuristicResult_t check;
+	const uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
+	int found = 0;
+	cublasStatus_t s;
+
+	if ((s = cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, in, c->gemm_pin, in)) ||
+	    (s = cublasLtMatrixLayoutCreate(&y, yt, out, c->gemm_pin, out)))
+		goto out;
+	s = cublasLtMatmulAlgoGetHeuristic(c->lt, g->desc, g->a, b, y, y, pref, 1, &res, &found);
+	if (s)
+		goto out;
+	if (found < 1) {
+		s = CUBLAS_STATUS_NOT_SUPPORTED;
+		goto out;
+	}
+	*algo = res.algo;
+	if ((s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+						      sizeof(one))) ||
+	    (s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+						      &none, sizeof(none))))
+		goto out;
+	/* ... and it must take this n. */
+	s = cublasLtMatmulAlgoCheck(c->lt, g->desc, g->a, g->b, g->c, g->c, algo, &check);
+	if (!s && check.workspaceSize > c->lt_ws_bytes)
+		s = CUBLAS_STATUS_NOT_SUPPORTED;
+out:
+	if (b)
+		cublasLtMatrixLayoutDestroy(b);
+	if (y)
+		cublasLtMatrixLayoutDestroy(y);
+	return s;
+}
+
 static int plan_make(kvmem_cuda_ctx *c, struct gemm_plan *g, int n, int in, int out, int mode,
-		     int align)
+		     int align, int pinned)
 {
 	cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
 	cudaDataType_t yt = mode == KVMEM_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -83,7 +135,13 @@ static int plan_make(kvmem_cuda_ctx *c, struct gemm_plan *g, int n, int in, int 
 	    (s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
 						      &al, sizeof(al))))
 		goto fail;
-	s = cublasLtMatmulAlgoGetHeuristic(c->lt, g->desc, g->a, g->b, g->c, g->c, pref, 1, &res, &found);
+	if (pinned) {
+		s = pinned_algo(c, g, pref, in, out, yt, &res.algo);
+		found = !s;
+	} else {
+		s = cublasLtMatmulAlgoGetHeuristic(c->lt, g->desc, g->a, g->b, g->c, g->c, pref, 1,
+						   &res, &found);
+	}
 	cublasLtMatmulPreferenceDestroy(pref);
 	pref = NULL;
 	if (s)
@@ -99,6 +157,7 @@ static int plan_make(kvmem_cuda_ctx *c, struct gemm_plan *g, int n, int in, int 
 	g->out = out;
 	g->mode = mode;
 	g->align = align;
+	g->pinned = pinned;
 	return 0;
 fail:
 	if (pref)
@@ -120,6 +179,7 @@ extern "C" int kvmem_cuda_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const 
 {
 	const float one = 1.0f, zero = 0.0f;
 	int align = ptr_align(x, w, y);
+	const int pinned = c->gemm_pin && n >= 2 && (n <= c->gemm_pin || c->gemm_pin_all);
 	struct gemm_plan *g = NULL;
 	cublasStatus_t s;
 
@@ -132,14 +192,15 @@ extern "C" int kvmem_cuda_gemm_bf16(kvmem_cuda_ctx *c, void *y, int mode, const 
 	for (int i = 0; i < KVMEM_GEMM_CACHE && !g; i++) {
 		struct gemm_plan *p = &c->plans[i];
 
-		if (p->n == n && p->in == in && p->out == out && p->mode == mode && p->align == align)
+		if (p->n == n && p->in == in && p->out == out && p->mode == mode && p->align == align &&
+		    p->pinned == pinned)
 			g = p;
 	}
 	if (!g) {
 		g = &c->plans[c->next_plan];
 		c->next_plan = (c->next_plan + 1) % KVMEM_GEMM_CACHE;
-		plan_free(g);
-		if (plan_make(c, g, n, in, out, mode, align))
+		kvmem_cuda_gemm_plan_free(g);
+		if (plan_make(c, g, n, in, out, mode, align, pinned))
 			return kvmem_error_prefix("gemm %d x %d -> %d (mode %d)", n, in, out, mode);
 	}
 	s = cublasLtMatmul(c->lt, g->desc, &one, w, g->a, x, g->b,

@@ -32,7 +32,8 @@
 	X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                                 \
 	X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate)                      \
 	X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)               \
-	X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)
+	X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                             \
+	X(cublasLtMatmulAlgoCheck) X(cublasLtMatmulAlgoConfigSetAttribute)
 
 static struct {
 #define LT_PTR(name) decltype(&::name) p_##name;
@@ -109,3 +110,12 @@ LT_FWD(cublasLtMatrixLayoutCreate,
        (cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld),
        (l, type, rows, cols, ld))
 LT_FWD(cublasLtMatrixLayoutDestroy, (cublasLtMatrixLayout_t l), (l))
+LT_FWD(cublasLtMatmulAlgoCheck,
+       (cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+	cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+	const cublasLtMatmulAlgo_t *algo, cublasLtMatmulHeuristicResult_t *res),
+       (h, d, a, b, c, dl, algo, res))
+LT_FWD(cublasLtMatmulAlgoConfigSetAttribute,
+       (cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigAttributes_t attr, const void *buf,
+	size_t n),
+       (algo, attr, buf, n))

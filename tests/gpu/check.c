@@ -38,6 +38,9 @@
  *     --gemm-tc  the tensor-core GEMM for few rows alone: against its twin,
  *               bit for bit whatever the batch, then a layer's GEMMs with it
  *               and without (check_gemm_tc.c; tests/gpu/batch26h.sh)
+ *     --gemm-pin  GEMMs of many rows on one algorithm alone: a row's bits
+ *               among others, then the times pinned and not
+ *               (check_gemm_pin.c; tests/gpu/prefill26.sh)
  *     --pages   a forward's rows into pages in host memory alone, against
  *               the twin (check_pages.c; tests/gpu/gpu24c.sh)
  */
@@ -54,6 +57,7 @@
 #include "kvmem/kvmem.h"
 #include "check_attn_batch.h"
 #include "check_gemm_tc.h"
+#include "check_gemm_pin.h"
 #include "check_attn_decode.h"
 #include "check_attn_prefill.h"
 #include "check_fp8.h"
@@ -1115,7 +1119,7 @@ int main(int argc, char **argv)
 	int do_bench = 0, do_profile = 0, only_gather = 0, only_gemv = 0, only_fuse = 0;
 	int only_sample = 0;
 	int only_attn_decode = 0, only_attn_prefill = 0, only_attn_batch = 0, only_fp8 = 0;
-	int only_pages = 0, only_gemm_tc = 0, gemm_tc_shapes = 0;
+	int only_pages = 0, only_gemm_tc = 0, gemm_tc_shapes = 0, only_gemm_pin = 0;
 	uint64_t seed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -1145,12 +1149,14 @@ int main(int argc, char **argv)
 			only_gemm_tc = 1;	/* the tensor-core GEMM alone (check_gemm_tc.c) */
 		else if (!strcmp(argv[i], "--gemm-tc-shapes"))
 			gemm_tc_shapes = 1;	/* its split and tiles shape by shape, timed */
+		else if (!strcmp(argv[i], "--gemm-pin"))
+			only_gemm_pin = 1;	/* GEMMs on one algorithm (check_gemm_pin.c) */
 		else if (!strcmp(argv[i], "--pages"))
 			only_pages = 1;		/* rows into pages alone (check_pages.c) */
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--sample] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--gemm-tc] [--gemm-tc-shapes] [--fp8] [--pages] [--seed N]\n");
+			fprintf(stderr, "usage: kvmem_gpu_check [--quick] [--bench] [--profile] [--gather] [--sample] [--gemv] [--fuse] [--attn-decode] [--attn-prefill] [--attn-batch] [--gemm-tc] [--gemm-tc-shapes] [--gemm-pin] [--fp8] [--pages] [--seed N]\n");
 			return 2;
 		}
 	}
@@ -1174,6 +1180,8 @@ int main(int argc, char **argv)
 		check_fp8(do_bench);
 	} else if (only_pages) {
 		check_pages();
+	} else if (only_gemm_pin) {
+		check_gemm_pin();
 	} else if (gemm_tc_shapes) {
 		gemm_tc_shape_sweep();
 	} else if (only_gemm_tc) {
