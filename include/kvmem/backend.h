@@ -63,6 +63,14 @@ typedef struct kvmem_backend_opts {
 				 * until the multi-GPU forward is built; -EINVAL
 				 * when the model's KV heads or intermediate size
 				 * do not divide by N */
+	/* 1: prefill chunks of several views may share one forward pass
+	 * (kvmem_session_append_batch, kvmem serve's prompts), each view's
+	 * rows with the bits they get alone. The cpu backend always does; the
+	 * cuda backend then runs every GEMM of 2+ rows of a shape on one
+	 * cuBLASLt algorithm, whatever the rows (that invariance's price: a
+	 * lone chunk's GEMMs about 10% slower, Documentation/benchmarks.md;
+	 * KVMEM_CUDA_GEMM_PIN=0 refuses it). 0: each chunk alone. */
+	int batch_prefill;
 } kvmem_backend_opts;
 
 /* What the device can do at most, measured when asked: the ceilings the

@@ -19,6 +19,9 @@
  *  - The same over fp8 views (kv_dtype fp8 on every backend: the
  *    exactness invariant over fp8 KV too).
  *  - 72 sessions in one forward (B >= 64) equal their twins.
+ *  - Every backend here is opened with batch_prefill: prefill chunks of
+ *    several sessions share a pass (the cuda backend's GEMMs pinned, the
+ *    twins' too).
  *  - Failures are their item's: a token outside the vocabulary, a run
  *    longer than the chunk, a session with nothing to decode from; the
  *    others' results stand. Sessions twice or of two backends: -EINVAL and
@@ -52,7 +55,8 @@ static kvmem_backend *cpu_backend(const kvmem_model *m)
 	kvmem_backend *b;
 
 	if (kvmem_backend_open(test_backend_name(), m,
-			       &(kvmem_backend_opts){ .max_chunk = MAX_CHUNK, .kv_dtype = g_kv_dtype },
+			       &(kvmem_backend_opts){ .max_chunk = MAX_CHUNK, .kv_dtype = g_kv_dtype,
+						      .batch_prefill = 1 },
 			       &b) < 0)
 		fail_msg("backend: %s", kvmem_last_error());
 	return b;

@@ -200,6 +200,7 @@ static void cuda_destroy(void *ctx)
 	cudaFreeHost(b->host_items);
 	cuda_fp8_destroy(b);
 	cuda_pages_destroy(b);
+	cuda_fwdp_destroy(b);
 	cuda_fwd_destroy(b);
 	kvmem_cuda_ctx_destroy(b->ctx);
 	free(b);
@@ -267,6 +268,12 @@ static int cuda_create(const kvmem_model *m, const kvmem_backend_opts *o, void *
 	    (rc = cuda_fwd_create(b)) < 0 || (rc = cuda_rows_create(b)) < 0)
 		goto fail;
 	b->logit_rows = 1;
+	/* Prefill chunks of several views in one pass (cuda_fwd_prefill.c)
+	 * need the GEMMs pinned; KVMEM_CUDA_GEMM_PIN, when set, decides. */
+	if (o->batch_prefill && !getenv("KVMEM_CUDA_GEMM_PIN") &&
+	    (rc = kvmem_cuda_tune(b->ctx, "gemm_pin", CUDA_PREFILL_PIN_ROWS)) < 0)
+		goto fail;
+	b->prefill_batch = o->batch_prefill && kvmem_cuda_gemm_pin(b->ctx) > 0;
 	*out = b;
 	return 0;
 fail:

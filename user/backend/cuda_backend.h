@@ -6,6 +6,7 @@
  *   cuda_fwd_index.c  a forward's index summaries, made on the device
  *   cuda_host.c  pinned host memory for the sessions' rows, kept for reuse
  *   cuda_fwd_batch.c  the batched forward (decode steps of many views)
+ *   cuda_fwd_prefill.c  prefill chunks of several views in one pass
  *   cuda_view_fp8.c  fp8 views (kv_dtype fp8): their memory, place(), move(),
  *                the forward pass's K/V and attention over them
  *   cuda_view.c  views: create, reserve, length, place (checks, the pack path)
@@ -90,6 +91,11 @@ struct cuda {
 					 * q/k/v scratch and decode graphs */
 	struct cuda_fwdb *fwdb;		/* cuda_fwd_batch.c: the batched forward's
 					 * buffers (made at its first call) */
+	struct cuda_fwdp *fwdp;		/* cuda_fwd_prefill.c: the batched prefill's
+					 * inputs (made at its first call) */
+	int prefill_batch;		/* prefill chunks of several views share a
+					 * pass (kvmem_backend_opts.batch_prefill,
+					 * the GEMMs pinned) */
 };
 
 /* place() methods (the "place" setting) */
@@ -172,6 +178,50 @@ void cuda_fwd_destroy(struct cuda *b);
 void cuda_fwd_forget(struct cuda *b, const void *dev);
 int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *logits,
 		 int all_logits, const kvmem_fwd_out *out);
+/* A layer in three parts, for cuda_fwd_prefill.c's rows of several views:
+ * the device pointers of a call's inputs, and where its raw q, K, V go
+ * (layer l's at oq + l * sq, ok + l * sk, ov + l * sk) ... */
+struct fwd_ptrs {
+	const int32_t *ids, *pos, *n_kv;
+	const kvmem_scatter_item *items;
+	uint16_t *oq, *ok, *ov;
+	size_t sq, sk;
+	uint16_t *hk, *hv;	/* typed rows: host [L][n][kw] bf16, or NULL */
+	void *const *pages;	/* kvmem_fwd_out.pages ([L][nb]), or NULL */
+	int pt0, pb, pnb;	/* its page_t0, page_block, blocks */
+	int p8;			/* its pages are fp8 (page_dtype) */
+};
+/* ... and one view's rows in the scratch: its qkv, q, attention output
+ * and RoPE angles (cuda_fwd_rows_at: from row a). */
+struct fwd_rows {
+	uint16_t *qkv, *q, *att;
+	double *ang;
+};
+void cuda_fwd_rows_at(struct cuda *b, int a, struct fwd_rows *r);
+/* The embedding of n ids into x and the angles of their positions (device). */
+int cuda_fwd_embed(struct cuda *b, const int32_t *ids, const int32_t *pos, int n);
+int cuda_fwd_qkv(struct cuda *b, int l, int n);
+int cuda_fwd_attend(struct cuda *b, kvmem_view *v, int l, int n, int want_out,
+		    const struct fwd_ptrs *p, const struct fwd_rows *r);
+int cuda_fwd_mlp(struct cuda *b, int l, int n);
+int cuda_fwd_rows_down(struct cuda *b, int l, int n, const struct fwd_ptrs *p);
+/* Wait for the typed rows and pages sent down (0, or -EIO). */
+int cuda_fwd_rows_wait(struct cuda *b);
+int cuda_fwd_pages_ready(struct cuda *b, const kvmem_fwd_out *out, int n);
+int cuda_fwd_download_f32(struct cuda *b, float *dst, const uint16_t *src, int L, int n, int rows,
+			  size_t w);
+/* Room for `rows` logits rows in b->logits (the graphs holding it dropped). */
+int cuda_fwd_logit_rows(struct cuda *b, int rows);
+
+/* The rows the GEMMs' algorithm is picked for when the backend batches
+ * prefill (kvmem_gpu_check --gemm-pin, H100: the four 8B layer GEMMs at 206
+ * rows 0.244 ms against 0.220 unpinned, at 1024 rows 0.657 against 0.558;
+ * picked for 1024 rows instead: 0.362 and 0.578). */
+#define CUDA_PREFILL_PIN_ROWS 256
+/* cuda_fwd_prefill.c: prefill chunks of several views in one pass (the
+ * GEMMs pinned, c->gemm_pin; -ENOTSUP when they are not). */
+int cuda_prefill_batch(struct cuda *b, const kvmem_fwd_item *items, int n);
+void cuda_fwdp_destroy(struct cuda *b);
 
 /* cuda_fwd_batch.c: forward_batch (decode items; -ENOTSUP otherwise) */
 int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n);

@@ -99,19 +99,6 @@ struct cuda_fwd {
 	uint64_t tick;
 };
 
-/* The device pointers of one call's inputs, and where its raw q, K, V go:
- * layer l's at oq + l * sq, ok + l * sk, ov + l * sk. */
-struct fwd_ptrs {
-	const int32_t *ids, *pos, *n_kv;
-	const kvmem_scatter_item *items;
-	uint16_t *oq, *ok, *ov;
-	size_t sq, sk;
-	uint16_t *hk, *hv;	/* typed rows: host [L][n][kw] bf16, or NULL */
-	void *const *pages;	/* kvmem_fwd_out.pages ([L][nb]), or NULL */
-	int pt0, pb, pnb;	/* its page_t0, page_block, blocks */
-	int p8;			/* its pages are fp8 (page_dtype) */
-};
-
 int cuda_fwd_create(struct cuda *b)
 {
 	const kvmem_config *c = b->c;
@@ -205,7 +192,7 @@ static int decode_ok(const struct cuda *b)
  * compute stream has written them. The next call's q/k kernel may
  * overwrite them only after cuda_forward waited for this stream, which it
  * does before it returns. */
-static int rows_down(struct cuda *b, int l, int n, const struct fwd_ptrs *p)
+int cuda_fwd_rows_down(struct cuda *b, int l, int n, const struct fwd_ptrs *p)
 {
 	struct cuda_fwd *f = b->fwd;
 	const size_t bytes = (size_t)n * b->kw * 2;
@@ -237,65 +224,142 @@ static int rows_down(struct cuda *b, int l, int n, const struct fwd_ptrs *p)
 	return 0;
 }
 
-static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, const struct fwd_ptrs *p)
+/* Layer l's first part over n rows: h = rmsnorm(x), qkv = h.[Wq;Wk;Wv]
+ * (one kernel with the norm in a decode step when "fuse" is on, else
+ * rmsnorm then GEMM, the same bits: kernels/cuda/gemv.cu). Row by row
+ * (the GEMM pinned, c->gemm_pin), so a batched prefill runs it over
+ * several views' rows at once. */
+int cuda_fwd_qkv(struct cuda *b, int l, int n)
 {
 	const kvmem_config *c = b->c;
 	const struct layer_w *w = &b->L[l];
-	const int H = c->hidden, I = c->intermediate, D = c->head_dim, ld = b->qw + 2 * b->kw;
+
+	return kvmem_cuda_norm_gemv_bf16(b->ctx, b->fwd->qkv, KVMEM_GEMM_BF16, b->x, w->attn_norm,
+					 c->rms_eps, w->wq, b->h, n, c->hidden,
+					 b->qw + 2 * b->kw);
+}
+
+/* Its middle over one view's n rows at r: q/k norm and rope, K and V into
+ * the view, the rows down, the attention. */
+int cuda_fwd_attend(struct cuda *b, kvmem_view *v, int l, int n, int want_out,
+		    const struct fwd_ptrs *p, const struct fwd_rows *r)
+{
+	const kvmem_config *c = b->c;
+	const struct layer_w *w = &b->L[l];
+	const int D = c->head_dim, ld = b->qw + 2 * b->kw;
 	const size_t vl = (size_t)c->n_kv_heads * v->cap * D;	/* one layer of the view */
 	const float scale = (float)(1.0 / sqrt((double)D));
-	uint16_t *qkv = b->fwd->qkv;
 	int rc;
 
-	/* The norms go through the fused ops: one kernel for a decode step when
-	 * "fuse" is on, else rmsnorm then GEMM (then SwiGLU), with the same bits
-	 * either way (kernels/cuda/gemv.cu). */
 	if (v->fp8) {	/* K and V into the view as fp8, then attention: cuda_view_fp8.c */
-		if ((rc = kvmem_cuda_norm_gemv_bf16(b->ctx, qkv, KVMEM_GEMM_BF16, b->x,
-						    w->attn_norm, c->rms_eps, w->wq, b->h, n, H,
-						    ld)) ||
-		    (rc = kvmem_cuda_qk_norm_rope_bf16(
-			     b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
-			     c->rms_eps, p->pos, c->rope_theta, b->q,
+		uint16_t *q = b->q, *att = b->att;
+
+		if ((rc = kvmem_cuda_qk_norm_rope_bf16(
+			     b->ctx, r->qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
+			     c->rms_eps, p->pos, c->rope_theta, r->q,
 			     want_out ? p->oq + l * p->sq : NULL, want_out ? p->ok + l * p->sk : NULL,
 			     want_out ? p->ov + l * p->sk : NULL)) ||
-		    ((p->hk || p->hv || p->pages) && (rc = rows_down(b, l, n, p)) < 0) ||
-		    (rc = cuda_fp8_layer(b, v, l, n, qkv, ld, p->items + l, p->pos, p->n_kv)) < 0)
+		    ((p->hk || p->hv || p->pages) && (rc = cuda_fwd_rows_down(b, l, n, p)) < 0))
 			return rc;
-		goto mlp;
+		/* cuda_fp8_layer reads q and writes att at the backend's
+		 * buffers: this view's rows for the call. */
+		b->q = r->q;
+		b->att = r->att;
+		rc = cuda_fp8_layer(b, v, l, n, r->qkv, ld, p->items + l, p->pos, p->n_kv);
+		b->q = q;
+		b->att = att;
+		return rc < 0 ? rc : 0;
 	}
-	if ((rc = kvmem_cuda_norm_gemv_bf16(b->ctx, qkv, KVMEM_GEMM_BF16, b->x, w->attn_norm,
-					    c->rms_eps, w->wq, b->h, n, H, ld)) ||
-	    /* The new tokens' K and V go into the view through the very
-	     * scatter place() uses (or, in a fused decode step, the same
-	     * rotation inside the q/k kernel), so K at a slot is always rotated
-	     * the same way: from qkv's K (normalised, not rotated) and V
-	     * columns. */
-	    (rc = kvmem_cuda_qk_norm_rope_scatter_bf16(
-		     b->ctx, qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
-		     c->rms_eps, p->pos, c->rope_theta, b->q, want_out ? p->oq + l * p->sq : NULL,
-		     want_out ? p->ok + l * p->sk : NULL, want_out ? p->ov + l * p->sk : NULL, v->k, v->v,
-		     v->rk, p->items + l, c->n_layers, (int)v->cap, b->fwd->ang)) ||
-	    ((p->hk || p->hv || p->pages) && (rc = rows_down(b, l, n, p)) < 0))
+	/* The new tokens' K and V go into the view through the very scatter
+	 * place() uses (or, in a fused decode step, the same rotation inside
+	 * the q/k kernel), so K at a slot is always rotated the same way: from
+	 * qkv's K (normalised, not rotated) and V columns. */
+	if ((rc = kvmem_cuda_qk_norm_rope_scatter_bf16(
+		     b->ctx, r->qkv, ld, w->q_norm, w->k_norm, n, c->n_heads, c->n_kv_heads, D,
+		     c->rms_eps, p->pos, c->rope_theta, r->q, want_out ? p->oq + l * p->sq : NULL,
+		     want_out ? p->ok + l * p->sk : NULL, want_out ? p->ov + l * p->sk : NULL, v->k,
+		     v->v, v->rk, p->items + l, c->n_layers, (int)v->cap, r->ang)) ||
+	    ((p->hk || p->hv || p->pages) && (rc = cuda_fwd_rows_down(b, l, n, p)) < 0))
 		return rc;
 	if (n == 1 && decode_ok(b))
-		rc = kvmem_cuda_attention_decode_bf16(b->ctx, 0, b->att, b->q, p->pos, 1, v->k + l * vl,
-						      v->v + l * vl, p->n_kv, (int)v->cap,
-						      (size_t)v->cap, c->n_heads, c->n_kv_heads, D,
-						      scale);
-	else
-		rc = kvmem_cuda_attention_bf16(b->ctx, b->att, b->q, p->pos, n, v->k + l * vl,
-					       v->v + l * vl, NULL, (int)(v->len + n),
-					       (size_t)v->cap, c->n_heads, c->n_kv_heads, D, scale);
-	if (rc)
-		return rc;
-mlp:
+		return kvmem_cuda_attention_decode_bf16(b->ctx, 0, r->att, r->q, p->pos, 1,
+							v->k + l * vl, v->v + l * vl, p->n_kv,
+							(int)v->cap, (size_t)v->cap, c->n_heads,
+							c->n_kv_heads, D, scale);
+	return kvmem_cuda_attention_bf16(b->ctx, r->att, r->q, p->pos, n, v->k + l * vl,
+					 v->v + l * vl, NULL, (int)(v->len + n), (size_t)v->cap,
+					 c->n_heads, c->n_kv_heads, D, scale);
+}
+
+/* Its end over n rows: x += att.Wo; h = rmsnorm(x); gu = h.[Wgate;Wup];
+ * x += swiglu(gu).Wdown (norm, gate|up and SwiGLU one kernel in a fused
+ * decode step, act written directly). Row by row, as cuda_fwd_qkv. */
+int cuda_fwd_mlp(struct cuda *b, int l, int n)
+{
+	const kvmem_config *c = b->c;
+	const struct layer_w *w = &b->L[l];
+	const int H = c->hidden, I = c->intermediate;
+	int rc;
+
 	if ((rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->att, w->wo, n, b->qw,
 				       H)) ||
 	    (rc = kvmem_cuda_norm_gemv_swiglu_bf16(b->ctx, b->act, b->x, w->mlp_norm, c->rms_eps,
 						   w->w_gateup, b->h, b->gu, n, H, I)) ||
 	    (rc = kvmem_cuda_gemm_bf16(b->ctx, b->x, KVMEM_GEMM_F32_ADD, b->act, w->w_down, n, I,
 				       H)))
+		return rc;
+	return 0;
+}
+
+void cuda_fwd_rows_at(struct cuda *b, int a, struct fwd_rows *r)
+{
+	r->qkv = b->fwd->qkv + (size_t)a * (b->qw + 2 * b->kw);
+	r->q = b->q + (size_t)a * b->qw;
+	r->att = b->att + (size_t)a * b->qw;
+	r->ang = b->fwd->ang + (size_t)a * b->c->head_dim;	/* (cos, sin) pairs */
+}
+
+int cuda_fwd_embed(struct cuda *b, const int32_t *ids, const int32_t *pos, int n)
+{
+	const kvmem_config *c = b->c;
+	int rc;
+
+	if ((rc = kvmem_cuda_embedding_bf16(b->ctx, b->x, b->embed, ids, n, c->hidden)) < 0 ||
+	    (rc = kvmem_cuda_rope_angles(b->ctx, b->fwd->ang, pos, n, c->head_dim, c->rope_theta)) < 0)
+		return rc;
+	return 0;
+}
+
+int cuda_fwd_rows_wait(struct cuda *b)
+{
+	if (cudaStreamSynchronize(b->fwd->down) != cudaSuccess)
+		return kvmem_error(EIO, "cuda forward: copying the rows down: %s",
+				   cudaGetErrorString(cudaGetLastError()));
+	return 0;
+}
+
+int cuda_fwd_logit_rows(struct cuda *b, int rows)
+{
+	if (rows <= b->logit_rows)
+		return 0;
+	cuda_fwd_forget(b, b->logits);
+	kvmem_cuda_free(b->logits);
+	b->logits = NULL;
+	b->logit_rows = 0;
+	if (cuda_dev_alloc(&b->logits, (size_t)rows * b->c->vocab * 4, NULL) < 0)
+		return kvmem_fail();
+	b->logit_rows = rows;
+	return 0;
+}
+
+static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, const struct fwd_ptrs *p)
+{
+	struct fwd_rows r;
+	int rc;
+
+	cuda_fwd_rows_at(b, 0, &r);
+	if ((rc = cuda_fwd_qkv(b, l, n)) || (rc = cuda_fwd_attend(b, v, l, n, want_out, p, &r)) ||
+	    (rc = cuda_fwd_mlp(b, l, n)))
 		return rc;
 	return 0;
 }
@@ -329,8 +393,7 @@ static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows,
 	cudaStream_t st = kvmem_cuda_stream(b->ctx);
 	int rc;
 
-	if ((rc = kvmem_cuda_embedding_bf16(b->ctx, b->x, b->embed, p.ids, n, c->hidden)) < 0 ||
-	    (rc = kvmem_cuda_rope_angles(b->ctx, f->ang, p.pos, n, c->head_dim, c->rope_theta)) < 0)
+	if ((rc = cuda_fwd_embed(b, p.ids, p.pos, n)) < 0)
 		return rc;
 	for (int l = 0; l < c->n_layers; l++)
 		if ((rc = layer(b, v, l, n, want_out, &p)) < 0)
@@ -452,7 +515,7 @@ static void widen(float *dst, const uint16_t *src, size_t n)
  * strided copy through the pinned host_o, which holds [L][C][w] of the
  * widest output, so any rows <= n <= C fit.
  */
-static int download_f32(struct cuda *b, float *dst, const uint16_t *src, int L, int n, int rows,
+int cuda_fwd_download_f32(struct cuda *b, float *dst, const uint16_t *src, int L, int n, int rows,
 			size_t w)
 {
 	const size_t row_bytes = w * 2, total = (size_t)L * rows * w;
@@ -478,7 +541,7 @@ static int download_f32(struct cuda *b, float *dst, const uint16_t *src, int L, 
 }
 
 /* Check a call's pages and grow the staging they are laid out in. */
-static int pages_ready(struct cuda *b, const kvmem_fwd_out *out, int n)
+int cuda_fwd_pages_ready(struct cuda *b, const kvmem_fwd_out *out, int n)
 {
 	struct cuda_fwd *f = b->fwd;
 	const int B = out->page_block;
@@ -525,7 +588,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 				   "queries)", out->q_last);
 	if (out && !out->pages && !out->raw_k_bf16 != !out->v_bf16)
 		return kvmem_error(EINVAL, "cuda forward: typed rows need both raw K and V");
-	if (out && out->pages && (rc = pages_ready(b, out, n)) < 0)
+	if (out && out->pages && (rc = cuda_fwd_pages_ready(b, out, n)) < 0)
 		return rc;
 	if (v->len + n > v->cap)
 		return kvmem_error(EINVAL, "cuda forward: the view holds %lld of %lld slots, no room for "
@@ -534,15 +597,8 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 		if (tokens[i] < 0 || tokens[i] >= c->vocab)
 			return kvmem_error(EINVAL, "cuda forward: token %d at index %d is outside the "
 					   "vocabulary (0..%d)", tokens[i], i, c->vocab - 1);
-	if (rows > b->logit_rows) {
-		cuda_fwd_forget(b, b->logits);
-		kvmem_cuda_free(b->logits);
-		b->logits = NULL;
-		b->logit_rows = 0;
-		if ((rc = cuda_dev_alloc(&b->logits, (size_t)rows * c->vocab * 4, NULL)) < 0)
-			return rc;
-		b->logit_rows = rows;
-	}
+	if ((rc = cuda_fwd_logit_rows(b, rows)) < 0)
+		return rc;
 	/* The inputs: the previous call synchronised, so the pinned buffer
 	 * is free to be rewritten. One scatter item per layer: the new tokens
 	 * at slots len.., K and V from qkv's columns. */
@@ -615,11 +671,11 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	/* Only the queries asked for come down: [L][rows] of the device's
 	 * [L][n], the last rows of each layer. */
 	if (out && out->q_raw &&
-	    (rc = download_f32(b, out->q_raw, b->oq, L, n, kvmem_fwd_q_rows(out, n), b->qw)) < 0)
+	    (rc = cuda_fwd_download_f32(b, out->q_raw, b->oq, L, n, kvmem_fwd_q_rows(out, n), b->qw)) < 0)
 		return rc;
-	if (out && out->raw_k && (rc = download_f32(b, out->raw_k, b->ok, L, n, n, b->kw)) < 0)
+	if (out && out->raw_k && (rc = cuda_fwd_download_f32(b, out->raw_k, b->ok, L, n, n, b->kw)) < 0)
 		return rc;
-	if (out && out->v && (rc = download_f32(b, out->v, b->ov, L, n, n, b->kw)) < 0)
+	if (out && out->v && (rc = cuda_fwd_download_f32(b, out->v, b->ov, L, n, n, b->kw)) < 0)
 		return rc;
 	v->len += n;
 	return 0;

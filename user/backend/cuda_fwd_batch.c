@@ -38,8 +38,10 @@
  * Taken only when it can give those bits: the main decode attention v5,
  * the GEMV on (decode items go in passes of at most the chunk size);
  * otherwise -ENOTSUP and the session runs the items one by one
- * (user/session/batch.c). Prefill chunks in a batch run through the lone
- * forward, one after another, and the decode items beside them batched. KVMEM_CUDA_BATCH=0 (read at the first call)
+ * (user/session/batch.c). Prefill chunks in a batch run in passes of
+ * several views (cuda_fwd_prefill.c) when the backend was opened with
+ * batch_prefill, else through the lone forward one after another; the
+ * decode items beside them batched. KVMEM_CUDA_BATCH=0 (read at the first call)
  * turns it off, for comparisons.
  *
  * KVMEM_CUDA_BATCH_PROFILE=1 (read at the first call) says where a pass's
@@ -794,11 +796,53 @@ static int pass(struct cuda *b, const kvmem_fwd_item *items, int n)
 }
 
 /*
- * Items of more than one token (prefill chunks) run through cuda_forward()
- * one after another; the decode items then go in passes of at most
- * max_chunk items (an item's bits depend on neither), a pass of one item
- * through cuda_forward() too. Every item is
- * checked first, so a wrong one fails the call with nothing changed.
+ * Items of more than one token (prefill chunks): with batch_prefill, those
+ * of up to the pinned rows in passes of several views up to max_chunk rows
+ * (cuda_fwd_prefill.c); a pass of one item, a longer one, or one whose
+ * every row's logits are asked, through cuda_forward(); without
+ * batch_prefill each through cuda_forward(), one after another. An item's
+ * bits are the same either way.
+ */
+static int prefill_items(struct cuda *b, const kvmem_fwd_item *items, int n)
+{
+	kvmem_fwd_item *run = malloc(sizeof(*run) * (size_t)(n > 0 ? n : 1));
+	int m = 0, rows = 0, rc = 0;
+
+	if (!run)
+		return kvmem_error(ENOMEM, "cuda batched forward: out of memory for %d items", n);
+	for (int i = 0; i <= n && !rc; i++) {
+		const kvmem_fwd_item *it = i < n ? &items[i] : NULL;
+		/* Chunks of up to the pinned rows (longer ones are compute-bound
+		 * alone: cuda_backend.h, CUDA_PREFILL_PIN_ROWS). */
+		const int joins = it && it->n > 1 && it->n <= kvmem_cuda_gemm_pin(b->ctx) &&
+				  !it->all_logits && b->prefill_batch;
+
+		/* The pass so far goes when this item cannot join it. */
+		if (m && (!joins || rows + it->n > b->max_chunk || m == b->max_chunk / 2)) {
+			rc = m > 1 ? cuda_prefill_batch(b, run, m)
+				   : cuda_forward(b, run[0].v, run[0].tokens, run[0].n, run[0].logits,
+						  0, run[0].out);
+			m = rows = 0;
+		}
+		if (rc || !it || it->n == 1)
+			continue;
+		if (joins) {
+			run[m++] = *it;
+			rows += it->n;
+		} else {
+			rc = cuda_forward(b, it->v, it->tokens, it->n, it->logits, it->all_logits,
+					  it->out);
+		}
+	}
+	free(run);
+	return rc;
+}
+
+/*
+ * Prefill chunks first (prefill_items); the decode items then go in passes
+ * of at most max_chunk items (an item's bits depend on neither), a pass of
+ * one item through cuda_forward() too. Every item is checked first, so a
+ * wrong one fails the call with nothing changed.
  */
 int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 {
@@ -816,10 +860,7 @@ int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 	for (int i = 0; i < n; i++)
 		if (items[i].n == 1)
 			dec[m++] = items[i];
-	for (int i = 0; i < n && !rc; i++)
-		if (items[i].n > 1)
-			rc = cuda_forward(ctx, items[i].v, items[i].tokens, items[i].n, items[i].logits,
-					  items[i].all_logits, items[i].out);
+	rc = prefill_items(b, items, n);
 	for (int s = 0; s < m && !rc; s += C) {
 		const int k = m - s < C ? m - s : C;
 
