@@ -146,6 +146,13 @@ int kvmem_argmax_finite(const float *logits, int vocab, int *bad);
 /* Its AVX-512 form on or off (tests: both give the same index); -ENOTSUP
  * when the CPU lacks AVX-512 F and DQ. The best the CPU has by default. */
 int kvmem_argmax_use_avx512(int on);
+/* A draw's weight e^x (x = (logit - top) / T <= 0, in double) as kvmem_sample
+ * makes it: within 2 ulp of e^x, 0 below -745.2 or for NaN, the same bits
+ * at every width (kernels/cpu/wexp.h); the reference for the draw's twins. */
+double kvmem_sample_weight(double x);
+/* kvmem_sample's weights at width 8 (AVX-512), 4 (AVX2) or 1 from now on
+ * (tests): 0, -ENOTSUP when the CPU lacks it, -EINVAL for another width. */
+int kvmem_sample_weight_use(int width);
 
 /* splitmix64's output function: a bijective 64-bit mix. */
 uint64_t kvmem_mix64(uint64_t z);

@@ -9,6 +9,7 @@
  * one RNG value; greedy consumes none.
  */
 #include <errno.h>
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/cpu/wexp.h"
 
 uint64_t kvmem_mix64(uint64_t z)
 {
@@ -259,7 +261,7 @@ static float key_logit(uint32_t k)
 /*
  * A thread's buffers for its draws, kept between them and grown as a
  * vocabulary asks (freed when the thread ends). A draw over 151,936 logits
- * needs 1.2 MB (the top-k path's ids and weights are touched only as far
+ * needs 2.4 MB (the top-k path's ids and weights are touched only as far
  * as k); allocated and freed a draw, glibc mmapped and unmapped them
  * each time: page faults to touch them again, and an munmap stops every
  * other thread of the process for its TLB, while kvmem serve makes a
@@ -269,7 +271,7 @@ struct scratch {
 	int cap;		/* entries each array holds */
 	uint32_t *ka, *kb;	/* rank keys, the sort's two sides */
 	int *idx;		/* top-k: the kept ids */
-	double *p;		/* top-k: their weights */
+	double *p;		/* the kept ids' weights (the whole order's: all k) */
 };
 
 static pthread_key_t scratch_key;
@@ -335,10 +337,10 @@ static struct scratch *scratch_get(int n)
 }
 
 /*
- * Every logit's rank key, in rank order (best first; ties need no order:
- * their keys are equal): an LSD radix sort of the keys alone, three passes
- * of 11 bits, their counts taken in the one read that makes the keys.
- * Returns the sorted array (w->ka or w->kb).
+ * Rank keys in rank order (best first; ties need no order: their keys are
+ * equal): an LSD radix sort of the m keys at src alone, three passes of 11
+ * bits, their counts taken in one read before them; tmp is the other side.
+ * Returns the sorted array (src or tmp).
  *
  * The draw below needs the ids of only the one key it lands on, which a
  * pass over the logits finds. The first radix sort here moved each key
@@ -350,25 +352,20 @@ static struct scratch *scratch_get(int n)
 #define RADIX_BITS 11
 #define RADIX_PASSES 3	/* 33 bits: the 32 of a key */
 
-static uint32_t *rank_keys(const float *logits, int vocab, struct scratch *w)
+static uint32_t *sort_keys(uint32_t *src, uint32_t *tmp, int m)
 {
 	static const int R = 1 << RADIX_BITS;
-	uint32_t count[RADIX_PASSES][1 << RADIX_BITS];
-	uint32_t *src = w->ka, *dst = w->kb;
+	uint32_t count[RADIX_PASSES][1 << RADIX_BITS], *dst = tmp;
 
 	memset(count, 0, sizeof(count));
-	for (int i = 0; i < vocab; i++) {
-		const uint32_t key = rank_key_desc(logits[i]);
-
-		src[i] = key;
+	for (int i = 0; i < m; i++)
 		for (int d = 0; d < RADIX_PASSES; d++)
-			count[d][(key >> (RADIX_BITS * d)) & (R - 1)]++;
-	}
-	for (int d = 0; d < RADIX_PASSES; d++) {
+			count[d][(src[i] >> (RADIX_BITS * d)) & (R - 1)]++;
+	for (int d = 0; d < RADIX_PASSES && m > 0; d++) {
 		const int shift = RADIX_BITS * d;
 		uint32_t *at = count[d], sum = 0;
 
-		if (at[(src[0] >> shift) & (R - 1)] == (uint32_t)vocab)
+		if (at[(src[0] >> shift) & (R - 1)] == (uint32_t)m)
 			continue;	/* one bucket: the order stands */
 		for (int b = 0; b < R; b++) {
 			const uint32_t c = at[b];
@@ -376,7 +373,7 @@ static uint32_t *rank_keys(const float *logits, int vocab, struct scratch *w)
 			at[b] = sum;
 			sum += c;
 		}
-		for (int i = 0; i < vocab; i++)
+		for (int i = 0; i < m; i++)
 			dst[at[(src[i] >> shift) & (R - 1)]++] = src[i];
 
 		uint32_t *t = src;
@@ -406,44 +403,155 @@ static int id_at(const uint32_t *keys, int at, const float *logits, int vocab)
 /* A candidate's weight exp((l - top) / T), in double. */
 static double weight(float l, double top, float temperature)
 {
-	return exp(((double)l - top) / temperature);
+	return wexp1(((double)l - top) / temperature);
+}
+
+double kvmem_sample_weight(double x)
+{
+	return wexp1(x);
+}
+
+static int wexp_width;	/* 8, 4 or 1; 0: not chosen yet */
+
+int kvmem_sample_weight_use(int width)
+{
+	__builtin_cpu_init();
+	if (width != 8 && width != 4 && width != 1)
+		return -EINVAL;
+	if ((width == 8 && !have_512()) ||
+	    (width == 4 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))))
+		return -ENOTSUP;
+	wexp_width = width;
+	return 0;
+}
+
+__attribute__((target("avx512f,avx512dq"))) static void weights8(double *p, int n)
+{
+	int i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm512_storeu_pd(p + i, wexp8(_mm512_loadu_pd(p + i)));
+	for (; i < n; i++)
+		p[i] = wexp1(p[i]);
+}
+
+__attribute__((target("avx2,fma"))) static void weights4(double *p, int n)
+{
+	int i = 0;
+
+	for (; i + 4 <= n; i += 4)
+		_mm256_storeu_pd(p + i, wexp4(_mm256_loadu_pd(p + i)));
+	for (; i < n; i++)
+		p[i] = wexp1(p[i]);
+}
+
+/* p[i] = e^p[i] for i < n, at the widest width this CPU has (the bits are
+ * the same at every width). */
+static void weights(double *p, int n)
+{
+	if (!wexp_width && kvmem_sample_weight_use(8) && kvmem_sample_weight_use(4))
+		wexp_width = 1;
+	if (wexp_width == 8)
+		weights8(p, n);
+	else if (wexp_width == 4)
+		weights4(p, n);
+	else
+		for (int i = 0; i < n; i++)
+			p[i] = wexp1(p[i]);
 }
 
 /*
- * The draw over the k best of the whole order (k past 1024 or all): the
- * same sums, in the same order, as over their ids, the weights made again
- * where a second pass needs them rather than kept.
+ * The draw over the first k of the rank order whose m keys (the first m of
+ * the whole order) are at keys, unif the draw's uniform value: the place in
+ * the order it lands on, or -1 when it needs more of the order than m (the
+ * caller then gives it all of it, with the same unif). The weights are made
+ * in one vectorised pass (wexp.h) and summed in rank order.
  */
-static int draw_ranked(const float *logits, int vocab, int k, const kvmem_sampler *s,
-		       uint64_t *rng, struct scratch *w)
+static int draw_over(const uint32_t *keys, int m, int k, const kvmem_sampler *s, double top,
+		     double unif, double *p)
 {
-	const uint32_t *keys = rank_keys(logits, vocab, w);
-	const double top = key_logit(keys[0]);
-	double sum = 0.0, u, cum = 0.0;
-	int n = k, at = n - 1;
+	int n = k < m ? k : m, cut = n < k, at;
+	double sum = 0.0, cum = 0.0, u;
 
-	if (!isfinite(top))	/* an inf logit wins outright; all -inf: the first */
-		return id_at(keys, 0, logits, vocab);
 	for (int i = 0; i < n; i++)
-		sum += weight(key_logit(keys[i]), top, s->temperature);
+		p[i] = ((double)key_logit(keys[i]) - top) / s->temperature;
+	weights(p, n);
+	for (int i = 0; i < n; i++)
+		sum += p[i];
 	if (s->top_p > 0.0f && s->top_p < 1.0f) {
 		double want = s->top_p * sum;
 		int keep = 0;
 
 		while (keep < n && cum < want)
-			cum += weight(key_logit(keys[keep++]), top, s->temperature);
+			cum += p[keep++];
+		if (cut && cum < want)
+			return -1;
 		n = keep > 0 ? keep : 1;
-		sum = cum > 0.0 ? cum : weight(key_logit(keys[0]), top, s->temperature);
-		at = n - 1;
+		sum = cum > 0.0 ? cum : p[0];
+		cut = 0;	/* the nucleus is all the draw reads */
 		cum = 0.0;
 	}
-	u = kvmem_rng_uniform(rng) * sum;
-	for (int i = 0; i < n; i++) {
-		cum += weight(key_logit(keys[i]), top, s->temperature);
-		if (u < cum) {
-			at = i;
-			break;
-		}
+	u = unif * sum;
+	for (at = 0; at < n; at++) {
+		cum += p[at];
+		if (u < cum)
+			return at;
+	}
+	return cut ? -1 : n - 1;
+}
+
+/* x <= WEIGHT_CUT: e^x under 2^-54 (e^-38 = 3.1e-17), which added to a sum
+ * of 1 or more (the best candidate weighs 1) leaves it as it was. */
+#define WEIGHT_CUT (-38.0)
+
+/*
+ * The draw over the k best of the whole order (k past 1024 or all). Its
+ * sum, in rank order, starts at the best candidate's weight 1, and a weight
+ * under 2^-54 added to it then changes no bit; the weights fall along the
+ * order. So the candidates whose logits are below top + WEIGHT_CUT T never
+ * count (every one of them comes after the others): only the rest are
+ * sorted and weighed, which at a low temperature or over a peaked
+ * distribution is a small part of 151,936 logits. The draw is the same
+ * token, bit for bit, as over the whole order (test_sample_full_order's
+ * qsort twin); in the rare case that it reads past them (u rounded up to
+ * the sum), the whole order is made.
+ */
+static int draw_ranked(const float *logits, int vocab, int k, const kvmem_sampler *s,
+		       uint64_t *rng, struct scratch *w)
+{
+	uint32_t best = UINT32_MAX, kc = UINT32_MAX, *keys;
+	double top, cf, unif;
+	int m = 0, at, i;
+
+	for (i = 0; i < vocab; i++) {
+		w->ka[i] = rank_key_desc(logits[i]);
+		best = w->ka[i] < best ? w->ka[i] : best;
+	}
+	top = key_logit(best);
+	if (!isfinite(top)) {	/* an inf logit wins outright; all -inf: the first */
+		for (i = 0; i < vocab && w->ka[i] != best; i++)
+			;
+		return i < vocab ? i : 0;
+	}
+	unif = kvmem_rng_uniform(rng);
+	cf = top + WEIGHT_CUT * s->temperature;
+	if (cf > -FLT_MAX) {	/* keys at most the cut's: logits at least cf */
+		float f = (float)cf;
+
+		if ((double)f > cf)
+			f = nextafterf(f, -INFINITY);
+		kc = rank_key_desc(f);
+	}
+	for (i = 0; i < vocab; i++)
+		if (w->ka[i] <= kc)
+			w->kb[m++] = w->ka[i];
+	keys = sort_keys(w->kb, w->ka, m);
+	at = draw_over(keys, m, k, s, top, unif, w->p);
+	if (at < 0) {	/* the whole order, the same uniform value */
+		for (i = 0; i < vocab; i++)
+			w->ka[i] = rank_key_desc(logits[i]);
+		keys = sort_keys(w->ka, w->kb, vocab);
+		at = draw_over(keys, vocab, k, s, top, unif, w->p);
 	}
 	return id_at(keys, at, logits, vocab);
 }

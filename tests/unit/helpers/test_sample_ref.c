@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels/kernels.h"
 #include "test_sample_ref.h"
 
 static const float *g_logits;
@@ -42,7 +43,7 @@ int test_sample_qsort(const float *logits, int vocab, const kvmem_sampler *s, ui
 		goto out;
 	}
 	for (int i = 0; i < n; i++) {
-		p[i] = exp(((double)logit_at(idx[i]) - top) / s->temperature);
+		p[i] = kvmem_sample_weight(((double)logit_at(idx[i]) - top) / s->temperature);
 		sum += p[i];
 	}
 	if (s->top_p > 0.0f && s->top_p < 1.0f) {
