@@ -150,6 +150,8 @@ int kvmem_argmax_use_avx512(int on);
  * makes it: within 2 ulp of e^x, 0 below -745.2 or for NaN, the same bits
  * at every width (kernels/cpu/wexp.h); the reference for the draw's twins. */
 double kvmem_sample_weight(double x);
+/* x[i] = kvmem_sample_weight(x[i]) for i < n, at the width in use. */
+void kvmem_sample_weights(double *x, int n);
 /* kvmem_sample's weights at width 8 (AVX-512), 4 (AVX2) or 1 from now on
  * (tests): 0, -ENOTSUP when the CPU lacks it, -EINVAL for another width. */
 int kvmem_sample_weight_use(int width);

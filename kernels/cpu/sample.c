@@ -447,7 +447,7 @@ __attribute__((target("avx2,fma"))) static void weights4(double *p, int n)
 
 /* p[i] = e^p[i] for i < n, at the widest width this CPU has (the bits are
  * the same at every width). */
-static void weights(double *p, int n)
+void kvmem_sample_weights(double *p, int n)
 {
 	if (!wexp_width && kvmem_sample_weight_use(8) && kvmem_sample_weight_use(4))
 		wexp_width = 1;
@@ -475,7 +475,7 @@ static int draw_over(const uint32_t *keys, int m, int k, const kvmem_sampler *s,
 
 	for (int i = 0; i < n; i++)
 		p[i] = ((double)key_logit(keys[i]) - top) / s->temperature;
-	weights(p, n);
+	kvmem_sample_weights(p, n);
 	for (int i = 0; i < n; i++)
 		sum += p[i];
 	if (s->top_p > 0.0f && s->top_p < 1.0f) {

@@ -395,6 +395,52 @@ static void test_expf_widths(void **state)
 	vexp_best();
 }
 
+/* A draw's weights (kvmem_sample_weight) at each width the CPU has against
+ * the scalar reference bit for bit, and against libm's exp within 2 ulp
+ * (normal results) or two of the least subnormal; 0 below -745.2, for
+ * -inf and NaN; 1 at 0 and -0. */
+static void test_sample_weight(void **state)
+{
+	uint64_t r = rng_for("sample-weight");
+	enum { N = 4099 };
+	static double x[N], y[N];
+	static const double special[] = { 0.0, -0.0, -1e-300, -0.34657359027997264,
+					  -0.34657359027997270, -708.0, -708.5, -744.0, -745.1,
+					  -745.2, -745.3, -1e6 };
+
+	(void)state;
+	for (int i = 0; i < N; i++)
+		x[i] = i % 3 ? -test_rng_range(&r, 0, 40) : -test_rng_range(&r, 0, 800);
+	memcpy(x, special, sizeof(special));
+	x[20] = -INFINITY;
+	x[21] = NAN;
+	for (int i = 0; i < N; i++) {
+		const double e = kvmem_sample_weight(x[i]), want = exp(x[i]);
+		const double tol = want >= 0x1p-1022 ? 2 * (nextafter(want, INFINITY) - want)
+						     : 2 * 0x1p-1074;
+
+		if (!(x[i] >= -745.2) ? e != 0.0 : fabs(e - want) > tol)
+			fail_msg("kvmem_sample_weight(%a) = %a, e^x = %a", x[i], e, want);
+	}
+	assert_true(kvmem_sample_weight(0.0) == 1.0 && kvmem_sample_weight(-0.0) == 1.0);
+	assert_int_equal(kvmem_sample_weight_use(3), -EINVAL);
+	for (int w = 8; w >= 1; w /= 2) {
+		if (w == 2 || kvmem_sample_weight_use(w))
+			continue;
+		memcpy(y, x, sizeof(x));
+		kvmem_sample_weights(y + 1, N - 1);	/* off the vectors' alignment too */
+		for (int i = 1; i < N; i++) {
+			const double want = kvmem_sample_weight(x[i]);
+
+			if (memcmp(&y[i], &want, sizeof(want)))
+				fail_msg("width %d: weight of %a = %a, the scalar's %a", w, x[i], y[i],
+					 want);
+		}
+	}
+	if (kvmem_sample_weight_use(8) && kvmem_sample_weight_use(4))
+		assert_int_equal(kvmem_sample_weight_use(1), 0);
+}
+
 static void test_swiglu(void **state)
 {
 	uint64_t r = rng_for("swiglu");
@@ -1298,6 +1344,7 @@ int main(void)
 		cmocka_unit_test(test_sample_distribution),
 		cmocka_unit_test(test_sample_large_topk),
 		cmocka_unit_test(test_sample_full_order),
+		cmocka_unit_test(test_sample_weight),
 		cmocka_unit_test(test_meank),
 	};
 
