@@ -33,6 +33,7 @@ refuse "the one to choose is 'bytes'" serve --model "$M" --tokenizer words
 refuse "no tokenizer.json" serve --model "$M" --port 0 --data-dir "$tmp/d0"
 refuse "its model and settings are its own" bench serve --url http://127.0.0.1:1 --preset 8b
 refuse "its model and settings are its own" bench serve --url http://127.0.0.1:1 --view-slice 1
+refuse "its model and settings are its own" bench serve --url http://127.0.0.1:1 --batch-prefill
 refuse "--model or --preset, not both" bench serve --preset tiny --model "$M"
 
 serve_start --model "$M" --tokenizer bytes --data-dir "$tmp/data" || exit 1
@@ -70,6 +71,19 @@ body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1] + sy
 [ "$(post /v1/chat/completions '{"messages": [{"role": "user", "content": "hi"}]}')" = 400 ] ||
 	bad "chat without a template: $(cat "$tmp/body")"
 grep -q "no chat template" "$tmp/body" || bad "chat without a template: $(cat "$tmp/body")"
+serve_stop
+
+# --batch-prefill: said at start; a prompt's answer is the one it got
+# without (the cpu backend batches prefill either way; the cuda backend's
+# bits: tests/gpu/prefill26.sh).
+serve_start --model "$M" --tokenizer bytes --data-dir "$tmp/data2" --batch-prefill || exit 1
+grep -q "the oldest prompt first (fcfs), chunks of up to 256 tokens of several prompts in one pass (--batch-prefill)" \
+	"$tmp/serve.out" || bad "--batch-prefill at start: $(head -4 "$tmp/serve.out")"
+body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "max_tokens": 12,
+	"temperature": 0}))' "$prompt")
+[ "$(post /v1/completions "$body")" = 200 ] || bad "completion, --batch-prefill: $(cat "$tmp/body")"
+[ "$(field 'b["choices"][0]["text"]')" = "$answer" ] ||
+	bad "--batch-prefill answered '$(field 'b["choices"][0]["text"]')', without it '$answer'"
 serve_stop
 
 timeout 300 "$KVMEM" bench serve --model "$M" --tokenizer bytes --clients 1,2 --requests 2 \

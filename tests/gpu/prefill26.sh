@@ -10,9 +10,8 @@
 #     test_fp8_session (the lone forward's layer, split in three for it).
 #  3. kvmem bench serve at the 8B geometry over fp8 views, ~206-token
 #     prompts (8 workspace lines), 1 and 16 clients, closed loop then
-#     Poisson: with batched prefill (kvmem serve's default now) and without
-#     (KVMEM_CUDA_GEMM_PIN=0: each prompt's chunk alone, as before), in the
-#     same run.
+#     Poisson: with --batch-prefill and without (each prompt's chunk alone,
+#     the GEMMs unpinned: kvmem serve's default), in the same run.
 #
 #   tests/gpu/prefill26.sh OUTDIR [SECONDS]   (logs in OUTDIR/prefill26)
 set -u
@@ -29,9 +28,9 @@ gpu_unit test_fp8_session 120
 for pin in on off; do
 	args=(--preset 8b --backend cuda --kv-dtype fp8 --clients 1,16 --mode both --requests 2
 		--tokens 32 --lines 8)
+	[ $pin = on ] && args+=(--batch-prefill)
 	echo "== batched prefill $pin: kvmem bench serve ${args[*]}"
-	if ( [ $pin = off ] && export KVMEM_CUDA_GEMM_PIN=0
-	     export KVMEM_CUDA_BATCH_PROFILE=1
+	if ( export KVMEM_CUDA_BATCH_PROFILE=1
 	     timeout "$(gpu_left 100)" "$K" bench serve "${args[@]}" \
 		>"$log/serve_$pin.txt" 2>"$log/serve_$pin.err" ); then
 		ok "bench serve, batched prefill $pin"

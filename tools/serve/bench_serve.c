@@ -68,6 +68,7 @@ struct opts {
 	int set_order;
 	uint64_t gpu_mem;		/* its --gpu-mem (0: no cap) */
 	uint32_t kv_dtype;		/* its --kv-dtype (0: the backend's own) */
+	int batch_prefill;		/* its --batch-prefill */
 	double view_slice_ms;		/* its --view-slice (< 0: serve's default) */
 	int used_chunk;			/* what its server ran with (0: a --url server) */
 	int64_t used_round;
@@ -103,6 +104,8 @@ static void usage(FILE *f)
 		"  --gpu-mem SIZE      the server's memory cap (default: none)\n"
 		"  --kv-dtype T        the server's KV: bf16 (default: the backend's own) or\n"
 		"                      fp8\n"
+		"  --batch-prefill     the server's --batch-prefill (prompt chunks of several\n"
+		"                      conversations in one forward pass)\n"
 		"  --view-slice MS     the server's time a round for one conversation's view\n"
 		"                      work (default: serve's, 5; 0: one slice a round)\n"
 		"  --backend NAME      cpu, cuda or auto (default auto)\n"
@@ -392,7 +395,7 @@ static int parse_list(const char *s, int *out, int max)
 
 enum { O_MODEL = 256, O_BACKEND, O_URL, O_KEY, O_CLIENTS, O_MODE, O_REQ, O_TOK, O_LINES, O_RATE,
        O_CONV, O_SEED, O_JSON, O_PRESET, O_TOKENIZER, O_CHUNK, O_PREFILL, O_GPUMEM, O_LOAD,
-       O_ORDER, O_SLICE, O_KVDTYPE, O_TEMP };
+       O_ORDER, O_SLICE, O_KVDTYPE, O_TEMP, O_BPREFILL };
 
 static const struct option lopts[] = {
 	{ "model", required_argument, NULL, O_MODEL },
@@ -401,6 +404,7 @@ static const struct option lopts[] = {
 	{ "chunk", required_argument, NULL, O_CHUNK },
 	{ "gpu-mem", required_argument, NULL, O_GPUMEM },
 	{ "kv-dtype", required_argument, NULL, O_KVDTYPE },
+	{ "batch-prefill", no_argument, NULL, O_BPREFILL },
 	{ "prefill-budget", required_argument, NULL, O_PREFILL },
 	{ "prefill-order", required_argument, NULL, O_ORDER },
 	{ "view-slice", required_argument, NULL, O_SLICE },
@@ -465,6 +469,7 @@ static int parse(int argc, char **argv, struct opts *o)
 				return -1;
 			break;
 		case O_KVDTYPE: if (cli_parse_kv_dtype(WHO, n, a, &o->kv_dtype)) return -1; break;
+		case O_BPREFILL: o->batch_prefill = 1; break;
 		case O_PREFILL:
 			if (cli_parse_count(WHO, n, a, 1, 1 << 20, &o->prefill_budget))
 				return -1;
@@ -606,10 +611,11 @@ int bench_serve(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	if (o.url && (o.preset || o.model || o.tokenizer || o.chunk || o.prefill_budget || o.gpu_mem ||
-		      o.set_order || o.view_slice_ms >= 0 || o.kv_dtype)) {
+		      o.set_order || o.view_slice_ms >= 0 || o.kv_dtype || o.batch_prefill)) {
 		fprintf(stderr, "%s: --url names a running server: its model and settings are its "
 			"own (no --model, --preset, --tokenizer, --chunk, --prefill-budget, "
-			"--prefill-order, --view-slice, --gpu-mem or --kv-dtype)\n", WHO);
+			"--prefill-order, --view-slice, --gpu-mem, --kv-dtype or --batch-prefill)\n",
+			WHO);
 		return EXIT_USAGE;
 	}
 	if (o.url) {
@@ -649,6 +655,7 @@ int bench_serve(int argc, char **argv)
 		o.prefill_order = c.prefill_order;
 		c.gpu_mem = o.gpu_mem;
 		c.kv_dtype = o.kv_dtype;
+		c.batch_prefill = o.batch_prefill;
 		if (o.view_slice_ms >= 0)
 			c.view_slice_ms = o.view_slice_ms;
 		o.view_slice_ms = c.view_slice_ms;
@@ -697,11 +704,14 @@ int bench_serve(int argc, char **argv)
 		if (o.temperature > 0)
 			printf("sampled at temperature %g, each request seeded\n", o.temperature);
 		if (sv)
-			printf("the server's prefill: chunk %d, %lld tokens a round%s, %s; view work "
+			printf("the server's prefill: chunk %d, %lld tokens a round%s, %s%s; view work "
 			       "%g ms a round (--view-slice)\n",
 			       o.used_chunk, (long long)o.used_round,
 			       o.chunk || o.prefill_budget ? "" : " (the backend's defaults)",
-			       serve_prefill_order_says(o.prefill_order), o.view_slice_ms);
+			       serve_prefill_order_says(o.prefill_order),
+			       o.batch_prefill ? ", chunks of several prompts in one pass "
+						 "(--batch-prefill)" : "",
+			       o.view_slice_ms);
 		printf("%-8s %7s %8s %8s %8s %9s %7s %9s %9s %9s %9s %9s %8s %8s\n", "load", "clients",
 		       "rate/s", "requests", "wall s", "decode/s", "vs 1", "ttft p50", "ttft p99",
 		       "lat p50", "lat p99", "tpot p50", "gap p99", "prompt");

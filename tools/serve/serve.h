@@ -66,6 +66,10 @@ struct serve_cfg {
 	 * backend's own; pages f32) or KVMEM_DTYPE_FP8 (e4m3 with scales:
 	 * conversations of the other kind are refused, 409). */
 	uint32_t kv_dtype;
+	/* --batch-prefill: a round's prompt chunks of up to 256 tokens share
+	 * forward passes (kvmem_backend_opts.batch_prefill; the cuda backend
+	 * then pins its GEMMs, a short chunk alone ~10% slower in them). */
+	int batch_prefill;
 	int request_timeout;		/* seconds a request may wait or run */
 	int quiet;
 	/* Test only (KVMEM_SERVE_FAULT=record:N): end the process at the N-th

@@ -175,9 +175,7 @@ int serve_start(const struct serve_cfg *cfg, struct serve **out)
 			       &(kvmem_backend_opts){
 				       .max_chunk = cfg->chunk ? cfg->chunk : SERVE_CHUNK_DEVICE,
 				       .mem_cap = cfg->gpu_mem, .kv_dtype = cfg->kv_dtype,
-				       /* a round's prompts in one pass (their bits as
-					* alone): issue #26 */
-				       .batch_prefill = 1 },
+				       .batch_prefill = cfg->batch_prefill },
 			       &sv->be) < 0) {
 		if (cfg->preset) {	/* the cpu backend wants weights: say how to make them */
 			snprintf(msg, sizeof(msg), "%s", kvmem_last_error());
