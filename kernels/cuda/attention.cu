@@ -698,6 +698,96 @@ extern "C" int kvmem_cuda_attention_setup(kvmem_cuda_ctx *c)
 	return 0;
 }
 
+/*
+ * The same combine, a warp a row (COMBINE_WARPS rows a block): the block
+ * form above gives each of the R x KV-head rows a block of 4 head_dim
+ * threads, most of them idle at a prefill chunk's 2-4 splits, and ncu put
+ * it at 1.5 ms of a 256-token chunk's 10.4 ms at the 8B geometry, twice
+ * the attention it finishes (issue #26: a short prompt's first token).
+ * Here each lane keeps head_dim / 32 of the row's outputs and does for
+ * each of them what the block's threads do, in the same orders: M the
+ * largest running max; L summed over lane s % 32 then the same shuffle
+ * tree; an output's four partial sums over splits s = g, g + 4, g + 8, ...
+ * in order, then (acc0 + acc1) + (acc2 + acc3). So the bits are the block
+ * form's (kvmem_gpu_check --attn-prefill compares them, "combine_block").
+ */
+#define COMBINE_WARPS 8
+
+template <int HD>
+__global__ void __launch_bounds__(32 * COMBINE_WARPS)
+combine_rows_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
+		    const int *n_kv_dev, int n_kv, int bn, int target, int splits, int R,
+		    int n_kv_heads, int n_heads, int G)
+{
+	constexpr int PER = HD / 32;	/* outputs a lane */
+	const int lane = threadIdx.x & 31;
+	const long long row = (long long)blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
+	float w[COMBINE_MAX / 32], M = -INFINITY, L = 0.0f, inv;
+
+	if (row >= (long long)R * n_kv_heads)
+		return;
+	const int r = (int)(row % R), kvh = (int)(row / R);
+
+	if (target) {
+		int kps;
+
+		decode_split(n_kv_dev ? min(*n_kv_dev, n_kv) : n_kv, bn, target, 1, &kps, &splits);
+	}
+#pragma unroll
+	for (int i = 0; i < COMBINE_MAX / 32; i++) {
+		const int s = lane + 32 * i;
+
+		w[i] = s < splits ? pm[((size_t)s * n_kv_heads + kvh) * R + r] : -INFINITY;
+		M = fmaxf(M, w[i]);
+	}
+	for (int o = 16; o > 0; o >>= 1)
+		M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+#pragma unroll
+	for (int i = 0; i < COMBINE_MAX / 32; i++) {
+		const int s = lane + 32 * i;
+		const float ws = w[i] == -INFINITY ? 0.0f : exp2f(w[i] - M);
+
+		w[i] = ws;
+		if (ws != 0.0f)
+			L = __fadd_rn(L, __fmul_rn(ws, pl[((size_t)s * n_kv_heads + kvh) * R + r]));
+	}
+	for (int o = 16; o > 0; o >>= 1)
+		L = __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, o));
+	inv = L > 0.0f ? 1.0f / L : 0.0f;	/* every lane holds the same L */
+
+	float acc[4][PER];
+
+#pragma unroll
+	for (int g = 0; g < 4; g++)
+#pragma unroll
+		for (int e = 0; e < PER; e++)
+			acc[g][e] = 0.0f;
+	for (int s = 0; s < splits; s++) {
+		/* split s's weight, from lane s % 32's register s / 32 */
+		float ws = 0.0f;
+
+#pragma unroll
+		for (int i = 0; i < COMBINE_MAX / 32; i++) {
+			const float x = __shfl_sync(0xffffffffu, w[i], s & 31);
+
+			if (i == (s >> 5))
+				ws = x;
+		}
+		const float *src = po + (((size_t)s * n_kv_heads + kvh) * R + r) * HD + lane * PER;
+#pragma unroll
+		for (int e = 0; e < PER; e++)
+			acc[s & 3][e] = __fadd_rn(acc[s & 3][e], __fmul_rn(ws, src[e]));
+	}
+#pragma unroll
+	for (int e = 0; e < PER; e++) {
+		const float sum = __fadd_rn(__fadd_rn(acc[0][e], acc[1][e]),
+					    __fadd_rn(acc[2][e], acc[3][e]));
+
+		out[((size_t)(r / G) * n_heads + kvh * G + r % G) * HD + lane * PER + e] =
+			f2bf(__fmul_rn(sum, inv));
+	}
+}
+
 template <int HD, int WM, int BN, int MT, int F8 = 0>
 static int flash_launch(kvmem_cuda_ctx *c, const flash_args &a, int grid_z, int splits)
 {
@@ -711,8 +801,17 @@ static int flash_launch(kvmem_cuda_ctx *c, const flash_args &a, int grid_z, int 
 					   F8 ? C::SMEM8 : C::SMEM, c->stream>>>(a);
 	if ((rc = kvmem_cuda_launched("attention")))
 		return rc;
-	if (a.part_o) {
+	if (a.part_o && c->combine_block) {
 		combine_kernel<HD><<<dim3(R, a.n_kv_heads), 4 * HD, 0, c->stream>>>(
+			a.out, a.part_o, a.part_m, a.part_l, a.n_kv_dev, a.n_kv, BN, a.split_target,
+			splits, R, a.n_kv_heads, a.n_heads, a.group);
+		return kvmem_cuda_launched("attention: combining splits");
+	}
+	if (a.part_o) {
+		const long long rows = (long long)R * a.n_kv_heads;
+
+		combine_rows_kernel<HD><<<(unsigned)((rows + COMBINE_WARPS - 1) / COMBINE_WARPS),
+					  32 * COMBINE_WARPS, 0, c->stream>>>(
 			a.out, a.part_o, a.part_m, a.part_l, a.n_kv_dev, a.n_kv, BN, a.split_target,
 			splits, R, a.n_kv_heads, a.n_heads, a.group);
 		return kvmem_cuda_launched("attention: combining splits");

@@ -73,6 +73,10 @@ int kvmem_cuda_ctx_create(kvmem_cuda_ctx **out, int device)
 		e = getenv("KVMEM_CUDA_GEMM_TC");
 		c->gemm_tc = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1'
 							       : KVMEM_CUDA_GEMM_TC_DEFAULT;
+		/* The flash attention's split combine a block a row, as before
+		 * 2026-12-06: KVMEM_CUDA_COMBINE_BLOCK=1 (comparisons; the same bits). */
+		e = getenv("KVMEM_CUDA_COMBINE_BLOCK");
+		c->combine_block = e && !strcmp(e, "1");
 		/* GEMMs of 2+ rows on one algorithm (gemm.cu): KVMEM_CUDA_GEMM_PIN=N
 		 * (the rows it is picked for; 0: off), else the default. */
 		e = getenv("KVMEM_CUDA_GEMM_PIN");
@@ -238,6 +242,7 @@ static int *tune_switch(kvmem_cuda_ctx *c, const char *what)
 	     : !strcmp(what, "fp8_int")	   ? &c->fp8_int
 	     : !strcmp(what, "fp8_reg")	   ? &c->fp8_reg
 	     : !strcmp(what, "fp8_gather_cvt") ? &c->fp8_gather_cvt
+	     : !strcmp(what, "combine_block") ? &c->combine_block
 					   : NULL;
 }
 

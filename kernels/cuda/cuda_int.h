@@ -79,6 +79,9 @@ struct kvmem_cuda_ctx {
 				 * off, so a row's bits do not depend on how many rows
 				 * are beside it (KVMEM_CUDA_GEMM_PIN; 0: picked for
 				 * each n) ... */
+	int combine_block;	/* "combine_block" on: the flash attention's split combine
+				 * a block a row, as before 2026-12-06 (the same bits;
+				 * comparisons), else a warp a row */
 	int gemm_pin_all;	/* ... and, while "gemm_pin_all" is on, GEMMs of any
 				 * rows (a batched prefill's, cuda_fwd_prefill.c) */
 	struct gemm_plan plans[KVMEM_GEMM_CACHE];

@@ -132,7 +132,7 @@ static void check_shape(const struct pshape *s)
 	for (int vi = 0; vi <= n_forms; vi++) {	/* v4, then v6 in each form */
 		const int ver = vi ? 6 : 4;
 		char fl[16] = "";
-		uint16_t *g1, *g2;
+		uint16_t *g1, *g2 = NULL;
 		struct cmp_rel c;
 
 		if (vi)
@@ -146,6 +146,19 @@ static void check_shape(const struct pshape *s)
 		report(c.bad == 0 && c.rel <= RELL2_MAX,
 		       "prefill v%d%s %-44s max|d|=%-9.3g relL2=%-9.3g bad=%zu unwritten=%zu", ver,
 		       fl, s->name, c.max_abs, c.rel, c.bad, c.unwritten);
+		{	/* the split combine a warp a row: the block form's bits */
+			size_t d = 0;
+
+			if (kvmem_cuda_tune(g_c, "combine_block", 1) < 0 ||
+			    !(g2 = run(ver, o, dq, dqp, n_q, dk, dv, dkp, n_kv, stride, s, qn)))
+				die("prefill, the block combine");
+			kvmem_cuda_tune(g_c, "combine_block", 0);
+			for (size_t i = 0; i < qn; i++)
+				d += g1[i] != g2[i];
+			report(!d, "  v%d%s: the block combine's bits (%zu of %zu differ)", ver, fl, d,
+			       qn);
+			free(g2);
+		}
 		if (ver == 6) {
 			size_t d = 0;
 
@@ -180,6 +193,8 @@ void check_attn_prefill(void)
 		{ "8B chunk 128 @ 1000", 128, 1000, 32, 8, 128, 0, 1 },
 		{ "8B chunk 200 @ 1337", 200, 1337, 32, 8, 128, 0, 1 },
 		{ "8B chunk 16 @ 3000 (a warpgroup idle)", 16, 3000, 32, 8, 128, 0, 1 },
+		{ "8B chunk 8 @ 32768 (33 splits)", 8, 32768, 32, 8, 128, 0, 1 },
+		{ "8B chunk 256 @ 256 (a short prompt)", 256, 256, 32, 8, 128, 0, 1 },
 		{ "8B chunk 300 @ 2000, q in [-4, 4]", 300, 2000, 32, 8, 128, 0, 4 },
 		{ "8B chunk 1024 @ 4500", 1024, 4500, 32, 8, 128, 0, 1 },
 		{ "GQA 64/8 chunk 100 @ 1500", 100, 1500, 64, 8, 128, 0, 1 },

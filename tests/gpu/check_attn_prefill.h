@@ -13,7 +13,9 @@
  * rows, GQA 32/8 and 64/8, MHA, a sharp softmax, and shapes v6 hands to
  * v4 (head_dim 64, explicit key positions); within Documentation/
  * kernels.md's tolerance and a relative L2 error under 1e-2; v6 run again
- * gives the same bits. */
+ * gives the same bits; each again with the split combine a block a row
+ * ("combine_block", the form before 2026-12-06): the same bits as its warp
+ * a row (a short prompt's chunk, 33 splits among the shapes). */
 void check_attn_prefill(void);
 /* check_attn_prefill(), then (not under --quick) the bf16 GEMM rate and
  * v4 against v6 at 4096 x 4096 causal, 16384 x 16384 causal, a 4096 and a
