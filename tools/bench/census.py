@@ -35,7 +35,9 @@ def kernels(path):
 
 def cls(name):
     n = name.lower()
-    if "attn" in n or "attention" in n:
+    # kernels/cuda/attention*.cu: the flash kernel (v2-v4), its split
+    # combine, v5's decode kernels and v6's wgmma kernel.
+    if re.search(r"attn|attention|flash_kernel|combine|dec\w*_kernel|wgmma", n):
         return "attention"
     if re.search(r"gemm|nvjet|xmma|cutlass|gemv", n):
         return "gemm"
@@ -90,8 +92,10 @@ def main():
         pos += a.chunk
     s = tot["gemm"] + tot["attention"] + tot["other"]
     print(f"all {len(fwd)} forwards: {s:.1f} ms = GEMM {tot['gemm']:.1f} "
-          f"({tot['gemm_fl'] / tot['gemm'] / 1e9:.0f} TF/s), attention {tot['attention']:.1f} "
-          f"({tot['attn_fl'] / tot['attention'] / 1e9:.0f} TF/s), rest {tot['other']:.1f} "
+          f"({tot['gemm_fl'] / tot['gemm'] / 1e9 if tot['gemm'] else 0:.0f} TF/s), "
+          f"attention {tot['attention']:.1f} "
+          f"({tot['attn_fl'] / tot['attention'] / 1e9 if tot['attention'] else 0:.0f} TF/s), "
+          f"rest {tot['other']:.1f} "
           f"({100 * tot['other'] / s:.1f}%)")
     print("the rest, by kernel (ms over all forwards):")
     for n, ms in sorted(other.items(), key=lambda x: -x[1]):
