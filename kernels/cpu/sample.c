@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -411,7 +412,9 @@ double kvmem_sample_weight(double x)
 	return wexp1(x);
 }
 
-static int wexp_width;	/* 8, 4 or 1; 0: not chosen yet */
+/* 8, 4 or 1; 0: not chosen yet (the first draws of several threads may
+ * choose it at once: the same answer) */
+static _Atomic int wexp_width;
 
 int kvmem_sample_weight_use(int width)
 {
@@ -421,7 +424,7 @@ int kvmem_sample_weight_use(int width)
 	if ((width == 8 && !have_512()) ||
 	    (width == 4 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))))
 		return -ENOTSUP;
-	wexp_width = width;
+	atomic_store_explicit(&wexp_width, width, memory_order_relaxed);
 	return 0;
 }
 
@@ -449,11 +452,16 @@ __attribute__((target("avx2,fma"))) static void weights4(double *p, int n)
  * the same at every width). */
 void kvmem_sample_weights(double *p, int n)
 {
-	if (!wexp_width && kvmem_sample_weight_use(8) && kvmem_sample_weight_use(4))
-		wexp_width = 1;
-	if (wexp_width == 8)
+	int width = atomic_load_explicit(&wexp_width, memory_order_relaxed);
+
+	if (!width) {
+		if (kvmem_sample_weight_use(8) && kvmem_sample_weight_use(4))
+			kvmem_sample_weight_use(1);
+		width = atomic_load_explicit(&wexp_width, memory_order_relaxed);
+	}
+	if (width == 8)
 		weights8(p, n);
-	else if (wexp_width == 4)
+	else if (width == 4)
 		weights4(p, n);
 	else
 		for (int i = 0; i < n; i++)
