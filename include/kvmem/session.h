@@ -394,7 +394,9 @@ int kvmem_session_restore_view(kvmem_session *s);
  * asks, unpinned only past KVMEM_CUDA_HOST_KEEP). The next call that runs
  * the session takes them again, and it goes on bit for bit as one that
  * kept them. A no-op on a session without them (idle already, view given
- * up); -errno when the rows in flight could not be put away.
+ * up) and on one laying a selection out in steps (kvmem_session_select_step);
+ * -errno when the rows in flight could not be put away or the session is
+ * unusable after an earlier failure.
  */
 int kvmem_session_idle(kvmem_session *s);
 /*

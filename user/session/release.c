@@ -70,8 +70,7 @@ int kvmem_session_idle(kvmem_session *s)
 	if (s->broken)
 		return kvmem_error(EINVAL, "session: unusable after an earlier failure (see the first error)");
 	if (s->stepping)
-		return kvmem_error(EBUSY, "session: a selection is being laid out in steps: call "
-				   "kvmem_session_select_step until it returns 0");
+		return 0;	/* its selection's layout still needs them */
 	if (ws_writer_wait(s))
 		return kvmem_fail();
 	ws_writer_free(s);
