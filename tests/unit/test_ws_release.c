@@ -239,6 +239,8 @@ static int select_in_steps(const struct kase *k, struct side *d, const struct op
 		assert_int_equal(kvmem_last_errno(), EBUSY);
 		assert_true(kvmem_session_release_view(d->s) < 0);
 		assert_int_equal(kvmem_last_errno(), EBUSY);
+		assert_int_equal(kvmem_session_idle(d->s), 0);	/* a no-op mid-selection */
+		assert_int_equal(kvmem_session_view_len(d->s), len);
 	}
 	if (rc)
 		fail_msg("selection in steps of %d, op %d: %s", per, i, kvmem_last_error());
