@@ -27,20 +27,15 @@
 #define WEXP_LOG2E 1.4426950408889634
 #define WEXP_LN2_HI 6.93147180369123816490e-01	/* 0x3fe62e42fee00000 */
 #define WEXP_LN2_LO 1.90821492927058770002e-10	/* ln 2 - WEXP_LN2_HI */
-/* 1/j! for j = 13 .. 2 */
-#define WEXP_C13 1.6059043836821613e-10
-#define WEXP_C12 2.08767569878681e-09
-#define WEXP_C11 2.505210838544172e-08
-#define WEXP_C10 2.755731922398589e-07
-#define WEXP_C9 2.7557319223985893e-06
-#define WEXP_C8 2.48015873015873e-05
-#define WEXP_C7 0.0001984126984126984
-#define WEXP_C6 0.001388888888888889
-#define WEXP_C5 0.008333333333333333
-#define WEXP_C4 0.041666666666666664
-#define WEXP_C3 0.16666666666666666
-#define WEXP_C2 0.5
 #define WEXP_BIAS 1087	/* 1023 + 64 */
+#define WEXP_C13 1.6059043836821613e-10	/* 1/13!, Horner's start */
+/* Then 1/j! for j = 12 .. 2, and 1, 1: p = p r + c for each c in turn. */
+static const double wexp_c[13] = {
+	2.08767569878681e-09, 2.505210838544172e-08, 2.755731922398589e-07,
+	2.7557319223985893e-06, 2.48015873015873e-05, 0.0001984126984126984,
+	0.001388888888888889, 0.008333333333333333, 0.041666666666666664,
+	0.16666666666666666, 0.5, 1.0, 1.0,
+};
 
 static inline double wexp1(double x)
 {
@@ -52,19 +47,9 @@ static inline double wexp1(double x)
 	k = nearbyint(x * WEXP_LOG2E);
 	r = fma(-k, WEXP_LN2_HI, x);
 	r = fma(-k, WEXP_LN2_LO, r);
-	p = fma(WEXP_C13, r, WEXP_C12);
-	p = fma(p, r, WEXP_C11);
-	p = fma(p, r, WEXP_C10);
-	p = fma(p, r, WEXP_C9);
-	p = fma(p, r, WEXP_C8);
-	p = fma(p, r, WEXP_C7);
-	p = fma(p, r, WEXP_C6);
-	p = fma(p, r, WEXP_C5);
-	p = fma(p, r, WEXP_C4);
-	p = fma(p, r, WEXP_C3);
-	p = fma(p, r, WEXP_C2);
-	p = fma(p, r, 1.0);
-	p = fma(p, r, 1.0);
+	p = WEXP_C13;
+	for (int j = 0; j < 13; j++)
+		p = fma(p, r, wexp_c[j]);
 	e = (uint64_t)((int64_t)k + WEXP_BIAS) << 52;
 	memcpy(&s, &e, sizeof(s));
 	return p * s * 0x1p-64;	/* (p 2^(k+64)) 2^-64 */
@@ -80,19 +65,9 @@ __attribute__((target("avx2,fma"))) static inline __m256d wexp4(__m256d x)
 	__m256i e;
 
 	r = _mm256_fnmadd_pd(k, _mm256_set1_pd(WEXP_LN2_LO), r);
-	p = _mm256_fmadd_pd(_mm256_set1_pd(WEXP_C13), r, _mm256_set1_pd(WEXP_C12));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C11));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C10));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C9));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C8));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C7));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C6));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C5));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C4));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C3));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(WEXP_C2));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0));
-	p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0));
+	p = _mm256_set1_pd(WEXP_C13);
+	for (int j = 0; j < 13; j++)
+		p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(wexp_c[j]));
 	/* k is whole and in range where ok: its int32 is exact (elsewhere the
 	 * lane is masked to 0 below) */
 	e = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(_mm256_and_pd(k, ok)));
@@ -111,19 +86,9 @@ __attribute__((target("avx512f,avx512dq"))) static inline __m512d wexp8(__m512d 
 	__m512i e;
 
 	r = _mm512_fnmadd_pd(k, _mm512_set1_pd(WEXP_LN2_LO), r);
-	p = _mm512_fmadd_pd(_mm512_set1_pd(WEXP_C13), r, _mm512_set1_pd(WEXP_C12));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C11));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C10));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C9));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C8));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C7));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C6));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C5));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C4));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C3));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(WEXP_C2));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
-	p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
+	p = _mm512_set1_pd(WEXP_C13);
+	for (int j = 0; j < 13; j++)
+		p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(wexp_c[j]));
 	e = _mm512_maskz_cvtpd_epi64(ok, k);
 	e = _mm512_slli_epi64(_mm512_add_epi64(e, _mm512_set1_epi64(WEXP_BIAS)), 52);
 	p = _mm512_mul_pd(_mm512_mul_pd(p, _mm512_castsi512_pd(e)), _mm512_set1_pd(0x1p-64));

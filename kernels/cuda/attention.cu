@@ -102,6 +102,44 @@ __global__ void attn_v1_kernel(uint16_t *out, const uint16_t *q, const int32_t *
 /* ---- versions 2-4: the flash kernel (attention_flash.cuh) ----------------- */
 
 /*
+ * A combine's split weights for row r of KV head kvh, by one warp: lane
+ * keeps w[i] = 2^(m_s - M) of split s = lane + 32 i (0 past the splits or
+ * for a split with no keys), M the largest running max of the splits;
+ * returns L = the sum of w_s l_s, lanes over their splits in order, then a
+ * fixed shuffle tree (every lane the same L: an addition's operands
+ * commute). The block combine and the warp combine below share it, so
+ * their bits are one.
+ */
+__device__ __forceinline__ float combine_weights(const float *pm, const float *pl, int splits,
+						 int n_kv_heads, int kvh, int R, int r, int lane,
+						 float w[COMBINE_MAX / 32])
+{
+	float M = -INFINITY, L = 0.0f;
+
+#pragma unroll
+	for (int i = 0; i < COMBINE_MAX / 32; i++) {
+		const int s = lane + 32 * i;
+
+		w[i] = s < splits ? pm[((size_t)s * n_kv_heads + kvh) * R + r] : -INFINITY;
+		M = fmaxf(M, w[i]);
+	}
+	for (int o = 16; o > 0; o >>= 1)
+		M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+#pragma unroll
+	for (int i = 0; i < COMBINE_MAX / 32; i++) {
+		const int s = lane + 32 * i;
+		const float ws = w[i] == -INFINITY ? 0.0f : exp2f(w[i] - M);
+
+		w[i] = ws;
+		if (ws != 0.0f)
+			L = __fadd_rn(L, __fmul_rn(ws, pl[((size_t)s * n_kv_heads + kvh) * R + r]));
+	}
+	for (int o = 16; o > 0; o >>= 1)
+		L = __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, o));
+	return L;
+}
+
+/*
  * Combine split-K partials: row blockIdx.x of KV head blockIdx.y. Warp 0
  * finds the largest running max M of the splits and each split's weight
  * 2^(m_s - M), and sums l_s times those weights (lanes over splits, then a
@@ -129,28 +167,12 @@ combine_kernel(uint16_t *out, const float *po, const float *pm, const float *pl,
 		decode_split(n_kv_dev ? min(*n_kv_dev, n_kv) : n_kv, bn, target, 1, &kps, &splits);
 	}
 	if (tid < 32) {
-		float m[COMBINE_MAX / 32], M = -INFINITY, L = 0.0f;
+		float ws[COMBINE_MAX / 32];
+		const float L = combine_weights(pm, pl, splits, n_kv_heads, kvh, R, r, tid, ws);
 
 #pragma unroll
-		for (int i = 0; i < COMBINE_MAX / 32; i++) {
-			const int s = tid + 32 * i;
-
-			m[i] = s < splits ? pm[((size_t)s * n_kv_heads + kvh) * R + r] : -INFINITY;
-			M = fmaxf(M, m[i]);
-		}
-		for (int o = 16; o > 0; o >>= 1)
-			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-#pragma unroll
-		for (int i = 0; i < COMBINE_MAX / 32; i++) {
-			const int s = tid + 32 * i;
-			const float ws = m[i] == -INFINITY ? 0.0f : exp2f(m[i] - M);
-
-			w[s] = ws;
-			if (ws != 0.0f)
-				L = __fadd_rn(L, __fmul_rn(ws, pl[((size_t)s * n_kv_heads + kvh) * R + r]));
-		}
-		for (int o = 16; o > 0; o >>= 1)
-			L = __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, o));
+		for (int i = 0; i < COMBINE_MAX / 32; i++)
+			w[tid + 32 * i] = ws[i];
 		if (tid == 0)
 			s_inv = L > 0.0f ? 1.0f / L : 0.0f;
 	}
@@ -722,7 +744,7 @@ combine_rows_kernel(uint16_t *out, const float *po, const float *pm, const float
 	constexpr int PER = HD / 32;	/* outputs a lane */
 	const int lane = threadIdx.x & 31;
 	const long long row = (long long)blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
-	float w[COMBINE_MAX / 32], M = -INFINITY, L = 0.0f, inv;
+	float w[COMBINE_MAX / 32], L, inv;
 
 	if (row >= (long long)R * n_kv_heads)
 		return;
@@ -733,26 +755,7 @@ combine_rows_kernel(uint16_t *out, const float *po, const float *pm, const float
 
 		decode_split(n_kv_dev ? min(*n_kv_dev, n_kv) : n_kv, bn, target, 1, &kps, &splits);
 	}
-#pragma unroll
-	for (int i = 0; i < COMBINE_MAX / 32; i++) {
-		const int s = lane + 32 * i;
-
-		w[i] = s < splits ? pm[((size_t)s * n_kv_heads + kvh) * R + r] : -INFINITY;
-		M = fmaxf(M, w[i]);
-	}
-	for (int o = 16; o > 0; o >>= 1)
-		M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-#pragma unroll
-	for (int i = 0; i < COMBINE_MAX / 32; i++) {
-		const int s = lane + 32 * i;
-		const float ws = w[i] == -INFINITY ? 0.0f : exp2f(w[i] - M);
-
-		w[i] = ws;
-		if (ws != 0.0f)
-			L = __fadd_rn(L, __fmul_rn(ws, pl[((size_t)s * n_kv_heads + kvh) * R + r]));
-	}
-	for (int o = 16; o > 0; o >>= 1)
-		L = __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, o));
+	L = combine_weights(pm, pl, splits, n_kv_heads, kvh, R, r, lane, w);
 	inv = L > 0.0f ? 1.0f / L : 0.0f;	/* every lane holds the same L */
 
 	float acc[4][PER];
