@@ -10,10 +10,8 @@
  */
 #include <errno.h>
 #include <float.h>
-#include <limits.h>
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -275,8 +273,6 @@ struct scratch {
 	uint32_t *ka, *kb;	/* rank keys, the sort's two sides */
 	int *idx;		/* top-k: the kept ids */
 	double *p;		/* the kept ids' weights (the whole order's: all k) */
-	uint32_t *count;	/* a radix pass's counts, a row of buckets a thread */
-	int count_threads;	/* the rows count holds */
 };
 
 static pthread_key_t scratch_key;
@@ -293,7 +289,6 @@ static void scratch_free(void *arg)
 	free(w->kb);
 	free(w->idx);
 	free(w->p);
-	free(w->count);
 	free(w);
 }
 
@@ -358,52 +353,34 @@ static struct scratch *scratch_get(int n)
 #define RADIX_BITS 11
 #define RADIX_PASSES 3	/* 33 bits: the 32 of a key */
 
-static uint32_t *sort_keys(uint32_t *src, uint32_t *tmp, int m, int threads, uint32_t *count)
+static uint32_t *sort_keys(uint32_t *src, uint32_t *tmp, int m)
 {
 	static const int R = 1 << RADIX_BITS;
-	uint32_t *dst = tmp;
+	uint32_t count[RADIX_PASSES][1 << RADIX_BITS], *dst = tmp;
 
+	memset(count, 0, sizeof(count));
+	for (int i = 0; i < m; i++)
+		for (int d = 0; d < RADIX_PASSES; d++)
+			count[d][(src[i] >> (RADIX_BITS * d)) & (R - 1)]++;
 	for (int d = 0; d < RADIX_PASSES && m > 0; d++) {
 		const int shift = RADIX_BITS * d;
-		int one = 0;
+		uint32_t *at = count[d], sum = 0;
 
-		/* Thread t sorts its own part of the keys into the places the
-		 * counts give it, after the parts of the threads before it in
-		 * each bucket: a stable pass, whatever the threads. */
-#pragma omp parallel num_threads(threads) if (threads > 1)
-		{
-			const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-			const int lo = (int)((int64_t)m * t / nt), hi = (int)((int64_t)m * (t + 1) / nt);
-			uint32_t *c = count + (size_t)t * R;
+		if (at[(src[0] >> shift) & (R - 1)] == (uint32_t)m)
+			continue;	/* one bucket: the order stands */
+		for (int b = 0; b < R; b++) {
+			const uint32_t c = at[b];
 
-			memset(c, 0, sizeof(uint32_t) * R);
-			for (int i = lo; i < hi; i++)
-				c[(src[i] >> shift) & (R - 1)]++;
-#pragma omp barrier
-#pragma omp single
-			{
-				uint32_t sum = 0;
-
-				for (int b = 0; b < R; b++)
-					for (int u = 0; u < nt; u++) {
-						uint32_t *cu = count + (size_t)u * R + b;
-						const uint32_t n = *cu;
-
-						one |= n == (uint32_t)m;
-						*cu = sum;
-						sum += n;
-					}
-			}
-			if (!one)	/* else one bucket: the order stands */
-				for (int i = lo; i < hi; i++)
-					dst[c[(src[i] >> shift) & (R - 1)]++] = src[i];
+			at[b] = sum;
+			sum += c;
 		}
-		if (!one) {
-			uint32_t *t = src;
+		for (int i = 0; i < m; i++)
+			dst[at[(src[i] >> shift) & (R - 1)]++] = src[i];
 
-			src = dst;
-			dst = t;
-		}
+		uint32_t *t = src;
+
+		src = dst;
+		dst = t;
 	}
 	return src;
 }
@@ -499,20 +476,14 @@ void kvmem_sample_weights(double *p, int n)
  * in one vectorised pass (wexp.h) and summed in rank order.
  */
 static int draw_over(const uint32_t *keys, int m, int k, const kvmem_sampler *s, double top,
-		     double unif, double *p, int threads)
+		     double unif, double *p)
 {
 	int n = k < m ? k : m, cut = n < k, at;
 	double sum = 0.0, cum = 0.0, u;
 
-#pragma omp parallel num_threads(threads) if (threads > 1)
-	{
-		const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-		const int lo = (int)((int64_t)n * t / nt), hi = (int)((int64_t)n * (t + 1) / nt);
-
-		for (int i = lo; i < hi; i++)
-			p[i] = ((double)key_logit(keys[i]) - top) / s->temperature;
-		kvmem_sample_weights(p + lo, hi - lo);
-	}
+	for (int i = 0; i < n; i++)
+		p[i] = ((double)key_logit(keys[i]) - top) / s->temperature;
+	kvmem_sample_weights(p, n);
 	for (int i = 0; i < n; i++)
 		sum += p[i];
 	if (s->top_p > 0.0f && s->top_p < 1.0f) {
@@ -537,77 +508,6 @@ static int draw_over(const uint32_t *keys, int m, int k, const kvmem_sampler *s,
 	return cut ? -1 : n - 1;
 }
 
-/* Threads for one draw's passes: OpenMP's when the draw is alone (not
- * inside a parallel region: kvmem serve makes a round's draws side by side,
- * a thread each) and the vocabulary is large, at most KVMEM_SAMPLE_THREADS
- * (comparisons); the counts' room for them. The draw is the same at any
- * count (test_sample_full_order runs at the machine's). A lone stream
- * sampling at a temperature waits for its draw between two forwards. */
-#define DRAW_PAR_MIN 32768
-
-static int draw_threads(int vocab, struct scratch *w)
-{
-	static _Atomic int cap;	/* KVMEM_SAMPLE_THREADS, read once; 0: not yet */
-	int t = vocab >= DRAW_PAR_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
-	int most = atomic_load_explicit(&cap, memory_order_relaxed);
-
-	if (!most) {
-		const char *e = getenv("KVMEM_SAMPLE_THREADS");
-
-		most = e && atoi(e) > 0 ? atoi(e) : INT_MAX;
-		atomic_store_explicit(&cap, most, memory_order_relaxed);
-	}
-	t = t < most ? t : most;
-
-	if (t > w->count_threads) {
-		uint32_t *c = realloc(w->count, sizeof(uint32_t) * ((size_t)t << RADIX_BITS));
-
-		if (!c)
-			t = w->count_threads > 0 ? w->count_threads : 1;
-		else {
-			w->count = c;
-			w->count_threads = t;
-		}
-	}
-	if (!w->count_threads) {	/* not even one row: 0, out of memory */
-		if (!(w->count = malloc(sizeof(uint32_t) << RADIX_BITS)))
-			return 0;
-		w->count_threads = 1;
-	}
-	return t < 1 ? 1 : t;
-}
-
-/* The keys at most kc of src[0..n), into dst, each thread's part in place
- * after the parts before it (their order does not matter: they are sorted
- * next). Returns their count. */
-static int keep_keys(uint32_t *dst, const uint32_t *src, int n, uint32_t kc, int threads,
-		     uint32_t *count)
-{
-	int m = 0;
-
-#pragma omp parallel num_threads(threads) if (threads > 1)
-	{
-		const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-		const int lo = (int)((int64_t)n * t / nt), hi = (int)((int64_t)n * (t + 1) / nt);
-		uint32_t c = 0, at;
-
-		for (int i = lo; i < hi; i++)
-			c += src[i] <= kc;
-		count[t] = c;
-#pragma omp barrier
-		at = 0;
-		for (int u = 0; u < t; u++)
-			at += count[u];
-		for (int i = lo; i < hi; i++)
-			if (src[i] <= kc)
-				dst[at++] = src[i];
-#pragma omp single
-		for (int u = 0; u < nt; u++)
-			m += (int)count[u];
-	}
-	return m;
-}
-
 /* x <= WEIGHT_CUT: e^x under 2^-54 (e^-38 = 3.1e-17), which added to a sum
  * of 1 or more (the best candidate weighs 1) leaves it as it was. */
 #define WEIGHT_CUT (-38.0)
@@ -627,14 +527,10 @@ static int keep_keys(uint32_t *dst, const uint32_t *src, int n, uint32_t kc, int
 static int draw_ranked(const float *logits, int vocab, int k, const kvmem_sampler *s,
 		       uint64_t *rng, struct scratch *w)
 {
-	const int threads = draw_threads(vocab, w);
 	uint32_t best = UINT32_MAX, kc = UINT32_MAX, *keys;
 	double top, cf, unif;
 	int m = 0, at, i;
 
-	if (!threads)
-		return -ENOMEM;
-#pragma omp parallel for num_threads(threads) reduction(min : best) if (threads > 1)
 	for (i = 0; i < vocab; i++) {
 		w->ka[i] = rank_key_desc(logits[i]);
 		best = w->ka[i] < best ? w->ka[i] : best;
@@ -654,14 +550,16 @@ static int draw_ranked(const float *logits, int vocab, int k, const kvmem_sample
 			f = nextafterf(f, -INFINITY);
 		kc = rank_key_desc(f);
 	}
-	m = keep_keys(w->kb, w->ka, vocab, kc, threads, w->count);
-	keys = sort_keys(w->kb, w->ka, m, threads, w->count);
-	at = draw_over(keys, m, k, s, top, unif, w->p, threads);
+	for (i = 0; i < vocab; i++)
+		if (w->ka[i] <= kc)
+			w->kb[m++] = w->ka[i];
+	keys = sort_keys(w->kb, w->ka, m);
+	at = draw_over(keys, m, k, s, top, unif, w->p);
 	if (at < 0) {	/* the whole order, the same uniform value */
 		for (i = 0; i < vocab; i++)
 			w->ka[i] = rank_key_desc(logits[i]);
-		keys = sort_keys(w->ka, w->kb, vocab, threads, w->count);
-		at = draw_over(keys, vocab, k, s, top, unif, w->p, threads);
+		keys = sort_keys(w->ka, w->kb, vocab);
+		at = draw_over(keys, vocab, k, s, top, unif, w->p);
 	}
 	return id_at(keys, at, logits, vocab);
 }

@@ -35,12 +35,10 @@ static double now_s(void)
 
 /*
  * kvmem serve's way (turn_predraw): one draw a stream, the streams' draws
- * side by side on OpenMP's threads (each draw on its own thread), against
- * one draw alone in the same run (its passes on every thread: a lone
- * stream's draw; KVMEM_SAMPLE_THREADS=1 keeps it on one). Before the
- * draws kept their buffers, the allocator's mmap and munmap of them slowed
- * the side-by-side draws down (page faults, and a TLB shootdown to every
- * thread at each munmap).
+ * side by side on OpenMP's threads, against one draw alone in the same
+ * run; near 1.00x when the draws do not slow each other down (the
+ * allocator's mmap and munmap of each draw's buffers did: page faults,
+ * and a TLB shootdown to every thread at each munmap).
  */
 static void side_by_side(const float *l, int draws)
 {
