@@ -198,6 +198,15 @@ struct fwd_rows {
 	double *ang;
 };
 void cuda_fwd_rows_at(struct cuda *b, int a, struct fwd_rows *r);
+/* 1 when a call's out asks for any of the forward's outputs. */
+int cuda_fwd_wants_out(const kvmem_fwd_out *out);
+/* p's host side from out (NULL: none) for a call of n tokens: the typed
+ * rows, the pages and where the first row falls in them. */
+void cuda_fwd_out_ptrs(struct fwd_ptrs *p, const kvmem_fwd_out *out, int n);
+/* A call's inputs for view v: its key count after the n new tokens and a
+ * scatter item a layer (the tokens at slots len..). */
+void cuda_fwd_view_in(const struct cuda *b, const kvmem_view *v, int n, int32_t *n_kv,
+		      kvmem_scatter_item *items);
 /* The embedding of n ids into x and the angles of their positions (device). */
 int cuda_fwd_embed(struct cuda *b, const int32_t *ids, const int32_t *pos, int n);
 int cuda_fwd_qkv(struct cuda *b, int l, int n);

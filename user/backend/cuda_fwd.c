@@ -364,6 +364,33 @@ static int layer(struct cuda *b, kvmem_view *v, int l, int n, int want_out, cons
 	return 0;
 }
 
+int cuda_fwd_wants_out(const kvmem_fwd_out *out)
+{
+	return out && (out->raw_k || out->v || out->q_raw || out->raw_k_bf16 || out->v_bf16 ||
+		       out->pages || out->index);
+}
+
+void cuda_fwd_out_ptrs(struct fwd_ptrs *p, const kvmem_fwd_out *out, int n)
+{
+	p->hk = out ? out->raw_k_bf16 : NULL;
+	p->hv = out ? out->v_bf16 : NULL;
+	p->pages = out ? out->pages : NULL;
+	p->pt0 = out ? out->page_t0 : 0;
+	p->pb = out ? out->page_block : 0;
+	p->pnb = out && out->pages ? (out->page_t0 + n - 1) / out->page_block + 1 : 0;
+	p->p8 = out && out->page_dtype == KVMEM_DTYPE_FP8;
+}
+
+void cuda_fwd_view_in(const struct cuda *b, const kvmem_view *v, int n, int32_t *n_kv,
+		      kvmem_scatter_item *items)
+{
+	*n_kv = (int32_t)(v->len + n);
+	for (int l = 0; l < b->c->n_layers; l++)
+		items[l] = (kvmem_scatter_item){ .layer = l, .slot = (int32_t)v->len, .n = n,
+						 .tok_stride = b->qw + 2 * b->kw, .src = 0,
+						 .head_stride = b->c->head_dim };
+}
+
 /* Queue one call's work (n tokens, `rows` logits rows: 0, 1 or n). In a
  * graph (n == 1) the results also go down into the pinned buffers. */
 static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows, int in_graph,
@@ -375,23 +402,20 @@ static int enqueue(struct cuda *b, kvmem_view *v, int n, int want_out, int rows,
 	const size_t L = c->n_layers;
 	/* In a graph (one token) the outputs go into one buffer laid out as
 	 * host_out, copied down at once; otherwise [L][n] per output. */
-	const struct fwd_ptrs p = {
+	struct fwd_ptrs p = {
 		.ids = ids, .pos = ids + n, .n_kv = (const int32_t *)f->in,
 		.items = (const kvmem_scatter_item *)(f->in + f->items_off),
 		.oq = in_graph ? f->dout : b->oq,
 		.ok = in_graph ? f->dout + L * b->qw : b->ok,
 		.ov = in_graph ? f->dout + L * (b->qw + b->kw) : b->ov,
 		.sq = (size_t)n * b->qw, .sk = (size_t)n * b->kw,
-		.hk = in_graph || !out ? NULL : out->raw_k_bf16,
-		.hv = in_graph || !out ? NULL : out->v_bf16,
-		.pages = in_graph || !out ? NULL : out->pages,
-		.pt0 = out ? out->page_t0 : 0,
-		.pb = out ? out->page_block : 0,
-		.pnb = out && out->pages ? (out->page_t0 + n - 1) / out->page_block + 1 : 0,
-		.p8 = out && out->page_dtype == KVMEM_DTYPE_FP8,
 	};
 	cudaStream_t st = kvmem_cuda_stream(b->ctx);
 	int rc;
+
+	cuda_fwd_out_ptrs(&p, out, n);
+	if (in_graph)	/* a graph's rows come down in one copy after it */
+		p.hk = p.hv = NULL, p.pages = NULL;
 
 	if ((rc = cuda_fwd_embed(b, p.ids, p.pos, n)) < 0)
 		return rc;
@@ -571,9 +595,8 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	struct cuda *b = ctx;
 	struct cuda_fwd *f = b->fwd;
 	const kvmem_config *c = b->c;
-	const int L = c->n_layers, ld = b->qw + 2 * b->kw;
-	const int want_out = out && (out->raw_k || out->v || out->q_raw || out->raw_k_bf16 ||
-				     out->v_bf16 || out->pages || out->index);
+	const int L = c->n_layers;
+	const int want_out = cuda_fwd_wants_out(out);
 	const int typed = out && (out->raw_k_bf16 || out->v_bf16 || out->pages);
 	const int rows = logits ? (all_logits ? n : 1) : 0;
 	kvmem_scatter_item *items = (kvmem_scatter_item *)(f->host_in + f->items_off);
@@ -602,11 +625,7 @@ int cuda_forward(void *ctx, kvmem_view *v, const int32_t *tokens, int n, float *
 	/* The inputs: the previous call synchronised, so the pinned buffer
 	 * is free to be rewritten. One scatter item per layer: the new tokens
 	 * at slots len.., K and V from qkv's columns. */
-	*(int32_t *)f->host_in = (int32_t)(v->len + n);
-	for (int l = 0; l < L; l++)
-		items[l] = (kvmem_scatter_item){ .layer = l, .slot = (int32_t)v->len, .n = n,
-						 .tok_stride = ld, .src = 0,
-						 .head_stride = c->head_dim };
+	cuda_fwd_view_in(b, v, n, (int32_t *)f->host_in, items);
 	for (int i = 0; i < n; i++) {
 		ids[i] = tokens[i];
 		ids[n + i] = (int32_t)(v->len + i);

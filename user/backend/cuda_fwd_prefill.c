@@ -98,7 +98,6 @@ static void item_ptrs(struct cuda *b, const kvmem_fwd_item *it, int a, int N, in
 		      struct fwd_ptrs *p)
 {
 	const struct cuda_fwdp *fp = b->fwdp;
-	const kvmem_fwd_out *out = it->out;
 	const char *part = fp->in + fp->items_at + (size_t)i * fp->item_bytes;
 	const size_t L = b->c->n_layers;
 
@@ -112,27 +111,14 @@ static void item_ptrs(struct cuda *b, const kvmem_fwd_item *it, int a, int N, in
 		.ov = b->ov + L * a * b->kw,
 		.sq = (size_t)it->n * b->qw,
 		.sk = (size_t)it->n * b->kw,
-		.hk = out ? out->raw_k_bf16 : NULL,
-		.hv = out ? out->v_bf16 : NULL,
-		.pages = out ? out->pages : NULL,
-		.pt0 = out ? out->page_t0 : 0,
-		.pb = out ? out->page_block : 0,
-		.pnb = out && out->pages ? (out->page_t0 + it->n - 1) / out->page_block + 1 : 0,
-		.p8 = out && out->page_dtype == KVMEM_DTYPE_FP8,
 	};
-}
-
-static int wants_out(const kvmem_fwd_out *out)
-{
-	return out && (out->raw_k || out->v || out->q_raw || out->raw_k_bf16 || out->v_bf16 ||
-		       out->pages || out->index);
+	cuda_fwd_out_ptrs(p, it->out, it->n);
 }
 
 /* The inputs of the n items, rows a[i] .. a[i] + n_i of N, up. */
 static int inputs_up(struct cuda *b, const kvmem_fwd_item *items, int n, const int *a, int N)
 {
 	struct cuda_fwdp *fp = b->fwdp;
-	const kvmem_config *c = b->c;
 	int32_t *ids = (int32_t *)fp->host_in, *pos = ids + N;
 
 	for (int i = 0; i < n; i++) {
@@ -140,11 +126,7 @@ static int inputs_up(struct cuda *b, const kvmem_fwd_item *items, int n, const i
 		char *part = fp->host_in + fp->items_at + (size_t)i * fp->item_bytes;
 		kvmem_scatter_item *si = (kvmem_scatter_item *)(part + 16);
 
-		*(int32_t *)part = (int32_t)(it->v->len + it->n);
-		for (int l = 0; l < c->n_layers; l++)
-			si[l] = (kvmem_scatter_item){ .layer = l, .slot = (int32_t)it->v->len,
-						      .n = it->n, .tok_stride = b->qw + 2 * b->kw,
-						      .src = 0, .head_stride = c->head_dim };
+		cuda_fwd_view_in(b, it->v, it->n, (int32_t *)part, si);
 		for (int t = 0; t < it->n; t++) {
 			ids[a[i] + t] = it->tokens[t];
 			pos[a[i] + t] = (int32_t)(it->v->len + t);
@@ -173,7 +155,7 @@ static int layers(struct cuda *b, const kvmem_fwd_item *items, int n, int N,
 		}
 		for (int i = 0; i < n && !rc; i++)
 			if ((rc = cuda_fwd_attend(b, items[i].v, l, items[i].n,
-						  wants_out(items[i].out), &p[i], &r[i])))
+						  cuda_fwd_wants_out(items[i].out), &p[i], &r[i])))
 				kvmem_error_prefix("cuda batched prefill, layer %d, item %d", l, i);
 		if (!rc && (rc = cuda_fwd_mlp(b, l, N)))
 			kvmem_error_prefix("cuda batched prefill, layer %d", l);
