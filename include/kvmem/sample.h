@@ -27,8 +27,12 @@ typedef struct kvmem_sampler {
  * by one value per non-greedy draw (greedy leaves it alone); start it with
  * kvmem_rng_seed(s->seed). Deterministic for a seed. Candidates rank by logit,
  * ties to the lower id; top-k keeps the k best, top-p then the shortest prefix
- * holding top_p of their mass. NaN logits are never drawn. Returns the id,
- * or -EINVAL when vocab <= 0 and -ENOMEM when memory runs out. */
+ * holding top_p of their mass. NaN logits are never drawn. A candidate weighs
+ * e^((logit - best) / T) as a 52-bit fixed-point integer, and the draw lands
+ * on the first whose running sum passes the uniform share of the kept sum
+ * (Documentation/kernels.md, "Sampling"): one rule for the CPU and the GPU.
+ * Returns the id, or -EINVAL when vocab <= 0 (or, at a temperature, past
+ * 2^23) and -ENOMEM when memory runs out. */
 int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_t *rng);
 uint64_t kvmem_rng_seed(uint64_t seed);
 /* Uniform double in [0, 1). */

@@ -6,7 +6,9 @@
  * Candidates are ordered by logit, highest first, ties broken by the lower
  * token id, so the order (and hence the draw) is a pure function of the
  * logits, the settings and the RNG state. A non-greedy draw consumes exactly
- * one RNG value; greedy consumes none.
+ * one RNG value; greedy consumes none. A draw's weights and sums are the
+ * integers of kernels/draw_fixed.h, so the GPU's rows of a batched step
+ * (kernels/cuda/sample.cu) draw the same token from the same state.
  */
 #include <errno.h>
 #include <float.h>
@@ -272,7 +274,8 @@ struct scratch {
 	int cap;		/* entries each array holds */
 	uint32_t *ka, *kb;	/* rank keys, the sort's two sides */
 	int *idx;		/* top-k: the kept ids */
-	double *p;		/* the kept ids' weights (the whole order's: all k) */
+	double *p;		/* x, then e^x, of the kept ids (the whole order's: all k) */
+	uint64_t *w;		/* their weights (kernels/draw_fixed.h) */
 };
 
 static pthread_key_t scratch_key;
@@ -289,6 +292,7 @@ static void scratch_free(void *arg)
 	free(w->kb);
 	free(w->idx);
 	free(w->p);
+	free(w->w);
 	free(w);
 }
 
@@ -330,7 +334,8 @@ static struct scratch *scratch_get(int n)
 		const size_t i4 = sizeof(int) * (size_t)n, u4 = sizeof(uint32_t) * (size_t)n;
 
 		if (grow((void **)&w->ka, u4) || grow((void **)&w->kb, u4) || grow((void **)&w->idx, i4) ||
-		    grow((void **)&w->p, sizeof(double) * (size_t)n))
+		    grow((void **)&w->p, sizeof(double) * (size_t)n) ||
+		    grow((void **)&w->w, sizeof(uint64_t) * (size_t)n))
 			return NULL;	/* what grew stays, for the next call */
 		w->cap = n;
 	}
@@ -401,12 +406,6 @@ static int id_at(const uint32_t *keys, int at, const float *logits, int vocab)
 	return 0;	/* not reached: the key came from these logits */
 }
 
-/* A candidate's weight exp((l - top) / T), in double. */
-static double weight(float l, double top, float temperature)
-{
-	return wexp1(((double)l - top) / temperature);
-}
-
 double kvmem_sample_weight(double x)
 {
 	return wexp1(x);
@@ -468,67 +467,45 @@ void kvmem_sample_weights(double *p, int n)
 			p[i] = wexp1(p[i]);
 }
 
-/*
- * The draw over the first k of the rank order whose m keys (the first m of
- * the whole order) are at keys, unif the draw's uniform value: the place in
- * the order it lands on, or -1 when it needs more of the order than m (the
- * caller then gives it all of it, with the same unif). The weights are made
- * in one vectorised pass (wexp.h) and summed in rank order.
- */
-static int draw_over(const uint32_t *keys, int m, int k, const kvmem_sampler *s, double top,
-		     double unif, double *p)
+/* The draw's 53 random bits: one value of the stream. */
+static uint64_t draw_bits(uint64_t *rng)
 {
-	int n = k < m ? k : m, cut = n < k, at;
-	double sum = 0.0, cum = 0.0, u;
-
-	for (int i = 0; i < n; i++)
-		p[i] = ((double)key_logit(keys[i]) - top) / s->temperature;
-	kvmem_sample_weights(p, n);
-	for (int i = 0; i < n; i++)
-		sum += p[i];
-	if (s->top_p > 0.0f && s->top_p < 1.0f) {
-		double want = s->top_p * sum;
-		int keep = 0;
-
-		while (keep < n && cum < want)
-			cum += p[keep++];
-		if (cut && cum < want)
-			return -1;
-		n = keep > 0 ? keep : 1;
-		sum = cum > 0.0 ? cum : p[0];
-		cut = 0;	/* the nucleus is all the draw reads */
-		cum = 0.0;
-	}
-	u = unif * sum;
-	for (at = 0; at < n; at++) {
-		cum += p[at];
-		if (u < cum)
-			return at;
-	}
-	return cut ? -1 : n - 1;
+	return kvmem_rng_next(rng) >> 11;
 }
 
-/* x <= WEIGHT_CUT: e^x under 2^-54 (e^-38 = 3.1e-17), which added to a sum
- * of 1 or more (the best candidate weighs 1) leaves it as it was. */
-#define WEIGHT_CUT (-38.0)
+/*
+ * The draw over the first n of the rank order, whose keys are at keys (n
+ * at most the keys there): the place it lands on. The weights' e^x come
+ * from one vectorised pass (wexp.h: the bits of kernels/draw_fixed.h's
+ * scalar form), their sums are integers (draw_fixed.h).
+ */
+static int draw_over(const uint32_t *keys, int n, const kvmem_sampler *s, double top,
+		     uint64_t u53, struct scratch *w)
+{
+	for (int i = 0; i < n; i++)
+		w->p[i] = kvmem_draw_x(key_logit(keys[i]), top, s->temperature);
+	kvmem_sample_weights(w->p, n);
+	for (int i = 0; i < n; i++)
+		w->w[i] = kvmem_draw_fix(w->p[i]);
+	return kvmem_draw_place(w->w, n, s->top_p, u53);
+}
 
 /*
- * The draw over the k best of the whole order (k past 1024 or all). Its
- * sum, in rank order, starts at the best candidate's weight 1, and a weight
- * under 2^-54 added to it then changes no bit; the weights fall along the
- * order. So the candidates whose logits are below top + WEIGHT_CUT T never
- * count (every one of them comes after the others): only the rest are
+ * The draw over the k best of the whole order (k past 1024 or all). A
+ * candidate whose x is at or below KVMEM_DRAW_CUT weighs 0 (draw_fixed.h)
+ * and is never drawn nor counted, and the weights fall along the order: so
+ * only the candidates whose logits are at least top + KVMEM_DRAW_CUT T are
  * sorted and weighed, which at a low temperature or over a peaked
  * distribution is a small part of 151,936 logits. The draw is the same
  * token, bit for bit, as over the whole order (test_sample_full_order's
- * qsort twin); in the rare case that it reads past them (u rounded up to
- * the sum), the whole order is made.
+ * qsort twin).
  */
 static int draw_ranked(const float *logits, int vocab, int k, const kvmem_sampler *s,
 		       uint64_t *rng, struct scratch *w)
 {
 	uint32_t best = UINT32_MAX, kc = UINT32_MAX, *keys;
-	double top, cf, unif;
+	double top, cf;
+	uint64_t u53;
 	int m = 0, at, i;
 
 	for (i = 0; i < vocab; i++) {
@@ -541,8 +518,8 @@ static int draw_ranked(const float *logits, int vocab, int k, const kvmem_sample
 			;
 		return i < vocab ? i : 0;
 	}
-	unif = kvmem_rng_uniform(rng);
-	cf = top + WEIGHT_CUT * s->temperature;
+	u53 = draw_bits(rng);
+	cf = top + KVMEM_DRAW_CUT * s->temperature;
 	if (cf > -FLT_MAX) {	/* keys at most the cut's: logits at least cf */
 		float f = (float)cf;
 
@@ -554,13 +531,7 @@ static int draw_ranked(const float *logits, int vocab, int k, const kvmem_sample
 		if (w->ka[i] <= kc)
 			w->kb[m++] = w->ka[i];
 	keys = sort_keys(w->kb, w->ka, m);
-	at = draw_over(keys, m, k, s, top, unif, w->p);
-	if (at < 0) {	/* the whole order, the same uniform value */
-		for (i = 0; i < vocab; i++)
-			w->ka[i] = rank_key_desc(logits[i]);
-		keys = sort_keys(w->ka, w->kb, vocab);
-		at = draw_over(keys, vocab, k, s, top, unif, w->p);
-	}
+	at = draw_over(keys, k < m ? k : m, s, top, u53, w);
 	return id_at(keys, at, logits, vocab);
 }
 
@@ -590,47 +561,49 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 		return -EINVAL;
 	if (s->temperature <= 0.0f)
 		return argmax(logits, vocab);
+	if (vocab > KVMEM_DRAW_VOCAB_MAX)	/* the integer sums' bound */
+		return -EINVAL;
 
 	int k = (s->top_k > 0 && s->top_k < vocab) ? s->top_k : vocab;
 	struct scratch *w = scratch_get(vocab);
 	int n, *idx;
-	double *p;
+	double top;
 
 	if (!w)
 		return -ENOMEM;
 	if (k == vocab || k > 1024)
 		return draw_ranked(logits, vocab, k, s, rng, w);
 	idx = w->idx;
-	p = w->p;
 	n = select_top_k(idx, logits, vocab, k);
-
-	/* Softmax over the kept candidates at temperature T, in double. */
-	double top = logit_at(logits, idx[0]), sum = 0.0;
-
+	top = logit_at(logits, idx[0]);
 	if (!isfinite(top))	/* an inf logit wins outright; all -inf: the first */
 		return idx[0];
+	for (int i = 0; i < n; i++)
+		w->w[i] = kvmem_draw_weight_of(kvmem_draw_x(logit_at(logits, idx[i]), top,
+							    s->temperature));
+	return idx[kvmem_draw_place(w->w, n, s->top_p, draw_bits(rng))];
+}
 
-	for (int i = 0; i < n; i++) {
-		p[i] = weight(logit_at(logits, idx[i]), top, s->temperature);
-		sum += p[i];
-	}
-	/* Nucleus: the shortest prefix whose mass reaches top_p. */
-	if (s->top_p > 0.0f && s->top_p < 1.0f) {
-		double want = s->top_p * sum, cum = 0.0;
-		int keep = 0;
+int kvmem_sample_spec(float *logits, int vocab, const kvmem_draw_spec *d)
+{
+	const kvmem_sampler s = { .temperature = d->temperature, .top_k = d->top_k,
+				  .top_p = d->top_p };
+	float keep[KVMEM_DRAW_BANNED_MAX];
+	uint64_t rng = d->rng;
+	int bad, n = d->n_banned < KVMEM_DRAW_BANNED_MAX ? d->n_banned : KVMEM_DRAW_BANNED_MAX;
+	int tok;
 
-		while (keep < n && cum < want)
-			cum += p[keep++];
-		n = keep > 0 ? keep : 1;
-		sum = cum > 0.0 ? cum : p[0];
-	}
-
-	double u = kvmem_rng_uniform(rng) * sum, cum = 0.0;
-
-	for (int i = 0; i < n; i++) {
-		cum += p[i];
-		if (u < cum)
-			return idx[i];
-	}
-	return idx[n - 1];
+	if (kvmem_argmax_finite(logits, vocab, &bad) < 0)
+		return -1;
+	for (int i = 0; i < n; i++)
+		if (d->banned[i] >= 0 && d->banned[i] < vocab) {
+			keep[i] = logits[d->banned[i]];
+			logits[d->banned[i]] = -INFINITY;
+		}
+	tok = argmax(logits, vocab);
+	tok = logits[tok] == -INFINITY ? -1 : kvmem_sample(logits, vocab, &s, &rng);
+	for (int i = n - 1; i >= 0; i--)	/* last first: a repeated id ends as it was */
+		if (d->banned[i] >= 0 && d->banned[i] < vocab)
+			logits[d->banned[i]] = keep[i];
+	return tok < 0 ? -1 : tok;
 }

@@ -10,7 +10,8 @@
  * gives 0. Within 2 ulp of e^x (test_kernels: test_sample_weight). Every
  * width does the same IEEE operations in the same order (fused multiply-
  * adds, round to nearest even), so a weight's bits depend on x only: the
- * scalar form is the reference (kvmem_sample_weight, kernels.h).
+ * scalar form is the reference (kvmem_sample_weight, kernels.h), defined
+ * once for the CPU and the GPU in kernels/draw_fixed.h.
  *
  * libm's exp is a call per element: a draw at a temperature over Qwen3's
  * 151,936 logits spent ~2 ms in it on the H100 host's cores (issue #26).
@@ -19,40 +20,15 @@
 #define KVMEM_KERNELS_CPU_WEXP_H
 
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-#define WEXP_LO (-745.2)
-#define WEXP_LOG2E 1.4426950408889634
-#define WEXP_LN2_HI 6.93147180369123816490e-01	/* 0x3fe62e42fee00000 */
-#define WEXP_LN2_LO 1.90821492927058770002e-10	/* ln 2 - WEXP_LN2_HI */
-#define WEXP_BIAS 1087	/* 1023 + 64 */
-#define WEXP_C13 1.6059043836821613e-10	/* 1/13!, Horner's start */
-/* Then 1/j! for j = 12 .. 2, and 1, 1: p = p r + c for each c in turn. */
-static const double wexp_c[13] = {
-	2.08767569878681e-09, 2.505210838544172e-08, 2.755731922398589e-07,
-	2.7557319223985893e-06, 2.48015873015873e-05, 0.0001984126984126984,
-	0.001388888888888889, 0.008333333333333333, 0.041666666666666664,
-	0.16666666666666666, 0.5, 1.0, 1.0,
-};
+#include "kernels/draw_fixed.h"	/* the constants and the scalar form */
+
+static const double wexp_c[13] = { WEXP_COEFFS };
 
 static inline double wexp1(double x)
 {
-	double k, r, p, s;
-	uint64_t e;
-
-	if (!(x >= WEXP_LO))
-		return 0.0;
-	k = nearbyint(x * WEXP_LOG2E);
-	r = fma(-k, WEXP_LN2_HI, x);
-	r = fma(-k, WEXP_LN2_LO, r);
-	p = WEXP_C13;
-	for (int j = 0; j < 13; j++)
-		p = fma(p, r, wexp_c[j]);
-	e = (uint64_t)((int64_t)k + WEXP_BIAS) << 52;
-	memcpy(&s, &e, sizeof(s));
-	return p * s * 0x1p-64;	/* (p 2^(k+64)) 2^-64 */
+	return kvmem_draw_exp(x);
 }
 
 /* The same, 4 at a time (AVX2 and FMA). */

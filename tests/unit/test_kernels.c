@@ -1243,6 +1243,9 @@ static void test_sample_full_order(void **state)
 	static const kvmem_sampler cfg[] = {
 		{ .temperature = 1.0f }, { .temperature = 0.8f, .top_p = 0.9f },
 		{ .temperature = 1.3f, .top_k = 2000, .top_p = 0.8f }, { .temperature = 40.0f },
+		/* top-k of 1024 or less: the selection's path, the same rule */
+		{ .temperature = 0.7f, .top_k = 20, .top_p = 0.95f }, { .temperature = 0.5f, .top_k = 1024 },
+		{ .temperature = 1.0f, .top_p = 1e-6f },	/* a bar of 0 or so: the best */
 	};
 	int same = 0, draws = 0;
 

@@ -22,15 +22,23 @@ static int by_rank(const void *pa, const void *pb)
 	return la > lb || (la == lb && a < b) ? -1 : 1;
 }
 
+/*
+ * The draw as kernels/draw_fixed.h defines it, written again: the whole
+ * rank order by qsort, each weight trunc(e^x 2^52) of the scalar e^x, and
+ * the sums in the compiler's unsigned __int128 (not draw_fixed.h's pairs).
+ */
 int test_sample_qsort(const float *logits, int vocab, const kvmem_sampler *s, uint64_t *rng)
 {
+	typedef unsigned __int128 u128;
 	int n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab, pick;
 	int *idx = malloc(sizeof(int) * (size_t)vocab);
-	double *p = malloc(sizeof(double) * (size_t)vocab), top, sum = 0, u, cum = 0;
+	uint64_t *w = malloc(sizeof(uint64_t) * (size_t)vocab), u53;
+	double top;
+	u128 sum = 0, cum = 0, t;
 
-	if (!idx || !p) {
+	if (!idx || !w) {
 		free(idx);
-		free(p);
+		free(w);
 		return -1;
 	}
 	for (int i = 0; i < vocab; i++)
@@ -43,30 +51,34 @@ int test_sample_qsort(const float *logits, int vocab, const kvmem_sampler *s, ui
 		goto out;
 	}
 	for (int i = 0; i < n; i++) {
-		p[i] = kvmem_sample_weight(((double)logit_at(idx[i]) - top) / s->temperature);
-		sum += p[i];
+		const double x = ((double)logit_at(idx[i]) - top) / s->temperature;
+
+		w[i] = (uint64_t)(kvmem_sample_weight(x) * 0x1p52);
+		sum += w[i];
 	}
 	if (s->top_p > 0.0f && s->top_p < 1.0f) {
-		double want = s->top_p * sum;
+		const u128 bar = (sum * (uint64_t)((double)s->top_p * 0x1p32)) >> 32;
 		int keep = 0;
 
-		while (keep < n && cum < want)
-			cum += p[keep++];
-		n = keep > 0 ? keep : 1;
-		sum = cum > 0.0 ? cum : p[0];
+		do
+			cum += w[keep++];
+		while (keep < n && cum < bar);
+		n = keep;
+		sum = cum;
+		cum = 0;
 	}
-	u = kvmem_rng_uniform(rng) * sum;
+	u53 = kvmem_rng_next(rng) >> 11;
+	t = (sum * u53) >> 53;
 	pick = idx[n - 1];
-	cum = 0;
 	for (int i = 0; i < n; i++) {
-		cum += p[i];
-		if (u < cum) {
+		cum += w[i];
+		if (t < cum) {
 			pick = idx[i];
 			break;
 		}
 	}
 out:
 	free(idx);
-	free(p);
+	free(w);
 	return pick;
 }
