@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/draw_fixed.h"
 #include "kvmem/sample.h"
 
 #ifdef __cplusplus
@@ -155,6 +156,13 @@ void kvmem_sample_weights(double *x, int n);
 /* kvmem_sample's weights at width 8 (AVX-512), 4 (AVX2) or 1 from now on
  * (tests): 0, -ENOTSUP when the CPU lacks it, -EINVAL for another width. */
 int kvmem_sample_weight_use(int width);
+
+/* A batched step's draw at a temperature for one row (kvmem_fwd_item.draw;
+ * the twin of kvmem_cuda_draw_rows): kvmem_sample over logits with d's
+ * banned ids at -inf (set there and put back), from a copy of d->rng; -1
+ * when a logit is NaN or infinite, every one is banned or memory ran out
+ * (the host draws then, and says why). */
+int kvmem_sample_spec(float *logits, int vocab, const kvmem_draw_spec *d);
 
 /* splitmix64's output function: a bijective 64-bit mix. */
 uint64_t kvmem_mix64(uint64_t z);

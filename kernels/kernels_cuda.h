@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "kernels/kernels_bf16.h"
+#include "kernels/draw_fixed.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -277,6 +278,18 @@ int kvmem_cuda_qk_norm_rope_scatter_bf16(kvmem_cuda_ctx *c, uint16_t *qkv, int l
  */
 int kvmem_cuda_argmax_rows(kvmem_cuda_ctx *c, int32_t *out, float *const *dst,
 			   const float *logits, int n, int vocab);
+/*
+ * The rows of a batched step drawn at a temperature (twin: kvmem_sample over
+ * each row with its spec's banned ids at -inf, from the state spec.rng),
+ * after kvmem_cuda_argmax_rows over the same rows: out[i] = the token for
+ * each row whose specs[i].temperature > 0 and whose out[i] is not -1; -1
+ * where the host must draw (every logit banned). The banned ids' logits
+ * are set to -inf in logits ([n][vocab], the pass's own rows). specs: n on
+ * the device. small / sorted: whether some row has a top-k of 1024 or less
+ * / some row has none or a larger one (the host knows; a kernel each).
+ */
+int kvmem_cuda_draw_rows(kvmem_cuda_ctx *c, int32_t *out, float *logits, int n, int vocab,
+			 const kvmem_draw_spec *specs, int small, int sorted);
 /* token: one int32 on the device; rng: the uint64 RNG state on the device
  * (advanced there, so a captured decode graph samples from it); s: host. */
 int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits, int vocab,

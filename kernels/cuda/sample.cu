@@ -8,23 +8,26 @@
  *             keys: -0 and +0 are one key, as they compare equal in C)
  *   greedy    temperature <= 0: the best-ranked id; the RNG is not touched
  *   top-k     the k best (k = top_k in (0, vocab), else all), in rank order
- *   softmax   p_i = exp((l_i - l_0) / T) in double; a non-finite l_0 picks
- *             id 0 of the order without touching the RNG
- *   top-p     the shortest prefix whose running sum reaches top_p * sum
- *   draw      u = uniform (splitmix64, one step) * the kept sum; the first i
- *             with u < running sum_i, else the last kept
+ *   weights   W_i = trunc(e^((l_i - l_0) / T) 2^52), kvmem's own e^x in
+ *             double; a non-finite l_0 picks id 0 of the order without
+ *             touching the RNG
+ *   top-p     the shortest prefix whose running sum reaches (S q) >> 32
+ *   draw      t = (S u) >> 53, u the 53 top bits of one splitmix64 step;
+ *             the first i whose running sum passes t
+ *
+ * (kernels/draw_fixed.h: the sums are integers, the same in any order.)
  *
  * The candidates come from a radix select plus a bitonic sort in one block
  * (k <= 1024) or from a stable single-block radix sort of the vocabulary
- * (larger k: a rare setting, about 0.2 ms). The running sums are the twin's
- * sequential double sums when k <= 1024 (one candidate per thread, prefix by
- * one thread in order); past 1024 each thread sums a run of candidates
- * first. exp in double differs from glibc's by at most an ulp, so the token
- * is the twin's unless u falls within about 1e-15 of a boundary between two
- * candidates' running sums.
+ * (larger k: a rare setting, about 0.2 ms). Each thread sums a run of the
+ * candidates, thread 0 the runs: the twin's token and RNG state, always.
+ * The rows of a batched step drawn at once: kvmem_cuda_draw_rows below.
  */
+#include <float.h>
+
 #include "cuda_int.h"
 #include "select.cuh"
+#include "kernels/draw_fixed.h"
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_KMAX 1024
@@ -139,88 +142,86 @@ int kvmem_cuda_argmax_rows(kvmem_cuda_ctx *c, int32_t *out, float *const *dst,
 
 /* ---- the draw over ranked candidates -------------------------------------- */
 /*
- * keys[0..n): rank keys, best first; ids the token ids; p: n doubles of
- * scratch. Run by the whole block.
+ * keys[0..n): rank keys, best first (n >= 1; keys[0]'s logit finite); ids
+ * the token ids; w: n weights of scratch; u53 the draw's random bits. Run
+ * by the whole block (NT threads at most); thread 0 writes *token. The
+ * weights and sums are kernels/draw_fixed.h's integers: each thread sums a
+ * run of the order and thread 0 the runs, and integer sums are the twin's
+ * in any order; kvmem_draw_place is the sequential form of what follows.
  */
-__device__ void finish_draw(const uint32_t *keys, const int *ids, int n, double *p, float temp,
-			    float top_p, uint64_t *rng, int32_t *token)
+template <int NT>
+__device__ void finish_draw(const uint32_t *keys, const int *ids, int n, uint64_t *w, float temp,
+			    float top_p, uint64_t u53, int32_t *token)
 {
-	__shared__ double part[SAMPLE_THREADS];
-	__shared__ double s_total, s_sum, s_u;
+	__shared__ unsigned long long plo[NT], phi[NT];
+	__shared__ unsigned long long s_lo, s_hi;
 	__shared__ int s_first, s_pick;
 	const int tid = threadIdx.x, nt = blockDim.x;
 	const double top = key_value(keys[0]);
-	const int chunk = (n + nt - 1) / nt, lo = tid * chunk, hi = min(n, lo + chunk);
+	const int chunk = (n + nt - 1) / nt, lo = min(n, tid * chunk), hi = min(n, lo + chunk);
+	kvmem_u128 run = { 0, 0 }, base, sum, c;
 	int keep = n;
-	double sum;
 
-	if (!isfinite(top)) {	/* inf wins outright; all -inf: the first */
-		if (tid == 0)
-			*token = ids[0];
-		return;
+	for (int i = lo; i < hi; i++) {
+		w[i] = kvmem_draw_weight_of(kvmem_draw_x(key_value(keys[i]), top, temp));
+		run = kvmem_u128_add64(run, w[i]);
 	}
-	for (int i = tid; i < n; i += nt)
-		p[i] = exp(__ddiv_rn(__dsub_rn((double)key_value(keys[i]), top), (double)temp));
-	__syncthreads();
-	{
-		double loc = 0.0;
-
-		for (int i = lo; i < hi; i++)
-			loc = __dadd_rn(loc, p[i]);
-		part[tid] = loc;
-	}
+	plo[tid] = run.lo;
+	phi[tid] = run.hi;
 	__syncthreads();
 	if (tid == 0) {
-		double run = 0.0;
+		kvmem_u128 at = { 0, 0 };
 
 		for (int t = 0; t < nt; t++) {
-			double v = part[t];
+			const kvmem_u128 v = { plo[t], phi[t] };
 
-			part[t] = run;	/* exclusive: the running sum before thread t's run */
-			run = __dadd_rn(run, v);
+			plo[t] = at.lo;	/* exclusive: the sum before thread t's run */
+			phi[t] = at.hi;
+			at = kvmem_u128_add(at, v);
 		}
-		s_total = run;
-		s_first = n;
+		s_lo = at.lo;
+		s_hi = at.hi;
+		s_first = n - 1;
 	}
 	__syncthreads();
-	const double base = part[tid];
+	base.lo = plo[tid];
+	base.hi = phi[tid];
+	sum.lo = s_lo;
+	sum.hi = s_hi;
+	if (kvmem_draw_has_top_p(top_p)) {
+		const kvmem_u128 bar = kvmem_draw_bar(sum, top_p);
 
-	sum = s_total;
-	if (top_p > 0.0f && top_p < 1.0f) {
-		const double want = (double)top_p * sum;
-		double c = base;
-
+		c = base;
 		for (int i = lo; i < hi; i++) {
-			c = __dadd_rn(c, p[i]);
-			if (c >= want) {
+			c = kvmem_u128_add64(c, w[i]);
+			if (!kvmem_u128_lt(c, bar)) {	/* sums only grow: the first here */
 				atomicMin(&s_first, i);
 				break;
 			}
 		}
 		__syncthreads();
-		keep = s_first < n ? s_first + 1 : n;
+		keep = s_first + 1;
 		if (lo <= keep - 1 && keep - 1 < hi) {
 			c = base;
-			for (int i = lo; i <= keep - 1; i++)
-				c = __dadd_rn(c, p[i]);
-			s_sum = c > 0.0 ? c : p[0];
+			for (int i = lo; i < keep; i++)
+				c = kvmem_u128_add64(c, w[i]);
+			s_lo = c.lo;
+			s_hi = c.hi;
 		}
 		__syncthreads();
-		sum = s_sum;
+		sum.lo = s_lo;
+		sum.hi = s_hi;
 	}
-	if (tid == 0) {
-		*rng += GOLDEN;
-		s_u = (double)(mix64(*rng) >> 11) * 0x1p-53 * sum;
+	if (tid == 0)
 		s_pick = keep - 1;
-	}
 	__syncthreads();
 	{
-		const double u = s_u;
-		double c = base;
+		const kvmem_u128 t = kvmem_draw_target(sum, u53);
 
+		c = base;
 		for (int i = lo; i < hi && i < keep; i++) {
-			c = __dadd_rn(c, p[i]);
-			if (u < c) {
+			c = kvmem_u128_add64(c, w[i]);
+			if (kvmem_u128_lt(t, c)) {
 				atomicMin(&s_pick, i);
 				break;
 			}
@@ -231,15 +232,30 @@ __device__ void finish_draw(const uint32_t *keys, const int *ids, int n, double 
 		*token = ids[s_pick];
 }
 
+/* The draw's random bits from the device state *rng, which advances by one
+ * value: after every thread has read it. */
+__device__ uint64_t take_bits(uint64_t *rng)
+{
+	const uint64_t u53 = mix64(*rng + GOLDEN) >> 11;
+
+	__syncthreads();
+	if (threadIdx.x == 0)
+		*rng += GOLDEN;
+	return u53;
+}
+
 /* ---- k <= 1024: radix select + bitonic sort in one block ------------------ */
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_small_kernel(int32_t *token, const float *logits, int vocab, int k, float temp, float top_p,
-		    uint64_t *rng)
+/* The k <= 1024 best of logits[0..vocab) drawn from: *token. A non-finite
+ * best logit gives its id (an inf wins outright; all -inf: the first), or
+ * -1 when the host is to draw (ask_host); else *rng (shared or device
+ * memory) advances by one value. Run by the whole block (SAMPLE_THREADS). */
+__device__ void small_draw(const float *logits, int vocab, int k, float temp, float top_p,
+			  uint64_t *rng, int32_t *token, bool ask_host)
 {
 	__shared__ unsigned long long cand[SAMPLE_KMAX];	/* key << 32 | ~id: larger is better */
 	__shared__ uint32_t skey[SAMPLE_KMAX];
 	__shared__ int sid[SAMPLE_KMAX];
-	__shared__ double sp[SAMPLE_KMAX];
+	__shared__ uint64_t sw[SAMPLE_KMAX];
 	__shared__ int s_gt;
 	const int tid = threadIdx.x;
 	int64_t need;
@@ -293,7 +309,19 @@ sample_small_kernel(int32_t *token, const float *logits, int vocab, int k, float
 		sid[tid] = (int)~(uint32_t)cand[tid];
 	}
 	__syncthreads();
-	finish_draw(skey, sid, k, sp, temp, top_p, rng, token);
+	if (!isfinite(key_value(skey[0]))) {	/* an inf wins outright; all -inf: the first */
+		if (tid == 0)
+			*token = ask_host ? -1 : sid[0];
+		return;
+	}
+	finish_draw<SAMPLE_THREADS>(skey, sid, k, sw, temp, top_p, take_bits(rng), token);
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_small_kernel(int32_t *token, const float *logits, int vocab, int k, float temp, float top_p,
+		    uint64_t *rng)
+{
+	small_draw(logits, vocab, k, temp, top_p, rng, token, false);
 }
 
 /* ---- larger k: stable radix sort of the whole vocabulary, one block ------- */
@@ -303,18 +331,16 @@ sample_small_kernel(int32_t *token, const float *logits, int vocab, int k, float
  * (digit, thread) order writes its run in order: stable, so ties keep
  * ascending ids. Ends in (ka, ia).
  */
-__global__ void __launch_bounds__(SORT_THREADS)
-sort_vocab_kernel(const float *logits, int vocab, uint32_t *ka, int *ia, uint32_t *kb, int *ib)
+/* The stable sort of (ka, ia)[0..n) by ka, ascending, 4 bits a pass, 8
+ * passes through (kb, ib): ends in (ka, ia). Run by the whole block
+ * (SORT_THREADS). */
+__device__ void block_sort_keys(uint32_t *ka, int *ia, uint32_t *kb, int *ib, int n)
 {
 	__shared__ int cnt[16][SORT_THREADS];
 	const int tid = threadIdx.x;
-	const int chunk = (vocab + SORT_THREADS - 1) / SORT_THREADS;
-	const int lo = tid * chunk, hi = min(vocab, lo + chunk);
+	const int chunk = (n + SORT_THREADS - 1) / SORT_THREADS;
+	const int lo = min(n, tid * chunk), hi = min(n, lo + chunk);
 
-	for (int i = lo; i < hi; i++) {
-		ka[i] = ~rank_key(logits[i]);
-		ia[i] = i;
-	}
 	for (int pass = 0; pass < 8; pass++) {
 		const int shift = 4 * pass;
 		const uint32_t *ks = pass & 1 ? kb : ka;
@@ -355,16 +381,194 @@ sort_vocab_kernel(const float *logits, int vocab, uint32_t *ka, int *ia, uint32_
 			id[at] = is[i];
 		}
 	}
+	__syncthreads();	/* (ka, ia) whole for every thread */
+}
+
+__global__ void __launch_bounds__(SORT_THREADS)
+sort_vocab_kernel(const float *logits, int vocab, uint32_t *ka, int *ia, uint32_t *kb, int *ib)
+{
+	const int chunk = (vocab + SORT_THREADS - 1) / SORT_THREADS;
+	const int lo = min(vocab, (int)threadIdx.x * chunk), hi = min(vocab, lo + chunk);
+
+	for (int i = lo; i < hi; i++) {
+		ka[i] = ~rank_key(logits[i]);
+		ia[i] = i;
+	}
+	block_sort_keys(ka, ia, kb, ib, vocab);
 }
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_sorted_kernel(int32_t *token, uint32_t *keys, const int *ids, int k, double *p, float temp,
+sample_sorted_kernel(int32_t *token, uint32_t *keys, const int *ids, int k, uint64_t *w, float temp,
 		     float top_p, uint64_t *rng)
 {
 	for (int i = threadIdx.x; i < k; i += blockDim.x)
 		keys[i] = ~keys[i];	/* back to rank keys, best first */
 	__syncthreads();
-	finish_draw(keys, ids, k, p, temp, top_p, rng, token);
+	if (!isfinite(key_value(keys[0]))) {	/* an inf wins outright; all -inf: the first */
+		if (threadIdx.x == 0)
+			*token = ids[0];
+		return;
+	}
+	finish_draw<SAMPLE_THREADS>(keys, ids, k, w, temp, top_p, take_bits(rng), token);
+}
+
+/* ---- the rows of a batched step, drawn at a temperature ------------------- */
+/*
+ * kvmem_cuda_draw_rows runs after kvmem_cuda_argmax_rows over the same rows,
+ * which copied each beside its view and set -1 for a row holding NaN or an
+ * infinity. A row whose spec has a temperature gets what kvmem_sample draws
+ * from it with the spec's banned ids at -inf, from the state spec.rng (one
+ * value taken: the host advances its own copy); -1 where the host is to
+ * draw (a row of -1 already, or one whose every logit is banned). Three
+ * kernels: the banned ids put to -inf in the pass's own rows; the rows of a
+ * top-k of 1024 or less as sample_small_kernel draws; the rest by a stable
+ * sort of only their keys that can weigh (within KVMEM_DRAW_CUT T of the
+ * best: draw_fixed.h), a block a row, DRAW_GROUP rows a launch (their
+ * scratch, 24 bytes a logit a row).
+ */
+#define DRAW_GROUP 16
+
+__device__ __forceinline__ int draw_k(const kvmem_draw_spec *d, int vocab)
+{
+	return d->top_k > 0 && d->top_k < vocab ? d->top_k : vocab;
+}
+
+__device__ __forceinline__ bool draw_small(const kvmem_draw_spec *d, int vocab)
+{
+	return kvmem_draw_top_k_small(d->top_k, vocab);	/* k <= SAMPLE_KMAX */
+}
+
+__global__ void draw_mask_kernel(float *logits, int vocab, const kvmem_draw_spec *specs,
+				 const int32_t *out)
+{
+	const kvmem_draw_spec *d = &specs[blockIdx.x];
+	const int t = threadIdx.x;
+
+	if (d->temperature > 0.0f && out[blockIdx.x] >= 0 && t < d->n_banned &&
+	    t < KVMEM_DRAW_BANNED_MAX &&
+	    d->banned[t] >= 0 && d->banned[t] < vocab)
+		logits[(size_t)blockIdx.x * vocab + d->banned[t]] = -INFINITY;
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+draw_small_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_draw_spec *specs)
+{
+	__shared__ uint64_t s_rng;
+	const kvmem_draw_spec *d = &specs[blockIdx.x];
+
+	if (!(d->temperature > 0.0f) || !draw_small(d, vocab) || out[blockIdx.x] < 0)
+		return;
+	if (threadIdx.x == 0)
+		s_rng = d->rng;
+	__syncthreads();
+	small_draw(logits + (size_t)blockIdx.x * vocab, vocab, draw_k(d, vocab), d->temperature,
+		   d->top_p, &s_rng, &out[blockIdx.x], true);
+}
+
+__global__ void __launch_bounds__(SORT_THREADS)
+draw_sort_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_draw_spec *specs,
+		      int r0, char *scratch)
+{
+	__shared__ uint32_t s_best[SORT_THREADS / 32];
+	__shared__ int s_m;
+	const int row = r0 + blockIdx.x, tid = threadIdx.x;
+	const kvmem_draw_spec *d = &specs[row];
+	const float *l = logits + (size_t)row * vocab;
+	const size_t v4 = ((size_t)vocab * 4 + 255) & ~(size_t)255;
+	char *b = scratch + (size_t)blockIdx.x * (4 * v4 + (size_t)vocab * 8);
+	uint32_t *ka = (uint32_t *)b, *kb = (uint32_t *)(b + 2 * v4);
+	int *ia = (int *)(b + v4), *ib = (int *)(b + 3 * v4);
+	uint64_t *w = (uint64_t *)(b + 4 * v4);
+	const int chunk = (vocab + SORT_THREADS - 1) / SORT_THREADS;
+	const int lo = min(vocab, tid * chunk), hi = min(vocab, lo + chunk);
+	uint32_t best = 0, kcut = 0;
+	int mine = 0, at;
+
+	if (!(d->temperature > 0.0f) || draw_small(d, vocab) || out[row] < 0)
+		return;
+	for (int i = lo; i < hi; i++)
+		best = max(best, rank_key(l[i]));
+	for (int o = 16; o > 0; o >>= 1)
+		best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+	if ((tid & 31) == 0)
+		s_best[tid >> 5] = best;
+	__syncthreads();
+	for (int j = 0; j < SORT_THREADS / 32; j++)
+		best = max(best, s_best[j]);
+	const double top = key_value(best);
+
+	if (!isfinite(top)) {	/* every logit banned (or -inf): the host draws */
+		if (tid == 0)
+			out[row] = -1;
+		return;
+	}
+	{	/* keys at least the cut's: logits at least cf (kvmem_sample's cut) */
+		const double cf = top + KVMEM_DRAW_CUT * (double)d->temperature;
+
+		if (cf > -FLT_MAX) {
+			float f = (float)cf;
+
+			if ((double)f > cf)
+				f = nextafterf(f, -INFINITY);
+			kcut = rank_key(f);
+		}
+	}
+	/* The keys that can weigh, in id order (a run a thread), as the
+	 * sort's descending keys. */
+	for (int i = lo; i < hi; i++)
+		mine += rank_key(l[i]) >= kcut;
+	at = block_exclusive_scan<int>(mine, &s_m);
+	for (int i = lo; i < hi; i++) {
+		const uint32_t k = rank_key(l[i]);
+
+		if (k >= kcut) {
+			ka[at] = ~k;
+			ia[at++] = i;
+		}
+	}
+	__syncthreads();
+	const int m = s_m, n = min(draw_k(d, vocab), m);
+
+	block_sort_keys(ka, ia, kb, ib, m);
+	for (int i = tid; i < n; i += blockDim.x)
+		ka[i] = ~ka[i];	/* back to rank keys, best first */
+	__syncthreads();
+	finish_draw<SORT_THREADS>(ka, ia, n, w, d->temperature, d->top_p, mix64(d->rng + GOLDEN) >> 11, &out[row]);
+}
+
+extern "C" int kvmem_cuda_draw_rows(kvmem_cuda_ctx *c, int32_t *out, float *logits, int n,
+				    int vocab, const kvmem_draw_spec *specs, int small, int sorted)
+{
+	int rc;
+
+	if (vocab <= 0 || vocab > KVMEM_DRAW_VOCAB_MAX || n < 0)
+		return kvmem_error(EINVAL, "draw rows: %d rows of %d logits", n, vocab);
+	if (!n || (!small && !sorted))
+		return 0;
+	draw_mask_kernel<<<n, 32, 0, c->stream>>>(logits, vocab, specs, out);
+	if ((rc = kvmem_cuda_launched("draw rows: the banned ids")))
+		return rc;
+	if (small) {
+		draw_small_rows_kernel<<<n, SAMPLE_THREADS, 0, c->stream>>>(out, logits, vocab, specs);
+		if ((rc = kvmem_cuda_launched("draw rows: top-k")))
+			return rc;
+	}
+	if (sorted) {
+		const size_t v4 = kvmem_align_up((size_t)vocab * 4, 256);
+		const size_t row = 4 * v4 + (size_t)vocab * 8;
+		const int g = n < DRAW_GROUP ? n : DRAW_GROUP;
+		void *p;
+
+		if ((rc = kvmem_cuda_scratch(c, (size_t)g * row, &p)))
+			return kvmem_error_prefix("draw rows");
+		for (int r0 = 0; r0 < n; r0 += g) {
+			draw_sort_rows_kernel<<<n - r0 < g ? n - r0 : g, SORT_THREADS, 0, c->stream>>>(
+				out, logits, vocab, specs, r0, (char *)p);
+			if ((rc = kvmem_cuda_launched("draw rows")))
+				return rc;
+		}
+	}
+	return 0;
 }
 
 extern "C" int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits,
@@ -398,7 +602,7 @@ extern "C" int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const 
 		if ((rc = kvmem_cuda_launched("sample: sorting")))
 			return rc;
 		sample_sorted_kernel<<<1, SAMPLE_THREADS, 0, c->stream>>>(
-			token, (uint32_t *)b, (const int *)(b + v4), k, (double *)(b + 4 * v4),
+			token, (uint32_t *)b, (const int *)(b + v4), k, (uint64_t *)(b + 4 * v4),
 			s->temperature, s->top_p, rng);
 		return kvmem_cuda_launched("sample");
 	}

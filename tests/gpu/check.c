@@ -616,6 +616,154 @@ static void check_argmax_rows(void)
 	kvmem_cuda_free(dptr);
 }
 
+/*
+ * A batched step's rows drawn at a temperature (kvmem_cuda_draw_rows, after
+ * kvmem_cuda_argmax_rows as the cuda backend runs them) against the twin,
+ * kvmem_sample over each row with its banned ids at -inf, from a copy of
+ * the row's random state (and kvmem_sample_spec, the cpu backend's form): every top-k path (none, past 1024, 1024 and
+ * less), top-p from none to 1e-6, ties, -0 beside +0, NaN rows (-1, left
+ * for the host), greedy rows among them (the argmax's), stops banned.
+ */
+static void check_draw_rows(void)
+{
+	const int vocab = g_quick ? 3001 : 151936, n = g_quick ? 12 : 40, rounds = g_quick ? 1 : 3;
+	static const int ks[] = { 0, 0, 20, 1024, 2000, 50 };
+	static const float ps[] = { 1, 0.9f, 0.95f, 1, 0.8f, 1e-6f };
+	float *lg = hmalloc(4 * (size_t)n * vocab);
+	void *dl = dpoison(4 * (size_t)n * vocab), *dout = dpoison(4 * (size_t)n);
+	void *drows = dpoison(4 * (size_t)n * vocab), *dptr, *dspec = dpoison(sizeof(kvmem_draw_spec) * n);
+	float **ptr = hmalloc(sizeof(float *) * (size_t)n), *masked = hmalloc(4 * (size_t)vocab);
+	kvmem_draw_spec *spec = hmalloc(sizeof(kvmem_draw_spec) * (size_t)n);
+	int32_t *got = hmalloc(4 * (size_t)n);
+	int same = 0, rows = 0, drawn = 0, left = 0;
+
+	for (int i = 0; i < n; i++)
+		ptr[i] = (float *)drows + (size_t)i * vocab;
+	dptr = dput(ptr, sizeof(float *) * (size_t)n);
+	for (int r = 0; r < rounds; r++) {
+		int small = 0, sorted = 0;
+
+		for (int i = 0; i < n; i++) {
+			float *row = lg + (size_t)i * vocab;
+			const int kind = (i + r) % 7;
+			const double spread = kind == 2 ? 40 : kind == 5 ? 0.3 : 4;
+
+			for (int j = 0; j < vocab; j++) {
+				const double u = runi(-1, 1);
+
+				row[j] = kind == 1 ? (float)rint_in(-3, 3)
+						   : (float)(spread * u * u * u + runi(-1, 1));
+			}
+			if (kind == 3)
+				row[rint_in(0, vocab - 1)] = NAN;	/* the host refuses it: -1 */
+			if (kind == 4) {
+				row[rint_in(0, vocab / 2)] = -0.0f;
+				row[rint_in(vocab / 2 + 1, vocab - 1)] = 0.0f;
+			}
+			spec[i] = (kvmem_draw_spec){ .temperature = i % 9 == 8 ? 0.0f : (float)runi(0.3, 1.5),
+						     .top_k = ks[i % 6], .top_p = ps[(i / 6 + r) % 6],
+						     .rng = kvmem_rng_seed(rnext()) };
+			if (i % 4 == 1) {	/* stops never drawn, the best among them */
+				spec[i].n_banned = 1 + i % KVMEM_DRAW_BANNED_MAX;
+				for (int b = 0; b < spec[i].n_banned; b++)
+					spec[i].banned[b] = rint_in(0, vocab - 1);
+				spec[i].banned[0] = kvmem_argmax_finite(row, vocab, &(int){ 0 });
+				if (spec[i].banned[0] < 0)
+					spec[i].banned[0] = 0;
+			}
+			if (spec[i].temperature > 0) {
+				const int k = spec[i].top_k > 0 && spec[i].top_k < vocab ? spec[i].top_k : vocab;
+
+				small |= k < vocab && k <= 1024;
+				sorted |= !(k < vocab && k <= 1024);
+			}
+		}
+		if (kvmem_cuda_upload(g_c, dl, lg, 4 * (size_t)n * vocab) ||
+		    kvmem_cuda_upload(g_c, dspec, spec, sizeof(kvmem_draw_spec) * n))
+			die("upload");
+		if (kvmem_cuda_argmax_rows(g_c, dout, (float *const *)dptr, dl, n, vocab) ||
+		    kvmem_cuda_draw_rows(g_c, dout, dl, n, vocab, dspec, small, sorted) ||
+		    kvmem_cuda_download(g_c, got, dout, 4 * (size_t)n))
+			die("draw rows");
+		for (int i = 0; i < n; i++) {
+			float *row = lg + (size_t)i * vocab;
+			kvmem_sampler s = { .temperature = spec[i].temperature, .top_k = spec[i].top_k,
+					    .top_p = spec[i].top_p };
+			uint64_t st = spec[i].rng;
+			int bad, want = kvmem_argmax_finite(row, vocab, &bad);
+
+			if (want >= 0 && s.temperature > 0) {
+				memcpy(masked, row, 4 * (size_t)vocab);
+				for (int b = 0; b < spec[i].n_banned; b++)
+					masked[spec[i].banned[b]] = -INFINITY;
+				want = kvmem_sample(masked, vocab, &s, &st);
+				drawn++;
+				/* the cpu backend's form of the same draw */
+				if (kvmem_sample_spec(row, vocab, &spec[i]) != want)
+					printf("  round %d row %d: kvmem_sample_spec differs from the "
+					       "masked draw\n", r, i), same--;
+			}
+			left += got[i] < 0;
+			same += got[i] == want;
+			rows++;
+			if (got[i] != want)
+				printf("  round %d row %d (T %.3f k %d p %g, %d banned): %d, the twin %d\n", r,
+				       i, s.temperature, s.top_k, (double)s.top_p, spec[i].n_banned, got[i],
+				       want);
+		}
+	}
+	report(same == rows && left > 0 && drawn > rows / 2,
+	       "draw rows %d x %d, %d rounds: %d of %d the twin's token (%d drawn at a temperature, "
+	       "%d left to the host)", n, vocab, rounds, same, rows, drawn, left);
+	/* What a round of 16 streams at T 0.8 with no top-k costs (the sorted
+	 * path over every key that can weigh), beside the argmax alone. */
+	if (!g_quick) {
+		const int m = 16;
+		double t_arg = 0, t_all = 0;
+
+		for (int i = 0; i < m; i++) {
+			spec[i] = (kvmem_draw_spec){ .temperature = 0.8f, .rng = kvmem_rng_seed(i) };
+			for (int j = 0; j < vocab; j++) {	/* every row drawn: no NaN */
+				const double u = runi(-1, 1);
+
+				lg[(size_t)i * vocab + j] = (float)(4 * u * u * u + runi(-1, 1));
+			}
+		}
+		if (kvmem_cuda_upload(g_c, dspec, spec, sizeof(kvmem_draw_spec) * m))
+			die("upload");
+		for (int it = 0; it < 6; it++) {
+			struct timespec a, b, c;
+
+			kvmem_cuda_upload(g_c, dl, lg, 4 * (size_t)m * vocab);
+			kvmem_cuda_sync(g_c);
+			clock_gettime(CLOCK_MONOTONIC, &a);
+			if (kvmem_cuda_argmax_rows(g_c, dout, (float *const *)dptr, dl, m, vocab) ||
+			    kvmem_cuda_sync(g_c))
+				die("argmax rows");
+			clock_gettime(CLOCK_MONOTONIC, &b);
+			if (kvmem_cuda_draw_rows(g_c, dout, dl, m, vocab, dspec, 0, 1) || kvmem_cuda_sync(g_c))
+				die("draw rows");
+			clock_gettime(CLOCK_MONOTONIC, &c);
+			if (it) {	/* the first grows the scratch */
+				t_arg += (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+				t_all += (c.tv_sec - a.tv_sec) * 1e3 + (c.tv_nsec - a.tv_nsec) * 1e-6;
+			}
+		}
+		printf("  draw rows, %d rows x %d at T 0.8 (no top-k): %.3f ms with the argmax's copy "
+		       "(the argmax alone %.3f ms), mean of 5\n", m, vocab, t_all / 5, t_arg / 5);
+	}
+	free(lg);
+	free(ptr);
+	free(masked);
+	free(spec);
+	free(got);
+	kvmem_cuda_free(dl);
+	kvmem_cuda_free(dout);
+	kvmem_cuda_free(drows);
+	kvmem_cuda_free(dptr);
+	kvmem_cuda_free(dspec);
+}
+
 /* ---- selection scorers ------------------------------------------------------- */
 
 static void check_scores(void)
@@ -1193,6 +1341,7 @@ int main(int argc, char **argv)
 	} else if (only_sample) {
 		check_sample();
 		check_argmax_rows();
+		check_draw_rows();
 	} else if (only_gemv) {
 		gemv_sweep();
 	} else if (only_fuse) {
@@ -1228,6 +1377,7 @@ int main(int argc, char **argv)
 		check_perf();
 		check_sample();
 		check_argmax_rows();
+		check_draw_rows();
 		check_scores();
 	}
 	if (kvmem_cuda_sync(g_c))
