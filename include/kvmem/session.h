@@ -312,6 +312,9 @@ typedef struct kvmem_session_stats {
 	 * them were fetched later (kvmem_session_logits, a sampled draw, a
 	 * saved state, the view given up). Not saved either. */
 	int64_t lazy_logits, lazy_fetches;
+	/* Draws at a temperature that a batched step made beside its logits
+	 * and a draw took (kvmem_session_draw_with). Not saved either. */
+	int64_t lazy_draws;
 } kvmem_session_stats;
 
 typedef struct kvmem_session kvmem_session;
@@ -457,6 +460,24 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
  * draw is made beside its logits, where they stay (see the batched steps
  * below). -ERANGE for NaN or infinite logits, -EINVAL before any. */
 int kvmem_session_draw(kvmem_session *s, const kvmem_sampler *smp, int32_t *out);
+/* What a draw takes beyond its sampler (kvmem_session_draw_with). */
+typedef struct kvmem_draw_opts {
+	uint64_t *rng;		/* the random state a draw at a temperature advances by
+				 * one value; NULL: the session's own */
+	const int32_t *banned;	/* ids never drawn, as if their logits were -inf (a
+				 * benchmark's ignore_eos: the stop tokens); may be NULL */
+	int n_banned;
+} kvmem_draw_opts;
+/* kvmem_session_draw with the caller's random state and ids never drawn (o
+ * NULL: the session's state, none): the token kvmem_sample draws from the
+ * last logits with the banned ids at -inf. A session remembers its last
+ * draw at a temperature: its next batched decode step, on a backend that
+ * keeps logits beside the view (cuda), draws there with the same settings,
+ * banned ids and the state this draw left, and the next call with those
+ * takes that token (the same one: kernels/draw_fixed.h) with no pass over
+ * logits on the host. KVMEM_SESSION_DEVICE_DRAW=0 turns that off. */
+int kvmem_session_draw_with(kvmem_session *s, const kvmem_sampler *smp, const kvmem_draw_opts *o,
+			    int32_t *out);
 /*
  * A decode step (kvmem_session_decode, and the batched calls below) returns
  * while its last rows may still be on their way to the history (page

@@ -68,6 +68,7 @@ static kvmem_backend *cpu_backend(const kvmem_model *m)
 static const kvmem_backend_ops *g_real;
 static int64_t g_batched;
 static int64_t g_lazy, g_fetched;	/* logits left on the backend, fetched later */
+static int64_t g_drawn;		/* draws at a temperature made beside them */
 
 static int counting_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 {
@@ -123,6 +124,9 @@ struct pair {
 	int64_t n_script, fed;
 	kvmem_sampler smp;
 	int chunk;
+	uint64_t rng;		/* a caller's own state (kvmem_session_draw_with) */
+	int32_t banned[3];
+	int n_banned;
 };
 
 static const char *const policies[] = { "meank", "recency", "subblock", "quest", "infllm" };
@@ -164,6 +168,12 @@ static void pair_open(struct pair *p, uint64_t *r, kvmem_backend *bb, kvmem_back
 	p->smp = (kvmem_sampler){ 0 };
 	if (test_rng_uniform(r) < 0.5)
 		p->smp = (kvmem_sampler){ .temperature = 0.8f, .top_k = 20, .top_p = 0.9f };
+	if (test_rng_uniform(r) < 0.25)	/* no top-k: the sorted path */
+		p->smp = (kvmem_sampler){ .temperature = 1.2f, .top_p = test_rng_uniform(r) < 0.5 ? 0.7f : 1 };
+	p->rng = kvmem_rng_seed(test_rng_next(r));
+	p->n_banned = test_rng_int(r, 0, 3);
+	for (int b = 0; b < p->n_banned; b++)
+		p->banned[b] = test_rng_int(r, 0, vocab - 1);
 }
 
 static void pair_close(struct pair *p)
@@ -304,6 +314,31 @@ static int64_t run_rounds(uint64_t *r, struct pair *ps, int n, int rounds)
 						 "twin's logits %d", i, round, dec[i], want);
 				items[m] = (kvmem_batch_item){ .s = p->s, .tokens = &dec[i], .n = 1 };
 				who[m++] = i;
+			} else if (p->smp.temperature > 0 && test_rng_uniform(r) < 0.7) {
+				/* drawn by the session at a temperature with the
+				 * caller's state and ids left out, as the server
+				 * draws: after a batched step, beside its logits
+				 * (kvmem_fwd_item.draw); the twin's logits say
+				 * what kvmem_sample draws */
+				const int vocab = kvmem_backend_model(kvmem_session_backend(p->t))->cfg.vocab;
+				float *tl = malloc(sizeof(float) * (size_t)vocab);
+				const kvmem_draw_opts o = { .rng = &p->rng, .banned = p->banned,
+							    .n_banned = p->n_banned };
+				uint64_t st = p->rng;
+				int32_t want;
+
+				memcpy(tl, kvmem_session_logits(p->t), sizeof(float) * (size_t)vocab);
+				for (int b = 0; b < p->n_banned; b++)
+					tl[p->banned[b]] = -INFINITY;
+				want = kvmem_sample(tl, vocab, &p->smp, &st);
+				free(tl);
+				assert_int_equal(kvmem_session_draw_with(p->s, &p->smp, &o, &dec[i]), 0);
+				if (dec[i] != want || p->rng != st)
+					fail_msg("session %d, round %d: kvmem_session_draw_with gave %d, the "
+						 "twin's logits %d (states %s)", i, round, dec[i], want,
+						 p->rng == st ? "equal" : "differ");
+				items[m] = (kvmem_batch_item){ .s = p->s, .tokens = &dec[i], .n = 1 };
+				who[m++] = i;
 			} else {			/* drawn here, from the logits */
 				uint64_t rng = test_rng_next(r);
 
@@ -350,6 +385,7 @@ static int64_t run_rounds(uint64_t *r, struct pair *ps, int n, int rounds)
 		forced += st.forced;
 		g_lazy += st.lazy_logits;
 		g_fetched += st.lazy_fetches;
+		g_drawn += st.lazy_draws;
 	}
 	free(items);
 	free(ds);
@@ -411,13 +447,16 @@ static void test_batch_equals_alone(void **state)
 {
 	uint64_t r = g_seed ^ 0xb1;
 
-	g_lazy = g_fetched = 0;
+	g_lazy = g_fetched = g_drawn = 0;
 	for (int t = 0; t < 3; t++)
 		trial(&r, test_rng_int(&r, 3, 9), 60, 0);
 	/* Both backends leave greedy steps' logits beside the view: the
-	 * draws from their argmax and the fetches were both compared. */
+	 * draws from their argmax and the fetches were both compared; and
+	 * draws at a temperature made there (kvmem_session_draw_with). */
+	print_message("%lld draws at a temperature made beside the logits\n", (long long)g_drawn);
 	assert_true(g_lazy > 0);
 	assert_true(g_fetched > 0);
+	assert_true(g_drawn > 0);
 }
 
 static void test_batch_one_by_one(void **state)

@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "kernels/draw_fixed.h"
 #include "kernels/kernels_bf16.h"
 #include "kvmem/backend.h"
 #include "kvmem/model.h"
@@ -103,7 +104,11 @@ typedef struct kvmem_score_input {
  * and write *argmax: the first of the highest logits, or -1 when one is
  * NaN or infinite (kvmem_argmax_finite's answer); one that does not
  * leaves *argmax as it was (the caller sets KVMEM_ARGMAX_NONE) and writes
- * logits as usual. */
+ * logits as usual. draw (NULL, or with argmax): the draw is at a temperature
+ * instead, and *argmax gets kvmem_sample's token over the logits with the
+ * spec's banned ids at -inf, from the state draw->rng (which the caller
+ * advances by one value), or -1 when it is left to the host (NaN or an
+ * infinity among the logits, every one banned). */
 typedef struct kvmem_fwd_item {
 	kvmem_view *v;
 	const int32_t *tokens;
@@ -112,6 +117,7 @@ typedef struct kvmem_fwd_item {
 	int all_logits;
 	const kvmem_fwd_out *out;
 	int32_t *argmax;
+	const kvmem_draw_spec *draw;
 } kvmem_fwd_item;
 
 #define KVMEM_ARGMAX_NONE (-2)	/* *argmax untouched: the logits came to the host */

@@ -364,8 +364,9 @@ static int cpu_logits_fetch(void *ctx, kvmem_view *v, float *dst)
 
 /* The engine's batched forward over the items' views; a view that keeps
  * raw K gets the new rows beside its slots too. A decode item that asks
- * (argmax) gets its logits into the view's own row and its greedy draw,
- * as the cuda backend leaves them on the device: nothing is saved here,
+ * (argmax) gets its logits into the view's own row and its greedy draw (or
+ * its draw at a temperature: .draw), as the cuda backend leaves them on the
+ * device: nothing is saved here,
  * but sessions take the path they take on a GPU. */
 static int cpu_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 {
@@ -421,6 +422,10 @@ static int cpu_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 			v->lg_cur = 1 - v->lg_cur;
 			v->lg_have = 1;
 			*items[i].argmax = kvmem_argmax_finite(seqs[i].logits, b->c->vocab, &bad);
+			if (*items[i].argmax >= 0 && items[i].draw &&
+			    items[i].draw->temperature > 0.0f)	/* as the GPU draws */
+				*items[i].argmax = kvmem_sample_spec(seqs[i].logits, b->c->vocab,
+								     items[i].draw);
 		}
 	}
 out:

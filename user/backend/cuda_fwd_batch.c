@@ -190,9 +190,18 @@ static size_t dst_off(const struct cuda *b, int rows)
 	return (at + 15) & ~(size_t)15;
 }
 
+/* Then each row's draw at a temperature (kvmem_fwd_item.draw), whose
+ * temperature is 0 where it has none. */
+static size_t draws_off(const struct cuda *b, int rows)
+{
+	size_t at = dst_off(b, rows) + (size_t)rows * sizeof(float *);
+
+	return (at + 15) & ~(size_t)15;
+}
+
 static size_t in_bytes(const struct cuda *b, int rows)
 {
-	return dst_off(b, rows) + (size_t)rows * sizeof(float *);
+	return draws_off(b, rows) + (size_t)rows * sizeof(kvmem_draw_spec);
 }
 
 void cuda_fwdb_destroy(struct cuda *b)
@@ -641,15 +650,18 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	kvmem_qk_view *qv;
 	kvmem_fp8_put_view *pv;
 	float **dst;
-	int rc, want_out = 0, any_logits = 0, host_logits = 0, lazy = 0;
+	kvmem_draw_spec *draws;
+	int rc, want_out = 0, any_logits = 0, host_logits = 0, lazy = 0, small = 0, sorted = 0;
 	uint64_t t0 = kvmem_now_ns(), t1, t2, t3;
 
 	mark(f, b, P_START);
 	dst = (float **)(f->host_in + dst_off(b, n));
+	draws = (kvmem_draw_spec *)(f->host_in + draws_off(b, n));
 	for (int i = 0; i < n; i++) {
 		want_out |= wants_out(items[i].out);
 		any_logits |= items[i].logits != NULL || kvmem_fwd_lazy(&items[i]);
 		dst[i] = NULL;
+		draws[i].temperature = 0.0f;
 		if (!kvmem_fwd_lazy(&items[i])) {
 			host_logits |= items[i].logits != NULL;
 			continue;
@@ -658,6 +670,11 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 			return rc;
 		dst[i] = items[i].v->lg + (size_t)(1 - items[i].v->lg_cur) * c->vocab;
 		lazy++;
+		if (items[i].draw && items[i].draw->temperature > 0.0f) {
+			draws[i] = *items[i].draw;
+			small |= kvmem_draw_top_k_small(draws[i].top_k, c->vocab);
+			sorted |= !kvmem_draw_top_k_small(draws[i].top_k, c->vocab);
+		}
 	}
 	/* The inputs: ids, positions, one scatter item per item and layer (the
 	 * lone forward's: its token at slot len, from its qkv row). The
@@ -715,6 +732,9 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	if (lazy &&
 	    ((rc = kvmem_cuda_argmax_rows(b->ctx, f->amax, (float *const *)(f->in + dst_off(b, n)),
 					  f->logits, n, c->vocab)) < 0 ||
+	     (rc = kvmem_cuda_draw_rows(b->ctx, f->amax, f->logits, n, c->vocab,
+					(const kvmem_draw_spec *)(f->in + draws_off(b, n)), small,
+					sorted)) < 0 ||
 	     cudaMemcpyAsync(f->host_amax, f->amax, (size_t)n * sizeof(int32_t),
 			     cudaMemcpyDeviceToHost, kvmem_cuda_stream(b->ctx)) != cudaSuccess)) {
 		cudaGetLastError();
@@ -758,6 +778,51 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 			*items[i].argmax = f->host_amax[i];
 		}
 	}
+	return 0;
+}
+
+/*
+ * A lone decode item's draw at a temperature, after the lone step (its
+ * graph) left the logits in b->logits: made on the device as a pass makes
+ * its rows' (the same kernels, so the same token), the logits copied beside
+ * the view for a later fetch. A lone sampled stream drew on the host,
+ * 2.4 ms a token of its 11.2 (H100 host, issue #26).
+ */
+static int lone_draw(struct cuda *b, const kvmem_fwd_item *it)
+{
+	struct cuda_fwdb *f = b->fwdb;
+	kvmem_view *v = it->v;
+	float **dst = (float **)(f->host_in + dst_off(b, 1));
+	kvmem_draw_spec *d = (kvmem_draw_spec *)(f->host_in + draws_off(b, 1));
+	const int vocab = b->c->vocab, small = kvmem_draw_top_k_small(it->draw->top_k, vocab);
+	int rc;
+
+	if ((rc = view_logits(b, v)) < 0)
+		return rc;
+	dst[0] = v->lg + (size_t)(1 - v->lg_cur) * vocab;
+	*d = *it->draw;
+	if (cudaMemcpyAsync(f->in + dst_off(b, 1), f->host_in + dst_off(b, 1),
+			    in_bytes(b, 1) - dst_off(b, 1), cudaMemcpyHostToDevice,
+			    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda forward: copying a draw up");
+	}
+	if ((rc = kvmem_cuda_argmax_rows(b->ctx, f->amax, (float *const *)(f->in + dst_off(b, 1)),
+					 b->logits, 1, vocab)) < 0 ||
+	    (rc = kvmem_cuda_draw_rows(b->ctx, f->amax, b->logits, 1, vocab,
+				       (const kvmem_draw_spec *)(f->in + draws_off(b, 1)), small,
+				       !small)) < 0)
+		return kvmem_error_prefix("cuda forward: the draw");
+	if (cudaMemcpyAsync(f->host_amax, f->amax, sizeof(int32_t), cudaMemcpyDeviceToHost,
+			    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "cuda forward: copying the draw down");
+	}
+	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
+		return kvmem_error_prefix("cuda forward: the draw");
+	v->lg_cur = 1 - v->lg_cur;
+	v->lg_have = 1;
+	*it->argmax = f->host_amax[0];
 	return 0;
 }
 
@@ -870,6 +935,9 @@ int cuda_forward_batch(void *ctx, const kvmem_fwd_item *items, int n)
 		rc = k > 1 ? pass(b, dec + s, k)
 			   : cuda_forward(ctx, dec[s].v, dec[s].tokens, 1, dec[s].logits,
 					  dec[s].all_logits, dec[s].out);
+		if (!rc && k == 1 && kvmem_fwd_lazy(&dec[s]) && dec[s].draw &&
+		    dec[s].draw->temperature > 0.0f)
+			rc = lone_draw(b, &dec[s]);
 	}
 	free(dec);
 	return rc < 0 ? rc : 0;

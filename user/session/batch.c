@@ -101,6 +101,24 @@ static int lazy_off(void)
 	return !lazy_logits;
 }
 
+/*
+ * KVMEM_SESSION_DEVICE_DRAW=0: a draw at a temperature reads its logits on
+ * the host after each step, as before 2026-12-06 (the same tokens: the
+ * device's draw is kvmem_sample's, kernels/draw_fixed.h), for a benchmark's
+ * other side.
+ */
+static int device_draw = -1;
+
+static int draw_off(void)
+{
+	if (device_draw < 0) {
+		const char *e = getenv("KVMEM_SESSION_DEVICE_DRAW");
+
+		device_draw = !(e && !strcmp(e, "0"));
+	}
+	return !device_draw;
+}
+
 /* Items on the stack up to this many; a larger batch allocates. */
 #define STACK_ITEMS 64
 /* Draws spread over the kernels' pool from this many sessions on. */
@@ -224,12 +242,21 @@ int kvmem_session_append_batch(kvmem_batch_item *items, int n)
 			/* A decode step's logits may stay on the backend,
 			 * fetched when asked (ws_logits_host); its greedy
 			 * draw comes back now. Only while the session draws
-			 * greedily and its logits go unread; not when every
+			 * greedily (or at a temperature the backend draws
+			 * at: kvmem_fwd_item.draw) and its logits go unread; not when every
 			 * forward's are handed out (on_forward) or kept
 			 * (all_logits). */
-			if (it->n == 1 && s->draw_greedy && !s->logits_asked && !s->o.all_logits &&
-			    !s->o.on_forward && s->be->ops->logits_fetch && !lazy_off())
+			if (it->n == 1 && (s->draw_greedy || (s->plan_on && !draw_off())) &&
+			    !s->logits_asked && !s->o.all_logits && !s->o.on_forward &&
+			    s->be->ops->logits_fetch && !lazy_off()) {
 				fwd[m].argmax = &s->dev_argmax;
+				/* a draw at a temperature: made there too,
+				 * as the last one was (ws_sample_with) */
+				if (!s->draw_greedy) {
+					fwd[m].draw = &s->next_draw;
+					s->run_draw = 1;
+				}
+			}
 			live[m++] = i;
 		}
 	}

@@ -462,6 +462,7 @@ int ws_run_begin(kvmem_session *s, int n, kvmem_fwd_out *out)
 	/* Only the queries keep_queries keeps come back. */
 	*out = ws_fwd_out(s, n < s->o.query_tokens ? n : s->o.query_tokens);
 	s->dev_argmax = KVMEM_ARGMAX_NONE;
+	s->run_draw = 0;
 	if (ws_view_len(s) + (int64_t)n > s->cap_limit && ws_select(s, 1))
 		return kvmem_fail();
 	if (ws_view_reserve(s, ws_view_len(s) + (int64_t)n))
@@ -498,6 +499,9 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
 		 * greedy draw is here already, the rest comes when asked. */
 		s->argmax_tok = s->dev_argmax;
 		s->logits_dev = 1;
+		s->dev_drawn = s->run_draw;
+		if (s->run_draw)	/* the token of a draw at a temperature */
+			s->drawn_with = s->next_draw;
 		s->st.lazy_logits++;
 		s->have_logits = 1;
 	} else if (!s->run_no_logits) {
@@ -741,41 +745,145 @@ static int first_nonfinite(const float *x, int n)
 	return -1;
 }
 
-int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out)
+/* Whether the draw the last forward made beside its logits (at a
+ * temperature) is this one: the same settings, banned ids and state. */
+static int dev_draw_is(const kvmem_session *s, const kvmem_sampler *smp, uint64_t rng,
+		       const int32_t *banned, int n_banned)
+{
+	const kvmem_draw_spec *d = &s->drawn_with;
+
+	if (!s->logits_dev || !s->dev_drawn || s->argmax_tok < 0 || d->rng != rng ||
+	    d->temperature != smp->temperature || d->top_k != smp->top_k ||
+	    d->top_p != smp->top_p || d->n_banned != n_banned)
+		return 0;
+	return n_banned == 0 || !memcmp(d->banned, banned, sizeof(*banned) * (size_t)n_banned);
+}
+
+/* The next batched decode step draws as this draw did, beside its logits:
+ * the settings, the banned ids and the state this draw left. */
+static void plan_next(kvmem_session *s, const kvmem_sampler *smp, uint64_t rng,
+		      const int32_t *banned, int n_banned)
+{
+	s->plan_on = n_banned <= KVMEM_DRAW_BANNED_MAX && s->cfg.vocab <= KVMEM_DRAW_VOCAB_MAX;
+	if (!s->plan_on)
+		return;
+	s->next_draw = (kvmem_draw_spec){ .temperature = smp->temperature, .top_k = smp->top_k,
+				     .top_p = smp->top_p, .n_banned = n_banned, .rng = rng };
+	if (n_banned)
+		memcpy(s->next_draw.banned, banned, sizeof(*banned) * (size_t)n_banned);
+}
+
+/* kvmem_sample over the last logits (on the host now) with the banned ids
+ * at -inf: a copy in q_raw's place would do, but the logits are the
+ * session's own buffer, refilled by the next forward: masked in place and
+ * put back. */
+static int host_draw(kvmem_session *s, const kvmem_sampler *smp, uint64_t *rng,
+		     const int32_t *banned, int n_banned)
+{
+	float keep[KVMEM_DRAW_BANNED_MAX], *l = s->last_logits;
+	int tok, n = 0;
+
+	if (n_banned > KVMEM_DRAW_BANNED_MAX) {	/* rare: many stops; a copy */
+		float *m = malloc(sizeof(float) * (size_t)s->cfg.vocab);
+
+		if (!m)
+			return -ENOMEM;
+		memcpy(m, l, sizeof(float) * (size_t)s->cfg.vocab);
+		for (int i = 0; i < n_banned; i++)
+			if (banned[i] >= 0 && banned[i] < s->cfg.vocab)
+				m[banned[i]] = -INFINITY;
+		tok = kvmem_sample(m, s->cfg.vocab, smp, rng);
+		free(m);
+		return tok;
+	}
+	for (int i = 0; i < n_banned; i++)
+		if (banned[i] >= 0 && banned[i] < s->cfg.vocab) {
+			keep[n] = l[banned[i]];
+			l[banned[i]] = -INFINITY;
+			n++;
+		}
+	tok = kvmem_sample(l, s->cfg.vocab, smp, rng);
+	for (int i = n_banned - 1; i >= 0; i--)	/* last first: a repeated id ends as it was */
+		if (banned[i] >= 0 && banned[i] < s->cfg.vocab)
+			l[banned[i]] = keep[--n];
+	return tok;
+}
+
+int ws_sample_with(kvmem_session *s, const kvmem_sampler *smp, const kvmem_draw_opts *o,
+		   int32_t *out)
 {
 	static const kvmem_sampler greedy = { 0 };
+	uint64_t *rng = o && o->rng ? o->rng : &s->rng;
+	const int32_t *banned = o && o->n_banned > 0 ? o->banned : NULL;
+	const int n_banned = banned ? o->n_banned : 0;
 	int32_t tok;
 	int v;
 
 	if (!s->have_logits)
 		return kvmem_error(EINVAL, "session: nothing to decode from: append tokens first");
+	if (n_banned && !banned)
+		return kvmem_error(EINVAL, "session: draw: %d banned ids and no array", n_banned);
 	if (!smp)
 		smp = &greedy;
 	s->draw_greedy = smp->temperature <= 0.0f;
-	/* A batched step's greedy draw was made beside its logits. */
+	s->plan_on = 0;
+	/* A batched step's draw was made beside its logits: greedy, or at a
+	 * temperature as this one draws. */
 	if (ws_draw_at_hand(s, smp)) {
-		*out = s->argmax_tok;
+		tok = s->argmax_tok;
+		for (int i = 0; i < n_banned; i++)
+			if (banned[i] == tok)
+				goto host;	/* a banned best: the logits decide */
+		*out = tok;
 		return 0;
 	}
+	if (smp->temperature > 0.0f && dev_draw_is(s, smp, *rng, banned, n_banned)) {
+		*out = s->argmax_tok;
+		kvmem_rng_next(rng);	/* the value the device took */
+		s->st.lazy_draws++;
+		plan_next(s, smp, *rng, banned, n_banned);
+		return 0;
+	}
+host:
 	if (ws_logits_host(s))
 		return kvmem_fail();
 	/* NaN would never be drawn and infinities would always win: either
 	 * way the model's arithmetic has overflowed, and a token sampled
 	 * from it is no answer. A greedy draw checks in its own pass. */
-	if (smp->temperature <= 0.0f) {
+	if (smp->temperature <= 0.0f && !n_banned) {
 		tok = kvmem_argmax_finite(s->last_logits, s->cfg.vocab, &v);
 	} else {
+		const kvmem_sampler *use = smp;
+		kvmem_sampler g1;
+
 		v = first_nonfinite(s->last_logits, s->cfg.vocab);
-		tok = v >= 0 ? -1 : kvmem_sample(s->last_logits, s->cfg.vocab, smp, &s->rng);
+		if (smp->temperature <= 0.0f) {	/* greedy with ids left out: top-k 1 */
+			g1 = (kvmem_sampler){ .temperature = 1.0f, .top_k = 1 };
+			use = &g1;
+		}
+		if (v < 0) {
+			uint64_t spare = *rng;
+
+			tok = host_draw(s, use, smp->temperature > 0.0f ? rng : &spare, banned, n_banned);
+		} else {
+			tok = -1;
+		}
 	}
 	if (v >= 0)
-		return kvmem_error(ERANGE, "session: the logits hold NaN or infinite "
-				   "values (logit %d is %g): the model's arithmetic "
-				   "overflowed; nothing sampled", v, (double)s->last_logits[v]);
+		return kvmem_error(ERANGE, "session: the logits hold NaN or infinite values (logit "
+				   "%d is %g): the model's arithmetic overflowed; nothing sampled",
+				   v, (double)s->last_logits[v]);
 	if (tok < 0)
 		return kvmem_error(-tok, "sampling: out of memory");
+	if (smp->temperature > 0.0f)
+		plan_next(s, smp, *rng, banned, n_banned);
 	*out = tok;
 	return 0;
+}
+
+int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out)
+{
+	return ws_sample_with(s, smp, NULL, out);
 }
 
 int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int32_t *out)
@@ -806,9 +914,17 @@ int kvmem_session_decode(kvmem_session *s, int n, const kvmem_sampler *smp, int3
 
 int kvmem_session_draw(kvmem_session *s, const kvmem_sampler *smp, int32_t *out)
 {
+	return kvmem_session_draw_with(s, smp, NULL, out);
+}
+
+int kvmem_session_draw_with(kvmem_session *s, const kvmem_sampler *smp, const kvmem_draw_opts *o,
+			    int32_t *out)
+{
 	if (!out)
 		return kvmem_error(EINVAL, "session: draw: nowhere to put the token");
-	if (ws_usable(s) || ws_sample(s, smp, out))
+	if (o && o->n_banned < 0)
+		return kvmem_error(EINVAL, "session: draw: %d banned ids", o->n_banned);
+	if (ws_usable(s) || ws_sample_with(s, smp, o, out))
 		return kvmem_fail();
 	return 0;
 }
@@ -873,7 +989,7 @@ const kvmem_backend *kvmem_session_backend(const kvmem_session *s)
 
 int ws_draw_at_hand(const kvmem_session *s, const kvmem_sampler *smp)
 {
-	return s->logits_dev && s->argmax_tok >= 0 &&
+	return s->logits_dev && s->argmax_tok >= 0 && !s->dev_drawn &&
 	       (!smp || smp->temperature <= 0.0f);
 }
 

@@ -63,6 +63,14 @@ struct kvmem_session {
 	 * logits (logprobs, its own sampler) keeps them on the host, rather
 	 * than fetching each one alone. */
 	int draw_greedy, logits_asked;
+	/* A draw at a temperature made beside the logits (kvmem_fwd_item.draw):
+	 * next_draw is the next one's (the last draw's settings, banned ids and
+	 * the random state it left), on while the last draw was such a draw;
+	 * run_draw: the forward under way was given it; dev_drawn: argmax_tok
+	 * is that draw's token, made with drawn_with (greedy draws then fetch
+	 * the logits). */
+	kvmem_draw_spec next_draw, drawn_with;
+	int plan_on, run_draw, dev_drawn;
 	/* The forward about to end computed no logits (an append's inner
 	 * chunk, nobody asking for them): ws_run_end leaves last_logits. */
 	int run_no_logits;
@@ -280,6 +288,10 @@ int ws_run_end(kvmem_session *s, const int32_t *tok, int n, const kvmem_fwd_out 
  * greedy) and the session's random state; -ERANGE for logits that are not
  * finite (nothing drawn). */
 int ws_sample(kvmem_session *s, const kvmem_sampler *smp, int32_t *out);
+/* The same with the caller's random state and banned ids (o may be NULL:
+ * the session's state, none banned). */
+int ws_sample_with(kvmem_session *s, const kvmem_sampler *smp, const kvmem_draw_opts *o,
+		   int32_t *out);
 /* 1 when smp's draw needs no pass over logits: a greedy one whose token
  * came back with a batched step (logits_dev). */
 int ws_draw_at_hand(const kvmem_session *s, const kvmem_sampler *smp);
