@@ -81,6 +81,9 @@ static void session_seconds(struct out *o, const kvmem_session_stats *s)
 	       "as each turn ends", (double)s->forwards);
 	metric(o, "kvmem_session_lazy_logits_total", "counter", "batched greedy steps whose logits "
 	       "stayed on the backend, counted as each turn ends", (double)s->lazy_logits);
+	metric(o, "kvmem_session_lazy_draws_total", "counter", "tokens drawn at a temperature "
+	       "beside the logits by a batched step (on the GPU), counted as each turn ends",
+	       (double)s->lazy_draws);
 }
 
 const double serve_round_le[SERVE_ROUND_BUCKETS] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
