@@ -421,12 +421,9 @@ sample_sorted_kernel(int32_t *token, uint32_t *keys, const int *ids, int k, uint
  * value taken: the host advances its own copy); -1 where the host is to
  * draw (a row of -1 already, or one whose every logit is banned). Three
  * kernels: the banned ids put to -inf in the pass's own rows; the rows of a
- * top-k of 1024 or less as sample_small_kernel draws; the rest by a stable
- * sort of only their keys that can weigh (within KVMEM_DRAW_CUT T of the
- * best: draw_fixed.h), a block a row, DRAW_GROUP rows a launch (their
- * scratch, 24 bytes a logit a row).
+ * top-k of 1024 or less as sample_small_kernel draws; the rest by narrowing
+ * ranges of their rank keys (draw_desc_rows_kernel), a block a row.
  */
-#define DRAW_GROUP 16
 
 __device__ __forceinline__ int draw_k(const kvmem_draw_spec *d, int vocab)
 {
@@ -465,29 +462,329 @@ draw_small_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem
 		   d->top_p, &s_rng, &out[blockIdx.x], true);
 }
 
-__global__ void __launch_bounds__(SORT_THREADS)
-draw_sort_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_draw_spec *specs,
-		      int r0, char *scratch)
+/*
+ * A row with no top-k of 1024 or less, without sorting it: the rank
+ * positions a draw needs (the top-k's last, the nucleus's end, the drawn
+ * one) are found by narrowing a range of rank keys, a block a row. At each
+ * level the keys in range go into DESC_BUCKETS buckets, best first, each
+ * with its count and weight sum (draw_fixed.h's integers, in two 64-bit
+ * halves: exact in any order, so shared-memory atomics do); the bucket the
+ * running sum (or count) crosses in is the next range. A range of at most
+ * DESC_SORT keys is sorted in shared memory (key, then id) and walked; one
+ * of many equal keys is found by arithmetic (equal keys weigh the same)
+ * and its id by counting in id order. The answer is the twin's: the same
+ * positions, weights and sums. 1.9 MB of logits read a few times a row,
+ * where sorting them read and wrote 8 passes (6.5 ms for 16 rows, H100).
+ */
+#define DESC_BUCKETS 1024
+#define DESC_SORT 2048
+
+struct desc_row {	/* a row's draw: read by every thread */
+	const float *l;
+	int vocab;
+	uint32_t kcut, best;
+	double top;
+	float temp;
+};
+
+struct desc_shared {
+	unsigned int cnt[DESC_BUCKETS];
+	unsigned long long hi[DESC_BUCKETS], lo[DESC_BUCKETS];	/* W >> 32, W & (2^32 - 1) */
+	unsigned long long buf[DESC_SORT];	/* (~key << 32 | id), sorted */
+	unsigned long long plo[SORT_THREADS], phi[SORT_THREADS];
+	unsigned long long r_lo, r_hi;		/* a result's sum */
+	uint32_t r_key;
+	int r_id, r_at, n_buf;
+};
+
+__device__ __forceinline__ uint64_t desc_weight(const desc_row &r, uint32_t key)
 {
+	return kvmem_draw_weight_of(kvmem_draw_x(key_value(key), r.top, r.temp));
+}
+
+/* Exclusive sums over the block's threads of v, in the shared pair arrays;
+ * returns the thread's base, *total the whole. */
+__device__ kvmem_u128 desc_scan(desc_shared *sh, kvmem_u128 v, kvmem_u128 *total)
+{
+	kvmem_u128 base;
+
+	sh->plo[threadIdx.x] = v.lo;
+	sh->phi[threadIdx.x] = v.hi;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		kvmem_u128 at = { 0, 0 };
+
+		for (int t = 0; t < (int)blockDim.x; t++) {
+			const kvmem_u128 x = { sh->plo[t], sh->phi[t] };
+
+			sh->plo[t] = at.lo;
+			sh->phi[t] = at.hi;
+			at = kvmem_u128_add(at, x);
+		}
+		sh->r_lo = at.lo;
+		sh->r_hi = at.hi;
+	}
+	__syncthreads();
+	base.lo = sh->plo[threadIdx.x];
+	base.hi = sh->phi[threadIdx.x];
+	total->lo = sh->r_lo;
+	total->hi = sh->r_hi;
+	__syncthreads();	/* plo, r_lo free again */
+	return base;
+}
+
+/* Whether a position with running sum c (inclusive) at count pos is the one
+ * sought: by count (kk >= 0: position kk) or by sum (the first whose sum
+ * passes thr). */
+__device__ __forceinline__ bool desc_hit(kvmem_u128 c, long long pos, long long kk, kvmem_u128 thr)
+{
+	return kk >= 0 ? pos >= kk : kvmem_u128_lt(thr, c);
+}
+
+/*
+ * The rank position sought among the row's candidates (keys in
+ * [kcut, best]): by count (kk >= 0: the position kk) or by weight (kk < 0:
+ * the first whose running sum passes thr). Every thread returns with
+ * sh->r_key, r_id and r_lo/r_hi (the running sum up to it, inclusive).
+ */
+__device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvmem_u128 thr, int m)
+{
+	__shared__ uint32_t s_klo, s_khi;
+	__shared__ unsigned long long s_blo, s_bhi;	/* the sum before the range */
+	__shared__ long long s_before;			/* the count before it */
+	__shared__ int s_m, s_b;
+	const int tid = threadIdx.x, nt = blockDim.x;
+
+	if (tid == 0) {
+		s_klo = r.kcut;
+		s_khi = r.best;
+		s_blo = s_bhi = 0;
+		s_before = 0;
+		s_m = m;
+	}
+	__syncthreads();
+	for (;;) {
+		const uint32_t klo = s_klo, khi = s_khi;
+		const kvmem_u128 before = { s_blo, s_bhi };
+		const long long cbefore = s_before;
+		const int members = s_m;
+
+		if (members <= DESC_SORT) {	/* sort the range's keys and walk them */
+			kvmem_u128 run = { 0, 0 }, base, total, c;
+			const int per = DESC_SORT / SORT_THREADS;
+
+			for (int i = tid; i < DESC_SORT; i += nt)
+				sh->buf[i] = ~0ull;
+			if (tid == 0)
+				sh->n_buf = 0;
+			__syncthreads();
+			for (int i = tid; i < r.vocab; i += nt) {
+				const uint32_t k = rank_key(r.l[i]);
+
+				if (k >= klo && k <= khi)
+					sh->buf[atomicAdd(&sh->n_buf, 1)] =
+						((unsigned long long)~k << 32) | (uint32_t)i;
+			}
+			for (int size = 2; size <= DESC_SORT; size <<= 1)
+				for (int stride = size >> 1; stride > 0; stride >>= 1) {
+					__syncthreads();
+					for (int p = tid; p < DESC_SORT / 2; p += nt) {
+						const int i = 2 * stride * (p / stride) + p % stride, j = i + stride;
+						const unsigned long long x = sh->buf[i], y = sh->buf[j];
+
+						if (((i & size) == 0) == (x > y)) {
+							sh->buf[i] = y;
+							sh->buf[j] = x;
+						}
+					}
+				}
+			__syncthreads();
+			for (int q = 0; q < per; q++) {
+				const int at = tid * per + q;
+
+				if (at < members)
+					run = kvmem_u128_add64(run, desc_weight(r, ~(uint32_t)(sh->buf[at] >> 32)));
+			}
+			if (tid == 0)
+				sh->r_at = members - 1;
+			base = desc_scan(sh, run, &total);	/* synchronises: r_at set */
+			c = kvmem_u128_add(before, base);
+			for (int q = 0; q < per; q++) {
+				const int at = tid * per + q;
+
+				if (at >= members)
+					break;
+				c = kvmem_u128_add64(c, desc_weight(r, ~(uint32_t)(sh->buf[at] >> 32)));
+				if (desc_hit(c, cbefore + at, kk, thr)) {
+					atomicMin(&sh->r_at, at);
+					break;
+				}
+			}
+			__syncthreads();
+			if (tid == sh->r_at / per) {	/* its owner: the sum up to it */
+				const int at = sh->r_at;
+
+				c = kvmem_u128_add(before, base);
+				for (int q = tid * per; q <= at; q++)
+					c = kvmem_u128_add64(c, desc_weight(r, ~(uint32_t)(sh->buf[q] >> 32)));
+				sh->r_lo = c.lo;
+				sh->r_hi = c.hi;
+				sh->r_key = ~(uint32_t)(sh->buf[at] >> 32);
+				sh->r_id = (int)(uint32_t)sh->buf[at];
+			}
+			__syncthreads();
+			return;
+		}
+		if (klo == khi) {	/* many equal keys: arithmetic, then the id */
+			__shared__ long long s_j;
+			const uint64_t w = desc_weight(r, klo);
+			int mine = 0, at;
+
+			if (tid == 0) {
+				long long j;
+
+				if (kk >= 0) {
+					j = kk - cbefore;
+				} else {	/* the largest j with before + j w <= thr */
+					long long lo = 0, hi = members - 1;
+
+					while (lo < hi) {
+						const long long mid = (lo + hi + 1) / 2;
+						const kvmem_u128 x = kvmem_u128_add(
+							before, kvmem_u128_mul64((kvmem_u128){ (uint64_t)mid, 0 }, w));
+
+						if (kvmem_u128_lt(thr, x))
+							hi = mid - 1;
+						else
+							lo = mid;
+					}
+					j = lo;
+				}
+				s_j = j;
+				{
+					const kvmem_u128 c = kvmem_u128_add(
+						before, kvmem_u128_mul64((kvmem_u128){ (uint64_t)(j + 1), 0 }, w));
+
+					sh->r_lo = c.lo;
+					sh->r_hi = c.hi;
+				}
+				sh->r_key = klo;
+			}
+			/* the j-th id holding the key, in id order: a run a thread */
+			{
+				const int chunk = (r.vocab + nt - 1) / nt, lo = min(r.vocab, tid * chunk),
+					  hi = min(r.vocab, lo + chunk);
+
+				for (int i = lo; i < hi; i++)
+					mine += rank_key(r.l[i]) == klo;
+				at = block_exclusive_scan<int>(mine, NULL);	/* synchronises: s_j */
+				if (at <= s_j && s_j < at + mine)
+					for (int i = lo; i < hi; i++)
+						if (rank_key(r.l[i]) == klo && at++ == s_j) {
+							sh->r_id = i;
+							break;
+						}
+			}
+			__syncthreads();
+			return;
+		}
+		/* A level: the range's keys into buckets, best first. */
+		{
+			const unsigned long long R = (unsigned long long)(khi - klo) + 1;
+			kvmem_u128 run = { 0, 0 }, base, total, c;
+			long long cnt_run = 0, cnt_base;
+			const int per = DESC_BUCKETS / SORT_THREADS;
+
+			for (int b = tid; b < DESC_BUCKETS; b += nt) {
+				sh->cnt[b] = 0;
+				sh->hi[b] = sh->lo[b] = 0;
+			}
+			if (tid == 0)
+				s_b = DESC_BUCKETS - 1;
+			__syncthreads();
+			for (int i = tid; i < r.vocab; i += nt) {
+				const uint32_t k = rank_key(r.l[i]);
+
+				if (k >= klo && k <= khi) {
+					const int b = (int)((unsigned long long)(khi - k) * DESC_BUCKETS / R);
+					const uint64_t w = desc_weight(r, k);
+
+					atomicAdd(&sh->cnt[b], 1u);
+					if (w) {
+						atomicAdd(&sh->hi[b], (unsigned long long)(w >> 32));
+						atomicAdd(&sh->lo[b], (unsigned long long)(w & 0xffffffffu));
+					}
+				}
+			}
+			__syncthreads();
+			for (int q = 0; q < per; q++) {
+				const int b = tid * per + q;
+
+				run = kvmem_u128_add(run, kvmem_u128_add64(
+					kvmem_u128_shr((kvmem_u128){ 0, sh->hi[b] }, 32), sh->lo[b]));
+				cnt_run += sh->cnt[b];
+			}
+			cnt_base = block_exclusive_scan<long long>(cnt_run, NULL);
+			base = desc_scan(sh, run, &total);
+			c = kvmem_u128_add(before, base);
+			{
+				long long n = cbefore + cnt_base;
+
+				for (int q = 0; q < per; q++) {
+					const int b = tid * per + q;
+
+					c = kvmem_u128_add(c, kvmem_u128_add64(
+						kvmem_u128_shr((kvmem_u128){ 0, sh->hi[b] }, 32), sh->lo[b]));
+					n += sh->cnt[b];
+					if (sh->cnt[b] && desc_hit(c, n - 1, kk, thr)) {
+						atomicMin(&s_b, b);
+						break;
+					}
+				}
+			}
+			__syncthreads();
+			if (tid == s_b / per) {	/* its owner: the range and what comes before it */
+				const int bb = s_b;
+				long long n = cbefore + cnt_base;
+
+				c = kvmem_u128_add(before, base);
+				for (int q = tid * per; q < bb; q++) {
+					c = kvmem_u128_add(c, kvmem_u128_add64(
+						kvmem_u128_shr((kvmem_u128){ 0, sh->hi[q] }, 32), sh->lo[q]));
+					n += sh->cnt[q];
+				}
+				s_blo = c.lo;
+				s_bhi = c.hi;
+				s_before = n;
+				s_m = (int)sh->cnt[bb];
+				/* bucket bb: khi - k in [ceil(bb R / B), ceil((bb + 1) R / B) - 1] */
+				s_khi = khi - (uint32_t)((bb * R + DESC_BUCKETS - 1) / DESC_BUCKETS);
+				s_klo = khi - (uint32_t)(((bb + 1) * R + DESC_BUCKETS - 1) / DESC_BUCKETS - 1);
+			}
+			__syncthreads();
+		}
+	}
+}
+
+__global__ void __launch_bounds__(SORT_THREADS)
+draw_desc_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_draw_spec *specs)
+{
+	__shared__ desc_shared sh;
 	__shared__ uint32_t s_best[SORT_THREADS / 32];
-	__shared__ int s_m;
-	const int row = r0 + blockIdx.x, tid = threadIdx.x;
+	const int row = blockIdx.x, tid = threadIdx.x;
 	const kvmem_draw_spec *d = &specs[row];
-	const float *l = logits + (size_t)row * vocab;
-	const size_t v4 = ((size_t)vocab * 4 + 255) & ~(size_t)255;
-	char *b = scratch + (size_t)blockIdx.x * (4 * v4 + (size_t)vocab * 8);
-	uint32_t *ka = (uint32_t *)b, *kb = (uint32_t *)(b + 2 * v4);
-	int *ia = (int *)(b + v4), *ib = (int *)(b + 3 * v4);
-	uint64_t *w = (uint64_t *)(b + 4 * v4);
-	const int chunk = (vocab + SORT_THREADS - 1) / SORT_THREADS;
-	const int lo = min(vocab, tid * chunk), hi = min(vocab, lo + chunk);
-	uint32_t best = 0, kcut = 0;
-	int mine = 0, at;
+	desc_row r;
+	uint32_t best = 0;
+	int mine = 0, m;
+	kvmem_u128 run = { 0, 0 }, sum;
 
 	if (!(d->temperature > 0.0f) || draw_small(d, vocab) || out[row] < 0)
 		return;
-	for (int i = lo; i < hi; i++)
-		best = max(best, rank_key(l[i]));
+	r.l = logits + (size_t)row * vocab;
+	r.vocab = vocab;
+	r.temp = d->temperature;
+	for (int i = tid; i < vocab; i += SORT_THREADS)
+		best = max(best, rank_key(r.l[i]));
 	for (int o = 16; o > 0; o >>= 1)
 		best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
 	if ((tid & 31) == 0)
@@ -495,45 +792,64 @@ draw_sort_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_
 	__syncthreads();
 	for (int j = 0; j < SORT_THREADS / 32; j++)
 		best = max(best, s_best[j]);
-	const double top = key_value(best);
-
-	if (!isfinite(top)) {	/* every logit banned (or -inf): the host draws */
+	r.best = best;
+	r.top = key_value(best);
+	if (!isfinite(r.top)) {	/* every logit banned (or -inf): the host draws */
 		if (tid == 0)
 			out[row] = -1;
 		return;
 	}
+	r.kcut = 0;
 	{	/* keys at least the cut's: logits at least cf (kvmem_sample's cut) */
-		const double cf = top + KVMEM_DRAW_CUT * (double)d->temperature;
+		const double cf = r.top + KVMEM_DRAW_CUT * (double)d->temperature;
 
 		if (cf > -FLT_MAX) {
 			float f = (float)cf;
 
 			if ((double)f > cf)
 				f = nextafterf(f, -INFINITY);
-			kcut = rank_key(f);
+			r.kcut = rank_key(f);
 		}
 	}
-	/* The keys that can weigh, in id order (a run a thread), as the
-	 * sort's descending keys. */
-	for (int i = lo; i < hi; i++)
-		mine += rank_key(l[i]) >= kcut;
-	at = block_exclusive_scan<int>(mine, &s_m);
-	for (int i = lo; i < hi; i++) {
-		const uint32_t k = rank_key(l[i]);
+	/* The candidates and their sum. */
+	for (int i = tid; i < vocab; i += SORT_THREADS) {
+		const uint32_t k = rank_key(r.l[i]);
 
-		if (k >= kcut) {
-			ka[at] = ~k;
-			ia[at++] = i;
+		if (k >= r.kcut) {
+			mine++;
+			run = kvmem_u128_add64(run, desc_weight(r, k));
 		}
 	}
-	__syncthreads();
-	const int m = s_m, n = min(draw_k(d, vocab), m);
+	(void)block_exclusive_scan<int>(mine, &m);
+	(void)desc_scan(&sh, run, &sum);
+	{
+		const int k = draw_k(d, vocab);
+		const kvmem_u128 none = { 0, 0 };
 
-	block_sort_keys(ka, ia, kb, ib, m);
-	for (int i = tid; i < n; i += blockDim.x)
-		ka[i] = ~ka[i];	/* back to rank keys, best first */
-	__syncthreads();
-	finish_draw<SORT_THREADS>(ka, ia, n, w, d->temperature, d->top_p, mix64(d->rng + GOLDEN) >> 11, &out[row]);
+		if (k < m) {	/* the k best: the sum up to the k-th */
+			desc_find(r, &sh, k - 1, none, m);
+			sum.lo = sh.r_lo;
+			sum.hi = sh.r_hi;
+		}
+		if (kvmem_draw_has_top_p(d->top_p)) {
+			const kvmem_u128 bar = kvmem_draw_bar(sum, d->top_p);
+
+			if (bar.lo == 0 && bar.hi == 0) {	/* the best alone */
+				desc_find(r, &sh, 0, none, m);
+			} else {	/* the first whose sum reaches bar: passes bar - 1 */
+				kvmem_u128 b1 = bar;
+
+				b1.hi -= b1.lo == 0;
+				b1.lo -= 1;
+				desc_find(r, &sh, -1, b1, m);
+			}
+			sum.lo = sh.r_lo;
+			sum.hi = sh.r_hi;
+		}
+		desc_find(r, &sh, -1, kvmem_draw_target(sum, mix64(d->rng + GOLDEN) >> 11), m);
+		if (tid == 0)
+			out[row] = sh.r_id;
+	}
 }
 
 extern "C" int kvmem_cuda_draw_rows(kvmem_cuda_ctx *c, int32_t *out, float *logits, int n,
@@ -554,19 +870,9 @@ extern "C" int kvmem_cuda_draw_rows(kvmem_cuda_ctx *c, int32_t *out, float *logi
 			return rc;
 	}
 	if (sorted) {
-		const size_t v4 = kvmem_align_up((size_t)vocab * 4, 256);
-		const size_t row = 4 * v4 + (size_t)vocab * 8;
-		const int g = n < DRAW_GROUP ? n : DRAW_GROUP;
-		void *p;
-
-		if ((rc = kvmem_cuda_scratch(c, (size_t)g * row, &p)))
-			return kvmem_error_prefix("draw rows");
-		for (int r0 = 0; r0 < n; r0 += g) {
-			draw_sort_rows_kernel<<<n - r0 < g ? n - r0 : g, SORT_THREADS, 0, c->stream>>>(
-				out, logits, vocab, specs, r0, (char *)p);
-			if ((rc = kvmem_cuda_launched("draw rows")))
-				return rc;
-		}
+		draw_desc_rows_kernel<<<n, SORT_THREADS, 0, c->stream>>>(out, logits, vocab, specs);
+		if ((rc = kvmem_cuda_launched("draw rows")))
+			return rc;
 	}
 	return 0;
 }

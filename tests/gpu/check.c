@@ -621,8 +621,9 @@ static void check_argmax_rows(void)
  * kvmem_cuda_argmax_rows as the cuda backend runs them) against the twin,
  * kvmem_sample over each row with its banned ids at -inf, from a copy of
  * the row's random state (and kvmem_sample_spec, the cpu backend's form): every top-k path (none, past 1024, 1024 and
- * less), top-p from none to 1e-6, ties, -0 beside +0, NaN rows (-1, left
- * for the host), greedy rows among them (the argmax's), stops banned.
+ * less), top-p from none to 1e-6, ties, every logit equal, a peaked row,
+ * -0 beside +0, NaN rows (-1, left for the host), greedy rows among them
+ * (the argmax's), stops banned.
  */
 static void check_draw_rows(void)
 {
@@ -659,6 +660,15 @@ static void check_draw_rows(void)
 			if (kind == 4) {
 				row[rint_in(0, vocab / 2)] = -0.0f;
 				row[rint_in(vocab / 2 + 1, vocab - 1)] = 0.0f;
+			}
+			if (kind == 6)	/* one value: every key equal */
+				for (int j = 0; j < vocab; j++)
+					row[j] = 0.5f;
+			if (i % 11 == 10) {	/* peaked: a few ids far above a mass */
+				for (int j = 0; j < vocab; j++)
+					row[j] = (float)(-20 + runi(-1, 1));
+				for (int j = 0; j < 5; j++)
+					row[rint_in(0, vocab - 1)] = (float)runi(2, 4);
 			}
 			spec[i] = (kvmem_draw_spec){ .temperature = i % 9 == 8 ? 0.0f : (float)runi(0.3, 1.5),
 						     .top_k = ks[i % 6], .top_p = ps[(i / 6 + r) % 6],

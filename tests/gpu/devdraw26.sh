@@ -3,7 +3,8 @@
 # beside the logits (kvmem_cuda_draw_rows; kernels/draw_fixed.h's integer
 # weights, so the token is kvmem_sample's) against the host draws they
 # replace, in the same call. The check program's draws against their twin
-# and the batch invariance on cuda first; then kvmem serve at the 8B
+# (compute-sanitizer's memcheck and racecheck over them) and the batch
+# invariance on cuda first; then kvmem serve at the 8B
 # geometry (fp8 views) on its own, loaded by bench serve --url: one client
 # and 16 closed-loop clients, greedy (the peer: a draw that costs nothing)
 # and sampled at T 0.8; then the same sampled loads with
@@ -16,6 +17,7 @@ OUT=${1:?usage: tests/gpu/devdraw26.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
 gpu_begin devdraw26 560 "${2:-}"
 gpu_check 90 sample.log --sample
+gpu_sanitize --quick --sample
 gpu_unit test_ws_batch 150
 port=8393
 serve() { # name, then env assignments
