@@ -581,9 +581,12 @@ __device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvme
 			for (int i = tid; i < r.vocab; i += nt) {
 				const uint32_t k = rank_key(r.l[i]);
 
-				if (k >= klo && k <= khi)
-					sh->buf[atomicAdd(&sh->n_buf, 1)] =
-						((unsigned long long)~k << 32) | (uint32_t)i;
+				if (k >= klo && k <= khi) {
+					const int at = atomicAdd(&sh->n_buf, 1);
+
+					if (at < DESC_SORT)	/* always: members <= DESC_SORT */
+						sh->buf[at] = ((unsigned long long)~k << 32) | (uint32_t)i;
+				}
 			}
 			for (int size = 2; size <= DESC_SORT; size <<= 1)
 				for (int stride = size >> 1; stride > 0; stride >>= 1) {

@@ -81,6 +81,18 @@ static int pb_enabled(void)
 	return pb_on;
 }
 
+/* Whether switch variable var is set to 0 (read once, into *cache: -1
+ * until then). */
+static int switched_off(const char *var, int *cache)
+{
+	if (*cache < 0) {
+		const char *e = getenv(var);
+
+		*cache = e && !strcmp(e, "0");
+	}
+	return *cache;
+}
+
 /*
  * KVMEM_SESSION_LAZY_LOGITS=0 (read at the first batch): every batched
  * decode step brings each item's logits to the host, as before 2026-12-06,
@@ -89,16 +101,11 @@ static int pb_enabled(void)
  * the 39 MB of logits: their copy down, out of the pinned buffer and the
  * draws' pass over them; issue #26).
  */
-static int lazy_logits = -1;
-
 static int lazy_off(void)
 {
-	if (lazy_logits < 0) {
-		const char *e = getenv("KVMEM_SESSION_LAZY_LOGITS");
+	static int off = -1;
 
-		lazy_logits = !(e && !strcmp(e, "0"));
-	}
-	return !lazy_logits;
+	return switched_off("KVMEM_SESSION_LAZY_LOGITS", &off);
 }
 
 /*
@@ -107,16 +114,11 @@ static int lazy_off(void)
  * device's draw is kvmem_sample's, kernels/draw_fixed.h), for a benchmark's
  * other side.
  */
-static int device_draw = -1;
-
 static int draw_off(void)
 {
-	if (device_draw < 0) {
-		const char *e = getenv("KVMEM_SESSION_DEVICE_DRAW");
+	static int off = -1;
 
-		device_draw = !(e && !strcmp(e, "0"));
-	}
-	return !device_draw;
+	return switched_off("KVMEM_SESSION_DEVICE_DRAW", &off);
 }
 
 /* Items on the stack up to this many; a larger batch allocates. */
