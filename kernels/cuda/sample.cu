@@ -485,7 +485,19 @@ struct desc_row {	/* a row's draw: read by every thread */
 	uint32_t kcut, best;
 	double top;
 	float temp;
+	double xspan;	/* -x of the lowest candidate: the first level's span */
 };
+
+/* The first level's bucket of a candidate by its x, not its key's bits: a
+ * row's logits share few exponents, so buckets of key bits put most of them
+ * in a few buckets, whose atomics then wait on each other. Monotone in the
+ * key (x is), which is all a level needs. */
+__device__ __forceinline__ int desc_xbucket(double x, double span)
+{
+	const double b = -x * (DESC_BUCKETS / span);
+
+	return b < DESC_BUCKETS - 1 ? (int)b : DESC_BUCKETS - 1;
+}
 
 struct desc_shared {
 	unsigned int cnt[DESC_BUCKETS];
@@ -553,7 +565,9 @@ __device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvme
 	__shared__ unsigned long long s_blo, s_bhi;	/* the sum before the range */
 	__shared__ long long s_before;			/* the count before it */
 	__shared__ int s_m, s_b;
+	__shared__ uint32_t s_wmin[SORT_THREADS / 32], s_wmax[SORT_THREADS / 32];
 	const int tid = threadIdx.x, nt = blockDim.x;
+	bool by_x = r.xspan > 0.0 && isfinite(r.xspan);	/* the first level's way */
 
 	if (tid == 0) {
 		s_klo = r.kcut;
@@ -709,8 +723,10 @@ __device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvme
 				const uint32_t k = rank_key(r.l[i]);
 
 				if (k >= klo && k <= khi) {
-					const int b = (int)((unsigned long long)(khi - k) * DESC_BUCKETS / R);
-					const uint64_t w = desc_weight(r, k);
+					const double x = kvmem_draw_x(key_value(k), r.top, r.temp);
+					const int b = by_x ? desc_xbucket(x, r.xspan)
+							   : (int)((unsigned long long)(khi - k) * DESC_BUCKETS / R);
+					const uint64_t w = kvmem_draw_weight_of(x);
 
 					atomicAdd(&sh->cnt[b], 1u);
 					if (w) {
@@ -765,6 +781,39 @@ __device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvme
 				s_klo = khi - (uint32_t)(((bb + 1) * R + DESC_BUCKETS - 1) / DESC_BUCKETS - 1);
 			}
 			__syncthreads();
+			if (by_x) {	/* bucket s_b's keys: from its lowest to its highest */
+				const int bb = s_b;
+				uint32_t lo = 0xffffffffu, hi = 0;
+
+				for (int i = tid; i < r.vocab; i += nt) {
+					const uint32_t k = rank_key(r.l[i]);
+
+					if (k >= klo && k <= khi &&
+					    desc_xbucket(kvmem_draw_x(key_value(k), r.top, r.temp), r.xspan) == bb) {
+						lo = min(lo, k);
+						hi = max(hi, k);
+					}
+				}
+				for (int o = 16; o > 0; o >>= 1) {
+					lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+					hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+				}
+				if ((tid & 31) == 0) {
+					s_wmin[tid >> 5] = lo;
+					s_wmax[tid >> 5] = hi;
+				}
+				__syncthreads();
+				if (tid == 0) {
+					for (int w = 1; w < nt / 32; w++) {
+						lo = min(lo, s_wmin[w]);
+						hi = max(hi, s_wmax[w]);
+					}
+					s_klo = s_wmin[0] < lo ? s_wmin[0] : lo;
+					s_khi = s_wmax[0] > hi ? s_wmax[0] : hi;
+				}
+				by_x = false;
+				__syncthreads();
+			}
 		}
 	}
 }
@@ -814,14 +863,28 @@ draw_desc_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_
 			r.kcut = rank_key(f);
 		}
 	}
-	/* The candidates and their sum. */
-	for (int i = tid; i < vocab; i += SORT_THREADS) {
-		const uint32_t k = rank_key(r.l[i]);
+	/* The candidates, their sum and the lowest of them. */
+	{
+		uint32_t low = 0xffffffffu;
 
-		if (k >= r.kcut) {
-			mine++;
-			run = kvmem_u128_add64(run, desc_weight(r, k));
+		for (int i = tid; i < vocab; i += SORT_THREADS) {
+			const uint32_t k = rank_key(r.l[i]);
+
+			if (k >= r.kcut) {
+				mine++;
+				run = kvmem_u128_add64(run, desc_weight(r, k));
+				low = min(low, k);
+			}
 		}
+		for (int o = 16; o > 0; o >>= 1)
+			low = min(low, __shfl_xor_sync(0xffffffffu, low, o));
+		__syncthreads();	/* s_best read by every thread above */
+		if ((tid & 31) == 0)
+			s_best[tid >> 5] = low;
+		__syncthreads();
+		for (int j = 0; j < SORT_THREADS / 32; j++)
+			low = min(low, s_best[j]);
+		r.xspan = -kvmem_draw_x(key_value(low), r.top, r.temp);
 	}
 	(void)block_exclusive_scan<int>(mine, &m);
 	(void)desc_scan(&sh, run, &sum);
