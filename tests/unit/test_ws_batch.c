@@ -622,6 +622,22 @@ static void test_batch_failures(void **state)
 	expect_same(&ps[3], 3, 2, 1);
 	assert_int_equal(kvmem_session_decode_batch(ds, -1, NULL, out, rc), -EINVAL);
 	assert_int_equal(kvmem_session_decode_batch(ds, 0, NULL, out, rc), 0);
+	/* A draw's options that make no sense: an error naming them, nothing
+	 * drawn (the state stays). */
+	{
+		const kvmem_sampler hot = { .temperature = 0.9f };
+		uint64_t st = 7;
+
+		assert_int_equal(kvmem_session_draw_with(ps[0].s, &hot,
+							 &(kvmem_draw_opts){ .rng = &st, .n_banned = 2 },
+							 &tok[2]), -EINVAL);
+		assert_non_null(strstr(kvmem_last_error(), "banned"));
+		assert_int_equal(kvmem_session_draw_with(ps[0].s, &hot,
+							 &(kvmem_draw_opts){ .rng = &st, .n_banned = -1 },
+							 &tok[2]), -EINVAL);
+		assert_int_equal(st, 7);
+		assert_int_equal(kvmem_session_draw_with(ps[0].s, &hot, NULL, NULL), -EINVAL);
+	}
 	/* Enough sessions that the draws run on several threads (batch.c's
 	 * PAR_DRAWS): the failures (the last four, never the calling thread's
 	 * share alone) still fail alone, each with its code, and the message

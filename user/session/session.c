@@ -774,9 +774,8 @@ static void plan_next(kvmem_session *s, const kvmem_sampler *smp, uint64_t rng,
 }
 
 /* kvmem_sample over the last logits (on the host now) with the banned ids
- * at -inf: a copy in q_raw's place would do, but the logits are the
- * session's own buffer, refilled by the next forward: masked in place and
- * put back. */
+ * at -inf: set in place and put back after (the session's own buffer; a
+ * copy only for more ids than a device draw takes). */
 static int host_draw(kvmem_session *s, const kvmem_sampler *smp, uint64_t *rng,
 		     const int32_t *banned, int n_banned)
 {
@@ -814,8 +813,8 @@ int ws_sample_with(kvmem_session *s, const kvmem_sampler *smp, const kvmem_draw_
 {
 	static const kvmem_sampler greedy = { 0 };
 	uint64_t *rng = o && o->rng ? o->rng : &s->rng;
-	const int32_t *banned = o && o->n_banned > 0 ? o->banned : NULL;
-	const int n_banned = banned ? o->n_banned : 0;
+	const int n_banned = o && o->n_banned > 0 ? o->n_banned : 0;
+	const int32_t *banned = n_banned ? o->banned : NULL;
 	int32_t tok;
 	int v;
 
