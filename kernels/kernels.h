@@ -157,6 +157,12 @@ void kvmem_sample_weights(double *x, int n);
  * (tests): 0, -ENOTSUP when the CPU lacks it, -EINVAL for another width. */
 int kvmem_sample_weight_use(int width);
 
+/* kvmem_sample with the ids banned[0..n_banned) never drawn: set to -inf in
+ * logits for the draw and put back (a copy past KVMEM_DRAW_BANNED_MAX ids),
+ * so the caller's logits end as they were. kvmem_sample's result: when every
+ * logit is -inf or banned, its first candidate (a banned or -inf id). */
+int kvmem_sample_without(float *logits, int vocab, const kvmem_sampler *s, uint64_t *rng,
+			 const int32_t *banned, int n_banned);
 /* A batched step's draw at a temperature for one row (kvmem_fwd_item.draw;
  * the twin of kvmem_cuda_draw_rows): kvmem_sample over logits with d's
  * banned ids at -inf (set there and put back), from a copy of d->rng; -1

@@ -584,26 +584,52 @@ int kvmem_sample(const float *logits, int vocab, const kvmem_sampler *s, uint64_
 	return idx[kvmem_draw_place(w->w, n, s->top_p, draw_bits(rng))];
 }
 
+int kvmem_sample_without(float *logits, int vocab, const kvmem_sampler *s, uint64_t *rng,
+			 const int32_t *banned, int n_banned)
+{
+	float keep[KVMEM_DRAW_BANNED_MAX];
+	int tok, n = 0;
+
+	if (n_banned > KVMEM_DRAW_BANNED_MAX) {	/* rare: many stops; a copy */
+		float *m = malloc(sizeof(float) * (size_t)vocab);
+
+		if (!m)
+			return -ENOMEM;
+		memcpy(m, logits, sizeof(float) * (size_t)vocab);
+		for (int i = 0; i < n_banned; i++)
+			if (banned[i] >= 0 && banned[i] < vocab)
+				m[banned[i]] = -INFINITY;
+		tok = kvmem_sample(m, vocab, s, rng);
+		free(m);
+		return tok;
+	}
+	for (int i = 0; i < n_banned; i++)
+		if (banned[i] >= 0 && banned[i] < vocab) {
+			keep[n++] = logits[banned[i]];
+			logits[banned[i]] = -INFINITY;
+		}
+	tok = kvmem_sample(logits, vocab, s, rng);
+	for (int i = n_banned - 1; i >= 0; i--)	/* last first: a repeated id ends as it was */
+		if (banned[i] >= 0 && banned[i] < vocab)
+			logits[banned[i]] = keep[--n];
+	return tok;
+}
+
 int kvmem_sample_spec(float *logits, int vocab, const kvmem_draw_spec *d)
 {
 	const kvmem_sampler s = { .temperature = d->temperature, .top_k = d->top_k,
 				  .top_p = d->top_p };
-	float keep[KVMEM_DRAW_BANNED_MAX];
 	uint64_t rng = d->rng;
 	int bad, n = d->n_banned < KVMEM_DRAW_BANNED_MAX ? d->n_banned : KVMEM_DRAW_BANNED_MAX;
 	int tok;
 
 	if (kvmem_argmax_finite(logits, vocab, &bad) < 0)
 		return -1;
+	tok = kvmem_sample_without(logits, vocab, &s, &rng, d->banned, n);
+	if (tok < 0 || logits[tok] == -INFINITY)	/* every one -inf or banned: the first */
+		return -1;
 	for (int i = 0; i < n; i++)
-		if (d->banned[i] >= 0 && d->banned[i] < vocab) {
-			keep[i] = logits[d->banned[i]];
-			logits[d->banned[i]] = -INFINITY;
-		}
-	tok = argmax(logits, vocab);
-	tok = logits[tok] == -INFINITY ? -1 : kvmem_sample(logits, vocab, &s, &rng);
-	for (int i = n - 1; i >= 0; i--)	/* last first: a repeated id ends as it was */
-		if (d->banned[i] >= 0 && d->banned[i] < vocab)
-			logits[d->banned[i]] = keep[i];
-	return tok < 0 ? -1 : tok;
+		if (d->banned[i] == tok)
+			return -1;
+	return tok;
 }

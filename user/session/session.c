@@ -773,41 +773,6 @@ static void plan_next(kvmem_session *s, const kvmem_sampler *smp, uint64_t rng,
 		memcpy(s->next_draw.banned, banned, sizeof(*banned) * (size_t)n_banned);
 }
 
-/* kvmem_sample over the last logits (on the host now) with the banned ids
- * at -inf: set in place and put back after (the session's own buffer; a
- * copy only for more ids than a device draw takes). */
-static int host_draw(kvmem_session *s, const kvmem_sampler *smp, uint64_t *rng,
-		     const int32_t *banned, int n_banned)
-{
-	float keep[KVMEM_DRAW_BANNED_MAX], *l = s->last_logits;
-	int tok, n = 0;
-
-	if (n_banned > KVMEM_DRAW_BANNED_MAX) {	/* rare: many stops; a copy */
-		float *m = malloc(sizeof(float) * (size_t)s->cfg.vocab);
-
-		if (!m)
-			return -ENOMEM;
-		memcpy(m, l, sizeof(float) * (size_t)s->cfg.vocab);
-		for (int i = 0; i < n_banned; i++)
-			if (banned[i] >= 0 && banned[i] < s->cfg.vocab)
-				m[banned[i]] = -INFINITY;
-		tok = kvmem_sample(m, s->cfg.vocab, smp, rng);
-		free(m);
-		return tok;
-	}
-	for (int i = 0; i < n_banned; i++)
-		if (banned[i] >= 0 && banned[i] < s->cfg.vocab) {
-			keep[n] = l[banned[i]];
-			l[banned[i]] = -INFINITY;
-			n++;
-		}
-	tok = kvmem_sample(l, s->cfg.vocab, smp, rng);
-	for (int i = n_banned - 1; i >= 0; i--)	/* last first: a repeated id ends as it was */
-		if (banned[i] >= 0 && banned[i] < s->cfg.vocab)
-			l[banned[i]] = keep[--n];
-	return tok;
-}
-
 int ws_sample_with(kvmem_session *s, const kvmem_sampler *smp, const kvmem_draw_opts *o,
 		   int32_t *out)
 {
@@ -863,7 +828,9 @@ host:
 		if (v < 0) {
 			uint64_t spare = *rng;
 
-			tok = host_draw(s, use, smp->temperature > 0.0f ? rng : &spare, banned, n_banned);
+			tok = kvmem_sample_without(s->last_logits, s->cfg.vocab, use,
+						   smp->temperature > 0.0f ? rng : &spare,
+						   banned, n_banned);
 		} else {
 			tok = -1;
 		}
