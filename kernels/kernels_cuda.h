@@ -285,11 +285,12 @@ int kvmem_cuda_argmax_rows(kvmem_cuda_ctx *c, int32_t *out, float *const *dst,
  * each row whose specs[i].temperature > 0 and whose out[i] is not -1; -1
  * where the host must draw (every logit banned). The banned ids' logits
  * are set to -inf in logits ([n][vocab], the pass's own rows). specs: n on
- * the device. small / sorted: whether some row has a top-k of 1024 or less
- * / some row has none or a larger one (the host knows; a kernel each).
+ * the device. small / narrowed: whether some row has a top-k of 1024 or
+ * less (a radix select) / some row has none or a larger one (its rank keys
+ * narrowed: kvmem_cuda_draw_rows's second kernel); the host knows.
  */
 int kvmem_cuda_draw_rows(kvmem_cuda_ctx *c, int32_t *out, float *logits, int n, int vocab,
-			 const kvmem_draw_spec *specs, int small, int sorted);
+			 const kvmem_draw_spec *specs, int small, int narrowed);
 /* token: one int32 on the device; rng: the uint64 RNG state on the device
  * (advanced there, so a captured decode graph samples from it); s: host. */
 int kvmem_cuda_sample_token(kvmem_cuda_ctx *c, int32_t *token, const float *logits, int vocab,

@@ -639,6 +639,32 @@ static int view_logits(struct cuda *b, kvmem_view *v)
 	return 0;
 }
 
+/*
+ * The rows' draws beside their logits ([n][vocab] on the device): each
+ * row's argmax, its logits copied to the view buffer the inputs' dst region
+ * names, the draws at a temperature the draws region asks for, and the n
+ * tokens copied down to host_amax (not waited for). A pass's lazy items and
+ * a lone item after its graph both draw here, so they get the same token.
+ */
+static int draws_down(struct cuda *b, float *logits, int n, int small, int narrowed)
+{
+	struct cuda_fwdb *f = b->fwdb;
+	int rc;
+
+	if ((rc = kvmem_cuda_argmax_rows(b->ctx, f->amax, (float *const *)(f->in + dst_off(b, n)),
+					 logits, n, b->c->vocab)) < 0 ||
+	    (rc = kvmem_cuda_draw_rows(b->ctx, f->amax, logits, n, b->c->vocab,
+				       (const kvmem_draw_spec *)(f->in + draws_off(b, n)), small,
+				       narrowed)) < 0)
+		return rc;
+	if (cudaMemcpyAsync(f->host_amax, f->amax, (size_t)n * sizeof(int32_t),
+			    cudaMemcpyDeviceToHost, kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
+		cudaGetLastError();
+		return kvmem_error(EIO, "copying the draws down");
+	}
+	return 0;
+}
+
 /* One pass over n <= max_chunk checked items. */
 static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 {
@@ -651,7 +677,7 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	kvmem_fp8_put_view *pv;
 	float **dst;
 	kvmem_draw_spec *draws;
-	int rc, want_out = 0, any_logits = 0, host_logits = 0, lazy = 0, small = 0, sorted = 0;
+	int rc, want_out = 0, any_logits = 0, host_logits = 0, lazy = 0, small = 0, narrowed = 0;
 	uint64_t t0 = kvmem_now_ns(), t1, t2, t3;
 
 	mark(f, b, P_START);
@@ -673,7 +699,7 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 		if (items[i].draw && items[i].draw->temperature > 0.0f) {
 			draws[i] = *items[i].draw;
 			small |= kvmem_draw_top_k_small(draws[i].top_k, c->vocab);
-			sorted |= !kvmem_draw_top_k_small(draws[i].top_k, c->vocab);
+			narrowed |= !kvmem_draw_top_k_small(draws[i].top_k, c->vocab);
 		}
 	}
 	/* The inputs: ids, positions, one scatter item per item and layer (the
@@ -729,18 +755,8 @@ static int pass_run(struct cuda *b, const kvmem_fwd_item *items, int n)
 	/* The lazy items' greedy draws, their logits kept beside their views:
 	 * only n ints go down for them (a 64-item step of Qwen3's vocabulary
 	 * brought 39 MB of logits down before, and the host read them twice). */
-	if (lazy &&
-	    ((rc = kvmem_cuda_argmax_rows(b->ctx, f->amax, (float *const *)(f->in + dst_off(b, n)),
-					  f->logits, n, c->vocab)) < 0 ||
-	     (rc = kvmem_cuda_draw_rows(b->ctx, f->amax, f->logits, n, c->vocab,
-					(const kvmem_draw_spec *)(f->in + draws_off(b, n)), small,
-					sorted)) < 0 ||
-	     cudaMemcpyAsync(f->host_amax, f->amax, (size_t)n * sizeof(int32_t),
-			     cudaMemcpyDeviceToHost, kvmem_cuda_stream(b->ctx)) != cudaSuccess)) {
-		cudaGetLastError();
-		return rc < 0 ? kvmem_error_prefix("cuda batched forward")
-			      : kvmem_error(EIO, "cuda batched forward: copying the draws down");
-	}
+	if (lazy && (rc = draws_down(b, f->logits, n, small, narrowed)) < 0)
+		return kvmem_error_prefix("cuda batched forward");
 	mark(f, b, P_LOGITS);
 	if (host_logits && cudaMemcpyAsync(f->host_logits, f->logits, (size_t)n * c->vocab * 4,
 					   cudaMemcpyDeviceToHost,
@@ -807,17 +823,8 @@ static int lone_draw(struct cuda *b, const kvmem_fwd_item *it)
 		cudaGetLastError();
 		return kvmem_error(EIO, "cuda forward: copying a draw up");
 	}
-	if ((rc = kvmem_cuda_argmax_rows(b->ctx, f->amax, (float *const *)(f->in + dst_off(b, 1)),
-					 b->logits, 1, vocab)) < 0 ||
-	    (rc = kvmem_cuda_draw_rows(b->ctx, f->amax, b->logits, 1, vocab,
-				       (const kvmem_draw_spec *)(f->in + draws_off(b, 1)), small,
-				       !small)) < 0)
+	if ((rc = draws_down(b, b->logits, 1, small, !small)) < 0)
 		return kvmem_error_prefix("cuda forward: the draw");
-	if (cudaMemcpyAsync(f->host_amax, f->amax, sizeof(int32_t), cudaMemcpyDeviceToHost,
-			    kvmem_cuda_stream(b->ctx)) != cudaSuccess) {
-		cudaGetLastError();
-		return kvmem_error(EIO, "cuda forward: copying the draw down");
-	}
 	if ((rc = kvmem_cuda_sync(b->ctx)) < 0)
 		return kvmem_error_prefix("cuda forward: the draw");
 	v->lg_cur = 1 - v->lg_cur;
