@@ -33,6 +33,18 @@
 #                           (and VAR=V), at most gpu_left N seconds, into
 #                           $log/TEST.log: one pass or failure (a skip when
 #                           under 5 s are left)
+#   gpu_serve NAME PORT [VAR=V...] [-- ARGS...]
+#                           kvmem serve at the 8B geometry on cuda, fp8 views,
+#                           on PORT (data in $log/data-NAME, its output in
+#                           $log/serve-NAME.{out,err}) with the env
+#                           assignments and serve ARGS; srv its pid; waits
+#                           for /health (150 s; a failure and false if not)
+#   gpu_serve_load NAME PORT ARGS...
+#                           bench serve --url on PORT --mode closed ARGS into
+#                           $log/NAME.{out,err}: one pass or failure, its
+#                           summary lines and the /metrics named by
+#                           $gpu_serve_metrics (a regex of names) after it;
+#                           the whole /metrics in $log/NAME.metrics
 #   gpu_done                the "N passed, N failed" line and the exit code
 pass=0 fail=0
 
@@ -272,6 +284,38 @@ gpu_begin() { # name, default seconds, the script's SECONDS argument
 	gpu_setup "$1" build-gpu
 	gpu_need "$K" "$G"
 	export KVMEM_CEILINGS_HELD=0
+}
+
+gpu_serve() { # name, port, then VAR=VALUE assignments, then -- and serve's arguments
+	local name=$1 port=$2 envs=()
+	shift 2
+	while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+	[ "${1:-}" = "--" ] && shift
+	env "${envs[@]}" "$K" serve --preset 8b --backend cuda --kv-dtype fp8 --port "$port" \
+		--data-dir "$log/data-$name" "$@" >"$log/serve-$name.out" 2>"$log/serve-$name.err" &
+	srv=$!
+	for _ in $(seq 150); do
+		curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
+		kill -0 $srv 2>/dev/null || break
+		sleep 1
+	done
+	bad "server $name did not start"
+	tail -5 "$log/serve-$name.err"
+	return 1
+}
+
+gpu_serve_metrics='kvmem_(batch_rounds_total|round_seconds_sum|round_predraws_total|round_predraw_seconds_total|session_lazy_draws_total)'
+
+gpu_serve_load() { # name, port, then bench serve's arguments
+	local name=$1 port=$2
+	shift 2
+	echo "== $name: kvmem bench serve --url ... $*"
+	timeout "$(gpu_left 100)" "$K" bench serve --url "http://127.0.0.1:$port" --mode closed "$@" \
+		>"$log/$name.out" 2>"$log/$name.err" && ok "bench serve $name" || bad "bench serve $name"
+	grep -E "^closed|^poisson|^load" "$log/$name.out" | tail -4
+	curl -sf "http://127.0.0.1:$port/metrics" >"$log/$name.metrics"
+	grep -E "^$gpu_serve_metrics " "$log/$name.metrics" | tr '\n' ' '
+	echo
 }
 
 gpu_done() {

@@ -16,26 +16,12 @@ OUT=${1:?usage: tests/gpu/servesplit26.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
 gpu_begin servesplit26 300 "${2:-}"
 port=8391
-KVMEM_SESSION_BATCH_PROFILE=1 "$K" serve --preset 8b --backend cuda --kv-dtype fp8 --port $port \
-	--data-dir "$log/data" >"$log/serve.out" 2>"$log/serve.err" &
-srv=$!
-for _ in $(seq 120); do
-	curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-	sleep 1
-done
-head -12 "$log/serve.err"
+gpu_serve_metrics='kvmem_(turns_total|prompt_tokens_total|completion_tokens_total|prefill_seconds_total|decode_seconds_total|selection_seconds_total|selections_total|commit_seconds_total|batch_rounds_total|batch_units_total|batch_size_max|round_seconds_sum|round_seconds_max|batch_decode_units_total|batch_prefill_units_total|batch_select_units_total|round_predraws_total|round_predraw_seconds_total)'
+gpu_serve split $port KVMEM_SESSION_BATCH_PROFILE=1 || { gpu_done; exit; }
+head -12 "$log/serve-split.err"
 load() { # name, then bench serve's arguments
-	local name=$1
-	shift
-	echo "== kvmem bench serve --url ... $*"
-	timeout "$(gpu_left 100)" "$K" bench serve --url "http://127.0.0.1:$port" --mode closed "$@" \
-		>"$log/$name.out" 2>"$log/$name.err" && ok "bench serve $name" || bad "bench serve $name"
-	tail -4 "$log/$name.out"
-	curl -sf "http://127.0.0.1:$port/metrics" >"$log/$name.metrics"
-	grep -E '^kvmem_(turns_total|prompt_tokens_total|completion_tokens_total|prefill_seconds_total|decode_seconds_total|selection_seconds_total|selections_total|commit_seconds_total|batch_rounds_total|batch_units_total|batch_size_max|round_seconds_sum|round_seconds_max|batch_decode_units_total|batch_prefill_units_total|batch_select_units_total|round_predraws_total|round_predraw_seconds_total) ' \
-		"$log/$name.metrics" | tr '\n' ' '
-	echo
-	grep -E '^kvmem_session_(seconds_total|forwards_total|lazy_logits_total)' "$log/$name.metrics" |
+	gpu_serve_load "$1" $port "${@:2}"
+	grep -E '^kvmem_session_(seconds_total|forwards_total|lazy_logits_total)' "$log/$1.metrics" |
 		sed 's/kvmem_session_seconds_total//' | tr '\n' ' '
 	echo
 }
@@ -45,7 +31,7 @@ load conv --clients 16 --requests 3 --tokens 64 --lines 8 --conversations
 load t256s --clients 16 --requests 1 --tokens 256 --lines 8 --temperature 0.8
 kill -TERM $srv
 wait $srv
-grep -A6 KVMEM_SESSION_BATCH_PROFILE "$log/serve.err"
-[ -n "${OUT:-}" ] && tar cf "$OUT/servesplit26.tar" -C "$OUT" --exclude=data servesplit26 &&
+grep -A6 KVMEM_SESSION_BATCH_PROFILE "$log/serve-split.err"
+[ -n "${OUT:-}" ] && tar cf "$OUT/servesplit26.tar" -C "$OUT" --exclude="data*" servesplit26 &&
 	rm -rf "${OUT:?}/servesplit26"
 gpu_done
