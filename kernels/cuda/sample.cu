@@ -465,33 +465,59 @@ draw_small_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem
 /*
  * A row with no top-k of 1024 or less, without sorting it: the rank
  * positions a draw needs (the top-k's last, the nucleus's end, the drawn
- * one) are found by narrowing a range of rank keys, a block a row. At each
- * level the keys in range go into DESC_BUCKETS buckets, best first, each
- * with its count and weight sum (draw_fixed.h's integers, in two 64-bit
- * halves: exact in any order, so shared-memory atomics do); the bucket the
- * running sum (or count) crosses in is the next range. A range of at most
- * DESC_SORT keys is sorted in shared memory (key, then id) and walked; one
- * of many equal keys is found by arithmetic (equal keys weigh the same)
- * and its id by counting in id order. The answer is the twin's: the same
- * positions, weights and sums. 1.9 MB of logits read a few times a row,
- * where sorting them read and wrote 8 passes (6.5 ms for 16 rows, H100).
+ * one) are found by narrowing a range of rank keys, a block a row. The
+ * first level is made once, in the pass that weighs every candidate: its
+ * DESC_BUCKETS buckets (by the weight's x, best first) hold each bucket's
+ * count and weight sum, and every position sought starts from them. The
+ * bucket the running sum (or count) crosses in is the next range: its keys
+ * found by bisecting the (monotone) bucket of a key, then buckets of key
+ * bits over the range's members, until at most DESC_SORT keys are left,
+ * sorted in shared memory (key, then id) and walked; one of many equal
+ * keys is found by arithmetic (equal keys weigh the same) and its id by
+ * counting in id order. The answer is the twin's: the same positions,
+ * weights and sums (draw_fixed.h's integers, exact in any order).
+ *
+ * The sums are kept in 32-bit words added by the shared memory's native
+ * atomics, a word's overflow carried by the thread whose add wrapped it: a
+ * 64-bit add to shared memory is a compare-and-swap loop, and a row's
+ * candidates crowd a few buckets, so those loops waited on each other.
+ * Block scans are warp shuffles (a thread's serial walk over the others'
+ * sums was the other wait).
  */
 #define DESC_BUCKETS 1024
 #define DESC_SORT 2048
+#define DESC_PER (DESC_BUCKETS / SORT_THREADS)	/* buckets a thread walks */
 
 struct desc_row {	/* a row's draw: read by every thread */
 	const float *l;
 	int vocab;
-	uint32_t kcut, best;
+	uint32_t klo, best;	/* the candidates' keys: [klo, best] */
 	double top;
 	float temp;
-	double xspan;	/* -x of the lowest candidate: the first level's span */
+	double xspan;	/* -x of klo: the first level's span */
+	bool by_x;	/* the first level by x (else by key bits: a span of 0 or inf) */
+};
+
+/* A level's buckets: counts and weight sums, s0 + 2^32 s1 + 2^64 s2. */
+struct desc_hist {
+	unsigned int cnt[DESC_BUCKETS], s0[DESC_BUCKETS], s1[DESC_BUCKETS], s2[DESC_BUCKETS];
+};
+
+struct desc_shared {
+	desc_hist top;	/* the first level: kept for every position sought */
+	union {
+		desc_hist lvl;	/* a deeper level */
+		unsigned long long buf[DESC_SORT];	/* (~key << 32 | id), sorted */
+	} u;
+	unsigned long long wlo[SORT_THREADS / 32], whi[SORT_THREADS / 32];
+	unsigned long long r_lo, r_hi;		/* a result's sum */
+	uint32_t r_key;
+	int r_id, r_at, n_buf;
 };
 
 /* The first level's bucket of a candidate by its x, not its key's bits: a
  * row's logits share few exponents, so buckets of key bits put most of them
- * in a few buckets, whose atomics then wait on each other. Monotone in the
- * key (x is), which is all a level needs. */
+ * in a few buckets. Monotone in the key (x is), which is all a level needs. */
 __device__ __forceinline__ int desc_xbucket(double x, double span)
 {
 	const double b = -x * (DESC_BUCKETS / span);
@@ -499,50 +525,111 @@ __device__ __forceinline__ int desc_xbucket(double x, double span)
 	return b < DESC_BUCKETS - 1 ? (int)b : DESC_BUCKETS - 1;
 }
 
-struct desc_shared {
-	unsigned int cnt[DESC_BUCKETS];
-	unsigned long long hi[DESC_BUCKETS], lo[DESC_BUCKETS];	/* W >> 32, W & (2^32 - 1) */
-	unsigned long long buf[DESC_SORT];	/* (~key << 32 | id), sorted */
-	unsigned long long plo[SORT_THREADS], phi[SORT_THREADS];
-	unsigned long long r_lo, r_hi;		/* a result's sum */
-	uint32_t r_key;
-	int r_id, r_at, n_buf;
-};
+__device__ __forceinline__ int desc_key_xbucket(const desc_row &r, uint32_t k)
+{
+	return desc_xbucket(kvmem_draw_x(key_value(k), r.top, r.temp), r.xspan);
+}
+
+/* The bucket of key k among [klo, khi] by key bits, best first. */
+__device__ __forceinline__ int desc_kbucket(uint32_t k, uint32_t klo, uint32_t khi)
+{
+	const unsigned long long R = (unsigned long long)(khi - klo) + 1;
+
+	return (int)((unsigned long long)(khi - k) * DESC_BUCKETS / R);
+}
 
 __device__ __forceinline__ uint64_t desc_weight(const desc_row &r, uint32_t key)
 {
 	return kvmem_draw_weight_of(kvmem_draw_x(key_value(key), r.top, r.temp));
 }
 
-/* Exclusive sums over the block's threads of v, in the shared pair arrays;
- * returns the thread's base, *total the whole. */
+/* One candidate into bucket b: exact with 32-bit atomics (w < 2^53). */
+__device__ __forceinline__ void desc_add(desc_hist *h, int b, uint64_t w)
+{
+	const uint32_t lo = (uint32_t)w;
+	uint32_t carry = 0, up;
+
+	atomicAdd(&h->cnt[b], 1u);
+	if (lo) {
+		const uint32_t old = atomicAdd(&h->s0[b], lo);
+
+		carry = old + lo < old;
+	}
+	up = (uint32_t)(w >> 32) + carry;
+	if (up) {
+		const uint32_t old = atomicAdd(&h->s1[b], up);
+
+		if (old + up < old)
+			atomicAdd(&h->s2[b], 1u);
+	}
+}
+
+__device__ __forceinline__ kvmem_u128 desc_sum(const desc_hist *h, int b)
+{
+	const uint64_t mid = (uint64_t)h->s1[b] << 32;
+	kvmem_u128 r = { mid + h->s0[b], h->s2[b] };
+
+	r.hi += r.lo < mid;
+	return r;
+}
+
+__device__ void desc_clear(desc_hist *h)
+{
+	for (int b = threadIdx.x; b < DESC_BUCKETS; b += blockDim.x)
+		h->cnt[b] = h->s0[b] = h->s1[b] = h->s2[b] = 0;
+}
+
+__device__ __forceinline__ kvmem_u128 shfl_up128(kvmem_u128 v, int o)
+{
+	kvmem_u128 r = { __shfl_up_sync(0xffffffffu, v.lo, o), __shfl_up_sync(0xffffffffu, v.hi, o) };
+
+	return r;
+}
+
+/* Exclusive sums over the block's threads of v (thread order; integers, so
+ * any order gives the same); *total the whole. Synchronises the block. */
 __device__ kvmem_u128 desc_scan(desc_shared *sh, kvmem_u128 v, kvmem_u128 *total)
 {
-	kvmem_u128 base;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	kvmem_u128 x = v, ex, w = { 0, 0 };
 
-	sh->plo[threadIdx.x] = v.lo;
-	sh->phi[threadIdx.x] = v.hi;
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		kvmem_u128 at = { 0, 0 };
+	for (int o = 1; o < 32; o <<= 1) {
+		const kvmem_u128 y = shfl_up128(x, o);
 
-		for (int t = 0; t < (int)blockDim.x; t++) {
-			const kvmem_u128 x = { sh->plo[t], sh->phi[t] };
-
-			sh->plo[t] = at.lo;
-			sh->phi[t] = at.hi;
-			at = kvmem_u128_add(at, x);
-		}
-		sh->r_lo = at.lo;
-		sh->r_hi = at.hi;
+		if (lane >= o)
+			x = kvmem_u128_add(x, y);
+	}
+	ex = shfl_up128(x, 1);
+	if (!lane)
+		ex = (kvmem_u128){ 0, 0 };
+	__syncthreads();	/* wlo may still be read by a previous call */
+	if (lane == 31) {
+		sh->wlo[warp] = x.lo;
+		sh->whi[warp] = x.hi;
 	}
 	__syncthreads();
-	base.lo = sh->plo[threadIdx.x];
-	base.hi = sh->phi[threadIdx.x];
-	total->lo = sh->r_lo;
-	total->hi = sh->r_hi;
-	__syncthreads();	/* plo, r_lo free again */
-	return base;
+	if (warp == 0) {
+		kvmem_u128 t = { 0, 0 };
+
+		if (lane < nw)
+			t = (kvmem_u128){ sh->wlo[lane], sh->whi[lane] };
+		for (int o = 1; o < 32; o <<= 1) {
+			const kvmem_u128 y = shfl_up128(t, o);
+
+			if (lane >= o)
+				t = kvmem_u128_add(t, y);
+		}
+		if (lane < nw) {	/* inclusive over warps */
+			sh->wlo[lane] = t.lo;
+			sh->whi[lane] = t.hi;
+		}
+	}
+	__syncthreads();
+	total->lo = sh->wlo[nw - 1];
+	total->hi = sh->whi[nw - 1];
+	if (warp)
+		w = (kvmem_u128){ sh->wlo[warp - 1], sh->whi[warp - 1] };
+	return kvmem_u128_add(ex, w);
 }
 
 /* Whether a position with running sum c (inclusive) at count pos is the one
@@ -553,11 +640,140 @@ __device__ __forceinline__ bool desc_hit(kvmem_u128 c, long long pos, long long 
 	return kk >= 0 ? pos >= kk : kvmem_u128_lt(thr, c);
 }
 
+/* The range's keys sorted (at most DESC_SORT of them) and walked: sh->r_*. */
+__device__ void desc_sorted(const desc_row &r, desc_shared *sh, uint32_t klo, uint32_t khi,
+			    kvmem_u128 before, long long cbefore, int members, long long kk,
+			    kvmem_u128 thr)
+{
+	const int tid = threadIdx.x, nt = blockDim.x, per = DESC_SORT / SORT_THREADS;
+	kvmem_u128 run = { 0, 0 }, base, total, c;
+
+	for (int i = tid; i < DESC_SORT; i += nt)
+		sh->u.buf[i] = ~0ull;
+	if (tid == 0)
+		sh->n_buf = 0;
+	__syncthreads();
+	for (int i = tid; i < r.vocab; i += nt) {
+		const uint32_t k = rank_key(r.l[i]);
+
+		if (k >= klo && k <= khi) {
+			const int at = atomicAdd(&sh->n_buf, 1);
+
+			if (at < DESC_SORT)	/* always: members <= DESC_SORT */
+				sh->u.buf[at] = ((unsigned long long)~k << 32) | (uint32_t)i;
+		}
+	}
+	for (int size = 2; size <= DESC_SORT; size <<= 1)
+		for (int stride = size >> 1; stride > 0; stride >>= 1) {
+			__syncthreads();
+			for (int p = tid; p < DESC_SORT / 2; p += nt) {
+				const int i = 2 * stride * (p / stride) + p % stride, j = i + stride;
+				const unsigned long long x = sh->u.buf[i], y = sh->u.buf[j];
+
+				if (((i & size) == 0) == (x > y)) {
+					sh->u.buf[i] = y;
+					sh->u.buf[j] = x;
+				}
+			}
+		}
+	__syncthreads();
+	for (int q = 0; q < per; q++) {
+		const int at = tid * per + q;
+
+		if (at < members)
+			run = kvmem_u128_add64(run, desc_weight(r, ~(uint32_t)(sh->u.buf[at] >> 32)));
+	}
+	if (tid == 0)
+		sh->r_at = members - 1;
+	base = desc_scan(sh, run, &total);	/* synchronises: r_at set */
+	c = kvmem_u128_add(before, base);
+	for (int q = 0; q < per; q++) {
+		const int at = tid * per + q;
+
+		if (at >= members)
+			break;
+		c = kvmem_u128_add64(c, desc_weight(r, ~(uint32_t)(sh->u.buf[at] >> 32)));
+		if (desc_hit(c, cbefore + at, kk, thr)) {
+			atomicMin(&sh->r_at, at);
+			break;
+		}
+	}
+	__syncthreads();
+	if (tid == sh->r_at / per) {	/* its owner: the sum up to it */
+		const int at = sh->r_at;
+
+		c = kvmem_u128_add(before, base);
+		for (int q = tid * per; q <= at; q++)
+			c = kvmem_u128_add64(c, desc_weight(r, ~(uint32_t)(sh->u.buf[q] >> 32)));
+		sh->r_lo = c.lo;
+		sh->r_hi = c.hi;
+		sh->r_key = ~(uint32_t)(sh->u.buf[at] >> 32);
+		sh->r_id = (int)(uint32_t)sh->u.buf[at];
+	}
+	__syncthreads();
+}
+
+/* Many candidates of one key k: the j-th by arithmetic, its id in id order. */
+__device__ void desc_equal(const desc_row &r, desc_shared *sh, uint32_t k, kvmem_u128 before,
+			   long long cbefore, int members, long long kk, kvmem_u128 thr)
+{
+	__shared__ long long s_j;
+	const int tid = threadIdx.x, nt = blockDim.x;
+	const uint64_t w = desc_weight(r, k);
+	int mine = 0, at;
+
+	if (tid == 0) {
+		long long j;
+
+		if (kk >= 0) {
+			j = kk - cbefore;
+		} else {	/* the largest j with before + j w <= thr */
+			long long lo = 0, hi = members - 1;
+
+			while (lo < hi) {
+				const long long mid = (lo + hi + 1) / 2;
+				const kvmem_u128 x = kvmem_u128_add(
+					before, kvmem_u128_mul64((kvmem_u128){ (uint64_t)mid, 0 }, w));
+
+				if (kvmem_u128_lt(thr, x))
+					hi = mid - 1;
+				else
+					lo = mid;
+			}
+			j = lo;
+		}
+		s_j = j;
+		{
+			const kvmem_u128 c = kvmem_u128_add(
+				before, kvmem_u128_mul64((kvmem_u128){ (uint64_t)(j + 1), 0 }, w));
+
+			sh->r_lo = c.lo;
+			sh->r_hi = c.hi;
+		}
+		sh->r_key = k;
+	}
+	{	/* the j-th id holding the key, in id order: a run a thread */
+		const int chunk = (r.vocab + nt - 1) / nt, lo = min(r.vocab, tid * chunk),
+			  hi = min(r.vocab, lo + chunk);
+
+		for (int i = lo; i < hi; i++)
+			mine += rank_key(r.l[i]) == k;
+		at = block_exclusive_scan<int>(mine, NULL);	/* synchronises: s_j */
+		if (at <= s_j && s_j < at + mine)
+			for (int i = lo; i < hi; i++)
+				if (rank_key(r.l[i]) == k && at++ == s_j) {
+					sh->r_id = i;
+					break;
+				}
+	}
+	__syncthreads();
+}
+
 /*
- * The rank position sought among the row's candidates (keys in
- * [kcut, best]): by count (kk >= 0: the position kk) or by weight (kk < 0:
- * the first whose running sum passes thr). Every thread returns with
- * sh->r_key, r_id and r_lo/r_hi (the running sum up to it, inclusive).
+ * The rank position sought among the row's candidates: by count (kk >= 0:
+ * the position kk) or by weight (kk < 0: the first whose running sum passes
+ * thr). Every thread returns with sh->r_key, r_id and r_lo/r_hi (the running
+ * sum up to it, inclusive).
  */
 __device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvmem_u128 thr, int m)
 {
@@ -565,12 +781,11 @@ __device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvme
 	__shared__ unsigned long long s_blo, s_bhi;	/* the sum before the range */
 	__shared__ long long s_before;			/* the count before it */
 	__shared__ int s_m, s_b;
-	__shared__ uint32_t s_wmin[SORT_THREADS / 32], s_wmax[SORT_THREADS / 32];
-	const int tid = threadIdx.x, nt = blockDim.x;
-	bool by_x = r.xspan > 0.0 && isfinite(r.xspan);	/* the first level's way */
+	const int tid = threadIdx.x;
+	bool first = true;
 
 	if (tid == 0) {
-		s_klo = r.kcut;
+		s_klo = r.klo;
 		s_khi = r.best;
 		s_blo = s_bhi = 0;
 		s_before = 0;
@@ -582,239 +797,101 @@ __device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvme
 		const kvmem_u128 before = { s_blo, s_bhi };
 		const long long cbefore = s_before;
 		const int members = s_m;
+		const bool by_x = first && r.by_x;
+		const desc_hist *h = first ? &sh->top : &sh->u.lvl;
+		kvmem_u128 run = { 0, 0 }, base, total, c;
+		long long cnt_run = 0, cnt_base;
 
-		if (members <= DESC_SORT) {	/* sort the range's keys and walk them */
-			kvmem_u128 run = { 0, 0 }, base, total, c;
-			const int per = DESC_SORT / SORT_THREADS;
-
-			for (int i = tid; i < DESC_SORT; i += nt)
-				sh->buf[i] = ~0ull;
-			if (tid == 0)
-				sh->n_buf = 0;
+		if (members <= DESC_SORT) {
+			desc_sorted(r, sh, klo, khi, before, cbefore, members, kk, thr);
+			return;
+		}
+		if (klo == khi) {
+			desc_equal(r, sh, klo, before, cbefore, members, kk, thr);
+			return;
+		}
+		if (!first) {	/* a level: the range's keys into buckets of key bits */
+			desc_clear(&sh->u.lvl);
 			__syncthreads();
-			for (int i = tid; i < r.vocab; i += nt) {
+			for (int i = tid; i < r.vocab; i += blockDim.x) {
 				const uint32_t k = rank_key(r.l[i]);
 
-				if (k >= klo && k <= khi) {
-					const int at = atomicAdd(&sh->n_buf, 1);
-
-					if (at < DESC_SORT)	/* always: members <= DESC_SORT */
-						sh->buf[at] = ((unsigned long long)~k << 32) | (uint32_t)i;
-				}
+				if (k >= klo && k <= khi)
+					desc_add(&sh->u.lvl, desc_kbucket(k, klo, khi), desc_weight(r, k));
 			}
-			for (int size = 2; size <= DESC_SORT; size <<= 1)
-				for (int stride = size >> 1; stride > 0; stride >>= 1) {
-					__syncthreads();
-					for (int p = tid; p < DESC_SORT / 2; p += nt) {
-						const int i = 2 * stride * (p / stride) + p % stride, j = i + stride;
-						const unsigned long long x = sh->buf[i], y = sh->buf[j];
-
-						if (((i & size) == 0) == (x > y)) {
-							sh->buf[i] = y;
-							sh->buf[j] = x;
-						}
-					}
-				}
-			__syncthreads();
-			for (int q = 0; q < per; q++) {
-				const int at = tid * per + q;
-
-				if (at < members)
-					run = kvmem_u128_add64(run, desc_weight(r, ~(uint32_t)(sh->buf[at] >> 32)));
-			}
-			if (tid == 0)
-				sh->r_at = members - 1;
-			base = desc_scan(sh, run, &total);	/* synchronises: r_at set */
-			c = kvmem_u128_add(before, base);
-			for (int q = 0; q < per; q++) {
-				const int at = tid * per + q;
-
-				if (at >= members)
-					break;
-				c = kvmem_u128_add64(c, desc_weight(r, ~(uint32_t)(sh->buf[at] >> 32)));
-				if (desc_hit(c, cbefore + at, kk, thr)) {
-					atomicMin(&sh->r_at, at);
-					break;
-				}
-			}
-			__syncthreads();
-			if (tid == sh->r_at / per) {	/* its owner: the sum up to it */
-				const int at = sh->r_at;
-
-				c = kvmem_u128_add(before, base);
-				for (int q = tid * per; q <= at; q++)
-					c = kvmem_u128_add64(c, desc_weight(r, ~(uint32_t)(sh->buf[q] >> 32)));
-				sh->r_lo = c.lo;
-				sh->r_hi = c.hi;
-				sh->r_key = ~(uint32_t)(sh->buf[at] >> 32);
-				sh->r_id = (int)(uint32_t)sh->buf[at];
-			}
-			__syncthreads();
-			return;
 		}
-		if (klo == khi) {	/* many equal keys: arithmetic, then the id */
-			__shared__ long long s_j;
-			const uint64_t w = desc_weight(r, klo);
-			int mine = 0, at;
+		if (tid == 0)
+			s_b = DESC_BUCKETS - 1;
+		__syncthreads();
+		for (int q = 0; q < DESC_PER; q++) {
+			const int b = tid * DESC_PER + q;
 
-			if (tid == 0) {
-				long long j;
-
-				if (kk >= 0) {
-					j = kk - cbefore;
-				} else {	/* the largest j with before + j w <= thr */
-					long long lo = 0, hi = members - 1;
-
-					while (lo < hi) {
-						const long long mid = (lo + hi + 1) / 2;
-						const kvmem_u128 x = kvmem_u128_add(
-							before, kvmem_u128_mul64((kvmem_u128){ (uint64_t)mid, 0 }, w));
-
-						if (kvmem_u128_lt(thr, x))
-							hi = mid - 1;
-						else
-							lo = mid;
-					}
-					j = lo;
-				}
-				s_j = j;
-				{
-					const kvmem_u128 c = kvmem_u128_add(
-						before, kvmem_u128_mul64((kvmem_u128){ (uint64_t)(j + 1), 0 }, w));
-
-					sh->r_lo = c.lo;
-					sh->r_hi = c.hi;
-				}
-				sh->r_key = klo;
-			}
-			/* the j-th id holding the key, in id order: a run a thread */
-			{
-				const int chunk = (r.vocab + nt - 1) / nt, lo = min(r.vocab, tid * chunk),
-					  hi = min(r.vocab, lo + chunk);
-
-				for (int i = lo; i < hi; i++)
-					mine += rank_key(r.l[i]) == klo;
-				at = block_exclusive_scan<int>(mine, NULL);	/* synchronises: s_j */
-				if (at <= s_j && s_j < at + mine)
-					for (int i = lo; i < hi; i++)
-						if (rank_key(r.l[i]) == klo && at++ == s_j) {
-							sh->r_id = i;
-							break;
-						}
-			}
-			__syncthreads();
-			return;
+			run = kvmem_u128_add(run, desc_sum(h, b));
+			cnt_run += h->cnt[b];
 		}
-		/* A level: the range's keys into buckets, best first. */
+		cnt_base = block_exclusive_scan<long long>(cnt_run, NULL);
+		base = desc_scan(sh, run, &total);
+		c = kvmem_u128_add(before, base);
 		{
-			const unsigned long long R = (unsigned long long)(khi - klo) + 1;
-			kvmem_u128 run = { 0, 0 }, base, total, c;
-			long long cnt_run = 0, cnt_base;
-			const int per = DESC_BUCKETS / SORT_THREADS;
+			long long n = cbefore + cnt_base;
 
-			for (int b = tid; b < DESC_BUCKETS; b += nt) {
-				sh->cnt[b] = 0;
-				sh->hi[b] = sh->lo[b] = 0;
-			}
-			if (tid == 0)
-				s_b = DESC_BUCKETS - 1;
-			__syncthreads();
-			for (int i = tid; i < r.vocab; i += nt) {
-				const uint32_t k = rank_key(r.l[i]);
+			for (int q = 0; q < DESC_PER; q++) {
+				const int b = tid * DESC_PER + q;
 
-				if (k >= klo && k <= khi) {
-					const double x = kvmem_draw_x(key_value(k), r.top, r.temp);
-					const int b = by_x ? desc_xbucket(x, r.xspan)
-							   : (int)((unsigned long long)(khi - k) * DESC_BUCKETS / R);
-					const uint64_t w = kvmem_draw_weight_of(x);
-
-					atomicAdd(&sh->cnt[b], 1u);
-					if (w) {
-						atomicAdd(&sh->hi[b], (unsigned long long)(w >> 32));
-						atomicAdd(&sh->lo[b], (unsigned long long)(w & 0xffffffffu));
-					}
+				c = kvmem_u128_add(c, desc_sum(h, b));
+				n += h->cnt[b];
+				if (h->cnt[b] && desc_hit(c, n - 1, kk, thr)) {
+					atomicMin(&s_b, b);
+					break;
 				}
 			}
-			__syncthreads();
-			for (int q = 0; q < per; q++) {
-				const int b = tid * per + q;
+		}
+		__syncthreads();
+		if (tid == s_b / DESC_PER) {	/* its owner: the range and what comes before it */
+			const int bb = s_b;
+			long long n = cbefore + cnt_base;
 
-				run = kvmem_u128_add(run, kvmem_u128_add64(
-					kvmem_u128_shr((kvmem_u128){ 0, sh->hi[b] }, 32), sh->lo[b]));
-				cnt_run += sh->cnt[b];
-			}
-			cnt_base = block_exclusive_scan<long long>(cnt_run, NULL);
-			base = desc_scan(sh, run, &total);
 			c = kvmem_u128_add(before, base);
-			{
-				long long n = cbefore + cnt_base;
-
-				for (int q = 0; q < per; q++) {
-					const int b = tid * per + q;
-
-					c = kvmem_u128_add(c, kvmem_u128_add64(
-						kvmem_u128_shr((kvmem_u128){ 0, sh->hi[b] }, 32), sh->lo[b]));
-					n += sh->cnt[b];
-					if (sh->cnt[b] && desc_hit(c, n - 1, kk, thr)) {
-						atomicMin(&s_b, b);
-						break;
-					}
-				}
+			for (int q = tid * DESC_PER; q < bb; q++) {
+				c = kvmem_u128_add(c, desc_sum(h, q));
+				n += h->cnt[q];
 			}
-			__syncthreads();
-			if (tid == s_b / per) {	/* its owner: the range and what comes before it */
-				const int bb = s_b;
-				long long n = cbefore + cnt_base;
+			s_blo = c.lo;
+			s_bhi = c.hi;
+			s_before = n;
+			s_m = (int)h->cnt[bb];
+			if (by_x) {	/* bucket bb's keys: bisected (a key's bucket falls as it rises) */
+				uint64_t lo = klo, hi = khi;
 
-				c = kvmem_u128_add(before, base);
-				for (int q = tid * per; q < bb; q++) {
-					c = kvmem_u128_add(c, kvmem_u128_add64(
-						kvmem_u128_shr((kvmem_u128){ 0, sh->hi[q] }, 32), sh->lo[q]));
-					n += sh->cnt[q];
+				while (lo < hi) {	/* the highest key of a bucket >= bb */
+					const uint64_t mid = lo + (hi - lo + 1) / 2;
+
+					if (desc_key_xbucket(r, (uint32_t)mid) >= bb)
+						lo = mid;
+					else
+						hi = mid - 1;
 				}
-				s_blo = c.lo;
-				s_bhi = c.hi;
-				s_before = n;
-				s_m = (int)sh->cnt[bb];
+				s_khi = (uint32_t)lo;
+				lo = klo;
+				while (lo < hi) {	/* the lowest key of a bucket <= bb */
+					const uint64_t mid = lo + (hi - lo) / 2;
+
+					if (desc_key_xbucket(r, (uint32_t)mid) <= bb)
+						hi = mid;
+					else
+						lo = mid + 1;
+				}
+				s_klo = (uint32_t)lo;
+			} else {
+				const unsigned long long R = (unsigned long long)(khi - klo) + 1;
+
 				/* bucket bb: khi - k in [ceil(bb R / B), ceil((bb + 1) R / B) - 1] */
 				s_khi = khi - (uint32_t)((bb * R + DESC_BUCKETS - 1) / DESC_BUCKETS);
 				s_klo = khi - (uint32_t)(((bb + 1) * R + DESC_BUCKETS - 1) / DESC_BUCKETS - 1);
 			}
-			__syncthreads();
-			if (by_x) {	/* bucket s_b's keys: from its lowest to its highest */
-				const int bb = s_b;
-				uint32_t lo = 0xffffffffu, hi = 0;
-
-				for (int i = tid; i < r.vocab; i += nt) {
-					const uint32_t k = rank_key(r.l[i]);
-
-					if (k >= klo && k <= khi &&
-					    desc_xbucket(kvmem_draw_x(key_value(k), r.top, r.temp), r.xspan) == bb) {
-						lo = min(lo, k);
-						hi = max(hi, k);
-					}
-				}
-				for (int o = 16; o > 0; o >>= 1) {
-					lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-					hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-				}
-				if ((tid & 31) == 0) {
-					s_wmin[tid >> 5] = lo;
-					s_wmax[tid >> 5] = hi;
-				}
-				__syncthreads();
-				if (tid == 0) {
-					for (int w = 1; w < nt / 32; w++) {
-						lo = min(lo, s_wmin[w]);
-						hi = max(hi, s_wmax[w]);
-					}
-					s_klo = s_wmin[0] < lo ? s_wmin[0] : lo;
-					s_khi = s_wmax[0] > hi ? s_wmax[0] : hi;
-				}
-				by_x = false;
-				__syncthreads();
-			}
 		}
+		first = false;
+		__syncthreads();
 	}
 }
 
@@ -822,28 +899,38 @@ __global__ void __launch_bounds__(SORT_THREADS)
 draw_desc_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_draw_spec *specs)
 {
 	__shared__ desc_shared sh;
-	__shared__ uint32_t s_best[SORT_THREADS / 32];
+	__shared__ uint32_t s_best[SORT_THREADS / 32], s_low[SORT_THREADS / 32];
 	const int row = blockIdx.x, tid = threadIdx.x;
 	const kvmem_draw_spec *d = &specs[row];
 	desc_row r;
-	uint32_t best = 0;
+	uint32_t best = 0, low = 0xffffffffu, kcut = 0;
 	int mine = 0, m;
-	kvmem_u128 run = { 0, 0 }, sum;
 
 	if (!(d->temperature > 0.0f) || draw_small(d, vocab) || out[row] < 0)
 		return;
 	r.l = logits + (size_t)row * vocab;
 	r.vocab = vocab;
 	r.temp = d->temperature;
-	for (int i = tid; i < vocab; i += SORT_THREADS)
-		best = max(best, rank_key(r.l[i]));
-	for (int o = 16; o > 0; o >>= 1)
+	for (int i = tid; i < vocab; i += SORT_THREADS) {
+		const uint32_t k = rank_key(r.l[i]);
+
+		best = max(best, k);
+		low = min(low, k);
+	}
+	for (int o = 16; o > 0; o >>= 1) {
 		best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
-	if ((tid & 31) == 0)
+		low = min(low, __shfl_xor_sync(0xffffffffu, low, o));
+	}
+	if ((tid & 31) == 0) {
 		s_best[tid >> 5] = best;
+		s_low[tid >> 5] = low;
+	}
+	desc_clear(&sh.top);
 	__syncthreads();
-	for (int j = 0; j < SORT_THREADS / 32; j++)
+	for (int j = 0; j < SORT_THREADS / 32; j++) {
 		best = max(best, s_best[j]);
+		low = min(low, s_low[j]);
+	}
 	r.best = best;
 	r.top = key_value(best);
 	if (!isfinite(r.top)) {	/* every logit banned (or -inf): the host draws */
@@ -851,7 +938,6 @@ draw_desc_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_
 			out[row] = -1;
 		return;
 	}
-	r.kcut = 0;
 	{	/* keys at least the cut's: logits at least cf (kvmem_sample's cut) */
 		const double cf = r.top + KVMEM_DRAW_CUT * (double)d->temperature;
 
@@ -860,38 +946,34 @@ draw_desc_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_
 
 			if ((double)f > cf)
 				f = nextafterf(f, -INFINITY);
-			r.kcut = rank_key(f);
+			kcut = rank_key(f);
 		}
 	}
-	/* The candidates, their sum and the lowest of them. */
-	{
-		uint32_t low = 0xffffffffu;
+	/* Every candidate is at least klo: the first level's span. */
+	r.klo = max(kcut, low);
+	r.xspan = -kvmem_draw_x(key_value(r.klo), r.top, r.temp);
+	r.by_x = r.xspan > 0.0 && isfinite(r.xspan);
+	/* The candidates weighed once, into the first level. */
+	for (int i = tid; i < vocab; i += SORT_THREADS) {
+		const uint32_t k = rank_key(r.l[i]);
 
-		for (int i = tid; i < vocab; i += SORT_THREADS) {
-			const uint32_t k = rank_key(r.l[i]);
+		if (k >= kcut) {
+			const double x = kvmem_draw_x(key_value(k), r.top, r.temp);
 
-			if (k >= r.kcut) {
-				mine++;
-				run = kvmem_u128_add64(run, desc_weight(r, k));
-				low = min(low, k);
-			}
+			mine++;
+			desc_add(&sh.top, r.by_x ? desc_xbucket(x, r.xspan) : desc_kbucket(k, r.klo, best),
+				 kvmem_draw_weight_of(x));
 		}
-		for (int o = 16; o > 0; o >>= 1)
-			low = min(low, __shfl_xor_sync(0xffffffffu, low, o));
-		__syncthreads();	/* s_best read by every thread above */
-		if ((tid & 31) == 0)
-			s_best[tid >> 5] = low;
-		__syncthreads();
-		for (int j = 0; j < SORT_THREADS / 32; j++)
-			low = min(low, s_best[j]);
-		r.xspan = -kvmem_draw_x(key_value(low), r.top, r.temp);
 	}
-	(void)block_exclusive_scan<int>(mine, &m);
-	(void)desc_scan(&sh, run, &sum);
+	(void)block_exclusive_scan<int>(mine, &m);	/* synchronises: sh.top complete */
 	{
 		const int k = draw_k(d, vocab);
 		const kvmem_u128 none = { 0, 0 };
+		kvmem_u128 run = { 0, 0 }, sum;
 
+		for (int q = 0; q < DESC_PER; q++)
+			run = kvmem_u128_add(run, desc_sum(&sh.top, tid * DESC_PER + q));
+		(void)desc_scan(&sh, run, &sum);
 		if (k < m) {	/* the k best: the sum up to the k-th */
 			desc_find(r, &sh, k - 1, none, m);
 			sum.lo = sh.r_lo;
@@ -919,13 +1001,13 @@ draw_desc_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_
 }
 
 extern "C" int kvmem_cuda_draw_rows(kvmem_cuda_ctx *c, int32_t *out, float *logits, int n,
-				    int vocab, const kvmem_draw_spec *specs, int small, int sorted)
+				    int vocab, const kvmem_draw_spec *specs, int small, int narrowed)
 {
 	int rc;
 
 	if (vocab <= 0 || vocab > KVMEM_DRAW_VOCAB_MAX || n < 0)
 		return kvmem_error(EINVAL, "draw rows: %d rows of %d logits", n, vocab);
-	if (!n || (!small && !sorted))
+	if (!n || (!small && !narrowed))
 		return 0;
 	draw_mask_kernel<<<n, 32, 0, c->stream>>>(logits, vocab, specs, out);
 	if ((rc = kvmem_cuda_launched("draw rows: the banned ids")))
@@ -935,7 +1017,7 @@ extern "C" int kvmem_cuda_draw_rows(kvmem_cuda_ctx *c, int32_t *out, float *logi
 		if ((rc = kvmem_cuda_launched("draw rows: top-k")))
 			return rc;
 	}
-	if (sorted) {
+	if (narrowed) {
 		draw_desc_rows_kernel<<<n, SORT_THREADS, 0, c->stream>>>(out, logits, vocab, specs);
 		if ((rc = kvmem_cuda_launched("draw rows")))
 			return rc;
