@@ -494,7 +494,7 @@ struct desc_row {	/* a row's draw: read by every thread */
 	uint32_t klo, best;	/* the candidates' keys: [klo, best] */
 	double top;
 	float temp;
-	double xspan;	/* -x of klo: the first level's span */
+	double xscale;	/* DESC_BUCKETS over -x of klo (the first level's span) */
 	bool by_x;	/* the first level by x (else by key bits: a span of 0 or inf) */
 };
 
@@ -518,16 +518,16 @@ struct desc_shared {
 /* The first level's bucket of a candidate by its x, not its key's bits: a
  * row's logits share few exponents, so buckets of key bits put most of them
  * in a few buckets. Monotone in the key (x is), which is all a level needs. */
-__device__ __forceinline__ int desc_xbucket(double x, double span)
+__device__ __forceinline__ int desc_xbucket(double x, double scale)
 {
-	const double b = -x * (DESC_BUCKETS / span);
+	const double b = -x * scale;
 
 	return b < DESC_BUCKETS - 1 ? (int)b : DESC_BUCKETS - 1;
 }
 
 __device__ __forceinline__ int desc_key_xbucket(const desc_row &r, uint32_t k)
 {
-	return desc_xbucket(kvmem_draw_x(key_value(k), r.top, r.temp), r.xspan);
+	return desc_xbucket(kvmem_draw_x(key_value(k), r.top, r.temp), r.xscale);
 }
 
 /* The bucket of key k among [klo, khi] by key bits, best first. */
@@ -951,8 +951,12 @@ draw_desc_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_
 	}
 	/* Every candidate is at least klo: the first level's span. */
 	r.klo = max(kcut, low);
-	r.xspan = -kvmem_draw_x(key_value(r.klo), r.top, r.temp);
-	r.by_x = r.xspan > 0.0 && isfinite(r.xspan);
+	{
+		const double span = -kvmem_draw_x(key_value(r.klo), r.top, r.temp);
+
+		r.by_x = span > 0.0 && isfinite(span);
+		r.xscale = r.by_x ? DESC_BUCKETS / span : 0.0;
+	}
 	/* The candidates weighed once, into the first level. */
 	for (int i = tid; i < vocab; i += SORT_THREADS) {
 		const uint32_t k = rank_key(r.l[i]);
@@ -961,7 +965,7 @@ draw_desc_rows_kernel(int32_t *out, const float *logits, int vocab, const kvmem_
 			const double x = kvmem_draw_x(key_value(k), r.top, r.temp);
 
 			mine++;
-			desc_add(&sh.top, r.by_x ? desc_xbucket(x, r.xspan) : desc_kbucket(k, r.klo, best),
+			desc_add(&sh.top, r.by_x ? desc_xbucket(x, r.xscale) : desc_kbucket(k, r.klo, best),
 				 kvmem_draw_weight_of(x));
 		}
 	}
