@@ -5,8 +5,8 @@
 # 16 (so that neither side pays the process's first sessions' buffers). The
 # server on its own at the 8B geometry, fp8 views. First the draw kernel
 # against its twin (kvmem_gpu_check --sample; a round of 16 rows and a lone
-# row timed beside their argmax), the sanitizers over it and the batch
-# invariance on cuda. Last, when the card has the memory for it (an H200)
+# row timed beside their argmax); after the loads the sanitizers over it
+# and the batch invariance on cuda. Last, when the card has the memory for it (an H200)
 # and time is left, the 64 x 8K batched decode against PyTorch's graphed
 # decode over full caches (77 GB of KV: past an H100).
 #
@@ -18,8 +18,6 @@ OUT=${1:?usage: tests/gpu/serve16x26.sh OUTDIR [SECONDS]}
 gpu_begin serve16x26 560 "${2:-}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 gpu_check 90 sample.log --sample
-gpu_sanitize --quick --sample
-gpu_unit test_ws_batch 150
 port=8395
 if gpu_serve device $port; then
 	gpu_serve_load warm $port --clients 16 --requests 1 --tokens 16 --lines 8
@@ -31,6 +29,8 @@ if gpu_serve device $port; then
 	wait $srv
 fi
 rm -rf "$log"/data-*
+gpu_sanitize --quick --sample
+gpu_unit test_ws_batch 150
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "${mem:-0}" -gt 120000 ] && [ "$(gpu_left 400)" -ge 400 ]; then
 	gpu_batch b8k_64 240 --context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 \
