@@ -511,7 +511,6 @@ struct desc_shared {
 	} u;
 	unsigned long long wlo[SORT_THREADS / 32], whi[SORT_THREADS / 32];
 	unsigned long long r_lo, r_hi;		/* a result's sum */
-	uint32_t r_key;
 	int r_id, r_at, n_buf;
 };
 
@@ -707,7 +706,6 @@ __device__ void desc_sorted(const desc_row &r, desc_shared *sh, uint32_t klo, ui
 			c = kvmem_u128_add64(c, desc_weight(r, ~(uint32_t)(sh->u.buf[q] >> 32)));
 		sh->r_lo = c.lo;
 		sh->r_hi = c.hi;
-		sh->r_key = ~(uint32_t)(sh->u.buf[at] >> 32);
 		sh->r_id = (int)(uint32_t)sh->u.buf[at];
 	}
 	__syncthreads();
@@ -750,7 +748,6 @@ __device__ void desc_equal(const desc_row &r, desc_shared *sh, uint32_t k, kvmem
 			sh->r_lo = c.lo;
 			sh->r_hi = c.hi;
 		}
-		sh->r_key = k;
 	}
 	{	/* the j-th id holding the key, in id order: a run a thread */
 		const int chunk = (r.vocab + nt - 1) / nt, lo = min(r.vocab, tid * chunk),
@@ -772,7 +769,7 @@ __device__ void desc_equal(const desc_row &r, desc_shared *sh, uint32_t k, kvmem
 /*
  * The rank position sought among the row's candidates: by count (kk >= 0:
  * the position kk) or by weight (kk < 0: the first whose running sum passes
- * thr). Every thread returns with sh->r_key, r_id and r_lo/r_hi (the running
+ * thr). Every thread returns with sh->r_id and r_lo/r_hi (the running
  * sum up to it, inclusive).
  */
 __device__ void desc_find(const desc_row &r, desc_shared *sh, long long kk, kvmem_u128 thr, int m)
