@@ -13,8 +13,10 @@
 #  - --policy random enters the same blocks in both dtypes (like for like);
 #  - --kv-dtype fp8 --only stageout prefills through a session over an fp8
 #    workspace and says so, with its ratio to the plain forward;
+#  - --kv-dtype both --only remat places the same tokens' bf16 and fp8 pages
+#    and prints each one's tokens/s and their ratio;
 #  - bad combinations are usage errors (exit 2) naming the command and why:
-#    both with remat or with no dtype phase, fp8 with remat, an unknown
+#    both with stageout or with no dtype phase, fp8 with remat, an unknown
 #    dtype.
 . "$(dirname "$0")/lib.sh"
 cli_setup bench-step-coldin
@@ -119,10 +121,33 @@ else
 fi
 refuse "--policy: no policy 'nope'" --only step --policy nope
 
-refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both
-refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both \
-	--only coldin,remat
-refuse "kv-dtype both runs the phases coldin, step, decode and fits" --kv-dtype both \
+# --kv-dtype both --only remat: the same tokens' bf16 and fp8 pages placed,
+# each at its tokens/s, and their ratio (the cpu backend has no pool: one way)
+out=$(bs --only remat --remat 2k --kv-dtype both 2>&1)
+rc=$?
+if [ $rc -ne 0 ]; then
+	bad "--kv-dtype both --only remat exited $rc: $(echo "$out" | tail -3)"
+else
+	echo "$out" | grep -q "^rematerialisation, fp8 against bf16: 1984 tokens x 4 layers" ||
+		bad "remat both: no header naming the tokens: $(echo "$out" | head -5)"
+	b=$(echo "$out" | grep -oE "^  bf16 place +[0-9.]+ GB/s +[0-9]+K tokens/s" | grep -oE "[0-9]+K" | tr -d K)
+	f=$(echo "$out" | grep -oE "^  fp8  place +[0-9.]+ GB/s +[0-9]+K tokens/s" | grep -oE "[0-9]+K" | tr -d K)
+	r=$(echo "$out" | grep -oE "^  fp8 / bf16 tokens/s, place: [0-9.]+" | grep -oE "[0-9.]+$")
+	if [ -z "$b" ] || [ -z "$f" ] || [ -z "$r" ] || [ "$b" -eq 0 ]; then
+		bad "remat both: no rate for each dtype and their ratio: $out"
+	else
+		# the ratio printed is the rates' (each rounded to 1K tokens/s)
+		awk -v b="$b" -v f="$f" -v r="$r" 'BEGIN { exit !(r > f / (b + 1) - 0.02 &&
+			r < (f + 1) / b + 0.02) }' || bad "remat both: ratio $r is not $f K / $b K"
+	fi
+	echo "$out" | grep -q "the pages' bytes allow 1.88" ||
+		bad "remat both: no byte ratio of the pages (8704 / 16384 bytes)"
+fi
+
+refuse "kv-dtype both runs the phases remat, coldin, step, decode and fits" --kv-dtype both
+refuse "kv-dtype both runs the phases remat, coldin, step, decode and fits" --kv-dtype both \
+	--only coldin,stageout
+refuse "kv-dtype both runs the phases remat, coldin, step, decode and fits" --kv-dtype both \
 	--only ceilings
 refuse "kv-dtype fp8 runs the phases coldin, step, decode, fits and stageout" --kv-dtype fp8 \
 	--only remat

@@ -6,7 +6,10 @@
 # the same run" row, which stood at 0.96x (bf16 views) at 64 x 8K in the
 # eleventh session, before kvmem's batched decode over fp8 views existed.
 # The peer's full caches (64 x 8192 or 16 x 32768 keys: 77 GB of bf16) and
-# the weights need more than an H100's 80 GB; on an H100 the peer is left out.
+# the weights need more than an H100's 80 GB; on an H100 both sides run at
+# the largest histories whose full caches fit beside the peer's weights:
+# 64 conversations of 6K (58 GB of KV) and 16 of 16K (39 GB), kvmem over fp8
+# views at 8 stages as kvmem serve batches them (bf16 views beside it at 16).
 #
 #   tests/gpu/peer26.sh OUTDIR [SECONDS]   (default 540; logs in OUTDIR/peer26.tar)
 #   ONLY64=1: the 64 x 8K rows alone, fp8 at 8 stages a split as kvmem serve
@@ -19,6 +22,19 @@ gpu_begin peer26 540 "${2:-}"
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 B64="--context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 --no-loop"
 B16="--context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16 --no-loop"
+if [ "${mib:-0}" -le 100000 ]; then
+	B64=${B64/8k/6k}
+	B16=${B16/32k/16k}
+	KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b6k_64_fp8_t8 110 $B64 --kv-dtype fp8
+	gpu_torch_peer 110 1,64:6144
+	KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b16k_16_fp8_t8 90 $B16 --kv-dtype fp8
+	gpu_batch b16k_16_bf16 90 $B16
+	gpu_torch_peer 110 1,16:16384
+	gpu_batch_summary
+	[ -n "${OUT:-}" ] && tar cf "$OUT/peer26.tar" -C "$OUT" peer26 && rm -rf "${OUT:?}/peer26"
+	gpu_done
+	exit
+fi
 if [ -n "${ONLY64:-}" ]; then
 	KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b8k_64_fp8_t8 100 $B64 --kv-dtype fp8
 else

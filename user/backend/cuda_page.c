@@ -1681,6 +1681,17 @@ int cuda_set(void *ctx, const char *key, const char *value)
 			pg->pool_want = 1;	/* no pool (below one slot) */
 		return 0;
 	}
+	if (!strcmp(key, "place_sync")) {	/* every place() and move() waited for */
+		const char *env = getenv("KVMEM_CUDA_PLACE_SYNC");
+
+		if (!strcmp(value, "default"))	/* as the backend was opened */
+			b->place_sync = env && !strcmp(env, "1");
+		else if (!strcmp(value, "0") || !strcmp(value, "1"))
+			b->place_sync = value[0] == '1';
+		else
+			return kvmem_error(EINVAL, "cuda: place_sync '%s' (0, 1 or default)", value);
+		return 0;
+	}
 	if (!strcmp(key, "gather_threads")) {
 		char *end;
 		long v = strtol(value, &end, 10);
@@ -1689,7 +1700,8 @@ int cuda_set(void *ctx, const char *key, const char *value)
 			return kvmem_error(EINVAL, "cuda: gather threads '%s'", value);
 		return kvmem_cuda_gather_set_threads((int)v);
 	}
-	return kvmem_error(EINVAL, "cuda: no setting '%s' (place, pool, gather_threads)", key);
+	return kvmem_error(EINVAL, "cuda: no setting '%s' (place, pool, place_sync, "
+			   "gather_threads)", key);
 }
 
 void cuda_pages_destroy(struct cuda *b)

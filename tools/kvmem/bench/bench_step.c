@@ -13,7 +13,10 @@
  *             HBM), beside the pack path (CPU bf16 packing, the first
  *             version), pages in unregistered memory (staged), and pages
  *             served by the device page pool; GB/s of page bytes over the
- *             pinned copy peak.
+ *             pinned copy peak. With --kv-dtype both: the same tokens' bf16
+ *             and fp8 pages placed into their views, each page's first time
+ *             on the GPU, with the device page pool (the session's way) and
+ *             without: fp8 / bf16 tokens/s (issue #27).
  *   coldin    a workspace read cold from NVMe into view slots through the
  *             pager (prefetch everything, then fetch + place 1024 pages at a
  *             time, O_DIRECT into the registered pool) over an O_DIRECT
@@ -113,11 +116,13 @@ static void usage(FILE *f)
 		"  --kv-dtype T       bf16 (default), fp8 or both: the workspace's pages and the\n"
 		"                     backend's views (as kvmem run --kv-dtype); fp8 runs the\n"
 		"                     phases coldin, step, decode, fits and stageout; both runs\n"
-		"                     all but stageout in bf16 and in fp8 (a second backend)\n"
-		"                     and prints fp8 against bf16: coldin over the same\n"
-		"                     tokens (those of --coldin bytes of bf16 pages), each\n"
-		"                     pass every dtype in turn; step, decode and fits one\n"
-		"                     dtype after the other\n"
+		"                     all but stageout and memory in bf16 and in fp8 (a second\n"
+		"                     backend) and prints fp8 against bf16: remat over the\n"
+		"                     same tokens, each page's first time on the GPU, with the\n"
+		"                     device page pool and without, the dtypes in turn; coldin\n"
+		"                     over the same tokens (those of --coldin bytes of bf16\n"
+		"                     pages), each pass every dtype in turn; step, decode and\n"
+		"                     fits one dtype after the other\n"
 		"  --policy NAME      the step phase's selection policy (default meank);\n"
 		"                     random (seeded by --seed) enters the same blocks\n"
 		"                     whatever the KV dtype: --kv-dtype both like for like\n"
@@ -131,7 +136,7 @@ static void usage(FILE *f)
 		"  kvmem bench step --layers 4 --only step,decode --tokens 256k --view 64k\n"
 		"  kvmem bench step --layers 1 --only memory --memory 256k,4M\n"
 		"  kvmem bench step --kv-dtype fp8 --only step,decode --tiers warm --view 32k\n"
-		"  kvmem bench step --kv-dtype both --only coldin --coldin 2G\n"
+		"  kvmem bench step --kv-dtype both --only remat,coldin --coldin 2G\n"
 		"  kvmem bench step --kv-dtype both --only step,decode --tiers warm --tokens 48k \\\n"
 		"      --view 32k        (issue #27's warm step and decode rows in one run)\n"
 		"  kvmem bench step --backend cpu --model DIR --kv-dtype both --only coldin\n",
@@ -317,9 +322,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		return -1;
 	}
 	if (o->both && (!(o->only & ~PH_CEIL) ||
-			(o->only & ~(PH_CEIL | PH_COLDIN | PH_STEP | PH_DECODE | PH_FITS)))) {
-		fprintf(stderr, "%s: --kv-dtype both runs the phases coldin, step, decode and fits "
-			"(--only, one of them at least)\n", WHO);
+			(o->only & ~(PH_CEIL | PH_REMAT | PH_COLDIN | PH_STEP | PH_DECODE | PH_FITS)))) {
+		fprintf(stderr, "%s: --kv-dtype both runs the phases remat, coldin, step, decode and "
+			"fits (--only, one of them at least)\n", WHO);
 		return -1;
 	}
 	return 0;
@@ -447,7 +452,7 @@ int bench_step(int argc, char **argv)
 	fflush(stdout);
 	if (ph_ceilings(&x) < 0)
 		goto err;
-	if ((x.o.only & PH_REMAT) && ph_remat(&x) < 0)
+	if ((x.o.only & PH_REMAT) && (x.o.both ? ph_remat_both(&x, &y) : ph_remat(&x)) < 0)
 		goto err;
 	fflush(stdout);
 	if ((x.o.only & PH_COLDIN) && (x.o.both ? ph_coldin_both(&x, &y) : ph_coldin(&x)) < 0)

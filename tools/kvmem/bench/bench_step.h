@@ -125,6 +125,7 @@ double median(const double *v, int n);
 /* bench_step_remat.c */
 int ph_ceilings(struct ctx *x);
 int ph_remat(struct ctx *x);
+int ph_remat_both(struct ctx *bf16, struct ctx *fp8);
 double seq_read(const char *path, uint64_t size, size_t req, int qd);
 int ph_coldin(struct ctx *x);
 int ph_coldin_both(struct ctx *bf16, struct ctx *fp8);

@@ -217,6 +217,181 @@ out:
 	return rc;
 }
 
+/* ---- --kv-dtype both: rematerialisation, fp8 against bf16 ------------------ */
+/*
+ * The same tokens' pages in bf16 (x's backend) and in fp8 (y's, fp8 views),
+ * in registered host memory, placed as a session's step places the blocks
+ * that enter its view: a block's layers one after another, 1,024 pages a
+ * call, each page's first time on the GPU. Two ways a dtype:
+ *   pool    the device page pool as the backend keeps it by default (bf16:
+ *           the gather reads each page over PCIe and fills the pool on its
+ *           way; fp8: whole pages copied into the pool by one batched copy
+ *           a call, then the gather from HBM): the session's way;
+ *   kernel  no pool: the gather alone reads the pages over PCIe.
+ * A pass first places a warm-up set of other blocks into the same slots
+ * (the pool is made and half filled outside the time), then times the
+ * measured set, every place() waited for (place_sync: a pass ends with its
+ * last kernel; bf16's reads of host pages are waited for anyway). The
+ * dtypes alternate, three passes each way; the fastest pass is kept.
+ */
+struct remat_set {
+	char *arena;
+	size_t bytes;
+	kvmem_place *it;	/* the warm-up set's items, then the measured set's */
+	int64_t np;		/* items a set */
+	kvmem_view *v;
+	int reg;
+	double best[2];		/* pool, kernel: the fastest pass, seconds */
+	uint64_t hits[2];	/* pages the measured set found in the pool */
+};
+
+static void remat_set_free(struct ctx *c, struct remat_set *s)
+{
+	if (s->reg)
+		c->b->ops->host_unregister(c->b->ctx, s->arena);
+	if (s->v)
+		c->b->ops->view_destroy(c->b->ctx, s->v);
+	free(s->arena);
+	free(s->it);
+	memset(s, 0, sizeof(*s));
+}
+
+/* 2 * nb blocks of c's pages (dtype c->o.kv_dtype) at order's blocks, the
+ * items block-major, slots 0..nb * BLOCK - 1 for each set. */
+static int remat_set_make(struct ctx *c, int64_t nb, const int64_t *order, struct remat_set *s)
+{
+	const int L = c->geo.cfg.n_layers;
+	const uint32_t dt = c->o.kv_dtype == KVMEM_DTYPE_FP8 ? KVMEM_DTYPE_FP8 : KVMEM_DTYPE_BF16;
+
+	memset(s, 0, sizeof(*s));
+	s->np = nb * L;
+	s->bytes = (size_t)(2 * nb) * L * c->page_bytes;
+	if (posix_memalign((void **)&s->arena, 2u << 20, s->bytes) ||
+	    !(s->it = calloc((size_t)(2 * s->np), sizeof(*s->it)))) {
+		free(s->arena);
+		s->arena = NULL;
+		return kvmem_error(ENOMEM, "out of memory for %zu bytes of %s pages", s->bytes,
+				   kvmem_dtype_name(dt));
+	}
+	fill_bf16(s->arena, s->bytes, c->o.seed);
+	/* fp8 (make_workspace's rule): every byte an e4m3 value of magnitude
+	 * 0.5..0.94 and every 4 of them a finite scale */
+	if (dt == KVMEM_DTYPE_FP8)
+		for (size_t i = 0; i < s->bytes; i++)
+			s->arena[i] = (char)((s->arena[i] & 0x87) | 0x30);
+	for (int64_t i = 0, k = 0; i < 2 * nb; i++)
+		for (int l = 0; l < L; l++, k++) {
+			kvmem_place *it = &s->it[k];
+
+			*it = (kvmem_place){ .block = order[i], .layer = l, .u0 = 0, .n = BLOCK,
+					     .stride = BLOCK, .slot = (i % nb) * BLOCK };
+			kvmem_page_at(&it->page, s->arena + (size_t)(order[i] * L + l) * c->page_bytes,
+				      dt, c->geo.cfg.n_kv_heads, BLOCK, c->geo.cfg.head_dim);
+		}
+	if (c->b->ops->view_create(c->b->ctx, &s->v) < 0 ||
+	    c->b->ops->reserve(c->b->ctx, s->v, nb * BLOCK) < 0)
+		return -1;
+	if (c->b->ops->host_register && c->b->ops->host_register(c->b->ctx, s->arena, s->bytes) == 0)
+		s->reg = 1;
+	return 0;
+}
+
+/* One pass of way w (0: the pool, 1: the kernel alone) over c's set. */
+static int remat_pass(struct ctx *c, struct remat_set *s, int w)
+{
+	kvmem_place_stats a, d;
+	double t;
+
+	if (c->b->ops->set && (set(c, "pool", w ? "0" : "default") < 0 ||
+			       set(c, "place_sync", "1") < 0))
+		return -1;
+	if (place_all(c, s->v, s->it, s->np) < 0)	/* the warm-up set */
+		return -1;
+	place_now(c, &a);
+	if ((t = place_all(c, s->v, s->it + s->np, s->np)) < 0)
+		return -1;
+	place_delta(c, &a, &d);
+	if (!s->best[w] || t < s->best[w]) {
+		s->best[w] = t;
+		s->hits[w] = d.pool_hits;
+	}
+	return 0;
+}
+
+int ph_remat_both(struct ctx *x, struct ctx *y)
+{
+	const int64_t nb = x->o.remat / BLOCK;
+	struct ctx *cs[2] = { x, y };
+	struct remat_set sets[2] = { 0 };
+	int64_t *order = malloc(sizeof(*order) * (size_t)(2 * nb));
+	const int ways = x->b->ops->set && y->b->ops->set ? 2 : 1;
+	const double peak = x->ce.h2d_gbps, tokens = (double)(nb * BLOCK);
+	int rc = -1;
+
+	if (!order)
+		return kvmem_error(ENOMEM, "out of memory");
+	/* the blocks shuffled: scattered over the arena as entering blocks
+	 * are over a host pool (the same order for both dtypes) */
+	for (int64_t i = 0; i < 2 * nb; i++)
+		order[i] = i;
+	{
+		uint64_t r = x->o.seed | 1;
+
+		for (int64_t i = 2 * nb - 1; i > 0; i--) {
+			int64_t j = (int64_t)(xs(&r) % (uint64_t)(i + 1)), t = order[i];
+
+			order[i] = order[j];
+			order[j] = t;
+		}
+	}
+	for (int d = 0; d < 2; d++)
+		if (remat_set_make(cs[d], nb, order, &sets[d]) < 0)
+			goto out;
+	printf("\nrematerialisation, fp8 against bf16: %" PRId64 " tokens x %d layers (pages of "
+	       "%zu / %zu bytes: %.1f / %.1f MB) placed a block's layers at a time in calls of %d "
+	       "pages, shuffled blocks, each page placed for the first time; pages in %shost "
+	       "memory\n", nb * BLOCK, x->geo.cfg.n_layers, x->page_bytes, y->page_bytes,
+	       (double)sets[0].np * x->page_bytes / 1e6, (double)sets[1].np * y->page_bytes / 1e6,
+	       BATCH, !x->b->ops->host_register ? "" : sets[0].reg && sets[1].reg ?
+	       "registered " : "unregistered (host_register refused) ");
+	for (int r = 0; r < 3; r++)
+		for (int w = 0; w < ways; w++)
+			for (int d = 0; d < 2; d++)
+				if (remat_pass(cs[d], &sets[d], w) < 0)
+					goto out;
+	for (int w = 0; w < ways; w++) {
+		for (int d = 0; d < 2; d++) {
+			const double t = sets[d].best[w];
+			const double gb = (double)sets[d].np * cs[d]->page_bytes / t / 1e9;
+
+			printf("  %-4s %-6s %7.1f GB/s  %6.0fK tokens/s", d ? "fp8" : "bf16",
+			       ways == 1 ? "place" : w ? "kernel" : "pool", gb, tokens / t / 1e3);
+			if (peak > 0)
+				printf("  %.2f of the pinned copy peak (%.1f GB/s)", gb / peak, peak);
+			printf("  [%s; %" PRIu64 " of %" PRId64 " pages from the pool]\n",
+			       ways == 1 ? "the backend's place" :
+			       w ? "no pool: the gather reads the pages over PCIe" :
+			       d ? "whole pages copied into the pool, then the gather from HBM" :
+				   "the gather reads the pages over PCIe and fills the pool",
+			       sets[d].hits[w], sets[d].np);
+		}
+		printf("  fp8 / bf16 tokens/s, %s: %.2f (target >= 1.9; the pages' bytes allow %.2f)\n",
+		       ways == 1 ? "place" : w ? "the kernel alone" : "the session's way (pool)",
+		       sets[0].best[w] / sets[1].best[w], (double)x->page_bytes / y->page_bytes);
+	}
+	rc = 0;
+out:
+	for (int d = 0; d < 2; d++) {
+		if (cs[d]->b->ops->set) {	/* later phases as a user gets them */
+			set(cs[d], "pool", "default");
+			set(cs[d], "place_sync", "default");
+		}
+		remat_set_free(cs[d], &sets[d]);
+	}
+	free(order);
+	return rc;
+}
+
 /* ---- O_DIRECT sequential read (the peer of cold page-in) ------------------- */
 /* An O_DIRECT sequential read of path's first size bytes in requests of
  * req bytes, qd in flight: bytes per second, or -1. */
