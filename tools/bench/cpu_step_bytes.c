@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Where the cpu backend's batched decode step stands against this machine's
+ * caches (issue #26's CPU row: 8 conversations / one): the step's bytes
+ * read again and again by two threads from a buffer of the step's size (the
+ * last-level cache's rate) and of several times it (memory's), then the
+ * embedded model's products alone (6 layers of q|k|v 256 -> 768, o 512 ->
+ * 256, gate|up 256 -> 1536, down 768 -> 256, bf16 weights, through the
+ * kernels' pool as the engine runs them) at 1 and 8 rows, with 1, 2 and 4
+ * copies of the weights used in turn: one copy is the lone step's working
+ * set, two are about the batched step's (its views are as large as its
+ * weights).
+ *
+ *   make && gcc -std=c11 -O2 -Iinclude -I. -o /tmp/cpu_step_bytes \
+ *       tools/bench/cpu_step_bytes.c build/libkvmem.a \
+ *       $(pkg-config --libs liburing numa libxxhash libpcre2-8 jansson) \
+ *       -lopenblas -lunistring -lm -lpthread -fopenmp && /tmp/cpu_step_bytes
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <omp.h>
+
+#include "kernels/kernels.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The fastest of 200 reads of mb megabytes by two threads: GB/s. */
+__attribute__((target("avx512f"))) static double reread(double mb)
+{
+	const size_t n = (size_t)(mb * 1e6 / 4) & ~(size_t)127;
+	float *a = aligned_alloc(64, n * 4), sink = 0;
+	double best = 1e9;
+
+	if (!a)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		a[i] = (float)(i % 1024);
+	for (int r = 0; r < 200; r++) {
+		const double t0 = now_s();
+
+		#pragma omp parallel num_threads(2) reduction(+ : sink)
+		{
+			const size_t h = n / 2, lo = omp_get_thread_num() ? h : 0;
+			__m512 s0 = _mm512_setzero_ps(), s1 = s0;
+
+			for (size_t i = lo; i < lo + h; i += 32) {
+				s0 = _mm512_add_ps(s0, _mm512_load_ps(a + i));
+				s1 = _mm512_add_ps(s1, _mm512_load_ps(a + i + 16));
+			}
+			sink += _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+		}
+		const double t = now_s() - t0;
+
+		best = t < best ? t : best;
+	}
+	free(a);
+	return sink == -1 ? 0 : (double)n * 4 / best / 1e9;
+}
+
+static const int shape[4][2] = { { 256, 768 }, { 512, 256 }, { 256, 1536 }, { 768, 256 } };
+
+/* The products of a step at n rows over `sets` copies of the weights in
+ * turn: the fastest step and the mean (ms). */
+static void products(int n, int sets, double *best, double *mean)
+{
+	uint16_t *w[4][6][4];
+	float *x = malloc(sizeof(float) * n * 1536), *y = malloc(sizeof(float) * n * 1536);
+	double sum = 0;
+	const int reps = 400;
+
+	for (int i = 0; i < n * 1536; i++)
+		x[i] = (float)(i % 97) * 0.01f;
+	for (int s = 0; s < sets; s++)
+		for (int l = 0; l < 6; l++)
+			for (int p = 0; p < 4; p++) {
+				const size_t m = (size_t)shape[p][0] * shape[p][1];
+
+				w[s][l][p] = malloc(2 * m);
+				for (size_t i = 0; i < m; i++)	/* bf16 values near 1 */
+					w[s][l][p][i] = (uint16_t)(0x3f80 + i % 64);
+			}
+	*best = 1e9;
+	for (int r = 0; r < reps; r++) {
+		const double t0 = now_s();
+
+		for (int l = 0; l < 6; l++)
+			for (int p = 0; p < 4; p++)
+				kvmem_matmul_bf16w(y, x, w[r % sets][l][p], n, shape[p][0], shape[p][1]);
+		const double t = now_s() - t0;
+
+		*best = t < *best ? t : *best;
+		sum += t;
+	}
+	*mean = sum / reps * 1e3;
+	*best *= 1e3;
+	for (int s = 0; s < sets; s++)
+		for (int l = 0; l < 6; l++)
+			for (int p = 0; p < 4; p++)
+				free(w[s][l][p]);
+	free(x);
+	free(y);
+}
+
+int main(void)
+{
+	double mb = 0, flops1 = 0;
+
+	for (int p = 0; p < 4; p++) {
+		mb += 6.0 * shape[p][0] * shape[p][1] * 2 / 1e6;
+		flops1 += 6.0 * shape[p][0] * shape[p][1] * 2;
+	}
+	omp_set_num_threads(2);
+	printf("cpu_step_bytes: %d threads; the step's weights %.1f MB (bf16)\n",
+	       omp_get_max_threads(), mb);
+	for (double s = mb; s <= 8 * mb; s *= 2)
+		printf("  %5.1f MB read again and again: %6.1f GB/s\n", s, reread(s));
+	for (int n = 1; n <= 8; n += 7)
+		for (int sets = 1; sets <= 4; sets *= 2) {
+			double best, mean;
+
+			products(n, sets, &best, &mean);
+			printf("  products at %d row%s, %d cop%s of the weights in turn (%.1f MB): "
+			       "fastest %.3f ms (%.0f GFLOP/s), mean %.3f ms\n", n, n > 1 ? "s" : "",
+			       sets, sets > 1 ? "ies" : "y", sets * mb, best, flops1 * n / best / 1e6,
+			       mean);
+		}
+	return 0;
+}
