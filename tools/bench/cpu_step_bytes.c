@@ -9,7 +9,8 @@
  * kernels' pool as the engine runs them) at 1 and 8 rows, with 1, 2 and 4
  * copies of the weights used in turn: one copy is the lone step's working
  * set, two are about the batched step's (its views are as large as its
- * weights).
+ * weights); last the step's attention alone, 8 views of 140 and of 320 keys
+ * in each of 6 layers, as the engine calls kvmem_attention_batch.
  *
  *   make && gcc -std=c11 -O2 -Iinclude -I. -o /tmp/cpu_step_bytes \
  *       tools/bench/cpu_step_bytes.c build/libkvmem.a \
@@ -111,6 +112,59 @@ static void products(int n, int sets, double *best, double *mean)
 	free(y);
 }
 
+/* The step's attention alone: 8 views of n_kv keys (the embedded model's
+ * 2 KV heads of 64, 8 query heads), 6 layers of views, one query a view,
+ * through kvmem_attention_batch as the engine calls it. */
+static void attention(int n_kv, double *best, double *mean)
+{
+	enum { L = 6, S = 8, H = 8, HK = 2, D = 64, CAP = 1024 };
+	float *kv[L][S][2], *q = malloc(sizeof(float) * S * H * D);
+	float *out = malloc(sizeof(float) * S * H * D);
+	int32_t *pos = malloc(sizeof(int32_t) * CAP), qp[S];
+	kvmem_att_seq seqs[S];
+	double sum = 0;
+	const int reps = 300;
+
+	for (int i = 0; i < CAP; i++)
+		pos[i] = i;
+	for (int i = 0; i < S * H * D; i++)
+		q[i] = (float)(i % 11) * 0.05f;
+	for (int l = 0; l < L; l++)
+		for (int s = 0; s < S; s++)
+			for (int x = 0; x < 2; x++) {
+				kv[l][s][x] = malloc(sizeof(float) * HK * CAP * D);
+				for (size_t i = 0; i < (size_t)HK * CAP * D; i++)
+					kv[l][s][x][i] = (float)((i * 7 + s) % 13) * 0.1f - 0.6f;
+			}
+	*best = 1e9;
+	for (int r = 0; r < reps; r++) {
+		const double t0 = now_s();
+
+		for (int l = 0; l < L; l++) {
+			for (int s = 0; s < S; s++) {
+				qp[s] = n_kv - 1;
+				seqs[s] = (kvmem_att_seq){ .q0 = s, .n_q = 1, .q_pos = &qp[s],
+							   .k = kv[l][s][0], .v = kv[l][s][1],
+							   .kv_pos = pos, .n_kv = n_kv, .kv_stride = CAP };
+			}
+			kvmem_attention_batch(out, q, seqs, S, H, HK, D, 0.125f);
+		}
+		const double t = now_s() - t0;
+
+		*best = t < *best ? t : *best;
+		sum += t;
+	}
+	*best *= 1e3;
+	*mean = sum / reps * 1e3;
+	for (int l = 0; l < L; l++)
+		for (int s = 0; s < S; s++)
+			for (int x = 0; x < 2; x++)
+				free(kv[l][s][x]);
+	free(q);
+	free(out);
+	free(pos);
+}
+
 int main(void)
 {
 	double mb = 0, flops1 = 0;
@@ -134,5 +188,12 @@ int main(void)
 			       sets, sets > 1 ? "ies" : "y", sets * mb, best, flops1 * n / best / 1e6,
 			       mean);
 		}
+	for (int n_kv = 140; n_kv <= 320; n_kv += 180) {
+		double best, mean;
+
+		attention(n_kv, &best, &mean);
+		printf("  attention, 8 views of %d keys, 6 layers: fastest %.3f ms, mean %.3f ms\n",
+		       n_kv, best, mean);
+	}
 	return 0;
 }
