@@ -242,7 +242,8 @@ struct remat_set {
 	kvmem_view *v;
 	int reg;
 	double best[2];		/* pool, kernel: the fastest pass, seconds */
-	uint64_t hits[2];	/* pages the measured set found in the pool */
+	uint64_t hits[2];	/* pages the measured set found in the pool (none: its first time) */
+	uint64_t held[2];	/* pages in the pool after the pass (0: no pool was made) */
 };
 
 static void remat_set_free(struct ctx *c, struct remat_set *s)
@@ -311,9 +312,11 @@ static int remat_pass(struct ctx *c, struct remat_set *s, int w)
 	if ((t = place_all(c, s->v, s->it + s->np, s->np)) < 0)
 		return -1;
 	place_delta(c, &a, &d);
+	place_now(c, &a);
 	if (!s->best[w] || t < s->best[w]) {
 		s->best[w] = t;
 		s->hits[w] = d.pool_hits;
+		s->held[w] = a.pool_pages;
 	}
 	return 0;
 }
@@ -368,12 +371,13 @@ int ph_remat_both(struct ctx *x, struct ctx *y)
 			       ways == 1 ? "place" : w ? "kernel" : "pool", gb, tokens / t / 1e3);
 			if (peak > 0)
 				printf("  %.2f of the pinned copy peak (%.1f GB/s)", gb / peak, peak);
-			printf("  [%s; %" PRIu64 " of %" PRId64 " pages from the pool]\n",
-			       ways == 1 ? "the backend's place" :
+			printf("  [%s; %" PRIu64 " of %" PRId64 " pages from the pool, %" PRIu64
+			       " held after]\n", ways == 1 ? "the backend's place" :
 			       w ? "no pool: the gather reads the pages over PCIe" :
+			       !sets[d].held[w] ? "NO POOL COULD BE MADE: the kernel's way" :
 			       d ? "whole pages copied into the pool, then the gather from HBM" :
 				   "the gather reads the pages over PCIe and fills the pool",
-			       sets[d].hits[w], sets[d].np);
+			       sets[d].hits[w], sets[d].np, sets[d].held[w]);
 		}
 		printf("  fp8 / bf16 tokens/s, %s: %.2f (target >= 1.9; the pages' bytes allow %.2f)\n",
 		       ways == 1 ? "place" : w ? "the kernel alone" : "the session's way (pool)",
