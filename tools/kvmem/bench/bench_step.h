@@ -112,6 +112,7 @@ const char *vs(char *buf, size_t n, double peer_s, double t_s);
 double gbps(double bytes, double s);
 uint64_t xs(uint64_t *s);
 void fill_bf16(void *dst, size_t bytes, uint64_t seed);
+void fp8_valid(char *p, size_t bytes);
 void random_ids(int32_t *ids, int64_t n, int vocab, uint64_t seed);
 void rm_rf(const char *path);
 void place_delta(struct ctx *x, const kvmem_place_stats *a, kvmem_place_stats *d);

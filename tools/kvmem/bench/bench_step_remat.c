@@ -49,6 +49,21 @@ static double place_all(struct ctx *x, kvmem_view *v, kvmem_place *it, int64_t n
 	return cli_now_s() - t0;
 }
 
+/* order[0..n) = 0..n-1 in the order seed shuffles them (Fisher-Yates). */
+static void shuffled_blocks(int64_t *order, int64_t n, uint64_t seed)
+{
+	uint64_t r = seed | 1;
+
+	for (int64_t i = 0; i < n; i++)
+		order[i] = i;
+	for (int64_t i = n - 1; i > 0; i--) {
+		int64_t j = (int64_t)(xs(&r) % (uint64_t)(i + 1)), t = order[i];
+
+		order[i] = order[j];
+		order[j] = t;
+	}
+}
+
 int ph_remat(struct ctx *x)
 {
 	const int L = x->geo.cfg.n_layers;
@@ -70,18 +85,7 @@ int ph_remat(struct ctx *x)
 	fill_bf16(arena, bytes, x->o.seed);
 	/* Blocks to slots in a shuffled order: the pages are scattered over
 	 * the arena as entering blocks are over a host pool. */
-	for (int64_t i = 0; i < nb; i++)
-		order[i] = i;
-	{
-		uint64_t r = x->o.seed | 1;
-
-		for (int64_t i = nb - 1; i > 0; i--) {
-			int64_t j = (int64_t)(xs(&r) % (uint64_t)(i + 1)), t = order[i];
-
-			order[i] = order[j];
-			order[j] = t;
-		}
-	}
+	shuffled_blocks(order, nb, x->o.seed);
 	for (int l = 0, k = 0; l < L; l++)
 		for (int64_t i = 0; i < nb; i++, k++) {
 			int64_t b = order[i];
@@ -275,11 +279,8 @@ static int remat_set_make(struct ctx *c, int64_t nb, const int64_t *order, struc
 				   kvmem_dtype_name(dt));
 	}
 	fill_bf16(s->arena, s->bytes, c->o.seed);
-	/* fp8 (make_workspace's rule): every byte an e4m3 value of magnitude
-	 * 0.5..0.94 and every 4 of them a finite scale */
 	if (dt == KVMEM_DTYPE_FP8)
-		for (size_t i = 0; i < s->bytes; i++)
-			s->arena[i] = (char)((s->arena[i] & 0x87) | 0x30);
+		fp8_valid(s->arena, s->bytes);
 	for (int64_t i = 0, k = 0; i < 2 * nb; i++)
 		for (int l = 0; l < L; l++, k++) {
 			kvmem_place *it = &s->it[k];
@@ -335,18 +336,7 @@ int ph_remat_both(struct ctx *x, struct ctx *y)
 		return kvmem_error(ENOMEM, "out of memory");
 	/* the blocks shuffled: scattered over the arena as entering blocks
 	 * are over a host pool (the same order for both dtypes) */
-	for (int64_t i = 0; i < 2 * nb; i++)
-		order[i] = i;
-	{
-		uint64_t r = x->o.seed | 1;
-
-		for (int64_t i = 2 * nb - 1; i > 0; i--) {
-			int64_t j = (int64_t)(xs(&r) % (uint64_t)(i + 1)), t = order[i];
-
-			order[i] = order[j];
-			order[j] = t;
-		}
-	}
+	shuffled_blocks(order, 2 * nb, x->o.seed);
 	for (int d = 0; d < 2; d++)
 		if (remat_set_make(cs[d], nb, order, &sets[d]) < 0)
 			goto out;

@@ -148,6 +148,15 @@ void geom_of(const struct ctx *x, const kvmem_model *m, kvmem_page_geom *g)
 	g->dtype = x->o.kv_dtype;
 }
 
+/* Random bytes made fit for fp8 pages: every byte 0x3N or 0xbN, N < 8, is
+ * an e4m3 value of magnitude 0.5..0.94, and every 4 of them a finite fp32
+ * scale; no NaN anywhere, wherever a page's scales fall. */
+void fp8_valid(char *p, size_t bytes)
+{
+	for (size_t i = 0; i < bytes; i++)
+		p[i] = (char)((p[i] & 0x87) | 0x30);
+}
+
 /* tokens (a multiple of BLOCK) of random pages and ids, committed. */
 int make_workspace(struct ctx *x, const kvmem_model *m, const char *dir, int64_t tokens,
 		   double *secs)
@@ -170,12 +179,9 @@ int make_workspace(struct ctx *x, const kvmem_model *m, const char *dir, int64_t
 		goto out;
 	}
 	fill_bf16(src, src_bytes + pb, x->o.seed ^ (uint64_t)tokens);
-	/* fp8 pages (bytes, then scales, at any 4096-byte offset of src): every
-	 * byte 0x3N or 0xbN, N < 8, is an e4m3 value of magnitude 0.5..0.94, and
-	 * every 4 of them a finite fp32 scale; no NaN anywhere. */
+	/* fp8 pages (bytes, then scales, at any 4096-byte offset of src) */
 	if (g.dtype == KVMEM_DTYPE_FP8)
-		for (size_t i = 0; i < src_bytes + pb; i++)
-			src[i] = (char)((src[i] & 0x87) | 0x30);
+		fp8_valid(src, src_bytes + pb);
 	rm_rf(dir);
 	kvmem_pager_opts_default(&po);
 	po.flags = KVMEM_PAGER_CREATE | KVMEM_PAGER_NO_KEEP;
