@@ -312,12 +312,11 @@ static int remat_pass(struct ctx *c, struct remat_set *s, int w)
 	place_now(c, &a);
 	if ((t = place_all(c, s->v, s->it + s->np, s->np)) < 0)
 		return -1;
-	place_delta(c, &a, &d);
-	place_now(c, &a);
+	place_delta(c, &a, &d);	/* its pool_pages: the pool's pages now */
 	if (!s->best[w] || t < s->best[w]) {
 		s->best[w] = t;
 		s->hits[w] = d.pool_hits;
-		s->held[w] = a.pool_pages;
+		s->held[w] = d.pool_pages;
 	}
 	return 0;
 }
