@@ -19,6 +19,12 @@ cd "$(dirname "$0")/../.."
 OUT=${1:?usage: tests/gpu/peer26.sh OUTDIR [SECONDS]}
 . tests/gpu/lib.sh
 gpu_begin peer26 540 "${2:-}"
+# The rows' summary, the logs as one tar (the run tool brings few files back), the verdict.
+finish() {
+	gpu_batch_summary
+	[ -n "${OUT:-}" ] && tar cf "$OUT/peer26.tar" -C "$OUT" peer26 && rm -rf "${OUT:?}/peer26"
+	gpu_done
+}
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 B64="--context 8k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,64 --no-loop"
 B16="--context 32k --budget 4096 --chunk 2048 --tokens 8 --sessions 1,16 --no-loop"
@@ -31,9 +37,7 @@ if [ "${mib:-0}" -le 100000 ]; then
 		KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b16k_16_fp8_t8 90 $B16 --kv-dtype fp8
 		gpu_torch_peer 110 1,16:16384
 	fi
-	gpu_batch_summary
-	[ -n "${OUT:-}" ] && tar cf "$OUT/peer26.tar" -C "$OUT" peer26 && rm -rf "${OUT:?}/peer26"
-	gpu_done
+	finish
 	exit
 fi
 if [ -n "${ONLY64:-}" ]; then
@@ -52,9 +56,7 @@ else
 	echo "-- the PyTorch peer left out: its full caches (77 GB) and weights do not fit ${mib} MiB"
 fi
 if [ -n "${ONLY64:-}" ]; then
-	gpu_batch_summary
-	[ -n "${OUT:-}" ] && tar cf "$OUT/peer26.tar" -C "$OUT" peer26 && rm -rf "${OUT:?}/peer26"
-	gpu_done
+	finish
 	exit
 fi
 gpu_batch b32k_16_fp8 80 $B16 --kv-dtype fp8
@@ -62,6 +64,4 @@ gpu_batch b32k_16_bf16 80 $B16
 # The decode split's least stages at 8 (4 and 16 measured on an H100 on
 # 2026-12-06: benchmarks.md, "Batched steps over fp8 views on an H100").
 KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch b32k_16_fp8_t8 80 $B16 --kv-dtype fp8
-gpu_batch_summary
-[ -n "${OUT:-}" ] && tar cf "$OUT/peer26.tar" -C "$OUT" peer26 && rm -rf "${OUT:?}/peer26"
-gpu_done
+finish
