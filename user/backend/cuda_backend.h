@@ -249,7 +249,9 @@ void cuda_pages_count_pack(struct cuda *b, const kvmem_place *items, int n, doub
 int cuda_pages_fp8_pool(struct cuda *b);
 /* With it on: at[i] the device's address of a pool slot holding item i's
  * page as the page holds it (K, V, their scales: kvmem_page_at's layout),
- * or NULL; whole pages of registered memory enter it on their way. */
+ * or NULL; whole pages of registered memory enter it on their way. The
+ * pages copied in, their copies not waited for (wait before the pages
+ * they read may go), or an error. */
 int cuda_pages_fp8_at(struct cuda *b, int64_t view_cap, const kvmem_place *items, int n,
 		      const char **at);
 /* count_pack's counters for fp8 place(); the items of at[i] set came

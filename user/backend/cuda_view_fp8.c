@@ -570,6 +570,15 @@ static int place_pooled(struct cuda *b, kvmem_view *v, const kvmem_place *items,
 	return 0;
 }
 
+/* An error after cuda_pages_fp8_at issued copies from the caller's pages:
+ * they are waited for before the caller may let those pages go. */
+static int after_copies(struct cuda *b, int copied, int rc)
+{
+	if (copied > 0)
+		kvmem_cuda_sync(b->ctx);
+	return rc;
+}
+
 int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int n)
 {
 	const int H = b->c->n_kv_heads, D = b->c->head_dim;
@@ -578,7 +587,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	size_t total = 0, at = 0;
 	kvmem_gather_item g, *hi;
 	struct cuda_fp8 *f;
-	int rc, pool = cuda_pages_fp8_pool(b), host = 0;
+	int rc, pool = cuda_pages_fp8_pool(b), host = 0, copied = 0;
 
 	if (pool < 0)
 		return pool;
@@ -607,7 +616,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 		if (!(f = f8_of(b)))
 			return kvmem_fail();
 		if ((rc = at_room(f, n)) < 0 ||
-		    (rc = cuda_pages_fp8_at(b, v->cap, items, n, f->at)) < 0)
+		    (rc = copied = cuda_pages_fp8_at(b, v->cap, items, n, f->at)) < 0)
 			return rc;
 		slot = f->at;
 	}
@@ -615,7 +624,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 		if (!(slot && slot[i]) && !direct(b, &items[i], &g))
 			total += item_bytes(b, items[i].n);
 	if ((rc = staging_room(b, total, total, n)) < 0)
-		return rc;
+		return after_copies(b, copied, rc);
 	f = b->f8;
 	hi = cuda_ring_host(&f->ring);
 	for (int i = 0; i < n; i++) {
@@ -630,7 +639,7 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 		if (direct(b, it, &hi[i]))
 			continue;
 		if ((rc = pack(b, it, f->host_st + at)) < 0)
-			return rc;
+			return after_copies(b, copied, rc);
 		hi[i] = (kvmem_gather_item){
 			.k = dev, .v = dev + (size_t)H * it->n * D,
 			.layer = it->layer, .slot = (int32_t)it->slot, .n = it->n,
@@ -643,10 +652,11 @@ int cuda_fp8_place(struct cuda *b, kvmem_view *v, const kvmem_place *items, int 
 	}
 	/* Pages from the device pool only: the kernel is not waited for (the
 	 * next call fills the ring's other half meanwhile); pages read from
-	 * host memory are let go when this returns, so their kernel is. */
+	 * host memory, or copied from it into the pool by this call, are let
+	 * go when this returns, so their kernel is (one wait for both). */
 	if ((at && (rc = kvmem_cuda_upload(b->ctx, f->st, f->host_st, at)) < 0) ||
-	    (rc = gather_half(b, v, hi, n, host || b->place_sync)) < 0)
-		return rc;
+	    (rc = gather_half(b, v, hi, n, host || copied || b->place_sync)) < 0)
+		return after_copies(b, copied, rc);
 	/* counted as the bf16 view's place() counts (kvmem_place_stats) */
 	cuda_pages_count_fp8(b, items, n, slot, (double)kvmem_now_ns() - t0);
 	return 0;
