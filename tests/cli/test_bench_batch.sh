@@ -4,7 +4,8 @@
 # invariance; the command fails when it does not), the rates are positive,
 # --json gives one object per session count with the batched step split
 # into forward and host time and the step's roofline (its bytes counted
-# here by hand), --no-loop leaves the loop out, bad options are refused.
+# here by hand), --no-loop leaves the loop out, --rounds repeats the
+# back-to-back runs, bad options are refused.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no $KVMEM"; exit 77; }
@@ -100,8 +101,26 @@ r = json.loads(sys.stdin.readline())
 assert r["kv_dtype"] == "fp8" and r["sessions"] == 3 and r["same_tokens"] is True, r
 ' || fail "--kv-dtype fp8 JSON: $out"
 
+# --rounds N: the back-to-back pair of runs N times, each round's ratio; the
+# batch's first session still draws the lone session's tokens in every round.
+out=$("$KVMEM" bench batch --backend cpu --sessions 2 --context 24 --tokens 2 --no-loop \
+	--rounds 3 --json 2>"$tmp/err")
+rc=$?
+[ $rc -eq 0 ] || fail "--rounds run failed (exit $rc): $(cat "$tmp/err")"
+echo "$out" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.readline())
+assert r["run_rounds"] == 3 and r["same_tokens"] is True, r
+assert 0 < r["run_ratio_min"] <= r["run_ratio_median"] <= r["run_ratio_max"], r
+assert r["run_alone_tokens_per_s"] > 0 and r["run_batch_tokens_per_s"] > 0, r
+' || fail "bad --rounds JSON: $out"
+out=$("$KVMEM" bench batch --backend cpu --sessions 2 --context 24 --tokens 2 --no-loop \
+	--rounds 2 2>&1) || fail "--rounds table run failed: $out"
+echo "$out" | grep -qE 'back to back: .*, 2 rounds: [0-9.]+x-[0-9.]+x, median [0-9.]+x' ||
+	fail "--rounds 2: no rounds in the back-to-back line: $out"
+
 for bad in "--sessions 0" "--sessions 1,x" "--tokens 0" "--preset nosuch" "--nope" "--progress -1" \
-	"--kv-dtype fp9"; do
+	"--kv-dtype fp9" "--rounds 0" "--rounds 101"; do
 	# shellcheck disable=SC2086
 	"$KVMEM" bench batch $bad >/dev/null 2>"$tmp/err"
 	rc=$?

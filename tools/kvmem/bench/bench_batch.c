@@ -34,7 +34,11 @@
  * away meanwhile and its next step never waits for them. The "run_*"
  * fields are the honest pace of steps back to back: --tokens more steps
  * of the lone session, then of the batch, each run timed whole with a
- * last kvmem_session_sync (every row put away).
+ * last kvmem_session_sync (every row put away). --rounds N repeats that
+ * pair N times and prints the rounds' ratios (least, median, most): on
+ * shared cores the lone step's pace drifts with what the machine's other
+ * guests leave of the cache, by 20-30% between runs of one build here, and
+ * one pair is one sample of it.
  *
  * Beside each row, the roofline of a step on this device, from the
  * ceilings the backend measures at the start (kvmem_backend_ceilings): the
@@ -68,6 +72,7 @@ struct opts {
 	struct bench_model bm;
 	int sessions[MAX_LIST], n_sessions;
 	int context, tokens, chunk, json;
+	int rounds;		/* --rounds: back-to-back pairs of runs */
 	int no_loop;		/* --no-loop: no set A (half the memory) */
 	double progress;	/* --progress: seconds between progress lines (0: none) */
 	int64_t budget;
@@ -107,6 +112,11 @@ static void usage(FILE *f)
 		"                     (as kvmem run --kv-dtype); both sets and the lone\n"
 		"                     session alike\n"
 		"  --seed S           the histories' random token ids (default 1)\n"
+		"  --rounds N         the back-to-back runs (--tokens steps of the lone\n"
+		"                     session, then of the batch, each timed whole) N times\n"
+		"                     in turn, with the rounds' ratios (default 1; 1..100);\n"
+		"                     each round continues the histories: the views grow by\n"
+		"                     --tokens a round\n"
 		"  --no-loop          leave the loop's set of sessions out (the batch and the\n"
 		"                     lone session only: half the memory, for long\n"
 		"                     histories); batch invariance is then checked on the\n"
@@ -120,6 +130,7 @@ static void usage(FILE *f)
 		"examples:\n"
 		"  kvmem bench batch\n"
 		"  kvmem bench batch --sessions 1,8 --context 1k --tokens 32\n"
+		"  kvmem bench batch --sessions 1,8 --tokens 64 --rounds 5\n"
 		"  kvmem bench batch --backend cuda --preset 8b --sessions 1,16,64 --context 1k\n"
 		"  kvmem bench batch --backend cuda --preset 8b --sessions 1,16 --context 32k \\\n"
 		"      --budget 4096 --chunk 2048 --no-loop\n"
@@ -156,6 +167,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "no-loop", no_argument, NULL, 'L' },	      { "help", no_argument, NULL, 'h' },
 		{ "progress", required_argument, NULL, 'P' }, { "quiet", no_argument, NULL, 'q' },
 		{ "kv-dtype", required_argument, NULL, 'K' },
+		{ "rounds", required_argument, NULL, 'R' },
 		{ 0 },
 	};
 	int c;
@@ -166,6 +178,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->n_sessions = 4;
 	o->context = 256;
 	o->tokens = 32;
+	o->rounds = 1;
 	o->chunk = 128;
 	o->seed = 1;
 	o->progress = 10;
@@ -184,6 +197,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->context = (int)v;
 			break;
 		case 'n': bad = cli_parse_int(WHO, name, optarg, 1, 100000, &o->tokens); break;
+		case 'R': bad = cli_parse_int(WHO, name, optarg, 1, 100, &o->rounds); break;
 		case 'b': bad = cli_parse_count(WHO, name, optarg, 0, (int64_t)1 << 40, &o->budget); break;
 		case 'c': bad = cli_parse_int(WHO, name, optarg, 1, 1 << 16, &o->chunk); break;
 		case 's': bad = cli_parse_u64(WHO, name, optarg, &o->seed); break;
@@ -234,7 +248,8 @@ static int set_open(struct set *x, const struct opts *o, kvmem_backend *be, int 
 	memset(x, 0, sizeof(*x));
 	x->b = b;
 	x->s = calloc((size_t)b, sizeof(*x->s));
-	x->out = calloc((size_t)b * o->tokens * 2, sizeof(*x->out));	/* and the run's */
+	/* the interleaved steps' draws, then the rounds' */
+	x->out = calloc((size_t)b * o->tokens * (1 + o->rounds), sizeof(*x->out));
 	x->at = calloc((size_t)b, sizeof(*x->at));
 	x->it = calloc((size_t)b, sizeof(*x->it));
 	if (!x->s || !x->out || !x->at || !x->it) {
@@ -556,7 +571,7 @@ int bench_batch(int argc, char **argv)
 		int64_t pt;
 		double pa, pb, to = 1e30, ta = 1e30, tb = 1e30, mo, ma, mb, sum_b = 0;
 		int64_t ns0[3], ns1[3], ns2[3];
-		double ro, rb;
+		double ro, rb, rr[100], r_med;	/* rr: each round's batch / alone */
 		/* the roofline: the views' mean lengths over the timed steps */
 		double vs = 0, ra_ms = 0, rb_ms = 0, rbytes = 0, rflops = 0, abytes, aflops;
 
@@ -595,20 +610,33 @@ int bench_batch(int argc, char **argv)
 			ra_ms = 1e3 * roof_step(&roof, &m->cfg, &vs, 1, &abytes, &aflops);
 			rb_ms = 1e3 * roof_step(&roof, &m->cfg, vb, b, &rbytes, &rflops);
 		}
-		if ((ro = run(&solo, o.tokens, o.tokens, 0)) < 0 ||
-		    (rb = run(&x, o.tokens, o.tokens, 1)) < 0) {
-			set_free(&a);
-			set_free(&x);
-			set_free(&solo);
-			goto err;
+		/* Back to back, --rounds times: each round's ratio, and the
+		 * runs' times summed (the rates over every round's steps). */
+		ro = rb = 0;
+		for (int r = 0; r < o.rounds; r++) {
+			const int from = o.tokens * (1 + r);
+			double t_o, t_b;
+
+			if ((t_o = run(&solo, from, o.tokens, 0)) < 0 ||
+			    (t_b = run(&x, from, o.tokens, 1)) < 0) {
+				set_free(&a);
+				set_free(&x);
+				set_free(&solo);
+				goto err;
+			}
+			ro += t_o;
+			rb += t_b;
+			rr[r] = b * t_o / t_b;
 		}
 		set_ns(&x, ns2);
+		r_med = median(rr, o.rounds);	/* sorted: rr[0] the least */
+		const double rn = (double)o.tokens * o.rounds;	/* each run's steps, all rounds */
 		mo = median(lo, o.tokens);
 		ma = median(la, o.tokens);
 		mb = median(lb, o.tokens);
 		if (o.no_loop) {	/* session 0 has the lone session's history */
 			same = 1;
-			for (int st = 0; st < 2 * o.tokens; st++)
+			for (int st = 0; st < (1 + o.rounds) * o.tokens; st++)
 				same &= solo.out[st] == x.out[(size_t)st * b];
 		} else
 			same = !memcmp(a.out, x.out, sizeof(int32_t) * (size_t)b * o.tokens);
@@ -645,7 +673,9 @@ int bench_batch(int argc, char **argv)
 			       "\"batch_writer_wait_ms\":%.3f,"
 			       "\"run_alone_tokens_per_s\":%.1f,\"run_batch_tokens_per_s\":%.1f,"
 			       "\"run_batch_step_ms\":%.3f,\"run_batch_forward_ms\":%.3f,"
-			       "\"run_batch_writer_wait_ms\":%.3f,\"host_peak_rss_gb\":%.2f,"
+			       "\"run_batch_writer_wait_ms\":%.3f,\"run_rounds\":%d,"
+			       "\"run_ratio_min\":%.3f,\"run_ratio_median\":%.3f,"
+			       "\"run_ratio_max\":%.3f,\"host_peak_rss_gb\":%.2f,"
 			       "\"roofline_alone_step_ms\":%s,\"roofline_batch_step_ms\":%s,"
 			       "\"roofline_batch_over_alone\":%s,\"roofline_batch_bytes\":%s,"
 			       "\"same_tokens\":%s}\n", kvmem_backend_name(be),
@@ -654,16 +684,20 @@ int bench_batch(int argc, char **argv)
 			       1e3 * sum_b / o.tokens, (ns1[0] - ns0[0]) / 1e6 / o.tokens,
 			       1e3 * sum_b / o.tokens - (ns1[0] - ns0[0]) / 1e6 / o.tokens,
 			       (ns1[1] - ns0[1]) / 1e6 / o.tokens, (ns1[2] - ns0[2]) / 1e6 / o.tokens,
-			       o.tokens / ro, (double)b * o.tokens / rb, 1e3 * rb / o.tokens,
-			       (ns2[0] - ns1[0]) / 1e6 / o.tokens, (ns2[2] - ns1[2]) / 1e6 / o.tokens,
+			       rn / ro, b * rn / rb, 1e3 * rb / rn, (ns2[0] - ns1[0]) / 1e6 / rn,
+			       (ns2[2] - ns1[2]) / 1e6 / rn, o.rounds, rr[0], r_med, rr[o.rounds - 1],
 			       rss_gb, r_fig[0], r_fig[1], r_fig[2], r_fig[3], same ? "true" : "false");
-		else
+		else {
 			printf("%-8d %9.1f %9s %9.1f %7s %6.2fx | %9.1f %7s %6.2fx | %8s %8.0f "
-			       "%5s\n%-8s back to back: alone %.1f tok/s, batch %.1f tok/s (%.2fx); "
-			       "host peak RSS %.2f GB\n",
-			       b, 1 / to, l_fast, b / tb, l_x[0], b * to / tb, b / mb, l_x[1],
-			       b * mo / mb, l_pre, pt / pb, same ? "yes" : "NO", "",
-			       o.tokens / ro, (double)b * o.tokens / rb, b * ro / rb, rss_gb);
+			       "%5s\n%-8s back to back: alone %.1f tok/s, batch %.1f tok/s (%.2fx)", b,
+			       1 / to, l_fast, b / tb, l_x[0], b * to / tb, b / mb, l_x[1],
+			       b * mo / mb, l_pre, pt / pb, same ? "yes" : "NO", "", rn / ro,
+			       b * rn / rb, b * ro / rb);
+			if (o.rounds > 1)
+				printf(", %d rounds: %.2fx-%.2fx, median %.2fx", o.rounds, rr[0],
+				       rr[o.rounds - 1], r_med);
+			printf("; host peak RSS %.2f GB\n", rss_gb);
+		}
 		if (!o.json && roof.ok)
 			printf("%-8s roofline: one alone %.3f ms a step, %d batched %.3f ms (%.1f MB, "
 			       "%.1f MFLOP): %d / one at most %.2fx by it; the median steps reach "
