@@ -67,6 +67,7 @@
 
 #define WHO "kvmem bench batch"
 #define MAX_LIST 16
+#define MAX_ROUNDS 100	/* --rounds */
 
 struct opts {
 	struct bench_model bm;
@@ -197,7 +198,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->context = (int)v;
 			break;
 		case 'n': bad = cli_parse_int(WHO, name, optarg, 1, 100000, &o->tokens); break;
-		case 'R': bad = cli_parse_int(WHO, name, optarg, 1, 100, &o->rounds); break;
+		case 'R': bad = cli_parse_int(WHO, name, optarg, 1, MAX_ROUNDS, &o->rounds); break;
 		case 'b': bad = cli_parse_count(WHO, name, optarg, 0, (int64_t)1 << 40, &o->budget); break;
 		case 'c': bad = cli_parse_int(WHO, name, optarg, 1, 1 << 16, &o->chunk); break;
 		case 's': bad = cli_parse_u64(WHO, name, optarg, &o->seed); break;
@@ -571,7 +572,7 @@ int bench_batch(int argc, char **argv)
 		int64_t pt;
 		double pa, pb, to = 1e30, ta = 1e30, tb = 1e30, mo, ma, mb, sum_b = 0;
 		int64_t ns0[3], ns1[3], ns2[3];
-		double ro, rb, rr[100], r_med;	/* rr: each round's batch / alone */
+		double ro, rb, rr[MAX_ROUNDS], r_med;	/* rr: each round's batch / alone */
 		/* the roofline: the views' mean lengths over the timed steps */
 		double vs = 0, ra_ms = 0, rb_ms = 0, rbytes = 0, rflops = 0, abytes, aflops;
 
