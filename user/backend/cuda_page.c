@@ -1160,6 +1160,23 @@ static int fill_copies(struct cuda *b, struct cuda_pages *pg, int runs, int wait
 	return wait ? kvmem_cuda_sync(b->ctx) : 0;
 }
 
+/* A copy of len bytes from src to dst, joined to the last of pool_fill's
+ * runs when it continues it on both sides; the runs now. */
+static int add_run(struct cuda_pages *pg, int runs, const void *src, void *dst, size_t len)
+{
+	const int l = runs - 1;
+
+	if (runs && (const char *)pg->c_src[l] + pg->c_len[l] == (const char *)src &&
+	    (char *)pg->c_dst[l] + pg->c_len[l] == (char *)dst) {
+		pg->c_len[l] += len;
+		return runs;
+	}
+	pg->c_src[runs] = src;
+	pg->c_dst[runs] = dst;
+	pg->c_len[runs] = len;
+	return runs + 1;
+}
+
 int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 {
 	struct cuda *b = ctx;
@@ -1219,20 +1236,8 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 		 * session's source then records the GPU tier for it. */
 		pool_note(pg, slot, slot);
 		dst = (char *)(pg->pool + (size_t)slot * 2 * pg->slot_elems);
-		for (int h = 0; h < 2 - f8; h++) {
-			const char *src = h ? it->page.v : it->page.k;
-			char *d = dst + h * half;
-
-			if (runs && (const char *)pg->c_src[runs - 1] + pg->c_len[runs - 1] == src &&
-			    (char *)pg->c_dst[runs - 1] + pg->c_len[runs - 1] == d) {
-				pg->c_len[runs - 1] += half;
-				continue;
-			}
-			pg->c_src[runs] = src;
-			pg->c_dst[runs] = d;
-			pg->c_len[runs] = half;
-			runs++;
-		}
+		for (int h = 0; h < 2 - f8; h++)
+			runs = add_run(pg, runs, h ? it->page.v : it->page.k, dst + h * half, half);
 		pg->st.filled_pages++;
 		pg->st.filled_bytes += (2 - f8) * half;
 	}
@@ -1243,23 +1248,6 @@ int cuda_pool_fill(void *ctx, const kvmem_place *items, int n)
 	pg->st.pool_cap = pg->slots;
 	pg->st.fill_ns += (uint64_t)((double)kvmem_now_ns() - t0);
 	return have;
-}
-
-/* A copy of len bytes from src to dst, joined to the last of pool_fill's
- * runs when it continues it on both sides; the runs now. */
-static int add_run(struct cuda_pages *pg, int runs, const void *src, void *dst, size_t len)
-{
-	const int l = runs - 1;
-
-	if (runs && (const char *)pg->c_src[l] + pg->c_len[l] == (const char *)src &&
-	    (char *)pg->c_dst[l] + pg->c_len[l] == (char *)dst) {
-		pg->c_len[l] += len;
-		return runs;
-	}
-	pg->c_src[runs] = src;
-	pg->c_dst[runs] = dst;
-	pg->c_len[runs] = len;
-	return runs + 1;
 }
 
 /*
