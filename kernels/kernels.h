@@ -53,18 +53,28 @@ void kvmem_pool_run(int n, kvmem_pool_fn fn, void *arg);
 /* ---- dense ------------------------------------------------------------ */
 /*
  * y[n][out] = x[n][in] · w[out][in]^T, threaded over the output columns.
- * Batch invariant: a row's bits depend only on that row of x and on w,
- * never on n, the other rows or the thread count (kernels/cpu/matmul.c),
- * so a session's logits are the same alone or in a batched forward.
+ * Each element is one chain of fused multiply-adds over in, in order (s =
+ * fma(x[k], w[c][k], s) from 0): its bits depend only on that row of x and
+ * on w, never on n, the other rows, the thread count or the instruction set
+ * (kernels/cpu/matmul.c), so a session's logits are the same alone or in a
+ * batched forward, on any x86-64.
  */
 void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out);
 /* The same with w[out][in] as bf16 bits, widened in registers: kvmem_matmul's
- * bits over the widened weights, half the bytes read (decode's time). */
+ * bits over the widened weights, half the bytes read. */
 void kvmem_matmul_bf16w(float *y, const float *x, const uint16_t *w, int n, int in, int out);
-/* Its instruction set, chosen once per process: "avx512", "avx2" or "c"
- * (the best the CPU has, or $KVMEM_MATMUL's). kvmem_matmul_use() picks
- * another (tests, benchmarks): -ENOTSUP when the CPU lacks it, -EINVAL for
- * an unknown name. Bits differ between instruction sets. */
+/* bf16 w[out][in] packed into panels of 32 columns (kernels/cpu/
+ * matmul_panels.c): kvmem_panels_words(in, out) uint16_t at dst, then
+ * kvmem_matmul_panels over them: kvmem_matmul_bf16w's bits, quicker at
+ * every row count (the engine's bf16 weights). */
+size_t kvmem_panels_words(int in, int out);
+void kvmem_panels_pack(uint16_t *dst, const uint16_t *w, int in, int out);
+void kvmem_matmul_panels(float *y, const float *x, const uint16_t *p, int n, int in, int out);
+/* The instruction set the products use, chosen once per process: "avx512",
+ * "avx2" or "c" (the best the CPU has, or $KVMEM_MATMUL's).
+ * kvmem_matmul_use() picks another (tests, benchmarks): -ENOTSUP when the
+ * CPU lacks it, -EINVAL for an unknown name. The bits are the same at
+ * every one; the time is not. */
 const char *kvmem_matmul_isa(void);
 int kvmem_matmul_use(const char *isa);
 /* The same product by OpenBLAS (sgemv for one row, else sgemm): the

@@ -125,74 +125,89 @@ static void test_matmul_rows_invariant(void **state)
 	assert_int_equal(kvmem_matmul_use(best), 0);
 }
 
-/* One element as the kernels promise to sum it: V lanes of running sums
- * (lane j takes k = j, j + V, ...), fused multiply-adds unless `fused` is
- * 0 (then a rounded product, then the add), and the lanes halved pairwise
- * (lane j + lane j + V/2) down to one. */
-static float dot_as_promised(const float *x, const float *w, int in, int V, int fused)
+/* One element as the kernels promise to sum it, at every instruction set:
+ * one chain of fused multiply-adds over k, in order, from zero. */
+static float chain_as_promised(const float *x, const float *w, int in)
 {
-	float lane[16] = { 0 };
+	float s = 0.0f;
 
-	for (int k = 0; k < in; k++) {
-		if (fused) {
-			lane[k % V] = fmaf(x[k], w[k], lane[k % V]);
-		} else {
-			volatile float p = x[k] * w[k];	/* no contraction into an FMA */
-
-			lane[k % V] += p;
-		}
-	}
-	for (int h = V / 2; h >= 1; h /= 2)
-		for (int j = 0; j < h; j++)
-			lane[j] += lane[j + h];
-	return lane[0];
+	for (int k = 0; k < in; k++)
+		s = fmaf(x[k], w[k], s);
+	return s;
 }
 
-/* Every element of one product of n rows, bit for bit against
- * dot_as_promised: any tile shape that regroups a sum fails here. */
-static void matmul_exact_case(uint64_t *r, int n, int in, int out, const char *isa)
+static void expect_promised(const float *y, const float *x, const float *w, int n, int in, int out,
+			    const char *what, const char *isa)
 {
-	int V = !strcmp(isa, "avx512") ? 16 : 8, fused = strcmp(isa, "c") != 0;
-	float *x = test_rand_floats(r, (size_t)n * in, -2, 2);
-	float *w = test_rand_floats(r, (size_t)out * in, -1, 1);
-	float *y = test_rand_floats(r, (size_t)n * out, -9, 9);
-
-	kvmem_matmul(y, x, w, n, in, out);
 	for (int i = 0; i < n; i++)
 		for (int o = 0; o < out; o++) {
-			float want = dot_as_promised(x + (size_t)i * in, w + (size_t)o * in, in, V,
-						     fused);
+			float want = chain_as_promised(x + (size_t)i * in, w + (size_t)o * in, in);
 			float got = y[(size_t)i * out + o];
 
 			if (memcmp(&got, &want, sizeof(float)))
-				fail_msg("matmul %s n=%d in=%d out=%d [%d][%d]: %a, promised %a", isa,
+				fail_msg("%s %s n=%d in=%d out=%d [%d][%d]: %a, promised %a", what, isa,
 					 n, in, out, i, o, got, want);
 		}
+}
+
+/* Every element of one product of n rows, bit for bit against
+ * chain_as_promised: kvmem_matmul over fp32 weights, and kvmem_matmul_bf16w
+ * and kvmem_matmul_panels over bf16 ones (against the widened values). Any
+ * tile shape that regroups a sum fails here, and since the promise is the
+ * same at every instruction set, so does any set whose bits differ. */
+static void matmul_exact_case(uint64_t *r, int n, int in, int out, const char *isa)
+{
+	float *x = test_rand_floats(r, (size_t)n * in, -2, 2);
+	float *w = test_rand_floats(r, (size_t)out * in, -1, 1);
+	float *y = test_rand_floats(r, (size_t)n * out, -9, 9);
+	uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)out * in);
+	uint16_t *p = malloc(sizeof(uint16_t) * (kvmem_panels_words(in, out) + 1));
+
+	assert_true(w16 && p);
+	kvmem_matmul(y, x, w, n, in, out);
+	expect_promised(y, x, w, n, in, out, "matmul", isa);
+	for (size_t i = 0; i < (size_t)out * in; i++) {
+		w16[i] = kvmem_f32_to_bf16(w[i]);
+		w[i] = kvmem_bf16_to_f32(w16[i]);
+	}
+	kvmem_matmul_bf16w(y, x, w16, n, in, out);
+	expect_promised(y, x, w, n, in, out, "matmul_bf16w", isa);
+	kvmem_panels_pack(p, w16, in, out);
+	kvmem_matmul_panels(y, x, p, n, in, out);
+	expect_promised(y, x, w, n, in, out, "matmul_panels", isa);
 	free(x);
 	free(w);
 	free(y);
+	free(w16);
+	free(p);
 }
 
 static void test_matmul_arithmetic_exact(void **state)
 {
 	static const char *const isas[] = { "avx512", "avx2", "c" };
-	/* Row counts at and around each tile's height (1-2 rows, 3, 4, the 8
-	 * of a batched decode step, 4k + 1 .. 4k + 3, a row block's 64 + 1). */
-	static const int rows[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 65 };
+	/* Row counts at and around each tile's height (a lane a row: 8, 16
+	 * and 32 rows; a lane a column: 1, 2 and 8 rows), the 8 of a batched
+	 * decode step, a prefill chunk's odd 65. */
+	static const int rows[] = { 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 65 };
 	const char *best = kvmem_matmul_isa();
 	uint64_t r = rng_for("matmul-exact");
+	int tried = 0;
 
 	(void)state;
 	for (int v = 0; v < 3; v++) {
 		if (kvmem_matmul_use(isas[v]) == -ENOTSUP)
 			continue;
+		tried++;
 		for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
 			matmul_exact_case(&r, rows[i], test_rng_int(&r, 1, 300),
-					  test_rng_int(&r, 1, 40), isas[v]);
-		/* The decode step's shapes at 8 rows, with a column tail. */
+					  test_rng_int(&r, 1, 140), isas[v]);
+		/* The decode step's shapes at 8 rows and 1, with column tails
+		 * (a panel is 32 columns; a pool chunk 4 panels). */
 		matmul_exact_case(&r, 8, 256, 130, isas[v]);
 		matmul_exact_case(&r, 8, 768, 257, isas[v]);
+		matmul_exact_case(&r, 1, 256, 1536, isas[v]);
 	}
+	assert_true(tried >= 2);	/* c, and what this CPU has */
 	assert_int_equal(kvmem_matmul_use(best), 0);
 }
 
