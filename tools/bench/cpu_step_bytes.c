@@ -5,8 +5,8 @@
  * read again and again by two threads from a buffer of the step's size (the
  * last-level cache's rate) and of several times it (memory's), then the
  * embedded model's products alone (6 layers of q|k|v 256 -> 768, o 512 ->
- * 256, gate|up 256 -> 1536, down 768 -> 256, bf16 weights, through the
- * kernels' pool as the engine runs them) at 1 and 8 rows, with 1, 2 and 4
+ * 256, gate|up 256 -> 1536, down 768 -> 256, bf16 weights in panels, through
+ * the kernels' pool as the engine runs them) at 1 and 8 rows, with 1, 2 and 4
  * copies of the weights used in turn: one copy is the lone step's working
  * set, two are about the batched step's (its views are as large as its
  * weights); last the step's attention alone, 8 views of 140 and of 320 keys
@@ -86,9 +86,14 @@ static void products(int n, int sets, double *best, double *mean)
 			for (int p = 0; p < 4; p++) {
 				const size_t m = (size_t)shape[p][0] * shape[p][1];
 
-				w[s][l][p] = malloc(2 * m);
+				uint16_t *a = malloc(2 * m);
+
 				for (size_t i = 0; i < m; i++)	/* bf16 values near 1 */
-					w[s][l][p][i] = (uint16_t)(0x3f80 + i % 64);
+					a[i] = (uint16_t)(0x3f80 + i % 64);
+				/* packed as the engine packs its bf16 weights */
+				w[s][l][p] = malloc(2 * kvmem_panels_words(shape[p][0], shape[p][1]));
+				kvmem_panels_pack(w[s][l][p], a, shape[p][0], shape[p][1]);
+				free(a);
 			}
 	*best = 1e9;
 	for (int r = 0; r < reps; r++) {
@@ -96,7 +101,7 @@ static void products(int n, int sets, double *best, double *mean)
 
 		for (int l = 0; l < 6; l++)
 			for (int p = 0; p < 4; p++)
-				kvmem_matmul_bf16w(y, x, w[r % sets][l][p], n, shape[p][0], shape[p][1]);
+				kvmem_matmul_panels(y, x, w[r % sets][l][p], n, shape[p][0], shape[p][1]);
 		const double t = now_s() - t0;
 
 		*best = t < *best ? t : *best;

@@ -28,13 +28,12 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
 
-/* A layer's matmul weights as bf16, laid out by make_bf16 so that wq, wk
- * and wv follow one another, as do w_gate and w_up: each trio or pair is
- * one [out][in] matrix, one product a step (a row's bits are the same in
- * a product of more columns: kernels/cpu/matmul.c), one pass over its
- * columns and one wait for the threads where there were three or two. */
+/* A layer's matmul weights as bf16 panels (make_bf16): [Wq; Wk; Wv] and
+ * [Wgate; Wup] are one matrix each, one product a step (a row's bits are the
+ * same in a product of more columns: kernels/cpu/matmul.c), one pass over
+ * its columns and one wait for the threads where there were three or two. */
 struct layer_bf16 {
-	const uint16_t *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+	const uint16_t *wqkv, *wo, *w_gate_up, *w_down;
 };
 
 struct kvmem_engine {
@@ -56,8 +55,8 @@ struct kvmem_engine {
 			 * pass for q and K of every layer (kvmem_rope's bits) */
 	int32_t *kv_pos;/* [kv_pos_cap] = 0, 1, 2, ... */
 	int kv_pos_cap;
-	/* The model's matmul weights as bf16 (make_bf16), l16 and lm16
-	 * pointing into w16. */
+	/* The model's matmul weights as bf16 panels (make_bf16), l16 and
+	 * lm16 pointing into w16. */
 	struct layer_bf16 *l16;
 	const uint16_t *lm16;
 	uint16_t *w16;
@@ -193,48 +192,75 @@ static bool narrow_exact(uint16_t *dst, const float *w, size_t n)
 	return true;
 }
 
-/* Copies of the matmul weights as bf16, where every one is a bf16 value
- * (a bf16 checkpoint's fp32 copies are): decode reads every weight once a
- * step, and half the bytes is most of its time (the embedded model's 22.8
- * MB as fp32, 11.4 MB as bf16). Left out when the copies would take more
- * than an eighth of the machine's memory. */
+/* The matmul weights as bf16 panels (kvmem_panels_pack), where every one
+ * is a bf16 value (a bf16 checkpoint's fp32 copies are): decode reads every
+ * weight once a step, and half the bytes is most of its time (the embedded
+ * model's 22.8 MB as fp32, 11.4 MB as bf16); the panels' products give the
+ * fp32 weights' bits in under half the row-major product's time
+ * (kernels/cpu/matmul_panels.c). [Wq; Wk; Wv] and [Wgate; Wup] are one
+ * matrix each, one product a step. Left out when the copies would take
+ * more than an eighth of the machine's memory. */
 static int make_bf16(kvmem_engine *e)
 {
 	const kvmem_config *c = &e->m->cfg;
-	const size_t H = (size_t)c->hidden, Q = (size_t)c->n_heads * c->head_dim;
-	const size_t K = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->intermediate;
-	const size_t per_layer = Q * H + 2 * K * H + H * Q + 3 * I * H, lm = (size_t)c->vocab * H;
+	const int H = c->hidden, Q = c->n_heads * c->head_dim, K = c->n_kv_heads * c->head_dim;
+	const int I = c->intermediate;
+	const size_t per_layer = kvmem_panels_words(H, Q + 2 * K) + kvmem_panels_words(Q, H) +
+				 kvmem_panels_words(H, 2 * I) + kvmem_panels_words(I, H);
+	const size_t lm = kvmem_panels_words(H, c->vocab);
 	const size_t total = per_layer * (size_t)c->n_layers + lm;
+	const size_t sizes[] = { (size_t)(Q + 2 * K) * H, (size_t)H * Q, (size_t)2 * I * H,
+				 (size_t)H * I, (size_t)c->vocab * H };
+	size_t tmp_n = 0;
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-	uint16_t *p;
+	uint16_t *p, *tmp;
 	bool ok = true;
 
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+		tmp_n = sizes[i] > tmp_n ? sizes[i] : tmp_n;
 	if (!e->m->layers || !e->m->lm_head)	/* a geometry with no weights */
 		return -1;
-	if (pages > 0 && page > 0 && total * 2 > (size_t)pages * (size_t)page / 8)
+	if (pages > 0 && page > 0 && (total + tmp_n) * 2 > (size_t)pages * (size_t)page / 8)
 		return -1;
 	e->w16 = malloc(total * sizeof(uint16_t));
 	e->l16 = calloc((size_t)c->n_layers, sizeof(*e->l16));
-	if (!e->w16 || !e->l16)
+	tmp = malloc(tmp_n * sizeof(uint16_t));	/* one matrix row-major, then packed */
+	if (!e->w16 || !e->l16 || !tmp) {
+		free(tmp);
 		return -1;
+	}
 	p = e->w16;
 	for (int l = 0; ok && l < c->n_layers; l++) {
 		const kvmem_layer *L = &e->m->layers[l];
 		struct layer_bf16 *B = &e->l16[l];
-		const struct { const uint16_t **dst; const float *src; size_t n; } t[] = {
-			{ &B->wq, L->wq, Q * H }, { &B->wk, L->wk, K * H }, { &B->wv, L->wv, K * H },
-			{ &B->wo, L->wo, H * Q }, { &B->w_gate, L->w_gate, I * H },
-			{ &B->w_up, L->w_up, I * H }, { &B->w_down, L->w_down, H * I },
+		/* each product: its parts' rows one after another, [out][in] */
+		const struct { const uint16_t **dst; int in, out; const float *part[3]; int rows[3]; }
+		t[] = {
+			{ &B->wqkv, H, Q + 2 * K, { L->wq, L->wk, L->wv }, { Q, K, K } },
+			{ &B->wo, Q, H, { L->wo }, { H } },
+			{ &B->w_gate_up, H, 2 * I, { L->w_gate, L->w_up }, { I, I } },
+			{ &B->w_down, I, H, { L->w_down }, { H } },
 		};
 
 		for (size_t i = 0; ok && i < sizeof(t) / sizeof(t[0]); i++) {
-			ok = narrow_exact(p, t[i].src, t[i].n);
+			size_t at = 0;
+
+			for (int j = 0; ok && j < 3 && t[i].part[j]; j++) {
+				ok = narrow_exact(tmp + at, t[i].part[j], (size_t)t[i].rows[j] * t[i].in);
+				at += (size_t)t[i].rows[j] * t[i].in;
+			}
+			if (!ok)
+				break;
+			kvmem_panels_pack(p, tmp, t[i].in, t[i].out);
 			*t[i].dst = p;
-			p += t[i].n;
+			p += kvmem_panels_words(t[i].in, t[i].out);
 		}
 	}
-	if (ok && (ok = narrow_exact(p, e->m->lm_head, lm)))
+	if (ok && (ok = narrow_exact(tmp, e->m->lm_head, (size_t)c->vocab * H))) {
+		kvmem_panels_pack(p, tmp, H, c->vocab);
 		e->lm16 = p;
+	}
+	free(tmp);
 	return ok ? 1 : -1;
 }
 
@@ -264,12 +290,13 @@ int kvmem_engine_bf16_weights(const kvmem_engine *e)
 	return e->bf16;
 }
 
-/* y[n][out] = x[n][in] . w^T, by the bf16 weights where the engine has them. */
+/* y[n][out] = x[n][in] . w^T, by the bf16 panels where the engine has them
+ * (the same bits). */
 static void proj(float *y, const float *x, const float *w, const uint16_t *w16, int n, int in,
 		 int out)
 {
 	if (w16)
-		kvmem_matmul_bf16w(y, x, w16, n, in, out);
+		kvmem_matmul_panels(y, x, w16, n, in, out);
 	else
 		kvmem_matmul(y, x, w, n, in, out);
 }
@@ -400,7 +427,7 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 	if (B) {	/* q, k and v in one product over [Wq; Wk; Wv] */
 		const int w = qw + 2 * kw;
 
-		kvmem_matmul_bf16w(e->wide, e->h, B->wq, T, c->hidden, w);
+		kvmem_matmul_panels(e->wide, e->h, B->wqkv, T, c->hidden, w);
 		for (int t = 0; t < T; t++) {
 			const float *r = e->wide + (size_t)t * w;
 
@@ -444,7 +471,7 @@ static void mlp_block(kvmem_engine *e, int l, int n)
 	if (B) {	/* gate and up in one product over [Wgate; Wup] */
 		const size_t I = (size_t)c->intermediate;
 
-		kvmem_matmul_bf16w(e->wide, e->h, B->w_gate, n, c->hidden, 2 * c->intermediate);
+		kvmem_matmul_panels(e->wide, e->h, B->w_gate_up, n, c->hidden, 2 * c->intermediate);
 		for (int t = 0; t < n; t++)
 			kvmem_swiglu(e->gate + t * I, e->wide + t * 2 * I, e->wide + t * 2 * I + I, I);
 	} else {
