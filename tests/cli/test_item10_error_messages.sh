@@ -57,10 +57,24 @@ timeout 60 "$KVMEM" run --model "$M" --backend cpu --random 8 --decode 2 >/dev/n
 KVMEM_MATMUL=sse9 says "an unknown KVMEM_MATMUL" \
 	"KVMEM_MATMUL=sse9: not an instruction set of the cpu matmul (c, avx2 or avx512)" "" \
 	run --model "$M" --backend cpu --random 8 --decode 2
-if ! grep -qw avx512f /proc/cpuinfo; then
+if ! grep -qw avx512f /proc/cpuinfo || ! grep -qw avx512bw /proc/cpuinfo; then
 	KVMEM_MATMUL=avx512 says "KVMEM_MATMUL past the CPU" "KVMEM_MATMUL=avx512: this CPU lacks it" "" \
 		run --model "$M" --backend cpu --random 8 --decode 2
 fi
+# [new, 2026-12-07] The matmul's bits are the same at every instruction set:
+# the same prompt gives the same logits, bit for bit, and tokens at each one
+# this CPU has.
+ids="" first=""
+for isa in c avx2 avx512; do
+	out=$(KVMEM_MATMUL=$isa timeout 120 "$KVMEM" run --model "$M" --backend cpu --random 60 \
+		--decode 16 --logits "$tmp/logits.$isa" 2>&1) || continue	# the CPU lacks it (said above)
+	g=$(grep '^generated:' <<<"$out")
+	[ -n "$g" ] && [ -s "$tmp/logits.$isa" ] || bad "KVMEM_MATMUL=$isa generated nothing: $out"
+	[ -z "$ids" ] || [ "$g" = "$ids" ] || bad "KVMEM_MATMUL=$isa generated other tokens: '$g' / '$ids'"
+	[ -z "$first" ] || cmp -s "$tmp/logits.$first" "$tmp/logits.$isa" ||
+		bad "KVMEM_MATMUL=$isa gave other logits than $first"
+	ids=$g first=${first:-$isa}
+done
 unset KVMEM_MATMUL
 # [KVMEM_CPU_WEIGHTS: new] The cpu engine reads a bf16 model's weights as bf16 copies (2 bytes
 # a weight in bench engine's roofline) or, at fp32, as before (4): the same tokens either way
