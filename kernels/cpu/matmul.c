@@ -61,7 +61,6 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 /* Columns a pool chunk takes (a multiple of every tile width). */
 #define POOL_COLS 64
 
-#define LOOP _Pragma("GCC unroll 16") for
 
 /* A weight, widened from bf16 when B16 (exact). */
 static inline float wat(const void *w, size_t i, const int B16)
@@ -91,7 +90,8 @@ T512 __m512 wrow16(const void *w, size_t i, int left, const int B16)
 	uint16_t t[16] = { 0 };
 
 	memcpy(t, (const uint16_t *)w + i, sizeof(uint16_t) * (size_t)left);
-	return wrow16(t, 0, 16, 1);
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+		_mm256_loadu_si256((const __m256i *)t)), 16));
 }
 
 /* r[j] = row j of a 16 x 16 block; after: r[kk] = column kk. */
