@@ -10,7 +10,7 @@
  * over the same weights in under half its time (it transposes as it goes),
  * and took 0.60-0.65 of the time of the matmul before it (lanes along in,
  * a tree at the end) at one row and at eight on the build machine
- * (tools/bench/cpu_panels.c; issue #26).
+ * (tools/bench/cpu_panels.c at dcd2177; issue #26).
  *
  * Within a step the words are placed for the unpack that widens them:
  * vpunpcklwd / vpunpckhwd with zeros work within each 128-bit block, so

@@ -9,8 +9,10 @@
  * the kernels' pool as the engine runs them) at 1 and 8 rows, with 1, 2 and 4
  * copies of the weights used in turn: one copy is the lone step's working
  * set, two are about the batched step's (its views are as large as its
- * weights); last the step's attention alone, 8 views of 140 and of 320 keys
- * in each of 6 layers, as the engine calls kvmem_attention_batch.
+ * weights); then one copy row-major (kvmem_matmul_bf16w: the same bits,
+ * blocks transposed in registers as it goes); last the step's attention
+ * alone, 8 views of 140 and of 320 keys in each of 6 layers, as the engine
+ * calls kvmem_attention_batch.
  *
  *   make && gcc -std=c11 -O2 -Iinclude -I. -o /tmp/cpu_step_bytes \
  *       tools/bench/cpu_step_bytes.c build/libkvmem.a \
@@ -71,8 +73,10 @@ __attribute__((target("avx512f"))) static double reread(double mb)
 static const int shape[4][2] = { { 256, 768 }, { 512, 256 }, { 256, 1536 }, { 768, 256 } };
 
 /* The products of a step at n rows over `sets` copies of the weights in
- * turn: the fastest step and the mean (ms). */
-static void products(int n, int sets, double *best, double *mean)
+ * turn, packed in panels as the engine packs them (kvmem_matmul_panels) or
+ * row-major (kvmem_matmul_bf16w, which gives the same bits): the fastest
+ * step and the mean (ms). */
+static void products(int n, int sets, int packed, double *best, double *mean)
 {
 	uint16_t *w[4][6][4];
 	float *x = malloc(sizeof(float) * n * 1536), *y = malloc(sizeof(float) * n * 1536);
@@ -85,12 +89,13 @@ static void products(int n, int sets, double *best, double *mean)
 		for (int l = 0; l < 6; l++)
 			for (int p = 0; p < 4; p++) {
 				const size_t m = (size_t)shape[p][0] * shape[p][1];
-
 				uint16_t *a = malloc(2 * m);
 
 				for (size_t i = 0; i < m; i++)	/* bf16 values near 1 */
 					a[i] = (uint16_t)(0x3f80 + i % 64);
-				/* packed as the engine packs its bf16 weights */
+				w[s][l][p] = a;
+				if (!packed)
+					continue;
 				w[s][l][p] = malloc(2 * kvmem_panels_words(shape[p][0], shape[p][1]));
 				kvmem_panels_pack(w[s][l][p], a, shape[p][0], shape[p][1]);
 				free(a);
@@ -101,7 +106,12 @@ static void products(int n, int sets, double *best, double *mean)
 
 		for (int l = 0; l < 6; l++)
 			for (int p = 0; p < 4; p++)
-				kvmem_matmul_panels(y, x, w[r % sets][l][p], n, shape[p][0], shape[p][1]);
+				if (packed)
+					kvmem_matmul_panels(y, x, w[r % sets][l][p], n, shape[p][0],
+							    shape[p][1]);
+				else
+					kvmem_matmul_bf16w(y, x, w[r % sets][l][p], n, shape[p][0],
+							   shape[p][1]);
 		const double t = now_s() - t0;
 
 		*best = t < *best ? t : *best;
@@ -184,14 +194,16 @@ int main(void)
 	for (double s = mb; s <= 8 * mb; s *= 2)
 		printf("  %5.1f MB read again and again: %6.1f GB/s\n", s, reread(s));
 	for (int n = 1; n <= 8; n += 7)
-		for (int sets = 1; sets <= 4; sets *= 2) {
+		for (int sets = 1; sets <= 8; sets *= 2) {
 			double best, mean;
+			const int packed = sets <= 4;	/* 8: one copy, row-major */
+			const int copies = packed ? sets : 1;
 
-			products(n, sets, &best, &mean);
-			printf("  products at %d row%s, %d cop%s of the weights in turn (%.1f MB): "
+			products(n, copies, packed, &best, &mean);
+			printf("  products at %d row%s, %d cop%s of the weights in turn (%.1f MB)%s: "
 			       "fastest %.3f ms (%.0f GFLOP/s), mean %.3f ms\n", n, n > 1 ? "s" : "",
-			       sets, sets > 1 ? "ies" : "y", sets * mb, best, flops1 * n / best / 1e6,
-			       mean);
+			       copies, copies > 1 ? "ies" : "y", copies * mb,
+			       packed ? "" : ", row-major", best, flops1 * n / best / 1e6, mean);
 		}
 	for (int n_kv = 140; n_kv <= 320; n_kv += 180) {
 		double best, mean;
