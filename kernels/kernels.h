@@ -63,13 +63,16 @@ void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int o
 /* The same with w[out][in] as bf16 bits, widened in registers: kvmem_matmul's
  * bits over the widened weights, half the bytes read. */
 void kvmem_matmul_bf16w(float *y, const float *x, const uint16_t *w, int n, int in, int out);
-/* bf16 w[out][in] packed into panels of 32 columns (kernels/cpu/
- * matmul_panels.c): kvmem_panels_words(in, out) uint16_t at dst, then
- * kvmem_matmul_panels over them: kvmem_matmul_bf16w's bits, quicker at
- * every row count (the engine's bf16 weights). */
-size_t kvmem_panels_words(int in, int out);
+/* w[out][in] packed into panels of 32 columns (kernels/cpu/
+ * matmul_panels.c): kvmem_panels_count(in, out) elements at dst, bf16
+ * (kvmem_panels_pack) or fp32 (_f32), then the product over them:
+ * kvmem_matmul's bits over the same values, quicker at every row count
+ * (the cpu engine's weights). */
+size_t kvmem_panels_count(int in, int out);
 void kvmem_panels_pack(uint16_t *dst, const uint16_t *w, int in, int out);
+void kvmem_panels_pack_f32(float *dst, const float *w, int in, int out);
 void kvmem_matmul_panels(float *y, const float *x, const uint16_t *p, int n, int in, int out);
+void kvmem_matmul_panels_f32(float *y, const float *x, const float *p, int n, int in, int out);
 /* The instruction set the products use, chosen once per process: "avx512",
  * "avx2" or "c" (the best the CPU has, or $KVMEM_MATMUL's).
  * kvmem_matmul_use() picks another (tests, benchmarks): -ENOTSUP when the

@@ -19,6 +19,11 @@
  * columns 0-15 as fp32, in order, the high one 16-31 (AVX2 takes each
  * 32-byte half: columns 0-7 and 16-23, then 8-15 and 24-31). Columns past
  * out are zeros.
+ *
+ * Weights that are not bf16 values (an fp32 checkpoint's) pack as fp32
+ * panels the same way, 128 bytes a step with the columns in order, for the
+ * same chains (kvmem_matmul_panels_f32): a row-major product would
+ * transpose them at every call.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -46,7 +51,7 @@ static int panels_of(int out)
 	return (out + PANEL - 1) / PANEL;
 }
 
-size_t kvmem_panels_words(int in, int out)
+size_t kvmem_panels_count(int in, int out)
 {
 	return in > 0 && out > 0 ? (size_t)panels_of(out) * in * PANEL : 0;
 }
@@ -61,6 +66,20 @@ void kvmem_panels_pack(uint16_t *dst, const uint16_t *w, int in, int out)
 				const int col = q * PANEL + c;
 
 				d[word_of(c)] = col < out ? w[(size_t)col * in + k] : 0;
+			}
+		}
+}
+
+void kvmem_panels_pack_f32(float *dst, const float *w, int in, int out)
+{
+	for (int q = 0; q < panels_of(out); q++)
+		for (int k = 0; k < in; k++) {
+			float *d = dst + ((size_t)q * in + k) * PANEL;
+
+			for (int c = 0; c < PANEL; c++) {
+				const int col = q * PANEL + c;
+
+				d[c] = col < out ? w[(size_t)col * in + k] : 0.0f;
 			}
 		}
 }
@@ -83,8 +102,8 @@ static void store_sums(float *y, int ldy, const float *t, int MR, int NP, int nc
 
 /* MR rows x NP panels (MR * NP * 2 sums in registers; 8 x 1 for a batch,
  * 1 x 4 for one row, whose 8 chains hide the multiply-add's latency). */
-T512 void tile512(float *y, int ldy, const float *x, int ldx, const uint16_t *pw, int in, int ncol,
-		  const int MR, const int NP)
+T512 void tile512(float *y, int ldy, const float *x, int ldx, const void *pw, int in, int ncol,
+		  const int MR, const int NP, const int B16)
 {
 	__m512 acc[8][4][2];
 	const __m512i z = _mm512_setzero_si512();
@@ -97,10 +116,17 @@ T512 void tile512(float *y, int ldy, const float *x, int ldx, const uint16_t *pw
 		__m512 lo[4], hi[4];
 
 		LOOP (int p = 0; p < NP; p++) {
-			const __m512i v = _mm512_loadu_si512(pw + ((size_t)p * in + k) * PANEL);
+			const size_t at = ((size_t)p * in + k) * PANEL;
 
-			lo[p] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, v));
-			hi[p] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, v));
+			if (B16) {
+				const __m512i v = _mm512_loadu_si512((const uint16_t *)pw + at);
+
+				lo[p] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, v));
+				hi[p] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, v));
+			} else {
+				lo[p] = _mm512_loadu_ps((const float *)pw + at);
+				hi[p] = _mm512_loadu_ps((const float *)pw + at + 16);
+			}
 		}
 		LOOP (int r = 0; r < MR; r++) {
 			const __m512 xb = _mm512_set1_ps(x[(size_t)r * ldx + k]);
@@ -121,38 +147,49 @@ T512 void tile512(float *y, int ldy, const float *x, int ldx, const uint16_t *pw
 
 /* Panels q0..q1 for every row: eight rows a tile, the rest one by one
  * over up to four panels. */
-__attribute__((target("avx512f,avx512bw,fma")))
-static void panels512(float *y, const float *x, const uint16_t *pw, int n, int in, int out, int q0,
-		      int q1)
+T512 void panels512_t(float *y, const float *x, const void *pw, int n, int in, int out, int q0,
+		      int q1, const int B16)
 {
+	const size_t esz = B16 ? 2 : 4;
 	int r = 0;
 
 	for (; r + 8 <= n; r += 8)
 		for (int q = q0; q < q1; q++)
 			tile512(y + (size_t)r * out + q * PANEL, out, x + (size_t)r * in, in,
-				pw + (size_t)q * in * PANEL, in, out - q * PANEL, 8, 1);
+				(const char *)pw + (size_t)q * in * PANEL * esz, in, out - q * PANEL,
+				8, 1, B16);
 	for (; r < n; r++)
 		for (int q = q0; q < q1;) {
 			float *yr = y + (size_t)r * out + q * PANEL;
 			const float *xr = x + (size_t)r * in;
-			const uint16_t *pq = pw + (size_t)q * in * PANEL;
+			const void *pq = (const char *)pw + (size_t)q * in * PANEL * esz;
 
 			if (q + 4 <= q1) {
-				tile512(yr, out, xr, in, pq, in, out - q * PANEL, 1, 4);
+				tile512(yr, out, xr, in, pq, in, out - q * PANEL, 1, 4, B16);
 				q += 4;
 			} else {
-				tile512(yr, out, xr, in, pq, in, out - q * PANEL, 1, 1);
+				tile512(yr, out, xr, in, pq, in, out - q * PANEL, 1, 1, B16);
 				q++;
 			}
 		}
+}
+
+__attribute__((target("avx512f,avx512bw,fma")))
+static void panels512(float *y, const float *x, const void *pw, int b16, int n, int in, int out,
+		      int q0, int q1)
+{
+	if (b16)
+		panels512_t(y, x, pw, n, in, out, q0, q1, 1);
+	else
+		panels512_t(y, x, pw, n, in, out, q0, q1, 0);
 }
 
 /* ---- AVX2 + FMA --------------------------------------------------------- */
 #define T256 __attribute__((target("avx2,fma"), always_inline)) static inline
 
 /* MR rows x one panel: four vectors of 8 columns a row. */
-T256 void tile256(float *y, int ldy, const float *x, int ldx, const uint16_t *pw, int in, int ncol,
-		  const int MR)
+T256 void tile256(float *y, int ldy, const float *x, int ldx, const void *pw, int in, int ncol,
+		  const int MR, const int B16)
 {
 	__m256 acc[2][4];
 	const __m256i z = _mm256_setzero_si256();
@@ -162,15 +199,21 @@ T256 void tile256(float *y, int ldy, const float *x, int ldx, const uint16_t *pw
 		LOOP (int j = 0; j < 4; j++)
 			acc[r][j] = _mm256_setzero_ps();
 	for (int k = 0; k < in; k++) {
-		const __m256i h0 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)k * PANEL));
-		const __m256i h1 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)k * PANEL + 16));
-		/* columns 0-7, 8-15, 16-23, 24-31 */
-		const __m256 wv[4] = {
-			_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h0)),
-			_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h1)),
-			_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h0)),
-			_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h1)),
-		};
+		__m256 wv[4];	/* columns 0-7, 8-15, 16-23, 24-31 */
+
+		if (B16) {
+			const uint16_t *pk = (const uint16_t *)pw + (size_t)k * PANEL;
+			const __m256i h0 = _mm256_loadu_si256((const __m256i *)pk);
+			const __m256i h1 = _mm256_loadu_si256((const __m256i *)(pk + 16));
+
+			wv[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h0));
+			wv[1] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h1));
+			wv[2] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h0));
+			wv[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h1));
+		} else {
+			LOOP (int j = 0; j < 4; j++)
+				wv[j] = _mm256_loadu_ps((const float *)pw + (size_t)k * PANEL + 8 * j);
+		}
 
 		LOOP (int r = 0; r < MR; r++) {
 			const __m256 xb = _mm256_set1_ps(x[(size_t)r * ldx + k]);
@@ -185,40 +228,52 @@ T256 void tile256(float *y, int ldy, const float *x, int ldx, const uint16_t *pw
 	store_sums(y, ldy, t, MR, 1, ncol);
 }
 
-__attribute__((target("avx2,fma")))
-static void panels256(float *y, const float *x, const uint16_t *pw, int n, int in, int out, int q0,
-		      int q1)
+T256 void panels256_t(float *y, const float *x, const void *pw, int n, int in, int out, int q0,
+		      int q1, const int B16)
 {
 	for (int q = q0; q < q1; q++) {
-		const uint16_t *pq = pw + (size_t)q * in * PANEL;
+		const void *pq = (const char *)pw + (size_t)q * in * PANEL * (B16 ? 2 : 4);
 		int r = 0;
 
 		for (; r + 2 <= n; r += 2)
 			tile256(y + (size_t)r * out + q * PANEL, out, x + (size_t)r * in, in, pq, in,
-				out - q * PANEL, 2);
+				out - q * PANEL, 2, B16);
 		if (r < n)
 			tile256(y + (size_t)r * out + q * PANEL, out, x + (size_t)r * in, in, pq, in,
-				out - q * PANEL, 1);
+				out - q * PANEL, 1, B16);
 	}
 }
 
+__attribute__((target("avx2,fma")))
+static void panels256(float *y, const float *x, const void *pw, int b16, int n, int in, int out,
+		      int q0, int q1)
+{
+	if (b16)
+		panels256_t(y, x, pw, n, in, out, q0, q1, 1);
+	else
+		panels256_t(y, x, pw, n, in, out, q0, q1, 0);
+}
+
 /* ---- plain C: the chain, read through the panel's stride ---------------- */
-static void panels_c(float *y, const float *x, const uint16_t *pw, int n, int in, int out, int q0,
-		     int q1)
+static void panels_c(float *y, const float *x, const void *pw, int b16, int n, int in, int out,
+		     int q0, int q1)
 {
 	for (int q = q0; q < q1; q++)
-		for (int c = 0; c < PANEL && q * PANEL + c < out; c++)
+		for (int c = 0; c < PANEL && q * PANEL + c < out; c++) {
+			const size_t at = (size_t)q * in * PANEL + (size_t)(b16 ? word_of(c) : c);
+
 			for (int r = 0; r < n; r++)
 				y[(size_t)r * out + q * PANEL + c] = kvmem_matmul_chain(
-					x + (size_t)r * in, pw + (size_t)q * in * PANEL + word_of(c), 1,
+					x + (size_t)r * in, (const char *)pw + at * (b16 ? 2 : 4), b16,
 					PANEL, in);
+		}
 }
 
 struct panels_job {
 	float *y;
 	const float *x;
-	const uint16_t *pw;
-	int n, in, out, level;
+	const void *pw;
+	int b16, n, in, out, level;
 };
 
 static void panels_chunk(void *arg, int chunk)
@@ -227,16 +282,16 @@ static void panels_chunk(void *arg, int chunk)
 	const int q0 = chunk * CHUNK, np = panels_of(a->out), q1 = q0 + CHUNK < np ? q0 + CHUNK : np;
 
 	if (a->level == 16)
-		panels512(a->y, a->x, a->pw, a->n, a->in, a->out, q0, q1);
+		panels512(a->y, a->x, a->pw, a->b16, a->n, a->in, a->out, q0, q1);
 	else if (a->level == 8)
-		panels256(a->y, a->x, a->pw, a->n, a->in, a->out, q0, q1);
+		panels256(a->y, a->x, a->pw, a->b16, a->n, a->in, a->out, q0, q1);
 	else
-		panels_c(a->y, a->x, a->pw, a->n, a->in, a->out, q0, q1);
+		panels_c(a->y, a->x, a->pw, a->b16, a->n, a->in, a->out, q0, q1);
 }
 
-void kvmem_matmul_panels(float *y, const float *x, const uint16_t *p, int n, int in, int out)
+static void matmul_panels(float *y, const float *x, const void *p, int b16, int n, int in, int out)
 {
-	struct panels_job a = { y, x, p, n, in, out, 0 };
+	struct panels_job a = { y, x, p, b16, n, in, out, 0 };
 
 	if (n <= 0 || out <= 0)
 		return;
@@ -247,4 +302,14 @@ void kvmem_matmul_panels(float *y, const float *x, const uint16_t *p, int n, int
 	a.level = kvmem_matmul_level();
 	kvmem_matmul_threads((long)n * in * out, (panels_of(out) + CHUNK - 1) / CHUNK, panels_chunk,
 			     &a);
+}
+
+void kvmem_matmul_panels(float *y, const float *x, const uint16_t *p, int n, int in, int out)
+{
+	matmul_panels(y, x, p, 1, n, in, out);
+}
+
+void kvmem_matmul_panels_f32(float *y, const float *x, const float *p, int n, int in, int out)
+{
+	matmul_panels(y, x, p, 0, n, in, out);
 }

@@ -151,8 +151,9 @@ static void expect_promised(const float *y, const float *x, const float *w, int 
 }
 
 /* Every element of one product of n rows, bit for bit against
- * chain_as_promised: kvmem_matmul over fp32 weights, and kvmem_matmul_bf16w
- * and kvmem_matmul_panels over bf16 ones (against the widened values). Any
+ * chain_as_promised: kvmem_matmul and kvmem_matmul_panels_f32 over fp32
+ * weights, and kvmem_matmul_bf16w and kvmem_matmul_panels over bf16 ones
+ * (against the widened values). Any
  * tile shape that regroups a sum fails here, and since the promise is the
  * same at every instruction set, so does any set whose bits differ. */
 static void matmul_exact_case(uint64_t *r, int n, int in, int out, const char *isa)
@@ -161,11 +162,15 @@ static void matmul_exact_case(uint64_t *r, int n, int in, int out, const char *i
 	float *w = test_rand_floats(r, (size_t)out * in, -1, 1);
 	float *y = test_rand_floats(r, (size_t)n * out, -9, 9);
 	uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)out * in);
-	uint16_t *p = malloc(sizeof(uint16_t) * (kvmem_panels_words(in, out) + 1));
+	uint16_t *p = malloc(sizeof(uint16_t) * (kvmem_panels_count(in, out) + 1));
+	float *pf = malloc(sizeof(float) * (kvmem_panels_count(in, out) + 1));
 
-	assert_true(w16 && p);
+	assert_true(w16 && p && pf);
 	kvmem_matmul(y, x, w, n, in, out);
 	expect_promised(y, x, w, n, in, out, "matmul", isa);
+	kvmem_panels_pack_f32(pf, w, in, out);
+	kvmem_matmul_panels_f32(y, x, pf, n, in, out);
+	expect_promised(y, x, w, n, in, out, "matmul_panels_f32", isa);
 	for (size_t i = 0; i < (size_t)out * in; i++) {
 		w16[i] = kvmem_f32_to_bf16(w[i]);
 		w[i] = kvmem_bf16_to_f32(w16[i]);
@@ -180,6 +185,7 @@ static void matmul_exact_case(uint64_t *r, int n, int in, int out, const char *i
 	free(y);
 	free(w16);
 	free(p);
+	free(pf);
 }
 
 static void test_matmul_arithmetic_exact(void **state)

@@ -96,7 +96,7 @@ static void products(int n, int sets, int packed, double *best, double *mean)
 				w[s][l][p] = a;
 				if (!packed)
 					continue;
-				w[s][l][p] = malloc(2 * kvmem_panels_words(shape[p][0], shape[p][1]));
+				w[s][l][p] = malloc(2 * kvmem_panels_count(shape[p][0], shape[p][1]));
 				kvmem_panels_pack(w[s][l][p], a, shape[p][0], shape[p][1]);
 				free(a);
 			}

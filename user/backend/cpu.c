@@ -127,9 +127,9 @@ static int matmul_knob(void)
 			   "(c, avx2 or avx512)", e);
 }
 
-/* KVMEM_CPU_WEIGHTS=fp32 multiplies by the fp32 copies of a bf16 model's
- * weights (the same bits, twice the bytes: the engine before 2026-12-05,
- * for a benchmark; the engine's bf16 copies are freed); bf16 or unset: by
+/* KVMEM_CPU_WEIGHTS=fp32 multiplies by fp32 panels of a bf16 model's
+ * weights (the same bits, twice the bytes: the engine's bytes before
+ * 2026-12-05, for a benchmark; the engine's bf16 panels are freed); bf16 or unset: by
  * the engine's bf16 copies, where every matmul weight is a bf16 value. */
 static int weights_knob(kvmem_engine *e)
 {

@@ -28,12 +28,13 @@
 #include "kvmem/kvmem.h"
 #include "kvmem/session.h"	/* KVMEM_BLOCK_DEFAULT: the centred modes' block */
 
-/* A layer's matmul weights as bf16 panels (make_bf16): [Wq; Wk; Wv] and
- * [Wgate; Wup] are one matrix each, one product a step (a row's bits are the
- * same in a product of more columns: kernels/cpu/matmul.c), one pass over
- * its columns and one wait for the threads where there were three or two. */
-struct layer_bf16 {
-	const uint16_t *wqkv, *wo, *w_gate_up, *w_down;
+/* A layer's matmul weights as panels (make_panels), bf16 or fp32: [Wq; Wk;
+ * Wv] and [Wgate; Wup] are one matrix each, one product a step (a row's bits
+ * are the same in a product of more columns: kernels/cpu/matmul.c), one pass
+ * over its columns and one wait for the threads where there were three or
+ * two. */
+struct layer_panels {
+	const void *wqkv, *wo, *w_gate_up, *w_down;
 };
 
 struct kvmem_engine {
@@ -55,13 +56,15 @@ struct kvmem_engine {
 			 * pass for q and K of every layer (kvmem_rope's bits) */
 	int32_t *kv_pos;/* [kv_pos_cap] = 0, 1, 2, ... */
 	int kv_pos_cap;
-	/* The model's matmul weights as bf16 panels (make_bf16), l16 and
-	 * lm16 pointing into w16. */
-	struct layer_bf16 *l16;
-	const uint16_t *lm16;
-	uint16_t *w16;
+	/* The model's matmul weights as panels (make_panels), lp and lm_p
+	 * pointing into wp; none: the products read the model's row-major
+	 * weights (the same bits, slower). */
+	struct layer_panels *lp;
+	const void *lm_p;
+	void *wp;
+	int wp_b16;	/* wp holds bf16 panels, else fp32 */
 	int w16_state;	/* 0: not tried, 1: made, -1: the weights are not bf16 */
-	int bf16;	/* the matmuls read w16 */
+	int bf16;	/* the matmuls read bf16 panels */
 	int kv_round;	/* how new K and V are rounded (enum kvmem_kv_round):
 			 * fp8 KV, or the cpu backend's research knob */
 	/* A batch's per-sequence scratch: its first row and its attention. */
@@ -107,8 +110,8 @@ void kvmem_engine_free(kvmem_engine *e)
 	free(e->r0);
 	free(e->att_seqs);
 	free(e->lbuf);
-	free(e->w16);
-	free(e->l16);
+	free(e->wp);
+	free(e->lp);
 	free(e);
 }
 
@@ -192,96 +195,120 @@ static bool narrow_exact(uint16_t *dst, const float *w, size_t n)
 	return true;
 }
 
-/* The matmul weights as bf16 panels (kvmem_panels_pack), where every one
- * is a bf16 value (a bf16 checkpoint's fp32 copies are): decode reads every
- * weight once a step, and half the bytes is most of its time (the embedded
- * model's 22.8 MB as fp32, 11.4 MB as bf16); the panels' products give the
- * fp32 weights' bits in under half the row-major product's time
- * (kernels/cpu/matmul_panels.c). [Wq; Wk; Wv] and [Wgate; Wup] are one
- * matrix each, one product a step. Left out when the copies would take
- * more than an eighth of the machine's memory. */
-static int make_bf16(kvmem_engine *e)
+/* One product's matrix into panels at *p (moved past it), *dst pointing at
+ * them: its parts (fp32, [rows][in] each) one after another into tmp, as
+ * bf16 when b16 (false if a weight is not a bf16 value) or fp32, then
+ * packed. */
+static bool pack_product(char **p, void *tmp, const void **dst, int in, int out,
+			 const float *const part[3], const int rows[3], int b16)
+{
+	size_t at = 0;
+
+	for (int j = 0; j < 3 && part[j]; j++) {
+		const size_t n = (size_t)rows[j] * in;
+
+		if (b16 && !narrow_exact((uint16_t *)tmp + at, part[j], n))
+			return false;
+		if (!b16)
+			memcpy((float *)tmp + at, part[j], n * sizeof(float));
+		at += n;
+	}
+	if (b16)
+		kvmem_panels_pack((uint16_t *)*p, tmp, in, out);
+	else
+		kvmem_panels_pack_f32((float *)*p, tmp, in, out);
+	*dst = *p;
+	*p += kvmem_panels_count(in, out) * (b16 ? sizeof(uint16_t) : sizeof(float));
+	return true;
+}
+
+/* The matmul weights packed in panels (kernels/cpu/matmul_panels.c): bf16
+ * when b16, where every one is a bf16 value (a bf16 checkpoint's fp32
+ * copies are): decode reads every weight once a step, and half the bytes
+ * is most of its time (the embedded model's 22.8 MB as fp32, 11.4 MB as
+ * bf16); else fp32. Either gives the row-major product's bits in under
+ * half its time. [Wq; Wk; Wv] and [Wgate; Wup] are one matrix each, one
+ * product a step. Left out (-1) when the copies would take more than an
+ * eighth of the machine's memory, or b16 and a weight is not bf16. */
+static int make_panels(kvmem_engine *e, int b16)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const int H = c->hidden, Q = c->n_heads * c->head_dim, K = c->n_kv_heads * c->head_dim;
 	const int I = c->intermediate;
-	const size_t per_layer = kvmem_panels_words(H, Q + 2 * K) + kvmem_panels_words(Q, H) +
-				 kvmem_panels_words(H, 2 * I) + kvmem_panels_words(I, H);
-	const size_t lm = kvmem_panels_words(H, c->vocab);
-	const size_t total = per_layer * (size_t)c->n_layers + lm;
+	const size_t per_layer = kvmem_panels_count(H, Q + 2 * K) + kvmem_panels_count(Q, H) +
+				 kvmem_panels_count(H, 2 * I) + kvmem_panels_count(I, H);
+	const size_t total = per_layer * (size_t)c->n_layers + kvmem_panels_count(H, c->vocab);
 	const size_t sizes[] = { (size_t)(Q + 2 * K) * H, (size_t)H * Q, (size_t)2 * I * H,
 				 (size_t)H * I, (size_t)c->vocab * H };
+	const size_t esz = b16 ? sizeof(uint16_t) : sizeof(float);
 	size_t tmp_n = 0;
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-	uint16_t *p, *tmp;
+	char *p;
+	void *tmp;
 	bool ok = true;
 
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
 		tmp_n = sizes[i] > tmp_n ? sizes[i] : tmp_n;
 	if (!e->m->layers || !e->m->lm_head)	/* a geometry with no weights */
 		return -1;
-	if (pages > 0 && page > 0 && (total + tmp_n) * 2 > (size_t)pages * (size_t)page / 8)
+	if (pages > 0 && page > 0 && (total + tmp_n) * esz > (size_t)pages * (size_t)page / 8)
 		return -1;
-	e->w16 = malloc(total * sizeof(uint16_t));
-	e->l16 = calloc((size_t)c->n_layers, sizeof(*e->l16));
-	tmp = malloc(tmp_n * sizeof(uint16_t));	/* one matrix row-major, then packed */
-	if (!e->w16 || !e->l16 || !tmp) {
+	e->wp = malloc(total * esz);
+	e->lp = calloc((size_t)c->n_layers, sizeof(*e->lp));
+	e->wp_b16 = b16;
+	tmp = malloc(tmp_n * esz);	/* one matrix row-major, then packed */
+	if (!e->wp || !e->lp || !tmp) {
 		free(tmp);
 		return -1;
 	}
-	p = e->w16;
+	p = e->wp;
 	for (int l = 0; ok && l < c->n_layers; l++) {
 		const kvmem_layer *L = &e->m->layers[l];
-		struct layer_bf16 *B = &e->l16[l];
-		/* each product: its parts' rows one after another, [out][in] */
-		const struct { const uint16_t **dst; int in, out; const float *part[3]; int rows[3]; }
-		t[] = {
-			{ &B->wqkv, H, Q + 2 * K, { L->wq, L->wk, L->wv }, { Q, K, K } },
-			{ &B->wo, Q, H, { L->wo }, { H } },
-			{ &B->w_gate_up, H, 2 * I, { L->w_gate, L->w_up }, { I, I } },
-			{ &B->w_down, I, H, { L->w_down }, { H } },
-		};
+		struct layer_panels *B = &e->lp[l];
 
-		for (size_t i = 0; ok && i < sizeof(t) / sizeof(t[0]); i++) {
-			size_t at = 0;
-
-			for (int j = 0; ok && j < 3 && t[i].part[j]; j++) {
-				ok = narrow_exact(tmp + at, t[i].part[j], (size_t)t[i].rows[j] * t[i].in);
-				at += (size_t)t[i].rows[j] * t[i].in;
-			}
-			if (!ok)
-				break;
-			kvmem_panels_pack(p, tmp, t[i].in, t[i].out);
-			*t[i].dst = p;
-			p += kvmem_panels_words(t[i].in, t[i].out);
-		}
+		ok = pack_product(&p, tmp, &B->wqkv, H, Q + 2 * K,
+				  (const float *const[3]){ L->wq, L->wk, L->wv }, (const int[3]){ Q, K, K },
+				  b16) &&
+		     pack_product(&p, tmp, &B->wo, Q, H, (const float *const[3]){ L->wo },
+				  (const int[3]){ H }, b16) &&
+		     pack_product(&p, tmp, &B->w_gate_up, H, 2 * I,
+				  (const float *const[3]){ L->w_gate, L->w_up }, (const int[3]){ I, I },
+				  b16) &&
+		     pack_product(&p, tmp, &B->w_down, I, H, (const float *const[3]){ L->w_down },
+				  (const int[3]){ H }, b16);
 	}
-	if (ok && (ok = narrow_exact(tmp, e->m->lm_head, (size_t)c->vocab * H))) {
-		kvmem_panels_pack(p, tmp, H, c->vocab);
-		e->lm16 = p;
-	}
+	ok = ok && pack_product(&p, tmp, &e->lm_p, H, c->vocab,
+				(const float *const[3]){ e->m->lm_head }, (const int[3]){ c->vocab }, b16);
 	free(tmp);
 	return ok ? 1 : -1;
 }
 
-static void drop_bf16(kvmem_engine *e)
+static void drop_panels(kvmem_engine *e)
 {
-	free(e->w16);
-	free(e->l16);
-	e->w16 = NULL;
-	e->l16 = NULL;
-	e->lm16 = NULL;
+	free(e->wp);
+	free(e->lp);
+	e->wp = NULL;
+	e->lp = NULL;
+	e->lm_p = NULL;
 }
 
+/* on: bf16 panels where every weight is a bf16 value, else fp32 panels;
+ * off: fp32 panels (KVMEM_CPU_WEIGHTS=fp32: twice the bytes, the same
+ * bits); either left out when memory is short: the row-major product. */
 int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on)
 {
-	if (on && !e->w16_state && (e->w16_state = make_bf16(e)) < 0)
-		drop_bf16(e);
-	if (!on && e->w16_state > 0) {	/* copies unused: their memory back */
-		drop_bf16(e);
+	if (on && !e->w16_state) {
+		drop_panels(e);
+		if ((e->w16_state = make_panels(e, 1)) < 0)
+			drop_panels(e);
+	}
+	if (!on && e->wp && e->wp_b16) {	/* bf16 panels unused: their memory back */
+		drop_panels(e);
 		e->w16_state = 0;
 	}
 	e->bf16 = on && e->w16_state > 0;
+	if (!e->wp && make_panels(e, 0) < 0)
+		drop_panels(e);
 	return e->bf16;
 }
 
@@ -290,13 +317,15 @@ int kvmem_engine_bf16_weights(const kvmem_engine *e)
 	return e->bf16;
 }
 
-/* y[n][out] = x[n][in] . w^T, by the bf16 panels where the engine has them
- * (the same bits). */
-static void proj(float *y, const float *x, const float *w, const uint16_t *w16, int n, int in,
-		 int out)
+/* y[n][out] = x[n][in] . w^T, by the panels p where the engine has them,
+ * else by w as the model holds it (the same bits). */
+static void proj(const kvmem_engine *e, float *y, const float *x, const float *w, const void *p,
+		 int n, int in, int out)
 {
-	if (w16)
-		kvmem_matmul_panels(y, x, w16, n, in, out);
+	if (p && e->wp_b16)
+		kvmem_matmul_panels(y, x, p, n, in, out);
+	else if (p)
+		kvmem_matmul_panels_f32(y, x, p, n, in, out);
 	else
 		kvmem_matmul(y, x, w, n, in, out);
 }
@@ -420,14 +449,14 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const kvmem_layer *L = &e->m->layers[l];
-	const struct layer_bf16 *B = e->bf16 ? &e->l16[l] : NULL;
+	const struct layer_panels *B = e->wp ? &e->lp[l] : NULL;
 	int d = c->head_dim, qw = c->n_heads * d, kw = c->n_kv_heads * d, T = b->T;
 
 	kvmem_rmsnorm(e->h, e->x, L->attn_norm, T, c->hidden, c->rms_eps);
 	if (B) {	/* q, k and v in one product over [Wq; Wk; Wv] */
 		const int w = qw + 2 * kw;
 
-		kvmem_matmul_panels(e->wide, e->h, B->wqkv, T, c->hidden, w);
+		proj(e, e->wide, e->h, NULL, B->wqkv, T, c->hidden, w);
 		for (int t = 0; t < T; t++) {
 			const float *r = e->wide + (size_t)t * w;
 
@@ -436,9 +465,9 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 			memcpy(e->v + (size_t)t * kw, r + qw + kw, sizeof(float) * kw);
 		}
 	} else {
-		proj(e->q, e->h, L->wq, NULL, T, c->hidden, qw);
-		proj(e->k, e->h, L->wk, NULL, T, c->hidden, kw);
-		proj(e->v, e->h, L->wv, NULL, T, c->hidden, kw);
+		proj(e, e->q, e->h, L->wq, NULL, T, c->hidden, qw);
+		proj(e, e->k, e->h, L->wk, NULL, T, c->hidden, kw);
+		proj(e, e->v, e->h, L->wv, NULL, T, c->hidden, kw);
 	}
 	kvmem_rmsnorm(e->q, e->q, L->q_norm, T * c->n_heads, d, c->rms_eps);
 	kvmem_rmsnorm(e->k, e->k, L->k_norm, T * c->n_kv_heads, d, c->rms_eps);
@@ -457,7 +486,7 @@ static void attention_block(kvmem_engine *e, const struct batch *b, int l)
 	}
 	kvmem_attention_batch(e->att, e->q, e->att_seqs, b->n_seqs, c->n_heads, c->n_kv_heads, d,
 			      (float)(1.0 / sqrt((double)d)));
-	proj(e->h, e->att, L->wo, B ? B->wo : NULL, T, qw, c->hidden);
+	proj(e, e->h, e->att, L->wo, B ? B->wo : NULL, T, qw, c->hidden);
 	kvmem_add(e->x, e->h, (size_t)T * c->hidden);
 }
 
@@ -465,21 +494,21 @@ static void mlp_block(kvmem_engine *e, int l, int n)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const kvmem_layer *L = &e->m->layers[l];
-	const struct layer_bf16 *B = e->bf16 ? &e->l16[l] : NULL;
+	const struct layer_panels *B = e->wp ? &e->lp[l] : NULL;
 
 	kvmem_rmsnorm(e->h, e->x, L->mlp_norm, n, c->hidden, c->rms_eps);
 	if (B) {	/* gate and up in one product over [Wgate; Wup] */
 		const size_t I = (size_t)c->intermediate;
 
-		kvmem_matmul_panels(e->wide, e->h, B->w_gate_up, n, c->hidden, 2 * c->intermediate);
+		proj(e, e->wide, e->h, NULL, B->w_gate_up, n, c->hidden, 2 * c->intermediate);
 		for (int t = 0; t < n; t++)
 			kvmem_swiglu(e->gate + t * I, e->wide + t * 2 * I, e->wide + t * 2 * I + I, I);
 	} else {
-		proj(e->gate, e->h, L->w_gate, NULL, n, c->hidden, c->intermediate);
-		proj(e->up, e->h, L->w_up, NULL, n, c->hidden, c->intermediate);
+		proj(e, e->gate, e->h, L->w_gate, NULL, n, c->hidden, c->intermediate);
+		proj(e, e->up, e->h, L->w_up, NULL, n, c->hidden, c->intermediate);
 		kvmem_swiglu(e->gate, e->gate, e->up, (size_t)n * c->intermediate);
 	}
-	proj(e->h, e->gate, L->w_down, B ? B->w_down : NULL, n, c->intermediate, c->hidden);
+	proj(e, e->h, e->gate, L->w_down, B ? B->w_down : NULL, n, c->intermediate, c->hidden);
 	kvmem_add(e->x, e->h, (size_t)n * c->hidden);
 }
 
@@ -509,7 +538,7 @@ static void logits_out(kvmem_engine *e, const struct batch *b)
 {
 	const kvmem_config *c = &e->m->cfg;
 	const size_t H = (size_t)c->hidden, V = (size_t)c->vocab;
-	const uint16_t *lm16 = e->bf16 ? e->lm16 : NULL;
+	const void *lm_p = e->wp ? e->lm_p : NULL;
 	int R = 0, only = -1;
 
 	for (int i = 0; i < b->n_seqs; i++) {
@@ -520,7 +549,7 @@ static void logits_out(kvmem_engine *e, const struct batch *b)
 		if (q->all_logits) {
 			kvmem_rmsnorm(e->h, e->x + (size_t)b->r0[i] * H, e->m->final_norm, q->n,
 				      c->hidden, c->rms_eps);
-			proj(q->logits, e->h, e->m->lm_head, lm16, q->n, c->hidden, c->vocab);
+			proj(e, q->logits, e->h, e->m->lm_head, lm_p, q->n, c->hidden, c->vocab);
 			continue;
 		}
 		kvmem_rmsnorm(e->last + (size_t)R * H, e->x + (size_t)(b->r0[i] + q->n - 1) * H,
@@ -529,12 +558,12 @@ static void logits_out(kvmem_engine *e, const struct batch *b)
 		R++;
 	}
 	if (R == 1) {	/* one sequence: straight into its buffer */
-		proj(b->seqs[only].logits, e->last, e->m->lm_head, lm16, 1, c->hidden, c->vocab);
+		proj(e, b->seqs[only].logits, e->last, e->m->lm_head, lm_p, 1, c->hidden, c->vocab);
 		return;
 	}
 	if (!R)
 		return;
-	proj(e->lbuf, e->last, e->m->lm_head, lm16, R, c->hidden, c->vocab);
+	proj(e, e->lbuf, e->last, e->m->lm_head, lm_p, R, c->hidden, c->vocab);
 	R = 0;
 	for (int i = 0; i < b->n_seqs; i++)
 		if (b->seqs[i].logits && !b->seqs[i].all_logits)
