@@ -56,32 +56,31 @@ size_t kvmem_panels_count(int in, int out)
 	return in > 0 && out > 0 ? (size_t)panels_of(out) * in * PANEL : 0;
 }
 
-void kvmem_panels_pack(uint16_t *dst, const uint16_t *w, int in, int out)
+/* w[out][in] (bf16 when b16, else fp32) into panels at dst. */
+static void pack(void *dst, const void *w, int b16, int in, int out)
 {
 	for (int q = 0; q < panels_of(out); q++)
-		for (int k = 0; k < in; k++) {
-			uint16_t *d = dst + ((size_t)q * in + k) * PANEL;
-
+		for (int k = 0; k < in; k++)
 			for (int c = 0; c < PANEL; c++) {
 				const int col = q * PANEL + c;
+				const size_t from = (size_t)col * in + k;
+				const size_t to = ((size_t)q * in + k) * PANEL + (size_t)(b16 ? word_of(c) : c);
 
-				d[word_of(c)] = col < out ? w[(size_t)col * in + k] : 0;
+				if (b16)
+					((uint16_t *)dst)[to] = col < out ? ((const uint16_t *)w)[from] : 0;
+				else
+					((float *)dst)[to] = col < out ? ((const float *)w)[from] : 0.0f;
 			}
-		}
+}
+
+void kvmem_panels_pack(uint16_t *dst, const uint16_t *w, int in, int out)
+{
+	pack(dst, w, 1, in, out);
 }
 
 void kvmem_panels_pack_f32(float *dst, const float *w, int in, int out)
 {
-	for (int q = 0; q < panels_of(out); q++)
-		for (int k = 0; k < in; k++) {
-			float *d = dst + ((size_t)q * in + k) * PANEL;
-
-			for (int c = 0; c < PANEL; c++) {
-				const int col = q * PANEL + c;
-
-				d[c] = col < out ? w[(size_t)col * in + k] : 0.0f;
-			}
-		}
+	pack(dst, w, 0, in, out);
 }
 
 /* The MR x 32 NP sums, the columns up to ncol, into y. */
