@@ -126,11 +126,13 @@ const kvmem_model *kvmem_engine_model(const kvmem_engine *e);
 void kvmem_engine_set_kv_round(kvmem_engine *e, int mode);
 /* Multiply by bf16 copies of the model's matmul weights (on, the default:
  * made once, where every such weight is a bf16 value, as a bf16
- * checkpoint's fp32 copies are, and the copies take at most an eighth of
- * the machine's memory) or by the fp32 weights (off). The same bits either
- * way; bf16 reads half the bytes. Returns whether bf16 copies are used. */
+ * checkpoint's fp32 copies are) or by fp32 copies (off, or weights that
+ * are not bf16), both packed in panels (kernels/cpu/matmul_panels.c) where
+ * they take at most an eighth of the machine's memory, else the model's
+ * row-major weights. The same bits every way; bf16 reads half the bytes.
+ * Returns whether bf16 copies are used. */
 int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on);
-/* Whether the matmuls read the bf16 copies now (1) or the fp32 weights (0). */
+/* Whether the matmuls read the bf16 copies now (1) or fp32 weights (0). */
 int kvmem_engine_bf16_weights(const kvmem_engine *e);
 
 /*
