@@ -896,6 +896,19 @@ static int write_table(struct cell *cells, int n, const char *path, int md)
 	return close_out(f, path);
 }
 
+/* A panel's "plot ", and for a panel with no finite point a line below its
+ * range and the reason in its middle instead of its series (gnuplot stops
+ * at a plot whose every point is undefined: "x range is invalid"). The
+ * caller writes the series when shown. */
+static void panel_plot(FILE *f, int shown, const char *why)
+{
+	if (!shown)
+		fprintf(f, "set label 1 '%s' at graph 0.5, 0.5 center\nplot [0:1][0:1] -1 notitle\n"
+			   "unset label 1", why);
+	else
+		fprintf(f, "plot ");
+}
+
 /*
  * Three panels with gnuplot: the recall proxy (needle in view where the
  * traces mark needles, else the oracle's mass held) against the budget, one
@@ -910,7 +923,7 @@ static int plot(struct cell *cells, int n, const struct opts *o, const char *png
 	FILE *f;
 	int nb = o->n_budget ? o->n_budget : 1, nc = o->n_cache ? o->n_cache : 1;
 	int nh = o->n_host ? o->n_host : 1, npol = o->n_pol ? o->n_pol : 1;
-	int needles = 0, rc;
+	int needles = 0, rc, shown[3] = { 0 };	/* each panel's finite points */
 
 	for (int k = 0; k < n; k++)
 		needles |= cells[k].needles > 0;
@@ -930,6 +943,7 @@ static int plot(struct cell *cells, int n, const struct opts *o, const char *png
 			    c->host != cells[0].host || c->block != cells[0].block || c->qtok != cells[0].qtok)
 				continue;
 			fprintf(f, "%lld %.6f\n", (long long)c->budget_eff, y);
+			shown[0] += isfinite(y);
 		}
 		fprintf(f, "\n\n");
 	}
@@ -945,6 +959,7 @@ static int plot(struct cell *cells, int n, const struct opts *o, const char *png
 				continue;
 			fprintf(f, "%.3f %.6f\n", c->host / 1048576.0,
 				c->hits + c->misses ? (double)c->hits / (c->hits + c->misses) : NAN);
+			shown[1] += c->hits + c->misses > 0;
 		}
 		fprintf(f, "\n\n");
 	}
@@ -955,6 +970,7 @@ static int plot(struct cell *cells, int n, const struct opts *o, const char *png
 		fprintf(f, "# %s\n", c->policy);
 		for (int64_t s = 0; s < c->n_series; s++)
 			fprintf(f, "%lld %.6f\n", (long long)s, c->series[s] / 1e6);
+		shown[2] += c->n_series > 0;
 		fprintf(f, "\n\n");
 	}
 	if (close_out(f, dat))
@@ -965,21 +981,24 @@ static int plot(struct cell *cells, int n, const struct opts *o, const char *png
 		   "set output '%s'\nset multiplot layout 1,3\nset key below horizontal\n"
 		   "set grid\nset datafile missing 'nan'\n", png);
 	fprintf(f, "set title '%s vs view budget'\nset xlabel 'budget (tokens)'\nset ylabel '%s'\n"
-		   "set yrange [0:1.05]\n%s\nplot ", needles ? "needle in view" : "oracle mass held",
+		   "set yrange [0:1.05]\n%s\n", needles ? "needle in view" : "oracle mass held",
 		   needles ? "needle in view" : "share of the oracle mass held",
 		   nb > 2 ? "set logscale x 2" : "unset logscale x");
-	for (int pi = 0; pi < npol; pi++)
+	panel_plot(f, shown[0], "no needle or oracle mass in these traces");
+	for (int pi = 0; shown[0] && pi < npol; pi++)
 		fprintf(f, "%s'%s' index %d using 1:2 with linespoints lw 2 title '%s'", pi ? ", " : "",
 			dat, pi, cells[pi * n / npol].policy);
 	fprintf(f, "\nunset logscale x\nset title 'host pool hit rate (%s, budget %lld)'\n"
-		   "set xlabel 'host pool (MiB)'\nset ylabel 'hit rate'\n%s\nplot ", cells[0].policy,
+		   "set xlabel 'host pool (MiB)'\nset ylabel 'hit rate'\n%s\n", cells[0].policy,
 		   (long long)cells[0].budget_eff, nh > 2 ? "set logscale x 2" : "");
-	for (int ci = 0; ci < nc; ci++)
+	panel_plot(f, shown[1], "no host pool lookups in these cells");
+	for (int ci = 0; shown[1] && ci < nc; ci++)
 		fprintf(f, "%s'%s' index %d using 1:2 with linespoints lw 2 title '%s'", ci ? ", " : "",
 			dat, npol + ci, o->n_cache ? o->cache[ci] : "lru");
 	fprintf(f, "\nunset logscale x\nset title 'MB read per selection (first trace)'\n"
-		   "set xlabel 'selection'\nset ylabel 'MB (pages, K+V)'\nset autoscale y\nplot ");
-	for (int pi = 0; pi < npol; pi++)
+		   "set xlabel 'selection'\nset ylabel 'MB (pages, K+V)'\nset autoscale y\n");
+	panel_plot(f, shown[2], "no selections read pages");
+	for (int pi = 0; shown[2] && pi < npol; pi++)
 		fprintf(f, "%s'%s' index %d using 1:2 with lines lw 1.5 title '%s'", pi ? ", " : "", dat,
 			npol + nc + pi, cells[pi * n / npol].policy);
 	fprintf(f, "\nunset multiplot\n");
