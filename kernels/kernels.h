@@ -57,7 +57,7 @@ void kvmem_pool_run(int n, kvmem_pool_fn fn, void *arg);
  * fma(x[k], w[c][k], s) from 0): its bits depend only on that row of x and
  * on w, never on n, the other rows, the thread count or the instruction set
  * (kernels/cpu/matmul.c), so a session's logits are the same alone or in a
- * batched forward, on any x86-64.
+ * batched forward.
  */
 void kvmem_matmul(float *y, const float *x, const float *w, int n, int in, int out);
 /* The same with w[out][in] as bf16 bits, widened in registers: kvmem_matmul's

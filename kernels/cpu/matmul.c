@@ -374,6 +374,15 @@ int kvmem_matmul_level(void)
 	return isa_chosen == ISA_AVX512 ? 16 : isa_chosen == ISA_AVX2 ? 8 : 1;
 }
 
+bool kvmem_matmul_empty(float *y, int n, int in, int out)
+{
+	if (n <= 0 || out <= 0)
+		return true;
+	if (in <= 0)
+		memset(y, 0, sizeof(float) * (size_t)n * out);
+	return in <= 0;
+}
+
 void kvmem_matmul_threads(long macs, int items, kvmem_pool_fn fn, void *arg)
 {
 	if (items <= 0)
@@ -411,12 +420,8 @@ static void matmul(float *y, const float *x, const void *w, int b16, int n, int 
 {
 	struct rm_job a = { y, x, w, b16, n, in, out, ISA_C };
 
-	if (n <= 0 || out <= 0)
+	if (kvmem_matmul_empty(y, n, in, out))
 		return;
-	if (in <= 0) {
-		memset(y, 0, sizeof(float) * (size_t)n * out);
-		return;
-	}
 	pthread_once(&isa_once, choose);
 	a.isa = isa_chosen;
 	kvmem_matmul_threads((long)n * in * out, (out + POOL_COLS - 1) / POOL_COLS, rm_chunk, &a);

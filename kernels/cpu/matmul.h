@@ -4,6 +4,7 @@
 #ifndef KVMEM_KERNELS_CPU_MATMUL_H
 #define KVMEM_KERNELS_CPU_MATMUL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "kernels/kernels.h"
@@ -13,6 +14,9 @@
 float kvmem_matmul_chain(const float *x, const void *w, int b16, size_t stride, int in);
 /* Lanes of the chosen instruction set: 16 (AVX-512), 8 (AVX2), 1 (C). */
 int kvmem_matmul_level(void);
+/* A product with nothing to sum: y zeroed when in <= 0; true (done) when
+ * n, out or in is not positive. */
+bool kvmem_matmul_empty(float *y, int n, int in, int out);
 /* fn(arg, i) for i in 0..items-1 on one thread, the kernels' pool or
  * OpenMP, by the product's multiply-adds. */
 void kvmem_matmul_threads(long macs, int items, kvmem_pool_fn fn, void *arg);

@@ -292,12 +292,8 @@ static void matmul_panels(float *y, const float *x, const void *p, int b16, int 
 {
 	struct panels_job a = { y, x, p, b16, n, in, out, 0 };
 
-	if (n <= 0 || out <= 0)
+	if (kvmem_matmul_empty(y, n, in, out))
 		return;
-	if (in <= 0) {
-		memset(y, 0, sizeof(float) * (size_t)n * out);
-		return;
-	}
 	a.level = kvmem_matmul_level();
 	kvmem_matmul_threads((long)n * in * out, (panels_of(out) + CHUNK - 1) / CHUNK, panels_chunk,
 			     &a);

@@ -64,7 +64,6 @@ struct kvmem_engine {
 	void *wp;
 	int wp_b16;	/* wp holds bf16 panels, else fp32 */
 	int w16_state;	/* 0: not tried, 1: made, -1: the weights are not bf16 */
-	int bf16;	/* the matmuls read bf16 panels */
 	int kv_round;	/* how new K and V are rounded (enum kvmem_kv_round):
 			 * fp8 KV, or the cpu backend's research knob */
 	/* A batch's per-sequence scratch: its first row and its attention. */
@@ -306,15 +305,14 @@ int kvmem_engine_use_bf16_weights(kvmem_engine *e, int on)
 		drop_panels(e);
 		e->w16_state = 0;
 	}
-	e->bf16 = on && e->w16_state > 0;
 	if (!e->wp && make_panels(e, 0) < 0)
 		drop_panels(e);
-	return e->bf16;
+	return kvmem_engine_bf16_weights(e);
 }
 
 int kvmem_engine_bf16_weights(const kvmem_engine *e)
 {
-	return e->bf16;
+	return e->wp && e->wp_b16;
 }
 
 /* y[n][out] = x[n][in] . w^T, by the panels p where the engine has them,
