@@ -420,6 +420,8 @@ static void trial(uint64_t *r, int n, int rounds, int no_batch_op)
 	for (int i = 0; i < n; i++)
 		pair_open(&ps[i], r, bb, bt, m->cfg.vocab, i == 0 ? &full : NULL);
 	ps[n - 1].smp = (kvmem_sampler){ 0 };	/* one greedy at least: lazy logits */
+	if (n > 1 && ps[0].smp.temperature <= 0)	/* and one at a temperature: draws beside them */
+		ps[0].smp = (kvmem_sampler){ .temperature = 0.8f, .top_k = 20, .top_p = 0.9f };
 	forced = run_rounds(r, ps, n, rounds);
 	/* Budgets of 64..128 tokens under 260-token scripts fill tails. */
 	print_message("%d sessions, %lld forced selections\n", n, (long long)forced);
