@@ -152,6 +152,14 @@ typedef struct kvmem_att_seq {
 
 void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs, int n_seqs,
 			   int n_heads, int n_kv_heads, int head_dim, float scale);
+/* The attention's instruction set, chosen once per process: "avx512" (F
+ * and DQ: two heads a register), "avx2" (eight keys' dot products at once)
+ * or "c" (the plain loops), the best the CPU has or $KVMEM_ATTENTION's.
+ * kvmem_attention_use() picks another (tests, benchmarks): -ENOTSUP when
+ * the CPU lacks it, -EINVAL for an unknown name. The bits are the same at
+ * every one; the time is not. */
+const char *kvmem_attention_isa(void);
+int kvmem_attention_use(const char *isa);
 
 /* kvmem_sample's greedy draw (the first of the highest logits) in about one
  * pass, or -1 when a logit is NaN or infinite, *bad then its first index

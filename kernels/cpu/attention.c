@@ -16,8 +16,10 @@
  * A query that sees no key gets a zero output. If the score buffer cannot
  * be allocated the scores are computed twice instead: same bits, no crash.
  */
+#include <errno.h>
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -560,6 +562,67 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
 	}
 }
 
+/* ---- which instructions ----------------------------------------------
+ * Chosen once per process, as the matmul's is: the best the CPU has, or
+ * $KVMEM_ATTENTION's, or kvmem_attention_use()'s, so that tests run every
+ * one the CPU has against the arithmetic spelled out (before, each call
+ * asked the CPU and the environment, every layer of every step, and an
+ * AVX-512 machine ran the AVX2 code only for shapes the other refused). */
+enum { ISA_C, ISA_AVX2, ISA_AVX512 };
+static const char *const isa_names[] = { "c", "avx2", "avx512" };
+static int isa_chosen = ISA_C;
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+static int isa_supported(int isa)
+{
+	__builtin_cpu_init();
+	switch (isa) {
+	case ISA_AVX512:	/* scores8_512 takes DQ's 256-bit halves */
+		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") &&
+		       __builtin_cpu_supports("avx512dq");
+	case ISA_AVX2:
+		return __builtin_cpu_supports("avx2");
+	default:
+		return 1;
+	}
+}
+
+/* 0, -ENOTSUP (the CPU lacks it) or -EINVAL (no such name); never calls
+ * pthread_once: choose_isa() runs inside it. */
+static int pick_isa(const char *isa)
+{
+	for (int i = 0; i < 3; i++)
+		if (isa && !strcmp(isa, isa_names[i])) {
+			if (!isa_supported(i))
+				return -ENOTSUP;
+			isa_chosen = i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+static void choose_isa(void)
+{
+	const char *e = getenv("KVMEM_ATTENTION");
+
+	isa_chosen = isa_supported(ISA_AVX512) ? ISA_AVX512 : isa_supported(ISA_AVX2) ? ISA_AVX2
+										    : ISA_C;
+	if (e && *e)
+		pick_isa(e);
+}
+
+int kvmem_attention_use(const char *isa)
+{
+	pthread_once(&isa_once, choose_isa);
+	return pick_isa(isa);
+}
+
+const char *kvmem_attention_isa(void)
+{
+	pthread_once(&isa_once, choose_isa);
+	return isa_names[isa_chosen];
+}
+
 /* A sequence's blocks of up to ROW_BLOCK queries. */
 static int row_blocks(int n_q)
 {
@@ -668,12 +731,9 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 	}
 	const long items = first[n_seqs];
 	const int group = n_heads / n_kv_heads;
-	int avx2, avx512;
 
-	__builtin_cpu_init();
-	avx2 = __builtin_cpu_supports("avx2");
-	avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-		 !getenv("KVMEM_ATTENTION_NO_AVX512");
+	pthread_once(&isa_once, choose_isa);
+	const int avx2 = isa_chosen >= ISA_AVX2, avx512 = isa_chosen == ISA_AVX512;
 
 	const struct batch_args ba = {
 		.out = out, .q = q, .seqs = seqs, .first = first, .n_seqs = n_seqs,

@@ -76,6 +76,28 @@ for isa in c avx2 avx512; do
 	ids=$g first=${first:-$isa}
 done
 unset KVMEM_MATMUL
+# [KVMEM_ATTENTION: new, 2026-12-07] The attention's instruction set, as the
+# matmul's: an unknown name refuses the cpu backend, and each one this CPU
+# has gives the same logits, bit for bit (a 60-token prompt: runs of eight
+# visible keys and tails).
+KVMEM_ATTENTION=sse9 says "an unknown KVMEM_ATTENTION" \
+	"KVMEM_ATTENTION=sse9: not an instruction set of the cpu attention (c, avx2 or avx512)" "" \
+	run --model "$M" --backend cpu --random 8 --decode 2
+ids="" first=""
+for isa in c avx2 avx512; do
+	out=$(KVMEM_ATTENTION=$isa timeout 120 "$KVMEM" run --model "$M" --backend cpu --random 60 \
+		--decode 16 --logits "$tmp/att_logits.$isa" 2>&1) || {
+		grep -q "this CPU lacks it" <<<"$out" || bad "KVMEM_ATTENTION=$isa: $out"
+		continue
+	}
+	g=$(grep '^generated:' <<<"$out")
+	[ -n "$g" ] && [ -s "$tmp/att_logits.$isa" ] || bad "KVMEM_ATTENTION=$isa generated nothing: $out"
+	[ -z "$ids" ] || [ "$g" = "$ids" ] || bad "KVMEM_ATTENTION=$isa generated other tokens"
+	[ -z "$first" ] || cmp -s "$tmp/att_logits.$first" "$tmp/att_logits.$isa" ||
+		bad "KVMEM_ATTENTION=$isa gave other logits than $first"
+	ids=$g first=${first:-$isa}
+done
+[ "$first" = c ] || bad "KVMEM_ATTENTION=c did not run"
 # [KVMEM_CPU_WEIGHTS: new] The cpu engine reads a bf16 model's weights as bf16 copies (2 bytes
 # a weight in bench engine's roofline) or, at fp32, as before (4): the same tokens either way
 # (the bits: test_generate's test_bf16_weights); another value refuses the cpu backend.

@@ -866,28 +866,21 @@ static void exact_attention(float *out, const struct att_case *a, float scale)
 	free(sc);
 }
 
-/* Bit for bit the arithmetic above: head sizes with and without a tail
- * of 8, over 64 and not a multiple of it; causal views (runs of eight
- * visible keys) and scattered positions (keys one at a time); the
- * softmax's e^x at each width the CPU has. */
-static void test_attention_exact(void **state)
+/* test_attention_exact's cases at one instruction set. */
+static void attention_exact_cases(uint64_t *rp, const int (*geo)[3], int n_geo, const char *isa)
 {
-	uint64_t r = rng_for("attention-exact");
-	static const int geo[][3] = { { 8, 2, 64 }, { 4, 1, 72 }, { 4, 2, 136 }, { 6, 3, 10 },
-				      { 16, 8, 128 }, { 2, 2, 16 } };
-
-	for (int c = 0; c < 6; c++)
+	for (int c = 0; c < n_geo; c++)
 		for (int causal = 0; causal < 2; causal++) {
 			struct att_case a;
-			int n_kv = test_rng_int(&r, 1, 300), n_q = test_rng_int(&r, 1, 12);
+			int n_kv = test_rng_int(rp, 1, 300), n_q = test_rng_int(rp, 1, 12);
 
-			att_case_make(&a, &r, n_q, n_kv, geo[c][0], geo[c][1], geo[c][2],
-				      n_kv + test_rng_int(&r, 0, 20));
+			att_case_make(&a, rp, n_q, n_kv, geo[c][0], geo[c][1], geo[c][2],
+				      n_kv + test_rng_int(rp, 0, 20));
 			if (causal) {
 				for (int j = 0; j < n_kv; j++)
 					a.kv_pos[j] = j;
 				for (int i = 0; i < n_q; i++)
-					a.q_pos[i] = test_rng_int(&r, 0, n_kv - 1);
+					a.q_pos[i] = test_rng_int(rp, 0, n_kv - 1);
 			}
 			size_t on = (size_t)n_q * a.heads * a.d;
 			float *out = malloc(sizeof(float) * on), *ref = malloc(sizeof(float) * on);
@@ -900,15 +893,44 @@ static void test_attention_exact(void **state)
 				att_run(&a, out);
 				for (size_t i = 0; i < on; i++)
 					if (memcmp(&out[i], &ref[i], sizeof(float)))
-						fail_msg("attention heads %d/%d d=%d n_kv=%d causal %d "
-							 "width %d [%zu]: %a vs %a", a.heads, a.kv_heads,
-							 a.d, n_kv, causal, w, i, out[i], ref[i]);
+						fail_msg("attention %s heads %d/%d d=%d n_kv=%d causal "
+							 "%d width %d [%zu]: %a vs %a", isa, a.heads,
+							 a.kv_heads, a.d, n_kv, causal, w, i, out[i],
+							 ref[i]);
 			}
 			vexp_best();
 			free(out);
 			free(ref);
 			att_case_free(&a);
 		}
+}
+
+/* Bit for bit the arithmetic above: head sizes with and without a tail
+ * of 8, over 64 and not a multiple of it; causal views (runs of eight
+ * visible keys) and scattered positions (keys one at a time); the
+ * softmax's e^x at each width the CPU has; each instruction set the CPU
+ * has (kvmem_attention_use: an AVX-512 machine runs the AVX2 and plain
+ * paths only when asked). */
+static void test_attention_exact(void **state)
+{
+	static const char *const isas[] = { "avx512", "avx2", "c" };
+	const char *best = kvmem_attention_isa();
+	uint64_t r = rng_for("attention-exact");
+	static const int geo[][3] = { { 8, 2, 64 }, { 4, 1, 72 }, { 4, 2, 136 }, { 6, 3, 10 },
+				      { 16, 8, 128 }, { 2, 2, 16 } };
+	int tried = 0;
+
+	for (int v = 0; v < 3; v++) {
+		if (kvmem_attention_use(isas[v]) == -ENOTSUP)
+			continue;
+		assert_string_equal(kvmem_attention_isa(), isas[v]);
+		tried++;
+		attention_exact_cases(&r, geo, 6, isas[v]);
+	}
+	assert_true(tried >= 1);
+	assert_int_equal(kvmem_attention_use("nonsense"), -EINVAL);
+	assert_string_equal(kvmem_attention_isa(), "c");	/* a refused name changes nothing */
+	assert_int_equal(kvmem_attention_use(best), 0);
 }
 
 /* ---- sampling --------------------------------------------------------- */

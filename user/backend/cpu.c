@@ -110,21 +110,30 @@ static int kv_round_knob(struct cpu *b, const kvmem_backend_opts *o)
 	return 0;
 }
 
-/* KVMEM_MATMUL names the matmul's instruction set (kernels.h); a name the
- * matmul does not know, or one this CPU lacks, refuses the backend rather
- * than leave the best one in use unsaid. */
-static int matmul_knob(void)
+/* KVMEM_MATMUL and KVMEM_ATTENTION name the matmul's and the attention's
+ * instruction sets (kernels.h); a name the kernel does not know, or one
+ * this CPU lacks, refuses the backend rather than leave the best one in
+ * use unsaid. */
+static int isa_knob(const char *var, int (*use)(const char *), const char *(*isa)(void),
+		    const char *what)
 {
-	const char *e = getenv("KVMEM_MATMUL");
+	const char *e = getenv(var);
 	int rc;
 
-	if (!e || !*e || !(rc = kvmem_matmul_use(e)))
+	if (!e || !*e || !(rc = use(e)))
 		return 0;
 	if (rc == -ENOTSUP)
-		return kvmem_error(ENOTSUP, "KVMEM_MATMUL=%s: this CPU lacks it (unset it for "
-				   "the best it has, %s)", e, kvmem_matmul_isa());
-	return kvmem_error(EINVAL, "KVMEM_MATMUL=%s: not an instruction set of the cpu matmul "
-			   "(c, avx2 or avx512)", e);
+		return kvmem_error(ENOTSUP, "%s=%s: this CPU lacks it (unset it for the best it "
+				   "has, %s)", var, e, isa());
+	return kvmem_error(EINVAL, "%s=%s: not an instruction set of the cpu %s (c, avx2 or "
+			   "avx512)", var, e, what);
+}
+
+static int isa_knobs(void)
+{
+	if (isa_knob("KVMEM_MATMUL", kvmem_matmul_use, kvmem_matmul_isa, "matmul"))
+		return -1;
+	return isa_knob("KVMEM_ATTENTION", kvmem_attention_use, kvmem_attention_isa, "attention");
 }
 
 /* KVMEM_CPU_WEIGHTS=fp32 multiplies by fp32 panels of a bf16 model's
@@ -150,7 +159,7 @@ static int cpu_create(const kvmem_model *m, const kvmem_backend_opts *o, void **
 	if (!b)
 		return kvmem_error(ENOMEM, "out of memory");
 	b->c = &m->cfg;
-	if (matmul_knob() < 0) {
+	if (isa_knobs() < 0) {
 		free(b);
 		return kvmem_fail();
 	}
