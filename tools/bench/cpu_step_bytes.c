@@ -12,7 +12,9 @@
  * weights); then one copy row-major (kvmem_matmul_bf16w: the same bits,
  * blocks transposed in registers as it goes); last the step's attention
  * alone, 8 views of 140 and of 320 keys in each of 6 layers, as the engine
- * calls kvmem_attention_batch.
+ * calls kvmem_attention_batch; last the step's kernels alone (products and
+ * attention, the engine's order) at 1 row over one view and at 8 rows over
+ * 8 views: the 8 / 1 ratio they allow the CPU row.
  *
  *   make && gcc -std=c11 -O2 -Iinclude -I. -o /tmp/cpu_step_bytes \
  *       tools/bench/cpu_step_bytes.c build/libkvmem.a \
@@ -180,6 +182,85 @@ static void attention(int n_kv, double *best, double *mean)
 	free(pos);
 }
 
+/* The step's kernels alone, in the engine's order (a layer: q|k|v, the
+ * attention, o, gate|up, down; bf16 panels, one copy of the weights): one
+ * row over one view of n_kv keys, or 8 rows over 8 views. What is left of
+ * a batched step beside them (norms, rope, the rows into the views, the
+ * sessions' own parts, the pool's waits) is what keeps the CPU row under
+ * the ratio the kernels allow: 8 x (one row) / (8 rows). */
+static void kernels(int n, int n_kv, double *best, double *mean)
+{
+	enum { L = 6, H = 8, HK = 2, D = 64, CAP = 1024 };
+	uint16_t *w[L][4];
+	float *kv[L][8][2], *x = malloc(sizeof(float) * 8 * 1536), *y = malloc(sizeof(float) * 8 * 1536);
+	float *q = malloc(sizeof(float) * 8 * H * D), *out = malloc(sizeof(float) * 8 * H * D);
+	int32_t *pos = malloc(sizeof(int32_t) * CAP), qp[8];
+	kvmem_att_seq seqs[8];
+	double sum = 0;
+	const int reps = 300;
+
+	for (int i = 0; i < CAP; i++)
+		pos[i] = i;
+	for (int i = 0; i < 8 * 1536; i++)
+		x[i] = (float)(i % 97) * 0.01f;
+	for (int i = 0; i < 8 * H * D; i++)
+		q[i] = (float)(i % 11) * 0.05f;
+	for (int l = 0; l < L; l++) {
+		for (int p = 0; p < 4; p++) {
+			const size_t m = (size_t)shape[p][0] * shape[p][1];
+			uint16_t *a = malloc(2 * m);
+
+			for (size_t i = 0; i < m; i++)
+				a[i] = (uint16_t)(0x3f80 + i % 64);
+			w[l][p] = malloc(2 * kvmem_panels_count(shape[p][0], shape[p][1]));
+			kvmem_panels_pack(w[l][p], a, shape[p][0], shape[p][1]);
+			free(a);
+		}
+		for (int v = 0; v < n; v++)
+			for (int t = 0; t < 2; t++) {
+				kv[l][v][t] = malloc(sizeof(float) * HK * CAP * D);
+				for (size_t i = 0; i < (size_t)HK * CAP * D; i++)
+					kv[l][v][t][i] = (float)((i * 7 + v) % 13) * 0.1f - 0.6f;
+			}
+	}
+	*best = 1e9;
+	for (int r = 0; r < reps; r++) {
+		const double t0 = now_s();
+
+		for (int l = 0; l < L; l++) {
+			kvmem_matmul_panels(y, x, w[l][0], n, 256, 768);
+			for (int v = 0; v < n; v++) {
+				qp[v] = n_kv - 1;
+				seqs[v] = (kvmem_att_seq){ .q0 = v, .n_q = 1, .q_pos = &qp[v],
+							   .k = kv[l][v][0], .v = kv[l][v][1],
+							   .kv_pos = pos, .n_kv = n_kv, .kv_stride = CAP };
+			}
+			kvmem_attention_batch(out, q, seqs, n, H, HK, D, 0.125f);
+			kvmem_matmul_panels(y, x, w[l][1], n, 512, 256);
+			kvmem_matmul_panels(y, x, w[l][2], n, 256, 1536);
+			kvmem_matmul_panels(y, x, w[l][3], n, 768, 256);
+		}
+		const double t = now_s() - t0;
+
+		*best = t < *best ? t : *best;
+		sum += t;
+	}
+	*best *= 1e3;
+	*mean = sum / reps * 1e3;
+	for (int l = 0; l < L; l++) {
+		for (int p = 0; p < 4; p++)
+			free(w[l][p]);
+		for (int v = 0; v < n; v++)
+			for (int t = 0; t < 2; t++)
+				free(kv[l][v][t]);
+	}
+	free(x);
+	free(y);
+	free(q);
+	free(out);
+	free(pos);
+}
+
 int main(void)
 {
 	double mb = 0, flops1 = 0;
@@ -211,6 +292,15 @@ int main(void)
 		attention(n_kv, &best, &mean);
 		printf("  attention, 8 views of %d keys, 6 layers: fastest %.3f ms, mean %.3f ms\n",
 		       n_kv, best, mean);
+	}
+	for (int n_kv = 200; n_kv <= 300; n_kv += 100) {
+		double b1, m1, b8, m8;
+
+		kernels(1, n_kv, &b1, &m1);
+		kernels(8, n_kv, &b8, &m8);
+		printf("  the step's kernels alone, views of %d keys: 1 row %.3f ms (mean %.3f), 8 rows "
+		       "%.3f ms (mean %.3f): 8 / 1 at most %.2fx (means %.2fx)\n", n_kv, b1, m1, b8, m8,
+		       8 * b1 / b8, 8 * m1 / m8);
 	}
 	return 0;
 }
