@@ -61,43 +61,35 @@ if ! grep -qw avx512f /proc/cpuinfo || ! grep -qw avx512bw /proc/cpuinfo; then
 	KVMEM_MATMUL=avx512 says "KVMEM_MATMUL past the CPU" "KVMEM_MATMUL=avx512: this CPU lacks it" "" \
 		run --model "$M" --backend cpu --random 8 --decode 2
 fi
-# [new, 2026-12-07] The matmul's bits are the same at every instruction set:
-# the same prompt gives the same logits, bit for bit, and tokens at each one
-# this CPU has.
-ids="" first=""
-for isa in c avx2 avx512; do
-	out=$(KVMEM_MATMUL=$isa timeout 120 "$KVMEM" run --model "$M" --backend cpu --random 60 \
-		--decode 16 --logits "$tmp/logits.$isa" 2>&1) || continue	# the CPU lacks it (said above)
-	g=$(grep '^generated:' <<<"$out")
-	[ -n "$g" ] && [ -s "$tmp/logits.$isa" ] || bad "KVMEM_MATMUL=$isa generated nothing: $out"
-	[ -z "$ids" ] || [ "$g" = "$ids" ] || bad "KVMEM_MATMUL=$isa generated other tokens: '$g' / '$ids'"
-	[ -z "$first" ] || cmp -s "$tmp/logits.$first" "$tmp/logits.$isa" ||
-		bad "KVMEM_MATMUL=$isa gave other logits than $first"
-	ids=$g first=${first:-$isa}
-done
+# [new, 2026-12-07] The matmul's and the attention's bits are the same at
+# every instruction set: the same prompt (60 tokens: runs of eight visible
+# keys and tails) gives the same tokens and logits, bit for bit, at each
+# one this CPU has; one it lacks is refused, saying so.
+same_at_every_isa() { # KVMEM_MATMUL or KVMEM_ATTENTION
+	local var=$1 isa out g ids="" first=""
+
+	for isa in c avx2 avx512; do
+		out=$(env "$var=$isa" timeout 120 "$KVMEM" run --model "$M" --backend cpu --random 60 \
+			--decode 16 --logits "$tmp/logits.$var.$isa" 2>&1) || {
+			grep -q "this CPU lacks it" <<<"$out" || bad "$var=$isa: $out"
+			continue
+		}
+		g=$(grep '^generated:' <<<"$out")
+		[ -n "$g" ] && [ -s "$tmp/logits.$var.$isa" ] || bad "$var=$isa generated nothing: $out"
+		[ -z "$ids" ] || [ "$g" = "$ids" ] || bad "$var=$isa generated other tokens: '$g' / '$ids'"
+		[ -z "$first" ] || cmp -s "$tmp/logits.$var.$first" "$tmp/logits.$var.$isa" ||
+			bad "$var=$isa gave other logits than $first"
+		ids=$g first=${first:-$isa}
+	done
+	[ "$first" = c ] || bad "$var=c did not run"
+}
 unset KVMEM_MATMUL
-# [KVMEM_ATTENTION: new, 2026-12-07] The attention's instruction set, as the
-# matmul's: an unknown name refuses the cpu backend, and each one this CPU
-# has gives the same logits, bit for bit (a 60-token prompt: runs of eight
-# visible keys and tails).
+same_at_every_isa KVMEM_MATMUL
+# [KVMEM_ATTENTION: new, 2026-12-07] An unknown name refuses the cpu backend.
 KVMEM_ATTENTION=sse9 says "an unknown KVMEM_ATTENTION" \
 	"KVMEM_ATTENTION=sse9: not an instruction set of the cpu attention (c, avx2 or avx512)" "" \
 	run --model "$M" --backend cpu --random 8 --decode 2
-ids="" first=""
-for isa in c avx2 avx512; do
-	out=$(KVMEM_ATTENTION=$isa timeout 120 "$KVMEM" run --model "$M" --backend cpu --random 60 \
-		--decode 16 --logits "$tmp/att_logits.$isa" 2>&1) || {
-		grep -q "this CPU lacks it" <<<"$out" || bad "KVMEM_ATTENTION=$isa: $out"
-		continue
-	}
-	g=$(grep '^generated:' <<<"$out")
-	[ -n "$g" ] && [ -s "$tmp/att_logits.$isa" ] || bad "KVMEM_ATTENTION=$isa generated nothing: $out"
-	[ -z "$ids" ] || [ "$g" = "$ids" ] || bad "KVMEM_ATTENTION=$isa generated other tokens"
-	[ -z "$first" ] || cmp -s "$tmp/att_logits.$first" "$tmp/att_logits.$isa" ||
-		bad "KVMEM_ATTENTION=$isa gave other logits than $first"
-	ids=$g first=${first:-$isa}
-done
-[ "$first" = c ] || bad "KVMEM_ATTENTION=c did not run"
+same_at_every_isa KVMEM_ATTENTION
 # [KVMEM_CPU_WEIGHTS: new] The cpu engine reads a bf16 model's weights as bf16 copies (2 bytes
 # a weight in bench engine's roofline) or, at fp32, as before (4): the same tokens either way
 # (the bits: test_generate's test_bf16_weights); another value refuses the cpu backend.
