@@ -16,13 +16,13 @@
  * A query that sees no key gets a zero output. If the score buffer cannot
  * be allocated the scores are computed twice instead: same bits, no crash.
  */
-#include <errno.h>
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vexp.h"
 #include "kernels/kernels.h"
 
@@ -568,59 +568,38 @@ static void attend_rows(const struct att_args *a, int i0, int i1, int g, float *
  * one the CPU has against the arithmetic spelled out (before, each call
  * asked the CPU and the environment, every layer of every step, and an
  * AVX-512 machine ran the AVX2 code only for shapes the other refused). */
-enum { ISA_C, ISA_AVX2, ISA_AVX512 };
-static const char *const isa_names[] = { "c", "avx2", "avx512" };
-static int isa_chosen = ISA_C;
+static int isa_chosen = KVMEM_ISA_C;	/* a KVMEM_ISA_ level (isa.h) */
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 static int isa_supported(int isa)
 {
 	__builtin_cpu_init();
 	switch (isa) {
-	case ISA_AVX512:	/* scores8_512 takes DQ's 256-bit halves */
+	case KVMEM_ISA_AVX512:	/* scores8_512 takes DQ's 256-bit halves */
 		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") &&
 		       __builtin_cpu_supports("avx512dq");
-	case ISA_AVX2:
+	case KVMEM_ISA_AVX2:
 		return __builtin_cpu_supports("avx2");
 	default:
 		return 1;
 	}
 }
 
-/* 0, -ENOTSUP (the CPU lacks it) or -EINVAL (no such name); never calls
- * pthread_once: choose_isa() runs inside it. */
-static int pick_isa(const char *isa)
-{
-	for (int i = 0; i < 3; i++)
-		if (isa && !strcmp(isa, isa_names[i])) {
-			if (!isa_supported(i))
-				return -ENOTSUP;
-			isa_chosen = i;
-			return 0;
-		}
-	return -EINVAL;
-}
-
 static void choose_isa(void)
 {
-	const char *e = getenv("KVMEM_ATTENTION");
-
-	isa_chosen = isa_supported(ISA_AVX512) ? ISA_AVX512 : isa_supported(ISA_AVX2) ? ISA_AVX2
-										    : ISA_C;
-	if (e && *e)
-		pick_isa(e);
+	isa_chosen = kvmem_isa_best(isa_supported, "KVMEM_ATTENTION");
 }
 
 int kvmem_attention_use(const char *isa)
 {
 	pthread_once(&isa_once, choose_isa);
-	return pick_isa(isa);
+	return kvmem_isa_pick(isa_supported, isa, &isa_chosen);
 }
 
 const char *kvmem_attention_isa(void)
 {
 	pthread_once(&isa_once, choose_isa);
-	return isa_names[isa_chosen];
+	return kvmem_isa_names[isa_chosen];
 }
 
 /* A sequence's blocks of up to ROW_BLOCK queries. */
@@ -733,7 +712,7 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 	const int group = n_heads / n_kv_heads;
 
 	pthread_once(&isa_once, choose_isa);
-	const int avx2 = isa_chosen >= ISA_AVX2, avx512 = isa_chosen == ISA_AVX512;
+	const int avx2 = isa_chosen >= KVMEM_ISA_AVX2, avx512 = isa_chosen == KVMEM_ISA_AVX512;
 
 	const struct batch_args ba = {
 		.out = out, .q = q, .seqs = seqs, .first = first, .n_seqs = n_seqs,

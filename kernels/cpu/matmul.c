@@ -28,7 +28,6 @@
  * once for all the rows of a tile, which is where batching saves time:
  * decode reads every weight once per step for all its sessions.
  */
-#include <errno.h>
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -38,14 +37,13 @@
 #include <string.h>
 
 #include "kernels/cpu/bits.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/kernels.h"
 
 #pragma GCC optimize("O3")
 
-enum { ISA_C = 0, ISA_AVX2, ISA_AVX512 };
-static const char *const isa_names[] = { "c", "avx2", "avx512" };
-static int isa_chosen = -1;
+static int isa_chosen = -1;	/* a KVMEM_ISA_ level (isa.h) */
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 /* Below POOL_MACS multiply-adds one thread is quicker than waking
@@ -322,56 +320,37 @@ static int supported(int isa)
 {
 	__builtin_cpu_init();
 	switch (isa) {
-	case ISA_AVX512:
+	case KVMEM_ISA_AVX512:
 		return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-	case ISA_AVX2:
+	case KVMEM_ISA_AVX2:
 		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 	default:
 		return 1;
 	}
 }
 
-/* Make isa the chosen one: 0, -ENOTSUP (the CPU lacks it) or -EINVAL (no
- * such name). Never calls pthread_once: choose() runs inside it. */
-static int pick(const char *isa)
-{
-	for (int i = 0; i < 3; i++)
-		if (isa && !strcmp(isa, isa_names[i])) {
-			if (!supported(i))
-				return -ENOTSUP;
-			isa_chosen = i;
-			return 0;
-		}
-	return -EINVAL;
-}
-
-/* The best the CPU has, then $KVMEM_MATMUL's if it names one it has (the
- * cpu backend refuses a name that does not: user/backend/cpu.c). */
+/* The best the CPU has, then $KVMEM_MATMUL's if it names one it has. */
 static void choose(void)
 {
-	const char *e = getenv("KVMEM_MATMUL");
-
-	isa_chosen = supported(ISA_AVX512) ? ISA_AVX512 : supported(ISA_AVX2) ? ISA_AVX2 : ISA_C;
-	if (e && *e)
-		pick(e);
+	isa_chosen = kvmem_isa_best(supported, "KVMEM_MATMUL");
 }
 
 int kvmem_matmul_use(const char *isa)
 {
 	pthread_once(&isa_once, choose);
-	return pick(isa);
+	return kvmem_isa_pick(supported, isa, &isa_chosen);
 }
 
 const char *kvmem_matmul_isa(void)
 {
 	pthread_once(&isa_once, choose);
-	return isa_names[isa_chosen];
+	return kvmem_isa_names[isa_chosen];
 }
 
 int kvmem_matmul_level(void)
 {
 	pthread_once(&isa_once, choose);
-	return isa_chosen == ISA_AVX512 ? 16 : isa_chosen == ISA_AVX2 ? 8 : 1;
+	return isa_chosen == KVMEM_ISA_AVX512 ? 16 : isa_chosen == KVMEM_ISA_AVX2 ? 8 : 1;
 }
 
 bool kvmem_matmul_empty(float *y, int n, int in, int out)
@@ -408,9 +387,9 @@ static void rm_chunk(void *arg, int chunk)
 	const struct rm_job *a = arg;
 	const int c0 = chunk * POOL_COLS, c1 = c0 + POOL_COLS < a->out ? c0 + POOL_COLS : a->out;
 
-	if (a->isa == ISA_AVX512)
+	if (a->isa == KVMEM_ISA_AVX512)
 		cols512(a->y, a->x, a->w, a->b16, a->n, a->in, a->out, c0, c1);
-	else if (a->isa == ISA_AVX2)
+	else if (a->isa == KVMEM_ISA_AVX2)
 		cols256(a->y, a->x, a->w, a->b16, a->n, a->in, a->out, c0, c1);
 	else
 		cols_c(a->y, a->x, a->w, a->b16, a->n, a->in, a->out, c0, c1);
@@ -418,7 +397,7 @@ static void rm_chunk(void *arg, int chunk)
 
 static void matmul(float *y, const float *x, const void *w, int b16, int n, int in, int out)
 {
-	struct rm_job a = { y, x, w, b16, n, in, out, ISA_C };
+	struct rm_job a = { y, x, w, b16, n, in, out, KVMEM_ISA_C };
 
 	if (kvmem_matmul_empty(y, n, in, out))
 		return;
