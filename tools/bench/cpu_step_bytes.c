@@ -74,6 +74,23 @@ __attribute__((target("avx512f"))) static double reread(double mb)
 
 static const int shape[4][2] = { { 256, 768 }, { 512, 256 }, { 256, 1536 }, { 768, 256 } };
 
+/* One layer's weight of shape p, bf16 values near 1, packed in panels as
+ * the engine packs them (kvmem_matmul_panels) or row-major. */
+static uint16_t *weight(int p, int packed)
+{
+	const size_t m = (size_t)shape[p][0] * shape[p][1];
+	uint16_t *a = malloc(2 * m), *w;
+
+	for (size_t i = 0; i < m; i++)
+		a[i] = (uint16_t)(0x3f80 + i % 64);
+	if (!packed)
+		return a;
+	w = malloc(2 * kvmem_panels_count(shape[p][0], shape[p][1]));
+	kvmem_panels_pack(w, a, shape[p][0], shape[p][1]);
+	free(a);
+	return w;
+}
+
 /* The products of a step at n rows over `sets` copies of the weights in
  * turn, packed in panels as the engine packs them (kvmem_matmul_panels) or
  * row-major (kvmem_matmul_bf16w, which gives the same bits): the fastest
@@ -89,19 +106,8 @@ static void products(int n, int sets, int packed, double *best, double *mean)
 		x[i] = (float)(i % 97) * 0.01f;
 	for (int s = 0; s < sets; s++)
 		for (int l = 0; l < 6; l++)
-			for (int p = 0; p < 4; p++) {
-				const size_t m = (size_t)shape[p][0] * shape[p][1];
-				uint16_t *a = malloc(2 * m);
-
-				for (size_t i = 0; i < m; i++)	/* bf16 values near 1 */
-					a[i] = (uint16_t)(0x3f80 + i % 64);
-				w[s][l][p] = a;
-				if (!packed)
-					continue;
-				w[s][l][p] = malloc(2 * kvmem_panels_count(shape[p][0], shape[p][1]));
-				kvmem_panels_pack(w[s][l][p], a, shape[p][0], shape[p][1]);
-				free(a);
-			}
+			for (int p = 0; p < 4; p++)
+				w[s][l][p] = weight(p, packed);
 	*best = 1e9;
 	for (int r = 0; r < reps; r++) {
 		const double t0 = now_s();
@@ -129,66 +135,15 @@ static void products(int n, int sets, int packed, double *best, double *mean)
 	free(y);
 }
 
-/* The step's attention alone: 8 views of n_kv keys (the embedded model's
- * 2 KV heads of 64, 8 query heads), 6 layers of views, one query a view,
- * through kvmem_attention_batch as the engine calls it. */
-static void attention(int n_kv, double *best, double *mean)
-{
-	enum { L = 6, S = 8, H = 8, HK = 2, D = 64, CAP = 1024 };
-	float *kv[L][S][2], *q = malloc(sizeof(float) * S * H * D);
-	float *out = malloc(sizeof(float) * S * H * D);
-	int32_t *pos = malloc(sizeof(int32_t) * CAP), qp[S];
-	kvmem_att_seq seqs[S];
-	double sum = 0;
-	const int reps = 300;
-
-	for (int i = 0; i < CAP; i++)
-		pos[i] = i;
-	for (int i = 0; i < S * H * D; i++)
-		q[i] = (float)(i % 11) * 0.05f;
-	for (int l = 0; l < L; l++)
-		for (int s = 0; s < S; s++)
-			for (int x = 0; x < 2; x++) {
-				kv[l][s][x] = malloc(sizeof(float) * HK * CAP * D);
-				for (size_t i = 0; i < (size_t)HK * CAP * D; i++)
-					kv[l][s][x][i] = (float)((i * 7 + s) % 13) * 0.1f - 0.6f;
-			}
-	*best = 1e9;
-	for (int r = 0; r < reps; r++) {
-		const double t0 = now_s();
-
-		for (int l = 0; l < L; l++) {
-			for (int s = 0; s < S; s++) {
-				qp[s] = n_kv - 1;
-				seqs[s] = (kvmem_att_seq){ .q0 = s, .n_q = 1, .q_pos = &qp[s],
-							   .k = kv[l][s][0], .v = kv[l][s][1],
-							   .kv_pos = pos, .n_kv = n_kv, .kv_stride = CAP };
-			}
-			kvmem_attention_batch(out, q, seqs, S, H, HK, D, 0.125f);
-		}
-		const double t = now_s() - t0;
-
-		*best = t < *best ? t : *best;
-		sum += t;
-	}
-	*best *= 1e3;
-	*mean = sum / reps * 1e3;
-	for (int l = 0; l < L; l++)
-		for (int s = 0; s < S; s++)
-			for (int x = 0; x < 2; x++)
-				free(kv[l][s][x]);
-	free(q);
-	free(out);
-	free(pos);
-}
-
 /* The step's kernels alone, in the engine's order (a layer: q|k|v, the
- * attention, o, gate|up, down; bf16 panels, one copy of the weights): one
- * row over one view of n_kv keys, or 8 rows over 8 views. What is left of
- * a batched step beside them (norms, rope, the rows into the views, the
- * sessions' own parts, the pool's waits) is what keeps the CPU row under
- * the ratio the kernels allow: 8 x (one row) / (8 rows). */
-static void kernels(int n, int n_kv, double *best, double *mean)
+ * attention, o, gate|up, down; bf16 panels, one copy of the weights), or
+ * with products 0 its attention alone (the embedded model's 2 KV heads of
+ * 64, 8 query heads, one query a view, through kvmem_attention_batch as the
+ * engine calls it): one row over one view of n_kv keys, or 8 rows over 8
+ * views. What is left of a batched step beside them (norms, rope, the rows
+ * into the views, the sessions' own parts, the pool's waits) is what keeps
+ * the CPU row under the ratio the kernels allow: 8 x (one row) / (8 rows). */
+static void kernels(int n, int n_kv, int products, double *best, double *mean)
 {
 	enum { L = 6, H = 8, HK = 2, D = 64, CAP = 1024 };
 	uint16_t *w[L][4];
@@ -206,16 +161,8 @@ static void kernels(int n, int n_kv, double *best, double *mean)
 	for (int i = 0; i < 8 * H * D; i++)
 		q[i] = (float)(i % 11) * 0.05f;
 	for (int l = 0; l < L; l++) {
-		for (int p = 0; p < 4; p++) {
-			const size_t m = (size_t)shape[p][0] * shape[p][1];
-			uint16_t *a = malloc(2 * m);
-
-			for (size_t i = 0; i < m; i++)
-				a[i] = (uint16_t)(0x3f80 + i % 64);
-			w[l][p] = malloc(2 * kvmem_panels_count(shape[p][0], shape[p][1]));
-			kvmem_panels_pack(w[l][p], a, shape[p][0], shape[p][1]);
-			free(a);
-		}
+		for (int p = 0; p < 4; p++)
+			w[l][p] = products ? weight(p, 1) : NULL;
 		for (int v = 0; v < n; v++)
 			for (int t = 0; t < 2; t++) {
 				kv[l][v][t] = malloc(sizeof(float) * HK * CAP * D);
@@ -228,7 +175,8 @@ static void kernels(int n, int n_kv, double *best, double *mean)
 		const double t0 = now_s();
 
 		for (int l = 0; l < L; l++) {
-			kvmem_matmul_panels(y, x, w[l][0], n, 256, 768);
+			if (products)
+				kvmem_matmul_panels(y, x, w[l][0], n, shape[0][0], shape[0][1]);
 			for (int v = 0; v < n; v++) {
 				qp[v] = n_kv - 1;
 				seqs[v] = (kvmem_att_seq){ .q0 = v, .n_q = 1, .q_pos = &qp[v],
@@ -236,9 +184,8 @@ static void kernels(int n, int n_kv, double *best, double *mean)
 							   .kv_pos = pos, .n_kv = n_kv, .kv_stride = CAP };
 			}
 			kvmem_attention_batch(out, q, seqs, n, H, HK, D, 0.125f);
-			kvmem_matmul_panels(y, x, w[l][1], n, 512, 256);
-			kvmem_matmul_panels(y, x, w[l][2], n, 256, 1536);
-			kvmem_matmul_panels(y, x, w[l][3], n, 768, 256);
+			for (int p = 1; p < 4 && products; p++)
+				kvmem_matmul_panels(y, x, w[l][p], n, shape[p][0], shape[p][1]);
 		}
 		const double t = now_s() - t0;
 
@@ -289,15 +236,15 @@ int main(void)
 	for (int n_kv = 140; n_kv <= 320; n_kv += 180) {
 		double best, mean;
 
-		attention(n_kv, &best, &mean);
+		kernels(8, n_kv, 0, &best, &mean);
 		printf("  attention, 8 views of %d keys, 6 layers: fastest %.3f ms, mean %.3f ms\n",
 		       n_kv, best, mean);
 	}
 	for (int n_kv = 200; n_kv <= 300; n_kv += 100) {
 		double b1, m1, b8, m8;
 
-		kernels(1, n_kv, &b1, &m1);
-		kernels(8, n_kv, &b8, &m8);
+		kernels(1, n_kv, 1, &b1, &m1);
+		kernels(8, n_kv, 1, &b8, &m8);
 		printf("  the step's kernels alone, views of %d keys: 1 row %.3f ms (mean %.3f), 8 rows "
 		       "%.3f ms (mean %.3f): 8 / 1 at most %.2fx (means %.2fx)\n", n_kv, b1, m1, b8, m8,
 		       8 * b1 / b8, 8 * m1 / m8);
