@@ -2,7 +2,9 @@
 /*
  * The instruction sets a CPU kernel chooses among, once per process (the
  * matmul's, KVMEM_MATMUL; the attention's, KVMEM_ATTENTION). What a level
- * needs of the CPU is the kernel's own: its supported(level).
+ * needs of the CPU is the kernel's own: its supported(level). Neither
+ * function calls pthread_once: a kernel's once-only choice calls them from
+ * inside its own (KVMEM_MATMUL once hung the first matmul that way).
  */
 #ifndef KVMEM_KERNELS_CPU_ISA_H
 #define KVMEM_KERNELS_CPU_ISA_H
