@@ -10,7 +10,7 @@
  * copies of the weights used in turn: one copy is the lone step's working
  * set, two are about the batched step's (its views are as large as its
  * weights); then one copy row-major (kvmem_matmul_bf16w: the same bits,
- * blocks transposed in registers as it goes); last the step's attention
+ * blocks transposed in registers as it goes); then the step's attention
  * alone, 8 views of 140 and of 320 keys in each of 6 layers, as the engine
  * calls kvmem_attention_batch; last the step's kernels alone (products and
  * attention, the engine's order) at 1 row over one view and at 8 rows over
