@@ -53,7 +53,9 @@
 # (seed 999003), 8 by default, kvmem bench recall's count in issue 29's
 # targets (training draws 0-8; runs before 2026-12-04 drew them for the
 # held-out corpus too, which made its finding kinder than the bench's);
-# 0: drawn as the training corpus draws them.
+# 0: drawn as the training corpus draws them. LOOKALIKES: the same for the
+# training corpus's view sequences (paged and whole ones too); empty (the
+# default): drawn 0-8 a sequence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -79,7 +81,7 @@ esac
 : "${PAGED:=0}" "${PAGE_WINDOW:=$SEQ_LEN}" "${PAGED_BATCH:=8}" "${PAGED_FROM:=-1}"
 : "${MEANK_WHOLE:=0}" "${WHOLE_MIN_RATIO:=16}" "${MEANK_WHOLE_WEIGHT:=0}"
 : "${MEANK_WHOLE_BATCH:=2}" "${MEANK_WHOLE_HARD:=4}" "${MEANK_WHOLE_EVAL:=1}"
-: "${KV_FP8:=0}"
+: "${KV_FP8:=0}" "${LOOKALIKES:=}"
 KVMEM=${KVMEM:-build/static/kvmem}
 
 [ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
@@ -122,6 +124,8 @@ fi
 t0=$(date +%s)
 VIEW_OPTS=(--max-ratio "$MAX_RATIO" --stale "$STALE")
 [ -n "$VIEW_POLICY" ] && VIEW_OPTS+=(--view-policy "$VIEW_POLICY" --drop "$DROP")
+TRAIN_LOOK=()
+[ -n "$LOOKALIKES" ] && TRAIN_LOOK=(--lookalikes "$LOOKALIKES")
 PAGE_OPTS=() EVAL_PAGE_OPTS=()
 if [ "$PAGING" = 1 ]; then
 	PAGE_OPTS=(--page-window "$PAGE_WINDOW" --paged "$PAGED")
@@ -133,10 +137,10 @@ if [ "$PAGING" = 1 ]; then
 elif [ "$MEANK_WHOLE" != 0 ]; then
 	fail "MEANK_WHOLE=$MEANK_WHOLE needs PAGED (and VIEW_POLICY)"
 fi
-echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED, views $VIEWS ${VIEW_OPTS[*]} ${PAGE_OPTS[*]+${PAGE_OPTS[*]}}"
+echo "== corpus: $TOKENS tokens, seq_len $SEQ_LEN, seed $SEED, views $VIEWS ${VIEW_OPTS[*]} ${PAGE_OPTS[*]+${PAGE_OPTS[*]}} ${TRAIN_LOOK[*]+${TRAIN_LOOK[*]}}"
 "$KVMEM" synth corpus --tokens "$TOKENS" --seq-len "$SEQ_LEN" --seed "$SEED" \
 	--views "$VIEWS" "${VIEW_OPTS[@]}" ${PAGE_OPTS[@]+"${PAGE_OPTS[@]}"} \
-	--out "$WORK/train.bin" --quiet ||
+	${TRAIN_LOOK[@]+"${TRAIN_LOOK[@]}"} --out "$WORK/train.bin" --quiet ||
 	fail "corpus generation failed"
 "$KVMEM" synth corpus --tokens "$EVAL_TOKENS" --seq-len "$SEQ_LEN" --seed 999001 \
 	--views 0 --out "$WORK/eval_stream.bin" --quiet || fail "eval corpus (stream) failed"
