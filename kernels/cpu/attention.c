@@ -635,8 +635,13 @@ static void batch_item(const kvmem_att_seq *seqs, const long *first, int n_seqs,
 }
 
 /* Multiply-adds of a batch (queries x heads x visible keys x head_dim)
- * from which the kernels' pool, and from which OpenMP, runs its items. */
-#define POOL_WORK (1 << 18)
+ * from which the kernels' pool, and from which OpenMP, runs its items.
+ * The pool's floor is a lone decode step of the embedded model (8 heads of
+ * 64) at 64 keys: its two KV heads then take both cores, 10-17% more
+ * tokens/s alone at 100-600-key views on the build machine than with the
+ * floor at 512 keys (benchmarks.md, "A lone conversation's attention on
+ * both cores"). */
+#define POOL_WORK (1 << 15)
 #define OMP_WORK (1 << 22)
 
 struct batch_args {
@@ -725,10 +730,11 @@ void kvmem_attention_batch(float *out, const float *q, const kvmem_att_seq *seqs
 	 * session: 16 for 8 sessions of the embedded model) go to the
 	 * kernels' pool: each takes tens of microseconds, less than an
 	 * OpenMP worker under passive waits takes to wake (at 2 threads such
-	 * a step took the time of 1). A lone decode step of a short view
-	 * stays on this thread. Large work (prefill chunks) keeps OpenMP,
-	 * dynamic one item at a time: items differ in cost (views differ in
-	 * length, a query sees more of its view than the one before it). */
+	 * a step took the time of 1); so does a lone decode step past 64
+	 * keys (one item a KV head). A shorter one stays on this thread.
+	 * Large work (prefill chunks) keeps OpenMP, dynamic one item at a
+	 * time: items differ in cost (views differ in length, a query sees
+	 * more of its view than the one before it). */
 	if (items > 1 && work >= POOL_WORK && work < OMP_WORK) {
 		kvmem_pool_run((int)items, pool_item, (void *)&ba);
 	} else {
