@@ -240,7 +240,7 @@ int main(void)
 		printf("  attention, 8 views of %d keys, 6 layers: fastest %.3f ms, mean %.3f ms\n",
 		       n_kv, best, mean);
 	}
-	for (int n_kv = 200; n_kv <= 300; n_kv += 100) {
+	for (int n_kv = 200; n_kv <= 600; n_kv += 100) {
 		double b1, m1, b8, m8;
 
 		kernels(1, n_kv, 1, &b1, &m1);
