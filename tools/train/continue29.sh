@@ -15,6 +15,11 @@
 # started from kept (tools/train/README.md, "Keeping the starting model's
 # reading"; run once, c31: Documentation/recall.md, "Mean-K with a teacher").
 #
+# MEANK_WHOLE_HARD (0) and LOOKALIKES (drawn) pass through to run_gpu.sh:
+# the keys' side of the whole-workspace loss, and the bench's 8 look-alikes
+# (c32-c34, 2026-12-07: recall.md, "Mean-K trained against the bench's
+# look-alikes"; their last model is on branch train/meank-c34).
+#
 # Leaves OUT/model.tar (model, record, log) and the run's output in
 # OUT/run.txt. 2026-12-03 (fourteenth session): recall.md ("a longer run").
 set -u
@@ -27,7 +32,7 @@ TEACHER_ARGS=${TEACHER:+ --teacher $TEACHER --teacher-weight ${TEACHER_WEIGHT:-0
 env TRAIN_ARGS="--init $INIT --lr 3e-4 --warmup 30 --curriculum 0$TEACHER_ARGS" \
 	PAGED=0.5 PAGED_FROM=0 MINUTES=${MINUTES:-7} TOKENS=80M VIEWS=0.6 \
 	VIEW_POLICY=lexical MAX_RATIO=64 STALE=0.6 DROP=0.1 MEANK_WEIGHT=0.2 \
-	MEANK_WHOLE=0.5 MEANK_WHOLE_BATCH=2 MEANK_WHOLE_WEIGHT=0.5 MEANK_WHOLE_HARD=0 \
+	MEANK_WHOLE=0.5 MEANK_WHOLE_BATCH=2 MEANK_WHOLE_WEIGHT=0.5 MEANK_WHOLE_HARD=${MEANK_WHOLE_HARD:-0} \
 	PAGED_BATCH=16 SEED=${SEED:-2} OUT="$OUT/model" WORK=/tmp/kt-c29 \
 	tools/train/run_gpu.sh full >"$OUT/run.txt" 2>&1
 rc=$?
