@@ -637,10 +637,10 @@ static void batch_item(const kvmem_att_seq *seqs, const long *first, int n_seqs,
 /* Multiply-adds of a batch (queries x heads x visible keys x head_dim)
  * from which the kernels' pool, and from which OpenMP, runs its items.
  * The pool's floor is a lone decode step of the embedded model (8 heads of
- * 64) at 64 keys: its two KV heads then take both cores, 10-17% more
- * tokens/s alone at 100-600-key views on the build machine than with the
- * floor at 512 keys (benchmarks.md, "A lone conversation's attention on
- * both cores"). */
+ * 64) at 64 keys: its two KV heads then take both cores, 12-20% more
+ * tokens/s alone in bench batch's rounds (views of 100-600 keys) on the
+ * build machine than with the floor at 512 keys (benchmarks.md, "A lone
+ * conversation's attention on both cores"). */
 #define POOL_WORK (1 << 15)
 #define OMP_WORK (1 << 22)
 
