@@ -55,7 +55,9 @@
 # held-out corpus too, which made its finding kinder than the bench's);
 # 0: drawn as the training corpus draws them. LOOKALIKES: the same for the
 # training corpus's view sequences (paged and whole ones too); empty (the
-# default): drawn 0-8 a sequence.
+# default): drawn 0-8 a sequence. MEANK_BLOCK: tokens a block for the Mean-K
+# losses and evaluations (train.py --meank-block: 32, kvmem's default, or 16
+# for sessions made with --block 16), the self-tests' too.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -81,7 +83,7 @@ esac
 : "${PAGED:=0}" "${PAGE_WINDOW:=$SEQ_LEN}" "${PAGED_BATCH:=8}" "${PAGED_FROM:=-1}"
 : "${MEANK_WHOLE:=0}" "${WHOLE_MIN_RATIO:=16}" "${MEANK_WHOLE_WEIGHT:=0}"
 : "${MEANK_WHOLE_BATCH:=2}" "${MEANK_WHOLE_HARD:=4}" "${MEANK_WHOLE_EVAL:=1}"
-: "${KV_FP8:=0}" "${LOOKALIKES:=}"
+: "${KV_FP8:=0}" "${LOOKALIKES:=}" "${MEANK_BLOCK:=32}"
 KVMEM=${KVMEM:-build/static/kvmem}
 
 [ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
@@ -115,7 +117,7 @@ if [ "$PAGED" != 0 ]; then
 fi
 # The paged path's parts (re-rotation, cache assembly, masks; a tiny model's
 # logits from pages against a plain forward) before anything long.
-if ! python3 tools/train/train.py --self-test; then
+if ! python3 tools/train/train.py --self-test --meank-block "$MEANK_BLOCK"; then
 	[ "$PAGING" = 1 ] && fail "train.py --self-test failed (see above)"
 	[ "$KV_FP8" != 0 ] && fail "train.py --self-test failed (see above); KV_FP8 needs its fp8 checks"
 	echo "run_gpu.sh: warning: train.py --self-test failed; PAGED=0, so the run goes on"
@@ -160,7 +162,7 @@ fi
 "$KVMEM" synth vocab >"$WORK/vocab.tsv"
 echo "== corpus ready in $(($(date +%s) - t0)) s: $(du -h "$WORK/train.bin" | cut -f1) training corpus"
 if [ "$PAGING" = 1 ]; then
-	python3 tools/train/train.py --self-test --data "$WORK/train.bin" ||
+	python3 tools/train/train.py --self-test --meank-block "$MEANK_BLOCK" --data "$WORK/train.bin" ||
 		fail "the paged records of $WORK/train.bin failed the self-test"
 fi
 
@@ -173,7 +175,7 @@ python3 tools/train/train.py --data "$WORK/train.bin" \
 	${EVAL_POLICY[@]+"${EVAL_POLICY[@]}"} --meank-weight "$MEANK_WEIGHT" \
 	--paged-batch "$PAGED_BATCH" --paged-from "$PAGED_FROM" \
 	--meank-whole-weight "$MEANK_WHOLE_WEIGHT" --meank-whole-batch "$MEANK_WHOLE_BATCH" \
-	--meank-whole-hard "$MEANK_WHOLE_HARD" --kv-fp8 "$KV_FP8" \
+	--meank-whole-hard "$MEANK_WHOLE_HARD" --meank-block "$MEANK_BLOCK" --kv-fp8 "$KV_FP8" \
 	--vocab "$WORK/vocab.tsv" --out "$WORK/model" --minutes "$MINUTES" \
 	--device "$TRAIN_DEVICE" $SMOKE $TRAIN_ARGS ||
 	fail "train.py failed (see above)"

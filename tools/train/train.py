@@ -200,7 +200,7 @@ def question_ids(x, c):
 # The needle block needs no label: it holds the '=' of the latest earlier
 # fact line whose file and key are the question's (a question line is
 # "? file key =", the fact "file key = value").
-MEANK_BLOCK = 32
+MEANK_BLOCK = 32  # kvmem's block; --meank-block 16 for a session made with --block 16
 MEANK_BROKEN = []  # why the Mean-K loss was switched off, if it was
 PAGED_BROKEN = []  # why the paged batches were switched off, if they were
 WHOLE_BROKEN = []  # why the whole-workspace Mean-K loss was switched off, if it was
@@ -1397,7 +1397,7 @@ def whole_self_test(check, cor=None, c=None):
     toy = _ToyKeys(N + 8, R=R, seed=1)
     mu, _ = whole_block_means(toy, rec, 5)
     check("whole: block means over the windows = one long forward's (synthetic)",
-          (mu - torch.stack([k[0, :rec.nb * 32].reshape(rec.nb, 32, 2, 8).mean(1) for k in
+          (mu - torch.stack([k[0, :rec.nb * MEANK_BLOCK].reshape(rec.nb, MEANK_BLOCK, 2, 8).mean(1) for k in
                              toy(torch.from_numpy(ws[None]), False)[0]])).abs().max().item() < 1e-4)
     q = torch.randn(2, 3, 2, 8, requires_grad=True)
     toy.E.grad = None
@@ -1405,7 +1405,7 @@ def whole_self_test(check, cor=None, c=None):
     loss.backward()
     with torch.no_grad():
         p = meank_shares(q, mu)
-        nb = torch.tensor(needles) // 32
+        nb = torch.tensor(needles) // MEANK_BLOCK
         p[torch.arange(3), nb] = -1
         sel = torch.unique(torch.cat([nb, p.topk(2, dim=1).indices.reshape(-1)])).numpy()
     owners = np.unique(rec.block_win_np[sel])
@@ -1414,7 +1414,7 @@ def whole_self_test(check, cor=None, c=None):
     g = toy.E.grad[1:N + 1].abs().sum(1) > 0  # token t's row is t + 1 - 1 = ws[t]
     reach = np.zeros(N, bool)
     for b in sel:
-        reach[max(0, b * 32 - R + 1):b * 32 + 32] = True  # a block's keys see R - 1 before it
+        reach[max(0, b * MEANK_BLOCK - R + 1):(b + 1) * MEANK_BLOCK] = True  # keys see R - 1 back
     check("whole: gradients reach the selected blocks' tokens and nothing else",
           bool((g.numpy() == reach).all()), f"{int(g.sum())} tokens")
     check("whole: gradients reach the query", q.grad is not None and q.grad.abs().sum().item() > 0)
@@ -1423,7 +1423,7 @@ def whole_self_test(check, cor=None, c=None):
     # and queries learn, many look-alike tokens (a vocabulary of 40).
     ws2 = rng.integers(1, 40, 3000)
     kept2 = np.sort(rng.choice(3000, 300, replace=False))
-    needles2 = [1000, 2500, 333, 2990]
+    needles2 = [1000, 2500, 333, 2995]  # the last in a partial block at 16 and 32
     toyc2 = _ToyWhole([(ws2, kept2, needles2, np.array([2]))], W)
     rec2 = WholeRecord(toyc2, 0, dev)
     toy2 = _ToyKeys(48, R=R, seed=2)
@@ -1447,7 +1447,7 @@ def whole_self_test(check, cor=None, c=None):
     with torch.no_grad():
         _, rank, _ = whole_meank_loss(toy, q, rec, mu, hard=0, grad=False)
         p = meank_shares(q, mu)
-        want = [int((p[m] > p[m, needles[m] // 32]).sum()) for m in range(3)]
+        want = [int((p[m] > p[m, needles[m] // MEANK_BLOCK]).sum()) for m in range(3)]
     check("whole: a needle's rank is the count of blocks scored above it",
           rank.tolist() == want and max(want) > 0, f"{want}")
 
@@ -1841,6 +1841,9 @@ def parse_args(argv):
                     help="weight of the Mean-K loss: -log of the needle block's mean share as "
                          "kvmem's meank scores it (0: off; the evaluations still report "
                          "meank's top-1 when set)")
+    ap.add_argument("--meank-block", type=int, choices=(16, 32), default=32,
+                    help="tokens a block for every Mean-K loss and evaluation: kvmem's --block "
+                         "(32, its default; 16 halves the lines a block's mean key averages)")
     ap.add_argument("--meank-span", type=int, default=0,
                     help="distances the Mean-K query's RoPE is averaged over (0: seq_len - 32, "
                          "kvmem bench recall's budget + reserve)")
@@ -1930,7 +1933,9 @@ def bench_budget_blocks(L):
 
 
 def main(argv):
+    global MEANK_BLOCK
     args = parse_args(argv)
+    MEANK_BLOCK = args.meank_block
     if args.self_test:
         return self_test(args.data)
     t_start = time.time()
@@ -2355,6 +2360,7 @@ def main(argv):
                   "weight_decay": args.weight_decay, "answer_weight": args.answer_weight,
                   "curriculum": args.curriculum, "compile": fwd is not model,
                   "meank_weight": args.meank_weight,
+                  "meank_block": MEANK_BLOCK,
                   "meank_failed": MEANK_BROKEN[0] if MEANK_BROKEN else None,
                   "meank_span": (args.meank_span or L - 32) if args.meank_weight > 0 else None,
                   "final_meank_loss": mk_avg[0].item() if mk_avg[0] is not None else None,
