@@ -12,7 +12,7 @@
 # (48 questions a cell: sizes 4x, 16x, 64x; depths 0.1, 0.5, 0.9; 8
 # look-alikes a needle), the needle line in view beside them, and full
 # context at 1x over 150 questions (seed 1004000000, 50 a depth). KVMEM:
-# the CLI (default build/kvmem).
+# the CLI (default build/kvmem); BLOCK: the sessions' block (--block; 32).
 set -u
 cd "$(dirname "$0")/../.."
 MODEL=${1:?usage: tools/train/eval29.sh MODEL_DIR OUT_DIR}
@@ -26,7 +26,7 @@ pids=()
 for s in 1005 1010; do
 	OMP_NUM_THREADS=1 "$KVMEM" bench recall --model "$MODEL" --sizes 4,16,64 \
 		--depths 0.1,0.5,0.9 --questions 8 --lookalikes 8 --seed "${s}000000" --chunk 256 \
-		--policies meank,neighbour,lexical --quiet --csv "$OUT/seed$s.csv" \
+		--policies meank,neighbour,lexical --block "${BLOCK:-32}" --quiet --csv "$OUT/seed$s.csv" \
 		>"$OUT/seed$s.log" 2>&1 &
 	pids+=($!)
 done
@@ -36,7 +36,8 @@ for p in "${pids[@]}"; do
 done
 [ $rc = 0 ] || { echo "eval29.sh: a workspace run failed (see $OUT/seed*.log)" >&2; exit 1; }
 OMP_NUM_THREADS=2 "$KVMEM" bench recall --model "$MODEL" --sizes 1 --depths 0.1,0.5,0.9 \
-	--questions 50 --lookalikes 8 --seed 1004000000 --chunk 256 --policies full --quiet \
+	--questions 50 --lookalikes 8 --seed 1004000000 --chunk 256 --policies full \
+	--block "${BLOCK:-32}" --quiet \
 	--csv "$OUT/1x.csv" >"$OUT/1x.log" 2>&1 ||
 	{ echo "eval29.sh: full context at 1x failed (see $OUT/1x.log)" >&2; exit 1; }
 
