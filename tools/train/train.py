@@ -1396,8 +1396,9 @@ def whole_self_test(check, cor=None, c=None):
     rec = WholeRecord(toyc, 0, dev)
     toy = _ToyKeys(N + 8, R=R, seed=1)
     mu, _ = whole_block_means(toy, rec, 5)
+    B = MEANK_BLOCK
     check("whole: block means over the windows = one long forward's (synthetic)",
-          (mu - torch.stack([k[0, :rec.nb * MEANK_BLOCK].reshape(rec.nb, MEANK_BLOCK, 2, 8).mean(1) for k in
+          (mu - torch.stack([k[0, :rec.nb * B].reshape(rec.nb, B, 2, 8).mean(1) for k in
                              toy(torch.from_numpy(ws[None]), False)[0]])).abs().max().item() < 1e-4)
     q = torch.randn(2, 3, 2, 8, requires_grad=True)
     toy.E.grad = None
