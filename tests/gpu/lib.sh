@@ -85,6 +85,9 @@ gpu_setup() { # name, then the script's arguments: [BUILD] [nosan]
 	export OMP_WAIT_POLICY=passive
 	t0=$(date +%s)
 	# The bundle is unpacked every time (a warm machine may hold an older one).
+	# So a branch's bundle must travel as $B/bundle.tar.xz itself: one carried
+	# under another name and unpacked by hand is overwritten here by the last
+	# call's (thirty-ninth session: an experiment's check ran main's binary).
 	[ -f "$B/bundle.tar.xz" ] && tar xJf "$B/bundle.tar.xz"
 	G=$B/gpu/kvmem_gpu_check-static
 	[ -x "$G" ] || G=$B/gpu/kvmem_gpu_check
