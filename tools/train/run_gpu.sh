@@ -57,7 +57,10 @@
 # training corpus's view sequences (paged and whole ones too); empty (the
 # default): drawn 0-8 a sequence. MEANK_BLOCK: tokens a block for the Mean-K
 # losses and evaluations (train.py --meank-block: 32, kvmem's default, or 16
-# for sessions made with --block 16), the self-tests' too.
+# for sessions made with --block 16), the self-tests' too. WHOLE_QUERY: view
+# (default) or blind (train.py --whole-query: the whole-workspace loss's
+# queries read with the needles' view blocks hidden, as kvmem's meank reads
+# its query over the view before it selects; evaluations report both).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -83,7 +86,7 @@ esac
 : "${PAGED:=0}" "${PAGE_WINDOW:=$SEQ_LEN}" "${PAGED_BATCH:=8}" "${PAGED_FROM:=-1}"
 : "${MEANK_WHOLE:=0}" "${WHOLE_MIN_RATIO:=16}" "${MEANK_WHOLE_WEIGHT:=0}"
 : "${MEANK_WHOLE_BATCH:=2}" "${MEANK_WHOLE_HARD:=4}" "${MEANK_WHOLE_EVAL:=1}"
-: "${KV_FP8:=0}" "${LOOKALIKES:=}" "${MEANK_BLOCK:=32}"
+: "${KV_FP8:=0}" "${LOOKALIKES:=}" "${MEANK_BLOCK:=32}" "${WHOLE_QUERY:=view}"
 KVMEM=${KVMEM:-build/static/kvmem}
 
 [ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
@@ -176,6 +179,7 @@ python3 tools/train/train.py --data "$WORK/train.bin" \
 	--paged-batch "$PAGED_BATCH" --paged-from "$PAGED_FROM" \
 	--meank-whole-weight "$MEANK_WHOLE_WEIGHT" --meank-whole-batch "$MEANK_WHOLE_BATCH" \
 	--meank-whole-hard "$MEANK_WHOLE_HARD" --meank-block "$MEANK_BLOCK" --kv-fp8 "$KV_FP8" \
+	--whole-query "$WHOLE_QUERY" \
 	--vocab "$WORK/vocab.tsv" --out "$WORK/model" --minutes "$MINUTES" \
 	--device "$TRAIN_DEVICE" $SMOKE $TRAIN_ARGS ||
 	fail "train.py failed (see above)"

@@ -660,23 +660,53 @@ class _OneRecord:
         return self.c.page_record(self.k)
 
 
-def whole_step(model, corpus, k, c, args, device, rope_cs, grad=True):
-    """One whole record's Mean-K loss over its workspace: (loss, ranks [M],
-    blocks, windows run, windows run again with gradients). The view's K/V
-    come from the same no-grad pass as the block means; the questions run
-    over them (with gradients when grad) to give the queries."""
-    rec = WholeRecord(corpus, k, device)
-    fn = model_keys_fn(model, args.head_dim)
-    mu, kvs = whole_block_means(fn, rec, args.paged_chunk, want_kv=True)
-    pb = PagedBatch(_OneRecord(corpus, k), [0], c.pad, device)
+VIEW_BLOCK = 32  # the corpus's view blocks (user/agentlang/view_select.c), whatever MEANK_BLOCK
+
+
+def needle_slots(corpus, k):
+    """Paged record k's view slots [n_view] (bool) that hold a token of a
+    32-token view block with one of its questions' needles in it: what
+    --whole-query blind hides from the Mean-K queries. The corpus's views
+    are chosen by lexical with the questions known, so they hold each
+    needle; kvmem's meank scores with a query read over the view before
+    the selection, which holds the needle only by chance."""
+    _, nv, _, win, off = corpus.page_record(k)
+    _, needles, start, _, _ = corpus.page_info(k)
+    tok = np.asarray(start)[win] + off
+    return np.isin(tok // VIEW_BLOCK, np.asarray(needles) // VIEW_BLOCK)
+
+
+def question_pass(model, kvs, pb, mask, c, args, rope_cs):
+    """The questions after the view (its K/V from the windows' kvs) under a
+    mask: the Mean-K queries [layers, M, H, D]."""
     cache = new_cache(model.config)
     for l, (kw, vw) in enumerate(kvs):
         kk, vv = assemble_pages(kw, vw, pb, args.head_dim, args.rope_theta)
         cache.update(kk, vv, l)
+    out = model(input_ids=pb.q, past_key_values=cache, position_ids=pb.positions,
+                attention_mask=mask, use_cache=True, output_hidden_states=True)
+    return question_queries(model, out.hidden_states, pb.q[0], c, rope_cs)
+
+
+def whole_step(model, corpus, k, c, args, device, rope_cs, grad=True, other=False):
+    """One whole record's Mean-K loss over its workspace: (loss, ranks [M],
+    blocks, windows run, windows run again with gradients, workspace tokens,
+    and with other the ranks [M] under the other --whole-query, without
+    gradients, or None). The view's K/V come from the same no-grad pass as
+    the block means; the questions run over them (with gradients when grad)
+    to give the queries: over the whole view (--whole-query view), or with
+    the needles' view blocks hidden (blind, as kvmem's meank sees them)."""
+    rec = WholeRecord(corpus, k, device)
+    fn = model_keys_fn(model, args.head_dim)
+    mu, kvs = whole_block_means(fn, rec, args.paged_chunk, want_kv=True)
+    pb = PagedBatch(_OneRecord(corpus, k), [0], c.pad, device)
+    blind_mask = pb.mask.clone()
+    hide = torch.from_numpy(needle_slots(corpus, k)).to(device)
+    blind_mask[0, :hide.numel()] = blind_mask[0, :hide.numel()] * (~hide).long()
+    blind = getattr(args, "whole_query", "view") == "blind"
+    masks = (blind_mask, pb.mask) if blind else (pb.mask, blind_mask)
     with torch.set_grad_enabled(grad):
-        out = model(input_ids=pb.q, past_key_values=cache, position_ids=pb.positions,
-                    attention_mask=pb.mask, use_cache=True, output_hidden_states=True)
-        q = question_queries(model, out.hidden_states, pb.q[0], c, rope_cs)
+        q = question_pass(model, kvs, pb, masks[0], c, args, rope_cs)
         if q.shape[1] != rec.n_q:
             raise ValueError(f"paged record {k}: {q.shape[1]} questions after the view, "
                              f"{rec.n_q} needles")
@@ -684,7 +714,13 @@ def whole_step(model, corpus, k, c, args, device, rope_cs, grad=True):
     if r is None:
         return None
     loss, rank, wins = r
-    return loss, rank, rec.nb, rec.windows.shape[0], len(wins), rec.ws_tokens
+    rank2 = None
+    if other:
+        with torch.no_grad():
+            r2 = whole_meank_loss(fn, question_pass(model, kvs, pb, masks[1], c, args, rope_cs),
+                                  rec, mu, 0, False)
+        rank2 = r2[1] if r2 is not None else None
+    return loss, rank, rec.nb, rec.windows.shape[0], len(wins), rec.ws_tokens, rank2
 
 
 @torch.no_grad()
@@ -692,34 +728,50 @@ def evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
     """Mean-K over the whole workspace of (at most `limit`) whole records of
     a held-out corpus: how often the needle block ranks first, and within
     the bench's budget (args.meank_budget blocks: what decides meank's
-    in-view rate), overall and by workspace size in windows."""
+    in-view rate), overall and by workspace size in windows; under "other"
+    the same with the queries of the other --whole-query (view or blind)."""
     model.eval()
     n = min(limit, len(corpus.whole_ks))
-    nq, top1, inb, frac, loss_sum = 0, 0, 0, 0.0, 0.0
-    by = {}
-    for k in corpus.whole_ks[:n]:
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            out = whole_step(model, corpus, int(k), c, args, device, rope_cs, grad=False)
-        if out is None:
-            continue
-        loss, rank, nb, _, _, ws = out
-        r = rank.cpu().numpy()
-        ratio = max(1, int(round(ws / corpus.seq_len)))
-        ratio = 1 << (ratio.bit_length() - 1)
-        b = by.setdefault(ratio, [0, 0])
+    acc = [dict(nq=0, top1=0, inb=0, frac=0.0, by={}) for _ in range(2)]
+    loss_sum = 0.0
+
+    def add(a, r, nb, ratio):
+        b = a["by"].setdefault(ratio, [0, 0])
         b[0] += len(r)
         b[1] += int((r < args.meank_budget).sum())
-        nq += len(r)
-        top1 += int((r == 0).sum())
-        inb += int((r < args.meank_budget).sum())
-        frac += float((r / max(1, nb)).sum())
-        loss_sum += loss.item() * len(r)
+        a["nq"] += len(r)
+        a["top1"] += int((r == 0).sum())
+        a["inb"] += int((r < args.meank_budget).sum())
+        a["frac"] += float((r / max(1, nb)).sum())
+
+    for k in corpus.whole_ks[:n]:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            out = whole_step(model, corpus, int(k), c, args, device, rope_cs, grad=False,
+                             other=True)
+        if out is None:
+            continue
+        loss, rank, nb, _, _, ws, rank2 = out
+        ratio = max(1, int(round(ws / corpus.seq_len)))
+        ratio = 1 << (ratio.bit_length() - 1)
+        add(acc[0], rank.cpu().numpy(), nb, ratio)
+        if rank2 is not None:
+            add(acc[1], rank2.cpu().numpy(), nb, ratio)
+        loss_sum += loss.item() * rank.numel()
     model.train()
-    return {"sequences": n, "questions": nq, "top1": top1 / max(1, nq),
-            "in_budget": inb / max(1, nq), "budget_blocks": args.meank_budget,
-            "rank_fraction": frac / max(1, nq), "loss": loss_sum / max(1, nq),
-            "in_budget_by_ratio": {str(r): v[1] / max(1, v[0]) for r, v in sorted(by.items())},
-            "questions_by_ratio": {str(r): v[0] for r, v in sorted(by.items())}}
+
+    def summary(a):
+        return {"questions": a["nq"], "top1": a["top1"] / max(1, a["nq"]),
+                "in_budget": a["inb"] / max(1, a["nq"]),
+                "rank_fraction": a["frac"] / max(1, a["nq"]),
+                "in_budget_by_ratio": {str(r): v[1] / max(1, v[0])
+                                       for r, v in sorted(a["by"].items())},
+                "questions_by_ratio": {str(r): v[0] for r, v in sorted(a["by"].items())}}
+    mode = getattr(args, "whole_query", "view")
+    r = summary(acc[0])
+    r.update({"sequences": n, "budget_blocks": args.meank_budget, "query": mode,
+              "loss": loss_sum / max(1, acc[0]["nq"])})
+    r["other"] = dict(summary(acc[1]), query="view" if mode == "blind" else "blind")
+    return r
 
 
 def safe_evaluation(fn, broken, what, model, *a):
@@ -742,11 +794,18 @@ def safe_evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
 
 
 def whole_eval_line(name, r):
-    by = ", ".join(f"{k}x {100 * v:.0f}%" for k, v in r["in_budget_by_ratio"].items())
-    return (f"{name}-whole: meank over the workspace: top-1 {100 * r['top1']:.1f}%, in budget "
+    def by(x):
+        return ", ".join(f"{k}x {100 * v:.0f}%" for k, v in x["in_budget_by_ratio"].items())
+    line = (f"{name}-whole: meank over the workspace: top-1 {100 * r['top1']:.1f}%, in budget "
             f"({r['budget_blocks']} blocks) {100 * r['in_budget']:.1f}% of {r['questions']} "
-            f"({by}), mean rank {100 * r['rank_fraction']:.2f}% of the blocks, "
+            f"({by(r)}), mean rank {100 * r['rank_fraction']:.2f}% of the blocks, "
             f"loss {r['loss']:.3f}")
+    o = r.get("other")
+    if o and o["questions"]:
+        line += (f"; queries {o['query']}: top-1 {100 * o['top1']:.1f}%, in budget "
+                 f"{100 * o['in_budget']:.1f}% ({by(o)}), mean rank "
+                 f"{100 * o['rank_fraction']:.2f}%")
+    return line
 
 
 def exact_counts(logits, x, ans, c):
@@ -1213,6 +1272,20 @@ def self_test(data=None):
     ev = evaluate_whole(model, toyw, cc, aa, dev, False, rc16, 4)
     check("whole: the held-out ranks", ev["questions"] == 2 and 0 <= ev["in_budget"] <= 1,
           whole_eval_line("toy", ev))
+    check("whole: the held-out ranks with the other queries (blind)",
+          ev["other"]["query"] == "blind" and ev["other"]["questions"] == 2)
+    # --whole-query blind: the loss trains through queries that do not see
+    # the needles' view blocks
+    aa.whole_query = "blind"
+    model.zero_grad(set_to_none=True)
+    rb = whole_step(model, toyw, 0, cc, aa, dev, rc16, other=True)
+    rb[0].backward()
+    gq = model.model.layers[1].self_attn.q_proj.weight.grad
+    check("whole: blind queries train q_proj, the view's ranks beside them",
+          math.isfinite(rb[0].item()) and gq is not None and gq.abs().sum().item() > 0
+          and rb[6] is not None and rb[6].numel() == rb[1].numel(),
+          f"loss {rb[0].item():.3f}, ranks blind {rb[1].tolist()}, view {rb[6].tolist()}")
+    del aa.whole_query
 
     # 6. fp8 K/V (--kv-fp8) on the tiny model: the hooks find both layers;
     # off they change nothing; on, layer 0's cached V (its input is the
@@ -1367,6 +1440,22 @@ def whole_self_test(check, cor=None, c=None):
         check("whole records: each question's needle is a '=' after the question's file and key",
               okn, f"{n_q} questions")
         check("whole records: each block's tokens are taken from the window that owns it", okt)
+        # The views (chosen by lexical knowing the questions) hold each
+        # needle's '=': the premise of --whole-query blind, which hides the
+        # view slots of the needles' 32-token view blocks and nothing else.
+        held, n_nd, okh = 0, 0, True
+        for k in cor.whole_ks[:16]:
+            _, nv, _, win, off = cor.page_record(int(k))
+            _, needles, start, _, _ = cor.page_info(int(k))
+            tok = start[win] + off
+            hide = needle_slots(cor, int(k))
+            okh &= bool((hide == np.isin(tok // VIEW_BLOCK, needles // VIEW_BLOCK)).all())
+            okh &= not bool(np.isin(tok[~hide] // VIEW_BLOCK, needles // VIEW_BLOCK).any())
+            held += int(np.isin(needles, tok).sum())
+            n_nd += len(needles)
+        check("whole records: blind queries hide the needles' view blocks, nothing else", okh)
+        check("whole records: the views hold the needles (what blind queries take away)",
+              held >= 0.9 * n_nd, f"{held} of {n_nd} needles' '=' in view")
         # block means from the windows = a long forward's (the toy's context
         # R <= W/2 is what every owned token has)
         rec = WholeRecord(cor, int(cor.whole_ks[0]), dev)
@@ -1385,7 +1474,14 @@ def whole_self_test(check, cor=None, c=None):
         check("whole records: block means from the windows = one long forward's", err < 1e-4,
               f"{rec.nb} blocks, max err {err:.1e}")
 
-    # Synthetic workspaces: distinct token ids, so that a token's gradient
+    # needle_slots on a toy record: the kept tokens of the needles' view
+    # blocks (96..127 and 192..223 for needles at 100 and 201), no others.
+    kept = np.array([0, 5, 95, 96, 100, 127, 128, 150, 191, 192, 201, 223, 224, 290])
+    toyn = _ToyWhole([(np.arange(10, 310), kept, [100, 201], np.array([1, 2]))], 64)
+    want = np.isin(kept, [96, 100, 127, 192, 201, 223])
+    check("whole: blind queries hide the kept tokens of the needles' view blocks only",
+          bool((needle_slots(toyn, 0) == want).all()), f"{int(want.sum())} of {len(kept)} slots")
+
     # says which window's forward it came from.
     W, N, R = 128, 1500, 6
     rng = np.random.default_rng(3)
@@ -1873,6 +1969,12 @@ def parse_args(argv):
                     help="per question, the best-scored other blocks whose windows run again "
                          "with gradients, beside the needle block's (0: gradients through the "
                          "query only)")
+    ap.add_argument("--whole-query", choices=("view", "blind"), default="view",
+                    help="the questions' Mean-K queries of the whole-workspace loss: read over "
+                         "the record's view (view: lexical's, which holds each needle), or with "
+                         "the needles' view blocks hidden (blind: as kvmem's meank reads its "
+                         "query over the view before it selects); held-out records are ranked "
+                         "both ways")
     ap.add_argument("--meank-budget", type=int, default=0,
                     help="blocks meank may pick besides the sink and recent tokens, for the "
                          "'in budget' rate (0: kvmem bench recall's for the window: budget "
@@ -2209,7 +2311,7 @@ def main(argv):
                         out = whole_step(model, c, k, c, args, device, rope_cs_w)
                     if out is None:
                         continue
-                    wl, rank, nb, nw, ngw, _ = out
+                    wl, rank, nb, nw, ngw, _, _ = out
                     (args.meank_whole_weight * wl / args.meank_whole_batch).backward()
                     losses_w.append(wl.detach())
                     wst["seqs"] += 1
