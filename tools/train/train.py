@@ -2474,7 +2474,8 @@ def main(argv):
                   "paged_stats": {k: (v.item() if torch.is_tensor(v) else v) for k, v in pst.items()},
                   "meank_whole_weight": args.meank_whole_weight if whole else 0,
                   "meank_whole_batch": args.meank_whole_batch,
-                  "meank_whole_hard": args.meank_whole_hard, "meank_budget": args.meank_budget,
+                  "meank_whole_hard": args.meank_whole_hard, "whole_query": args.whole_query,
+                  "meank_budget": args.meank_budget,
                   "meank_whole_failed": WHOLE_BROKEN[0] if WHOLE_BROKEN else None,
                   "meank_whole_stats": {k: (v.item() if torch.is_tensor(v) else v)
                                         for k, v in wst.items()},
