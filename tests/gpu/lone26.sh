@@ -8,6 +8,7 @@
 # stream). This times both lone paths beside the batch, in turn, in one call:
 #
 #   tests/gpu/lone26.sh OUTDIR [SECONDS] [16|64]   (logs in OUTDIR/lone26-PART.tar)
+#   TILES="8 16 32" tests/gpu/lone26.sh ...         (serve's path at each split floor)
 #
 #   serve's path: bench batch --sessions 1,B as the row measured it (the
 #   lone session and the batch on the tensor-core GEMM, 8 stages a split);
@@ -35,8 +36,14 @@ lone_run() { # name, seconds
 		bad "bench batch --sessions 1, the GEMV and the default split (exit $?)"
 	fi
 }
+# TILES: the decode split's least stages for serve's path, one batch each
+# (serve sets 8; more stages a split make fewer, longer splits, which the
+# batched fp8 attention over 4096-key views may want: it ran at 1669 GB/s
+# there on an H100, latency more than bytes). "8" by default.
 for i in 1 2; do
-	KVMEM_CUDA_DEC_MIN_TILES=8 gpu_batch "serve_$i" 120 --sessions "1,$PART" "${args[@]}"
+	for t in ${TILES:-8}; do
+		KVMEM_CUDA_DEC_MIN_TILES=$t gpu_batch "serve_t${t}_$i" 120 --sessions "1,$PART" "${args[@]}"
+	done
 	lone_run "run_$i" 60
 done
 gpu_batch_summary
