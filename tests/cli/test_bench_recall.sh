@@ -4,7 +4,8 @@
 # rank and the pages read; full context needs no pages; rag (retrieve lines,
 # prefill them again) reads no pages and ranks no blocks; lexical (BM25 of
 # the question's tokens over blocks) reads no key pages and brings every
-# needle into view; every cell times the first answer token; --trace shows what outranked the needle; bad
+# needle into view; every cell times the first answer token; --trace shows what outranked the needle;
+# --query-view reads each question's query over another policy's view; bad
 # options and training seeds are refused.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
@@ -56,6 +57,17 @@ out=$("$KVMEM" bench recall --model $model --sizes 2 --depths 0.5 --questions 2 
 [ "$(grep -c '^trace: needle at' <<<"$out")" -eq 2 ] || fail "no trace per question: $out"
 grep -q '^  #2 block' <<<"$out" || fail "trace lists no third block: $out"
 
+# --query-view lexical: lexical selects ahead for each question first, so
+# meank reads its query over lexical's view; that selection reads pages too
+# (more MB a question than meank alone, same workspaces and questions).
+out=$("$KVMEM" bench recall --model $model --sizes 2 --depths 0.5 --questions 3 \
+	--policies meank --query-view lexical --csv "$tmp/q.csv" --quiet 2>&1) ||
+	fail "--query-view run failed: $out"
+grep -q "over the view lexical chose" <<<"$out" || fail "--query-view not said: $out"
+awk -v q="$(awk -F, 'NR == 2 { print $9 }' "$tmp/q.csv")" -v m="$(mb meank)" \
+	'BEGIN { exit !(q > m) }' ||
+	fail "--query-view read no more pages than meank alone: $(cat "$tmp/q.csv")"
+
 # Refusals exit 2 (bad usage) with a message; a crash (a signal, 128 + n)
 # is a failure, not a refusal.
 refused() { # what, then the options
@@ -70,4 +82,6 @@ refused "--trace 0" --trace 0
 refused "an unknown policy" --policies nosuch
 refused "a size of nan" --sizes 1,nan
 refused "an unknown option" --nope
+refused "--query-view with a per-layer policy" --query-view refine_layer
+refused "--query-view at the marker" --query-view lexical --select-at marker
 echo "bench recall: all checks passed"

@@ -4,7 +4,8 @@
  * appended. It must leave the history untouched, keep the exactness
  * invariant (a budget over the workspace gives the same logits as never
  * selecting ahead), choose what a plain selection would choose from the same
- * queries, hand a tap every token's queries, and refuse bad calls.
+ * queries, hand a tap every token's queries, select with another policy on
+ * request as that policy's own session would, and refuse bad calls.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -257,6 +258,52 @@ static void test_tap_gets_every_query(void **state)
 	}
 }
 
+/* kvmem_session_select_ahead_with (bench recall's --query-view): a meank
+ * session selecting ahead with lexical chooses what a lexical session
+ * chooses over the same history and text, and is meank again after it; a
+ * per-layer policy, or one needing summaries its index lacks, is refused. */
+static void test_ahead_with_another_policy(void **state)
+{
+	uint64_t rng = g_seed ^ 0x5851f42d4c957f2dull;
+
+	for (int round = 0; round < 4; round++) {
+		kvmem_model *m = model(&rng);
+		kvmem_backend *e = kvmem_backend_cpu(m, 16);
+		int V = m->cfg.vocab, nh = 16 * test_rng_int(&rng, 20, 30), nq = test_rng_int(&rng, 2, 8);
+		int32_t hist[480], q[8];
+		kvmem_session *a = open_session(e, 96, 16, 1, "meank");
+		kvmem_session *b = open_session(e, 96, 16, 1, "lexical");
+		const kvmem_plan *pa, *pb;
+
+		random_ids(&rng, hist, nh, V);
+		random_ids(&rng, q, nq, V);
+		/* the question's words in the history, so lexical has blocks to find */
+		memcpy(hist + 16 * test_rng_int(&rng, 1, 8), q, sizeof(int32_t) * (size_t)nq);
+		assert_int_equal(kvmem_session_append(a, hist, nh, 0), 0);
+		assert_int_equal(kvmem_session_append(b, hist, nh, 0), 0);
+		assert_int_equal(kvmem_session_select_ahead_with(a, kvmem_policy_find("lexical"), q,
+								 nq), 0);
+		assert_int_equal(kvmem_session_select_ahead(b, q, nq), 0);
+		pa = kvmem_session_plan(a);
+		pb = kvmem_session_plan(b);
+		assert_int_equal(pa->n_view, pb->n_view);
+		assert_memory_equal(pa->blocks, pb->blocks, sizeof(int64_t) * (size_t)pa->n_view);
+		assert_string_equal(kvmem_session_policy(a)->name, "meank");
+		assert_int_equal(kvmem_session_tokens(a), nh);
+
+		assert_true(kvmem_session_select_ahead_with(a, kvmem_policy_find("quest"), q, nq) < 0);
+		assert_non_null(strstr(kvmem_last_error(), "per layer"));
+		assert_true(kvmem_session_select_ahead_with(a, kvmem_policy_find("subblock"), q, nq) < 0);
+		assert_non_null(strstr(kvmem_last_error(), "does not keep"));
+		assert_true(kvmem_session_select_ahead_with(a, NULL, q, nq) < 0);
+		assert_string_equal(kvmem_session_policy(a)->name, "meank");
+		kvmem_session_free(a);
+		kvmem_session_free(b);
+		kvmem_backend_close(e);
+		test_model_free(m);
+	}
+}
+
 static void test_bad_calls(void **state)
 {
 	uint64_t rng = g_seed + 7;
@@ -280,6 +327,7 @@ int main(void)
 		cmocka_unit_test(test_exact_with_select_ahead),
 		cmocka_unit_test(test_same_choice_as_plain_select),
 		cmocka_unit_test(test_tap_gets_every_query),
+		cmocka_unit_test(test_ahead_with_another_policy),
 		cmocka_unit_test(test_bad_calls),
 	};
 

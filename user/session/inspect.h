@@ -12,5 +12,10 @@
  * the backend keeps it so (cpu); NULL otherwise. */
 const kvmem_kvcache *kvmem_session_view(const kvmem_session *s);
 const kvmem_blocks *kvmem_session_blocks(const kvmem_session *s);
+/* kvmem_session_select_ahead with pol scoring instead of the session's
+ * policy (bench recall's --query-view): a global policy when the session's
+ * is, needing no summary the session's index lacks (-EINVAL otherwise). */
+int kvmem_session_select_ahead_with(kvmem_session *s, const kvmem_policy_ops *pol,
+				    const int32_t *tokens, int n);
 
 #endif

@@ -90,3 +90,33 @@ int kvmem_session_select_ahead(kvmem_session *s, const int32_t *tokens, int n)
 	s->q_head = 0;
 	return 0;
 }
+
+/*
+ * The same with another policy scoring (bench recall's --query-view): pol
+ * chooses this view, so that the session's own policy, selecting ahead for
+ * the same tokens next, reads its queries over what pol brought into view.
+ * A diagnostic, not a session mode: the index was built for the session's
+ * policy, so pol may need nothing it lacks, and it must be global when the
+ * session's is (the plan's block sets are the session's).
+ */
+int kvmem_session_select_ahead_with(kvmem_session *s, const kvmem_policy_ops *pol,
+				    const int32_t *tokens, int n)
+{
+	const kvmem_policy_ops *own = s->pol;
+	const unsigned have = kvmem_index_sums(&s->index) | KVMEM_NEED_TEXT;
+	int rc;
+
+	if (!pol)
+		return kvmem_error(EINVAL, "session: select ahead with no policy");
+	if (pol->per_layer != own->per_layer)
+		return kvmem_error(EINVAL, "session: select ahead with %s: it is %s and the "
+				   "session's %s is not", pol->name,
+				   pol->per_layer ? "per layer" : "global", own->name);
+	if (pol->needs & ~have)
+		return kvmem_error(EINVAL, "session: select ahead with %s: it needs summaries "
+				   "the session's index (for %s) does not keep", pol->name, own->name);
+	s->pol = pol;
+	rc = kvmem_session_select_ahead(s, tokens, n);
+	s->pol = own;
+	return rc;
+}

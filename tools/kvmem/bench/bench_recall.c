@@ -81,6 +81,8 @@ struct opts {
 	int questions, lookalikes, chunk, block, query_tokens, quiet, trace;
 	const char *lab;		/* --lab DIR: record for kvmem lab */
 	int select_at;			/* SELECT_AHEAD, SELECT_KEY, SELECT_MARKER */
+	const kvmem_policy_ops *query_view;	/* --query-view: chooses the view each
+						 * question's queries are read over */
 	int layout;			/* --layout: enum kvmem_layout (0: the default) */
 	int64_t budget;
 	uint64_t seed;
@@ -143,6 +145,13 @@ static void usage(FILE *f)
 		"                     then append the marker; marker: append the whole\n"
 		"                     question, then select (the first answer token still\n"
 		"                     comes from the view before the selection)\n"
+		"  --query-view P     ahead only, a diagnostic: before each question's\n"
+		"                     selection, the global policy P (lexical: one that\n"
+		"                     reads token ids) selects ahead for it, so that each\n"
+		"                     policy reads its query over the view P chose (one\n"
+		"                     that holds the needle, with lexical) rather than the\n"
+		"                     last question's: what a query that has seen the\n"
+		"                     needle finds, as train.py's held-out ranks measure\n"
 		"  --quick            smoke test: sizes 1,4, depths 0.25,0.75, 8 questions\n"
 		"  --jsonl FILE       one JSON object per cell into FILE; --csv FILE the same\n"
 		"                     as CSV\n"
@@ -204,6 +213,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "backend", required_argument, NULL, 'x' },	{ "help", no_argument, NULL, 'h' },
 		{ "kv-dtype", required_argument, NULL, 'V' },
 		{ "layout", required_argument, NULL, 'Y' },
+		{ "query-view", required_argument, NULL, 'G' },
 		{ 0 },
 	};
 	static const double sizes[] = { 1, 4, 16, 64 }, depths[] = { 0.1, 0.3, 0.5, 0.7, 0.9 };
@@ -269,6 +279,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'Q': bad = cli_parse_int(w, name, optarg, 1, 4096, &o->query_tokens); break;
 		case 't': bad = cli_parse_int(w, name, optarg, 1, 64, &o->trace); break;
 		case 'L': o->lab = optarg; break;
+		case 'G':
+			if (!(o->query_view = kvmem_policy_find(optarg)))
+				bad = fprintf(stderr, "%s: --query-view: %s\n", w, kvmem_last_error()) > 0;
+			else if (o->query_view->per_layer || (o->query_view->needs & ~(KVMEM_SUM_MEANK |
+											KVMEM_NEED_TEXT)))
+				bad = fprintf(stderr, "%s: --query-view wants a global policy that reads "
+					      "Mean-K or token ids only (lexical, meank), not %s\n", w,
+					      optarg) > 0;
+			break;
 		case 's': bad = cli_parse_u64(w, name, optarg, &o->seed); break;
 		default: return -1;
 		}
@@ -277,6 +296,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (cli_no_operands(w, argc, argv))
 		return -1;
+	if (o->query_view && o->select_at != SELECT_AHEAD) {
+		fprintf(stderr, "%s: --query-view works with --select-at ahead only\n", w);
+		return -1;
+	}
 	if (!o->model) {
 		fprintf(stderr, "kvmem bench recall: --model DIR is required\n");
 		return -1;
@@ -538,6 +561,9 @@ static int ask(struct bench *b, kvmem_session *s, const agentlang_question *q, i
 						     q->needle_end, "needle") ||
 			       kvmem_lab_record_span(b->rec, KVMEM_LAB_SPAN_QUERY, at + 1,
 						     at + q->n_ids - 1, "key")))
+			return -1;
+		if (b->o.query_view &&
+		    kvmem_session_select_ahead_with(s, b->o.query_view, q->ids, q->n_ids))
 			return -1;
 		kvmem_session_get_stats(s, &st0);
 		if (ahead ? kvmem_session_select_ahead(s, q->ids, q->n_ids) : kvmem_session_select(s))
@@ -945,6 +971,9 @@ int bench_recall(int argc, char **argv)
 	       (long long)b.reserve, b.o.block, b.o.lookalikes, b.o.questions,
 	       (unsigned long long)b.o.seed,
 	       b.o.layout == KVMEM_LAYOUT_STABLE ? ", layout stable" : "");
+	if (b.o.query_view)
+		printf("each question's queries read over the view %s chose for it (--query-view: "
+		       "a diagnostic, not a policy's own figure)\n", b.o.query_view->name);
 	printf("%-14s %5s  %-9s %7s %5s  %7s  %6s  %7s  %7s  %7s  %7s\n", "workspace", "depth",
 	       "policy", "acc", "n", "in-view", "rank", "ms/q", "1st ms", "MB/q", "mv/sel");
 	rc = 0;
