@@ -68,6 +68,14 @@ awk -v q="$(awk -F, 'NR == 2 { print $9 }' "$tmp/q.csv")" -v m="$(mb meank)" \
 	'BEGIN { exit !(q > m) }' ||
 	fail "--query-view read no more pages than meank alone: $(cat "$tmp/q.csv")"
 
+# --prefill-policy recency: the workspace's keys computed over its newest
+# tokens; the cells still come, each question answered and ranked.
+out=$("$KVMEM" bench recall --model $model --sizes 2 --depths 0.5 --questions 3 \
+	--policies meank --prefill-policy recency --csv "$tmp/p.csv" --quiet 2>&1) ||
+	fail "--prefill-policy run failed: $out"
+awk -F, 'NR == 2 { ok = $6 == 3 && $10 >= 0 && $9 > 0 } END { exit !ok }' "$tmp/p.csv" ||
+	fail "--prefill-policy cells: $(cat "$tmp/p.csv")"
+
 # Refusals exit 2 (bad usage) with a message; a crash (a signal, 128 + n)
 # is a failure, not a refusal.
 refused() { # what, then the options
@@ -84,4 +92,5 @@ refused "a size of nan" --sizes 1,nan
 refused "an unknown option" --nope
 refused "--query-view with a per-layer policy" --query-view refine_layer
 refused "--query-view at the marker" --query-view lexical --select-at marker
+refused "an unknown prefill policy" --prefill-policy nosuch
 echo "bench recall: all checks passed"

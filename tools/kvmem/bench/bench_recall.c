@@ -12,7 +12,7 @@
  * with seeds from 1e9 up, never used in training (training: < 1e6).
  *
  * Per workspace the history is prefilled once (Mean-K selection during the
- * prefill, the same budget), its pages kept in host memory; each policy then
+ * prefill, the same budget; --prefill-policy another), its pages kept in host memory; each policy then
  * adopts that history in a fresh session and answers every question in turn:
  * append the question up to its answer marker, select (the question's
  * queries drive the policy), append the marker (its logits are the first
@@ -83,6 +83,7 @@ struct opts {
 	int select_at;			/* SELECT_AHEAD, SELECT_KEY, SELECT_MARKER */
 	const kvmem_policy_ops *query_view;	/* --query-view: chooses the view each
 						 * question's queries are read over */
+	const char *prefill_policy;	/* --prefill-policy (meank): the workspace's views */
 	int layout;			/* --layout: enum kvmem_layout (0: the default) */
 	int64_t budget;
 	uint64_t seed;
@@ -152,6 +153,10 @@ static void usage(FILE *f)
 		"                     that holds the needle, with lexical) rather than the\n"
 		"                     last question's: what a query that has seen the\n"
 		"                     needle finds, as train.py's held-out ranks measure\n"
+		"  --prefill-policy P the policy that chooses the views a workspace's\n"
+		"                     prefill attends over, and so the context its keys and\n"
+		"                     block summaries are computed in (default meank;\n"
+		"                     recency: the newest tokens, one contiguous stretch)\n"
 		"  --quick            smoke test: sizes 1,4, depths 0.25,0.75, 8 questions\n"
 		"  --jsonl FILE       one JSON object per cell into FILE; --csv FILE the same\n"
 		"                     as CSV\n"
@@ -214,6 +219,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "kv-dtype", required_argument, NULL, 'V' },
 		{ "layout", required_argument, NULL, 'Y' },
 		{ "query-view", required_argument, NULL, 'G' },
+		{ "prefill-policy", required_argument, NULL, 'P' },
 		{ 0 },
 	};
 	static const double sizes[] = { 1, 4, 16, 64 }, depths[] = { 0.1, 0.3, 0.5, 0.7, 0.9 };
@@ -279,6 +285,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'Q': bad = cli_parse_int(w, name, optarg, 1, 4096, &o->query_tokens); break;
 		case 't': bad = cli_parse_int(w, name, optarg, 1, 64, &o->trace); break;
 		case 'L': o->lab = optarg; break;
+		case 'P':
+			o->prefill_policy = optarg;
+			if (!kvmem_policy_find(optarg))
+				bad = fprintf(stderr, "%s: --prefill-policy: %s\n", w,
+					      kvmem_last_error()) > 0;
+			break;
 		case 'G':
 			if (!(o->query_view = kvmem_policy_find(optarg)))
 				bad = fprintf(stderr, "%s: --query-view: %s\n", w, kvmem_last_error()) > 0;
@@ -387,7 +399,8 @@ static int prefill(struct bench *b, const agentlang_transcript *ws, int64_t budg
 
 	if (kvmem_page_source_mem(src, c->n_layers, c->n_kv_heads, c->head_dim, b->o.block))
 		return -1;
-	if (!(s = session(b, "meank", budget, src, 4)) || kvmem_session_append(s, ws->ids, ws->n_ids, 0)) {
+	s = session(b, b->o.prefill_policy ? b->o.prefill_policy : "meank", budget, src, 4);
+	if (!s || kvmem_session_append(s, ws->ids, ws->n_ids, 0)) {
 		kvmem_session_free(s);
 		kvmem_page_source_destroy(src);
 		return kvmem_error_prefix("prefill of %lld tokens", (long long)ws->n_ids);
