@@ -1482,6 +1482,7 @@ def whole_self_test(check, cor=None, c=None):
     check("whole: blind queries hide the kept tokens of the needles' view blocks only",
           bool((needle_slots(toyn, 0) == want).all()), f"{int(want.sum())} of {len(kept)} slots")
 
+    # Synthetic workspaces: distinct token ids, so that a token's gradient
     # says which window's forward it came from.
     W, N, R = 128, 1500, 6
     rng = np.random.default_rng(3)
