@@ -15,10 +15,11 @@
 # started from kept (tools/train/README.md, "Keeping the starting model's
 # reading"; run once, c31: Documentation/recall.md, "Mean-K with a teacher").
 #
-# MEANK_WHOLE_HARD (0), LOOKALIKES (drawn), MEANK_BLOCK (32) and WHOLE_QUERY
-# (view) pass through to run_gpu.sh: the keys' side of the whole-workspace
-# loss, the bench's 8 look-alikes, Mean-K's blocks of 16 tokens (kvmem's
-# --block 16), and that loss's queries blind to the needles (blind)
+# MEANK_WHOLE_HARD (0), LOOKALIKES (drawn), MEANK_BLOCK (32), WHOLE_QUERY
+# (view) and WHOLE_TARGET (equals) pass through to run_gpu.sh: the keys' side
+# of the whole-workspace loss, the bench's 8 look-alikes, Mean-K's blocks of
+# 16 tokens (kvmem's --block 16), that loss's queries blind to the needles
+# (blind), and every block of the needle's line its target (line)
 # (c32-c34, 2026-12-07: recall.md, "Mean-K trained against the bench's
 # look-alikes"; their last model is on branch train/meank-c34).
 #

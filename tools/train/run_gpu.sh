@@ -61,6 +61,9 @@
 # (default) or blind (train.py --whole-query: the whole-workspace loss's
 # queries read with the needles' view blocks hidden, as kvmem's meank reads
 # its query over the view before it selects; evaluations report both).
+# WHOLE_TARGET: equals (default) or line (train.py --whole-target: every
+# block of the needle's line a target, as kvmem counts a needle in view only
+# when its whole line is; evaluations rank whole lines either way).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -86,7 +89,8 @@ esac
 : "${PAGED:=0}" "${PAGE_WINDOW:=$SEQ_LEN}" "${PAGED_BATCH:=8}" "${PAGED_FROM:=-1}"
 : "${MEANK_WHOLE:=0}" "${WHOLE_MIN_RATIO:=16}" "${MEANK_WHOLE_WEIGHT:=0}"
 : "${MEANK_WHOLE_BATCH:=2}" "${MEANK_WHOLE_HARD:=4}" "${MEANK_WHOLE_EVAL:=1}"
-: "${KV_FP8:=0}" "${LOOKALIKES:=}" "${MEANK_BLOCK:=32}" "${WHOLE_QUERY:=view}"
+: "${KV_FP8:=0}" "${LOOKALIKES:=}" "${MEANK_BLOCK:=32}"
+: "${WHOLE_QUERY:=view}" "${WHOLE_TARGET:=equals}"
 KVMEM=${KVMEM:-build/static/kvmem}
 
 [ -n "${OUT:-}" ] || fail "\$OUT is not set (the folder whose files come back)"
@@ -179,7 +183,7 @@ python3 tools/train/train.py --data "$WORK/train.bin" \
 	--paged-batch "$PAGED_BATCH" --paged-from "$PAGED_FROM" \
 	--meank-whole-weight "$MEANK_WHOLE_WEIGHT" --meank-whole-batch "$MEANK_WHOLE_BATCH" \
 	--meank-whole-hard "$MEANK_WHOLE_HARD" --meank-block "$MEANK_BLOCK" --kv-fp8 "$KV_FP8" \
-	--whole-query "$WHOLE_QUERY" \
+	--whole-query "$WHOLE_QUERY" --whole-target "$WHOLE_TARGET" \
 	--vocab "$WORK/vocab.tsv" --out "$WORK/model" --minutes "$MINUTES" \
 	--device "$TRAIN_DEVICE" $SMOKE $TRAIN_ARGS ||
 	fail "train.py failed (see above)"

@@ -480,10 +480,41 @@ def paged_losses(model, pb, c, answer_weight, head_dim, theta, chunk):
 # `hard` highest-scored other blocks (those windows run again with
 # gradients); every other block is a detached constant in the denominator.
 
+def corpus_newline(corpus, k):
+    """The newline's id, read from paged record k's questions (each ends
+    <end>, then a newline), or None where the corpus cannot say (a toy)."""
+    end = getattr(corpus, "end", None)
+    if end is None or not hasattr(corpus, "ids"):
+        return None
+    seq, nv = corpus.page_record(k)[:2]
+    row = np.asarray(corpus.ids[seq]).astype(np.int64)[nv:]
+    at = np.flatnonzero(row == end)
+    return int(row[at[0] + 1]) if len(at) and at[0] + 1 < len(row) else None
+
+
+def needle_line_blocks(ws_ids, needles, nl):
+    """Each needle's line as blocks [n, 2] (first, last): from the token after
+    the newline before its '=' to its own newline, the tokens kvmem bench
+    recall counts in view (every block of the line) and ranks by its worst
+    block; the '=''s block alone where there is no newline id (nl None)."""
+    needles = np.asarray(needles, np.int64)
+    out = np.stack([needles // MEANK_BLOCK, needles // MEANK_BLOCK], 1)
+    if nl is None:
+        return out
+    brk = np.flatnonzero(np.asarray(ws_ids) == nl)
+    for i, nd in enumerate(needles):
+        j = np.searchsorted(brk, nd)  # newlines before the '=': brk[:j]
+        a = brk[j - 1] + 1 if j > 0 else 0
+        e = brk[j] if j < len(brk) else len(ws_ids) - 1
+        out[i] = (a // MEANK_BLOCK, e // MEANK_BLOCK)
+    return out
+
+
 class WholeRecord:
     """A whole paged sequence's workspace side, on device: its windows
     [NW, W], each whole block's owner window, each whole-block token's flat
-    index (owner * W + place), and each question's needle block."""
+    index (owner * W + place), and each question's needle block and the
+    first and last blocks of the needle's line."""
 
     def __init__(self, corpus, k, device):
         seq, nv, ids, win, off = corpus.page_record(k)
@@ -505,6 +536,11 @@ class WholeRecord:
         self.tok_flat = tt(owner * W + t - start[owner])
         self.block_win = tt(self.block_win_np)
         self.needle_blk = tt(needles // MEANK_BLOCK)
+        t_all = np.arange(ws)
+        own = np.minimum(np.searchsorted(end, t_all, side="right"), len(end) - 1)
+        ws_ids = ids[own, np.clip(t_all - start[own], 0, W - 1)]
+        self.line_np = needle_line_blocks(ws_ids, needles, corpus_newline(corpus, k))
+        self.line_blk = tt(self.line_np)
         self.n_q = len(needles)
         self.used = np.unique(win)  # the view's windows, as PagedBatch keeps them
 
@@ -584,28 +620,40 @@ def meank_shares(q, mu):
         return torch.softmax(z, dim=-1).mean(dim=(0, 2))
 
 
-def whole_meank_loss(keys_fn, q, rec, mu, hard, grad=True):
+def whole_meank_loss(keys_fn, q, rec, mu, hard, grad=True, line=False):
     """-log of each question's needle block's mean share among all the
     workspace's whole blocks (mean over questions), its rank (0: first),
-    and the windows run again with gradients. q [layers, M, H, D]: the
-    questions' queries (M = rec.n_q, in order), with or without grad; mu:
-    whole_block_means. With grad and hard > 0, the blocks of the needles and
-    of each question's `hard` best-scored other blocks get their means from
-    their windows run again with gradients; the rest of mu stays detached."""
-    needle = rec.needle_blk[:q.shape[1]]
-    ok = needle < rec.nb  # a needle in the workspace's last partial block: no whole block
+    the windows run again with gradients, and the rank of the worst block of
+    the needle's line (kvmem bench recall's rank: the line is in view only
+    when all its blocks are). q [layers, M, H, D]: the questions' queries
+    (M = rec.n_q, in order), with or without grad; mu: whole_block_means.
+    With line, every block of the needle's line is a target (the loss their
+    mean -log share, the rank the worst one's). With grad and hard > 0, the
+    target blocks and each question's `hard` best-scored other blocks get
+    their means from their windows run again with gradients; the rest of mu
+    stays detached."""
+    n = q.shape[1]
+    needle = rec.needle_blk[:n]
+    l_lo, l_hi = rec.line_blk[:n, 0], rec.line_blk[:n, 1]
+    lo, hi = (l_lo, l_hi) if line else (needle, needle)
+    ok = hi < rec.nb  # a target in the workspace's last partial block: no whole block
     if not bool(ok.all()):
-        q, needle = q[:, ok], needle[ok]
+        q, lo, hi, l_lo, l_hi = q[:, ok], lo[ok], hi[ok], l_lo[ok], l_hi[ok]
     M = q.shape[1]
     wins = np.zeros(0, dtype=np.int64)
     if M == 0 or rec.nb < 2:
         return None
+
+    def blocks(a, b):  # [M, K]: a..b, the last repeated
+        K = int((b - a).max().item()) + 1
+        return torch.minimum(a[:, None] + torch.arange(K, device=a.device)[None, :], b[:, None])
+    tgt = blocks(lo, hi)
     if grad and hard > 0:
         with torch.no_grad():
             p0 = meank_shares(q.detach(), mu)
-            p0[torch.arange(M, device=p0.device), needle] = -1.0
-            top = p0.topk(min(hard, rec.nb - 1), dim=1).indices if rec.nb > 1 else needle[:, None]
-            sel = torch.unique(torch.cat([needle, top.reshape(-1)]))
+            p0.scatter_(1, tgt, -1.0)
+            top = p0.topk(min(hard, rec.nb - 1), dim=1).indices
+            sel = torch.unique(torch.cat([tgt.reshape(-1), top.reshape(-1)]))
         wins = np.unique(rec.block_win_np[sel.cpu().numpy()])
         keys, _ = keys_fn(rec.windows[torch.from_numpy(wins).to(rec.windows.device)], True, False)
         tok = rec.block_tokens(sel, wins)  # [S, 32]
@@ -614,10 +662,15 @@ def whole_meank_loss(keys_fn, q, rec, mu, hard, grad=True):
             sel.numel(), MEANK_BLOCK, H, D).float().mean(1) for l in range(L)])
         mu = mu.index_copy(1, sel, mu_sel)
     p = meank_shares(q, mu)
-    pt = p.gather(1, needle[:, None])[:, 0]
-    loss = -torch.log(pt.clamp(min=1e-9)).mean()
-    rank = (p.detach() > pt.detach()[:, None]).sum(1)
-    return loss, rank, wins
+    pt = p.gather(1, tgt)
+    valid = (torch.arange(tgt.shape[1], device=tgt.device)[None, :] <= (hi - lo)[:, None]).float()
+    nll = -torch.log(pt.clamp(min=1e-9))
+    loss = ((nll * valid).sum(1) / valid.sum(1)).mean()
+    pd = p.detach()
+    rank = (pd > pt.detach().min(1).values[:, None]).sum(1)
+    worst = pd.gather(1, blocks(l_lo, l_hi.clamp(max=rec.nb - 1))).min(1).values
+    line_rank = (pd > worst[:, None]).sum(1)
+    return loss, rank, wins, line_rank
 
 
 def question_queries(model, hidden, qrow, c, rope_cs):
@@ -691,11 +744,14 @@ def question_pass(model, kvs, pb, mask, c, args, rope_cs):
 def whole_step(model, corpus, k, c, args, device, rope_cs, grad=True, other=False):
     """One whole record's Mean-K loss over its workspace: (loss, ranks [M],
     blocks, windows run, windows run again with gradients, workspace tokens,
-    and with other the ranks [M] under the other --whole-query, without
-    gradients, or None). The view's K/V come from the same no-grad pass as
-    the block means; the questions run over them (with gradients when grad)
-    to give the queries: over the whole view (--whole-query view), or with
-    the needles' view blocks hidden (blind, as kvmem's meank sees them)."""
+    with other the ranks [M] under the other --whole-query, without
+    gradients, or None, and the needle lines' ranks [M], kvmem's: their
+    worst blocks'). --whole-target line makes every block of the needle's
+    line a target of the loss (equals: the '=''s block). The view's K/V
+    come from the same no-grad pass as the block means; the questions run
+    over them (with gradients when grad) to give the queries: over the whole
+    view (--whole-query view), or with the needles' view blocks hidden
+    (blind, as kvmem's meank sees them)."""
     rec = WholeRecord(corpus, k, device)
     fn = model_keys_fn(model, args.head_dim)
     mu, kvs = whole_block_means(fn, rec, args.paged_chunk, want_kv=True)
@@ -710,17 +766,19 @@ def whole_step(model, corpus, k, c, args, device, rope_cs, grad=True, other=Fals
         if q.shape[1] != rec.n_q:
             raise ValueError(f"paged record {k}: {q.shape[1]} questions after the view, "
                              f"{rec.n_q} needles")
-        r = whole_meank_loss(fn, q, rec, mu, args.meank_whole_hard if grad else 0, grad)
+        line = getattr(args, "whole_target", "equals") == "line"
+        r = whole_meank_loss(fn, q, rec, mu, args.meank_whole_hard if grad else 0, grad, line)
     if r is None:
         return None
-    loss, rank, wins = r
+    loss, rank, wins, line_rank = r
     rank2 = None
     if other:
         with torch.no_grad():
             r2 = whole_meank_loss(fn, question_pass(model, kvs, pb, masks[1], c, args, rope_cs),
-                                  rec, mu, 0, False)
+                                  rec, mu, 0, False, line)
         rank2 = r2[1] if r2 is not None else None
-    return loss, rank, rec.nb, rec.windows.shape[0], len(wins), rec.ws_tokens, rank2
+    return (loss, rank, rec.nb, rec.windows.shape[0], len(wins), rec.ws_tokens, rank2,
+            line_rank)
 
 
 @torch.no_grad()
@@ -732,7 +790,7 @@ def evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
     the same with the queries of the other --whole-query (view or blind)."""
     model.eval()
     n = min(limit, len(corpus.whole_ks))
-    acc = [dict(nq=0, top1=0, inb=0, frac=0.0, by={}) for _ in range(2)]
+    acc = [dict(nq=0, top1=0, inb=0, frac=0.0, by={}) for _ in range(3)]
     loss_sum = 0.0
 
     def add(a, r, nb, ratio):
@@ -750,12 +808,13 @@ def evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
                              other=True)
         if out is None:
             continue
-        loss, rank, nb, _, _, ws, rank2 = out
+        loss, rank, nb, _, _, ws, rank2, line_rank = out
         ratio = max(1, int(round(ws / corpus.seq_len)))
         ratio = 1 << (ratio.bit_length() - 1)
         add(acc[0], rank.cpu().numpy(), nb, ratio)
         if rank2 is not None:
             add(acc[1], rank2.cpu().numpy(), nb, ratio)
+        add(acc[2], line_rank.cpu().numpy(), nb, ratio)
         loss_sum += loss.item() * rank.numel()
     model.train()
 
@@ -771,6 +830,8 @@ def evaluate_whole(model, corpus, c, args, device, amp, rope_cs, limit):
     r.update({"sequences": n, "budget_blocks": args.meank_budget, "query": mode,
               "loss": loss_sum / max(1, acc[0]["nq"])})
     r["other"] = dict(summary(acc[1]), query="view" if mode == "blind" else "blind")
+    r["line"] = summary(acc[2])
+    r["target"] = getattr(args, "whole_target", "equals")
     return r
 
 
@@ -805,6 +866,10 @@ def whole_eval_line(name, r):
         line += (f"; queries {o['query']}: top-1 {100 * o['top1']:.1f}%, in budget "
                  f"{100 * o['in_budget']:.1f}% ({by(o)}), mean rank "
                  f"{100 * o['rank_fraction']:.2f}%")
+    li = r.get("line")
+    if li and li["questions"]:
+        line += (f"; whole lines (kvmem's in view): in budget {100 * li['in_budget']:.1f}% "
+                 f"({by(li)}), mean rank {100 * li['rank_fraction']:.2f}%")
     return line
 
 
@@ -1274,6 +1339,9 @@ def self_test(data=None):
           whole_eval_line("toy", ev))
     check("whole: the held-out ranks with the other queries (blind)",
           ev["other"]["query"] == "blind" and ev["other"]["questions"] == 2)
+    check("whole: the held-out lines' ranks (a toy has no newline: the '=' blocks')",
+          ev["line"]["questions"] == 2 and ev["line"]["in_budget"] == ev["in_budget"] and
+          ev["line"]["rank_fraction"] == ev["rank_fraction"])
     # --whole-query blind: the loss trains through queries that do not see
     # the needles' view blocks
     aa.whole_query = "blind"
@@ -1456,6 +1524,30 @@ def whole_self_test(check, cor=None, c=None):
         check("whole records: blind queries hide the needles' view blocks, nothing else", okh)
         check("whole records: the views hold the needles (what blind queries take away)",
               held >= 0.9 * n_nd, f"{held} of {n_nd} needles' '=' in view")
+        # Each needle's line: from a newline (or the start) to its own
+        # newline, the '=' inside; how many lines span more than one block.
+        okl, multi, n_l = True, 0, 0
+        for k in cor.whole_ks[:16]:
+            rec = WholeRecord(cor, int(k), dev)
+            _, needles, start, end, N = cor.page_info(int(k))
+            nl = corpus_newline(cor, int(k))
+            t = np.arange(N)
+            own = np.searchsorted(end, t, side="right")
+            ids = cor.page_record(int(k))[2]
+            wsi = ids[own, t - start[own]]
+            for (b0, b1), nd in zip(rec.line_np, needles):
+                a = nd
+                while a > 0 and wsi[a - 1] != nl:
+                    a -= 1
+                e = nd
+                while e < N - 1 and wsi[e] != nl:
+                    e += 1
+                okl &= nl is not None and b0 == a // MEANK_BLOCK and b1 == e // MEANK_BLOCK
+                okl &= b0 <= nd // MEANK_BLOCK <= b1 and wsi[e] == nl
+                multi += int(b1 > b0)
+                n_l += 1
+        check("whole records: each needle's line runs from a newline to its own, the '=' inside",
+              okl, f"{multi} of {n_l} lines over more than one {MEANK_BLOCK}-token block")
         # block means from the windows = a long forward's (the toy's context
         # R <= W/2 is what every owned token has)
         rec = WholeRecord(cor, int(cor.whole_ks[0]), dev)
@@ -1499,7 +1591,7 @@ def whole_self_test(check, cor=None, c=None):
                              toy(torch.from_numpy(ws[None]), False)[0]])).abs().max().item() < 1e-4)
     q = torch.randn(2, 3, 2, 8, requires_grad=True)
     toy.E.grad = None
-    loss, rank, wins = whole_meank_loss(toy, q, rec, mu, hard=2)
+    loss, rank, wins, _ = whole_meank_loss(toy, q, rec, mu, hard=2)
     loss.backward()
     with torch.no_grad():
         p = meank_shares(q, mu)
@@ -1530,7 +1622,7 @@ def whole_self_test(check, cor=None, c=None):
     first = None
     for it in range(80):
         mu2, _ = whole_block_means(toy2, rec2, 8)
-        loss, rank, _ = whole_meank_loss(toy2, q2, rec2, mu2, hard=4)
+        loss, rank, _, _ = whole_meank_loss(toy2, q2, rec2, mu2, hard=4)
         first = loss.item() if first is None else first
         if int(rank.max()) == 0 and loss.item() < 0.5 * first:
             break
@@ -1543,11 +1635,37 @@ def whole_self_test(check, cor=None, c=None):
           f"{rank.tolist()}; the needle in the last partial block left out")
     # ranks: the blocks scored above the needle's, counted directly
     with torch.no_grad():
-        _, rank, _ = whole_meank_loss(toy, q, rec, mu, hard=0, grad=False)
+        _, rank, _, lrank = whole_meank_loss(toy, q, rec, mu, hard=0, grad=False)
         p = meank_shares(q, mu)
         want = [int((p[m] > p[m, needles[m] // MEANK_BLOCK]).sum()) for m in range(3)]
     check("whole: a needle's rank is the count of blocks scored above it",
           rank.tolist() == want and max(want) > 0, f"{want}")
+
+    # Lines: needle_line_blocks on a toy row (newline 9), then line targets
+    # on the synthetic record: the line's rank is its worst block's, the
+    # windows run again own every block of each line, the loss their mean.
+    row = np.array([9, 1, 2, 3, 4, 9, 5, 6, 7, 8, 9, 1, 1, 1, 1, 1, 1, 1, 9])
+    got = needle_line_blocks(row, [3, 8, 14], 9) * MEANK_BLOCK
+    check("whole: a needle's line is the blocks from its newline to its own",
+          got.tolist() == [[0, 0], [0, 0], [0, (18 // MEANK_BLOCK) * MEANK_BLOCK]] and
+          needle_line_blocks(row, [3], None).tolist() == [[0, 0]], f"{got.tolist()}")
+    rec.line_np = np.stack([rec.line_np[:, 0] - 1, rec.line_np[:, 1]], 1)  # lines of 2 blocks
+    rec.line_blk = torch.from_numpy(rec.line_np).to(dev)
+    toy.E.grad = None
+    loss_l, rank_l, wins_l, lrank = whole_meank_loss(toy, q, rec, mu, hard=2, line=True)
+    with torch.no_grad():
+        p = meank_shares(q, mu)
+        worst = torch.stack([p[m, rec.line_np[m]].min() for m in range(3)])
+        want_l = [int((p[m] > worst[m]).sum()) for m in range(3)]
+        p[torch.arange(3)[:, None], torch.from_numpy(rec.line_np)] = -1
+        sel = np.unique(np.concatenate([rec.line_np.reshape(-1),
+                                        p.topk(2, dim=1).indices.reshape(-1).numpy()]))
+        want_loss = -torch.log(meank_shares(q, mu).gather(1, torch.from_numpy(rec.line_np))).mean()
+    check("whole: line targets: the worst block's rank, every line block's window, their mean loss",
+          rank_l.tolist() == want_l == lrank.tolist() and
+          list(wins_l) == list(np.unique(rec.block_win_np[sel])) and
+          abs(loss_l.item() - want_loss.item()) < 1e-4,
+          f"ranks {want_l}, windows {list(wins_l)}")
 
 
 # ---- model ------------------------------------------------------------------
@@ -1976,6 +2094,11 @@ def parse_args(argv):
                          "the needles' view blocks hidden (blind: as kvmem's meank reads its "
                          "query over the view before it selects); held-out records are ranked "
                          "both ways")
+    ap.add_argument("--whole-target", choices=("equals", "line"), default="equals",
+                    help="the whole-workspace loss's target blocks: the needle's '=' block "
+                         "(equals), or every block of the needle's line (line: kvmem bench "
+                         "recall counts a needle in view only when all of them are); held-out "
+                         "records are ranked by whole lines either way")
     ap.add_argument("--meank-budget", type=int, default=0,
                     help="blocks meank may pick besides the sink and recent tokens, for the "
                          "'in budget' rate (0: kvmem bench recall's for the window: budget "
@@ -2312,7 +2435,7 @@ def main(argv):
                         out = whole_step(model, c, k, c, args, device, rope_cs_w)
                     if out is None:
                         continue
-                    wl, rank, nb, nw, ngw, _, _ = out
+                    wl, rank, nb, nw, ngw, _, _, _ = out
                     (args.meank_whole_weight * wl / args.meank_whole_batch).backward()
                     losses_w.append(wl.detach())
                     wst["seqs"] += 1
@@ -2476,6 +2599,7 @@ def main(argv):
                   "meank_whole_weight": args.meank_whole_weight if whole else 0,
                   "meank_whole_batch": args.meank_whole_batch,
                   "meank_whole_hard": args.meank_whole_hard, "whole_query": args.whole_query,
+                  "whole_target": args.whole_target,
                   "meank_budget": args.meank_budget,
                   "meank_whole_failed": WHOLE_BROKEN[0] if WHOLE_BROKEN else None,
                   "meank_whole_stats": {k: (v.item() if torch.is_tensor(v) else v)
