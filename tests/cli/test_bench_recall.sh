@@ -4,8 +4,9 @@
 # rank and the pages read; full context needs no pages; rag (retrieve lines,
 # prefill them again) reads no pages and ranks no blocks; lexical (BM25 of
 # the question's tokens over blocks) reads no key pages and brings every
-# needle into view; every cell times the first answer token; --trace shows what outranked the needle;
-# --query-view reads each question's query over another policy's view; bad
+# needle into view; every cell times the first answer token; --trace shows
+# what outranked the needle; --query-view reads each question's query over
+# another policy's view; --prefill-policy chooses the prefill's views; bad
 # options and training seeds are refused.
 set -u
 KVMEM=${KVMEM:-build/kvmem}

@@ -12,8 +12,9 @@
  * with seeds from 1e9 up, never used in training (training: < 1e6).
  *
  * Per workspace the history is prefilled once (Mean-K selection during the
- * prefill, the same budget; --prefill-policy another), its pages kept in host memory; each policy then
- * adopts that history in a fresh session and answers every question in turn:
+ * prefill, the same budget; --prefill-policy another), its pages kept in
+ * host memory; each policy then adopts that history in a fresh session and
+ * answers every question in turn:
  * append the question up to its answer marker, select (the question's
  * queries drive the policy), append the marker (its logits are the first
  * answer token's, computed over the new view), decode greedily to <end>.
