@@ -524,8 +524,9 @@ class WholeRecord:
         W = ids.shape[1]
         self.k, self.seq, self.n_view, self.W, self.ws_tokens = k, seq, nv, W, ws
         self.nb = ws // MEANK_BLOCK
-        t = np.arange(self.nb * MEANK_BLOCK)
-        owner = np.searchsorted(end, t, side="right")  # window k owns [end[k-1], end[k])
+        t_all = np.arange(ws)
+        own = np.searchsorted(end, t_all, side="right")  # window k owns [end[k-1], end[k])
+        t, owner = t_all[:self.nb * MEANK_BLOCK], own[:self.nb * MEANK_BLOCK]
         if (start[owner] > t).any() or owner.max(initial=0) >= len(end):
             raise ValueError(f"paged record {k}: its windows do not tile the workspace")
         self.start = start
@@ -536,8 +537,7 @@ class WholeRecord:
         self.tok_flat = tt(owner * W + t - start[owner])
         self.block_win = tt(self.block_win_np)
         self.needle_blk = tt(needles // MEANK_BLOCK)
-        t_all = np.arange(ws)
-        own = np.minimum(np.searchsorted(end, t_all, side="right"), len(end) - 1)
+        own = np.minimum(own, len(end) - 1)  # the tail past the whole blocks too
         ws_ids = ids[own, np.clip(t_all - start[own], 0, W - 1)]
         self.line_np = needle_line_blocks(ws_ids, needles, corpus_newline(corpus, k))
         self.line_blk = tt(self.line_np)
@@ -756,11 +756,13 @@ def whole_step(model, corpus, k, c, args, device, rope_cs, grad=True, other=Fals
     fn = model_keys_fn(model, args.head_dim)
     mu, kvs = whole_block_means(fn, rec, args.paged_chunk, want_kv=True)
     pb = PagedBatch(_OneRecord(corpus, k), [0], c.pad, device)
-    blind_mask = pb.mask.clone()
-    hide = torch.from_numpy(needle_slots(corpus, k)).to(device)
-    blind_mask[0, :hide.numel()] = blind_mask[0, :hide.numel()] * (~hide).long()
     blind = getattr(args, "whole_query", "view") == "blind"
-    masks = (blind_mask, pb.mask) if blind else (pb.mask, blind_mask)
+    masks = (pb.mask, None)
+    if blind or other:  # the needles' view slots hidden: only when asked for
+        blind_mask = pb.mask.clone()
+        hide = torch.from_numpy(needle_slots(corpus, k)).to(device)
+        blind_mask[0, :hide.numel()] = blind_mask[0, :hide.numel()] * (~hide).long()
+        masks = (blind_mask, pb.mask) if blind else (pb.mask, blind_mask)
     with torch.set_grad_enabled(grad):
         q = question_pass(model, kvs, pb, masks[0], c, args, rope_cs)
         if q.shape[1] != rec.n_q:
