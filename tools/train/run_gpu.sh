@@ -127,6 +127,8 @@ fi
 if ! python3 tools/train/train.py --self-test --meank-block "$MEANK_BLOCK"; then
 	[ "$PAGING" = 1 ] && fail "train.py --self-test failed (see above)"
 	[ "$KV_FP8" != 0 ] && fail "train.py --self-test failed (see above); KV_FP8 needs its fp8 checks"
+	[ "$WHOLE_TARGET$WHOLE_QUERY" != equalsview ] &&
+		fail "train.py --self-test failed (see above); WHOLE_TARGET / WHOLE_QUERY need its whole checks"
 	echo "run_gpu.sh: warning: train.py --self-test failed; PAGED=0, so the run goes on"
 fi
 

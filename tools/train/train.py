@@ -1356,6 +1356,17 @@ def self_test(data=None):
           and rb[6] is not None and rb[6].numel() == rb[1].numel(),
           f"loss {rb[0].item():.3f}, ranks blind {rb[1].tolist()}, view {rb[6].tolist()}")
     del aa.whole_query
+    # --whole-target line: every block of the needle's line a target; the
+    # loss trains k_proj and ranks as kvmem does (the line's worst block)
+    aa.whole_target = "line"
+    model.zero_grad(set_to_none=True)
+    rl = whole_step(model, toyw, 0, cc, aa, dev, rc16)
+    rl[0].backward()
+    gk = model.model.layers[0].self_attn.k_proj.weight.grad
+    check("whole: line targets train k_proj; the loss's rank is the line's worst block's",
+          math.isfinite(rl[0].item()) and gk is not None and gk.abs().sum().item() > 0
+          and torch.equal(rl[7], rl[1]), f"loss {rl[0].item():.3f}, ranks {rl[1].tolist()}")
+    del aa.whole_target
 
     # 6. fp8 K/V (--kv-fp8) on the tiny model: the hooks find both layers;
     # off they change nothing; on, layer 0's cached V (its input is the
