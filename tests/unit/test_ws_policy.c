@@ -238,6 +238,7 @@ static void test_registry(void **state)
 	assert_true(kvmem_policy_find("quest")->needs & KVMEM_SUM_MINMAX);
 	assert_true(kvmem_policy_find("oracle")->needs & KVMEM_NEED_KEYS);
 	assert_true(kvmem_policy_find("refine")->needs & KVMEM_NEED_KEYS);
+	assert_int_equal(kvmem_policy_find("meank_neighbour")->needs, KVMEM_SUM_MEANK);	/* no page */
 }
 
 static void test_meank_formula(void **state)
@@ -262,6 +263,63 @@ static void test_meank_formula(void **state)
 		assert_true(fabs(sum - h.L * h.Hkv) < 1e-3 * h.L * h.Hkv);
 		free(got);
 		free(want);
+		hist_free(&h);
+	}
+}
+
+/*
+ * got expanded as ws_expand_neighbours(.., k, 1) must expand it: each block
+ * raised to just below its best neighbour among the top k of got (the
+ * newer block first among equals), when that is above its own score.
+ */
+static void expect_expanded(const float *exp_, const float *got, int64_t nb, int64_t k)
+{
+	for (int64_t b = 0; b < nb; b++) {
+		float want_b = got[b];
+
+		for (int d = -1; d <= 1; d += 2) {
+			int64_t n = b + d, above = 0;
+
+			if (n < 0 || n >= nb)
+				continue;
+			for (int64_t o = 0; o < nb; o++)
+				above += got[o] > got[n] || (got[o] == got[n] && o > n);
+			if (above < k && nextafterf(got[n], -INFINITY) > want_b)
+				want_b = nextafterf(got[n], -INFINITY);
+		}
+		if (exp_[b] != want_b)
+			fail_msg("block %lld of %lld: %.9g, want %.9g (unexpanded %.9g, k %lld)",
+				 (long long)b, (long long)nb, exp_[b], want_b, got[b], (long long)k);
+	}
+}
+
+/*
+ * meank_neighbour without a budget is meank, bit for bit; with one, each
+ * of meank's top budget / B blocks brings its two neighbours right behind
+ * it (those in the top already too) and nothing else moves.
+ */
+static void test_meank_neighbour(void **state)
+{
+	uint64_t rng = g_seed ^ 0x2b;
+
+	for (int it = 0; it < 10; it++) {
+		struct hist h;
+		float *plain, *got;
+		int64_t k;
+
+		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 2));
+		hist_commit(&h, KVMEM_SUM_MEANK);
+		h.c.span = it % 2 ? test_rng_int(&rng, 1, 3000) : 0;
+		plain = run_policy(&h, "meank");
+		got = run_policy(&h, "meank_neighbour");
+		assert_memory_equal(got, plain, sizeof(float) * h.nb);
+		free(got);
+		h.c.budget = h.B * test_rng_int(&rng, 1, it % 2 ? 8 : (int)h.nb);
+		got = run_policy(&h, "meank_neighbour");
+		k = h.c.budget / h.B < h.nb ? h.c.budget / h.B : h.nb;
+		expect_expanded(got, plain, h.nb, k);
+		free(plain);
+		free(got);
 		hist_free(&h);
 	}
 }
@@ -746,23 +804,7 @@ static void test_lexical_formula(void **state)
 		for (int64_t b = 0; b < nb; b++)
 			matched += got[b] > 0;
 		k = c.budget / B < matched ? c.budget / B : matched;
-		for (int64_t b = 0; b < nb; b++) {
-			float want_b = got[b];
-
-			for (int d = -1; d <= 1; d += 2) {
-				int64_t n = b + d, above = 0;
-
-				if (n < 0 || n >= nb)
-					continue;
-				for (int64_t o = 0; o < nb; o++)
-					above += got[o] > got[n] || (got[o] == got[n] && o > n);
-				if (above < k && nextafterf(got[n], -INFINITY) > want_b)
-					want_b = nextafterf(got[n], -INFINITY);
-			}
-			if (exp_[b] != want_b)
-				fail_msg("block %lld of %lld: %.9g, want %.9g (BM25 %.9g, k %lld)",
-					 (long long)b, (long long)nb, exp_[b], want_b, got[b], (long long)k);
-		}
+		expect_expanded(exp_, got, nb, k);
 		free(tok);
 		free(text);
 		free(want);
@@ -959,6 +1001,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_registry),
 		cmocka_unit_test(test_meank_formula),
+		cmocka_unit_test(test_meank_neighbour),
 		cmocka_unit_test(test_subblock_formula),
 		cmocka_unit_test(test_planted),
 		cmocka_unit_test(test_quest),
