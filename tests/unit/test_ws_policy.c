@@ -239,6 +239,8 @@ static void test_registry(void **state)
 	assert_true(kvmem_policy_find("oracle")->needs & KVMEM_NEED_KEYS);
 	assert_true(kvmem_policy_find("refine")->needs & KVMEM_NEED_KEYS);
 	assert_int_equal(kvmem_policy_find("meank_neighbour")->needs, KVMEM_SUM_MEANK);	/* no page */
+	assert_int_equal(kvmem_policy_find("subblock_neighbour")->needs,
+			 KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
 }
 
 static void test_meank_formula(void **state)
@@ -294,28 +296,32 @@ static void expect_expanded(const float *exp_, const float *got, int64_t nb, int
 }
 
 /*
- * meank_neighbour without a budget is meank, bit for bit; with one, each
- * of meank's top budget / B blocks brings its two neighbours right behind
- * it (those in the top already too) and nothing else moves.
+ * meank_neighbour and subblock_neighbour without a budget are meank and
+ * subblock, bit for bit; with one, each of their ranking's top budget / B
+ * blocks brings its two neighbours right behind it (those in the top
+ * already too) and nothing else moves.
  */
-static void test_meank_neighbour(void **state)
+static void test_neighbour_expansions(void **state)
 {
+	static const char *const pairs[][2] = { { "meank", "meank_neighbour" },
+						{ "subblock", "subblock_neighbour" } };
 	uint64_t rng = g_seed ^ 0x2b;
 
-	for (int it = 0; it < 10; it++) {
+	for (int it = 0; it < 20; it++) {
+		const char *base = pairs[it % 2][0], *expanded = pairs[it % 2][1];
 		struct hist h;
 		float *plain, *got;
 		int64_t k;
 
 		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 2));
-		hist_commit(&h, KVMEM_SUM_MEANK);
-		h.c.span = it % 2 ? test_rng_int(&rng, 1, 3000) : 0;
-		plain = run_policy(&h, "meank");
-		got = run_policy(&h, "meank_neighbour");
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
+		h.c.span = it % 4 < 2 ? test_rng_int(&rng, 1, 3000) : 0;
+		plain = run_policy(&h, base);
+		got = run_policy(&h, expanded);
 		assert_memory_equal(got, plain, sizeof(float) * h.nb);
 		free(got);
-		h.c.budget = h.B * test_rng_int(&rng, 1, it % 2 ? 8 : (int)h.nb);
-		got = run_policy(&h, "meank_neighbour");
+		h.c.budget = h.B * test_rng_int(&rng, 1, it % 4 < 2 ? 8 : (int)h.nb);
+		got = run_policy(&h, expanded);
 		k = h.c.budget / h.B < h.nb ? h.c.budget / h.B : h.nb;
 		expect_expanded(got, plain, h.nb, k);
 		free(plain);
@@ -1001,7 +1007,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_registry),
 		cmocka_unit_test(test_meank_formula),
-		cmocka_unit_test(test_meank_neighbour),
+		cmocka_unit_test(test_neighbour_expansions),
 		cmocka_unit_test(test_subblock_formula),
 		cmocka_unit_test(test_planted),
 		cmocka_unit_test(test_quest),
