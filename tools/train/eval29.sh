@@ -5,13 +5,14 @@
 # commands of Documentation/recall.md's Mean-K sections in one, the two
 # seeds side by side (one thread each), then full context at 1x.
 #
-#   tools/train/eval29.sh MODEL_DIR OUT_DIR     (3-5 minutes on the 2-core build machine)
+#   tools/train/eval29.sh MODEL_DIR OUT_DIR     (6-8 minutes on the 2-core build machine)
 #
 # Writes OUT_DIR/seed1005.csv, seed1010.csv and 1x.csv (kvmem bench recall
 # --csv) with their logs, and prints the answers of meank, meank_neighbour,
-# neighbour and lexical over both seeds (48 questions a cell: sizes 4x,
-# 16x, 64x; depths 0.1, 0.5, 0.9; 8 look-alikes a needle), the needle line in view beside them, and full
-# context at 1x over 150 questions (seed 1004000000, 50 a depth). KVMEM:
+# subblock, subblock_neighbour, neighbour and lexical over both seeds (48
+# questions a cell: sizes 4x, 16x, 64x; depths 0.1, 0.5, 0.9; 8 look-alikes
+# a needle), the needle line in view beside them, and full context at 1x
+# over 150 questions (seed 1004000000, 50 a depth). KVMEM:
 # the CLI (default build/kvmem); BLOCK: the sessions' block (--block; 32).
 set -u
 cd "$(dirname "$0")/../.."
@@ -26,7 +27,7 @@ pids=()
 for s in 1005 1010; do
 	OMP_NUM_THREADS=1 "$KVMEM" bench recall --model "$MODEL" --sizes 4,16,64 \
 		--depths 0.1,0.5,0.9 --questions 8 --lookalikes 8 --seed "${s}000000" --chunk 256 \
-		--policies meank,meank_neighbour,neighbour,lexical --block "${BLOCK:-32}" --quiet --csv "$OUT/seed$s.csv" \
+		--policies meank,meank_neighbour,subblock,subblock_neighbour,neighbour,lexical --block "${BLOCK:-32}" --quiet --csv "$OUT/seed$s.csv" \
 		>"$OUT/seed$s.log" 2>&1 &
 	pids+=($!)
 done
