@@ -270,16 +270,21 @@ static void test_meank_formula(void **state)
 }
 
 /*
- * got expanded as ws_expand_neighbours(.., k, 1) must expand it: each block
- * raised to just below its best neighbour among the top k of got (the
- * newer block first among equals), when that is above its own score.
+ * got expanded as ws_expand_neighbours(.., k, raise_top) must expand it:
+ * each block raised to just below its best neighbour among the top k of got
+ * (the newer block first among equals), when that is above its own score;
+ * with raise_top 0 a block among the top k itself is left as it is.
  */
-static void expect_expanded(const float *exp_, const float *got, int64_t nb, int64_t k)
+static void expect_expanded(const float *exp_, const float *got, int64_t nb, int64_t k,
+			    int raise_top)
 {
 	for (int64_t b = 0; b < nb; b++) {
 		float want_b = got[b];
+		int64_t over_b = 0;
 
-		for (int d = -1; d <= 1; d += 2) {
+		for (int64_t o = 0; o < nb; o++)
+			over_b += got[o] > got[b] || (got[o] == got[b] && o > b);
+		for (int d = -1; d <= 1 && (raise_top || over_b >= k); d += 2) {
 			int64_t n = b + d, above = 0;
 
 			if (n < 0 || n >= nb)
@@ -296,34 +301,42 @@ static void expect_expanded(const float *exp_, const float *got, int64_t nb, int
 }
 
 /*
- * meank_neighbour and subblock_neighbour without a budget are meank and
- * subblock, bit for bit; with one, each of their ranking's top budget / B
- * blocks brings its two neighbours right behind it (those in the top
- * already too) and nothing else moves.
+ * neighbour, meank_neighbour and subblock_neighbour without a budget are
+ * refine, meank and subblock, bit for bit; with one, each of their
+ * ranking's top budget / B blocks brings its two neighbours right behind
+ * it (meank's and subblock's: those in the top already too; refine's: not,
+ * neighbour's rule) and nothing else moves.
  */
 static void test_neighbour_expansions(void **state)
 {
-	static const char *const pairs[][2] = { { "meank", "meank_neighbour" },
-						{ "subblock", "subblock_neighbour" } };
+	static const struct {
+		const char *base, *expanded;
+		int raise_top;
+	} pol[] = { { "meank", "meank_neighbour", 1 }, { "subblock", "subblock_neighbour", 1 },
+		    { "refine", "neighbour", 0 } };
 	uint64_t rng = g_seed ^ 0x2b;
 
-	for (int it = 0; it < 20; it++) {
-		const char *base = pairs[it % 2][0], *expanded = pairs[it % 2][1];
+	for (int it = 0; it < 24; it++) {
+		const int p = it % 3, wide = it % 6 < 3;
 		struct hist h;
 		float *plain, *got;
 		int64_t k;
 
 		hist_random(&h, &rng, test_rng_int(&rng, 1, 700), 16 << test_rng_int(&rng, 0, 2));
 		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
-		h.c.span = it % 4 < 2 ? test_rng_int(&rng, 1, 3000) : 0;
-		plain = run_policy(&h, base);
-		got = run_policy(&h, expanded);
-		assert_memory_equal(got, plain, sizeof(float) * h.nb);
-		free(got);
-		h.c.budget = h.B * test_rng_int(&rng, 1, it % 4 < 2 ? 8 : (int)h.nb);
-		got = run_policy(&h, expanded);
+		h.c.span = wide ? test_rng_int(&rng, 1, 3000) : 0;
+		if (pol[p].raise_top) {	/* refine has no ranking without a budget */
+			plain = run_policy(&h, pol[p].base);
+			got = run_policy(&h, pol[p].expanded);
+			assert_memory_equal(got, plain, sizeof(float) * h.nb);
+			free(plain);
+			free(got);
+		}
+		h.c.budget = h.B * test_rng_int(&rng, 1, wide ? 8 : (int)h.nb);
+		plain = run_policy(&h, pol[p].base);	/* refine's shortlist is the budget's */
+		got = run_policy(&h, pol[p].expanded);
 		k = h.c.budget / h.B < h.nb ? h.c.budget / h.B : h.nb;
-		expect_expanded(got, plain, h.nb, k);
+		expect_expanded(got, plain, h.nb, k, pol[p].raise_top);
 		free(plain);
 		free(got);
 		hist_free(&h);
@@ -810,7 +823,7 @@ static void test_lexical_formula(void **state)
 		for (int64_t b = 0; b < nb; b++)
 			matched += got[b] > 0;
 		k = c.budget / B < matched ? c.budget / B : matched;
-		expect_expanded(exp_, got, nb, k);
+		expect_expanded(exp_, got, nb, k, 1);
 		free(tok);
 		free(text);
 		free(want);

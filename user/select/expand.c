@@ -53,3 +53,16 @@ out:
 	return rc;
 }
 
+
+int ws_score_with_neighbours(const kvmem_policy_ops *base, const kvmem_select_ctx *c,
+			     float *scores, int raise_top, const char *name)
+{
+	int64_t k = c->budget > 0 ? (c->budget + c->block - 1) / c->block : 0;
+	int rc;
+
+	if ((rc = base->score(c, scores)) || !k)
+		return rc;
+	if (ws_expand_neighbours(scores, c->n_blocks, k, raise_top))
+		return kvmem_error_prefix(name);
+	return 0;
+}

@@ -30,14 +30,7 @@ extern const kvmem_policy_ops kvmem_policy_refine;
 
 static int neighbour_score(const kvmem_select_ctx *c, float *scores)
 {
-	int64_t k = c->budget > 0 ? (c->budget + c->block - 1) / c->block : 0;
-	int rc;
-
-	if ((rc = kvmem_policy_refine.score(c, scores)) || !k)
-		return rc;
-	if (ws_expand_neighbours(scores, c->n_blocks, k, 0))
-		return kvmem_error_prefix("neighbour");
-	return 0;
+	return ws_score_with_neighbours(&kvmem_policy_refine, c, scores, 0, "neighbour");
 }
 
 const kvmem_policy_ops kvmem_policy_neighbour = {

@@ -50,5 +50,14 @@ int ws_token_mass(const kvmem_select_ctx *c, const int64_t *blocks, int64_t n, d
  */
 int ws_expand_neighbours(float *scores, int64_t nb, int64_t k, int raise_top);
 
+/*
+ * base's scores, expanded: each of its top budget / B blocks brings its two
+ * neighbours (ws_expand_neighbours with raise_top); no budget: base's scores
+ * as they are. The policies neighbour, meank_neighbour and subblock_neighbour
+ * are this over refine, meank and subblock. Errors name `name`.
+ */
+int ws_score_with_neighbours(const kvmem_policy_ops *base, const kvmem_select_ctx *c,
+			     float *scores, int raise_top, const char *name);
+
 
 #endif
