@@ -27,7 +27,8 @@ pids=()
 for s in 1005 1010; do
 	OMP_NUM_THREADS=1 "$KVMEM" bench recall --model "$MODEL" --sizes 4,16,64 \
 		--depths 0.1,0.5,0.9 --questions 8 --lookalikes 8 --seed "${s}000000" --chunk 256 \
-		--policies meank,meank_neighbour,subblock,subblock_neighbour,neighbour,lexical --block "${BLOCK:-32}" --quiet --csv "$OUT/seed$s.csv" \
+		--policies meank,meank_neighbour,subblock,subblock_neighbour,neighbour,lexical \
+		--block "${BLOCK:-32}" --quiet --csv "$OUT/seed$s.csv" \
 		>"$OUT/seed$s.log" 2>&1 &
 	pids+=($!)
 done

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * Neighbour expansion (score.h: ws_expand_neighbours) of any ranking
- * (neighbour expands refine's, lexical BM25's): each of the top k blocks has the block
+ * (neighbour expands refine's, meank_neighbour meank's, subblock_neighbour
+ * subblock's, lexical BM25's): each of the top k blocks has the block
  * before it and the block after it ranked right behind it, so a line that
  * a block boundary cuts comes whole. After SnapKV's pooling (Li et al.
  * 2024), at block grain.
@@ -52,7 +53,6 @@ out:
 	free(in);
 	return rc;
 }
-
 
 int ws_score_with_neighbours(const kvmem_policy_ops *base, const kvmem_select_ctx *c,
 			     float *scores, int raise_top, const char *name)

@@ -6,9 +6,9 @@
  * BM25's; those in the top already too, as lexical (a budget that holds
  * most of the history would otherwise push a raised block's neighbour out).
  *
- * Why: a fact line is 10-30 tokens, so a block boundary cuts most lines
- * at 16-token blocks (40 of 63 needle lines in recall.md's 64x runs), and
- * a line is in view only when all its blocks are. Mean-K ranks the block
+ * Why: a fact line is 10-30 tokens, so a block boundary cuts most lines at
+ * 16-token blocks (40 of 63 needle lines of a training corpus, recall.md),
+ * and a line is in view only when all its blocks are. Mean-K ranks the block
  * that holds the line's key words; the other block's mean is the
  * neighbouring lines' as much as this one's, and ranks far lower. Bringing
  * the neighbours costs budget (the top third of the ranking fills it) and
