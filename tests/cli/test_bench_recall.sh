@@ -7,7 +7,8 @@
 # needle into view; every cell times the first answer token; --trace shows
 # what outranked the needle; --query-view reads each question's query over
 # another policy's view; --prefill-policy chooses the prefill's views; bad
-# options and training seeds are refused.
+# options and training seeds are refused. The recall model (models/
+# agentlang-recall) reads its window and finds its needles at 4x.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no $KVMEM"; exit 77; }
@@ -76,6 +77,20 @@ out=$("$KVMEM" bench recall --model $model --sizes 2 --depths 0.5 --questions 3 
 	fail "--prefill-policy run failed: $out"
 awk -F, 'NR == 2 { ok = $6 == 3 && $10 >= 0 && $9 > 0 } END { exit !ok }' "$tmp/p.csv" ||
 	fail "--prefill-policy cells: $(cat "$tmp/p.csv")"
+
+# models/agentlang-recall (#29: trained to find a needle's whole line over a
+# workspace at 16-token blocks) reads its window as the shipped model does
+# and, with subblock_neighbour at --block 16, puts every needle line of
+# these 4x workspaces in view (median ranks 1 and 4 of 512 blocks; the
+# shipped model leaves one out). A model file swapped or damaged fails here.
+recall_model=models/agentlang-recall
+out=$("$KVMEM" bench recall --model $recall_model --sizes 1,4 --depths 0.1,0.9 --questions 4 \
+	--lookalikes 8 --block 16 --policies full,subblock_neighbour --csv "$tmp/m.csv" --quiet 2>&1) ||
+	fail "$recall_model run failed: $out"
+awk -F, '$2 == 1 && $4 == "full" { n++; if ($5 < 0.75) bad = 1 }
+$2 == 4 && $4 == "subblock_neighbour" { m++; if ($7 < 1) bad = 1 }
+END { exit n != 2 || m != 2 || bad }' "$tmp/m.csv" ||
+	fail "$recall_model: full at 1x under 0.75 or a 4x needle out of view: $(cat "$tmp/m.csv")"
 
 # Refusals exit 2 (bad usage) with a message; a crash (a signal, 128 + n)
 # is a failure, not a refusal.
