@@ -15,6 +15,8 @@
 # started from kept (tools/train/README.md, "Keeping the starting model's
 # reading"; run once, c31: Documentation/recall.md, "Mean-K with a teacher").
 #
+# MEANK_WHOLE (0.5: the share of paged sequences that are whole
+# workspaces) and MEANK_WHOLE_WEIGHT (0.5: that loss's weight), then
 # MEANK_WHOLE_HARD (0), LOOKALIKES (drawn), MEANK_BLOCK (32), WHOLE_QUERY
 # (view) and WHOLE_TARGET (equals) pass through to run_gpu.sh: the keys' side
 # of the whole-workspace loss, the bench's 8 look-alikes, Mean-K's blocks of
@@ -35,7 +37,8 @@ TEACHER_ARGS=${TEACHER:+ --teacher $TEACHER --teacher-weight ${TEACHER_WEIGHT:-0
 env TRAIN_ARGS="--init $INIT --lr 3e-4 --warmup 30 --curriculum 0$TEACHER_ARGS" \
 	PAGED=0.5 PAGED_FROM=0 MINUTES=${MINUTES:-7} TOKENS=80M VIEWS=0.6 \
 	VIEW_POLICY=lexical MAX_RATIO=64 STALE=0.6 DROP=0.1 MEANK_WEIGHT=0.2 \
-	MEANK_WHOLE=0.5 MEANK_WHOLE_BATCH=2 MEANK_WHOLE_WEIGHT=0.5 MEANK_WHOLE_HARD=${MEANK_WHOLE_HARD:-0} \
+	MEANK_WHOLE=${MEANK_WHOLE:-0.5} MEANK_WHOLE_BATCH=2 MEANK_WHOLE_WEIGHT=${MEANK_WHOLE_WEIGHT:-0.5} \
+	MEANK_WHOLE_HARD=${MEANK_WHOLE_HARD:-0} \
 	PAGED_BATCH=16 SEED=${SEED:-2} OUT="$OUT/model" WORK=/tmp/kt-c29 \
 	tools/train/run_gpu.sh full >"$OUT/run.txt" 2>&1
 rc=$?
