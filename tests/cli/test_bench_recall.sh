@@ -5,7 +5,7 @@
 # prefill them again) reads no pages and ranks no blocks; lexical (BM25 of
 # the question's tokens over blocks) reads no key pages and brings every
 # needle into view; every cell times the first answer token; --trace shows
-# what outranked the needle; --query-view reads each question's query over
+# what outranked the needle and where a wrong answer came from; --query-view reads each question's query over
 # another policy's view; --prefill-policy chooses the prefill's views; bad
 # options and training seeds are refused. The recall model (models/
 # agentlang-recall) reads its window and finds its needles at 4x.
@@ -58,6 +58,14 @@ out=$("$KVMEM" bench recall --model $model --sizes 2 --depths 0.5 --questions 2 
 	--policies subblock --trace 3 --quiet 2>&1) || fail "trace run failed: $out"
 [ "$(grep -c '^trace: needle at' <<<"$out")" -eq 2 ] || fail "no trace per question: $out"
 grep -q '^  #2 block' <<<"$out" || fail "trace lists no third block: $out"
+# Full context traces its answers too, without blocks; a wrong answer (recency
+# at depth 0.1 of 4x keeps only the newest tokens) names the line it came from.
+out=$("$KVMEM" bench recall --model $model --sizes 1,4 --depths 0.1 --questions 2 \
+	--policies full,recency --trace 1 --quiet 2>&1) || fail "full trace run failed: $out"
+[ "$(grep -c '^trace: needle at' <<<"$out")" -eq 6 ] || fail "no trace per question: $out"
+# recency's four questions list their best block, full context's two none
+[ "$(grep -c '^  #0 block' <<<"$out")" -eq 4 ] || fail "full context traced blocks: $out"
+grep -q '^  answered from' <<<"$out" || fail "no wrong answer's source traced: $out"
 
 # --query-view lexical: lexical selects ahead for each question first, so
 # meank reads its query over lexical's view; that selection reads pages too

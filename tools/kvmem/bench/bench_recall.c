@@ -165,8 +165,10 @@ static void usage(FILE *f)
 		"  --lab DIR          record the first policy's session per workspace for kvmem\n"
 		"                     lab: DIR/s<size>-<seed>.ws (its history, a workspace)\n"
 		"                     and .trace (selections, needles annotated)\n"
-		"  --trace N          per question: the answer, the needle's rank and the N\n"
-		"                     best-scored blocks as text (why a policy missed)\n"
+		"  --trace N          per question: the answer, the needle line (and the older\n"
+		"                     line of its key, if any), the needle's rank and the N\n"
+		"                     best-scored blocks as text (why a policy missed; full\n"
+		"                     context: the answer and the lines)\n"
 		"  --help             this text\n"
 		"\n"
 		"Columns: acc = exact-match answers; in-view = questions whose needle line\n"
@@ -520,9 +522,39 @@ static int by_score(const void *a, const void *b)
 	return (x->block < y->block) - (x->block > y->block);
 }
 
-/* --trace: the question, its answer, the needle's rank and the best blocks. */
+/* --trace, a wrong answer: the latest line of the history that holds the
+ * answered value (an older printing of the key, a look-alike's, a sibling
+ * key's), or that none does. */
+static void trace_source(const int32_t *ids, int64_t n, const int32_t *gen, int n_gen,
+			 const agentlang_question *q)
+{
+	const int len = n_gen > 0 && gen[n_gen - 1] == AGENTLANG_END ? n_gen - 1 : n_gen;
+
+	/* the history before the question and the answer, which end the session */
+	const int64_t h = n - q->n_ids - n_gen;
+
+	if (agentlang_exact_match(q, gen, n_gen) || len <= 0)
+		return;
+	for (int64_t i = h - len; i >= 0; i--) {
+		if (memcmp(ids + i, gen, sizeof(*gen) * (size_t)len))
+			continue;
+		int64_t a = i, e = i;
+
+		while (a > 0 && ids[a - 1] != AGENTLANG_NL)
+			a--;
+		while (e < n && ids[e] != AGENTLANG_NL)
+			e++;
+		printf("  answered from %lld: ", (long long)a);
+		print_span(ids, n, a, e + 1);
+		return;
+	}
+	printf("  answered from: no line of the history\n");
+}
+
+/* --trace: the question, its answer, the needle's rank and the best blocks
+ * (full context: no rank, no blocks). */
 static void trace(const struct bench *b, const kvmem_session *s, const agentlang_question *q,
-		  const int32_t *gen, int n_gen, int64_t rank)
+		  const int32_t *gen, int n_gen, int64_t rank, int full)
 {
 	const int32_t *ids = kvmem_session_token_ids(s);
 	int64_t n = kvmem_session_tokens(s), nb, B = b->o.block;
@@ -535,7 +567,16 @@ static void trace(const struct bench *b, const kvmem_session *s, const agentlang
 	printf("trace: needle at %lld (block %lld), rank %lld, want '%s', got '%s'\n  needle: ",
 	       (long long)q->needle_pos, (long long)(q->needle_pos / B), (long long)rank, want, got);
 	print_span(ids, n, q->needle_pos, q->needle_end);
-	struct scored *order = sc ? malloc(sizeof(*order) * nb) : NULL;
+	if (q->stale_pos >= 0) {	/* the older value the question must not answer */
+		int64_t e = q->stale_pos;
+
+		while (e < n && ids[e] != AGENTLANG_NL)
+			e++;
+		printf("  older: ");
+		print_span(ids, n, q->stale_pos, e + 1);
+	}
+	trace_source(ids, n, gen, n_gen, q);
+	struct scored *order = sc && !full ? malloc(sizeof(*order) * nb) : NULL;
 
 	/* The first block set's best blocks (the only set of a global policy). */
 	for (int64_t i = 0; order && i < nb; i++)
@@ -603,8 +644,8 @@ static int ask(struct bench *b, kvmem_session *s, const agentlang_question *q, i
 	cl->bytes += (double)(b->pages_read - pages0) * b->page_bytes;
 	cl->n++;
 	cl->ok += agentlang_exact_match(q, gen, n);
-	if (b->o.trace && !full)
-		trace(b, s, q, gen, n, cl->rank[cl->n - 1]);
+	if (b->o.trace)	/* full context: the answer and the needle, no blocks */
+		trace(b, s, q, gen, n, cl->rank[cl->n - 1], full);
 	cl->inview += seen;
 	/* The next question starts a line, as in the language. */
 	return kvmem_session_append(s, &nl, 1, 0);
