@@ -5,10 +5,11 @@
 # prefill them again) reads no pages and ranks no blocks; lexical (BM25 of
 # the question's tokens over blocks) reads no key pages and brings every
 # needle into view; every cell times the first answer token; --trace shows
-# what outranked the needle and where a wrong answer came from; --query-view reads each question's query over
-# another policy's view; --prefill-policy chooses the prefill's views; bad
-# options and training seeds are refused. The recall model (models/
-# agentlang-recall) reads its window and finds its needles at 4x.
+# what outranked the needle and where a wrong answer came from; --query-view
+# reads each question's query over another policy's view; --prefill-policy
+# chooses the prefill's views; bad options and training seeds are refused.
+# The recall model (models/agentlang-recall) reads its window and finds its
+# needles at 4x.
 set -u
 KVMEM=${KVMEM:-build/kvmem}
 [ -x "$KVMEM" ] || { echo "no $KVMEM"; exit 77; }
