@@ -241,6 +241,8 @@ static void test_registry(void **state)
 	assert_int_equal(kvmem_policy_find("meank_neighbour")->needs, KVMEM_SUM_MEANK);	/* no page */
 	assert_int_equal(kvmem_policy_find("subblock_neighbour")->needs,
 			 KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
+	assert_int_equal(kvmem_policy_find("subblock_newest")->needs,	/* the text, no page */
+			 KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK | KVMEM_NEED_TEXT);
 }
 
 static void test_meank_formula(void **state)
@@ -737,10 +739,11 @@ static void ref_lexical(const int32_t *tok, int64_t N, int B, const int32_t *tex
  * The superseded blocks, slowly: the longest suffix of the text's last 256
  * tokens that ends somewhere before `end` (the text's own place when it is
  * in the history), and when it is 3 tokens or more, the blocks of its
- * occurrences but the newest one's. Scales want[] by 0.1 there.
+ * occurrences but the newest one's. Scales want[] by factor there (lexical's
+ * 0.1).
  */
 static void ref_supersede(const int32_t *tok, int64_t end, int B, const int32_t *text, int64_t nt,
-			  double *want)
+			  double *want, double factor)
 {
 	int64_t best = 0, newest = -1;
 
@@ -758,7 +761,7 @@ static void ref_supersede(const int32_t *tok, int64_t end, int B, const int32_t 
 		for (int64_t p = b * B; p < (b + 1) * B && p < newest; p++)
 			if (p >= best - 1 && b != newest / B &&
 			    !memcmp(tok + p - best + 1, text + nt - best, sizeof(int32_t) * best)) {
-				want[b] *= 0.1;
+				want[b] *= factor;
 				break;
 			}
 }
@@ -796,7 +799,7 @@ static void test_lexical_formula(void **state)
 		for (int64_t i = 0; i < nt; i++)
 			text[i] = it % 3 == 0 && nt <= N ? tok[N - nt + i] : test_rng_int(&rng, 0, vocab + 5);
 		ref_lexical(tok, N, B, text, nt, want);
-		ref_supersede(tok, N, B, text, nt, want);
+		ref_supersede(tok, N, B, text, nt, want, 0.1);
 		c = lex_ctx(tok, N, B, text, nt, 0);
 		assert_int_equal(p->score(&c, got), 0);
 		expect_near(got, want, nb, 1e-5);
@@ -806,7 +809,7 @@ static void test_lexical_formula(void **state)
 			int64_t qpos = N - 1;
 
 			ref_lexical(tok, N, B, text, nt, want);
-			ref_supersede(tok, N - (nt < 256 ? nt : 256), B, text, nt, want);
+			ref_supersede(tok, N - (nt < 256 ? nt : 256), B, text, nt, want, 0.1);
 			c.n_q = 1;
 			c.q_pos = &qpos;
 			assert_int_equal(p->score(&c, exp_), 0);
@@ -830,6 +833,79 @@ static void test_lexical_formula(void **state)
 		free(got);
 		free(exp_);
 	}
+}
+
+/*
+ * subblock_newest is subblock_neighbour's scores with the blocks of the
+ * text's older occurrences (ref_supersede's) scaled by 1e-3, bit for bit,
+ * with and without a budget; without a text it is subblock_neighbour;
+ * without token ids it refuses.
+ */
+static void test_subblock_newest(void **state)
+{
+	uint64_t rng = g_seed ^ 0x2c;
+	int64_t superseded = 0;
+
+	for (int it = 0; it < 16; it++) {
+		struct hist h;
+		int vocab = test_rng_int(&rng, 3, 6);
+		int64_t nt = test_rng_int(&rng, 3, 8), old = 0;
+		int32_t *tok, text[8];
+		double *flag;
+		float *plain, *got;
+
+		hist_random(&h, &rng, test_rng_int(&rng, 16, 700), 16 << test_rng_int(&rng, 0, 1));
+		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
+		tok = malloc(sizeof(int32_t) * h.N);
+		flag = malloc(sizeof(double) * h.nb);
+		for (int64_t i = 0; i < h.N; i++)	/* a small vocabulary: endings recur */
+			tok[i] = test_rng_int(&rng, 0, vocab - 1);
+		{	/* the tokens ending somewhere in the history; every fourth
+			 * time a token no history holds: nothing superseded */
+			const int64_t at = test_rng_int(&rng, (int)nt - 1, (int)h.N - 1);
+
+			for (int64_t i = 0; i < nt; i++)
+				text[i] = it % 4 == 3 ? vocab + 1 : tok[at - nt + 1 + i];
+		}
+		h.c.tokens = tok;
+		h.c.n_q = 0;	/* a select-ahead: the text is still to come */
+		if (it % 2)
+			h.c.budget = h.B * test_rng_int(&rng, 1, (int)h.nb);
+		plain = run_policy(&h, "subblock_neighbour");
+		h.c.text = text;
+		h.c.n_text = nt;
+		got = run_policy(&h, "subblock_newest");
+		for (int64_t b = 0; b < h.nb; b++)
+			flag[b] = 1.0;
+		ref_supersede(tok, h.N, h.B, text, nt, flag, 0.0);
+		for (int64_t b = 0; b < h.nb; b++) {
+			const float want = flag[b] == 0.0 ? plain[b] * 1e-3f : plain[b];
+
+			assert_memory_equal(&got[b], &want, sizeof(float));
+			old += flag[b] == 0.0;
+		}
+		if (it % 4 == 3)
+			assert_int_equal(old, 0);
+		superseded += old;
+		free(got);
+		h.c.text = NULL;	/* no text: subblock_neighbour */
+		h.c.n_text = 0;
+		got = run_policy(&h, "subblock_newest");
+		assert_memory_equal(got, plain, sizeof(float) * h.nb);
+		free(got);
+		h.c.text = text;
+		h.c.n_text = nt;
+		h.c.tokens = NULL;
+		got = malloc(sizeof(float) * h.nb);
+		assert_int_equal(kvmem_policy_find("subblock_newest")->score(&h.c, got), -EINVAL);
+		assert_non_null(strstr(kvmem_last_error(), "token ids"));
+		free(got);
+		free(plain);
+		free(flag);
+		free(tok);
+		hist_free(&h);
+	}
+	assert_true(superseded > 0);	/* the rule was exercised */
 }
 
 /*
@@ -1030,6 +1106,7 @@ int main(void)
 		cmocka_unit_test(test_refine_planted),
 		cmocka_unit_test(test_lexical_formula),
 		cmocka_unit_test(test_lexical_planted),
+		cmocka_unit_test(test_subblock_newest),
 		cmocka_unit_test(test_text_blind),
 		cmocka_unit_test(test_missing_summaries),
 		cmocka_unit_test(test_thread_independent),
