@@ -6,7 +6,7 @@
  * newest `api.conf db.port = ...` line in the view and leaves the older
  * printings out when the budget is tight.
  *
- * Why: with models/agentlang-recall at 64x, half of subblock_neighbour's
+ * Why: with the recall model c36 at 64x, half of subblock_neighbour's
  * wrong answers were the older printing of the asked key, both printings
  * in view (recall.md, "Holding full context at 1x"). The summaries find the
  * key's lines; which of them is the state is a fact of the text (an agent's
@@ -20,7 +20,7 @@
 #include "select/lexical.h"
 #include "select/score.h"
 
-extern const kvmem_policy_ops kvmem_policy_subblock;
+extern const kvmem_policy_ops kvmem_policy_subblock_neighbour;
 
 /* An older occurrence's block keeps this share of its score: below the
  * budget's cut at any ratio where the view is tight, and still ordered
@@ -36,7 +36,7 @@ static int subblock_newest_score(const kvmem_select_ctx *c, float *scores)
 	if (!old)
 		return kvmem_error(ENOMEM, "subblock_newest: out of memory for %lld blocks",
 				   (long long)nb);
-	rc = ws_score_with_neighbours(&kvmem_policy_subblock, c, scores, 1, "subblock_newest");
+	rc = kvmem_policy_subblock_neighbour.score(c, scores);
 	if (!rc)
 		rc = ws_lexical_superseded(c, old);
 	for (int64_t b = 0; rc > 0 && b < nb; b++)
