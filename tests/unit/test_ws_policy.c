@@ -867,8 +867,8 @@ static void test_subblock_newest(void **state)
 			for (int64_t i = 0; i < nt; i++)
 				text[i] = it % 4 == 3 ? vocab + 1 : tok[at - nt + 1 + i];
 		}
-		h.c.tokens = tok;
-		h.c.n_q = 0;	/* a select-ahead: the text is still to come */
+		h.c.tokens = tok;	/* the queries' places end the history (hist_random's):
+					 * the text is taken to be its last nt tokens */
 		if (it % 2)
 			h.c.budget = h.B * test_rng_int(&rng, 1, (int)h.nb);
 		plain = run_policy(&h, "subblock_neighbour");
@@ -877,7 +877,7 @@ static void test_subblock_newest(void **state)
 		got = run_policy(&h, "subblock_newest");
 		for (int64_t b = 0; b < h.nb; b++)
 			flag[b] = 1.0;
-		ref_supersede(tok, h.N, h.B, text, nt, flag, 0.0);
+		ref_supersede(tok, h.N - nt, h.B, text, nt, flag, 0.0);
 		for (int64_t b = 0; b < h.nb; b++) {
 			const float want = flag[b] == 0.0 ? plain[b] * 1e-3f : plain[b];
 
