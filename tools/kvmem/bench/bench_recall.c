@@ -522,6 +522,16 @@ static int by_score(const void *a, const void *b)
 	return (x->block < y->block) - (x->block > y->block);
 }
 
+/* The line holding position p: its first token, and one past its newline. */
+static void line_of(const int32_t *ids, int64_t n, int64_t p, int64_t *a, int64_t *e)
+{
+	for (*a = p; *a > 0 && ids[*a - 1] != AGENTLANG_NL; --*a)
+		;
+	for (*e = p; *e < n && ids[*e] != AGENTLANG_NL; ++*e)
+		;
+	++*e;
+}
+
 /* --trace, a wrong answer: the latest line of the history that holds the
  * answered value (an older printing of the key, a look-alike's, a sibling
  * key's), or that none does. */
@@ -538,14 +548,11 @@ static void trace_source(const int32_t *ids, int64_t n, const int32_t *gen, int 
 	for (int64_t i = h - len; i >= 0; i--) {
 		if (memcmp(ids + i, gen, sizeof(*gen) * (size_t)len))
 			continue;
-		int64_t a = i, e = i;
+		int64_t a, e;
 
-		while (a > 0 && ids[a - 1] != AGENTLANG_NL)
-			a--;
-		while (e < n && ids[e] != AGENTLANG_NL)
-			e++;
+		line_of(ids, n, i, &a, &e);
 		printf("  answered from %lld: ", (long long)a);
-		print_span(ids, n, a, e + 1);
+		print_span(ids, n, a, e);
 		return;
 	}
 	printf("  answered from: no line of the history\n");
@@ -568,12 +575,11 @@ static void trace(const struct bench *b, const kvmem_session *s, const agentlang
 	       (long long)q->needle_pos, (long long)(q->needle_pos / B), (long long)rank, want, got);
 	print_span(ids, n, q->needle_pos, q->needle_end);
 	if (q->stale_pos >= 0) {	/* the older value the question must not answer */
-		int64_t e = q->stale_pos;
+		int64_t a, e;
 
-		while (e < n && ids[e] != AGENTLANG_NL)
-			e++;
+		line_of(ids, n, q->stale_pos, &a, &e);
 		printf("  older: ");
-		print_span(ids, n, q->stale_pos, e + 1);
+		print_span(ids, n, a, e);
 	}
 	trace_source(ids, n, gen, n_gen, q);
 	struct scored *order = sc && !full ? malloc(sizeof(*order) * nb) : NULL;
