@@ -854,7 +854,9 @@ static void test_subblock_newest(void **state)
 		double *flag;
 		float *plain, *got;
 
-		hist_random(&h, &rng, test_rng_int(&rng, 16, 700), 16 << test_rng_int(&rng, 0, 1));
+		/* every fourth time at least 100 tokens: room for the planted pair below */
+		hist_random(&h, &rng, test_rng_int(&rng, it % 4 == 1 ? 100 : 16, 700),
+			    16 << test_rng_int(&rng, 0, 1));
 		hist_commit(&h, KVMEM_SUM_MEANK | KVMEM_SUM_SUBBLOCK);
 		tok = malloc(sizeof(int32_t) * h.N);
 		flag = malloc(sizeof(double) * h.nb);
@@ -866,6 +868,11 @@ static void test_subblock_newest(void **state)
 
 			for (int64_t i = 0; i < nt; i++)
 				text[i] = it % 4 == 3 ? vocab + 1 : tok[at - nt + 1 + i];
+			if (it % 4 == 1)	/* the whole text in block 0 and again ending
+						 * just before the query's place (a later block):
+						 * block 0 is superseded whatever the draw */
+				for (int64_t i = 0; i < nt; i++)
+					tok[i] = tok[h.N - 2 * nt - 1 + i] = text[i];
 		}
 		h.c.tokens = tok;	/* the queries' places end the history (hist_random's):
 					 * the text is taken to be its last nt tokens */
@@ -886,6 +893,8 @@ static void test_subblock_newest(void **state)
 		}
 		if (it % 4 == 3)
 			assert_int_equal(old, 0);
+		if (it % 4 == 1)
+			assert_true(flag[0] == 0.0);
 		superseded += old;
 		free(got);
 		h.c.text = NULL;	/* no text: subblock_neighbour */
