@@ -4,7 +4,8 @@
 # and 0 give A's and B's tensors back byte for byte; at a drawn ALPHA every
 # value of every tensor is the bf16 nearest the exact blend (checked here
 # against the two bf16 values around it, not with blend.py's rounding); the
-# blend loads and decodes in kvmem. Two models of different shapes, a
+# blend loads and decodes in kvmem; --alpha-for gives the tensors it names
+# their own share. Two models of different shapes, a
 # truncated file and an ALPHA outside 0..1 are refused with a message that
 # names what is wrong, and leave no model behind.
 . "$(dirname "$0")/lib.sh"
@@ -16,6 +17,10 @@ BLEND=tools/train/blend.py
 
 python3 "$BLEND" --a "$M" --b "$tmp/b" --alpha 1 --out "$tmp/one" >/dev/null || bad "alpha 1 failed"
 python3 "$BLEND" --a "$M" --b "$tmp/b" --alpha 0 --out "$tmp/zero" >/dev/null || bad "alpha 0 failed"
+# --alpha-for: the embeddings A's, every other tensor B's
+python3 "$BLEND" --a "$M" --b "$tmp/b" --alpha 0 --alpha-for 'embed_tokens=1' \
+	--out "$tmp/part" >"$tmp/out" || bad "--alpha-for failed"
+grep -q "; 1 at their own share)" "$tmp/out" || bad "--alpha-for: $(cat "$tmp/out")"
 alpha=$(python3 -c "import random; random.seed($seed); print(round(random.uniform(0.1, 0.9), 3))")
 python3 "$BLEND" --a "$M" --b "$tmp/b" --alpha "$alpha" --out "$tmp/mix" >"$tmp/out" ||
 	bad "alpha $alpha failed"
@@ -35,11 +40,14 @@ def load(d):
 def val(u):   # a bf16's bits as a number
     return struct.unpack("<f", struct.pack("<I", u << 16))[0]
 
-A, B, ONE, ZERO, MIX = map(load, (a, b, one, zero, mix))
+A, B, ONE, ZERO, MIX, PART = map(load, (a, b, one, zero, mix, mix.replace("/mix", "/part")))
 bad = 0
 for name in A:
     if ONE[name] != A[name] or ZERO[name] != B[name]:
         print("alpha 1 / 0: %s is not A's / B's" % name)
+        bad += 1
+    if PART[name] != (A if "embed_tokens" in name else B)[name]:
+        print("--alpha-for 'embed_tokens=1': %s is not %s's" % (name, "A" if "embed" in name else "B"))
         bad += 1
     n = len(A[name][1]) // 2
     ua, ub, um = (struct.unpack("<%dH" % n, t[name][1]) for t in (A, B, MIX))
@@ -84,7 +92,11 @@ grep -q "cut/model.safetensors: truncated or damaged: tensor .* the file holds" 
 python3 "$BLEND" --a "$M" --b "$tmp/b" --alpha 1.5 --out "$tmp/x3" 2>"$tmp/err" &&
 	bad "alpha 1.5 was taken"
 grep -q "alpha 1.5 is outside 0..1" "$tmp/err" || bad "alpha 1.5: $(cat "$tmp/err")"
-for x in x1 x2 x3; do
+python3 "$BLEND" --a "$M" --b "$tmp/b" --alpha 0.5 --alpha-for 'no_such_tensor=1' \
+	--out "$tmp/x4" 2>"$tmp/err" && bad "a pattern that matches nothing was taken"
+grep -q "alpha-for no_such_tensor=1: no tensor's name holds that pattern" "$tmp/err" ||
+	bad "--alpha-for no_such_tensor=1: $(cat "$tmp/err")"
+for x in x1 x2 x3 x4; do
 	[ -e "$tmp/$x" ] && bad "a refused blend left $x behind"
 done
 cli_done train_blend

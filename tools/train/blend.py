@@ -12,6 +12,7 @@ the shipped one").
 
     tools/train/blend.py --a models/agentlang-recall --b models/agentlang \\
         --alpha 0.5 --out build/blend50
+    tools/train/blend.py ... --alpha 0.5 --alpha-for 'self_attn=1' ...  # A's attention kept
 
 Standard library only (no numpy, no torch): the models are 11 MB of bf16.
 Each value is computed in double and rounded once to bf16 (nearest, ties
@@ -25,6 +26,7 @@ import array
 import hashlib
 import json
 import os
+import re
 import struct
 import sys
 
@@ -97,10 +99,26 @@ def main(argv):
     ap.add_argument("--a", required=True, metavar="DIR", help="first model (its config is kept)")
     ap.add_argument("--b", required=True, metavar="DIR", help="second model")
     ap.add_argument("--alpha", required=True, type=float, help="A's share, 0..1")
+    ap.add_argument("--alpha-for", action="append", default=[], metavar="PATTERN=ALPHA",
+                    help="A's share for the tensors whose names hold PATTERN (a Python regular"
+                         " expression, searched); the first that matches wins; repeatable")
     ap.add_argument("--out", required=True, metavar="DIR", help="model directory to write")
     args = ap.parse_args(argv)
     if not 0.0 <= args.alpha <= 1.0:
         die("--alpha %g is outside 0..1" % args.alpha)
+    rules = []
+    for r in args.alpha_for:
+        pat, eq, val = r.rpartition("=")
+        try:
+            share = float(val)
+            rx = re.compile(pat)
+        except (ValueError, re.error) as e:
+            die("--alpha-for %s: want PATTERN=ALPHA (%s)" % (r, e))
+        if not eq or not pat:
+            die("--alpha-for %s: want PATTERN=ALPHA" % r)
+        if not 0.0 <= share <= 1.0:
+            die("--alpha-for %s: %g is outside 0..1" % (r, share))
+        rules.append([rx, share, 0, r])
     if sys.byteorder != "little":
         die("bf16 arrays are read in this machine's byte order: little-endian only")
 
@@ -121,8 +139,16 @@ def main(argv):
     out_header = {"__metadata__": ha.get("__metadata__", {"format": "pt"})}
     chunks = []
     off = 0
-    alpha, beta = args.alpha, 1.0 - args.alpha
+    shares = {}
     for name in sorted(na, key=lambda k: ha[k]["data_offsets"][0]):
+        alpha = args.alpha
+        for rule in rules:
+            if rule[0].search(name):
+                alpha = rule[1]
+                rule[2] += 1
+                break
+        beta = 1.0 - alpha
+        shares[name] = alpha
         ta, tb = ha[name], hb[name]
         if ta["dtype"] != "BF16" or tb["dtype"] != "BF16":
             die("tensor %s is %s / %s: only BF16 is blended" % (name, ta["dtype"], tb["dtype"]))
@@ -139,6 +165,9 @@ def main(argv):
         chunks.append(blob)
         off += len(blob)
 
+    for rule in rules:
+        if rule[2] == 0:
+            die("--alpha-for %s: no tensor's name holds that pattern" % rule[3])
     head = json.dumps(out_header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)     # the data start 8-byte aligned
     os.makedirs(args.out, exist_ok=True)
@@ -160,14 +189,16 @@ def main(argv):
     record = {"what": "kvmem agentlang model: a blend of two models (tools/train/blend.py)",
               "command": "blend.py " + " ".join(argv),
               "alpha": args.alpha,
+              "alpha_for": {n: a for n, a in shares.items() if a != args.alpha},
               "a": {"dir": args.a, "sha256_16": digest(args.a)},
               "b": {"dir": args.b, "sha256_16": digest(args.b)},
               "tensors": len(na), "bytes": off}
     with open(os.path.join(args.out, "record.json"), "w") as f:
         json.dump(record, f, indent=2)
         f.write("\n")
-    print("blend.py: %s = %.3g * %s + %.3g * %s (%d tensors, %d bytes)"
-          % (args.out, alpha, args.a, beta, args.b, len(na), off))
+    print("blend.py: %s = %.3g * %s + %.3g * %s (%d tensors, %d bytes%s)"
+          % (args.out, args.alpha, args.a, 1.0 - args.alpha, args.b, len(na), off,
+             "; %d at their own share" % sum(r[2] for r in rules) if rules else ""))
 
 
 if __name__ == "__main__":
