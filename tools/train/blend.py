@@ -19,7 +19,8 @@ Each value is computed in double and rounded once to bf16 (nearest, ties
 to even). The two models must have the same config.json (vocabulary
 hash included) and the same tensors, names, shapes and dtypes; OUT gets A's
 config.json and generation_config.json, the blended model.safetensors and a
-record.json naming both models and ALPHA.
+record.json naming both models (with their own record.json, where they have
+one) and ALPHA.
 """
 import argparse
 import array
@@ -182,16 +183,19 @@ def main(argv):
             with open(src, "rb") as f, open(os.path.join(args.out, extra), "wb") as g:
                 g.write(f.read())
 
-    def digest(d):
+    def origin(d):
         with open(os.path.join(d, "model.safetensors"), "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()[:16]
+            o = {"dir": d, "sha256_16": hashlib.sha256(f.read()).hexdigest()[:16]}
+        rec = os.path.join(d, "record.json")
+        if os.path.exists(rec):     # the model's own provenance, kept
+            o["record"] = load_json(rec)
+        return o
 
     record = {"what": "kvmem agentlang model: a blend of two models (tools/train/blend.py)",
               "command": "blend.py " + " ".join(argv),
               "alpha": args.alpha,
               "alpha_for": {n: a for n, a in shares.items() if a != args.alpha},
-              "a": {"dir": args.a, "sha256_16": digest(args.a)},
-              "b": {"dir": args.b, "sha256_16": digest(args.b)},
+              "a": origin(args.a), "b": origin(args.b),
               "tensors": len(na), "bytes": off}
     with open(os.path.join(args.out, "record.json"), "w") as f:
         json.dump(record, f, indent=2)
