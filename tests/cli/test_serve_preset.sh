@@ -120,8 +120,10 @@ closed, poisson = rows
 assert abs(poisson["rate"] - 0.5 * closed["requests_s"]) <= 0.01 * poisson["rate"] + 0.01, (closed, poisson)
 timed = [r for r in rows if r["tpot_ms_p50"] != -1]
 assert timed, "no row timed a token after the first"
+# A client that gets the CPU late reads the tokens after its first as one
+# burst: their time apart can print as 0.00 ms (seen under load, 2026-12-07).
 for r in timed:
-    assert 0 < r["tpot_ms_p50"] == r["tpot_ms_p99"] < r["latency_ms_p99"], r
+    assert 0 <= r["tpot_ms_p50"] == r["tpot_ms_p99"] < r["latency_ms_p99"], r
     assert r["tpot_ms_p50"] <= r["gap_ms_p99"] + 0.01 < r["latency_ms_p99"], r
 PY
 grep -q "tpot p50  gap p99" "$tmp/bench.out" ||
