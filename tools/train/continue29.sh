@@ -23,7 +23,7 @@
 # 16 tokens (kvmem's --block 16), that loss's queries blind to the needles
 # (blind), and every block of the needle's line its target (line)
 # (c32-c34, 2026-12-07: recall.md, "Mean-K trained against the bench's
-# look-alikes"; their last model is on branch train/meank-c34).
+# look-alikes"; their last model, c34, was kept on a branch that did not land).
 #
 # Leaves OUT/model.tar (model, record, log) and the run's output in
 # OUT/run.txt. 2026-12-03 (fourteenth session): recall.md ("a longer run").
