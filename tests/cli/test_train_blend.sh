@@ -26,9 +26,9 @@ python3 "$BLEND" --a "$M" --b "$tmp/b" --alpha "$alpha" --out "$tmp/mix" >"$tmp/
 	bad "alpha $alpha failed"
 grep -q "blend.py: $tmp/mix = $alpha \* " "$tmp/out" || bad "no closing line: $(cat "$tmp/out")"
 
-python3 - "$M" "$tmp/b" "$tmp/one" "$tmp/zero" "$tmp/mix" "$alpha" <<'EOF' || bad "tensors differ"
+python3 - "$M" "$tmp/b" "$tmp/one" "$tmp/zero" "$tmp/mix" "$tmp/part" "$alpha" <<'EOF' || bad "tensors differ"
 import json, struct, sys
-a, b, one, zero, mix, alpha = sys.argv[1:6] + [float(sys.argv[6])]
+a, b, one, zero, mix, part, alpha = sys.argv[1:7] + [float(sys.argv[7])]
 
 def load(d):
     raw = open(d + "/model.safetensors", "rb").read()
@@ -40,14 +40,15 @@ def load(d):
 def val(u):   # a bf16's bits as a number
     return struct.unpack("<f", struct.pack("<I", u << 16))[0]
 
-A, B, ONE, ZERO, MIX, PART = map(load, (a, b, one, zero, mix, mix.replace("/mix", "/part")))
+A, B, ONE, ZERO, MIX, PART = map(load, (a, b, one, zero, mix, part))
 bad = 0
 for name in A:
     if ONE[name] != A[name] or ZERO[name] != B[name]:
         print("alpha 1 / 0: %s is not A's / B's" % name)
         bad += 1
-    if PART[name] != (A if "embed_tokens" in name else B)[name]:
-        print("--alpha-for 'embed_tokens=1': %s is not %s's" % (name, "A" if "embed" in name else "B"))
+    own = "A" if "embed_tokens" in name else "B"
+    if PART[name] != (A if own == "A" else B)[name]:
+        print("--alpha-for 'embed_tokens=1': %s is not %s's" % (name, own))
         bad += 1
     n = len(A[name][1]) // 2
     ua, ub, um = (struct.unpack("<%dH" % n, t[name][1]) for t in (A, B, MIX))
